@@ -1,1 +1,45 @@
-int main() { return 0; }
+// The `roundpipe` command: train, convert, (more subcommands in later releases).
+#include <cstdio>
+#include <exception>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "cli/train.hpp"
+#include "model/checkpoint.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"RoundPipe C++: fine-tune LLMs on GPUs too small to hold them"};
+  app.require_subcommand(1);
+  std::string spec_path;
+  rp::TrainOverrides ov;
+  auto* train = app.add_subcommand("train", "run a JSON experiment spec (see docs/spec.md)");
+  train->add_option("spec", spec_path, "experiment spec (JSON)")->required();
+  train->add_option("--steps", ov.steps, "override the spec's number of steps");
+  train->add_option("--workers", ov.workers, "override the number of workers (GPUs or virtual GPUs)");
+  train->add_option("--backend", ov.backend, "override the backend (auto, cpu, cuda)");
+  train->add_option("--output-dir", ov.output_dir, "override the output directory");
+  std::string in, out, dtype = "f32";
+  auto* convert = app.add_subcommand("convert", "convert a GGUF model to a Hugging Face checkpoint folder");
+  convert->add_option("input", in, "model.gguf")->required();
+  convert->add_option("output", out, "output folder (written atomically)")->required();
+  convert->add_option("--dtype", dtype, "f32, bf16 or f16")->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  bool quiet = false;
+  app.add_flag("-q,--quiet", quiet, "only progress lines and errors");
+  CLI11_PARSE(app, argc, argv);
+  spdlog::set_pattern("[%H:%M:%S] %v");
+  if (quiet) spdlog::set_level(spdlog::level::warn);
+  try {
+    if (*train) return rp::run_train(rp::load_spec(spec_path), ov);
+    if (*convert) {
+      rp::convert_gguf_to_hf(in, out, rp::parse_dtype(dtype));
+      fmt::print("wrote {}\n", out);
+      return 0;
+    }
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "roundpipe: error: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}

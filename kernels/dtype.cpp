@@ -21,6 +21,24 @@ DType parse_dtype(const std::string& s) {
   throw std::invalid_argument("unknown dtype '" + s + "' (expected f32, bf16 or f16)");
 }
 
+void cast_f32_to(const float* src, void* dst, int64_t n, DType t) {
+  switch (t) {
+    case DType::f32: std::memcpy(dst, src, size_t(n) * 4); return;
+    case DType::bf16: {
+      auto* d = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
+      return;
+    }
+    case DType::f16: {
+      auto* d = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]);
+      return;
+    }
+    case DType::i32: break;
+  }
+  throw std::invalid_argument("cast_f32_to: cannot cast to i32");
+}
+
 float f16_to_f32(uint16_t h) {
   uint32_t sign = uint32_t(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;

@@ -38,4 +38,7 @@ inline float bf16_to_f32(uint16_t h) {
 uint16_t f32_to_f16(float f);
 float f16_to_f32(uint16_t h);
 
+/// Writes n fp32 values to `dst` in dtype `t` (f32 copy, bf16/f16 round-to-nearest-even).
+void cast_f32_to(const float* src, void* dst, int64_t n, DType t);
+
 }  // namespace rp

@@ -1,0 +1,116 @@
+// Typed messages of the RoundPipe actor protocol (CAF 0.17.6).
+//
+// Large data never travels in a message: only handles (pointers into host memory
+// owned by the Session, device pointers owned by a worker). All types are local to
+// one process, hence CAF_ALLOW_UNSAFE_MESSAGE_TYPE (no serialisation).
+//
+// Who sends what (see DESIGN.md "The per-layer protocol, as message ordering"):
+//   scheduler -> worker    RunStage            a stage task of one pass
+//   worker    -> worker    ActReady            micro-batch m of a stage's output is on the host
+//   worker    -> transfer  CopyRequest         a copy on that transfer actor's stream
+//   transfer  -> worker    CopyDone            the copy completed
+//   worker    -> shard     AcquireWeights      (request) upload of group g for step t may start
+//   worker    -> shard     ReleaseWeights      upload of group g for step t completed
+//   worker    -> shard     AcquireGradSlot     (request) may write grad of group g for step t
+//   worker    -> shard     GradWritten         grad of group g for step t is in the host slot
+//   worker    -> scheduler StageDone           a stage task finished (with loss for the tail)
+//   scheduler -> shard     CloseStep           step t has all its passes; scale and LR
+//   shard     -> scheduler GroupUpdated        group g's step t update is in the fp32 master
+//   any       -> scheduler Failure             a typed error ended a task
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <caf/all.hpp>
+
+#include "actors/pass_buffers.hpp"
+#include "scheduler/plan.hpp"
+
+namespace rp {
+
+struct RunStage {
+  int64_t pass = 0;             ///< global pass number
+  int64_t step = 0;             ///< optimizer step the pass contributes to
+  int stage_index = 0;          ///< position of the stage in the iteration plan
+  Stage stage;
+  std::shared_ptr<PassBuffers> buffers;
+  caf::actor next;              ///< worker of stage_index + 1 (null for the last stage)
+};
+struct ActReady {
+  int64_t pass = 0;
+  int stage_index = 0;  ///< the *consumer* stage
+  int64_t micro_batch = 0;
+};
+enum class CopyDir : uint8_t { h2d, d2h };
+struct CopyRequest {
+  CopyDir dir = CopyDir::h2d;
+  void* dst = nullptr;
+  const void* src = nullptr;
+  size_t bytes = 0;
+  int priority = 0;              ///< lower is more urgent
+  int64_t order = 0;             ///< tie-break within a priority (e.g. micro-batch index)
+  uint64_t token = 0;            ///< echoed in CopyDone
+  std::function<void()> after;   ///< optional host work after the copy (e.g. accumulate)
+  caf::actor reply_to;
+};
+struct CopyDone {
+  uint64_t token = 0;
+  std::string error;
+};
+struct AcquireWeights { int group; int64_t step; };
+struct WeightsGranted { int group; int64_t step; };
+struct ReleaseWeights { int group; int64_t step; };
+struct AcquireGradSlot { int group; int64_t step; };
+struct GradGrant { int group; int64_t step; bool overwrite; };
+struct GradWritten { int group; int64_t step; };
+struct StageDone {
+  int64_t pass = 0;
+  int stage_index = 0;
+  int worker = 0;
+  double loss_sum = 0, loss_count = 0;
+  double seconds = 0;  ///< wall time of the task
+};
+struct CloseStep {
+  int64_t step = 0;
+  int64_t passes = 0;
+  float grad_scale = 1.f;  ///< 1 / target tokens of the step
+  double lr = 0;
+};
+struct GroupUpdated { int64_t step; int group; };
+struct Failure { std::string what; };
+struct SubmitPass {
+  int64_t step = 0;
+  std::shared_ptr<const std::vector<int32_t>> ids, targets;  ///< [M * n_seq * seq_len]
+};
+struct WaitStep { int64_t step; };
+struct StepResult {
+  int64_t step = 0;
+  double loss_sum = 0, tokens = 0;
+  double seconds = 0;  ///< from the step's first pass submission to its last group update
+  std::string error;   ///< non-empty if the runtime failed
+};
+struct Shutdown {};
+
+}  // namespace rp
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::RunStage)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::ActReady)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::CopyRequest)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::CopyDone)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::AcquireWeights)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::WeightsGranted)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::ReleaseWeights)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::AcquireGradSlot)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::GradGrant)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::GradWritten)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::StageDone)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::CloseStep)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::GroupUpdated)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::Failure)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::SubmitPass)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::WaitStep)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::StepResult)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::Shutdown)

@@ -1,0 +1,43 @@
+// Optimizer shard actors: each owns a disjoint set of parameter groups (their fp32
+// master weights and AdamW moments) and enforces the per-layer protocol for them
+// (DESIGN.md, rules 1, 3, 4 and 5; rule 2 is the workers' one-copy-per-direction):
+//
+//  iteration t computes with weights version v(t) = max(t - 1 - s, -1), s = staleness
+//  (1 async, 0 sync); version k = the weights after step k, -1 = the initial weights.
+//  1. AcquireWeights(g, t) is granted only once version v(t) of g is published.
+//  3. AcquireGradSlot(g, t) is granted only after step t-1 consumed g's gradient, and to
+//     one writer at a time (the first of a step overwrites, later ones accumulate).
+//  4. g's update for step t runs when all its gradient contributions of step t are
+//     written, in the order they complete (no global barrier).
+//  5. The low-precision copy of version k is written only after every upload of every
+//     iteration <= k + s finished; until then the fp32 update waits in the master and
+//     the copy is cast when allowed. One outstanding step per group.
+// Shards are detached actors (own thread): AdamW runs inline without blocking others.
+#pragma once
+#include <vector>
+
+#include <caf/all.hpp>
+
+#include "actors/pass_buffers.hpp"
+#include "optimizer/adamw.hpp"
+
+namespace rp {
+
+struct ShardGroup {
+  int group = 0;
+  std::vector<float>* master = nullptr;  ///< fp32 optimizer copy (owned by the Session)
+  AdamWState* state = nullptr;           ///< moments and step counter (owned by the Session)
+  int uploads_per_pass = 0;              ///< stages of one pass that upload this group
+  int grads_per_pass = 0;                ///< stages of one pass that produce its gradient
+};
+
+struct ShardOptions {
+  int staleness = 1;
+  AdamWOptions adam;
+};
+
+/// Spawns a detached optimizer shard owning `groups`; reports GroupUpdated to `scheduler`.
+caf::actor spawn_optimizer_shard(caf::actor_system& sys, std::vector<ShardGroup> groups,
+                                 ParamStore* store, ShardOptions opt, caf::actor scheduler);
+
+}  // namespace rp

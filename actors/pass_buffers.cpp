@@ -1,0 +1,53 @@
+#include "actors/pass_buffers.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <utility>
+
+namespace rp {
+
+HostBytes::HostBytes(size_t bytes) : n_(bytes) {
+  size_t sz = (std::max<size_t>(bytes, 1) + 4095) & ~size_t(4095);
+  p_ = std::aligned_alloc(4096, sz);
+  if (!p_) throw std::bad_alloc();
+  std::memset(p_, 0, sz);
+}
+HostBytes::HostBytes(HostBytes&& o) noexcept { std::swap(p_, o.p_); std::swap(n_, o.n_); }
+HostBytes& HostBytes::operator=(HostBytes&& o) noexcept {
+  std::swap(p_, o.p_);
+  std::swap(n_, o.n_);
+  return *this;
+}
+HostBytes::~HostBytes() { std::free(p_); }
+
+ParamStore::ParamStore(const ModelLayout& m, DType compute_dtype) : dtype(compute_dtype) {
+  for (auto& g : m.groups) {
+    numel.push_back(g.numel);
+    lowp.emplace_back(size_t(g.numel) * dtype_size(dtype));
+    grad.emplace_back(size_t(g.numel) * sizeof(float));
+  }
+}
+
+PassBuffers::PassBuffers(const ModelLayout& m, const IterationPlan& p, int64_t M,
+                         const MicroBatchShape& s, DType dtype)
+    : micro_batches(M), shape(s) {
+  const size_t T = size_t(s.tokens());
+  act_bytes = T * size_t(m.config.hidden_size) * dtype_size(dtype);
+  for (int64_t i = 0; i < M; ++i) {
+    ids.emplace_back(T * 4);
+    targets.emplace_back(T * 4);
+  }
+  const int L = p.num_layers;
+  x.resize(L);
+  dx.resize(L);
+  for (int b = 1; b < L; ++b)
+    for (int64_t i = 0; i < M; ++i) x[b].emplace_back(act_bytes);
+  // A stage whose lowest layer is a > 0 (tail or backward) hands d loss / d x_a on.
+  for (auto& st : p.stages)
+    if (st.kind != StageKind::forward && st.first > 0)
+      for (int64_t i = 0; i < M; ++i) dx[st.first].emplace_back(act_bytes);
+  loss.assign(size_t(2 * M), 0.f);
+}
+
+}  // namespace rp

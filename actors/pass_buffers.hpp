@@ -1,0 +1,59 @@
+// Host memory of the runtime: the per-group parameter store and the per-pass
+// activation slots. Only handles into this memory travel in messages.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kernels/dtype.hpp"
+#include "model/layer.hpp"
+#include "scheduler/plan.hpp"
+
+namespace rp {
+
+/// Page-aligned host bytes (the CUDA backend pins these; exact sizes, no rounding).
+class HostBytes {
+ public:
+  HostBytes() = default;
+  explicit HostBytes(size_t bytes);
+  HostBytes(HostBytes&&) noexcept;
+  HostBytes& operator=(HostBytes&&) noexcept;
+  HostBytes(const HostBytes&) = delete;
+  ~HostBytes();
+  void* data() const { return p_; }
+  size_t size() const { return n_; }
+  template <class T> T* as() const { return static_cast<T*>(p_); }
+ private:
+  void* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+/// Host side of the parameter groups (DESIGN.md "three copies"): the low-precision
+/// master every upload reads (compute dtype) and the fp32 gradient slot every
+/// gradient download writes. The fp32 optimizer copy lives in the optimizer shards.
+struct ParamStore {
+  DType dtype = DType::f32;
+  std::vector<int64_t> numel;     ///< per group
+  std::vector<HostBytes> lowp;    ///< per group, numel * dtype_size(dtype) bytes
+  std::vector<HostBytes> grad;    ///< per group, numel floats
+  ParamStore(const ModelLayout& m, DType compute_dtype);
+};
+
+/// Host buffers of one pass (M micro-batches) in flight: token ids and targets per
+/// micro-batch, the input of every layer (saved by forward stages, read by backward
+/// recompute), the activation gradient at every backward stage boundary, and the
+/// tail's per-micro-batch loss {sum, count}.
+struct PassBuffers {
+  PassBuffers(const ModelLayout& m, const IterationPlan& p, int64_t micro_batches,
+              const MicroBatchShape& shape, DType dtype);
+  int64_t micro_batches;
+  MicroBatchShape shape;
+  size_t act_bytes;                          ///< one [T, hidden] activation
+  std::vector<HostBytes> ids, targets;       ///< [M] of i32[T]
+  std::vector<std::vector<HostBytes>> x;     ///< x[b][m]: input of layer b (b >= 1)
+  std::vector<std::vector<HostBytes>> dx;    ///< dx[b][m]: d loss / d x_b at stage boundaries
+  std::vector<float> loss;                   ///< [2*M]: {sum, count} per micro-batch
+};
+
+}  // namespace rp

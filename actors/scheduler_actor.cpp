@@ -1,0 +1,164 @@
+#include "actors/scheduler_actor.hpp"
+
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "actors/messages.hpp"
+
+namespace rp {
+namespace {
+
+struct StepInfo {
+  int64_t passes_submitted = 0;
+  double tokens = 0;
+  double loss_sum = 0, loss_count = 0;
+  int groups_updated = 0;
+  bool closed = false, done = false;
+  std::chrono::steady_clock::time_point t_first;
+  double seconds = 0;
+  std::vector<caf::response_promise> waiters;
+};
+
+struct PassInfo {
+  int64_t step = 0;
+  int slot = 0;
+  int stages_done = 0;
+};
+
+struct SchedState {
+  SchedulerConfig cfg;
+  std::vector<caf::actor> workers, shards;
+  std::vector<int> free_slots;
+  std::deque<SubmitPass> pending;
+  std::map<int64_t, PassInfo> passes;
+  std::map<int64_t, StepInfo> steps;
+  int64_t next_pass = 0;
+  int64_t deal_pointer = 0;
+  std::string failed;
+  static inline const char* name = "scheduler";
+};
+
+StepResult result_of(int64_t step, const StepInfo& s, const std::string& err) {
+  return StepResult{step, s.loss_sum, s.loss_count, s.seconds, err};
+}
+
+}  // namespace
+
+caf::behavior scheduler_impl(caf::stateful_actor<SchedState>* self, SchedulerConfig cfg) {
+  self->state.cfg = std::move(cfg);
+  for (int i = int(self->state.cfg.pass_slots.size()) - 1; i >= 0; --i) self->state.free_slots.push_back(i);
+
+  auto dispatch = [self] {
+    auto& st = self->state;
+    while (!st.pending.empty() && !st.free_slots.empty() && st.failed.empty()) {
+      SubmitPass sp = std::move(st.pending.front());
+      st.pending.pop_front();
+      int slot = st.free_slots.back();
+      st.free_slots.pop_back();
+      auto& pb = st.cfg.pass_slots[slot];
+      const size_t T = size_t(pb->shape.tokens());
+      for (int64_t m = 0; m < pb->micro_batches; ++m) {
+        std::memcpy(pb->ids[m].data(), sp.ids->data() + m * T, T * 4);
+        std::memcpy(pb->targets[m].data(), sp.targets->data() + m * T, T * 4);
+      }
+      const int64_t pass = st.next_pass++;
+      st.passes[pass] = PassInfo{sp.step, slot, 0};
+      const auto& plan = st.cfg.plan;
+      auto who = deal_round_robin(plan, int(st.workers.size()), st.deal_pointer);
+      for (size_t s = 0; s < plan.stages.size(); ++s) {
+        RunStage rs;
+        rs.pass = pass;
+        rs.step = sp.step;
+        rs.stage_index = int(s);
+        rs.stage = plan.stages[s];
+        rs.buffers = pb;
+        if (s + 1 < plan.stages.size()) rs.next = st.workers[who[s + 1]];
+        self->send(st.workers[who[s]], std::move(rs));
+      }
+    }
+  };
+
+  auto finish_step_if_done = [self](int64_t step) {
+    auto& st = self->state;
+    auto& si = st.steps[step];
+    if (si.done || !si.closed || si.groups_updated < st.cfg.num_groups) return;
+    si.done = true;
+    si.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - si.t_first).count();
+    for (auto& w : si.waiters) w.deliver(result_of(step, si, ""));
+    si.waiters.clear();
+  };
+
+  return {
+      [=](SetPeers& p) {
+        self->state.workers = std::move(p.workers);
+        self->state.shards = std::move(p.shards);
+      },
+      [=](SubmitPass& sp) {
+        auto& st = self->state;
+        auto& si = st.steps[sp.step];
+        if (si.passes_submitted == 0) si.t_first = std::chrono::steady_clock::now();
+        si.passes_submitted++;
+        for (int32_t t : *sp.targets) si.tokens += t >= 0;
+        st.pending.push_back(std::move(sp));
+        dispatch();
+      },
+      [=](CloseStepRequest& c) {
+        auto& st = self->state;
+        auto& si = st.steps[c.step];
+        si.closed = true;
+        float scale = si.tokens > 0 ? float(1.0 / si.tokens) : 0.f;
+        for (auto& sh : st.shards) self->send(sh, CloseStep{c.step, si.passes_submitted, scale, c.lr});
+        finish_step_if_done(c.step);
+      },
+      [=](StageDone& d) {
+        auto& st = self->state;
+        auto it = st.passes.find(d.pass);
+        if (it == st.passes.end()) return;
+        auto& si = st.steps[it->second.step];
+        si.loss_sum += d.loss_sum;
+        si.loss_count += d.loss_count;
+        if (++it->second.stages_done == int(st.cfg.plan.stages.size())) {
+          st.free_slots.push_back(it->second.slot);
+          st.passes.erase(it);
+          dispatch();
+        }
+      },
+      [=](GroupUpdated& g) {
+        self->state.steps[g.step].groups_updated++;
+        finish_step_if_done(g.step);
+      },
+      [=](WaitStep& w) -> caf::result<StepResult> {
+        auto& st = self->state;
+        auto& si = st.steps[w.step];
+        if (!st.failed.empty()) return result_of(w.step, si, st.failed);
+        if (si.done) return result_of(w.step, si, "");
+        auto rp = self->make_response_promise();
+        si.waiters.push_back(rp);
+        return caf::delegated<StepResult>{};
+      },
+      [=](Failure& f) {
+        auto& st = self->state;
+        if (!st.failed.empty()) return;
+        st.failed = f.what;
+        for (auto& [k, si] : st.steps) {
+          for (auto& w : si.waiters) w.deliver(result_of(k, si, st.failed));
+          si.waiters.clear();
+        }
+      },
+      [=](Shutdown) {
+        for (auto& w : self->state.workers) self->send(w, Shutdown{});
+        for (auto& s : self->state.shards) self->send(s, Shutdown{});
+        self->quit();
+      },
+  };
+}
+
+caf::actor spawn_scheduler(caf::actor_system& sys, SchedulerConfig cfg) {
+  return sys.spawn(scheduler_impl, std::move(cfg));
+}
+
+}  // namespace rp

@@ -1,0 +1,43 @@
+// The scheduler actor: turns submitted passes into stage tasks dealt round-robin to
+// the workers (the deal pointer carries into the next pass, so passes follow each other
+// with no flush), hands a pass a free set of host activation buffers, closes steps
+// towards the optimizer shards, and answers WaitStep once every parameter group's
+// update for that step is in the fp32 master. It is not on the per-micro-batch path:
+// workers and shards signal each other point to point.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include <caf/all.hpp>
+
+#include "actors/pass_buffers.hpp"
+#include "scheduler/plan.hpp"
+
+namespace rp {
+
+class Tracer;
+
+struct SchedulerConfig {
+  IterationPlan plan;
+  int num_groups = 0;
+  std::vector<std::shared_ptr<PassBuffers>> pass_slots;  ///< host buffers, reused round-robin
+};
+
+/// Spawns the scheduler. Wire workers and shards with SetPeers before submitting.
+caf::actor spawn_scheduler(caf::actor_system& sys, SchedulerConfig cfg);
+
+struct SetPeers {
+  std::vector<caf::actor> workers;
+  std::vector<caf::actor> shards;
+};
+/// Session -> scheduler: close step `step` with its learning rate (passes are counted
+/// by the scheduler; the gradient scale is 1 / target tokens of all its passes).
+struct CloseStepRequest {
+  int64_t step = 0;
+  double lr = 0;
+};
+
+}  // namespace rp
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::SetPeers)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::CloseStepRequest)

@@ -1,0 +1,229 @@
+#include "roundpipe/session.hpp"
+
+#include <algorithm>
+#include <numeric>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "actors/optimizer_shard.hpp"
+#include "actors/scheduler_actor.hpp"
+#include "actors/tracer.hpp"
+#include "actors/worker.hpp"
+
+namespace rp {
+
+struct Session::Impl {
+  ModelLayout layout;
+  SessionOptions opt;
+  IterationPlan plan;
+  std::vector<std::vector<float>> master;
+  std::vector<AdamWState> adam;
+  std::unique_ptr<ParamStore> store;
+  std::vector<std::unique_ptr<Layer>> layers;
+  std::unique_ptr<Tracer> tracer;
+  std::vector<std::unique_ptr<Device>> devices;  // destroyed after the actor system
+  std::unique_ptr<caf::actor_system_config> cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  caf::actor scheduler;
+  int64_t current_step = 0;
+  int64_t passes_in_step = 0;
+  int64_t waited_through = -1;
+
+  ~Impl() {
+    if (sys) {
+      caf::anon_send(scheduler, Shutdown{});
+      sys->await_all_actors_done();
+      sys.reset();
+    }
+    for (auto& d : devices)
+      for (int k = 0; k < kNumStreams; ++k) d->stream(StreamKind(k)).synchronize();
+  }
+};
+
+namespace {
+
+std::unique_ptr<Device> make_device(const std::string& backend, int i, const DeviceOptions& d) {
+  if (backend == "cpu") return make_cpu_device(i, d);
+  if (backend == "cuda") {
+    int n = cuda_device_count();
+    if (n == 0) throw DeviceError("backend 'cuda' was requested but no CUDA device is visible");
+    return make_cuda_device(i % n, d);
+  }
+  throw std::invalid_argument("unknown backend '" + backend + "' (expected cpu, cuda or auto)");
+}
+
+// Counts, for one pass of `plan`, how many stages upload and how many produce the
+// gradient of each parameter group.
+void count_per_pass(const ModelLayout& m, const IterationPlan& plan, std::vector<int>& uploads,
+                    std::vector<int>& grads) {
+  uploads.assign(m.groups.size(), 0);
+  grads.assign(m.groups.size(), 0);
+  for (auto& st : plan.stages) {
+    std::vector<char> seen(m.groups.size(), 0);
+    for (int l : st.layers())
+      for (int g : m.groups_of(l)) seen[g] = 1;
+    for (size_t g = 0; g < seen.size(); ++g) {
+      uploads[g] += seen[g];
+      if (st.kind != StageKind::forward) grads[g] += seen[g];
+    }
+  }
+}
+
+}  // namespace
+
+Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, SessionOptions opt)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& I = *impl_;
+  I.layout = layout;
+  I.opt = opt;
+  if (opt.workers < 1) throw std::invalid_argument(fmt::format("workers must be >= 1, got {}", opt.workers));
+  if (opt.micro_batches < 1)
+    throw std::invalid_argument(fmt::format("micro_batches must be >= 1, got {}", opt.micro_batches));
+  if (opt.micro.n_seq < 1 || opt.micro.seq_len < 2)
+    throw std::invalid_argument("micro-batch shape must have n_seq >= 1 and seq_len >= 2");
+  if (opt.pass_slots < 1) throw std::invalid_argument("pass_slots must be >= 1");
+  if (w.size() != layout.groups.size())
+    throw std::invalid_argument(fmt::format("expected {} parameter groups, got {}", layout.groups.size(), w.size()));
+  for (size_t g = 0; g < w.size(); ++g)
+    if (int64_t(w[g].size()) != layout.groups[g].numel)
+      throw std::invalid_argument(fmt::format("parameter group '{}' has {} values, expected {}",
+                                              layout.groups[g].name, w[g].size(), layout.groups[g].numel));
+  std::string backend = opt.backend;
+  if (backend == "auto") backend = cuda_device_count() > 0 ? "cuda" : "cpu";
+  I.opt.backend = backend;
+  I.plan = opt.plan ? *opt.plan : make_default_plan(layout.num_layers(), opt.workers);
+  validate_plan(I.plan, "plan");
+  if (I.plan.num_layers != layout.num_layers())
+    throw std::invalid_argument(fmt::format("plan has {} layers, the model has {}", I.plan.num_layers,
+                                            layout.num_layers()));
+
+  for (int i = 0; i < opt.workers; ++i) I.devices.push_back(make_device(backend, i, opt.device));
+  const DType dt = I.devices[0]->compute_dtype();
+  I.store = std::make_unique<ParamStore>(layout, dt);
+  I.master = std::move(w);
+  I.adam.resize(I.master.size());
+  for (size_t g = 0; g < I.master.size(); ++g)
+    cast_f32_to(I.master[g].data(), I.store->lowp[g].data(), int64_t(I.master[g].size()), dt);
+  for (int l = 0; l < layout.num_layers(); ++l) I.layers.push_back(make_layer(I.layout, l));
+  if (opt.trace) I.tracer = std::make_unique<Tracer>();
+
+  I.cfg = std::make_unique<caf::actor_system_config>();
+  I.sys = std::make_unique<caf::actor_system>(*I.cfg);
+
+  SchedulerConfig sc;
+  sc.plan = I.plan;
+  sc.num_groups = int(layout.groups.size());
+  for (int i = 0; i < opt.pass_slots; ++i)
+    sc.pass_slots.push_back(std::make_shared<PassBuffers>(layout, I.plan, opt.micro_batches, opt.micro, dt));
+  I.scheduler = spawn_scheduler(*I.sys, std::move(sc));
+
+  // Optimizer shards own disjoint groups, balanced by bytes (largest first).
+  std::vector<int> up, gr;
+  count_per_pass(layout, I.plan, up, gr);
+  int nsh = opt.shards;
+  if (nsh <= 0) nsh = std::clamp(int(std::thread::hardware_concurrency() / 2), 1, 4);
+  nsh = std::min<int>(nsh, int(layout.groups.size()));
+  std::vector<std::vector<ShardGroup>> owned(nsh);
+  std::vector<int64_t> load(nsh, 0);
+  std::vector<int> order(layout.groups.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return layout.groups[a].numel > layout.groups[b].numel; });
+  std::vector<int> shard_of(layout.groups.size());
+  for (int g : order) {
+    int s = int(std::min_element(load.begin(), load.end()) - load.begin());
+    load[s] += layout.groups[g].numel;
+    shard_of[g] = s;
+    owned[s].push_back(ShardGroup{g, &I.master[g], &I.adam[g], up[g], gr[g]});
+  }
+  ShardOptions so{opt.async ? 1 : 0, opt.adam};
+  std::vector<caf::actor> shards;
+  for (int s = 0; s < nsh; ++s)
+    shards.push_back(spawn_optimizer_shard(*I.sys, std::move(owned[s]), I.store.get(), so, I.scheduler));
+  std::vector<caf::actor> workers;
+  for (int i = 0; i < opt.workers; ++i) {
+    WorkerContext ctx;
+    ctx.index = i;
+    ctx.device = I.devices[i].get();
+    ctx.layout = &I.layout;
+    ctx.layers = &I.layers;
+    ctx.store = I.store.get();
+    for (size_t g = 0; g < layout.groups.size(); ++g) ctx.shard_of_group.push_back(shards[shard_of[g]]);
+    ctx.scheduler = I.scheduler;
+    ctx.tracer = I.tracer.get();
+    workers.push_back(spawn_worker(*I.sys, std::move(ctx)));
+  }
+  caf::anon_send(I.scheduler, SetPeers{workers, shards});
+}
+
+Session::~Session() = default;
+
+void Session::forward_backward(const std::vector<int32_t>& ids, const std::vector<int32_t>& targets) {
+  Impl& I = *impl_;
+  const size_t n = size_t(I.opt.micro_batches * I.opt.micro.tokens());
+  if (ids.size() != n || targets.size() != n)
+    throw std::invalid_argument(fmt::format(
+        "forward_backward: expected {} ids and targets (micro_batches {} x n_seq {} x seq_len {}), got {} and {}",
+        n, I.opt.micro_batches, I.opt.micro.n_seq, I.opt.micro.seq_len, ids.size(), targets.size()));
+  const int64_t V = I.layout.config.vocab_size;
+  for (size_t i = 0; i < n; ++i) {
+    if (ids[i] < 0 || ids[i] >= V)
+      throw std::invalid_argument(fmt::format("forward_backward: token id {} at position {} is outside [0, {})",
+                                              ids[i], i, V));
+    if (targets[i] >= V)
+      throw std::invalid_argument(fmt::format("forward_backward: target {} at position {} is outside [0, {})",
+                                              targets[i], i, V));
+  }
+  SubmitPass sp;
+  sp.step = I.current_step;
+  sp.ids = std::make_shared<const std::vector<int32_t>>(ids);
+  sp.targets = std::make_shared<const std::vector<int32_t>>(targets);
+  caf::anon_send(I.scheduler, std::move(sp));
+  I.passes_in_step++;
+}
+
+int64_t Session::step(double lr) {
+  Impl& I = *impl_;
+  if (I.passes_in_step == 0) throw std::logic_error("step() called without a forward_backward() pass in this step");
+  caf::anon_send(I.scheduler, CloseStepRequest{I.current_step, lr});
+  I.passes_in_step = 0;
+  return I.current_step++;
+}
+
+StepResult Session::wait(int64_t t) {
+  Impl& I = *impl_;
+  if (t < 0 || t >= I.current_step)
+    throw std::invalid_argument(fmt::format("wait({}): only steps 0..{} are closed", t, I.current_step - 1));
+  caf::scoped_actor self{*I.sys};
+  StepResult out;
+  std::string err;
+  self->request(I.scheduler, caf::infinite, WaitStep{t})
+      .receive([&](StepResult& r) { out = std::move(r); }, [&](caf::error& e) { err = to_string(e); });
+  if (!err.empty()) throw RuntimeFailure("runtime: " + err);
+  if (!out.error.empty()) throw RuntimeFailure(out.error);
+  I.waited_through = std::max(I.waited_through, t);
+  return out;
+}
+
+void Session::synchronize() {
+  for (int64_t t = impl_->waited_through + 1; t < impl_->current_step; ++t) wait(t);
+}
+
+const std::vector<std::vector<float>>& Session::master_weights() const { return impl_->master; }
+const std::vector<AdamWState>& Session::optimizer_states() const { return impl_->adam; }
+const IterationPlan& Session::plan() const { return impl_->plan; }
+const ModelLayout& Session::layout() const { return impl_->layout; }
+int64_t Session::steps_closed() const { return impl_->current_step; }
+size_t Session::peak_device_bytes() const {
+  size_t p = 0;
+  for (auto& d : impl_->devices) p = std::max(p, d->peak_bytes());
+  return p;
+}
+std::string Session::device_name() const { return impl_->devices[0]->name(); }
+void Session::write_trace(const std::string& path) const {
+  if (!impl_->tracer) throw std::runtime_error("tracing was not enabled for this session");
+  impl_->tracer->write(path);
+}
+
+}  // namespace rp

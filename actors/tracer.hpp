@@ -1,0 +1,40 @@
+// Trace recorder: stream operations and stage tasks as intervals on named tracks,
+// written as Chrome trace-event JSON (opens in Perfetto / chrome://tracing).
+//
+// A plain mutex-guarded recorder rather than an actor: stream callbacks record from
+// device threads at high frequency, and a message per interval would perturb the
+// schedule it is meant to show. Disabled tracers cost one branch per call site.
+#pragma once
+#include <chrono>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace rp {
+
+class Tracer {
+ public:
+  Tracer() : t0_(std::chrono::steady_clock::now()) {}
+  /// Seconds since the tracer was created.
+  double now() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+  /// Records [t_begin, t_end] seconds on track `track` (e.g. "vgpu0.compute").
+  void interval(const std::string& track, std::string label, double t_begin, double t_end);
+  /// Writes all recorded events to `path` (temp file + rename). Throws std::runtime_error.
+  void write(const std::string& path) const;
+  size_t size() const;
+
+ private:
+  struct Event {
+    std::string track, label;
+    double t0, t1;
+  };
+  std::chrono::steady_clock::time_point t0_;
+  mutable std::mutex mu_;
+  std::vector<Event> events_;
+};
+
+}  // namespace rp

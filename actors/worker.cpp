@@ -1,0 +1,471 @@
+#include "actors/worker.hpp"
+
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "actors/messages.hpp"
+#include "actors/tracer.hpp"
+#include "actors/transfer.hpp"
+#include "kernels/ops.hpp"
+
+namespace rp {
+namespace {
+struct ComputeDone {
+  int64_t pass;
+  int64_t micro_batch;
+  std::string error;
+};
+}  // namespace
+}  // namespace rp
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::ComputeDone)
+
+namespace rp {
+namespace {
+
+constexpr int kPrioActivation = 0;  // critical path: first
+constexpr int kPrioParam = 1;
+constexpr int kPrioGrad = 1;
+
+/// Device buffers of one double-buffer slot (micro-batches m with m % 2 == slot).
+struct Slot {
+  DeviceBuffer ids, targets, in, out, loss;
+  std::vector<DeviceBuffer> xs;  ///< per layer of the stage: its input (or forward output)
+};
+
+struct Task {
+  RunStage rs;
+  std::vector<int> layers;      ///< execution order
+  std::vector<int> groups;      ///< parameter groups read
+  std::vector<int> grad_groups; ///< groups whose gradient this stage produces
+  std::map<int, DeviceBuffer> dparam, dgrad;
+  std::map<int, HostBytes> staging;
+  DeviceBuffer scratch, tmp[2];
+  Slot slot[2];
+  int64_t M = 0;
+  int params_pending = 0;
+  int64_t next_up = 0, next_comp = 0;
+  std::vector<int> up_pending, down_pending;  ///< copies outstanding per micro-batch
+  std::vector<char> uploaded, computed, downloaded;
+  int64_t n_downloaded = 0;
+  bool grads_started = false;
+  int grads_pending = 0;
+  double t_start = 0;
+  std::chrono::steady_clock::time_point wall_start;
+};
+
+class Worker : public caf::event_based_actor {
+ public:
+  Worker(caf::actor_config& cfg, WorkerContext ctx) : caf::event_based_actor(cfg), ctx_(std::move(ctx)) {
+    auto& sys = system();
+    auto& d = *ctx_.device;
+    auto nm = [&](const char* s) { return fmt::format("worker{}.{}", ctx_.index, s); };
+    act_up_ = spawn_transfer_actor(sys, d.stream(StreamKind::act_up), nm("act_up"), 2, ctx_.tracer);
+    act_down_ = spawn_transfer_actor(sys, d.stream(StreamKind::act_down), nm("act_down"), 2, ctx_.tracer);
+    param_up_ = spawn_transfer_actor(sys, d.stream(StreamKind::param_up), nm("param_up"), 1, ctx_.tracer);
+    grad_down_ = spawn_transfer_actor(sys, d.stream(StreamKind::grad_down), nm("grad_down"), 1, ctx_.tracer);
+  }
+
+  caf::behavior make_behavior() override {
+    return {
+        [this](RunStage& rs) {
+          queue_.push_back(std::move(rs));
+          if (!task_) start_next();
+        },
+        [this](ActReady& a) {
+          ready_.insert({a.pass, a.stage_index, a.micro_batch});
+          pump();
+        },
+        [this](CopyDone& d) {
+          auto it = on_copy_.find(d.token);
+          if (it == on_copy_.end()) return;
+          auto fn = std::move(it->second);
+          on_copy_.erase(it);
+          if (!d.error.empty()) return fail(d.error);
+          fn();
+        },
+        [this](ComputeDone& c) {
+          if (!task_ || task_->rs.pass != c.pass) return;
+          if (!c.error.empty()) return fail(fmt::format("micro-batch {}: {}", c.micro_batch, c.error));
+          on_computed(c.micro_batch);
+        },
+        [this](Shutdown) {
+          for (auto& a : {act_up_, act_down_, param_up_, grad_down_}) send_exit(a, caf::exit_reason::user_shutdown);
+          quit();
+        },
+    };
+  }
+
+ private:
+  using Key = std::tuple<int64_t, int, int64_t>;
+
+  void fail(const std::string& what) {
+    if (failed_) return;
+    failed_ = true;
+    std::string where = task_ ? fmt::format("worker {} ({} stage {} of pass {}, layers {}-{})", ctx_.index,
+                                            stage_kind_name(task_->rs.stage.kind), task_->rs.stage_index,
+                                            task_->rs.pass, task_->rs.stage.first, task_->rs.stage.last)
+                              : fmt::format("worker {}", ctx_.index);
+    send(ctx_.scheduler, Failure{where + ": " + what});
+  }
+
+  void copy(const caf::actor& via, CopyDir dir, void* dst, const void* src, size_t bytes, int prio,
+            int64_t order, std::function<void()> on_done, std::function<void()> after = {}) {
+    uint64_t tok = next_token_++;
+    on_copy_[tok] = std::move(on_done);
+    send(via, CopyRequest{dir, dst, src, bytes, prio, order, tok, std::move(after),
+                          caf::actor_cast<caf::actor>(this)});
+  }
+
+  void start_next() {
+    task_.reset();
+    if (failed_ || queue_.empty()) return;
+    try {
+      begin(std::move(queue_.front()));
+      queue_.pop_front();
+    } catch (const std::exception& e) {
+      queue_.pop_front();
+      fail(e.what());
+      return;
+    }
+    pump();
+  }
+
+  void begin(RunStage rs) {
+    auto& d = *ctx_.device;
+    const auto& m = *ctx_.layout;
+    task_ = std::make_unique<Task>();
+    Task& t = *task_;
+    t.rs = std::move(rs);
+    t.layers = t.rs.stage.layers();
+    t.M = t.rs.buffers->micro_batches;
+    t.wall_start = std::chrono::steady_clock::now();
+    t.t_start = ctx_.tracer ? ctx_.tracer->now() : 0;
+    const auto& shape = t.rs.buffers->shape;
+    const size_t act = t.rs.buffers->act_bytes, T = size_t(shape.tokens());
+    const StageKind kind = t.rs.stage.kind;
+    std::set<int> gs;
+    size_t scratch = 0;
+    for (int l : t.layers) {
+      for (int g : m.groups_of(l)) gs.insert(g);
+      scratch = std::max(scratch, (*ctx_.layers)[l]->scratch_bytes(shape));
+    }
+    t.groups.assign(gs.begin(), gs.end());
+    if (kind != StageKind::forward) t.grad_groups = t.groups;
+    const size_t esz = dtype_size(d.compute_dtype()), gsz = dtype_size(d.ops().grad_dtype());
+    for (int g : t.groups) t.dparam.emplace(g, DeviceBuffer(d, size_t(m.groups[g].numel) * esz));
+    for (int g : t.grad_groups) t.dgrad.emplace(g, DeviceBuffer(d, size_t(m.groups[g].numel) * gsz));
+    t.scratch = DeviceBuffer(d, scratch);
+    const int k = int(t.layers.size());
+    for (auto& s : t.slot) {
+      if (t.rs.stage.first == 0) s.ids = DeviceBuffer(d, T * 4);
+      if (kind == StageKind::tail) {
+        s.targets = DeviceBuffer(d, T * 4);
+        s.loss = DeviceBuffer(d, 2 * sizeof(float));
+      }
+      // in: the uploaded input of a forward stage, or dy of a backward stage
+      if (kind == StageKind::backward || (kind == StageKind::forward && t.rs.stage.first > 0))
+        s.in = DeviceBuffer(d, act);
+      if (kind != StageKind::forward && t.rs.stage.first > 0) s.out = DeviceBuffer(d, act);
+      for (int i = 0; i < k; ++i) s.xs.emplace_back(d, act);
+    }
+    if (kind != StageKind::forward)
+      for (auto& b : t.tmp) b = DeviceBuffer(d, act);
+    t.up_pending.assign(t.M, 0);
+    t.down_pending.assign(t.M, 0);
+    t.uploaded.assign(t.M, 0);
+    t.computed.assign(t.M, 0);
+    t.downloaded.assign(t.M, 0);
+
+    // Gradient accumulators start at zero for every stage task.
+    for (auto& [g, buf] : t.dgrad) {
+      void* p = buf.get();
+      size_t n = buf.bytes();
+      d.stream(StreamKind::compute).launch([&d, p, n] {
+        const DType gt = d.ops().grad_dtype();
+        d.ops().fill(gt, p, int64_t(n / dtype_size(gt)), 0.f);
+      });
+    }
+    // Parameters: ask the owning shard (rule 1), then upload, then release.
+    t.params_pending = int(t.groups.size());
+    const int64_t step = t.rs.step, pass = t.rs.pass;
+    for (int g : t.groups) {
+      request(ctx_.shard_of_group[g], caf::infinite, AcquireWeights{g, step})
+          .then(
+              [this, g, step, pass](WeightsGranted&) {
+                if (!task_ || task_->rs.pass != pass) return;
+                auto& buf = task_->dparam.at(g);
+                copy(param_up_, CopyDir::h2d, buf.get(), ctx_.store->lowp[g].data(), buf.bytes(), kPrioParam,
+                     g, [this, g, step, pass] {
+                       send(ctx_.shard_of_group[g], ReleaseWeights{g, step});
+                       if (!task_ || task_->rs.pass != pass) return;
+                       task_->params_pending--;
+                       pump();
+                     });
+              },
+              [this](caf::error& e) { fail("weights request failed: " + to_string(e)); });
+    }
+  }
+
+  bool input_ready(const Task& t, int64_t m) const {
+    return t.rs.stage_index == 0 || ready_.count(Key{t.rs.pass, t.rs.stage_index, m});
+  }
+
+  void pump() {
+    if (!task_ || failed_) return;
+    Task& t = *task_;
+    // Uploads: one micro-batch ahead, once the slot's previous user has computed.
+    while (t.next_up < t.M && (t.next_up < 2 || t.computed[t.next_up - 2]) && input_ready(t, t.next_up)) {
+      issue_uploads(t.next_up);
+      ++t.next_up;
+    }
+    // Compute: in order, once inputs and parameters are in and the output slot is free.
+    while (t.next_comp < t.M && t.uploaded[t.next_comp] && t.params_pending == 0 &&
+           (t.next_comp < 2 || t.downloaded[t.next_comp - 2])) {
+      launch_compute(t.next_comp);
+      ++t.next_comp;
+    }
+    maybe_finish();
+  }
+
+  void issue_uploads(int64_t m) {
+    Task& t = *task_;
+    auto& pb = *t.rs.buffers;
+    Slot& s = t.slot[m % 2];
+    const StageKind kind = t.rs.stage.kind;
+    const int64_t pass = t.rs.pass;
+    auto up = [&](void* dst, const void* src, size_t bytes) {
+      t.up_pending[m]++;
+      copy(act_up_, CopyDir::h2d, dst, src, bytes, kPrioActivation, m, [this, pass, m] {
+        if (!task_ || task_->rs.pass != pass) return;
+        if (--task_->up_pending[m] == 0) {
+          task_->uploaded[m] = 1;
+          pump();
+        }
+      });
+    };
+    const size_t idb = pb.ids[m].size();
+    if (t.rs.stage.first == 0) up(s.ids.get(), pb.ids[m].data(), idb);
+    if (kind == StageKind::forward) {
+      if (t.rs.stage.first > 0) up(s.in.get(), pb.x[t.rs.stage.first][m].data(), pb.act_bytes);
+    } else if (kind == StageKind::tail) {
+      up(s.xs[0].get(), pb.x[t.rs.stage.first][m].data(), pb.act_bytes);
+      up(s.targets.get(), pb.targets[m].data(), idb);
+    } else {
+      up(s.in.get(), pb.dx[t.rs.stage.last + 1][m].data(), pb.act_bytes);
+      for (size_t i = 0; i < t.layers.size(); ++i)
+        if (t.layers[i] > 0) up(s.xs[i].get(), pb.x[t.layers[i]][m].data(), pb.act_bytes);
+    }
+    if (t.up_pending[m] == 0) t.uploaded[m] = 1;
+  }
+
+  LayerArgs args_for(int layer, const Slot& s) {
+    Task& t = *task_;
+    LayerArgs a;
+    a.ops = &ctx_.device->ops();
+    a.shape = t.rs.buffers->shape;
+    for (int g : ctx_.layout->groups_of(layer)) {
+      a.params.push_back(t.dparam.at(g).get());
+      if (t.rs.stage.kind != StageKind::forward) a.grads.push_back(t.dgrad.at(g).get());
+    }
+    a.scratch = t.scratch.get();
+    a.scratch_bytes = t.scratch.bytes();
+    a.ids = s.ids.as<int32_t>();
+    return a;
+  }
+
+  void launch_compute(int64_t m) {
+    Task& t = *task_;
+    Slot& s = t.slot[m % 2];
+    const auto& layers = *ctx_.layers;
+    const StageKind kind = t.rs.stage.kind;
+    const int k = int(t.layers.size());
+    // Build every call's arguments here; the device runs them in stream order.
+    std::vector<std::pair<int, LayerArgs>> fwd, bwd;
+    if (kind == StageKind::forward) {
+      // layer i reads the ids (embedding), the uploaded input, or layer i-1's output,
+      // and writes xs[i], which is downloaded as the saved input of layer i+1.
+      for (int i = 0; i < k; ++i) {
+        LayerArgs a = args_for(t.layers[i], s);
+        a.x = i > 0 ? s.xs[i - 1].get() : (t.rs.stage.first == 0 ? nullptr : s.in.get());
+        a.y = s.xs[i].get();
+        fwd.emplace_back(t.layers[i], a);
+      }
+    } else if (kind == StageKind::tail) {
+      // forward through the decoder layers of the stage, keeping every input in xs
+      for (int i = 0; i + 1 < k; ++i) {
+        LayerArgs a = args_for(t.layers[i], s);
+        a.x = s.xs[i].get();
+        a.y = s.xs[i + 1].get();
+        fwd.emplace_back(t.layers[i], a);
+      }
+      LayerArgs ta = args_for(t.layers[k - 1], s);
+      ta.x = s.xs[k - 1].get();
+      ta.targets = s.targets.as<int32_t>();
+      ta.loss = s.loss.as<float>();
+      ta.dx = k == 1 ? s.out.get() : t.tmp[0].get();
+      bwd.emplace_back(t.layers[k - 1], ta);
+      const void* dy = ta.dx;
+      for (int i = k - 2, n = 1; i >= 0; --i, ++n) {
+        LayerArgs a = args_for(t.layers[i], s);
+        a.x = s.xs[i].get();
+        a.dy = dy;
+        a.dx = i == 0 ? s.out.get() : t.tmp[n % 2].get();
+        dy = a.dx;
+        bwd.emplace_back(t.layers[i], a);
+      }
+    } else {
+      const void* dy = s.in.get();
+      for (int i = 0; i < k; ++i) {
+        const int l = t.layers[i];
+        LayerArgs a = args_for(l, s);
+        a.x = l > 0 ? s.xs[i].get() : nullptr;
+        a.dy = dy;
+        if (l > 0) a.dx = i == k - 1 ? s.out.get() : t.tmp[i % 2].get();
+        dy = a.dx;
+        bwd.emplace_back(l, a);
+      }
+    }
+    auto& stream = ctx_.device->stream(StreamKind::compute);
+    Tracer* tr = ctx_.tracer;
+    std::string track = fmt::format("worker{}.compute", ctx_.index);
+    std::string label = fmt::format("{}{} L{}-{} mb{} (pass {})",
+                                    kind == StageKind::forward ? "F" : kind == StageKind::tail ? "T" : "B",
+                                    t.rs.stage_index, t.rs.stage.first, t.rs.stage.last, m, t.rs.pass);
+    auto t0 = std::make_shared<double>(0);
+    stream.launch([&layers, fwd = std::move(fwd), bwd = std::move(bwd), tr, t0] {
+      if (tr) *t0 = tr->now();
+      for (auto& [l, a] : fwd) layers[l]->forward(a);
+      for (auto& [l, a] : bwd) layers[l]->backward(a);
+    });
+    auto me = caf::actor_cast<caf::actor>(this);
+    int64_t pass = t.rs.pass;
+    stream.then([me, pass, m, tr, t0, track, label](const std::string& err) {
+      if (tr) tr->interval(track, label, *t0, tr->now());
+      caf::anon_send(me, ComputeDone{pass, m, err});
+    });
+  }
+
+  void on_computed(int64_t m) {
+    Task& t = *task_;
+    t.computed[m] = 1;
+    auto& pb = *t.rs.buffers;
+    Slot& s = t.slot[m % 2];
+    const StageKind kind = t.rs.stage.kind;
+    const int64_t pass = t.rs.pass;
+    auto down = [&](void* dst, const void* src, size_t bytes) {
+      t.down_pending[m]++;
+      copy(act_down_, CopyDir::d2h, dst, src, bytes, kPrioActivation, m, [this, pass, m] {
+        if (!task_ || task_->rs.pass != pass) return;
+        if (--task_->down_pending[m] == 0) on_downloaded(m);
+      });
+    };
+    if (kind == StageKind::forward) {
+      const int k = int(t.layers.size());
+      for (int i = 0; i < k; ++i) {
+        down(pb.x[t.layers[i] + 1][m].data(), s.xs[i].get(), pb.act_bytes);
+      }
+    } else {
+      if (t.rs.stage.first > 0) down(pb.dx[t.rs.stage.first][m].data(), s.out.get(), pb.act_bytes);
+      if (kind == StageKind::tail) down(&pb.loss[2 * m], s.loss.get(), 2 * sizeof(float));
+    }
+    if (t.down_pending[m] == 0) on_downloaded(m);
+    pump();
+  }
+
+  void on_downloaded(int64_t m) {
+    Task& t = *task_;
+    t.downloaded[m] = 1;
+    t.n_downloaded++;
+    if (t.rs.next) send(t.rs.next, ActReady{t.rs.pass, t.rs.stage_index + 1, m});
+    pump();
+  }
+
+  void maybe_finish() {
+    Task& t = *task_;
+    if (t.n_downloaded < t.M) return;
+    if (!t.grads_started) {
+      t.grads_started = true;
+      t.grads_pending = int(t.grad_groups.size());
+      const int64_t step = t.rs.step, pass = t.rs.pass;
+      for (int g : t.grad_groups) {
+        request(ctx_.shard_of_group[g], caf::infinite, AcquireGradSlot{g, step})
+            .then(
+                [this, g, step, pass](GradGrant& gr) {
+                  if (!task_ || task_->rs.pass != pass) return;
+                  write_grad(g, step, gr.overwrite);
+                },
+                [this](caf::error& e) { fail("gradient slot request failed: " + to_string(e)); });
+      }
+    }
+    if (t.grads_pending > 0) return;
+    finish();
+  }
+
+  void write_grad(int g, int64_t step, bool overwrite) {
+    Task& t = *task_;
+    auto& buf = t.dgrad.at(g);
+    float* slot = ctx_.store->grad[g].as<float>();
+    const int64_t n = ctx_.store->numel[g];
+    const int64_t pass = t.rs.pass;
+    auto done = [this, g, step, pass] {
+      send(ctx_.shard_of_group[g], GradWritten{g, step});
+      if (!task_ || task_->rs.pass != pass) return;
+      task_->grads_pending--;
+      maybe_finish();
+    };
+    if (overwrite) {
+      copy(grad_down_, CopyDir::d2h, slot, buf.get(), buf.bytes(), kPrioGrad, g, done);
+    } else {
+      auto& st = t.staging.try_emplace(g, buf.bytes()).first->second;
+      float* sp = st.as<float>();
+      copy(grad_down_, CopyDir::d2h, sp, buf.get(), buf.bytes(), kPrioGrad, g, done, [slot, sp, n] {
+        for (int64_t i = 0; i < n; ++i) slot[i] += sp[i];
+      });
+    }
+  }
+
+  void finish() {
+    Task& t = *task_;
+    StageDone sd;
+    sd.pass = t.rs.pass;
+    sd.stage_index = t.rs.stage_index;
+    sd.worker = ctx_.index;
+    sd.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t.wall_start).count();
+    if (t.rs.stage.kind == StageKind::tail)
+      for (int64_t m = 0; m < t.M; ++m) {
+        sd.loss_sum += t.rs.buffers->loss[2 * m];
+        sd.loss_count += t.rs.buffers->loss[2 * m + 1];
+      }
+    if (ctx_.tracer)
+      ctx_.tracer->interval(fmt::format("worker{}.tasks", ctx_.index),
+                            fmt::format("{} stage {} (pass {})", stage_kind_name(t.rs.stage.kind),
+                                        t.rs.stage_index, t.rs.pass),
+                            t.t_start, ctx_.tracer->now());
+    // Forget announcements for this task, then release device memory.
+    for (int64_t m = 0; m < t.M; ++m) ready_.erase(Key{t.rs.pass, t.rs.stage_index, m});
+    send(ctx_.scheduler, sd);
+    start_next();
+  }
+
+  WorkerContext ctx_;
+  caf::actor act_up_, act_down_, param_up_, grad_down_;
+  std::deque<RunStage> queue_;
+  std::unique_ptr<Task> task_;
+  std::set<Key> ready_;
+  std::map<uint64_t, std::function<void()>> on_copy_;
+  uint64_t next_token_ = 1;
+  bool failed_ = false;
+};
+
+}  // namespace
+
+caf::actor spawn_worker(caf::actor_system& sys, WorkerContext ctx) {
+  return sys.spawn<Worker>(std::move(ctx));
+}
+
+}  // namespace rp

@@ -1,0 +1,43 @@
+// Worker actors: one per GPU (or virtual GPU). A worker runs the stage tasks the
+// scheduler deals it, in the order dealt, each over all M micro-batches of a pass:
+//  - asks the owning optimizer shards for each parameter group (rule 1) and uploads it
+//    through its parameter-upload transfer actor, releasing it when the copy is done;
+//  - uploads micro-batch m's inputs one micro-batch ahead (double-buffered slots)
+//    through its activation-upload actor, once the predecessor stage announced m;
+//  - runs the stage's layers on the compute stream (completion comes back as a
+//    message, no actor thread waits on the device);
+//  - downloads outputs (and every layer input, which backward recomputes from) through
+//    its activation-download actor and tells the successor stage's worker (ActReady);
+//  - after the last micro-batch, downloads each parameter group's gradient through its
+//    gradient-download actor into the host slot the shard grants (rule 3), then
+//    reports GradWritten to the shard and StageDone to the scheduler.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include <caf/all.hpp>
+
+#include "actors/pass_buffers.hpp"
+#include "kernels/device.hpp"
+#include "model/layer.hpp"
+
+namespace rp {
+
+class Tracer;
+
+struct WorkerContext {
+  int index = 0;
+  Device* device = nullptr;
+  const ModelLayout* layout = nullptr;
+  const std::vector<std::unique_ptr<Layer>>* layers = nullptr;
+  ParamStore* store = nullptr;
+  std::vector<caf::actor> shard_of_group;  ///< shard owning each parameter group
+  caf::actor scheduler;
+  Tracer* tracer = nullptr;
+};
+
+/// Spawns worker `ctx.index` and its four transfer actors (activation up, activation
+/// down, parameter up, gradient down) on ctx.device's copy streams.
+caf::actor spawn_worker(caf::actor_system& sys, WorkerContext ctx);
+
+}  // namespace rp

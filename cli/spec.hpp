@@ -1,0 +1,45 @@
+// JSON experiment specs for `roundpipe train` (docs/spec.md lists every key).
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "optimizer/adamw.hpp"
+#include "optimizer/lr_schedule.hpp"
+
+namespace rp {
+
+struct TrainSpec {
+  std::string model;                 ///< .gguf file or HF directory
+  std::string data;                  ///< .jsonl file, .txt file or directory of .txt files
+  std::string chat_template = "auto";  ///< auto (from the model) | chatml | smollm2 | llama3
+  int64_t seq_len = 128;             ///< tokens per sequence
+  int64_t sequences_per_step = 4;    ///< global batch, in sequences
+  int64_t micro_batches = 2;         ///< M per pass; sequences_per_step / (M * accumulation) per micro-batch
+  int64_t accumulation = 1;          ///< forward_backward passes per optimizer step
+  int64_t steps = 20;
+  AdamWOptions adam;                 ///< "optimizer": {lr, betas, eps, weight_decay, amsgrad}
+  LrSchedule lr_schedule;            ///< "lr_schedule": {kind, warmup_steps, min_lr}; lr from optimizer.lr
+  std::string backend = "auto";      ///< auto | cpu | cuda
+  int workers = 1;
+  bool async = true;
+  nlohmann::json plan;               ///< null = default plan (scheduler/plan.hpp plan_from_json)
+  double device_memory_gib = 24;     ///< per-device pool cap
+  double pcie_gbps = 0;              ///< CPU backend: emulate a PCIe link (GB/s), 0 = off
+  std::string output_dir = "runs/default";
+  int64_t save_every = 0;            ///< also checkpoint every k steps (0 = final only)
+  std::string save_dtype = "bf16";   ///< f32 | bf16 | f16
+  bool trace = false;                ///< write output_dir/trace.json
+  uint64_t seed = 0;                 ///< data order
+  int64_t log_every = 1;
+};
+
+/// Parses a spec object. Unknown keys, wrong types and inconsistent values throw
+/// std::invalid_argument with one line "<where>: key '<key>': expected <what>, got <value>".
+TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where);
+/// Reads `path` (JSON) and parses it; syntax errors name the file, line and column.
+TrainSpec load_spec(const std::string& path);
+
+}  // namespace rp

@@ -1,0 +1,164 @@
+#include "cli/train.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "data/dataset.hpp"
+#include "data/tokenizer.hpp"
+#include "model/checkpoint.hpp"
+#include "roundpipe/session.hpp"
+
+namespace fs = std::filesystem;
+
+namespace rp {
+namespace {
+
+std::atomic<bool> g_interrupted{false};
+void on_sigint(int) { g_interrupted = true; }
+
+std::string fmt_duration(double s) {
+  if (!(s >= 0) || s > 1e7) return "--:--";
+  int t = int(s + 0.5);
+  return t >= 3600 ? fmt::format("{}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60)
+                   : fmt::format("{:02}:{:02}", t / 60, t % 60);
+}
+
+}  // namespace
+
+int run_train(TrainSpec spec, const TrainOverrides& ov) {
+  if (ov.steps > 0) {
+    spec.steps = ov.steps;
+    if (spec.lr_schedule.kind != "constant")
+      spec.lr_schedule.total_steps = std::max(ov.steps, spec.lr_schedule.warmup_steps);
+  }
+  if (ov.workers > 0) spec.workers = ov.workers;
+  if (!ov.backend.empty()) spec.backend = ov.backend;
+  if (!ov.output_dir.empty()) spec.output_dir = ov.output_dir;
+  const auto t_start = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count(); };
+
+  // ---- model, tokenizer, data ------------------------------------------------
+  spdlog::info("loading model {}", spec.model);
+  LoadedModel lm = load_model(spec.model);
+  ModelLayout layout = make_layout(lm.config);
+  std::vector<std::vector<float>> weights;
+  fill_groups(lm, layout, weights);
+  lm.tensors.clear();
+  const auto& c = lm.config;
+  spdlog::info("model: {} layers, hidden {}, {} heads ({} kv), ffn {}, vocab {}, {:.1f} M parameters{}",
+               c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads,
+               c.intermediate_size, c.vocab_size, c.num_parameters() / 1e6,
+               c.tie_word_embeddings ? ", tied embeddings" : "");
+  if (lm.tokenizer_json.is_null())
+    throw std::runtime_error(spec.model + ": the model carries no tokenizer (tokenizer.json)");
+  Tokenizer tok = Tokenizer::from_json(lm.tokenizer_json, spec.model + " tokenizer");
+  if (c.eos_token_id >= 0) tok.set_eos_id(int32_t(c.eos_token_id));
+  ChatTemplate chat = ChatTemplate::chatml;
+  if (spec.chat_template == "auto")
+    chat = lm.chat_template.empty() ? ChatTemplate::chatml : detect_chat_template(lm.chat_template);
+  else
+    chat = parse_chat_template_name(spec.chat_template);
+  spdlog::info("loading data {} (chat template {})", spec.data, chat_template_name(chat));
+  Dataset ds = load_dataset(spec.data, tok, chat);
+  PackedSequences packed = pack_sequences(ds, spec.seq_len, tok.eos_id());
+  spdlog::info("data: {} examples, {} text tokens -> {} sequences of {} tokens{}", ds.examples.size(),
+               ds.text_stream.size(), packed.size(), spec.seq_len,
+               packed.dropped_examples ? fmt::format(" ({} examples dropped: no target left)", packed.dropped_examples)
+                                       : std::string());
+  BatchStream stream(std::move(packed), spec.seed);
+
+  // ---- session -----------------------------------------------------------------
+  SessionOptions opt;
+  opt.backend = spec.backend;
+  opt.workers = spec.workers;
+  opt.micro_batches = spec.micro_batches;
+  const int64_t per_pass = spec.sequences_per_step / spec.accumulation;
+  opt.micro.n_seq = per_pass / spec.micro_batches;
+  opt.micro.seq_len = spec.seq_len;
+  opt.async = spec.async;
+  opt.adam = spec.adam;
+  opt.device.capacity_bytes = size_t(spec.device_memory_gib * double(1ull << 30));
+  opt.device.pcie_bytes_per_s = spec.pcie_gbps * 1e9;
+  opt.plan = plan_from_json(spec.plan, layout.num_layers(), spec.workers, "spec: plan");
+  opt.trace = spec.trace;
+  Session session(layout, std::move(weights), opt);
+  spdlog::info("runtime: {} x {}, {} optimizer, plan {} ({} stages), {} micro-batches of {} x {} tokens",
+               spec.workers, session.device_name(), spec.async ? "staleness-1 async" : "synchronous",
+               session.plan().summary(), session.plan().stages.size(), spec.micro_batches, opt.micro.n_seq,
+               spec.seq_len);
+
+  fs::create_directories(spec.output_dir);
+  const std::string csv_path = spec.output_dir + "/metrics.csv";
+  std::ofstream csv(csv_path, std::ios::trunc);
+  if (!csv) throw std::runtime_error(csv_path + ": cannot write");
+  csv << "step,loss,target_tokens,tokens_per_s,lr,elapsed_s\n";
+  const DType save_dtype = parse_dtype(spec.save_dtype);
+  auto save = [&](const std::string& name) {
+    std::vector<const float*> ptrs;
+    for (auto& g : session.master_weights()) ptrs.push_back(g.data());
+    const std::string dir = spec.output_dir + "/" + name;
+    save_hf_checkpoint(dir, layout, ptrs, lm.tokenizer_json, lm.chat_template, save_dtype);
+    spdlog::info("saved checkpoint {}", dir);
+  };
+
+  auto prev = std::signal(SIGINT, on_sigint);
+  const int64_t tokens_per_step = spec.sequences_per_step * spec.seq_len;
+  double last_report = 0;
+  int64_t reported = -1;
+  auto report = [&](int64_t t) {
+    StepResult r = session.wait(t);
+    const double now = elapsed();
+    const double dt = now - last_report;
+    const int64_t nsteps = t - reported;
+    last_report = now;
+    reported = t;
+    const double tps = dt > 0 ? double(tokens_per_step * nsteps) / dt : 0;
+    const double loss = r.tokens > 0 ? r.loss_sum / r.tokens : 0;
+    const double lr = spec.lr_schedule.at(t);
+    const double eta = (now / double(t + 1)) * double(spec.steps - t - 1);
+    csv << fmt::format("{},{:.6f},{},{:.1f},{:.6g},{:.3f}\n", t + 1, loss, int64_t(r.tokens), tps, lr, now);
+    csv.flush();
+    if ((t + 1) % spec.log_every == 0 || t + 1 == spec.steps)
+      fmt::print("step {:>5}/{} | loss {:.4f} | {:>8.1f} tokens/s | lr {:.3e} | elapsed {} | ETA {}\n", t + 1,
+                 spec.steps, loss, tps, lr, fmt_duration(now), fmt_duration(eta));
+    std::fflush(stdout);
+    if (spec.save_every > 0 && (t + 1) % spec.save_every == 0 && t + 1 < spec.steps)
+      save(fmt::format("checkpoint-{}", t + 1));
+  };
+
+  int64_t t = 0;
+  for (; t < spec.steps && !g_interrupted; ++t) {
+    for (int64_t a = 0; a < spec.accumulation; ++a) {
+      TokenBatch b = stream.next(per_pass);
+      session.forward_backward(b.ids, b.targets);
+    }
+    session.step(spec.lr_schedule.at(t));
+    // Report one step behind: with the staleness-1 optimizer the next pass is already
+    // queued while step t-1's update finishes.
+    if (t >= 1) report(t - 1);
+  }
+  if (t >= 1 && reported < t - 1) report(t - 1);
+  session.synchronize();
+  std::signal(SIGINT, prev);
+  if (spec.trace) {
+    session.write_trace(spec.output_dir + "/trace.json");
+    spdlog::info("wrote trace {}/trace.json", spec.output_dir);
+  }
+  if (g_interrupted) {
+    fmt::print(stderr, "roundpipe: interrupted after {} steps; finished checkpoints are kept\n", t);
+    return 130;
+  }
+  save("final");
+  fmt::print("done: {} steps in {}, peak device memory {:.1f} MiB per worker, metrics in {}\n", spec.steps,
+             fmt_duration(elapsed()), session.peak_device_bytes() / 1048576.0, csv_path);
+  return 0;
+}
+
+}  // namespace rp

@@ -1,0 +1,24 @@
+// `roundpipe train SPEC.json`: the main job.
+#pragma once
+#include <string>
+
+#include "cli/spec.hpp"
+
+namespace rp {
+
+struct TrainOverrides {
+  int64_t steps = -1;       ///< > 0 replaces spec.steps
+  int workers = -1;         ///< > 0 replaces spec.workers
+  std::string backend;      ///< non-empty replaces spec.backend
+  std::string output_dir;   ///< non-empty replaces spec.output_dir
+};
+
+/// Runs the training job of `spec`: loads model and data, builds a Session, prints one
+/// progress line per step (step, loss, tokens/s, learning rate, elapsed, ETA), appends
+/// metrics to <output_dir>/metrics.csv and writes HF checkpoints atomically
+/// (<output_dir>/checkpoint-<step>/ every save_every steps and <output_dir>/final/).
+/// Returns the process exit code (0 ok, 1 error, 130 interrupted). Errors are printed as
+/// one line "roundpipe: error: ...".
+int run_train(TrainSpec spec, const TrainOverrides& ov);
+
+}  // namespace rp

@@ -1,0 +1,124 @@
+// Training data: JSONL / plain-text loading, packing into fixed-length sequences, and a
+// deterministic shuffled batch stream.
+//
+// Sequence construction respects the runtime's attention: it is causal *per sequence*
+// with positions restarting at 0 in each sequence, so two examples packed into one
+// sequence would attend to each other. Therefore
+//   * supervised examples (prompt/completion, chat) get one sequence each: truncated to
+//     seq_len + 1 tokens, padded with `pad_id` (usually eos);
+//   * plain text (a .txt corpus, or {"text"} JSONL lines) is concatenated into one token
+//     stream, documents separated by eos, and cut into windows of seq_len + 1 tokens that
+//     overlap by one token (window k covers stream[k*seq_len, (k+1)*seq_len]); the final
+//     partial window is kept and padded.
+// For each sequence: ids[t] = token t, targets[t] = token t+1 when that token exists and
+// its loss_mask is 1, else kIgnoreIndex (-100): masked tokens, padding, and the last real
+// position of a padded example.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data/chat_template.hpp"
+
+namespace rp {
+
+class Tokenizer;
+
+/// Target value meaning "no loss at this position" (PyTorch's ignore_index).
+inline constexpr int32_t kIgnoreIndex = -100;
+
+/// One tokenised training example: loss_mask[i] = 1 when token i is to be predicted.
+struct Example {
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> loss_mask;  ///< same length as ids
+};
+
+/// A loaded data set, before packing.
+struct Dataset {
+  std::vector<Example> examples;    ///< supervised examples, one sequence each
+  std::vector<int32_t> text_stream; ///< plain text, every document followed by eos
+  size_t num_documents = 0;         ///< documents in text_stream
+};
+
+/// Loads a JSONL file; every non-blank line is one JSON object of one of the shapes
+///   {"text": str}                         -> text_stream (tokens + eos, all trained on)
+///   {"prompt": str, "completion": str}    -> example: encode(prompt) ++ encode(completion)
+///                                            ++ eos, loss on completion tokens and eos
+///   {"messages": [{"role","content"},..]} -> example rendered by `chat` (chat_template.hpp),
+///                                            loss on assistant content + end-of-turn token
+/// Special tokens written in the text are matched (allow_special=true). Throws
+/// std::runtime_error with a one-line message "<path>:<line>: <what was expected>", e.g.
+/// `data.jsonl:17: expected a string at key "completion"`, for a malformed line, a wrong
+/// type, a missing key, an unknown role or a conversation without an assistant message;
+/// "<path>: cannot open" / "<path>: no examples" for unreadable or empty files. Throws
+/// std::runtime_error when the tokenizer has no eos_id() and one is needed.
+Dataset load_jsonl(const std::string& path, const Tokenizer& tok, ChatTemplate chat);
+
+/// Loads plain text: `path` is one file, or a directory whose *.txt files (not recursive)
+/// are read in lexicographic order. Each file is one document: its tokens followed by eos
+/// go to text_stream. Throws std::runtime_error when nothing can be read, the directory
+/// holds no .txt file, or the tokenizer has no eos_id().
+Dataset load_text_corpus(const std::string& path, const Tokenizer& tok);
+
+/// Dispatch: a directory or a file not ending in .jsonl => load_text_corpus, else load_jsonl.
+Dataset load_dataset(const std::string& path, const Tokenizer& tok, ChatTemplate chat);
+
+/// Fixed-length training sequences, row-major [size(), seq_len].
+struct PackedSequences {
+  int64_t seq_len = 0;
+  std::vector<int32_t> ids;      ///< input token ids; padding = pad_id
+  std::vector<int32_t> targets;  ///< next-token ids, kIgnoreIndex where there is no loss
+  size_t dropped_examples = 0;   ///< supervised examples with no target left after truncation
+  int64_t size() const { return seq_len ? int64_t(ids.size()) / seq_len : 0; }
+};
+
+/// Packs `data` as described in the file comment: the examples' sequences first (in
+/// order), then the text windows. Examples whose truncation leaves no target are dropped
+/// and counted. Throws std::invalid_argument when seq_len < 1 or pad_id < 0.
+PackedSequences pack_sequences(const Dataset& data, int64_t seq_len, int32_t pad_id);
+
+/// A batch of n_seq sequences: ids and targets are [n_seq, seq_len], row-major.
+struct TokenBatch {
+  int64_t n_seq = 0, seq_len = 0;
+  std::vector<int32_t> ids, targets;
+  /// Number of positions with a target (not kIgnoreIndex): the loss normaliser.
+  int64_t num_targets() const;
+};
+
+/// Deterministic, endless iteration over packed sequences. Epoch e visits every sequence
+/// once, in a permutation drawn from std::mt19937_64 seeded with (seed, e) via a
+/// portable Fisher-Yates shuffle (identical on every platform and standard library);
+/// with shuffle=false the order is 0..N-1. A batch may straddle two epochs. The sequence
+/// of batches depends only on (data, seed, shuffle) and the n_seq of each call.
+class BatchStream {
+ public:
+  /// Throws std::invalid_argument when `seqs` is empty.
+  BatchStream(PackedSequences seqs, uint64_t seed, bool shuffle = true);
+
+  /// The next n_seq sequences (n_seq >= 1, else std::invalid_argument).
+  TokenBatch next(int64_t n_seq);
+
+  /// Sequences consumed so far (over all epochs); seek(p) resumes at position p, e.g.
+  /// p = step * n_seq when resuming a run at `step` with a constant batch size.
+  int64_t position() const { return pos_; }
+  void seek(int64_t position);
+
+  /// Current epoch: position() / num_sequences().
+  int64_t epoch() const { return pos_ / int64_t(num_sequences()); }
+  size_t num_sequences() const { return size_t(seqs_.size()); }
+  int64_t seq_len() const { return seqs_.seq_len; }
+
+  /// Index of the sequence visited at global position p (for tests and tracing).
+  size_t sequence_at(int64_t p);
+
+ private:
+  void ensure_epoch(int64_t e);
+  PackedSequences seqs_;
+  uint64_t seed_;
+  bool shuffle_;
+  int64_t pos_ = 0;
+  int64_t perm_epoch_ = -1;
+  std::vector<size_t> perm_;
+};
+
+}  // namespace rp

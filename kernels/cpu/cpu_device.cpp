@@ -1,0 +1,194 @@
+// CPU backend of the device abstraction: a virtual GPU whose memory is a
+// capacity-limited host arena and whose streams are in-order host threads.
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "kernels/device.hpp"
+#include "kernels/ops.hpp"
+
+namespace rp {
+
+const char* stream_name(StreamKind k) {
+  switch (k) {
+    case StreamKind::compute: return "compute";
+    case StreamKind::act_up: return "act_up";
+    case StreamKind::act_down: return "act_down";
+    case StreamKind::param_up: return "param_up";
+    case StreamKind::grad_down: return "grad_down";
+  }
+  return "?";
+}
+
+namespace {
+
+/// An in-order queue executed by one host thread.
+class CpuStream final : public Stream {
+ public:
+  CpuStream(std::string name, double bytes_per_s) : name_(std::move(name)), bw_(bytes_per_s) {
+    thread_ = std::thread([this] { loop(); });
+  }
+  ~CpuStream() override {
+    {
+      std::lock_guard lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void launch(std::function<void()> work) override { push(std::move(work)); }
+  void copy_h2d(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
+  void copy_d2h(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
+  void then(std::function<void(const std::string&)> cb) override {
+    push([this, cb = std::move(cb)] {
+      std::string e;
+      std::swap(e, error_);
+      cb(e);
+    }, /*always=*/true);
+  }
+  void synchronize() override {
+    std::unique_lock lk(mu_);
+    idle_cv_.wait(lk, [this] { return q_.empty() && !busy_; });
+  }
+
+ private:
+  struct Item {
+    std::function<void()> fn;
+    bool always;
+  };
+  void copy(void* dst, const void* src, size_t bytes) {
+    push([=, this] {
+      auto t0 = std::chrono::steady_clock::now();
+      std::memcpy(dst, src, bytes);
+      if (bw_ > 0) {  // emulate a PCIe link of bw_ bytes/s
+        auto due = t0 + std::chrono::duration<double>(double(bytes) / bw_);
+        std::this_thread::sleep_until(due);
+      }
+    });
+  }
+  void push(std::function<void()> fn, bool always = false) {
+    {
+      std::lock_guard lk(mu_);
+      q_.push_back({std::move(fn), always});
+    }
+    cv_.notify_one();
+  }
+  void loop() {
+    for (;;) {
+      Item it;
+      {
+        std::unique_lock lk(mu_);
+        cv_.wait(lk, [this] { return stop_ || !q_.empty(); });
+        if (q_.empty()) return;  // stop_ and drained
+        it = std::move(q_.front());
+        q_.pop_front();
+        busy_ = true;
+      }
+      if (it.always || error_.empty()) {
+        try {
+          it.fn();
+        } catch (const std::exception& e) {
+          if (error_.empty()) error_ = fmt::format("{} stream: {}", name_, e.what());
+        }
+      }
+      {
+        std::lock_guard lk(mu_);
+        busy_ = false;
+      }
+      idle_cv_.notify_all();
+    }
+  }
+
+  std::string name_;
+  double bw_;
+  std::mutex mu_;
+  std::condition_variable cv_, idle_cv_;
+  std::deque<Item> q_;
+  bool stop_ = false, busy_ = false;
+  std::string error_;  // touched only by the stream thread
+  std::thread thread_;
+};
+
+class CpuDevice final : public Device {
+ public:
+  CpuDevice(int index, const DeviceOptions& opt) : index_(index), cap_(opt.capacity_bytes) {
+    for (int k = 0; k < kNumStreams; ++k) {
+      double bw = (k == int(StreamKind::compute)) ? 0 : opt.pcie_bytes_per_s;
+      streams_[k] = std::make_unique<CpuStream>(
+          fmt::format("vgpu{}.{}", index, stream_name(StreamKind(k))), bw);
+    }
+    ops_ = make_cpu_ops();
+  }
+  ~CpuDevice() override {
+    for (auto& s : streams_) s->synchronize();
+  }
+  int index() const override { return index_; }
+  std::string name() const override { return fmt::format("cpu:{} (virtual GPU)", index_); }
+  DType compute_dtype() const override { return DType::f32; }
+  size_t capacity_bytes() const override { return cap_; }
+  size_t used_bytes() const override {
+    std::lock_guard lk(mu_);
+    return used_;
+  }
+  size_t peak_bytes() const override {
+    std::lock_guard lk(mu_);
+    return peak_;
+  }
+  void* alloc(size_t bytes) override {
+    size_t sz = (std::max<size_t>(bytes, 1) + 255) & ~size_t(255);
+    {
+      std::lock_guard lk(mu_);
+      if (used_ + sz > cap_)
+        throw DeviceOutOfMemory(fmt::format(
+            "{}: cannot allocate {:.1f} MiB: {:.1f} MiB of {:.1f} MiB in use", name(),
+            sz / 1048576.0, used_ / 1048576.0, cap_ / 1048576.0));
+      used_ += sz;
+      peak_ = std::max(peak_, used_);
+    }
+    void* p = std::aligned_alloc(256, sz);
+    if (!p) {
+      std::lock_guard lk(mu_);
+      used_ -= sz;
+      throw DeviceOutOfMemory(fmt::format("{}: host allocation of {} bytes failed", name(), sz));
+    }
+    std::lock_guard lk(mu_);
+    sizes_[p] = sz;
+    return p;
+  }
+  void free(void* p) override {
+    if (!p) return;
+    {
+      std::lock_guard lk(mu_);
+      auto it = sizes_.find(p);
+      if (it == sizes_.end()) return;
+      used_ -= it->second;
+      sizes_.erase(it);
+    }
+    std::free(p);
+  }
+  Stream& stream(StreamKind k) override { return *streams_[int(k)]; }
+  Ops& ops() override { return *ops_; }
+
+ private:
+  int index_;
+  size_t cap_;
+  mutable std::mutex mu_;
+  size_t used_ = 0, peak_ = 0;
+  std::unordered_map<void*, size_t> sizes_;
+  std::unique_ptr<Stream> streams_[kNumStreams];
+  std::unique_ptr<Ops> ops_;
+};
+
+}  // namespace
+
+std::unique_ptr<Device> make_cpu_device(int index, const DeviceOptions& opt) {
+  return std::make_unique<CpuDevice>(index, opt);
+}
+
+}  // namespace rp

@@ -1,0 +1,88 @@
+// CPU implementation of rp::Ops (internal header of kernels/cpu; use make_cpu_ops()).
+// fp32 storage and compute; GEMMs through Eigen (row-major Maps, -march=native).
+#pragma once
+#include <functional>
+
+#include "kernels/ops.hpp"
+
+namespace rp::cpu {
+
+/// Runs fn(begin, end) over [0, n) split into at most `threads` contiguous parts
+/// (parts smaller than `grain` are not split further); inline when threads <= 1.
+void parallel_for(int threads, int64_t n, int64_t grain,
+                  const std::function<void(int64_t, int64_t)>& fn);
+
+/// C[M,N] (+)= A[M,K] * B[N,K]^T   (row-major, leading dims lda/ldb/ldc).
+void gemm_nt(int threads, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+             const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate);
+/// C[M,N] (+)= A[M,K] * B[K,N].
+void gemm_nn(int threads, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+             const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate);
+/// C[M,N] (+)= A[K,M]^T * B[K,N].
+void gemm_tn(int threads, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+             const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate);
+
+/// Throws std::invalid_argument("<op>: <what>") unless cond.
+void require(bool cond, const char* op, const char* what);
+
+class CpuOps final : public Ops {
+ public:
+  explicit CpuOps(int threads) { set_num_threads(threads); }
+  DType dtype() const override { return DType::f32; }
+  DType grad_dtype() const override { return DType::f32; }
+  void set_num_threads(int n) override { threads_ = n < 1 ? 1 : n; }
+  int num_threads() const override { return threads_; }
+
+  void fill(DType t, void* x, int64_t n, float value) override;
+  void copy(DType t, void* dst, const void* src, int64_t n) override;
+  void cast(DType dst_t, void* dst, DType src_t, const void* src, int64_t n) override;
+  void add_into(DType dst_t, void* dst, DType src_t, const void* src, int64_t n,
+                float alpha) override;
+  void add(const void* a, const void* b, void* y, int64_t n) override;
+
+  void linear_fwd(const void* x, const void* w, void* y, int64_t M, int64_t K,
+                  int64_t N) override;
+  void linear_bwd_input(const void* dy, const void* w, void* dx, int64_t M, int64_t K,
+                        int64_t N, bool accumulate) override;
+  void linear_bwd_weight(const void* dy, const void* x, void* dw, int64_t M, int64_t K,
+                         int64_t N) override;
+
+  void embedding_fwd(const int32_t* ids, const void* table, void* y, int64_t T, int64_t H,
+                     int64_t V) override;
+  void embedding_bwd(const int32_t* ids, const void* dy, void* dtable, int64_t T, int64_t H,
+                     int64_t V) override;
+
+  void rmsnorm_fwd(const void* x, const void* w, void* y, int64_t R, int64_t n,
+                   float eps) override;
+  void rmsnorm_bwd(const void* x, const void* w, const void* dy, void* dx, void* dw,
+                   int64_t R, int64_t n, float eps, bool accumulate_dx) override;
+
+  void rope_fwd(void* x, int64_t n_seq, int64_t seq_len, int64_t heads, int64_t D,
+                const float* inv_freq, float scale) override;
+  void rope_bwd(void* dx, int64_t n_seq, int64_t seq_len, int64_t heads, int64_t D,
+                const float* inv_freq, float scale) override;
+
+  void attention_fwd(const void* q, const void* k, const void* v, void* o, float* lse,
+                     int64_t n_seq, int64_t seq_len, int64_t nq, int64_t nkv, int64_t D,
+                     float scale, void* scratch) override;
+  void attention_bwd(const void* q, const void* k, const void* v, const void* o,
+                     const float* lse, const void* dout, void* dq, void* dk, void* dv,
+                     int64_t n_seq, int64_t seq_len, int64_t nq, int64_t nkv, int64_t D,
+                     float scale, void* scratch) override;
+
+  void swiglu_fwd(const void* g, const void* u, void* h, int64_t n) override;
+  void swiglu_bwd(const void* g, const void* u, const void* dh, void* dg, void* du,
+                  int64_t n) override;
+
+  void lm_head_cross_entropy(const void* h, const void* w, const int32_t* targets, int64_t T,
+                             int64_t H, int64_t V, float* loss, void* dh, void* dw,
+                             void* scratch) override;
+
+  /// Query rows per attention block (scores exist for kAttnBlock x seq_len at a time).
+  static constexpr int64_t kAttnBlock = 64;
+
+ private:
+  int threads_ = 1;
+};
+
+}  // namespace rp::cpu

@@ -1,0 +1,213 @@
+// The numeric ops of one device (DESIGN.md "Two backends, one runtime").
+//
+// Every backend implements the same interface:
+//  - CPU backend (kernels/cpu/cpu_ops.cpp): Eigen, fp32 storage and compute; every
+//    `void*` below is a float*.
+//  - CUDA backend: bf16/fp16 storage (dtype()), fp32 accumulation, fp32 gradient
+//    accumulators (grad_dtype()).
+// Conventions for all methods:
+//  - Tensor pointers are device pointers in dtype() ("compute dtype") unless the
+//    parameter says otherwise: gradient accumulators of parameters (dw, dtable, ...)
+//    are in grad_dtype(); ids/targets are int32; lse/loss are fp32.
+//  - Shapes are row-major; the last listed dimension is contiguous. T = tokens,
+//    H = hidden size, V = vocabulary, D = head_dim.
+//  - "+=" outputs accumulate into what is there; every other output is overwritten
+//    entirely (tests poison outputs with NaN first).
+//  - Calls are issued on the device's compute stream (Device::ops()); the CPU
+//    backend runs them synchronously on the calling thread.
+//  - Invalid arguments (negative dims, ids out of range on the CPU, ...) throw
+//    std::invalid_argument / std::out_of_range before anything is written.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/dtype.hpp"
+
+namespace rp {
+
+// ---------------------------------------------------------------------------------
+// RoPE frequencies (host side, computed once per model)
+// ---------------------------------------------------------------------------------
+
+/// Inputs of HF transformers' `ROPE_INIT_FUNCTIONS[rope_type](config)`
+/// (modeling_rope_utils.py). kernels/ does not know ModelConfig; model/ fills this.
+struct RopeParams {
+  std::string type = "default";  ///< default | linear | llama3 | yarn
+  double theta = 10000.0;        ///< rope_theta (the base)
+  int64_t head_dim = 0;          ///< D (rotary dim; partial rotary is not supported)
+  double factor = 1.0;           ///< linear / llama3 / yarn scaling factor
+  // llama3 (Llama 3.1 "_compute_llama3_parameters")
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;
+  /// llama3: required (> 0). yarn: the pre-training context; 0 = use
+  /// max_position_embeddings (as transformers does when the key is absent).
+  int64_t original_max_position_embeddings = 0;
+  int64_t max_position_embeddings = 2048;
+  // yarn (Peng et al. 2023, "YaRN", arXiv 2309.00071, sec. 3.2-3.4)
+  double beta_fast = 32.0, beta_slow = 1.0;
+  double attention_factor = 0.0;  ///< yarn mscale; 0 = 0.1*ln(factor)+1 (1 if factor <= 1)
+};
+
+/// Result of rope_frequencies: inv_freq[i] for i < D/2, and the scale HF multiplies
+/// into both cos and sin ("attention_scaling"; 1 except for yarn).
+struct RopeTable {
+  std::vector<float> inv_freq;
+  float attention_scaling = 1.0f;
+};
+
+/// Computes the inverse-frequency table exactly as transformers' rope init functions:
+///  default: inv_freq_i = theta^(-2i/D)
+///  linear : default / factor
+///  llama3 : wavelen = 2*pi/inv_freq; wavelen > orig/low_freq_factor -> inv_freq/factor;
+///           wavelen < orig/high_freq_factor -> unchanged; in between the smooth blend
+///           s = (orig/wavelen - low)/(high - low), (1-s)*inv/factor + s*inv.
+///  yarn   : correction range [low, high] = [floor(d(beta_fast)), ceil(d(beta_slow))]
+///           clamped to [0, D-1] with d(r) = D*ln(orig/(2*pi*r)) / (2*ln(theta));
+///           ramp_i = clamp((i-low)/(high-low), 0, 1); extrapolation weight 1-ramp_i;
+///           inv = inv_interp*ramp + inv_extrap*(1-ramp), inv_interp = inv_extrap/factor;
+///           attention_scaling = attention_factor (or 0.1*ln(factor)+1).
+///           Note: `factor` is taken as given (the DeepSeek-V3 override factor =
+///           max_pos/original_max_pos of newer transformers releases is not applied).
+/// Computed in double, rounded to float. Throws std::invalid_argument for an unknown
+/// type, odd/zero head_dim, factor <= 0, llama3 without original_max_position_embeddings.
+RopeTable rope_frequencies(const RopeParams& p);
+
+// ---------------------------------------------------------------------------------
+// Ops
+// ---------------------------------------------------------------------------------
+
+class Ops {
+ public:
+  /// Tokens per chunk of lm_head_cross_entropy: logits exist for at most this many
+  /// tokens at a time ([kCeChunk, V] fp32 scratch).
+  static constexpr int64_t kCeChunk = 128;
+
+  virtual ~Ops() = default;
+  /// Storage type of weights, activations and activation gradients (f32 on the CPU).
+  virtual DType dtype() const = 0;
+  /// Type of parameter-gradient accumulators (f32 on both backends).
+  virtual DType grad_dtype() const = 0;
+  /// Threads one op may use (CPU: large GEMMs are split over this many threads;
+  /// default 1 because several virtual workers run in parallel). CUDA: ignored.
+  virtual void set_num_threads(int n) = 0;
+  virtual int num_threads() const = 0;
+
+  // ---- memory helpers (element counts, any of f32/bf16/f16; fill also i32) ------
+  /// x[i] = value, i < n, x of type t.
+  virtual void fill(DType t, void* x, int64_t n, float value) = 0;
+  /// dst[i] = src[i] (same type t; regions must not overlap).
+  virtual void copy(DType t, void* dst, const void* src, int64_t n) = 0;
+  /// dst[i] = convert(src[i]) (round-to-nearest-even for 16-bit targets).
+  virtual void cast(DType dst_t, void* dst, DType src_t, const void* src, int64_t n) = 0;
+  /// dst[i] += alpha * src[i], computed in fp32 (gradient accumulation).
+  virtual void add_into(DType dst_t, void* dst, DType src_t, const void* src, int64_t n,
+                        float alpha = 1.0f) = 0;
+  /// y[i] = a[i] + b[i] (residual add; y may alias a or b). Backward of a residual
+  /// add is the identity on dy: use copy/add_into.
+  virtual void add(const void* a, const void* b, void* y, int64_t n) = 0;
+
+  // ---- linear: y = x W^T, W [N, K] row-major ([out, in], as HF stores nn.Linear) --
+  /// y[M,N] = x[M,K] W[N,K]^T.
+  virtual void linear_fwd(const void* x, const void* w, void* y, int64_t M, int64_t K,
+                          int64_t N) = 0;
+  /// dx[M,K] = dy[M,N] W[N,K]  (dx += ... when accumulate).
+  virtual void linear_bwd_input(const void* dy, const void* w, void* dx, int64_t M,
+                                int64_t K, int64_t N, bool accumulate) = 0;
+  /// dw[N,K] += dy[M,N]^T x[M,K]   (dw in grad_dtype()).
+  virtual void linear_bwd_weight(const void* dy, const void* x, void* dw, int64_t M,
+                                 int64_t K, int64_t N) = 0;
+
+  // ---- embedding ----------------------------------------------------------------
+  /// y[t,:] = table[ids[t],:], table [V,H]. ids must lie in [0, V).
+  virtual void embedding_fwd(const int32_t* ids, const void* table, void* y, int64_t T,
+                             int64_t H, int64_t V) = 0;
+  /// dtable[ids[t],:] += dy[t,:] (scatter-add; repeated ids accumulate), dtable in
+  /// grad_dtype().
+  virtual void embedding_bwd(const int32_t* ids, const void* dy, void* dtable, int64_t T,
+                             int64_t H, int64_t V) = 0;
+
+  // ---- RMSNorm (Zhang & Sennrich 2019; HF LlamaRMSNorm, computed in fp32) ----------
+  /// y[r,:] = x[r,:] * rsqrt(mean_j x[r,j]^2 + eps) * w   for rows r < R of n columns.
+  /// Qwen3 q_norm/k_norm = this with R = T*heads, n = D.
+  virtual void rmsnorm_fwd(const void* x, const void* w, void* y, int64_t R, int64_t n,
+                           float eps) = 0;
+  /// With r = rsqrt(mean(x^2)+eps), xh = x*r, g = dy*w:
+  /// dx = r * (g - xh * mean_j(g*xh))   (dx += ... when accumulate_dx), and
+  /// dw[j] += sum_r dy[r,j]*xh[r,j] (dw in grad_dtype()). Recomputes r from x.
+  virtual void rmsnorm_bwd(const void* x, const void* w, const void* dy, void* dx,
+                           void* dw, int64_t R, int64_t n, float eps,
+                           bool accumulate_dx) = 0;
+
+  // ---- RoPE (Su et al. 2021, RoFormer; rotate-half layout of HF LLaMA/Qwen3) --------
+  /// In place on x [n_seq*seq_len, heads, D]; token t has position p = t % seq_len.
+  /// With a_i = float(p)*inv_freq[i], c = cos(a_i)*scale, s = sin(a_i)*scale, h = D/2:
+  ///   x'[i]   = x[i]*c - x[i+h]*s,   x'[i+h] = x[i+h]*c + x[i]*s     (i < h).
+  /// inv_freq: host array of D/2 floats (RopeTable::inv_freq), read during the call.
+  virtual void rope_fwd(void* x, int64_t n_seq, int64_t seq_len, int64_t heads, int64_t D,
+                        const float* inv_freq, float scale) = 0;
+  /// In place on dx (gradient of x'): the transposed rotation
+  ///   dx[i] = dx'[i]*c + dx'[i+h]*s,  dx[i+h] = dx'[i+h]*c - dx'[i]*s.
+  virtual void rope_bwd(void* dx, int64_t n_seq, int64_t seq_len, int64_t heads, int64_t D,
+                        const float* inv_freq, float scale) = 0;
+
+  // ---- causal GQA attention (Vaswani et al. 2017; GQA: Ainslie et al. 2023) ---------
+  /// Per sequence s (tokens s*L .. s*L+L-1, L = seq_len) and query head h (kv head
+  /// h / (nq/nkv), as HF repeat_kv): o = softmax(q k^T * scale, causal) v.
+  /// q, o [T, nq, D]; k, v [T, nkv, D]; lse [n_seq, nq, L] fp32 receives the
+  /// log-sum-exp of each row of scaled scores (may be null when no backward follows).
+  /// scratch: attention_scratch_bytes() bytes (CPU: the sequence/head pairs are
+  /// processed one at a time, 64 query rows at a time: [64, L] fp32 scores).
+  virtual void attention_fwd(const void* q, const void* k, const void* v, void* o,
+                             float* lse, int64_t n_seq, int64_t seq_len, int64_t nq,
+                             int64_t nkv, int64_t D, float scale, void* scratch) = 0;
+  /// Backward of attention_fwd given its o and lse (FlashAttention-2 recurrences,
+  /// Dao 2023, Alg. 2): P = exp(S - lse), Di = rowsum(do*o), dv = P^T do,
+  /// dS = P*(do v^T - Di), dq = scale*dS k, dk = scale*dS^T q. Writes dq [T,nq,D]
+  /// and dk, dv [T,nkv,D] (overwritten; summed over the query heads of a group).
+  virtual void attention_bwd(const void* q, const void* k, const void* v, const void* o,
+                             const float* lse, const void* dout, void* dq, void* dk,
+                             void* dv, int64_t n_seq, int64_t seq_len, int64_t nq,
+                             int64_t nkv, int64_t D, float scale, void* scratch) = 0;
+  /// Scratch bytes attention_fwd / attention_bwd may use, on every backend (a static
+  /// contract so layers can size scratch without a device): fp32 room for
+  /// 2*min(64,L)*L scores (the CPU uses only these) plus n_seq*L*(nq + nq*D + 2*nkv*D)
+  /// (row statistics and fp32 dq/dk/dv accumulators of a GPU backward).
+  static size_t attention_scratch_bytes(int64_t n_seq, int64_t seq_len, int64_t nq,
+                                        int64_t nkv, int64_t D) {
+    const int64_t blk = seq_len < 64 ? seq_len : 64;
+    return size_t(2 * blk * seq_len + n_seq * seq_len * (nq + nq * D + 2 * nkv * D)) * 4;
+  }
+
+  // ---- SwiGLU MLP activation (Shazeer 2020, "GLU Variants Improve Transformer") ----
+  /// h = silu(g) * u, silu(z) = z * sigmoid(z), n elements.
+  virtual void swiglu_fwd(const void* g, const void* u, void* h, int64_t n) = 0;
+  /// dg = dh * u * sigmoid(g) * (1 + g*(1-sigmoid(g))),  du = dh * silu(g).
+  virtual void swiglu_bwd(const void* g, const void* u, const void* dh, void* dg, void* du,
+                          int64_t n) = 0;
+
+  // ---- chunked LM head + cross-entropy ------------------------------------------
+  /// For tokens t with targets[t] >= 0 (targets[t] < V required):
+  ///   z_t = h[t,:] W^T (W [V,H]),   loss_t = logsumexp(z_t) - z_t[targets[t]].
+  /// loss[0] = sum_t loss_t, loss[1] = number of such tokens (fp32 device array of 2;
+  /// overwritten). When dh != null: dh[t,:] = (softmax(z_t) - onehot) W, 0 for ignored
+  /// tokens (overwritten). When dw != null: dw += sum_t (softmax(z_t)-onehot)^T h[t,:]
+  /// (grad_dtype()). Tokens are processed kCeChunk at a time (ignored ones skipped),
+  /// so only [kCeChunk, V] logits exist at once.
+  /// scratch: lm_head_ce_scratch_bytes(T, H, V) bytes.
+  virtual void lm_head_cross_entropy(const void* h, const void* w, const int32_t* targets,
+                                     int64_t T, int64_t H, int64_t V, float* loss,
+                                     void* dh, void* dw, void* scratch) = 0;
+  /// Scratch bytes lm_head_cross_entropy may use, on every backend (static contract):
+  /// kCeChunk*(V + 2*H) fp32 (logits / dlogits of one chunk, gathered h and dh rows)
+  /// + kCeChunk int32 (token indices). Independent of T.
+  static size_t lm_head_ce_scratch_bytes(int64_t /*T*/, int64_t H, int64_t V) {
+    return size_t(kCeChunk * (V + 2 * H)) * 4 + size_t(kCeChunk) * 4;
+  }
+};
+
+/// The CPU backend's ops (fp32, Eigen). `num_threads` as Ops::set_num_threads.
+std::unique_ptr<Ops> make_cpu_ops(int num_threads = 1);
+
+}  // namespace rp

@@ -1,0 +1,338 @@
+#include "model/config.hpp"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace rp {
+
+namespace {
+
+using nlohmann::json;
+
+std::string describe(const json& v) {
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return fmt::format("{} {}", v.type_name(), s);
+}
+
+json val(const json& j, const std::string& key) {
+  auto it = j.find(key);
+  return it == j.end() ? json() : *it;
+}
+
+[[noreturn]] void bad(const std::string& where, const std::string& key, const std::string& expected,
+                      const json& got) {
+  throw std::runtime_error(
+      fmt::format("{}: key '{}': expected {}, got {}", where, key, expected, describe(got)));
+}
+
+/// Reads an optional integer key; `required` keys must be present. Returns `def` when absent/null.
+int64_t get_int(const json& j, const std::string& key, const std::string& where, bool required,
+                int64_t def, int64_t min_value) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) {
+    if (required)
+      throw std::runtime_error(
+          fmt::format("{}: key '{}': expected an integer >= {}, got nothing", where, key, min_value));
+    return def;
+  }
+  const std::string expected = fmt::format("an integer >= {}", min_value);
+  int64_t v = 0;
+  if (it->is_number_integer()) {
+    v = it->get<int64_t>();
+  } else if (it->is_number_float()) {
+    double d = it->get<double>();
+    if (d != std::floor(d) || std::fabs(d) > 9e15) bad(where, key, expected, *it);
+    v = int64_t(d);
+  } else {
+    bad(where, key, expected, *it);
+  }
+  if (v < min_value) bad(where, key, expected, *it);
+  return v;
+}
+
+double get_num(const json& j, const std::string& key, const std::string& where, double def,
+               bool positive) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return def;
+  const char* expected = positive ? "a positive number" : "a number";
+  if (!it->is_number()) bad(where, key, expected, *it);
+  double v = it->get<double>();
+  if (!std::isfinite(v) || (positive && !(v > 0))) bad(where, key, expected, *it);
+  return v;
+}
+
+bool get_bool(const json& j, const std::string& key, const std::string& where, bool def) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return def;
+  if (!it->is_boolean()) bad(where, key, "true or false", *it);
+  return it->get<bool>();
+}
+
+/// Token ids may be an integer, null or (eos in Llama 3.1) a list of integers: first one is used.
+int64_t get_token_id(const json& j, const std::string& key, const std::string& where) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return -1;
+  const json* v = &*it;
+  if (v->is_array()) {
+    if (v->empty()) return -1;
+    v = &v->front();
+  }
+  if (!v->is_number_integer() || v->get<int64_t>() < 0)
+    bad(where, key, "a token id (integer >= 0, or a list of them)", *it);
+  return v->get<int64_t>();
+}
+
+/// Parses a rope_scaling (legacy) or rope_parameters (transformers 5) object into `rs`.
+void parse_rope(const json& r, const std::string& key, const std::string& where, RopeScaling& rs) {
+  if (!r.is_object()) bad(where, key, "null or an object", r);
+  std::string type;
+  for (const char* k : {"rope_type", "type"}) {
+    auto it = r.find(k);
+    if (it != r.end() && !it->is_null()) {
+      if (!it->is_string()) bad(where, key + "." + k, "a string", *it);
+      type = it->get<std::string>();
+      break;
+    }
+  }
+  if (type.empty()) type = "default";
+  const std::string kt = key + ".rope_type";
+  if (type != "default" && type != "linear" && type != "llama3" && type != "yarn")
+    bad(where, kt, "one of \"default\", \"linear\", \"llama3\", \"yarn\"", json(type));
+  rs = RopeScaling{};
+  rs.type = type;
+  auto num = [&](const char* k, double def, bool positive) {
+    auto it = r.find(k);
+    if (it == r.end() || it->is_null()) return def;
+    if (!it->is_number() || !std::isfinite(it->get<double>()) ||
+        (positive && !(it->get<double>() > 0)))
+      bad(where, key + "." + k, positive ? "a positive number" : "a number", *it);
+    return it->get<double>();
+  };
+  auto integer = [&](const char* k, bool required) -> int64_t {
+    auto it = r.find(k);
+    if (it == r.end() || it->is_null()) {
+      if (required) bad(where, key + "." + k, "an integer >= 1", json());
+      return 0;
+    }
+    if (!it->is_number() || it->get<double>() < 1 || it->get<double>() != std::floor(it->get<double>()))
+      bad(where, key + "." + k, "an integer >= 1", *it);
+    return int64_t(it->get<double>());
+  };
+  if (type == "default") return;
+  auto fit = r.find("factor");
+  if (fit == r.end() || fit->is_null()) bad(where, key + ".factor", "a positive number", json());
+  rs.factor = num("factor", 1.0, true);
+  if (type == "llama3") {
+    rs.low_freq_factor = num("low_freq_factor", 1.0, true);
+    rs.high_freq_factor = num("high_freq_factor", 4.0, true);
+    rs.original_max_position_embeddings = integer("original_max_position_embeddings", true);
+  } else if (type == "yarn") {
+    rs.beta_fast = num("beta_fast", 32.0, true);
+    rs.beta_slow = num("beta_slow", 1.0, true);
+    rs.attention_factor = num("attention_factor", 0.0, false);
+    rs.original_max_position_embeddings = integer("original_max_position_embeddings", false);
+  }
+}
+
+}  // namespace
+
+int64_t ModelConfig::num_parameters() const {
+  const int64_t H = hidden_size, D = head_dim, F = intermediate_size;
+  const int64_t nq = num_attention_heads, nkv = num_key_value_heads;
+  int64_t per_layer = 2 * H + H * nq * D + 2 * H * nkv * D + nq * D * H + 3 * H * F;
+  if (qk_norm) per_layer += 2 * D;
+  int64_t n = vocab_size * H + num_hidden_layers * per_layer + H;
+  if (!tie_word_embeddings) n += vocab_size * H;
+  return n;
+}
+
+void ModelConfig::validate() const {
+  auto fail = [](const std::string& key, const std::string& what) {
+    throw std::invalid_argument(fmt::format("{}: {}", key, what));
+  };
+  if (architecture != "llama" && architecture != "qwen3")
+    fail("model_type", fmt::format("\"llama\" or \"qwen3\" expected, got \"{}\"", architecture));
+  auto pos = [&](const char* key, int64_t v) {
+    if (v <= 0) fail(key, fmt::format("must be > 0, got {}", v));
+  };
+  pos("vocab_size", vocab_size);
+  pos("hidden_size", hidden_size);
+  pos("intermediate_size", intermediate_size);
+  pos("num_hidden_layers", num_hidden_layers);
+  pos("num_attention_heads", num_attention_heads);
+  pos("num_key_value_heads", num_key_value_heads);
+  pos("head_dim", head_dim);
+  pos("max_position_embeddings", max_position_embeddings);
+  if (num_attention_heads % num_key_value_heads != 0)
+    fail("num_key_value_heads", fmt::format("must divide num_attention_heads ({}), got {}",
+                                            num_attention_heads, num_key_value_heads));
+  if (head_dim % 2 != 0) fail("head_dim", fmt::format("must be even for RoPE, got {}", head_dim));
+  if (!(rms_norm_eps > 0) || !std::isfinite(rms_norm_eps))
+    fail("rms_norm_eps", fmt::format("must be > 0, got {}", rms_norm_eps));
+  if (!(rope_theta > 0) || !std::isfinite(rope_theta))
+    fail("rope_theta", fmt::format("must be > 0, got {}", rope_theta));
+  const auto& rs = rope_scaling;
+  if (rs.type != "default" && rs.type != "linear" && rs.type != "llama3" && rs.type != "yarn")
+    fail("rope_scaling.rope_type",
+         fmt::format("default, linear, llama3 or yarn expected, got \"{}\"", rs.type));
+  if (rs.type != "default" && !(rs.factor > 0))
+    fail("rope_scaling.factor", fmt::format("must be > 0, got {}", rs.factor));
+  if (rs.type == "llama3") {
+    if (rs.original_max_position_embeddings <= 0)
+      fail("rope_scaling.original_max_position_embeddings", "must be > 0 for llama3");
+    if (!(rs.high_freq_factor > rs.low_freq_factor))
+      fail("rope_scaling.high_freq_factor", "must be > low_freq_factor");
+  }
+  if (attention_bias) fail("attention_bias", "only false is supported");
+  for (auto [k, v] : {std::pair{"bos_token_id", bos_token_id}, {"eos_token_id", eos_token_id},
+                      {"pad_token_id", pad_token_id}})
+    if (v >= vocab_size) fail(k, fmt::format("must be < vocab_size ({}), got {}", vocab_size, v));
+}
+
+ModelConfig config_from_json(const nlohmann::json& j, const std::string& where) {
+  if (!j.is_object())
+    throw std::runtime_error(fmt::format("{}: expected a JSON object, got {}", where, j.type_name()));
+  ModelConfig c;
+  auto mt = j.find("model_type");
+  if (mt == j.end() || !mt->is_string())
+    bad(where, "model_type", "\"llama\" or \"qwen3\"", mt == j.end() ? json() : *mt);
+  c.architecture = mt->get<std::string>();
+  if (c.architecture != "llama" && c.architecture != "qwen3")
+    bad(where, "model_type", "\"llama\" or \"qwen3\"", *mt);
+  if (auto a = j.find("architectures"); a != j.end() && !a->is_null()) {
+    const std::string want = c.architecture == "llama" ? "LlamaForCausalLM" : "Qwen3ForCausalLM";
+    if (!a->is_array() || a->size() != 1 || (*a)[0] != want)
+      bad(where, "architectures", fmt::format("[\"{}\"]", want), *a);
+  }
+  if (auto h = j.find("hidden_act"); h != j.end() && !h->is_null() && *h != "silu")
+    bad(where, "hidden_act", "\"silu\"", *h);
+  c.vocab_size = get_int(j, "vocab_size", where, true, 0, 1);
+  c.hidden_size = get_int(j, "hidden_size", where, true, 0, 1);
+  c.intermediate_size = get_int(j, "intermediate_size", where, true, 0, 1);
+  c.num_hidden_layers = get_int(j, "num_hidden_layers", where, true, 0, 1);
+  c.num_attention_heads = get_int(j, "num_attention_heads", where, true, 0, 1);
+  c.num_key_value_heads =
+      get_int(j, "num_key_value_heads", where, false, c.num_attention_heads, 1);
+  if (c.num_attention_heads % c.num_key_value_heads != 0)
+    bad(where, "num_key_value_heads",
+        fmt::format("a divisor of num_attention_heads ({})", c.num_attention_heads),
+        val(j, "num_key_value_heads"));
+  int64_t hd_default = c.hidden_size / c.num_attention_heads;
+  c.head_dim = get_int(j, "head_dim", where, false, 0, 1);
+  if (c.head_dim == 0) {
+    if (c.hidden_size % c.num_attention_heads != 0)
+      bad(where, "head_dim",
+          "an integer (hidden_size is not a multiple of num_attention_heads)", json());
+    c.head_dim = hd_default;
+  }
+  if (c.head_dim % 2 != 0) bad(where, "head_dim", "an even integer", val(j, "head_dim"));
+  c.rms_norm_eps = get_num(j, "rms_norm_eps", where, 1e-6, true);
+  c.max_position_embeddings = get_int(j, "max_position_embeddings", where, false, 2048, 1);
+  c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", where, false);
+  c.attention_bias = get_bool(j, "attention_bias", where, false);
+  if (c.attention_bias) bad(where, "attention_bias", "false (biases are not supported)", val(j, "attention_bias"));
+  if (get_bool(j, "mlp_bias", where, false)) bad(where, "mlp_bias", "false", val(j, "mlp_bias"));
+  if (get_bool(j, "use_sliding_window", where, false))
+    bad(where, "use_sliding_window", "false (sliding-window attention is not supported)",
+        val(j, "use_sliding_window"));
+  c.qk_norm = c.architecture == "qwen3";
+  c.bos_token_id = get_token_id(j, "bos_token_id", where);
+  c.eos_token_id = get_token_id(j, "eos_token_id", where);
+  c.pad_token_id = get_token_id(j, "pad_token_id", where);
+
+  c.rope_theta = get_num(j, "rope_theta", where, 10000.0, true);
+  // transformers 5 stores rope_theta and the scaling in "rope_parameters"; legacy files in
+  // "rope_theta" + "rope_scaling". Both are accepted; rope_parameters wins when present.
+  if (auto rs = j.find("rope_scaling"); rs != j.end() && !rs->is_null())
+    parse_rope(*rs, "rope_scaling", where, c.rope_scaling);
+  if (auto rp = j.find("rope_parameters"); rp != j.end() && !rp->is_null()) {
+    parse_rope(*rp, "rope_parameters", where, c.rope_scaling);
+    if (rp->contains("rope_theta")) c.rope_theta = get_num(*rp, "rope_theta", where, 10000.0, true);
+  }
+  try {
+    c.validate();
+  } catch (const std::invalid_argument& e) {
+    std::string msg = e.what();
+    auto colon = msg.find(':');
+    throw std::runtime_error(fmt::format("{}: key '{}': expected {}", where, msg.substr(0, colon),
+                                         msg.substr(colon == std::string::npos ? 0 : colon + 2)));
+  }
+  return c;
+}
+
+ModelConfig load_config_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw std::runtime_error(fmt::format("{}: cannot open", path));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  json j;
+  try {
+    j = json::parse(ss.str());
+  } catch (const json::parse_error& e) {
+    throw std::runtime_error(fmt::format("{}: invalid JSON: {}", path, e.what()));
+  }
+  return config_from_json(j, path);
+}
+
+nlohmann::json config_to_json(const ModelConfig& c) {
+  const bool qwen = c.architecture == "qwen3";
+  auto id = [](int64_t v) { return v < 0 ? json() : json(v); };
+  json j = json::object();
+  j["architectures"] = json::array({qwen ? "Qwen3ForCausalLM" : "LlamaForCausalLM"});
+  j["model_type"] = c.architecture;
+  j["vocab_size"] = c.vocab_size;
+  j["hidden_size"] = c.hidden_size;
+  j["intermediate_size"] = c.intermediate_size;
+  j["num_hidden_layers"] = c.num_hidden_layers;
+  j["num_attention_heads"] = c.num_attention_heads;
+  val(j, "num_key_value_heads") = c.num_key_value_heads;
+  val(j, "head_dim") = c.head_dim;
+  j["hidden_act"] = "silu";
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["rms_norm_eps"] = c.rms_norm_eps;
+  j["rope_theta"] = c.rope_theta;
+  json rs;  // null = default
+  const auto& r = c.rope_scaling;
+  if (r.type != "default") {
+    rs = {{"rope_type", r.type}, {"factor", r.factor}};
+    if (r.type == "llama3") {
+      rs["low_freq_factor"] = r.low_freq_factor;
+      rs["high_freq_factor"] = r.high_freq_factor;
+      rs["original_max_position_embeddings"] = r.original_max_position_embeddings;
+    } else if (r.type == "yarn") {
+      rs["beta_fast"] = r.beta_fast;
+      rs["beta_slow"] = r.beta_slow;
+      if (r.attention_factor != 0) rs["attention_factor"] = r.attention_factor;
+      if (r.original_max_position_embeddings > 0)
+        rs["original_max_position_embeddings"] = r.original_max_position_embeddings;
+    }
+  }
+  j["rope_scaling"] = rs;
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  val(j, "attention_bias") = false;
+  j["attention_dropout"] = 0.0;
+  j["initializer_range"] = 0.02;
+  j["use_cache"] = true;
+  if (qwen) {
+    val(j, "use_sliding_window") = false;
+    j["sliding_window"] = nullptr;
+    j["max_window_layers"] = c.num_hidden_layers;
+  } else {
+    val(j, "mlp_bias") = false;
+    j["pretraining_tp"] = 1;
+  }
+  j["bos_token_id"] = id(c.bos_token_id);
+  j["eos_token_id"] = id(c.eos_token_id);
+  j["pad_token_id"] = id(c.pad_token_id);
+  j["torch_dtype"] = "float32";
+  j["dtype"] = "float32";
+  return j;
+}
+
+}  // namespace rp

@@ -1,0 +1,617 @@
+#include "model/gguf.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstdlib>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <unordered_set>
+
+#include <fmt/format.h>
+
+#include "kernels/dtype.hpp"
+
+namespace rp {
+
+// ---------------------------------------------------------------------------------------
+// ggml types and dequantization (block layouts of ggml-common.h / ggml-quants.c)
+
+std::string ggml_type_name(uint32_t type) {
+  switch (GgmlType(type)) {
+    case GgmlType::F32: return "F32";
+    case GgmlType::F16: return "F16";
+    case GgmlType::Q4_0: return "Q4_0";
+    case GgmlType::Q4_1: return "Q4_1";
+    case GgmlType::Q5_0: return "Q5_0";
+    case GgmlType::Q5_1: return "Q5_1";
+    case GgmlType::Q8_0: return "Q8_0";
+    case GgmlType::Q8_1: return "Q8_1";
+    case GgmlType::Q2_K: return "Q2_K";
+    case GgmlType::Q3_K: return "Q3_K";
+    case GgmlType::Q4_K: return "Q4_K";
+    case GgmlType::Q5_K: return "Q5_K";
+    case GgmlType::Q6_K: return "Q6_K";
+    case GgmlType::Q8_K: return "Q8_K";
+    case GgmlType::I8: return "I8";
+    case GgmlType::I16: return "I16";
+    case GgmlType::I32: return "I32";
+    case GgmlType::I64: return "I64";
+    case GgmlType::F64: return "F64";
+    case GgmlType::BF16: return "BF16";
+  }
+  return fmt::format("type{}", type);
+}
+
+bool ggml_type_block(uint32_t type, int64_t& be, int64_t& bb) {
+  switch (GgmlType(type)) {
+    case GgmlType::F32: be = 1, bb = 4; return true;
+    case GgmlType::F16: be = 1, bb = 2; return true;
+    case GgmlType::BF16: be = 1, bb = 2; return true;
+    case GgmlType::Q4_0: be = 32, bb = 18; return true;
+    case GgmlType::Q4_1: be = 32, bb = 20; return true;
+    case GgmlType::Q5_0: be = 32, bb = 22; return true;
+    case GgmlType::Q5_1: be = 32, bb = 24; return true;
+    case GgmlType::Q8_0: be = 32, bb = 34; return true;
+    case GgmlType::Q8_1: be = 32, bb = 36; return true;
+    case GgmlType::Q2_K: be = 256, bb = 84; return true;
+    case GgmlType::Q3_K: be = 256, bb = 110; return true;
+    case GgmlType::Q4_K: be = 256, bb = 144; return true;
+    case GgmlType::Q5_K: be = 256, bb = 176; return true;
+    case GgmlType::Q6_K: be = 256, bb = 210; return true;
+    case GgmlType::Q8_K: be = 256, bb = 292; return true;
+    case GgmlType::I8: be = 1, bb = 1; return true;
+    case GgmlType::I16: be = 1, bb = 2; return true;
+    case GgmlType::I32: be = 1, bb = 4; return true;
+    case GgmlType::I64: be = 1, bb = 8; return true;
+    case GgmlType::F64: be = 1, bb = 8; return true;
+  }
+  return false;
+}
+
+bool ggml_can_dequantize(uint32_t type) {
+  switch (GgmlType(type)) {
+    case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: case GgmlType::Q4_0:
+    case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::Q8_0:
+    case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
+namespace {
+
+inline float half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return f16_to_f32(h);
+}
+
+inline uint32_t u32le(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Q4_K / Q5_K 6-bit scale and min number j of the 12-byte scales array.
+inline void scale_min_k4(int j, const uint8_t* q, uint8_t& d, uint8_t& m) {
+  if (j < 4) {
+    d = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+}  // namespace
+
+void dequantize_ggml(uint32_t type, const void* src_v, float* y, int64_t n) {
+  int64_t be = 0, bb = 0;
+  if (!ggml_can_dequantize(type) || !ggml_type_block(type, be, bb))
+    throw std::invalid_argument(
+        fmt::format("dequantize_ggml: type {} is not supported", ggml_type_name(type)));
+  if (n < 0 || n % be != 0)
+    throw std::invalid_argument(fmt::format("dequantize_ggml: {} elements is not a multiple of "
+                                            "the {} block size {}", n, ggml_type_name(type), be));
+  const uint8_t* s = static_cast<const uint8_t*>(src_v);
+  const int64_t nb = n / be;
+  switch (GgmlType(type)) {
+    case GgmlType::F32:
+      std::memcpy(y, s, size_t(n) * 4);
+      return;
+    case GgmlType::F16:
+      for (int64_t i = 0; i < n; ++i) y[i] = half(s + 2 * i);
+      return;
+    case GgmlType::BF16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, s + 2 * i, 2);
+        y[i] = bf16_to_f32(h);
+      }
+      return;
+    case GgmlType::Q4_0:  // {f16 d; u8 qs[16]}: x = (q - 8) * d, low nibbles first
+      for (int64_t b = 0; b < nb; ++b, s += bb, y += 32) {
+        const float d = half(s);
+        const uint8_t* qs = s + 2;
+        for (int j = 0; j < 16; ++j) {
+          y[j] = float((qs[j] & 0x0F) - 8) * d;
+          y[j + 16] = float((qs[j] >> 4) - 8) * d;
+        }
+      }
+      return;
+    case GgmlType::Q4_1:  // {f16 d; f16 m; u8 qs[16]}: x = q * d + m
+      for (int64_t b = 0; b < nb; ++b, s += bb, y += 32) {
+        const float d = half(s), m = half(s + 2);
+        const uint8_t* qs = s + 4;
+        for (int j = 0; j < 16; ++j) {
+          y[j] = float(qs[j] & 0x0F) * d + m;
+          y[j + 16] = float(qs[j] >> 4) * d + m;
+        }
+      }
+      return;
+    case GgmlType::Q5_0:  // {f16 d; u8 qh[4]; u8 qs[16]}: x = (q5 - 16) * d
+      for (int64_t b = 0; b < nb; ++b, s += bb, y += 32) {
+        const float d = half(s);
+        const uint32_t qh = u32le(s + 2);
+        const uint8_t* qs = s + 6;
+        for (int j = 0; j < 16; ++j) {
+          const uint8_t h0 = ((qh >> j) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
+          y[j] = float(int((qs[j] & 0x0F) | h0) - 16) * d;
+          y[j + 16] = float(int((qs[j] >> 4) | h1) - 16) * d;
+        }
+      }
+      return;
+    case GgmlType::Q5_1:  // {f16 d; f16 m; u8 qh[4]; u8 qs[16]}: x = q5 * d + m
+      for (int64_t b = 0; b < nb; ++b, s += bb, y += 32) {
+        const float d = half(s), m = half(s + 2);
+        const uint32_t qh = u32le(s + 4);
+        const uint8_t* qs = s + 8;
+        for (int j = 0; j < 16; ++j) {
+          const uint8_t h0 = ((qh >> j) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
+          y[j] = float((qs[j] & 0x0F) | h0) * d + m;
+          y[j + 16] = float((qs[j] >> 4) | h1) * d + m;
+        }
+      }
+      return;
+    case GgmlType::Q8_0:  // {f16 d; i8 qs[32]}: x = q * d
+      for (int64_t b = 0; b < nb; ++b, s += bb, y += 32) {
+        const float d = half(s);
+        for (int j = 0; j < 32; ++j) y[j] = float(int8_t(s[2 + j])) * d;
+      }
+      return;
+    case GgmlType::Q4_K:  // {f16 d; f16 dmin; u8 scales[12]; u8 qs[128]}
+    case GgmlType::Q5_K:  // {f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]}
+    {
+      const bool five = GgmlType(type) == GgmlType::Q5_K;
+      for (int64_t b = 0; b < nb; ++b, s += bb) {
+        const float d = half(s), dmin = half(s + 2);
+        const uint8_t* sc = s + 4;
+        const uint8_t* qh = s + 16;
+        const uint8_t* q = five ? s + 48 : s + 16;
+        uint8_t u1 = 1, u2 = 2;
+        for (int j = 0, is = 0; j < 256; j += 64, is += 2, q += 32) {
+          uint8_t scv, mv;
+          scale_min_k4(is, sc, scv, mv);
+          const float d1 = d * scv, m1 = dmin * mv;
+          scale_min_k4(is + 1, sc, scv, mv);
+          const float d2 = d * scv, m2 = dmin * mv;
+          for (int l = 0; l < 32; ++l)
+            *y++ = d1 * float((q[l] & 0xF) + (five && (qh[l] & u1) ? 16 : 0)) - m1;
+          for (int l = 0; l < 32; ++l)
+            *y++ = d2 * float((q[l] >> 4) + (five && (qh[l] & u2) ? 16 : 0)) - m2;
+          u1 <<= 2;
+          u2 <<= 2;
+        }
+      }
+      return;
+    }
+    case GgmlType::Q6_K:  // {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}
+      for (int64_t b = 0; b < nb; ++b, s += bb) {
+        const float d = half(s + 208);
+        const uint8_t* ql = s;
+        const uint8_t* qh = s + 128;
+        const int8_t* sc = reinterpret_cast<const int8_t*>(s + 192);
+        for (int n0 = 0; n0 < 256; n0 += 128, y += 128, ql += 64, qh += 32, sc += 8) {
+          for (int l = 0; l < 32; ++l) {
+            const int is = l / 16;
+            const int q1 = int((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+            const int q2 = int((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+            const int q3 = int((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+            const int q4 = int((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+            y[l + 0] = d * float(sc[is + 0]) * float(q1);
+            y[l + 32] = d * float(sc[is + 2]) * float(q2);
+            y[l + 64] = d * float(sc[is + 4]) * float(q3);
+            y[l + 96] = d * float(sc[is + 6]) * float(q4);
+          }
+        }
+      }
+      return;
+    default:
+      break;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// GGUF container
+
+int64_t GgufTensorInfo::numel() const {
+  int64_t n = 1;
+  for (auto d : ne) n *= d;
+  return n;
+}
+
+std::vector<int64_t> GgufTensorInfo::shape() const { return {ne.rbegin(), ne.rend()}; }
+
+namespace {
+
+enum GgufValueType : uint32_t {
+  T_U8 = 0, T_I8 = 1, T_U16 = 2, T_I16 = 3, T_U32 = 4, T_I32 = 5, T_F32 = 6, T_BOOL = 7,
+  T_STRING = 8, T_ARRAY = 9, T_U64 = 10, T_I64 = 11, T_F64 = 12,
+};
+
+/// Bounds-checked little-endian cursor over the mapping.
+struct Reader {
+  const uint8_t* p;
+  uint64_t size, pos = 0;
+  const std::string& path;
+  uint32_t version;
+
+  [[noreturn]] void fail(const std::string& what) const {
+    throw std::runtime_error(fmt::format("{}: {}", path, what));
+  }
+  void need(uint64_t n, const char* what) const {
+    if (n > size - pos)
+      fail(fmt::format("truncated file: {} needs {} bytes at offset {}, file has {}", what, n, pos,
+                       size));
+  }
+  template <class T>
+  T get(const char* what) {
+    need(sizeof(T), what);
+    T v;
+    std::memcpy(&v, p + pos, sizeof(T));
+    pos += sizeof(T);
+    return v;
+  }
+  std::string str(const char* what) {
+    uint64_t n = get<uint64_t>(what);
+    need(n, what);
+    std::string s(reinterpret_cast<const char*>(p + pos), size_t(n));
+    pos += n;
+    return s;
+  }
+  nlohmann::json value(uint32_t type, const std::string& key, int depth) {
+    using nlohmann::json;
+    switch (type) {
+      case T_U8: return get<uint8_t>(key.c_str());
+      case T_I8: return get<int8_t>(key.c_str());
+      case T_U16: return get<uint16_t>(key.c_str());
+      case T_I16: return get<int16_t>(key.c_str());
+      case T_U32: return get<uint32_t>(key.c_str());
+      case T_I32: return get<int32_t>(key.c_str());
+      case T_F32: {  // shortest decimal of the float, so 1e-5f reads back as 1e-5
+        char buf[32];
+        auto res = std::to_chars(buf, buf + sizeof buf, get<float>(key.c_str()));
+        return std::strtod(std::string(buf, res.ptr).c_str(), nullptr);
+      }
+      case T_BOOL: {
+        uint8_t b = get<uint8_t>(key.c_str());
+        if (b > 1) fail(fmt::format("metadata '{}': invalid bool byte {}", key, b));
+        return b != 0;
+      }
+      case T_STRING: return str(key.c_str());
+      case T_U64: return get<uint64_t>(key.c_str());
+      case T_I64: return get<int64_t>(key.c_str());
+      case T_F64: return get<double>(key.c_str());
+      case T_ARRAY: {
+        if (depth > 4) fail(fmt::format("metadata '{}': arrays nested too deeply", key));
+        uint32_t et = get<uint32_t>(key.c_str());
+        uint64_t n = get<uint64_t>(key.c_str());
+        uint64_t min_elem = et == T_U8 || et == T_I8 || et == T_BOOL ? 1
+                            : et == T_U16 || et == T_I16             ? 2
+                            : et == T_U32 || et == T_I32 || et == T_F32 ? 4
+                                                                      : 8;  // strings: length
+        if (et > T_F64) fail(fmt::format("metadata '{}': unknown array element type {}", key, et));
+        if (n > (size - pos) / min_elem)
+          fail(fmt::format("truncated file: metadata '{}' array of {} elements does not fit", key, n));
+        json a = json::array();
+        a.get_ref<json::array_t&>().reserve(size_t(n));
+        for (uint64_t i = 0; i < n; ++i) a.push_back(value(et, key, depth + 1));
+        return a;
+      }
+      default:
+        fail(fmt::format("metadata '{}': unknown value type {}", key, type));
+    }
+  }
+};
+
+}  // namespace
+
+GgufFile::GgufFile(const std::string& path) : path_(path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw std::runtime_error(fmt::format("{}: not a regular file", path));
+  }
+  size_ = uint64_t(st.st_size);
+  if (size_ < 24) {
+    ::close(fd);
+    throw std::runtime_error(
+        fmt::format("{}: truncated file: {} bytes is too small for a GGUF header", path, size_));
+  }
+  void* m = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (m == MAP_FAILED) throw std::runtime_error(fmt::format("{}: mmap failed: {}", path, std::strerror(errno)));
+  map_ = static_cast<const uint8_t*>(m);
+  try {
+    Reader r{map_, size_, 0, path_, 0};
+    if (std::memcmp(map_, "GGUF", 4) != 0) r.fail("not a GGUF file (bad magic)");
+    r.pos = 4;
+    version_ = r.get<uint32_t>("version");
+    if (version_ != 2 && version_ != 3)
+      r.fail(fmt::format("unsupported GGUF version {} (2 and 3 are supported)", version_));
+    const uint64_t n_tensors = r.get<uint64_t>("tensor count");
+    const uint64_t n_kv = r.get<uint64_t>("metadata count");
+    // Each KV needs >= 8 (key length) + 4 (type) + 1 bytes; each tensor info >= 8+4+8+4+8.
+    if (n_kv > size_ / 13) r.fail(fmt::format("corrupt header: metadata count {} is impossible", n_kv));
+    if (n_tensors > size_ / 32)
+      r.fail(fmt::format("corrupt header: tensor count {} is impossible", n_tensors));
+    meta_ = nlohmann::json::object();
+    for (uint64_t i = 0; i < n_kv; ++i) {
+      std::string key = r.str("metadata key");
+      uint32_t type = r.get<uint32_t>("metadata type");
+      if (meta_.contains(key)) r.fail(fmt::format("duplicate metadata key '{}'", key));
+      meta_[key] = r.value(type, key, 0);
+    }
+    if (auto it = meta_.find("general.alignment"); it != meta_.end()) {
+      if (!it->is_number_unsigned() || it->get<uint64_t>() == 0 ||
+          (it->get<uint64_t>() & (it->get<uint64_t>() - 1)) != 0 || it->get<uint64_t>() > (1u << 20))
+        r.fail(fmt::format("general.alignment must be a power of two, got {}", it->dump()));
+      alignment_ = it->get<uint64_t>();
+    }
+    std::unordered_set<std::string> names;
+    tensors_.reserve(size_t(n_tensors));
+    for (uint64_t i = 0; i < n_tensors; ++i) {
+      GgufTensorInfo t;
+      t.name = r.str("tensor name");
+      uint32_t nd = r.get<uint32_t>("tensor dims");
+      if (nd < 1 || nd > 4) r.fail(fmt::format("tensor '{}': {} dimensions (1..4 allowed)", t.name, nd));
+      int64_t numel = 1;
+      for (uint32_t d = 0; d < nd; ++d) {
+        uint64_t v = r.get<uint64_t>("tensor dim");
+        if (v == 0 || v > (uint64_t(1) << 40) || numel > (int64_t(1) << 48) / int64_t(v))
+          r.fail(fmt::format("tensor '{}': invalid dimension {} = {}", t.name, d, v));
+        t.ne.push_back(int64_t(v));
+        numel *= int64_t(v);
+      }
+      t.type = r.get<uint32_t>("tensor type");
+      int64_t be, bb;
+      if (!ggml_type_block(t.type, be, bb))
+        r.fail(fmt::format("tensor '{}': unknown ggml type {}", t.name, t.type));
+      if (t.ne[0] % be != 0)
+        r.fail(fmt::format("tensor '{}': ne[0]={} is not a multiple of the {} block size {}",
+                           t.name, t.ne[0], ggml_type_name(t.type), be));
+      t.nbytes = uint64_t(numel / be) * uint64_t(bb);
+      t.offset = r.get<uint64_t>("tensor offset");
+      if (t.offset % alignment_ != 0)
+        r.fail(fmt::format("tensor '{}': offset {} is not aligned to {}", t.name, t.offset, alignment_));
+      if (!names.insert(t.name).second) r.fail(fmt::format("duplicate tensor '{}'", t.name));
+      tensors_.push_back(std::move(t));
+    }
+    data_offset_ = (r.pos + alignment_ - 1) / alignment_ * alignment_;
+    if (data_offset_ > size_ && !tensors_.empty())
+      r.fail(fmt::format("truncated file: tensor data would start at {}, file has {} bytes",
+                         data_offset_, size_));
+    const uint64_t avail = size_ > data_offset_ ? size_ - data_offset_ : 0;
+    for (const auto& t : tensors_)
+      if (t.offset > avail || t.nbytes > avail - t.offset)
+        r.fail(fmt::format("truncated file: tensor '{}' ({} bytes at data offset {}) extends past "
+                           "the end of the file ({} bytes)", t.name, t.nbytes, t.offset, size_));
+  } catch (...) {
+    ::munmap(const_cast<uint8_t*>(map_), size_);
+    map_ = nullptr;
+    throw;
+  }
+}
+
+GgufFile::~GgufFile() {
+  if (map_) ::munmap(const_cast<uint8_t*>(map_), size_);
+}
+
+const nlohmann::json& GgufFile::get(const std::string& key) const {
+  auto it = meta_.find(key);
+  if (it == meta_.end()) throw std::runtime_error(fmt::format("{}: missing metadata key '{}'", path_, key));
+  return *it;
+}
+
+int64_t GgufFile::get_int(const std::string& key) const {
+  const auto& v = get(key);
+  if (!v.is_number_integer())
+    throw std::runtime_error(fmt::format("{}: metadata '{}': expected an integer, got {}", path_, key, v.type_name()));
+  if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX))
+    throw std::runtime_error(fmt::format("{}: metadata '{}': value too large", path_, key));
+  return v.get<int64_t>();
+}
+
+double GgufFile::get_float(const std::string& key) const {
+  const auto& v = get(key);
+  if (!v.is_number())
+    throw std::runtime_error(fmt::format("{}: metadata '{}': expected a number, got {}", path_, key, v.type_name()));
+  return v.get<double>();
+}
+
+std::string GgufFile::get_string(const std::string& key) const {
+  const auto& v = get(key);
+  if (!v.is_string())
+    throw std::runtime_error(fmt::format("{}: metadata '{}': expected a string, got {}", path_, key, v.type_name()));
+  return v.get<std::string>();
+}
+
+const GgufTensorInfo* GgufFile::find(const std::string& name) const {
+  for (const auto& t : tensors_)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+const uint8_t* GgufFile::tensor_data(const GgufTensorInfo& t) const {
+  return map_ + data_offset_ + t.offset;
+}
+
+std::vector<float> GgufFile::dequantize(const GgufTensorInfo& t) const {
+  if (!ggml_can_dequantize(t.type))
+    throw std::runtime_error(fmt::format("{}: tensor '{}': cannot dequantize type {}", path_, t.name,
+                                         ggml_type_name(t.type)));
+  std::vector<float> out(size_t(t.numel()));
+  dequantize_ggml(t.type, tensor_data(t), out.data(), t.numel());
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------
+// LLaMA / Qwen3 GGUF -> Hugging Face
+
+std::string gguf_to_hf_name(const std::string& n) {
+  static const std::pair<const char*, const char*> top[] = {
+      {"token_embd.weight", "model.embed_tokens.weight"},
+      {"output_norm.weight", "model.norm.weight"},
+      {"output.weight", "lm_head.weight"},
+  };
+  for (auto [g, h] : top)
+    if (n == g) return h;
+  if (n.rfind("blk.", 0) != 0) return "";
+  size_t dot = n.find('.', 4);
+  if (dot == std::string::npos || dot == 4) return "";
+  std::string idx = n.substr(4, dot - 4);
+  if (idx.size() > 6 || idx.find_first_not_of("0123456789") != std::string::npos) return "";
+  static const std::pair<const char*, const char*> blk[] = {
+      {"attn_norm.weight", "input_layernorm.weight"},
+      {"attn_q.weight", "self_attn.q_proj.weight"},
+      {"attn_k.weight", "self_attn.k_proj.weight"},
+      {"attn_v.weight", "self_attn.v_proj.weight"},
+      {"attn_output.weight", "self_attn.o_proj.weight"},
+      {"attn_q_norm.weight", "self_attn.q_norm.weight"},
+      {"attn_k_norm.weight", "self_attn.k_norm.weight"},
+      {"ffn_norm.weight", "post_attention_layernorm.weight"},
+      {"ffn_gate.weight", "mlp.gate_proj.weight"},
+      {"ffn_up.weight", "mlp.up_proj.weight"},
+      {"ffn_down.weight", "mlp.down_proj.weight"},
+  };
+  std::string rest = n.substr(dot + 1);
+  for (auto [g, h] : blk)
+    if (rest == g) return "model.layers." + std::to_string(std::stoll(idx)) + "." + h;
+  return "";
+}
+
+void unpermute_qk_rows(float* w, int64_t rows, int64_t cols, int64_t n_head) {
+  if (n_head <= 0 || rows % (2 * n_head) != 0)
+    throw std::invalid_argument(
+        fmt::format("unpermute_qk_rows: {} rows is not a multiple of 2*n_head ({})", rows, 2 * n_head));
+  const int64_t hd = rows / n_head, half_hd = hd / 2;
+  std::vector<float> tmp(size_t(hd * cols));
+  for (int64_t h = 0; h < n_head; ++h) {
+    float* head = w + h * hd * cols;
+    std::memcpy(tmp.data(), head, size_t(hd * cols) * sizeof(float));
+    for (int64_t i = 0; i < half_hd; ++i)
+      for (int64_t j = 0; j < 2; ++j)
+        std::memcpy(head + (j * half_hd + i) * cols, tmp.data() + (2 * i + j) * cols,
+                    size_t(cols) * sizeof(float));
+  }
+}
+
+ModelConfig config_from_gguf(const GgufFile& f) {
+  auto fail = [&](const std::string& what) -> void {
+    throw std::runtime_error(fmt::format("{}: {}", f.path(), what));
+  };
+  ModelConfig c;
+  const std::string arch = f.get_string("general.architecture");
+  if (arch != "llama" && arch != "qwen3")
+    fail(fmt::format("general.architecture '{}' is not supported (llama, qwen3)", arch));
+  c.architecture = arch;
+  const std::string p = arch + ".";
+  auto opt_int = [&](const std::string& k, int64_t def) { return f.has(k) ? f.get_int(k) : def; };
+  auto opt_float = [&](const std::string& k, double def) { return f.has(k) ? f.get_float(k) : def; };
+  c.num_hidden_layers = f.get_int(p + "block_count");
+  c.hidden_size = f.get_int(p + "embedding_length");
+  c.intermediate_size = f.get_int(p + "feed_forward_length");
+  c.num_attention_heads = f.get_int(p + "attention.head_count");
+  c.num_key_value_heads = opt_int(p + "attention.head_count_kv", c.num_attention_heads);
+  if (c.num_attention_heads <= 0) fail(p + "attention.head_count must be > 0");
+  c.head_dim = opt_int(p + "attention.key_length", c.hidden_size / c.num_attention_heads);
+  if (opt_int(p + "attention.value_length", c.head_dim) != c.head_dim)
+    fail(p + "attention.value_length != key_length is not supported");
+  c.rms_norm_eps = opt_float(p + "attention.layer_norm_rms_epsilon", 1e-6);
+  c.rope_theta = opt_float(p + "rope.freq_base", 10000.0);
+  c.max_position_embeddings = opt_int(p + "context_length", 2048);
+  c.qk_norm = arch == "qwen3";
+  const GgufTensorInfo* emb = f.find("token_embd.weight");
+  if (!emb) fail("missing tensor 'token_embd.weight'");
+  if (emb->ne.size() != 2) fail("tensor 'token_embd.weight' is not 2-D");
+  c.vocab_size = opt_int(p + "vocab_size", emb->ne[1]);
+  c.tie_word_embeddings = f.find("output.weight") == nullptr;
+  c.bos_token_id = opt_int("tokenizer.ggml.bos_token_id", -1);
+  c.eos_token_id = opt_int("tokenizer.ggml.eos_token_id", -1);
+  c.pad_token_id = opt_int("tokenizer.ggml.padding_token_id", -1);
+  if (c.pad_token_id >= c.vocab_size) c.pad_token_id = -1;
+
+  const std::string st = f.has(p + "rope.scaling.type") ? f.get_string(p + "rope.scaling.type") : "none";
+  if (st == "linear" || st == "yarn") {
+    c.rope_scaling.type = st;
+    c.rope_scaling.factor = f.get_float(p + "rope.scaling.factor");
+    c.rope_scaling.original_max_position_embeddings =
+        opt_int(p + "rope.scaling.original_context_length", 0);
+    if (st == "yarn") {
+      c.rope_scaling.beta_fast = opt_float(p + "rope.scaling.yarn_beta_fast", 32.0);
+      c.rope_scaling.beta_slow = opt_float(p + "rope.scaling.yarn_beta_slow", 1.0);
+    }
+  } else if (st != "none") {
+    fail(fmt::format("{}rope.scaling.type '{}' is not supported (none, linear, yarn)", p, st));
+  }
+  if (const GgufTensorInfo* rf = f.find("rope_freqs.weight")) {
+    // Llama 3.x: llama.cpp stores the llama3 per-frequency divisors instead of the parameters.
+    if (rf->type != uint32_t(GgmlType::F32) || rf->numel() != c.head_dim / 2)
+      fail("tensor 'rope_freqs.weight': expected F32 [head_dim/2]");
+    std::vector<float> v = f.dequantize(*rf);
+    RopeScaling rs;
+    rs.type = "llama3";
+    rs.factor = 0;
+    for (float x : v) rs.factor = std::max(rs.factor, double(x));
+    rs.low_freq_factor = 1.0;
+    rs.high_freq_factor = 4.0;
+    rs.original_max_position_embeddings = 8192;
+    const double pi = 3.14159265358979323846;
+    const double low_wl = rs.original_max_position_embeddings / rs.low_freq_factor;
+    const double high_wl = rs.original_max_position_embeddings / rs.high_freq_factor;
+    for (int64_t i = 0; i < int64_t(v.size()); ++i) {
+      const double freq = 1.0 / std::pow(c.rope_theta, double(2 * i) / double(c.head_dim));
+      const double wl = 2 * pi / freq;
+      double want = 1.0;
+      if (wl > low_wl) {
+        want = rs.factor;
+      } else if (wl >= high_wl) {
+        const double smooth = (rs.original_max_position_embeddings / wl - rs.low_freq_factor) /
+                              (rs.high_freq_factor - rs.low_freq_factor);
+        want = 1.0 / ((1 - smooth) / rs.factor + smooth);
+      }
+      if (std::fabs(want - v[size_t(i)]) > 1e-3 * want)
+        fail(fmt::format("tensor 'rope_freqs.weight' does not match llama3 RoPE scaling with "
+                         "factor {} and low/high freq factors 1/4, original context 8192", rs.factor));
+    }
+    c.rope_scaling = rs;
+  }
+  try {
+    c.validate();
+  } catch (const std::invalid_argument& e) {
+    fail(fmt::format("inconsistent model metadata: {}", e.what()));
+  }
+  return c;
+}
+
+}  // namespace rp

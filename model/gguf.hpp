@@ -1,0 +1,111 @@
+// GGUF (llama.cpp's model file format, versions 2 and 3) reader.
+//
+// The file is memory-mapped read-only. Everything is validated when it is opened (magic,
+// version, counts, string/array lengths, tensor dims, types, offsets and sizes within the
+// file), so a truncated or corrupt file throws std::runtime_error("<file>: <what>") from the
+// constructor and never crashes later.
+//
+// Dimension order: GGUF stores ne[0] as the innermost (fastest varying) dimension, the
+// reverse of row-major / Hugging Face order. GgufTensorInfo::shape() gives the row-major
+// order, e.g. a linear layer's weight [out_features, in_features] has ne = {in, out}.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "model/config.hpp"
+
+namespace rp {
+
+/// ggml tensor types (values of enum ggml_type). Only those listed are dequantized.
+enum class GgmlType : uint32_t {
+  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q8_1 = 9,
+  Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q8_K = 15,
+  I8 = 24, I16 = 25, I32 = 26, I64 = 27, F64 = 28, BF16 = 30,
+};
+
+/// "F32", "Q4_1", ... or "type<N>" for a number we do not know.
+std::string ggml_type_name(uint32_t type);
+/// Elements per block and bytes per block of `type`; false when the type is unknown.
+bool ggml_type_block(uint32_t type, int64_t& block_elems, int64_t& block_bytes);
+/// True when dequantize_ggml() handles `type` (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+/// Q4_K, Q6_K).
+bool ggml_can_dequantize(uint32_t type);
+/// Dequantizes `n` elements (a multiple of the type's block size) from ggml's block layout in
+/// `src` into fp32 `dst`. Throws std::invalid_argument for unsupported types or a bad `n`.
+void dequantize_ggml(uint32_t type, const void* src, float* dst, int64_t n);
+
+struct GgufTensorInfo {
+  std::string name;
+  std::vector<int64_t> ne;  ///< GGUF order: ne[0] innermost
+  uint32_t type = 0;        ///< a GgmlType value
+  uint64_t offset = 0;      ///< bytes, relative to GgufFile::data_offset()
+  uint64_t nbytes = 0;      ///< bytes of tensor data
+  int64_t numel() const;
+  /// Row-major (HF) shape: ne reversed.
+  std::vector<int64_t> shape() const;
+};
+
+class GgufFile {
+ public:
+  /// Maps and parses `path`. Throws std::runtime_error("<path>: <what>") on any problem.
+  explicit GgufFile(const std::string& path);
+  ~GgufFile();
+  GgufFile(const GgufFile&) = delete;
+  GgufFile& operator=(const GgufFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  uint32_t version() const { return version_; }
+  /// All metadata as {key: value}. Integers -> numbers, floats -> numbers, bool -> bool,
+  /// strings -> strings (raw bytes; not re-validated as UTF-8), arrays -> arrays (nested too).
+  const nlohmann::json& metadata() const { return meta_; }
+  bool has(const std::string& key) const { return meta_.contains(key); }
+  /// Metadata value; throws std::runtime_error("<path>: missing metadata key '<key>'").
+  const nlohmann::json& get(const std::string& key) const;
+  /// Integer / float / string metadata with type checks (errors name the file and key).
+  int64_t get_int(const std::string& key) const;
+  double get_float(const std::string& key) const;
+  std::string get_string(const std::string& key) const;
+
+  const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
+  /// Tensor named `name`, or nullptr.
+  const GgufTensorInfo* find(const std::string& name) const;
+  uint64_t alignment() const { return alignment_; }  ///< general.alignment, default 32
+  uint64_t data_offset() const { return data_offset_; }  ///< bytes from file start
+  uint64_t file_size() const { return size_; }
+  /// Raw bytes of tensor `t` (inside the mapping, valid while this object lives).
+  const uint8_t* tensor_data(const GgufTensorInfo& t) const;
+  /// Tensor `t` as fp32 in row-major order (ne[0] fastest). Throws std::runtime_error naming
+  /// the file and tensor for types that cannot be dequantized.
+  std::vector<float> dequantize(const GgufTensorInfo& t) const;
+
+ private:
+  std::string path_;
+  const uint8_t* map_ = nullptr;
+  uint64_t size_ = 0;
+  uint32_t version_ = 0;
+  uint64_t alignment_ = 32;
+  uint64_t data_offset_ = 0;
+  nlohmann::json meta_;
+  std::vector<GgufTensorInfo> tensors_;
+};
+
+/// ModelConfig from the metadata of a "llama" or "qwen3" GGUF (general.architecture).
+/// tie_word_embeddings is true when there is no output.weight. A llama3 rope_freqs.weight
+/// tensor is recognised (factor taken from it, other llama3 parameters at Llama-3.1 defaults,
+/// checked against the tensor). Throws std::runtime_error("<file>: <what>").
+ModelConfig config_from_gguf(const GgufFile& f);
+
+/// Hugging Face name of a GGUF tensor ("blk.3.attn_q.weight" ->
+/// "model.layers.3.self_attn.q_proj.weight"), or "" when the name is not a known one.
+std::string gguf_to_hf_name(const std::string& gguf_name);
+
+/// Undoes llama.cpp's convert_hf_to_gguf.py permute() of LLaMA q_proj / k_proj rows, in place.
+/// `w` is row-major [rows, cols] with rows = n_head * head_dim: GGUF row h*hd + 2*i + j holds
+/// HF row h*hd + j*hd/2 + i (i < hd/2, j < 2). Throws std::invalid_argument when rows is not
+/// a multiple of 2*n_head.
+void unpermute_qk_rows(float* w, int64_t rows, int64_t cols, int64_t n_head);
+
+}  // namespace rp

@@ -1,0 +1,335 @@
+// Embedding, decoder and tail layers with explicit forward/backward (model/layers.hpp).
+// Reference: transformers' modeling_llama.py / modeling_qwen3.py (LlamaDecoderLayer,
+// LlamaAttention with repeat_kv, LlamaMLP, LlamaRMSNorm, Qwen3Attention q_norm/k_norm).
+#include "model/layers.hpp"
+
+#include <array>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include <fmt/format.h>
+
+namespace rp {
+
+RopeParams rope_params(const ModelConfig& c) {
+  RopeParams p;
+  p.type = c.rope_scaling.type;
+  p.theta = c.rope_theta;
+  p.head_dim = c.head_dim;
+  p.factor = c.rope_scaling.factor;
+  p.low_freq_factor = c.rope_scaling.low_freq_factor;
+  p.high_freq_factor = c.rope_scaling.high_freq_factor;
+  p.original_max_position_embeddings = c.rope_scaling.original_max_position_embeddings;
+  p.max_position_embeddings = c.max_position_embeddings;
+  p.beta_fast = c.rope_scaling.beta_fast;
+  p.beta_slow = c.rope_scaling.beta_slow;
+  p.attention_factor = c.rope_scaling.attention_factor;
+  return p;
+}
+
+namespace {
+
+// Worst-case element size (fp32) used by scratch_bytes(), which has no device at hand.
+constexpr size_t kMaxElem = 4;
+
+int64_t offset_of(const ParamGroup& g, const std::string& name) {
+  int i = g.find(name);
+  if (i < 0)
+    throw std::invalid_argument(fmt::format("make_layer: tensor '{}' not in group '{}'", name,
+                                            g.name));
+  return g.tensors[size_t(i)].offset;
+}
+
+// Checks shared by all layers; returns the ops.
+Ops& check_args(const LayerArgs& a, size_t n_groups, size_t need_scratch, const char* who,
+                bool backward) {
+  if (!a.ops) throw std::invalid_argument(fmt::format("{}: args.ops is null", who));
+  if (a.params.size() != n_groups || (backward && a.grads.size() != n_groups))
+    throw std::invalid_argument(fmt::format("{}: expected {} parameter/gradient groups, got {}/{}",
+                                            who, n_groups, a.params.size(), a.grads.size()));
+  if (a.shape.n_seq < 1 || a.shape.seq_len < 1)
+    throw std::invalid_argument(fmt::format("{}: empty micro-batch shape {}x{}", who,
+                                            a.shape.n_seq, a.shape.seq_len));
+  if (a.scratch_bytes < need_scratch || (need_scratch && !a.scratch))
+    throw std::invalid_argument(fmt::format("{}: scratch of {} bytes, need {}", who,
+                                            a.scratch_bytes, need_scratch));
+  return *a.ops;
+}
+
+const void* param(const LayerArgs& a, size_t g, int64_t off) {
+  return static_cast<const char*>(a.params[g]) + off * int64_t(dtype_size(a.ops->dtype()));
+}
+void* grad(const LayerArgs& a, size_t g, int64_t off) {
+  return static_cast<char*>(a.grads[g]) + off * int64_t(dtype_size(a.ops->grad_dtype()));
+}
+
+// ---------------------------------------------------------------------------------
+
+class EmbeddingLayer final : public Layer {
+ public:
+  explicit EmbeddingLayer(const ModelLayout& m)
+      : H_(m.config.hidden_size), V_(m.config.vocab_size),
+        off_(offset_of(m.groups[0], "model.embed_tokens.weight")) {}
+  LayerKind kind() const override { return LayerKind::embedding; }
+  size_t scratch_bytes(const MicroBatchShape&) const override { return 0; }
+  void forward(const LayerArgs& a) const override {
+    Ops& ops = check_args(a, 1, 0, "embedding.forward", false);
+    if (!a.ids || !a.y) throw std::invalid_argument("embedding.forward: ids/y null");
+    ops.embedding_fwd(a.ids, param(a, 0, off_), a.y, a.shape.tokens(), H_, V_);
+  }
+  void backward(const LayerArgs& a) const override {
+    Ops& ops = check_args(a, 1, 0, "embedding.backward", true);
+    if (!a.ids || !a.dy) throw std::invalid_argument("embedding.backward: ids/dy null");
+    ops.embedding_bwd(a.ids, a.dy, grad(a, 0, off_), a.shape.tokens(), H_, V_);
+  }
+
+ private:
+  int64_t H_, V_, off_;
+};
+
+// ---------------------------------------------------------------------------------
+
+class DecoderLayer final : public Layer {
+ public:
+  DecoderLayer(const ModelLayout& m, int layer) : c_(m.config) {
+    const ParamGroup& g = m.groups[size_t(layer)];
+    const std::string p = fmt::format("model.layers.{}.", layer - 1);
+    w_in_ = offset_of(g, p + "input_layernorm.weight");
+    wq_ = offset_of(g, p + "self_attn.q_proj.weight");
+    wk_ = offset_of(g, p + "self_attn.k_proj.weight");
+    wv_ = offset_of(g, p + "self_attn.v_proj.weight");
+    if (c_.qk_norm) {
+      wqn_ = offset_of(g, p + "self_attn.q_norm.weight");
+      wkn_ = offset_of(g, p + "self_attn.k_norm.weight");
+    }
+    wo_ = offset_of(g, p + "self_attn.o_proj.weight");
+    w_post_ = offset_of(g, p + "post_attention_layernorm.weight");
+    wg_ = offset_of(g, p + "mlp.gate_proj.weight");
+    wu_ = offset_of(g, p + "mlp.up_proj.weight");
+    wd_ = offset_of(g, p + "mlp.down_proj.weight");
+    rope_ = rope_frequencies(rope_params(c_));
+  }
+  LayerKind kind() const override { return LayerKind::decoder; }
+  size_t scratch_bytes(const MicroBatchShape& s) const override {
+    Bufs b;
+    ScratchCarver sc(nullptr);
+    carve(s, kMaxElem, sc, b);
+    return sc.used();
+  }
+  void forward(const LayerArgs& a) const override {
+    Ops& ops = check_args(a, 1, needed(a), "decoder.forward", false);
+    if (!a.x || !a.y) throw std::invalid_argument("decoder.forward: x/y null");
+    Bufs b;
+    ScratchCarver sc(a.scratch);
+    carve(a.shape, dtype_size(ops.dtype()), sc, b);
+    run_forward(a, b, a.y);
+  }
+  void backward(const LayerArgs& a) const override;
+
+ private:
+  // Scratch buffers ([rows, cols] in compute dtype unless noted).
+  struct Bufs {
+    void *xn, *h1, *hn, *dh1, *dxn, *dhn;   // [T, H]
+    void *qr, *q, *o, *dq, *dout, *dqr;     // [T, nq*D] (qr/dqr: qk_norm only)
+    void *kr, *k, *v, *dk, *dv, *dkr;       // [T, nkv*D] (kr/dkr: qk_norm only)
+    void *g, *u, *m, *dm, *dg, *du;         // [T, F]
+    float* lse;                             // [n_seq, nq, L] fp32
+    void* attn;                             // Ops::attention_scratch_bytes
+  };
+  void carve(const MicroBatchShape& s, size_t es, ScratchCarver& sc, Bufs& b) const {
+    const size_t T = size_t(s.tokens()), H = size_t(c_.hidden_size), F = size_t(c_.intermediate_size);
+    const size_t Q = size_t(c_.num_attention_heads * c_.head_dim);
+    const size_t K = size_t(c_.num_key_value_heads * c_.head_dim);
+    for (void** p : {&b.xn, &b.h1, &b.hn, &b.dh1, &b.dxn, &b.dhn}) *p = sc.take(T * H * es);
+    for (void** p : {&b.q, &b.o, &b.dq, &b.dout}) *p = sc.take(T * Q * es);
+    for (void** p : {&b.k, &b.v, &b.dk, &b.dv}) *p = sc.take(T * K * es);
+    b.qr = b.dqr = b.kr = b.dkr = nullptr;
+    if (c_.qk_norm) {
+      b.qr = sc.take(T * Q * es);
+      b.dqr = sc.take(T * Q * es);
+      b.kr = sc.take(T * K * es);
+      b.dkr = sc.take(T * K * es);
+    }
+    for (void** p : {&b.g, &b.u, &b.m, &b.dm, &b.dg, &b.du}) *p = sc.take(T * F * es);
+    b.lse = static_cast<float*>(sc.take(T * size_t(c_.num_attention_heads) * 4));
+    b.attn = sc.take(Ops::attention_scratch_bytes(s.n_seq, s.seq_len, c_.num_attention_heads,
+                                                  c_.num_key_value_heads, c_.head_dim));
+  }
+  size_t needed(const LayerArgs& a) const {
+    Bufs b;
+    ScratchCarver sc(nullptr);
+    carve(a.shape, a.ops ? dtype_size(a.ops->dtype()) : kMaxElem, sc, b);
+    return sc.used();
+  }
+  // Forward into the scratch buffers; y (if not null) receives the layer output.
+  void run_forward(const LayerArgs& a, const Bufs& b, void* y) const;
+
+  ModelConfig c_;
+  int64_t w_in_, wq_, wk_, wv_, wqn_ = -1, wkn_ = -1, wo_, w_post_, wg_, wu_, wd_;
+  RopeTable rope_;
+};
+
+void DecoderLayer::run_forward(const LayerArgs& a, const Bufs& b, void* y) const {
+  Ops& ops = *a.ops;
+  const int64_t T = a.shape.tokens(), H = c_.hidden_size, F = c_.intermediate_size;
+  const int64_t nq = c_.num_attention_heads, nkv = c_.num_key_value_heads, D = c_.head_dim;
+  const float eps = float(c_.rms_norm_eps);
+  const int64_t S = a.shape.n_seq, L = a.shape.seq_len;
+  ops.rmsnorm_fwd(a.x, param(a, 0, w_in_), b.xn, T, H, eps);
+  void* q_lin = c_.qk_norm ? b.qr : b.q;
+  void* k_lin = c_.qk_norm ? b.kr : b.k;
+  ops.linear_fwd(b.xn, param(a, 0, wq_), q_lin, T, H, nq * D);
+  ops.linear_fwd(b.xn, param(a, 0, wk_), k_lin, T, H, nkv * D);
+  ops.linear_fwd(b.xn, param(a, 0, wv_), b.v, T, H, nkv * D);
+  if (c_.qk_norm) {
+    ops.rmsnorm_fwd(b.qr, param(a, 0, wqn_), b.q, T * nq, D, eps);
+    ops.rmsnorm_fwd(b.kr, param(a, 0, wkn_), b.k, T * nkv, D, eps);
+  }
+  ops.rope_fwd(b.q, S, L, nq, D, rope_.inv_freq.data(), rope_.attention_scaling);
+  ops.rope_fwd(b.k, S, L, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling);
+  ops.attention_fwd(b.q, b.k, b.v, b.o, b.lse, S, L, nq, nkv, D,
+                    float(1.0 / std::sqrt(double(D))), b.attn);
+  ops.linear_fwd(b.o, param(a, 0, wo_), b.h1, T, nq * D, H);
+  ops.add(a.x, b.h1, b.h1, T * H);  // h1 = x + attn
+  ops.rmsnorm_fwd(b.h1, param(a, 0, w_post_), b.hn, T, H, eps);
+  ops.linear_fwd(b.hn, param(a, 0, wg_), b.g, T, H, F);
+  ops.linear_fwd(b.hn, param(a, 0, wu_), b.u, T, H, F);
+  ops.swiglu_fwd(b.g, b.u, b.m, T * F);
+  if (y) {
+    ops.linear_fwd(b.m, param(a, 0, wd_), y, T, F, H);
+    ops.add(b.h1, y, y, T * H);
+  }
+}
+
+void DecoderLayer::backward(const LayerArgs& a) const {
+  Ops& ops = check_args(a, 1, needed(a), "decoder.backward", true);
+  if (!a.x || !a.dy || !a.dx) throw std::invalid_argument("decoder.backward: x/dy/dx null");
+  Bufs b;
+  ScratchCarver sc(a.scratch);
+  carve(a.shape, dtype_size(ops.dtype()), sc, b);
+  run_forward(a, b, nullptr);  // recompute; the output itself is not needed
+
+  const int64_t T = a.shape.tokens(), H = c_.hidden_size, F = c_.intermediate_size;
+  const int64_t nq = c_.num_attention_heads, nkv = c_.num_key_value_heads, D = c_.head_dim;
+  const float eps = float(c_.rms_norm_eps);
+  const int64_t S = a.shape.n_seq, L = a.shape.seq_len;
+  const DType dt = ops.dtype();
+  // MLP: y = h1 + down(m)
+  ops.linear_bwd_weight(a.dy, b.m, grad(a, 0, wd_), T, F, H);
+  ops.linear_bwd_input(a.dy, param(a, 0, wd_), b.dm, T, F, H, false);
+  ops.swiglu_bwd(b.g, b.u, b.dm, b.dg, b.du, T * F);
+  ops.linear_bwd_weight(b.dg, b.hn, grad(a, 0, wg_), T, H, F);
+  ops.linear_bwd_weight(b.du, b.hn, grad(a, 0, wu_), T, H, F);
+  ops.linear_bwd_input(b.dg, param(a, 0, wg_), b.dhn, T, H, F, false);
+  ops.linear_bwd_input(b.du, param(a, 0, wu_), b.dhn, T, H, F, true);
+  ops.fill(dt, b.dh1, T * H, 0.f);
+  ops.rmsnorm_bwd(b.h1, param(a, 0, w_post_), b.dhn, b.dh1, grad(a, 0, w_post_), T, H, eps,
+                  true);
+  // attention: h1 = x + o_proj(o)
+  ops.linear_bwd_weight(b.dh1, b.o, grad(a, 0, wo_), T, nq * D, H);
+  ops.linear_bwd_input(b.dh1, param(a, 0, wo_), b.dout, T, nq * D, H, false);
+  ops.attention_bwd(b.q, b.k, b.v, b.o, b.lse, b.dout, b.dq, b.dk, b.dv, S, L, nq, nkv, D,
+                    float(1.0 / std::sqrt(double(D))), b.attn);
+  ops.rope_bwd(b.dq, S, L, nq, D, rope_.inv_freq.data(), rope_.attention_scaling);
+  ops.rope_bwd(b.dk, S, L, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling);
+  void* dq_lin = b.dq;
+  void* dk_lin = b.dk;
+  if (c_.qk_norm) {
+    ops.rmsnorm_bwd(b.qr, param(a, 0, wqn_), b.dq, b.dqr, grad(a, 0, wqn_), T * nq, D, eps,
+                    false);
+    ops.rmsnorm_bwd(b.kr, param(a, 0, wkn_), b.dk, b.dkr, grad(a, 0, wkn_), T * nkv, D, eps,
+                    false);
+    dq_lin = b.dqr;
+    dk_lin = b.dkr;
+  }
+  ops.linear_bwd_weight(dq_lin, b.xn, grad(a, 0, wq_), T, H, nq * D);
+  ops.linear_bwd_weight(dk_lin, b.xn, grad(a, 0, wk_), T, H, nkv * D);
+  ops.linear_bwd_weight(b.dv, b.xn, grad(a, 0, wv_), T, H, nkv * D);
+  ops.linear_bwd_input(dq_lin, param(a, 0, wq_), b.dxn, T, H, nq * D, false);
+  ops.linear_bwd_input(dk_lin, param(a, 0, wk_), b.dxn, T, H, nkv * D, false);
+  ops.linear_bwd_input(b.dv, param(a, 0, wv_), b.dxn, T, H, nkv * D, true);
+  ops.copy(dt, a.dx, b.dh1, T * H);  // residual path
+  ops.rmsnorm_bwd(a.x, param(a, 0, w_in_), b.dxn, a.dx, grad(a, 0, w_in_), T, H, eps, true);
+}
+
+// ---------------------------------------------------------------------------------
+
+class TailLayer final : public Layer {
+ public:
+  explicit TailLayer(const ModelLayout& m) : c_(m.config) {
+    const ParamGroup& head = m.groups.back();
+    w_norm_ = offset_of(head, "model.norm.weight");
+    if (c_.tie_word_embeddings) {
+      lm_group_ = 1;  // args.params[1] is group 0
+      w_lm_ = offset_of(m.groups[0], "model.embed_tokens.weight");
+    } else {
+      lm_group_ = 0;
+      w_lm_ = offset_of(head, "lm_head.weight");
+    }
+    n_groups_ = c_.tie_word_embeddings ? 2 : 1;
+  }
+  LayerKind kind() const override { return LayerKind::tail; }
+  size_t scratch_bytes(const MicroBatchShape& s) const override {
+    return need(s, kMaxElem);
+  }
+  void forward(const LayerArgs& a) const override { run(a, false); }
+  void backward(const LayerArgs& a) const override { run(a, true); }
+
+ private:
+  size_t need(const MicroBatchShape& s, size_t es) const {
+    ScratchCarver sc(nullptr);
+    carve(s, es, sc);
+    return sc.used();
+  }
+  // hn [T,H], dhn [T,H], CE scratch.
+  std::array<void*, 3> carve(const MicroBatchShape& s, size_t es, ScratchCarver& sc) const {
+    const size_t TH = size_t(s.tokens() * c_.hidden_size);
+    void* hn = sc.take(TH * es);
+    void* dhn = sc.take(TH * es);
+    void* ce = sc.take(Ops::lm_head_ce_scratch_bytes(s.tokens(), c_.hidden_size, c_.vocab_size));
+    return {hn, dhn, ce};
+  }
+  void run(const LayerArgs& a, bool backward) const {
+    const char* who = backward ? "tail.backward" : "tail.forward";
+    size_t es = a.ops ? dtype_size(a.ops->dtype()) : kMaxElem;
+    Ops& ops = check_args(a, n_groups_, need(a.shape, es), who, backward);
+    if (!a.x || !a.targets || !a.loss || (backward && !a.dx))
+      throw std::invalid_argument(fmt::format("{}: x/targets/loss/dx null", who));
+    ScratchCarver sc(a.scratch);
+    auto [hn, dhn, ce] = carve(a.shape, es, sc);
+    const int64_t T = a.shape.tokens(), H = c_.hidden_size, V = c_.vocab_size;
+    const float eps = float(c_.rms_norm_eps);
+    ops.rmsnorm_fwd(a.x, param(a, 0, w_norm_), hn, T, H, eps);
+    const void* w = param(a, size_t(lm_group_), w_lm_);
+    if (!backward) {
+      ops.lm_head_cross_entropy(hn, w, a.targets, T, H, V, a.loss, nullptr, nullptr, ce);
+      return;
+    }
+    ops.lm_head_cross_entropy(hn, w, a.targets, T, H, V, a.loss, dhn,
+                              grad(a, size_t(lm_group_), w_lm_), ce);
+    ops.rmsnorm_bwd(a.x, param(a, 0, w_norm_), dhn, a.dx, grad(a, 0, w_norm_), T, H, eps,
+                    false);
+  }
+
+  ModelConfig c_;
+  int64_t w_norm_, w_lm_;
+  int lm_group_;
+  size_t n_groups_;
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> make_layer(const ModelLayout& m, int layer) {
+  if (layer < 0 || layer >= m.num_layers())
+    throw std::out_of_range(fmt::format("make_layer: layer {} outside [0, {})", layer,
+                                        m.num_layers()));
+  switch (m.kind(layer)) {
+    case LayerKind::embedding: return std::make_unique<EmbeddingLayer>(m);
+    case LayerKind::decoder: return std::make_unique<DecoderLayer>(m, layer);
+    case LayerKind::tail: return std::make_unique<TailLayer>(m);
+  }
+  return nullptr;
+}
+
+}  // namespace rp

@@ -1,0 +1,98 @@
+// safetensors reading (mmap; single files and sharded checkpoints) and writing.
+//
+// File format: u64 little-endian header length N, N bytes of JSON
+//   {"<name>": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, ...,
+//    "__metadata__": {"<k>": "<v>"}}
+// then the tensor data; offsets are relative to the end of the header, row-major, little-endian.
+// Every header entry is validated when a file is opened (dtype known, shape non-negative,
+// end - begin == numel * element size, within the file), so a truncated or corrupt file
+// throws std::runtime_error("<file>: <what>") and never crashes.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/dtype.hpp"
+
+namespace rp {
+
+/// A host tensor in fp32, row-major.
+struct HostTensor {
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+  int64_t numel() const;
+};
+
+struct SafetensorsEntry {
+  std::string name;
+  std::string dtype;            ///< safetensors dtype string: "F32", "BF16", "F16", "I64", ...
+  std::vector<int64_t> shape;   ///< row-major
+  uint64_t begin = 0, end = 0;  ///< byte offsets relative to the data section
+  int64_t numel() const;
+};
+
+class SafetensorsFile {
+ public:
+  /// Maps and validates `path`; throws std::runtime_error("<path>: <what>").
+  explicit SafetensorsFile(const std::string& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  /// Entries in file order (sorted by data offset).
+  const std::vector<SafetensorsEntry>& entries() const { return entries_; }
+  /// Entry `name` or nullptr.
+  const SafetensorsEntry* find(const std::string& name) const;
+  /// The "__metadata__" object (string -> string), or an empty object.
+  const nlohmann::json& metadata() const { return metadata_; }
+  /// Raw bytes of `e` inside the mapping (valid while this object lives).
+  const uint8_t* data(const SafetensorsEntry& e) const;
+  /// `e` converted to fp32 (F32, F16, BF16 only; others throw std::runtime_error naming
+  /// the file and tensor).
+  HostTensor read_f32(const SafetensorsEntry& e) const;
+
+ private:
+  std::string path_;
+  const uint8_t* map_ = nullptr;
+  uint64_t size_ = 0;
+  uint64_t data_start_ = 0;
+  std::vector<SafetensorsEntry> entries_;
+  nlohmann::json metadata_;
+};
+
+/// Loads every tensor as fp32. `path` is a .safetensors file, a model.safetensors.index.json
+/// (its "weight_map" names the shard of each tensor, relative to the index's folder) or a
+/// folder holding model.safetensors or model.safetensors.index.json. Throws
+/// std::runtime_error naming the file: unreadable/corrupt files, a tensor missing from the
+/// shard the index names, a tensor in two shards.
+std::map<std::string, HostTensor> load_safetensors(const std::string& path);
+
+/// A tensor to write: fp32 data of prod(shape) elements.
+struct TensorRef {
+  std::string name;
+  std::vector<int64_t> shape;
+  const float* data = nullptr;
+};
+
+/// Writes `tensors` (in the given order) to `path` in `dtype` (f32, bf16 or f16; bf16/f16
+/// round to nearest even). `metadata` (string values) goes into "__metadata__" ("format":
+/// "pt" is added when absent). The file is written to "<path>.tmp-<pid>" then renamed, so
+/// `path` is never left half-written. Throws std::runtime_error("<path>: <what>") on I/O
+/// errors, duplicate names or a null data pointer; std::invalid_argument for dtype i32.
+void save_safetensors(const std::string& path, const std::vector<TensorRef>& tensors, DType dtype,
+                      const nlohmann::json& metadata = nlohmann::json::object());
+
+/// Writes `tensors` into `dir` as model-0000i-of-0000n.safetensors shards of at most
+/// `max_shard_bytes` each (a larger single tensor gets its own shard) plus
+/// model.safetensors.index.json ({"metadata": {"total_size": bytes}, "weight_map": {...}}).
+/// With one shard the file is named model.safetensors and no index is written.
+/// `dir` must exist. Returns the file names written (relative to `dir`).
+std::vector<std::string> save_safetensors_sharded(const std::string& dir,
+                                                  const std::vector<TensorRef>& tensors,
+                                                  DType dtype, uint64_t max_shard_bytes);
+
+}  // namespace rp

@@ -1,0 +1,96 @@
+// CPU AdamW / Adam step on fp32 master weights, with a fused low-precision copy.
+//
+// Formulas (match torch.optim.AdamW / torch.optim.Adam, foreach=False, fused=False):
+//   Adam:  Kingma & Ba 2015, "Adam: A Method for Stochastic Optimization", Alg. 1
+//          (with the "efficient" bias correction of Sec. 2 folded into step size / denom,
+//          exactly as torch does it), AMSGrad per Reddi et al. 2018.
+//   AdamW: Loshchilov & Hutter 2019, "Decoupled Weight Decay Regularization", Alg. 2
+//          (the schedule multiplier eta_t is folded into `lr`, as in torch).
+//
+// One step, per element i, all arithmetic in fp32 with the scalar constants computed in
+// double (t = step after increment):
+//   g   = grad[i] * grad_scale                 (grad_scale: 1/num_target_tokens * clip)
+//   g   = -g                                   if maximize
+//   g   = g + weight_decay * w                 if !decoupled (Adam's L2 penalty)
+//   w   = w * (1 - lr * weight_decay)          if decoupled  (AdamW)
+//   m   = m + (1 - beta1) * (g - m)            (= beta1 m + (1-beta1) g, torch's lerp)
+//   v   = beta2 * v + (1 - beta2) * g * g
+//   vmax = max(vmax, v); use vmax below        if amsgrad
+//   denom = sqrt(v) / sqrt(1 - beta2^t) + eps
+//   w   = w - (lr / (1 - beta1^t)) * m / denom
+// The low-precision copy (if requested) is the final w rounded to nearest-even.
+//
+// No CUDA, no actors: callers (optimizer shard actors) own the buffers.
+#pragma once
+#include <cstdint>
+#include <iosfwd>
+#include <vector>
+
+#include "kernels/dtype.hpp"
+
+namespace rp {
+
+/// Hyper-parameters of one parameter group. Same meaning and defaults as torch.
+struct AdamWOptions {
+  double lr = 1e-4;            ///< base learning rate (the per-step value is passed separately)
+  double beta1 = 0.9;          ///< first-moment decay, in [0, 1)
+  double beta2 = 0.999;        ///< second-moment decay, in [0, 1)
+  double eps = 1e-8;           ///< added to sqrt(v_hat), >= 0
+  double weight_decay = 0.0;   ///< >= 0; decoupled (AdamW) or L2 (Adam), see `decoupled`
+  bool decoupled = true;       ///< true: AdamW (Loshchilov & Hutter); false: L2 added to the gradient
+  bool amsgrad = false;        ///< keep the running max of v and normalise by it
+  bool maximize = false;       ///< ascend: the gradient is negated
+};
+
+/// Optimizer state of one parameter group (a flat range of n fp32 parameters).
+/// m, v: first / second moments (n floats each); vmax: running max of v (n floats,
+/// only with amsgrad, otherwise empty); step: number of updates applied so far.
+/// Empty vectors are sized and zero-filled by the first adamw_update.
+struct AdamWState {
+  std::vector<float> m, v, vmax;
+  int64_t step = 0;
+};
+
+/// Throws std::invalid_argument (one line, naming the field) when an option is out of
+/// range: lr < 0, beta not in [0,1), eps < 0, weight_decay < 0, or any is NaN.
+void validate(const AdamWOptions& o);
+
+/// Applies one AdamW / Adam step to `n` fp32 master weights `w` in place.
+///  - w:          n fp32 master weights (read and written).
+///  - st:         state; st.step is incremented first and t = st.step is used for the
+///                bias correction. m/v (and vmax with amsgrad) must be empty (then sized
+///                to n and zeroed) or exactly n long.
+///  - grad:       n raw fp32 gradients (read only; may not alias w or the state).
+///  - grad_scale: multiplies every raw gradient first (the runtime passes
+///                1/num_target_tokens * clip_coefficient). Unitless.
+///  - o:          hyper-parameters (o.lr is ignored: the step's `lr` is used).
+///  - lr:         learning rate of this step (from the schedule).
+///  - lowp_out:   nullptr, or n elements of type `lowp_dtype` that receive the new
+///                weights: float* for DType::f32, uint16_t* bit patterns for DType::bf16
+///                and DType::f16 (round-to-nearest-even, NaN stays NaN, overflow -> inf).
+///  - lowp_dtype: f32, bf16 or f16 (i32 is refused).
+///  - threads:    >= 1; the range is split into contiguous, 64-element aligned pieces run
+///                on that many std::threads (the calling thread runs one). The result is
+///                bit-identical for every thread count.
+/// Throws std::invalid_argument for n < 0, null pointers with n > 0, state size mismatch,
+/// bad options (see validate), lr < 0 or non-finite grad_scale; nothing is written then.
+/// n == 0 still increments st.step (torch increments it for empty tensors too).
+void adamw_update(float* w, AdamWState& st, const float* grad, int64_t n, float grad_scale,
+                  const AdamWOptions& o, double lr, void* lowp_out = nullptr,
+                  DType lowp_dtype = DType::bf16, int threads = 1);
+
+/// Writes `st` in a little-endian binary format: magic "RPADAMW1", version (u32),
+/// flags (u32, bit 0: vmax present), step (i64), n (i64), then m, v and (if present)
+/// vmax as n raw fp32 each, then a 64-bit FNV-1a checksum of the float payload.
+/// The fp32 master weights are not part of the state: save them separately (bit-exact)
+/// for a bit-identical resume. Throws std::runtime_error when the stream fails.
+void save_state(std::ostream& os, const AdamWState& st);
+
+/// Reads a state written by save_state into `st` (replacing it). `expected_n` is the
+/// parameter count of the group it is loaded for (-1: accept any). Throws
+/// std::runtime_error with a one-line reason on a bad magic / version, a size mismatch
+/// ("expected N parameters, file has M"), m/v sizes inconsistent with the header, a
+/// negative step, a truncated stream or a checksum mismatch; `st` is unchanged then.
+void load_state(std::istream& is, AdamWState& st, int64_t expected_n = -1);
+
+}  // namespace rp

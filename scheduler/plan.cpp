@@ -1,0 +1,175 @@
+#include "scheduler/plan.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace rp {
+
+const char* stage_kind_name(StageKind k) {
+  switch (k) {
+    case StageKind::forward: return "forward";
+    case StageKind::tail: return "tail";
+    case StageKind::backward: return "backward";
+  }
+  return "?";
+}
+
+std::vector<int> Stage::layers() const {
+  std::vector<int> v;
+  if (kind == StageKind::backward)
+    for (int l = last; l >= first; --l) v.push_back(l);
+  else
+    for (int l = first; l <= last; ++l) v.push_back(l);
+  return v;
+}
+
+int IterationPlan::num_forward() const {
+  return int(std::count_if(stages.begin(), stages.end(),
+                           [](const Stage& s) { return s.kind == StageKind::forward; }));
+}
+int IterationPlan::num_backward() const {
+  return int(std::count_if(stages.begin(), stages.end(),
+                           [](const Stage& s) { return s.kind == StageKind::backward; }));
+}
+
+std::string IterationPlan::summary() const {
+  std::string out;
+  for (auto& s : stages) {
+    if (!out.empty()) out += ' ';
+    char c = s.kind == StageKind::forward ? 'F' : s.kind == StageKind::tail ? 'T' : 'B';
+    if (s.kind == StageKind::backward)
+      out += fmt::format("{}[{}-{}]", c, s.last, s.first);
+    else
+      out += fmt::format("{}[{}-{}]", c, s.first, s.last);
+  }
+  return out;
+}
+
+void validate_plan(const IterationPlan& p, const std::string& where) {
+  auto fail = [&](const std::string& why) { throw std::invalid_argument(where + ": " + why); };
+  if (p.num_layers < 3) fail(fmt::format("a model needs at least 3 layers, got {}", p.num_layers));
+  int next = 0;
+  size_t i = 0;
+  for (; i < p.stages.size() && p.stages[i].kind == StageKind::forward; ++i) {
+    const Stage& s = p.stages[i];
+    if (s.first != next || s.last < s.first)
+      fail(fmt::format("forward stage {} covers layers {}-{}, expected to start at layer {}", i + 1,
+                       s.first, s.last, next));
+    next = s.last + 1;
+  }
+  if (i >= p.stages.size() || p.stages[i].kind != StageKind::tail)
+    fail("expected exactly one tail stage after the forward stages");
+  const Stage& t = p.stages[i];
+  if (next == 0) fail("the first stage must be a forward stage holding the embedding (layer 0)");
+  if (t.first != next || t.last != p.num_layers - 1)
+    fail(fmt::format("tail stage covers layers {}-{}, expected {}-{}", t.first, t.last, next,
+                     p.num_layers - 1));
+  int expect = t.first - 1;
+  for (++i; i < p.stages.size(); ++i) {
+    const Stage& s = p.stages[i];
+    if (s.kind != StageKind::backward) fail("only backward stages may follow the tail stage");
+    if (s.last != expect || s.first > s.last)
+      fail(fmt::format("backward stage covers layers {}-{}, expected to start at layer {}", s.last,
+                       s.first, expect));
+    expect = s.first - 1;
+  }
+  if (expect != -1) fail(fmt::format("backward stages stop at layer {}, expected to reach layer 0", expect + 1));
+}
+
+IterationPlan make_uniform_plan(int num_layers, int fwd_layers, int bwd_layers, int tail_decoders) {
+  if (fwd_layers < 1 || bwd_layers < 1)
+    throw std::invalid_argument(fmt::format(
+        "layers per stage must be >= 1 (forward {}, backward {})", fwd_layers, bwd_layers));
+  if (tail_decoders < 0 || tail_decoders > num_layers - 2)
+    throw std::invalid_argument(fmt::format("tail_decoders must be in [0, {}], got {}", num_layers - 2,
+                                            tail_decoders));
+  IterationPlan p;
+  p.num_layers = num_layers;
+  int tail_first = num_layers - 1 - tail_decoders;
+  for (int a = 0; a < tail_first; a += fwd_layers)
+    p.stages.push_back({StageKind::forward, a, std::min(a + fwd_layers, tail_first) - 1});
+  p.stages.push_back({StageKind::tail, tail_first, num_layers - 1});
+  for (int b = tail_first - 1; b >= 0; b -= bwd_layers)
+    p.stages.push_back({StageKind::backward, std::max(b - bwd_layers + 1, 0), b});
+  validate_plan(p, "uniform plan");
+  return p;
+}
+
+IterationPlan make_default_plan(int num_layers, int num_workers) {
+  int body = num_layers - 1;  // layers before the tail
+  int bwd = std::max(1, body / std::max(1, 2 * num_workers));
+  bwd = std::min(bwd, 4);
+  int fwd = std::min(body, 3 * bwd);
+  return make_uniform_plan(num_layers, fwd, bwd, 0);
+}
+
+namespace {
+std::pair<int, int> range_of(const nlohmann::json& v, const std::string& where) {
+  if (!v.is_array() || v.size() != 2 || !v[0].is_number_integer() || !v[1].is_number_integer())
+    throw std::invalid_argument(where + ": expected a pair of layer indices [a, b], got " + v.dump());
+  return {v[0].get<int>(), v[1].get<int>()};
+}
+int int_of(const nlohmann::json& j, const char* key, int dflt, const std::string& where) {
+  if (!j.contains(key)) return dflt;
+  if (!j[key].is_number_integer())
+    throw std::invalid_argument(fmt::format("{}: key '{}': expected an integer, got {}", where, key,
+                                            j[key].dump()));
+  return j[key].get<int>();
+}
+}  // namespace
+
+IterationPlan plan_from_json(const nlohmann::json& j, int num_layers, int num_workers,
+                             const std::string& where) {
+  if (j.is_null()) return make_default_plan(num_layers, num_workers);
+  if (!j.is_object()) throw std::invalid_argument(where + ": expected an object");
+  static const char* known[] = {"forward_layers", "backward_layers", "tail_decoders", "forward", "tail",
+                                "backward"};
+  for (auto it = j.begin(); it != j.end(); ++it)
+    if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return it.key() == k; }) ==
+        std::end(known))
+      throw std::invalid_argument(fmt::format(
+          "{}: unknown key '{}' (expected forward_layers, backward_layers, tail_decoders, or "
+          "forward/tail/backward)",
+          where, it.key()));
+  if (j.contains("forward") || j.contains("tail") || j.contains("backward")) {
+    IterationPlan p;
+    p.num_layers = num_layers;
+    for (const char* k : {"forward", "tail", "backward"})
+      if (!j.contains(k)) throw std::invalid_argument(fmt::format("{}: missing key '{}'", where, k));
+    if (!j["forward"].is_array() || !j["backward"].is_array())
+      throw std::invalid_argument(where + ": 'forward' and 'backward' must be arrays of [a, b] pairs");
+    for (auto& r : j["forward"]) {
+      auto [a, b] = range_of(r, where + ".forward");
+      p.stages.push_back({StageKind::forward, a, b});
+    }
+    auto [ta, tb] = range_of(j["tail"], where + ".tail");
+    p.stages.push_back({StageKind::tail, ta, tb});
+    for (auto& r : j["backward"]) {
+      auto [b, a] = range_of(r, where + ".backward");
+      p.stages.push_back({StageKind::backward, std::min(a, b), std::max(a, b)});
+    }
+    validate_plan(p, where);
+    return p;
+  }
+  IterationPlan d = make_default_plan(num_layers, num_workers);
+  int f = int_of(j, "forward_layers", d.stages[0].num_layers(), where);
+  int b = int_of(j, "backward_layers", d.stages.back().num_layers(), where);
+  int t = int_of(j, "tail_decoders", 0, where);
+  try {
+    return make_uniform_plan(num_layers, f, b, t);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(where + ": " + e.what());
+  }
+}
+
+std::vector<int> deal_round_robin(const IterationPlan& p, int num_workers, int64_t& pointer) {
+  std::vector<int> w(p.stages.size());
+  for (size_t s = 0; s < w.size(); ++s) w[s] = int((pointer + int64_t(s)) % num_workers);
+  pointer += int64_t(w.size());
+  return w;
+}
+
+}  // namespace rp

@@ -1,0 +1,228 @@
+// JSONL / plain-text loading, file:line errors, packing and the batch stream.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "common.hpp"
+#include "data/dataset.hpp"
+#include "data/tokenizer.hpp"
+
+using namespace rp;
+using rp::test::fixture;
+using rp::test::qwen;
+using rp::test::TempDir;
+
+namespace {
+using Ids = std::vector<int32_t>;
+constexpr int32_t X = kIgnoreIndex;
+
+// The message of the runtime_error thrown by loading `content` as a JSONL file.
+std::string jsonl_error(const std::string& content, std::string* path_out = nullptr) {
+  TempDir dir;
+  std::string path = dir.write("data.jsonl", content);
+  if (path_out) *path_out = path;
+  try {
+    load_jsonl(path, qwen(), ChatTemplate::chatml);
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "<no exception>";
+}
+
+void expect_error(const std::string& content, const std::string& where_what) {
+  std::string path;
+  std::string msg = jsonl_error(content, &path);
+  EXPECT_EQ(msg.rfind(path + ":", 0), 0u) << "should start with the path: " << msg;
+  EXPECT_NE(msg.find("data.jsonl:" + where_what), std::string::npos) << "got: " << msg;
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << "not one line: " << msg;
+}
+}  // namespace
+
+TEST(Jsonl, ErrorsNameFileLineAndExpectation) {
+  expect_error("{\"text\": \"ok\"}\n{\"text\": \n", "2: invalid JSON");
+  expect_error("{\"prompt\":\"a\",\"completion\":\"b\"}\n\n{\"prompt\":\"p\",\"completion\":5}\n",
+               "3: expected a string at key \"completion\", got number");
+  expect_error("{\"prompt\":\"p\"}\n", "1: missing key \"completion\"");
+  expect_error("{\"completion\":\"c\"}\n", "1: missing key \"prompt\"");
+  expect_error("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"bot\",\"content\":\"y\"}]}\n",
+               "1: messages[1]: unknown role \"bot\" (expected system, user or assistant)");
+  expect_error("{\"messages\":[{\"role\":\"user\"}]}\n", "1: messages[0]: missing key \"content\"");
+  expect_error("{\"messages\":{\"role\":\"user\"}}\n", "1: expected an array at key \"messages\"");
+  expect_error("{\"messages\":[{\"role\":\"user\",\"content\":\"only a question\"}]}\n",
+               "1: expected at least one \"assistant\" message");
+  expect_error("[1, 2]\n", "1: expected a JSON object, got array");
+  expect_error("{\"text\": \"a\"}\n{\"foo\": 1}\n", "2: expected a key \"text\", \"prompt\"+\"completion\" or \"messages\"");
+  expect_error("{\"text\": null}\n", "1: expected a string at key \"text\", got null");
+  EXPECT_NE(jsonl_error("\n  \n").find(": no examples"), std::string::npos);
+  EXPECT_THROW(load_jsonl("/nonexistent/x.jsonl", qwen(), ChatTemplate::chatml), std::runtime_error);
+}
+
+TEST(Jsonl, ThreeShapes) {
+  TempDir dir;
+  std::string path = dir.write(
+      "d.jsonl",
+      "{\"prompt\": \"Capital of France?\", \"completion\": \" Paris.\"}\r\n"
+      "\n"
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", \"content\": \"Hello!\"}]}\n"
+      "{\"text\": \"Plain words.\"}\n"
+      "{\"text\": \"More words.\"}");  // no final newline
+  Dataset d = load_jsonl(path, qwen(), ChatTemplate::chatml);
+  ASSERT_EQ(d.examples.size(), 2u);
+  const int32_t eos = qwen().eos_id();
+  // prompt/completion: prompt tokens masked, completion + eos trained on.
+  Ids p = qwen().encode("Capital of France?"), c = qwen().encode(" Paris.");
+  Ids want = p;
+  want.insert(want.end(), c.begin(), c.end());
+  want.push_back(eos);
+  EXPECT_EQ(d.examples[0].ids, want);
+  std::vector<uint8_t> mask(p.size(), 0);
+  mask.resize(want.size(), 1);
+  EXPECT_EQ(d.examples[0].loss_mask, mask);
+  // chat: same as rendering it directly.
+  auto r = render_chat(qwen(), ChatTemplate::chatml, {{"user", "Hi"}, {"assistant", "Hello!"}});
+  EXPECT_EQ(d.examples[1].ids, r.ids);
+  EXPECT_EQ(d.examples[1].loss_mask, r.loss_mask);
+  // text lines: concatenated, each followed by eos.
+  Ids a = qwen().encode("Plain words."), b = qwen().encode("More words.");
+  Ids stream = a;
+  stream.push_back(eos);
+  stream.insert(stream.end(), b.begin(), b.end());
+  stream.push_back(eos);
+  EXPECT_EQ(d.text_stream, stream);
+  EXPECT_EQ(d.num_documents, 2u);
+}
+
+TEST(TextCorpus, DirectoryOfTxtFiles) {
+  Dataset d = load_text_corpus(fixture("sotu-excerpt"), qwen());
+  EXPECT_EQ(d.num_documents, 3u);  // README.md is not a .txt file
+  EXPECT_TRUE(d.examples.empty());
+  const int32_t eos = qwen().eos_id();
+  EXPECT_EQ(std::count(d.text_stream.begin(), d.text_stream.end(), eos), 3);
+  EXPECT_EQ(d.text_stream.back(), eos);
+  // Files in name order: the stream starts with Washington's 1790 address.
+  auto first = qwen().encode("Fellow-Citizens of the Senate");
+  ASSERT_GT(d.text_stream.size(), first.size());
+  EXPECT_TRUE(std::equal(first.begin(), first.end() - 1, d.text_stream.begin()));
+  TempDir empty;
+  EXPECT_THROW(load_text_corpus(empty.path.string(), qwen()), std::runtime_error);
+  // load_dataset dispatches on directory / extension.
+  EXPECT_EQ(load_dataset(fixture("sotu-excerpt"), qwen(), ChatTemplate::chatml).text_stream, d.text_stream);
+}
+
+TEST(Packing, ExamplesPaddedOnePerSequence) {
+  Dataset d;
+  d.examples.push_back({{10, 11, 12, 13}, {0, 0, 1, 1}});                 // fits, padded
+  d.examples.push_back({{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, std::vector<uint8_t>(10, 1)});  // truncated
+  d.examples.push_back({{1, 2, 3, 4, 5, 6, 7}, {0, 0, 0, 0, 0, 0, 1}});   // no target left: dropped
+  d.examples.push_back({{20, 21, 22, 23, 24}, {0, 0, 0, 0, 1}});           // exactly seq_len + 1 tokens
+  PackedSequences p = pack_sequences(d, 4, /*pad_id=*/0);
+  EXPECT_EQ(p.seq_len, 4);
+  ASSERT_EQ(p.size(), 3);
+  EXPECT_EQ(p.dropped_examples, 1u);
+  EXPECT_EQ(p.ids, (Ids{10, 11, 12, 13, /**/ 1, 2, 3, 4, /**/ 20, 21, 22, 23}));
+  EXPECT_EQ(p.targets, (Ids{X, 12, 13, X, /**/ 2, 3, 4, 5, /**/ X, X, X, 24}));
+}
+
+TEST(Packing, TextStreamWindowsOverlapByOne) {
+  Dataset d;
+  d.text_stream = {1, 2, 3, 4, 5, 6, 7};
+  PackedSequences p = pack_sequences(d, 3, 99);
+  ASSERT_EQ(p.size(), 2);
+  EXPECT_EQ(p.ids, (Ids{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(p.targets, (Ids{2, 3, 4, 5, 6, 7}));
+  d.text_stream.push_back(8);  // one more token: a padded third window
+  p = pack_sequences(d, 3, 99);
+  ASSERT_EQ(p.size(), 3);
+  EXPECT_EQ(p.ids, (Ids{1, 2, 3, 4, 5, 6, 7, 8, 99}));  // 8 is input only: no next token
+  EXPECT_EQ(p.targets, (Ids{2, 3, 4, 5, 6, 7, 8, X, X}));
+  // Examples come first, then text windows.
+  d.examples.push_back({{50, 51}, {0, 1}});
+  p = pack_sequences(d, 3, 99);
+  ASSERT_EQ(p.size(), 4);
+  EXPECT_EQ((Ids{p.ids.begin(), p.ids.begin() + 3}), (Ids{50, 51, 99}));
+  EXPECT_EQ((Ids{p.targets.begin(), p.targets.begin() + 3}), (Ids{51, X, X}));
+  EXPECT_THROW(pack_sequences(d, 0, 0), std::invalid_argument);
+  EXPECT_THROW(pack_sequences(d, 4, -1), std::invalid_argument);
+}
+
+namespace {
+PackedSequences numbered(int n, int64_t L) {  // sequence i holds i*100 + t
+  PackedSequences p;
+  p.seq_len = L;
+  for (int i = 0; i < n; ++i)
+    for (int64_t t = 0; t < L; ++t) {
+      p.ids.push_back(i * 100 + int32_t(t));
+      p.targets.push_back(t + 1 < L ? i * 100 + int32_t(t) + 1 : X);
+    }
+  return p;
+}
+}  // namespace
+
+TEST(BatchStream, DeterministicShuffledEpochs) {
+  const int N = 10;
+  BatchStream a(numbered(N, 3), 42), b(numbered(N, 3), 42), c(numbered(N, 3), 43);
+  EXPECT_EQ(a.num_sequences(), size_t(N));
+  std::vector<Ids> from_a;
+  bool differs = false;
+  for (int k = 0; k < 7; ++k) {  // 7 batches of 3 = 21 sequences: crosses two epoch ends
+    TokenBatch x = a.next(3), y = b.next(3), z = c.next(3);
+    EXPECT_EQ(x.n_seq, 3);
+    EXPECT_EQ(x.seq_len, 3);
+    EXPECT_EQ(x.ids, y.ids) << "step " << k;
+    EXPECT_EQ(x.targets, y.targets) << "step " << k;
+    differs = differs || x.ids != z.ids;
+    from_a.push_back(x.ids);
+  }
+  EXPECT_TRUE(differs) << "another seed should give another order";
+  EXPECT_EQ(a.position(), 21);
+  EXPECT_EQ(a.epoch(), 2);
+  // Each epoch visits every sequence exactly once; rows are intact sequences.
+  std::vector<int32_t> firsts;
+  for (auto& ids : from_a)
+    for (size_t r = 0; r < 3; ++r) {
+      EXPECT_EQ(ids[r * 3 + 1], ids[r * 3] + 1);
+      firsts.push_back(ids[r * 3] / 100);
+    }
+  for (int e = 0; e < 2; ++e) {
+    std::set<int32_t> seen(firsts.begin() + e * N, firsts.begin() + (e + 1) * N);
+    EXPECT_EQ(seen.size(), size_t(N)) << "epoch " << e;
+  }
+  EXPECT_NE((std::vector<int32_t>(firsts.begin(), firsts.begin() + N)),
+            (std::vector<int32_t>(firsts.begin() + N, firsts.begin() + 2 * N)))
+      << "epochs should be reshuffled";
+  // seek() resumes exactly.
+  BatchStream d(numbered(N, 3), 42);
+  d.seek(12);
+  EXPECT_EQ(d.next(3).ids, from_a[4]);
+  // Targets travel with their ids.
+  TokenBatch t = d.next(2);
+  EXPECT_EQ(t.targets[2], X);
+  EXPECT_EQ(t.targets[0], t.ids[1]);
+  EXPECT_EQ(t.num_targets(), 4);
+}
+
+TEST(BatchStream, UnshuffledOrderAndErrors) {
+  BatchStream s(numbered(4, 2), 7, /*shuffle=*/false);
+  EXPECT_EQ(s.next(3).ids, (Ids{0, 1, 100, 101, 200, 201}));
+  EXPECT_EQ(s.next(3).ids, (Ids{300, 301, 0, 1, 100, 101}));
+  EXPECT_THROW(s.next(0), std::invalid_argument);
+  EXPECT_THROW(BatchStream(PackedSequences{}, 1), std::invalid_argument);
+}
+
+TEST(BatchStream, EndToEndFromJsonl) {
+  TempDir dir;
+  std::string path = dir.write("chat.jsonl",
+                               "{\"messages\": [{\"role\": \"user\", \"content\": \"Say hi\"}, "
+                               "{\"role\": \"assistant\", \"content\": \"hi\"}]}\n");
+  Dataset d = load_jsonl(path, qwen(), ChatTemplate::chatml);
+  PackedSequences p = pack_sequences(d, 32, qwen().eos_id());
+  BatchStream s(std::move(p), 1);
+  TokenBatch b = s.next(1);
+  // Targets: exactly "hi" and <|im_end|>.
+  Ids tg;
+  for (int32_t t : b.targets)
+    if (t != X) tg.push_back(t);
+  Ids want = qwen().encode("hi");
+  want.push_back(151645);
+  EXPECT_EQ(tg, want);
+}

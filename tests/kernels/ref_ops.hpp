@@ -1,0 +1,182 @@
+// Naive scalar reference implementations (plain loops, double precision) of the ops in
+// kernels/ops.hpp, written independently of the Eigen code, plus test helpers.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <random>
+#include <vector>
+
+namespace rp::ref {
+
+using VecD = std::vector<double>;
+using VecF = std::vector<float>;
+
+inline VecF randn(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.f, scale);
+  VecF v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+inline VecF nan_vec(size_t n) { return VecF(n, std::numeric_limits<float>::quiet_NaN()); }
+inline VecD to_d(const VecF& v) { return VecD(v.begin(), v.end()); }
+
+/// ||a-b|| / max(||b||, tiny); fails on NaN in a.
+inline double rel_err(const VecF& a, const VecD& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    if (std::isnan(a[i])) return std::numeric_limits<double>::infinity();
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += b[i] * b[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+}
+inline double rel_err(const VecF& a, const VecF& b) { return rel_err(a, to_d(b)); }
+
+// ---- forward references -----------------------------------------------------------
+
+/// y[M,N] = x[M,K] W[N,K]^T
+inline VecD linear(const VecD& x, const VecD& w, int64_t M, int64_t K, int64_t N) {
+  VecD y(size_t(M * N), 0.0);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k) s += x[size_t(m * K + k)] * w[size_t(n * K + k)];
+      y[size_t(m * N + n)] = s;
+    }
+  return y;
+}
+
+inline VecD rmsnorm(const VecD& x, const VecD& w, int64_t R, int64_t n, double eps) {
+  VecD y(x.size());
+  for (int64_t r = 0; r < R; ++r) {
+    double ss = 0;
+    for (int64_t j = 0; j < n; ++j) ss += x[size_t(r * n + j)] * x[size_t(r * n + j)];
+    double inv = 1.0 / std::sqrt(ss / double(n) + eps);
+    for (int64_t j = 0; j < n; ++j) y[size_t(r * n + j)] = x[size_t(r * n + j)] * inv * w[size_t(j)];
+  }
+  return y;
+}
+
+/// HF apply_rotary_pos_emb: x*cos + rotate_half(x)*sin, cos/sin = cat(f, f) * scale,
+/// f = position * inv_freq (position restarts per sequence).
+inline VecD rope(const VecD& x, int64_t n_seq, int64_t L, int64_t heads, int64_t D,
+                 const VecF& inv_freq, double scale) {
+  VecD y(x.size());
+  const int64_t h = D / 2;
+  for (int64_t s = 0; s < n_seq; ++s)
+    for (int64_t p = 0; p < L; ++p)
+      for (int64_t hd = 0; hd < heads; ++hd) {
+        const double* xi = x.data() + ((s * L + p) * heads + hd) * D;
+        double* yi = y.data() + ((s * L + p) * heads + hd) * D;
+        for (int64_t j = 0; j < D; ++j) {
+          double ang = double(p) * double(inv_freq[size_t(j % h)]);
+          double rot = j < h ? -xi[j + h] : xi[j - h];  // rotate_half
+          yi[j] = xi[j] * std::cos(ang) * scale + rot * std::sin(ang) * scale;
+        }
+      }
+  return y;
+}
+
+/// Causal GQA attention; returns o and fills lse [n_seq, nq, L] if given.
+inline VecD attention(const VecD& q, const VecD& k, const VecD& v, int64_t n_seq, int64_t L,
+                      int64_t nq, int64_t nkv, int64_t D, double scale, VecD* lse = nullptr) {
+  VecD o(q.size(), 0.0);
+  if (lse) lse->assign(size_t(n_seq * nq * L), 0.0);
+  const int64_t rep = nq / nkv;
+  std::vector<double> sc(static_cast<size_t>(L));
+  for (int64_t s = 0; s < n_seq; ++s)
+    for (int64_t h = 0; h < nq; ++h)
+      for (int64_t i = 0; i < L; ++i) {
+        const double* qi = q.data() + ((s * L + i) * nq + h) * D;
+        double mx = -1e300;
+        for (int64_t j = 0; j <= i; ++j) {
+          const double* kj = k.data() + ((s * L + j) * nkv + h / rep) * D;
+          double d = 0;
+          for (int64_t e = 0; e < D; ++e) d += qi[e] * kj[e];
+          sc[size_t(j)] = d * scale;
+          mx = std::max(mx, sc[size_t(j)]);
+        }
+        double z = 0;
+        for (int64_t j = 0; j <= i; ++j) z += std::exp(sc[size_t(j)] - mx);
+        if (lse) (*lse)[size_t((s * nq + h) * L + i)] = mx + std::log(z);
+        double* oi = o.data() + ((s * L + i) * nq + h) * D;
+        for (int64_t j = 0; j <= i; ++j) {
+          double p = std::exp(sc[size_t(j)] - mx) / z;
+          const double* vj = v.data() + ((s * L + j) * nkv + h / rep) * D;
+          for (int64_t e = 0; e < D; ++e) oi[e] += p * vj[e];
+        }
+      }
+  return o;
+}
+
+inline VecD swiglu(const VecD& g, const VecD& u) {
+  VecD h(g.size());
+  for (size_t i = 0; i < g.size(); ++i) h[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+  return h;
+}
+
+/// Unchunked: full logits [T, V], summed CE over targets >= 0; returns {sum, count}.
+inline std::pair<double, int64_t> cross_entropy(const VecD& h, const VecD& w,
+                                                const std::vector<int32_t>& tg, int64_t T,
+                                                int64_t H, int64_t V) {
+  VecD z = linear(h, w, T, H, V);
+  double sum = 0;
+  int64_t cnt = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    if (tg[size_t(t)] < 0) continue;
+    double mx = -1e300;
+    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, z[size_t(t * V + j)]);
+    double s = 0;
+    for (int64_t j = 0; j < V; ++j) s += std::exp(z[size_t(t * V + j)] - mx);
+    sum += mx + std::log(s) - z[size_t(t * V + tg[size_t(t)])];
+    ++cnt;
+  }
+  return {sum, cnt};
+}
+
+// ---- gradient checking --------------------------------------------------------------
+
+/// Central differences of f at x (double), at `samples` random coordinates (all when
+/// samples >= x.size()); compares with `analytic` (d f / d x from the op under test).
+/// Fails the test when the relative error of the sampled vectors exceeds tol.
+inline void check_grad(const std::function<double(const VecD&)>& f, VecD x,
+                       const VecF& analytic, size_t samples, double tol, const char* what,
+                       uint32_t seed = 7) {
+  ASSERT_EQ(x.size(), analytic.size()) << what;
+  std::vector<size_t> idx;
+  if (samples >= x.size()) {
+    for (size_t i = 0; i < x.size(); ++i) idx.push_back(i);
+  } else {
+    std::mt19937 g(seed);
+    std::uniform_int_distribution<size_t> d(0, x.size() - 1);
+    for (size_t i = 0; i < samples; ++i) idx.push_back(d(g));
+  }
+  VecF a;
+  VecD num;
+  for (size_t i : idx) {
+    const double x0 = x[i], h = 1e-5 * std::max(1.0, std::abs(x0));
+    x[i] = x0 + h;
+    const double fp = f(x);
+    x[i] = x0 - h;
+    const double fm = f(x);
+    x[i] = x0;
+    num.push_back((fp - fm) / (2 * h));
+    a.push_back(analytic[i]);
+  }
+  double e = rel_err(a, num);
+  EXPECT_LT(e, tol) << what << ": relative error of the gradient " << e;
+}
+
+/// sum_i y[i] * r[i]
+inline double dot(const VecD& y, const VecF& r) {
+  double s = 0;
+  for (size_t i = 0; i < y.size(); ++i) s += y[i] * double(r[i]);
+  return s;
+}
+
+}  // namespace rp::ref

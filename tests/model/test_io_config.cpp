@@ -1,0 +1,205 @@
+// config.json parsing, validation, parameter count and round trip.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "model/config.hpp"
+#include "model/layout.hpp"
+#include "test_io_util.hpp"
+
+namespace rp {
+namespace {
+
+using nlohmann::json;
+
+json llama_json() {
+  return json::parse(R"({
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+    "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
+    "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+    "rms_norm_eps": 1e-05, "rope_theta": 100000, "max_position_embeddings": 8192,
+    "tie_word_embeddings": true, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": null,
+    "rope_scaling": null, "torch_dtype": "bfloat16"})");
+}
+
+json qwen3_json() {
+  return json::parse(R"({
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_act": "silu",
+    "vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072,
+    "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
+    "head_dim": 128, "rms_norm_eps": 1e-06, "rope_theta": 1000000,
+    "max_position_embeddings": 40960, "tie_word_embeddings": true, "attention_bias": false,
+    "use_sliding_window": false, "sliding_window": null, "bos_token_id": 151643,
+    "eos_token_id": 151645, "rope_scaling": null})");
+}
+
+std::string error_of(const json& j) {
+  try {
+    config_from_json(j, "cfg.json");
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(IoConfig, ParsesLlama) {
+  ModelConfig c = config_from_json(llama_json(), "cfg.json");
+  EXPECT_EQ(c.architecture, "llama");
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.num_key_value_heads, 3);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_EQ(c.rope_theta, 100000.0);
+  EXPECT_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_EQ(c.pad_token_id, -1);
+  EXPECT_EQ(c.rope_scaling.type, "default");
+  EXPECT_EQ(c.num_parameters(), 134515008);  // SmolLM2-135M
+}
+
+TEST(IoConfig, ParsesQwen3) {
+  ModelConfig c = config_from_json(qwen3_json(), "cfg.json");
+  EXPECT_EQ(c.architecture, "qwen3");
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_EQ(c.head_dim, 128);  // explicit, != hidden/heads
+  EXPECT_EQ(c.eos_token_id, 151645);
+  EXPECT_EQ(c.num_parameters(), 596049920);  // Qwen3-0.6B
+  auto layout = make_layout(c);
+  EXPECT_EQ(layout.total_numel(), c.num_parameters());
+}
+
+TEST(IoConfig, RopeScalingVariants) {
+  json j = llama_json();
+  j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 32.0}, {"low_freq_factor", 1.0},
+                       {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  j["eos_token_id"] = {2, 1, 0};
+  ModelConfig c = config_from_json(j, "cfg.json");
+  EXPECT_EQ(c.rope_scaling.type, "llama3");
+  EXPECT_EQ(c.rope_scaling.factor, 32.0);
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_EQ(c.eos_token_id, 2);
+  j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  EXPECT_EQ(config_from_json(j, "x").rope_scaling.type, "linear");
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}};
+  c = config_from_json(j, "x");
+  EXPECT_EQ(c.rope_scaling.type, "yarn");
+  EXPECT_EQ(c.rope_scaling.beta_fast, 32.0);
+  EXPECT_EQ(c.rope_scaling.attention_factor, 0.0);
+  j["rope_scaling"] = {{"rope_type", "default"}};
+  EXPECT_EQ(config_from_json(j, "x").rope_scaling.type, "default");
+  // transformers 5 layout
+  j.erase("rope_scaling");
+  j.erase("rope_theta");
+  j["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 3.0}, {"rope_theta", 500000.0}};
+  c = config_from_json(j, "x");
+  EXPECT_EQ(c.rope_theta, 500000.0);
+  EXPECT_EQ(c.rope_scaling.factor, 3.0);
+}
+
+TEST(IoConfig, ErrorsNameFileAndKey) {
+  auto expect = [](json j, const std::string& want) {
+    std::string e = error_of(j);
+    EXPECT_EQ(e.rfind("cfg.json: key '", 0), 0u) << e;
+    EXPECT_NE(e.find(want), std::string::npos) << e;
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  };
+  json j = llama_json();
+  j["model_type"] = "mistral";
+  expect(j, "key 'model_type': expected \"llama\" or \"qwen3\", got string \"mistral\"");
+  j = llama_json();
+  j.erase("hidden_size");
+  expect(j, "key 'hidden_size': expected an integer >= 1, got nothing");
+  j = llama_json();
+  j["hidden_size"] = "576";
+  expect(j, "key 'hidden_size': expected an integer >= 1, got string \"576\"");
+  j = llama_json();
+  j["num_key_value_heads"] = 4;
+  expect(j, "key 'num_key_value_heads'");
+  j = llama_json();
+  j["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};
+  expect(j, "key 'rope_scaling.rope_type'");
+  j = llama_json();
+  j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
+  expect(j, "key 'rope_scaling.original_max_position_embeddings'");
+  j = llama_json();
+  j["rope_scaling"] = {{"rope_type", "linear"}};
+  expect(j, "key 'rope_scaling.factor'");
+  j = llama_json();
+  j["rope_scaling"] = 3;
+  expect(j, "key 'rope_scaling': expected null or an object, got number 3");
+  j = llama_json();
+  j["attention_bias"] = true;
+  expect(j, "key 'attention_bias'");
+  j = llama_json();
+  j["hidden_act"] = "gelu";
+  expect(j, "key 'hidden_act'");
+  j = llama_json();
+  j["architectures"] = {"MistralForCausalLM"};
+  expect(j, "key 'architectures'");
+  j = llama_json();
+  j["rms_norm_eps"] = -1;
+  expect(j, "key 'rms_norm_eps'");
+  j = llama_json();
+  j["tie_word_embeddings"] = "yes";
+  expect(j, "key 'tie_word_embeddings'");
+  j = llama_json();
+  j["eos_token_id"] = 49152;
+  expect(j, "key 'eos_token_id'");
+  EXPECT_THROW(config_from_json(json::array(), "cfg.json"), std::runtime_error);
+}
+
+TEST(IoConfig, ValidateThrowsInvalidArgument) {
+  ModelConfig c = config_from_json(llama_json(), "x");
+  c.num_key_value_heads = 2;
+  EXPECT_THROW(c.validate(), std::invalid_argument);
+  c = config_from_json(llama_json(), "x");
+  c.rope_scaling.type = "dynamic";
+  try {
+    c.validate();
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("rope_scaling.rope_type: ", 0), 0u) << e.what();
+  }
+}
+
+TEST(IoConfig, JsonRoundTrip) {
+  for (json src : {llama_json(), qwen3_json()}) {
+    ModelConfig c = config_from_json(src, "x");
+    c.rope_scaling = {"yarn", 4.0, 1.0, 4.0, 32768, 32.0, 1.0, 0.0};
+    json out = config_to_json(c);
+    EXPECT_EQ(out["hidden_act"], "silu");
+    EXPECT_EQ(out["architectures"][0], c.architecture == "qwen3" ? "Qwen3ForCausalLM" : "LlamaForCausalLM");
+    EXPECT_TRUE(out.contains("torch_dtype"));
+    ModelConfig back = config_from_json(out, "out");
+    EXPECT_EQ(back.architecture, c.architecture);
+    EXPECT_EQ(back.head_dim, c.head_dim);
+    EXPECT_EQ(back.num_key_value_heads, c.num_key_value_heads);
+    EXPECT_EQ(back.rope_scaling.type, "yarn");
+    EXPECT_EQ(back.rope_scaling.original_max_position_embeddings, 32768);
+    EXPECT_EQ(back.num_parameters(), c.num_parameters());
+    EXPECT_EQ(back.tie_word_embeddings, c.tie_word_embeddings);
+    EXPECT_EQ(back.bos_token_id, c.bos_token_id);
+  }
+}
+
+TEST(IoConfig, LoadConfigFile) {
+  test::TempDir dir("cfg");
+  {
+    std::ofstream o(dir / "config.json");
+    o << qwen3_json().dump();
+  }
+  EXPECT_EQ(load_config_file(dir / "config.json").architecture, "qwen3");
+  {
+    std::ofstream o(dir / "broken.json");
+    o << "{\"model_type\": ";
+  }
+  try {
+    load_config_file(dir / "broken.json");
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind(dir / "broken.json: invalid JSON", 0), 0u) << e.what();
+  }
+  EXPECT_THROW(load_config_file(dir / "missing.json"), std::runtime_error);
+}
+
+}  // namespace
+}  // namespace rp
