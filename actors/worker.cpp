@@ -70,6 +70,20 @@ class Worker : public caf::event_based_actor {
     grad_down_ = spawn_transfer_actor(sys, d.stream(StreamKind::grad_down), nm("grad_down"), 1, ctx_.tracer);
   }
 
+  // Drop every actor handle on exit: queued tasks name other workers and ctx_ names the
+  // shards, and such reference cycles would keep detached shards' threads alive forever.
+  void on_exit() override {
+    // Device work may still reference the current task's buffers: let it drain first.
+    if (ctx_.device)
+      for (int k = 0; k < kNumStreams; ++k) ctx_.device->stream(StreamKind(k)).synchronize();
+    queue_.clear();
+    task_.reset();
+    on_copy_.clear();
+    ctx_.shard_of_group.clear();
+    ctx_.scheduler = nullptr;
+    act_up_ = act_down_ = param_up_ = grad_down_ = nullptr;
+  }
+
   caf::behavior make_behavior() override {
     return {
         [this](RunStage& rs) {
@@ -106,6 +120,7 @@ class Worker : public caf::event_based_actor {
   void fail(const std::string& what) {
     if (failed_) return;
     failed_ = true;
+    queue_.clear();
     std::string where = task_ ? fmt::format("worker {} ({} stage {} of pass {}, layers {}-{})", ctx_.index,
                                             stage_kind_name(task_->rs.stage.kind), task_->rs.stage_index,
                                             task_->rs.pass, task_->rs.stage.first, task_->rs.stage.last)

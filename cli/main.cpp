@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "cli/plan.hpp"
 #include "cli/train.hpp"
 #include "model/checkpoint.hpp"
 
@@ -25,6 +26,7 @@ int main(int argc, char** argv) {
   convert->add_option("input", in, "model.gguf")->required();
   convert->add_option("output", out, "output folder (written atomically)")->required();
   convert->add_option("--dtype", dtype, "f32, bf16 or f16")->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  rp::add_plan_command(app);
   bool quiet = false;
   app.add_flag("-q,--quiet", quiet, "only progress lines and errors");
   CLI11_PARSE(app, argc, argv);

@@ -61,6 +61,7 @@ class Stream {
 struct DeviceOptions {
   size_t capacity_bytes = size_t(24) << 30;  ///< pool cap (emulates a 24 GiB card by default)
   double pcie_bytes_per_s = 0;               ///< CPU backend: throttle copies to this bandwidth (0 = memcpy speed)
+  DType dtype = DType::bf16;                 ///< CUDA backend: storage dtype, bf16 or f16 (the CPU backend is f32)
 };
 
 class Device {
@@ -78,6 +79,12 @@ class Device {
   virtual void* alloc(size_t bytes) = 0;
   virtual void free(void* p) = 0;
   virtual Stream& stream(StreamKind k) = 0;
+  /// Pins host memory [p, p+bytes) that this device's streams copy from or to, so copies
+  /// run asynchronously at full bandwidth (CUDA: cudaHostRegister, exact size; give
+  /// page-aligned blocks). Idempotent per block; no-op on the CPU backend.
+  virtual void pin_host(void* /*p*/, size_t /*bytes*/) {}
+  /// Undoes pin_host(p, ...) (once per pin_host call). No-op on the CPU backend.
+  virtual void unpin_host(void* /*p*/) {}
   /// Numeric ops bound to the compute stream; call them only inside compute launch().
   virtual Ops& ops() = 0;
 };

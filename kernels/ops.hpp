@@ -89,8 +89,10 @@ class Ops {
   virtual DType dtype() const = 0;
   /// Type of parameter-gradient accumulators (f32 on both backends).
   virtual DType grad_dtype() const = 0;
-  /// Threads one op may use (CPU: large GEMMs are split over this many threads;
-  /// default 1 because several virtual workers run in parallel). CUDA: ignored.
+  /// Threads one op may use (CPU: GEMMs, incl. those of lm_head_cross_entropy, are
+  /// split over this many std::threads, since Eigen is built without OpenMP; default 1
+  /// because several virtual workers run in parallel). CUDA: ignored.
+  /// CPU ops keep no other state: one object may serve concurrent callers.
   virtual void set_num_threads(int n) = 0;
   virtual int num_threads() const = 0;
 
@@ -130,7 +132,8 @@ class Ops {
 
   // ---- RMSNorm (Zhang & Sennrich 2019; HF LlamaRMSNorm, computed in fp32) ----------
   /// y[r,:] = x[r,:] * rsqrt(mean_j x[r,j]^2 + eps) * w   for rows r < R of n columns.
-  /// Qwen3 q_norm/k_norm = this with R = T*heads, n = D.
+  /// Qwen3 q_norm/k_norm = this with R = T*heads, n = D. (HF rounds x*rsqrt(..) to the
+  /// storage dtype before the multiply by w; 16-bit backends should do the same.)
   virtual void rmsnorm_fwd(const void* x, const void* w, void* y, int64_t R, int64_t n,
                            float eps) = 0;
   /// With r = rsqrt(mean(x^2)+eps), xh = x*r, g = dy*w:

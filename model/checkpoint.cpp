@@ -22,8 +22,20 @@ using nlohmann::json;
 
 namespace {
 
+/// `s` with control characters escaped as \xNN, so error messages stay on one line.
+std::string one_line(const std::string& s) {
+  std::string o;
+  for (unsigned char ch : s) {
+    if (ch < 0x20 || ch == 0x7f)
+      o += fmt::format("\\x{:02x}", ch);
+    else
+      o.push_back(char(ch));
+  }
+  return o;
+}
+
 [[noreturn]] void fail(const std::string& where, const std::string& what) {
-  throw std::runtime_error(fmt::format("{}: {}", where, what));
+  throw std::runtime_error(one_line(fmt::format("{}: {}", where, what)));
 }
 
 std::string read_text(const std::string& path) {

@@ -291,8 +291,8 @@ nlohmann::json config_to_json(const ModelConfig& c) {
   j["intermediate_size"] = c.intermediate_size;
   j["num_hidden_layers"] = c.num_hidden_layers;
   j["num_attention_heads"] = c.num_attention_heads;
-  val(j, "num_key_value_heads") = c.num_key_value_heads;
-  val(j, "head_dim") = c.head_dim;
+  j["num_key_value_heads"] = c.num_key_value_heads;
+  j["head_dim"] = c.head_dim;
   j["hidden_act"] = "silu";
   j["max_position_embeddings"] = c.max_position_embeddings;
   j["rms_norm_eps"] = c.rms_norm_eps;
@@ -315,7 +315,7 @@ nlohmann::json config_to_json(const ModelConfig& c) {
   }
   j["rope_scaling"] = rs;
   j["tie_word_embeddings"] = c.tie_word_embeddings;
-  val(j, "attention_bias") = false;
+  j["attention_bias"] = false;
   j["attention_dropout"] = 0.0;
   j["initializer_range"] = 0.02;
   j["use_cache"] = true;

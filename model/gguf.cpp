@@ -23,56 +23,46 @@ namespace rp {
 // ---------------------------------------------------------------------------------------
 // ggml types and dequantization (block layouts of ggml-common.h / ggml-quants.c)
 
+namespace {
+
+struct TypeInfo {
+  GgmlType type;
+  const char* name;
+  int64_t block_elems, block_bytes;
+};
+
+constexpr TypeInfo kTypes[] = {
+    {GgmlType::F32, "F32", 1, 4},        {GgmlType::F16, "F16", 1, 2},
+    {GgmlType::BF16, "BF16", 1, 2},      {GgmlType::Q4_0, "Q4_0", 32, 18},
+    {GgmlType::Q4_1, "Q4_1", 32, 20},    {GgmlType::Q5_0, "Q5_0", 32, 22},
+    {GgmlType::Q5_1, "Q5_1", 32, 24},    {GgmlType::Q8_0, "Q8_0", 32, 34},
+    {GgmlType::Q8_1, "Q8_1", 32, 36},    {GgmlType::Q2_K, "Q2_K", 256, 84},
+    {GgmlType::Q3_K, "Q3_K", 256, 110},  {GgmlType::Q4_K, "Q4_K", 256, 144},
+    {GgmlType::Q5_K, "Q5_K", 256, 176},  {GgmlType::Q6_K, "Q6_K", 256, 210},
+    {GgmlType::Q8_K, "Q8_K", 256, 292},  {GgmlType::I8, "I8", 1, 1},
+    {GgmlType::I16, "I16", 1, 2},        {GgmlType::I32, "I32", 1, 4},
+    {GgmlType::I64, "I64", 1, 8},        {GgmlType::F64, "F64", 1, 8},
+};
+
+const TypeInfo* type_info(uint32_t type) {
+  for (const auto& t : kTypes)
+    if (uint32_t(t.type) == type) return &t;
+  return nullptr;
+}
+
+}  // namespace
+
 std::string ggml_type_name(uint32_t type) {
-  switch (GgmlType(type)) {
-    case GgmlType::F32: return "F32";
-    case GgmlType::F16: return "F16";
-    case GgmlType::Q4_0: return "Q4_0";
-    case GgmlType::Q4_1: return "Q4_1";
-    case GgmlType::Q5_0: return "Q5_0";
-    case GgmlType::Q5_1: return "Q5_1";
-    case GgmlType::Q8_0: return "Q8_0";
-    case GgmlType::Q8_1: return "Q8_1";
-    case GgmlType::Q2_K: return "Q2_K";
-    case GgmlType::Q3_K: return "Q3_K";
-    case GgmlType::Q4_K: return "Q4_K";
-    case GgmlType::Q5_K: return "Q5_K";
-    case GgmlType::Q6_K: return "Q6_K";
-    case GgmlType::Q8_K: return "Q8_K";
-    case GgmlType::I8: return "I8";
-    case GgmlType::I16: return "I16";
-    case GgmlType::I32: return "I32";
-    case GgmlType::I64: return "I64";
-    case GgmlType::F64: return "F64";
-    case GgmlType::BF16: return "BF16";
-  }
-  return fmt::format("type{}", type);
+  const TypeInfo* t = type_info(type);
+  return t ? t->name : fmt::format("type{}", type);
 }
 
 bool ggml_type_block(uint32_t type, int64_t& be, int64_t& bb) {
-  switch (GgmlType(type)) {
-    case GgmlType::F32: be = 1, bb = 4; return true;
-    case GgmlType::F16: be = 1, bb = 2; return true;
-    case GgmlType::BF16: be = 1, bb = 2; return true;
-    case GgmlType::Q4_0: be = 32, bb = 18; return true;
-    case GgmlType::Q4_1: be = 32, bb = 20; return true;
-    case GgmlType::Q5_0: be = 32, bb = 22; return true;
-    case GgmlType::Q5_1: be = 32, bb = 24; return true;
-    case GgmlType::Q8_0: be = 32, bb = 34; return true;
-    case GgmlType::Q8_1: be = 32, bb = 36; return true;
-    case GgmlType::Q2_K: be = 256, bb = 84; return true;
-    case GgmlType::Q3_K: be = 256, bb = 110; return true;
-    case GgmlType::Q4_K: be = 256, bb = 144; return true;
-    case GgmlType::Q5_K: be = 256, bb = 176; return true;
-    case GgmlType::Q6_K: be = 256, bb = 210; return true;
-    case GgmlType::Q8_K: be = 256, bb = 292; return true;
-    case GgmlType::I8: be = 1, bb = 1; return true;
-    case GgmlType::I16: be = 1, bb = 2; return true;
-    case GgmlType::I32: be = 1, bb = 4; return true;
-    case GgmlType::I64: be = 1, bb = 8; return true;
-    case GgmlType::F64: be = 1, bb = 8; return true;
-  }
-  return false;
+  const TypeInfo* t = type_info(type);
+  if (!t) return false;
+  be = t->block_elems;
+  bb = t->block_bytes;
+  return true;
 }
 
 bool ggml_can_dequantize(uint32_t type) {
@@ -257,6 +247,18 @@ enum GgufValueType : uint32_t {
   T_STRING = 8, T_ARRAY = 9, T_U64 = 10, T_I64 = 11, T_F64 = 12,
 };
 
+/// `s` with control characters escaped as \xNN, so error messages stay on one line.
+std::string one_line(const std::string& s) {
+  std::string o;
+  for (unsigned char ch : s) {
+    if (ch < 0x20 || ch == 0x7f)
+      o += fmt::format("\\x{:02x}", ch);
+    else
+      o.push_back(char(ch));
+  }
+  return o;
+}
+
 /// Bounds-checked little-endian cursor over the mapping.
 struct Reader {
   const uint8_t* p;
@@ -265,7 +267,7 @@ struct Reader {
   uint32_t version;
 
   [[noreturn]] void fail(const std::string& what) const {
-    throw std::runtime_error(fmt::format("{}: {}", path, what));
+    throw std::runtime_error(one_line(fmt::format("{}: {}", path, what)));
   }
   void need(uint64_t n, const char* what) const {
     if (n > size - pos)
@@ -468,8 +470,8 @@ const uint8_t* GgufFile::tensor_data(const GgufTensorInfo& t) const {
 
 std::vector<float> GgufFile::dequantize(const GgufTensorInfo& t) const {
   if (!ggml_can_dequantize(t.type))
-    throw std::runtime_error(fmt::format("{}: tensor '{}': cannot dequantize type {}", path_, t.name,
-                                         ggml_type_name(t.type)));
+    throw std::runtime_error(one_line(fmt::format("{}: tensor '{}': cannot dequantize type {}",
+                                                  path_, t.name, ggml_type_name(t.type))));
   std::vector<float> out(size_t(t.numel()));
   dequantize_ggml(t.type, tensor_data(t), out.data(), t.numel());
   return out;
@@ -528,7 +530,7 @@ void unpermute_qk_rows(float* w, int64_t rows, int64_t cols, int64_t n_head) {
 
 ModelConfig config_from_gguf(const GgufFile& f) {
   auto fail = [&](const std::string& what) -> void {
-    throw std::runtime_error(fmt::format("{}: {}", f.path(), what));
+    throw std::runtime_error(one_line(fmt::format("{}: {}", f.path(), what)));
   };
   ModelConfig c;
   const std::string arch = f.get_string("general.architecture");

@@ -223,7 +223,7 @@ void DecoderLayer::backward(const LayerArgs& a) const {
   ops.linear_bwd_weight(b.du, b.hn, grad(a, 0, wu_), T, H, F);
   ops.linear_bwd_input(b.dg, param(a, 0, wg_), b.dhn, T, H, F, false);
   ops.linear_bwd_input(b.du, param(a, 0, wu_), b.dhn, T, H, F, true);
-  ops.fill(dt, b.dh1, T * H, 0.f);
+  ops.copy(dt, b.dh1, a.dy, T * H);  // residual path (dy is not read after this)
   ops.rmsnorm_bwd(b.h1, param(a, 0, w_post_), b.dhn, b.dh1, grad(a, 0, w_post_), T, H, eps,
                   true);
   // attention: h1 = x + o_proj(o)
@@ -247,7 +247,7 @@ void DecoderLayer::backward(const LayerArgs& a) const {
   ops.linear_bwd_weight(dk_lin, b.xn, grad(a, 0, wk_), T, H, nkv * D);
   ops.linear_bwd_weight(b.dv, b.xn, grad(a, 0, wv_), T, H, nkv * D);
   ops.linear_bwd_input(dq_lin, param(a, 0, wq_), b.dxn, T, H, nq * D, false);
-  ops.linear_bwd_input(dk_lin, param(a, 0, wk_), b.dxn, T, H, nkv * D, false);
+  ops.linear_bwd_input(dk_lin, param(a, 0, wk_), b.dxn, T, H, nkv * D, true);
   ops.linear_bwd_input(b.dv, param(a, 0, wv_), b.dxn, T, H, nkv * D, true);
   ops.copy(dt, a.dx, b.dh1, T * H);  // residual path
   ops.rmsnorm_bwd(a.x, param(a, 0, w_in_), b.dxn, a.dx, grad(a, 0, w_in_), T, H, eps, true);

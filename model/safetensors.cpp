@@ -37,6 +37,18 @@ int64_t SafetensorsEntry::numel() const {
 
 namespace {
 
+/// `s` with control characters escaped as \xNN, so error messages stay on one line.
+std::string one_line(const std::string& s) {
+  std::string o;
+  for (unsigned char ch : s) {
+    if (ch < 0x20 || ch == 0x7f)
+      o += fmt::format("\\x{:02x}", ch);
+    else
+      o.push_back(char(ch));
+  }
+  return o;
+}
+
 /// Bytes per element of a safetensors dtype, 0 when unknown.
 uint64_t st_dtype_size(const std::string& d) {
   if (d == "F32" || d == "I32" || d == "U32") return 4;
@@ -50,7 +62,7 @@ uint64_t st_dtype_size(const std::string& d) {
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   auto fail = [&](const std::string& what) {
-    throw std::runtime_error(fmt::format("{}: {}", path_, what));
+    throw std::runtime_error(one_line(fmt::format("{}: {}", path_, what)));
   };
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail(fmt::format("cannot open: {}", std::strerror(errno)));

@@ -10,6 +10,18 @@ using nlohmann::json;
 
 namespace {
 
+/// `s` with control characters escaped as \xNN, so error messages stay on one line.
+std::string one_line(const std::string& s) {
+  std::string o;
+  for (unsigned char ch : s) {
+    if (ch < 0x20 || ch == 0x7f)
+      o += fmt::format("\\x{:02x}", ch);
+    else
+      o.push_back(char(ch));
+  }
+  return o;
+}
+
 // Pre-tokenizer regexes, as HF tokenizer.json files of these families spell them.
 const char* kQwen2Regex =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
@@ -33,7 +45,7 @@ json split_then_bytes(const char* regex) {
 
 nlohmann::json tokenizer_json_from_gguf(const GgufFile& f) {
   auto fail = [&](const std::string& what) {
-    throw std::runtime_error(fmt::format("{}: {}", f.path(), what));
+    throw std::runtime_error(one_line(fmt::format("{}: {}", f.path(), what)));
   };
   const std::string model = f.get_string("tokenizer.ggml.model");
   if (model != "gpt2")

@@ -151,11 +151,10 @@ TEST(IoSafetensors, TruncatedAndCorruptFilesThrowCleanly) {
     }
   // specific inconsistencies
   auto with_header = [&](const std::string& h) {
-    std::vector<uint8_t> b(8);
-    uint64_t len = h.size();
+    std::vector<uint8_t> b(8 + h.size() + 16, 0);
+    const uint64_t len = h.size();
     std::memcpy(b.data(), &len, 8);
-    b.insert(b.end(), h.begin(), h.end());
-    b.resize(b.size() + 16, 0);
+    std::memcpy(b.data() + 8, h.data(), h.size());
     return b;
   };
   check(with_header(R"({"x":{"dtype":"F32","shape":[5],"data_offsets":[0,16]}})"), true);

@@ -1,0 +1,308 @@
+// Throughput of the CUDA backend's ops at Qwen3-1.7B shapes (hidden 2048, 16 query /
+// 8 kv heads, head_dim 128, FFN 6144, vocab 151936, one sequence of 8192 tokens), one
+// line per op with TFLOP/s or GB/s against the ceilings measured first on the same GPU
+// (a device-to-device copy; an 8192^3 bf16 GEMM through the backend's own linear_fwd).
+//
+//   bench_cuda_ops_bench [--quick]
+//
+// Timing: each op is issued R times back to back on the compute stream, then the stream
+// is synchronised; the time per call is the median over 5 such trials, after warm-up.
+// Memory-bound ops rotate over 4 input sets so the 60 MB L2 does not serve them.
+// Inputs are random (never zeros). FLOP counts: GEMM 2*M*N*K; causal attention forward
+// 2*2*L^2/2*D*nq (two matmuls over half the score matrix), backward 2.5x that;
+// LM head + CE 2*T*H*V forward, 6*T*H*V with both gradients. Bytes: each input read
+// once plus each output written once (read-modify-write outputs count twice).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/device.hpp"
+#include "kernels/ops.hpp"
+#ifdef RP_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.hpp"
+#endif
+
+using namespace rp;
+
+namespace {
+
+struct Env {
+  std::unique_ptr<Device> dev;
+  Ops* ops = nullptr;
+  std::vector<DeviceBuffer> keep;
+  double peak_tflops = 0, peak_gbs = 0;
+  bool quick = false;
+};
+
+void* buffer(Env& e, int64_t n, DType t) {
+  e.keep.emplace_back(*e.dev, size_t(n) * dtype_size(t));
+  return e.keep.back().get();
+}
+
+// Fills n elements of type t with scale * (approximately normal) random values.
+void fill_random(Env& e, void* dst, int64_t n, DType t, float scale, uint64_t seed) {
+  const int64_t chunk = int64_t(1) << 22;
+  std::vector<float> f(size_t(std::min(n, chunk)));
+  std::vector<char> h(f.size() * dtype_size(t));
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  auto next = [&] {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return double(s >> 11) * (1.0 / 9007199254740992.0);
+  };
+  Stream& cs = e.dev->stream(StreamKind::compute);
+  for (int64_t i0 = 0; i0 < n; i0 += chunk) {
+    const int64_t m = std::min(chunk, n - i0);
+    for (int64_t i = 0; i < m; ++i)  // Irwin-Hall(4): mean 0, variance 1
+      f[size_t(i)] = scale * float((next() + next() + next() + next() - 2.0) * std::sqrt(3.0));
+    cast_f32_to(f.data(), h.data(), m, t);
+    cs.copy_h2d(static_cast<char*>(dst) + size_t(i0) * dtype_size(t), h.data(), size_t(m) * dtype_size(t));
+    cs.synchronize();
+  }
+}
+
+void* rand_buffer(Env& e, int64_t n, DType t, float scale, uint64_t seed) {
+  void* p = buffer(e, n, t);
+  fill_random(e, p, n, t, scale, seed);
+  return p;
+}
+
+// Median seconds per call of fn(rep).
+double time_op(Env& e, const std::function<void(int)>& fn, int reps) {
+  Stream& cs = e.dev->stream(StreamKind::compute);
+  std::string err;
+  auto check = [&] {
+    cs.then([&](const std::string& x) { if (!x.empty()) err = x; });
+    cs.synchronize();
+    if (!err.empty()) {
+      std::fprintf(stderr, "error: %s\n", err.c_str());
+      std::exit(1);
+    }
+  };
+  cs.launch([&] { fn(0); fn(1); });  // warm-up (plans, attributes, clocks)
+  check();
+  std::vector<double> t;
+  for (int trial = 0; trial < (e.quick ? 2 : 5); ++trial) {
+    auto t0 = std::chrono::steady_clock::now();
+    cs.launch([&] {
+      for (int r = 0; r < reps; ++r) fn(r);
+    });
+    cs.synchronize();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps);
+    check();
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+void line(Env& e, const std::string& op, const std::string& shape, double sec, double flops,
+          double bytes) {
+  if (flops > 0) {
+    const double tf = flops / sec / 1e12;
+    std::printf("%-34s %-30s %9.3f ms %8.1f TFLOP/s  %5.1f%% of measured GEMM (%5.1f%% of 800)\n",
+                op.c_str(), shape.c_str(), sec * 1e3, tf, 100 * tf / e.peak_tflops, 100 * tf / 800);
+  } else {
+    const double gbs = bytes / sec / 1e9;
+    std::printf("%-34s %-30s %9.3f ms %8.1f GB/s     %5.1f%% of measured copy (%5.1f%% of 4300)\n",
+                op.c_str(), shape.c_str(), sec * 1e3, gbs, 100 * gbs / e.peak_gbs, 100 * gbs / 4300);
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Env e;
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--quick") == 0) e.quick = true;
+  if (cuda_device_count() == 0) {
+    std::printf("no CUDA device visible: nothing to measure\n");
+    return 0;
+  }
+  DeviceOptions o;
+  o.capacity_bytes = size_t(120) << 30;
+  e.dev = make_cuda_device(0, o);
+  e.ops = &e.dev->ops();
+  Ops& ops = *e.ops;
+  const DType bf = DType::bf16, f32 = DType::f32;
+  std::printf("device: %s\n", e.dev->name().c_str());
+
+  // ---- ceilings ---------------------------------------------------------------------
+  {
+    const int64_t n = int64_t(1) << 30;  // 1 GiB each way
+    void* a = rand_buffer(e, n / 4, f32, 1.f, 1);
+    void* b = buffer(e, n / 4, f32);
+    double s = time_op(e, [&](int) { ops.copy(f32, b, a, n / 4); }, 10);
+    e.peak_gbs = 2.0 * double(n) / s / 1e9;
+    const int64_t N = 8192;
+    void* x = rand_buffer(e, N * N, bf, 1.f, 2);
+    void* w = rand_buffer(e, N * N, bf, 0.02f, 3);
+    void* y = buffer(e, N * N, bf);
+    s = time_op(e, [&](int) { ops.linear_fwd(x, w, y, N, N, N); }, 10);
+    e.peak_tflops = 2.0 * double(N) * N * N / s / 1e12;
+    e.keep.clear();
+    std::printf("ceilings: device-to-device copy %.0f GB/s (read+write), bf16 GEMM 8192^3 %.1f TFLOP/s\n\n",
+                e.peak_gbs, e.peak_tflops);
+  }
+
+  const int64_t T = 8192, H = 2048, nq = 16, nkv = 8, D = 128, F = 6144, V = 151936;
+  const int64_t Q = nq * D, KV = nkv * D;
+  const int R = e.quick ? 3 : 10;
+
+  // ---- GEMMs (the decoder layer's projections) ------------------------------------------
+  {
+    struct G {
+      const char* name;
+      int64_t K, N;
+    } gs[] = {{"q_proj / o_proj^T", H, Q}, {"k_proj / v_proj", H, KV}, {"gate_proj / up_proj", H, F},
+              {"down_proj", F, H}};
+    for (auto& g : gs) {
+      void* x = rand_buffer(e, T * g.K, bf, 1.f, 10);
+      void* w = rand_buffer(e, g.N * g.K, bf, 0.02f, 11);
+      void* y = buffer(e, T * g.N, bf);
+      void* dy = rand_buffer(e, T * g.N, bf, 1.f, 12);
+      void* dx = buffer(e, T * g.K, bf);
+      void* dw = rand_buffer(e, g.N * g.K, f32, 0.01f, 13);
+      const double fl = 2.0 * T * g.N * g.K;
+      const std::string shape = "M=" + std::to_string(T) + " K=" + std::to_string(g.K) + " N=" + std::to_string(g.N);
+      line(e, std::string("linear_fwd ") + g.name, shape, time_op(e, [&](int) { ops.linear_fwd(x, w, y, T, g.K, g.N); }, R), fl, 0);
+      line(e, "linear_bwd_input", shape, time_op(e, [&](int) { ops.linear_bwd_input(dy, w, dx, T, g.K, g.N, false); }, R), fl, 0);
+      line(e, "linear_bwd_weight (+= f32)", shape, time_op(e, [&](int) { ops.linear_bwd_weight(dy, x, dw, T, g.K, g.N); }, R), fl, 0);
+      e.keep.clear();
+    }
+  }
+
+  // ---- attention --------------------------------------------------------------------------
+  for (int64_t L : {int64_t(8192), int64_t(65536)}) {
+    if (e.quick && L > 8192) break;
+    void* q = rand_buffer(e, L * Q, bf, 1.f, 20);
+    void* k = rand_buffer(e, L * KV, bf, 1.f, 21);
+    void* v = rand_buffer(e, L * KV, bf, 1.f, 22);
+    void* dout = rand_buffer(e, L * Q, bf, 1.f, 23);
+    void* out = buffer(e, L * Q, bf);
+    float* lse = static_cast<float*>(buffer(e, nq * L, f32));
+    void* dq = buffer(e, L * Q, bf);
+    void* dk = buffer(e, L * KV, bf);
+    void* dv = buffer(e, L * KV, bf);
+    void* scratch = buffer(e, int64_t(Ops::attention_scratch_bytes(1, L, nq, nkv, D) + 3) / 4, DType::i32);
+    const float scale = float(1.0 / std::sqrt(double(D)));
+    const double fl = 2.0 * 2.0 * double(L) * double(L) / 2.0 * D * nq;
+    const int r = L > 8192 ? 1 : R;
+    const std::string shape = "L=" + std::to_string(L) + " 16/8 heads D=128";
+#ifdef RP_HAVE_CUDA
+    for (int impl : {2, 3}) {  // the two flash configurations (0, the default, is one of them)
+      if (L > 8192 && impl == 2) continue;
+      rp::cuda::set_attention_impl(ops, impl);
+      const std::string tag = impl == 2 ? " [cfg 2]" : " [cfg 3]";
+#else
+    {
+      const std::string tag;
+#endif
+      line(e, "attention_fwd (causal GQA)" + tag, shape,
+           time_op(e, [&](int) { ops.attention_fwd(q, k, v, out, lse, 1, L, nq, nkv, D, scale, scratch); }, r), fl, 0);
+      line(e, "attention_bwd" + tag, shape,
+           time_op(e, [&](int) { ops.attention_bwd(q, k, v, out, lse, dout, dq, dk, dv, 1, L, nq, nkv, D, scale, scratch); }, r),
+           2.5 * fl, 0);
+    }
+#ifdef RP_HAVE_CUDA
+    rp::cuda::set_attention_impl(ops, 0);
+#endif
+    e.keep.clear();
+  }
+
+  // ---- memory-bound ops (4 rotating input sets) --------------------------------------------
+  {
+    constexpr int kSets = 4;
+    std::vector<void*> x(kSets), y(kSets), dy(kSets), dx(kSets), g(kSets), u(kSets), h(kSets), dg(kSets),
+        du(kSets), qv(kSets), a32(kSets);
+    for (int s = 0; s < kSets; ++s) {
+      x[size_t(s)] = rand_buffer(e, T * H, bf, 1.f, 30 + s);
+      y[size_t(s)] = buffer(e, T * H, bf);
+      dy[size_t(s)] = rand_buffer(e, T * H, bf, 1.f, 40 + s);
+      dx[size_t(s)] = buffer(e, T * H, bf);
+      g[size_t(s)] = rand_buffer(e, T * F, bf, 1.f, 50 + s);
+      u[size_t(s)] = rand_buffer(e, T * F, bf, 1.f, 60 + s);
+      h[size_t(s)] = buffer(e, T * F, bf);
+      dg[size_t(s)] = buffer(e, T * F, bf);
+      du[size_t(s)] = buffer(e, T * F, bf);
+      qv[size_t(s)] = rand_buffer(e, T * Q, bf, 1.f, 70 + s);
+      a32[size_t(s)] = rand_buffer(e, T * F, f32, 1.f, 80 + s);
+    }
+    void* w = rand_buffer(e, H, bf, 1.f, 90);
+    float* dw = static_cast<float*>(rand_buffer(e, H, f32, 1.f, 91));
+    void* wd = rand_buffer(e, D, bf, 1.f, 92);
+    float* dwd = static_cast<float*>(rand_buffer(e, D, f32, 1.f, 93));
+    const double TH = double(T * H) * 2, TF = double(T * F) * 2, TQ = double(T * Q) * 2;
+    auto S = [](int r) { return size_t(r % kSets); };
+    const std::string sth = "[8192, 2048] bf16", stf = "[8192, 6144] bf16";
+    line(e, "rmsnorm_fwd", sth, time_op(e, [&](int r) { ops.rmsnorm_fwd(x[S(r)], w, y[S(r)], T, H, 1e-6f); }, R), 0, 2 * TH);
+    line(e, "rmsnorm_bwd (dx +=)", sth,
+         time_op(e, [&](int r) { ops.rmsnorm_bwd(x[S(r)], w, dy[S(r)], dx[S(r)], dw, T, H, 1e-6f, true); }, R), 0, 4 * TH);
+    line(e, "rmsnorm_fwd q_norm", "[8192*16, 128] bf16",
+         time_op(e, [&](int r) { ops.rmsnorm_fwd(qv[S(r)], wd, dx[S(r)], T * nq, D, 1e-6f); }, R), 0, 2 * TQ);
+    line(e, "rmsnorm_bwd q_norm", "[8192*16, 128] bf16",
+         time_op(e, [&](int r) { ops.rmsnorm_bwd(qv[S(r)], wd, dy[S(r)], dx[S(r)], dwd, T * nq, D, 1e-6f, false); }, R), 0,
+         3 * TQ);
+    std::vector<float> inv(size_t(D / 2));
+    for (int64_t i = 0; i < D / 2; ++i) inv[size_t(i)] = float(std::pow(1e6, -2.0 * double(i) / double(D)));
+    line(e, "rope_fwd (q, in place)", "[8192, 16, 128] bf16",
+         time_op(e, [&](int r) { ops.rope_fwd(qv[S(r)], 1, T, nq, D, inv.data(), 1.f); }, R), 0, 2 * TQ);
+    line(e, "rope_bwd", "[8192, 16, 128] bf16",
+         time_op(e, [&](int r) { ops.rope_bwd(qv[S(r)], 1, T, nq, D, inv.data(), 1.f); }, R), 0, 2 * TQ);
+    line(e, "swiglu_fwd", stf, time_op(e, [&](int r) { ops.swiglu_fwd(g[S(r)], u[S(r)], h[S(r)], T * F); }, R), 0, 3 * TF);
+    line(e, "swiglu_bwd", stf,
+         time_op(e, [&](int r) { ops.swiglu_bwd(g[S(r)], u[S(r)], h[S(r)], dg[S(r)], du[S(r)], T * F); }, R), 0, 5 * TF);
+    line(e, "add (residual)", sth, time_op(e, [&](int r) { ops.add(x[S(r)], dy[S(r)], y[S(r)], T * H); }, R), 0, 3 * TH);
+    line(e, "copy", stf, time_op(e, [&](int r) { ops.copy(bf, h[S(r)], g[S(r)], T * F); }, R), 0, 2 * TF);
+    line(e, "cast f32 -> bf16", "[8192, 6144]", time_op(e, [&](int r) { ops.cast(bf, h[S(r)], f32, a32[S(r)], T * F); }, R), 0,
+         3 * TF);
+    line(e, "add_into f32 += bf16", "[8192, 6144]",
+         time_op(e, [&](int r) { ops.add_into(f32, a32[S(r)], bf, g[S(r)], T * F, 1.f); }, R), 0, 5 * TF);
+    line(e, "fill f32", "[8192, 6144]", time_op(e, [&](int r) { ops.fill(f32, a32[S(r)], T * F, 0.f); }, R), 0, 2 * TF);
+    e.keep.clear();
+  }
+
+  // ---- embedding and the LM head --------------------------------------------------------------
+  {
+    std::vector<int32_t> ids(size_t(T), 0);
+    std::mt19937 rng(5);
+    for (auto& id : ids) id = int32_t(rng() % uint32_t(V));
+    int32_t* idd = static_cast<int32_t*>(buffer(e, T, DType::i32));
+    Stream& cs = e.dev->stream(StreamKind::compute);
+    cs.copy_h2d(idd, ids.data(), ids.size() * 4);
+    cs.synchronize();
+    void* table = rand_buffer(e, V * H, bf, 0.02f, 100);
+    void* y = buffer(e, T * H, bf);
+    void* dy = rand_buffer(e, T * H, bf, 1.f, 101);
+    void* dtable = buffer(e, V * H, f32);
+    const double TH = double(T * H) * 2;
+    line(e, "embedding_fwd", "T=8192 H=2048 V=151936",
+         time_op(e, [&](int) { ops.embedding_fwd(idd, table, y, T, H, V); }, R), 0, 2 * TH);
+    line(e, "embedding_bwd (f32 scatter-add)", "T=8192 H=2048 V=151936",
+         time_op(e, [&](int) { ops.embedding_bwd(idd, dy, dtable, T, H, V); }, R), 0, TH + 4 * TH);
+    int32_t* tg = idd;  // random targets
+    float* loss = static_cast<float*>(buffer(e, 2, f32));
+    void* hn = rand_buffer(e, T * H, bf, 1.f, 102);
+    void* dh = buffer(e, T * H, bf);
+    void* scratch = buffer(e, int64_t(Ops::lm_head_ce_scratch_bytes(T, H, V) + 3) / 4, DType::i32);
+    const double fl = 2.0 * T * H * double(V);
+    const int r = e.quick ? 1 : 3;
+    line(e, "lm_head_cross_entropy (loss only)", "T=8192 H=2048 V=151936",
+         time_op(e, [&](int) { ops.lm_head_cross_entropy(hn, table, tg, T, H, V, loss, nullptr, nullptr, scratch); }, r), fl,
+         0);
+    line(e, "lm_head_cross_entropy (+dh, dW)", "T=8192 H=2048 V=151936",
+         time_op(e, [&](int) { ops.lm_head_cross_entropy(hn, table, tg, T, H, V, loss, dh, dtable, scratch); }, r), 3 * fl,
+         0);
+    e.keep.clear();
+  }
+  std::printf("\npeak pool bytes: %.2f GiB\n", double(e.dev->peak_bytes()) / double(1 << 30));
+  return 0;
+}

@@ -1,0 +1,233 @@
+#include "cli/plan.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <stdexcept>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "model/config.hpp"
+#include "model/gguf.hpp"
+#include "scheduler/partition.hpp"
+#include "scheduler/profile.hpp"
+#include "scheduler/simulator.hpp"
+
+namespace fs = std::filesystem;
+
+namespace rp {
+
+int64_t parse_byte_size(const std::string& text, const std::string& what) {
+  std::string s;
+  for (char c : text)
+    if (!std::isspace(static_cast<unsigned char>(c))) s += c;
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    throw std::invalid_argument(fmt::format("{}: '{}' is not a byte size (e.g. 24GiB)", what, text));
+  }
+  std::string unit = s.substr(used);
+  for (auto& c : unit) c = char(std::tolower(static_cast<unsigned char>(c)));
+  double mul = 0;
+  const char* prefixes = "kmgt";
+  if (unit.empty() || unit == "b") {
+    mul = 1;
+  } else if (const char* p = std::strchr(prefixes, unit[0]); p && *p) {
+    const int e = int(p - prefixes) + 1;
+    const std::string rest = unit.substr(1);
+    if (rest == "ib" || rest.empty()) mul = std::pow(1024.0, e);
+    else if (rest == "b") mul = std::pow(1000.0, e);
+  }
+  if (mul == 0 || !(v >= 0) || !std::isfinite(v * mul) || v * mul > 9e18)
+    throw std::invalid_argument(fmt::format("{}: '{}' is not a byte size (e.g. 24GiB, 512MB, 1e10)", what, text));
+  return int64_t(std::llround(v * mul));
+}
+
+ModelShape load_model_shape(const std::string& path, std::string* description) {
+  std::error_code ec;
+  std::string file = path;
+  if (fs::is_directory(path, ec)) file = (fs::path(path) / "config.json").string();
+  if (!fs::exists(file, ec)) throw std::runtime_error(file + ": no such file");
+  ModelShape m;
+  std::string kind;
+  if (fs::path(file).extension() == ".gguf") {
+    GgufFile g(file);
+    m = model_shape_from_config(config_from_gguf(g));
+    kind = "gguf " + g.get_string("general.architecture");
+  } else {
+    std::ifstream f(file, std::ios::binary);
+    if (!f) throw std::runtime_error(file + ": cannot open");
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(f);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(file + ": invalid JSON: " + e.what());
+    }
+    const bool moe = j.is_object() && j.contains("num_experts") && j["num_experts"].is_number_integer() &&
+                     j["num_experts"].get<int64_t>() > 0;
+    try {
+      if (moe) {
+        m = model_shape_from_hf_json(j, file);  // ModelConfig has no MoE fields
+      } else {
+        ModelConfig c = load_config_file(file);
+        m = model_shape_from_config(c);
+      }
+    } catch (const std::invalid_argument& e) {
+      throw std::runtime_error(e.what());
+    }
+    kind = j.value("model_type", std::string("?"));
+  }
+  m.validate(file);
+  if (description) {
+    double params = 0;
+    for (int l = 0; l <= m.num_layers; ++l) params += double(layer_parameters(m, l));
+    params += double(m.hidden_size) + (m.tie_word_embeddings ? 0.0 : double(m.vocab_size * m.hidden_size));
+    *description = fmt::format("{} ({}): {} layers, hidden {}, {} q / {} kv heads x {}, {}vocab {}, {:.2f} B parameters",
+                               path, kind, m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim,
+                               m.num_experts > 0 ? fmt::format("{} experts top-{} x FFN {}, ", m.num_experts,
+                                                               m.experts_per_token, m.moe_intermediate_size)
+                                                 : fmt::format("FFN {}, ", m.intermediate_size),
+                               m.vocab_size, params / 1e9);
+  }
+  return m;
+}
+
+namespace {
+
+std::string ms(double s) { return fmt::format("{:.2f} ms", s * 1e3); }
+
+std::string layers_text(const Stage& s, int n) {
+  auto name = [n](int l) {
+    return l == 0 ? std::string("emb") : l == n - 1 ? std::string("tail") : fmt::format("d{}", l - 1);
+  };
+  const int a = s.kind == StageKind::backward ? s.last : s.first;
+  const int b = s.kind == StageKind::backward ? s.first : s.last;
+  return a == b ? fmt::format("{} ({})", a, name(a)) : fmt::format("{}-{} ({}..{})", a, b, name(a), name(b));
+}
+
+}  // namespace
+
+void run_plan(const PlanCommandOptions& o, std::FILE* out) {
+  if (o.gpus < 1) throw std::invalid_argument(fmt::format("--gpus: expected >= 1, got {}", o.gpus));
+  if (o.seq_len < 1) throw std::invalid_argument(fmt::format("--seq: expected >= 1, got {}", o.seq_len));
+  if (o.micro_batches < 1) throw std::invalid_argument(fmt::format("--micro: expected >= 1, got {}", o.micro_batches));
+  if (o.sequences_per_micro < 1)
+    throw std::invalid_argument(fmt::format("--sequences-per-micro: expected >= 1, got {}", o.sequences_per_micro));
+  if (!(o.peak_tflops > 0)) throw std::invalid_argument("--peak-tflops: expected > 0");
+  if (!(o.hbm_gbps > 0)) throw std::invalid_argument("--hbm-gbps: expected > 0");
+  if (!(o.pcie_gbps >= 0)) throw std::invalid_argument("--pcie-gbps: expected >= 0");
+  if (o.iterations < 0) throw std::invalid_argument("--iterations: expected >= 0");
+
+  std::string desc;
+  const ModelShape m = load_model_shape(o.model, &desc);
+  DeviceModel d;
+  d.peak_flops = o.peak_tflops * 1e12;
+  d.mem_bandwidth = o.hbm_gbps * 1e9;
+  d.pcie_bandwidth = o.pcie_gbps * 1e9;
+  std::vector<LayerCost> costs = layer_costs(estimate_layers(m, o.sequences_per_micro, o.seq_len, d));
+  std::string source = "analytic (FLOPs and bytes per layer)";
+  if (!o.profile.empty()) {
+    Profile p = Profile::load(o.profile);
+    if (p.num_layers() != int(costs.size()))
+      throw std::runtime_error(fmt::format("{}: profile of {} layers, the model has {}", o.profile, p.num_layers(),
+                                           costs.size()));
+    costs = p.apply(costs);
+    source = fmt::format("profile {} (calibrating the analytic model)", o.profile);
+    if (p.n_seq() != o.sequences_per_micro || p.seq_len() != o.seq_len)
+      source += fmt::format("; warning: measured at {} x {} tokens", p.n_seq(), p.seq_len());
+  }
+  PartitionOptions po;
+  po.gpus = o.gpus;
+  po.micro_batches = o.micro_batches;
+  po.pcie_bandwidth = d.pcie_bandwidth;
+  po.memory_cap = o.memory_cap.empty() ? 0 : parse_byte_size(o.memory_cap, "--memory-cap");
+
+  const int64_t tokens = o.micro_batches * o.sequences_per_micro * o.seq_len;
+  fmt::print(out, "model     {}\n", desc);
+  fmt::print(out, "workload  {} GPUs, {} micro-batches of {} x {} tokens = {} tokens per iteration\n", o.gpus,
+             o.micro_batches, o.sequences_per_micro, o.seq_len, tokens);
+  fmt::print(out, "device    {:g} TFLOP/s, memory {:g} GB/s, PCIe {:g} GB/s per direction, memory cap {}\n",
+             o.peak_tflops, o.hbm_gbps, o.pcie_gbps,
+             po.memory_cap > 0 ? format_bytes(double(po.memory_cap)) : std::string("none"));
+  fmt::print(out, "costs     {}\n", source);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  PartitionResult pr = partition(costs, po);
+  const double plan_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  fmt::print(out, "plan      {} forward + 1 tail + {} backward stages, found in {:.2f} ms ({} candidates, {} packings)\n",
+             pr.plan.num_forward(), pr.plan.num_backward(), plan_s * 1e3, pr.candidates, pr.evaluations);
+  fmt::print(out, "          {}\n\n", pr.plan.summary());
+
+  fmt::print(out, "{:>5}  {:<8}  {:<24} {:>12} {:>12} {:>12} {:>12}  {:>10}\n", "stage", "kind", "layers", "compute",
+             "upload", "download", "time", "memory");
+  for (size_t i = 0; i < pr.stages.size(); ++i) {
+    const StageEstimate& e = pr.stages[i];
+    fmt::print(out, "{:>5}  {:<8}  {:<24} {:>12} {:>12} {:>12} {:>12}  {:>10}{}\n", i, stage_kind_name(e.stage.kind),
+               layers_text(e.stage, pr.plan.num_layers), ms(e.compute_seconds), ms(e.upload_seconds),
+               ms(e.download_seconds), ms(e.seconds), format_bytes(double(e.memory_bytes)),
+               e.transfer_bound() ? "  transfer-bound" : "");
+  }
+
+  SimOptions so;
+  so.gpus = o.gpus;
+  so.micro_batches = o.micro_batches;
+  so.iterations = o.iterations;
+  so.bandwidth = StreamBandwidths::uniform(d.pcie_bandwidth);
+  so.staleness = o.sync ? 0 : 1;
+  so.record_timeline = !o.trace.empty();
+  SimResult r = simulate(pr.plan, stage_costs(costs, pr.plan, po), so);
+  fmt::print(out, "\nslowest stage {}, objective max(S, G) x tmax = {}\n", ms(pr.tmax), ms(pr.objective));
+  fmt::print(out, "iteration {} ({} steady state, first iteration {}), {:.0f} tokens/s\n",
+             ms(r.iteration_seconds), o.sync ? "synchronous" : "asynchronous", ms(r.first_iteration_seconds),
+             double(tokens) / r.iteration_seconds);
+  fmt::print(out, "bubble    {:.2f}% steady state, {:.2f}% over {} simulated iterations\n",
+             100 * r.steady_bubble_ratio, 100 * r.bubble_ratio, r.iteration_end.size());
+  std::string idle;
+  for (size_t g = 0; g < r.gpu_idle.size(); ++g)
+    idle += fmt::format("{}GPU{} {}", g ? ", " : "", g, ms(r.gpu_idle[g]));
+  fmt::print(out, "idle      {} (over {})\n", idle, ms(r.makespan));
+  if (!o.trace.empty()) {
+    write_sim_trace(o.trace, r, pr.plan);
+    fmt::print(out, "trace     wrote {} ({} intervals; open in Perfetto or chrome://tracing)\n", o.trace,
+               r.timeline.size());
+  }
+}
+
+void add_plan_command(CLI::App& app) {
+  auto o = std::make_shared<PlanCommandOptions>();
+  auto* c = app.add_subcommand("plan", "partition a model for a GPU pool and predict its iteration time");
+  c->add_option("--model", o->model, "model folder, config.json or .gguf (weights not needed)")->required();
+  c->add_option("--gpus", o->gpus, "GPUs in the pool")->capture_default_str();
+  c->add_option("--seq", o->seq_len, "tokens per sequence")->capture_default_str();
+  c->add_option("--micro", o->micro_batches, "micro-batches per iteration (M)")->capture_default_str();
+  c->add_option("--sequences-per-micro", o->sequences_per_micro, "sequences per micro-batch")->capture_default_str();
+  c->add_option("--profile", o->profile, "measured profile JSON (replaces the analytic costs where measured)");
+  c->add_option("--memory-cap", o->memory_cap, "per-GPU memory a stage may use, e.g. 24GiB (default: none)");
+  c->add_option("--trace", o->trace, "write the simulated timeline as a Chrome trace JSON");
+  c->add_option("--peak-tflops", o->peak_tflops, "achievable dense GEMM TFLOP/s")->capture_default_str();
+  c->add_option("--hbm-gbps", o->hbm_gbps, "device memory bandwidth, GB/s")->capture_default_str();
+  c->add_option("--pcie-gbps", o->pcie_gbps, "host<->device GB/s per direction (0: free)")->capture_default_str();
+  c->add_option("--iterations", o->iterations, "iterations to simulate (0: enough for whole deal cycles)")
+      ->capture_default_str();
+  c->add_flag("--sync", o->sync, "simulate the synchronous optimizer (staleness 0)");
+  c->callback([o] {
+    try {
+      run_plan(*o, stdout);
+    } catch (const std::exception& e) {
+      std::fflush(stdout);
+      fmt::print(stderr, "roundpipe: error: {}\n", e.what());
+      throw CLI::RuntimeError(1);
+    }
+  });
+}
+
+}  // namespace rp

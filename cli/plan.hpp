@@ -1,0 +1,52 @@
+// `roundpipe plan`: find the forward / tail / backward partition of a model for a GPU
+// pool, print each stage's predicted time and memory, the predicted iteration time,
+// tokens/s and bubble ratio, and optionally write the simulated timeline as a Chrome
+// trace. Works from a bare config.json (no weights, no GPU). See docs/plan.md.
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "scheduler/cost_model.hpp"
+
+namespace CLI {
+class App;
+}
+
+namespace rp {
+
+struct PlanCommandOptions {
+  std::string model;               ///< folder with config.json, a config.json, or a .gguf
+  int gpus = 8;                    ///< G
+  int64_t seq_len = 8192;          ///< tokens per sequence
+  int64_t micro_batches = 16;      ///< M
+  int64_t sequences_per_micro = 1; ///< sequences per micro-batch
+  std::string profile;             ///< measured profile (scheduler/profile.hpp JSON), optional
+  std::string memory_cap;          ///< per-GPU cap, e.g. "24GiB" (empty: unlimited)
+  std::string trace;               ///< Chrome trace output path, optional
+  double peak_tflops = 790;        ///< achievable dense GEMM TFLOP/s
+  double hbm_gbps = 4300;          ///< device memory GB/s
+  double pcie_gbps = 55;           ///< host<->device GB/s per direction (0: free)
+  int iterations = 0;              ///< simulated iterations (0: enough for whole deal cycles)
+  bool sync = false;               ///< synchronous optimizer (staleness 0) in the simulation
+};
+
+/// Registers the `plan` subcommand on `app`; it runs from its callback, prints errors as
+/// one line "roundpipe: error: ..." and then exits with code 1 (CLI::RuntimeError).
+void add_plan_command(CLI::App& app);
+
+/// Plans and prints the report to `out`. Throws std::invalid_argument / std::runtime_error
+/// with a one-line message naming the option, file or layer.
+void run_plan(const PlanCommandOptions& o, std::FILE* out);
+
+/// Byte size from text: a number with an optional unit B, KB/MB/GB/TB (powers of 1000),
+/// KiB/MiB/GiB/TiB or K/M/G/T (powers of 1024), e.g. "24GiB", "1.5e10", "512 MiB".
+/// Throws std::invalid_argument("<what>: ...").
+int64_t parse_byte_size(const std::string& s, const std::string& what);
+
+/// Shape of the model at `path`: a folder holding config.json, a config.json (dense models
+/// through rp::load_config_file; Qwen3-MoE keys read directly), or a .gguf file (metadata
+/// only). `description` receives a one-line summary. Throws std::runtime_error naming the file.
+ModelShape load_model_shape(const std::string& path, std::string* description = nullptr);
+
+}  // namespace rp

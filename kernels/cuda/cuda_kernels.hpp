@@ -1,0 +1,71 @@
+// Host-side launchers of the CUDA backend's kernels (internal to kernels/cuda).
+// Each enqueues its kernels on `st` and throws rp::DeviceError when a launch fails.
+// Storage types: `t` is the compute dtype (bf16 or f16); gradient accumulators of
+// parameters are f32; every reduction accumulates in fp32.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/dtype.hpp"
+
+namespace rp::cuda {
+
+/// Slots of the device error words (mapped host memory, kErrSlots unsigned) that kernels
+/// set to 1 for bad inputs the CPU backend rejects with an exception (plain idempotent
+/// stores, no host-memory atomics); the compute stream's next then() reports and clears
+/// them.
+enum : int { kErrEmbeddingId = 0, kErrTarget = 1, kErrSlots = 4 };
+
+// ---- memory helpers ---------------------------------------------------------------
+void k_fill(DType t, void* x, int64_t n, float v, cudaStream_t st);
+void k_cast(DType dst_t, void* dst, DType src_t, const void* src, int64_t n, cudaStream_t st);
+void k_add_into(DType dst_t, void* dst, DType src_t, const void* src, int64_t n, float alpha,
+                cudaStream_t st);
+void k_add(DType t, const void* a, const void* b, void* y, int64_t n, cudaStream_t st);
+
+// ---- embedding / RMSNorm / RoPE / SwiGLU -------------------------------------------
+void k_embedding_fwd(DType t, const int32_t* ids, const void* table, void* y, int64_t T,
+                     int64_t H, int64_t V, unsigned* err, cudaStream_t st);
+/// dtable (f32) += scatter(dy).
+void k_embedding_bwd(DType t, const int32_t* ids, const void* dy, float* dtable, int64_t T,
+                     int64_t H, int64_t V, unsigned* err, cudaStream_t st);
+void k_rmsnorm_fwd(DType t, const void* x, const void* w, void* y, int64_t R, int64_t n,
+                   float eps, cudaStream_t st);
+/// dw (f32) += ..., dx (compute dtype) = or += ...
+void k_rmsnorm_bwd(DType t, const void* x, const void* w, const void* dy, void* dx, float* dw,
+                   int64_t R, int64_t n, float eps, bool accumulate_dx, cudaStream_t st);
+/// inv_freq: host array of D/2 floats (copied into the kernel's parameters). D <= 512.
+void k_rope(DType t, void* x, int64_t n_seq, int64_t L, int64_t heads, int64_t D,
+            const float* inv_freq, float scale, bool transpose, cudaStream_t st);
+void k_swiglu_fwd(DType t, const void* g, const void* u, void* h, int64_t n, cudaStream_t st);
+void k_swiglu_bwd(DType t, const void* g, const void* u, const void* dh, void* dg, void* du,
+                  int64_t n, cudaStream_t st);
+
+// ---- cross-entropy over one chunk of logits -----------------------------------------
+/// z: [n, V] logits in dtype t (ld V). For each row r with 0 <= targets[r] < V:
+/// row_loss[r] = logsumexp(z_r) - z_r[target]; when grad, z_r is overwritten in place
+/// with softmax(z_r) - onehot. Rows with targets < 0 get loss 0 and (grad) zeros;
+/// targets >= V set err[kErrTarget] and are treated as ignored.
+void k_ce_rows(DType t, void* z, const int32_t* targets, int64_t n, int64_t V, float* row_loss,
+               bool grad, unsigned* err, cudaStream_t st);
+/// loss[0] += sum(row_loss[0..n)), loss[1] += #rows with 0 <= target < V (one block,
+/// fixed order: deterministic).
+void k_ce_reduce(const float* row_loss, const int32_t* targets, int64_t n, int64_t V,
+                 float* loss, cudaStream_t st);
+
+// ---- attention ----------------------------------------------------------------------
+/// impl: 0 = automatic (tensor-core flash kernels when D is 64 or 128 and pointers are
+/// 16-byte aligned, else the simple kernels), 1 = always the simple kernels, 2 / 3 = the
+/// two flash configurations (see cuda_attention.cu; 0 picks the faster one).
+void k_attention_fwd(DType t, const void* q, const void* k, const void* v, void* o, float* lse,
+                     int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D, float scale,
+                     int impl, cudaStream_t st);
+/// scratch: at least n_seq*L*nq*(D+1) floats (dq accumulator + row statistics).
+void k_attention_bwd(DType t, const void* q, const void* k, const void* v, const void* o,
+                     const float* lse, const void* dout, void* dq, void* dk, void* dv,
+                     int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D, float scale,
+                     void* scratch, int impl, cudaStream_t st);
+
+}  // namespace rp::cuda

@@ -1,0 +1,326 @@
+// CUDA ops, host side: argument checks (same as the CPU twin, before anything is
+// enqueued), cuBLASLt GEMMs, the chunked LM head + cross-entropy, and the launches of
+// the kernels in cuda_elementwise.cu / cuda_attention.cu.
+#include "kernels/cuda/cuda_ops.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/cuda_kernels.hpp"
+
+namespace rp::cuda {
+
+namespace {
+
+void require(bool cond, const char* op, const char* what) {
+  if (!cond) throw std::invalid_argument(std::string(op) + ": " + what);
+}
+void check_n(int64_t n, const char* op) { require(n >= 0, op, "negative element count"); }
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::f32: return CUDA_R_32F;
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f16: return CUDA_R_16F;
+    default: break;
+  }
+  throw std::invalid_argument(std::string("gemm: unsupported dtype ") + dtype_name(t));
+}
+
+unsigned alignment_of(const void* p) {
+  const auto u = reinterpret_cast<uintptr_t>(p);
+  unsigned a = 256;
+  while (a > 1 && (u % a) != 0) a >>= 1;
+  return a;
+}
+
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLASLt workspace (Hopper: 32 MiB)
+
+}  // namespace
+
+CudaOps::CudaOps(int device, cudaStream_t stream, DType dtype, unsigned* err)
+    : dev_(device), st_(stream), dtype_(dtype), err_(err) {
+  if (dtype != DType::bf16 && dtype != DType::f16)
+    throw std::invalid_argument(fmt::format("CUDA ops: compute dtype must be bf16 or f16, not {}",
+                                            dtype_name(dtype)));
+  set_device(dev_);
+  RP_CUBLAS_CHECK(cublasLtCreate(&lt_));
+  RP_CUDA_CHECK(cudaMalloc(&ws_, kWorkspaceBytes));
+  ws_bytes_ = kWorkspaceBytes;
+}
+
+CudaOps::~CudaOps() {
+  cudaSetDevice(dev_);
+  for (auto& [k, p] : plans_) {
+    cublasLtMatmulDescDestroy(p.op);
+    cublasLtMatrixLayoutDestroy(p.a);
+    cublasLtMatrixLayoutDestroy(p.b);
+    cublasLtMatrixLayoutDestroy(p.c);
+  }
+  if (ws_) cudaFree(ws_);
+  if (lt_) cublasLtDestroy(lt_);
+}
+
+// ---- GEMM ----------------------------------------------------------------------------
+
+CudaOps::Plan& CudaOps::plan_for(const Key& key, bool ta, bool tb, int64_t m, int64_t n,
+                                 int64_t k, int64_t lda, int64_t ldb, int64_t ldc, DType c_t,
+                                 unsigned align_a, unsigned align_b, unsigned align_c) {
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return it->second;
+  Plan p;
+  const cudaDataType_t ab = cuda_type(dtype_), ct = cuda_type(c_t);
+  RP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  RP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
+  RP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
+  RP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, ab, uint64_t(ta ? k : m), uint64_t(ta ? m : k), lda));
+  RP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, ab, uint64_t(tb ? n : k), uint64_t(tb ? k : n), ldb));
+  RP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, ct, uint64_t(m), uint64_t(n), ldc));
+  cublasLtMatmulPreference_t pref = nullptr;
+  RP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  uint64_t ws = ws_bytes_;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  uint32_t aa = align_a, ab_ = align_b, ac = align_c;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof(aa));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab_, sizeof(ab_));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof(ac));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof(ac));
+  cublasLtMatmulHeuristicResult_t res{};
+  int found = 0;
+  cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(lt_, p.op, p.a, p.b, p.c, p.c, pref, 1, &res, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (s != CUBLAS_STATUS_SUCCESS || found == 0) {
+    cublasLtMatmulDescDestroy(p.op);
+    cublasLtMatrixLayoutDestroy(p.a);
+    cublasLtMatrixLayoutDestroy(p.b);
+    cublasLtMatrixLayoutDestroy(p.c);
+    throw DeviceError(fmt::format(
+        "cuBLASLt: no algorithm for {}{} GEMM m={} n={} k={} lda={} ldb={} ldc={} ({} -> {}): {}",
+        ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, lda, ldb, ldc, dtype_name(dtype_),
+        dtype_name(c_t), s == CUBLAS_STATUS_SUCCESS ? "none found" : cublasLtGetStatusString(s)));
+  }
+  p.algo = res.algo;
+  return plans_.emplace(key, p).first->second;
+}
+
+void CudaOps::gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A,
+                   int64_t lda, const void* B, int64_t ldb, void* C, DType c_t, int64_t ldc,
+                   float beta) {
+  set_device(dev_);
+  const unsigned aa = alignment_of(A), ab = alignment_of(B), ac = alignment_of(C);
+  const Key key{ta, tb, m, n, k, lda, ldb, ldc, int64_t(c_t), int64_t(aa), int64_t(ab),
+                int64_t(ac), beta != 0.f, int64_t(dtype_)};
+  std::lock_guard lk(mu_);
+  Plan& p = plan_for(key, ta, tb, m, n, k, lda, ldb, ldc, c_t, aa, ab, ac);
+  const float alpha = 1.0f;
+  RP_CUBLAS_CHECK(cublasLtMatmul(lt_, p.op, &alpha, A, p.a, B, p.b, &beta, C, p.c, C, p.c,
+                                 &p.algo, ws_, ws_bytes_, st_));
+}
+
+// ---- memory helpers ---------------------------------------------------------------------
+
+void CudaOps::fill(DType t, void* x, int64_t n, float value) {
+  check_n(n, "fill");
+  set_device(dev_);
+  k_fill(t, x, n, value, st_);
+}
+
+void CudaOps::copy(DType t, void* dst, const void* src, int64_t n) {
+  check_n(n, "copy");
+  if (n == 0) return;
+  set_device(dev_);
+  RP_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(n) * dtype_size(t), cudaMemcpyDeviceToDevice, st_));
+}
+
+void CudaOps::cast(DType dst_t, void* dst, DType src_t, const void* src, int64_t n) {
+  check_n(n, "cast");
+  if (dst_t == src_t) return copy(dst_t, dst, src, n);
+  set_device(dev_);
+  k_cast(dst_t, dst, src_t, src, n, st_);
+}
+
+void CudaOps::add_into(DType dst_t, void* dst, DType src_t, const void* src, int64_t n,
+                       float alpha) {
+  check_n(n, "add_into");
+  set_device(dev_);
+  k_add_into(dst_t, dst, src_t, src, n, alpha, st_);
+}
+
+void CudaOps::add(const void* a, const void* b, void* y, int64_t n) {
+  check_n(n, "add");
+  set_device(dev_);
+  k_add(dtype_, a, b, y, n, st_);
+}
+
+// ---- linear: row-major y = x W^T is column-major y^T = W x^T ---------------------------
+
+void CudaOps::linear_fwd(const void* x, const void* w, void* y, int64_t M, int64_t K, int64_t N) {
+  require(M >= 0 && K >= 0 && N >= 0, "linear_fwd", "negative dimension");
+  if (M == 0 || N == 0) return;
+  if (K == 0) return fill(dtype_, y, M * N, 0.f);
+  gemm(true, false, N, M, K, w, K, x, K, y, dtype_, N, 0.f);
+}
+
+void CudaOps::linear_bwd_input(const void* dy, const void* w, void* dx, int64_t M, int64_t K,
+                               int64_t N, bool accumulate) {
+  require(M >= 0 && K >= 0 && N >= 0, "linear_bwd_input", "negative dimension");
+  if (M == 0 || K == 0) return;
+  if (N == 0) {
+    if (!accumulate) fill(dtype_, dx, M * K, 0.f);
+    return;
+  }
+  gemm(false, false, K, M, N, w, K, dy, N, dx, dtype_, K, accumulate ? 1.f : 0.f);
+}
+
+void CudaOps::linear_bwd_weight(const void* dy, const void* x, void* dw, int64_t M, int64_t K,
+                                int64_t N) {
+  require(M >= 0 && K >= 0 && N >= 0, "linear_bwd_weight", "negative dimension");
+  if (M == 0 || N == 0 || K == 0) return;
+  gemm(false, true, K, N, M, x, K, dy, N, dw, DType::f32, K, 1.f);
+}
+
+// ---- embedding / norms / rope / swiglu ----------------------------------------------------
+
+void CudaOps::embedding_fwd(const int32_t* ids, const void* table, void* y, int64_t T, int64_t H,
+                            int64_t V) {
+  require(T >= 0 && H >= 0 && V >= 0, "embedding_fwd", "negative dimension");
+  set_device(dev_);
+  k_embedding_fwd(dtype_, ids, table, y, T, H, V, err_, st_);
+}
+
+void CudaOps::embedding_bwd(const int32_t* ids, const void* dy, void* dtable, int64_t T,
+                            int64_t H, int64_t V) {
+  require(T >= 0 && H >= 0 && V >= 0, "embedding_bwd", "negative dimension");
+  set_device(dev_);
+  k_embedding_bwd(dtype_, ids, dy, static_cast<float*>(dtable), T, H, V, err_, st_);
+}
+
+void CudaOps::rmsnorm_fwd(const void* x, const void* w, void* y, int64_t R, int64_t n, float eps) {
+  require(R >= 0 && n > 0, "rmsnorm_fwd", "need R >= 0 rows of n > 0 columns");
+  set_device(dev_);
+  k_rmsnorm_fwd(dtype_, x, w, y, R, n, eps, st_);
+}
+
+void CudaOps::rmsnorm_bwd(const void* x, const void* w, const void* dy, void* dx, void* dw,
+                          int64_t R, int64_t n, float eps, bool accumulate_dx) {
+  require(R >= 0 && n > 0, "rmsnorm_bwd", "need R >= 0 rows of n > 0 columns");
+  set_device(dev_);
+  k_rmsnorm_bwd(dtype_, x, w, dy, dx, static_cast<float*>(dw), R, n, eps, accumulate_dx, st_);
+}
+
+void CudaOps::rope_fwd(void* x, int64_t n_seq, int64_t L, int64_t heads, int64_t D,
+                       const float* inv_freq, float scale) {
+  require(n_seq >= 0 && L >= 0 && heads >= 0, "rope", "negative dimension");
+  require(D > 0 && D % 2 == 0, "rope", "head_dim must be even and positive");
+  set_device(dev_);
+  k_rope(dtype_, x, n_seq, L, heads, D, inv_freq, scale, false, st_);
+}
+
+void CudaOps::rope_bwd(void* dx, int64_t n_seq, int64_t L, int64_t heads, int64_t D,
+                       const float* inv_freq, float scale) {
+  require(n_seq >= 0 && L >= 0 && heads >= 0, "rope", "negative dimension");
+  require(D > 0 && D % 2 == 0, "rope", "head_dim must be even and positive");
+  set_device(dev_);
+  k_rope(dtype_, dx, n_seq, L, heads, D, inv_freq, scale, true, st_);
+}
+
+void CudaOps::swiglu_fwd(const void* g, const void* u, void* h, int64_t n) {
+  check_n(n, "swiglu_fwd");
+  set_device(dev_);
+  k_swiglu_fwd(dtype_, g, u, h, n, st_);
+}
+
+void CudaOps::swiglu_bwd(const void* g, const void* u, const void* dh, void* dg, void* du,
+                         int64_t n) {
+  check_n(n, "swiglu_bwd");
+  set_device(dev_);
+  k_swiglu_bwd(dtype_, g, u, dh, dg, du, n, st_);
+}
+
+// ---- attention --------------------------------------------------------------------------------
+
+namespace {
+void check_attn(int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D, const void* scratch,
+                const char* op) {
+  require(n_seq >= 0 && L >= 0 && D > 0, op, "bad dimensions");
+  require(nq > 0 && nkv > 0 && nq % nkv == 0, op, "nq must be a positive multiple of nkv");
+  require(scratch != nullptr || n_seq * L == 0, op, "scratch is null");
+}
+}  // namespace
+
+void CudaOps::attention_fwd(const void* q, const void* k, const void* v, void* o, float* lse,
+                            int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D,
+                            float scale, void* scratch) {
+  check_attn(n_seq, L, nq, nkv, D, scratch, "attention_fwd");
+  set_device(dev_);
+  k_attention_fwd(dtype_, q, k, v, o, lse, n_seq, L, nq, nkv, D, scale, attn_impl_, st_);
+}
+
+void CudaOps::attention_bwd(const void* q, const void* k, const void* v, const void* o,
+                            const float* lse, const void* dout, void* dq, void* dk, void* dv,
+                            int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D,
+                            float scale, void* scratch) {
+  check_attn(n_seq, L, nq, nkv, D, scratch, "attention_bwd");
+  require(lse != nullptr, "attention_bwd", "lse is null");
+  set_device(dev_);
+  k_attention_bwd(dtype_, q, k, v, o, lse, dout, dq, dk, dv, n_seq, L, nq, nkv, D, scale, scratch,
+                  attn_impl_, st_);
+}
+
+// ---- LM head + cross-entropy ----------------------------------------------------------------
+// The scratch contract (Ops::lm_head_ce_scratch_bytes) holds kCeChunk rows of fp32 logits;
+// here logits are stored in the compute dtype (as transformers' bf16 lm_head produces
+// them; softmax and logsumexp are computed in fp32), so a chunk holds about twice as many
+// tokens. Chunks are fixed ranges of token positions (no gather, so no host sync):
+// ignored tokens get zero loss and zero dlogits rows, which gives the same dh / dW.
+
+void CudaOps::lm_head_cross_entropy(const void* h, const void* w, const int32_t* targets,
+                                    int64_t T, int64_t H, int64_t V, float* loss, void* dh,
+                                    void* dw, void* scratch) {
+  const char* op = "lm_head_cross_entropy";
+  require(T >= 0 && H > 0 && V > 0, op, "bad dimensions");
+  require(loss != nullptr, op, "loss is null");
+  require(scratch != nullptr, op, "scratch is null");
+  set_device(dev_);
+  const size_t avail = Ops::lm_head_ce_scratch_bytes(T, H, V);
+  const size_t es = dtype_size(dtype_);
+  auto need = [&](int64_t c) {
+    return (size_t(c) * size_t(V) * es + 255) / 256 * 256 + size_t(c) * sizeof(float);
+  };
+  int64_t chunk = int64_t(avail / (size_t(V) * es + sizeof(float)));
+  if (chunk >= 16) chunk = chunk / 16 * 16;
+  while (chunk > 1 && need(chunk) > avail) chunk -= chunk > 16 ? 16 : 1;
+  chunk = std::max<int64_t>(chunk, 1);
+  void* Z = scratch;
+  float* row_loss = reinterpret_cast<float*>(static_cast<char*>(scratch) + (need(chunk) - size_t(chunk) * 4));
+  RP_CUDA_CHECK(cudaMemsetAsync(loss, 0, 2 * sizeof(float), st_));
+  const bool grad = dh != nullptr || dw != nullptr;
+  const char* hp = static_cast<const char*>(h);
+  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+    const int64_t n = std::min(chunk, T - t0);
+    const void* hc = hp + size_t(t0 * H) * es;
+    gemm(true, false, V, n, H, w, H, hc, H, Z, dtype_, V, 0.f);  // logits [n, V]
+    k_ce_rows(dtype_, Z, targets + t0, n, V, row_loss, grad, err_, st_);
+    k_ce_reduce(row_loss, targets + t0, n, V, loss, st_);
+    if (dh) gemm(false, false, H, n, V, w, H, Z, V, static_cast<char*>(dh) + size_t(t0 * H) * es,
+                 dtype_, H, 0.f);
+    if (dw) gemm(false, true, H, V, n, hc, H, Z, V, dw, DType::f32, H, 1.f);
+  }
+}
+
+// ---- knobs --------------------------------------------------------------------------------------
+
+void set_attention_impl(Ops& ops, int impl) {
+  auto* c = dynamic_cast<CudaOps*>(&ops);
+  if (!c) throw std::invalid_argument("set_attention_impl: not a CUDA device's ops");
+  if (impl < 0 || impl > 3) throw std::invalid_argument("set_attention_impl: impl must be 0..3");
+  c->set_attention_impl(impl);
+}
+
+}  // namespace rp::cuda

@@ -1,0 +1,106 @@
+// CUDA implementation of rp::Ops (internal to kernels/cuda; use Device::ops()).
+// Storage in bf16 (or f16), fp32 accumulation, fp32 parameter-gradient accumulators.
+// Every op enqueues on the device's compute stream and returns without waiting.
+#pragma once
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "kernels/ops.hpp"
+
+namespace rp::cuda {
+
+class CudaOps final : public Ops {
+ public:
+  /// err: device-visible pointer to kErrSlots error words (see cuda_kernels.hpp).
+  CudaOps(int device, cudaStream_t stream, DType dtype, unsigned* err);
+  ~CudaOps() override;
+  CudaOps(const CudaOps&) = delete;
+  CudaOps& operator=(const CudaOps&) = delete;
+
+  DType dtype() const override { return dtype_; }
+  DType grad_dtype() const override { return DType::f32; }
+  void set_num_threads(int) override {}
+  int num_threads() const override { return 1; }
+
+  void fill(DType t, void* x, int64_t n, float value) override;
+  void copy(DType t, void* dst, const void* src, int64_t n) override;
+  void cast(DType dst_t, void* dst, DType src_t, const void* src, int64_t n) override;
+  void add_into(DType dst_t, void* dst, DType src_t, const void* src, int64_t n,
+                float alpha) override;
+  void add(const void* a, const void* b, void* y, int64_t n) override;
+
+  void linear_fwd(const void* x, const void* w, void* y, int64_t M, int64_t K,
+                  int64_t N) override;
+  void linear_bwd_input(const void* dy, const void* w, void* dx, int64_t M, int64_t K,
+                        int64_t N, bool accumulate) override;
+  void linear_bwd_weight(const void* dy, const void* x, void* dw, int64_t M, int64_t K,
+                         int64_t N) override;
+
+  void embedding_fwd(const int32_t* ids, const void* table, void* y, int64_t T, int64_t H,
+                     int64_t V) override;
+  void embedding_bwd(const int32_t* ids, const void* dy, void* dtable, int64_t T, int64_t H,
+                     int64_t V) override;
+
+  void rmsnorm_fwd(const void* x, const void* w, void* y, int64_t R, int64_t n,
+                   float eps) override;
+  void rmsnorm_bwd(const void* x, const void* w, const void* dy, void* dx, void* dw,
+                   int64_t R, int64_t n, float eps, bool accumulate_dx) override;
+
+  void rope_fwd(void* x, int64_t n_seq, int64_t seq_len, int64_t heads, int64_t D,
+                const float* inv_freq, float scale) override;
+  void rope_bwd(void* dx, int64_t n_seq, int64_t seq_len, int64_t heads, int64_t D,
+                const float* inv_freq, float scale) override;
+
+  void attention_fwd(const void* q, const void* k, const void* v, void* o, float* lse,
+                     int64_t n_seq, int64_t seq_len, int64_t nq, int64_t nkv, int64_t D,
+                     float scale, void* scratch) override;
+  void attention_bwd(const void* q, const void* k, const void* v, const void* o,
+                     const float* lse, const void* dout, void* dq, void* dk, void* dv,
+                     int64_t n_seq, int64_t seq_len, int64_t nq, int64_t nkv, int64_t D,
+                     float scale, void* scratch) override;
+
+  void swiglu_fwd(const void* g, const void* u, void* h, int64_t n) override;
+  void swiglu_bwd(const void* g, const void* u, const void* dh, void* dg, void* du,
+                  int64_t n) override;
+
+  void lm_head_cross_entropy(const void* h, const void* w, const int32_t* targets, int64_t T,
+                             int64_t H, int64_t V, float* loss, void* dh, void* dw,
+                             void* scratch) override;
+
+  void set_attention_impl(int impl) { attn_impl_ = impl; }
+
+  /// C[m,n] (col-major) = alpha op(A) op(B) + beta C through cuBLASLt, A/B in dtype(),
+  /// C in c_t (dtype() or f32), fp32 compute. Public for the benchmark.
+  void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* A,
+            int64_t lda, const void* B, int64_t ldb, void* C, DType c_t, int64_t ldc,
+            float beta);
+
+ private:
+  struct Plan {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  using Key = std::array<int64_t, 14>;
+  Plan& plan_for(const Key& key, bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t lda,
+                 int64_t ldb, int64_t ldc, DType c_t, unsigned align_a, unsigned align_b,
+                 unsigned align_c);
+
+  int dev_;
+  cudaStream_t st_;
+  DType dtype_;
+  unsigned* err_;
+  cublasLtHandle_t lt_ = nullptr;
+  void* ws_ = nullptr;
+  size_t ws_bytes_ = 0;
+  std::mutex mu_;
+  std::map<Key, Plan> plans_;
+  int attn_impl_ = 0;
+};
+
+}  // namespace rp::cuda

@@ -1,0 +1,93 @@
+// Analytic per-layer cost model: FLOPs, bytes and memory of every compute layer of one
+// micro-batch, turned into seconds with a roofline (max of FLOP time and byte time per op).
+//
+// Used before any measurement exists (issue 4: "start from an analytic estimate (FLOPs
+// and bytes per layer), not from parameter bytes alone") and by `roundpipe plan`, which
+// must work from a bare config.json. Layer indices follow model/layout.hpp: 0 embedding,
+// 1..L decoder layers, L+1 tail (final norm + LM head + cross-entropy).
+//
+// Formula sources: SPEC.md (backward with recompute ~3x forward) and the RoundPipe paper
+// (arXiv 2604.27085, Sec. "automatic partitioning"); FLOP counts are the usual 2*m*n*k per
+// GEMM; causal attention counts half of the S^2 score matrix; the FlashAttention-2
+// backward (Dao 2023) costs 2.5x its forward (5 instead of 2 S^2-sized matmuls).
+// Memory terms mirror actors/worker.cpp and model/layers.cpp (scratch_bytes()).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "model/config.hpp"
+
+namespace rp {
+
+/// What the partitioner and the simulator need to know about one compute layer.
+/// Times are seconds for ONE micro-batch; bytes are device bytes.
+struct LayerCost {
+  double fwd = 0;   ///< forward (as run in a forward stage)
+  double bwd = 0;   ///< backward including the recompute of its forward (backward stage)
+  double tail = 0;  ///< cost inside the fused tail stage (forward + loss + backward)
+  int64_t weight_bytes = 0;   ///< device copy of the parameters the layer reads
+  int64_t grad_bytes = 0;     ///< device gradient accumulators of those parameters
+  int64_t act_bytes = 0;      ///< one [tokens, hidden] activation (its output / saved input)
+  int64_t scratch_bytes = 0;  ///< scratch one call needs (stages take the max over layers)
+  int64_t io_bytes = 0;       ///< token ids (embedding) or targets (tail) per micro-batch
+  bool operator==(const LayerCost&) const = default;
+};
+
+/// Architecture numbers of a decoder-only model; a MoE model when num_experts > 0.
+struct ModelShape {
+  int64_t vocab_size = 0, hidden_size = 0, intermediate_size = 0;
+  int64_t num_layers = 0;  ///< decoder layers L (compute layers are L + 2)
+  int64_t num_heads = 0, num_kv_heads = 0, head_dim = 0;
+  bool tie_word_embeddings = false;
+  bool qk_norm = false;
+  int64_t num_experts = 0;            ///< routed experts per MoE layer (0: dense MLP)
+  int64_t experts_per_token = 0;      ///< top-k
+  int64_t moe_intermediate_size = 0;  ///< FFN width of one expert
+  /// Throws std::invalid_argument("<where>: <field>: ...") when a size is not positive.
+  void validate(const std::string& where) const;
+};
+
+/// Shape of a dense ModelConfig (header-only use of the struct; no rp_model code).
+ModelShape model_shape_from_config(const ModelConfig& c);
+/// Shape from a Hugging Face config.json object, including the Qwen3-MoE keys
+/// num_experts, num_experts_per_tok, moe_intermediate_size (model_type "qwen3_moe").
+/// Errors: std::invalid_argument("<where>: key '<k>': ...").
+ModelShape model_shape_from_hf_json(const nlohmann::json& j, const std::string& where);
+
+/// Device and precision assumptions of the estimate.
+struct DeviceModel {
+  double peak_flops = 790e12;      ///< achievable dense GEMM FLOP/s at the compute dtype
+  double attention_efficiency = 0.7;  ///< fused attention FLOP/s as a fraction of peak_flops
+  double mem_bandwidth = 4.3e12;   ///< device memory bytes/s (element-wise ops, GEMM operands)
+  double pcie_bandwidth = 55e9;    ///< host<->device bytes/s per direction (0: transfers free)
+  int64_t elem_bytes = 2;          ///< compute dtype: weights and activations on the device
+  int64_t grad_elem_bytes = 4;     ///< gradient accumulator element
+  int64_t scratch_elem_bytes = 4;  ///< Layer::scratch_bytes() sizes scratch for fp32 (kMaxElem)
+  bool tail_recomputes = true;     ///< decoder layers in the tail stage run forward then
+                                   ///< backward-with-recompute (true for the current Layer API)
+};
+
+/// FLOPs / bytes / seconds of one layer for one micro-batch.
+struct LayerEstimate {
+  std::string name;  ///< "embedding", "layer.<i>" (decoder i, 0-based), "tail"
+  double fwd_flops = 0, fwd_bytes = 0;  ///< forward
+  double bwd_flops = 0, bwd_bytes = 0;  ///< backward with recompute (tail: fused fwd+loss+bwd)
+  LayerCost cost;
+};
+
+/// Analytic estimate of all L + 2 compute layers for micro-batches of `n_seq` sequences of
+/// `seq_len` tokens. Per op: seconds = max(flops / rate, bytes / mem_bandwidth).
+/// Throws std::invalid_argument for a non-positive shape or device number.
+std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, int64_t seq_len,
+                                           const DeviceModel& d);
+/// Just the LayerCost of each estimate.
+std::vector<LayerCost> layer_costs(const std::vector<LayerEstimate>& e);
+
+/// Number of parameters of layer `layer` (0 embedding, 1..L decoder, L+1 tail; the tail
+/// counts the LM head also when it is tied, because it reads it).
+int64_t layer_parameters(const ModelShape& m, int layer);
+
+}  // namespace rp

@@ -1,0 +1,375 @@
+#include "scheduler/partition.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+namespace rp {
+
+std::string format_bytes(double b) {
+  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (std::fabs(b) >= 1024 && u < 4) b /= 1024, ++u;
+  return u == 0 ? fmt::format("{:.0f} B", b) : fmt::format("{:.2f} {}", b, unit[u]);
+}
+
+namespace {
+
+constexpr int kInf = std::numeric_limits<int>::max() / 4;
+
+// Sums over the layers of one stage; everything else follows from the stage kind and `first`.
+struct Sums {
+  double compute = 0;
+  int64_t w = 0, g = 0, act = 0, scratch = 0;
+};
+
+// Constants of one problem.
+struct Ctx {
+  const PartitionOptions& opt;
+  int n = 0;             // compute layers
+  int64_t A = 0;         // boundary activation (max act_bytes over layers)
+  int64_t ids = 0;       // token ids per micro-batch (layer 0's io_bytes)
+  int64_t targets = 0;   // targets per micro-batch (last layer's io_bytes)
+  int64_t act0 = 0;      // layer 0's activation (a backward stage uploads ids instead)
+};
+
+// The stage formulas of partition.hpp's file comment (buffers of actors/worker.cpp).
+StageEstimate assemble(const Ctx& c, StageKind kind, int first, int last, const Sums& s) {
+  const PartitionOptions& o = c.opt;
+  const int64_t M = o.micro_batches, slots = o.act_slots;
+  StageEstimate e;
+  e.stage = {kind, first, last};
+  e.weight_bytes = s.w;
+  e.grad_bytes = kind == StageKind::forward ? 0 : s.g;
+  int64_t slot_bytes = s.act;  // saved activations (one per layer) in each slot
+  int64_t tmp = 0;
+  switch (kind) {
+    case StageKind::forward:
+      e.act_up_bytes = first == 0 ? c.ids : c.A;
+      e.act_down_bytes = s.act;
+      slot_bytes += e.act_up_bytes;
+      break;
+    case StageKind::backward:
+      // dy, every saved input except the embedding's (which reads the ids), dx
+      e.act_up_bytes = c.A + (first == 0 ? s.act - c.act0 + c.ids : s.act);
+      e.act_down_bytes = first == 0 ? 0 : c.A;
+      slot_bytes += c.A + (first == 0 ? c.ids : c.A);
+      tmp = 2 * c.A;
+      break;
+    case StageKind::tail:
+      e.act_up_bytes = c.A + c.targets;
+      e.act_down_bytes = c.A + 8;
+      slot_bytes += c.A + c.targets + 8;
+      tmp = 2 * c.A;
+      break;
+  }
+  e.memory_bytes = o.weight_buffers * s.w + e.grad_bytes + slots * slot_bytes + tmp + s.scratch;
+  e.compute_seconds = double(M) * s.compute;
+  if (o.pcie_bandwidth > 0) {
+    e.upload_seconds = (double(s.w) + double(M) * double(e.act_up_bytes)) / o.pcie_bandwidth;
+    e.download_seconds = (double(e.grad_bytes) + double(M) * double(e.act_down_bytes)) / o.pcie_bandwidth;
+  }
+  e.seconds = std::max({e.compute_seconds, e.upload_seconds, e.download_seconds});
+  return e;
+}
+
+double cost_of(const LayerCost& l, StageKind k) {
+  return k == StageKind::forward ? l.fwd : k == StageKind::backward ? l.bwd : l.tail;
+}
+
+void check_inputs(const std::vector<LayerCost>& costs, const PartitionOptions& o) {
+  if (costs.size() < 3)
+    throw std::invalid_argument(fmt::format("partition: a model needs at least 3 compute layers, got {}", costs.size()));
+  if (o.gpus < 1) throw std::invalid_argument(fmt::format("partition: gpus must be >= 1, got {}", o.gpus));
+  if (o.micro_batches < 1)
+    throw std::invalid_argument(fmt::format("partition: micro_batches must be >= 1, got {}", o.micro_batches));
+  if (o.memory_cap < 0 || !(o.pcie_bandwidth >= 0) || o.weight_buffers < 1 || o.act_slots < 1)
+    throw std::invalid_argument("partition: memory_cap and pcie_bandwidth must be >= 0, weight_buffers and "
+                                "act_slots >= 1");
+  for (size_t i = 0; i < costs.size(); ++i) {
+    const LayerCost& l = costs[i];
+    for (double t : {l.fwd, l.bwd, l.tail})
+      if (!std::isfinite(t) || t < 0)
+        throw std::invalid_argument(fmt::format("partition: layer {}: times must be finite and >= 0", i));
+    if (l.weight_bytes < 0 || l.grad_bytes < 0 || l.act_bytes < 0 || l.scratch_bytes < 0 || l.io_bytes < 0)
+      throw std::invalid_argument(fmt::format("partition: layer {}: byte counts must be >= 0", i));
+  }
+}
+
+Ctx make_ctx(const std::vector<LayerCost>& costs, const PartitionOptions& o) {
+  Ctx c{o};
+  c.n = int(costs.size());
+  for (auto& l : costs) c.A = std::max(c.A, l.act_bytes);
+  c.ids = costs.front().io_bytes;
+  c.targets = costs.back().io_bytes;
+  c.act0 = costs.front().act_bytes;
+  return c;
+}
+
+std::string layer_name(int l, int n) {
+  if (l == 0) return "layer 0 (embedding)";
+  if (l == n - 1) return fmt::format("layer {} (tail)", l);
+  return fmt::format("layer {} (decoder {})", l, l - 1);
+}
+
+std::string memory_breakdown(const StageEstimate& e, const PartitionOptions& o) {
+  return fmt::format("weights {} x {}, gradients {}, scratch and activations {}", o.weight_buffers,
+                     format_bytes(double(e.weight_bytes)), format_bytes(double(e.grad_bytes)),
+                     format_bytes(double(e.memory_bytes - o.weight_buffers * e.weight_bytes - e.grad_bytes)));
+}
+
+// Prefix sums, so that any stage is evaluated in O(1).
+struct Prefix {
+  const Ctx& c;
+  std::vector<double> cf, cb, ct;
+  std::vector<int64_t> w, g, act;
+  std::vector<std::vector<int64_t>> scr;  // sparse table of scratch maxima
+  Prefix(const Ctx& ctx, const std::vector<LayerCost>& costs) : c(ctx) {
+    const size_t n = costs.size();
+    cf.assign(n + 1, 0), cb.assign(n + 1, 0), ct.assign(n + 1, 0);
+    w.assign(n + 1, 0), g.assign(n + 1, 0), act.assign(n + 1, 0);
+    for (size_t i = 0; i < n; ++i) {
+      cf[i + 1] = cf[i] + costs[i].fwd;
+      cb[i + 1] = cb[i] + costs[i].bwd;
+      ct[i + 1] = ct[i] + costs[i].tail;
+      w[i + 1] = w[i] + costs[i].weight_bytes;
+      g[i + 1] = g[i] + costs[i].grad_bytes;
+      act[i + 1] = act[i] + costs[i].act_bytes;
+    }
+    scr.emplace_back();
+    for (auto& l : costs) scr[0].push_back(l.scratch_bytes);
+    for (size_t k = 1; (size_t(1) << k) <= n; ++k) {
+      scr.emplace_back(n - (size_t(1) << k) + 1);
+      for (size_t i = 0; i + (size_t(1) << k) <= n; ++i)
+        scr[k][i] = std::max(scr[k - 1][i], scr[k - 1][i + (size_t(1) << (k - 1))]);
+    }
+  }
+  int64_t max_scratch(int a, int b) const {
+    int k = 31 - __builtin_clz(unsigned(b - a + 1));
+    return std::max(scr[size_t(k)][size_t(a)], scr[size_t(k)][size_t(b - (1 << k) + 1)]);
+  }
+  StageEstimate eval(StageKind k, int a, int b) const {
+    Sums s;
+    const auto& pc = k == StageKind::forward ? cf : k == StageKind::backward ? cb : ct;
+    s.compute = pc[size_t(b) + 1] - pc[size_t(a)];
+    s.w = w[size_t(b) + 1] - w[size_t(a)];
+    s.g = g[size_t(b) + 1] - g[size_t(a)];
+    s.act = act[size_t(b) + 1] - act[size_t(a)];
+    s.scratch = max_scratch(a, b);
+    return assemble(c, k, a, b, s);
+  }
+};
+
+// Fewest stages covering layers 0..a-1 of one pass with every tau <= T and mem <= cap
+// (greedy: each stage takes as many layers as fit). kInf when a single layer does not fit.
+struct Packing {
+  int stages = 0;
+  double tmax = 0;
+  std::vector<int> ends;  // last layer of each stage (only when asked for)
+};
+
+bool fits(const StageEstimate& e, double T, int64_t cap) {
+  return e.seconds <= T && (cap <= 0 || e.memory_bytes <= cap);
+}
+
+Packing pack(const Prefix& p, StageKind k, int a, double T, int64_t cap, bool keep) {
+  Packing r;
+  int i = 0;
+  while (i < a) {
+    StageEstimate e = p.eval(k, i, i);
+    if (!fits(e, T, cap)) return {kInf, 0, {}};
+    int j = i;
+    double t = e.seconds;
+    while (j + 1 < a) {
+      StageEstimate f = p.eval(k, i, j + 1);
+      if (!fits(f, T, cap)) break;
+      ++j;
+      t = f.seconds;
+    }
+    r.stages++;
+    r.tmax = std::max(r.tmax, t);
+    if (keep) r.ends.push_back(j);
+    i = j + 1;
+  }
+  return r;
+}
+
+struct Eval {
+  int stages = kInf;
+  double tmax = 0;
+  int tail_first = 0;
+};
+
+Eval evaluate(const Prefix& p, double T, int64_t cap, int64_t& counter) {
+  ++counter;
+  const int n = p.c.n;
+  // smallest tail start that fits (fits for a implies fits for a + 1)
+  int lo = 1, hi = n - 1;
+  if (!fits(p.eval(StageKind::tail, hi, n - 1), T, cap)) return {};
+  while (lo < hi) {
+    int mid = (lo + hi) / 2;
+    if (fits(p.eval(StageKind::tail, mid, n - 1), T, cap)) hi = mid;
+    else lo = mid + 1;
+  }
+  const int a = lo;
+  Packing f = pack(p, StageKind::forward, a, T, cap, false);
+  if (f.stages >= kInf) return {};
+  Packing b = pack(p, StageKind::backward, a, T, cap, false);
+  if (b.stages >= kInf) return {};
+  Eval e;
+  e.stages = 1 + f.stages + b.stages;
+  e.tmax = std::max({f.tmax, b.tmax, p.eval(StageKind::tail, a, n - 1).seconds});
+  e.tail_first = a;
+  return e;
+}
+
+// Why nothing fits, naming the layer. Called when no plan exists at an unbounded T.
+[[noreturn]] void explain_infeasible(const Prefix& p, const PartitionOptions& o) {
+  const int n = p.c.n;
+  const double inf = std::numeric_limits<double>::infinity();
+  int a = -1;
+  for (int t = n - 1; t >= 1 && fits(p.eval(StageKind::tail, t, n - 1), inf, o.memory_cap); --t) a = t;
+  if (a < 0) {
+    StageEstimate e = p.eval(StageKind::tail, n - 1, n - 1);
+    throw std::runtime_error(fmt::format("{} needs {} as the tail stage on its own ({}), over the memory cap {}",
+                                         layer_name(n - 1, n), format_bytes(double(e.memory_bytes)),
+                                         memory_breakdown(e, o), format_bytes(double(o.memory_cap))));
+  }
+  for (int l = 0; l < a; ++l)
+    for (StageKind k : {StageKind::forward, StageKind::backward}) {
+      StageEstimate e = p.eval(k, l, l);
+      if (!fits(e, inf, o.memory_cap))
+        throw std::runtime_error(fmt::format("{} needs {} as a {} stage on its own ({}), over the memory cap {}",
+                                             layer_name(l, n), format_bytes(double(e.memory_bytes)),
+                                             stage_kind_name(k), memory_breakdown(e, o),
+                                             format_bytes(double(o.memory_cap))));
+    }
+  throw std::runtime_error("partition: no plan fits the memory cap");  // not reached
+}
+
+}  // namespace
+
+StageEstimate estimate_stage(const std::vector<LayerCost>& costs, const Stage& st, const PartitionOptions& opt) {
+  const int n = int(costs.size());
+  if (st.first < 0 || st.last >= n || st.first > st.last)
+    throw std::invalid_argument(fmt::format("stage {}-{} outside layers 0..{}", st.first, st.last, n - 1));
+  Ctx c = make_ctx(costs, opt);
+  Sums s;
+  for (int l = st.first; l <= st.last; ++l) {
+    const LayerCost& x = costs[size_t(l)];
+    s.compute += cost_of(x, st.kind);
+    s.w += x.weight_bytes;
+    s.g += x.grad_bytes;
+    s.act += x.act_bytes;
+    s.scratch = std::max(s.scratch, x.scratch_bytes);
+  }
+  return assemble(c, st.kind, st.first, st.last, s);
+}
+
+std::vector<StageEstimate> check_plan(const std::vector<LayerCost>& costs, const IterationPlan& plan,
+                                      const PartitionOptions& opt, const std::string& where) {
+  validate_plan(plan, where);
+  if (plan.num_layers != int(costs.size()))
+    throw std::invalid_argument(fmt::format("{}: the plan has {} layers, the model {}", where, plan.num_layers,
+                                            costs.size()));
+  std::vector<StageEstimate> out;
+  for (size_t i = 0; i < plan.stages.size(); ++i) {
+    const Stage& s = plan.stages[i];
+    StageEstimate e = estimate_stage(costs, s, opt);
+    if (opt.memory_cap > 0 && e.memory_bytes > opt.memory_cap)
+      throw std::invalid_argument(fmt::format("{}: {} stage {} (layers {}-{}) needs {} ({}), over the memory cap {}",
+                                              where, stage_kind_name(s.kind), i, s.first, s.last,
+                                              format_bytes(double(e.memory_bytes)), memory_breakdown(e, opt),
+                                              format_bytes(double(opt.memory_cap))));
+    out.push_back(e);
+  }
+  return out;
+}
+
+double plan_objective(const std::vector<StageEstimate>& stages, int gpus) {
+  double tmax = 0;
+  for (auto& s : stages) tmax = std::max(tmax, s.seconds);
+  return double(std::max<int64_t>(int64_t(stages.size()), gpus)) * tmax;
+}
+
+PartitionResult partition(const std::vector<LayerCost>& costs, const PartitionOptions& opt) {
+  check_inputs(costs, opt);
+  const Ctx ctx = make_ctx(costs, opt);
+  const Prefix p(ctx, costs);
+  const int n = ctx.n;
+  const int64_t cap = opt.memory_cap;
+  PartitionResult res;
+
+  // Candidate tmax values: tau of every memory-feasible run of consecutive layers.
+  std::vector<double> cand;
+  cand.reserve(size_t(n) * size_t(n) + size_t(n));
+  for (StageKind k : {StageKind::forward, StageKind::backward})
+    for (int a = 0; a + 1 < n; ++a)
+      for (int b = a; b + 1 < n; ++b) {
+        StageEstimate e = p.eval(k, a, b);
+        if (cap > 0 && e.memory_bytes > cap) break;  // memory only grows with b
+        cand.push_back(e.seconds);
+      }
+  for (int a = n - 1; a >= 1; --a) {
+    StageEstimate e = p.eval(StageKind::tail, a, n - 1);
+    if (cap > 0 && e.memory_bytes > cap) break;  // memory only grows as a decreases
+    cand.push_back(e.seconds);
+  }
+  std::sort(cand.begin(), cand.end());
+  cand.erase(std::unique(cand.begin(), cand.end()), cand.end());
+  res.candidates = int64_t(cand.size());
+
+  std::vector<Eval> memo(cand.size());
+  std::vector<char> done(cand.size(), 0);
+  auto at = [&](size_t i) -> const Eval& {
+    if (!done[i]) memo[i] = evaluate(p, cand[i], cap, res.evaluations), done[i] = 1;
+    return memo[i];
+  };
+  if (cand.empty() || at(cand.size() - 1).stages >= kInf) explain_infeasible(p, opt);
+
+  // For each reachable stage count s (increasing), the smallest candidate reaching it.
+  const int G = opt.gpus;
+  double best = std::numeric_limits<double>::infinity();
+  size_t best_i = cand.size() - 1;
+  size_t hi = cand.size() - 1;  // S(cand[hi]) is the current target
+  while (true) {
+    const int s = at(hi).stages;
+    size_t lo = 0, h = hi;  // smallest i in [0, hi] with S(cand[i]) <= s
+    while (lo < h) {
+      size_t mid = (lo + h) / 2;
+      if (at(mid).stages <= s) h = mid;
+      else lo = mid + 1;
+    }
+    const Eval& e = at(lo);
+    const double obj = double(std::max(e.stages, G)) * e.tmax;
+    if (obj < best * (1 - 1e-12)) best = obj, best_i = lo;
+    if (lo == 0 || at(lo - 1).stages >= kInf) break;
+    hi = lo - 1;  // more stages, smaller tmax
+    if (double(std::max(at(hi).stages, G)) * cand[0] >= best) break;  // cannot win any more
+  }
+
+  // Rebuild the winning plan.
+  const double T = cand[best_i];
+  const int a = at(best_i).tail_first;
+  Packing f = pack(p, StageKind::forward, a, T, cap, true);
+  Packing b = pack(p, StageKind::backward, a, T, cap, true);
+  IterationPlan& plan = res.plan;
+  plan.num_layers = n;
+  int first = 0;
+  for (int e : f.ends) plan.stages.push_back({StageKind::forward, first, e}), first = e + 1;
+  plan.stages.push_back({StageKind::tail, a, n - 1});
+  std::vector<Stage> back;
+  first = 0;
+  for (int e : b.ends) back.push_back({StageKind::backward, first, e}), first = e + 1;
+  plan.stages.insert(plan.stages.end(), back.rbegin(), back.rend());
+  validate_plan(plan, "partition");
+  for (auto& s : plan.stages) res.stages.push_back(estimate_stage(costs, s, opt));
+  for (auto& s : res.stages) res.tmax = std::max(res.tmax, s.seconds);
+  res.objective = plan_objective(res.stages, G);
+  return res;
+}
+
+}  // namespace rp

@@ -1,0 +1,257 @@
+#include "scheduler/profile.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace rp {
+
+const char* profile_kind_name(ProfileKind k) {
+  switch (k) {
+    case ProfileKind::forward: return "forward";
+    case ProfileKind::recompute: return "recompute";
+    case ProfileKind::backward: return "backward";
+    case ProfileKind::tail: return "tail";
+  }
+  return "?";
+}
+
+ProfileKind profile_kind_from_name(const std::string& s) {
+  for (ProfileKind k : {ProfileKind::forward, ProfileKind::recompute, ProfileKind::backward, ProfileKind::tail})
+    if (s == profile_kind_name(k)) return k;
+  throw std::invalid_argument(fmt::format("unknown profile kind '{}' (forward, recompute, backward, tail)", s));
+}
+
+// ---- SmoothedTime ----------------------------------------------------------------
+
+SmoothedTime::SmoothedTime(double beta) : beta_(beta) {}
+
+void SmoothedTime::add(double x) {
+  if (seen_++ == 0) return;  // drop the first sample
+  const double before = value();
+  m_ = beta_ * m_ + (1 - beta_) * x;
+  ++kept_;
+  const double after = value();
+  last_change_ = kept_ < 2 ? 1.0 : (after > 0 ? std::fabs(after - before) / after : 0.0);
+}
+
+double SmoothedTime::value() const {
+  if (kept_ == 0) return 0;
+  const double corr = 1 - std::pow(beta_, double(kept_));
+  return corr > 0 ? m_ / corr : m_;
+}
+
+nlohmann::json SmoothedTime::to_json() const {
+  return {{"seconds", value()}, {"m", m_}, {"kept", kept_}, {"seen", seen_}, {"last_change", last_change_}};
+}
+
+SmoothedTime SmoothedTime::from_json(const nlohmann::json& j, double beta, const std::string& where) {
+  if (!j.is_object()) throw std::invalid_argument(where + ": expected an object");
+  auto num = [&](const char* k) {
+    if (!j.contains(k) || !j[k].is_number())
+      throw std::invalid_argument(fmt::format("{}: key '{}': expected a number", where, k));
+    return j[k].get<double>();
+  };
+  SmoothedTime s(beta);
+  s.m_ = num("m");
+  s.kept_ = int64_t(num("kept"));
+  s.seen_ = int64_t(num("seen"));
+  s.last_change_ = num("last_change");
+  if (s.kept_ < 0 || s.seen_ < s.kept_ || !std::isfinite(s.m_) || s.m_ < 0)
+    throw std::invalid_argument(where + ": inconsistent m/kept/seen");
+  return s;
+}
+
+SmoothedTime& LayerProfile::series(ProfileKind k) {
+  switch (k) {
+    case ProfileKind::forward: return fwd;
+    case ProfileKind::recompute: return recompute;
+    case ProfileKind::backward: return bwd;
+    case ProfileKind::tail: return tail;
+  }
+  return fwd;
+}
+const SmoothedTime& LayerProfile::series(ProfileKind k) const {
+  return const_cast<LayerProfile*>(this)->series(k);
+}
+
+// ---- Profile -----------------------------------------------------------------------
+
+Profile::Profile(int num_layers, int64_t n_seq, int64_t seq_len, double beta)
+    : n_seq_(n_seq), seq_len_(seq_len), beta_(beta) {
+  if (num_layers < 3)
+    throw std::invalid_argument(fmt::format("profile: a model has at least 3 compute layers, got {}", num_layers));
+  if (n_seq < 1 || seq_len < 1)
+    throw std::invalid_argument(fmt::format("profile: micro-batch shape must be positive, got {} x {}", n_seq, seq_len));
+  if (!(beta >= 0 && beta < 1)) throw std::invalid_argument(fmt::format("profile: beta must be in [0, 1), got {}", beta));
+  layers_.assign(size_t(num_layers), LayerProfile(beta));
+}
+
+void Profile::record(int layer, ProfileKind kind, double seconds) {
+  if (layer < 0 || layer >= num_layers())
+    throw std::invalid_argument(fmt::format("profile: layer {} out of range [0, {})", layer, num_layers()));
+  if (!std::isfinite(seconds) || seconds < 0)
+    throw std::invalid_argument(fmt::format("profile: layer {}: {} time {} is not a finite non-negative number",
+                                            layer, profile_kind_name(kind), seconds));
+  layers_[size_t(layer)].series(kind).add(seconds);
+}
+
+void Profile::record_memory(int layer, int64_t weight_bytes, int64_t grad_bytes, int64_t scratch_peak_bytes) {
+  if (layer < 0 || layer >= num_layers())
+    throw std::invalid_argument(fmt::format("profile: layer {} out of range [0, {})", layer, num_layers()));
+  auto& l = layers_[size_t(layer)];
+  if (weight_bytes >= 0) l.weight_bytes = weight_bytes;
+  if (grad_bytes >= 0) l.grad_bytes = grad_bytes;
+  if (scratch_peak_bytes >= 0) l.scratch_peak_bytes = std::max(l.scratch_peak_bytes, scratch_peak_bytes);
+}
+
+const LayerProfile& Profile::layer(int l) const {
+  if (l < 0 || l >= num_layers())
+    throw std::invalid_argument(fmt::format("profile: layer {} out of range [0, {})", l, num_layers()));
+  return layers_[size_t(l)];
+}
+
+bool Profile::settled(double rel_tol, int64_t min_samples) const {
+  if (layers_.empty()) return false;
+  auto ok = [&](const SmoothedTime& s) { return s.kept() >= min_samples && s.last_change() <= rel_tol; };
+  const int n = num_layers();
+  for (int l = 0; l + 1 < n; ++l) {
+    const auto& p = layers_[size_t(l)];
+    if (!(ok(p.fwd) && ok(p.bwd)) && !ok(p.tail)) return false;
+  }
+  return ok(layers_.back().tail);
+}
+
+std::vector<LayerCost> Profile::apply(const std::vector<LayerCost>& analytic) const {
+  if (int(analytic.size()) != num_layers())
+    throw std::invalid_argument(fmt::format("profile has {} layers, the model {}", num_layers(), analytic.size()));
+  const int n = num_layers();
+  auto is_dec = [n](int l) { return l > 0 && l < n - 1; };
+  auto bwd_of = [](const LayerProfile& p) { return p.bwd.value() + p.recompute.value(); };
+  // calibration ratio per (kind, decoder-or-not): sum(measured) / sum(analytic)
+  double num[2][2] = {{0, 0}, {0, 0}}, den[2][2] = {{0, 0}, {0, 0}};
+  for (int l = 0; l < n; ++l) {
+    const auto& p = layers_[size_t(l)];
+    const int g = is_dec(l);
+    if (p.fwd.has_value()) num[0][g] += p.fwd.value(), den[0][g] += analytic[size_t(l)].fwd;
+    if (p.bwd.has_value()) num[1][g] += bwd_of(p), den[1][g] += analytic[size_t(l)].bwd;
+  }
+  auto ratio = [&](int k, int g) { return den[k][g] > 0 && num[k][g] > 0 ? num[k][g] / den[k][g] : 1.0; };
+  std::vector<LayerCost> out = analytic;
+  for (int l = 0; l < n; ++l) {
+    const auto& p = layers_[size_t(l)];
+    const LayerCost& a = analytic[size_t(l)];
+    LayerCost& c = out[size_t(l)];
+    const int g = is_dec(l);
+    c.fwd = p.fwd.has_value() ? p.fwd.value() : a.fwd * ratio(0, g);
+    c.bwd = p.bwd.has_value() ? bwd_of(p) : a.bwd * ratio(1, g);
+    if (p.tail.has_value()) {
+      c.tail = p.tail.value();
+    } else {
+      const double fb = a.fwd + a.bwd;
+      c.tail = fb > 0 ? a.tail * (c.fwd + c.bwd) / fb : a.tail;
+    }
+    if (p.weight_bytes >= 0) c.weight_bytes = p.weight_bytes;
+    if (p.grad_bytes >= 0) c.grad_bytes = p.grad_bytes;
+    if (p.scratch_peak_bytes >= 0) c.scratch_bytes = p.scratch_peak_bytes;
+  }
+  return out;
+}
+
+nlohmann::json Profile::to_json() const {
+  nlohmann::json layers = nlohmann::json::array();
+  for (int l = 0; l < num_layers(); ++l) {
+    const auto& p = layers_[size_t(l)];
+    nlohmann::json o = {{"layer", l}};
+    for (ProfileKind k : {ProfileKind::forward, ProfileKind::recompute, ProfileKind::backward, ProfileKind::tail})
+      if (p.series(k).seen() > 0) o[profile_kind_name(k)] = p.series(k).to_json();
+    if (p.weight_bytes >= 0) o["weight_bytes"] = p.weight_bytes;
+    if (p.grad_bytes >= 0) o["grad_bytes"] = p.grad_bytes;
+    if (p.scratch_peak_bytes >= 0) o["scratch_peak_bytes"] = p.scratch_peak_bytes;
+    layers.push_back(std::move(o));
+  }
+  return {{"format", "roundpipe-profile"}, {"version", 1},     {"device", device},
+          {"n_seq", n_seq_},               {"seq_len", seq_len_}, {"beta", beta_},
+          {"layers", std::move(layers)}};
+}
+
+Profile Profile::from_json(const nlohmann::json& j, const std::string& where) {
+  if (!j.is_object()) throw std::invalid_argument(where + ": expected a JSON object");
+  if (j.value("format", std::string()) != "roundpipe-profile")
+    throw std::invalid_argument(where + ": key 'format': expected \"roundpipe-profile\"");
+  if (j.value("version", 0) != 1) throw std::invalid_argument(where + ": key 'version': expected 1");
+  for (const char* k : {"n_seq", "seq_len"})
+    if (!j.contains(k) || !j[k].is_number_integer())
+      throw std::invalid_argument(fmt::format("{}: key '{}': expected an integer", where, k));
+  if (!j.contains("beta") || !j["beta"].is_number())
+    throw std::invalid_argument(where + ": key 'beta': expected a number");
+  if (!j.contains("layers") || !j["layers"].is_array())
+    throw std::invalid_argument(where + ": key 'layers': expected an array");
+  Profile p;
+  try {
+    p = Profile(int(j["layers"].size()), j["n_seq"].get<int64_t>(), j["seq_len"].get<int64_t>(),
+                j["beta"].get<double>());
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(where + ": " + e.what());
+  }
+  if (j.contains("device") && j["device"].is_string()) p.device = j["device"].get<std::string>();
+  for (int l = 0; l < p.num_layers(); ++l) {
+    const auto& o = j["layers"][size_t(l)];
+    const std::string w = fmt::format("{}: layer {}", where, l);
+    if (!o.is_object() || !o.contains("layer") || o["layer"] != l)
+      throw std::invalid_argument(w + ": expected an object with \"layer\": " + std::to_string(l));
+    auto& lp = p.layers_[size_t(l)];
+    for (ProfileKind k : {ProfileKind::forward, ProfileKind::recompute, ProfileKind::backward, ProfileKind::tail})
+      if (o.contains(profile_kind_name(k)))
+        lp.series(k) = SmoothedTime::from_json(o[profile_kind_name(k)], p.beta_, w + "." + profile_kind_name(k));
+    auto bytes = [&](const char* k, int64_t& dst) {
+      if (!o.contains(k)) return;
+      if (!o[k].is_number_integer() || o[k].get<int64_t>() < 0)
+        throw std::invalid_argument(fmt::format("{}: key '{}': expected a non-negative integer", w, k));
+      dst = o[k].get<int64_t>();
+    };
+    bytes("weight_bytes", lp.weight_bytes);
+    bytes("grad_bytes", lp.grad_bytes);
+    bytes("scratch_peak_bytes", lp.scratch_peak_bytes);
+  }
+  return p;
+}
+
+void Profile::save(const std::string& path) const {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) throw std::runtime_error(path + ": cannot open for writing");
+    f << to_json().dump(1) << '\n';
+    if (!f.flush()) throw std::runtime_error(path + ": write failed");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::filesystem::remove(tmp, ec);
+    throw std::runtime_error(path + ": cannot rename temporary file: " + ec.message());
+  }
+}
+
+Profile Profile::load(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw std::runtime_error(path + ": cannot open");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(path + ": invalid JSON: " + e.what());
+  }
+  try {
+    return from_json(j, path);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(e.what());
+  }
+}
+
+}  // namespace rp

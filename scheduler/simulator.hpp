@@ -1,0 +1,118 @@
+// Bubble simulator (issue 4, "Bubble simulator"): replays the round-robin schedule of
+// SPEC.md point 1 on G simulated GPUs, each with one compute stream and four FIFO copy
+// streams (activation upload, activation download, parameter upload, gradient download),
+// over several iterations, and reports iteration time, bubble ratio and per-GPU idle time.
+//
+// Rules (they mirror actors/ and SPEC.md points 1, 4, 5, 6):
+//  - stage s of iteration t is task q = t*S + s, on GPU (pointer + q) mod G: the deal
+//    pointer carries over, so iterations follow each other with no flush;
+//  - a GPU runs its tasks in q order, each over micro-batches 0..M-1 in order;
+//  - micro-batch m of stage s > 0 is uploaded once stage s-1 downloaded its output;
+//  - act_slots (2) micro-batch slots: the upload of unit u (the u-th micro-batch the GPU
+//    computes, counted across tasks) waits for the compute of unit u - slots, so inputs
+//    arrive one micro-batch early; the compute of u waits for the download of u - slots;
+//  - parameters of a task are uploaded on the parameter stream into one of
+//    weight_buffers buffers (2: prefetched during the previous task; 1: only after the
+//    previous task finished, as the current worker does);
+//  - gradients are downloaded after the task's last micro-batch; the task finishes then;
+//  - parameter integrity / staleness (DESIGN.md rule 1): the upload of layer l for
+//    iteration t waits for the optimizer's update of l from iteration t - 1 - staleness
+//    (gradient download + optimizer_seconds[l]);
+//  - at most passes_in_flight iterations are admitted at once (host activation slots).
+// Bubble of one isolated uniform iteration: N(N-1) / (M*S + N(N-1)) stage-units (SPEC.md).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "scheduler/partition.hpp"
+#include "scheduler/plan.hpp"
+
+namespace rp {
+
+/// Cost of one stage of a plan. Seconds per micro-batch; bytes on the copy streams.
+struct StageCost {
+  double compute = 0;          ///< compute stream seconds per micro-batch
+  int64_t act_up_bytes = 0;    ///< activation upload per micro-batch
+  int64_t act_down_bytes = 0;  ///< activation download per micro-batch
+  int64_t param_bytes = 0;     ///< parameter upload, once per task
+  int64_t grad_bytes = 0;      ///< gradient download, once per task (0 for forward stages)
+};
+
+/// Bandwidths of the four copy streams, bytes/s; 0 means instantaneous.
+struct StreamBandwidths {
+  double act_up = 0, act_down = 0, param_up = 0, grad_down = 0;
+  /// All four set to one PCIe bandwidth.
+  static StreamBandwidths uniform(double bytes_per_second) {
+    return {bytes_per_second, bytes_per_second, bytes_per_second, bytes_per_second};
+  }
+};
+
+struct SimOptions {
+  int gpus = 1;                   ///< G
+  int64_t micro_batches = 1;      ///< M
+  int iterations = 0;             ///< iterations simulated (0: max(4, 2 * cycle + 2), where
+                                  ///< cycle = G / gcd(S, G) iterations repeat the deal)
+  StreamBandwidths bandwidth;     ///< copy streams
+  int staleness = 1;              ///< 1: asynchronous optimizer, 0: synchronous
+  std::vector<double> optimizer_seconds;  ///< per compute layer, or empty (0)
+  int passes_in_flight = 2;       ///< iterations admitted at once (0: unlimited)
+  int weight_buffers = 2;         ///< parameter buffers per GPU (1: no prefetch)
+  int act_slots = 2;              ///< micro-batch slots per GPU
+  int64_t pointer = 0;            ///< deal pointer before the first iteration
+  bool record_timeline = false;   ///< keep every interval (for write_sim_trace)
+};
+
+/// One busy interval of one stream.
+struct SimInterval {
+  enum Stream : uint8_t { compute, act_up, act_down, param_up, grad_down };
+  int gpu = 0;
+  Stream stream = compute;
+  int iteration = 0;
+  int stage = 0;
+  int64_t micro = -1;  ///< -1 for per-task transfers (parameters, gradients)
+  double start = 0, end = 0;
+};
+
+struct SimResult {
+  double iteration_seconds = 0;   ///< steady state: mean gap between the ends of the
+                                  ///< iterations of the second half, over whole deal cycles
+                                  ///< when possible (the makespan when iterations == 1)
+  double first_iteration_seconds = 0;  ///< end of iteration 0 (includes the pipeline fill)
+  double makespan = 0;            ///< end of the last iteration
+  double bubble_ratio = 0;        ///< 1 - compute busy / (G * makespan), whole run
+  double steady_bubble_ratio = 0; ///< 1 - compute per iteration / (G * iteration_seconds)
+  std::vector<double> iteration_end;  ///< per iteration, seconds
+  std::vector<double> gpu_busy;   ///< compute seconds per GPU over the run
+  std::vector<double> gpu_idle;   ///< makespan - gpu_busy
+  std::vector<SimInterval> timeline;  ///< when record_timeline
+};
+
+/// Stage costs of `plan` from layer costs (the same formulas as estimate_stage).
+std::vector<StageCost> stage_costs(const std::vector<LayerCost>& costs, const IterationPlan& plan,
+                                   const PartitionOptions& opt);
+
+/// Runs the simulation. Throws std::invalid_argument for a malformed plan, costs.size()
+/// != plan.stages.size(), negative costs, or options out of range (naming the option).
+SimResult simulate(const IterationPlan& plan, const std::vector<StageCost>& costs, const SimOptions& opt);
+
+/// Predicted steady-state seconds per iteration of a run with `gpus` workers and
+/// `micro_batches` micro-batches (the other options, e.g. bandwidths, staleness and
+/// iterations, from `base`): simulate(...).iteration_seconds.
+/// The hook for comparing a real (e.g. CPU-backend) run with the prediction.
+double predict_iteration_seconds(const IterationPlan& plan, const std::vector<StageCost>& costs, int gpus,
+                                 int64_t micro_batches, SimOptions base = {});
+
+/// Closed-form fill/drain bubble of one isolated iteration with equal stages:
+/// N(N-1) / (M*S + N(N-1)) (SPEC.md point 1). Exact for S a multiple of N and M >= N.
+double uniform_bubble_ratio(int gpus, int64_t micro_batches, int stages);
+
+/// Chrome trace JSON (chrome://tracing, Perfetto) of a recorded timeline: one process per
+/// GPU, one thread per stream, microseconds.
+nlohmann::json sim_trace_json(const SimResult& r, const IterationPlan& plan);
+/// Writes sim_trace_json to `path`. Throws std::runtime_error("<path>: ...").
+void write_sim_trace(const std::string& path, const SimResult& r, const IterationPlan& plan);
+
+}  // namespace rp

@@ -1,0 +1,208 @@
+// The `roundpipe` command as a user meets it: bad input gives one clear line and leaves
+// no output behind; the default job trains a real model with a falling loss.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "model/checkpoint.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Run {
+  int code;
+  std::string out, err;
+};
+
+fs::path tmpdir() {
+  auto d = fs::temp_directory_path() / ("rp_cli_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+Run roundpipe(const std::string& args, const fs::path& dir) {
+  std::string cmd = std::string(RP_BUILD_DIR) + "/roundpipe " + args + " > " + (dir / "out.txt").string() + " 2> " +
+                    (dir / "err.txt").string() + " < /dev/null";
+  int rc = std::system(cmd.c_str());
+  return {WEXITSTATUS(rc), slurp(dir / "out.txt"), slurp(dir / "err.txt")};
+}
+
+void write(const fs::path& p, const std::string& s) { std::ofstream(p) << s; }
+
+// A tiny HF-layout model written by the project's own writer (no download needed).
+fs::path tiny_model(const fs::path& dir) {
+  rp::ModelConfig c;
+  c.architecture = "llama";
+  c.vocab_size = 300;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 8;
+  c.tie_word_embeddings = true;
+  c.eos_token_id = 0;
+  rp::ModelLayout m = rp::make_layout(c);
+  std::vector<std::vector<float>> w;
+  for (auto& g : m.groups) w.emplace_back(g.numel, 0.02f);
+  std::vector<const float*> ptrs;
+  for (auto& g : w) ptrs.push_back(g.data());
+  // byte-level tokenizer: the 256 byte symbols, no merges
+  nlohmann::json vocab = nlohmann::json::object();
+  nlohmann::json added = nlohmann::json::array();
+  // GPT-2 byte-to-unicode map
+  std::vector<int> bs, cs;
+  for (int b = 33; b <= 126; ++b) bs.push_back(b);
+  for (int b = 161; b <= 172; ++b) bs.push_back(b);
+  for (int b = 174; b <= 255; ++b) bs.push_back(b);
+  cs = bs;
+  int n = 0;
+  for (int b = 0; b < 256; ++b)
+    if (std::find(bs.begin(), bs.end(), b) == bs.end()) bs.push_back(b), cs.push_back(256 + n++);
+  vocab["<|endoftext|>"] = 0;
+  for (size_t i = 0; i < bs.size(); ++i) {
+    std::string u;
+    int cp = cs[i];
+    if (cp < 0x80) u += char(cp);
+    else u += char(0xC0 | (cp >> 6)), u += char(0x80 | (cp & 0x3F));
+    vocab[u] = 1 + bs[i];
+  }
+  added.push_back({{"id", 0}, {"content", "<|endoftext|>"}, {"special", true}});
+  nlohmann::json tok = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}},
+                        {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+                        {"added_tokens", added}, {"normalizer", nullptr}, {"decoder", {{"type", "ByteLevel"}}}};
+  fs::path out = dir / "tiny";
+  rp::save_hf_checkpoint(out.string(), m, ptrs, tok, "", rp::DType::f32);
+  return out;
+}
+
+std::string spec_for(const fs::path& model, const fs::path& data, const fs::path& out, const std::string& extra = "") {
+  return "{\"model\": \"" + model.string() + "\", \"data\": \"" + data.string() + "\", \"output_dir\": \"" +
+         out.string() + "\", \"seq_len\": 16, \"sequences_per_step\": 2, \"micro_batches\": 2, \"steps\": 2, "
+         "\"backend\": \"cpu\", \"workers\": 2" + extra + "}";
+}
+
+void expect_one_line_error(const Run& r, const std::string& must_contain) {
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(r.err.find("roundpipe: error: "), 0u) << r.err;
+  EXPECT_NE(r.err.find(must_contain), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
+
+TEST(Cli, TrainsTinyModelAndWritesLoadableCheckpoint) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  write(d / "data.jsonl", "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n"
+                          "{\"prompt\": \"Say hi\", \"completion\": \" hi there\"}\n");
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
+  Run r = roundpipe("train " + (d / "spec.json").string(), d);
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  EXPECT_NE(r.out.find("step     2/2 | loss"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(d / "run/metrics.csv"));
+  auto lm = rp::load_model((d / "run/final").string());
+  EXPECT_EQ(lm.config.num_hidden_layers, 2);
+  // training moved the weights away from the constant 0.02 they started at
+  double moved = 0;
+  for (auto& [name, t] : lm.tensors)
+    for (float v : t.data) moved += std::abs(v - 0.02f);
+  EXPECT_GT(moved, 1e-3);
+  fs::remove_all(d);
+}
+
+TEST(Cli, BadSpecsGiveOneLineNamingTheKey) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  write(d / "data.jsonl", "{\"text\": \"hello world\"}\n");
+  struct Case {
+    std::string extra, needle;
+  } cases[] = {
+      {", \"wokers\": 2", "unknown key 'wokers'"},
+      {", \"steps\": \"ten\"", "key 'steps': expected an integer"},
+      {", \"micro_batches\": 0", "key 'micro_batches'"},
+      {", \"sequences_per_step\": 3", "not divisible"},
+      {", \"backend\": \"tpu\"", "key 'backend'"},
+      {", \"optimizer\": {\"lr\": 1e-3, \"beta\": 0.9}", "unknown key 'optimizer.beta'"},
+      {", \"lr_schedule\": {\"kind\": \"exp\"}", "exp"},
+      {", \"plan\": {\"forward\": [[0,1]], \"tail\": [3,3], \"backward\": [[1,0]]}", "tail stage"},
+  };
+  for (auto& c : cases) {
+    write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run", c.extra));
+    Run r = roundpipe("train " + (d / "spec.json").string(), d);
+    expect_one_line_error(r, c.needle);
+    EXPECT_FALSE(fs::exists(d / "run")) << c.extra;
+  }
+  write(d / "broken.json", "{\"model\": \"x\",\n \"data\": }");
+  expect_one_line_error(roundpipe("train " + (d / "broken.json").string(), d), "broken.json:2:");
+  fs::remove_all(d);
+}
+
+TEST(Cli, BadModelAndDataFilesAreNamed) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  write(d / "data.jsonl", "{\"text\": \"hello\"}\n{\"prompt\": 3, \"completion\": \"x\"}\n");
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
+  expect_one_line_error(roundpipe("train " + (d / "spec.json").string(), d), "data.jsonl:2:");
+  write(d / "data.jsonl", "{\"text\": \"hello\"}\n");
+  // missing model
+  write(d / "spec.json", spec_for(d / "nope.gguf", d / "data.jsonl", d / "run"));
+  expect_one_line_error(roundpipe("train " + (d / "spec.json").string(), d), "nope.gguf");
+  // truncated safetensors
+  auto st = model / "model.safetensors";
+  auto size = fs::file_size(st);
+  fs::resize_file(st, size / 2);
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
+  expect_one_line_error(roundpipe("train " + (d / "spec.json").string(), d), "model.safetensors");
+  // unsupported config
+  fs::remove_all(model);
+  model = tiny_model(d);
+  auto cfg = nlohmann::json::parse(slurp(model / "config.json"));
+  cfg["model_type"] = "gpt_neox";
+  write(model / "config.json", cfg.dump());
+  expect_one_line_error(roundpipe("train " + (d / "spec.json").string(), d), "config.json");
+  EXPECT_FALSE(fs::exists(d / "run"));
+  fs::remove_all(d);
+}
+
+TEST(Cli, DefaultJobLossFallsOver20Steps) {
+  const fs::path root = RP_SOURCE_DIR;
+  if (!fs::exists(root / "assets/SmolLM2-135M-Instruct.Q4_1.gguf") || !fs::exists(root / "assets/kjv_instruct.jsonl"))
+    GTEST_SKIP() << "default assets missing: run scripts/setup.sh (downloads SmolLM2 and builds the KJV data)";
+  auto d = tmpdir();
+  Run r{0, "", ""};
+  {
+    auto cwd = fs::current_path();
+    fs::current_path(root);
+    r = roundpipe("train examples/specs/default.json --output-dir " + (d / "run").string(), d);
+    fs::current_path(cwd);
+  }
+  ASSERT_EQ(r.code, 0) << r.err;
+  // metrics.csv: step,loss,... ; compare the mean of the first and last 5 steps
+  std::ifstream f(d / "run/metrics.csv");
+  std::string line;
+  std::getline(f, line);
+  std::vector<double> loss;
+  while (std::getline(f, line)) loss.push_back(std::stod(line.substr(line.find(',') + 1)));
+  ASSERT_EQ(loss.size(), 20u);
+  double first = 0, last = 0;
+  for (int i = 0; i < 5; ++i) first += loss[i] / 5, last += loss[15 + i] / 5;
+  EXPECT_LT(last, first - 0.2) << "first-5 mean " << first << ", last-5 mean " << last;
+  auto lm = rp::load_model((d / "run/final").string());
+  EXPECT_EQ(lm.config.num_hidden_layers, 30);
+  fs::remove_all(d);
+}
+
+}  // namespace

@@ -1,0 +1,126 @@
+// Analytic cost model: parameter counts, FLOP formulas, the seq^2 term, memory terms.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "scheduler/cost_model.hpp"
+
+namespace rp {
+namespace {
+
+ModelShape qwen3_1_7b() {
+  ModelShape m;
+  m.vocab_size = 151936, m.hidden_size = 2048, m.intermediate_size = 6144, m.num_layers = 28;
+  m.num_heads = 16, m.num_kv_heads = 8, m.head_dim = 128, m.tie_word_embeddings = true, m.qk_norm = true;
+  return m;
+}
+
+TEST(CostModel, ParameterCountsMatchQwen3_1_7B) {
+  ModelShape m = qwen3_1_7b();
+  // q 2048x2048, k/v 1024x2048, o 2048x2048, MLP 3x2048x6144, two norms, q/k norms
+  const int64_t dec = 2048 * 2048 * 2 + 2 * 1024 * 2048 + 3 * 2048 * 6144 + 2 * 2048 + 2 * 128;
+  EXPECT_EQ(layer_parameters(m, 1), dec);
+  EXPECT_EQ(layer_parameters(m, 0), 151936LL * 2048);
+  EXPECT_EQ(layer_parameters(m, 29), 151936LL * 2048 + 2048);  // the tail reads the tied head
+  int64_t total = 0;
+  for (int l = 0; l <= 28; ++l) total += layer_parameters(m, l);
+  EXPECT_NEAR(double(total + 2048), 1.72e9, 0.01e9);  // Qwen3-1.7B: 1.72 B with tied embeddings
+  EXPECT_THROW(layer_parameters(m, 30), std::invalid_argument);
+}
+
+TEST(CostModel, DecoderFlopsFollowTheFormula) {
+  ModelShape m = qwen3_1_7b();
+  DeviceModel d;
+  const int64_t n_seq = 2, S = 4096;
+  auto e = estimate_layers(m, n_seq, S, d);
+  ASSERT_EQ(e.size(), 30u);
+  const double T = double(n_seq * S);
+  const double gemm_params = 2048.0 * 2048 * 2 + 2.0 * 1024 * 2048 + 3.0 * 2048 * 6144;
+  const double attn = 2.0 * n_seq * 16 * double(S) * S * 128;  // causal QK^T + PV
+  EXPECT_NEAR(e[1].fwd_flops, 2 * T * gemm_params + attn, 1e-9 * e[1].fwd_flops);
+  // backward with recompute: 3x the GEMMs, 1 + 2.5 x attention
+  EXPECT_NEAR(e[1].bwd_flops, 6 * T * gemm_params + 3.5 * attn, 1e-9 * e[1].bwd_flops);
+  const double ratio = e[1].cost.bwd / e[1].cost.fwd;
+  EXPECT_GT(ratio, 2.8);
+  EXPECT_LT(ratio, 3.7);
+  // the tail: LM head forward + dh + dW
+  EXPECT_NEAR(e[29].bwd_flops, 6 * T * 2048.0 * 151936, 1e-9 * e[29].bwd_flops);
+  EXPECT_GT(e[29].cost.tail, 3 * e[1].cost.fwd);
+  // decoders inside the tail stage run forward then backward-with-recompute
+  EXPECT_DOUBLE_EQ(e[5].cost.tail, e[5].cost.fwd + e[5].cost.bwd);
+  d.tail_recomputes = false;
+  EXPECT_DOUBLE_EQ(estimate_layers(m, n_seq, S, d)[5].cost.tail, e[5].cost.bwd);
+}
+
+TEST(CostModel, AttentionGrowsWithTheSquareOfTheSequence) {
+  ModelShape m = qwen3_1_7b();
+  DeviceModel d;
+  // same tokens per micro-batch, sequences 4x longer: only the S^2 term grows (4x)
+  auto a = estimate_layers(m, 8, 2048, d), b = estimate_layers(m, 2, 8192, d);
+  const double attn_a = 2.0 * 8 * 16 * 2048.0 * 2048 * 128, attn_b = 2.0 * 2 * 16 * 8192.0 * 8192 * 128;
+  EXPECT_NEAR(b[3].fwd_flops - a[3].fwd_flops, attn_b - attn_a, 1e-6 * attn_b);
+  EXPECT_GT(b[3].cost.fwd, a[3].cost.fwd);
+  EXPECT_DOUBLE_EQ(b[0].cost.fwd, a[0].cost.fwd);
+}
+
+TEST(CostModel, MemoryTerms) {
+  ModelShape m = qwen3_1_7b();
+  DeviceModel d;
+  auto e = estimate_layers(m, 1, 8192, d);
+  const LayerCost& c = e[2].cost;
+  EXPECT_EQ(c.weight_bytes, layer_parameters(m, 2) * 2);
+  EXPECT_EQ(c.grad_bytes, layer_parameters(m, 2) * 4);
+  EXPECT_EQ(c.act_bytes, 8192LL * 2048 * 2);
+  EXPECT_EQ(e[0].cost.io_bytes, 8192 * 4);
+  EXPECT_EQ(e[29].cost.io_bytes, 8192 * 4);
+  EXPECT_EQ(e[0].cost.scratch_bytes, 0);
+  // scratch mirrors DecoderLayer::carve: 6TH + 4TQ + 4TK + qk(2TQ + 2TK) + 6TF at 4 bytes + lse + attention
+  const int64_t T = 8192, H = 2048, Q = 2048, K = 1024, F = 6144;
+  const int64_t expect = (6 * T * H + 4 * T * Q + 4 * T * K + 2 * T * Q + 2 * T * K + 6 * T * F) * 4 + T * 16 * 4 +
+                         (2 * 64 * 8192 + 8192 * (16 + Q + 2 * K)) * 4;
+  EXPECT_EQ(c.scratch_bytes, expect);
+}
+
+TEST(CostModel, MoeShapeFromConfigJson) {
+  nlohmann::json j = {{"model_type", "qwen3_moe"},  {"vocab_size", 151936},       {"hidden_size", 4096},
+                      {"num_hidden_layers", 94},     {"num_attention_heads", 64},  {"num_key_value_heads", 4},
+                      {"head_dim", 128},             {"num_experts", 128},         {"num_experts_per_tok", 8},
+                      {"moe_intermediate_size", 1536}, {"intermediate_size", 12288}, {"tie_word_embeddings", false}};
+  ModelShape m = model_shape_from_hf_json(j, "config.json");
+  EXPECT_EQ(m.num_experts, 128);
+  EXPECT_TRUE(m.qk_norm);
+  // 235B parameters in total, 22B active
+  int64_t total = 0;
+  for (int l = 0; l <= 95; ++l) total += layer_parameters(m, l);
+  EXPECT_NEAR(double(total), 235e9, 2e9);
+  auto e = estimate_layers(m, 1, 4096, DeviceModel{});
+  // active FLOPs per token of one layer: attention projections + 8 experts + router
+  const double act = 2.0 * (4096.0 * 8192 * 2 + 2.0 * 4096 * 512 + 8 * 3.0 * 4096 * 1536 + 4096.0 * 128);
+  const double attn = 2.0 * 64 * 4096.0 * 4096 * 128;
+  EXPECT_NEAR(e[1].fwd_flops, 4096 * act + attn, 1e-6 * e[1].fwd_flops);
+  j.erase("hidden_size");
+  try {
+    model_shape_from_hf_json(j, "config.json");
+    FAIL();
+  } catch (const std::invalid_argument& x) {
+    EXPECT_NE(std::string(x.what()).find("'hidden_size'"), std::string::npos) << x.what();
+  }
+}
+
+TEST(CostModel, DenseShapeFromModelConfigAndErrors) {
+  ModelConfig c;
+  c.vocab_size = 1000, c.hidden_size = 64, c.intermediate_size = 128, c.num_hidden_layers = 2;
+  c.num_attention_heads = 4, c.num_key_value_heads = 2;
+  ModelShape m = model_shape_from_config(c);
+  EXPECT_EQ(m.head_dim, 16);
+  EXPECT_NO_THROW(estimate_layers(m, 1, 16, DeviceModel{}));
+  EXPECT_THROW(estimate_layers(m, 0, 16, DeviceModel{}), std::invalid_argument);
+  m.num_kv_heads = 3;
+  EXPECT_THROW(estimate_layers(m, 1, 16, DeviceModel{}), std::invalid_argument);
+  DeviceModel bad;
+  bad.peak_flops = 0;
+  EXPECT_THROW(estimate_layers(model_shape_from_config(c), 1, 16, bad), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace rp

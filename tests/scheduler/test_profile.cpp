@@ -1,0 +1,145 @@
+// Profile: bias-corrected EMA that drops the first sample, settling, calibration, JSON.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "scheduler/profile.hpp"
+
+namespace rp {
+namespace {
+
+TEST(SmoothedTime, DropsTheFirstSampleAndCorrectsTheBias) {
+  SmoothedTime s(0.9);
+  s.add(100.0);  // warm-up outlier: dropped
+  EXPECT_FALSE(s.has_value());
+  EXPECT_EQ(s.seen(), 1);
+  s.add(2.0);
+  EXPECT_DOUBLE_EQ(s.value(), 2.0);  // bias-corrected: the first kept sample exactly
+  s.add(2.0);
+  s.add(2.0);
+  EXPECT_NEAR(s.value(), 2.0, 1e-12);  // a constant series stays constant
+  EXPECT_LT(s.last_change(), 1e-12);
+  // EMA recurrence: m = b m + (1-b) x, estimate m / (1 - b^n)
+  SmoothedTime t(0.5);
+  t.add(0);
+  t.add(1.0);
+  t.add(3.0);
+  const double m = 0.5 * (0.5 * 1.0) + 0.5 * 3.0;
+  EXPECT_DOUBLE_EQ(t.value(), m / (1 - 0.25));
+  EXPECT_EQ(t.kept(), 2);
+}
+
+TEST(Profile, RecordValidatesAndSettles) {
+  Profile p(4, 1, 128);
+  EXPECT_THROW(p.record(4, ProfileKind::forward, 1.0), std::invalid_argument);
+  try {
+    p.record(2, ProfileKind::backward, -1.0);
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("layer 2"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(p.record(1, ProfileKind::forward, std::nan("")), std::invalid_argument);
+  EXPECT_FALSE(p.settled());
+  for (int it = 0; it < 5; ++it) {
+    for (int l = 0; l < 3; ++l) {
+      p.record(l, ProfileKind::forward, 1.0 + l);
+      p.record(l, ProfileKind::backward, 3.0 + l);
+    }
+    if (it < 4) {
+      EXPECT_FALSE(p.settled(0.05, 3));
+    }
+    p.record(3, ProfileKind::tail, 7.0);
+  }
+  EXPECT_TRUE(p.settled(0.05, 3));
+  EXPECT_FALSE(p.settled(0.05, 5));  // only 4 kept samples (the first was dropped)
+  EXPECT_DOUBLE_EQ(p.layer(1).fwd.value(), 2.0);
+  // a decoder that only ever ran inside the tail stage settles through its tail series
+  Profile q(4, 1, 128);
+  for (int it = 0; it < 4; ++it) {
+    for (int l : {0, 1}) {
+      q.record(l, ProfileKind::forward, 1.0);
+      q.record(l, ProfileKind::backward, 3.0);
+    }
+    q.record(2, ProfileKind::tail, 5.0);
+    q.record(3, ProfileKind::tail, 7.0);
+  }
+  EXPECT_TRUE(q.settled(0.05, 3));
+}
+
+TEST(Profile, ApplyReplacesAndCalibrates) {
+  std::vector<LayerCost> analytic(5);
+  for (int l = 0; l < 5; ++l) analytic[size_t(l)] = LayerCost{1.0, 3.0, 4.0, 10, 20, 5, 7, 0};
+  Profile p(5, 1, 64);
+  // measure decoder 1 only: twice as slow as the model thinks
+  p.record(1, ProfileKind::forward, 0.0);
+  p.record(1, ProfileKind::forward, 2.0);
+  p.record(1, ProfileKind::backward, 0.0);
+  p.record(1, ProfileKind::backward, 5.0);
+  p.record(1, ProfileKind::recompute, 0.0);
+  p.record(1, ProfileKind::recompute, 1.0);
+  p.record_memory(1, 11, 22, 99);
+  p.record_memory(1, -1, -1, 50);  // scratch keeps the max
+  auto c = p.apply(analytic);
+  EXPECT_DOUBLE_EQ(c[1].fwd, 2.0);
+  EXPECT_DOUBLE_EQ(c[1].bwd, 6.0);              // backward + recompute
+  EXPECT_DOUBLE_EQ(c[1].tail, 4.0 * 8.0 / 4.0);  // scaled like fwd + bwd
+  EXPECT_EQ(c[1].weight_bytes, 11);
+  EXPECT_EQ(c[1].grad_bytes, 22);
+  EXPECT_EQ(c[1].scratch_bytes, 99);
+  // other decoders are calibrated by the measured ratio; embedding and tail untouched
+  EXPECT_DOUBLE_EQ(c[2].fwd, 2.0);
+  EXPECT_DOUBLE_EQ(c[3].bwd, 6.0);
+  EXPECT_DOUBLE_EQ(c[0].fwd, 1.0);
+  EXPECT_DOUBLE_EQ(c[4].tail, 4.0);
+  EXPECT_EQ(c[2].weight_bytes, 10);
+  EXPECT_THROW(p.apply(std::vector<LayerCost>(4)), std::invalid_argument);
+}
+
+TEST(Profile, JsonRoundTripAndErrors) {
+  Profile p(3, 2, 256, 0.7);
+  p.device = "cpu (virtual)";
+  for (double x : {5.0, 1.0, 1.5, 1.2}) {
+    p.record(0, ProfileKind::forward, x);
+    p.record(1, ProfileKind::backward, 2 * x);
+    p.record(2, ProfileKind::tail, 3 * x);
+  }
+  p.record_memory(1, 100, 200, 300);
+  const auto path = (std::filesystem::temp_directory_path() / "rp_test_profile.json").string();
+  p.save(path);
+  Profile q = Profile::load(path);
+  std::filesystem::remove(path);
+  EXPECT_EQ(q.to_json(), p.to_json());
+  EXPECT_EQ(q.n_seq(), 2);
+  EXPECT_EQ(q.device, "cpu (virtual)");
+  EXPECT_DOUBLE_EQ(q.layer(2).tail.value(), p.layer(2).tail.value());
+  // the series continue where they stopped
+  p.record(0, ProfileKind::forward, 9.0);
+  q.record(0, ProfileKind::forward, 9.0);
+  EXPECT_DOUBLE_EQ(q.layer(0).fwd.value(), p.layer(0).fwd.value());
+
+  nlohmann::json j = p.to_json();
+  j["layers"][1]["backward"].erase("m");
+  try {
+    Profile::from_json(j, "run/profile.json");
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("layer 1.backward: key 'm'"), std::string::npos) << e.what();
+  }
+  j = p.to_json();
+  j["layers"][2]["layer"] = 5;
+  EXPECT_THROW(Profile::from_json(j, "x"), std::invalid_argument);
+  j = p.to_json();
+  j["format"] = "other";
+  EXPECT_THROW(Profile::from_json(j, "x"), std::invalid_argument);
+  EXPECT_THROW(Profile::load("/nonexistent/profile.json"), std::runtime_error);
+  EXPECT_EQ(profile_kind_from_name("recompute"), ProfileKind::recompute);
+  EXPECT_THROW(profile_kind_from_name("sideways"), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace rp

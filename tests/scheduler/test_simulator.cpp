@@ -1,0 +1,217 @@
+// Bubble simulator: closed form in the uniform case, no flush across iterations, transfer
+// hiding, staleness, trace output.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "scheduler/cost_model.hpp"
+#include "scheduler/partition.hpp"
+#include "scheduler/simulator.hpp"
+
+namespace rp {
+namespace {
+
+// A valid plan with exactly S stages (S >= 3): f forward stages, the tail, b backward.
+IterationPlan plan_with_stages(int S) {
+  const int f = (S - 1) / 2, b = S - 1 - f;
+  const int a = std::max(f, b);  // layers before the tail
+  IterationPlan p;
+  p.num_layers = a + 2;
+  auto split = [&](int parts, StageKind k, std::vector<Stage>& out) {
+    int first = 0;
+    for (int i = 0; i < parts; ++i) {
+      int last = i + 1 == parts ? a - 1 : first;
+      out.push_back({k, first, last});
+      first = last + 1;
+    }
+  };
+  std::vector<Stage> fw, bw;
+  split(f, StageKind::forward, fw);
+  split(b, StageKind::backward, bw);
+  p.stages = fw;
+  p.stages.push_back({StageKind::tail, a, a + 1});
+  p.stages.insert(p.stages.end(), bw.rbegin(), bw.rend());
+  validate_plan(p, "test plan");
+  return p;
+}
+
+std::vector<StageCost> uniform(int S, double c) {
+  return std::vector<StageCost>(size_t(S), StageCost{c, 0, 0, 0, 0});
+}
+
+TEST(Simulator, UniformIterationReproducesTheClosedForm) {
+  for (int N = 1; N <= 4; ++N)
+    for (int k = 1; k <= 4; ++k)
+      for (int64_t M = N; M <= N + 5; ++M) {
+        const int S = k * N;  // the closed form holds for S a multiple of N (and M >= N)
+        if (S < 3) continue;
+        SCOPED_TRACE(testing::Message() << "N=" << N << " S=" << S << " M=" << M);
+        SimOptions o;
+        o.gpus = N;
+        o.micro_batches = M;
+        o.iterations = 1;
+        SimResult r = simulate(plan_with_stages(S), uniform(S, 0.25), o);
+        EXPECT_NEAR(r.bubble_ratio, uniform_bubble_ratio(N, M, S), 1e-12);
+        EXPECT_NEAR(r.makespan, (double(M) * S / N + N - 1) * 0.25, 1e-12);
+        for (int g = 0; g < N; ++g) EXPECT_NEAR(r.gpu_idle[size_t(g)], (N - 1) * 0.25, 1e-12);
+        // synchronous training flushes every iteration: the same bubble in steady state
+        o.iterations = 4;
+        o.staleness = 0;
+        SimResult s = simulate(plan_with_stages(S), uniform(S, 0.25), o);
+        EXPECT_NEAR(s.iteration_seconds, (double(M) * S / N + N - 1) * 0.25, 1e-12);
+        EXPECT_NEAR(s.steady_bubble_ratio, uniform_bubble_ratio(N, M, S), 1e-12);
+        // asynchronous (staleness 1) with the pointer carried over: no flush, no bubble
+        o.staleness = 1;
+        SimResult a = simulate(plan_with_stages(S), uniform(S, 0.25), o);
+        EXPECT_NEAR(a.iteration_seconds, double(M) * S / N * 0.25, 1e-12);
+        EXPECT_NEAR(a.steady_bubble_ratio, 0.0, 1e-12);
+        EXPECT_NEAR(a.first_iteration_seconds, r.makespan, 1e-12);
+      }
+}
+
+TEST(Simulator, RoundRobinPointerCarriesOver) {
+  // 5 stages on 2 GPUs: iteration 1 starts on GPU 1 (5 mod 2)
+  SimOptions o;
+  o.gpus = 2;
+  o.micro_batches = 2;
+  o.iterations = 2;
+  o.record_timeline = true;
+  SimResult r = simulate(plan_with_stages(5), uniform(5, 1.0), o);
+  for (auto& i : r.timeline) {
+    if (i.stream == SimInterval::compute) {
+      EXPECT_EQ(i.gpu, (i.iteration * 5 + i.stage) % 2);
+    }
+  }
+  // the same with a starting pointer of 1
+  o.pointer = 1;
+  r = simulate(plan_with_stages(5), uniform(5, 1.0), o);
+  for (auto& i : r.timeline) {
+    if (i.stream == SimInterval::compute) {
+      EXPECT_EQ(i.gpu, (1 + i.iteration * 5 + i.stage) % 2);
+    }
+  }
+}
+
+TEST(Simulator, EarlyActivationUploadsHideTransfers) {
+  const int N = 2, S = 6;
+  const int64_t M = 8;
+  auto costs = uniform(S, 1.0);
+  for (auto& c : costs) c.act_up_bytes = c.act_down_bytes = 50;  // 0.5 s each at 100 B/s
+  SimOptions o;
+  o.gpus = N;
+  o.micro_batches = M;
+  o.iterations = 6;
+  o.bandwidth = StreamBandwidths::uniform(100);
+  SimResult r = simulate(plan_with_stages(S), costs, o);
+  EXPECT_NEAR(r.iteration_seconds, double(M) * S / N, 1e-9);  // steady state: hidden
+  // transfers slower than compute are not hidden: the stream is the bottleneck
+  o.bandwidth = StreamBandwidths::uniform(25);  // 2 s per upload
+  SimResult slow = simulate(plan_with_stages(S), costs, o);
+  EXPECT_NEAR(slow.iteration_seconds, 2.0 * double(M) * S / N, 1e-9);
+}
+
+TEST(Simulator, ParameterPrefetchFillsGaps) {
+  const int N = 2, S = 6;
+  auto costs = uniform(S, 1.0);
+  for (auto& c : costs) c.param_bytes = 200, c.grad_bytes = 100;  // 2 s and 1 s at 100 B/s
+  SimOptions o;
+  o.gpus = N;
+  o.micro_batches = 4;
+  o.iterations = 6;
+  o.bandwidth = StreamBandwidths::uniform(100);
+  const double prefetch = simulate(plan_with_stages(S), costs, o).iteration_seconds;
+  EXPECT_NEAR(prefetch, 4.0 * S / N, 1e-9);  // 2 s uploads hide behind 4 s tasks
+  o.weight_buffers = 1;  // upload only after the previous task finished
+  const double serial = simulate(plan_with_stages(S), costs, o).iteration_seconds;
+  EXPECT_GT(serial, prefetch + 1.0);
+}
+
+TEST(Simulator, OptimizerTimeDelaysSynchronousTrainingOnly) {
+  const int S = 6;
+  std::vector<double> opt(5, 3.0);  // plan_with_stages(6) has 5 layers
+  SimOptions o;
+  o.gpus = 2;
+  o.micro_batches = 4;
+  o.iterations = 6;
+  o.optimizer_seconds = opt;
+  o.staleness = 1;
+  const double async = simulate(plan_with_stages(S), uniform(S, 1.0), o).iteration_seconds;
+  EXPECT_NEAR(async, 4.0 * S / 2, 1e-9);
+  o.staleness = 0;
+  const double sync = simulate(plan_with_stages(S), uniform(S, 1.0), o).iteration_seconds;
+  EXPECT_NEAR(sync, 4.0 * S / 2 + 1 + 3.0, 1e-9);  // fill (N-1) + the optimizer
+}
+
+TEST(Simulator, PredictionAndTrace) {
+  const int S = 7;
+  auto plan = plan_with_stages(S);
+  auto costs = uniform(S, 0.5);
+  SimOptions o;
+  o.iterations = 5;
+  o.gpus = 3;
+  o.micro_batches = 6;
+  EXPECT_DOUBLE_EQ(predict_iteration_seconds(plan, costs, 3, 6, o), simulate(plan, costs, o).iteration_seconds);
+  o.record_timeline = true;
+  o.iterations = 2;
+  SimResult r = simulate(plan, costs, o);
+  EXPECT_EQ(r.timeline.size(), size_t(2 * S * 6));  // compute only: transfers are instantaneous
+  nlohmann::json j = sim_trace_json(r, plan);
+  ASSERT_TRUE(j.contains("traceEvents"));
+  int complete = 0;
+  for (auto& e : j["traceEvents"])
+    if (e["ph"] == "X") {
+      ++complete;
+      EXPECT_GE(e["dur"].get<double>(), 0);
+    }
+  EXPECT_EQ(complete, 2 * S * 6);
+  const auto path = (std::filesystem::temp_directory_path() / "rp_test_sim_trace.json").string();
+  write_sim_trace(path, r, plan);
+  std::ifstream f(path);
+  EXPECT_EQ(nlohmann::json::parse(f), j);
+  std::filesystem::remove(path);
+}
+
+TEST(Simulator, RejectsBadInput) {
+  auto plan = plan_with_stages(5);
+  SimOptions o;
+  EXPECT_THROW(simulate(plan, uniform(4, 1.0), o), std::invalid_argument);
+  o.gpus = 0;
+  try {
+    simulate(plan, uniform(5, 1.0), o);
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("'gpus'"), std::string::npos);
+  }
+  o.gpus = 1;
+  auto c = uniform(5, 1.0);
+  c[2].compute = -1;
+  EXPECT_THROW(simulate(plan, c, o), std::invalid_argument);
+}
+
+TEST(Simulator, PartitionedQwen3PlanHasASmallBubble) {
+  ModelShape m;
+  m.vocab_size = 151936, m.hidden_size = 2048, m.intermediate_size = 6144, m.num_layers = 28;
+  m.num_heads = 16, m.num_kv_heads = 8, m.head_dim = 128, m.tie_word_embeddings = true, m.qk_norm = true;
+  DeviceModel d;
+  d.peak_flops = 165e12, d.mem_bandwidth = 1.0e12, d.pcie_bandwidth = 25e9;  // RTX 4090-like
+  auto costs = layer_costs(estimate_layers(m, 1, 4096, d));
+  PartitionOptions po;
+  po.gpus = 8;
+  po.micro_batches = 16;
+  po.pcie_bandwidth = d.pcie_bandwidth;
+  po.memory_cap = int64_t(24) << 30;
+  PartitionResult pr = partition(costs, po);
+  SimOptions o;
+  o.gpus = 8;
+  o.micro_batches = 16;
+  o.bandwidth = StreamBandwidths::uniform(d.pcie_bandwidth);
+  SimResult r = simulate(pr.plan, stage_costs(costs, pr.plan, po), o);
+  EXPECT_LT(r.steady_bubble_ratio, 0.15) << pr.plan.summary();
+  EXPECT_GT(r.iteration_seconds, 0);
+}
+
+}  // namespace
+}  // namespace rp
