@@ -53,7 +53,7 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
   if (!j.is_object()) throw std::invalid_argument(where + ": expected a JSON object at the top level");
   check_keys(j,
              {"model", "data", "chat_template", "seq_len", "sequences_per_step", "micro_batches", "accumulation",
-              "steps", "optimizer", "lr_schedule", "backend", "workers", "async", "plan", "device_memory_gib",
+              "steps", "max_examples", "optimizer", "lr_schedule", "backend", "workers", "async", "plan", "device_memory_gib",
               "pcie_gbps", "output_dir", "save_every", "save_dtype", "trace", "seed", "log_every", "comment"},
              where, "");
   TrainSpec s;
@@ -63,6 +63,8 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
   get(j, "data", s.data, where);
   get(j, "chat_template", s.chat_template, where);
   get(j, "seq_len", s.seq_len, where);
+  get(j, "max_examples", s.max_examples, where);
+  if (s.max_examples < 0) bad(where, "max_examples", "an integer >= 0", s.max_examples);
   get(j, "sequences_per_step", s.sequences_per_step, where);
   get(j, "micro_batches", s.micro_batches, where);
   get(j, "accumulation", s.accumulation, where);

@@ -16,6 +16,7 @@ struct TrainSpec {
   std::string data;                  ///< .jsonl file, .txt file or directory of .txt files
   std::string chat_template = "auto";  ///< auto (from the model) | chatml | smollm2 | llama3
   int64_t seq_len = 128;             ///< tokens per sequence
+  int64_t max_examples = 0;          ///< use only the first k supervised examples (0 = all)
   int64_t sequences_per_step = 4;    ///< global batch, in sequences
   int64_t micro_batches = 2;         ///< M per pass; sequences_per_step / (M * accumulation) per micro-batch
   int64_t accumulation = 1;          ///< forward_backward passes per optimizer step

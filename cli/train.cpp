@@ -67,6 +67,8 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
     chat = parse_chat_template_name(spec.chat_template);
   spdlog::info("loading data {} (chat template {})", spec.data, chat_template_name(chat));
   Dataset ds = load_dataset(spec.data, tok, chat);
+  if (spec.max_examples > 0 && int64_t(ds.examples.size()) > spec.max_examples)
+    ds.examples.resize(size_t(spec.max_examples));
   PackedSequences packed = pack_sequences(ds, spec.seq_len, tok.eos_id());
   spdlog::info("data: {} examples, {} text tokens -> {} sequences of {} tokens{}", ds.examples.size(),
                ds.text_stream.size(), packed.size(), spec.seq_len,
