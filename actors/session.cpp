@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <cstdio>
 #include <thread>
 
 #include <fmt/format.h>
@@ -29,6 +30,8 @@ struct Session::Impl {
   int64_t current_step = 0;
   int64_t passes_in_step = 0;
   int64_t waited_through = -1;
+  std::vector<void*> pinned;  // host blocks pinned through devices[0]
+  std::vector<std::shared_ptr<PassBuffers>> slots;
 
   ~Impl() {
     if (sys) {
@@ -38,8 +41,27 @@ struct Session::Impl {
     }
     for (auto& d : devices)
       for (int k = 0; k < kNumStreams; ++k) d->stream(StreamKind(k)).synchronize();
+    if (!devices.empty())
+      for (void* p : pinned) devices[0]->unpin_host(p);
+  }
+
+  void pin(HostBytes& b) {
+    devices[0]->pin_host(b.data(), b.size());
+    pinned.push_back(b.data());
   }
 };
+
+/// Bytes of host memory available for new allocations (MemAvailable), or 0 if unknown.
+static size_t host_available_bytes() {
+  FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return 0;
+  char line[256];
+  size_t kb = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "MemAvailable: %zu kB", &kb) == 1) break;
+  std::fclose(f);
+  return kb * 1024;
+}
 
 namespace {
 
@@ -100,6 +122,18 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
 
   for (int i = 0; i < opt.workers; ++i) I.devices.push_back(make_device(backend, i, opt.device));
   const DType dt = I.devices[0]->compute_dtype();
+  {  // host-memory budget: optimizer state + low-precision copy + gradient slots + pass slots
+    const size_t n = size_t(layout.total_numel());
+    const size_t act = size_t(opt.micro.tokens()) * size_t(layout.config.hidden_size) * dtype_size(dt);
+    const size_t per_slot = size_t(opt.micro_batches) * act * size_t(2 * layout.num_layers());
+    const size_t need = n * (4 /*m*/ + 4 /*v*/ + dtype_size(dt) + 4 /*grad*/) + size_t(opt.pass_slots) * per_slot;
+    const size_t avail = host_available_bytes();
+    if (avail > 0 && need > avail)
+      throw std::invalid_argument(fmt::format(
+          "host memory: the session needs about {:.1f} GiB (optimizer state, weights, gradients, {} pass slots of "
+          "activations) but only {:.1f} GiB are available; lower micro_batches, the sequence length or pass_slots",
+          need / double(1ull << 30), opt.pass_slots, avail / double(1ull << 30)));
+  }
   I.store = std::make_unique<ParamStore>(layout, dt);
   I.master = std::move(w);
   I.adam.resize(I.master.size());
@@ -116,6 +150,17 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
   sc.num_groups = int(layout.groups.size());
   for (int i = 0; i < opt.pass_slots; ++i)
     sc.pass_slots.push_back(std::make_shared<PassBuffers>(layout, I.plan, opt.micro_batches, opt.micro, dt));
+  // Pin every host buffer the copy streams touch (no-op on the CPU backend).
+  for (auto& b : I.store->lowp) I.pin(b);
+  for (auto& b : I.store->grad) I.pin(b);
+  for (auto& pb : sc.pass_slots) {
+    for (auto* v : {&pb->ids, &pb->targets})
+      for (auto& b : *v) I.pin(b);
+    for (auto* vv : {&pb->x, &pb->dx})
+      for (auto& v : *vv)
+        for (auto& b : v) I.pin(b);
+  }
+  I.slots = sc.pass_slots;
   I.scheduler = spawn_scheduler(*I.sys, std::move(sc));
 
   // Optimizer shards own disjoint groups, balanced by bytes (largest first).

@@ -135,7 +135,7 @@ TEST_P(RuntimeVsSequential, LossesAndWeightsMatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Workers, RuntimeVsSequential,
-                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Bool()));
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 8), ::testing::Bool()));
 
 TEST(Runtime, AsyncDiffersFromSyncAfterTwoSteps) {
   // Guards against a runtime that silently ignores the staleness setting.

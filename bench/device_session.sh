@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One batched session on the lent GPU machine (see docs/gpu.md): golden fixtures from
+# transformers, GPU tests, then throughput (RoundPipe vs resident PyTorch) and scaling.
+# Expects the bundle in .device/ (bin/ + lib/); writes everything under $OUT.
+set -uo pipefail
+export LD_LIBRARY_PATH=$PWD/.device/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+log=$OUT/session.log
+exec > >(tee -a "$log") 2>&1
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+nproc; free -g | head -2
+# the tests look for fixtures at the build machine's source path
+mkdir -p "$(dirname "$RP_BUILD_SRC")" && ln -sfn "$PWD" "$RP_BUILD_SRC"
+step() { echo "=== $* ($(date +%T))"; }
+if [ "${DO_GOLDEN:-1}" = 1 ]; then
+  step golden
+  python3 tests/fixtures/hf_golden/make_golden.py tests/fixtures/hf_golden
+  tar czf "$OUT/golden.tgz" tests/fixtures/hf_golden
+fi
+if [ "${DO_TESTS:-1}" = 1 ]; then
+  step tests
+  .device/bin/test_kernels --gtest_brief=1 2>&1 | tail -5
+  .device/bin/test_model --gtest_filter='HfParity*' 2>&1 | tail -25
+  .device/bin/test_actors --gtest_filter='RuntimeCuda*' 2>&1 | tail -25
+fi
+if [ "${DO_BENCH:-1}" = 1 ]; then
+  res=$OUT/throughput.md
+  echo "| system | tokens/s | MFU | peak GPU GiB | step s |" > "$res"; echo "|---|---|---|---|---|" >> "$res"
+  step roundpipe 1 GPU
+  timeout 300 .device/bin/bench_throughput --workers 1 --results "$res" --trace "$OUT/trace_1gpu.json" ${BENCH_ARGS:-}
+  if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+    step roundpipe 2 GPUs
+    timeout 240 .device/bin/bench_throughput --workers 2 --results "$res" ${BENCH_ARGS:-}
+  fi
+  step pytorch
+  PYTHONUNBUFFERED=1 timeout 240 python3 bench/pytorch_baseline.py --results "$res" ${PT_ARGS:-}
+  cat "$res"
+fi
+step done

@@ -1,0 +1,123 @@
+// End-to-end training throughput of the RoundPipe runtime on a model shape with random
+// weights (issue 3's benchmark: Qwen3-1.7B shape, seq 8192, 8 sequences per step).
+//
+//   bench_throughput [--backend cuda] [--workers 1] [--layers 28] [--hidden 2048] [--heads 16]
+//                    [--kv-heads 8] [--head-dim 128] [--ffn 6144] [--vocab 151936] [--seq 8192]
+//                    [--seqs 8] [--micro 8] [--steps 6] [--warmup 2] [--sync] [--cap-gib 139]
+//                    [--trace FILE] [--results FILE]
+// tokens/s: median over the measured steps of tokens-per-step / (time between consecutive
+// step completions). MFU = tokens/s * (6 N_matmul + 6 layers q_heads head_dim seq) / 790e12
+// (N_matmul counts every matmul weight incl. the LM head; recompute not counted).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <random>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "roundpipe/session.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"RoundPipe end-to-end throughput benchmark"};
+  std::string backend = "cuda", trace, results;
+  int workers = 1, layers = 28, steps = 6, warmup = 2;
+  int64_t hidden = 2048, heads = 16, kv = 8, hd = 128, ffn = 6144, vocab = 151936, seq = 8192, seqs = 8, micro = 8;
+  bool sync = false, qwen3 = true;
+  double cap = 139;
+  app.add_option("--backend", backend);
+  app.add_option("--workers", workers);
+  app.add_option("--layers", layers);
+  app.add_option("--hidden", hidden);
+  app.add_option("--heads", heads);
+  app.add_option("--kv-heads", kv);
+  app.add_option("--head-dim", hd);
+  app.add_option("--ffn", ffn);
+  app.add_option("--vocab", vocab);
+  app.add_option("--seq", seq);
+  app.add_option("--seqs", seqs, "sequences per step");
+  app.add_option("--micro", micro, "micro-batches per step");
+  app.add_option("--steps", steps, "measured steps");
+  app.add_option("--warmup", warmup);
+  app.add_flag("--sync", sync);
+  app.add_option("--cap-gib", cap, "device memory cap per worker");
+  app.add_option("--trace", trace);
+  app.add_option("--results", results, "append a markdown row here");
+  CLI11_PARSE(app, argc, argv);
+
+  rp::ModelConfig c;
+  c.architecture = qwen3 ? "qwen3" : "llama";
+  c.qk_norm = qwen3;
+  c.vocab_size = vocab;
+  c.hidden_size = hidden;
+  c.intermediate_size = ffn;
+  c.num_hidden_layers = layers;
+  c.num_attention_heads = heads;
+  c.num_key_value_heads = kv;
+  c.head_dim = hd;
+  c.rope_theta = 1e6;
+  c.max_position_embeddings = std::max<int64_t>(seq, 40960);
+  c.tie_word_embeddings = true;
+  rp::ModelLayout m = rp::make_layout(c);
+  std::vector<std::vector<float>> w;
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> u(-0.02f, 0.02f);
+  for (auto& g : m.groups) {
+    std::vector<float> v(g.numel);
+    for (auto& t : g.tensors)
+      for (int64_t i = 0; i < t.numel(); ++i) v[t.offset + i] = t.shape.size() == 1 ? 1.f : u(rng);
+    w.push_back(std::move(v));
+  }
+  rp::SessionOptions o;
+  o.backend = backend;
+  o.workers = workers;
+  o.micro_batches = micro;
+  o.micro = {seqs / micro, seq};
+  o.async = !sync;
+  o.device.capacity_bytes = size_t(cap * double(1ull << 30));
+  o.trace = !trace.empty();
+  auto t0 = std::chrono::steady_clock::now();
+  rp::Session s(m, std::move(w), o);
+  std::printf("session ready in %.1f s: %s, plan %s\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), s.device_name().c_str(),
+              s.plan().summary().c_str());
+  const int64_t n = micro * o.micro.tokens();
+  std::vector<int32_t> ids(n), tg(n);
+  std::vector<double> done_at;
+  auto now = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
+  const int total = warmup + steps;
+  double loss = 0;
+  for (int t = 0; t < total; ++t) {
+    for (int64_t i = 0; i < n; ++i) ids[i] = int32_t(rng() % vocab);
+    for (int64_t i = 0; i < n; ++i) tg[i] = (i + 1) % seq == 0 ? -100 : ids[i + 1];
+    s.forward_backward(ids, tg);
+    s.step(1e-5);
+    if (t >= 1) {
+      auto r = s.wait(t - 1);
+      done_at.push_back(now());
+      loss = r.loss_sum / r.tokens;
+      std::printf("step %d loss %.4f (%.2f s)\n", t - 1, loss, r.seconds);
+      std::fflush(stdout);
+    }
+  }
+  s.wait(total - 1);
+  done_at.push_back(now());
+  std::vector<double> dts;
+  for (int t = warmup; t < total; ++t) dts.push_back(done_at[t] - done_at[t - 1]);
+  std::sort(dts.begin(), dts.end());
+  const double dt = dts[dts.size() / 2];
+  const double tps = double(n) / dt;
+  const double nmat = double(layers) * (hidden * heads * hd * 2.0 + 2.0 * hidden * kv * hd + 3.0 * hidden * ffn) +
+                      double(vocab) * hidden;
+  const double flops_per_token = 6 * nmat + 6.0 * layers * heads * hd * seq;
+  const double mfu = tps * flops_per_token / 790e12;
+  const double peak = s.peak_device_bytes() / double(1ull << 30);
+  std::string row = fmt::format("| roundpipe ({} x {}, {}) | {:.0f} | {:.3f} | {:.2f} | {:.2f} |", workers, backend,
+                                sync ? "sync" : "async", tps, mfu, peak, dt);
+  std::printf("RESULT tokens/s %.1f  MFU %.3f  peak device memory %.2f GiB  step %.3f s  (%s)\n", tps, mfu, peak, dt,
+              s.plan().summary().c_str());
+  if (!results.empty()) std::ofstream(results, std::ios::app) << row << "\n";
+  if (!trace.empty()) s.write_trace(trace);
+  return 0;
+}
