@@ -40,6 +40,7 @@ caf::behavior shard_impl(caf::stateful_actor<ShardState>* self, std::vector<Shar
                          ParamStore* store, ShardOptions opt, caf::actor scheduler) {
   for (auto& g : groups) self->state.groups[g.group].g = g;
   const int s = opt.staleness;
+  const int off = opt.disable_rule;  // testing only: the rule whose guard is switched off
   auto version_for = [s](int64_t t) { return std::max<int64_t>(t - 1 - s, -1); };
 
   auto cast_lowp = [store](GroupState& gs) {
@@ -64,7 +65,7 @@ caf::behavior shard_impl(caf::stateful_actor<ShardState>* self, std::vector<Shar
         progress = true;
       }
       // rule 5: publish a waiting version
-      if (gs.published < gs.updated && gs.uploads_complete_through >= gs.updated + s) {
+      if (gs.published < gs.updated && (off == 5 || gs.uploads_complete_through >= gs.updated + s)) {
         cast_lowp(gs);
         gs.published = gs.updated;
         progress = true;
@@ -72,9 +73,9 @@ caf::behavior shard_impl(caf::stateful_actor<ShardState>* self, std::vector<Shar
       // rule 4: update when all gradient contributions of the next step are written
       int64_t k = gs.updated + 1;
       auto c = closed.find(k);
-      if (c != closed.end() && !gs.writer_active && gs.published == gs.updated &&
-          gs.grads_done[k] >= c->second.passes * gs.g.grads_per_pass) {
-        bool may_publish = gs.published == gs.updated && gs.uploads_complete_through >= k + s;
+      if (c != closed.end() && gs.published == gs.updated &&
+          (off == 4 || (!gs.writer_active && gs.grads_done[k] >= c->second.passes * gs.g.grads_per_pass))) {
+        bool may_publish = gs.published == gs.updated && (off == 5 || gs.uploads_complete_through >= k + s);
         const int64_t n = gs.g.master->size();
         void* lowp = may_publish ? store->lowp[gs.g.group].data() : nullptr;
         adamw_update(gs.g.master->data(), *gs.g.state, store->grad[gs.g.group].as<float>(), n,
@@ -88,27 +89,28 @@ caf::behavior shard_impl(caf::stateful_actor<ShardState>* self, std::vector<Shar
     }
     // rule 1: grant every upload whose version is published (any arrival order)
     for (auto it = gs.weight_waiters.begin(); it != gs.weight_waiters.end();) {
-      if (version_for(it->first) <= gs.published) {
+      if (off == 1 || version_for(it->first) <= gs.published) {
         it->second.deliver(WeightsGranted{gs.g.group, it->first});
         it = gs.weight_waiters.erase(it);
       } else {
         ++it;
       }
     }
-    // rule 3: one gradient writer at a time, after the previous step consumed the slot;
-    // the earliest step goes first whatever order the requests arrived in.
-    if (!gs.writer_active) {
+    // rule 3: one gradient writer at a time (the host half of rule 2), after the previous
+    // step consumed the slot; the earliest step goes first whatever order the requests
+    // arrived in. (The loop grants once: granting sets writer_active.)
+    while (off == 2 || !gs.writer_active) {
       auto best = gs.grad_waiters.end();
       for (auto it = gs.grad_waiters.begin(); it != gs.grad_waiters.end(); ++it)
-        if (it->first - 1 <= gs.updated && (best == gs.grad_waiters.end() || it->first < best->first))
+        if ((off == 3 || it->first - 1 <= gs.updated) &&
+            (best == gs.grad_waiters.end() || it->first < best->first))
           best = it;
-      if (best != gs.grad_waiters.end()) {
-        int64_t t = best->first;
-        auto rp = best->second;
-        gs.grad_waiters.erase(best);
-        gs.writer_active = true;
-        rp.deliver(GradGrant{gs.g.group, t, gs.grads_done[t] == 0});
-      }
+      if (best == gs.grad_waiters.end()) break;
+      int64_t t = best->first;
+      auto rp = best->second;
+      gs.grad_waiters.erase(best);
+      gs.writer_active = true;
+      rp.deliver(GradGrant{gs.g.group, t, gs.grads_done[t] == 0});
     }
   };
 
@@ -155,6 +157,7 @@ caf::behavior shard_impl(caf::stateful_actor<ShardState>* self, std::vector<Shar
 
 caf::actor spawn_optimizer_shard(caf::actor_system& sys, std::vector<ShardGroup> groups, ParamStore* store,
                                  ShardOptions opt, caf::actor scheduler) {
+  if (!opt.detached) return sys.spawn(shard_impl, std::move(groups), store, opt, std::move(scheduler));
   return sys.spawn<caf::detached>(shard_impl, std::move(groups), store, opt, std::move(scheduler));
 }
 

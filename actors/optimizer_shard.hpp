@@ -34,9 +34,19 @@ struct ShardGroup {
 struct ShardOptions {
   int staleness = 1;
   AdamWOptions adam;
+  /// Spawn the shard on its own thread (production). Tests that drive the protocol with
+  /// CAF's deterministic test coordinator set false: a detached actor runs on a private
+  /// thread that the coordinator does not schedule.
+  bool detached = true;
+  /// Testing only (tests/actors/test_protocol_guards.cpp): 1..5 switches off the guard of
+  /// that rule (numbering of the file comment above; 2 = the shard's half of rule 2, one
+  /// gradient writer at a time), so the protocol tests can show they catch its absence.
+  /// 0 = every guard on. Never set outside tests.
+  int disable_rule = 0;
 };
 
-/// Spawns a detached optimizer shard owning `groups`; reports GroupUpdated to `scheduler`.
+/// Spawns an optimizer shard owning `groups` (detached unless opt.detached is false);
+/// reports GroupUpdated to `scheduler`.
 caf::actor spawn_optimizer_shard(caf::actor_system& sys, std::vector<ShardGroup> groups,
                                  ParamStore* store, ShardOptions opt, caf::actor scheduler);
 

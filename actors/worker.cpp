@@ -5,6 +5,7 @@
 #include <deque>
 #include <map>
 #include <set>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -16,7 +17,7 @@
 namespace rp {
 namespace {
 struct ComputeDone {
-  int64_t pass;
+  uint64_t task;
   int64_t micro_batch;
   std::string error;
 };
@@ -38,6 +39,7 @@ struct Slot {
 };
 
 struct Task {
+  uint64_t id = 0;              ///< worker-local sequence number (callbacks find tasks by it)
   RunStage rs;
   std::vector<int> layers;      ///< execution order
   std::vector<int> groups;      ///< parameter groups read
@@ -52,7 +54,6 @@ struct Task {
   std::vector<int> up_pending, down_pending;  ///< copies outstanding per micro-batch
   std::vector<char> uploaded, computed, downloaded;
   int64_t n_downloaded = 0;
-  bool grads_started = false;
   int grads_pending = 0;
   double t_start = 0;
   std::chrono::steady_clock::time_point wall_start;
@@ -78,6 +79,8 @@ class Worker : public caf::event_based_actor {
       for (int k = 0; k < kNumStreams; ++k) ctx_.device->stream(StreamKind(k)).synchronize();
     queue_.clear();
     task_.reset();
+    next_.reset();
+    draining_.clear();
     on_copy_.clear();
     ctx_.shard_of_group.clear();
     ctx_.scheduler = nullptr;
@@ -103,7 +106,7 @@ class Worker : public caf::event_based_actor {
           fn();
         },
         [this](ComputeDone& c) {
-          if (!task_ || task_->rs.pass != c.pass) return;
+          if (!task_ || task_->id != c.task) return;
           if (!c.error.empty()) return fail(fmt::format("micro-batch {}: {}", c.micro_batch, c.error));
           on_computed(c.micro_batch);
         },
@@ -136,25 +139,57 @@ class Worker : public caf::event_based_actor {
                           caf::actor_cast<caf::actor>(this)});
   }
 
+  /// The live task with id `id` (current, prefetching or draining its gradients), or null.
+  Task* live(uint64_t id) {
+    if (task_ && task_->id == id) return task_.get();
+    if (next_ && next_->id == id) return next_.get();
+    auto it = draining_.find(id);
+    return it == draining_.end() ? nullptr : it->second.get();
+  }
+
   void start_next() {
     task_.reset();
-    if (failed_ || queue_.empty()) return;
-    try {
-      begin(std::move(queue_.front()));
-      queue_.pop_front();
-    } catch (const std::exception& e) {
-      queue_.pop_front();
-      fail(e.what());
-      return;
+    if (failed_) return;
+    if (next_) {
+      task_ = std::move(next_);
+    } else {
+      if (queue_.empty()) return;
+      try {
+        task_ = prepare(std::move(queue_.front()));
+        queue_.pop_front();
+      } catch (const std::exception& e) {
+        queue_.pop_front();
+        fail(e.what());
+        return;
+      }
     }
+    task_->wall_start = std::chrono::steady_clock::now();
+    task_->t_start = ctx_.tracer ? ctx_.tracer->now() : 0;
     pump();
   }
 
-  void begin(RunStage rs) {
+  /// Prefetch (SPEC.md point 4): once the current task's weights are on the device,
+  /// allocate the next task and start its parameter uploads while this one computes.
+  /// Skipped (and retried later) when both do not fit in the device's memory cap.
+  void maybe_prefetch() {
+    if (next_ || queue_.empty() || failed_ || !task_ || task_->params_pending > 0) return;
+    try {
+      next_ = prepare(std::move(queue_.front()));
+      queue_.pop_front();
+    } catch (const DeviceOutOfMemory&) {
+      // not enough room for two stages: the next one starts when this one ends
+    } catch (const std::exception& e) {
+      queue_.pop_front();
+      fail(e.what());
+    }
+  }
+
+  std::unique_ptr<Task> prepare(RunStage rs) {
     auto& d = *ctx_.device;
     const auto& m = *ctx_.layout;
-    task_ = std::make_unique<Task>();
-    Task& t = *task_;
+    auto tp = std::make_unique<Task>();
+    Task& t = *tp;
+    t.id = next_task_id_++;
     t.rs = std::move(rs);
     t.layers = t.rs.stage.layers();
     t.M = t.rs.buffers->micro_batches;
@@ -207,23 +242,27 @@ class Worker : public caf::event_based_actor {
     }
     // Parameters: ask the owning shard (rule 1), then upload, then release.
     t.params_pending = int(t.groups.size());
-    const int64_t step = t.rs.step, pass = t.rs.pass;
+    const int64_t step = t.rs.step;
+    const uint64_t id = t.id;
     for (int g : t.groups) {
       request(ctx_.shard_of_group[g], caf::infinite, AcquireWeights{g, step})
           .then(
-              [this, g, step, pass](WeightsGranted&) {
-                if (!task_ || task_->rs.pass != pass) return;
-                auto& buf = task_->dparam.at(g);
+              [this, g, step, id](WeightsGranted&) {
+                Task* tk = live(id);
+                if (!tk) return;
+                auto& buf = tk->dparam.at(g);
                 copy(param_up_, CopyDir::h2d, buf.get(), ctx_.store->lowp[g].data(), buf.bytes(), kPrioParam,
-                     g, [this, g, step, pass] {
+                     g, [this, g, step, id] {
                        send(ctx_.shard_of_group[g], ReleaseWeights{g, step});
-                       if (!task_ || task_->rs.pass != pass) return;
-                       task_->params_pending--;
+                       Task* tk = live(id);
+                       if (!tk) return;
+                       tk->params_pending--;
                        pump();
                      });
               },
               [this](caf::error& e) { fail("weights request failed: " + to_string(e)); });
     }
+    return tp;
   }
 
   bool input_ready(const Task& t, int64_t m) const {
@@ -233,6 +272,7 @@ class Worker : public caf::event_based_actor {
   void pump() {
     if (!task_ || failed_) return;
     Task& t = *task_;
+    maybe_prefetch();
     // Uploads: one micro-batch ahead, once the slot's previous user has computed.
     while (t.next_up < t.M && (t.next_up < 2 || t.computed[t.next_up - 2]) && input_ready(t, t.next_up)) {
       issue_uploads(t.next_up);
@@ -252,11 +292,11 @@ class Worker : public caf::event_based_actor {
     auto& pb = *t.rs.buffers;
     Slot& s = t.slot[m % 2];
     const StageKind kind = t.rs.stage.kind;
-    const int64_t pass = t.rs.pass;
+    const uint64_t id = t.id;
     auto up = [&](void* dst, const void* src, size_t bytes) {
       t.up_pending[m]++;
-      copy(act_up_, CopyDir::h2d, dst, src, bytes, kPrioActivation, m, [this, pass, m] {
-        if (!task_ || task_->rs.pass != pass) return;
+      copy(act_up_, CopyDir::h2d, dst, src, bytes, kPrioActivation, m, [this, id, m] {
+        if (!task_ || task_->id != id) return;
         if (--task_->up_pending[m] == 0) {
           task_->uploaded[m] = 1;
           pump();
@@ -358,10 +398,10 @@ class Worker : public caf::event_based_actor {
       for (auto& [l, a] : bwd) layers[l]->backward(a);
     });
     auto me = caf::actor_cast<caf::actor>(this);
-    int64_t pass = t.rs.pass;
-    stream.then([me, pass, m, tr, t0, track, label](const std::string& err) {
+    const uint64_t id = t.id;
+    stream.then([me, id, m, tr, t0, track, label](const std::string& err) {
       if (tr) tr->interval(track, label, *t0, tr->now());
-      caf::anon_send(me, ComputeDone{pass, m, err});
+      caf::anon_send(me, ComputeDone{id, m, err});
     });
   }
 
@@ -371,11 +411,11 @@ class Worker : public caf::event_based_actor {
     auto& pb = *t.rs.buffers;
     Slot& s = t.slot[m % 2];
     const StageKind kind = t.rs.stage.kind;
-    const int64_t pass = t.rs.pass;
+    const uint64_t id = t.id;
     auto down = [&](void* dst, const void* src, size_t bytes) {
       t.down_pending[m]++;
-      copy(act_down_, CopyDir::d2h, dst, src, bytes, kPrioActivation, m, [this, pass, m] {
-        if (!task_ || task_->rs.pass != pass) return;
+      copy(act_down_, CopyDir::d2h, dst, src, bytes, kPrioActivation, m, [this, id, m] {
+        if (!task_ || task_->id != id) return;
         if (--task_->down_pending[m] == 0) on_downloaded(m);
       });
     };
@@ -400,52 +440,74 @@ class Worker : public caf::event_based_actor {
     pump();
   }
 
+  /// Once every micro-batch is computed and its outputs are on the host, the task's
+  /// gradients drain to the host in the background (rule 3 through the shards) while the
+  /// next task starts; the task reports StageDone when its last gradient is written.
   void maybe_finish() {
     Task& t = *task_;
     if (t.n_downloaded < t.M) return;
-    if (!t.grads_started) {
-      t.grads_started = true;
-      t.grads_pending = int(t.grad_groups.size());
-      const int64_t step = t.rs.step, pass = t.rs.pass;
-      for (int g : t.grad_groups) {
-        request(ctx_.shard_of_group[g], caf::infinite, AcquireGradSlot{g, step})
-            .then(
-                [this, g, step, pass](GradGrant& gr) {
-                  if (!task_ || task_->rs.pass != pass) return;
-                  write_grad(g, step, gr.overwrite);
-                },
+    for (int64_t m = 0; m < t.M; ++m) ready_.erase(Key{t.rs.pass, t.rs.stage_index, m});
+    // Only the gradient accumulators are still needed: give the rest back now.
+    t.dparam.clear();
+    t.scratch.reset();
+    for (auto& b : t.tmp) b.reset();
+    for (auto& sl : t.slot) sl = Slot{};
+    const uint64_t id = t.id;
+    t.grads_pending = int(t.grad_groups.size());
+    draining_[id] = std::move(task_);
+    Task& d = *draining_[id];
+    const int64_t step = d.rs.step;
+    for (int g : d.grad_groups) {
+      request(ctx_.shard_of_group[g], caf::infinite, AcquireGradSlot{g, step})
+          .then([this, g, id](GradGrant& gr) { write_grad(id, g, gr.overwrite); },
                 [this](caf::error& e) { fail("gradient slot request failed: " + to_string(e)); });
-      }
     }
-    if (t.grads_pending > 0) return;
-    finish();
+    if (d.grads_pending == 0) finish(id);
+    start_next();
   }
 
-  void write_grad(int g, int64_t step, bool overwrite) {
-    Task& t = *task_;
+  void write_grad(uint64_t id, int g, bool overwrite) {
+    Task* tp = live(id);
+    if (!tp) return;
+    Task& t = *tp;
     auto& buf = t.dgrad.at(g);
     float* slot = ctx_.store->grad[g].as<float>();
     const int64_t n = ctx_.store->numel[g];
-    const int64_t pass = t.rs.pass;
-    auto done = [this, g, step, pass] {
+    const int64_t step = t.rs.step;
+    auto done = [this, g, step, id] {
       send(ctx_.shard_of_group[g], GradWritten{g, step});
-      if (!task_ || task_->rs.pass != pass) return;
-      task_->grads_pending--;
-      maybe_finish();
+      Task* tk = live(id);
+      if (!tk) return;
+      tk->dgrad.erase(g);
+      if (--tk->grads_pending == 0) finish(id);
     };
     if (overwrite) {
       copy(grad_down_, CopyDir::d2h, slot, buf.get(), buf.bytes(), kPrioGrad, g, done);
-    } else {
+    } else {  // a later contribution of the same step (tied embeddings): accumulate
       auto& st = t.staging.try_emplace(g, buf.bytes()).first->second;
       float* sp = st.as<float>();
-      copy(grad_down_, CopyDir::d2h, sp, buf.get(), buf.bytes(), kPrioGrad, g, done, [slot, sp, n] {
-        for (int64_t i = 0; i < n; ++i) slot[i] += sp[i];
-      });
+      copy(grad_down_, CopyDir::d2h, sp, buf.get(), buf.bytes(), kPrioGrad, g, done,
+           [slot, sp, n] { parallel_add(slot, sp, n); });
     }
   }
 
-  void finish() {
-    Task& t = *task_;
+  /// slot[i] += src[i] over a few host threads (the tied embedding's slot is ~1 GiB).
+  static void parallel_add(float* slot, const float* src, int64_t n) {
+    const int nt = int(std::clamp<int64_t>(n >> 22, 1, std::max(1u, std::thread::hardware_concurrency() / 2)));
+    auto work = [=](int i) {
+      const int64_t a = n * i / nt, b = n * (i + 1) / nt;
+      for (int64_t j = a; j < b; ++j) slot[j] += src[j];
+    };
+    std::vector<std::thread> ts;
+    for (int i = 1; i < nt; ++i) ts.emplace_back(work, i);
+    work(0);
+    for (auto& th : ts) th.join();
+  }
+
+  void finish(uint64_t id) {
+    auto it = draining_.find(id);
+    if (it == draining_.end()) return;
+    Task& t = *it->second;
     StageDone sd;
     sd.pass = t.rs.pass;
     sd.stage_index = t.rs.stage_index;
@@ -461,16 +523,17 @@ class Worker : public caf::event_based_actor {
                             fmt::format("{} stage {} (pass {})", stage_kind_name(t.rs.stage.kind),
                                         t.rs.stage_index, t.rs.pass),
                             t.t_start, ctx_.tracer->now());
-    // Forget announcements for this task, then release device memory.
-    for (int64_t m = 0; m < t.M; ++m) ready_.erase(Key{t.rs.pass, t.rs.stage_index, m});
+    draining_.erase(it);  // releases the gradient buffers
     send(ctx_.scheduler, sd);
-    start_next();
   }
 
   WorkerContext ctx_;
   caf::actor act_up_, act_down_, param_up_, grad_down_;
   std::deque<RunStage> queue_;
-  std::unique_ptr<Task> task_;
+  std::unique_ptr<Task> task_;                        ///< computing now
+  std::unique_ptr<Task> next_;                        ///< prefetching its weights
+  std::map<uint64_t, std::unique_ptr<Task>> draining_;  ///< writing back gradients
+  uint64_t next_task_id_ = 1;
   std::set<Key> ready_;
   std::map<uint64_t, std::function<void()>> on_copy_;
   uint64_t next_token_ = 1;
