@@ -2,6 +2,7 @@
 
 #include <deque>
 #include <map>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -43,9 +44,21 @@ caf::behavior shard_impl(caf::stateful_actor<ShardState>* self, std::vector<Shar
   const int off = opt.disable_rule;  // testing only: the rule whose guard is switched off
   auto version_for = [s](int64_t t) { return std::max<int64_t>(t - 1 - s, -1); };
 
-  auto cast_lowp = [store](GroupState& gs) {
+  const int threads = std::max(1, opt.threads);
+  auto cast_lowp = [store, threads](GroupState& gs) {
     const int64_t n = gs.g.master->size();
-    cast_f32_to(gs.g.master->data(), store->lowp[gs.g.group].data(), n, store->dtype);
+    const float* src = gs.g.master->data();
+    char* dst = static_cast<char*>(store->lowp[gs.g.group].data());
+    const size_t es = dtype_size(store->dtype);
+    const int nt = int(std::min<int64_t>(threads, std::max<int64_t>(1, n >> 20)));
+    auto part = [&](int i) {
+      const int64_t a = n * i / nt, b = n * (i + 1) / nt;
+      cast_f32_to(src + a, dst + a * es, b - a, store->dtype);
+    };
+    std::vector<std::thread> ts;
+    for (int i = 1; i < nt; ++i) ts.emplace_back(part, i);
+    part(0);
+    for (auto& t : ts) t.join();
   };
 
   // Applies every transition of group `gs` that its state allows (see header).
@@ -79,7 +92,8 @@ caf::behavior shard_impl(caf::stateful_actor<ShardState>* self, std::vector<Shar
         const int64_t n = gs.g.master->size();
         void* lowp = may_publish ? store->lowp[gs.g.group].data() : nullptr;
         adamw_update(gs.g.master->data(), *gs.g.state, store->grad[gs.g.group].as<float>(), n,
-                     c->second.grad_scale, opt.adam, c->second.lr, lowp, store->dtype);
+                     c->second.grad_scale, opt.adam, c->second.lr, lowp, store->dtype,
+                     n >= (int64_t(1) << 20) ? threads : 1);
         gs.grads_done.erase(k);
         gs.updated = k;
         if (may_publish) gs.published = k;

@@ -34,6 +34,7 @@ struct ShardGroup {
 struct ShardOptions {
   int staleness = 1;
   AdamWOptions adam;
+  int threads = 1;  ///< host threads per AdamW update and low-precision cast
   /// Spawn the shard on its own thread (production). Tests that drive the protocol with
   /// CAF's deterministic test coordinator set false: a detached actor runs on a private
   /// thread that the coordinator does not schedule.

@@ -183,6 +183,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
     owned[s].push_back(ShardGroup{g, &I.master[g], &I.adam[g], up[g], gr[g]});
   }
   ShardOptions so{opt.async ? 1 : 0, opt.adam};
+  so.threads = std::max(1, int(std::thread::hardware_concurrency()) / (2 * nsh));
   std::vector<caf::actor> shards;
   for (int s = 0; s < nsh; ++s)
     shards.push_back(spawn_optimizer_shard(*I.sys, std::move(owned[s]), I.store.get(), so, I.scheduler));

@@ -45,7 +45,6 @@ struct Task {
   std::vector<int> groups;      ///< parameter groups read
   std::vector<int> grad_groups; ///< groups whose gradient this stage produces
   std::map<int, DeviceBuffer> dparam, dgrad;
-  std::map<int, HostBytes> staging;
   DeviceBuffer scratch, tmp[2];
   Slot slot[2];
   int64_t M = 0;
@@ -82,6 +81,9 @@ class Worker : public caf::event_based_actor {
     next_.reset();
     draining_.clear();
     on_copy_.clear();
+    if (ctx_.device)
+      for (auto& [g, b] : staging_) ctx_.device->unpin_host(b.data());
+    staging_.clear();
     ctx_.shard_of_group.clear();
     ctx_.scheduler = nullptr;
     act_up_ = act_down_ = param_up_ = grad_down_ = nullptr;
@@ -165,7 +167,57 @@ class Worker : public caf::event_based_actor {
     }
     task_->wall_start = std::chrono::steady_clock::now();
     task_->t_start = ctx_.tracer ? ctx_.tracer->now() : 0;
+    try {
+      allocate_work(*task_);
+    } catch (const std::exception& e) {
+      fail(e.what());
+      return;
+    }
     pump();
+  }
+
+  /// The buffers a task needs only while it computes (activation slots, scratch, gradient
+  /// accumulators); a prefetched task holds just its weights until it becomes current.
+  void allocate_work(Task& t) {
+    auto& d = *ctx_.device;
+    const auto& m = *ctx_.layout;
+    const auto& shape = t.rs.buffers->shape;
+    const size_t act = t.rs.buffers->act_bytes, T = size_t(shape.tokens());
+    const StageKind kind = t.rs.stage.kind;
+    size_t scratch = 0;
+    for (int l : t.layers) scratch = std::max(scratch, (*ctx_.layers)[l]->scratch_bytes(shape));
+    const size_t gsz = dtype_size(d.ops().grad_dtype());
+    for (int g : t.grad_groups) t.dgrad.emplace(g, DeviceBuffer(d, size_t(m.groups[g].numel) * gsz));
+    t.scratch = DeviceBuffer(d, scratch);
+    const int k = int(t.layers.size());
+    for (auto& s : t.slot) {
+      if (t.rs.stage.first == 0) s.ids = DeviceBuffer(d, T * 4);
+      if (kind == StageKind::tail) {
+        s.targets = DeviceBuffer(d, T * 4);
+        s.loss = DeviceBuffer(d, 2 * sizeof(float));
+      }
+      // in: the uploaded input of a forward stage, or dy of a backward stage
+      if (kind == StageKind::backward || (kind == StageKind::forward && t.rs.stage.first > 0))
+        s.in = DeviceBuffer(d, act);
+      if (kind != StageKind::forward && t.rs.stage.first > 0) s.out = DeviceBuffer(d, act);
+      for (int i = 0; i < k; ++i) s.xs.emplace_back(d, act);
+    }
+    if (kind != StageKind::forward)
+      for (auto& b : t.tmp) b = DeviceBuffer(d, act);
+    t.up_pending.assign(t.M, 0);
+    t.down_pending.assign(t.M, 0);
+    t.uploaded.assign(t.M, 0);
+    t.computed.assign(t.M, 0);
+    t.downloaded.assign(t.M, 0);
+    // Gradient accumulators start at zero for every stage task.
+    for (auto& [g, buf] : t.dgrad) {
+      void* p = buf.get();
+      size_t n = buf.bytes();
+      d.stream(StreamKind::compute).launch([&d, p, n] {
+        const DType gt = d.ops().grad_dtype();
+        d.ops().fill(gt, p, int64_t(n / dtype_size(gt)), 0.f);
+      });
+    }
   }
 
   /// Prefetch (SPEC.md point 4): once the current task's weights are on the device,
@@ -195,51 +247,14 @@ class Worker : public caf::event_based_actor {
     t.M = t.rs.buffers->micro_batches;
     t.wall_start = std::chrono::steady_clock::now();
     t.t_start = ctx_.tracer ? ctx_.tracer->now() : 0;
-    const auto& shape = t.rs.buffers->shape;
-    const size_t act = t.rs.buffers->act_bytes, T = size_t(shape.tokens());
     const StageKind kind = t.rs.stage.kind;
     std::set<int> gs;
-    size_t scratch = 0;
-    for (int l : t.layers) {
+    for (int l : t.layers)
       for (int g : m.groups_of(l)) gs.insert(g);
-      scratch = std::max(scratch, (*ctx_.layers)[l]->scratch_bytes(shape));
-    }
     t.groups.assign(gs.begin(), gs.end());
     if (kind != StageKind::forward) t.grad_groups = t.groups;
-    const size_t esz = dtype_size(d.compute_dtype()), gsz = dtype_size(d.ops().grad_dtype());
+    const size_t esz = dtype_size(d.compute_dtype());
     for (int g : t.groups) t.dparam.emplace(g, DeviceBuffer(d, size_t(m.groups[g].numel) * esz));
-    for (int g : t.grad_groups) t.dgrad.emplace(g, DeviceBuffer(d, size_t(m.groups[g].numel) * gsz));
-    t.scratch = DeviceBuffer(d, scratch);
-    const int k = int(t.layers.size());
-    for (auto& s : t.slot) {
-      if (t.rs.stage.first == 0) s.ids = DeviceBuffer(d, T * 4);
-      if (kind == StageKind::tail) {
-        s.targets = DeviceBuffer(d, T * 4);
-        s.loss = DeviceBuffer(d, 2 * sizeof(float));
-      }
-      // in: the uploaded input of a forward stage, or dy of a backward stage
-      if (kind == StageKind::backward || (kind == StageKind::forward && t.rs.stage.first > 0))
-        s.in = DeviceBuffer(d, act);
-      if (kind != StageKind::forward && t.rs.stage.first > 0) s.out = DeviceBuffer(d, act);
-      for (int i = 0; i < k; ++i) s.xs.emplace_back(d, act);
-    }
-    if (kind != StageKind::forward)
-      for (auto& b : t.tmp) b = DeviceBuffer(d, act);
-    t.up_pending.assign(t.M, 0);
-    t.down_pending.assign(t.M, 0);
-    t.uploaded.assign(t.M, 0);
-    t.computed.assign(t.M, 0);
-    t.downloaded.assign(t.M, 0);
-
-    // Gradient accumulators start at zero for every stage task.
-    for (auto& [g, buf] : t.dgrad) {
-      void* p = buf.get();
-      size_t n = buf.bytes();
-      d.stream(StreamKind::compute).launch([&d, p, n] {
-        const DType gt = d.ops().grad_dtype();
-        d.ops().fill(gt, p, int64_t(n / dtype_size(gt)), 0.f);
-      });
-    }
     // Parameters: ask the owning shard (rule 1), then upload, then release.
     t.params_pending = int(t.groups.size());
     const int64_t step = t.rs.step;
@@ -484,8 +499,9 @@ class Worker : public caf::event_based_actor {
     if (overwrite) {
       copy(grad_down_, CopyDir::d2h, slot, buf.get(), buf.bytes(), kPrioGrad, g, done);
     } else {  // a later contribution of the same step (tied embeddings): accumulate
-      auto& st = t.staging.try_emplace(g, buf.bytes()).first->second;
-      float* sp = st.as<float>();
+      auto [it, fresh] = staging_.try_emplace(g, buf.bytes());
+      if (fresh) ctx_.device->pin_host(it->second.data(), it->second.size());
+      float* sp = it->second.as<float>();
       copy(grad_down_, CopyDir::d2h, sp, buf.get(), buf.bytes(), kPrioGrad, g, done,
            [slot, sp, n] { parallel_add(slot, sp, n); });
     }
@@ -534,6 +550,9 @@ class Worker : public caf::event_based_actor {
   std::unique_ptr<Task> next_;                        ///< prefetching its weights
   std::map<uint64_t, std::unique_ptr<Task>> draining_;  ///< writing back gradients
   uint64_t next_task_id_ = 1;
+  /// Pinned host staging per parameter group for accumulated gradient contributions
+  /// (tied embeddings); one writer per group at a time (rule 3) makes reuse safe.
+  std::map<int, HostBytes> staging_;
   std::set<Key> ready_;
   std::map<uint64_t, std::function<void()>> on_copy_;
   uint64_t next_token_ = 1;

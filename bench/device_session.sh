@@ -30,10 +30,21 @@ if [ "${DO_BENCH:-1}" = 1 ]; then
   timeout 300 .device/bin/bench_throughput --workers 1 --results "$res" --trace "$OUT/trace_1gpu.json" ${BENCH_ARGS:-}
   if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
     step roundpipe 2 GPUs
-    timeout 240 .device/bin/bench_throughput --workers 2 --results "$res" ${BENCH_ARGS:-}
+    timeout 240 .device/bin/bench_throughput --workers 2 --results "$res" --trace "$OUT/trace_2gpu.json" ${BENCH_ARGS:-}
   fi
-  step pytorch
-  PYTHONUNBUFFERED=1 timeout 240 python3 bench/pytorch_baseline.py --results "$res" ${PT_ARGS:-}
+  if [ "${DO_PT:-1}" = 1 ]; then
+    step pytorch
+    PYTHONUNBUFFERED=1 timeout 240 python3 bench/pytorch_baseline.py --results "$res" ${PT_ARGS:-}
+  fi
   cat "$res"
+fi
+if [ "${DO_LONG:-0}" = 1 ]; then
+  # longest-sequence probe under a 24 GiB cap per GPU (issue 7): one 32K-token sequence
+  for g in 1 2; do
+    [ "$(nvidia-smi -L | wc -l)" -ge "$g" ] || continue
+    step "long sequence 32768 tokens, cap 24 GiB, $g GPU(s)"
+    timeout 200 .device/bin/bench_throughput --workers "$g" --cap-gib 24 --seq 32768 --seqs 1 --micro 1 \
+      --steps 1 --warmup 1 2>&1 | tail -4
+  done
 fi
 step done

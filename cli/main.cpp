@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   train->add_option("--workers", ov.workers, "override the number of workers (GPUs or virtual GPUs)");
   train->add_option("--backend", ov.backend, "override the backend (auto, cpu, cuda)");
   train->add_option("--output-dir", ov.output_dir, "override the output directory");
+  train->add_option("--dump-batch", ov.dump_batch, "write the first step's batch (ids, targets) as JSON");
   std::string in, out, dtype = "f32";
   auto* convert = app.add_subcommand("convert", "convert a GGUF model to a Hugging Face checkpoint folder");
   convert->add_option("input", in, "model.gguf")->required();

@@ -139,6 +139,10 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
   for (; t < spec.steps && !g_interrupted; ++t) {
     for (int64_t a = 0; a < spec.accumulation; ++a) {
       TokenBatch b = stream.next(per_pass);
+      if (t == 0 && a == 0 && !ov.dump_batch.empty()) {
+        std::ofstream(ov.dump_batch) << nlohmann::json{{"n_seq", b.n_seq}, {"seq_len", b.seq_len}, {"ids", b.ids},
+                                                       {"targets", b.targets}}.dump() << "\n";
+      }
       session.forward_backward(b.ids, b.targets);
     }
     session.step(spec.lr_schedule.at(t));

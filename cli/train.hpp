@@ -11,6 +11,7 @@ struct TrainOverrides {
   int workers = -1;         ///< > 0 replaces spec.workers
   std::string backend;      ///< non-empty replaces spec.backend
   std::string output_dir;   ///< non-empty replaces spec.output_dir
+  std::string dump_batch;   ///< non-empty: write step 1's batch (ids, targets) here as JSON
 };
 
 /// Runs the training job of `spec`: loads model and data, builds a Session, prints one

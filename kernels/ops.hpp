@@ -18,6 +18,7 @@
 //  - Invalid arguments (negative dims, ids out of range on the CPU, ...) throw
 //    std::invalid_argument / std::out_of_range before anything is written.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -203,10 +204,14 @@ class Ops {
                                      int64_t T, int64_t H, int64_t V, float* loss,
                                      void* dh, void* dw, void* scratch) = 0;
   /// Scratch bytes lm_head_cross_entropy may use, on every backend (static contract):
-  /// kCeChunk*(V + 2*H) fp32 (logits / dlogits of one chunk, gathered h and dh rows)
-  /// + kCeChunk int32 (token indices). Independent of T.
-  static size_t lm_head_ce_scratch_bytes(int64_t /*T*/, int64_t H, int64_t V) {
-    return size_t(kCeChunk * (V + 2 * H)) * 4 + size_t(kCeChunk) * 4;
+  /// R*(V + 2*H) fp32 (logits / dlogits of one chunk, gathered h and dh rows) + R int32
+  /// (token indices), R = clamp(T, kCeChunk, kCeMaxRows). The CPU backend uses kCeChunk
+  /// rows; the CUDA backend sizes its chunks to all of it, so the LM-head weight gradient
+  /// GEMM runs T/R times instead of T/kCeChunk times (each pass reads and writes dW).
+  static constexpr int64_t kCeMaxRows = 1024;
+  static size_t lm_head_ce_scratch_bytes(int64_t T, int64_t H, int64_t V) {
+    const int64_t R = std::clamp<int64_t>(T, kCeChunk, kCeMaxRows);
+    return size_t(R * (V + 2 * H)) * 4 + size_t(R) * 4;
   }
 };
 
