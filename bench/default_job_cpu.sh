@@ -21,7 +21,7 @@ tmp=$(mktemp -d)
 } > "$tmp/table.md"
 for g in 1 2 4; do
   start=$(date +%s.%N)
-  build/roundpipe -q train examples/specs/default.json --steps "$steps" --workers "$g" --output-dir "$tmp/run$g" > "$tmp/log$g" 2>&1
+  "${RP_BIN:-build/roundpipe}" -q train examples/specs/default.json --steps "$steps" --workers "$g" --output-dir "$tmp/run$g" > "$tmp/log$g" 2>&1
   end=$(date +%s.%N)
   med=$(python3 - "$tmp/run$g/metrics.csv" <<'PY'
 import csv, statistics, sys
