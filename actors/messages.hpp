@@ -15,6 +15,8 @@
 //   worker    -> shard     GradWritten         grad of group g for step t is in the host slot
 //   worker    -> scheduler StageDone           a stage task finished (with loss for the tail)
 //   scheduler -> shard     CloseStep           step t has all its passes; scale and LR
+//   shard     -> scheduler GradSumSq           (guarded steps) sum of squares of group g's step-t gradient
+//   scheduler -> shard     StepScale           (guarded steps) step t: skip, or the grad_scale to apply
 //   shard     -> scheduler GroupUpdated        group g's step t update is in the fp32 master
 //   any       -> scheduler Failure             a typed error ended a task
 #pragma once
@@ -38,6 +40,7 @@ struct RunStage {
   Stage stage;
   std::shared_ptr<PassBuffers> buffers;
   caf::actor next;              ///< worker of stage_index + 1 (null for the last stage)
+  float loss_scale = 1.f;       ///< the tail multiplies the loss gradient by this (fp16 loss scaling)
 };
 struct ActReady {
   int64_t pass = 0;
@@ -80,6 +83,15 @@ struct CloseStep {
   double lr = 0;
 };
 struct GroupUpdated { int64_t step; int group; };
+/// Guarded steps (clipping, loss scaling or inf/NaN skipping on): a shard reports the sum of
+/// squares of a group's raw gradient as soon as it is complete; the step waits only for these
+/// scalars, and the scheduler answers every shard with the step's StepScale.
+struct GradSumSq { int64_t step; int group; double sumsq; };
+struct StepScale {
+  int64_t step = 0;
+  bool skip = false;       ///< inf/NaN in the gradients: weights, moments, step counters untouched
+  float grad_scale = 0.f;  ///< replaces CloseStep::grad_scale: 1/tokens / loss scale * clip coefficient
+};
 struct Failure { std::string what; };
 struct SubmitPass {
   int64_t step = 0;
@@ -91,6 +103,10 @@ struct StepResult {
   double loss_sum = 0, tokens = 0;
   double seconds = 0;  ///< from the step's first pass submission to its last group update
   std::string error;   ///< non-empty if the runtime failed
+  // guarded steps only (clipping / loss scaling / skipping on):
+  double grad_norm = 0;    ///< global L2 norm of the true gradients, before clipping
+  bool skipped = false;    ///< inf/NaN: the step changed nothing
+  float loss_scale = 1.f;  ///< loss scale the step's backward used
 };
 struct Shutdown {};
 
@@ -109,6 +125,8 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::GradWritten)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::StageDone)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::CloseStep)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::GroupUpdated)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::GradSumSq)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::StepScale)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::Failure)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::SubmitPass)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::WaitStep)

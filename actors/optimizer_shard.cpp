@@ -2,11 +2,13 @@
 
 #include <deque>
 #include <map>
-#include <thread>
+#include <memory>
 
 #include <fmt/format.h>
 
 #include "actors/messages.hpp"
+#include "optimizer/clip.hpp"
+#include "optimizer/thread_pool.hpp"
 
 namespace rp {
 namespace {
@@ -19,6 +21,7 @@ struct GroupState {
   std::map<int64_t, int> uploads_done;  ///< per iteration
   std::map<int64_t, int> grads_done;    ///< per step
   bool writer_active = false;
+  int64_t sumsq_sent = -1;  ///< last step whose GradSumSq was sent (guarded steps)
   std::deque<std::pair<int64_t, caf::response_promise>> weight_waiters;
   std::deque<std::pair<int64_t, caf::response_promise>> grad_waiters;
 };
@@ -32,6 +35,8 @@ struct StepInfo {
 struct ShardState {
   std::map<int, GroupState> groups;
   std::map<int64_t, StepInfo> closed;
+  std::map<int64_t, StepScale> scales;  ///< guarded steps: the scheduler's decision
+  std::shared_ptr<ThreadPool> pool;     ///< the shard's optimizer threads (persistent)
   static inline const char* name = "optimizer_shard";
 };
 
@@ -40,25 +45,17 @@ struct ShardState {
 caf::behavior shard_impl(caf::stateful_actor<ShardState>* self, std::vector<ShardGroup> groups,
                          ParamStore* store, ShardOptions opt, caf::actor scheduler) {
   for (auto& g : groups) self->state.groups[g.group].g = g;
+  self->state.pool = std::make_shared<ThreadPool>(
+      ThreadPool::Options{std::max(1, opt.threads), opt.cpus, 50, "rp-shard"});
   const int s = opt.staleness;
   const int off = opt.disable_rule;  // testing only: the rule whose guard is switched off
   auto version_for = [s](int64_t t) { return std::max<int64_t>(t - 1 - s, -1); };
 
-  const int threads = std::max(1, opt.threads);
-  auto cast_lowp = [store, threads](GroupState& gs) {
+  // deferred publish (rule 5): vectorised RNE cast on the pool, the same bits as the fused copy
+  auto cast_lowp = [self, store](GroupState& gs) {
     const int64_t n = gs.g.master->size();
-    const float* src = gs.g.master->data();
-    char* dst = static_cast<char*>(store->lowp[gs.g.group].data());
-    const size_t es = dtype_size(store->dtype);
-    const int nt = int(std::min<int64_t>(threads, std::max<int64_t>(1, n >> 20)));
-    auto part = [&](int i) {
-      const int64_t a = n * i / nt, b = n * (i + 1) / nt;
-      cast_f32_to(src + a, dst + a * es, b - a, store->dtype);
-    };
-    std::vector<std::thread> ts;
-    for (int i = 1; i < nt; ++i) ts.emplace_back(part, i);
-    part(0);
-    for (auto& t : ts) t.join();
+    write_lowp_copy(gs.g.master->data(), store->lowp[gs.g.group].data(), n, store->dtype,
+                    self->state.pool.get());
   };
 
   // Applies every transition of group `gs` that its state allows (see header).
@@ -88,17 +85,42 @@ caf::behavior shard_impl(caf::stateful_actor<ShardState>* self, std::vector<Shar
       auto c = closed.find(k);
       if (c != closed.end() && gs.published == gs.updated &&
           (off == 4 || (!gs.writer_active && gs.grads_done[k] >= c->second.passes * gs.g.grads_per_pass))) {
-        bool may_publish = gs.published == gs.updated && (off == 5 || gs.uploads_complete_through >= k + s);
         const int64_t n = gs.g.master->size();
-        void* lowp = may_publish ? store->lowp[gs.g.group].data() : nullptr;
-        adamw_update(gs.g.master->data(), *gs.g.state, store->grad[gs.g.group].as<float>(), n,
-                     c->second.grad_scale, opt.adam, c->second.lr, lowp, store->dtype,
-                     n >= (int64_t(1) << 20) ? threads : 1);
-        gs.grads_done.erase(k);
-        gs.updated = k;
-        if (may_publish) gs.published = k;
-        self->send(scheduler, GroupUpdated{k, gs.g.group});
-        progress = true;
+        const float* grad = store->grad[gs.g.group].as<float>();
+        ThreadPool& pool = *self->state.pool;
+        float scale = c->second.grad_scale;
+        bool skip = false, ready = true;
+        if (opt.guard) {
+          // report this group's partial sum of squares once, then wait for the step's scalar
+          if (gs.sumsq_sent < k) {
+            self->send(scheduler, GradSumSq{k, gs.g.group, sum_of_squares(grad, n, pool)});
+            gs.sumsq_sent = k;
+          }
+          auto sc = self->state.scales.find(k);
+          if (sc == self->state.scales.end()) {
+            ready = false;
+          } else {
+            skip = sc->second.skip;
+            scale = sc->second.grad_scale;
+          }
+        }
+        if (ready) {
+          bool may_publish = gs.published == gs.updated && (off == 5 || gs.uploads_complete_through >= k + s);
+          if (skip) {
+            // nothing changes: version k equals version k-1, which the copy already holds
+            gs.published = k;
+          } else {
+            // tensors under 32K elements run on this thread, larger ones split over the pool
+            void* lowp = may_publish ? store->lowp[gs.g.group].data() : nullptr;
+            adamw_update(gs.g.master->data(), *gs.g.state, grad, n, scale, opt.adam, c->second.lr, lowp,
+                         store->dtype, pool);
+            if (may_publish) gs.published = k;
+          }
+          gs.grads_done.erase(k);
+          gs.updated = k;
+          self->send(scheduler, GroupUpdated{k, gs.g.group});
+          progress = true;
+        }
       }
     }
     // rule 1: grant every upload whose version is published (any arrival order)
@@ -164,6 +186,16 @@ caf::behavior shard_impl(caf::stateful_actor<ShardState>* self, std::vector<Shar
       [=](CloseStep& c) {
         self->state.closed[c.step] = StepInfo{c.passes, c.grad_scale, c.lr};
         for (auto& [g, gs] : self->state.groups) pump(gs);
+      },
+      [=](StepScale& sc) {
+        auto& st = self->state;
+        st.scales[sc.step] = sc;
+        int64_t oldest = sc.step;
+        for (auto& [g, gs] : st.groups) {
+          pump(gs);
+          oldest = std::min(oldest, gs.updated + 1);
+        }
+        st.scales.erase(st.scales.begin(), st.scales.lower_bound(oldest));
       },
       [=](Shutdown) { self->quit(); },
   };

@@ -12,7 +12,12 @@
 //  5. The low-precision copy of version k is written only after every upload of every
 //     iteration <= k + s finished; until then the fp32 update waits in the master and
 //     the copy is cast when allowed. One outstanding step per group.
-// Shards are detached actors (own thread): AdamW runs inline without blocking others.
+// Shards are detached actors (own thread); each owns a persistent ThreadPool (`threads`
+// workers, pinned to `cpus`) that runs AdamW, the gradient's sum of squares and deferred
+// casts. Guarded steps (ShardOptions::guard: global-norm clipping, loss scaling, inf/NaN
+// skipping): once group g's gradient of step t is complete the shard sends GradSumSq{t, g}
+// to the scheduler and updates g only when StepScale{t} arrived (skip: no update at all, the
+// version still advances so the protocol moves on).
 #pragma once
 #include <vector>
 
@@ -34,7 +39,9 @@ struct ShardGroup {
 struct ShardOptions {
   int staleness = 1;
   AdamWOptions adam;
-  int threads = 1;  ///< host threads per AdamW update and low-precision cast
+  int threads = 1;  ///< host threads per AdamW update and low-precision cast (a persistent pool)
+  std::vector<int> cpus;  ///< pin those threads to these cores (empty: not pinned)
+  bool guard = false;     ///< wait for StepScale per step (see above)
   /// Spawn the shard on its own thread (production). Tests that drive the protocol with
   /// CAF's deterministic test coordinator set false: a detached actor runs on a private
   /// thread that the coordinator does not schedule.

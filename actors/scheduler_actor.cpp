@@ -18,6 +18,8 @@ struct StepInfo {
   double loss_sum = 0, loss_count = 0;
   int groups_updated = 0;
   bool closed = false, done = false;
+  float loss_scale = 1.f;  ///< the scale every pass of the step runs its backward with
+  StepDecision decision;   ///< guarded steps
   std::chrono::steady_clock::time_point t_first;
   double seconds = 0;
   std::vector<caf::response_promise> waiters;
@@ -39,17 +41,23 @@ struct SchedState {
   int64_t next_pass = 0;
   int64_t deal_pointer = 0;
   std::string failed;
+  std::unique_ptr<StepNormReducer> norms;  ///< guarded steps
   static inline const char* name = "scheduler";
 };
 
 StepResult result_of(int64_t step, const StepInfo& s, const std::string& err) {
-  return StepResult{step, s.loss_sum, s.loss_count, s.seconds, err};
+  StepResult r{step, s.loss_sum, s.loss_count, s.seconds, err};
+  r.grad_norm = s.decision.grad_norm;
+  r.skipped = s.decision.skip;
+  r.loss_scale = s.loss_scale;
+  return r;
 }
 
 }  // namespace
 
 caf::behavior scheduler_impl(caf::stateful_actor<SchedState>* self, SchedulerConfig cfg) {
   self->state.cfg = std::move(cfg);
+  if (self->state.cfg.guard) self->state.norms = std::make_unique<StepNormReducer>(self->state.cfg.num_groups);
   for (int i = int(self->state.cfg.pass_slots.size()) - 1; i >= 0; --i) self->state.free_slots.push_back(i);
 
   auto dispatch = [self] {
@@ -76,6 +84,7 @@ caf::behavior scheduler_impl(caf::stateful_actor<SchedState>* self, SchedulerCon
         rs.stage_index = int(s);
         rs.stage = plan.stages[s];
         rs.buffers = pb;
+        rs.loss_scale = st.steps[sp.step].loss_scale;
         if (s + 1 < plan.stages.size()) rs.next = st.workers[who[s + 1]];
         self->send(st.workers[who[s]], std::move(rs));
       }
@@ -100,7 +109,12 @@ caf::behavior scheduler_impl(caf::stateful_actor<SchedState>* self, SchedulerCon
       [=](SubmitPass& sp) {
         auto& st = self->state;
         auto& si = st.steps[sp.step];
-        if (si.passes_submitted == 0) si.t_first = std::chrono::steady_clock::now();
+        if (si.passes_submitted == 0) {
+          si.t_first = std::chrono::steady_clock::now();
+          // fixed at the step's first pass: in async mode the previous step's outcome
+          // (and so a backoff) may still be unknown
+          if (st.cfg.loss_scaler) si.loss_scale = st.cfg.loss_scaler->scale();
+        }
         si.passes_submitted++;
         for (int32_t t : *sp.targets) si.tokens += t >= 0;
         st.pending.push_back(std::move(sp));
@@ -126,6 +140,18 @@ caf::behavior scheduler_impl(caf::stateful_actor<SchedState>* self, SchedulerCon
           st.passes.erase(it);
           dispatch();
         }
+      },
+      [=](GradSumSq& g) {
+        auto& st = self->state;
+        if (!st.norms || !st.norms->add(g.step, g.group, g.sumsq)) return;
+        // every group reported (only after CloseStep, so the token count is final)
+        auto& si = st.steps[g.step];
+        const double total = st.norms->take(g.step);
+        const double base = si.tokens > 0 ? 1.0 / si.tokens : 1.0;
+        si.decision = decide_step(total, base, st.cfg.max_grad_norm, st.cfg.loss_scaler, si.loss_scale);
+        if (si.tokens <= 0) si.decision.grad_scale = 0.f;
+        for (auto& sh : st.shards)
+          self->send(sh, StepScale{g.step, si.decision.skip, si.decision.grad_scale});
       },
       [=](GroupUpdated& g) {
         self->state.steps[g.step].groups_updated++;

@@ -11,6 +11,7 @@
 #include <caf/all.hpp>
 
 #include "actors/pass_buffers.hpp"
+#include "optimizer/loss_scale.hpp"
 #include "scheduler/plan.hpp"
 
 namespace rp {
@@ -21,6 +22,11 @@ struct SchedulerConfig {
   IterationPlan plan;
   int num_groups = 0;
   std::vector<std::shared_ptr<PassBuffers>> pass_slots;  ///< host buffers, reused round-robin
+  /// Guarded steps (the shards must have ShardOptions::guard too): collect every group's
+  /// GradSumSq, decide (optimizer/loss_scale.hpp: decide_step) and send StepScale to the shards.
+  bool guard = false;
+  double max_grad_norm = 0;          ///< > 0: clip the global gradient norm to this
+  LossScaler* loss_scaler = nullptr; ///< fp16 loss scaling (owned by the Session), or null
 };
 
 /// Spawns the scheduler. Wire workers and shards with SetPeers before submitting.

@@ -20,6 +20,7 @@ struct Session::Impl {
   IterationPlan plan;
   std::vector<std::vector<float>> master;
   std::vector<AdamWState> adam;
+  std::unique_ptr<LossScaler> scaler;
   std::unique_ptr<ParamStore> store;
   std::vector<std::unique_ptr<Layer>> layers;
   std::unique_ptr<Tracer> tracer;
@@ -145,9 +146,18 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
   I.cfg = std::make_unique<caf::actor_system_config>();
   I.sys = std::make_unique<caf::actor_system>(*I.cfg);
 
+  if (opt.loss_scaling) {
+    if (dt != DType::f16)
+      throw std::invalid_argument("loss_scaling needs the f16 compute dtype (bf16 and f32 do not overflow)");
+    I.scaler = std::make_unique<LossScaler>(*opt.loss_scaling);
+  }
+  const bool guard = opt.max_grad_norm > 0 || opt.skip_nonfinite || opt.loss_scaling.has_value();
   SchedulerConfig sc;
   sc.plan = I.plan;
   sc.num_groups = int(layout.groups.size());
+  sc.guard = guard;
+  sc.max_grad_norm = opt.max_grad_norm;
+  sc.loss_scaler = I.scaler.get();
   for (int i = 0; i < opt.pass_slots; ++i)
     sc.pass_slots.push_back(std::make_shared<PassBuffers>(layout, I.plan, opt.micro_batches, opt.micro, dt));
   // Pin every host buffer the copy streams touch (no-op on the CPU backend).
@@ -182,11 +192,20 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
     shard_of[g] = s;
     owned[s].push_back(ShardGroup{g, &I.master[g], &I.adam[g], up[g], gr[g]});
   }
-  ShardOptions so{opt.async ? 1 : 0, opt.adam};
-  so.threads = std::max(1, int(std::thread::hardware_concurrency()) / (2 * nsh));
+  // Optimizer threads (default: half the allowed cores) split over the shards, each shard's
+  // pool pinned to neighbouring cores of one NUMA node where possible.
+  const int total_threads = opt.optimizer_threads > 0
+                                ? opt.optimizer_threads
+                                : std::max(nsh, int(allowed_cpus().size()) / 2);
+  const auto cpu_lists = cpus_for_pools(nsh, total_threads);
   std::vector<caf::actor> shards;
-  for (int s = 0; s < nsh; ++s)
+  for (int s = 0; s < nsh; ++s) {
+    ShardOptions so{opt.async ? 1 : 0, opt.adam};
+    so.threads = int(cpu_lists[size_t(s)].size());
+    if (opt.pin_optimizer_threads) so.cpus = cpu_lists[size_t(s)];
+    so.guard = guard;
     shards.push_back(spawn_optimizer_shard(*I.sys, std::move(owned[s]), I.store.get(), so, I.scheduler));
+  }
   std::vector<caf::actor> workers;
   for (int i = 0; i < opt.workers; ++i) {
     WorkerContext ctx;
@@ -260,6 +279,7 @@ const std::vector<std::vector<float>>& Session::master_weights() const { return 
 const std::vector<AdamWState>& Session::optimizer_states() const { return impl_->adam; }
 const IterationPlan& Session::plan() const { return impl_->plan; }
 const ModelLayout& Session::layout() const { return impl_->layout; }
+LossScaler* Session::loss_scaler() { return impl_->scaler.get(); }
 int64_t Session::steps_closed() const { return impl_->current_step; }
 size_t Session::peak_device_bytes() const {
   size_t p = 0;

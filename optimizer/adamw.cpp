@@ -1,43 +1,26 @@
-// AdamW / Adam kernel (see adamw.hpp for the formulas) and state (de)serialisation.
-//
-// The hot loop is plain C++ that GCC auto-vectorises at -O2 -march=native: the option
-// flags are template parameters (resolved once per call, outside the loop), pointers are
-// __restrict, the range is walked in fixed 64-element blocks (a constant trip count, so
-// GCC's -O2 "very cheap" vectoriser accepts it without an epilogue) plus a scalar tail,
-// and the low-precision conversions are branch-free integer code.
+// AdamW / Adam step (see adamw.hpp for the formulas, kernels.hpp for the rounding), the
+// portable scalar kernel, the dispatch over ISA paths and thread pools, and state
+// (de)serialisation.
 #include "optimizer/adamw.hpp"
 
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <istream>
 #include <ostream>
 #include <stdexcept>
 #include <string>
-#include <thread>
 
 #include <fmt/format.h>
 
+#include "optimizer/kernels.hpp"
+
 namespace rp {
+namespace detail {
 namespace {
 
-static_assert(std::endian::native == std::endian::little, "state files are little-endian");
-
-constexpr int64_t kBlock = 64;  // elements per vectorised block (multiple of 16 lanes)
-
-enum class Out { none, f32, bf16, f16 };
-
-/// Scalar constants of one step, computed in double and rounded to float once.
-struct StepConsts {
-  float gs;           // grad_scale, negated for maximize
-  float l2;           // weight_decay when !decoupled, else 0 (unused)
-  float decay;        // 1 - lr * weight_decay when decoupled, else 1
-  float omb1;         // 1 - beta1
-  float b2, omb2;     // beta2, 1 - beta2
-  float bc2_sqrt;     // sqrt(1 - beta2^t)
-  float eps;
-  float step_size;    // lr / (1 - beta1^t)
-};
+constexpr int64_t kBlock = 64;  // elements per block of the scalar loop
 
 /// fp32 -> bf16 bits, round-to-nearest-even, NaN -> quiet NaN (same as rp::f32_to_bf16,
 /// written branch-free so the loop vectorises).
@@ -68,36 +51,47 @@ inline uint16_t to_f16(float f) {
   return uint16_t(o | ((u >> 16) & 0x8000u));
 }
 
+// The scalar path: the formula of kernels.hpp with std::fma. Compiled for the build's
+// baseline ISA (GCC may auto-vectorise it under -march=native; the fused operations are
+// explicit, so the result is the same).
 template <bool L2, bool Ams, Out O>
-inline void step_range(float* __restrict w, float* __restrict m, float* __restrict v,
-                       float* __restrict vmax, const float* __restrict g_in,
-                       void* __restrict out_v, int64_t lo, int64_t hi, const StepConsts& c) {
-  const float gs = c.gs, l2 = c.l2, decay = c.decay, omb1 = c.omb1, b2 = c.b2,
-              omb2 = c.omb2, bc2s = c.bc2_sqrt, eps = c.eps, ss = c.step_size;
-  float* __restrict of = static_cast<float*>(out_v);
-  uint16_t* __restrict oh = static_cast<uint16_t*>(out_v);
+void scalar_range(const AdamPtrs& p, int64_t lo, int64_t hi, const StepConsts& c) {
+  float* __restrict w = p.w;
+  float* __restrict m = p.m;
+  float* __restrict v = p.v;
+  float* __restrict vmax = p.vmax;
+  const float* __restrict g = p.g;
+  float* __restrict of = static_cast<float*>(p.out);
+  uint16_t* __restrict oh = static_cast<uint16_t*>(p.out);
+  const float gs = c.gs, l2 = c.l2, decay = c.decay, omb1 = c.omb1, b2 = c.b2, omb2 = c.omb2,
+              bc2s = c.bc2_sqrt, eps = c.eps, ss = c.step_size;
   auto body = [&](int64_t i) __attribute__((always_inline)) {
-    float wi = w[i];
-    float g = g_in[i] * gs;
-    if constexpr (L2) g = g + l2 * wi;
-    wi = wi * decay;
-    float mi = m[i];
-    mi = mi + omb1 * (g - mi);
-    float vi = b2 * v[i] + (omb2 * g) * g;
-    m[i] = mi;
-    v[i] = vi;
-    float vd = vi;
+    const float wi = w[i], gi = g[i], mi = m[i];
+    const float gsi = gi * gs;
+    float gg, d;
+    if constexpr (L2) {
+      gg = std::fma(l2, wi, gsi);
+      d = gg - mi;
+    } else {
+      gg = gsi;
+      d = std::fma(gi, gs, -mi);
+    }
+    const float mn = std::fma(omb1, d, mi);
+    const float vn = std::fma(omb2 * gg, gg, b2 * v[i]);
+    m[i] = mn;
+    v[i] = vn;
+    float vd = vn;
     if constexpr (Ams) {
       const float vm = vmax[i];
-      vd = vm > vi ? vm : vi;  // NaN in v propagates, as torch.maximum
+      vd = vm > vn ? vm : vn;  // NaN in v propagates, as torch.maximum
       vmax[i] = vd;
     }
-    float denom = std::sqrt(vd) / bc2s + eps;
-    wi = wi - (ss * mi) / denom;
-    w[i] = wi;
-    if constexpr (O == Out::f32) of[i] = wi;
-    if constexpr (O == Out::bf16) oh[i] = to_bf16(wi);
-    if constexpr (O == Out::f16) oh[i] = to_f16(wi);
+    const float denom = std::sqrt(vd) / bc2s + eps;
+    const float wn = std::fma(wi, decay, -((ss * mn) / denom));
+    w[i] = wn;
+    if constexpr (O == Out::f32) of[i] = wn;
+    if constexpr (O == Out::bf16) oh[i] = to_bf16(wn);
+    if constexpr (O == Out::f16) oh[i] = to_f16(wn);
   };
   int64_t i = lo;
   for (; i + kBlock <= hi; i += kBlock)
@@ -105,26 +99,56 @@ inline void step_range(float* __restrict w, float* __restrict m, float* __restri
   for (; i < hi; ++i) body(i);
 }
 
-using RangeFn = void (*)(float*, float*, float*, float*, const float*, void*, int64_t, int64_t,
-                         const StepConsts&);
-
 template <bool L2, bool Ams>
-RangeFn pick_out(Out o) {
+AdamRangeFn pick_out(Out o) {
   switch (o) {
-    case Out::none: return &step_range<L2, Ams, Out::none>;
-    case Out::f32: return &step_range<L2, Ams, Out::f32>;
-    case Out::bf16: return &step_range<L2, Ams, Out::bf16>;
-    case Out::f16: return &step_range<L2, Ams, Out::f16>;
+    case Out::none: return &scalar_range<L2, Ams, Out::none>;
+    case Out::f32: return &scalar_range<L2, Ams, Out::f32>;
+    case Out::bf16: return &scalar_range<L2, Ams, Out::bf16>;
+    case Out::f16: return &scalar_range<L2, Ams, Out::f16>;
   }
   return nullptr;
 }
 
-RangeFn pick(bool l2, bool ams, Out o) {
+template <Out O>
+void scalar_cast(const float* __restrict w, void* __restrict out, int64_t lo, int64_t hi) {
+  float* __restrict of = static_cast<float*>(out);
+  uint16_t* __restrict oh = static_cast<uint16_t*>(out);
+  for (int64_t i = lo; i < hi; ++i) {
+    if constexpr (O == Out::f32) of[i] = w[i];
+    if constexpr (O == Out::bf16) oh[i] = to_bf16(w[i]);
+    if constexpr (O == Out::f16) oh[i] = to_f16(w[i]);
+  }
+}
+
+}  // namespace
+
+CastRangeFn cast_kernel_scalar(Out o) {
+  switch (o) {
+    case Out::f32: return &scalar_cast<Out::f32>;
+    case Out::bf16: return &scalar_cast<Out::bf16>;
+    case Out::f16: return &scalar_cast<Out::f16>;
+    default: return nullptr;
+  }
+}
+
+AdamRangeFn adam_kernel_scalar(bool l2, bool ams, Out o) {
   if (l2) return ams ? pick_out<true, true>(o) : pick_out<true, false>(o);
   return ams ? pick_out<false, true>(o) : pick_out<false, false>(o);
 }
 
-void check_state_vec(std::vector<float>& vec, int64_t n, const char* name) {
+}  // namespace detail
+
+namespace {
+
+using detail::Out;
+using detail::StepConsts;
+
+static_assert(std::endian::native == std::endian::little, "state files are little-endian");
+
+constexpr int64_t kGrain = 1024;  // piece boundaries: 4 KiB of fp32 (a page)
+
+void check_state_vec(const FloatVec& vec, int64_t n, const char* name) {
   if (vec.empty() && n > 0) return;  // sized by the caller once all checks passed
   if (int64_t(vec.size()) != n)
     throw std::invalid_argument(fmt::format(
@@ -135,13 +159,40 @@ void check_state_vec(std::vector<float>& vec, int64_t n, const char* name) {
 constexpr char kMagic[8] = {'R', 'P', 'A', 'D', 'A', 'M', 'W', '1'};
 constexpr uint32_t kVersion = 1;
 
-uint64_t fnv1a(uint64_t h, const std::vector<float>& v) {
-  const auto* p = reinterpret_cast<const unsigned char*>(v.data());
-  for (size_t i = 0, e = v.size() * sizeof(float); i < e; ++i) {
+uint64_t fnv1a_bytes(uint64_t h, const void* data, size_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < bytes; ++i) {
     h ^= p[i];
     h *= 1099511628211ull;
   }
   return h;
+}
+uint64_t fnv1a(uint64_t h, const FloatVec& v) { return fnv1a_bytes(h, v.data(), v.size() * sizeof(float)); }
+
+// hyper-parameter block of the state file
+constexpr size_t kOptsBytes = 5 * 8 + 4;
+void pack_opts(const AdamWOptions& o, unsigned char* out) {
+  const double d[5] = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};
+  std::memcpy(out, d, 40);
+  const uint32_t bits = uint32_t(o.decoupled) | uint32_t(o.amsgrad) << 1 | uint32_t(o.maximize) << 2;
+  std::memcpy(out + 40, &bits, 4);
+}
+AdamWOptions unpack_opts(const unsigned char* in) {
+  double d[5];
+  std::memcpy(d, in, 40);
+  uint32_t bits;
+  std::memcpy(&bits, in + 40, 4);
+  if (bits & ~7u) throw std::runtime_error(fmt::format("load_state: unknown option bits 0x{:x}", bits));
+  AdamWOptions o;
+  o.lr = d[0];
+  o.beta1 = d[1];
+  o.beta2 = d[2];
+  o.eps = d[3];
+  o.weight_decay = d[4];
+  o.decoupled = bits & 1u;
+  o.amsgrad = bits & 2u;
+  o.maximize = bits & 4u;
+  return o;
 }
 
 template <class T>
@@ -155,7 +206,7 @@ T get(std::istream& is, const char* what) {
     throw std::runtime_error(fmt::format("load_state: truncated stream while reading {}", what));
   return x;
 }
-void get_floats(std::istream& is, std::vector<float>& v, int64_t n, const char* what) {
+void get_floats(std::istream& is, FloatVec& v, int64_t n, const char* what) {
   v.resize(size_t(n));
   if (n > 0 && !is.read(reinterpret_cast<char*>(v.data()), std::streamsize(n * 4)))
     throw std::runtime_error(
@@ -176,9 +227,11 @@ void validate(const AdamWOptions& o) {
     bad("weight_decay", o.weight_decay, "need a finite value >= 0");
 }
 
-void adamw_update(float* w, AdamWState& st, const float* grad, int64_t n, float grad_scale,
-                  const AdamWOptions& o, double lr, void* lowp_out, DType lowp_dtype,
-                  int threads) {
+namespace {
+
+void adamw_impl(float* w, AdamWState& st, const float* grad, int64_t n, float grad_scale,
+                const AdamWOptions& o, double lr, void* lowp_out, DType lowp_dtype,
+                ThreadPool* pool, int max_parts) {
   validate(o);
   if (n < 0) throw std::invalid_argument(fmt::format("adamw_update: n = {} is negative", n));
   if (n > 0 && (!w || !grad))
@@ -188,8 +241,8 @@ void adamw_update(float* w, AdamWState& st, const float* grad, int64_t n, float 
   if (!std::isfinite(grad_scale))
     throw std::invalid_argument(fmt::format("adamw_update: grad_scale = {} is not finite",
                                             grad_scale));
-  if (threads < 1)
-    throw std::invalid_argument(fmt::format("adamw_update: threads = {} (need >= 1)", threads));
+  if (max_parts < 1)
+    throw std::invalid_argument(fmt::format("adamw_update: threads = {} (need >= 1)", max_parts));
   Out out = Out::none;
   if (lowp_out) {
     switch (lowp_dtype) {
@@ -205,10 +258,13 @@ void adamw_update(float* w, AdamWState& st, const float* grad, int64_t n, float 
   check_state_vec(st.m, n, "m");
   check_state_vec(st.v, n, "v");
   if (o.amsgrad) check_state_vec(st.vmax, n, "vmax");
-  // all checks passed: from here on the call cannot fail
-  if (st.m.empty()) st.m.assign(size_t(n), 0.f);
-  if (st.v.empty()) st.v.assign(size_t(n), 0.f);
-  if (o.amsgrad && st.vmax.empty()) st.vmax.assign(size_t(n), 0.f);
+  // all checks passed: from here on the call cannot fail. New state vectors are sized
+  // without writing; the workers zero their own pieces below (first touch).
+  const bool zero_m = st.m.empty() && n > 0, zero_v = st.v.empty() && n > 0,
+             zero_vmax = o.amsgrad && st.vmax.empty() && n > 0;
+  if (zero_m) st.m.resize(size_t(n));
+  if (zero_v) st.v.resize(size_t(n));
+  if (zero_vmax) st.vmax.resize(size_t(n));
   const int64_t t = ++st.step;
   if (n == 0) return;
 
@@ -223,39 +279,89 @@ void adamw_update(float* w, AdamWState& st, const float* grad, int64_t n, float 
   c.eps = float(o.eps);
   c.step_size = float(lr / (1.0 - std::pow(o.beta1, double(t))));
   const bool l2 = !o.decoupled && o.weight_decay != 0.0;
-  RangeFn fn = pick(l2, o.amsgrad, out);
-  float* vmax = o.amsgrad ? st.vmax.data() : nullptr;
+  const detail::AdamRangeFn fn = detail::adam_kernel(adamw_isa(), l2, o.amsgrad, out);
+  const detail::AdamPtrs ptrs{w, st.m.data(), st.v.data(), o.amsgrad ? st.vmax.data() : nullptr, grad,
+                              lowp_out};
 
-  // split into `threads` contiguous pieces, boundaries on kBlock multiples
-  const int64_t blocks = (n + kBlock - 1) / kBlock;
-  const int64_t parts = std::min<int64_t>(threads, blocks);
-  auto piece = [&](int64_t p) {
-    int64_t lo = std::min(n, blocks * p / parts * kBlock);
-    int64_t hi = std::min(n, blocks * (p + 1) / parts * kBlock);
-    fn(w, st.m.data(), st.v.data(), vmax, grad, lowp_out, lo, hi, c);
+  int parts = 1;
+  if (pool) {
+    const int64_t by_size = (n + kMinElemsPerThread - 1) / kMinElemsPerThread;
+    parts = int(std::min<int64_t>({int64_t(max_parts), int64_t(pool->size()), by_size}));
+  }
+  auto piece = [&](int p) {
+    int64_t lo, hi;
+    split_range(n, parts, kGrain, p, lo, hi);
+    if (lo >= hi) return;
+    const size_t bytes = size_t(hi - lo) * sizeof(float);
+    if (zero_m) std::memset(ptrs.m + lo, 0, bytes);
+    if (zero_v) std::memset(ptrs.v + lo, 0, bytes);
+    if (zero_vmax) std::memset(ptrs.vmax + lo, 0, bytes);
+    fn(ptrs, lo, hi, c);
   };
   if (parts <= 1) {
     piece(0);
     return;
   }
-  std::vector<std::thread> pool;
-  pool.reserve(size_t(parts - 1));
-  for (int64_t p = 1; p < parts; ++p) pool.emplace_back(piece, p);
-  piece(0);
-  for (auto& th : pool) th.join();
+  pool->run(parts, piece);
 }
 
-void save_state(std::ostream& os, const AdamWState& st) {
+}  // namespace
+
+void adamw_update(float* w, AdamWState& st, const float* grad, int64_t n, float grad_scale,
+                  const AdamWOptions& o, double lr, void* lowp_out, DType lowp_dtype,
+                  int threads) {
+  ThreadPool* pool = threads > 1 && n >= 2 * kMinElemsPerThread ? &shared_pool(threads) : nullptr;
+  adamw_impl(w, st, grad, n, grad_scale, o, lr, lowp_out, lowp_dtype, pool, threads);
+}
+
+void adamw_update(float* w, AdamWState& st, const float* grad, int64_t n, float grad_scale,
+                  const AdamWOptions& o, double lr, void* lowp_out, DType lowp_dtype,
+                  ThreadPool& pool) {
+  adamw_impl(w, st, grad, n, grad_scale, o, lr, lowp_out, lowp_dtype, &pool, pool.size());
+}
+
+void write_lowp_copy(const float* w, void* out, int64_t n, DType dt, ThreadPool* pool) {
+  if (n < 0) throw std::invalid_argument(fmt::format("write_lowp_copy: n = {} is negative", n));
+  if (n > 0 && (!w || !out)) throw std::invalid_argument("write_lowp_copy: null pointer with n > 0");
+  Out o;
+  switch (dt) {
+    case DType::f32: o = Out::f32; break;
+    case DType::bf16: o = Out::bf16; break;
+    case DType::f16: o = Out::f16; break;
+    default:
+      throw std::invalid_argument(
+          fmt::format("write_lowp_copy: dtype #{} unsupported (f32, bf16 or f16)", int(dt)));
+  }
+  if (n == 0) return;
+  const detail::CastRangeFn fn = detail::cast_kernel(adamw_isa(), o);
+  int parts = 1;
+  if (pool) parts = int(std::min<int64_t>(pool->size(), (n + kMinElemsPerThread - 1) / kMinElemsPerThread));
+  auto piece = [&](int p) {
+    int64_t lo, hi;
+    split_range(n, parts, kGrain, p, lo, hi);
+    if (lo < hi) fn(w, out, lo, hi);
+  };
+  if (parts <= 1) return piece(0);
+  pool->run(parts, piece);
+}
+
+void save_state(std::ostream& os, const AdamWState& st, const AdamWOptions* opts) {
   const int64_t n = int64_t(st.m.size());
   if (st.v.size() != st.m.size() || (!st.vmax.empty() && st.vmax.size() != st.m.size()))
     throw std::runtime_error(fmt::format("save_state: inconsistent state (m {}, v {}, vmax {})",
                                          st.m.size(), st.v.size(), st.vmax.size()));
   os.write(kMagic, sizeof kMagic);
   put(os, kVersion);
-  put(os, uint32_t(st.vmax.empty() ? 0u : 1u));
+  put(os, uint32_t(st.vmax.empty() ? 0u : 1u) | uint32_t(opts ? 2u : 0u));
   put(os, st.step);
   put(os, n);
   uint64_t h = 14695981039346656037ull;
+  if (opts) {
+    unsigned char b[kOptsBytes];
+    pack_opts(*opts, b);
+    os.write(reinterpret_cast<const char*>(b), kOptsBytes);
+    h = fnv1a_bytes(h, b, kOptsBytes);
+  }
   for (const auto* vec : {&st.m, &st.v, &st.vmax}) {
     if (vec->empty()) continue;
     os.write(reinterpret_cast<const char*>(vec->data()), std::streamsize(n * 4));
@@ -265,7 +371,8 @@ void save_state(std::ostream& os, const AdamWState& st) {
   if (!os) throw std::runtime_error("save_state: write to the output stream failed");
 }
 
-void load_state(std::istream& is, AdamWState& st, int64_t expected_n) {
+void load_state(std::istream& is, AdamWState& st, int64_t expected_n, AdamWOptions* opts,
+                bool* has_opts) {
   char magic[sizeof kMagic];
   if (!is.read(magic, sizeof magic))
     throw std::runtime_error("load_state: truncated stream while reading the magic");
@@ -276,7 +383,7 @@ void load_state(std::istream& is, AdamWState& st, int64_t expected_n) {
     throw std::runtime_error(
         fmt::format("load_state: unsupported version {} (this build reads {})", version, kVersion));
   const auto flags = get<uint32_t>(is, "the flags");
-  if (flags & ~1u)
+  if (flags & ~3u)
     throw std::runtime_error(fmt::format("load_state: unknown flags 0x{:x}", flags));
   const auto step = get<int64_t>(is, "the step");
   const auto n = get<int64_t>(is, "the parameter count");
@@ -285,18 +392,28 @@ void load_state(std::istream& is, AdamWState& st, int64_t expected_n) {
   if (expected_n >= 0 && n != expected_n)
     throw std::runtime_error(fmt::format(
         "load_state: size mismatch: expected {} parameters, file has {}", expected_n, n));
+  uint64_t h = 14695981039346656037ull;
+  unsigned char ob[kOptsBytes];
+  if (flags & 2u) {
+    if (!is.read(reinterpret_cast<char*>(ob), kOptsBytes))
+      throw std::runtime_error("load_state: truncated stream while reading the hyper-parameters");
+    h = fnv1a_bytes(h, ob, kOptsBytes);
+  }
   AdamWState s;
   s.step = step;
   get_floats(is, s.m, n, "m");
   get_floats(is, s.v, n, "v");
   if (flags & 1u) get_floats(is, s.vmax, n, "vmax");
-  uint64_t h = 14695981039346656037ull;
   for (const auto* vec : {&s.m, &s.v, &s.vmax})
     if (!vec->empty()) h = fnv1a(h, *vec);
   if (get<uint64_t>(is, "the checksum") != h)
     throw std::runtime_error("load_state: checksum mismatch (corrupted state)");
   if (n == 0) s.m.clear(), s.v.clear(), s.vmax.clear();
+  AdamWOptions o;
+  if (flags & 2u) o = unpack_opts(ob);  // may throw: before anything is replaced
   st = std::move(s);
+  if (has_opts) *has_opts = flags & 2u;
+  if (opts && (flags & 2u)) *opts = o;
 }
 
 }  // namespace rp

@@ -2,11 +2,17 @@
 // vectorisable by GCC at -O2 without reassociating floating-point sums.
 #include "optimizer/clip.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <stdexcept>
+#include <vector>
 
 #include <fmt/format.h>
+
+#include "optimizer/adamw.hpp"
+#include "optimizer/kernels.hpp"
+#include "optimizer/thread_pool.hpp"
 
 namespace rp {
 namespace {
@@ -16,22 +22,60 @@ void check(const float* g, int64_t n, const char* fn) {
 }
 }  // namespace
 
-double sum_of_squares(const float* __restrict g, int64_t n) {
-  check(g, n, "sum_of_squares");
+namespace detail {
+void sumsq_scalar(const float* __restrict g, int64_t n, double acc[16]) {
   constexpr int kLanes = 16;
-  double acc[kLanes] = {};
+  double a[kLanes];
+  for (int j = 0; j < kLanes; ++j) a[j] = acc[j];
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
     for (int j = 0; j < kLanes; ++j) {
       const double x = g[i + j];
-      acc[j] += x * x;
+      a[j] += x * x;  // exact product: fused or not, the same sum
     }
   for (int j = 0; i < n; ++i, ++j) {
     const double x = g[i];
-    acc[j] += x * x;
+    a[j] += x * x;
   }
+  for (int j = 0; j < kLanes; ++j) acc[j] = a[j];
+}
+}  // namespace detail
+
+namespace {
+// sum of one chunk, lanes added in order
+double chunk_sum(detail::SumsqFn fn, const float* g, int64_t n) {
+  double acc[16] = {};
+  fn(g, n, acc);
   double s = 0;
-  for (int j = 0; j < kLanes; ++j) s += acc[j];
+  for (int j = 0; j < 16; ++j) s += acc[j];
+  return s;
+}
+}  // namespace
+
+double sum_of_squares(const float* __restrict g, int64_t n) {
+  check(g, n, "sum_of_squares");
+  const detail::SumsqFn fn = detail::sumsq_kernel(adamw_isa());
+  double s = 0;
+  for (int64_t i = 0; i < n; i += kSumsqChunk) s += chunk_sum(fn, g + i, std::min(kSumsqChunk, n - i));
+  return s;
+}
+
+double sum_of_squares(const float* g, int64_t n, ThreadPool& pool) {
+  check(g, n, "sum_of_squares");
+  const int64_t chunks = (n + kSumsqChunk - 1) / kSumsqChunk;
+  const int64_t by_size = (n + kMinElemsPerThread - 1) / kMinElemsPerThread;
+  const int parts = int(std::min<int64_t>({int64_t(pool.size()), chunks, by_size}));
+  if (parts <= 1) return sum_of_squares(g, n);
+  const detail::SumsqFn fn = detail::sumsq_kernel(adamw_isa());
+  std::vector<double> sums(size_t(chunks), 0.0);
+  pool.run(parts, [&](int p) {
+    for (int64_t c = chunks * p / parts, e = chunks * (p + 1) / parts; c < e; ++c) {
+      const int64_t lo = c * kSumsqChunk;
+      sums[size_t(c)] = chunk_sum(fn, g + lo, std::min(kSumsqChunk, n - lo));
+    }
+  });
+  double s = 0;
+  for (double x : sums) s += x;
   return s;
 }
 

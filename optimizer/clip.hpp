@@ -9,13 +9,24 @@
 
 namespace rp {
 
+class ThreadPool;
+
 /// Sum of g[i]^2 over n fp32 values, each squared and accumulated in double (so the sum of
 /// per-shard results equals the sum over the concatenated gradients to double rounding).
-/// Returns +inf if any value is +-inf, NaN if any is NaN. n == 0 gives 0. Unit: grad^2.
-/// The summation order is fixed (16 interleaved partial sums), so the result is
-/// deterministic for a given n. Throws std::invalid_argument for n < 0 or g == nullptr
-/// with n > 0.
+/// Returns +inf if any value is +-inf, NaN if any is NaN (so one pass both feeds the norm
+/// and detects overflow: a finite fp32 squared cannot overflow a double sum). n == 0 gives 0.
+/// Unit: grad^2. The summation order is fixed: chunks of kSumsqChunk elements, each summed
+/// as 16 interleaved partial sums (lane j takes i % 16 == j) added lane 0..15, and the chunk
+/// sums added in order. The result is therefore deterministic for a given n, and the same
+/// bits on every ISA path and for every thread pool. Vectorised (optimizer/isa.hpp).
+/// Throws std::invalid_argument for n < 0 or g == nullptr with n > 0.
 double sum_of_squares(const float* g, int64_t n);
+
+/// The same sum, the chunks spread over the workers of `pool` (bit-identical to the
+/// single-threaded call).
+double sum_of_squares(const float* g, int64_t n, ThreadPool& pool);
+
+inline constexpr int64_t kSumsqChunk = 65536;
 
 /// torch clip_grad_norm_ coefficient: min(1, max_norm / (global_norm + 1e-6)).
 /// global_norm: L2 norm of all gradients (sqrt of the summed sum_of_squares), >= 0.

@@ -63,6 +63,21 @@ inline AdamRangeFn adam_kernel(Isa isa, bool l2, bool ams, Out o) {
   }
 }
 
+/// out[i] = RNE(w[i]) for i in [lo, hi) in the format `o` (f32: a copy), same bits as the copy
+/// adamw_update writes. Ends with a store fence (streaming stores).
+using CastRangeFn = void (*)(const float* w, void* out, int64_t lo, int64_t hi);
+CastRangeFn cast_kernel_scalar(Out o);
+CastRangeFn cast_kernel_avx2(Out o);    // null when not built
+CastRangeFn cast_kernel_avx512(Out o);  // null when not built
+
+inline CastRangeFn cast_kernel(Isa isa, Out o) {
+  switch (isa) {
+    case Isa::avx512: return cast_kernel_avx512(o);
+    case Isa::avx2: return cast_kernel_avx2(o);
+    default: return cast_kernel_scalar(o);
+  }
+}
+
 /// acc[j] += double(g[i])^2 for every i in [0, n) with i % 16 == j, i ascending
 /// (g 16-aligned in index terms: callers pass chunk starts). x^2 of a float is exact in
 /// double, so fused or not the result is the same on every path.

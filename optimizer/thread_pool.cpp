@@ -102,7 +102,7 @@ std::vector<std::vector<int>> cpus_for_pools(int pools, int threads_total) {
   if (pools < 1) throw std::invalid_argument(fmt::format("cpus_for_pools: pools = {} (need >= 1)", pools));
   const std::vector<int> order = preferred_cpu_order();
   const int total = threads_total > 0 ? threads_total : int(order.size());
-  std::vector<std::vector<int>> out(size_t(pools));
+  std::vector<std::vector<int>> out(static_cast<size_t>(pools));
   // contiguous slices of the node-grouped order keep each pool on few nodes
   for (int p = 0; p < pools; ++p) {
     const int lo = total * p / pools, hi = total * (p + 1) / pools;
@@ -208,13 +208,11 @@ void ThreadPool::run(int parts, const std::function<void(int)>& fn) {
 }
 
 ThreadPool& shared_pool(int threads) {
-  // pools are never destroyed: a caller may still hold a smaller one when a larger is made
-  static std::mutex mu;
-  static std::vector<std::unique_ptr<ThreadPool>>* pools = new std::vector<std::unique_ptr<ThreadPool>>;
-  std::lock_guard<std::mutex> lk(mu);
-  if (pools->empty() || pools->back()->size() < threads)
-    pools->push_back(std::make_unique<ThreadPool>(std::max(threads, 1)));
-  return *pools->back();
+  // per calling thread; a smaller pool is kept alive (a caller up the stack may hold it)
+  thread_local std::vector<std::unique_ptr<ThreadPool>> pools;
+  if (pools.empty() || pools.back()->size() < threads)
+    pools.push_back(std::make_unique<ThreadPool>(std::max(threads, 1)));
+  return *pools.back();
 }
 
 }  // namespace rp

@@ -93,8 +93,10 @@ inline void split_range(int64_t n, int parts, int64_t grain, int p, int64_t& lo,
   if (hi > n) hi = n;
 }
 
-/// A process-wide pool of unpinned workers with at least `threads` workers (created on first
-/// use, grown when a larger one is asked for). Used by the `int threads` overloads.
+/// The calling thread's own pool of unpinned workers, with at least `threads` workers
+/// (created on the thread's first use, grown when a larger one is asked for, joined when the
+/// thread exits). Used by the `int threads` overloads: callers on different threads (several
+/// shards) never wait for each other, and no thread is created per call.
 ThreadPool& shared_pool(int threads);
 
 }  // namespace rp

@@ -22,6 +22,7 @@
 #include "kernels/device.hpp"
 #include "model/layer.hpp"
 #include "optimizer/adamw.hpp"
+#include "optimizer/loss_scale.hpp"
 #include "scheduler/plan.hpp"
 
 namespace rp {
@@ -34,6 +35,13 @@ struct SessionOptions {
   bool async = true;             ///< staleness-1 optimizer (false: synchronous, staleness 0)
   AdamWOptions adam;
   int shards = 0;                ///< optimizer shard actors (0: min(4, cores/2, groups), at least 1)
+  int optimizer_threads = 0;     ///< optimizer threads over all shards (0: half the allowed cores)
+  bool pin_optimizer_threads = true;  ///< pin them (each shard to its own cores, NUMA-grouped)
+  double max_grad_norm = 0;      ///< > 0: clip the global gradient norm (torch clip_grad_norm_)
+  bool skip_nonfinite = false;   ///< skip steps whose gradients hold inf/NaN (implied by loss_scaling)
+  /// fp16 dynamic loss scaling (needs an f16 compute dtype; the tail must apply
+  /// RunStage::loss_scale to the loss gradient).
+  std::optional<LossScalerOptions> loss_scaling;
   DeviceOptions device;          ///< per-device memory cap, CPU-backend PCIe throttle
   std::optional<IterationPlan> plan;  ///< default: make_default_plan(L + 2, workers)
   int pass_slots = 2;            ///< passes in flight (each holds its activations in host memory)
@@ -75,6 +83,9 @@ class Session {
   const std::vector<AdamWState>& optimizer_states() const;
   const IterationPlan& plan() const;
   const ModelLayout& layout() const;
+  /// The loss scaler (null without loss_scaling); save / load it with the optimizer state,
+  /// between steps (after synchronize()).
+  LossScaler* loss_scaler();
   /// Number of steps closed so far.
   int64_t steps_closed() const;
   /// Peak device bytes over all workers.

@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 
 #include "roundpipe/session.hpp"
@@ -31,10 +33,12 @@ struct Scenario {
   int steps = 3;
   int passes_per_step = 1;
   std::optional<IterationPlan> plan;
+  double max_grad_norm = 0;  // > 0: global-norm clipping (guarded steps)
 };
 
 struct Outcome {
   std::vector<double> losses;  // mean loss per step
+  std::vector<double> grad_norms;  // guarded runs: global norm before clipping
   std::vector<std::vector<float>> weights;
 };
 
@@ -60,6 +64,7 @@ Outcome run_runtime(const Scenario& sc) {
   o.adam = adam_opts();
   o.plan = sc.plan;
   o.shards = 2;
+  o.max_grad_norm = sc.max_grad_norm;
   Session s(m, random_weights(m, 7), o);
   const int64_t n = sc.M * kNSeq * kSeqLen;
   for (int t = 0; t < sc.steps; ++t) {
@@ -74,6 +79,7 @@ Outcome run_runtime(const Scenario& sc) {
   for (int t = 0; t < sc.steps; ++t) {
     StepResult r = s.wait(t);
     out.losses.push_back(r.loss_sum / r.tokens);
+    out.grad_norms.push_back(r.grad_norm);
   }
   s.synchronize();
   out.weights = s.master_weights();
@@ -100,8 +106,14 @@ Outcome run_reference(const Scenario& sc) {
       sequential_forward_backward(m, used, ids, tg, sc.M, {kNSeq, kSeqLen}, grads, loss, count);
     }
     out.losses.push_back(loss / count);
+    double sumsq = 0;
+    for (size_t g = 0; g < grads.size(); ++g)
+      for (auto& x : grads[g]) x /= count, sumsq += x * x;
+    const double norm = std::sqrt(sumsq);
+    out.grad_norms.push_back(norm);
+    const double coef = sc.max_grad_norm > 0 ? std::min(1.0, sc.max_grad_norm / (norm + 1e-6)) : 1.0;
     for (size_t g = 0; g < grads.size(); ++g) {
-      for (auto& x : grads[g]) x /= count;
+      for (auto& x : grads[g]) x *= coef;
       opt[g].step(w[g], grads[g], adam_opts(), lr_at(t));
     }
     versions.push_back(w);
@@ -136,6 +148,59 @@ TEST_P(RuntimeVsSequential, LossesAndWeightsMatch) {
 
 INSTANTIATE_TEST_SUITE_P(Workers, RuntimeVsSequential,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4, 8), ::testing::Bool()));
+
+// Global-norm clipping across shards (each group reports its sum of squares; the step waits
+// only for that scalar) equals clip_grad_norm_ over all gradients of the reference loop.
+TEST(Runtime, GlobalNormClippingMatchesReference) {
+  for (bool async : {false, true})
+    for (int workers : {1, 3}) {
+      Scenario sc;
+      sc.async = async;
+      sc.workers = workers;
+      sc.steps = 4;
+      Outcome unclipped = run_reference(sc);
+      sc.max_grad_norm = 0.5 * unclipped.grad_norms[0];  // active on the first steps at least
+      Outcome ref = run_reference(sc);
+      EXPECT_GT(rel_err(ref.weights[1], unclipped.weights[1]), 1e-4) << "clipping must matter";
+      Outcome got = run_runtime(sc);
+      const std::string what = std::string(async ? "async" : "sync") + " workers=" + std::to_string(workers);
+      expect_same(got, ref, 1e-5, what);
+      for (size_t t = 0; t < ref.grad_norms.size(); ++t)
+        EXPECT_NEAR(got.grad_norms[t], ref.grad_norms[t], 1e-5 * ref.grad_norms[t]) << what << " step " << t;
+    }
+}
+
+// A NaN in the weights makes every gradient NaN: with skip_nonfinite each step is skipped,
+// so the fp32 masters (and the protocol: every step still completes) stay exactly as they were.
+TEST(Runtime, NonFiniteGradientsSkipTheStep) {
+  for (bool async : {false, true}) {
+    ModelLayout m = make_layout(tiny_config(false, true));
+    auto w0 = random_weights(m, 7);
+    w0.back()[0] = std::numeric_limits<float>::quiet_NaN();
+    SessionOptions o;
+    o.workers = 2;
+    o.micro_batches = 2;
+    o.micro = {kNSeq, kSeqLen};
+    o.async = async;
+    o.adam = adam_opts();
+    o.shards = 2;
+    o.skip_nonfinite = true;
+    Session s(m, w0, o);
+    const int64_t n = 2 * kNSeq * kSeqLen;
+    for (int t = 0; t < 4; ++t) {
+      std::vector<int32_t> ids, tg;
+      random_tokens(m.config.vocab_size, n, 100 + t, ids, tg);
+      s.forward_backward(ids, tg);
+      s.step(lr_at(t));
+    }
+    for (int t = 0; t < 4; ++t) EXPECT_TRUE(s.wait(t).skipped) << "step " << t;
+    s.synchronize();
+    for (size_t g = 0; g < w0.size(); ++g) {
+      ASSERT_EQ(0, std::memcmp(s.master_weights()[g].data(), w0[g].data(), w0[g].size() * 4)) << "group " << g;
+      EXPECT_EQ(s.optimizer_states()[g].step, 0) << "group " << g;
+    }
+  }
+}
 
 TEST(Runtime, AsyncDiffersFromSyncAfterTwoSteps) {
   // Guards against a runtime that silently ignores the staleness setting.

@@ -14,7 +14,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Run {
+struct CliRun {
   int code;
   std::string out, err;
 };
@@ -34,7 +34,7 @@ std::string slurp(const fs::path& p) {
   return ss.str();
 }
 
-Run roundpipe(const std::string& args, const fs::path& dir) {
+CliRun roundpipe(const std::string& args, const fs::path& dir) {
   std::string cmd = std::string(RP_BUILD_DIR) + "/roundpipe " + args + " > " + (dir / "out.txt").string() + " 2> " +
                     (dir / "err.txt").string() + " < /dev/null";
   int rc = std::system(cmd.c_str());
@@ -96,7 +96,7 @@ std::string spec_for(const fs::path& model, const fs::path& data, const fs::path
          "\"backend\": \"cpu\", \"workers\": 2" + extra + "}";
 }
 
-void expect_one_line_error(const Run& r, const std::string& must_contain) {
+void expect_one_line_error(const CliRun& r, const std::string& must_contain) {
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_EQ(r.err.find("roundpipe: error: "), 0u) << r.err;
   EXPECT_NE(r.err.find(must_contain), std::string::npos) << r.err;
@@ -109,7 +109,7 @@ TEST(Cli, TrainsTinyModelAndWritesLoadableCheckpoint) {
   write(d / "data.jsonl", "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n"
                           "{\"prompt\": \"Say hi\", \"completion\": \" hi there\"}\n");
   write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
-  Run r = roundpipe("train " + (d / "spec.json").string(), d);
+  CliRun r = roundpipe("train " + (d / "spec.json").string(), d);
   ASSERT_EQ(r.code, 0) << r.err << r.out;
   EXPECT_NE(r.out.find("step     2/2 | loss"), std::string::npos) << r.out;
   EXPECT_TRUE(fs::exists(d / "run/metrics.csv"));
@@ -141,7 +141,7 @@ TEST(Cli, BadSpecsGiveOneLineNamingTheKey) {
   };
   for (auto& c : cases) {
     write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run", c.extra));
-    Run r = roundpipe("train " + (d / "spec.json").string(), d);
+    CliRun r = roundpipe("train " + (d / "spec.json").string(), d);
     expect_one_line_error(r, c.needle);
     EXPECT_FALSE(fs::exists(d / "run")) << c.extra;
   }
@@ -182,7 +182,7 @@ TEST(Cli, DefaultJobLossFallsOver20Steps) {
   if (!fs::exists(root / "assets/SmolLM2-135M-Instruct.Q4_1.gguf") || !fs::exists(root / "assets/kjv_instruct.jsonl"))
     GTEST_SKIP() << "default assets missing: run scripts/setup.sh (downloads SmolLM2 and builds the KJV data)";
   auto d = tmpdir();
-  Run r{0, "", ""};
+  CliRun r{0, "", ""};
   {
     auto cwd = fs::current_path();
     fs::current_path(root);
@@ -202,6 +202,34 @@ TEST(Cli, DefaultJobLossFallsOver20Steps) {
   EXPECT_LT(last, first - 0.2) << "first-5 mean " << first << ", last-5 mean " << last;
   auto lm = rp::load_model((d / "run/final").string());
   EXPECT_EQ(lm.config.num_hidden_layers, 30);
+  fs::remove_all(d);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(Cli, PlanPartitionsAConfigWithoutWeights) {
+  auto d = tmpdir();
+  write(d / "config.json",
+        R"({"model_type": "qwen3", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
+            "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+            "rope_theta": 1000000, "rms_norm_eps": 1e-6, "tie_word_embeddings": true,
+            "max_position_embeddings": 40960})");
+  CliRun r = roundpipe("plan --model " + (d / "config.json").string() + " --gpus 8 --seq 8192 --micro 16 --trace " +
+                        (d / "sim.json").string(),
+                    d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* needle : {"28", "forward", "tail", "backward", "tokens/s", "bubble"})
+    EXPECT_NE(r.out.find(needle), std::string::npos) << needle << "\n" << r.out;
+  auto trace = nlohmann::json::parse(slurp(d / "sim.json"));
+  EXPECT_GT(trace["traceEvents"].size(), 16u);
+  // A memory cap no single layer fits in is refused, naming the layer.
+  r = roundpipe("plan --model " + (d / "config.json").string() + " --gpus 8 --memory-cap 10MiB", d);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("layer"), std::string::npos) << r.err;
+  r = roundpipe("plan --model " + (d / "missing.json").string(), d);
+  expect_one_line_error(r, "missing.json");
   fs::remove_all(d);
 }
 
