@@ -185,7 +185,7 @@ class Worker : public caf::event_based_actor {
     const size_t act = t.rs.buffers->act_bytes, T = size_t(shape.tokens());
     const StageKind kind = t.rs.stage.kind;
     size_t scratch = 0;
-    for (int l : t.layers) scratch = std::max(scratch, (*ctx_.layers)[l]->scratch_bytes(shape));
+    for (int l : t.layers) scratch = std::max(scratch, (*ctx_.layers)[l]->scratch_bytes(shape, d.compute_dtype()));
     const size_t gsz = dtype_size(d.ops().grad_dtype());
     for (int g : t.grad_groups) t.dgrad.emplace(g, DeviceBuffer(d, size_t(m.groups[g].numel) * gsz));
     t.scratch = DeviceBuffer(d, scratch);

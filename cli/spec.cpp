@@ -84,7 +84,10 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
   if (j.contains("optimizer")) {
     const auto& o = j["optimizer"];
     if (!o.is_object()) bad(where, "optimizer", "an object", o);
-    check_keys(o, {"lr", "betas", "eps", "weight_decay", "amsgrad", "decoupled"}, where, "optimizer.");
+    check_keys(o, {"lr", "betas", "eps", "weight_decay", "amsgrad", "decoupled", "max_grad_norm"}, where,
+               "optimizer.");
+    get(o, "max_grad_norm", s.max_grad_norm, where, "optimizer.");
+    if (s.max_grad_norm < 0) bad(where, "optimizer.max_grad_norm", "a number >= 0", s.max_grad_norm);
     get(o, "lr", s.adam.lr, where, "optimizer.");
     get(o, "eps", s.adam.eps, where, "optimizer.");
     get(o, "weight_decay", s.adam.weight_decay, where, "optimizer.");

@@ -22,6 +22,7 @@ struct TrainSpec {
   int64_t accumulation = 1;          ///< forward_backward passes per optimizer step
   int64_t steps = 20;
   AdamWOptions adam;                 ///< "optimizer": {lr, betas, eps, weight_decay, amsgrad}
+  double max_grad_norm = 0;          ///< "optimizer.max_grad_norm": clip the global norm (0 = off)
   LrSchedule lr_schedule;            ///< "lr_schedule": {kind, warmup_steps, min_lr}; lr from optimizer.lr
   std::string backend = "auto";      ///< auto | cpu | cuda
   int workers = 1;

@@ -86,6 +86,7 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
   opt.micro.seq_len = spec.seq_len;
   opt.async = spec.async;
   opt.adam = spec.adam;
+  opt.max_grad_norm = spec.max_grad_norm;
   opt.device.capacity_bytes = size_t(spec.device_memory_gib * double(1ull << 30));
   opt.device.pcie_bytes_per_s = spec.pcie_gbps * 1e9;
   opt.plan = plan_from_json(spec.plan, layout.num_layers(), spec.workers, "spec: plan");
@@ -100,7 +101,7 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
   const std::string csv_path = spec.output_dir + "/metrics.csv";
   std::ofstream csv(csv_path, std::ios::trunc);
   if (!csv) throw std::runtime_error(csv_path + ": cannot write");
-  csv << "step,loss,target_tokens,tokens_per_s,lr,elapsed_s\n";
+  csv << "step,loss,target_tokens,tokens_per_s,lr,elapsed_s,grad_norm\n";
   const DType save_dtype = parse_dtype(spec.save_dtype);
   auto save = [&](const std::string& name) {
     std::vector<const float*> ptrs;
@@ -125,11 +126,14 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
     const double loss = r.tokens > 0 ? r.loss_sum / r.tokens : 0;
     const double lr = spec.lr_schedule.at(t);
     const double eta = (now / double(t + 1)) * double(spec.steps - t - 1);
-    csv << fmt::format("{},{:.6f},{},{:.1f},{:.6g},{:.3f}\n", t + 1, loss, int64_t(r.tokens), tps, lr, now);
+    csv << fmt::format("{},{:.6f},{},{:.1f},{:.6g},{:.3f},{:.6g}\n", t + 1, loss, int64_t(r.tokens), tps, lr, now,
+                       r.grad_norm);
     csv.flush();
     if ((t + 1) % spec.log_every == 0 || t + 1 == spec.steps)
-      fmt::print("step {:>5}/{} | loss {:.4f} | {:>8.1f} tokens/s | lr {:.3e} | elapsed {} | ETA {}\n", t + 1,
-                 spec.steps, loss, tps, lr, fmt_duration(now), fmt_duration(eta));
+      fmt::print("step {:>5}/{} | loss {:.4f} | {:>8.1f} tokens/s | lr {:.3e}{} | elapsed {} | ETA {}\n", t + 1,
+                 spec.steps, loss, tps, lr,
+                 spec.max_grad_norm > 0 ? fmt::format(" | grad norm {:.3f}", r.grad_norm) : std::string(),
+                 fmt_duration(now), fmt_duration(eta));
     std::fflush(stdout);
     if (spec.save_every > 0 && (t + 1) % spec.save_every == 0 && t + 1 < spec.steps)
       save(fmt::format("checkpoint-{}", t + 1));

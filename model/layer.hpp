@@ -21,6 +21,7 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/dtype.hpp"
 #include "model/layout.hpp"
 
 namespace rp {
@@ -59,8 +60,9 @@ class Layer {
  public:
   virtual ~Layer() = default;
   virtual LayerKind kind() const = 0;
-  /// Device scratch bytes forward() and backward() need for a micro-batch of `s`.
-  virtual size_t scratch_bytes(const MicroBatchShape& s) const = 0;
+  /// Device scratch bytes forward() and backward() need for a micro-batch of `s` when the
+  /// device stores activations in `dt` (Device::compute_dtype(); f32 is the worst case).
+  virtual size_t scratch_bytes(const MicroBatchShape& s, DType dt = DType::f32) const = 0;
   /// Forward without saving anything. Tail: computes only args.loss (evaluation).
   virtual void forward(const LayerArgs& args) const = 0;
   /// Recomputes this layer's forward from args.x (ids for the embedding), then

@@ -72,7 +72,7 @@ class EmbeddingLayer final : public Layer {
       : H_(m.config.hidden_size), V_(m.config.vocab_size),
         off_(offset_of(m.groups[0], "model.embed_tokens.weight")) {}
   LayerKind kind() const override { return LayerKind::embedding; }
-  size_t scratch_bytes(const MicroBatchShape&) const override { return 0; }
+  size_t scratch_bytes(const MicroBatchShape&, DType = DType::f32) const override { return 0; }
   void forward(const LayerArgs& a) const override {
     Ops& ops = check_args(a, 1, 0, "embedding.forward", false);
     if (!a.ids || !a.y) throw std::invalid_argument("embedding.forward: ids/y null");
@@ -111,10 +111,10 @@ class DecoderLayer final : public Layer {
     rope_ = rope_frequencies(rope_params(c_));
   }
   LayerKind kind() const override { return LayerKind::decoder; }
-  size_t scratch_bytes(const MicroBatchShape& s) const override {
+  size_t scratch_bytes(const MicroBatchShape& s, DType dt = DType::f32) const override {
     Bufs b;
     ScratchCarver sc(nullptr);
-    carve(s, kMaxElem, sc, b);
+    carve(s, dtype_size(dt), sc, b);
     return sc.used();
   }
   void forward(const LayerArgs& a) const override {
@@ -270,8 +270,8 @@ class TailLayer final : public Layer {
     n_groups_ = c_.tie_word_embeddings ? 2 : 1;
   }
   LayerKind kind() const override { return LayerKind::tail; }
-  size_t scratch_bytes(const MicroBatchShape& s) const override {
-    return need(s, kMaxElem);
+  size_t scratch_bytes(const MicroBatchShape& s, DType dt = DType::f32) const override {
+    return need(s, dtype_size(dt));
   }
   void forward(const LayerArgs& a) const override { run(a, false); }
   void backward(const LayerArgs& a) const override { run(a, true); }
