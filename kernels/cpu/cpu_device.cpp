@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "kernels/cpu/pcie_link.hpp"
 #include "kernels/device.hpp"
 #include "kernels/ops.hpp"
 
@@ -31,7 +32,10 @@ namespace {
 /// An in-order queue executed by one host thread.
 class CpuStream final : public Stream {
  public:
-  CpuStream(std::string name, double bytes_per_s) : name_(std::move(name)), bw_(bytes_per_s) {
+  /// `link` (may be null: unthrottled) is shared by the device's copy streams; `priority`
+  /// is this stream's rank on it (0 = activations).
+  CpuStream(std::string name, PcieLink* link, int priority)
+      : name_(std::move(name)), link_(link), prio_(priority) {
     thread_ = std::thread([this] { loop(); });
   }
   ~CpuStream() override {
@@ -43,8 +47,8 @@ class CpuStream final : public Stream {
     thread_.join();
   }
   void launch(std::function<void()> work) override { push(std::move(work)); }
-  void copy_h2d(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
-  void copy_d2h(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
+  void copy_h2d(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes, 0); }
+  void copy_d2h(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes, 1); }
   void then(std::function<void(const std::string&)> cb) override {
     push([this, cb = std::move(cb)] {
       std::string e;
@@ -62,14 +66,10 @@ class CpuStream final : public Stream {
     std::function<void()> fn;
     bool always;
   };
-  void copy(void* dst, const void* src, size_t bytes) {
+  void copy(void* dst, const void* src, size_t bytes, int dir) {
     push([=, this] {
-      auto t0 = std::chrono::steady_clock::now();
       std::memcpy(dst, src, bytes);
-      if (bw_ > 0) {  // emulate a PCIe link of bw_ bytes/s
-        auto due = t0 + std::chrono::duration<double>(double(bytes) / bw_);
-        std::this_thread::sleep_until(due);
-      }
+      if (link_) link_->transfer(dir, bytes, prio_);
     });
   }
   void push(std::function<void()> fn, bool always = false) {
@@ -106,7 +106,8 @@ class CpuStream final : public Stream {
   }
 
   std::string name_;
-  double bw_;
+  PcieLink* link_;
+  int prio_;
   std::mutex mu_;
   std::condition_variable cv_, idle_cv_;
   std::deque<Item> q_;
@@ -118,10 +119,15 @@ class CpuStream final : public Stream {
 class CpuDevice final : public Device {
  public:
   CpuDevice(int index, const DeviceOptions& opt) : index_(index), cap_(opt.capacity_bytes) {
+    if (opt.pcie_bytes_per_s > 0)
+      link_ = std::make_unique<PcieLink>(opt.pcie_bytes_per_s, std::max<size_t>(opt.pcie_chunk_bytes, 1),
+                                         opt.pcie_priorities);
     for (int k = 0; k < kNumStreams; ++k) {
-      double bw = (k == int(StreamKind::compute)) ? 0 : opt.pcie_bytes_per_s;
-      streams_[k] = std::make_unique<CpuStream>(
-          fmt::format("vgpu{}.{}", index, stream_name(StreamKind(k))), bw);
+      const StreamKind kind = StreamKind(k);
+      const bool copies = kind != StreamKind::compute;
+      const int prio = kind == StreamKind::act_up || kind == StreamKind::act_down ? 0 : 1;
+      streams_[k] = std::make_unique<CpuStream>(fmt::format("vgpu{}.{}", index, stream_name(kind)),
+                                                copies ? link_.get() : nullptr, prio);
     }
     ops_ = make_cpu_ops();
   }
@@ -181,6 +187,7 @@ class CpuDevice final : public Device {
   mutable std::mutex mu_;
   size_t used_ = 0, peak_ = 0;
   std::unordered_map<void*, size_t> sizes_;
+  std::unique_ptr<PcieLink> link_;  // declared before the streams, which use it
   std::unique_ptr<Stream> streams_[kNumStreams];
   std::unique_ptr<Ops> ops_;
 };
