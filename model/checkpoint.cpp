@@ -1,4 +1,5 @@
 #include "model/checkpoint.hpp"
+#include "model/error_text.hpp"
 
 #include <unistd.h>
 
@@ -22,17 +23,6 @@ using nlohmann::json;
 
 namespace {
 
-/// `s` with control characters escaped as \xNN, so error messages stay on one line.
-std::string one_line(const std::string& s) {
-  std::string o;
-  for (unsigned char ch : s) {
-    if (ch < 0x20 || ch == 0x7f)
-      o += fmt::format("\\x{:02x}", ch);
-    else
-      o.push_back(char(ch));
-  }
-  return o;
-}
 
 [[noreturn]] void fail(const std::string& where, const std::string& what) {
   throw std::runtime_error(one_line(fmt::format("{}: {}", where, what)));

@@ -1,4 +1,5 @@
 #include "model/gguf.hpp"
+#include "model/error_text.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -247,17 +248,6 @@ enum GgufValueType : uint32_t {
   T_STRING = 8, T_ARRAY = 9, T_U64 = 10, T_I64 = 11, T_F64 = 12,
 };
 
-/// `s` with control characters escaped as \xNN, so error messages stay on one line.
-std::string one_line(const std::string& s) {
-  std::string o;
-  for (unsigned char ch : s) {
-    if (ch < 0x20 || ch == 0x7f)
-      o += fmt::format("\\x{:02x}", ch);
-    else
-      o.push_back(char(ch));
-  }
-  return o;
-}
 
 /// Bounds-checked little-endian cursor over the mapping.
 struct Reader {

@@ -1,4 +1,5 @@
 #include "model/safetensors.hpp"
+#include "model/error_text.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -37,17 +38,6 @@ int64_t SafetensorsEntry::numel() const {
 
 namespace {
 
-/// `s` with control characters escaped as \xNN, so error messages stay on one line.
-std::string one_line(const std::string& s) {
-  std::string o;
-  for (unsigned char ch : s) {
-    if (ch < 0x20 || ch == 0x7f)
-      o += fmt::format("\\x{:02x}", ch);
-    else
-      o.push_back(char(ch));
-  }
-  return o;
-}
 
 /// Bytes per element of a safetensors dtype, 0 when unknown.
 uint64_t st_dtype_size(const std::string& d) {

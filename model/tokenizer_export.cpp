@@ -1,4 +1,5 @@
 #include "model/tokenizer_export.hpp"
+#include "model/error_text.hpp"
 
 #include <stdexcept>
 
@@ -10,17 +11,6 @@ using nlohmann::json;
 
 namespace {
 
-/// `s` with control characters escaped as \xNN, so error messages stay on one line.
-std::string one_line(const std::string& s) {
-  std::string o;
-  for (unsigned char ch : s) {
-    if (ch < 0x20 || ch == 0x7f)
-      o += fmt::format("\\x{:02x}", ch);
-    else
-      o.push_back(char(ch));
-  }
-  return o;
-}
 
 // Pre-tokenizer regexes, as HF tokenizer.json files of these families spell them.
 const char* kQwen2Regex =
