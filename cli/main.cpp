@@ -13,13 +13,16 @@
 int main(int argc, char** argv) {
   CLI::App app{"RoundPipe C++: fine-tune LLMs on GPUs too small to hold them"};
   app.require_subcommand(1);
+  app.fallthrough();  // global flags (-q) may also follow the subcommand
   std::string spec_path;
   rp::TrainOverrides ov;
   auto* train = app.add_subcommand("train", "run a JSON experiment spec (see docs/spec.md)");
   train->add_option("spec", spec_path, "experiment spec (JSON)")->required();
-  train->add_option("--steps", ov.steps, "override the spec's number of steps");
-  train->add_option("--workers", ov.workers, "override the number of workers (GPUs or virtual GPUs)");
-  train->add_option("--backend", ov.backend, "override the backend (auto, cpu, cuda)");
+  train->add_option("--steps", ov.steps, "override the spec's number of steps")->check(CLI::Range(int64_t(1), int64_t(1) << 40));
+  train->add_option("--workers", ov.workers, "override the number of workers (GPUs or virtual GPUs)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
+  train->add_option("--backend", ov.backend, "override the backend (auto, cpu, cuda)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   train->add_option("--output-dir", ov.output_dir, "override the output directory");
   train->add_option("--dump-batch", ov.dump_batch, "write the first step's batch (ids, targets) as JSON");
   std::string in, out, dtype = "f32";
@@ -30,7 +33,26 @@ int main(int argc, char** argv) {
   rp::add_plan_command(app);
   bool quiet = false;
   app.add_flag("-q,--quiet", quiet, "only progress lines and errors");
-  CLI11_PARSE(app, argc, argv);
+  if (argc >= 2 && argv[1][0] != '-') {
+    const std::string cmd = argv[1];
+    if (cmd != "train" && cmd != "convert" && cmd != "plan") {
+      fmt::print(stderr, "roundpipe: error: unknown command '{}' (expected train, convert or plan; see roundpipe --help)\n",
+                 cmd);
+      return 2;
+    }
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::RuntimeError& e) {
+    return e.get_exit_code();  // a subcommand callback (plan) already printed its error
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    std::string what = e.what();
+    for (auto& c : what)
+      if (c == '\n') c = ' ';
+    fmt::print(stderr, "roundpipe: error: {} (see roundpipe --help)\n", what);
+    return 2;
+  }
   spdlog::set_pattern("[%H:%M:%S] %v");
   if (quiet) spdlog::set_level(spdlog::level::warn);
   try {

@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include "data/chat_template.hpp"
+
 namespace rp {
 namespace {
 
@@ -57,6 +59,7 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
               "pcie_gbps", "output_dir", "save_every", "save_dtype", "trace", "seed", "log_every", "comment"},
              where, "");
   TrainSpec s;
+  s.source = where;
   if (!j.contains("model")) throw std::invalid_argument(where + ": missing key 'model' (a .gguf file or HF directory)");
   if (!j.contains("data")) throw std::invalid_argument(where + ": missing key 'data' (a .jsonl or .txt file, or a directory)");
   get(j, "model", s.model, where);
@@ -130,6 +133,13 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
   if (s.pcie_gbps < 0) bad(where, "pcie_gbps", "a number >= 0", s.pcie_gbps);
   if (s.save_every < 0) bad(where, "save_every", "an integer >= 0", s.save_every);
   if (s.output_dir.empty()) bad(where, "output_dir", "a non-empty path", s.output_dir);
+  if (s.chat_template != "auto") {
+    try {
+      parse_chat_template_name(s.chat_template);
+    } catch (const std::exception& e) {
+      throw std::invalid_argument(fmt::format("{}: key 'chat_template': {}", where, e.what()));
+    }
+  }
   try {
     validate(s.adam);
   } catch (const std::invalid_argument& e) {

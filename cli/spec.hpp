@@ -12,6 +12,7 @@
 namespace rp {
 
 struct TrainSpec {
+  std::string source = "spec";       ///< the spec file (error messages name it)
   std::string model;                 ///< .gguf file or HF directory
   std::string data;                  ///< .jsonl file, .txt file or directory of .txt files
   std::string chat_template = "auto";  ///< auto (from the model) | chatml | smollm2 | llama3

@@ -3,6 +3,8 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
+#include <unistd.h>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -21,7 +23,32 @@ namespace rp {
 namespace {
 
 std::atomic<bool> g_interrupted{false};
-void on_sigint(int) { g_interrupted = true; }
+// First Ctrl-C: stop after the steps in flight and keep finished checkpoints. Second: leave
+// now (an unfinished checkpoint stays in a *.tmp-<pid> folder, removed by the next run).
+void on_sigint(int) {
+  if (g_interrupted.exchange(true)) {
+    static const char msg[] = "\nroundpipe: interrupted twice, exiting now\n";
+    [[maybe_unused]] auto n = ::write(2, msg, sizeof msg - 1);
+    std::_Exit(130);
+  }
+}
+
+/// Removes "<name>.tmp-<pid>" folders and files that a killed run of a process no longer
+/// alive left in `dir` (save_hf_checkpoint writes there before its atomic rename).
+void remove_stale_temporaries(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return;
+  for (auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const auto pos = name.rfind(".tmp-");
+    if (pos == std::string::npos) continue;
+    const std::string pid = name.substr(pos + 5);
+    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (fs::exists("/proc/" + pid)) continue;  // still being written by a live process
+    fs::remove_all(e.path(), ec);
+    if (!ec) spdlog::info("removed {} left by an interrupted run", e.path().string());
+  }
+}
 
 std::string fmt_duration(double s) {
   if (!(s >= 0) || s > 1e7) return "--:--";
@@ -43,6 +70,19 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
   if (!ov.output_dir.empty()) spec.output_dir = ov.output_dir;
   const auto t_start = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count(); };
+
+  // ---- output folder: check before loading anything ------------------------------
+  {
+    std::error_code ec;
+    if (fs::exists(spec.output_dir, ec) && !fs::is_directory(spec.output_dir, ec))
+      throw std::invalid_argument(fmt::format("{}: key 'output_dir': expected a directory, but '{}' is a file",
+                                              spec.source, spec.output_dir));
+    const fs::path fin = fs::path(spec.output_dir) / "final";
+    if (fs::exists(fin, ec) && !fs::is_directory(fin, ec))
+      throw std::invalid_argument(fmt::format("{}: key 'output_dir': '{}' exists and is not a checkpoint folder",
+                                              spec.source, fin.string()));
+    remove_stale_temporaries(spec.output_dir);
+  }
 
   // ---- model, tokenizer, data ------------------------------------------------
   spdlog::info("loading model {}", spec.model);
@@ -70,10 +110,22 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
   if (spec.max_examples > 0 && int64_t(ds.examples.size()) > spec.max_examples)
     ds.examples.resize(size_t(spec.max_examples));
   PackedSequences packed = pack_sequences(ds, spec.seq_len, tok.eos_id());
-  spdlog::info("data: {} examples, {} text tokens -> {} sequences of {} tokens{}", ds.examples.size(),
-               ds.text_stream.size(), packed.size(), spec.seq_len,
+  spdlog::info("data: {}{} -> {} sequences of {} tokens{}",
+               ds.examples.empty() ? std::string() : fmt::format("{} examples", ds.examples.size()),
+               ds.text_stream.empty() ? std::string()
+                                      : fmt::format("{}{} text tokens", ds.examples.empty() ? "" : ", ",
+                                                    ds.text_stream.size()),
+               packed.size(), spec.seq_len,
                packed.dropped_examples ? fmt::format(" ({} examples dropped: no target left)", packed.dropped_examples)
                                        : std::string());
+  if (packed.size() == 0)
+    throw std::invalid_argument(fmt::format(
+        "{}: key 'seq_len': {} tokens leave no training target in any of the {} examples of {} (their prompts "
+        "are longer); raise seq_len",
+        spec.source, spec.seq_len, ds.examples.size(), spec.data));
+  if (c.max_position_embeddings > 0 && spec.seq_len > c.max_position_embeddings)
+    spdlog::warn("seq_len {} exceeds the model's max_position_embeddings {}", spec.seq_len,
+                 c.max_position_embeddings);
   BatchStream stream(std::move(packed), spec.seed);
 
   // ---- session -----------------------------------------------------------------
@@ -89,7 +141,7 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
   opt.max_grad_norm = spec.max_grad_norm;
   opt.device.capacity_bytes = size_t(spec.device_memory_gib * double(1ull << 30));
   opt.device.pcie_bytes_per_s = spec.pcie_gbps * 1e9;
-  opt.plan = plan_from_json(spec.plan, layout.num_layers(), spec.workers, "spec: plan");
+  opt.plan = plan_from_json(spec.plan, layout.num_layers(), spec.workers, spec.source + ": key 'plan'");
   opt.trace = spec.trace;
   Session session(layout, std::move(weights), opt);
   spdlog::info("runtime: {} x {}, {} optimizer, plan {} ({} stages), {} micro-batches of {} x {} tokens",
@@ -156,16 +208,17 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
   }
   if (t >= 1 && reported < t - 1) report(t - 1);
   session.synchronize();
-  std::signal(SIGINT, prev);
   if (spec.trace) {
     session.write_trace(spec.output_dir + "/trace.json");
     spdlog::info("wrote trace {}/trace.json", spec.output_dir);
   }
-  if (g_interrupted) {
+  if (g_interrupted && t < spec.steps) {
+    std::signal(SIGINT, prev);
     fmt::print(stderr, "roundpipe: interrupted after {} steps; finished checkpoints are kept\n", t);
     return 130;
   }
-  save("final");
+  save("final");  // still under our SIGINT handler: a Ctrl-C now cannot cut the checkpoint
+  std::signal(SIGINT, prev);
   fmt::print("done: {} steps in {}, peak device memory {:.1f} MiB per worker, metrics in {}\n", spec.steps,
              fmt_duration(elapsed()), session.peak_device_bytes() / 1048576.0, csv_path);
   return 0;

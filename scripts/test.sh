@@ -6,4 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 jobs=$(nproc)
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "[test] no CUDA device visible: the CUDA tests will be skipped (reason printed by each as 'no CUDA device visible')"
+fi
 ctest --test-dir build -j"$jobs" --output-on-failure --timeout 1200 "$@"

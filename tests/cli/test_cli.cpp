@@ -234,3 +234,49 @@ TEST(Cli, PlanPartitionsAConfigWithoutWeights) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Cli, UsageErrorsAreOneLine) {
+  auto d = tmpdir();
+  for (const char* args : {"", "frobnicate", "train", "train x.json --steps 0", "train x.json --workers two",
+                           "train x.json --backend tpu", "convert a b --dtype q4"}) {
+    CliRun r = roundpipe(args, d);
+    EXPECT_EQ(r.code, 2) << args << ": " << r.err;
+    EXPECT_EQ(r.err.find("roundpipe: error: "), 0u) << args << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
+  }
+  fs::remove_all(d);
+}
+
+TEST(Cli, OutputDirAndSeqLenProblemsAreNamedBeforeTraining) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  write(d / "chat.jsonl", "{\"prompt\": \"a very long prompt that does not fit\", \"completion\": \" x\"}\n");
+  write(d / "data.jsonl", "{\"text\": \"hello world, hello world\"}\n");
+  write(d / "afile", "x");
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "afile"));
+  expect_one_line_error(roundpipe("train " + (d / "spec.json").string(), d), "key 'output_dir'");
+  write(d / "spec.json", spec_for(model, d / "chat.jsonl", d / "run"));
+  auto spec = nlohmann::json::parse(slurp(d / "spec.json"));
+  spec["seq_len"] = 4;
+  write(d / "spec.json", spec.dump());
+  expect_one_line_error(roundpipe("train " + (d / "spec.json").string(), d), "key 'seq_len'");
+  fs::remove_all(d);
+}
+
+TEST(Cli, LeftoversOfKilledRunsAreRemoved) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  write(d / "data.jsonl", "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n");
+  fs::create_directories(d / "run/final.tmp-999999999");
+  write(d / "run/final.tmp-999999999/model.safetensors.tmp-999999999", "partial");
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
+  CliRun r = roundpipe("train " + (d / "spec.json").string(), d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_FALSE(fs::exists(d / "run/final.tmp-999999999"));
+  EXPECT_TRUE(fs::exists(d / "run/final/model.safetensors"));
+  fs::remove_all(d);
+}
+
+}  // namespace
