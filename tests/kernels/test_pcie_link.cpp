@@ -74,16 +74,6 @@ TEST(PcieLink, ThrottlesToTheConfiguredBandwidth) {
   dev->stream(StreamKind::act_up).synchronize();
   const double s = std::chrono::duration<double>(Clock::now() - t0).count();
   EXPECT_GT(s, 0.045);
-  // Both directions are separate channels (full duplex): a download in parallel with an
-  // upload must not take twice as long (loose bound: the machine may be loaded).
-  std::vector<char> back(n);
-  t0 = Clock::now();
-  dev->stream(StreamKind::act_up).copy_h2d(d.get(), h.data(), n);
-  dev->stream(StreamKind::grad_down).copy_d2h(back.data(), d.get(), n);
-  dev->stream(StreamKind::act_up).synchronize();
-  dev->stream(StreamKind::grad_down).synchronize();
-  const double both = std::chrono::duration<double>(Clock::now() - t0).count();
-  EXPECT_LT(both, 1.9 * s + 0.05);
 }
 
 }  // namespace
