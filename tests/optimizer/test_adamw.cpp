@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "optimizer/adamw.hpp"
+#include "adam_ref.hpp"
 #include "rounding_ref.hpp"
 
 namespace {
@@ -16,50 +17,9 @@ using rp::AdamWOptions;
 using rp::AdamWState;
 using rp::DType;
 
-/// Textbook Adam (Kingma & Ba 2015, Alg. 1) / AdamW (Loshchilov & Hutter 2019, Alg. 2) in
-/// double, plus "magnitude" accumulators bounding the float rounding error of each
-/// quantity (a value that is a sum of terms is compared relative to the sum of |terms|).
-struct Ref {
-  std::vector<double> w, m, v, vmax, wabs, mabs, vabs;
-  int64_t t = 0;
-
-  explicit Ref(const std::vector<float>& w0)
-      : w(w0.begin(), w0.end()), m(w0.size()), v(w0.size()), vmax(w0.size()),
-        wabs(w0.size()), mabs(w0.size()), vabs(w0.size()) {
-    for (size_t i = 0; i < w0.size(); ++i) wabs[i] = std::fabs(w[i]);
-  }
-
-  void step(const std::vector<float>& grad, double scale, const AdamWOptions& o, double lr) {
-    ++t;
-    const double bc1 = 1 - std::pow(o.beta1, double(t));
-    const double bc2 = 1 - std::pow(o.beta2, double(t));
-    for (size_t i = 0; i < w.size(); ++i) {
-      double g = double(grad[i]) * scale;
-      if (o.maximize) g = -g;
-      double gabs = std::fabs(g);
-      if (!o.decoupled) {
-        g += o.weight_decay * w[i];
-        gabs += o.weight_decay * std::fabs(w[i]);
-      } else {
-        w[i] -= lr * o.weight_decay * w[i];
-      }
-      m[i] = o.beta1 * m[i] + (1 - o.beta1) * g;
-      mabs[i] = o.beta1 * mabs[i] + (1 - o.beta1) * gabs;
-      v[i] = o.beta2 * v[i] + (1 - o.beta2) * g * g;
-      vabs[i] = o.beta2 * vabs[i] + (1 - o.beta2) * gabs * gabs;
-      double vh = v[i];
-      if (o.amsgrad) {
-        vmax[i] = std::max(vmax[i], v[i]);
-        vh = vmax[i];
-      }
-      const double mhat = m[i] / bc1, vhat = vh / bc2;
-      const double upd = lr * mhat / (std::sqrt(vhat) + o.eps);
-      w[i] -= upd;
-      wabs[i] += std::fabs(upd) + 2 * lr * mabs[i] / bc1 / (std::sqrt(vhat) + o.eps) +
-                 lr * o.weight_decay * std::fabs(w[i]);
-    }
-  }
-};
+// The textbook reference (double precision + magnitude bounds) shared with the other
+// optimizer tests.
+using adam_ref::Ref;
 
 constexpr double kRel = 1e-6;
 constexpr double kDenorm = std::numeric_limits<float>::denorm_min();
@@ -123,7 +83,7 @@ void run_case(int64_t n, const AdamWOptions& o, int steps, double grad_mag, DTyp
     const float scale = s % 3 == 0 ? 1.f : 0.37f;
     const double lr = o.lr * (1.0 + 0.1 * s);  // a schedule: lr differs per step
     rp::adamw_update(w.data(), st, g.data(), n, scale, o, lr, n ? out : nullptr, dt);
-    ref.step(g, double(scale), o, lr);
+    ref.step(g.data(), double(scale), o, lr);
     const std::string ctx = name(o) + " n=" + std::to_string(n) + " step " + std::to_string(s);
     expect_close(w, st, ref, o, ctx.c_str());
     if (::testing::Test::HasFatalFailure()) return;
