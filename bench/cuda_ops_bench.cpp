@@ -198,10 +198,11 @@ int main(int argc, char** argv) {
     const int r = L > 8192 ? 1 : R;
     const std::string shape = "L=" + std::to_string(L) + " 16/8 heads D=128";
 #ifdef RP_HAVE_CUDA
-    for (int impl : {2, 3}) {  // the two flash configurations (0, the default, is one of them)
+    for (int impl : {2, 3, 4}) {  // our two flash configurations and cuDNN's flash attention
       if (L > 8192 && impl == 2) continue;
+      if (impl == 4 && !rp::cuda::cudnn_attention_available()) continue;
       rp::cuda::set_attention_impl(ops, impl);
-      const std::string tag = impl == 2 ? " [cfg 2]" : " [cfg 3]";
+      const std::string tag = impl == 2 ? " [cfg 2]" : impl == 3 ? " [cfg 3]" : " [cuDNN]";
 #else
     {
       const std::string tag;

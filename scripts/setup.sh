@@ -51,6 +51,34 @@ PY
   fi
 fi
 
+# cuDNN's flash attention is driven through NVIDIA's header-only cudnn-frontend (PyPI
+# nvidia-cudnn-frontend); only its headers are used. Without nvcc, or if the download
+# fails, the CUDA backend uses its own attention kernels.
+fe=assets/cudnn-frontend
+if command -v nvcc >/dev/null 2>&1 && [ ! -s "$fe/include/cudnn_frontend.h" ]; then
+  echo "[setup] fetching cudnn-frontend headers (PyPI nvidia-cudnn-frontend==1.32.0)"
+  tmp=$(mktemp -d)
+  if python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
+       --platform manylinux_2_28_x86_64 nvidia-cudnn-frontend==1.32.0 -d "$tmp" 2>/dev/null; then
+    mkdir -p assets
+    python3 - "$(ls "$tmp"/*.whl)" "$fe" <<'PY'
+import os, shutil, sys, zipfile
+src, dst = sys.argv[1], sys.argv[2]
+tmp = dst + ".part"
+shutil.rmtree(tmp, ignore_errors=True)
+with zipfile.ZipFile(src) as z:
+    for n in z.namelist():
+        if n.startswith("include/") and not n.endswith("/"):
+            z.extract(n, tmp)
+shutil.rmtree(dst, ignore_errors=True)
+os.replace(tmp, dst)
+PY
+  else
+    echo "[setup] warning: could not download cudnn-frontend; building without cuDNN attention"
+  fi
+  rm -rf "$tmp"
+fi
+
 echo "[setup] configuring and building (build/)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)"

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -52,6 +53,7 @@ CudaOps::CudaOps(int device, cudaStream_t stream, DType dtype, unsigned* err)
   RP_CUBLAS_CHECK(cublasLtCreate(&lt_));
   RP_CUDA_CHECK(cudaMalloc(&ws_, kWorkspaceBytes));
   ws_bytes_ = kWorkspaceBytes;
+  attn_impl_ = parse_attention_impl(std::getenv("RP_CUDA_ATTENTION"));
 }
 
 CudaOps::~CudaOps() {
@@ -259,6 +261,11 @@ void CudaOps::attention_fwd(const void* q, const void* k, const void* v, void* o
                             float scale, void* scratch) {
   check_attn(n_seq, L, nq, nkv, D, scratch, "attention_fwd");
   set_device(dev_);
+  const size_t ws = Ops::attention_scratch_bytes(n_seq, L, nq, nkv, D);
+  if (try_cudnn(false, [&](std::string* why) {
+        return cudnn_->fwd(dtype_, q, k, v, o, lse, n_seq, L, nq, nkv, D, scale, scratch, ws, why);
+      }))
+    return;
   k_attention_fwd(dtype_, q, k, v, o, lse, n_seq, L, nq, nkv, D, scale, attn_impl_, st_);
 }
 
@@ -269,8 +276,33 @@ void CudaOps::attention_bwd(const void* q, const void* k, const void* v, const v
   check_attn(n_seq, L, nq, nkv, D, scratch, "attention_bwd");
   require(lse != nullptr, "attention_bwd", "lse is null");
   set_device(dev_);
+  const size_t ws = Ops::attention_scratch_bytes(n_seq, L, nq, nkv, D);
+  if (try_cudnn(true, [&](std::string* why) {
+        return cudnn_->bwd(dtype_, q, k, v, o, lse, dout, dq, dk, dv, n_seq, L, nq, nkv, D, scale,
+                           scratch, ws, why);
+      }))
+    return;
   k_attention_bwd(dtype_, q, k, v, o, lse, dout, dq, dk, dv, n_seq, L, nq, nkv, D, scale, scratch,
                   attn_impl_, st_);
+}
+
+bool CudaOps::try_cudnn(bool backward, const std::function<bool(std::string*)>& call) {
+  if ((attn_impl_ != 0 && attn_impl_ != 4) || !CudnnAttention::available()) {
+    if (attn_impl_ == 4) throw DeviceError("attention: cuDNN requested but this build has no cuDNN");
+    return false;
+  }
+  if (!cudnn_) cudnn_ = std::make_unique<CudnnAttention>(dev_, st_);
+  std::string why;
+  if (call(&why)) return true;
+  if (attn_impl_ == 4)
+    throw DeviceError(fmt::format("attention {}: cuDNN refused: {}",
+                                  backward ? "backward" : "forward", why));
+  if (!cudnn_refusal_logged_) {  // automatic mode: fall back to our kernels, say so once
+    cudnn_refusal_logged_ = true;
+    fmt::print(stderr, "roundpipe: cuDNN attention not used ({}); using the built-in kernels\n",
+               why);
+  }
+  return false;
 }
 
 // ---- LM head + cross-entropy ----------------------------------------------------------------
@@ -316,10 +348,24 @@ void CudaOps::lm_head_cross_entropy(const void* h, const void* w, const int32_t*
 
 // ---- knobs --------------------------------------------------------------------------------------
 
+bool cudnn_attention_available() { return CudnnAttention::available(); }
+
+int parse_attention_impl(const char* text) {
+  if (!text || !*text) return 0;
+  const std::string t = text;
+  if (t == "auto") return 0;
+  if (t == "simple") return 1;
+  if (t == "flash") return 2;
+  if (t == "flash8") return 3;
+  if (t == "cudnn") return 4;
+  throw std::invalid_argument(fmt::format(
+      "RP_CUDA_ATTENTION='{}': expected auto, simple, flash, flash8 or cudnn", t));
+}
+
 void set_attention_impl(Ops& ops, int impl) {
   auto* c = dynamic_cast<CudaOps*>(&ops);
   if (!c) throw std::invalid_argument("set_attention_impl: not a CUDA device's ops");
-  if (impl < 0 || impl > 3) throw std::invalid_argument("set_attention_impl: impl must be 0..3");
+  if (impl < 0 || impl > 4) throw std::invalid_argument("set_attention_impl: impl must be 0..4");
   c->set_attention_impl(impl);
 }
 

@@ -6,10 +6,14 @@
 #include <cuda_runtime_api.h>
 
 #include <array>
+#include <functional>
+#include <memory>
+#include <string>
 #include <map>
 #include <mutex>
 #include <tuple>
 
+#include "kernels/cuda/cudnn_attention.hpp"
 #include "kernels/ops.hpp"
 
 namespace rp::cuda {
@@ -101,6 +105,10 @@ class CudaOps final : public Ops {
   std::mutex mu_;
   std::map<Key, Plan> plans_;
   int attn_impl_ = 0;
+  std::unique_ptr<CudnnAttention> cudnn_;  // null when the build has no cuDNN
+  bool cudnn_refusal_logged_ = false;
+  // Runs attention through cuDNN when impl allows (0: if it accepts, 4: must accept).
+  bool try_cudnn(bool backward, const std::function<bool(std::string*)>& call);
 };
 
 }  // namespace rp::cuda

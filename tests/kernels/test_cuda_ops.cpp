@@ -236,14 +236,16 @@ TEST_F(CudaOpsTest, SwiGLU) {
 
 struct AttnShape {
   int64_t S, L, nq, nkv, D;
-  int impl;  // 0 automatic, 1 simple kernels
+  int impl;           // forward (cuda_backend.hpp): 0 auto, 1 simple, 2/3 flash, 4 cuDNN
+  int bwd_impl = -1;  // backward; -1 = same as the forward (others: mixed pairs share lse)
 };
 class CudaAttention : public CudaOpsTest, public ::testing::WithParamInterface<AttnShape> {};
 
 TEST_P(CudaAttention, MatchesCpu) {
-  const auto [S, L, nq, nkv, D, impl] = GetParam();
+  const auto [S, L, nq, nkv, D, impl, bwd_impl] = GetParam();
 #ifdef RP_HAVE_CUDA
-  cuda::set_attention_impl(ops(), impl);
+  if ((impl == 4 || bwd_impl == 4) && !cuda::cudnn_attention_available())
+    GTEST_SKIP() << "this build has no cuDNN attention (scripts/setup.sh fetches cudnn-frontend)";
 #endif
   const int64_t T = S * L;
   const float scale = float(1.0 / std::sqrt(double(D)));
@@ -256,8 +258,14 @@ TEST_P(CudaAttention, MatchesCpu) {
      dv = poisoned(T * nkv * D, DType::bf16);
   DeviceBuffer scratch(dev(), Ops::attention_scratch_bytes(S, L, nq, nkv, D));
   run([&](Ops& op) {
+#ifdef RP_HAVE_CUDA
+    cuda::set_attention_impl(op, impl);
+#endif
     op.attention_fwd(qd.get(), kd.get(), vd.get(), o.get(), lse.as<float>(), S, L, nq, nkv, D, scale,
                      scratch.get());
+#ifdef RP_HAVE_CUDA
+    cuda::set_attention_impl(op, bwd_impl < 0 ? impl : bwd_impl);
+#endif
     op.attention_bwd(qd.get(), kd.get(), vd.get(), o.get(), lse.as<float>(), dod.get(), dq.get(),
                      dk.get(), dv.get(), S, L, nq, nkv, D, scale, scratch.get());
   });
@@ -290,10 +298,26 @@ INSTANTIATE_TEST_SUITE_P(
                       AttnShape{1, 1024, 2, 1, 128, 2},
                       AttnShape{3, 17, 4, 1, 128, 2},
                       AttnShape{2, 330, 8, 2, 128, 3},   // flash config 3, GQA 4
-                      AttnShape{1, 257, 2, 2, 64, 3}));
+                      AttnShape{1, 257, 2, 2, 64, 3},
+                      AttnShape{2, 200, 4, 2, 128, 4},   // cuDNN flash attention (forced)
+                      AttnShape{1, 130, 2, 1, 64, 4},
+                      AttnShape{1, 64, 2, 2, 128, 4},
+                      AttnShape{3, 17, 4, 1, 128, 4},
+                      AttnShape{1, 1024, 2, 1, 128, 4},
+                      AttnShape{2, 330, 8, 2, 128, 4},
+                      AttnShape{2, 330, 8, 2, 128, 4, 3},  // cuDNN forward, our backward
+                      AttnShape{2, 330, 8, 2, 128, 3, 4},  // our forward, cuDNN backward
+                      AttnShape{1, 200, 4, 2, 128, 4, 1}));
 
-// Flash vs a double-precision reference on sampled rows at 64K tokens (memory linear in L).
-TEST_F(CudaOpsTest, Attention64K) {
+// Flash (ours: impl 3; cuDNN: impl 4) vs a double-precision reference on sampled rows at
+// 64K tokens (memory linear in L).
+class CudaAttention64K : public CudaOpsTest, public ::testing::WithParamInterface<int> {};
+INSTANTIATE_TEST_SUITE_P(Impl, CudaAttention64K, ::testing::Values(3, 4));
+TEST_P(CudaAttention64K, MatchesDoubleReferenceOnSampledRows) {
+#ifdef RP_HAVE_CUDA
+  if (GetParam() == 4 && !cuda::cudnn_attention_available())
+    GTEST_SKIP() << "this build has no cuDNN attention (scripts/setup.sh fetches cudnn-frontend)";
+#endif
   const int64_t S = 1, L = 65536, nq = 2, nkv = 1, D = 128, T = S * L;
   const float scale = float(1.0 / std::sqrt(double(D)));
   VecF q = randn(size_t(T * nq * D), 71), k = randn(size_t(T * nkv * D), 72), v = randn(size_t(T * nkv * D), 73);
@@ -305,6 +329,9 @@ TEST_F(CudaOpsTest, Attention64K) {
      dv = poisoned(T * nkv * D, DType::bf16);
   DeviceBuffer scratch(dev(), Ops::attention_scratch_bytes(S, L, nq, nkv, D));
   run([&](Ops& op) {
+#ifdef RP_HAVE_CUDA
+    cuda::set_attention_impl(op, GetParam());
+#endif
     op.attention_fwd(qd.get(), kd.get(), vd.get(), o.get(), lse.as<float>(), S, L, nq, nkv, D, scale,
                      scratch.get());
     op.attention_bwd(qd.get(), kd.get(), vd.get(), o.get(), lse.as<float>(), dod.get(), dq.get(),
