@@ -3,12 +3,15 @@
 # transformers, GPU tests, then throughput (RoundPipe vs resident PyTorch) and scaling.
 # Expects the bundle in .device/ (bin/ + lib/); writes everything under $OUT.
 set -uo pipefail
-export LD_LIBRARY_PATH=$PWD/.device/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+# cuDNN on the lent machine comes with PyTorch's wheels (nvidia-cudnn-cu13), not the toolkit
+cudnn_lib=$(python3 -c 'import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], "lib"))' 2>/dev/null || true)
+export LD_LIBRARY_PATH=$PWD/.device/lib:/usr/local/cuda/lib64:${cudnn_lib:+$cudnn_lib:}${LD_LIBRARY_PATH:-}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 log=$OUT/session.log
 exec > >(tee -a "$log") 2>&1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 nproc; free -g | head -2
+echo "cuDNN: ${cudnn_lib:-not found} $(ls ${cudnn_lib:-/nonexistent} 2>/dev/null | grep -m1 'libcudnn.so.9')"
 # the tests look for fixtures at the build machine's source path
 mkdir -p "$(dirname "$RP_BUILD_SRC")" && ln -sfn "$PWD" "$RP_BUILD_SRC"
 step() { echo "=== $* ($(date +%T))"; }
@@ -22,6 +25,10 @@ if [ "${DO_TESTS:-1}" = 1 ]; then
   .device/bin/test_kernels --gtest_brief=1 2>&1 | tail -5
   .device/bin/test_model --gtest_filter='HfParity*' 2>&1 | tail -25
   .device/bin/test_actors --gtest_filter='RuntimeCuda*' 2>&1 | tail -25
+fi
+if [ "${DO_OPS:-0}" = 1 ]; then
+  step per-op benchmark
+  .device/bin/bench_cuda_ops_bench ${OPS_ARGS:-} > "$OUT/cuda_ops.md" 2>&1; tail -40 "$OUT/cuda_ops.md"
 fi
 if [ "${DO_BENCH:-1}" = 1 ]; then
   res=$OUT/throughput.md

@@ -4,13 +4,15 @@
 //   bench_throughput [--backend cuda] [--workers 1] [--layers 28] [--hidden 2048] [--heads 16]
 //                    [--kv-heads 8] [--head-dim 128] [--ffn 6144] [--vocab 151936] [--seq 8192]
 //                    [--seqs 8] [--micro 8] [--steps 6] [--warmup 2] [--sync] [--cap-gib 139]
-//                    [--trace FILE] [--results FILE]
+//                    [--dtype bf16|f16] [--trace FILE] [--results FILE]
+// The attention implementation follows RP_CUDA_ATTENTION (auto = cuDNN when available).
 // tokens/s: median over the measured steps of tokens-per-step / (time between consecutive
 // step completions). MFU = tokens/s * (6 N_matmul + 6 layers q_heads head_dim seq) / 790e12
 // (N_matmul counts every matmul weight incl. the LM head; recompute not counted).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <random>
 
@@ -21,7 +23,7 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"RoundPipe end-to-end throughput benchmark"};
-  std::string backend = "cuda", trace, results;
+  std::string backend = "cuda", trace, results, dtype = "bf16";
   int workers = 1, layers = 28, steps = 6, warmup = 2;
   int64_t hidden = 2048, heads = 16, kv = 8, hd = 128, ffn = 6144, vocab = 151936, seq = 8192, seqs = 8, micro = 8;
   bool sync = false, qwen3 = true;
@@ -44,6 +46,7 @@ int main(int argc, char** argv) {
   app.add_option("--cap-gib", cap, "device memory cap per worker");
   app.add_option("--trace", trace);
   app.add_option("--results", results, "append a markdown row here");
+  app.add_option("--dtype", dtype, "storage dtype on the GPU")->check(CLI::IsMember({"bf16", "f16"}));
   CLI11_PARSE(app, argc, argv);
 
   rp::ModelConfig c;
@@ -76,6 +79,7 @@ int main(int argc, char** argv) {
   o.micro = {seqs / micro, seq};
   o.async = !sync;
   o.device.capacity_bytes = size_t(cap * double(1ull << 30));
+  o.device.dtype = dtype == "f16" ? rp::DType::f16 : rp::DType::bf16;
   o.trace = !trace.empty();
   auto t0 = std::chrono::steady_clock::now();
   rp::Session s(m, std::move(w), o);
@@ -113,8 +117,10 @@ int main(int argc, char** argv) {
   const double flops_per_token = 6 * nmat + 6.0 * layers * heads * hd * seq;
   const double mfu = tps * flops_per_token / 790e12;
   const double peak = s.peak_device_bytes() / double(1ull << 30);
-  std::string row = fmt::format("| roundpipe ({} x {}, {}) | {:.0f} | {:.3f} | {:.2f} | {:.2f} |", workers, backend,
-                                sync ? "sync" : "async", tps, mfu, peak, dt);
+  const char* attn = std::getenv("RP_CUDA_ATTENTION");
+  std::string row = fmt::format("| roundpipe ({} x {}, {}, {}, attention {}) | {:.0f} | {:.3f} | {:.2f} | {:.2f} |",
+                                workers, backend, sync ? "sync" : "async", dtype, attn && *attn ? attn : "auto",
+                                tps, mfu, peak, dt);
   std::printf("RESULT tokens/s %.1f  MFU %.3f  peak device memory %.2f GiB  step %.3f s  (%s)\n", tps, mfu, peak, dt,
               s.plan().summary().c_str());
   if (!results.empty()) std::ofstream(results, std::ios::app) << row << "\n";
