@@ -47,6 +47,7 @@ struct Task {
   std::map<int, DeviceBuffer> dparam, dgrad;
   DeviceBuffer scratch, tmp[2];
   Slot slot[2];
+  bool slot_ready[2] = {false, false};  ///< slot allocated (early start may do it before the task is current)
   int64_t M = 0;
   int params_pending = 0;
   int64_t next_up = 0, next_comp = 0;
@@ -177,38 +178,23 @@ class Worker : public caf::event_based_actor {
   }
 
   /// The buffers a task needs only while it computes (activation slots, scratch, gradient
-  /// accumulators); a prefetched task holds just its weights until it becomes current.
+  /// accumulators); a prefetched task holds just its weights (and the slots early_start
+  /// handed it) until it becomes current.
   void allocate_work(Task& t) {
     auto& d = *ctx_.device;
     const auto& m = *ctx_.layout;
     const auto& shape = t.rs.buffers->shape;
-    const size_t act = t.rs.buffers->act_bytes, T = size_t(shape.tokens());
+    const size_t act = t.rs.buffers->act_bytes;
     const StageKind kind = t.rs.stage.kind;
     size_t scratch = 0;
     for (int l : t.layers) scratch = std::max(scratch, (*ctx_.layers)[l]->scratch_bytes(shape, d.compute_dtype()));
     const size_t gsz = dtype_size(d.ops().grad_dtype());
     for (int g : t.grad_groups) t.dgrad.emplace(g, DeviceBuffer(d, size_t(m.groups[g].numel) * gsz));
     t.scratch = DeviceBuffer(d, scratch);
-    const int k = int(t.layers.size());
-    for (auto& s : t.slot) {
-      if (t.rs.stage.first == 0) s.ids = DeviceBuffer(d, T * 4);
-      if (kind == StageKind::tail) {
-        s.targets = DeviceBuffer(d, T * 4);
-        s.loss = DeviceBuffer(d, 2 * sizeof(float));
-      }
-      // in: the uploaded input of a forward stage, or dy of a backward stage
-      if (kind == StageKind::backward || (kind == StageKind::forward && t.rs.stage.first > 0))
-        s.in = DeviceBuffer(d, act);
-      if (kind != StageKind::forward && t.rs.stage.first > 0) s.out = DeviceBuffer(d, act);
-      for (int i = 0; i < k; ++i) s.xs.emplace_back(d, act);
-    }
+    for (int j = 0; j < 2; ++j)
+      if (!t.slot_ready[j]) allocate_slot(t, j);
     if (kind != StageKind::forward)
       for (auto& b : t.tmp) b = DeviceBuffer(d, act);
-    t.up_pending.assign(t.M, 0);
-    t.down_pending.assign(t.M, 0);
-    t.uploaded.assign(t.M, 0);
-    t.computed.assign(t.M, 0);
-    t.downloaded.assign(t.M, 0);
     // Gradient accumulators start at zero for every stage task.
     for (auto& [g, buf] : t.dgrad) {
       void* p = buf.get();
@@ -217,6 +203,54 @@ class Worker : public caf::event_based_actor {
         const DType gt = d.ops().grad_dtype();
         d.ops().fill(gt, p, int64_t(n / dtype_size(gt)), 0.f);
       });
+    }
+  }
+
+  /// Allocates double-buffer slot j of `t` (the activations of micro-batches m % 2 == j).
+  void allocate_slot(Task& t, int j) {
+    auto& d = *ctx_.device;
+    const size_t act = t.rs.buffers->act_bytes, T = size_t(t.rs.buffers->shape.tokens());
+    const StageKind kind = t.rs.stage.kind;
+    Slot s;
+    if (t.rs.stage.first == 0) s.ids = DeviceBuffer(d, T * 4);
+    if (kind == StageKind::tail) {
+      s.targets = DeviceBuffer(d, T * 4);
+      s.loss = DeviceBuffer(d, 2 * sizeof(float));
+    }
+    // in: the uploaded input of a forward stage, or dy of a backward stage
+    if (kind == StageKind::backward || (kind == StageKind::forward && t.rs.stage.first > 0))
+      s.in = DeviceBuffer(d, act);
+    if (kind != StageKind::forward && t.rs.stage.first > 0) s.out = DeviceBuffer(d, act);
+    for (size_t i = 0; i < t.layers.size(); ++i) s.xs.emplace_back(d, act);
+    t.slot[j] = std::move(s);
+    t.slot_ready[j] = true;
+  }
+
+  /// Early start across the stage boundary: once the current task will no longer touch
+  /// slot j (its last micro-batch there is computed and downloaded), the slot's memory
+  /// goes to the prefetched next task, whose micro-batch j inputs upload at once, so the
+  /// compute stream does not idle for the first upload of every stage. Memory-neutral
+  /// when both stages move activations of the same size.
+  void early_start() {
+    if (!next_ || !task_ || failed_) return;
+    Task& t = *task_;
+    Task& n = *next_;
+    if (t.next_up < t.M) return;  // the current task still uploads into its slots
+    for (int j = 0; j < 2; ++j) {
+      if (n.slot_ready[j]) continue;
+      const int64_t last = t.M > j ? (t.M - 1 - j) / 2 * 2 + j : -1;  // last m with m % 2 == j
+      if (last >= 0 && !t.downloaded[last]) continue;
+      t.slot[j] = Slot{};
+      t.slot_ready[j] = false;
+      try {
+        allocate_slot(n, j);
+      } catch (const DeviceOutOfMemory&) {
+        n.slot[j] = Slot{};  // no room now: the slot is allocated when the task starts
+      }
+    }
+    while (n.next_up < n.M && n.next_up < 2 && n.slot_ready[n.next_up] && input_ready(n, n.next_up)) {
+      issue_uploads(n, n.next_up);
+      ++n.next_up;
     }
   }
 
@@ -245,6 +279,11 @@ class Worker : public caf::event_based_actor {
     t.rs = std::move(rs);
     t.layers = t.rs.stage.layers();
     t.M = t.rs.buffers->micro_batches;
+    t.up_pending.assign(t.M, 0);
+    t.down_pending.assign(t.M, 0);
+    t.uploaded.assign(t.M, 0);
+    t.computed.assign(t.M, 0);
+    t.downloaded.assign(t.M, 0);
     t.wall_start = std::chrono::steady_clock::now();
     t.t_start = ctx_.tracer ? ctx_.tracer->now() : 0;
     const StageKind kind = t.rs.stage.kind;
@@ -290,7 +329,7 @@ class Worker : public caf::event_based_actor {
     maybe_prefetch();
     // Uploads: one micro-batch ahead, once the slot's previous user has computed.
     while (t.next_up < t.M && (t.next_up < 2 || t.computed[t.next_up - 2]) && input_ready(t, t.next_up)) {
-      issue_uploads(t.next_up);
+      issue_uploads(t, t.next_up);
       ++t.next_up;
     }
     // Compute: in order, once inputs and parameters are in and the output slot is free.
@@ -299,11 +338,11 @@ class Worker : public caf::event_based_actor {
       launch_compute(t.next_comp);
       ++t.next_comp;
     }
+    early_start();
     maybe_finish();
   }
 
-  void issue_uploads(int64_t m) {
-    Task& t = *task_;
+  void issue_uploads(Task& t, int64_t m) {
     auto& pb = *t.rs.buffers;
     Slot& s = t.slot[m % 2];
     const StageKind kind = t.rs.stage.kind;
@@ -311,9 +350,10 @@ class Worker : public caf::event_based_actor {
     auto up = [&](void* dst, const void* src, size_t bytes) {
       t.up_pending[m]++;
       copy(act_up_, CopyDir::h2d, dst, src, bytes, kPrioActivation, m, [this, id, m] {
-        if (!task_ || task_->id != id) return;
-        if (--task_->up_pending[m] == 0) {
-          task_->uploaded[m] = 1;
+        Task* tk = live(id);
+        if (!tk) return;
+        if (--tk->up_pending[m] == 0) {
+          tk->uploaded[m] = 1;
           pump();
         }
       });
