@@ -4,7 +4,7 @@
 //   bench_throughput [--backend cuda] [--workers 1] [--layers 28] [--hidden 2048] [--heads 16]
 //                    [--kv-heads 8] [--head-dim 128] [--ffn 6144] [--vocab 151936] [--seq 8192]
 //                    [--seqs 8] [--micro 8] [--steps 6] [--warmup 2] [--sync] [--cap-gib 139]
-//                    [--dtype bf16|f16] [--trace FILE] [--results FILE]
+//                    [--dtype bf16|f16] [--plan JSON] [--trace FILE] [--results FILE]
 // The attention implementation follows RP_CUDA_ATTENTION (auto = cuDNN when available).
 // tokens/s: median over the measured steps of tokens-per-step / (time between consecutive
 // step completions). MFU = tokens/s * (6 N_matmul + 6 layers q_heads head_dim seq) / 790e12
@@ -18,12 +18,13 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "roundpipe/session.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"RoundPipe end-to-end throughput benchmark"};
-  std::string backend = "cuda", trace, results, dtype = "bf16";
+  std::string backend = "cuda", trace, results, dtype = "bf16", plan_json;
   int workers = 1, layers = 28, steps = 6, warmup = 2;
   int64_t hidden = 2048, heads = 16, kv = 8, hd = 128, ffn = 6144, vocab = 151936, seq = 8192, seqs = 8, micro = 8;
   bool sync = false, qwen3 = true;
@@ -46,6 +47,7 @@ int main(int argc, char** argv) {
   app.add_option("--cap-gib", cap, "device memory cap per worker");
   app.add_option("--trace", trace);
   app.add_option("--results", results, "append a markdown row here");
+  app.add_option("--plan", plan_json, "explicit plan (JSON as in a spec's \"plan\" key)");
   app.add_option("--dtype", dtype, "storage dtype on the GPU")->check(CLI::IsMember({"bf16", "f16"}));
   CLI11_PARSE(app, argc, argv);
 
@@ -81,6 +83,8 @@ int main(int argc, char** argv) {
   o.device.capacity_bytes = size_t(cap * double(1ull << 30));
   o.device.dtype = dtype == "f16" ? rp::DType::f16 : rp::DType::bf16;
   o.trace = !trace.empty();
+  if (!plan_json.empty())
+    o.plan = rp::plan_from_json(nlohmann::json::parse(plan_json), int(m.num_layers()), workers, "--plan");
   auto t0 = std::chrono::steady_clock::now();
   rp::Session s(m, std::move(w), o);
   std::printf("session ready in %.1f s: %s, plan %s\n",

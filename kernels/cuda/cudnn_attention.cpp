@@ -219,6 +219,13 @@ bool CudnnAttention::bwd(DType t, const void* q, const void* k, const void* v, c
       {kStats, const_cast<float*>(lse)}, {kDO, const_cast<void*>(dout)},
       {kDQ, dq},                      {kDK, dk},
       {kDV, dv}};
+  // The outputs are overwritten by contract; zero them and the workspace anyway: on the
+  // H200 (cuDNN 9.x) the GQA backward with 4 query heads per KV head returned all-NaN
+  // gradients when these buffers held NaN from earlier use (tests/kernels poisons them).
+  RP_CUDA_CHECK(cudaMemsetAsync(dq, 0, size_t(n_seq * L * nq * D) * 2, impl_->stream));
+  RP_CUDA_CHECK(cudaMemsetAsync(dk, 0, size_t(n_seq * L * nkv * D) * 2, impl_->stream));
+  RP_CUDA_CHECK(cudaMemsetAsync(dv, 0, size_t(n_seq * L * nkv * D) * 2, impl_->stream));
+  if (e->workspace > 0) RP_CUDA_CHECK(cudaMemsetAsync(ws, 0, size_t(e->workspace), impl_->stream));
   impl_->run(*e, pack, ws, "sdpa backward execute");
   return true;
 }
