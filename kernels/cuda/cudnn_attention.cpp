@@ -210,6 +210,14 @@ bool CudnnAttention::bwd(DType t, const void* q, const void* k, const void* v, c
     if (why) *why = "needs bf16/f16 storage, at least one token and the forward's stats";
     return false;
   }
+  if (nq > 2 * nkv) {
+    // Measured on the lent H200 with the PyTorch wheel's cuDNN 9 and frontend 1.32: the
+    // backward returns all-NaN dq/dk/dv when a KV head serves 4 query heads (2 and 1 are
+    // exact; zeroing outputs and workspace first did not help). tests/kernels keeps the
+    // case covered through the automatic fallback.
+    if (why) *why = "backward with more than 2 query heads per KV head (NaN on cuDNN 9 / H200)";
+    return false;
+  }
   const Key key = make_key(true, t, true, n_seq, L, nq, nkv, D, scale);
   const Entry* e = impl_->find(key, t, n_seq, L, nq, nkv, D, scale, ws_bytes, why);
   if (!e) return false;
@@ -219,13 +227,6 @@ bool CudnnAttention::bwd(DType t, const void* q, const void* k, const void* v, c
       {kStats, const_cast<float*>(lse)}, {kDO, const_cast<void*>(dout)},
       {kDQ, dq},                      {kDK, dk},
       {kDV, dv}};
-  // The outputs are overwritten by contract; zero them and the workspace anyway: on the
-  // H200 (cuDNN 9.x) the GQA backward with 4 query heads per KV head returned all-NaN
-  // gradients when these buffers held NaN from earlier use (tests/kernels poisons them).
-  RP_CUDA_CHECK(cudaMemsetAsync(dq, 0, size_t(n_seq * L * nq * D) * 2, impl_->stream));
-  RP_CUDA_CHECK(cudaMemsetAsync(dk, 0, size_t(n_seq * L * nkv * D) * 2, impl_->stream));
-  RP_CUDA_CHECK(cudaMemsetAsync(dv, 0, size_t(n_seq * L * nkv * D) * 2, impl_->stream));
-  if (e->workspace > 0) RP_CUDA_CHECK(cudaMemsetAsync(ws, 0, size_t(e->workspace), impl_->stream));
   impl_->run(*e, pack, ws, "sdpa backward execute");
   return true;
 }

@@ -302,12 +302,44 @@ INSTANTIATE_TEST_SUITE_P(
                       AttnShape{2, 200, 4, 2, 128, 4},   // cuDNN flash attention (forced)
                       AttnShape{1, 130, 2, 1, 64, 4},
                       AttnShape{1, 64, 2, 2, 128, 4},
-                      AttnShape{3, 17, 4, 1, 128, 4},
+                      AttnShape{3, 17, 4, 2, 128, 4},
                       AttnShape{1, 1024, 2, 1, 128, 4},
-                      AttnShape{2, 330, 8, 2, 128, 4},
+                      AttnShape{2, 330, 8, 4, 128, 4},
                       AttnShape{2, 330, 8, 2, 128, 4, 3},  // cuDNN forward, our backward
-                      AttnShape{2, 330, 8, 2, 128, 3, 4},  // our forward, cuDNN backward
-                      AttnShape{1, 200, 4, 2, 128, 4, 1}));
+                      AttnShape{2, 330, 8, 4, 128, 3, 4},  // our forward, cuDNN backward
+                      AttnShape{1, 200, 4, 2, 128, 4, 1},
+                      // automatic with 4 query heads per KV head: cuDNN forward, and cuDNN
+                      // refuses the backward (NaN there on the H200), so ours runs
+                      AttnShape{3, 17, 4, 1, 128, 0},
+                      AttnShape{2, 330, 8, 2, 128, 0}));
+
+// Forcing cuDNN (impl 4) on a shape it refuses is a DeviceError that says why, not a
+// silent fallback.
+TEST_F(CudaOpsTest, ForcedCudnnRefusalNamesTheReason) {
+#ifdef RP_HAVE_CUDA
+  if (!cuda::cudnn_attention_available()) GTEST_SKIP() << "this build has no cuDNN attention";
+  const int64_t S = 1, L = 64, nq = 4, nkv = 1, D = 128, T = S * L;
+  VecF hq = randn(size_t(T * nq * D), 81), hk = randn(size_t(T * nkv * D), 82), hv = randn(size_t(T * nkv * D), 83);
+  DT q = upload(hq, DType::bf16), k = upload(hk, DType::bf16), v = upload(hv, DType::bf16);
+  DT o = poisoned(T * nq * D, DType::bf16);
+  DT lse = poisoned(S * nq * L, DType::f32), dq = poisoned(T * nq * D, DType::bf16);
+  DT dk = poisoned(T * nkv * D, DType::bf16), dv = poisoned(T * nkv * D, DType::bf16);
+  DeviceBuffer scratch(dev(), Ops::attention_scratch_bytes(S, L, nq, nkv, D));
+  std::string what;
+  run([&](Ops& op) {
+    cuda::set_attention_impl(op, 4);
+    op.attention_fwd(q.get(), k.get(), v.get(), o.get(), lse.as<float>(), S, L, nq, nkv, D, 0.1f, scratch.get());
+    try {
+      op.attention_bwd(q.get(), k.get(), v.get(), o.get(), lse.as<float>(), o.get(), dq.get(), dk.get(), dv.get(), S,
+                       L, nq, nkv, D, 0.1f, scratch.get());
+    } catch (const DeviceError& e) {
+      what = e.what();
+    }
+  });
+  EXPECT_NE(what.find("cuDNN refused"), std::string::npos) << what;
+  EXPECT_NE(what.find("query heads per KV head"), std::string::npos) << what;
+#endif
+}
 
 // Flash (ours: impl 3; cuDNN: impl 4) vs a double-precision reference on sampled rows at
 // 64K tokens (memory linear in L).
