@@ -14,6 +14,7 @@ namespace {
 
 struct StepInfo {
   int64_t passes_submitted = 0;
+  int64_t passes_done = 0;  ///< passes whose every stage reported StageDone
   double tokens = 0;
   double loss_sum = 0, loss_count = 0;
   int groups_updated = 0;
@@ -94,7 +95,10 @@ caf::behavior scheduler_impl(caf::stateful_actor<SchedState>* self, SchedulerCon
   auto finish_step_if_done = [self](int64_t step) {
     auto& st = self->state;
     auto& si = st.steps[step];
-    if (si.done || !si.closed || si.groups_updated < st.cfg.num_groups) return;
+    // every group updated, and every pass's StageDone in (the tail's carries the loss; its
+    // StageDone may arrive after the last GroupUpdated it caused)
+    if (si.done || !si.closed || si.groups_updated < st.cfg.num_groups || si.passes_done < si.passes_submitted)
+      return;
     si.done = true;
     si.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - si.t_first).count();
     for (auto& w : si.waiters) w.deliver(result_of(step, si, ""));
@@ -136,8 +140,11 @@ caf::behavior scheduler_impl(caf::stateful_actor<SchedState>* self, SchedulerCon
         si.loss_sum += d.loss_sum;
         si.loss_count += d.loss_count;
         if (++it->second.stages_done == int(st.cfg.plan.stages.size())) {
+          const int64_t step = it->second.step;
           st.free_slots.push_back(it->second.slot);
           st.passes.erase(it);
+          si.passes_done++;
+          finish_step_if_done(step);
           dispatch();
         }
       },
