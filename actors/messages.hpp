@@ -14,6 +14,8 @@
 //   worker    -> shard     AcquireGradSlot     (request) may write grad of group g for step t
 //   worker    -> shard     GradWritten         grad of group g for step t is in the host slot
 //   worker    -> scheduler StageDone           a stage task finished (with loss for the tail)
+//   worker    -> scheduler LayerTimings        measured layer times of one micro-batch (profiler;
+//                                              sent from the compute stream's then() callback)
 //   scheduler -> shard     CloseStep           step t has all its passes; scale and LR
 //   shard     -> scheduler GradSumSq           (guarded steps) sum of squares of group g's step-t gradient
 //   scheduler -> shard     StepScale           (guarded steps) step t: skip, or the grad_scale to apply
@@ -30,6 +32,7 @@
 
 #include "actors/pass_buffers.hpp"
 #include "scheduler/plan.hpp"
+#include "scheduler/profile.hpp"
 
 namespace rp {
 
@@ -81,6 +84,10 @@ struct CloseStep {
   int64_t passes = 0;
   float grad_scale = 1.f;  ///< 1 / target tokens of the step
   double lr = 0;
+  /// Per parameter group: uploads and gradient contributions the step's passes make in
+  /// total (passes may run different plans after a re-plan). Null: passes times the
+  /// ShardGroup's per-pass counts.
+  std::shared_ptr<const std::vector<int>> uploads, grads;
 };
 struct GroupUpdated { int64_t step; int group; };
 /// Guarded steps (clipping, loss scaling or inf/NaN skipping on): a shard reports the sum of
@@ -91,6 +98,24 @@ struct StepScale {
   int64_t step = 0;
   bool skip = false;       ///< inf/NaN in the gradients: weights, moments, step counters untouched
   float grad_scale = 0.f;  ///< replaces CloseStep::grad_scale: 1/tokens / loss scale * clip coefficient
+};
+/// One measured interval of one layer for one micro-batch (profiler, actors/layer_timer.hpp).
+struct LayerSample {
+  int layer = 0;
+  ProfileKind kind = ProfileKind::forward;
+  double seconds = 0;
+};
+/// Device memory of one layer as a worker allocates it (bytes; -1: not held by that stage).
+struct LayerMemory {
+  int layer = 0;
+  int64_t weight_bytes = -1, grad_bytes = -1, scratch_bytes = -1;
+};
+struct LayerTimings {
+  int worker = 0;
+  int64_t pass = 0;
+  int64_t micro_batch = 0;
+  std::vector<LayerSample> samples;
+  std::vector<LayerMemory> memory;  ///< sent with a stage task's first micro-batch only
 };
 struct Failure { std::string what; };
 struct SubmitPass {
@@ -127,6 +152,7 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::CloseStep)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::GroupUpdated)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::GradSumSq)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::StepScale)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::LayerTimings)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::Failure)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::SubmitPass)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::WaitStep)

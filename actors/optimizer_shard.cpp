@@ -30,7 +30,14 @@ struct StepInfo {
   int64_t passes = 0;
   float grad_scale = 1.f;
   double lr = 0;
+  std::shared_ptr<const std::vector<int>> uploads, grads;  ///< per group totals (CloseStep), or null
 };
+
+/// Uploads (or gradient contributions) of group `g` that step `c` expects in total.
+int64_t expected(const StepInfo& c, const std::shared_ptr<const std::vector<int>>& totals, int g, int per_pass) {
+  if (totals && size_t(g) < totals->size()) return (*totals)[size_t(g)];
+  return c.passes * per_pass;
+}
 
 struct ShardState {
   std::map<int, GroupState> groups;
@@ -69,7 +76,7 @@ caf::behavior shard_impl(caf::stateful_actor<ShardState>* self, std::vector<Shar
         int64_t i = gs.uploads_complete_through + 1;
         auto c = closed.find(i);
         if (c == closed.end()) break;
-        if (gs.uploads_done[i] < c->second.passes * gs.g.uploads_per_pass) break;
+        if (gs.uploads_done[i] < expected(c->second, c->second.uploads, gs.g.group, gs.g.uploads_per_pass)) break;
         gs.uploads_done.erase(i);
         gs.uploads_complete_through = i;
         progress = true;
@@ -84,7 +91,8 @@ caf::behavior shard_impl(caf::stateful_actor<ShardState>* self, std::vector<Shar
       int64_t k = gs.updated + 1;
       auto c = closed.find(k);
       if (c != closed.end() && gs.published == gs.updated &&
-          (off == 4 || (!gs.writer_active && gs.grads_done[k] >= c->second.passes * gs.g.grads_per_pass))) {
+          (off == 4 || (!gs.writer_active &&
+                        gs.grads_done[k] >= expected(c->second, c->second.grads, gs.g.group, gs.g.grads_per_pass)))) {
         const int64_t n = gs.g.master->size();
         const float* grad = store->grad[gs.g.group].as<float>();
         ThreadPool& pool = *self->state.pool;
@@ -184,7 +192,7 @@ caf::behavior shard_impl(caf::stateful_actor<ShardState>* self, std::vector<Shar
         pump(gs);
       },
       [=](CloseStep& c) {
-        self->state.closed[c.step] = StepInfo{c.passes, c.grad_scale, c.lr};
+        self->state.closed[c.step] = StepInfo{c.passes, c.grad_scale, c.lr, c.uploads, c.grads};
         for (auto& [g, gs] : self->state.groups) pump(gs);
       },
       [=](StepScale& sc) {

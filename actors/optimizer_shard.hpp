@@ -32,8 +32,9 @@ struct ShardGroup {
   int group = 0;
   std::vector<float>* master = nullptr;  ///< fp32 optimizer copy (owned by the Session)
   AdamWState* state = nullptr;           ///< moments and step counter (owned by the Session)
-  int uploads_per_pass = 0;              ///< stages of one pass that upload this group
-  int grads_per_pass = 0;                ///< stages of one pass that produce its gradient
+  int uploads_per_pass = 0;              ///< stages of one pass that upload this group (used when
+                                         ///< CloseStep carries no per-group totals)
+  int grads_per_pass = 0;                ///< stages of one pass that produce its gradient (same)
 };
 
 struct ShardOptions {

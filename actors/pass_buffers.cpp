@@ -43,11 +43,18 @@ PassBuffers::PassBuffers(const ModelLayout& m, const IterationPlan& p, int64_t M
   dx.resize(L);
   for (int b = 1; b < L; ++b)
     for (int64_t i = 0; i < M; ++i) x[b].emplace_back(act_bytes);
+  ensure_boundaries(p, {});
+  loss.assign(size_t(2 * M), 0.f);
+}
+
+void PassBuffers::ensure_boundaries(const IterationPlan& p, const std::function<void(HostBytes&)>& on_new) {
   // A stage whose lowest layer is a > 0 (tail or backward) hands d loss / d x_a on.
   for (auto& st : p.stages)
-    if (st.kind != StageKind::forward && st.first > 0)
-      for (int64_t i = 0; i < M; ++i) dx[st.first].emplace_back(act_bytes);
-  loss.assign(size_t(2 * M), 0.f);
+    if (st.kind != StageKind::forward && st.first > 0 && dx[size_t(st.first)].empty())
+      for (int64_t i = 0; i < micro_batches; ++i) {
+        dx[size_t(st.first)].emplace_back(act_bytes);
+        if (on_new) on_new(dx[size_t(st.first)].back());
+      }
 }
 
 }  // namespace rp

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -47,6 +48,10 @@ struct ParamStore {
 struct PassBuffers {
   PassBuffers(const ModelLayout& m, const IterationPlan& p, int64_t micro_batches,
               const MicroBatchShape& shape, DType dtype);
+  /// Allocates the dx buffers plan `p`'s stage boundaries need and these buffers lack (a
+  /// plan changed by re-planning), calling on_new(buffer) for each new one (e.g. to pin
+  /// it). Call only while no pass uses these buffers. Throws std::bad_alloc.
+  void ensure_boundaries(const IterationPlan& p, const std::function<void(HostBytes&)>& on_new);
   int64_t micro_batches;
   MicroBatchShape shape;
   size_t act_bytes;                          ///< one [T, hidden] activation

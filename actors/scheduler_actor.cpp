@@ -8,12 +8,18 @@
 #include <fmt/format.h>
 
 #include "actors/messages.hpp"
+#include "model/layout.hpp"
 
 namespace rp {
 namespace {
 
 struct StepInfo {
   int64_t passes_submitted = 0;
+  int64_t passes_dealt = 0;
+  int64_t passes_done = 0;  ///< passes whose every stage reported StageDone
+  bool close_requested = false;  ///< the Session closed the step (CloseStep waits for its last pass)
+  double lr = 0;
+  std::vector<int> uploads, grads;  ///< per group, over the passes dealt (their plans may differ)
   double tokens = 0;
   double loss_sum = 0, loss_count = 0;
   int groups_updated = 0;
@@ -29,6 +35,7 @@ struct PassInfo {
   int64_t step = 0;
   int slot = 0;
   int stages_done = 0;
+  int stages = 0;  ///< of the plan the pass was dealt with
 };
 
 struct SchedState {
@@ -42,6 +49,9 @@ struct SchedState {
   int64_t deal_pointer = 0;
   std::string failed;
   std::unique_ptr<StepNormReducer> norms;  ///< guarded steps
+  std::shared_ptr<const IterationPlan> plan;  ///< the plan the next pass is dealt with
+  int64_t replans = 0;
+  std::vector<std::string> replan_log;
   static inline const char* name = "scheduler";
 };
 
@@ -55,27 +65,102 @@ StepResult result_of(int64_t step, const StepInfo& s, const std::string& err) {
 
 }  // namespace
 
+void count_per_pass(const ModelLayout& m, const IterationPlan& plan, std::vector<int>& uploads,
+                    std::vector<int>& grads) {
+  uploads.assign(m.groups.size(), 0);
+  grads.assign(m.groups.size(), 0);
+  for (auto& st : plan.stages) {
+    std::vector<char> seen(m.groups.size(), 0);
+    for (int l : st.layers())
+      for (int g : m.groups_of(l)) seen[size_t(g)] = 1;
+    for (size_t g = 0; g < seen.size(); ++g) {
+      uploads[g] += seen[g];
+      if (st.kind != StageKind::forward) grads[g] += seen[g];
+    }
+  }
+}
+
 caf::behavior scheduler_impl(caf::stateful_actor<SchedState>* self, SchedulerConfig cfg) {
   self->state.cfg = std::move(cfg);
   if (self->state.cfg.guard) self->state.norms = std::make_unique<StepNormReducer>(self->state.cfg.num_groups);
   for (int i = int(self->state.cfg.pass_slots.size()) - 1; i >= 0; --i) self->state.free_slots.push_back(i);
+  self->state.plan = std::make_shared<const IterationPlan>(self->state.cfg.plan);
 
-  auto dispatch = [self] {
+  auto finish_step_if_done = [self](int64_t step) {
+    auto& st = self->state;
+    auto& si = st.steps[step];
+    // every group updated, and every pass's StageDone in (the tail's carries the loss; its
+    // StageDone may arrive after the last GroupUpdated it caused)
+    if (si.done || !si.closed || si.groups_updated < st.cfg.num_groups || si.passes_done < si.passes_submitted)
+      return;
+    si.done = true;
+    si.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - si.t_first).count();
+    for (auto& w : si.waiters) w.deliver(result_of(step, si, ""));
+    si.waiters.clear();
+  };
+
+  // CloseStep goes out once the Session closed the step and all its passes are dealt, so the
+  // per-group counts (which depend on each pass's plan) are final.
+  auto close_if_ready = [self, finish_step_if_done](int64_t step) {
+    auto& st = self->state;
+    auto& si = st.steps[step];
+    if (si.closed || !si.close_requested || si.passes_dealt < si.passes_submitted) return;
+    si.closed = true;
+    float scale = si.tokens > 0 ? float(1.0 / si.tokens) : 0.f;
+    auto up = std::make_shared<const std::vector<int>>(si.uploads);
+    auto gr = std::make_shared<const std::vector<int>>(si.grads);
+    for (auto& sh : st.shards) self->send(sh, CloseStep{step, si.passes_submitted, scale, si.lr, up, gr});
+    finish_step_if_done(step);
+  };
+
+  // Between passes: the Replanner may swap the plan (once, automatic plans only).
+  auto plan_for_next_pass = [self] {
+    auto& st = self->state;
+    if (!st.cfg.replanner) return;
+    auto d = st.cfg.replanner->poll(*st.plan, st.next_pass);
+    if (!d) return;
+    const std::string line = d->line();
+    st.replan_log.push_back(line);
+    if (st.cfg.log) st.cfg.log(line);
+    if (d->changed) {
+      st.plan = std::make_shared<const IterationPlan>(d->new_plan);
+      st.replans++;
+    }
+  };
+
+  auto dispatch = [self, close_if_ready, plan_for_next_pass] {
     auto& st = self->state;
     while (!st.pending.empty() && !st.free_slots.empty() && st.failed.empty()) {
       SubmitPass sp = std::move(st.pending.front());
       st.pending.pop_front();
       int slot = st.free_slots.back();
       st.free_slots.pop_back();
+      plan_for_next_pass();
+      const auto plan_ptr = st.plan;
+      const IterationPlan& plan = *plan_ptr;
       auto& pb = st.cfg.pass_slots[slot];
+      try {
+        pb->ensure_boundaries(plan, st.cfg.on_new_host_buffer);
+      } catch (const std::exception& e) {
+        self->send(self, Failure{std::string("scheduler: host buffers for the new plan: ") + e.what()});
+        return;
+      }
       const size_t T = size_t(pb->shape.tokens());
       for (int64_t m = 0; m < pb->micro_batches; ++m) {
         std::memcpy(pb->ids[m].data(), sp.ids->data() + m * T, T * 4);
         std::memcpy(pb->targets[m].data(), sp.targets->data() + m * T, T * 4);
       }
       const int64_t pass = st.next_pass++;
-      st.passes[pass] = PassInfo{sp.step, slot, 0};
-      const auto& plan = st.cfg.plan;
+      st.passes[pass] = PassInfo{sp.step, slot, 0, int(plan.stages.size())};
+      auto& si = st.steps[sp.step];
+      if (st.cfg.layout) {
+        std::vector<int> up, gr;
+        count_per_pass(*st.cfg.layout, plan, up, gr);
+        si.uploads.resize(up.size(), 0);
+        si.grads.resize(gr.size(), 0);
+        for (size_t g = 0; g < up.size(); ++g) si.uploads[g] += up[g], si.grads[g] += gr[g];
+      }
+      si.passes_dealt++;
       auto who = deal_round_robin(plan, int(st.workers.size()), st.deal_pointer);
       for (size_t s = 0; s < plan.stages.size(); ++s) {
         RunStage rs;
@@ -84,21 +169,12 @@ caf::behavior scheduler_impl(caf::stateful_actor<SchedState>* self, SchedulerCon
         rs.stage_index = int(s);
         rs.stage = plan.stages[s];
         rs.buffers = pb;
-        rs.loss_scale = st.steps[sp.step].loss_scale;
+        rs.loss_scale = si.loss_scale;
         if (s + 1 < plan.stages.size()) rs.next = st.workers[who[s + 1]];
         self->send(st.workers[who[s]], std::move(rs));
       }
+      close_if_ready(sp.step);
     }
-  };
-
-  auto finish_step_if_done = [self](int64_t step) {
-    auto& st = self->state;
-    auto& si = st.steps[step];
-    if (si.done || !si.closed || si.groups_updated < st.cfg.num_groups) return;
-    si.done = true;
-    si.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - si.t_first).count();
-    for (auto& w : si.waiters) w.deliver(result_of(step, si, ""));
-    si.waiters.clear();
   };
 
   return {
@@ -121,12 +197,10 @@ caf::behavior scheduler_impl(caf::stateful_actor<SchedState>* self, SchedulerCon
         dispatch();
       },
       [=](CloseStepRequest& c) {
-        auto& st = self->state;
-        auto& si = st.steps[c.step];
-        si.closed = true;
-        float scale = si.tokens > 0 ? float(1.0 / si.tokens) : 0.f;
-        for (auto& sh : st.shards) self->send(sh, CloseStep{c.step, si.passes_submitted, scale, c.lr});
-        finish_step_if_done(c.step);
+        auto& si = self->state.steps[c.step];
+        si.close_requested = true;
+        si.lr = c.lr;
+        close_if_ready(c.step);
       },
       [=](StageDone& d) {
         auto& st = self->state;
@@ -135,9 +209,12 @@ caf::behavior scheduler_impl(caf::stateful_actor<SchedState>* self, SchedulerCon
         auto& si = st.steps[it->second.step];
         si.loss_sum += d.loss_sum;
         si.loss_count += d.loss_count;
-        if (++it->second.stages_done == int(st.cfg.plan.stages.size())) {
+        if (++it->second.stages_done == it->second.stages) {
+          const int64_t step = it->second.step;
           st.free_slots.push_back(it->second.slot);
           st.passes.erase(it);
+          si.passes_done++;
+          finish_step_if_done(step);
           dispatch();
         }
       },
@@ -152,6 +229,26 @@ caf::behavior scheduler_impl(caf::stateful_actor<SchedState>* self, SchedulerCon
         if (si.tokens <= 0) si.decision.grad_scale = 0.f;
         for (auto& sh : st.shards)
           self->send(sh, StepScale{g.step, si.decision.skip, si.decision.grad_scale});
+      },
+      [=](LayerTimings& lt) {
+        auto& st = self->state;
+        if (!st.cfg.replanner) return;
+        Profile& p = st.cfg.replanner->profile();
+        try {
+          for (auto& x : lt.samples) p.record(x.layer, x.kind, x.seconds);
+          for (auto& m : lt.memory) p.record_memory(m.layer, m.weight_bytes, m.grad_bytes, m.scratch_bytes);
+        } catch (const std::invalid_argument&) {
+          // a sample the profile rejects (layer out of range, non-finite time) is dropped
+        }
+      },
+      [=](GetRuntimeInfo) {
+        auto& st = self->state;
+        RuntimeInfo info;
+        if (st.cfg.replanner) info.profile = st.cfg.replanner->profile();
+        info.plan = *st.plan;
+        info.replans = st.replans;
+        info.replan_log = st.replan_log;
+        return info;
       },
       [=](GroupUpdated& g) {
         self->state.steps[g.step].groups_updated++;

@@ -4,8 +4,17 @@
 // towards the optimizer shards, and answers WaitStep once every parameter group's
 // update for that step is in the fp32 master. It is not on the per-micro-batch path:
 // workers and shards signal each other point to point.
+//
+// Profiler and re-planning (scheduler/replan.hpp): the scheduler owns the Profile, fed by
+// the workers' LayerTimings messages. Each pass is dealt with the plan current when it
+// starts (when it gets a pass slot); between passes the Replanner may swap the plan once the
+// profile settled (automatic plans only), so a pass never mixes plans. Passes of one step
+// may run different plans: CloseStep carries the step's per-group upload and gradient
+// counts and is sent once every pass of the step has been dealt.
 #pragma once
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <caf/all.hpp>
@@ -13,6 +22,7 @@
 #include "actors/pass_buffers.hpp"
 #include "optimizer/loss_scale.hpp"
 #include "scheduler/plan.hpp"
+#include "scheduler/replan.hpp"
 
 namespace rp {
 
@@ -27,7 +37,19 @@ struct SchedulerConfig {
   bool guard = false;
   double max_grad_norm = 0;          ///< > 0: clip the global gradient norm to this
   LossScaler* loss_scaler = nullptr; ///< fp16 loss scaling (owned by the Session), or null
+  const ModelLayout* layout = nullptr;    ///< parameter groups of each layer (counts per plan)
+  std::shared_ptr<Replanner> replanner;   ///< owns the profile; null: no profile, no re-planning
+  /// Called for host buffers allocated after the start (dx buffers of a re-planned
+  /// plan's stage boundaries), e.g. to pin them; may be empty.
+  std::function<void(HostBytes&)> on_new_host_buffer;
+  /// Receives the one-line re-planning message; may be empty.
+  std::function<void(const std::string&)> log;
 };
+
+/// Counts, for one pass of `plan`, how many stages upload (`uploads`) and how many produce
+/// the gradient of (`grads`) each parameter group of `m`.
+void count_per_pass(const ModelLayout& m, const IterationPlan& plan, std::vector<int>& uploads,
+                    std::vector<int>& grads);
 
 /// Spawns the scheduler. Wire workers and shards with SetPeers before submitting.
 caf::actor spawn_scheduler(caf::actor_system& sys, SchedulerConfig cfg);
@@ -43,7 +65,18 @@ struct CloseStepRequest {
   double lr = 0;
 };
 
+/// Session -> scheduler (request): a snapshot of the profile and the plan in use.
+struct GetRuntimeInfo {};
+struct RuntimeInfo {
+  Profile profile;
+  IterationPlan plan;    ///< the plan the next pass will be dealt with
+  int64_t replans = 0;   ///< times the plan was changed
+  std::vector<std::string> replan_log;  ///< the re-planning lines logged so far
+};
+
 }  // namespace rp
 
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::GetRuntimeInfo)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::RuntimeInfo)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::SetPeers)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::CloseStepRequest)

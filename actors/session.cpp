@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <numeric>
 #include <cstdio>
+#include <mutex>
 #include <thread>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "actors/optimizer_shard.hpp"
 #include "actors/scheduler_actor.hpp"
@@ -31,6 +33,7 @@ struct Session::Impl {
   int64_t current_step = 0;
   int64_t passes_in_step = 0;
   int64_t waited_through = -1;
+  std::mutex pin_mu;           // pin() also runs on the scheduler's thread (re-planned buffers)
   std::vector<void*> pinned;  // host blocks pinned through devices[0]
   std::vector<std::shared_ptr<PassBuffers>> slots;
 
@@ -47,8 +50,19 @@ struct Session::Impl {
   }
 
   void pin(HostBytes& b) {
+    std::lock_guard lk(pin_mu);
     devices[0]->pin_host(b.data(), b.size());
     pinned.push_back(b.data());
+  }
+
+  RuntimeInfo info() const {
+    caf::scoped_actor self{*sys};
+    RuntimeInfo out;
+    std::string err;
+    self->request(scheduler, caf::infinite, GetRuntimeInfo{})
+        .receive([&](RuntimeInfo& r) { out = std::move(r); }, [&](caf::error& e) { err = to_string(e); });
+    if (!err.empty()) throw RuntimeFailure("runtime: " + err);
+    return out;
   }
 };
 
@@ -76,21 +90,18 @@ std::unique_ptr<Device> make_device(const std::string& backend, int i, const Dev
   throw std::invalid_argument("unknown backend '" + backend + "' (expected cpu, cuda or auto)");
 }
 
-// Counts, for one pass of `plan`, how many stages upload and how many produce the
-// gradient of each parameter group.
-void count_per_pass(const ModelLayout& m, const IterationPlan& plan, std::vector<int>& uploads,
-                    std::vector<int>& grads) {
-  uploads.assign(m.groups.size(), 0);
-  grads.assign(m.groups.size(), 0);
-  for (auto& st : plan.stages) {
-    std::vector<char> seen(m.groups.size(), 0);
-    for (int l : st.layers())
-      for (int g : m.groups_of(l)) seen[g] = 1;
-    for (size_t g = 0; g < seen.size(); ++g) {
-      uploads[g] += seen[g];
-      if (st.kind != StageKind::forward) grads[g] += seen[g];
-    }
+/// Device numbers of the analytic estimate for `backend` (ProfilingOptions::device_model).
+DeviceModel default_device_model(const std::string& backend, const DeviceOptions& d, DType dt) {
+  DeviceModel m;  // CUDA: the H200-like defaults of scheduler/cost_model.hpp
+  if (backend == "cpu") {
+    m.peak_flops = 50e9;  // a few cores of Eigen fp32 GEMM
+    m.attention_efficiency = 0.3;
+    m.mem_bandwidth = 10e9;
+    m.pcie_bandwidth = d.pcie_bytes_per_s;  // 0: unthrottled copies, transfers free
   }
+  m.elem_bytes = int64_t(dtype_size(dt));
+  m.scratch_elem_bytes = int64_t(dtype_size(dt));
+  return m;
 }
 
 }  // namespace
@@ -115,14 +126,37 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
   std::string backend = opt.backend;
   if (backend == "auto") backend = cuda_device_count() > 0 ? "cuda" : "cpu";
   I.opt.backend = backend;
-  I.plan = opt.plan ? *opt.plan : make_default_plan(layout.num_layers(), opt.workers);
+  for (int i = 0; i < opt.workers; ++i) I.devices.push_back(make_device(backend, i, opt.device));
+  const DType dt = I.devices[0]->compute_dtype();
+
+  // The plan: explicit, or automatic from the analytic costs (FLOPs and bytes per layer) until
+  // the profile has measured the real ones (scheduler/replan.hpp).
+  std::function<void(const std::string&)> log = opt.profiling.log;
+  if (!log) log = [](const std::string& line) { spdlog::info("{}", line); };
+  const DeviceModel dm = opt.profiling.device_model.value_or(default_device_model(backend, opt.device, dt));
+  const std::vector<LayerCost> analytic =
+      layer_costs(estimate_layers(model_shape_from_config(layout.config), opt.micro.n_seq, opt.micro.seq_len, dm));
+  PartitionOptions po;
+  po.gpus = opt.workers;
+  po.micro_batches = opt.micro_batches;
+  po.memory_cap = int64_t(I.devices[0]->capacity_bytes());
+  po.pcie_bandwidth = dm.pcie_bandwidth;
+  if (opt.plan) {
+    I.plan = *opt.plan;
+  } else {
+    try {
+      I.plan = automatic_partition(analytic, po).plan;
+    } catch (const std::runtime_error& e) {
+      I.plan = make_default_plan(layout.num_layers(), opt.workers);
+      log(fmt::format("automatic plan: the analytic costs cannot be partitioned under the memory cap ({}); "
+                      "starting from the uniform plan {}",
+                      e.what(), I.plan.summary()));
+    }
+  }
   validate_plan(I.plan, "plan");
   if (I.plan.num_layers != layout.num_layers())
     throw std::invalid_argument(fmt::format("plan has {} layers, the model has {}", I.plan.num_layers,
                                             layout.num_layers()));
-
-  for (int i = 0; i < opt.workers; ++i) I.devices.push_back(make_device(backend, i, opt.device));
-  const DType dt = I.devices[0]->compute_dtype();
   {  // host-memory budget: optimizer state + low-precision copy + gradient slots + pass slots
     const size_t n = size_t(layout.total_numel());
     const size_t act = size_t(opt.micro.tokens()) * size_t(layout.config.hidden_size) * dtype_size(dt);
@@ -158,6 +192,26 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
   sc.guard = guard;
   sc.max_grad_norm = opt.max_grad_norm;
   sc.loss_scaler = I.scaler.get();
+  sc.layout = &I.layout;
+  {
+    SimOptions sim;
+    sim.bandwidth = StreamBandwidths::uniform(dm.pcie_bandwidth);
+    sim.staleness = opt.async ? 1 : 0;
+    sim.passes_in_flight = opt.pass_slots;
+    sim.weight_buffers = po.weight_buffers;
+    ReplanOptions ro;
+    ro.automatic = !opt.plan && opt.profiling.replan && opt.profiling.enabled;
+    ro.settle_rel_tol = opt.profiling.settle_rel_tol;
+    ro.settle_min_samples = opt.profiling.settle_min_samples;
+    ro.settle_max_samples = opt.profiling.settle_max_samples;
+    ro.min_gain = opt.profiling.min_gain;
+    Profile prof(layout.num_layers(), opt.micro.n_seq, opt.micro.seq_len);
+    prof.device = I.devices[0]->name();
+    sc.replanner = std::make_shared<Replanner>(std::move(prof), analytic, po, sim, ro);
+    sc.replanner->set_planner(opt.profiling.planner);
+  }
+  sc.on_new_host_buffer = [impl = &I](HostBytes& b) { impl->pin(b); };
+  sc.log = log;
   for (int i = 0; i < opt.pass_slots; ++i)
     sc.pass_slots.push_back(std::make_shared<PassBuffers>(layout, I.plan, opt.micro_batches, opt.micro, dt));
   // Pin every host buffer the copy streams touch (no-op on the CPU backend).
@@ -217,6 +271,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
     for (size_t g = 0; g < layout.groups.size(); ++g) ctx.shard_of_group.push_back(shards[shard_of[g]]);
     ctx.scheduler = I.scheduler;
     ctx.tracer = I.tracer.get();
+    ctx.profile = opt.profiling.enabled;
     workers.push_back(spawn_worker(*I.sys, std::move(ctx)));
   }
   caf::anon_send(I.scheduler, SetPeers{workers, shards});
@@ -277,7 +332,10 @@ void Session::synchronize() {
 
 const std::vector<std::vector<float>>& Session::master_weights() const { return impl_->master; }
 const std::vector<AdamWState>& Session::optimizer_states() const { return impl_->adam; }
-const IterationPlan& Session::plan() const { return impl_->plan; }
+IterationPlan Session::plan() const { return impl_->info().plan; }
+const IterationPlan& Session::initial_plan() const { return impl_->plan; }
+Profile Session::profile() const { return impl_->info().profile; }
+std::vector<std::string> Session::replan_log() const { return impl_->info().replan_log; }
 const ModelLayout& Session::layout() const { return impl_->layout; }
 LossScaler* Session::loss_scaler() { return impl_->scaler.get(); }
 int64_t Session::steps_closed() const { return impl_->current_step; }

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "actors/layer_timer.hpp"
 #include "actors/messages.hpp"
 #include "actors/tracer.hpp"
 #include "actors/transfer.hpp"
@@ -447,15 +448,22 @@ class Worker : public caf::event_based_actor {
                                     kind == StageKind::forward ? "F" : kind == StageKind::tail ? "T" : "B",
                                     t.rs.stage_index, t.rs.stage.first, t.rs.stage.last, m, t.rs.pass);
     auto t0 = std::make_shared<double>(0);
-    stream.launch([&layers, fwd = std::move(fwd), bwd = std::move(bwd), tr, t0] {
+    auto timer = ctx_.profile ? std::make_shared<LayerTimer>(stream, kind) : nullptr;
+    stream.launch([&layers, fwd = std::move(fwd), bwd = std::move(bwd), tr, t0, timer] {
       if (tr) *t0 = tr->now();
-      for (auto& [l, a] : fwd) layers[l]->forward(a);
-      for (auto& [l, a] : bwd) layers[l]->backward(a);
+      if (timer) timer->run(layers, fwd, bwd);
+      else run_layer_calls(layers, fwd, bwd);
     });
     auto me = caf::actor_cast<caf::actor>(this);
     const uint64_t id = t.id;
-    stream.then([me, id, m, tr, t0, track, label](const std::string& err) {
+    LayerTimings lt{ctx_.index, t.rs.pass, m, {}, {}};
+    if (timer && m == 0)
+      lt.memory = stage_memory(*ctx_.layout, layers, t.rs.stage, t.rs.buffers->shape, ctx_.device->compute_dtype(),
+                               ctx_.device->ops().grad_dtype());
+    stream.then([me, id, m, tr, t0, track, label, timer, lt = std::move(lt), sched = ctx_.scheduler](
+                    const std::string& err) mutable {
       if (tr) tr->interval(track, label, *t0, tr->now());
+      if (timer && err.empty()) send_layer_timings(sched, std::move(lt), *timer);
       caf::anon_send(me, ComputeDone{id, m, err});
     });
   }

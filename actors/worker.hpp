@@ -10,7 +10,9 @@
 //    its activation-download actor and tells the successor stage's worker (ActReady);
 //  - after the last micro-batch, downloads each parameter group's gradient through its
 //    gradient-download actor into the host slot the shard grants (rule 3), then
-//    reports GradWritten to the shard and StageDone to the scheduler.
+//    reports GradWritten to the shard and StageDone to the scheduler;
+//  - with ctx.profile, times each layer call on the compute stream and reports the times
+//    (and the layers' device memory) to the scheduler, read after completion.
 #pragma once
 #include <memory>
 #include <vector>
@@ -34,6 +36,8 @@ struct WorkerContext {
   std::vector<caf::actor> shard_of_group;  ///< shard owning each parameter group
   caf::actor scheduler;
   Tracer* tracer = nullptr;
+  /// Time every layer call and send LayerTimings to the scheduler (actors/layer_timer.hpp).
+  bool profile = false;
 };
 
 /// Spawns worker `ctx.index` and its four transfer actors (activation up, activation

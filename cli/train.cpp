@@ -141,13 +141,16 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
   opt.max_grad_norm = spec.max_grad_norm;
   opt.device.capacity_bytes = size_t(spec.device_memory_gib * double(1ull << 30));
   opt.device.pcie_bytes_per_s = spec.pcie_gbps * 1e9;
-  opt.plan = plan_from_json(spec.plan, layout.num_layers(), spec.workers, spec.source + ": key 'plan'");
+  // No "plan" key: automatic (analytic estimate, then re-planned from the profile once it
+  // settles). An explicit plan is never changed.
+  if (!spec.plan.is_null())
+    opt.plan = plan_from_json(spec.plan, layout.num_layers(), spec.workers, spec.source + ": key 'plan'");
   opt.trace = spec.trace;
   Session session(layout, std::move(weights), opt);
-  spdlog::info("runtime: {} x {}, {} optimizer, plan {} ({} stages), {} micro-batches of {} x {} tokens",
+  spdlog::info("runtime: {} x {}, {} optimizer, {} plan {} ({} stages), {} micro-batches of {} x {} tokens",
                spec.workers, session.device_name(), spec.async ? "staleness-1 async" : "synchronous",
-               session.plan().summary(), session.plan().stages.size(), spec.micro_batches, opt.micro.n_seq,
-               spec.seq_len);
+               opt.plan ? "explicit" : "automatic", session.initial_plan().summary(),
+               session.initial_plan().stages.size(), spec.micro_batches, opt.micro.n_seq, spec.seq_len);
 
   fs::create_directories(spec.output_dir);
   const std::string csv_path = spec.output_dir + "/metrics.csv";
@@ -155,12 +158,19 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
   if (!csv) throw std::runtime_error(csv_path + ": cannot write");
   csv << "step,loss,target_tokens,tokens_per_s,lr,elapsed_s,grad_norm\n";
   const DType save_dtype = parse_dtype(spec.save_dtype);
+  // The measured per-layer profile, for `roundpipe plan --profile` (written atomically).
+  const std::string profile_path = spec.output_dir + "/profile.json";
+  auto save_profile = [&] {
+    session.profile().save(profile_path);
+    spdlog::info("saved profile {}", profile_path);
+  };
   auto save = [&](const std::string& name) {
     std::vector<const float*> ptrs;
     for (auto& g : session.master_weights()) ptrs.push_back(g.data());
     const std::string dir = spec.output_dir + "/" + name;
     save_hf_checkpoint(dir, layout, ptrs, lm.tokenizer_json, lm.chat_template, save_dtype);
     spdlog::info("saved checkpoint {}", dir);
+    save_profile();
   };
 
   auto prev = std::signal(SIGINT, on_sigint);
@@ -213,14 +223,15 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
     spdlog::info("wrote trace {}/trace.json", spec.output_dir);
   }
   if (g_interrupted && t < spec.steps) {
+    save_profile();
     std::signal(SIGINT, prev);
     fmt::print(stderr, "roundpipe: interrupted after {} steps; finished checkpoints are kept\n", t);
     return 130;
   }
   save("final");  // still under our SIGINT handler: a Ctrl-C now cannot cut the checkpoint
   std::signal(SIGINT, prev);
-  fmt::print("done: {} steps in {}, peak device memory {:.1f} MiB per worker, metrics in {}\n", spec.steps,
-             fmt_duration(elapsed()), session.peak_device_bytes() / 1048576.0, csv_path);
+  fmt::print("done: {} steps in {}, peak device memory {:.1f} MiB per worker, metrics in {}, plan {}\n", spec.steps,
+             fmt_duration(elapsed()), session.peak_device_bytes() / 1048576.0, csv_path, session.plan().summary());
   return 0;
 }
 

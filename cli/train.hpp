@@ -17,7 +17,10 @@ struct TrainOverrides {
 /// Runs the training job of `spec`: loads model and data, builds a Session, prints one
 /// progress line per step (step, loss, tokens/s, learning rate, elapsed, ETA), appends
 /// metrics to <output_dir>/metrics.csv and writes HF checkpoints atomically
-/// (<output_dir>/checkpoint-<step>/ every save_every steps and <output_dir>/final/).
+/// (<output_dir>/checkpoint-<step>/ every save_every steps and <output_dir>/final/), each
+/// with the measured per-layer profile next to them in <output_dir>/profile.json (also
+/// written on Ctrl-C; `roundpipe plan --profile` reads it). Without a "plan" key the plan is
+/// automatic and re-planned once from the profile (one log line).
 /// Returns the process exit code (0 ok, 1 error, 130 interrupted). Errors are printed as
 /// one line "roundpipe: error: ...".
 int run_train(TrainSpec spec, const TrainOverrides& ov);

@@ -38,6 +38,22 @@ enum class StreamKind : uint8_t { compute = 0, act_up = 1, act_down = 2, param_u
 constexpr int kNumStreams = 5;
 const char* stream_name(StreamKind k);
 
+/// A point in a stream's order (Stream::mark_time) whose time becomes readable once
+/// the stream has reached it. Marks of one device measure the device-side time between
+/// them: a steady-clock reading on the CPU backend, a CUDA event with timing on the GPU.
+/// A mark must not outlive the device that recorded it.
+class TimingMark {
+ public:
+  virtual ~TimingMark() = default;
+  /// True once the stream reached the mark (never blocks).
+  virtual bool done() const = 0;
+  /// Seconds from `earlier` to this mark (both recorded on streams of the same device).
+  /// Read it only after both completed, e.g. in a then() callback issued after them; a
+  /// mark not yet reached, or a mark of another backend, throws DeviceError. Negative
+  /// when `earlier` was in fact reached later (marks of two different streams).
+  virtual double seconds_since(const TimingMark& earlier) const = 0;
+};
+
 /// One in-order queue of device work.
 class Stream {
  public:
@@ -55,6 +71,12 @@ class Stream {
   virtual void then(std::function<void(const std::string& error)> cb) = 0;
   /// Blocks the caller until all issued work completed (tests and shutdown only).
   virtual void synchronize() = 0;
+  /// Records a timing mark in stream order and returns at once (never blocks, never
+  /// waits for the device). Called inside launch() work it marks the point between the
+  /// ops issued before and after it (like an op); called outside, it marks the point after
+  /// everything issued so far. Read it after completion (TimingMark::seconds_since).
+  /// Throws DeviceError when the backend cannot record one.
+  virtual std::unique_ptr<TimingMark> mark_time() = 0;
 };
 
 /// Options common to both backends.

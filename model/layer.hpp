@@ -18,6 +18,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -54,6 +55,10 @@ struct LayerArgs {
   float* loss = nullptr;
   void* scratch = nullptr;            ///< device scratch of at least scratch_bytes()
   size_t scratch_bytes = 0;
+  /// Optional timing hook: backward() of a layer that recomputes its forward (decoders)
+  /// calls it once the recompute is issued and before the backward proper, on the thread
+  /// issuing the ops, so the profiler can time the two apart (actors/layer_timer.hpp).
+  std::function<void()> after_recompute;
 };
 
 class Layer {

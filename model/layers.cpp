@@ -209,6 +209,7 @@ void DecoderLayer::backward(const LayerArgs& a) const {
   ScratchCarver sc(a.scratch);
   carve(a.shape, dtype_size(ops.dtype()), sc, b);
   run_forward(a, b, nullptr);  // recompute; the output itself is not needed
+  if (a.after_recompute) a.after_recompute();
 
   const int64_t T = a.shape.tokens(), H = c_.hidden_size, F = c_.intermediate_size;
   const int64_t nq = c_.num_attention_heads, nkv = c_.num_key_value_heads, D = c_.head_dim;

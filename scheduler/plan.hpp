@@ -50,9 +50,11 @@ void validate_plan(const IterationPlan& p, const std::string& where);
 /// Throws std::invalid_argument on non-positive sizes or too many tail decoders.
 IterationPlan make_uniform_plan(int num_layers, int fwd_layers, int bwd_layers, int tail_decoders = 0);
 
-/// Default until the profiler-driven partitioner exists: asymmetric 3:1 split (backward
-/// with recompute costs about 3x forward, SPEC.md point 2) sized so that there are at
-/// least `num_workers` backward stages when the model is deep enough.
+/// Uniform asymmetric 3:1 split (backward with recompute costs about 3x forward, SPEC.md
+/// point 2) sized so that there are at least `num_workers` backward stages when the model is
+/// deep enough. Not the runtime's default any more (that is the partition of the analytic
+/// costs, scheduler/replan.hpp): the fallback when no partition fits the memory cap, and the
+/// base of a spec plan that gives only some of forward_layers / backward_layers.
 IterationPlan make_default_plan(int num_layers, int num_workers);
 
 /// Plan from a spec object: either {"forward_layers": k, "backward_layers": j,

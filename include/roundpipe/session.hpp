@@ -13,6 +13,7 @@
 //   s.synchronize();  save(s.master_weights());
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -24,8 +25,29 @@
 #include "optimizer/adamw.hpp"
 #include "optimizer/loss_scale.hpp"
 #include "scheduler/plan.hpp"
+#include "scheduler/replan.hpp"
 
 namespace rp {
+
+/// The profiler and automatic re-planning (docs/plan.md "Profiler and re-planning").
+struct ProfilingOptions {
+  bool enabled = true;            ///< time every layer call (steady clocks / CUDA events) into the profile
+  /// Automatic plans only (SessionOptions::plan empty): once the profile settles, switch to
+  /// the partition of the measured costs when the simulator predicts it is faster.
+  bool replan = true;
+  double settle_rel_tol = 0.05;   ///< Profile::settled(rel_tol, min_samples) decides when
+  int64_t settle_min_samples = 3;
+  int64_t settle_max_samples = 16;  ///< decide anyway with this many samples per series (noisy hosts)
+  double min_gain = 0.02;         ///< switch only when the predicted iteration time drops by more than this
+  /// Device numbers of the analytic estimate (FLOPs and bytes per layer) that chooses the
+  /// initial automatic plan. Default: DeviceModel{} (an H200) on CUDA, a few-core CPU on the
+  /// CPU backend; elem_bytes follow the compute dtype, pcie_bandwidth the CPU-backend throttle.
+  std::optional<DeviceModel> device_model;
+  /// Receives the one-line re-planning message (default: spdlog::info).
+  std::function<void(const std::string&)> log;
+  /// Testing: replaces the partitioner at re-plan time (Replanner::Planner).
+  Replanner::Planner planner;
+};
 
 struct SessionOptions {
   std::string backend = "cpu";   ///< "cpu" (virtual GPUs), "cuda", or "auto" (cuda if a GPU is visible)
@@ -43,9 +65,13 @@ struct SessionOptions {
   /// RunStage::loss_scale to the loss gradient).
   std::optional<LossScalerOptions> loss_scaling;
   DeviceOptions device;          ///< per-device memory cap, CPU-backend PCIe throttle
-  std::optional<IterationPlan> plan;  ///< default: make_default_plan(L + 2, workers)
+  /// Explicit plan, never changed. Default (empty): automatic, the partition of the analytic
+  /// costs (scheduler/cost_model.hpp, scheduler/partition.hpp) until the profile settles, then
+  /// possibly the partition of the measured costs (profiling.replan).
+  std::optional<IterationPlan> plan;
   int pass_slots = 2;            ///< passes in flight (each holds its activations in host memory)
   bool trace = false;            ///< record stream and task intervals (write_trace)
+  ProfilingOptions profiling;
 };
 
 /// Thrown by wait()/synchronize() when the runtime failed; what() names the worker,
@@ -81,7 +107,16 @@ class Session {
   /// fp32 master weights per parameter group (consistent after synchronize()).
   const std::vector<std::vector<float>>& master_weights() const;
   const std::vector<AdamWState>& optimizer_states() const;
-  const IterationPlan& plan() const;
+  /// The plan the next pass will be dealt with (it changes once when re-planning switches).
+  /// Throws RuntimeFailure when the runtime cannot be asked.
+  IterationPlan plan() const;
+  /// The plan chosen at construction.
+  const IterationPlan& initial_plan() const;
+  /// A snapshot of the measured per-layer profile (series empty while nothing was measured
+  /// or profiling is off); save it with Profile::save. Throws RuntimeFailure like plan().
+  Profile profile() const;
+  /// The re-planning lines logged so far (at most one decision per session).
+  std::vector<std::string> replan_log() const;
   const ModelLayout& layout() const;
   /// The loss scaler (null without loss_scaling); save / load it with the optimizer state,
   /// between steps (after synchronize()).

@@ -1,5 +1,6 @@
 // CPU backend of the device abstraction: a virtual GPU whose memory is a
 // capacity-limited host arena and whose streams are in-order host threads.
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -28,6 +29,31 @@ const char* stream_name(StreamKind k) {
 }
 
 namespace {
+
+/// A steady-clock reading taken when the stream reaches the mark.
+class CpuTimingMark final : public TimingMark {
+ public:
+  struct State {
+    std::chrono::steady_clock::time_point t;
+    std::atomic<bool> done{false};
+    void set() {
+      t = std::chrono::steady_clock::now();
+      done.store(true, std::memory_order_release);
+    }
+  };
+  CpuTimingMark() : st_(std::make_shared<State>()) {}
+  std::shared_ptr<State> state() const { return st_; }
+  bool done() const override { return st_->done.load(std::memory_order_acquire); }
+  double seconds_since(const TimingMark& earlier) const override {
+    auto* e = dynamic_cast<const CpuTimingMark*>(&earlier);
+    if (!e) throw DeviceError("TimingMark::seconds_since: the earlier mark is not a CPU-backend mark");
+    if (!done() || !e->done()) throw DeviceError("TimingMark::seconds_since: a mark was read before its stream reached it");
+    return std::chrono::duration<double>(st_->t - e->st_->t).count();
+  }
+
+ private:
+  std::shared_ptr<State> st_;
+};
 
 /// An in-order queue executed by one host thread.
 class CpuStream final : public Stream {
@@ -59,6 +85,15 @@ class CpuStream final : public Stream {
   void synchronize() override {
     std::unique_lock lk(mu_);
     idle_cv_.wait(lk, [this] { return q_.empty() && !busy_; });
+  }
+  std::unique_ptr<TimingMark> mark_time() override {
+    auto m = std::make_unique<CpuTimingMark>();
+    if (std::this_thread::get_id() == thread_.get_id()) {
+      m->state()->set();  // inside launch() work: everything issued before has run
+    } else {
+      push([st = m->state()] { st->set(); }, /*always=*/true);
+    }
+    return m;
   }
 
  private:

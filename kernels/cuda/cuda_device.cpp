@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -73,6 +74,65 @@ PinRegistry& pin_registry() {
   return r;
 }
 
+// ---- timing marks -------------------------------------------------------------------------
+
+/// Timing-enabled events of one device, reused (creating one per mark would cost a driver
+/// call per layer and micro-batch). Shared by a stream and its live marks.
+class TimingEventPool {
+ public:
+  explicit TimingEventPool(int dev) : dev_(dev) {}
+  ~TimingEventPool() {
+    cudaSetDevice(dev_);
+    for (cudaEvent_t e : free_) cudaEventDestroy(e);
+  }
+  cudaEvent_t get() {
+    {
+      std::lock_guard lk(mu_);
+      if (!free_.empty()) {
+        cudaEvent_t e = free_.back();
+        free_.pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e = nullptr;
+    RP_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDefault));  // timing on, no blocking sync
+    return e;
+  }
+  void put(cudaEvent_t e) {
+    std::lock_guard lk(mu_);
+    free_.push_back(e);
+  }
+
+ private:
+  int dev_;
+  std::mutex mu_;
+  std::vector<cudaEvent_t> free_;
+};
+
+class CudaTimingMark final : public TimingMark {
+ public:
+  CudaTimingMark(std::shared_ptr<TimingEventPool> pool, cudaEvent_t ev) : pool_(std::move(pool)), ev_(ev) {}
+  ~CudaTimingMark() override { pool_->put(ev_); }
+  bool done() const override { return cudaEventQuery(ev_) == cudaSuccess; }
+  double seconds_since(const TimingMark& earlier) const override {
+    auto* e = dynamic_cast<const CudaTimingMark*>(&earlier);
+    if (!e) throw DeviceError("TimingMark::seconds_since: the earlier mark is not a CUDA mark");
+    float ms = 0;
+    const cudaError_t r = cudaEventElapsedTime(&ms, e->ev_, ev_);
+    if (r != cudaSuccess) {
+      cudaGetLastError();
+      throw DeviceError(r == cudaErrorNotReady
+                            ? std::string("TimingMark::seconds_since: a mark was read before its stream reached it")
+                            : "TimingMark::seconds_since: " + err_text(r, "cudaEventElapsedTime"));
+    }
+    return double(ms) * 1e-3;
+  }
+
+ private:
+  std::shared_ptr<TimingEventPool> pool_;
+  cudaEvent_t ev_;
+};
+
 // ---- streams ----------------------------------------------------------------------------
 
 class CudaStream final : public Stream {
@@ -81,6 +141,7 @@ class CudaStream final : public Stream {
       : dev_(dev), name_(std::move(name)), err_words_(err_words) {
     set_device(dev_);
     RP_CUDA_CHECK(cudaStreamCreateWithPriority(&s_, cudaStreamNonBlocking, priority));
+    timing_ = std::make_shared<TimingEventPool>(dev_);
     poller_ = std::thread([this] { poll_loop(); });
   }
   ~CudaStream() override {
@@ -139,6 +200,17 @@ class CudaStream final : public Stream {
     cudaStreamSynchronize(s_);  // errors reach then() callbacks; shutdown must not throw
     std::unique_lock lk(mu_);
     idle_cv_.wait(lk, [this] { return q_.empty() && !busy_; });
+  }
+  std::unique_ptr<TimingMark> mark_time() override {
+    set_device(dev_);
+    cudaEvent_t e = timing_->get();
+    auto m = std::make_unique<CudaTimingMark>(timing_, e);  // returns e to the pool on failure
+    const cudaError_t r = cudaEventRecord(e, s_);
+    if (r != cudaSuccess) {
+      cudaGetLastError();
+      throw DeviceError(fmt::format("{} stream: {}", name_, err_text(r, "cudaEventRecord (timing mark)")));
+    }
+    return m;
   }
 
  private:
@@ -235,6 +307,7 @@ class CudaStream final : public Stream {
   std::string error_;
   std::mutex ev_mu_;
   std::vector<cudaEvent_t> free_events_;
+  std::shared_ptr<TimingEventPool> timing_;
   std::thread poller_;
 };
 

@@ -34,12 +34,15 @@ struct Scenario {
   int passes_per_step = 1;
   std::optional<IterationPlan> plan;
   double max_grad_norm = 0;  // > 0: global-norm clipping (guarded steps)
+  ProfilingOptions profiling;
 };
 
 struct Outcome {
   std::vector<double> losses;  // mean loss per step
   std::vector<double> grad_norms;  // guarded runs: global norm before clipping
   std::vector<std::vector<float>> weights;
+  IterationPlan initial_plan, final_plan;
+  std::vector<std::string> replan_log;
 };
 
 constexpr int64_t kNSeq = 2, kSeqLen = 5;
@@ -65,6 +68,7 @@ Outcome run_runtime(const Scenario& sc) {
   o.plan = sc.plan;
   o.shards = 2;
   o.max_grad_norm = sc.max_grad_norm;
+  o.profiling = sc.profiling;
   Session s(m, random_weights(m, 7), o);
   const int64_t n = sc.M * kNSeq * kSeqLen;
   for (int t = 0; t < sc.steps; ++t) {
@@ -83,6 +87,9 @@ Outcome run_runtime(const Scenario& sc) {
   }
   s.synchronize();
   out.weights = s.master_weights();
+  out.initial_plan = s.initial_plan();
+  out.final_plan = s.plan();
+  out.replan_log = s.replan_log();
   return out;
 }
 
@@ -229,6 +236,85 @@ TEST(Runtime, PlansDoNotChangeTheResult) {
     sc.plan = plan;
     expect_same(run_runtime(sc), run_reference(sc), 1e-5, plan.summary());
   }
+}
+
+// Re-planning (scheduler/replan.hpp) swaps the plan between passes, here in the middle of a
+// step (3 passes per step, 2 pass slots: pass 2 is dealt after pass 0 finished and its
+// timings settled the profile). The forced plan moves decoders into / out of the tail, so the
+// per-group upload and gradient counts of the step change with it (CloseStep totals).
+TEST(Runtime, ReplanningMidTrainingEqualsSequential) {
+  const int L = 6;
+  for (bool async : {true, false}) {
+    Scenario sc;
+    sc.workers = 2;
+    sc.async = async;
+    sc.passes_per_step = 3;
+    sc.profiling.settle_min_samples = 1;
+    sc.profiling.settle_rel_tol = 1e9;  // settled as soon as every series has a kept sample
+    IterationPlan forced;
+    int calls = 0;
+    sc.profiling.planner = [&](const std::vector<LayerCost>& measured) {
+      ++calls;
+      EXPECT_EQ(measured.size(), size_t(L));
+      return forced;
+    };
+    // the forced plan must differ from the automatic initial one in its tail
+    const IterationPlan a = make_uniform_plan(L, 2, 1, 2), b = make_uniform_plan(L, 1, 1, 0);
+    {
+      ModelLayout m = make_layout(tiny_config(false, true));
+      SessionOptions probe;
+      probe.workers = 2;
+      probe.micro_batches = sc.M;
+      probe.micro = {kNSeq, kSeqLen};
+      probe.profiling.enabled = false;
+      Session s(m, random_weights(m, 7), probe);
+      forced = s.initial_plan().stages[size_t(s.initial_plan().num_forward())] == a.stages[size_t(a.num_forward())]
+                   ? b
+                   : a;
+    }
+    const std::string what = std::string(async ? "async" : "sync");
+    Outcome got = run_runtime(sc);
+    EXPECT_EQ(calls, 1) << what;
+    ASSERT_EQ(got.replan_log.size(), 1u) << what;
+    EXPECT_NE(got.replan_log[0].find("->"), std::string::npos) << got.replan_log[0];
+    EXPECT_EQ(got.final_plan.stages, forced.stages) << what << ": " << got.final_plan.summary();
+    EXPECT_NE(got.initial_plan.stages, forced.stages) << what;
+    expect_same(got, run_reference(sc), 1e-5, what + " re-planned " + got.replan_log[0]);
+  }
+}
+
+// The real decision (partition of the measured costs, kept or switched): whatever it picks,
+// the result equals the sequential loop, and it is taken exactly once.
+TEST(Runtime, MeasuredReplanningEqualsSequential) {
+  Scenario sc;
+  sc.workers = 3;
+  sc.steps = 4;
+  sc.passes_per_step = 2;
+  sc.profiling.settle_min_samples = 1;
+  sc.profiling.settle_rel_tol = 1e9;
+  sc.profiling.min_gain = 0;  // switch on any predicted gain
+  Outcome got = run_runtime(sc);
+  ASSERT_EQ(got.replan_log.size(), 1u);
+  std::printf("%s\n", got.replan_log[0].c_str());
+  expect_same(got, run_reference(sc), 1e-5, got.replan_log[0]);
+}
+
+// An explicit plan is never changed, however settled the profile.
+TEST(Runtime, ExplicitPlansAreNotReplanned) {
+  Scenario sc;
+  sc.workers = 2;
+  sc.plan = make_uniform_plan(6, 1, 1, 0);
+  sc.profiling.settle_min_samples = 1;
+  sc.profiling.settle_rel_tol = 1e9;
+  int calls = 0;
+  sc.profiling.planner = [&](const std::vector<LayerCost>&) {
+    ++calls;
+    return make_uniform_plan(6, 2, 1, 2);
+  };
+  Outcome got = run_runtime(sc);
+  EXPECT_EQ(calls, 0);
+  EXPECT_TRUE(got.replan_log.empty());
+  EXPECT_EQ(got.final_plan.stages, sc.plan->stages);
 }
 
 TEST(Runtime, AccumulationOverPassesEqualsOneBigBatch) {

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "model/checkpoint.hpp"
+#include "scheduler/profile.hpp"
 
 namespace fs = std::filesystem;
 
@@ -120,6 +121,41 @@ TEST(Cli, TrainsTinyModelAndWritesLoadableCheckpoint) {
   for (auto& [name, t] : lm.tensors)
     for (float v : t.data) moved += std::abs(v - 0.02f);
   EXPECT_GT(moved, 1e-3);
+  fs::remove_all(d);
+}
+
+// The run directory holds the measured per-layer profile, and `roundpipe plan --profile`
+// partitions with it.
+TEST(Cli, TrainWritesAProfileThatPlanReads) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  write(d / "data.jsonl", "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n");
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
+  CliRun r = roundpipe("train " + (d / "spec.json").string() + " --steps 3", d);
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  EXPECT_NE((r.out + r.err).find("automatic plan"), std::string::npos) << r.out << r.err;
+  const fs::path prof = d / "run/profile.json";
+  ASSERT_TRUE(fs::exists(prof)) << r.out << r.err;
+  rp::Profile p = rp::Profile::load(prof.string());
+  ASSERT_EQ(p.num_layers(), 4);  // embedding, 2 decoders, tail
+  EXPECT_EQ(p.n_seq(), 1);
+  EXPECT_EQ(p.seq_len(), 16);
+  // 3 steps x 2 micro-batches: every layer was timed in every micro-batch (the plan may
+  // have changed once, so a decoder's micro-batches split between kinds)
+  for (int l = 0; l < 4; ++l) {
+    const auto& lp = p.layer(l);
+    const int64_t fb = std::max(lp.fwd.seen(), lp.bwd.seen()), tail = lp.tail.seen();
+    EXPECT_EQ(fb + tail, 6) << "layer " << l;
+    EXPECT_GT(lp.weight_bytes, 0) << "layer " << l;
+    EXPECT_GT(lp.grad_bytes, 0) << "layer " << l;
+  }
+  EXPECT_EQ(p.layer(3).tail.seen(), 6);
+  r = roundpipe("plan --model " + (d / "run/final").string() + " --gpus 2 --seq 16 --micro 2 --profile " +
+                    prof.string(),
+                d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("costs     profile " + prof.string()), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("warning"), std::string::npos) << r.out;
   fs::remove_all(d);
 }
 
