@@ -204,7 +204,16 @@ std::vector<WorkerStats> trace_stats(const Trace& t, const TraceStatsOptions& o)
     };
     ws.h2d_bytes_per_s = o.h2d_bytes_per_s > 0 ? o.h2d_bytes_per_s : estimate("param_up", "act_up");
     ws.d2h_bytes_per_s = o.d2h_bytes_per_s > 0 ? o.d2h_bytes_per_s : estimate("grad_down", "act_down");
-    for (auto* s : slices("param_up")) ws.chunk_bytes = std::max(ws.chunk_bytes, bytes_of(*s));
+    ws.chunk_bytes = o.chunk_bytes;
+    if (ws.chunk_bytes <= 0 && t.info.count("transfer_chunk_bytes")) {
+      try {
+        ws.chunk_bytes = std::stod(t.info.at("transfer_chunk_bytes"));
+      } catch (const std::exception&) {
+        ws.chunk_bytes = 0;
+      }
+    }
+    if (ws.chunk_bytes <= 0)
+      for (auto* s : slices("param_up")) ws.chunk_bytes = std::max(ws.chunk_bytes, bytes_of(*s));
     ws.chunk_s = ws.h2d_bytes_per_s > 0 ? ws.chunk_bytes / ws.h2d_bytes_per_s : 0;
 
     auto waits = [&](const char* k, double bw, std::vector<double>* lat, std::vector<double>* q) {
@@ -261,7 +270,7 @@ std::string format_trace_stats(const Trace& t, const std::vector<WorkerStats>& s
     for (auto& [k, st] : w.streams)
       out += fmt::format("  {:<9} {:6} copies {:10.1f} MiB  busy {:8.3f} s  hidden {:5.1f}%\n", k, st.copies,
                          st.bytes / double(1 << 20), st.busy_s, 100 * st.hidden_share);
-    out += fmt::format("  link: h2d {:.2f} GB/s, d2h {:.2f} GB/s; one parameter chunk {:.1f} MiB = {:.3f} ms\n",
+    out += fmt::format("  link: h2d {:.2f} GB/s, d2h {:.2f} GB/s; one chunk {:.1f} MiB = {:.3f} ms\n",
                        w.h2d_bytes_per_s * 1e-9, w.d2h_bytes_per_s * 1e-9, w.chunk_bytes / double(1 << 20),
                        w.chunk_s * 1e3);
     out += "  act_up latency  " + ms(w.act_up_latency) + "\n";

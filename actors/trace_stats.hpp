@@ -62,7 +62,7 @@ struct WorkerStats {
   double hidden_share = 0;      ///< copy_hidden_s / copy_busy_s
   double h2d_bytes_per_s = 0;   ///< link bandwidth used to compute waits (given or estimated)
   double d2h_bytes_per_s = 0;
-  double chunk_bytes = 0;       ///< largest parameter-upload copy (one chunk when chunked)
+  double chunk_bytes = 0;       ///< the reference chunk (TraceStatsOptions::chunk_bytes)
   double chunk_s = 0;           ///< its time at h2d_bytes_per_s
   /// Activation uploads: latency = enqueue to completion (queued + in flight); queued = time
   /// in the transfer actor's queue; wait = time lost to other traffic = completion - max(enqueue,
@@ -81,6 +81,10 @@ struct TraceStatsOptions {
   /// bytes/duration over its bulk copies (parameter uploads, gradient downloads), or over its
   /// activation copies when there are none.
   double h2d_bytes_per_s = 0, d2h_bytes_per_s = 0;
+  /// The chunk that activation waits are compared with; 0: the trace's
+  /// "transfer_chunk_bytes" setting when > 0, else the largest parameter-upload copy. Give it
+  /// explicitly to compare a run without chunking against the same chunk.
+  double chunk_bytes = 0;
 };
 
 /// Per-worker statistics, ordered by worker index. Copies count toward latencies when issued

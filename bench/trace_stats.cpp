@@ -4,7 +4,7 @@
 // copy time hidden under compute, and bytes per stream (actors/trace_stats.hpp defines each).
 //
 //   bench_trace_stats TRACE.json [TRACE2.json ...] [--skip-passes N] [--h2d-gbps X]
-//                     [--d2h-gbps X] [--json OUT.json]
+//                     [--d2h-gbps X] [--chunk-bytes N] [--json OUT.json]
 // Exit code 1 when a trace cannot be read, 2 on usage errors.
 #include <cstdio>
 #include <fstream>
@@ -24,8 +24,15 @@ int main(int argc, char** argv) {
   app.add_option("--skip-passes", o.skip_passes, "start the window at the first slice of this pass (warm-up out)");
   app.add_option("--h2d-gbps", h2d, "host-to-device GB/s for the waits (0: estimate from the bulk copies)");
   app.add_option("--d2h-gbps", d2h, "device-to-host GB/s (0: estimate)");
+  app.add_option("--chunk-bytes", o.chunk_bytes,
+                 "compare activation waits with this chunk (0: the trace's transfer_chunk_bytes, else its "
+                 "largest parameter copy)");
   app.add_option("--json", json_out, "also write the statistics of every trace as JSON");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
   o.h2d_bytes_per_s = h2d * 1e9;
   o.d2h_bytes_per_s = d2h * 1e9;
   nlohmann::json all = nlohmann::json::object();

@@ -105,6 +105,15 @@ TEST(TraceStats, SkippingPassesAndGivenBandwidths) {
   EXPECT_NEAR(s[0].streams.at("param_up").busy_s, 0.0, 1e-12);
   EXPECT_NEAR(s[0].chunk_s, 0.004, 1e-9);   // 4 MB at the given 1 GB/s
   EXPECT_NEAR(s[1].compute_busy_s, 0.010, 1e-9);  // [60,70]
+  // a given reference chunk replaces the largest parameter copy; waits are counted against it
+  o.skip_passes = 0;
+  o.h2d_bytes_per_s = 0;
+  o.chunk_bytes = 2e6;
+  s = trace_stats(t, o);
+  EXPECT_NEAR(s[0].chunk_s, 0.004, 1e-9);  // 2 MB at the estimated 0.5 GB/s
+  EXPECT_EQ(s[0].act_up_waits_over_chunk, 1u);  // 9 ms > 4 ms; the zero waits are not
+  o.chunk_bytes = 5e6;  // 10 ms: the 9 ms wait is within one chunk
+  EXPECT_EQ(trace_stats(t, o)[0].act_up_waits_over_chunk, 0u);
 }
 
 TEST(TraceStats, PercentilesAndErrors) {
@@ -142,6 +151,7 @@ TEST(TraceStats, ReadsWhatTheTracerWrites) {
   EXPECT_NEAR(s[0].act_up_latency.max, 0.5, 1e-9);  // 0.25 s queued + 0.25 s in flight
   EXPECT_NEAR(s[0].act_up_queued.max, 0.25, 1e-9);
   EXPECT_NEAR(s[0].hidden_share, 1.0, 1e-9);
+  EXPECT_EQ(s[0].chunk_bytes, 4096) << "the run's chunk setting is the reference chunk";
 }
 
 }  // namespace
