@@ -141,6 +141,8 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
   opt.max_grad_norm = spec.max_grad_norm;
   opt.device.capacity_bytes = size_t(spec.device_memory_gib * double(1ull << 30));
   opt.device.pcie_bytes_per_s = spec.pcie_gbps * 1e9;
+  opt.transfer_priorities = spec.transfer_priorities;
+  opt.transfer_chunk_bytes = size_t(spec.transfer_chunk_bytes);
   opt.plan = plan_from_json(spec.plan, layout.num_layers(), spec.workers, spec.source + ": key 'plan'");
   opt.trace = spec.trace;
   Session session(layout, std::move(weights), opt);
