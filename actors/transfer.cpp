@@ -83,20 +83,9 @@ class Transfer {
     auto& st = self_->state;
     const bool yield = opt_.bulk && opt_.priorities;
     for (;;) {
-      if (!st.current) {
-        if (st.queue.empty()) return;
-        if (!yield && int(st.jobs.size()) >= std::max(1, opt_.max_inflight)) return;
-        Pending p = st.queue.top();
-        st.queue.pop();
-        Job j;
-        j.chunks = split_chunks(p.req.bytes, opt_.bulk ? opt_.chunk_bytes : 0);
-        if (j.chunks.empty()) j.chunks.push_back(Chunk{0, 0});
-        j.t_ready = p.t_enq;
-        j.req = std::move(p.req);
-        st.jobs.emplace(p.seq, std::move(j));
-        st.current = p.seq;
-      }
+      if (!st.current && st.queue.empty()) return;
       if (yield) {
+        // decide before picking a copy, so a more urgent one that arrives meanwhile goes first
         if (st.chunks_inflight >= 1 || st.awaiting_wake) return;
         if (opt_.arbiter) {
           caf::actor_addr me = self_->address();
@@ -107,9 +96,21 @@ class Transfer {
             return;
           }
         }
-      } else if (opt_.bulk && opt_.arbiter) {
-        opt_.arbiter->bulk_issued();
+      } else if (!st.current && int(st.jobs.size()) >= std::max(1, opt_.max_inflight)) {
+        return;
       }
+      if (!st.current) {
+        Pending p = st.queue.top();
+        st.queue.pop();
+        Job j;
+        j.chunks = split_chunks(p.req.bytes, opt_.bulk ? opt_.chunk_bytes : 0);
+        if (j.chunks.empty()) j.chunks.push_back(Chunk{0, 0});
+        j.t_ready = p.t_enq;
+        j.req = std::move(p.req);
+        st.jobs.emplace(p.seq, std::move(j));
+        st.current = p.seq;
+      }
+      if (!yield && opt_.bulk && opt_.arbiter) opt_.arbiter->bulk_issued();
       const uint64_t id = *st.current;
       Job& j = st.jobs.at(id);
       const size_t k = j.next++;
