@@ -41,6 +41,7 @@ struct Distribution {
   size_t n = 0;
   double max = 0, p50 = 0, p99 = 0, mean = 0;
 };
+/// Order statistics of `xs` (any unit; all zero with n = 0 for an empty sample).
 Distribution distribution(std::vector<double> xs);
 
 struct StreamStats {

@@ -34,6 +34,7 @@ class Tracer {
   void set_info(const std::string& key, std::string value);
   /// Writes all recorded events to `path` (temp file + rename). Throws std::runtime_error.
   void write(const std::string& path) const;
+  /// Number of intervals recorded so far.
   size_t size() const;
 
  private:

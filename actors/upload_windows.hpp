@@ -42,7 +42,9 @@ class UploadWindows {
   /// Throws std::logic_error for more completions than g has pieces.
   bool piece_done(int g);
 
+  /// Number of windows the pieces are packed into.
   int windows() const { return windows_; }
+  /// Windows open so far (1 at construction, up to windows()).
   int open_windows() const { return open_; }
   /// Every piece, in issue order (by window, then group order, then offset).
   const std::vector<Piece>& pieces() const { return pieces_; }

@@ -6,6 +6,9 @@
 //   bench_trace_stats TRACE.json [TRACE2.json ...] [--skip-passes N] [--h2d-gbps X]
 //                     [--d2h-gbps X] [--chunk-bytes N] [--json OUT.json]
 // Exit code 1 when a trace cannot be read, 2 on usage errors.
+// A bench tool rather than a `roundpipe` subcommand: it reads benchmark traces and travels in
+// the GPU bundle next to bench_throughput (device_session.sh DO_PRIO=1); the analysis is a
+// library (actors/trace_stats.hpp) that tests use too and a subcommand could call later.
 #include <cstdio>
 #include <fstream>
 
