@@ -5,10 +5,11 @@
 //  - the arbiter's rules on their own;
 //  - two transfer actors: an activation upload issued behind a large parameter upload waits at
 //    most one chunk with priorities on, the whole upload with them off; chunked copies land
-//    exactly and run their `after` once;
+//    exactly and run their `after` once; a burst of activation copies sees no chunk start
+//    while it is pending with the arbiter, and several without (the guard-removal check);
 //  - the whole runtime: the activation uploads' waits (from the trace) do not grow when the
-//    parameter traffic grows by ~1000x with priorities on, and do with them off; the weights
-//    are bit-identical either way.
+//    parameter traffic grows ~150x with priorities on, and do with them off; the weights are
+//    bit-identical either way.
 // Timing thresholds are generous (tens of ms against expected single ms) and the "on" runs
 // take the best of three, so a loaded 2-core machine passes; load only lengthens the "off" waits.
 #include <gtest/gtest.h>
@@ -65,8 +66,9 @@ struct Actors {
   caf::actor_system sys{cfg};
 };
 
-// Latency (s) of a 1 MiB activation upload issued 30 ms after a 64 MiB parameter upload
-// started on a 0.5 GB/s first-come-first-served link (134 ms of link time).
+// Latency (s) of a 1 MiB activation upload issued 60 ms after a 64 MiB parameter upload
+// started on a 0.5 GB/s first-come-first-served link (134 ms of link time, after the CPU
+// stream's memcpy, which a loaded machine can stretch).
 double activation_latency_behind_upload(bool priorities) {
   DeviceOptions o;
   o.pcie_bytes_per_s = 0.5e9;
@@ -96,7 +98,7 @@ double activation_latency_behind_upload(bool priorities) {
       after_saw_all = *last == want;  // runs after the last chunk landed
     };
     self->send(w.param_up, CopyRequest{CopyDir::h2d, dbig.get(), hbig.data(), big, 1, 0, 1, after, me});
-    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    std::this_thread::sleep_for(std::chrono::milliseconds(60));
     const auto t0 = Clock::now();
     self->send(w.act_up, CopyRequest{CopyDir::h2d, dsmall.get(), hsmall.data(), small, 0, 0, 2, {}, me});
     for (int i = 0; i < 2; ++i)
@@ -119,15 +121,17 @@ double activation_latency_behind_upload(bool priorities) {
 }
 
 TEST(TransferActors, ActivationWaitsAtMostOneChunkBehindAParameterUpload) {
+  // best of three each way: load can delay a wake-up (on) or the upload reaching the link (off)
   double on = activation_latency_behind_upload(true);
   for (int i = 0; i < 2 && on >= 0.030; ++i) on = std::min(on, activation_latency_behind_upload(true));
-  const double off = activation_latency_behind_upload(false);
+  double off = activation_latency_behind_upload(false);
+  for (int i = 0; i < 2 && off <= 0.040; ++i) off = std::max(off, activation_latency_behind_upload(false));
   std::printf("1 MiB activation upload behind a 64 MiB parameter upload: %.1f ms with priorities, %.1f ms without\n",
               on * 1e3, off * 1e3);
   // own 2 ms + at most one 1 MiB chunk (2 ms) ahead of it
   EXPECT_LT(on, 0.030);
-  // first come, first served: the rest of the upload (~100 ms of link time) goes first
-  EXPECT_GT(off, 0.060);
+  // first come, first served: the rest of the upload (~75 ms of link time) goes first
+  EXPECT_GT(off, 0.040);
   EXPECT_GT(off, 3 * on);
 }
 
@@ -201,7 +205,8 @@ TEST(TransferActors, NoChunkStartsWhileActivationsArePendingWithTheArbiter) {
     Burst r = burst_behind_chunks(true);
     if (r.slipped < on.slipped || (r.slipped == on.slipped && r.last_done < on.last_done)) on = r;
   }
-  const Burst off = burst_behind_chunks(false);
+  Burst off = burst_behind_chunks(false);
+  for (int i = 0; i < 2 && off.slipped == 0; ++i) off = burst_behind_chunks(false);  // timing could hide it once
   std::printf("16 x 128 KiB activation uploads behind 4 MiB chunks: last done after %.1f ms with the arbiter "
               "(%d chunks slipped in), %.1f ms without (%d)\n",
               on.last_done * 1e3, on.slipped, off.last_done * 1e3, off.slipped);
@@ -217,13 +222,15 @@ struct Measured {
   std::vector<std::vector<float>> weights;
 };
 
-// Two steps of a tiny model on one virtual GPU with a 0.1 GB/s first-come-first-served link.
-// The vocabulary sets the parameter traffic (the tied embedding is uploaded and its gradient
-// downloaded twice per pass: 8 MiB each at 65536 tokens, 8.6 KB at 67) while the activations
-// stay the same (16 tokens x 32 floats per copy).
-Measured run_session(bool priorities, int64_t vocab) {
+// Two steps of a tiny model (4 decoder layers, hidden 32) on one virtual GPU with a 0.1 GB/s
+// first-come-first-served link. The FFN width sets the parameter traffic (per decoder layer
+// 4.5 MiB at 12288, 18 KB at 48) while the activations stay the same (16 tokens x 32 floats
+// per copy). With the wide FFN a micro-batch also computes for ~10 ms, so the next stage's
+// prefetch (granted within a few ms) is surely on the link when the computing stage uploads
+// its later micro-batches.
+Measured run_session(bool priorities, int64_t ffn) {
   ModelConfig c = test::tiny_config(false, true);
-  c.vocab_size = vocab;
+  c.intermediate_size = ffn;
   ModelLayout m = make_layout(c);
   SessionOptions o;
   o.workers = 1;
@@ -240,13 +247,13 @@ Measured run_session(bool priorities, int64_t vocab) {
   const int64_t n = o.micro_batches * o.micro.tokens();
   for (int t = 0; t < 2; ++t) {
     std::vector<int32_t> ids, tg;
-    test::random_tokens(vocab, n, 40 + t, ids, tg);
+    test::random_tokens(c.vocab_size, n, 40 + t, ids, tg);
     s.forward_backward(ids, tg);
     s.step(1e-3);
   }
   s.synchronize();
   auto path = std::filesystem::temp_directory_path() /
-              ("rp_prio_" + std::to_string(priorities) + "_" + std::to_string(vocab) + ".json");
+              ("rp_prio_" + std::to_string(priorities) + "_" + std::to_string(ffn) + ".json");
   s.write_trace(path.string());
   Trace tr = read_trace(path.string());
   std::filesystem::remove(path);
@@ -259,13 +266,13 @@ Measured run_session(bool priorities, int64_t vocab) {
 }
 
 TEST(TransferPriorityRuntime, ActivationWaitsDoNotGrowWithParameterTrafficWithPriorities) {
-  const int64_t light = 67, heavy = 65536;
+  const int64_t light = 48, heavy = 12288;  // FFN width
   // best of three where load could only make a run look worse than it is; the heavy run
   // without priorities is measured once (load only lengthens its waits)
-  auto best_of = [&](bool prio, int64_t vocab) {
-    Measured best = run_session(prio, vocab);
+  auto best_of = [&](bool prio, int64_t ffn) {
+    Measured best = run_session(prio, ffn);
     for (int i = 0; i < 2 && best.stats.act_up_wait.max >= 0.010; ++i) {
-      Measured r = run_session(prio, vocab);
+      Measured r = run_session(prio, ffn);
       if (r.stats.act_up_wait.max < best.stats.act_up_wait.max) best = std::move(r);
     }
     return best;
@@ -286,8 +293,8 @@ TEST(TransferPriorityRuntime, ActivationWaitsDoNotGrowWithParameterTrafficWithPr
   // On: an activation upload waits at most one 2.6 ms chunk, however much else is on the link.
   EXPECT_LT(on_heavy.stats.act_up_wait.max, 0.025);
   EXPECT_LT(on_heavy.stats.act_up_wait.max, on_light.stats.act_up_wait.max + 0.020);
-  // Off: behind whole 8 MiB copies (84 ms of link time).
-  EXPECT_GT(off_heavy.stats.act_up_wait.max, 0.040);
+  // Off: behind whole 4.5 MiB copies (47 ms of link time each, two per stage; measured ~48 ms).
+  EXPECT_GT(off_heavy.stats.act_up_wait.max, 0.030);
   EXPECT_GT(off_heavy.stats.act_up_wait.max, off_light.stats.act_up_wait.max + 0.030);
   EXPECT_GT(off_heavy.stats.act_up_wait.max, 3 * on_heavy.stats.act_up_wait.max);
   // Scheduling copies differently never changes a bit of the result.
