@@ -126,7 +126,9 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
   std::string backend = opt.backend;
   if (backend == "auto") backend = cuda_device_count() > 0 ? "cuda" : "cpu";
   I.opt.backend = backend;
-  for (int i = 0; i < opt.workers; ++i) I.devices.push_back(make_device(backend, i, opt.device));
+  DeviceOptions dopt = opt.device;
+  if (!opt.transfer_priorities) dopt.pcie_priorities = false;  // off means off on the emulated link too
+  for (int i = 0; i < opt.workers; ++i) I.devices.push_back(make_device(backend, i, dopt));
   const DType dt = I.devices[0]->compute_dtype();
 
   // The plan: explicit, or automatic from the analytic costs (FLOPs and bytes per layer) until
@@ -175,7 +177,16 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
   for (size_t g = 0; g < I.master.size(); ++g)
     cast_f32_to(I.master[g].data(), I.store->lowp[g].data(), int64_t(I.master[g].size()), dt);
   for (int l = 0; l < layout.num_layers(); ++l) I.layers.push_back(make_layer(I.layout, l));
-  if (opt.trace) I.tracer = std::make_unique<Tracer>();
+  if (opt.trace) {
+    I.tracer = std::make_unique<Tracer>();
+    I.tracer->set_info("backend", backend);
+    I.tracer->set_info("workers", std::to_string(opt.workers));
+    I.tracer->set_info("micro_batches", std::to_string(opt.micro_batches));
+    I.tracer->set_info("transfer_priorities", opt.transfer_priorities ? "on" : "off");
+    I.tracer->set_info("transfer_chunk_bytes", std::to_string(opt.transfer_chunk_bytes));
+    if (backend == "cpu" && dopt.pcie_bytes_per_s > 0)
+      I.tracer->set_info("pcie_bytes_per_s", fmt::format("{}", dopt.pcie_bytes_per_s));
+  }
 
   I.cfg = std::make_unique<caf::actor_system_config>();
   I.sys = std::make_unique<caf::actor_system>(*I.cfg);
@@ -272,6 +283,8 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
     ctx.scheduler = I.scheduler;
     ctx.tracer = I.tracer.get();
     ctx.profile = opt.profiling.enabled;
+    ctx.transfer.priorities = opt.transfer_priorities;
+    ctx.transfer.chunk_bytes = opt.transfer_chunk_bytes;
     workers.push_back(spawn_worker(*I.sys, std::move(ctx)));
   }
   caf::anon_send(I.scheduler, SetPeers{workers, shards});

@@ -11,7 +11,18 @@ namespace rp {
 
 void Tracer::interval(const std::string& track, std::string label, double t_begin, double t_end) {
   std::lock_guard lk(mu_);
-  events_.push_back({track, std::move(label), t_begin, t_end});
+  events_.push_back({track, std::move(label), t_begin, t_end, {}});
+}
+
+void Tracer::interval(const std::string& track, std::string label, double t_begin, double t_end,
+                      std::vector<std::pair<std::string, double>> args) {
+  std::lock_guard lk(mu_);
+  events_.push_back({track, std::move(label), t_begin, t_end, std::move(args)});
+}
+
+void Tracer::set_info(const std::string& key, std::string value) {
+  std::lock_guard lk(mu_);
+  info_[key] = std::move(value);
 }
 
 size_t Tracer::size() const {
@@ -29,14 +40,23 @@ void Tracer::write(const std::string& path) const {
     v = ++n;
     evs.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", 1}, {"tid", v}, {"args", {{"name", k}}}});
   }
-  for (auto& e : events_)
-    evs.push_back({{"ph", "X"}, {"name", e.label}, {"pid", 1}, {"tid", tid[e.track]},
-                   {"ts", e.t0 * 1e6}, {"dur", (e.t1 - e.t0) * 1e6}});
+  for (auto& e : events_) {
+    nlohmann::json ev = {{"ph", "X"}, {"name", e.label}, {"pid", 1}, {"tid", tid[e.track]},
+                         {"ts", e.t0 * 1e6}, {"dur", (e.t1 - e.t0) * 1e6}};
+    if (!e.args.empty()) {
+      nlohmann::json a = nlohmann::json::object();
+      for (auto& [k, v] : e.args) a[k] = v;
+      ev["args"] = std::move(a);
+    }
+    evs.push_back(std::move(ev));
+  }
+  nlohmann::json other = nlohmann::json::object();
+  for (auto& [k, v] : info_) other[k] = v;
   std::string tmp = path + ".tmp";
   {
     std::ofstream f(tmp);
     if (!f) throw std::runtime_error(path + ": cannot write trace");
-    f << nlohmann::json{{"traceEvents", evs}, {"displayTimeUnit", "ms"}}.dump();
+    f << nlohmann::json{{"traceEvents", evs}, {"displayTimeUnit", "ms"}, {"otherData", other}}.dump();
     if (!f) throw std::runtime_error(path + ": write failed");
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) throw std::runtime_error(path + ": rename failed");

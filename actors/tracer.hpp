@@ -7,7 +7,9 @@
 #pragma once
 #include <chrono>
 #include <mutex>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -23,18 +25,28 @@ class Tracer {
   }
   /// Records [t_begin, t_end] seconds on track `track` (e.g. "vgpu0.compute").
   void interval(const std::string& track, std::string label, double t_begin, double t_end);
+  /// The same with numeric arguments shown on the slice (Chrome trace "args"), e.g. a copy's
+  /// {"bytes", 1048576}, {"queued_us", 12.5}.
+  void interval(const std::string& track, std::string label, double t_begin, double t_end,
+                std::vector<std::pair<std::string, double>> args);
+  /// Records a run-wide setting (written under the trace's "otherData", e.g.
+  /// "transfer_priorities" = "on"); a later call with the same key replaces the value.
+  void set_info(const std::string& key, std::string value);
   /// Writes all recorded events to `path` (temp file + rename). Throws std::runtime_error.
   void write(const std::string& path) const;
+  /// Number of intervals recorded so far.
   size_t size() const;
 
  private:
   struct Event {
     std::string track, label;
     double t0, t1;
+    std::vector<std::pair<std::string, double>> args;
   };
   std::chrono::steady_clock::time_point t0_;
   mutable std::mutex mu_;
   std::vector<Event> events_;
+  std::map<std::string, std::string> info_;
 };
 
 }  // namespace rp

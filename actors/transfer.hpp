@@ -1,9 +1,23 @@
-// Transfer actors: one per (worker, copy stream). Each owns its copy stream and a
-// strict priority queue (CAF's mailbox priority is only a weighting, so the queue is
-// kept here): the most urgent request (lowest priority, then lowest order, then
-// arrival) is issued next. At most `max_inflight` copies are issued on the stream at
-// once, so an urgent request that arrives later waits behind at most that many.
+// Transfer actors: one per (worker, copy stream). Each owns its copy stream and a strict
+// priority queue (CAF's mailbox priority is only a weighting, so the queue is kept here):
+// the most urgent request (lowest priority, then lowest order, then arrival) goes next.
+//
+// Cross-stream priority (SPEC.md point 4). The two actors of one direction share a
+// LinkArbiter: activation up + parameter up (host to device), activation down + gradient
+// down (device to host). Activation actors issue up to `max_inflight` copies at once and
+// report each one to the arbiter. Bulk actors (parameters, gradients) cut copies above
+// `chunk_bytes` into chunks; with priorities on they issue a chunk only when the arbiter
+// says no activation copy of the direction is queued or in flight, one chunk at a time, so
+// an activation copy waits behind at most one chunk, on either backend (copy engines do not
+// honour CUDA stream priorities). With priorities off bulk copies go first come, first
+// served (`max_inflight` whole copies at once, each one's chunks back to back).
+//
+// Every copy (every chunk) is traced when a Tracer is given: a slice from issue to
+// completion on the actor's track, with args "bytes" and "queued_us" (microseconds between
+// entering the queue — or, for a later chunk, its predecessor's completion — and issue).
 #pragma once
+#include <cstddef>
+#include <memory>
 #include <string>
 
 #include <caf/all.hpp>
@@ -12,11 +26,49 @@
 
 namespace rp {
 
+class LinkArbiter;
 class Tracer;
 
+struct TransferOptions {
+  /// Activation actors, and bulk actors with priorities off: copies issued on the stream at once.
+  int max_inflight = 2;
+  /// true: parameter upload or gradient download (chunked, yields to activations).
+  bool bulk = false;
+  /// Shared with the other actor of the direction; null: no cross-stream arbitration.
+  std::shared_ptr<LinkArbiter> arbiter;
+  /// Bulk: yield to activation copies, one chunk in flight (false: first come, first served).
+  bool priorities = true;
+  /// Bulk: copies above this many bytes are cut into chunks of it (0: no chunking).
+  size_t chunk_bytes = 0;
+  Tracer* tracer = nullptr;
+};
+
 /// Spawns the transfer actor for `stream` (owned by the worker's Device, which must
-/// outlive the actor). Handles CopyRequest; answers CopyDone to request.reply_to.
-caf::actor spawn_transfer_actor(caf::actor_system& sys, Stream& stream, std::string name,
-                                int max_inflight = 2, Tracer* tracer = nullptr);
+/// outlive the actor), tracing on track `name`. Handles CopyRequest; answers CopyDone to
+/// request.reply_to once the whole copy completed and its `after` ran (CopyDone::error
+/// names the stream error or the exception `after` threw).
+caf::actor spawn_transfer_actor(caf::actor_system& sys, Stream& stream, std::string name, TransferOptions opt);
+
+}  // namespace rp
+
+namespace rp {
+
+/// Transfer settings of a worker (SessionOptions::transfer_priorities / transfer_chunk_bytes).
+struct TransferSettings {
+  bool priorities = true;                 ///< cross-stream priority and window-packed prefetch
+  size_t chunk_bytes = size_t(8) << 20;   ///< bulk copies are cut into chunks of this (0: none)
+};
+
+/// The four transfer actors of one worker and the two arbiters they share.
+struct WorkerTransfers {
+  caf::actor act_up, act_down, param_up, grad_down;
+  std::shared_ptr<LinkArbiter> h2d, d2h;
+};
+
+/// Spawns the four transfer actors of worker `index` on `device`'s copy streams, tracing on
+/// tracks "worker<index>.<stream>": activation actors 2 copies in flight, bulk actors chunked
+/// and arbitrated per direction as `s` says.
+WorkerTransfers spawn_worker_transfers(caf::actor_system& sys, Device& device, int index, const TransferSettings& s,
+                                       Tracer* tracer);
 
 }  // namespace rp

@@ -1,5 +1,6 @@
 #include "actors/worker.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -13,6 +14,7 @@
 #include "actors/messages.hpp"
 #include "actors/tracer.hpp"
 #include "actors/transfer.hpp"
+#include "actors/upload_windows.hpp"
 #include "kernels/ops.hpp"
 
 namespace rp {
@@ -46,6 +48,7 @@ struct Task {
   std::vector<int> groups;      ///< parameter groups read
   std::vector<int> grad_groups; ///< groups whose gradient this stage produces
   std::map<int, DeviceBuffer> dparam, dgrad;
+  std::shared_ptr<UploadWindows> uploads;  ///< the weights' chunks and windows (upload_windows.hpp)
   DeviceBuffer scratch, tmp[2];
   Slot slot[2];
   bool slot_ready[2] = {false, false};  ///< slot allocated (early start may do it before the task is current)
@@ -63,13 +66,11 @@ struct Task {
 class Worker : public caf::event_based_actor {
  public:
   Worker(caf::actor_config& cfg, WorkerContext ctx) : caf::event_based_actor(cfg), ctx_(std::move(ctx)) {
-    auto& sys = system();
-    auto& d = *ctx_.device;
-    auto nm = [&](const char* s) { return fmt::format("worker{}.{}", ctx_.index, s); };
-    act_up_ = spawn_transfer_actor(sys, d.stream(StreamKind::act_up), nm("act_up"), 2, ctx_.tracer);
-    act_down_ = spawn_transfer_actor(sys, d.stream(StreamKind::act_down), nm("act_down"), 2, ctx_.tracer);
-    param_up_ = spawn_transfer_actor(sys, d.stream(StreamKind::param_up), nm("param_up"), 1, ctx_.tracer);
-    grad_down_ = spawn_transfer_actor(sys, d.stream(StreamKind::grad_down), nm("grad_down"), 1, ctx_.tracer);
+    WorkerTransfers w = spawn_worker_transfers(system(), *ctx_.device, ctx_.index, ctx_.transfer, ctx_.tracer);
+    act_up_ = w.act_up;
+    act_down_ = w.act_down;
+    param_up_ = w.param_up;
+    grad_down_ = w.grad_down;
   }
 
   // Drop every actor handle on exit: queued tasks name other workers and ctx_ names the
@@ -156,6 +157,7 @@ class Worker : public caf::event_based_actor {
     if (failed_) return;
     if (next_) {
       task_ = std::move(next_);
+      send_pieces(*task_, task_->uploads->open_all());  // the prefetch windows are over
     } else {
       if (queue_.empty()) return;
       try {
@@ -261,7 +263,9 @@ class Worker : public caf::event_based_actor {
   void maybe_prefetch() {
     if (next_ || queue_.empty() || failed_ || !task_ || task_->params_pending > 0) return;
     try {
-      next_ = prepare(std::move(queue_.front()));
+      // its chunks go into the windows between the current task's remaining activation uploads
+      const int64_t done = std::count(task_->uploaded.begin(), task_->uploaded.end(), 1);
+      next_ = prepare(std::move(queue_.front()), int(task_->M - done) + 1);
       queue_.pop_front();
     } catch (const DeviceOutOfMemory&) {
       // not enough room for two stages: the next one starts when this one ends
@@ -271,7 +275,8 @@ class Worker : public caf::event_based_actor {
     }
   }
 
-  std::unique_ptr<Task> prepare(RunStage rs) {
+  /// `windows`: prefetch windows for the weights' chunks (1: upload everything at once).
+  std::unique_ptr<Task> prepare(RunStage rs, int windows = 1) {
     auto& d = *ctx_.device;
     const auto& m = *ctx_.layout;
     auto tp = std::make_unique<Task>();
@@ -295,29 +300,52 @@ class Worker : public caf::event_based_actor {
     if (kind != StageKind::forward) t.grad_groups = t.groups;
     const size_t esz = dtype_size(d.compute_dtype());
     for (int g : t.groups) t.dparam.emplace(g, DeviceBuffer(d, size_t(m.groups[g].numel) * esz));
-    // Parameters: ask the owning shard (rule 1), then upload, then release.
+    // Parameters: ask the owning shard (rule 1), then upload (in chunks, window by window),
+    // then release.
+    std::vector<std::pair<int, size_t>> sizes;
+    for (int g : t.groups) sizes.emplace_back(g, t.dparam.at(g).bytes());
+    const auto& tc = ctx_.transfer;
+    t.uploads = std::make_shared<UploadWindows>(sizes, tc.priorities ? tc.chunk_bytes : 0, tc.priorities ? windows : 1);
     t.params_pending = int(t.groups.size());
     const int64_t step = t.rs.step;
     const uint64_t id = t.id;
     for (int g : t.groups) {
       request(ctx_.shard_of_group[g], caf::infinite, AcquireWeights{g, step})
           .then(
-              [this, g, step, id](WeightsGranted&) {
-                Task* tk = live(id);
-                if (!tk) return;
-                auto& buf = tk->dparam.at(g);
-                copy(param_up_, CopyDir::h2d, buf.get(), ctx_.store->lowp[g].data(), buf.bytes(), kPrioParam,
-                     g, [this, g, step, id] {
-                       send(ctx_.shard_of_group[g], ReleaseWeights{g, step});
-                       Task* tk = live(id);
-                       if (!tk) return;
-                       tk->params_pending--;
-                       pump();
-                     });
+              [this, g, id](WeightsGranted&) {
+                if (Task* tk = live(id)) send_pieces(*tk, tk->uploads->grant(g));
               },
               [this](caf::error& e) { fail("weights request failed: " + to_string(e)); });
     }
     return tp;
+  }
+
+  /// Uploads chunks of t's weights; a group is released (and counted in) after its last one.
+  void send_pieces(Task& t, const std::vector<UploadWindows::Piece>& pieces) {
+    const int64_t step = t.rs.step;
+    const uint64_t id = t.id;
+    for (const auto& p : pieces) {
+      const int g = p.group;
+      char* dst = t.dparam.at(g).as<char>() + p.chunk.offset;
+      const char* src = static_cast<const char*>(ctx_.store->lowp[g].data()) + p.chunk.offset;
+      copy(param_up_, CopyDir::h2d, dst, src, p.chunk.bytes, kPrioParam, param_order_++,
+           [this, g, step, id, up = t.uploads] {
+             if (!up->piece_done(g)) return;
+             send(ctx_.shard_of_group[g], ReleaseWeights{g, step});
+             Task* tk = live(id);
+             if (!tk) return;
+             tk->params_pending--;
+             pump();
+           });
+    }
+  }
+
+  /// Micro-batch m of t has its inputs on the device. For the current task that opens the
+  /// next window of the prefetching task's weights (early-started uploads of the next task
+  /// open none).
+  void mark_uploaded(Task& t, int64_t m) {
+    t.uploaded[m] = 1;
+    if (&t == task_.get() && next_) send_pieces(*next_, next_->uploads->open_next());
   }
 
   bool input_ready(const Task& t, int64_t m) const {
@@ -354,7 +382,7 @@ class Worker : public caf::event_based_actor {
         Task* tk = live(id);
         if (!tk) return;
         if (--tk->up_pending[m] == 0) {
-          tk->uploaded[m] = 1;
+          mark_uploaded(*tk, m);
           pump();
         }
       });
@@ -371,7 +399,7 @@ class Worker : public caf::event_based_actor {
       for (size_t i = 0; i < t.layers.size(); ++i)
         if (t.layers[i] > 0) up(s.xs[i].get(), pb.x[t.layers[i]][m].data(), pb.act_bytes);
     }
-    if (t.up_pending[m] == 0) t.uploaded[m] = 1;
+    if (t.up_pending[m] == 0) mark_uploaded(t, m);
   }
 
   LayerArgs args_for(int layer, const Slot& s) {
@@ -604,6 +632,7 @@ class Worker : public caf::event_based_actor {
   std::set<Key> ready_;
   std::map<uint64_t, std::function<void()>> on_copy_;
   uint64_t next_token_ = 1;
+  int64_t param_order_ = 0;  ///< parameter chunks leave in the order they are sent
   bool failed_ = false;
 };
 

@@ -20,6 +20,7 @@
 #include <caf/all.hpp>
 
 #include "actors/pass_buffers.hpp"
+#include "actors/transfer.hpp"
 #include "kernels/device.hpp"
 #include "model/layer.hpp"
 
@@ -38,10 +39,13 @@ struct WorkerContext {
   Tracer* tracer = nullptr;
   /// Time every layer call and send LayerTimings to the scheduler (actors/layer_timer.hpp).
   bool profile = false;
+  TransferSettings transfer;  ///< cross-stream priorities, chunk size
 };
 
 /// Spawns worker `ctx.index` and its four transfer actors (activation up, activation
-/// down, parameter up, gradient down) on ctx.device's copy streams.
+/// down, parameter up, gradient down) on ctx.device's copy streams. With
+/// ctx.transfer.priorities a prefetched task's weights are cut into chunks and packed into
+/// the windows between the computing task's activation uploads (upload_windows.hpp).
 caf::actor spawn_worker(caf::actor_system& sys, WorkerContext ctx);
 
 }  // namespace rp

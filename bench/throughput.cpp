@@ -4,8 +4,11 @@
 //   bench_throughput [--backend cuda] [--workers 1] [--layers 28] [--hidden 2048] [--heads 16]
 //                    [--kv-heads 8] [--head-dim 128] [--ffn 6144] [--vocab 151936] [--seq 8192]
 //                    [--seqs 8] [--micro 8] [--steps 6] [--warmup 2] [--sync] [--cap-gib 139]
-//                    [--dtype bf16|f16] [--plan JSON] [--trace FILE] [--results FILE]
+//                    [--dtype bf16|f16] [--plan JSON] [--trace FILE] [--results FILE] [--no-priorities]
+//                    [--chunk-bytes N]
 // The attention implementation follows RP_CUDA_ATTENTION (auto = cuDNN when available).
+// --no-priorities: parameter/gradient copies do not yield to activation copies (first come,
+// first served); --chunk-bytes: bulk copies are cut into chunks of N bytes (0: whole copies).
 // tokens/s: median over the measured steps of tokens-per-step / (time between consecutive
 // step completions). MFU = tokens/s * (6 N_matmul + 6 layers q_heads head_dim seq) / 790e12
 // (N_matmul counts every matmul weight incl. the LM head; recompute not counted).
@@ -27,7 +30,8 @@ int main(int argc, char** argv) {
   std::string backend = "cuda", trace, results, dtype = "bf16", plan_json;
   int workers = 1, layers = 28, steps = 6, warmup = 2;
   int64_t hidden = 2048, heads = 16, kv = 8, hd = 128, ffn = 6144, vocab = 151936, seq = 8192, seqs = 8, micro = 8;
-  bool sync = false, qwen3 = true;
+  bool sync = false, qwen3 = true, no_prio = false;
+  int64_t chunk_bytes = 8 << 20;
   double cap = 139;
   app.add_option("--backend", backend);
   app.add_option("--workers", workers);
@@ -49,6 +53,9 @@ int main(int argc, char** argv) {
   app.add_option("--results", results, "append a markdown row here");
   app.add_option("--plan", plan_json, "explicit plan (JSON as in a spec's \"plan\" key)");
   app.add_option("--dtype", dtype, "storage dtype on the GPU")->check(CLI::IsMember({"bf16", "f16"}));
+  app.add_flag("--no-priorities", no_prio, "transfers first come, first served (no cross-stream priority)");
+  app.add_option("--chunk-bytes", chunk_bytes, "cut parameter/gradient copies into chunks of this (0: none)")
+      ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
 
   rp::ModelConfig c;
@@ -85,6 +92,8 @@ int main(int argc, char** argv) {
   o.trace = !trace.empty();
   if (!plan_json.empty())
     o.plan = rp::plan_from_json(nlohmann::json::parse(plan_json), int(m.num_layers()), workers, "--plan");
+  o.transfer_priorities = !no_prio;
+  o.transfer_chunk_bytes = size_t(chunk_bytes);
   auto t0 = std::chrono::steady_clock::now();
   rp::Session s(m, std::move(w), o);
   std::printf("session ready in %.1f s: %s, plan %s\n",
@@ -122,11 +131,13 @@ int main(int argc, char** argv) {
   const double mfu = tps * flops_per_token / 790e12;
   const double peak = s.peak_device_bytes() / double(1ull << 30);
   const char* attn = std::getenv("RP_CUDA_ATTENTION");
-  std::string row = fmt::format("| roundpipe ({} x {}, {}, {}, attention {}) | {:.0f} | {:.3f} | {:.2f} | {:.2f} |",
-                                workers, backend, sync ? "sync" : "async", dtype, attn && *attn ? attn : "auto",
-                                tps, mfu, peak, dt);
-  std::printf("RESULT tokens/s %.1f  MFU %.3f  peak device memory %.2f GiB  step %.3f s  (%s)\n", tps, mfu, peak, dt,
-              s.plan().summary().c_str());
+  const std::string xfer = no_prio ? "no priorities" : "priorities";
+  const std::string chunks = chunk_bytes > 0 ? fmt::format("{} MiB chunks", chunk_bytes / double(1 << 20)) : "no chunks";
+  std::string row = fmt::format("| roundpipe ({} x {}, {}, {}, attention {}, {}, {}) | {:.0f} | {:.3f} | {:.2f} | {:.2f} |",
+                                workers, backend, sync ? "sync" : "async", dtype, attn && *attn ? attn : "auto", xfer,
+                                chunks, tps, mfu, peak, dt);
+  std::printf("RESULT tokens/s %.1f  MFU %.3f  peak device memory %.2f GiB  step %.3f s  (%s; %s, %s)\n", tps, mfu,
+              peak, dt, s.plan().summary().c_str(), xfer.c_str(), chunks.c_str());
   if (!results.empty()) std::ofstream(results, std::ios::app) << row << "\n";
   if (!trace.empty()) s.write_trace(trace);
   return 0;

@@ -56,7 +56,7 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
   check_keys(j,
              {"model", "data", "chat_template", "seq_len", "sequences_per_step", "micro_batches", "accumulation",
               "steps", "max_examples", "optimizer", "lr_schedule", "backend", "workers", "async", "plan", "device_memory_gib",
-              "pcie_gbps", "output_dir", "save_every", "save_dtype", "trace", "seed", "log_every", "comment"},
+              "pcie_gbps", "transfer_priorities", "transfer_chunk_bytes", "output_dir", "save_every", "save_dtype", "trace", "seed", "log_every", "comment"},
              where, "");
   TrainSpec s;
   s.source = where;
@@ -77,6 +77,8 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
   get(j, "async", s.async, where);
   get(j, "device_memory_gib", s.device_memory_gib, where);
   get(j, "pcie_gbps", s.pcie_gbps, where);
+  get(j, "transfer_priorities", s.transfer_priorities, where);
+  get(j, "transfer_chunk_bytes", s.transfer_chunk_bytes, where);
   get(j, "output_dir", s.output_dir, where);
   get(j, "save_every", s.save_every, where);
   get(j, "save_dtype", s.save_dtype, where);
@@ -131,6 +133,7 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
     bad(where, "save_dtype", "\"f32\", \"bf16\" or \"f16\"", s.save_dtype);
   if (s.device_memory_gib <= 0) bad(where, "device_memory_gib", "a number > 0", s.device_memory_gib);
   if (s.pcie_gbps < 0) bad(where, "pcie_gbps", "a number >= 0", s.pcie_gbps);
+  if (s.transfer_chunk_bytes < 0) bad(where, "transfer_chunk_bytes", "an integer >= 0", s.transfer_chunk_bytes);
   if (s.save_every < 0) bad(where, "save_every", "an integer >= 0", s.save_every);
   if (s.output_dir.empty()) bad(where, "output_dir", "a non-empty path", s.output_dir);
   if (s.chat_template != "auto") {

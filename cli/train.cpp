@@ -141,6 +141,8 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
   opt.max_grad_norm = spec.max_grad_norm;
   opt.device.capacity_bytes = size_t(spec.device_memory_gib * double(1ull << 30));
   opt.device.pcie_bytes_per_s = spec.pcie_gbps * 1e9;
+  opt.transfer_priorities = spec.transfer_priorities;
+  opt.transfer_chunk_bytes = size_t(spec.transfer_chunk_bytes);
   // No "plan" key: automatic (analytic estimate, then re-planned from the profile once it
   // settles). An explicit plan is never changed.
   if (!spec.plan.is_null())

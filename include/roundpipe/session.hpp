@@ -72,6 +72,15 @@ struct SessionOptions {
   int pass_slots = 2;            ///< passes in flight (each holds its activations in host memory)
   bool trace = false;            ///< record stream and task intervals (write_trace)
   ProfilingOptions profiling;
+  /// Cross-stream transfer priority (actors/transfer.hpp): parameter and gradient chunks
+  /// yield to activation copies of the same direction, and a prefetched stage's weight
+  /// chunks are packed into the windows between activation uploads. false: first come,
+  /// first served everywhere (also turns off the CPU backend link's own priorities,
+  /// device.pcie_priorities).
+  bool transfer_priorities = true;
+  /// Parameter uploads and gradient downloads above this many bytes are cut into chunks of
+  /// it (0: whole copies); with priorities on, an activation copy waits at most one chunk.
+  size_t transfer_chunk_bytes = size_t(8) << 20;
 };
 
 /// Thrown by wait()/synchronize() when the runtime failed; what() names the worker,

@@ -8,6 +8,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "model/checkpoint.hpp"
 #include "scheduler/profile.hpp"
 
@@ -159,6 +161,22 @@ TEST(Cli, TrainWritesAProfileThatPlanReads) {
   fs::remove_all(d);
 }
 
+// The transfer keys reach the runtime: the trace records the settings the run used.
+TEST(Cli, TransferSettingsFromTheSpecReachTheTrace) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  write(d / "data.jsonl", "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n");
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run",
+                                  ", \"trace\": true, \"transfer_priorities\": false, \"transfer_chunk_bytes\": 4096"));
+  CliRun r = roundpipe("train " + (d / "spec.json").string(), d);
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  std::ifstream f(d / "run/trace.json");
+  auto j = nlohmann::json::parse(f);
+  EXPECT_EQ(j["otherData"]["transfer_priorities"], "off");
+  EXPECT_EQ(j["otherData"]["transfer_chunk_bytes"], "4096");
+  fs::remove_all(d);
+}
+
 TEST(Cli, BadSpecsGiveOneLineNamingTheKey) {
   auto d = tmpdir();
   auto model = tiny_model(d);
@@ -171,6 +189,8 @@ TEST(Cli, BadSpecsGiveOneLineNamingTheKey) {
       {", \"micro_batches\": 0", "key 'micro_batches'"},
       {", \"sequences_per_step\": 3", "not divisible"},
       {", \"backend\": \"tpu\"", "key 'backend'"},
+      {", \"transfer_chunk_bytes\": -1", "key 'transfer_chunk_bytes'"},
+      {", \"transfer_priorities\": \"yes\"", "key 'transfer_priorities': expected true or false"},
       {", \"optimizer\": {\"lr\": 1e-3, \"beta\": 0.9}", "unknown key 'optimizer.beta'"},
       {", \"lr_schedule\": {\"kind\": \"exp\"}", "exp"},
       {", \"plan\": {\"forward\": [[0,1]], \"tail\": [3,3], \"backward\": [[1,0]]}", "tail stage"},
