@@ -197,6 +197,20 @@ caf::behavior shard_impl(caf::stateful_actor<ShardState>* self, std::vector<Shar
         }
         st.scales.erase(st.scales.begin(), st.scales.lower_bound(oldest));
       },
+      [=](ResumeAt& r) -> caf::result<Ack> {
+        // a resumed run: version r.step-1 is in the fp32 master, version r.step-1-s in the
+        // low-precision copy (loaded by the Session), every upload before r.step done
+        for (auto& [g, gs] : self->state.groups) {
+          if (gs.updated != -1 || !gs.uploads_done.empty() || !gs.grads_done.empty() || !gs.weight_waiters.empty() ||
+              !gs.grad_waiters.empty())
+            return caf::make_error(caf::sec::invalid_argument);
+          gs.updated = r.step - 1;
+          gs.published = std::max<int64_t>(r.step - 1 - s, -1);
+          gs.uploads_complete_through = r.step - 1;
+          gs.sumsq_sent = r.step - 1;
+        }
+        return Ack{};
+      },
       [=](Shutdown) { self->quit(); },
   };
 }

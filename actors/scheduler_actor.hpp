@@ -27,6 +27,12 @@ struct SchedulerConfig {
   bool guard = false;
   double max_grad_norm = 0;          ///< > 0: clip the global gradient norm to this
   LossScaler* loss_scaler = nullptr; ///< fp16 loss scaling (owned by the Session), or null
+  /// Optimizer staleness (1 async, 0 sync). With loss scaling, step t's backward uses the
+  /// scale decided after step t-1-staleness (the step whose weights it computes with), so
+  /// the scale of every step is a function of the step outcomes alone, never of timing:
+  /// passes of step t are dispatched only once that scale is known (the weights they need
+  /// wait for the same decision anyway).
+  int staleness = 1;
 };
 
 /// Spawns the scheduler. Wire workers and shards with SetPeers before submitting.
