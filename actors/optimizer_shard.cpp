@@ -1,5 +1,6 @@
 #include "actors/optimizer_shard.hpp"
 
+#include <algorithm>
 #include <deque>
 #include <map>
 #include <memory>
@@ -36,6 +37,9 @@ struct ShardState {
   std::map<int, GroupState> groups;
   std::map<int64_t, StepInfo> closed;
   std::map<int64_t, StepScale> scales;  ///< guarded steps: the scheduler's decision
+  /// Guarded steps: the groups in the order their step-t gradients completed (GradSumSq sent),
+  /// which is the order their updates run in once StepScale{t} arrives (async mode).
+  std::map<int64_t, std::vector<int>> completed;
   std::shared_ptr<ThreadPool> pool;     ///< the shard's optimizer threads (persistent)
   static inline const char* name = "optimizer_shard";
 };
@@ -95,6 +99,7 @@ caf::behavior shard_impl(caf::stateful_actor<ShardState>* self, std::vector<Shar
           if (gs.sumsq_sent < k) {
             self->send(scheduler, GradSumSq{k, gs.g.group, sum_of_squares(grad, n, pool)});
             gs.sumsq_sent = k;
+            self->state.completed[k].push_back(gs.g.group);
           }
           auto sc = self->state.scales.find(k);
           if (sc == self->state.scales.end()) {
@@ -188,10 +193,23 @@ caf::behavior shard_impl(caf::stateful_actor<ShardState>* self, std::vector<Shar
         for (auto& [g, gs] : self->state.groups) pump(gs);
       },
       [=](StepScale& sc) {
+        // Every group of the step was waiting for this scalar; the order they now update in
+        // decides which deadline is met first (docs/architecture.md, "Guarded steps"):
+        //  - async: the next iteration writes its gradients in backward order, and rule 3 makes
+        //    each write wait for this update, so update in the order the gradients completed
+        //    (what rule 4 does without clipping); the next uploads of these weights are an
+        //    iteration later;
+        //  - sync: the next iteration's forward needs the weights first: ascending groups.
         auto& st = self->state;
         st.scales[sc.step] = sc;
+        std::vector<int> order;
+        if (s > 0) order = std::move(st.completed[sc.step]);
+        st.completed.erase(st.completed.begin(), st.completed.upper_bound(sc.step));
+        for (auto& [g, gs] : st.groups)
+          if (std::find(order.begin(), order.end(), g) == order.end()) order.push_back(g);
         int64_t oldest = sc.step;
-        for (auto& [g, gs] : st.groups) {
+        for (int g : order) {
+          auto& gs = st.groups.at(g);
           pump(gs);
           oldest = std::min(oldest, gs.updated + 1);
         }
