@@ -204,6 +204,7 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
   // and the data position all belong to the same step.
   auto save = [&](const std::string& name) {
     session.synchronize();
+    const double t0 = elapsed();
     std::vector<const float*> ptrs;
     for (auto& g : session.master_weights()) ptrs.push_back(g.data());
     const std::string dir = spec.output_dir + "/" + name;
@@ -214,7 +215,7 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
                          write_trainer_state(tmp + "/trainer_state.json",
                                              trainer_state_of(spec, session.steps_closed(), stream.position()));
                        });
-    spdlog::info("saved checkpoint {}", dir);
+    spdlog::info("saved checkpoint {} in {:.1f} s", dir, elapsed() - t0);
   };
 
   auto prev = std::signal(SIGINT, on_sigint);
