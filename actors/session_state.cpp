@@ -261,13 +261,25 @@ OptimizerStateInfo Session::load_optimizer_state(const std::string& path) {
       AdamWState st;
       AdamWOptions o;
       bool has_opts = false;
-      try {
-        load_state(is, st, -1, &o, &has_opts);
-      } catch (const std::runtime_error& e) {
-        r.fail(fmt::format("group '{}': {}", grp.name, e.what()));
+      {
+        // the moment count precedes its checksum: check it before load_state sizes buffers by it
+        // (0 = a group never updated, else the group's size)
+        const auto pos = is.tellg();
+        char head[32];  // magic, version, flags, step, n (optimizer/adamw.hpp save_state)
+        if (!is.read(head, sizeof head))
+          r.fail(fmt::format("truncated optimizer state: the file ends inside the AdamW state of group '{}'", grp.name));
+        int64_t n = 0;
+        std::memcpy(&n, head + 24, 8);
+        if (n != 0 && n != grp.numel)
+          r.fail(fmt::format("group '{}': AdamW moments of {} parameters, expected {} (corrupted optimizer state)",
+                             grp.name, n, grp.numel));
+        is.seekg(pos);
+        try {
+          load_state(is, st, n, &o, &has_opts);
+        } catch (const std::runtime_error& e) {
+          r.fail(fmt::format("group '{}': {}", grp.name, e.what()));
+        }
       }
-      if (!st.m.empty() && int64_t(st.m.size()) != grp.numel)
-        r.fail(fmt::format("group '{}': AdamW moments of {} parameters, expected {}", grp.name, st.m.size(), grp.numel));
       if (!has_opts) r.fail(fmt::format("group '{}': the AdamW state carries no hyper-parameters", grp.name));
       if (!same_except_lr(o, I.opt.adam))
         r.fail(fmt::format("group '{}': saved with {}, this session uses {}; resume with the same optimizer settings",

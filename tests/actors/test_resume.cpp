@@ -279,6 +279,13 @@ TEST(Resume, DamagedFilesGiveOneLineNamingTheFile) {
   b[b.size() - 40] ^= 4;
   write_bytes(bad, b);
   EXPECT_FALSE(expect_load_error(c, bad, "checksum mismatch"));
+  // a damaged moment count (before the AdamW section's checksum): refused before any allocation
+  b = s.bytes;
+  const size_t adam = b.find("RPADAMW1");
+  ASSERT_NE(adam, std::string::npos);
+  b[adam + 24 + 5] = 0x7f;  // n ~ 5e14 parameters
+  write_bytes(bad, b);
+  EXPECT_TRUE(expect_load_error(c, bad, "AdamW moments of"));
   // trailing bytes
   write_bytes(bad, s.bytes + "x");
   EXPECT_FALSE(expect_load_error(c, bad, "trailing bytes"));
