@@ -21,6 +21,8 @@
 //   scheduler -> shard     StepScale           (guarded steps) step t: skip, or the grad_scale to apply
 //   shard     -> scheduler GroupUpdated        group g's step t update is in the fp32 master
 //   any       -> scheduler Failure             a typed error ended a task
+//   session   -> scheduler, shard  ResumeAt    (request, before any pass) continue at step N
+//   session   -> scheduler LossScalesFrom      (request) loss scales decided for steps >= N
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -134,6 +136,24 @@ struct StepResult {
   float loss_scale = 1.f;  ///< loss scale the step's backward used
 };
 struct Shutdown {};
+/// Session -> scheduler and every shard (request, answered with Ack), before any pass of a
+/// resumed run: steps 0..step-1 happened in an earlier run. Shards then hold version step-1
+/// in the fp32 master and version step-1-s in the low-precision copy (the Session loaded
+/// both), with every upload of iterations < step complete. `loss_scales[i]` is the loss
+/// scale of step step+i (i = 0..staleness) for the scheduler; empty without loss scaling.
+struct ResumeAt {
+  int64_t step = 0;
+  std::vector<float> loss_scales;
+};
+struct Ack {};
+/// Session -> scheduler (request): the loss scales already decided for steps step,
+/// step+1, ... (at most staleness+1 of them, stopping at the first undecided one).
+struct LossScalesFrom {
+  int64_t step = 0;
+};
+struct LossScales {
+  std::vector<float> scales;
+};
 
 }  // namespace rp
 
@@ -158,3 +178,7 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::SubmitPass)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::WaitStep)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::StepResult)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::Shutdown)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::ResumeAt)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::Ack)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::LossScalesFrom)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::LossScales)

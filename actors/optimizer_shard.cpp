@@ -1,5 +1,6 @@
 #include "actors/optimizer_shard.hpp"
 
+#include <algorithm>
 #include <deque>
 #include <map>
 #include <memory>
@@ -43,6 +44,9 @@ struct ShardState {
   std::map<int, GroupState> groups;
   std::map<int64_t, StepInfo> closed;
   std::map<int64_t, StepScale> scales;  ///< guarded steps: the scheduler's decision
+  /// Guarded steps: the groups in the order their step-t gradients completed (GradSumSq sent),
+  /// which is the order their updates run in once StepScale{t} arrives (async mode).
+  std::map<int64_t, std::vector<int>> completed;
   std::shared_ptr<ThreadPool> pool;     ///< the shard's optimizer threads (persistent)
   static inline const char* name = "optimizer_shard";
 };
@@ -103,6 +107,7 @@ caf::behavior shard_impl(caf::stateful_actor<ShardState>* self, std::vector<Shar
           if (gs.sumsq_sent < k) {
             self->send(scheduler, GradSumSq{k, gs.g.group, sum_of_squares(grad, n, pool)});
             gs.sumsq_sent = k;
+            self->state.completed[k].push_back(gs.g.group);
           }
           auto sc = self->state.scales.find(k);
           if (sc == self->state.scales.end()) {
@@ -196,14 +201,41 @@ caf::behavior shard_impl(caf::stateful_actor<ShardState>* self, std::vector<Shar
         for (auto& [g, gs] : self->state.groups) pump(gs);
       },
       [=](StepScale& sc) {
+        // Every group of the step was waiting for this scalar; the order they now update in
+        // decides which deadline is met first (docs/architecture.md, "Guarded steps"):
+        //  - async: the next iteration writes its gradients in backward order, and rule 3 makes
+        //    each write wait for this update, so update in the order the gradients completed
+        //    (what rule 4 does without clipping); the next uploads of these weights are an
+        //    iteration later;
+        //  - sync: the next iteration's forward needs the weights first: ascending groups.
         auto& st = self->state;
         st.scales[sc.step] = sc;
+        std::vector<int> order;
+        if (s > 0) order = std::move(st.completed[sc.step]);
+        st.completed.erase(st.completed.begin(), st.completed.upper_bound(sc.step));
+        for (auto& [g, gs] : st.groups)
+          if (std::find(order.begin(), order.end(), g) == order.end()) order.push_back(g);
         int64_t oldest = sc.step;
-        for (auto& [g, gs] : st.groups) {
+        for (int g : order) {
+          auto& gs = st.groups.at(g);
           pump(gs);
           oldest = std::min(oldest, gs.updated + 1);
         }
         st.scales.erase(st.scales.begin(), st.scales.lower_bound(oldest));
+      },
+      [=](ResumeAt& r) -> caf::result<Ack> {
+        // a resumed run: version r.step-1 is in the fp32 master, version r.step-1-s in the
+        // low-precision copy (loaded by the Session), every upload before r.step done
+        for (auto& [g, gs] : self->state.groups) {
+          if (gs.updated != -1 || !gs.uploads_done.empty() || !gs.grads_done.empty() || !gs.weight_waiters.empty() ||
+              !gs.grad_waiters.empty())
+            return caf::make_error(caf::sec::invalid_argument);
+          gs.updated = r.step - 1;
+          gs.published = std::max<int64_t>(r.step - 1 - s, -1);
+          gs.uploads_complete_through = r.step - 1;
+          gs.sumsq_sent = r.step - 1;
+        }
+        return Ack{};
       },
       [=](Shutdown) { self->quit(); },
   };

@@ -52,6 +52,8 @@ struct SchedState {
   std::shared_ptr<const IterationPlan> plan;  ///< the plan the next pass is dealt with
   int64_t replans = 0;
   std::vector<std::string> replan_log;
+  /// Loss scaling: the scale of step t, known once step t-1-staleness is decided.
+  std::map<int64_t, float> scale_for_step;
   static inline const char* name = "scheduler";
 };
 
@@ -85,6 +87,8 @@ caf::behavior scheduler_impl(caf::stateful_actor<SchedState>* self, SchedulerCon
   if (self->state.cfg.guard) self->state.norms = std::make_unique<StepNormReducer>(self->state.cfg.num_groups);
   for (int i = int(self->state.cfg.pass_slots.size()) - 1; i >= 0; --i) self->state.free_slots.push_back(i);
   self->state.plan = std::make_shared<const IterationPlan>(self->state.cfg.plan);
+  if (auto* ls = self->state.cfg.loss_scaler)
+    for (int64_t t = 0; t <= self->state.cfg.staleness; ++t) self->state.scale_for_step[t] = ls->scale();
 
   auto finish_step_if_done = [self](int64_t step) {
     auto& st = self->state;
@@ -131,6 +135,13 @@ caf::behavior scheduler_impl(caf::stateful_actor<SchedState>* self, SchedulerCon
   auto dispatch = [self, close_if_ready, plan_for_next_pass] {
     auto& st = self->state;
     while (!st.pending.empty() && !st.free_slots.empty() && st.failed.empty()) {
+      float loss_scale = 1.f;
+      if (st.cfg.loss_scaler) {
+        // the step's scale is decided with the outcome of step t-1-staleness
+        auto sc = st.scale_for_step.find(st.pending.front().step);
+        if (sc == st.scale_for_step.end()) break;
+        loss_scale = sc->second;
+      }
       SubmitPass sp = std::move(st.pending.front());
       st.pending.pop_front();
       int slot = st.free_slots.back();
@@ -161,6 +172,7 @@ caf::behavior scheduler_impl(caf::stateful_actor<SchedState>* self, SchedulerCon
         for (size_t g = 0; g < up.size(); ++g) si.uploads[g] += up[g], si.grads[g] += gr[g];
       }
       si.passes_dealt++;
+      si.loss_scale = loss_scale;
       auto who = deal_round_robin(plan, int(st.workers.size()), st.deal_pointer);
       for (size_t s = 0; s < plan.stages.size(); ++s) {
         RunStage rs;
@@ -185,12 +197,7 @@ caf::behavior scheduler_impl(caf::stateful_actor<SchedState>* self, SchedulerCon
       [=](SubmitPass& sp) {
         auto& st = self->state;
         auto& si = st.steps[sp.step];
-        if (si.passes_submitted == 0) {
-          si.t_first = std::chrono::steady_clock::now();
-          // fixed at the step's first pass: in async mode the previous step's outcome
-          // (and so a backoff) may still be unknown
-          if (st.cfg.loss_scaler) si.loss_scale = st.cfg.loss_scaler->scale();
-        }
+        if (si.passes_submitted == 0) si.t_first = std::chrono::steady_clock::now();
         si.passes_submitted++;
         for (int32_t t : *sp.targets) si.tokens += t >= 0;
         st.pending.push_back(std::move(sp));
@@ -229,6 +236,12 @@ caf::behavior scheduler_impl(caf::stateful_actor<SchedState>* self, SchedulerCon
         if (si.tokens <= 0) si.decision.grad_scale = 0.f;
         for (auto& sh : st.shards)
           self->send(sh, StepScale{g.step, si.decision.skip, si.decision.grad_scale});
+        if (st.cfg.loss_scaler) {
+          // decisions arrive in step order (a group's step t+1 sum follows its step t update)
+          st.scale_for_step[g.step + 1 + st.cfg.staleness] = st.cfg.loss_scaler->scale();
+          st.scale_for_step.erase(st.scale_for_step.begin(), st.scale_for_step.lower_bound(g.step));
+          dispatch();
+        }
       },
       [=](LayerTimings& lt) {
         auto& st = self->state;
@@ -271,6 +284,26 @@ caf::behavior scheduler_impl(caf::stateful_actor<SchedState>* self, SchedulerCon
           for (auto& w : si.waiters) w.deliver(result_of(k, si, st.failed));
           si.waiters.clear();
         }
+      },
+      [=](ResumeAt& r) -> caf::result<Ack> {
+        auto& st = self->state;
+        if (!st.steps.empty() || st.next_pass != 0) return caf::make_error(caf::sec::invalid_argument);
+        if (st.cfg.loss_scaler) {
+          if (r.loss_scales.size() != size_t(st.cfg.staleness + 1)) return caf::make_error(caf::sec::invalid_argument);
+          st.scale_for_step.clear();
+          for (size_t i = 0; i < r.loss_scales.size(); ++i) st.scale_for_step[r.step + int64_t(i)] = r.loss_scales[i];
+        }
+        return Ack{};
+      },
+      [=](LossScalesFrom& q) {
+        LossScales out;
+        auto& m = self->state.scale_for_step;
+        for (int64_t t = q.step; t <= q.step + self->state.cfg.staleness; ++t) {
+          auto it = m.find(t);
+          if (it == m.end()) break;
+          out.scales.push_back(it->second);
+        }
+        return out;
       },
       [=](Shutdown) {
         for (auto& w : self->state.workers) self->send(w, Shutdown{});

@@ -44,6 +44,12 @@ struct SchedulerConfig {
   std::function<void(HostBytes&)> on_new_host_buffer;
   /// Receives the one-line re-planning message; may be empty.
   std::function<void(const std::string&)> log;
+  /// Optimizer staleness (1 async, 0 sync). With loss scaling, step t's backward uses the
+  /// scale decided after step t-1-staleness (the step whose weights it computes with), so
+  /// the scale of every step is a function of the step outcomes alone, never of timing:
+  /// passes of step t are dispatched only once that scale is known (the weights they need
+  /// wait for the same decision anyway).
+  int staleness = 1;
 };
 
 /// Counts, for one pass of `plan`, how many stages upload (`uploads`) and how many produce

@@ -11,60 +11,10 @@
 
 #include "actors/optimizer_shard.hpp"
 #include "actors/scheduler_actor.hpp"
-#include "actors/tracer.hpp"
+#include "actors/session_impl.hpp"
 #include "actors/worker.hpp"
 
 namespace rp {
-
-struct Session::Impl {
-  ModelLayout layout;
-  SessionOptions opt;
-  IterationPlan plan;
-  std::vector<std::vector<float>> master;
-  std::vector<AdamWState> adam;
-  std::unique_ptr<LossScaler> scaler;
-  std::unique_ptr<ParamStore> store;
-  std::vector<std::unique_ptr<Layer>> layers;
-  std::unique_ptr<Tracer> tracer;
-  std::vector<std::unique_ptr<Device>> devices;  // destroyed after the actor system
-  std::unique_ptr<caf::actor_system_config> cfg;
-  std::unique_ptr<caf::actor_system> sys;
-  caf::actor scheduler;
-  int64_t current_step = 0;
-  int64_t passes_in_step = 0;
-  int64_t waited_through = -1;
-  std::mutex pin_mu;           // pin() also runs on the scheduler's thread (re-planned buffers)
-  std::vector<void*> pinned;  // host blocks pinned through devices[0]
-  std::vector<std::shared_ptr<PassBuffers>> slots;
-
-  ~Impl() {
-    if (sys) {
-      caf::anon_send(scheduler, Shutdown{});
-      sys->await_all_actors_done();
-      sys.reset();
-    }
-    for (auto& d : devices)
-      for (int k = 0; k < kNumStreams; ++k) d->stream(StreamKind(k)).synchronize();
-    if (!devices.empty())
-      for (void* p : pinned) devices[0]->unpin_host(p);
-  }
-
-  void pin(HostBytes& b) {
-    std::lock_guard lk(pin_mu);
-    devices[0]->pin_host(b.data(), b.size());
-    pinned.push_back(b.data());
-  }
-
-  RuntimeInfo info() const {
-    caf::scoped_actor self{*sys};
-    RuntimeInfo out;
-    std::string err;
-    self->request(scheduler, caf::infinite, GetRuntimeInfo{})
-        .receive([&](RuntimeInfo& r) { out = std::move(r); }, [&](caf::error& e) { err = to_string(e); });
-    if (!err.empty()) throw RuntimeFailure("runtime: " + err);
-    return out;
-  }
-};
 
 /// Bytes of host memory available for new allocations (MemAvailable), or 0 if unknown.
 static size_t host_available_bytes() {
@@ -192,8 +142,10 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
   I.sys = std::make_unique<caf::actor_system>(*I.cfg);
 
   if (opt.loss_scaling) {
-    if (dt != DType::f16)
-      throw std::invalid_argument("loss_scaling needs the f16 compute dtype (bf16 and f32 do not overflow)");
+    if (dt != DType::f16 && !opt.allow_loss_scaling_any_dtype)
+      throw std::invalid_argument(fmt::format("loss_scaling needs the f16 compute dtype, the {} backend computes in {} "
+                                              "(bf16 and f32 do not need it)",
+                                              backend, dtype_name(dt)));
     I.scaler = std::make_unique<LossScaler>(*opt.loss_scaling);
   }
   const bool guard = opt.max_grad_norm > 0 || opt.skip_nonfinite || opt.loss_scaling.has_value();
@@ -223,6 +175,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
   }
   sc.on_new_host_buffer = [impl = &I](HostBytes& b) { impl->pin(b); };
   sc.log = log;
+  sc.staleness = opt.async ? 1 : 0;
   for (int i = 0; i < opt.pass_slots; ++i)
     sc.pass_slots.push_back(std::make_shared<PassBuffers>(layout, I.plan, opt.micro_batches, opt.micro, dt));
   // Pin every host buffer the copy streams touch (no-op on the CPU backend).
@@ -287,6 +240,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
     ctx.transfer.chunk_bytes = opt.transfer_chunk_bytes;
     workers.push_back(spawn_worker(*I.sys, std::move(ctx)));
   }
+  I.shards = shards;
   caf::anon_send(I.scheduler, SetPeers{workers, shards});
 }
 
@@ -294,6 +248,7 @@ Session::~Session() = default;
 
 void Session::forward_backward(const std::vector<int32_t>& ids, const std::vector<int32_t>& targets) {
   Impl& I = *impl_;
+  I.check_usable("forward_backward");
   const size_t n = size_t(I.opt.micro_batches * I.opt.micro.tokens());
   if (ids.size() != n || targets.size() != n)
     throw std::invalid_argument(fmt::format(
@@ -318,6 +273,7 @@ void Session::forward_backward(const std::vector<int32_t>& ids, const std::vecto
 
 int64_t Session::step(double lr) {
   Impl& I = *impl_;
+  I.check_usable("step");
   if (I.passes_in_step == 0) throw std::logic_error("step() called without a forward_backward() pass in this step");
   caf::anon_send(I.scheduler, CloseStepRequest{I.current_step, lr});
   I.passes_in_step = 0;
@@ -326,8 +282,11 @@ int64_t Session::step(double lr) {
 
 StepResult Session::wait(int64_t t) {
   Impl& I = *impl_;
-  if (t < 0 || t >= I.current_step)
-    throw std::invalid_argument(fmt::format("wait({}): only steps 0..{} are closed", t, I.current_step - 1));
+  if (t < I.first_step || t >= I.current_step)
+    throw std::invalid_argument(
+        I.first_step > 0 ? fmt::format("wait({}): this session resumed at step {}; steps {}..{} are closed", t,
+                                       I.first_step, I.first_step, I.current_step - 1)
+                         : fmt::format("wait({}): only steps 0..{} are closed", t, I.current_step - 1));
   caf::scoped_actor self{*I.sys};
   StepResult out;
   std::string err;

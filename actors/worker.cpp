@@ -446,6 +446,7 @@ class Worker : public caf::event_based_actor {
       ta.x = s.xs[k - 1].get();
       ta.targets = s.targets.as<int32_t>();
       ta.loss = s.loss.as<float>();
+      ta.loss_scale = t.rs.loss_scale;
       ta.dx = k == 1 ? s.out.get() : t.tmp[0].get();
       bwd.emplace_back(t.layers[k - 1], ta);
       const void* dy = ta.dx;

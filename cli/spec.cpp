@@ -56,7 +56,8 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
   check_keys(j,
              {"model", "data", "chat_template", "seq_len", "sequences_per_step", "micro_batches", "accumulation",
               "steps", "max_examples", "optimizer", "lr_schedule", "backend", "workers", "async", "plan", "device_memory_gib",
-              "pcie_gbps", "transfer_priorities", "transfer_chunk_bytes", "output_dir", "save_every", "save_dtype", "trace", "seed", "log_every", "comment"},
+              "pcie_gbps", "transfer_priorities", "transfer_chunk_bytes", "output_dir", "save_every", "save_dtype", "trace",
+              "seed", "log_every", "compute_dtype", "loss_scaling", "resume_from", "comment"},
              where, "");
   TrainSpec s;
   s.source = where;
@@ -85,6 +86,36 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
   get(j, "trace", s.trace, where);
   get(j, "seed", s.seed, where);
   get(j, "log_every", s.log_every, where);
+  get(j, "compute_dtype", s.compute_dtype, where);
+  if (s.compute_dtype != "bf16" && s.compute_dtype != "f16") bad(where, "compute_dtype", "\"bf16\" or \"f16\"", s.compute_dtype);
+  get(j, "resume_from", s.resume_from, where);
+  if (j.contains("resume_from") && s.resume_from.empty()) bad(where, "resume_from", "a checkpoint folder", j["resume_from"]);
+  if (s.compute_dtype == "f16") s.loss_scaling = LossScalerOptions{};
+  if (j.contains("loss_scaling")) {
+    const auto& l = j["loss_scaling"];
+    if (l.is_boolean()) {
+      s.loss_scaling = l.get<bool>() ? std::optional<LossScalerOptions>(LossScalerOptions{}) : std::nullopt;
+    } else if (l.is_object()) {
+      check_keys(l, {"init_scale", "growth_factor", "backoff_factor", "growth_interval"}, where, "loss_scaling.");
+      LossScalerOptions o;
+      get(l, "init_scale", o.init_scale, where, "loss_scaling.");
+      get(l, "growth_factor", o.growth_factor, where, "loss_scaling.");
+      get(l, "backoff_factor", o.backoff_factor, where, "loss_scaling.");
+      get(l, "growth_interval", o.growth_interval, where, "loss_scaling.");
+      try {
+        o.validate();
+      } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument(fmt::format("{}: key 'loss_scaling': {}", where, e.what()));
+      }
+      s.loss_scaling = o;
+    } else {
+      bad(where, "loss_scaling", "true, false or an object {init_scale, growth_factor, backoff_factor, growth_interval}", l);
+    }
+    if (s.loss_scaling && s.compute_dtype != "f16")
+      throw std::invalid_argument(fmt::format(
+          "{}: key 'loss_scaling': needs \"compute_dtype\": \"f16\" (bf16 and the CPU backend's f32 do not overflow)",
+          where));
+  }
   if (j.contains("plan")) s.plan = j["plan"];
   if (j.contains("optimizer")) {
     const auto& o = j["optimizer"];

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "optimizer/adamw.hpp"
+#include "optimizer/loss_scale.hpp"
 #include "optimizer/lr_schedule.hpp"
 
 namespace rp {
@@ -39,6 +40,11 @@ struct TrainSpec {
   bool trace = false;                ///< write output_dir/trace.json
   uint64_t seed = 0;                 ///< data order
   int64_t log_every = 1;
+  std::string compute_dtype = "bf16";  ///< CUDA backend: bf16 | f16 (the CPU backend computes in f32)
+  /// fp16 dynamic loss scaling ("loss_scaling": true/false or {init_scale, growth_factor,
+  /// backoff_factor, growth_interval}); default: on iff compute_dtype is f16.
+  std::optional<LossScalerOptions> loss_scaling;
+  std::string resume_from;           ///< checkpoint folder to resume from ("" = a fresh run)
 };
 
 /// Parses a spec object. Unknown keys, wrong types and inconsistent values throw

@@ -1,4 +1,5 @@
 #include "cli/train.hpp"
+#include "cli/train_state.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -68,6 +69,7 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
   if (ov.workers > 0) spec.workers = ov.workers;
   if (!ov.backend.empty()) spec.backend = ov.backend;
   if (!ov.output_dir.empty()) spec.output_dir = ov.output_dir;
+  if (!ov.resume.empty()) spec.resume_from = ov.resume;
   const auto t_start = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count(); };
 
@@ -84,9 +86,30 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
     remove_stale_temporaries(spec.output_dir);
   }
 
+  // ---- resume: check the checkpoint's trainer state before loading anything ------
+  const bool resuming = !spec.resume_from.empty();
+  std::string rdir = spec.resume_from;
+  while (rdir.size() > 1 && rdir.back() == '/') rdir.pop_back();
+  TrainerState saved;
+  if (resuming) {
+    std::error_code ec;
+    if (!fs::is_directory(rdir, ec))
+      throw std::invalid_argument(fmt::format("{}: cannot resume: not a checkpoint folder", rdir));
+    saved = read_trainer_state(rdir + "/trainer_state.json");
+    if (!fs::exists(rdir + "/optimizer.bin", ec))
+      throw std::runtime_error(fmt::format("{}/optimizer.bin: missing (expected the optimizer state next to "
+                                           "trainer_state.json)", rdir));
+    if (saved.step >= spec.steps)
+      throw std::invalid_argument(fmt::format("{}: the checkpoint is at step {} and the spec trains {} steps; nothing "
+                                              "is left to do (raise 'steps' or pass --steps)",
+                                              rdir, saved.step, spec.steps));
+  }
+
   // ---- model, tokenizer, data ------------------------------------------------
-  spdlog::info("loading model {}", spec.model);
-  LoadedModel lm = load_model(spec.model);
+  // a resumed run takes weights, config and tokenizer from the checkpoint
+  const std::string model_path = resuming ? rdir : spec.model;
+  spdlog::info("loading model {}", model_path);
+  LoadedModel lm = load_model(model_path);
   ModelLayout layout = make_layout(lm.config);
   std::vector<std::vector<float>> weights;
   fill_groups(lm, layout, weights);
@@ -97,8 +120,8 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
                c.intermediate_size, c.vocab_size, c.num_parameters() / 1e6,
                c.tie_word_embeddings ? ", tied embeddings" : "");
   if (lm.tokenizer_json.is_null())
-    throw std::runtime_error(spec.model + ": the model carries no tokenizer (tokenizer.json)");
-  Tokenizer tok = Tokenizer::from_json(lm.tokenizer_json, spec.model + " tokenizer");
+    throw std::runtime_error(model_path + ": the model carries no tokenizer (tokenizer.json)");
+  Tokenizer tok = Tokenizer::from_json(lm.tokenizer_json, model_path + " tokenizer");
   if (c.eos_token_id >= 0) tok.set_eos_id(int32_t(c.eos_token_id));
   ChatTemplate chat = ChatTemplate::chatml;
   if (spec.chat_template == "auto")
@@ -141,6 +164,8 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
   opt.max_grad_norm = spec.max_grad_norm;
   opt.device.capacity_bytes = size_t(spec.device_memory_gib * double(1ull << 30));
   opt.device.pcie_bytes_per_s = spec.pcie_gbps * 1e9;
+  opt.device.dtype = parse_dtype(spec.compute_dtype);
+  opt.loss_scaling = spec.loss_scaling;
   opt.transfer_priorities = spec.transfer_priorities;
   opt.transfer_chunk_bytes = size_t(spec.transfer_chunk_bytes);
   // No "plan" key: automatic (analytic estimate, then re-planned from the profile once it
@@ -149,6 +174,23 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
     opt.plan = plan_from_json(spec.plan, layout.num_layers(), spec.workers, spec.source + ": key 'plan'");
   opt.trace = spec.trace;
   Session session(layout, std::move(weights), opt);
+  int64_t start = 0;
+  if (resuming) {
+    const std::string state = rdir + "/optimizer.bin";
+    OptimizerStateInfo info = session.load_optimizer_state(state);
+    if (info.steps != saved.step)
+      throw std::runtime_error(fmt::format("{}: holds the state after step {}, trainer_state.json says step {}", state,
+                                           info.steps, saved.step));
+    if (!info.has_master && saved.save_dtype != "f32")
+      throw std::runtime_error(fmt::format("{}: holds no fp32 master weights and model.safetensors is {} (expected "
+                                           "the master in one of them)",
+                                           state, saved.save_dtype));
+    for (const auto& d : resume_differences(saved, spec))
+      spdlog::warn("resuming with {}; the run will not reproduce an uninterrupted one", d);
+    stream.seek(saved.data_position);
+    start = saved.step;
+    spdlog::info("resuming {} at step {} (data position {})", rdir, start, saved.data_position);
+  }
   spdlog::info("runtime: {} x {}, {} optimizer, {} plan {} ({} stages), {} micro-batches of {} x {} tokens",
                spec.workers, session.device_name(), spec.async ? "staleness-1 async" : "synchronous",
                opt.plan ? "explicit" : "automatic", session.initial_plan().summary(),
@@ -156,9 +198,11 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
 
   fs::create_directories(spec.output_dir);
   const std::string csv_path = spec.output_dir + "/metrics.csv";
-  std::ofstream csv(csv_path, std::ios::trunc);
+  const std::string csv_header = "step,loss,target_tokens,tokens_per_s,lr,elapsed_s,grad_norm,loss_scale,skipped\n";
+  if (resuming) truncate_metrics(csv_path, start, csv_header);  // rows of a later, abandoned attempt go
+  std::ofstream csv(csv_path, resuming ? std::ios::app : std::ios::trunc);
   if (!csv) throw std::runtime_error(csv_path + ": cannot write");
-  csv << "step,loss,target_tokens,tokens_per_s,lr,elapsed_s,grad_norm\n";
+  if (!resuming) csv << csv_header;
   const DType save_dtype = parse_dtype(spec.save_dtype);
   // The measured per-layer profile, for `roundpipe plan --profile` (written atomically).
   const std::string profile_path = spec.output_dir + "/profile.json";
@@ -166,19 +210,30 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
     session.profile().save(profile_path);
     spdlog::info("saved profile {}", profile_path);
   };
+  // A checkpoint is a consistent snapshot: every closed step applied, none in flight (the
+  // caller has not submitted the next step's passes), so the weights, the optimizer state
+  // and the data position all belong to the same step.
   auto save = [&](const std::string& name) {
+    session.synchronize();
+    const double t0 = elapsed();
     std::vector<const float*> ptrs;
     for (auto& g : session.master_weights()) ptrs.push_back(g.data());
     const std::string dir = spec.output_dir + "/" + name;
-    save_hf_checkpoint(dir, layout, ptrs, lm.tokenizer_json, lm.chat_template, save_dtype);
-    spdlog::info("saved checkpoint {}", dir);
+    save_hf_checkpoint(dir, layout, ptrs, lm.tokenizer_json, lm.chat_template, save_dtype,
+                       [&](const std::string& tmp) {
+                         // model.safetensors holds the fp32 master exactly only when saved in f32
+                         session.save_optimizer_state(tmp + "/optimizer.bin", save_dtype != DType::f32);
+                         write_trainer_state(tmp + "/trainer_state.json",
+                                             trainer_state_of(spec, session.steps_closed(), stream.position()));
+                       });
+    spdlog::info("saved checkpoint {} in {:.1f} s", dir, elapsed() - t0);
     save_profile();
   };
 
   auto prev = std::signal(SIGINT, on_sigint);
   const int64_t tokens_per_step = spec.sequences_per_step * spec.seq_len;
   double last_report = 0;
-  int64_t reported = -1;
+  int64_t reported = start - 1;
   auto report = [&](int64_t t) {
     StepResult r = session.wait(t);
     const double now = elapsed();
@@ -189,21 +244,21 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
     const double tps = dt > 0 ? double(tokens_per_step * nsteps) / dt : 0;
     const double loss = r.tokens > 0 ? r.loss_sum / r.tokens : 0;
     const double lr = spec.lr_schedule.at(t);
-    const double eta = (now / double(t + 1)) * double(spec.steps - t - 1);
-    csv << fmt::format("{},{:.6f},{},{:.1f},{:.6g},{:.3f},{:.6g}\n", t + 1, loss, int64_t(r.tokens), tps, lr, now,
-                       r.grad_norm);
+    const double eta = (now / double(t + 1 - start)) * double(spec.steps - t - 1);
+    csv << fmt::format("{},{:.6f},{},{:.1f},{:.6g},{:.3f},{:.6g},{:.6g},{}\n", t + 1, loss, int64_t(r.tokens), tps, lr,
+                       now, r.grad_norm, r.loss_scale, r.skipped ? 1 : 0);
     csv.flush();
     if ((t + 1) % spec.log_every == 0 || t + 1 == spec.steps)
       fmt::print("step {:>5}/{} | loss {:.4f} | {:>8.1f} tokens/s | lr {:.3e}{} | elapsed {} | ETA {}\n", t + 1,
                  spec.steps, loss, tps, lr,
-                 spec.max_grad_norm > 0 ? fmt::format(" | grad norm {:.3f}", r.grad_norm) : std::string(),
+                 (spec.max_grad_norm > 0 ? fmt::format(" | grad norm {:.3f}", r.grad_norm) : std::string()) +
+                     (spec.loss_scaling ? fmt::format(" | scale {:g}{}", r.loss_scale, r.skipped ? " (skipped)" : "")
+                                        : std::string()),
                  fmt_duration(now), fmt_duration(eta));
     std::fflush(stdout);
-    if (spec.save_every > 0 && (t + 1) % spec.save_every == 0 && t + 1 < spec.steps)
-      save(fmt::format("checkpoint-{}", t + 1));
   };
 
-  int64_t t = 0;
+  int64_t t = start;
   for (; t < spec.steps && !g_interrupted; ++t) {
     for (int64_t a = 0; a < spec.accumulation; ++a) {
       TokenBatch b = stream.next(per_pass);
@@ -214,11 +269,18 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
       session.forward_backward(b.ids, b.targets);
     }
     session.step(spec.lr_schedule.at(t));
-    // Report one step behind: with the staleness-1 optimizer the next pass is already
-    // queued while step t-1's update finishes.
-    if (t >= 1) report(t - 1);
+    if (spec.save_every > 0 && (t + 1) % spec.save_every == 0 && t + 1 < spec.steps) {
+      // drain before the next step's passes: the pipeline refills after the save, and
+      // the results do not change (step t+1 computes with the weights of step t-1 anyway)
+      for (int64_t k = reported + 1; k <= t; ++k) report(k);
+      save(fmt::format("checkpoint-{}", t + 1));
+    } else if (t > start && reported < t - 1) {
+      // Report one step behind: with the staleness-1 optimizer the next pass is already
+      // queued while step t-1's update finishes.
+      report(t - 1);
+    }
   }
-  if (t >= 1 && reported < t - 1) report(t - 1);
+  for (int64_t k = reported + 1; k < t; ++k) report(k);
   session.synchronize();
   if (spec.trace) {
     session.write_trace(spec.output_dir + "/trace.json");
@@ -232,7 +294,9 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
   }
   save("final");  // still under our SIGINT handler: a Ctrl-C now cannot cut the checkpoint
   std::signal(SIGINT, prev);
-  fmt::print("done: {} steps in {}, peak device memory {:.1f} MiB per worker, metrics in {}, plan {}\n", spec.steps,
+  fmt::print("done: {} steps{} in {}, peak device memory {:.1f} MiB per worker, metrics in {}, plan {}\n",
+             spec.steps - start,
+             start > 0 ? fmt::format(" (resumed at step {}, {} in all)", start, spec.steps) : std::string(),
              fmt_duration(elapsed()), session.peak_device_bytes() / 1048576.0, csv_path, session.plan().summary());
   return 0;
 }

@@ -200,9 +200,15 @@ class Ops {
   /// (grad_dtype()). Tokens are processed kCeChunk at a time (ignored ones skipped),
   /// so only [kCeChunk, V] logits exist at once.
   /// scratch: lm_head_ce_scratch_bytes(T, H, V) bytes.
+  /// loss_scale (unitless, finite and > 0, default 1): dh and the dw contribution are the
+  /// gradients of loss_scale * sum_t loss_t (fp16 dynamic loss scaling); loss[] is unscaled.
+  /// The scale multiplies the products in fp32 (the dlogits are never scaled in storage), so
+  /// an overflow shows up as inf in dh (16-bit) or dw. Throws std::invalid_argument for a
+  /// non-finite or non-positive loss_scale.
   virtual void lm_head_cross_entropy(const void* h, const void* w, const int32_t* targets,
                                      int64_t T, int64_t H, int64_t V, float* loss,
-                                     void* dh, void* dw, void* scratch) = 0;
+                                     void* dh, void* dw, void* scratch,
+                                     float loss_scale = 1.0f) = 0;
   /// Scratch bytes lm_head_cross_entropy may use, on every backend (static contract):
   /// R*(V + 2*H) fp32 (logits / dlogits of one chunk, gathered h and dh rows) + R int32
   /// (token indices), R = clamp(T, kCeChunk, kCeMaxRows). The CPU backend uses kCeChunk

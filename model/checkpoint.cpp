@@ -207,7 +207,7 @@ void fill_groups(const LoadedModel& m, const ModelLayout& layout,
 void save_hf_checkpoint(const std::string& dir_in, const ModelLayout& layout,
                         const std::vector<const float*>& group_data,
                         const nlohmann::json& tokenizer_json, const std::string& chat_template,
-                        DType dtype) {
+                        DType dtype, const std::function<void(const std::string& tmp_dir)>& extra) {
   if (group_data.size() != layout.groups.size())
     throw std::invalid_argument(fmt::format("save_hf_checkpoint: {} group buffers for {} groups",
                                             group_data.size(), layout.groups.size()));
@@ -248,6 +248,8 @@ void save_hf_checkpoint(const std::string& dir_in, const ModelLayout& layout,
                                       chat_template, c.max_position_embeddings);
       write_text(tmp / "tokenizer_config.json", dump_json(tc, tmp / "tokenizer_config.json"));
     }
+
+    if (extra) extra(tmp.string());
 
     // Swap into place: the old checkpoint is removed only once the new one is there.
     const bool had_old = fs::exists(dir, ec);

@@ -1,6 +1,7 @@
 // Loading a model (GGUF file or Hugging Face folder) into fp32 host tensors, copying it into
 // the runtime's parameter groups, and saving Hugging Face checkpoints atomically.
 #pragma once
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -50,10 +51,14 @@ void fill_groups(const LoadedModel& m, const ModelLayout& layout,
 /// `dir` is moved aside and removed only after the new one is in place), so a failure never
 /// leaves a partial checkpoint and keeps any previous one. Throws std::invalid_argument for a
 /// wrong number of groups, std::runtime_error("<file>: <what>") for I/O failures.
+/// `extra` (optional) is called with the temporary folder after the model files are written
+/// and before the rename, to add files that must appear atomically with the checkpoint (the
+/// trainer's optimizer state); an exception from it aborts the save like any other failure.
 void save_hf_checkpoint(const std::string& dir, const ModelLayout& layout,
                         const std::vector<const float*>& group_data,
                         const nlohmann::json& tokenizer_json, const std::string& chat_template,
-                        DType dtype);
+                        DType dtype,
+                        const std::function<void(const std::string& tmp_dir)>& extra = {});
 
 /// load_model(gguf) + save_hf_checkpoint(out_dir, ...) in `dtype` (default fp32: dequantized
 /// GGUF values are exact in fp32).

@@ -53,6 +53,9 @@ struct LayerArgs {
   void* dx = nullptr;                 ///< backward output: gradient w.r.t. x [T, hidden]
   /// Tail only: device float[2], receives {sum of token losses, number of target tokens}.
   float* loss = nullptr;
+  /// Tail backward only: the gradients are those of loss_scale * loss sum (fp16 dynamic
+  /// loss scaling; unitless, finite, > 0). The reported loss stays unscaled.
+  float loss_scale = 1.0f;
   void* scratch = nullptr;            ///< device scratch of at least scratch_bytes()
   size_t scratch_bytes = 0;
   /// Optional timing hook: backward() of a layer that recomputes its forward (decoders)

@@ -308,7 +308,7 @@ class TailLayer final : public Layer {
       return;
     }
     ops.lm_head_cross_entropy(hn, w, a.targets, T, H, V, a.loss, dhn,
-                              grad(a, size_t(lm_group_), w_lm_), ce);
+                              grad(a, size_t(lm_group_), w_lm_), ce, a.loss_scale);
     ops.rmsnorm_bwd(a.x, param(a, 0, w_norm_), dhn, a.dx, grad(a, 0, w_norm_), T, H, eps,
                     false);
   }

@@ -61,9 +61,17 @@ struct SessionOptions {
   bool pin_optimizer_threads = true;  ///< pin them (each shard to its own cores, NUMA-grouped)
   double max_grad_norm = 0;      ///< > 0: clip the global gradient norm (torch clip_grad_norm_)
   bool skip_nonfinite = false;   ///< skip steps whose gradients hold inf/NaN (implied by loss_scaling)
-  /// fp16 dynamic loss scaling (needs an f16 compute dtype; the tail must apply
-  /// RunStage::loss_scale to the loss gradient).
+  /// fp16 dynamic loss scaling (torch GradScaler rules, optimizer/loss_scale.hpp): the tail
+  /// multiplies the loss gradient by the scale, the optimizer divides it out (fused into the
+  /// AdamW gradient factor) before clipping; a step whose gradients hold inf/NaN is skipped
+  /// (weights, moments and AdamW step counters untouched) and the scale backs off; it grows
+  /// after growth_interval clean steps. Step t's backward uses the scale decided after step
+  /// t-1 (sync) or t-2 (async: the step whose weights it computes with), so results never
+  /// depend on timing. Needs the f16 compute dtype (std::invalid_argument otherwise).
   std::optional<LossScalerOptions> loss_scaling;
+  /// Testing only: accept loss_scaling with an f32/bf16 compute dtype, so the loss-scaling
+  /// path can be exercised on the CPU backend (f32) without a GPU.
+  bool allow_loss_scaling_any_dtype = false;
   DeviceOptions device;          ///< per-device memory cap, CPU-backend PCIe throttle
   /// Explicit plan, never changed. Default (empty): automatic, the partition of the analytic
   /// costs (scheduler/cost_model.hpp, scheduler/partition.hpp) until the profile settles, then
@@ -89,6 +97,13 @@ struct RuntimeFailure : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// What load_optimizer_state found in the file.
+struct OptimizerStateInfo {
+  int64_t steps = 0;        ///< steps closed when it was saved: the session continues at this step
+  bool has_master = false;  ///< the file held the fp32 master weights (else the constructor's are used)
+  bool async = true;        ///< saved by an async (staleness-1) session
+};
+
 class Session {
  public:
   /// `group_weights[g]` holds ParamGroup g's fp32 values (layout.groups[g].numel each).
@@ -109,7 +124,9 @@ class Session {
   /// Returns the closed step's index and starts the next step.
   int64_t step(double lr);
   /// Blocks until step `t` is applied to the fp32 master weights; returns its loss sum,
-  /// target-token count and wall time. Throws RuntimeFailure if the runtime failed.
+  /// target-token count and wall time. Throws RuntimeFailure if the runtime failed,
+  /// std::invalid_argument for a step not closed yet or one of the run that saved a loaded
+  /// optimizer state.
   StepResult wait(int64_t t);
   /// Waits for every closed step (throws RuntimeFailure like wait()).
   void synchronize();
@@ -127,10 +144,43 @@ class Session {
   /// The re-planning lines logged so far (at most one decision per session).
   std::vector<std::string> replan_log() const;
   const ModelLayout& layout() const;
-  /// The loss scaler (null without loss_scaling); save / load it with the optimizer state,
-  /// between steps (after synchronize()).
+  /// The loss scaler (null without loss_scaling); its state is part of
+  /// save_optimizer_state(). Read it between steps (after synchronize()).
   LossScaler* loss_scaler();
-  /// Number of steps closed so far.
+
+  /// Writes everything a bit-identical resume needs besides the data order to the file
+  /// `path` (binary, little-endian, checksummed; format in actors/session_state.cpp):
+  ///  - the number of steps closed (N), the optimizer mode (async / sync), the model's
+  ///    parameter groups (name, numel) to check a load against;
+  ///  - per group the AdamW moments m, v (and vmax with amsgrad), its step counter (number
+  ///    of updates applied; skipped steps do not count) and hyper-parameters;
+  ///  - the fp32 master weights (version N-1) when `include_master` (leave it out only when
+  ///    they are saved elsewhere bit-exactly, e.g. an f32 model.safetensors);
+  ///  - async mode: the low-precision copy (compute dtype), which holds version N-2: step N
+  ///    computes with it (staleness 1);
+  ///  - with loss scaling: the scaler (scale, growth tracker, counters) and the loss scales
+  ///    steps N..N+staleness will use (already decided).
+  /// Call between steps: after synchronize(), before the next forward_backward()
+  /// (std::logic_error otherwise). Atomic: written to "<path>.tmp-<pid>" and renamed, so a
+  /// failure never leaves a partial file and keeps an older one. Throws std::runtime_error
+  /// ("<path>: <what>") on I/O errors.
+  void save_optimizer_state(const std::string& path, bool include_master = true);
+  /// Loads a file written by save_optimizer_state into a new session (before the first
+  /// forward_backward(); std::logic_error otherwise) built with the same model layout and
+  /// optimizer settings; the session then continues at step N (the next step() returns N,
+  /// wait() takes steps >= N). Without master weights in the file, the weights given to the
+  /// constructor are the fp32 master. The hyper-parameters must equal opt.adam except lr
+  /// (the schedule passes lr per step), loss scaling must be on in both or off in both;
+  /// async/sync may differ (a mode switch is not bit-identical: the low-precision copy is
+  /// then recast from the master). Errors throw std::runtime_error with one line naming
+  /// `path` and what was expected: missing file, bad magic/version, truncation, checksum
+  /// mismatch, trailing bytes, another model's groups, other hyper-parameters, loss
+  /// scaling on/off. Mismatches are found before anything is changed; a corrupted payload
+  /// may be found after some groups were loaded: the session then refuses further calls
+  /// (std::logic_error) and must be destroyed.
+  OptimizerStateInfo load_optimizer_state(const std::string& path);
+  /// Number of steps closed so far (after load_optimizer_state: including those of the
+  /// run that saved the state).
   int64_t steps_closed() const;
   /// Peak device bytes over all workers.
   size_t peak_device_bytes() const;

@@ -169,11 +169,12 @@ void CpuOps::attention_bwd(const void* q, const void* k, const void* v, const vo
 
 void CpuOps::lm_head_cross_entropy(const void* h, const void* w, const int32_t* targets,
                                    int64_t T, int64_t H, int64_t V, float* loss, void* dh,
-                                   void* dw, void* scratch) {
+                                   void* dw, void* scratch, float loss_scale) {
   const char* op = "lm_head_cross_entropy";
   require(T >= 0 && H > 0 && V > 0, op, "bad dimensions");
   require(loss != nullptr, op, "loss is null");
   require(scratch != nullptr, op, "scratch is null");
+  require(std::isfinite(loss_scale) && loss_scale > 0.f, op, "loss_scale must be finite and > 0");
   for (int64_t t = 0; t < T; ++t)
     if (targets[t] >= V)
       throw std::out_of_range(std::string(op) + ": target " + std::to_string(targets[t]) +
@@ -208,6 +209,7 @@ void CpuOps::lm_head_cross_entropy(const void* h, const void* w, const int32_t* 
         sum = z.sum();
         z *= 1.0f / sum;
         z[tg] -= 1.0f;  // dlogits = softmax - onehot
+        if (loss_scale != 1.0f) z *= loss_scale;  // d(loss_scale * loss) / dlogits (fp32)
       } else {
         sum = (z - m).exp().sum();
       }

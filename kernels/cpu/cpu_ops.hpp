@@ -76,7 +76,7 @@ class CpuOps final : public Ops {
 
   void lm_head_cross_entropy(const void* h, const void* w, const int32_t* targets, int64_t T,
                              int64_t H, int64_t V, float* loss, void* dh, void* dw,
-                             void* scratch) override;
+                             void* scratch, float loss_scale = 1.0f) override;
 
   /// Query rows per attention block (scores exist for kAttnBlock x seq_len at a time).
   static constexpr int64_t kAttnBlock = 64;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -113,14 +114,15 @@ CudaOps::Plan& CudaOps::plan_for(const Key& key, bool ta, bool tb, int64_t m, in
 
 void CudaOps::gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A,
                    int64_t lda, const void* B, int64_t ldb, void* C, DType c_t, int64_t ldc,
-                   float beta) {
+                   float beta, float alpha) {
   set_device(dev_);
   const unsigned aa = alignment_of(A), ab = alignment_of(B), ac = alignment_of(C);
   const Key key{ta, tb, m, n, k, lda, ldb, ldc, int64_t(c_t), int64_t(aa), int64_t(ab),
                 int64_t(ac), beta != 0.f, int64_t(dtype_)};
   std::lock_guard lk(mu_);
   Plan& p = plan_for(key, ta, tb, m, n, k, lda, ldb, ldc, c_t, aa, ab, ac);
-  const float alpha = 1.0f;
+  // alpha is read from host memory at the call (CUBLASLT_POINTER_MODE_HOST, the default);
+  // the algorithm choice does not depend on its value, so it is not part of the plan key.
   RP_CUBLAS_CHECK(cublasLtMatmul(lt_, p.op, &alpha, A, p.a, B, p.b, &beta, C, p.c, C, p.c,
                                  &p.algo, ws_, ws_bytes_, st_));
 }
@@ -311,14 +313,18 @@ bool CudaOps::try_cudnn(bool backward, const std::function<bool(std::string*)>& 
 // them; softmax and logsumexp are computed in fp32), so a chunk holds about twice as many
 // tokens. Chunks are fixed ranges of token positions (no gather, so no host sync):
 // ignored tokens get zero loss and zero dlogits rows, which gives the same dh / dW.
+// Loss scaling: the dlogits stay unscaled in 16-bit storage (|softmax - onehot| <= 1 cannot
+// overflow); loss_scale is the fp32 alpha of the dh and dW GEMMs, so a scale too large
+// overflows where fp16 training must see it: in the fp16 dh rounded from the fp32 product.
 
 void CudaOps::lm_head_cross_entropy(const void* h, const void* w, const int32_t* targets,
                                     int64_t T, int64_t H, int64_t V, float* loss, void* dh,
-                                    void* dw, void* scratch) {
+                                    void* dw, void* scratch, float loss_scale) {
   const char* op = "lm_head_cross_entropy";
   require(T >= 0 && H > 0 && V > 0, op, "bad dimensions");
   require(loss != nullptr, op, "loss is null");
   require(scratch != nullptr, op, "scratch is null");
+  require(std::isfinite(loss_scale) && loss_scale > 0.f, op, "loss_scale must be finite and > 0");
   set_device(dev_);
   const size_t avail = Ops::lm_head_ce_scratch_bytes(T, H, V);
   const size_t es = dtype_size(dtype_);
@@ -341,8 +347,8 @@ void CudaOps::lm_head_cross_entropy(const void* h, const void* w, const int32_t*
     k_ce_rows(dtype_, Z, targets + t0, n, V, row_loss, grad, err_, st_);
     k_ce_reduce(row_loss, targets + t0, n, V, loss, st_);
     if (dh) gemm(false, false, H, n, V, w, H, Z, V, static_cast<char*>(dh) + size_t(t0 * H) * es,
-                 dtype_, H, 0.f);
-    if (dw) gemm(false, true, H, V, n, hc, H, Z, V, dw, DType::f32, H, 1.f);
+                 dtype_, H, 0.f, loss_scale);
+    if (dw) gemm(false, true, H, V, n, hc, H, Z, V, dw, DType::f32, H, 1.f, loss_scale);
   }
 }
 

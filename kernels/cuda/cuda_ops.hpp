@@ -74,7 +74,7 @@ class CudaOps final : public Ops {
 
   void lm_head_cross_entropy(const void* h, const void* w, const int32_t* targets, int64_t T,
                              int64_t H, int64_t V, float* loss, void* dh, void* dw,
-                             void* scratch) override;
+                             void* scratch, float loss_scale = 1.0f) override;
 
   void set_attention_impl(int impl) { attn_impl_ = impl; }
 
@@ -82,7 +82,7 @@ class CudaOps final : public Ops {
   /// C in c_t (dtype() or f32), fp32 compute. Public for the benchmark.
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* A,
             int64_t lda, const void* B, int64_t ldb, void* C, DType c_t, int64_t ldc,
-            float beta);
+            float beta, float alpha = 1.0f);
 
  private:
   struct Plan {

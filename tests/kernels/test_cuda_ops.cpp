@@ -481,6 +481,72 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaLmHead,
                                            CeShape{1100, 256, 4096}, // several chunks
                                            CeShape{0, 16, 32}));     // no tokens
 
+// Loss scaling on the device: the scale is the fp32 alpha of the dh / dW GEMMs, so with a power
+// of two dh (bf16) and dW (fp32) are exactly S times the unscaled ones and the loss is unscaled.
+TEST_F(CudaOpsTest, LmHeadLossScaleMultipliesOnlyTheGradients) {
+  const int64_t T = 300, H = 64, V = 1000;
+  VecF h = randn(size_t(T * H), 85), w = randn(size_t(V * H), 86, 0.1f), zero(size_t(V * H), 0.f);
+  std::vector<int32_t> tg(size_t(T), {});
+  for (int64_t t = 0; t < T; ++t) tg[size_t(t)] = (t % 7 == 3) ? -100 : int32_t((t * 131 + 7) % V);
+  DT hd = upload(h, DType::bf16), wd = upload(w, DType::bf16), tgd = upload_i32(tg);
+  DT l1 = poisoned(2, DType::f32), lS = poisoned(2, DType::f32);
+  DT dh1 = poisoned(T * H, DType::bf16), dhS = poisoned(T * H, DType::bf16);
+  DT dw1 = upload(zero, DType::f32), dwS = upload(zero, DType::f32);
+  DeviceBuffer scratch(dev(), Ops::lm_head_ce_scratch_bytes(T, H, V));
+  run([&](Ops& o) {
+    o.lm_head_cross_entropy(hd.get(), wd.get(), tgd.as<int32_t>(), T, H, V, l1.as<float>(), dh1.get(), dw1.get(),
+                            scratch.get());
+    o.lm_head_cross_entropy(hd.get(), wd.get(), tgd.as<int32_t>(), T, H, V, lS.as<float>(), dhS.get(), dwS.get(),
+                            scratch.get(), 1024.f);
+  });
+  VecF a = download(l1), b = download(lS);
+  EXPECT_EQ(a[0], b[0]);
+  EXPECT_EQ(a[1], b[1]);
+  VecF g1 = download(dh1), gS = download(dhS), w1 = download(dw1), wS = download(dwS);
+  for (size_t i = 0; i < g1.size(); ++i) ASSERT_EQ(gS[i], 1024.f * g1[i]) << "dh " << i;
+  for (size_t i = 0; i < w1.size(); ++i) ASSERT_EQ(wS[i], 1024.f * w1[i]) << "dw " << i;
+  float loss[2];
+  EXPECT_THROW(ops().lm_head_cross_entropy(hd.get(), wd.get(), tgd.as<int32_t>(), T, H, V, loss, nullptr, nullptr,
+                                           scratch.get(), 0.f),
+               std::invalid_argument);
+}
+
+// fp16: a scale too large overflows in the fp16 dh (what makes the step skip), a moderate one
+// does not and gives S times the unscaled gradient.
+class CudaF16Test : public CudaOpsTest {
+ protected:
+  DType dtype() const override { return DType::f16; }
+};
+TEST_F(CudaF16Test, LmHeadLossScaleOverflowsOnlyWhenTooLarge) {
+  const int64_t T = 64, H = 32, V = 256;
+  VecF h = randn(size_t(T * H), 87), w = randn(size_t(V * H), 88, 0.5f), zero(size_t(V * H), 0.f);
+  std::vector<int32_t> tg(size_t(T), {});
+  for (int64_t t = 0; t < T; ++t) tg[size_t(t)] = int32_t((t * 17 + 3) % V);
+  DT hd = upload(h, DType::f16), wd = upload(w, DType::f16), tgd = upload_i32(tg);
+  DT loss = poisoned(2, DType::f32), dh1 = poisoned(T * H, DType::f16), dh8 = poisoned(T * H, DType::f16),
+     dhbig = poisoned(T * H, DType::f16);
+  DT dw = upload(zero, DType::f32);
+  DeviceBuffer scratch(dev(), Ops::lm_head_ce_scratch_bytes(T, H, V));
+  run([&](Ops& o) {
+    o.lm_head_cross_entropy(hd.get(), wd.get(), tgd.as<int32_t>(), T, H, V, loss.as<float>(), dh1.get(), nullptr,
+                            scratch.get(), 1.f);
+    o.lm_head_cross_entropy(hd.get(), wd.get(), tgd.as<int32_t>(), T, H, V, loss.as<float>(), dh8.get(), nullptr,
+                            scratch.get(), 8.f);
+    o.lm_head_cross_entropy(hd.get(), wd.get(), tgd.as<int32_t>(), T, H, V, loss.as<float>(), dhbig.get(), dw.get(),
+                            scratch.get(), 1e9f);
+  });
+  VecF g1 = download(dh1), g8 = download(dh8), gb = download(dhbig);
+  size_t inf = 0;
+  for (size_t i = 0; i < g1.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(g8[i])) << i;
+    if (std::abs(g1[i]) >= 6.2e-5f) {  // fp16 normals scale exactly
+      ASSERT_EQ(g8[i], 8.f * g1[i]) << i;
+    }
+    inf += std::isinf(gb[i]) ? 1 : 0;
+  }
+  EXPECT_GT(inf, 0u) << "a scale of 1e9 must overflow fp16 (max 65504)";
+}
+
 TEST_F(CudaOpsTest, LmHeadBadTargetIsReported) {
   const int64_t T = 20, H = 16, V = 64;
   VecF h = randn(size_t(T * H), 91), w = randn(size_t(V * H), 92);

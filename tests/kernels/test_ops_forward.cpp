@@ -239,6 +239,51 @@ TEST(CpuOps, ChunkedCrossEntropyEqualsUnchunked) {
   }
 }
 
+// Loss scaling: the gradients are those of S * loss (a power of two scales every fp32 product
+// exactly), the loss itself is not scaled, a bad scale is refused before anything is written.
+TEST(CpuOps, CrossEntropyLossScaleMultipliesOnlyTheGradients) {
+  auto ops = make_cpu_ops();
+  const int64_t T = Ops::kCeChunk + 9, H = 16, V = 53;
+  VecF h = randn(size_t(T * H), 75), w = randn(size_t(V * H), 76, 0.5f);
+  std::vector<int32_t> tg(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) tg[size_t(t)] = t % 6 == 0 ? -100 : int32_t((t * 37 + 5) % V);
+  std::vector<char> scratch(Ops::lm_head_ce_scratch_bytes(T, H, V));
+  auto run = [&](float S, VecF& dh, VecF& dw, float* loss) {
+    dh = nan_vec(size_t(T * H));
+    dw.assign(size_t(V * H), 0.f);
+    ops->lm_head_cross_entropy(h.data(), w.data(), tg.data(), T, H, V, loss, dh.data(), dw.data(),
+                               scratch.data(), S);
+  };
+  VecF dh1, dw1, dhS, dwS, dh3, dw3;
+  float l1[2], lS[2], l3[2];
+  run(1.f, dh1, dw1, l1);
+  run(1024.f, dhS, dwS, lS);
+  EXPECT_EQ(lS[0], l1[0]);
+  EXPECT_EQ(lS[1], l1[1]);
+  double moved = 0;
+  for (size_t i = 0; i < dh1.size(); ++i) ASSERT_EQ(dhS[i], 1024.f * dh1[i]) << i;
+  for (size_t i = 0; i < dw1.size(); ++i) {
+    ASSERT_EQ(dwS[i], 1024.f * dw1[i]) << i;
+    moved += std::abs(dw1[i]);
+  }
+  EXPECT_GT(moved, 0.0);
+  run(3.f, dh3, dw3, l3);  // not a power of two: equal within fp32 rounding
+  VecD dh1x3 = to_d(dh1), dw1x3 = to_d(dw1);
+  for (auto& x : dh1x3) x *= 3;
+  for (auto& x : dw1x3) x *= 3;
+  EXPECT_LT(rel_err(dh3, dh1x3), 1e-6);
+  EXPECT_LT(rel_err(dw3, dw1x3), 1e-6);
+  for (float bad : {0.f, -1.f, INFINITY, NAN}) {
+    VecF dh = nan_vec(size_t(T * H));
+    float loss[2] = {NAN, NAN};
+    EXPECT_THROW(ops->lm_head_cross_entropy(h.data(), w.data(), tg.data(), T, H, V, loss, dh.data(), nullptr,
+                                            scratch.data(), bad),
+                 std::invalid_argument)
+        << bad;
+    EXPECT_TRUE(std::isnan(loss[0]) && std::isnan(dh[0])) << "written before the check, scale " << bad;
+  }
+}
+
 TEST(CpuOps, CrossEntropyEdgeCases) {
   auto ops = make_cpu_ops();
   const int64_t T = 4, H = 3, V = 5;

@@ -1,0 +1,83 @@
+// Private: the state behind rp::Session, shared by actors/session.cpp (construction, the
+// training calls) and actors/session_state.cpp (optimizer state save / load).
+#pragma once
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <caf/all.hpp>
+
+#include "actors/pass_buffers.hpp"
+#include "actors/scheduler_actor.hpp"
+#include "actors/tracer.hpp"
+#include "roundpipe/session.hpp"
+
+namespace rp {
+
+struct Session::Impl {
+  ModelLayout layout;
+  SessionOptions opt;
+  IterationPlan plan;
+  std::vector<std::vector<float>> master;
+  std::vector<AdamWState> adam;
+  std::unique_ptr<LossScaler> scaler;
+  std::unique_ptr<ParamStore> store;
+  std::vector<std::unique_ptr<Layer>> layers;
+  std::unique_ptr<Tracer> tracer;
+  std::vector<std::unique_ptr<Device>> devices;  // destroyed after the actor system
+  std::unique_ptr<caf::actor_system_config> cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  caf::actor scheduler;
+  std::vector<caf::actor> shards;
+  int64_t current_step = 0;
+  int64_t first_step = 0;  // > 0 after load_optimizer_state: steps before it ran elsewhere
+  int64_t passes_in_step = 0;
+  int64_t waited_through = -1;
+  std::mutex pin_mu;          // pin() also runs on the scheduler's thread (re-planned buffers)
+  std::vector<void*> pinned;  // host blocks pinned through devices[0]
+  std::vector<std::shared_ptr<PassBuffers>> slots;
+  bool resumed = false;      // load_optimizer_state succeeded
+  std::string load_failed;   // non-empty: a load failed half-way; the session is unusable
+
+  /// Throws std::logic_error naming `call` when a failed load left the state inconsistent.
+  void check_usable(const char* call) const {
+    if (!load_failed.empty())
+      throw std::logic_error(std::string(call) + ": this session's optimizer state is inconsistent after a failed "
+                             "load_optimizer_state (" + load_failed + "); create a new Session");
+  }
+
+  ~Impl() {
+    if (sys) {
+      caf::anon_send(scheduler, Shutdown{});
+      sys->await_all_actors_done();
+      // drop our handles first: a detached actor's thread ends only once its last
+      // reference is gone, and ~actor_system waits for those threads
+      shards.clear();
+      scheduler = nullptr;
+      sys.reset();
+    }
+    for (auto& d : devices)
+      for (int k = 0; k < kNumStreams; ++k) d->stream(StreamKind(k)).synchronize();
+    if (!devices.empty())
+      for (void* p : pinned) devices[0]->unpin_host(p);
+  }
+
+  void pin(HostBytes& b) {
+    std::lock_guard lk(pin_mu);
+    devices[0]->pin_host(b.data(), b.size());
+    pinned.push_back(b.data());
+  }
+
+  RuntimeInfo info() const {
+    caf::scoped_actor self{*sys};
+    RuntimeInfo out;
+    std::string err;
+    self->request(scheduler, caf::infinite, GetRuntimeInfo{})
+        .receive([&](RuntimeInfo& r) { out = std::move(r); }, [&](caf::error& e) { err = to_string(e); });
+    if (!err.empty()) throw RuntimeFailure("runtime: " + err);
+    return out;
+  }
+};
+
+}  // namespace rp

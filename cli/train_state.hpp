@@ -1,0 +1,49 @@
+// What `roundpipe train` writes next to each checkpoint's weights so that `--resume` can
+// continue the run exactly: trainer_state.json (this file's TrainerState) and optimizer.bin
+// (rp::Session::save_optimizer_state). docs/spec.md describes both for users.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/spec.hpp"
+
+namespace rp {
+
+/// The trainer's position in a run (trainer_state.json).
+struct TrainerState {
+  int64_t step = 0;                ///< optimizer steps done (the resumed run starts at this step)
+  int64_t data_position = 0;       ///< sequences consumed from the data stream (BatchStream::position)
+  uint64_t seed = 0;               ///< data order seed (the order depends only on seed and position)
+  int64_t sequences_per_step = 0;  ///< spec values the data position was counted with
+  int64_t seq_len = 0;
+  bool async = true;               ///< optimizer mode of the run that saved it
+  std::string save_dtype;          ///< dtype of model.safetensors ("f32": it holds the fp32 master)
+  std::string compute_dtype;       ///< the spec's compute_dtype
+  std::string model, data;         ///< the spec's model and data paths (informational)
+  nlohmann::json lr_schedule;      ///< {kind, lr, min_lr, warmup_steps, total_steps}
+};
+
+/// The run's state after `step` steps with the data stream at `data_position`.
+TrainerState trainer_state_of(const TrainSpec& spec, int64_t step, int64_t data_position);
+
+/// Writes `s` as JSON to `path`. Throws std::runtime_error("<path>: ...").
+void write_trainer_state(const std::string& path, const TrainerState& s);
+
+/// Reads trainer_state.json. Throws std::runtime_error with one line naming `path` and the
+/// key for a missing file ("not a resumable checkpoint"), invalid JSON, a missing key or a
+/// value of the wrong type or range.
+TrainerState read_trainer_state(const std::string& path);
+
+/// Differences between the saved run and `spec` that change what a resumed run computes
+/// (seed, batch shape, optimizer mode, learning-rate schedule, data): one readable line each,
+/// for warnings. Empty when the resumed run reproduces the original.
+std::vector<std::string> resume_differences(const TrainerState& saved, const TrainSpec& spec);
+
+/// Keeps the header and the rows of steps <= `step` of an existing metrics.csv (a resumed
+/// run appends after them); creates the file with `header` when it does not exist.
+/// Throws std::runtime_error("<path>: ...") on I/O errors.
+void truncate_metrics(const std::string& path, int64_t step, const std::string& header);
+
+}  // namespace rp

@@ -1,0 +1,112 @@
+// Helpers of the CLI tests: run the built `roundpipe` binary in a scratch folder, and a tiny
+// Hugging Face model written by the project's own writer (no download needed).
+#pragma once
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "model/checkpoint.hpp"
+
+namespace fs = std::filesystem;
+
+namespace rp::clitest {
+
+struct CliRun {
+  int code;
+  std::string out, err;
+};
+
+inline fs::path tmpdir() {
+  auto d = fs::temp_directory_path() / ("rp_cli_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+inline std::string slurp(const fs::path& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+inline CliRun roundpipe(const std::string& args, const fs::path& dir) {
+  std::string cmd = std::string(RP_BUILD_DIR) + "/roundpipe " + args + " > " + (dir / "out.txt").string() + " 2> " +
+                    (dir / "err.txt").string() + " < /dev/null";
+  int rc = std::system(cmd.c_str());
+  return {WEXITSTATUS(rc), slurp(dir / "out.txt"), slurp(dir / "err.txt")};
+}
+
+inline void write(const fs::path& p, const std::string& s) { std::ofstream(p) << s; }
+
+// A tiny HF-layout model written by the project's own writer (no download needed).
+inline fs::path tiny_model(const fs::path& dir) {
+  rp::ModelConfig c;
+  c.architecture = "llama";
+  c.vocab_size = 300;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 8;
+  c.tie_word_embeddings = true;
+  c.eos_token_id = 0;
+  rp::ModelLayout m = rp::make_layout(c);
+  std::vector<std::vector<float>> w;
+  for (auto& g : m.groups) w.emplace_back(g.numel, 0.02f);
+  std::vector<const float*> ptrs;
+  for (auto& g : w) ptrs.push_back(g.data());
+  // byte-level tokenizer: the 256 byte symbols, no merges
+  nlohmann::json vocab = nlohmann::json::object();
+  nlohmann::json added = nlohmann::json::array();
+  // GPT-2 byte-to-unicode map
+  std::vector<int> bs, cs;
+  for (int b = 33; b <= 126; ++b) bs.push_back(b);
+  for (int b = 161; b <= 172; ++b) bs.push_back(b);
+  for (int b = 174; b <= 255; ++b) bs.push_back(b);
+  cs = bs;
+  int n = 0;
+  for (int b = 0; b < 256; ++b)
+    if (std::find(bs.begin(), bs.end(), b) == bs.end()) bs.push_back(b), cs.push_back(256 + n++);
+  vocab["<|endoftext|>"] = 0;
+  for (size_t i = 0; i < bs.size(); ++i) {
+    std::string u;
+    int cp = cs[i];
+    if (cp < 0x80) u += char(cp);
+    else u += char(0xC0 | (cp >> 6)), u += char(0x80 | (cp & 0x3F));
+    vocab[u] = 1 + bs[i];
+  }
+  added.push_back({{"id", 0}, {"content", "<|endoftext|>"}, {"special", true}});
+  nlohmann::json tok = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}},
+                        {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+                        {"added_tokens", added}, {"normalizer", nullptr}, {"decoder", {{"type", "ByteLevel"}}}};
+  fs::path out = dir / "tiny";
+  rp::save_hf_checkpoint(out.string(), m, ptrs, tok, "", rp::DType::f32);
+  return out;
+}
+
+inline std::string spec_for(const fs::path& model, const fs::path& data, const fs::path& out, const std::string& extra = "") {
+  return "{\"model\": \"" + model.string() + "\", \"data\": \"" + data.string() + "\", \"output_dir\": \"" +
+         out.string() + "\", \"seq_len\": 16, \"sequences_per_step\": 2, \"micro_batches\": 2, \"steps\": 2, "
+         "\"backend\": \"cpu\", \"workers\": 2" + extra + "}";
+}
+
+inline void expect_one_line_error(const CliRun& r, const std::string& must_contain) {
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(r.err.find("roundpipe: error: "), 0u) << r.err;
+  EXPECT_NE(r.err.find(must_contain), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
+
+}  // namespace rp::clitest

@@ -1,0 +1,173 @@
+// `roundpipe train --resume`: a run resumed from checkpoint-k reproduces the uninterrupted run
+// bit for bit (losses, saved weights, optimizer state), with the async optimizer and 2 virtual
+// GPUs; checkpoints carry the optimizer and trainer state; broken or unsuitable checkpoints give
+// one line naming the file.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/cli/cli_util.hpp"
+
+namespace {
+
+using namespace rp::clitest;
+
+std::string bytes_of(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+/// metrics.csv rows: step -> the loss column as written (6 decimals).
+std::map<int, std::string> losses(const fs::path& csv) {
+  std::ifstream f(csv);
+  std::string line;
+  std::getline(f, line);
+  std::map<int, std::string> out;
+  while (std::getline(f, line)) {
+    const auto a = line.find(','), b = line.find(',', a + 1);
+    out[std::stoi(line.substr(0, a))] = line.substr(a + 1, b - a - 1);
+  }
+  return out;
+}
+
+const char* kData =
+    "{\"text\": \"In the beginning God created the heaven and the earth. And the earth was without form, and "
+    "void; and darkness was upon the face of the deep.\"}\n"
+    "{\"prompt\": \"Say hi\", \"completion\": \" hi there\"}\n"
+    "{\"text\": \"And God said, Let there be light: and there was light.\"}\n";
+
+// 5 steps with a cosine schedule after one warmup step, clipping and a checkpoint every 2 steps.
+std::string resume_spec(const fs::path& model, const fs::path& data, const fs::path& out, const std::string& dtype) {
+  return spec_for(model, data, out,
+                  ", \"steps\": 5, \"save_every\": 2, \"save_dtype\": \"" + dtype +
+                      "\", \"seed\": 3, \"optimizer\": {\"lr\": 0.01, \"max_grad_norm\": 1.0, \"weight_decay\": 0.1},"
+                      " \"lr_schedule\": {\"kind\": \"cosine\", \"warmup_steps\": 1}");
+}
+
+void expect_same_checkpoint(const fs::path& a, const fs::path& b) {
+  for (const char* f : {"model.safetensors", "optimizer.bin"}) {
+    ASSERT_TRUE(fs::exists(a / f)) << (a / f);
+    ASSERT_TRUE(fs::exists(b / f)) << (b / f);
+    EXPECT_TRUE(bytes_of(a / f) == bytes_of(b / f)) << f << " differs: " << a << " vs " << b;
+  }
+  auto ta = nlohmann::json::parse(bytes_of(a / "trainer_state.json"));
+  auto tb = nlohmann::json::parse(bytes_of(b / "trainer_state.json"));
+  EXPECT_EQ(ta["step"], tb["step"]);
+  EXPECT_EQ(ta["data_position"], tb["data_position"]);
+}
+
+TEST(CliResume, ResumedRunIsBitIdenticalToTheUninterruptedOne) {
+  for (std::string dtype : {"f32", "bf16"}) {  // f32: the master is model.safetensors; bf16: in optimizer.bin
+    auto d = tmpdir();
+    auto model = tiny_model(d);
+    write(d / "data.jsonl", kData);
+    write(d / "spec.json", resume_spec(model, d / "data.jsonl", d / "a", dtype));
+    CliRun a = roundpipe("train " + (d / "spec.json").string(), d);
+    ASSERT_EQ(a.code, 0) << a.err << a.out;
+    for (const char* f : {"optimizer.bin", "trainer_state.json", "model.safetensors", "config.json"})
+      EXPECT_TRUE(fs::exists(d / "a/checkpoint-2" / f)) << f;
+    auto ts = nlohmann::json::parse(bytes_of(d / "a/checkpoint-2/trainer_state.json"));
+    EXPECT_EQ(ts["step"], 2);
+    EXPECT_EQ(ts["data_position"], 4);  // 2 steps of 2 sequences
+    const auto la = losses(d / "a/metrics.csv");
+    ASSERT_EQ(la.size(), 5u);
+    EXPECT_NE(la.at(3), la.at(5)) << "the run must train";
+
+    // resume from checkpoint-2 into another folder
+    CliRun b = roundpipe("train " + (d / "spec.json").string() + " --resume " + (d / "a/checkpoint-2").string() +
+                             " --output-dir " + (d / "b").string(),
+                         d);
+    ASSERT_EQ(b.code, 0) << b.err << b.out;
+    EXPECT_NE(b.out.find("step     5/5"), std::string::npos) << b.out;
+    EXPECT_EQ(b.out.find("step     2/5"), std::string::npos) << b.out;
+    const auto lb = losses(d / "b/metrics.csv");
+    ASSERT_EQ(lb.size(), 3u);
+    for (int t = 3; t <= 5; ++t) EXPECT_EQ(lb.at(t), la.at(t)) << dtype << " step " << t;
+    expect_same_checkpoint(d / "a/final", d / "b/final");
+    expect_same_checkpoint(d / "a/checkpoint-4", d / "b/checkpoint-4");
+
+    // resume in place from checkpoint-4 with the spec key: metrics.csv keeps steps 1-4
+    auto spec = nlohmann::json::parse(bytes_of(d / "spec.json"));
+    spec["resume_from"] = (d / "a/checkpoint-4").string();
+    write(d / "spec2.json", spec.dump());
+    const std::string final_before = bytes_of(d / "a/final/model.safetensors");
+    CliRun c = roundpipe("train " + (d / "spec2.json").string(), d);
+    ASSERT_EQ(c.code, 0) << c.err << c.out;
+    EXPECT_EQ(losses(d / "a/metrics.csv"), la);
+    EXPECT_TRUE(bytes_of(d / "a/final/model.safetensors") == final_before) << dtype;
+    fs::remove_all(d);
+  }
+}
+
+TEST(CliResume, UnsuitableCheckpointsGiveOneLineNamingTheFile) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  write(d / "data.jsonl", kData);
+  write(d / "spec.json", resume_spec(model, d / "data.jsonl", d / "a", "f32"));
+  ASSERT_EQ(roundpipe("train " + (d / "spec.json").string() + " --steps 3", d).code, 0);
+  const fs::path ck = d / "a/checkpoint-2";
+  auto resume = [&](const fs::path& from, const std::string& extra = "") {
+    return roundpipe("train " + (d / "spec.json").string() + " --resume " + from.string() + " --output-dir " +
+                         (d / "r").string() + extra,
+                     d);
+  };
+  // a model folder, not a checkpoint of a run
+  expect_one_line_error(resume(model), "trainer_state.json");
+  expect_one_line_error(resume(d / "nowhere"), "not a checkpoint folder");
+  // nothing left to do
+  expect_one_line_error(resume(ck, " --steps 2"), "nothing is left to do");
+  // damaged optimizer state: truncated, missing
+  fs::copy(ck, d / "t", fs::copy_options::recursive);
+  fs::resize_file(d / "t/optimizer.bin", fs::file_size(d / "t/optimizer.bin") / 2);
+  expect_one_line_error(resume(d / "t"), "optimizer.bin: truncated");
+  fs::remove(d / "t/optimizer.bin");
+  expect_one_line_error(resume(d / "t"), "optimizer.bin: missing");
+  // damaged trainer state
+  fs::copy(ck / "optimizer.bin", d / "t/optimizer.bin");
+  auto ts = nlohmann::json::parse(bytes_of(ck / "trainer_state.json"));
+  ts["data_position"] = "four";
+  write(d / "t/trainer_state.json", ts.dump());
+  expect_one_line_error(resume(d / "t"), "key 'data_position'");
+  write(d / "t/trainer_state.json", "{\"format\": ");
+  expect_one_line_error(resume(d / "t"), "trainer_state.json: invalid JSON");
+  // a trainer state that disagrees with the optimizer state
+  ts["data_position"] = 4;
+  ts["step"] = 1;
+  write(d / "t/trainer_state.json", ts.dump());
+  expect_one_line_error(resume(d / "t"), "trainer_state.json says step 1");
+  // the spec's optimizer settings differ from the saved ones
+  auto spec = nlohmann::json::parse(bytes_of(d / "spec.json"));
+  spec["optimizer"]["betas"] = {0.8, 0.999};
+  write(d / "spec3.json", spec.dump());
+  expect_one_line_error(roundpipe("train " + (d / "spec3.json").string() + " --resume " + ck.string() +
+                                      " --output-dir " + (d / "r").string(),
+                                  d),
+                        "same optimizer settings");
+  // none of these left output behind
+  EXPECT_FALSE(fs::exists(d / "r/final"));
+  fs::remove_all(d);
+}
+
+TEST(CliResume, LossScalingKeysAreChecked) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  write(d / "data.jsonl", kData);
+  struct Case {
+    std::string extra, needle;
+  } cases[] = {
+      {", \"compute_dtype\": \"f8\"", "key 'compute_dtype'"},
+      {", \"loss_scaling\": true", "needs \"compute_dtype\": \"f16\""},
+      {", \"compute_dtype\": \"f16\", \"loss_scaling\": {\"init_scale\": -1}", "init_scale"},
+      {", \"compute_dtype\": \"f16\", \"loss_scaling\": {\"growth\": 2}", "unknown key 'loss_scaling.growth'"},
+      {", \"compute_dtype\": \"f16\", \"loss_scaling\": 3", "key 'loss_scaling'"},
+      // the CPU backend computes in f32: f16 (and so loss scaling) is refused, naming why
+      {", \"compute_dtype\": \"f16\"", "f16"},
+  };
+  for (auto& c : cases) {
+    write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run", c.extra));
+    expect_one_line_error(roundpipe("train " + (d / "spec.json").string(), d), c.needle);
+  }
+  fs::remove_all(d);
+}
+
+}  // namespace
