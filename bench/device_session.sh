@@ -42,6 +42,15 @@ if [ "${DO_BENCH:-1}" = 1 ]; then
   if [ "${DO_PT:-1}" = 1 ]; then
     step pytorch
     PYTHONUNBUFFERED=1 timeout 240 python3 bench/pytorch_baseline.py --results "$res" ${PT_ARGS:-}
+    # the ratio of the first RoundPipe row to the PyTorch row of this run
+    python3 - "$res" <<'PY'
+import sys
+rows = [l.split("|") for l in open(sys.argv[1]) if l.startswith("| ")][1:]
+rp = [float(r[2]) for r in rows if "roundpipe" in r[1]]
+pt = [float(r[2]) for r in rows if "pytorch" in r[1]]
+if rp and pt:
+    print(f"RATIO roundpipe / pytorch resident tokens/s = {rp[0] / pt[0]:.2f}")
+PY
   fi
   cat "$res"
 fi

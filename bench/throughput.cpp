@@ -89,6 +89,7 @@ int main(int argc, char** argv) {
   o.async = !sync;
   o.device.capacity_bytes = size_t(cap * double(1ull << 30));
   o.device.dtype = dtype == "f16" ? rp::DType::f16 : rp::DType::bf16;
+  if (dtype == "f16") o.loss_scaling = rp::LossScalerOptions{};  // fp16 needs dynamic loss scaling
   o.trace = !trace.empty();
   if (!plan_json.empty())
     o.plan = rp::plan_from_json(nlohmann::json::parse(plan_json), int(m.num_layers()), workers, "--plan");
