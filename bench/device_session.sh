@@ -24,7 +24,7 @@ if [ "${DO_TESTS:-1}" = 1 ]; then
   step tests
   .device/bin/test_kernels --gtest_brief=1 2>&1 | tail -5
   .device/bin/test_model --gtest_filter='HfParity*' 2>&1 | tail -25
-  .device/bin/test_actors --gtest_filter='RuntimeCuda*' 2>&1 | tail -25
+  .device/bin/test_actors --gtest_filter='*Cuda*' 2>&1 | tail -25
 fi
 if [ "${DO_OPS:-0}" = 1 ]; then
   step per-op benchmark
