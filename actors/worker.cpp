@@ -51,7 +51,8 @@ struct Task {
   std::shared_ptr<UploadWindows> uploads;  ///< the weights' chunks and windows (upload_windows.hpp)
   DeviceBuffer scratch, tmp[2];
   Slot slot[2];
-  bool slot_ready[2] = {false, false};  ///< slot allocated (early start may do it before the task is current)
+  bool slot_ready[2] = {false, false};
+  bool work_ready = false;  ///< allocate_work done (a start refused for memory waits without it)  ///< slot allocated (early start may do it before the task is current)
   int64_t M = 0;
   int params_pending = 0;
   int64_t next_up = 0, next_comp = 0;
@@ -161,8 +162,13 @@ class Worker : public caf::event_based_actor {
     } else {
       if (queue_.empty()) return;
       try {
-        task_ = prepare(std::move(queue_.front()));
+        task_ = prepare(queue_.front());
         queue_.pop_front();
+      } catch (const DeviceOutOfMemory& e) {
+        if (wait_for_memory()) return;
+        queue_.pop_front();
+        fail(e.what());
+        return;
       } catch (const std::exception& e) {
         queue_.pop_front();
         fail(e.what());
@@ -171,13 +177,34 @@ class Worker : public caf::event_based_actor {
     }
     task_->wall_start = std::chrono::steady_clock::now();
     task_->t_start = ctx_.tracer ? ctx_.tracer->now() : 0;
+    begin_current();
+  }
+
+  /// Allocates the current task's work buffers and starts it. When the memory cap (or
+  /// fragmentation) refuses them while finished tasks still drain gradients, the task waits
+  /// for those to finish (finish() retries) instead of failing the run.
+  void begin_current() {
     try {
       allocate_work(*task_);
+    } catch (const DeviceOutOfMemory& e) {
+      task_->dgrad.clear();
+      task_->scratch.reset();
+      for (auto& b : task_->tmp) b.reset();
+      if (wait_for_memory()) return;
+      fail(e.what());
+      return;
     } catch (const std::exception& e) {
       fail(e.what());
       return;
     }
+    task_->work_ready = true;
     pump();
+  }
+
+  bool wait_for_memory() {
+    if (draining_.empty()) return false;
+    alloc_wait_ = true;
+    return true;
   }
 
   /// The buffers a task needs only while it computes (activation slots, scratch, gradient
@@ -265,7 +292,7 @@ class Worker : public caf::event_based_actor {
     try {
       // its chunks go into the windows between the current task's remaining activation uploads
       const int64_t done = std::count(task_->uploaded.begin(), task_->uploaded.end(), 1);
-      next_ = prepare(std::move(queue_.front()), int(task_->M - done) + 1);
+      next_ = prepare(queue_.front(), int(task_->M - done) + 1);
       queue_.pop_front();
     } catch (const DeviceOutOfMemory&) {
       // not enough room for two stages: the next one starts when this one ends
@@ -353,7 +380,7 @@ class Worker : public caf::event_based_actor {
   }
 
   void pump() {
-    if (!task_ || failed_) return;
+    if (!task_ || failed_ || !task_->work_ready) return;
     Task& t = *task_;
     maybe_prefetch();
     // Uploads: one micro-batch ahead, once the slot's previous user has computed.
@@ -617,6 +644,13 @@ class Worker : public caf::event_based_actor {
                                         t.rs.stage_index, t.rs.pass),
                             t.t_start, ctx_.tracer->now());
     draining_.erase(it);  // releases the gradient buffers
+    if (alloc_wait_ && !failed_) {  // a start refused for memory: retry now that some is free
+      alloc_wait_ = false;
+      if (task_)
+        begin_current();
+      else
+        start_next();
+    }
     send(ctx_.scheduler, sd);
   }
 
@@ -635,6 +669,7 @@ class Worker : public caf::event_based_actor {
   uint64_t next_token_ = 1;
   int64_t param_order_ = 0;  ///< parameter chunks leave in the order they are sent
   bool failed_ = false;
+  bool alloc_wait_ = false;  ///< the next start waits for a draining task to free memory
 };
 
 }  // namespace
