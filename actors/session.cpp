@@ -238,6 +238,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
     ctx.profile = opt.profiling.enabled;
     ctx.transfer.priorities = opt.transfer_priorities;
     ctx.transfer.chunk_bytes = opt.transfer_chunk_bytes;
+    ctx.transfer.bulk_inflight = opt.transfer_bulk_inflight;
     workers.push_back(spawn_worker(*I.sys, std::move(ctx)));
   }
   I.shards = shards;

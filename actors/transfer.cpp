@@ -86,7 +86,7 @@ class Transfer {
       if (!st.current && st.queue.empty()) return;
       if (yield) {
         // decide before picking a copy, so a more urgent one that arrives meanwhile goes first
-        if (st.chunks_inflight >= 1 || st.awaiting_wake) return;
+        if (st.chunks_inflight >= std::max(1, opt_.bulk_inflight) || st.awaiting_wake) return;
         if (opt_.arbiter) {
           caf::actor_addr me = self_->address();
           if (!opt_.arbiter->try_bulk([me] {
@@ -235,6 +235,7 @@ WorkerTransfers spawn_worker_transfers(caf::actor_system& sys, Device& d, int in
     o.arbiter = std::move(arb);
     o.priorities = s.priorities;
     o.chunk_bytes = s.chunk_bytes;
+    o.bulk_inflight = s.bulk_inflight;
     o.tracer = tracer;
     return spawn_transfer_actor(sys, d.stream(k), fmt::format("worker{}.{}", index, stream_name(k)), std::move(o));
   };

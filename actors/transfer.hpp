@@ -40,6 +40,9 @@ struct TransferOptions {
   bool priorities = true;
   /// Bulk: copies above this many bytes are cut into chunks of it (0: no chunking).
   size_t chunk_bytes = 0;
+  /// Bulk with priorities: chunks in flight at once (1: an activation copy waits behind at
+  /// most one chunk; more hide the completion round trip between chunks).
+  int bulk_inflight = 1;
   Tracer* tracer = nullptr;
 };
 
@@ -57,6 +60,7 @@ namespace rp {
 struct TransferSettings {
   bool priorities = true;                 ///< cross-stream priority and window-packed prefetch
   size_t chunk_bytes = size_t(8) << 20;   ///< bulk copies are cut into chunks of this (0: none)
+  int bulk_inflight = 1;                  ///< bulk chunks in flight at once (priorities on)
 };
 
 /// The four transfer actors of one worker and the two arbiters they share.

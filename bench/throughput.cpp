@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
   int64_t hidden = 2048, heads = 16, kv = 8, hd = 128, ffn = 6144, vocab = 151936, seq = 8192, seqs = 8, micro = 8;
   bool sync = false, qwen3 = true, no_prio = false;
   int64_t chunk_bytes = 8 << 20;
+  int bulk_inflight = 1;
   double cap = 139;
   app.add_option("--backend", backend);
   app.add_option("--workers", workers);
@@ -53,6 +54,7 @@ int main(int argc, char** argv) {
   app.add_option("--results", results, "append a markdown row here");
   app.add_option("--plan", plan_json, "explicit plan (JSON as in a spec's \"plan\" key)");
   app.add_option("--dtype", dtype, "storage dtype on the GPU")->check(CLI::IsMember({"bf16", "f16"}));
+  app.add_option("--bulk-inflight", bulk_inflight, "parameter/gradient chunks in flight at once (priorities on)");
   app.add_flag("--no-priorities", no_prio, "transfers first come, first served (no cross-stream priority)");
   app.add_option("--chunk-bytes", chunk_bytes, "cut parameter/gradient copies into chunks of this (0: none)")
       ->check(CLI::NonNegativeNumber);
@@ -95,6 +97,7 @@ int main(int argc, char** argv) {
     o.plan = rp::plan_from_json(nlohmann::json::parse(plan_json), int(m.num_layers()), workers, "--plan");
   o.transfer_priorities = !no_prio;
   o.transfer_chunk_bytes = size_t(chunk_bytes);
+  o.transfer_bulk_inflight = bulk_inflight;
   auto t0 = std::chrono::steady_clock::now();
   rp::Session s(m, std::move(w), o);
   std::printf("session ready in %.1f s: %s, plan %s\n",
@@ -133,7 +136,7 @@ int main(int argc, char** argv) {
   const double peak = s.peak_device_bytes() / double(1ull << 30);
   const char* attn = std::getenv("RP_CUDA_ATTENTION");
   const std::string xfer = no_prio ? "no priorities" : "priorities";
-  const std::string chunks = chunk_bytes > 0 ? fmt::format("{} MiB chunks", chunk_bytes / double(1 << 20)) : "no chunks";
+  const std::string chunks = chunk_bytes > 0 ? fmt::format("{} MiB chunks x {}", chunk_bytes / double(1 << 20), bulk_inflight) : "no chunks";
   std::string row = fmt::format("| roundpipe ({} x {}, {}, {}, attention {}, {}, {}) | {:.0f} | {:.3f} | {:.2f} | {:.2f} |",
                                 workers, backend, sync ? "sync" : "async", dtype, attn && *attn ? attn : "auto", xfer,
                                 chunks, tps, mfu, peak, dt);
