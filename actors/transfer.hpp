@@ -59,7 +59,7 @@ namespace rp {
 /// Transfer settings of a worker (SessionOptions::transfer_priorities / transfer_chunk_bytes).
 struct TransferSettings {
   bool priorities = true;                 ///< cross-stream priority and window-packed prefetch
-  size_t chunk_bytes = size_t(8) << 20;   ///< bulk copies are cut into chunks of this (0: none)
+  size_t chunk_bytes = size_t(32) << 20;  ///< bulk copies are cut into chunks of this (0: none)
   int bulk_inflight = 1;                  ///< bulk chunks in flight at once (priorities on)
 };
 

@@ -58,7 +58,7 @@ if [ "${DO_PRIO:-0}" = 1 ]; then
   # issue 6: the benchmark with cross-stream priorities + chunking on, then both off, each
   # traced, and the traces' statistics side by side (compute utilisation, activation-upload
   # waits vs one chunk, copy time hidden under compute, bytes per stream).
-  # PRIO_GPUS="1 2" for both GPU counts; CHUNK_BYTES for the "on" run (default 8 MiB);
+  # PRIO_GPUS="1 2" for both GPU counts; CHUNK_BYTES for the "on" run (default 32 MiB);
   # SKIP_PASSES warm-up passes left out of the statistics (default 2 = the default --warmup).
   res=$OUT/priorities.md
   echo "| system | tokens/s | MFU | peak GPU GiB | step s |" > "$res"; echo "|---|---|---|---|---|" >> "$res"
@@ -66,12 +66,12 @@ if [ "${DO_PRIO:-0}" = 1 ]; then
     [ "$(nvidia-smi -L | wc -l)" -ge "$g" ] || continue
     step "priorities + chunking on, $g GPU(s)"
     timeout 300 .device/bin/bench_throughput --workers "$g" --results "$res" --trace "$OUT/trace_prio_on_${g}gpu.json" \
-      --chunk-bytes "${CHUNK_BYTES:-8388608}" ${BENCH_ARGS:-}
+      --chunk-bytes "${CHUNK_BYTES:-33554432}" ${BENCH_ARGS:-}
     step "priorities + chunking off, $g GPU(s)"
     timeout 300 .device/bin/bench_throughput --workers "$g" --results "$res" --trace "$OUT/trace_prio_off_${g}gpu.json" \
       --no-priorities --chunk-bytes 0 ${BENCH_ARGS:-}
     step "trace statistics, $g GPU(s)"
-    .device/bin/bench_trace_stats --skip-passes "${SKIP_PASSES:-2}" --chunk-bytes "${CHUNK_BYTES:-8388608}" --json "$OUT/trace_stats_${g}gpu.json" \
+    .device/bin/bench_trace_stats --skip-passes "${SKIP_PASSES:-2}" --chunk-bytes "${CHUNK_BYTES:-33554432}" --json "$OUT/trace_stats_${g}gpu.json" \
       "$OUT/trace_prio_on_${g}gpu.json" "$OUT/trace_prio_off_${g}gpu.json"  # the text goes to session.log
   done
   cat "$res"

@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
   int workers = 1, layers = 28, steps = 6, warmup = 2;
   int64_t hidden = 2048, heads = 16, kv = 8, hd = 128, ffn = 6144, vocab = 151936, seq = 8192, seqs = 8, micro = 8;
   bool sync = false, qwen3 = true, no_prio = false;
-  int64_t chunk_bytes = 8 << 20;
+  int64_t chunk_bytes = 32 << 20;
   int bulk_inflight = 1;
   double cap = 139;
   app.add_option("--backend", backend);

@@ -33,7 +33,7 @@ struct TrainSpec {
   double device_memory_gib = 24;     ///< per-device pool cap
   double pcie_gbps = 0;              ///< CPU backend: emulate a PCIe link (GB/s), 0 = off
   bool transfer_priorities = true;   ///< activation copies before parameter/gradient chunks
-  int64_t transfer_chunk_bytes = 8 << 20;  ///< parameter/gradient copies cut into chunks of this (0 = none)
+  int64_t transfer_chunk_bytes = 32 << 20;  ///< parameter/gradient copies cut into chunks of this (0 = none)
   std::string output_dir = "runs/default";
   int64_t save_every = 0;            ///< also checkpoint every k steps (0 = final only)
   std::string save_dtype = "bf16";   ///< f32 | bf16 | f16

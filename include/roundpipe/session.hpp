@@ -88,7 +88,7 @@ struct SessionOptions {
   bool transfer_priorities = true;
   /// Parameter uploads and gradient downloads above this many bytes are cut into chunks of
   /// it (0: whole copies); with priorities on, an activation copy waits at most one chunk.
-  size_t transfer_chunk_bytes = size_t(8) << 20;
+  size_t transfer_chunk_bytes = size_t(32) << 20;
   /// With priorities on: parameter/gradient chunks in flight at once per direction (1: an
   /// activation copy waits behind at most one chunk; 2 hides the round trip between chunks).
   int transfer_bulk_inflight = 1;

@@ -36,7 +36,7 @@ struct Scenario {
   double max_grad_norm = 0;  // > 0: global-norm clipping (guarded steps)
   ProfilingOptions profiling;
   bool transfer_priorities = true;
-  size_t transfer_chunk_bytes = size_t(8) << 20;
+  size_t transfer_chunk_bytes = size_t(32) << 20;
   double pcie_bytes_per_s = 0;
 };
 
