@@ -30,9 +30,16 @@ double activation_latency(bool priorities) {
   std::vector<char> host_big(big, 1), host_small(small, 2);
   DeviceBuffer d_big(*dev, big), d_small(*dev, small);
   std::atomic<bool> param_done{false};
+  // CPU-backend device memory is host memory: clear it, so the upload's first chunk shows
+  volatile char* first = static_cast<char*>(d_big.get());
+  std::fill_n(static_cast<char*>(d_big.get()), big, char(0));
   dev->stream(StreamKind::param_up).copy_h2d(d_big.get(), host_big.data(), big);
   dev->stream(StreamKind::param_up).then([&](const std::string&) { param_done = true; });
-  std::this_thread::sleep_for(std::chrono::milliseconds(80));  // the upload is on the link now
+  // Wait until the upload is on the link (its first chunk landed; a loaded machine may start
+  // the stream thread late), then a little more so it is well inside the copy.
+  const auto give_up = Clock::now() + std::chrono::seconds(10);
+  while (first[0] != 1 && Clock::now() < give_up) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_FALSE(param_done.load()) << "the parameter upload finished too early to compete";
   auto t0 = Clock::now();
   std::atomic<double> latency{-1};
