@@ -51,8 +51,8 @@ struct Task {
   std::shared_ptr<UploadWindows> uploads;  ///< the weights' chunks and windows (upload_windows.hpp)
   DeviceBuffer scratch, tmp[2];
   Slot slot[2];
-  bool slot_ready[2] = {false, false};
-  bool work_ready = false;  ///< allocate_work done (a start refused for memory waits without it)  ///< slot allocated (early start may do it before the task is current)
+  bool slot_ready[2] = {false, false};  ///< slot allocated (early start may do it before the task is current)
+  bool work_ready = false;  ///< allocate_work done (a start refused for memory waits without it)
   int64_t M = 0;
   int params_pending = 0;
   int64_t next_up = 0, next_comp = 0;
@@ -204,6 +204,7 @@ class Worker : public caf::event_based_actor {
   bool wait_for_memory() {
     if (draining_.empty()) return false;
     alloc_wait_ = true;
+    if (ctx_.memory_events) ctx_.memory_events->start_waits++;
     return true;
   }
 
@@ -296,6 +297,7 @@ class Worker : public caf::event_based_actor {
       queue_.pop_front();
     } catch (const DeviceOutOfMemory&) {
       // not enough room for two stages: the next one starts when this one ends
+      if (ctx_.memory_events) ctx_.memory_events->prefetch_refusals++;
     } catch (const std::exception& e) {
       queue_.pop_front();
       fail(e.what());
