@@ -97,7 +97,8 @@ class Worker : public caf::event_based_actor {
     return {
         [this](RunStage& rs) {
           queue_.push_back(std::move(rs));
-          if (!task_) start_next();
+          // a start waiting for memory is retried when a drain finishes (finish()), not here
+          if (!task_ && !alloc_wait_) start_next();
         },
         [this](ActReady& a) {
           ready_.insert({a.pass, a.stage_index, a.micro_batch});
@@ -648,10 +649,10 @@ class Worker : public caf::event_based_actor {
     draining_.erase(it);  // releases the gradient buffers
     if (alloc_wait_ && !failed_) {  // a start refused for memory: retry now that some is free
       alloc_wait_ = false;
-      if (task_)
-        begin_current();
-      else
+      if (!task_)
         start_next();
+      else if (!task_->work_ready)  // never a task already running: that would zero its gradients
+        begin_current();
     }
     send(ctx_.scheduler, sd);
   }
