@@ -239,6 +239,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
     ctx.transfer.priorities = opt.transfer_priorities;
     ctx.transfer.chunk_bytes = opt.transfer_chunk_bytes;
     ctx.transfer.bulk_inflight = opt.transfer_bulk_inflight;
+    ctx.memory_events = &I.memory_events;
     workers.push_back(spawn_worker(*I.sys, std::move(ctx)));
   }
   I.shards = shards;
@@ -312,6 +313,10 @@ std::vector<std::string> Session::replan_log() const { return impl_->info().repl
 const ModelLayout& Session::layout() const { return impl_->layout; }
 LossScaler* Session::loss_scaler() { return impl_->scaler.get(); }
 int64_t Session::steps_closed() const { return impl_->current_step; }
+MemoryEvents Session::memory_events() const {
+  return {impl_->memory_events.start_waits.load(), impl_->memory_events.prefetch_refusals.load()};
+}
+
 size_t Session::peak_device_bytes() const {
   size_t p = 0;
   for (auto& d : impl_->devices) p = std::max(p, d->peak_bytes());

@@ -11,6 +11,7 @@
 #include "actors/pass_buffers.hpp"
 #include "actors/scheduler_actor.hpp"
 #include "actors/tracer.hpp"
+#include "actors/worker.hpp"
 #include "roundpipe/session.hpp"
 
 namespace rp {
@@ -26,6 +27,7 @@ struct Session::Impl {
   std::vector<std::unique_ptr<Layer>> layers;
   std::unique_ptr<Tracer> tracer;
   std::vector<std::unique_ptr<Device>> devices;  // destroyed after the actor system
+  MemoryEventCounters memory_events;             // the workers count into it
   std::unique_ptr<caf::actor_system_config> cfg;
   std::unique_ptr<caf::actor_system> sys;
   caf::actor scheduler;

@@ -51,8 +51,8 @@ struct Task {
   std::shared_ptr<UploadWindows> uploads;  ///< the weights' chunks and windows (upload_windows.hpp)
   DeviceBuffer scratch, tmp[2];
   Slot slot[2];
-  bool slot_ready[2] = {false, false};
-  bool work_ready = false;  ///< allocate_work done (a start refused for memory waits without it)  ///< slot allocated (early start may do it before the task is current)
+  bool slot_ready[2] = {false, false};  ///< slot allocated (early start may do it before the task is current)
+  bool work_ready = false;  ///< allocate_work done (a start refused for memory waits without it)
   int64_t M = 0;
   int params_pending = 0;
   int64_t next_up = 0, next_comp = 0;
@@ -97,7 +97,8 @@ class Worker : public caf::event_based_actor {
     return {
         [this](RunStage& rs) {
           queue_.push_back(std::move(rs));
-          if (!task_) start_next();
+          // a start waiting for memory is retried when a drain finishes (finish()), not here
+          if (!task_ && !alloc_wait_) start_next();
         },
         [this](ActReady& a) {
           ready_.insert({a.pass, a.stage_index, a.micro_batch});
@@ -204,6 +205,7 @@ class Worker : public caf::event_based_actor {
   bool wait_for_memory() {
     if (draining_.empty()) return false;
     alloc_wait_ = true;
+    if (ctx_.memory_events) ctx_.memory_events->start_waits++;
     return true;
   }
 
@@ -296,6 +298,7 @@ class Worker : public caf::event_based_actor {
       queue_.pop_front();
     } catch (const DeviceOutOfMemory&) {
       // not enough room for two stages: the next one starts when this one ends
+      if (ctx_.memory_events) ctx_.memory_events->prefetch_refusals++;
     } catch (const std::exception& e) {
       queue_.pop_front();
       fail(e.what());
@@ -646,10 +649,10 @@ class Worker : public caf::event_based_actor {
     draining_.erase(it);  // releases the gradient buffers
     if (alloc_wait_ && !failed_) {  // a start refused for memory: retry now that some is free
       alloc_wait_ = false;
-      if (task_)
-        begin_current();
-      else
+      if (!task_)
         start_next();
+      else if (!task_->work_ready)  // never a task already running: that would zero its gradients
+        begin_current();
     }
     send(ctx_.scheduler, sd);
   }

@@ -14,6 +14,7 @@
 //  - with ctx.profile, times each layer call on the compute stream and reports the times
 //    (and the layers' device memory) to the scheduler, read after completion.
 #pragma once
+#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -28,6 +29,12 @@ namespace rp {
 
 class Tracer;
 
+/// Device-memory pressure, counted by all workers of a session (Session::memory_events).
+struct MemoryEventCounters {
+  std::atomic<int64_t> start_waits{0};        ///< stage starts refused by the cap that waited for a drain
+  std::atomic<int64_t> prefetch_refusals{0};  ///< prefetch attempts refused by the cap
+};
+
 struct WorkerContext {
   int index = 0;
   Device* device = nullptr;
@@ -40,6 +47,7 @@ struct WorkerContext {
   /// Time every layer call and send LayerTimings to the scheduler (actors/layer_timer.hpp).
   bool profile = false;
   TransferSettings transfer;  ///< cross-stream priorities, chunk size
+  MemoryEventCounters* memory_events = nullptr;  ///< optional: counts refused starts and prefetches
 };
 
 /// Spawns worker `ctx.index` and its four transfer actors (activation up, activation

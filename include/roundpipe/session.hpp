@@ -100,6 +100,19 @@ struct RuntimeFailure : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// Device-memory pressure seen so far, over all workers (Session::memory_events). Diagnostic:
+/// neither count changes a result, only when stages run.
+struct MemoryEvents {
+  /// Stage starts the device memory cap refused while earlier stages' gradients were still
+  /// draining: each waited for a drain to finish and then retried (a retry refused again counts
+  /// again; a start refused with nothing draining fails the run instead).
+  int64_t start_waits = 0;
+  /// Prefetch attempts the cap refused (the next stage's weights do not fit beside the current
+  /// stage); the attempt is repeated as the current stage progresses, else the next stage
+  /// starts when the current one ends.
+  int64_t prefetch_refusals = 0;
+};
+
 /// What load_optimizer_state found in the file.
 struct OptimizerStateInfo {
   int64_t steps = 0;        ///< steps closed when it was saved: the session continues at this step
@@ -187,6 +200,8 @@ class Session {
   int64_t steps_closed() const;
   /// Peak device bytes over all workers.
   size_t peak_device_bytes() const;
+  /// Refused stage starts and prefetches so far (MemoryEvents); readable at any time.
+  MemoryEvents memory_events() const;
   std::string device_name() const;
   /// Writes the recorded trace (opt.trace) as Chrome trace JSON. Throws std::runtime_error.
   void write_trace(const std::string& path) const;

@@ -187,8 +187,8 @@ class CpuDevice final : public Device {
       std::lock_guard lk(mu_);
       if (used_ + sz > cap_)
         throw DeviceOutOfMemory(fmt::format(
-            "{}: cannot allocate {:.1f} MiB: {:.1f} MiB of {:.1f} MiB in use", name(),
-            sz / 1048576.0, used_ / 1048576.0, cap_ / 1048576.0));
+            "{}: cannot allocate {:.1f} MiB ({} bytes): {:.1f} MiB of {:.1f} MiB capacity ({} bytes) in use",
+            name(), sz / 1048576.0, sz, used_ / 1048576.0, cap_ / 1048576.0, cap_));
       used_ += sz;
       peak_ = std::max(peak_, used_);
     }

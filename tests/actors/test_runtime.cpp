@@ -5,11 +5,16 @@
 // from before step t-1).
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
 #include <fstream>
+#include <mutex>
+#include <thread>
 
 #include "roundpipe/session.hpp"
 #include "tests/actors/runtime_reference.hpp"
@@ -38,6 +43,7 @@ struct Scenario {
   bool transfer_priorities = true;
   size_t transfer_chunk_bytes = size_t(32) << 20;
   double pcie_bytes_per_s = 0;
+  size_t capacity_bytes = 0;  // > 0: per-device memory cap (else the default)
 };
 
 struct Outcome {
@@ -46,6 +52,8 @@ struct Outcome {
   std::vector<std::vector<float>> weights;
   IterationPlan initial_plan, final_plan;
   std::vector<std::string> replan_log;
+  size_t peak_bytes = 0;  // Session::peak_device_bytes
+  MemoryEvents memory;
 };
 
 constexpr int64_t kNSeq = 2, kSeqLen = 5;
@@ -75,6 +83,7 @@ Outcome run_runtime(const Scenario& sc) {
   o.transfer_priorities = sc.transfer_priorities;
   o.transfer_chunk_bytes = sc.transfer_chunk_bytes;
   o.device.pcie_bytes_per_s = sc.pcie_bytes_per_s;
+  if (sc.capacity_bytes > 0) o.device.capacity_bytes = sc.capacity_bytes;
   Session s(m, random_weights(m, 7), o);
   const int64_t n = sc.M * kNSeq * kSeqLen;
   for (int t = 0; t < sc.steps; ++t) {
@@ -96,6 +105,8 @@ Outcome run_runtime(const Scenario& sc) {
   out.initial_plan = s.initial_plan();
   out.final_plan = s.plan();
   out.replan_log = s.replan_log();
+  out.peak_bytes = s.peak_device_bytes();
+  out.memory = s.memory_events();
   return out;
 }
 
@@ -379,6 +390,179 @@ TEST(Runtime, DeviceOutOfMemoryIsATypedFailure) {
     EXPECT_NE(what.find("worker"), std::string::npos) << what;
     EXPECT_NE(what.find("cannot allocate"), std::string::npos) << what;
   }
+}
+
+// ---- The device memory cap (SessionOptions::device.capacity_bytes) ----------------------------
+// A worker's stage start allocates the stage's weights and work buffers while the stages it ran
+// before may still be writing their gradients back. A start the cap refuses then waits for a
+// drain to finish instead of failing the run (actors/worker.cpp: start_next, begin_current);
+// a refused prefetch leaves the next stage queued intact. Capacities are found from the
+// session's own peak bytes, not hard-coded, so the tests follow changes of the buffers a
+// stage allocates. Session::memory_events() tells whether a run went through the wait.
+
+/// Runs `fn` (one whole session) under a watchdog: a run must finish or fail, and one still
+/// going after `limit` hangs; the program then aborts naming `what`. The limit is a bound for
+/// a hang, not a timing assertion: these runs take well under a second.
+template <class F>
+auto bounded(const std::string& what, F&& fn, std::chrono::seconds limit = std::chrono::seconds(60)) {
+  struct Watchdog {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::thread th;
+    Watchdog(const std::string& what, std::chrono::seconds limit) {
+      th = std::thread([this, what, limit] {
+        std::unique_lock lk(mu);
+        if (!cv.wait_for(lk, limit, [this] { return done; })) {
+          std::fprintf(stderr, "%s: neither finished nor failed within %lld s: the run hangs\n", what.c_str(),
+                       static_cast<long long>(limit.count()));
+          std::abort();
+        }
+      });
+    }
+    ~Watchdog() {
+      {
+        std::lock_guard lk(mu);
+        done = true;
+      }
+      cv.notify_all();
+      th.join();
+    }
+  } dog(what, limit);
+  return fn();
+}
+
+/// Device bytes of the plan's largest stage on its own: one pass with every stage on a worker
+/// of its own (no prefetched stage beside it, no earlier stage's gradients draining), so each
+/// device's peak is one stage's weights plus work buffers. The smallest capacity a run with the
+/// start wait completes with: any start then fits once the drains ahead of it are done.
+size_t largest_stage_bytes(Scenario sc) {
+  sc.workers = int(sc.plan->stages.size());
+  sc.steps = 1;
+  sc.passes_per_step = 1;
+  sc.capacity_bytes = 0;
+  sc.pcie_bytes_per_s = 0;
+  return bounded("largest stage probe", [&] { return run_runtime(sc); }).peak_bytes;
+}
+
+/// run_runtime, with a runtime failure reported as a test failure (its one-line message says
+/// which allocation the cap refused) instead of an exception.
+std::optional<Outcome> run_capped(const Scenario& sc, const std::string& what) {
+  try {
+    return bounded(what, [&] { return run_runtime(sc); });
+  } catch (const RuntimeFailure& e) {
+    ADD_FAILURE() << what << ": capacity " << sc.capacity_bytes << " bytes: " << e.what();
+    return std::nullopt;
+  }
+}
+
+/// The CPU backend's allocation failure, naming the capacity in bytes.
+bool names_the_capacity(const std::string& what, size_t cap) {
+  return what.find("cannot allocate") != std::string::npos &&
+         what.find("capacity (" + std::to_string(cap) + " bytes)") != std::string::npos;
+}
+
+// Plans over embedding + 4 decoders + tail (layers 0-5); stages are dealt round-robin.
+// F[0-3] T[4-5] B[3-2] B[1-0]: the largest stage is the tail. On one worker B[3-2] starts right
+// after it, on two workers the tail starts right after B[1-0]: the starting stage's weights
+// fit beside the previous stage's gradients, its work buffers do not (begin_current waits).
+IterationPlan work_bound_plan() { return make_uniform_plan(6, 4, 2, 1); }
+// F[0-4] T[5-5] B[4-3] B[2-0]: the largest stage is B[2-0] (about 186 KB). F[0-4] holds most
+// of the weights (132 KB) and small work buffers; it starts right after a backward stage (on
+// one worker B[2-0] of the previous pass, on two B[4-3]) whose 62-71 KB of gradients leave no
+// room for its weights: the cap refuses already prepare() (start_next waits).
+IterationPlan weight_bound_plan() {
+  IterationPlan p;
+  p.num_layers = 6;
+  p.stages = {{StageKind::forward, 0, 4}, {StageKind::tail, 5, 5}, {StageKind::backward, 3, 4},
+              {StageKind::backward, 0, 2}};
+  validate_plan(p, "weight-bound plan");
+  return p;
+}
+
+// (a) The cap is the largest stage's own need, the smallest capacity any run can complete
+// with (one 256-byte block less fails, test (b)): every stage fits on an empty device, but not
+// beside the gradients of the stage its worker ran before, which are still on the device
+// when it starts (a stage's drain begins when its last micro-batch is downloaded, and the
+// next stage starts in the same message; the drain then crosses a throttled link). Each such
+// start waits for the drain and retries; without the wait the run fails with the device's
+// "cannot allocate". The result equals the sequential loop, async and sync.
+TEST(RuntimeMemoryCap, StartRefusedByTheCapWaitsForDrainingGradients) {
+  for (auto [plan, workers] : {std::pair{work_bound_plan(), 1}, {work_bound_plan(), 2}, {weight_bound_plan(), 1},
+                               {weight_bound_plan(), 2}})
+    for (bool async : {true, false}) {
+      Scenario sc;
+      sc.plan = plan;
+      sc.async = async;
+      sc.workers = workers;
+      sc.pcie_bytes_per_s = 5e7;  // a 31 KB decoder gradient takes 0.6 ms to drain
+      const std::string what = plan.summary() + (async ? " async" : " sync") + " workers=" + std::to_string(workers);
+      const Outcome uncapped = bounded(what, [&] { return run_runtime(sc); });
+      EXPECT_EQ(uncapped.memory.start_waits, 0) << what;
+      EXPECT_EQ(uncapped.memory.prefetch_refusals, 0) << what;
+      sc.capacity_bytes = largest_stage_bytes(sc);
+      ASSERT_LT(sc.capacity_bytes, uncapped.peak_bytes) << what << ": the cap must bind";
+      const std::optional<Outcome> got = run_capped(sc, what);
+      if (!got) continue;
+      std::printf("%s: cap %zu bytes (uncapped peak %zu): %lld start waits, %lld prefetches refused\n", what.c_str(),
+                  sc.capacity_bytes, uncapped.peak_bytes, static_cast<long long>(got->memory.start_waits),
+                  static_cast<long long>(got->memory.prefetch_refusals));
+      EXPECT_GT(got->memory.start_waits, 0) << what << ": no start waited, so this cap does not test the wait";
+      EXPECT_EQ(got->peak_bytes, sc.capacity_bytes) << what;
+      expect_same(*got, run_reference(sc), 1e-5, what + " capped");
+    }
+}
+
+// (b) A stage that does not fit an empty device fails the run with the device's one-line
+// typed error, which names the capacity, whether no stage fits (the start fails at once) or
+// only the largest does not (it waits for the drains ahead of it, then fails); a wait with
+// nothing left to drain would hang, so every run is bounded.
+TEST(RuntimeMemoryCap, StageLargerThanTheCapFailsWithATypedErrorAndNeverHangs) {
+  for (auto [plan, workers] : {std::pair{work_bound_plan(), 1}, {work_bound_plan(), 2}, {weight_bound_plan(), 1}}) {
+    Scenario sc;
+    sc.plan = plan;
+    sc.workers = workers;
+    sc.pcie_bytes_per_s = 5e7;
+    const size_t largest = largest_stage_bytes(sc);
+    for (size_t cap : {size_t(4096), largest - 256 /* allocations are 256-byte multiples */}) {
+      sc.capacity_bytes = cap;
+      const std::string what = plan.summary() + " workers=" + std::to_string(workers) + " capacity " +
+                               std::to_string(cap) + " (largest stage " + std::to_string(largest) + ")";
+      try {
+        bounded(what, [&] { return run_runtime(sc); });
+        ADD_FAILURE() << what << ": expected RuntimeFailure";
+      } catch (const RuntimeFailure& e) {
+        const std::string msg = e.what();
+        EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+        EXPECT_EQ(msg.rfind("worker ", 0), 0u) << msg;
+        EXPECT_TRUE(names_the_capacity(msg, cap)) << what << ": " << msg;
+      }
+    }
+  }
+}
+
+// (c) A cap that fits the largest stage but not the next stage's weights beside it refuses
+// prefetches (the next stage then starts when the current one ends). A refused prefetch must
+// leave the queued stage as it was: it used to be moved into prepare() and left behind
+// moved-from, with no buffers. Several workers, passes per step and micro-batches, full-speed
+// link: the result equals the sequential loop.
+TEST(RuntimeMemoryCap, PrefetchRefusedByTheCapKeepsTheQueuedStage) {
+  for (int workers : {2, 3})
+    for (bool async : {true, false}) {
+      Scenario sc;
+      sc.plan = make_uniform_plan(6, 2, 2, 1);  // F[0-1] F[2-3] T[4-5] B[3-2] B[1-0]
+      sc.workers = workers;
+      sc.async = async;
+      sc.M = 4;
+      sc.passes_per_step = 2;
+      sc.capacity_bytes = largest_stage_bytes(sc);
+      const std::string what = std::string(async ? "async" : "sync") + " workers=" + std::to_string(workers) +
+                               " capacity " + std::to_string(sc.capacity_bytes);
+      const std::optional<Outcome> got = run_capped(sc, what);
+      if (!got) continue;
+      EXPECT_GT(got->memory.prefetch_refusals, 0) << what << ": no prefetch was refused";
+      expect_same(*got, run_reference(sc), 1e-5, what);
+    }
 }
 
 TEST(Runtime, RejectsBadInputs) {
