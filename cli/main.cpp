@@ -25,8 +25,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   train->add_option("--output-dir", ov.output_dir, "override the output directory");
   train->add_option("--dump-batch", ov.dump_batch, "write the first step's batch (ids, targets) as JSON");
-  train->add_option("--resume", ov.resume,
-                    "continue from a checkpoint folder (checkpoint-<k>/ or final/ of an earlier run)");
+  auto* resume_opt = train->add_option("--resume", ov.resume,
+                                       "continue from a checkpoint folder (checkpoint-<k>/ or final/ of an earlier run)");
   std::string in, out, dtype = "f32";
   auto* convert = app.add_subcommand("convert", "convert a GGUF model to a Hugging Face checkpoint folder");
   convert->add_option("input", in, "model.gguf")->required();
@@ -58,7 +58,10 @@ int main(int argc, char** argv) {
   spdlog::set_pattern("[%H:%M:%S] %v");
   if (quiet) spdlog::set_level(spdlog::level::warn);
   try {
-    if (*train) return rp::run_train(rp::load_spec(spec_path), ov);
+    if (*train) {
+      ov.resume_given = resume_opt->count() > 0;
+      return rp::run_train(rp::load_spec(spec_path), ov);
+    }
     if (*convert) {
       rp::convert_gguf_to_hf(in, out, rp::parse_dtype(dtype));
       fmt::print("wrote {}\n", out);

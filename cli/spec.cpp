@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include <limits>
+
 #include "data/chat_template.hpp"
 
 namespace rp {
@@ -39,6 +41,12 @@ void get(const nlohmann::json& j, const char* key, T& out, const std::string& wh
     out = v.get<bool>();
   } else if constexpr (std::is_integral_v<T>) {
     if (!v.is_number_integer()) bad(where, k, "an integer", v);
+    if constexpr (std::is_signed_v<T>) {
+      if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<T>::max()))
+        bad(where, k, fmt::format("an integer <= {}", std::numeric_limits<T>::max()), v);
+    } else {
+      if (!v.is_number_unsigned()) bad(where, k, "an integer >= 0", v);
+    }
     out = v.get<T>();
   } else if constexpr (std::is_floating_point_v<T>) {
     if (!v.is_number()) bad(where, k, "a number", v);
@@ -164,7 +172,8 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
     bad(where, "save_dtype", "\"f32\", \"bf16\" or \"f16\"", s.save_dtype);
   if (s.device_memory_gib <= 0) bad(where, "device_memory_gib", "a number > 0", s.device_memory_gib);
   if (s.pcie_gbps < 0) bad(where, "pcie_gbps", "a number >= 0", s.pcie_gbps);
-  if (s.transfer_chunk_bytes < 0) bad(where, "transfer_chunk_bytes", "an integer >= 0", s.transfer_chunk_bytes);
+  if (s.transfer_chunk_bytes != 0 && s.transfer_chunk_bytes < (int64_t(1) << 16))
+    bad(where, "transfer_chunk_bytes", "0 (no chunking) or at least 65536 bytes", s.transfer_chunk_bytes);
   if (s.save_every < 0) bad(where, "save_every", "an integer >= 0", s.save_every);
   if (s.output_dir.empty()) bad(where, "output_dir", "a non-empty path", s.output_dir);
   if (s.chat_template != "auto") {

@@ -9,12 +9,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "data/dataset.hpp"
 #include "data/tokenizer.hpp"
+#include "kernels/device.hpp"
 #include "model/checkpoint.hpp"
 #include "roundpipe/session.hpp"
 
@@ -32,22 +34,38 @@ void on_sigint(int) {
     [[maybe_unused]] auto n = ::write(2, msg, sizeof msg - 1);
     std::_Exit(130);
   }
+  static const char first[] =
+      "\nroundpipe: interrupted: finishing the steps in flight, then saving (Ctrl-C again to exit now)\n";
+  [[maybe_unused]] auto n = ::write(2, first, sizeof first - 1);
 }
 
-/// Removes "<name>.tmp-<pid>" folders and files that a killed run of a process no longer
-/// alive left in `dir` (save_hf_checkpoint writes there before its atomic rename).
+/// Cleans what a killed run of a process no longer alive left in `dir`: "<name>.tmp-<pid>"
+/// (save_hf_checkpoint writes there before its atomic rename) is removed; "<name>.old-<pid>"
+/// (the previous checkpoint, moved aside during the swap) is put back as <name> when the
+/// kill came before the new one was in place, and removed otherwise, so a finished
+/// checkpoint is never lost.
 void remove_stale_temporaries(const fs::path& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return;
-  for (auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    const auto pos = name.rfind(".tmp-");
-    if (pos == std::string::npos) continue;
-    const std::string pid = name.substr(pos + 5);
-    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
-    if (fs::exists("/proc/" + pid)) continue;  // still being written by a live process
-    fs::remove_all(e.path(), ec);
-    if (!ec) spdlog::info("removed {} left by an interrupted run", e.path().string());
+  std::vector<fs::path> entries;
+  for (auto& e : fs::directory_iterator(dir, ec)) entries.push_back(e.path());
+  for (const auto& p : entries) {
+    const std::string name = p.filename().string();
+    for (const char* tag : {".tmp-", ".old-"}) {
+      const auto pos = name.rfind(tag);
+      if (pos == std::string::npos) continue;
+      const std::string pid = name.substr(pos + 5);
+      if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+      if (pid == std::to_string(::getpid()) || fs::exists("/proc/" + pid)) continue;  // a live writer
+      const fs::path base = dir / name.substr(0, pos);
+      if (tag[1] == 'o' && !fs::exists(base, ec)) {
+        fs::rename(p, base, ec);
+        if (!ec) spdlog::warn("restored {} from {} (a run was killed while replacing it)", base.string(), p.string());
+      } else {
+        fs::remove_all(p, ec);
+        if (!ec) spdlog::info("removed {} left by an interrupted run", p.string());
+      }
+    }
   }
 }
 
@@ -69,6 +87,8 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
   if (ov.workers > 0) spec.workers = ov.workers;
   if (!ov.backend.empty()) spec.backend = ov.backend;
   if (!ov.output_dir.empty()) spec.output_dir = ov.output_dir;
+  if (ov.resume_given && ov.resume.empty())
+    throw std::invalid_argument("--resume: expected a checkpoint folder (checkpoint-<k>/ or final/), got \"\"");
   if (!ov.resume.empty()) spec.resume_from = ov.resume;
   const auto t_start = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count(); };
@@ -84,6 +104,14 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
       throw std::invalid_argument(fmt::format("{}: key 'output_dir': '{}' exists and is not a checkpoint folder",
                                               spec.source, fin.string()));
     remove_stale_temporaries(spec.output_dir);
+  }
+
+  if (spec.compute_dtype == "f16") {  // fp16 storage exists only on the CUDA backend
+    const bool cuda = spec.backend == "cuda" || (spec.backend == "auto" && cuda_device_count() > 0);
+    if (!cuda)
+      throw std::invalid_argument(fmt::format(
+          "{}: key 'compute_dtype': \"f16\" needs the cuda backend (the cpu backend computes in f32){}", spec.source,
+          spec.backend == "auto" ? "; no CUDA device is visible" : ""));
   }
 
   // ---- resume: check the checkpoint's trainer state before loading anything ------

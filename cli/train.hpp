@@ -13,6 +13,7 @@ struct TrainOverrides {
   std::string output_dir;   ///< non-empty replaces spec.output_dir
   std::string dump_batch;   ///< non-empty: write step 1's batch (ids, targets) here as JSON
   std::string resume;       ///< non-empty replaces spec.resume_from: continue from this checkpoint folder
+  bool resume_given = false; ///< --resume was on the command line (an empty value is an error)
 };
 
 /// Runs the training job of `spec`: loads model and data, builds a Session, prints one

@@ -80,5 +80,5 @@ PY
 fi
 
 echo "[setup] configuring and building (build/)"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release | grep "RoundPipe:" || true
 cmake --build build -j"$(nproc)"

@@ -104,6 +104,10 @@ TEST(Cli, BadSpecsGiveOneLineNamingTheKey) {
       {", \"sequences_per_step\": 3", "not divisible"},
       {", \"backend\": \"tpu\"", "key 'backend'"},
       {", \"transfer_chunk_bytes\": -1", "key 'transfer_chunk_bytes'"},
+      {", \"transfer_chunk_bytes\": 1", "key 'transfer_chunk_bytes': expected 0 (no chunking) or at least 65536"},
+      {", \"transfer_chunk_bytes\": 9223372036854775808", "got 9223372036854775808"},
+      {", \"seed\": -1", "key 'seed': expected an integer >= 0, got -1"},
+      {", \"backend\": \"cpu\", \"compute_dtype\": \"f16\"", "key 'compute_dtype': \"f16\" needs the cuda backend"},
       {", \"transfer_priorities\": \"yes\"", "key 'transfer_priorities': expected true or false"},
       {", \"optimizer\": {\"lr\": 1e-3, \"beta\": 0.9}", "unknown key 'optimizer.beta'"},
       {", \"lr_schedule\": {\"kind\": \"exp\"}", "exp"},
@@ -115,8 +119,33 @@ TEST(Cli, BadSpecsGiveOneLineNamingTheKey) {
     expect_one_line_error(r, c.needle);
     EXPECT_FALSE(fs::exists(d / "run")) << c.extra;
   }
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
+  expect_one_line_error(roundpipe("train " + (d / "spec.json").string() + " --resume ''", d),
+                        "--resume: expected a checkpoint folder");
+  EXPECT_FALSE(fs::exists(d / "run"));
   write(d / "broken.json", "{\"model\": \"x\",\n \"data\": }");
   expect_one_line_error(roundpipe("train " + (d / "broken.json").string(), d), "broken.json:2:");
+  fs::remove_all(d);
+}
+
+// A run killed while swapping a checkpoint into place left "<name>.old-<pid>" (the previous
+// checkpoint) and maybe no "<name>": the next run puts it back; beside a complete "<name>"
+// it is removed. Nothing finished is lost.
+TEST(Cli, LeftoversOfAKilledCheckpointSwapAreRestoredOrRemoved) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  write(d / "data.jsonl", "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n");
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
+  fs::create_directories(d / "run/checkpoint-7.old-999999999");
+  write(d / "run/checkpoint-7.old-999999999/marker", "kept");
+  fs::create_directories(d / "run/checkpoint-5");
+  fs::create_directories(d / "run/checkpoint-5.old-999999999");
+  CliRun r = roundpipe("train " + (d / "spec.json").string() + " --steps 1", d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(d / "run/checkpoint-7/marker")) << r.err;
+  EXPECT_FALSE(fs::exists(d / "run/checkpoint-7.old-999999999"));
+  EXPECT_TRUE(fs::exists(d / "run/checkpoint-5"));
+  EXPECT_FALSE(fs::exists(d / "run/checkpoint-5.old-999999999"));
   fs::remove_all(d);
 }
 
