@@ -81,13 +81,13 @@ TEST(Cli, TransferSettingsFromTheSpecReachTheTrace) {
   auto model = tiny_model(d);
   write(d / "data.jsonl", "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n");
   write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run",
-                                  ", \"trace\": true, \"transfer_priorities\": false, \"transfer_chunk_bytes\": 4096"));
+                                  ", \"trace\": true, \"transfer_priorities\": false, \"transfer_chunk_bytes\": 65536"));
   CliRun r = roundpipe("train " + (d / "spec.json").string(), d);
   ASSERT_EQ(r.code, 0) << r.err << r.out;
   std::ifstream f(d / "run/trace.json");
   auto j = nlohmann::json::parse(f);
   EXPECT_EQ(j["otherData"]["transfer_priorities"], "off");
-  EXPECT_EQ(j["otherData"]["transfer_chunk_bytes"], "4096");
+  EXPECT_EQ(j["otherData"]["transfer_chunk_bytes"], "65536");
   fs::remove_all(d);
 }
 
