@@ -5,6 +5,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <unistd.h>
 #include <cstdio>
 #include <filesystem>
@@ -54,7 +55,7 @@ void remove_stale_temporaries(const fs::path& dir) {
     for (const char* tag : {".tmp-", ".old-"}) {
       const auto pos = name.rfind(tag);
       if (pos == std::string::npos) continue;
-      const std::string pid = name.substr(pos + 5);
+      const std::string pid = name.substr(pos + std::strlen(tag));
       if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
       if (pid == std::to_string(::getpid()) || fs::exists("/proc/" + pid)) continue;  // a live writer
       const fs::path base = dir / name.substr(0, pos);

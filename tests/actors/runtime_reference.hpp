@@ -12,6 +12,17 @@
 
 namespace rp::test {
 
+/// AdamW settings and learning rate of step t shared by the runtime tests (all options on).
+inline AdamWOptions adam_opts() {
+  AdamWOptions o;
+  o.beta1 = 0.9;
+  o.beta2 = 0.99;
+  o.eps = 1e-6;
+  o.weight_decay = 0.01;
+  return o;
+}
+inline double lr_at(int t) { return 1e-2 * (1.0 + 0.1 * t); }
+
 inline ModelConfig tiny_config(bool qwen3, bool tied, int layers = 4) {
   ModelConfig c;
   c.architecture = qwen3 ? "qwen3" : "llama";

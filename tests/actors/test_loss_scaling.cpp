@@ -17,15 +17,6 @@ namespace {
 
 constexpr int64_t kM = 2, kNSeq = 2, kSeqLen = 5;
 
-AdamWOptions adam_opts() {
-  AdamWOptions o;
-  o.beta1 = 0.9;
-  o.beta2 = 0.99;
-  o.eps = 1e-6;
-  o.weight_decay = 0.01;
-  return o;
-}
-double lr_at(int t) { return 1e-2 * (1.0 + 0.1 * t); }
 
 struct TrainRun {
   std::vector<StepResult> results;

@@ -58,15 +58,6 @@ struct Outcome {
 
 constexpr int64_t kNSeq = 2, kSeqLen = 5;
 
-AdamWOptions adam_opts() {
-  AdamWOptions o;
-  o.beta1 = 0.9;
-  o.beta2 = 0.99;
-  o.eps = 1e-6;
-  o.weight_decay = 0.01;
-  return o;
-}
-double lr_at(int t) { return 1e-2 * (1.0 + 0.1 * t); }
 
 Outcome run_runtime(const Scenario& sc) {
   ModelLayout m = make_layout(tiny_config(sc.qwen3, sc.tied));

@@ -239,36 +239,66 @@ struct AttnShape {
   int impl;           // forward (cuda_backend.hpp): 0 auto, 1 simple, 2/3 flash, 4 cuDNN
   int bwd_impl = -1;  // backward; -1 = same as the forward (others: mixed pairs share lse)
 };
-class CudaAttention : public CudaOpsTest, public ::testing::WithParamInterface<AttnShape> {};
+// Random bf16 inputs (seeds seed..seed+3), outputs poisoned, attention forward with
+// implementation `impl`, then backward with `bwd_impl` (-1: the same) on the GPU.
+class CudaAttentionTest : public CudaOpsTest {
+ protected:
+  struct Run {
+    VecF q, k, v, dout;   // host inputs (before bf16 rounding)
+    DT o, lse, dq, dk, dv;  // GPU results
+  };
+  static bool skip_without_cudnn(int impl, int bwd_impl = -1) {
+#ifdef RP_HAVE_CUDA
+    return (impl == 4 || bwd_impl == 4) && !cuda::cudnn_attention_available();
+#else
+    (void)impl, (void)bwd_impl;
+    return false;
+#endif
+  }
+  Run run_attention(int64_t S, int64_t L, int64_t nq, int64_t nkv, int64_t D, uint64_t seed, int impl,
+                    int bwd_impl = -1) {
+    const int64_t T = S * L;
+    const float scale = float(1.0 / std::sqrt(double(D)));
+    Run r;
+    r.q = randn(size_t(T * nq * D), seed);
+    r.k = randn(size_t(T * nkv * D), seed + 1);
+    r.v = randn(size_t(T * nkv * D), seed + 2);
+    r.dout = randn(size_t(T * nq * D), seed + 3);
+    DT qd = upload(r.q, DType::bf16), kd = upload(r.k, DType::bf16), vd = upload(r.v, DType::bf16);
+    DT dod = upload(r.dout, DType::bf16);
+    r.o = poisoned(T * nq * D, DType::bf16);
+    r.lse = poisoned(S * nq * L, DType::f32);
+    r.dq = poisoned(T * nq * D, DType::bf16);
+    r.dk = poisoned(T * nkv * D, DType::bf16);
+    r.dv = poisoned(T * nkv * D, DType::bf16);
+    DeviceBuffer scratch(dev(), Ops::attention_scratch_bytes(S, L, nq, nkv, D));
+    run([&](Ops& op) {
+#ifdef RP_HAVE_CUDA
+      cuda::set_attention_impl(op, impl);
+#endif
+      op.attention_fwd(qd.get(), kd.get(), vd.get(), r.o.get(), r.lse.as<float>(), S, L, nq, nkv, D, scale,
+                       scratch.get());
+#ifdef RP_HAVE_CUDA
+      cuda::set_attention_impl(op, bwd_impl < 0 ? impl : bwd_impl);
+#endif
+      op.attention_bwd(qd.get(), kd.get(), vd.get(), r.o.get(), r.lse.as<float>(), dod.get(), r.dq.get(),
+                       r.dk.get(), r.dv.get(), S, L, nq, nkv, D, scale, scratch.get());
+    });
+    return r;
+  }
+};
+
+class CudaAttention : public CudaAttentionTest, public ::testing::WithParamInterface<AttnShape> {};
 
 TEST_P(CudaAttention, MatchesCpu) {
   const auto [S, L, nq, nkv, D, impl, bwd_impl] = GetParam();
-#ifdef RP_HAVE_CUDA
-  if ((impl == 4 || bwd_impl == 4) && !cuda::cudnn_attention_available())
+  if (skip_without_cudnn(impl, bwd_impl))
     GTEST_SKIP() << "this build has no cuDNN attention (scripts/setup.sh fetches cudnn-frontend)";
-#endif
   const int64_t T = S * L;
   const float scale = float(1.0 / std::sqrt(double(D)));
-  VecF q = randn(size_t(T * nq * D), 61), k = randn(size_t(T * nkv * D), 62), v = randn(size_t(T * nkv * D), 63);
-  VecF dout = randn(size_t(T * nq * D), 64);
-  DT qd = upload(q, DType::bf16), kd = upload(k, DType::bf16), vd = upload(v, DType::bf16);
-  DT dod = upload(dout, DType::bf16);
-  DT o = poisoned(T * nq * D, DType::bf16), lse = poisoned(S * nq * L, DType::f32);
-  DT dq = poisoned(T * nq * D, DType::bf16), dk = poisoned(T * nkv * D, DType::bf16),
-     dv = poisoned(T * nkv * D, DType::bf16);
-  DeviceBuffer scratch(dev(), Ops::attention_scratch_bytes(S, L, nq, nkv, D));
-  run([&](Ops& op) {
-#ifdef RP_HAVE_CUDA
-    cuda::set_attention_impl(op, impl);
-#endif
-    op.attention_fwd(qd.get(), kd.get(), vd.get(), o.get(), lse.as<float>(), S, L, nq, nkv, D, scale,
-                     scratch.get());
-#ifdef RP_HAVE_CUDA
-    cuda::set_attention_impl(op, bwd_impl < 0 ? impl : bwd_impl);
-#endif
-    op.attention_bwd(qd.get(), kd.get(), vd.get(), o.get(), lse.as<float>(), dod.get(), dq.get(),
-                     dk.get(), dv.get(), S, L, nq, nkv, D, scale, scratch.get());
-  });
+  Run g = run_attention(S, L, nq, nkv, D, 61, impl, bwd_impl);
+  const VecF &q = g.q, &k = g.k, &v = g.v, &dout = g.dout;
+  DT &o = g.o, &lse = g.lse, &dq = g.dq, &dk = g.dk, &dv = g.dv;
   // CPU twin on the same (rounded) inputs; its backward uses the GPU's rounded o.
   VecF ro(size_t(T * nq * D), {}), rlse(size_t(S * nq * L), {}), rdq(q.size()), rdk(k.size()), rdv(v.size());
   std::vector<char> cs(Ops::attention_scratch_bytes(S, L, nq, nkv, D));
@@ -343,32 +373,16 @@ TEST_F(CudaOpsTest, ForcedCudnnRefusalNamesTheReason) {
 
 // Flash (ours: impl 3; cuDNN: impl 4) vs a double-precision reference on sampled rows at
 // 64K tokens (memory linear in L).
-class CudaAttention64K : public CudaOpsTest, public ::testing::WithParamInterface<int> {};
+class CudaAttention64K : public CudaAttentionTest, public ::testing::WithParamInterface<int> {};
 INSTANTIATE_TEST_SUITE_P(Impl, CudaAttention64K, ::testing::Values(3, 4));
 TEST_P(CudaAttention64K, MatchesDoubleReferenceOnSampledRows) {
-#ifdef RP_HAVE_CUDA
-  if (GetParam() == 4 && !cuda::cudnn_attention_available())
+  if (skip_without_cudnn(GetParam()))
     GTEST_SKIP() << "this build has no cuDNN attention (scripts/setup.sh fetches cudnn-frontend)";
-#endif
-  const int64_t S = 1, L = 65536, nq = 2, nkv = 1, D = 128, T = S * L;
+  const int64_t S = 1, L = 65536, nq = 2, nkv = 1, D = 128;
   const float scale = float(1.0 / std::sqrt(double(D)));
-  VecF q = randn(size_t(T * nq * D), 71), k = randn(size_t(T * nkv * D), 72), v = randn(size_t(T * nkv * D), 73);
-  VecF dout = randn(size_t(T * nq * D), 74);
-  DT qd = upload(q, DType::bf16), kd = upload(k, DType::bf16), vd = upload(v, DType::bf16);
-  DT dod = upload(dout, DType::bf16);
-  DT o = poisoned(T * nq * D, DType::bf16), lse = poisoned(S * nq * L, DType::f32);
-  DT dq = poisoned(T * nq * D, DType::bf16), dk = poisoned(T * nkv * D, DType::bf16),
-     dv = poisoned(T * nkv * D, DType::bf16);
-  DeviceBuffer scratch(dev(), Ops::attention_scratch_bytes(S, L, nq, nkv, D));
-  run([&](Ops& op) {
-#ifdef RP_HAVE_CUDA
-    cuda::set_attention_impl(op, GetParam());
-#endif
-    op.attention_fwd(qd.get(), kd.get(), vd.get(), o.get(), lse.as<float>(), S, L, nq, nkv, D, scale,
-                     scratch.get());
-    op.attention_bwd(qd.get(), kd.get(), vd.get(), o.get(), lse.as<float>(), dod.get(), dq.get(),
-                     dk.get(), dv.get(), S, L, nq, nkv, D, scale, scratch.get());
-  });
+  Run g = run_attention(S, L, nq, nkv, D, 71, GetParam());
+  const VecF &q = g.q, &k = g.k, &v = g.v, &dout = g.dout;
+  DT &o = g.o, &lse = g.lse, &dq = g.dq, &dk = g.dk, &dv = g.dv;
   VecF go = download(o), gl = download(lse), gq = download(dq), gk = download(dk), gv = download(dv);
   for (float x : go) ASSERT_FALSE(std::isnan(x));
   for (float x : gk) ASSERT_FALSE(std::isnan(x));
