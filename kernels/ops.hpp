@@ -19,9 +19,11 @@
 //    std::invalid_argument / std::out_of_range before anything is written.
 #pragma once
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -215,6 +217,19 @@ class Ops {
   /// rows; the CUDA backend sizes its chunks to all of it, so the LM-head weight gradient
   /// GEMM runs T/R times instead of T/kCeChunk times (each pass reads and writes dW).
   static constexpr int64_t kCeMaxRows = 1024;
+  /// The argument checks every backend's lm_head_cross_entropy makes before enqueuing
+  /// anything: throws std::invalid_argument naming the op for bad dimensions, a null loss
+  /// or scratch, or a non-finite / non-positive loss_scale.
+  static void check_lm_head_ce_args(int64_t T, int64_t H, int64_t V, const float* loss, const void* scratch,
+                                    float loss_scale) {
+    auto require = [](bool ok, const char* what) {
+      if (!ok) throw std::invalid_argument(std::string("lm_head_cross_entropy: ") + what);
+    };
+    require(T >= 0 && H > 0 && V > 0, "bad dimensions");
+    require(loss != nullptr, "loss is null");
+    require(scratch != nullptr, "scratch is null");
+    require(std::isfinite(loss_scale) && loss_scale > 0.f, "loss_scale must be finite and > 0");
+  }
   static size_t lm_head_ce_scratch_bytes(int64_t T, int64_t H, int64_t V) {
     const int64_t R = std::clamp<int64_t>(T, kCeChunk, kCeMaxRows);
     return size_t(R * (V + 2 * H)) * 4 + size_t(R) * 4;

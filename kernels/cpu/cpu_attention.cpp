@@ -171,10 +171,7 @@ void CpuOps::lm_head_cross_entropy(const void* h, const void* w, const int32_t* 
                                    int64_t T, int64_t H, int64_t V, float* loss, void* dh,
                                    void* dw, void* scratch, float loss_scale) {
   const char* op = "lm_head_cross_entropy";
-  require(T >= 0 && H > 0 && V > 0, op, "bad dimensions");
-  require(loss != nullptr, op, "loss is null");
-  require(scratch != nullptr, op, "scratch is null");
-  require(std::isfinite(loss_scale) && loss_scale > 0.f, op, "loss_scale must be finite and > 0");
+  Ops::check_lm_head_ce_args(T, H, V, loss, scratch, loss_scale);
   for (int64_t t = 0; t < T; ++t)
     if (targets[t] >= V)
       throw std::out_of_range(std::string(op) + ": target " + std::to_string(targets[t]) +

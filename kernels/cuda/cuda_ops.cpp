@@ -320,11 +320,7 @@ bool CudaOps::try_cudnn(bool backward, const std::function<bool(std::string*)>& 
 void CudaOps::lm_head_cross_entropy(const void* h, const void* w, const int32_t* targets,
                                     int64_t T, int64_t H, int64_t V, float* loss, void* dh,
                                     void* dw, void* scratch, float loss_scale) {
-  const char* op = "lm_head_cross_entropy";
-  require(T >= 0 && H > 0 && V > 0, op, "bad dimensions");
-  require(loss != nullptr, op, "loss is null");
-  require(scratch != nullptr, op, "scratch is null");
-  require(std::isfinite(loss_scale) && loss_scale > 0.f, op, "loss_scale must be finite and > 0");
+  Ops::check_lm_head_ce_args(T, H, V, loss, scratch, loss_scale);
   set_device(dev_);
   const size_t avail = Ops::lm_head_ce_scratch_bytes(T, H, V);
   const size_t es = dtype_size(dtype_);

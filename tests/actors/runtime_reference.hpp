@@ -2,6 +2,7 @@
 // layers (no actors, no streams), with a textbook AdamW written here independently of
 // optimizer/adamw.cpp. The runtime must reproduce it.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -11,6 +12,16 @@
 #include "optimizer/adamw.hpp"
 
 namespace rp::test {
+
+/// ||a - b|| / ||b|| over the elements (relative error of a against the reference b).
+inline double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
 
 /// AdamW settings and learning rate of step t shared by the runtime tests (all options on).
 inline AdamWOptions adam_opts() {
