@@ -72,13 +72,10 @@ void count_per_pass(const ModelLayout& m, const IterationPlan& plan, std::vector
   uploads.assign(m.groups.size(), 0);
   grads.assign(m.groups.size(), 0);
   for (auto& st : plan.stages) {
-    std::vector<char> seen(m.groups.size(), 0);
-    for (int l : st.layers())
-      for (int g : m.groups_of(l)) seen[size_t(g)] = 1;
-    for (size_t g = 0; g < seen.size(); ++g) {
-      uploads[g] += seen[g];
-      if (st.kind != StageKind::forward) grads[g] += seen[g];
-    }
+    const std::vector<int> layers = st.layers();
+    for (int g : m.groups_uploaded(layers, st.kind == StageKind::backward)) uploads[size_t(g)]++;
+    if (st.kind != StageKind::forward)
+      for (int g : m.groups_of(layers)) grads[size_t(g)]++;
   }
 }
 

@@ -120,6 +120,11 @@ class Transfer {
   }
 
   void issue(uint64_t id, Job& j, size_t k) {
+    std::unique_lock<std::mutex> gate_lock;
+    if (opt_.gate) {
+      gate_lock = std::unique_lock<std::mutex>(opt_.gate->m);
+      if (opt_.gate->closed) return;  // the worker is freeing its buffers: never issue again
+    }
     auto& st = self_->state;
     const Chunk c = j.chunks[k];
     const CopyRequest& r = j.req;
@@ -228,6 +233,7 @@ WorkerTransfers spawn_worker_transfers(caf::actor_system& sys, Device& d, int in
   WorkerTransfers w;
   w.h2d = std::make_shared<LinkArbiter>();
   w.d2h = std::make_shared<LinkArbiter>();
+  w.gate = std::make_shared<CopyGate>();
   auto spawn = [&](StreamKind k, bool bulk, std::shared_ptr<LinkArbiter> arb) {
     TransferOptions o;
     o.max_inflight = bulk ? 1 : 2;
@@ -237,6 +243,7 @@ WorkerTransfers spawn_worker_transfers(caf::actor_system& sys, Device& d, int in
     o.chunk_bytes = s.chunk_bytes;
     o.bulk_inflight = s.bulk_inflight;
     o.tracer = tracer;
+    o.gate = w.gate;
     return spawn_transfer_actor(sys, d.stream(k), fmt::format("worker{}.{}", index, stream_name(k)), std::move(o));
   };
   w.act_up = spawn(StreamKind::act_up, false, w.h2d);

@@ -18,6 +18,7 @@
 #pragma once
 #include <cstddef>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include <caf/all.hpp>
@@ -28,6 +29,19 @@ namespace rp {
 
 class LinkArbiter;
 class Tracer;
+
+/// Shared by a worker and its transfer actors. The worker closes it before it frees its
+/// buffers (on exit); a copy is issued only while it is open, under its lock, so after
+/// closing, a synchronize of the copy streams covers every copy that may touch the buffers
+/// (a request still queued in an actor is dropped, never issued).
+struct CopyGate {
+  std::mutex m;
+  bool closed = false;
+  void close() {
+    std::lock_guard<std::mutex> lk(m);
+    closed = true;
+  }
+};
 
 struct TransferOptions {
   /// Activation actors, and bulk actors with priorities off: copies issued on the stream at once.
@@ -44,6 +58,8 @@ struct TransferOptions {
   /// most one chunk; more hide the completion round trip between chunks).
   int bulk_inflight = 1;
   Tracer* tracer = nullptr;
+  /// Null: copies are always issued.
+  std::shared_ptr<CopyGate> gate;
 };
 
 /// Spawns the transfer actor for `stream` (owned by the worker's Device, which must
@@ -67,6 +83,7 @@ struct TransferSettings {
 struct WorkerTransfers {
   caf::actor act_up, act_down, param_up, grad_down;
   std::shared_ptr<LinkArbiter> h2d, d2h;
+  std::shared_ptr<CopyGate> gate;  ///< shared by the four actors; the worker closes it on exit
 };
 
 /// Spawns the four transfer actors of worker `index` on `device`'s copy streams, tracing on

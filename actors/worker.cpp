@@ -45,7 +45,7 @@ struct Task {
   uint64_t id = 0;              ///< worker-local sequence number (callbacks find tasks by it)
   RunStage rs;
   std::vector<int> layers;      ///< execution order
-  std::vector<int> groups;      ///< parameter groups read
+  std::vector<int> groups;      ///< parameter groups whose weights it uploads (ModelLayout::groups_uploaded)
   std::vector<int> grad_groups; ///< groups whose gradient this stage produces
   std::map<int, DeviceBuffer> dparam, dgrad;
   std::shared_ptr<UploadWindows> uploads;  ///< the weights' chunks and windows (upload_windows.hpp)
@@ -72,12 +72,15 @@ class Worker : public caf::event_based_actor {
     act_down_ = w.act_down;
     param_up_ = w.param_up;
     grad_down_ = w.grad_down;
+    gate_ = w.gate;
   }
 
   // Drop every actor handle on exit: queued tasks name other workers and ctx_ names the
   // shards, and such reference cycles would keep detached shards' threads alive forever.
   void on_exit() override {
-    // Device work may still reference the current task's buffers: let it drain first.
+    // Device work may still reference the tasks' buffers: stop the transfer actors from
+    // issuing more copies, then let what was issued drain before freeing anything.
+    if (gate_) gate_->close();
     if (ctx_.device)
       for (int k = 0; k < kNumStreams; ++k) ctx_.device->stream(StreamKind(k)).synchronize();
     queue_.clear();
@@ -270,7 +273,7 @@ class Worker : public caf::event_based_actor {
     if (t.next_up < t.M) return;  // the current task still uploads into its slots
     for (int j = 0; j < 2; ++j) {
       if (n.slot_ready[j]) continue;
-      const int64_t last = t.M > j ? (t.M - 1 - j) / 2 * 2 + j : -1;  // last m with m % 2 == j
+      const int64_t last = last_in_slot(t, j);
       if (last >= 0 && !t.downloaded[last]) continue;
       t.slot[j] = Slot{};
       t.slot_ready[j] = false;
@@ -323,11 +326,8 @@ class Worker : public caf::event_based_actor {
     t.wall_start = std::chrono::steady_clock::now();
     t.t_start = ctx_.tracer ? ctx_.tracer->now() : 0;
     const StageKind kind = t.rs.stage.kind;
-    std::set<int> gs;
-    for (int l : t.layers)
-      for (int g : m.groups_of(l)) gs.insert(g);
-    t.groups.assign(gs.begin(), gs.end());
-    if (kind != StageKind::forward) t.grad_groups = t.groups;
+    t.groups = m.groups_uploaded(t.layers, kind == StageKind::backward);
+    if (kind != StageKind::forward) t.grad_groups = m.groups_of(t.layers);
     const size_t esz = dtype_size(d.compute_dtype());
     for (int g : t.groups) t.dparam.emplace(g, DeviceBuffer(d, size_t(m.groups[g].numel) * esz));
     // Parameters: ask the owning shard (rule 1), then upload (in chunks, window by window),
@@ -438,7 +438,8 @@ class Worker : public caf::event_based_actor {
     a.ops = &ctx_.device->ops();
     a.shape = t.rs.buffers->shape;
     for (int g : ctx_.layout->groups_of(layer)) {
-      a.params.push_back(t.dparam.at(g).get());
+      auto w = t.dparam.find(g);  // absent: weights this stage does not read (groups_uploaded)
+      a.params.push_back(w == t.dparam.end() ? nullptr : w->second.get());
       if (t.rs.stage.kind != StageKind::forward) a.grads.push_back(t.dgrad.at(g).get());
     }
     a.scratch = t.scratch.get();
@@ -537,8 +538,9 @@ class Worker : public caf::event_based_actor {
     auto down = [&](void* dst, const void* src, size_t bytes) {
       t.down_pending[m]++;
       copy(act_down_, CopyDir::d2h, dst, src, bytes, kPrioActivation, m, [this, id, m] {
-        if (!task_ || task_->id != id) return;
-        if (--task_->down_pending[m] == 0) on_downloaded(m);
+        Task* tk = live(id);  // current, or retired (computed, draining) since
+        if (!tk) return;
+        if (--tk->down_pending[m] == 0) on_downloaded(*tk, m);
       });
     };
     if (kind == StageKind::forward) {
@@ -550,30 +552,48 @@ class Worker : public caf::event_based_actor {
       if (t.rs.stage.first > 0) down(pb.dx[t.rs.stage.first][m].data(), s.out.get(), pb.act_bytes);
       if (kind == StageKind::tail) down(&pb.loss[2 * m], s.loss.get(), 2 * sizeof(float));
     }
-    if (t.down_pending[m] == 0) on_downloaded(m);
+    if (t.down_pending[m] == 0) on_downloaded(t, m);
     pump();
   }
 
-  void on_downloaded(int64_t m) {
-    Task& t = *task_;
+  /// The last micro-batch m with m % 2 == j (-1 when t has none).
+  static int64_t last_in_slot(const Task& t, int j) { return t.M > j ? (t.M - 1 - j) / 2 * 2 + j : -1; }
+
+  /// Micro-batch m's outputs are on the host: the next stage may read them. A retired task
+  /// (computed, already replaced by the next one) gives its slot back once the slot's last
+  /// micro-batch is down, and finishes with its last output and gradient.
+  void on_downloaded(Task& t, int64_t m) {
     t.downloaded[m] = 1;
     t.n_downloaded++;
     if (t.rs.next) send(t.rs.next, ActReady{t.rs.pass, t.rs.stage_index + 1, m});
+    if (&t != task_.get()) {
+      const int j = int(m % 2);
+      if (last_in_slot(t, j) == m) {
+        t.slot[j] = Slot{};
+        retry_memory_wait();
+      }
+      finish(t.id);  // a no-op while outputs or gradients are still in flight
+    }
     pump();
   }
 
-  /// Once every micro-batch is computed and its outputs are on the host, the task's
-  /// gradients drain to the host in the background (rule 3 through the shards) while the
-  /// next task starts; the task reports StageDone when its last gradient is written.
+  /// Once every micro-batch is computed the task retires: the next task starts at once
+  /// while the last outputs download (their slots are given back as they land) and the
+  /// gradients drain to the host (rule 3 through the shards); the task reports StageDone
+  /// when its last output and gradient are written.
   void maybe_finish() {
     Task& t = *task_;
-    if (t.n_downloaded < t.M) return;
+    if (!std::all_of(t.computed.begin(), t.computed.end(), [](char c) { return c != 0; })) return;
     for (int64_t m = 0; m < t.M; ++m) ready_.erase(Key{t.rs.pass, t.rs.stage_index, m});
-    // Only the gradient accumulators are still needed: give the rest back now.
+    // Only the gradient accumulators and undelivered outputs are still needed: give the
+    // rest back now.
     t.dparam.clear();
     t.scratch.reset();
     for (auto& b : t.tmp) b.reset();
-    for (auto& sl : t.slot) sl = Slot{};
+    for (int j = 0; j < 2; ++j) {
+      const int64_t last = last_in_slot(t, j);
+      if (last < 0 || t.downloaded[last]) t.slot[j] = Slot{};
+    }
     const uint64_t id = t.id;
     t.grads_pending = int(t.grad_groups.size());
     draining_[id] = std::move(task_);
@@ -584,7 +604,7 @@ class Worker : public caf::event_based_actor {
           .then([this, g, id](GradGrant& gr) { write_grad(id, g, gr.overwrite); },
                 [this](caf::error& e) { fail("gradient slot request failed: " + to_string(e)); });
     }
-    if (d.grads_pending == 0) finish(id);
+    finish(id);
     start_next();
   }
 
@@ -601,7 +621,8 @@ class Worker : public caf::event_based_actor {
       Task* tk = live(id);
       if (!tk) return;
       tk->dgrad.erase(g);
-      if (--tk->grads_pending == 0) finish(id);
+      --tk->grads_pending;
+      finish(id);
     };
     if (overwrite) {
       copy(grad_down_, CopyDir::d2h, slot, buf.get(), buf.bytes(), kPrioGrad, g, done);
@@ -627,10 +648,12 @@ class Worker : public caf::event_based_actor {
     for (auto& th : ts) th.join();
   }
 
+  /// Reports a retired task done once its outputs and gradients are all on the host.
   void finish(uint64_t id) {
     auto it = draining_.find(id);
     if (it == draining_.end()) return;
     Task& t = *it->second;
+    if (t.grads_pending > 0 || t.n_downloaded < t.M) return;
     StageDone sd;
     sd.pass = t.rs.pass;
     sd.stage_index = t.rs.stage_index;
@@ -647,18 +670,23 @@ class Worker : public caf::event_based_actor {
                                         t.rs.stage_index, t.rs.pass),
                             t.t_start, ctx_.tracer->now());
     draining_.erase(it);  // releases the gradient buffers
-    if (alloc_wait_ && !failed_) {  // a start refused for memory: retry now that some is free
-      alloc_wait_ = false;
-      if (!task_)
-        start_next();
-      else if (!task_->work_ready)  // never a task already running: that would zero its gradients
-        begin_current();
-    }
+    retry_memory_wait();
     send(ctx_.scheduler, sd);
+  }
+
+  /// A start refused for memory is retried whenever a retired task gives some back.
+  void retry_memory_wait() {
+    if (!alloc_wait_ || failed_) return;
+    alloc_wait_ = false;
+    if (!task_)
+      start_next();
+    else if (!task_->work_ready)  // never a task already running: that would zero its gradients
+      begin_current();
   }
 
   WorkerContext ctx_;
   caf::actor act_up_, act_down_, param_up_, grad_down_;
+  std::shared_ptr<CopyGate> gate_;
   std::deque<RunStage> queue_;
   std::unique_ptr<Task> task_;                        ///< computing now
   std::unique_ptr<Task> next_;                        ///< prefetching its weights

@@ -33,8 +33,17 @@ fi
 if [ "${DO_BENCH:-1}" = 1 ]; then
   res=$OUT/throughput.md
   echo "| system | tokens/s | MFU | peak GPU GiB | step s |" > "$res"; echo "|---|---|---|---|---|" >> "$res"
-  step roundpipe 1 GPU
-  timeout 300 .device/bin/bench_throughput --workers 1 --results "$res" --trace "$OUT/trace_1gpu.json" ${BENCH_ARGS:-}
+  # REPEAT runs of the same command (the first one traced): the ratio below uses their median
+  for r in $(seq 1 "${REPEAT:-1}"); do
+    step "roundpipe 1 GPU, run $r of ${REPEAT:-1}"
+    tr=(); [ "$r" = 1 ] && tr=(--trace "$OUT/trace_1gpu.json")
+    timeout 300 .device/bin/bench_throughput --workers 1 --results "$res" "${tr[@]}" ${BENCH_ARGS:-}
+  done
+  # BENCH_ARGS2: a variant (another plan, say), REPEAT2 runs of it
+  for r in $(seq 1 "${REPEAT2:-0}"); do
+    step "roundpipe 1 GPU, variant run $r of ${REPEAT2:-0}"
+    timeout 300 .device/bin/bench_throughput --workers 1 --results "$res" ${BENCH_ARGS2:-}
+  done
   if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
     step roundpipe 2 GPUs
     timeout 240 .device/bin/bench_throughput --workers 2 --results "$res" --trace "$OUT/trace_2gpu.json" ${BENCH_ARGS:-}
@@ -42,14 +51,15 @@ if [ "${DO_BENCH:-1}" = 1 ]; then
   if [ "${DO_PT:-1}" = 1 ]; then
     step pytorch
     PYTHONUNBUFFERED=1 timeout 240 python3 bench/pytorch_baseline.py --results "$res" ${PT_ARGS:-}
-    # the ratio of the first RoundPipe row to the PyTorch row of this run
-    python3 - "$res" <<'PY'
-import sys
+    # the ratio of the median of the first REPEAT RoundPipe rows to the PyTorch row of this run
+    python3 - "$res" "${REPEAT:-1}" <<'PY'
+import statistics, sys
 rows = [l.split("|") for l in open(sys.argv[1]) if l.startswith("| ")][1:]
-rp = [float(r[2]) for r in rows if "roundpipe" in r[1]]
+rp = [float(r[2]) for r in rows if "roundpipe" in r[1]][: int(sys.argv[2])]
 pt = [float(r[2]) for r in rows if "pytorch" in r[1]]
 if rp and pt:
-    print(f"RATIO roundpipe / pytorch resident tokens/s = {rp[0] / pt[0]:.2f}")
+    med = statistics.median(rp)
+    print(f"RATIO roundpipe / pytorch resident tokens/s = {med / pt[0]:.2f} (median of {len(rp)} RoundPipe runs: {med:.0f})")
 PY
   fi
   cat "$res"

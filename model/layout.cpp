@@ -1,5 +1,7 @@
 #include "model/layout.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 namespace rp {
@@ -25,6 +27,22 @@ LayerKind ModelLayout::kind(int layer) const {
 std::vector<int> ModelLayout::groups_of(int layer) const {
   if (layer == num_layers() - 1 && config.tie_word_embeddings) return {layer, 0};
   return {layer};
+}
+
+std::vector<int> ModelLayout::groups_of(const std::vector<int>& layers) const {
+  std::vector<int> gs;
+  for (int l : layers)
+    for (int g : groups_of(l)) gs.push_back(g);
+  std::sort(gs.begin(), gs.end());
+  gs.erase(std::unique(gs.begin(), gs.end()), gs.end());
+  return gs;
+}
+
+std::vector<int> ModelLayout::groups_uploaded(const std::vector<int>& layers, bool backward_stage) const {
+  std::vector<int> read;
+  for (int l : layers)
+    if (!backward_stage || kind(l) != LayerKind::embedding) read.push_back(l);
+  return groups_of(read);
 }
 
 int64_t ModelLayout::total_numel() const {

@@ -42,6 +42,14 @@ struct ModelLayout {
   /// Groups read by compute layer `layer` (0 = embedding, 1..L decoders, L+1 tail).
   /// The tail reads {L+1} and also {0} when embeddings are tied.
   std::vector<int> groups_of(int layer) const;
+  /// Sorted union of groups_of(l) over `layers`: the groups a stage running them reads,
+  /// and (backward and tail stages) the groups whose gradient it produces.
+  std::vector<int> groups_of(const std::vector<int>& layers) const;
+  /// The groups whose weights a stage running `layers` must upload: groups_of(layers),
+  /// except that a backward stage (`backward_stage`: recompute + backward) leaves out the
+  /// embedding's, whose backward scatters dy into gradient rows by token id and reads no
+  /// weight (a forward or tail stage runs the embedding's forward, which does).
+  std::vector<int> groups_uploaded(const std::vector<int>& layers, bool backward_stage) const;
   int64_t total_numel() const;
 };
 
