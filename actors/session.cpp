@@ -191,25 +191,17 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
   I.slots = sc.pass_slots;
   I.scheduler = spawn_scheduler(*I.sys, std::move(sc));
 
-  // Optimizer shards own disjoint groups, balanced by bytes (largest first).
+  // Optimizer shards own disjoint groups (assign_shards: balanced by bytes, a group of a
+  // shard's share or more alone).
   std::vector<int> up, gr;
   count_per_pass(layout, I.plan, up, gr);
   int nsh = opt.shards;
   if (nsh <= 0) nsh = std::clamp(int(std::thread::hardware_concurrency() / 2), 1, 4);
   nsh = std::min<int>(nsh, int(layout.groups.size()));
+  const std::vector<int> shard_of = assign_shards(layout, nsh);
   std::vector<std::vector<ShardGroup>> owned(nsh);
-  std::vector<int64_t> load(nsh, 0);
-  std::vector<int> order(layout.groups.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int a, int b) { return layout.groups[a].numel > layout.groups[b].numel; });
-  std::vector<int> shard_of(layout.groups.size());
-  for (int g : order) {
-    int s = int(std::min_element(load.begin(), load.end()) - load.begin());
-    load[s] += layout.groups[g].numel;
-    shard_of[g] = s;
-    owned[s].push_back(ShardGroup{g, &I.master[g], &I.adam[g], up[g], gr[g]});
-  }
+  for (size_t g = 0; g < layout.groups.size(); ++g)
+    owned[size_t(shard_of[g])].push_back(ShardGroup{int(g), &I.master[g], &I.adam[g], up[g], gr[g]});
   // Optimizer threads (default: half the allowed cores) split over the shards, each shard's
   // pool pinned to neighbouring cores of one NUMA node where possible.
   const int total_threads = opt.optimizer_threads > 0

@@ -86,6 +86,7 @@ class Worker : public caf::event_based_actor {
     queue_.clear();
     task_.reset();
     next_.reset();
+    after_.reset();
     draining_.clear();
     on_copy_.clear();
     if (ctx_.device)
@@ -153,6 +154,7 @@ class Worker : public caf::event_based_actor {
   Task* live(uint64_t id) {
     if (task_ && task_->id == id) return task_.get();
     if (next_ && next_->id == id) return next_.get();
+    if (after_ && after_->id == id) return after_.get();
     auto it = draining_.find(id);
     return it == draining_.end() ? nullptr : it->second.get();
   }
@@ -162,6 +164,7 @@ class Worker : public caf::event_based_actor {
     if (failed_) return;
     if (next_) {
       task_ = std::move(next_);
+      next_ = std::move(after_);
       send_pieces(*task_, task_->uploads->open_all());  // the prefetch windows are over
     } else {
       if (queue_.empty()) return;
@@ -189,7 +192,7 @@ class Worker : public caf::event_based_actor {
   /// for those to finish (finish() retries) instead of failing the run.
   void begin_current() {
     try {
-      allocate_work(*task_);
+      if (!task_->work_ready) allocate_work(*task_);  // else allocated ahead (prefetch_behind)
     } catch (const DeviceOutOfMemory& e) {
       task_->dgrad.clear();
       task_->scratch.reset();
@@ -293,7 +296,8 @@ class Worker : public caf::event_based_actor {
   /// allocate the next task and start its parameter uploads while this one computes.
   /// Skipped (and retried later) when both do not fit in the device's memory cap.
   void maybe_prefetch() {
-    if (next_ || queue_.empty() || failed_ || !task_ || task_->params_pending > 0) return;
+    if (queue_.empty() || failed_ || !task_ || task_->params_pending > 0) return;
+    if (next_) return prefetch_behind();
     try {
       // its chunks go into the windows between the current task's remaining activation uploads
       const int64_t done = std::count(task_->uploaded.begin(), task_->uploaded.end(), 1);
@@ -301,6 +305,35 @@ class Worker : public caf::event_based_actor {
       queue_.pop_front();
     } catch (const DeviceOutOfMemory&) {
       // not enough room for two stages: the next one starts when this one ends
+      if (ctx_.memory_events) ctx_.memory_events->prefetch_refusals++;
+    } catch (const std::exception& e) {
+      queue_.pop_front();
+      fail(e.what());
+    }
+  }
+
+  /// A next task that uploads no weights (the embedding's backward stage) would leave the
+  /// link idle for weights until it becomes current, and then the stage after it (the next
+  /// pass's first forward stage, the largest weights of a pass) would wait for all of its
+  /// own. So its work buffers are allocated now, which reserves its memory, and the stage
+  /// after it prefetches behind it. Either allocation refused by the cap: retried later,
+  /// and the stage after it prefetches when the weightless one becomes current, as before.
+  void prefetch_behind() {
+    if (!next_ || after_ || !next_->groups.empty() || queue_.empty() || failed_) return;
+    Task& n = *next_;
+    try {
+      if (!n.work_ready) {
+        allocate_work(n);
+        n.work_ready = true;
+      }
+      after_ = prepare(queue_.front());
+      queue_.pop_front();
+    } catch (const DeviceOutOfMemory&) {
+      if (!n.work_ready) {
+        n.dgrad.clear();
+        n.scratch.reset();
+        for (auto& b : n.tmp) b.reset();
+      }
       if (ctx_.memory_events) ctx_.memory_events->prefetch_refusals++;
     } catch (const std::exception& e) {
       queue_.pop_front();
@@ -690,6 +723,7 @@ class Worker : public caf::event_based_actor {
   std::deque<RunStage> queue_;
   std::unique_ptr<Task> task_;                        ///< computing now
   std::unique_ptr<Task> next_;                        ///< prefetching its weights
+  std::unique_ptr<Task> after_;                       ///< prefetching behind a weightless next_
   std::map<uint64_t, std::unique_ptr<Task>> draining_;  ///< writing back gradients
   uint64_t next_task_id_ = 1;
   /// Pinned host staging per parameter group for accumulated gradient contributions

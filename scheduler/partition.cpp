@@ -34,6 +34,7 @@ struct Ctx {
   int64_t ids = 0;       // token ids per micro-batch (layer 0's io_bytes)
   int64_t targets = 0;   // targets per micro-batch (last layer's io_bytes)
   int64_t act0 = 0;      // layer 0's activation (a backward stage uploads ids instead)
+  int64_t w0 = 0;        // layer 0's weights (a backward stage uploads none of them)
 };
 
 // The stage formulas of partition.hpp's file comment (buffers of actors/worker.cpp).
@@ -42,7 +43,8 @@ StageEstimate assemble(const Ctx& c, StageKind kind, int first, int last, const 
   const int64_t M = o.micro_batches, slots = o.act_slots;
   StageEstimate e;
   e.stage = {kind, first, last};
-  e.weight_bytes = s.w;
+  // the embedding's backward reads no weight (ModelLayout::groups_uploaded)
+  e.weight_bytes = kind == StageKind::backward && first == 0 ? s.w - c.w0 : s.w;
   e.grad_bytes = kind == StageKind::forward ? 0 : s.g;
   int64_t slot_bytes = s.act;  // saved activations (one per layer) in each slot
   int64_t tmp = 0;
@@ -106,6 +108,7 @@ Ctx make_ctx(const std::vector<LayerCost>& costs, const PartitionOptions& o) {
   c.ids = costs.front().io_bytes;
   c.targets = costs.back().io_bytes;
   c.act0 = costs.front().act_bytes;
+  c.w0 = costs.front().weight_bytes;
   return c;
 }
 

@@ -6,6 +6,7 @@
 //
 //   tau(stage) = max( M * sum(compute),                                  compute stream
 //                     (W + M * up) / pcie,        W = weights uploaded once per stage
+//                                                     (a backward stage: not the embedding's)
 //                     (G + M * down) / pcie )     G = gradients downloaded once per stage
 //
 // so a stage whose PCIe traffic exceeds its compute window is charged its transfer time.

@@ -4,9 +4,14 @@
 //    groups_uploaded); the shards' per-pass upload counts (count_per_pass) agree;
 //  - a stage retires when its last micro-batch is computed: the next stage computes while
 //    the retiring stage's last outputs are still on the link, and the retiring stage
-//    reports StageDone (its "tasks" trace interval ends) only when they have landed.
+//    reports StageDone (its "tasks" trace interval ends) only when they have landed;
+//  - behind a weightless next stage (the embedding's backward) the stage after it
+//    prefetches its weights too, before the weightless one becomes current;
+//  - the optimizer shard of a group of a shard's share or more holds nothing else.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -15,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "actors/optimizer_shard.hpp"
 #include "actors/scheduler_actor.hpp"
 #include "roundpipe/session.hpp"
 #include "tests/actors/runtime_reference.hpp"
@@ -111,6 +117,85 @@ TEST(StageRetirement, NextStageComputesWhileTheLastOutputsDownload) {
     EXPECT_LT(next.start, done.end) << next_mb0 << " started " << (next.start - done.end) / 1e3
                                     << " ms after " << retiring << " ended";
   }
+}
+
+// F[0-1] F[2-3] T[4-5] B[3-2] B[1-1] B[0-0]: the last backward stage uploads no weight.
+TEST(StageRetirement, NextPassPrefetchesBehindTheEmbeddingsBackwardStage) {
+  ModelLayout m = make_layout(tiny_config(false, true));
+  IterationPlan plan;
+  plan.num_layers = m.num_layers();
+  plan.stages = {{StageKind::forward, 0, 1}, {StageKind::forward, 2, 3}, {StageKind::tail, 4, 5},
+                 {StageKind::backward, 2, 3}, {StageKind::backward, 1, 1}, {StageKind::backward, 0, 0}};
+  validate_plan(plan, "test");
+  SessionOptions o;
+  o.workers = 1;
+  o.micro_batches = 2;
+  o.micro = {2, 5};
+  o.adam = adam_opts();
+  o.plan = plan;
+  o.device.pcie_bytes_per_s = 2e6;  // an 8.6 KB embedding upload takes ~4 ms, a decoder's ~15
+  o.trace = true;
+  Session s(m, random_weights(m, 7), o);
+  for (int t = 0; t < 2; ++t) {
+    std::vector<int32_t> ids, tg;
+    random_tokens(m.config.vocab_size, 2 * 2 * 5, 20 + t, ids, tg);
+    s.forward_backward(ids, tg);
+    s.step(1e-3);
+  }
+  s.wait(1);
+  s.synchronize();
+  const auto path = std::filesystem::temp_directory_path() / ("rp_behind_" + std::to_string(::getpid()) + ".json");
+  s.write_trace(path.string());
+  std::ifstream f(path);
+  const nlohmann::json t = nlohmann::json::parse(f);
+  std::filesystem::remove(path);
+  // track ids by name, then the embedding group's uploads (the only 8576-byte weight copies:
+  // 67 x 32 fp32) in issue order: F[0-1] of pass 0, the tied tail of pass 0, F[0-1] of pass 1
+  std::map<int, std::string> track;
+  for (const auto& e : t.at("traceEvents"))
+    if (e.value("ph", "") == "M") track[e.at("tid").get<int>()] = e.at("args").at("name").get<std::string>();
+  std::vector<double> embed_up;
+  double weightless_current = -1;
+  for (const auto& e : t.at("traceEvents")) {
+    if (e.value("ph", "") != "X") continue;
+    const std::string name = e.at("name").get<std::string>();
+    if (track[e.at("tid").get<int>()] == "worker0.param_up" && name == "copy 8576 B")
+      embed_up.push_back(e.at("ts").get<double>());
+    if (name == "backward stage 5 (pass 0)") weightless_current = e.at("ts").get<double>();
+  }
+  std::sort(embed_up.begin(), embed_up.end());
+  ASSERT_GE(embed_up.size(), 3u);
+  ASSERT_GE(weightless_current, 0) << "no task interval for B[0-0] of pass 0";
+  EXPECT_LT(embed_up[2], weightless_current)
+      << "pass 1's first forward stage uploaded its weights only "
+      << (embed_up[2] - weightless_current) / 1e3 << " ms after B[0-0] of pass 0 became current";
+}
+
+TEST(ShardAssignment, ALargeGroupKeepsItsShardAndTheRestIsBalanced) {
+  ModelConfig c = tiny_config(false, true);
+  c.vocab_size = 4000;  // embedding 128000 elements, a decoder 7744: more than a shard's share
+  const ModelLayout m = make_layout(c);
+  for (int shards : {2, 3, 4}) {
+    const std::vector<int> owner = assign_shards(m, shards);
+    ASSERT_EQ(owner.size(), m.groups.size());
+    for (size_t g = 1; g < owner.size(); ++g) EXPECT_NE(owner[g], owner[0]) << "group " << g << ", " << shards << " shards";
+    std::vector<int64_t> load(size_t(shards), 0);
+    for (size_t g = 0; g < owner.size(); ++g) load[size_t(owner[g])] += m.groups[g].numel;
+    int64_t lo = INT64_MAX, hi = 0, largest = 0;
+    for (int k = 0; k < shards; ++k)
+      if (k != owner[0]) lo = std::min(lo, load[size_t(k)]), hi = std::max(hi, load[size_t(k)]);
+    for (size_t g = 1; g < owner.size(); ++g) largest = std::max(largest, m.groups[g].numel);
+    EXPECT_LE(hi - lo, largest) << shards << " shards: the other groups are not balanced";
+  }
+  // one shard holds everything; without a large group it is plain LPT over all shards
+  for (int o : assign_shards(m, 1)) EXPECT_EQ(o, 0);
+  const ModelLayout small = make_layout(tiny_config(false, true));  // embedding 2144 elements
+  const std::vector<int> owner = assign_shards(small, 2);
+  std::vector<int64_t> load(2, 0);
+  for (size_t g = 0; g < owner.size(); ++g) load[size_t(owner[g])] += small.groups[g].numel;
+  EXPECT_LE(std::abs(load[0] - load[1]), small.groups[1].numel);
+  EXPECT_GT(std::count(owner.begin(), owner.end(), owner[0]), 1) << "the small embedding shares its shard";
+  EXPECT_THROW(assign_shards(m, 0), std::invalid_argument);
 }
 
 }  // namespace

@@ -259,6 +259,25 @@ TEST(Partition, TransferTimeIsChargedAndAvoided) {
   EXPECT_GT(strictly_better, 0);
 }
 
+TEST(Partition, BackwardStagesUploadNoEmbeddingWeights) {
+  // the worker uploads no weight for the embedding's backward (ModelLayout::groups_uploaded)
+  auto costs = uniform_costs(6, 1e-4, 3e-4);
+  costs[0].weight_bytes = 5000;
+  PartitionOptions o;
+  o.micro_batches = 2;
+  o.pcie_bandwidth = 1e5;
+  int64_t w13 = 0;
+  for (int l = 1; l <= 3; ++l) w13 += costs[size_t(l)].weight_bytes;
+  const StageEstimate with0 = estimate_stage(costs, {StageKind::backward, 0, 3}, o);
+  const StageEstimate without0 = estimate_stage(costs, {StageKind::backward, 1, 3}, o);
+  EXPECT_EQ(with0.weight_bytes, w13);
+  EXPECT_EQ(without0.weight_bytes, w13);
+  EXPECT_EQ(estimate_stage(costs, {StageKind::backward, 0, 0}, o).weight_bytes, 0);
+  // the forward stage and a whole-model tail run the embedding's forward: they upload it
+  EXPECT_EQ(estimate_stage(costs, {StageKind::forward, 0, 3}, o).weight_bytes, w13 + 5000);
+  EXPECT_GE(estimate_stage(costs, {StageKind::tail, 0, 5}, o).weight_bytes, w13 + 5000);
+}
+
 TEST(Partition, DeepModelsPlanFast) {
   // 94 decoder layers of the Qwen3-235B-A22B shape, and 64 dense layers.
   ModelShape m;
