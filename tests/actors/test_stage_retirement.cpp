@@ -130,15 +130,18 @@ TEST(StageRetirement, NextPassPrefetchesBehindTheEmbeddingsBackwardStage) {
   SessionOptions o;
   o.workers = 1;
   o.micro_batches = 2;
-  o.micro = {2, 5};
+  o.micro = {4, 64};  // 32 KiB activations: B[1-1] spends >= 4 x 16 ms on its uploads
   o.adam = adam_opts();
   o.plan = plan;
   o.device.pcie_bytes_per_s = 2e6;  // an 8.6 KB embedding upload takes ~4 ms, a decoder's ~15
+  // first come, first served: a weight copy is issued when requested (with priorities it
+  // waits for a gap in the activation uploads, which would make the issue time racy)
+  o.transfer_priorities = false;
   o.trace = true;
   Session s(m, random_weights(m, 7), o);
   for (int t = 0; t < 2; ++t) {
     std::vector<int32_t> ids, tg;
-    random_tokens(m.config.vocab_size, 2 * 2 * 5, 20 + t, ids, tg);
+    random_tokens(m.config.vocab_size, 2 * 4 * 64, 20 + t, ids, tg);
     s.forward_backward(ids, tg);
     s.step(1e-3);
   }
