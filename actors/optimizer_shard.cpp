@@ -1,11 +1,15 @@
 #include "actors/optimizer_shard.hpp"
 
 #include <algorithm>
+#include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <stdexcept>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -15,6 +19,69 @@
 
 namespace rp {
 namespace {
+/// A job of JobRunner finished (error: the exception text it threw, else empty).
+struct JobDone {
+  uint64_t token;
+  std::string error;
+};
+}  // namespace
+}  // namespace rp
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::JobDone)
+
+namespace rp {
+namespace {
+
+/// Runs a detached shard's long jobs (AdamW updates, deferred casts: tens to hundreds of
+/// milliseconds for a large group) on a thread of its own, one at a time in submission
+/// order, and sends JobDone to the shard after each. Meanwhile the shard answers requests
+/// for its other groups: a blocking update used to hold up every weight grant of its shard.
+class JobRunner {
+ public:
+  explicit JobRunner(caf::actor_addr shard) : shard_(std::move(shard)), thread_([this] { loop(); }) {}
+  ~JobRunner() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();  // the job in progress finishes; queued ones are dropped
+  }
+  void submit(uint64_t token, std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      jobs_.emplace_back(token, std::move(fn));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::pair<uint64_t, std::function<void()>> job;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [this] { return stop_ || !jobs_.empty(); });
+        if (stop_) return;
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      std::string err;
+      try {
+        job.second();
+      } catch (const std::exception& e) {
+        err = e.what();
+      }
+      if (auto a = caf::actor_cast<caf::actor>(shard_)) caf::anon_send(a, JobDone{job.first, std::move(err)});
+    }
+  }
+
+  caf::actor_addr shard_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<uint64_t, std::function<void()>>> jobs_;
+  bool stop_ = false;
+  std::thread thread_;  // last: started after the members it reads
+};
 
 struct GroupState {
   ShardGroup g;
@@ -24,6 +91,7 @@ struct GroupState {
   std::map<int64_t, int> uploads_done;  ///< per iteration
   std::map<int64_t, int> grads_done;    ///< per step
   bool writer_active = false;
+  bool busy = false;        ///< an update or cast of this group runs on the JobRunner
   int64_t sumsq_sent = -1;  ///< last step whose GradSumSq was sent (guarded steps)
   std::deque<std::pair<int64_t, caf::response_promise>> weight_waiters;
   std::deque<std::pair<int64_t, caf::response_promise>> grad_waiters;
@@ -50,6 +118,10 @@ struct ShardState {
   /// which is the order their updates run in once StepScale{t} arrives (async mode).
   std::map<int64_t, std::vector<int>> completed;
   std::shared_ptr<ThreadPool> pool;     ///< the shard's optimizer threads (persistent)
+  std::map<uint64_t, std::function<void()>> on_job_done;  ///< by JobDone token
+  uint64_t next_job = 1;
+  std::unique_ptr<JobRunner> runner;    ///< detached shards: long jobs off the actor's thread
+  std::function<void(GroupState&)> pump;  ///< shard_impl's transition function
   static inline const char* name = "optimizer_shard";
 };
 
@@ -60,6 +132,9 @@ caf::behavior shard_impl(caf::stateful_actor<ShardState>* self, std::vector<Shar
   for (auto& g : groups) self->state.groups[g.group].g = g;
   self->state.pool = std::make_shared<ThreadPool>(
       ThreadPool::Options{std::max(1, opt.threads), opt.cpus, 50, "rp-shard"});
+  // A detached shard runs its long jobs on a JobRunner; one under the deterministic test
+  // coordinator runs them inline (a job finishing on another thread would race the tests).
+  if (opt.detached) self->state.runner = std::make_unique<JobRunner>(self->address());
   const int s = opt.staleness;
   const int off = opt.disable_rule;  // testing only: the rule whose guard is switched off
   auto version_for = [s](int64_t t) { return std::max<int64_t>(t - 1 - s, -1); };
@@ -71,8 +146,30 @@ caf::behavior shard_impl(caf::stateful_actor<ShardState>* self, std::vector<Shar
                     self->state.pool.get());
   };
 
+  // Runs `work` for group gs, then `done`: inline (returns true), or on the JobRunner
+  // (returns false; gs is busy, and JobDone runs `done` and pumps gs again).
+  auto run_job = [self](GroupState& gs, std::function<void()> work, std::function<void()> done) {
+    auto& st = self->state;
+    if (!st.runner) {
+      work();
+      done();
+      return true;
+    }
+    const uint64_t token = st.next_job++;
+    gs.busy = true;
+    GroupState* g = &gs;  // std::map nodes do not move
+    st.on_job_done[token] = [self, g, done = std::move(done)] {
+      g->busy = false;
+      done();
+      self->state.pump(*g);
+    };
+    st.runner->submit(token, std::move(work));
+    return false;
+  };
+
   // Applies every transition of group `gs` that its state allows (see header).
-  std::function<void(GroupState&)> pump = [=](GroupState& gs) {
+  self->state.pump = [=](GroupState& gs) {
+    if (gs.busy) return;  // its update or cast is running; JobDone pumps it again
     auto& closed = self->state.closed;
     bool progress = true;
     while (progress) {
@@ -89,8 +186,9 @@ caf::behavior shard_impl(caf::stateful_actor<ShardState>* self, std::vector<Shar
       }
       // rule 5: publish a waiting version
       if (gs.published < gs.updated && (off == 5 || gs.uploads_complete_through >= gs.updated + s)) {
-        cast_lowp(gs);
-        gs.published = gs.updated;
+        const int64_t v = gs.updated;
+        GroupState* g = &gs;
+        if (!run_job(gs, [g, cast_lowp] { cast_lowp(*g); }, [g, v] { g->published = v; })) return;
         progress = true;
       }
       // rule 4: update when all gradient contributions of the next step are written
@@ -121,19 +219,25 @@ caf::behavior shard_impl(caf::stateful_actor<ShardState>* self, std::vector<Shar
         }
         if (ready) {
           bool may_publish = gs.published == gs.updated && (off == 5 || gs.uploads_complete_through >= k + s);
+          GroupState* g = &gs;
+          auto done = [self, g, k, scheduler](bool published) {
+            if (published) g->published = k;
+            g->grads_done.erase(k);
+            g->updated = k;
+            self->send(scheduler, GroupUpdated{k, g->g.group});
+          };
           if (skip) {
             // nothing changes: version k equals version k-1, which the copy already holds
-            gs.published = k;
+            done(true);
           } else {
-            // tensors under 32K elements run on this thread, larger ones split over the pool
+            // tensors under 32K elements run on one thread, larger ones split over the pool
             void* lowp = may_publish ? store->lowp[gs.g.group].data() : nullptr;
-            adamw_update(gs.g.master->data(), *gs.g.state, grad, n, scale, opt.adam, c->second.lr, lowp,
-                         store->dtype, pool);
-            if (may_publish) gs.published = k;
+            const double lr = c->second.lr;
+            auto work = [g, grad, n, scale, lr, lowp, store, pp = self->state.pool, adam = opt.adam] {
+              adamw_update(g->g.master->data(), *g->g.state, grad, n, scale, adam, lr, lowp, store->dtype, *pp);
+            };
+            if (!run_job(gs, work, [done, may_publish] { done(may_publish); })) return;
           }
-          gs.grads_done.erase(k);
-          gs.updated = k;
-          self->send(scheduler, GroupUpdated{k, gs.g.group});
           progress = true;
         }
       }
@@ -165,6 +269,8 @@ caf::behavior shard_impl(caf::stateful_actor<ShardState>* self, std::vector<Shar
     }
   };
 
+  auto pump = [self](GroupState& gs) { self->state.pump(gs); };
+
   auto group = [self](int g) -> GroupState& {
     auto it = self->state.groups.find(g);
     if (it == self->state.groups.end())
@@ -173,6 +279,15 @@ caf::behavior shard_impl(caf::stateful_actor<ShardState>* self, std::vector<Shar
   };
 
   return {
+      [=](JobDone& d) {
+        auto& st = self->state;
+        auto it = st.on_job_done.find(d.token);
+        if (it == st.on_job_done.end()) return;
+        auto fn = std::move(it->second);
+        st.on_job_done.erase(it);
+        if (!d.error.empty()) throw std::runtime_error("optimizer shard: " + d.error);
+        fn();
+      },
       [=](AcquireWeights& a) {
         auto& gs = group(a.group);
         auto rp = self->make_response_promise();
