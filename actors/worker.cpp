@@ -14,6 +14,7 @@
 #include "actors/messages.hpp"
 #include "actors/tracer.hpp"
 #include "actors/transfer.hpp"
+#include "actors/stage_task.hpp"
 #include "actors/upload_windows.hpp"
 #include "kernels/ops.hpp"
 
@@ -34,35 +35,6 @@ namespace {
 constexpr int kPrioActivation = 0;  // critical path: first
 constexpr int kPrioParam = 1;
 constexpr int kPrioGrad = 1;
-
-/// Device buffers of one double-buffer slot (micro-batches m with m % 2 == slot).
-struct Slot {
-  DeviceBuffer ids, targets, in, out, loss;
-  std::vector<DeviceBuffer> xs;  ///< per layer of the stage: its input (or forward output)
-};
-
-struct Task {
-  uint64_t id = 0;              ///< worker-local sequence number (callbacks find tasks by it)
-  RunStage rs;
-  std::vector<int> layers;      ///< execution order
-  std::vector<int> groups;      ///< parameter groups whose weights it uploads (ModelLayout::groups_uploaded)
-  std::vector<int> grad_groups; ///< groups whose gradient this stage produces
-  std::map<int, DeviceBuffer> dparam, dgrad;
-  std::shared_ptr<UploadWindows> uploads;  ///< the weights' chunks and windows (upload_windows.hpp)
-  DeviceBuffer scratch, tmp[2];
-  Slot slot[2];
-  bool slot_ready[2] = {false, false};  ///< slot allocated (early start may do it before the task is current)
-  bool work_ready = false;  ///< allocate_work done (a start refused for memory waits without it)
-  int64_t M = 0;
-  int params_pending = 0;
-  int64_t next_up = 0, next_comp = 0;
-  std::vector<int> up_pending, down_pending;  ///< copies outstanding per micro-batch
-  std::vector<char> uploaded, computed, downloaded;
-  int64_t n_downloaded = 0;
-  int grads_pending = 0;
-  double t_start = 0;
-  std::chrono::steady_clock::time_point wall_start;
-};
 
 class Worker : public caf::event_based_actor {
  public:
@@ -192,7 +164,7 @@ class Worker : public caf::event_based_actor {
   /// for those to finish (finish() retries) instead of failing the run.
   void begin_current() {
     try {
-      if (!task_->work_ready) allocate_work(*task_);  // else allocated ahead (prefetch_behind)
+      if (!task_->work_ready) allocate_work(ctx_, *task_);  // else allocated ahead (prefetch_behind)
     } catch (const DeviceOutOfMemory& e) {
       task_->dgrad.clear();
       task_->scratch.reset();
@@ -215,55 +187,6 @@ class Worker : public caf::event_based_actor {
     return true;
   }
 
-  /// The buffers a task needs only while it computes (activation slots, scratch, gradient
-  /// accumulators); a prefetched task holds just its weights (and the slots early_start
-  /// handed it) until it becomes current.
-  void allocate_work(Task& t) {
-    auto& d = *ctx_.device;
-    const auto& m = *ctx_.layout;
-    const auto& shape = t.rs.buffers->shape;
-    const size_t act = t.rs.buffers->act_bytes;
-    const StageKind kind = t.rs.stage.kind;
-    size_t scratch = 0;
-    for (int l : t.layers) scratch = std::max(scratch, (*ctx_.layers)[l]->scratch_bytes(shape, d.compute_dtype()));
-    const size_t gsz = dtype_size(d.ops().grad_dtype());
-    for (int g : t.grad_groups) t.dgrad.emplace(g, DeviceBuffer(d, size_t(m.groups[g].numel) * gsz));
-    t.scratch = DeviceBuffer(d, scratch);
-    for (int j = 0; j < 2; ++j)
-      if (!t.slot_ready[j]) allocate_slot(t, j);
-    if (kind != StageKind::forward)
-      for (auto& b : t.tmp) b = DeviceBuffer(d, act);
-    // Gradient accumulators start at zero for every stage task.
-    for (auto& [g, buf] : t.dgrad) {
-      void* p = buf.get();
-      size_t n = buf.bytes();
-      d.stream(StreamKind::compute).launch([&d, p, n] {
-        const DType gt = d.ops().grad_dtype();
-        d.ops().fill(gt, p, int64_t(n / dtype_size(gt)), 0.f);
-      });
-    }
-  }
-
-  /// Allocates double-buffer slot j of `t` (the activations of micro-batches m % 2 == j).
-  void allocate_slot(Task& t, int j) {
-    auto& d = *ctx_.device;
-    const size_t act = t.rs.buffers->act_bytes, T = size_t(t.rs.buffers->shape.tokens());
-    const StageKind kind = t.rs.stage.kind;
-    Slot s;
-    if (t.rs.stage.first == 0) s.ids = DeviceBuffer(d, T * 4);
-    if (kind == StageKind::tail) {
-      s.targets = DeviceBuffer(d, T * 4);
-      s.loss = DeviceBuffer(d, 2 * sizeof(float));
-    }
-    // in: the uploaded input of a forward stage, or dy of a backward stage
-    if (kind == StageKind::backward || (kind == StageKind::forward && t.rs.stage.first > 0))
-      s.in = DeviceBuffer(d, act);
-    if (kind != StageKind::forward && t.rs.stage.first > 0) s.out = DeviceBuffer(d, act);
-    for (size_t i = 0; i < t.layers.size(); ++i) s.xs.emplace_back(d, act);
-    t.slot[j] = std::move(s);
-    t.slot_ready[j] = true;
-  }
-
   /// Early start across the stage boundary: once the current task will no longer touch
   /// slot j (its last micro-batch there is computed and downloaded), the slot's memory
   /// goes to the prefetched next task, whose micro-batch j inputs upload at once, so the
@@ -281,7 +204,7 @@ class Worker : public caf::event_based_actor {
       t.slot[j] = Slot{};
       t.slot_ready[j] = false;
       try {
-        allocate_slot(n, j);
+        allocate_slot(ctx_, n, j);
       } catch (const DeviceOutOfMemory&) {
         n.slot[j] = Slot{};  // no room now: the slot is allocated when the task starts
       }
@@ -323,7 +246,7 @@ class Worker : public caf::event_based_actor {
     Task& n = *next_;
     try {
       if (!n.work_ready) {
-        allocate_work(n);
+        allocate_work(ctx_, n);
         n.work_ready = true;
       }
       after_ = prepare(queue_.front());
@@ -465,75 +388,13 @@ class Worker : public caf::event_based_actor {
     if (t.up_pending[m] == 0) mark_uploaded(t, m);
   }
 
-  LayerArgs args_for(int layer, const Slot& s) {
-    Task& t = *task_;
-    LayerArgs a;
-    a.ops = &ctx_.device->ops();
-    a.shape = t.rs.buffers->shape;
-    for (int g : ctx_.layout->groups_of(layer)) {
-      auto w = t.dparam.find(g);  // absent: weights this stage does not read (groups_uploaded)
-      a.params.push_back(w == t.dparam.end() ? nullptr : w->second.get());
-      if (t.rs.stage.kind != StageKind::forward) a.grads.push_back(t.dgrad.at(g).get());
-    }
-    a.scratch = t.scratch.get();
-    a.scratch_bytes = t.scratch.bytes();
-    a.ids = s.ids.as<int32_t>();
-    return a;
-  }
-
   void launch_compute(int64_t m) {
     Task& t = *task_;
-    Slot& s = t.slot[m % 2];
     const auto& layers = *ctx_.layers;
     const StageKind kind = t.rs.stage.kind;
-    const int k = int(t.layers.size());
     // Build every call's arguments here; the device runs them in stream order.
-    std::vector<std::pair<int, LayerArgs>> fwd, bwd;
-    if (kind == StageKind::forward) {
-      // layer i reads the ids (embedding), the uploaded input, or layer i-1's output,
-      // and writes xs[i], which is downloaded as the saved input of layer i+1.
-      for (int i = 0; i < k; ++i) {
-        LayerArgs a = args_for(t.layers[i], s);
-        a.x = i > 0 ? s.xs[i - 1].get() : (t.rs.stage.first == 0 ? nullptr : s.in.get());
-        a.y = s.xs[i].get();
-        fwd.emplace_back(t.layers[i], a);
-      }
-    } else if (kind == StageKind::tail) {
-      // forward through the decoder layers of the stage, keeping every input in xs
-      for (int i = 0; i + 1 < k; ++i) {
-        LayerArgs a = args_for(t.layers[i], s);
-        a.x = s.xs[i].get();
-        a.y = s.xs[i + 1].get();
-        fwd.emplace_back(t.layers[i], a);
-      }
-      LayerArgs ta = args_for(t.layers[k - 1], s);
-      ta.x = s.xs[k - 1].get();
-      ta.targets = s.targets.as<int32_t>();
-      ta.loss = s.loss.as<float>();
-      ta.loss_scale = t.rs.loss_scale;
-      ta.dx = k == 1 ? s.out.get() : t.tmp[0].get();
-      bwd.emplace_back(t.layers[k - 1], ta);
-      const void* dy = ta.dx;
-      for (int i = k - 2, n = 1; i >= 0; --i, ++n) {
-        LayerArgs a = args_for(t.layers[i], s);
-        a.x = s.xs[i].get();
-        a.dy = dy;
-        a.dx = i == 0 ? s.out.get() : t.tmp[n % 2].get();
-        dy = a.dx;
-        bwd.emplace_back(t.layers[i], a);
-      }
-    } else {
-      const void* dy = s.in.get();
-      for (int i = 0; i < k; ++i) {
-        const int l = t.layers[i];
-        LayerArgs a = args_for(l, s);
-        a.x = l > 0 ? s.xs[i].get() : nullptr;
-        a.dy = dy;
-        if (l > 0) a.dx = i == k - 1 ? s.out.get() : t.tmp[i % 2].get();
-        dy = a.dx;
-        bwd.emplace_back(l, a);
-      }
-    }
+    LayerCalls fwd, bwd;
+    build_layer_calls(ctx_, t, m, fwd, bwd);
     auto& stream = ctx_.device->stream(StreamKind::compute);
     Tracer* tr = ctx_.tracer;
     std::string track = fmt::format("worker{}.compute", ctx_.index);
@@ -588,9 +449,6 @@ class Worker : public caf::event_based_actor {
     if (t.down_pending[m] == 0) on_downloaded(t, m);
     pump();
   }
-
-  /// The last micro-batch m with m % 2 == j (-1 when t has none).
-  static int64_t last_in_slot(const Task& t, int j) { return t.M > j ? (t.M - 1 - j) / 2 * 2 + j : -1; }
 
   /// Micro-batch m's outputs are on the host: the next stage may read them. A retired task
   /// (computed, already replaced by the next one) gives its slot back once the slot's last

@@ -8,9 +8,13 @@
 //    message, no actor thread waits on the device);
 //  - downloads outputs (and every layer input, which backward recomputes from) through
 //    its activation-download actor and tells the successor stage's worker (ActReady);
-//  - after the last micro-batch, downloads each parameter group's gradient through its
-//    gradient-download actor into the host slot the shard grants (rule 3), then
-//    reports GradWritten to the shard and StageDone to the scheduler;
+//  - once the last micro-batch is computed the task retires and the next one starts while
+//    the last outputs still download; each parameter group's gradient goes down through
+//    the gradient-download actor into the host slot the shard grants (rule 3), then
+//    GradWritten goes to the shard, and StageDone to the scheduler once every output and
+//    gradient is on the host;
+//  - prefetches the next task's weights while the current one computes, and behind a
+//    next task that uploads no weight (the embedding's backward) also the one after it;
 //  - with ctx.profile, times each layer call on the compute stream and reports the times
 //    (and the layers' device memory) to the scheduler, read after completion.
 #pragma once

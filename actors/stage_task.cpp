@@ -1,0 +1,120 @@
+#include "actors/stage_task.hpp"
+
+#include <algorithm>
+
+#include "kernels/ops.hpp"
+
+namespace rp {
+
+void allocate_work(const WorkerContext& ctx, Task& t) {
+  auto& d = *ctx.device;
+  const auto& m = *ctx.layout;
+  const auto& shape = t.rs.buffers->shape;
+  const size_t act = t.rs.buffers->act_bytes;
+  const StageKind kind = t.rs.stage.kind;
+  size_t scratch = 0;
+  for (int l : t.layers) scratch = std::max(scratch, (*ctx.layers)[l]->scratch_bytes(shape, d.compute_dtype()));
+  const size_t gsz = dtype_size(d.ops().grad_dtype());
+  for (int g : t.grad_groups) t.dgrad.emplace(g, DeviceBuffer(d, size_t(m.groups[g].numel) * gsz));
+  t.scratch = DeviceBuffer(d, scratch);
+  for (int j = 0; j < 2; ++j)
+    if (!t.slot_ready[j]) allocate_slot(ctx, t, j);
+  if (kind != StageKind::forward)
+    for (auto& b : t.tmp) b = DeviceBuffer(d, act);
+  // Gradient accumulators start at zero for every stage task.
+  for (auto& [g, buf] : t.dgrad) {
+    void* p = buf.get();
+    size_t n = buf.bytes();
+    d.stream(StreamKind::compute).launch([&d, p, n] {
+      const DType gt = d.ops().grad_dtype();
+      d.ops().fill(gt, p, int64_t(n / dtype_size(gt)), 0.f);
+    });
+  }
+}
+
+void allocate_slot(const WorkerContext& ctx, Task& t, int j) {
+  auto& d = *ctx.device;
+  const size_t act = t.rs.buffers->act_bytes, T = size_t(t.rs.buffers->shape.tokens());
+  const StageKind kind = t.rs.stage.kind;
+  Slot s;
+  if (t.rs.stage.first == 0) s.ids = DeviceBuffer(d, T * 4);
+  if (kind == StageKind::tail) {
+    s.targets = DeviceBuffer(d, T * 4);
+    s.loss = DeviceBuffer(d, 2 * sizeof(float));
+  }
+  // in: the uploaded input of a forward stage, or dy of a backward stage
+  if (kind == StageKind::backward || (kind == StageKind::forward && t.rs.stage.first > 0))
+    s.in = DeviceBuffer(d, act);
+  if (kind != StageKind::forward && t.rs.stage.first > 0) s.out = DeviceBuffer(d, act);
+  for (size_t i = 0; i < t.layers.size(); ++i) s.xs.emplace_back(d, act);
+  t.slot[j] = std::move(s);
+  t.slot_ready[j] = true;
+}
+
+LayerArgs layer_args(const WorkerContext& ctx, const Task& t, int layer, const Slot& s) {
+  LayerArgs a;
+  a.ops = &ctx.device->ops();
+  a.shape = t.rs.buffers->shape;
+  for (int g : ctx.layout->groups_of(layer)) {
+    auto w = t.dparam.find(g);  // absent: weights this stage does not read (groups_uploaded)
+    a.params.push_back(w == t.dparam.end() ? nullptr : w->second.get());
+    if (t.rs.stage.kind != StageKind::forward) a.grads.push_back(t.dgrad.at(g).get());
+  }
+  a.scratch = t.scratch.get();
+  a.scratch_bytes = t.scratch.bytes();
+  a.ids = s.ids.as<int32_t>();
+  return a;
+}
+
+void build_layer_calls(const WorkerContext& ctx, Task& t, int64_t m, LayerCalls& fwd, LayerCalls& bwd) {
+  Slot& s = t.slot[m % 2];
+  const StageKind kind = t.rs.stage.kind;
+  const int k = int(t.layers.size());
+  if (kind == StageKind::forward) {
+    // layer i reads the ids (embedding), the uploaded input, or layer i-1's output,
+    // and writes xs[i], which is downloaded as the saved input of layer i+1.
+    for (int i = 0; i < k; ++i) {
+      LayerArgs a = layer_args(ctx, t, t.layers[i], s);
+      a.x = i > 0 ? s.xs[i - 1].get() : (t.rs.stage.first == 0 ? nullptr : s.in.get());
+      a.y = s.xs[i].get();
+      fwd.emplace_back(t.layers[i], a);
+    }
+  } else if (kind == StageKind::tail) {
+    // forward through the decoder layers of the stage, keeping every input in xs
+    for (int i = 0; i + 1 < k; ++i) {
+      LayerArgs a = layer_args(ctx, t, t.layers[i], s);
+      a.x = s.xs[i].get();
+      a.y = s.xs[i + 1].get();
+      fwd.emplace_back(t.layers[i], a);
+    }
+    LayerArgs ta = layer_args(ctx, t, t.layers[k - 1], s);
+    ta.x = s.xs[k - 1].get();
+    ta.targets = s.targets.as<int32_t>();
+    ta.loss = s.loss.as<float>();
+    ta.loss_scale = t.rs.loss_scale;
+    ta.dx = k == 1 ? s.out.get() : t.tmp[0].get();
+    bwd.emplace_back(t.layers[k - 1], ta);
+    const void* dy = ta.dx;
+    for (int i = k - 2, n = 1; i >= 0; --i, ++n) {
+      LayerArgs a = layer_args(ctx, t, t.layers[i], s);
+      a.x = s.xs[i].get();
+      a.dy = dy;
+      a.dx = i == 0 ? s.out.get() : t.tmp[n % 2].get();
+      dy = a.dx;
+      bwd.emplace_back(t.layers[i], a);
+    }
+  } else {
+    const void* dy = s.in.get();
+    for (int i = 0; i < k; ++i) {
+      const int l = t.layers[i];
+      LayerArgs a = layer_args(ctx, t, l, s);
+      a.x = l > 0 ? s.xs[i].get() : nullptr;
+      a.dy = dy;
+      if (l > 0) a.dx = i == k - 1 ? s.out.get() : t.tmp[i % 2].get();
+      dy = a.dx;
+      bwd.emplace_back(l, a);
+    }
+  }
+}
+
+}  // namespace rp

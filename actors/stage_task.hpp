@@ -1,0 +1,77 @@
+// A stage task as a worker holds it (actors/worker.cpp): the stage of one pass, its device
+// buffers and its per-micro-batch progress, plus the pieces of the worker that only read
+// the task and the worker's context: allocating its buffers and building its layer calls.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "actors/layer_timer.hpp"
+#include "actors/messages.hpp"
+#include "actors/upload_windows.hpp"
+#include "actors/worker.hpp"
+#include "kernels/device.hpp"
+
+namespace rp {
+
+/// Device buffers of one double-buffer slot (micro-batches m with m % 2 == slot).
+struct Slot {
+  DeviceBuffer ids, targets, in, out, loss;
+  std::vector<DeviceBuffer> xs;  ///< per layer of the stage: its input (or forward output)
+};
+
+struct Task {
+  uint64_t id = 0;              ///< worker-local sequence number (callbacks find tasks by it)
+  RunStage rs;
+  std::vector<int> layers;      ///< execution order
+  std::vector<int> groups;      ///< parameter groups whose weights it uploads (ModelLayout::groups_uploaded)
+  std::vector<int> grad_groups; ///< groups whose gradient this stage produces
+  std::map<int, DeviceBuffer> dparam, dgrad;
+  std::shared_ptr<UploadWindows> uploads;  ///< the weights' chunks and windows (upload_windows.hpp)
+  DeviceBuffer scratch, tmp[2];
+  Slot slot[2];
+  bool slot_ready[2] = {false, false};  ///< slot allocated (early start may do it before the task is current)
+  bool work_ready = false;  ///< allocate_work done (a start refused for memory waits without it)
+  int64_t M = 0;
+  int params_pending = 0;
+  int64_t next_up = 0, next_comp = 0;
+  std::vector<int> up_pending, down_pending;  ///< copies outstanding per micro-batch
+  std::vector<char> uploaded, computed, downloaded;
+  int64_t n_downloaded = 0;
+  int grads_pending = 0;
+  double t_start = 0;
+  std::chrono::steady_clock::time_point wall_start;
+};
+
+/// The last micro-batch m with m % 2 == j (-1 when t has none).
+inline int64_t last_in_slot(const Task& t, int j) { return t.M > j ? (t.M - 1 - j) / 2 * 2 + j : -1; }
+
+/// The buffers a task needs only while it computes: the gradient accumulators of
+/// t.grad_groups (zeroed on the compute stream), scratch for its largest layer, both
+/// activation slots unless already allocated (allocate_slot), and two activation-sized
+/// temporaries for backward and tail stages. A prefetched task holds just its weights (and
+/// the slots early start handed it) until it becomes current. Throws DeviceOutOfMemory
+/// when the device's cap refuses an allocation (what was allocated stays in t).
+void allocate_work(const WorkerContext& ctx, Task& t);
+
+/// Allocates double-buffer slot j of `t` (the activations of micro-batches m % 2 == j):
+/// token ids (first stage), targets and loss (tail), the uploaded input or dy, dx (backward
+/// and tail stages after the first), and one activation per layer (saved inputs or forward
+/// outputs); each activation is t.rs.buffers->act_bytes. Throws DeviceOutOfMemory.
+void allocate_slot(const WorkerContext& ctx, Task& t, int j);
+
+/// The arguments of `layer` for slot `s` of t: ops, micro-batch shape, device weights
+/// (null for a group the stage does not upload, ModelLayout::groups_uploaded), gradient
+/// accumulators (backward and tail stages), scratch and token ids. Activations are left
+/// for the caller.
+LayerArgs layer_args(const WorkerContext& ctx, const Task& t, int layer, const Slot& s);
+
+/// The layer calls of micro-batch m of t, in stream order: a forward stage's layers
+/// forward (xs[i] is layer i's output); a tail stage forward through its decoders, then the
+/// tail's loss + backward and the decoders backward; a backward stage each layer's
+/// recompute + backward from its saved input, dy flowing through the temporaries.
+void build_layer_calls(const WorkerContext& ctx, Task& t, int64_t m, LayerCalls& fwd, LayerCalls& bwd);
+
+}  // namespace rp
