@@ -27,8 +27,9 @@ namespace rp {
 namespace {
 
 std::atomic<bool> g_interrupted{false};
-// First Ctrl-C: stop after the steps in flight and keep finished checkpoints. Second: leave
-// now (an unfinished checkpoint stays in a *.tmp-<pid> folder, removed by the next run).
+// First Ctrl-C or SIGTERM: stop after the steps in flight and save them as a checkpoint.
+// Second: leave now (an unfinished checkpoint stays in a *.tmp-<pid> folder, removed by the
+// next run; finished ones are kept).
 void on_sigint(int) {
   if (g_interrupted.exchange(true)) {
     static const char msg[] = "\nroundpipe: interrupted twice, exiting now\n";
@@ -36,7 +37,7 @@ void on_sigint(int) {
     std::_Exit(130);
   }
   static const char first[] =
-      "\nroundpipe: interrupted: finishing the steps in flight, then saving (Ctrl-C again to exit now)\n";
+      "\nroundpipe: interrupted: finishing the steps in flight, then saving a checkpoint (Ctrl-C again to exit now)\n";
   [[maybe_unused]] auto n = ::write(2, first, sizeof first - 1);
 }
 
@@ -260,6 +261,11 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
   };
 
   auto prev = std::signal(SIGINT, on_sigint);
+  auto prev_term = std::signal(SIGTERM, on_sigint);  // batch schedulers stop jobs with SIGTERM
+  auto restore_signals = [&] {
+    std::signal(SIGINT, prev);
+    std::signal(SIGTERM, prev_term);
+  };
   const int64_t tokens_per_step = spec.sequences_per_step * spec.seq_len;
   double last_report = 0;
   int64_t reported = start - 1;
@@ -316,13 +322,21 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
     spdlog::info("wrote trace {}/trace.json", spec.output_dir);
   }
   if (g_interrupted && t < spec.steps) {
-    save_profile();
-    std::signal(SIGINT, prev);
-    fmt::print(stderr, "roundpipe: interrupted after {} steps; finished checkpoints are kept\n", t);
+    // the steps done become a checkpoint like a periodic one (still under our handler: a
+    // second signal exits at once and leaves only a *.tmp-<pid> folder)
+    const std::string name = fmt::format("checkpoint-{}", t);
+    const bool fresh = t > start && !(spec.save_every > 0 && t % spec.save_every == 0);
+    if (fresh) save(name);
+    else save_profile();
+    restore_signals();
+    fmt::print(stderr, "roundpipe: interrupted after {} steps; {}\n", t,
+               fresh ? fmt::format("saved {}/{} (continue with --resume {}/{})", spec.output_dir, name,
+                                   spec.output_dir, name)
+                     : std::string("finished checkpoints are kept"));
     return 130;
   }
-  save("final");  // still under our SIGINT handler: a Ctrl-C now cannot cut the checkpoint
-  std::signal(SIGINT, prev);
+  save("final");  // still under our signal handlers: a Ctrl-C now cannot cut the checkpoint
+  restore_signals();
   fmt::print("done: {} steps{} in {}, peak device memory {:.1f} MiB per worker, metrics in {}, plan {}\n",
              spec.steps - start,
              start > 0 ? fmt::format(" (resumed at step {}, {} in all)", start, spec.steps) : std::string(),

@@ -68,10 +68,10 @@ StageEstimate assemble(const Ctx& c, StageKind kind, int first, int last, const 
       tmp = 2 * c.A;
       break;
   }
-  e.memory_bytes = o.weight_buffers * s.w + e.grad_bytes + slots * slot_bytes + tmp + s.scratch;
+  e.memory_bytes = o.weight_buffers * e.weight_bytes + e.grad_bytes + slots * slot_bytes + tmp + s.scratch;
   e.compute_seconds = double(M) * s.compute;
   if (o.pcie_bandwidth > 0) {
-    e.upload_seconds = (double(s.w) + double(M) * double(e.act_up_bytes)) / o.pcie_bandwidth;
+    e.upload_seconds = (double(e.weight_bytes) + double(M) * double(e.act_up_bytes)) / o.pcie_bandwidth;
     e.download_seconds = (double(e.grad_bytes) + double(M) * double(e.act_down_bytes)) / o.pcie_bandwidth;
   }
   e.seconds = std::max({e.compute_seconds, e.upload_seconds, e.download_seconds});

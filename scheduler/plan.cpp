@@ -1,6 +1,7 @@
 #include "scheduler/plan.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -107,14 +108,21 @@ IterationPlan make_default_plan(int num_layers, int num_workers) {
 }
 
 namespace {
+/// An integer that fits an int (JSON integers beyond it used to wrap around silently).
+bool is_int(const nlohmann::json& v) {
+  if (v.is_number_unsigned()) return v.get<uint64_t>() <= uint64_t(std::numeric_limits<int>::max());
+  if (!v.is_number_integer()) return false;
+  const int64_t x = v.get<int64_t>();
+  return x >= std::numeric_limits<int>::min() && x <= std::numeric_limits<int>::max();
+}
 std::pair<int, int> range_of(const nlohmann::json& v, const std::string& where) {
-  if (!v.is_array() || v.size() != 2 || !v[0].is_number_integer() || !v[1].is_number_integer())
+  if (!v.is_array() || v.size() != 2 || !is_int(v[0]) || !is_int(v[1]))
     throw std::invalid_argument(where + ": expected a pair of layer indices [a, b], got " + v.dump());
   return {v[0].get<int>(), v[1].get<int>()};
 }
 int int_of(const nlohmann::json& j, const char* key, int dflt, const std::string& where) {
   if (!j.contains(key)) return dflt;
-  if (!j[key].is_number_integer())
+  if (!is_int(j[key]))
     throw std::invalid_argument(fmt::format("{}: key '{}': expected an integer, got {}", where, key,
                                             j[key].dump()));
   return j[key].get<int>();

@@ -99,6 +99,37 @@ TEST(CliResume, ResumedRunIsBitIdenticalToTheUninterruptedOne) {
   }
 }
 
+// SIGTERM (what batch schedulers send) stops the run like Ctrl-C: the steps done are saved as
+// checkpoint-<n>, exit code 130, and the run continues from that checkpoint.
+TEST(CliResume, SigtermSavesTheStepsDoneAndTheRunContinuesFromThem) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  write(d / "data.jsonl", kData);
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "a", ", \"steps\": 1000000, \"seed\": 3"));
+  const std::string cmd = "cd " + d.string() + " && (" + std::string(RP_BUILD_DIR) + "/roundpipe train spec.json" +
+                          " > out.txt 2> err.txt < /dev/null & pid=$!; sleep 3; kill -TERM $pid; wait $pid;" +
+                          " echo $? > rc.txt)";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  EXPECT_EQ(slurp(d / "rc.txt"), "130\n") << slurp(d / "err.txt");
+  const std::string err = slurp(d / "err.txt");
+  const auto at = err.find("saved ");
+  ASSERT_NE(at, std::string::npos) << err;
+  const auto ck_at = err.find("checkpoint-", at);
+  ASSERT_NE(ck_at, std::string::npos) << err;
+  const int n = std::stoi(err.substr(ck_at + 11));
+  ASSERT_GE(n, 1) << err;
+  const fs::path ck = d / "a" / ("checkpoint-" + std::to_string(n));
+  for (const char* f : {"optimizer.bin", "trainer_state.json", "model.safetensors"})
+    EXPECT_TRUE(fs::exists(ck / f)) << (ck / f);
+  EXPECT_EQ(nlohmann::json::parse(bytes_of(ck / "trainer_state.json"))["step"], n);
+  CliRun b = roundpipe("train " + (d / "spec.json").string() + " --resume " + ck.string() + " --steps " +
+                           std::to_string(n + 2) + " --output-dir " + (d / "b").string(),
+                       d);
+  ASSERT_EQ(b.code, 0) << b.err << b.out;
+  EXPECT_EQ(losses(d / "b/metrics.csv").size(), 2u);
+  fs::remove_all(d);
+}
+
 TEST(CliResume, UnsuitableCheckpointsGiveOneLineNamingTheFile) {
   auto d = tmpdir();
   auto model = tiny_model(d);

@@ -224,6 +224,10 @@ TEST(Partition, InvalidExplicitPlansAreRejectedWithTheReason) {
   expect_reason({{"forward", {{0, 5}}}, {"tail", {6, 7}}, {"backward", {{5, 2}}}}, "reach layer 0");
   expect_reason({{"forward", {{0, 5}}}, {"tail", {6, 7}}, {"backward", {{4, 0}}}}, "backward stage");
   expect_reason({{"forward_layers", 0}}, "layers per stage");
+  // integers beyond int used to wrap around (4294967300 -> 4, 4294967298 -> 2)
+  expect_reason({{"forward", {{0, 4294967300LL}}}, {"tail", {6, 7}}, {"backward", {{5, 0}}}}, "pair of layer indices");
+  expect_reason({{"forward_layers", 4294967298LL}}, "key 'forward_layers': expected an integer");
+  expect_reason({{"forward", {{-4294967296LL, 5}}}, {"tail", {6, 7}}, {"backward", {{5, 0}}}}, "pair of layer indices");
   // well-formed but over the memory cap: the stage and the cap are named
   o.memory_cap = 900;
   expect_reason({{"forward", {{0, 5}}}, {"tail", {6, 7}}, {"backward", {{5, 0}}}}, "forward stage 0 (layers 0-5)");
@@ -273,6 +277,17 @@ TEST(Partition, BackwardStagesUploadNoEmbeddingWeights) {
   EXPECT_EQ(with0.weight_bytes, w13);
   EXPECT_EQ(without0.weight_bytes, w13);
   EXPECT_EQ(estimate_stage(costs, {StageKind::backward, 0, 0}, o).weight_bytes, 0);
+  // nor in its memory (weight buffers) or its upload time
+  const StageEstimate b0 = estimate_stage(costs, {StageKind::backward, 0, 0}, o);
+  PartitionOptions o2 = o;
+  o2.weight_buffers = o.weight_buffers + 3;
+  EXPECT_EQ(estimate_stage(costs, {StageKind::backward, 0, 0}, o2).memory_bytes, b0.memory_bytes);
+  EXPECT_NE(estimate_stage(costs, {StageKind::forward, 0, 0}, o2).memory_bytes,
+            estimate_stage(costs, {StageKind::forward, 0, 0}, o).memory_bytes);
+  const double act_up_s = double(o.micro_batches) * double(b0.act_up_bytes) / o.pcie_bandwidth;
+  EXPECT_DOUBLE_EQ(b0.upload_seconds, act_up_s);
+  EXPECT_DOUBLE_EQ(with0.upload_seconds - without0.upload_seconds,
+                   double(o.micro_batches) * double(with0.act_up_bytes - without0.act_up_bytes) / o.pcie_bandwidth);
   // the forward stage and a whole-model tail run the embedding's forward: they upload it
   EXPECT_EQ(estimate_stage(costs, {StageKind::forward, 0, 3}, o).weight_bytes, w13 + 5000);
   EXPECT_GE(estimate_stage(costs, {StageKind::tail, 0, 5}, o).weight_bytes, w13 + 5000);
