@@ -92,6 +92,13 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
   if (ov.resume_given && ov.resume.empty())
     throw std::invalid_argument("--resume: expected a checkpoint folder (checkpoint-<k>/ or final/), got \"\"");
   if (!ov.resume.empty()) spec.resume_from = ov.resume;
+  if (!ov.dump_batch.empty()) {  // before anything is loaded or written
+    std::error_code ec;
+    const fs::path parent = fs::absolute(fs::path(ov.dump_batch), ec).parent_path();
+    if (ec || !fs::is_directory(parent, ec))
+      throw std::invalid_argument(fmt::format("--dump-batch {}: cannot write the file (folder '{}' does not exist)",
+                                              ov.dump_batch, parent.string()));
+  }
   const auto t_start = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count(); };
 
@@ -298,8 +305,11 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
     for (int64_t a = 0; a < spec.accumulation; ++a) {
       TokenBatch b = stream.next(per_pass);
       if (t == 0 && a == 0 && !ov.dump_batch.empty()) {
-        std::ofstream(ov.dump_batch) << nlohmann::json{{"n_seq", b.n_seq}, {"seq_len", b.seq_len}, {"ids", b.ids},
-                                                       {"targets", b.targets}}.dump() << "\n";
+        std::ofstream f(ov.dump_batch);
+        f << nlohmann::json{{"n_seq", b.n_seq}, {"seq_len", b.seq_len}, {"ids", b.ids}, {"targets", b.targets}}.dump()
+          << "\n";
+        f.close();
+        if (!f) throw std::runtime_error(fmt::format("--dump-batch {}: cannot write the file", ov.dump_batch));
       }
       session.forward_backward(b.ids, b.targets);
     }

@@ -143,6 +143,10 @@ IterationPlan plan_from_json(const nlohmann::json& j, int num_layers, int num_wo
           "forward/tail/backward)",
           where, it.key()));
   if (j.contains("forward") || j.contains("tail") || j.contains("backward")) {
+    for (const char* k : {"forward_layers", "backward_layers", "tail_decoders"})
+      if (j.contains(k))
+        throw std::invalid_argument(fmt::format(
+            "{}: key '{}' does not go with explicit forward/tail/backward stages (give one or the other)", where, k));
     IterationPlan p;
     p.num_layers = num_layers;
     for (const char* k : {"forward", "tail", "backward"})

@@ -42,6 +42,27 @@ TEST(Cli, TrainsTinyModelAndWritesLoadableCheckpoint) {
 
 // The run directory holds the measured per-layer profile, and `roundpipe plan --profile`
 // partitions with it.
+TEST(Cli, DumpBatchWritesTheFirstBatchOrSaysWhyNot) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  write(d / "data.jsonl", "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n");
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
+  CliRun ok = roundpipe("train " + (d / "spec.json").string() + " --dump-batch " + (d / "batch.json").string(), d);
+  ASSERT_EQ(ok.code, 0) << ok.err;
+  const auto b = nlohmann::json::parse(slurp(d / "batch.json"));
+  EXPECT_EQ(b["ids"].size(), size_t(b["n_seq"].get<int>() * b["seq_len"].get<int>()));
+  // a folder that does not exist: one line naming the option and the path, exit 1 (it used
+  // to write nothing and say nothing)
+  const std::string bad = (d / "no/such/dir/batch.json").string();
+  CliRun r = roundpipe("train " + (d / "spec.json").string() + " --dump-batch " + bad + " --output-dir " +
+                           (d / "run2").string(),
+                       d);
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("--dump-batch " + bad + ": cannot write"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(d / "run2")) << "checked before any output is written";
+  fs::remove_all(d);
+}
+
 TEST(Cli, TrainWritesAProfileThatPlanReads) {
   auto d = tmpdir();
   auto model = tiny_model(d);

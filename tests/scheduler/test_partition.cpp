@@ -227,6 +227,9 @@ TEST(Partition, InvalidExplicitPlansAreRejectedWithTheReason) {
   // integers beyond int used to wrap around (4294967300 -> 4, 4294967298 -> 2)
   expect_reason({{"forward", {{0, 4294967300LL}}}, {"tail", {6, 7}}, {"backward", {{5, 0}}}}, "pair of layer indices");
   expect_reason({{"forward_layers", 4294967298LL}}, "key 'forward_layers': expected an integer");
+  // a uniform-plan key next to explicit stages used to be ignored
+  expect_reason({{"forward_layers", 2}, {"forward", {{0, 5}}}, {"tail", {6, 7}}, {"backward", {{5, 0}}}},
+                "key 'forward_layers' does not go with explicit");
   expect_reason({{"forward", {{-4294967296LL, 5}}}, {"tail", {6, 7}}, {"backward", {{5, 0}}}}, "pair of layer indices");
   // well-formed but over the memory cap: the stage and the cap are named
   o.memory_cap = 900;
