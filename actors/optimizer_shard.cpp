@@ -199,15 +199,21 @@ caf::behavior shard_impl(caf::stateful_actor<ShardState>* self, std::vector<Shar
                         gs.grads_done[k] >= expected(c->second, c->second.grads, gs.g.group, gs.g.grads_per_pass)))) {
         const int64_t n = gs.g.master->size();
         const float* grad = store->grad[gs.g.group].as<float>();
-        ThreadPool& pool = *self->state.pool;
         float scale = c->second.grad_scale;
         bool skip = false, ready = true;
         if (opt.guard) {
           // report this group's partial sum of squares once, then wait for the step's scalar
           if (gs.sumsq_sent < k) {
-            self->send(scheduler, GradSumSq{k, gs.g.group, sum_of_squares(grad, n, pool)});
-            gs.sumsq_sent = k;
-            self->state.completed[k].push_back(gs.g.group);
+            // a job like the update: the pool may be busy with another group's update
+            GroupState* g = &gs;
+            auto sq = std::make_shared<double>(0.0);
+            auto work = [sq, grad, n, pp = self->state.pool] { *sq = sum_of_squares(grad, n, *pp); };
+            auto sent = [self, g, k, sq, scheduler] {
+              self->send(scheduler, GradSumSq{k, g->g.group, *sq});
+              g->sumsq_sent = k;
+              self->state.completed[k].push_back(g->g.group);  // the order the jobs finish in
+            };
+            if (!run_job(gs, work, sent)) return;
           }
           auto sc = self->state.scales.find(k);
           if (sc == self->state.scales.end()) {

@@ -14,7 +14,7 @@
 //     the copy is cast when allowed. One outstanding step per group.
 // Shards are detached actors (own thread); each owns a persistent ThreadPool (`threads`
 // workers, pinned to `cpus`) that runs AdamW, the gradient's sum of squares and deferred
-// casts. A detached shard submits each update and deferred cast to a job thread of its own
+// casts. A detached shard submits each update, deferred cast and sum of squares to a job thread of its own
 // and goes on answering requests for its other groups; the group stays busy (no grant, no
 // transition) until the job reports back, so the rules hold per group as before. Guarded steps (ShardOptions::guard: global-norm clipping, loss scaling, inf/NaN
 // skipping): once group g's gradient of step t is complete the shard sends GradSumSq{t, g}
