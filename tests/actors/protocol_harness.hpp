@@ -45,6 +45,7 @@
 #include "actors/pass_buffers.hpp"
 #include "kernels/dtype.hpp"
 #include "optimizer/adamw.hpp"
+#include "tests/actors/runtime_reference.hpp"
 
 // ---- messages private to the harness -------------------------------------------------
 namespace rp::test::proto {
@@ -164,14 +165,7 @@ struct Pipeline {
   int worker_of(int64_t pass, int s) const { return int((pass * int64_t(stages.size()) + s) % workers); }
   float grad_scale(int64_t k) const { return 1.f / float(8 + k); }
   double lr(int64_t k) const { return 0.05 * (1.0 + 0.5 * double(k)); }
-  AdamWOptions adam() const {
-    AdamWOptions o;
-    o.beta1 = 0.9;
-    o.beta2 = 0.99;
-    o.eps = 1e-6;
-    o.weight_decay = 0.01;
-    return o;
-  }
+  AdamWOptions adam() const { return adam_opts(); }  // the runtime tests' settings
 };
 
 /// The gradient stage `stage` of step `step` writes for group `g`, from the bf16 weights

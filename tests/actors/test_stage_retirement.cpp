@@ -68,6 +68,16 @@ struct Interval {
   double start = 0, end = 0;
 };
 
+/// The session's recorded trace (Session::write_trace), parsed.
+nlohmann::json trace_of(const Session& s) {
+  const auto path = std::filesystem::temp_directory_path() / ("rp_stage_trace_" + std::to_string(::getpid()) + ".json");
+  s.write_trace(path.string());
+  std::ifstream f(path);
+  nlohmann::json t = nlohmann::json::parse(f);
+  std::filesystem::remove(path);
+  return t;
+}
+
 /// Runs one step of the tiny model on one worker over a slow link and returns the loss
 /// and the trace's compute and task intervals by name.
 double run_traced(double pcie_bytes_per_s, std::map<std::string, Interval>& slices) {
@@ -90,12 +100,7 @@ double run_traced(double pcie_bytes_per_s, std::map<std::string, Interval>& slic
   s.step(1e-3);
   const StepResult r = s.wait(0);
   s.synchronize();
-  const auto path = std::filesystem::temp_directory_path() /
-                    ("rp_retire_" + std::to_string(::getpid()) + ".json");
-  s.write_trace(path.string());
-  std::ifstream f(path);
-  const nlohmann::json t = nlohmann::json::parse(f);
-  std::filesystem::remove(path);
+  const nlohmann::json t = trace_of(s);
   for (const auto& e : t.at("traceEvents"))
     if (e.value("ph", "") == "X") {
       const double ts = e.at("ts").get<double>();
@@ -150,11 +155,7 @@ TEST(StageRetirement, NextPassPrefetchesBehindTheEmbeddingsBackwardStage) {
   }
   s.wait(1);
   s.synchronize();
-  const auto path = std::filesystem::temp_directory_path() / ("rp_behind_" + std::to_string(::getpid()) + ".json");
-  s.write_trace(path.string());
-  std::ifstream f(path);
-  const nlohmann::json t = nlohmann::json::parse(f);
-  std::filesystem::remove(path);
+  const nlohmann::json t = trace_of(s);
   // track ids by name, then the embedding group's uploads (the only 8576-byte weight copies:
   // 67 x 32 fp32) in issue order: F[0-1] of pass 0, the tied tail of pass 0, F[0-1] of pass 1
   std::map<int, std::string> track;
