@@ -182,7 +182,13 @@ std::string dump_json(const json& j, const fs::path& p) {
 LoadedModel load_model(const std::string& path) {
   std::error_code ec;
   const auto st = fs::status(path, ec);
-  if (ec || !fs::exists(st)) fail(path, "no such file or directory");
+  if (ec || !fs::exists(st)) {
+    std::error_code cwd_ec;
+    const auto cwd = fs::current_path(cwd_ec);
+    fail(path, fs::path(path).is_relative() && !cwd_ec
+                   ? fmt::format("no such file or directory (relative to the working directory {})", cwd.string())
+                   : std::string("no such file or directory"));
+  }
   if (fs::is_directory(st)) return load_hf_dir(path);
   return load_gguf(path);
 }

@@ -158,6 +158,9 @@ TEST(IoModel, GgufModelErrorsNameFileAndTensor) {
   g.str("general.architecture", "gpt2");
   test::write_bytes(dir / "c.gguf", g.build());
   expect_error(dir / "c.gguf", "general.architecture 'gpt2' is not supported");
+  // a missing path; a relative one names the working directory it was looked up from
+  expect_error(dir / "nope.gguf", "no such file or directory");
+  expect_error("no_such_model_dir/x.gguf", "relative to the working directory " + fs::current_path().string());
   // every truncation of a model file fails cleanly through load_model too
   const auto bytes = test::read_bytes(dir / "a.gguf");
   for (size_t len = 0; len < bytes.size(); len += 61) {
