@@ -74,7 +74,7 @@ LayerMemory layer_memory(const ModelLayout& m, const Layer& layer, int l, StageK
   for (int g : m.groups_of(l)) numel += m.groups[size_t(g)].numel;
   mem.weight_bytes = numel * int64_t(dtype_size(compute));
   if (kind != StageKind::forward) mem.grad_bytes = numel * int64_t(dtype_size(grad));
-  mem.scratch_bytes = int64_t(layer.scratch_bytes(s, compute));
+  mem.scratch_bytes = int64_t(layer.scratch_bytes(s, compute, kind != StageKind::forward));
   return mem;
 }
 

@@ -29,9 +29,13 @@ ParamStore::ParamStore(const ModelLayout& m, DType compute_dtype) : dtype(comput
   }
 }
 
-PassBuffers::PassBuffers(const ModelLayout& m, const IterationPlan& p, int64_t M,
-                         const MicroBatchShape& s, DType dtype)
-    : micro_batches(M), shape(s) {
+PassBuffers::PassBuffers(const ModelLayout& m, const IterationPlan& p, int64_t M, const MicroBatchShape& s,
+                         DType dtype, std::shared_ptr<PassActivations> shared)
+    : micro_batches(M),
+      shape(s),
+      activations(shared ? std::move(shared) : std::make_shared<PassActivations>()),
+      x(activations->x),
+      dx(activations->dx) {
   const size_t T = size_t(s.tokens());
   act_bytes = T * size_t(m.config.hidden_size) * dtype_size(dtype);
   for (int64_t i = 0; i < M; ++i) {
@@ -39,10 +43,12 @@ PassBuffers::PassBuffers(const ModelLayout& m, const IterationPlan& p, int64_t M
     targets.emplace_back(T * 4);
   }
   const int L = p.num_layers;
-  x.resize(L);
-  dx.resize(L);
-  for (int b = 1; b < L; ++b)
-    for (int64_t i = 0; i < M; ++i) x[b].emplace_back(act_bytes);
+  if (x.empty()) {
+    x.resize(L);
+    dx.resize(L);
+    for (int b = 1; b < L; ++b)
+      for (int64_t i = 0; i < M; ++i) x[b].emplace_back(act_bytes);
+  }
   ensure_boundaries(p, {});
   loss.assign(size_t(2 * M), 0.f);
 }

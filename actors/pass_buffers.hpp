@@ -41,13 +41,28 @@ struct ParamStore {
   ParamStore(const ModelLayout& m, DType compute_dtype);
 };
 
+/// The activations of a pass: the input of every layer (saved by forward stages, read by
+/// backward recompute) and the activation gradient at every backward stage boundary.
+struct PassActivations {
+  std::vector<std::vector<HostBytes>> x;   ///< x[b][m]: input of layer b (b >= 1)
+  std::vector<std::vector<HostBytes>> dx;  ///< dx[b][m]: d loss / d x_b at stage boundaries
+};
+
 /// Host buffers of one pass (M micro-batches) in flight: token ids and targets per
-/// micro-batch, the input of every layer (saved by forward stages, read by backward
-/// recompute), the activation gradient at every backward stage boundary, and the
-/// tail's per-micro-batch loss {sum, count}.
+/// micro-batch, its activations (PassActivations), and the tail's per-micro-batch loss
+/// {sum, count}.
+///
+/// Passes in flight may share one PassActivations when a single worker runs every stage:
+/// it runs the stages in the order they were dealt, so every read of pass p's activations
+/// (backward stages upload a layer's saved input before computing it) comes before the
+/// writes of pass p+1 (a forward stage downloads its outputs after computing), while ids,
+/// targets and losses, which the host writes when a pass is dealt, stay per pass.
 struct PassBuffers {
+  /// `shared`: activations to share with another pass slot (null: allocate them).
   PassBuffers(const ModelLayout& m, const IterationPlan& p, int64_t micro_batches,
-              const MicroBatchShape& shape, DType dtype);
+              const MicroBatchShape& shape, DType dtype, std::shared_ptr<PassActivations> shared = nullptr);
+  PassBuffers(const PassBuffers&) = delete;
+  PassBuffers& operator=(const PassBuffers&) = delete;
   /// Allocates the dx buffers plan `p`'s stage boundaries need and these buffers lack (a
   /// plan changed by re-planning), calling on_new(buffer) for each new one (e.g. to pin
   /// it). Call only while no pass uses these buffers. Throws std::bad_alloc.
@@ -56,8 +71,9 @@ struct PassBuffers {
   MicroBatchShape shape;
   size_t act_bytes;                          ///< one [T, hidden] activation
   std::vector<HostBytes> ids, targets;       ///< [M] of i32[T]
-  std::vector<std::vector<HostBytes>> x;     ///< x[b][m]: input of layer b (b >= 1)
-  std::vector<std::vector<HostBytes>> dx;    ///< dx[b][m]: d loss / d x_b at stage boundaries
+  std::shared_ptr<PassActivations> activations;
+  std::vector<std::vector<HostBytes>>& x;    ///< activations->x
+  std::vector<std::vector<HostBytes>>& dx;   ///< activations->dx
   std::vector<float> loss;                   ///< [2*M]: {sum, count} per micro-batch
 };
 

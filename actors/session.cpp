@@ -41,7 +41,8 @@ std::unique_ptr<Device> make_device(const std::string& backend, int i, const Dev
 }
 
 /// Device numbers of the analytic estimate for `backend` (ProfilingOptions::device_model).
-DeviceModel default_device_model(const std::string& backend, const DeviceOptions& d, DType dt) {
+DeviceModel default_device_model(const std::string& backend, const DeviceOptions& d, DType dt,
+                                 int64_t mlp_chunk_tokens) {
   DeviceModel m;  // CUDA: the H200-like defaults of scheduler/cost_model.hpp
   if (backend == "cpu") {
     m.peak_flops = 50e9;  // a few cores of Eigen fp32 GEMM
@@ -51,6 +52,7 @@ DeviceModel default_device_model(const std::string& backend, const DeviceOptions
   }
   m.elem_bytes = int64_t(dtype_size(dt));
   m.scratch_elem_bytes = int64_t(dtype_size(dt));
+  m.mlp_chunk_tokens = mlp_chunk_tokens;
   return m;
 }
 
@@ -85,7 +87,8 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
   // the profile has measured the real ones (scheduler/replan.hpp).
   std::function<void(const std::string&)> log = opt.profiling.log;
   if (!log) log = [](const std::string& line) { spdlog::info("{}", line); };
-  const DeviceModel dm = opt.profiling.device_model.value_or(default_device_model(backend, opt.device, dt));
+  const DeviceModel dm = opt.profiling.device_model.value_or(
+      default_device_model(backend, opt.device, dt, opt.mlp_chunk_tokens));
   const std::vector<LayerCost> analytic =
       layer_costs(estimate_layers(model_shape_from_config(layout.config), opt.micro.n_seq, opt.micro.seq_len, dm));
   PartitionOptions po;
@@ -93,6 +96,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
   po.micro_batches = opt.micro_batches;
   po.memory_cap = int64_t(I.devices[0]->capacity_bytes());
   po.pcie_bandwidth = dm.pcie_bandwidth;
+  po.alloc_granule = int64_t(I.devices[0]->allocation_granule());
   if (opt.plan) {
     I.plan = *opt.plan;
   } else {
@@ -113,7 +117,8 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
     const size_t n = size_t(layout.total_numel());
     const size_t act = size_t(opt.micro.tokens()) * size_t(layout.config.hidden_size) * dtype_size(dt);
     const size_t per_slot = size_t(opt.micro_batches) * act * size_t(2 * layout.num_layers());
-    const size_t need = n * (4 /*m*/ + 4 /*v*/ + dtype_size(dt) + 4 /*grad*/) + size_t(opt.pass_slots) * per_slot;
+    const size_t slots = opt.workers == 1 ? 1 : size_t(opt.pass_slots);  // one worker: shared (PassBuffers)
+    const size_t need = n * (4 /*m*/ + 4 /*v*/ + dtype_size(dt) + 4 /*grad*/) + slots * per_slot;
     const size_t avail = host_available_bytes();
     if (avail > 0 && need > avail)
       throw std::invalid_argument(fmt::format(
@@ -126,7 +131,9 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
   I.adam.resize(I.master.size());
   for (size_t g = 0; g < I.master.size(); ++g)
     cast_f32_to(I.master[g].data(), I.store->lowp[g].data(), int64_t(I.master[g].size()), dt);
-  for (int l = 0; l < layout.num_layers(); ++l) I.layers.push_back(make_layer(I.layout, l));
+  LayerOptions lo;
+  lo.mlp_chunk_tokens = opt.mlp_chunk_tokens;
+  for (int l = 0; l < layout.num_layers(); ++l) I.layers.push_back(make_layer(I.layout, l, lo));
   if (opt.trace) {
     I.tracer = std::make_unique<Tracer>();
     I.tracer->set_info("backend", backend);
@@ -176,8 +183,10 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
   sc.on_new_host_buffer = [impl = &I](HostBytes& b) { impl->pin(b); };
   sc.log = log;
   sc.staleness = opt.async ? 1 : 0;
-  for (int i = 0; i < opt.pass_slots; ++i)
-    sc.pass_slots.push_back(std::make_shared<PassBuffers>(layout, I.plan, opt.micro_batches, opt.micro, dt));
+  for (int i = 0; i < opt.pass_slots; ++i)  // one worker runs stages in dealt order: passes share activations
+    sc.pass_slots.push_back(std::make_shared<PassBuffers>(
+        layout, I.plan, opt.micro_batches, opt.micro, dt,
+        opt.workers == 1 && i > 0 ? sc.pass_slots[0]->activations : nullptr));
   // Pin every host buffer the copy streams touch (no-op on the CPU backend).
   for (auto& b : I.store->lowp) I.pin(b);
   for (auto& b : I.store->grad) I.pin(b);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "kernels/ops.hpp"
+#include "scheduler/stage_memory.hpp"
 
 namespace rp {
 
@@ -13,14 +14,16 @@ void allocate_work(const WorkerContext& ctx, Task& t) {
   const size_t act = t.rs.buffers->act_bytes;
   const StageKind kind = t.rs.stage.kind;
   size_t scratch = 0;
-  for (int l : t.layers) scratch = std::max(scratch, (*ctx.layers)[l]->scratch_bytes(shape, d.compute_dtype()));
+  const bool backward = kind != StageKind::forward;
+  for (int l : t.layers)
+    scratch = std::max(scratch, (*ctx.layers)[l]->scratch_bytes(shape, d.compute_dtype(), backward));
   const size_t gsz = dtype_size(d.ops().grad_dtype());
   for (int g : t.grad_groups) t.dgrad.emplace(g, DeviceBuffer(d, size_t(m.groups[g].numel) * gsz));
-  t.scratch = DeviceBuffer(d, scratch);
-  for (int j = 0; j < 2; ++j)
+  if (scratch > 0) t.scratch = DeviceBuffer(d, scratch);
+  for (int j = 0; j < 2 && j < t.M; ++j)
     if (!t.slot_ready[j]) allocate_slot(ctx, t, j);
-  if (kind != StageKind::forward)
-    for (auto& b : t.tmp) b = DeviceBuffer(d, act);
+  const int temporaries = stage_temporaries(kind, int(t.layers.size()));
+  for (int i = 0; i < temporaries; ++i) t.tmp[i] = DeviceBuffer(d, act);
   // Gradient accumulators start at zero for every stage task.
   for (auto& [g, buf] : t.dgrad) {
     void* p = buf.get();
@@ -46,7 +49,9 @@ void allocate_slot(const WorkerContext& ctx, Task& t, int j) {
   if (kind == StageKind::backward || (kind == StageKind::forward && t.rs.stage.first > 0))
     s.in = DeviceBuffer(d, act);
   if (kind != StageKind::forward && t.rs.stage.first > 0) s.out = DeviceBuffer(d, act);
-  for (size_t i = 0; i < t.layers.size(); ++i) s.xs.emplace_back(d, act);
+  // one activation per layer: outputs (forward), inputs (tail), saved inputs (backward: none
+  // for the embedding, which reads the ids)
+  for (int l : t.layers) s.xs.push_back(kind == StageKind::backward && l == 0 ? DeviceBuffer() : DeviceBuffer(d, act));
   t.slot[j] = std::move(s);
   t.slot_ready[j] = true;
 }

@@ -49,9 +49,9 @@ struct Task {
 inline int64_t last_in_slot(const Task& t, int j) { return t.M > j ? (t.M - 1 - j) / 2 * 2 + j : -1; }
 
 /// The buffers a task needs only while it computes: the gradient accumulators of
-/// t.grad_groups (zeroed on the compute stream), scratch for its largest layer, both
-/// activation slots unless already allocated (allocate_slot), and two activation-sized
-/// temporaries for backward and tail stages. A prefetched task holds just its weights (and
+/// t.grad_groups (zeroed on the compute stream), scratch for its largest layer (forward-only
+/// scratch in a forward stage), its activation slots (one per micro-batch up to two) unless
+/// already allocated (allocate_slot), and stage_temporaries() activation-sized temporaries. A prefetched task holds just its weights (and
 /// the slots early start handed it) until it becomes current. Throws DeviceOutOfMemory
 /// when the device's cap refuses an allocation (what was allocated stays in t).
 void allocate_work(const WorkerContext& ctx, Task& t);

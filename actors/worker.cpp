@@ -197,7 +197,7 @@ class Worker : public caf::event_based_actor {
     Task& t = *task_;
     Task& n = *next_;
     if (t.next_up < t.M) return;  // the current task still uploads into its slots
-    for (int j = 0; j < 2; ++j) {
+    for (int j = 0; j < 2 && j < n.M; ++j) {
       if (n.slot_ready[j]) continue;
       const int64_t last = last_in_slot(t, j);
       if (last >= 0 && !t.downloaded[last]) continue;

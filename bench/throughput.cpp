@@ -1,17 +1,21 @@
 // End-to-end training throughput of the RoundPipe runtime on a model shape with random
-// weights (issue 3's benchmark: Qwen3-1.7B shape, seq 8192, 8 sequences per step).
+// weights (default: Qwen3-1.7B shape, seq 8192, 8 sequences per step; --preset qwen3-4b).
 //
 //   bench_throughput [--backend cuda] [--workers 1] [--layers 28] [--hidden 2048] [--heads 16]
 //                    [--kv-heads 8] [--head-dim 128] [--ffn 6144] [--vocab 151936] [--seq 8192]
 //                    [--seqs 8] [--micro 8] [--steps 6] [--warmup 2] [--sync] [--cap-gib 139]
 //                    [--dtype bf16|f16] [--plan JSON] [--trace FILE] [--results FILE] [--no-priorities]
-//                    [--chunk-bytes N]
+//                    [--chunk-bytes N] [--preset qwen3-1.7b|qwen3-4b] [--mlp-chunk TOKENS]
 // The attention implementation follows RP_CUDA_ATTENTION (auto = cuDNN when available).
 // --no-priorities: parameter/gradient copies do not yield to activation copies (first come,
 // first served); --chunk-bytes: bulk copies are cut into chunks of N bytes (0: whole copies).
 // tokens/s: median over the measured steps of tokens-per-step / (time between consecutive
 // step completions). MFU = tokens/s * (6 N_matmul + 6 layers q_heads head_dim seq) / 790e12
 // (N_matmul counts every matmul weight incl. the LM head; recompute not counted).
+// Every row reports the peak device memory and the process's peak host memory (max RSS).
+// A failure of the run (memory cap, device error, bad flag) is one line on stderr and exit 1.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -25,7 +29,15 @@
 
 #include "roundpipe/session.hpp"
 
-int main(int argc, char** argv) {
+namespace {
+
+double max_rss_gib() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return double(ru.ru_maxrss) * 1024.0 / double(1ull << 30);  // ru_maxrss is in KiB on Linux
+}
+
+int run(int argc, char** argv) {
   CLI::App app{"RoundPipe end-to-end throughput benchmark"};
   std::string backend = "cuda", trace, results, dtype = "bf16", plan_json;
   int workers = 1, layers = 28, steps = 6, warmup = 2;
@@ -33,6 +45,8 @@ int main(int argc, char** argv) {
   bool sync = false, qwen3 = true, no_prio = false;
   int64_t chunk_bytes = 32 << 20;
   int bulk_inflight = 1;
+  int64_t mlp_chunk = 0;
+  std::string preset;
   double cap = 139;
   app.add_option("--backend", backend);
   app.add_option("--workers", workers);
@@ -58,7 +72,11 @@ int main(int argc, char** argv) {
   app.add_flag("--no-priorities", no_prio, "transfers first come, first served (no cross-stream priority)");
   app.add_option("--chunk-bytes", chunk_bytes, "cut parameter/gradient copies into chunks of this (0: none)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--mlp-chunk", mlp_chunk, "decoders' MLP chunk in tokens (0: default)");
+  app.add_option("--preset", preset, "model shape: qwen3-1.7b (default flags) or qwen3-4b")
+      ->check(CLI::IsMember({"qwen3-1.7b", "qwen3-4b"}));
   CLI11_PARSE(app, argc, argv);
+  if (preset == "qwen3-4b") layers = 36, hidden = 2560, heads = 32, kv = 8, hd = 128, ffn = 9728, vocab = 151936;
 
   rp::ModelConfig c;
   c.architecture = qwen3 ? "qwen3" : "llama";
@@ -98,6 +116,7 @@ int main(int argc, char** argv) {
   o.transfer_priorities = !no_prio;
   o.transfer_chunk_bytes = size_t(chunk_bytes);
   o.transfer_bulk_inflight = bulk_inflight;
+  o.mlp_chunk_tokens = mlp_chunk;
   auto t0 = std::chrono::steady_clock::now();
   rp::Session s(m, std::move(w), o);
   std::printf("session ready in %.1f s: %s, plan %s\n",
@@ -137,12 +156,27 @@ int main(int argc, char** argv) {
   const char* attn = std::getenv("RP_CUDA_ATTENTION");
   const std::string xfer = no_prio ? "no priorities" : "priorities";
   const std::string chunks = chunk_bytes > 0 ? fmt::format("{} MiB chunks x {}", chunk_bytes / double(1 << 20), bulk_inflight) : "no chunks";
-  std::string row = fmt::format("| roundpipe ({} x {}, {}, {}, attention {}, {}, {}) | {:.0f} | {:.3f} | {:.2f} | {:.2f} |",
-                                workers, backend, sync ? "sync" : "async", dtype, attn && *attn ? attn : "auto", xfer,
-                                chunks, tps, mfu, peak, dt);
-  std::printf("RESULT tokens/s %.1f  MFU %.3f  peak device memory %.2f GiB  step %.3f s  (%s; %s, %s)\n", tps, mfu,
-              peak, dt, s.plan().summary().c_str(), xfer.c_str(), chunks.c_str());
+  const double rss = max_rss_gib();
+  const std::string shape = fmt::format("L{} H{} {}q/{}kv F{}, {}x{} tokens, M={}", layers, hidden, heads, kv, ffn,
+                                        seqs, seq, micro);
+  std::string row = fmt::format(
+      "| roundpipe ({} x {}, {}, {}, attention {}, {}, {}; {}) | {:.0f} | {:.3f} | {:.2f} | {:.1f} | {:.2f} |", workers,
+      backend, sync ? "sync" : "async", dtype, attn && *attn ? attn : "auto", xfer, chunks, shape, tps, mfu, peak, rss,
+      dt);
+  std::printf("RESULT tokens/s %.1f  MFU %.3f  peak device memory %.2f GiB  host max RSS %.1f GiB  step %.3f s  (%s; %s, %s)\n",
+              tps, mfu, peak, rss, dt, s.plan().summary().c_str(), xfer.c_str(), chunks.c_str());
   if (!results.empty()) std::ofstream(results, std::ios::app) << row << "\n";
   if (!trace.empty()) s.write_trace(trace);
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_throughput: error: %s\n", e.what());
+    return 1;
+  }
 }

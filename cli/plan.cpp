@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 
 #include <CLI/CLI.hpp>
@@ -16,7 +17,9 @@
 
 #include "model/config.hpp"
 #include "model/gguf.hpp"
+#include "kernels/device.hpp"
 #include "scheduler/partition.hpp"
+#include "scheduler/replan.hpp"
 #include "scheduler/profile.hpp"
 #include "scheduler/simulator.hpp"
 
@@ -116,6 +119,57 @@ std::string layers_text(const Stage& s, int n) {
 
 }  // namespace
 
+namespace {
+
+DeviceModel device_model(const PlanCommandOptions& o) {
+  DeviceModel d;
+  d.peak_flops = o.peak_tflops * 1e12;
+  d.mem_bandwidth = o.hbm_gbps * 1e9;
+  d.pcie_bandwidth = o.pcie_gbps * 1e9;
+  d.mlp_chunk_tokens = o.mlp_chunk_tokens;
+  return d;
+}
+
+PartitionOptions partition_options(const PlanCommandOptions& o, int64_t cap) {
+  PartitionOptions po;
+  po.gpus = o.gpus;
+  po.micro_batches = o.micro_batches;
+  po.pcie_bandwidth = o.pcie_gbps * 1e9;
+  po.memory_cap = cap;
+  po.alloc_granule = int64_t(kCudaPoolGranule);  // plans are for GPUs
+  return po;
+}
+
+// The plan for sequences of `seq` tokens under `cap`, or nullopt when none fits.
+std::optional<PartitionResult> plan_at(const ModelShape& m, const PlanCommandOptions& o, int64_t seq, int64_t cap) {
+  auto costs = layer_costs(estimate_layers(m, o.sequences_per_micro, seq, device_model(o)));
+  PartitionOptions po = partition_options(o, cap);
+  try {
+    return automatic_partition(costs, po);
+  } catch (const std::runtime_error&) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+int64_t longest_sequence(const ModelShape& m, const PlanCommandOptions& o, int64_t cap) {
+  if (cap <= 0) throw std::invalid_argument("--max-seq needs --memory-cap");
+  constexpr int64_t kStep = 1024;
+  int64_t lo = 0, hi = kStep;  // lo fits (0: nothing yet), hi is the next guess
+  while (plan_at(m, o, hi, cap)) {
+    lo = hi;
+    if (hi > (int64_t(1) << 40)) return lo;
+    hi *= 2;
+  }
+  while (hi - lo > kStep) {  // lo fits, hi does not
+    const int64_t mid = (lo + hi) / 2 / kStep * kStep;
+    if (plan_at(m, o, mid, cap)) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
 void run_plan(const PlanCommandOptions& o, std::FILE* out) {
   if (o.gpus < 1) throw std::invalid_argument(fmt::format("--gpus: expected >= 1, got {}", o.gpus));
   if (o.seq_len < 1) throw std::invalid_argument(fmt::format("--seq: expected >= 1, got {}", o.seq_len));
@@ -127,13 +181,22 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
   if (!(o.pcie_gbps >= 0)) throw std::invalid_argument("--pcie-gbps: expected >= 0");
   if (o.iterations < 0) throw std::invalid_argument("--iterations: expected >= 0");
 
+  if (o.max_seq && o.memory_cap.empty()) throw std::invalid_argument("--max-seq needs --memory-cap");
   std::string desc;
   const ModelShape m = load_model_shape(o.model, &desc);
-  DeviceModel d;
-  d.peak_flops = o.peak_tflops * 1e12;
-  d.mem_bandwidth = o.hbm_gbps * 1e9;
-  d.pcie_bandwidth = o.pcie_gbps * 1e9;
-  std::vector<LayerCost> costs = layer_costs(estimate_layers(m, o.sequences_per_micro, o.seq_len, d));
+  const DeviceModel d = device_model(o);
+  PlanCommandOptions oo = o;
+  if (o.max_seq) {
+    const int64_t cap = parse_byte_size(o.memory_cap, "--memory-cap");
+    const int64_t best = longest_sequence(m, o, cap);
+    if (best == 0)
+      throw std::runtime_error(fmt::format("no plan fits {} per GPU even at 1024 tokens per sequence",
+                                           format_bytes(double(cap))));
+    fmt::print(out, "longest   {} tokens per sequence fit {} per GPU ({} micro-batches of {} sequences); "
+                    "the plan for it:\n\n", best, format_bytes(double(cap)), o.micro_batches, o.sequences_per_micro);
+    oo.seq_len = best;
+  }
+  std::vector<LayerCost> costs = layer_costs(estimate_layers(m, oo.sequences_per_micro, oo.seq_len, d));
   std::string source = "analytic (FLOPs and bytes per layer)";
   if (!o.profile.empty()) {
     Profile p = Profile::load(o.profile);
@@ -142,38 +205,35 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
                                            costs.size()));
     costs = p.apply(costs);
     source = fmt::format("profile {} (calibrating the analytic model)", o.profile);
-    if (p.n_seq() != o.sequences_per_micro || p.seq_len() != o.seq_len)
+    if (p.n_seq() != oo.sequences_per_micro || p.seq_len() != oo.seq_len)
       source += fmt::format("; warning: measured at {} x {} tokens", p.n_seq(), p.seq_len());
   }
-  PartitionOptions po;
-  po.gpus = o.gpus;
-  po.micro_batches = o.micro_batches;
-  po.pcie_bandwidth = d.pcie_bandwidth;
-  po.memory_cap = o.memory_cap.empty() ? 0 : parse_byte_size(o.memory_cap, "--memory-cap");
+  PartitionOptions po = partition_options(o, o.memory_cap.empty() ? 0 : parse_byte_size(o.memory_cap, "--memory-cap"));
 
-  const int64_t tokens = o.micro_batches * o.sequences_per_micro * o.seq_len;
+  const int64_t tokens = o.micro_batches * o.sequences_per_micro * oo.seq_len;
   fmt::print(out, "model     {}\n", desc);
   fmt::print(out, "workload  {} GPUs, {} micro-batches of {} x {} tokens = {} tokens per iteration\n", o.gpus,
-             o.micro_batches, o.sequences_per_micro, o.seq_len, tokens);
+             o.micro_batches, o.sequences_per_micro, oo.seq_len, tokens);
   fmt::print(out, "device    {:g} TFLOP/s, memory {:g} GB/s, PCIe {:g} GB/s per direction, memory cap {}\n",
              o.peak_tflops, o.hbm_gbps, o.pcie_gbps,
              po.memory_cap > 0 ? format_bytes(double(po.memory_cap)) : std::string("none"));
   fmt::print(out, "costs     {}\n", source);
 
   const auto t0 = std::chrono::steady_clock::now();
-  PartitionResult pr = partition(costs, po);
+  PartitionResult pr = automatic_partition(costs, po);
   const double plan_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   fmt::print(out, "plan      {} forward + 1 tail + {} backward stages, found in {:.2f} ms ({} candidates, {} packings)\n",
              pr.plan.num_forward(), pr.plan.num_backward(), plan_s * 1e3, pr.candidates, pr.evaluations);
   fmt::print(out, "          {}\n\n", pr.plan.summary());
 
+  if (po.weight_buffers == 1) fmt::print(out, "          (no room to prefetch the next stage's weights under the cap)\n\n");
   fmt::print(out, "{:>5}  {:<8}  {:<24} {:>12} {:>12} {:>12} {:>12}  {:>10}\n", "stage", "kind", "layers", "compute",
              "upload", "download", "time", "memory");
   for (size_t i = 0; i < pr.stages.size(); ++i) {
     const StageEstimate& e = pr.stages[i];
     fmt::print(out, "{:>5}  {:<8}  {:<24} {:>12} {:>12} {:>12} {:>12}  {:>10}{}\n", i, stage_kind_name(e.stage.kind),
                layers_text(e.stage, pr.plan.num_layers), ms(e.compute_seconds), ms(e.upload_seconds),
-               ms(e.download_seconds), ms(e.seconds), format_bytes(double(e.memory_bytes)),
+               ms(e.download_seconds), ms(e.seconds), format_bytes(double(po.weight_buffers > 1 ? e.memory_bytes : e.work_bytes)),
                e.transfer_bound() ? "  transfer-bound" : "");
   }
 
@@ -219,6 +279,8 @@ void add_plan_command(CLI::App& app) {
   c->add_option("--iterations", o->iterations, "iterations to simulate (0: enough for whole deal cycles)")
       ->capture_default_str();
   c->add_flag("--sync", o->sync, "simulate the synchronous optimizer (staleness 0)");
+  c->add_flag("--max-seq", o->max_seq, "find the longest sequence that fits --memory-cap, and plan it");
+  c->add_option("--mlp-chunk", o->mlp_chunk_tokens, "decoders' MLP chunk in tokens (0: 8192)")->capture_default_str();
   c->callback([o] {
     try {
       run_plan(*o, stdout);

@@ -29,6 +29,8 @@ struct PlanCommandOptions {
   double pcie_gbps = 55;           ///< host<->device GB/s per direction (0: free)
   int iterations = 0;              ///< simulated iterations (0: enough for whole deal cycles)
   bool sync = false;               ///< synchronous optimizer (staleness 0) in the simulation
+  bool max_seq = false;            ///< find the longest sequence whose plan fits memory_cap instead
+  int64_t mlp_chunk_tokens = 0;    ///< decoders' MLP chunk (LayerOptions::mlp_chunk_tokens; 0: default)
 };
 
 /// Registers the `plan` subcommand on `app`; it runs from its callback, prints errors as
@@ -38,6 +40,13 @@ void add_plan_command(CLI::App& app);
 /// Plans and prints the report to `out`. Throws std::invalid_argument / std::runtime_error
 /// with a one-line message naming the option, file or layer.
 void run_plan(const PlanCommandOptions& o, std::FILE* out);
+
+/// The longest sequence (a multiple of 1024 tokens, micro-batches of o.sequences_per_micro
+/// sequences) for which some plan's stages fit o.memory_cap (required) on a GPU pool, by
+/// bisection over the partitioner's memory model; 0 when not even 1024 tokens fit. Each
+/// step plans with room to prefetch the next stage's weights when possible, else without
+/// (automatic_partition).
+int64_t longest_sequence(const ModelShape& m, const PlanCommandOptions& o, int64_t memory_cap);
 
 /// Byte size from text: a number with an optional unit B, KB/MB/GB/TB (powers of 1000),
 /// KiB/MiB/GiB/TiB or K/M/G/T (powers of 1024), e.g. "24GiB", "1.5e10", "512 MiB".

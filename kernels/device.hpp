@@ -34,6 +34,23 @@ struct DeviceError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// Allocation granule of the CUDA pool: allocations above kSmallAllocationBytes are backed by
+/// their own physical memory in multiples of it (the GPU's 2 MiB pages), so free memory never
+/// fragments; smaller ones share pages.
+constexpr size_t kCudaPoolGranule = size_t(2) << 20;
+/// Allocations up to this size are sub-allocated (256-byte aligned) on both backends.
+constexpr size_t kSmallAllocationBytes = size_t(1) << 20;
+
+/// Bytes a device pool charges against its capacity for an allocation of `bytes`: 256-byte
+/// rounding up to kSmallAllocationBytes, above that a multiple of `granule` (256 on the CPU
+/// backend, kCudaPoolGranule on a GPU). A zero-byte request is charged as one byte. The
+/// planner's memory model (scheduler/partition.hpp) charges buffers the same way.
+inline size_t pool_allocation_bytes(size_t bytes, size_t granule) {
+  const size_t b = bytes == 0 ? 1 : bytes;
+  const size_t g = b <= kSmallAllocationBytes || granule < 256 ? 256 : granule;
+  return (b + g - 1) / g * g;
+}
+
 enum class StreamKind : uint8_t { compute = 0, act_up = 1, act_down = 2, param_up = 3, grad_down = 4 };
 constexpr int kNumStreams = 5;
 const char* stream_name(StreamKind k);
@@ -96,10 +113,14 @@ class Device {
   /// Storage type of weights and activations on this device (f32 on the CPU backend).
   virtual DType compute_dtype() const = 0;
   virtual size_t capacity_bytes() const = 0;
+  /// Granule of pool_allocation_bytes for this device's pool (256 or kCudaPoolGranule).
+  virtual size_t allocation_granule() const { return 256; }
   virtual size_t used_bytes() const = 0;
   virtual size_t peak_bytes() const = 0;
-  /// Allocates `bytes` (256-byte aligned). Throws DeviceOutOfMemory naming the
-  /// request, the capacity and the bytes in use.
+  /// Allocates `bytes` (256-byte aligned), charging pool_allocation_bytes(bytes,
+  /// allocation_granule()) against the capacity. Never fails while the charged bytes in use
+  /// plus this request fit the capacity (the pools do not fragment). Throws DeviceOutOfMemory
+  /// naming the request, the capacity and the bytes in use.
   virtual void* alloc(size_t bytes) = 0;
   virtual void free(void* p) = 0;
   virtual Stream& stream(StreamKind k) = 0;

@@ -50,7 +50,7 @@ struct LayerArgs {
   const void* x = nullptr;            ///< layer input [T, hidden]
   void* y = nullptr;                  ///< forward output [T, hidden]
   const void* dy = nullptr;           ///< gradient w.r.t. y [T, hidden]
-  void* dx = nullptr;                 ///< backward output: gradient w.r.t. x [T, hidden]
+  void* dx = nullptr;                 ///< backward output: gradient w.r.t. x [T, hidden] (not aliasing dy or x)
   /// Tail only: device float[2], receives {sum of token losses, number of target tokens}.
   float* loss = nullptr;
   /// Tail backward only: the gradients are those of loss_scale * loss sum (fp16 dynamic
@@ -68,9 +68,11 @@ class Layer {
  public:
   virtual ~Layer() = default;
   virtual LayerKind kind() const = 0;
-  /// Device scratch bytes forward() and backward() need for a micro-batch of `s` when the
-  /// device stores activations in `dt` (Device::compute_dtype(); f32 is the worst case).
-  virtual size_t scratch_bytes(const MicroBatchShape& s, DType dt = DType::f32) const = 0;
+  /// Device scratch bytes a call needs for a micro-batch of `s` when the device stores
+  /// activations in `dt` (Device::compute_dtype(); f32 is the worst case): backward() (the
+  /// default, the larger) or forward() only (`backward` false). model/layer_memory.hpp
+  /// computes the same numbers without a layer object.
+  virtual size_t scratch_bytes(const MicroBatchShape& s, DType dt = DType::f32, bool backward = true) const = 0;
   /// Forward without saving anything. Tail: computes only args.loss (evaluation).
   virtual void forward(const LayerArgs& args) const = 0;
   /// Recomputes this layer's forward from args.x (ids for the embedding), then
@@ -80,7 +82,16 @@ class Layer {
   virtual void backward(const LayerArgs& args) const = 0;
 };
 
+/// Choices that change a layer's scratch but not its result (beyond rounding).
+struct LayerOptions {
+  /// Decoders run their MLP over chunks of at most this many tokens, so the [tokens, ffn]
+  /// intermediates exist for one chunk at a time (<= 0: kDefaultMlpChunkTokens of
+  /// model/layer_memory.hpp). Weight gradients are summed over the chunks.
+  int64_t mlp_chunk_tokens = 0;
+};
+
 /// Builds compute layer `layer` (0 = embedding, 1..L decoders, L+1 tail) of `m`.
-std::unique_ptr<Layer> make_layer(const ModelLayout& m, int layer);
+/// Throws std::out_of_range for a layer outside [0, m.num_layers()).
+std::unique_ptr<Layer> make_layer(const ModelLayout& m, int layer, const LayerOptions& opt = {});
 
 }  // namespace rp

@@ -30,9 +30,6 @@ RopeParams rope_params(const ModelConfig& c) {
 
 namespace {
 
-// Worst-case element size (fp32) used by scratch_bytes(), which has no device at hand.
-constexpr size_t kMaxElem = 4;
-
 int64_t offset_of(const ParamGroup& g, const std::string& name) {
   int i = g.find(name);
   if (i < 0)
@@ -72,7 +69,7 @@ class EmbeddingLayer final : public Layer {
       : H_(m.config.hidden_size), V_(m.config.vocab_size),
         off_(offset_of(m.groups[0], "model.embed_tokens.weight")) {}
   LayerKind kind() const override { return LayerKind::embedding; }
-  size_t scratch_bytes(const MicroBatchShape&, DType = DType::f32) const override { return 0; }
+  size_t scratch_bytes(const MicroBatchShape&, DType = DType::f32, bool = true) const override { return 0; }
   void forward(const LayerArgs& a) const override {
     Ops& ops = check_args(a, 1, 0, "embedding.forward", false);
     if (!a.ids || !a.y) throw std::invalid_argument("embedding.forward: ids/y null");
@@ -92,7 +89,8 @@ class EmbeddingLayer final : public Layer {
 
 class DecoderLayer final : public Layer {
  public:
-  DecoderLayer(const ModelLayout& m, int layer) : c_(m.config) {
+  DecoderLayer(const ModelLayout& m, int layer, const LayerOptions& opt)
+      : c_(m.config), chunk_tokens_(opt.mlp_chunk_tokens) {
     const ParamGroup& g = m.groups[size_t(layer)];
     const std::string p = fmt::format("model.layers.{}.", layer - 1);
     w_in_ = offset_of(g, p + "input_layernorm.weight");
@@ -109,70 +107,59 @@ class DecoderLayer final : public Layer {
     wu_ = offset_of(g, p + "mlp.up_proj.weight");
     wd_ = offset_of(g, p + "mlp.down_proj.weight");
     rope_ = rope_frequencies(rope_params(c_));
+    dims_ = DecoderDims{c_.hidden_size, c_.intermediate_size, c_.num_attention_heads, c_.num_key_value_heads,
+                        c_.head_dim, c_.qk_norm};
   }
   LayerKind kind() const override { return LayerKind::decoder; }
-  size_t scratch_bytes(const MicroBatchShape& s, DType dt = DType::f32) const override {
-    Bufs b;
-    ScratchCarver sc(nullptr);
-    carve(s, dtype_size(dt), sc, b);
-    return sc.used();
+  size_t scratch_bytes(const MicroBatchShape& s, DType dt = DType::f32, bool backward = true) const override {
+    return decoder_scratch_bytes(dims_, s.n_seq, s.seq_len, dtype_size(dt), backward, chunk_tokens_);
   }
   void forward(const LayerArgs& a) const override {
-    Ops& ops = check_args(a, 1, needed(a), "decoder.forward", false);
+    Ops& ops = check_args(a, 1, needed(a, false), "decoder.forward", false);
     if (!a.x || !a.y) throw std::invalid_argument("decoder.forward: x/y null");
-    Bufs b;
-    ScratchCarver sc(a.scratch);
-    carve(a.shape, dtype_size(ops.dtype()), sc, b);
-    run_forward(a, b, a.y);
+    DecoderBufs b = carve(a, ops, false);
+    attention_forward(a, b, false);
+    const int64_t T = a.shape.tokens();
+    for (int64_t r0 = 0; r0 < T; r0 += b.chunk) mlp_forward(a, b, r0, std::min(b.chunk, T - r0));
   }
   void backward(const LayerArgs& a) const override;
 
  private:
-  // Scratch buffers ([rows, cols] in compute dtype unless noted).
-  struct Bufs {
-    void *xn, *h1, *hn, *dh1, *dxn, *dhn;   // [T, H]
-    void *qr, *q, *o, *dq, *dout, *dqr;     // [T, nq*D] (qr/dqr: qk_norm only)
-    void *kr, *k, *v, *dk, *dv, *dkr;       // [T, nkv*D] (kr/dkr: qk_norm only)
-    void *g, *u, *m, *dm, *dg, *du;         // [T, F]
-    float* lse;                             // [n_seq, nq, L] fp32
-    void* attn;                             // Ops::attention_scratch_bytes
-  };
-  void carve(const MicroBatchShape& s, size_t es, ScratchCarver& sc, Bufs& b) const {
-    const size_t T = size_t(s.tokens()), H = size_t(c_.hidden_size), F = size_t(c_.intermediate_size);
-    const size_t Q = size_t(c_.num_attention_heads * c_.head_dim);
-    const size_t K = size_t(c_.num_key_value_heads * c_.head_dim);
-    for (void** p : {&b.xn, &b.h1, &b.hn, &b.dh1, &b.dxn, &b.dhn}) *p = sc.take(T * H * es);
-    for (void** p : {&b.q, &b.o, &b.dq, &b.dout}) *p = sc.take(T * Q * es);
-    for (void** p : {&b.k, &b.v, &b.dk, &b.dv}) *p = sc.take(T * K * es);
-    b.qr = b.dqr = b.kr = b.dkr = nullptr;
-    if (c_.qk_norm) {
-      b.qr = sc.take(T * Q * es);
-      b.dqr = sc.take(T * Q * es);
-      b.kr = sc.take(T * K * es);
-      b.dkr = sc.take(T * K * es);
-    }
-    for (void** p : {&b.g, &b.u, &b.m, &b.dm, &b.dg, &b.du}) *p = sc.take(T * F * es);
-    b.lse = static_cast<float*>(sc.take(T * size_t(c_.num_attention_heads) * 4));
-    b.attn = sc.take(Ops::attention_scratch_bytes(s.n_seq, s.seq_len, c_.num_attention_heads,
-                                                  c_.num_key_value_heads, c_.head_dim));
+  size_t needed(const LayerArgs& a, bool backward) const {
+    return scratch_bytes(a.shape, a.ops ? a.ops->dtype() : DType::f32, backward);
   }
-  size_t needed(const LayerArgs& a) const {
-    Bufs b;
-    ScratchCarver sc(nullptr);
-    carve(a.shape, a.ops ? dtype_size(a.ops->dtype()) : kMaxElem, sc, b);
-    return sc.used();
+  DecoderBufs carve(const LayerArgs& a, const Ops& ops, bool backward) const {
+    DecoderBufs b;
+    ScratchCarver sc(a.scratch);
+    carve_decoder_scratch(dims_, a.shape.n_seq, a.shape.seq_len, dtype_size(ops.dtype()), backward, chunk_tokens_,
+                          sc, b);
+    return b;
   }
-  // Forward into the scratch buffers; y (if not null) receives the layer output.
-  void run_forward(const LayerArgs& a, const Bufs& b, void* y) const;
+  // Row r of a [T, cols] activation in the compute dtype.
+  static void* row(const Ops& ops, const void* base, int64_t r, int64_t cols) {
+    return const_cast<char*>(static_cast<const char*>(base)) + r * cols * int64_t(dtype_size(ops.dtype()));
+  }
+  // xn, q, k, v, o (and lse when with_lse) and h1 = x + o_proj(o).
+  void attention_forward(const LayerArgs& a, const DecoderBufs& b, bool with_lse) const;
+  // Rows [r0, r0+n) of the MLP: y = h1 + down(silu(gate(hn)) * up(hn)), hn = RMSNorm(h1).
+  void mlp_forward(const LayerArgs& a, const DecoderBufs& b, int64_t r0, int64_t n) const;
+  // Rows [r0, r0+n) of the MLP backward from dy, recomputing the chunk's forward; writes
+  // dh1 = dy + d(RMSNorm(h1))/dh1 into those rows of a.dx and adds the MLP's weight
+  // gradients.
+  void mlp_backward(const LayerArgs& a, const DecoderBufs& b, int64_t r0, int64_t n) const;
+  // From dh1 (in a.dx): the attention half's weight gradients and dx += d/dx.
+  void attention_backward(const LayerArgs& a, const DecoderBufs& b) const;
 
   ModelConfig c_;
+  int64_t chunk_tokens_;
+  DecoderDims dims_;
   int64_t w_in_, wq_, wk_, wv_, wqn_ = -1, wkn_ = -1, wo_, w_post_, wg_, wu_, wd_;
   RopeTable rope_;
 };
 
-void DecoderLayer::run_forward(const LayerArgs& a, const Bufs& b, void* y) const {
+void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, bool with_lse) const {
   Ops& ops = *a.ops;
-  const int64_t T = a.shape.tokens(), H = c_.hidden_size, F = c_.intermediate_size;
+  const int64_t T = a.shape.tokens(), H = c_.hidden_size;
   const int64_t nq = c_.num_attention_heads, nkv = c_.num_key_value_heads, D = c_.head_dim;
   const float eps = float(c_.rms_norm_eps);
   const int64_t S = a.shape.n_seq, L = a.shape.seq_len;
@@ -188,70 +175,91 @@ void DecoderLayer::run_forward(const LayerArgs& a, const Bufs& b, void* y) const
   }
   ops.rope_fwd(b.q, S, L, nq, D, rope_.inv_freq.data(), rope_.attention_scaling);
   ops.rope_fwd(b.k, S, L, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling);
-  ops.attention_fwd(b.q, b.k, b.v, b.o, b.lse, S, L, nq, nkv, D,
+  ops.attention_fwd(b.q, b.k, b.v, b.o, with_lse ? b.lse : nullptr, S, L, nq, nkv, D,
                     float(1.0 / std::sqrt(double(D))), b.attn);
   ops.linear_fwd(b.o, param(a, 0, wo_), b.h1, T, nq * D, H);
   ops.add(a.x, b.h1, b.h1, T * H);  // h1 = x + attn
-  ops.rmsnorm_fwd(b.h1, param(a, 0, w_post_), b.hn, T, H, eps);
-  ops.linear_fwd(b.hn, param(a, 0, wg_), b.g, T, H, F);
-  ops.linear_fwd(b.hn, param(a, 0, wu_), b.u, T, H, F);
-  ops.swiglu_fwd(b.g, b.u, b.m, T * F);
-  if (y) {
-    ops.linear_fwd(b.m, param(a, 0, wd_), y, T, F, H);
-    ops.add(b.h1, y, y, T * H);
-  }
 }
 
-void DecoderLayer::backward(const LayerArgs& a) const {
-  Ops& ops = check_args(a, 1, needed(a), "decoder.backward", true);
-  if (!a.x || !a.dy || !a.dx) throw std::invalid_argument("decoder.backward: x/dy/dx null");
-  Bufs b;
-  ScratchCarver sc(a.scratch);
-  carve(a.shape, dtype_size(ops.dtype()), sc, b);
-  run_forward(a, b, nullptr);  // recompute; the output itself is not needed
-  if (a.after_recompute) a.after_recompute();
+void DecoderLayer::mlp_forward(const LayerArgs& a, const DecoderBufs& b, int64_t r0, int64_t n) const {
+  Ops& ops = *a.ops;
+  const int64_t H = c_.hidden_size, F = c_.intermediate_size;
+  const void* h1 = row(ops, b.h1, r0, H);
+  void* y = row(ops, a.y, r0, H);
+  ops.rmsnorm_fwd(h1, param(a, 0, w_post_), b.hn, n, H, float(c_.rms_norm_eps));
+  ops.linear_fwd(b.hn, param(a, 0, wg_), b.g, n, H, F);
+  ops.linear_fwd(b.hn, param(a, 0, wu_), b.u, n, H, F);
+  ops.swiglu_fwd(b.g, b.u, b.m, n * F);
+  ops.linear_fwd(b.m, param(a, 0, wd_), y, n, F, H);
+  ops.add(h1, y, y, n * H);
+}
 
-  const int64_t T = a.shape.tokens(), H = c_.hidden_size, F = c_.intermediate_size;
+void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, int64_t r0, int64_t n) const {
+  Ops& ops = *a.ops;
+  const int64_t H = c_.hidden_size, F = c_.intermediate_size;
+  const float eps = float(c_.rms_norm_eps);
+  const void* h1 = row(ops, b.h1, r0, H);
+  const void* dy = row(ops, a.dy, r0, H);
+  void* dh1 = row(ops, a.dx, r0, H);
+  // recompute the chunk's forward up to m
+  ops.rmsnorm_fwd(h1, param(a, 0, w_post_), b.hn, n, H, eps);
+  ops.linear_fwd(b.hn, param(a, 0, wg_), b.g, n, H, F);
+  ops.linear_fwd(b.hn, param(a, 0, wu_), b.u, n, H, F);
+  ops.swiglu_fwd(b.g, b.u, b.m, n * F);
+  // y = h1 + down(m)
+  ops.linear_bwd_weight(dy, b.m, grad(a, 0, wd_), n, F, H);
+  ops.linear_bwd_input(dy, param(a, 0, wd_), b.dm, n, F, H, false);
+  ops.swiglu_bwd(b.g, b.u, b.dm, b.dg, b.du, n * F);
+  ops.linear_bwd_weight(b.dg, b.hn, grad(a, 0, wg_), n, H, F);
+  ops.linear_bwd_weight(b.du, b.hn, grad(a, 0, wu_), n, H, F);
+  ops.linear_bwd_input(b.dg, param(a, 0, wg_), b.dhn, n, H, F, false);
+  ops.linear_bwd_input(b.du, param(a, 0, wu_), b.dhn, n, H, F, true);
+  ops.copy(ops.dtype(), dh1, dy, n * H);  // residual path
+  ops.rmsnorm_bwd(h1, param(a, 0, w_post_), b.dhn, dh1, grad(a, 0, w_post_), n, H, eps, true);
+}
+
+void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b) const {
+  Ops& ops = *a.ops;
+  const int64_t T = a.shape.tokens(), H = c_.hidden_size;
   const int64_t nq = c_.num_attention_heads, nkv = c_.num_key_value_heads, D = c_.head_dim;
   const float eps = float(c_.rms_norm_eps);
   const int64_t S = a.shape.n_seq, L = a.shape.seq_len;
-  const DType dt = ops.dtype();
-  // MLP: y = h1 + down(m)
-  ops.linear_bwd_weight(a.dy, b.m, grad(a, 0, wd_), T, F, H);
-  ops.linear_bwd_input(a.dy, param(a, 0, wd_), b.dm, T, F, H, false);
-  ops.swiglu_bwd(b.g, b.u, b.dm, b.dg, b.du, T * F);
-  ops.linear_bwd_weight(b.dg, b.hn, grad(a, 0, wg_), T, H, F);
-  ops.linear_bwd_weight(b.du, b.hn, grad(a, 0, wu_), T, H, F);
-  ops.linear_bwd_input(b.dg, param(a, 0, wg_), b.dhn, T, H, F, false);
-  ops.linear_bwd_input(b.du, param(a, 0, wu_), b.dhn, T, H, F, true);
-  ops.copy(dt, b.dh1, a.dy, T * H);  // residual path (dy is not read after this)
-  ops.rmsnorm_bwd(b.h1, param(a, 0, w_post_), b.dhn, b.dh1, grad(a, 0, w_post_), T, H, eps,
-                  true);
-  // attention: h1 = x + o_proj(o)
-  ops.linear_bwd_weight(b.dh1, b.o, grad(a, 0, wo_), T, nq * D, H);
-  ops.linear_bwd_input(b.dh1, param(a, 0, wo_), b.dout, T, nq * D, H, false);
+  const void* dh1 = a.dx;
+  // h1 = x + o_proj(o)
+  ops.linear_bwd_weight(dh1, b.o, grad(a, 0, wo_), T, nq * D, H);
+  ops.linear_bwd_input(dh1, param(a, 0, wo_), b.dout, T, nq * D, H, false);
   ops.attention_bwd(b.q, b.k, b.v, b.o, b.lse, b.dout, b.dq, b.dk, b.dv, S, L, nq, nkv, D,
                     float(1.0 / std::sqrt(double(D))), b.attn);
   ops.rope_bwd(b.dq, S, L, nq, D, rope_.inv_freq.data(), rope_.attention_scaling);
   ops.rope_bwd(b.dk, S, L, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling);
   void* dq_lin = b.dq;
   void* dk_lin = b.dk;
-  if (c_.qk_norm) {
-    ops.rmsnorm_bwd(b.qr, param(a, 0, wqn_), b.dq, b.dqr, grad(a, 0, wqn_), T * nq, D, eps,
-                    false);
-    ops.rmsnorm_bwd(b.kr, param(a, 0, wkn_), b.dk, b.dkr, grad(a, 0, wkn_), T * nkv, D, eps,
-                    false);
-    dq_lin = b.dqr;
-    dk_lin = b.dkr;
+  if (c_.qk_norm) {  // dout and v are no longer read: they take the norms' input gradients
+    ops.rmsnorm_bwd(b.qr, param(a, 0, wqn_), b.dq, b.dout, grad(a, 0, wqn_), T * nq, D, eps, false);
+    ops.rmsnorm_bwd(b.kr, param(a, 0, wkn_), b.dk, b.v, grad(a, 0, wkn_), T * nkv, D, eps, false);
+    dq_lin = b.dout;
+    dk_lin = b.v;
   }
   ops.linear_bwd_weight(dq_lin, b.xn, grad(a, 0, wq_), T, H, nq * D);
   ops.linear_bwd_weight(dk_lin, b.xn, grad(a, 0, wk_), T, H, nkv * D);
   ops.linear_bwd_weight(b.dv, b.xn, grad(a, 0, wv_), T, H, nkv * D);
-  ops.linear_bwd_input(dq_lin, param(a, 0, wq_), b.dxn, T, H, nq * D, false);
-  ops.linear_bwd_input(dk_lin, param(a, 0, wk_), b.dxn, T, H, nkv * D, true);
-  ops.linear_bwd_input(b.dv, param(a, 0, wv_), b.dxn, T, H, nkv * D, true);
-  ops.copy(dt, a.dx, b.dh1, T * H);  // residual path
-  ops.rmsnorm_bwd(a.x, param(a, 0, w_in_), b.dxn, a.dx, grad(a, 0, w_in_), T, H, eps, true);
+  void* dxn = b.h1;  // h1 is no longer read
+  ops.linear_bwd_input(dq_lin, param(a, 0, wq_), dxn, T, H, nq * D, false);
+  ops.linear_bwd_input(dk_lin, param(a, 0, wk_), dxn, T, H, nkv * D, true);
+  ops.linear_bwd_input(b.dv, param(a, 0, wv_), dxn, T, H, nkv * D, true);
+  ops.rmsnorm_bwd(a.x, param(a, 0, w_in_), dxn, a.dx, grad(a, 0, w_in_), T, H, eps, true);
+}
+
+void DecoderLayer::backward(const LayerArgs& a) const {
+  Ops& ops = check_args(a, 1, needed(a, true), "decoder.backward", true);
+  if (!a.x || !a.dy || !a.dx) throw std::invalid_argument("decoder.backward: x/dy/dx null");
+  if (a.dx == a.dy || a.dx == a.x) throw std::invalid_argument("decoder.backward: dx aliases x or dy");
+  DecoderBufs b = carve(a, ops, true);
+  attention_forward(a, b, true);  // recompute; the MLP half is recomputed chunk by chunk below
+  if (a.after_recompute) a.after_recompute();
+  const int64_t T = a.shape.tokens();
+  for (int64_t r0 = 0; r0 < T; r0 += b.chunk) mlp_backward(a, b, r0, std::min(b.chunk, T - r0));
+  attention_backward(a, b);
 }
 
 // ---------------------------------------------------------------------------------
@@ -271,34 +279,23 @@ class TailLayer final : public Layer {
     n_groups_ = c_.tie_word_embeddings ? 2 : 1;
   }
   LayerKind kind() const override { return LayerKind::tail; }
-  size_t scratch_bytes(const MicroBatchShape& s, DType dt = DType::f32) const override {
-    return need(s, dtype_size(dt));
+  size_t scratch_bytes(const MicroBatchShape& s, DType dt = DType::f32, bool = true) const override {
+    return tail_scratch_bytes(s.tokens(), c_.hidden_size, c_.vocab_size, dtype_size(dt));
   }
   void forward(const LayerArgs& a) const override { run(a, false); }
   void backward(const LayerArgs& a) const override { run(a, true); }
 
  private:
-  size_t need(const MicroBatchShape& s, size_t es) const {
-    ScratchCarver sc(nullptr);
-    carve(s, es, sc);
-    return sc.used();
-  }
-  // hn [T,H], dhn [T,H], CE scratch.
-  std::array<void*, 3> carve(const MicroBatchShape& s, size_t es, ScratchCarver& sc) const {
-    const size_t TH = size_t(s.tokens() * c_.hidden_size);
-    void* hn = sc.take(TH * es);
-    void* dhn = sc.take(TH * es);
-    void* ce = sc.take(Ops::lm_head_ce_scratch_bytes(s.tokens(), c_.hidden_size, c_.vocab_size));
-    return {hn, dhn, ce};
-  }
   void run(const LayerArgs& a, bool backward) const {
     const char* who = backward ? "tail.backward" : "tail.forward";
-    size_t es = a.ops ? dtype_size(a.ops->dtype()) : kMaxElem;
-    Ops& ops = check_args(a, n_groups_, need(a.shape, es), who, backward);
+    Ops& ops = check_args(a, n_groups_, scratch_bytes(a.shape, a.ops ? a.ops->dtype() : DType::f32), who,
+                          backward);
     if (!a.x || !a.targets || !a.loss || (backward && !a.dx))
       throw std::invalid_argument(fmt::format("{}: x/targets/loss/dx null", who));
     ScratchCarver sc(a.scratch);
-    auto [hn, dhn, ce] = carve(a.shape, es, sc);
+    TailBufs tb;
+    carve_tail_scratch(a.shape.tokens(), c_.hidden_size, c_.vocab_size, dtype_size(ops.dtype()), sc, tb);
+    void *hn = tb.hn, *dhn = tb.dhn, *ce = tb.ce;
     const int64_t T = a.shape.tokens(), H = c_.hidden_size, V = c_.vocab_size;
     const float eps = float(c_.rms_norm_eps);
     ops.rmsnorm_fwd(a.x, param(a, 0, w_norm_), hn, T, H, eps);
@@ -321,13 +318,13 @@ class TailLayer final : public Layer {
 
 }  // namespace
 
-std::unique_ptr<Layer> make_layer(const ModelLayout& m, int layer) {
+std::unique_ptr<Layer> make_layer(const ModelLayout& m, int layer, const LayerOptions& opt) {
   if (layer < 0 || layer >= m.num_layers())
     throw std::out_of_range(fmt::format("make_layer: layer {} outside [0, {})", layer,
                                         m.num_layers()));
   switch (m.kind(layer)) {
     case LayerKind::embedding: return std::make_unique<EmbeddingLayer>(m);
-    case LayerKind::decoder: return std::make_unique<DecoderLayer>(m, layer);
+    case LayerKind::decoder: return std::make_unique<DecoderLayer>(m, layer, opt);
     case LayerKind::tail: return std::make_unique<TailLayer>(m);
   }
   return nullptr;

@@ -10,39 +10,21 @@
 //    scale 1/sqrt(head_dim), causal within each sequence, RoPE positions restarting
 //    at 0 per sequence.
 //  - TailLayer     : loss = CE(lm_head(RMSNorm(x; model.norm)), targets), summed.
-// backward() recomputes the layer's forward into scratch, then back-propagates.
+// backward() recomputes the layer's forward into scratch, then back-propagates; a decoder
+// recomputes its attention half first and its MLP half chunk by chunk inside the backward
+// (model/layer_memory.hpp lists the buffers).
 #pragma once
 #include <cstddef>
 
 #include "kernels/ops.hpp"
 #include "model/config.hpp"
 #include "model/layer.hpp"
+#include "model/layer_memory.hpp"
 
 namespace rp {
 
 /// RoPE parameters of `c` (rope_theta, head_dim, rope_scaling, max_position_embeddings)
 /// for rope_frequencies().
 RopeParams rope_params(const ModelConfig& c);
-
-/// Alignment of every buffer a layer carves out of its scratch.
-constexpr size_t kScratchAlign = 256;
-
-/// Bump allocator over a layer's scratch. With base == nullptr it only counts bytes
-/// (used by scratch_bytes()).
-class ScratchCarver {
- public:
-  explicit ScratchCarver(void* base) : base_(static_cast<char*>(base)) {}
-  void* take(size_t bytes) {
-    off_ = (off_ + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
-    void* p = base_ ? base_ + off_ : nullptr;
-    off_ += bytes;
-    return p;
-  }
-  size_t used() const { return off_; }
-
- private:
-  char* base_;
-  size_t off_ = 0;
-};
 
 }  // namespace rp

@@ -1,5 +1,7 @@
 #include "scheduler/cost_model.hpp"
 
+#include "model/layer_memory.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -249,23 +251,23 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, i
       c.io_bytes = ids;
       tail_pass(f, x, false);
       tail_pass(b, x, true);
-      // hn, dhn [T,H] + CE chunk scratch (kernels/ops.hpp lm_head_ce_scratch_bytes, kCeChunk 128)
-      c.scratch_bytes = 2 * T * H * se + 128 * (m.vocab_size + 2 * H) * 4 + 128 * 4;
+      c.scratch_bytes = int64_t(tail_scratch_bytes(T, H, m.vocab_size, size_t(se)));
+      c.scratch_fwd_bytes = c.scratch_bytes;
     } else {
       e.name = fmt::format("layer.{}", l - 1);
       decoder_pass(f, x, false);
       decoder_pass(b, x, true);
-      // model/layers.cpp DecoderLayer::carve (+ MoE: routed expert intermediates, router logits)
-      const int64_t Q = m.num_heads * m.head_dim, K = m.num_kv_heads * m.head_dim;
-      const int64_t F = x.moe ? m.experts_per_token * m.moe_intermediate_size : m.intermediate_size;
-      int64_t s = 6 * T * H + 4 * T * Q + 4 * T * K + 6 * T * F;
-      if (m.qk_norm) s += 2 * T * Q + 2 * T * K;
-      if (x.moe) s += 2 * T * m.experts_per_token * H + T * m.num_experts;
-      s *= se;
-      s += T * m.num_heads * 4;
-      const int64_t blk = std::min<int64_t>(seq_len, 64);
-      s += (2 * blk * seq_len + n_seq * seq_len * (m.num_heads + Q + 2 * K)) * 4;  // attention_scratch_bytes
-      c.scratch_bytes = s;
+      // the decoder's own buffers (model/layer_memory.hpp); an MoE layer's expert MLP is sized
+      // as a dense MLP of top-k expert widths plus the routed copies and router logits
+      DecoderDims dd{H, m.intermediate_size, m.num_heads, m.num_kv_heads, m.head_dim, m.qk_norm};
+      int64_t extra = 0;
+      if (x.moe) {
+        dd.ffn = m.experts_per_token * m.moe_intermediate_size;
+        extra = (2 * T * m.experts_per_token * H) * se + T * m.num_experts * 4;
+      }
+      c.scratch_bytes = int64_t(decoder_scratch_bytes(dd, n_seq, seq_len, size_t(se), true, d.mlp_chunk_tokens)) + extra;
+      c.scratch_fwd_bytes =
+          int64_t(decoder_scratch_bytes(dd, n_seq, seq_len, size_t(se), false, d.mlp_chunk_tokens)) + extra;
     }
     e.fwd_flops = f.flops;
     e.fwd_bytes = f.bytes;

@@ -10,7 +10,8 @@
 // (arXiv 2604.27085, Sec. "automatic partitioning"); FLOP counts are the usual 2*m*n*k per
 // GEMM; causal attention counts half of the S^2 score matrix; the FlashAttention-2
 // backward (Dao 2023) costs 2.5x its forward (5 instead of 2 S^2-sized matmuls).
-// Memory terms mirror actors/worker.cpp and model/layers.cpp (scratch_bytes()).
+// Scratch comes from model/layer_memory.hpp, the functions the layers carve their buffers
+// with, so predicted and allocated scratch are the same numbers.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -31,7 +32,8 @@ struct LayerCost {
   int64_t weight_bytes = 0;   ///< device copy of the parameters the layer reads
   int64_t grad_bytes = 0;     ///< device gradient accumulators of those parameters
   int64_t act_bytes = 0;      ///< one [tokens, hidden] activation (its output / saved input)
-  int64_t scratch_bytes = 0;  ///< scratch one call needs (stages take the max over layers)
+  int64_t scratch_bytes = 0;      ///< scratch of a backward call (recompute + backward; stages take the max)
+  int64_t scratch_fwd_bytes = 0;  ///< scratch of a forward call (forward stages take the max)
   int64_t io_bytes = 0;       ///< token ids (embedding) or targets (tail) per micro-batch
   bool operator==(const LayerCost&) const = default;
 };
@@ -65,7 +67,8 @@ struct DeviceModel {
   double pcie_bandwidth = 55e9;    ///< host<->device bytes/s per direction (0: transfers free)
   int64_t elem_bytes = 2;          ///< compute dtype: weights and activations on the device
   int64_t grad_elem_bytes = 4;     ///< gradient accumulator element
-  int64_t scratch_elem_bytes = 4;  ///< Layer::scratch_bytes() sizes scratch for fp32 (kMaxElem)
+  int64_t scratch_elem_bytes = 2;  ///< element size of layer scratch (the compute dtype, as Layer::scratch_bytes)
+  int64_t mlp_chunk_tokens = 0;    ///< decoders' MLP chunk (LayerOptions::mlp_chunk_tokens; <= 0: default)
   bool tail_recomputes = true;     ///< decoder layers in the tail stage run forward then
                                    ///< backward-with-recompute (true for the current Layer API)
 };

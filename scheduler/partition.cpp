@@ -1,5 +1,8 @@
 #include "scheduler/partition.hpp"
 
+#include "kernels/device.hpp"
+#include "scheduler/stage_memory.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -20,7 +23,8 @@ namespace {
 
 constexpr int kInf = std::numeric_limits<int>::max() / 4;
 
-// Sums over the layers of one stage; everything else follows from the stage kind and `first`.
+// Sums over the layers of one stage (bytes as the device pool charges them: pool_bytes);
+// everything else follows from the stage kind and `first`.
 struct Sums {
   double compute = 0;
   int64_t w = 0, g = 0, act = 0, scratch = 0;
@@ -34,41 +38,47 @@ struct Ctx {
   int64_t ids = 0;       // token ids per micro-batch (layer 0's io_bytes)
   int64_t targets = 0;   // targets per micro-batch (last layer's io_bytes)
   int64_t act0 = 0;      // layer 0's activation (a backward stage uploads ids instead)
-  int64_t w0 = 0;        // layer 0's weights (a backward stage uploads none of them)
+  int64_t w0 = 0;        // layer 0's weights as charged (a backward stage uploads none of them)
+  int64_t P(int64_t bytes) const {
+    return opt.alloc_granule <= 1 ? bytes : int64_t(pool_allocation_bytes(size_t(bytes), size_t(opt.alloc_granule)));
+  }
 };
 
-// The stage formulas of partition.hpp's file comment (buffers of actors/worker.cpp).
+// The buffers a worker allocates for a stage task (actors/stage_task.cpp: prepare, allocate_work,
+// allocate_slot), each charged as the device pool charges it.
 StageEstimate assemble(const Ctx& c, StageKind kind, int first, int last, const Sums& s) {
   const PartitionOptions& o = c.opt;
-  const int64_t M = o.micro_batches, slots = o.act_slots;
+  const int64_t M = o.micro_batches;
+  const int k = last - first + 1;
   StageEstimate e;
   e.stage = {kind, first, last};
   // the embedding's backward reads no weight (ModelLayout::groups_uploaded)
   e.weight_bytes = kind == StageKind::backward && first == 0 ? s.w - c.w0 : s.w;
   e.grad_bytes = kind == StageKind::forward ? 0 : s.g;
-  int64_t slot_bytes = s.act;  // saved activations (one per layer) in each slot
-  int64_t tmp = 0;
+  int64_t slot_bytes = 0;
+  if (first == 0) slot_bytes += c.P(c.ids);
   switch (kind) {
     case StageKind::forward:
       e.act_up_bytes = first == 0 ? c.ids : c.A;
       e.act_down_bytes = s.act;
-      slot_bytes += e.act_up_bytes;
+      slot_bytes += s.act + (first > 0 ? c.P(c.A) : 0);  // outputs + the uploaded input
       break;
     case StageKind::backward:
       // dy, every saved input except the embedding's (which reads the ids), dx
       e.act_up_bytes = c.A + (first == 0 ? s.act - c.act0 + c.ids : s.act);
       e.act_down_bytes = first == 0 ? 0 : c.A;
-      slot_bytes += c.A + (first == 0 ? c.ids : c.A);
-      tmp = 2 * c.A;
+      slot_bytes += c.P(c.A) + s.act - (first == 0 ? c.P(c.act0) : 0) + (first > 0 ? c.P(c.A) : 0);
       break;
     case StageKind::tail:
       e.act_up_bytes = c.A + c.targets;
       e.act_down_bytes = c.A + 8;
-      slot_bytes += c.A + c.targets + 8;
-      tmp = 2 * c.A;
+      slot_bytes += s.act + c.P(c.targets) + c.P(8) + (first > 0 ? c.P(c.A) : 0);
       break;
   }
-  e.memory_bytes = o.weight_buffers * e.weight_bytes + e.grad_bytes + slots * slot_bytes + tmp + s.scratch;
+  const int64_t slots = std::min<int64_t>(std::min<int64_t>(M, 2), o.act_slots);
+  const int64_t tmp = stage_temporaries(kind, k) * c.P(c.A);
+  e.work_bytes = e.weight_bytes + e.grad_bytes + slots * slot_bytes + tmp + (s.scratch > 0 ? c.P(s.scratch) : 0);
+  e.memory_bytes = e.work_bytes + (o.weight_buffers - 1) * e.weight_bytes;
   e.compute_seconds = double(M) * s.compute;
   if (o.pcie_bandwidth > 0) {
     e.upload_seconds = (double(e.weight_bytes) + double(M) * double(e.act_up_bytes)) / o.pcie_bandwidth;
@@ -108,7 +118,7 @@ Ctx make_ctx(const std::vector<LayerCost>& costs, const PartitionOptions& o) {
   c.ids = costs.front().io_bytes;
   c.targets = costs.back().io_bytes;
   c.act0 = costs.front().act_bytes;
-  c.w0 = costs.front().weight_bytes;
+  c.w0 = c.P(costs.front().weight_bytes);
   return c;
 }
 
@@ -119,9 +129,10 @@ std::string layer_name(int l, int n) {
 }
 
 std::string memory_breakdown(const StageEstimate& e, const PartitionOptions& o) {
-  return fmt::format("weights {} x {}, gradients {}, scratch and activations {}", o.weight_buffers,
-                     format_bytes(double(e.weight_bytes)), format_bytes(double(e.grad_bytes)),
-                     format_bytes(double(e.memory_bytes - o.weight_buffers * e.weight_bytes - e.grad_bytes)));
+  return fmt::format("weights {}{}, gradients {}, scratch and activations {}", format_bytes(double(e.weight_bytes)),
+                     o.weight_buffers > 1 ? fmt::format(" (+{} for the next stage's)", o.weight_buffers - 1) : "",
+                     format_bytes(double(e.grad_bytes)),
+                     format_bytes(double(e.work_bytes - e.weight_bytes - e.grad_bytes)));
 }
 
 // Prefix sums, so that any stage is evaluated in O(1).
@@ -129,7 +140,7 @@ struct Prefix {
   const Ctx& c;
   std::vector<double> cf, cb, ct;
   std::vector<int64_t> w, g, act;
-  std::vector<std::vector<int64_t>> scr;  // sparse table of scratch maxima
+  std::vector<std::vector<int64_t>> scr[2];  // sparse tables of scratch maxima: backward, forward
   Prefix(const Ctx& ctx, const std::vector<LayerCost>& costs) : c(ctx) {
     const size_t n = costs.size();
     cf.assign(n + 1, 0), cb.assign(n + 1, 0), ct.assign(n + 1, 0);
@@ -138,21 +149,25 @@ struct Prefix {
       cf[i + 1] = cf[i] + costs[i].fwd;
       cb[i + 1] = cb[i] + costs[i].bwd;
       ct[i + 1] = ct[i] + costs[i].tail;
-      w[i + 1] = w[i] + costs[i].weight_bytes;
-      g[i + 1] = g[i] + costs[i].grad_bytes;
-      act[i + 1] = act[i] + costs[i].act_bytes;
+      w[i + 1] = w[i] + c.P(costs[i].weight_bytes);
+      g[i + 1] = g[i] + c.P(costs[i].grad_bytes);
+      act[i + 1] = act[i] + c.P(costs[i].act_bytes);
     }
-    scr.emplace_back();
-    for (auto& l : costs) scr[0].push_back(l.scratch_bytes);
-    for (size_t k = 1; (size_t(1) << k) <= n; ++k) {
-      scr.emplace_back(n - (size_t(1) << k) + 1);
-      for (size_t i = 0; i + (size_t(1) << k) <= n; ++i)
-        scr[k][i] = std::max(scr[k - 1][i], scr[k - 1][i + (size_t(1) << (k - 1))]);
+    for (int fwd = 0; fwd < 2; ++fwd) {
+      auto& t = scr[fwd];
+      t.emplace_back();
+      for (auto& l : costs) t[0].push_back(fwd ? l.scratch_fwd_bytes : l.scratch_bytes);
+      for (size_t k = 1; (size_t(1) << k) <= n; ++k) {
+        t.emplace_back(n - (size_t(1) << k) + 1);
+        for (size_t i = 0; i + (size_t(1) << k) <= n; ++i)
+          t[k][i] = std::max(t[k - 1][i], t[k - 1][i + (size_t(1) << (k - 1))]);
+      }
     }
   }
-  int64_t max_scratch(int a, int b) const {
+  int64_t max_scratch(StageKind kind, int a, int b) const {
+    const auto& t = scr[kind == StageKind::forward ? 1 : 0];
     int k = 31 - __builtin_clz(unsigned(b - a + 1));
-    return std::max(scr[size_t(k)][size_t(a)], scr[size_t(k)][size_t(b - (1 << k) + 1)]);
+    return std::max(t[size_t(k)][size_t(a)], t[size_t(k)][size_t(b - (1 << k) + 1)]);
   }
   StageEstimate eval(StageKind k, int a, int b) const {
     Sums s;
@@ -161,7 +176,7 @@ struct Prefix {
     s.w = w[size_t(b) + 1] - w[size_t(a)];
     s.g = g[size_t(b) + 1] - g[size_t(a)];
     s.act = act[size_t(b) + 1] - act[size_t(a)];
-    s.scratch = max_scratch(a, b);
+    s.scratch = max_scratch(k, a, b);
     return assemble(c, k, a, b, s);
   }
 };
@@ -264,10 +279,10 @@ StageEstimate estimate_stage(const std::vector<LayerCost>& costs, const Stage& s
   for (int l = st.first; l <= st.last; ++l) {
     const LayerCost& x = costs[size_t(l)];
     s.compute += cost_of(x, st.kind);
-    s.w += x.weight_bytes;
-    s.g += x.grad_bytes;
-    s.act += x.act_bytes;
-    s.scratch = std::max(s.scratch, x.scratch_bytes);
+    s.w += c.P(x.weight_bytes);
+    s.g += c.P(x.grad_bytes);
+    s.act += c.P(x.act_bytes);
+    s.scratch = std::max(s.scratch, st.kind == StageKind::forward ? x.scratch_fwd_bytes : x.scratch_bytes);
   }
   return assemble(c, st.kind, st.first, st.last, s);
 }
@@ -282,10 +297,10 @@ std::vector<StageEstimate> check_plan(const std::vector<LayerCost>& costs, const
   for (size_t i = 0; i < plan.stages.size(); ++i) {
     const Stage& s = plan.stages[i];
     StageEstimate e = estimate_stage(costs, s, opt);
-    if (opt.memory_cap > 0 && e.memory_bytes > opt.memory_cap)
+    if (opt.memory_cap > 0 && e.work_bytes > opt.memory_cap)
       throw std::invalid_argument(fmt::format("{}: {} stage {} (layers {}-{}) needs {} ({}), over the memory cap {}",
                                               where, stage_kind_name(s.kind), i, s.first, s.last,
-                                              format_bytes(double(e.memory_bytes)), memory_breakdown(e, opt),
+                                              format_bytes(double(e.work_bytes)), memory_breakdown(e, opt),
                                               format_bytes(double(opt.memory_cap))));
     out.push_back(e);
   }
@@ -298,8 +313,9 @@ double plan_objective(const std::vector<StageEstimate>& stages, int gpus) {
   return double(std::max<int64_t>(int64_t(stages.size()), gpus)) * tmax;
 }
 
-PartitionResult partition(const std::vector<LayerCost>& costs, const PartitionOptions& opt) {
-  check_inputs(costs, opt);
+namespace {
+
+PartitionResult partition_once(const std::vector<LayerCost>& costs, const PartitionOptions& opt) {
   const Ctx ctx = make_ctx(costs, opt);
   const Prefix p(ctx, costs);
   const int n = ctx.n;
@@ -373,6 +389,13 @@ PartitionResult partition(const std::vector<LayerCost>& costs, const PartitionOp
   for (auto& s : res.stages) res.tmax = std::max(res.tmax, s.seconds);
   res.objective = plan_objective(res.stages, G);
   return res;
+}
+
+}  // namespace
+
+PartitionResult partition(const std::vector<LayerCost>& costs, const PartitionOptions& opt) {
+  check_inputs(costs, opt);
+  return partition_once(costs, opt);
 }
 
 }  // namespace rp

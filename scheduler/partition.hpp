@@ -11,15 +11,22 @@
 //
 // so a stage whose PCIe traffic exceeds its compute window is charged its transfer time.
 // The objective is the published one, max(S, G_gpus) * tmax with tmax = max tau (RoundPipe,
-// arXiv 2604.27085), evaluated on tau. Every stage must fit the per-GPU memory cap:
+// arXiv 2604.27085), evaluated on tau. Every stage must fit the per-GPU memory cap. A stage's
+// working set (work_bytes) is exactly what a worker allocates for it (actors/stage_task.cpp),
+// each buffer charged as the device pool charges it (pool_allocation_bytes):
 //
-//   mem(stage) = weight_buffers * W  (double-buffered for prefetch)
-//              + G (backward and tail stages)
-//              + act_slots * (k + boundary) * act   (k saved activations per micro-batch slot,
-//                                                   plus the uploaded input / dy / dx buffers)
-//              + 2 * act (temporaries of backward and tail stages) + ids/targets
-//              + max scratch over the stage's layers
-// which mirrors the buffers actors/worker.cpp allocates for a stage task.
+//   work(stage) = W (the weights it uploads; a backward stage: not the embedding's)
+//               + G (gradient accumulators; backward and tail stages)
+//               + min(M, 2) slots * (ids/targets/loss, the uploaded input or dy, dx, and one
+//                 activation per layer: outputs, saved inputs; none for the embedding in a
+//                 backward stage)
+//               + stage_temporaries(kind, k) activations (dy between a stage's layers)
+//               + max scratch over its layers (forward-only scratch in a forward stage)
+//   mem(stage)  = work(stage) + (weight_buffers - 1) * W   (room to prefetch the next
+//                 stage's weights while this one computes)
+//
+// A plan runs under any cap >= max work; prefetching needs more. The partitioner asks for
+// mem <= cap (automatic_partition in scheduler/replan.hpp retries with weight_buffers 1).
 //
 // Algorithm: tmax is always the tau of one stage, i.e. of some run of consecutive layers,
 // so the candidates are the taus of all memory-feasible runs (forward, backward, tail),
@@ -46,6 +53,9 @@ struct PartitionOptions {
   double pcie_bandwidth = 0;     ///< host<->device bytes/s per direction (0: transfers free)
   int weight_buffers = 2;        ///< device copies of a stage's weights (2: prefetch)
   int act_slots = 2;             ///< micro-batch slots in flight per stage (upload one early)
+  /// Allocation granule of the device pool (kernels/device.hpp pool_allocation_bytes): 256 for
+  /// the CPU backend's arenas, kCudaPoolGranule for a GPU; <= 1 charges bytes as given.
+  int64_t alloc_granule = 1;
 };
 
 /// Predicted time and memory of one stage.
@@ -59,7 +69,8 @@ struct StageEstimate {
   int64_t grad_bytes = 0;       ///< gradient accumulators (0 for forward stages)
   int64_t act_up_bytes = 0;     ///< uploaded per micro-batch (ids, inputs, saved activations, dy)
   int64_t act_down_bytes = 0;   ///< downloaded per micro-batch (saved activations, dx, loss)
-  int64_t memory_bytes = 0;     ///< peak device bytes of the stage (see file comment)
+  int64_t work_bytes = 0;       ///< device bytes a worker allocates to run the stage (file comment)
+  int64_t memory_bytes = 0;     ///< work_bytes plus room for the next stage's weights (file comment)
   bool transfer_bound() const { return seconds > compute_seconds; }
 };
 

@@ -78,6 +78,9 @@ struct SessionOptions {
   /// possibly the partition of the measured costs (profiling.replan).
   std::optional<IterationPlan> plan;
   int pass_slots = 2;            ///< passes in flight (each holds its activations in host memory)
+  /// Decoders run their MLP over chunks of at most this many tokens (<= 0: 8192), so the
+  /// [tokens, ffn] intermediates exist for one chunk at a time (long sequences).
+  int64_t mlp_chunk_tokens = 0;
   bool trace = false;            ///< record stream and task intervals (write_trace)
   ProfilingOptions profiling;
   /// Cross-stream transfer priority (actors/transfer.hpp): parameter and gradient chunks

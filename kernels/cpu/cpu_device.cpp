@@ -182,7 +182,7 @@ class CpuDevice final : public Device {
     return peak_;
   }
   void* alloc(size_t bytes) override {
-    size_t sz = (std::max<size_t>(bytes, 1) + 255) & ~size_t(255);
+    const size_t sz = pool_allocation_bytes(bytes, 256);
     {
       std::lock_guard lk(mu_);
       if (used_ + sz > cap_)

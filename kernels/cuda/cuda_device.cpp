@@ -11,10 +11,11 @@
 //    (unlike a cudaLaunchHostFunc callback) and a slow cb delays only later callbacks of
 //    the same stream. Asynchronous failures (faults, bad ids or targets flagged by
 //    kernels) reach the callback as error text.
-//  - alloc() accounts 256-byte-rounded sizes against the capacity exactly like the CPU
-//    arena; memory comes from segments cudaMalloc'd on demand (never more than the
-//    capacity in total) and is sub-allocated best-fit with coalescing, so alloc/free
-//    never synchronise the device.
+//  - alloc() charges pool_allocation_bytes (kernels/device.hpp) against the capacity; memory
+//    comes from a PagedPool (kernels/paged_pool.hpp) over the driver's virtual memory
+//    management: each large allocation gets its own physical pages at a fresh virtual range,
+//    so free memory never fragments, and freed allocations stay mapped for reuse, so the
+//    steady state makes no driver call and alloc/free never synchronise the device.
 #include <fmt/format.h>
 
 #include <condition_variable>
@@ -33,6 +34,9 @@
 #include "kernels/cuda/cuda_ops.hpp"
 #include "kernels/device.hpp"
 #include "kernels/ops.hpp"
+#include "kernels/paged_pool.hpp"
+
+#include <cuda.h>
 
 namespace rp {
 namespace cuda {
@@ -313,11 +317,124 @@ class CudaStream final : public Stream {
 
 // ---- device ------------------------------------------------------------------------------
 
-constexpr size_t kAlign = 256;
-constexpr size_t kSegGranule = size_t(2) << 20;
-constexpr size_t kSegMin = size_t(512) << 20;
+// The driver functions of virtual memory management, looked up through the runtime (so the
+// programs do not link libcuda and start on machines without a driver).
+struct DriverApi {
+  decltype(&cuGetErrorName) get_error_name = nullptr;
+  decltype(&cuGetErrorString) get_error_string = nullptr;
+  decltype(&cuDeviceGet) device_get = nullptr;
+  decltype(&cuDeviceGetAttribute) device_get_attribute = nullptr;
+  decltype(&cuMemGetAllocationGranularity) granularity = nullptr;
+  decltype(&cuMemAddressReserve) address_reserve = nullptr;
+  decltype(&cuMemAddressFree) address_free = nullptr;
+  decltype(&cuMemCreate) create = nullptr;
+  decltype(&cuMemRelease) release = nullptr;
+  decltype(&cuMemMap) map = nullptr;
+  decltype(&cuMemUnmap) unmap = nullptr;
+  decltype(&cuMemSetAccess) set_access = nullptr;
+};
 
-size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+const DriverApi& driver() {
+  static const DriverApi api = [] {
+    DriverApi a;
+    auto get = [](const char* sym, auto& fn) {
+      void* p = nullptr;
+      cudaDriverEntryPointQueryResult q{};
+      const cudaError_t e = cudaGetDriverEntryPointByVersion(sym, &p, 12000, cudaEnableDefault, &q);
+      if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !p) {
+        cudaGetLastError();
+        throw DeviceError(fmt::format("the CUDA driver has no {} ({})", sym, cudaGetErrorString(e)));
+      }
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
+    };
+    get("cuGetErrorName", a.get_error_name);
+    get("cuGetErrorString", a.get_error_string);
+    get("cuDeviceGet", a.device_get);
+    get("cuDeviceGetAttribute", a.device_get_attribute);
+    get("cuMemGetAllocationGranularity", a.granularity);
+    get("cuMemAddressReserve", a.address_reserve);
+    get("cuMemAddressFree", a.address_free);
+    get("cuMemCreate", a.create);
+    get("cuMemRelease", a.release);
+    get("cuMemMap", a.map);
+    get("cuMemUnmap", a.unmap);
+    get("cuMemSetAccess", a.set_access);
+    return a;
+  }();
+  return api;
+}
+
+void check_cu(CUresult r, const char* what) {
+  if (r == CUDA_SUCCESS) return;
+  const char* name = nullptr;
+  const char* text = nullptr;
+  driver().get_error_name(r, &name);
+  driver().get_error_string(r, &text);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY)
+    throw DeviceOutOfMemory(fmt::format("CUDA driver error {} ({}) in {}", name ? name : "?", text ? text : "?", what));
+  throw DeviceError(fmt::format("CUDA driver error {} ({}) in {}", name ? name : "?", text ? text : "?", what));
+}
+
+/// Physical pages and address ranges of one GPU through the driver's virtual memory management.
+class CudaPages final : public PageBackend {
+ public:
+  explicit CudaPages(int index) : index_(index) {
+    set_device(index_);
+    RP_CUDA_CHECK(cudaFree(nullptr));  // the primary context exists and is current
+    CUdevice dev = 0;
+    check_cu(driver().device_get(&dev, index_), "cuDeviceGet");
+    int vmm = 0;
+    check_cu(driver().device_get_attribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev),
+             "cuDeviceGetAttribute");
+    if (!vmm) throw DeviceError(fmt::format("cuda:{}: the driver does not support virtual memory management", index_));
+    prop_.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop_.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop_.location.id = dev;
+    size_t g = 0;
+    check_cu(driver().granularity(&g, &prop_, CU_MEM_ALLOC_GRANULARITY_MINIMUM), "cuMemGetAllocationGranularity");
+    if (g == 0 || kCudaPoolGranule % g != 0)
+      throw DeviceError(fmt::format("cuda:{}: allocation granularity {} does not divide {}", index_, g, kCudaPoolGranule));
+    access_.location = prop_.location;
+    access_.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
+  uintptr_t reserve(size_t bytes, size_t align) override {
+    set_device(index_);
+    CUdeviceptr p = 0;
+    check_cu(driver().address_reserve(&p, bytes, align, 0, 0), "cuMemAddressReserve");
+    return uintptr_t(p);
+  }
+  void unreserve(uintptr_t va, size_t bytes) override { driver().address_free(CUdeviceptr(va), bytes); }
+  uint64_t create(size_t bytes) override {
+    set_device(index_);
+    CUmemGenericAllocationHandle h = 0;
+    check_cu(driver().create(&h, bytes, &prop_, 0), "cuMemCreate");
+    return uint64_t(h);
+  }
+  void release(uint64_t h) override { check_cu(driver().release(CUmemGenericAllocationHandle(h)), "cuMemRelease"); }
+  void map(uintptr_t va, size_t bytes, uint64_t h) override {
+    set_device(index_);
+    check_cu(driver().map(CUdeviceptr(va), bytes, 0, CUmemGenericAllocationHandle(h), 0), "cuMemMap");
+    const CUresult r = driver().set_access(CUdeviceptr(va), bytes, &access_, 1);
+    if (r != CUDA_SUCCESS) {
+      driver().unmap(CUdeviceptr(va), bytes);
+      check_cu(r, "cuMemSetAccess");
+    }
+  }
+  void unmap(uintptr_t va, size_t bytes) override {
+    set_device(index_);
+    check_cu(driver().unmap(CUdeviceptr(va), bytes), "cuMemUnmap");
+  }
+  size_t device_free_bytes() override {
+    size_t fr = 0, tot = 0;
+    if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) cudaGetLastError();
+    return fr;
+  }
+
+ private:
+  int index_;
+  CUmemAllocationProp prop_{};
+  CUmemAccessDesc access_{};
+};
 
 class CudaDevice final : public Device {
  public:
@@ -341,13 +458,16 @@ class CudaDevice final : public Device {
           sk == StreamKind::compute ? err_host_ : nullptr);
     }
     ops_ = std::make_unique<CudaOps>(index_, streams_[0]->handle(), opt.dtype, static_cast<unsigned*>(d));
+    pages_ = std::make_unique<CudaPages>(index_);
+    pool_ = std::make_unique<PagedPool>(*pages_, cap_, kCudaPoolGranule, name());
   }
   ~CudaDevice() override {
     for (auto& s : streams_) s->synchronize();
     ops_.reset();
     for (auto& s : streams_) s.reset();
     cudaSetDevice(index_);
-    for (auto& sg : segs_) cudaFree(sg.base);
+    pool_.reset();
+    pages_.reset();
     const auto pins = pinned_here_;  // unpin_host edits pinned_here_
     for (auto& [p, e] : pins)
       for (int i = 0; i < e; ++i) unpin_host(p);
@@ -360,70 +480,11 @@ class CudaDevice final : public Device {
   }
   DType compute_dtype() const override { return ops_->dtype(); }
   size_t capacity_bytes() const override { return cap_; }
-  size_t used_bytes() const override {
-    std::lock_guard lk(mu_);
-    return used_;
-  }
-  size_t peak_bytes() const override {
-    std::lock_guard lk(mu_);
-    return peak_;
-  }
-
-  void* alloc(size_t bytes) override {
-    const size_t sz = round_up(std::max<size_t>(bytes, 1), kAlign);
-    std::lock_guard lk(mu_);
-    if (used_ + sz > cap_)
-      throw DeviceOutOfMemory(fmt::format(
-          "{}: cannot allocate {:.1f} MiB ({} bytes): {:.1f} MiB of {:.1f} MiB capacity in use",
-          name(), sz / 1048576.0, bytes, used_ / 1048576.0, cap_ / 1048576.0));
-    auto it = free_.lower_bound({sz, nullptr});
-    if (it == free_.end()) {
-      grow(sz, bytes);
-      it = free_.lower_bound({sz, nullptr});
-    }
-    char* p = it->second;
-    free_.erase(it);
-    Block& b = blocks_.at(p);
-    if (b.size > sz) {  // split: the tail stays free
-      Block rest{b.size - sz, true, b.seg};
-      b.size = sz;
-      blocks_.emplace(p + sz, rest);
-      free_.insert({rest.size, p + sz});
-    }
-    b.free = false;
-    used_ += sz;
-    peak_ = std::max(peak_, used_);
-    return p;
-  }
-
-  void free(void* vp) override {
-    if (!vp) return;
-    std::lock_guard lk(mu_);
-    char* p = static_cast<char*>(vp);
-    auto it = blocks_.find(p);
-    if (it == blocks_.end() || it->second.free) return;
-    used_ -= it->second.size;
-    it->second.free = true;
-    // coalesce with the next and previous blocks of the same segment
-    auto next = std::next(it);
-    if (next != blocks_.end() && next->second.free && next->second.seg == it->second.seg &&
-        it->first + it->second.size == next->first) {
-      free_.erase({next->second.size, next->first});
-      it->second.size += next->second.size;
-      blocks_.erase(next);
-    }
-    if (it != blocks_.begin()) {
-      auto prev = std::prev(it);
-      if (prev->second.free && prev->second.seg == it->second.seg &&
-          prev->first + prev->second.size == it->first) {
-        free_.erase({prev->second.size, prev->first});
-        prev->second.size += it->second.size;
-        blocks_.erase(it);
-        it = prev;
-      }
-    }
-    free_.insert({it->second.size, it->first});
-  }
+  size_t allocation_granule() const override { return kCudaPoolGranule; }
+  size_t used_bytes() const override { return pool_->used_bytes(); }
+  size_t peak_bytes() const override { return pool_->peak_bytes(); }
+  void* alloc(size_t bytes) override { return pool_->alloc(bytes); }
+  void free(void* p) override { pool_->free(p); }
 
   Stream& stream(StreamKind k) override { return *streams_[int(k)]; }
   Ops& ops() override { return *ops_; }
@@ -473,87 +534,13 @@ class CudaDevice final : public Device {
   }
 
  private:
-  struct Block {
-    size_t size;
-    bool free;
-    int seg;
-  };
-  struct Segment {
-    char* base;
-    size_t size;
-  };
-
-  // Adds a segment that can hold sz bytes (mu_ held).
-  void grow(size_t sz, size_t requested) {
-    const size_t need = round_up(sz, kSegGranule);
-    if (reserved_ + need > cap_) release_empty_segments();
-    if (reserved_ + need > cap_)
-      throw DeviceOutOfMemory(fmt::format(
-          "{}: cannot allocate {:.1f} MiB ({} bytes): {:.1f} MiB of {:.1f} MiB capacity in use, "
-          "and the free space is fragmented (largest free block smaller than the request)",
-          name(), sz / 1048576.0, requested, used_ / 1048576.0, cap_ / 1048576.0));
-    size_t segsz = std::min(std::max(need, kSegMin), round_up(cap_ - reserved_, kSegGranule));
-    if (reserved_ + segsz > cap_) segsz = need;
-    set_device(index_);
-    void* p = nullptr;
-    cudaError_t e = cudaMalloc(&p, segsz);
-    if (e != cudaSuccess && segsz > need) {
-      cudaGetLastError();
-      segsz = need;
-      e = cudaMalloc(&p, segsz);
-    }
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      release_empty_segments();
-      e = cudaMalloc(&p, segsz);
-    }
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      size_t fr = 0, tot = 0;
-      cudaMemGetInfo(&fr, &tot);
-      throw DeviceOutOfMemory(fmt::format(
-          "{}: cannot allocate {:.1f} MiB ({} bytes): {:.1f} MiB of {:.1f} MiB capacity in use, "
-          "and the GPU itself has only {:.1f} MiB free ({})",
-          name(), sz / 1048576.0, requested, used_ / 1048576.0, cap_ / 1048576.0,
-          fr / 1048576.0, err_text(e, "cudaMalloc")));
-    }
-    const int id = next_seg_++;
-    segs_.push_back({static_cast<char*>(p), segsz});
-    seg_ids_.push_back(id);
-    reserved_ += segsz;
-    blocks_.emplace(static_cast<char*>(p), Block{segsz, true, id});
-    free_.insert({segsz, static_cast<char*>(p)});
-  }
-
-  // cudaFree's every segment that is one free block (synchronises the device; rare).
-  void release_empty_segments() {
-    for (size_t i = 0; i < segs_.size();) {
-      auto it = blocks_.find(segs_[i].base);
-      if (it != blocks_.end() && it->second.free && it->second.size == segs_[i].size) {
-        free_.erase({it->second.size, it->first});
-        blocks_.erase(it);
-        cudaSetDevice(index_);
-        cudaFree(segs_[i].base);
-        reserved_ -= segs_[i].size;
-        segs_.erase(segs_.begin() + long(i));
-        seg_ids_.erase(seg_ids_.begin() + long(i));
-      } else {
-        ++i;
-      }
-    }
-  }
-
   int index_;
   size_t cap_;
   cudaDeviceProp prop_{};
   unsigned* err_host_ = nullptr;
-  mutable std::mutex mu_;
-  size_t used_ = 0, peak_ = 0, reserved_ = 0;
-  std::vector<Segment> segs_;
-  std::vector<int> seg_ids_;
-  int next_seg_ = 0;
-  std::map<char*, Block> blocks_;
-  std::set<std::pair<size_t, char*>> free_;
+  mutable std::mutex mu_;  // pinned_here_
+  std::unique_ptr<CudaPages> pages_;
+  std::unique_ptr<PagedPool> pool_;
   std::unordered_map<void*, int> pinned_here_;
   std::unique_ptr<CudaStream> streams_[kNumStreams];
   std::unique_ptr<CudaOps> ops_;

@@ -74,11 +74,17 @@ TEST(CostModel, MemoryTerms) {
   EXPECT_EQ(e[0].cost.io_bytes, 8192 * 4);
   EXPECT_EQ(e[29].cost.io_bytes, 8192 * 4);
   EXPECT_EQ(e[0].cost.scratch_bytes, 0);
-  // scratch mirrors DecoderLayer::carve: 6TH + 4TQ + 4TK + qk(2TQ + 2TK) + 6TF at 4 bytes + lse + attention
+  // the decoder's buffers in bf16 (one MLP chunk of all 8192 tokens): backward xn, h1 [T,H];
+  // q, o, qr, dout, dq [T,Q]; k, v, kr, dk, dv [T,K]; hn, dhn [C,H]; g, u, m, dm, dg, du [C,F];
+  // lse fp32 [nq, T]; attention scratch. Forward: no lse, dout, dq, dk, dv, dhn, dm, dg, du.
   const int64_t T = 8192, H = 2048, Q = 2048, K = 1024, F = 6144;
-  const int64_t expect = (6 * T * H + 4 * T * Q + 4 * T * K + 2 * T * Q + 2 * T * K + 6 * T * F) * 4 + T * 16 * 4 +
-                         (2 * 64 * 8192 + 8192 * (16 + Q + 2 * K)) * 4;
-  EXPECT_EQ(c.scratch_bytes, expect);
+  const int64_t attn = (2 * 64 * 8192 + 8192 * (16 + Q + 2 * K)) * 4;
+  EXPECT_EQ(c.scratch_bytes, (2 * T * H + 5 * T * Q + 5 * T * K + 2 * T * H + 6 * T * F) * 2 + T * 16 * 4 + attn);
+  EXPECT_EQ(c.scratch_fwd_bytes, (2 * T * H + 3 * T * Q + 3 * T * K + T * H + 3 * T * F) * 2 + attn);
+  // with 4096-token MLP chunks the [C, *] buffers halve
+  d.mlp_chunk_tokens = 4096;
+  const LayerCost c2 = estimate_layers(m, 1, 8192, d)[2].cost;
+  EXPECT_EQ(c.scratch_bytes - c2.scratch_bytes, (2 * 4096 * H + 6 * 4096 * F) * 2);
 }
 
 TEST(CostModel, MoeShapeFromConfigJson) {

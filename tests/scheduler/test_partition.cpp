@@ -232,7 +232,7 @@ TEST(Partition, InvalidExplicitPlansAreRejectedWithTheReason) {
                 "key 'forward_layers' does not go with explicit");
   expect_reason({{"forward", {{-4294967296LL, 5}}}, {"tail", {6, 7}}, {"backward", {{5, 0}}}}, "pair of layer indices");
   // well-formed but over the memory cap: the stage and the cap are named
-  o.memory_cap = 900;
+  o.memory_cap = 600;  // the forward stage's working set: 600 B of weights and 6 outputs of 10 B
   expect_reason({{"forward", {{0, 5}}}, {"tail", {6, 7}}, {"backward", {{5, 0}}}}, "forward stage 0 (layers 0-5)");
   // a plan for another model
   o.memory_cap = 0;

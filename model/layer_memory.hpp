@@ -1,0 +1,138 @@
+// Device scratch of the compute layers, as one set of pure functions shared by the layers
+// (model/layers.cpp carves its buffers with them) and by the planner's memory model
+// (scheduler/cost_model.cpp), so a plan's predicted bytes and the bytes a worker allocates
+// come from the same code. Header-only: it depends on nothing but the op contracts of
+// kernels/ops.hpp.
+//
+// Decoder layer (pre-norm block; T = n_seq * seq_len tokens, H hidden, F ffn, Q = nq * D,
+// K = nkv * D, C = MLP chunk rows, es = bytes per element of the compute dtype):
+//   forward : xn, h1 [T,H]; q, o [T,Q]; k, v [T,K]; qr [T,Q] and kr [T,K] (Qwen3 q/k norm
+//             inputs); attention scratch; one MLP chunk hn [C,H], g, u, m [C,F].
+//   backward: the forward's buffers (recompute; the MLP half chunk by chunk) plus lse
+//             [n_seq, nq, L] fp32, dout, dq [T,Q], dk, dv [T,K], dhn [C,H], dm, dg, du [C,F].
+//             dh1 lives in the caller's dx, dxn in h1, the q/k-norm input gradients in dout
+//             and v, so nothing of size [T,F] exists and no [T,H] buffer beyond xn and h1.
+// Tail: hn, dhn [T,H] plus Ops::lm_head_ce_scratch_bytes.
+#pragma once
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/ops.hpp"
+
+namespace rp {
+
+/// Alignment of every buffer a layer carves out of its scratch.
+constexpr size_t kScratchAlign = 256;
+
+/// Tokens of one MLP chunk when nothing else is set: the [C, ffn] intermediates of a decoder
+/// exist for at most this many tokens at a time (a micro-batch of up to C tokens runs its
+/// MLP in one piece).
+constexpr int64_t kDefaultMlpChunkTokens = 8192;
+
+/// Bump allocator over a layer's scratch. With base == nullptr it only counts bytes.
+class ScratchCarver {
+ public:
+  explicit ScratchCarver(void* base) : base_(static_cast<char*>(base)) {}
+  void* take(size_t bytes) {
+    off_ = (off_ + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
+    void* p = base_ ? base_ + off_ : nullptr;
+    off_ += bytes;
+    return p;
+  }
+  size_t used() const { return off_; }
+
+ private:
+  char* base_;
+  size_t off_ = 0;
+};
+
+/// What the decoder's scratch depends on.
+struct DecoderDims {
+  int64_t hidden = 0, ffn = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  bool qk_norm = false;
+};
+
+/// The decoder's scratch buffers (null where a mode has none; see the file comment).
+struct DecoderBufs {
+  void *xn = nullptr, *h1 = nullptr;                           // [T, H]
+  void *q = nullptr, *o = nullptr, *qr = nullptr;              // [T, Q]
+  void *k = nullptr, *v = nullptr, *kr = nullptr;              // [T, K]
+  void *dout = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;  // backward
+  void *hn = nullptr, *dhn = nullptr;                          // [C, H]
+  void *g = nullptr, *u = nullptr, *m = nullptr;               // [C, F]
+  void *dm = nullptr, *dg = nullptr, *du = nullptr;            // [C, F], backward
+  float* lse = nullptr;                                        // [n_seq, nq, L], backward
+  void* attn = nullptr;                                        // Ops::attention_scratch_bytes
+  int64_t chunk = 0;                                           // C
+};
+
+/// Rows of one MLP chunk for `tokens` tokens (chunk_tokens <= 0: kDefaultMlpChunkTokens).
+inline int64_t mlp_chunk_rows(int64_t tokens, int64_t chunk_tokens) {
+  const int64_t c = chunk_tokens > 0 ? chunk_tokens : kDefaultMlpChunkTokens;
+  return std::max<int64_t>(1, std::min(tokens, c));
+}
+
+/// Carves the decoder's buffers for a micro-batch of n_seq x seq_len tokens out of `sc`.
+inline void carve_decoder_scratch(const DecoderDims& d, int64_t n_seq, int64_t seq_len, size_t es, bool backward,
+                                  int64_t chunk_tokens, ScratchCarver& sc, DecoderBufs& b) {
+  const size_t T = size_t(n_seq * seq_len), H = size_t(d.hidden), F = size_t(d.ffn);
+  const size_t Q = size_t(d.heads * d.head_dim), K = size_t(d.kv_heads * d.head_dim);
+  b = DecoderBufs{};
+  b.chunk = mlp_chunk_rows(int64_t(T), chunk_tokens);
+  const size_t C = size_t(b.chunk);
+  b.xn = sc.take(T * H * es);
+  b.h1 = sc.take(T * H * es);
+  b.q = sc.take(T * Q * es);
+  b.o = sc.take(T * Q * es);
+  b.k = sc.take(T * K * es);
+  b.v = sc.take(T * K * es);
+  if (d.qk_norm) {
+    b.qr = sc.take(T * Q * es);
+    b.kr = sc.take(T * K * es);
+  }
+  b.attn = sc.take(Ops::attention_scratch_bytes(n_seq, seq_len, d.heads, d.kv_heads, d.head_dim));
+  b.hn = sc.take(C * H * es);
+  b.g = sc.take(C * F * es);
+  b.u = sc.take(C * F * es);
+  b.m = sc.take(C * F * es);
+  if (!backward) return;
+  b.lse = static_cast<float*>(sc.take(T * size_t(d.heads) * 4));
+  b.dout = sc.take(T * Q * es);
+  b.dq = sc.take(T * Q * es);
+  b.dk = sc.take(T * K * es);
+  b.dv = sc.take(T * K * es);
+  b.dhn = sc.take(C * H * es);
+  b.dm = sc.take(C * F * es);
+  b.dg = sc.take(C * F * es);
+  b.du = sc.take(C * F * es);
+}
+
+/// Scratch bytes of a decoder layer call (forward only, or recompute + backward).
+inline size_t decoder_scratch_bytes(const DecoderDims& d, int64_t n_seq, int64_t seq_len, size_t es, bool backward,
+                                    int64_t chunk_tokens) {
+  ScratchCarver sc(nullptr);
+  DecoderBufs b;
+  carve_decoder_scratch(d, n_seq, seq_len, es, backward, chunk_tokens, sc, b);
+  return sc.used();
+}
+
+/// The tail's buffers: hn, dhn [T,H] and the chunked LM-head cross-entropy scratch.
+struct TailBufs {
+  void *hn = nullptr, *dhn = nullptr, *ce = nullptr;
+};
+inline void carve_tail_scratch(int64_t tokens, int64_t hidden, int64_t vocab, size_t es, ScratchCarver& sc,
+                               TailBufs& b) {
+  const size_t TH = size_t(tokens * hidden);
+  b.hn = sc.take(TH * es);
+  b.dhn = sc.take(TH * es);
+  b.ce = sc.take(Ops::lm_head_ce_scratch_bytes(tokens, hidden, vocab));
+}
+inline size_t tail_scratch_bytes(int64_t tokens, int64_t hidden, int64_t vocab, size_t es) {
+  ScratchCarver sc(nullptr);
+  TailBufs b;
+  carve_tail_scratch(tokens, hidden, vocab, es, sc, b);
+  return sc.used();
+}
+
+}  // namespace rp
