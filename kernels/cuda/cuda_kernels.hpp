@@ -68,4 +68,22 @@ void k_attention_bwd(DType t, const void* q, const void* k, const void* v, const
                      int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D, float scale,
                      void* scratch, int impl, cudaStream_t st);
 
+
+// ---- expanded GQA backward (cudnn_attention.cpp; CPU twins in tests/kernels/ref_ops.hpp) ---
+// A chunk is the KV heads [g0, g0 + gc) of k, v, dk, dv [T, nkv, D] (T = n_seq * L tokens),
+// r = nq / nkv query heads per KV head; its expanded tensors are [T, gc * r, D], query head
+// g0*r + i of the chunk on row i. t: bf16 or f16. Throws std::invalid_argument for a chunk
+// outside [0, nkv) or a 32-bit dtype. 16-byte vectors when D*2 bytes is a multiple of 16 and
+// every pointer is 16-byte aligned, one element per thread otherwise.
+/// ke[t, g*r + j, :] = k[t, g0 + g, :] and ve likewise from v, for g < gc, j < r (bit copies).
+void k_gqa_expand_kv(DType t, const void* k, const void* v, void* ke, void* ve, int64_t T,
+                     int64_t nkv, int64_t g0, int64_t gc, int64_t r, int64_t D,
+                     cudaStream_t st);
+/// dk[t, g0 + g, :] = sum_{j<r} dke[t, g*r + j, :] and dv likewise from dve, for g < gc:
+/// fp32 sums in order j = 0..r-1, rounded once to t; dk/dv heads outside the chunk are
+/// left untouched.
+void k_gqa_group_sum(DType t, const void* dke, const void* dve, void* dk, void* dv, int64_t T,
+                     int64_t nkv, int64_t g0, int64_t gc, int64_t r, int64_t D,
+                     cudaStream_t st);
+
 }  // namespace rp::cuda

@@ -114,6 +114,33 @@ inline VecD attention(const VecD& q, const VecD& k, const VecD& v, int64_t n_seq
   return o;
 }
 
+// ---- expanded GQA backward helpers (CPU twins of kernels/cuda's k_gqa_expand_kv and
+// k_gqa_group_sum): a chunk is the KV heads [g0, g0+gc) of [T, nkv, D] tensors, each
+// serving r query heads; its expanded tensors are [T, gc*r, D].
+
+/// out[t, g*r + j, :] = x[t, g0 + g, :] (g < gc, j < r).
+inline VecF gqa_expand(const VecF& x, int64_t T, int64_t nkv, int64_t g0, int64_t gc, int64_t r,
+                       int64_t D) {
+  VecF out(size_t(T * gc * r * D));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t g = 0; g < gc; ++g)
+      for (int64_t j = 0; j < r; ++j)
+        for (int64_t d = 0; d < D; ++d)
+          out[size_t(((t * gc + g) * r + j) * D + d)] = x[size_t((t * nkv + g0 + g) * D + d)];
+  return out;
+}
+
+/// out[t, g, :] = sum_{j<r} xe[t, g*r + j, :] for g < gc, in double: [T, gc, D].
+inline VecD gqa_group_sum(const VecF& xe, int64_t T, int64_t gc, int64_t r, int64_t D) {
+  VecD out(size_t(T * gc * D), 0.0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t g = 0; g < gc; ++g)
+      for (int64_t j = 0; j < r; ++j)
+        for (int64_t d = 0; d < D; ++d)
+          out[size_t((t * gc + g) * D + d)] += xe[size_t(((t * gc + g) * r + j) * D + d)];
+  return out;
+}
+
 inline VecD swiglu(const VecD& g, const VecD& u) {
   VecD h(g.size());
   for (size_t i = 0; i < g.size(); ++i) h[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
