@@ -1,8 +1,10 @@
-// CUDA kernels of the expanded GQA attention backward (cudnn_attention.cpp): copy each KV
-// head of a chunk once per query head it serves, and sum the per-query-head dK / dV back
-// onto their KV head. Both are memory-bound: 16-byte loads and stores whenever head_dim
-// rows are 16-byte multiples at 16-byte-aligned addresses, else one element per thread.
-// CPU twins: tests/kernels/ref_ops.hpp (ref::gqa_expand, ref::gqa_group_sum).
+// CUDA kernels of the expanded GQA attention backward (cudnn_attention.cpp): copy the KV head
+// of each query head of a pass into a per-query-head tensor, and sum the per-query-head dK / dV
+// back onto their KV head (or into an fp32 accumulator). Both are memory-bound: 16-byte
+// loads and stores whenever rows are 16-byte multiples at 16-byte-aligned addresses, else one
+// element per thread. CPU twins: tests/kernels/ref_ops.hpp (ref::gqa_expand, ref::gqa_group_sum).
+#include <type_traits>
+
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.hpp"
 
@@ -11,63 +13,56 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Chunk geometry: KV heads [g0, g0 + gc) of [T, nkv, D] tensors, r query heads per KV head;
-// the expanded tensors are [T, gc * r, D] (query head h0 + i of the chunk is row i).
-struct Chunk {
-  int64_t T, nkv, g0, gc, r, D;
-};
-
-// out[t, g*r + j, :] = in[t, g0 + g, :] for g < gc, j < r; blockIdx.y picks the (K, V) pair.
+// ke[t, i, :] = k[t, (h0 + i) / r, :] for i < hc; blockIdx.y picks the (K, V) pair.
 // U: the unit one thread moves (uint4 = 16 bytes, or one 16-bit element); D in units.
 template <typename U>
 __global__ void __launch_bounds__(kThreads)
     gqa_expand_kernel(const U* __restrict__ k, const U* __restrict__ v, U* __restrict__ ke,
-                      U* __restrict__ ve, Chunk c) {
+                      U* __restrict__ ve, int64_t T, int64_t nkv, int64_t h0, int64_t hc,
+                      int64_t r, int64_t D) {
   const U* src = blockIdx.y == 0 ? k : v;
   U* dst = blockIdx.y == 0 ? ke : ve;
-  const int64_t row = c.gc * c.D;  // units per token of the chunk
-  const int64_t work = c.T * row;
+  const int64_t row = hc * D;  // units per token of the pass
+  const int64_t work = T * row;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < work; i += stride) {
-    const int64_t t = i / row, e = i - t * row;  // e = g*D + d
-    const int64_t g = e / c.D, d = e - g * c.D;
-    const U x = src[(t * c.nkv + c.g0) * c.D + e];
-    U* o = dst + ((t * c.gc + g) * c.r) * c.D + d;
-    for (int64_t j = 0; j < c.r; ++j) o[j * c.D] = x;
+    const int64_t t = i / row, e = i - t * row;  // e = h*D + d
+    const int64_t h = e / D, d = e - h * D;
+    dst[i] = src[(t * nkv + (h0 + h) / r) * D + d];
   }
 }
 
-// out[t, g0 + g, :] = sum_j in[t, g*r + j, :] (fp32 sum, rounded once to T);
-// blockIdx.y picks the (dK, dV) pair. N elements per thread (8 with 16-byte vectors).
-template <typename T, int N, bool VEC>
+// out[t*out_row + g*D + d] (+)= sum_{j<m} in[((t*G + g)*m + j)*D + d]; blockIdx.y picks the
+// (dK, dV) pair. N elements per thread (8 with 16-byte-multiple vectors).
+template <typename TI, typename TO, int N, bool VEC>
 __global__ void __launch_bounds__(kThreads)
-    gqa_group_sum_kernel(const T* __restrict__ dke, const T* __restrict__ dve,
-                         T* __restrict__ dk, T* __restrict__ dv, Chunk c) {
-  const T* src = blockIdx.y == 0 ? dke : dve;
-  T* dst = blockIdx.y == 0 ? dk : dv;
-  const int64_t row = c.gc * c.D / N;  // N-element groups per token of the chunk
-  const int64_t work = c.T * row;
+    gqa_group_sum_kernel(const TI* __restrict__ in_k, const TI* __restrict__ in_v,
+                         TO* __restrict__ out_k, TO* __restrict__ out_v, int64_t out_row,
+                         int64_t T, int64_t G, int64_t m, int64_t D, bool accumulate) {
+  const TI* src = blockIdx.y == 0 ? in_k : in_v;
+  TO* dst = blockIdx.y == 0 ? out_k : out_v;
+  const int64_t row = G * D / N;  // N-element groups per token
+  const int64_t work = T * row;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < work; i += stride) {
     const int64_t t = i / row, e = (i - t * row) * N;  // e = g*D + d
-    const int64_t g = e / c.D, d = e - g * c.D;
-    const T* p = src + ((t * c.gc + g) * c.r) * c.D + d;
+    const int64_t g = e / D, d = e - g * D;
+    const TI* p = src + ((t * G + g) * m) * D + d;
+    TO* o = dst + t * out_row + e;
     float acc[N], x[N];
-    load_n<N, VEC>(p, acc);
-    for (int64_t j = 1; j < c.r; ++j) {
-      load_n<N, VEC>(p + j * c.D, x);
+    if (accumulate) {
+      load_n<N, VEC>(o, acc);
+    } else {
+#pragma unroll
+      for (int q = 0; q < N; ++q) acc[q] = 0.f;
+    }
+    for (int64_t j = 0; j < m; ++j) {
+      load_n<N, VEC>(p + j * D, x);
 #pragma unroll
       for (int q = 0; q < N; ++q) acc[q] += x[q];
     }
-    store_n<N, VEC>(dst + (t * c.nkv + c.g0) * c.D + e, acc);
+    store_n<N, VEC>(o, acc);
   }
-}
-
-void check_chunk(const Chunk& c, const char* op) {
-  if (c.T < 0 || c.nkv <= 0 || c.g0 < 0 || c.gc <= 0 || c.g0 + c.gc > c.nkv || c.r <= 0 ||
-      c.D <= 0)
-    throw std::invalid_argument(std::string(op) + ": bad chunk (need 0 <= g0 < g0+gc <= nkv, "
-                                                  "r > 0, D > 0, T >= 0)");
 }
 
 bool all_aligned16(std::initializer_list<const void*> ps) {
@@ -76,53 +71,68 @@ bool all_aligned16(std::initializer_list<const void*> ps) {
   return true;
 }
 
+[[noreturn]] void bad_heads(const char* op, const char* what) {
+  throw std::invalid_argument(std::string(op) + ": " + what);
+}
+
+template <typename TI, typename TO>
+void launch_group_sum(const void* in_k, const void* in_v, void* out_k, void* out_v,
+                      int64_t out_row, int64_t T, int64_t G, int64_t m, int64_t D,
+                      bool accumulate, cudaStream_t st) {
+  const TI* a = static_cast<const TI*>(in_k);
+  const TI* b = static_cast<const TI*>(in_v);
+  TO* x = static_cast<TO*>(out_k);
+  TO* y = static_cast<TO*>(out_v);
+  const int64_t cap = int64_t(num_sms()) * 16;
+  if (D % 8 == 0 && out_row % 8 == 0 && all_aligned16({in_k, in_v, out_k, out_v})) {
+    const dim3 grid(grid_for(T * G * D / 8, kThreads, cap), 2);
+    gqa_group_sum_kernel<TI, TO, 8, true>
+        <<<grid, kThreads, 0, st>>>(a, b, x, y, out_row, T, G, m, D, accumulate);
+  } else {
+    const dim3 grid(grid_for(T * G * D, kThreads, cap), 2);
+    gqa_group_sum_kernel<TI, TO, 1, false>
+        <<<grid, kThreads, 0, st>>>(a, b, x, y, out_row, T, G, m, D, accumulate);
+  }
+}
+
 }  // namespace
 
 void k_gqa_expand_kv(DType t, const void* k, const void* v, void* ke, void* ve, int64_t T,
-                     int64_t nkv, int64_t g0, int64_t gc, int64_t r, int64_t D,
+                     int64_t nkv, int64_t h0, int64_t hc, int64_t r, int64_t D,
                      cudaStream_t st) {
-  Chunk c{T, nkv, g0, gc, r, D};
-  check_chunk(c, "gqa_expand_kv");
-  if (dtype_size(t) != 2) bad_dtype("gqa_expand_kv", t);
+  if (T < 0 || nkv <= 0 || r <= 0 || D <= 0 || h0 < 0 || hc <= 0 || h0 + hc > nkv * r)
+    bad_heads("gqa_expand_kv", "need T >= 0 and 0 <= h0 < h0 + hc <= nkv * r");
+  if (t != DType::bf16 && t != DType::f16) bad_dtype("gqa_expand_kv", t);
   if (T == 0) return;
-  const int64_t bytes_row = D * 2;
-  const bool vec = bytes_row % 16 == 0 && all_aligned16({k, v, ke, ve});
   const int64_t cap = int64_t(num_sms()) * 16;
-  if (vec) {
-    c.D = bytes_row / 16;
-    const dim3 grid(grid_for(T * gc * c.D, kThreads, cap), 2);
+  if ((D * 2) % 16 == 0 && all_aligned16({k, v, ke, ve})) {
+    const int64_t Du = D * 2 / 16;
+    const dim3 grid(grid_for(T * hc * Du, kThreads, cap), 2);
     gqa_expand_kernel<uint4><<<grid, kThreads, 0, st>>>(
         static_cast<const uint4*>(k), static_cast<const uint4*>(v), static_cast<uint4*>(ke),
-        static_cast<uint4*>(ve), c);
+        static_cast<uint4*>(ve), T, nkv, h0, hc, r, Du);
   } else {
-    const dim3 grid(grid_for(T * gc * D, kThreads, cap), 2);
+    const dim3 grid(grid_for(T * hc * D, kThreads, cap), 2);
     gqa_expand_kernel<uint16_t><<<grid, kThreads, 0, st>>>(
         static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(v),
-        static_cast<uint16_t*>(ke), static_cast<uint16_t*>(ve), c);
+        static_cast<uint16_t*>(ke), static_cast<uint16_t*>(ve), T, nkv, h0, hc, r, D);
   }
   RP_CUDA_LAUNCH_CHECK("gqa_expand_kv");
 }
 
-void k_gqa_group_sum(DType t, const void* dke, const void* dve, void* dk, void* dv, int64_t T,
-                     int64_t nkv, int64_t g0, int64_t gc, int64_t r, int64_t D,
-                     cudaStream_t st) {
-  const Chunk c{T, nkv, g0, gc, r, D};
-  check_chunk(c, "gqa_group_sum");
+void k_gqa_group_sum(DType in_t, const void* in_k, const void* in_v, DType out_t, void* out_k,
+                     void* out_v, int64_t out_row, int64_t T, int64_t G, int64_t m, int64_t D,
+                     bool accumulate, cudaStream_t st) {
+  if (T < 0 || G <= 0 || m <= 0 || D <= 0 || out_row < G * D)
+    bad_heads("gqa_group_sum", "need T >= 0, G > 0, m > 0, D > 0 and out_row >= G * D");
+  if (in_t == DType::i32) bad_dtype("gqa_group_sum", in_t);
+  if (out_t == DType::i32) bad_dtype("gqa_group_sum", out_t);
   if (T == 0) return;
-  const bool vec = D % 8 == 0 && all_aligned16({dke, dve, dk, dv});
-  const int64_t cap = int64_t(num_sms()) * 16;
-  RP_DISPATCH_16("gqa_group_sum", t, E, {
-    const E* a = static_cast<const E*>(dke);
-    const E* b = static_cast<const E*>(dve);
-    E* x = static_cast<E*>(dk);
-    E* y = static_cast<E*>(dv);
-    if (vec) {
-      const dim3 grid(grid_for(T * gc * D / 8, kThreads, cap), 2);
-      gqa_group_sum_kernel<E, 8, true><<<grid, kThreads, 0, st>>>(a, b, x, y, c);
-    } else {
-      const dim3 grid(grid_for(T * gc * D, kThreads, cap), 2);
-      gqa_group_sum_kernel<E, 1, false><<<grid, kThreads, 0, st>>>(a, b, x, y, c);
-    }
+  RP_DISPATCH_ANY("gqa_group_sum", in_t, TI, {
+    RP_DISPATCH_ANY("gqa_group_sum", out_t, TO, {
+      if constexpr (!std::is_same_v<TI, int32_t> && !std::is_same_v<TO, int32_t>)
+        launch_group_sum<TI, TO>(in_k, in_v, out_k, out_v, out_row, T, G, m, D, accumulate, st);
+    });
   });
   RP_CUDA_LAUNCH_CHECK("gqa_group_sum");
 }

@@ -293,8 +293,8 @@ void CudaOps::attention_bwd(const void* q, const void* k, const void* v, const v
 }
 
 size_t CudaOps::attention_ws(int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D) const {
-  const size_t full = Ops::attention_scratch_bytes(n_seq, L, nq, nkv, D);
-  return attn_scratch_limit_ > 0 ? std::min(full, attn_scratch_limit_) : full;
+  return attn_scratch_bytes_ > 0 ? attn_scratch_bytes_
+                                 : Ops::attention_scratch_bytes(n_seq, L, nq, nkv, D);
 }
 
 void CudaOps::set_attention_gqa(int mode) {
@@ -303,15 +303,16 @@ void CudaOps::set_attention_gqa(int mode) {
 }
 
 void CudaOps::gqa_expand_kv(const void* k, const void* v, void* ke, void* ve, int64_t T,
-                            int64_t nkv, int64_t g0, int64_t gc, int64_t r, int64_t D) {
+                            int64_t nkv, int64_t h0, int64_t hc, int64_t r, int64_t D) {
   set_device(dev_);
-  k_gqa_expand_kv(dtype_, k, v, ke, ve, T, nkv, g0, gc, r, D, st_);
+  k_gqa_expand_kv(dtype_, k, v, ke, ve, T, nkv, h0, hc, r, D, st_);
 }
 
-void CudaOps::gqa_group_sum(const void* dke, const void* dve, void* dk, void* dv, int64_t T,
-                            int64_t nkv, int64_t g0, int64_t gc, int64_t r, int64_t D) {
+void CudaOps::gqa_group_sum(DType in_t, const void* in_k, const void* in_v, DType out_t,
+                            void* out_k, void* out_v, int64_t out_row, int64_t T, int64_t G,
+                            int64_t m, int64_t D, bool accumulate) {
   set_device(dev_);
-  k_gqa_group_sum(dtype_, dke, dve, dk, dv, T, nkv, g0, gc, r, D, st_);
+  k_gqa_group_sum(in_t, in_k, in_v, out_t, out_k, out_v, out_row, T, G, m, D, accumulate, st_);
 }
 
 bool CudaOps::try_cudnn(bool backward, const std::function<bool(std::string*)>& call) {
@@ -423,8 +424,8 @@ void set_attention_gqa(Ops& ops, int mode) {
   c.set_attention_gqa(mode);
 }
 
-void set_attention_scratch_limit(Ops& ops, size_t bytes) {
-  cuda_ops(ops, "set_attention_scratch_limit").set_attention_scratch_limit(bytes);
+void set_attention_scratch_bytes(Ops& ops, size_t bytes) {
+  cuda_ops(ops, "set_attention_scratch_bytes").set_attention_scratch_bytes(bytes);
 }
 
 int64_t attention_bwd_passes(Ops& ops) {
@@ -432,13 +433,15 @@ int64_t attention_bwd_passes(Ops& ops) {
 }
 
 void gqa_expand_kv(Ops& ops, const void* k, const void* v, void* ke, void* ve, int64_t T,
-                   int64_t nkv, int64_t g0, int64_t gc, int64_t r, int64_t D) {
-  cuda_ops(ops, "gqa_expand_kv").gqa_expand_kv(k, v, ke, ve, T, nkv, g0, gc, r, D);
+                   int64_t nkv, int64_t h0, int64_t hc, int64_t r, int64_t D) {
+  cuda_ops(ops, "gqa_expand_kv").gqa_expand_kv(k, v, ke, ve, T, nkv, h0, hc, r, D);
 }
 
-void gqa_group_sum(Ops& ops, const void* dke, const void* dve, void* dk, void* dv, int64_t T,
-                   int64_t nkv, int64_t g0, int64_t gc, int64_t r, int64_t D) {
-  cuda_ops(ops, "gqa_group_sum").gqa_group_sum(dke, dve, dk, dv, T, nkv, g0, gc, r, D);
+void gqa_group_sum(Ops& ops, DType in_t, const void* in_k, const void* in_v, DType out_t,
+                   void* out_k, void* out_v, int64_t out_row, int64_t T, int64_t G, int64_t m,
+                   int64_t D, bool accumulate) {
+  cuda_ops(ops, "gqa_group_sum")
+      .gqa_group_sum(in_t, in_k, in_v, out_t, out_k, out_v, out_row, T, G, m, D, accumulate);
 }
 
 }  // namespace rp::cuda

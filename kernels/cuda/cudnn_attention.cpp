@@ -61,9 +61,9 @@ struct Entry {
   std::string why;                          // refusal reason (for the log line)
 };
 
-// Expanded-backward plan of one shape and scratch size: KV heads per chunk (0: none fits).
+// Expanded-backward plan of one shape and scratch size: query heads per pass (0: none fits).
 struct Plan {
-  int64_t kv_per_chunk = 0;
+  int64_t heads = 0;
   std::string why;
 };
 using PlanKey = std::array<int64_t, 9>;  // dtype, n_seq, L, nq, nkv, D, scale, deterministic, bytes
@@ -72,12 +72,16 @@ std::vector<int64_t> bshd_strides(int64_t row, int64_t s, int64_t d) { return {s
 
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
-// Scratch of one expanded-backward chunk, in this order: cuDNN's workspace, expanded K, V,
-// dK, dV ([T, hc, D] each), the chunk's packed statistics [n_seq, hc, L] fp32 (only when
-// n_seq > 1 and the chunk is not every head: cuDNN before 9.26 reads only packed Stats).
-struct ChunkLayout {
-  size_t ws = 0, kv = 0, stats = 0;
-  size_t kv_at(int i) const { return align256(ws) + size_t(i) * align256(kv); }
+// Scratch of one expanded-backward pass, in this order: fp32 dK and dV accumulators [T, D]
+// (only when passes split KV heads; first, so every pass finds them at the same place),
+// cuDNN's workspace, expanded K, V, dK, dV ([T, hc, D] each), the pass's packed statistics
+// [n_seq, hc, L] fp32 (when the pass is not every head: cuDNN before 9.26 reads only packed
+// Stats, and a head offset of L floats need not keep the 16-byte alignment).
+struct PassLayout {
+  size_t acc = 0, ws = 0, kv = 0, stats = 0;
+  size_t acc_at(int i) const { return size_t(i) * align256(acc); }
+  size_t ws_at() const { return acc_at(2); }
+  size_t kv_at(int i) const { return ws_at() + align256(ws) + size_t(i) * align256(kv); }
   size_t stats_at() const { return kv_at(4); }
   size_t total() const { return stats_at() + align256(stats); }
 };
@@ -211,104 +215,143 @@ struct CudnnAttention::Impl {
     float scale;
     int64_t r() const { return nq / nkv; }
     int64_t T() const { return n_seq * L; }
-    // the multi-head graph of a chunk of g KV heads (g*r query heads)
-    Shape shape(int64_t g, bool deterministic) const {
+    // the multi-head graph of a pass of hc query heads
+    Shape shape(int64_t hc, bool deterministic) const {
       Shape s;
       s.backward = s.stats = true;
       s.deterministic = deterministic;
       s.t = t;
-      s.n_seq = n_seq, s.L = L, s.hq = s.hk = g * r(), s.D = D;
-      s.q_row = nq * D, s.kv_row = g * r() * D, s.scale = scale;
+      s.n_seq = n_seq, s.L = L, s.hq = s.hk = hc, s.D = D;
+      s.q_row = nq * D, s.kv_row = hc * D, s.scale = scale;
       return s;
     }
-    ChunkLayout layout(int64_t g, const Entry& e) const {
-      ChunkLayout c;
+    // split: the plan's passes cover parts of KV heads (fp32 accumulators needed)
+    PassLayout layout(int64_t hc, const Entry& e, bool split) const {
+      PassLayout c;
+      c.acc = split ? size_t(T() * D) * sizeof(float) : 0;
       c.ws = size_t(e.workspace);
-      c.kv = size_t(T() * g * r() * D) * dtype_size(t);
-      c.stats = n_seq > 1 && g < nkv ? size_t(T() * g * r()) * sizeof(float) : 0;
+      c.kv = size_t(T() * hc * D) * dtype_size(t);
+      c.stats = hc < nq ? size_t(T() * hc) * sizeof(float) : 0;
       return c;
+    }
+    // the smaller last pass of a plan of hc query heads per pass (0: none)
+    int64_t tail(int64_t hc) const {
+      if (hc >= r()) return nkv % (hc / r()) * r();
+      const int64_t m = (r() + hc - 1) / hc;
+      return r() - (m - 1) * hc == hc ? 0 : r() - (m - 1) * hc;
     }
   };
 
-  // KV heads per chunk for `x` in ws_bytes of scratch (cached; the caller holds mu).
+  // Query heads per pass for `x` in ws_bytes of scratch (cached; the caller holds mu).
   const Plan& plan(const Expanded& x, size_t ws_bytes) {
     const PlanKey key{int64_t(x.t), x.n_seq, x.L, x.nq, x.nkv, x.D, bits_of(x.scale),
                       deterministic, int64_t(ws_bytes)};
     if (auto it = plans.find(key); it != plans.end()) return it->second;
     std::string refused;
-    auto need = [&](int64_t g) -> std::optional<size_t> {
-      const Entry& e = lookup(x.shape(g, deterministic));
+    auto need = [&](int64_t hc) -> std::optional<size_t> {
+      const Entry& e = lookup(x.shape(hc, deterministic));
       if (!e.graph) {
         refused = e.why;
         return std::nullopt;
       }
-      return x.layout(g, e).total();
+      return x.layout(hc, e, hc < x.r()).total();
     };
-    // per KV head: expanded K, V, dK, dV; statistics; cuDNN's fp32 dQ accumulator and
-    // softmax sums (its non-deterministic backward's workspace)
-    const size_t es = dtype_size(x.t);
-    const size_t per_head = size_t(x.T() * x.r()) * (4 * size_t(x.D) * es + 4 + 4 * size_t(x.D + 1));
+    // per query head: expanded K, V, dK, dV; statistics; cuDNN's fp32 dQ accumulator and
+    // softmax sums (the workspace of its non-deterministic backward)
+    const size_t per_head =
+        size_t(x.T()) * (4 * size_t(x.D) * dtype_size(x.t) + 4 + 4 * size_t(x.D + 1));
     Plan p;
-    p.kv_per_chunk = plan_kv_chunk(x.nkv, ws_bytes, per_head, need);
-    if (p.kv_per_chunk == 0) {
+    p.heads = plan_gqa_pass(x.nkv, x.r(), ws_bytes, per_head, need);
+    if (p.heads == 0) {
       const std::optional<size_t> one = need(1);
-      p.why = one ? fmt::format("expanded GQA backward: one KV head ({} query heads) needs {} "
-                                "bytes of scratch, {} given", x.r(), *one, ws_bytes)
+      p.why = one ? fmt::format("expanded GQA backward: a pass of one query head needs {} bytes "
+                                "of scratch, {} given", *one, ws_bytes)
                   : "expanded GQA backward: " + refused;
     }
     return plans.emplace(key, std::move(p)).first->second;
   }
 
-  bool bwd_expanded(const Expanded& x, const void* q, const void* k, const void* v, const void* o,
-                    const float* lse, const void* dout, void* dq, void* dk, void* dv, void* ws,
-                    size_t ws_bytes, std::string* why) {
-    const Entry *full = nullptr, *tail = nullptr;
-    int64_t g = 0;
+  struct Ptrs {
+    const void *q, *k, *v, *o;
+    const float* lse;
+    const void* dout;
+    void *dq, *dk, *dv;
+  };
+
+  // One pass: expand K/V for query heads [h0, h0 + hc), cuDNN's multi-head backward on them
+  // (dq written in place, per-head dK/dV into the scratch).
+  void run_pass(const Expanded& x, const Ptrs& p, const Entry& e, const PassLayout& c, int64_t h0,
+                int64_t hc, char* base) {
+    const size_t es = dtype_size(x.t);
+    auto at = [&](const void* ptr, int64_t h) {  // query head h of a [T, nq, D] tensor
+      return static_cast<void*>(static_cast<char*>(const_cast<void*>(ptr)) + size_t(h * x.D) * es);
+    };
+    k_gqa_expand_kv(x.t, p.k, p.v, base + c.kv_at(0), base + c.kv_at(1), x.T(), x.nkv, h0, hc,
+                    x.r(), x.D, stream);
+    void* stats = const_cast<float*>(p.lse);
+    if (c.stats) {  // one row of hc*L floats per sequence, nq*L floats apart
+      stats = base + c.stats_at();
+      RP_CUDA_CHECK(cudaMemcpy2DAsync(stats, size_t(hc * x.L) * 4, p.lse + h0 * x.L,
+                                      size_t(x.nq * x.L) * 4, size_t(hc * x.L) * 4,
+                                      size_t(x.n_seq), cudaMemcpyDeviceToDevice, stream));
+    }
+    std::unordered_map<int64_t, void*> pack{
+        {kQ, at(p.q, h0)},   {kK, base + c.kv_at(0)},  {kV, base + c.kv_at(1)},
+        {kO, at(p.o, h0)},   {kStats, stats},           {kDO, at(p.dout, h0)},
+        {kDQ, at(p.dq, h0)}, {kDK, base + c.kv_at(2)},  {kDV, base + c.kv_at(3)}};
+    run(e, pack, base + c.ws_at(), "sdpa backward execute (expanded GQA pass)");
+  }
+
+  bool bwd_expanded(const Expanded& x, const Ptrs& p, void* ws, size_t ws_bytes,
+                    std::string* why) {
+    const Entry *full = nullptr, *last = nullptr;
+    int64_t hc = 0, tail = 0;
     {
       std::lock_guard lk(mu);
-      const Plan& p = plan(x, ws_bytes);
-      if (p.kv_per_chunk == 0) {
-        if (why) *why = p.why;
+      const Plan& pl = plan(x, ws_bytes);
+      if (pl.heads == 0) {
+        if (why) *why = pl.why;
         return false;
       }
-      g = p.kv_per_chunk;
-      full = &lookup(x.shape(g, deterministic));
-      if (const int64_t rem = x.nkv % g; rem != 0) {
-        tail = &lookup(x.shape(rem, deterministic));
-        if (!tail->graph || x.layout(rem, *tail).total() > ws_bytes) {  // need() not monotone
-          if (why) *why = fmt::format("expanded GQA backward: the last chunk of {} KV heads "
-                                      "does not run in {} bytes: {}", rem, ws_bytes, tail->why);
+      hc = pl.heads;
+      full = &lookup(x.shape(hc, deterministic));
+      if (tail = x.tail(hc); tail != 0) {
+        last = &lookup(x.shape(tail, deterministic));
+        if (!last->graph || x.layout(tail, *last, hc < x.r()).total() > ws_bytes) {
+          if (why) *why = fmt::format("expanded GQA backward: the last pass of {} query heads "
+                                      "does not run in {} bytes: {}", tail, ws_bytes, last->why);
           return false;
         }
       }
     }
-    const int64_t r = x.r(), T = x.T(), D = x.D, nq = x.nq, L = x.L;
+    const int64_t r = x.r(), T = x.T(), D = x.D;
     const size_t es = dtype_size(x.t);
-    auto at = [&](const void* p, int64_t h) {  // query head h of a [T, nq, D] tensor
-      return static_cast<void*>(static_cast<char*>(const_cast<void*>(p)) + size_t(h * D) * es);
-    };
     char* base = static_cast<char*>(ws);
+    auto head = [&](void* t, int64_t g) { return static_cast<char*>(t) + size_t(g * D) * es; };
     int64_t passes = 0;
-    for (int64_t g0 = 0; g0 < x.nkv; g0 += g, ++passes) {
-      const int64_t gc = std::min(g, x.nkv - g0), h0 = g0 * r, hc = gc * r;
-      const Entry& e = gc == g ? *full : *tail;
-      const ChunkLayout c = x.layout(gc, e);
-      void *ke = base + c.kv_at(0), *ve = base + c.kv_at(1), *dke = base + c.kv_at(2),
-           *dve = base + c.kv_at(3);
-      k_gqa_expand_kv(x.t, k, v, ke, ve, T, x.nkv, g0, gc, r, D, stream);
-      void* stats = const_cast<float*>(lse + h0 * L);
-      if (c.stats) {  // rows of hc*L floats, one per sequence, nq*L floats apart
-        stats = base + c.stats_at();
-        RP_CUDA_CHECK(cudaMemcpy2DAsync(stats, size_t(hc * L) * 4, lse + h0 * L, size_t(nq * L) * 4,
-                                        size_t(hc * L) * 4, size_t(x.n_seq),
-                                        cudaMemcpyDeviceToDevice, stream));
+    if (hc >= r) {  // whole KV heads per pass: sum each group straight into dk / dv
+      for (int64_t h0 = 0; h0 < x.nq; h0 += hc, ++passes) {
+        const int64_t n = std::min(hc, x.nq - h0);
+        const Entry& e = n == hc ? *full : *last;
+        const PassLayout c = x.layout(n, e, false);
+        run_pass(x, p, e, c, h0, n, base);
+        k_gqa_group_sum(x.t, base + c.kv_at(2), base + c.kv_at(3), x.t, head(p.dk, h0 / r),
+                        head(p.dv, h0 / r), x.nkv * D, T, n / r, r, D, false, stream);
       }
-      std::unordered_map<int64_t, void*> pack{
-          {kQ, at(q, h0)},   {kK, ke},          {kV, ve},
-          {kO, at(o, h0)},   {kStats, stats},   {kDO, at(dout, h0)},
-          {kDQ, at(dq, h0)}, {kDK, dke},        {kDV, dve}};
-      run(e, pack, ws, "sdpa backward execute (expanded GQA chunk)");
-      k_gqa_group_sum(x.t, dke, dve, dk, dv, T, x.nkv, g0, gc, r, D, stream);
+    } else {  // parts of one KV head per pass: fp32 accumulators, then one rounding
+      for (int64_t g = 0; g < x.nkv; ++g) {
+        PassLayout c{};
+        for (int64_t s = 0; s < r; s += hc, ++passes) {
+          const int64_t n = std::min(hc, r - s);
+          const Entry& e = n == hc ? *full : *last;
+          c = x.layout(n, e, true);
+          run_pass(x, p, e, c, g * r + s, n, base);
+          k_gqa_group_sum(x.t, base + c.kv_at(2), base + c.kv_at(3), DType::f32,
+                          base + c.acc_at(0), base + c.acc_at(1), D, T, 1, n, D, s > 0, stream);
+        }
+        k_gqa_group_sum(DType::f32, base + c.acc_at(0), base + c.acc_at(1), x.t, head(p.dk, g),
+                        head(p.dv, g), x.nkv * D, T, 1, 1, D, false, stream);
+      }
     }
     last_passes = passes;
     return true;
@@ -377,8 +420,8 @@ bool CudnnAttention::bwd(DType t, const void* q, const void* k, const void* v, c
   const GqaBackward m = impl_->gqa;
   const bool expand = r > 1 && (m == GqaBackward::expand || (m == GqaBackward::automatic && r > 2));
   if (expand)
-    return impl_->bwd_expanded(Impl::Expanded{t, n_seq, L, nq, nkv, D, scale}, q, k, v, o, lse,
-                               dout, dq, dk, dv, ws, ws_bytes, why);
+    return impl_->bwd_expanded(Impl::Expanded{t, n_seq, L, nq, nkv, D, scale},
+                               Impl::Ptrs{q, k, v, o, lse, dout, dq, dk, dv}, ws, ws_bytes, why);
   Shape s;
   s.backward = s.stats = true;
   s.deterministic = impl_->deterministic;

@@ -14,14 +14,17 @@
 //  - native: one sdpa_backward graph with nkv K/V heads (cuDNN sums dK/dV over each group).
 //    On the lent H200 (PyTorch wheel's cuDNN 9, frontend 1.32) this returned all-NaN
 //    dq/dk/dv for r >= 4 (r = 2 was exact); bench_cudnn_gqa_probe checks it per variant.
-//  - expand: K and V of a chunk of KV heads are copied once per query head
-//    (k_gqa_expand_kv), cuDNN's multi-head backward (r = 1) runs on that chunk's query
-//    heads (sub-ranges of q/o/dout/dq through pointer offsets and the full tensors'
-//    strides), and the per-query-head dK/dV are summed onto their KV head in fp32
-//    (k_gqa_group_sum). Chunks of KV heads are sized to the scratch (gqa_chunking.hpp):
-//    one chunk of g KV heads uses 4 * T*g*r*D storage elements (expanded K, V, dK, dV),
-//    T*g*r fp32 packed statistics when n_seq > 1 and the chunk is not all heads (cuDNN
-//    before 9.26 reads only packed Stats), and cuDNN's workspace for g*r heads.
+//  - expand: in passes over contiguous ranges of query heads, the KV head of each query
+//    head of the pass is copied into a per-query-head K and V (k_gqa_expand_kv), cuDNN's
+//    multi-head backward (r = 1) runs on those query heads (sub-ranges of q/o/dout/dq through
+//    pointer offsets and the full tensors' strides), and the per-query-head dK/dV are summed
+//    onto their KV head in fp32 (k_gqa_group_sum). Passes are sized to the scratch
+//    (gqa_chunking.hpp): whole KV heads per pass when at least one fits, else parts of one
+//    KV head, summed into fp32 accumulators [T, D] and rounded once at its last pass. A pass
+//    of hc query heads uses 4 * T*hc*D storage elements (expanded K, V, dK, dV), T*hc fp32
+//    packed statistics when the pass is not every head (cuDNN before 9.26 reads only packed
+//    Stats), the accumulators when KV heads are split, and cuDNN's workspace for hc heads
+//    (about T*hc*(D+1) fp32).
 // The default (GqaBackward::automatic) is native for r <= 2 and expand for r > 2.
 #pragma once
 #include <cstddef>
@@ -60,8 +63,8 @@ class CudnnAttention {
   /// Backward given o and lse of fwd(): writes dq, dk, dv (overwritten; dk/dv summed over
   /// the query heads of a group). `ws`/`ws_bytes`: device scratch (16-byte aligned) for
   /// cuDNN's workspace and, on the expand path, the expanded tensors; the expand path
-  /// splits the KV heads into as few chunks as fit ws_bytes and returns false (why: the
-  /// bytes one KV head needs) when not even one KV head fits. Same return/throw rules as
+  /// runs as few passes as fit ws_bytes and returns false (why: the bytes a pass of one
+  /// query head needs) when not even that fits. Same return/throw rules as
   /// fwd(); when false is returned nothing has been written.
   bool bwd(DType t, const void* q, const void* k, const void* v, const void* o, const float* lse,
            const void* dout, void* dq, void* dk, void* dv, int64_t n_seq, int64_t L, int64_t nq,
@@ -77,7 +80,7 @@ class CudnnAttention {
   /// Hopper, workspace about n_seq*h*L^2*2 bytes); off by default, for comparisons.
   void set_deterministic(bool on);
   /// cuDNN backward executions of the last bwd() that returned true (1: one graph; the
-  /// number of KV-head chunks on the expand path), 0 before any.
+  /// number of passes on the expand path), 0 before any.
   int64_t last_bwd_passes() const;
 
  private:

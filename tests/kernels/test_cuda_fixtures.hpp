@@ -38,7 +38,7 @@ class CudaAttentionTest : public CudaOpsTest {
   };
   // Applied to the ops before each run (CUDA builds): -1 / 0 leave the defaults.
   int gqa_mode = -1;         // cuda::set_attention_gqa
-  size_t scratch_limit = 0;  // cuda::set_attention_scratch_limit
+  size_t scratch_bytes = 0;  // cuda::set_attention_scratch_bytes (at most the contract here)
 
   static bool skip_without_cudnn(int impl, int bwd_impl = -1) {
 #ifdef RP_HAVE_CUDA
@@ -69,7 +69,7 @@ class CudaAttentionTest : public CudaOpsTest {
 #ifdef RP_HAVE_CUDA
       cuda::set_attention_impl(op, impl);
       cuda::set_attention_gqa(op, gqa_mode < 0 ? 0 : gqa_mode);
-      cuda::set_attention_scratch_limit(op, scratch_limit);
+      cuda::set_attention_scratch_bytes(op, scratch_bytes);
 #endif
       op.attention_fwd(qd.get(), kd.get(), vd.get(), r.o.get(), r.lse.as<float>(), S, L, nq, nkv, D, scale,
                        scratch.get());
