@@ -36,7 +36,8 @@ class CudaAttentionTest : public CudaOpsTest {
     DT o, lse, dq, dk, dv;  // GPU results
     int64_t bwd_passes = 0; // cuda::attention_bwd_passes after the backward
   };
-  // Applied to the ops before each run (CUDA builds): -1 / 0 leave the defaults.
+  // Applied to the ops before each run (CUDA builds); -1 / 0 leave the device's setting
+  // (RP_CUDA_ATTENTION_GQA) and the contract's scratch size.
   int gqa_mode = -1;         // cuda::set_attention_gqa
   size_t scratch_bytes = 0;  // cuda::set_attention_scratch_bytes (at most the contract here)
 
@@ -68,7 +69,7 @@ class CudaAttentionTest : public CudaOpsTest {
     run([&](Ops& op) {
 #ifdef RP_HAVE_CUDA
       cuda::set_attention_impl(op, impl);
-      cuda::set_attention_gqa(op, gqa_mode < 0 ? 0 : gqa_mode);
+      if (gqa_mode >= 0) cuda::set_attention_gqa(op, gqa_mode);
       cuda::set_attention_scratch_bytes(op, scratch_bytes);
 #endif
       op.attention_fwd(qd.get(), kd.get(), vd.get(), r.o.get(), r.lse.as<float>(), S, L, nq, nkv, D, scale,

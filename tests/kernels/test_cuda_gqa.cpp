@@ -173,6 +173,7 @@ TEST_F(CudaAttentionTest, ScratchSizeSetsThePasses) {
   if (skip_without_cudnn(4)) GTEST_SKIP() << "this build has no cuDNN attention";
   const int64_t S = 2, L = 200, nq = 20, nkv = 5, D = 64;
   const size_t full = Ops::attention_scratch_bytes(S, L, nq, nkv, D);
+  gqa_mode = 0;  // automatic: expanded at ratio 4
   int64_t last = 0, most = 0, split = 0;
   for (double f : {1.0, 0.7, 0.5, 0.35, 0.25, 0.18, 0.12, 0.08, 0.05}) {
     scratch_bytes = size_t(double(full) * f);
