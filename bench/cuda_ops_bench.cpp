@@ -121,6 +121,7 @@ void line(Env& e, const std::string& op, const std::string& shape, double sec, d
   std::fflush(stdout);
 }
 
+#ifdef RP_HAVE_CUDA
 // Runs fn once on the compute stream; false (with *err) when it threw or the stream failed.
 bool try_once(Env& e, const std::function<void()>& fn, std::string* err) {
   Stream& cs = e.dev->stream(StreamKind::compute);
@@ -143,7 +144,6 @@ size_t count_nonfinite_bf16(Env& e, const void* p, int64_t n) {
   return bad;
 }
 
-#ifdef RP_HAVE_CUDA
 // Causal attention with 32 query heads at L = 8192, D = 128 for nkv = 32, 16, 8, 4, 2.
 void attention_by_gqa_ratio(Env& e, int R) {
   Ops& ops = *e.ops;
