@@ -2,6 +2,10 @@
 // 8 kv heads, head_dim 128, FFN 6144, vocab 151936, one sequence of 8192 tokens), one
 // line per op with TFLOP/s or GB/s against the ceilings measured first on the same GPU
 // (a device-to-device copy; an 8192^3 bf16 GEMM through the backend's own linear_fwd).
+// Attention is also measured for 1, 2, 4, 8 and 16 query heads per KV head (32 query heads,
+// L = 8192, head_dim 128): cuDNN's forward, its backward through the expanded GQA path (with
+// the scratch of the Ops contract and with 4x that), through its native GQA graph (timed only
+// when its gradients are finite), our flash kernels, and the expand / group-sum kernels alone.
 //
 //   bench_cuda_ops_bench [--quick]
 //
@@ -117,6 +121,113 @@ void line(Env& e, const std::string& op, const std::string& shape, double sec, d
   std::fflush(stdout);
 }
 
+#ifdef RP_HAVE_CUDA
+// Runs fn once on the compute stream; false (with *err) when it threw or the stream failed.
+bool try_once(Env& e, const std::function<void()>& fn, std::string* err) {
+  Stream& cs = e.dev->stream(StreamKind::compute);
+  std::string x;
+  cs.launch([&] { fn(); });
+  cs.then([&](const std::string& m) { x = m; });
+  cs.synchronize();
+  *err = x;
+  return x.empty();
+}
+
+// Non-finite values among n bf16 elements on the device.
+size_t count_nonfinite_bf16(Env& e, const void* p, int64_t n) {
+  std::vector<uint16_t> h(static_cast<size_t>(n));
+  Stream& cs = e.dev->stream(StreamKind::compute);
+  cs.copy_d2h(h.data(), p, size_t(n) * 2);
+  cs.synchronize();
+  size_t bad = 0;
+  for (uint16_t x : h) bad += (x & 0x7f80u) == 0x7f80u ? 1 : 0;
+  return bad;
+}
+
+// Causal attention with 32 query heads at L = 8192, D = 128 for nkv = 32, 16, 8, 4, 2.
+void attention_by_gqa_ratio(Env& e, int R) {
+  Ops& ops = *e.ops;
+  const DType bf = DType::bf16, f32 = DType::f32;
+  const int64_t L = 8192, nq = 32, D = 128;
+  const float scale = float(1.0 / std::sqrt(double(D)));
+  const double fl = 2.0 * 2.0 * double(L) * double(L) / 2.0 * D * nq;
+  const bool cudnn = rp::cuda::cudnn_attention_available();
+  std::printf("\n-- attention by query heads per KV head (L=8192, 32 query heads, D=128) --\n");
+  for (int64_t nkv : {int64_t(32), int64_t(16), int64_t(8), int64_t(4), int64_t(2)}) {
+    const int64_t r = nq / nkv;
+    void* q = rand_buffer(e, L * nq * D, bf, 1.f, 120);
+    void* k = rand_buffer(e, L * nkv * D, bf, 1.f, 121);
+    void* v = rand_buffer(e, L * nkv * D, bf, 1.f, 122);
+    void* dout = rand_buffer(e, L * nq * D, bf, 1.f, 123);
+    void* out = buffer(e, L * nq * D, bf);
+    float* lse = static_cast<float*>(buffer(e, nq * L, f32));
+    void* dq = buffer(e, L * nq * D, bf);
+    void* dk = buffer(e, L * nkv * D, bf);
+    void* dv = buffer(e, L * nkv * D, bf);
+    const size_t contract = Ops::attention_scratch_bytes(1, L, nq, nkv, D);
+    void* scratch = buffer(e, int64_t(4 * contract + 3) / 4, DType::i32);  // 4x the contract
+    const std::string shape = "L=8192 " + std::to_string(nq) + "/" + std::to_string(nkv) + " heads D=128";
+    auto fwd = [&](int impl, const char* tag) {
+      rp::cuda::set_attention_impl(ops, impl);
+      line(e, std::string("attention_fwd r=") + std::to_string(r) + tag, shape,
+           time_op(e, [&](int) { ops.attention_fwd(q, k, v, out, lse, 1, L, nq, nkv, D, scale, scratch); }, R), fl, 0);
+    };
+    auto bwd_call = [&] { ops.attention_bwd(q, k, v, out, lse, dout, dq, dk, dv, 1, L, nq, nkv, D, scale, scratch); };
+    // impl: 3 ours, 4 cuDNN (gqa: 1 native, 2 expand); scratch_x: multiple of the contract
+    auto bwd = [&](int impl, int gqa, int scratch_x, std::string tag) {
+      rp::cuda::set_attention_impl(ops, impl);
+      rp::cuda::set_attention_gqa(ops, gqa);
+      rp::cuda::set_attention_scratch_bytes(ops, scratch_x == 1 ? 0 : scratch_x * contract);
+      std::string err;
+      const bool ok = try_once(e, bwd_call, &err);
+      const size_t bad = ok ? count_nonfinite_bf16(e, dq, L * nq * D) + count_nonfinite_bf16(e, dk, L * nkv * D) +
+                                  count_nonfinite_bf16(e, dv, L * nkv * D)
+                            : 0;
+      if (impl == 4) tag += " passes=" + std::to_string(rp::cuda::attention_bwd_passes(ops));
+      const std::string op = "attention_bwd r=" + std::to_string(r) + tag;
+      if (!ok)
+        std::printf("%-34s %-30s failed: %s\n", op.c_str(), shape.c_str(), err.c_str());
+      else if (bad > 0)
+        std::printf("%-34s %-30s %zu of %lld gradient values not finite: not timed\n", op.c_str(), shape.c_str(), bad,
+                    (long long)(L * (nq + 2 * nkv) * D));
+      else
+        line(e, op, shape, time_op(e, [&](int) { bwd_call(); }, R), 2.5 * fl, 0);
+      std::fflush(stdout);
+    };
+    if (cudnn) fwd(4, " [cuDNN]");
+    fwd(3, " [cfg 3]");
+    if (cudnn) {
+      bwd(4, 2, 1, r == 1 ? " [cuDNN]" : " [cuDNN expand]");
+      if (r > 1) {
+        bwd(4, 2, 4, " [cuDNN expand 4x]");
+        bwd(4, 1, 1, " [cuDNN native]");
+      }
+    }
+    bwd(3, 0, 1, " [cfg 3]");
+    rp::cuda::set_attention_impl(ops, 0);
+    rp::cuda::set_attention_gqa(ops, 0);
+    rp::cuda::set_attention_scratch_bytes(ops, 0);
+    if (r > 1) {  // the expand / group-sum kernels over all heads (the single-pass case)
+      char* x = static_cast<char*>(scratch);
+      const size_t eb = size_t(L * nq * D) * 2;  // one expanded tensor
+      if (4 * eb <= 4 * contract) {
+        void *ke = x, *ve = x + eb, *dke = x + 2 * eb, *dve = x + 3 * eb;
+        const double ex = double(2 * L * (nkv + nq) * D) * 2;  // read K, V; write expanded
+        const double s1 = time_op(e, [&](int) { rp::cuda::gqa_expand_kv(ops, k, v, ke, ve, L, nkv, 0, nq, r, D); }, R);
+        line(e, "gqa_expand_kv r=" + std::to_string(r), shape, s1, 0, ex);
+        const double s2 = time_op(e, [&](int) {
+          rp::cuda::gqa_group_sum(ops, bf, dke, dve, bf, dk, dv, nkv * D, L, nkv, r, D, false);
+        }, R);
+        line(e, "gqa_group_sum r=" + std::to_string(r), shape, s2, 0, ex);
+        std::printf("  expand + group sum move %.0f MB: %.0f us at 4 TB/s, measured %.0f us\n", 2 * ex / 1e6,
+                    2 * ex / 4e12 * 1e6, (s1 + s2) * 1e6);
+      }
+    }
+    e.keep.clear();
+  }
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -218,6 +329,9 @@ int main(int argc, char** argv) {
 #endif
     e.keep.clear();
   }
+#ifdef RP_HAVE_CUDA
+  attention_by_gqa_ratio(e, R);
+#endif
 
   // ---- memory-bound ops (4 rotating input sets) --------------------------------------------
   {

@@ -1,6 +1,10 @@
 // Knobs of the CUDA backend that are not part of the Device/Ops interfaces (tests,
 // benchmarks). Declared without CUDA headers; defined only when RP_HAVE_CUDA.
 #pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/dtype.hpp"
 
 namespace rp {
 class Ops;
@@ -24,6 +28,39 @@ bool cudnn_attention_available();
 /// the impl numbers above. Throws std::invalid_argument naming the variable and the
 /// accepted values for anything else.
 int parse_attention_impl(const char* text);
+
+/// Grouped-query attention backward through cuDNN (kernels/cuda/cudnn_attention.hpp):
+/// 0 = automatic (cuDNN's native GQA graph when a KV head serves at most 2 query heads,
+/// else the expanded path: K/V copied per query head, cuDNN's multi-head backward in
+/// passes over the query heads sized to the scratch, dK/dV summed per group in fp32), 1 = native
+/// always, 2 = expanded always. Initial value from RP_CUDA_ATTENTION_GQA: auto (default),
+/// native or expand. Throws std::invalid_argument for non-CUDA ops or another value.
+void set_attention_gqa(Ops& ops, int mode);
+/// Parses an RP_CUDA_ATTENTION_GQA value into the modes above; throws
+/// std::invalid_argument naming the variable and the accepted values for anything else.
+int parse_attention_gqa(const char* text);
+
+/// The scratch bytes the cuDNN attention paths of these ops assume each attention call's
+/// scratch holds; 0 (default) = Ops::attention_scratch_bytes of the call's shape. Smaller
+/// values emulate a smaller scratch (more, smaller passes of the expanded GQA backward);
+/// larger ones are for benchmarks whose callers pass buffers at least that large. Our own
+/// kernels always use only their fixed part of the contract.
+void set_attention_scratch_bytes(Ops& ops, size_t bytes);
+
+/// cuDNN backward executions of the last attention_bwd on these ops: 1 for one graph, the
+/// number of passes of the expanded GQA path, 0 when our kernels ran it.
+int64_t attention_bwd_passes(Ops& ops);
+
+/// The expanded-GQA helper kernels on the ops' compute stream (kernels/cuda/cuda_kernels.hpp,
+/// k_gqa_expand_kv and k_gqa_group_sum; CPU twins in tests/kernels/ref_ops.hpp):
+/// ke[t, i, :] = k[t, (h0 + i) / r, :] (ve from v, compute dtype) for i < hc, and
+/// out[t, g, :] (+)= sum_{j<m} in[t, g*m + j, :] for g < G (fp32 sums; in [T, G*m, D] of in_t,
+/// out rows of out_row elements of out_t; dtypes bf16, f16 or f32).
+void gqa_expand_kv(Ops& ops, const void* k, const void* v, void* ke, void* ve, int64_t T,
+                   int64_t nkv, int64_t h0, int64_t hc, int64_t r, int64_t D);
+void gqa_group_sum(Ops& ops, DType in_t, const void* in_k, const void* in_v, DType out_t,
+                   void* out_k, void* out_v, int64_t out_row, int64_t T, int64_t G, int64_t m,
+                   int64_t D, bool accumulate);
 
 }  // namespace cuda
 }  // namespace rp

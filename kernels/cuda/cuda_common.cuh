@@ -71,6 +71,19 @@ __device__ __forceinline__ float warp_max(float v) {
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+/// Streaming multiprocessors of the current device (132 on an H100/H200 when the query
+/// fails), read once per process.
+inline int num_sms() {
+  static const int n = [] {
+    int dev = 0, v = 132;
+    if (cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess)
+      return v;
+    return 132;
+  }();
+  return n;
+}
+
 /// Blocks for a grid-stride loop over `work` items of `per_block` each.
 inline unsigned grid_for(int64_t work, int64_t per_block, int64_t cap = 65536) {
   int64_t b = (work + per_block - 1) / per_block;

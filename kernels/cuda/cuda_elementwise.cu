@@ -427,17 +427,6 @@ __global__ void __launch_bounds__(1024) ce_reduce_kernel(const float* row_loss,
   }
 }
 
-int num_sms() {
-  static int n = [] {
-    int dev = 0, v = 132;
-    if (cudaGetDevice(&dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess)
-      return v;
-    return 132;
-  }();
-  return n;
-}
-
 }  // namespace
 
 // ---- launchers ----------------------------------------------------------------------------

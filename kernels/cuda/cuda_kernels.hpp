@@ -68,4 +68,25 @@ void k_attention_bwd(DType t, const void* q, const void* k, const void* v, const
                      int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D, float scale,
                      void* scratch, int impl, cudaStream_t st);
 
+
+// ---- expanded GQA backward (cudnn_attention.cpp; CPU twins in tests/kernels/ref_ops.hpp) ---
+// A pass covers the query heads [h0, h0 + hc) of q [T, nq, D] (T = n_seq * L tokens);
+// query head h uses KV head h / r of k, v [T, nkv, D] (r = nq / nkv); the pass's expanded
+// tensors are [T, hc, D]. Throw std::invalid_argument for heads outside the tensors or a
+// dtype not listed. 16-byte vectors when rows are 16-byte multiples at 16-byte-aligned
+// addresses, one element per thread otherwise.
+/// ke[t, i, :] = k[t, (h0 + i) / r, :] and ve likewise from v, for i < hc (bit copies of
+/// the bf16 / f16 rows).
+void k_gqa_expand_kv(DType t, const void* k, const void* v, void* ke, void* ve, int64_t T,
+                     int64_t nkv, int64_t h0, int64_t hc, int64_t r, int64_t D,
+                     cudaStream_t st);
+/// For g < G: out[t, g, :] = sum_{j<m} in[t, g*m + j, :] (+ out[t, g, :] when accumulate),
+/// summed in fp32 in order j = 0..m-1 and rounded once to out_t. in: [T, G*m, D] of in_t;
+/// out: rows of out_row elements of out_t, pointing at the first head written (dk + g0*D
+/// with out_row = nkv*D; other heads are untouched). in_t / out_t: bf16, f16 or f32.
+/// out_k/out_v receive the sums of in_k/in_v (dK and dV in one launch).
+void k_gqa_group_sum(DType in_t, const void* in_k, const void* in_v, DType out_t, void* out_k,
+                     void* out_v, int64_t out_row, int64_t T, int64_t G, int64_t m, int64_t D,
+                     bool accumulate, cudaStream_t st);
+
 }  // namespace rp::cuda

@@ -55,6 +55,7 @@ CudaOps::CudaOps(int device, cudaStream_t stream, DType dtype, unsigned* err)
   RP_CUDA_CHECK(cudaMalloc(&ws_, kWorkspaceBytes));
   ws_bytes_ = kWorkspaceBytes;
   attn_impl_ = parse_attention_impl(std::getenv("RP_CUDA_ATTENTION"));
+  attn_gqa_ = parse_attention_gqa(std::getenv("RP_CUDA_ATTENTION_GQA"));
 }
 
 CudaOps::~CudaOps() {
@@ -263,7 +264,7 @@ void CudaOps::attention_fwd(const void* q, const void* k, const void* v, void* o
                             float scale, void* scratch) {
   check_attn(n_seq, L, nq, nkv, D, scratch, "attention_fwd");
   set_device(dev_);
-  const size_t ws = Ops::attention_scratch_bytes(n_seq, L, nq, nkv, D);
+  const size_t ws = attention_ws(n_seq, L, nq, nkv, D);
   if (try_cudnn(false, [&](std::string* why) {
         return cudnn_->fwd(dtype_, q, k, v, o, lse, n_seq, L, nq, nkv, D, scale, scratch, ws, why);
       }))
@@ -278,14 +279,40 @@ void CudaOps::attention_bwd(const void* q, const void* k, const void* v, const v
   check_attn(n_seq, L, nq, nkv, D, scratch, "attention_bwd");
   require(lse != nullptr, "attention_bwd", "lse is null");
   set_device(dev_);
-  const size_t ws = Ops::attention_scratch_bytes(n_seq, L, nq, nkv, D);
+  const size_t ws = attention_ws(n_seq, L, nq, nkv, D);
+  last_bwd_passes_ = 0;
   if (try_cudnn(true, [&](std::string* why) {
         return cudnn_->bwd(dtype_, q, k, v, o, lse, dout, dq, dk, dv, n_seq, L, nq, nkv, D, scale,
                            scratch, ws, why);
-      }))
+      })) {
+    last_bwd_passes_ = cudnn_->last_bwd_passes();
     return;
+  }
   k_attention_bwd(dtype_, q, k, v, o, lse, dout, dq, dk, dv, n_seq, L, nq, nkv, D, scale, scratch,
                   attn_impl_, st_);
+}
+
+size_t CudaOps::attention_ws(int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D) const {
+  return attn_scratch_bytes_ > 0 ? attn_scratch_bytes_
+                                 : Ops::attention_scratch_bytes(n_seq, L, nq, nkv, D);
+}
+
+void CudaOps::set_attention_gqa(int mode) {
+  attn_gqa_ = mode;
+  if (cudnn_) cudnn_->set_gqa_backward(CudnnAttention::GqaBackward(mode));
+}
+
+void CudaOps::gqa_expand_kv(const void* k, const void* v, void* ke, void* ve, int64_t T,
+                            int64_t nkv, int64_t h0, int64_t hc, int64_t r, int64_t D) {
+  set_device(dev_);
+  k_gqa_expand_kv(dtype_, k, v, ke, ve, T, nkv, h0, hc, r, D, st_);
+}
+
+void CudaOps::gqa_group_sum(DType in_t, const void* in_k, const void* in_v, DType out_t,
+                            void* out_k, void* out_v, int64_t out_row, int64_t T, int64_t G,
+                            int64_t m, int64_t D, bool accumulate) {
+  set_device(dev_);
+  k_gqa_group_sum(in_t, in_k, in_v, out_t, out_k, out_v, out_row, T, G, m, D, accumulate, st_);
 }
 
 bool CudaOps::try_cudnn(bool backward, const std::function<bool(std::string*)>& call) {
@@ -293,7 +320,10 @@ bool CudaOps::try_cudnn(bool backward, const std::function<bool(std::string*)>& 
     if (attn_impl_ == 4) throw DeviceError("attention: cuDNN requested but this build has no cuDNN");
     return false;
   }
-  if (!cudnn_) cudnn_ = std::make_unique<CudnnAttention>(dev_, st_);
+  if (!cudnn_) {
+    cudnn_ = std::make_unique<CudnnAttention>(dev_, st_);
+    cudnn_->set_gqa_backward(CudnnAttention::GqaBackward(attn_gqa_));
+  }
   std::string why;
   if (call(&why)) return true;
   if (attn_impl_ == 4)
@@ -364,11 +394,54 @@ int parse_attention_impl(const char* text) {
       "RP_CUDA_ATTENTION='{}': expected auto, simple, flash, flash8 or cudnn", t));
 }
 
-void set_attention_impl(Ops& ops, int impl) {
+int parse_attention_gqa(const char* text) {
+  if (!text || !*text) return 0;
+  const std::string t = text;
+  if (t == "auto") return 0;
+  if (t == "native") return 1;
+  if (t == "expand") return 2;
+  throw std::invalid_argument(fmt::format(
+      "RP_CUDA_ATTENTION_GQA='{}': expected auto, native or expand", t));
+}
+
+namespace {
+CudaOps& cuda_ops(Ops& ops, const char* fn) {
   auto* c = dynamic_cast<CudaOps*>(&ops);
-  if (!c) throw std::invalid_argument("set_attention_impl: not a CUDA device's ops");
+  if (!c) throw std::invalid_argument(std::string(fn) + ": not a CUDA device's ops");
+  return *c;
+}
+}  // namespace
+
+void set_attention_impl(Ops& ops, int impl) {
+  CudaOps& c = cuda_ops(ops, "set_attention_impl");
   if (impl < 0 || impl > 4) throw std::invalid_argument("set_attention_impl: impl must be 0..4");
-  c->set_attention_impl(impl);
+  c.set_attention_impl(impl);
+}
+
+void set_attention_gqa(Ops& ops, int mode) {
+  CudaOps& c = cuda_ops(ops, "set_attention_gqa");
+  if (mode < 0 || mode > 2) throw std::invalid_argument("set_attention_gqa: mode must be 0..2");
+  c.set_attention_gqa(mode);
+}
+
+void set_attention_scratch_bytes(Ops& ops, size_t bytes) {
+  cuda_ops(ops, "set_attention_scratch_bytes").set_attention_scratch_bytes(bytes);
+}
+
+int64_t attention_bwd_passes(Ops& ops) {
+  return cuda_ops(ops, "attention_bwd_passes").last_attention_bwd_passes();
+}
+
+void gqa_expand_kv(Ops& ops, const void* k, const void* v, void* ke, void* ve, int64_t T,
+                   int64_t nkv, int64_t h0, int64_t hc, int64_t r, int64_t D) {
+  cuda_ops(ops, "gqa_expand_kv").gqa_expand_kv(k, v, ke, ve, T, nkv, h0, hc, r, D);
+}
+
+void gqa_group_sum(Ops& ops, DType in_t, const void* in_k, const void* in_v, DType out_t,
+                   void* out_k, void* out_v, int64_t out_row, int64_t T, int64_t G, int64_t m,
+                   int64_t D, bool accumulate) {
+  cuda_ops(ops, "gqa_group_sum")
+      .gqa_group_sum(in_t, in_k, in_v, out_t, out_k, out_v, out_row, T, G, m, D, accumulate);
 }
 
 }  // namespace rp::cuda

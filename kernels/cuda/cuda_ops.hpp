@@ -77,6 +77,18 @@ class CudaOps final : public Ops {
                              void* scratch, float loss_scale = 1.0f) override;
 
   void set_attention_impl(int impl) { attn_impl_ = impl; }
+  /// cuda_backend.hpp's set_attention_gqa (0 auto, 1 native, 2 expand).
+  void set_attention_gqa(int mode);
+  /// cuda_backend.hpp's set_attention_scratch_bytes (0: the contract).
+  void set_attention_scratch_bytes(size_t bytes) { attn_scratch_bytes_ = bytes; }
+  /// cuDNN backward executions of the last attention_bwd (0: our kernels ran it).
+  int64_t last_attention_bwd_passes() const { return last_bwd_passes_; }
+  /// Enqueue the expanded-GQA helper kernels (cuda_kernels.hpp) on the compute stream.
+  void gqa_expand_kv(const void* k, const void* v, void* ke, void* ve, int64_t T, int64_t nkv,
+                     int64_t h0, int64_t hc, int64_t r, int64_t D);
+  void gqa_group_sum(DType in_t, const void* in_k, const void* in_v, DType out_t, void* out_k,
+                     void* out_v, int64_t out_row, int64_t T, int64_t G, int64_t m, int64_t D,
+                     bool accumulate);
 
   /// C[m,n] (col-major) = alpha op(A) op(B) + beta C through cuBLASLt, A/B in dtype(),
   /// C in c_t (dtype() or f32), fp32 compute. Public for the benchmark.
@@ -105,10 +117,15 @@ class CudaOps final : public Ops {
   std::mutex mu_;
   std::map<Key, Plan> plans_;
   int attn_impl_ = 0;
+  int attn_gqa_ = 0;                // RP_CUDA_ATTENTION_GQA
+  size_t attn_scratch_bytes_ = 0;   // 0: Ops::attention_scratch_bytes of the shape
+  int64_t last_bwd_passes_ = 0;
   std::unique_ptr<CudnnAttention> cudnn_;  // null when the build has no cuDNN
   bool cudnn_refusal_logged_ = false;
   // Runs attention through cuDNN when impl allows (0: if it accepts, 4: must accept).
   bool try_cudnn(bool backward, const std::function<bool(std::string*)>& call);
+  // Scratch bytes the cuDNN paths may use for this shape (the contract unless overridden).
+  size_t attention_ws(int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D) const;
 };
 
 }  // namespace rp::cuda

@@ -114,6 +114,33 @@ inline VecD attention(const VecD& q, const VecD& k, const VecD& v, int64_t n_seq
   return o;
 }
 
+// ---- expanded GQA backward helpers (CPU twins of kernels/cuda's k_gqa_expand_kv and
+// k_gqa_group_sum)
+
+/// The KV head of each query head [h0, h0+hc): out[t, i, :] = x[t, (h0 + i) / r, :] for
+/// x [T, nkv, D]; out [T, hc, D].
+inline VecF gqa_expand(const VecF& x, int64_t T, int64_t nkv, int64_t h0, int64_t hc, int64_t r,
+                       int64_t D) {
+  VecF out(size_t(T * hc * D));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < hc; ++i)
+      for (int64_t d = 0; d < D; ++d)
+        out[size_t((t * hc + i) * D + d)] = x[size_t((t * nkv + (h0 + i) / r) * D + d)];
+  return out;
+}
+
+/// Sums of consecutive groups of m heads: out[t, g, :] = sum_{j<m} in[t, g*m + j, :] for
+/// in [T, G*m, D], in double; out [T, G, D].
+inline VecD gqa_group_sum(const VecF& in, int64_t T, int64_t G, int64_t m, int64_t D) {
+  VecD out(size_t(T * G * D), 0.0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t j = 0; j < m; ++j)
+        for (int64_t d = 0; d < D; ++d)
+          out[size_t((t * G + g) * D + d)] += in[size_t(((t * G + g) * m + j) * D + d)];
+  return out;
+}
+
 inline VecD swiglu(const VecD& g, const VecD& u) {
   VecD h(g.size());
   for (size_t i = 0; i < g.size(); ++i) h[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];

@@ -7,10 +7,7 @@
 #include <numeric>
 
 #include "kernels/ops.hpp"
-#include "tests/kernels/test_cuda_util.hpp"
-#ifdef RP_HAVE_CUDA
-#include "kernels/cuda/cuda_backend.hpp"
-#endif
+#include "tests/kernels/test_cuda_fixtures.hpp"
 
 namespace rp {
 namespace {
@@ -19,15 +16,6 @@ using namespace rp::cudatest;
 using ref::randn;
 
 constexpr double kTol = 1e-2;  // bf16 budget (8 mantissa bits)
-
-class CudaOpsTest : public CudaTest {
- protected:
-  void SetUp() override {
-    CudaTest::SetUp();
-    cpu_ = make_cpu_ops(4);
-  }
-  std::unique_ptr<Ops> cpu_;
-};
 
 TEST_F(CudaOpsTest, Dtypes) {
   EXPECT_EQ(ops().dtype(), DType::bf16);
@@ -239,79 +227,14 @@ struct AttnShape {
   int impl;           // forward (cuda_backend.hpp): 0 auto, 1 simple, 2/3 flash, 4 cuDNN
   int bwd_impl = -1;  // backward; -1 = same as the forward (others: mixed pairs share lse)
 };
-// Random bf16 inputs (seeds seed..seed+3), outputs poisoned, attention forward with
-// implementation `impl`, then backward with `bwd_impl` (-1: the same) on the GPU.
-class CudaAttentionTest : public CudaOpsTest {
- protected:
-  struct Run {
-    VecF q, k, v, dout;   // host inputs (before bf16 rounding)
-    DT o, lse, dq, dk, dv;  // GPU results
-  };
-  static bool skip_without_cudnn(int impl, int bwd_impl = -1) {
-#ifdef RP_HAVE_CUDA
-    return (impl == 4 || bwd_impl == 4) && !cuda::cudnn_attention_available();
-#else
-    (void)impl, (void)bwd_impl;
-    return false;
-#endif
-  }
-  Run run_attention(int64_t S, int64_t L, int64_t nq, int64_t nkv, int64_t D, uint64_t seed, int impl,
-                    int bwd_impl = -1) {
-    const int64_t T = S * L;
-    const float scale = float(1.0 / std::sqrt(double(D)));
-    Run r;
-    r.q = randn(size_t(T * nq * D), seed);
-    r.k = randn(size_t(T * nkv * D), seed + 1);
-    r.v = randn(size_t(T * nkv * D), seed + 2);
-    r.dout = randn(size_t(T * nq * D), seed + 3);
-    DT qd = upload(r.q, DType::bf16), kd = upload(r.k, DType::bf16), vd = upload(r.v, DType::bf16);
-    DT dod = upload(r.dout, DType::bf16);
-    r.o = poisoned(T * nq * D, DType::bf16);
-    r.lse = poisoned(S * nq * L, DType::f32);
-    r.dq = poisoned(T * nq * D, DType::bf16);
-    r.dk = poisoned(T * nkv * D, DType::bf16);
-    r.dv = poisoned(T * nkv * D, DType::bf16);
-    DeviceBuffer scratch(dev(), Ops::attention_scratch_bytes(S, L, nq, nkv, D));
-    run([&](Ops& op) {
-#ifdef RP_HAVE_CUDA
-      cuda::set_attention_impl(op, impl);
-#endif
-      op.attention_fwd(qd.get(), kd.get(), vd.get(), r.o.get(), r.lse.as<float>(), S, L, nq, nkv, D, scale,
-                       scratch.get());
-#ifdef RP_HAVE_CUDA
-      cuda::set_attention_impl(op, bwd_impl < 0 ? impl : bwd_impl);
-#endif
-      op.attention_bwd(qd.get(), kd.get(), vd.get(), r.o.get(), r.lse.as<float>(), dod.get(), r.dq.get(),
-                       r.dk.get(), r.dv.get(), S, L, nq, nkv, D, scale, scratch.get());
-    });
-    return r;
-  }
-};
-
 class CudaAttention : public CudaAttentionTest, public ::testing::WithParamInterface<AttnShape> {};
 
 TEST_P(CudaAttention, MatchesCpu) {
   const auto [S, L, nq, nkv, D, impl, bwd_impl] = GetParam();
   if (skip_without_cudnn(impl, bwd_impl))
     GTEST_SKIP() << "this build has no cuDNN attention (scripts/setup.sh fetches cudnn-frontend)";
-  const int64_t T = S * L;
-  const float scale = float(1.0 / std::sqrt(double(D)));
   Run g = run_attention(S, L, nq, nkv, D, 61, impl, bwd_impl);
-  const VecF &q = g.q, &k = g.k, &v = g.v, &dout = g.dout;
-  DT &o = g.o, &lse = g.lse, &dq = g.dq, &dk = g.dk, &dv = g.dv;
-  // CPU twin on the same (rounded) inputs; its backward uses the GPU's rounded o.
-  VecF ro(size_t(T * nq * D), {}), rlse(size_t(S * nq * L), {}), rdq(q.size()), rdk(k.size()), rdv(v.size());
-  std::vector<char> cs(Ops::attention_scratch_bytes(S, L, nq, nkv, D));
-  cpu_->attention_fwd(q.data(), k.data(), v.data(), ro.data(), rlse.data(), S, L, nq, nkv, D, scale,
-                      cs.data());
-  VecF go = download(o);
-  cpu_->attention_bwd(q.data(), k.data(), v.data(), go.data(), rlse.data(), dout.data(), rdq.data(),
-                      rdk.data(), rdv.data(), S, L, nq, nkv, D, scale, cs.data());
-  EXPECT_TRUE(close(go, ro, kTol, "o"));
-  EXPECT_TRUE(close(download(lse), rlse, 1e-5, "lse"));
-  EXPECT_TRUE(close(download(dq), rdq, 2e-2, "dq"));
-  EXPECT_TRUE(close(download(dk), rdk, 2e-2, "dk"));
-  EXPECT_TRUE(close(download(dv), rdv, kTol, "dv"));
+  expect_matches_cpu(g, S, L, nq, nkv, D);
 }
 INSTANTIATE_TEST_SUITE_P(
     Shapes, CudaAttention,
@@ -338,36 +261,50 @@ INSTANTIATE_TEST_SUITE_P(
                       AttnShape{2, 330, 8, 2, 128, 4, 3},  // cuDNN forward, our backward
                       AttnShape{2, 330, 8, 4, 128, 3, 4},  // our forward, cuDNN backward
                       AttnShape{1, 200, 4, 2, 128, 4, 1},
-                      // automatic with 4 query heads per KV head: cuDNN forward, and cuDNN
-                      // refuses the backward (NaN there on the H200), so ours runs
+                      // automatic with 4 query heads per KV head: cuDNN forward, cuDNN's
+                      // expanded GQA backward (test_cuda_gqa.cpp covers every ratio)
                       AttnShape{3, 17, 4, 1, 128, 0},
                       AttnShape{2, 330, 8, 2, 128, 0}));
 
 // Forcing cuDNN (impl 4) on a shape it refuses is a DeviceError that says why, not a
-// silent fallback.
+// silent fallback: head_dim 36 (cuDNN needs a multiple of 8), and an expanded GQA backward
+// whose scratch (capped) holds not even a pass of one query head.
 TEST_F(CudaOpsTest, ForcedCudnnRefusalNamesTheReason) {
 #ifdef RP_HAVE_CUDA
   if (!cuda::cudnn_attention_available()) GTEST_SKIP() << "this build has no cuDNN attention";
-  const int64_t S = 1, L = 64, nq = 4, nkv = 1, D = 128, T = S * L;
-  VecF hq = randn(size_t(T * nq * D), 81), hk = randn(size_t(T * nkv * D), 82), hv = randn(size_t(T * nkv * D), 83);
-  DT q = upload(hq, DType::bf16), k = upload(hk, DType::bf16), v = upload(hv, DType::bf16);
-  DT o = poisoned(T * nq * D, DType::bf16);
-  DT lse = poisoned(S * nq * L, DType::f32), dq = poisoned(T * nq * D, DType::bf16);
-  DT dk = poisoned(T * nkv * D, DType::bf16), dv = poisoned(T * nkv * D, DType::bf16);
-  DeviceBuffer scratch(dev(), Ops::attention_scratch_bytes(S, L, nq, nkv, D));
-  std::string what;
-  run([&](Ops& op) {
-    cuda::set_attention_impl(op, 4);
-    op.attention_fwd(q.get(), k.get(), v.get(), o.get(), lse.as<float>(), S, L, nq, nkv, D, 0.1f, scratch.get());
-    try {
-      op.attention_bwd(q.get(), k.get(), v.get(), o.get(), lse.as<float>(), o.get(), dq.get(), dk.get(), dv.get(), S,
-                       L, nq, nkv, D, 0.1f, scratch.get());
-    } catch (const DeviceError& e) {
-      what = e.what();
-    }
-  });
+  auto forced = [&](int64_t D, int64_t nq, int64_t nkv, size_t limit, bool backward) {
+    const int64_t S = 1, L = 64, T = S * L;
+    VecF hq = randn(size_t(T * nq * D), 81), hk = randn(size_t(T * nkv * D), 82),
+         hv = randn(size_t(T * nkv * D), 83);
+    DT q = upload(hq, DType::bf16), k = upload(hk, DType::bf16), v = upload(hv, DType::bf16);
+    DT o = poisoned(T * nq * D, DType::bf16);
+    DT lse = poisoned(S * nq * L, DType::f32), dq = poisoned(T * nq * D, DType::bf16);
+    DT dk = poisoned(T * nkv * D, DType::bf16), dv = poisoned(T * nkv * D, DType::bf16);
+    DeviceBuffer scratch(dev(), Ops::attention_scratch_bytes(S, L, nq, nkv, D));
+    std::string what;
+    run([&](Ops& op) {
+      cuda::set_attention_impl(op, 4);
+      try {
+        op.attention_fwd(q.get(), k.get(), v.get(), o.get(), lse.as<float>(), S, L, nq, nkv, D, 0.1f,
+                         scratch.get());
+        cuda::set_attention_scratch_bytes(op, limit);
+        if (backward)
+          op.attention_bwd(q.get(), k.get(), v.get(), o.get(), lse.as<float>(), o.get(), dq.get(), dk.get(),
+                           dv.get(), S, L, nq, nkv, D, 0.1f, scratch.get());
+      } catch (const DeviceError& e) {
+        what = e.what();
+      }
+      cuda::set_attention_scratch_bytes(op, 0);
+      cuda::set_attention_impl(op, 0);
+    });
+    return what;
+  };
+  std::string what = forced(36, 2, 1, 0, false);
   EXPECT_NE(what.find("cuDNN refused"), std::string::npos) << what;
-  EXPECT_NE(what.find("query heads per KV head"), std::string::npos) << what;
+  EXPECT_NE(what.find("forward"), std::string::npos) << what;
+  what = forced(128, 4, 1, 16 << 10, true);  // ratio 4: the expanded path, 16 KiB of scratch
+  EXPECT_NE(what.find("cuDNN refused"), std::string::npos) << what;
+  EXPECT_NE(what.find("a pass of one query head needs"), std::string::npos) << what;
 #endif
 }
 
