@@ -32,7 +32,7 @@ if [ "${DO_OPS:-0}" = 1 ]; then
 fi
 if [ "${DO_BENCH:-1}" = 1 ]; then
   res=$OUT/throughput.md
-  echo "| system | tokens/s | MFU | peak GPU GiB | step s |" > "$res"; echo "|---|---|---|---|---|" >> "$res"
+  echo "| system | tokens/s | MFU | peak GPU GiB | host max RSS GiB | step s |" > "$res"; echo "|---|---|---|---|---|---|" >> "$res"
   # REPEAT runs of the same command (the first one traced): the ratio below uses their median
   for r in $(seq 1 "${REPEAT:-1}"); do
     step "roundpipe 1 GPU, run $r of ${REPEAT:-1}"
@@ -71,7 +71,7 @@ if [ "${DO_PRIO:-0}" = 1 ]; then
   # PRIO_GPUS="1 2" for both GPU counts; CHUNK_BYTES for the "on" run (default 32 MiB);
   # SKIP_PASSES warm-up passes left out of the statistics (default 2 = the default --warmup).
   res=$OUT/priorities.md
-  echo "| system | tokens/s | MFU | peak GPU GiB | step s |" > "$res"; echo "|---|---|---|---|---|" >> "$res"
+  echo "| system | tokens/s | MFU | peak GPU GiB | host max RSS GiB | step s |" > "$res"; echo "|---|---|---|---|---|---|" >> "$res"
   for g in ${PRIO_GPUS:-1}; do
     [ "$(nvidia-smi -L | wc -l)" -ge "$g" ] || continue
     step "priorities + chunking on, $g GPU(s)"
@@ -86,13 +86,41 @@ if [ "${DO_PRIO:-0}" = 1 ]; then
   done
   cat "$res"
 fi
-if [ "${DO_LONG:-0}" = 1 ]; then
-  # longest-sequence probe under a 24 GiB cap per GPU (issue 7): one 32K-token sequence
-  for g in 1 2; do
-    [ "$(nvidia-smi -L | wc -l)" -ge "$g" ] || continue
-    step "long sequence 32768 tokens, cap 24 GiB, $g GPU(s)"
-    timeout 200 .device/bin/bench_throughput --workers "$g" --cap-gib 24 --seq 32768 --seqs 1 --micro 1 \
-      --steps 1 --warmup 1 2>&1 | tail -4
+if [ "${DO_GQA:-0}" = 1 ]; then
+  # grouped-query attention backward through cuDNN: the native path's probe, the kernel tests,
+  # and the per-ratio rows of the op benchmark
+  step "cuDNN GQA probe"
+  timeout 240 .device/bin/bench_cudnn_gqa_probe ${PROBE_ARGS:---quick} > "$OUT/gqa_probe.txt" 2>&1; tail -40 "$OUT/gqa_probe.txt"
+  step "attention op benchmark"
+  timeout 300 .device/bin/bench_cuda_ops_bench ${OPS_ARGS:-} > "$OUT/cuda_ops.md" 2>&1; grep -A40 "by query heads" "$OUT/cuda_ops.md"
+fi
+if [ "${DO_MODELS:-0}" = 1 ]; then
+  # MODEL_CASES: "preset:cap_gib[:extra bench flags with commas for spaces]" rows of the
+  # 8 x 8192-token, M=8 benchmark (automatic plan unless the extra flags give one)
+  res=$OUT/models.md
+  [ -s "$res" ] || { echo "| system | tokens/s | MFU | peak GPU GiB | host max RSS GiB | step s |" > "$res"; echo "|---|---|---|---|---|---|" >> "$res"; }
+  for c in ${MODEL_CASES:-qwen3-1.7b:6.7 qwen3-4b:7.3}; do
+    IFS=: read -r preset cap extra <<< "$c"
+    step "model $preset, cap $cap GiB ${extra//,/ }"
+    timeout ${MODEL_TIMEOUT:-240} .device/bin/bench_throughput --workers 1 --preset "$preset" --cap-gib "$cap" \
+      --steps ${MODEL_STEPS:-4} --warmup 2 --results "$res" ${extra//,/ } 2>&1 | grep -v "^step "
   done
+  cat "$res"
+fi
+if [ "${DO_LONG:-0}" = 1 ]; then
+  # LONG_CASES: "preset:tokens:cap_gib" single-sequence runs (M=1); with PLAN_MAXSEQ=1 the
+  # planner's longest sequence for each preset and cap is printed first
+  res=$OUT/long.md
+  [ -s "$res" ] || { echo "| system | tokens/s | MFU | peak GPU GiB | host max RSS GiB | step s |" > "$res"; echo "|---|---|---|---|---|---|" >> "$res"; }
+  for c in ${LONG_CASES:-qwen3-1.7b:65536:24 qwen3-1.7b:131072:24}; do
+    IFS=: read -r preset seq cap <<< "$c"
+    if [ "${PLAN_MAXSEQ:-0}" = 1 ]; then
+      .device/bin/roundpipe plan --model "bench/configs/$preset.json" --gpus 1 --micro 1 --memory-cap "${cap}GiB" --max-seq 2>&1 | grep -E "longest|error"
+    fi
+    step "long sequence $preset $seq tokens, cap $cap GiB"
+    timeout ${LONG_TIMEOUT:-300} .device/bin/bench_throughput --workers 1 --preset "$preset" --cap-gib "$cap" --seq "$seq" \
+      --seqs 1 --micro 1 --steps 1 --warmup 1 --results "$res" 2>&1 | grep -v "^step "
+  done
+  cat "$res"
 fi
 step done

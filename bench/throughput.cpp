@@ -22,12 +22,17 @@
 #include <cstdlib>
 #include <fstream>
 #include <random>
+#include <thread>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "kernels/device.hpp"
 #include "roundpipe/session.hpp"
+#include "scheduler/cost_model.hpp"
+#include "scheduler/partition.hpp"
+#include "scheduler/replan.hpp"
 
 namespace {
 
@@ -73,6 +78,12 @@ int run(int argc, char** argv) {
   app.add_option("--chunk-bytes", chunk_bytes, "cut parameter/gradient copies into chunks of this (0: none)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--mlp-chunk", mlp_chunk, "decoders' MLP chunk in tokens (0: default)");
+  std::string profile_out;
+  double cap_above_plan = 0;
+  app.add_option("--cap-above-plan", cap_above_plan,
+                 "run the plan chosen at --cap-gib with the cap this fraction above its predicted working set "
+                 "(e.g. 0.02)");
+  app.add_option("--profile-out", profile_out, "write the measured per-layer profile (JSON) here");
   app.add_option("--preset", preset, "model shape: qwen3-1.7b (default flags) or qwen3-4b")
       ->check(CLI::IsMember({"qwen3-1.7b", "qwen3-4b"}));
   CLI11_PARSE(app, argc, argv);
@@ -92,15 +103,29 @@ int run(int argc, char** argv) {
   c.max_position_embeddings = std::max<int64_t>(seq, 40960);
   c.tie_word_embeddings = true;
   rp::ModelLayout m = rp::make_layout(c);
-  std::vector<std::vector<float>> w;
-  std::mt19937 rng(1);
-  std::uniform_real_distribution<float> u(-0.02f, 0.02f);
-  for (auto& g : m.groups) {
-    std::vector<float> v(g.numel);
-    for (auto& t : g.tensors)
-      for (int64_t i = 0; i < t.numel(); ++i) v[t.offset + i] = t.shape.size() == 1 ? 1.f : u(rng);
-    w.push_back(std::move(v));
+  // random weights, uniform in [-0.02, 0.02) (norms 1), filled by several threads (a 4B model
+  // has 4e9 values)
+  std::vector<std::vector<float>> w(m.groups.size());
+  {
+    std::vector<std::thread> th;
+    const size_t nt = std::max(1u, std::thread::hardware_concurrency());
+    for (size_t k = 0; k < nt; ++k)
+      th.emplace_back([&, k] {
+        for (size_t gi = k; gi < m.groups.size(); gi += nt) {
+          const auto& g = m.groups[gi];
+          std::vector<float> v(size_t(g.numel));
+          uint64_t x = 0x9E3779B97F4A7C15ull * (gi + 1);
+          for (auto& t : g.tensors)
+            for (int64_t i = 0; i < t.numel(); ++i) {
+              x ^= x << 13, x ^= x >> 7, x ^= x << 17;  // xorshift64
+              v[size_t(t.offset + i)] = t.shape.size() == 1 ? 1.f : float(double(x >> 11) * 0x1p-53 * 0.04 - 0.02);
+            }
+          w[gi] = std::move(v);
+        }
+      });
+    for (auto& t : th) t.join();
   }
+  std::mt19937 rng(1);
   rp::SessionOptions o;
   o.backend = backend;
   o.workers = workers;
@@ -117,6 +142,29 @@ int run(int argc, char** argv) {
   o.transfer_chunk_bytes = size_t(chunk_bytes);
   o.transfer_bulk_inflight = bulk_inflight;
   o.mlp_chunk_tokens = mlp_chunk;
+  // The planner's working set of the plan (the memory model a cap is checked against): the
+  // plan the session will choose at this cap (automatic) or the given one.
+  rp::DeviceModel dm;
+  const bool on_cpu = backend == "cpu";  // fp32 virtual GPUs with 256-byte pool rounding
+  dm.elem_bytes = dm.scratch_elem_bytes = on_cpu ? 4 : int64_t(rp::dtype_size(o.device.dtype));
+  dm.mlp_chunk_tokens = mlp_chunk;
+  const auto costs =
+      rp::layer_costs(rp::estimate_layers(rp::model_shape_from_config(c), o.micro.n_seq, o.micro.seq_len, dm));
+  rp::PartitionOptions po;
+  po.gpus = workers;
+  po.micro_batches = micro;
+  po.memory_cap = int64_t(o.device.capacity_bytes);
+  po.pcie_bandwidth = dm.pcie_bandwidth;
+  po.alloc_granule = on_cpu ? 256 : int64_t(rp::kCudaPoolGranule);
+  const rp::IterationPlan planned = o.plan ? *o.plan : rp::automatic_partition(costs, po).plan;
+  int64_t predicted = 0;
+  for (const auto& e : rp::check_plan(costs, planned, po, "plan")) predicted = std::max(predicted, e.work_bytes);
+  if (cap_above_plan > 0) {  // run that plan with the cap just above its working set
+    o.plan = planned;
+    o.device.capacity_bytes = size_t(double(predicted) * (1 + cap_above_plan));
+  }
+  std::printf("plan %s: predicted working set %.2f GiB, cap %.2f GiB\n", planned.summary().c_str(),
+              double(predicted) / double(1ull << 30), double(o.device.capacity_bytes) / double(1ull << 30));
   auto t0 = std::chrono::steady_clock::now();
   rp::Session s(m, std::move(w), o);
   std::printf("session ready in %.1f s: %s, plan %s\n",
@@ -163,10 +211,12 @@ int run(int argc, char** argv) {
       "| roundpipe ({} x {}, {}, {}, attention {}, {}, {}; {}) | {:.0f} | {:.3f} | {:.2f} | {:.1f} | {:.2f} |", workers,
       backend, sync ? "sync" : "async", dtype, attn && *attn ? attn : "auto", xfer, chunks, shape, tps, mfu, peak, rss,
       dt);
-  std::printf("RESULT tokens/s %.1f  MFU %.3f  peak device memory %.2f GiB  host max RSS %.1f GiB  step %.3f s  (%s; %s, %s)\n",
-              tps, mfu, peak, rss, dt, s.plan().summary().c_str(), xfer.c_str(), chunks.c_str());
+  std::printf("RESULT tokens/s %.1f  MFU %.3f  peak device memory %.2f GiB (predicted working set %.2f, measured/predicted %.3f)  host max RSS %.1f GiB  step %.3f s  (%s; %s, %s)\n",
+              tps, mfu, peak, double(predicted) / double(1ull << 30), double(s.peak_device_bytes()) / double(predicted),
+              rss, dt, s.plan().summary().c_str(), xfer.c_str(), chunks.c_str());
   if (!results.empty()) std::ofstream(results, std::ios::app) << row << "\n";
   if (!trace.empty()) s.write_trace(trace);
+  if (!profile_out.empty()) s.profile().save(profile_out);
   return 0;
 }
 
