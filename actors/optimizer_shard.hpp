@@ -1,6 +1,6 @@
 // Optimizer shard actors: each owns a disjoint set of parameter groups (their fp32
 // master weights and AdamW moments) and enforces the per-layer protocol for them
-// (DESIGN.md, rules 1, 3, 4 and 5; rule 2 is the workers' one-copy-per-direction):
+// (rules 1, 3, 4 and 5 of docs/protocol.md; rule 2 is the workers' one-copy-per-direction):
 //
 //  iteration t computes with weights version v(t) = max(t - 1 - s, -1), s = staleness
 //  (1 async, 0 sync); version k = the weights after step k, -1 = the initial weights.

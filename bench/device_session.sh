@@ -65,7 +65,7 @@ PY
   cat "$res"
 fi
 if [ "${DO_PRIO:-0}" = 1 ]; then
-  # issue 6: the benchmark with cross-stream priorities + chunking on, then both off, each
+  # transfer priorities: the benchmark with cross-stream priorities + chunking on, then both off, each
   # traced, and the traces' statistics side by side (compute utilisation, activation-upload
   # waits vs one chunk, copy time hidden under compute, bytes per stream).
   # PRIO_GPUS="1 2" for both GPU counts; CHUNK_BYTES for the "on" run (default 32 MiB);
@@ -87,7 +87,7 @@ if [ "${DO_PRIO:-0}" = 1 ]; then
   cat "$res"
 fi
 if [ "${DO_LONG:-0}" = 1 ]; then
-  # longest-sequence probe under a 24 GiB cap per GPU (issue 7): one 32K-token sequence
+  # longest-sequence probe under a 24 GiB cap per GPU: one 32K-token sequence
   for g in 1 2; do
     [ "$(nvidia-smi -L | wc -l)" -ge "$g" ] || continue
     step "long sequence 32768 tokens, cap 24 GiB, $g GPU(s)"
