@@ -57,14 +57,6 @@ struct ShardOptions {
   int disable_rule = 0;
 };
 
-/// The shard (0..shards-1) owning each group of `m`: largest groups first, each to the least
-/// loaded shard by element count (LPT). A group of at least total/shards elements (the
-/// embedding of a large-vocabulary model) keeps its shard to itself while other shards
-/// remain: a shard answers no request while it updates a group, and so long an update would
-/// hold up the weight grants of every layer sharing its shard. Throws std::invalid_argument
-/// for shards < 1.
-std::vector<int> assign_shards(const ModelLayout& m, int shards);
-
 /// Spawns an optimizer shard owning `groups` (detached unless opt.detached is false);
 /// reports GroupUpdated to `scheduler`.
 caf::actor spawn_optimizer_shard(caf::actor_system& sys, std::vector<ShardGroup> groups,

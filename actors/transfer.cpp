@@ -5,10 +5,10 @@
 #include <optional>
 #include <queue>
 
-#include "actors/chunk_plan.hpp"
 #include "actors/link_arbiter.hpp"
 #include "actors/messages.hpp"
 #include "actors/tracer.hpp"
+#include "scheduler/chunk_plan.hpp"
 
 namespace rp {
 namespace {

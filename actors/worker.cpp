@@ -15,7 +15,7 @@
 #include "actors/tracer.hpp"
 #include "actors/transfer.hpp"
 #include "actors/stage_task.hpp"
-#include "actors/upload_windows.hpp"
+#include "scheduler/upload_windows.hpp"
 #include "kernels/ops.hpp"
 
 namespace rp {

@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "actors/chunk_plan.hpp"
+#include "scheduler/chunk_plan.hpp"
 
 namespace rp {
 
