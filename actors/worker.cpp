@@ -12,7 +12,7 @@
 
 #include "actors/layer_timer.hpp"
 #include "actors/messages.hpp"
-#include "actors/tracer.hpp"
+#include "trace/tracer.hpp"
 #include "actors/transfer.hpp"
 #include "actors/stage_task.hpp"
 #include "scheduler/upload_windows.hpp"

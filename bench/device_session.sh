@@ -81,7 +81,7 @@ if [ "${DO_PRIO:-0}" = 1 ]; then
     timeout 300 .device/bin/bench_throughput --workers "$g" --results "$res" --trace "$OUT/trace_prio_off_${g}gpu.json" \
       --no-priorities --chunk-bytes 0 ${BENCH_ARGS:-}
     step "trace statistics, $g GPU(s)"
-    .device/bin/bench_trace_stats --skip-passes "${SKIP_PASSES:-2}" --chunk-bytes "${CHUNK_BYTES:-33554432}" --json "$OUT/trace_stats_${g}gpu.json" \
+    .device/bin/roundpipe trace --skip-passes "${SKIP_PASSES:-2}" --chunk-bytes "${CHUNK_BYTES:-33554432}" --json "$OUT/trace_stats_${g}gpu.json" \
       "$OUT/trace_prio_on_${g}gpu.json" "$OUT/trace_prio_off_${g}gpu.json"  # the text goes to session.log
   done
   cat "$res"

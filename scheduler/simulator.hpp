@@ -109,8 +109,9 @@ double predict_iteration_seconds(const IterationPlan& plan, const std::vector<St
 /// N(N-1) / (M*S + N(N-1)) (round-robin dispatch). Exact for S a multiple of N and M >= N.
 double uniform_bubble_ratio(int gpus, int64_t micro_batches, int stages);
 
-/// Chrome trace JSON (chrome://tracing, Perfetto) of a recorded timeline: one process per
-/// GPU, one thread per stream, microseconds.
+/// Chrome trace JSON (chrome://tracing, Perfetto) of a recorded timeline: tracks
+/// "gpu<g>.<stream>" (compute, act_up, act_down, param_up, grad_down), laid out by
+/// trace/chrome_trace.hpp (one process per GPU).
 nlohmann::json sim_trace_json(const SimResult& r, const IterationPlan& plan);
 /// Writes sim_trace_json to `path`. Throws std::runtime_error("<path>: ...").
 void write_sim_trace(const std::string& path, const SimResult& r, const IterationPlan& plan);

@@ -21,6 +21,7 @@
 
 #include "roundpipe/session.hpp"
 #include "tests/actors/runtime_reference.hpp"
+#include "trace/trace_check.hpp"
 
 namespace rp::test {
 namespace {
@@ -52,6 +53,7 @@ nlohmann::json trace_of(const Session& s) {
   std::ifstream f(path);
   nlohmann::json t = nlohmann::json::parse(f);
   std::filesystem::remove(path);
+  EXPECT_TRUE(check_trace_nesting(t).ok()) << check_trace_nesting(t).summary();
   return t;
 }
 

@@ -1,13 +1,14 @@
-#include "actors/trace_stats.hpp"
+#include "trace/trace_stats.hpp"
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <limits>
 #include <regex>
 #include <stdexcept>
 
 #include <fmt/format.h>
+
+#include "trace/chrome_trace.hpp"
 
 namespace rp {
 namespace {
@@ -94,7 +95,7 @@ Trace parse_trace(const nlohmann::json& j) {
     TraceSlice s;
     const int64_t tid = e.value("tid", int64_t(0));
     auto it = names.find(tid);
-    s.track = it != names.end() ? it->second : fmt::format("tid{}", tid);
+    s.track = it != names.end() ? base_track(it->second) : fmt::format("tid{}", tid);
     s.name = e.value("name", "");
     s.t0 = e["ts"].get<double>() * 1e-6;
     s.t1 = s.t0 + e["dur"].get<double>() * 1e-6;
@@ -110,11 +111,8 @@ Trace parse_trace(const nlohmann::json& j) {
 }
 
 Trace read_trace(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw std::runtime_error(path + ": cannot open the trace");
-  nlohmann::json j;
+  const nlohmann::json j = read_trace_json(path);
   try {
-    j = nlohmann::json::parse(f);
     return parse_trace(j);
   } catch (const std::exception& e) {
     throw std::runtime_error(path + ": " + e.what());
