@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "cli/command.hpp"
 #include "trace/chrome_trace.hpp"
 #include "trace/trace_check.hpp"
 #include "trace/trace_stats.hpp"
@@ -66,15 +67,7 @@ void add_trace_command(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   c->add_option("--d2h-gbps", o->d2h_gbps, "device-to-host GB/s (0: estimate)")->check(CLI::NonNegativeNumber);
   c->add_option("--json", o->json_out, "also write the statistics of every trace as JSON");
-  c->callback([o] {
-    try {
-      run_trace(*o, stdout);
-    } catch (const std::exception& e) {
-      std::fflush(stdout);
-      fmt::print(stderr, "roundpipe: error: {}\n", e.what());
-      throw CLI::RuntimeError(1);
-    }
-  });
+  c->callback(reporting_errors([o] { run_trace(*o, stdout); }));
 }
 
 }  // namespace rp
