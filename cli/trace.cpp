@@ -37,8 +37,9 @@ void run_trace(const TraceCommandOptions& o, std::FILE* out) {
     if (s.empty()) fmt::print(out, "  (no worker slices in the window)\n");
     fmt::print(out, "tracks: {}\n", nest.summary());
     if (!nest.ok())
-      fmt::print(out, "  (Perfetto drops such slices; traces written by this version give overlapping "
-                      "intervals of one stream lanes of their own)\n");
+      fmt::print(out,
+                 "  (Perfetto drops such slices; traces written by this version give overlapping "
+                 "intervals of one stream lanes of their own)\n");
     nlohmann::json js = trace_stats_json(t, s);
     js["tracks"] = {{"slices", nest.slices},
                     {"tracks", nest.tracks},
@@ -57,15 +58,18 @@ void add_trace_command(CLI::App& app) {
   auto o = std::make_shared<TraceCommandOptions>();
   auto* c = app.add_subcommand("trace", "statistics of runtime traces, and a check of their track layout");
   c->add_option("files", o->files, "trace JSON files")->required();
-  c->add_option("--skip-passes", o->skip_passes, "start the window at the first slice of this pass (warm-up out)")
+  c->add_option("--skip-passes", o->skip_passes,
+                "start the window at the first slice of this pass (warm-up out)")
       ->check(CLI::NonNegativeNumber);
   c->add_option("--chunk-bytes", o->chunk_bytes,
                 "compare activation waits with this chunk (0: the trace's transfer_chunk_bytes, else its "
                 "largest parameter copy)")
       ->check(CLI::NonNegativeNumber);
-  c->add_option("--h2d-gbps", o->h2d_gbps, "host-to-device GB/s for the waits (0: estimate from the bulk copies)")
+  c->add_option("--h2d-gbps", o->h2d_gbps,
+                "host-to-device GB/s for the waits (0: estimate from the bulk copies)")
       ->check(CLI::NonNegativeNumber);
-  c->add_option("--d2h-gbps", o->d2h_gbps, "device-to-host GB/s (0: estimate)")->check(CLI::NonNegativeNumber);
+  c->add_option("--d2h-gbps", o->d2h_gbps, "device-to-host GB/s (0: estimate)")
+      ->check(CLI::NonNegativeNumber);
   c->add_option("--json", o->json_out, "also write the statistics of every trace as JSON");
   c->callback(reporting_errors([o] { run_trace(*o, stdout); }));
 }

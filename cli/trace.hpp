@@ -16,11 +16,11 @@ class App;
 namespace rp {
 
 struct TraceCommandOptions {
-  std::vector<std::string> files;  ///< trace JSON files
-  int skip_passes = 0;             ///< leave passes < N (warm-up) out of the statistics
-  double chunk_bytes = 0;          ///< reference chunk for activation waits (0: from the trace)
+  std::vector<std::string> files;     ///< trace JSON files
+  int skip_passes = 0;                ///< leave passes < N (warm-up) out of the statistics
+  double chunk_bytes = 0;             ///< reference chunk for activation waits (0: from the trace)
   double h2d_gbps = 0, d2h_gbps = 0;  ///< link GB/s for the waits (0: estimated from the trace)
-  std::string json_out;            ///< also write the statistics of every file as JSON
+  std::string json_out;               ///< also write the statistics of every file as JSON
 };
 
 /// Registers the `trace` subcommand on `app`; it runs from its callback, prints errors as one

@@ -120,7 +120,8 @@ nlohmann::json chrome_trace_json(const std::vector<TraceInterval>& intervals,
       const int p = int(pid.size()) + 1;
       pid[proc] = p;
       if (!proc.empty())
-        evs.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", p}, {"tid", 0}, {"args", {{"name", proc}}}});
+        evs.push_back(
+            {{"ph", "M"}, {"name", "process_name"}, {"pid", p}, {"tid", 0}, {"args", {{"name", proc}}}});
     }
     for (int lane = 0; lane < lanes[track]; ++lane) {
       const int t = int(tid.size()) + 1;
@@ -135,16 +136,18 @@ nlohmann::json chrome_trace_json(const std::vector<TraceInterval>& intervals,
   // slices by start, longer first, then by thread and recording order
   std::vector<size_t> order(intervals.size());
   std::iota(order.begin(), order.end(), size_t(0));
-  auto tid_of = [&](size_t i) { return tid.at({intervals[i].track, placed[i].lane}); };
+  std::vector<int> tid_of(intervals.size());
+  for (size_t i = 0; i < intervals.size(); ++i) tid_of[i] = tid.at({intervals[i].track, placed[i].lane});
   std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
-    return std::make_tuple(placed[x].b, -placed[x].e, tid_of(x)) < std::make_tuple(placed[y].b, -placed[y].e, tid_of(y));
+    return std::make_tuple(placed[x].b, -placed[x].e, tid_of[x]) <
+           std::make_tuple(placed[y].b, -placed[y].e, tid_of[y]);
   });
   for (size_t i : order) {
     const TraceInterval& iv = intervals[i];
     nlohmann::json ev = {{"ph", "X"},
                          {"name", iv.label},
                          {"pid", pid.at(process_of(iv.track))},
-                         {"tid", tid_of(i)},
+                         {"tid", tid_of[i]},
                          {"ts", double(placed[i].b) / 1000.0},
                          {"dur", double(placed[i].e - placed[i].b) / 1000.0}};
     if (!iv.args.empty()) {

@@ -66,7 +66,8 @@ NestingReport check_trace_nesting(const nlohmann::json& trace, size_t max_exampl
     });
     std::vector<const Slice*> open;  // slices whose end lies after the current start
     for (const Slice& s : v) {
-      open.erase(std::remove_if(open.begin(), open.end(), [&](const Slice* o) { return o->e <= s.b; }), open.end());
+      open.erase(std::remove_if(open.begin(), open.end(), [&](const Slice* o) { return o->e <= s.b; }),
+                 open.end());
       for (const Slice* o : open) {
         if (!(o->b < s.b && o->e < s.e)) continue;  // s nests in o
         ++r.overlapping_pairs;
@@ -74,9 +75,9 @@ NestingReport check_trace_nesting(const nlohmann::json& trace, size_t max_exampl
         bad.insert(s.index);
         if (r.examples.size() < max_examples) {
           auto it = names.find(key);
-          r.examples.push_back({it != names.end() ? it->second : fmt::format("pid {} tid {}", key.first, key.second),
-                                slice_name[o->index], slice_name[s.index], o->b / 1e3, o->e / 1e3, s.b / 1e3,
-                                s.e / 1e3});
+          r.examples.push_back(
+              {it != names.end() ? it->second : fmt::format("pid {} tid {}", key.first, key.second),
+               slice_name[o->index], slice_name[s.index], o->b / 1e3, o->e / 1e3, s.b / 1e3, s.e / 1e3});
         }
       }
       open.push_back(&s);

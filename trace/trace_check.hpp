@@ -21,9 +21,9 @@ struct SliceOverlap {
 };
 
 struct NestingReport {
-  size_t slices = 0;               ///< complete events
-  size_t tracks = 0;               ///< distinct (pid, tid) holding them
-  size_t overlapping_slices = 0;   ///< slices partly overlapping at least one other on their track
+  size_t slices = 0;              ///< complete events
+  size_t tracks = 0;              ///< distinct (pid, tid) holding them
+  size_t overlapping_slices = 0;  ///< slices partly overlapping at least one other on their track
   size_t overlapping_pairs = 0;
   std::vector<SliceOverlap> examples;  ///< the first pairs found, by track and start time
   bool ok() const { return overlapping_pairs == 0; }

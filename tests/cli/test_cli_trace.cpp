@@ -32,7 +32,8 @@ TEST(CliTrace, PrintsTheStatisticsAndChecksTheTracks) {
   bad["traceEvents"].push_back(
       {{"ph", "M"}, {"name", "thread_name"}, {"pid", 1}, {"tid", 1}, {"args", {{"name", "worker0.act_up"}}}});
   for (auto [a, b] : {std::pair{10e3, 20e3}, {15e3, 25e3}})
-    bad["traceEvents"].push_back({{"ph", "X"}, {"name", "copy"}, {"pid", 1}, {"tid", 1}, {"ts", a}, {"dur", b - a}});
+    bad["traceEvents"].push_back(
+        {{"ph", "X"}, {"name", "copy"}, {"pid", 1}, {"tid", 1}, {"ts", a}, {"dur", b - a}});
   write(d / "bad.json", bad.dump());
 
   CliRun r = roundpipe("trace " + (d / "good.json").string() + " " + (d / "bad.json").string() + " --json " +
@@ -65,7 +66,8 @@ TEST(CliTrace, ErrorsAreOneLine) {
   write(d / "notjson.json", "{\"traceEvents\": [");
   write(d / "nottrace.json", "{\"events\": []}");
   for (auto [args, code, needle] :
-       {std::tuple{"trace " + (d / "missing.json").string(), 1, std::string("missing.json: cannot open the trace")},
+       {std::tuple{"trace " + (d / "missing.json").string(), 1,
+                   std::string("missing.json: cannot open the trace")},
         {"trace " + (d / "notjson.json").string(), 1, std::string("notjson.json: ")},
         {"trace " + (d / "nottrace.json").string(), 1, std::string("nottrace.json: not a Chrome trace")},
         {std::string("trace"), 2, std::string("files is required")},

@@ -120,14 +120,16 @@ TEST(ChromeTrace, ProcessesPerWorkerInNaturalOrder) {
     if (e["name"] == "thread_name") by_tid[e["tid"].get<int>()] = {e["pid"].get<int>(), e["args"]["name"]};
   }
   for (auto& [tid, pt] : by_tid) threads.push_back(pt);
-  EXPECT_EQ(process, (std::map<int, std::string>{{2, "worker2"}, {3, "worker10"}}));  // pid 1: no dot, no name
+  EXPECT_EQ(process,
+            (std::map<int, std::string>{{2, "worker2"}, {3, "worker10"}}));  // pid 1: no dot, no name
   const std::vector<std::pair<int, std::string>> want = {
       {1, "session"}, {2, "worker2.act_up"}, {2, "worker2.compute"}, {3, "worker10.compute"}};
   EXPECT_EQ(threads, want);
 }
 
 TEST(ChromeTrace, TimesAreWholeNanosecondsAndNegativeSpansAreEmpty) {
-  const json t = chrome_trace_json({{"w.s", "a", 1.0000000004, 1.0000012346, {}}, {"w.s", "b", 2.0, 1.5, {}}});
+  const json t =
+      chrome_trace_json({{"w.s", "a", 1.0000000004, 1.0000012346, {}}, {"w.s", "b", 2.0, 1.5, {}}});
   std::vector<json> x;
   for (auto& e : t["traceEvents"])
     if (e["ph"] == "X") x.push_back(e);
@@ -156,7 +158,8 @@ TEST(ChromeTrace, RandomIntervalsComeOutNestedOrDisjointInTheFewestLanes) {
   for (auto& [tr, n] : lanes) {
     std::vector<std::pair<int64_t, int>> ev;  // whole nanoseconds, as the writer lays them out
     for (auto& i : iv)
-      if (i.track == tr) ev.push_back({std::llround(i.t0 * 1e9), 1}), ev.push_back({std::llround(i.t1 * 1e9), -1});
+      if (i.track == tr)
+        ev.push_back({std::llround(i.t0 * 1e9), 1}), ev.push_back({std::llround(i.t1 * 1e9), -1});
     std::sort(ev.begin(), ev.end());  // at equal times the end (-1) comes first
     int open = 0, most = 0;
     for (auto& [time, d] : ev) most = std::max(most, open += d);
