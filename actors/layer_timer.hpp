@@ -1,4 +1,4 @@
-// The profiler's worker half (issue 4, "Profiler"): times every layer call of one
+// The profiler's worker half (per-layer timings for the automatic planner): times every layer call of one
 // micro-batch's compute launch and reports device memory per layer.
 //
 // A LayerTimer lives for one compute launch. Inside the launch, run() issues the stage's

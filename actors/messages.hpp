@@ -4,7 +4,7 @@
 // owned by the Session, device pointers owned by a worker). All types are local to
 // one process, hence CAF_ALLOW_UNSAFE_MESSAGE_TYPE (no serialisation).
 //
-// Who sends what (see DESIGN.md "The per-layer protocol, as message ordering"):
+// Who sends what (the per-layer protocol as message ordering, docs/protocol.md):
 //   scheduler -> worker    RunStage            a stage task of one pass
 //   worker    -> worker    ActReady            micro-batch m of a stage's output is on the host
 //   worker    -> transfer  CopyRequest         a copy on that transfer actor's stream

@@ -7,7 +7,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <numeric>
 #include <stdexcept>
 #include <thread>
 
@@ -362,29 +361,6 @@ caf::behavior shard_impl(caf::stateful_actor<ShardState>* self, std::vector<Shar
       },
       [=](Shutdown) { self->quit(); },
   };
-}
-
-std::vector<int> assign_shards(const ModelLayout& m, int shards) {
-  if (shards < 1) throw std::invalid_argument(fmt::format("assign_shards: {} shards, need at least 1", shards));
-  std::vector<int> order(m.groups.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return m.groups[a].numel > m.groups[b].numel; });
-  const int64_t share = m.total_numel() / shards;
-  std::vector<int64_t> load(size_t(shards), 0);
-  std::vector<char> exclusive(size_t(shards), 0);
-  std::vector<int> shard_of(m.groups.size(), 0);
-  for (int g : order) {
-    int s = -1;  // the least loaded shard not kept by a large group (all kept: any)
-    for (int k = 0; k < shards; ++k)
-      if (!exclusive[size_t(k)] && (s < 0 || load[size_t(k)] < load[size_t(s)])) s = k;
-    if (s < 0) s = int(std::min_element(load.begin(), load.end()) - load.begin());
-    if (load[size_t(s)] == 0 && m.groups[size_t(g)].numel >= share &&
-        std::count(exclusive.begin(), exclusive.end(), 0) > 1)
-      exclusive[size_t(s)] = 1;
-    load[size_t(s)] += m.groups[size_t(g)].numel;
-    shard_of[size_t(g)] = s;
-  }
-  return shard_of;
 }
 
 caf::actor spawn_optimizer_shard(caf::actor_system& sys, std::vector<ShardGroup> groups, ParamStore* store,

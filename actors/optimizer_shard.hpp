@@ -1,6 +1,6 @@
 // Optimizer shard actors: each owns a disjoint set of parameter groups (their fp32
 // master weights and AdamW moments) and enforces the per-layer protocol for them
-// (DESIGN.md, rules 1, 3, 4 and 5; rule 2 is the workers' one-copy-per-direction):
+// (rules 1, 3, 4 and 5 of docs/protocol.md; rule 2 is the workers' one-copy-per-direction):
 //
 //  iteration t computes with weights version v(t) = max(t - 1 - s, -1), s = staleness
 //  (1 async, 0 sync); version k = the weights after step k, -1 = the initial weights.
@@ -56,14 +56,6 @@ struct ShardOptions {
   /// 0 = every guard on. Never set outside tests.
   int disable_rule = 0;
 };
-
-/// The shard (0..shards-1) owning each group of `m`: largest groups first, each to the least
-/// loaded shard by element count (LPT). A group of at least total/shards elements (the
-/// embedding of a large-vocabulary model) keeps its shard to itself while other shards
-/// remain: a shard answers no request while it updates a group, and so long an update would
-/// hold up the weight grants of every layer sharing its shard. Throws std::invalid_argument
-/// for shards < 1.
-std::vector<int> assign_shards(const ModelLayout& m, int shards);
 
 /// Spawns an optimizer shard owning `groups` (detached unless opt.detached is false);
 /// reports GroupUpdated to `scheduler`.

@@ -30,7 +30,7 @@ class HostBytes {
   size_t n_ = 0;
 };
 
-/// Host side of the parameter groups (DESIGN.md "three copies"): the low-precision
+/// Host side of the parameter groups (two of a parameter's three copies): the low-precision
 /// master every upload reads (compute dtype) and the fp32 gradient slot every
 /// gradient download writes. The fp32 optimizer copy lives in the optimizer shards.
 struct ParamStore {

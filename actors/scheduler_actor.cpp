@@ -9,6 +9,7 @@
 
 #include "actors/messages.hpp"
 #include "model/layout.hpp"
+#include "scheduler/group_plan.hpp"
 
 namespace rp {
 namespace {
@@ -66,18 +67,6 @@ StepResult result_of(int64_t step, const StepInfo& s, const std::string& err) {
 }
 
 }  // namespace
-
-void count_per_pass(const ModelLayout& m, const IterationPlan& plan, std::vector<int>& uploads,
-                    std::vector<int>& grads) {
-  uploads.assign(m.groups.size(), 0);
-  grads.assign(m.groups.size(), 0);
-  for (auto& st : plan.stages) {
-    const std::vector<int> layers = st.layers();
-    for (int g : m.groups_uploaded(layers, st.kind == StageKind::backward)) uploads[size_t(g)]++;
-    if (st.kind != StageKind::forward)
-      for (int g : m.groups_of(layers)) grads[size_t(g)]++;
-  }
-}
 
 caf::behavior scheduler_impl(caf::stateful_actor<SchedState>* self, SchedulerConfig cfg) {
   self->state.cfg = std::move(cfg);

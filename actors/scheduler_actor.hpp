@@ -52,11 +52,6 @@ struct SchedulerConfig {
   int staleness = 1;
 };
 
-/// Counts, for one pass of `plan`, how many stages upload (`uploads`) and how many produce
-/// the gradient of (`grads`) each parameter group of `m`.
-void count_per_pass(const ModelLayout& m, const IterationPlan& plan, std::vector<int>& uploads,
-                    std::vector<int>& grads);
-
 /// Spawns the scheduler. Wire workers and shards with SetPeers before submitting.
 caf::actor spawn_scheduler(caf::actor_system& sys, SchedulerConfig cfg);
 

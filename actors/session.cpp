@@ -13,6 +13,7 @@
 #include "actors/scheduler_actor.hpp"
 #include "actors/session_impl.hpp"
 #include "actors/worker.hpp"
+#include "scheduler/group_plan.hpp"
 
 namespace rp {
 

@@ -10,7 +10,7 @@
 
 #include "actors/pass_buffers.hpp"
 #include "actors/scheduler_actor.hpp"
-#include "actors/tracer.hpp"
+#include "trace/tracer.hpp"
 #include "actors/worker.hpp"
 #include "roundpipe/session.hpp"
 

@@ -10,7 +10,7 @@
 
 #include "actors/layer_timer.hpp"
 #include "actors/messages.hpp"
-#include "actors/upload_windows.hpp"
+#include "scheduler/upload_windows.hpp"
 #include "actors/worker.hpp"
 #include "kernels/device.hpp"
 

@@ -5,10 +5,12 @@
 #include <optional>
 #include <queue>
 
-#include "actors/chunk_plan.hpp"
+#include <fmt/format.h>
+
 #include "actors/link_arbiter.hpp"
 #include "actors/messages.hpp"
-#include "actors/tracer.hpp"
+#include "scheduler/chunk_plan.hpp"
+#include "trace/tracer.hpp"
 
 namespace rp {
 namespace {

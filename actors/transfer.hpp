@@ -2,7 +2,7 @@
 // priority queue (CAF's mailbox priority is only a weighting, so the queue is kept here):
 // the most urgent request (lowest priority, then lowest order, then arrival) goes next.
 //
-// Cross-stream priority (SPEC.md point 4). The two actors of one direction share a
+// Cross-stream priority (activations first, bulk copies in the gaps). The two actors of one direction share a
 // LinkArbiter: activation up + parameter up (host to device), activation down + gradient
 // down (device to host). Activation actors issue up to `max_inflight` copies at once and
 // report each one to the arbiter. Bulk actors (parameters, gradients) cut copies above

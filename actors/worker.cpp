@@ -12,10 +12,10 @@
 
 #include "actors/layer_timer.hpp"
 #include "actors/messages.hpp"
-#include "actors/tracer.hpp"
+#include "trace/tracer.hpp"
 #include "actors/transfer.hpp"
 #include "actors/stage_task.hpp"
-#include "actors/upload_windows.hpp"
+#include "scheduler/upload_windows.hpp"
 #include "kernels/ops.hpp"
 
 namespace rp {
@@ -215,7 +215,7 @@ class Worker : public caf::event_based_actor {
     }
   }
 
-  /// Prefetch (SPEC.md point 4): once the current task's weights are on the device,
+  /// Prefetch (parameter uploads fill the gaps): once the current task's weights are on the device,
   /// allocate the next task and start its parameter uploads while this one computes.
   /// Skipped (and retried later) when both do not fit in the device's memory cap.
   void maybe_prefetch() {

@@ -57,7 +57,7 @@ struct WorkerContext {
 /// Spawns worker `ctx.index` and its four transfer actors (activation up, activation
 /// down, parameter up, gradient down) on ctx.device's copy streams. With
 /// ctx.transfer.priorities a prefetched task's weights are cut into chunks and packed into
-/// the windows between the computing task's activation uploads (upload_windows.hpp).
+/// the windows between the computing task's activation uploads (scheduler/upload_windows.hpp).
 caf::actor spawn_worker(caf::actor_system& sys, WorkerContext ctx);
 
 }  // namespace rp

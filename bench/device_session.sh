@@ -65,7 +65,7 @@ PY
   cat "$res"
 fi
 if [ "${DO_PRIO:-0}" = 1 ]; then
-  # issue 6: the benchmark with cross-stream priorities + chunking on, then both off, each
+  # transfer priorities: the benchmark with cross-stream priorities + chunking on, then both off, each
   # traced, and the traces' statistics side by side (compute utilisation, activation-upload
   # waits vs one chunk, copy time hidden under compute, bytes per stream).
   # PRIO_GPUS="1 2" for both GPU counts; CHUNK_BYTES for the "on" run (default 32 MiB);
@@ -81,7 +81,7 @@ if [ "${DO_PRIO:-0}" = 1 ]; then
     timeout 300 .device/bin/bench_throughput --workers "$g" --results "$res" --trace "$OUT/trace_prio_off_${g}gpu.json" \
       --no-priorities --chunk-bytes 0 ${BENCH_ARGS:-}
     step "trace statistics, $g GPU(s)"
-    .device/bin/bench_trace_stats --skip-passes "${SKIP_PASSES:-2}" --chunk-bytes "${CHUNK_BYTES:-33554432}" --json "$OUT/trace_stats_${g}gpu.json" \
+    .device/bin/roundpipe trace --skip-passes "${SKIP_PASSES:-2}" --chunk-bytes "${CHUNK_BYTES:-33554432}" --json "$OUT/trace_stats_${g}gpu.json" \
       "$OUT/trace_prio_on_${g}gpu.json" "$OUT/trace_prio_off_${g}gpu.json"  # the text goes to session.log
   done
   cat "$res"

@@ -51,7 +51,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr double kBytesPerParam = 30;       // w, m, v, g read; w, m, v written; bf16 copy
-constexpr double kTorchCpuAdam = 0.77e9;    // params/s, PyTorch CPU Adam, 16 threads (issue 5)
+constexpr double kTorchCpuAdam = 0.77e9;    // params/s, PyTorch CPU Adam, 16 threads, on the lent GPU machine
 
 // ---- bandwidth kernels (AVX2 where the CPU has it; plain loops otherwise) ------------------
 #if defined(__x86_64__)

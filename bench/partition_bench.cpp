@@ -1,4 +1,4 @@
-// Time to plan (issue 4 benchmark): 28-layer dense (Qwen3-1.7B), 64-layer dense
+// Time to plan (partitioner benchmark): 28-layer dense (Qwen3-1.7B), 64-layer dense
 // (Qwen3-32B) and 94-layer MoE (Qwen3-235B-A22B) models. The published system needs
 // 2-5 ms for the small ones and ~1.5 s for 94 layers; ours must be at most that.
 //
@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
   }
 
   std::string md = "# Partitioner planning time\n\n";
-  md += "Issue 4 target: at most the published 2-5 ms for ~30-layer models and ~1.5 s for 94 layers.\n\n";
+  md += "Target: at most the published 2-5 ms for ~30-layer models and ~1.5 s for 94 layers.\n\n";
   md += fmt::format("Command: `{}` (Release, -O2 -march=native), {} repetitions per row, G = 8, M = 16, one "
                     "sequence of 8192 tokens per micro-batch, PCIe charged.\n\n",
                     argv[0], 200);

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Resident PyTorch + transformers baseline for bench_throughput (issue 3): the same model
+"""Resident PyTorch + transformers baseline for bench_throughput: the same model
 shape with random weights fully on one GPU, bf16 autocast, gradient checkpointing, fused
 AdamW. Prints tokens/s (median step after warm-up), MFU by the same formula, peak memory.
     python3 bench/pytorch_baseline.py [--layers 28 --seq 8192 --seqs 8 --micro 8 --steps 6]

@@ -1,4 +1,4 @@
-// The `roundpipe` command: train, convert, (more subcommands in later releases).
+// The `roundpipe` command: train, convert, plan, trace.
 #include <cstdio>
 #include <exception>
 
@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "cli/plan.hpp"
+#include "cli/trace.hpp"
 #include "cli/train.hpp"
 #include "model/checkpoint.hpp"
 
@@ -33,12 +34,13 @@ int main(int argc, char** argv) {
   convert->add_option("output", out, "output folder (written atomically)")->required();
   convert->add_option("--dtype", dtype, "f32, bf16 or f16")->check(CLI::IsMember({"f32", "bf16", "f16"}));
   rp::add_plan_command(app);
+  rp::add_trace_command(app);
   bool quiet = false;
   app.add_flag("-q,--quiet", quiet, "only progress lines and errors");
   if (argc >= 2 && argv[1][0] != '-') {
     const std::string cmd = argv[1];
-    if (cmd != "train" && cmd != "convert" && cmd != "plan") {
-      fmt::print(stderr, "roundpipe: error: unknown command '{}' (expected train, convert or plan; see roundpipe --help)\n",
+    if (cmd != "train" && cmd != "convert" && cmd != "plan" && cmd != "trace") {
+      fmt::print(stderr, "roundpipe: error: unknown command '{}' (expected train, convert, plan or trace; see roundpipe --help)\n",
                  cmd);
       return 2;
     }

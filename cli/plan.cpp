@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "cli/command.hpp"
 #include "model/config.hpp"
 #include "model/gguf.hpp"
 #include "kernels/device.hpp"
@@ -281,15 +282,7 @@ void add_plan_command(CLI::App& app) {
   c->add_flag("--sync", o->sync, "simulate the synchronous optimizer (staleness 0)");
   c->add_flag("--max-seq", o->max_seq, "find the longest sequence that fits --memory-cap, and plan it");
   c->add_option("--mlp-chunk", o->mlp_chunk_tokens, "decoders' MLP chunk in tokens (0: 8192)")->capture_default_str();
-  c->callback([o] {
-    try {
-      run_plan(*o, stdout);
-    } catch (const std::exception& e) {
-      std::fflush(stdout);
-      fmt::print(stderr, "roundpipe: error: {}\n", e.what());
-      throw CLI::RuntimeError(1);
-    }
-  });
+  c->callback(reporting_errors([o] { run_plan(*o, stdout); }));
 }
 
 }  // namespace rp

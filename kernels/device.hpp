@@ -1,9 +1,9 @@
-// The device abstraction both backends implement (DESIGN.md "Two backends").
+// The device abstraction both backends implement (CPU and CUDA, one runtime).
 //
 // A Device is one GPU or one virtual GPU of the CPU backend. It owns
 //  - a memory pool with a byte capacity (alloc throws DeviceOutOfMemory past it),
 //  - five in-order streams: compute, activation upload, activation download,
-//    parameter upload, gradient download (SPEC.md point 4),
+//    parameter upload, gradient download (one copy stream per kind of traffic),
 //  - the numeric ops (Ops) bound to its compute stream.
 // Work is *issued* on a stream with launch(): on the CPU backend the function runs
 // on the stream's own thread, in issue order; on the CUDA backend it runs at once

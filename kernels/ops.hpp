@@ -1,4 +1,4 @@
-// The numeric ops of one device (DESIGN.md "Two backends, one runtime").
+// The numeric ops of one device (two backends, CPU and CUDA, one runtime).
 //
 // Every backend implements the same interface:
 //  - CPU backend (kernels/cpu/cpu_ops.cpp): Eigen, fp32 storage and compute; every

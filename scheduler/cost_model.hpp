@@ -1,12 +1,12 @@
 // Analytic per-layer cost model: FLOPs, bytes and memory of every compute layer of one
 // micro-batch, turned into seconds with a roofline (max of FLOP time and byte time per op).
 //
-// Used before any measurement exists (issue 4: "start from an analytic estimate (FLOPs
+// Used before any measurement exists ("start from an analytic estimate (FLOPs
 // and bytes per layer), not from parameter bytes alone") and by `roundpipe plan`, which
 // must work from a bare config.json. Layer indices follow model/layout.hpp: 0 embedding,
 // 1..L decoder layers, L+1 tail (final norm + LM head + cross-entropy).
 //
-// Formula sources: SPEC.md (backward with recompute ~3x forward) and the RoundPipe paper
+// Formula sources: backward with recompute costs ~3x forward, and the RoundPipe paper
 // (arXiv 2604.27085, Sec. "automatic partitioning"); FLOP counts are the usual 2*m*n*k per
 // GEMM; causal attention counts half of the S^2 score matrix; the FlashAttention-2
 // backward (Dao 2023) costs 2.5x its forward (5 instead of 2 S^2-sized matmuls).

@@ -1,4 +1,4 @@
-// Automatic asymmetric partitioner (SPEC.md point 3; issue 4 "Partitioner").
+// Automatic asymmetric partitioner (minimises max(S, G) * tmax over candidate stage times).
 //
 // A plan (scheduler/plan.hpp) is forward stages over layers 0..a-1, one fused tail stage
 // a..L+1 (a >= 1) and backward stages over a-1..0; forward and backward partitions are

@@ -1,10 +1,10 @@
 // Iteration plans: which layers each stage runs, and how stages are dealt to GPUs.
 //
-// One iteration (SPEC.md "computation dispatch") is a linear sequence of stages:
+// One iteration (computation dispatch) is a linear sequence of stages:
 //   forward stages F1..Fk  (layers 0..a-1 split into runs; layer 0 = embedding)
 //   one fused tail stage   (layers a..L+1: forward, loss, backward; L+1 = tail)
 //   backward stages Bj..B1 (layers a-1..0 split into runs, each recomputing its forward)
-// Forward and backward partitions may differ (asymmetric splitting, SPEC.md point 2).
+// Forward and backward partitions may differ (asymmetric stage splitting).
 // Layer indices follow model/layout.hpp: 0 embedding, 1..L decoders, L+1 tail.
 #pragma once
 #include <cstdint>
@@ -50,8 +50,8 @@ void validate_plan(const IterationPlan& p, const std::string& where);
 /// Throws std::invalid_argument on non-positive sizes or too many tail decoders.
 IterationPlan make_uniform_plan(int num_layers, int fwd_layers, int bwd_layers, int tail_decoders = 0);
 
-/// Uniform asymmetric 3:1 split (backward with recompute costs about 3x forward, SPEC.md
-/// point 2) sized so that there are at least `num_workers` backward stages when the model is
+/// Uniform asymmetric 3:1 split (backward with recompute costs about 3x forward, so the
+/// passes split apart) sized so that there are at least `num_workers` backward stages when the model is
 /// deep enough. Not the runtime's default any more (that is the partition of the analytic
 /// costs, scheduler/replan.hpp): the fallback when no partition fits the memory cap, and the
 /// base of a spec plan that gives only some of forward_layers / backward_layers.
@@ -63,7 +63,7 @@ IterationPlan make_default_plan(int num_layers, int num_workers);
 IterationPlan plan_from_json(const nlohmann::json& j, int num_layers, int num_workers,
                              const std::string& where);
 
-/// Round-robin dealing (SPEC.md point 1): stage s of the sequence goes to worker
+/// Round-robin dealing (computation dispatch): stage s of the sequence goes to worker
 /// (pointer + s) mod num_workers. Returns the worker of each stage of `p` and advances
 /// `pointer` by the number of stages, so the next iteration continues the deal.
 std::vector<int> deal_round_robin(const IterationPlan& p, int num_workers, int64_t& pointer);

@@ -1,6 +1,6 @@
 // Per-layer profile: measured times and memory, smoothed, saved in the run directory.
 //
-// Pure data + smoothing (issue 4, "Profiler"). The runtime measures (CUDA events on the
+// Pure data + smoothing (the profiler of the automatic planner). The runtime measures (CUDA events on the
 // GPU, steady clocks on the CPU backend), reads timers only after the work finished (never
 // blocking the pipeline), and reports each measurement with record(). A Profile is not
 // thread-safe: one owner (the scheduler actor) receives measurements as messages.

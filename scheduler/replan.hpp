@@ -1,4 +1,4 @@
-// Automatic plans and re-planning from measured costs (issue 4: "before any measurement
+// Automatic plans and re-planning from measured costs ("before any measurement
 // exists, start from an analytic estimate ...; re-plan once the estimates settle, never
 // mid-iteration").
 //

@@ -2,12 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <numeric>
 #include <stdexcept>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include "trace/chrome_trace.hpp"
 
 namespace rp {
 
@@ -187,37 +188,22 @@ double predict_iteration_seconds(const IterationPlan& plan, const std::vector<St
 }
 
 nlohmann::json sim_trace_json(const SimResult& r, const IterationPlan& plan) {
-  static const char* stream_name[] = {"compute", "activation upload", "activation download", "parameter upload",
-                                      "gradient download"};
-  nlohmann::json ev = nlohmann::json::array();
-  int gpus = 0;
-  for (auto& i : r.timeline) gpus = std::max(gpus, i.gpu + 1);
-  for (size_t g = 0; g < r.gpu_busy.size() || int(g) < gpus; ++g) {
-    ev.push_back({{"ph", "M"}, {"pid", g}, {"name", "process_name"}, {"args", {{"name", fmt::format("GPU {}", g)}}}});
-    for (int s = 0; s < 5; ++s)
-      ev.push_back({{"ph", "M"}, {"pid", g}, {"tid", s}, {"name", "thread_name"}, {"args", {{"name", stream_name[s]}}}});
-  }
+  static const char* stream_name[] = {"compute", "act_up", "act_down", "param_up", "grad_down"};
+  std::vector<TraceInterval> iv;
+  iv.reserve(r.timeline.size());
   for (auto& i : r.timeline) {
     const Stage& st = plan.stages.at(size_t(i.stage));
     const char c = st.kind == StageKind::forward ? 'F' : st.kind == StageKind::tail ? 'T' : 'B';
     std::string name = fmt::format("{}{} L{}-{}", c, i.stage, st.first, st.last);
     if (i.micro >= 0) name += fmt::format(" mb{}", i.micro);
-    ev.push_back({{"ph", "X"},
-                  {"pid", i.gpu},
-                  {"tid", int(i.stream)},
-                  {"name", name},
-                  {"ts", i.start * 1e6},
-                  {"dur", (i.end - i.start) * 1e6},
-                  {"args", {{"iteration", i.iteration}, {"stage", i.stage}, {"micro_batch", i.micro}}}});
+    iv.push_back({fmt::format("gpu{}.{}", i.gpu, stream_name[int(i.stream)]), std::move(name), i.start, i.end,
+                  {{"iteration", i.iteration}, {"stage", i.stage}, {"micro_batch", double(i.micro)}}});
   }
-  return {{"traceEvents", std::move(ev)}, {"displayTimeUnit", "ms"}};
+  return chrome_trace_json(iv);
 }
 
 void write_sim_trace(const std::string& path, const SimResult& r, const IterationPlan& plan) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) throw std::runtime_error(path + ": cannot open for writing");
-  f << sim_trace_json(r, plan).dump() << '\n';
-  if (!f.flush()) throw std::runtime_error(path + ": write failed");
+  write_trace_file(path, sim_trace_json(r, plan));
 }
 
 }  // namespace rp

@@ -1,9 +1,9 @@
-// Bubble simulator (issue 4, "Bubble simulator"): replays the round-robin schedule of
-// SPEC.md point 1 on G simulated GPUs, each with one compute stream and four FIFO copy
+// Bubble simulator: replays the round-robin schedule of stages (stage s on GPU s mod G)
+// on G simulated GPUs, each with one compute stream and four FIFO copy
 // streams (activation upload, activation download, parameter upload, gradient download),
 // over several iterations, and reports iteration time, bubble ratio and per-GPU idle time.
 //
-// Rules (they mirror actors/ and SPEC.md points 1, 4, 5, 6):
+// Rules (they mirror actors/: dispatch, transfer priorities, protocol, staleness):
 //  - stage s of iteration t is task q = t*S + s, on GPU (pointer + q) mod G: the deal
 //    pointer carries over, so iterations follow each other with no flush;
 //  - a GPU runs its tasks in q order, each over micro-batches 0..M-1 in order;
@@ -15,11 +15,11 @@
 //    weight_buffers buffers (2: prefetched during the previous task; 1: only after the
 //    previous task finished, as the current worker does);
 //  - gradients are downloaded after the task's last micro-batch; the task finishes then;
-//  - parameter integrity / staleness (DESIGN.md rule 1): the upload of layer l for
+//  - parameter integrity / staleness (rule 1 of docs/protocol.md): the upload of layer l for
 //    iteration t waits for the optimizer's update of l from iteration t - 1 - staleness
 //    (gradient download + optimizer_seconds[l]);
 //  - at most passes_in_flight iterations are admitted at once (host activation slots).
-// Bubble of one isolated uniform iteration: N(N-1) / (M*S + N(N-1)) stage-units (SPEC.md).
+// Bubble of one isolated uniform iteration: N(N-1) / (M*S + N(N-1)) stage-units (fill/drain).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -106,11 +106,12 @@ double predict_iteration_seconds(const IterationPlan& plan, const std::vector<St
                                  int64_t micro_batches, SimOptions base = {});
 
 /// Closed-form fill/drain bubble of one isolated iteration with equal stages:
-/// N(N-1) / (M*S + N(N-1)) (SPEC.md point 1). Exact for S a multiple of N and M >= N.
+/// N(N-1) / (M*S + N(N-1)) (round-robin dispatch). Exact for S a multiple of N and M >= N.
 double uniform_bubble_ratio(int gpus, int64_t micro_batches, int stages);
 
-/// Chrome trace JSON (chrome://tracing, Perfetto) of a recorded timeline: one process per
-/// GPU, one thread per stream, microseconds.
+/// Chrome trace JSON (chrome://tracing, Perfetto) of a recorded timeline: tracks
+/// "gpu<g>.<stream>" (compute, act_up, act_down, param_up, grad_down), laid out by
+/// trace/chrome_trace.hpp (one process per GPU).
 nlohmann::json sim_trace_json(const SimResult& r, const IterationPlan& plan);
 /// Writes sim_trace_json to `path`. Throws std::runtime_error("<path>: ...").
 void write_sim_trace(const std::string& path, const SimResult& r, const IterationPlan& plan);

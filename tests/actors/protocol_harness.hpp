@@ -1,5 +1,5 @@
-// Test support: the per-layer protocol (DESIGN.md "The per-layer protocol, as message
-// ordering"; docs/protocol.md) driven through the real optimizer shard actors on CAF's
+// Test support: the per-layer protocol (as message ordering; docs/protocol.md) driven
+// through the real optimizer shard actors on CAF's
 // deterministic test coordinator, in chosen message delivery orders.
 //
 // The real shards (actors/optimizer_shard.cpp) are spawned cooperatively scheduled

@@ -1,4 +1,4 @@
-// The per-layer protocol as message ordering (DESIGN.md, issue 6 section 2; docs/protocol.md):
+// The per-layer protocol as message ordering (docs/protocol.md):
 // the real optimizer shards with fake workers on CAF's deterministic test coordinator
 // (tests/actors/protocol_harness.hpp), a small pipeline (3 workers, 5 groups, 4
 // micro-batches, 3 iterations) delivered in thousands of random and adversarial orders,

@@ -18,6 +18,7 @@
 
 #include "roundpipe/session.hpp"
 #include "tests/actors/runtime_reference.hpp"
+#include "trace/trace_check.hpp"
 
 namespace rp::test {
 namespace {
@@ -578,6 +579,7 @@ TEST(Runtime, TraceRecordsStreamsAndTasks) {
   s.synchronize();
   auto path = std::filesystem::temp_directory_path() / "rp_trace_test.json";
   s.write_trace(path.string());
+  EXPECT_TRUE(check_trace_nesting_file(path.string()).ok()) << check_trace_nesting_file(path.string()).summary();
   std::ifstream f(path);
   std::string text((std::istreambuf_iterator<char>(f)), {});
   EXPECT_NE(text.find("worker0.compute"), std::string::npos);

@@ -16,6 +16,7 @@
 #include "roundpipe/session.hpp"
 #include "scheduler/simulator.hpp"
 #include "tests/actors/runtime_reference.hpp"
+#include "trace/trace_check.hpp"
 
 namespace rp::test {
 namespace {
@@ -72,6 +73,7 @@ std::pair<double, double> measure_and_predict() {
   s.write_trace(path.string());
   auto j = nlohmann::json::parse(std::ifstream(path));
   std::filesystem::remove(path);
+  EXPECT_TRUE(check_trace_nesting(j).ok()) << check_trace_nesting(j).summary();
   std::map<std::string, std::string> track;
   for (auto& e : j["traceEvents"])
     if (e["ph"] == "M") track[e["tid"].dump()] = e["args"]["name"];

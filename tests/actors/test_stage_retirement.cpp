@@ -1,13 +1,12 @@
 // What a stage transfers and when the next one may start (actors/worker.cpp):
 //  - a backward stage uploads no weight the embedding alone reads: the embedding's
 //    backward scatters dy into gradient rows and reads no weight (ModelLayout::
-//    groups_uploaded); the shards' per-pass upload counts (count_per_pass) agree;
+//    groups_uploaded; the shards' per-pass counts agree: tests/scheduler/test_group_plan.cpp);
 //  - a stage retires when its last micro-batch is computed: the next stage computes while
 //    the retiring stage's last outputs are still on the link, and the retiring stage
 //    reports StageDone (its "tasks" trace interval ends) only when they have landed;
 //  - behind a weightless next stage (the embedding's backward) the stage after it
-//    prefetches its weights too, before the weightless one becomes current;
-//  - the optimizer shard of a group of a shard's share or more holds nothing else.
+//    prefetches its weights too, before the weightless one becomes current.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,10 +19,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "actors/optimizer_shard.hpp"
-#include "actors/scheduler_actor.hpp"
 #include "roundpipe/session.hpp"
 #include "tests/actors/runtime_reference.hpp"
+#include "trace/trace_check.hpp"
 
 namespace rp::test {
 namespace {
@@ -44,26 +42,6 @@ TEST(StageGroups, BackwardStagesLeaveOutTheEmbeddingWeights) {
   }
 }
 
-TEST(StageGroups, PerPassCountsSkipTheEmbeddingInBackwardStages) {
-  for (bool tied : {true, false}) {
-    const ModelLayout m = make_layout(tiny_config(false, tied));
-    const int L = m.num_layers();
-    for (const IterationPlan& plan : {make_uniform_plan(L, 1, 1, 0), make_uniform_plan(L, 2, 2, 1)}) {
-      std::vector<int> up, gr;
-      count_per_pass(m, plan, up, gr);
-      // group 0: the forward stage holding the embedding, plus the tail when tied; its
-      // gradient: the backward stage holding the embedding, plus the tail when tied
-      EXPECT_EQ(up[0], tied ? 2 : 1) << plan.summary();
-      EXPECT_EQ(gr[0], tied ? 2 : 1) << plan.summary();
-      for (int g = 1; g < L - 1; ++g) {  // decoders: read by one forward and one backward stage
-        const bool in_tail = plan.stages[size_t(plan.num_forward())].first <= g;
-        EXPECT_EQ(up[size_t(g)], in_tail ? 1 : 2) << plan.summary() << " group " << g;
-        EXPECT_EQ(gr[size_t(g)], 1) << plan.summary() << " group " << g;
-      }
-    }
-  }
-}
-
 struct Interval {
   double start = 0, end = 0;
 };
@@ -75,6 +53,7 @@ nlohmann::json trace_of(const Session& s) {
   std::ifstream f(path);
   nlohmann::json t = nlohmann::json::parse(f);
   std::filesystem::remove(path);
+  EXPECT_TRUE(check_trace_nesting(t).ok()) << check_trace_nesting(t).summary();
   return t;
 }
 
@@ -176,33 +155,6 @@ TEST(StageRetirement, NextPassPrefetchesBehindTheEmbeddingsBackwardStage) {
   EXPECT_LT(embed_up[2], weightless_current)
       << "pass 1's first forward stage uploaded its weights only "
       << (embed_up[2] - weightless_current) / 1e3 << " ms after B[0-0] of pass 0 became current";
-}
-
-TEST(ShardAssignment, ALargeGroupKeepsItsShardAndTheRestIsBalanced) {
-  ModelConfig c = tiny_config(false, true);
-  c.vocab_size = 4000;  // embedding 128000 elements, a decoder 7744: more than a shard's share
-  const ModelLayout m = make_layout(c);
-  for (int shards : {2, 3, 4}) {
-    const std::vector<int> owner = assign_shards(m, shards);
-    ASSERT_EQ(owner.size(), m.groups.size());
-    for (size_t g = 1; g < owner.size(); ++g) EXPECT_NE(owner[g], owner[0]) << "group " << g << ", " << shards << " shards";
-    std::vector<int64_t> load(size_t(shards), 0);
-    for (size_t g = 0; g < owner.size(); ++g) load[size_t(owner[g])] += m.groups[g].numel;
-    int64_t lo = INT64_MAX, hi = 0, largest = 0;
-    for (int k = 0; k < shards; ++k)
-      if (k != owner[0]) lo = std::min(lo, load[size_t(k)]), hi = std::max(hi, load[size_t(k)]);
-    for (size_t g = 1; g < owner.size(); ++g) largest = std::max(largest, m.groups[g].numel);
-    EXPECT_LE(hi - lo, largest) << shards << " shards: the other groups are not balanced";
-  }
-  // one shard holds everything; without a large group it is plain LPT over all shards
-  for (int o : assign_shards(m, 1)) EXPECT_EQ(o, 0);
-  const ModelLayout small = make_layout(tiny_config(false, true));  // embedding 2144 elements
-  const std::vector<int> owner = assign_shards(small, 2);
-  std::vector<int64_t> load(2, 0);
-  for (size_t g = 0; g < owner.size(); ++g) load[size_t(owner[g])] += small.groups[g].numel;
-  EXPECT_LE(std::abs(load[0] - load[1]), small.groups[1].numel);
-  EXPECT_GT(std::count(owner.begin(), owner.end(), owner[0]), 1) << "the small embedding shares its shard";
-  EXPECT_THROW(assign_shards(m, 0), std::invalid_argument);
 }
 
 }  // namespace

@@ -25,11 +25,12 @@
 
 #include "actors/link_arbiter.hpp"
 #include "actors/messages.hpp"
-#include "actors/trace_stats.hpp"
-#include "actors/tracer.hpp"
 #include "actors/transfer.hpp"
 #include "roundpipe/session.hpp"
 #include "tests/actors/runtime_reference.hpp"
+#include "trace/trace_check.hpp"
+#include "trace/trace_stats.hpp"
+#include "trace/tracer.hpp"
 
 namespace rp {
 namespace {
@@ -183,6 +184,7 @@ Burst burst_behind_chunks(bool with_arbiter) {
   }
   auto path = std::filesystem::temp_directory_path() / "rp_burst_trace.json";
   tracer.write(path.string());
+  EXPECT_TRUE(check_trace_nesting_file(path.string()).ok()) << check_trace_nesting_file(path.string()).summary();
   Trace t = read_trace(path.string());
   std::filesystem::remove(path);
   for (auto& c : t.slices) {
@@ -255,6 +257,7 @@ Measured run_session(bool priorities, int64_t ffn) {
   auto path = std::filesystem::temp_directory_path() /
               ("rp_prio_" + std::to_string(priorities) + "_" + std::to_string(ffn) + ".json");
   s.write_trace(path.string());
+  EXPECT_TRUE(check_trace_nesting_file(path.string()).ok()) << check_trace_nesting_file(path.string()).summary();
   Trace tr = read_trace(path.string());
   std::filesystem::remove(path);
   EXPECT_EQ(tr.info.at("transfer_priorities"), priorities ? "on" : "off");

@@ -13,6 +13,7 @@
 #include "model/checkpoint.hpp"
 #include "tests/cli/cli_util.hpp"
 #include "scheduler/profile.hpp"
+#include "trace/trace_check.hpp"
 
 namespace fs = std::filesystem;
 
@@ -107,6 +108,7 @@ TEST(Cli, TransferSettingsFromTheSpecReachTheTrace) {
   ASSERT_EQ(r.code, 0) << r.err << r.out;
   std::ifstream f(d / "run/trace.json");
   auto j = nlohmann::json::parse(f);
+  EXPECT_TRUE(rp::check_trace_nesting(j).ok()) << rp::check_trace_nesting(j).summary();
   EXPECT_EQ(j["otherData"]["transfer_priorities"], "off");
   EXPECT_EQ(j["otherData"]["transfer_chunk_bytes"], "65536");
   fs::remove_all(d);
@@ -244,6 +246,7 @@ TEST(Cli, PlanPartitionsAConfigWithoutWeights) {
     EXPECT_NE(r.out.find(needle), std::string::npos) << needle << "\n" << r.out;
   auto trace = nlohmann::json::parse(slurp(d / "sim.json"));
   EXPECT_GT(trace["traceEvents"].size(), 16u);
+  EXPECT_TRUE(rp::check_trace_nesting(trace).ok()) << rp::check_trace_nesting(trace).summary();
   // A memory cap no single layer fits in is refused, naming the layer.
   r = roundpipe("plan --model " + (d / "config.json").string() + " --gpus 8 --memory-cap 10MiB", d);
   EXPECT_EQ(r.code, 1);

@@ -10,6 +10,7 @@
 #include "scheduler/cost_model.hpp"
 #include "scheduler/partition.hpp"
 #include "scheduler/simulator.hpp"
+#include "trace/trace_check.hpp"
 
 namespace rp {
 namespace {
@@ -160,6 +161,7 @@ TEST(Simulator, PredictionAndTrace) {
   EXPECT_EQ(r.timeline.size(), size_t(2 * S * 6));  // compute only: transfers are instantaneous
   nlohmann::json j = sim_trace_json(r, plan);
   ASSERT_TRUE(j.contains("traceEvents"));
+  EXPECT_TRUE(check_trace_nesting(j).ok()) << check_trace_nesting(j).summary();
   int complete = 0;
   for (auto& e : j["traceEvents"])
     if (e["ph"] == "X") {

@@ -1,7 +1,7 @@
 // Analysis of a runtime trace (the Chrome trace JSON Tracer::write produces): per worker
 // (GPU or virtual GPU), how busy the compute stream was, how long activation copies waited
 // behind other traffic, how much copy time was hidden under compute, and bytes per stream.
-// bench/trace_stats.cpp prints it; tests use it to measure runs.
+// `roundpipe trace` prints it; tests use it to measure runs.
 //
 // Conventions: times in seconds, sizes in bytes, bandwidths in bytes per second.
 // Tracks are named "worker<i>.<stream>" (compute, act_up, act_down, param_up, grad_down,
@@ -30,7 +30,8 @@ struct Trace {
 };
 
 /// Parses a Chrome trace object: "X" events (ts/dur in microseconds) named by "thread_name"
-/// metadata events (tid -> track; tracks without one are called "tid<N>"). Throws
+/// metadata events (tid -> track; the lanes "<track> #k" of chrome_trace.hpp join their
+/// track; tracks without a name are called "tid<N>"). Throws
 /// std::runtime_error when "traceEvents" is missing or an X event lacks ts/dur.
 Trace parse_trace(const nlohmann::json& j);
 /// Reads and parses a trace file. Throws std::runtime_error naming the file.

@@ -1,4 +1,4 @@
-#include "actors/upload_windows.hpp"
+#include "scheduler/upload_windows.hpp"
 
 #include <algorithm>
 #include <numeric>

@@ -1,4 +1,4 @@
-#include "actors/chunk_plan.hpp"
+#include "scheduler/chunk_plan.hpp"
 
 #include <algorithm>
 #include <numeric>

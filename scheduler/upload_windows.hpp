@@ -1,4 +1,4 @@
-// The parameter uploads of one stage task as a window schedule (SPEC.md point 4).
+// The parameter uploads of one stage task as a window schedule (uploads fill activation gaps).
 //
 // A stage's weights are prefetched while the previous stage computes. Its groups are cut
 // into chunks (split_chunks) and the chunks are packed with LPT (lpt_pack) into the idle
@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "actors/chunk_plan.hpp"
+#include "scheduler/chunk_plan.hpp"
 
 namespace rp {
 

@@ -1,5 +1,6 @@
 // Trace recorder: stream operations and stage tasks as intervals on named tracks,
-// written as Chrome trace-event JSON (opens in Perfetto / chrome://tracing).
+// written as Chrome trace-event JSON (opens in Perfetto / chrome://tracing; the track
+// layout is chrome_trace.hpp's).
 //
 // A plain mutex-guarded recorder rather than an actor: stream callbacks record from
 // device threads at high frequency, and a message per interval would perturb the
@@ -12,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include <fmt/format.h>
+#include "trace/chrome_trace.hpp"
 
 namespace rp {
 
@@ -32,20 +33,16 @@ class Tracer {
   /// Records a run-wide setting (written under the trace's "otherData", e.g.
   /// "transfer_priorities" = "on"); a later call with the same key replaces the value.
   void set_info(const std::string& key, std::string value);
-  /// Writes all recorded events to `path` (temp file + rename). Throws std::runtime_error.
+  /// Writes all recorded intervals to `path` as chrome_trace_json (temp file + rename).
+  /// Throws std::runtime_error.
   void write(const std::string& path) const;
   /// Number of intervals recorded so far.
   size_t size() const;
 
  private:
-  struct Event {
-    std::string track, label;
-    double t0, t1;
-    std::vector<std::pair<std::string, double>> args;
-  };
   std::chrono::steady_clock::time_point t0_;
   mutable std::mutex mu_;
-  std::vector<Event> events_;
+  std::vector<TraceInterval> events_;
   std::map<std::string, std::string> info_;
 };
 

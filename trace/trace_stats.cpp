@@ -1,13 +1,14 @@
-#include "actors/trace_stats.hpp"
+#include "trace/trace_stats.hpp"
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <limits>
 #include <regex>
 #include <stdexcept>
 
 #include <fmt/format.h>
+
+#include "trace/chrome_trace.hpp"
 
 namespace rp {
 namespace {
@@ -94,7 +95,7 @@ Trace parse_trace(const nlohmann::json& j) {
     TraceSlice s;
     const int64_t tid = e.value("tid", int64_t(0));
     auto it = names.find(tid);
-    s.track = it != names.end() ? it->second : fmt::format("tid{}", tid);
+    s.track = it != names.end() ? base_track(it->second) : fmt::format("tid{}", tid);
     s.name = e.value("name", "");
     s.t0 = e["ts"].get<double>() * 1e-6;
     s.t1 = s.t0 + e["dur"].get<double>() * 1e-6;
@@ -110,11 +111,8 @@ Trace parse_trace(const nlohmann::json& j) {
 }
 
 Trace read_trace(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw std::runtime_error(path + ": cannot open the trace");
-  nlohmann::json j;
+  const nlohmann::json j = read_trace_json(path);
   try {
-    j = nlohmann::json::parse(f);
     return parse_trace(j);
   } catch (const std::exception& e) {
     throw std::runtime_error(path + ": " + e.what());
@@ -136,18 +134,115 @@ Distribution distribution(std::vector<double> xs) {
   return d;
 }
 
-std::vector<WorkerStats> trace_stats(const Trace& t, const TraceStatsOptions& o) {
-  // the window
-  double w0 = std::numeric_limits<double>::infinity(), w1 = -w0;
-  for (auto& s : t.slices) {
-    w1 = std::max(w1, s.t1);
-    if (o.skip_passes <= 0 || pass_of(s.name) >= o.skip_passes) w0 = std::min(w0, s.t0);
+namespace {
+
+using Streams = std::map<std::string, std::vector<const TraceSlice*>>;  // one worker's, by stream
+
+/// The analysed window [w0, w1] of a trace.
+struct Window {
+  double w0 = 0, w1 = 0;
+  Iv clip(const TraceSlice& s) const { return {std::max(s.t0, w0), std::min(s.t1, w1)}; }
+};
+
+std::vector<const TraceSlice*> slices_of(const Streams& streams, const char* k) {
+  auto it = streams.find(k);
+  return it == streams.end() ? std::vector<const TraceSlice*>{} : it->second;
+}
+
+/// Compute busy time and utilisation, and per copy stream and over all copies the busy time
+/// and its share hidden under compute, within the window.
+void busy_times(const Streams& streams, const Window& w, WorkerStats& ws) {
+  std::vector<Iv> comp_iv;
+  for (auto* s : slices_of(streams, "compute")) comp_iv.push_back(w.clip(*s));
+  const auto compute = merge(comp_iv);
+  ws.compute_busy_s = length(compute);
+  ws.utilisation = ws.wall_s > 0 ? ws.compute_busy_s / ws.wall_s : 0;
+  std::vector<Iv> all_copies;
+  for (const char* k : kCopyStreams) {
+    auto ss = slices_of(streams, k);
+    if (ss.empty()) continue;
+    StreamStats st;
+    std::vector<Iv> iv;
+    for (auto* s : ss) {
+      iv.push_back(w.clip(*s));
+      if (s->t0 >= w.w0) {
+        st.copies++;
+        st.bytes += bytes_of(*s);
+      }
+    }
+    all_copies.insert(all_copies.end(), iv.begin(), iv.end());
+    const auto u = merge(iv);
+    st.busy_s = length(u);
+    st.hidden_s = overlap(u, compute);
+    st.hidden_share = st.busy_s > 0 ? st.hidden_s / st.busy_s : 0;
+    ws.streams[k] = st;
   }
-  if (!(w0 < w1)) return {};
-  auto clip = [&](const TraceSlice& s) { return Iv{std::max(s.t0, w0), std::min(s.t1, w1)}; };
+  const auto cu = merge(all_copies);
+  ws.copy_busy_s = length(cu);
+  ws.copy_hidden_s = overlap(cu, compute);
+  ws.hidden_share = ws.copy_busy_s > 0 ? ws.copy_hidden_s / ws.copy_busy_s : 0;
+}
+
+/// Link bandwidth of one direction: the median bytes/s of the `bulk` stream's copies, or of
+/// the `act` stream's when there are none.
+double estimate_bandwidth(const Streams& streams, const char* bulk, const char* act) {
+  std::vector<double> r;
+  for (const char* k : {bulk, act}) {
+    for (auto* s : slices_of(streams, k))
+      if (s->t1 > s->t0 && bytes_of(*s) > 0) r.push_back(bytes_of(*s) / (s->t1 - s->t0));
+    if (!r.empty()) break;
+  }
+  return median(r);
+}
+
+/// The chunk activation waits are compared with (TraceStatsOptions::chunk_bytes).
+double reference_chunk(const Trace& t, const Streams& streams, const TraceStatsOptions& o) {
+  double chunk = o.chunk_bytes;
+  if (chunk <= 0 && t.info.count("transfer_chunk_bytes")) {
+    try {
+      chunk = std::stod(t.info.at("transfer_chunk_bytes"));
+    } catch (const std::exception&) {
+      chunk = 0;
+    }
+  }
+  if (chunk <= 0)
+    for (auto* s : slices_of(streams, "param_up")) chunk = std::max(chunk, bytes_of(*s));
+  return chunk;
+}
+
+/// Waits of stream k's copies issued in the window (WorkerStats::act_up_wait), at bandwidth
+/// `bw`; their latencies and queueing times go to `lat` and `q` when given.
+std::vector<double> copy_waits(const Streams& streams, const char* k, double bw, double w0,
+                               std::vector<double>* lat, std::vector<double>* q) {
+  std::vector<double> wv;
+  auto ss = slices_of(streams, k);
+  std::sort(ss.begin(), ss.end(), [](auto* a, auto* b) { return a->t1 < b->t1; });
+  double prev_done = -std::numeric_limits<double>::infinity();
+  for (auto* s : ss) {
+    const double enq = s->t0 - queued_of(*s), latency = s->t1 - enq;
+    const double start = std::max(enq, prev_done);  // the stream's previous activation copy is done
+    prev_done = s->t1;
+    if (s->t0 < w0) continue;
+    const double own = bw > 0 ? bytes_of(*s) / bw : 0;
+    wv.push_back(std::max(0.0, s->t1 - start - own));
+    if (lat) lat->push_back(latency);
+    if (q) q->push_back(queued_of(*s));
+  }
+  return wv;
+}
+
+}  // namespace
+
+std::vector<WorkerStats> trace_stats(const Trace& t, const TraceStatsOptions& o) {
+  Window win{std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()};
+  for (auto& s : t.slices) {
+    win.w1 = std::max(win.w1, s.t1);
+    if (o.skip_passes <= 0 || pass_of(s.name) >= o.skip_passes) win.w0 = std::min(win.w0, s.t0);
+  }
+  if (!(win.w0 < win.w1)) return {};
 
   // slices by worker and stream
-  std::map<int, std::map<std::string, std::vector<const TraceSlice*>>> by;
+  std::map<int, Streams> by;
   static const std::regex track_re(R"(worker(\d+)\.(\w+))");
   for (auto& s : t.slices) {
     std::smatch m;
@@ -157,90 +252,21 @@ std::vector<WorkerStats> trace_stats(const Trace& t, const TraceStatsOptions& o)
   for (auto& [w, streams] : by) {
     WorkerStats ws;
     ws.worker = fmt::format("worker{}", w);
-    ws.wall_s = w1 - w0;
-    auto slices = [&](const char* k) {
-      auto it = streams.find(k);
-      return it == streams.end() ? std::vector<const TraceSlice*>{} : it->second;
-    };
-    std::vector<Iv> comp_iv;
-    for (auto* s : slices("compute")) comp_iv.push_back(clip(*s));
-    const auto compute = merge(comp_iv);
-    ws.compute_busy_s = length(compute);
-    ws.utilisation = ws.wall_s > 0 ? ws.compute_busy_s / ws.wall_s : 0;
-    std::vector<Iv> all_copies;
-    for (const char* k : kCopyStreams) {
-      auto ss = slices(k);
-      if (ss.empty()) continue;
-      StreamStats st;
-      std::vector<Iv> iv;
-      for (auto* s : ss) {
-        iv.push_back(clip(*s));
-        if (s->t0 >= w0) {
-          st.copies++;
-          st.bytes += bytes_of(*s);
-        }
-      }
-      all_copies.insert(all_copies.end(), iv.begin(), iv.end());
-      const auto u = merge(iv);
-      st.busy_s = length(u);
-      st.hidden_s = overlap(u, compute);
-      st.hidden_share = st.busy_s > 0 ? st.hidden_s / st.busy_s : 0;
-      ws.streams[k] = st;
-    }
-    const auto cu = merge(all_copies);
-    ws.copy_busy_s = length(cu);
-    ws.copy_hidden_s = overlap(cu, compute);
-    ws.hidden_share = ws.copy_busy_s > 0 ? ws.copy_hidden_s / ws.copy_busy_s : 0;
-
-    // link bandwidth per direction
-    auto estimate = [&](const char* bulk, const char* act) {
-      std::vector<double> r;
-      for (const char* k : {bulk, act}) {
-        for (auto* s : slices(k))
-          if (s->t1 > s->t0 && bytes_of(*s) > 0) r.push_back(bytes_of(*s) / (s->t1 - s->t0));
-        if (!r.empty()) break;
-      }
-      return median(r);
-    };
-    ws.h2d_bytes_per_s = o.h2d_bytes_per_s > 0 ? o.h2d_bytes_per_s : estimate("param_up", "act_up");
-    ws.d2h_bytes_per_s = o.d2h_bytes_per_s > 0 ? o.d2h_bytes_per_s : estimate("grad_down", "act_down");
-    ws.chunk_bytes = o.chunk_bytes;
-    if (ws.chunk_bytes <= 0 && t.info.count("transfer_chunk_bytes")) {
-      try {
-        ws.chunk_bytes = std::stod(t.info.at("transfer_chunk_bytes"));
-      } catch (const std::exception&) {
-        ws.chunk_bytes = 0;
-      }
-    }
-    if (ws.chunk_bytes <= 0)
-      for (auto* s : slices("param_up")) ws.chunk_bytes = std::max(ws.chunk_bytes, bytes_of(*s));
+    ws.wall_s = win.w1 - win.w0;
+    busy_times(streams, win, ws);
+    ws.h2d_bytes_per_s = o.h2d_bytes_per_s > 0 ? o.h2d_bytes_per_s : estimate_bandwidth(streams, "param_up", "act_up");
+    ws.d2h_bytes_per_s =
+        o.d2h_bytes_per_s > 0 ? o.d2h_bytes_per_s : estimate_bandwidth(streams, "grad_down", "act_down");
+    ws.chunk_bytes = reference_chunk(t, streams, o);
     ws.chunk_s = ws.h2d_bytes_per_s > 0 ? ws.chunk_bytes / ws.h2d_bytes_per_s : 0;
-
-    auto waits = [&](const char* k, double bw, std::vector<double>* lat, std::vector<double>* q) {
-      std::vector<double> wv;
-      auto ss = slices(k);
-      std::sort(ss.begin(), ss.end(), [](auto* a, auto* b) { return a->t1 < b->t1; });
-      double prev_done = -std::numeric_limits<double>::infinity();
-      for (auto* s : ss) {
-        const double enq = s->t0 - queued_of(*s), latency = s->t1 - enq;
-        const double start = std::max(enq, prev_done);  // the stream's previous activation copy is done
-        prev_done = s->t1;
-        if (s->t0 < w0) continue;
-        const double own = bw > 0 ? bytes_of(*s) / bw : 0;
-        wv.push_back(std::max(0.0, s->t1 - start - own));
-        if (lat) lat->push_back(latency);
-        if (q) q->push_back(queued_of(*s));
-      }
-      return wv;
-    };
     std::vector<double> lat, q;
-    auto up = waits("act_up", ws.h2d_bytes_per_s, &lat, &q);
+    auto up = copy_waits(streams, "act_up", ws.h2d_bytes_per_s, win.w0, &lat, &q);
     ws.act_up_latency = distribution(lat);
     ws.act_up_queued = distribution(q);
     ws.act_up_wait = distribution(up);
     for (double x : up)
       if (x > ws.chunk_s) ws.act_up_waits_over_chunk++;
-    ws.act_down_wait = distribution(waits("act_down", ws.d2h_bytes_per_s, nullptr, nullptr));
+    ws.act_down_wait = distribution(copy_waits(streams, "act_down", ws.d2h_bytes_per_s, win.w0, nullptr, nullptr));
     out.push_back(std::move(ws));
   }
   return out;

@@ -1,4 +1,4 @@
-// Chunking and LPT window packing (actors/chunk_plan.hpp, actors/upload_windows.hpp):
+// Chunking and LPT window packing (scheduler/chunk_plan.hpp, scheduler/upload_windows.hpp):
 // chunks cover a tensor exactly; every chunk lands in exactly one window; LPT's makespan is
 // within Graham's 4/3 bound of the optimum found by brute force; uploads leave window by window.
 #include <gtest/gtest.h>
@@ -10,8 +10,8 @@
 #include <numeric>
 #include <random>
 
-#include "actors/chunk_plan.hpp"
-#include "actors/upload_windows.hpp"
+#include "scheduler/chunk_plan.hpp"
+#include "scheduler/upload_windows.hpp"
 
 namespace rp {
 namespace {

@@ -1,11 +1,12 @@
-// Trace statistics (actors/trace_stats.hpp) on a hand-built trace whose answers are worked
+// Trace statistics (trace/trace_stats.hpp) on a hand-built trace whose answers are worked
 // out by hand below, and a round trip through the real Tracer.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 
-#include "actors/trace_stats.hpp"
-#include "actors/tracer.hpp"
+#include "trace/trace_check.hpp"
+#include "trace/trace_stats.hpp"
+#include "trace/tracer.hpp"
 
 namespace rp {
 namespace {
@@ -141,6 +142,7 @@ TEST(TraceStats, ReadsWhatTheTracerWrites) {
   tr.interval("worker0.act_up", "copy 100 B", 1.0, 1.25, {{"bytes", 100}, {"queued_us", 250000}});
   auto path = std::filesystem::temp_directory_path() / "rp_trace_stats_roundtrip.json";
   tr.write(path.string());
+  EXPECT_TRUE(check_trace_nesting_file(path.string()).ok()) << check_trace_nesting_file(path.string()).summary();
   Trace t = read_trace(path.string());
   std::filesystem::remove(path);
   ASSERT_EQ(t.slices.size(), 2u);

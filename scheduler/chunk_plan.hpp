@@ -1,4 +1,4 @@
-// Chunking and window packing of bulk transfers (SPEC.md point 4): large tensors are cut
+// Chunking and window packing of bulk transfers (they fill the activation gaps): large tensors are cut
 // into chunks, and the chunks of a stage's weights are spread over the idle windows between
 // the activation transfers of the stage that computes meanwhile, with longest-processing-
 // time-first (LPT) packing so that no window is flooded. Pure functions, no actors.

@@ -1,0 +1,77 @@
+#include "cli/trace.hpp"
+
+#include <fstream>
+#include <memory>
+#include <stdexcept>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/command.hpp"
+#include "trace/chrome_trace.hpp"
+#include "trace/trace_check.hpp"
+#include "trace/trace_stats.hpp"
+
+namespace rp {
+
+void run_trace(const TraceCommandOptions& o, std::FILE* out) {
+  TraceStatsOptions so;
+  so.skip_passes = o.skip_passes;
+  so.chunk_bytes = o.chunk_bytes;
+  so.h2d_bytes_per_s = o.h2d_gbps * 1e9;
+  so.d2h_bytes_per_s = o.d2h_gbps * 1e9;
+  nlohmann::json all = nlohmann::json::object();
+  for (const std::string& path : o.files) {
+    const nlohmann::json j = read_trace_json(path);
+    Trace t;
+    NestingReport nest;
+    try {
+      t = parse_trace(j);
+      nest = check_trace_nesting(j);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(path + ": " + e.what());
+    }
+    const std::vector<WorkerStats> s = trace_stats(t, so);
+    fmt::print(out, "== {}\n{}", path, format_trace_stats(t, s));
+    if (s.empty()) fmt::print(out, "  (no worker slices in the window)\n");
+    fmt::print(out, "tracks: {}\n", nest.summary());
+    if (!nest.ok())
+      fmt::print(out,
+                 "  (Perfetto drops such slices; traces written by this version give overlapping "
+                 "intervals of one stream lanes of their own)\n");
+    nlohmann::json js = trace_stats_json(t, s);
+    js["tracks"] = {{"slices", nest.slices},
+                    {"tracks", nest.tracks},
+                    {"overlapping_slices", nest.overlapping_slices},
+                    {"overlapping_pairs", nest.overlapping_pairs}};
+    all[path] = std::move(js);
+  }
+  if (!o.json_out.empty()) {
+    std::ofstream f(o.json_out);
+    f << all.dump(2) << "\n";
+    if (!f.flush()) throw std::runtime_error(o.json_out + ": cannot write the statistics");
+  }
+}
+
+void add_trace_command(CLI::App& app) {
+  auto o = std::make_shared<TraceCommandOptions>();
+  auto* c = app.add_subcommand("trace", "statistics of runtime traces, and a check of their track layout");
+  c->add_option("files", o->files, "trace JSON files")->required();
+  c->add_option("--skip-passes", o->skip_passes,
+                "start the window at the first slice of this pass (warm-up out)")
+      ->check(CLI::NonNegativeNumber);
+  c->add_option("--chunk-bytes", o->chunk_bytes,
+                "compare activation waits with this chunk (0: the trace's transfer_chunk_bytes, else its "
+                "largest parameter copy)")
+      ->check(CLI::NonNegativeNumber);
+  c->add_option("--h2d-gbps", o->h2d_gbps,
+                "host-to-device GB/s for the waits (0: estimate from the bulk copies)")
+      ->check(CLI::NonNegativeNumber);
+  c->add_option("--d2h-gbps", o->d2h_gbps, "device-to-host GB/s (0: estimate)")
+      ->check(CLI::NonNegativeNumber);
+  c->add_option("--json", o->json_out, "also write the statistics of every trace as JSON");
+  c->callback(reporting_errors([o] { run_trace(*o, stdout); }));
+}
+
+}  // namespace rp

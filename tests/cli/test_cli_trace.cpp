@@ -1,0 +1,85 @@
+// `roundpipe trace`: statistics of a trace file and the check of its track layout, as text
+// and JSON; unreadable files and bad options give one-line errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/cli/cli_util.hpp"
+#include "trace/chrome_trace.hpp"
+
+namespace rp::clitest {
+namespace {
+
+using nlohmann::json;
+
+// worker0: compute [0, 40] ms busy half of [0, 80]; two activation uploads in flight at once
+// ([10, 20] and [15, 25] ms): a writer that put both on one track would break the format.
+std::vector<TraceInterval> intervals() {
+  return {{"worker0.compute", "F0 L0-1 mb0 (pass 0)", 0.000, 0.040, {}},
+          {"worker0.act_up", "copy 1000 B", 0.010, 0.020, {{"bytes", 1000}, {"queued_us", 0}}},
+          {"worker0.act_up", "copy 1000 B", 0.015, 0.025, {{"bytes", 1000}, {"queued_us", 0}}},
+          {"worker0.tasks", "forward stage 0 (pass 0)", 0.000, 0.080, {}}};
+}
+
+TEST(CliTrace, PrintsTheStatisticsAndChecksTheTracks) {
+  auto d = tmpdir();
+  write_trace_file((d / "good.json").string(), chrome_trace_json(intervals(), {{"backend", "cpu"}}));
+  // the same slices the way earlier versions wrote them: one thread per track
+  json bad = {{"traceEvents", json::array()}};
+  bad["traceEvents"].push_back(
+      {{"ph", "M"}, {"name", "thread_name"}, {"pid", 1}, {"tid", 1}, {"args", {{"name", "worker0.act_up"}}}});
+  for (auto [a, b] : {std::pair{10e3, 20e3}, {15e3, 25e3}})
+    bad["traceEvents"].push_back(
+        {{"ph", "X"}, {"name", "copy"}, {"pid", 1}, {"tid", 1}, {"ts", a}, {"dur", b - a}});
+  write(d / "bad.json", bad.dump());
+
+  CliRun r = roundpipe("trace " + (d / "good.json").string() + " " + (d / "bad.json").string() + " --json " +
+                           (d / "stats.json").string(),
+                       d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("worker0: window 0.080 s, compute busy 0.040 s, utilisation 50.0%"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("settings: backend=cpu"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tracks: 4 slices on 4 tracks, nested or disjoint"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tracks: 2 of 2 slices partly overlap another slice on their track (1 pairs)"),
+            std::string::npos)
+      << r.out;
+  const json s = json::parse(slurp(d / "stats.json"));
+  const json& g = s.at((d / "good.json").string());
+  EXPECT_DOUBLE_EQ(g["workers"][0]["utilisation"].get<double>(), 0.5);
+  EXPECT_EQ(g["workers"][0]["streams"]["act_up"]["copies"], 2) << "both lanes count as one stream";
+  EXPECT_EQ(g["tracks"]["overlapping_slices"], 0);
+  EXPECT_EQ(s.at((d / "bad.json").string())["tracks"]["overlapping_slices"], 2);
+
+  // --skip-passes leaves pass 0 out: no slice is left in the window
+  r = roundpipe("trace --skip-passes 1 " + (d / "good.json").string(), d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("(no worker slices in the window)"), std::string::npos) << r.out;
+  fs::remove_all(d);
+}
+
+TEST(CliTrace, ErrorsAreOneLine) {
+  auto d = tmpdir();
+  write(d / "notjson.json", "{\"traceEvents\": [");
+  write(d / "nottrace.json", "{\"events\": []}");
+  for (auto [args, code, needle] :
+       {std::tuple{"trace " + (d / "missing.json").string(), 1,
+                   std::string("missing.json: cannot open the trace")},
+        {"trace " + (d / "notjson.json").string(), 1, std::string("notjson.json: ")},
+        {"trace " + (d / "nottrace.json").string(), 1, std::string("nottrace.json: not a Chrome trace")},
+        {std::string("trace"), 2, std::string("files is required")},
+        {"trace x.json --skip-passes -1", 2, std::string("--skip-passes")}}) {
+    CliRun r = roundpipe(args, d);
+    EXPECT_EQ(r.code, code) << args << ": " << r.err;
+    EXPECT_EQ(r.err.find("roundpipe: error: "), 0u) << args << ": " << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << args << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
+  }
+  fs::remove_all(d);
+}
+
+}  // namespace
+}  // namespace rp::clitest

@@ -1,0 +1,99 @@
+#include "trace/trace_check.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "trace/chrome_trace.hpp"
+
+namespace rp {
+namespace {
+
+using TrackKey = std::pair<int64_t, int64_t>;  // (pid, tid)
+
+struct Slice {
+  int64_t b = 0, e = 0;  // nanoseconds
+  size_t index = 0;      // among the trace's complete events
+};
+
+int64_t to_ns(const nlohmann::json& us) { return std::llround(us.get<double>() * 1000.0); }
+
+}  // namespace
+
+std::string NestingReport::summary() const {
+  if (ok()) return fmt::format("{} slices on {} tracks, nested or disjoint", slices, tracks);
+  std::string s = fmt::format("{} of {} slices partly overlap another slice on their track ({} pairs)",
+                              overlapping_slices, slices, overlapping_pairs);
+  for (auto& x : examples)
+    s += fmt::format("\n  {}: '{}' [{:.3f}, {:.3f}] us and '{}' [{:.3f}, {:.3f}] us", x.track, x.first,
+                     x.first_start_us, x.first_end_us, x.second, x.second_start_us, x.second_end_us);
+  return s;
+}
+
+NestingReport check_trace_nesting(const nlohmann::json& trace, size_t max_examples) {
+  if (!trace.is_object() || !trace.contains("traceEvents") || !trace["traceEvents"].is_array())
+    throw std::runtime_error("not a Chrome trace: no \"traceEvents\" array");
+  std::map<TrackKey, std::string> names;
+  std::map<TrackKey, std::vector<Slice>> tracks;
+  std::vector<std::string> slice_name;
+  for (auto& e : trace["traceEvents"]) {
+    if (!e.is_object()) continue;
+    const TrackKey key{e.value("pid", int64_t(0)), e.value("tid", int64_t(0))};
+    const std::string ph = e.value("ph", "");
+    if (ph == "M" && e.value("name", "") == "thread_name" && e.contains("args") && e["args"].is_object())
+      names[key] = e["args"].value("name", "");
+    if (ph != "X") continue;
+    if (!e.contains("ts") || !e.contains("dur") || !e["ts"].is_number() || !e["dur"].is_number())
+      throw std::runtime_error("trace event without numeric ts/dur: " + e.dump());
+    const int64_t b = to_ns(e["ts"]);
+    tracks[key].push_back({b, b + std::max<int64_t>(0, to_ns(e["dur"])), slice_name.size()});
+    slice_name.push_back(e.value("name", ""));
+  }
+  NestingReport r;
+  r.slices = slice_name.size();
+  r.tracks = tracks.size();
+  std::set<size_t> bad;
+  for (auto& [key, v] : tracks) {
+    // by start, longer first: an interval nests in an earlier one or overlaps it partly
+    std::sort(v.begin(), v.end(), [](const Slice& x, const Slice& y) {
+      return x.b != y.b ? x.b < y.b : x.e != y.e ? x.e > y.e : x.index < y.index;
+    });
+    std::vector<const Slice*> open;  // slices whose end lies after the current start
+    for (const Slice& s : v) {
+      open.erase(std::remove_if(open.begin(), open.end(), [&](const Slice* o) { return o->e <= s.b; }),
+                 open.end());
+      for (const Slice* o : open) {
+        if (!(o->b < s.b && o->e < s.e)) continue;  // s nests in o
+        ++r.overlapping_pairs;
+        bad.insert(o->index);
+        bad.insert(s.index);
+        if (r.examples.size() < max_examples) {
+          auto it = names.find(key);
+          r.examples.push_back(
+              {it != names.end() ? it->second : fmt::format("pid {} tid {}", key.first, key.second),
+               slice_name[o->index], slice_name[s.index], o->b / 1e3, o->e / 1e3, s.b / 1e3, s.e / 1e3});
+        }
+      }
+      open.push_back(&s);
+    }
+  }
+  r.overlapping_slices = bad.size();
+  return r;
+}
+
+NestingReport check_trace_nesting_file(const std::string& path, size_t max_examples) {
+  const nlohmann::json j = read_trace_json(path);
+  try {
+    return check_trace_nesting(j, max_examples);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(path + ": " + e.what());
+  }
+}
+
+}  // namespace rp
