@@ -22,7 +22,7 @@
 
 #include "actors/optimizer_shard.hpp"
 #include "actors/scheduler_actor.hpp"
-#include "roundpipe/session.hpp"
+#include "actors/session_testing.hpp"
 #include "tests/actors/runtime_reference.hpp"
 
 namespace rp::test {

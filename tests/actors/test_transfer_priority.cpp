@@ -28,7 +28,7 @@
 #include "actors/trace_stats.hpp"
 #include "actors/tracer.hpp"
 #include "actors/transfer.hpp"
-#include "roundpipe/session.hpp"
+#include "actors/session_testing.hpp"
 #include "tests/actors/runtime_reference.hpp"
 
 namespace rp {
