@@ -7,15 +7,20 @@
 //   rp::fill_groups(lm, layout, weights);
 //   rp::SessionOptions opt;  opt.workers = 2;  opt.micro_batches = 4;  opt.micro = {1, 512};
 //   rp::Session s(layout, std::move(weights), opt);
+//   rp::TokenStream data(lm, "data.jsonl", {.seq_len = 512});  // or your own ids and targets
 //   rp::LrSchedule lr;  lr.kind = "cosine";  lr.lr = 1e-4;  lr.total_steps = steps;
 //   for (int64_t t = 0; t < steps; ++t) {
-//     s.forward_backward(ids, targets);          // one or more passes per step
-//     s.step(lr.at(t));                          // closes the step; returns at once
-//     if (t > 0) rp::StepResult r = s.wait(t - 1);  // results arrive one step behind (async)
+//     rp::TokenBatch b = data.next(4);             // M * n_seq sequences
+//     s.forward_backward(b.ids, b.targets);        // one or more passes per step
+//     s.step(lr.at(t));                            // closes the step; returns at once
+//     if (t > 0) rp::StepResult r = s.wait(t - 1); // results arrive one step behind (async)
 //   }
-//   s.synchronize();                             // every step applied
-//   rp::save_hf_checkpoint(dir, layout, pointers_to(s.master_weights()), ...);
-//   s.save_optimizer_state(dir + "/optimizer.bin");  // with the weights: resumable exactly
+//   s.synchronize();                               // every step applied
+//   std::vector<const float*> ptrs;
+//   for (const auto& g : s.master_weights()) ptrs.push_back(g.data());
+//   rp::save_hf_checkpoint("out", layout, ptrs, lm.tokenizer_json, lm.chat_template, rp::DType::bf16,
+//                          [&](const std::string& tmp) { s.save_optimizer_state(tmp + "/optimizer.bin"); });
+//   // with the optimizer state next to the weights the run can be resumed exactly
 #pragma once
 #include <cstddef>
 #include <cstdint>
