@@ -95,8 +95,9 @@ void Run::report(int64_t t) {
   s.total_steps = spec_.steps;
   s.first_step = start_;
   s.loss = r.tokens > 0 ? r.loss_sum / r.tokens : 0;
+  s.tokens = spec_.sequences_per_step * spec_.seq_len;
   s.target_tokens = int64_t(r.tokens);
-  s.tokens_per_s = dt > 0 ? double(spec_.sequences_per_step * spec_.seq_len * nsteps) / dt : 0;
+  s.tokens_per_s = dt > 0 ? double(s.tokens * nsteps) / dt : 0;
   s.lr = spec_.lr_schedule.at(t);
   s.grad_norm = r.grad_norm;
   s.loss_scale = r.loss_scale;

@@ -52,7 +52,8 @@ struct StepReport {
   int64_t total_steps = 0;    ///< the run ends after this many steps (spec.steps)
   int64_t first_step = 0;     ///< steps done before this run (a resumed run), else 0
   double loss = 0;            ///< mean cross-entropy over the step's target tokens (nats)
-  int64_t target_tokens = 0;  ///< tokens with a target in the step
+  int64_t tokens = 0;         ///< tokens of the step (sequences_per_step * seq_len)
+  int64_t target_tokens = 0;  ///< tokens with a target in the step (the loss is averaged over them)
   double tokens_per_s = 0;    ///< all tokens of the steps since the previous report / its wall time
   double lr = 0;              ///< the learning rate the step used
   double grad_norm = 0;       ///< global gradient norm before clipping (clipping or loss scaling on), else 0

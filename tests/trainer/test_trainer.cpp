@@ -98,7 +98,9 @@ TEST(Trainer, CallbacksFollowTheStepsAndMatchTheMetrics) {
     EXPECT_EQ(line.substr(0, line.find(',', line.find(',') + 1)), fmt::format("{},{:.6f}", r.step, r.loss));
     EXPECT_EQ(r.lr, spec.lr_schedule.at(r.step - 1));
     EXPECT_EQ(r.total_steps, 5);
+    EXPECT_EQ(r.tokens, 4 * 16);
     EXPECT_GT(r.target_tokens, 0);
+    EXPECT_LE(r.target_tokens, r.tokens);
   }
   fs::remove_all(d);
 }
