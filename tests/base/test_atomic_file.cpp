@@ -128,7 +128,9 @@ TEST(AtomicFile, LeftoversOfDeadWritersAreRemovedOrRestored) {
   int restored = 0;
   for (const auto& s : done) {
     restored += s.restored;
-    if (s.restored) EXPECT_EQ(s.target, (d / "checkpoint-2").string());
+    if (s.restored) {
+      EXPECT_EQ(s.target, (d / "checkpoint-2").string());
+    }
   }
   EXPECT_EQ(restored, 1);
   EXPECT_TRUE(rp::clean_stale_temporaries((d / "missing").string()).empty());
