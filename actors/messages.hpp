@@ -35,6 +35,7 @@
 #include "actors/pass_buffers.hpp"
 #include "scheduler/plan.hpp"
 #include "scheduler/profile.hpp"
+#include "roundpipe/session.hpp"  // StepResult (the answer to WaitStep)
 
 namespace rp {
 
@@ -125,16 +126,6 @@ struct SubmitPass {
   std::shared_ptr<const std::vector<int32_t>> ids, targets;  ///< [M * n_seq * seq_len]
 };
 struct WaitStep { int64_t step; };
-struct StepResult {
-  int64_t step = 0;
-  double loss_sum = 0, tokens = 0;
-  double seconds = 0;  ///< from the step's first pass submission to its last group update
-  std::string error;   ///< non-empty if the runtime failed
-  // guarded steps only (clipping / loss scaling / skipping on):
-  double grad_norm = 0;    ///< global L2 norm of the true gradients, before clipping
-  bool skipped = false;    ///< inf/NaN: the step changed nothing
-  float loss_scale = 1.f;  ///< loss scale the step's backward used
-};
 struct Shutdown {};
 /// Session -> scheduler and every shard (request, answered with Ack), before any pass of a
 /// resumed run: steps 0..step-1 happened in an earlier run. Shards then hold version step-1

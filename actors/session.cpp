@@ -12,6 +12,7 @@
 #include "actors/optimizer_shard.hpp"
 #include "actors/scheduler_actor.hpp"
 #include "actors/session_impl.hpp"
+#include "actors/session_testing.hpp"
 #include "actors/worker.hpp"
 #include "scheduler/group_plan.hpp"
 
@@ -41,7 +42,7 @@ std::unique_ptr<Device> make_device(const std::string& backend, int i, const Dev
   throw std::invalid_argument("unknown backend '" + backend + "' (expected cpu, cuda or auto)");
 }
 
-/// Device numbers of the analytic estimate for `backend` (ProfilingOptions::device_model).
+/// Device numbers of the analytic estimate for `backend` (SessionInternals::device_model).
 DeviceModel default_device_model(const std::string& backend, const DeviceOptions& d, DType dt,
                                  int64_t mlp_chunk_tokens) {
   DeviceModel m;  // CUDA: the H200-like defaults of scheduler/cost_model.hpp
@@ -60,6 +61,10 @@ DeviceModel default_device_model(const std::string& backend, const DeviceOptions
 }  // namespace
 
 Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, SessionOptions opt)
+    : Session(layout, std::move(w), std::move(opt), SessionInternals{}) {}
+
+Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, SessionOptions opt,
+                 const SessionInternals& internals)
     : impl_(std::make_unique<Impl>()) {
   Impl& I = *impl_;
   I.layout = layout;
@@ -88,8 +93,8 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
   // the profile has measured the real ones (scheduler/replan.hpp).
   std::function<void(const std::string&)> log = opt.profiling.log;
   if (!log) log = [](const std::string& line) { spdlog::info("{}", line); };
-  const DeviceModel dm = opt.profiling.device_model.value_or(
-      default_device_model(backend, opt.device, dt, opt.mlp_chunk_tokens));
+  const DeviceModel dm =
+      internals.device_model.value_or(default_device_model(backend, opt.device, dt, opt.mlp_chunk_tokens));
   const std::vector<LayerCost> analytic =
       layer_costs(estimate_layers(model_shape_from_config(layout.config), opt.micro.n_seq, opt.micro.seq_len, dm));
   PartitionOptions po;
@@ -150,7 +155,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
   I.sys = std::make_unique<caf::actor_system>(*I.cfg);
 
   if (opt.loss_scaling) {
-    if (dt != DType::f16 && !opt.allow_loss_scaling_any_dtype)
+    if (dt != DType::f16 && !internals.allow_loss_scaling_any_dtype)
       throw std::invalid_argument(fmt::format("loss_scaling needs the f16 compute dtype, the {} backend computes in {} "
                                               "(bf16 and f32 do not need it)",
                                               backend, dtype_name(dt)));
@@ -179,7 +184,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
     Profile prof(layout.num_layers(), opt.micro.n_seq, opt.micro.seq_len);
     prof.device = I.devices[0]->name();
     sc.replanner = std::make_shared<Replanner>(std::move(prof), analytic, po, sim, ro);
-    sc.replanner->set_planner(opt.profiling.planner);
+    sc.replanner->set_planner(internals.planner);
   }
   sc.on_new_host_buffer = [impl = &I](HostBytes& b) { impl->pin(b); };
   sc.log = log;
@@ -307,13 +312,11 @@ void Session::synchronize() {
 }
 
 const std::vector<std::vector<float>>& Session::master_weights() const { return impl_->master; }
-const std::vector<AdamWState>& Session::optimizer_states() const { return impl_->adam; }
 IterationPlan Session::plan() const { return impl_->info().plan; }
 const IterationPlan& Session::initial_plan() const { return impl_->plan; }
-Profile Session::profile() const { return impl_->info().profile; }
+void Session::save_profile(const std::string& path) const { impl_->info().profile.save(path); }
 std::vector<std::string> Session::replan_log() const { return impl_->info().replan_log; }
 const ModelLayout& Session::layout() const { return impl_->layout; }
-LossScaler* Session::loss_scaler() { return impl_->scaler.get(); }
 int64_t Session::steps_closed() const { return impl_->current_step; }
 MemoryEvents Session::memory_events() const {
   return {impl_->memory_events.start_waits.load(), impl_->memory_events.prefetch_refusals.load()};
@@ -325,6 +328,10 @@ size_t Session::peak_device_bytes() const {
   return p;
 }
 std::string Session::device_name() const { return impl_->devices[0]->name(); }
+const std::vector<AdamWState>& TestSession::optimizer_states() const { return impl().adam; }
+LossScaler* TestSession::loss_scaler() { return impl().scaler.get(); }
+Profile TestSession::profile() const { return impl().info().profile; }
+
 void Session::write_trace(const std::string& path) const {
   if (!impl_->tracer) throw std::runtime_error("tracing was not enabled for this session");
   impl_->tracer->write(path);

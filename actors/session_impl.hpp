@@ -8,10 +8,13 @@
 
 #include <caf/all.hpp>
 
+#include "actors/messages.hpp"
 #include "actors/pass_buffers.hpp"
 #include "actors/scheduler_actor.hpp"
 #include "trace/tracer.hpp"
 #include "actors/worker.hpp"
+#include "optimizer/adamw.hpp"
+#include "optimizer/loss_scale.hpp"
 #include "roundpipe/session.hpp"
 
 namespace rp {

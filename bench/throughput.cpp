@@ -216,7 +216,7 @@ int run(int argc, char** argv) {
               rss, dt, s.plan().summary().c_str(), xfer.c_str(), chunks.c_str());
   if (!results.empty()) std::ofstream(results, std::ios::app) << row << "\n";
   if (!trace.empty()) s.write_trace(trace);
-  if (!profile_out.empty()) s.profile().save(profile_out);
+  if (!profile_out.empty()) s.save_profile(profile_out);
   return 0;
 }
 

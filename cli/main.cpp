@@ -9,7 +9,7 @@
 #include "cli/plan.hpp"
 #include "cli/trace.hpp"
 #include "cli/train.hpp"
-#include "model/checkpoint.hpp"
+#include "roundpipe/checkpoint.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"RoundPipe C++: fine-tune LLMs on GPUs too small to hold them"};

@@ -1,8 +1,9 @@
-// `roundpipe train SPEC.json`: the main job.
+// `roundpipe train SPEC.json`: the command-line face of rp::Trainer (roundpipe/trainer.hpp).
 #pragma once
+#include <cstdint>
 #include <string>
 
-#include "cli/spec.hpp"
+#include "roundpipe/spec.hpp"
 
 namespace rp {
 
@@ -16,19 +17,12 @@ struct TrainOverrides {
   bool resume_given = false; ///< --resume was on the command line (an empty value is an error)
 };
 
-/// Runs the training job of `spec`: loads model and data, builds a Session, prints one
-/// progress line per step (step, loss, tokens/s, learning rate, elapsed, ETA), appends
-/// metrics to <output_dir>/metrics.csv and writes HF checkpoints atomically
-/// (<output_dir>/checkpoint-<step>/ every save_every steps and <output_dir>/final/), each
-/// with the optimizer state (optimizer.bin) and the trainer state (trainer_state.json), and
-/// the measured per-layer profile in <output_dir>/profile.json (also written on Ctrl-C;
-/// `roundpipe plan --profile` reads it). Without a "plan" key the plan is automatic and
-/// re-planned once from the profile (one log line).
-/// With spec.resume_from (or ov.resume) the run continues from such a checkpoint: weights,
-/// optimizer state, loss scaler, learning-rate step and data position are restored, so it
-/// reproduces the uninterrupted run bit for bit (same spec; differences are warned about).
-/// Returns the process exit code (0 ok, 1 error, 130 interrupted). Errors are printed as
-/// one line "roundpipe: error: ...".
+/// Runs the training job of `spec` with the command line's overrides through rp::Trainer,
+/// printing one progress line per spec.log_every steps (step, loss, tokens/s, learning
+/// rate, [grad norm, loss scale,] elapsed, ETA) and a closing line. Ctrl-C or SIGTERM stops
+/// the run after the steps in flight and saves them as checkpoint-<n> (a second signal exits
+/// at once). Returns the process exit code (0 ok, 130 interrupted); errors throw (main()
+/// prints them as one line "roundpipe: error: ...").
 int run_train(TrainSpec spec, const TrainOverrides& ov);
 
 }  // namespace rp

@@ -19,13 +19,11 @@
 #include <vector>
 
 #include "data/chat_template.hpp"
+#include "roundpipe/data.hpp"  // kIgnoreIndex, TokenBatch
 
 namespace rp {
 
 class Tokenizer;
-
-/// Target value meaning "no loss at this position" (PyTorch's ignore_index).
-inline constexpr int32_t kIgnoreIndex = -100;
 
 /// One tokenised training example: loss_mask[i] = 1 when token i is to be predicted.
 struct Example {
@@ -76,14 +74,6 @@ struct PackedSequences {
 /// order), then the text windows. Examples whose truncation leaves no target are dropped
 /// and counted. Throws std::invalid_argument when seq_len < 1 or pad_id < 0.
 PackedSequences pack_sequences(const Dataset& data, int64_t seq_len, int32_t pad_id);
-
-/// A batch of n_seq sequences: ids and targets are [n_seq, seq_len], row-major.
-struct TokenBatch {
-  int64_t n_seq = 0, seq_len = 0;
-  std::vector<int32_t> ids, targets;
-  /// Number of positions with a target (not kIgnoreIndex): the loss normaliser.
-  int64_t num_targets() const;
-};
 
 /// Deterministic, endless iteration over packed sequences. Epoch e visits every sequence
 /// once, in a permutation drawn from std::mt19937_64 seeded with (seed, e) via a

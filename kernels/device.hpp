@@ -20,19 +20,12 @@
 #include <string>
 
 #include "kernels/dtype.hpp"
+#include "roundpipe/device.hpp"  // DeviceOptions, cuda_device_count
+#include "roundpipe/errors.hpp"  // DeviceOutOfMemory, DeviceError
 
 namespace rp {
 
 class Ops;
-
-/// Thrown when an allocation would exceed a device's byte capacity.
-struct DeviceOutOfMemory : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-/// Thrown for any failed device call (CUDA error text, call, file:line).
-struct DeviceError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 /// Allocation granule of the CUDA pool: allocations above kSmallAllocationBytes are backed by
 /// their own physical memory in multiples of it (the GPU's 2 MiB pages), so free memory never
@@ -96,15 +89,6 @@ class Stream {
   virtual std::unique_ptr<TimingMark> mark_time() = 0;
 };
 
-/// Options common to both backends.
-struct DeviceOptions {
-  size_t capacity_bytes = size_t(24) << 30;  ///< pool cap (emulates a 24 GiB card by default)
-  double pcie_bytes_per_s = 0;               ///< CPU backend: a shared link of this bandwidth per direction (0 = memcpy speed)
-  size_t pcie_chunk_bytes = size_t(1) << 20; ///< CPU backend: the link is re-arbitrated after each chunk
-  bool pcie_priorities = true;               ///< CPU backend: activation streams first (false: first come, first served)
-  DType dtype = DType::bf16;                 ///< CUDA backend: storage dtype, bf16 or f16 (the CPU backend is f32)
-};
-
 class Device {
  public:
   virtual ~Device() = default;
@@ -136,8 +120,6 @@ class Device {
 
 /// Creates virtual GPU `index` of the CPU backend.
 std::unique_ptr<Device> make_cpu_device(int index, const DeviceOptions& opt);
-/// Number of CUDA devices visible (0 when the build has no CUDA or no driver/GPU).
-int cuda_device_count();
 /// Creates CUDA device `index` (of those CUDA_VISIBLE_DEVICES exposes). Throws
 /// DeviceError when the build has no CUDA backend or the device cannot be used.
 std::unique_ptr<Device> make_cuda_device(int index, const DeviceOptions& opt);

@@ -1,24 +1,14 @@
-// Element types used for device tensors and host copies.
+// Element types used for device tensors and host copies: conversions (DType itself is
+// public: roundpipe/dtype.hpp).
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string>
 
+#include "roundpipe/dtype.hpp"
+
 namespace rp {
-
-/// Storage type of a tensor. Compute always accumulates in fp32.
-enum class DType : uint8_t { f32, bf16, f16, i32 };
-
-/// Bytes per element of `t`.
-constexpr size_t dtype_size(DType t) {
-  return t == DType::f32 || t == DType::i32 ? 4 : 2;
-}
-/// "f32", "bf16", "f16" or "i32".
-const char* dtype_name(DType t);
-/// Parses "f32"/"fp32"/"float32", "bf16"/"bfloat16", "f16"/"fp16"/"float16";
-/// throws std::invalid_argument naming the text otherwise.
-DType parse_dtype(const std::string& s);
 
 /// fp32 -> bf16 with round-to-nearest-even (NaN stays NaN).
 inline uint16_t f32_to_bf16(float f) {

@@ -1,7 +1,6 @@
 #include "model/checkpoint.hpp"
 #include "model/error_text.hpp"
 
-#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -15,6 +14,7 @@
 
 #include "model/gguf.hpp"
 #include "model/tokenizer_export.hpp"
+#include "base/atomic_file.hpp"
 
 namespace rp {
 
@@ -218,17 +218,8 @@ void save_hf_checkpoint(const std::string& dir_in, const ModelLayout& layout,
     throw std::invalid_argument(fmt::format("save_hf_checkpoint: {} group buffers for {} groups",
                                             group_data.size(), layout.groups.size()));
   if (dtype == DType::i32) throw std::invalid_argument("save_hf_checkpoint: dtype i32 is not supported");
-  std::string d = dir_in;
-  while (d.size() > 1 && d.back() == '/') d.pop_back();
-  const fs::path dir(d);
-  std::error_code ec;
-  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
-    fail(d, "exists and is not a directory");
-  const fs::path tmp(fmt::format("{}.tmp-{}", d, ::getpid()));
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
-  if (ec) fail(tmp.string(), fmt::format("cannot create: {}", ec.message()));
-  try {
+  replace_folder(dir_in, [&](const std::string& tmp_dir) {
+    const fs::path tmp(tmp_dir);
     const ModelConfig& c = layout.config;
     json cfg = config_to_json(c);
     const char* tname = dtype == DType::f32 ? "float32" : dtype == DType::bf16 ? "bfloat16" : "float16";
@@ -254,28 +245,8 @@ void save_hf_checkpoint(const std::string& dir_in, const ModelLayout& layout,
                                       chat_template, c.max_position_embeddings);
       write_text(tmp / "tokenizer_config.json", dump_json(tc, tmp / "tokenizer_config.json"));
     }
-
     if (extra) extra(tmp.string());
-
-    // Swap into place: the old checkpoint is removed only once the new one is there.
-    const bool had_old = fs::exists(dir, ec);
-    const fs::path old(fmt::format("{}.old-{}", d, ::getpid()));
-    if (had_old) {
-      fs::remove_all(old, ec);
-      fs::rename(dir, old, ec);
-      if (ec) fail(d, fmt::format("cannot move the previous checkpoint aside: {}", ec.message()));
-    }
-    fs::rename(tmp, dir, ec);
-    if (ec) {
-      const std::string msg = ec.message();
-      if (had_old) fs::rename(old, dir, ec);
-      fail(d, fmt::format("cannot move the new checkpoint into place: {}", msg));
-    }
-    if (had_old) fs::remove_all(old, ec);
-  } catch (...) {
-    fs::remove_all(tmp, ec);
-    throw;
-  }
+  });
 }
 
 void convert_gguf_to_hf(const std::string& gguf, const std::string& out_dir, DType dtype) {

@@ -1,68 +1,10 @@
 // Loading a model (GGUF file or Hugging Face folder) into fp32 host tensors, copying it into
-// the runtime's parameter groups, and saving Hugging Face checkpoints atomically.
+// the runtime's parameter groups, and saving Hugging Face checkpoints atomically: the
+// functions are public (roundpipe/checkpoint.hpp: load_model, fill_groups, save_hf_checkpoint,
+// convert_gguf_to_hf) and implemented in model/checkpoint.cpp.
 #pragma once
-#include <functional>
-#include <map>
-#include <string>
-#include <vector>
-
-#include <nlohmann/json.hpp>
-
 #include "kernels/dtype.hpp"
 #include "model/config.hpp"
 #include "model/layout.hpp"
-#include "model/safetensors.hpp"  // HostTensor
-
-namespace rp {
-
-struct LoadedModel {
-  ModelConfig config;
-  /// HF names -> fp32 tensors in HF (row-major) shapes: exactly the tensors of
-  /// make_layout(config) (a tied lm_head.weight is dropped after checking it equals the
-  /// embedding).
-  std::map<std::string, HostTensor> tensors;
-  nlohmann::json tokenizer_json;  ///< HF tokenizer.json content, or null
-  std::string chat_template;      ///< Jinja chat template, or ""
-  std::string source;             ///< the path it was loaded from
-};
-
-/// Loads `path`: a .gguf file (llama or qwen3 architecture; quantized tensors dequantized to
-/// fp32, LLaMA q/k rows un-permuted back to HF's rotate-half order, tokenizer.json rebuilt
-/// from tokenizer.ggml.* when it is byte-level BPE, else null) or a Hugging Face folder
-/// (config.json, model.safetensors or model.safetensors.index.json + shards; tokenizer.json
-/// and the chat_template of tokenizer_config.json or chat_template.jinja when present).
-/// Every tensor of make_layout(config) must be present with the right shape; unknown extra
-/// tensors are refused. Throws std::runtime_error("<file>: <what>") naming the tensor.
-LoadedModel load_model(const std::string& path);
-
-/// Resizes `group_data` to layout.groups.size() buffers of group.numel floats and copies
-/// each tensor of `m` to its TensorSpec offset. Throws std::runtime_error when a tensor is
-/// missing or has another number of elements.
-void fill_groups(const LoadedModel& m, const ModelLayout& layout,
-                 std::vector<std::vector<float>>& group_data);
-
-/// Writes a Hugging Face checkpoint of the fp32 parameters in `group_data` (one pointer per
-/// layout group, group.numel floats each, laid out as in `layout`) into folder `dir`:
-/// config.json (torch_dtype = dtype), generation_config.json, model.safetensors (or
-/// 5 GB shards + model.safetensors.index.json) in `dtype` (f32, bf16 or f16),
-/// tokenizer.json (when tokenizer_json is not null) and tokenizer_config.json (with
-/// chat_template and bos/eos/pad tokens of layout.config).
-/// Atomic: everything is written into "<dir>.tmp-<pid>", which then replaces `dir` (an old
-/// `dir` is moved aside and removed only after the new one is in place), so a failure never
-/// leaves a partial checkpoint and keeps any previous one. Throws std::invalid_argument for a
-/// wrong number of groups, std::runtime_error("<file>: <what>") for I/O failures.
-/// `extra` (optional) is called with the temporary folder after the model files are written
-/// and before the rename, to add files that must appear atomically with the checkpoint (the
-/// trainer's optimizer state); an exception from it aborts the save like any other failure.
-void save_hf_checkpoint(const std::string& dir, const ModelLayout& layout,
-                        const std::vector<const float*>& group_data,
-                        const nlohmann::json& tokenizer_json, const std::string& chat_template,
-                        DType dtype,
-                        const std::function<void(const std::string& tmp_dir)>& extra = {});
-
-/// load_model(gguf) + save_hf_checkpoint(out_dir, ...) in `dtype` (default fp32: dequantized
-/// GGUF values are exact in fp32).
-void convert_gguf_to_hf(const std::string& gguf, const std::string& out_dir,
-                        DType dtype = DType::f32);
-
-}  // namespace rp
+#include "model/safetensors.hpp"
+#include "roundpipe/checkpoint.hpp"

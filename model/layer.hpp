@@ -23,18 +23,11 @@
 #include <vector>
 
 #include "kernels/dtype.hpp"
-#include "model/layout.hpp"
+#include "model/layout.hpp"  // also MicroBatchShape
 
 namespace rp {
 
 class Ops;
-
-/// Shape of one micro-batch.
-struct MicroBatchShape {
-  int64_t n_seq = 1;
-  int64_t seq_len = 1;
-  int64_t tokens() const { return n_seq * seq_len; }
-};
 
 /// Everything one layer call reads and writes. Unused fields stay null.
 struct LayerArgs {

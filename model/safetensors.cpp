@@ -1,10 +1,10 @@
 #include "model/safetensors.hpp"
 #include "model/error_text.hpp"
+#include "base/atomic_file.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -287,10 +287,9 @@ void save_safetensors(const std::string& path, const std::vector<TensorRef>& ten
   std::string header = h.dump();
   while (header.size() % 8 != 0) header.push_back(' ');
 
-  const std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
-  std::unique_ptr<std::FILE, FileCloser> f(std::fopen(tmp.c_str(), "wb"));
-  if (!f) fail(fmt::format("cannot create {}: {}", tmp, std::strerror(errno)));
-  try {
+  replace_file(path, [&](const std::string& tmp) {
+    std::unique_ptr<std::FILE, FileCloser> f(std::fopen(tmp.c_str(), "wb"));
+    if (!f) fail(fmt::format("cannot create {}: {}", tmp, std::strerror(errno)));
     auto put = [&](const void* p, size_t n) {
       if (n && std::fwrite(p, 1, n, f.get()) != n) fail(fmt::format("write failed: {}", std::strerror(errno)));
     };
@@ -315,17 +314,9 @@ void save_safetensors(const std::string& path, const std::vector<TensorRef>& ten
         put(buf.data(), size_t(m) * 2);
       }
     }
-    if (std::fflush(f.get()) != 0 || ::fsync(::fileno(f.get())) != 0)
-      fail(fmt::format("write failed: {}", std::strerror(errno)));
-    std::FILE* raw = f.release();
-    if (std::fclose(raw) != 0) fail(fmt::format("close failed: {}", std::strerror(errno)));
-    if (std::rename(tmp.c_str(), path.c_str()) != 0)
-      fail(fmt::format("cannot rename {} into place: {}", tmp, std::strerror(errno)));
-  } catch (...) {
-    f.reset();
-    std::remove(tmp.c_str());
-    throw;
-  }
+    if (std::fflush(f.get()) != 0) fail(fmt::format("write failed: {}", std::strerror(errno)));
+    if (std::fclose(f.release()) != 0) fail(fmt::format("close failed: {}", std::strerror(errno)));
+  });
 }
 
 std::vector<std::string> save_safetensors_sharded(const std::string& dir,

@@ -16,15 +16,9 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/dtype.hpp"
+#include "roundpipe/checkpoint.hpp"  // HostTensor
 
 namespace rp {
-
-/// A host tensor in fp32, row-major.
-struct HostTensor {
-  std::vector<int64_t> shape;
-  std::vector<float> data;
-  int64_t numel() const;
-};
 
 struct SafetensorsEntry {
   std::string name;

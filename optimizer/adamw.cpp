@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "base/checksum.hpp"
 #include "optimizer/kernels.hpp"
 
 namespace rp {
@@ -157,17 +158,9 @@ void check_state_vec(const FloatVec& vec, int64_t n, const char* name) {
 
 // ---- serialisation -------------------------------------------------------------------
 constexpr char kMagic[8] = {'R', 'P', 'A', 'D', 'A', 'M', 'W', '1'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 1: FNV-1a checksum
 
-uint64_t fnv1a_bytes(uint64_t h, const void* data, size_t bytes) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < bytes; ++i) {
-    h ^= p[i];
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-uint64_t fnv1a(uint64_t h, const FloatVec& v) { return fnv1a_bytes(h, v.data(), v.size() * sizeof(float)); }
+void add(Checksum& c, const FloatVec& v) { c.update(v.data(), v.size() * sizeof(float)); }
 
 // hyper-parameter block of the state file
 constexpr size_t kOptsBytes = 5 * 8 + 4;
@@ -355,19 +348,19 @@ void save_state(std::ostream& os, const AdamWState& st, const AdamWOptions* opts
   put(os, uint32_t(st.vmax.empty() ? 0u : 1u) | uint32_t(opts ? 2u : 0u));
   put(os, st.step);
   put(os, n);
-  uint64_t h = 14695981039346656037ull;
+  Checksum sum;
   if (opts) {
     unsigned char b[kOptsBytes];
     pack_opts(*opts, b);
     os.write(reinterpret_cast<const char*>(b), kOptsBytes);
-    h = fnv1a_bytes(h, b, kOptsBytes);
+    sum.update(b, kOptsBytes);
   }
   for (const auto* vec : {&st.m, &st.v, &st.vmax}) {
     if (vec->empty()) continue;
     os.write(reinterpret_cast<const char*>(vec->data()), std::streamsize(n * 4));
-    h = fnv1a(h, *vec);
+    add(sum, *vec);
   }
-  put(os, h);
+  put(os, sum.digest());
   if (!os) throw std::runtime_error("save_state: write to the output stream failed");
 }
 
@@ -392,12 +385,12 @@ void load_state(std::istream& is, AdamWState& st, int64_t expected_n, AdamWOptio
   if (expected_n >= 0 && n != expected_n)
     throw std::runtime_error(fmt::format(
         "load_state: size mismatch: expected {} parameters, file has {}", expected_n, n));
-  uint64_t h = 14695981039346656037ull;
+  Checksum sum;
   unsigned char ob[kOptsBytes];
   if (flags & 2u) {
     if (!is.read(reinterpret_cast<char*>(ob), kOptsBytes))
       throw std::runtime_error("load_state: truncated stream while reading the hyper-parameters");
-    h = fnv1a_bytes(h, ob, kOptsBytes);
+    sum.update(ob, kOptsBytes);
   }
   AdamWState s;
   s.step = step;
@@ -405,8 +398,8 @@ void load_state(std::istream& is, AdamWState& st, int64_t expected_n, AdamWOptio
   get_floats(is, s.v, n, "v");
   if (flags & 1u) get_floats(is, s.vmax, n, "vmax");
   for (const auto* vec : {&s.m, &s.v, &s.vmax})
-    if (!vec->empty()) h = fnv1a(h, *vec);
-  if (get<uint64_t>(is, "the checksum") != h)
+    if (!vec->empty()) add(sum, *vec);
+  if (get<uint64_t>(is, "the checksum") != sum.digest())
     throw std::runtime_error("load_state: checksum mismatch (corrupted state)");
   if (n == 0) s.m.clear(), s.v.clear(), s.vmax.clear();
   AdamWOptions o;

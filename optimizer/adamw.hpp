@@ -37,6 +37,7 @@
 #include "kernels/dtype.hpp"
 #include "optimizer/isa.hpp"
 #include "optimizer/thread_pool.hpp"
+#include "roundpipe/optimizer.hpp"  // AdamWOptions (hyper-parameters of one parameter group), validate
 
 namespace rp {
 
@@ -67,18 +68,6 @@ struct DefaultInitAllocator : std::allocator<T> {
 /// fp32 buffer whose resize() does not write the new elements.
 using FloatVec = std::vector<float, DefaultInitAllocator<float>>;
 
-/// Hyper-parameters of one parameter group. Same meaning and defaults as torch.
-struct AdamWOptions {
-  double lr = 1e-4;            ///< base learning rate (the per-step value is passed separately)
-  double beta1 = 0.9;          ///< first-moment decay, in [0, 1)
-  double beta2 = 0.999;        ///< second-moment decay, in [0, 1)
-  double eps = 1e-8;           ///< added to sqrt(v_hat), >= 0
-  double weight_decay = 0.0;   ///< >= 0; decoupled (AdamW) or L2 (Adam), see `decoupled`
-  bool decoupled = true;       ///< true: AdamW (Loshchilov & Hutter); false: L2 added to the gradient
-  bool amsgrad = false;        ///< keep the running max of v and normalise by it
-  bool maximize = false;       ///< ascend: the gradient is negated
-};
-
 /// Optimizer state of one parameter group (a flat range of n fp32 parameters).
 /// m, v: first / second moments (n floats each); vmax: running max of v (n floats,
 /// only with amsgrad, otherwise empty); step: number of updates applied so far.
@@ -88,10 +77,6 @@ struct AdamWState {
   FloatVec m, v, vmax;
   int64_t step = 0;
 };
-
-/// Throws std::invalid_argument (one line, naming the field) when an option is out of
-/// range: lr < 0, beta not in [0,1), eps < 0, weight_decay < 0, or any is NaN.
-void validate(const AdamWOptions& o);
 
 /// Applies one AdamW / Adam step to `n` fp32 master weights `w` in place.
 ///  - w:          n fp32 master weights (read and written).
@@ -137,11 +122,12 @@ void write_lowp_copy(const float* w, void* out, int64_t n, DType dtype, ThreadPo
 /// Elements per piece below which adamw_update / sum_of_squares stay on fewer threads.
 inline constexpr int64_t kMinElemsPerThread = 32768;
 
-/// Writes `st` in a little-endian binary format: magic "RPADAMW1", version (u32),
+/// Writes `st` in a little-endian binary format: magic "RPADAMW1", version (u32, 2),
 /// flags (u32, bit 0: vmax present, bit 1: hyper-parameters present), step (i64), n (i64),
 /// [hyper-parameters: lr, beta1, beta2, eps, weight_decay as f64, then u32 bits
 /// decoupled | amsgrad << 1 | maximize << 2], then m, v and (if present) vmax as n raw fp32
-/// each, then a 64-bit FNV-1a checksum of the hyper-parameter bytes and the float payload.
+/// each, then the XXH3-64 checksum of the hyper-parameter bytes and the float payload
+/// (version 1 had an FNV-1a checksum and is refused).
 /// `opts` (optional) records the group's hyper-parameters with the state.
 /// The fp32 master weights are not part of the state: save them separately (bit-exact)
 /// for a bit-identical resume. Throws std::runtime_error when the stream fails.

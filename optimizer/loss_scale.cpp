@@ -8,17 +8,13 @@
 
 #include <fmt/format.h>
 
+#include "base/checksum.hpp"
 #include "optimizer/clip.hpp"
 
 namespace rp {
 namespace {
-constexpr char kMagic[8] = {'R', 'P', 'L', 'S', 'C', 'A', 'L', '1'};
-
-uint64_t fnv1a(uint64_t h, const void* p, size_t n) {
-  const auto* b = static_cast<const unsigned char*>(p);
-  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
-  return h;
-}
+// "RPLSCAL1" was the same record with an FNV-1a checksum
+constexpr char kMagic[8] = {'R', 'P', 'L', 'S', 'C', 'A', 'L', '2'};
 
 struct Record {  // serialised field by field, little-endian
   float scale, growth, backoff;
@@ -89,7 +85,7 @@ void LossScaler::save(std::ostream& os) const {
        b);
   os.write(kMagic, sizeof kMagic);
   os.write(reinterpret_cast<const char*>(b), kRecordBytes);
-  const uint64_t h = fnv1a(14695981039346656037ull, b, kRecordBytes);
+  const uint64_t h = checksum64(b, kRecordBytes);
   os.write(reinterpret_cast<const char*>(&h), 8);
   if (!os) throw std::runtime_error("LossScaler::save: write to the output stream failed");
 }
@@ -98,12 +94,12 @@ void LossScaler::load(std::istream& is) {
   char magic[8];
   if (!is.read(magic, 8)) throw std::runtime_error("LossScaler::load: truncated stream while reading the magic");
   if (std::memcmp(magic, kMagic, 8) != 0)
-    throw std::runtime_error("LossScaler::load: not a loss scaler state (bad magic, expected \"RPLSCAL1\")");
+    throw std::runtime_error("LossScaler::load: not a loss scaler state (bad magic, expected \"RPLSCAL2\")");
   unsigned char b[kRecordBytes];
   uint64_t h;
   if (!is.read(reinterpret_cast<char*>(b), kRecordBytes) || !is.read(reinterpret_cast<char*>(&h), 8))
     throw std::runtime_error("LossScaler::load: truncated stream");
-  if (h != fnv1a(14695981039346656037ull, b, kRecordBytes))
+  if (h != checksum64(b, kRecordBytes))
     throw std::runtime_error("LossScaler::load: checksum mismatch (corrupted state)");
   const Record r = unpack(b);
   LossScalerOptions o = opt_;

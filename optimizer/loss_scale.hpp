@@ -18,17 +18,9 @@
 #include <map>
 #include <vector>
 
-namespace rp {
+#include "roundpipe/optimizer.hpp"  // LossScalerOptions
 
-/// torch.amp.GradScaler's knobs and defaults.
-struct LossScalerOptions {
-  float init_scale = 65536.f;     ///< 2^16, > 0 and finite
-  float growth_factor = 2.f;      ///< > 1
-  float backoff_factor = 0.5f;    ///< in (0, 1)
-  int64_t growth_interval = 2000; ///< consecutive clean steps before growing, >= 1
-  /// Throws std::invalid_argument (one line, naming the field) when out of range.
-  void validate() const;
-};
+namespace rp {
 
 /// The scale state machine of torch's GradScaler (_amp_update_scale_):
 ///  - overflow (inf/NaN in the step's gradients): scale *= backoff_factor, tracker = 0,
@@ -55,8 +47,8 @@ class LossScaler {
   bool update(bool found_inf, float scale_used);
   bool update(bool found_inf) { return update(found_inf, scale_); }
 
-  /// Little-endian binary: magic "RPLSCAL1", scale, growth_factor, backoff_factor (f32),
-  /// growth_interval, tracker, skipped, applied (i64), FNV-1a checksum (u64). Throws
+  /// Little-endian binary: magic "RPLSCAL2", scale, growth_factor, backoff_factor (f32),
+  /// growth_interval, tracker, skipped, applied (i64), XXH3-64 checksum (u64). Throws
   /// std::runtime_error when the stream fails.
   void save(std::ostream& os) const;
   /// Replaces *this with a saved scaler; throws std::runtime_error (one line) on a bad

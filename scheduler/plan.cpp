@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "base/json_fields.hpp"
+
 namespace rp {
 
 const char* stage_kind_name(StageKind k) {
@@ -121,11 +123,8 @@ std::pair<int, int> range_of(const nlohmann::json& v, const std::string& where) 
   return {v[0].get<int>(), v[1].get<int>()};
 }
 int int_of(const nlohmann::json& j, const char* key, int dflt, const std::string& where) {
-  if (!j.contains(key)) return dflt;
-  if (!is_int(j[key]))
-    throw std::invalid_argument(fmt::format("{}: key '{}': expected an integer, got {}", where, key,
-                                            j[key].dump()));
-  return j[key].get<int>();
+  JsonFields(j, where).optional(key, dflt);
+  return dflt;
 }
 }  // namespace
 

@@ -13,55 +13,9 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "roundpipe/plan.hpp"  // Stage, IterationPlan, validate_plan, make_*_plan, plan_from_json
+
 namespace rp {
-
-enum class StageKind : uint8_t { forward, tail, backward };
-const char* stage_kind_name(StageKind k);
-
-struct Stage {
-  StageKind kind = StageKind::forward;
-  int first = 0;  ///< lowest layer index of the stage (inclusive)
-  int last = 0;   ///< highest layer index (inclusive)
-  int num_layers() const { return last - first + 1; }
-  /// Layers in execution order: ascending for forward, first..last then back for the
-  /// tail stage's forward part, descending for backward.
-  std::vector<int> layers() const;
-  bool operator==(const Stage&) const = default;
-};
-
-/// Stages of one iteration in execution order: forward stages, the tail, backward stages.
-struct IterationPlan {
-  int num_layers = 0;  ///< embedding + decoders + tail = L + 2
-  std::vector<Stage> stages;
-  int num_forward() const;
-  int num_backward() const;
-  /// Human-readable one-line summary, e.g. "F[0-7] F[8-15] T[16-31] B[15-12] ...".
-  std::string summary() const;
-};
-
-/// Checks that `p` covers the model exactly once per pass (forward stages ascending and
-/// contiguous from layer 0, one tail stage ending at the last layer, backward stages
-/// descending and contiguous down to layer 0). Throws std::invalid_argument with the
-/// reason, prefixed by `where`.
-void validate_plan(const IterationPlan& p, const std::string& where);
-
-/// Uniform plan: forward stages of `fwd_layers` layers, a tail stage holding the tail
-/// plus its `tail_decoders` preceding decoder layers, backward stages of `bwd_layers`.
-/// Throws std::invalid_argument on non-positive sizes or too many tail decoders.
-IterationPlan make_uniform_plan(int num_layers, int fwd_layers, int bwd_layers, int tail_decoders = 0);
-
-/// Uniform asymmetric 3:1 split (backward with recompute costs about 3x forward, so the
-/// passes split apart) sized so that there are at least `num_workers` backward stages when the model is
-/// deep enough. Not the runtime's default any more (that is the partition of the analytic
-/// costs, scheduler/replan.hpp): the fallback when no partition fits the memory cap, and the
-/// base of a spec plan that gives only some of forward_layers / backward_layers.
-IterationPlan make_default_plan(int num_layers, int num_workers);
-
-/// Plan from a spec object: either {"forward_layers": k, "backward_layers": j,
-/// "tail_decoders": t} or explicit {"forward": [[a,b],...], "tail": [a,b],
-/// "backward": [[b,a],...]}. Validated; errors name `where` and the key.
-IterationPlan plan_from_json(const nlohmann::json& j, int num_layers, int num_workers,
-                             const std::string& where);
 
 /// Round-robin dealing (computation dispatch): stage s of the sequence goes to worker
 /// (pointer + s) mod num_workers. Returns the worker of each stage of `p` and advances

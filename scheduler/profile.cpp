@@ -9,6 +9,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "base/atomic_file.hpp"
+#include "base/json_fields.hpp"
+
 namespace rp {
 
 const char* profile_kind_name(ProfileKind k) {
@@ -52,16 +55,12 @@ nlohmann::json SmoothedTime::to_json() const {
 
 SmoothedTime SmoothedTime::from_json(const nlohmann::json& j, double beta, const std::string& where) {
   if (!j.is_object()) throw std::invalid_argument(where + ": expected an object");
-  auto num = [&](const char* k) {
-    if (!j.contains(k) || !j[k].is_number())
-      throw std::invalid_argument(fmt::format("{}: key '{}': expected a number", where, k));
-    return j[k].get<double>();
-  };
+  const JsonFields f(j, where);
   SmoothedTime s(beta);
-  s.m_ = num("m");
-  s.kept_ = int64_t(num("kept"));
-  s.seen_ = int64_t(num("seen"));
-  s.last_change_ = num("last_change");
+  s.m_ = f.number("m");
+  s.kept_ = int64_t(f.number("kept"));
+  s.seen_ = int64_t(f.number("seen"));
+  s.last_change_ = f.number("last_change");
   if (s.kept_ < 0 || s.seen_ < s.kept_ || !std::isfinite(s.m_) || s.m_ < 0)
     throw std::invalid_argument(where + ": inconsistent m/kept/seen");
   return s;
@@ -182,26 +181,21 @@ nlohmann::json Profile::to_json() const {
 
 Profile Profile::from_json(const nlohmann::json& j, const std::string& where) {
   if (!j.is_object()) throw std::invalid_argument(where + ": expected a JSON object");
-  if (j.value("format", std::string()) != "roundpipe-profile")
-    throw std::invalid_argument(where + ": key 'format': expected \"roundpipe-profile\"");
-  if (j.value("version", 0) != 1) throw std::invalid_argument(where + ": key 'version': expected 1");
-  for (const char* k : {"n_seq", "seq_len"})
-    if (!j.contains(k) || !j[k].is_number_integer())
-      throw std::invalid_argument(fmt::format("{}: key '{}': expected an integer", where, k));
-  if (!j.contains("beta") || !j["beta"].is_number())
-    throw std::invalid_argument(where + ": key 'beta': expected a number");
-  if (!j.contains("layers") || !j["layers"].is_array())
-    throw std::invalid_argument(where + ": key 'layers': expected an array");
+  const JsonFields f(j, where);
+  f.require_value("format", "roundpipe-profile");
+  f.require_value("version", 1);
+  const int64_t n_seq = f.integer("n_seq"), seq_len = f.integer("seq_len");
+  const double beta = f.number("beta");
+  const auto& layers = f.array("layers");
   Profile p;
   try {
-    p = Profile(int(j["layers"].size()), j["n_seq"].get<int64_t>(), j["seq_len"].get<int64_t>(),
-                j["beta"].get<double>());
+    p = Profile(int(layers.size()), n_seq, seq_len, beta);
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(where + ": " + e.what());
   }
   if (j.contains("device") && j["device"].is_string()) p.device = j["device"].get<std::string>();
   for (int l = 0; l < p.num_layers(); ++l) {
-    const auto& o = j["layers"][size_t(l)];
+    const auto& o = layers[size_t(l)];
     const std::string w = fmt::format("{}: layer {}", where, l);
     if (!o.is_object() || !o.contains("layer") || o["layer"] != l)
       throw std::invalid_argument(w + ": expected an object with \"layer\": " + std::to_string(l));
@@ -209,11 +203,9 @@ Profile Profile::from_json(const nlohmann::json& j, const std::string& where) {
     for (ProfileKind k : {ProfileKind::forward, ProfileKind::recompute, ProfileKind::backward, ProfileKind::tail})
       if (o.contains(profile_kind_name(k)))
         lp.series(k) = SmoothedTime::from_json(o[profile_kind_name(k)], p.beta_, w + "." + profile_kind_name(k));
+    const JsonFields lf(o, w);
     auto bytes = [&](const char* k, int64_t& dst) {
-      if (!o.contains(k)) return;
-      if (!o[k].is_number_integer() || o[k].get<int64_t>() < 0)
-        throw std::invalid_argument(fmt::format("{}: key '{}': expected a non-negative integer", w, k));
-      dst = o[k].get<int64_t>();
+      if (lf.has(k)) dst = lf.integer(k, 0);
     };
     bytes("weight_bytes", lp.weight_bytes);
     bytes("grad_bytes", lp.grad_bytes);
@@ -223,19 +215,8 @@ Profile Profile::from_json(const nlohmann::json& j, const std::string& where) {
 }
 
 void Profile::save(const std::string& path) const {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw std::runtime_error(path + ": cannot open for writing");
-    f << to_json().dump(1) << '\n';
-    if (!f.flush()) throw std::runtime_error(path + ": write failed");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    throw std::runtime_error(path + ": cannot rename temporary file: " + ec.message());
-  }
+  const std::string text = to_json().dump(1) + "\n";
+  write_file_atomically(path, [&](std::ostream& f) { f << text; });
 }
 
 Profile Profile::load(const std::string& path) {

@@ -102,7 +102,7 @@ class Profile {
   nlohmann::json to_json() const;
   /// Errors: std::invalid_argument("<where>: <key or layer>: <what>").
   static Profile from_json(const nlohmann::json& j, const std::string& where);
-  /// Writes JSON atomically (temporary file + rename). Throws std::runtime_error("<path>: ...").
+  /// Writes JSON atomically (base/atomic_file.hpp). Throws std::runtime_error("<path>: ...").
   void save(const std::string& path) const;
   /// Throws std::runtime_error("<path>: ...") for I/O or parse errors.
   static Profile load(const std::string& path);

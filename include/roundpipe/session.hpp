@@ -1,17 +1,28 @@
-// RoundPipe's embedding API: wrap a model in a training session and drive it from
-// your own loop.
+// The low-level training API: wrap a model in a Session and drive it from your own loop.
+// (rp::Trainer, roundpipe/trainer.hpp, runs the whole loop from a spec instead.)
 //
-//   rp::LoadedModel lm = rp::load_model("model.gguf");       // or an HF directory
+//   rp::LoadedModel lm = rp::load_model("model.gguf");       // or a Hugging Face folder
 //   rp::ModelLayout layout = rp::make_layout(lm.config);
-//   rp::SessionOptions opt;  opt.workers = 2;  opt.micro_batches = 4;  ...
-//   rp::Session s(layout, rp::group_weights(lm, layout), opt);
-//   for (step...) {
-//     s.forward_backward(ids, targets);     // one or more passes per step
-//     int64_t t = s.step(lr);               // closes the step; returns at once
-//     rp::StepResult r = s.wait(t - 1);     // results arrive one step behind (async)
+//   std::vector<std::vector<float>> weights;
+//   rp::fill_groups(lm, layout, weights);
+//   rp::SessionOptions opt;  opt.workers = 2;  opt.micro_batches = 4;  opt.micro = {1, 512};
+//   rp::Session s(layout, std::move(weights), opt);
+//   rp::TokenStream data(lm, "data.jsonl", {.seq_len = 512});  // or your own ids and targets
+//   rp::LrSchedule lr;  lr.kind = "cosine";  lr.lr = 1e-4;  lr.total_steps = steps;
+//   for (int64_t t = 0; t < steps; ++t) {
+//     rp::TokenBatch b = data.next(4);             // M * n_seq sequences
+//     s.forward_backward(b.ids, b.targets);        // one or more passes per step
+//     s.step(lr.at(t));                            // closes the step; returns at once
+//     if (t > 0) rp::StepResult r = s.wait(t - 1); // results arrive one step behind (async)
 //   }
-//   s.synchronize();  save(s.master_weights());
+//   s.synchronize();                               // every step applied
+//   std::vector<const float*> ptrs;
+//   for (const auto& g : s.master_weights()) ptrs.push_back(g.data());
+//   rp::save_hf_checkpoint("out", layout, ptrs, lm.tokenizer_json, lm.chat_template, rp::DType::bf16,
+//                          [&](const std::string& tmp) { s.save_optimizer_state(tmp + "/optimizer.bin"); });
+//   // with the optimizer state next to the weights the run can be resumed exactly
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -19,34 +30,28 @@
 #include <string>
 #include <vector>
 
-#include "actors/messages.hpp"
-#include "kernels/device.hpp"
-#include "model/layer.hpp"
-#include "optimizer/adamw.hpp"
-#include "optimizer/loss_scale.hpp"
-#include "scheduler/plan.hpp"
-#include "scheduler/replan.hpp"
+#include "roundpipe/device.hpp"
+#include "roundpipe/errors.hpp"
+#include "roundpipe/model.hpp"
+#include "roundpipe/optimizer.hpp"
+#include "roundpipe/plan.hpp"
 
 namespace rp {
 
-/// The profiler and automatic re-planning (docs/plan.md "Profiler and re-planning").
+/// The profiler and automatic re-planning: every layer call is timed on the device; without
+/// an explicit plan the runtime starts from the partition of the analytic costs and re-plans
+/// once the measured profile settles.
 struct ProfilingOptions {
   bool enabled = true;            ///< time every layer call (steady clocks / CUDA events) into the profile
   /// Automatic plans only (SessionOptions::plan empty): once the profile settles, switch to
   /// the partition of the measured costs when the simulator predicts it is faster.
   bool replan = true;
-  double settle_rel_tol = 0.05;   ///< Profile::settled(rel_tol, min_samples) decides when
-  int64_t settle_min_samples = 3;
+  double settle_rel_tol = 0.05;   ///< a series is settled when its last relative change is at most this
+  int64_t settle_min_samples = 3; ///< ... and it has at least this many samples
   int64_t settle_max_samples = 16;  ///< decide anyway with this many samples per series (noisy hosts)
   double min_gain = 0.02;         ///< switch only when the predicted iteration time drops by more than this
-  /// Device numbers of the analytic estimate (FLOPs and bytes per layer) that chooses the
-  /// initial automatic plan. Default: DeviceModel{} (an H200) on CUDA, a few-core CPU on the
-  /// CPU backend; elem_bytes follow the compute dtype, pcie_bandwidth the CPU-backend throttle.
-  std::optional<DeviceModel> device_model;
-  /// Receives the one-line re-planning message (default: spdlog::info).
+  /// Receives the one-line re-planning message (default: the runtime's log, spdlog::info).
   std::function<void(const std::string&)> log;
-  /// Testing: replaces the partitioner at re-plan time (Replanner::Planner).
-  Replanner::Planner planner;
 };
 
 struct SessionOptions {
@@ -61,21 +66,18 @@ struct SessionOptions {
   bool pin_optimizer_threads = true;  ///< pin them (each shard to its own cores, NUMA-grouped)
   double max_grad_norm = 0;      ///< > 0: clip the global gradient norm (torch clip_grad_norm_)
   bool skip_nonfinite = false;   ///< skip steps whose gradients hold inf/NaN (implied by loss_scaling)
-  /// fp16 dynamic loss scaling (torch GradScaler rules, optimizer/loss_scale.hpp): the tail
-  /// multiplies the loss gradient by the scale, the optimizer divides it out (fused into the
-  /// AdamW gradient factor) before clipping; a step whose gradients hold inf/NaN is skipped
-  /// (weights, moments and AdamW step counters untouched) and the scale backs off; it grows
-  /// after growth_interval clean steps. Step t's backward uses the scale decided after step
-  /// t-1 (sync) or t-2 (async: the step whose weights it computes with), so results never
-  /// depend on timing. Needs the f16 compute dtype (std::invalid_argument otherwise).
+  /// fp16 dynamic loss scaling (torch GradScaler rules): the tail multiplies the loss
+  /// gradient by the scale, the optimizer divides it out (fused into the AdamW gradient
+  /// factor) before clipping; a step whose gradients hold inf/NaN is skipped (weights,
+  /// moments and AdamW step counters untouched) and the scale backs off; it grows after
+  /// growth_interval clean steps. Step t's backward uses the scale decided after step t-1
+  /// (sync) or t-2 (async: the step whose weights it computes with), so results never depend
+  /// on timing. Needs the f16 compute dtype (std::invalid_argument otherwise).
   std::optional<LossScalerOptions> loss_scaling;
-  /// Testing only: accept loss_scaling with an f32/bf16 compute dtype, so the loss-scaling
-  /// path can be exercised on the CPU backend (f32) without a GPU.
-  bool allow_loss_scaling_any_dtype = false;
-  DeviceOptions device;          ///< per-device memory cap, CPU-backend PCIe throttle
+  DeviceOptions device;          ///< per-device memory cap, CPU-backend PCIe throttle, CUDA storage dtype
   /// Explicit plan, never changed. Default (empty): automatic, the partition of the analytic
-  /// costs (scheduler/cost_model.hpp, scheduler/partition.hpp) until the profile settles, then
-  /// possibly the partition of the measured costs (profiling.replan).
+  /// costs (FLOPs and bytes per layer) until the profile settles, then possibly the
+  /// partition of the measured costs (profiling.replan).
   std::optional<IterationPlan> plan;
   int pass_slots = 2;            ///< passes in flight (each holds its activations in host memory)
   /// Decoders run their MLP over chunks of at most this many tokens (<= 0: 8192), so the
@@ -83,26 +85,31 @@ struct SessionOptions {
   int64_t mlp_chunk_tokens = 0;
   bool trace = false;            ///< record stream and task intervals (write_trace)
   ProfilingOptions profiling;
-  /// Cross-stream transfer priority (actors/transfer.hpp): parameter and gradient chunks
-  /// yield to activation copies of the same direction, and a prefetched stage's weight
-  /// chunks are packed into the windows between activation uploads. false: first come,
-  /// first served everywhere (also turns off the CPU backend link's own priorities,
-  /// device.pcie_priorities).
+  /// Cross-stream transfer priority: parameter and gradient chunks yield to activation
+  /// copies of the same direction, and a prefetched stage's weight chunks are packed into
+  /// the windows between activation uploads. false: first come, first served everywhere
+  /// (also turns off the CPU backend link's own priorities, device.pcie_priorities).
   bool transfer_priorities = true;
   /// Parameter uploads and gradient downloads above this many bytes are cut into chunks of
   /// it (0: whole copies); with priorities on, an activation copy waits at most one chunk.
   /// Tiny values cost one message and one stream callback per chunk (the spec key insists on
-  /// >= 64 KiB; tests use 1 KiB to force interleaving).
+  /// >= 64 KiB).
   size_t transfer_chunk_bytes = size_t(32) << 20;
   /// With priorities on: parameter/gradient chunks in flight at once per direction (1: an
   /// activation copy waits behind at most one chunk; 2 hides the round trip between chunks).
   int transfer_bulk_inflight = 1;
 };
 
-/// Thrown by wait()/synchronize() when the runtime failed; what() names the worker,
-/// stage, micro-batch and the failed operation.
-struct RuntimeFailure : std::runtime_error {
-  using std::runtime_error::runtime_error;
+/// What one closed step did (Session::wait).
+struct StepResult {
+  int64_t step = 0;
+  double loss_sum = 0, tokens = 0;  ///< summed token losses (nats) and target tokens: loss = loss_sum / tokens
+  double seconds = 0;  ///< from the step's first pass submission to its last group update
+  std::string error;   ///< non-empty if the runtime failed (wait() throws RuntimeFailure then)
+  // guarded steps only (clipping / loss scaling / skipping on):
+  double grad_norm = 0;    ///< global L2 norm of the true gradients, before clipping
+  bool skipped = false;    ///< inf/NaN: the step changed nothing
+  float loss_scale = 1.f;  ///< loss scale the step's backward used
 };
 
 /// Device-memory pressure seen so far, over all workers (Session::memory_events). Diagnostic:
@@ -125,6 +132,8 @@ struct OptimizerStateInfo {
   bool async = true;        ///< saved by an async (staleness-1) session
 };
 
+struct SessionInternals;  // the runtime's own knobs, for its tests (not part of this API)
+
 class Session {
  public:
   /// `group_weights[g]` holds ParamGroup g's fp32 values (layout.groups[g].numel each).
@@ -137,12 +146,14 @@ class Session {
 
   /// Enqueues one pass of M micro-batches for the current step. `ids` and `targets` are
   /// [M * micro.n_seq * micro.seq_len] i32, micro-batch after micro-batch; targets < 0
-  /// carry no loss. Returns at once (blocks only while all pass slots are in use is
-  /// handled by the scheduler's queue, never here). Throws std::invalid_argument on size.
+  /// carry no loss. Returns at once (a pass waiting for a free pass slot waits in the
+  /// runtime's queue, never here). Throws std::invalid_argument on size or a token id
+  /// outside the vocabulary.
   void forward_backward(const std::vector<int32_t>& ids, const std::vector<int32_t>& targets);
   /// Closes the current step: its gradients (summed over all its passes and divided by
   /// their number of target tokens) update the weights with learning rate `lr`.
-  /// Returns the closed step's index and starts the next step.
+  /// Returns the closed step's index and starts the next step. std::logic_error without a
+  /// forward_backward() in the step.
   int64_t step(double lr);
   /// Blocks until step `t` is applied to the fp32 master weights; returns its loss sum,
   /// target-token count and wall time. Throws RuntimeFailure if the runtime failed,
@@ -153,24 +164,21 @@ class Session {
   void synchronize();
   /// fp32 master weights per parameter group (consistent after synchronize()).
   const std::vector<std::vector<float>>& master_weights() const;
-  const std::vector<AdamWState>& optimizer_states() const;
   /// The plan the next pass will be dealt with (it changes once when re-planning switches).
   /// Throws RuntimeFailure when the runtime cannot be asked.
   IterationPlan plan() const;
   /// The plan chosen at construction.
   const IterationPlan& initial_plan() const;
-  /// A snapshot of the measured per-layer profile (series empty while nothing was measured
-  /// or profiling is off); save it with Profile::save. Throws RuntimeFailure like plan().
-  Profile profile() const;
   /// The re-planning lines logged so far (at most one decision per session).
   std::vector<std::string> replan_log() const;
   const ModelLayout& layout() const;
-  /// The loss scaler (null without loss_scaling); its state is part of
-  /// save_optimizer_state(). Read it between steps (after synchronize()).
-  LossScaler* loss_scaler();
+  /// Writes the measured per-layer profile (JSON, atomically) to `path`; `roundpipe plan
+  /// --profile` reads it. Throws std::runtime_error("<path>: ...") on I/O errors,
+  /// RuntimeFailure when the runtime cannot be asked.
+  void save_profile(const std::string& path) const;
 
-  /// Writes everything a bit-identical resume needs besides the data order to the file
-  /// `path` (binary, little-endian, checksummed; format in actors/session_state.cpp):
+  /// Writes everything a bit-identical resume needs besides the data order to the
+  /// file `path` (binary, little-endian, versioned, every section XXH3-checksummed):
   ///  - the number of steps closed (N), the optimizer mode (async / sync), the model's
   ///    parameter groups (name, numel) to check a load against;
   ///  - per group the AdamW moments m, v (and vmax with amsgrad), its step counter (number
@@ -182,9 +190,9 @@ class Session {
   ///  - with loss scaling: the scaler (scale, growth tracker, counters) and the loss scales
   ///    steps N..N+staleness will use (already decided).
   /// Call between steps: after synchronize(), before the next forward_backward()
-  /// (std::logic_error otherwise). Atomic: written to "<path>.tmp-<pid>" and renamed, so a
-  /// failure never leaves a partial file and keeps an older one. Throws std::runtime_error
-  /// ("<path>: <what>") on I/O errors.
+  /// (std::logic_error otherwise). Atomic: written to "<path>.tmp-<pid>", fsynced and
+  /// renamed, so a failure never leaves a partial file and keeps an older one. Throws
+  /// std::runtime_error ("<path>: <what>") on I/O errors.
   void save_optimizer_state(const std::string& path, bool include_master = true);
   /// Loads a file written by save_optimizer_state into a new session (before the first
   /// forward_backward(); std::logic_error otherwise) built with the same model layout and
@@ -194,11 +202,12 @@ class Session {
   /// (the schedule passes lr per step), loss scaling must be on in both or off in both;
   /// async/sync may differ (a mode switch is not bit-identical: the low-precision copy is
   /// then recast from the master). Errors throw std::runtime_error with one line naming
-  /// `path` and what was expected: missing file, bad magic/version, truncation, checksum
-  /// mismatch, trailing bytes, another model's groups, other hyper-parameters, loss
-  /// scaling on/off. Mismatches are found before anything is changed; a corrupted payload
-  /// may be found after some groups were loaded: the session then refuses further calls
-  /// (std::logic_error) and must be destroyed.
+  /// `path` and what was expected: missing file, bad magic, a format version this build
+  /// does not read (files of older releases), truncation, checksum mismatch, trailing
+  /// bytes, another model's groups, other hyper-parameters, loss scaling on/off. Mismatches
+  /// are found before anything is changed; a corrupted payload may be found after some
+  /// groups were loaded: the session then refuses further calls (std::logic_error) and must
+  /// be destroyed.
   OptimizerStateInfo load_optimizer_state(const std::string& path);
   /// Number of steps closed so far (after load_optimizer_state: including those of the
   /// run that saved the state).
@@ -211,8 +220,16 @@ class Session {
   /// Writes the recorded trace (opt.trace) as Chrome trace JSON. Throws std::runtime_error.
   void write_trace(const std::string& path) const;
 
- private:
+ protected:
   struct Impl;
+  /// For the runtime's own test harness (a derived class): knobs that are not part of this
+  /// API. Embedding programs use the constructor above.
+  Session(const ModelLayout& layout, std::vector<std::vector<float>> group_weights, SessionOptions opt,
+          const SessionInternals& internals);
+  Impl& impl() { return *impl_; }
+  const Impl& impl() const { return *impl_; }
+
+ private:
   std::unique_ptr<Impl> impl_;
 };
 

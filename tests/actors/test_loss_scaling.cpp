@@ -1,4 +1,4 @@
-// Dynamic loss scaling wired end to end on the CPU backend (f32; SessionOptions::
+// Dynamic loss scaling wired end to end on the CPU backend (f32; SessionInternals::
 // allow_loss_scaling_any_dtype stands in for the f16 GPU path): the tail multiplies the loss
 // gradient by the scale, the shards divide it out before clipping and AdamW, an overflow skips
 // exactly the step whose gradients overflowed and backs the scale off, and the scale grows after
@@ -9,7 +9,7 @@
 #include <cstring>
 #include <optional>
 
-#include "roundpipe/session.hpp"
+#include "actors/session_testing.hpp"
 #include "tests/actors/runtime_reference.hpp"
 
 namespace rp::test {
@@ -29,7 +29,7 @@ struct TrainRun {
 /// learning rate); loss scaling forced on the f32 CPU backend when `ls` is given.
 TrainRun train(bool async, std::optional<LossScalerOptions> ls, const std::vector<int>& batches, double max_norm = 0) {
   ModelLayout m = make_layout(tiny_config(false, true));
-  SessionOptions o;
+  TestSessionOptions o;
   o.workers = 2;
   o.micro_batches = kM;
   o.micro = {kNSeq, kSeqLen};
@@ -39,7 +39,7 @@ TrainRun train(bool async, std::optional<LossScalerOptions> ls, const std::vecto
   o.max_grad_norm = max_norm;
   o.loss_scaling = ls;
   o.allow_loss_scaling_any_dtype = true;
-  Session s(m, random_weights(m, 7), o);
+  TestSession s(m, random_weights(m, 7), o);
   for (int b : batches) {
     std::vector<int32_t> ids, tg;
     random_tokens(m.config.vocab_size, kM * kNSeq * kSeqLen, 100 + b, ids, tg);

@@ -6,7 +6,7 @@
 // only compared by relations that hold with a wide margin on a loaded 2-core machine.
 #include <gtest/gtest.h>
 
-#include "roundpipe/session.hpp"
+#include "actors/session_testing.hpp"
 #include "tests/actors/runtime_reference.hpp"
 
 namespace rp::test {
@@ -31,7 +31,7 @@ TrainResult train(const ModelLayout& m, const std::string& backend, int steps, i
   o.micro = shape;
   o.shards = 1;
   o.plan = plan;
-  Session s(m, random_weights(m, 5), o);
+  TestSession s(m, random_weights(m, 5), o);
   const int64_t n = M * shape.tokens();
   for (int t = 0; t < steps; ++t) {
     std::vector<int32_t> ids, tg;
@@ -118,7 +118,7 @@ TEST(Profiler, ProfilingOffLeavesTheProfileEmpty) {
   o.micro_batches = 2;
   o.micro = {2, 5};
   o.profiling.enabled = false;
-  Session s(m, random_weights(m, 5), o);
+  TestSession s(m, random_weights(m, 5), o);
   std::vector<int32_t> ids, tg;
   random_tokens(m.config.vocab_size, 2 * 10, 1, ids, tg);
   s.forward_backward(ids, tg);

@@ -13,7 +13,7 @@
 #include <fstream>
 #include <optional>
 
-#include "roundpipe/session.hpp"
+#include "actors/session_testing.hpp"
 #include "tests/actors/runtime_reference.hpp"
 
 namespace fs = std::filesystem;
@@ -32,8 +32,8 @@ struct Config {
   double beta2 = 0.99;
 };
 
-SessionOptions options(const Config& c) {
-  SessionOptions o;
+TestSessionOptions options(const Config& c) {
+  TestSessionOptions o;
   o.workers = 2;
   o.micro_batches = kM;
   o.micro = {kNSeq, kSeqLen};
@@ -74,7 +74,7 @@ struct Outcome {
   std::optional<LossScaler> scaler;
 };
 
-void collect(Session& s, int from, int to, Outcome& out) {
+void collect(TestSession& s, int from, int to, Outcome& out) {
   for (int t = from; t < to; ++t) out.results.push_back(s.wait(t));
   s.synchronize();
   out.weights = s.master_weights();
@@ -84,7 +84,7 @@ void collect(Session& s, int from, int to, Outcome& out) {
 
 Outcome uninterrupted(const Config& c, int n) {
   ModelLayout m = layout_of(c);
-  Session s(m, random_weights(m, 7), options(c));
+  TestSession s(m, random_weights(m, 7), options(c));
   for (int t = 0; t < n; ++t) feed(s, m, t);
   Outcome out;
   collect(s, 0, n, out);
@@ -102,14 +102,14 @@ Outcome resumed(const Config& c, int k, int n, bool include_master, const fs::pa
   Outcome out;
   std::vector<std::vector<float>> at_k;
   {
-    Session a(m, random_weights(m, 7), options(c));
+    TestSession a(m, random_weights(m, 7), options(c));
     for (int t = 0; t < k; ++t) feed(a, m, t);
     for (int t = 0; t < k; ++t) out.results.push_back(a.wait(t));
     a.synchronize();
     a.save_optimizer_state(file.string(), include_master);
     at_k = a.master_weights();
   }
-  Session b(m, include_master ? random_weights(m, 7) : at_k, options(c));
+  TestSession b(m, include_master ? random_weights(m, 7) : at_k, options(c));
   const OptimizerStateInfo info = b.load_optimizer_state(file.string());
   EXPECT_EQ(info.steps, k);
   EXPECT_EQ(info.has_master, include_master);
@@ -190,7 +190,7 @@ TEST(Resume, AsyncStateNeedsTheLowPrecisionCopy) {
   const fs::path f = temp_file("async.bin");
   ModelLayout m = layout_of(c);
   {
-    Session a(m, random_weights(m, 7), options(c));
+    TestSession a(m, random_weights(m, 7), options(c));
     feed(a, m, 0);
     feed(a, m, 1);
     a.synchronize();
@@ -200,7 +200,7 @@ TEST(Resume, AsyncStateNeedsTheLowPrecisionCopy) {
   // after step 1 instead of step 0, so its loss differs from the async run's
   Config sync = c;
   sync.async = false;
-  Session b(m, random_weights(m, 7), options(sync));
+  TestSession b(m, random_weights(m, 7), options(sync));
   EXPECT_TRUE(b.load_optimizer_state(f.string()).async);
   feed(b, m, 2);
   EXPECT_NE(b.wait(2).loss_sum, ref.results[2].loss_sum);
@@ -216,7 +216,7 @@ struct Saved {
 
 Saved save_after(const Config& c, int k, const std::string& name) {
   ModelLayout m = layout_of(c);
-  Session a(m, random_weights(m, 7), options(c));
+  TestSession a(m, random_weights(m, 7), options(c));
   for (int t = 0; t < k; ++t) feed(a, m, t);
   a.synchronize();
   Saved s{temp_file(name), {}};
@@ -233,7 +233,7 @@ void write_bytes(const fs::path& p, const std::string& b) { std::ofstream(p, std
 /// then train a step from scratch) or refuses further calls.
 bool expect_load_error(const Config& c, const fs::path& file, const std::string& needle) {
   ModelLayout m = layout_of(c);
-  Session s(m, random_weights(m, 7), options(c));
+  TestSession s(m, random_weights(m, 7), options(c));
   try {
     s.load_optimizer_state(file.string());
     ADD_FAILURE() << "expected an error containing '" << needle << "'";
@@ -292,7 +292,7 @@ TEST(Resume, DamagedFilesGiveOneLineNamingTheFile) {
   // intact, it loads
   {
     ModelLayout m = layout_of(c);
-    Session ok(m, random_weights(m, 7), options(c));
+    TestSession ok(m, random_weights(m, 7), options(c));
     EXPECT_EQ(ok.load_optimizer_state(s.file.string()).steps, 2);
   }
   fs::remove(bad);
@@ -321,7 +321,7 @@ TEST(Resume, CallsOutOfPlaceAreRefused) {
   Config c;
   ModelLayout m = layout_of(c);
   const fs::path f = temp_file("order.bin");
-  Session s(m, random_weights(m, 7), options(c));
+  TestSession s(m, random_weights(m, 7), options(c));
   std::vector<int32_t> ids, tg;
   random_tokens(m.config.vocab_size, kM * kNSeq * kSeqLen, 1, ids, tg);
   s.forward_backward(ids, tg);
@@ -345,7 +345,7 @@ TEST(Resume, CallsOutOfPlaceAreRefused) {
   }
   EXPECT_FALSE(fs::exists(nowhere));
   // a resumed session cannot wait for the steps of the run that saved
-  Session b(m, random_weights(m, 7), options(c));
+  TestSession b(m, random_weights(m, 7), options(c));
   b.load_optimizer_state(f.string());
   EXPECT_THROW(b.wait(0), std::invalid_argument);
   EXPECT_THROW(b.load_optimizer_state(f.string()), std::logic_error);

@@ -16,7 +16,7 @@
 #include <mutex>
 #include <thread>
 
-#include "roundpipe/session.hpp"
+#include "actors/session_testing.hpp"
 #include "tests/actors/runtime_reference.hpp"
 #include "trace/trace_check.hpp"
 
@@ -33,6 +33,7 @@ struct Scenario {
   std::optional<IterationPlan> plan;
   double max_grad_norm = 0;  // > 0: global-norm clipping (guarded steps)
   ProfilingOptions profiling;
+  Replanner::Planner planner;  // replaces the partitioner at re-plan time
   bool transfer_priorities = true;
   size_t transfer_chunk_bytes = size_t(32) << 20;
   double pcie_bytes_per_s = 0;
@@ -54,7 +55,7 @@ constexpr int64_t kNSeq = 2, kSeqLen = 5;
 
 Outcome run_runtime(const Scenario& sc) {
   ModelLayout m = make_layout(tiny_config(sc.qwen3, sc.tied));
-  SessionOptions o;
+  TestSessionOptions o;
   o.workers = sc.workers;
   o.micro_batches = sc.M;
   o.micro = {kNSeq, kSeqLen};
@@ -64,11 +65,12 @@ Outcome run_runtime(const Scenario& sc) {
   o.shards = 2;
   o.max_grad_norm = sc.max_grad_norm;
   o.profiling = sc.profiling;
+  o.planner = sc.planner;
   o.transfer_priorities = sc.transfer_priorities;
   o.transfer_chunk_bytes = sc.transfer_chunk_bytes;
   o.device.pcie_bytes_per_s = sc.pcie_bytes_per_s;
   if (sc.capacity_bytes > 0) o.device.capacity_bytes = sc.capacity_bytes;
-  Session s(m, random_weights(m, 7), o);
+  TestSession s(m, random_weights(m, 7), o);
   const int64_t n = sc.M * kNSeq * kSeqLen;
   for (int t = 0; t < sc.steps; ++t) {
     for (int p = 0; p < sc.passes_per_step; ++p) {
@@ -193,7 +195,7 @@ TEST(Runtime, NonFiniteGradientsSkipTheStep) {
     o.adam = adam_opts();
     o.shards = 2;
     o.skip_nonfinite = true;
-    Session s(m, w0, o);
+    TestSession s(m, w0, o);
     const int64_t n = 2 * kNSeq * kSeqLen;
     for (int t = 0; t < 4; ++t) {
       std::vector<int32_t> ids, tg;
@@ -254,7 +256,7 @@ TEST(Runtime, ReplanningMidTrainingEqualsSequential) {
     sc.profiling.settle_rel_tol = 1e9;  // settled as soon as every series has a kept sample
     IterationPlan forced;
     int calls = 0;
-    sc.profiling.planner = [&](const std::vector<LayerCost>& measured) {
+    sc.planner = [&](const std::vector<LayerCost>& measured) {
       ++calls;
       EXPECT_EQ(measured.size(), size_t(L));
       return forced;
@@ -308,7 +310,7 @@ TEST(Runtime, ExplicitPlansAreNotReplanned) {
   sc.profiling.settle_min_samples = 1;
   sc.profiling.settle_rel_tol = 1e9;
   int calls = 0;
-  sc.profiling.planner = [&](const std::vector<LayerCost>&) {
+  sc.planner = [&](const std::vector<LayerCost>&) {
     ++calls;
     return make_uniform_plan(6, 2, 1, 2);
   };

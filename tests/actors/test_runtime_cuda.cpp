@@ -3,7 +3,7 @@
 // the fp32 sequential loop within bf16 tolerance. Skips without a GPU.
 #include <gtest/gtest.h>
 
-#include "roundpipe/session.hpp"
+#include "actors/session_testing.hpp"
 #include "tests/actors/runtime_reference.hpp"
 
 namespace rp::test {

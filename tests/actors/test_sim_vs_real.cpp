@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "roundpipe/session.hpp"
+#include "actors/session_testing.hpp"
 #include "scheduler/simulator.hpp"
 #include "tests/actors/runtime_reference.hpp"
 #include "trace/trace_check.hpp"

@@ -19,7 +19,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "roundpipe/session.hpp"
+#include "actors/optimizer_shard.hpp"
+#include "actors/scheduler_actor.hpp"
+#include "actors/session_testing.hpp"
 #include "tests/actors/runtime_reference.hpp"
 #include "trace/trace_check.hpp"
 

@@ -26,7 +26,7 @@
 #include "actors/link_arbiter.hpp"
 #include "actors/messages.hpp"
 #include "actors/transfer.hpp"
-#include "roundpipe/session.hpp"
+#include "actors/session_testing.hpp"
 #include "tests/actors/runtime_reference.hpp"
 #include "trace/trace_check.hpp"
 #include "trace/trace_stats.hpp"

@@ -1,6 +1,4 @@
-#include "cli/train_state.hpp"
-
-#include <unistd.h>
+#include "trainer/trainer_state.hpp"
 
 #include <cerrno>
 #include <cstring>
@@ -10,6 +8,8 @@
 #include <vector>
 
 #include <fmt/format.h>
+
+#include "base/json_fields.hpp"
 
 namespace rp {
 namespace {
@@ -66,8 +66,8 @@ void write_trainer_state(const std::string& path, const TrainerState& s) {
 }
 
 TrainerState read_trainer_state(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) {
+  std::ifstream in(path);
+  if (!in) {
     const std::string dir = std::filesystem::path(path).parent_path().string();
     throw std::runtime_error(fmt::format(
         "{}: missing; {} is not a resumable checkpoint (resume from a checkpoint-<k>/ or final/ folder written by "
@@ -75,7 +75,7 @@ TrainerState read_trainer_state(const std::string& path) {
         path, dir.empty() ? std::string(".") : dir));
   }
   std::stringstream ss;
-  ss << f.rdbuf();
+  ss << in.rdbuf();
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(ss.str());
@@ -85,40 +85,24 @@ TrainerState read_trainer_state(const std::string& path) {
       if (c == '\n') c = ' ';
     throw std::runtime_error(fmt::format("{}: invalid JSON ({})", path, what));
   }
-  auto fail = [&](const std::string& key, const std::string& expected) -> std::runtime_error {
-    return std::runtime_error(fmt::format("{}: key '{}': expected {}, got {}", path, key, expected,
-                                          j.is_object() && j.contains(key) ? j[key].dump() : "nothing"));
-  };
   if (!j.is_object()) throw std::runtime_error(path + ": expected a JSON object");
-  if (!j.contains("format") || j["format"] != kFormat) throw fail("format", fmt::format("\"{}\"", kFormat));
-  if (!j.contains("version") || !j["version"].is_number_integer() || j["version"].get<int>() != kVersion)
-    throw fail("version", std::to_string(kVersion));
-  auto integer = [&](const char* key, int64_t min) {
-    if (!j.contains(key) || !j[key].is_number_integer() || j[key].get<int64_t>() < min)
-      throw fail(key, fmt::format("an integer >= {}", min));
-    return j[key].get<int64_t>();
-  };
-  auto string = [&](const char* key) {
-    if (!j.contains(key) || !j[key].is_string()) throw fail(key, "a string");
-    return j[key].get<std::string>();
-  };
+  const JsonFields f(j, path, "", JsonFields::Error::runtime_error);
+  f.require_value("format", kFormat);
+  f.require_value("version", kVersion);
   TrainerState s;
-  s.step = integer("step", 1);
-  s.data_position = integer("data_position", 0);
-  if (!j.contains("seed") || !j["seed"].is_number_unsigned()) throw fail("seed", "an integer >= 0");
-  s.seed = j["seed"].get<uint64_t>();
-  s.sequences_per_step = integer("sequences_per_step", 1);
-  s.seq_len = integer("seq_len", 2);
-  if (!j.contains("async") || !j["async"].is_boolean()) throw fail("async", "true or false");
-  s.async = j["async"].get<bool>();
-  s.save_dtype = string("save_dtype");
+  s.step = f.integer("step", 1);
+  s.data_position = f.integer("data_position", 0);
+  s.seed = f.unsigned_integer("seed");
+  s.sequences_per_step = f.integer("sequences_per_step", 1);
+  s.seq_len = f.integer("seq_len", 2);
+  s.async = f.boolean("async");
+  s.save_dtype = f.string("save_dtype");
   if (s.save_dtype != "f32" && s.save_dtype != "bf16" && s.save_dtype != "f16")
-    throw fail("save_dtype", "\"f32\", \"bf16\" or \"f16\"");
-  s.compute_dtype = string("compute_dtype");
-  s.model = string("model");
-  s.data = string("data");
-  if (!j.contains("lr_schedule") || !j["lr_schedule"].is_object()) throw fail("lr_schedule", "an object");
-  s.lr_schedule = j["lr_schedule"];
+    f.fail("save_dtype", "\"f32\", \"bf16\" or \"f16\"");
+  s.compute_dtype = f.string("compute_dtype");
+  s.model = f.string("model");
+  s.data = f.string("data");
+  s.lr_schedule = f.object("lr_schedule");
   return s;
 }
 
@@ -140,39 +124,6 @@ std::vector<std::string> resume_differences(const TrainerState& saved, const Tra
   if (saved.compute_dtype != now.compute_dtype)
     out.push_back(fmt::format("compute_dtype {} (saved run {})", now.compute_dtype, saved.compute_dtype));
   return out;
-}
-
-void truncate_metrics(const std::string& path, int64_t step, const std::string& header) {
-  std::vector<std::string> keep;
-  {
-    std::ifstream f(path);
-    std::string line;
-    bool first = true;
-    while (f && std::getline(f, line)) {
-      if (first) {
-        first = false;
-        continue;  // the header is rewritten below
-      }
-      int64_t s = -1;
-      try {
-        s = std::stoll(line.substr(0, line.find(',')));
-      } catch (const std::exception&) {
-        continue;  // a torn last line of a killed run
-      }
-      if (s >= 1 && s <= step) keep.push_back(line);
-    }
-  }
-  const std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
-  {
-    std::ofstream o(tmp, std::ios::trunc);
-    if (!o) throw std::runtime_error(fmt::format("{}: cannot write ({})", tmp, std::strerror(errno)));
-    o << header;
-    for (auto& l : keep) o << l << "\n";
-    if (!o.flush()) throw std::runtime_error(tmp + ": write failed");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw std::runtime_error(fmt::format("{}: cannot replace: {}", path, ec.message()));
 }
 
 }  // namespace rp

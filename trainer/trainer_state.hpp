@@ -1,13 +1,14 @@
-// What `roundpipe train` writes next to each checkpoint's weights so that `--resume` can
-// continue the run exactly: trainer_state.json (this file's TrainerState) and optimizer.bin
+// What the trainer writes next to each checkpoint's weights so that a resumed run continues
+// exactly: trainer_state.json (this file's TrainerState) and optimizer.bin
 // (rp::Session::save_optimizer_state). docs/spec.md describes both for users.
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "cli/spec.hpp"
+#include "roundpipe/spec.hpp"
 
 namespace rp {
 
@@ -40,10 +41,5 @@ TrainerState read_trainer_state(const std::string& path);
 /// (seed, batch shape, optimizer mode, learning-rate schedule, data): one readable line each,
 /// for warnings. Empty when the resumed run reproduces the original.
 std::vector<std::string> resume_differences(const TrainerState& saved, const TrainSpec& spec);
-
-/// Keeps the header and the rows of steps <= `step` of an existing metrics.csv (a resumed
-/// run appends after them); creates the file with `header` when it does not exist.
-/// Throws std::runtime_error("<path>: ...") on I/O errors.
-void truncate_metrics(const std::string& path, int64_t step, const std::string& header);
 
 }  // namespace rp

@@ -1,4 +1,5 @@
-// JSON experiment specs for `roundpipe train` (docs/spec.md lists every key).
+// Experiment specs: everything a training run needs, as a JSON file (`roundpipe train
+// SPEC.json`; docs/spec.md lists every key) or as this struct (rp::Trainer).
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -6,9 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "optimizer/adamw.hpp"
-#include "optimizer/loss_scale.hpp"
-#include "optimizer/lr_schedule.hpp"
+#include "roundpipe/optimizer.hpp"
 
 namespace rp {
 
@@ -29,7 +28,7 @@ struct TrainSpec {
   std::string backend = "auto";      ///< auto | cpu | cuda
   int workers = 1;
   bool async = true;
-  nlohmann::json plan;               ///< null = default plan (scheduler/plan.hpp plan_from_json)
+  nlohmann::json plan;               ///< null = automatic plan; else plan_from_json's object (roundpipe/plan.hpp)
   double device_memory_gib = 24;     ///< per-device pool cap
   double pcie_gbps = 0;              ///< CPU backend: emulate a PCIe link (GB/s), 0 = off
   bool transfer_priorities = true;   ///< activation copies before parameter/gradient chunks

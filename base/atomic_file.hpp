@@ -1,0 +1,58 @@
+// Atomic replacement of files and folders: the one policy every writer of the project uses.
+//
+// A writer fills a temporary "<target>.tmp-<pid>" in the target's own folder (same file
+// system, so the rename is atomic); the temporary is fsynced (a folder: every file in it,
+// then the folder itself), renamed over the target, and the parent folder is fsynced, so
+// after a crash or a power cut the target is the old version or the new one, never a mix.
+// A folder that already exists is moved aside to "<target>.old-<pid>" first and removed
+// once the new one is in place (a folder cannot be renamed over a non-empty one).
+//
+// A killed writer leaves these names behind. clean_stale_temporaries() recognises them by
+// the pid of a process that is no longer alive: a .tmp-<pid> is removed, an .old-<pid> is
+// put back when the kill came before the new version was in place (else removed), so a
+// finished version is never lost.
+#pragma once
+#include <functional>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+namespace rp {
+
+/// "<path>.tmp-<pid of this process>": where replace_file / replace_folder write first.
+std::string temporary_path(const std::string& path);
+
+/// Replaces the file `path`: `write(tmp)` creates and fills the file `tmp` (any I/O library;
+/// it must close it), which is then fsynced, renamed over `path`, and the folder fsynced.
+/// On any failure (an exception from `write` propagates unchanged) the temporary is removed
+/// and `path` is left as it was. I/O failures throw std::runtime_error("<path>: <what>").
+void replace_file(const std::string& path, const std::function<void(const std::string& tmp)>& write);
+
+/// replace_file with a binary std::ostream opened on the temporary: `write(os)` writes the
+/// content; a stream that cannot be opened throws "<path>: cannot write (<reason>)", a failed
+/// stream after `write` "<path>: write failed (disk full?)".
+void write_file_atomically(const std::string& path, const std::function<void(std::ostream& os)>& write);
+
+/// Replaces the folder `dir`: `fill(tmp)` writes the new content into the (fresh, empty)
+/// folder `tmp`; every file in it and the folder are fsynced, an existing `dir` is moved
+/// aside to "<dir>.old-<pid>", `tmp` renamed to `dir`, the old one removed and the parent
+/// fsynced. A trailing '/' of `dir` is ignored. On failure the temporary is removed and a
+/// previous `dir` is kept (put back if it had been moved aside). `dir` existing as a file
+/// throws std::runtime_error("<dir>: exists and is not a directory"); I/O failures throw
+/// std::runtime_error("<dir or file>: <what>"); an exception from `fill` propagates.
+void replace_folder(const std::string& dir, const std::function<void(const std::string& tmp)>& fill);
+
+/// What clean_stale_temporaries did with one leftover.
+struct StaleTemporary {
+  std::string path;     ///< the leftover, e.g. "runs/a/final.tmp-4242"
+  std::string target;   ///< what it was written for, e.g. "runs/a/final"
+  bool restored = false;  ///< true: an .old-<pid> put back as `target`; false: removed
+};
+
+/// Cleans the leftovers of writers that are no longer alive directly in folder `dir` (not
+/// recursive; a missing folder is fine): "<name>.tmp-<pid>" and "<name>.old-<pid>" whose
+/// pid is neither this process nor a live one (/proc/<pid>). Returns what was done, in
+/// directory order; failures to remove are skipped silently (the next run tries again).
+std::vector<StaleTemporary> clean_stale_temporaries(const std::string& dir);
+
+}  // namespace rp

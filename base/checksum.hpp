@@ -1,0 +1,34 @@
+// 64-bit checksums of binary state files: XXH3-64 (xxHash 0.8, XXH3_64bits, seed 0;
+// https://github.com/Cyan4973/xxHash/blob/dev/doc/xxhash_spec.md). Detects corruption, not
+// tampering.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace rp {
+
+/// XXH3_64bits of `bytes` bytes at `data`.
+uint64_t checksum64(const void* data, size_t bytes);
+
+/// A checksum fed in pieces: digest() equals checksum64 of everything update() was given
+/// since construction or the last reset().
+class Checksum {
+ public:
+  Checksum();
+  ~Checksum();
+  Checksum(Checksum&&) noexcept;
+  Checksum& operator=(Checksum&&) noexcept;
+  Checksum(const Checksum&) = delete;
+  Checksum& operator=(const Checksum&) = delete;
+
+  void update(const void* data, size_t bytes);
+  uint64_t digest() const;
+  void reset();
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace rp

@@ -1,0 +1,147 @@
+#include "base/json_fields.hpp"
+
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+namespace rp {
+namespace {
+const nlohmann::json kNull;
+}
+
+JsonFields::JsonFields(const nlohmann::json& obj, std::string where, std::string prefix, Error error)
+    : j_(obj), where_(std::move(where)), prefix_(std::move(prefix)), error_(error) {}
+
+bool JsonFields::has(const std::string& key) const { return j_.is_object() && j_.contains(key); }
+
+const nlohmann::json& JsonFields::at(const std::string& key) const {
+  if (!has(key)) return kNull;
+  return j_.find(key).value();
+}
+
+void JsonFields::raise(const std::string& msg) const {
+  if (error_ == Error::runtime_error) throw std::runtime_error(msg);
+  throw std::invalid_argument(msg);
+}
+
+void JsonFields::fail(const std::string& key, const std::string& expected) const {
+  raise(fmt::format("{}: key '{}{}': expected {}, got {}", where_, prefix_, key, expected,
+                    has(key) ? at(key).dump() : std::string("nothing")));
+}
+
+void JsonFields::fail(const std::string& key, const std::string& expected, const nlohmann::json& got) const {
+  raise(fmt::format("{}: key '{}{}': expected {}, got {}", where_, prefix_, key, expected, got.dump()));
+}
+
+void JsonFields::fail_with(const std::string& what) const { raise(where_ + ": " + what); }
+
+void JsonFields::allow_only(const std::set<std::string>& known) const {
+  if (!j_.is_object()) return;
+  for (auto it = j_.begin(); it != j_.end(); ++it)
+    if (!known.count(it.key())) {
+      std::string list;
+      for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+      raise(fmt::format("{}: unknown key '{}{}' (known keys: {})", where_, prefix_, it.key(), list));
+    }
+}
+
+bool JsonFields::optional(const char* key, bool& out) const {
+  if (!has(key)) return false;
+  out = boolean(key);
+  return true;
+}
+
+bool JsonFields::optional(const char* key, std::string& out) const {
+  if (!has(key)) return false;
+  out = string(key);
+  return true;
+}
+
+bool JsonFields::optional(const char* key, double& out) const {
+  if (!has(key)) return false;
+  out = number(key);
+  return true;
+}
+
+bool JsonFields::optional(const char* key, float& out) const {
+  if (!has(key)) return false;
+  out = float(number(key));
+  return true;
+}
+
+bool JsonFields::read_signed(const char* key, int64_t& out, int64_t min, int64_t max) const {
+  if (!has(key)) return false;
+  const auto& v = at(key);
+  if (!v.is_number_integer()) fail(key, "an integer");
+  if (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t(max) : v.get<int64_t>() > max)
+    fail(key, fmt::format("an integer <= {}", max));
+  if (!v.is_number_unsigned() && v.get<int64_t>() < min) fail(key, fmt::format("an integer >= {}", min));
+  out = v.get<int64_t>();
+  return true;
+}
+
+bool JsonFields::read_unsigned(const char* key, uint64_t& out, uint64_t max) const {
+  if (!has(key)) return false;
+  const auto& v = at(key);
+  if (!v.is_number_integer()) fail(key, "an integer");
+  if (!v.is_number_unsigned()) fail(key, "an integer >= 0");
+  if (v.get<uint64_t>() > max) fail(key, fmt::format("an integer <= {}", max));
+  out = v.get<uint64_t>();
+  return true;
+}
+
+int64_t JsonFields::integer(const char* key, int64_t min) const {
+  const std::string expected =
+      min == std::numeric_limits<int64_t>::min() ? std::string("an integer") : fmt::format("an integer >= {}", min);
+  const auto& v = at(key);
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)) ||
+      v.get<int64_t>() < min)
+    fail(key, expected);
+  return v.get<int64_t>();
+}
+
+uint64_t JsonFields::unsigned_integer(const char* key) const {
+  const auto& v = at(key);
+  if (!v.is_number_unsigned()) fail(key, "an integer >= 0");
+  return v.get<uint64_t>();
+}
+
+double JsonFields::number(const char* key) const {
+  const auto& v = at(key);
+  if (!v.is_number()) fail(key, "a number");
+  return v.get<double>();
+}
+
+bool JsonFields::boolean(const char* key) const {
+  const auto& v = at(key);
+  if (!v.is_boolean()) fail(key, "true or false");
+  return v.get<bool>();
+}
+
+std::string JsonFields::string(const char* key) const {
+  const auto& v = at(key);
+  if (!v.is_string()) fail(key, "a string");
+  return v.get<std::string>();
+}
+
+const nlohmann::json& JsonFields::object(const char* key) const {
+  const auto& v = at(key);
+  if (!v.is_object()) fail(key, "an object");
+  return v;
+}
+
+const nlohmann::json& JsonFields::array(const char* key) const {
+  const auto& v = at(key);
+  if (!v.is_array()) fail(key, "an array");
+  return v;
+}
+
+void JsonFields::require_value(const char* key, const nlohmann::json& value) const {
+  if (!has(key) || at(key) != value) fail(key, value.dump());
+}
+
+JsonFields JsonFields::nested(const char* key) const {
+  return JsonFields(object(key), where_, prefix_ + key + ".", error_);
+}
+
+}  // namespace rp

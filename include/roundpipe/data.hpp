@@ -1,0 +1,82 @@
+// Training data: a data set tokenised with a model's tokenizer, packed into fixed-length
+// sequences and served in a deterministic shuffled order, exactly as `roundpipe train`
+// does (the Trainer uses this class).
+//
+// Data files: JSONL ({"text"}, {"prompt", "completion"} or {"messages": [...]} per line),
+// a .txt file or a folder of .txt files. Supervised examples get one sequence each
+// (truncated, padded with eos; loss on the completion / assistant tokens only); plain text
+// is concatenated and cut into windows. For each sequence ids[t] = token t and
+// targets[t] = token t+1, or -100 where there is no loss.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace rp {
+
+struct LoadedModel;  // roundpipe/checkpoint.hpp
+
+/// Target value meaning "no loss at this position" (PyTorch's ignore_index).
+inline constexpr int32_t kIgnoreIndex = -100;
+
+/// A batch of n_seq sequences: ids and targets are i32 [n_seq, seq_len], row-major.
+struct TokenBatch {
+  int64_t n_seq = 0, seq_len = 0;
+  std::vector<int32_t> ids, targets;
+  /// Number of positions with a target (not kIgnoreIndex): the loss normaliser.
+  int64_t num_targets() const;
+};
+
+struct TokenStreamOptions {
+  int64_t seq_len = 128;              ///< tokens per sequence (>= 2)
+  std::string chat_template = "auto"; ///< auto (from the model) | chatml | smollm2 | llama3
+  int64_t max_examples = 0;           ///< use only the first k supervised examples (0 = all)
+  uint64_t seed = 0;                  ///< shuffling seed: the order depends only on it and the position
+};
+
+/// What a TokenStream loaded.
+struct TokenStreamStats {
+  size_t examples = 0;          ///< supervised examples (after max_examples)
+  size_t text_tokens = 0;       ///< tokens of plain text
+  size_t dropped_examples = 0;  ///< examples whose prompt left no target within seq_len
+  int64_t sequences = 0;        ///< packed sequences (one epoch); 0 when every prompt is longer than seq_len
+  std::string chat_template;    ///< the template used for {"messages"} lines
+};
+
+/// Endless deterministic iteration over the packed sequences of a data set. Epoch e visits
+/// every sequence once in a permutation drawn from (seed, e) (identical on every platform);
+/// a batch may straddle two epochs.
+class TokenStream {
+ public:
+  /// Tokenises `data_path` with `model`'s tokenizer (its eos ends documents and pads). Throws
+  /// std::runtime_error("<file>: <what>") for a missing tokenizer or a bad data file (one line
+  /// naming the line), std::invalid_argument for an unknown chat template name or a model
+  /// template that is not recognised. A data set whose every example loses its target to
+  /// truncation loads with stats().sequences == 0 (next() then throws).
+  TokenStream(const LoadedModel& model, const std::string& data_path, const TokenStreamOptions& options);
+  ~TokenStream();
+  TokenStream(TokenStream&&) noexcept;
+  TokenStream& operator=(TokenStream&&) noexcept;
+
+  /// The chat template TokenStream would use for `model` and `requested` ("auto": the one
+  /// the model carries, ChatML if none), by name. Throws std::invalid_argument for an
+  /// unknown name.
+  static std::string chat_template_for(const LoadedModel& model, const std::string& requested);
+
+  /// The next n_seq sequences (n_seq >= 1, else std::invalid_argument; std::invalid_argument
+  /// also when there are no sequences).
+  TokenBatch next(int64_t n_seq);
+  /// Sequences consumed so far (over all epochs); seek(p) continues at position p (a resumed
+  /// run seeks to the position its checkpoint saved).
+  int64_t position() const;
+  void seek(int64_t position);
+  const TokenStreamStats& stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace rp

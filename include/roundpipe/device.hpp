@@ -1,0 +1,22 @@
+// Devices the runtime trains on: CUDA GPUs, or virtual GPUs of the CPU backend (each with
+// its own memory pool and streams, so the whole runtime runs without a GPU).
+#pragma once
+#include <cstddef>
+
+#include "roundpipe/dtype.hpp"
+
+namespace rp {
+
+/// Options common to both backends.
+struct DeviceOptions {
+  size_t capacity_bytes = size_t(24) << 30;  ///< pool cap (emulates a 24 GiB card by default)
+  double pcie_bytes_per_s = 0;               ///< CPU backend: a shared link of this bandwidth per direction (0 = memcpy speed)
+  size_t pcie_chunk_bytes = size_t(1) << 20; ///< CPU backend: the link is re-arbitrated after each chunk
+  bool pcie_priorities = true;               ///< CPU backend: activation streams first (false: first come, first served)
+  DType dtype = DType::bf16;                 ///< CUDA backend: storage dtype, bf16 or f16 (the CPU backend is f32)
+};
+
+/// Number of CUDA devices visible (0 when the build has no CUDA or no driver/GPU).
+int cuda_device_count();
+
+}  // namespace rp

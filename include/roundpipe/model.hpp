@@ -1,0 +1,106 @@
+// Models: a dense decoder-only transformer (LLaMA / Qwen3) and how its parameters are
+// grouped in host memory. Loading and saving: roundpipe/checkpoint.hpp.
+//
+// The unit the runtime moves, updates and protects is a parameter *group*: one contiguous
+// fp32 buffer holding every tensor of one layer.
+//   group 0          : "embed"  model.embed_tokens.weight [vocab, hidden]
+//   group 1..L       : "layer.<i>" the tensors of decoder layer i-1 (HF names)
+//   group L+1        : "head"   model.norm.weight [hidden] (+ lm_head.weight [vocab, hidden]
+//                      when embeddings are not tied)
+// With tied embeddings the tail (final norm + LM head) reads group 0 as its LM head.
+// Compute layers: 0 embedding, 1..L decoders, L+1 tail.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace rp {
+
+/// rope_scaling of HF config.json. type "default" means no scaling.
+struct RopeScaling {
+  std::string type = "default";  ///< default | linear | llama3 | yarn
+  double factor = 1.0;
+  // llama3
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 0;
+  // yarn
+  double beta_fast = 32.0, beta_slow = 1.0;
+  double attention_factor = 0.0;  ///< 0 = derive (0.1*ln(factor)+1), as transformers does
+};
+
+/// A dense LLaMA / Qwen3 decoder. Field names follow HF config.json.
+struct ModelConfig {
+  std::string architecture = "llama";  ///< "llama" or "qwen3" (model_type)
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;
+  int64_t head_dim = 0;  ///< hidden_size / num_attention_heads unless given
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  int64_t max_position_embeddings = 2048;
+  bool tie_word_embeddings = false;
+  bool qk_norm = false;  ///< Qwen3: RMSNorm over head_dim on q and k before RoPE
+  bool attention_bias = false;  ///< only false is supported
+  int64_t bos_token_id = -1, eos_token_id = -1, pad_token_id = -1;
+
+  /// Number of parameters (tied embeddings counted once).
+  int64_t num_parameters() const;
+  /// Throws std::invalid_argument with "<key>: <what was expected>" when inconsistent
+  /// (heads not dividing, unsupported rope type, attention_bias, ...).
+  void validate() const;
+};
+
+struct TensorSpec {
+  std::string name;            ///< Hugging Face name, e.g. "model.layers.3.self_attn.q_proj.weight"
+  std::vector<int64_t> shape;  ///< row-major, HF order ([out_features, in_features] for linears)
+  int64_t offset = 0;          ///< in elements, from the start of its group
+  int64_t numel() const;
+};
+
+struct ParamGroup {
+  std::string name;
+  std::vector<TensorSpec> tensors;
+  int64_t numel = 0;
+  /// Index of tensor `name` in `tensors`, or -1.
+  int find(const std::string& tensor_name) const;
+};
+
+/// Compute units of one iteration, in forward order: embedding, L decoder layers, tail.
+enum class LayerKind : uint8_t { embedding, decoder, tail };
+
+struct ModelLayout {
+  ModelConfig config;
+  std::vector<ParamGroup> groups;  ///< see the file comment
+  int num_layers() const { return int(config.num_hidden_layers) + 2; }  ///< embedding + decoders + tail
+  LayerKind kind(int layer) const;
+  /// Groups read by compute layer `layer` (0 = embedding, 1..L decoders, L+1 tail).
+  /// The tail reads {L+1} and also {0} when embeddings are tied.
+  std::vector<int> groups_of(int layer) const;
+  /// Sorted union of groups_of(l) over `layers`: the groups a stage running them reads,
+  /// and (backward and tail stages) the groups whose gradient it produces.
+  std::vector<int> groups_of(const std::vector<int>& layers) const;
+  /// The groups whose weights a stage running `layers` must upload: groups_of(layers),
+  /// except that a backward stage (`backward_stage`: recompute + backward) leaves out the
+  /// embedding's, whose backward scatters dy into gradient rows by token id and reads no
+  /// weight (a forward or tail stage runs the embedding's forward, which does).
+  std::vector<int> groups_uploaded(const std::vector<int>& layers, bool backward_stage) const;
+  int64_t total_numel() const;
+};
+
+/// Builds the layout for `c` (the tensor order within a group is fixed). Throws
+/// std::invalid_argument from c.validate().
+ModelLayout make_layout(const ModelConfig& c);
+
+/// Shape of one micro-batch: n_seq sequences of seq_len tokens (T = n_seq * seq_len tokens;
+/// attention is causal within each sequence, positions restart at 0 in each).
+struct MicroBatchShape {
+  int64_t n_seq = 1;
+  int64_t seq_len = 1;
+  int64_t tokens() const { return n_seq * seq_len; }
+};
+
+}  // namespace rp

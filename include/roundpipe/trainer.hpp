@@ -1,0 +1,136 @@
+// The training loop as a library: what `roundpipe train` runs, callable from any program.
+//
+//   rp::Trainer trainer(rp::load_spec("spec.json"));          // or a TrainSpec built in code
+//   rp::TrainerCallbacks cb;
+//   cb.on_step = [](const rp::StepReport& r) { std::printf("%lld %.4f\n", (long long)r.step, r.loss); };
+//   rp::StopToken stop;                                        // stop.request_stop() from any thread
+//   rp::TrainResult res = trainer.run(cb, stop);
+//   // res.checkpoint: ".../final" (or ".../checkpoint-<n>" when stopped); resume it with
+//   // spec.resume_from = res.checkpoint (and more steps)
+//
+// A run loads the model and the data, builds a Session, and for every step runs
+// `accumulation` forward_backward passes of sequences_per_step / accumulation sequences,
+// then steps with the learning rate of the schedule. It writes into spec.output_dir:
+// metrics.csv (one row per step), checkpoint-<n>/ every save_every steps and final/ (a
+// Hugging Face folder plus optimizer.bin, the optimizer state, and trainer_state.json, the
+// trainer's position: a resumed run reproduces the uninterrupted one bit for bit),
+// profile.json (the measured per-layer profile) and trace.json (spec.trace). docs/spec.md
+// describes the files.
+#pragma once
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "roundpipe/data.hpp"
+#include "roundpipe/model.hpp"
+#include "roundpipe/spec.hpp"
+
+namespace rp {
+
+/// Asks a running Trainer to stop: the steps in flight finish and are saved as
+/// checkpoint-<n> (resume from it). Copies share one flag. request_stop() may be called from
+/// any thread and from a signal handler (it is one lock-free atomic exchange).
+class StopToken {
+ public:
+  StopToken() : flag_(std::make_shared<std::atomic<bool>>(false)) {}
+  /// Returns true for the first request, false when a stop was already requested.
+  bool request_stop() const noexcept { return !flag_->exchange(true); }
+  bool stop_requested() const noexcept { return flag_->load(); }
+
+ private:
+  std::shared_ptr<std::atomic<bool>> flag_;
+};
+
+/// One optimizer step, reported once it is applied (one step behind the pipeline: with the
+/// staleness-1 optimizer the next step's passes are already running).
+struct StepReport {
+  int64_t step = 0;           ///< steps done including this one (1-based)
+  int64_t total_steps = 0;    ///< the run ends after this many steps (spec.steps)
+  int64_t first_step = 0;     ///< steps done before this run (a resumed run), else 0
+  double loss = 0;            ///< mean cross-entropy over the step's target tokens (nats)
+  int64_t tokens = 0;         ///< tokens of the step (sequences_per_step * seq_len)
+  int64_t target_tokens = 0;  ///< tokens with a target in the step (the loss is averaged over them)
+  double tokens_per_s = 0;    ///< all tokens of the steps since the previous report / its wall time
+  double lr = 0;              ///< the learning rate the step used
+  double grad_norm = 0;       ///< global gradient norm before clipping (clipping or loss scaling on), else 0
+  double loss_scale = 1;      ///< fp16 loss scale the step's backward used (1 without loss scaling)
+  bool skipped = false;       ///< inf/NaN gradients: the step changed nothing
+  double elapsed_s = 0;       ///< since run() started
+  double eta_s = 0;           ///< estimated seconds until the last step
+};
+
+/// A checkpoint folder the run wrote.
+struct CheckpointReport {
+  std::string dir;      ///< "<output_dir>/checkpoint-<n>" or "<output_dir>/final"
+  int64_t step = 0;     ///< steps it holds
+  double seconds = 0;   ///< time the save took
+};
+
+/// The state between two steps, handed to TrainerCallbacks::on_eval: every closed step is
+/// applied and nothing is in flight, so the weights belong to exactly `step` steps.
+struct EvalContext {
+  int64_t step = 0;                                    ///< steps done
+  const ModelLayout& layout;
+  const std::vector<std::vector<float>>& weights;      ///< fp32 master weights per parameter group
+};
+
+/// Callbacks of a run, all optional, called on the thread that called run(). An exception
+/// from a callback ends the run and propagates out of run().
+struct TrainerCallbacks {
+  /// Once the model, the data and the runtime are ready (a resumed run restored), before the
+  /// first step.
+  std::function<void()> on_ready;
+  std::function<void(const StepReport&)> on_step;
+  std::function<void(const CheckpointReport&)> on_checkpoint;
+  /// Called every `eval_every` steps (and not after the last one: the final checkpoint
+  /// follows) with the pipeline drained: the place for the program's own evaluation. It
+  /// costs the pipeline's refill; the results of the run do not change.
+  std::function<void(const EvalContext&)> on_eval;
+  int64_t eval_every = 0;  ///< 0: never
+  /// Called with every batch before its forward_backward pass: step (0-based), pass within
+  /// the step (0..accumulation-1) and the batch.
+  std::function<void(int64_t step, int64_t pass, const TokenBatch& batch)> on_batch;
+};
+
+/// How a run ended.
+struct TrainResult {
+  int64_t first_step = 0;       ///< steps done before this run (resume), else 0
+  int64_t steps_done = 0;       ///< steps done in all, including first_step
+  bool stopped = false;         ///< a StopToken ended the run before spec.steps
+  std::string checkpoint;       ///< the last checkpoint written by this run ("" when stopped
+                                ///< with no new step since the last one: those are kept)
+  std::string metrics;          ///< path of metrics.csv
+  double seconds = 0;           ///< wall time of run()
+  size_t peak_device_bytes = 0; ///< per worker
+  std::string plan;             ///< summary of the plan at the end (it may change once by re-planning)
+};
+
+class Trainer {
+ public:
+  /// Keeps `spec` (already validated by spec_from_json, or built in code).
+  explicit Trainer(TrainSpec spec);
+  /// spec_from_json(j, where) / load_spec(path).
+  static Trainer from_json(const nlohmann::json& j, const std::string& where);
+  static Trainer from_file(const std::string& path);
+
+  const TrainSpec& spec() const { return spec_; }
+
+  /// Runs the job. Before anything is loaded, the output folder, the compute dtype and the
+  /// checkpoint to resume from (spec.resume_from) are checked, and the leftovers of killed
+  /// runs in the output folder are cleaned. A resumed run takes weights, config and tokenizer
+  /// from the checkpoint and restores the optimizer state, loss scaler, learning-rate step
+  /// and data position (differences of the spec that change the result are logged as
+  /// warnings). Throws std::invalid_argument for a bad spec or output folder,
+  /// std::runtime_error("<file>: <what>") for bad model, data or checkpoint files,
+  /// RuntimeFailure when the runtime fails; nothing partial is left (checkpoints are atomic).
+  TrainResult run(const TrainerCallbacks& callbacks = {}, const StopToken& stop = {});
+
+ private:
+  TrainSpec spec_;
+};
+
+}  // namespace rp

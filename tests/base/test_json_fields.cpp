@@ -1,0 +1,76 @@
+// base/json_fields: the one-line "<where>: key '<k>': expected <what>, got <value>" errors of
+// every JSON file reader.
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+
+#include "base/json_fields.hpp"
+
+namespace {
+
+using nlohmann::json;
+
+template <class E = std::invalid_argument, class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(JsonFields, OptionalFieldsCheckTypesAndRanges) {
+  const json j = json::parse(R"({"n": 3, "big": 3000000000, "neg": -5, "f": 0.5, "s": "x", "b": true,
+                                 "ns": "3"})");
+  rp::JsonFields r(j, "spec.json");
+  int64_t n = 0;
+  int small = 0;
+  uint64_t u = 7;
+  double f = 0;
+  std::string s;
+  bool b = false;
+  EXPECT_TRUE(r.optional("n", n));
+  EXPECT_EQ(n, 3);
+  EXPECT_FALSE(r.optional("missing", n));
+  EXPECT_EQ(n, 3);
+  EXPECT_TRUE(r.optional("f", f));
+  EXPECT_EQ(f, 0.5);
+  EXPECT_TRUE(r.optional("n", f));  // an integer is a number
+  EXPECT_EQ(f, 3.0);
+  EXPECT_TRUE(r.optional("s", s));
+  EXPECT_TRUE(r.optional("b", b));
+  EXPECT_EQ(error_of([&] { r.optional("ns", n); }), "spec.json: key 'ns': expected an integer, got \"3\"");
+  EXPECT_EQ(error_of([&] { r.optional("big", small); }),
+            "spec.json: key 'big': expected an integer <= 2147483647, got 3000000000");
+  EXPECT_EQ(error_of([&] { r.optional("neg", u); }), "spec.json: key 'neg': expected an integer >= 0, got -5");
+  EXPECT_EQ(u, 7u);
+  EXPECT_EQ(error_of([&] { r.optional("s", b); }), "spec.json: key 's': expected true or false, got \"x\"");
+  EXPECT_EQ(error_of([&] { r.optional("b", s); }), "spec.json: key 'b': expected a string, got true");
+  EXPECT_EQ(error_of([&] { r.optional("s", f); }), "spec.json: key 's': expected a number, got \"x\"");
+}
+
+TEST(JsonFields, RequiredFieldsSayNothingWhenMissing) {
+  const json j = json::parse(R"({"step": 0, "o": {"lr": "high"}, "v": 2})");
+  rp::JsonFields r(j, "state.json", "", rp::JsonFields::Error::runtime_error);
+  EXPECT_EQ(r.integer("step", 0), 0);
+  EXPECT_EQ(error_of<std::runtime_error>([&] { r.integer("step", 1); }),
+            "state.json: key 'step': expected an integer >= 1, got 0");
+  EXPECT_EQ(error_of<std::runtime_error>([&] { r.string("model"); }),
+            "state.json: key 'model': expected a string, got nothing");
+  EXPECT_EQ(error_of<std::runtime_error>([&] { r.require_value("v", 1); }),
+            "state.json: key 'v': expected 1, got 2");
+  EXPECT_EQ(error_of<std::runtime_error>([&] { r.array("o"); }),
+            "state.json: key 'o': expected an array, got {\"lr\":\"high\"}");
+  // nested objects carry their path in the key
+  const rp::JsonFields o = r.nested("o");
+  double lr = 0;
+  EXPECT_EQ(error_of<std::runtime_error>([&] { o.optional("lr", lr); }),
+            "state.json: key 'o.lr': expected a number, got \"high\"");
+  EXPECT_EQ(error_of<std::runtime_error>([&] { o.allow_only({"betas", "eps"}); }),
+            "state.json: unknown key 'o.lr' (known keys: betas, eps)");
+  EXPECT_EQ(error_of<std::runtime_error>([&] { r.nested("step"); }),
+            "state.json: key 'step': expected an object, got 0");
+}
+
+}  // namespace

@@ -1,0 +1,218 @@
+// rp::Trainer through its C++ API (the `roundpipe train` tests in tests/cli drive the same
+// code through the command): callbacks in step order with what metrics.csv records, the
+// evaluation point sees exactly the weights of its step, a StopToken triggered from another
+// thread leaves a checkpoint that continues bit for bit, and bad specs are refused before
+// anything is written.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "model/safetensors.hpp"
+#include "roundpipe/trainer.hpp"
+#include "tests/cli/cli_util.hpp"
+
+namespace {
+
+using namespace rp::clitest;
+
+const char* kData =
+    "{\"text\": \"In the beginning God created the heaven and the earth. And the earth was without form, and "
+    "void; and darkness was upon the face of the deep.\"}\n"
+    "{\"prompt\": \"Say hi\", \"completion\": \" hi there\"}\n"
+    "{\"text\": \"And God said, Let there be light: and there was light.\"}\n";
+
+rp::TrainSpec tiny_spec(const fs::path& d, const std::string& out, int64_t steps) {
+  write(d / "data.jsonl", kData);
+  rp::TrainSpec s = rp::spec_from_json(nlohmann::json::parse(spec_for(tiny_model(d), d / "data.jsonl", d / out)),
+                                       "test spec");
+  s.steps = steps;
+  s.seed = 3;
+  s.save_dtype = "f32";
+  s.adam.lr = 0.01;
+  s.lr_schedule.kind = "cosine";
+  s.lr_schedule.lr = 0.01;
+  s.lr_schedule.warmup_steps = 1;
+  s.lr_schedule.total_steps = steps;
+  return s;
+}
+
+std::string bytes_of(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+/// metrics.csv: the step and loss columns of every row.
+std::vector<std::string> losses(const fs::path& csv) {
+  std::ifstream f(csv);
+  std::string line;
+  std::vector<std::string> out;
+  std::getline(f, line);
+  while (std::getline(f, line)) out.push_back(line.substr(0, line.find(',', line.find(',') + 1)));
+  return out;
+}
+
+TEST(Trainer, CallbacksFollowTheStepsAndMatchTheMetrics) {
+  auto d = tmpdir();
+  rp::TrainSpec spec = tiny_spec(d, "run", 5);
+  spec.accumulation = 2;  // 2 passes of 1 sequence per micro-batch
+  spec.sequences_per_step = 4;
+  spec.save_every = 2;
+  std::vector<std::string> events;
+  std::vector<rp::StepReport> steps;
+  rp::TrainerCallbacks cb;
+  cb.on_ready = [&] { events.push_back("ready"); };
+  cb.on_batch = [&](int64_t step, int64_t pass, const rp::TokenBatch& b) {
+    events.push_back("batch " + std::to_string(step) + "." + std::to_string(pass));
+    EXPECT_EQ(b.n_seq, 2);
+    EXPECT_EQ(b.seq_len, 16);
+  };
+  cb.on_step = [&](const rp::StepReport& r) {
+    events.push_back("step " + std::to_string(r.step));
+    steps.push_back(r);
+  };
+  cb.on_checkpoint = [&](const rp::CheckpointReport& c) {
+    events.push_back("checkpoint " + fs::path(c.dir).filename().string() + " " + std::to_string(c.step));
+  };
+  const rp::TrainResult res = rp::Trainer(spec).run(cb);
+  EXPECT_FALSE(res.stopped);
+  EXPECT_EQ(res.steps_done, 5);
+  EXPECT_EQ(res.checkpoint, (d / "run/final").string());
+  // step k is reported once its update is applied: one behind the passes, drained before a checkpoint
+  const std::vector<std::string> want = {
+      "ready",     "batch 0.0", "batch 0.1", "batch 1.0", "batch 1.1", "step 1",       "step 2",
+      "checkpoint checkpoint-2 2", "batch 2.0", "batch 2.1", "batch 3.0", "batch 3.1", "step 3", "step 4",
+      "checkpoint checkpoint-4 4", "batch 4.0", "batch 4.1", "step 5", "checkpoint final 5"};
+  EXPECT_EQ(events, want);
+  // metrics.csv holds what on_step saw
+  std::ifstream csv(res.metrics);
+  std::string line;
+  std::getline(csv, line);
+  EXPECT_EQ(line, "step,loss,target_tokens,tokens_per_s,lr,elapsed_s,grad_norm,loss_scale,skipped");
+  for (const auto& r : steps) {
+    ASSERT_TRUE(std::getline(csv, line));
+    EXPECT_EQ(line.substr(0, line.find(',', line.find(',') + 1)), fmt::format("{},{:.6f}", r.step, r.loss));
+    EXPECT_EQ(r.lr, spec.lr_schedule.at(r.step - 1));
+    EXPECT_EQ(r.total_steps, 5);
+    EXPECT_EQ(r.tokens, 4 * 16);
+    EXPECT_GT(r.target_tokens, 0);
+    EXPECT_LE(r.target_tokens, r.tokens);
+  }
+  fs::remove_all(d);
+}
+
+TEST(Trainer, EvaluationSeesTheWeightsOfItsStep) {
+  auto d = tmpdir();
+  rp::TrainSpec spec = tiny_spec(d, "run", 5);
+  spec.save_every = 2;
+  std::vector<std::pair<int64_t, std::vector<std::vector<float>>>> seen;
+  rp::TrainerCallbacks cb;
+  cb.eval_every = 2;
+  cb.on_eval = [&](const rp::EvalContext& e) { seen.emplace_back(e.step, e.weights); };
+  rp::Trainer(spec).run(cb);
+  ASSERT_EQ(seen.size(), 2u);  // after steps 2 and 4, not after the last one
+  for (const auto& [step, weights] : seen) {
+    // checkpoint-<step> holds the fp32 master of the same step (save_dtype f32)
+    rp::SafetensorsFile f((d / "run" / ("checkpoint-" + std::to_string(step)) / "model.safetensors").string());
+    const rp::ModelLayout layout = rp::make_layout(rp::load_model((d / "tiny").string()).config);
+    for (size_t g = 0; g < layout.groups.size(); ++g)
+      for (const auto& t : layout.groups[g].tensors) {
+        const rp::HostTensor saved = f.read_f32(*f.find(t.name));
+        ASSERT_EQ(0, std::memcmp(saved.data.data(), weights[g].data() + t.offset, saved.data.size() * 4))
+            << "step " << step << " " << t.name;
+      }
+  }
+  fs::remove_all(d);
+}
+
+// A stop requested from another thread (what a signal handler or a UI does) ends the run after
+// the steps in flight; the checkpoint it leaves continues to the same result as a run that
+// was never stopped.
+TEST(Trainer, StopFromAnotherThreadLeavesACheckpointThatContinuesBitForBit) {
+  auto d = tmpdir();
+  const rp::TrainResult whole = rp::Trainer(tiny_spec(d, "whole", 6)).run();
+  rp::StopToken stop;
+  std::atomic<int64_t> reported{0};
+  rp::TrainerCallbacks cb;
+  cb.on_step = [&](const rp::StepReport& r) {
+    reported = r.step;
+    while (r.step == 2 && !stop.stop_requested()) std::this_thread::yield();  // hold until the stop arrives
+  };
+  std::thread stopper([&] {
+    while (reported < 2) std::this_thread::yield();
+    EXPECT_TRUE(stop.request_stop());
+    EXPECT_FALSE(stop.request_stop());  // a second request is not the first
+  });
+  const rp::TrainResult part = rp::Trainer(tiny_spec(d, "part", 6)).run(cb, stop);
+  stopper.join();
+  ASSERT_TRUE(part.stopped);
+  ASSERT_EQ(part.steps_done, 3);  // step 3's passes were in flight when step 2 was reported
+  ASSERT_EQ(part.checkpoint, (d / "part/checkpoint-3").string());
+  EXPECT_EQ(nlohmann::json::parse(bytes_of(d / "part/checkpoint-3/trainer_state.json"))["step"], 3);
+
+  rp::TrainSpec rest = tiny_spec(d, "part", 6);
+  rest.resume_from = part.checkpoint;
+  const rp::TrainResult done = rp::Trainer(rest).run();
+  EXPECT_EQ(done.first_step, 3);
+  EXPECT_EQ(done.steps_done, 6);
+  for (const char* f : {"model.safetensors", "optimizer.bin"})
+    EXPECT_TRUE(bytes_of(d / "whole/final" / f) == bytes_of(d / "part/final" / f)) << f;
+  EXPECT_EQ(losses(d / "whole/metrics.csv"), losses(d / "part/metrics.csv"));
+  fs::remove_all(d);
+}
+
+TEST(Trainer, BadSpecsAreRefusedBeforeAnythingIsWritten) {
+  auto d = tmpdir();
+  rp::TrainSpec spec = tiny_spec(d, "out", 2);
+  write(d / "out", "a file");
+  try {
+    rp::Trainer(spec).run();
+    ADD_FAILURE() << "expected an error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("test spec: key 'output_dir'"), std::string::npos) << e.what();
+  }
+  spec.output_dir = (d / "fresh").string();
+  spec.resume_from = (d / "nowhere").string();
+  EXPECT_THROW(rp::Trainer(spec).run(), std::invalid_argument);
+  EXPECT_FALSE(fs::exists(d / "fresh"));
+  try {
+    rp::Trainer::from_json(nlohmann::json::parse("{\"model\": \"m\", \"data\": \"d\", \"stepz\": 3}"), "inline");
+    ADD_FAILURE() << "expected an error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("inline: unknown key 'stepz'", 0), 0u) << e.what();
+  }
+  fs::remove_all(d);
+}
+
+TEST(TokenStream, ServesTheSameBatchesAfterASeek) {
+  auto d = tmpdir();
+  write(d / "data.jsonl", kData);
+  const rp::LoadedModel lm = rp::load_model(tiny_model(d).string());
+  rp::TokenStreamOptions o;
+  o.seq_len = 16;
+  o.seed = 5;
+  rp::TokenStream a(lm, (d / "data.jsonl").string(), o), b(lm, (d / "data.jsonl").string(), o);
+  EXPECT_GT(a.stats().sequences, 2);
+  EXPECT_EQ(a.stats().chat_template, "chatml");  // the tiny model carries no template
+  a.next(3);
+  const rp::TokenBatch want = a.next(2);
+  b.seek(3);
+  const rp::TokenBatch got = b.next(2);
+  EXPECT_EQ(got.ids, want.ids);
+  EXPECT_EQ(got.targets, want.targets);
+  EXPECT_EQ(b.position(), 5);
+  // every prompt longer than the sequences: nothing to train on, said by next()
+  write(d / "long.jsonl", "{\"prompt\": \"a long prompt of many bytes\", \"completion\": \" x\"}\n");
+  o.seq_len = 4;
+  rp::TokenStream none(lm, (d / "long.jsonl").string(), o);
+  EXPECT_EQ(none.stats().sequences, 0);
+  EXPECT_THROW(none.next(1), std::invalid_argument);
+  EXPECT_THROW(rp::TokenStream::chat_template_for(lm, "mistral"), std::invalid_argument);
+  fs::remove_all(d);
+}
+
+}  // namespace

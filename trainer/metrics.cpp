@@ -1,0 +1,52 @@
+#include "trainer/metrics.hpp"
+
+#include <stdexcept>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "base/atomic_file.hpp"
+
+namespace rp {
+
+MetricsFile::MetricsFile(const std::string& path, int64_t resume_step) : path_(path) {
+  const bool resuming = resume_step > 0;
+  if (resuming) truncate_metrics(path, resume_step, kHeader);
+  csv_.open(path, resuming ? std::ios::app : std::ios::trunc);
+  if (!csv_) throw std::runtime_error(path + ": cannot write");
+  if (!resuming) csv_ << kHeader;
+}
+
+void MetricsFile::write(const StepReport& r) {
+  csv_ << fmt::format("{},{:.6f},{},{:.1f},{:.6g},{:.3f},{:.6g},{:.6g},{}\n", r.step, r.loss, r.target_tokens,
+                      r.tokens_per_s, r.lr, r.elapsed_s, r.grad_norm, r.loss_scale, r.skipped ? 1 : 0);
+  csv_.flush();
+}
+
+void truncate_metrics(const std::string& path, int64_t step, const std::string& header) {
+  std::vector<std::string> keep;
+  {
+    std::ifstream f(path);
+    std::string line;
+    bool first = true;
+    while (f && std::getline(f, line)) {
+      if (first) {
+        first = false;
+        continue;  // the header is rewritten below
+      }
+      int64_t s = -1;
+      try {
+        s = std::stoll(line.substr(0, line.find(',')));
+      } catch (const std::exception&) {
+        continue;  // a torn last line of a killed run
+      }
+      if (s >= 1 && s <= step) keep.push_back(line);
+    }
+  }
+  write_file_atomically(path, [&](std::ostream& o) {
+    o << header;
+    for (auto& l : keep) o << l << "\n";
+  });
+}
+
+}  // namespace rp

@@ -1,0 +1,34 @@
+// metrics.csv of a training run: one row per step (docs/spec.md lists the columns).
+#pragma once
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+#include "roundpipe/trainer.hpp"
+
+namespace rp {
+
+class MetricsFile {
+ public:
+  static constexpr const char* kHeader =
+      "step,loss,target_tokens,tokens_per_s,lr,elapsed_s,grad_norm,loss_scale,skipped\n";
+
+  /// A fresh run (`resume_step` 0) creates or truncates `path` and writes the header; a run
+  /// resumed at `resume_step` keeps the rows of steps <= resume_step (those of a later,
+  /// abandoned attempt go) and appends after them. Throws std::runtime_error("<path>: ...").
+  MetricsFile(const std::string& path, int64_t resume_step);
+  /// Appends the row of `r` and flushes it (a killed run keeps every reported step).
+  void write(const StepReport& r);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::ofstream csv_;
+};
+
+/// Keeps the header and the rows of steps <= `step` of an existing metrics file (a torn
+/// last line of a killed run is dropped), replacing it atomically; creates the file with
+/// `header` when it does not exist. Throws std::runtime_error("<path>: ...") on I/O errors.
+void truncate_metrics(const std::string& path, int64_t step, const std::string& header);
+
+}  // namespace rp

@@ -1,0 +1,108 @@
+#include "trainer/run_setup.hpp"
+
+#include <filesystem>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "base/atomic_file.hpp"
+
+namespace fs = std::filesystem;
+
+namespace rp {
+
+void prepare_output_dir(const TrainSpec& spec) {
+  std::error_code ec;
+  if (fs::exists(spec.output_dir, ec) && !fs::is_directory(spec.output_dir, ec))
+    throw std::invalid_argument(fmt::format("{}: key 'output_dir': expected a directory, but '{}' is a file",
+                                            spec.source, spec.output_dir));
+  const fs::path fin = fs::path(spec.output_dir) / "final";
+  if (fs::exists(fin, ec) && !fs::is_directory(fin, ec))
+    throw std::invalid_argument(fmt::format("{}: key 'output_dir': '{}' exists and is not a checkpoint folder",
+                                            spec.source, fin.string()));
+  for (const auto& s : clean_stale_temporaries(spec.output_dir)) {
+    if (s.restored) spdlog::warn("restored {} from {} (a run was killed while replacing it)", s.target, s.path);
+    else spdlog::info("removed {} left by an interrupted run", s.path);
+  }
+}
+
+void check_compute_dtype(const TrainSpec& spec) {
+  if (spec.compute_dtype != "f16") return;  // fp16 storage exists only on the CUDA backend
+  const bool cuda = spec.backend == "cuda" || (spec.backend == "auto" && cuda_device_count() > 0);
+  if (!cuda)
+    throw std::invalid_argument(fmt::format(
+        "{}: key 'compute_dtype': \"f16\" needs the cuda backend (the cpu backend computes in f32){}", spec.source,
+        spec.backend == "auto" ? "; no CUDA device is visible" : ""));
+}
+
+void require_tokenizer(const LoadedModel& model) {
+  if (model.tokenizer_json.is_null())
+    throw std::runtime_error(model.source + ": the model carries no tokenizer (tokenizer.json)");
+}
+
+LoadedModel load_model_for_training(const std::string& path) {
+  spdlog::info("loading model {}", path);
+  LoadedModel lm = load_model(path);
+  const auto& c = lm.config;
+  spdlog::info("model: {} layers, hidden {}, {} heads ({} kv), ffn {}, vocab {}, {:.1f} M parameters{}",
+               c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads,
+               c.intermediate_size, c.vocab_size, c.num_parameters() / 1e6,
+               c.tie_word_embeddings ? ", tied embeddings" : "");
+  require_tokenizer(lm);
+  return lm;
+}
+
+TokenStream load_data_for_training(const TrainSpec& spec, const LoadedModel& model) {
+  TokenStreamOptions o;
+  o.seq_len = spec.seq_len;
+  o.chat_template = TokenStream::chat_template_for(model, spec.chat_template);
+  o.max_examples = spec.max_examples;
+  o.seed = spec.seed;
+  spdlog::info("loading data {} (chat template {})", spec.data, o.chat_template);
+  TokenStream data(model, spec.data, o);
+  const TokenStreamStats& st = data.stats();
+  spdlog::info("data: {}{} -> {} sequences of {} tokens{}",
+               st.examples == 0 ? std::string() : fmt::format("{} examples", st.examples),
+               st.text_tokens == 0 ? std::string()
+                                   : fmt::format("{}{} text tokens", st.examples == 0 ? "" : ", ", st.text_tokens),
+               st.sequences, spec.seq_len,
+               st.dropped_examples ? fmt::format(" ({} examples dropped: no target left)", st.dropped_examples)
+                                   : std::string());
+  if (st.sequences == 0)
+    throw std::invalid_argument(fmt::format(
+        "{}: key 'seq_len': {} tokens leave no training target in any of the {} examples of {} (their prompts "
+        "are longer); raise seq_len",
+        spec.source, spec.seq_len, st.examples, spec.data));
+  const int64_t max_pos = model.config.max_position_embeddings;
+  if (max_pos > 0 && spec.seq_len > max_pos)
+    spdlog::warn("seq_len {} exceeds the model's max_position_embeddings {}", spec.seq_len, max_pos);
+  return data;
+}
+
+SessionOptions session_options_of(const TrainSpec& spec, const ModelLayout& layout) {
+  SessionOptions opt;
+  opt.backend = spec.backend;
+  opt.workers = spec.workers;
+  opt.micro_batches = spec.micro_batches;
+  const int64_t per_pass = spec.sequences_per_step / spec.accumulation;
+  opt.micro.n_seq = per_pass / spec.micro_batches;
+  opt.micro.seq_len = spec.seq_len;
+  opt.async = spec.async;
+  opt.adam = spec.adam;
+  opt.max_grad_norm = spec.max_grad_norm;
+  opt.device.capacity_bytes = size_t(spec.device_memory_gib * double(1ull << 30));
+  opt.device.pcie_bytes_per_s = spec.pcie_gbps * 1e9;
+  opt.device.dtype = parse_dtype(spec.compute_dtype);
+  opt.loss_scaling = spec.loss_scaling;
+  opt.transfer_priorities = spec.transfer_priorities;
+  opt.transfer_chunk_bytes = size_t(spec.transfer_chunk_bytes);
+  // No "plan" key: automatic (analytic estimate, then re-planned from the profile once it
+  // settles). An explicit plan is never changed.
+  if (!spec.plan.is_null())
+    opt.plan = plan_from_json(spec.plan, layout.num_layers(), spec.workers, spec.source + ": key 'plan'");
+  opt.trace = spec.trace;
+  return opt;
+}
+
+}  // namespace rp

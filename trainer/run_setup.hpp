@@ -1,0 +1,36 @@
+// The steps of a training run before its loop: checks that need no model, loading the model
+// and the data (with their log lines), and the Session options of a spec.
+#pragma once
+#include <string>
+
+#include "roundpipe/checkpoint.hpp"
+#include "roundpipe/data.hpp"
+#include "roundpipe/session.hpp"
+#include "roundpipe/spec.hpp"
+
+namespace rp {
+
+/// The output folder must be a folder (or not exist) and its final/ a checkpoint folder;
+/// leftovers of killed runs in it are cleaned (logged). Throws std::invalid_argument naming
+/// spec.source and the key.
+void prepare_output_dir(const TrainSpec& spec);
+
+/// "compute_dtype": "f16" needs the CUDA backend. Throws std::invalid_argument.
+void check_compute_dtype(const TrainSpec& spec);
+
+/// Throws std::runtime_error("<model>: the model carries no tokenizer (tokenizer.json)").
+void require_tokenizer(const LoadedModel& model);
+
+/// load_model(path) with the "loading model" / "model: ..." log lines; the model must carry
+/// a tokenizer.
+LoadedModel load_model_for_training(const std::string& path);
+
+/// The training sequences of spec.data with the model's tokenizer (log lines "loading data"
+/// and "data: ..."). Throws std::invalid_argument naming spec.source and 'seq_len' when no
+/// sequence keeps a target.
+TokenStream load_data_for_training(const TrainSpec& spec, const LoadedModel& model);
+
+/// The Session options a spec asks for (an explicit "plan" is parsed against `layout`).
+SessionOptions session_options_of(const TrainSpec& spec, const ModelLayout& layout);
+
+}  // namespace rp

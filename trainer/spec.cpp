@@ -1,0 +1,183 @@
+// Experiment specs (roundpipe/spec.hpp): parsing and checking; docs/spec.md lists the keys.
+#include "roundpipe/spec.hpp"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "base/json_fields.hpp"
+#include "data/chat_template.hpp"
+
+namespace rp {
+namespace {
+
+void read_scalars(const JsonFields& f, TrainSpec& s) {
+  f.optional("model", s.model);
+  f.optional("data", s.data);
+  f.optional("chat_template", s.chat_template);
+  f.optional("seq_len", s.seq_len);
+  f.optional("max_examples", s.max_examples);
+  if (s.max_examples < 0) f.fail("max_examples", "an integer >= 0", s.max_examples);
+  f.optional("sequences_per_step", s.sequences_per_step);
+  f.optional("micro_batches", s.micro_batches);
+  f.optional("accumulation", s.accumulation);
+  f.optional("steps", s.steps);
+  f.optional("backend", s.backend);
+  f.optional("workers", s.workers);
+  f.optional("async", s.async);
+  f.optional("device_memory_gib", s.device_memory_gib);
+  f.optional("pcie_gbps", s.pcie_gbps);
+  f.optional("transfer_priorities", s.transfer_priorities);
+  f.optional("transfer_chunk_bytes", s.transfer_chunk_bytes);
+  f.optional("output_dir", s.output_dir);
+  f.optional("save_every", s.save_every);
+  f.optional("save_dtype", s.save_dtype);
+  f.optional("trace", s.trace);
+  f.optional("seed", s.seed);
+  f.optional("log_every", s.log_every);
+  f.optional("compute_dtype", s.compute_dtype);
+  if (s.compute_dtype != "bf16" && s.compute_dtype != "f16") f.fail("compute_dtype", "\"bf16\" or \"f16\"", s.compute_dtype);
+  f.optional("resume_from", s.resume_from);
+  if (f.has("resume_from") && s.resume_from.empty()) f.fail("resume_from", "a checkpoint folder");
+  if (f.has("plan")) s.plan = f.at("plan");
+}
+
+void read_loss_scaling(const JsonFields& f, TrainSpec& s) {
+  if (s.compute_dtype == "f16") s.loss_scaling = LossScalerOptions{};
+  if (!f.has("loss_scaling")) return;
+  const auto& l = f.at("loss_scaling");
+  if (l.is_boolean()) {
+    s.loss_scaling = l.get<bool>() ? std::optional<LossScalerOptions>(LossScalerOptions{}) : std::nullopt;
+  } else if (l.is_object()) {
+    const JsonFields lf = f.nested("loss_scaling");
+    lf.allow_only({"init_scale", "growth_factor", "backoff_factor", "growth_interval"});
+    LossScalerOptions o;
+    lf.optional("init_scale", o.init_scale);
+    lf.optional("growth_factor", o.growth_factor);
+    lf.optional("backoff_factor", o.backoff_factor);
+    lf.optional("growth_interval", o.growth_interval);
+    try {
+      o.validate();
+    } catch (const std::invalid_argument& e) {
+      f.fail_with(fmt::format("key 'loss_scaling': {}", e.what()));
+    }
+    s.loss_scaling = o;
+  } else {
+    f.fail("loss_scaling", "true, false or an object {init_scale, growth_factor, backoff_factor, growth_interval}");
+  }
+  if (s.loss_scaling && s.compute_dtype != "f16")
+    f.fail_with(
+        "key 'loss_scaling': needs \"compute_dtype\": \"f16\" (bf16 and the CPU backend's f32 do not overflow)");
+}
+
+void read_optimizer(const JsonFields& f, TrainSpec& s) {
+  if (f.has("optimizer")) {
+    if (!f.at("optimizer").is_object()) f.fail("optimizer", "an object");
+    const JsonFields o = f.nested("optimizer");
+    o.allow_only({"lr", "betas", "eps", "weight_decay", "amsgrad", "decoupled", "max_grad_norm"});
+    o.optional("max_grad_norm", s.max_grad_norm);
+    if (s.max_grad_norm < 0) o.fail("max_grad_norm", "a number >= 0", s.max_grad_norm);
+    o.optional("lr", s.adam.lr);
+    o.optional("eps", s.adam.eps);
+    o.optional("weight_decay", s.adam.weight_decay);
+    o.optional("amsgrad", s.adam.amsgrad);
+    o.optional("decoupled", s.adam.decoupled);
+    if (o.has("betas")) {
+      const auto& b = o.at("betas");
+      if (!b.is_array() || b.size() != 2 || !b[0].is_number() || !b[1].is_number())
+        o.fail("betas", "two numbers [beta1, beta2]");
+      s.adam.beta1 = b[0].get<double>();
+      s.adam.beta2 = b[1].get<double>();
+    }
+  }
+  nlohmann::json sched = f.has("lr_schedule") ? f.at("lr_schedule") : nlohmann::json::object();
+  if (!sched.is_object()) f.fail("lr_schedule", "an object");
+  if (!sched.contains("lr")) sched["lr"] = s.adam.lr;
+  if (!sched.contains("total_steps")) sched["total_steps"] = s.steps;
+  s.lr_schedule = LrSchedule::from_json(sched, f.where() + ": lr_schedule");
+}
+
+void check_ranges(const JsonFields& f, const TrainSpec& s) {
+  auto positive = [&](const char* k, int64_t v) {
+    if (v < 1) f.fail(k, "an integer >= 1", v);
+  };
+  positive("seq_len", s.seq_len);
+  positive("sequences_per_step", s.sequences_per_step);
+  positive("micro_batches", s.micro_batches);
+  positive("accumulation", s.accumulation);
+  positive("steps", s.steps);
+  positive("workers", s.workers);
+  positive("log_every", s.log_every);
+  if (s.seq_len < 2) f.fail("seq_len", "an integer >= 2", s.seq_len);
+  if (s.sequences_per_step % (s.micro_batches * s.accumulation) != 0)
+    f.fail_with(fmt::format("key 'sequences_per_step': {} is not divisible by micro_batches x accumulation = {}",
+                            s.sequences_per_step, s.micro_batches * s.accumulation));
+  if (s.backend != "auto" && s.backend != "cpu" && s.backend != "cuda")
+    f.fail("backend", "\"auto\", \"cpu\" or \"cuda\"", s.backend);
+  if (s.save_dtype != "f32" && s.save_dtype != "bf16" && s.save_dtype != "f16")
+    f.fail("save_dtype", "\"f32\", \"bf16\" or \"f16\"", s.save_dtype);
+  if (s.device_memory_gib <= 0) f.fail("device_memory_gib", "a number > 0", s.device_memory_gib);
+  if (s.pcie_gbps < 0) f.fail("pcie_gbps", "a number >= 0", s.pcie_gbps);
+  if (s.transfer_chunk_bytes != 0 && s.transfer_chunk_bytes < (int64_t(1) << 16))
+    f.fail("transfer_chunk_bytes", "0 (no chunking) or at least 65536 bytes", s.transfer_chunk_bytes);
+  if (s.save_every < 0) f.fail("save_every", "an integer >= 0", s.save_every);
+  if (s.output_dir.empty()) f.fail("output_dir", "a non-empty path", s.output_dir);
+  if (s.chat_template != "auto") {
+    try {
+      parse_chat_template_name(s.chat_template);
+    } catch (const std::exception& e) {
+      f.fail_with(fmt::format("key 'chat_template': {}", e.what()));
+    }
+  }
+  try {
+    validate(s.adam);
+  } catch (const std::invalid_argument& e) {
+    f.fail_with(fmt::format("key 'optimizer': {}", e.what()));
+  }
+}
+
+}  // namespace
+
+TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
+  if (!j.is_object()) throw std::invalid_argument(where + ": expected a JSON object at the top level");
+  const JsonFields f(j, where);
+  f.allow_only({"model", "data", "chat_template", "seq_len", "sequences_per_step", "micro_batches", "accumulation",
+                "steps", "max_examples", "optimizer", "lr_schedule", "backend", "workers", "async", "plan",
+                "device_memory_gib", "pcie_gbps", "transfer_priorities", "transfer_chunk_bytes", "output_dir",
+                "save_every", "save_dtype", "trace", "seed", "log_every", "compute_dtype", "loss_scaling",
+                "resume_from", "comment"});
+  if (!f.has("model")) throw std::invalid_argument(where + ": missing key 'model' (a .gguf file or HF directory)");
+  if (!f.has("data")) throw std::invalid_argument(where + ": missing key 'data' (a .jsonl or .txt file, or a directory)");
+  TrainSpec s;
+  s.source = where;
+  read_scalars(f, s);
+  read_loss_scaling(f, s);
+  read_optimizer(f, s);
+  check_ranges(f, s);
+  return s;
+}
+
+TrainSpec load_spec(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::invalid_argument(path + ": cannot open the spec file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    // e.byte is the offset of the error; report line and column.
+    const size_t pos = std::min<size_t>(e.byte ? e.byte - 1 : 0, text.size());
+    const size_t line = 1 + size_t(std::count(text.begin(), text.begin() + long(pos), '\n'));
+    const size_t nl = text.rfind('\n', pos ? pos - 1 : 0);
+    const size_t col = pos - (nl == std::string::npos ? 0 : nl + 1) + 1;
+    throw std::invalid_argument(fmt::format("{}:{}:{}: invalid JSON", path, line, col));
+  }
+  return spec_from_json(j, path);
+}
+
+}  // namespace rp

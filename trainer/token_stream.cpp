@@ -1,0 +1,70 @@
+// rp::TokenStream (roundpipe/data.hpp): a model's tokenizer + data/ (load, pack, shuffle).
+#include <optional>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "data/chat_template.hpp"
+#include "data/dataset.hpp"
+#include "data/tokenizer.hpp"
+#include "roundpipe/checkpoint.hpp"
+#include "roundpipe/data.hpp"
+#include "trainer/run_setup.hpp"
+
+namespace rp {
+namespace {
+
+ChatTemplate template_for(const LoadedModel& model, const std::string& requested) {
+  if (requested != "auto") return parse_chat_template_name(requested);
+  return model.chat_template.empty() ? ChatTemplate::chatml : detect_chat_template(model.chat_template);
+}
+
+}  // namespace
+
+struct TokenStream::Impl {
+  TokenStreamStats stats;
+  std::optional<BatchStream> stream;  ///< none without sequences
+  BatchStream& batches() {
+    if (!stream)
+      throw std::invalid_argument(fmt::format(
+          "no training sequence: {} tokens leave no target in any of the {} examples (their prompts are longer)",
+          seq_len, stats.examples));
+    return *stream;
+  }
+  int64_t seq_len = 0;
+};
+
+TokenStream::TokenStream(const LoadedModel& model, const std::string& data_path, const TokenStreamOptions& o) {
+  require_tokenizer(model);
+  Tokenizer tok = Tokenizer::from_json(model.tokenizer_json, model.source + " tokenizer");
+  if (model.config.eos_token_id >= 0) tok.set_eos_id(int32_t(model.config.eos_token_id));
+  const ChatTemplate chat = template_for(model, o.chat_template);
+  Dataset ds = load_dataset(data_path, tok, chat);
+  if (o.max_examples > 0 && int64_t(ds.examples.size()) > o.max_examples) ds.examples.resize(size_t(o.max_examples));
+  PackedSequences packed = pack_sequences(ds, o.seq_len, tok.eos_id());
+  TokenStreamStats st;
+  st.examples = ds.examples.size();
+  st.text_tokens = ds.text_stream.size();
+  st.dropped_examples = packed.dropped_examples;
+  st.sequences = packed.size();
+  st.chat_template = chat_template_name(chat);
+  impl_ = std::make_unique<Impl>();
+  impl_->stats = std::move(st);
+  impl_->seq_len = o.seq_len;
+  if (packed.size() > 0) impl_->stream.emplace(std::move(packed), o.seed);
+}
+
+TokenStream::~TokenStream() = default;
+TokenStream::TokenStream(TokenStream&&) noexcept = default;
+TokenStream& TokenStream::operator=(TokenStream&&) noexcept = default;
+
+std::string TokenStream::chat_template_for(const LoadedModel& model, const std::string& requested) {
+  return chat_template_name(template_for(model, requested));
+}
+
+TokenBatch TokenStream::next(int64_t n_seq) { return impl_->batches().next(n_seq); }
+int64_t TokenStream::position() const { return impl_->stream ? impl_->stream->position() : 0; }
+void TokenStream::seek(int64_t position) { impl_->batches().seek(position); }
+const TokenStreamStats& TokenStream::stats() const { return impl_->stats; }
+
+}  // namespace rp

@@ -1,0 +1,219 @@
+// rp::Trainer (roundpipe/trainer.hpp): one training run from a spec.
+#include "roundpipe/trainer.hpp"
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <optional>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "roundpipe/checkpoint.hpp"
+#include "roundpipe/session.hpp"
+#include "trainer/checkpoint_bundle.hpp"
+#include "trainer/metrics.hpp"
+#include "trainer/run_setup.hpp"
+
+namespace rp {
+namespace {
+
+/// One run() of a Trainer: what it loaded and where the loop is.
+class Run {
+ public:
+  Run(const TrainSpec& spec, const TrainerCallbacks& cb, const StopToken& stop)
+      : spec_(spec), cb_(cb), stop_(stop), t0_(std::chrono::steady_clock::now()) {}
+  TrainResult execute();
+
+ private:
+  double elapsed() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }
+  std::string path(const std::string& name) const { return spec_.output_dir + "/" + name; }
+  void setup();
+  void start_session(const ModelLayout& layout, std::vector<std::vector<float>> weights);
+  int64_t loop();
+  void report(int64_t t);
+  void report_through(int64_t t);
+  void save(const std::string& name);
+  void save_profile();
+  void evaluate(int64_t steps_done);
+  TrainResult finish(int64_t t);
+
+  const TrainSpec& spec_;
+  const TrainerCallbacks& cb_;
+  const StopToken stop_;
+  const std::chrono::steady_clock::time_point t0_;
+  std::optional<ResumePoint> resume_;
+  LoadedModel model_;  // config, tokenizer and chat template (the tensors are dropped once copied)
+  std::optional<TokenStream> data_;
+  std::unique_ptr<Session> session_;
+  std::unique_ptr<MetricsFile> metrics_;
+  int64_t start_ = 0;     // steps done before this run
+  int64_t reported_ = -1; // last step reported
+  double last_report_ = 0;
+  std::string last_checkpoint_;
+};
+
+void Run::setup() {
+  prepare_output_dir(spec_);  // before anything is loaded or written
+  check_compute_dtype(spec_);
+  resume_ = check_resume(spec_);
+  // a resumed run takes weights, config and tokenizer from the checkpoint
+  model_ = load_model_for_training(resume_ ? resume_->dir : spec_.model);
+  const ModelLayout layout = make_layout(model_.config);
+  std::vector<std::vector<float>> weights;
+  fill_groups(model_, layout, weights);
+  model_.tensors.clear();
+  data_.emplace(load_data_for_training(spec_, model_));
+  start_session(layout, std::move(weights));
+  std::filesystem::create_directories(spec_.output_dir);
+  metrics_ = std::make_unique<MetricsFile>(path("metrics.csv"), start_);
+  reported_ = start_ - 1;
+  if (cb_.on_ready) cb_.on_ready();
+}
+
+void Run::start_session(const ModelLayout& layout, std::vector<std::vector<float>> weights) {
+  const SessionOptions opt = session_options_of(spec_, layout);
+  session_ = std::make_unique<Session>(layout, std::move(weights), opt);
+  if (resume_) start_ = restore_checkpoint(*resume_, spec_, *session_, *data_);
+  const IterationPlan& plan = session_->initial_plan();
+  spdlog::info("runtime: {} x {}, {} optimizer, {} plan {} ({} stages), {} micro-batches of {} x {} tokens",
+               spec_.workers, session_->device_name(), spec_.async ? "staleness-1 async" : "synchronous",
+               opt.plan ? "explicit" : "automatic", plan.summary(), plan.stages.size(), spec_.micro_batches,
+               opt.micro.n_seq, spec_.seq_len);
+}
+
+/// Waits for step t and reports it (metrics.csv, then on_step).
+void Run::report(int64_t t) {
+  const StepResult r = session_->wait(t);
+  const double now = elapsed();
+  const double dt = now - last_report_;
+  const int64_t nsteps = t - reported_;
+  last_report_ = now;
+  reported_ = t;
+  StepReport s;
+  s.step = t + 1;
+  s.total_steps = spec_.steps;
+  s.first_step = start_;
+  s.loss = r.tokens > 0 ? r.loss_sum / r.tokens : 0;
+  s.tokens = spec_.sequences_per_step * spec_.seq_len;
+  s.target_tokens = int64_t(r.tokens);
+  s.tokens_per_s = dt > 0 ? double(s.tokens * nsteps) / dt : 0;
+  s.lr = spec_.lr_schedule.at(t);
+  s.grad_norm = r.grad_norm;
+  s.loss_scale = r.loss_scale;
+  s.skipped = r.skipped;
+  s.elapsed_s = now;
+  s.eta_s = (now / double(t + 1 - start_)) * double(spec_.steps - t - 1);
+  metrics_->write(s);
+  if (cb_.on_step) cb_.on_step(s);
+}
+
+void Run::report_through(int64_t t) {
+  for (int64_t k = reported_ + 1; k <= t; ++k) report(k);
+}
+
+void Run::save_profile() {
+  session_->save_profile(path("profile.json"));
+  spdlog::info("saved profile {}", path("profile.json"));
+}
+
+/// A checkpoint is a consistent snapshot: every closed step applied, none in flight (the
+/// next step's passes are not submitted yet), so the weights, the optimizer state and the
+/// data position all belong to the same step.
+void Run::save(const std::string& name) {
+  session_->synchronize();
+  const double t0 = elapsed();
+  const std::string dir = path(name);
+  const int64_t steps = session_->steps_closed();
+  save_checkpoint_bundle(*session_, dir, model_, parse_dtype(spec_.save_dtype),
+                         trainer_state_of(spec_, steps, data_->position()));
+  const double seconds = elapsed() - t0;
+  spdlog::info("saved checkpoint {} in {:.1f} s", dir, seconds);
+  last_checkpoint_ = dir;
+  save_profile();
+  if (cb_.on_checkpoint) cb_.on_checkpoint(CheckpointReport{dir, steps, seconds});
+}
+
+/// The evaluation point between steps (TrainerCallbacks::on_eval): the pipeline is drained.
+void Run::evaluate(int64_t steps_done) {
+  session_->synchronize();
+  cb_.on_eval(EvalContext{steps_done, session_->layout(), session_->master_weights()});
+}
+
+int64_t Run::loop() {
+  const int64_t per_pass = spec_.sequences_per_step / spec_.accumulation;
+  int64_t t = start_;
+  for (; t < spec_.steps && !stop_.stop_requested(); ++t) {
+    for (int64_t a = 0; a < spec_.accumulation; ++a) {
+      const TokenBatch b = data_->next(per_pass);
+      if (cb_.on_batch) cb_.on_batch(t, a, b);
+      session_->forward_backward(b.ids, b.targets);
+    }
+    session_->step(spec_.lr_schedule.at(t));
+    const bool last = t + 1 == spec_.steps;
+    const bool save_now = spec_.save_every > 0 && (t + 1) % spec_.save_every == 0 && !last;
+    const bool eval_now = cb_.on_eval && cb_.eval_every > 0 && (t + 1) % cb_.eval_every == 0 && !last;
+    if (save_now || eval_now) {
+      // drain before the next step's passes: the pipeline refills afterwards, and the
+      // results do not change (step t+1 computes with the weights of step t-1 anyway)
+      report_through(t);
+      if (save_now) save(fmt::format("checkpoint-{}", t + 1));
+      if (eval_now) evaluate(t + 1);
+    } else if (t > start_ && reported_ < t - 1) {
+      // Report one step behind: with the staleness-1 optimizer the next pass is already
+      // queued while step t-1's update finishes.
+      report(t - 1);
+    }
+  }
+  return t;
+}
+
+TrainResult Run::finish(int64_t t) {
+  report_through(t - 1);
+  session_->synchronize();
+  if (spec_.trace) {
+    session_->write_trace(path("trace.json"));
+    spdlog::info("wrote trace {}/trace.json", spec_.output_dir);
+  }
+  TrainResult res;
+  res.first_step = start_;
+  res.steps_done = t;
+  res.metrics = metrics_->path();
+  if (stop_.stop_requested() && t < spec_.steps) {
+    // the steps done become a checkpoint like a periodic one
+    const bool fresh = t > start_ && !(spec_.save_every > 0 && t % spec_.save_every == 0);
+    if (fresh) save(fmt::format("checkpoint-{}", t));
+    else save_profile();
+    res.stopped = true;
+    res.checkpoint = fresh ? last_checkpoint_ : std::string();
+  } else {
+    save("final");
+    res.checkpoint = last_checkpoint_;
+  }
+  res.seconds = elapsed();
+  res.peak_device_bytes = session_->peak_device_bytes();
+  res.plan = session_->plan().summary();
+  return res;
+}
+
+TrainResult Run::execute() {
+  setup();
+  return finish(loop());
+}
+
+}  // namespace
+
+Trainer::Trainer(TrainSpec spec) : spec_(std::move(spec)) {}
+
+Trainer Trainer::from_json(const nlohmann::json& j, const std::string& where) {
+  return Trainer(spec_from_json(j, where));
+}
+
+Trainer Trainer::from_file(const std::string& path) { return Trainer(load_spec(path)); }
+
+TrainResult Trainer::run(const TrainerCallbacks& callbacks, const StopToken& stop) {
+  Run r(spec_, callbacks, stop);
+  return r.execute();
+}
+
+}  // namespace rp
