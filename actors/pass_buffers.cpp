@@ -30,7 +30,7 @@ ParamStore::ParamStore(const ModelLayout& m, DType compute_dtype) : dtype(comput
 }
 
 PassBuffers::PassBuffers(const ModelLayout& m, const IterationPlan& p, int64_t M, const MicroBatchShape& s,
-                         DType dtype, std::shared_ptr<PassActivations> shared)
+                         DType dtype, std::shared_ptr<PassActivations> shared, bool saved_attention)
     : micro_batches(M),
       shape(s),
       activations(shared ? std::move(shared) : std::make_shared<PassActivations>()),
@@ -48,6 +48,18 @@ PassBuffers::PassBuffers(const ModelLayout& m, const IterationPlan& p, int64_t M
     dx.resize(L);
     for (int b = 1; b < L; ++b)
       for (int64_t i = 0; i < M; ++i) x[b].emplace_back(act_bytes);
+    if (saved_attention) {
+      const auto& c = m.config;
+      const size_t o_bytes = T * size_t(c.num_attention_heads * c.head_dim) * dtype_size(dtype);
+      const size_t lse_bytes = T * size_t(c.num_attention_heads) * sizeof(float);
+      activations->attn_o.resize(L);
+      activations->attn_lse.resize(L);
+      for (int b = 1; b + 1 < L; ++b)
+        for (int64_t i = 0; i < M; ++i) {
+          activations->attn_o[b].emplace_back(o_bytes);
+          activations->attn_lse[b].emplace_back(lse_bytes);
+        }
+    }
   }
   ensure_boundaries(p, {});
   loss.assign(size_t(2 * M), 0.f);

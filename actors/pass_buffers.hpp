@@ -46,6 +46,9 @@ struct ParamStore {
 struct PassActivations {
   std::vector<std::vector<HostBytes>> x;   ///< x[b][m]: input of layer b (b >= 1)
   std::vector<std::vector<HostBytes>> dx;  ///< dx[b][m]: d loss / d x_b at stage boundaries
+  /// Saved attention (LayerOptions::save_attention), decoder layers b only: the attention
+  /// output [T, nq*D] and its log-sum-exp [n_seq, nq, L] fp32 of the forward.
+  std::vector<std::vector<HostBytes>> attn_o, attn_lse;
 };
 
 /// Host buffers of one pass (M micro-batches) in flight: token ids and targets per
@@ -58,9 +61,11 @@ struct PassActivations {
 /// writes of pass p+1 (a forward stage downloads its outputs after computing), while ids,
 /// targets and losses, which the host writes when a pass is dealt, stay per pass.
 struct PassBuffers {
-  /// `shared`: activations to share with another pass slot (null: allocate them).
+  /// `shared`: activations to share with another pass slot (null: allocate them);
+  /// `saved_attention`: also hold every decoder's attention output and log-sum-exp.
   PassBuffers(const ModelLayout& m, const IterationPlan& p, int64_t micro_batches,
-              const MicroBatchShape& shape, DType dtype, std::shared_ptr<PassActivations> shared = nullptr);
+              const MicroBatchShape& shape, DType dtype, std::shared_ptr<PassActivations> shared = nullptr,
+              bool saved_attention = false);
   PassBuffers(const PassBuffers&) = delete;
   PassBuffers& operator=(const PassBuffers&) = delete;
   /// Allocates the dx buffers plan `p`'s stage boundaries need and these buffers lack (a

@@ -44,7 +44,7 @@ std::unique_ptr<Device> make_device(const std::string& backend, int i, const Dev
 
 /// Device numbers of the analytic estimate for `backend` (SessionInternals::device_model).
 DeviceModel default_device_model(const std::string& backend, const DeviceOptions& d, DType dt,
-                                 int64_t mlp_chunk_tokens) {
+                                 int64_t mlp_chunk_tokens, bool saved_attention) {
   DeviceModel m;  // CUDA: the H200-like defaults of scheduler/cost_model.hpp
   if (backend == "cpu") {
     m.peak_flops = 50e9;  // a few cores of Eigen fp32 GEMM
@@ -55,6 +55,7 @@ DeviceModel default_device_model(const std::string& backend, const DeviceOptions
   m.elem_bytes = int64_t(dtype_size(dt));
   m.scratch_elem_bytes = int64_t(dtype_size(dt));
   m.mlp_chunk_tokens = mlp_chunk_tokens;
+  m.saved_attention = saved_attention;
   return m;
 }
 
@@ -89,12 +90,41 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
   for (int i = 0; i < opt.workers; ++i) I.devices.push_back(make_device(backend, i, dopt));
   const DType dt = I.devices[0]->compute_dtype();
 
+  // Host memory: optimizer state + low-precision copy + gradient slots + pass slots (one
+  // worker: shared, PassBuffers), and the decoders' saved attention when it is on (automatic:
+  // on when everything fits 90% of the available memory).
+  bool saved_attention = false;
+  {
+    const auto& c = layout.config;
+    const size_t n = size_t(layout.total_numel());
+    const size_t T = size_t(opt.micro.tokens());
+    const size_t act = T * size_t(c.hidden_size) * dtype_size(dt);
+    const size_t slots = opt.workers == 1 ? 1 : size_t(opt.pass_slots);
+    const size_t per_slot = size_t(opt.micro_batches) * act * size_t(2 * layout.num_layers());
+    const size_t attn = slots * size_t(opt.micro_batches) * size_t(c.num_hidden_layers) * T *
+                        size_t(c.num_attention_heads) * (size_t(c.head_dim) * dtype_size(dt) + sizeof(float));
+    const size_t base = n * (4 /*m*/ + 4 /*v*/ + dtype_size(dt) + 4 /*grad*/) + slots * per_slot;
+    const size_t avail = host_available_bytes();
+    saved_attention = opt.save_attention.value_or(avail == 0 || double(base + attn) <= 0.9 * double(avail));
+    const size_t need = base + (saved_attention ? attn : 0);
+    if (avail > 0 && need > avail)
+      throw std::invalid_argument(fmt::format(
+          "host memory: the session needs about {:.1f} GiB (optimizer state, weights, gradients, {} pass slots of "
+          "activations{}) but only {:.1f} GiB are available; lower micro_batches, the sequence length or "
+          "pass_slots{}",
+          need / double(1ull << 30), slots, saved_attention ? ", saved attention outputs" : "",
+          avail / double(1ull << 30), saved_attention ? ", or turn save_attention off" : ""));
+  }
+  I.saved_attention = saved_attention;
+
   // The plan: explicit, or automatic from the analytic costs (FLOPs and bytes per layer) until
   // the profile has measured the real ones (scheduler/replan.hpp).
   std::function<void(const std::string&)> log = opt.profiling.log;
   if (!log) log = [](const std::string& line) { spdlog::info("{}", line); };
-  const DeviceModel dm =
-      internals.device_model.value_or(default_device_model(backend, opt.device, dt, opt.mlp_chunk_tokens));
+  DeviceModel dm = internals.device_model.value_or(
+      default_device_model(backend, opt.device, dt, opt.mlp_chunk_tokens, saved_attention));
+  dm.mlp_chunk_tokens = opt.mlp_chunk_tokens;  // what the layers do, whatever the numbers
+  dm.saved_attention = saved_attention;
   const std::vector<LayerCost> analytic =
       layer_costs(estimate_layers(model_shape_from_config(layout.config), opt.micro.n_seq, opt.micro.seq_len, dm));
   PartitionOptions po;
@@ -119,19 +149,6 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
   if (I.plan.num_layers != layout.num_layers())
     throw std::invalid_argument(fmt::format("plan has {} layers, the model has {}", I.plan.num_layers,
                                             layout.num_layers()));
-  {  // host-memory budget: optimizer state + low-precision copy + gradient slots + pass slots
-    const size_t n = size_t(layout.total_numel());
-    const size_t act = size_t(opt.micro.tokens()) * size_t(layout.config.hidden_size) * dtype_size(dt);
-    const size_t per_slot = size_t(opt.micro_batches) * act * size_t(2 * layout.num_layers());
-    const size_t slots = opt.workers == 1 ? 1 : size_t(opt.pass_slots);  // one worker: shared (PassBuffers)
-    const size_t need = n * (4 /*m*/ + 4 /*v*/ + dtype_size(dt) + 4 /*grad*/) + slots * per_slot;
-    const size_t avail = host_available_bytes();
-    if (avail > 0 && need > avail)
-      throw std::invalid_argument(fmt::format(
-          "host memory: the session needs about {:.1f} GiB (optimizer state, weights, gradients, {} pass slots of "
-          "activations) but only {:.1f} GiB are available; lower micro_batches, the sequence length or pass_slots",
-          need / double(1ull << 30), opt.pass_slots, avail / double(1ull << 30)));
-  }
   I.store = std::make_unique<ParamStore>(layout, dt);
   I.master = std::move(w);
   I.adam.resize(I.master.size());
@@ -139,6 +156,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
     cast_f32_to(I.master[g].data(), I.store->lowp[g].data(), int64_t(I.master[g].size()), dt);
   LayerOptions lo;
   lo.mlp_chunk_tokens = opt.mlp_chunk_tokens;
+  lo.save_attention = saved_attention;
   for (int l = 0; l < layout.num_layers(); ++l) I.layers.push_back(make_layer(I.layout, l, lo));
   if (opt.trace) {
     I.tracer = std::make_unique<Tracer>();
@@ -192,7 +210,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
   for (int i = 0; i < opt.pass_slots; ++i)  // one worker runs stages in dealt order: passes share activations
     sc.pass_slots.push_back(std::make_shared<PassBuffers>(
         layout, I.plan, opt.micro_batches, opt.micro, dt,
-        opt.workers == 1 && i > 0 ? sc.pass_slots[0]->activations : nullptr));
+        opt.workers == 1 && i > 0 ? sc.pass_slots[0]->activations : nullptr, saved_attention));
   // Pin every host buffer the copy streams touch (no-op on the CPU backend).
   for (auto& b : I.store->lowp) I.pin(b);
   for (auto& b : I.store->grad) I.pin(b);
@@ -243,6 +261,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
     ctx.scheduler = I.scheduler;
     ctx.tracer = I.tracer.get();
     ctx.profile = opt.profiling.enabled;
+    ctx.saved_attention = saved_attention;
     ctx.transfer.priorities = opt.transfer_priorities;
     ctx.transfer.chunk_bytes = opt.transfer_chunk_bytes;
     ctx.transfer.bulk_inflight = opt.transfer_bulk_inflight;

@@ -43,6 +43,7 @@ struct Session::Impl {
   std::vector<void*> pinned;  // host blocks pinned through devices[0]
   std::vector<std::shared_ptr<PassBuffers>> slots;
   bool resumed = false;      // load_optimizer_state succeeded
+  bool saved_attention = false;  // decoders keep their attention output for backward
   std::string load_failed;   // non-empty: a load failed half-way; the session is unusable
 
   /// Throws std::logic_error naming `call` when a failed load left the state inconsistent.

@@ -52,6 +52,15 @@ void allocate_slot(const WorkerContext& ctx, Task& t, int j) {
   // one activation per layer: outputs (forward), inputs (tail), saved inputs (backward: none
   // for the embedding, which reads the ids)
   for (int l : t.layers) s.xs.push_back(kind == StageKind::backward && l == 0 ? DeviceBuffer() : DeviceBuffer(d, act));
+  // a saved attention per decoder layer (the tail stage keeps its decoders' on the device)
+  const auto& lay = *ctx.layout;
+  for (int l : t.layers) {
+    const bool dec = ctx.saved_attention && lay.kind(l) == LayerKind::decoder;
+    const auto& c = lay.config;
+    s.attn_o.push_back(dec ? DeviceBuffer(d, T * size_t(c.num_attention_heads * c.head_dim) * dtype_size(d.compute_dtype()))
+                           : DeviceBuffer());
+    s.attn_lse.push_back(dec ? DeviceBuffer(d, T * size_t(c.num_attention_heads) * sizeof(float)) : DeviceBuffer());
+  }
   t.slot[j] = std::move(s);
   t.slot_ready[j] = true;
 }
@@ -68,6 +77,11 @@ LayerArgs layer_args(const WorkerContext& ctx, const Task& t, int layer, const S
   a.scratch = t.scratch.get();
   a.scratch_bytes = t.scratch.bytes();
   a.ids = s.ids.as<int32_t>();
+  const auto i = size_t(std::find(t.layers.begin(), t.layers.end(), layer) - t.layers.begin());
+  if (i < s.attn_o.size()) {
+    a.attn_o = s.attn_o[i].get();
+    a.attn_lse = s.attn_lse[i].as<float>();
+  }
   return a;
 }
 

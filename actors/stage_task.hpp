@@ -20,6 +20,9 @@ namespace rp {
 struct Slot {
   DeviceBuffer ids, targets, in, out, loss;
   std::vector<DeviceBuffer> xs;  ///< per layer of the stage: its input (or forward output)
+  /// per layer of the stage, decoders with a saved attention only: its attention output and
+  /// log-sum-exp (written by forward, read by backward)
+  std::vector<DeviceBuffer> attn_o, attn_lse;
 };
 
 struct Task {

@@ -382,8 +382,14 @@ class Worker : public caf::event_based_actor {
       up(s.targets.get(), pb.targets[m].data(), idb);
     } else {
       up(s.in.get(), pb.dx[t.rs.stage.last + 1][m].data(), pb.act_bytes);
-      for (size_t i = 0; i < t.layers.size(); ++i)
-        if (t.layers[i] > 0) up(s.xs[i].get(), pb.x[t.layers[i]][m].data(), pb.act_bytes);
+      for (size_t i = 0; i < t.layers.size(); ++i) {
+        const int l = t.layers[i];
+        if (l > 0) up(s.xs[i].get(), pb.x[l][m].data(), pb.act_bytes);
+        if (s.attn_o[i].get()) {  // the forward's attention output and log-sum-exp
+          up(s.attn_o[i].get(), pb.activations->attn_o[l][m].data(), s.attn_o[i].bytes());
+          up(s.attn_lse[i].get(), pb.activations->attn_lse[l][m].data(), s.attn_lse[i].bytes());
+        }
+      }
     }
     if (t.up_pending[m] == 0) mark_uploaded(t, m);
   }
@@ -440,7 +446,12 @@ class Worker : public caf::event_based_actor {
     if (kind == StageKind::forward) {
       const int k = int(t.layers.size());
       for (int i = 0; i < k; ++i) {
-        down(pb.x[t.layers[i] + 1][m].data(), s.xs[i].get(), pb.act_bytes);
+        const int l = t.layers[i];
+        down(pb.x[l + 1][m].data(), s.xs[i].get(), pb.act_bytes);
+        if (s.attn_o[i].get()) {  // kept for the backward stage, which then skips the attention
+          down(pb.activations->attn_o[l][m].data(), s.attn_o[i].get(), s.attn_o[i].bytes());
+          down(pb.activations->attn_lse[l][m].data(), s.attn_lse[i].get(), s.attn_lse[i].bytes());
+        }
       }
     } else {
       if (t.rs.stage.first > 0) down(pb.dx[t.rs.stage.first][m].data(), s.out.get(), pb.act_bytes);

@@ -51,6 +51,9 @@ struct WorkerContext {
   /// Time every layer call and send LayerTimings to the scheduler (actors/layer_timer.hpp).
   bool profile = false;
   TransferSettings transfer;  ///< cross-stream priorities, chunk size
+  /// Decoders keep their forward's attention output and log-sum-exp (LayerOptions::
+  /// save_attention): forward stages download them, backward stages upload them.
+  bool saved_attention = false;
   MemoryEventCounters* memory_events = nullptr;  ///< optional: counts refused starts and prefetches
 };
 

@@ -80,6 +80,9 @@ int run(int argc, char** argv) {
   app.add_option("--mlp-chunk", mlp_chunk, "decoders' MLP chunk in tokens (0: default)");
   std::string profile_out;
   double cap_above_plan = 0;
+  bool no_save_attention = false;
+  app.add_flag("--no-save-attention", no_save_attention,
+               "recompute each decoder's attention in backward instead of keeping the forward's output");
   app.add_option("--cap-above-plan", cap_above_plan,
                  "run the plan chosen at --cap-gib with the cap this fraction above its predicted working set "
                  "(e.g. 0.02)");
@@ -142,12 +145,14 @@ int run(int argc, char** argv) {
   o.transfer_chunk_bytes = size_t(chunk_bytes);
   o.transfer_bulk_inflight = bulk_inflight;
   o.mlp_chunk_tokens = mlp_chunk;
+  o.save_attention = !no_save_attention;
   // The planner's working set of the plan (the memory model a cap is checked against): the
   // plan the session will choose at this cap (automatic) or the given one.
   rp::DeviceModel dm;
   const bool on_cpu = backend == "cpu";  // fp32 virtual GPUs with 256-byte pool rounding
   dm.elem_bytes = dm.scratch_elem_bytes = on_cpu ? 4 : int64_t(rp::dtype_size(o.device.dtype));
   dm.mlp_chunk_tokens = mlp_chunk;
+  dm.saved_attention = !no_save_attention;
   const auto costs =
       rp::layer_costs(rp::estimate_layers(rp::model_shape_from_config(c), o.micro.n_seq, o.micro.seq_len, dm));
   rp::PartitionOptions po;
@@ -202,7 +207,8 @@ int run(int argc, char** argv) {
   const double mfu = tps * flops_per_token / 790e12;
   const double peak = s.peak_device_bytes() / double(1ull << 30);
   const char* attn = std::getenv("RP_CUDA_ATTENTION");
-  const std::string xfer = no_prio ? "no priorities" : "priorities";
+  const std::string xfer = std::string(no_prio ? "no priorities" : "priorities") +
+                           (no_save_attention ? ", attention recomputed" : ", attention saved");
   const std::string chunks = chunk_bytes > 0 ? fmt::format("{} MiB chunks x {}", chunk_bytes / double(1 << 20), bulk_inflight) : "no chunks";
   const double rss = max_rss_gib();
   const std::string shape = fmt::format("L{} H{} {}q/{}kv F{}, {}x{} tokens, M={}", layers, hidden, heads, kv, ffn,

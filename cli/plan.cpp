@@ -128,6 +128,7 @@ DeviceModel device_model(const PlanCommandOptions& o) {
   d.mem_bandwidth = o.hbm_gbps * 1e9;
   d.pcie_bandwidth = o.pcie_gbps * 1e9;
   d.mlp_chunk_tokens = o.mlp_chunk_tokens;
+  d.saved_attention = o.save_attention;
   return d;
 }
 
@@ -282,6 +283,8 @@ void add_plan_command(CLI::App& app) {
   c->add_flag("--sync", o->sync, "simulate the synchronous optimizer (staleness 0)");
   c->add_flag("--max-seq", o->max_seq, "find the longest sequence that fits --memory-cap, and plan it");
   c->add_option("--mlp-chunk", o->mlp_chunk_tokens, "decoders' MLP chunk in tokens (0: 8192)")->capture_default_str();
+  c->add_flag("!--no-save-attention", o->save_attention,
+              "plan for decoders that recompute their attention in backward (the runtime's save_attention off)");
   c->callback(reporting_errors([o] { run_plan(*o, stdout); }));
 }
 

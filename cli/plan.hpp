@@ -31,6 +31,7 @@ struct PlanCommandOptions {
   bool sync = false;               ///< synchronous optimizer (staleness 0) in the simulation
   bool max_seq = false;            ///< find the longest sequence whose plan fits memory_cap instead
   int64_t mlp_chunk_tokens = 0;    ///< decoders' MLP chunk (LayerOptions::mlp_chunk_tokens; 0: default)
+  bool save_attention = true;      ///< decoders keep the forward's attention output (SessionOptions::save_attention)
 };
 
 /// Registers the `plan` subcommand on `app`; it runs from its callback, prints errors as

@@ -216,7 +216,7 @@ class Ops {
   /// (token indices), R = clamp(T, kCeChunk, kCeMaxRows). The CPU backend uses kCeChunk
   /// rows; the CUDA backend sizes its chunks to all of it, so the LM-head weight gradient
   /// GEMM runs T/R times instead of T/kCeChunk times (each pass reads and writes dW).
-  static constexpr int64_t kCeMaxRows = 1024;
+  static constexpr int64_t kCeMaxRows = 4096;
   /// The argument checks every backend's lm_head_cross_entropy makes before enqueuing
   /// anything: throws std::invalid_argument naming the op for bad dimensions, a null loss
   /// or scratch, or a non-finite / non-positive loss_scale.

@@ -51,6 +51,12 @@ struct LayerArgs {
   float loss_scale = 1.0f;
   void* scratch = nullptr;            ///< device scratch of at least scratch_bytes()
   size_t scratch_bytes = 0;
+  /// Decoders built with LayerOptions::save_attention: the attention output o [T, nq*D]
+  /// (compute dtype) and its log-sum-exp lse [n_seq, nq, seq_len] (fp32). forward() writes
+  /// them here; backward() reads the forward's values from here and skips recomputing the
+  /// attention (the rest of the forward is recomputed as usual). Null otherwise.
+  void* attn_o = nullptr;
+  float* attn_lse = nullptr;
   /// Optional timing hook: backward() of a layer that recomputes its forward (decoders)
   /// calls it once the recompute is issued and before the backward proper, on the thread
   /// issuing the ops, so the profiler can time the two apart (actors/layer_timer.hpp).
@@ -81,6 +87,10 @@ struct LayerOptions {
   /// intermediates exist for one chunk at a time (<= 0: kDefaultMlpChunkTokens of
   /// model/layer_memory.hpp). Weight gradients are summed over the chunks.
   int64_t mlp_chunk_tokens = 0;
+  /// Decoders keep the attention output and its log-sum-exp of the forward
+  /// (LayerArgs::attn_o / attn_lse) so that backward does not recompute the attention; their
+  /// scratch then holds neither.
+  bool save_attention = false;
 };
 
 /// Builds compute layer `layer` (0 = embedding, 1..L decoders, L+1 tail) of `m`.

@@ -10,6 +10,7 @@
 //             inputs); attention scratch; one MLP chunk hn [C,H], g, u, m [C,F].
 //   backward: the forward's buffers (recompute; the MLP half chunk by chunk) plus lse
 //             [n_seq, nq, L] fp32, dout, dq [T,Q], dk, dv [T,K], dhn [C,H], dm, dg, du [C,F].
+//   With a saved attention (LayerOptions::save_attention) o and lse are the caller's buffers.
 //             dh1 lives in the caller's dx, dxn in h1, the q/k-norm input gradients in dout
 //             and v, so nothing of size [T,F] exists and no [T,H] buffer beyond xn and h1.
 // Tail: hn, dhn [T,H] plus Ops::lm_head_ce_scratch_bytes.
@@ -51,7 +52,15 @@ class ScratchCarver {
 struct DecoderDims {
   int64_t hidden = 0, ffn = 0, heads = 0, kv_heads = 0, head_dim = 0;
   bool qk_norm = false;
+  bool saved_attention = false;  ///< o and lse live outside the scratch (LayerOptions::save_attention)
 };
+
+/// Bytes of the attention output o [T, nq*D] (es per element) and its log-sum-exp
+/// [n_seq, nq, L] fp32 that a decoder with a saved attention keeps per micro-batch.
+inline size_t attention_output_bytes(const DecoderDims& d, int64_t tokens, size_t es) {
+  return size_t(tokens * d.heads * d.head_dim) * es;
+}
+inline size_t attention_lse_bytes(const DecoderDims& d, int64_t tokens) { return size_t(tokens * d.heads) * 4; }
 
 /// The decoder's scratch buffers (null where a mode has none; see the file comment).
 struct DecoderBufs {
@@ -84,7 +93,7 @@ inline void carve_decoder_scratch(const DecoderDims& d, int64_t n_seq, int64_t s
   b.xn = sc.take(T * H * es);
   b.h1 = sc.take(T * H * es);
   b.q = sc.take(T * Q * es);
-  b.o = sc.take(T * Q * es);
+  if (!d.saved_attention) b.o = sc.take(T * Q * es);
   b.k = sc.take(T * K * es);
   b.v = sc.take(T * K * es);
   if (d.qk_norm) {
@@ -97,7 +106,7 @@ inline void carve_decoder_scratch(const DecoderDims& d, int64_t n_seq, int64_t s
   b.u = sc.take(C * F * es);
   b.m = sc.take(C * F * es);
   if (!backward) return;
-  b.lse = static_cast<float*>(sc.take(T * size_t(d.heads) * 4));
+  if (!d.saved_attention) b.lse = static_cast<float*>(sc.take(T * size_t(d.heads) * 4));
   b.dout = sc.take(T * Q * es);
   b.dq = sc.take(T * Q * es);
   b.dk = sc.take(T * K * es);

@@ -90,7 +90,7 @@ class EmbeddingLayer final : public Layer {
 class DecoderLayer final : public Layer {
  public:
   DecoderLayer(const ModelLayout& m, int layer, const LayerOptions& opt)
-      : c_(m.config), chunk_tokens_(opt.mlp_chunk_tokens) {
+      : c_(m.config), chunk_tokens_(opt.mlp_chunk_tokens), saved_attention_(opt.save_attention) {
     const ParamGroup& g = m.groups[size_t(layer)];
     const std::string p = fmt::format("model.layers.{}.", layer - 1);
     w_in_ = offset_of(g, p + "input_layernorm.weight");
@@ -108,7 +108,7 @@ class DecoderLayer final : public Layer {
     wd_ = offset_of(g, p + "mlp.down_proj.weight");
     rope_ = rope_frequencies(rope_params(c_));
     dims_ = DecoderDims{c_.hidden_size, c_.intermediate_size, c_.num_attention_heads, c_.num_key_value_heads,
-                        c_.head_dim, c_.qk_norm};
+                        c_.head_dim, c_.qk_norm, opt.save_attention};
   }
   LayerKind kind() const override { return LayerKind::decoder; }
   size_t scratch_bytes(const MicroBatchShape& s, DType dt = DType::f32, bool backward = true) const override {
@@ -118,7 +118,8 @@ class DecoderLayer final : public Layer {
     Ops& ops = check_args(a, 1, needed(a, false), "decoder.forward", false);
     if (!a.x || !a.y) throw std::invalid_argument("decoder.forward: x/y null");
     DecoderBufs b = carve(a, ops, false);
-    attention_forward(a, b, false);
+    use_saved_attention(a, b, "decoder.forward");
+    attention_forward(a, b, saved_attention_, false);
     const int64_t T = a.shape.tokens();
     for (int64_t r0 = 0; r0 < T; r0 += b.chunk) mlp_forward(a, b, r0, std::min(b.chunk, T - r0));
   }
@@ -139,8 +140,17 @@ class DecoderLayer final : public Layer {
   static void* row(const Ops& ops, const void* base, int64_t r, int64_t cols) {
     return const_cast<char*>(static_cast<const char*>(base)) + r * cols * int64_t(dtype_size(ops.dtype()));
   }
-  // xn, q, k, v, o (and lse when with_lse) and h1 = x + o_proj(o).
-  void attention_forward(const LayerArgs& a, const DecoderBufs& b, bool with_lse) const;
+  // With a saved attention, o and lse are the caller's (LayerArgs::attn_o / attn_lse).
+  void use_saved_attention(const LayerArgs& a, DecoderBufs& b, const char* who) const {
+    if (!saved_attention_) return;
+    if (!a.attn_o || !a.attn_lse)
+      throw std::invalid_argument(fmt::format("{}: a decoder with a saved attention needs attn_o and attn_lse", who));
+    b.o = a.attn_o;
+    b.lse = a.attn_lse;
+  }
+  // xn, q, k, v (for the attention and its backward), then, unless `reuse` (o and lse are
+  // the forward's, saved), o (and lse when with_lse); and h1 = x + o_proj(o).
+  void attention_forward(const LayerArgs& a, const DecoderBufs& b, bool with_lse, bool reuse) const;
   // Rows [r0, r0+n) of the MLP: y = h1 + down(silu(gate(hn)) * up(hn)), hn = RMSNorm(h1).
   void mlp_forward(const LayerArgs& a, const DecoderBufs& b, int64_t r0, int64_t n) const;
   // Rows [r0, r0+n) of the MLP backward from dy, recomputing the chunk's forward; writes
@@ -152,12 +162,13 @@ class DecoderLayer final : public Layer {
 
   ModelConfig c_;
   int64_t chunk_tokens_;
+  bool saved_attention_;
   DecoderDims dims_;
   int64_t w_in_, wq_, wk_, wv_, wqn_ = -1, wkn_ = -1, wo_, w_post_, wg_, wu_, wd_;
   RopeTable rope_;
 };
 
-void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, bool with_lse) const {
+void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, bool with_lse, bool reuse) const {
   Ops& ops = *a.ops;
   const int64_t T = a.shape.tokens(), H = c_.hidden_size;
   const int64_t nq = c_.num_attention_heads, nkv = c_.num_key_value_heads, D = c_.head_dim;
@@ -175,8 +186,9 @@ void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, b
   }
   ops.rope_fwd(b.q, S, L, nq, D, rope_.inv_freq.data(), rope_.attention_scaling);
   ops.rope_fwd(b.k, S, L, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling);
-  ops.attention_fwd(b.q, b.k, b.v, b.o, with_lse ? b.lse : nullptr, S, L, nq, nkv, D,
-                    float(1.0 / std::sqrt(double(D))), b.attn);
+  if (!reuse)
+    ops.attention_fwd(b.q, b.k, b.v, b.o, with_lse ? b.lse : nullptr, S, L, nq, nkv, D,
+                      float(1.0 / std::sqrt(double(D))), b.attn);
   ops.linear_fwd(b.o, param(a, 0, wo_), b.h1, T, nq * D, H);
   ops.add(a.x, b.h1, b.h1, T * H);  // h1 = x + attn
 }
@@ -255,7 +267,10 @@ void DecoderLayer::backward(const LayerArgs& a) const {
   if (!a.x || !a.dy || !a.dx) throw std::invalid_argument("decoder.backward: x/dy/dx null");
   if (a.dx == a.dy || a.dx == a.x) throw std::invalid_argument("decoder.backward: dx aliases x or dy");
   DecoderBufs b = carve(a, ops, true);
-  attention_forward(a, b, true);  // recompute; the MLP half is recomputed chunk by chunk below
+  use_saved_attention(a, b, "decoder.backward");
+  // recompute (with a saved attention, all but the attention itself); the MLP half is
+  // recomputed chunk by chunk below
+  attention_forward(a, b, true, saved_attention_);
   if (a.after_recompute) a.after_recompute();
   const int64_t T = a.shape.tokens();
   for (int64_t r0 = 0; r0 < T; r0 += b.chunk) mlp_backward(a, b, r0, std::min(b.chunk, T - r0));

@@ -124,8 +124,9 @@ struct Dims {
   bool qk_norm, moe;
 };
 
-// Forward of one decoder layer (optionally followed by its backward: `bwd`).
-void decoder_pass(Acc& a, const Dims& x, bool bwd) {
+// Forward of one decoder layer (optionally followed by its backward: `bwd`); with
+// `reuse_attention` (a saved attention) the forward part leaves out the attention itself.
+void decoder_pass(Acc& a, const Dims& x, bool bwd, bool reuse_attention = false) {
   const double es = a.es();
   // forward (also the recompute of a backward)
   a.elementwise(2 * x.T * x.H * es);                  // input RMSNorm
@@ -135,7 +136,7 @@ void decoder_pass(Acc& a, const Dims& x, bool bwd) {
   if (x.qk_norm) a.elementwise(2 * x.T * (x.Q + x.K) * es);
   a.elementwise(2 * x.T * (x.Q + x.K) * es);          // RoPE
   const double att_f = 2 * x.nseq * x.nq * x.S * x.S * x.D;  // causal: half of 4*n*nq*S^2*D
-  a.attention(att_f, (2 * x.T * x.Q + 2 * x.T * x.K) * es);
+  if (!reuse_attention) a.attention(att_f, (2 * x.T * x.Q + 2 * x.T * x.K) * es);
   a.gemm(x.T, x.H, x.Q);                              // o_proj
   a.elementwise(3 * x.T * x.H * es);                  // residual
   a.elementwise(2 * x.T * x.H * es);                  // post-attention RMSNorm
@@ -256,10 +257,14 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, i
     } else {
       e.name = fmt::format("layer.{}", l - 1);
       decoder_pass(f, x, false);
-      decoder_pass(b, x, true);
+      decoder_pass(b, x, true, d.saved_attention);
       // the decoder's own buffers (model/layer_memory.hpp); an MoE layer's expert MLP is sized
       // as a dense MLP of top-k expert widths plus the routed copies and router logits
-      DecoderDims dd{H, m.intermediate_size, m.num_heads, m.num_kv_heads, m.head_dim, m.qk_norm};
+      DecoderDims dd{H, m.intermediate_size, m.num_heads, m.num_kv_heads, m.head_dim, m.qk_norm, d.saved_attention};
+      if (d.saved_attention) {
+        c.attn_o_bytes = int64_t(attention_output_bytes(dd, T, size_t(d.elem_bytes)));
+        c.attn_lse_bytes = int64_t(attention_lse_bytes(dd, T));
+      }
       int64_t extra = 0;
       if (x.moe) {
         dd.ffn = m.experts_per_token * m.moe_intermediate_size;

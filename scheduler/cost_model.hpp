@@ -35,6 +35,9 @@ struct LayerCost {
   int64_t scratch_bytes = 0;      ///< scratch of a backward call (recompute + backward; stages take the max)
   int64_t scratch_fwd_bytes = 0;  ///< scratch of a forward call (forward stages take the max)
   int64_t io_bytes = 0;       ///< token ids (embedding) or targets (tail) per micro-batch
+  /// Saved attention (decoders, DeviceModel::saved_attention): the attention output and its
+  /// log-sum-exp per micro-batch, downloaded by forward stages and uploaded by backward ones.
+  int64_t attn_o_bytes = 0, attn_lse_bytes = 0;
   bool operator==(const LayerCost&) const = default;
 };
 
@@ -69,6 +72,7 @@ struct DeviceModel {
   int64_t grad_elem_bytes = 4;     ///< gradient accumulator element
   int64_t scratch_elem_bytes = 2;  ///< element size of layer scratch (the compute dtype, as Layer::scratch_bytes)
   int64_t mlp_chunk_tokens = 0;    ///< decoders' MLP chunk (LayerOptions::mlp_chunk_tokens; <= 0: default)
+  bool saved_attention = false;    ///< decoders keep the forward's attention output (LayerOptions::save_attention)
   bool tail_recomputes = true;     ///< decoder layers in the tail stage run forward then
                                    ///< backward-with-recompute (true for the current Layer API)
 };

@@ -28,6 +28,7 @@ constexpr int kInf = std::numeric_limits<int>::max() / 4;
 struct Sums {
   double compute = 0;
   int64_t w = 0, g = 0, act = 0, scratch = 0;
+  int64_t attn = 0, attn_raw = 0;  // saved attention outputs: as charged, and their bytes
 };
 
 // Constants of one problem.
@@ -39,6 +40,10 @@ struct Ctx {
   int64_t targets = 0;   // targets per micro-batch (last layer's io_bytes)
   int64_t act0 = 0;      // layer 0's activation (a backward stage uploads ids instead)
   int64_t w0 = 0;        // layer 0's weights as charged (a backward stage uploads none of them)
+  // a layer's saved attention output and log-sum-exp buffers, as charged
+  int64_t saved(const LayerCost& l) const {
+    return l.attn_o_bytes > 0 ? P(l.attn_o_bytes) + P(l.attn_lse_bytes) : 0;
+  }
   int64_t P(int64_t bytes) const {
     return opt.alloc_granule <= 1 ? bytes : int64_t(pool_allocation_bytes(size_t(bytes), size_t(opt.alloc_granule)));
   }
@@ -57,15 +62,18 @@ StageEstimate assemble(const Ctx& c, StageKind kind, int first, int last, const 
   e.grad_bytes = kind == StageKind::forward ? 0 : s.g;
   int64_t slot_bytes = 0;
   if (first == 0) slot_bytes += c.P(c.ids);
+  // a saved attention: forward stages write and download it, backward stages upload it, the
+  // tail stage keeps its decoders' on the device
+  slot_bytes += s.attn;
   switch (kind) {
     case StageKind::forward:
       e.act_up_bytes = first == 0 ? c.ids : c.A;
-      e.act_down_bytes = s.act;
+      e.act_down_bytes = s.act + s.attn_raw;
       slot_bytes += s.act + (first > 0 ? c.P(c.A) : 0);  // outputs + the uploaded input
       break;
     case StageKind::backward:
       // dy, every saved input except the embedding's (which reads the ids), dx
-      e.act_up_bytes = c.A + (first == 0 ? s.act - c.act0 + c.ids : s.act);
+      e.act_up_bytes = c.A + (first == 0 ? s.act - c.act0 + c.ids : s.act) + s.attn_raw;
       e.act_down_bytes = first == 0 ? 0 : c.A;
       slot_bytes += c.P(c.A) + s.act - (first == 0 ? c.P(c.act0) : 0) + (first > 0 ? c.P(c.A) : 0);
       break;
@@ -139,12 +147,12 @@ std::string memory_breakdown(const StageEstimate& e, const PartitionOptions& o) 
 struct Prefix {
   const Ctx& c;
   std::vector<double> cf, cb, ct;
-  std::vector<int64_t> w, g, act;
+  std::vector<int64_t> w, g, act, attn, attn_raw;
   std::vector<std::vector<int64_t>> scr[2];  // sparse tables of scratch maxima: backward, forward
   Prefix(const Ctx& ctx, const std::vector<LayerCost>& costs) : c(ctx) {
     const size_t n = costs.size();
     cf.assign(n + 1, 0), cb.assign(n + 1, 0), ct.assign(n + 1, 0);
-    w.assign(n + 1, 0), g.assign(n + 1, 0), act.assign(n + 1, 0);
+    w.assign(n + 1, 0), g.assign(n + 1, 0), act.assign(n + 1, 0), attn.assign(n + 1, 0), attn_raw.assign(n + 1, 0);
     for (size_t i = 0; i < n; ++i) {
       cf[i + 1] = cf[i] + costs[i].fwd;
       cb[i + 1] = cb[i] + costs[i].bwd;
@@ -152,6 +160,8 @@ struct Prefix {
       w[i + 1] = w[i] + c.P(costs[i].weight_bytes);
       g[i + 1] = g[i] + c.P(costs[i].grad_bytes);
       act[i + 1] = act[i] + c.P(costs[i].act_bytes);
+      attn[i + 1] = attn[i] + c.saved(costs[i]);
+      attn_raw[i + 1] = attn_raw[i] + costs[i].attn_o_bytes + costs[i].attn_lse_bytes;
     }
     for (int fwd = 0; fwd < 2; ++fwd) {
       auto& t = scr[fwd];
@@ -176,6 +186,8 @@ struct Prefix {
     s.w = w[size_t(b) + 1] - w[size_t(a)];
     s.g = g[size_t(b) + 1] - g[size_t(a)];
     s.act = act[size_t(b) + 1] - act[size_t(a)];
+    s.attn = attn[size_t(b) + 1] - attn[size_t(a)];
+    s.attn_raw = attn_raw[size_t(b) + 1] - attn_raw[size_t(a)];
     s.scratch = max_scratch(k, a, b);
     return assemble(c, k, a, b, s);
   }
@@ -282,6 +294,8 @@ StageEstimate estimate_stage(const std::vector<LayerCost>& costs, const Stage& s
     s.w += c.P(x.weight_bytes);
     s.g += c.P(x.grad_bytes);
     s.act += c.P(x.act_bytes);
+    s.attn += c.saved(x);
+    s.attn_raw += x.attn_o_bytes + x.attn_lse_bytes;
     s.scratch = std::max(s.scratch, st.kind == StageKind::forward ? x.scratch_fwd_bytes : x.scratch_bytes);
   }
   return assemble(c, st.kind, st.first, st.last, s);

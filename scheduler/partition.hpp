@@ -19,7 +19,8 @@
 //               + G (gradient accumulators; backward and tail stages)
 //               + min(M, 2) slots * (ids/targets/loss, the uploaded input or dy, dx, and one
 //                 activation per layer: outputs, saved inputs; none for the embedding in a
-//                 backward stage)
+//                 backward stage; with a saved attention also each decoder's attention
+//                 output and log-sum-exp)
 //               + stage_temporaries(kind, k) activations (dy between a stage's layers)
 //               + max scratch over its layers (forward-only scratch in a forward stage)
 //   mem(stage)  = work(stage) + (weight_buffers - 1) * W   (room to prefetch the next

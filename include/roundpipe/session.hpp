@@ -83,6 +83,11 @@ struct SessionOptions {
   /// Decoders run their MLP over chunks of at most this many tokens (<= 0: 8192), so the
   /// [tokens, ffn] intermediates exist for one chunk at a time (long sequences).
   int64_t mlp_chunk_tokens = 0;
+  /// Decoders keep the attention output and its log-sum-exp of the forward in host memory
+  /// (per layer and micro-batch: tokens x heads x (head_dim x 2 + 4) bytes in bf16), forward
+  /// stages download them and backward stages upload them instead of recomputing the
+  /// attention. Empty: on when everything fits 90% of the available host memory.
+  std::optional<bool> save_attention;
   bool trace = false;            ///< record stream and task intervals (write_trace)
   ProfilingOptions profiling;
   /// Cross-stream transfer priority: parameter and gradient chunks yield to activation

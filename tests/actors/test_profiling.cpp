@@ -31,6 +31,7 @@ TrainResult train(const ModelLayout& m, const std::string& backend, int steps, i
   o.micro = shape;
   o.shards = 1;
   o.plan = plan;
+  o.save_attention = false;  // the layers as make_layer(m, l) builds them (expect_structure)
   TestSession s(m, random_weights(m, 5), o);
   const int64_t n = M * shape.tokens();
   for (int t = 0; t < steps; ++t) {

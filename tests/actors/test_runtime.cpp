@@ -38,6 +38,7 @@ struct Scenario {
   size_t transfer_chunk_bytes = size_t(32) << 20;
   double pcie_bytes_per_s = 0;
   size_t capacity_bytes = 0;  // > 0: per-device memory cap (else the default)
+  std::optional<bool> save_attention;  // SessionOptions::save_attention (empty: automatic)
 };
 
 struct Outcome {
@@ -70,6 +71,7 @@ Outcome run_runtime(const Scenario& sc) {
   o.transfer_chunk_bytes = sc.transfer_chunk_bytes;
   o.device.pcie_bytes_per_s = sc.pcie_bytes_per_s;
   if (sc.capacity_bytes > 0) o.device.capacity_bytes = sc.capacity_bytes;
+  o.save_attention = sc.save_attention;
   TestSession s(m, random_weights(m, 7), o);
   const int64_t n = sc.M * kNSeq * kSeqLen;
   for (int t = 0; t < sc.steps; ++t) {
@@ -341,6 +343,28 @@ TEST(Runtime, TransferSettingsDoNotChangeTheResult) {
     EXPECT_EQ(runs[i].losses, runs[0].losses) << "settings " << i;
     EXPECT_EQ(runs[i].weights, runs[0].weights) << "settings " << i;
   }
+}
+
+// Forward stages keep each decoder's attention output and log-sum-exp and backward stages use
+// them instead of recomputing the attention: the same numbers as recomputing, bit for bit
+// (the same kernels on the same inputs), on plans with and without decoders in the tail and
+// with one worker (shared pass activations) or three.
+TEST(Runtime, SavedAttentionEqualsRecomputingIt) {
+  for (int workers : {1, 3})
+    for (bool qwen3 : {false, true}) {
+      Scenario sc;
+      sc.workers = workers;
+      sc.qwen3 = qwen3;
+      sc.M = 3;
+      sc.plan = make_uniform_plan(6, 2, 1, 1);  // F[0-1] F[2-3] T[4-5] B[3-3] B[2-2] B[1-1] B[0-0]
+      sc.save_attention = false;
+      const Outcome off = run_runtime(sc);
+      sc.save_attention = true;
+      const Outcome on = run_runtime(sc);
+      EXPECT_EQ(on.losses, off.losses) << workers << " workers, qwen3 " << qwen3;
+      EXPECT_EQ(on.weights, off.weights) << workers << " workers, qwen3 " << qwen3;
+      expect_same(on, run_reference(sc), 1e-5, "saved attention");
+    }
 }
 
 TEST(Runtime, AccumulationOverPassesEqualsOneBigBatch) {

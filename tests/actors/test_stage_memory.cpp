@@ -23,8 +23,9 @@ namespace {
 
 constexpr int64_t kChunk = 5;  // decoders' MLP chunk (tokens): exercises the chunked scratch
 
-std::vector<LayerCost> cpu_costs(const ModelLayout& m, MicroBatchShape s) {
+std::vector<LayerCost> cpu_costs(const ModelLayout& m, MicroBatchShape s, bool saved_attention = false) {
   DeviceModel dm;
+  dm.saved_attention = saved_attention;
   dm.elem_bytes = 4;  // the CPU backend computes in fp32
   dm.scratch_elem_bytes = 4;
   dm.mlp_chunk_tokens = kChunk;
@@ -32,6 +33,7 @@ std::vector<LayerCost> cpu_costs(const ModelLayout& m, MicroBatchShape s) {
 }
 
 TEST(StageMemory, WorkerAllocatesThePlannersWorkingSet) {
+  for (bool saved : {false, true})
   for (bool tied : {true, false})
     for (int64_t M : {1, 2, 3}) {
       const ModelLayout m = make_layout(tiny_config(true, tied, 4));  // layers: 0 embedding, 1-4, 5 tail
@@ -39,6 +41,7 @@ TEST(StageMemory, WorkerAllocatesThePlannersWorkingSet) {
       std::vector<std::unique_ptr<Layer>> layers;
       LayerOptions lo;
       lo.mlp_chunk_tokens = kChunk;
+      lo.save_attention = saved;
       for (int l = 0; l < m.num_layers(); ++l) layers.push_back(make_layer(m, l, lo));
       DeviceOptions dopt;
       dopt.capacity_bytes = size_t(1) << 30;
@@ -47,9 +50,10 @@ TEST(StageMemory, WorkerAllocatesThePlannersWorkingSet) {
       ctx.device = dev.get();
       ctx.layout = &m;
       ctx.layers = &layers;
+      ctx.saved_attention = saved;
       const IterationPlan plan = make_default_plan(m.num_layers(), 1);
       auto pb = std::make_shared<PassBuffers>(m, plan, M, shape, DType::f32);
-      const auto costs = cpu_costs(m, shape);
+      const auto costs = cpu_costs(m, shape, saved);
       PartitionOptions po;
       po.micro_batches = M;
       po.alloc_granule = int64_t(dev->allocation_granule());
@@ -59,7 +63,8 @@ TEST(StageMemory, WorkerAllocatesThePlannersWorkingSet) {
           {StageKind::backward, 0, 0}, {StageKind::backward, 0, 2}, {StageKind::backward, 1, 1},
           {StageKind::backward, 1, 3}};
       for (const Stage& st : stages) {
-        SCOPED_TRACE(fmt::format("{} stage {}-{}, tied {}, M {}", stage_kind_name(st.kind), st.first, st.last, tied, M));
+        SCOPED_TRACE(fmt::format("{} stage {}-{}, tied {}, M {}, saved attention {}", stage_kind_name(st.kind),
+                                 st.first, st.last, tied, M, saved));
         const size_t before = dev->used_bytes();
         {
           Task t;
@@ -92,9 +97,10 @@ TEST(StageMemory, PlansRunUnderACapJustAboveTheirPredictedPeak) {
       plan_from_json(nlohmann::json::parse(R"({"forward": [[0, 2]], "tail": [3, 5], "backward": [[2, 1], [0, 0]]})"), m.num_layers(), 2, "p"),
       plan_from_json(nlohmann::json::parse(R"({"forward": [[0, 0], [1, 1]], "tail": [2, 5], "backward": [[1, 0]]})"), m.num_layers(), 2, "p"),
       make_default_plan(m.num_layers(), 2)};
-  const auto costs = cpu_costs(m, shape);
+  for (bool saved : {false, true})
   for (const auto& plan : plans) {
-    SCOPED_TRACE(plan.summary());
+    SCOPED_TRACE(plan.summary() + (saved ? ", saved attention" : ""));
+    const auto costs = cpu_costs(m, shape, saved);
     PartitionOptions po;
     po.micro_batches = 3;
     int64_t predicted = 0;
@@ -106,6 +112,7 @@ TEST(StageMemory, PlansRunUnderACapJustAboveTheirPredictedPeak) {
     o.micro = shape;
     o.plan = plan;
     o.mlp_chunk_tokens = kChunk;
+    o.save_attention = saved;
     o.device.capacity_bytes = size_t(double(predicted) * 1.01) + 4096;
     o.adam = adam_opts();
     Session s(m, random_weights(m, 5), o);
