@@ -97,6 +97,8 @@ SessionOptions session_options_of(const TrainSpec& spec, const ModelLayout& layo
   opt.loss_scaling = spec.loss_scaling;
   opt.transfer_priorities = spec.transfer_priorities;
   opt.transfer_chunk_bytes = size_t(spec.transfer_chunk_bytes);
+  opt.save_attention = spec.save_attention;
+  opt.mlp_chunk_tokens = spec.mlp_chunk_tokens;
   // No "plan" key: automatic (analytic estimate, then re-planned from the profile once it
   // settles). An explicit plan is never changed.
   if (!spec.plan.is_null())

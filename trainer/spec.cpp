@@ -32,6 +32,9 @@ void read_scalars(const JsonFields& f, TrainSpec& s) {
   f.optional("pcie_gbps", s.pcie_gbps);
   f.optional("transfer_priorities", s.transfer_priorities);
   f.optional("transfer_chunk_bytes", s.transfer_chunk_bytes);
+  if (bool v = false; f.optional("save_attention", v)) s.save_attention = v;
+  f.optional("mlp_chunk_tokens", s.mlp_chunk_tokens);
+  if (s.mlp_chunk_tokens < 0) f.fail("mlp_chunk_tokens", "an integer >= 0 (0: 8192)", s.mlp_chunk_tokens);
   f.optional("output_dir", s.output_dir);
   f.optional("save_every", s.save_every);
   f.optional("save_dtype", s.save_dtype);
@@ -146,7 +149,8 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
   const JsonFields f(j, where);
   f.allow_only({"model", "data", "chat_template", "seq_len", "sequences_per_step", "micro_batches", "accumulation",
                 "steps", "max_examples", "optimizer", "lr_schedule", "backend", "workers", "async", "plan",
-                "device_memory_gib", "pcie_gbps", "transfer_priorities", "transfer_chunk_bytes", "output_dir",
+                "device_memory_gib", "pcie_gbps", "transfer_priorities", "transfer_chunk_bytes", "save_attention",
+                "mlp_chunk_tokens", "output_dir",
                 "save_every", "save_dtype", "trace", "seed", "log_every", "compute_dtype", "loss_scaling",
                 "resume_from", "comment"});
   if (!f.has("model")) throw std::invalid_argument(where + ": missing key 'model' (a .gguf file or HF directory)");

@@ -33,6 +33,10 @@ struct TrainSpec {
   double pcie_gbps = 0;              ///< CPU backend: emulate a PCIe link (GB/s), 0 = off
   bool transfer_priorities = true;   ///< activation copies before parameter/gradient chunks
   int64_t transfer_chunk_bytes = 32 << 20;  ///< parameter/gradient copies cut into chunks of this (0 = none)
+  /// "save_attention": keep each decoder's attention output for backward (true/false; absent:
+  /// automatic, on when host memory allows; SessionOptions::save_attention)
+  std::optional<bool> save_attention;
+  int64_t mlp_chunk_tokens = 0;      ///< decoders' MLP chunk in tokens (0: 8192; SessionOptions::mlp_chunk_tokens)
   std::string output_dir = "runs/default";
   int64_t save_every = 0;            ///< also checkpoint every k steps (0 = final only)
   std::string save_dtype = "bf16";   ///< f32 | bf16 | f16
