@@ -217,7 +217,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
   for (auto& pb : sc.pass_slots) {
     for (auto* v : {&pb->ids, &pb->targets})
       for (auto& b : *v) I.pin(b);
-    for (auto* vv : {&pb->x, &pb->dx})
+    for (auto* vv : {&pb->x, &pb->dx, &pb->activations->attn_o, &pb->activations->attn_lse})
       for (auto& v : *vv)
         for (auto& b : v) I.pin(b);
   }

@@ -123,4 +123,19 @@ if [ "${DO_LONG:-0}" = 1 ]; then
   done
   cat "$res"
 fi
+if [ "${DO_MAXSEQ:-0}" = 1 ]; then
+  # MAXSEQ_CASES: "preset:cap_gib": the planner's longest sequence under the cap
+  # (`roundpipe plan --max-seq`), then a real run of one sequence of that length under it
+  res=$OUT/maxseq.md
+  [ -s "$res" ] || { echo "| system | tokens/s | MFU | peak GPU GiB | host max RSS GiB | step s |" > "$res"; echo "|---|---|---|---|---|---|" >> "$res"; }
+  for c in ${MAXSEQ_CASES:-qwen3-1.7b:8}; do
+    IFS=: read -r preset cap <<< "$c"
+    n=$(.device/bin/roundpipe plan --model "bench/configs/$preset.json" --gpus 1 --micro 1 --memory-cap "${cap}GiB" \
+         --max-seq 2>&1 | sed -n 's/^longest *\([0-9]*\) tokens.*/\1/p')
+    step "planner's longest sequence for $preset under $cap GiB: ${n:-none}; a real run of it"
+    [ -n "$n" ] && timeout ${LONG_TIMEOUT:-300} .device/bin/bench_throughput --workers 1 --preset "$preset" --cap-gib "$cap" \
+      --seq "$n" --seqs 1 --micro 1 --steps 1 --warmup 1 --results "$res" 2>&1 | grep -v "^step "
+  done
+  cat "$res"
+fi
 step done
