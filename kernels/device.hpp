@@ -116,6 +116,11 @@ class Device {
   virtual void unpin_host(void* /*p*/) {}
   /// Numeric ops bound to the compute stream; call them only inside compute launch().
   virtual Ops& ops() = 0;
+  /// Makes the work already issued finish as soon as it can, for a teardown with work in
+  /// flight (a failed or stopped run): the CPU backend's emulated PCIe link stops delaying
+  /// copies, in flight and later (the bytes are still copied). Irreversible; any thread.
+  /// No-op on CUDA (copies there take real link time, which is bounded).
+  virtual void interrupt() {}
 };
 
 /// Creates virtual GPU `index` of the CPU backend.

@@ -169,6 +169,9 @@ class CpuDevice final : public Device {
   ~CpuDevice() override {
     for (auto& s : streams_) s->synchronize();
   }
+  void interrupt() override {
+    if (link_) link_->interrupt();
+  }
   int index() const override { return index_; }
   std::string name() const override { return fmt::format("cpu:{} (virtual GPU)", index_); }
   DType compute_dtype() const override { return DType::f32; }

@@ -6,7 +6,10 @@
 // of `chunk_bytes`, and after every chunk the channel goes to the most urgent waiting copy
 // (lowest priority value; FIFO among equals) — or strictly first come, first served when
 // priorities are off. A copy therefore waits behind at most one chunk of less urgent traffic.
+// interrupt() ends every delay at once (in flight and later), for a teardown with copies
+// still on a slow link.
 #pragma once
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -25,22 +28,34 @@ class PcieLink {
 
   /// Blocks the calling (stream) thread until `bytes` crossed channel `dir` (0 = host to
   /// device, 1 = device to host), competing with other callers at `priority` (0 = urgent).
+  /// Returns at once after interrupt().
   void transfer(int dir, size_t bytes, int priority) {
     Channel& ch = ch_[dir & 1];
     size_t left = bytes;
     std::unique_lock lk(ch.mu);
     const Waiter me{prio_ ? priority : 0, ch.ticket++};
-    while (left > 0) {
+    while (left > 0 && !interrupted_.load()) {
       ch.waiting.insert(me);
-      ch.cv.wait(lk, [&] { return !ch.busy && *ch.waiting.begin() == me; });
+      ch.cv.wait(lk, [&] { return interrupted_.load() || (!ch.busy && *ch.waiting.begin() == me); });
       ch.waiting.erase(me);
+      if (interrupted_.load()) break;
       ch.busy = true;
       const size_t n = std::min(left, chunk_);
-      lk.unlock();
-      std::this_thread::sleep_for(std::chrono::duration<double>(double(n) / bw_));
-      lk.lock();
+      const auto until = std::chrono::steady_clock::now() +
+                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                             std::chrono::duration<double>(double(n) / bw_));
+      ch.cv.wait_until(lk, until, [&] { return interrupted_.load(); });  // the chunk crosses the link
       ch.busy = false;
       left -= n;
+      ch.cv.notify_all();
+    }
+  }
+
+  /// Ends every delay now and makes later transfers instant (any thread; irreversible).
+  void interrupt() {
+    interrupted_.store(true);
+    for (Channel& ch : ch_) {
+      std::lock_guard lk(ch.mu);
       ch.cv.notify_all();
     }
   }
@@ -64,6 +79,7 @@ class PcieLink {
   double bw_;
   size_t chunk_;
   bool prio_;
+  std::atomic<bool> interrupted_{false};
   Channel ch_[2];
 };
 
