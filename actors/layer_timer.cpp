@@ -48,7 +48,7 @@ void run_layer_calls(const std::vector<std::unique_ptr<Layer>>& layers, const La
   for (const auto& [l, a] : bwd) layers[size_t(l)]->backward(a);
 }
 
-void send_layer_timings(const caf::actor& to, LayerTimings lt, const LayerTimer& timer) {
+void send_layer_timings(const SchedulerActor& to, LayerTimings lt, const LayerTimer& timer) {
   try {
     lt.samples = timer.samples();
   } catch (const DeviceError&) {

@@ -66,7 +66,7 @@ void run_layer_calls(const std::vector<std::unique_ptr<Layer>>& layers, const La
 
 /// In a then() callback after the launch: fills lt.samples from `timer` and sends `lt` to
 /// `to` (the profile's owner); sends nothing when there is neither a sample nor memory.
-void send_layer_timings(const caf::actor& to, LayerTimings lt, const LayerTimer& timer);
+void send_layer_timings(const SchedulerActor& to, LayerTimings lt, const LayerTimer& timer);
 
 /// layer_memory of every layer of `stage`.
 std::vector<LayerMemory> stage_memory(const ModelLayout& m, const std::vector<std::unique_ptr<Layer>>& layers,

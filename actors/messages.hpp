@@ -1,18 +1,31 @@
-// Typed messages of the RoundPipe actor protocol (CAF 0.17.6).
+// The RoundPipe actor protocol (CAF 0.17.6), declared once: every message type, the typed
+// interface of every actor (typed_actor aliases: scheduler, worker, transfer actor,
+// optimizer shard) and the one type-ID block that registers the messages. No other file
+// declares a message type; actors are spawned and addressed only through these handles, so
+// sending an actor a message outside its interface does not compile.
 //
-// Large data never travels in a message: only handles (pointers into host memory
-// owned by the Session, device pointers owned by a worker). All types are local to
-// one process, hence CAF_ALLOW_UNSAFE_MESSAGE_TYPE (no serialisation).
+// Large data never travels in a message: only handles (pointers into host memory owned by
+// the Session, device pointers owned by a worker). All types are local to one process,
+// hence CAF_ALLOW_UNSAFE_MESSAGE_TYPE (no serialisation).
 //
 // Who sends what (the per-layer protocol as message ordering, docs/protocol.md):
+//   session   -> scheduler SetPeers            the workers and shards (once, before any pass)
+//   session   -> scheduler SubmitPass          a pass of the current step
+//   session   -> scheduler CloseStepRequest    the step is closed, with its learning rate
+//   session   -> scheduler WaitStep            (request) the step's result once it is applied
 //   scheduler -> worker    RunStage            a stage task of one pass
 //   worker    -> worker    ActReady            micro-batch m of a stage's output is on the host
-//   worker    -> transfer  CopyRequest         a copy on that transfer actor's stream
-//   transfer  -> worker    CopyDone            the copy completed
+//   worker    -> transfer  CopyRequest         a copy on that transfer actor's stream, tagged
+//   transfer  -> worker    CopyDone            the copy completed; carries the request's tag
+//   stream    -> transfer  StreamDone          (the actor's own stream callback) a chunk landed
+//   arbiter   -> transfer  LinkIdle            a refused bulk actor may issue again
+//   stream    -> worker    ComputeDone         (the worker's compute-stream callback) a
+//                                              micro-batch's layers ran
 //   worker    -> shard     AcquireWeights      (request) upload of group g for step t may start
 //   worker    -> shard     ReleaseWeights      upload of group g for step t completed
 //   worker    -> shard     AcquireGradSlot     (request) may write grad of group g for step t
 //   worker    -> shard     GradWritten         grad of group g for step t is in the host slot
+//   job       -> shard     JobDone             (the shard's job thread) a group's job finished
 //   worker    -> scheduler StageDone           a stage task finished (with loss for the tail)
 //   worker    -> scheduler LayerTimings        measured layer times of one micro-batch (profiler;
 //                                              sent from the compute stream's then() callback)
@@ -20,32 +33,108 @@
 //   shard     -> scheduler GradSumSq           (guarded steps) sum of squares of group g's step-t gradient
 //   scheduler -> shard     StepScale           (guarded steps) step t: skip, or the grad_scale to apply
 //   shard     -> scheduler GroupUpdated        group g's step t update is in the fp32 master
-//   any       -> scheduler Failure             a typed error ended a task
+//   any       -> scheduler Failure             a typed error ended a task, a job or an actor
+//   scheduler -> itself    WatchdogTick        (periodic) look for a run without progress
+//   scheduler -> worker, shard GetStatus       (request) one line: what the actor waits for
+//   session   -> scheduler GetStatus           (request) the watchdog's line: the whole run
 //   session   -> scheduler, shard  ResumeAt    (request, before any pass) continue at step N
 //   session   -> scheduler LossScalesFrom      (request) loss scales decided for steps >= N
+//   session   -> scheduler GetRuntimeInfo      (request) the profile and the plan in use
+//   session   -> scheduler -> workers, shards  Shutdown
+//
+// Actors that die (an exception in a handler, a failed optimizer job) never leave a waiter
+// hanging: every actor turns its own exceptions into a Failure to the scheduler, the
+// scheduler monitors workers and shards (a worker its transfer actors) and fails the run
+// when one goes down, and Session::wait monitors the scheduler.
 #pragma once
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include <caf/all.hpp>
+#include <caf/type_id.hpp>
 
 #include "actors/pass_buffers.hpp"
+#include "roundpipe/session.hpp"  // StepResult (the answer to WaitStep)
 #include "scheduler/plan.hpp"
 #include "scheduler/profile.hpp"
-#include "roundpipe/session.hpp"  // StepResult (the answer to WaitStep)
 
 namespace rp {
 
+// ---- the messages, declared first: the interfaces below name them --------------------------
+struct RunStage;
+struct ActReady;
+struct CopyRequest;
+struct CopyDone;
+struct StreamDone;
+struct LinkIdle;
+struct ComputeDone;
+struct AcquireWeights;
+struct WeightsGranted;
+struct ReleaseWeights;
+struct AcquireGradSlot;
+struct GradGrant;
+struct GradWritten;
+struct JobDone;
+struct StageDone;
+struct CloseStep;
+struct GroupUpdated;
+struct GradSumSq;
+struct StepScale;
+struct LayerTimings;
+struct Failure;
+struct SubmitPass;
+struct CloseStepRequest;
+struct WaitStep;
+struct SetPeers;
+struct GetRuntimeInfo;
+struct RuntimeInfo;
+struct GetStatus;
+struct StatusReport;
+struct WatchdogTick;
+struct Shutdown;
+struct ResumeAt;
+struct Ack;
+struct LossScalesFrom;
+struct LossScales;
+
+// ---- the interfaces ------------------------------------------------------------------------
+/// A worker (one per device): runs the stage tasks dealt to it (actors/worker.hpp).
+using WorkerActor = caf::typed_actor<caf::reacts_to<RunStage>, caf::reacts_to<ActReady>, caf::reacts_to<CopyDone>,
+                                     caf::reacts_to<ComputeDone>, caf::replies_to<GetStatus>::with<StatusReport>,
+                                     caf::reacts_to<Shutdown>>;
+
+/// A transfer actor (four per worker): one copy stream and its priority queue (actors/transfer.hpp).
+using TransferActor = caf::typed_actor<caf::reacts_to<CopyRequest>, caf::reacts_to<StreamDone>, caf::reacts_to<LinkIdle>>;
+
+/// An optimizer shard: owns parameter groups and enforces the per-layer protocol for them
+/// (actors/optimizer_shard.hpp).
+using ShardActor =
+    caf::typed_actor<caf::replies_to<AcquireWeights>::with<WeightsGranted>, caf::reacts_to<ReleaseWeights>,
+                     caf::replies_to<AcquireGradSlot>::with<GradGrant>, caf::reacts_to<GradWritten>,
+                     caf::reacts_to<CloseStep>, caf::reacts_to<StepScale>, caf::reacts_to<JobDone>,
+                     caf::replies_to<ResumeAt>::with<Ack>, caf::replies_to<GetStatus>::with<StatusReport>,
+                     caf::reacts_to<Shutdown>>;
+
+/// The scheduler: deals passes, closes steps, answers WaitStep, runs the watchdog
+/// (actors/scheduler_actor.hpp).
+using SchedulerActor =
+    caf::typed_actor<caf::reacts_to<SetPeers>, caf::reacts_to<SubmitPass>, caf::reacts_to<CloseStepRequest>,
+                     caf::reacts_to<StageDone>, caf::reacts_to<GradSumSq>, caf::reacts_to<LayerTimings>,
+                     caf::reacts_to<GroupUpdated>, caf::reacts_to<Failure>, caf::reacts_to<WatchdogTick>,
+                     caf::replies_to<WaitStep>::with<StepResult>, caf::replies_to<GetRuntimeInfo>::with<RuntimeInfo>,
+                     caf::replies_to<ResumeAt>::with<Ack>, caf::replies_to<LossScalesFrom>::with<LossScales>,
+                     caf::replies_to<GetStatus>::with<StatusReport>, caf::reacts_to<Shutdown>>;
+
+// ---- scheduler <-> worker ------------------------------------------------------------------
 struct RunStage {
   int64_t pass = 0;             ///< global pass number
   int64_t step = 0;             ///< optimizer step the pass contributes to
   int stage_index = 0;          ///< position of the stage in the iteration plan
   Stage stage;
   std::shared_ptr<PassBuffers> buffers;
-  caf::actor next;              ///< worker of stage_index + 1 (null for the last stage)
+  WorkerActor next;             ///< worker of stage_index + 1 (null for the last stage)
   float loss_scale = 1.f;       ///< the tail multiplies the loss gradient by this (fp16 loss scaling)
 };
 struct ActReady {
@@ -53,54 +142,12 @@ struct ActReady {
   int stage_index = 0;  ///< the *consumer* stage
   int64_t micro_batch = 0;
 };
-enum class CopyDir : uint8_t { h2d, d2h };
-struct CopyRequest {
-  CopyDir dir = CopyDir::h2d;
-  void* dst = nullptr;
-  const void* src = nullptr;
-  size_t bytes = 0;
-  int priority = 0;              ///< lower is more urgent
-  int64_t order = 0;             ///< tie-break within a priority (e.g. micro-batch index)
-  uint64_t token = 0;            ///< echoed in CopyDone
-  std::function<void()> after;   ///< optional host work after the copy (e.g. accumulate)
-  caf::actor reply_to;
-};
-struct CopyDone {
-  uint64_t token = 0;
-  std::string error;
-};
-struct AcquireWeights { int group; int64_t step; };
-struct WeightsGranted { int group; int64_t step; };
-struct ReleaseWeights { int group; int64_t step; };
-struct AcquireGradSlot { int group; int64_t step; };
-struct GradGrant { int group; int64_t step; bool overwrite; };
-struct GradWritten { int group; int64_t step; };
 struct StageDone {
   int64_t pass = 0;
   int stage_index = 0;
   int worker = 0;
   double loss_sum = 0, loss_count = 0;
   double seconds = 0;  ///< wall time of the task
-};
-struct CloseStep {
-  int64_t step = 0;
-  int64_t passes = 0;
-  float grad_scale = 1.f;  ///< 1 / target tokens of the step
-  double lr = 0;
-  /// Per parameter group: uploads and gradient contributions the step's passes make in
-  /// total (passes may run different plans after a re-plan). Null: passes times the
-  /// ShardGroup's per-pass counts.
-  std::shared_ptr<const std::vector<int>> uploads, grads;
-};
-struct GroupUpdated { int64_t step; int group; };
-/// Guarded steps (clipping, loss scaling or inf/NaN skipping on): a shard reports the sum of
-/// squares of a group's raw gradient as soon as it is complete; the step waits only for these
-/// scalars, and the scheduler answers every shard with the step's StepScale.
-struct GradSumSq { int64_t step; int group; double sumsq; };
-struct StepScale {
-  int64_t step = 0;
-  bool skip = false;       ///< inf/NaN in the gradients: weights, moments, step counters untouched
-  float grad_scale = 0.f;  ///< replaces CloseStep::grad_scale: 1/tokens / loss scale * clip coefficient
 };
 /// One measured interval of one layer for one micro-batch (profiler, actors/layer_timer.hpp).
 struct LayerSample {
@@ -120,12 +167,133 @@ struct LayerTimings {
   std::vector<LayerSample> samples;
   std::vector<LayerMemory> memory;  ///< sent with a stage task's first micro-batch only
 };
+/// The worker's compute stream ran micro-batch `micro_batch` of task `task` (worker-local id).
+struct ComputeDone {
+  uint64_t task = 0;
+  int64_t micro_batch = 0;
+  std::string error;  ///< the device op's failure, else empty
+};
+
+// ---- worker <-> transfer actors ------------------------------------------------------------
+enum class CopyDir : uint8_t { h2d, d2h };
+/// What a copy moves and for which task: the worker's request names it and the completion
+/// echoes it, so the worker knows what completed (no callback per copy).
+enum class CopyKind : uint8_t {
+  input,     ///< an input of micro-batch `micro_batch` (host to device)
+  output,    ///< an output of micro-batch `micro_batch` (device to host)
+  weights,   ///< a chunk of parameter group `group`'s weights (host to device)
+  gradient,  ///< parameter group `group`'s gradient (device to host)
+};
+struct CopyTag {
+  CopyKind kind = CopyKind::input;
+  uint64_t task = 0;         ///< worker-local id of the stage task
+  int64_t micro_batch = -1;  ///< input / output
+  int group = -1;            ///< weights / gradient
+};
+/// "input of micro-batch 3 (task 7)", "weights of group 2 (task 7)", ...
+std::string describe(const CopyTag& t);
+/// Host work after a copy completed and before CopyDone: dst[i] += src[i] for i < n (a later
+/// gradient contribution of one step, tied embeddings: the staging buffer into the slot).
+struct HostAccumulate {
+  float* dst = nullptr;
+  const float* src = nullptr;
+  int64_t n = 0;  ///< 0: none
+};
+struct CopyRequest {
+  CopyDir dir = CopyDir::h2d;
+  void* dst = nullptr;
+  const void* src = nullptr;
+  size_t bytes = 0;
+  int priority = 0;              ///< lower is more urgent
+  int64_t order = 0;             ///< tie-break within a priority (e.g. micro-batch index)
+  CopyTag what;                  ///< echoed in CopyDone
+  HostAccumulate accumulate;     ///< optional host work after the copy
+  WorkerActor reply_to;
+};
+struct CopyDone {
+  CopyTag what;
+  std::string error;  ///< the stream's failure or the exception of the host work, else empty
+};
+/// A chunk (or a whole copy) completed on a transfer actor's stream.
+struct StreamDone {
+  uint64_t id = 0;
+  size_t chunk = 0;
+  double t_done = 0;  ///< tracer clock (0 without a tracer)
+  std::string error;
+};
+/// The link arbiter lets a refused bulk actor go on.
+struct LinkIdle {};
+
+// ---- worker <-> optimizer shard ------------------------------------------------------------
+struct AcquireWeights { int group = 0; int64_t step = 0; };
+struct WeightsGranted { int group = 0; int64_t step = 0; };
+struct ReleaseWeights { int group = 0; int64_t step = 0; };
+struct AcquireGradSlot { int group = 0; int64_t step = 0; };
+struct GradGrant { int group = 0; int64_t step = 0; bool overwrite = false; };
+struct GradWritten { int group = 0; int64_t step = 0; };
+/// A shard's job for `group` finished on its job thread (the shard knows which job it was:
+/// a group runs one at a time).
+struct JobDone {
+  int group = 0;
+  double sumsq = 0;   ///< a sum-of-squares job's result
+  std::string error;  ///< the exception the job threw, else empty
+};
+
+// ---- scheduler <-> optimizer shard ---------------------------------------------------------
+struct CloseStep {
+  int64_t step = 0;
+  int64_t passes = 0;
+  float grad_scale = 1.f;  ///< 1 / target tokens of the step
+  double lr = 0;
+  /// Per parameter group: uploads and gradient contributions the step's passes make in
+  /// total (passes may run different plans after a re-plan). Null: passes times the
+  /// ShardGroup's per-pass counts.
+  std::shared_ptr<const std::vector<int>> uploads, grads;
+};
+struct GroupUpdated { int64_t step = 0; int group = 0; };
+/// Guarded steps (clipping, loss scaling or inf/NaN skipping on): a shard reports the sum of
+/// squares of a group's raw gradient as soon as it is complete; the step waits only for these
+/// scalars, and the scheduler answers every shard with the step's StepScale.
+struct GradSumSq { int64_t step = 0; int group = 0; double sumsq = 0; };
+struct StepScale {
+  int64_t step = 0;
+  bool skip = false;       ///< inf/NaN in the gradients: weights, moments, step counters untouched
+  float grad_scale = 0.f;  ///< replaces CloseStep::grad_scale: 1/tokens / loss scale * clip coefficient
+};
+
+// ---- failures and the watchdog -------------------------------------------------------------
+/// Ends the run: every waiter (Session::wait) gets `what`.
 struct Failure { std::string what; };
+/// The scheduler's periodic check for a run without progress (SessionOptions::watchdog_s).
+struct WatchdogTick {};
+/// Request to a worker or shard: what it is doing and waiting for, in one line.
+struct GetStatus {};
+struct StatusReport { std::string text; };
+
+// ---- session <-> scheduler -----------------------------------------------------------------
 struct SubmitPass {
   int64_t step = 0;
   std::shared_ptr<const std::vector<int32_t>> ids, targets;  ///< [M * n_seq * seq_len]
 };
-struct WaitStep { int64_t step; };
+/// Close step `step` with its learning rate (passes are counted by the scheduler; the
+/// gradient scale is 1 / target tokens of all its passes).
+struct CloseStepRequest {
+  int64_t step = 0;
+  double lr = 0;
+};
+struct WaitStep { int64_t step = 0; };
+struct SetPeers {
+  std::vector<WorkerActor> workers;
+  std::vector<ShardActor> shards;
+};
+/// A snapshot of the profile and the plan in use.
+struct GetRuntimeInfo {};
+struct RuntimeInfo {
+  Profile profile;
+  IterationPlan plan;    ///< the plan the next pass will be dealt with
+  int64_t replans = 0;   ///< times the plan was changed
+  std::vector<std::string> replan_log;  ///< the re-planning lines logged so far
+};
 struct Shutdown {};
 /// Session -> scheduler and every shard (request, answered with Ack), before any pass of a
 /// resumed run: steps 0..step-1 happened in an earlier run. Shards then hold version step-1
@@ -146,30 +314,61 @@ struct LossScales {
   std::vector<float> scales;
 };
 
+/// The text of an error CAF hands us (an actor's exit reason, a failed request): the string
+/// an actor put into it when it has one (make_error(sec::runtime_error, text)), else CAF's
+/// own rendering ("request_receiver_down", ...).
+std::string error_text(const caf::error& e);
+
+/// Registers the protocol's message types (the type-ID block below) with an actor system's
+/// configuration, so CAF names them in errors and traces. Call before creating the system.
+void register_protocol(caf::actor_system_config& cfg);
+
 }  // namespace rp
 
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::RunStage)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::ActReady)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::CopyRequest)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::CopyDone)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::AcquireWeights)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::WeightsGranted)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::ReleaseWeights)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::AcquireGradSlot)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::GradGrant)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::GradWritten)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::StageDone)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::CloseStep)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::GroupUpdated)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::GradSumSq)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::StepScale)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::LayerTimings)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::Failure)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::SubmitPass)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::WaitStep)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::StepResult)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::Shutdown)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::ResumeAt)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::Ack)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::LossScalesFrom)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::LossScales)
+// ---- the one type-ID block -----------------------------------------------------------------
+// Every message of the protocol gets a CAF type ID here (in this order) and is allowed as an
+// unserialisable, process-local message type.
+#define RP_MESSAGE_TYPE(T)                   \
+  CAF_ADD_TYPE_ID(roundpipe, (T))            \
+  CAF_ALLOW_UNSAFE_MESSAGE_TYPE(T)
+
+CAF_BEGIN_TYPE_ID_BLOCK(roundpipe, caf::first_custom_type_id)
+RP_MESSAGE_TYPE(rp::RunStage)
+RP_MESSAGE_TYPE(rp::ActReady)
+RP_MESSAGE_TYPE(rp::CopyRequest)
+RP_MESSAGE_TYPE(rp::CopyDone)
+RP_MESSAGE_TYPE(rp::StreamDone)
+RP_MESSAGE_TYPE(rp::LinkIdle)
+RP_MESSAGE_TYPE(rp::ComputeDone)
+RP_MESSAGE_TYPE(rp::AcquireWeights)
+RP_MESSAGE_TYPE(rp::WeightsGranted)
+RP_MESSAGE_TYPE(rp::ReleaseWeights)
+RP_MESSAGE_TYPE(rp::AcquireGradSlot)
+RP_MESSAGE_TYPE(rp::GradGrant)
+RP_MESSAGE_TYPE(rp::GradWritten)
+RP_MESSAGE_TYPE(rp::JobDone)
+RP_MESSAGE_TYPE(rp::StageDone)
+RP_MESSAGE_TYPE(rp::CloseStep)
+RP_MESSAGE_TYPE(rp::GroupUpdated)
+RP_MESSAGE_TYPE(rp::GradSumSq)
+RP_MESSAGE_TYPE(rp::StepScale)
+RP_MESSAGE_TYPE(rp::LayerTimings)
+RP_MESSAGE_TYPE(rp::Failure)
+RP_MESSAGE_TYPE(rp::SubmitPass)
+RP_MESSAGE_TYPE(rp::CloseStepRequest)
+RP_MESSAGE_TYPE(rp::WaitStep)
+RP_MESSAGE_TYPE(rp::StepResult)
+RP_MESSAGE_TYPE(rp::SetPeers)
+RP_MESSAGE_TYPE(rp::GetRuntimeInfo)
+RP_MESSAGE_TYPE(rp::RuntimeInfo)
+RP_MESSAGE_TYPE(rp::GetStatus)
+RP_MESSAGE_TYPE(rp::StatusReport)
+RP_MESSAGE_TYPE(rp::WatchdogTick)
+RP_MESSAGE_TYPE(rp::Shutdown)
+RP_MESSAGE_TYPE(rp::ResumeAt)
+RP_MESSAGE_TYPE(rp::Ack)
+RP_MESSAGE_TYPE(rp::LossScalesFrom)
+RP_MESSAGE_TYPE(rp::LossScales)
+CAF_END_TYPE_ID_BLOCK(roundpipe)
+
+#undef RP_MESSAGE_TYPE

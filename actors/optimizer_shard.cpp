@@ -1,39 +1,30 @@
 #include "actors/optimizer_shard.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 
 #include <fmt/format.h>
 
-#include "actors/messages.hpp"
+#include "actors/shard_rules.hpp"
 #include "optimizer/clip.hpp"
 #include "optimizer/thread_pool.hpp"
 
 namespace rp {
 namespace {
-/// A job of JobRunner finished (error: the exception text it threw, else empty).
-struct JobDone {
-  uint64_t token;
-  std::string error;
-};
-}  // namespace
-}  // namespace rp
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::JobDone)
 
-namespace rp {
-namespace {
-
-/// Runs a detached shard's long jobs (AdamW updates, deferred casts: tens to hundreds of
-/// milliseconds for a large group) on a thread of its own, one at a time in submission
-/// order, and sends JobDone to the shard after each. Meanwhile the shard answers requests
-/// for its other groups: a blocking update used to hold up every weight grant of its shard.
+/// Runs a detached shard's long jobs (AdamW updates, deferred casts, sums of squares: tens to
+/// hundreds of milliseconds for a large group) on a thread of its own, one at a time in
+/// submission order, and sends JobDone to the shard after each, also when the job threw.
+/// Meanwhile the shard answers requests for its other groups.
 class JobRunner {
  public:
   explicit JobRunner(caf::actor_addr shard) : shard_(std::move(shard)), thread_([this] { loop(); }) {}
@@ -45,10 +36,10 @@ class JobRunner {
     cv_.notify_one();
     thread_.join();  // the job in progress finishes; queued ones are dropped
   }
-  void submit(uint64_t token, std::function<void()> fn) {
+  void submit(int group, std::function<double()> fn) {
     {
       std::lock_guard<std::mutex> lk(mu_);
-      jobs_.emplace_back(token, std::move(fn));
+      jobs_.emplace_back(group, std::move(fn));
     }
     cv_.notify_one();
   }
@@ -56,7 +47,7 @@ class JobRunner {
  private:
   void loop() {
     for (;;) {
-      std::pair<uint64_t, std::function<void()>> job;
+      std::pair<int, std::function<double()>> job;
       {
         std::unique_lock<std::mutex> lk(mu_);
         cv_.wait(lk, [this] { return stop_ || !jobs_.empty(); });
@@ -64,263 +55,194 @@ class JobRunner {
         job = std::move(jobs_.front());
         jobs_.pop_front();
       }
-      std::string err;
+      JobDone d{job.first, 0.0, {}};
       try {
-        job.second();
+        d.sumsq = job.second();
       } catch (const std::exception& e) {
-        err = e.what();
+        d.error = e.what();
+      } catch (...) {
+        d.error = "unknown exception";
       }
-      if (auto a = caf::actor_cast<caf::actor>(shard_)) caf::anon_send(a, JobDone{job.first, std::move(err)});
+      if (auto a = caf::actor_cast<ShardActor>(shard_)) caf::anon_send(a, std::move(d));
     }
   }
 
   caf::actor_addr shard_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::pair<uint64_t, std::function<void()>>> jobs_;
+  std::deque<std::pair<int, std::function<double()>>> jobs_;
   bool stop_ = false;
   std::thread thread_;  // last: started after the members it reads
 };
 
-struct GroupState {
-  ShardGroup g;
-  int64_t published = -1;  ///< version in the low-precision copy
-  int64_t updated = -1;    ///< version in the fp32 master (= last step consumed)
-  int64_t uploads_complete_through = -1;
-  std::map<int64_t, int> uploads_done;  ///< per iteration
-  std::map<int64_t, int> grads_done;    ///< per step
-  bool writer_active = false;
-  bool busy = false;        ///< an update or cast of this group runs on the JobRunner
-  int64_t sumsq_sent = -1;  ///< last step whose GradSumSq was sent (guarded steps)
-  std::deque<std::pair<int64_t, caf::response_promise>> weight_waiters;
-  std::deque<std::pair<int64_t, caf::response_promise>> grad_waiters;
-};
-
-struct StepInfo {
-  int64_t passes = 0;
-  float grad_scale = 1.f;
-  double lr = 0;
-  std::shared_ptr<const std::vector<int>> uploads, grads;  ///< per group totals (CloseStep), or null
-};
-
-/// Uploads (or gradient contributions) of group `g` that step `c` expects in total.
-int64_t expected(const StepInfo& c, const std::shared_ptr<const std::vector<int>>& totals, int g, int per_pass) {
-  if (totals && size_t(g) < totals->size()) return (*totals)[size_t(g)];
-  return c.passes * per_pass;
-}
-
 struct ShardState {
-  std::map<int, GroupState> groups;
-  std::map<int64_t, StepInfo> closed;
-  std::map<int64_t, StepScale> scales;  ///< guarded steps: the scheduler's decision
-  /// Guarded steps: the groups in the order their step-t gradients completed (GradSumSq sent),
-  /// which is the order their updates run in once StepScale{t} arrives (async mode).
-  std::map<int64_t, std::vector<int>> completed;
-  std::shared_ptr<ThreadPool> pool;     ///< the shard's optimizer threads (persistent)
-  std::map<uint64_t, std::function<void()>> on_job_done;  ///< by JobDone token
-  uint64_t next_job = 1;
-  std::unique_ptr<JobRunner> runner;    ///< detached shards: long jobs off the actor's thread
-  std::function<void(GroupState&)> pump;  ///< shard_impl's transition function
+  std::optional<ShardRules> rules;
+  std::map<int, ShardGroup> groups;
+  std::map<uint64_t, caf::typed_response_promise<WeightsGranted>> weight_requests;  ///< by ticket
+  std::map<uint64_t, caf::typed_response_promise<GradGrant>> grad_requests;         ///< by ticket
+  uint64_t next_ticket = 1;
+  std::shared_ptr<ThreadPool> pool;    ///< the shard's optimizer threads (persistent)
+  std::unique_ptr<JobRunner> runner;   ///< detached shards: long jobs off the actor's thread
+  std::map<int, std::chrono::steady_clock::time_point> job_start;  ///< per busy group (status)
   static inline const char* name = "optimizer_shard";
 };
 
+using ShardPointer = ShardActor::stateful_pointer<ShardState>;
+
+/// The work of job `j` (runs on the job thread, or inline); returns a sum of squares' result.
+std::function<double()> job_work(ShardPointer self, const ShardJob& j, ParamStore* store, const ShardOptions& opt) {
+  const ShardGroup& sg = self->state.groups.at(j.group);
+  std::vector<float>* master = sg.master;
+  AdamWState* adam_state = sg.state;
+  const int64_t n = int64_t(master->size());
+  const float* grad = store->grad[size_t(j.group)].as<float>();
+  void* lowp = store->lowp[size_t(j.group)].data();
+  auto pool = self->state.pool;
+  switch (j.kind) {
+    case ShardJob::Kind::cast:  // deferred publish: vectorised RNE cast, the same bits as the fused copy
+      return [=] {
+        write_lowp_copy(master->data(), lowp, n, store->dtype, pool.get());
+        return 0.0;
+      };
+    case ShardJob::Kind::sumsq:
+      return [=] { return sum_of_squares(grad, n, *pool); };
+    case ShardJob::Kind::update:
+      break;
+  }
+  // tensors under 32K elements run on one thread, larger ones split over the pool
+  const bool inject = opt.faults.fire_update(j.group, j.step);
+  return [=, adam = opt.adam] {
+    if (inject) throw std::runtime_error(FaultInjection::what("the AdamW kernel"));
+    adamw_update(master->data(), *adam_state, grad, n, j.grad_scale, adam, j.lr, j.publish ? lowp : nullptr,
+                 store->dtype, *pool);
+    return 0.0;
+  };
+}
+
 }  // namespace
 
-caf::behavior shard_impl(caf::stateful_actor<ShardState>* self, std::vector<ShardGroup> groups,
-                         ParamStore* store, ShardOptions opt, caf::actor scheduler) {
-  for (auto& g : groups) self->state.groups[g.group].g = g;
+ShardActor::behavior_type shard_impl(ShardPointer self, std::vector<ShardGroup> groups, ParamStore* store,
+                                     ShardOptions opt, SchedulerActor scheduler) {
+  std::vector<ShardRules::Group> rg;
+  for (auto& g : groups) {
+    self->state.groups[g.group] = g;
+    rg.push_back({g.group, g.uploads_per_pass, g.grads_per_pass});
+  }
+  self->state.rules.emplace(rg, opt.staleness, opt.guard, opt.disable_rule);
   self->state.pool = std::make_shared<ThreadPool>(
       ThreadPool::Options{std::max(1, opt.threads), opt.cpus, 50, "rp-shard"});
   // A detached shard runs its long jobs on a JobRunner; one under the deterministic test
   // coordinator runs them inline (a job finishing on another thread would race the tests).
   if (opt.detached) self->state.runner = std::make_unique<JobRunner>(self->address());
-  const int s = opt.staleness;
-  const int off = opt.disable_rule;  // testing only: the rule whose guard is switched off
-  auto version_for = [s](int64_t t) { return std::max<int64_t>(t - 1 - s, -1); };
+  const std::string name = fmt::format("optimizer shard {}", opt.index);
 
-  // deferred publish (rule 5): vectorised RNE cast on the pool, the same bits as the fused copy
-  auto cast_lowp = [self, store](GroupState& gs) {
-    const int64_t n = gs.g.master->size();
-    write_lowp_copy(gs.g.master->data(), store->lowp[gs.g.group].data(), n, store->dtype,
-                    self->state.pool.get());
-  };
+  // Any exception (a job that failed, a message about a group it does not own): tell the
+  // scheduler, then end with the error.
+  self->set_exception_handler([self, scheduler, name](std::exception_ptr& x) -> caf::error {
+    std::string what;
+    try {
+      std::rethrow_exception(x);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+      what = "unknown exception";
+    }
+    if (what.rfind(name, 0) != 0) what = name + ": " + what;
+    self->send(scheduler, Failure{what});
+    return caf::make_error(caf::sec::runtime_error, what);
+  });
 
-  // Runs `work` for group gs, then `done`: inline (returns true), or on the JobRunner
-  // (returns false; gs is busy, and JobDone runs `done` and pumps gs again).
-  auto run_job = [self](GroupState& gs, std::function<void()> work, std::function<void()> done) {
+  // Carries out the rules' actions in order; an inline job reports back at once.
+  auto execute = std::make_shared<std::function<void(std::vector<ShardAction>&)>>();
+  *execute = [self, store, opt, scheduler, execute_weak = std::weak_ptr(execute)](std::vector<ShardAction>& acts) {
     auto& st = self->state;
-    if (!st.runner) {
-      work();
-      done();
-      return true;
-    }
-    const uint64_t token = st.next_job++;
-    gs.busy = true;
-    GroupState* g = &gs;  // std::map nodes do not move
-    st.on_job_done[token] = [self, g, done = std::move(done)] {
-      g->busy = false;
-      done();
-      self->state.pump(*g);
-    };
-    st.runner->submit(token, std::move(work));
-    return false;
-  };
-
-  // Applies every transition of group `gs` that its state allows (see header).
-  self->state.pump = [=](GroupState& gs) {
-    if (gs.busy) return;  // its update or cast is running; JobDone pumps it again
-    auto& closed = self->state.closed;
-    bool progress = true;
-    while (progress) {
-      progress = false;
-      // uploads of iterations complete, in order
-      for (;;) {
-        int64_t i = gs.uploads_complete_through + 1;
-        auto c = closed.find(i);
-        if (c == closed.end()) break;
-        if (gs.uploads_done[i] < expected(c->second, c->second.uploads, gs.g.group, gs.g.uploads_per_pass)) break;
-        gs.uploads_done.erase(i);
-        gs.uploads_complete_through = i;
-        progress = true;
-      }
-      // rule 5: publish a waiting version
-      if (gs.published < gs.updated && (off == 5 || gs.uploads_complete_through >= gs.updated + s)) {
-        const int64_t v = gs.updated;
-        GroupState* g = &gs;
-        if (!run_job(gs, [g, cast_lowp] { cast_lowp(*g); }, [g, v] { g->published = v; })) return;
-        progress = true;
-      }
-      // rule 4: update when all gradient contributions of the next step are written
-      int64_t k = gs.updated + 1;
-      auto c = closed.find(k);
-      if (c != closed.end() && gs.published == gs.updated &&
-          (off == 4 || (!gs.writer_active &&
-                        gs.grads_done[k] >= expected(c->second, c->second.grads, gs.g.group, gs.g.grads_per_pass)))) {
-        const int64_t n = gs.g.master->size();
-        const float* grad = store->grad[gs.g.group].as<float>();
-        float scale = c->second.grad_scale;
-        bool skip = false, ready = true;
-        if (opt.guard) {
-          // report this group's partial sum of squares once, then wait for the step's scalar
-          if (gs.sumsq_sent < k) {
-            // a job like the update: the pool may be busy with another group's update
-            GroupState* g = &gs;
-            auto sq = std::make_shared<double>(0.0);
-            auto work = [sq, grad, n, pp = self->state.pool] { *sq = sum_of_squares(grad, n, *pp); };
-            auto sent = [self, g, k, sq, scheduler] {
-              self->send(scheduler, GradSumSq{k, g->g.group, *sq});
-              g->sumsq_sent = k;
-              self->state.completed[k].push_back(g->g.group);  // the order the jobs finish in
-            };
-            if (!run_job(gs, work, sent)) return;
-          }
-          auto sc = self->state.scales.find(k);
-          if (sc == self->state.scales.end()) {
-            ready = false;
-          } else {
-            skip = sc->second.skip;
-            scale = sc->second.grad_scale;
-          }
+    for (const ShardAction& a : acts) {
+      switch (a.kind) {
+        case ShardAction::Kind::grant_weights: {
+          auto it = st.weight_requests.find(a.ticket);
+          it->second.deliver(WeightsGranted{a.group, a.step});
+          st.weight_requests.erase(it);
+          break;
         }
-        if (ready) {
-          bool may_publish = gs.published == gs.updated && (off == 5 || gs.uploads_complete_through >= k + s);
-          GroupState* g = &gs;
-          auto done = [self, g, k, scheduler](bool published) {
-            if (published) g->published = k;
-            g->grads_done.erase(k);
-            g->updated = k;
-            self->send(scheduler, GroupUpdated{k, g->g.group});
-          };
-          if (skip) {
-            // nothing changes: version k equals version k-1, which the copy already holds
-            done(true);
+        case ShardAction::Kind::grant_grad_slot: {
+          auto it = st.grad_requests.find(a.ticket);
+          it->second.deliver(GradGrant{a.group, a.step, a.overwrite});
+          st.grad_requests.erase(it);
+          break;
+        }
+        case ShardAction::Kind::report_sumsq:
+          self->send(scheduler, GradSumSq{a.step, a.group, a.sumsq});
+          break;
+        case ShardAction::Kind::group_updated:
+          self->send(scheduler, GroupUpdated{a.step, a.group});
+          break;
+        case ShardAction::Kind::run_job: {
+          auto work = job_work(self, a.job, store, opt);
+          if (st.runner) {
+            st.job_start[a.group] = std::chrono::steady_clock::now();
+            st.runner->submit(a.group, std::move(work));
           } else {
-            // tensors under 32K elements run on one thread, larger ones split over the pool
-            void* lowp = may_publish ? store->lowp[gs.g.group].data() : nullptr;
-            const double lr = c->second.lr;
-            auto work = [g, grad, n, scale, lr, lowp, store, pp = self->state.pool, adam = opt.adam] {
-              adamw_update(g->g.master->data(), *g->g.state, grad, n, scale, adam, lr, lowp, store->dtype, *pp);
-            };
-            if (!run_job(gs, work, [done, may_publish] { done(may_publish); })) return;
+            const double r = work();
+            if (opt.progress) opt.progress->tick();
+            std::vector<ShardAction> more;
+            st.rules->job_done(a.group, r, more);
+            (*execute_weak.lock())(more);
           }
-          progress = true;
+          break;
         }
       }
     }
-    // rule 1: grant every upload whose version is published (any arrival order)
-    for (auto it = gs.weight_waiters.begin(); it != gs.weight_waiters.end();) {
-      if (off == 1 || version_for(it->first) <= gs.published) {
-        it->second.deliver(WeightsGranted{gs.g.group, it->first});
-        it = gs.weight_waiters.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    // rule 3: one gradient writer at a time (the host half of rule 2), after the previous
-    // step consumed the slot; the earliest step goes first whatever order the requests
-    // arrived in. (The loop grants once: granting sets writer_active.)
-    while (off == 2 || !gs.writer_active) {
-      auto best = gs.grad_waiters.end();
-      for (auto it = gs.grad_waiters.begin(); it != gs.grad_waiters.end(); ++it)
-        if ((off == 3 || it->first - 1 <= gs.updated) &&
-            (best == gs.grad_waiters.end() || it->first < best->first))
-          best = it;
-      if (best == gs.grad_waiters.end()) break;
-      int64_t t = best->first;
-      auto rp = best->second;
-      gs.grad_waiters.erase(best);
-      gs.writer_active = true;
-      rp.deliver(GradGrant{gs.g.group, t, gs.grads_done[t] == 0});
-    }
   };
-
-  auto pump = [self](GroupState& gs) { self->state.pump(gs); };
-
-  auto group = [self](int g) -> GroupState& {
-    auto it = self->state.groups.find(g);
-    if (it == self->state.groups.end())
-      throw std::logic_error(fmt::format("optimizer shard does not own group {}", g));
-    return it->second;
+  auto drive = [self, execute](int g) {
+    std::vector<ShardAction> acts;
+    self->state.rules->pump(g, acts);
+    (*execute)(acts);
+  };
+  auto drive_all = [self, drive] {
+    for (int g : self->state.rules->groups()) drive(g);
   };
 
   return {
       [=](JobDone& d) {
         auto& st = self->state;
-        auto it = st.on_job_done.find(d.token);
-        if (it == st.on_job_done.end()) return;
-        auto fn = std::move(it->second);
-        st.on_job_done.erase(it);
-        if (!d.error.empty()) throw std::runtime_error("optimizer shard: " + d.error);
-        fn();
+        if (opt.progress) opt.progress->tick();
+        st.job_start.erase(d.group);
+        if (!d.error.empty()) {
+          const ShardJob* j = st.rules->running_job(d.group);
+          throw std::runtime_error(fmt::format("{}: {} of group {} failed: {}", name,
+                                               j ? describe(*j) : std::string("a job"), d.group, d.error));
+        }
+        std::vector<ShardAction> acts;
+        st.rules->job_done(d.group, d.sumsq, acts);
+        (*execute)(acts);
       },
-      [=](AcquireWeights& a) {
-        auto& gs = group(a.group);
-        auto rp = self->make_response_promise();
-        gs.weight_waiters.emplace_back(a.step, rp);
-        pump(gs);
+      [=](AcquireWeights& a) -> caf::result<WeightsGranted> {
+        auto rp = self->make_response_promise<WeightsGranted>();
+        const uint64_t ticket = self->state.next_ticket++;
+        self->state.rules->request_weights(a.group, a.step, ticket);
+        self->state.weight_requests.emplace(ticket, rp);
+        drive(a.group);
         return rp;
       },
       [=](ReleaseWeights& r) {
-        auto& gs = group(r.group);
-        gs.uploads_done[r.step] += 1;
-        pump(gs);
+        self->state.rules->weights_released(r.group, r.step);
+        drive(r.group);
       },
-      [=](AcquireGradSlot& a) {
-        auto& gs = group(a.group);
-        auto rp = self->make_response_promise();
-        gs.grad_waiters.emplace_back(a.step, rp);
-        pump(gs);
+      [=](AcquireGradSlot& a) -> caf::result<GradGrant> {
+        auto rp = self->make_response_promise<GradGrant>();
+        const uint64_t ticket = self->state.next_ticket++;
+        self->state.rules->request_grad_slot(a.group, a.step, ticket);
+        self->state.grad_requests.emplace(ticket, rp);
+        drive(a.group);
         return rp;
       },
       [=](GradWritten& w) {
-        auto& gs = group(w.group);
-        gs.writer_active = false;
-        gs.grads_done[w.step] += 1;
-        pump(gs);
+        self->state.rules->grad_written(w.group, w.step);
+        drive(w.group);
       },
       [=](CloseStep& c) {
-        self->state.closed[c.step] = StepInfo{c.passes, c.grad_scale, c.lr, c.uploads, c.grads};
-        for (auto& [g, gs] : self->state.groups) pump(gs);
+        self->state.rules->close_step(c.step, ClosedStep{c.passes, c.grad_scale, c.lr, c.uploads, c.grads});
+        drive_all();
       },
       [=](StepScale& sc) {
         // Every group of the step was waiting for this scalar; the order they now update in
@@ -330,41 +252,29 @@ caf::behavior shard_impl(caf::stateful_actor<ShardState>* self, std::vector<Shar
         //    (what rule 4 does without clipping); the next uploads of these weights are an
         //    iteration later;
         //  - sync: the next iteration's forward needs the weights first: ascending groups.
-        auto& st = self->state;
-        st.scales[sc.step] = sc;
-        std::vector<int> order;
-        if (s > 0) order = std::move(st.completed[sc.step]);
-        st.completed.erase(st.completed.begin(), st.completed.upper_bound(sc.step));
-        for (auto& [g, gs] : st.groups)
-          if (std::find(order.begin(), order.end(), g) == order.end()) order.push_back(g);
-        int64_t oldest = sc.step;
-        for (int g : order) {
-          auto& gs = st.groups.at(g);
-          pump(gs);
-          oldest = std::min(oldest, gs.updated + 1);
-        }
-        st.scales.erase(st.scales.begin(), st.scales.lower_bound(oldest));
+        for (int g : self->state.rules->scale_arrived(sc.step, sc.skip, sc.grad_scale)) drive(g);
+        self->state.rules->forget_scales(sc.step);
       },
       [=](ResumeAt& r) -> caf::result<Ack> {
         // a resumed run: version r.step-1 is in the fp32 master, version r.step-1-s in the
         // low-precision copy (loaded by the Session), every upload before r.step done
-        for (auto& [g, gs] : self->state.groups) {
-          if (gs.updated != -1 || !gs.uploads_done.empty() || !gs.grads_done.empty() || !gs.weight_waiters.empty() ||
-              !gs.grad_waiters.empty())
-            return caf::make_error(caf::sec::invalid_argument);
-          gs.updated = r.step - 1;
-          gs.published = std::max<int64_t>(r.step - 1 - s, -1);
-          gs.uploads_complete_through = r.step - 1;
-          gs.sumsq_sent = r.step - 1;
-        }
+        if (!self->state.rules->resume_at(r.step)) return caf::make_error(caf::sec::invalid_argument);
         return Ack{};
+      },
+      [=](GetStatus) -> caf::result<StatusReport> {
+        auto& st = self->state;
+        std::string text = name + ": " + st.rules->describe();
+        const auto now = std::chrono::steady_clock::now();
+        for (auto& [g, t0] : st.job_start)
+          text += fmt::format(" (group {}'s job running for {:.1f} s)", g, std::chrono::duration<double>(now - t0).count());
+        return StatusReport{text};
       },
       [=](Shutdown) { self->quit(); },
   };
 }
 
-caf::actor spawn_optimizer_shard(caf::actor_system& sys, std::vector<ShardGroup> groups, ParamStore* store,
-                                 ShardOptions opt, caf::actor scheduler) {
+ShardActor spawn_optimizer_shard(caf::actor_system& sys, std::vector<ShardGroup> groups, ParamStore* store,
+                                 ShardOptions opt, SchedulerActor scheduler) {
   if (!opt.detached) return sys.spawn(shard_impl, std::move(groups), store, opt, std::move(scheduler));
   return sys.spawn<caf::detached>(shard_impl, std::move(groups), store, opt, std::move(scheduler));
 }

@@ -1,5 +1,6 @@
 #include "actors/scheduler_actor.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -7,12 +8,13 @@
 
 #include <fmt/format.h>
 
-#include "actors/messages.hpp"
 #include "model/layout.hpp"
 #include "scheduler/group_plan.hpp"
 
 namespace rp {
 namespace {
+
+using Clock = std::chrono::steady_clock;
 
 struct StepInfo {
   int64_t passes_submitted = 0;
@@ -27,9 +29,9 @@ struct StepInfo {
   bool closed = false, done = false;
   float loss_scale = 1.f;  ///< the scale every pass of the step runs its backward with
   StepDecision decision;   ///< guarded steps
-  std::chrono::steady_clock::time_point t_first;
+  Clock::time_point t_first;
   double seconds = 0;
-  std::vector<caf::response_promise> waiters;
+  std::vector<caf::typed_response_promise<StepResult>> waiters;
 };
 
 struct PassInfo {
@@ -41,7 +43,8 @@ struct PassInfo {
 
 struct SchedState {
   SchedulerConfig cfg;
-  std::vector<caf::actor> workers, shards;
+  std::vector<WorkerActor> workers;
+  std::vector<ShardActor> shards;
   std::vector<int> free_slots;
   std::deque<SubmitPass> pending;
   std::map<int64_t, PassInfo> passes;
@@ -55,8 +58,19 @@ struct SchedState {
   std::vector<std::string> replan_log;
   /// Loss scaling: the scale of step t, known once step t-1-staleness is decided.
   std::map<int64_t, float> scale_for_step;
+  // watchdog
+  RunProgress own_progress;       ///< used when cfg.progress is null
+  uint64_t last_progress = 0;     ///< the progress count when it last moved
+  Clock::time_point last_change;  ///< when it last moved (or the run became busy)
+  bool gathering = false;         ///< a watchdog report is being collected
   static inline const char* name = "scheduler";
 };
+
+using SchedPointer = SchedulerActor::stateful_pointer<SchedState>;
+
+RunProgress& progress(SchedPointer self) {
+  return self->state.cfg.progress ? *self->state.cfg.progress : self->state.own_progress;
+}
 
 StepResult result_of(int64_t step, const StepInfo& s, const std::string& err) {
   StepResult r{step, s.loss_sum, s.loss_count, s.seconds, err};
@@ -66,15 +80,137 @@ StepResult result_of(int64_t step, const StepInfo& s, const std::string& err) {
   return r;
 }
 
+/// The run fails with `what` (the first failure wins): every waiter gets it, now and later.
+void fail(SchedPointer self, const std::string& what) {
+  auto& st = self->state;
+  if (!st.failed.empty()) return;
+  st.failed = what;
+  for (auto& [k, si] : st.steps) {
+    for (auto& w : si.waiters) w.deliver(result_of(k, si, st.failed));
+    si.waiters.clear();
+  }
+}
+
+/// Work in flight: passes submitted and not done, or steps closed and not applied.
+bool busy(SchedPointer self) {
+  auto& st = self->state;
+  if (!st.pending.empty() || !st.passes.empty()) return true;
+  for (auto& [k, si] : st.steps)
+    if (si.close_requested && !si.done) return true;
+  return false;
+}
+
+/// The scheduler's part of a status line: steps not applied, passes in flight or queued.
+std::string describe_steps(SchedPointer self) {
+  auto& st = self->state;
+  std::vector<std::string> out;
+  for (auto& [k, si] : st.steps) {
+    if (si.done) continue;
+    std::vector<std::string> passes;
+    for (auto& [p, pi] : st.passes)
+      if (pi.step == k) passes.push_back(fmt::format("pass {} {}/{} stages done", p, pi.stages_done, pi.stages));
+    const int64_t queued = si.passes_submitted - si.passes_dealt;
+    if (queued > 0) passes.push_back(fmt::format("{} pass(es) waiting for a pass slot or the step's loss scale", queued));
+    out.push_back(fmt::format("step {}{}: {}{}, {} of {} groups updated", k, si.close_requested ? "" : " (open)",
+                              passes.empty() ? std::string("all passes done") : fmt::format("{}", fmt::join(passes, ", ")),
+                              si.closed ? std::string() : std::string(" (not closed towards the shards yet)"),
+                              si.groups_updated, st.cfg.num_groups));
+  }
+  if (!st.failed.empty()) out.push_back("failed: " + st.failed);
+  return out.empty() ? "nothing in flight" : fmt::format("{}", fmt::join(out, "; "));
+}
+
+/// Asks every worker and shard for its status and calls `done` with the whole line.
+void gather_status(SchedPointer self, std::string header, std::function<void(const std::string&)> done) {
+  auto& st = self->state;
+  struct Gather {
+    std::vector<std::string> parts;
+    size_t left = 0;
+    std::function<void(const std::string&)> done;
+    void set(size_t i, std::string s) {
+      parts[i] = std::move(s);
+      if (--left == 0) done(fmt::format("{}", fmt::join(parts, " | ")));
+    }
+  };
+  auto g = std::make_shared<Gather>();
+  g->parts.push_back(std::move(header) + describe_steps(self));
+  g->parts.resize(1 + st.workers.size() + st.shards.size());
+  g->left = st.workers.size() + st.shards.size();
+  g->done = std::move(done);
+  if (g->left == 0) return g->done(g->parts[0]);
+  const auto timeout = std::chrono::seconds(2);
+  for (size_t i = 0; i < st.workers.size(); ++i)
+    self->request(st.workers[i], timeout, GetStatus{})
+        .then([g, i](StatusReport& r) { g->set(1 + i, std::move(r.text)); },
+              [g, i](caf::error& e) { g->set(1 + i, fmt::format("worker {}: no answer ({})", i, error_text(e))); });
+  for (size_t i = 0; i < st.shards.size(); ++i) {
+    const size_t k = 1 + st.workers.size() + i;
+    self->request(st.shards[i], timeout, GetStatus{})
+        .then([g, k](StatusReport& r) { g->set(k, std::move(r.text)); },
+              [g, k, i](caf::error& e) { g->set(k, fmt::format("optimizer shard {}: no answer ({})", i, error_text(e))); });
+  }
+}
+
+/// One watchdog check; schedules the next one.
+void watchdog_tick(SchedPointer self) {
+  auto& st = self->state;
+  const double period = st.cfg.watchdog_s;
+  const auto every = std::chrono::microseconds(int64_t(std::clamp(period / 4, 0.01, 5.0) * 1e6));
+  self->delayed_send(self, every, WatchdogTick{});
+  const auto now = Clock::now();
+  const uint64_t count = progress(self).count();
+  if (count != st.last_progress || !busy(self) || !st.failed.empty()) {
+    st.last_progress = count;
+    st.last_change = now;
+    return;
+  }
+  const double idle = std::chrono::duration<double>(now - st.last_change).count();
+  if (idle < period || st.gathering) return;
+  st.last_change = now;  // the next line after another period without progress
+  st.gathering = true;
+  gather_status(self, fmt::format("watchdog: no progress for {:.0f} s; waiting for: ", idle),
+                [self](const std::string& line) {
+                  self->state.gathering = false;
+                  if (self->state.cfg.warn) self->state.cfg.warn(line);
+                });
+}
+
 }  // namespace
 
-caf::behavior scheduler_impl(caf::stateful_actor<SchedState>* self, SchedulerConfig cfg) {
+SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig cfg) {
   self->state.cfg = std::move(cfg);
   if (self->state.cfg.guard) self->state.norms = std::make_unique<StepNormReducer>(self->state.cfg.num_groups);
   for (int i = int(self->state.cfg.pass_slots.size()) - 1; i >= 0; --i) self->state.free_slots.push_back(i);
   self->state.plan = std::make_shared<const IterationPlan>(self->state.cfg.plan);
   if (auto* ls = self->state.cfg.loss_scaler)
     for (int64_t t = 0; t <= self->state.cfg.staleness; ++t) self->state.scale_for_step[t] = ls->scale();
+  self->state.last_change = Clock::now();
+  if (self->state.cfg.watchdog_s > 0) self->send(self, WatchdogTick{});
+
+  // An exception in a handler fails the run (every waiter hears of it) and ends the scheduler.
+  self->set_exception_handler([self](std::exception_ptr& x) -> caf::error {
+    std::string what = "scheduler: unknown exception";
+    try {
+      std::rethrow_exception(x);
+    } catch (const std::exception& e) {
+      what = std::string("scheduler: ") + e.what();
+    } catch (...) {
+    }
+    fail(self, what);
+    return caf::make_error(caf::sec::runtime_error, what);
+  });
+  // A worker or shard that goes down with an error fails the run.
+  self->set_down_handler([self](caf::down_msg& d) {
+    if (d.reason == caf::exit_reason::normal || d.reason == caf::exit_reason::user_shutdown) return;
+    auto& st = self->state;
+    std::string who = "an actor";
+    for (size_t i = 0; i < st.workers.size(); ++i)
+      if (d.source == st.workers[i].address()) who = fmt::format("worker {}", i);
+    for (size_t i = 0; i < st.shards.size(); ++i)
+      if (d.source == st.shards[i].address()) who = fmt::format("optimizer shard {}", i);
+    const std::string text = error_text(d.reason);
+    fail(self, text.rfind(who, 0) == 0 ? text : fmt::format("{} stopped: {}", who, text));
+  });
 
   auto finish_step_if_done = [self](int64_t step) {
     auto& st = self->state;
@@ -84,7 +220,7 @@ caf::behavior scheduler_impl(caf::stateful_actor<SchedState>* self, SchedulerCon
     if (si.done || !si.closed || si.groups_updated < st.cfg.num_groups || si.passes_done < si.passes_submitted)
       return;
     si.done = true;
-    si.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - si.t_first).count();
+    si.seconds = std::chrono::duration<double>(Clock::now() - si.t_first).count();
     for (auto& w : si.waiters) w.deliver(result_of(step, si, ""));
     si.waiters.clear();
   };
@@ -139,7 +275,7 @@ caf::behavior scheduler_impl(caf::stateful_actor<SchedState>* self, SchedulerCon
       try {
         pb->ensure_boundaries(plan, st.cfg.on_new_host_buffer);
       } catch (const std::exception& e) {
-        self->send(self, Failure{std::string("scheduler: host buffers for the new plan: ") + e.what()});
+        fail(self, std::string("scheduler: host buffers for the new plan: ") + e.what());
         return;
       }
       const size_t T = size_t(pb->shape.tokens());
@@ -177,13 +313,16 @@ caf::behavior scheduler_impl(caf::stateful_actor<SchedState>* self, SchedulerCon
 
   return {
       [=](SetPeers& p) {
-        self->state.workers = std::move(p.workers);
-        self->state.shards = std::move(p.shards);
+        auto& st = self->state;
+        st.workers = std::move(p.workers);
+        st.shards = std::move(p.shards);
+        for (auto& w : st.workers) self->monitor(w);
+        for (auto& s : st.shards) self->monitor(s);
       },
       [=](SubmitPass& sp) {
         auto& st = self->state;
         auto& si = st.steps[sp.step];
-        if (si.passes_submitted == 0) si.t_first = std::chrono::steady_clock::now();
+        if (si.passes_submitted == 0) si.t_first = Clock::now();
         si.passes_submitted++;
         for (int32_t t : *sp.targets) si.tokens += t >= 0;
         st.pending.push_back(std::move(sp));
@@ -197,6 +336,7 @@ caf::behavior scheduler_impl(caf::stateful_actor<SchedState>* self, SchedulerCon
       },
       [=](StageDone& d) {
         auto& st = self->state;
+        progress(self).tick();
         auto it = st.passes.find(d.pass);
         if (it == st.passes.end()) return;
         auto& si = st.steps[it->second.step];
@@ -240,7 +380,7 @@ caf::behavior scheduler_impl(caf::stateful_actor<SchedState>* self, SchedulerCon
           // a sample the profile rejects (layer out of range, non-finite time) is dropped
         }
       },
-      [=](GetRuntimeInfo) {
+      [=](GetRuntimeInfo) -> caf::result<RuntimeInfo> {
         auto& st = self->state;
         RuntimeInfo info;
         if (st.cfg.replanner) info.profile = st.cfg.replanner->profile();
@@ -250,6 +390,7 @@ caf::behavior scheduler_impl(caf::stateful_actor<SchedState>* self, SchedulerCon
         return info;
       },
       [=](GroupUpdated& g) {
+        progress(self).tick();
         self->state.steps[g.step].groups_updated++;
         finish_step_if_done(g.step);
       },
@@ -258,18 +399,16 @@ caf::behavior scheduler_impl(caf::stateful_actor<SchedState>* self, SchedulerCon
         auto& si = st.steps[w.step];
         if (!st.failed.empty()) return result_of(w.step, si, st.failed);
         if (si.done) return result_of(w.step, si, "");
-        auto rp = self->make_response_promise();
+        auto rp = self->make_response_promise<StepResult>();
         si.waiters.push_back(rp);
-        return caf::delegated<StepResult>{};
+        return rp;
       },
-      [=](Failure& f) {
-        auto& st = self->state;
-        if (!st.failed.empty()) return;
-        st.failed = f.what;
-        for (auto& [k, si] : st.steps) {
-          for (auto& w : si.waiters) w.deliver(result_of(k, si, st.failed));
-          si.waiters.clear();
-        }
+      [=](Failure& f) { fail(self, f.what); },
+      [=](WatchdogTick) { watchdog_tick(self); },
+      [=](GetStatus) -> caf::result<StatusReport> {
+        auto rp = self->make_response_promise<StatusReport>();
+        gather_status(self, "", [rp](const std::string& line) mutable { rp.deliver(StatusReport{line}); });
+        return rp;
       },
       [=](ResumeAt& r) -> caf::result<Ack> {
         auto& st = self->state;
@@ -281,7 +420,7 @@ caf::behavior scheduler_impl(caf::stateful_actor<SchedState>* self, SchedulerCon
         }
         return Ack{};
       },
-      [=](LossScalesFrom& q) {
+      [=](LossScalesFrom& q) -> caf::result<LossScales> {
         LossScales out;
         auto& m = self->state.scale_for_step;
         for (int64_t t = q.step; t <= q.step + self->state.cfg.staleness; ++t) {
@@ -299,7 +438,7 @@ caf::behavior scheduler_impl(caf::stateful_actor<SchedState>* self, SchedulerCon
   };
 }
 
-caf::actor spawn_scheduler(caf::actor_system& sys, SchedulerConfig cfg) {
+SchedulerActor spawn_scheduler(caf::actor_system& sys, SchedulerConfig cfg) {
   return sys.spawn(scheduler_impl, std::move(cfg));
 }
 

@@ -11,15 +11,26 @@
 // profile settled (automatic plans only), so a pass never mixes plans. Passes of one step
 // may run different plans: CloseStep carries the step's per-group upload and gradient
 // counts and is sent once every pass of the step has been dealt.
+//
+// Failures: the scheduler monitors every worker and shard; a Failure message, an actor that
+// goes down with an error, or an exception in its own handlers fails the run: every waiter
+// (WaitStep) gets the error at once, later ones too, and no pass is dealt any more.
+//
+// Watchdog (SchedulerConfig::watchdog_s): while passes or steps are in flight and the run's
+// progress count (actors/run_progress.hpp) has not moved for that long, it asks every worker
+// and shard what it waits for (GetStatus) and logs one line (`warn`): the steps and passes in
+// flight, each worker's stage task, micro-batches and outstanding copies, each shard's busy
+// and waiting groups; again after every further period without progress. GetStatus sent to
+// the scheduler answers the same line.
 #pragma once
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include <caf/all.hpp>
-
+#include "actors/messages.hpp"
 #include "actors/pass_buffers.hpp"
+#include "actors/run_progress.hpp"
 #include "optimizer/loss_scale.hpp"
 #include "scheduler/plan.hpp"
 #include "scheduler/replan.hpp"
@@ -50,34 +61,18 @@ struct SchedulerConfig {
   /// passes of step t are dispatched only once that scale is known (the weights they need
   /// wait for the same decision anyway).
   int staleness = 1;
+  /// Seconds without progress (while work is in flight) before the watchdog logs what the
+  /// run waits for; 0: no watchdog.
+  double watchdog_s = 0;
+  /// Receives the watchdog's line; may be empty (then nothing is logged).
+  std::function<void(const std::string&)> warn;
+  /// The run's progress count, bumped by the workers and shards (and the scheduler); may be
+  /// null (then only the scheduler's own events count).
+  RunProgress* progress = nullptr;
 };
 
 /// Spawns the scheduler. Wire workers and shards with SetPeers before submitting.
-caf::actor spawn_scheduler(caf::actor_system& sys, SchedulerConfig cfg);
-
-struct SetPeers {
-  std::vector<caf::actor> workers;
-  std::vector<caf::actor> shards;
-};
-/// Session -> scheduler: close step `step` with its learning rate (passes are counted
-/// by the scheduler; the gradient scale is 1 / target tokens of all its passes).
-struct CloseStepRequest {
-  int64_t step = 0;
-  double lr = 0;
-};
-
-/// Session -> scheduler (request): a snapshot of the profile and the plan in use.
-struct GetRuntimeInfo {};
-struct RuntimeInfo {
-  Profile profile;
-  IterationPlan plan;    ///< the plan the next pass will be dealt with
-  int64_t replans = 0;   ///< times the plan was changed
-  std::vector<std::string> replan_log;  ///< the re-planning lines logged so far
-};
+SchedulerActor spawn_scheduler(caf::actor_system& sys, SchedulerConfig cfg);
 
 }  // namespace rp
 
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::GetRuntimeInfo)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::RuntimeInfo)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::SetPeers)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::CloseStepRequest)

@@ -32,6 +32,10 @@ static size_t host_available_bytes() {
 
 namespace {
 
+/// Testing only: failures injected into sessions built without SessionInternals (a Trainer's).
+std::mutex g_faults_mu;
+FaultInjection g_faults;
+
 std::unique_ptr<Device> make_device(const std::string& backend, int i, const DeviceOptions& d) {
   if (backend == "cpu") return make_cpu_device(i, d);
   if (backend == "cuda") {
@@ -61,8 +65,26 @@ DeviceModel default_device_model(const std::string& backend, const DeviceOptions
 
 }  // namespace
 
+ScopedFaultInjection::ScopedFaultInjection(FaultInjection f) {
+  std::lock_guard lk(g_faults_mu);
+  g_faults = std::move(f);
+}
+ScopedFaultInjection::~ScopedFaultInjection() {
+  std::lock_guard lk(g_faults_mu);
+  g_faults = FaultInjection{};
+}
+
+namespace {
+SessionInternals default_internals() {
+  SessionInternals in;
+  std::lock_guard lk(g_faults_mu);
+  in.faults = g_faults;
+  return in;
+}
+}  // namespace
+
 Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, SessionOptions opt)
-    : Session(layout, std::move(w), std::move(opt), SessionInternals{}) {}
+    : Session(layout, std::move(w), std::move(opt), default_internals()) {}
 
 Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, SessionOptions opt,
                  const SessionInternals& internals)
@@ -170,6 +192,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
   }
 
   I.cfg = std::make_unique<caf::actor_system_config>();
+  register_protocol(*I.cfg);
   I.sys = std::make_unique<caf::actor_system>(*I.cfg);
 
   if (opt.loss_scaling) {
@@ -207,6 +230,12 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
   sc.on_new_host_buffer = [impl = &I](HostBytes& b) { impl->pin(b); };
   sc.log = log;
   sc.staleness = opt.async ? 1 : 0;
+  if (!(opt.watchdog_s >= 0))
+    throw std::invalid_argument(fmt::format("watchdog_s must be >= 0 (0: off), got {}", opt.watchdog_s));
+  sc.watchdog_s = opt.watchdog_s;
+  sc.warn = opt.watchdog_log;
+  if (!sc.warn) sc.warn = [](const std::string& line) { spdlog::warn("{}", line); };
+  sc.progress = &I.progress;
   for (int i = 0; i < opt.pass_slots; ++i)  // one worker runs stages in dealt order: passes share activations
     sc.pass_slots.push_back(std::make_shared<PassBuffers>(
         layout, I.plan, opt.micro_batches, opt.micro, dt,
@@ -241,15 +270,18 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
                                 ? opt.optimizer_threads
                                 : std::max(nsh, int(allowed_cpus().size()) / 2);
   const auto cpu_lists = cpus_for_pools(nsh, total_threads);
-  std::vector<caf::actor> shards;
+  std::vector<ShardActor> shards;
   for (int s = 0; s < nsh; ++s) {
     ShardOptions so{opt.async ? 1 : 0, opt.adam};
     so.threads = int(cpu_lists[size_t(s)].size());
     if (opt.pin_optimizer_threads) so.cpus = cpu_lists[size_t(s)];
     so.guard = guard;
+    so.index = s;
+    so.progress = &I.progress;
+    so.faults = internals.faults;
     shards.push_back(spawn_optimizer_shard(*I.sys, std::move(owned[s]), I.store.get(), so, I.scheduler));
   }
-  std::vector<caf::actor> workers;
+  std::vector<WorkerActor> workers;
   for (int i = 0; i < opt.workers; ++i) {
     WorkerContext ctx;
     ctx.index = i;
@@ -266,9 +298,12 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
     ctx.transfer.chunk_bytes = opt.transfer_chunk_bytes;
     ctx.transfer.bulk_inflight = opt.transfer_bulk_inflight;
     ctx.memory_events = &I.memory_events;
+    ctx.progress = &I.progress;
+    ctx.faults = internals.faults;
     workers.push_back(spawn_worker(*I.sys, std::move(ctx)));
   }
   I.shards = shards;
+  I.workers = workers;
   caf::anon_send(I.scheduler, SetPeers{workers, shards});
 }
 
@@ -309,25 +344,69 @@ int64_t Session::step(double lr) {
 }
 
 StepResult Session::wait(int64_t t) {
-  Impl& I = *impl_;
-  if (t < I.first_step || t >= I.current_step)
+  StepResult r = *impl_->wait_step(t, -1);
+  impl_->waited_through = std::max(impl_->waited_through, t);
+  return r;
+}
+
+std::optional<StepResult> Session::wait_for(int64_t t, double seconds) {
+  if (!(seconds >= 0)) throw std::invalid_argument(fmt::format("wait_for: seconds must be >= 0, got {}", seconds));
+  std::optional<StepResult> r = impl_->wait_step(t, seconds);
+  if (r) impl_->waited_through = std::max(impl_->waited_through, t);
+  return r;
+}
+
+std::optional<StepResult> Session::Impl::wait_step(int64_t t, double seconds) const {
+  if (t < first_step || t >= current_step)
     throw std::invalid_argument(
-        I.first_step > 0 ? fmt::format("wait({}): this session resumed at step {}; steps {}..{} are closed", t,
-                                       I.first_step, I.first_step, I.current_step - 1)
-                         : fmt::format("wait({}): only steps 0..{} are closed", t, I.current_step - 1));
-  caf::scoped_actor self{*I.sys};
-  StepResult out;
+        first_step > 0 ? fmt::format("wait({}): this session resumed at step {}; steps {}..{} are closed", t,
+                                     first_step, first_step, current_step - 1)
+                       : fmt::format("wait({}): only steps 0..{} are closed", t, current_step - 1));
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = seconds < 0 ? Clock::time_point::max()
+                                    : Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                         std::chrono::duration<double>(seconds));
+  caf::scoped_actor self{*sys};
+  self->monitor(scheduler);
+  self->send(scheduler, WaitStep{t});  // the answer comes back as an ordinary message
+  std::optional<StepResult> out;
   std::string err;
-  self->request(I.scheduler, caf::infinite, WaitStep{t})
-      .receive([&](StepResult& r) { out = std::move(r); }, [&](caf::error& e) { err = to_string(e); });
-  if (!err.empty()) throw RuntimeFailure("runtime: " + err);
-  if (!out.error.empty()) throw RuntimeFailure(out.error);
-  I.waited_through = std::max(I.waited_through, t);
+  bool done = false;
+  while (!done) {
+    const auto left = deadline - Clock::now();
+    const auto slice = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::clamp<Clock::duration>(left, Clock::duration::zero(), std::chrono::seconds(1)));
+    self->receive(
+        [&](StepResult& r) {
+          out = std::move(r);
+          done = true;
+        },
+        [&](caf::down_msg& d) {
+          err = "runtime: the scheduler stopped: " + error_text(d.reason);
+          done = true;
+        },
+        [&](caf::error& e) {
+          err = "runtime: " + error_text(e);
+          done = true;
+        },
+        caf::after(slice) >> [&] { done = Clock::now() >= deadline; });
+  }
+  if (!err.empty()) throw RuntimeFailure(err);
+  if (out && !out->error.empty()) throw RuntimeFailure(out->error);
   return out;
 }
 
 void Session::synchronize() {
   for (int64_t t = impl_->waited_through + 1; t < impl_->current_step; ++t) wait(t);
+}
+
+std::string Session::status() const {
+  caf::scoped_actor self{*impl_->sys};
+  std::string out, err;
+  self->request(impl_->scheduler, std::chrono::seconds(10), GetStatus{})
+      .receive([&](StatusReport& r) { out = std::move(r.text); }, [&](caf::error& e) { err = error_text(e); });
+  if (!err.empty()) throw RuntimeFailure("runtime: " + err);
+  return out;
 }
 
 const std::vector<std::vector<float>>& Session::master_weights() const { return impl_->master; }

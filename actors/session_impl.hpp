@@ -6,13 +6,14 @@
 #include <string>
 #include <vector>
 
-#include <caf/all.hpp>
+#include <optional>
 
 #include "actors/messages.hpp"
 #include "actors/pass_buffers.hpp"
+#include "actors/run_progress.hpp"
 #include "actors/scheduler_actor.hpp"
-#include "trace/tracer.hpp"
 #include "actors/worker.hpp"
+#include "trace/tracer.hpp"
 #include "optimizer/adamw.hpp"
 #include "optimizer/loss_scale.hpp"
 #include "roundpipe/session.hpp"
@@ -31,10 +32,12 @@ struct Session::Impl {
   std::unique_ptr<Tracer> tracer;
   std::vector<std::unique_ptr<Device>> devices;  // destroyed after the actor system
   MemoryEventCounters memory_events;             // the workers count into it
+  RunProgress progress;                          // the actors count into it (watchdog)
   std::unique_ptr<caf::actor_system_config> cfg;
   std::unique_ptr<caf::actor_system> sys;
-  caf::actor scheduler;
-  std::vector<caf::actor> shards;
+  SchedulerActor scheduler;
+  std::vector<WorkerActor> workers;
+  std::vector<ShardActor> shards;
   int64_t current_step = 0;
   int64_t first_step = 0;  // > 0 after load_optimizer_state: steps before it ran elsewhere
   int64_t passes_in_step = 0;
@@ -55,11 +58,18 @@ struct Session::Impl {
 
   ~Impl() {
     if (sys) {
+      // Work may still be in flight (a failed or stopped run): it must not hold the teardown,
+      // so copies on the CPU backend's emulated link stop waiting for it.
+      for (auto& d : devices) d->interrupt();
+      // Everyone gets Shutdown from here too: a scheduler that died cannot relay it.
       caf::anon_send(scheduler, Shutdown{});
+      for (auto& w : workers) caf::anon_send(w, Shutdown{});
+      for (auto& s : shards) caf::anon_send(s, Shutdown{});
       sys->await_all_actors_done();
       // drop our handles first: a detached actor's thread ends only once its last
       // reference is gone, and ~actor_system waits for those threads
       shards.clear();
+      workers.clear();
       scheduler = nullptr;
       sys.reset();
     }
@@ -80,10 +90,15 @@ struct Session::Impl {
     RuntimeInfo out;
     std::string err;
     self->request(scheduler, caf::infinite, GetRuntimeInfo{})
-        .receive([&](RuntimeInfo& r) { out = std::move(r); }, [&](caf::error& e) { err = to_string(e); });
+        .receive([&](RuntimeInfo& r) { out = std::move(r); }, [&](caf::error& e) { err = error_text(e); });
     if (!err.empty()) throw RuntimeFailure("runtime: " + err);
     return out;
   }
+
+  /// Step t's result, waiting at most `seconds` (< 0: as long as it takes): nullopt on
+  /// timeout. Watches the scheduler while it waits: a scheduler that went down throws
+  /// RuntimeFailure naming its exit reason instead of leaving the caller hanging.
+  std::optional<StepResult> wait_step(int64_t t, double seconds) const;
 };
 
 }  // namespace rp

@@ -23,13 +23,13 @@ bool same_except_lr(const AdamWOptions& a, const AdamWOptions& b) {
 }
 
 /// Asks `who` (scheduler or shard) and waits for the answer; throws std::runtime_error.
-template <class Reply, class Msg>
-Reply ask(caf::actor_system& sys, const caf::actor& who, Msg msg, const char* what) {
+template <class Reply, class Handle, class Msg>
+Reply ask(caf::actor_system& sys, const Handle& who, Msg msg, const char* what) {
   caf::scoped_actor self{sys};
   Reply out{};
   std::string err;
   self->request(who, caf::infinite, std::move(msg))
-      .receive([&](Reply& r) { out = std::move(r); }, [&](caf::error& e) { err = to_string(e); });
+      .receive([&](Reply& r) { out = std::move(r); }, [&](caf::error& e) { err = error_text(e); });
   if (!err.empty()) throw std::runtime_error(fmt::format("{}: the runtime refused it ({})", what, err));
   return out;
 }

@@ -5,6 +5,7 @@
 #include <optional>
 #include <vector>
 
+#include "actors/fault_injection.hpp"
 #include "optimizer/adamw.hpp"
 #include "optimizer/loss_scale.hpp"
 #include "roundpipe/session.hpp"
@@ -24,6 +25,18 @@ struct SessionInternals {
   /// initial automatic plan. Default: DeviceModel{} (an H200) on CUDA, a few-core CPU on the
   /// CPU backend; elem_bytes follow the compute dtype, pcie_bandwidth the CPU-backend throttle.
   std::optional<DeviceModel> device_model;
+  /// Make one device op, copy or optimizer job throw (actors/fault_injection.hpp).
+  FaultInjection faults;
+};
+
+/// While alive, sessions built through the public constructor (e.g. by rp::Trainer) get
+/// these injected failures. One at a time; tests only.
+class ScopedFaultInjection {
+ public:
+  explicit ScopedFaultInjection(FaultInjection f);
+  ~ScopedFaultInjection();
+  ScopedFaultInjection(const ScopedFaultInjection&) = delete;
+  ScopedFaultInjection& operator=(const ScopedFaultInjection&) = delete;
 };
 
 /// SessionOptions plus the test knobs.

@@ -21,7 +21,7 @@ void allocate_work(const WorkerContext& ctx, Task& t) {
   for (int g : t.grad_groups) t.dgrad.emplace(g, DeviceBuffer(d, size_t(m.groups[g].numel) * gsz));
   if (scratch > 0) t.scratch = DeviceBuffer(d, scratch);
   for (int j = 0; j < 2 && j < t.M; ++j)
-    if (!t.slot_ready[j]) allocate_slot(ctx, t, j);
+    if (!t.progress.holds_slot(j)) allocate_slot(ctx, t, j);
   const int temporaries = stage_temporaries(kind, int(t.layers.size()));
   for (int i = 0; i < temporaries; ++i) t.tmp[i] = DeviceBuffer(d, act);
   // Gradient accumulators start at zero for every stage task.
@@ -62,7 +62,7 @@ void allocate_slot(const WorkerContext& ctx, Task& t, int j) {
     s.attn_lse.push_back(dec ? DeviceBuffer(d, T * size_t(c.num_attention_heads) * sizeof(float)) : DeviceBuffer());
   }
   t.slot[j] = std::move(s);
-  t.slot_ready[j] = true;
+  t.progress.hold_slot(j);
 }
 
 LayerArgs layer_args(const WorkerContext& ctx, const Task& t, int layer, const Slot& s) {

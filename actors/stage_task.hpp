@@ -1,5 +1,5 @@
 // A stage task as a worker holds it (actors/worker.cpp): the stage of one pass, its device
-// buffers and its per-micro-batch progress, plus the pieces of the worker that only read
+// buffers and its per-micro-batch progress (scheduler/stage_progress.hpp: the rules), plus the pieces of the worker that only read
 // the task and the worker's context: allocating its buffers and building its layer calls.
 #pragma once
 #include <chrono>
@@ -10,9 +10,10 @@
 
 #include "actors/layer_timer.hpp"
 #include "actors/messages.hpp"
-#include "scheduler/upload_windows.hpp"
 #include "actors/worker.hpp"
 #include "kernels/device.hpp"
+#include "scheduler/stage_progress.hpp"
+#include "scheduler/upload_windows.hpp"
 
 namespace rp {
 
@@ -35,21 +36,16 @@ struct Task {
   std::shared_ptr<UploadWindows> uploads;  ///< the weights' chunks and windows (upload_windows.hpp)
   DeviceBuffer scratch, tmp[2];
   Slot slot[2];
-  bool slot_ready[2] = {false, false};  ///< slot allocated (early start may do it before the task is current)
+  /// Which micro-batches are uploaded, computed, downloaded, and which slots the task holds
+  /// (allocated; early start may hand it one before it is current).
+  StageProgress progress;
   bool work_ready = false;  ///< allocate_work done (a start refused for memory waits without it)
   int64_t M = 0;
   int params_pending = 0;
-  int64_t next_up = 0, next_comp = 0;
-  std::vector<int> up_pending, down_pending;  ///< copies outstanding per micro-batch
-  std::vector<char> uploaded, computed, downloaded;
-  int64_t n_downloaded = 0;
   int grads_pending = 0;
   double t_start = 0;
   std::chrono::steady_clock::time_point wall_start;
 };
-
-/// The last micro-batch m with m % 2 == j (-1 when t has none).
-inline int64_t last_in_slot(const Task& t, int j) { return t.M > j ? (t.M - 1 - j) / 2 * 2 + j : -1; }
 
 /// The buffers a task needs only while it computes: the gradient accumulators of
 /// t.grad_groups (zeroed on the compute stream), scratch for its largest layer (forward-only

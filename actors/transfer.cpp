@@ -1,9 +1,11 @@
 #include "actors/transfer.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <optional>
 #include <queue>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -11,25 +13,6 @@
 #include "actors/messages.hpp"
 #include "scheduler/chunk_plan.hpp"
 #include "trace/tracer.hpp"
-
-namespace rp {
-namespace {
-
-/// A chunk (or a whole copy) completed on the stream.
-struct StreamDone {
-  uint64_t id;
-  size_t chunk;
-  double t_done;  ///< tracer clock (0 without a tracer)
-  std::string error;
-};
-/// The arbiter lets a refused bulk actor go on.
-struct LinkIdle {};
-
-}  // namespace
-}  // namespace rp
-
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::StreamDone)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::LinkIdle)
 
 namespace rp {
 namespace {
@@ -66,14 +49,31 @@ struct TransferState {
   static inline const char* name = "transfer";
 };
 
+/// dst[i] += src[i] over a few host threads (the tied embedding's gradient slot is ~1 GiB).
+void parallel_add(float* dst, const float* src, int64_t n) {
+  const int nt = int(std::clamp<int64_t>(n >> 22, 1, std::max(1u, std::thread::hardware_concurrency() / 2)));
+  auto work = [=](int i) {
+    const int64_t a = n * i / nt, b = n * (i + 1) / nt;
+    for (int64_t j = a; j < b; ++j) dst[j] += src[j];
+  };
+  std::vector<std::thread> ts;
+  for (int i = 1; i < nt; ++i) ts.emplace_back(work, i);
+  work(0);
+  for (auto& th : ts) th.join();
+}
+
+using TransferPointer = TransferActor::stateful_pointer<TransferState>;
+
 class Transfer {
  public:
-  Transfer(caf::stateful_actor<TransferState>* self, Stream* stream, std::string name, TransferOptions opt)
+  Transfer(TransferPointer self, Stream* stream, std::string name, TransferOptions opt)
       : self_(self), stream_(stream), name_(std::move(name)), opt_(std::move(opt)) {}
 
   double now() const { return opt_.tracer ? opt_.tracer->now() : 0.0; }
 
   void enqueue(CopyRequest&& r) {
+    if (opt_.faults.fire_copy(FaultInjection::Site::transfer_handler, opt_.worker, r.what))
+      throw std::runtime_error(FaultInjection::what(name_ + ": request for the " + describe(r.what)));
     auto& st = self_->state;
     if (!opt_.bulk && opt_.arbiter) opt_.arbiter->activation_enqueued();
     st.queue.push(Pending{std::move(r), st.seq++, now()});
@@ -92,7 +92,7 @@ class Transfer {
         if (opt_.arbiter) {
           caf::actor_addr me = self_->address();
           if (!opt_.arbiter->try_bulk([me] {
-                if (auto a = caf::actor_cast<caf::actor>(me)) caf::anon_send(a, LinkIdle{});
+                if (auto a = caf::actor_cast<TransferActor>(me)) caf::anon_send(a, LinkIdle{});
               })) {
             st.awaiting_wake = true;
             return;
@@ -132,47 +132,54 @@ class Transfer {
     const CopyRequest& r = j.req;
     j.inflight++;
     st.chunks_inflight++;
-    if (r.dir == CopyDir::h2d)
+    if (k == 0 && opt_.faults.fire_copy(FaultInjection::Site::transfer, opt_.worker, r.what)) {
+      // the copy fails on the stream, as a device copy error would
+      stream_->launch([what = FaultInjection::what(name_ + ": copy of the " + describe(r.what))] {
+        throw std::runtime_error(what);
+      });
+    } else if (r.dir == CopyDir::h2d) {
       stream_->copy_h2d(static_cast<char*>(r.dst) + c.offset, static_cast<const char*>(r.src) + c.offset, c.bytes);
-    else
+    } else {
       stream_->copy_d2h(static_cast<char*>(r.dst) + c.offset, static_cast<const char*>(r.src) + c.offset, c.bytes);
+    }
     const double t_issue = now();
     const bool last = k + 1 == j.chunks.size();
     const size_t n = j.chunks.size();
-    auto me = caf::actor_cast<caf::actor>(self_);
-    std::function<void()> after = last ? r.after : std::function<void()>{};
+    auto me = caf::actor_cast<TransferActor>(self_);
+    const HostAccumulate acc = last ? r.accumulate : HostAccumulate{};
     auto failed = j.failed;
     auto arb = opt_.arbiter;
     const bool bulk = opt_.bulk;
     Tracer* tr = opt_.tracer;
     const double queued_us = (t_issue - j.t_ready) * 1e6;
     std::string name = name_;
+    // Runs on the stream's callback thread: whatever happens here, StreamDone goes out, so
+    // the copy never stays outstanding.
     stream_->then([=](const std::string& err) {
       std::string e = err;
-      if (!e.empty()) failed->store(true);
-      if (e.empty() && after && !failed->load()) {
-        try {
-          after();
-        } catch (const std::exception& ex) {
-          e = name + ": " + ex.what();
+      double t_done = 0.0;
+      try {
+        if (!e.empty()) failed->store(true);
+        if (e.empty() && acc.n > 0 && !failed->load()) parallel_add(acc.dst, acc.src, acc.n);
+        t_done = tr ? tr->now() : 0.0;
+        if (tr) {
+          std::vector<std::pair<std::string, double>> args{{"bytes", double(c.bytes)}, {"queued_us", queued_us}};
+          if (n > 1) {
+            args.emplace_back("chunk", double(k));
+            args.emplace_back("chunks", double(n));
+          }
+          tr->interval(name, n > 1 ? fmt::format("copy {} B ({}/{})", c.bytes, k + 1, n) : fmt::format("copy {} B", c.bytes),
+                       t_issue, t_done, std::move(args));
         }
-      }
-      const double t_done = tr ? tr->now() : 0.0;
-      if (tr) {
-        std::vector<std::pair<std::string, double>> args{{"bytes", double(c.bytes)}, {"queued_us", queued_us}};
-        if (n > 1) {
-          args.emplace_back("chunk", double(k));
-          args.emplace_back("chunks", double(n));
+        // Free the link before the actor hears of it: the bulk actor may go on at once.
+        if (arb) {
+          if (bulk)
+            arb->bulk_completed();
+          else
+            arb->activation_completed();
         }
-        tr->interval(name, n > 1 ? fmt::format("copy {} B ({}/{})", c.bytes, k + 1, n) : fmt::format("copy {} B", c.bytes),
-                     t_issue, t_done, std::move(args));
-      }
-      // Free the link before the actor hears of it: the bulk actor may go on at once.
-      if (arb) {
-        if (bulk)
-          arb->bulk_completed();
-        else
-          arb->activation_completed();
+      } catch (const std::exception& ex) {
+        if (e.empty()) e = name + ": " + ex.what();
       }
       caf::anon_send(me, StreamDone{id, k, t_done, std::move(e)});
     });
@@ -192,7 +199,7 @@ class Transfer {
       if (st.current == d.id) st.current.reset();
     }
     if (j.next == j.chunks.size() && j.inflight == 0) {
-      if (j.req.reply_to) self_->send(j.req.reply_to, CopyDone{j.req.token, std::move(j.error)});
+      if (j.req.reply_to) self_->send(j.req.reply_to, CopyDone{j.req.what, std::move(j.error)});
       st.jobs.erase(it);
     }
     pump();
@@ -204,15 +211,25 @@ class Transfer {
   }
 
  private:
-  caf::stateful_actor<TransferState>* self_;
+  TransferPointer self_;
   Stream* stream_;
   std::string name_;
   TransferOptions opt_;
 };
 
-caf::behavior transfer_impl(caf::stateful_actor<TransferState>* self, Stream* stream, std::string name,
-                            TransferOptions opt) {
-  auto t = std::make_shared<Transfer>(self, stream, std::move(name), std::move(opt));
+TransferActor::behavior_type transfer_impl(TransferPointer self, Stream* stream, std::string name,
+                                           TransferOptions opt) {
+  auto t = std::make_shared<Transfer>(self, stream, name, std::move(opt));
+  // an exception in a handler ends the actor with its text (the worker monitors it)
+  self->set_exception_handler([name](std::exception_ptr& x) -> caf::error {
+    try {
+      std::rethrow_exception(x);
+    } catch (const std::exception& e) {
+      return caf::make_error(caf::sec::runtime_error, name + ": " + e.what());
+    } catch (...) {
+      return caf::make_error(caf::sec::runtime_error, name + ": unknown exception");
+    }
+  });
   return {
       [t](CopyRequest& r) { t->enqueue(std::move(r)); },
       [t](StreamDone& d) { t->done(d); },
@@ -222,7 +239,7 @@ caf::behavior transfer_impl(caf::stateful_actor<TransferState>* self, Stream* st
 
 }  // namespace
 
-caf::actor spawn_transfer_actor(caf::actor_system& sys, Stream& stream, std::string name, TransferOptions opt) {
+TransferActor spawn_transfer_actor(caf::actor_system& sys, Stream& stream, std::string name, TransferOptions opt) {
   return sys.spawn(transfer_impl, &stream, std::move(name), std::move(opt));
 }
 
@@ -231,7 +248,7 @@ caf::actor spawn_transfer_actor(caf::actor_system& sys, Stream& stream, std::str
 namespace rp {
 
 WorkerTransfers spawn_worker_transfers(caf::actor_system& sys, Device& d, int index, const TransferSettings& s,
-                                       Tracer* tracer) {
+                                       Tracer* tracer, const FaultInjection& faults) {
   WorkerTransfers w;
   w.h2d = std::make_shared<LinkArbiter>();
   w.d2h = std::make_shared<LinkArbiter>();
@@ -246,6 +263,8 @@ WorkerTransfers spawn_worker_transfers(caf::actor_system& sys, Device& d, int in
     o.bulk_inflight = s.bulk_inflight;
     o.tracer = tracer;
     o.gate = w.gate;
+    o.worker = index;
+    o.faults = faults;
     return spawn_transfer_actor(sys, d.stream(k), fmt::format("worker{}.{}", index, stream_name(k)), std::move(o));
   };
   w.act_up = spawn(StreamKind::act_up, false, w.h2d);

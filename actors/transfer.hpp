@@ -21,8 +21,8 @@
 #include <mutex>
 #include <string>
 
-#include <caf/all.hpp>
-
+#include "actors/fault_injection.hpp"
+#include "actors/messages.hpp"
 #include "kernels/device.hpp"
 
 namespace rp {
@@ -60,13 +60,18 @@ struct TransferOptions {
   Tracer* tracer = nullptr;
   /// Null: copies are always issued.
   std::shared_ptr<CopyGate> gate;
+  /// Testing only: the worker this actor serves and what to make fail (fault_injection.hpp).
+  int worker = 0;
+  FaultInjection faults;
 };
 
 /// Spawns the transfer actor for `stream` (owned by the worker's Device, which must
-/// outlive the actor), tracing on track `name`. Handles CopyRequest; answers CopyDone to
-/// request.reply_to once the whole copy completed and its `after` ran (CopyDone::error
-/// names the stream error or the exception `after` threw).
-caf::actor spawn_transfer_actor(caf::actor_system& sys, Stream& stream, std::string name, TransferOptions opt);
+/// outlive the actor), tracing on track `name`. Handles CopyRequest; answers CopyDone (with
+/// the request's tag) to request.reply_to once the whole copy completed and its host
+/// accumulation ran (CopyDone::error names the stream error or the exception it threw).
+/// An exception in one of its handlers ends the actor with that error (its monitor, the
+/// worker, fails the run).
+TransferActor spawn_transfer_actor(caf::actor_system& sys, Stream& stream, std::string name, TransferOptions opt);
 
 }  // namespace rp
 
@@ -81,15 +86,15 @@ struct TransferSettings {
 
 /// The four transfer actors of one worker and the two arbiters they share.
 struct WorkerTransfers {
-  caf::actor act_up, act_down, param_up, grad_down;
+  TransferActor act_up, act_down, param_up, grad_down;
   std::shared_ptr<LinkArbiter> h2d, d2h;
   std::shared_ptr<CopyGate> gate;  ///< shared by the four actors; the worker closes it on exit
 };
 
 /// Spawns the four transfer actors of worker `index` on `device`'s copy streams, tracing on
 /// tracks "worker<index>.<stream>": activation actors 2 copies in flight, bulk actors chunked
-/// and arbitrated per direction as `s` says.
+/// and arbitrated per direction as `s` says. `faults`: testing only.
 WorkerTransfers spawn_worker_transfers(caf::actor_system& sys, Device& device, int index, const TransferSettings& s,
-                                       Tracer* tracer);
+                                       Tracer* tracer, const FaultInjection& faults = {});
 
 }  // namespace rp

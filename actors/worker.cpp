@@ -12,22 +12,11 @@
 
 #include "actors/layer_timer.hpp"
 #include "actors/messages.hpp"
-#include "trace/tracer.hpp"
-#include "actors/transfer.hpp"
 #include "actors/stage_task.hpp"
-#include "scheduler/upload_windows.hpp"
+#include "actors/transfer.hpp"
 #include "kernels/ops.hpp"
-
-namespace rp {
-namespace {
-struct ComputeDone {
-  uint64_t task;
-  int64_t micro_batch;
-  std::string error;
-};
-}  // namespace
-}  // namespace rp
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::ComputeDone)
+#include "scheduler/upload_windows.hpp"
+#include "trace/tracer.hpp"
 
 namespace rp {
 namespace {
@@ -36,10 +25,13 @@ constexpr int kPrioActivation = 0;  // critical path: first
 constexpr int kPrioParam = 1;
 constexpr int kPrioGrad = 1;
 
-class Worker : public caf::event_based_actor {
+using FaultSite = FaultInjection::Site;
+
+class Worker : public WorkerActor::base {
  public:
-  Worker(caf::actor_config& cfg, WorkerContext ctx) : caf::event_based_actor(cfg), ctx_(std::move(ctx)) {
-    WorkerTransfers w = spawn_worker_transfers(system(), *ctx_.device, ctx_.index, ctx_.transfer, ctx_.tracer);
+  Worker(caf::actor_config& cfg, WorkerContext ctx) : WorkerActor::base(cfg), ctx_(std::move(ctx)) {
+    WorkerTransfers w =
+        spawn_worker_transfers(system(), *ctx_.device, ctx_.index, ctx_.transfer, ctx_.tracer, ctx_.faults);
     act_up_ = w.act_up;
     act_down_ = w.act_down;
     param_up_ = w.param_up;
@@ -53,6 +45,9 @@ class Worker : public caf::event_based_actor {
     // Device work may still reference the tasks' buffers: stop the transfer actors from
     // issuing more copies, then let what was issued drain before freeing anything.
     if (gate_) gate_->close();
+    // the transfer actors go with the worker, also when it died of an exception
+    for (auto& a : {act_up_, act_down_, param_up_, grad_down_})
+      if (a) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
     if (ctx_.device)
       for (int k = 0; k < kNumStreams; ++k) ctx_.device->stream(StreamKind(k)).synchronize();
     queue_.clear();
@@ -60,7 +55,7 @@ class Worker : public caf::event_based_actor {
     next_.reset();
     after_.reset();
     draining_.clear();
-    on_copy_.clear();
+    outstanding_.clear();
     if (ctx_.device)
       for (auto& [g, b] : staging_) ctx_.device->unpin_host(b.data());
     staging_.clear();
@@ -69,7 +64,25 @@ class Worker : public caf::event_based_actor {
     act_up_ = act_down_ = param_up_ = grad_down_ = nullptr;
   }
 
-  caf::behavior make_behavior() override {
+  behavior_type make_behavior() override {
+    for (auto& a : {act_up_, act_down_, param_up_, grad_down_}) monitor(a);
+    // a transfer actor that goes down with an error fails the worker's work
+    set_down_handler([this](caf::down_msg& d) {
+      if (d.reason == caf::exit_reason::normal || d.reason == caf::exit_reason::user_shutdown) return;
+      fail(fmt::format("transfer actor stopped: {}", error_text(d.reason)));
+    });
+    // an exception in a handler: report it, then end with it (the scheduler also sees us go)
+    set_exception_handler([this](std::exception_ptr& x) -> caf::error {
+      std::string what = "unknown exception";
+      try {
+        std::rethrow_exception(x);
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+      fail(what);
+      return caf::make_error(caf::sec::runtime_error, where() + ": " + what);
+    });
     return {
         [this](RunStage& rs) {
           queue_.push_back(std::move(rs));
@@ -80,19 +93,17 @@ class Worker : public caf::event_based_actor {
           ready_.insert({a.pass, a.stage_index, a.micro_batch});
           pump();
         },
-        [this](CopyDone& d) {
-          auto it = on_copy_.find(d.token);
-          if (it == on_copy_.end()) return;
-          auto fn = std::move(it->second);
-          on_copy_.erase(it);
-          if (!d.error.empty()) return fail(d.error);
-          fn();
-        },
+        [this](CopyDone& d) { on_copy_done(d); },
         [this](ComputeDone& c) {
+          if (ctx_.progress) ctx_.progress->tick();
           if (!task_ || task_->id != c.task) return;
           if (!c.error.empty()) return fail(fmt::format("micro-batch {}: {}", c.micro_batch, c.error));
+          if (ctx_.faults.fire_compute(FaultSite::worker_handler, ctx_.index, task_->rs.stage_index, c.micro_batch))
+            throw std::runtime_error(
+                FaultInjection::what(fmt::format("the completion of micro-batch {}", c.micro_batch)));
           on_computed(c.micro_batch);
         },
+        [this](GetStatus) -> caf::result<StatusReport> { return StatusReport{status()}; },
         [this](Shutdown) {
           for (auto& a : {act_up_, act_down_, param_up_, grad_down_}) send_exit(a, caf::exit_reason::user_shutdown);
           quit();
@@ -103,23 +114,45 @@ class Worker : public caf::event_based_actor {
  private:
   using Key = std::tuple<int64_t, int, int64_t>;
 
+  /// "worker 1 (forward stage 2 of pass 5, layers 3-4)".
+  std::string where() const {
+    return task_ ? fmt::format("worker {} ({} stage {} of pass {}, layers {}-{})", ctx_.index,
+                               stage_kind_name(task_->rs.stage.kind), task_->rs.stage_index, task_->rs.pass,
+                               task_->rs.stage.first, task_->rs.stage.last)
+                 : fmt::format("worker {}", ctx_.index);
+  }
+
   void fail(const std::string& what) {
     if (failed_) return;
     failed_ = true;
     queue_.clear();
-    std::string where = task_ ? fmt::format("worker {} ({} stage {} of pass {}, layers {}-{})", ctx_.index,
-                                            stage_kind_name(task_->rs.stage.kind), task_->rs.stage_index,
-                                            task_->rs.pass, task_->rs.stage.first, task_->rs.stage.last)
-                              : fmt::format("worker {}", ctx_.index);
-    send(ctx_.scheduler, Failure{where + ": " + what});
+    send(ctx_.scheduler, Failure{where() + ": " + what});
   }
 
-  void copy(const caf::actor& via, CopyDir dir, void* dst, const void* src, size_t bytes, int prio,
-            int64_t order, std::function<void()> on_done, std::function<void()> after = {}) {
-    uint64_t tok = next_token_++;
-    on_copy_[tok] = std::move(on_done);
-    send(via, CopyRequest{dir, dst, src, bytes, prio, order, tok, std::move(after),
-                          caf::actor_cast<caf::actor>(this)});
+  /// Issues a copy on `via`'s stream; its CopyDone (tagged `what`) comes back to on_copy_done.
+  void copy(const TransferActor& via, CopyDir dir, void* dst, const void* src, size_t bytes, int prio,
+            int64_t order, const CopyTag& what, HostAccumulate acc = {}) {
+    outstanding_[key(what)]++;
+    send(via, CopyRequest{dir, dst, src, bytes, prio, order, what, acc, WorkerActor{this}});
+  }
+
+  using TagKey = std::tuple<int, uint64_t, int64_t, int>;
+  static TagKey key(const CopyTag& t) { return {int(t.kind), t.task, t.micro_batch, t.group}; }
+
+  /// A copy completed: what it completed is in its tag.
+  void on_copy_done(const CopyDone& d) {
+    if (ctx_.progress) ctx_.progress->tick();
+    auto it = outstanding_.find(key(d.what));
+    if (it == outstanding_.end()) return;  // not ours (cannot happen)
+    if (--it->second == 0) outstanding_.erase(it);
+    if (!d.error.empty()) return fail(d.error);
+    const CopyTag& t = d.what;
+    switch (t.kind) {
+      case CopyKind::input: return input_landed(t.task, t.micro_batch);
+      case CopyKind::output: return output_landed(t.task, t.micro_batch);
+      case CopyKind::weights: return weights_landed(t.task, t.group);
+      case CopyKind::gradient: return gradient_landed(t.task, t.group);
+    }
   }
 
   /// The live task with id `id` (current, prefetching or draining its gradients), or null.
@@ -196,23 +229,17 @@ class Worker : public caf::event_based_actor {
     if (!next_ || !task_ || failed_) return;
     Task& t = *task_;
     Task& n = *next_;
-    if (t.next_up < t.M) return;  // the current task still uploads into its slots
     for (int j = 0; j < 2 && j < n.M; ++j) {
-      if (n.slot_ready[j]) continue;
-      const int64_t last = last_in_slot(t, j);
-      if (last >= 0 && !t.downloaded[last]) continue;
+      if (n.progress.holds_slot(j) || !t.progress.may_hand_over(j)) continue;
       t.slot[j] = Slot{};
-      t.slot_ready[j] = false;
+      t.progress.drop_slot(j);
       try {
         allocate_slot(ctx_, n, j);
       } catch (const DeviceOutOfMemory&) {
         n.slot[j] = Slot{};  // no room now: the slot is allocated when the task starts
       }
     }
-    while (n.next_up < n.M && n.next_up < 2 && n.slot_ready[n.next_up] && input_ready(n, n.next_up)) {
-      issue_uploads(n, n.next_up);
-      ++n.next_up;
-    }
+    while (may_upload(n)) issue_uploads(n);
   }
 
   /// Prefetch (parameter uploads fill the gaps): once the current task's weights are on the device,
@@ -223,8 +250,7 @@ class Worker : public caf::event_based_actor {
     if (next_) return prefetch_behind();
     try {
       // its chunks go into the windows between the current task's remaining activation uploads
-      const int64_t done = std::count(task_->uploaded.begin(), task_->uploaded.end(), 1);
-      next_ = prepare(queue_.front(), int(task_->M - done) + 1);
+      next_ = prepare(queue_.front(), int(task_->M - task_->progress.uploads_done()) + 1);
       queue_.pop_front();
     } catch (const DeviceOutOfMemory&) {
       // not enough room for two stages: the next one starts when this one ends
@@ -274,11 +300,7 @@ class Worker : public caf::event_based_actor {
     t.rs = std::move(rs);
     t.layers = t.rs.stage.layers();
     t.M = t.rs.buffers->micro_batches;
-    t.up_pending.assign(t.M, 0);
-    t.down_pending.assign(t.M, 0);
-    t.uploaded.assign(t.M, 0);
-    t.computed.assign(t.M, 0);
-    t.downloaded.assign(t.M, 0);
+    t.progress = StageProgress(t.M);
     t.wall_start = std::chrono::steady_clock::now();
     t.t_start = ctx_.tracer ? ctx_.tracer->now() : 0;
     const StageKind kind = t.rs.stage.kind;
@@ -301,78 +323,79 @@ class Worker : public caf::event_based_actor {
               [this, g, id](WeightsGranted&) {
                 if (Task* tk = live(id)) send_pieces(*tk, tk->uploads->grant(g));
               },
-              [this](caf::error& e) { fail("weights request failed: " + to_string(e)); });
+              [this](caf::error& e) { fail("weights request failed: " + error_text(e)); });
     }
     return tp;
   }
 
   /// Uploads chunks of t's weights; a group is released (and counted in) after its last one.
   void send_pieces(Task& t, const std::vector<UploadWindows::Piece>& pieces) {
-    const int64_t step = t.rs.step;
     const uint64_t id = t.id;
     for (const auto& p : pieces) {
       const int g = p.group;
       char* dst = t.dparam.at(g).as<char>() + p.chunk.offset;
       const char* src = static_cast<const char*>(ctx_.store->lowp[g].data()) + p.chunk.offset;
       copy(param_up_, CopyDir::h2d, dst, src, p.chunk.bytes, kPrioParam, param_order_++,
-           [this, g, step, id, up = t.uploads] {
-             if (!up->piece_done(g)) return;
-             send(ctx_.shard_of_group[g], ReleaseWeights{g, step});
-             Task* tk = live(id);
-             if (!tk) return;
-             tk->params_pending--;
-             pump();
-           });
+           CopyTag{CopyKind::weights, id, -1, g});
     }
   }
 
-  /// Micro-batch m of t has its inputs on the device. For the current task that opens the
+  /// A chunk of group g's weights landed; the group is released (and counted in) after its last.
+  void weights_landed(uint64_t id, int g) {
+    Task* tk = live(id);
+    if (!tk || !tk->uploads->piece_done(g)) return;
+    send(ctx_.shard_of_group[g], ReleaseWeights{g, tk->rs.step});
+    tk->params_pending--;
+    pump();
+  }
+
+  /// A micro-batch of t has its inputs on the device. For the current task that opens the
   /// next window of the prefetching task's weights (early-started uploads of the next task
   /// open none).
-  void mark_uploaded(Task& t, int64_t m) {
-    t.uploaded[m] = 1;
+  void mark_uploaded(Task& t) {
     if (&t == task_.get() && next_) send_pieces(*next_, next_->uploads->open_next());
+  }
+
+  /// One input copy of micro-batch m of task `id` landed.
+  void input_landed(uint64_t id, int64_t m) {
+    Task* tk = live(id);
+    if (!tk || !tk->progress.upload_copy_done(m)) return;
+    mark_uploaded(*tk);
+    pump();
   }
 
   bool input_ready(const Task& t, int64_t m) const {
     return t.rs.stage_index == 0 || ready_.count(Key{t.rs.pass, t.rs.stage_index, m});
   }
 
+  /// Whether next_upload() of t may be issued now (the task's StageProgress decides).
+  bool may_upload(const Task& t) const {
+    const int64_t m = t.progress.next_upload();
+    return t.progress.upload_wait(m < t.M && input_ready(t, m)) == StageProgress::Wait::none;
+  }
+
   void pump() {
     if (!task_ || failed_ || !task_->work_ready) return;
     Task& t = *task_;
     maybe_prefetch();
-    // Uploads: one micro-batch ahead, once the slot's previous user has computed.
-    while (t.next_up < t.M && (t.next_up < 2 || t.computed[t.next_up - 2]) && input_ready(t, t.next_up)) {
-      issue_uploads(t, t.next_up);
-      ++t.next_up;
-    }
+    // Uploads: in order, one micro-batch ahead, once the slot's previous user has computed.
+    while (may_upload(t)) issue_uploads(t);
     // Compute: in order, once inputs and parameters are in and the output slot is free.
-    while (t.next_comp < t.M && t.uploaded[t.next_comp] && t.params_pending == 0 &&
-           (t.next_comp < 2 || t.downloaded[t.next_comp - 2])) {
-      launch_compute(t.next_comp);
-      ++t.next_comp;
-    }
+    while (t.progress.compute_wait(true, t.params_pending == 0) == StageProgress::Wait::none)
+      launch_compute(t.progress.compute_issued());
     early_start();
     maybe_finish();
   }
 
-  void issue_uploads(Task& t, int64_t m) {
+  /// Issues the input copies of t's next micro-batch (the copies are counted by t.progress).
+  void issue_uploads(Task& t) {
+    const int64_t m = t.progress.next_upload();
     auto& pb = *t.rs.buffers;
     Slot& s = t.slot[m % 2];
     const StageKind kind = t.rs.stage.kind;
     const uint64_t id = t.id;
-    auto up = [&](void* dst, const void* src, size_t bytes) {
-      t.up_pending[m]++;
-      copy(act_up_, CopyDir::h2d, dst, src, bytes, kPrioActivation, m, [this, id, m] {
-        Task* tk = live(id);
-        if (!tk) return;
-        if (--tk->up_pending[m] == 0) {
-          mark_uploaded(*tk, m);
-          pump();
-        }
-      });
-    };
+    std::vector<std::tuple<void*, const void*, size_t>> copies;
+    auto up = [&](void* dst, const void* src, size_t bytes) { copies.emplace_back(dst, src, bytes); };
     const size_t idb = pb.ids[m].size();
     if (t.rs.stage.first == 0) up(s.ids.get(), pb.ids[m].data(), idb);
     if (kind == StageKind::forward) {
@@ -391,7 +414,10 @@ class Worker : public caf::event_based_actor {
         }
       }
     }
-    if (t.up_pending[m] == 0) mark_uploaded(t, m);
+    t.progress.upload_issued(int(copies.size()));
+    for (auto& [dst, src, bytes] : copies)
+      copy(act_up_, CopyDir::h2d, dst, src, bytes, kPrioActivation, m, CopyTag{CopyKind::input, id, m, -1});
+    if (copies.empty()) mark_uploaded(t);
   }
 
   void launch_compute(int64_t m) {
@@ -409,40 +435,41 @@ class Worker : public caf::event_based_actor {
                                     t.rs.stage_index, t.rs.stage.first, t.rs.stage.last, m, t.rs.pass);
     auto t0 = std::make_shared<double>(0);
     auto timer = ctx_.profile ? std::make_shared<LayerTimer>(stream, kind) : nullptr;
-    stream.launch([&layers, fwd = std::move(fwd), bwd = std::move(bwd), tr, t0, timer] {
+    const bool inject = ctx_.faults.fire_compute(FaultSite::device_op, ctx_.index, t.rs.stage_index, m);
+    stream.launch([&layers, fwd = std::move(fwd), bwd = std::move(bwd), tr, t0, timer, inject, m] {
+      if (inject) throw std::runtime_error(FaultInjection::what(fmt::format("device op of micro-batch {}", m)));
       if (tr) *t0 = tr->now();
       if (timer) timer->run(layers, fwd, bwd);
       else run_layer_calls(layers, fwd, bwd);
     });
-    auto me = caf::actor_cast<caf::actor>(this);
+    WorkerActor me{this};
     const uint64_t id = t.id;
     LayerTimings lt{ctx_.index, t.rs.pass, m, {}, {}};
     if (timer && m == 0)
       lt.memory = stage_memory(*ctx_.layout, layers, t.rs.stage, t.rs.buffers->shape, ctx_.device->compute_dtype(),
                                ctx_.device->ops().grad_dtype());
+    // Runs on the stream's callback thread: whatever happens here, ComputeDone goes out.
     stream.then([me, id, m, tr, t0, track, label, timer, lt = std::move(lt), sched = ctx_.scheduler](
                     const std::string& err) mutable {
-      if (tr) tr->interval(track, label, *t0, tr->now());
-      if (timer && err.empty()) send_layer_timings(sched, std::move(lt), *timer);
-      caf::anon_send(me, ComputeDone{id, m, err});
+      std::string e = err;
+      try {
+        if (tr) tr->interval(track, label, *t0, tr->now());
+        if (timer && err.empty()) send_layer_timings(sched, std::move(lt), *timer);
+      } catch (const std::exception& ex) {
+        if (e.empty()) e = ex.what();
+      }
+      caf::anon_send(me, ComputeDone{id, m, e});
     });
   }
 
   void on_computed(int64_t m) {
     Task& t = *task_;
-    t.computed[m] = 1;
     auto& pb = *t.rs.buffers;
     Slot& s = t.slot[m % 2];
     const StageKind kind = t.rs.stage.kind;
     const uint64_t id = t.id;
-    auto down = [&](void* dst, const void* src, size_t bytes) {
-      t.down_pending[m]++;
-      copy(act_down_, CopyDir::d2h, dst, src, bytes, kPrioActivation, m, [this, id, m] {
-        Task* tk = live(id);  // current, or retired (computed, draining) since
-        if (!tk) return;
-        if (--tk->down_pending[m] == 0) on_downloaded(*tk, m);
-      });
-    };
+    std::vector<std::tuple<void*, const void*, size_t>> copies;
+    auto down = [&](void* dst, const void* src, size_t bytes) { copies.emplace_back(dst, src, bytes); };
     if (kind == StageKind::forward) {
       const int k = int(t.layers.size());
       for (int i = 0; i < k; ++i) {
@@ -457,21 +484,29 @@ class Worker : public caf::event_based_actor {
       if (t.rs.stage.first > 0) down(pb.dx[t.rs.stage.first][m].data(), s.out.get(), pb.act_bytes);
       if (kind == StageKind::tail) down(&pb.loss[2 * m], s.loss.get(), 2 * sizeof(float));
     }
-    if (t.down_pending[m] == 0) on_downloaded(t, m);
+    t.progress.computed(m, int(copies.size()));
+    for (auto& [dst, src, bytes] : copies)
+      copy(act_down_, CopyDir::d2h, dst, src, bytes, kPrioActivation, m, CopyTag{CopyKind::output, id, m, -1});
+    if (copies.empty()) on_downloaded(t, m);
     pump();
+  }
+
+  /// One output copy of micro-batch m of task `id` (current, or retired and draining) landed.
+  void output_landed(uint64_t id, int64_t m) {
+    Task* tk = live(id);
+    if (tk && tk->progress.download_copy_done(m)) on_downloaded(*tk, m);
   }
 
   /// Micro-batch m's outputs are on the host: the next stage may read them. A retired task
   /// (computed, already replaced by the next one) gives its slot back once the slot's last
   /// micro-batch is down, and finishes with its last output and gradient.
   void on_downloaded(Task& t, int64_t m) {
-    t.downloaded[m] = 1;
-    t.n_downloaded++;
     if (t.rs.next) send(t.rs.next, ActReady{t.rs.pass, t.rs.stage_index + 1, m});
     if (&t != task_.get()) {
-      const int j = int(m % 2);
-      if (last_in_slot(t, j) == m) {
+      const int j = t.progress.slot_of(m);
+      if (t.progress.last_in_slot(j) == m) {
         t.slot[j] = Slot{};
+        t.progress.drop_slot(j);
         retry_memory_wait();
       }
       finish(t.id);  // a no-op while outputs or gradients are still in flight
@@ -485,17 +520,18 @@ class Worker : public caf::event_based_actor {
   /// when its last output and gradient are written.
   void maybe_finish() {
     Task& t = *task_;
-    if (!std::all_of(t.computed.begin(), t.computed.end(), [](char c) { return c != 0; })) return;
+    if (!t.progress.retired()) return;
     for (int64_t m = 0; m < t.M; ++m) ready_.erase(Key{t.rs.pass, t.rs.stage_index, m});
     // Only the gradient accumulators and undelivered outputs are still needed: give the
     // rest back now.
     t.dparam.clear();
     t.scratch.reset();
     for (auto& b : t.tmp) b.reset();
-    for (int j = 0; j < 2; ++j) {
-      const int64_t last = last_in_slot(t, j);
-      if (last < 0 || t.downloaded[last]) t.slot[j] = Slot{};
-    }
+    for (int j = 0; j < 2; ++j)
+      if (t.progress.slot_finished(j)) {
+        t.slot[j] = Slot{};
+        t.progress.drop_slot(j);
+      }
     const uint64_t id = t.id;
     t.grads_pending = int(t.grad_groups.size());
     draining_[id] = std::move(task_);
@@ -504,7 +540,7 @@ class Worker : public caf::event_based_actor {
     for (int g : d.grad_groups) {
       request(ctx_.shard_of_group[g], caf::infinite, AcquireGradSlot{g, step})
           .then([this, g, id](GradGrant& gr) { write_grad(id, g, gr.overwrite); },
-                [this](caf::error& e) { fail("gradient slot request failed: " + to_string(e)); });
+                [this](caf::error& e) { fail("gradient slot request failed: " + error_text(e)); });
     }
     finish(id);
     start_next();
@@ -517,37 +553,25 @@ class Worker : public caf::event_based_actor {
     auto& buf = t.dgrad.at(g);
     float* slot = ctx_.store->grad[g].as<float>();
     const int64_t n = ctx_.store->numel[g];
-    const int64_t step = t.rs.step;
-    auto done = [this, g, step, id] {
-      send(ctx_.shard_of_group[g], GradWritten{g, step});
-      Task* tk = live(id);
-      if (!tk) return;
-      tk->dgrad.erase(g);
-      --tk->grads_pending;
-      finish(id);
-    };
+    const CopyTag what{CopyKind::gradient, id, -1, g};
     if (overwrite) {
-      copy(grad_down_, CopyDir::d2h, slot, buf.get(), buf.bytes(), kPrioGrad, g, done);
+      copy(grad_down_, CopyDir::d2h, slot, buf.get(), buf.bytes(), kPrioGrad, g, what);
     } else {  // a later contribution of the same step (tied embeddings): accumulate
       auto [it, fresh] = staging_.try_emplace(g, buf.bytes());
       if (fresh) ctx_.device->pin_host(it->second.data(), it->second.size());
       float* sp = it->second.as<float>();
-      copy(grad_down_, CopyDir::d2h, sp, buf.get(), buf.bytes(), kPrioGrad, g, done,
-           [slot, sp, n] { parallel_add(slot, sp, n); });
+      copy(grad_down_, CopyDir::d2h, sp, buf.get(), buf.bytes(), kPrioGrad, g, what, HostAccumulate{slot, sp, n});
     }
   }
 
-  /// slot[i] += src[i] over a few host threads (the tied embedding's slot is ~1 GiB).
-  static void parallel_add(float* slot, const float* src, int64_t n) {
-    const int nt = int(std::clamp<int64_t>(n >> 22, 1, std::max(1u, std::thread::hardware_concurrency() / 2)));
-    auto work = [=](int i) {
-      const int64_t a = n * i / nt, b = n * (i + 1) / nt;
-      for (int64_t j = a; j < b; ++j) slot[j] += src[j];
-    };
-    std::vector<std::thread> ts;
-    for (int i = 1; i < nt; ++i) ts.emplace_back(work, i);
-    work(0);
-    for (auto& th : ts) th.join();
+  /// Group g's gradient of task `id` is in the host slot.
+  void gradient_landed(uint64_t id, int g) {
+    Task* tk = live(id);
+    if (!tk) return;
+    send(ctx_.shard_of_group[g], GradWritten{g, tk->rs.step});
+    tk->dgrad.erase(g);
+    --tk->grads_pending;
+    finish(id);
   }
 
   /// Reports a retired task done once its outputs and gradients are all on the host.
@@ -555,7 +579,7 @@ class Worker : public caf::event_based_actor {
     auto it = draining_.find(id);
     if (it == draining_.end()) return;
     Task& t = *it->second;
-    if (t.grads_pending > 0 || t.n_downloaded < t.M) return;
+    if (t.grads_pending > 0 || !t.progress.outputs_done()) return;
     StageDone sd;
     sd.pass = t.rs.pass;
     sd.stage_index = t.rs.stage_index;
@@ -586,8 +610,50 @@ class Worker : public caf::event_based_actor {
       begin_current();
   }
 
+  /// One line for the watchdog: the tasks, what their micro-batches wait for, the copies
+  /// outstanding.
+  std::string status() const {
+    std::vector<std::string> p;
+    auto task_name = [](const Task& t) {
+      return fmt::format("{} stage {} of pass {} (step {})", stage_kind_name(t.rs.stage.kind), t.rs.stage_index,
+                         t.rs.pass, t.rs.step);
+    };
+    auto progress = [&](const Task& t, bool current) {
+      const int64_t m = t.progress.next_upload();
+      return t.progress.describe(m < t.M && input_ready(t, m), current, t.params_pending == 0);
+    };
+    if (failed_) p.push_back("failed");
+    if (task_) {
+      p.push_back(fmt::format("current {}: {}{}{}", task_name(*task_), progress(*task_, true),
+                              task_->params_pending > 0
+                                  ? fmt::format(", weights of {} group(s) pending", task_->params_pending)
+                                  : std::string(),
+                              task_->work_ready ? std::string() : std::string(", work buffers not allocated")));
+    } else {
+      p.push_back("no current task");
+    }
+    if (alloc_wait_) p.push_back("its start waits for a draining task to free device memory");
+    for (const Task* t : {next_.get(), after_.get()})
+      if (t)
+        p.push_back(fmt::format("prefetching {}: weights of {} group(s) pending, {}", task_name(*t), t->params_pending,
+                                progress(*t, false)));
+    for (auto& [id, t] : draining_)
+      p.push_back(fmt::format("draining {}: {} of {} outputs down, {} gradient(s) pending", task_name(*t),
+                              t->progress.downloads_done(), t->M, t->grads_pending));
+    if (!queue_.empty()) p.push_back(fmt::format("{} stage task(s) queued", queue_.size()));
+    if (!outstanding_.empty()) {
+      std::vector<std::string> c;
+      for (auto& [k, n] : outstanding_) {
+        const CopyTag t{CopyKind(std::get<0>(k)), std::get<1>(k), std::get<2>(k), std::get<3>(k)};
+        c.push_back(n > 1 ? fmt::format("{} x {}", n, describe(t)) : describe(t));
+      }
+      p.push_back(fmt::format("copies outstanding: {}", fmt::join(c, ", ")));
+    }
+    return fmt::format("worker {}: {}", ctx_.index, fmt::join(p, "; "));
+  }
+
   WorkerContext ctx_;
-  caf::actor act_up_, act_down_, param_up_, grad_down_;
+  TransferActor act_up_, act_down_, param_up_, grad_down_;
   std::shared_ptr<CopyGate> gate_;
   std::deque<RunStage> queue_;
   std::unique_ptr<Task> task_;                        ///< computing now
@@ -599,8 +665,7 @@ class Worker : public caf::event_based_actor {
   /// (tied embeddings); one writer per group at a time (rule 3) makes reuse safe.
   std::map<int, HostBytes> staging_;
   std::set<Key> ready_;
-  std::map<uint64_t, std::function<void()>> on_copy_;
-  uint64_t next_token_ = 1;
+  std::map<TagKey, int> outstanding_;  ///< copies issued and not completed, by tag
   int64_t param_order_ = 0;  ///< parameter chunks leave in the order they are sent
   bool failed_ = false;
   bool alloc_wait_ = false;  ///< the next start waits for a draining task to free memory
@@ -608,7 +673,7 @@ class Worker : public caf::event_based_actor {
 
 }  // namespace
 
-caf::actor spawn_worker(caf::actor_system& sys, WorkerContext ctx) {
+WorkerActor spawn_worker(caf::actor_system& sys, WorkerContext ctx) {
   return sys.spawn<Worker>(std::move(ctx));
 }
 

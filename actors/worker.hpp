@@ -17,14 +17,25 @@
 //    next task that uploads no weight (the embedding's backward) also the one after it;
 //  - with ctx.profile, times each layer call on the compute stream and reports the times
 //    (and the layers' device memory) to the scheduler, read after completion.
+// Per micro-batch, what may be uploaded, computed and handed to the next task, and when a
+// task retires, is decided by the task's StageProgress (scheduler/stage_progress.hpp), the
+// same rules the bubble simulator replays. Copies are tagged (CopyTag): a completion names
+// what it completed.
+//
+// Failures: a failed device op or copy, a refused allocation with nothing to wait for, a
+// failed shard request, or an exception in one of its handlers sends Failure (naming the
+// worker, the stage task and what failed) to the scheduler; the worker then takes no more
+// work. It monitors its transfer actors: one that goes down fails the worker the same way.
+// GetStatus answers what the worker is doing and waiting for (the watchdog's line).
 #pragma once
 #include <atomic>
 #include <memory>
 #include <vector>
 
-#include <caf/all.hpp>
-
+#include "actors/fault_injection.hpp"
+#include "actors/messages.hpp"
 #include "actors/pass_buffers.hpp"
+#include "actors/run_progress.hpp"
 #include "actors/transfer.hpp"
 #include "kernels/device.hpp"
 #include "model/layer.hpp"
@@ -45,8 +56,8 @@ struct WorkerContext {
   const ModelLayout* layout = nullptr;
   const std::vector<std::unique_ptr<Layer>>* layers = nullptr;
   ParamStore* store = nullptr;
-  std::vector<caf::actor> shard_of_group;  ///< shard owning each parameter group
-  caf::actor scheduler;
+  std::vector<ShardActor> shard_of_group;  ///< shard owning each parameter group
+  SchedulerActor scheduler;
   Tracer* tracer = nullptr;
   /// Time every layer call and send LayerTimings to the scheduler (actors/layer_timer.hpp).
   bool profile = false;
@@ -55,12 +66,14 @@ struct WorkerContext {
   /// save_attention): forward stages download them, backward stages upload them.
   bool saved_attention = false;
   MemoryEventCounters* memory_events = nullptr;  ///< optional: counts refused starts and prefetches
+  RunProgress* progress = nullptr;  ///< optional: counts completed copies and micro-batches (watchdog)
+  FaultInjection faults;            ///< testing only (fault_injection.hpp)
 };
 
 /// Spawns worker `ctx.index` and its four transfer actors (activation up, activation
 /// down, parameter up, gradient down) on ctx.device's copy streams. With
 /// ctx.transfer.priorities a prefetched task's weights are cut into chunks and packed into
 /// the windows between the computing task's activation uploads (scheduler/upload_windows.hpp).
-caf::actor spawn_worker(caf::actor_system& sys, WorkerContext ctx);
+WorkerActor spawn_worker(caf::actor_system& sys, WorkerContext ctx);
 
 }  // namespace rp

@@ -103,6 +103,14 @@ struct SessionOptions {
   /// With priorities on: parameter/gradient chunks in flight at once per direction (1: an
   /// activation copy waits behind at most one chunk; 2 hides the round trip between chunks).
   int transfer_bulk_inflight = 1;
+  /// Watchdog: while work is in flight and nothing completed (no copy, micro-batch, optimizer
+  /// job or stage task) for this many seconds, log one line naming what the run waits for
+  /// (status(): the steps and passes in flight, every worker's stage task, micro-batches and
+  /// outstanding copies, every optimizer shard's busy and waiting groups), and again after
+  /// every further such period. 0: off.
+  double watchdog_s = 60;
+  /// Receives the watchdog's line (default: the runtime's log, spdlog::warn).
+  std::function<void(const std::string&)> watchdog_log;
 };
 
 /// What one closed step did (Session::wait).
@@ -161,12 +169,20 @@ class Session {
   /// forward_backward() in the step.
   int64_t step(double lr);
   /// Blocks until step `t` is applied to the fp32 master weights; returns its loss sum,
-  /// target-token count and wall time. Throws RuntimeFailure if the runtime failed,
-  /// std::invalid_argument for a step not closed yet or one of the run that saved a loaded
-  /// optimizer state.
+  /// target-token count and wall time. Throws RuntimeFailure if the runtime failed (a device
+  /// op, a copy or an optimizer job that failed, an actor of the runtime that died: the
+  /// message names it; never a hang on a dead actor), std::invalid_argument for a step not
+  /// closed yet or one of the run that saved a loaded optimizer state.
   StepResult wait(int64_t t);
+  /// Like wait(t), but gives up after `seconds` (>= 0): std::nullopt when step t is not
+  /// applied by then (it goes on; wait again later). Throws like wait().
+  std::optional<StepResult> wait_for(int64_t t, double seconds);
   /// Waits for every closed step (throws RuntimeFailure like wait()).
   void synchronize();
+  /// One line: the steps and passes in flight and what every worker and optimizer shard is
+  /// doing and waiting for (what the watchdog logs). Throws RuntimeFailure when the runtime
+  /// cannot be asked.
+  std::string status() const;
   /// fp32 master weights per parameter group (consistent after synchronize()).
   const std::vector<std::vector<float>>& master_weights() const;
   /// The plan the next pass will be dealt with (it changes once when re-planning switches).

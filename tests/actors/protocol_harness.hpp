@@ -816,7 +816,9 @@ class Harness {
       so.adam = p.adam();
       set_cooperative(so, 0);
       set_disable_rule(so, disable_rule, 0);
-      sh.shards.push_back(spawn_optimizer_shard(*sys_, std::move(owned), &store, so, scheduler));
+      // the fake scheduler plays the real one's part of the typed interface
+      sh.shards.push_back(caf::actor_cast<caf::actor>(spawn_optimizer_shard(
+          *sys_, std::move(owned), &store, so, caf::actor_cast<SchedulerActor>(scheduler))));
       by_role[roles.shard(s)] = sh.shards.back();
     }
     std::vector<caf::actor> workers;

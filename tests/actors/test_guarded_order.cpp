@@ -39,7 +39,7 @@ Observed drive(int staleness, const std::vector<int>& completion, bool skip) {
     ShardOptions so;
     so.staleness = staleness;
     so.guard = true;
-    caf::actor shard = spawn_optimizer_shard(sys, groups, &store, so, caf::actor_cast<caf::actor>(self));
+    ShardActor shard = spawn_optimizer_shard(sys, groups, &store, so, caf::actor_cast<SchedulerActor>(self));
     self->send(shard, CloseStep{0, 1, 0.01f, 1e-2});
     for (int g : completion) {
       self->request(shard, caf::infinite, AcquireGradSlot{g, 0}).receive([](GradGrant&) {}, [](caf::error&) {});

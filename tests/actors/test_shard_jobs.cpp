@@ -32,7 +32,7 @@ TEST(ShardJobs, OtherGroupsAreGrantedWhileALargeGroupUpdates) {
     caf::scoped_actor self{sys};
     ShardOptions so;  // detached, one thread: the update takes tens of milliseconds
     so.staleness = 1;
-    caf::actor shard = spawn_optimizer_shard(sys, groups, &store, so, caf::actor_cast<caf::actor>(self));
+    ShardActor shard = spawn_optimizer_shard(sys, groups, &store, so, caf::actor_cast<SchedulerActor>(self));
     self->send(shard, CloseStep{0, 1, 1.f, 1e-2});
     self->request(shard, caf::infinite, AcquireGradSlot{0, 0}).receive([](GradGrant&) {}, [](caf::error&) {});
     float* grad = store.grad[0].as<float>();

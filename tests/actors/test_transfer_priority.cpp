@@ -5,7 +5,8 @@
 //  - the arbiter's rules on their own;
 //  - two transfer actors: an activation upload issued behind a large parameter upload waits at
 //    most one chunk with priorities on, the whole upload with them off; chunked copies land
-//    exactly and run their `after` once; a burst of activation copies sees no chunk start
+//    exactly and run their host accumulation once, after the last chunk, and a completion
+//    carries the request's tag; a burst of activation copies sees no chunk start
 //    while it is pending with the arbiter, and several without (the guard-removal check);
 //  - the whole runtime: the activation uploads' waits (from the trace) do not grow when the
 //    parameter traffic grows ~150x with priorities on, and do with them off; the weights are
@@ -81,8 +82,11 @@ double activation_latency_behind_upload(bool priorities) {
   DeviceBuffer dbig(*dev, big), dsmall(*dev, small);
   std::memset(dbig.get(), 0, big);
   double latency = -1;
-  std::atomic<int> after_runs{0};
-  std::atomic<bool> after_saw_all{false};
+  // the host accumulation adds the upload's last float (as landed on the device) to `probe`:
+  // once, after the last chunk, leaves exactly that value
+  const float last_value = 1234.5f;
+  std::memcpy(hbig.data() + big - sizeof(float), &last_value, sizeof(float));
+  float probe = 0.f;
   std::shared_ptr<LinkArbiter> h2d;
   {
     Actors a;
@@ -92,27 +96,27 @@ double activation_latency_behind_upload(bool priorities) {
     WorkerTransfers w = spawn_worker_transfers(a.sys, *dev, 0, ts, nullptr);
     h2d = w.h2d;
     caf::scoped_actor self{a.sys};
-    auto me = caf::actor_cast<caf::actor>(self);
-    char* last = static_cast<char*>(dbig.get()) + big - 1;
-    auto after = [&, last, want = hbig[big - 1]] {
-      after_runs++;
-      after_saw_all = *last == want;  // runs after the last chunk landed
-    };
-    self->send(w.param_up, CopyRequest{CopyDir::h2d, dbig.get(), hbig.data(), big, 1, 0, 1, after, me});
+    auto me = caf::actor_cast<WorkerActor>(self);
+    const float* landed = reinterpret_cast<const float*>(static_cast<char*>(dbig.get()) + big - sizeof(float));
+    const CopyTag weights{CopyKind::weights, 1, -1, 3}, input{CopyKind::input, 2, 0, -1};
+    self->send(w.param_up, CopyRequest{CopyDir::h2d, dbig.get(), hbig.data(), big, 1, 0, weights,
+                                       HostAccumulate{&probe, landed, 1}, me});
     std::this_thread::sleep_for(std::chrono::milliseconds(60));
     const auto t0 = Clock::now();
-    self->send(w.act_up, CopyRequest{CopyDir::h2d, dsmall.get(), hsmall.data(), small, 0, 0, 2, {}, me});
+    self->send(w.act_up, CopyRequest{CopyDir::h2d, dsmall.get(), hsmall.data(), small, 0, 0, input, {}, me});
+    int tagged = 0;
     for (int i = 0; i < 2; ++i)
       self->receive([&](CopyDone& d) {
         EXPECT_EQ(d.error, "");
-        if (d.token == 2) latency = std::chrono::duration<double>(Clock::now() - t0).count();
+        tagged += describe(d.what) == describe(weights) || describe(d.what) == describe(input);
+        if (d.what.kind == CopyKind::input) latency = std::chrono::duration<double>(Clock::now() - t0).count();
       });
+    EXPECT_EQ(tagged, 2) << "a completion does not carry its request's tag";
     for (auto& x : {w.act_up, w.act_down, w.param_up, w.grad_down}) self->send_exit(x, caf::exit_reason::user_shutdown);
   }
   EXPECT_EQ(std::memcmp(dbig.get(), hbig.data(), big), 0) << "the chunked upload is not byte-exact";
   EXPECT_EQ(static_cast<char*>(dsmall.get())[small - 1], 2);
-  EXPECT_EQ(after_runs.load(), 1);
-  EXPECT_TRUE(after_saw_all.load());
+  EXPECT_EQ(probe, last_value) << "the host accumulation did not run exactly once after the last chunk";
   if (priorities) {
     EXPECT_EQ(h2d->bulk_overlaps(), 0) << "a chunk left while an activation copy was pending";
     EXPECT_EQ(h2d->max_bulk_inflight(), 1);
@@ -169,15 +173,16 @@ Burst burst_behind_chunks(bool with_arbiter) {
     auto act = spawn_transfer_actor(a.sys, dev->stream(StreamKind::act_up), "worker0.act_up", ao);
     auto bulk = spawn_transfer_actor(a.sys, dev->stream(StreamKind::param_up), "worker0.param_up", bo);
     caf::scoped_actor self{a.sys};
-    auto me = caf::actor_cast<caf::actor>(self);
-    self->send(bulk, CopyRequest{CopyDir::h2d, dbig.get(), hbig.data(), big, 1, 0, 100, {}, me});
+    auto me = caf::actor_cast<WorkerActor>(self);
+    self->send(bulk, CopyRequest{CopyDir::h2d, dbig.get(), hbig.data(), big, 1, 0, {CopyKind::weights, 100, -1, 0}, {}, me});
     std::this_thread::sleep_for(std::chrono::milliseconds(30));
     const auto t0 = Clock::now();
     for (int i = 0; i < 16; ++i)
-      self->send(act, CopyRequest{CopyDir::h2d, dsmall[size_t(i)].get(), hsmall.data(), small, 0, i, uint64_t(i), {}, me});
+      self->send(act, CopyRequest{CopyDir::h2d, dsmall[size_t(i)].get(), hsmall.data(), small, 0, i,
+                                  {CopyKind::input, uint64_t(i), i, -1}, {}, me});
     for (int i = 0; i < 17; ++i)
       self->receive([&](CopyDone& d) {
-        if (d.token < 16) out.last_done = std::chrono::duration<double>(Clock::now() - t0).count();
+        if (d.what.kind == CopyKind::input) out.last_done = std::chrono::duration<double>(Clock::now() - t0).count();
       });
     self->send_exit(act, caf::exit_reason::user_shutdown);
     self->send_exit(bulk, caf::exit_reason::user_shutdown);

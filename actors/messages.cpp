@@ -1,0 +1,26 @@
+#include "actors/messages.hpp"
+
+#include <fmt/format.h>
+
+namespace rp {
+
+std::string describe(const CopyTag& t) {
+  switch (t.kind) {
+    case CopyKind::input: return fmt::format("input of micro-batch {} (task {})", t.micro_batch, t.task);
+    case CopyKind::output: return fmt::format("output of micro-batch {} (task {})", t.micro_batch, t.task);
+    case CopyKind::weights: return fmt::format("weights of group {} (task {})", t.group, t.task);
+    case CopyKind::gradient: return fmt::format("gradient of group {} (task {})", t.group, t.task);
+  }
+  return "?";
+}
+
+std::string error_text(const caf::error& e) {
+  const caf::message& ctx = e.context();
+  for (size_t i = 0; i < ctx.size(); ++i)
+    if (ctx.match_element<std::string>(i)) return ctx.get_as<std::string>(i);
+  return caf::to_string(e);
+}
+
+void register_protocol(caf::actor_system_config& cfg) { cfg.add_message_types<caf::id_block::roundpipe>(); }
+
+}  // namespace rp
