@@ -168,7 +168,7 @@ void watchdog_tick(SchedPointer self) {
   if (idle < period || st.gathering) return;
   st.last_change = now;  // the next line after another period without progress
   st.gathering = true;
-  gather_status(self, fmt::format("watchdog: no progress for {:.0f} s; waiting for: ", idle),
+  gather_status(self, fmt::format("watchdog: no progress for {:.1f} s; waiting for: ", idle),
                 [self](const std::string& line) {
                   self->state.gathering = false;
                   if (self->state.cfg.warn) self->state.cfg.warn(line);

@@ -73,7 +73,7 @@ class Transfer {
 
   void enqueue(CopyRequest&& r) {
     if (opt_.faults.fire_copy(FaultInjection::Site::transfer_handler, opt_.worker, r.what))
-      throw std::runtime_error(FaultInjection::what(name_ + ": request for the " + describe(r.what)));
+      throw std::runtime_error(FaultInjection::what("request for the " + describe(r.what)));
     auto& st = self_->state;
     if (!opt_.bulk && opt_.arbiter) opt_.arbiter->activation_enqueued();
     st.queue.push(Pending{std::move(r), st.seq++, now()});

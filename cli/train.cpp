@@ -21,8 +21,8 @@ namespace rp {
 namespace {
 
 const StopToken* g_stop = nullptr;
-// First Ctrl-C or SIGTERM: stop after the steps in flight and save them as a checkpoint.
-// Second: leave now (an unfinished checkpoint stays in a *.tmp-<pid> folder, removed by the
+// First Ctrl-C or SIGTERM: stop after the steps in flight and save them as a checkpoint (steps
+// still unfinished after the spec's stop_timeout_s are abandoned, unsaved). Second: leave now (an unfinished checkpoint stays in a *.tmp-<pid> folder, removed by the
 // next run; finished ones are kept).
 void on_signal(int) {
   if (!g_stop->request_stop()) {
@@ -120,7 +120,11 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
   const TrainResult res = Trainer(spec).run(cb, stop);
   signals.reset();
   if (res.stopped) {
-    fmt::print(stderr, "roundpipe: interrupted after {} steps; {}\n", res.steps_done,
+    fmt::print(stderr, "roundpipe: interrupted after {} steps; {}{}\n", res.steps_done,
+               res.steps_abandoned > 0
+                   ? fmt::format("{} step(s) in flight did not finish within {:g} s and were not saved; ",
+                                 res.steps_abandoned, spec.stop_timeout_s)
+                   : std::string(),
                res.checkpoint.empty() ? std::string("finished checkpoints are kept")
                                       : fmt::format("saved {} (continue with --resume {})", res.checkpoint,
                                                     res.checkpoint));

@@ -104,6 +104,7 @@ SessionOptions session_options_of(const TrainSpec& spec, const ModelLayout& layo
   if (!spec.plan.is_null())
     opt.plan = plan_from_json(spec.plan, layout.num_layers(), spec.workers, spec.source + ": key 'plan'");
   opt.trace = spec.trace;
+  opt.watchdog_s = spec.watchdog_s;
   return opt;
 }
 

@@ -44,6 +44,8 @@ void read_scalars(const JsonFields& f, TrainSpec& s) {
   f.optional("compute_dtype", s.compute_dtype);
   if (s.compute_dtype != "bf16" && s.compute_dtype != "f16") f.fail("compute_dtype", "\"bf16\" or \"f16\"", s.compute_dtype);
   f.optional("resume_from", s.resume_from);
+  f.optional("watchdog_s", s.watchdog_s);
+  f.optional("stop_timeout_s", s.stop_timeout_s);
   if (f.has("resume_from") && s.resume_from.empty()) f.fail("resume_from", "a checkpoint folder");
   if (f.has("plan")) s.plan = f.at("plan");
 }
@@ -127,6 +129,8 @@ void check_ranges(const JsonFields& f, const TrainSpec& s) {
   if (s.transfer_chunk_bytes != 0 && s.transfer_chunk_bytes < (int64_t(1) << 16))
     f.fail("transfer_chunk_bytes", "0 (no chunking) or at least 65536 bytes", s.transfer_chunk_bytes);
   if (s.save_every < 0) f.fail("save_every", "an integer >= 0", s.save_every);
+  if (!(s.watchdog_s >= 0)) f.fail("watchdog_s", "a number of seconds >= 0 (0 = off)", s.watchdog_s);
+  if (!(s.stop_timeout_s >= 0)) f.fail("stop_timeout_s", "a number of seconds >= 0", s.stop_timeout_s);
   if (s.output_dir.empty()) f.fail("output_dir", "a non-empty path", s.output_dir);
   if (s.chat_template != "auto") {
     try {
@@ -152,7 +156,7 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
                 "device_memory_gib", "pcie_gbps", "transfer_priorities", "transfer_chunk_bytes", "save_attention",
                 "mlp_chunk_tokens", "output_dir",
                 "save_every", "save_dtype", "trace", "seed", "log_every", "compute_dtype", "loss_scaling",
-                "resume_from", "comment"});
+                "resume_from", "watchdog_s", "stop_timeout_s", "comment"});
   if (!f.has("model")) throw std::invalid_argument(where + ": missing key 'model' (a .gguf file or HF directory)");
   if (!f.has("data")) throw std::invalid_argument(where + ": missing key 'data' (a .jsonl or .txt file, or a directory)");
   TrainSpec s;

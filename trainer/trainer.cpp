@@ -26,17 +26,21 @@ class Run {
   TrainResult execute();
 
  private:
-  double elapsed() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }
+  using Clock = std::chrono::steady_clock;
+  double elapsed() const { return std::chrono::duration<double>(Clock::now() - t0_).count(); }
   std::string path(const std::string& name) const { return spec_.output_dir + "/" + name; }
   void setup();
   void start_session(const ModelLayout& layout, std::vector<std::vector<float>> weights);
   int64_t loop();
-  void report(int64_t t);
-  void report_through(int64_t t);
+  std::optional<StepResult> await(int64_t t);
+  bool report(int64_t t);
+  bool report_through(int64_t t);
+  bool drain(int64_t t);
   void save(const std::string& name);
   void save_profile();
   void evaluate(int64_t steps_done);
   TrainResult finish(int64_t t);
+  TrainResult abandon(int64_t t);
 
   const TrainSpec& spec_;
   const TrainerCallbacks& cb_;
@@ -51,6 +55,7 @@ class Run {
   int64_t reported_ = -1; // last step reported
   double last_report_ = 0;
   std::string last_checkpoint_;
+  std::optional<Clock::time_point> stop_deadline_;  // set when the stop request is first seen
 };
 
 void Run::setup() {
@@ -82,9 +87,26 @@ void Run::start_session(const ModelLayout& layout, std::vector<std::vector<float
                opt.micro.n_seq, spec_.seq_len);
 }
 
-/// Waits for step t and reports it (metrics.csv, then on_step).
-void Run::report(int64_t t) {
-  const StepResult r = session_->wait(t);
+/// Waits for step t, watching the stop token: nullopt once a stop was requested and step t
+/// is not done by spec.stop_timeout_s after the request (a stalled run must still stop).
+/// Outside a stop it waits as long as the step takes (the watchdog reports stalls).
+std::optional<StepResult> Run::await(int64_t t) {
+  for (;;) {
+    if (stop_.stop_requested() && !stop_deadline_)
+      stop_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(spec_.stop_timeout_s));
+    double slice = 0.1;
+    if (stop_deadline_) slice = std::min(slice, std::chrono::duration<double>(*stop_deadline_ - Clock::now()).count());
+    if (auto r = session_->wait_for(t, std::max(slice, 0.0))) return r;
+    if (stop_deadline_ && Clock::now() >= *stop_deadline_) return std::nullopt;
+  }
+}
+
+/// Waits for step t and reports it (metrics.csv, then on_step); false when a stop abandoned it.
+bool Run::report(int64_t t) {
+  const std::optional<StepResult> got = await(t);
+  if (!got) return false;
+  const StepResult& r = *got;
   const double now = elapsed();
   const double dt = now - last_report_;
   const int64_t nsteps = t - reported_;
@@ -106,10 +128,22 @@ void Run::report(int64_t t) {
   s.eta_s = (now / double(t + 1 - start_)) * double(spec_.steps - t - 1);
   metrics_->write(s);
   if (cb_.on_step) cb_.on_step(s);
+  return true;
 }
 
-void Run::report_through(int64_t t) {
-  for (int64_t k = reported_ + 1; k <= t; ++k) report(k);
+bool Run::report_through(int64_t t) {
+  for (int64_t k = reported_ + 1; k <= t; ++k)
+    if (!report(k)) return false;
+  return true;
+}
+
+/// After the loop (t steps closed): reports every closed step. False when a stop request
+/// abandoned some: they did not finish within spec.stop_timeout_s of it.
+bool Run::drain(int64_t t) {
+  if (stop_.stop_requested() && reported_ < t - 1)
+    spdlog::info("stop requested: finishing {} step(s) in flight (at most {:g} s)", t - 1 - reported_,
+                 spec_.stop_timeout_s);
+  return report_through(t - 1);
 }
 
 void Run::save_profile() {
@@ -140,36 +174,73 @@ void Run::evaluate(int64_t steps_done) {
   cb_.on_eval(EvalContext{steps_done, session_->layout(), session_->master_weights()});
 }
 
+/// Runs the steps; returns the number of steps closed (t: steps 0..t-1). A stop request ends
+/// it before the next step is closed, also while it waits for a step.
 int64_t Run::loop() {
   const int64_t per_pass = spec_.sequences_per_step / spec_.accumulation;
   int64_t t = start_;
-  for (; t < spec_.steps && !stop_.stop_requested(); ++t) {
+  while (t < spec_.steps && !stop_.stop_requested()) {
     for (int64_t a = 0; a < spec_.accumulation; ++a) {
       const TokenBatch b = data_->next(per_pass);
       if (cb_.on_batch) cb_.on_batch(t, a, b);
       session_->forward_backward(b.ids, b.targets);
     }
     session_->step(spec_.lr_schedule.at(t));
-    const bool last = t + 1 == spec_.steps;
-    const bool save_now = spec_.save_every > 0 && (t + 1) % spec_.save_every == 0 && !last;
-    const bool eval_now = cb_.on_eval && cb_.eval_every > 0 && (t + 1) % cb_.eval_every == 0 && !last;
+    const int64_t k = t++;  // step k is closed
+    const bool last = k + 1 == spec_.steps;
+    const bool save_now = spec_.save_every > 0 && (k + 1) % spec_.save_every == 0 && !last;
+    const bool eval_now = cb_.on_eval && cb_.eval_every > 0 && (k + 1) % cb_.eval_every == 0 && !last;
     if (save_now || eval_now) {
       // drain before the next step's passes: the pipeline refills afterwards, and the
-      // results do not change (step t+1 computes with the weights of step t-1 anyway)
-      report_through(t);
-      if (save_now) save(fmt::format("checkpoint-{}", t + 1));
-      if (eval_now) evaluate(t + 1);
-    } else if (t > start_ && reported_ < t - 1) {
+      // results do not change (step k+1 computes with the weights of step k-1 anyway)
+      if (!report_through(k)) break;
+      if (save_now) save(fmt::format("checkpoint-{}", k + 1));
+      if (eval_now) evaluate(k + 1);
+    } else if (k > start_ && reported_ < k - 1) {
       // Report one step behind: with the staleness-1 optimizer the next pass is already
-      // queued while step t-1's update finishes.
-      report(t - 1);
+      // queued while step k-1's update finishes.
+      if (!report(k - 1)) break;
     }
   }
   return t;
 }
 
+/// A stop abandoned the steps after reported_: none of them is saved, since their updates may
+/// be half applied (some groups updated, others not). The measured profile is kept.
+TrainResult Run::abandon(int64_t t) {
+  const int64_t done = reported_ + 1;
+  std::string waits;
+  try {
+    waits = session_->status();
+  } catch (const std::exception& e) {
+    waits = e.what();
+  }
+  spdlog::warn("stop: step {} did not finish within {:g} s of the stop request; steps {}..{} are not saved (a "
+               "checkpoint holds only completed steps); waiting for: {}",
+               done, spec_.stop_timeout_s, done, t - 1, waits);
+  try {
+    save_profile();
+  } catch (const std::exception& e) {
+    spdlog::warn("{}", e.what());
+  }
+  TrainResult res;
+  res.first_step = start_;
+  res.steps_done = done;
+  res.steps_abandoned = t - done;
+  res.stopped = true;
+  res.metrics = metrics_->path();
+  res.seconds = elapsed();
+  res.peak_device_bytes = session_->peak_device_bytes();
+  try {
+    res.plan = session_->plan().summary();
+  } catch (const std::exception&) {
+    res.plan = session_->initial_plan().summary();
+  }
+  return res;
+}
+
 TrainResult Run::finish(int64_t t) {
-  report_through(t - 1);
+  if (!drain(t)) return abandon(t);
   session_->synchronize();
   if (spec_.trace) {
     session_->write_trace(path("trace.json"));

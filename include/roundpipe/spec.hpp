@@ -48,6 +48,11 @@ struct TrainSpec {
   /// backoff_factor, growth_interval}); default: on iff compute_dtype is f16.
   std::optional<LossScalerOptions> loss_scaling;
   std::string resume_from;           ///< checkpoint folder to resume from ("" = a fresh run)
+  /// Watchdog: log what the run waits for after this many seconds without progress (0 = off).
+  double watchdog_s = 60;
+  /// After a stop request, wait at most this many seconds for the steps in flight; steps still
+  /// unfinished then are abandoned (never saved).
+  double stop_timeout_s = 60;
 };
 
 /// Parses a spec object. Unknown keys, wrong types and inconsistent values throw

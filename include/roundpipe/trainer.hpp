@@ -32,7 +32,9 @@
 namespace rp {
 
 /// Asks a running Trainer to stop: the steps in flight finish and are saved as
-/// checkpoint-<n> (resume from it). Copies share one flag. request_stop() may be called from
+/// checkpoint-<n> (resume from it); steps still unfinished spec.stop_timeout_s after the
+/// request (a stalled run) are abandoned and not saved (TrainResult::steps_abandoned), so a
+/// stop always ends the run in bounded time. Copies share one flag. request_stop() may be called from
 /// any thread and from a signal handler (it is one lock-free atomic exchange).
 class StopToken {
  public:
@@ -101,8 +103,13 @@ struct TrainResult {
   int64_t first_step = 0;       ///< steps done before this run (resume), else 0
   int64_t steps_done = 0;       ///< steps done in all, including first_step
   bool stopped = false;         ///< a StopToken ended the run before spec.steps
+  /// Stopped: closed steps that did not finish within spec.stop_timeout_s of the request.
+  /// They are not saved (a checkpoint holds only completed steps, never a half-applied one);
+  /// steps_done counts the steps that completed before them.
+  int64_t steps_abandoned = 0;
   std::string checkpoint;       ///< the last checkpoint written by this run ("" when stopped
-                                ///< with no new step since the last one: those are kept)
+                                ///< with no new step since the last one, or with steps
+                                ///< abandoned: earlier checkpoints are kept)
   std::string metrics;          ///< path of metrics.csv
   double seconds = 0;           ///< wall time of run()
   size_t peak_device_bytes = 0; ///< per worker

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "actors/session_testing.hpp"
+#include "tests/actors/bounded.hpp"
 #include "tests/actors/runtime_reference.hpp"
 #include "trace/trace_check.hpp"
 
@@ -409,38 +410,6 @@ TEST(Runtime, DeviceOutOfMemoryIsATypedFailure) {
 // a refused prefetch leaves the next stage queued intact. Capacities are found from the
 // session's own peak bytes, not hard-coded, so the tests follow changes of the buffers a
 // stage allocates. Session::memory_events() tells whether a run went through the wait.
-
-/// Runs `fn` (one whole session) under a watchdog: a run must finish or fail, and one still
-/// going after `limit` hangs; the program then aborts naming `what`. The limit is a bound for
-/// a hang, not a timing assertion: these runs take well under a second.
-template <class F>
-auto bounded(const std::string& what, F&& fn, std::chrono::seconds limit = std::chrono::seconds(60)) {
-  struct Watchdog {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    std::thread th;
-    Watchdog(const std::string& what, std::chrono::seconds limit) {
-      th = std::thread([this, what, limit] {
-        std::unique_lock lk(mu);
-        if (!cv.wait_for(lk, limit, [this] { return done; })) {
-          std::fprintf(stderr, "%s: neither finished nor failed within %lld s: the run hangs\n", what.c_str(),
-                       static_cast<long long>(limit.count()));
-          std::abort();
-        }
-      });
-    }
-    ~Watchdog() {
-      {
-        std::lock_guard lk(mu);
-        done = true;
-      }
-      cv.notify_all();
-      th.join();
-    }
-  } dog(what, limit);
-  return fn();
-}
 
 /// Device bytes of the plan's largest stage on its own: one pass with every stage on a worker
 /// of its own (no prefetched stage beside it, no earlier stage's gradients draining), so each

@@ -135,6 +135,8 @@ TEST(Cli, BadSpecsGiveOneLineNamingTheKey) {
       {", \"optimizer\": {\"lr\": 1e-3, \"beta\": 0.9}", "unknown key 'optimizer.beta'"},
       {", \"lr_schedule\": {\"kind\": \"exp\"}", "exp"},
       {", \"plan\": {\"forward\": [[0,1]], \"tail\": [3,3], \"backward\": [[1,0]]}", "tail stage"},
+      {", \"watchdog_s\": -1", "key 'watchdog_s': expected a number of seconds >= 0 (0 = off), got -1"},
+      {", \"stop_timeout_s\": \"soon\"", "key 'stop_timeout_s'"},
   };
   for (auto& c : cases) {
     write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run", c.extra));

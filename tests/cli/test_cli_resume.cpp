@@ -4,6 +4,8 @@
 // one line naming the file.
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include <nlohmann/json.hpp>
 
 #include "tests/cli/cli_util.hpp"
@@ -127,6 +129,35 @@ TEST(CliResume, SigtermSavesTheStepsDoneAndTheRunContinuesFromThem) {
                        d);
   ASSERT_EQ(b.code, 0) << b.err << b.out;
   EXPECT_EQ(losses(d / "b/metrics.csv").size(), 2u);
+  fs::remove_all(d);
+}
+
+// A run stuck on a 1 KB/s emulated link (pcie_gbps 1e-6: a weight copy takes minutes) says
+// what it waits for (the watchdog), and one SIGTERM ends it within stop_timeout_s plus the
+// teardown: exit code 130, no checkpoint of the unfinished steps.
+TEST(CliResume, OneSigtermEndsARunStuckOnASlowLink) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  write(d / "data.jsonl", kData);
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "a",
+                                  ", \"steps\": 100, \"backend\": \"cpu\", \"pcie_gbps\": 1e-6, "
+                                  "\"watchdog_s\": 1, \"stop_timeout_s\": 1"));
+  // timeout passes the SIGTERM on (once: --foreground), and kills a run that ignores it (rc 137)
+  // instead of hanging the test
+  const std::string cmd = "cd " + d.string() + " && (timeout --foreground -s KILL 60 " + std::string(RP_BUILD_DIR) +
+                          "/roundpipe train spec.json > out.txt 2> err.txt < /dev/null & pid=$!; sleep 3;" +
+                          " kill -TERM $pid; wait $pid; echo $? > rc.txt)";
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string all = slurp(d / "out.txt") + slurp(d / "err.txt");
+  EXPECT_EQ(slurp(d / "rc.txt"), "130\n") << all;
+  EXPECT_LT(seconds, 15.0) << "3 s before the signal, 1 s stop timeout: the stop took too long\n" << all;
+  EXPECT_NE(all.find("watchdog: no progress for"), std::string::npos) << all;
+  EXPECT_NE(all.find("copies outstanding"), std::string::npos) << all;
+  EXPECT_NE(all.find("did not finish within 1 s and were not saved"), std::string::npos) << all;
+  for (const auto& e : fs::directory_iterator(d / "a"))
+    EXPECT_EQ(e.path().filename().string().rfind("checkpoint-", 0), std::string::npos) << e.path();
   fs::remove_all(d);
 }
 

@@ -2,16 +2,20 @@
 // code through the command): callbacks in step order with what metrics.csv records, the
 // evaluation point sees exactly the weights of its step, a StopToken triggered from another
 // thread leaves a checkpoint that continues bit for bit, and bad specs are refused before
-// anything is written.
+// anything is written; a failure injected into a device op, a copy or an optimizer job ends
+// run() with an error naming it; a stop while a copy is stuck on a throttled link ends the run
+// in bounded time without saving the unfinished steps.
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "actors/session_testing.hpp"
 #include "model/safetensors.hpp"
 #include "roundpipe/trainer.hpp"
 #include "tests/cli/cli_util.hpp"
@@ -162,6 +166,81 @@ TEST(Trainer, StopFromAnotherThreadLeavesACheckpointThatContinuesBitForBit) {
   for (const char* f : {"model.safetensors", "optimizer.bin"})
     EXPECT_TRUE(bytes_of(d / "whole/final" / f) == bytes_of(d / "part/final" / f)) << f;
   EXPECT_EQ(losses(d / "whole/metrics.csv"), losses(d / "part/metrics.csv"));
+  fs::remove_all(d);
+}
+
+// A failure on any of the runtime's threads ends run() with a RuntimeFailure naming it,
+// promptly (the run takes well under a second), never a hang.
+TEST(Trainer, AFailureInTheRuntimeEndsTheRunWithAnErrorNamingIt) {
+  auto d = tmpdir();
+  using Site = rp::FaultInjection::Site;
+  struct Case {
+    const char* name;
+    rp::FaultInjection f;
+    std::string needle;
+  };
+  std::vector<Case> cases(3);
+  cases[0].name = "device op";
+  cases[0].f.site = Site::device_op;
+  cases[0].f.micro_batch = 1;
+  cases[0].needle = "injected failure: device op of micro-batch 1";
+  cases[1].name = "copy";
+  cases[1].f.site = Site::transfer;
+  cases[1].f.copy = rp::CopyKind::output;
+  cases[1].needle = "injected failure: worker0.act_down: copy of the output of micro-batch 0";
+  cases[2].name = "optimizer job";
+  cases[2].f.site = Site::optimizer_job;
+  cases[2].f.group = 1;
+  cases[2].f.step = 1;
+  cases[2].needle = "AdamW update of step 1 of group 1 failed: injected failure";
+  for (const Case& c : cases) {
+    rp::ScopedFaultInjection inject(c.f);
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      rp::Trainer(tiny_spec(d, std::string("failed-") + c.name, 4)).run();
+      ADD_FAILURE() << c.name << ": expected RuntimeFailure";
+    } catch (const rp::RuntimeFailure& e) {
+      EXPECT_NE(std::string(e.what()).find(c.needle), std::string::npos) << c.name << ": " << e.what();
+    }
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0) << c.name;
+    EXPECT_FALSE(fs::exists(d / (std::string("failed-") + c.name) / "final")) << c.name;
+  }
+  fs::remove_all(d);
+}
+
+// A link of 1 KB/s (pcie_gbps 1e-6): nothing completes for minutes. A stop ends the run within
+// stop_timeout_s plus the teardown, saves no checkpoint of the unfinished steps (their updates
+// could be half applied) and says how many it abandoned.
+TEST(Trainer, StopWhileACopyIsStuckEndsInBoundedTimeAndSavesNoHalfStep) {
+  auto d = tmpdir();
+  rp::TrainSpec spec = tiny_spec(d, "stuck", 50);
+  spec.backend = "cpu";
+  spec.pcie_gbps = 1e-6;
+  spec.stop_timeout_s = 0.5;
+  spec.watchdog_s = 0.3;
+  rp::StopToken stop;
+  rp::TrainerCallbacks cb;
+  std::thread stopper;
+  std::chrono::steady_clock::time_point asked;
+  cb.on_ready = [&] {
+    stopper = std::thread([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      asked = std::chrono::steady_clock::now();
+      stop.request_stop();
+    });
+  };
+  const rp::TrainResult res = rp::Trainer(spec).run(cb, stop);
+  const double after_stop = std::chrono::duration<double>(std::chrono::steady_clock::now() - asked).count();
+  stopper.join();
+  EXPECT_TRUE(res.stopped);
+  EXPECT_EQ(res.steps_done, 0);
+  EXPECT_GE(res.steps_abandoned, 1);
+  EXPECT_EQ(res.checkpoint, "");
+  EXPECT_LT(after_stop, 10.0) << "the stop took " << after_stop << " s (stop_timeout_s 0.5)";
+  for (const auto& e : fs::directory_iterator(d / "stuck"))
+    EXPECT_EQ(e.path().filename().string().rfind("checkpoint-", 0), std::string::npos) << e.path();
+  EXPECT_FALSE(fs::exists(d / "stuck/final"));
+  EXPECT_TRUE(fs::exists(d / "stuck/profile.json"));
   fs::remove_all(d);
 }
 
