@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <queue>
 #include <stdexcept>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "scheduler/stage_progress.hpp"
 #include "trace/chrome_trace.hpp"
 
 namespace rp {
@@ -67,91 +69,258 @@ void check(const IterationPlan& plan, const std::vector<StageCost>& costs, const
   }
 }
 
-struct Gpu {
-  double free[5] = {0, 0, 0, 0, 0};  // per SimInterval::Stream
-  std::vector<double> comp_end, down_end;  // per unit (micro-batch computed), in order
-  std::vector<double> task_finish;         // per task, in order
-  double busy = 0;
+/// The discrete-event replay behind simulate(): each GPU runs its tasks by StageProgress, the
+/// rules the worker runs (scheduler/stage_progress.hpp), on FIFO streams with the costs' times.
+class Replay {
+ public:
+  Replay(const IterationPlan& plan, const std::vector<StageCost>& costs, const SimOptions& o, int iterations)
+      : plan_(plan), costs_(costs), o_(o), S_(int(plan.stages.size())), T_(iterations) {
+    gpus_.resize(size_t(o.gpus));
+    for (int q = 0; q < T_ * S_; ++q) {
+      Task tk;
+      tk.t = q / S_;
+      tk.s = q % S_;
+      tk.gpu = int((o.pointer + int64_t(q)) % o.gpus);
+      tk.k = gpus_[size_t(tk.gpu)].order.size();
+      tk.prog = StageProgress(o.micro_batches, o.act_slots);
+      tk.input.assign(size_t(o.micro_batches), 0);
+      gpus_[size_t(tk.gpu)].order.push_back(q);
+      tasks_.push_back(std::move(tk));
+    }
+    published_.assign(size_t(T_), std::vector<char>(size_t(plan.num_layers), 0));
+    remaining_.assign(size_t(T_), S_);
+    admitted_.assign(size_t(T_), 0);
+    r_.iteration_end.assign(size_t(T_), 0.0);
+  }
+
+  SimResult run() {
+    for (int t = 0; t < T_; ++t)
+      if (o_.passes_in_flight == 0 || t < o_.passes_in_flight) admit(t);
+    advance_all(0.0);
+    while (!events_.empty()) {
+      const Event e = events_.top();
+      events_.pop();
+      handle(e);
+      advance_all(e.time);
+    }
+    for (const Task& tk : tasks_)
+      if (tk.finish < 0)
+        throw std::logic_error(fmt::format("simulate: stage {} of iteration {} never finished (the replay stalled)",
+                                           tk.s, tk.t));
+    for (auto& g : gpus_) r_.gpu_busy.push_back(g.busy);
+    return std::move(r_);
+  }
+
+ private:
+  struct Task {
+    int t = 0, s = 0, gpu = 0;
+    size_t k = 0;  ///< index among its GPU's tasks
+    StageProgress prog;
+    std::vector<char> input;  ///< the previous stage's output of micro-batch m is on the host
+    bool params_issued = false, params_done = false, grads_done = false;
+    bool work_ready = false;  ///< became current: holds every slot early start did not give it
+    double retired = -1, finish = -1;
+  };
+  struct GpuState {
+    std::vector<int> order;  ///< its tasks, in dealt order
+    size_t cur = 0;          ///< index of the current task in `order`
+    double free[5] = {0, 0, 0, 0, 0};
+    double busy = 0;
+  };
+  enum class Kind : uint8_t { upload, compute, download, params, grads, publish };
+  struct Event {
+    double time;
+    uint64_t seq;
+    Kind kind;
+    int q;      ///< task (publish: iteration)
+    int64_t m;  ///< micro-batch (publish: layer)
+    bool operator<(const Event& e) const { return time != e.time ? time > e.time : seq > e.seq; }
+  };
+
+  static double xfer(int64_t bytes, double bw) { return bw > 0 ? double(bytes) / bw : 0.0; }
+
+  /// Issues `seconds` of work on GPU g's stream `st` at `now` (FIFO); returns when it ends.
+  double issue(int g, SimInterval::Stream st, double now, double seconds, int q, int64_t m, Kind done) {
+    GpuState& gp = gpus_[size_t(g)];
+    const double a = std::max(now, gp.free[st]), b = a + seconds;
+    gp.free[st] = b;
+    if (o_.record_timeline && b > a) r_.timeline.push_back({g, st, tasks_[size_t(q)].t, tasks_[size_t(q)].s, m, a, b});
+    events_.push({b, seq_++, done, q, m});
+    return b;
+  }
+
+  void admit(int t) { admitted_[size_t(t)] = 1; }
+  bool dealt(const Task& tk) const { return admitted_[size_t(tk.t)] != 0; }
+
+  /// The parameters of task q may upload: its pass is dealt, a weight buffer is free (the task
+  /// weight_buffers back retired; with one buffer the previous task finished), and the
+  /// updates it must contain (rule 1: iteration t - 1 - staleness) are published.
+  bool params_may_upload(const Task& tk) const {
+    if (tk.params_issued || !dealt(tk)) return false;
+    const GpuState& gp = gpus_[size_t(tk.gpu)];
+    const size_t wb = size_t(o_.weight_buffers);
+    if (tk.k >= wb) {
+      const Task& back = tasks_[size_t(gp.order[tk.k - wb])];
+      if ((wb == 1 ? back.finish : back.retired) < 0) return false;
+    }
+    const int dep = tk.t - 1 - o_.staleness;
+    if (dep >= 0) {
+      const Stage& st = plan_.stages[size_t(tk.s)];
+      for (int l = st.first; l <= st.last; ++l)
+        if (!published_[size_t(dep)][size_t(l)]) return false;
+    }
+    return true;
+  }
+
+  bool input_ready(const Task& tk, int64_t m) const {
+    return m < o_.micro_batches && (tk.s == 0 ? dealt(tk) : tk.input[size_t(m)] != 0);
+  }
+
+  void uploads(int q, double now) {
+    Task& tk = tasks_[size_t(q)];
+    while (tk.prog.upload_wait(input_ready(tk, tk.prog.next_upload())) == StageProgress::Wait::none) {
+      const int64_t m = tk.prog.upload_issued(1);
+      issue(tk.gpu, SimInterval::act_up, now, xfer(costs_[size_t(tk.s)].act_up_bytes, o_.bandwidth.act_up), q, m,
+            Kind::upload);
+    }
+  }
+
+  /// Makes every move GPU g's tasks may make at `now`; returns whether it made one.
+  bool advance(int g, double now) {
+    GpuState& gp = gpus_[size_t(g)];
+    if (gp.cur >= gp.order.size()) return false;
+    const int q = gp.order[gp.cur];
+    Task& cur = tasks_[size_t(q)];
+    if (!dealt(cur)) return false;
+    bool moved = false;
+    for (size_t i = gp.cur; i < gp.order.size() && i <= gp.cur + 1; ++i) {
+      Task& tk = tasks_[size_t(gp.order[i])];
+      if (!params_may_upload(tk)) continue;
+      tk.params_issued = moved = true;
+      issue(g, SimInterval::param_up, now, xfer(costs_[size_t(tk.s)].param_bytes, o_.bandwidth.param_up),
+            gp.order[i], -1, Kind::params);
+    }
+    if (!cur.work_ready) {  // the current task's work buffers
+      cur.work_ready = true;
+      for (int j = 0; j < cur.prog.slots() && j < o_.micro_batches; ++j)
+        if (!cur.prog.holds_slot(j)) cur.prog.hold_slot(j);
+    }
+    const int64_t up0 = cur.prog.next_upload(), comp0 = cur.prog.next_compute();
+    uploads(q, now);
+    while (cur.prog.compute_wait(true, cur.params_done) == StageProgress::Wait::none) {
+      const int64_t m = cur.prog.compute_issued();
+      issue(g, SimInterval::compute, now, costs_[size_t(cur.s)].compute, q, m, Kind::compute);
+      gp.busy += costs_[size_t(cur.s)].compute;
+    }
+    moved |= up0 != cur.prog.next_upload() || comp0 != cur.prog.next_compute();
+    // early start: the prefetched next task takes the slots this one is done with
+    if (gp.cur + 1 < gp.order.size() && o_.weight_buffers > 1) {
+      const int nq = gp.order[gp.cur + 1];
+      Task& next = tasks_[size_t(nq)];
+      if (next.params_issued) {
+        for (int j = 0; j < next.prog.slots() && j < o_.micro_batches; ++j)
+          if (!next.prog.holds_slot(j) && cur.prog.may_hand_over(j)) {
+            cur.prog.drop_slot(j);
+            next.prog.hold_slot(j);
+          }
+        const int64_t n0 = next.prog.next_upload();
+        uploads(nq, now);
+        moved |= n0 != next.prog.next_upload();
+      }
+    }
+    // retired (every micro-batch computed): the next task becomes current, with one buffer
+    // only once this one finished
+    if (cur.retired >= 0 && (o_.weight_buffers > 1 || cur.finish >= 0)) {
+      gp.cur++;
+      moved = true;
+    }
+    return moved;
+  }
+
+  void advance_all(double now) {
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (int g = 0; g < o_.gpus; ++g) moved |= advance(g, now);
+    }
+  }
+
+  void maybe_finish(int q, double now) {
+    Task& tk = tasks_[size_t(q)];
+    if (tk.finish >= 0 || !tk.grads_done || !tk.prog.outputs_done()) return;
+    tk.finish = now;
+    r_.iteration_end[size_t(tk.t)] = std::max(r_.iteration_end[size_t(tk.t)], now);
+    if (--remaining_[size_t(tk.t)] == 0 && o_.passes_in_flight > 0 && tk.t + o_.passes_in_flight < T_)
+      admit(tk.t + o_.passes_in_flight);
+  }
+
+  void handle(const Event& e) {
+    if (e.kind == Kind::publish) {
+      published_[size_t(e.q)][size_t(e.m)] = 1;
+      return;
+    }
+    Task& tk = tasks_[size_t(e.q)];
+    const StageCost& c = costs_[size_t(tk.s)];
+    const Stage& st = plan_.stages[size_t(tk.s)];
+    switch (e.kind) {
+      case Kind::upload:
+        tk.prog.upload_copy_done(e.m);
+        break;
+      case Kind::compute:
+        tk.prog.computed(e.m, 1);
+        issue(tk.gpu, SimInterval::act_down, e.time, xfer(c.act_down_bytes, o_.bandwidth.act_down), e.q, e.m,
+              Kind::download);
+        if (!tk.prog.retired()) break;
+        // retirement: the gradients drain (forward stages have none)
+        tk.retired = e.time;
+        if (st.kind == StageKind::forward)
+          tk.grads_done = true;
+        else
+          issue(tk.gpu, SimInterval::grad_down, e.time, xfer(c.grad_bytes, o_.bandwidth.grad_down), e.q, -1,
+                Kind::grads);
+        break;
+      case Kind::download:
+        tk.prog.download_copy_done(e.m);
+        if (tk.s + 1 < S_) tasks_[size_t(e.q + 1)].input[size_t(e.m)] = 1;
+        maybe_finish(e.q, e.time);
+        break;
+      case Kind::params:
+        tk.params_done = true;
+        break;
+      case Kind::grads:
+        tk.grads_done = true;
+        for (int l = st.first; l <= st.last; ++l)
+          events_.push({e.time + (o_.optimizer_seconds.empty() ? 0.0 : o_.optimizer_seconds[size_t(l)]), seq_++,
+                        Kind::publish, tk.t, l});
+        maybe_finish(e.q, e.time);
+        break;
+      case Kind::publish:
+        break;
+    }
+  }
+
+  const IterationPlan& plan_;
+  const std::vector<StageCost>& costs_;
+  const SimOptions& o_;
+  const int S_, T_;
+  std::vector<Task> tasks_;  ///< q = t * S + s
+  std::vector<GpuState> gpus_;
+  std::vector<std::vector<char>> published_;  ///< [iteration][layer]: its update is on the host
+  std::vector<int> remaining_;                ///< per iteration: tasks not finished
+  std::vector<char> admitted_;                ///< per iteration: its pass is dealt
+  std::priority_queue<Event> events_;
+  uint64_t seq_ = 0;
+  SimResult r_;
 };
 
 }  // namespace
 
 SimResult simulate(const IterationPlan& plan, const std::vector<StageCost>& costs, const SimOptions& o) {
   check(plan, costs, o);
-  const int S = int(plan.stages.size()), G = o.gpus, L = plan.num_layers;
+  const int S = int(plan.stages.size()), G = o.gpus;
   const int cycle = G / std::gcd(S, G);
   const int iterations = o.iterations > 0 ? o.iterations : std::max(4, 2 * cycle + 2);
   const int64_t M = o.micro_batches;
-  const auto& bw = o.bandwidth;
-  std::vector<Gpu> gpus(static_cast<size_t>(G));
-  // publish[t][l]: when iteration t's update of layer l is on the host
-  std::vector<std::vector<double>> publish(size_t(iterations), std::vector<double>(size_t(L), 0.0));
-  SimResult r;
-  r.iteration_end.assign(size_t(iterations), 0.0);
-  std::vector<double> prev_down(size_t(M), 0.0), cur_down(size_t(M), 0.0);
-  auto record = [&](int g, SimInterval::Stream st, int t, int s, int64_t m, double a, double b) {
-    if (o.record_timeline && b > a) r.timeline.push_back({g, st, t, s, m, a, b});
-  };
-
-  for (int t = 0; t < iterations; ++t) {
-    const double admitted = o.passes_in_flight > 0 && t >= o.passes_in_flight
-                                ? r.iteration_end[size_t(t - o.passes_in_flight)]
-                                : 0.0;
-    const int dep_iter = t - 1 - o.staleness;  // whose update the weights must include
-    for (int s = 0; s < S; ++s) {
-      const Stage& st = plan.stages[size_t(s)];
-      const StageCost& c = costs[size_t(s)];
-      const int g = int((o.pointer + int64_t(t) * S + s) % G);
-      Gpu& gp = gpus[size_t(g)];
-      const size_t k = gp.task_finish.size();  // this task's index on the GPU
-      // parameters: a free buffer, the admitted pass, the updates they must contain
-      double ready = admitted;
-      if (k >= size_t(o.weight_buffers)) ready = std::max(ready, gp.task_finish[k - size_t(o.weight_buffers)]);
-      if (dep_iter >= 0)
-        for (int l = st.first; l <= st.last; ++l) ready = std::max(ready, publish[size_t(dep_iter)][size_t(l)]);
-      const double p0 = std::max(gp.free[SimInterval::param_up], ready);
-      const double p1 = p0 + xfer(c.param_bytes, bw.param_up);
-      gp.free[SimInterval::param_up] = p1;
-      record(g, SimInterval::param_up, t, s, -1, p0, p1);
-      // without prefetch the whole task waits for the previous one (the current worker)
-      const double gate = o.weight_buffers == 1 && k > 0 ? std::max(admitted, gp.task_finish[k - 1]) : admitted;
-      for (int64_t m = 0; m < M; ++m) {
-        const size_t u = gp.comp_end.size();
-        const size_t slots = size_t(o.act_slots);
-        double in = s > 0 ? prev_down[size_t(m)] : admitted;
-        double u0 = std::max({gp.free[SimInterval::act_up], in, gate, u >= slots ? gp.comp_end[u - slots] : 0.0});
-        double u1 = u0 + xfer(c.act_up_bytes, bw.act_up);
-        gp.free[SimInterval::act_up] = u1;
-        record(g, SimInterval::act_up, t, s, m, u0, u1);
-        double c0 = std::max({gp.free[SimInterval::compute], u1, p1, u >= slots ? gp.down_end[u - slots] : 0.0});
-        double c1 = c0 + c.compute;
-        gp.free[SimInterval::compute] = c1;
-        gp.busy += c.compute;
-        record(g, SimInterval::compute, t, s, m, c0, c1);
-        double d0 = std::max(gp.free[SimInterval::act_down], c1);
-        double d1 = d0 + xfer(c.act_down_bytes, bw.act_down);
-        gp.free[SimInterval::act_down] = d1;
-        record(g, SimInterval::act_down, t, s, m, d0, d1);
-        gp.comp_end.push_back(c1);
-        gp.down_end.push_back(d1);
-        cur_down[size_t(m)] = d1;
-      }
-      double finish = gp.down_end.back();
-      if (st.kind != StageKind::forward) {
-        const double g0 = std::max(gp.free[SimInterval::grad_down], finish);
-        const double g1 = g0 + xfer(c.grad_bytes, bw.grad_down);
-        gp.free[SimInterval::grad_down] = g1;
-        record(g, SimInterval::grad_down, t, s, -1, g0, g1);
-        finish = g1;
-        for (int l = st.first; l <= st.last; ++l)
-          publish[size_t(t)][size_t(l)] =
-              g1 + (o.optimizer_seconds.empty() ? 0.0 : o.optimizer_seconds[size_t(l)]);
-      }
-      gp.task_finish.push_back(finish);
-      r.iteration_end[size_t(t)] = std::max(r.iteration_end[size_t(t)], finish);
-      std::swap(prev_down, cur_down);
-    }
-  }
+  SimResult r = Replay(plan, costs, o, iterations).run();
 
   const int n = iterations;
   r.makespan = *std::max_element(r.iteration_end.begin(), r.iteration_end.end());
@@ -167,10 +336,9 @@ SimResult simulate(const IterationPlan& plan, const std::vector<StageCost>& cost
         (r.iteration_end[size_t(n - 1)] - r.iteration_end[size_t(n - 1 - span)]) / double(span);
   }
   double busy = 0, work = 0;
-  for (auto& gp : gpus) {
-    r.gpu_busy.push_back(gp.busy);
-    r.gpu_idle.push_back(r.makespan - gp.busy);
-    busy += gp.busy;
+  for (double b : r.gpu_busy) {
+    r.gpu_idle.push_back(r.makespan - b);
+    busy += b;
   }
   for (auto& c : costs) work += double(M) * c.compute;
   r.bubble_ratio = r.makespan > 0 ? 1 - busy / (double(G) * r.makespan) : 0;

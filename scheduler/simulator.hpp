@@ -2,23 +2,32 @@
 // on G simulated GPUs, each with one compute stream and four FIFO copy
 // streams (activation upload, activation download, parameter upload, gradient download),
 // over several iterations, and reports iteration time, bubble ratio and per-GPU idle time.
-//
-// Rules (they mirror actors/: dispatch, transfer priorities, protocol, staleness):
+// A discrete-event replay: each GPU runs its stage tasks by StageProgress
+// (scheduler/stage_progress.hpp), the per-micro-batch rules the worker runs, so the two
+// cannot drift apart. The rules (they mirror actors/: dispatch, transfer, protocol, staleness):
 //  - stage s of iteration t is task q = t*S + s, on GPU (pointer + q) mod G: the deal
 //    pointer carries over, so iterations follow each other with no flush;
-//  - a GPU runs its tasks in q order, each over micro-batches 0..M-1 in order;
+//  - a GPU runs its tasks in q order, each over micro-batches 0..M-1 in order, one copy per
+//    micro-batch and direction;
 //  - micro-batch m of stage s > 0 is uploaded once stage s-1 downloaded its output;
-//  - act_slots (2) micro-batch slots: the upload of unit u (the u-th micro-batch the GPU
-//    computes, counted across tasks) waits for the compute of unit u - slots, so inputs
-//    arrive one micro-batch early; the compute of u waits for the download of u - slots;
-//  - parameters of a task are uploaded on the parameter stream into one of
-//    weight_buffers buffers (2: prefetched during the previous task; 1: only after the
-//    previous task finished, as the current worker does);
-//  - gradients are downloaded after the task's last micro-batch; the task finishes then;
+//  - act_slots (2) micro-batch slots (StageProgress): the upload of m waits for the compute
+//    of m - slots, so inputs arrive one micro-batch early; the compute of m waits for its
+//    upload, the task's weights and the download of m - slots; computes run only in the GPU's
+//    current task;
+//  - a task retires with its last compute: its gradients start down (tail and backward
+//    stages) and the next task becomes current while its last outputs still download; early
+//    start: a prefetched next task takes each slot the current one finished (its last
+//    download there done, all its uploads issued) and uploads into it at once;
+//  - parameters of a task are uploaded on the parameter stream into one of weight_buffers
+//    buffers, freed when the task weight_buffers back retires (2: prefetched while the
+//    previous task computes); with 1 the whole task waits until the previous one finished;
 //  - parameter integrity / staleness (rule 1 of docs/protocol.md): the upload of layer l for
 //    iteration t waits for the optimizer's update of l from iteration t - 1 - staleness
 //    (gradient download + optimizer_seconds[l]);
-//  - at most passes_in_flight iterations are admitted at once (host activation slots).
+//  - a task finishes once its outputs and gradients are down; at most passes_in_flight
+//    iterations are admitted at once (host activation slots).
+// Not modelled: the memory cap, chunked and priority-arbitrated copies on one shared link
+// (the four streams are independent), the worker's prefetch behind a weightless stage.
 // Bubble of one isolated uniform iteration: N(N-1) / (M*S + N(N-1)) stage-units (fill/drain).
 #pragma once
 #include <cstdint>
