@@ -25,6 +25,8 @@ struct FaultInjection {
                        ///< transfer actor dies)
     optimizer_job,     ///< the AdamW update of `group` for step `step` throws on the shard's
                        ///< job thread
+    scheduler_handler, ///< the scheduler's handler of the first StageDone throws (the
+                       ///< scheduler dies: later waits see it go down)
   };
   Site site = Site::none;
   int worker = 0;            ///< device_op, worker_handler, transfer, transfer_handler
@@ -51,6 +53,8 @@ struct FaultInjection {
     if (per_mb ? t.micro_batch != micro_batch : t.group != group) return false;
     return armed->exchange(false);
   }
+  /// True (once) for the scheduler's first StageDone.
+  bool fire_scheduler() const { return site == Site::scheduler_handler && armed->exchange(false); }
   /// True (once) for the AdamW update of group g for step k.
   bool fire_update(int g, int64_t k) const {
     if (site != Site::optimizer_job || g != group || k != step) return false;

@@ -337,6 +337,7 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
       [=](StageDone& d) {
         auto& st = self->state;
         progress(self).tick();
+        if (st.cfg.faults.fire_scheduler()) throw std::runtime_error(FaultInjection::what("a StageDone handler"));
         auto it = st.passes.find(d.pass);
         if (it == st.passes.end()) return;
         auto& si = st.steps[it->second.step];

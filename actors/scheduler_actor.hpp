@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/fault_injection.hpp"
 #include "actors/messages.hpp"
 #include "actors/pass_buffers.hpp"
 #include "actors/run_progress.hpp"
@@ -69,6 +70,7 @@ struct SchedulerConfig {
   /// The run's progress count, bumped by the workers and shards (and the scheduler); may be
   /// null (then only the scheduler's own events count).
   RunProgress* progress = nullptr;
+  FaultInjection faults;  ///< testing only (fault_injection.hpp)
 };
 
 /// Spawns the scheduler. Wire workers and shards with SetPeers before submitting.

@@ -236,6 +236,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
   sc.warn = opt.watchdog_log;
   if (!sc.warn) sc.warn = [](const std::string& line) { spdlog::warn("{}", line); };
   sc.progress = &I.progress;
+  sc.faults = internals.faults;
   for (int i = 0; i < opt.pass_slots; ++i)  // one worker runs stages in dealt order: passes share activations
     sc.pass_slots.push_back(std::make_shared<PassBuffers>(
         layout, I.plan, opt.micro_batches, opt.micro, dt,

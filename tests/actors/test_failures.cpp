@@ -1,6 +1,6 @@
 // Dying actors and stalled runs (actors/fault_injection.hpp, the scheduler's watchdog):
 //  - a failure injected into a device op, a copy on a transfer stream, a transfer actor's
-//    handler, a worker's handler or an optimizer job reaches Session::wait and synchronize
+//    handler, a worker's handler, an optimizer job or the scheduler's handler reaches Session::wait and synchronize
 //    as a RuntimeFailure naming what failed, promptly, for every later waiter too, and the
 //    session is torn down without hanging;
 //  - a run stuck on a throttled link makes the watchdog log one line naming what it waits
@@ -152,6 +152,14 @@ TEST(Failures, OptimizerJobFailureReachesEveryWaiter) {
     expect_failure(async ? "optimizer job, async" : "optimizer job, sync", r,
                    {"optimizer shard ", "AdamW update of step 0 of group 1 failed: injected failure: the AdamW kernel"});
   }
+}
+
+// The scheduler itself dies: the waiter it holds hears of it before it goes, later waits see
+// it gone (Session::wait monitors it) instead of hanging.
+TEST(Failures, SchedulerDyingFailsEveryWaiter) {
+  Scenario r;
+  r.faults.site = Site::scheduler_handler;
+  expect_failure("scheduler dies", r, {"scheduler", "injected failure: a StageDone handler"});
 }
 
 /// Collects the watchdog's lines (from the scheduler's thread).
