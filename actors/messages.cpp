@@ -21,6 +21,16 @@ std::string error_text(const caf::error& e) {
   return caf::to_string(e);
 }
 
+std::string exception_text(const std::exception_ptr& x) {
+  try {
+    std::rethrow_exception(x);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+  }
+  return "unknown exception";
+}
+
 void register_protocol(caf::actor_system_config& cfg) { cfg.add_message_types<caf::id_block::roundpipe>(); }
 
 }  // namespace rp

@@ -48,8 +48,10 @@
 // when one goes down, and Session::wait monitors the scheduler.
 #pragma once
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <caf/all.hpp>
@@ -192,6 +194,9 @@ struct CopyTag {
 };
 /// "input of micro-batch 3 (task 7)", "weights of group 2 (task 7)", ...
 std::string describe(const CopyTag& t);
+inline bool operator<(const CopyTag& a, const CopyTag& b) {
+  return std::tie(a.kind, a.task, a.micro_batch, a.group) < std::tie(b.kind, b.task, b.micro_batch, b.group);
+}
 /// Host work after a copy completed and before CopyDone: dst[i] += src[i] for i < n (a later
 /// gradient contribution of one step, tied embeddings: the staging buffer into the slot).
 struct HostAccumulate {
@@ -318,6 +323,15 @@ struct LossScales {
 /// an actor put into it when it has one (make_error(sec::runtime_error, text)), else CAF's
 /// own rendering ("request_receiver_down", ...).
 std::string error_text(const caf::error& e);
+/// The text of an exception an actor caught in its exception handler: what(), or "unknown
+/// exception".
+std::string exception_text(const std::exception_ptr& x);
+/// The exit reason of an actor that ends with the failure `text` (error_text reads it back).
+inline caf::error failure_reason(const std::string& text) { return caf::make_error(caf::sec::runtime_error, text); }
+/// True for the exit reasons of a deliberate end (quit(), Shutdown, exit on user shutdown).
+inline bool is_shutdown(const caf::error& reason) {
+  return reason == caf::exit_reason::normal || reason == caf::exit_reason::user_shutdown;
+}
 
 /// Registers the protocol's message types (the type-ID block below) with an actor system's
 /// configuration, so CAF names them in errors and traces. Call before creating the system.

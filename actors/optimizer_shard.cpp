@@ -139,17 +139,10 @@ ShardActor::behavior_type shard_impl(ShardPointer self, std::vector<ShardGroup> 
   // Any exception (a job that failed, a message about a group it does not own): tell the
   // scheduler, then end with the error.
   self->set_exception_handler([self, scheduler, name](std::exception_ptr& x) -> caf::error {
-    std::string what;
-    try {
-      std::rethrow_exception(x);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-      what = "unknown exception";
-    }
+    std::string what = exception_text(x);
     if (what.rfind(name, 0) != 0) what = name + ": " + what;
     self->send(scheduler, Failure{what});
-    return caf::make_error(caf::sec::runtime_error, what);
+    return failure_reason(what);
   });
 
   // Carries out the rules' actions in order; an inline job reports back at once.

@@ -189,19 +189,13 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
 
   // An exception in a handler fails the run (every waiter hears of it) and ends the scheduler.
   self->set_exception_handler([self](std::exception_ptr& x) -> caf::error {
-    std::string what = "scheduler: unknown exception";
-    try {
-      std::rethrow_exception(x);
-    } catch (const std::exception& e) {
-      what = std::string("scheduler: ") + e.what();
-    } catch (...) {
-    }
+    const std::string what = "scheduler: " + exception_text(x);
     fail(self, what);
-    return caf::make_error(caf::sec::runtime_error, what);
+    return failure_reason(what);
   });
   // A worker or shard that goes down with an error fails the run.
   self->set_down_handler([self](caf::down_msg& d) {
-    if (d.reason == caf::exit_reason::normal || d.reason == caf::exit_reason::user_shutdown) return;
+    if (is_shutdown(d.reason)) return;
     auto& st = self->state;
     std::string who = "an actor";
     for (size_t i = 0; i < st.workers.size(); ++i)

@@ -221,15 +221,8 @@ TransferActor::behavior_type transfer_impl(TransferPointer self, Stream* stream,
                                            TransferOptions opt) {
   auto t = std::make_shared<Transfer>(self, stream, name, std::move(opt));
   // an exception in a handler ends the actor with its text (the worker monitors it)
-  self->set_exception_handler([name](std::exception_ptr& x) -> caf::error {
-    try {
-      std::rethrow_exception(x);
-    } catch (const std::exception& e) {
-      return caf::make_error(caf::sec::runtime_error, name + ": " + e.what());
-    } catch (...) {
-      return caf::make_error(caf::sec::runtime_error, name + ": unknown exception");
-    }
-  });
+  self->set_exception_handler(
+      [name](std::exception_ptr& x) -> caf::error { return failure_reason(name + ": " + exception_text(x)); });
   return {
       [t](CopyRequest& r) { t->enqueue(std::move(r)); },
       [t](StreamDone& d) { t->done(d); },

@@ -14,6 +14,7 @@
 #include "actors/messages.hpp"
 #include "actors/stage_task.hpp"
 #include "actors/transfer.hpp"
+#include "actors/worker_status.hpp"
 #include "kernels/ops.hpp"
 #include "scheduler/upload_windows.hpp"
 #include "trace/tracer.hpp"
@@ -68,20 +69,13 @@ class Worker : public WorkerActor::base {
     for (auto& a : {act_up_, act_down_, param_up_, grad_down_}) monitor(a);
     // a transfer actor that goes down with an error fails the worker's work
     set_down_handler([this](caf::down_msg& d) {
-      if (d.reason == caf::exit_reason::normal || d.reason == caf::exit_reason::user_shutdown) return;
-      fail(fmt::format("transfer actor stopped: {}", error_text(d.reason)));
+      if (!is_shutdown(d.reason)) fail("transfer actor stopped: " + error_text(d.reason));
     });
     // an exception in a handler: report it, then end with it (the scheduler also sees us go)
     set_exception_handler([this](std::exception_ptr& x) -> caf::error {
-      std::string what = "unknown exception";
-      try {
-        std::rethrow_exception(x);
-      } catch (const std::exception& e) {
-        what = e.what();
-      } catch (...) {
-      }
+      const std::string what = exception_text(x);
       fail(what);
-      return caf::make_error(caf::sec::runtime_error, where() + ": " + what);
+      return failure_reason(where() + ": " + what);
     });
     return {
         [this](RunStage& rs) {
@@ -132,17 +126,14 @@ class Worker : public WorkerActor::base {
   /// Issues a copy on `via`'s stream; its CopyDone (tagged `what`) comes back to on_copy_done.
   void copy(const TransferActor& via, CopyDir dir, void* dst, const void* src, size_t bytes, int prio,
             int64_t order, const CopyTag& what, HostAccumulate acc = {}) {
-    outstanding_[key(what)]++;
+    outstanding_[what]++;
     send(via, CopyRequest{dir, dst, src, bytes, prio, order, what, acc, WorkerActor{this}});
   }
-
-  using TagKey = std::tuple<int, uint64_t, int64_t, int>;
-  static TagKey key(const CopyTag& t) { return {int(t.kind), t.task, t.micro_batch, t.group}; }
 
   /// A copy completed: what it completed is in its tag.
   void on_copy_done(const CopyDone& d) {
     if (ctx_.progress) ctx_.progress->tick();
-    auto it = outstanding_.find(key(d.what));
+    auto it = outstanding_.find(d.what);
     if (it == outstanding_.end()) return;  // not ours (cannot happen)
     if (--it->second == 0) outstanding_.erase(it);
     if (!d.error.empty()) return fail(d.error);
@@ -610,46 +601,20 @@ class Worker : public WorkerActor::base {
       begin_current();
   }
 
-  /// One line for the watchdog: the tasks, what their micro-batches wait for, the copies
-  /// outstanding.
+  /// One line for the watchdog (actors/worker_status.hpp).
   std::string status() const {
-    std::vector<std::string> p;
-    auto task_name = [](const Task& t) {
-      return fmt::format("{} stage {} of pass {} (step {})", stage_kind_name(t.rs.stage.kind), t.rs.stage_index,
-                         t.rs.pass, t.rs.step);
-    };
-    auto progress = [&](const Task& t, bool current) {
-      const int64_t m = t.progress.next_upload();
-      return t.progress.describe(m < t.M && input_ready(t, m), current, t.params_pending == 0);
-    };
-    if (failed_) p.push_back("failed");
-    if (task_) {
-      p.push_back(fmt::format("current {}: {}{}{}", task_name(*task_), progress(*task_, true),
-                              task_->params_pending > 0
-                                  ? fmt::format(", weights of {} group(s) pending", task_->params_pending)
-                                  : std::string(),
-                              task_->work_ready ? std::string() : std::string(", work buffers not allocated")));
-    } else {
-      p.push_back("no current task");
-    }
-    if (alloc_wait_) p.push_back("its start waits for a draining task to free device memory");
+    WorkerSnapshot w;
+    w.index = ctx_.index;
+    w.failed = failed_;
+    w.alloc_wait = alloc_wait_;
+    w.current = task_.get();
     for (const Task* t : {next_.get(), after_.get()})
-      if (t)
-        p.push_back(fmt::format("prefetching {}: weights of {} group(s) pending, {}", task_name(*t), t->params_pending,
-                                progress(*t, false)));
-    for (auto& [id, t] : draining_)
-      p.push_back(fmt::format("draining {}: {} of {} outputs down, {} gradient(s) pending", task_name(*t),
-                              t->progress.downloads_done(), t->M, t->grads_pending));
-    if (!queue_.empty()) p.push_back(fmt::format("{} stage task(s) queued", queue_.size()));
-    if (!outstanding_.empty()) {
-      std::vector<std::string> c;
-      for (auto& [k, n] : outstanding_) {
-        const CopyTag t{CopyKind(std::get<0>(k)), std::get<1>(k), std::get<2>(k), std::get<3>(k)};
-        c.push_back(n > 1 ? fmt::format("{} x {}", n, describe(t)) : describe(t));
-      }
-      p.push_back(fmt::format("copies outstanding: {}", fmt::join(c, ", ")));
-    }
-    return fmt::format("worker {}: {}", ctx_.index, fmt::join(p, "; "));
+      if (t) w.prefetching.push_back(t);
+    for (auto& [id, t] : draining_) w.draining.push_back(t.get());
+    w.queued = queue_.size();
+    w.outstanding = &outstanding_;
+    w.input_ready = [this](const Task& t, int64_t m) { return input_ready(t, m); };
+    return describe(w);
   }
 
   WorkerContext ctx_;
@@ -665,7 +630,7 @@ class Worker : public WorkerActor::base {
   /// (tied embeddings); one writer per group at a time (rule 3) makes reuse safe.
   std::map<int, HostBytes> staging_;
   std::set<Key> ready_;
-  std::map<TagKey, int> outstanding_;  ///< copies issued and not completed, by tag
+  std::map<CopyTag, int> outstanding_;  ///< copies issued and not completed, by tag
   int64_t param_order_ = 0;  ///< parameter chunks leave in the order they are sent
   bool failed_ = false;
   bool alloc_wait_ = false;  ///< the next start waits for a draining task to free memory
