@@ -16,25 +16,25 @@ namespace rp {
 struct FaultInjection {
   enum class Site : uint8_t {
     none,
-    device_op,         ///< micro-batch `micro_batch` of the stage task's device work throws (the
-                       ///< compute stream reports it to the worker)
-    worker_handler,    ///< the worker's handler of that micro-batch's completion throws (the
-                       ///< worker actor dies)
-    transfer,          ///< the copy `copy` / `micro_batch` or `group` fails on its copy stream
-    transfer_handler,  ///< the transfer actor's handler of that copy's request throws (the
-                       ///< transfer actor dies)
-    optimizer_job,     ///< the AdamW update of `group` for step `step` throws on the shard's
-                       ///< job thread
-    scheduler_handler, ///< the scheduler's handler of the first StageDone throws (the
-                       ///< scheduler dies: later waits see it go down)
+    device_op,          ///< micro-batch `micro_batch` of the stage task's device work throws (the
+                        ///< compute stream reports it to the worker)
+    worker_handler,     ///< the worker's handler of that micro-batch's completion throws (the
+                        ///< worker actor dies)
+    transfer,           ///< the copy `copy` / `micro_batch` or `group` fails on its copy stream
+    transfer_handler,   ///< the transfer actor's handler of that copy's request throws (the
+                        ///< transfer actor dies)
+    optimizer_job,      ///< the AdamW update of `group` for step `step` throws on the shard's
+                        ///< job thread
+    scheduler_handler,  ///< the scheduler's handler of the first StageDone throws (the
+                        ///< scheduler dies: later waits see it go down)
   };
   Site site = Site::none;
-  int worker = 0;            ///< device_op, worker_handler, transfer, transfer_handler
-  int stage_index = -1;      ///< device_op, worker_handler: the stage (-1: any)
-  int64_t micro_batch = 0;   ///< device_op, worker_handler; transfer of an input or output
+  int worker = 0;                   ///< device_op, worker_handler, transfer, transfer_handler
+  int stage_index = -1;             ///< device_op, worker_handler: the stage (-1: any)
+  int64_t micro_batch = 0;          ///< device_op, worker_handler; transfer of an input or output
   CopyKind copy = CopyKind::input;  ///< transfer, transfer_handler
-  int group = 0;             ///< optimizer_job; transfer of weights or a gradient
-  int64_t step = 0;          ///< optimizer_job
+  int group = 0;                    ///< optimizer_job; transfer of weights or a gradient
+  int64_t step = 0;                 ///< optimizer_job
   /// Fires once per session (copies of this struct share it).
   std::shared_ptr<std::atomic<bool>> armed = std::make_shared<std::atomic<bool>>(true);
 
@@ -43,7 +43,8 @@ struct FaultInjection {
 
   /// True (once) for the device work or completion of micro-batch m of stage `stage_index`.
   bool fire_compute(Site s, int w, int stage, int64_t m) const {
-    if (site != s || w != worker || m != micro_batch || (stage_index >= 0 && stage != stage_index)) return false;
+    if (site != s || w != worker || m != micro_batch || (stage_index >= 0 && stage != stage_index))
+      return false;
     return armed->exchange(false);
   }
   /// True (once) for a copy of worker w tagged `t`.

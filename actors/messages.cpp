@@ -26,8 +26,7 @@ std::string exception_text(const std::exception_ptr& x) {
     std::rethrow_exception(x);
   } catch (const std::exception& e) {
     return e.what();
-  } catch (...) {
-  }
+  } catch (...) {}
   return "unknown exception";
 }
 

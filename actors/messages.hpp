@@ -103,12 +103,14 @@ struct LossScales;
 
 // ---- the interfaces ------------------------------------------------------------------------
 /// A worker (one per device): runs the stage tasks dealt to it (actors/worker.hpp).
-using WorkerActor = caf::typed_actor<caf::reacts_to<RunStage>, caf::reacts_to<ActReady>, caf::reacts_to<CopyDone>,
-                                     caf::reacts_to<ComputeDone>, caf::replies_to<GetStatus>::with<StatusReport>,
-                                     caf::reacts_to<Shutdown>>;
+using WorkerActor =
+    caf::typed_actor<caf::reacts_to<RunStage>, caf::reacts_to<ActReady>, caf::reacts_to<CopyDone>,
+                     caf::reacts_to<ComputeDone>, caf::replies_to<GetStatus>::with<StatusReport>,
+                     caf::reacts_to<Shutdown>>;
 
 /// A transfer actor (four per worker): one copy stream and its priority queue (actors/transfer.hpp).
-using TransferActor = caf::typed_actor<caf::reacts_to<CopyRequest>, caf::reacts_to<StreamDone>, caf::reacts_to<LinkIdle>>;
+using TransferActor =
+    caf::typed_actor<caf::reacts_to<CopyRequest>, caf::reacts_to<StreamDone>, caf::reacts_to<LinkIdle>>;
 
 /// An optimizer shard: owns parameter groups and enforces the per-layer protocol for them
 /// (actors/optimizer_shard.hpp).
@@ -125,8 +127,9 @@ using SchedulerActor =
     caf::typed_actor<caf::reacts_to<SetPeers>, caf::reacts_to<SubmitPass>, caf::reacts_to<CloseStepRequest>,
                      caf::reacts_to<StageDone>, caf::reacts_to<GradSumSq>, caf::reacts_to<LayerTimings>,
                      caf::reacts_to<GroupUpdated>, caf::reacts_to<Failure>, caf::reacts_to<WatchdogTick>,
-                     caf::replies_to<WaitStep>::with<StepResult>, caf::replies_to<GetRuntimeInfo>::with<RuntimeInfo>,
-                     caf::replies_to<ResumeAt>::with<Ack>, caf::replies_to<LossScalesFrom>::with<LossScales>,
+                     caf::replies_to<WaitStep>::with<StepResult>,
+                     caf::replies_to<GetRuntimeInfo>::with<RuntimeInfo>, caf::replies_to<ResumeAt>::with<Ack>,
+                     caf::replies_to<LossScalesFrom>::with<LossScales>,
                      caf::replies_to<GetStatus>::with<StatusReport>, caf::reacts_to<Shutdown>>;
 
 // ---- scheduler <-> worker ------------------------------------------------------------------
@@ -230,12 +233,31 @@ struct StreamDone {
 struct LinkIdle {};
 
 // ---- worker <-> optimizer shard ------------------------------------------------------------
-struct AcquireWeights { int group = 0; int64_t step = 0; };
-struct WeightsGranted { int group = 0; int64_t step = 0; };
-struct ReleaseWeights { int group = 0; int64_t step = 0; };
-struct AcquireGradSlot { int group = 0; int64_t step = 0; };
-struct GradGrant { int group = 0; int64_t step = 0; bool overwrite = false; };
-struct GradWritten { int group = 0; int64_t step = 0; };
+struct AcquireWeights {
+  int group = 0;
+  int64_t step = 0;
+};
+struct WeightsGranted {
+  int group = 0;
+  int64_t step = 0;
+};
+struct ReleaseWeights {
+  int group = 0;
+  int64_t step = 0;
+};
+struct AcquireGradSlot {
+  int group = 0;
+  int64_t step = 0;
+};
+struct GradGrant {
+  int group = 0;
+  int64_t step = 0;
+  bool overwrite = false;
+};
+struct GradWritten {
+  int group = 0;
+  int64_t step = 0;
+};
 /// A shard's job for `group` finished on its job thread (the shard knows which job it was:
 /// a group runs one at a time).
 struct JobDone {
@@ -255,11 +277,18 @@ struct CloseStep {
   /// ShardGroup's per-pass counts.
   std::shared_ptr<const std::vector<int>> uploads, grads;
 };
-struct GroupUpdated { int64_t step = 0; int group = 0; };
+struct GroupUpdated {
+  int64_t step = 0;
+  int group = 0;
+};
 /// Guarded steps (clipping, loss scaling or inf/NaN skipping on): a shard reports the sum of
 /// squares of a group's raw gradient as soon as it is complete; the step waits only for these
 /// scalars, and the scheduler answers every shard with the step's StepScale.
-struct GradSumSq { int64_t step = 0; int group = 0; double sumsq = 0; };
+struct GradSumSq {
+  int64_t step = 0;
+  int group = 0;
+  double sumsq = 0;
+};
 struct StepScale {
   int64_t step = 0;
   bool skip = false;       ///< inf/NaN in the gradients: weights, moments, step counters untouched
@@ -273,7 +302,9 @@ struct Failure { std::string what; };
 struct WatchdogTick {};
 /// Request to a worker or shard: what it is doing and waiting for, in one line.
 struct GetStatus {};
-struct StatusReport { std::string text; };
+struct StatusReport {
+  std::string text;
+};
 
 // ---- session <-> scheduler -----------------------------------------------------------------
 struct SubmitPass {
@@ -286,7 +317,9 @@ struct CloseStepRequest {
   int64_t step = 0;
   double lr = 0;
 };
-struct WaitStep { int64_t step = 0; };
+struct WaitStep {
+  int64_t step = 0;
+};
 struct SetPeers {
   std::vector<WorkerActor> workers;
   std::vector<ShardActor> shards;
@@ -295,8 +328,8 @@ struct SetPeers {
 struct GetRuntimeInfo {};
 struct RuntimeInfo {
   Profile profile;
-  IterationPlan plan;    ///< the plan the next pass will be dealt with
-  int64_t replans = 0;   ///< times the plan was changed
+  IterationPlan plan;                   ///< the plan the next pass will be dealt with
+  int64_t replans = 0;                  ///< times the plan was changed
   std::vector<std::string> replan_log;  ///< the re-planning lines logged so far
 };
 struct Shutdown {};
@@ -327,7 +360,9 @@ std::string error_text(const caf::error& e);
 /// exception".
 std::string exception_text(const std::exception_ptr& x);
 /// The exit reason of an actor that ends with the failure `text` (error_text reads it back).
-inline caf::error failure_reason(const std::string& text) { return caf::make_error(caf::sec::runtime_error, text); }
+inline caf::error failure_reason(const std::string& text) {
+  return caf::make_error(caf::sec::runtime_error, text);
+}
 /// True for the exit reasons of a deliberate end (quit(), Shutdown, exit on user shutdown).
 inline bool is_shutdown(const caf::error& reason) {
   return reason == caf::exit_reason::normal || reason == caf::exit_reason::user_shutdown;
@@ -342,8 +377,8 @@ void register_protocol(caf::actor_system_config& cfg);
 // ---- the one type-ID block -----------------------------------------------------------------
 // Every message of the protocol gets a CAF type ID here (in this order) and is allowed as an
 // unserialisable, process-local message type.
-#define RP_MESSAGE_TYPE(T)                   \
-  CAF_ADD_TYPE_ID(roundpipe, (T))            \
+#define RP_MESSAGE_TYPE(T)        \
+  CAF_ADD_TYPE_ID(roundpipe, (T)) \
   CAF_ALLOW_UNSAFE_MESSAGE_TYPE(T)
 
 CAF_BEGIN_TYPE_ID_BLOCK(roundpipe, caf::first_custom_type_id)

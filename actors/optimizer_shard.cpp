@@ -81,8 +81,8 @@ struct ShardState {
   std::map<uint64_t, caf::typed_response_promise<WeightsGranted>> weight_requests;  ///< by ticket
   std::map<uint64_t, caf::typed_response_promise<GradGrant>> grad_requests;         ///< by ticket
   uint64_t next_ticket = 1;
-  std::shared_ptr<ThreadPool> pool;    ///< the shard's optimizer threads (persistent)
-  std::unique_ptr<JobRunner> runner;   ///< detached shards: long jobs off the actor's thread
+  std::shared_ptr<ThreadPool> pool;   ///< the shard's optimizer threads (persistent)
+  std::unique_ptr<JobRunner> runner;  ///< detached shards: long jobs off the actor's thread
   std::map<int, std::chrono::steady_clock::time_point> job_start;  ///< per busy group (status)
   static inline const char* name = "optimizer_shard";
 };
@@ -90,7 +90,8 @@ struct ShardState {
 using ShardPointer = ShardActor::stateful_pointer<ShardState>;
 
 /// The work of job `j` (runs on the job thread, or inline); returns a sum of squares' result.
-std::function<double()> job_work(ShardPointer self, const ShardJob& j, ParamStore* store, const ShardOptions& opt) {
+std::function<double()> job_work(ShardPointer self, const ShardJob& j, ParamStore* store,
+                                 const ShardOptions& opt) {
   const ShardGroup& sg = self->state.groups.at(j.group);
   std::vector<float>* master = sg.master;
   AdamWState* adam_state = sg.state;
@@ -104,10 +105,8 @@ std::function<double()> job_work(ShardPointer self, const ShardJob& j, ParamStor
         write_lowp_copy(master->data(), lowp, n, store->dtype, pool.get());
         return 0.0;
       };
-    case ShardJob::Kind::sumsq:
-      return [=] { return sum_of_squares(grad, n, *pool); };
-    case ShardJob::Kind::update:
-      break;
+    case ShardJob::Kind::sumsq: return [=] { return sum_of_squares(grad, n, *pool); };
+    case ShardJob::Kind::update: break;
   }
   // tensors under 32K elements run on one thread, larger ones split over the pool
   const bool inject = opt.faults.fire_update(j.group, j.step);
@@ -147,7 +146,8 @@ ShardActor::behavior_type shard_impl(ShardPointer self, std::vector<ShardGroup> 
 
   // Carries out the rules' actions in order; an inline job reports back at once.
   auto execute = std::make_shared<std::function<void(std::vector<ShardAction>&)>>();
-  *execute = [self, store, opt, scheduler, execute_weak = std::weak_ptr(execute)](std::vector<ShardAction>& acts) {
+  *execute = [self, store, opt, scheduler,
+              execute_weak = std::weak_ptr(execute)](std::vector<ShardAction>& acts) {
     auto& st = self->state;
     for (const ShardAction& a : acts) {
       switch (a.kind) {
@@ -166,9 +166,7 @@ ShardActor::behavior_type shard_impl(ShardPointer self, std::vector<ShardGroup> 
         case ShardAction::Kind::report_sumsq:
           self->send(scheduler, GradSumSq{a.step, a.group, a.sumsq});
           break;
-        case ShardAction::Kind::group_updated:
-          self->send(scheduler, GroupUpdated{a.step, a.group});
-          break;
+        case ShardAction::Kind::group_updated: self->send(scheduler, GroupUpdated{a.step, a.group}); break;
         case ShardAction::Kind::run_job: {
           auto work = job_work(self, a.job, store, opt);
           if (st.runner) {
@@ -259,7 +257,8 @@ ShardActor::behavior_type shard_impl(ShardPointer self, std::vector<ShardGroup> 
         std::string text = name + ": " + st.rules->describe();
         const auto now = std::chrono::steady_clock::now();
         for (auto& [g, t0] : st.job_start)
-          text += fmt::format(" (group {}'s job running for {:.1f} s)", g, std::chrono::duration<double>(now - t0).count());
+          text += fmt::format(" (group {}'s job running for {:.1f} s)", g,
+                              std::chrono::duration<double>(now - t0).count());
         return StatusReport{text};
       },
       [=](Shutdown) { self->quit(); },

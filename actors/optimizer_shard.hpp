@@ -54,9 +54,9 @@ struct ShardOptions {
   /// gradient writer at a time), so the protocol tests can show they catch its absence.
   /// 0 = every guard on. Never set outside tests.
   int disable_rule = 0;
-  int index = 0;  ///< names the shard in failures and status lines
+  int index = 0;                    ///< names the shard in failures and status lines
   RunProgress* progress = nullptr;  ///< optional: counts finished jobs (the scheduler's watchdog)
-  FaultInjection faults;  ///< testing only (fault_injection.hpp)
+  FaultInjection faults;            ///< testing only (fault_injection.hpp)
 };
 
 /// Spawns an optimizer shard owning `groups` (detached unless opt.detached is false);

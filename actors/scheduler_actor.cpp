@@ -108,13 +108,16 @@ std::string describe_steps(SchedPointer self) {
     if (si.done) continue;
     std::vector<std::string> passes;
     for (auto& [p, pi] : st.passes)
-      if (pi.step == k) passes.push_back(fmt::format("pass {} {}/{} stages done", p, pi.stages_done, pi.stages));
+      if (pi.step == k)
+        passes.push_back(fmt::format("pass {} {}/{} stages done", p, pi.stages_done, pi.stages));
     const int64_t queued = si.passes_submitted - si.passes_dealt;
-    if (queued > 0) passes.push_back(fmt::format("{} pass(es) waiting for a pass slot or the step's loss scale", queued));
-    out.push_back(fmt::format("step {}{}: {}{}, {} of {} groups updated", k, si.close_requested ? "" : " (open)",
-                              passes.empty() ? std::string("all passes done") : fmt::format("{}", fmt::join(passes, ", ")),
-                              si.closed ? std::string() : std::string(" (not closed towards the shards yet)"),
-                              si.groups_updated, st.cfg.num_groups));
+    if (queued > 0)
+      passes.push_back(fmt::format("{} pass(es) waiting for a pass slot or the step's loss scale", queued));
+    out.push_back(fmt::format(
+        "step {}{}: {}{}, {} of {} groups updated", k, si.close_requested ? "" : " (open)",
+        passes.empty() ? std::string("all passes done") : fmt::format("{}", fmt::join(passes, ", ")),
+        si.closed ? std::string() : std::string(" (not closed towards the shards yet)"), si.groups_updated,
+        st.cfg.num_groups));
   }
   if (!st.failed.empty()) out.push_back("failed: " + st.failed);
   return out.empty() ? "nothing in flight" : fmt::format("{}", fmt::join(out, "; "));
@@ -142,12 +145,16 @@ void gather_status(SchedPointer self, std::string header, std::function<void(con
   for (size_t i = 0; i < st.workers.size(); ++i)
     self->request(st.workers[i], timeout, GetStatus{})
         .then([g, i](StatusReport& r) { g->set(1 + i, std::move(r.text)); },
-              [g, i](caf::error& e) { g->set(1 + i, fmt::format("worker {}: no answer ({})", i, error_text(e))); });
+              [g, i](caf::error& e) {
+                g->set(1 + i, fmt::format("worker {}: no answer ({})", i, error_text(e)));
+              });
   for (size_t i = 0; i < st.shards.size(); ++i) {
     const size_t k = 1 + st.workers.size() + i;
     self->request(st.shards[i], timeout, GetStatus{})
         .then([g, k](StatusReport& r) { g->set(k, std::move(r.text)); },
-              [g, k, i](caf::error& e) { g->set(k, fmt::format("optimizer shard {}: no answer ({})", i, error_text(e))); });
+              [g, k, i](caf::error& e) {
+                g->set(k, fmt::format("optimizer shard {}: no answer ({})", i, error_text(e)));
+              });
   }
 }
 
@@ -331,7 +338,8 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
       [=](StageDone& d) {
         auto& st = self->state;
         progress(self).tick();
-        if (st.cfg.faults.fire_scheduler()) throw std::runtime_error(FaultInjection::what("a StageDone handler"));
+        if (st.cfg.faults.fire_scheduler())
+          throw std::runtime_error(FaultInjection::what("a StageDone handler"));
         auto it = st.passes.find(d.pass);
         if (it == st.passes.end()) return;
         auto& si = st.steps[it->second.step];
@@ -409,9 +417,11 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
         auto& st = self->state;
         if (!st.steps.empty() || st.next_pass != 0) return caf::make_error(caf::sec::invalid_argument);
         if (st.cfg.loss_scaler) {
-          if (r.loss_scales.size() != size_t(st.cfg.staleness + 1)) return caf::make_error(caf::sec::invalid_argument);
+          if (r.loss_scales.size() != size_t(st.cfg.staleness + 1))
+            return caf::make_error(caf::sec::invalid_argument);
           st.scale_for_step.clear();
-          for (size_t i = 0; i < r.loss_scales.size(); ++i) st.scale_for_step[r.step + int64_t(i)] = r.loss_scales[i];
+          for (size_t i = 0; i < r.loss_scales.size(); ++i)
+            st.scale_for_step[r.step + int64_t(i)] = r.loss_scales[i];
         }
         return Ack{};
       },

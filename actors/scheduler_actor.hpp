@@ -77,4 +77,3 @@ struct SchedulerConfig {
 SchedulerActor spawn_scheduler(caf::actor_system& sys, SchedulerConfig cfg);
 
 }  // namespace rp
-

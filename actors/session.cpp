@@ -351,7 +351,8 @@ StepResult Session::wait(int64_t t) {
 }
 
 std::optional<StepResult> Session::wait_for(int64_t t, double seconds) {
-  if (!(seconds >= 0)) throw std::invalid_argument(fmt::format("wait_for: seconds must be >= 0, got {}", seconds));
+  if (!(seconds >= 0))
+    throw std::invalid_argument(fmt::format("wait_for: seconds must be >= 0, got {}", seconds));
   std::optional<StepResult> r = impl_->wait_step(t, seconds);
   if (r) impl_->waited_through = std::max(impl_->waited_through, t);
   return r;
@@ -405,7 +406,8 @@ std::string Session::status() const {
   caf::scoped_actor self{*impl_->sys};
   std::string out, err;
   self->request(impl_->scheduler, std::chrono::seconds(10), GetStatus{})
-      .receive([&](StatusReport& r) { out = std::move(r.text); }, [&](caf::error& e) { err = error_text(e); });
+      .receive([&](StatusReport& r) { out = std::move(r.text); },
+               [&](caf::error& e) { err = error_text(e); });
   if (!err.empty()) throw RuntimeFailure("runtime: " + err);
   return out;
 }

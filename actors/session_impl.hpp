@@ -13,10 +13,10 @@
 #include "actors/run_progress.hpp"
 #include "actors/scheduler_actor.hpp"
 #include "actors/worker.hpp"
-#include "trace/tracer.hpp"
 #include "optimizer/adamw.hpp"
 #include "optimizer/loss_scale.hpp"
 #include "roundpipe/session.hpp"
+#include "trace/tracer.hpp"
 
 namespace rp {
 

@@ -67,8 +67,8 @@ void ShardRules::forget_scales(int64_t step) {
 
 bool ShardRules::resume_at(int64_t step) {
   for (auto& [g, st] : groups_)
-    if (st.updated != -1 || !st.uploads_done.empty() || !st.grads_done.empty() || !st.weight_waiters.empty() ||
-        !st.grad_waiters.empty())
+    if (st.updated != -1 || !st.uploads_done.empty() || !st.grads_done.empty() ||
+        !st.weight_waiters.empty() || !st.grad_waiters.empty())
       return false;
   for (auto& [g, st] : groups_) {
     st.updated = step - 1;
@@ -156,7 +156,8 @@ void ShardRules::grant(State& st, std::vector<ShardAction>& out) {
   while (off_ == 2 || !st.writer_active) {
     auto best = st.grad_waiters.end();
     for (auto it = st.grad_waiters.begin(); it != st.grad_waiters.end(); ++it)
-      if ((off_ == 3 || it->step - 1 <= st.updated) && (best == st.grad_waiters.end() || it->step < best->step))
+      if ((off_ == 3 || it->step - 1 <= st.updated) &&
+          (best == st.grad_waiters.end() || it->step < best->step))
         best = it;
     if (best == st.grad_waiters.end()) break;
     const Waiter w = *best;
@@ -181,13 +182,12 @@ void ShardRules::pump(int g, std::vector<ShardAction>& out) {
 
 void ShardRules::job_done(int g, double sumsq, std::vector<ShardAction>& out) {
   State& st = state(g);
-  if (!st.busy) throw std::logic_error(fmt::format("optimizer shard: group {} reported a job it did not run", g));
+  if (!st.busy)
+    throw std::logic_error(fmt::format("optimizer shard: group {} reported a job it did not run", g));
   st.busy = false;
   const ShardJob& j = st.job;
   switch (j.kind) {
-    case ShardJob::Kind::cast:
-      st.published = j.step;
-      break;
+    case ShardJob::Kind::cast: st.published = j.step; break;
     case ShardJob::Kind::sumsq: {
       ShardAction a{ShardAction::Kind::report_sumsq, g, j.step};
       a.sumsq = sumsq;
@@ -243,8 +243,9 @@ std::string ShardRules::describe() const {
       p.push_back(fmt::format("upload for iteration {} waits for version {} (published {})", w.step,
                               version_for(w.step), st.published));
     for (const Waiter& w : st.grad_waiters)
-      p.push_back(fmt::format("gradient slot for step {} waits ({})", w.step,
-                              st.writer_active ? "another writer" : fmt::format("step {} not applied", w.step - 1)));
+      p.push_back(
+          fmt::format("gradient slot for step {} waits ({})", w.step,
+                      st.writer_active ? "another writer" : fmt::format("step {} not applied", w.step - 1)));
     if (!p.empty()) parts.push_back(fmt::format("group {}: {}", g, fmt::join(p, ", ")));
   }
   return parts.empty() ? "idle" : fmt::format("{}", fmt::join(parts, "; "));

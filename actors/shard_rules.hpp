@@ -116,8 +116,8 @@ class ShardRules {
 
   // ---- inspection --------------------------------------------------------------------------
   std::vector<int> groups() const;  ///< ascending
-  int64_t published(int g) const;  ///< version in the low-precision copy
-  int64_t updated(int g) const;    ///< version in the fp32 master
+  int64_t published(int g) const;   ///< version in the low-precision copy
+  int64_t updated(int g) const;     ///< version in the fp32 master
   bool busy(int g) const;
   /// The job g runs (run_job announced it, job_done not called yet), or null.
   const ShardJob* running_job(int g) const;

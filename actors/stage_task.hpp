@@ -1,6 +1,7 @@
 // A stage task as a worker holds it (actors/worker.cpp): the stage of one pass, its device
-// buffers and its per-micro-batch progress (scheduler/stage_progress.hpp: the rules), plus the pieces of the worker that only read
-// the task and the worker's context: allocating its buffers and building its layer calls.
+// buffers and its per-micro-batch progress (scheduler/stage_progress.hpp: the rules), plus the pieces of the
+// worker that only read the task and the worker's context: allocating its buffers and building its layer
+// calls.
 #pragma once
 #include <chrono>
 #include <cstdint>

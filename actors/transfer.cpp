@@ -163,20 +163,21 @@ class Transfer {
         if (e.empty() && acc.n > 0 && !failed->load()) parallel_add(acc.dst, acc.src, acc.n);
         t_done = tr ? tr->now() : 0.0;
         if (tr) {
-          std::vector<std::pair<std::string, double>> args{{"bytes", double(c.bytes)}, {"queued_us", queued_us}};
+          std::vector<std::pair<std::string, double>> args{{"bytes", double(c.bytes)},
+                                                           {"queued_us", queued_us}};
           if (n > 1) {
             args.emplace_back("chunk", double(k));
             args.emplace_back("chunks", double(n));
           }
-          tr->interval(name, n > 1 ? fmt::format("copy {} B ({}/{})", c.bytes, k + 1, n) : fmt::format("copy {} B", c.bytes),
-                       t_issue, t_done, std::move(args));
+          tr->interval(
+              name,
+              n > 1 ? fmt::format("copy {} B ({}/{})", c.bytes, k + 1, n) : fmt::format("copy {} B", c.bytes),
+              t_issue, t_done, std::move(args));
         }
         // Free the link before the actor hears of it: the bulk actor may go on at once.
         if (arb) {
-          if (bulk)
-            arb->bulk_completed();
-          else
-            arb->activation_completed();
+          if (bulk) arb->bulk_completed();
+          else arb->activation_completed();
         }
       } catch (const std::exception& ex) {
         if (e.empty()) e = name + ": " + ex.what();
@@ -221,8 +222,9 @@ TransferActor::behavior_type transfer_impl(TransferPointer self, Stream* stream,
                                            TransferOptions opt) {
   auto t = std::make_shared<Transfer>(self, stream, name, std::move(opt));
   // an exception in a handler ends the actor with its text (the worker monitors it)
-  self->set_exception_handler(
-      [name](std::exception_ptr& x) -> caf::error { return failure_reason(name + ": " + exception_text(x)); });
+  self->set_exception_handler([name](std::exception_ptr& x) -> caf::error {
+    return failure_reason(name + ": " + exception_text(x));
+  });
   return {
       [t](CopyRequest& r) { t->enqueue(std::move(r)); },
       [t](StreamDone& d) { t->done(d); },
@@ -232,7 +234,8 @@ TransferActor::behavior_type transfer_impl(TransferPointer self, Stream* stream,
 
 }  // namespace
 
-TransferActor spawn_transfer_actor(caf::actor_system& sys, Stream& stream, std::string name, TransferOptions opt) {
+TransferActor spawn_transfer_actor(caf::actor_system& sys, Stream& stream, std::string name,
+                                   TransferOptions opt) {
   return sys.spawn(transfer_impl, &stream, std::move(name), std::move(opt));
 }
 
@@ -240,8 +243,9 @@ TransferActor spawn_transfer_actor(caf::actor_system& sys, Stream& stream, std::
 
 namespace rp {
 
-WorkerTransfers spawn_worker_transfers(caf::actor_system& sys, Device& d, int index, const TransferSettings& s,
-                                       Tracer* tracer, const FaultInjection& faults) {
+WorkerTransfers spawn_worker_transfers(caf::actor_system& sys, Device& d, int index,
+                                       const TransferSettings& s, Tracer* tracer,
+                                       const FaultInjection& faults) {
   WorkerTransfers w;
   w.h2d = std::make_shared<LinkArbiter>();
   w.d2h = std::make_shared<LinkArbiter>();

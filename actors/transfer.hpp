@@ -71,7 +71,8 @@ struct TransferOptions {
 /// accumulation ran (CopyDone::error names the stream error or the exception it threw).
 /// An exception in one of its handlers ends the actor with that error (its monitor, the
 /// worker, fails the run).
-TransferActor spawn_transfer_actor(caf::actor_system& sys, Stream& stream, std::string name, TransferOptions opt);
+TransferActor spawn_transfer_actor(caf::actor_system& sys, Stream& stream, std::string name,
+                                   TransferOptions opt);
 
 }  // namespace rp
 
@@ -94,7 +95,8 @@ struct WorkerTransfers {
 /// Spawns the four transfer actors of worker `index` on `device`'s copy streams, tracing on
 /// tracks "worker<index>.<stream>": activation actors 2 copies in flight, bulk actors chunked
 /// and arbitrated per direction as `s` says. `faults`: testing only.
-WorkerTransfers spawn_worker_transfers(caf::actor_system& sys, Device& device, int index, const TransferSettings& s,
-                                       Tracer* tracer, const FaultInjection& faults = {});
+WorkerTransfers spawn_worker_transfers(caf::actor_system& sys, Device& device, int index,
+                                       const TransferSettings& s, Tracer* tracer,
+                                       const FaultInjection& faults = {});
 
 }  // namespace rp

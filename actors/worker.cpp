@@ -92,14 +92,16 @@ class Worker : public WorkerActor::base {
           if (ctx_.progress) ctx_.progress->tick();
           if (!task_ || task_->id != c.task) return;
           if (!c.error.empty()) return fail(fmt::format("micro-batch {}: {}", c.micro_batch, c.error));
-          if (ctx_.faults.fire_compute(FaultSite::worker_handler, ctx_.index, task_->rs.stage_index, c.micro_batch))
+          if (ctx_.faults.fire_compute(FaultSite::worker_handler, ctx_.index, task_->rs.stage_index,
+                                       c.micro_batch))
             throw std::runtime_error(
                 FaultInjection::what(fmt::format("the completion of micro-batch {}", c.micro_batch)));
           on_computed(c.micro_batch);
         },
         [this](GetStatus) -> caf::result<StatusReport> { return StatusReport{status()}; },
         [this](Shutdown) {
-          for (auto& a : {act_up_, act_down_, param_up_, grad_down_}) send_exit(a, caf::exit_reason::user_shutdown);
+          for (auto& a : {act_up_, act_down_, param_up_, grad_down_})
+            send_exit(a, caf::exit_reason::user_shutdown);
           quit();
         },
     };
@@ -428,7 +430,8 @@ class Worker : public WorkerActor::base {
     auto timer = ctx_.profile ? std::make_shared<LayerTimer>(stream, kind) : nullptr;
     const bool inject = ctx_.faults.fire_compute(FaultSite::device_op, ctx_.index, t.rs.stage_index, m);
     stream.launch([&layers, fwd = std::move(fwd), bwd = std::move(bwd), tr, t0, timer, inject, m] {
-      if (inject) throw std::runtime_error(FaultInjection::what(fmt::format("device op of micro-batch {}", m)));
+      if (inject)
+        throw std::runtime_error(FaultInjection::what(fmt::format("device op of micro-batch {}", m)));
       if (tr) *t0 = tr->now();
       if (timer) timer->run(layers, fwd, bwd);
       else run_layer_calls(layers, fwd, bwd);
@@ -440,8 +443,8 @@ class Worker : public WorkerActor::base {
       lt.memory = stage_memory(*ctx_.layout, layers, t.rs.stage, t.rs.buffers->shape, ctx_.device->compute_dtype(),
                                ctx_.device->ops().grad_dtype());
     // Runs on the stream's callback thread: whatever happens here, ComputeDone goes out.
-    stream.then([me, id, m, tr, t0, track, label, timer, lt = std::move(lt), sched = ctx_.scheduler](
-                    const std::string& err) mutable {
+    stream.then([me, id, m, tr, t0, track, label, timer, lt = std::move(lt),
+                 sched = ctx_.scheduler](const std::string& err) mutable {
       std::string e = err;
       try {
         if (tr) tr->interval(track, label, *t0, tr->now());
@@ -477,7 +480,8 @@ class Worker : public WorkerActor::base {
     }
     t.progress.computed(m, int(copies.size()));
     for (auto& [dst, src, bytes] : copies)
-      copy(act_down_, CopyDir::d2h, dst, src, bytes, kPrioActivation, m, CopyTag{CopyKind::output, id, m, -1});
+      copy(act_down_, CopyDir::d2h, dst, src, bytes, kPrioActivation, m,
+           CopyTag{CopyKind::output, id, m, -1});
     if (copies.empty()) on_downloaded(t, m);
     pump();
   }
@@ -551,7 +555,8 @@ class Worker : public WorkerActor::base {
       auto [it, fresh] = staging_.try_emplace(g, buf.bytes());
       if (fresh) ctx_.device->pin_host(it->second.data(), it->second.size());
       float* sp = it->second.as<float>();
-      copy(grad_down_, CopyDir::d2h, sp, buf.get(), buf.bytes(), kPrioGrad, g, what, HostAccumulate{slot, sp, n});
+      copy(grad_down_, CopyDir::d2h, sp, buf.get(), buf.bytes(), kPrioGrad, g, what,
+           HostAccumulate{slot, sp, n});
     }
   }
 

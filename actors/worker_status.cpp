@@ -12,14 +12,16 @@ std::string describe(const WorkerSnapshot& w) {
   };
   auto progress = [&](const Task& t, bool current) {
     const int64_t m = t.progress.next_upload();
-    return t.progress.describe(m < t.M && w.input_ready && w.input_ready(t, m), current, t.params_pending == 0);
+    return t.progress.describe(m < t.M && w.input_ready && w.input_ready(t, m), current,
+                               t.params_pending == 0);
   };
   if (w.failed) p.push_back("failed");
   if (const Task* t = w.current) {
-    p.push_back(fmt::format(
-        "current {}: {}{}{}", name(*t), progress(*t, true),
-        t->params_pending > 0 ? fmt::format(", weights of {} group(s) pending", t->params_pending) : std::string(),
-        t->work_ready ? std::string() : std::string(", work buffers not allocated")));
+    p.push_back(fmt::format("current {}: {}{}{}", name(*t), progress(*t, true),
+                            t->params_pending > 0
+                                ? fmt::format(", weights of {} group(s) pending", t->params_pending)
+                                : std::string(),
+                            t->work_ready ? std::string() : std::string(", work buffers not allocated")));
   } else {
     p.push_back("no current task");
   }
@@ -33,7 +35,8 @@ std::string describe(const WorkerSnapshot& w) {
   if (w.queued > 0) p.push_back(fmt::format("{} stage task(s) queued", w.queued));
   if (w.outstanding && !w.outstanding->empty()) {
     std::vector<std::string> c;
-    for (auto& [tag, n] : *w.outstanding) c.push_back(n > 1 ? fmt::format("{} x {}", n, describe(tag)) : describe(tag));
+    for (auto& [tag, n] : *w.outstanding)
+      c.push_back(n > 1 ? fmt::format("{} x {}", n, describe(tag)) : describe(tag));
     p.push_back(fmt::format("copies outstanding: {}", fmt::join(c, ", ")));
   }
   return fmt::format("worker {}: {}", w.index, fmt::join(p, "; "));

@@ -16,12 +16,12 @@ namespace rp {
 struct WorkerSnapshot {
   int index = 0;
   bool failed = false;
-  bool alloc_wait = false;               ///< its next start waits for a draining task's memory
+  bool alloc_wait = false;  ///< its next start waits for a draining task's memory
   const Task* current = nullptr;
-  std::vector<const Task*> prefetching;  ///< next (and the one behind a weightless next)
-  std::vector<const Task*> draining;     ///< retired, outputs or gradients still going down
-  size_t queued = 0;                     ///< stage tasks not prepared yet
-  const std::map<CopyTag, int>* outstanding = nullptr;  ///< copies issued, not completed
+  std::vector<const Task*> prefetching;                   ///< next (and the one behind a weightless next)
+  std::vector<const Task*> draining;                      ///< retired, outputs or gradients still going down
+  size_t queued = 0;                                      ///< stage tasks not prepared yet
+  const std::map<CopyTag, int>* outstanding = nullptr;    ///< copies issued, not completed
   std::function<bool(const Task&, int64_t)> input_ready;  ///< predecessor's output m is on the host
 };
 

@@ -22,8 +22,8 @@ namespace {
 
 const StopToken* g_stop = nullptr;
 // First Ctrl-C or SIGTERM: stop after the steps in flight and save them as a checkpoint (steps
-// still unfinished after the spec's stop_timeout_s are abandoned, unsaved). Second: leave now (an unfinished checkpoint stays in a *.tmp-<pid> folder, removed by the
-// next run; finished ones are kept).
+// still unfinished after the spec's stop_timeout_s are abandoned, unsaved). Second: leave now (an unfinished
+// checkpoint stays in a *.tmp-<pid> folder, removed by the next run; finished ones are kept).
 void on_signal(int) {
   if (!g_stop->request_stop()) {
     static const char msg[] = "\nroundpipe: interrupted twice, exiting now\n";
@@ -125,9 +125,9 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
                    ? fmt::format("{} step(s) in flight did not finish within {:g} s and were not saved; ",
                                  res.steps_abandoned, spec.stop_timeout_s)
                    : std::string(),
-               res.checkpoint.empty() ? std::string("finished checkpoints are kept")
-                                      : fmt::format("saved {} (continue with --resume {})", res.checkpoint,
-                                                    res.checkpoint));
+               res.checkpoint.empty()
+                   ? std::string("finished checkpoints are kept")
+                   : fmt::format("saved {} (continue with --resume {})", res.checkpoint, res.checkpoint));
     return 130;
   }
   fmt::print("done: {} steps{} in {}, peak device memory {:.1f} MiB per worker, metrics in {}, plan {}\n",

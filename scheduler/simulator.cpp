@@ -105,8 +105,8 @@ class Replay {
     }
     for (const Task& tk : tasks_)
       if (tk.finish < 0)
-        throw std::logic_error(fmt::format("simulate: stage {} of iteration {} never finished (the replay stalled)",
-                                           tk.s, tk.t));
+        throw std::logic_error(fmt::format(
+            "simulate: stage {} of iteration {} never finished (the replay stalled)", tk.s, tk.t));
     for (auto& g : gpus_) r_.gpu_busy.push_back(g.busy);
     return std::move(r_);
   }
@@ -144,7 +144,8 @@ class Replay {
     GpuState& gp = gpus_[size_t(g)];
     const double a = std::max(now, gp.free[st]), b = a + seconds;
     gp.free[st] = b;
-    if (o_.record_timeline && b > a) r_.timeline.push_back({g, st, tasks_[size_t(q)].t, tasks_[size_t(q)].s, m, a, b});
+    if (o_.record_timeline && b > a)
+      r_.timeline.push_back({g, st, tasks_[size_t(q)].t, tasks_[size_t(q)].s, m, a, b});
     events_.push({b, seq_++, done, q, m});
     return b;
   }
@@ -180,8 +181,8 @@ class Replay {
     Task& tk = tasks_[size_t(q)];
     while (tk.prog.upload_wait(input_ready(tk, tk.prog.next_upload())) == StageProgress::Wait::none) {
       const int64_t m = tk.prog.upload_issued(1);
-      issue(tk.gpu, SimInterval::act_up, now, xfer(costs_[size_t(tk.s)].act_up_bytes, o_.bandwidth.act_up), q, m,
-            Kind::upload);
+      issue(tk.gpu, SimInterval::act_up, now, xfer(costs_[size_t(tk.s)].act_up_bytes, o_.bandwidth.act_up), q,
+            m, Kind::upload);
     }
   }
 
@@ -262,9 +263,7 @@ class Replay {
     const StageCost& c = costs_[size_t(tk.s)];
     const Stage& st = plan_.stages[size_t(tk.s)];
     switch (e.kind) {
-      case Kind::upload:
-        tk.prog.upload_copy_done(e.m);
-        break;
+      case Kind::upload: tk.prog.upload_copy_done(e.m); break;
       case Kind::compute:
         tk.prog.computed(e.m, 1);
         issue(tk.gpu, SimInterval::act_down, e.time, xfer(c.act_down_bytes, o_.bandwidth.act_down), e.q, e.m,
@@ -272,8 +271,7 @@ class Replay {
         if (!tk.prog.retired()) break;
         // retirement: the gradients drain (forward stages have none)
         tk.retired = e.time;
-        if (st.kind == StageKind::forward)
-          tk.grads_done = true;
+        if (st.kind == StageKind::forward) tk.grads_done = true;
         else
           issue(tk.gpu, SimInterval::grad_down, e.time, xfer(c.grad_bytes, o_.bandwidth.grad_down), e.q, -1,
                 Kind::grads);
@@ -283,18 +281,15 @@ class Replay {
         if (tk.s + 1 < S_) tasks_[size_t(e.q + 1)].input[size_t(e.m)] = 1;
         maybe_finish(e.q, e.time);
         break;
-      case Kind::params:
-        tk.params_done = true;
-        break;
+      case Kind::params: tk.params_done = true; break;
       case Kind::grads:
         tk.grads_done = true;
         for (int l = st.first; l <= st.last; ++l)
-          events_.push({e.time + (o_.optimizer_seconds.empty() ? 0.0 : o_.optimizer_seconds[size_t(l)]), seq_++,
-                        Kind::publish, tk.t, l});
+          events_.push({e.time + (o_.optimizer_seconds.empty() ? 0.0 : o_.optimizer_seconds[size_t(l)]),
+                        seq_++, Kind::publish, tk.t, l});
         maybe_finish(e.q, e.time);
         break;
-      case Kind::publish:
-        break;
+      case Kind::publish: break;
     }
   }
 

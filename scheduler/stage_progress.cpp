@@ -31,13 +31,11 @@ StageProgress::StageProgress(int64_t micro_batches, int slots)
       comp_done_(up_pending_.size(), 0),
       down_done_(up_pending_.size(), 0) {
   if (micro_batches < 0 || slots < 1)
-    throw std::invalid_argument(
-        fmt::format("StageProgress: expected micro_batches >= 0 and slots >= 1, got {} and {}", micro_batches, slots));
+    throw std::invalid_argument(fmt::format(
+        "StageProgress: expected micro_batches >= 0 and slots >= 1, got {} and {}", micro_batches, slots));
 }
 
-int64_t StageProgress::last_in_slot(int j) const {
-  return M_ > j ? (M_ - 1 - j) / slots_ * slots_ + j : -1;
-}
+int64_t StageProgress::last_in_slot(int j) const { return M_ > j ? (M_ - 1 - j) / slots_ * slots_ + j : -1; }
 
 void StageProgress::hold_slot(int j) { held_.at(size_t(j)) = 1; }
 
@@ -63,7 +61,8 @@ int64_t StageProgress::upload_issued(int copies) {
 
 bool StageProgress::upload_copy_done(int64_t m) {
   if (m < 0 || m >= next_up_ || up_pending_[size_t(m)] <= 0)
-    throw std::logic_error(fmt::format("StageProgress: an input copy of micro-batch {} landed that was not issued", m));
+    throw std::logic_error(
+        fmt::format("StageProgress: an input copy of micro-batch {} landed that was not issued", m));
   if (--up_pending_[size_t(m)] > 0) return false;
   up_done_[size_t(m)] = 1;
   ++n_up_;
@@ -87,7 +86,8 @@ int64_t StageProgress::compute_issued() {
 
 void StageProgress::computed(int64_t m, int copies) {
   if (m < 0 || m >= next_comp_ || comp_done_[size_t(m)])
-    throw std::logic_error(fmt::format("StageProgress: micro-batch {} computed twice or before it was issued", m));
+    throw std::logic_error(
+        fmt::format("StageProgress: micro-batch {} computed twice or before it was issued", m));
   comp_done_[size_t(m)] = 1;
   ++n_comp_;
   down_pending_[size_t(m)] = copies;
@@ -99,7 +99,8 @@ void StageProgress::computed(int64_t m, int copies) {
 
 bool StageProgress::download_copy_done(int64_t m) {
   if (m < 0 || m >= M_ || !comp_done_[size_t(m)] || down_pending_[size_t(m)] <= 0)
-    throw std::logic_error(fmt::format("StageProgress: an output copy of micro-batch {} landed that was not issued", m));
+    throw std::logic_error(
+        fmt::format("StageProgress: an output copy of micro-batch {} landed that was not issued", m));
   if (--down_pending_[size_t(m)] > 0) return false;
   down_done_[size_t(m)] = 1;
   ++n_down_;
@@ -125,7 +126,8 @@ bool StageProgress::slot_finished(int j) const {
 
 std::string StageProgress::describe(bool input_ready, bool current, bool weights_ready) const {
   std::vector<std::string> p;
-  p.push_back(fmt::format("{}/{} uploaded, {}/{} computed, {}/{} downloaded", n_up_, M_, n_comp_, M_, n_down_, M_));
+  p.push_back(
+      fmt::format("{}/{} uploaded, {}/{} computed, {}/{} downloaded", n_up_, M_, n_comp_, M_, n_down_, M_));
   const int64_t running = next_comp_ - n_comp_;
   if (running > 0) p.push_back(fmt::format("micro-batch {} computing", n_comp_));
   if (const Wait w = compute_wait(current, weights_ready); w != Wait::finished && w != Wait::none)
@@ -133,7 +135,8 @@ std::string StageProgress::describe(bool input_ready, bool current, bool weights
   if (const Wait w = upload_wait(input_ready); w != Wait::finished && w != Wait::none)
     p.push_back(fmt::format("upload of micro-batch {} {}", next_up_, describe(w)));
   if (const int n = uploads_in_flight()) p.push_back(fmt::format("{} micro-batch input(s) uploading", n));
-  if (const int n = downloads_in_flight()) p.push_back(fmt::format("{} micro-batch output(s) downloading", n));
+  if (const int n = downloads_in_flight())
+    p.push_back(fmt::format("{} micro-batch output(s) downloading", n));
   return fmt::format("{}", fmt::join(p, ", "));
 }
 

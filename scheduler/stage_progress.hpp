@@ -32,15 +32,15 @@ class StageProgress {
  public:
   /// What keeps an upload or a compute from starting.
   enum class Wait : uint8_t {
-    none,         ///< it may start now
-    finished,     ///< every micro-batch went through this phase
-    input,        ///< upload: the predecessor stage's output is not on the host yet
-    slot,         ///< upload: the task does not hold the micro-batch's slot (yet)
-    slot_inputs,  ///< upload: the slot's previous micro-batch is not computed yet
-    not_current,  ///< compute: the task is not the worker's current one
-    weights,      ///< compute: the stage's weights are not on the device yet
-    uploads,      ///< compute: the micro-batch's inputs are not on the device yet
-    slot_outputs, ///< compute: the slot's previous micro-batch's outputs are still downloading
+    none,          ///< it may start now
+    finished,      ///< every micro-batch went through this phase
+    input,         ///< upload: the predecessor stage's output is not on the host yet
+    slot,          ///< upload: the task does not hold the micro-batch's slot (yet)
+    slot_inputs,   ///< upload: the slot's previous micro-batch is not computed yet
+    not_current,   ///< compute: the task is not the worker's current one
+    weights,       ///< compute: the stage's weights are not on the device yet
+    uploads,       ///< compute: the micro-batch's inputs are not on the device yet
+    slot_outputs,  ///< compute: the slot's previous micro-batch's outputs are still downloading
   };
   /// "waits for its input", ... (for status lines).
   static const char* describe(Wait w);

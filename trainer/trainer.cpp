@@ -96,7 +96,8 @@ std::optional<StepResult> Run::await(int64_t t) {
       stop_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                           std::chrono::duration<double>(spec_.stop_timeout_s));
     double slice = 0.1;
-    if (stop_deadline_) slice = std::min(slice, std::chrono::duration<double>(*stop_deadline_ - Clock::now()).count());
+    if (stop_deadline_)
+      slice = std::min(slice, std::chrono::duration<double>(*stop_deadline_ - Clock::now()).count());
     if (auto r = session_->wait_for(t, std::max(slice, 0.0))) return r;
     if (stop_deadline_ && Clock::now() >= *stop_deadline_) return std::nullopt;
   }
@@ -215,9 +216,10 @@ TrainResult Run::abandon(int64_t t) {
   } catch (const std::exception& e) {
     waits = e.what();
   }
-  spdlog::warn("stop: step {} did not finish within {:g} s of the stop request; steps {}..{} are not saved (a "
-               "checkpoint holds only completed steps); waiting for: {}",
-               done, spec_.stop_timeout_s, done, t - 1, waits);
+  spdlog::warn(
+      "stop: step {} did not finish within {:g} s of the stop request; steps {}..{} are not saved (a "
+      "checkpoint holds only completed steps); waiting for: {}",
+      done, spec_.stop_timeout_s, done, t - 1, waits);
   try {
     save_profile();
   } catch (const std::exception& e) {

@@ -41,9 +41,9 @@ class PcieLink {
       if (interrupted_.load()) break;
       ch.busy = true;
       const size_t n = std::min(left, chunk_);
-      const auto until = std::chrono::steady_clock::now() +
-                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                             std::chrono::duration<double>(double(n) / bw_));
+      const auto until =
+          std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                 std::chrono::duration<double>(double(n) / bw_));
       ch.cv.wait_until(lk, until, [&] { return interrupted_.load(); });  // the chunk crosses the link
       ch.busy = false;
       left -= n;

@@ -1,7 +1,7 @@
 // Dying actors and stalled runs (actors/fault_injection.hpp, the scheduler's watchdog):
 //  - a failure injected into a device op, a copy on a transfer stream, a transfer actor's
-//    handler, a worker's handler, an optimizer job or the scheduler's handler reaches Session::wait and synchronize
-//    as a RuntimeFailure naming what failed, promptly, for every later waiter too, and the
+//    handler, a worker's handler, an optimizer job or the scheduler's handler reaches Session::wait and
+//    synchronize as a RuntimeFailure naming what failed, promptly, for every later waiter too, and the
 //    session is torn down without hanging;
 //  - a run stuck on a throttled link makes the watchdog log one line naming what it waits
 //    for (steps and passes, each worker's task and outstanding copies, each shard), wait_for
@@ -90,7 +90,8 @@ void expect_failure(const std::string& what, const Scenario& r, const std::vecto
     EXPECT_LT(seconds, 10.0) << "the failure took " << seconds << " s to arrive";
     for (const std::string& m : messages) {
       EXPECT_EQ(m.find('\n'), std::string::npos) << m;
-      for (const std::string& n : needles) EXPECT_NE(m.find(n), std::string::npos) << "'" << n << "' not in: " << m;
+      for (const std::string& n : needles)
+        EXPECT_NE(m.find(n), std::string::npos) << "'" << n << "' not in: " << m;
     }
     if (!messages.empty()) std::printf("%s: %s\n", what.c_str(), messages[0].c_str());
     s.reset();  // the teardown with work in flight
@@ -121,7 +122,8 @@ TEST(Failures, WeightsCopyFailingReachesEveryWaiter) {
   r.faults.worker = 1;
   r.faults.copy = CopyKind::weights;
   r.faults.group = 2;
-  expect_failure("weights copy", r, {"worker 1 (", "injected failure: worker1.param_up: copy of the weights of group 2"});
+  expect_failure("weights copy", r,
+                 {"worker 1 (", "injected failure: worker1.param_up: copy of the weights of group 2"});
 }
 
 TEST(Failures, TransferActorDyingFailsTheRun) {
@@ -130,8 +132,9 @@ TEST(Failures, TransferActorDyingFailsTheRun) {
   r.faults.worker = 1;
   r.faults.copy = CopyKind::input;
   r.faults.micro_batch = 0;
-  expect_failure("transfer actor dies", r,
-                 {"worker 1", "transfer actor stopped: worker1.act_up: injected failure: request for the input"});
+  expect_failure(
+      "transfer actor dies", r,
+      {"worker 1", "transfer actor stopped: worker1.act_up: injected failure: request for the input"});
 }
 
 TEST(Failures, WorkerDyingFailsTheRun) {
@@ -149,8 +152,9 @@ TEST(Failures, OptimizerJobFailureReachesEveryWaiter) {
     r.faults.site = Site::optimizer_job;
     r.faults.group = 1;
     r.faults.step = 0;
-    expect_failure(async ? "optimizer job, async" : "optimizer job, sync", r,
-                   {"optimizer shard ", "AdamW update of step 0 of group 1 failed: injected failure: the AdamW kernel"});
+    expect_failure(
+        async ? "optimizer job, async" : "optimizer job, sync", r,
+        {"optimizer shard ", "AdamW update of step 0 of group 1 failed: injected failure: the AdamW kernel"});
   }
 }
 
@@ -200,9 +204,9 @@ TEST(Watchdog, AStalledRunSaysWhatItWaitsForAndTearsDownPromptly) {
     const std::string& l = lines[0];
     std::printf("%s\n", l.c_str());
     EXPECT_EQ(l.find('\n'), std::string::npos);
-    for (const char* n : {"watchdog: no progress for", "step 0", "pass 0", "worker 0: current forward stage 0 of pass 0",
-                          "worker 1:", "copies outstanding: ", "weights of group", "optimizer shard 0:",
-                          "optimizer shard 1:"})
+    for (const char* n : {"watchdog: no progress for", "step 0", "pass 0",
+                          "worker 0: current forward stage 0 of pass 0", "worker 1:", "copies outstanding: ",
+                          "weights of group", "optimizer shard 0:", "optimizer shard 1:"})
       EXPECT_NE(l.find(n), std::string::npos) << "'" << n << "' not in: " << l;
     const std::string st = s->status();
     EXPECT_NE(st.find("worker 0: current forward stage 0 of pass 0"), std::string::npos) << st;

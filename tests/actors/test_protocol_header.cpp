@@ -39,8 +39,8 @@ TEST(ProtocolHeader, EveryMessageHasATypeIdOfOneBlockAndIsRegistered) {
 TEST(ProtocolHeader, NoOtherProductFileDeclaresAMessageType) {
   const fs::path root = RP_SOURCE_DIR;
   int files = 0;
-  for (const char* dir : {"actors", "trainer", "cli", "scheduler", "kernels", "model", "optimizer", "trace", "data",
-                          "base", "include", "examples"}) {
+  for (const char* dir : {"actors", "trainer", "cli", "scheduler", "kernels", "model", "optimizer", "trace",
+                          "data", "base", "include", "examples"}) {
     if (!fs::exists(root / dir)) continue;
     for (const auto& e : fs::recursive_directory_iterator(root / dir)) {
       const std::string ext = e.path().extension().string();
@@ -51,7 +51,8 @@ TEST(ProtocolHeader, NoOtherProductFileDeclaresAMessageType) {
       ss << f.rdbuf();
       const std::string text = ss.str();
       ++files;
-      for (const char* macro : {"CAF_ALLOW_UNSAFE_MESSAGE_TYPE", "CAF_ADD_TYPE_ID", "CAF_BEGIN_TYPE_ID_BLOCK"})
+      for (const char* macro :
+           {"CAF_ALLOW_UNSAFE_MESSAGE_TYPE", "CAF_ADD_TYPE_ID", "CAF_BEGIN_TYPE_ID_BLOCK"})
         EXPECT_EQ(text.find(macro), std::string::npos)
             << e.path() << " uses " << macro << ": declare message types in actors/messages.hpp";
     }

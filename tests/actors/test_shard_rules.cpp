@@ -15,9 +15,11 @@ namespace {
 
 std::string show(const ShardAction& a) {
   switch (a.kind) {
-    case ShardAction::Kind::grant_weights: return fmt::format("grant weights g{} t{} #{}", a.group, a.step, a.ticket);
+    case ShardAction::Kind::grant_weights:
+      return fmt::format("grant weights g{} t{} #{}", a.group, a.step, a.ticket);
     case ShardAction::Kind::grant_grad_slot:
-      return fmt::format("grant slot g{} t{} #{} {}", a.group, a.step, a.ticket, a.overwrite ? "overwrite" : "accumulate");
+      return fmt::format("grant slot g{} t{} #{} {}", a.group, a.step, a.ticket,
+                         a.overwrite ? "overwrite" : "accumulate");
     case ShardAction::Kind::run_job:
       return fmt::format("job {} g{}{}", describe(a.job), a.group, a.job.publish ? " +publish" : "");
     case ShardAction::Kind::report_sumsq: return fmt::format("sumsq g{} t{} = {}", a.group, a.step, a.sumsq);
@@ -104,7 +106,7 @@ TEST(ShardRules, SyncUpdatePublishesInTheSameJob) {
 // Rule 3 and the shard's half of rule 2: one writer at a time, the first of a step overwrites,
 // later ones accumulate, a slot for step t+1 only after step t consumed it, earliest step first.
 TEST(ShardRules, GradientSlotsOneWriterAtATimeAndOnlyAfterTheUpdate) {
-  Shard s({{0, 1, 2}}, 1);  // two contributions per pass (a tied embedding)
+  Shard s({{0, 1, 2}}, 1);              // two contributions per pass (a tied embedding)
   s.rules.request_grad_slot(0, 1, 11);  // step 1's request arrives first
   s.rules.request_grad_slot(0, 0, 10);
   s.rules.request_grad_slot(0, 0, 12);
@@ -133,7 +135,8 @@ TEST(ShardRules, GuardedStepsReportTheSumOfSquaresAndWaitForTheScale) {
     EXPECT_EQ(s.pump(g), (V{fmt::format("job sum of squares of step 0 g{}", g)}));
     EXPECT_EQ(s.done(g, 2.5 + g), (V{fmt::format("sumsq g{} t0 = {}", g, 2.5 + g)}));
   }
-  EXPECT_NE(s.rules.describe().find("waits for the scheduler's step scale"), std::string::npos) << s.rules.describe();
+  EXPECT_NE(s.rules.describe().find("waits for the scheduler's step scale"), std::string::npos)
+      << s.rules.describe();
   // async: the groups update in the order their gradients completed (1 first)
   EXPECT_EQ(s.rules.scale_arrived(0, false, 0.25f), (std::vector<int>{1, 0}));
   EXPECT_EQ(s.pump(1), (V{"job AdamW update of step 0 g1"}));

@@ -97,7 +97,8 @@ double activation_latency_behind_upload(bool priorities) {
     h2d = w.h2d;
     caf::scoped_actor self{a.sys};
     auto me = caf::actor_cast<WorkerActor>(self);
-    const float* landed = reinterpret_cast<const float*>(static_cast<char*>(dbig.get()) + big - sizeof(float));
+    const float* landed =
+        reinterpret_cast<const float*>(static_cast<char*>(dbig.get()) + big - sizeof(float));
     const CopyTag weights{CopyKind::weights, 1, -1, 3}, input{CopyKind::input, 2, 0, -1};
     self->send(w.param_up, CopyRequest{CopyDir::h2d, dbig.get(), hbig.data(), big, 1, 0, weights,
                                        HostAccumulate{&probe, landed, 1}, me});
@@ -109,7 +110,8 @@ double activation_latency_behind_upload(bool priorities) {
       self->receive([&](CopyDone& d) {
         EXPECT_EQ(d.error, "");
         tagged += describe(d.what) == describe(weights) || describe(d.what) == describe(input);
-        if (d.what.kind == CopyKind::input) latency = std::chrono::duration<double>(Clock::now() - t0).count();
+        if (d.what.kind == CopyKind::input)
+          latency = std::chrono::duration<double>(Clock::now() - t0).count();
       });
     EXPECT_EQ(tagged, 2) << "a completion does not carry its request's tag";
     for (auto& x : {w.act_up, w.act_down, w.param_up, w.grad_down}) self->send_exit(x, caf::exit_reason::user_shutdown);
@@ -174,15 +176,25 @@ Burst burst_behind_chunks(bool with_arbiter) {
     auto bulk = spawn_transfer_actor(a.sys, dev->stream(StreamKind::param_up), "worker0.param_up", bo);
     caf::scoped_actor self{a.sys};
     auto me = caf::actor_cast<WorkerActor>(self);
-    self->send(bulk, CopyRequest{CopyDir::h2d, dbig.get(), hbig.data(), big, 1, 0, {CopyKind::weights, 100, -1, 0}, {}, me});
+    self->send(
+        bulk, CopyRequest{
+                  CopyDir::h2d, dbig.get(), hbig.data(), big, 1, 0, {CopyKind::weights, 100, -1, 0}, {}, me});
     std::this_thread::sleep_for(std::chrono::milliseconds(30));
     const auto t0 = Clock::now();
     for (int i = 0; i < 16; ++i)
-      self->send(act, CopyRequest{CopyDir::h2d, dsmall[size_t(i)].get(), hsmall.data(), small, 0, i,
-                                  {CopyKind::input, uint64_t(i), i, -1}, {}, me});
+      self->send(act, CopyRequest{CopyDir::h2d,
+                                  dsmall[size_t(i)].get(),
+                                  hsmall.data(),
+                                  small,
+                                  0,
+                                  i,
+                                  {CopyKind::input, uint64_t(i), i, -1},
+                                  {},
+                                  me});
     for (int i = 0; i < 17; ++i)
       self->receive([&](CopyDone& d) {
-        if (d.what.kind == CopyKind::input) out.last_done = std::chrono::duration<double>(Clock::now() - t0).count();
+        if (d.what.kind == CopyKind::input)
+          out.last_done = std::chrono::duration<double>(Clock::now() - t0).count();
       });
     self->send_exit(act, caf::exit_reason::user_shutdown);
     self->send_exit(bulk, caf::exit_reason::user_shutdown);

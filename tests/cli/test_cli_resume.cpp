@@ -144,7 +144,8 @@ TEST(CliResume, OneSigtermEndsARunStuckOnASlowLink) {
                                   "\"watchdog_s\": 1, \"stop_timeout_s\": 1"));
   // timeout passes the SIGTERM on (once: --foreground), and kills a run that ignores it (rc 137)
   // instead of hanging the test
-  const std::string cmd = "cd " + d.string() + " && (timeout --foreground -s KILL 60 " + std::string(RP_BUILD_DIR) +
+  const std::string cmd = "cd " + d.string() + " && (timeout --foreground -s KILL 60 " +
+                          std::string(RP_BUILD_DIR) +
                           "/roundpipe train spec.json > out.txt 2> err.txt < /dev/null & pid=$!; sleep 3;" +
                           " kill -TERM $pid; wait $pid; echo $? > rc.txt)";
   const auto t0 = std::chrono::steady_clock::now();

@@ -124,13 +124,14 @@ TEST(Simulator, EarlyActivationUploadsHideTransfers) {
 // The replay follows the worker's per-micro-batch rules (scheduler/stage_progress.hpp) on every
 // GPU: an upload of micro-batch m waits for the compute of m-2 (its slot's previous user), a
 // compute for its upload and the download of m-2, and a stage's first uploads into a slot for
-// the previous stage's last download from it (early start) or its retirement (fresh slots). Checked on the recorded timeline, with uneven
-// stage costs so that every kind of wait binds somewhere.
+// the previous stage's last download from it (early start) or its retirement (fresh slots). Checked on the
+// recorded timeline, with uneven stage costs so that every kind of wait binds somewhere.
 TEST(Simulator, TimelineFollowsTheWorkersPerMicroBatchRules) {
   const int N = 2, S = 7;
   const int64_t M = 5;
   std::vector<StageCost> costs;
-  for (int s = 0; s < S; ++s) costs.push_back(StageCost{0.5 + 0.3 * (s % 3), 40 + 15 * (s % 2), 60 - 10 * (s % 3), 80, 30});
+  for (int s = 0; s < S; ++s)
+    costs.push_back(StageCost{0.5 + 0.3 * (s % 3), 40 + 15 * (s % 2), 60 - 10 * (s % 3), 80, 30});
   SimOptions o;
   o.gpus = N;
   o.micro_batches = M;

@@ -22,7 +22,8 @@ TEST(StageProgress, UploadsRunOneMicroBatchAheadOfTheCompute) {
   EXPECT_EQ(p.upload_wait(true), W::slot) << "micro-batch 1 uses slot 1";
   p.hold_slot(1);
   EXPECT_EQ(p.upload_issued(2), 1);
-  EXPECT_EQ(p.upload_wait(true), W::slot_inputs) << "micro-batch 2 reuses slot 0: micro-batch 0 must compute first";
+  EXPECT_EQ(p.upload_wait(true), W::slot_inputs)
+      << "micro-batch 2 reuses slot 0: micro-batch 0 must compute first";
   EXPECT_FALSE(p.uploaded(0));
   EXPECT_TRUE(p.upload_copy_done(0));
   EXPECT_FALSE(p.upload_copy_done(1)) << "one of micro-batch 1's two copies";
@@ -50,7 +51,8 @@ TEST(StageProgress, ComputesWaitForCurrentWeightsInputsAndTheSlotsOutputs) {
   p.computed(1, 0);  // no outputs to copy: downloaded at once
   EXPECT_TRUE(p.downloaded(1));
   p.upload_issued(0);
-  EXPECT_EQ(p.compute_wait(true, true), W::slot_outputs) << "micro-batch 0's outputs still download from slot 0";
+  EXPECT_EQ(p.compute_wait(true, true), W::slot_outputs)
+      << "micro-batch 0's outputs still download from slot 0";
   EXPECT_FALSE(p.download_copy_done(0));
   EXPECT_TRUE(p.download_copy_done(0));
   EXPECT_EQ(p.compute_wait(true, true), W::none);
