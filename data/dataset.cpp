@@ -1,6 +1,8 @@
 #include "data/dataset.hpp"
 
 #include <algorithm>
+#include <cctype>
+#include <initializer_list>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -17,8 +19,8 @@ namespace rp {
 namespace {
 namespace fs = std::filesystem;
 
-[[noreturn]] void fail(const std::string& path, size_t line, const std::string& what) {
-  std::string msg = fmt::format("{}:{}: {}", path, line, what);
+[[noreturn]] void fail(const std::string& where, const std::string& what) {
+  std::string msg = fmt::format("{}: {}", where, what);
   std::replace(msg.begin(), msg.end(), '\n', ' ');
   throw std::runtime_error(msg);
 }
@@ -32,18 +34,36 @@ int32_t require_eos(const Tokenizer& tok, const std::string& path) {
 const char* type_name(const nlohmann::json& v) { return v.type_name(); }
 
 const std::string& get_string(const nlohmann::json& obj, const char* key, const std::string& ctx,
-                              const std::string& path, size_t line) {
+                              const std::string& where) {
   auto it = obj.find(key);
-  if (it == obj.end()) fail(path, line, fmt::format("{}missing key \"{}\" (expected a string)", ctx, key));
+  if (it == obj.end()) fail(where, fmt::format("{}missing key \"{}\" (expected a string)", ctx, key));
   if (!it->is_string())
-    fail(path, line, fmt::format("{}expected a string at key \"{}\", got {}", ctx, key, type_name(*it)));
+    fail(where, fmt::format("{}expected a string at key \"{}\", got {}", ctx, key, type_name(*it)));
   return it->get_ref<const std::string&>();
 }
 
+/// An optional string key ("" when absent or null).
+std::string opt_string(const nlohmann::json& obj, const char* key, const std::string& where) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return {};
+  if (!it->is_string()) fail(where, fmt::format("expected a string at key \"{}\", got {}", key, type_name(*it)));
+  return it->get<std::string>();
+}
+
+/// The end of a sequence as HF's tokenizer(text) + eos gives it: eos (unless the
+/// post-processor's suffix already ends with it), then the suffix.
+void append_end(const Tokenizer& tok, int32_t eos, std::vector<int32_t>& ids) {
+  const auto& suf = tok.suffix_tokens();
+  if (suf.empty() || suf.back() != eos) ids.push_back(eos);
+  ids.insert(ids.end(), suf.begin(), suf.end());
+}
+
 void append_document(const Tokenizer& tok, std::string_view text, int32_t eos, Dataset& d) {
+  const auto& pre = tok.prefix_tokens();
+  d.text_stream.insert(d.text_stream.end(), pre.begin(), pre.end());
   auto ids = tok.encode(text);
   d.text_stream.insert(d.text_stream.end(), ids.begin(), ids.end());
-  d.text_stream.push_back(eos);
+  append_end(tok, eos, d.text_stream);
   ++d.num_documents;
 }
 
@@ -54,64 +74,178 @@ std::string read_all(const std::string& path) {
   ss << f.rdbuf();
   return ss.str();
 }
-}  // namespace
 
-Dataset load_jsonl(const std::string& path, const Tokenizer& tok, ChatTemplate chat) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw std::runtime_error(path + ": cannot open");
-  Dataset d;
+void add_chat(const Tokenizer& tok, ChatTemplate chat, const std::vector<ChatMessage>& msgs, const std::string& where,
+              Dataset& d) {
+  const bool has_assistant =
+      std::any_of(msgs.begin(), msgs.end(), [](const ChatMessage& m) { return m.role == "assistant"; });
+  if (!has_assistant) fail(where, "expected at least one assistant message (nothing to train on)");
+  RenderedChat r = render_chat(tok, chat, msgs);
+  d.examples.push_back({std::move(r.ids), std::move(r.loss_mask)});
+}
+
+// {"messages": [{"role", "content"[, "reasoning_content"]}, ...]}
+std::vector<ChatMessage> messages_of(const nlohmann::json& m, const std::string& where) {
+  if (!m.is_array()) fail(where, fmt::format("expected an array at key \"messages\", got {}", type_name(m)));
+  std::vector<ChatMessage> msgs;
+  for (size_t i = 0; i < m.size(); ++i) {
+    std::string ctx = fmt::format("messages[{}]: ", i);
+    if (!m[i].is_object()) fail(where, ctx + "expected an object with \"role\" and \"content\"");
+    ChatMessage cm{get_string(m[i], "role", ctx, where), get_string(m[i], "content", ctx, where), {}};
+    if (cm.role != "system" && cm.role != "user" && cm.role != "assistant")
+      fail(where, fmt::format("{}unknown role \"{}\" (expected system, user or assistant)", ctx, cm.role));
+    cm.reasoning = opt_string(m[i], "reasoning_content", where);
+    msgs.push_back(std::move(cm));
+  }
+  return msgs;
+}
+
+// ShareGPT: {"conversations": [{"from": "human"|"gpt"|"system", "value"}, ...], "system"?}
+std::vector<ChatMessage> sharegpt_of(const nlohmann::json& j, const std::string& where) {
+  const auto& c = j.at("conversations");
+  if (!c.is_array()) fail(where, fmt::format("expected an array at key \"conversations\", got {}", type_name(c)));
+  std::vector<ChatMessage> msgs;
+  if (std::string sys = opt_string(j, "system", where); !sys.empty()) msgs.push_back({"system", sys, {}});
+  for (size_t i = 0; i < c.size(); ++i) {
+    std::string ctx = fmt::format("conversations[{}]: ", i);
+    if (!c[i].is_object()) fail(where, ctx + "expected an object with \"from\" and \"value\"");
+    const std::string& from = get_string(c[i], "from", ctx, where);
+    std::string role;
+    if (from == "human" || from == "user") role = "user";
+    else if (from == "gpt" || from == "assistant" || from == "model" || from == "chatgpt") role = "assistant";
+    else if (from == "system") role = "system";
+    else fail(where, fmt::format("{}unknown \"from\" \"{}\" (expected human, gpt or system)", ctx, from));
+    msgs.push_back({role, get_string(c[i], "value", ctx, where), {}});
+  }
+  return msgs;
+}
+
+// Alpaca: {"instruction", "input"?, "output", "system"?, "history"?: [[query, answer], ...]},
+// as a conversation (the user turn is instruction + "\n" + input, as LLaMA-Factory joins them).
+std::vector<ChatMessage> alpaca_of(const nlohmann::json& j, const std::string& where) {
+  std::vector<ChatMessage> msgs;
+  if (std::string sys = opt_string(j, "system", where); !sys.empty()) msgs.push_back({"system", sys, {}});
+  if (j.contains("history") && !j.at("history").is_null()) {
+    const auto& h = j.at("history");
+    if (!h.is_array()) fail(where, "expected an array of [query, answer] pairs at key \"history\"");
+    for (size_t i = 0; i < h.size(); ++i) {
+      if (!h[i].is_array() || h[i].size() != 2 || !h[i][0].is_string() || !h[i][1].is_string())
+        fail(where, fmt::format("history[{}]: expected a pair of strings [query, answer]", i));
+      msgs.push_back({"user", h[i][0].get<std::string>(), {}});
+      msgs.push_back({"assistant", h[i][1].get<std::string>(), {}});
+    }
+  }
+  std::string user = get_string(j, "instruction", "", where);
+  if (std::string input = opt_string(j, "input", where); !input.empty()) user += "\n" + input;
+  msgs.push_back({"user", std::move(user), {}});
+  msgs.push_back({"assistant", get_string(j, "output", "", where), {}});
+  return msgs;
+}
+
+/// One record of a JSON data file into `d`.
+void add_record(const nlohmann::json& j, const std::string& where, const Tokenizer& tok, ChatTemplate chat,
+                Dataset& d) {
+  if (!j.is_object()) fail(where, fmt::format("expected a JSON object, got {}", type_name(j)));
+  if (j.contains("messages")) {
+    add_chat(tok, chat, messages_of(j.at("messages"), where), where, d);
+  } else if (j.contains("conversations")) {
+    add_chat(tok, chat, sharegpt_of(j, where), where, d);
+  } else if (j.contains("instruction") || j.contains("output")) {
+    add_chat(tok, chat, alpaca_of(j, where), where, d);
+  } else if (j.contains("prompt") || j.contains("completion")) {
+    const std::string& prompt = get_string(j, "prompt", "", where);
+    const std::string& completion = get_string(j, "completion", "", where);
+    Example ex;
+    ex.ids = tok.prefix_tokens();
+    auto p = tok.encode(prompt);
+    ex.ids.insert(ex.ids.end(), p.begin(), p.end());
+    ex.loss_mask.assign(ex.ids.size(), 0);
+    auto c = tok.encode(completion);
+    ex.ids.insert(ex.ids.end(), c.begin(), c.end());
+    append_end(tok, require_eos(tok, where), ex.ids);
+    ex.loss_mask.resize(ex.ids.size(), 1);
+    d.examples.push_back(std::move(ex));
+  } else if (j.contains("text")) {
+    append_document(tok, get_string(j, "text", "", where), require_eos(tok, where), d);
+  } else {
+    fail(where,
+         "expected a key \"text\", \"prompt\"+\"completion\", \"messages\", \"conversations\" (ShareGPT) or "
+         "\"instruction\"+\"output\" (alpaca)");
+  }
+}
+
+/// nlohmann's parse error without its "[json.exception...] " prefix.
+std::string parse_message(const nlohmann::json::parse_error& e) {
+  std::string w = e.what();
+  if (auto p = w.find("] "); p != std::string::npos) w = w.substr(p + 2);
+  return w;
+}
+
+/// 1-based line of byte offset `pos` in `text`.
+size_t line_of(const std::string& text, size_t pos) {
+  return 1 + size_t(std::count(text.begin(), text.begin() + long(std::min(pos, text.size())), '\n'));
+}
+
+void load_json_array(const std::string& path, const std::string& text, const Tokenizer& tok, ChatTemplate chat,
+                     Dataset& d) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    fail(fmt::format("{}:{}", path, line_of(text, e.byte ? e.byte - 1 : 0)), "invalid JSON: " + parse_message(e));
+  }
+  if (!j.is_array()) fail(path, fmt::format("expected a JSON array of objects, got {}", type_name(j)));
+  for (size_t i = 0; i < j.size(); ++i) add_record(j[i], fmt::format("{}: element {}", path, i), tok, chat, d);
+}
+
+void load_json_lines(const std::string& path, const std::string& text, const Tokenizer& tok, ChatTemplate chat,
+                     Dataset& d) {
+  std::istringstream in(text);
   std::string line;
   size_t lineno = 0;
-  std::vector<ChatMessage> msgs;
-  while (std::getline(f, line)) {
+  while (std::getline(in, line)) {
     ++lineno;
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (lineno == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);  // UTF-8 BOM
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);
     } catch (const nlohmann::json::parse_error& e) {
-      std::string w = e.what();
-      if (auto p = w.find("] "); p != std::string::npos) w = w.substr(p + 2);  // drop "[json.exception...]"
-      fail(path, lineno, "invalid JSON: " + w);
+      if (nlohmann::json::accept(text))  // one object written over several lines
+        fail(path, "one JSON object over several lines; expected one object per line (JSON lines) or a JSON array "
+                   "of objects");
+      fail(fmt::format("{}:{}", path, lineno), "invalid JSON: " + parse_message(e));
     }
-    if (!j.is_object()) fail(path, lineno, fmt::format("expected a JSON object, got {}", type_name(j)));
-
-    if (j.contains("messages")) {
-      const auto& m = j.at("messages");
-      if (!m.is_array()) fail(path, lineno, fmt::format("expected an array at key \"messages\", got {}", type_name(m)));
-      msgs.clear();
-      bool has_assistant = false;
-      for (size_t i = 0; i < m.size(); ++i) {
-        std::string ctx = fmt::format("messages[{}]: ", i);
-        if (!m[i].is_object()) fail(path, lineno, ctx + "expected an object with \"role\" and \"content\"");
-        ChatMessage cm{get_string(m[i], "role", ctx, path, lineno), get_string(m[i], "content", ctx, path, lineno)};
-        if (cm.role != "system" && cm.role != "user" && cm.role != "assistant")
-          fail(path, lineno, fmt::format("{}unknown role \"{}\" (expected system, user or assistant)", ctx, cm.role));
-        has_assistant = has_assistant || cm.role == "assistant";
-        msgs.push_back(std::move(cm));
-      }
-      if (!has_assistant) fail(path, lineno, "expected at least one \"assistant\" message (nothing to train on)");
-      RenderedChat r = render_chat(tok, chat, msgs);
-      d.examples.push_back({std::move(r.ids), std::move(r.loss_mask)});
-    } else if (j.contains("prompt") || j.contains("completion")) {
-      const std::string& prompt = get_string(j, "prompt", "", path, lineno);
-      const std::string& completion = get_string(j, "completion", "", path, lineno);
-      Example ex;
-      ex.ids = tok.encode(prompt);
-      ex.loss_mask.assign(ex.ids.size(), 0);
-      auto c = tok.encode(completion);
-      ex.ids.insert(ex.ids.end(), c.begin(), c.end());
-      ex.ids.push_back(require_eos(tok, path));
-      ex.loss_mask.resize(ex.ids.size(), 1);
-      d.examples.push_back(std::move(ex));
-    } else if (j.contains("text")) {
-      append_document(tok, get_string(j, "text", "", path, lineno), require_eos(tok, path), d);
-    } else {
-      fail(path, lineno, "expected a key \"text\", \"prompt\"+\"completion\" or \"messages\"");
-    }
+    add_record(j, fmt::format("{}:{}", path, lineno), tok, chat, d);
   }
+}
+
+bool has_extension(const std::string& path, std::initializer_list<const char*> exts) {
+  std::string e = fs::path(path).extension().string();
+  std::transform(e.begin(), e.end(), e.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  return std::any_of(exts.begin(), exts.end(), [&](const char* x) { return e == x; });
+}
+
+/// The first byte that is not whitespace (or a UTF-8 byte-order mark), or 0.
+char first_char(const std::string& text) {
+  size_t i = text.rfind("\xEF\xBB\xBF", 0) == 0 ? 3 : 0;
+  i = text.find_first_not_of(" \t\r\n", i);
+  return i == std::string::npos ? 0 : text[i];
+}
+}  // namespace
+
+Dataset load_json_records(const std::string& path, const Tokenizer& tok, ChatTemplate chat) {
+  std::string text = read_all(path);
+  if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);  // UTF-8 BOM
+  Dataset d;
+  const char c = first_char(text);
+  if (c == '[') load_json_array(path, text, tok, chat, d);
+  else if (c == '{') load_json_lines(path, text, tok, chat, d);
+  else if (c == 0) throw std::runtime_error(path + ": no examples");
+  else
+    fail(path, fmt::format("expected JSON lines (one object per line) or a JSON array of objects, but the file "
+                           "starts with '{}'",
+                           c));
   if (d.examples.empty() && d.num_documents == 0) throw std::runtime_error(path + ": no examples");
   return d;
 }
@@ -133,7 +267,14 @@ Dataset load_text_corpus(const std::string& path, const Tokenizer& tok) {
 }
 
 Dataset load_dataset(const std::string& path, const Tokenizer& tok, ChatTemplate chat) {
-  if (!fs::is_directory(path) && fs::path(path).extension() == ".jsonl") return load_jsonl(path, tok, chat);
+  if (fs::is_directory(path) || has_extension(path, {".txt"})) return load_text_corpus(path, tok);
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw std::runtime_error(path + ": cannot open");
+  std::string head(4096, '\0');
+  f.read(head.data(), long(head.size()));
+  head.resize(size_t(f.gcount()));
+  const char c = first_char(head);
+  if (c == '{' || c == '[' || has_extension(path, {".json", ".jsonl"})) return load_json_records(path, tok, chat);
   return load_text_corpus(path, tok);
 }
 

@@ -1,4 +1,4 @@
-// Training data: JSONL / plain-text loading, packing into fixed-length sequences, and a
+// Training data: JSON (lines or arrays) / plain-text loading, packing into fixed-length sequences, and a
 // deterministic shuffled batch stream.
 //
 // Sequence construction respects the runtime's attention: it is causal *per sequence*
@@ -38,27 +38,41 @@ struct Dataset {
   size_t num_documents = 0;         ///< documents in text_stream
 };
 
-/// Loads a JSONL file; every non-blank line is one JSON object of one of the shapes
-///   {"text": str}                         -> text_stream (tokens + eos, all trained on)
-///   {"prompt": str, "completion": str}    -> example: encode(prompt) ++ encode(completion)
-///                                            ++ eos, loss on completion tokens and eos
-///   {"messages": [{"role","content"},..]} -> example rendered by `chat` (chat_template.hpp),
-///                                            loss on assistant content + end-of-turn token
-/// Special tokens written in the text are matched (allow_special=true). Throws
-/// std::runtime_error with a one-line message "<path>:<line>: <what was expected>", e.g.
-/// `data.jsonl:17: expected a string at key "completion"`, for a malformed line, a wrong
-/// type, a missing key, an unknown role or a conversation without an assistant message;
-/// "<path>: cannot open" / "<path>: no examples" for unreadable or empty files. Throws
-/// std::runtime_error when the tokenizer has no eos_id() and one is needed.
-Dataset load_jsonl(const std::string& path, const Tokenizer& tok, ChatTemplate chat);
+/// Loads a JSON data file, recognised by its content (not its extension): a JSON array of
+/// objects (first non-blank byte '[') or JSON lines, one object per line ('{'; blank lines
+/// skipped; what `datasets`' to_json writes). Each object is one record of the shapes
+///   {"text": str}                         -> text_stream: the post-processor's prefix (e.g.
+///                                            LLaMA-3's <|begin_of_text|>), the tokens, eos
+///   {"prompt": str, "completion": str}    -> example: prefix ++ encode(prompt) ++
+///                                            encode(completion) ++ eos, loss on the
+///                                            completion tokens and eos
+///   {"messages": [{"role","content"[,"reasoning_content"]},..]}
+///                                         -> example rendered by `chat` (chat_template.hpp),
+///                                            loss on assistant turns + end-of-turn token
+///   {"conversations": [{"from","value"},..][, "system"]}   (ShareGPT; from human / gpt /
+///                                            system) -> the same conversation
+///   {"instruction", "input"?, "output"[, "system", "history": [[q, a],..]]}   (alpaca)
+///                                         -> conversation [system], history turns, user =
+///                                            instruction + "\n" + input, assistant = output
+/// (HF's tokenizer(text) adds the post-processor's special tokens; chat templates carry
+/// their own, as apply_chat_template.) Special tokens written in the text are matched.
+/// Throws std::runtime_error with one line "<path>:<line>: <what>" (JSON lines) or
+/// "<path>: element <i>: <what>" (array), e.g. `data.jsonl:17: expected a string at key
+/// "completion"`, for a malformed record, a wrong type, a missing key, an unknown role or a
+/// conversation without an assistant turn; "<path>: expected JSON lines ... or a JSON array"
+/// for a file that is neither; "<path>: cannot open" / "<path>: no examples" for unreadable
+/// or empty files; and when the tokenizer has no eos_id() and one is needed.
+Dataset load_json_records(const std::string& path, const Tokenizer& tok, ChatTemplate chat);
 
 /// Loads plain text: `path` is one file, or a directory whose *.txt files (not recursive)
-/// are read in lexicographic order. Each file is one document: its tokens followed by eos
-/// go to text_stream. Throws std::runtime_error when nothing can be read, the directory
-/// holds no .txt file, or the tokenizer has no eos_id().
+/// are read in lexicographic order. Each file is one document (prefix, tokens, eos as a
+/// {"text"} record) in text_stream. Throws std::runtime_error when nothing can be read, the
+/// directory holds no .txt file, or the tokenizer has no eos_id().
 Dataset load_text_corpus(const std::string& path, const Tokenizer& tok);
 
-/// Dispatch: a directory or a file not ending in .jsonl => load_text_corpus, else load_jsonl.
+/// Dispatch: a directory or a .txt file => load_text_corpus; a file whose content starts
+/// with '{' or '[', or named .json / .jsonl => load_json_records (which refuses a .json
+/// file holding neither JSON lines nor an array); any other file => plain text.
 Dataset load_dataset(const std::string& path, const Tokenizer& tok, ChatTemplate chat);
 
 /// Fixed-length training sequences, row-major [size(), seq_len].

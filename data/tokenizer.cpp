@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "data/normalizer.hpp"
 #include "data/pretokenizer.hpp"
 
 namespace rp {
@@ -66,6 +67,8 @@ struct Tokenizer::Impl {
   std::array<int32_t, 256> byte_ids{};
   PreTokenizer pre;
   bool ignore_merges = false;
+  bool nfc = false;                     // normalizer NFC
+  std::vector<int32_t> prefix, suffix;  // post_processor's special tokens around one sequence
   int32_t eos = -1, bos = -1;
   std::string chat_template;
 
@@ -163,11 +166,21 @@ void Tokenizer::Impl::encode_piece(std::string_view text, const Piece& p, std::v
 void Tokenizer::Impl::encode(std::string_view text, bool allow_special, std::vector<int32_t>& ids,
                              std::vector<size_t>* offsets) const {
   std::vector<Piece> pieces;
-  std::string word;
+  std::string word, norm;
+  std::vector<NormalizedRun> runs;
   auto flush = [&](size_t b, size_t e) {
     if (e <= b) return;
     pieces.clear();
-    pre.split(text.substr(b, e - b), b, pieces);
+    const std::string_view seg = text.substr(b, e - b);
+    if (nfc && nfc_normalize(seg, norm, runs)) {  // offsets map back to the input
+      pre.split(norm, 0, pieces);
+      const size_t first = offsets ? offsets->size() : 0;
+      for (const auto& p : pieces) encode_piece(norm, p, ids, offsets, word);
+      if (offsets)
+        for (size_t k = first; k < offsets->size(); ++k) (*offsets)[k] = b + original_offset(runs, (*offsets)[k]);
+      return;
+    }
+    pre.split(seg, b, pieces);
     for (const auto& p : pieces) encode_piece(text, p, ids, offsets, word);
   };
   size_t seg = 0, i = 0;
@@ -192,6 +205,51 @@ void Tokenizer::Impl::encode(std::string_view text, bool allow_special, std::vec
     seg = i;
   }
   flush(seg, text.size());
+}
+
+// ---- post-processor --------------------------------------------------------------------
+// post_processor: the special tokens HF's encode(add_special_tokens=True) puts around a
+// single sequence. TemplateProcessing ("single": SpecialToken items before / after the
+// Sequence "A"), BertProcessing / RobertaProcessing (cls before, sep after), ByteLevel
+// (offsets only: nothing), Sequence of these.
+static void read_post_processor(const nlohmann::json& p, const Tokenizer& t, const std::string& where,
+                         std::vector<int32_t>& prefix, std::vector<int32_t>& suffix) {
+  if (p.is_null()) return;
+  const std::string type = p.value("type", std::string());
+  auto id_of = [&](const std::string& tok) {
+    const int32_t id = t.token_id(tok);
+    if (id < 0) throw std::runtime_error(fmt::format("{}: post_processor names token \"{}\", which is not in the vocab", where, tok));
+    return id;
+  };
+  if (type == "ByteLevel") return;
+  if (type == "Sequence") {
+    for (const auto& c : p.at("processors")) read_post_processor(c, t, where, prefix, suffix);
+    return;
+  }
+  if (type == "BertProcessing" || type == "RobertaProcessing") {
+    prefix.push_back(p.at("cls").at(1).get<int32_t>());
+    suffix.insert(suffix.begin(), p.at("sep").at(1).get<int32_t>());
+    return;
+  }
+  if (type != "TemplateProcessing")
+    throw std::runtime_error(fmt::format("{}: unsupported post_processor type \"{}\" (expected TemplateProcessing, "
+                                         "ByteLevel, BertProcessing, RobertaProcessing or Sequence)", where, type));
+  std::vector<int32_t> before, after;
+  bool seen = false;
+  for (const auto& item : p.at("single")) {
+    if (item.contains("Sequence")) {
+      seen = true;
+      continue;
+    }
+    const std::string tok = item.at("SpecialToken").at("id").get<std::string>();
+    std::vector<int32_t> ids;
+    const auto& st = p.value("special_tokens", nlohmann::json::object());
+    if (st.contains(tok) && st.at(tok).contains("ids")) ids = st.at(tok).at("ids").get<std::vector<int32_t>>();
+    else ids.push_back(id_of(tok));
+    (seen ? after : before).insert((seen ? after : before).end(), ids.begin(), ids.end());
+  }
+  prefix.insert(prefix.end(), before.begin(), before.end());
+  suffix.insert(suffix.begin(), after.begin(), after.end());
 }
 
 // ---- construction -----------------------------------------------------------------------
@@ -236,8 +294,9 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j, const std::string& where
       throw std::runtime_error(fmt::format("{}: unsupported model type \"{}\" (only BPE)", where, type));
     m.ignore_merges = model.value("ignore_merges", false);
 
-    // normalizer: null, NFC, or a Sequence of NFC (NFC treated as identity, see header).
+    // normalizer: null, NFC, or a Sequence of NFC.
     if (j.contains("normalizer") && !j.at("normalizer").is_null()) {
+      m.nfc = true;
       const auto& n = j.at("normalizer");
       auto ok = [](const nlohmann::json& x) { return x.value("type", std::string()) == "NFC"; };
       bool fine = ok(n);
@@ -327,6 +386,7 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j, const std::string& where
     }
 
     m.pre = PreTokenizer::from_json(j.contains("pre_tokenizer") ? j.at("pre_tokenizer") : nlohmann::json(), where);
+    if (j.contains("post_processor")) read_post_processor(j.at("post_processor"), t, where, m.prefix, m.suffix);
   } catch (const nlohmann::json::exception& e) {
     throw std::runtime_error(fmt::format("{}: malformed tokenizer.json: {}", where, e.what()));
   }
@@ -354,6 +414,16 @@ std::vector<int32_t> Tokenizer::encode_with_offsets(std::string_view text, std::
   impl_->encode(text, allow_special, ids, &byte_offsets);
   return ids;
 }
+
+std::vector<int32_t> Tokenizer::encode_with_special_tokens(std::string_view text) const {
+  std::vector<int32_t> ids = impl_->prefix;
+  impl_->encode(text, true, ids, nullptr);
+  ids.insert(ids.end(), impl_->suffix.begin(), impl_->suffix.end());
+  return ids;
+}
+
+const std::vector<int32_t>& Tokenizer::prefix_tokens() const { return impl_->prefix; }
+const std::vector<int32_t>& Tokenizer::suffix_tokens() const { return impl_->suffix; }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   std::string out;

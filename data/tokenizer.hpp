@@ -8,15 +8,19 @@
 //                    are only matched when encode(..., allow_special=true); non-special
 //                    added tokens (e.g. Qwen's <think>) are always matched, as in HF.
 //                    The lstrip/rstrip/single_word flags are ignored.
-//   normalizer     : null, or NFC, which is treated as the identity. That is exact for
-//                    ASCII and for text that is already NFC (almost all real text); text
-//                    in decomposed form (NFD) is tokenised without being recomposed.
+//   normalizer     : null, or NFC (or a Sequence of NFC): Unicode normalisation form C
+//                    through utf8proc (data/normalizer.hpp), applied to the text between
+//                    added tokens as HF does; offsets still point into the input.
 //   pre_tokenizer  : ByteLevel (use_regex=true => GPT-2 regex; add_prefix_space),
 //                    Split {pattern {Regex|String}, behavior Isolated | Removed |
 //                    MergedWithPrevious | MergedWithNext | Contiguous, invert},
 //                    Digits {individual_digits}, and Sequence of these. Regexes run on
 //                    PCRE2 in UTF + Unicode-property mode (PCRE2_UTF|PCRE2_UCP), JIT
 //                    compiled once at load.
+//   post_processor : TemplateProcessing, BertProcessing, RobertaProcessing, ByteLevel and
+//                    Sequence: the special tokens HF's encode(add_special_tokens=True)
+//                    puts around one sequence (LLaMA-3: <|begin_of_text|> before it);
+//                    encode_with_special_tokens() applies them, encode() never does.
 //   decoder        : byte-level (every vocab token is mapped back through the GPT-2
 //                    bytes<->unicode table; added tokens decode to their literal text).
 // Token ids are int32_t throughout; -1 means "no such token".
@@ -53,6 +57,13 @@ class Tokenizer {
   /// round-trip. Thread-safe (the per-word cache is guarded by a mutex). Throws
   /// std::runtime_error only if the vocab lacks a byte token needed by the text.
   std::vector<int32_t> encode(std::string_view text, bool allow_special = true) const;
+
+  /// prefix_tokens() + encode(text) + suffix_tokens(): what HF's tokenizer(text) (with
+  /// add_special_tokens=True) gives, e.g. <|begin_of_text|> first for LLaMA-3.
+  std::vector<int32_t> encode_with_special_tokens(std::string_view text) const;
+  /// The post-processor's special tokens before / after a single sequence (often empty).
+  const std::vector<int32_t>& prefix_tokens() const;
+  const std::vector<int32_t>& suffix_tokens() const;
 
   /// Like encode(), additionally returning in `byte_offsets[i]` the byte offset in
   /// `text` at which token i starts (same length as the returned ids).

@@ -2,8 +2,10 @@
 // sequences and served in a deterministic shuffled order, exactly as `roundpipe train`
 // does (the Trainer uses this class).
 //
-// Data files: JSONL ({"text"}, {"prompt", "completion"} or {"messages": [...]} per line),
-// a .txt file or a folder of .txt files. Supervised examples get one sequence each
+// Data files: JSON lines or a JSON array (recognised by content) of {"text"},
+// {"prompt", "completion"}, {"messages": [...]}, ShareGPT {"conversations": [...]} or alpaca
+// {"instruction", "input", "output"} records (docs/spec.md, "Data files"), a .txt file or a
+// folder of .txt files. Supervised examples get one sequence each
 // (truncated, padded with eos; loss on the completion / assistant tokens only); plain text
 // is concatenated and cut into windows. For each sequence ids[t] = token t and
 // targets[t] = token t+1, or -100 where there is no loss.
@@ -31,7 +33,7 @@ struct TokenBatch {
 
 struct TokenStreamOptions {
   int64_t seq_len = 128;              ///< tokens per sequence (>= 2)
-  std::string chat_template = "auto"; ///< auto (from the model) | chatml | smollm2 | llama3
+  std::string chat_template = "auto"; ///< auto (from the model) | chatml | qwen3 | qwen3-no-think | smollm2 | llama3
   int64_t max_examples = 0;           ///< use only the first k supervised examples (0 = all)
   uint64_t seed = 0;                  ///< shuffling seed: the order depends only on it and the position
 };

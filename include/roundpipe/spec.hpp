@@ -14,8 +14,8 @@ namespace rp {
 struct TrainSpec {
   std::string source = "spec";       ///< the spec file (error messages name it)
   std::string model;                 ///< .gguf file or HF directory
-  std::string data;                  ///< .jsonl file, .txt file or directory of .txt files
-  std::string chat_template = "auto";  ///< auto (from the model) | chatml | smollm2 | llama3
+  std::string data;                  ///< JSON lines / JSON array file, .txt file or directory of .txt files
+  std::string chat_template = "auto";  ///< auto (from the model) | chatml | qwen3 | qwen3-no-think | smollm2 | llama3
   int64_t seq_len = 128;             ///< tokens per sequence
   int64_t max_examples = 0;          ///< use only the first k supervised examples (0 = all)
   int64_t sequences_per_step = 4;    ///< global batch, in sequences

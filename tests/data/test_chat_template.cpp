@@ -111,7 +111,8 @@ TEST(ChatTemplate, SpansAndRoles) {
 
 TEST(ChatTemplate, NamesAndDetection) {
   EXPECT_EQ(parse_chat_template_name("chatml"), ChatTemplate::chatml);
-  EXPECT_EQ(parse_chat_template_name("Qwen3"), ChatTemplate::chatml);
+  EXPECT_EQ(parse_chat_template_name("Qwen3"), ChatTemplate::qwen3);
+  EXPECT_EQ(parse_chat_template_name("qwen3-no-think"), ChatTemplate::chatml);
   EXPECT_EQ(parse_chat_template_name("smollm2"), ChatTemplate::smollm2);
   EXPECT_EQ(parse_chat_template_name("llama3"), ChatTemplate::llama3);
   try {
@@ -121,7 +122,8 @@ TEST(ChatTemplate, NamesAndDetection) {
     std::string w = e.what();
     for (const char* n : {"alpaca", "chatml", "smollm2", "llama3"}) EXPECT_NE(w.find(n), std::string::npos) << w;
   }
-  EXPECT_EQ(detect_chat_template(qwen().chat_template()), ChatTemplate::chatml);
+  EXPECT_EQ(detect_chat_template(qwen().chat_template()), ChatTemplate::qwen3);
+  EXPECT_EQ(detect_chat_template("{{ '<|im_start|>' + message['role'] + '\n' }}"), ChatTemplate::chatml);
   EXPECT_EQ(detect_chat_template("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' "
                                  "%}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
                                  "Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] }}"),
@@ -131,4 +133,32 @@ TEST(ChatTemplate, NamesAndDetection) {
   EXPECT_THROW(detect_chat_template("{{ messages }}"), std::invalid_argument);
   EXPECT_THROW(detect_chat_template(""), std::invalid_argument);
   EXPECT_STREQ(chat_template_name(ChatTemplate::smollm2), "smollm2");
+}
+
+// Expected texts: Qwen3's own Jinja template (tests/fixtures/qwen3-tokenizer/
+// tokenizer_config.json) rendered with jinja2 for these conversations.
+TEST(ChatTemplate, Qwen3ThinkBlocksAsItsOwnTemplate) {
+  using M = std::vector<ChatMessage>;
+  EXPECT_EQ(render_chat_text(ChatTemplate::qwen3, M{{"user", "Q"}, {"assistant", "A"}}),
+            "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nA<|im_end|>\n");
+  EXPECT_EQ(render_chat_text(ChatTemplate::qwen3, M{{"system", "S"},
+                                                    {"user", "Q1"},
+                                                    {"assistant", "<think>\nr1\n</think>\n\nA1"},
+                                                    {"user", "Q2"},
+                                                    {"assistant", "A2"}}),
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ1<|im_end|>\n<|im_start|>assistant\nA1<|im_end|>\n"
+            "<|im_start|>user\nQ2<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nA2<|im_end|>\n");
+  EXPECT_EQ(render_chat_text(ChatTemplate::qwen3, M{{"user", "Q"}, {"assistant", "A", "why"}}),
+            "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\nwhy\n</think>\n\nA<|im_end|>\n");
+  EXPECT_EQ(render_chat_text(ChatTemplate::qwen3, M{{"user", "Q"}, {"assistant", "A1", "w1"}, {"assistant", "A2"}}),
+            "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\nw1\n</think>\n\nA1<|im_end|>\n"
+            "<|im_start|>assistant\n<think>\n\n</think>\n\nA2<|im_end|>\n");
+  EXPECT_EQ(render_chat_text(ChatTemplate::qwen3, M{{"user", "Q"}}, nullptr, true, false),
+            "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  // without the think block (chatml, alias qwen3-no-think)
+  EXPECT_EQ(render_chat_text(parse_chat_template_name("qwen3-no-think"), M{{"user", "Q"}, {"assistant", "A"}}),
+            "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\nA<|im_end|>\n");
+  // the think block is trained on with the answer
+  auto r = render_chat(qwen(), ChatTemplate::qwen3, M{{"user", "Q"}, {"assistant", "A"}});
+  EXPECT_EQ(masked_runs(qwen(), r), (std::vector<std::string>{"<think>\n\n</think>\n\nA<|im_end|>"}));
 }

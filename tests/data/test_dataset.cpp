@@ -2,14 +2,19 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <tuple>
+
+#include <nlohmann/json.hpp>
 
 #include "common.hpp"
+#include "data/chat_template.hpp"
 #include "data/dataset.hpp"
 #include "data/tokenizer.hpp"
 
 using namespace rp;
 using rp::test::fixture;
 using rp::test::qwen;
+using rp::test::read_file;
 using rp::test::TempDir;
 
 namespace {
@@ -22,7 +27,7 @@ std::string jsonl_error(const std::string& content, std::string* path_out = null
   std::string path = dir.write("data.jsonl", content);
   if (path_out) *path_out = path;
   try {
-    load_jsonl(path, qwen(), ChatTemplate::chatml);
+    load_json_records(path, qwen(), ChatTemplate::chatml);
   } catch (const std::runtime_error& e) {
     return e.what();
   }
@@ -49,12 +54,84 @@ TEST(Jsonl, ErrorsNameFileLineAndExpectation) {
   expect_error("{\"messages\":[{\"role\":\"user\"}]}\n", "1: messages[0]: missing key \"content\"");
   expect_error("{\"messages\":{\"role\":\"user\"}}\n", "1: expected an array at key \"messages\"");
   expect_error("{\"messages\":[{\"role\":\"user\",\"content\":\"only a question\"}]}\n",
-               "1: expected at least one \"assistant\" message");
-  expect_error("[1, 2]\n", "1: expected a JSON object, got array");
-  expect_error("{\"text\": \"a\"}\n{\"foo\": 1}\n", "2: expected a key \"text\", \"prompt\"+\"completion\" or \"messages\"");
+               "1: expected at least one assistant message");
+  expect_error("[1, 2]\n", " element 0: expected a JSON object, got number");
+  expect_error("{\"text\": \"a\"}\n{\"foo\": 1}\n",
+               "2: expected a key \"text\", \"prompt\"+\"completion\", \"messages\", \"conversations\" (ShareGPT) or "
+               "\"instruction\"+\"output\" (alpaca)");
+  expect_error("{\"text\": \"a\"}\n{\"text\": 1}\n[1]\n", "2: expected a string at key \"text\", got number");
+  expect_error("{\"conversations\": [{\"from\": \"robot\", \"value\": \"x\"}]}\n",
+               "1: conversations[0]: unknown \"from\" \"robot\" (expected human, gpt or system)");
+  expect_error("{\"instruction\": \"do\", \"output\": 3}\n", "1: expected a string at key \"output\", got number");
+  expect_error("[{\"text\": \"a\"},\n {\"text\": }]\n", "2: invalid JSON");
   expect_error("{\"text\": null}\n", "1: expected a string at key \"text\", got null");
   EXPECT_NE(jsonl_error("\n  \n").find(": no examples"), std::string::npos);
-  EXPECT_THROW(load_jsonl("/nonexistent/x.jsonl", qwen(), ChatTemplate::chatml), std::runtime_error);
+  EXPECT_THROW(load_json_records("/nonexistent/x.jsonl", qwen(), ChatTemplate::chatml), std::runtime_error);
+}
+
+// The same records as JSON lines or as a JSON array, whatever the file is called; a .json
+// file holding neither, or one object spread over several lines, is one clear error.
+TEST(Jsonl, ArraysAndLinesAreRecognisedByContent) {
+  TempDir dir;
+  const std::string r1 = "{\"prompt\": \"Q?\", \"completion\": \" A.\"}";
+  const std::string r2 = "{\"text\": \"Some words.\"}";
+  const Dataset lines = load_json_records(dir.write("a.jsonl", r1 + "\n" + r2 + "\n"), qwen(), ChatTemplate::chatml);
+  ASSERT_EQ(lines.examples.size(), 1u);
+  ASSERT_EQ(lines.num_documents, 1u);
+  for (const auto& [name, content] : std::vector<std::pair<std::string, std::string>>{
+           {"lines.json", r1 + "\n" + r2 + "\n"},           // what datasets' to_json writes by default
+           {"array.json", "[\n  " + r1 + ",\n  " + r2 + "\n]\n"},
+           {"array.jsonl", "\xEF\xBB\xBF [" + r1 + "," + r2 + "]"},
+           {"noext", r1 + "\n\n" + r2}}) {
+    const Dataset d = load_dataset(dir.write(name, content), qwen(), ChatTemplate::chatml);
+    ASSERT_EQ(d.examples.size(), 1u) << name;
+    EXPECT_EQ(d.examples[0].ids, lines.examples[0].ids) << name;
+    EXPECT_EQ(d.examples[0].loss_mask, lines.examples[0].loss_mask) << name;
+    EXPECT_EQ(d.text_stream, lines.text_stream) << name;
+  }
+  for (const auto& [name, content, what] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"prose.json", "Once upon a time {there was} a file.\n",
+            "expected JSON lines (one object per line) or a JSON array of objects, but the file starts with 'O'"},
+           {"pretty.json", "{\n  \"text\": \"a\"\n}\n", "one JSON object over several lines"},
+           {"object.json", "{\"data\": [1]}", "expected a key \"text\""}}) {
+    const std::string path = dir.write(name, content);
+    try {
+      load_dataset(path, qwen(), ChatTemplate::chatml);
+      ADD_FAILURE() << name << ": no error";
+    } catch (const std::runtime_error& e) {
+      const std::string msg = e.what();
+      EXPECT_EQ(msg.rfind(path, 0), 0u) << msg;
+      EXPECT_NE(msg.find(what), std::string::npos) << msg;
+      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    }
+  }
+  // plain text stays plain text (a .txt file, or another file whose content is not JSON)
+  const Dataset txt = load_dataset(dir.write("notes.txt", "{not json} just text"), qwen(), ChatTemplate::chatml);
+  EXPECT_EQ(txt.num_documents, 1u);
+  EXPECT_EQ(load_dataset(dir.write("notes", "just text"), qwen(), ChatTemplate::chatml).num_documents, 1u);
+}
+
+// Alpaca and ShareGPT records are the conversations they describe.
+TEST(Jsonl, AlpacaAndShareGptShapes) {
+  TempDir dir;
+  const std::string path = dir.write(
+      "d.jsonl",
+      "{\"instruction\": \"Translate\", \"input\": \"chat\", \"output\": \"cat\"}\n"
+      "{\"instruction\": \"Say hi\", \"input\": \"\", \"output\": \"hi\", \"system\": \"Be brief.\", "
+      "\"history\": [[\"q0\", \"a0\"]]}\n"
+      "{\"conversations\": [{\"from\": \"human\", \"value\": \"Hello\"}, {\"from\": \"gpt\", \"value\": \"Hi!\"}, "
+      "{\"from\": \"human\", \"value\": \"Bye\"}, {\"from\": \"gpt\", \"value\": \"Bye!\"}], \"system\": \"S\"}\n");
+  const Dataset d = load_json_records(path, qwen(), ChatTemplate::chatml);
+  const std::vector<std::vector<ChatMessage>> want = {
+      {{"user", "Translate\nchat"}, {"assistant", "cat"}},
+      {{"system", "Be brief."}, {"user", "q0"}, {"assistant", "a0"}, {"user", "Say hi"}, {"assistant", "hi"}},
+      {{"system", "S"}, {"user", "Hello"}, {"assistant", "Hi!"}, {"user", "Bye"}, {"assistant", "Bye!"}}};
+  ASSERT_EQ(d.examples.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    const RenderedChat r = render_chat(qwen(), ChatTemplate::chatml, want[i]);
+    EXPECT_EQ(d.examples[i].ids, r.ids) << i;
+    EXPECT_EQ(d.examples[i].loss_mask, r.loss_mask) << i;
+  }
 }
 
 TEST(Jsonl, ThreeShapes) {
@@ -66,7 +143,7 @@ TEST(Jsonl, ThreeShapes) {
       "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", \"content\": \"Hello!\"}]}\n"
       "{\"text\": \"Plain words.\"}\n"
       "{\"text\": \"More words.\"}");  // no final newline
-  Dataset d = load_jsonl(path, qwen(), ChatTemplate::chatml);
+  Dataset d = load_json_records(path, qwen(), ChatTemplate::chatml);
   ASSERT_EQ(d.examples.size(), 2u);
   const int32_t eos = qwen().eos_id();
   // prompt/completion: prompt tokens masked, completion + eos trained on.
@@ -214,7 +291,7 @@ TEST(BatchStream, EndToEndFromJsonl) {
   std::string path = dir.write("chat.jsonl",
                                "{\"messages\": [{\"role\": \"user\", \"content\": \"Say hi\"}, "
                                "{\"role\": \"assistant\", \"content\": \"hi\"}]}\n");
-  Dataset d = load_jsonl(path, qwen(), ChatTemplate::chatml);
+  Dataset d = load_json_records(path, qwen(), ChatTemplate::chatml);
   PackedSequences p = pack_sequences(d, 32, qwen().eos_id());
   BatchStream s(std::move(p), 1);
   TokenBatch b = s.next(1);
@@ -225,4 +302,33 @@ TEST(BatchStream, EndToEndFromJsonl) {
   Ids want = qwen().encode("hi");
   want.push_back(151645);
   EXPECT_EQ(tg, want);
+}
+
+// With a LLaMA-3-style post-processor, prompt/completion and text records start with
+// <|begin_of_text|> as HF's tokenizer(text) gives them; chat records get it from the template
+// only (apply_chat_template tokenizes without special tokens), never twice.
+TEST(Jsonl, BosFollowsThePostProcessor) {
+  auto j = nlohmann::json::parse(read_file(fixture("smollm2-tokenizer/tokenizer.json")));
+  const int begin = 60000;  // beyond SmolLM2's 49,152 ids
+  int id = begin;
+  for (const char* s : {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"})
+    j["added_tokens"].push_back({{"id", id++}, {"content", s}, {"special", true}});
+  j["post_processor"] = {{"type", "TemplateProcessing"},
+                         {"single", {{{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}},
+                                     {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}}};
+  const Tokenizer t = Tokenizer::from_json(j, "llama3-like");
+  TempDir dir;
+  const std::string path = dir.write(
+      "d.jsonl",
+      "{\"prompt\": \"Q?\", \"completion\": \" A.\"}\n{\"text\": \"Words.\"}\n"
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", \"content\": \"Yo\"}]}\n");
+  const Dataset d = load_json_records(path, t, ChatTemplate::llama3);
+  ASSERT_EQ(d.examples.size(), 2u);
+  EXPECT_EQ(d.examples[0].ids.front(), begin);
+  EXPECT_EQ(d.examples[0].loss_mask.front(), 0);
+  EXPECT_EQ(d.examples[0].ids.back(), t.eos_id());
+  EXPECT_EQ(d.text_stream.front(), begin);
+  EXPECT_EQ(d.text_stream.back(), t.eos_id());
+  EXPECT_EQ(std::count(d.examples[1].ids.begin(), d.examples[1].ids.end(), begin), 1);
+  EXPECT_EQ(d.examples[1].ids.front(), begin);
 }

@@ -247,3 +247,86 @@ TEST(Tokenizer, SotuThroughputOptional) {
   std::printf("sotu: %zu bytes -> %zu tokens in %.2f s (%.1f MB/s)\n", bytes, tokens, s, bytes / s / 1e6);
   EXPECT_LT(s, 60.0);
 }
+
+// NFC through utf8proc: the 1,500 random strings of scripts/make_nfc_cases.py (decomposed
+// accents, conjoining Hangul jamo, ...) give exactly HF tokenizers' ids for Qwen3, whose
+// normalizer is NFC. Most of them are not in NFC, so an identity normalizer fails here.
+TEST(Tokenizer, NfcMatchesHuggingFaceOnRandomDecomposedStrings) {
+  const auto j = nlohmann::json::parse(read_file(fixture("qwen3-tokenizer/nfc_cases.json")));
+  const auto& cases = j.at("cases");
+  ASSERT_EQ(cases.size(), 1500u);
+  ASSERT_GT(j.at("not_nfc").get<int>(), 500);
+  size_t wrong = 0;
+  for (const auto& c : cases) {
+    const std::string text = c.at("text").get<std::string>();
+    const auto want = c.at("ids").get<std::vector<int32_t>>();
+    if (qwen().encode(text) != want && ++wrong <= 5) ADD_FAILURE() << "differs from HF for: " << text;
+  }
+  EXPECT_EQ(wrong, 0u) << "of " << cases.size();
+}
+
+// Offsets of a normalised text still point into the input: e.g. "e" + U+0301 composes to one
+// "é" (NFC), and the tokens after it keep their input offsets.
+TEST(Tokenizer, NfcOffsetsPointIntoTheInput) {
+  const std::string text = "Cafe\xCC\x81 au lait, voila\xCC\x80!";  // NFD e-acute, a-grave
+  const std::string nfc = "Caf\xC3\xA9 au lait, voil\xC3\xA0!";
+  std::vector<size_t> off;
+  const auto ids = qwen().encode_with_offsets(text, off);
+  EXPECT_EQ(ids, qwen().encode(nfc));
+  EXPECT_EQ(qwen().decode(ids), nfc);
+  ASSERT_EQ(off.size(), ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const std::string piece = qwen().decode({ids[i]});
+    if (piece == " au" || piece == " lait" || piece == "!")
+      EXPECT_EQ(text.compare(off[i], piece.size(), piece), 0) << piece << " at " << off[i];
+  }
+  EXPECT_TRUE(std::is_sorted(off.begin(), off.end()));
+  // invalid UTF-8 next to decomposed text: bytes kept, the valid part normalised
+  const std::string bad = "e\xCC\x81\xFF" "e\xCC\x81";
+  EXPECT_EQ(qwen().decode(qwen().encode(bad)), "\xC3\xA9\xFF\xC3\xA9");
+}
+
+// The post-processor's special tokens, as HF's tokenizer(text) adds them: LLaMA-3's
+// Sequence[ByteLevel, TemplateProcessing] puts <|begin_of_text|> first; Bert-style puts cls
+// first and sep last; a tokenizer without one adds nothing.
+TEST(Tokenizer, PostProcessorSpecialTokens) {
+  auto j = nlohmann::json::parse(read_file(fixture("smollm2-tokenizer/tokenizer.json")));
+  const int bos = 128000;
+  j["added_tokens"].push_back({{"id", bos}, {"content", "<|begin_of_text|>"}, {"special", true}});
+  j["post_processor"] = {
+      {"type", "Sequence"},
+      {"processors",
+       {{{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}, {"use_regex", true}},
+        {{"type", "TemplateProcessing"},
+         {"single", {{{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}},
+                     {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+         {"pair", nlohmann::json::array()},
+         {"special_tokens",
+          {{"<|begin_of_text|>", {{"id", "<|begin_of_text|>"}, {"ids", {bos}}, {"tokens", {"<|begin_of_text|>"}}}}}}}}}};
+  const Tokenizer t = Tokenizer::from_json(j, "llama3-like");
+  std::vector<int32_t> want = {bos};
+  for (int32_t id : t.encode("Hello world")) want.push_back(id);
+  EXPECT_EQ(t.encode_with_special_tokens("Hello world"), want);
+  EXPECT_EQ(t.encode("Hello world").front(), want[1]);  // encode() alone adds nothing
+  EXPECT_EQ(t.prefix_tokens(), std::vector<int32_t>{bos});
+  EXPECT_TRUE(t.suffix_tokens().empty());
+
+  j["post_processor"] = {{"type", "BertProcessing"}, {"cls", {"<|im_start|>", 1}}, {"sep", {"<|im_end|>", 2}}};
+  const Tokenizer b = Tokenizer::from_json(j, "bert-like");
+  EXPECT_EQ(b.prefix_tokens(), std::vector<int32_t>{1});
+  EXPECT_EQ(b.suffix_tokens(), std::vector<int32_t>{2});
+
+  j["post_processor"] = {{"type", "TemplateProcessing"},
+                         {"single", {{{"SpecialToken", {{"id", "<|nope|>"}, {"type_id", 0}}}}}}};
+  EXPECT_THROW(Tokenizer::from_json(j, "bad-post"), std::runtime_error);
+  j["post_processor"] = {{"type", "Whatever"}};
+  try {
+    Tokenizer::from_json(j, "odd-post");
+    FAIL() << "no throw";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("odd-post: unsupported post_processor type \"Whatever\""), std::string::npos)
+        << e.what();
+  }
+  j["post_processor"] = nullptr;
+  EXPECT_TRUE(Tokenizer::from_json(j, "none").prefix_tokens().empty());
+}
