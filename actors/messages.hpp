@@ -141,6 +141,7 @@ struct RunStage {
   std::shared_ptr<PassBuffers> buffers;
   WorkerActor next;             ///< worker of stage_index + 1 (null for the last stage)
   float loss_scale = 1.f;       ///< the tail multiplies the loss gradient by this (fp16 loss scaling)
+  bool packed = false;          ///< packed sequences: decoders read buffers->positions (LayerArgs::positions)
 };
 struct ActReady {
   int64_t pass = 0;
@@ -310,6 +311,7 @@ struct StatusReport {
 struct SubmitPass {
   int64_t step = 0;
   std::shared_ptr<const std::vector<int32_t>> ids, targets;  ///< [M * n_seq * seq_len]
+  std::shared_ptr<const std::vector<int32_t>> positions;     ///< packed sequences: the same shape; null: not packed
 };
 /// Close step `step` with its learning rate (passes are counted by the scheduler; the
 /// gradient scale is 1 / target tokens of all its passes).

@@ -41,6 +41,7 @@ PassBuffers::PassBuffers(const ModelLayout& m, const IterationPlan& p, int64_t M
   for (int64_t i = 0; i < M; ++i) {
     ids.emplace_back(T * 4);
     targets.emplace_back(T * 4);
+    positions.emplace_back(T * 4);
   }
   const int L = p.num_layers;
   if (x.empty()) {

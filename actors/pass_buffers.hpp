@@ -76,6 +76,7 @@ struct PassBuffers {
   MicroBatchShape shape;
   size_t act_bytes;                          ///< one [T, hidden] activation
   std::vector<HostBytes> ids, targets;       ///< [M] of i32[T]
+  std::vector<HostBytes> positions;          ///< [M] of i32[T]: a packed pass's RoPE positions (RunStage::packed)
   std::shared_ptr<PassActivations> activations;
   std::vector<std::vector<HostBytes>>& x;    ///< activations->x
   std::vector<std::vector<HostBytes>>& dx;   ///< activations->dx

@@ -283,6 +283,7 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
       for (int64_t m = 0; m < pb->micro_batches; ++m) {
         std::memcpy(pb->ids[m].data(), sp.ids->data() + m * T, T * 4);
         std::memcpy(pb->targets[m].data(), sp.targets->data() + m * T, T * 4);
+        if (sp.positions) std::memcpy(pb->positions[m].data(), sp.positions->data() + m * T, T * 4);
       }
       const int64_t pass = st.next_pass++;
       st.passes[pass] = PassInfo{sp.step, slot, 0, int(plan.stages.size())};
@@ -305,6 +306,7 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
         rs.stage = plan.stages[s];
         rs.buffers = pb;
         rs.loss_scale = si.loss_scale;
+        rs.packed = sp.positions != nullptr;
         if (s + 1 < plan.stages.size()) rs.next = st.workers[who[s + 1]];
         self->send(st.workers[who[s]], std::move(rs));
       }

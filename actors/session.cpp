@@ -245,7 +245,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
   for (auto& b : I.store->lowp) I.pin(b);
   for (auto& b : I.store->grad) I.pin(b);
   for (auto& pb : sc.pass_slots) {
-    for (auto* v : {&pb->ids, &pb->targets})
+    for (auto* v : {&pb->ids, &pb->targets, &pb->positions})
       for (auto& b : *v) I.pin(b);
     for (auto* vv : {&pb->x, &pb->dx, &pb->activations->attn_o, &pb->activations->attn_lse})
       for (auto& v : *vv)
@@ -311,26 +311,44 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
 Session::~Session() = default;
 
 void Session::forward_backward(const std::vector<int32_t>& ids, const std::vector<int32_t>& targets) {
-  Impl& I = *impl_;
-  I.check_usable("forward_backward");
+  impl_->submit("forward_backward", ids, targets, nullptr);
+}
+
+void Session::forward_backward(const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
+                               const std::vector<int32_t>& positions) {
+  impl_->submit("forward_backward", ids, targets, &positions);
+}
+
+void Session::Impl::submit(const char* call, const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
+                           const std::vector<int32_t>* positions) {
+  Impl& I = *this;
+  I.check_usable(call);
   const size_t n = size_t(I.opt.micro_batches * I.opt.micro.tokens());
   if (ids.size() != n || targets.size() != n)
     throw std::invalid_argument(fmt::format(
-        "forward_backward: expected {} ids and targets (micro_batches {} x n_seq {} x seq_len {}), got {} and {}",
-        n, I.opt.micro_batches, I.opt.micro.n_seq, I.opt.micro.seq_len, ids.size(), targets.size()));
+        "{}: expected {} ids and targets (micro_batches {} x n_seq {} x seq_len {}), got {} and {}", call, n, I.opt.micro_batches, I.opt.micro.n_seq, I.opt.micro.seq_len, ids.size(), targets.size()));
   const int64_t V = I.layout.config.vocab_size;
   for (size_t i = 0; i < n; ++i) {
     if (ids[i] < 0 || ids[i] >= V)
-      throw std::invalid_argument(fmt::format("forward_backward: token id {} at position {} is outside [0, {})",
-                                              ids[i], i, V));
+      throw std::invalid_argument(fmt::format("{}: token id {} at position {} is outside [0, {})", call, ids[i], i, V));
     if (targets[i] >= V)
-      throw std::invalid_argument(fmt::format("forward_backward: target {} at position {} is outside [0, {})",
-                                              targets[i], i, V));
+      throw std::invalid_argument(fmt::format("{}: target {} at position {} is outside [0, {})", call, targets[i], i, V));
   }
   SubmitPass sp;
   sp.step = I.current_step;
   sp.ids = std::make_shared<const std::vector<int32_t>>(ids);
   sp.targets = std::make_shared<const std::vector<int32_t>>(targets);
+  if (positions) {
+    if (positions->size() != n)
+      throw std::invalid_argument(fmt::format("{}: expected {} positions, got {}", call, n, positions->size()));
+    const size_t L = size_t(I.opt.micro.seq_len);
+    for (size_t i = 0; i < n; ++i)
+      if ((*positions)[i] < 0 || size_t((*positions)[i]) > i % L)
+        throw std::invalid_argument(fmt::format(
+            "{}: position {} at token {} of its sequence (expected 0 <= position <= the token's index)", call,
+            (*positions)[i], i % L));
+    sp.positions = std::make_shared<const std::vector<int32_t>>(*positions);
+  }
   caf::anon_send(I.scheduler, std::move(sp));
   I.passes_in_step++;
 }

@@ -49,6 +49,10 @@ struct Session::Impl {
   bool saved_attention = false;  // decoders keep their attention output for backward
   std::string load_failed;   // non-empty: a load failed half-way; the session is unusable
 
+  /// Checks and submits one pass of the current step (positions: packed sequences, or null).
+  void submit(const char* call, const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
+              const std::vector<int32_t>* positions);
+
   /// Throws std::logic_error naming `call` when a failed load left the state inconsistent.
   void check_usable(const char* call) const {
     if (!load_failed.empty())

@@ -41,6 +41,9 @@ void allocate_slot(const WorkerContext& ctx, Task& t, int j) {
   const StageKind kind = t.rs.stage.kind;
   Slot s;
   if (t.rs.stage.first == 0) s.ids = DeviceBuffer(d, T * 4);
+  if (t.rs.packed && std::any_of(t.layers.begin(), t.layers.end(),
+                                 [&](int l) { return ctx.layout->kind(l) == LayerKind::decoder; }))
+    s.pos = DeviceBuffer(d, T * 4);
   if (kind == StageKind::tail) {
     s.targets = DeviceBuffer(d, T * 4);
     s.loss = DeviceBuffer(d, 2 * sizeof(float));
@@ -82,6 +85,7 @@ LayerArgs layer_args(const WorkerContext& ctx, const Task& t, int layer, const S
     a.attn_o = s.attn_o[i].get();
     a.attn_lse = s.attn_lse[i].as<float>();
   }
+  if (s.pos.get()) a.positions = s.pos.as<int32_t>();
   return a;
 }
 

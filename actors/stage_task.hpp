@@ -21,6 +21,7 @@ namespace rp {
 /// Device buffers of one double-buffer slot (micro-batches m with m % 2 == slot).
 struct Slot {
   DeviceBuffer ids, targets, in, out, loss;
+  DeviceBuffer pos;  ///< packed passes, stages with decoders: RoPE positions i32[T]
   std::vector<DeviceBuffer> xs;  ///< per layer of the stage: its input (or forward output)
   /// per layer of the stage, decoders with a saved attention only: its attention output and
   /// log-sum-exp (written by forward, read by backward)

@@ -391,6 +391,7 @@ class Worker : public WorkerActor::base {
     auto up = [&](void* dst, const void* src, size_t bytes) { copies.emplace_back(dst, src, bytes); };
     const size_t idb = pb.ids[m].size();
     if (t.rs.stage.first == 0) up(s.ids.get(), pb.ids[m].data(), idb);
+    if (s.pos.get()) up(s.pos.get(), pb.positions[m].data(), idb);
     if (kind == StageKind::forward) {
       if (t.rs.stage.first > 0) up(s.in.get(), pb.x[t.rs.stage.first][m].data(), pb.act_bytes);
     } else if (kind == StageKind::tail) {

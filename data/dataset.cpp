@@ -278,36 +278,79 @@ Dataset load_dataset(const std::string& path, const Tokenizer& tok, ChatTemplate
   return load_text_corpus(path, tok);
 }
 
-PackedSequences pack_sequences(const Dataset& data, int64_t seq_len, int32_t pad_id) {
+namespace {
+
+/// Example ids[0..n) with targets ids[t+1] where t+1 < n and the mask says so, written at
+/// row offset `at` of `p` (positions 0..) unless it has no target; returns the tokens
+/// used (0 when dropped). n <= seq_len + 1; at most seq_len tokens are placed.
+size_t place_example(const Example& ex, size_t n, size_t at, size_t L, PackedSequences& p) {
+  bool any = false;
+  for (size_t t = 1; t < n && !any; ++t) any = ex.loss_mask[t] != 0;
+  if (!any) return 0;
+  const size_t used = std::min(n, L);
+  for (size_t t = 0; t < used; ++t) {
+    p.ids[at + t] = ex.ids[t];
+    p.targets[at + t] = t + 1 < n && ex.loss_mask[t + 1] ? ex.ids[t + 1] : kIgnoreIndex;
+    if (!p.positions.empty()) p.positions[at + t] = int32_t(t);
+  }
+  return used;
+}
+
+}  // namespace
+
+PackedSequences pack_sequences(const Dataset& data, int64_t seq_len, int32_t pad_id, bool pack) {
   if (seq_len < 1) throw std::invalid_argument(fmt::format("pack_sequences: seq_len must be >= 1, got {}", seq_len));
   if (pad_id < 0) throw std::invalid_argument(fmt::format("pack_sequences: pad_id must be >= 0, got {}", pad_id));
   PackedSequences p;
   p.seq_len = seq_len;
   const size_t L = size_t(seq_len);
-  auto add_row = [&](const int32_t* tok, const uint8_t* mask, size_t n) {  // n <= L + 1 tokens
-    size_t base = p.ids.size();
+  auto new_row = [&] {
+    const size_t base = p.ids.size();
     p.ids.resize(base + L, pad_id);
     p.targets.resize(base + L, kIgnoreIndex);
-    for (size_t t = 0; t < std::min(n, L); ++t) {
-      p.ids[base + t] = tok[t];
-      if (t + 1 < n && (!mask || mask[t + 1])) p.targets[base + t] = tok[t + 1];
+    if (pack) {
+      p.positions.resize(base + L);
+      for (size_t t = 0; t < L; ++t) p.positions[base + t] = int32_t(t);
     }
+    return base;
   };
+  // the padding after the last example of a packed row: its own positions from 0
+  auto close_row = [&](size_t base, size_t fill) {
+    for (size_t t = fill; t < L && pack; ++t) p.positions[base + t] = int32_t(t - fill);
+  };
+  size_t row = 0, fill = L;  // the packed row being filled and its tokens used
   for (const auto& ex : data.examples) {
     if (ex.loss_mask.size() != ex.ids.size())
       throw std::invalid_argument("pack_sequences: an example's loss_mask and ids differ in length");
-    size_t n = std::min(ex.ids.size(), L + 1);
-    bool any = false;
-    for (size_t t = 1; t < n && !any; ++t) any = ex.loss_mask[t] != 0;
-    if (!any) {
+    const size_t n = std::min(ex.ids.size(), L + 1), need = std::min(n, L);
+    if (pack && fill + need <= L) {
+      const size_t used = place_example(ex, n, row + fill, L, p);
+      p.dropped_examples += used == 0;
+      fill += used;
+      continue;
+    }
+    if (pack && fill < L) close_row(row, fill);
+    const size_t base = new_row();
+    const size_t used = place_example(ex, n, base, L, p);
+    if (used == 0) {  // no target left: take the row back
+      p.ids.resize(base);
+      p.targets.resize(base);
+      if (pack) p.positions.resize(base);
       ++p.dropped_examples;
       continue;
     }
-    add_row(ex.ids.data(), ex.loss_mask.data(), n);
+    row = base;
+    fill = used;
   }
+  if (pack && fill < L) close_row(row, fill);
   const auto& s = data.text_stream;
-  for (size_t start = 0; start + 1 < s.size(); start += L)
-    add_row(s.data() + start, nullptr, std::min(L + 1, s.size() - start));
+  for (size_t start = 0; start + 1 < s.size(); start += L) {
+    const size_t base = new_row(), n = std::min(L + 1, s.size() - start);
+    for (size_t t = 0; t < std::min(n, L); ++t) {
+      p.ids[base + t] = s[start + t];
+      if (t + 1 < n) p.targets[base + t] = s[start + t + 1];
+    }
+  }
   return p;
 }
 
@@ -362,10 +405,13 @@ TokenBatch BatchStream::next(int64_t n_seq) {
   const size_t L = size_t(seqs_.seq_len);
   b.ids.resize(size_t(n_seq) * L);
   b.targets.resize(size_t(n_seq) * L);
+  const bool packed = !seqs_.positions.empty();
+  if (packed) b.positions.resize(size_t(n_seq) * L);
   for (int64_t r = 0; r < n_seq; ++r) {
     size_t s = sequence_at(pos_++);
     std::copy_n(seqs_.ids.begin() + s * L, L, b.ids.begin() + r * L);
     std::copy_n(seqs_.targets.begin() + s * L, L, b.targets.begin() + r * L);
+    if (packed) std::copy_n(seqs_.positions.begin() + s * L, L, b.positions.begin() + r * L);
   }
   return b;
 }

@@ -80,14 +80,24 @@ struct PackedSequences {
   int64_t seq_len = 0;
   std::vector<int32_t> ids;      ///< input token ids; padding = pad_id
   std::vector<int32_t> targets;  ///< next-token ids, kIgnoreIndex where there is no loss
+  /// Packed (pack_sequences with pack = true): each token's position within its example,
+  /// restarting at 0 where an example begins (padding counts as one more example); empty
+  /// otherwise.
+  std::vector<int32_t> positions;
   size_t dropped_examples = 0;   ///< supervised examples with no target left after truncation
   int64_t size() const { return seq_len ? int64_t(ids.size()) / seq_len : 0; }
 };
 
 /// Packs `data` as described in the file comment: the examples' sequences first (in
 /// order), then the text windows. Examples whose truncation leaves no target are dropped
-/// and counted. Throws std::invalid_argument when seq_len < 1 or pad_id < 0.
-PackedSequences pack_sequences(const Dataset& data, int64_t seq_len, int32_t pad_id);
+/// and counted. With `pack`, supervised examples share sequences instead: each example
+/// (truncated to seq_len tokens, its last token's target only when it was cut) goes after
+/// the previous one in the current sequence while it fits, else starts the next one (order
+/// kept; the rest of a sequence is padding), and `positions` restarts at 0 for each, so
+/// with positions-aware attention (Session::forward_backward with positions) a packed
+/// sequence computes exactly what its examples compute one by one. Text windows get
+/// positions 0..seq_len-1. Throws std::invalid_argument when seq_len < 1 or pad_id < 0.
+PackedSequences pack_sequences(const Dataset& data, int64_t seq_len, int32_t pad_id, bool pack = false);
 
 /// Deterministic, endless iteration over packed sequences. Epoch e visits every sequence
 /// once, in a permutation drawn from std::mt19937_64 seeded with (seed, e) via a

@@ -186,6 +186,40 @@ class Ops {
     return size_t(2 * blk * seq_len + n_seq * seq_len * (nq + nq * D + 2 * nkv * D)) * 4;
   }
 
+  // ---- packed sequences and KV-cache decoding -------------------------------------
+  // Several examples share one sequence ("packing"): a position array pos (device int32,
+  // one per token) restarts at 0 where an example begins, and drives both RoPE and the
+  // attention mask, so causal attention never crosses examples (HF's position_ids of a
+  // padding-free batch, from which flash-attention derives cu_seqlens).
+  /// rope_fwd / rope_bwd with token t (t < T) at position pos[t] (>= 0) instead of
+  /// t % seq_len; same formula.
+  virtual void rope_fwd_at(void* x, const int32_t* pos, int64_t T, int64_t heads, int64_t D,
+                           const float* inv_freq, float scale) = 0;
+  virtual void rope_bwd_at(void* dx, const int32_t* pos, int64_t T, int64_t heads, int64_t D,
+                           const float* inv_freq, float scale) = 0;
+  /// attention_fwd where query t of sequence s attends to the keys j of s with
+  /// t - p <= j <= t, p = pos[s*L + t] (the example's own earlier tokens). Requires
+  /// 0 <= p <= t (CPU: std::invalid_argument; CUDA: p is clamped into range). Same
+  /// shapes, lse layout and scratch contract as attention_fwd; with pos[s*L+t] = t it
+  /// equals attention_fwd.
+  virtual void attention_fwd_packed(const void* q, const void* k, const void* v, void* o,
+                                    float* lse, const int32_t* pos, int64_t n_seq,
+                                    int64_t seq_len, int64_t nq, int64_t nkv, int64_t D,
+                                    float scale, void* scratch) = 0;
+  /// Backward of attention_fwd_packed (the recurrences of attention_bwd over the same keys).
+  virtual void attention_bwd_packed(const void* q, const void* k, const void* v, const void* o,
+                                    const float* lse, const void* dout, const int32_t* pos,
+                                    void* dq, void* dk, void* dv, int64_t n_seq, int64_t seq_len,
+                                    int64_t nq, int64_t nkv, int64_t D, float scale,
+                                    void* scratch) = 0;
+  /// Attention over a KV cache, for generation (one sequence): query row i of q [n, nq, D]
+  /// is token past+i and attends to rows 0..past+i of k_cache, v_cache ([>= past+n, nkv, D],
+  /// rows past..past+n-1 already holding this call's keys and values):
+  /// o[i] = softmax(q_i K^T * scale) V over those rows. o [n, nq, D]; no scratch, no lse.
+  virtual void attention_decode(const void* q, const void* k_cache, const void* v_cache, void* o,
+                                int64_t past, int64_t n, int64_t nq, int64_t nkv, int64_t D,
+                                float scale) = 0;
+
   // ---- SwiGLU MLP activation (Shazeer 2020, "GLU Variants Improve Transformer") ----
   /// h = silu(g) * u, silu(z) = z * sigmoid(z), n elements.
   virtual void swiglu_fwd(const void* g, const void* u, void* h, int64_t n) = 0;

@@ -40,6 +40,11 @@ struct LayerArgs {
   std::vector<void*> grads;
   const int32_t* ids = nullptr;       ///< embedding input [T]
   const int32_t* targets = nullptr;   ///< tail: next-token targets [T], < 0 = ignore
+  /// Decoders, packed sequences (several examples per sequence): the RoPE position of each
+  /// token [T] i32 (device), restarting at 0 where an example begins; attention then stays
+  /// within each example (Ops::attention_fwd_packed). Null: positions t % seq_len, attention
+  /// causal over the whole sequence.
+  const int32_t* positions = nullptr;
   const void* x = nullptr;            ///< layer input [T, hidden]
   void* y = nullptr;                  ///< forward output [T, hidden]
   const void* dy = nullptr;           ///< gradient w.r.t. y [T, hidden]

@@ -184,11 +184,18 @@ void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, b
     ops.rmsnorm_fwd(b.qr, param(a, 0, wqn_), b.q, T * nq, D, eps);
     ops.rmsnorm_fwd(b.kr, param(a, 0, wkn_), b.k, T * nkv, D, eps);
   }
-  ops.rope_fwd(b.q, S, L, nq, D, rope_.inv_freq.data(), rope_.attention_scaling);
-  ops.rope_fwd(b.k, S, L, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling);
-  if (!reuse)
-    ops.attention_fwd(b.q, b.k, b.v, b.o, with_lse ? b.lse : nullptr, S, L, nq, nkv, D,
-                      float(1.0 / std::sqrt(double(D))), b.attn);
+  const float scale = float(1.0 / std::sqrt(double(D)));
+  if (a.positions) {  // packed sequences: positions and attention restart per example
+    ops.rope_fwd_at(b.q, a.positions, T, nq, D, rope_.inv_freq.data(), rope_.attention_scaling);
+    ops.rope_fwd_at(b.k, a.positions, T, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling);
+    if (!reuse)
+      ops.attention_fwd_packed(b.q, b.k, b.v, b.o, with_lse ? b.lse : nullptr, a.positions, S, L, nq, nkv, D, scale,
+                               b.attn);
+  } else {
+    ops.rope_fwd(b.q, S, L, nq, D, rope_.inv_freq.data(), rope_.attention_scaling);
+    ops.rope_fwd(b.k, S, L, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling);
+    if (!reuse) ops.attention_fwd(b.q, b.k, b.v, b.o, with_lse ? b.lse : nullptr, S, L, nq, nkv, D, scale, b.attn);
+  }
   ops.linear_fwd(b.o, param(a, 0, wo_), b.h1, T, nq * D, H);
   ops.add(a.x, b.h1, b.h1, T * H);  // h1 = x + attn
 }
@@ -240,10 +247,17 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b) 
   // h1 = x + o_proj(o)
   ops.linear_bwd_weight(dh1, b.o, grad(a, 0, wo_), T, nq * D, H);
   ops.linear_bwd_input(dh1, param(a, 0, wo_), b.dout, T, nq * D, H, false);
-  ops.attention_bwd(b.q, b.k, b.v, b.o, b.lse, b.dout, b.dq, b.dk, b.dv, S, L, nq, nkv, D,
-                    float(1.0 / std::sqrt(double(D))), b.attn);
-  ops.rope_bwd(b.dq, S, L, nq, D, rope_.inv_freq.data(), rope_.attention_scaling);
-  ops.rope_bwd(b.dk, S, L, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling);
+  const float scale = float(1.0 / std::sqrt(double(D)));
+  if (a.positions) {
+    ops.attention_bwd_packed(b.q, b.k, b.v, b.o, b.lse, b.dout, a.positions, b.dq, b.dk, b.dv, S, L, nq, nkv, D,
+                             scale, b.attn);
+    ops.rope_bwd_at(b.dq, a.positions, T, nq, D, rope_.inv_freq.data(), rope_.attention_scaling);
+    ops.rope_bwd_at(b.dk, a.positions, T, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling);
+  } else {
+    ops.attention_bwd(b.q, b.k, b.v, b.o, b.lse, b.dout, b.dq, b.dk, b.dv, S, L, nq, nkv, D, scale, b.attn);
+    ops.rope_bwd(b.dq, S, L, nq, D, rope_.inv_freq.data(), rope_.attention_scaling);
+    ops.rope_bwd(b.dk, S, L, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling);
+  }
   void* dq_lin = b.dq;
   void* dk_lin = b.dk;
   if (c_.qk_norm) {  // dout and v are no longer read: they take the norms' input gradients

@@ -59,6 +59,7 @@ TokenStream load_data_for_training(const TrainSpec& spec, const LoadedModel& mod
   o.chat_template = TokenStream::chat_template_for(model, spec.chat_template);
   o.max_examples = spec.max_examples;
   o.seed = spec.seed;
+  o.packing = spec.packing;
   spdlog::info("loading data {} (chat template {})", spec.data, o.chat_template);
   TokenStream data(model, spec.data, o);
   const TokenStreamStats& st = data.stats();

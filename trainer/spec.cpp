@@ -20,6 +20,7 @@ void read_scalars(const JsonFields& f, TrainSpec& s) {
   f.optional("chat_template", s.chat_template);
   f.optional("seq_len", s.seq_len);
   f.optional("max_examples", s.max_examples);
+  f.optional("packing", s.packing);
   if (s.max_examples < 0) f.fail("max_examples", "an integer >= 0", s.max_examples);
   f.optional("sequences_per_step", s.sequences_per_step);
   f.optional("micro_batches", s.micro_batches);
@@ -152,7 +153,7 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
   if (!j.is_object()) throw std::invalid_argument(where + ": expected a JSON object at the top level");
   const JsonFields f(j, where);
   f.allow_only({"model", "data", "chat_template", "seq_len", "sequences_per_step", "micro_batches", "accumulation",
-                "steps", "max_examples", "optimizer", "lr_schedule", "backend", "workers", "async", "plan",
+                "steps", "max_examples", "packing", "optimizer", "lr_schedule", "backend", "workers", "async", "plan",
                 "device_memory_gib", "pcie_gbps", "transfer_priorities", "transfer_chunk_bytes", "save_attention",
                 "mlp_chunk_tokens", "output_dir",
                 "save_every", "save_dtype", "trace", "seed", "log_every", "compute_dtype", "loss_scaling",

@@ -184,7 +184,8 @@ int64_t Run::loop() {
     for (int64_t a = 0; a < spec_.accumulation; ++a) {
       const TokenBatch b = data_->next(per_pass);
       if (cb_.on_batch) cb_.on_batch(t, a, b);
-      session_->forward_backward(b.ids, b.targets);
+      if (b.positions.empty()) session_->forward_backward(b.ids, b.targets);
+      else session_->forward_backward(b.ids, b.targets, b.positions);
     }
     session_->step(spec_.lr_schedule.at(t));
     const int64_t k = t++;  // step k is closed

@@ -5,8 +5,9 @@
 // Data files: JSON lines or a JSON array (recognised by content) of {"text"},
 // {"prompt", "completion"}, {"messages": [...]}, ShareGPT {"conversations": [...]} or alpaca
 // {"instruction", "input", "output"} records (docs/spec.md, "Data files"), a .txt file or a
-// folder of .txt files. Supervised examples get one sequence each
-// (truncated, padded with eos; loss on the completion / assistant tokens only); plain text
+// folder of .txt files. Supervised examples get one sequence each (truncated, padded with
+// eos; loss on the completion / assistant tokens only), or share sequences with `packing`
+// (positions restarting per example, attention within each); plain text
 // is concatenated and cut into windows. For each sequence ids[t] = token t and
 // targets[t] = token t+1, or -100 where there is no loss.
 #pragma once
@@ -27,6 +28,10 @@ inline constexpr int32_t kIgnoreIndex = -100;
 struct TokenBatch {
   int64_t n_seq = 0, seq_len = 0;
   std::vector<int32_t> ids, targets;
+  /// Packed sequences (TokenStreamOptions::packing): each token's position within its
+  /// example, restarting at 0 where one begins (Session::forward_backward's positions);
+  /// empty otherwise.
+  std::vector<int32_t> positions;
   /// Number of positions with a target (not kIgnoreIndex): the loss normaliser.
   int64_t num_targets() const;
 };
@@ -36,6 +41,9 @@ struct TokenStreamOptions {
   std::string chat_template = "auto"; ///< auto (from the model) | chatml | qwen3 | qwen3-no-think | smollm2 | llama3
   int64_t max_examples = 0;           ///< use only the first k supervised examples (0 = all)
   uint64_t seed = 0;                  ///< shuffling seed: the order depends only on it and the position
+  /// Pack supervised examples several to a sequence (positions restart per example; the
+  /// batches carry them) instead of one padded example per sequence.
+  bool packing = false;
 };
 
 /// What a TokenStream loaded.

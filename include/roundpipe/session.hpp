@@ -163,6 +163,13 @@ class Session {
   /// runtime's queue, never here). Throws std::invalid_argument on size or a token id
   /// outside the vocabulary.
   void forward_backward(const std::vector<int32_t>& ids, const std::vector<int32_t>& targets);
+  /// The same over packed sequences (several examples per sequence): `positions` (same
+  /// shape, i32) is each token's position within its example, restarting at 0 where an
+  /// example begins (0 <= positions[s*L+t] <= t in each sequence s). RoPE uses it and causal
+  /// attention stays within each example, so a packed sequence computes what its examples
+  /// compute one by one. Throws std::invalid_argument for a wrong size or position.
+  void forward_backward(const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
+                        const std::vector<int32_t>& positions);
   /// Closes the current step: its gradients (summed over all its passes and divided by
   /// their number of target tokens) update the weights with learning rate `lr`.
   /// Returns the closed step's index and starts the next step. std::logic_error without a

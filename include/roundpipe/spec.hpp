@@ -18,6 +18,7 @@ struct TrainSpec {
   std::string chat_template = "auto";  ///< auto (from the model) | chatml | qwen3 | qwen3-no-think | smollm2 | llama3
   int64_t seq_len = 128;             ///< tokens per sequence
   int64_t max_examples = 0;          ///< use only the first k supervised examples (0 = all)
+  bool packing = false;              ///< several supervised examples per sequence (attention stays within each)
   int64_t sequences_per_step = 4;    ///< global batch, in sequences
   int64_t micro_batches = 2;         ///< M per pass; sequences_per_step / (M * accumulation) per micro-batch
   int64_t accumulation = 1;          ///< forward_backward passes per optimizer step

@@ -70,6 +70,20 @@ class CpuOps final : public Ops {
                      int64_t n_seq, int64_t seq_len, int64_t nq, int64_t nkv, int64_t D,
                      float scale, void* scratch) override;
 
+  void rope_fwd_at(void* x, const int32_t* pos, int64_t T, int64_t heads, int64_t D, const float* inv_freq,
+                   float scale) override;
+  void rope_bwd_at(void* dx, const int32_t* pos, int64_t T, int64_t heads, int64_t D, const float* inv_freq,
+                   float scale) override;
+  void attention_fwd_packed(const void* q, const void* k, const void* v, void* o, float* lse, const int32_t* pos,
+                            int64_t n_seq, int64_t seq_len, int64_t nq, int64_t nkv, int64_t D, float scale,
+                            void* scratch) override;
+  void attention_bwd_packed(const void* q, const void* k, const void* v, const void* o, const float* lse,
+                            const void* dout, const int32_t* pos, void* dq, void* dk, void* dv, int64_t n_seq,
+                            int64_t seq_len, int64_t nq, int64_t nkv, int64_t D, float scale,
+                            void* scratch) override;
+  void attention_decode(const void* q, const void* k_cache, const void* v_cache, void* o, int64_t past, int64_t n,
+                        int64_t nq, int64_t nkv, int64_t D, float scale) override;
+
   void swiglu_fwd(const void* g, const void* u, void* h, int64_t n) override;
   void swiglu_bwd(const void* g, const void* u, const void* dh, void* dg, void* du,
                   int64_t n) override;

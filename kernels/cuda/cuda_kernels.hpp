@@ -89,4 +89,20 @@ void k_gqa_group_sum(DType in_t, const void* in_k, const void* in_v, DType out_t
                      void* out_v, int64_t out_row, int64_t T, int64_t G, int64_t m, int64_t D,
                      bool accumulate, cudaStream_t st);
 
+// ---- packed sequences and KV-cache attention (cuda_packed.cu; CPU twins in cpu_packed.cpp) ---
+/// x [T, heads, D] rotated at positions pos[t] (device int32, clamped at 0).
+void k_rope_at(DType t, void* x, const int32_t* pos, int64_t T, int64_t heads, int64_t D, const float* inv_freq,
+               float scale, bool transpose, cudaStream_t st);
+/// Query row r < Lq of sequence s (q, o [n_seq*Lq, nq, D]) attends to the keys
+/// [r - pos[s*Lq + r], past + r] of rows s*Lk + j of k, v [*, nkv, D] (pos null: from 0;
+/// positions clamped into [0, r]); lse [n_seq, nq, Lq] may be null.
+void k_attention_rows_fwd(DType t, const void* q, const void* k, const void* v, void* o, float* lse,
+                          const int32_t* pos, int64_t n_seq, int64_t Lq, int64_t Lk, int64_t past, int64_t nq,
+                          int64_t nkv, int64_t D, float scale, cudaStream_t st);
+/// Backward of k_attention_rows_fwd with Lq = Lk = L, past 0; scratch: n_seq*nq*L floats.
+void k_attention_packed_bwd(DType t, const void* q, const void* k, const void* v, const void* o, const float* lse,
+                            const void* dout, const int32_t* pos, void* dq, void* dk, void* dv, int64_t n_seq,
+                            int64_t L, int64_t nq, int64_t nkv, int64_t D, float scale, void* scratch,
+                            cudaStream_t st);
+
 }  // namespace rp::cuda

@@ -332,3 +332,30 @@ TEST(Jsonl, BosFollowsThePostProcessor) {
   EXPECT_EQ(std::count(d.examples[1].ids.begin(), d.examples[1].ids.end(), begin), 1);
   EXPECT_EQ(d.examples[1].ids.front(), begin);
 }
+
+// Packing: examples in order, each after the previous while it fits, positions restarting
+// per example (and for the padding), the last token's target only for a cut example.
+TEST(Packing, ExamplesShareSequencesWithRestartingPositions) {
+  Dataset d;
+  d.examples.push_back({{10, 11, 12}, {0, 1, 1}});                   // 3 tokens
+  d.examples.push_back({{20, 21}, {0, 1}});                          // 2: fits after it
+  d.examples.push_back({{30, 31, 32}, {0, 0, 1}});                   // 3: does not fit (5 + 3 > 6)
+  d.examples.push_back({{40, 41, 42}, {0, 0, 0}});                   // no target: dropped
+  d.examples.push_back({{50, 51, 52, 53, 54, 55, 56, 57}, std::vector<uint8_t>(8, 1)});  // cut to 6
+  d.text_stream = {1, 2, 3};
+  PackedSequences p = pack_sequences(d, 6, /*pad_id=*/0, /*pack=*/true);
+  ASSERT_EQ(p.size(), 4);
+  EXPECT_EQ(p.dropped_examples, 1u);
+  EXPECT_EQ(p.ids, (Ids{10, 11, 12, 20, 21, 0, /**/ 30, 31, 32, 0, 0, 0, /**/ 50, 51, 52, 53, 54, 55,
+                        /**/ 1, 2, 3, 0, 0, 0}));
+  EXPECT_EQ(p.targets, (Ids{11, 12, X, 21, X, X, /**/ X, 32, X, X, X, X, /**/ 51, 52, 53, 54, 55, 56,
+                            /**/ 2, 3, X, X, X, X}));
+  EXPECT_EQ(p.positions, (Ids{0, 1, 2, 0, 1, 0, /**/ 0, 1, 2, 0, 1, 2, /**/ 0, 1, 2, 3, 4, 5, /**/ 0, 1, 2, 3, 4, 5}));
+  // unpacked: no positions, one example per sequence
+  EXPECT_TRUE(pack_sequences(d, 6, 0).positions.empty());
+  EXPECT_EQ(pack_sequences(d, 6, 0).size(), 5);
+  // batches carry the positions of their sequences
+  BatchStream bs(p, 0, false);
+  TokenBatch b = bs.next(2);
+  EXPECT_EQ(b.positions, (Ids{0, 1, 2, 0, 1, 0, 0, 1, 2, 0, 1, 2}));
+}
