@@ -1,27 +1,60 @@
 #include "trainer/checkpoint_bundle.hpp"
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <stdexcept>
 #include <vector>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "base/atomic_file.hpp"
+#include "base/checksum.hpp"
+
 namespace fs = std::filesystem;
 
 namespace rp {
+
+std::string state_dir_of(const std::string& dir) {
+  fs::path d(dir);
+  while (d.has_parent_path() && !d.has_filename()) d = d.parent_path();  // "runs/x/final/" -> "runs/x/final"
+  return (d.parent_path() / "state" / d.filename()).string();
+}
+
+std::string weights_checksum(const std::string& dir) {
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_regular_file() && e.path().extension() == ".safetensors") files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  Checksum c;
+  std::vector<char> buf(size_t(8) << 20);
+  for (const auto& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    if (!in) throw std::runtime_error(f.string() + ": cannot open");
+    while (in) {
+      in.read(buf.data(), std::streamsize(buf.size()));
+      c.update(buf.data(), size_t(in.gcount()));
+    }
+  }
+  return fmt::format("{:016x}", c.digest());
+}
 
 void save_checkpoint_bundle(Session& session, const std::string& dir, const LoadedModel& model, DType save_dtype,
                             const TrainerState& state) {
   session.synchronize();
   std::vector<const float*> ptrs;
   for (auto& g : session.master_weights()) ptrs.push_back(g.data());
-  save_hf_checkpoint(dir, session.layout(), ptrs, model.tokenizer_json, model.chat_template, save_dtype,
-                     [&](const std::string& tmp) {
-                       // model.safetensors holds the fp32 master exactly only when saved in f32
-                       session.save_optimizer_state(tmp + "/optimizer.bin", save_dtype != DType::f32);
-                       write_trainer_state(tmp + "/trainer_state.json", state);
-                     });
+  save_hf_checkpoint(dir, session.layout(), ptrs, model.tokenizer_json, model.chat_template, save_dtype);
+  TrainerState st = state;
+  st.weights_xxh3 = weights_checksum(dir);
+  const std::string sd = state_dir_of(dir);
+  fs::create_directories(fs::path(sd).parent_path());
+  replace_folder(sd, [&](const std::string& tmp) {
+    // model.safetensors holds the fp32 master exactly only when saved in f32
+    session.save_optimizer_state(tmp + "/" + kOptimizerStateFile, save_dtype != DType::f32);
+    write_trainer_state(tmp + "/" + kRunStateFile, st);
+  });
 }
 
 std::optional<ResumePoint> check_resume(const TrainSpec& spec) {
@@ -32,10 +65,26 @@ std::optional<ResumePoint> check_resume(const TrainSpec& spec) {
   std::error_code ec;
   if (!fs::is_directory(r.dir, ec))
     throw std::invalid_argument(fmt::format("{}: cannot resume: not a checkpoint folder", r.dir));
-  r.saved = read_trainer_state(r.dir + "/trainer_state.json");
-  if (!fs::exists(r.dir + "/optimizer.bin", ec))
-    throw std::runtime_error(
-        fmt::format("{}/optimizer.bin: missing (expected the optimizer state next to trainer_state.json)", r.dir));
+  const std::string sd = state_dir_of(r.dir);
+  if (fs::exists(sd + "/" + kRunStateFile, ec)) {
+    r.saved = read_trainer_state(sd + "/" + kRunStateFile);
+    r.optimizer_file = sd + "/" + kOptimizerStateFile;
+    if (!r.saved.weights_xxh3.empty() && r.saved.weights_xxh3 != weights_checksum(r.dir))
+      throw std::runtime_error(fmt::format("{}/{}: belongs to other weights than {}/model.safetensors (a save was "
+                                           "interrupted between the two); resume from another checkpoint",
+                                           sd, kRunStateFile, r.dir));
+  } else if (fs::exists(r.dir + "/trainer_state.json", ec)) {  // earlier releases: the state inside
+    r.saved = read_trainer_state(r.dir + "/trainer_state.json");
+    r.optimizer_file = r.dir + "/optimizer.bin";
+  } else {
+    throw std::runtime_error(fmt::format(
+        "{}/{}: missing; {} is not a resumable checkpoint (roundpipe train keeps the state of <out>/<checkpoint> "
+        "in <out>/state/<checkpoint>)",
+        sd, kRunStateFile, r.dir));
+  }
+  if (!fs::exists(r.optimizer_file, ec))
+    throw std::runtime_error(fmt::format("{}: missing (expected the optimizer state next to {})", r.optimizer_file,
+                                         kRunStateFile));
   if (r.saved.step >= spec.steps)
     throw std::invalid_argument(fmt::format("{}: the checkpoint is at step {} and the spec trains {} steps; nothing "
                                             "is left to do (raise 'steps' or pass --steps)",
@@ -44,10 +93,10 @@ std::optional<ResumePoint> check_resume(const TrainSpec& spec) {
 }
 
 int64_t restore_checkpoint(const ResumePoint& r, const TrainSpec& spec, Session& session, TokenStream& data) {
-  const std::string state = r.dir + "/optimizer.bin";
+  const std::string& state = r.optimizer_file;
   const OptimizerStateInfo info = session.load_optimizer_state(state);
   if (info.steps != r.saved.step)
-    throw std::runtime_error(fmt::format("{}: holds the state after step {}, trainer_state.json says step {}", state,
+    throw std::runtime_error(fmt::format("{}: holds the state after step {}, roundpipe_state.json says step {}", state,
                                          info.steps, r.saved.step));
   if (!info.has_master && r.saved.save_dtype != "f32")
     throw std::runtime_error(fmt::format("{}: holds no fp32 master weights and model.safetensors is {} (expected "

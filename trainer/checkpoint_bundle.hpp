@@ -1,6 +1,10 @@
-// A trainer checkpoint: a Hugging Face folder (the weights, config, tokenizer) plus
-// optimizer.bin (Session::save_optimizer_state) and trainer_state.json (TrainerState),
-// written atomically together, and resuming from one.
+// A trainer checkpoint: a plain Hugging Face folder `<out>/<name>/` (config, weights,
+// tokenizer, generation config: what from_pretrained loads, nothing else) and the
+// trainer's own state in `<out>/state/<name>/`: optimizer_state.bin
+// (Session::save_optimizer_state) and roundpipe_state.json (TrainerState, with the XXH3-64
+// of the weights it belongs to), names no Hugging Face file uses. Each folder is replaced
+// atomically, the weights first; a state that does not match its weights (a save killed in
+// between) is refused on resume. Resuming from one.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -14,22 +18,35 @@
 
 namespace rp {
 
+/// The state folder of checkpoint folder `dir`: "<parent>/state/<name>" (runs/x/final ->
+/// runs/x/state/final).
+std::string state_dir_of(const std::string& dir);
+inline constexpr const char* kOptimizerStateFile = "optimizer_state.bin";
+inline constexpr const char* kRunStateFile = "roundpipe_state.json";
+
+/// XXH3-64 (hex) of the *.safetensors files of `dir`, in name order: ties a state to its weights.
+std::string weights_checksum(const std::string& dir);
+
 /// Writes checkpoint folder `dir` of `session` after `state.step` steps: the fp32 master in
-/// `save_dtype`, the tokenizer and chat template of `model`, optimizer.bin (with the master
-/// unless model.safetensors holds it exactly, i.e. save_dtype f32) and trainer_state.json.
-/// Call between steps (it synchronizes). Atomic: a failure keeps any previous `dir`.
+/// `save_dtype`, the tokenizer and chat template of `model`; then state_dir_of(dir) with
+/// optimizer_state.bin (with the master unless model.safetensors holds it exactly, i.e.
+/// save_dtype f32) and roundpipe_state.json. Call between steps (it synchronizes). Each
+/// folder is replaced atomically: a failure keeps any previous one.
 void save_checkpoint_bundle(Session& session, const std::string& dir, const LoadedModel& model, DType save_dtype,
                             const TrainerState& state);
 
 /// The checkpoint a spec resumes from, checked before anything is loaded.
 struct ResumePoint {
-  std::string dir;     ///< spec.resume_from without trailing '/'
-  TrainerState saved;  ///< its trainer_state.json
+  std::string dir;             ///< spec.resume_from without trailing '/'
+  TrainerState saved;          ///< its roundpipe_state.json
+  std::string optimizer_file;  ///< its optimizer_state.bin
 };
 
 /// std::nullopt for a fresh run. Throws (one line naming the file) when spec.resume_from is
-/// not a checkpoint folder, its trainer_state.json or optimizer.bin is missing or broken, or
-/// it already holds spec.steps steps.
+/// not a checkpoint folder, its state folder, roundpipe_state.json or optimizer_state.bin is
+/// missing or broken, the state belongs to other weights, or it already holds spec.steps
+/// steps. Checkpoints of earlier releases (optimizer.bin and trainer_state.json inside the
+/// folder) are read too.
 std::optional<ResumePoint> check_resume(const TrainSpec& spec);
 
 /// Loads the checkpoint's optimizer state into `session` (a new one, built from the

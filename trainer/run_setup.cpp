@@ -21,7 +21,9 @@ void prepare_output_dir(const TrainSpec& spec) {
   if (fs::exists(fin, ec) && !fs::is_directory(fin, ec))
     throw std::invalid_argument(fmt::format("{}: key 'output_dir': '{}' exists and is not a checkpoint folder",
                                             spec.source, fin.string()));
-  for (const auto& s : clean_stale_temporaries(spec.output_dir)) {
+  std::vector<StaleTemporary> stale = clean_stale_temporaries(spec.output_dir);
+  for (auto& s : clean_stale_temporaries(spec.output_dir + "/state")) stale.push_back(std::move(s));
+  for (const auto& s : stale) {
     if (s.restored) spdlog::warn("restored {} from {} (a run was killed while replacing it)", s.target, s.path);
     else spdlog::info("removed {} left by an interrupted run", s.path);
   }

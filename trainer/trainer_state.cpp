@@ -57,7 +57,8 @@ void write_trainer_state(const std::string& path, const TrainerState& s) {
                             {"model", s.model},
                             {"data", s.data},
                             {"lr_schedule", s.lr_schedule},
-                            {"optimizer_state", "optimizer.bin"}};
+                            {"weights_xxh3", s.weights_xxh3},
+                            {"optimizer_state", "optimizer_state.bin"}};
   std::ofstream f(path, std::ios::trunc);
   if (!f) throw std::runtime_error(fmt::format("{}: cannot write ({})", path, std::strerror(errno)));
   f << j.dump(2) << "\n";
@@ -103,6 +104,7 @@ TrainerState read_trainer_state(const std::string& path) {
   s.model = f.string("model");
   s.data = f.string("data");
   s.lr_schedule = f.object("lr_schedule");
+  if (f.has("weights_xxh3")) s.weights_xxh3 = f.string("weights_xxh3");
   return s;
 }
 

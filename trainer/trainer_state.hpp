@@ -1,6 +1,7 @@
-// What the trainer writes next to each checkpoint's weights so that a resumed run continues
-// exactly: trainer_state.json (this file's TrainerState) and optimizer.bin
-// (rp::Session::save_optimizer_state). docs/spec.md describes both for users.
+// What the trainer writes for each checkpoint, in its state folder (state/<checkpoint>/, see
+// checkpoint_bundle.hpp), so that a resumed run continues exactly: roundpipe_state.json
+// (this file's TrainerState) and optimizer_state.bin (rp::Session::save_optimizer_state).
+// docs/spec.md describes both for users.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -12,7 +13,7 @@
 
 namespace rp {
 
-/// The trainer's position in a run (trainer_state.json).
+/// The trainer's position in a run (roundpipe_state.json).
 struct TrainerState {
   int64_t step = 0;                ///< optimizer steps done (the resumed run starts at this step)
   int64_t data_position = 0;       ///< sequences consumed from the data stream (BatchStream::position)
@@ -24,6 +25,7 @@ struct TrainerState {
   std::string compute_dtype;       ///< the spec's compute_dtype
   std::string model, data;         ///< the spec's model and data paths (informational)
   nlohmann::json lr_schedule;      ///< {kind, lr, min_lr, warmup_steps, total_steps}
+  std::string weights_xxh3;        ///< XXH3-64 (hex) of the checkpoint's *.safetensors ("" = not recorded)
 };
 
 /// The run's state after `step` steps with the data stream at `data_position`.
@@ -32,7 +34,7 @@ TrainerState trainer_state_of(const TrainSpec& spec, int64_t step, int64_t data_
 /// Writes `s` as JSON to `path`. Throws std::runtime_error("<path>: ...").
 void write_trainer_state(const std::string& path, const TrainerState& s);
 
-/// Reads trainer_state.json. Throws std::runtime_error with one line naming `path` and the
+/// Reads roundpipe_state.json (or an earlier release's trainer_state.json). Throws std::runtime_error with one line naming `path` and the
 /// key for a missing file ("not a resumable checkpoint"), invalid JSON, a missing key or a
 /// value of the wrong type or range.
 TrainerState read_trainer_state(const std::string& path);

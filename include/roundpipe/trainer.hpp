@@ -11,9 +11,10 @@
 // A run loads the model and the data, builds a Session, and for every step runs
 // `accumulation` forward_backward passes of sequences_per_step / accumulation sequences,
 // then steps with the learning rate of the schedule. It writes into spec.output_dir:
-// metrics.csv (one row per step), checkpoint-<n>/ every save_every steps and final/ (a
-// Hugging Face folder plus optimizer.bin, the optimizer state, and trainer_state.json, the
-// trainer's position: a resumed run reproduces the uninterrupted one bit for bit),
+// metrics.csv (one row per step), checkpoint-<n>/ every save_every steps and final/ (plain
+// Hugging Face folders) with their state in state/<name>/ (optimizer_state.bin, the
+// optimizer state, and roundpipe_state.json, the trainer's position: a resumed run
+// reproduces the uninterrupted one bit for bit),
 // profile.json (the measured per-layer profile) and trace.json (spec.trace). docs/spec.md
 // describes the files.
 #pragma once

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -46,14 +47,18 @@ std::string resume_spec(const fs::path& model, const fs::path& data, const fs::p
                       " \"lr_schedule\": {\"kind\": \"cosine\", \"warmup_steps\": 1}");
 }
 
+// The state folder of checkpoint folder `ck`: <out>/state/<name>.
+fs::path state_of(const fs::path& ck) { return ck.parent_path() / "state" / ck.filename(); }
+
 void expect_same_checkpoint(const fs::path& a, const fs::path& b) {
-  for (const char* f : {"model.safetensors", "optimizer.bin"}) {
-    ASSERT_TRUE(fs::exists(a / f)) << (a / f);
-    ASSERT_TRUE(fs::exists(b / f)) << (b / f);
-    EXPECT_TRUE(bytes_of(a / f) == bytes_of(b / f)) << f << " differs: " << a << " vs " << b;
-  }
-  auto ta = nlohmann::json::parse(bytes_of(a / "trainer_state.json"));
-  auto tb = nlohmann::json::parse(bytes_of(b / "trainer_state.json"));
+  for (const fs::path& f : {a / "model.safetensors", b / "model.safetensors", state_of(a) / "optimizer_state.bin",
+                            state_of(b) / "optimizer_state.bin"})
+    ASSERT_TRUE(fs::exists(f)) << f;
+  EXPECT_TRUE(bytes_of(a / "model.safetensors") == bytes_of(b / "model.safetensors")) << a << " vs " << b;
+  EXPECT_TRUE(bytes_of(state_of(a) / "optimizer_state.bin") == bytes_of(state_of(b) / "optimizer_state.bin"))
+      << "optimizer state differs: " << a << " vs " << b;
+  auto ta = nlohmann::json::parse(bytes_of(state_of(a) / "roundpipe_state.json"));
+  auto tb = nlohmann::json::parse(bytes_of(state_of(b) / "roundpipe_state.json"));
   EXPECT_EQ(ta["step"], tb["step"]);
   EXPECT_EQ(ta["data_position"], tb["data_position"]);
 }
@@ -66,9 +71,10 @@ TEST(CliResume, ResumedRunIsBitIdenticalToTheUninterruptedOne) {
     write(d / "spec.json", resume_spec(model, d / "data.jsonl", d / "a", dtype));
     CliRun a = roundpipe("train " + (d / "spec.json").string(), d);
     ASSERT_EQ(a.code, 0) << a.err << a.out;
-    for (const char* f : {"optimizer.bin", "trainer_state.json", "model.safetensors", "config.json"})
-      EXPECT_TRUE(fs::exists(d / "a/checkpoint-2" / f)) << f;
-    auto ts = nlohmann::json::parse(bytes_of(d / "a/checkpoint-2/trainer_state.json"));
+    for (const char* f : {"model.safetensors", "config.json"}) EXPECT_TRUE(fs::exists(d / "a/checkpoint-2" / f)) << f;
+    for (const char* f : {"optimizer_state.bin", "roundpipe_state.json"})
+      EXPECT_TRUE(fs::exists(d / "a/state/checkpoint-2" / f)) << f;
+    auto ts = nlohmann::json::parse(bytes_of(d / "a/state/checkpoint-2/roundpipe_state.json"));
     EXPECT_EQ(ts["step"], 2);
     EXPECT_EQ(ts["data_position"], 4);  // 2 steps of 2 sequences
     const auto la = losses(d / "a/metrics.csv");
@@ -121,9 +127,10 @@ TEST(CliResume, SigtermSavesTheStepsDoneAndTheRunContinuesFromThem) {
   const int n = std::stoi(err.substr(ck_at + 11));
   ASSERT_GE(n, 1) << err;
   const fs::path ck = d / "a" / ("checkpoint-" + std::to_string(n));
-  for (const char* f : {"optimizer.bin", "trainer_state.json", "model.safetensors"})
-    EXPECT_TRUE(fs::exists(ck / f)) << (ck / f);
-  EXPECT_EQ(nlohmann::json::parse(bytes_of(ck / "trainer_state.json"))["step"], n);
+  EXPECT_TRUE(fs::exists(ck / "model.safetensors"));
+  for (const char* f : {"optimizer_state.bin", "roundpipe_state.json"})
+    EXPECT_TRUE(fs::exists(state_of(ck) / f)) << (state_of(ck) / f);
+  EXPECT_EQ(nlohmann::json::parse(bytes_of(state_of(ck) / "roundpipe_state.json"))["step"], n);
   CliRun b = roundpipe("train " + (d / "spec.json").string() + " --resume " + ck.string() + " --steps " +
                            std::to_string(n + 2) + " --output-dir " + (d / "b").string(),
                        d);
@@ -175,29 +182,37 @@ TEST(CliResume, UnsuitableCheckpointsGiveOneLineNamingTheFile) {
                      d);
   };
   // a model folder, not a checkpoint of a run
-  expect_one_line_error(resume(model), "trainer_state.json");
+  expect_one_line_error(resume(model), "roundpipe_state.json: missing");
   expect_one_line_error(resume(d / "nowhere"), "not a checkpoint folder");
   // nothing left to do
   expect_one_line_error(resume(ck, " --steps 2"), "nothing is left to do");
   // damaged optimizer state: truncated, missing
   fs::copy(ck, d / "t", fs::copy_options::recursive);
-  fs::resize_file(d / "t/optimizer.bin", fs::file_size(d / "t/optimizer.bin") / 2);
-  expect_one_line_error(resume(d / "t"), "optimizer.bin: truncated");
-  fs::remove(d / "t/optimizer.bin");
-  expect_one_line_error(resume(d / "t"), "optimizer.bin: missing");
+  const fs::path st = d / "state/t";
+  fs::create_directories(st.parent_path());
+  fs::copy(state_of(ck), st, fs::copy_options::recursive);
+  fs::resize_file(st / "optimizer_state.bin", fs::file_size(st / "optimizer_state.bin") / 2);
+  expect_one_line_error(resume(d / "t"), "optimizer_state.bin: truncated");
+  fs::remove(st / "optimizer_state.bin");
+  expect_one_line_error(resume(d / "t"), "optimizer_state.bin: missing");
   // damaged trainer state
-  fs::copy(ck / "optimizer.bin", d / "t/optimizer.bin");
-  auto ts = nlohmann::json::parse(bytes_of(ck / "trainer_state.json"));
+  fs::copy(state_of(ck) / "optimizer_state.bin", st / "optimizer_state.bin");
+  auto ts = nlohmann::json::parse(bytes_of(state_of(ck) / "roundpipe_state.json"));
   ts["data_position"] = "four";
-  write(d / "t/trainer_state.json", ts.dump());
+  write(st / "roundpipe_state.json", ts.dump());
   expect_one_line_error(resume(d / "t"), "key 'data_position'");
-  write(d / "t/trainer_state.json", "{\"format\": ");
-  expect_one_line_error(resume(d / "t"), "trainer_state.json: invalid JSON");
+  write(st / "roundpipe_state.json", "{\"format\": ");
+  expect_one_line_error(resume(d / "t"), "roundpipe_state.json: invalid JSON");
   // a trainer state that disagrees with the optimizer state
   ts["data_position"] = 4;
   ts["step"] = 1;
-  write(d / "t/trainer_state.json", ts.dump());
-  expect_one_line_error(resume(d / "t"), "trainer_state.json says step 1");
+  write(st / "roundpipe_state.json", ts.dump());
+  expect_one_line_error(resume(d / "t"), "roundpipe_state.json says step 1");
+  // a state that belongs to other weights (a save killed between the weights and the state)
+  ts["step"] = 2;
+  write(st / "roundpipe_state.json", ts.dump());
+  fs::copy(d / "a/final/model.safetensors", d / "t/model.safetensors", fs::copy_options::overwrite_existing);
+  expect_one_line_error(resume(d / "t"), "belongs to other weights");
   // the spec's optimizer settings differ from the saved ones
   auto spec = nlohmann::json::parse(bytes_of(d / "spec.json"));
   spec["optimizer"]["betas"] = {0.8, 0.999};
@@ -208,6 +223,38 @@ TEST(CliResume, UnsuitableCheckpointsGiveOneLineNamingTheFile) {
                         "same optimizer settings");
   // none of these left output behind
   EXPECT_FALSE(fs::exists(d / "r/final"));
+  fs::remove_all(d);
+}
+
+// final/ (and every checkpoint-<k>/) is a plain Hugging Face folder; the trainer's own state
+// is in state/<name>/ under names no Hugging Face file uses, and --resume finds it there (or
+// inside the folder, as earlier releases wrote it).
+TEST(CliResume, CheckpointsArePlainHuggingFaceFoldersWithTheStateBeside) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  write(d / "data.jsonl", kData);
+  write(d / "spec.json", resume_spec(model, d / "data.jsonl", d / "a", "bf16"));
+  ASSERT_EQ(roundpipe("train " + (d / "spec.json").string() + " --steps 3", d).code, 0);
+  auto names = [](const fs::path& dir) {
+    std::set<std::string> n;
+    for (const auto& e : fs::directory_iterator(dir)) n.insert(e.path().filename().string());
+    return n;
+  };
+  const std::set<std::string> hf = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                                    "tokenizer_config.json"};
+  EXPECT_EQ(names(d / "a/final"), hf);
+  EXPECT_EQ(names(d / "a/checkpoint-2"), hf);
+  EXPECT_EQ(names(d / "a/state/final"), (std::set<std::string>{"optimizer_state.bin", "roundpipe_state.json"}));
+  EXPECT_EQ(names(d / "a/state"), (std::set<std::string>{"checkpoint-2", "final"}));
+  // an earlier release's layout: the state inside the checkpoint folder
+  fs::copy(d / "a/checkpoint-2", d / "old", fs::copy_options::recursive);
+  fs::copy(d / "a/state/checkpoint-2/optimizer_state.bin", d / "old/optimizer.bin");
+  fs::copy(d / "a/state/checkpoint-2/roundpipe_state.json", d / "old/trainer_state.json");
+  CliRun r = roundpipe("train " + (d / "spec.json").string() + " --resume " + (d / "old").string() +
+                           " --steps 3 --output-dir " + (d / "b").string(),
+                       d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(bytes_of(d / "a/final/model.safetensors") == bytes_of(d / "b/final/model.safetensors"));
   fs::remove_all(d);
 }
 

@@ -45,7 +45,8 @@ trainer)
   grep -q "^stopped after" "$run/out.txt"
   grep -q "^eval after step 2" "$run/out.txt"
   grep -q "^step 6/6 " "$run/out.txt"
-  for f in model.safetensors optimizer.bin trainer_state.json; do [ -s "$run/out/final/$f" ]; done
+  [ -s "$run/out/final/model.safetensors" ]
+  for f in optimizer_state.bin roundpipe_state.json; do [ -s "$run/out/state/final/$f" ]; done
   ;;
 *) echo "usage: $0 session|trainer SOURCE_DIR WORK_DIR"; exit 2 ;;
 esac

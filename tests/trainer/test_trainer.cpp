@@ -156,15 +156,16 @@ TEST(Trainer, StopFromAnotherThreadLeavesACheckpointThatContinuesBitForBit) {
   ASSERT_TRUE(part.stopped);
   ASSERT_EQ(part.steps_done, 3);  // step 3's passes were in flight when step 2 was reported
   ASSERT_EQ(part.checkpoint, (d / "part/checkpoint-3").string());
-  EXPECT_EQ(nlohmann::json::parse(bytes_of(d / "part/checkpoint-3/trainer_state.json"))["step"], 3);
+  EXPECT_EQ(nlohmann::json::parse(bytes_of(d / "part/state/checkpoint-3/roundpipe_state.json"))["step"], 3);
 
   rp::TrainSpec rest = tiny_spec(d, "part", 6);
   rest.resume_from = part.checkpoint;
   const rp::TrainResult done = rp::Trainer(rest).run();
   EXPECT_EQ(done.first_step, 3);
   EXPECT_EQ(done.steps_done, 6);
-  for (const char* f : {"model.safetensors", "optimizer.bin"})
-    EXPECT_TRUE(bytes_of(d / "whole/final" / f) == bytes_of(d / "part/final" / f)) << f;
+  EXPECT_TRUE(bytes_of(d / "whole/final/model.safetensors") == bytes_of(d / "part/final/model.safetensors"));
+  EXPECT_TRUE(bytes_of(d / "whole/state/final/optimizer_state.bin") ==
+              bytes_of(d / "part/state/final/optimizer_state.bin"));
   EXPECT_EQ(losses(d / "whole/metrics.csv"), losses(d / "part/metrics.csv"));
   fs::remove_all(d);
 }
