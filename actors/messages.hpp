@@ -40,6 +40,7 @@
 //   session   -> scheduler, shard  ResumeAt    (request, before any pass) continue at step N
 //   session   -> scheduler LossScalesFrom      (request) loss scales decided for steps >= N
 //   session   -> scheduler GetRuntimeInfo      (request) the profile and the plan in use
+//   session   -> scheduler WaitEval            (request) the loss of an evaluation pass
 //   session   -> scheduler -> workers, shards  Shutdown
 //
 // Actors that die (an exception in a handler, a failed optimizer job) never leave a waiter
@@ -89,6 +90,7 @@ struct Failure;
 struct SubmitPass;
 struct CloseStepRequest;
 struct WaitStep;
+struct WaitEval;
 struct SetPeers;
 struct GetRuntimeInfo;
 struct RuntimeInfo;
@@ -127,7 +129,7 @@ using SchedulerActor =
     caf::typed_actor<caf::reacts_to<SetPeers>, caf::reacts_to<SubmitPass>, caf::reacts_to<CloseStepRequest>,
                      caf::reacts_to<StageDone>, caf::reacts_to<GradSumSq>, caf::reacts_to<LayerTimings>,
                      caf::reacts_to<GroupUpdated>, caf::reacts_to<Failure>, caf::reacts_to<WatchdogTick>,
-                     caf::replies_to<WaitStep>::with<StepResult>,
+                     caf::replies_to<WaitStep>::with<StepResult>, caf::replies_to<WaitEval>::with<EvalResult>,
                      caf::replies_to<GetRuntimeInfo>::with<RuntimeInfo>, caf::replies_to<ResumeAt>::with<Ack>,
                      caf::replies_to<LossScalesFrom>::with<LossScales>,
                      caf::replies_to<GetStatus>::with<StatusReport>, caf::reacts_to<Shutdown>>;
@@ -142,6 +144,9 @@ struct RunStage {
   WorkerActor next;             ///< worker of stage_index + 1 (null for the last stage)
   float loss_scale = 1.f;       ///< the tail multiplies the loss gradient by this (fp16 loss scaling)
   bool packed = false;          ///< packed sequences: decoders read buffers->positions (LayerArgs::positions)
+  /// An evaluation pass (evaluation_plan): the tail stage runs its decoders forward and the
+  /// loss only; no gradient is made or written and the step's loss is not touched.
+  bool eval = false;
 };
 struct ActReady {
   int64_t pass = 0;
@@ -312,6 +317,8 @@ struct SubmitPass {
   int64_t step = 0;
   std::shared_ptr<const std::vector<int32_t>> ids, targets;  ///< [M * n_seq * seq_len]
   std::shared_ptr<const std::vector<int32_t>> positions;     ///< packed sequences: the same shape; null: not packed
+  int64_t eval = -1;  ///< >= 0: a forward-only evaluation pass with this id (answered by WaitEval), tagged
+                      ///< with `step` so its uploads read the weights that step's passes read
 };
 /// Close step `step` with its learning rate (passes are counted by the scheduler; the
 /// gradient scale is 1 / target tokens of all its passes).
@@ -321,6 +328,10 @@ struct CloseStepRequest {
 };
 struct WaitStep {
   int64_t step = 0;
+};
+/// The loss of evaluation pass `id` (SubmitPass::eval), once its tail is done.
+struct WaitEval {
+  int64_t id = 0;
 };
 struct SetPeers {
   std::vector<WorkerActor> workers;
@@ -420,6 +431,8 @@ RP_MESSAGE_TYPE(rp::ResumeAt)
 RP_MESSAGE_TYPE(rp::Ack)
 RP_MESSAGE_TYPE(rp::LossScalesFrom)
 RP_MESSAGE_TYPE(rp::LossScales)
+RP_MESSAGE_TYPE(rp::WaitEval)
+RP_MESSAGE_TYPE(rp::EvalResult)
 CAF_END_TYPE_ID_BLOCK(roundpipe)
 
 #undef RP_MESSAGE_TYPE

@@ -36,12 +36,20 @@ struct StepInfo {
 
 struct PassInfo {
   int64_t step = 0;
+  int64_t eval = -1;  ///< >= 0: an evaluation pass
   int slot = 0;
   int stages_done = 0;
   int stages = 0;  ///< of the plan the pass was dealt with
 };
 
+struct EvalState {
+  double loss_sum = 0, loss_count = 0;
+  bool done = false;
+  std::vector<caf::typed_response_promise<EvalResult>> waiters;
+};
+
 struct SchedState {
+  std::map<int64_t, EvalState> evals;  ///< evaluation passes by id
   SchedulerConfig cfg;
   std::vector<WorkerActor> workers;
   std::vector<ShardActor> shards;
@@ -85,6 +93,10 @@ void fail(SchedPointer self, const std::string& what) {
   auto& st = self->state;
   if (!st.failed.empty()) return;
   st.failed = what;
+  for (auto& [id, ev] : st.evals) {
+    for (auto& w : ev.waiters) w.deliver(EvalResult{id, ev.loss_sum, ev.loss_count, st.failed});
+    ev.waiters.clear();
+  }
   for (auto& [k, si] : st.steps) {
     for (auto& w : si.waiters) w.deliver(result_of(k, si, st.failed));
     si.waiters.clear();
@@ -270,11 +282,11 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
       int slot = st.free_slots.back();
       st.free_slots.pop_back();
       plan_for_next_pass();
-      const auto plan_ptr = st.plan;
+      const auto plan_ptr = sp.eval >= 0 ? std::make_shared<const IterationPlan>(evaluation_plan(*st.plan)) : st.plan;
       const IterationPlan& plan = *plan_ptr;
       auto& pb = st.cfg.pass_slots[slot];
       try {
-        pb->ensure_boundaries(plan, st.cfg.on_new_host_buffer);
+        pb->ensure_boundaries(*st.plan, st.cfg.on_new_host_buffer);
       } catch (const std::exception& e) {
         fail(self, std::string("scheduler: host buffers for the new plan: ") + e.what());
         return;
@@ -286,11 +298,17 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
         if (sp.positions) std::memcpy(pb->positions[m].data(), sp.positions->data() + m * T, T * 4);
       }
       const int64_t pass = st.next_pass++;
-      st.passes[pass] = PassInfo{sp.step, slot, 0, int(plan.stages.size())};
+      st.passes[pass] = PassInfo{sp.step, sp.eval, slot, 0, int(plan.stages.size())};
       auto& si = st.steps[sp.step];
       if (st.cfg.layout) {
+        // an evaluation pass's uploads count with the step's (rule 5 waits for them), no gradients
         std::vector<int> up, gr;
-        count_per_pass(*st.cfg.layout, plan, up, gr);
+        if (sp.eval >= 0) {
+          up = evaluation_uploads(*st.cfg.layout, *st.plan);
+          gr.assign(up.size(), 0);
+        } else {
+          count_per_pass(*st.cfg.layout, plan, up, gr);
+        }
         si.uploads.resize(up.size(), 0);
         si.grads.resize(gr.size(), 0);
         for (size_t g = 0; g < up.size(); ++g) si.uploads[g] += up[g], si.grads[g] += gr[g];
@@ -307,6 +325,7 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
         rs.buffers = pb;
         rs.loss_scale = si.loss_scale;
         rs.packed = sp.positions != nullptr;
+        rs.eval = sp.eval >= 0;
         if (s + 1 < plan.stages.size()) rs.next = st.workers[who[s + 1]];
         self->send(st.workers[who[s]], std::move(rs));
       }
@@ -327,7 +346,10 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
         auto& si = st.steps[sp.step];
         if (si.passes_submitted == 0) si.t_first = Clock::now();
         si.passes_submitted++;
-        for (int32_t t : *sp.targets) si.tokens += t >= 0;
+        if (sp.eval < 0)
+          for (int32_t t : *sp.targets) si.tokens += t >= 0;
+        else
+          st.evals[sp.eval];
         st.pending.push_back(std::move(sp));
         dispatch();
       },
@@ -345,10 +367,22 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
         auto it = st.passes.find(d.pass);
         if (it == st.passes.end()) return;
         auto& si = st.steps[it->second.step];
-        si.loss_sum += d.loss_sum;
-        si.loss_count += d.loss_count;
+        const int64_t eval = it->second.eval;
+        if (eval >= 0) {
+          st.evals[eval].loss_sum += d.loss_sum;
+          st.evals[eval].loss_count += d.loss_count;
+        } else {
+          si.loss_sum += d.loss_sum;
+          si.loss_count += d.loss_count;
+        }
         if (++it->second.stages_done == it->second.stages) {
           const int64_t step = it->second.step;
+          if (eval >= 0) {
+            auto& ev = st.evals[eval];
+            ev.done = true;
+            for (auto& w : ev.waiters) w.deliver(EvalResult{eval, ev.loss_sum, ev.loss_count, ""});
+            ev.waiters.clear();
+          }
           st.free_slots.push_back(it->second.slot);
           st.passes.erase(it);
           si.passes_done++;
@@ -406,6 +440,15 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
         if (si.done) return result_of(w.step, si, "");
         auto rp = self->make_response_promise<StepResult>();
         si.waiters.push_back(rp);
+        return rp;
+      },
+      [=](WaitEval& w) -> caf::result<EvalResult> {
+        auto& st = self->state;
+        auto& ev = st.evals[w.id];
+        if (!st.failed.empty()) return EvalResult{w.id, ev.loss_sum, ev.loss_count, st.failed};
+        if (ev.done) return EvalResult{w.id, ev.loss_sum, ev.loss_count, ""};
+        auto rp = self->make_response_promise<EvalResult>();
+        ev.waiters.push_back(rp);
         return rp;
       },
       [=](Failure& f) { fail(self, f.what); },

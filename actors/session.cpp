@@ -311,16 +311,44 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
 Session::~Session() = default;
 
 void Session::forward_backward(const std::vector<int32_t>& ids, const std::vector<int32_t>& targets) {
-  impl_->submit("forward_backward", ids, targets, nullptr);
+  impl_->submit("forward_backward", ids, targets, nullptr, -1);
 }
 
 void Session::forward_backward(const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
                                const std::vector<int32_t>& positions) {
-  impl_->submit("forward_backward", ids, targets, &positions);
+  impl_->submit("forward_backward", ids, targets, &positions, -1);
+}
+
+int64_t Session::evaluate(const std::vector<int32_t>& ids, const std::vector<int32_t>& targets) {
+  const int64_t id = impl_->next_eval;
+  impl_->submit("evaluate", ids, targets, nullptr, id);
+  return id;
+}
+
+int64_t Session::evaluate(const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
+                          const std::vector<int32_t>& positions) {
+  const int64_t id = impl_->next_eval;
+  impl_->submit("evaluate", ids, targets, &positions, id);
+  return id;
+}
+
+EvalResult Session::wait_eval(int64_t id) {
+  Impl& I = *impl_;
+  if (id < 0 || id >= I.next_eval)
+    throw std::invalid_argument(fmt::format("wait_eval({}): no such evaluation (ids 0..{} were given)", id,
+                                            I.next_eval - 1));
+  caf::scoped_actor self{*I.sys};
+  EvalResult out;
+  std::string err;
+  self->request(I.scheduler, caf::infinite, WaitEval{id})
+      .receive([&](EvalResult& r) { out = std::move(r); }, [&](caf::error& e) { err = to_string(e); });
+  if (!err.empty()) throw RuntimeFailure("runtime: " + err);
+  if (!out.error.empty()) throw RuntimeFailure(out.error);
+  return out;
 }
 
 void Session::Impl::submit(const char* call, const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
-                           const std::vector<int32_t>* positions) {
+                           const std::vector<int32_t>* positions, int64_t eval) {
   Impl& I = *this;
   I.check_usable(call);
   const size_t n = size_t(I.opt.micro_batches * I.opt.micro.tokens());
@@ -349,8 +377,10 @@ void Session::Impl::submit(const char* call, const std::vector<int32_t>& ids, co
             (*positions)[i], i % L));
     sp.positions = std::make_shared<const std::vector<int32_t>>(*positions);
   }
+  sp.eval = eval;
   caf::anon_send(I.scheduler, std::move(sp));
-  I.passes_in_step++;
+  if (eval >= 0) I.next_eval++;
+  else I.passes_in_step++;
 }
 
 int64_t Session::step(double lr) {

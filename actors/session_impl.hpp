@@ -41,6 +41,7 @@ struct Session::Impl {
   int64_t current_step = 0;
   int64_t first_step = 0;  // > 0 after load_optimizer_state: steps before it ran elsewhere
   int64_t passes_in_step = 0;
+  int64_t next_eval = 0;  // id of the next evaluation pass
   int64_t waited_through = -1;
   std::mutex pin_mu;          // pin() also runs on the scheduler's thread (re-planned buffers)
   std::vector<void*> pinned;  // host blocks pinned through devices[0]
@@ -50,8 +51,9 @@ struct Session::Impl {
   std::string load_failed;   // non-empty: a load failed half-way; the session is unusable
 
   /// Checks and submits one pass of the current step (positions: packed sequences, or null).
+  /// eval >= 0: a forward-only evaluation pass with that id.
   void submit(const char* call, const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
-              const std::vector<int32_t>* positions);
+              const std::vector<int32_t>* positions, int64_t eval);
 
   /// Throws std::logic_error naming `call` when a failed load left the state inconsistent.
   void check_usable(const char* call) const {

@@ -14,7 +14,7 @@ void allocate_work(const WorkerContext& ctx, Task& t) {
   const size_t act = t.rs.buffers->act_bytes;
   const StageKind kind = t.rs.stage.kind;
   size_t scratch = 0;
-  const bool backward = kind != StageKind::forward;
+  const bool backward = kind != StageKind::forward && !t.rs.eval;
   for (int l : t.layers)
     scratch = std::max(scratch, (*ctx.layers)[l]->scratch_bytes(shape, d.compute_dtype(), backward));
   const size_t gsz = dtype_size(d.ops().grad_dtype());
@@ -51,7 +51,7 @@ void allocate_slot(const WorkerContext& ctx, Task& t, int j) {
   // in: the uploaded input of a forward stage, or dy of a backward stage
   if (kind == StageKind::backward || (kind == StageKind::forward && t.rs.stage.first > 0))
     s.in = DeviceBuffer(d, act);
-  if (kind != StageKind::forward && t.rs.stage.first > 0) s.out = DeviceBuffer(d, act);
+  if (kind != StageKind::forward && t.rs.stage.first > 0 && !t.rs.eval) s.out = DeviceBuffer(d, act);
   // one activation per layer: outputs (forward), inputs (tail), saved inputs (backward: none
   // for the embedding, which reads the ids)
   for (int l : t.layers) s.xs.push_back(kind == StageKind::backward && l == 0 ? DeviceBuffer() : DeviceBuffer(d, act));
@@ -75,7 +75,7 @@ LayerArgs layer_args(const WorkerContext& ctx, const Task& t, int layer, const S
   for (int g : ctx.layout->groups_of(layer)) {
     auto w = t.dparam.find(g);  // absent: weights this stage does not read (groups_uploaded)
     a.params.push_back(w == t.dparam.end() ? nullptr : w->second.get());
-    if (t.rs.stage.kind != StageKind::forward) a.grads.push_back(t.dgrad.at(g).get());
+    if (t.rs.stage.kind != StageKind::forward && !t.rs.eval) a.grads.push_back(t.dgrad.at(g).get());
   }
   a.scratch = t.scratch.get();
   a.scratch_bytes = t.scratch.bytes();
@@ -114,6 +114,10 @@ void build_layer_calls(const WorkerContext& ctx, Task& t, int64_t m, LayerCalls&
     ta.x = s.xs[k - 1].get();
     ta.targets = s.targets.as<int32_t>();
     ta.loss = s.loss.as<float>();
+    if (t.rs.eval) {  // evaluation: the loss only
+      fwd.emplace_back(t.layers[k - 1], ta);
+      return;
+    }
     ta.loss_scale = t.rs.loss_scale;
     ta.dx = k == 1 ? s.out.get() : t.tmp[0].get();
     bwd.emplace_back(t.layers[k - 1], ta);

@@ -72,7 +72,9 @@ LayerArgs layer_args(const WorkerContext& ctx, const Task& t, int layer, const S
 /// The layer calls of micro-batch m of t, in stream order: a forward stage's layers
 /// forward (xs[i] is layer i's output); a tail stage forward through its decoders, then the
 /// tail's loss + backward and the decoders backward; a backward stage each layer's
-/// recompute + backward from its saved input, dy flowing through the temporaries.
+/// recompute + backward from its saved input, dy flowing through the temporaries. The tail
+/// stage of an evaluation pass (RunStage::eval) runs its decoders forward and the tail's
+/// loss only.
 void build_layer_calls(const WorkerContext& ctx, Task& t, int64_t m, LayerCalls& fwd, LayerCalls& bwd);
 
 }  // namespace rp

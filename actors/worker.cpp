@@ -298,7 +298,7 @@ class Worker : public WorkerActor::base {
     t.t_start = ctx_.tracer ? ctx_.tracer->now() : 0;
     const StageKind kind = t.rs.stage.kind;
     t.groups = m.groups_uploaded(t.layers, kind == StageKind::backward);
-    if (kind != StageKind::forward) t.grad_groups = m.groups_of(t.layers);
+    if (kind != StageKind::forward && !t.rs.eval) t.grad_groups = m.groups_of(t.layers);
     const size_t esz = dtype_size(d.compute_dtype());
     for (int g : t.groups) t.dparam.emplace(g, DeviceBuffer(d, size_t(m.groups[g].numel) * esz));
     // Parameters: ask the owning shard (rule 1), then upload (in chunks, window by window),
@@ -425,10 +425,11 @@ class Worker : public WorkerActor::base {
     Tracer* tr = ctx_.tracer;
     std::string track = fmt::format("worker{}.compute", ctx_.index);
     std::string label = fmt::format("{}{} L{}-{} mb{} (pass {})",
-                                    kind == StageKind::forward ? "F" : kind == StageKind::tail ? "T" : "B",
+                                    t.rs.eval ? "E" : kind == StageKind::forward ? "F" : kind == StageKind::tail ? "T" : "B",
                                     t.rs.stage_index, t.rs.stage.first, t.rs.stage.last, m, t.rs.pass);
     auto t0 = std::make_shared<double>(0);
-    auto timer = ctx_.profile ? std::make_shared<LayerTimer>(stream, kind) : nullptr;
+    // evaluation passes are not profiled: their tail runs no backward
+    auto timer = ctx_.profile && !t.rs.eval ? std::make_shared<LayerTimer>(stream, kind) : nullptr;
     const bool inject = ctx_.faults.fire_compute(FaultSite::device_op, ctx_.index, t.rs.stage_index, m);
     stream.launch([&layers, fwd = std::move(fwd), bwd = std::move(bwd), tr, t0, timer, inject, m] {
       if (inject)
@@ -476,7 +477,7 @@ class Worker : public WorkerActor::base {
         }
       }
     } else {
-      if (t.rs.stage.first > 0) down(pb.dx[t.rs.stage.first][m].data(), s.out.get(), pb.act_bytes);
+      if (t.rs.stage.first > 0 && !t.rs.eval) down(pb.dx[t.rs.stage.first][m].data(), s.out.get(), pb.act_bytes);
       if (kind == StageKind::tail) down(&pb.loss[2 * m], s.loss.get(), 2 * sizeof(float));
     }
     t.progress.computed(m, int(copies.size()));

@@ -176,6 +176,21 @@ IterationPlan plan_from_json(const nlohmann::json& j, int num_layers, int num_wo
   }
 }
 
+IterationPlan evaluation_plan(const IterationPlan& p) {
+  IterationPlan e = p;
+  e.stages.clear();
+  for (const Stage& s : p.stages)
+    if (s.kind != StageKind::backward) e.stages.push_back(s);
+  return e;
+}
+
+std::vector<int> evaluation_uploads(const ModelLayout& m, const IterationPlan& p) {
+  std::vector<int> up(m.groups.size(), 0);
+  for (const Stage& s : evaluation_plan(p).stages)
+    for (int g : m.groups_uploaded(s.layers(), false)) up[size_t(g)]++;
+  return up;
+}
+
 std::vector<int> deal_round_robin(const IterationPlan& p, int num_workers, int64_t& pointer) {
   std::vector<int> w(p.stages.size());
   for (size_t s = 0; s < w.size(); ++s) w[s] = int((pointer + int64_t(s)) % num_workers);

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "model/layout.hpp"
 #include "roundpipe/plan.hpp"  // Stage, IterationPlan, validate_plan, make_*_plan, plan_from_json
 
 namespace rp {
@@ -21,5 +22,12 @@ namespace rp {
 /// (pointer + s) mod num_workers. Returns the worker of each stage of `p` and advances
 /// `pointer` by the number of stages, so the next iteration continues the deal.
 std::vector<int> deal_round_robin(const IterationPlan& p, int num_workers, int64_t& pointer);
+
+/// The stages of a forward-only (evaluation) pass of plan `p`: its forward stages, then its
+/// tail stage (run forward through its decoders and the loss only; no backward stages).
+IterationPlan evaluation_plan(const IterationPlan& p);
+
+/// Parameter-group uploads of one evaluation pass of `p` (its stages' weights, forward only).
+std::vector<int> evaluation_uploads(const ModelLayout& m, const IterationPlan& p);
 
 }  // namespace rp

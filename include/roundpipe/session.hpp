@@ -125,6 +125,13 @@ struct StepResult {
   float loss_scale = 1.f;  ///< loss scale the step's backward used
 };
 
+/// The loss of one evaluation pass (Session::evaluate).
+struct EvalResult {
+  int64_t id = 0;
+  double loss_sum = 0, tokens = 0;  ///< summed token losses (nats) and target tokens: loss = loss_sum / tokens
+  std::string error;                ///< non-empty if the runtime failed (wait_eval() throws RuntimeFailure then)
+};
+
 /// Device-memory pressure seen so far, over all workers (Session::memory_events). Diagnostic:
 /// neither count changes a result, only when stages run.
 struct MemoryEvents {
@@ -170,6 +177,19 @@ class Session {
   /// compute one by one. Throws std::invalid_argument for a wrong size or position.
   void forward_backward(const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
                         const std::vector<int32_t>& positions);
+  /// Enqueues a forward-only evaluation pass of M micro-batches (shapes as
+  /// forward_backward; with `positions` packed): the forward stages and the tail's loss, no
+  /// gradient, no optimizer step, no change to any weight, version or step counter. It reads
+  /// the weights the current step's training passes read (version step-1-s: in sync mode the
+  /// weights after every closed step, with the staleness-1 optimizer those one update
+  /// behind), so evaluations of the same step give the same loss bit for bit whatever runs
+  /// around them. Returns at once with the id wait_eval() takes. Throws like forward_backward.
+  int64_t evaluate(const std::vector<int32_t>& ids, const std::vector<int32_t>& targets);
+  int64_t evaluate(const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
+                   const std::vector<int32_t>& positions);
+  /// Blocks until evaluation pass `id` is done; returns its loss sum and target tokens.
+  /// Throws RuntimeFailure if the runtime failed, std::invalid_argument for an unknown id.
+  EvalResult wait_eval(int64_t id);
   /// Closes the current step: its gradients (summed over all its passes and divided by
   /// their number of target tokens) update the weights with learning rate `lr`.
   /// Returns the closed step's index and starts the next step. std::logic_error without a

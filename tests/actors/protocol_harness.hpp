@@ -53,6 +53,8 @@ struct RunTask {  // fake scheduler -> fake worker
   int64_t pass = 0;
   int stage = 0;
   caf::actor next;  ///< worker of stage + 1, null for the last stage
+  int64_t step = -1;  ///< the step the pass belongs to (-1: step = pass, a training pass)
+  bool eval = false;  ///< an evaluation pass: forward stages and the tail, weights read, no gradient
 };
 struct CopyParam {  // worker -> its param copy actor
   int group = 0;
@@ -74,7 +76,8 @@ struct CopyAck {                       // copy actor -> worker
   std::shared_ptr<const std::vector<uint16_t>> read;  ///< uploads: the bytes read
 };
 struct Computed { int64_t pass = 0; int stage = 0; int64_t mb = 0; };  // worker -> itself
-struct FireEvent { bool close = false; int64_t step = 0; };          // driver -> scheduler
+struct FireEvent { bool close = false; int64_t step = 0; int eval = -1; };  // driver -> scheduler (eval >= 0: the
+                                                                          // step's eval-th evaluation pass)
 }  // namespace rp::test::proto
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::test::proto::RunTask)
@@ -129,6 +132,9 @@ struct Pipeline {
   int staleness = 1;
   int64_t numel = 16;
   int shards = 2;
+  /// Evaluation passes per step (Session::evaluate): each runs the stages up to the tail
+  /// forward only (uploads, no gradient) and is dealt before its step closes.
+  int evals_per_step = 0;
   // F(0,1) F(2,3) T(4 + tied 0) B(2,3) B(0,1): group 0 is read by three stages of a pass
   // and gets two gradient contributions (overwrite, then accumulate). With 5 stages on 3
   // workers, stage s of pass t runs on the worker right after stage s+2 of pass t-1.
@@ -154,6 +160,21 @@ struct Pipeline {
     for (auto& s : stages) n += std::count(s.groups.begin(), s.groups.end(), g) > 0;
     return n;
   }
+  /// Stages of an evaluation pass: the forward stages and the tail (the first backward one).
+  int eval_stages() const {
+    int n = 0;
+    while (n < int(stages.size()) && !stages[size_t(n)].backward) ++n;
+    return n + 1;
+  }
+  int eval_uploads(int g) const {
+    int n = 0;
+    for (int s = 0; s < eval_stages(); ++s) n += std::count(stages[s].groups.begin(), stages[s].groups.end(), g) > 0;
+    return n;
+  }
+  /// Uploads of group g per step: the training pass and the evaluation passes.
+  int uploads_per_step(int g) const { return uploads_per_pass(g) + evals_per_step * eval_uploads(g); }
+  /// Pass number of evaluation pass e of step t (after every training pass number).
+  int64_t eval_pass(int64_t t, int e) const { return iterations + t * evals_per_step + e; }
   int grads_per_pass(int g) const {
     int n = 0;
     for (auto& s : stages) n += s.backward && std::count(s.groups.begin(), s.groups.end(), g) > 0;
@@ -386,7 +407,7 @@ class Monitor {
     for (size_t i = lo; i < hi; ++i) s[i] = overwrite ? c[i] : s[i] + c[i];
   }
 
-  int expected_uploads(int g) const { return p_.uploads_per_pass(g); }
+  int expected_uploads(int g) const { return p_.uploads_per_step(g); }
 
   void check_publish(int g) {
     auto& gs = g_[g];
@@ -469,7 +490,17 @@ struct Shared {  // what every fake actor of one run sees (single-threaded: the 
   std::vector<caf::actor> shards, workers;
   int stage_done = 0;
   int outstanding_requests = 0;
+  /// Per evaluation pass: a function of every weight byte its stages read (its "loss").
+  std::map<int64_t, double> eval_loss;
+  bool uncounted_evals = false;  ///< testing the test: CloseStep leaves the evaluation uploads out
 };
+
+/// The "loss" an evaluation stage adds for the bf16 weights of group g it read.
+inline double eval_term(int g, const std::vector<uint16_t>& w) {
+  double s = 0;
+  for (size_t i = 0; i < w.size(); ++i) s += double(bf16_to_f32(w[i])) * double(1 + g + int(i % 3));
+  return s;
+}
 
 inline void reject_unexpected(caf::scheduled_actor* self, Shared* sh, const char* who) {
   self->set_default_handler([sh, who](caf::scheduled_actor*, caf::message_view& x) -> caf::result<caf::message> {
@@ -553,6 +584,8 @@ inline caf::behavior fake_worker(caf::stateful_actor<WorkerState>* self, Shared*
 
   auto finish = [=] {
     auto& t = *self->state.task;
+    if (t.rt.eval)
+      for (auto& [g, w] : t.read) sh->eval_loss[t.rt.pass] += eval_term(g, *w);
     for (int64_t m = 0; m < p.micro_batches; ++m) self->state.ready.erase({t.rt.pass, t.rt.stage, m});
     StageDone sd;
     sd.pass = t.rt.pass;
@@ -565,7 +598,7 @@ inline caf::behavior fake_worker(caf::stateful_actor<WorkerState>* self, Shared*
 
   auto start_grads = [=] {
     auto& t = *self->state.task;
-    const int64_t step = t.rt.pass, pass = t.rt.pass;
+    const int64_t step = t.rt.step >= 0 ? t.rt.step : t.rt.pass, pass = t.rt.pass;
     const int stage = t.rt.stage;
     const auto& groups = p.stages[stage].groups;
     t.grads_pending = int(groups.size());
@@ -608,7 +641,7 @@ inline caf::behavior fake_worker(caf::stateful_actor<WorkerState>* self, Shared*
     auto& t = *self->state.task;
     t.rt = self->state.queue.front();
     self->state.queue.pop_front();
-    const int64_t step = t.rt.pass;
+    const int64_t step = t.rt.step >= 0 ? t.rt.step : t.rt.pass;
     const auto& groups = p.stages[t.rt.stage].groups;
     t.params_pending = int(groups.size());
     for (int g : groups) {
@@ -649,7 +682,7 @@ inline caf::behavior fake_worker(caf::stateful_actor<WorkerState>* self, Shared*
         if (t.rt.next) self->send(t.rt.next, ActReady{c.pass, c.stage + 1, c.mb});
         t.next_mb++;
         if (t.next_mb < p.micro_batches) return (*pump)();
-        if (p.stages[t.rt.stage].backward)
+        if (p.stages[t.rt.stage].backward && !t.rt.eval)
           start_grads();
         else
           finish();
@@ -660,7 +693,7 @@ inline caf::behavior fake_worker(caf::stateful_actor<WorkerState>* self, Shared*
         auto [grad, g] = it->second;
         self->state.tokens.erase(it);
         auto& t = *self->state.task;
-        const int64_t step = t.rt.pass;
+        const int64_t step = t.rt.step >= 0 ? t.rt.step : t.rt.pass;
         if (!grad) {
           self->send(shard(g), ReleaseWeights{g, step});
           t.read[g] = a.read;
@@ -681,7 +714,26 @@ inline caf::behavior fake_scheduler(caf::event_based_actor* self, Shared* sh) {
   return {
       [=](FireEvent& e) {
         if (e.close) {
-          for (auto& s : sh->shards) self->send(s, CloseStep{e.step, 1, p.grad_scale(e.step), p.lr(e.step)});
+          CloseStep c{e.step, 1, p.grad_scale(e.step), p.lr(e.step)};
+          if (p.evals_per_step > 0) {  // the totals count the evaluation passes' uploads (the Session's way)
+            auto up = std::make_shared<std::vector<int>>(), gr = std::make_shared<std::vector<int>>();
+            for (int g = 0; g < p.groups; ++g) {
+              up->push_back(sh->uncounted_evals ? p.uploads_per_pass(g) : p.uploads_per_step(g));
+              gr->push_back(p.grads_per_pass(g));
+            }
+            c.uploads = up;
+            c.grads = gr;
+          }
+          for (auto& s : sh->shards) self->send(s, c);
+          return;
+        }
+        if (e.eval >= 0) {
+          const int64_t pass = p.eval_pass(e.step, e.eval);
+          const int S = p.eval_stages();
+          for (int s = 0; s < S; ++s) {
+            caf::actor next = s + 1 < S ? sh->workers[p.worker_of(pass, s + 1)] : caf::actor{};
+            self->send(sh->workers[p.worker_of(pass, s)], RunTask{pass, s, next, e.step, true});
+          }
           return;
         }
         const int S = int(p.stages.size());
@@ -786,7 +838,11 @@ class Harness {
   const Reference& reference() const { return ref_; }
   static constexpr int64_t kJobCap = 50000;  ///< a run is ~1,000 jobs; more means a livelock
 
-  Outcome run(const Order& order, int disable_rule = 0) {
+  /// run() where the fake scheduler's CloseStep leaves the evaluation uploads out of the
+  /// step's totals (a broken scheduler the monitor must catch).
+  Outcome run_with_uncounted_evals(const Order& order) { return run(order, 0, true); }
+
+  Outcome run(const Order& order, int disable_rule = 0, bool uncounted_evals = false) {
     const Pipeline& p = p_;
     Roles roles{p.shards, p.workers};
     // host memory of the run
@@ -802,6 +858,7 @@ class Harness {
     Shared sh;
     sh.p = &p;
     sh.mon = &mon;
+    sh.uncounted_evals = uncounted_evals;
 
     // actors
     std::vector<caf::actor> by_role(size_t(roles.count()));
@@ -840,15 +897,26 @@ class Harness {
 
     // the driver's own events: dispatch pass t and close step t, each stream in order,
     // close t after dispatch t; with session_order also dispatch t+1 after close t.
-    int64_t next_dispatch = 0, next_close = 0;
+    // With evaluation passes, each step's dispatches are its training pass and its
+    // evaluation passes in a random order (the training pass's place drawn per step).
+    const int per_step = 1 + p.evals_per_step;
+    int64_t next_dispatch = 0, next_close = 0;  // dispatch events, closes
     std::mt19937_64 rng(order.seed * 0x9e3779b97f4a7c15ull + 17);
+    std::vector<int> train_at(size_t(p.iterations));
+    for (auto& x : train_at) x = int(rng() % uint64_t(per_step));
     auto events_left = [&] { return next_close < p.iterations; };
     auto fire_event = [&] {
-      const bool can_dispatch = next_dispatch < p.iterations && (!order.session_order || next_close == next_dispatch);
-      const bool can_close = next_close < next_dispatch;
+      const int64_t steps_dealt = next_dispatch / per_step;  // steps whose every pass is dealt
+      const bool can_dispatch =
+          next_dispatch < p.iterations * per_step && (!order.session_order || next_close == steps_dealt);
+      const bool can_close = next_close < steps_dealt;
       bool close = can_close;
       if (can_dispatch && can_close) close = order.events == Events::early ? false : bool(rng() & 1);
-      caf::anon_send(scheduler, close ? FireEvent{true, next_close++} : FireEvent{false, next_dispatch++});
+      if (close) return caf::anon_send(scheduler, FireEvent{true, next_close++});
+      const int64_t t = next_dispatch / per_step;
+      const int j = int(next_dispatch++ % per_step);
+      const int e = j < train_at[size_t(t)] ? j : j - 1;
+      caf::anon_send(scheduler, j == train_at[size_t(t)] ? FireEvent{false, t} : FireEvent{false, t, e});
     };
     Outcome out;
     uint64_t h = 1469598103934665603ull;
@@ -904,7 +972,7 @@ class Harness {
     out.order_hash = h;
 
     // end of run: everything happened, nothing left, the weights are the reference's
-    const int stages = int(p.stages.size()) * p.iterations;
+    const int stages = (int(p.stages.size()) + p.evals_per_step * p.eval_stages()) * p.iterations;
     out.completed = !events_left() && sh.stage_done == stages &&
                     mon.group_updated_count == p.groups * p.iterations && sh.outstanding_requests == 0;
     if (!out.completed && !out.job_cap_hit)
@@ -931,6 +999,21 @@ class Harness {
       const int64_t want = p.iterations - 1 - p.staleness;
       if (out.completed && mon.published(g) != want)
         mon.violate(5, fmt::format("group {} ends with version {} published, expected {}", g, mon.published(g), want));
+    }
+    // evaluation passes: each one's loss is that of the weights its step reads (version
+    // max(t-1-s, -1)), so the evaluations of one step agree bit for bit
+    for (int64_t t = 0; t < p.iterations && out.completed; ++t) {
+      const auto& w = ref_.lowp[size_t(p.version_for(t) + 1)];
+      double want = 0;
+      for (int s = 0; s < p.eval_stages(); ++s)  // as the worker sums them: stage by stage, groups ascending
+        for (int g : std::set<int>(p.stages[size_t(s)].groups.begin(), p.stages[size_t(s)].groups.end()))
+          want += eval_term(g, w[size_t(g)]);
+      for (int e = 0; e < p.evals_per_step; ++e) {
+        const double got = sh.eval_loss[p.eval_pass(t, e)];
+        if (got != want)
+          mon.violate(1, fmt::format("evaluation {} of step {}: loss {} differs from that of the weights of step {} ({})",
+                                     e, t, got, t, want));
+      }
     }
     out.violations = mon.violations;
 
