@@ -1,5 +1,6 @@
 #include "base/checksum.hpp"
 
+#include <array>
 #include <new>
 
 #include <xxhash.h>
@@ -7,6 +8,22 @@
 namespace rp {
 
 uint64_t checksum64(const void* data, size_t bytes) { return XXH3_64bits(data, bytes); }
+
+uint32_t crc32c(const void* data, size_t bytes, uint32_t crc) {
+  static const auto table = [] {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  const auto* p = static_cast<const unsigned char*>(data);
+  crc = ~crc;
+  for (size_t i = 0; i < bytes; ++i) crc = table[(crc ^ p[i]) & 0xFFu] ^ (crc >> 8);
+  return ~crc;
+}
 
 struct Checksum::State {
   XXH3_state_t* st = XXH3_createState();

@@ -8,6 +8,11 @@
 
 namespace rp {
 
+/// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78, init and final xor ~0; RFC 3720
+/// B.4) of `bytes` bytes at `data`, continuing from `crc` (the result of the bytes before;
+/// 0 to start). crc32c("123456789") = 0xE3069283. TFRecord framing (TensorBoard) uses it.
+uint32_t crc32c(const void* data, size_t bytes, uint32_t crc = 0);
+
 /// XXH3_64bits of `bytes` bytes at `data`.
 uint64_t checksum64(const void* data, size_t bytes);
 

@@ -84,10 +84,14 @@ void apply_overrides(TrainSpec& spec, const TrainOverrides& ov) {
 
 /// The progress line of a step (every log_every steps and the last one).
 void print_progress(const TrainSpec& spec, const StepReport& r) {
-  if (r.step % spec.log_every != 0 && r.step != r.total_steps) return;
-  fmt::print("step {:>5}/{} | loss {:.4f} | {:>8.1f} tokens/s | lr {:.3e}{} | elapsed {} | ETA {}\n", r.step,
-             r.total_steps, r.loss, r.tokens_per_s, r.lr,
-             (spec.max_grad_norm > 0 ? fmt::format(" | grad norm {:.3f}", r.grad_norm) : std::string()) +
+  if (r.step % spec.log_every != 0 && r.step != r.total_steps && !r.evaluated) return;
+  fmt::print("step {:>5}/{} | loss {:.4f}{} | {:>8.1f} tokens/s | lr {:.3e}{} | elapsed {} | ETA {}\n", r.step,
+             r.total_steps, r.loss,
+             r.evaluated ? fmt::format(" | eval loss {:.4f} (ppl {:.2f})", r.eval_loss, r.eval_perplexity)
+                         : std::string(),
+             r.tokens_per_s, r.lr,
+             (r.mfu > 0 ? fmt::format(" | MFU {:.3f}", r.mfu) : std::string()) +
+                 (spec.max_grad_norm > 0 ? fmt::format(" | grad norm {:.3f}", r.grad_norm) : std::string()) +
                  (spec.loss_scaling ? fmt::format(" | scale {:g}{}", r.loss_scale, r.skipped ? " (skipped)" : "")
                                     : std::string()),
              fmt_duration(r.elapsed_s), fmt_duration(r.eta_s));

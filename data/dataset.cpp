@@ -1,6 +1,7 @@
 #include "data/dataset.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cctype>
 #include <initializer_list>
 #include <filesystem>
@@ -356,6 +357,26 @@ PackedSequences pack_sequences(const Dataset& data, int64_t seq_len, int32_t pad
 
 int64_t TokenBatch::num_targets() const {
   return int64_t(std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t != kIgnoreIndex; }));
+}
+
+PackedSequences split_off(PackedSequences& seqs, double fraction) {
+  if (!(fraction >= 0 && fraction <= 1))
+    throw std::invalid_argument(fmt::format("split_off: fraction must be in [0, 1], got {}", fraction));
+  PackedSequences keep, out;
+  keep.seq_len = out.seq_len = seqs.seq_len;
+  keep.dropped_examples = seqs.dropped_examples;
+  const size_t L = size_t(seqs.seq_len);
+  const bool packed = !seqs.positions.empty();
+  for (int64_t i = 0; i < seqs.size(); ++i) {
+    const bool held = std::floor(double(i + 1) * fraction) > std::floor(double(i) * fraction);
+    PackedSequences& to = held ? out : keep;
+    const size_t a = size_t(i) * L;
+    to.ids.insert(to.ids.end(), seqs.ids.begin() + long(a), seqs.ids.begin() + long(a + L));
+    to.targets.insert(to.targets.end(), seqs.targets.begin() + long(a), seqs.targets.begin() + long(a + L));
+    if (packed) to.positions.insert(to.positions.end(), seqs.positions.begin() + long(a), seqs.positions.begin() + long(a + L));
+  }
+  seqs = std::move(keep);
+  return out;
 }
 
 // ---- BatchStream ------------------------------------------------------------------------

@@ -99,6 +99,11 @@ struct PackedSequences {
 /// positions 0..seq_len-1. Throws std::invalid_argument when seq_len < 1 or pad_id < 0.
 PackedSequences pack_sequences(const Dataset& data, int64_t seq_len, int32_t pad_id, bool pack = false);
 
+/// Splits off every k-th sequence for evaluation: sequence i goes to the returned set when
+/// floor((i+1)*fraction) > floor(i*fraction) (evenly spread, deterministic), the rest stay
+/// in `seqs`. fraction 0: nothing; 1: everything. Throws std::invalid_argument outside [0, 1].
+PackedSequences split_off(PackedSequences& seqs, double fraction);
+
 /// Deterministic, endless iteration over packed sequences. Epoch e visits every sequence
 /// once, in a permutation drawn from std::mt19937_64 seeded with (seed, e) via a
 /// portable Fisher-Yates shuffle (identical on every platform and standard library);

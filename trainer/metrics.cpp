@@ -18,8 +18,9 @@ MetricsFile::MetricsFile(const std::string& path, int64_t resume_step) : path_(p
 }
 
 void MetricsFile::write(const StepReport& r) {
-  csv_ << fmt::format("{},{:.6f},{},{:.1f},{:.6g},{:.3f},{:.6g},{:.6g},{}\n", r.step, r.loss, r.target_tokens,
-                      r.tokens_per_s, r.lr, r.elapsed_s, r.grad_norm, r.loss_scale, r.skipped ? 1 : 0);
+  csv_ << fmt::format("{},{:.6f},{},{:.1f},{:.6g},{:.3f},{:.6g},{:.6g},{},{}\n", r.step, r.loss, r.target_tokens,
+                      r.tokens_per_s, r.lr, r.elapsed_s, r.grad_norm, r.loss_scale, r.skipped ? 1 : 0,
+                      r.evaluated ? fmt::format("{:.6f},{:.6g}", r.eval_loss, r.eval_perplexity) : std::string(","));
   csv_.flush();
 }
 

@@ -62,6 +62,7 @@ TokenStream load_data_for_training(const TrainSpec& spec, const LoadedModel& mod
   o.max_examples = spec.max_examples;
   o.seed = spec.seed;
   o.packing = spec.packing;
+  o.eval_fraction = spec.eval_data.empty() ? spec.eval_fraction : 0;
   spdlog::info("loading data {} (chat template {})", spec.data, o.chat_template);
   TokenStream data(model, spec.data, o);
   const TokenStreamStats& st = data.stats();
@@ -81,6 +82,26 @@ TokenStream load_data_for_training(const TrainSpec& spec, const LoadedModel& mod
   if (max_pos > 0 && spec.seq_len > max_pos)
     spdlog::warn("seq_len {} exceeds the model's max_position_embeddings {}", spec.seq_len, max_pos);
   return data;
+}
+
+std::vector<TokenBatch> load_eval_batches(const TrainSpec& spec, const LoadedModel& model, const TokenStream& train) {
+  const int64_t per_pass = spec.sequences_per_step / spec.accumulation;
+  if (spec.eval_data.empty()) {
+    if (train.stats().eval_sequences == 0) return {};
+    spdlog::info("eval: {} sequences held out of {}", train.stats().eval_sequences, spec.data);
+    return train.evaluation_batches(per_pass);
+  }
+  TokenStreamOptions o;
+  o.seq_len = spec.seq_len;
+  o.chat_template = TokenStream::chat_template_for(model, spec.chat_template);
+  o.packing = spec.packing;
+  o.eval_fraction = 1;
+  TokenStream ev(model, spec.eval_data, o);
+  spdlog::info("eval: {} sequences of {}", ev.stats().eval_sequences, spec.eval_data);
+  if (ev.stats().eval_sequences == 0)
+    throw std::invalid_argument(fmt::format("{}: key 'eval_data': {} holds no sequence with a target at seq_len {}",
+                                            spec.source, spec.eval_data, spec.seq_len));
+  return ev.evaluation_batches(per_pass);
 }
 
 SessionOptions session_options_of(const TrainSpec& spec, const ModelLayout& layout) {

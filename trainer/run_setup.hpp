@@ -30,6 +30,10 @@ LoadedModel load_model_for_training(const std::string& path);
 /// sequence keeps a target.
 TokenStream load_data_for_training(const TrainSpec& spec, const LoadedModel& model);
 
+/// The evaluation batches of a spec (its eval_data file, or the sequences eval_fraction
+/// held out of `train`), n_seq sequences each; empty without evaluation. Logs "eval: ...".
+std::vector<TokenBatch> load_eval_batches(const TrainSpec& spec, const LoadedModel& model, const TokenStream& train);
+
 /// The Session options a spec asks for (an explicit "plan" is parsed against `layout`).
 SessionOptions session_options_of(const TrainSpec& spec, const ModelLayout& layout);
 

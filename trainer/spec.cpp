@@ -21,6 +21,13 @@ void read_scalars(const JsonFields& f, TrainSpec& s) {
   f.optional("seq_len", s.seq_len);
   f.optional("max_examples", s.max_examples);
   f.optional("packing", s.packing);
+  f.optional("eval_data", s.eval_data);
+  f.optional("eval_fraction", s.eval_fraction);
+  if (!(s.eval_fraction >= 0 && s.eval_fraction < 1)) f.fail("eval_fraction", "a number in [0, 1)", s.eval_fraction);
+  if (!s.eval_data.empty() && s.eval_fraction > 0)
+    f.fail_with("keys 'eval_data' and 'eval_fraction': give one or the other");
+  f.optional("eval_every", s.eval_every);
+  if (s.eval_every < 0) f.fail("eval_every", "an integer >= 0", s.eval_every);
   if (s.max_examples < 0) f.fail("max_examples", "an integer >= 0", s.max_examples);
   f.optional("sequences_per_step", s.sequences_per_step);
   f.optional("micro_batches", s.micro_batches);
@@ -40,6 +47,7 @@ void read_scalars(const JsonFields& f, TrainSpec& s) {
   f.optional("save_every", s.save_every);
   f.optional("save_dtype", s.save_dtype);
   f.optional("trace", s.trace);
+  f.optional("tensorboard", s.tensorboard);
   f.optional("seed", s.seed);
   f.optional("log_every", s.log_every);
   f.optional("compute_dtype", s.compute_dtype);
@@ -153,10 +161,10 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
   if (!j.is_object()) throw std::invalid_argument(where + ": expected a JSON object at the top level");
   const JsonFields f(j, where);
   f.allow_only({"model", "data", "chat_template", "seq_len", "sequences_per_step", "micro_batches", "accumulation",
-                "steps", "max_examples", "packing", "optimizer", "lr_schedule", "backend", "workers", "async", "plan",
+                "steps", "max_examples", "packing", "eval_data", "eval_fraction", "eval_every", "optimizer", "lr_schedule", "backend", "workers", "async", "plan",
                 "device_memory_gib", "pcie_gbps", "transfer_priorities", "transfer_chunk_bytes", "save_attention",
                 "mlp_chunk_tokens", "output_dir",
-                "save_every", "save_dtype", "trace", "seed", "log_every", "compute_dtype", "loss_scaling",
+                "save_every", "save_dtype", "trace", "tensorboard", "seed", "log_every", "compute_dtype", "loss_scaling",
                 "resume_from", "watchdog_s", "stop_timeout_s", "comment"});
   if (!f.has("model")) throw std::invalid_argument(where + ": missing key 'model' (a .gguf file or HF directory)");
   if (!f.has("data")) throw std::invalid_argument(where + ": missing key 'data' (a .jsonl or .txt file, or a directory)");

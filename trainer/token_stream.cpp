@@ -23,6 +23,8 @@ ChatTemplate template_for(const LoadedModel& model, const std::string& requested
 
 struct TokenStream::Impl {
   TokenStreamStats stats;
+  PackedSequences held_out;  ///< evaluation sequences
+  int32_t pad = 0;
   std::optional<BatchStream> stream;  ///< none without sequences
   BatchStream& batches() {
     if (!stream)
@@ -42,15 +44,19 @@ TokenStream::TokenStream(const LoadedModel& model, const std::string& data_path,
   Dataset ds = load_dataset(data_path, tok, chat);
   if (o.max_examples > 0 && int64_t(ds.examples.size()) > o.max_examples) ds.examples.resize(size_t(o.max_examples));
   PackedSequences packed = pack_sequences(ds, o.seq_len, tok.eos_id(), o.packing);
+  PackedSequences held = split_off(packed, o.eval_fraction);
   TokenStreamStats st;
   st.examples = ds.examples.size();
   st.text_tokens = ds.text_stream.size();
   st.dropped_examples = packed.dropped_examples;
   st.sequences = packed.size();
+  st.eval_sequences = held.size();
   st.chat_template = chat_template_name(chat);
   impl_ = std::make_unique<Impl>();
   impl_->stats = std::move(st);
   impl_->seq_len = o.seq_len;
+  impl_->held_out = std::move(held);
+  impl_->pad = tok.eos_id();
   if (packed.size() > 0) impl_->stream.emplace(std::move(packed), o.seed);
 }
 
@@ -66,5 +72,29 @@ TokenBatch TokenStream::next(int64_t n_seq) { return impl_->batches().next(n_seq
 int64_t TokenStream::position() const { return impl_->stream ? impl_->stream->position() : 0; }
 void TokenStream::seek(int64_t position) { impl_->batches().seek(position); }
 const TokenStreamStats& TokenStream::stats() const { return impl_->stats; }
+
+std::vector<TokenBatch> TokenStream::evaluation_batches(int64_t n_seq) const {
+  if (n_seq < 1) throw std::invalid_argument(fmt::format("evaluation_batches: n_seq must be >= 1, got {}", n_seq));
+  const PackedSequences& h = impl_->held_out;
+  const size_t L = size_t(h.seq_len);
+  std::vector<TokenBatch> out;
+  for (int64_t first = 0; first < h.size(); first += n_seq) {
+    TokenBatch b;
+    b.n_seq = n_seq;
+    b.seq_len = h.seq_len;
+    b.ids.assign(size_t(n_seq) * L, impl_->pad);
+    b.targets.assign(size_t(n_seq) * L, kIgnoreIndex);
+    if (!h.positions.empty()) {
+      b.positions.resize(size_t(n_seq) * L);
+      for (size_t i = 0; i < b.positions.size(); ++i) b.positions[i] = int32_t(i % L);
+    }
+    const size_t n = size_t(std::min<int64_t>(n_seq, h.size() - first)) * L, a = size_t(first) * L;
+    std::copy_n(h.ids.begin() + long(a), n, b.ids.begin());
+    std::copy_n(h.targets.begin() + long(a), n, b.targets.begin());
+    if (!h.positions.empty()) std::copy_n(h.positions.begin() + long(a), n, b.positions.begin());
+    out.push_back(std::move(b));
+  }
+  return out;
+}
 
 }  // namespace rp

@@ -2,7 +2,9 @@
 #include "roundpipe/trainer.hpp"
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 
@@ -14,6 +16,8 @@
 #include "trainer/checkpoint_bundle.hpp"
 #include "trainer/metrics.hpp"
 #include "trainer/run_setup.hpp"
+#include "trainer/tensorboard.hpp"
+#include "scheduler/cost_model.hpp"
 
 namespace rp {
 namespace {
@@ -49,8 +53,16 @@ class Run {
   std::optional<ResumePoint> resume_;
   LoadedModel model_;  // config, tokenizer and chat template (the tensors are dropped once copied)
   std::optional<TokenStream> data_;
+  std::vector<TokenBatch> eval_batches_;               ///< the evaluation set (empty: no evaluation)
+  std::map<int64_t, std::vector<int64_t>> pending_eval_;  ///< steps done -> evaluation passes in flight
+  void submit_eval(int64_t steps_done);
+  void collect_eval(int64_t steps_done, StepReport& into);
+  void evaluate_before_training();
   std::unique_ptr<Session> session_;
   std::unique_ptr<MetricsFile> metrics_;
+  std::unique_ptr<TensorBoardWriter> tb_;
+  double mfu_per_token_per_s_ = 0;  // MFU of one token per second (CUDA backend), else 0
+  void log_scalars(const StepReport& s);
   int64_t start_ = 0;     // steps done before this run
   int64_t reported_ = -1; // last step reported
   double last_report_ = 0;
@@ -69,9 +81,20 @@ void Run::setup() {
   fill_groups(model_, layout, weights);
   model_.tensors.clear();
   data_.emplace(load_data_for_training(spec_, model_));
+  eval_batches_ = load_eval_batches(spec_, model_, *data_);
   start_session(layout, std::move(weights));
   std::filesystem::create_directories(spec_.output_dir);
   metrics_ = std::make_unique<MetricsFile>(path("metrics.csv"), start_);
+  if (spec_.tensorboard) tb_ = std::make_unique<TensorBoardWriter>(path("tensorboard"));
+  if (session_->device_name().rfind("cuda", 0) == 0) {
+    const ModelConfig& c = model_.config;
+    const double hd = double(c.head_dim), H = double(c.hidden_size);
+    const double matmul = double(c.num_hidden_layers) * (H * c.num_attention_heads * hd * 2 +
+                                                         2 * H * c.num_key_value_heads * hd + 3 * H * c.intermediate_size) +
+                          double(c.vocab_size) * H;
+    const double flops = 6 * matmul + 6.0 * c.num_hidden_layers * c.num_attention_heads * hd * double(spec_.seq_len);
+    mfu_per_token_per_s_ = flops / (double(spec_.workers) * DeviceModel{}.peak_flops);
+  }
   reported_ = start_ - 1;
   if (cb_.on_ready) cb_.on_ready();
 }
@@ -127,9 +150,66 @@ bool Run::report(int64_t t) {
   s.skipped = r.skipped;
   s.elapsed_s = now;
   s.eta_s = (now / double(t + 1 - start_)) * double(spec_.steps - t - 1);
+  if (pending_eval_.count(t + 1)) collect_eval(t + 1, s);
+  s.mfu = s.tokens_per_s * mfu_per_token_per_s_;
   metrics_->write(s);
+  log_scalars(s);
   if (cb_.on_step) cb_.on_step(s);
   return true;
+}
+
+/// Evaluation passes after `steps_done` steps, queued in the pipeline right behind that step's
+/// passes; report() collects them with the step's row.
+void Run::submit_eval(int64_t steps_done) {
+  auto& ids = pending_eval_[steps_done];
+  for (const TokenBatch& b : eval_batches_)
+    ids.push_back(b.positions.empty() ? session_->evaluate(b.ids, b.targets)
+                                      : session_->evaluate(b.ids, b.targets, b.positions));
+}
+
+/// TensorBoard scalars of a step (tags train/..., eval/...).
+void Run::log_scalars(const StepReport& s) {
+  if (!tb_) return;
+  tb_->scalar("train/loss", s.loss, s.step);
+  tb_->scalar("train/lr", s.lr, s.step);
+  tb_->scalar("train/tokens_per_s", s.tokens_per_s, s.step);
+  if (s.mfu > 0) tb_->scalar("train/mfu", s.mfu, s.step);
+  if (spec_.max_grad_norm > 0 || spec_.loss_scaling) tb_->scalar("train/grad_norm", s.grad_norm, s.step);
+  if (spec_.loss_scaling) tb_->scalar("train/loss_scale", s.loss_scale, s.step);
+  if (s.evaluated) {
+    tb_->scalar("eval/loss", s.eval_loss, s.step);
+    tb_->scalar("eval/perplexity", s.eval_perplexity, s.step);
+  }
+}
+
+/// Waits for the evaluation passes of `steps_done` and fills the eval fields of `into`.
+void Run::collect_eval(int64_t steps_done, StepReport& into) {
+  double sum = 0, tokens = 0;
+  for (int64_t id : pending_eval_.at(steps_done)) {
+    const EvalResult e = session_->wait_eval(id);
+    sum += e.loss_sum;
+    tokens += e.tokens;
+  }
+  pending_eval_.erase(steps_done);
+  into.evaluated = true;
+  into.eval_tokens = int64_t(tokens);
+  into.eval_loss = tokens > 0 ? sum / tokens : 0;
+  into.eval_perplexity = std::exp(into.eval_loss);
+}
+
+/// A fresh run's evaluation of the initial weights: the reference the later ones fall from
+/// (logged, and eval/loss at step 0 for TensorBoard).
+void Run::evaluate_before_training() {
+  if (eval_batches_.empty() || start_ > 0) return;
+  submit_eval(0);
+  StepReport r;
+  collect_eval(0, r);
+  spdlog::info("eval before training: loss {:.4f} (ppl {:.2f}) over {} tokens", r.eval_loss, r.eval_perplexity,
+               r.eval_tokens);
+  if (tb_) {
+    tb_->scalar("eval/loss", r.eval_loss, 0);
+    tb_->scalar("eval/perplexity", r.eval_perplexity, 0);
+  }
 }
 
 bool Run::report_through(int64_t t) {
@@ -190,6 +270,8 @@ int64_t Run::loop() {
     session_->step(spec_.lr_schedule.at(t));
     const int64_t k = t++;  // step k is closed
     const bool last = k + 1 == spec_.steps;
+    if (!eval_batches_.empty() && (last || (spec_.eval_every > 0 && (k + 1) % spec_.eval_every == 0)))
+      submit_eval(k + 1);
     const bool save_now = spec_.save_every > 0 && (k + 1) % spec_.save_every == 0 && !last;
     const bool eval_now = cb_.on_eval && cb_.eval_every > 0 && (k + 1) % cb_.eval_every == 0 && !last;
     if (save_now || eval_now) {
@@ -272,6 +354,7 @@ TrainResult Run::finish(int64_t t) {
 
 TrainResult Run::execute() {
   setup();
+  evaluate_before_training();
   return finish(loop());
 }
 

@@ -44,6 +44,9 @@ struct TokenStreamOptions {
   /// Pack supervised examples several to a sequence (positions restart per example; the
   /// batches carry them) instead of one padded example per sequence.
   bool packing = false;
+  /// Hold out this fraction of the sequences for evaluation (every k-th, evenly spread):
+  /// next() never serves them, evaluation_batches() does. 1: the whole file is for evaluation.
+  double eval_fraction = 0;
 };
 
 /// What a TokenStream loaded.
@@ -51,7 +54,8 @@ struct TokenStreamStats {
   size_t examples = 0;          ///< supervised examples (after max_examples)
   size_t text_tokens = 0;       ///< tokens of plain text
   size_t dropped_examples = 0;  ///< examples whose prompt left no target within seq_len
-  int64_t sequences = 0;        ///< packed sequences (one epoch); 0 when every prompt is longer than seq_len
+  int64_t sequences = 0;        ///< packed training sequences (one epoch); 0 when every prompt is longer than seq_len
+  int64_t eval_sequences = 0;   ///< sequences held out for evaluation (TokenStreamOptions::eval_fraction)
   std::string chat_template;    ///< the template used for {"messages"} lines
 };
 
@@ -83,6 +87,10 @@ class TokenStream {
   int64_t position() const;
   void seek(int64_t position);
   const TokenStreamStats& stats() const;
+  /// The held-out sequences in order, n_seq per batch; the last batch is filled up with
+  /// sequences that have no target (ids = eos, targets = -100), so every batch has the
+  /// shape of a training pass. Empty without held-out sequences.
+  std::vector<TokenBatch> evaluation_batches(int64_t n_seq) const;
 
  private:
   struct Impl;

@@ -19,6 +19,9 @@ struct TrainSpec {
   int64_t seq_len = 128;             ///< tokens per sequence
   int64_t max_examples = 0;          ///< use only the first k supervised examples (0 = all)
   bool packing = false;              ///< several supervised examples per sequence (attention stays within each)
+  std::string eval_data;             ///< evaluation data file ("" = none; or eval_fraction)
+  double eval_fraction = 0;          ///< hold out this fraction of `data`'s sequences for evaluation
+  int64_t eval_every = 0;            ///< evaluate every k steps (and after the last); 0 = after the last only
   int64_t sequences_per_step = 4;    ///< global batch, in sequences
   int64_t micro_batches = 2;         ///< M per pass; sequences_per_step / (M * accumulation) per micro-batch
   int64_t accumulation = 1;          ///< forward_backward passes per optimizer step
@@ -42,6 +45,7 @@ struct TrainSpec {
   int64_t save_every = 0;            ///< also checkpoint every k steps (0 = final only)
   std::string save_dtype = "bf16";   ///< f32 | bf16 | f16
   bool trace = false;                ///< write output_dir/trace.json
+  bool tensorboard = true;           ///< write TensorBoard scalar event files into output_dir/tensorboard/
   uint64_t seed = 0;                 ///< data order
   int64_t log_every = 1;
   std::string compute_dtype = "bf16";  ///< CUDA backend: bf16 | f16 (the CPU backend computes in f32)

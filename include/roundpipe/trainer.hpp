@@ -64,6 +64,18 @@ struct StepReport {
   bool skipped = false;       ///< inf/NaN gradients: the step changed nothing
   double elapsed_s = 0;       ///< since run() started
   double eta_s = 0;           ///< estimated seconds until the last step
+  /// Model FLOPs utilisation (CUDA backend; 0 on the CPU): tokens_per_s * (6 * matmul
+  /// parameters + 6 * layers * heads * head_dim * seq_len) / (workers * 790e12, the H200's
+  /// dense bf16 peak of scheduler/cost_model.hpp's DeviceModel), as bench_throughput.
+  double mfu = 0;
+  /// Evaluation after this step (spec eval_data / eval_fraction, every eval_every steps and
+  /// after the last): the mean loss over the evaluation set's target tokens, computed by
+  /// forward-only passes through the pipeline with the weights the next step trains with
+  /// (after every step in sync mode; one update behind with the staleness-1 optimizer).
+  bool evaluated = false;
+  double eval_loss = 0;        ///< nats per target token
+  double eval_perplexity = 0;  ///< exp(eval_loss)
+  int64_t eval_tokens = 0;     ///< target tokens evaluated
 };
 
 /// A checkpoint folder the run wrote.

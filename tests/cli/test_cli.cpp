@@ -221,11 +221,29 @@ TEST(Cli, DefaultJobLossFallsOver20Steps) {
   std::string line;
   std::getline(f, line);
   std::vector<double> loss;
-  while (std::getline(f, line)) loss.push_back(std::stod(line.substr(line.find(',') + 1)));
+  std::vector<double> eval;  // the eval_loss column (every 5 steps)
+  while (std::getline(f, line)) {
+    loss.push_back(std::stod(line.substr(line.find(',') + 1)));
+    const std::string ev = line.substr(line.find(",,") == std::string::npos ? 0 : line.size());
+    if (!ev.empty()) {
+      std::vector<std::string> cols;
+      for (size_t a = 0, b; a <= line.size(); a = b + 1) {
+        b = line.find(',', a);
+        if (b == std::string::npos) b = line.size();
+        cols.push_back(line.substr(a, b - a));
+      }
+      eval.push_back(std::stod(cols.at(9)));
+    }
+  }
   ASSERT_EQ(loss.size(), 20u);
   double first = 0, last = 0;
   for (int i = 0; i < 5; ++i) first += loss[i] / 5, last += loss[15 + i] / 5;
   EXPECT_LT(last, first - 0.2) << "first-5 mean " << first << ", last-5 mean " << last;
+  // the held-out passages: evaluated at steps 5, 10, 15, 20, and the loss on them falls too
+  ASSERT_EQ(eval.size(), 4u);
+  EXPECT_LT(eval.back(), eval.front() - 0.1) << "eval loss at step 5: " << eval.front() << ", at 20: " << eval.back();
+  EXPECT_NE(r.out.find("eval loss"), std::string::npos);
+  EXPECT_NE((r.out + r.err).find("eval before training"), std::string::npos) << r.out;
   auto lm = rp::load_model((d / "run/final").string());
   EXPECT_EQ(lm.config.num_hidden_layers, 30);
   fs::remove_all(d);

@@ -7,8 +7,11 @@
 // in bounded time without saving the unfinished steps.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <set>
 #include <cstring>
 #include <thread>
 
@@ -96,7 +99,7 @@ TEST(Trainer, CallbacksFollowTheStepsAndMatchTheMetrics) {
   std::ifstream csv(res.metrics);
   std::string line;
   std::getline(csv, line);
-  EXPECT_EQ(line, "step,loss,target_tokens,tokens_per_s,lr,elapsed_s,grad_norm,loss_scale,skipped");
+  EXPECT_EQ(line, "step,loss,target_tokens,tokens_per_s,lr,elapsed_s,grad_norm,loss_scale,skipped,eval_loss,eval_perplexity");
   for (const auto& r : steps) {
     ASSERT_TRUE(std::getline(csv, line));
     EXPECT_EQ(line.substr(0, line.find(',', line.find(',') + 1)), fmt::format("{},{:.6f}", r.step, r.loss));
@@ -292,6 +295,74 @@ TEST(TokenStream, ServesTheSameBatchesAfterASeek) {
   EXPECT_EQ(none.stats().sequences, 0);
   EXPECT_THROW(none.next(1), std::invalid_argument);
   EXPECT_THROW(rp::TokenStream::chat_template_for(lm, "mistral"), std::invalid_argument);
+  fs::remove_all(d);
+}
+
+}  // namespace
+
+namespace {
+
+// Evaluation through the trainer: a held-out fraction is never trained on, is evaluated
+// every eval_every steps and after the last one (rows of metrics.csv and StepReports), and
+// in sync mode the evaluation after step k is that of the weights after k steps: a run
+// stopped at step 2 evaluates exactly what the longer run evaluated at step 2.
+TEST(Trainer, HeldOutEvaluationEveryKStepsAndAfterTheLast) {
+  auto d = tmpdir();
+  auto spec = [&](const std::string& out, int64_t steps) {
+    rp::TrainSpec s = tiny_spec(d, out, steps);
+    s.async = false;
+    s.eval_fraction = 0.5;
+    s.eval_every = 2;
+    return s;
+  };
+  std::vector<rp::StepReport> reports;
+  rp::TrainerCallbacks cb;
+  cb.on_step = [&](const rp::StepReport& r) { reports.push_back(r); };
+  rp::Trainer(spec("long", 5)).run(cb);
+  ASSERT_EQ(reports.size(), 5u);
+  for (const auto& r : reports) EXPECT_EQ(r.evaluated, r.step == 2 || r.step == 4 || r.step == 5) << r.step;
+  EXPECT_GT(reports[1].eval_tokens, 0);
+  EXPECT_NEAR(reports[1].eval_perplexity, std::exp(reports[1].eval_loss), 1e-9 * reports[1].eval_perplexity);
+  EXPECT_NE(reports[1].eval_loss, reports[3].eval_loss);  // the weights moved
+  std::vector<rp::StepReport> shorter;
+  cb.on_step = [&](const rp::StepReport& r) { shorter.push_back(r); };
+  rp::Trainer(spec("short", 2)).run(cb);
+  ASSERT_EQ(shorter.size(), 2u);
+  EXPECT_EQ(shorter[1].eval_loss, reports[1].eval_loss);
+  // metrics.csv carries the evaluations in their rows, blank elsewhere
+  std::ifstream f(d / "long/metrics.csv");
+  std::string line;
+  std::getline(f, line);
+  EXPECT_NE(line.find(",eval_loss,eval_perplexity"), std::string::npos) << line;
+  for (int step = 1; std::getline(f, line); ++step)
+    EXPECT_EQ(line.substr(line.size() - 2) == ",,", step == 1 || step == 3) << line;
+  fs::remove_all(d);
+}
+
+TEST(TokenStream, HeldOutSequencesAreNeverServedForTraining) {
+  auto d = tmpdir();
+  write(d / "data.jsonl", kData);
+  const rp::LoadedModel lm = rp::load_model(tiny_model(d).string());
+  rp::TokenStreamOptions o;
+  o.seq_len = 16;
+  rp::TokenStream all(lm, (d / "data.jsonl").string(), o);
+  o.eval_fraction = 0.34;
+  rp::TokenStream part(lm, (d / "data.jsonl").string(), o);
+  EXPECT_EQ(part.stats().sequences + part.stats().eval_sequences, all.stats().sequences);
+  ASSERT_GT(part.stats().eval_sequences, 0);
+  const auto ev = part.evaluation_batches(2);
+  ASSERT_EQ(int64_t(ev.size()), (part.stats().eval_sequences + 1) / 2);
+  std::set<std::vector<int32_t>> held;
+  for (const auto& b : ev)
+    for (int64_t r = 0; r < b.n_seq; ++r) {
+      std::vector<int32_t> row(b.targets.begin() + r * 16, b.targets.begin() + (r + 1) * 16);
+      if (std::any_of(row.begin(), row.end(), [](int32_t t) { return t >= 0; })) held.insert(row);
+    }
+  EXPECT_EQ(int64_t(held.size()), part.stats().eval_sequences);
+  for (int i = 0; i < 3 * part.stats().sequences; ++i) {
+    const rp::TokenBatch b = part.next(1);
+    EXPECT_EQ(held.count(b.targets), 0u) << "a held-out sequence was served for training";
+  }
   fs::remove_all(d);
 }
 
