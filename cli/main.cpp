@@ -1,4 +1,4 @@
-// The `roundpipe` command: train, convert, plan, trace.
+// The `roundpipe` command: train, convert, plan, trace, generate.
 #include <cstdio>
 #include <exception>
 
@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "cli/generate.hpp"
 #include "cli/plan.hpp"
 #include "cli/trace.hpp"
 #include "cli/train.hpp"
@@ -35,12 +36,15 @@ int main(int argc, char** argv) {
   convert->add_option("--dtype", dtype, "f32, bf16 or f16")->check(CLI::IsMember({"f32", "bf16", "f16"}));
   rp::add_plan_command(app);
   rp::add_trace_command(app);
+  rp::add_generate_command(app);
   bool quiet = false;
   app.add_flag("-q,--quiet", quiet, "only progress lines and errors");
   if (argc >= 2 && argv[1][0] != '-') {
     const std::string cmd = argv[1];
-    if (cmd != "train" && cmd != "convert" && cmd != "plan" && cmd != "trace") {
-      fmt::print(stderr, "roundpipe: error: unknown command '{}' (expected train, convert, plan or trace; see roundpipe --help)\n",
+    if (cmd != "train" && cmd != "convert" && cmd != "plan" && cmd != "trace" && cmd != "generate") {
+      fmt::print(stderr,
+                 "roundpipe: error: unknown command '{}' (expected train, convert, plan, trace or generate; see roundpipe "
+                 "--help)\n",
                  cmd);
       return 2;
     }

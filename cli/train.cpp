@@ -139,6 +139,11 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
              res.first_step > 0 ? fmt::format(" (resumed at step {}, {} in all)", res.first_step, spec.steps)
                                 : std::string(),
              fmt_duration(res.seconds), res.peak_device_bytes / 1048576.0, res.metrics, res.plan);
+  if (!res.sample_after.empty()) {
+    fmt::print("prompt: {}\n", spec.sample_prompt);
+    if (!res.sample_before.empty()) fmt::print("before fine-tuning: {}\n", res.sample_before);
+    fmt::print("after fine-tuning:  {}\n", res.sample_after);
+  }
   return 0;
 }
 

@@ -48,6 +48,7 @@ void read_scalars(const JsonFields& f, TrainSpec& s) {
   f.optional("save_dtype", s.save_dtype);
   f.optional("trace", s.trace);
   f.optional("tensorboard", s.tensorboard);
+  f.optional("sample_prompt", s.sample_prompt);
   f.optional("seed", s.seed);
   f.optional("log_every", s.log_every);
   f.optional("compute_dtype", s.compute_dtype);
@@ -164,7 +165,7 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
                 "steps", "max_examples", "packing", "eval_data", "eval_fraction", "eval_every", "optimizer", "lr_schedule", "backend", "workers", "async", "plan",
                 "device_memory_gib", "pcie_gbps", "transfer_priorities", "transfer_chunk_bytes", "save_attention",
                 "mlp_chunk_tokens", "output_dir",
-                "save_every", "save_dtype", "trace", "tensorboard", "seed", "log_every", "compute_dtype", "loss_scaling",
+                "save_every", "save_dtype", "trace", "tensorboard", "sample_prompt", "seed", "log_every", "compute_dtype", "loss_scaling",
                 "resume_from", "watchdog_s", "stop_timeout_s", "comment"});
   if (!f.has("model")) throw std::invalid_argument(where + ": missing key 'model' (a .gguf file or HF directory)");
   if (!f.has("data")) throw std::invalid_argument(where + ": missing key 'data' (a .jsonl or .txt file, or a directory)");

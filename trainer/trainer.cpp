@@ -16,6 +16,7 @@
 #include "trainer/checkpoint_bundle.hpp"
 #include "trainer/metrics.hpp"
 #include "trainer/run_setup.hpp"
+#include "trainer/sample.hpp"
 #include "trainer/tensorboard.hpp"
 #include "scheduler/cost_model.hpp"
 
@@ -58,6 +59,9 @@ class Run {
   void submit_eval(int64_t steps_done);
   void collect_eval(int64_t steps_done, StepReport& into);
   void evaluate_before_training();
+  /// spec.sample_prompt's answer with the session's master weights ("" without a prompt).
+  std::string sample_text(const char* when);
+  std::string sample_before_;
   std::unique_ptr<Session> session_;
   std::unique_ptr<MetricsFile> metrics_;
   std::unique_ptr<TensorBoardWriter> tb_;
@@ -212,6 +216,25 @@ void Run::evaluate_before_training() {
   }
 }
 
+std::string Run::sample_text(const char* when) {
+  if (spec_.sample_prompt.empty()) return {};
+  session_->synchronize();
+  std::vector<const float*> ptrs;
+  for (const auto& g : session_->master_weights()) ptrs.push_back(g.data());
+  GeneratorOptions go;
+  go.backend = session_->device_name().rfind("cuda", 0) == 0 ? "cuda" : "cpu";
+  go.dtype = parse_dtype(spec_.compute_dtype);
+  go.max_context = 1024;
+  Generator gen(session_->layout(), ptrs, go);
+  SampleRequest r;
+  r.messages = {{"user", spec_.sample_prompt, {}}};
+  r.chat_template = spec_.chat_template;
+  r.generate.max_new_tokens = 64;
+  const SampleResult res = sample(gen, model_, r);
+  spdlog::info("sample {}: {} -> {}", when, spec_.sample_prompt, res.text);
+  return res.text;
+}
+
 bool Run::report_through(int64_t t) {
   for (int64_t k = reported_ + 1; k <= t; ++k)
     if (!report(k)) return false;
@@ -345,6 +368,8 @@ TrainResult Run::finish(int64_t t) {
   } else {
     save("final");
     res.checkpoint = last_checkpoint_;
+    res.sample_before = sample_before_;
+    res.sample_after = sample_text("after fine-tuning");
   }
   res.seconds = elapsed();
   res.peak_device_bytes = session_->peak_device_bytes();
@@ -355,6 +380,7 @@ TrainResult Run::finish(int64_t t) {
 TrainResult Run::execute() {
   setup();
   evaluate_before_training();
+  if (start_ == 0) sample_before_ = sample_text("before fine-tuning");
   return finish(loop());
 }
 

@@ -6,6 +6,7 @@
 #include "roundpipe/device.hpp"
 #include "roundpipe/dtype.hpp"
 #include "roundpipe/errors.hpp"
+#include "roundpipe/generate.hpp"
 #include "roundpipe/model.hpp"
 #include "roundpipe/optimizer.hpp"
 #include "roundpipe/plan.hpp"

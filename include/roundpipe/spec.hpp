@@ -45,7 +45,10 @@ struct TrainSpec {
   int64_t save_every = 0;            ///< also checkpoint every k steps (0 = final only)
   std::string save_dtype = "bf16";   ///< f32 | bf16 | f16
   bool trace = false;                ///< write output_dir/trace.json
-  bool tensorboard = true;           ///< write TensorBoard scalar event files into output_dir/tensorboard/
+  bool tensorboard = true;
+  /// A user message the run answers (greedy, at most 64 tokens, the training chat template)
+  /// before training and after the last step, to show what fine-tuning changed ("" = none).
+  std::string sample_prompt;           ///< write TensorBoard scalar event files into output_dir/tensorboard/
   uint64_t seed = 0;                 ///< data order
   int64_t log_every = 1;
   std::string compute_dtype = "bf16";  ///< CUDA backend: bf16 | f16 (the CPU backend computes in f32)

@@ -127,6 +127,7 @@ struct TrainResult {
   double seconds = 0;           ///< wall time of run()
   size_t peak_device_bytes = 0; ///< per worker
   std::string plan;             ///< summary of the plan at the end (it may change once by re-planning)
+  std::string sample_before, sample_after;  ///< spec.sample_prompt's answers ("" without one; before: fresh runs only)
 };
 
 class Trainer {

@@ -1,0 +1,112 @@
+#include "cli/generate.hpp"
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/command.hpp"
+#include "roundpipe/checkpoint.hpp"
+#include "roundpipe/generate.hpp"
+#include "trainer/sample.hpp"
+
+namespace rp {
+namespace {
+
+struct GenerateCommandOptions {
+  std::string model, prompt, chat, messages, system, chat_template = "auto", backend = "cpu", dtype = "bf16";
+  std::vector<std::string> stop;
+  int64_t max_tokens = 128, top_k = 0, context = 0;
+  double temperature = 0, top_p = 1;
+  uint64_t seed = 0;
+  bool no_think = false;
+};
+
+/// --messages FILE: a JSON array of {"role", "content"}.
+std::vector<ChatMessage> read_messages(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(path + ": cannot open");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(ss.str());
+  } catch (const nlohmann::json::exception&) {
+    throw std::runtime_error(path + ": invalid JSON (expected an array of {\"role\", \"content\"})");
+  }
+  if (!j.is_array()) throw std::runtime_error(path + ": expected a JSON array of {\"role\", \"content\"}");
+  std::vector<ChatMessage> out;
+  for (size_t i = 0; i < j.size(); ++i) {
+    if (!j[i].is_object() || !j[i].contains("role") || !j[i].contains("content") || !j[i]["role"].is_string() ||
+        !j[i]["content"].is_string())
+      throw std::runtime_error(fmt::format("{}: element {}: expected {{\"role\": str, \"content\": str}}", path, i));
+    out.push_back({j[i]["role"], j[i]["content"], {}});
+  }
+  return out;
+}
+
+void run_generate(const GenerateCommandOptions& c) {
+  const int given = !c.prompt.empty() + !c.chat.empty() + !c.messages.empty();
+  if (given != 1) throw std::invalid_argument("give one of --prompt TEXT, --chat TEXT or --messages FILE");
+  SampleRequest r;
+  if (!c.messages.empty()) r.messages = read_messages(c.messages);
+  if (!c.chat.empty()) {
+    if (!c.system.empty()) r.messages.push_back({"system", c.system, {}});
+    r.messages.push_back({"user", c.chat, {}});
+  }
+  r.text = c.prompt;
+  r.chat_template = c.chat_template;
+  r.enable_thinking = !c.no_think;
+  r.stop = c.stop;
+  r.generate.max_new_tokens = c.max_tokens;
+  r.generate.temperature = c.temperature;
+  r.generate.top_k = c.top_k;
+  r.generate.top_p = c.top_p;
+  r.generate.seed = c.seed;
+  const LoadedModel lm = load_model(c.model);
+  GeneratorOptions go;
+  go.backend = c.backend;
+  go.dtype = parse_dtype(c.dtype);
+  go.max_context = c.context;
+  Generator gen(lm, go);
+  const SampleResult res = sample(gen, lm, r, [](const std::string& s) {
+    std::fwrite(s.data(), 1, s.size(), stdout);
+    std::fflush(stdout);
+  });
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+  fmt::print(stderr, "{} tokens after a prompt of {} in {:.2f} s ({:.1f} tokens/s) on {}\n", res.ids.size(),
+             res.prompt_ids.size(), res.seconds, res.seconds > 0 ? double(res.ids.size()) / res.seconds : 0.0,
+             gen.device_name());
+}
+
+}  // namespace
+
+void add_generate_command(CLI::App& app) {
+  auto c = std::make_shared<GenerateCommandOptions>();
+  auto* g = app.add_subcommand("generate", "generate text from a model or checkpoint folder (KV cache, one device)");
+  g->add_option("model", c->model, "a .gguf file or Hugging Face folder (e.g. runs/default/final)")->required();
+  g->add_option("--prompt", c->prompt, "plain text to continue (with the tokenizer's BOS, as HF tokenizer(text))");
+  g->add_option("--chat", c->chat, "a user message, rendered with the chat template and its generation prompt");
+  g->add_option("--system", c->system, "a system message before --chat");
+  g->add_option("--messages", c->messages, "a JSON file: an array of {\"role\", \"content\"} messages");
+  g->add_option("--chat-template", c->chat_template, "auto (the model's), chatml, qwen3, qwen3-no-think, smollm2, llama3");
+  g->add_flag("--no-think", c->no_think, "qwen3: end the generation prompt with an empty think block");
+  g->add_option("--max-tokens", c->max_tokens, "most new tokens (default 128)")->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  g->add_option("--temperature", c->temperature, "0: greedy (default); > 0: sample")->check(CLI::Range(0.0, 100.0));
+  g->add_option("--top-k", c->top_k, "sample among the k most likely tokens (0: all)")->check(CLI::NonNegativeNumber);
+  g->add_option("--top-p", c->top_p, "sample among the smallest set of probability >= p (1: all)")
+      ->check(CLI::Range(1e-6, 1.0));
+  g->add_option("--seed", c->seed, "sampling seed");
+  g->add_option("--stop", c->stop, "stop once the text contains this (repeatable); eos and end of turn always stop");
+  g->add_option("--backend", c->backend, "cpu (default), cuda or auto")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  g->add_option("--dtype", c->dtype, "CUDA storage dtype: bf16 (default) or f16")->check(CLI::IsMember({"bf16", "f16"}));
+  g->add_option("--context", c->context, "KV-cache rows (0: the model's max positions, at most 4096)")
+      ->check(CLI::NonNegativeNumber);
+  g->callback(reporting_errors([c] { run_generate(*c); }));
+}
+
+}  // namespace rp

@@ -1,0 +1,256 @@
+// rp::Generator (roundpipe/generate.hpp): prefill + KV-cache decoding on one device.
+// The decoder math is model/layers.cpp's DecoderLayer forward (HF LlamaDecoderLayer /
+// Qwen3DecoderLayer), with keys and values written to the cache rows of their positions
+// and attention over the cache (Ops::attention_decode).
+#include "roundpipe/generate.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <future>
+#include <map>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "kernels/device.hpp"
+#include "kernels/ops.hpp"
+#include "model/layers.hpp"
+
+namespace rp {
+
+int32_t pick_token(const std::vector<float>& logits, const GenerateOptions& o, double u) {
+  if (logits.empty()) throw std::invalid_argument("pick_token: no logits");
+  if (o.temperature <= 0) return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  // HF's warpers: temperature, top-k, top-p; then a draw from the softmax of what is left
+  std::vector<int32_t> idx(logits.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return logits[size_t(a)] > logits[size_t(b)]; });
+  size_t keep = idx.size();
+  if (o.top_k > 0) keep = std::min(keep, size_t(o.top_k));
+  std::vector<double> p(keep);
+  const double m = double(logits[size_t(idx[0])]) / o.temperature;
+  double sum = 0;
+  for (size_t i = 0; i < keep; ++i) sum += p[i] = std::exp(double(logits[size_t(idx[i])]) / o.temperature - m);
+  if (o.top_p < 1) {  // the smallest prefix whose probability reaches top_p (at least one token)
+    double c = 0;
+    size_t n = 0;
+    while (n < keep && c < o.top_p * sum) c += p[n++];
+    keep = std::max<size_t>(n, 1);
+    sum = std::accumulate(p.begin(), p.begin() + long(keep), 0.0);
+  }
+  double r = u * sum;
+  for (size_t i = 0; i < keep; ++i) {
+    if (r < p[i]) return idx[i];
+    r -= p[i];
+  }
+  return idx[keep - 1];
+}
+
+struct Generator::Impl {
+  ModelConfig c;
+  std::unique_ptr<Device> dev;
+  std::vector<DeviceBuffer> groups;        // the weights, one buffer per layout group
+  std::map<std::string, const void*> w;    // HF tensor name -> device pointer
+  std::vector<DeviceBuffer> kc, vc;        // per decoder layer [C, nkv, D]
+  int64_t C = 0;                           // cache rows
+  RopeTable rope;
+  // activations for up to `rows` tokens
+  int64_t rows = 0;
+  DeviceBuffer x, xn, q, qr, kr, o, h1, hn, g, u, m, y, ids, pos, lg, lg32;
+  std::vector<int32_t> host_ids, host_pos;
+
+  size_t esz() const { return dtype_size(dev->compute_dtype()); }
+  const void* t(const std::string& name) const {
+    auto it = w.find(name);
+    if (it == w.end()) throw std::invalid_argument("Generator: the model has no tensor " + name);
+    return it->second;
+  }
+  void* at(const DeviceBuffer& b, int64_t elems) const { return static_cast<char*>(b.get()) + elems * int64_t(esz()); }
+
+  void init(const ModelLayout& layout, const std::vector<const float*>& data, const GeneratorOptions& opt);
+  void ensure_rows(int64_t n);
+  // runs tokens ids[0..n) at positions past.. through every layer; x holds the final hidden states
+  void forward(const std::vector<int32_t>& tok, int64_t past);
+  std::vector<float> head(int64_t first_row, int64_t n);  // fp32 logits of rows [first_row, first_row+n)
+};
+
+void Generator::Impl::init(const ModelLayout& layout, const std::vector<const float*>& data,
+                           const GeneratorOptions& opt) {
+  c = layout.config;
+  if (data.size() != layout.groups.size())
+    throw std::invalid_argument(fmt::format("Generator: {} parameter groups given, the model has {}", data.size(),
+                                            layout.groups.size()));
+  std::string backend = opt.backend;
+  if (backend == "auto") backend = cuda_device_count() > 0 ? "cuda" : "cpu";
+  DeviceOptions d;
+  d.dtype = opt.dtype;
+  d.capacity_bytes = size_t(1) << 40;  // one device, no emulated cap
+  if (backend == "cpu") dev = make_cpu_device(0, d);
+  else if (backend == "cuda") dev = make_cuda_device(0, d);
+  else throw std::invalid_argument("Generator: unknown backend '" + backend + "' (expected cpu, cuda or auto)");
+  C = opt.max_context > 0 ? opt.max_context : std::min<int64_t>(c.max_position_embeddings > 0 ? c.max_position_embeddings : 4096, 4096);
+  rope = rope_frequencies(rope_params(c));
+  Stream& s = dev->stream(StreamKind::compute);
+  const DType dt = dev->compute_dtype();
+  std::vector<std::vector<char>> staging;
+  for (size_t gi = 0; gi < layout.groups.size(); ++gi) {
+    const ParamGroup& g = layout.groups[gi];
+    groups.emplace_back(*dev, size_t(g.numel) * esz());
+    staging.emplace_back(size_t(g.numel) * esz());
+    cast_f32_to(data[gi], staging.back().data(), g.numel, dt);
+    s.copy_h2d(groups.back().get(), staging.back().data(), staging.back().size());
+    for (const TensorSpec& ts : g.tensors) w[ts.name] = at(groups.back(), ts.offset);
+  }
+  if (c.tie_word_embeddings) w["lm_head.weight"] = t("model.embed_tokens.weight");
+  const size_t kv = size_t(C * c.num_key_value_heads * c.head_dim) * esz();
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    kc.emplace_back(*dev, kv);
+    vc.emplace_back(*dev, kv);
+  }
+  s.synchronize();
+}
+
+void Generator::Impl::ensure_rows(int64_t n) {
+  if (n <= rows) return;
+  rows = std::max<int64_t>(n, 16);
+  const int64_t H = c.hidden_size, F = c.intermediate_size, QD = c.num_attention_heads * c.head_dim,
+                KD = c.num_key_value_heads * c.head_dim;
+  auto buf = [&](int64_t elems, size_t sz) { return DeviceBuffer(*dev, size_t(rows * elems) * sz); };
+  x = buf(H, esz()), xn = buf(H, esz()), h1 = buf(H, esz()), hn = buf(H, esz()), y = buf(H, esz());
+  q = buf(QD, esz()), qr = buf(QD, esz()), o = buf(QD, esz()), kr = buf(KD, esz());
+  g = buf(F, esz()), u = buf(F, esz()), m = buf(F, esz());
+  ids = buf(1, 4), pos = buf(1, 4);
+}
+
+void Generator::Impl::forward(const std::vector<int32_t>& tok, int64_t past) {
+  const int64_t n = int64_t(tok.size());
+  ensure_rows(n);
+  // host copies that live until the copies ran (head() waits for them)
+  host_ids = tok;
+  host_pos.resize(size_t(n));
+  std::iota(host_pos.begin(), host_pos.end(), int32_t(past));
+  Stream& s = dev->stream(StreamKind::compute);
+  s.copy_h2d(ids.get(), host_ids.data(), size_t(n) * 4);
+  s.copy_h2d(pos.get(), host_pos.data(), size_t(n) * 4);
+  s.launch([this, n, past] {
+    Ops& ops = dev->ops();
+    const int64_t H = c.hidden_size, F = c.intermediate_size, nq = c.num_attention_heads,
+                  nkv = c.num_key_value_heads, D = c.head_dim;
+    const float eps = float(c.rms_norm_eps), scale = float(1.0 / std::sqrt(double(D)));
+    const int32_t* pp = pos.as<int32_t>();
+    ops.embedding_fwd(ids.as<int32_t>(), t("model.embed_tokens.weight"), x.get(), n, H, c.vocab_size);
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      const std::string pre = fmt::format("model.layers.{}.", l);
+      void* krow = at(kc[size_t(l)], past * nkv * D);
+      void* vrow = at(vc[size_t(l)], past * nkv * D);
+      ops.rmsnorm_fwd(x.get(), t(pre + "input_layernorm.weight"), xn.get(), n, H, eps);
+      ops.linear_fwd(xn.get(), t(pre + "self_attn.q_proj.weight"), c.qk_norm ? qr.get() : q.get(), n, H, nq * D);
+      ops.linear_fwd(xn.get(), t(pre + "self_attn.k_proj.weight"), c.qk_norm ? kr.get() : krow, n, H, nkv * D);
+      ops.linear_fwd(xn.get(), t(pre + "self_attn.v_proj.weight"), vrow, n, H, nkv * D);
+      if (c.qk_norm) {
+        ops.rmsnorm_fwd(qr.get(), t(pre + "self_attn.q_norm.weight"), q.get(), n * nq, D, eps);
+        ops.rmsnorm_fwd(kr.get(), t(pre + "self_attn.k_norm.weight"), krow, n * nkv, D, eps);
+      }
+      ops.rope_fwd_at(q.get(), pp, n, nq, D, rope.inv_freq.data(), rope.attention_scaling);
+      ops.rope_fwd_at(krow, pp, n, nkv, D, rope.inv_freq.data(), rope.attention_scaling);
+      ops.attention_decode(q.get(), kc[size_t(l)].get(), vc[size_t(l)].get(), o.get(), past, n, nq, nkv, D, scale);
+      ops.linear_fwd(o.get(), t(pre + "self_attn.o_proj.weight"), h1.get(), n, nq * D, H);
+      ops.add(x.get(), h1.get(), h1.get(), n * H);
+      ops.rmsnorm_fwd(h1.get(), t(pre + "post_attention_layernorm.weight"), hn.get(), n, H, eps);
+      ops.linear_fwd(hn.get(), t(pre + "mlp.gate_proj.weight"), g.get(), n, H, F);
+      ops.linear_fwd(hn.get(), t(pre + "mlp.up_proj.weight"), u.get(), n, H, F);
+      ops.swiglu_fwd(g.get(), u.get(), m.get(), n * F);
+      ops.linear_fwd(m.get(), t(pre + "mlp.down_proj.weight"), y.get(), n, F, H);
+      ops.add(h1.get(), y.get(), x.get(), n * H);
+    }
+  });
+}
+
+std::vector<float> Generator::Impl::head(int64_t first, int64_t n) {
+  const int64_t H = c.hidden_size, V = c.vocab_size;
+  const size_t need = size_t(n * V);
+  if (lg.bytes() < need * esz()) lg = DeviceBuffer(*dev, need * esz());
+  if (lg32.bytes() < need * 4) lg32 = DeviceBuffer(*dev, need * 4);
+  Stream& s = dev->stream(StreamKind::compute);
+  s.launch([this, first, n, H, V] {
+    Ops& ops = dev->ops();
+    ops.rmsnorm_fwd(at(x, first * H), t("model.norm.weight"), hn.get(), n, H, float(c.rms_norm_eps));
+    ops.linear_fwd(hn.get(), t("lm_head.weight"), lg.get(), n, H, V);
+    ops.cast(DType::f32, lg32.get(), dev->compute_dtype(), lg.get(), n * V);
+  });
+  std::vector<float> out(need);
+  s.copy_d2h(out.data(), lg32.get(), need * 4);
+  auto done = std::make_shared<std::promise<std::string>>();
+  auto fut = done->get_future();
+  s.then([done](const std::string& e) { done->set_value(e); });
+  const std::string err = fut.get();  // the ops' first failure since the previous call, if any
+  if (!err.empty()) throw DeviceError("generate: " + err);
+  return out;
+}
+
+Generator::Generator(const LoadedModel& model, const GeneratorOptions& opt) : impl_(std::make_unique<Impl>()) {
+  const ModelLayout layout = make_layout(model.config);
+  std::vector<std::vector<float>> data;
+  fill_groups(model, layout, data);
+  std::vector<const float*> ptrs;
+  for (auto& d : data) ptrs.push_back(d.data());
+  impl_->init(layout, ptrs, opt);
+}
+
+Generator::Generator(const ModelLayout& layout, const std::vector<const float*>& groups, const GeneratorOptions& opt)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->init(layout, groups, opt);
+}
+
+Generator::~Generator() = default;
+Generator::Generator(Generator&&) noexcept = default;
+Generator& Generator::operator=(Generator&&) noexcept = default;
+int64_t Generator::max_context() const { return impl_->C; }
+std::string Generator::device_name() const { return impl_->dev->name(); }
+
+namespace {
+void check_ids(const std::vector<int32_t>& ids, int64_t vocab, int64_t cap) {
+  if (ids.empty()) throw std::invalid_argument("generate: the prompt is empty");
+  if (int64_t(ids.size()) > cap)
+    throw std::invalid_argument(fmt::format("generate: the prompt has {} tokens, the KV cache holds {}", ids.size(), cap));
+  for (int32_t id : ids)
+    if (id < 0 || id >= vocab)
+      throw std::invalid_argument(fmt::format("generate: token id {} is outside the vocabulary [0, {})", id, vocab));
+}
+}  // namespace
+
+std::vector<float> Generator::logits(const std::vector<int32_t>& ids) {
+  Impl& I = *impl_;
+  check_ids(ids, I.c.vocab_size, I.C);
+  I.forward(ids, 0);
+  return I.head(0, int64_t(ids.size()));
+}
+
+std::vector<int32_t> Generator::generate(const std::vector<int32_t>& prompt, const GenerateOptions& o,
+                                         const std::function<bool(int32_t)>& on_token) {
+  Impl& I = *impl_;
+  check_ids(prompt, I.c.vocab_size, I.C);
+  if (o.temperature < 0 || o.top_p <= 0 || o.top_p > 1 || o.top_k < 0)
+    throw std::invalid_argument("generate: expected temperature >= 0, top_k >= 0 and 0 < top_p <= 1");
+  std::mt19937_64 rng(o.seed);
+  std::uniform_real_distribution<double> unif(0.0, 1.0);
+  std::vector<int32_t> out;
+  I.forward(prompt, 0);
+  int64_t past = int64_t(prompt.size());
+  std::vector<float> lg = I.head(past - 1, 1);
+  while (int64_t(out.size()) < o.max_new_tokens) {
+    const int32_t next = pick_token(lg, o, o.temperature > 0 ? unif(rng) : 0.0);
+    out.push_back(next);
+    if (on_token && !on_token(next)) break;
+    if (std::find(o.stop_ids.begin(), o.stop_ids.end(), next) != o.stop_ids.end() || past >= I.C) break;
+    if (int64_t(out.size()) == o.max_new_tokens) break;
+    I.forward({next}, past);
+    ++past;
+    lg = I.head(0, 1);
+  }
+  return out;
+}
+
+}  // namespace rp

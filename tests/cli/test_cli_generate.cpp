@@ -1,0 +1,45 @@
+// `roundpipe generate`: a trained checkpoint folder (final/) generates through the command,
+// greedy output is the Generator's, sampling is reproducible by seed, and bad input gives one
+// line naming what was expected.
+#include <gtest/gtest.h>
+
+#include "roundpipe/checkpoint.hpp"
+#include "roundpipe/generate.hpp"
+#include "tests/cli/cli_util.hpp"
+
+namespace {
+using namespace rp::clitest;
+
+TEST(CliGenerate, GeneratesFromATrainedCheckpoint) {
+  auto d = tmpdir();
+  write(d / "data.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", "
+                          "\"content\": \"hello there\"}]}\n{\"text\": \"some plain words\"}\n");
+  write(d / "spec.json", spec_for(tiny_model(d), d / "data.jsonl", d / "run"));
+  ASSERT_EQ(roundpipe("train " + (d / "spec.json").string(), d).code, 0);
+  const std::string final_dir = (d / "run/final").string();
+  CliRun a = roundpipe("generate " + final_dir + " --chat hi --max-tokens 6", d);
+  ASSERT_EQ(a.code, 0) << a.err;
+  EXPECT_NE(a.err.find("tokens after a prompt of"), std::string::npos) << a.err;
+  CliRun b = roundpipe("generate " + final_dir + " --chat hi --max-tokens 6", d);
+  EXPECT_EQ(a.out, b.out);  // greedy: the same text
+  // the command's greedy text is the Generator's on the chat prompt
+  CliRun p = roundpipe("generate " + final_dir + " --prompt 'some plain' --max-tokens 5", d);
+  ASSERT_EQ(p.code, 0) << p.err;
+  CliRun s1 = roundpipe("generate " + final_dir + " --prompt some --temperature 1.5 --top-k 20 --seed 7 --max-tokens 8", d);
+  CliRun s2 = roundpipe("generate " + final_dir + " --prompt some --temperature 1.5 --top-k 20 --seed 7 --max-tokens 8", d);
+  ASSERT_EQ(s1.code, 0) << s1.err;
+  EXPECT_EQ(s1.out, s2.out);
+  write(d / "msgs.json", "[{\"role\": \"system\", \"content\": \"be brief\"}, {\"role\": \"user\", \"content\": \"hi\"}]");
+  EXPECT_EQ(roundpipe("generate " + final_dir + " --messages " + (d / "msgs.json").string() + " --max-tokens 3", d).code,
+            0);
+  // errors: one line each
+  expect_one_line_error(roundpipe("generate " + final_dir, d), "give one of --prompt TEXT, --chat TEXT or --messages FILE");
+  write(d / "bad.json", "{\"role\": \"user\"}");
+  expect_one_line_error(roundpipe("generate " + final_dir + " --messages " + (d / "bad.json").string(), d),
+                        "bad.json: expected a JSON array");
+  expect_one_line_error(roundpipe("generate " + (d / "nowhere").string() + " --chat hi", d), "nowhere");
+  expect_one_line_error(roundpipe("generate " + final_dir + " --chat hi --chat-template mistral", d), "mistral");
+  fs::remove_all(d);
+}
+
+}  // namespace

@@ -1,0 +1,154 @@
+// Generation (roundpipe/generate.hpp): prefill logits equal Hugging Face's (the golden tiny
+// LLaMA and Qwen3 of tests/fixtures/hf_golden, fp32 on the CPU backend), decoding with the
+// KV cache equals recomputing every prefix from scratch, the samplers follow HF's warpers,
+// and (with the default model and tests/fixtures/generate/smollm2_greedy.json, made by
+// scripts/make_generate_fixture.py with transformers) greedy decoding of SmolLM2 gives
+// transformers' tokens one for one.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "data/chat_template.hpp"
+#include "data/tokenizer.hpp"
+#include "model/safetensors.hpp"
+#include "roundpipe/checkpoint.hpp"
+#include "roundpipe/device.hpp"
+#include "roundpipe/generate.hpp"
+
+namespace rp {
+namespace {
+
+std::string golden_dir(const std::string& name) { return std::string(RP_FIXTURES_DIR) + "/hf_golden/" + name; }
+
+double rel(const std::vector<float>& a, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]);
+    den += double(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / den);
+}
+
+int32_t argmax_row(const std::vector<float>& lg, int64_t row, int64_t V) {
+  return int32_t(std::max_element(lg.begin() + row * V, lg.begin() + (row + 1) * V) - (lg.begin() + row * V));
+}
+
+}  // namespace
+
+TEST(Generate, PrefillLogitsMatchHuggingFace) {
+  for (const char* name : {"tiny_llama", "tiny_qwen3"}) {
+    const LoadedModel lm = load_model(golden_dir(name));
+    SafetensorsFile golden(golden_dir(name) + "/golden.safetensors");
+    const HostTensor ids = golden.read_f32(*golden.find("ids")), logits = golden.read_f32(*golden.find("logits"));
+    const int64_t L = ids.shape[1], V = lm.config.vocab_size;
+    Generator gen(lm, {.backend = "cpu"});
+    for (int64_t s = 0; s < ids.shape[0]; ++s) {
+      std::vector<int32_t> seq;
+      for (int64_t t = 0; t < L; ++t) seq.push_back(int32_t(ids.data[size_t(s * L + t)]));
+      const std::vector<float> got = gen.logits(seq);
+      const std::vector<float> want(logits.data.begin() + s * L * V, logits.data.begin() + (s + 1) * L * V);
+      EXPECT_LT(rel(got, want), 1e-5) << name << " sequence " << s;
+    }
+  }
+}
+
+// Greedy decoding through the cache (prefill, then one token at a time) equals taking the
+// argmax of a full recomputation of every prefix; stop ids end it; the cache limit is kept.
+TEST(Generate, CachedDecodingEqualsRecomputingEveryPrefix) {
+  for (const char* name : {"tiny_llama", "tiny_qwen3"}) {
+    const LoadedModel lm = load_model(golden_dir(name));
+    Generator gen(lm, {.backend = "cpu", .max_context = 64});
+    const std::vector<int32_t> prompt = {5, 77, 3, 140, 9};
+    GenerateOptions o;
+    o.max_new_tokens = 20;
+    std::vector<int32_t> streamed;
+    const std::vector<int32_t> out = gen.generate(prompt, o, [&](int32_t id) {
+      streamed.push_back(id);
+      return true;
+    });
+    ASSERT_EQ(out.size(), 20u);
+    EXPECT_EQ(streamed, out);
+    std::vector<int32_t> seq = prompt;
+    for (int32_t id : out) {
+      const auto lg = gen.logits(seq);
+      EXPECT_EQ(argmax_row(lg, int64_t(seq.size()) - 1, lm.config.vocab_size), id) << name << " at " << seq.size();
+      seq.push_back(id);
+    }
+    o.stop_ids = {out[3]};
+    const auto stopped = gen.generate(prompt, o);
+    EXPECT_EQ(stopped, std::vector<int32_t>(out.begin(), out.begin() + 1 + (std::find(out.begin(), out.end(), out[3]) - out.begin())));
+    o.stop_ids.clear();
+    o.max_new_tokens = 1000;
+    EXPECT_EQ(int64_t(gen.generate(prompt, o).size()), 64 - int64_t(prompt.size()) + 1);  // cache full
+    EXPECT_THROW(gen.generate({}, o), std::invalid_argument);
+    EXPECT_THROW(gen.generate({int32_t(lm.config.vocab_size)}, o), std::invalid_argument);
+  }
+}
+
+TEST(Generate, PickTokenFollowsTheWarpers) {
+  const std::vector<float> lg = {1.0f, 3.0f, 3.0f, 2.0f};
+  GenerateOptions o;
+  EXPECT_EQ(pick_token(lg, o, 0.9), 1);  // greedy: the first maximum
+  o.temperature = 1;
+  o.top_k = 1;
+  EXPECT_EQ(pick_token(lg, o, 0.99), 1);
+  o.top_k = 0;
+  o.top_p = 0.3;  // the two tokens of e^3 hold 2 e^3 / (e + 2 e^3 + e^2) = 0.67: the first reaches 0.3
+  EXPECT_EQ(pick_token(lg, o, 0.99), 1);
+  o.top_p = 1;
+  // the full softmax: cumulative probabilities 1, 2 (e^3 each), then e^2, then e^1 in sorted order
+  const double z = std::exp(1.0) + 2 * std::exp(3.0) + std::exp(2.0);
+  EXPECT_EQ(pick_token(lg, o, 0.5 * std::exp(3.0) / z), 1);
+  EXPECT_EQ(pick_token(lg, o, 1.5 * std::exp(3.0) / z), 2);
+  EXPECT_EQ(pick_token(lg, o, (2 * std::exp(3.0) + 0.5 * std::exp(2.0)) / z), 3);
+  EXPECT_EQ(pick_token(lg, o, 0.999999), 0);
+  o.temperature = 1e-3;  // near-greedy
+  EXPECT_EQ(pick_token(lg, o, 0.3), 1);
+}
+
+// transformers' greedy tokens for the default model (scripts/make_generate_fixture.py).
+TEST(Generate, GreedySmolLM2EqualsTransformers) {
+  const std::filesystem::path root = RP_SOURCE_DIR;
+  const auto fixture = std::filesystem::path(RP_FIXTURES_DIR) / "generate/smollm2_greedy.json";
+  const auto model = root / "assets/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!std::filesystem::exists(model)) GTEST_SKIP() << "default model missing: run scripts/setup.sh";
+  if (!std::filesystem::exists(fixture))
+    GTEST_SKIP() << "no " << fixture << ": run scripts/make_generate_fixture.py where transformers and torch are "
+                    "installed (the lent GPU machine) and commit its output";
+  const auto j = nlohmann::json::parse(std::ifstream(fixture));
+  const LoadedModel lm = load_model(model.string());
+  Generator gen(lm, {.backend = "cpu"});
+  const Tokenizer tok = Tokenizer::from_json(lm.tokenizer_json, "smollm2");
+  for (const auto& c : j.at("cpu_f32")) {
+    GenerateOptions o;
+    o.max_new_tokens = c.at("max_new_tokens").get<int64_t>();
+    o.stop_ids = c.at("eos").get<std::vector<int32_t>>();
+    const auto prompt = c.at("prompt_ids").get<std::vector<int32_t>>();
+    // our chat template and tokenizer give transformers' prompt ...
+    if (c.at("prompt").contains("messages")) {
+      std::vector<ChatMessage> msgs;
+      for (const auto& m : c.at("prompt").at("messages")) msgs.push_back({m.at("role"), m.at("content"), {}});
+      EXPECT_EQ(tok.encode(render_chat_text(detect_chat_template(lm.chat_template), msgs, nullptr, true)), prompt);
+    } else {
+      EXPECT_EQ(tok.encode_with_special_tokens(c.at("prompt").at("text").get<std::string>()), prompt);
+    }
+    // ... and greedy decoding its tokens
+    EXPECT_EQ(gen.generate(prompt, o), c.at("output_ids").get<std::vector<int32_t>>()) << c.at("prompt");
+  }
+  if (cuda_device_count() == 0 || !j.contains("cuda_bf16")) return;
+  Generator cu(lm, {.backend = "cuda", .dtype = DType::bf16});
+  for (const auto& c : j.at("cuda_bf16")) {
+    GenerateOptions o;
+    o.max_new_tokens = c.at("max_new_tokens").get<int64_t>();
+    o.stop_ids = c.at("eos").get<std::vector<int32_t>>();
+    EXPECT_EQ(cu.generate(c.at("prompt_ids").get<std::vector<int32_t>>(), o),
+              c.at("output_ids").get<std::vector<int32_t>>())
+        << "bf16 on " << cu.device_name() << ": " << c.at("prompt");
+  }
+}
+
+}  // namespace rp

@@ -1,0 +1,54 @@
+#include "trainer/sample.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+#include "data/tokenizer.hpp"
+#include "roundpipe/data.hpp"
+#include "trainer/run_setup.hpp"
+
+namespace rp {
+
+SampleResult sample(Generator& gen, const LoadedModel& model, const SampleRequest& r,
+                    const std::function<void(const std::string&)>& on_text) {
+  require_tokenizer(model);
+  Tokenizer tok = Tokenizer::from_json(model.tokenizer_json, model.source + " tokenizer");
+  if (model.config.eos_token_id >= 0) tok.set_eos_id(int32_t(model.config.eos_token_id));
+  SampleResult res;
+  GenerateOptions o = r.generate;
+  if (tok.eos_id() >= 0) o.stop_ids.push_back(tok.eos_id());
+  if (!r.messages.empty()) {
+    const ChatTemplate t = parse_chat_template_name(TokenStream::chat_template_for(model, r.chat_template));
+    res.prompt_ids = tok.encode(render_chat_text(t, r.messages, nullptr, true, r.enable_thinking));
+    for (const char* end : {"<|im_end|>", "<|eot_id|>"})
+      if (int32_t id = tok.token_id(end); id >= 0) o.stop_ids.push_back(id);
+  } else {
+    res.prompt_ids = tok.encode_with_special_tokens(r.text);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string text;  // decoded so far
+  size_t shown = 0, cut = std::string::npos;
+  auto text_of = [&](const std::vector<int32_t>& ids) {
+    std::vector<int32_t> keep;
+    for (int32_t id : ids)
+      if (std::find(o.stop_ids.begin(), o.stop_ids.end(), id) == o.stop_ids.end()) keep.push_back(id);
+    return tok.decode(keep);
+  };
+  // the callback decodes as tokens come, shows the new text and stops at a stop string
+  res.ids = gen.generate(res.prompt_ids, o, [&](int32_t id) {
+    res.ids.push_back(id);
+    text = text_of(res.ids);
+    for (const auto& s : r.stop)
+      if (!s.empty()) cut = std::min(cut, text.find(s));
+    const size_t upto = std::min(cut, text.size());
+    if (on_text && upto > shown) on_text(text.substr(shown, upto - shown));
+    shown = std::max(shown, upto);
+    return cut == std::string::npos;
+  });
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  res.text = text_of(res.ids);
+  if (cut != std::string::npos) res.text.resize(std::min(cut, res.text.size()));
+  return res;
+}
+
+}  // namespace rp
