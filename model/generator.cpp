@@ -11,6 +11,7 @@
 #include <numeric>
 #include <random>
 #include <stdexcept>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -87,7 +88,10 @@ void Generator::Impl::init(const ModelLayout& layout, const std::vector<const fl
   DeviceOptions d;
   d.dtype = opt.dtype;
   d.capacity_bytes = size_t(1) << 40;  // one device, no emulated cap
-  if (backend == "cpu") dev = make_cpu_device(0, d);
+  if (backend == "cpu") {
+    dev = make_cpu_device(0, d);
+    dev->ops().set_num_threads(int(std::max(1u, std::thread::hardware_concurrency())));  // one device: every core
+  }
   else if (backend == "cuda") dev = make_cuda_device(0, d);
   else throw std::invalid_argument("Generator: unknown backend '" + backend + "' (expected cpu, cuda or auto)");
   C = opt.max_context > 0 ? opt.max_context : std::min<int64_t>(c.max_position_embeddings > 0 ? c.max_position_embeddings : 4096, 4096);

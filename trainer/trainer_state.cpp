@@ -40,6 +40,8 @@ TrainerState trainer_state_of(const TrainSpec& spec, int64_t step, int64_t data_
   s.model = spec.model;
   s.data = spec.data;
   s.lr_schedule = schedule_json(spec.lr_schedule);
+  s.packing = spec.packing;
+  s.eval_fraction = spec.eval_data.empty() ? spec.eval_fraction : 0;
   return s;
 }
 
@@ -57,6 +59,8 @@ void write_trainer_state(const std::string& path, const TrainerState& s) {
                             {"model", s.model},
                             {"data", s.data},
                             {"lr_schedule", s.lr_schedule},
+                            {"packing", s.packing},
+                            {"eval_fraction", s.eval_fraction},
                             {"weights_xxh3", s.weights_xxh3},
                             {"optimizer_state", "optimizer_state.bin"}};
   std::ofstream f(path, std::ios::trunc);
@@ -105,6 +109,8 @@ TrainerState read_trainer_state(const std::string& path) {
   s.data = f.string("data");
   s.lr_schedule = f.object("lr_schedule");
   if (f.has("weights_xxh3")) s.weights_xxh3 = f.string("weights_xxh3");
+  if (f.has("packing")) s.packing = f.boolean("packing");  // absent in earlier releases' files
+  if (f.has("eval_fraction")) s.eval_fraction = f.number("eval_fraction");
   return s;
 }
 
@@ -123,6 +129,11 @@ std::vector<std::string> resume_differences(const TrainerState& saved, const Tra
   if (saved.lr_schedule != now.lr_schedule)
     out.push_back(fmt::format("lr_schedule {} (saved run {})", now.lr_schedule.dump(), saved.lr_schedule.dump()));
   if (saved.data != now.data) out.push_back(fmt::format("data '{}' (saved run '{}')", now.data, saved.data));
+  if (saved.packing != now.packing)
+    out.push_back(fmt::format("packing {} (saved run {}): the sequences differ", now.packing, saved.packing));
+  if (saved.eval_fraction != now.eval_fraction)
+    out.push_back(fmt::format("eval_fraction {} (saved run {}): the training sequences differ", now.eval_fraction,
+                              saved.eval_fraction));
   if (saved.compute_dtype != now.compute_dtype)
     out.push_back(fmt::format("compute_dtype {} (saved run {})", now.compute_dtype, saved.compute_dtype));
   return out;

@@ -25,6 +25,8 @@ struct TrainerState {
   std::string compute_dtype;       ///< the spec's compute_dtype
   std::string model, data;         ///< the spec's model and data paths (informational)
   nlohmann::json lr_schedule;      ///< {kind, lr, min_lr, warmup_steps, total_steps}
+  bool packing = false;            ///< the spec's packing (the sequences differ with it)
+  double eval_fraction = 0;        ///< the spec's held-out fraction (the training sequences differ with it)
   std::string weights_xxh3;        ///< XXH3-64 (hex) of the checkpoint's *.safetensors ("" = not recorded)
 };
 

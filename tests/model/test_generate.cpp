@@ -53,6 +53,16 @@ TEST(Generate, PrefillLogitsMatchHuggingFace) {
       const std::vector<float> want(logits.data.begin() + s * L * V, logits.data.begin() + (s + 1) * L * V);
       EXPECT_LT(rel(got, want), 1e-5) << name << " sequence " << s;
     }
+    if (cuda_device_count() == 0) continue;  // bf16 storage on the GPU: bf16 tolerance
+    Generator cu(lm, {.backend = "cuda", .dtype = DType::bf16});
+    std::vector<int32_t> seq;
+    for (int64_t t = 0; t < L; ++t) seq.push_back(int32_t(ids.data[size_t(t)]));
+    const std::vector<float> want(logits.data.begin(), logits.data.begin() + L * V);
+    EXPECT_LT(rel(cu.logits(seq), want), 3e-2) << name << " on " << cu.device_name();
+    // decoding through the cache: the last prompt row's logits equal the prefill's
+    GenerateOptions o;
+    o.max_new_tokens = 1;
+    EXPECT_EQ(cu.generate(seq, o).front(), argmax_row(cu.logits(seq), L - 1, V)) << name;
   }
 }
 
