@@ -1,3 +1,4 @@
+#include "actors/message_trace.hpp"
 #include "actors/optimizer_shard.hpp"
 
 #include <algorithm>
@@ -134,6 +135,7 @@ ShardActor::behavior_type shard_impl(ShardPointer self, std::vector<ShardGroup> 
   // coordinator runs them inline (a job finishing on another thread would race the tests).
   if (opt.detached) self->state.runner = std::make_unique<JobRunner>(self->address());
   const std::string name = fmt::format("optimizer shard {}", opt.index);
+  const std::string me = fmt::format("shard{}", opt.index);  // this actor in traced messages
 
   // Any exception (a job that failed, a message about a group it does not own): tell the
   // scheduler, then end with the error.
@@ -146,27 +148,33 @@ ShardActor::behavior_type shard_impl(ShardPointer self, std::vector<ShardGroup> 
 
   // Carries out the rules' actions in order; an inline job reports back at once.
   auto execute = std::make_shared<std::function<void(std::vector<ShardAction>&)>>();
-  *execute = [self, store, opt, scheduler,
+  *execute = [self, store, opt, scheduler, me,
               execute_weak = std::weak_ptr(execute)](std::vector<ShardAction>& acts) {
     auto& st = self->state;
     for (const ShardAction& a : acts) {
       switch (a.kind) {
         case ShardAction::Kind::grant_weights: {
           auto it = st.weight_requests.find(a.ticket);
+          trace_sent(opt.tracer, me, "", "WeightsGranted", {{"group", a.group}, {"step", a.step}});
           it->second.deliver(WeightsGranted{a.group, a.step});
           st.weight_requests.erase(it);
           break;
         }
         case ShardAction::Kind::grant_grad_slot: {
           auto it = st.grad_requests.find(a.ticket);
+          trace_sent(opt.tracer, me, "", "GradGrant", {{"group", a.group}, {"step", a.step}});
           it->second.deliver(GradGrant{a.group, a.step, a.overwrite});
           st.grad_requests.erase(it);
           break;
         }
         case ShardAction::Kind::report_sumsq:
+          trace_sent(opt.tracer, me, "scheduler", "GradSumSq", {{"step", a.step}, {"group", a.group}});
           self->send(scheduler, GradSumSq{a.step, a.group, a.sumsq});
           break;
-        case ShardAction::Kind::group_updated: self->send(scheduler, GroupUpdated{a.step, a.group}); break;
+        case ShardAction::Kind::group_updated:
+          trace_sent(opt.tracer, me, "scheduler", "GroupUpdated", {{"step", a.step}, {"group", a.group}});
+          self->send(scheduler, GroupUpdated{a.step, a.group});
+          break;
         case ShardAction::Kind::run_job: {
           auto work = job_work(self, a.job, store, opt);
           if (st.runner) {
@@ -208,6 +216,7 @@ ShardActor::behavior_type shard_impl(ShardPointer self, std::vector<ShardGroup> 
         (*execute)(acts);
       },
       [=](AcquireWeights& a) -> caf::result<WeightsGranted> {
+        trace_received(opt.tracer, me, "", "AcquireWeights", {{"group", a.group}, {"step", a.step}});
         auto rp = self->make_response_promise<WeightsGranted>();
         const uint64_t ticket = self->state.next_ticket++;
         self->state.rules->request_weights(a.group, a.step, ticket);
@@ -216,10 +225,12 @@ ShardActor::behavior_type shard_impl(ShardPointer self, std::vector<ShardGroup> 
         return rp;
       },
       [=](ReleaseWeights& r) {
+        trace_received(opt.tracer, me, "", "ReleaseWeights", {{"group", r.group}, {"step", r.step}});
         self->state.rules->weights_released(r.group, r.step);
         drive(r.group);
       },
       [=](AcquireGradSlot& a) -> caf::result<GradGrant> {
+        trace_received(opt.tracer, me, "", "AcquireGradSlot", {{"group", a.group}, {"step", a.step}});
         auto rp = self->make_response_promise<GradGrant>();
         const uint64_t ticket = self->state.next_ticket++;
         self->state.rules->request_grad_slot(a.group, a.step, ticket);
@@ -228,14 +239,17 @@ ShardActor::behavior_type shard_impl(ShardPointer self, std::vector<ShardGroup> 
         return rp;
       },
       [=](GradWritten& w) {
+        trace_received(opt.tracer, me, "", "GradWritten", {{"group", w.group}, {"step", w.step}});
         self->state.rules->grad_written(w.group, w.step);
         drive(w.group);
       },
       [=](CloseStep& c) {
+        trace_received(opt.tracer, me, "scheduler", "CloseStep", {{"step", c.step}, {"shard", opt.index}});
         self->state.rules->close_step(c.step, ClosedStep{c.passes, c.grad_scale, c.lr, c.uploads, c.grads});
         drive_all();
       },
       [=](StepScale& sc) {
+        trace_received(opt.tracer, me, "scheduler", "StepScale", {{"step", sc.step}, {"shard", opt.index}});
         // Every group of the step was waiting for this scalar; the order they now update in
         // decides which deadline is met first (docs/architecture.md, "Guarded steps"):
         //  - async: the next iteration writes its gradients in backward order, and rule 3 makes

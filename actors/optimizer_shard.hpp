@@ -30,6 +30,8 @@
 
 namespace rp {
 
+class Tracer;
+
 struct ShardGroup {
   int group = 0;
   std::vector<float>* master = nullptr;  ///< fp32 optimizer copy (owned by the Session)
@@ -57,6 +59,7 @@ struct ShardOptions {
   int index = 0;                    ///< names the shard in failures and status lines
   RunProgress* progress = nullptr;  ///< optional: counts finished jobs (the scheduler's watchdog)
   FaultInjection faults;            ///< testing only (fault_injection.hpp)
+  Tracer* tracer = nullptr;         ///< records the protocol messages when its messages() is on
 };
 
 /// Spawns an optimizer shard owning `groups` (detached unless opt.detached is false);

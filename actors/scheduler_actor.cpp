@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "actors/message_trace.hpp"
+#include "actors/messages.hpp"
 #include "model/layout.hpp"
 #include "scheduler/group_plan.hpp"
 
@@ -248,7 +250,10 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
     float scale = si.tokens > 0 ? float(1.0 / si.tokens) : 0.f;
     auto up = std::make_shared<const std::vector<int>>(si.uploads);
     auto gr = std::make_shared<const std::vector<int>>(si.grads);
-    for (auto& sh : st.shards) self->send(sh, CloseStep{step, si.passes_submitted, scale, si.lr, up, gr});
+    for (size_t k = 0; k < st.shards.size(); ++k) {
+      trace_sent(st.cfg.tracer, "scheduler", fmt::format("shard{}", k), "CloseStep", {{"step", step}, {"shard", int64_t(k)}});
+      self->send(st.shards[k], CloseStep{step, si.passes_submitted, scale, si.lr, up, gr});
+    }
     finish_step_if_done(step);
   };
 
@@ -327,6 +332,8 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
         rs.packed = sp.positions != nullptr;
         rs.eval = sp.eval >= 0;
         if (s + 1 < plan.stages.size()) rs.next = st.workers[who[s + 1]];
+        trace_sent(st.cfg.tracer, "scheduler", fmt::format("worker{}", who[s]), "RunStage",
+                   {{"pass", pass}, {"stage", int64_t(s)}});
         self->send(st.workers[who[s]], std::move(rs));
       }
       close_if_ready(sp.step);
@@ -364,6 +371,8 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
         progress(self).tick();
         if (st.cfg.faults.fire_scheduler())
           throw std::runtime_error(FaultInjection::what("a StageDone handler"));
+        trace_received(st.cfg.tracer, "scheduler", fmt::format("worker{}", d.worker), "StageDone",
+                       {{"pass", d.pass}, {"stage", d.stage_index}});
         auto it = st.passes.find(d.pass);
         if (it == st.passes.end()) return;
         auto& si = st.steps[it->second.step];
@@ -392,6 +401,7 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
       },
       [=](GradSumSq& g) {
         auto& st = self->state;
+        trace_received(st.cfg.tracer, "scheduler", "", "GradSumSq", {{"step", g.step}, {"group", g.group}});
         if (!st.norms || !st.norms->add(g.step, g.group, g.sumsq)) return;
         // every group reported (only after CloseStep, so the token count is final)
         auto& si = st.steps[g.step];
@@ -399,8 +409,11 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
         const double base = si.tokens > 0 ? 1.0 / si.tokens : 1.0;
         si.decision = decide_step(total, base, st.cfg.max_grad_norm, st.cfg.loss_scaler, si.loss_scale);
         if (si.tokens <= 0) si.decision.grad_scale = 0.f;
-        for (auto& sh : st.shards)
-          self->send(sh, StepScale{g.step, si.decision.skip, si.decision.grad_scale});
+        for (size_t k = 0; k < st.shards.size(); ++k) {
+          trace_sent(st.cfg.tracer, "scheduler", fmt::format("shard{}", k), "StepScale",
+                     {{"step", g.step}, {"shard", int64_t(k)}});
+          self->send(st.shards[k], StepScale{g.step, si.decision.skip, si.decision.grad_scale});
+        }
         if (st.cfg.loss_scaler) {
           // decisions arrive in step order (a group's step t+1 sum follows its step t update)
           st.scale_for_step[g.step + 1 + st.cfg.staleness] = st.cfg.loss_scaler->scale();
@@ -430,6 +443,7 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
       },
       [=](GroupUpdated& g) {
         progress(self).tick();
+        trace_received(self->state.cfg.tracer, "scheduler", "", "GroupUpdated", {{"step", g.step}, {"group", g.group}});
         self->state.steps[g.step].groups_updated++;
         finish_step_if_done(g.step);
       },

@@ -71,6 +71,7 @@ struct SchedulerConfig {
   /// null (then only the scheduler's own events count).
   RunProgress* progress = nullptr;
   FaultInjection faults;  ///< testing only (fault_injection.hpp)
+  Tracer* tracer = nullptr;  ///< records the protocol messages when its messages() is on
 };
 
 /// Spawns the scheduler. Wire workers and shards with SetPeers before submitting.

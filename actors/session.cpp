@@ -187,6 +187,8 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
     I.tracer->set_info("micro_batches", std::to_string(opt.micro_batches));
     I.tracer->set_info("transfer_priorities", opt.transfer_priorities ? "on" : "off");
     I.tracer->set_info("transfer_chunk_bytes", std::to_string(opt.transfer_chunk_bytes));
+    I.tracer->enable_messages(opt.trace_messages);
+    if (opt.trace_messages) I.tracer->set_info("messages", "on");
     if (backend == "cpu" && dopt.pcie_bytes_per_s > 0)
       I.tracer->set_info("pcie_bytes_per_s", fmt::format("{}", dopt.pcie_bytes_per_s));
   }
@@ -237,6 +239,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
   if (!sc.warn) sc.warn = [](const std::string& line) { spdlog::warn("{}", line); };
   sc.progress = &I.progress;
   sc.faults = internals.faults;
+  sc.tracer = I.tracer.get();
   for (int i = 0; i < opt.pass_slots; ++i)  // one worker runs stages in dealt order: passes share activations
     sc.pass_slots.push_back(std::make_shared<PassBuffers>(
         layout, I.plan, opt.micro_batches, opt.micro, dt,
@@ -280,6 +283,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
     so.index = s;
     so.progress = &I.progress;
     so.faults = internals.faults;
+    so.tracer = I.tracer.get();
     shards.push_back(spawn_optimizer_shard(*I.sys, std::move(owned[s]), I.store.get(), so, I.scheduler));
   }
   std::vector<WorkerActor> workers;

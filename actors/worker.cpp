@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "actors/layer_timer.hpp"
+#include "actors/message_trace.hpp"
 #include "actors/messages.hpp"
 #include "actors/stage_task.hpp"
 #include "actors/transfer.hpp"
@@ -79,11 +80,14 @@ class Worker : public WorkerActor::base {
     });
     return {
         [this](RunStage& rs) {
+          trace_received(ctx_.tracer, me_, "scheduler", "RunStage", {{"pass", rs.pass}, {"stage", rs.stage_index}});
           queue_.push_back(std::move(rs));
           // a start waiting for memory is retried when a drain finishes (finish()), not here
           if (!task_ && !alloc_wait_) start_next();
         },
         [this](ActReady& a) {
+          trace_received(ctx_.tracer, me_, "", "ActReady",
+                         {{"pass", a.pass}, {"stage", a.stage_index}, {"mb", a.micro_batch}});
           ready_.insert({a.pass, a.stage_index, a.micro_batch});
           pump();
         },
@@ -311,9 +315,11 @@ class Worker : public WorkerActor::base {
     const int64_t step = t.rs.step;
     const uint64_t id = t.id;
     for (int g : t.groups) {
+      trace_sent(ctx_.tracer, me_, "", "AcquireWeights", {{"group", g}, {"step", step}});
       request(ctx_.shard_of_group[g], caf::infinite, AcquireWeights{g, step})
           .then(
-              [this, g, id](WeightsGranted&) {
+              [this, g, id, step](WeightsGranted&) {
+                trace_received(ctx_.tracer, me_, "", "WeightsGranted", {{"group", g}, {"step", step}});
                 if (Task* tk = live(id)) send_pieces(*tk, tk->uploads->grant(g));
               },
               [this](caf::error& e) { fail("weights request failed: " + error_text(e)); });
@@ -337,6 +343,7 @@ class Worker : public WorkerActor::base {
   void weights_landed(uint64_t id, int g) {
     Task* tk = live(id);
     if (!tk || !tk->uploads->piece_done(g)) return;
+    trace_sent(ctx_.tracer, me_, "", "ReleaseWeights", {{"group", g}, {"step", tk->rs.step}});
     send(ctx_.shard_of_group[g], ReleaseWeights{g, tk->rs.step});
     tk->params_pending--;
     pump();
@@ -498,7 +505,10 @@ class Worker : public WorkerActor::base {
   /// (computed, already replaced by the next one) gives its slot back once the slot's last
   /// micro-batch is down, and finishes with its last output and gradient.
   void on_downloaded(Task& t, int64_t m) {
-    if (t.rs.next) send(t.rs.next, ActReady{t.rs.pass, t.rs.stage_index + 1, m});
+    if (t.rs.next) {
+      trace_sent(ctx_.tracer, me_, "", "ActReady", {{"pass", t.rs.pass}, {"stage", t.rs.stage_index + 1}, {"mb", m}});
+      send(t.rs.next, ActReady{t.rs.pass, t.rs.stage_index + 1, m});
+    }
     if (&t != task_.get()) {
       const int j = t.progress.slot_of(m);
       if (t.progress.last_in_slot(j) == m) {
@@ -535,8 +545,13 @@ class Worker : public WorkerActor::base {
     Task& d = *draining_[id];
     const int64_t step = d.rs.step;
     for (int g : d.grad_groups) {
+      trace_sent(ctx_.tracer, me_, "", "AcquireGradSlot", {{"group", g}, {"step", step}});
       request(ctx_.shard_of_group[g], caf::infinite, AcquireGradSlot{g, step})
-          .then([this, g, id](GradGrant& gr) { write_grad(id, g, gr.overwrite); },
+          .then(
+              [this, g, id, step](GradGrant& gr) {
+                trace_received(ctx_.tracer, me_, "", "GradGrant", {{"group", g}, {"step", step}});
+                write_grad(id, g, gr.overwrite);
+              },
                 [this](caf::error& e) { fail("gradient slot request failed: " + error_text(e)); });
     }
     finish(id);
@@ -566,6 +581,7 @@ class Worker : public WorkerActor::base {
   void gradient_landed(uint64_t id, int g) {
     Task* tk = live(id);
     if (!tk) return;
+    trace_sent(ctx_.tracer, me_, "", "GradWritten", {{"group", g}, {"step", tk->rs.step}});
     send(ctx_.shard_of_group[g], GradWritten{g, tk->rs.step});
     tk->dgrad.erase(g);
     --tk->grads_pending;
@@ -595,6 +611,7 @@ class Worker : public WorkerActor::base {
                             t.t_start, ctx_.tracer->now());
     draining_.erase(it);  // releases the gradient buffers
     retry_memory_wait();
+    trace_sent(ctx_.tracer, me_, "scheduler", "StageDone", {{"pass", sd.pass}, {"stage", sd.stage_index}});
     send(ctx_.scheduler, sd);
   }
 
@@ -625,6 +642,7 @@ class Worker : public WorkerActor::base {
   }
 
   WorkerContext ctx_;
+  const std::string me_ = fmt::format("worker{}", ctx_.index);  ///< this actor in traced messages
   TransferActor act_up_, act_down_, param_up_, grad_down_;
   std::shared_ptr<CopyGate> gate_;
   std::deque<RunStage> queue_;

@@ -155,7 +155,17 @@ nlohmann::json chrome_trace_json(const std::vector<TraceInterval>& intervals,
       for (auto& [k, v] : iv.args) a[k] = v;
       ev["args"] = std::move(a);
     }
+    const nlohmann::json where = {{"pid", ev["pid"]}, {"tid", ev["tid"]}, {"ts", ev["ts"]}};
     evs.push_back(std::move(ev));
+    for (const auto& [flow, ph] : {std::pair{iv.flow_out, "s"}, std::pair{iv.flow_in, "f"}}) {
+      if (flow < 0) continue;
+      // label "send <type> -> <to>" / "recv <type> <- <from>": both ends are named <type>
+      const size_t a = iv.label.find(' ') + 1, b = iv.label.find(' ', a);
+      nlohmann::json f = {{"ph", ph}, {"cat", "message"}, {"name", iv.label.substr(a, b - a)}, {"id", flow}};
+      f.update(where);
+      if (*ph == 'f') f["bp"] = "e";
+      evs.push_back(std::move(f));
+    }
   }
   nlohmann::json other = nlohmann::json::object();
   for (auto& [k, v] : info) other[k] = v;

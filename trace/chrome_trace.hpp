@@ -31,10 +31,15 @@ struct TraceInterval {
   std::string track, label;
   double t0 = 0, t1 = 0;
   std::vector<std::pair<std::string, double>> args;
+  /// Flow arrows (a protocol message from the slice with flow_out = k to the one with
+  /// flow_in = k): written as flow events "s" / "f" (cat "message", id k) bound to the slice.
+  int64_t flow_out = -1, flow_in = -1;
 };
 
 /// The Chrome trace object: {"traceEvents": [...], "displayTimeUnit": "ms", "otherData": info}.
-/// An interval with t1 < t0 is written with zero duration.
+/// An interval with t1 < t0 is written with zero duration. An interval with a flow id is
+/// followed by its flow event (same pid, tid and ts; the end binds to its enclosing slice,
+/// "bp": "e"), so Perfetto draws an arrow from the sending slice to the receiving one.
 nlohmann::json chrome_trace_json(const std::vector<TraceInterval>& intervals,
                                  const std::map<std::string, std::string>& info = {});
 

@@ -129,6 +129,7 @@ SessionOptions session_options_of(const TrainSpec& spec, const ModelLayout& layo
     opt.plan = plan_from_json(spec.plan, layout.num_layers(), spec.workers, spec.source + ": key 'plan'");
   opt.trace = spec.trace;
   opt.watchdog_s = spec.watchdog_s;
+  opt.trace_messages = spec.trace_messages;
   return opt;
 }
 

@@ -47,6 +47,8 @@ void read_scalars(const JsonFields& f, TrainSpec& s) {
   f.optional("save_every", s.save_every);
   f.optional("save_dtype", s.save_dtype);
   f.optional("trace", s.trace);
+  f.optional("trace_messages", s.trace_messages);
+  s.trace = s.trace || s.trace_messages;
   f.optional("tensorboard", s.tensorboard);
   f.optional("sample_prompt", s.sample_prompt);
   f.optional("seed", s.seed);
@@ -165,7 +167,7 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
                 "steps", "max_examples", "packing", "eval_data", "eval_fraction", "eval_every", "optimizer", "lr_schedule", "backend", "workers", "async", "plan",
                 "device_memory_gib", "pcie_gbps", "transfer_priorities", "transfer_chunk_bytes", "save_attention",
                 "mlp_chunk_tokens", "output_dir",
-                "save_every", "save_dtype", "trace", "tensorboard", "sample_prompt", "seed", "log_every", "compute_dtype", "loss_scaling",
+                "save_every", "save_dtype", "trace", "trace_messages", "tensorboard", "sample_prompt", "seed", "log_every", "compute_dtype", "loss_scaling",
                 "resume_from", "watchdog_s", "stop_timeout_s", "comment"});
   if (!f.has("model")) throw std::invalid_argument(where + ": missing key 'model' (a .gguf file or HF directory)");
   if (!f.has("data")) throw std::invalid_argument(where + ": missing key 'data' (a .jsonl or .txt file, or a directory)");

@@ -89,6 +89,12 @@ struct SessionOptions {
   /// attention. Empty: on when everything fits 90% of the available host memory.
   std::optional<bool> save_attention;
   bool trace = false;            ///< record stream and task intervals (write_trace)
+  /// With trace: also record every protocol message between the actors (scheduler, workers,
+  /// optimizer shards: RunStage, ActReady, AcquireWeights / WeightsGranted / ReleaseWeights,
+  /// AcquireGradSlot / GradGrant / GradWritten, StageDone, CloseStep, GradSumSq, StepScale,
+  /// GroupUpdated) as flow arrows from a slice on the sender's "messages" track to one on the
+  /// receiver's, with their group / step / pass / stage / micro-batch as args.
+  bool trace_messages = false;
   ProfilingOptions profiling;
   /// Cross-stream transfer priority: parameter and gradient chunks yield to activation
   /// copies of the same direction, and a prefetched stage's weight chunks are packed into

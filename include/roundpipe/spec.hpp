@@ -45,6 +45,7 @@ struct TrainSpec {
   int64_t save_every = 0;            ///< also checkpoint every k steps (0 = final only)
   std::string save_dtype = "bf16";   ///< f32 | bf16 | f16
   bool trace = false;                ///< write output_dir/trace.json
+  bool trace_messages = false;       ///< also record the actors' protocol messages as flow arrows (implies trace)
   bool tensorboard = true;
   /// A user message the run answers (greedy, at most 64 tokens, the training chat template)
   /// before training and after the last step, to show what fine-tuning changed ("" = none).
