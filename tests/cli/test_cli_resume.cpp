@@ -64,7 +64,7 @@ void expect_same_checkpoint(const fs::path& a, const fs::path& b) {
 }
 
 TEST(CliResume, ResumedRunIsBitIdenticalToTheUninterruptedOne) {
-  for (std::string dtype : {"f32", "bf16"}) {  // f32: the master is model.safetensors; bf16: in optimizer.bin
+  for (std::string dtype : {"f32", "bf16"}) {  // f32: the master is model.safetensors; bf16: in optimizer_state.bin
     auto d = tmpdir();
     auto model = tiny_model(d);
     write(d / "data.jsonl", kData);
