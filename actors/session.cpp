@@ -14,21 +14,10 @@
 #include "actors/session_impl.hpp"
 #include "actors/session_testing.hpp"
 #include "actors/worker.hpp"
+#include "base/host_resources.hpp"
 #include "scheduler/group_plan.hpp"
 
 namespace rp {
-
-/// Bytes of host memory available for new allocations (MemAvailable), or 0 if unknown.
-static size_t host_available_bytes() {
-  FILE* f = std::fopen("/proc/meminfo", "r");
-  if (!f) return 0;
-  char line[256];
-  size_t kb = 0;
-  while (std::fgets(line, sizeof line, f))
-    if (std::sscanf(line, "MemAvailable: %zu kB", &kb) == 1) break;
-  std::fclose(f);
-  return kb * 1024;
-}
 
 namespace {
 

@@ -14,6 +14,7 @@
 #include "trainer/checkpoint_bundle.hpp"
 #include "trainer/metrics.hpp"
 #include "trainer/run_setup.hpp"
+#include "trainer/step_watch.hpp"
 
 namespace rp {
 namespace {
@@ -22,7 +23,7 @@ namespace {
 class Run {
  public:
   Run(const TrainSpec& spec, const TrainerCallbacks& cb, const StopToken& stop)
-      : spec_(spec), cb_(cb), stop_(stop), t0_(std::chrono::steady_clock::now()) {}
+      : spec_(spec), cb_(cb), stop_(stop), t0_(std::chrono::steady_clock::now()), watch_(spec) {}
   TrainResult execute();
 
  private:
@@ -39,6 +40,7 @@ class Run {
   void save(const std::string& name);
   void save_profile();
   void evaluate(int64_t steps_done);
+  std::string kept_checkpoint() const { return !last_checkpoint_.empty() ? last_checkpoint_ : resume_ ? resume_->dir : ""; }
   TrainResult finish(int64_t t);
   TrainResult abandon(int64_t t);
 
@@ -56,6 +58,7 @@ class Run {
   double last_report_ = 0;
   std::string last_checkpoint_;
   std::optional<Clock::time_point> stop_deadline_;  // set when the stop request is first seen
+  StepWatch watch_;
 };
 
 void Run::setup() {
@@ -129,6 +132,7 @@ bool Run::report(int64_t t) {
   s.eta_s = (now / double(t + 1 - start_)) * double(spec_.steps - t - 1);
   metrics_->write(s);
   if (cb_.on_step) cb_.on_step(s);
+  for (const auto& w : watch_.check(s, kept_checkpoint())) spdlog::warn("{}", w);
   return true;
 }
 
@@ -160,6 +164,13 @@ void Run::save(const std::string& name) {
   const double t0 = elapsed();
   const std::string dir = path(name);
   const int64_t steps = session_->steps_closed();
+  // never replace a good checkpoint with non-finite weights
+  if (const int64_t g = first_nonfinite_group(session_->master_weights()); g >= 0)
+    throw TrainingDiverged(fmt::format(
+        "step {}: parameter group '{}' holds inf/NaN values; refusing to write {} ({}). Lower optimizer.lr or "
+        "set optimizer.max_grad_norm",
+        steps, session_->layout().groups[size_t(g)].name, dir,
+        kept_checkpoint().empty() ? std::string("no checkpoint was written") : kept_checkpoint() + " is kept"));
   save_checkpoint_bundle(*session_, dir, model_, parse_dtype(spec_.save_dtype),
                          trainer_state_of(spec_, steps, data_->position()));
   const double seconds = elapsed() - t0;
@@ -252,6 +263,7 @@ TrainResult Run::finish(int64_t t) {
   res.first_step = start_;
   res.steps_done = t;
   res.metrics = metrics_->path();
+  res.skipped_steps = watch_.skipped_total();
   if (stop_.stop_requested() && t < spec_.steps) {
     // the steps done become a checkpoint like a periodic one
     const bool fresh = t > start_ && !(spec_.save_every > 0 && t % spec_.save_every == 0);

@@ -53,6 +53,11 @@ struct TrainSpec {
   /// After a stop request, wait at most this many seconds for the steps in flight; steps still
   /// unfinished then are abandoned (never saved).
   double stop_timeout_s = 60;
+  /// A step whose loss or gradient norm is inf/NaN: "stop" ends the run with an error (no
+  /// checkpoint of non-finite weights is written), "skip" skips the step (weights and moments
+  /// untouched) and counts it. With loss scaling, overflowing steps are always skipped.
+  std::string nonfinite = "stop";
+  int64_t max_skipped_steps = 20;    ///< this many skipped steps in a row stop the run
 };
 
 /// Parses a spec object. Unknown keys, wrong types and inconsistent values throw
