@@ -98,6 +98,8 @@ Dataset load_jsonl(const std::string& path, const Tokenizer& tok, ChatTemplate c
     } else if (j.contains("prompt") || j.contains("completion")) {
       const std::string& prompt = get_string(j, "prompt", "", path, lineno);
       const std::string& completion = get_string(j, "completion", "", path, lineno);
+      if (prompt.empty() && completion.empty())
+        fail(path, lineno, "\"prompt\" and \"completion\" are both empty (nothing to train on)");
       Example ex;
       ex.ids = tok.encode(prompt);
       ex.loss_mask.assign(ex.ids.size(), 0);
@@ -137,12 +139,37 @@ Dataset load_dataset(const std::string& path, const Tokenizer& tok, ChatTemplate
   return load_text_corpus(path, tok);
 }
 
-PackedSequences pack_sequences(const Dataset& data, int64_t seq_len, int32_t pad_id) {
+/// Whether example `ex` keeps a target when cut to n <= L + 1 tokens.
+bool keeps_target(const Example& ex, size_t L) {
+  const size_t n = std::min(ex.ids.size(), L + 1);
+  for (size_t t = 1; t < n; ++t)
+    if (ex.loss_mask[t] != 0) return true;
+  return false;
+}
+
+PackedSequences pack_sequences(const Dataset& data, int64_t seq_len, int32_t pad_id, size_t max_bytes) {
   if (seq_len < 1) throw std::invalid_argument(fmt::format("pack_sequences: seq_len must be >= 1, got {}", seq_len));
   if (pad_id < 0) throw std::invalid_argument(fmt::format("pack_sequences: pad_id must be >= 0, got {}", pad_id));
   PackedSequences p;
   p.seq_len = seq_len;
   const size_t L = size_t(seq_len);
+  // the rows and their bytes first: nothing is allocated for an impossible seq_len
+  size_t rows = 0;
+  for (const auto& ex : data.examples) {
+    if (ex.loss_mask.size() != ex.ids.size())
+      throw std::invalid_argument("pack_sequences: an example's loss_mask and ids differ in length");
+    rows += keeps_target(ex, L) ? 1 : 0;
+  }
+  if (data.text_stream.size() > 1) rows += (data.text_stream.size() - 2) / L + 1;
+  size_t bytes = 0;
+  if (__builtin_mul_overflow(rows, L, &bytes) || __builtin_mul_overflow(bytes, 2 * sizeof(int32_t), &bytes) ||
+      (max_bytes > 0 && bytes > max_bytes))
+    throw std::length_error(fmt::format(
+        "packing {} sequences of {} tokens needs {:.1f} GiB of host memory (ids and targets), {:.1f} GiB are "
+        "available",
+        rows, seq_len, double(rows) * double(L) * 8 / double(1ull << 30), double(max_bytes) / double(1ull << 30)));
+  p.ids.reserve(rows * L);
+  p.targets.reserve(rows * L);
   auto add_row = [&](const int32_t* tok, const uint8_t* mask, size_t n) {  // n <= L + 1 tokens
     size_t base = p.ids.size();
     p.ids.resize(base + L, pad_id);
@@ -153,16 +180,11 @@ PackedSequences pack_sequences(const Dataset& data, int64_t seq_len, int32_t pad
     }
   };
   for (const auto& ex : data.examples) {
-    if (ex.loss_mask.size() != ex.ids.size())
-      throw std::invalid_argument("pack_sequences: an example's loss_mask and ids differ in length");
-    size_t n = std::min(ex.ids.size(), L + 1);
-    bool any = false;
-    for (size_t t = 1; t < n && !any; ++t) any = ex.loss_mask[t] != 0;
-    if (!any) {
+    if (!keeps_target(ex, L)) {
       ++p.dropped_examples;
       continue;
     }
-    add_row(ex.ids.data(), ex.loss_mask.data(), n);
+    add_row(ex.ids.data(), ex.loss_mask.data(), std::min(ex.ids.size(), L + 1));
   }
   const auto& s = data.text_stream;
   for (size_t start = 0; start + 1 < s.size(); start += L)

@@ -42,6 +42,7 @@ struct Dataset {
 ///   {"text": str}                         -> text_stream (tokens + eos, all trained on)
 ///   {"prompt": str, "completion": str}    -> example: encode(prompt) ++ encode(completion)
 ///                                            ++ eos, loss on completion tokens and eos
+///                                            (both empty: refused, nothing to predict)
 ///   {"messages": [{"role","content"},..]} -> example rendered by `chat` (chat_template.hpp),
 ///                                            loss on assistant content + end-of-turn token
 /// Special tokens written in the text are matched (allow_special=true). Throws
@@ -72,8 +73,10 @@ struct PackedSequences {
 
 /// Packs `data` as described in the file comment: the examples' sequences first (in
 /// order), then the text windows. Examples whose truncation leaves no target are dropped
-/// and counted. Throws std::invalid_argument when seq_len < 1 or pad_id < 0.
-PackedSequences pack_sequences(const Dataset& data, int64_t seq_len, int32_t pad_id);
+/// and counted. Throws std::invalid_argument when seq_len < 1 or pad_id < 0, and
+/// std::length_error, before allocating, when the packed ids and targets (8 bytes per token)
+/// would exceed `max_bytes` (0: no limit) or the size_t range.
+PackedSequences pack_sequences(const Dataset& data, int64_t seq_len, int32_t pad_id, size_t max_bytes = 0);
 
 /// Deterministic, endless iteration over packed sequences. Epoch e visits every sequence
 /// once, in a permutation drawn from std::mt19937_64 seeded with (seed, e) via a

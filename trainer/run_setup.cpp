@@ -1,6 +1,7 @@
 #include "trainer/run_setup.hpp"
 
 #include <filesystem>
+#include <optional>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -60,7 +61,13 @@ TokenStream load_data_for_training(const TrainSpec& spec, const LoadedModel& mod
   o.max_examples = spec.max_examples;
   o.seed = spec.seed;
   spdlog::info("loading data {} (chat template {})", spec.data, o.chat_template);
-  TokenStream data(model, spec.data, o);
+  std::optional<TokenStream> loaded;
+  try {
+    loaded.emplace(model, spec.data, o);
+  } catch (const std::length_error& e) {  // the packed sequences do not fit the host
+    throw std::invalid_argument(fmt::format("{}: key 'seq_len': {}", spec.source, e.what()));
+  }
+  TokenStream& data = *loaded;
   const TokenStreamStats& st = data.stats();
   spdlog::info("data: {}{} -> {} sequences of {} tokens{}",
                st.examples == 0 ? std::string() : fmt::format("{} examples", st.examples),
@@ -77,7 +84,7 @@ TokenStream load_data_for_training(const TrainSpec& spec, const LoadedModel& mod
   const int64_t max_pos = model.config.max_position_embeddings;
   if (max_pos > 0 && spec.seq_len > max_pos)
     spdlog::warn("seq_len {} exceeds the model's max_position_embeddings {}", spec.seq_len, max_pos);
-  return data;
+  return std::move(data);
 }
 
 SessionOptions session_options_of(const TrainSpec& spec, const ModelLayout& layout) {

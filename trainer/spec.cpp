@@ -195,6 +195,24 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
   return s;
 }
 
+void validate_spec(const TrainSpec& s) {
+  const nlohmann::json none = nlohmann::json::object();
+  const JsonFields f(none, s.source);
+  if (s.nonfinite != "stop" && s.nonfinite != "skip") f.fail("nonfinite", "\"stop\" or \"skip\"", s.nonfinite);
+  if (s.compute_dtype != "bf16" && s.compute_dtype != "f16")
+    f.fail("compute_dtype", "\"bf16\" or \"f16\"", s.compute_dtype);
+  if (s.max_examples < 0) f.fail("max_examples", "an integer >= 0", s.max_examples);
+  if (s.max_grad_norm < 0 || !std::isfinite(s.max_grad_norm))
+    f.fail("max_grad_norm", "a finite number >= 0", s.max_grad_norm);
+  check_ranges(f, s);
+  try {
+    s.lr_schedule.validate();
+    if (s.loss_scaling) s.loss_scaling->validate();
+  } catch (const std::invalid_argument& e) {
+    f.fail_with(e.what());
+  }
+}
+
 TrainSpec load_spec(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::invalid_argument(path + ": cannot open the spec file");

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "base/host_resources.hpp"
 #include "data/chat_template.hpp"
 #include "data/dataset.hpp"
 #include "data/tokenizer.hpp"
@@ -41,7 +42,7 @@ TokenStream::TokenStream(const LoadedModel& model, const std::string& data_path,
   const ChatTemplate chat = template_for(model, o.chat_template);
   Dataset ds = load_dataset(data_path, tok, chat);
   if (o.max_examples > 0 && int64_t(ds.examples.size()) > o.max_examples) ds.examples.resize(size_t(o.max_examples));
-  PackedSequences packed = pack_sequences(ds, o.seq_len, tok.eos_id());
+  PackedSequences packed = pack_sequences(ds, o.seq_len, tok.eos_id(), host_available_bytes());
   TokenStreamStats st;
   st.examples = ds.examples.size();
   st.text_tokens = ds.text_stream.size();

@@ -62,6 +62,7 @@ class Run {
 };
 
 void Run::setup() {
+  validate_spec(spec_);       // a spec built in code gets the checks of a spec file
   prepare_output_dir(spec_);  // before anything is loaded or written
   check_compute_dtype(spec_);
   resume_ = check_resume(spec_);

@@ -63,6 +63,10 @@ struct TrainSpec {
 /// Parses a spec object. Unknown keys, wrong types and inconsistent values throw
 /// std::invalid_argument with one line "<where>: key '<key>': expected <what>, got <value>".
 TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where);
+/// Checks a spec built in code with the rules spec_from_json applies (ranges, products of
+/// counts, names); Trainer::run calls it. Throws std::invalid_argument naming s.source and
+/// the key.
+void validate_spec(const TrainSpec& s);
 /// Reads `path` (JSON) and parses it; syntax errors name the file, line and column.
 TrainSpec load_spec(const std::string& path);
 

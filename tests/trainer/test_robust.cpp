@@ -188,4 +188,56 @@ TEST(StepWatch, FindsNonFiniteGroups) {
   EXPECT_EQ(rp::first_nonfinite_group(g), 1);
 }
 
+TEST(SpecLimits, ProductsOfCountsAndHugeNumbersNameTheirKey) {
+  auto d = tmpdir();
+  auto parse = [&](const std::string& extra) -> std::string {
+    try {
+      rp::spec_from_json(nlohmann::json::parse(spec_for(d / "m", d / "data.jsonl", d / "run", extra)), "s.json");
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "ok";
+  };
+  // the product overflowed to 0 and divided by it (SIGFPE)
+  EXPECT_EQ(parse(", \"micro_batches\": 4611686018427387904, \"accumulation\": 4"),
+            "s.json: key 'sequences_per_step': 2 is not divisible by micro_batches x accumulation = "
+            "4611686018427387904 x 4");
+  EXPECT_NE(parse(", \"seq_len\": 4611686018427387904").find("key 'seq_len'"), std::string::npos);
+  EXPECT_NE(parse(", \"steps\": 4611686018427387904").find("key 'steps'"), std::string::npos);
+  EXPECT_EQ(parse(", \"device_memory_gib\": 1e300"),
+            "s.json: key 'device_memory_gib': expected a number > 0 and <= 1048576 (GiB per device), got 1e+300");
+}
+
+TEST(SpecLimits, ASpecBuiltInCodeIsCheckedLikeASpecFile) {
+  auto d = tmpdir();
+  rp::TrainSpec s = spec(d, tiny_model(d), 2);
+  s.workers = -3;  // used to be planned as one worker
+  try {
+    rp::Trainer(s).run();
+    FAIL() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "test spec: key 'workers': expected an integer >= 1, got -3");
+  }
+  EXPECT_FALSE(fs::exists(d / "run"));
+  s.workers = 2;
+  s.micro_batches = int64_t(1) << 62;
+  s.accumulation = 8;
+  EXPECT_THROW(rp::Trainer(s).run(), std::invalid_argument);
+}
+
+TEST(SpecLimits, ASeqLenWhoseSequencesDoNotFitIsRefusedBeforePacking) {
+  auto d = tmpdir();
+  rp::TrainSpec s = spec(d, tiny_model(d), 2);
+  s.seq_len = int64_t(1) << 38;  // 2 sequences x 2^38 tokens x 8 bytes = 4 TiB
+  s.sequences_per_step = 2;
+  try {
+    rp::Trainer(s).run();
+    FAIL() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("test spec: key 'seq_len': packing 2 sequences of 274877906944 tokens"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
