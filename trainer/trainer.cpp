@@ -12,6 +12,7 @@
 #include "roundpipe/checkpoint.hpp"
 #include "roundpipe/session.hpp"
 #include "trainer/checkpoint_bundle.hpp"
+#include "trainer/disk_space.hpp"
 #include "trainer/metrics.hpp"
 #include "trainer/run_setup.hpp"
 #include "trainer/step_watch.hpp"
@@ -59,6 +60,7 @@ class Run {
   std::string last_checkpoint_;
   std::optional<Clock::time_point> stop_deadline_;  // set when the stop request is first seen
   StepWatch watch_;
+  uint64_t checkpoint_bytes_ = 0;  // free disk space a save needs
 };
 
 void Run::setup() {
@@ -74,6 +76,9 @@ void Run::setup() {
   model_.tensors.clear();
   data_.emplace(load_data_for_training(spec_, model_));
   start_session(layout, std::move(weights));
+  checkpoint_bytes_ = checkpoint_bytes(layout, spec_);
+  // a full disk is found now, not at the final save after every step was trained
+  require_disk_space(spec_.output_dir, checkpoint_bytes_, "a checkpoint");
   std::filesystem::create_directories(spec_.output_dir);
   metrics_ = std::make_unique<MetricsFile>(path("metrics.csv"), start_);
   reported_ = start_ - 1;
@@ -172,6 +177,7 @@ void Run::save(const std::string& name) {
         "set optimizer.max_grad_norm",
         steps, session_->layout().groups[size_t(g)].name, dir,
         kept_checkpoint().empty() ? std::string("no checkpoint was written") : kept_checkpoint() + " is kept"));
+  require_disk_space(spec_.output_dir, checkpoint_bytes_, fmt::format("checkpoint {}", dir));
   save_checkpoint_bundle(*session_, dir, model_, parse_dtype(spec_.save_dtype),
                          trainer_state_of(spec_, steps, data_->position()));
   const double seconds = elapsed() - t0;

@@ -13,6 +13,7 @@
 #include "roundpipe/errors.hpp"
 #include "roundpipe/trainer.hpp"
 #include "tests/cli/cli_util.hpp"
+#include "trainer/disk_space.hpp"
 #include "trainer/step_watch.hpp"
 
 namespace {
@@ -238,6 +239,48 @@ TEST(SpecLimits, ASeqLenWhoseSequencesDoNotFitIsRefusedBeforePacking) {
               std::string::npos)
         << e.what();
   }
+}
+
+}  // namespace
+
+namespace {
+
+TEST(DiskFull, AFailedMetricsWriteStopsTheRunAtOnce) {
+  auto d = tmpdir();
+  rp::TrainSpec s = spec(d, tiny_model(d), 4);
+  fs::create_directories(d / "run");
+  fs::create_symlink("/dev/full", d / "run/metrics.csv");  // every write: ENOSPC
+  try {
+    rp::Trainer(s).run();
+    FAIL() << "accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("metrics.csv: cannot write the header: No space left on device"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(fs::exists(d / "run/final"));
+}
+
+TEST(DiskFull, FreeSpaceIsCheckedAgainstTheCheckpointSize) {
+  auto d = tmpdir();
+  EXPECT_NO_THROW(rp::require_disk_space(d.string(), 1 << 20, "a checkpoint"));
+  try {
+    rp::require_disk_space((d / "not/yet").string(), uint64_t(1) << 62, "a checkpoint");
+    FAIL() << "accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("not/yet: a checkpoint needs about 4294967296.0 GiB, the file system has"),
+              std::string::npos)
+        << e.what();
+  }
+  // the estimate bounds a real checkpoint from above (within a factor of two plus the slack)
+  rp::TrainSpec s = spec(d, tiny_model(d), 2);
+  const rp::TrainResult r = rp::Trainer(s).run();
+  uint64_t real = 0;
+  for (const auto& f : fs::directory_iterator(r.checkpoint)) real += f.file_size();
+  const rp::LoadedModel lm = rp::load_model(r.checkpoint);
+  const uint64_t est = rp::checkpoint_bytes(rp::make_layout(lm.config), s);
+  EXPECT_GE(est, real);
+  EXPECT_LE(est - (uint64_t(64) << 20), 2 * real);
 }
 
 }  // namespace
