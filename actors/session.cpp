@@ -114,8 +114,8 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
     // every product checked: a shape from user input must not wrap around to a small size
     const auto T = checked_bytes({size_t(opt.micro.n_seq), size_t(opt.micro.seq_len)});
     const auto act = T ? checked_bytes({*T, size_t(c.hidden_size), dtype_size(dt)}) : std::nullopt;
-    const auto per_slot = act ? checked_bytes({size_t(opt.micro_batches), *act, size_t(2 * layout.num_layers())})
-                              : std::nullopt;
+    const auto per_slot =
+        act ? checked_bytes({size_t(opt.micro_batches), *act, size_t(2 * layout.num_layers())}) : std::nullopt;
     const auto attn = T ? checked_bytes({slots, size_t(opt.micro_batches), size_t(c.num_hidden_layers), *T,
                                          size_t(c.num_attention_heads),
                                          size_t(c.head_dim) * dtype_size(dt) + sizeof(float)})
@@ -176,17 +176,19 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
     // the CPU backend's virtual GPUs are host memory too: the plan's largest stage per worker
     size_t per_worker = 0;
     for (const Stage& st : I.plan.stages)
-      per_worker = std::max(per_worker, size_t(std::max<int64_t>(0, estimate_stage(analytic, st, po).memory_bytes)));
+      per_worker =
+          std::max(per_worker, size_t(std::max<int64_t>(0, estimate_stage(analytic, st, po).memory_bytes)));
     const size_t arenas = std::min(per_worker, I.devices[0]->capacity_bytes()) * size_t(opt.workers);
     const size_t avail = host_available_bytes();
     const auto total = checked_sum(host_need, arenas);
     if (!total || (avail > 0 && *total > avail))
       throw std::invalid_argument(fmt::format(
-          "host memory: the session needs about {} ({} for optimizer state, weights, gradients and activations, "
-          "{} for {} virtual GPUs running plan {}) but only {} are available; lower micro_batches or the sequence "
-          "length",
-          total ? byte_text(double(*total)) : std::string("more than 2^64 bytes"), byte_text(double(host_need)),
-          byte_text(double(arenas)), opt.workers, I.plan.summary(), byte_text(double(avail))));
+          "host memory: the session needs about {} ({} for optimizer state, weights, gradients and "
+          "activations, {} for {} virtual GPUs running plan {}) but only {} are available; lower "
+          "micro_batches or the sequence length",
+          total ? byte_text(double(*total)) : std::string("more than 2^64 bytes"),
+          byte_text(double(host_need)), byte_text(double(arenas)), opt.workers, I.plan.summary(),
+          byte_text(double(avail))));
   }
   I.store = std::make_unique<ParamStore>(layout, dt);
   I.master = std::move(w);

@@ -34,8 +34,7 @@ size_t host_available_bytes() {
       const size_t limit = std::stoull(m);
       const size_t left = limit > used ? limit - used : 0;
       if (avail == 0 || left < avail) avail = left;
-    } catch (const std::exception&) {
-    }
+    } catch (const std::exception&) {}
   }
   return avail;
 }

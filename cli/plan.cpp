@@ -95,7 +95,8 @@ ModelShape load_model_shape(const std::string& path, std::string* description) {
   // The partitioner searches every contiguous range of layers (O(L^2) candidates, each
   // memoised): 1024 decoder layers is 8x the deepest released dense model (126).
   if (m.num_layers > kMaxPlanLayers)
-    throw std::runtime_error(fmt::format("{}: num_hidden_layers {} exceeds the {} decoder layers the planner handles",
+    throw std::runtime_error(fmt::format("{}: num_hidden_layers {} exceeds the {} decoder layers the planner "
+                                         "handles",
                                          file, m.num_layers, kMaxPlanLayers));
   if (description) {
     double params = 0;

@@ -167,7 +167,8 @@ PackedSequences pack_sequences(const Dataset& data, int64_t seq_len, int32_t pad
     throw std::length_error(fmt::format(
         "packing {} sequences of {} tokens needs {:.1f} GiB of host memory (ids and targets), {:.1f} GiB are "
         "available",
-        rows, seq_len, double(rows) * double(L) * 8 / double(1ull << 30), double(max_bytes) / double(1ull << 30)));
+        rows, seq_len, double(rows) * double(L) * 8 / double(1ull << 30),
+        double(max_bytes) / double(1ull << 30)));
   p.ids.reserve(rows * L);
   p.targets.reserve(rows * L);
   auto add_row = [&](const int32_t* tok, const uint8_t* mask, size_t n) {  // n <= L + 1 tokens

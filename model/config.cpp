@@ -162,7 +162,8 @@ std::optional<int64_t> parameter_count(const ModelConfig& c) {
   constexpr int64_t kMax = int64_t(1) << 48;
   // every term below is a product of two or three sizes: compute each in 128 bits
   using W = __int128;
-  W per_layer = W(2) * H + W(H) * nq * D + W(2) * H * nkv * D + W(nq) * D * H + W(3) * H * F + (c.qk_norm ? W(2) * D : 0);
+  W per_layer = W(2) * H + W(H) * nq * D + W(2) * H * nkv * D + W(nq) * D * H + W(3) * H * F +
+                (c.qk_norm ? W(2) * D : 0);
   W n = W(V) * H * (c.tie_word_embeddings ? 1 : 2) + W(L) * per_layer + H;
   if (per_layer > kMax || n > kMax) return std::nullopt;
   return int64_t(n);
@@ -210,10 +211,10 @@ void ModelConfig::validate() const {
   // anything is allocated from it (a layer count of 2^32 used to be allocated layer by layer)
   if (!parameter_count(*this))
     fail("num_hidden_layers",
-         fmt::format("sizes whose parameter count fits 2^48 (vocab {} x hidden {}, {} layers of {} x {} FFN, {} heads "
-                     "x {}), got more",
-                     vocab_size, hidden_size, num_hidden_layers, hidden_size, intermediate_size, num_attention_heads,
-                     head_dim));
+         fmt::format("sizes whose parameter count fits 2^48 (vocab {} x hidden {}, {} layers of {} x {} "
+                     "FFN, {} heads x {}), got more",
+                     vocab_size, hidden_size, num_hidden_layers, hidden_size, intermediate_size,
+                     num_attention_heads, head_dim));
   for (auto [k, v] : {std::pair{"bos_token_id", bos_token_id}, {"eos_token_id", eos_token_id},
                       {"pad_token_id", pad_token_id}})
     if (v >= vocab_size) fail(k, fmt::format("must be < vocab_size ({}), got {}", vocab_size, v));
@@ -365,8 +366,8 @@ void check_weights_fit_files(const ModelConfig& c, uint64_t file_bytes, double m
   const double need = n ? double(*n) * min_bytes_per_param : INFINITY;
   if (!(need <= double(file_bytes)))
     throw std::runtime_error(fmt::format(
-        "{}: the sizes in the metadata ({} {}, hidden {}, FFN {}, vocab {}) need {} parameters, at least {} of "
-        "weights, but the file holds {} bytes",
+        "{}: the sizes in the metadata ({} {}, hidden {}, FFN {}, vocab {}) need {} parameters, at least {} "
+        "of weights, but the file holds {} bytes",
         where, layers_key, c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.vocab_size,
         n ? fmt::format("{}", *n) : std::string("more than 2^48"), byte_text(need), file_bytes));
 }
@@ -378,7 +379,8 @@ void check_host_memory_to_load(const ModelConfig& c, const std::string& where) {
   if (avail > 0 && !(need <= double(avail)))
     throw std::runtime_error(fmt::format(
         "{}: loading {} parameters as fp32 needs about {} of host memory, {} is available", where,
-        n ? fmt::format("{}", *n) : std::string("more than 2^48"), byte_text(need), byte_text(double(avail))));
+        n ? fmt::format("{}", *n) : std::string("more than 2^48"), byte_text(need),
+        byte_text(double(avail))));
 }
 
 }  // namespace rp

@@ -177,8 +177,8 @@ IterationPlan plan_from_json(const nlohmann::json& j, int num_layers, int num_wo
   for (auto [key, v] : {std::pair{"forward_layers", f}, {"backward_layers", b}})
     if (j.contains(key) && (v < 1 || v > body))
       throw std::invalid_argument(fmt::format(
-          "{}: key '{}': expected 1..{} (the layers before the tail: embedding and {} decoders), got {}", where, key,
-          body, body - 1, v));
+          "{}: key '{}': expected 1..{} (the layers before the tail: embedding and {} decoders), got {}",
+          where, key, body, body - 1, v));
   try {
     return make_uniform_plan(num_layers, f, b, t);
   } catch (const std::invalid_argument& e) {

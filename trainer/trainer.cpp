@@ -41,7 +41,10 @@ class Run {
   void save(const std::string& name);
   void save_profile();
   void evaluate(int64_t steps_done);
-  std::string kept_checkpoint() const { return !last_checkpoint_.empty() ? last_checkpoint_ : resume_ ? resume_->dir : ""; }
+  /// The checkpoint an error leaves as the last good one ("" when there is none).
+  std::string kept_checkpoint() const {
+    return !last_checkpoint_.empty() ? last_checkpoint_ : resume_ ? resume_->dir : "";
+  }
   TrainResult finish(int64_t t);
   TrainResult abandon(int64_t t);
 

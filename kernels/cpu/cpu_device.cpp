@@ -154,7 +154,8 @@ class CpuStream final : public Stream {
 
 class CpuDevice final : public Device {
  public:
-  CpuDevice(int index, const DeviceOptions& opt) : index_(index), cap_(opt.capacity_bytes), blocks_(opt.capacity_bytes) {
+  CpuDevice(int index, const DeviceOptions& opt)
+      : index_(index), cap_(opt.capacity_bytes), blocks_(opt.capacity_bytes) {
     if (opt.pcie_bytes_per_s > 0)
       link_ = std::make_unique<PcieLink>(opt.pcie_bytes_per_s, std::max<size_t>(opt.pcie_chunk_bytes, 1),
                                          opt.pcie_priorities);

@@ -47,13 +47,13 @@ class HostBlockCache {
 
  private:
   using Order = std::list<std::pair<size_t, void*>>;  // cached blocks, oldest first
-  void unmap_oldest();                                 // mu_ held
+  void unmap_oldest();                                // mu_ held
   size_t cap_;
   mutable std::mutex mu_;
   size_t live_ = 0, cached_ = 0, peak_live_ = 0;
   int64_t maps_ = 0, unmaps_ = 0;
-  std::unordered_map<void*, size_t> sizes_;            // live blocks
-  std::multimap<size_t, Order::iterator> by_size_;     // cached blocks by size
+  std::unordered_map<void*, size_t> sizes_;         // live blocks
+  std::multimap<size_t, Order::iterator> by_size_;  // cached blocks by size
   Order order_;
 };
 

@@ -88,8 +88,10 @@ Usage train_and_measure(const std::string& backend, int steps, int warmup, F mea
 TEST(MemoryFlat, HostResidentMemoryStaysWithinTwoPercentOnTheCpuBackend) {
   const Usage u = train_and_measure("cpu", 300, 40, resident_bytes);
   ASSERT_GT(u.warm, 0u) << "/proc/self/status has no VmRSS";
-  std::printf("[memory] cpu backend, 300 steps: resident %.1f MiB after 40 steps, peak %.1f MiB, %.1f MiB at the end\n",
-              u.warm / 1048576.0, u.peak / 1048576.0, u.end / 1048576.0);
+  std::printf(
+      "[memory] cpu backend, 300 steps: resident %.1f MiB after 40 steps, peak %.1f MiB, %.1f MiB at the "
+      "end\n",
+      u.warm / 1048576.0, u.peak / 1048576.0, u.end / 1048576.0);
   EXPECT_LE(double(u.peak), 1.02 * double(u.warm)) << "resident memory grew after warm-up";
 }
 

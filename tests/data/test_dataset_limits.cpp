@@ -13,16 +13,18 @@ using rp::test::TempDir;
 
 TEST(DataLimits, EmptyPromptAndCompletionIsRefusedWithItsLine) {
   TempDir dir;
-  const std::string path =
-      dir.write("data.jsonl", "{\"prompt\":\"a\",\"completion\":\"b\"}\n{\"prompt\":\"\",\"completion\":\"\"}\n");
+  const std::string path = dir.write(
+      "data.jsonl", "{\"prompt\":\"a\",\"completion\":\"b\"}\n{\"prompt\":\"\",\"completion\":\"\"}\n");
   try {
     load_jsonl(path, qwen(), ChatTemplate::chatml);
     FAIL() << "accepted";
   } catch (const std::runtime_error& e) {
-    EXPECT_EQ(std::string(e.what()), path + ":2: \"prompt\" and \"completion\" are both empty (nothing to train on)");
+    EXPECT_EQ(std::string(e.what()),
+              path + ":2: \"prompt\" and \"completion\" are both empty (nothing to train on)");
   }
   // one of them empty still trains: the completion (or the eos after the prompt) is predicted
-  const std::string ok = dir.write("ok.jsonl", "{\"prompt\":\"\",\"completion\":\"b\"}\n{\"prompt\":\"a\",\"completion\":\"\"}\n");
+  const std::string ok = dir.write(
+      "ok.jsonl", "{\"prompt\":\"\",\"completion\":\"b\"}\n{\"prompt\":\"a\",\"completion\":\"\"}\n");
   const Dataset d = load_jsonl(ok, qwen(), ChatTemplate::chatml);
   EXPECT_EQ(pack_sequences(d, 8, 0).size(), 2);
 }

@@ -46,8 +46,8 @@ const char* g_target = "";
 long g_case = 0;
 void on_alarm(int) {
   char msg[256];
-  const int n = std::snprintf(msg, sizeof msg, "fuzz_readers: HANG: target %s case %ld ran past the time limit\n",
-                              g_target, g_case);
+  const int n = std::snprintf(
+      msg, sizeof msg, "fuzz_readers: HANG: target %s case %ld ran past the time limit\n", g_target, g_case);
   [[maybe_unused]] auto w = ::write(2, msg, size_t(n));
   ::_exit(1);
 }
@@ -63,20 +63,52 @@ void write_file(const fs::path& p, const Bytes& b) {
 Bytes bytes_of(const std::string& s) { return Bytes(s.begin(), s.end()); }
 
 // ---- mutations -------------------------------------------------------------------------
-const uint64_t kInteresting[] = {0,          1,          2,          0x7f,       0x80,       0xff,
-                                 0x7fff,     0x8000,     0xffff,     0x7fffffff, 0x80000000, 0xffffffff,
-                                 0x100000000, 1ull << 40, 1ull << 62, 0x7fffffffffffffffull,
-                                 0x8000000000000000ull, 0xffffffffffffffffull};
-const char* kNumbers[] = {"0", "-1", "1", "4294967295", "4294967296", "9223372036854775807", "-9223372036854775808",
-                          "18446744073709551615", "1e300", "-1e300", "1e-300", "0.5", "NaN", "null", "true",
-                          "\"x\"", "[]", "{}", "4611686018427387904", "2147483648"};
+const uint64_t kInteresting[] = {0,
+                                 1,
+                                 2,
+                                 0x7f,
+                                 0x80,
+                                 0xff,
+                                 0x7fff,
+                                 0x8000,
+                                 0xffff,
+                                 0x7fffffff,
+                                 0x80000000,
+                                 0xffffffff,
+                                 0x100000000,
+                                 1ull << 40,
+                                 1ull << 62,
+                                 0x7fffffffffffffffull,
+                                 0x8000000000000000ull,
+                                 0xffffffffffffffffull};
+const char* kNumbers[] = {"0",
+                          "-1",
+                          "1",
+                          "4294967295",
+                          "4294967296",
+                          "9223372036854775807",
+                          "-9223372036854775808",
+                          "18446744073709551615",
+                          "1e300",
+                          "-1e300",
+                          "1e-300",
+                          "0.5",
+                          "NaN",
+                          "null",
+                          "true",
+                          "\"x\"",
+                          "[]",
+                          "{}",
+                          "4611686018427387904",
+                          "2147483648"};
 
 /// One random mutation of `b` (text inputs also get JSON-aware number replacements).
 void mutate(Bytes& b, std::mt19937_64& rng, bool text) {
   auto pick = [&](size_t n) { return n ? size_t(rng() % n) : 0; };
   switch (rng() % (text ? 9 : 7)) {
     case 0:  // bit flips
-      for (int k = 0, n = 1 + int(rng() % 4); k < n && !b.empty(); ++k) b[pick(b.size())] ^= uint8_t(1u << (rng() % 8));
+      for (int k = 0, n = 1 + int(rng() % 4); k < n && !b.empty(); ++k)
+        b[pick(b.size())] ^= uint8_t(1u << (rng() % 8));
       break;
     case 1:  // a random byte
       if (!b.empty()) b[pick(b.size())] = uint8_t(rng());
@@ -116,7 +148,8 @@ void mutate(Bytes& b, std::mt19937_64& rng, bool text) {
       for (size_t i = 0; i < b.size();) {
         if (std::isdigit(b[i]) || b[i] == '-') {
           size_t j = i + 1;
-          while (j < b.size() && (std::isdigit(b[j]) || b[j] == '.' || b[j] == 'e' || b[j] == 'E' || b[j] == '-' || b[j] == '+'))
+          while (j < b.size() && (std::isdigit(b[j]) || b[j] == '.' || b[j] == 'e' || b[j] == 'E' ||
+                                  b[j] == '-' || b[j] == '+'))
             ++j;
           spans.push_back({i, j});
           i = j;
@@ -244,7 +277,7 @@ void read_optimizer_state(const std::string& path) {
 struct Target {
   const char* name;
   bool text;
-  std::string file;                          // the mutated file's name in the case folder
+  std::string file;  // the mutated file's name in the case folder
   std::function<Bytes()> seed;
   std::function<void(const fs::path& dir)> prepare;  // other files of the case folder
   std::function<void(const fs::path& file)> read;
@@ -275,7 +308,9 @@ int main(int argc, char** argv) {
       else if (a == "--from") from = std::stol(next());
       else if (a == "--work") work = next();
       else {
-        std::fprintf(stderr, "usage: fuzz_readers [--cases N] [--seed S] [--timeout-s T] [--only TARGET] [--from K] [--work DIR]\n");
+        std::fprintf(stderr,
+                     "usage: fuzz_readers [--cases N] [--seed S] [--timeout-s T] [--only TARGET] [--from K] "
+                     "[--work DIR]\n");
         return 2;
       }
     } catch (const std::exception&) {
@@ -294,29 +329,45 @@ int main(int argc, char** argv) {
   ts.seq_len = 128;
   ts.save_dtype = "bf16";
   ts.compute_dtype = "bf16";
-  ts.lr_schedule = {{"kind", "cosine"}, {"lr", 1e-4}, {"min_lr", 0.0}, {"warmup_steps", 0}, {"total_steps", 20}};
+  ts.lr_schedule = {
+      {"kind", "cosine"}, {"lr", 1e-4}, {"min_lr", 0.0}, {"warmup_steps", 0}, {"total_steps", 20}};
   rp::write_trainer_state((work / "seed_trainer_state.json").string(), ts);
 
   std::vector<Target> targets = {
-      {"gguf", false, "model.gguf", gguf_seed, {},
+      {"gguf",
+       false,
+       "model.gguf",
+       gguf_seed,
+       {},
        [](const fs::path& f) {
          rp::LoadedModel m = rp::load_model(f.string());
          if (!m.tokenizer_json.is_null()) (void)rp::Tokenizer::from_json(m.tokenizer_json, "fuzz");
        }},
-      {"safetensors", false, "model.safetensors", [&] { return read_file(work / "model_seed/model.safetensors"); },
+      {"safetensors", false, "model.safetensors",
+       [&] { return read_file(work / "model_seed/model.safetensors"); },
        [&](const fs::path& dir) { fs::copy_file(work / "model_seed/config.json", dir / "config.json"); },
        [](const fs::path& f) { rp::load_model(f.parent_path().string()); }},
       {"config", true, "config.json", [&] { return read_file(work / "model_seed/config.json"); },
-       [&](const fs::path& dir) { fs::copy_file(work / "model_seed/model.safetensors", dir / "model.safetensors"); },
+       [&](const fs::path& dir) {
+         fs::copy_file(work / "model_seed/model.safetensors", dir / "model.safetensors");
+       },
        [](const fs::path& f) { rp::load_model(f.parent_path().string()); }},
-      {"spec", true, "spec.json", [&] { return read_file(fs::path(RP_SOURCE_DIR) / "examples/specs/default.json"); },
-       {}, [](const fs::path& f) { rp::validate_spec(rp::load_spec(f.string())); }},
-      {"jsonl", true, "data.jsonl",
+      {"spec",
+       true,
+       "spec.json",
+       [&] { return read_file(fs::path(RP_SOURCE_DIR) / "examples/specs/default.json"); },
+       {},
+       [](const fs::path& f) { rp::validate_spec(rp::load_spec(f.string())); }},
+      {"jsonl",
+       true,
+       "data.jsonl",
        [] {
          return bytes_of(
              "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n"
-             "{\"prompt\": \"Recite Genesis 1:2\", \"completion\": \" And the earth was without form, and void.\"}\n"
-             "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", \"content\": "
+             "{\"prompt\": \"Recite Genesis 1:2\", \"completion\": \" And the earth was without form, and "
+             "void.\"}\n"
+             "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", "
+             "\"content\": "
              "\"Hi\"}, {\"role\": \"assistant\", \"content\": \"Hello.\"}]}\n");
        },
        {},
@@ -325,9 +376,17 @@ int main(int argc, char** argv) {
          rp::PackedSequences p = rp::pack_sequences(d, 16, 0, size_t(1) << 28);
          if (p.size() > 0) rp::BatchStream(std::move(p), 1).next(3);
        }},
-      {"optimizer_state", false, "optimizer.bin", [&] { return optimizer_state_seed(work); }, {},
+      {"optimizer_state",
+       false,
+       "optimizer.bin",
+       [&] { return optimizer_state_seed(work); },
+       {},
        [](const fs::path& f) { read_optimizer_state(f.string()); }},
-      {"trainer_state", true, "trainer_state.json", [&] { return read_file(work / "seed_trainer_state.json"); }, {},
+      {"trainer_state",
+       true,
+       "trainer_state.json",
+       [&] { return read_file(work / "seed_trainer_state.json"); },
+       {},
        [](const fs::path& f) { rp::read_trainer_state(f.string()); }},
   };
 
@@ -352,7 +411,8 @@ int main(int argc, char** argv) {
     long ok = 0, bad = 0;
     for (long k = from; k < from + cases; ++k) {
       g_case = k;
-      std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + uint64_t(k) * 7919 + std::hash<std::string>()(t.name));
+      std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + uint64_t(k) * 7919 +
+                          std::hash<std::string>()(t.name));
       Bytes b = base;
       for (int m = 0, n = 1 + int(rng() % 4); m < n; ++m) mutate(b, rng, t.text);
       write_file(dir / t.file, b);
@@ -363,19 +423,21 @@ int main(int argc, char** argv) {
       } catch (const std::exception& e) {
         ++bad;
         if (std::strchr(e.what(), '\n')) {
-          std::fprintf(stderr, "fuzz_readers: target %s case %ld: a multi-line error: %s\n", t.name, k, e.what());
+          std::fprintf(stderr, "fuzz_readers: target %s case %ld: a multi-line error: %s\n", t.name, k,
+                       e.what());
           return 1;
         }
       }
       ::alarm(0);
     }
-    std::printf("fuzz_readers: %-16s %ld cases: %ld accepted, %ld refused with one line\n", t.name, cases, ok, bad);
+    std::printf("fuzz_readers: %-16s %ld cases: %ld accepted, %ld refused with one line\n", t.name, cases, ok,
+                bad);
     total += cases;
     accepted += ok;
     refused += bad;
   }
-  std::printf("fuzz_readers: %ld cases, %ld accepted, %ld refused, no crash, hang or unbounded allocation\n", total,
-              accepted, refused);
+  std::printf("fuzz_readers: %ld cases, %ld accepted, %ld refused, no crash, hang or unbounded allocation\n",
+              total, accepted, refused);
   fs::remove_all(work);
   return 0;
 }

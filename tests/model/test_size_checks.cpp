@@ -48,7 +48,8 @@ TEST(SizeChecks, GgufBlockCountBeyondTheFileIsRefusedBeforeLoading) {
   const std::string p = (dir.path / "deep.gguf").string();
   test::write_bytes(p, gguf_with_layers(100000000));
   const std::string e = error_of([&] { load_model(p); });
-  EXPECT_NE(e.find("deep.gguf: the sizes in the metadata (llama.block_count 100000000"), std::string::npos) << e;
+  EXPECT_NE(e.find("deep.gguf: the sizes in the metadata (llama.block_count 100000000"), std::string::npos)
+      << e;
   EXPECT_NE(e.find("but the file holds"), std::string::npos) << e;
   // the same check guards `roundpipe plan` (it reads the config from the GGUF)
   GgufFile f(p);
@@ -69,7 +70,8 @@ TEST(SizeChecks, ConfigLayerCountBeyondTheSafetensorsIsRefused) {
   c["num_hidden_layers"] = 4294967295ull;
   std::ofstream(m / "config.json") << c.dump();
   const std::string e = error_of([&] { load_model(m.string()); });
-  EXPECT_NE(e.find("config.json: the sizes in the metadata (num_hidden_layers 4294967295"), std::string::npos) << e;
+  EXPECT_NE(e.find("config.json: the sizes in the metadata (num_hidden_layers 4294967295"), std::string::npos)
+      << e;
   EXPECT_EQ(e.find('\n'), std::string::npos);
 }
 

@@ -130,7 +130,8 @@ Gap gap(const std::vector<double>& a, const std::vector<double>& ref) {
   for (size_t t = 0; t < a.size(); ++t) {
     const double r = std::fabs(a[t] - ref[t]) / std::max(ref[t], 1e-12);
     if (r > g.max_rel) g.max_rel = r, g.worst_step = int64_t(t) + 1;
-    if (std::fabs(a[t] - ref[t]) > g.max_abs) g.max_abs = std::fabs(a[t] - ref[t]), g.worst_abs_step = int64_t(t) + 1;
+    if (std::fabs(a[t] - ref[t]) > g.max_abs)
+      g.max_abs = std::fabs(a[t] - ref[t]), g.worst_abs_step = int64_t(t) + 1;
     if (t >= a.size() * 3 / 4) ta += a[t], tr += ref[t];
   }
   g.final_rel = (a.back() - ref.back()) / ref.back();
@@ -139,11 +140,13 @@ Gap gap(const std::vector<double>& a, const std::vector<double>& ref) {
 }
 
 TEST(HfFidelity, SyncTrainingTracksTransformersAndTorchAdamW) {
-  const bool measure_async = std::getenv("RP_FIDELITY_ASYNC") && std::string(std::getenv("RP_FIDELITY_ASYNC")) == "1";
+  const bool measure_async =
+      std::getenv("RP_FIDELITY_ASYNC") && std::string(std::getenv("RP_FIDELITY_ASYNC")) == "1";
   if (!fs::exists(kModel)) GTEST_SKIP() << kModel << " is missing (scripts/setup.sh downloads it)";
   if (!fs::exists(kFixture) && !measure_async)
-    GTEST_SKIP() << "no reference yet: " << kFixture
-                 << " is made by tests/fixtures/hf_train/make_fixture.py on a machine with torch (see its header)";
+    GTEST_SKIP()
+        << "no reference yet: " << kFixture
+        << " is made by tests/fixtures/hf_train/make_fixture.py on a machine with torch (see its header)";
   const rp::LoadedModel lm = rp::load_model(kModel.string());
   const Fixture f = fs::exists(kFixture) ? read_fixture() : own_sequences(lm);
   const std::vector<double> sync = train(lm, f, false);
@@ -151,7 +154,8 @@ TEST(HfFidelity, SyncTrainingTracksTransformersAndTorchAdamW) {
   if (!f.losses.empty()) {
     ASSERT_EQ(f.losses.size(), size_t(f.steps));
     for (int64_t t = 0; t < f.steps; ++t)
-      EXPECT_NEAR(sync[size_t(t)], f.losses[size_t(t)], 0.01 * f.losses[size_t(t)] + 0.002) << "step " << t + 1;
+      EXPECT_NEAR(sync[size_t(t)], f.losses[size_t(t)], 0.01 * f.losses[size_t(t)] + 0.002)
+          << "step " << t + 1;
     const Gap g = gap(sync, f.losses);
     std::printf("[fidelity] sync vs transformers: largest gap %.3f%% (step %lld), final loss %.4f vs %.4f\n",
                 100 * g.max_rel, (long long)g.worst_step, sync.back(), f.losses.back());
@@ -159,10 +163,11 @@ TEST(HfFidelity, SyncTrainingTracksTransformersAndTorchAdamW) {
   if (measure_async) {
     const std::vector<double> async = train(lm, f, true);
     const Gap g = gap(async, sync);
-    std::printf("[fidelity] async vs sync over %lld steps: final loss %.4f vs %.4f (%+.2f%%), mean of the last "
-                "quarter %+.2f%%, largest gap %.2f%% at step %lld, largest absolute gap %.4f nats at step %lld\n",
-                (long long)f.steps, async.back(), sync.back(), 100 * g.final_rel, 100 * g.tail_rel, 100 * g.max_rel,
-                (long long)g.worst_step, g.max_abs, (long long)g.worst_abs_step);
+    std::printf(
+        "[fidelity] async vs sync over %lld steps: final loss %.4f vs %.4f (%+.2f%%), mean of the last "
+        "quarter %+.2f%%, largest gap %.2f%% at step %lld, largest absolute gap %.4f nats at step %lld\n",
+        (long long)f.steps, async.back(), sync.back(), 100 * g.final_rel, 100 * g.tail_rel, 100 * g.max_rel,
+        (long long)g.worst_step, g.max_abs, (long long)g.worst_abs_step);
     if (const char* out = std::getenv("RP_FIDELITY_OUT")) {  // every step, for docs/fidelity.md
       std::ofstream csv(out);
       csv << "step,sync,async" << (f.losses.empty() ? "" : ",reference") << "\n";

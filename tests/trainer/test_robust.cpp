@@ -41,8 +41,8 @@ fs::path poisoned_model(const fs::path& d, const std::string& tensor, float valu
 
 rp::TrainSpec spec(const fs::path& d, const fs::path& model, int64_t steps, const std::string& extra = "") {
   write(d / "data.jsonl", kData);
-  rp::TrainSpec s = rp::spec_from_json(nlohmann::json::parse(spec_for(model, d / "data.jsonl", d / "run", extra)),
-                                       "test spec");
+  rp::TrainSpec s = rp::spec_from_json(
+      nlohmann::json::parse(spec_for(model, d / "data.jsonl", d / "run", extra)), "test spec");
   s.steps = steps;
   return s;
 }
@@ -112,7 +112,8 @@ TEST(NonFinite, SpecKeysAreChecked) {
   write(d / "data.jsonl", kData);
   auto parse = [&](const std::string& extra) -> std::string {
     try {
-      rp::spec_from_json(nlohmann::json::parse(spec_for(d / "m", d / "data.jsonl", d / "run", extra)), "s.json");
+      rp::spec_from_json(nlohmann::json::parse(spec_for(d / "m", d / "data.jsonl", d / "run", extra)),
+                         "s.json");
     } catch (const std::invalid_argument& e) {
       return e.what();
     }
@@ -120,7 +121,8 @@ TEST(NonFinite, SpecKeysAreChecked) {
   };
   EXPECT_EQ(parse(", \"nonfinite\": \"ignore\""),
             "s.json: key 'nonfinite': expected \"stop\" or \"skip\", got \"ignore\"");
-  EXPECT_EQ(parse(", \"max_skipped_steps\": 0"), "s.json: key 'max_skipped_steps': expected an integer >= 1, got 0");
+  EXPECT_EQ(parse(", \"max_skipped_steps\": 0"),
+            "s.json: key 'max_skipped_steps': expected an integer >= 1, got 0");
   EXPECT_NE(parse(", \"compute_dtype\": \"f16\", \"loss_scaling\": {\"min_scale\": 0}").find("min_scale"),
             std::string::npos);
   EXPECT_EQ(parse(", \"nonfinite\": \"skip\", \"max_skipped_steps\": 5"), "ok");
@@ -147,7 +149,8 @@ TEST(StepWatch, LossScalingStopsAtTheFloorAndCountsSkipsInARow) {
   EXPECT_EQ(w.check(step(1, 2.0, true, 16.f), "").size(), 1u);
   EXPECT_NE(w.check(step(2, 2.0, true, 8.f), "")[0].find("scale -> 4"), std::string::npos);
   const std::string e = error_of([&] { w.check(step(3, 2.0, true, 4.f), "out/checkpoint-2"); });
-  EXPECT_NE(e.find("step 3: the gradients overflow even at the loss scale's floor 4"), std::string::npos) << e;
+  EXPECT_NE(e.find("step 3: the gradients overflow even at the loss scale's floor 4"), std::string::npos)
+      << e;
   EXPECT_NE(e.find("out/checkpoint-2 is kept"), std::string::npos) << e;
   EXPECT_EQ(w.skipped_total(), 3);
 
@@ -160,7 +163,8 @@ TEST(StepWatch, LossScalingStopsAtTheFloorAndCountsSkipsInARow) {
   EXPECT_EQ(v.skipped_in_a_row(), 0);
   for (int k = 6; k <= 9; ++k) v.check(step(k, 2.0, true, 1e6f), "");
   const std::string e2 = error_of([&] { v.check(step(10, 2.0, true, 1e6f), ""); });
-  EXPECT_NE(e2.find("step 10: 5 steps in a row were skipped (overflowing gradients"), std::string::npos) << e2;
+  EXPECT_NE(e2.find("step 10: 5 steps in a row were skipped (overflowing gradients"), std::string::npos)
+      << e2;
 }
 
 TEST(StepWatch, StopModeStopsOnAGuardedSkipAndOnANonFiniteAppliedStep) {
@@ -193,7 +197,8 @@ TEST(SpecLimits, ProductsOfCountsAndHugeNumbersNameTheirKey) {
   auto d = tmpdir();
   auto parse = [&](const std::string& extra) -> std::string {
     try {
-      rp::spec_from_json(nlohmann::json::parse(spec_for(d / "m", d / "data.jsonl", d / "run", extra)), "s.json");
+      rp::spec_from_json(nlohmann::json::parse(spec_for(d / "m", d / "data.jsonl", d / "run", extra)),
+                         "s.json");
     } catch (const std::invalid_argument& e) {
       return e.what();
     }
@@ -205,8 +210,9 @@ TEST(SpecLimits, ProductsOfCountsAndHugeNumbersNameTheirKey) {
             "4611686018427387904 x 4");
   EXPECT_NE(parse(", \"seq_len\": 4611686018427387904").find("key 'seq_len'"), std::string::npos);
   EXPECT_NE(parse(", \"steps\": 4611686018427387904").find("key 'steps'"), std::string::npos);
-  EXPECT_EQ(parse(", \"device_memory_gib\": 1e300"),
-            "s.json: key 'device_memory_gib': expected a number > 0 and <= 1048576 (GiB per device), got 1e+300");
+  EXPECT_EQ(
+      parse(", \"device_memory_gib\": 1e300"),
+      "s.json: key 'device_memory_gib': expected a number > 0 and <= 1048576 (GiB per device), got 1e+300");
 }
 
 TEST(SpecLimits, ASpecBuiltInCodeIsCheckedLikeASpecFile) {
@@ -235,8 +241,9 @@ TEST(SpecLimits, ASeqLenWhoseSequencesDoNotFitIsRefusedBeforePacking) {
     rp::Trainer(s).run();
     FAIL() << "accepted";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("test spec: key 'seq_len': packing 2 sequences of 274877906944 tokens"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("test spec: key 'seq_len': packing 2 sequences of 274877906944 tokens"),
+        std::string::npos)
         << e.what();
   }
 }
@@ -268,8 +275,9 @@ TEST(DiskFull, FreeSpaceIsCheckedAgainstTheCheckpointSize) {
     rp::require_disk_space((d / "not/yet").string(), uint64_t(1) << 62, "a checkpoint");
     FAIL() << "accepted";
   } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("not/yet: a checkpoint needs about 4294967296.0 GiB, the file system has"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("not/yet: a checkpoint needs about 4294967296.0 GiB, the file system has"),
+        std::string::npos)
         << e.what();
   }
   // the estimate bounds a real checkpoint from above (within a factor of two plus the slack)
