@@ -276,7 +276,7 @@ struct JobDone {
 struct CloseStep {
   int64_t step = 0;
   int64_t passes = 0;
-  float grad_scale = 1.f;  ///< 1 / target tokens of the step
+  float grad_scale = 1.f;  ///< 1 / target tokens of the step; 0: no target tokens, the step is skipped
   double lr = 0;
   /// Per parameter group: uploads and gradient contributions the step's passes make in
   /// total (passes may run different plans after a re-plan). Null: passes times the

@@ -247,6 +247,10 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
     auto& si = st.steps[step];
     if (si.closed || !si.close_requested || si.passes_dealt < si.passes_submitted) return;
     si.closed = true;
+    // A step without target tokens has no gradient: it is skipped like an inf/NaN step (an
+    // AdamW call with a zero gradient would still move the weights by momentum and decay).
+    // grad_scale 0 tells the shards.
+    if (si.tokens <= 0) si.decision.skip = true;
     float scale = si.tokens > 0 ? float(1.0 / si.tokens) : 0.f;
     auto up = std::make_shared<const std::vector<int>>(si.uploads);
     auto gr = std::make_shared<const std::vector<int>>(si.grads);
@@ -408,7 +412,7 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
         const double total = st.norms->take(g.step);
         const double base = si.tokens > 0 ? 1.0 / si.tokens : 1.0;
         si.decision = decide_step(total, base, st.cfg.max_grad_norm, st.cfg.loss_scaler, si.loss_scale);
-        if (si.tokens <= 0) si.decision.grad_scale = 0.f;
+        if (si.tokens <= 0) si.decision.skip = true, si.decision.grad_scale = 0.f;
         for (size_t k = 0; k < st.shards.size(); ++k) {
           trace_sent(st.cfg.tracer, "scheduler", fmt::format("shard{}", k), "StepScale",
                      {{"step", g.step}, {"shard", int64_t(k)}});

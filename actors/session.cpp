@@ -14,21 +14,11 @@
 #include "actors/session_impl.hpp"
 #include "actors/session_testing.hpp"
 #include "actors/worker.hpp"
+#include "base/checked_math.hpp"
+#include "base/host_resources.hpp"
 #include "scheduler/group_plan.hpp"
 
 namespace rp {
-
-/// Bytes of host memory available for new allocations (MemAvailable), or 0 if unknown.
-static size_t host_available_bytes() {
-  FILE* f = std::fopen("/proc/meminfo", "r");
-  if (!f) return 0;
-  char line[256];
-  size_t kb = 0;
-  while (std::fgets(line, sizeof line, f))
-    if (std::sscanf(line, "MemAvailable: %zu kB", &kb) == 1) break;
-  std::fclose(f);
-  return kb * 1024;
-}
 
 namespace {
 
@@ -116,26 +106,37 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
   // worker: shared, PassBuffers), and the decoders' saved attention when it is on (automatic:
   // on when everything fits 90% of the available memory).
   bool saved_attention = false;
+  size_t host_need = 0;  // bytes, before the CPU backend's virtual GPUs (checked with the plan below)
   {
     const auto& c = layout.config;
     const size_t n = size_t(layout.total_numel());
-    const size_t T = size_t(opt.micro.tokens());
-    const size_t act = T * size_t(c.hidden_size) * dtype_size(dt);
     const size_t slots = opt.workers == 1 ? 1 : size_t(opt.pass_slots);
-    const size_t per_slot = size_t(opt.micro_batches) * act * size_t(2 * layout.num_layers());
-    const size_t attn = slots * size_t(opt.micro_batches) * size_t(c.num_hidden_layers) * T *
-                        size_t(c.num_attention_heads) * (size_t(c.head_dim) * dtype_size(dt) + sizeof(float));
-    const size_t base = n * (4 /*m*/ + 4 /*v*/ + dtype_size(dt) + 4 /*grad*/) + slots * per_slot;
+    // every product checked: a shape from user input must not wrap around to a small size
+    const auto T = checked_bytes({size_t(opt.micro.n_seq), size_t(opt.micro.seq_len)});
+    const auto act = T ? checked_bytes({*T, size_t(c.hidden_size), dtype_size(dt)}) : std::nullopt;
+    const auto per_slot =
+        act ? checked_bytes({size_t(opt.micro_batches), *act, size_t(2 * layout.num_layers())}) : std::nullopt;
+    const auto attn = T ? checked_bytes({slots, size_t(opt.micro_batches), size_t(c.num_hidden_layers), *T,
+                                         size_t(c.num_attention_heads),
+                                         size_t(c.head_dim) * dtype_size(dt) + sizeof(float)})
+                        : std::nullopt;
+    const auto state = checked_bytes({n, 4 /*m*/ + 4 /*v*/ + dtype_size(dt) + 4 /*grad*/});
+    const auto acts = per_slot ? checked_bytes({slots, *per_slot}) : std::nullopt;
+    const auto base = state && acts ? checked_sum(*state, *acts) : std::nullopt;
+    const auto with_attn = base && attn ? checked_sum(*base, *attn) : std::nullopt;
     const size_t avail = host_available_bytes();
-    saved_attention = opt.save_attention.value_or(avail == 0 || double(base + attn) <= 0.9 * double(avail));
-    const size_t need = base + (saved_attention ? attn : 0);
-    if (avail > 0 && need > avail)
+    saved_attention =
+        opt.save_attention.value_or(with_attn && (avail == 0 || double(*with_attn) <= 0.9 * double(avail)));
+    const auto need = saved_attention ? with_attn : base;
+    if (!need || (avail > 0 && *need > avail))
       throw std::invalid_argument(fmt::format(
-          "host memory: the session needs about {:.1f} GiB (optimizer state, weights, gradients, {} pass slots of "
-          "activations{}) but only {:.1f} GiB are available; lower micro_batches, the sequence length or "
+          "host memory: the session needs about {} (optimizer state, weights, gradients, {} pass slots of "
+          "activations{}) but only {} are available; lower micro_batches, the sequence length or "
           "pass_slots{}",
-          need / double(1ull << 30), slots, saved_attention ? ", saved attention outputs" : "",
-          avail / double(1ull << 30), saved_attention ? ", or turn save_attention off" : ""));
+          need ? byte_text(double(*need)) : std::string("more than 2^64 bytes"), slots,
+          saved_attention ? ", saved attention outputs" : "", byte_text(double(avail)),
+          saved_attention ? ", or turn save_attention off" : ""));
+    host_need = *need;
   }
   I.saved_attention = saved_attention;
 
@@ -171,6 +172,24 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
   if (I.plan.num_layers != layout.num_layers())
     throw std::invalid_argument(fmt::format("plan has {} layers, the model has {}", I.plan.num_layers,
                                             layout.num_layers()));
+  if (backend == "cpu") {
+    // the CPU backend's virtual GPUs are host memory too: the plan's largest stage per worker
+    size_t per_worker = 0;
+    for (const Stage& st : I.plan.stages)
+      per_worker =
+          std::max(per_worker, size_t(std::max<int64_t>(0, estimate_stage(analytic, st, po).memory_bytes)));
+    const size_t arenas = std::min(per_worker, I.devices[0]->capacity_bytes()) * size_t(opt.workers);
+    const size_t avail = host_available_bytes();
+    const auto total = checked_sum(host_need, arenas);
+    if (!total || (avail > 0 && *total > avail))
+      throw std::invalid_argument(fmt::format(
+          "host memory: the session needs about {} ({} for optimizer state, weights, gradients and "
+          "activations, {} for {} virtual GPUs running plan {}) but only {} are available; lower "
+          "micro_batches or the sequence length",
+          total ? byte_text(double(*total)) : std::string("more than 2^64 bytes"),
+          byte_text(double(host_need)), byte_text(double(arenas)), opt.workers, I.plan.summary(),
+          byte_text(double(avail))));
+  }
   I.store = std::make_unique<ParamStore>(layout, dt);
   I.master = std::move(w);
   I.adam.resize(I.master.size());

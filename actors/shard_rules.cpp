@@ -112,7 +112,7 @@ bool ShardRules::advance(State& st, bool& progress, std::vector<ShardAction>& ou
   if (c == closed_.end() || st.published != st.updated) return true;
   if (off_ != 4 && (st.writer_active || st.grads_done[k] < expected(c->second, false, st))) return true;
   float scale = c->second.grad_scale;
-  bool skip = false;
+  bool skip = scale == 0.f;  // a step without target tokens: no gradient, nothing to update
   if (guard_) {
     // report this group's partial sum of squares once, then wait for the step's scalar
     if (st.sumsq_sent < k) {

@@ -33,7 +33,7 @@ namespace rp {
 /// What CloseStep told the shard about a step.
 struct ClosedStep {
   int64_t passes = 0;
-  float grad_scale = 1.f;  ///< 1 / target tokens of the step
+  float grad_scale = 1.f;  ///< 1 / target tokens of the step; 0: no target tokens, the step is skipped
   double lr = 0;
   /// Per group: the step's uploads and gradient contributions in total; null: passes times
   /// the group's per-pass counts.

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "base/checked_math.hpp"
 #include "cli/command.hpp"
 #include "model/config.hpp"
 #include "model/gguf.hpp"
@@ -91,6 +92,12 @@ ModelShape load_model_shape(const std::string& path, std::string* description) {
     kind = j.value("model_type", std::string("?"));
   }
   m.validate(file);
+  // The partitioner searches every contiguous range of layers (O(L^2) candidates, each
+  // memoised): 1024 decoder layers is 8x the deepest released dense model (126).
+  if (m.num_layers > kMaxPlanLayers)
+    throw std::runtime_error(fmt::format("{}: num_hidden_layers {} exceeds the {} decoder layers the planner "
+                                         "handles",
+                                         file, m.num_layers, kMaxPlanLayers));
   if (description) {
     double params = 0;
     for (int l = 0; l <= m.num_layers; ++l) params += double(layer_parameters(m, l));
@@ -182,6 +189,10 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
   if (!(o.hbm_gbps > 0)) throw std::invalid_argument("--hbm-gbps: expected > 0");
   if (!(o.pcie_gbps >= 0)) throw std::invalid_argument("--pcie-gbps: expected >= 0");
   if (o.iterations < 0) throw std::invalid_argument("--iterations: expected >= 0");
+  if (!checked_product({o.seq_len, o.sequences_per_micro, o.micro_batches}, int64_t(1) << 40))
+    throw std::invalid_argument(fmt::format(
+        "--seq {} x --sequences-per-micro {} x --micro {}: more than 2^40 tokens per iteration", o.seq_len,
+        o.sequences_per_micro, o.micro_batches));
 
   if (o.max_seq && o.memory_cap.empty()) throw std::invalid_argument("--max-seq needs --memory-cap");
   std::string desc;

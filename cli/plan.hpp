@@ -15,6 +15,9 @@ class App;
 
 namespace rp {
 
+/// Decoder layers `roundpipe plan` partitions at most (load_model_shape refuses more).
+constexpr int64_t kMaxPlanLayers = 1024;
+
 struct PlanCommandOptions {
   std::string model;               ///< folder with config.json, a config.json, or a .gguf
   int gpus = 8;                    ///< G

@@ -92,8 +92,8 @@ void print_progress(const TrainSpec& spec, const StepReport& r) {
              r.tokens_per_s, r.lr,
              (r.mfu > 0 ? fmt::format(" | MFU {:.3f}", r.mfu) : std::string()) +
                  (spec.max_grad_norm > 0 ? fmt::format(" | grad norm {:.3f}", r.grad_norm) : std::string()) +
-                 (spec.loss_scaling ? fmt::format(" | scale {:g}{}", r.loss_scale, r.skipped ? " (skipped)" : "")
-                                    : std::string()),
+                 (spec.loss_scaling ? fmt::format(" | scale {:g}", r.loss_scale) : std::string()) +
+                 (r.skipped ? " (skipped)" : ""),
              fmt_duration(r.elapsed_s), fmt_duration(r.eta_s));
   std::fflush(stdout);
 }
@@ -134,6 +134,9 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
                    : fmt::format("saved {} (continue with --resume {})", res.checkpoint, res.checkpoint));
     return 130;
   }
+  if (res.skipped_steps > 0)
+    fmt::print("{} of the steps were skipped (inf/NaN gradients or no target tokens; see the warnings)\n",
+               res.skipped_steps);
   fmt::print("done: {} steps{} in {}, peak device memory {:.1f} MiB per worker, metrics in {}, plan {}\n",
              spec.steps - res.first_step,
              res.first_step > 0 ? fmt::format(" (resumed at step {}, {} in all)", res.first_step, spec.steps)

@@ -156,6 +156,8 @@ void add_record(const nlohmann::json& j, const std::string& where, const Tokeniz
   } else if (j.contains("prompt") || j.contains("completion")) {
     const std::string& prompt = get_string(j, "prompt", "", where);
     const std::string& completion = get_string(j, "completion", "", where);
+    if (prompt.empty() && completion.empty())
+      fail(where, "\"prompt\" and \"completion\" are both empty (nothing to train on)");
     Example ex;
     ex.ids = tok.prefix_tokens();
     auto p = tok.encode(prompt);
@@ -299,12 +301,32 @@ size_t place_example(const Example& ex, size_t n, size_t at, size_t L, PackedSeq
 
 }  // namespace
 
-PackedSequences pack_sequences(const Dataset& data, int64_t seq_len, int32_t pad_id, bool pack) {
+PackedSequences pack_sequences(const Dataset& data, int64_t seq_len, int32_t pad_id, bool pack, size_t max_bytes) {
   if (seq_len < 1) throw std::invalid_argument(fmt::format("pack_sequences: seq_len must be >= 1, got {}", seq_len));
   if (pad_id < 0) throw std::invalid_argument(fmt::format("pack_sequences: pad_id must be >= 0, got {}", pad_id));
   PackedSequences p;
   p.seq_len = seq_len;
   const size_t L = size_t(seq_len);
+  // the rows and their bytes first (packing needs at most as many rows as one example per
+  // row): nothing is allocated for an impossible seq_len
+  size_t rows = 0;
+  for (const auto& ex : data.examples) {
+    if (ex.loss_mask.size() != ex.ids.size())
+      throw std::invalid_argument("pack_sequences: an example's loss_mask and ids differ in length");
+    const size_t n = std::min(ex.ids.size(), L + 1);
+    bool target = false;
+    for (size_t t = 1; t < n && !target; ++t) target = ex.loss_mask[t] != 0;
+    rows += target ? 1 : 0;  // an example without a target is dropped
+  }
+  if (data.text_stream.size() > 1) rows += (data.text_stream.size() - 2) / L + 1;
+  const size_t per_token = (pack ? 3 : 2) * sizeof(int32_t);
+  size_t bytes = 0;
+  if (__builtin_mul_overflow(rows, L, &bytes) || __builtin_mul_overflow(bytes, per_token, &bytes) ||
+      (max_bytes > 0 && bytes > max_bytes))
+    throw std::length_error(fmt::format(
+        "packing {} sequences of {} tokens needs {:.1f} GiB of host memory (ids, targets{}), {:.1f} GiB are available",
+        rows, seq_len, double(rows) * double(L) * double(per_token) / double(1ull << 30),
+        pack ? ", positions" : "", double(max_bytes) / double(1ull << 30)));
   auto new_row = [&] {
     const size_t base = p.ids.size();
     p.ids.resize(base + L, pad_id);

@@ -97,7 +97,10 @@ struct PackedSequences {
 /// with positions-aware attention (Session::forward_backward with positions) a packed
 /// sequence computes exactly what its examples compute one by one. Text windows get
 /// positions 0..seq_len-1. Throws std::invalid_argument when seq_len < 1 or pad_id < 0.
-PackedSequences pack_sequences(const Dataset& data, int64_t seq_len, int32_t pad_id, bool pack = false);
+/// Throws std::length_error, before allocating, when the packed ids, targets (and positions)
+/// would exceed `max_bytes` (0: no limit) or the size_t range.
+PackedSequences pack_sequences(const Dataset& data, int64_t seq_len, int32_t pad_id, bool pack = false,
+                               size_t max_bytes = 0);
 
 /// Splits off every k-th sequence for evaluation: sequence i goes to the returned set when
 /// floor((i+1)*fraction) > floor(i*fraction) (evenly spread, deterministic), the rest stay

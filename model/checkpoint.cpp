@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "model/config.hpp"
 #include "model/gguf.hpp"
 #include "model/tokenizer_export.hpp"
 #include "base/atomic_file.hpp"
@@ -91,7 +92,8 @@ LoadedModel load_gguf(const std::string& path) {
   GgufFile f(path);
   LoadedModel m;
   m.source = path;
-  m.config = config_from_gguf(f);
+  m.config = config_from_gguf(f);  // checks the sizes against the file's size
+  check_host_memory_to_load(m.config, path);
   const ModelLayout layout = make_layout(m.config);
   for (const auto& t : f.tensors()) {
     if (t.name == "rope_freqs.weight") continue;  // folded into config.rope_scaling
@@ -151,6 +153,14 @@ LoadedModel load_hf_dir(const std::string& path) {
   m.source = path;
   m.config = load_config_file((dir / "config.json").string());
   std::error_code ec;
+  {  // the config's sizes against the weight files, before anything is allocated from them
+    uint64_t bytes = 0;
+    for (const auto& e : fs::directory_iterator(dir, ec))
+      if (e.path().extension() == ".safetensors") bytes += e.file_size(ec);
+    if (bytes > 0)  // none: load_safetensors names the missing file
+      check_weights_fit_files(m.config, bytes, 2.0, (dir / "config.json").string(), "num_hidden_layers");
+    check_host_memory_to_load(m.config, (dir / "config.json").string());
+  }
   std::string where = (dir / "model.safetensors.index.json").string();
   if (!fs::exists(where, ec)) where = (dir / "model.safetensors").string();
   m.tensors = load_safetensors(path);

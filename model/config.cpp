@@ -1,6 +1,9 @@
 #include "model/config.hpp"
 
+#include "base/host_resources.hpp"
+
 #include <cmath>
+#include <optional>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -152,6 +155,20 @@ int64_t ModelConfig::num_parameters() const {
   return n;
 }
 
+std::optional<int64_t> parameter_count(const ModelConfig& c) {
+  const int64_t H = c.hidden_size, D = c.head_dim, F = c.intermediate_size, V = c.vocab_size;
+  const int64_t nq = c.num_attention_heads, nkv = c.num_key_value_heads, L = c.num_hidden_layers;
+  if (H < 0 || D < 0 || F < 0 || V < 0 || nq < 0 || nkv < 0 || L < 0) return std::nullopt;
+  constexpr int64_t kMax = int64_t(1) << 48;
+  // every term below is a product of two or three sizes: compute each in 128 bits
+  using W = __int128;
+  W per_layer = W(2) * H + W(H) * nq * D + W(2) * H * nkv * D + W(nq) * D * H + W(3) * H * F +
+                (c.qk_norm ? W(2) * D : 0);
+  W n = W(V) * H * (c.tie_word_embeddings ? 1 : 2) + W(L) * per_layer + H;
+  if (per_layer > kMax || n > kMax) return std::nullopt;
+  return int64_t(n);
+}
+
 void ModelConfig::validate() const {
   auto fail = [](const std::string& key, const std::string& what) {
     throw std::invalid_argument(fmt::format("{}: {}", key, what));
@@ -190,6 +207,14 @@ void ModelConfig::validate() const {
       fail("rope_scaling.high_freq_factor", "must be > low_freq_factor");
   }
   if (attention_bias) fail("attention_bias", "only false is supported");
+  // sizes multiply into tensor shapes and byte counts: refuse a product beyond 2^48 before
+  // anything is allocated from it (a layer count of 2^32 used to be allocated layer by layer)
+  if (!parameter_count(*this))
+    fail("num_hidden_layers",
+         fmt::format("sizes whose parameter count fits 2^48 (vocab {} x hidden {}, {} layers of {} x {} "
+                     "FFN, {} heads x {}), got more",
+                     vocab_size, hidden_size, num_hidden_layers, hidden_size, intermediate_size,
+                     num_attention_heads, head_dim));
   for (auto [k, v] : {std::pair{"bos_token_id", bos_token_id}, {"eos_token_id", eos_token_id},
                       {"pad_token_id", pad_token_id}})
     if (v >= vocab_size) fail(k, fmt::format("must be < vocab_size ({}), got {}", vocab_size, v));
@@ -333,6 +358,29 @@ nlohmann::json config_to_json(const ModelConfig& c) {
   j["torch_dtype"] = "float32";
   j["dtype"] = "float32";
   return j;
+}
+
+void check_weights_fit_files(const ModelConfig& c, uint64_t file_bytes, double min_bytes_per_param,
+                             const std::string& where, const std::string& layers_key) {
+  const auto n = parameter_count(c);
+  const double need = n ? double(*n) * min_bytes_per_param : INFINITY;
+  if (!(need <= double(file_bytes)))
+    throw std::runtime_error(fmt::format(
+        "{}: the sizes in the metadata ({} {}, hidden {}, FFN {}, vocab {}) need {} parameters, at least {} "
+        "of weights, but the file holds {} bytes",
+        where, layers_key, c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.vocab_size,
+        n ? fmt::format("{}", *n) : std::string("more than 2^48"), byte_text(need), file_bytes));
+}
+
+void check_host_memory_to_load(const ModelConfig& c, const std::string& where) {
+  const auto n = parameter_count(c);
+  const double need = n ? double(*n) * 8.0 : INFINITY;
+  const size_t avail = host_available_bytes();
+  if (avail > 0 && !(need <= double(avail)))
+    throw std::runtime_error(fmt::format(
+        "{}: loading {} parameters as fp32 needs about {} of host memory, {} is available", where,
+        n ? fmt::format("{}", *n) : std::string("more than 2^48"), byte_text(need),
+        byte_text(double(avail))));
 }
 
 }  // namespace rp

@@ -408,6 +408,17 @@ GgufFile::GgufFile(const std::string& path) : path_(path) {
       if (t.offset > avail || t.nbytes > avail - t.offset)
         r.fail(fmt::format("truncated file: tensor '{}' ({} bytes at data offset {}) extends past "
                            "the end of the file ({} bytes)", t.name, t.nbytes, t.offset, size_));
+    // two tensors sharing bytes would read each other's data as weights
+    std::vector<const GgufTensorInfo*> by_offset;
+    for (const auto& t : tensors_) by_offset.push_back(&t);
+    std::sort(by_offset.begin(), by_offset.end(),
+              [](const GgufTensorInfo* a, const GgufTensorInfo* b) { return a->offset < b->offset; });
+    for (size_t i = 1; i < by_offset.size(); ++i)
+      if (by_offset[i - 1]->offset + by_offset[i - 1]->nbytes > by_offset[i]->offset)
+        r.fail(fmt::format("corrupt header: tensors '{}' (bytes {}-{}) and '{}' (from byte {}) overlap",
+                           by_offset[i - 1]->name, by_offset[i - 1]->offset,
+                           by_offset[i - 1]->offset + by_offset[i - 1]->nbytes, by_offset[i]->name,
+                           by_offset[i]->offset));
   } catch (...) {
     ::munmap(const_cast<uint8_t*>(map_), size_);
     map_ = nullptr;
@@ -603,6 +614,8 @@ ModelConfig config_from_gguf(const GgufFile& f) {
   } catch (const std::invalid_argument& e) {
     fail(fmt::format("inconsistent model metadata: {}", e.what()));
   }
+  // Q2_K (84 bytes per 256 weights) is the smallest type this reader takes
+  check_weights_fit_files(c, f.file_size(), 84.0 / 256.0, f.path(), p + "block_count");
   return c;
 }
 

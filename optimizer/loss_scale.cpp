@@ -1,5 +1,6 @@
 #include "optimizer/loss_scale.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <istream>
@@ -52,13 +53,15 @@ void LossScalerOptions::validate() const {
   if (!(growth_factor > 1) || !std::isfinite(growth_factor)) bad("growth_factor", growth_factor, "need a finite value > 1");
   if (!(backoff_factor > 0 && backoff_factor < 1)) bad("backoff_factor", backoff_factor, "need 0 < backoff_factor < 1");
   if (growth_interval < 1) bad("growth_interval", double(growth_interval), "need >= 1");
+  if (!(min_scale > 0) || !std::isfinite(min_scale) || min_scale > init_scale)
+    bad("min_scale", min_scale, "need a finite value > 0 and <= init_scale");
 }
 
 LossScaler::LossScaler(LossScalerOptions o) : opt_(o), scale_(o.init_scale) { opt_.validate(); }
 
 bool LossScaler::update(bool found_inf, float scale_used) {
   if (found_inf) {
-    const float backed = scale_used * opt_.backoff_factor;
+    const float backed = std::max(scale_used * opt_.backoff_factor, opt_.min_scale);
     if (backed < scale_) scale_ = backed;
     tracker_ = 0;
     ++skipped_;
@@ -107,6 +110,7 @@ void LossScaler::load(std::istream& is) {
   o.backoff_factor = r.backoff;
   o.growth_interval = r.interval;
   o.init_scale = r.scale;
+  o.min_scale = std::min(opt_.min_scale, r.scale);  // the configured floor is not state
   try {
     o.validate();
   } catch (const std::invalid_argument& e) {

@@ -23,8 +23,8 @@
 namespace rp {
 
 /// The scale state machine of torch's GradScaler (_amp_update_scale_):
-///  - overflow (inf/NaN in the step's gradients): scale *= backoff_factor, tracker = 0,
-///    the step is skipped;
+///  - overflow (inf/NaN in the step's gradients): scale *= backoff_factor, but never below
+///    min_scale (at_floor() then), tracker = 0, the step is skipped;
 ///  - clean step: tracker += 1; when it reaches growth_interval, scale *= growth_factor
 ///    (only if the result is finite) and tracker = 0.
 /// Async extension: update() takes the scale the step's backward actually used. An
@@ -37,6 +37,8 @@ class LossScaler {
   explicit LossScaler(LossScalerOptions o = {});
 
   float scale() const { return scale_; }
+  /// The scale is at its floor (LossScalerOptions::min_scale): backoffs change nothing more.
+  bool at_floor() const { return scale_ <= opt_.min_scale; }
   int64_t growth_tracker() const { return tracker_; }
   int64_t steps_skipped() const { return skipped_; }
   int64_t steps_applied() const { return applied_; }

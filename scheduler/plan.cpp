@@ -102,6 +102,8 @@ IterationPlan make_uniform_plan(int num_layers, int fwd_layers, int bwd_layers, 
 }
 
 IterationPlan make_default_plan(int num_layers, int num_workers) {
+  if (num_workers < 1)
+    throw std::invalid_argument(fmt::format("workers must be >= 1, got {}", num_workers));
   int body = num_layers - 1;  // layers before the tail
   int bwd = std::max(1, body / std::max(1, 2 * num_workers));
   bwd = std::min(bwd, 4);
@@ -169,6 +171,14 @@ IterationPlan plan_from_json(const nlohmann::json& j, int num_layers, int num_wo
   int f = int_of(j, "forward_layers", d.stages[0].num_layers(), where);
   int b = int_of(j, "backward_layers", d.stages.back().num_layers(), where);
   int t = int_of(j, "tail_decoders", 0, where);
+  // an explicit plan is run as given, never clamped: a stage longer than the layers before
+  // the tail is refused
+  const int body = num_layers - 1 - std::clamp(t, 0, std::max(0, num_layers - 2));
+  for (auto [key, v] : {std::pair{"forward_layers", f}, {"backward_layers", b}})
+    if (j.contains(key) && (v < 1 || v > body))
+      throw std::invalid_argument(fmt::format(
+          "{}: key '{}': expected 1..{} (the layers before the tail: embedding and {} decoders), got {}",
+          where, key, body, body - 1, v));
   try {
     return make_uniform_plan(num_layers, f, b, t);
   } catch (const std::invalid_argument& e) {

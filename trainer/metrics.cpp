@@ -1,5 +1,7 @@
 #include "trainer/metrics.hpp"
 
+#include <cerrno>
+#include <cstring>
 #include <stdexcept>
 #include <vector>
 
@@ -13,15 +15,27 @@ MetricsFile::MetricsFile(const std::string& path, int64_t resume_step) : path_(p
   const bool resuming = resume_step > 0;
   if (resuming) truncate_metrics(path, resume_step, kHeader);
   csv_.open(path, resuming ? std::ios::app : std::ios::trunc);
-  if (!csv_) throw std::runtime_error(path + ": cannot write");
-  if (!resuming) csv_ << kHeader;
+  if (!csv_) throw std::runtime_error(fmt::format("{}: cannot write: {}", path, std::strerror(errno)));
+  if (!resuming) {
+    errno = 0;
+    csv_ << kHeader;
+    csv_.flush();
+    if (!csv_)
+      throw std::runtime_error(
+          fmt::format("{}: cannot write the header: {}", path, errno ? std::strerror(errno) : "write failed"));
+  }
 }
 
 void MetricsFile::write(const StepReport& r) {
+  errno = 0;
   csv_ << fmt::format("{},{:.6f},{},{:.1f},{:.6g},{:.3f},{:.6g},{:.6g},{},{}\n", r.step, r.loss, r.target_tokens,
                       r.tokens_per_s, r.lr, r.elapsed_s, r.grad_norm, r.loss_scale, r.skipped ? 1 : 0,
                       r.evaluated ? fmt::format("{:.6f},{:.6g}", r.eval_loss, r.eval_perplexity) : std::string(","));
   csv_.flush();
+  // a failed row is reported at once: a full disk would fail every later save too
+  if (!csv_)
+    throw std::runtime_error(fmt::format("{}: cannot write the row of step {}: {}", path_, r.step,
+                                         errno ? std::strerror(errno) : "write failed"));
 }
 
 void truncate_metrics(const std::string& path, int64_t step, const std::string& header) {

@@ -17,7 +17,9 @@ class MetricsFile {
   /// resumed at `resume_step` keeps the rows of steps <= resume_step (those of a later,
   /// abandoned attempt go) and appends after them. Throws std::runtime_error("<path>: ...").
   MetricsFile(const std::string& path, int64_t resume_step);
-  /// Appends the row of `r` and flushes it (a killed run keeps every reported step).
+  /// Appends the row of `r` and flushes it (a killed run keeps every reported step). Throws
+  /// std::runtime_error("<path>: cannot write the row of step N: <errno text>") when the write
+  /// fails (a full disk): the run stops at once.
   void write(const StepReport& r);
   const std::string& path() const { return path_; }
 

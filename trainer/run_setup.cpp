@@ -1,6 +1,7 @@
 #include "trainer/run_setup.hpp"
 
 #include <filesystem>
+#include <optional>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -64,7 +65,13 @@ TokenStream load_data_for_training(const TrainSpec& spec, const LoadedModel& mod
   o.packing = spec.packing;
   o.eval_fraction = spec.eval_data.empty() ? spec.eval_fraction : 0;
   spdlog::info("loading data {} (chat template {})", spec.data, o.chat_template);
-  TokenStream data(model, spec.data, o);
+  std::optional<TokenStream> loaded;
+  try {
+    loaded.emplace(model, spec.data, o);
+  } catch (const std::length_error& e) {  // the packed sequences do not fit the host
+    throw std::invalid_argument(fmt::format("{}: key 'seq_len': {}", spec.source, e.what()));
+  }
+  TokenStream& data = *loaded;
   const TokenStreamStats& st = data.stats();
   spdlog::info("data: {}{} -> {} sequences of {} tokens{}",
                st.examples == 0 ? std::string() : fmt::format("{} examples", st.examples),
@@ -81,7 +88,7 @@ TokenStream load_data_for_training(const TrainSpec& spec, const LoadedModel& mod
   const int64_t max_pos = model.config.max_position_embeddings;
   if (max_pos > 0 && spec.seq_len > max_pos)
     spdlog::warn("seq_len {} exceeds the model's max_position_embeddings {}", spec.seq_len, max_pos);
-  return data;
+  return std::move(data);
 }
 
 std::vector<TokenBatch> load_eval_batches(const TrainSpec& spec, const LoadedModel& model, const TokenStream& train) {
@@ -115,6 +122,7 @@ SessionOptions session_options_of(const TrainSpec& spec, const ModelLayout& layo
   opt.async = spec.async;
   opt.adam = spec.adam;
   opt.max_grad_norm = spec.max_grad_norm;
+  opt.skip_nonfinite = spec.nonfinite == "skip";
   opt.device.capacity_bytes = size_t(spec.device_memory_gib * double(1ull << 30));
   opt.device.pcie_bytes_per_s = spec.pcie_gbps * 1e9;
   opt.device.dtype = parse_dtype(spec.compute_dtype);

@@ -2,12 +2,14 @@
 #include "roundpipe/spec.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
 
 #include <fmt/format.h>
 
+#include "base/checked_math.hpp"
 #include "base/json_fields.hpp"
 #include "data/chat_template.hpp"
 
@@ -58,6 +60,9 @@ void read_scalars(const JsonFields& f, TrainSpec& s) {
   f.optional("resume_from", s.resume_from);
   f.optional("watchdog_s", s.watchdog_s);
   f.optional("stop_timeout_s", s.stop_timeout_s);
+  f.optional("nonfinite", s.nonfinite);
+  if (s.nonfinite != "stop" && s.nonfinite != "skip") f.fail("nonfinite", "\"stop\" or \"skip\"", s.nonfinite);
+  f.optional("max_skipped_steps", s.max_skipped_steps);
   if (f.has("resume_from") && s.resume_from.empty()) f.fail("resume_from", "a checkpoint folder");
   if (f.has("plan")) s.plan = f.at("plan");
 }
@@ -70,12 +75,13 @@ void read_loss_scaling(const JsonFields& f, TrainSpec& s) {
     s.loss_scaling = l.get<bool>() ? std::optional<LossScalerOptions>(LossScalerOptions{}) : std::nullopt;
   } else if (l.is_object()) {
     const JsonFields lf = f.nested("loss_scaling");
-    lf.allow_only({"init_scale", "growth_factor", "backoff_factor", "growth_interval"});
+    lf.allow_only({"init_scale", "growth_factor", "backoff_factor", "growth_interval", "min_scale"});
     LossScalerOptions o;
     lf.optional("init_scale", o.init_scale);
     lf.optional("growth_factor", o.growth_factor);
     lf.optional("backoff_factor", o.backoff_factor);
     lf.optional("growth_interval", o.growth_interval);
+    lf.optional("min_scale", o.min_scale);
     try {
       o.validate();
     } catch (const std::invalid_argument& e) {
@@ -83,7 +89,8 @@ void read_loss_scaling(const JsonFields& f, TrainSpec& s) {
     }
     s.loss_scaling = o;
   } else {
-    f.fail("loss_scaling", "true, false or an object {init_scale, growth_factor, backoff_factor, growth_interval}");
+    f.fail("loss_scaling",
+           "true, false or an object {init_scale, growth_factor, backoff_factor, growth_interval, min_scale}");
   }
   if (s.loss_scaling && s.compute_dtype != "f16")
     f.fail_with(
@@ -117,6 +124,25 @@ void read_optimizer(const JsonFields& f, TrainSpec& s) {
   s.lr_schedule = LrSchedule::from_json(sched, f.where() + ": lr_schedule");
 }
 
+/// Every product of counts the runtime forms is checked before it is formed: a product that
+/// wraps around used to divide by zero (SIGFPE) or size a buffer wrongly.
+void check_products(const JsonFields& f, const TrainSpec& s) {
+  const auto per_step = checked_product({s.micro_batches, s.accumulation});
+  if (!per_step || s.sequences_per_step % *per_step != 0)
+    f.fail_with(fmt::format(
+        "key 'sequences_per_step': {} is not divisible by micro_batches x accumulation = {} x {}{}",
+        s.sequences_per_step, s.micro_batches, s.accumulation, per_step ? fmt::format(" = {}", *per_step) : ""));
+  // tokens of a step (and of any pass or micro-batch, which are smaller): 2^40 leaves room for
+  // the byte counts of its activations, which the host-memory check computes
+  if (!checked_product({s.sequences_per_step, s.seq_len}, int64_t(1) << 40))
+    f.fail_with(fmt::format("key 'seq_len': {} tokens x {} sequences per step exceeds 2^40 tokens per step",
+                            s.seq_len, s.sequences_per_step));
+  // the data position after the last step (trainer_state.json)
+  if (!checked_product({s.steps, s.sequences_per_step}))
+    f.fail_with(fmt::format("key 'steps': {} steps x {} sequences per step overflows a 64-bit count", s.steps,
+                            s.sequences_per_step));
+}
+
 void check_ranges(const JsonFields& f, const TrainSpec& s) {
   auto positive = [&](const char* k, int64_t v) {
     if (v < 1) f.fail(k, "an integer >= 1", v);
@@ -128,16 +154,17 @@ void check_ranges(const JsonFields& f, const TrainSpec& s) {
   positive("steps", s.steps);
   positive("workers", s.workers);
   positive("log_every", s.log_every);
+  positive("max_skipped_steps", s.max_skipped_steps);
   if (s.seq_len < 2) f.fail("seq_len", "an integer >= 2", s.seq_len);
-  if (s.sequences_per_step % (s.micro_batches * s.accumulation) != 0)
-    f.fail_with(fmt::format("key 'sequences_per_step': {} is not divisible by micro_batches x accumulation = {}",
-                            s.sequences_per_step, s.micro_batches * s.accumulation));
+  check_products(f, s);
   if (s.backend != "auto" && s.backend != "cpu" && s.backend != "cuda")
     f.fail("backend", "\"auto\", \"cpu\" or \"cuda\"", s.backend);
   if (s.save_dtype != "f32" && s.save_dtype != "bf16" && s.save_dtype != "f16")
     f.fail("save_dtype", "\"f32\", \"bf16\" or \"f16\"", s.save_dtype);
-  if (s.device_memory_gib <= 0) f.fail("device_memory_gib", "a number > 0", s.device_memory_gib);
-  if (s.pcie_gbps < 0) f.fail("pcie_gbps", "a number >= 0", s.pcie_gbps);
+  // 2^20 GiB (1 PiB) per device: beyond any GPU or host, and its bytes still fit a size_t
+  if (!(s.device_memory_gib > 0) || !(s.device_memory_gib <= double(1 << 20)))
+    f.fail("device_memory_gib", "a number > 0 and <= 1048576 (GiB per device)", s.device_memory_gib);
+  if (!(s.pcie_gbps >= 0) || !std::isfinite(s.pcie_gbps)) f.fail("pcie_gbps", "a finite number >= 0", s.pcie_gbps);
   if (s.transfer_chunk_bytes != 0 && s.transfer_chunk_bytes < (int64_t(1) << 16))
     f.fail("transfer_chunk_bytes", "0 (no chunking) or at least 65536 bytes", s.transfer_chunk_bytes);
   if (s.save_every < 0) f.fail("save_every", "an integer >= 0", s.save_every);
@@ -167,8 +194,9 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
                 "steps", "max_examples", "packing", "eval_data", "eval_fraction", "eval_every", "optimizer", "lr_schedule", "backend", "workers", "async", "plan",
                 "device_memory_gib", "pcie_gbps", "transfer_priorities", "transfer_chunk_bytes", "save_attention",
                 "mlp_chunk_tokens", "output_dir",
-                "save_every", "save_dtype", "trace", "trace_messages", "tensorboard", "sample_prompt", "seed", "log_every", "compute_dtype", "loss_scaling",
-                "resume_from", "watchdog_s", "stop_timeout_s", "comment"});
+                "save_every", "save_dtype", "trace", "trace_messages", "tensorboard", "sample_prompt", "seed",
+                "log_every", "compute_dtype", "loss_scaling", "resume_from", "watchdog_s", "stop_timeout_s",
+                "nonfinite", "max_skipped_steps", "comment"});
   if (!f.has("model")) throw std::invalid_argument(where + ": missing key 'model' (a .gguf file or HF directory)");
   if (!f.has("data")) throw std::invalid_argument(where + ": missing key 'data' (a .jsonl or .txt file, or a directory)");
   TrainSpec s;
@@ -178,6 +206,24 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
   read_optimizer(f, s);
   check_ranges(f, s);
   return s;
+}
+
+void validate_spec(const TrainSpec& s) {
+  const nlohmann::json none = nlohmann::json::object();
+  const JsonFields f(none, s.source);
+  if (s.nonfinite != "stop" && s.nonfinite != "skip") f.fail("nonfinite", "\"stop\" or \"skip\"", s.nonfinite);
+  if (s.compute_dtype != "bf16" && s.compute_dtype != "f16")
+    f.fail("compute_dtype", "\"bf16\" or \"f16\"", s.compute_dtype);
+  if (s.max_examples < 0) f.fail("max_examples", "an integer >= 0", s.max_examples);
+  if (s.max_grad_norm < 0 || !std::isfinite(s.max_grad_norm))
+    f.fail("max_grad_norm", "a finite number >= 0", s.max_grad_norm);
+  check_ranges(f, s);
+  try {
+    s.lr_schedule.validate();
+    if (s.loss_scaling) s.loss_scaling->validate();
+  } catch (const std::invalid_argument& e) {
+    f.fail_with(e.what());
+  }
 }
 
 TrainSpec load_spec(const std::string& path) {

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "base/host_resources.hpp"
 #include "data/chat_template.hpp"
 #include "data/dataset.hpp"
 #include "data/tokenizer.hpp"
@@ -43,7 +44,7 @@ TokenStream::TokenStream(const LoadedModel& model, const std::string& data_path,
   const ChatTemplate chat = template_for(model, o.chat_template);
   Dataset ds = load_dataset(data_path, tok, chat);
   if (o.max_examples > 0 && int64_t(ds.examples.size()) > o.max_examples) ds.examples.resize(size_t(o.max_examples));
-  PackedSequences packed = pack_sequences(ds, o.seq_len, tok.eos_id(), o.packing);
+  PackedSequences packed = pack_sequences(ds, o.seq_len, tok.eos_id(), o.packing, host_available_bytes());
   PackedSequences held = split_off(packed, o.eval_fraction);
   TokenStreamStats st;
   st.examples = ds.examples.size();

@@ -14,11 +14,13 @@
 #include "roundpipe/checkpoint.hpp"
 #include "roundpipe/session.hpp"
 #include "trainer/checkpoint_bundle.hpp"
+#include "trainer/disk_space.hpp"
 #include "trainer/metrics.hpp"
 #include "trainer/run_setup.hpp"
 #include "trainer/sample.hpp"
 #include "trainer/tensorboard.hpp"
 #include "scheduler/cost_model.hpp"
+#include "trainer/step_watch.hpp"
 
 namespace rp {
 namespace {
@@ -27,7 +29,7 @@ namespace {
 class Run {
  public:
   Run(const TrainSpec& spec, const TrainerCallbacks& cb, const StopToken& stop)
-      : spec_(spec), cb_(cb), stop_(stop), t0_(std::chrono::steady_clock::now()) {}
+      : spec_(spec), cb_(cb), stop_(stop), t0_(std::chrono::steady_clock::now()), watch_(spec) {}
   TrainResult execute();
 
  private:
@@ -44,6 +46,10 @@ class Run {
   void save(const std::string& name);
   void save_profile();
   void evaluate(int64_t steps_done);
+  /// The checkpoint an error leaves as the last good one ("" when there is none).
+  std::string kept_checkpoint() const {
+    return !last_checkpoint_.empty() ? last_checkpoint_ : resume_ ? resume_->dir : "";
+  }
   TrainResult finish(int64_t t);
   TrainResult abandon(int64_t t);
 
@@ -72,9 +78,12 @@ class Run {
   double last_report_ = 0;
   std::string last_checkpoint_;
   std::optional<Clock::time_point> stop_deadline_;  // set when the stop request is first seen
+  StepWatch watch_;
+  uint64_t checkpoint_bytes_ = 0;  // free disk space a save needs
 };
 
 void Run::setup() {
+  validate_spec(spec_);       // a spec built in code gets the checks of a spec file
   prepare_output_dir(spec_);  // before anything is loaded or written
   check_compute_dtype(spec_);
   resume_ = check_resume(spec_);
@@ -87,6 +96,9 @@ void Run::setup() {
   data_.emplace(load_data_for_training(spec_, model_));
   eval_batches_ = load_eval_batches(spec_, model_, *data_);
   start_session(layout, std::move(weights));
+  checkpoint_bytes_ = checkpoint_bytes(layout, spec_);
+  // a full disk is found now, not at the final save after every step was trained
+  require_disk_space(spec_.output_dir, checkpoint_bytes_, "a checkpoint");
   std::filesystem::create_directories(spec_.output_dir);
   metrics_ = std::make_unique<MetricsFile>(path("metrics.csv"), start_);
   if (spec_.tensorboard) tb_ = std::make_unique<TensorBoardWriter>(path("tensorboard"));
@@ -159,6 +171,7 @@ bool Run::report(int64_t t) {
   metrics_->write(s);
   log_scalars(s);
   if (cb_.on_step) cb_.on_step(s);
+  for (const auto& w : watch_.check(s, kept_checkpoint())) spdlog::warn("{}", w);
   return true;
 }
 
@@ -263,6 +276,14 @@ void Run::save(const std::string& name) {
   const double t0 = elapsed();
   const std::string dir = path(name);
   const int64_t steps = session_->steps_closed();
+  // never replace a good checkpoint with non-finite weights
+  if (const int64_t g = first_nonfinite_group(session_->master_weights()); g >= 0)
+    throw TrainingDiverged(fmt::format(
+        "step {}: parameter group '{}' holds inf/NaN values; refusing to write {} ({}). Lower optimizer.lr or "
+        "set optimizer.max_grad_norm",
+        steps, session_->layout().groups[size_t(g)].name, dir,
+        kept_checkpoint().empty() ? std::string("no checkpoint was written") : kept_checkpoint() + " is kept"));
+  require_disk_space(spec_.output_dir, checkpoint_bytes_, fmt::format("checkpoint {}", dir));
   save_checkpoint_bundle(*session_, dir, model_, parse_dtype(spec_.save_dtype),
                          trainer_state_of(spec_, steps, data_->position()));
   const double seconds = elapsed() - t0;
@@ -358,6 +379,7 @@ TrainResult Run::finish(int64_t t) {
   res.first_step = start_;
   res.steps_done = t;
   res.metrics = metrics_->path();
+  res.skipped_steps = watch_.skipped_total();
   if (stop_.stop_requested() && t < spec_.steps) {
     // the steps done become a checkpoint like a periodic one
     const bool fresh = t > start_ && !(spec_.save_every > 0 && t % spec_.save_every == 0);

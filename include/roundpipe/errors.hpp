@@ -18,6 +18,14 @@ struct RuntimeFailure : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// Thrown by the Trainer when training cannot go on: a non-finite loss or gradient norm (spec
+/// "nonfinite": "stop"), too many skipped steps in a row, a loss scale at its floor, or
+/// weights that turned non-finite before a checkpoint. Nothing of the failed step is saved;
+/// earlier checkpoints are kept. what() names the step and what happened.
+struct TrainingDiverged : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 /// Thrown when an allocation would exceed a device's byte capacity.
 struct DeviceOutOfMemory : std::runtime_error {
   using std::runtime_error::runtime_error;

@@ -32,6 +32,10 @@ struct LossScalerOptions {
   float growth_factor = 2.f;      ///< > 1
   float backoff_factor = 0.5f;    ///< in (0, 1)
   int64_t growth_interval = 2000; ///< consecutive clean steps before growing, >= 1
+  /// Floor of the scale: a backoff never goes below it (Megatron-LM's and DeepSpeed's
+  /// min_loss_scale; torch has none). > 0, finite, <= init_scale. A run whose scale reaches it
+  /// keeps overflowing at the smallest useful scale: the trainer stops it (docs/spec.md).
+  float min_scale = 1.f;
   /// Throws std::invalid_argument (one line, naming the field) when out of range.
   void validate() const;
 };

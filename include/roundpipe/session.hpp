@@ -125,9 +125,9 @@ struct StepResult {
   double loss_sum = 0, tokens = 0;  ///< summed token losses (nats) and target tokens: loss = loss_sum / tokens
   double seconds = 0;  ///< from the step's first pass submission to its last group update
   std::string error;   ///< non-empty if the runtime failed (wait() throws RuntimeFailure then)
-  // guarded steps only (clipping / loss scaling / skipping on):
-  double grad_norm = 0;    ///< global L2 norm of the true gradients, before clipping
-  bool skipped = false;    ///< inf/NaN: the step changed nothing
+  double grad_norm = 0;    ///< guarded steps (clipping, loss scaling, skipping): global L2 norm of the
+                           ///< true gradients, before clipping
+  bool skipped = false;    ///< inf/NaN gradients, or no target tokens (tokens == 0): the step changed nothing
   float loss_scale = 1.f;  ///< loss scale the step's backward used
 };
 
@@ -198,6 +198,8 @@ class Session {
   EvalResult wait_eval(int64_t id);
   /// Closes the current step: its gradients (summed over all its passes and divided by
   /// their number of target tokens) update the weights with learning rate `lr`.
+  /// A step whose passes hold no target token is skipped (StepResult::skipped, tokens 0): with
+  /// no gradient, an update would only move the weights by momentum and decay.
   /// Returns the closed step's index and starts the next step. std::logic_error without a
   /// forward_backward() in the step.
   int64_t step(double lr);

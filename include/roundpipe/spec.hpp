@@ -62,11 +62,20 @@ struct TrainSpec {
   /// After a stop request, wait at most this many seconds for the steps in flight; steps still
   /// unfinished then are abandoned (never saved).
   double stop_timeout_s = 60;
+  /// A step whose loss or gradient norm is inf/NaN: "stop" ends the run with an error (no
+  /// checkpoint of non-finite weights is written), "skip" skips the step (weights and moments
+  /// untouched) and counts it. With loss scaling, overflowing steps are always skipped.
+  std::string nonfinite = "stop";
+  int64_t max_skipped_steps = 20;    ///< this many skipped steps in a row stop the run
 };
 
 /// Parses a spec object. Unknown keys, wrong types and inconsistent values throw
 /// std::invalid_argument with one line "<where>: key '<key>': expected <what>, got <value>".
 TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where);
+/// Checks a spec built in code with the rules spec_from_json applies (ranges, products of
+/// counts, names); Trainer::run calls it. Throws std::invalid_argument naming s.source and
+/// the key.
+void validate_spec(const TrainSpec& s);
 /// Reads `path` (JSON) and parses it; syntax errors name the file, line and column.
 TrainSpec load_spec(const std::string& path);
 

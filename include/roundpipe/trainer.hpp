@@ -120,6 +120,7 @@ struct TrainResult {
   /// They are not saved (a checkpoint holds only completed steps, never a half-applied one);
   /// steps_done counts the steps that completed before them.
   int64_t steps_abandoned = 0;
+  int64_t skipped_steps = 0;    ///< steps of this run skipped (inf/NaN gradients, no target tokens)
   std::string checkpoint;       ///< the last checkpoint written by this run ("" when stopped
                                 ///< with no new step since the last one, or with steps
                                 ///< abandoned: earlier checkpoints are kept)
@@ -147,7 +148,11 @@ class Trainer {
   /// and data position (differences of the spec that change the result are logged as
   /// warnings). Throws std::invalid_argument for a bad spec or output folder,
   /// std::runtime_error("<file>: <what>") for bad model, data or checkpoint files,
-  /// RuntimeFailure when the runtime fails; nothing partial is left (checkpoints are atomic).
+  /// RuntimeFailure when the runtime fails, TrainingDiverged when a step's loss or gradient
+  /// norm is inf/NaN (spec.nonfinite "stop"), spec.max_skipped_steps steps in a row were
+  /// skipped or the loss scale reached its floor (the checkpoints written before are kept; a
+  /// checkpoint is never written from non-finite weights); nothing partial is left
+  /// (checkpoints are atomic).
   TrainResult run(const TrainerCallbacks& callbacks = {}, const StopToken& stop = {});
 
  private:

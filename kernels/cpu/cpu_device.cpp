@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "kernels/cpu/host_block_cache.hpp"
 #include "kernels/cpu/pcie_link.hpp"
 #include "kernels/device.hpp"
 #include "kernels/ops.hpp"
@@ -153,7 +154,8 @@ class CpuStream final : public Stream {
 
 class CpuDevice final : public Device {
  public:
-  CpuDevice(int index, const DeviceOptions& opt) : index_(index), cap_(opt.capacity_bytes) {
+  CpuDevice(int index, const DeviceOptions& opt)
+      : index_(index), cap_(opt.capacity_bytes), blocks_(opt.capacity_bytes) {
     if (opt.pcie_bytes_per_s > 0)
       link_ = std::make_unique<PcieLink>(opt.pcie_bytes_per_s, std::max<size_t>(opt.pcie_chunk_bytes, 1),
                                          opt.pcie_priorities);
@@ -195,7 +197,8 @@ class CpuDevice final : public Device {
       used_ += sz;
       peak_ = std::max(peak_, used_);
     }
-    void* p = std::aligned_alloc(256, sz);
+    // stage buffers come back pass after pass: large ones are reused from the block cache
+    void* p = sz >= kCachedBlockBytes ? blocks_.alloc(sz) : std::aligned_alloc(256, sz);
     if (!p) {
       std::lock_guard lk(mu_);
       used_ -= sz;
@@ -214,14 +217,17 @@ class CpuDevice final : public Device {
       used_ -= it->second;
       sizes_.erase(it);
     }
-    std::free(p);
+    if (!blocks_.free(p)) std::free(p);
   }
   Stream& stream(StreamKind k) override { return *streams_[int(k)]; }
   Ops& ops() override { return *ops_; }
 
  private:
+  /// Allocations from this size on are served by blocks_ (page-granular, reused by size).
+  static constexpr size_t kCachedBlockBytes = size_t(64) << 10;
   int index_;
   size_t cap_;
+  HostBlockCache blocks_;
   mutable std::mutex mu_;
   size_t used_ = 0, peak_ = 0;
   std::unordered_map<void*, size_t> sizes_;

@@ -89,6 +89,31 @@ TEST(LossScaler, AsyncStaleStepsDoNotDoubleBackoffOrCountGrowth) {
   EXPECT_EQ(s.scale(), 256.f);
 }
 
+TEST(LossScaler, BackoffStopsAtTheFloor) {
+  // 200 overflowing steps with a tiny backoff used to drive the scale to 0
+  LossScalerOptions o{1024.f, 2.f, 1e-3f, 10};
+  o.min_scale = 4.f;
+  LossScaler s(o);
+  EXPECT_FALSE(s.at_floor());
+  EXPECT_FALSE(s.update(true));
+  EXPECT_EQ(s.scale(), 4.f);  // 1024 * 1e-3 = 1.024 is below the floor
+  EXPECT_TRUE(s.at_floor());
+  for (int i = 0; i < 200; ++i) EXPECT_FALSE(s.update(true));
+  EXPECT_EQ(s.scale(), 4.f);
+  EXPECT_EQ(s.steps_skipped(), 201);
+  // the default floor is 1 (torch's defaults otherwise)
+  LossScaler d;
+  for (int i = 0; i < 40; ++i) d.update(true);
+  EXPECT_EQ(d.scale(), 1.f);
+  EXPECT_TRUE(d.at_floor());
+  // a clean step at the floor still grows after the interval
+  LossScaler g(o);
+  g.update(true);
+  for (int i = 0; i < 10; ++i) g.update(false);
+  EXPECT_EQ(g.scale(), 8.f);
+  EXPECT_FALSE(g.at_floor());
+}
+
 TEST(LossScaler, ValidatesOptions) {
   EXPECT_THROW(LossScaler(LossScalerOptions{0.f, 2.f, 0.5f, 10}), std::invalid_argument);
   EXPECT_THROW(LossScaler(LossScalerOptions{INFINITY, 2.f, 0.5f, 10}), std::invalid_argument);
@@ -96,6 +121,11 @@ TEST(LossScaler, ValidatesOptions) {
   EXPECT_THROW(LossScaler(LossScalerOptions{1.f, 2.f, 1.f, 10}), std::invalid_argument);
   EXPECT_THROW(LossScaler(LossScalerOptions{1.f, 2.f, 0.f, 10}), std::invalid_argument);
   EXPECT_THROW(LossScaler(LossScalerOptions{1.f, 2.f, 0.5f, 0}), std::invalid_argument);
+  for (float m : {0.f, -1.f, NAN, INFINITY, 2048.f}) {  // min_scale: > 0, finite, <= init_scale
+    LossScalerOptions o{1024.f, 2.f, 0.5f, 10};
+    o.min_scale = m;
+    EXPECT_THROW(LossScaler{o}, std::invalid_argument) << m;
+  }
 }
 
 TEST(LossScaler, SaveLoadRoundTripAndErrors) {

@@ -223,7 +223,12 @@ TEST(Partition, InvalidExplicitPlansAreRejectedWithTheReason) {
   expect_reason({{"forward", {{0, 5}}}, {"tail", {6, 6}}, {"backward", {{5, 0}}}}, "tail stage");
   expect_reason({{"forward", {{0, 5}}}, {"tail", {6, 7}}, {"backward", {{5, 2}}}}, "reach layer 0");
   expect_reason({{"forward", {{0, 5}}}, {"tail", {6, 7}}, {"backward", {{4, 0}}}}, "backward stage");
-  expect_reason({{"forward_layers", 0}}, "layers per stage");
+  expect_reason({{"forward_layers", 0}}, "key 'forward_layers': expected 1..7");
+  // an explicit plan is never changed: a stage longer than the layers before the tail used to
+  // be clamped silently
+  expect_reason({{"forward_layers", 100}}, "key 'forward_layers': expected 1..7 (the layers before the tail");
+  expect_reason({{"backward_layers", 7}, {"tail_decoders", 2}}, "key 'backward_layers': expected 1..5");
+  EXPECT_THROW(make_default_plan(8, -1), std::invalid_argument);  // negative workers used to plan as 1
   // integers beyond int used to wrap around (4294967300 -> 4, 4294967298 -> 2)
   expect_reason({{"forward", {{0, 4294967300LL}}}, {"tail", {6, 7}}, {"backward", {{5, 0}}}}, "pair of layer indices");
   expect_reason({{"forward_layers", 4294967298LL}}, "key 'forward_layers': expected an integer");

@@ -1,0 +1,23 @@
+// What the host has left: memory for new allocations and free space on a file system. Read
+// before anything large is allocated or written, so an impossible request is refused with one
+// line naming what asked for it instead of being OOM-killed or failing half-way.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace rp {
+
+/// Bytes of host memory available for new allocations (/proc/meminfo MemAvailable, further
+/// limited by a cgroup v2 memory.max when one is set), or 0 when unknown.
+size_t host_available_bytes();
+
+/// Bytes available to an unprivileged writer on the file system holding `path` (statvfs
+/// f_bavail * f_frsize). A path that does not exist yet is looked up through its nearest
+/// existing parent folder. Returns UINT64_MAX when it cannot be determined.
+uint64_t free_disk_bytes(const std::string& path);
+
+/// "12.3 GiB", "512.0 MiB", "42 bytes": byte counts in error messages.
+std::string byte_text(double bytes);
+
+}  // namespace rp

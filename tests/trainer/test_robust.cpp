@@ -1,0 +1,296 @@
+// Runs that cannot go on stop with one line and keep what was good: a non-finite loss stops
+// the run (or is skipped and counted, "nonfinite": "skip"), too many skipped steps in a row
+// stop it, a checkpoint is never written from non-finite weights, and the loss scale's floor
+// ends a run that keeps overflowing (StepWatch, fed by hand: the CPU backend has no f16).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+#include "model/checkpoint.hpp"
+#include "roundpipe/errors.hpp"
+#include "roundpipe/trainer.hpp"
+#include "tests/cli/cli_util.hpp"
+#include "trainer/disk_space.hpp"
+#include "trainer/step_watch.hpp"
+
+namespace {
+
+using namespace rp::clitest;
+
+const char* kData =
+    "{\"text\": \"In the beginning God created the heaven and the earth. And the earth was without form, and "
+    "void; and darkness was upon the face of the deep.\"}\n"
+    "{\"prompt\": \"Say hi\", \"completion\": \" hi there\"}\n";
+
+/// The tiny model of cli_util.hpp with `value` written into one weight of tensor `tensor`.
+fs::path poisoned_model(const fs::path& d, const std::string& tensor, float value) {
+  rp::LoadedModel lm = rp::load_model(tiny_model(d).string());
+  lm.tensors.at(tensor).data[3] = value;
+  const rp::ModelLayout layout = rp::make_layout(lm.config);
+  std::vector<std::vector<float>> w;
+  rp::fill_groups(lm, layout, w);
+  std::vector<const float*> ptrs;
+  for (auto& g : w) ptrs.push_back(g.data());
+  const fs::path out = d / "poisoned";
+  rp::save_hf_checkpoint(out.string(), layout, ptrs, lm.tokenizer_json, lm.chat_template, rp::DType::f32);
+  return out;
+}
+
+rp::TrainSpec spec(const fs::path& d, const fs::path& model, int64_t steps, const std::string& extra = "") {
+  write(d / "data.jsonl", kData);
+  rp::TrainSpec s = rp::spec_from_json(
+      nlohmann::json::parse(spec_for(model, d / "data.jsonl", d / "run", extra)), "test spec");
+  s.steps = steps;
+  return s;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const rp::TrainingDiverged& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("wrong exception type: ") + e.what();
+  }
+  return "no error";
+}
+
+int64_t metric_rows(const fs::path& csv) {
+  const std::string s = slurp(csv);
+  return std::count(s.begin(), s.end(), '\n') - 1;
+}
+
+TEST(NonFinite, NaNWeightsStopTheRunAtTheFirstStepWithoutACheckpoint) {
+  auto d = tmpdir();
+  const fs::path m = poisoned_model(d, "model.layers.0.self_attn.q_proj.weight", NAN);
+  const std::string e = error_of([&] { rp::Trainer(spec(d, m, 6)).run(); });
+  EXPECT_NE(e.find("step 1: the loss is nan"), std::string::npos) << e;
+  EXPECT_NE(e.find("no checkpoint was written"), std::string::npos) << e;
+  EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(d / "run/final"));
+  EXPECT_EQ(metric_rows(d / "run/metrics.csv"), 1);  // the failing step is recorded
+}
+
+TEST(NonFinite, AHugeLearningRateStopsTheRunAndKeepsTheLastGoodCheckpoint) {
+  auto d = tmpdir();
+  rp::TrainSpec s = spec(d, tiny_model(d), 12, ", \"save_every\": 1, \"async\": false");
+  s.adam.lr = s.lr_schedule.lr = 1e39;  // beyond fp32: the first real update makes the weights inf
+  s.lr_schedule.warmup_steps = 1;       // step 1 runs at lr 0: checkpoint-1 is good
+  s.lr_schedule.kind = "linear";
+  s.lr_schedule.total_steps = 12;
+  const std::string e = error_of([&] { rp::Trainer(s).run(); });
+  EXPECT_NE(e.find("checkpoint-1 is kept"), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(d / "run/final"));
+  EXPECT_FALSE(fs::exists(d / "run/checkpoint-2"));
+  // the kept checkpoint holds finite weights
+  rp::LoadedModel kept = rp::load_model((d / "run/checkpoint-1").string());
+  for (const auto& [name, t] : kept.tensors)
+    for (float x : t.data) ASSERT_TRUE(std::isfinite(x)) << name;
+}
+
+TEST(NonFinite, SkipModeSkipsAndCountsAndStopsAfterTooManyInARow) {
+  auto d = tmpdir();
+  const fs::path m = poisoned_model(d, "model.layers.1.mlp.up_proj.weight", NAN);
+  rp::TrainSpec s = spec(d, m, 10, ", \"nonfinite\": \"skip\", \"max_skipped_steps\": 3");
+  std::vector<rp::StepReport> seen;
+  rp::TrainerCallbacks cb;
+  cb.on_step = [&](const rp::StepReport& r) { seen.push_back(r); };
+  const std::string e = error_of([&] { rp::Trainer(s).run(cb); });
+  EXPECT_NE(e.find("step 3: 3 steps in a row were skipped"), std::string::npos) << e;
+  ASSERT_EQ(seen.size(), 3u);
+  for (const auto& r : seen) EXPECT_TRUE(r.skipped);
+  const std::string csv = slurp(d / "run/metrics.csv");
+  EXPECT_NE(csv.find(",1,,\n3,"), std::string::npos) << csv;  // skipped column set
+  EXPECT_FALSE(fs::exists(d / "run/final"));
+}
+
+TEST(NonFinite, SpecKeysAreChecked) {
+  auto d = tmpdir();
+  write(d / "data.jsonl", kData);
+  auto parse = [&](const std::string& extra) -> std::string {
+    try {
+      rp::spec_from_json(nlohmann::json::parse(spec_for(d / "m", d / "data.jsonl", d / "run", extra)),
+                         "s.json");
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "ok";
+  };
+  EXPECT_EQ(parse(", \"nonfinite\": \"ignore\""),
+            "s.json: key 'nonfinite': expected \"stop\" or \"skip\", got \"ignore\"");
+  EXPECT_EQ(parse(", \"max_skipped_steps\": 0"),
+            "s.json: key 'max_skipped_steps': expected an integer >= 1, got 0");
+  EXPECT_NE(parse(", \"compute_dtype\": \"f16\", \"loss_scaling\": {\"min_scale\": 0}").find("min_scale"),
+            std::string::npos);
+  EXPECT_EQ(parse(", \"nonfinite\": \"skip\", \"max_skipped_steps\": 5"), "ok");
+}
+
+rp::StepReport step(int64_t k, double loss, bool skipped, float scale = 1.f, int64_t targets = 10) {
+  rp::StepReport r;
+  r.step = k;
+  r.loss = loss;
+  r.skipped = skipped;
+  r.loss_scale = scale;
+  r.target_tokens = targets;
+  r.grad_norm = skipped ? std::numeric_limits<double>::quiet_NaN() : 1.0;
+  return r;
+}
+
+TEST(StepWatch, LossScalingStopsAtTheFloorAndCountsSkipsInARow) {
+  rp::TrainSpec s;
+  s.loss_scaling = rp::LossScalerOptions{};
+  s.loss_scaling->min_scale = 4.f;
+  s.max_skipped_steps = 100;
+  rp::StepWatch w(s);
+  // overflows back off 16 -> 8 -> 4; the scale used by a skipped step is reported
+  EXPECT_EQ(w.check(step(1, 2.0, true, 16.f), "").size(), 1u);
+  EXPECT_NE(w.check(step(2, 2.0, true, 8.f), "")[0].find("scale -> 4"), std::string::npos);
+  const std::string e = error_of([&] { w.check(step(3, 2.0, true, 4.f), "out/checkpoint-2"); });
+  EXPECT_NE(e.find("step 3: the gradients overflow even at the loss scale's floor 4"), std::string::npos)
+      << e;
+  EXPECT_NE(e.find("out/checkpoint-2 is kept"), std::string::npos) << e;
+  EXPECT_EQ(w.skipped_total(), 3);
+
+  // 200 consecutive overflows of a tiny backoff: stopped after max_skipped_steps
+  s.loss_scaling->min_scale = 1e-30f;
+  s.max_skipped_steps = 5;
+  rp::StepWatch v(s);
+  for (int k = 1; k <= 4; ++k) v.check(step(k, 2.0, true, 1e6f), "");
+  v.check(step(5, 2.0, false, 1e6f), "");  // a clean step resets the count
+  EXPECT_EQ(v.skipped_in_a_row(), 0);
+  for (int k = 6; k <= 9; ++k) v.check(step(k, 2.0, true, 1e6f), "");
+  const std::string e2 = error_of([&] { v.check(step(10, 2.0, true, 1e6f), ""); });
+  EXPECT_NE(e2.find("step 10: 5 steps in a row were skipped (overflowing gradients"), std::string::npos)
+      << e2;
+}
+
+TEST(StepWatch, StopModeStopsOnAGuardedSkipAndOnANonFiniteAppliedStep) {
+  rp::TrainSpec s;
+  rp::StepWatch w(s);
+  EXPECT_TRUE(w.check(step(1, 2.0, false), "").empty());
+  // clipping skipped a step with NaN gradients: the spec asked to stop
+  EXPECT_NE(error_of([&] { w.check(step(2, 2.0, true), ""); }).find("step 2: the gradient norm is nan"),
+            std::string::npos);
+  rp::StepWatch v(s);
+  EXPECT_NE(error_of([&] { v.check(step(1, INFINITY, false), ""); }).find("step 1: the loss is inf"),
+            std::string::npos);
+  // a step without target tokens is skipped by the runtime: a warning, not an error
+  rp::StepWatch u(s);
+  auto warn = u.check(step(1, 0.0, true, 1.f, 0), "");
+  ASSERT_EQ(warn.size(), 1u);
+  EXPECT_NE(warn[0].find("no target tokens"), std::string::npos);
+}
+
+TEST(StepWatch, FindsNonFiniteGroups) {
+  std::vector<std::vector<float>> g = {{1.f, 2.f}, {3.f}, {4.f, 5.f}};
+  EXPECT_EQ(rp::first_nonfinite_group(g), -1);
+  g[2][1] = -INFINITY;
+  EXPECT_EQ(rp::first_nonfinite_group(g), 2);
+  g[1][0] = NAN;
+  EXPECT_EQ(rp::first_nonfinite_group(g), 1);
+}
+
+TEST(SpecLimits, ProductsOfCountsAndHugeNumbersNameTheirKey) {
+  auto d = tmpdir();
+  auto parse = [&](const std::string& extra) -> std::string {
+    try {
+      rp::spec_from_json(nlohmann::json::parse(spec_for(d / "m", d / "data.jsonl", d / "run", extra)),
+                         "s.json");
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "ok";
+  };
+  // the product overflowed to 0 and divided by it (SIGFPE)
+  EXPECT_EQ(parse(", \"micro_batches\": 4611686018427387904, \"accumulation\": 4"),
+            "s.json: key 'sequences_per_step': 2 is not divisible by micro_batches x accumulation = "
+            "4611686018427387904 x 4");
+  EXPECT_NE(parse(", \"seq_len\": 4611686018427387904").find("key 'seq_len'"), std::string::npos);
+  EXPECT_NE(parse(", \"steps\": 4611686018427387904").find("key 'steps'"), std::string::npos);
+  EXPECT_EQ(
+      parse(", \"device_memory_gib\": 1e300"),
+      "s.json: key 'device_memory_gib': expected a number > 0 and <= 1048576 (GiB per device), got 1e+300");
+}
+
+TEST(SpecLimits, ASpecBuiltInCodeIsCheckedLikeASpecFile) {
+  auto d = tmpdir();
+  rp::TrainSpec s = spec(d, tiny_model(d), 2);
+  s.workers = -3;  // used to be planned as one worker
+  try {
+    rp::Trainer(s).run();
+    FAIL() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "test spec: key 'workers': expected an integer >= 1, got -3");
+  }
+  EXPECT_FALSE(fs::exists(d / "run"));
+  s.workers = 2;
+  s.micro_batches = int64_t(1) << 62;
+  s.accumulation = 8;
+  EXPECT_THROW(rp::Trainer(s).run(), std::invalid_argument);
+}
+
+TEST(SpecLimits, ASeqLenWhoseSequencesDoNotFitIsRefusedBeforePacking) {
+  auto d = tmpdir();
+  rp::TrainSpec s = spec(d, tiny_model(d), 2);
+  s.seq_len = int64_t(1) << 38;  // 2 sequences x 2^38 tokens x 8 bytes = 4 TiB
+  s.sequences_per_step = 2;
+  try {
+    rp::Trainer(s).run();
+    FAIL() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("test spec: key 'seq_len': packing 2 sequences of 274877906944 tokens"),
+        std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+
+namespace {
+
+TEST(DiskFull, AFailedMetricsWriteStopsTheRunAtOnce) {
+  auto d = tmpdir();
+  rp::TrainSpec s = spec(d, tiny_model(d), 4);
+  fs::create_directories(d / "run");
+  fs::create_symlink("/dev/full", d / "run/metrics.csv");  // every write: ENOSPC
+  try {
+    rp::Trainer(s).run();
+    FAIL() << "accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("metrics.csv: cannot write the header: No space left on device"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(fs::exists(d / "run/final"));
+}
+
+TEST(DiskFull, FreeSpaceIsCheckedAgainstTheCheckpointSize) {
+  auto d = tmpdir();
+  EXPECT_NO_THROW(rp::require_disk_space(d.string(), 1 << 20, "a checkpoint"));
+  try {
+    rp::require_disk_space((d / "not/yet").string(), uint64_t(1) << 62, "a checkpoint");
+    FAIL() << "accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("not/yet: a checkpoint needs about 4294967296.0 GiB, the file system has"),
+        std::string::npos)
+        << e.what();
+  }
+  // the estimate bounds a real checkpoint from above (within a factor of two plus the slack)
+  rp::TrainSpec s = spec(d, tiny_model(d), 2);
+  const rp::TrainResult r = rp::Trainer(s).run();
+  uint64_t real = 0;  // the Hugging Face folder and the state folder beside it (state/<name>/)
+  const fs::path ck = r.checkpoint;
+  for (const fs::path& dir : {ck, ck.parent_path() / "state" / ck.filename()})
+    for (const auto& f : fs::directory_iterator(dir)) real += f.file_size();
+  const rp::LoadedModel lm = rp::load_model(r.checkpoint);
+  const uint64_t est = rp::checkpoint_bytes(rp::make_layout(lm.config), s);
+  EXPECT_GE(est, real);
+  EXPECT_LE(est - (uint64_t(64) << 20), 2 * real);
+}
+
+}  // namespace

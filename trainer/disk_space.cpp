@@ -1,0 +1,32 @@
+#include "trainer/disk_space.hpp"
+
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "base/host_resources.hpp"
+#include "kernels/dtype.hpp"
+
+namespace rp {
+
+uint64_t checkpoint_bytes(const ModelLayout& layout, const TrainSpec& spec) {
+  const uint64_t n = uint64_t(layout.total_numel());
+  const DType save = parse_dtype(spec.save_dtype);
+  uint64_t per_param = dtype_size(save);         // model.safetensors
+  per_param += 8 + (spec.adam.amsgrad ? 4 : 0);  // m, v, vmax
+  per_param += save == DType::f32 ? 0 : 4;       // fp32 master in optimizer.bin
+  per_param += spec.async ? 4 : 0;               // low-precision copy (f32 on the CPU backend)
+  return n * per_param + (uint64_t(64) << 20);
+}
+
+void require_disk_space(const std::string& dir, uint64_t need, const std::string& what) {
+  const uint64_t free = free_disk_bytes(dir);
+  if (free < need)
+    throw std::runtime_error(
+        fmt::format("{}: {} needs about {}, the file system has {} free; free some space or set output_dir "
+                    "to another disk "
+                    "(finished checkpoints are kept)",
+                    dir, what, byte_text(double(need)), byte_text(double(free))));
+}
+
+}  // namespace rp
