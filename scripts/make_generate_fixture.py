@@ -33,7 +33,9 @@ MAX_NEW = 32
 def prompt_ids(case):
     if "messages" in case:
         ids = tok.apply_chat_template(case["messages"], add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        if hasattr(ids, "keys"):  # a BatchEncoding in newer transformers
+            ids = ids["input_ids"]
+        return list(ids)
     return tok(case["text"])["input_ids"]
 
 
