@@ -79,6 +79,13 @@ PY
   rm -rf "$tmp"
 fi
 
+# TensorBoard's own reader checks the event files the trainer writes (tests/trainer); optional:
+# without it that one test skips and says why.
+if ! python3 -c 'import tensorboard' >/dev/null 2>&1; then
+  echo "[setup] installing the tensorboard Python package (PyPI) for the event-file test"
+  python3 -m pip install -q tensorboard >/dev/null 2>&1 || echo "[setup] warning: could not install tensorboard; its test will skip"
+fi
+
 echo "[setup] configuring and building (build/)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release | grep "RoundPipe:" || true
 cmake --build build -j"$(nproc)"

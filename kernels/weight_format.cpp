@@ -1,0 +1,187 @@
+// Storage forms of frozen weights (kernels/weight_format.hpp): host quantization and the
+// reference dequantization the device kernels are tested against.
+#include "kernels/weight_format.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "kernels/dtype.hpp"
+
+namespace rp {
+
+const float kNf4[16] = {-1.0f,
+                        -0.6961928009986877f,
+                        -0.5250730514526367f,
+                        -0.39491748809814453f,
+                        -0.28444138169288635f,
+                        -0.18477343022823334f,
+                        -0.09105003625154495f,
+                        0.0f,
+                        0.07958029955625534f,
+                        0.16093020141124725f,
+                        0.24611230194568634f,
+                        0.33791524171829224f,
+                        0.44070982933044434f,
+                        0.5626170039176941f,
+                        0.7229568362236023f,
+                        1.0f};
+
+const char* weight_format_name(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::f32: return "f32";
+    case WeightFormat::bf16: return "bf16";
+    case WeightFormat::f16: return "f16";
+    case WeightFormat::q8_0: return "q8_0";
+    case WeightFormat::q4_0: return "q4_0";
+    case WeightFormat::nf4: return "nf4";
+  }
+  return "?";
+}
+
+WeightFormat parse_weight_format(const std::string& s) {
+  std::string t;
+  for (char c : s) t += char(std::tolower(static_cast<unsigned char>(c)));
+  for (WeightFormat f : {WeightFormat::f32, WeightFormat::bf16, WeightFormat::f16, WeightFormat::q8_0,
+                         WeightFormat::q4_0, WeightFormat::nf4})
+    if (t == weight_format_name(f)) return f;
+  throw std::invalid_argument(fmt::format("'{}' is not a weight format (expected f32, bf16, f16, q8_0, q4_0 or nf4)", s));
+}
+
+int64_t weight_format_block(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::q8_0:
+    case WeightFormat::q4_0: return 32;
+    case WeightFormat::nf4: return 64;
+    default: return 1;
+  }
+}
+
+size_t weight_format_bytes(WeightFormat f, int64_t n) {
+  const int64_t b = weight_format_block(f);
+  if (n < 0 || n % b != 0)
+    throw std::invalid_argument(fmt::format("{} weights: {} values are not a multiple of its {}-value block",
+                                            weight_format_name(f), n, b));
+  switch (f) {
+    case WeightFormat::f32: return size_t(n) * 4;
+    case WeightFormat::bf16:
+    case WeightFormat::f16: return size_t(n) * 2;
+    case WeightFormat::q8_0: return size_t(n / 32) * 34;
+    case WeightFormat::q4_0: return size_t(n / 32) * 18;
+    case WeightFormat::nf4: return size_t(n / 64) * 36;
+  }
+  return 0;
+}
+
+namespace {
+
+uint8_t nearest_nf4(float v) {
+  int best = 0;
+  float d = std::fabs(v - kNf4[0]);
+  for (int i = 1; i < 16; ++i)
+    if (float e = std::fabs(v - kNf4[i]); e < d) d = e, best = i;
+  return uint8_t(best);
+}
+
+void put_f16(uint8_t* p, float v) {
+  const uint16_t h = f32_to_f16(v);
+  std::memcpy(p, &h, 2);
+}
+float get_f16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return f16_to_f32(h);
+}
+
+}  // namespace
+
+void quantize_weights(WeightFormat f, const float* src, void* dst, int64_t n) {
+  weight_format_bytes(f, n);  // checks the block multiple
+  auto* out = static_cast<uint8_t*>(dst);
+  switch (f) {
+    case WeightFormat::f32: std::memcpy(dst, src, size_t(n) * 4); return;
+    case WeightFormat::bf16:
+    case WeightFormat::f16: cast_f32_to(src, dst, n, f == WeightFormat::bf16 ? DType::bf16 : DType::f16); return;
+    case WeightFormat::q8_0:
+      for (int64_t b = 0; b < n / 32; ++b, src += 32, out += 34) {
+        float amax = 0;
+        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(src[i]));
+        const float d = amax / 127.f, id = d > 0 ? 1.f / d : 0.f;
+        put_f16(out, d);
+        for (int i = 0; i < 32; ++i) out[2 + i] = uint8_t(int8_t(std::lround(src[i] * id)));
+      }
+      return;
+    case WeightFormat::q4_0:
+      for (int64_t b = 0; b < n / 32; ++b, src += 32, out += 18) {
+        float amax = 0, mx = 0;  // as ggml: the value of largest magnitude, with its sign
+        for (int i = 0; i < 32; ++i)
+          if (std::fabs(src[i]) > amax) amax = std::fabs(src[i]), mx = src[i];
+        const float d = mx / -8.f, id = d != 0 ? 1.f / d : 0.f;
+        put_f16(out, d);
+        for (int i = 0; i < 16; ++i) {
+          const int q0 = std::min(15, int(src[i] * id + 8.5f)), q1 = std::min(15, int(src[i + 16] * id + 8.5f));
+          out[2 + i] = uint8_t(std::max(q0, 0) | (std::max(q1, 0) << 4));
+        }
+      }
+      return;
+    case WeightFormat::nf4:
+      for (int64_t b = 0; b < n / 64; ++b, src += 64, out += 36) {
+        float amax = 0;
+        for (int i = 0; i < 64; ++i) amax = std::max(amax, std::fabs(src[i]));
+        std::memcpy(out, &amax, 4);
+        const float inv = amax > 0 ? 1.f / amax : 0.f;
+        for (int i = 0; i < 32; ++i)
+          out[4 + i] = uint8_t((nearest_nf4(src[2 * i] * inv) << 4) | nearest_nf4(src[2 * i + 1] * inv));
+      }
+      return;
+  }
+}
+
+void dequantize_weights(WeightFormat f, const void* src, float* dst, int64_t n) {
+  weight_format_bytes(f, n);
+  const auto* in = static_cast<const uint8_t*>(src);
+  switch (f) {
+    case WeightFormat::f32: std::memcpy(dst, src, size_t(n) * 4); return;
+    case WeightFormat::bf16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, in + 2 * i, 2);
+        dst[i] = bf16_to_f32(h);
+      }
+      return;
+    case WeightFormat::f16:
+      for (int64_t i = 0; i < n; ++i) dst[i] = get_f16(in + 2 * i);
+      return;
+    case WeightFormat::q8_0:
+      for (int64_t b = 0; b < n / 32; ++b, in += 34, dst += 32) {
+        const float d = get_f16(in);
+        for (int i = 0; i < 32; ++i) dst[i] = float(int8_t(in[2 + i])) * d;
+      }
+      return;
+    case WeightFormat::q4_0:
+      for (int64_t b = 0; b < n / 32; ++b, in += 18, dst += 32) {
+        const float d = get_f16(in);
+        for (int i = 0; i < 16; ++i) {
+          dst[i] = float(int(in[2 + i] & 15) - 8) * d;
+          dst[i + 16] = float(int(in[2 + i] >> 4) - 8) * d;
+        }
+      }
+      return;
+    case WeightFormat::nf4:
+      for (int64_t b = 0; b < n / 64; ++b, in += 36, dst += 64) {
+        float amax;
+        std::memcpy(&amax, in, 4);
+        for (int i = 0; i < 32; ++i) {
+          dst[2 * i] = kNf4[in[4 + i] >> 4] * amax;
+          dst[2 * i + 1] = kNf4[in[4 + i] & 15] * amax;
+        }
+      }
+      return;
+  }
+}
+
+}  // namespace rp
