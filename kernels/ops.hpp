@@ -106,6 +106,11 @@ class Ops {
   virtual void copy(DType t, void* dst, const void* src, int64_t n) = 0;
   /// dst[i] = convert(src[i]) (round-to-nearest-even for 16-bit targets).
   virtual void cast(DType dst_t, void* dst, DType src_t, const void* src, int64_t n) = 0;
+  /// dst[i] = the i-th value of n values stored in format f at src (kernels/weight_format.hpp),
+  /// written in this device's compute dtype (dtype()). The host twin is
+  /// dequantize_weights(); quantized formats need n to be a multiple of the block and src
+  /// to start at a block. Throws std::invalid_argument otherwise.
+  virtual void dequantize(WeightFormat f, const void* src, void* dst, int64_t n) = 0;
   /// dst[i] += alpha * src[i], computed in fp32 (gradient accumulation).
   virtual void add_into(DType dst_t, void* dst, DType src_t, const void* src, int64_t n,
                         float alpha = 1.0f) = 0;

@@ -18,9 +18,9 @@
 #include <cstdint>
 #include <string>
 
-namespace rp {
+#include "roundpipe/dtype.hpp"  // WeightFormat
 
-enum class WeightFormat : uint8_t { f32, bf16, f16, q8_0, q4_0, nf4 };
+namespace rp {
 
 /// "f32", "bf16", "f16", "q8_0", "q4_0", "nf4".
 const char* weight_format_name(WeightFormat f);

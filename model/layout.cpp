@@ -1,6 +1,10 @@
 #include "model/layout.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "kernels/weight_format.hpp"
 
 #include <fmt/format.h>
 
@@ -43,6 +47,30 @@ std::vector<int> ModelLayout::groups_uploaded(const std::vector<int>& layers, bo
   for (int l : layers)
     if (!backward_stage || kind(l) != LayerKind::embedding) read.push_back(l);
   return groups_of(read);
+}
+
+int ModelLayout::adapter_group(int layer) const {
+  if (!lora || layer < 1 || layer > int(config.num_hidden_layers)) return -1;
+  return int(config.num_hidden_layers) + 1 + layer;
+}
+
+double LoraConfig::scaling() const {
+  return use_rslora ? alpha / std::sqrt(double(r)) : alpha / double(r);
+}
+
+void freeze_group(ModelLayout& m, int g, WeightFormat base) {
+  if (g < 0 || size_t(g) >= m.groups.size())
+    throw std::out_of_range(fmt::format("freeze_group: group {} outside [0, {})", g, m.groups.size()));
+  ParamGroup& grp = m.groups[size_t(g)];
+  const int64_t block = weight_format_block(base);
+  int64_t bytes = 0;
+  for (TensorSpec& t : grp.tensors) {
+    t.format = t.shape.size() == 2 && t.numel() % block == 0 ? base : WeightFormat::f32;
+    t.byte_offset = bytes;
+    bytes += int64_t(weight_format_bytes(t.format, t.numel()));
+  }
+  grp.frozen = true;
+  grp.storage_bytes = bytes;
 }
 
 int64_t ModelLayout::total_numel() const {

@@ -19,4 +19,13 @@ const char* dtype_name(DType t);
 /// throws std::invalid_argument naming the text otherwise.
 DType parse_dtype(const std::string& s);
 
+/// Storage form of a frozen weight tensor (LoRA's base model) in host memory and on the
+/// link; the device dequantizes it into its compute dtype (the layouts are described in
+/// kernels/weight_format.hpp of the source tree):
+///   f32, bf16, f16 : plain elements;
+///   q8_0           : GGUF Q8_0, blocks of 32 values (1.0625 bytes per value);
+///   q4_0           : GGUF Q4_0, blocks of 32 values (0.5625 bytes per value);
+///   nf4            : QLoRA NF4, blocks of 64 values with an fp32 absmax (0.5625 bytes per value).
+enum class WeightFormat : uint8_t { f32, bf16, f16, q8_0, q4_0, nf4 };
+
 }  // namespace rp

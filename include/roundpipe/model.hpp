@@ -11,8 +11,11 @@
 // Compute layers: 0 embedding, 1..L decoders, L+1 tail.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "roundpipe/dtype.hpp"
 
 namespace rp {
 
@@ -58,6 +61,10 @@ struct TensorSpec {
   std::string name;            ///< Hugging Face name, e.g. "model.layers.3.self_attn.q_proj.weight"
   std::vector<int64_t> shape;  ///< row-major, HF order ([out_features, in_features] for linears)
   int64_t offset = 0;          ///< in elements, from the start of its group
+  /// Frozen groups only: the tensor's storage form in host memory and on the link, and where
+  /// it starts (bytes) in the group's storage. Trainable groups: f32 and 0 (unused).
+  WeightFormat format = WeightFormat::f32;
+  int64_t byte_offset = 0;
   int64_t numel() const;
 };
 
@@ -65,8 +72,37 @@ struct ParamGroup {
   std::string name;
   std::vector<TensorSpec> tensors;
   int64_t numel = 0;
+  /// A frozen group is never updated: it has no fp32 master, no moments, no gradient (the
+  /// layers receive a null gradient pointer for it) and one version forever. Its host copy is
+  /// its storage (storage_bytes, each tensor in its TensorSpec::format), uploaded as is and
+  /// dequantized on the device into the compute dtype at the same element offsets as a
+  /// trainable group's copy.
+  bool frozen = false;
+  int64_t storage_bytes = 0;  ///< frozen groups: bytes of the storage form
   /// Index of tensor `name` in `tensors`, or -1.
   int find(const std::string& tensor_name) const;
+};
+
+/// Low-rank adapters (Hu et al. 2021, "LoRA", sec. 4.1) on frozen linears:
+/// y = W x + scaling * B (A dropout(x)), A [r, in], B [out, r]; scaling = alpha / r, or
+/// alpha / sqrt(r) with use_rslora (Kalajdzievski 2023, "rsLoRA"). Initialised as PEFT does:
+/// A Kaiming-uniform (a = sqrt(5), bound 1 / sqrt(in)), B zero. Names follow PEFT's
+/// LoraConfig.
+struct LoraConfig {
+  int64_t r = 8;
+  double alpha = 8;
+  double dropout = 0;  ///< on the adapter's input only; 0 <= dropout < 1
+  /// Linear module names: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, or
+  /// the single entry "all-linear" (all seven; never the LM head, as PEFT).
+  std::vector<std::string> target_modules = {"q_proj", "v_proj"};
+  bool use_rslora = false;
+  /// Modules trained fully beside the adapters: "embed_tokens" (group 0), "lm_head" (the
+  /// head group; with tied embeddings, the embedding).
+  std::vector<std::string> modules_to_save;
+  /// Storage form of the frozen base weights' linear matrices (1-D tensors stay f32).
+  WeightFormat base_format = WeightFormat::bf16;
+  uint64_t seed = 0;  ///< A's initialisation and the dropout masks
+  double scaling() const;
 };
 
 /// Compute units of one iteration, in forward order: embedding, L decoder layers, tail.
@@ -75,6 +111,14 @@ enum class LayerKind : uint8_t { embedding, decoder, tail };
 struct ModelLayout {
   ModelConfig config;
   std::vector<ParamGroup> groups;  ///< see the file comment
+  /// With LoRA: the base groups 0..L+1 are frozen (but for modules_to_save) and group
+  /// L+1+i ("lora.<i-1>") holds the adapters of decoder layer i (compute layer i), for
+  /// i in 1..L: tensors "model.layers.<i-1>.<self_attn|mlp>.<module>.lora_A.weight" [r, in]
+  /// and "...lora_B.weight" [out, r], in the base group's module order. groups_of(decoder
+  /// layer i) is then {i, L+1+i}.
+  std::optional<LoraConfig> lora;
+  /// The adapter group of compute layer `layer`, or -1.
+  int adapter_group(int layer) const;
   int num_layers() const { return int(config.num_hidden_layers) + 2; }  ///< embedding + decoders + tail
   LayerKind kind(int layer) const;
   /// Groups read by compute layer `layer` (0 = embedding, 1..L decoders, L+1 tail).
@@ -94,6 +138,14 @@ struct ModelLayout {
 /// Builds the layout for `c` (the tensor order within a group is fixed). Throws
 /// std::invalid_argument from c.validate().
 ModelLayout make_layout(const ModelConfig& c);
+/// The layout with LoRA adapters (see ModelLayout::lora). Throws std::invalid_argument naming
+/// the field ("lora.r: expected >= 1, got 0", an unknown target module, ...).
+ModelLayout make_layout(const ModelConfig& c, const LoraConfig& lora);
+
+/// Marks group g frozen: 2-D tensors whose element count is a multiple of base's block are
+/// stored in `base`, the others in f32; fills TensorSpec::format/byte_offset and
+/// storage_bytes. Throws std::out_of_range for a bad g.
+void freeze_group(ModelLayout& m, int g, WeightFormat base);
 
 /// Shape of one micro-batch: n_seq sequences of seq_len tokens (T = n_seq * seq_len tokens;
 /// attention is causal within each sequence, positions restart at 0 in each).

@@ -1,5 +1,6 @@
 // CPU ops, part 1: threading, GEMMs, memory helpers, linear, embedding, RMSNorm, SwiGLU.
 #include "kernels/cpu/cpu_ops.hpp"
+#include "kernels/weight_format.hpp"
 
 // GCC 12 reports false -Wmaybe-uninitialized inside Eigen's AVX-512 packet code.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -142,6 +143,11 @@ void CpuOps::cast(DType dst_t, void* dst, DType src_t, const void* src, int64_t 
   check_n(n, "cast");
   if (dst_t == src_t) return copy(dst_t, dst, src, n);
   for (int64_t i = 0; i < n; ++i) store(dst_t, dst, i, load(src_t, src, i));
+}
+
+void CpuOps::dequantize(WeightFormat f, const void* src, void* dst, int64_t n) {
+  check_n(n, "dequantize");
+  dequantize_weights(f, src, F(dst), n);  // the compute dtype is f32
 }
 
 void CpuOps::add_into(DType dst_t, void* dst, DType src_t, const void* src, int64_t n,

@@ -143,6 +143,10 @@ void CudaOps::copy(DType t, void* dst, const void* src, int64_t n) {
   RP_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(n) * dtype_size(t), cudaMemcpyDeviceToDevice, st_));
 }
 
+void CudaOps::dequantize(WeightFormat, const void*, void*, int64_t) {
+  throw std::logic_error("CudaOps::dequantize: not built yet");  // TODO(dequant helper): kernels
+}
+
 void CudaOps::cast(DType dst_t, void* dst, DType src_t, const void* src, int64_t n) {
   check_n(n, "cast");
   if (dst_t == src_t) return copy(dst_t, dst, src, n);
