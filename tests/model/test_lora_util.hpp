@@ -5,6 +5,8 @@
 
 #include <random>
 
+#include <fmt/format.h>
+
 #include "model/lora.hpp"
 #include "tests/model/test_layer_util.hpp"
 
