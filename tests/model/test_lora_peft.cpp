@@ -107,5 +107,27 @@ TEST(LoraPeft, CudaBackendMatchesPeftBf16) {
   check(*dev, "tiny_qwen3_lora", 2e-2, 5e-2);
 }
 
+// With dropout the masks come from the same counter-based hash on both backends, so the CUDA
+// run (bf16) follows the CPU run (fp32) of the same micro-batch; the dropout changes the
+// result (its CPU run differs from the one without dropout).
+TEST(LoraPeft, DropoutRunsEqualAcrossBackends) {
+  PeftGolden g = load_peft_golden("tiny_qwen3_lora");
+  ModelLayout with_dropout = g.layout;
+  with_dropout.lora->dropout = 0.3;
+  auto cpu = make_cpu_device(0, {});
+  const DeviceRun none = device_forward_backward(*cpu, g.layout, g.weights, g.ids, g.targets, g.shape);
+  const DeviceRun ref = device_forward_backward(*cpu, with_dropout, g.weights, g.ids, g.targets, g.shape, 11);
+  EXPECT_GT(rel(ref.logits.data(), none.logits.data(), ref.logits.size()), 1e-3);
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  auto cuda = make_cuda_device(0, {});
+  const DeviceRun r = device_forward_backward(*cuda, with_dropout, g.weights, g.ids, g.targets, g.shape, 11);
+  EXPECT_NEAR(r.loss_sum, ref.loss_sum, 2e-2 * std::abs(ref.loss_sum));
+  EXPECT_LT(rel(r.logits.data(), ref.logits.data(), ref.logits.size()), 2e-2);
+  const int L = int(g.layout.config.num_hidden_layers);
+  for (int gi = L + 2; gi < int(g.layout.groups.size()); ++gi)
+    EXPECT_LT(rel(r.grads[size_t(gi)].data(), ref.grads[size_t(gi)].data(), ref.grads[size_t(gi)].size()), 5e-2)
+        << g.layout.groups[size_t(gi)].name;
+}
+
 }  // namespace
 }  // namespace rp::test
