@@ -91,7 +91,8 @@ __global__ void __launch_bounds__(kThreads) dequant_blocks_kernel(const uint8_t*
   constexpr int kBlocksPerTile = kTile / F::kVals;
   constexpr int kParts = F::kVals / kPer;
   constexpr int kTileBytes = kBlocksPerTile * F::kBytes;
-  __shared__ alignas(16) uint8_t s[kTileBytes + 16];
+  __shared__ uint4 s16[(kTileBytes + 31) / 16];  // 16-byte aligned staging of one tile
+  uint8_t* s = reinterpret_cast<uint8_t*>(s16);
   __shared__ float lut[16];
   if (threadIdx.x < 16) lut[threadIdx.x] = tab.v[threadIdx.x];
   const int64_t ntiles = (nblocks + kBlocksPerTile - 1) / kBlocksPerTile;
