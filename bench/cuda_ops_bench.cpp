@@ -7,7 +7,10 @@
 // the scratch of the Ops contract and with 4x that), through its native GQA graph (timed only
 // when its gradients are finite), our flash kernels, and the expand / group-sum kernels alone.
 //
-//   bench_cuda_ops_bench [--quick]
+// Frozen-weight dequantization (Ops::dequantize) is measured for each storage form on 50M
+// values into the compute dtype: GB/s of storage read, of output written, and both.
+//
+//   bench_cuda_ops_bench [--quick] [--dequant]     (--dequant: the ceilings and dequantization only)
 //
 // Timing: each op is issued R times back to back on the compute stream, then the stream
 // is synchronised; the time per call is the median over 5 such trials, after warm-up.
@@ -29,6 +32,7 @@
 
 #include "kernels/device.hpp"
 #include "kernels/ops.hpp"
+#include "kernels/weight_format.hpp"
 #ifdef RP_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.hpp"
 #endif
@@ -42,7 +46,7 @@ struct Env {
   Ops* ops = nullptr;
   std::vector<DeviceBuffer> keep;
   double peak_tflops = 0, peak_gbs = 0;
-  bool quick = false;
+  bool quick = false, dequant_only = false;
 };
 
 void* buffer(Env& e, int64_t n, DType t) {
@@ -119,6 +123,48 @@ void line(Env& e, const std::string& op, const std::string& shape, double sec, d
                 op.c_str(), shape.c_str(), sec * 1e3, gbs, 100 * gbs / e.peak_gbs, 100 * gbs / 4300);
   }
   std::fflush(stdout);
+}
+
+// Ops::dequantize of n = 50M values (a multiple of every block) per storage form into the
+// compute dtype, two rotating storage/output sets (each larger than the L2 together);
+// values normal with sigma 0.02 (weights), quantized on the host. Bytes read: the storage
+// (weight_format_bytes); written: n values of the compute dtype.
+void dequantize_rows(Env& e, int R) {
+  Ops& ops = *e.ops;
+  const int64_t n = 50'000'000;
+  const DType ct = ops.dtype();
+  std::printf("\n-- dequantize (frozen weights, 50M values -> %s) --\n", dtype_name(ct));
+  std::vector<float> v(static_cast<size_t>(n));
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.f, 0.02f);
+  for (auto& x : v) x = nd(rng);
+  Stream& cs = e.dev->stream(StreamKind::compute);
+  auto row = [&](WeightFormat f, size_t src_off) {
+    const size_t bytes = weight_format_bytes(f, n);
+    std::vector<uint8_t> q(bytes);
+    quantize_weights(f, v.data(), q.data(), n);
+    std::vector<void*> src(2), dst(2);
+    for (int s = 0; s < 2; ++s) {
+      char* p = static_cast<char*>(buffer(e, int64_t(bytes + src_off + 3) / 4, DType::i32)) + src_off;
+      for (size_t i = 0; i < bytes; i += size_t(16) << 20) {
+        cs.copy_h2d(p + i, q.data() + i, std::min(size_t(16) << 20, bytes - i));
+        cs.synchronize();
+      }
+      src[size_t(s)] = p;
+      dst[size_t(s)] = buffer(e, n, ct);
+    }
+    const double sec = time_op(e, [&](int r) { ops.dequantize(f, src[size_t(r % 2)], dst[size_t(r % 2)], n); }, R);
+    const double rd = double(bytes) / sec / 1e9, wr = double(n) * double(dtype_size(ct)) / sec / 1e9;
+    const std::string op = std::string("dequantize ") + weight_format_name(f) + (src_off ? " (src +2 bytes)" : "");
+    std::printf("%-34s %9.3f ms  read %7.1f GB/s  written %7.1f GB/s  total %7.1f GB/s  %5.1f%% of measured copy\n",
+                op.c_str(), sec * 1e3, rd, wr, rd + wr, 100 * (rd + wr) / e.peak_gbs);
+    std::fflush(stdout);
+    e.keep.clear();
+  };
+  for (WeightFormat f : {WeightFormat::f32, WeightFormat::bf16, WeightFormat::f16, WeightFormat::q8_0,
+                         WeightFormat::q4_0, WeightFormat::nf4})
+    row(f, 0);
+  row(WeightFormat::q8_0, 2);  // a tensor that does not start at a 16-byte boundary
 }
 
 #ifdef RP_HAVE_CUDA
@@ -234,6 +280,7 @@ int main(int argc, char** argv) {
   Env e;
   for (int i = 1; i < argc; ++i)
     if (std::strcmp(argv[i], "--quick") == 0) e.quick = true;
+    else if (std::strcmp(argv[i], "--dequant") == 0) e.dequant_only = true;
   if (cuda_device_count() == 0) {
     std::printf("no CUDA device visible: nothing to measure\n");
     return 0;
@@ -267,6 +314,10 @@ int main(int argc, char** argv) {
   const int64_t T = 8192, H = 2048, nq = 16, nkv = 8, D = 128, F = 6144, V = 151936;
   const int64_t Q = nq * D, KV = nkv * D;
   const int R = e.quick ? 3 : 10;
+  if (e.dequant_only) {
+    dequantize_rows(e, 2 * R);
+    return 0;
+  }
 
   // ---- GEMMs (the decoder layer's projections) ------------------------------------------
   {
@@ -384,6 +435,8 @@ int main(int argc, char** argv) {
     line(e, "fill f32", "[8192, 6144]", time_op(e, [&](int r) { ops.fill(f32, a32[S(r)], T * F, 0.f); }, R), 0, 2 * TF);
     e.keep.clear();
   }
+
+  dequantize_rows(e, 2 * R);
 
   // ---- embedding and the LM head --------------------------------------------------------------
   {

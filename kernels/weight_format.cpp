@@ -74,7 +74,7 @@ size_t weight_format_bytes(WeightFormat f, int64_t n) {
     case WeightFormat::q4_0: return size_t(n / 32) * 18;
     case WeightFormat::nf4: return size_t(n / 64) * 36;
   }
-  return 0;
+  throw std::invalid_argument(fmt::format("weight format {} is unknown (expected f32, bf16, f16, q8_0, q4_0 or nf4)", int(f)));
 }
 
 namespace {

@@ -28,8 +28,8 @@ const char* weight_format_name(WeightFormat f);
 WeightFormat parse_weight_format(const std::string& s);
 /// Values per block (1 for plain formats).
 int64_t weight_format_block(WeightFormat f);
-/// Bytes of n values in format f; throws std::invalid_argument when n is not a multiple of
-/// the block.
+/// Bytes of n values in format f; throws std::invalid_argument when n is negative or not a
+/// multiple of the block, or f is none of the formats above.
 size_t weight_format_bytes(WeightFormat f, int64_t n);
 /// True for q8_0, q4_0, nf4.
 inline bool weight_format_quantized(WeightFormat f) {

@@ -62,5 +62,12 @@ void gqa_group_sum(Ops& ops, DType in_t, const void* in_k, const void* in_v, DTy
                    void* out_k, void* out_v, int64_t out_row, int64_t T, int64_t G, int64_t m,
                    int64_t D, bool accumulate);
 
+/// Ops::dequantize on the ops' compute stream with the output in out_t (f32, bf16 or f16)
+/// instead of the compute dtype (CUDA ops are bf16 or f16; tests and benchmarks reach the
+/// f32 output this way): dst[i] = dequantize_weights()'s value i rounded once to out_t.
+/// Throws std::invalid_argument for non-CUDA ops, another out_t, an unknown format or n
+/// not a multiple of the format's block.
+void dequantize_to(Ops& ops, WeightFormat f, DType out_t, const void* src, void* dst, int64_t n);
+
 }  // namespace cuda
 }  // namespace rp

@@ -28,6 +28,13 @@ void k_add(DType t, const void* a, const void* b, void* y, int64_t n, cudaStream
 /// (kernels/dropout_hash.hpp); y may alias x.
 void k_dropout(DType t, const void* x, void* y, int64_t rows, int64_t cols, float p, uint64_t seed,
                int64_t row0, cudaStream_t st);
+/// dst[i] (dst_t: f32, bf16 or f16) = value i of the n values stored in format f at src
+/// (kernels/weight_format.hpp; cuda_dequant.cu): the host twin dequantize_weights()'s fp32
+/// value rounded once to dst_t (round-to-nearest-even), so bit-identical to it. src may
+/// be at any byte address (a tensor inside a frozen group's storage); n must be a multiple
+/// of the format's block (the caller checks). Throws std::invalid_argument for another
+/// dst_t or an unknown format.
+void k_dequantize(WeightFormat f, DType dst_t, const void* src, void* dst, int64_t n, cudaStream_t st);
 
 // ---- embedding / RMSNorm / RoPE / SwiGLU -------------------------------------------
 void k_embedding_fwd(DType t, const int32_t* ids, const void* table, void* y, int64_t T,

@@ -14,6 +14,7 @@
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/cuda_kernels.hpp"
+#include "kernels/weight_format.hpp"
 
 namespace rp::cuda {
 
@@ -143,8 +144,21 @@ void CudaOps::copy(DType t, void* dst, const void* src, int64_t n) {
   RP_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(n) * dtype_size(t), cudaMemcpyDeviceToDevice, st_));
 }
 
-void CudaOps::dequantize(WeightFormat, const void*, void*, int64_t) {
-  throw std::logic_error("CudaOps::dequantize: not built yet");  // TODO(dequant helper): kernels
+void CudaOps::dequantize(WeightFormat f, const void* src, void* dst, int64_t n) {
+  dequantize_to(f, dtype_, src, dst, n);
+}
+
+void CudaOps::dequantize_to(WeightFormat f, DType out_t, const void* src, void* dst, int64_t n) {
+  check_n(n, "dequantize");
+  require(int(f) <= int(WeightFormat::nf4), "dequantize",
+          fmt::format("unknown weight format {} (expected f32, bf16, f16, q8_0, q4_0 or nf4)", int(f)).c_str());
+  require(out_t == DType::f32 || out_t == DType::bf16 || out_t == DType::f16, "dequantize",
+          fmt::format("output dtype {} (expected f32, bf16 or f16)", dtype_name(out_t)).c_str());
+  weight_format_bytes(f, n);  // throws std::invalid_argument unless n is a multiple of the block
+  if (n == 0) return;
+  require(src != nullptr && dst != nullptr, "dequantize", "null source or destination");
+  set_device(dev_);
+  k_dequantize(f, out_t, src, dst, n, st_);
 }
 
 void CudaOps::cast(DType dst_t, void* dst, DType src_t, const void* src, int64_t n) {
@@ -434,6 +448,10 @@ void set_attention_scratch_bytes(Ops& ops, size_t bytes) {
 
 int64_t attention_bwd_passes(Ops& ops) {
   return cuda_ops(ops, "attention_bwd_passes").last_attention_bwd_passes();
+}
+
+void dequantize_to(Ops& ops, WeightFormat f, DType out_t, const void* src, void* dst, int64_t n) {
+  cuda_ops(ops, "dequantize_to").dequantize_to(f, out_t, src, dst, n);
 }
 
 void gqa_expand_kv(Ops& ops, const void* k, const void* v, void* ke, void* ve, int64_t T,

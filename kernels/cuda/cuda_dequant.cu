@@ -1,0 +1,210 @@
+// CUDA dequantization of frozen weights (storage forms: kernels/weight_format.hpp) into a
+// compute buffer of f32, bf16 or f16. Every value is computed in fp32 exactly as the host
+// twin dequantize_weights() computes it (one product of the same two fp32 factors) and
+// rounded once (round-to-nearest-even), so results equal the host's bit for bit.
+//
+// Quantized formats (q8_0, q4_0, nf4): one thread block per tile of kTile outputs. The tile's
+// storage bytes are staged in shared memory with 16-byte loads (byte loads only for the up
+// to 15 bytes before the first and after the last 16-byte boundary, so a tensor may start
+// at any byte offset of its group's storage); then each thread turns 8 consecutive values
+// of one block into one 16-byte store (bf16/f16; two for f32). Plain formats are casts
+// (k_cast) or copies; a source not aligned to its element size is read byte by byte.
+#include <type_traits>
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_kernels.hpp"
+#include "kernels/weight_format.hpp"
+
+namespace rp::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kPer = 8;    // outputs per thread and step
+constexpr int kSteps = 4;  // steps per tile
+constexpr int kTile = kThreads * kPer * kSteps;  // 8192 outputs per tile
+
+struct Nf4Table {
+  float v[16];
+};
+
+// Little-endian fields at any byte address (shared memory).
+__device__ __forceinline__ float f16_at(const uint8_t* p) {
+  return __half2float(__ushort_as_half((unsigned short)(p[0] | (p[1] << 8))));
+}
+__device__ __forceinline__ float f32_at(const uint8_t* p) {
+  return __uint_as_float(uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24);
+}
+
+// Each format: kVals values in kBytes bytes per block; decode() writes values
+// [8*part, 8*part + 8) of the block at b in the host twin's order of operations.
+struct Q8_0 {
+  static constexpr int kVals = 32, kBytes = 34;  // {f16 d; int8 q[32]}
+  __device__ static void decode(const uint8_t* b, int part, const float*, float (&o)[kPer]) {
+    const float d = f16_at(b);
+    const uint8_t* q = b + 2 + kPer * part;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) o[k] = float(int8_t(q[k])) * d;
+  }
+};
+struct Q4_0 {
+  static constexpr int kVals = 32, kBytes = 18;  // {f16 d; uint8 qs[16]}: 0..15 low, 16..31 high
+  __device__ static void decode(const uint8_t* b, int part, const float*, float (&o)[kPer]) {
+    const float d = f16_at(b);
+    const uint8_t* q = b + 2 + kPer * (part & 1);
+    const int shift = part >= 2 ? 4 : 0;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) o[k] = float(int((q[k] >> shift) & 15) - 8) * d;
+  }
+};
+struct Nf4 {
+  static constexpr int kVals = 64, kBytes = 36;  // {f32 absmax; uint8 q[32]}: value 2i high nibble
+  __device__ static void decode(const uint8_t* b, int part, const float* lut, float (&o)[kPer]) {
+    const float amax = f32_at(b);
+    const uint8_t* q = b + 4 + (kPer / 2) * part;
+#pragma unroll
+    for (int k = 0; k < kPer / 2; ++k) {
+      o[2 * k] = lut[q[k] >> 4] * amax;
+      o[2 * k + 1] = lut[q[k] & 15] * amax;
+    }
+  }
+};
+
+// Copies len bytes from g into shared memory at s + (g mod 16), so that 16-byte-aligned
+// chunks of g land on 16-byte-aligned chunks of s; returns that offset.
+__device__ __forceinline__ int stage_bytes(const uint8_t* g, int len, uint8_t* s) {
+  const int mis = int(reinterpret_cast<uintptr_t>(g) & 15u);
+  uint8_t* d = s + mis;
+  const int head = min((16 - mis) & 15, len);
+  const int nvec = (len - head) / 16;
+  const int tail = head + nvec * 16;
+  const uint4* gv = reinterpret_cast<const uint4*>(g + head);
+  uint4* sv = reinterpret_cast<uint4*>(d + head);
+  for (int i = threadIdx.x; i < nvec; i += blockDim.x) sv[i] = __ldcs(gv + i);
+  if (int(threadIdx.x) < head) d[threadIdx.x] = g[threadIdx.x];
+  if (int(threadIdx.x) < len - tail) d[tail + threadIdx.x] = g[tail + threadIdx.x];
+  return mis;
+}
+
+template <class F, typename T, bool VEC>
+__global__ void __launch_bounds__(kThreads) dequant_blocks_kernel(const uint8_t* src, T* dst,
+                                                                  int64_t nblocks, Nf4Table tab) {
+  constexpr int kBlocksPerTile = kTile / F::kVals;
+  constexpr int kParts = F::kVals / kPer;
+  constexpr int kTileBytes = kBlocksPerTile * F::kBytes;
+  __shared__ uint4 s16[(kTileBytes + 31) / 16];  // 16-byte aligned staging of one tile
+  uint8_t* s = reinterpret_cast<uint8_t*>(s16);
+  __shared__ float lut[16];
+  if (threadIdx.x < 16) lut[threadIdx.x] = tab.v[threadIdx.x];
+  const int64_t ntiles = (nblocks + kBlocksPerTile - 1) / kBlocksPerTile;
+  for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+    const int64_t b0 = tile * kBlocksPerTile;
+    const int nb = int(min(int64_t(kBlocksPerTile), nblocks - b0));
+    const int mis = stage_bytes(src + b0 * F::kBytes, nb * F::kBytes, s);
+    __syncthreads();
+    const uint8_t* t = s + mis;
+    T* out = dst + b0 * F::kVals;
+#pragma unroll
+    for (int u = 0; u < kSteps; ++u) {
+      const int idx = int(threadIdx.x) + u * kThreads;  // group of kPer outputs in the tile
+      const int blk = idx / kParts;
+      if (blk < nb) {
+        float v[kPer];
+        F::decode(t + blk * F::kBytes, idx % kParts, lut, v);
+        store_n<kPer, VEC>(out + int64_t(idx) * kPer, v);
+      }
+    }
+    __syncthreads();  // the next tile overwrites s
+  }
+}
+
+template <class F, typename T>
+void launch_blocks(const void* src, T* dst, int64_t n, cudaStream_t st) {
+  Nf4Table tab;
+  for (int i = 0; i < 16; ++i) tab.v[i] = kNf4[i];
+  const int64_t nblocks = n / F::kVals;
+  const unsigned grid = grid_for(nblocks, kTile / F::kVals);
+  const auto* s = static_cast<const uint8_t*>(src);
+  if (aligned16(dst))
+    dequant_blocks_kernel<F, T, true><<<grid, kThreads, 0, st>>>(s, dst, nblocks, tab);
+  else
+    dequant_blocks_kernel<F, T, false><<<grid, kThreads, 0, st>>>(s, dst, nblocks, tab);
+  RP_CUDA_LAUNCH_CHECK("dequantize");
+}
+
+// Plain values whose address is not a multiple of their size (e.g. an f32 tensor after
+// an odd number of 18-byte q4_0 blocks): assembled from bytes, one value per thread.
+template <typename S>
+__device__ __forceinline__ float plain_at(const uint8_t* p) {
+  if constexpr (sizeof(S) == 4) {
+    return f32_at(p);
+  } else {
+    const auto u = (unsigned short)(p[0] | (p[1] << 8));
+    if constexpr (std::is_same_v<S, bf16>) return __bfloat162float(__ushort_as_bfloat16(u));
+    else return __half2float(__ushort_as_half(u));
+  }
+}
+
+template <typename S, typename T>
+__global__ void __launch_bounds__(kThreads) dequant_plain_bytes_kernel(const uint8_t* src, T* dst, int64_t n) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    dst[i] = from_f<T>(plain_at<S>(src + i * int64_t(sizeof(S))));
+}
+
+DType plain_dtype(WeightFormat f) {
+  return f == WeightFormat::f32 ? DType::f32 : f == WeightFormat::bf16 ? DType::bf16 : DType::f16;
+}
+
+// Calls fn(T*) with a null pointer of the element type of t (f32, bf16 or f16).
+template <class Fn>
+void with_type(DType t, Fn&& fn) {
+  switch (t) {
+    case DType::f32: return fn(static_cast<float*>(nullptr));
+    case DType::bf16: return fn(static_cast<bf16*>(nullptr));
+    case DType::f16: return fn(static_cast<f16*>(nullptr));
+    default: bad_dtype("dequantize", t);
+  }
+}
+
+void dequant_plain(WeightFormat f, DType dst_t, const void* src, void* dst, int64_t n, cudaStream_t st) {
+  const DType src_t = plain_dtype(f);
+  const size_t es = dtype_size(src_t);
+  if (src_t == dst_t) {
+    check(cudaMemcpyAsync(dst, src, size_t(n) * es, cudaMemcpyDeviceToDevice, st), "dequantize (copy)",
+          __FILE__, __LINE__);
+  } else if (reinterpret_cast<uintptr_t>(src) % es == 0) {
+    k_cast(dst_t, dst, src_t, src, n, st);
+  } else {
+    with_type(dst_t, [&](auto* tag_t) {
+      using T = std::remove_pointer_t<decltype(tag_t)>;
+      with_type(src_t, [&](auto* tag_s) {
+        using S = std::remove_pointer_t<decltype(tag_s)>;
+        dequant_plain_bytes_kernel<S, T><<<grid_for(n, kThreads), kThreads, 0, st>>>(
+            static_cast<const uint8_t*>(src), static_cast<T*>(dst), n);
+        RP_CUDA_LAUNCH_CHECK("dequantize (unaligned)");
+      });
+    });
+  }
+}
+
+}  // namespace
+
+void k_dequantize(WeightFormat f, DType dst_t, const void* src, void* dst, int64_t n, cudaStream_t st) {
+  if (dst_t != DType::f32 && dst_t != DType::bf16 && dst_t != DType::f16) bad_dtype("dequantize", dst_t);
+  if (n <= 0) return;
+  auto blocks = [&](auto* fmt) {
+    using F = std::remove_pointer_t<decltype(fmt)>;
+    with_type(dst_t, [&](auto* tag) { launch_blocks<F>(src, static_cast<decltype(tag)>(dst), n, st); });
+  };
+  switch (f) {
+    case WeightFormat::f32:
+    case WeightFormat::bf16:
+    case WeightFormat::f16: return dequant_plain(f, dst_t, src, dst, n, st);
+    case WeightFormat::q8_0: return blocks(static_cast<Q8_0*>(nullptr));
+    case WeightFormat::q4_0: return blocks(static_cast<Q4_0*>(nullptr));
+    case WeightFormat::nf4: return blocks(static_cast<Nf4*>(nullptr));
+  }
+  throw std::invalid_argument("dequantize: unknown weight format " + std::to_string(int(f)));
+}
+
+}  // namespace rp::cuda
