@@ -128,6 +128,20 @@ class Ops {
   /// dw[N,K] += dy[M,N]^T x[M,K]   (dw in grad_dtype()).
   virtual void linear_bwd_weight(const void* dy, const void* x, void* dw, int64_t M,
                                  int64_t K, int64_t N) = 0;
+  /// y[M,N] += alpha * x[M,K] W[N,K]^T (products summed in fp32, then added to y, which is
+  /// read and written in dtype()). The low-rank update of a LoRA adapter (model/lora_linear.hpp)
+  /// and, into a zeroed y, a scaled linear.
+  virtual void linear_fwd_add(const void* x, const void* w, void* y, int64_t M, int64_t K,
+                              int64_t N, float alpha) = 0;
+
+  // ---- dropout with a counter-based mask (Srivastava et al. 2014, inverted dropout) ----
+  /// y[r,c] = keep ? x[r,c] / (1 - p) : 0 for r < rows, c < cols (row-major, dtype()), where
+  /// keep = dropout_uniform(seed, row0 + r, c) >= p (kernels/dropout_hash.hpp). The mask is
+  /// a pure function of (seed, row0 + r, c), identical on every backend, so a recompute
+  /// (or the backward: the same call on the output gradient) regenerates it exactly.
+  /// y may alias x. p in [0, 1), else std::invalid_argument.
+  virtual void dropout(const void* x, void* y, int64_t rows, int64_t cols, float p,
+                       uint64_t seed, int64_t row0) = 0;
 
   // ---- embedding ----------------------------------------------------------------
   /// y[t,:] = table[ids[t],:], table [V,H]. ids must lie in [0, V).

@@ -66,6 +66,13 @@ struct LayerArgs {
   /// calls it once the recompute is issued and before the backward proper, on the thread
   /// issuing the ops, so the profiler can time the two apart (actors/layer_timer.hpp).
   std::function<void()> after_recompute;
+  /// LoRA dropout (ModelLayout::lora with dropout > 0): names this micro-batch's pass so its
+  /// backward regenerates the forward's masks (model/lora_linear.hpp). The forward and the
+  /// backward of one micro-batch pass the same value, other micro-batches and iterations other
+  /// values (e.g. iteration * micro_batches + micro_batch). -1 (the default): no dropout, as in
+  /// evaluation; a decoder's backward with dropout configured then throws
+  /// std::invalid_argument.
+  int64_t dropout_id = -1;
 };
 
 class Layer {

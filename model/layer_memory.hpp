@@ -13,6 +13,11 @@
 //   With a saved attention (LayerOptions::save_attention) o and lse are the caller's buffers.
 //             dh1 lives in the caller's dx, dxn in h1, the q/k-norm input gradients in dout
 //             and v, so nothing of size [T,F] exists and no [T,H] buffer beyond xn and h1.
+//   LoRA adapters (DecoderDims::lora_rank r > 0): ax [T,r] (forward and backward) and g [T,r]
+//             (backward) for the adapter intermediates of one linear at a time, and with dropout
+//             the dropped-out input of one linear, [T, max(H,Q)] or for the MLP [C, max(H,F)].
+//   Frozen base (null base gradient): a [max(H,D)] fp32 sink for the norms' unused weight
+//             gradients (backward).
 // Tail: hn, dhn [T,H] plus Ops::lm_head_ce_scratch_bytes.
 #pragma once
 #include <algorithm>
@@ -53,6 +58,9 @@ struct DecoderDims {
   int64_t hidden = 0, ffn = 0, heads = 0, kv_heads = 0, head_dim = 0;
   bool qk_norm = false;
   bool saved_attention = false;  ///< o and lse live outside the scratch (LayerOptions::save_attention)
+  int64_t lora_rank = 0;         ///< LoRA adapters on some of the linears (LoraConfig::r), 0: none
+  bool lora_dropout = false;     ///< LoraConfig::dropout > 0
+  bool frozen_base = false;      ///< the base group is frozen (no norm-weight gradients kept)
 };
 
 /// Bytes of the attention output o [T, nq*D] (es per element) and its log-sum-exp
@@ -72,6 +80,9 @@ struct DecoderBufs {
   void *g = nullptr, *u = nullptr, *m = nullptr;               // [C, F]
   void *dm = nullptr, *dg = nullptr, *du = nullptr;            // [C, F], backward
   float* lse = nullptr;                                        // [n_seq, nq, L], backward
+  void *lora_ax = nullptr, *lora_g = nullptr;                 // [T, r] (lora_g: backward)
+  void* lora_x = nullptr;                                      // dropout input, [T or C, max in]
+  float* norm_sink = nullptr;                                  // [max(H, D)] fp32, backward, frozen base
   void* attn = nullptr;                                        // Ops::attention_scratch_bytes
   int64_t chunk = 0;                                           // C
 };
@@ -105,7 +116,13 @@ inline void carve_decoder_scratch(const DecoderDims& d, int64_t n_seq, int64_t s
   b.g = sc.take(C * F * es);
   b.u = sc.take(C * F * es);
   b.m = sc.take(C * F * es);
+  if (d.lora_rank > 0) {  // model/lora_linear.hpp: adapter intermediates, one linear at a time
+    b.lora_ax = sc.take(T * size_t(d.lora_rank) * es);
+    if (backward) b.lora_g = sc.take(T * size_t(d.lora_rank) * es);
+    if (d.lora_dropout) b.lora_x = sc.take(std::max(T * std::max(H, Q), C * std::max(H, F)) * es);
+  }
   if (!backward) return;
+  if (d.frozen_base) b.norm_sink = static_cast<float*>(sc.take(std::max(H, size_t(d.head_dim)) * 4));
   if (!d.saved_attention) b.lse = static_cast<float*>(sc.take(T * size_t(d.heads) * 4));
   b.dout = sc.take(T * Q * es);
   b.dq = sc.take(T * Q * es);

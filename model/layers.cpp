@@ -3,6 +3,8 @@
 // LlamaAttention with repeat_kv, LlamaMLP, LlamaRMSNorm, Qwen3Attention q_norm/k_norm).
 #include "model/layers.hpp"
 
+#include "model/lora_linear.hpp"
+
 #include <array>
 #include <cmath>
 #include <stdexcept>
@@ -107,21 +109,33 @@ class DecoderLayer final : public Layer {
     wu_ = offset_of(g, p + "mlp.up_proj.weight");
     wd_ = offset_of(g, p + "mlp.down_proj.weight");
     rope_ = rope_frequencies(rope_params(c_));
+    lora_ = lora_linears(m, layer);
+    const bool adapted = m.adapter_group(layer) >= 0;
+    n_groups_ = adapted ? 2 : 1;
+    if (adapted) {
+      scaling_ = float(m.lora->scaling());
+      dropout_ = float(m.lora->dropout);
+      lora_seed_ = m.lora->seed;
+    }
+    layer_ = layer;
+    frozen_base_ = g.frozen;
     dims_ = DecoderDims{c_.hidden_size, c_.intermediate_size, c_.num_attention_heads, c_.num_key_value_heads,
-                        c_.head_dim, c_.qk_norm, opt.save_attention};
+                        c_.head_dim, c_.qk_norm, opt.save_attention, adapted ? m.lora->r : 0,
+                        adapted && dropout_ > 0.f, g.frozen};
   }
   LayerKind kind() const override { return LayerKind::decoder; }
   size_t scratch_bytes(const MicroBatchShape& s, DType dt = DType::f32, bool backward = true) const override {
     return decoder_scratch_bytes(dims_, s.n_seq, s.seq_len, dtype_size(dt), backward, chunk_tokens_);
   }
   void forward(const LayerArgs& a) const override {
-    Ops& ops = check_args(a, 1, needed(a, false), "decoder.forward", false);
+    Ops& ops = check_args(a, n_groups_, needed(a, false), "decoder.forward", false);
     if (!a.x || !a.y) throw std::invalid_argument("decoder.forward: x/y null");
     DecoderBufs b = carve(a, ops, false);
     use_saved_attention(a, b, "decoder.forward");
-    attention_forward(a, b, saved_attention_, false);
+    const LoraCall lc = lora_call(a, b, false);
+    attention_forward(a, b, lc, saved_attention_, false);
     const int64_t T = a.shape.tokens();
-    for (int64_t r0 = 0; r0 < T; r0 += b.chunk) mlp_forward(a, b, r0, std::min(b.chunk, T - r0));
+    for (int64_t r0 = 0; r0 < T; r0 += b.chunk) mlp_forward(a, b, lc, r0, std::min(b.chunk, T - r0));
   }
   void backward(const LayerArgs& a) const override;
 
@@ -140,6 +154,34 @@ class DecoderLayer final : public Layer {
   static void* row(const Ops& ops, const void* base, int64_t r, int64_t cols) {
     return const_cast<char*>(static_cast<const char*>(base)) + r * cols * int64_t(dtype_size(ops.dtype()));
   }
+  // The adapters' share of this call (model/lora_linear.hpp); all modules off without LoRA.
+  LoraCall lora_call(const LayerArgs& a, const DecoderBufs& b, bool backward) const {
+    LoraCall c;
+    if (n_groups_ < 2) return c;
+    c.ops = a.ops;
+    c.params = a.params[1];
+    c.grads = backward ? a.grads[1] : nullptr;
+    c.scaling = scaling_;
+    if (dropout_ > 0.f && a.dropout_id >= 0) {  // training; dropout_id < 0: evaluation
+      c.dropout = dropout_;
+      c.seed = lora_dropout_seed(lora_seed_, a.dropout_id, layer_);
+    }
+    c.ax = b.lora_ax;
+    c.g = b.lora_g;
+    c.xbuf = b.lora_x;
+    return c;
+  }
+  // Gradient of the base weight at `off`, null when the base is frozen (no dW is computed).
+  static void* base_grad(const LayerArgs& a, int64_t off) { return a.grads[0] ? grad(a, 0, off) : nullptr; }
+  // Gradient of a base norm weight: with a frozen base a sink in the scratch, never read.
+  static void* norm_grad(const LayerArgs& a, const DecoderBufs& b, int64_t off) {
+    return a.grads[0] ? grad(a, 0, off) : b.norm_sink;
+  }
+  // dW += dy^T x, skipped for a frozen base (dw null).
+  static void weight_grad(Ops& ops, const void* dy, const void* x, void* dw, int64_t M, int64_t K, int64_t N) {
+    if (dw) ops.linear_bwd_weight(dy, x, dw, M, K, N);
+  }
+  const LoraLinear& lora(LoraModule m) const { return lora_[size_t(m)]; }
   // With a saved attention, o and lse are the caller's (LayerArgs::attn_o / attn_lse).
   void use_saved_attention(const LayerArgs& a, DecoderBufs& b, const char* who) const {
     if (!saved_attention_) return;
@@ -150,15 +192,16 @@ class DecoderLayer final : public Layer {
   }
   // xn, q, k, v (for the attention and its backward), then, unless `reuse` (o and lse are
   // the forward's, saved), o (and lse when with_lse); and h1 = x + o_proj(o).
-  void attention_forward(const LayerArgs& a, const DecoderBufs& b, bool with_lse, bool reuse) const;
+  void attention_forward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc, bool with_lse,
+                         bool reuse) const;
   // Rows [r0, r0+n) of the MLP: y = h1 + down(silu(gate(hn)) * up(hn)), hn = RMSNorm(h1).
-  void mlp_forward(const LayerArgs& a, const DecoderBufs& b, int64_t r0, int64_t n) const;
+  void mlp_forward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc, int64_t r0, int64_t n) const;
   // Rows [r0, r0+n) of the MLP backward from dy, recomputing the chunk's forward; writes
   // dh1 = dy + d(RMSNorm(h1))/dh1 into those rows of a.dx and adds the MLP's weight
   // gradients.
-  void mlp_backward(const LayerArgs& a, const DecoderBufs& b, int64_t r0, int64_t n) const;
+  void mlp_backward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc, int64_t r0, int64_t n) const;
   // From dh1 (in a.dx): the attention half's weight gradients and dx += d/dx.
-  void attention_backward(const LayerArgs& a, const DecoderBufs& b) const;
+  void attention_backward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc) const;
 
   ModelConfig c_;
   int64_t chunk_tokens_;
@@ -166,9 +209,16 @@ class DecoderLayer final : public Layer {
   DecoderDims dims_;
   int64_t w_in_, wq_, wk_, wv_, wqn_ = -1, wkn_ = -1, wo_, w_post_, wg_, wu_, wd_;
   RopeTable rope_;
+  std::array<LoraLinear, kLoraModules> lora_{};
+  size_t n_groups_ = 1;  // 2 with LoRA: params[1] / grads[1] are the adapter group
+  float scaling_ = 1.0f, dropout_ = 0.0f;
+  uint64_t lora_seed_ = 0;
+  int layer_ = 0;
+  bool frozen_base_ = false;
 };
 
-void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, bool with_lse, bool reuse) const {
+void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc, bool with_lse,
+                                     bool reuse) const {
   Ops& ops = *a.ops;
   const int64_t T = a.shape.tokens(), H = c_.hidden_size;
   const int64_t nq = c_.num_attention_heads, nkv = c_.num_key_value_heads, D = c_.head_dim;
@@ -180,6 +230,9 @@ void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, b
   ops.linear_fwd(b.xn, param(a, 0, wq_), q_lin, T, H, nq * D);
   ops.linear_fwd(b.xn, param(a, 0, wk_), k_lin, T, H, nkv * D);
   ops.linear_fwd(b.xn, param(a, 0, wv_), b.v, T, H, nkv * D);
+  lora_forward(lc, lora(LoraModule::q), b.xn, q_lin, T, 0);
+  lora_forward(lc, lora(LoraModule::k), b.xn, k_lin, T, 0);
+  lora_forward(lc, lora(LoraModule::v), b.xn, b.v, T, 0);
   if (c_.qk_norm) {
     ops.rmsnorm_fwd(b.qr, param(a, 0, wqn_), b.q, T * nq, D, eps);
     ops.rmsnorm_fwd(b.kr, param(a, 0, wkn_), b.k, T * nkv, D, eps);
@@ -197,10 +250,12 @@ void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, b
     if (!reuse) ops.attention_fwd(b.q, b.k, b.v, b.o, with_lse ? b.lse : nullptr, S, L, nq, nkv, D, scale, b.attn);
   }
   ops.linear_fwd(b.o, param(a, 0, wo_), b.h1, T, nq * D, H);
+  lora_forward(lc, lora(LoraModule::o), b.o, b.h1, T, 0);
   ops.add(a.x, b.h1, b.h1, T * H);  // h1 = x + attn
 }
 
-void DecoderLayer::mlp_forward(const LayerArgs& a, const DecoderBufs& b, int64_t r0, int64_t n) const {
+void DecoderLayer::mlp_forward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc, int64_t r0,
+                              int64_t n) const {
   Ops& ops = *a.ops;
   const int64_t H = c_.hidden_size, F = c_.intermediate_size;
   const void* h1 = row(ops, b.h1, r0, H);
@@ -208,12 +263,16 @@ void DecoderLayer::mlp_forward(const LayerArgs& a, const DecoderBufs& b, int64_t
   ops.rmsnorm_fwd(h1, param(a, 0, w_post_), b.hn, n, H, float(c_.rms_norm_eps));
   ops.linear_fwd(b.hn, param(a, 0, wg_), b.g, n, H, F);
   ops.linear_fwd(b.hn, param(a, 0, wu_), b.u, n, H, F);
+  lora_forward(lc, lora(LoraModule::gate), b.hn, b.g, n, r0);
+  lora_forward(lc, lora(LoraModule::up), b.hn, b.u, n, r0);
   ops.swiglu_fwd(b.g, b.u, b.m, n * F);
   ops.linear_fwd(b.m, param(a, 0, wd_), y, n, F, H);
+  lora_forward(lc, lora(LoraModule::down), b.m, y, n, r0);
   ops.add(h1, y, y, n * H);
 }
 
-void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, int64_t r0, int64_t n) const {
+void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc, int64_t r0,
+                               int64_t n) const {
   Ops& ops = *a.ops;
   const int64_t H = c_.hidden_size, F = c_.intermediate_size;
   const float eps = float(c_.rms_norm_eps);
@@ -224,20 +283,25 @@ void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, int64_
   ops.rmsnorm_fwd(h1, param(a, 0, w_post_), b.hn, n, H, eps);
   ops.linear_fwd(b.hn, param(a, 0, wg_), b.g, n, H, F);
   ops.linear_fwd(b.hn, param(a, 0, wu_), b.u, n, H, F);
+  lora_forward(lc, lora(LoraModule::gate), b.hn, b.g, n, r0);
+  lora_forward(lc, lora(LoraModule::up), b.hn, b.u, n, r0);
   ops.swiglu_fwd(b.g, b.u, b.m, n * F);
   // y = h1 + down(m)
-  ops.linear_bwd_weight(dy, b.m, grad(a, 0, wd_), n, F, H);
+  weight_grad(ops, dy, b.m, base_grad(a, wd_), n, F, H);
   ops.linear_bwd_input(dy, param(a, 0, wd_), b.dm, n, F, H, false);
+  lora_backward(lc, lora(LoraModule::down), b.m, dy, b.dm, n, r0);
   ops.swiglu_bwd(b.g, b.u, b.dm, b.dg, b.du, n * F);
-  ops.linear_bwd_weight(b.dg, b.hn, grad(a, 0, wg_), n, H, F);
-  ops.linear_bwd_weight(b.du, b.hn, grad(a, 0, wu_), n, H, F);
+  weight_grad(ops, b.dg, b.hn, base_grad(a, wg_), n, H, F);
+  weight_grad(ops, b.du, b.hn, base_grad(a, wu_), n, H, F);
   ops.linear_bwd_input(b.dg, param(a, 0, wg_), b.dhn, n, H, F, false);
   ops.linear_bwd_input(b.du, param(a, 0, wu_), b.dhn, n, H, F, true);
+  lora_backward(lc, lora(LoraModule::gate), b.hn, b.dg, b.dhn, n, r0);
+  lora_backward(lc, lora(LoraModule::up), b.hn, b.du, b.dhn, n, r0);
   ops.copy(ops.dtype(), dh1, dy, n * H);  // residual path
-  ops.rmsnorm_bwd(h1, param(a, 0, w_post_), b.dhn, dh1, grad(a, 0, w_post_), n, H, eps, true);
+  ops.rmsnorm_bwd(h1, param(a, 0, w_post_), b.dhn, dh1, norm_grad(a, b, w_post_), n, H, eps, true);
 }
 
-void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b) const {
+void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc) const {
   Ops& ops = *a.ops;
   const int64_t T = a.shape.tokens(), H = c_.hidden_size;
   const int64_t nq = c_.num_attention_heads, nkv = c_.num_key_value_heads, D = c_.head_dim;
@@ -245,8 +309,9 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b) 
   const int64_t S = a.shape.n_seq, L = a.shape.seq_len;
   const void* dh1 = a.dx;
   // h1 = x + o_proj(o)
-  ops.linear_bwd_weight(dh1, b.o, grad(a, 0, wo_), T, nq * D, H);
+  weight_grad(ops, dh1, b.o, base_grad(a, wo_), T, nq * D, H);
   ops.linear_bwd_input(dh1, param(a, 0, wo_), b.dout, T, nq * D, H, false);
+  lora_backward(lc, lora(LoraModule::o), b.o, dh1, b.dout, T, 0);
   const float scale = float(1.0 / std::sqrt(double(D)));
   if (a.positions) {
     ops.attention_bwd_packed(b.q, b.k, b.v, b.o, b.lse, b.dout, a.positions, b.dq, b.dk, b.dv, S, L, nq, nkv, D,
@@ -261,34 +326,42 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b) 
   void* dq_lin = b.dq;
   void* dk_lin = b.dk;
   if (c_.qk_norm) {  // dout and v are no longer read: they take the norms' input gradients
-    ops.rmsnorm_bwd(b.qr, param(a, 0, wqn_), b.dq, b.dout, grad(a, 0, wqn_), T * nq, D, eps, false);
-    ops.rmsnorm_bwd(b.kr, param(a, 0, wkn_), b.dk, b.v, grad(a, 0, wkn_), T * nkv, D, eps, false);
+    ops.rmsnorm_bwd(b.qr, param(a, 0, wqn_), b.dq, b.dout, norm_grad(a, b, wqn_), T * nq, D, eps, false);
+    ops.rmsnorm_bwd(b.kr, param(a, 0, wkn_), b.dk, b.v, norm_grad(a, b, wkn_), T * nkv, D, eps, false);
     dq_lin = b.dout;
     dk_lin = b.v;
   }
-  ops.linear_bwd_weight(dq_lin, b.xn, grad(a, 0, wq_), T, H, nq * D);
-  ops.linear_bwd_weight(dk_lin, b.xn, grad(a, 0, wk_), T, H, nkv * D);
-  ops.linear_bwd_weight(b.dv, b.xn, grad(a, 0, wv_), T, H, nkv * D);
+  weight_grad(ops, dq_lin, b.xn, base_grad(a, wq_), T, H, nq * D);
+  weight_grad(ops, dk_lin, b.xn, base_grad(a, wk_), T, H, nkv * D);
+  weight_grad(ops, b.dv, b.xn, base_grad(a, wv_), T, H, nkv * D);
   void* dxn = b.h1;  // h1 is no longer read
   ops.linear_bwd_input(dq_lin, param(a, 0, wq_), dxn, T, H, nq * D, false);
   ops.linear_bwd_input(dk_lin, param(a, 0, wk_), dxn, T, H, nkv * D, true);
   ops.linear_bwd_input(b.dv, param(a, 0, wv_), dxn, T, H, nkv * D, true);
-  ops.rmsnorm_bwd(a.x, param(a, 0, w_in_), dxn, a.dx, grad(a, 0, w_in_), T, H, eps, true);
+  lora_backward(lc, lora(LoraModule::q), b.xn, dq_lin, dxn, T, 0);
+  lora_backward(lc, lora(LoraModule::k), b.xn, dk_lin, dxn, T, 0);
+  lora_backward(lc, lora(LoraModule::v), b.xn, b.dv, dxn, T, 0);
+  ops.rmsnorm_bwd(a.x, param(a, 0, w_in_), dxn, a.dx, norm_grad(a, b, w_in_), T, H, eps, true);
 }
 
 void DecoderLayer::backward(const LayerArgs& a) const {
-  Ops& ops = check_args(a, 1, needed(a, true), "decoder.backward", true);
+  Ops& ops = check_args(a, n_groups_, needed(a, true), "decoder.backward", true);
   if (!a.x || !a.dy || !a.dx) throw std::invalid_argument("decoder.backward: x/dy/dx null");
   if (a.dx == a.dy || a.dx == a.x) throw std::invalid_argument("decoder.backward: dx aliases x or dy");
+  if (!a.grads[0] && !frozen_base_)
+    throw std::invalid_argument("decoder.backward: null gradient for a base group that is not frozen");
+  if (dropout_ > 0.f && a.dropout_id < 0)
+    throw std::invalid_argument("decoder.backward: LoRA dropout needs LayerArgs::dropout_id (>= 0, the forward's)");
   DecoderBufs b = carve(a, ops, true);
   use_saved_attention(a, b, "decoder.backward");
+  const LoraCall lc = lora_call(a, b, true);
   // recompute (with a saved attention, all but the attention itself); the MLP half is
   // recomputed chunk by chunk below
-  attention_forward(a, b, true, saved_attention_);
+  attention_forward(a, b, lc, true, saved_attention_);
   if (a.after_recompute) a.after_recompute();
   const int64_t T = a.shape.tokens();
-  for (int64_t r0 = 0; r0 < T; r0 += b.chunk) mlp_backward(a, b, r0, std::min(b.chunk, T - r0));
-  attention_backward(a, b);
+  for (int64_t r0 = 0; r0 < T; r0 += b.chunk) mlp_backward(a, b, lc, r0, std::min(b.chunk, T - r0));
+  attention_backward(a, b, lc);
 }
 
 // ---------------------------------------------------------------------------------
@@ -296,7 +369,7 @@ void DecoderLayer::backward(const LayerArgs& a) const {
 class TailLayer final : public Layer {
  public:
   explicit TailLayer(const ModelLayout& m) : c_(m.config) {
-    const ParamGroup& head = m.groups.back();
+    const ParamGroup& head = m.groups.at(size_t(m.num_layers() - 1));  // adapter groups follow it
     w_norm_ = offset_of(head, "model.norm.weight");
     if (c_.tie_word_embeddings) {
       lm_group_ = 1;  // args.params[1] is group 0

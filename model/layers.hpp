@@ -9,6 +9,9 @@
 //    qn/kn = Qwen3 per-head RMSNorm over head_dim (identity for LLaMA), attention
 //    scale 1/sqrt(head_dim), causal within each sequence, RoPE positions restarting
 //    at 0 per sequence.
+//    With LoRA (ModelLayout::lora) each targeted linear adds s * B A drop(x)
+//    (model/lora_linear.hpp), params[1] / grads[1] being the layer's adapter group; a null
+//    grads[0] (frozen base) computes no base weight gradient, only dx and the adapters'.
 //  - TailLayer     : loss = CE(lm_head(RMSNorm(x; model.norm)), targets), summed.
 // backward() recomputes the layer's forward into scratch, then back-propagates; a decoder
 // recomputes its attention half first and its MLP half chunk by chunk inside the backward

@@ -30,6 +30,7 @@ LayerKind ModelLayout::kind(int layer) const {
 
 std::vector<int> ModelLayout::groups_of(int layer) const {
   if (layer == num_layers() - 1 && config.tie_word_embeddings) return {layer, 0};
+  if (const int a = adapter_group(layer); a >= 0) return {layer, a};  // base first, then its adapters
   return {layer};
 }
 

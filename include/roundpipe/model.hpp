@@ -7,6 +7,8 @@
 //   group 1..L       : "layer.<i>" the tensors of decoder layer i-1 (HF names)
 //   group L+1        : "head"   model.norm.weight [hidden] (+ lm_head.weight [vocab, hidden]
 //                      when embeddings are not tied)
+//   group L+2..2L+1  : "lora.<i>" with LoRA only: the adapters of decoder layer i (see
+//                      ModelLayout::lora); the base groups 0..L+1 are then frozen
 // With tied embeddings the tail (final norm + LM head) reads group 0 as its LM head.
 // Compute layers: 0 embedding, 1..L decoders, L+1 tail.
 #pragma once

@@ -24,6 +24,10 @@ void k_cast(DType dst_t, void* dst, DType src_t, const void* src, int64_t n, cud
 void k_add_into(DType dst_t, void* dst, DType src_t, const void* src, int64_t n, float alpha,
                 cudaStream_t st);
 void k_add(DType t, const void* a, const void* b, void* y, int64_t n, cudaStream_t st);
+/// Ops::dropout: y[r,c] = x[r,c] / (1-p) where dropout_uniform(seed, row0+r, c) >= p, else 0
+/// (kernels/dropout_hash.hpp); y may alias x.
+void k_dropout(DType t, const void* x, void* y, int64_t rows, int64_t cols, float p, uint64_t seed,
+               int64_t row0, cudaStream_t st);
 /// dst[i] (dst_t: f32, bf16 or f16) = value i of the n values stored in format f at src
 /// (kernels/weight_format.hpp; cuda_dequant.cu): the host twin dequantize_weights()'s fp32
 /// value rounded once to dst_t (round-to-nearest-even), so bit-identical to it. src may

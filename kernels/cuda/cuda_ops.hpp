@@ -47,6 +47,10 @@ class CudaOps final : public Ops {
                         int64_t N, bool accumulate) override;
   void linear_bwd_weight(const void* dy, const void* x, void* dw, int64_t M, int64_t K,
                          int64_t N) override;
+  void linear_fwd_add(const void* x, const void* w, void* y, int64_t M, int64_t K, int64_t N,
+                      float alpha) override;
+  void dropout(const void* x, void* y, int64_t rows, int64_t cols, float p, uint64_t seed,
+               int64_t row0) override;
 
   void embedding_fwd(const int32_t* ids, const void* table, void* y, int64_t T, int64_t H,
                      int64_t V) override;

@@ -1,6 +1,7 @@
 // Test support: one micro-batch through every layer of a model on any Device (CPU backend
 // or CUDA), sequentially, without the actor runtime: forward, fused tail, backward. Used to
-// compare both backends with Hugging Face golden data.
+// compare both backends with Hugging Face golden data. `dropout_id` names the micro-batch's
+// LoRA dropout masks (LayerArgs::dropout_id; -1: no dropout).
 #pragma once
 #include <vector>
 
@@ -32,7 +33,7 @@ inline std::vector<float> to_f32(const std::vector<uint8_t>& raw, DType t) {
 
 inline DeviceRun device_forward_backward(Device& d, const ModelLayout& m, const std::vector<std::vector<float>>& w,
                                          const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
-                                         MicroBatchShape s) {
+                                         MicroBatchShape s, int64_t dropout_id = -1) {
   const DType dt = d.compute_dtype(), gt = d.ops().grad_dtype();
   const int L = m.num_layers();
   const int64_t T = s.tokens(), H = m.config.hidden_size, V = m.config.vocab_size;
@@ -78,6 +79,7 @@ inline DeviceRun device_forward_backward(Device& d, const ModelLayout& m, const 
       a.scratch = d_scr.get();
       a.scratch_bytes = scratch;
       a.ids = d_ids.as<int32_t>();
+      a.dropout_id = dropout_id;  // LoRA dropout masks (-1: none)
       return a;
     };
     for (int l = 0; l < L - 1; ++l) {  // x[l+1] = layer l (x[l])

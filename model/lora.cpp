@@ -1,0 +1,150 @@
+// make_layout with LoRA adapters, the checks of a LoraConfig and the adapters' initial values
+// (model/lora.hpp).
+#include "model/lora.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "kernels/dropout_hash.hpp"
+#include "model/error_text.hpp"
+
+namespace rp {
+
+const std::array<const char*, kLoraModules> kLoraModuleNames = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                                                "gate_proj", "up_proj", "down_proj"};
+
+std::string lora_module_path(LoraModule m) {
+  return std::string(int(m) < 4 ? "self_attn." : "mlp.") + kLoraModuleNames[size_t(m)];
+}
+
+std::array<int64_t, 2> lora_module_dims(const ModelConfig& c, LoraModule m) {
+  const int64_t H = c.hidden_size, F = c.intermediate_size;
+  const int64_t Q = c.num_attention_heads * c.head_dim, K = c.num_key_value_heads * c.head_dim;
+  switch (m) {
+    case LoraModule::q: return {H, Q};
+    case LoraModule::k:
+    case LoraModule::v: return {H, K};
+    case LoraModule::o: return {Q, H};
+    case LoraModule::gate:
+    case LoraModule::up: return {H, F};
+    case LoraModule::down: return {F, H};
+  }
+  return {0, 0};
+}
+
+namespace {
+bool is_module_name(const std::string& s) {
+  return std::find(kLoraModuleNames.begin(), kLoraModuleNames.end(), s) != kLoraModuleNames.end();
+}
+}  // namespace
+
+void validate_lora(const LoraConfig& l) {
+  auto fail = [](const std::string& what) { throw std::invalid_argument(what); };
+  if (l.r < 1) fail(fmt::format("lora.r: expected >= 1, got {}", l.r));
+  if (!(l.alpha > 0) || !std::isfinite(l.alpha)) fail(fmt::format("lora.alpha: expected a finite value > 0, got {}", l.alpha));
+  if (!(l.dropout >= 0 && l.dropout < 1)) fail(fmt::format("lora.dropout: expected 0 <= dropout < 1, got {}", l.dropout));
+  if (l.target_modules.empty()) fail("lora.target_modules: expected at least one module (or \"all-linear\"), got none");
+  for (const std::string& t : l.target_modules)
+    if (t != "all-linear" && !is_module_name(t))
+      fail(fmt::format("lora.target_modules: unknown module '{}' (expected {} or all-linear)", one_line(t),
+                       fmt::join(kLoraModuleNames, ", ")));
+  for (const std::string& t : l.modules_to_save)
+    if (t != "embed_tokens" && t != "lm_head")
+      fail(fmt::format("lora.modules_to_save: unknown module '{}' (expected embed_tokens or lm_head)", one_line(t)));
+}
+
+bool lora_targets(const LoraConfig& l, LoraModule m) {
+  for (const std::string& t : l.target_modules)
+    if (t == "all-linear" || t == kLoraModuleNames[size_t(m)]) return true;
+  return false;
+}
+
+ModelLayout make_layout(const ModelConfig& c, const LoraConfig& lora) {
+  validate_lora(lora);
+  ModelLayout m = make_layout(c);
+  m.lora = lora;
+  const int64_t L = c.num_hidden_layers;
+  for (int64_t i = 0; i < L; ++i) {
+    ParamGroup g{fmt::format("lora.{}", i), {}, 0};
+    for (int k = 0; k < kLoraModules; ++k) {
+      const auto mod = LoraModule(k);
+      if (!lora_targets(lora, mod)) continue;
+      const auto [in, out] = lora_module_dims(c, mod);
+      const std::string p = fmt::format("model.layers.{}.{}.", i, lora_module_path(mod));
+      for (auto [name, shape] : {std::pair{p + "lora_A.weight", std::vector<int64_t>{lora.r, in}},
+                                 std::pair{p + "lora_B.weight", std::vector<int64_t>{out, lora.r}}}) {
+        TensorSpec t{name, shape, g.numel};
+        g.numel += t.numel();
+        g.tensors.push_back(std::move(t));
+      }
+    }
+    m.groups.push_back(std::move(g));
+  }
+  // the base: frozen, but for modules_to_save (lm_head with tied embeddings is group 0)
+  auto saved = [&](const char* name) {
+    return std::find(lora.modules_to_save.begin(), lora.modules_to_save.end(), name) != lora.modules_to_save.end();
+  };
+  const int head = int(L) + 1;
+  std::vector<char> trainable(size_t(head) + 1, 0);
+  if (saved("embed_tokens")) trainable[0] = 1;
+  if (saved("lm_head")) trainable[c.tie_word_embeddings ? 0 : size_t(head)] = 1;
+  for (int g = 0; g <= head; ++g)
+    if (!trainable[size_t(g)]) freeze_group(m, g, lora.base_format);
+  return m;
+}
+
+std::vector<float> lora_initial_group(const ModelLayout& m, int g) {
+  if (!m.lora) throw std::invalid_argument("lora_initial_group: the layout has no LoRA adapters");
+  const int L = int(m.config.num_hidden_layers);
+  if (g < L + 2 || g > 2 * L + 1)
+    throw std::invalid_argument(fmt::format("lora_initial_group: group {} is not an adapter group (expected {}..{})", g,
+                                            L + 2, 2 * L + 1));
+  const ParamGroup& grp = m.groups[size_t(g)];
+  std::vector<float> w(size_t(grp.numel), 0.0f);
+  const uint64_t stream = mix64(m.lora->seed ^ mix64(0x4c6f5241u + uint64_t(g)));  // "LoRA"
+  for (size_t ti = 0; ti < grp.tensors.size(); ++ti) {
+    const TensorSpec& t = grp.tensors[ti];
+    if (t.name.size() < 13 || t.name.compare(t.name.size() - 13, 13, "lora_A.weight") != 0) continue;  // B = 0
+    const float bound = float(1.0 / std::sqrt(double(t.shape[1])));
+    for (int64_t i = 0; i < t.numel(); ++i)
+      w[size_t(t.offset + i)] = bound * (2.0f * dropout_uniform(stream, ti, uint64_t(i)) - 1.0f);
+  }
+  return w;
+}
+
+std::vector<std::vector<float>> merge_lora(const ModelLayout& m, const std::vector<const float*>& groups) {
+  if (!m.lora) throw std::invalid_argument("merge_lora: the layout has no LoRA adapters");
+  if (groups.size() != m.groups.size())
+    throw std::invalid_argument(fmt::format("merge_lora: {} group buffers for {} groups", groups.size(), m.groups.size()));
+  const int L = int(m.config.num_hidden_layers);
+  std::vector<std::vector<float>> out;
+  for (int g = 0; g <= L + 1; ++g) out.emplace_back(groups[size_t(g)], groups[size_t(g)] + m.groups[size_t(g)].numel);
+  const double s = m.lora->scaling();
+  for (int layer = 1; layer <= L; ++layer) {
+    const int ag = m.adapter_group(layer);
+    const ParamGroup &base = m.groups[size_t(layer)], &ad = m.groups[size_t(ag)];
+    for (int k = 0; k < kLoraModules; ++k) {
+      const std::string p = fmt::format("model.layers.{}.{}.", layer - 1, lora_module_path(LoraModule(k)));
+      const int iw = base.find(p + "weight"), ia = ad.find(p + "lora_A.weight"), ib = ad.find(p + "lora_B.weight");
+      if (ia < 0 || ib < 0 || iw < 0) continue;
+      const TensorSpec& w = base.tensors[size_t(iw)];
+      const float* A = groups[size_t(ag)] + ad.tensors[size_t(ia)].offset;
+      const float* B = groups[size_t(ag)] + ad.tensors[size_t(ib)].offset;
+      const int64_t rows = w.shape[0], in = w.shape[1], r = m.lora->r;
+      float* W = out[size_t(layer)].data() + w.offset;
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < in; ++j) {
+          double acc = 0;
+          for (int64_t q = 0; q < r; ++q) acc += double(B[i * r + q]) * A[q * in + j];
+          W[i * in + j] = float(double(W[i * in + j]) + s * acc);
+        }
+    }
+  }
+  return out;
+}
+
+}  // namespace rp

@@ -1,0 +1,100 @@
+// The adapter half of a LoRA linear (model/lora_linear.hpp).
+#include "model/lora_linear.hpp"
+
+#include <stdexcept>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "kernels/dropout_hash.hpp"
+
+namespace rp {
+
+std::array<LoraLinear, kLoraModules> lora_linears(const ModelLayout& m, int layer) {
+  std::array<LoraLinear, kLoraModules> out{};
+  const int ag = m.adapter_group(layer);
+  if (!m.lora || ag < 0) return out;
+  const ParamGroup& g = m.groups.at(size_t(ag));
+  for (int k = 0; k < kLoraModules; ++k) {
+    const auto mod = LoraModule(k);
+    LoraLinear& l = out[size_t(k)];
+    l.module = k;
+    if (!lora_targets(*m.lora, mod)) continue;
+    const auto [in, o] = lora_module_dims(m.config, mod);
+    l.in = in;
+    l.out = o;
+    l.r = m.lora->r;
+    const std::string p = fmt::format("model.layers.{}.{}.", layer - 1, lora_module_path(mod));
+    const int ia = g.find(p + "lora_A.weight"), ib = g.find(p + "lora_B.weight");
+    if (ia < 0 || ib < 0)
+      throw std::invalid_argument(fmt::format("make_layer: adapter group '{}' lacks {}lora_A/B.weight", g.name, p));
+    const TensorSpec &ta = g.tensors[size_t(ia)], &tb = g.tensors[size_t(ib)];
+    if (ta.shape != std::vector<int64_t>{l.r, in} || tb.shape != std::vector<int64_t>{o, l.r})
+      throw std::invalid_argument(fmt::format("make_layer: {}lora_A/B.weight: expected [{}, {}] and [{}, {}]", p, l.r,
+                                              in, o, l.r));
+    l.a_off = ta.offset;
+    l.b_off = tb.offset;
+  }
+  return out;
+}
+
+uint64_t lora_dropout_seed(uint64_t lora_seed, int64_t dropout_id, int layer) {
+  return mix64(mix64(mix64(lora_seed) ^ uint64_t(dropout_id)) + uint64_t(layer));
+}
+
+namespace {
+
+const void* param_at(const LoraCall& c, int64_t off) {
+  return static_cast<const char*>(c.params) + off * int64_t(dtype_size(c.ops->dtype()));
+}
+void* grad_at(const LoraCall& c, int64_t off) {
+  return static_cast<char*>(c.grads) + off * int64_t(dtype_size(c.ops->grad_dtype()));
+}
+uint64_t module_seed(const LoraCall& c, const LoraLinear& l) { return mix64(c.seed + uint64_t(l.module)); }
+
+// drop(x) in c.xbuf, or x itself without dropout.
+const void* adapter_input(const LoraCall& c, const LoraLinear& l, const void* x, int64_t n, int64_t row0) {
+  if (c.dropout <= 0.f) return x;
+  if (!c.xbuf) throw std::invalid_argument("lora: dropout without an input buffer in the scratch");
+  c.ops->dropout(x, c.xbuf, n, l.in, c.dropout, module_seed(c, l), row0);
+  return c.xbuf;
+}
+
+// c.ax = s * xd A^T
+void low_rank_input(const LoraCall& c, const LoraLinear& l, const void* xd, int64_t n) {
+  Ops& o = *c.ops;
+  o.fill(o.dtype(), c.ax, n * l.r, 0.f);
+  o.linear_fwd_add(xd, param_at(c, l.a_off), c.ax, n, l.in, l.r, c.scaling);
+}
+
+}  // namespace
+
+void lora_forward(const LoraCall& c, const LoraLinear& l, const void* x, void* y, int64_t n, int64_t row0) {
+  if (!l.on() || n <= 0) return;
+  const void* xd = adapter_input(c, l, x, n, row0);
+  low_rank_input(c, l, xd, n);
+  c.ops->linear_fwd_add(c.ax, param_at(c, l.b_off), y, n, l.r, l.out, 1.0f);
+}
+
+void lora_backward(const LoraCall& c, const LoraLinear& l, const void* x, const void* dy, void* dx, int64_t n,
+                   int64_t row0) {
+  if (!l.on() || n <= 0) return;
+  Ops& o = *c.ops;
+  const DType dt = o.dtype();
+  const void* xd = adapter_input(c, l, x, n, row0);
+  low_rank_input(c, l, xd, n);                                                   // u
+  if (c.grads) o.linear_bwd_weight(dy, c.ax, grad_at(c, l.b_off), n, l.r, l.out);  // dB += dy^T u
+  o.linear_bwd_input(dy, param_at(c, l.b_off), c.g, n, l.r, l.out, false);       // dy B
+  o.fill(dt, c.ax, n * l.r, 0.f);
+  o.add_into(dt, c.ax, dt, c.g, n * l.r, c.scaling);                             // g = s dy B
+  if (c.grads) o.linear_bwd_weight(c.ax, xd, grad_at(c, l.a_off), n, l.in, l.r);   // dA += g^T xd
+  if (c.dropout > 0.f) {  // xd is read no more: its buffer takes g A, masked like the forward
+    o.linear_bwd_input(c.ax, param_at(c, l.a_off), c.xbuf, n, l.in, l.r, false);
+    o.dropout(c.xbuf, c.xbuf, n, l.in, c.dropout, module_seed(c, l), row0);
+    o.add_into(dt, dx, dt, c.xbuf, n * l.in, 1.0f);
+  } else {
+    o.linear_bwd_input(c.ax, param_at(c, l.a_off), dx, n, l.in, l.r, true);
+  }
+}
+
+}  // namespace rp
