@@ -148,4 +148,33 @@ void merge_peft_adapter(LoadedModel& m, const PeftAdapter& a) {
   }
 }
 
+std::string merge_peft_folder(const std::string& adapter_dir, const std::string& out_dir, const std::string& base,
+                              DType dtype) {
+  const PeftAdapter a = read_peft_adapter(adapter_dir);
+  std::string path = base;
+  if (path.empty()) {
+    const std::string cfg = (fs::path(adapter_dir) / kAdapterConfigFile).string();
+    if (a.base_model_name_or_path.empty())
+      fail(cfg, "key 'base_model_name_or_path': expected the base model, got nothing; pass the base model explicitly");
+    std::error_code ec;
+    path = a.base_model_name_or_path;
+    if (!fs::exists(path, ec) && fs::path(path).is_relative() && fs::exists(fs::path(adapter_dir) / path, ec))
+      path = (fs::path(adapter_dir) / path).string();
+    if (!fs::exists(path, ec))
+      fail(cfg, fmt::format("key 'base_model_name_or_path': '{}' is not a local model (a .gguf file or a Hugging Face "
+                            "folder, as given or relative to the adapter folder); pass the base model explicitly",
+                            a.base_model_name_or_path));
+  }
+  LoadedModel m = load_model(path);
+  merge_peft_adapter(m, a);
+  const ModelLayout layout = make_layout(m.config);
+  std::vector<std::vector<float>> groups;
+  fill_groups(m, layout, groups);
+  m.tensors.clear();
+  std::vector<const float*> ptrs;
+  for (const auto& g : groups) ptrs.push_back(g.data());
+  save_hf_checkpoint(out_dir, layout, ptrs, m.tokenizer_json, m.chat_template, dtype);
+  return path;
+}
+
 }  // namespace rp

@@ -162,4 +162,14 @@ void save_merged_checkpoint(const std::string& dir, const ModelLayout& layout,
 /// that is missing or of another shape.
 void merge_peft_adapter(LoadedModel& m, const PeftAdapter& a);
 
+/// `roundpipe merge`: reads the PEFT adapter folder `adapter_dir`, loads its base model
+/// (`base`, or else the adapter's base_model_name_or_path: as given, or relative to the
+/// adapter folder), folds the adapter in (merge_peft_adapter) and writes `out_dir`, a plain
+/// Hugging Face folder in `dtype` with the base model's tokenizer and no adapter file,
+/// replacing it atomically. Returns the base model's path. Throws std::runtime_error naming
+/// the file and key ("<dir>/adapter_config.json: key 'base_model_name_or_path': ... pass the
+/// base model explicitly" when it is no local model).
+std::string merge_peft_folder(const std::string& adapter_dir, const std::string& out_dir, const std::string& base,
+                              DType dtype);
+
 }  // namespace rp

@@ -6,7 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "lora_test_layout.hpp"
 #include "test_io_util.hpp"
@@ -82,7 +85,7 @@ TEST_P(PeftFixture, ReadsTheConfigAsPeftWroteIt) {
   EXPECT_EQ(a.lora.use_rslora, c.rslora);
   EXPECT_EQ(a.lora.modules_to_save, c.modules_to_save);
   EXPECT_EQ(a.lora.dropout, 0.0);
-  EXPECT_EQ(a.base_model_name_or_path, c.base);
+  EXPECT_EQ(a.base_model_name_or_path, std::string("../../") + c.base);
   const LoadedModel base = load_model(kDir + c.base);
   EXPECT_EQ(peft_adapter_unties(a, base.config), c.unties);
 }
@@ -170,7 +173,45 @@ TEST_P(PeftFixture, MergedCheckpointIsAPlainHuggingFaceFolder) {
   expect_equals_peft_merge(plain, g2, kDir + c.name + "/merged.safetensors", c.name);
 }
 
+// `roundpipe merge`: the base found through base_model_name_or_path (relative to the adapter
+// folder here), the merge written as a plain folder equal to peft's merge_and_unload.
+TEST_P(PeftFixture, MergeFolderFindsTheBaseAndWritesPeftsMerge) {
+  const Case& c = GetParam();
+  TempDir d("peft_merge_folder");
+  const std::string base = merge_peft_folder(kDir + c.name + "/adapter", d / "out", "", DType::f32);
+  EXPECT_TRUE(fs::equivalent(base, kDir + c.base)) << base;
+  const LoadedModel m = load_model(d / "out");
+  EXPECT_EQ(m.config.tie_word_embeddings, std::string(c.base) == "base_tied" && !c.unties);
+  const ModelLayout plain = make_layout(m.config);
+  std::vector<std::vector<float>> groups;
+  fill_groups(m, plain, groups);
+  expect_equals_peft_merge(plain, groups, kDir + c.name + "/merged.safetensors", c.name);
+}
+
 INSTANTIATE_TEST_SUITE_P(Peft, PeftFixture, ::testing::ValuesIn(kCases),
                          [](const auto& info) { return std::string(info.param.name); });
+
+TEST(PeftMergeFolder, ABaseModelThatIsNotLocalIsNamed) {
+  TempDir d("peft_merge_nobase");
+  fs::copy(kDir + "untied_all/adapter", d / "a");
+  std::ifstream in(d / "a/adapter_config.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  in.close();
+  j["base_model_name_or_path"] = "meta-llama/Llama-3.2-1B";
+  std::ofstream(d / "a/adapter_config.json") << j.dump();
+  std::string e;
+  try {
+    merge_peft_folder(d / "a", d / "out", "", DType::bf16);
+  } catch (const std::exception& ex) {
+    e = ex.what();
+  }
+  EXPECT_NE(e.find("adapter_config.json: key 'base_model_name_or_path': 'meta-llama/Llama-3.2-1B' is not a local model"),
+            std::string::npos)
+      << e;
+  EXPECT_FALSE(fs::exists(d / "out"));
+  // given explicitly, the same folder merges
+  merge_peft_folder(d / "a", d / "out", kDir + "base_untied", DType::bf16);
+  EXPECT_TRUE(fs::exists(d / "out/model.safetensors"));
+}
 
 }  // namespace
