@@ -159,7 +159,7 @@ std::string merge_peft_folder(const std::string& adapter_dir, const std::string&
     std::error_code ec;
     path = a.base_model_name_or_path;
     if (!fs::exists(path, ec) && fs::path(path).is_relative() && fs::exists(fs::path(adapter_dir) / path, ec))
-      path = (fs::path(adapter_dir) / path).string();
+      path = (fs::path(adapter_dir) / path).lexically_normal().string();
     if (!fs::exists(path, ec))
       fail(cfg, fmt::format("key 'base_model_name_or_path': '{}' is not a local model (a .gguf file or a Hugging Face "
                             "folder, as given or relative to the adapter folder); pass the base model explicitly",
