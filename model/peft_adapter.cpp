@@ -143,6 +143,14 @@ void refuse_unsupported(const JsonFields& f) {
   for (const char* key : {"layers_to_transform", "layer_replication", "target_parameters", "trainable_token_indices"})
     if (f.has(key) && !f.at(key).is_null() && !(f.at(key).is_array() && f.at(key).empty()))
       f.fail(key, "null (every decoder layer, whole modules)");
+  must("use_qalora", false, "false (LoRA variants are not supported)");
+  must("use_bdlora", false, "false (LoRA variants are not supported)");
+  for (const char* key : {"alora_invocation_tokens", "arrow_config", "monteclora_config", "velora_config", "kasa_config"})
+    if (f.has(key) && !f.at(key).is_null()) f.fail(key, "null (LoRA variants are not supported)");
+  // PiSSA, OLoRA, LoftQ and CorDA adapters belong to base weights their initialisation changed
+  if (const json& init = f.at("init_lora_weights"); !init.is_null() && !init.is_boolean() && init != "gaussian")
+    f.fail("init_lora_weights", "true, false or \"gaussian\" (adapters of PiSSA, OLoRA, LoftQ or CorDA need the base "
+                                "weights their initialisation changed)");
 }
 
 /// The target module of an adapter tensor name "model.layers.<i>.<self_attn|mlp>.<m>.lora_<A|B>.weight",

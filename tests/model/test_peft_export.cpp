@@ -192,6 +192,9 @@ TEST(PeftImport, RefusesWhatItDoesNotComputeNamingFileAndKey) {
             std::string::npos);
   EXPECT_NE(err([](json& j) { j["use_dora"] = true; }).find("key 'use_dora': expected false"), std::string::npos);
   EXPECT_NE(err([](json& j) { j["bias"] = "all"; }).find("key 'bias'"), std::string::npos);
+  EXPECT_NE(err([](json& j) { j["init_lora_weights"] = "pissa"; }).find("key 'init_lora_weights': expected true"),
+            std::string::npos);
+  EXPECT_NE(err([](json& j) { j["layers_to_transform"] = {0}; }).find("key 'layers_to_transform'"), std::string::npos);
   EXPECT_NE(err([](json& j) { j["modules_to_save"] = {"input_layernorm"}; }).find("key 'modules_to_save'"), std::string::npos);
   // lm_head in the file but not in modules_to_save
   EXPECT_NE(err([](json& j) { j["modules_to_save"] = nullptr; })
@@ -296,6 +299,7 @@ TEST(PeftExport, PeftLoadsOurExportWithTheLogitsOfOurMerge) {
     ASSERT_NE(at, std::string::npos) << out;
     const size_t end = out.find('\n', at);
     const json r = json::parse(out.substr(at, end - at));
+    std::printf("peft check %zu: %s\n", i, r.dump().c_str());
     EXPECT_TRUE(r["ok"].get<bool>()) << r.dump();
     EXPECT_EQ(r["merged_tie_word_embeddings"].get<bool>(), tied[i]) << r.dump();
     at = end;
