@@ -4,6 +4,7 @@
 // peft library loads the export and gives the logits of our merged checkpoint.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -154,6 +155,22 @@ TEST_P(PeftRoundTrip, ExportThenImportEqualsBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Peft, PeftRoundTrip, ::testing::Range(0, 4));
+
+TEST(PeftExport, Bf16ExportRoundsEveryValueOnce) {
+  const Trained t = trained("base_untied", lora_of(4, {"all-linear"}, {"lm_head"}), 5);
+  TempDir d("peft_bf16");
+  save_peft_adapter(d / "adapter", t.layout, pointers(t.groups), "", DType::bf16);
+  SafetensorsFile f(d / "adapter/adapter_model.safetensors");
+  for (const auto& e : f.entries()) EXPECT_EQ(e.dtype, "BF16") << e.name;
+  const PeftAdapter a = read_peft_adapter(d / "adapter");
+  auto back = base_groups(t.layout, load_model(kDir + "base_untied").tensors);
+  load_peft_adapter(a, t.layout, back);
+  for (size_t g = 0; g < t.groups.size(); ++g) {
+    if (t.layout.groups[g].frozen) continue;
+    for (size_t i = 0; i < t.groups[g].size(); ++i)
+      ASSERT_LE(std::abs(back[g][i] - t.groups[g][i]), std::abs(t.groups[g][i]) * (1.0f / 256)) << g << " " << i;
+  }
+}
 
 TEST(PeftExport, AFailedSaveKeepsThePreviousFolder) {
   const Trained t = trained("base_untied", lora_of(2, {"q_proj"}, {}), 3);
