@@ -1,5 +1,5 @@
 // Folding LoRA adapters into the base weights (roundpipe/adapter.hpp): from the runtime's
-// parameter groups (merge_lora) and from a PEFT adapter folder onto a loaded base model
+// parameter groups (merge_adapters) and from a PEFT adapter folder onto a loaded base model
 // (merge_peft_adapter).
 #include <algorithm>
 #include <cstring>
@@ -53,23 +53,23 @@ void fold_lora(float* w, const float* a, const float* b, int64_t out, int64_t in
   }
 }
 
-MergedWeights merge_lora(const ModelLayout& layout, const std::vector<const float*>& group_data) {
-  if (!layout.lora) throw std::invalid_argument("merge_lora: the layout has no LoRA adapters");
+MergedWeights merge_adapters(const ModelLayout& layout, const std::vector<const float*>& group_data) {
+  if (!layout.lora) throw std::invalid_argument("merge_adapters: the layout has no LoRA adapters");
   if (group_data.size() != layout.groups.size())
     throw std::invalid_argument(
-        fmt::format("merge_lora: {} group buffers for {} groups", group_data.size(), layout.groups.size()));
+        fmt::format("merge_adapters: {} group buffers for {} groups", group_data.size(), layout.groups.size()));
   MergedWeights m;
   m.layout = make_layout(layout.config);
   m.groups.resize(m.layout.groups.size());
   for (size_t g = 0; g < m.layout.groups.size(); ++g) {
     const ParamGroup& dst = m.layout.groups[g];
     const ParamGroup& src = layout.groups[g];
-    if (!group_data[g]) throw std::invalid_argument(fmt::format("merge_lora: no data for group '{}'", src.name));
+    if (!group_data[g]) throw std::invalid_argument(fmt::format("merge_adapters: no data for group '{}'", src.name));
     m.groups[g].assign(size_t(dst.numel), 0.0f);
     for (const TensorSpec& t : dst.tensors) {
       const int i = src.find(t.name);
       if (i < 0 || src.tensors[size_t(i)].numel() != t.numel())
-        throw std::invalid_argument(fmt::format("merge_lora: group '{}' lacks tensor '{}'", src.name, t.name));
+        throw std::invalid_argument(fmt::format("merge_adapters: group '{}' lacks tensor '{}'", src.name, t.name));
       std::memcpy(m.groups[g].data() + t.offset, group_data[g] + src.tensors[size_t(i)].offset,
                   size_t(t.numel()) * sizeof(float));
     }
@@ -78,19 +78,19 @@ MergedWeights merge_lora(const ModelLayout& layout, const std::vector<const floa
   for (int l = 1; l <= int(layout.config.num_hidden_layers); ++l) {
     const int ga = layout.adapter_group(l);
     const ParamGroup& ad = layout.groups.at(size_t(ga));
-    if (!group_data[size_t(ga)]) throw std::invalid_argument(fmt::format("merge_lora: no data for group '{}'", ad.name));
+    if (!group_data[size_t(ga)]) throw std::invalid_argument(fmt::format("merge_adapters: no data for group '{}'", ad.name));
     const ParamGroup& base = m.layout.groups[size_t(l)];
     for (const TensorSpec& ta : ad.tensors) {
       if (!ends_with(ta.name, kSuffixA)) continue;
       const std::string mod = module_of(ta.name);
       const int ib = ad.find(mod + kSuffixB), iw = base.find(mod + ".weight");
       if (ib < 0 || iw < 0)
-        throw std::invalid_argument(fmt::format("merge_lora: group '{}': '{}' has no lora_B or base weight", ad.name, ta.name));
+        throw std::invalid_argument(fmt::format("merge_adapters: group '{}': '{}' has no lora_B or base weight", ad.name, ta.name));
       const TensorSpec& tb = ad.tensors[size_t(ib)];
       const TensorSpec& tw = base.tensors[size_t(iw)];
       const int64_t r = ta.shape.at(0), in = ta.shape.at(1), out = tb.shape.at(0);
       if (tw.shape != std::vector<int64_t>{out, in} || tb.shape.at(1) != r)
-        throw std::invalid_argument(fmt::format("merge_lora: '{}': shapes [{}], [{}] do not fit [{}]", mod,
+        throw std::invalid_argument(fmt::format("merge_adapters: '{}': shapes [{}], [{}] do not fit [{}]", mod,
                                                 fmt::join(ta.shape, ", "), fmt::join(tb.shape, ", "), fmt::join(tw.shape, ", ")));
       fold_lora(m.groups[size_t(l)].data() + tw.offset, group_data[size_t(ga)] + ta.offset,
                 group_data[size_t(ga)] + tb.offset, out, in, r, s);
@@ -101,7 +101,7 @@ MergedWeights merge_lora(const ModelLayout& layout, const std::vector<const floa
 
 void save_merged_checkpoint(const std::string& dir, const ModelLayout& layout, const std::vector<const float*>& group_data,
                             const nlohmann::json& tokenizer_json, const std::string& chat_template, DType dtype) {
-  const MergedWeights m = merge_lora(layout, group_data);
+  const MergedWeights m = merge_adapters(layout, group_data);
   std::vector<const float*> ptrs;
   for (const auto& g : m.groups) ptrs.push_back(g.data());
   save_hf_checkpoint(dir, m.layout, ptrs, tokenizer_json, chat_template, dtype);

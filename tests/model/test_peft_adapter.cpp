@@ -127,7 +127,7 @@ TEST_P(PeftFixture, MergeOfTheGroupsEqualsPeftsMergeAndUnload) {
   const ModelLayout layout = lora_test_layout(base.config, a.lora);
   auto groups = base_groups(layout, base.tensors);
   load_peft_adapter(a, layout, groups);
-  const MergedWeights m = merge_lora(layout, pointers(groups));
+  const MergedWeights m = merge_adapters(layout, pointers(groups));
   EXPECT_EQ(m.layout.config.tie_word_embeddings, !c.unties && std::string(c.base) == "base_tied");
   EXPECT_EQ(m.layout.groups.size(), size_t(layout.config.num_hidden_layers + 2));
   expect_equals_peft_merge(m.layout, m.groups, kDir + c.name + "/merged.safetensors", c.name);
