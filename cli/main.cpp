@@ -1,4 +1,4 @@
-// The `roundpipe` command: train, convert, plan, trace, generate.
+// The `roundpipe` command: train, convert, merge, plan, trace, generate.
 #include <cstdio>
 #include <exception>
 
@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "cli/generate.hpp"
+#include "cli/merge.hpp"
 #include "cli/plan.hpp"
 #include "cli/trace.hpp"
 #include "cli/train.hpp"
@@ -34,6 +35,7 @@ int main(int argc, char** argv) {
   convert->add_option("input", in, "model.gguf")->required();
   convert->add_option("output", out, "output folder (written atomically)")->required();
   convert->add_option("--dtype", dtype, "f32, bf16 or f16")->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  rp::add_merge_command(app);
   rp::add_plan_command(app);
   rp::add_trace_command(app);
   rp::add_generate_command(app);
@@ -41,9 +43,9 @@ int main(int argc, char** argv) {
   app.add_flag("-q,--quiet", quiet, "only progress lines and errors");
   if (argc >= 2 && argv[1][0] != '-') {
     const std::string cmd = argv[1];
-    if (cmd != "train" && cmd != "convert" && cmd != "plan" && cmd != "trace" && cmd != "generate") {
+    if (cmd != "train" && cmd != "convert" && cmd != "merge" && cmd != "plan" && cmd != "trace" && cmd != "generate") {
       fmt::print(stderr,
-                 "roundpipe: error: unknown command '{}' (expected train, convert, plan, trace or generate; see roundpipe "
+                 "roundpipe: error: unknown command '{}' (expected train, convert, merge, plan, trace or generate; see roundpipe "
                  "--help)\n",
                  cmd);
       return 2;

@@ -12,6 +12,7 @@
 #include "base/checked_math.hpp"
 #include "base/json_fields.hpp"
 #include "data/chat_template.hpp"
+#include "kernels/weight_format.hpp"
 
 namespace rp {
 namespace {
@@ -124,6 +125,79 @@ void read_optimizer(const JsonFields& f, TrainSpec& s) {
   s.lr_schedule = LrSchedule::from_json(sched, f.where() + ": lr_schedule");
 }
 
+const char* kTargetsExpected =
+    "a non-empty list of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, or \"all-linear\"";
+const char* kModulesExpected = "a list of \"embed_tokens\", \"lm_head\"";
+
+/// The rules of a LoraConfig, for a spec file and a spec built in code alike; `f` carries the
+/// prefix "lora." so the messages name the nested key.
+void check_lora(const JsonFields& f, const LoraConfig& l) {
+  if (l.r < 1) f.fail("r", "an integer >= 1", l.r);
+  if (!(l.alpha > 0) || !std::isfinite(l.alpha)) f.fail("alpha", "a finite number > 0", l.alpha);
+  if (!(l.dropout >= 0 && l.dropout < 1)) f.fail("dropout", "a number in [0, 1)", l.dropout);
+  if (l.target_modules.empty()) f.fail("target_modules", kTargetsExpected, l.target_modules);
+  for (const auto& m : l.target_modules) {
+    const bool known = m == "all-linear" || m == "q_proj" || m == "k_proj" || m == "v_proj" || m == "o_proj" ||
+                       m == "gate_proj" || m == "up_proj" || m == "down_proj";
+    if (!known || (m == "all-linear" && l.target_modules.size() != 1))
+      f.fail("target_modules", kTargetsExpected, l.target_modules);
+  }
+  for (const auto& m : l.modules_to_save)
+    if (m != "embed_tokens" && m != "lm_head") f.fail("modules_to_save", kModulesExpected, l.modules_to_save);
+}
+
+/// "lora" (LoRA settings), "adapter" and "merge_adapters".
+void read_lora(const JsonFields& f, TrainSpec& s) {
+  f.optional("adapter", s.adapter);
+  if (f.has("adapter") && s.adapter.empty()) f.fail("adapter", "a PEFT adapter folder");
+  f.optional("merge_adapters", s.merge_adapters);
+  if (f.has("lora")) {
+    const JsonFields l = f.nested("lora");
+    l.allow_only({"r", "alpha", "dropout", "target_modules", "use_rslora", "modules_to_save", "seed", "base_format"});
+    LoraConfig c;
+    c.seed = s.seed;
+    l.optional("r", c.r);
+    l.optional("alpha", c.alpha);
+    l.optional("dropout", c.dropout);
+    l.optional("use_rslora", c.use_rslora);
+    l.optional("seed", c.seed);
+    if (l.has("target_modules")) {
+      const auto& t = l.at("target_modules");
+      if (t.is_string()) {
+        c.target_modules = {t.get<std::string>()};
+      } else if (t.is_array()) {
+        c.target_modules.clear();
+        for (const auto& e : t) {
+          if (!e.is_string()) l.fail("target_modules", kTargetsExpected);
+          c.target_modules.push_back(e.get<std::string>());
+        }
+      } else {
+        l.fail("target_modules", kTargetsExpected);
+      }
+    }
+    if (l.has("modules_to_save")) {
+      const auto& m = l.at("modules_to_save");
+      if (!m.is_array()) l.fail("modules_to_save", kModulesExpected);
+      for (const auto& e : m) {
+        if (!e.is_string()) l.fail("modules_to_save", kModulesExpected);
+        c.modules_to_save.push_back(e.get<std::string>());
+      }
+    }
+    if (std::string fmt_name; l.optional("base_format", fmt_name)) {
+      try {
+        c.base_format = parse_weight_format(fmt_name);
+      } catch (const std::exception&) {
+        l.fail("base_format", "\"bf16\", \"f16\", \"f32\", \"q8_0\", \"q4_0\" or \"nf4\"");
+      }
+    }
+    check_lora(l, c);
+    s.lora = c;
+  }
+  if (s.merge_adapters && !s.lora && s.adapter.empty())
+    f.fail("merge_adapters", "false without \"lora\" or \"adapter\" (a full fine-tuning's final/ is already merged)",
+           true);
+}
+
 /// Every product of counts the runtime forms is checked before it is formed: a product that
 /// wraps around used to divide by zero (SIGFPE) or size a buffer wrongly.
 void check_products(const JsonFields& f, const TrainSpec& s) {
@@ -190,7 +264,7 @@ void check_ranges(const JsonFields& f, const TrainSpec& s) {
 TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
   if (!j.is_object()) throw std::invalid_argument(where + ": expected a JSON object at the top level");
   const JsonFields f(j, where);
-  f.allow_only({"model", "data", "chat_template", "seq_len", "sequences_per_step", "micro_batches", "accumulation",
+  f.allow_only({"model", "data", "lora", "adapter", "merge_adapters", "chat_template", "seq_len", "sequences_per_step", "micro_batches", "accumulation",
                 "steps", "max_examples", "packing", "eval_data", "eval_fraction", "eval_every", "optimizer", "lr_schedule", "backend", "workers", "async", "plan",
                 "device_memory_gib", "pcie_gbps", "transfer_priorities", "transfer_chunk_bytes", "save_attention",
                 "mlp_chunk_tokens", "output_dir",
@@ -204,6 +278,7 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
   read_scalars(f, s);
   read_loss_scaling(f, s);
   read_optimizer(f, s);
+  read_lora(f, s);
   check_ranges(f, s);
   return s;
 }
@@ -218,6 +293,9 @@ void validate_spec(const TrainSpec& s) {
   if (s.max_grad_norm < 0 || !std::isfinite(s.max_grad_norm))
     f.fail("max_grad_norm", "a finite number >= 0", s.max_grad_norm);
   check_ranges(f, s);
+  if (s.lora) check_lora(JsonFields(none, s.source, "lora."), *s.lora);
+  if (s.merge_adapters && !s.lora && s.adapter.empty())
+    f.fail("merge_adapters", "false without \"lora\" or \"adapter\"", true);
   try {
     s.lr_schedule.validate();
     if (s.loss_scaling) s.loss_scaling->validate();

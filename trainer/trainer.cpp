@@ -84,6 +84,13 @@ class Run {
 
 void Run::setup() {
   validate_spec(spec_);       // a spec built in code gets the checks of a spec file
+  // The adapter files, the merge and the spec keys exist (roundpipe/adapter.hpp); the runtime's
+  // frozen groups and make_layout(config, lora) are not wired into this loop yet, and a run
+  // must not silently fine-tune every weight instead.
+  if (spec_.lora || !spec_.adapter.empty())
+    throw std::invalid_argument(fmt::format("{}: key '{}': LoRA training is not wired into the trainer yet (roundpipe "
+                                            "merge folds a PEFT adapter into its base model)",
+                                            spec_.source, spec_.lora ? "lora" : "adapter"));
   prepare_output_dir(spec_);  // before anything is loaded or written
   check_compute_dtype(spec_);
   resume_ = check_resume(spec_);

@@ -1,6 +1,7 @@
 // Everything of RoundPipe's C++ API: models, the Session (a hand-written training loop) and
 // the Trainer (the whole loop from a spec). Link roundpipe::roundpipe (find_package(roundpipe)).
 #pragma once
+#include "roundpipe/adapter.hpp"
 #include "roundpipe/checkpoint.hpp"
 #include "roundpipe/data.hpp"
 #include "roundpipe/device.hpp"

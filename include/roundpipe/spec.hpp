@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "roundpipe/model.hpp"
 #include "roundpipe/optimizer.hpp"
 
 namespace rp {
@@ -67,6 +68,17 @@ struct TrainSpec {
   /// untouched) and counts it. With loss scaling, overflowing steps are always skipped.
   std::string nonfinite = "stop";
   int64_t max_skipped_steps = 20;    ///< this many skipped steps in a row stop the run
+  /// "lora": train low-rank adapters (and modules_to_save) on the frozen base weights instead of
+  /// every weight; {r, alpha, dropout, target_modules, use_rslora, modules_to_save, seed,
+  /// base_format} (LoraConfig; seed defaults to the spec's "seed"). nullopt: full fine-tuning.
+  std::optional<LoraConfig> lora;
+  /// "adapter": a PEFT adapter folder (adapter_config.json + adapter_model.safetensors) whose
+  /// adapters the run continues to train ("" = fresh adapters). Implies LoRA: without "lora"
+  /// the settings come from its adapter_config.json.
+  std::string adapter;
+  /// "merge_adapters": with LoRA, also write final-merged/: the adapters folded into the base
+  /// weights, a plain Hugging Face folder (final/ holds the adapter folder).
+  bool merge_adapters = false;
 };
 
 /// Parses a spec object. Unknown keys, wrong types and inconsistent values throw

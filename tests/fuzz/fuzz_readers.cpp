@@ -32,6 +32,7 @@
 #include "model/gguf.hpp"
 #include "model/optimizer_state.hpp"
 #include "model/safetensors.hpp"
+#include "roundpipe/adapter.hpp"
 #include "roundpipe/spec.hpp"
 #include "tests/model/test_io_util.hpp"
 #include "trainer/trainer_state.hpp"
@@ -285,6 +286,13 @@ struct Target {
 
 }  // namespace
 
+/// A PEFT adapter folder read (roundpipe/adapter.hpp) and merged onto the fixture's base model.
+static void read_and_merge_adapter(const fs::path& dir, const std::string& fixtures) {
+  const rp::PeftAdapter a = rp::read_peft_adapter(dir.string());
+  rp::LoadedModel m = rp::load_model(fixtures + "/peft/base_untied");
+  rp::merge_peft_adapter(m, a);
+}
+
 int main(int argc, char** argv) {
   long cases = 200, from = 0;
   uint64_t seed = 1;
@@ -382,6 +390,19 @@ int main(int argc, char** argv) {
        [&] { return optimizer_state_seed(work); },
        {},
        [](const fs::path& f) { read_optimizer_state(f.string()); }},
+      {"adapter_config", true, "adapter_config.json",
+       [&] { return read_file(fs::path(fixtures) / "peft/untied_all/adapter/adapter_config.json"); },
+       [&](const fs::path& dir) {
+         fs::copy_file(fs::path(fixtures) / "peft/untied_all/adapter/adapter_model.safetensors",
+                       dir / "adapter_model.safetensors");
+       },
+       [&](const fs::path& f) { read_and_merge_adapter(f.parent_path(), fixtures); }},
+      {"adapter_weights", false, "adapter_model.safetensors",
+       [&] { return read_file(fs::path(fixtures) / "peft/untied_all/adapter/adapter_model.safetensors"); },
+       [&](const fs::path& dir) {
+         fs::copy_file(fs::path(fixtures) / "peft/untied_all/adapter/adapter_config.json", dir / "adapter_config.json");
+       },
+       [&](const fs::path& f) { read_and_merge_adapter(f.parent_path(), fixtures); }},
       {"trainer_state",
        true,
        "trainer_state.json",

@@ -1,0 +1,30 @@
+#include "cli/merge.hpp"
+
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "cli/command.hpp"
+#include "roundpipe/adapter.hpp"
+
+namespace rp {
+
+void add_merge_command(CLI::App& app) {
+  struct Options {
+    std::string adapter, out, base, dtype = "bf16";
+  };
+  auto o = std::make_shared<Options>();
+  auto* c = app.add_subcommand("merge", "fold a PEFT LoRA adapter folder into its base model (a plain Hugging Face folder)");
+  c->add_option("adapter", o->adapter, "adapter folder (adapter_config.json + adapter_model.safetensors)")->required();
+  c->add_option("output", o->out, "output folder (written atomically)")->required();
+  c->add_option("--base", o->base, "base model (.gguf or Hugging Face folder); default: the adapter's base_model_name_or_path");
+  c->add_option("--dtype", o->dtype, "f32, bf16 or f16")->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  c->callback(reporting_errors([o] {
+    const std::string base = merge_peft_folder(o->adapter, o->out, o->base, parse_dtype(o->dtype));
+    fmt::print("merged {} into {} -> {}\n", o->adapter, base, o->out);
+  }));
+}
+
+}  // namespace rp

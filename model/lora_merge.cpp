@@ -1,0 +1,180 @@
+// Folding LoRA adapters into the base weights (roundpipe/adapter.hpp): from the runtime's
+// parameter groups (merge_adapters) and from a PEFT adapter folder onto a loaded base model
+// (merge_peft_adapter).
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "model/error_text.hpp"
+#include "roundpipe/adapter.hpp"
+
+namespace rp {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kEmbed = "model.embed_tokens.weight";
+constexpr const char* kLmHead = "lm_head.weight";
+constexpr const char* kSuffixA = ".lora_A.weight";
+constexpr const char* kSuffixB = ".lora_B.weight";
+
+bool ends_with(const std::string& s, const std::string& suf) {
+  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
+}
+
+/// "model.layers.0.self_attn.q_proj" of "model.layers.0.self_attn.q_proj.lora_A.weight".
+std::string module_of(const std::string& a_name) {
+  return a_name.substr(0, a_name.size() - std::strlen(kSuffixA));
+}
+
+[[noreturn]] void fail(const std::string& where, const std::string& what) {
+  throw std::runtime_error(one_line(fmt::format("{}: {}", where, what)));
+}
+
+}  // namespace
+
+void fold_lora(float* w, const float* a, const float* b, int64_t out, int64_t in, int64_t r, double scaling) {
+  std::vector<double> row(static_cast<size_t>(in));
+  for (int64_t o = 0; o < out; ++o) {
+    std::fill(row.begin(), row.end(), 0.0);
+    for (int64_t k = 0; k < r; ++k) {
+      const double bk = double(b[o * r + k]);
+      const float* ak = a + k * in;
+      for (int64_t i = 0; i < in; ++i) row[size_t(i)] += bk * double(ak[i]);
+    }
+    float* wo = w + o * in;
+    for (int64_t i = 0; i < in; ++i) wo[i] = float(double(wo[i]) + scaling * row[size_t(i)]);
+  }
+}
+
+MergedWeights merge_adapters(const ModelLayout& layout, const std::vector<const float*>& group_data) {
+  if (!layout.lora) throw std::invalid_argument("merge_adapters: the layout has no LoRA adapters");
+  if (group_data.size() != layout.groups.size())
+    throw std::invalid_argument(
+        fmt::format("merge_adapters: {} group buffers for {} groups", group_data.size(), layout.groups.size()));
+  MergedWeights m;
+  m.layout = make_layout(layout.config);
+  m.groups.resize(m.layout.groups.size());
+  for (size_t g = 0; g < m.layout.groups.size(); ++g) {
+    const ParamGroup& dst = m.layout.groups[g];
+    const ParamGroup& src = layout.groups[g];
+    if (!group_data[g]) throw std::invalid_argument(fmt::format("merge_adapters: no data for group '{}'", src.name));
+    m.groups[g].assign(size_t(dst.numel), 0.0f);
+    for (const TensorSpec& t : dst.tensors) {
+      const int i = src.find(t.name);
+      if (i < 0 || src.tensors[size_t(i)].numel() != t.numel())
+        throw std::invalid_argument(fmt::format("merge_adapters: group '{}' lacks tensor '{}'", src.name, t.name));
+      std::memcpy(m.groups[g].data() + t.offset, group_data[g] + src.tensors[size_t(i)].offset,
+                  size_t(t.numel()) * sizeof(float));
+    }
+  }
+  const double s = layout.lora->scaling();
+  for (int l = 1; l <= int(layout.config.num_hidden_layers); ++l) {
+    const int ga = layout.adapter_group(l);
+    const ParamGroup& ad = layout.groups.at(size_t(ga));
+    if (!group_data[size_t(ga)]) throw std::invalid_argument(fmt::format("merge_adapters: no data for group '{}'", ad.name));
+    const ParamGroup& base = m.layout.groups[size_t(l)];
+    for (const TensorSpec& ta : ad.tensors) {
+      if (!ends_with(ta.name, kSuffixA)) continue;
+      const std::string mod = module_of(ta.name);
+      const int ib = ad.find(mod + kSuffixB), iw = base.find(mod + ".weight");
+      if (ib < 0 || iw < 0)
+        throw std::invalid_argument(fmt::format("merge_adapters: group '{}': '{}' has no lora_B or base weight", ad.name, ta.name));
+      const TensorSpec& tb = ad.tensors[size_t(ib)];
+      const TensorSpec& tw = base.tensors[size_t(iw)];
+      const int64_t r = ta.shape.at(0), in = ta.shape.at(1), out = tb.shape.at(0);
+      if (tw.shape != std::vector<int64_t>{out, in} || tb.shape.at(1) != r)
+        throw std::invalid_argument(fmt::format("merge_adapters: '{}': shapes [{}], [{}] do not fit [{}]", mod,
+                                                fmt::join(ta.shape, ", "), fmt::join(tb.shape, ", "), fmt::join(tw.shape, ", ")));
+      fold_lora(m.groups[size_t(l)].data() + tw.offset, group_data[size_t(ga)] + ta.offset,
+                group_data[size_t(ga)] + tb.offset, out, in, r, s);
+    }
+  }
+  return m;
+}
+
+void save_merged_checkpoint(const std::string& dir, const ModelLayout& layout, const std::vector<const float*>& group_data,
+                            const nlohmann::json& tokenizer_json, const std::string& chat_template, DType dtype) {
+  const MergedWeights m = merge_adapters(layout, group_data);
+  std::vector<const float*> ptrs;
+  for (const auto& g : m.groups) ptrs.push_back(g.data());
+  save_hf_checkpoint(dir, m.layout, ptrs, tokenizer_json, chat_template, dtype);
+}
+
+void merge_peft_adapter(LoadedModel& m, const PeftAdapter& a) {
+  const std::string st_path = (fs::path(a.dir) / kAdapterWeightsFile).string();
+  if (peft_adapter_unties(a, m.config)) untie_embeddings(m);
+  const double s = a.lora.scaling();
+  for (const auto& [name, ta] : a.tensors) {
+    if (!ends_with(name, kSuffixA)) continue;  // lora_B (with its A), modules_to_save tensors
+    const std::string mod = module_of(name);
+    const auto ib = a.tensors.find(mod + kSuffixB);
+    if (ib == a.tensors.end()) fail(st_path, fmt::format("key '{}': missing (the pair of '{}')",
+                                                         peft_tensor_key(mod + kSuffixB), peft_tensor_key(name)));
+    const HostTensor& tb = ib->second;
+    const auto iw = m.tensors.find(mod + ".weight");
+    if (iw == m.tensors.end())
+      fail(st_path, fmt::format("key '{}': the base model {} has no '{}.weight'", peft_tensor_key(name), m.source, mod));
+    HostTensor& w = iw->second;
+    const int64_t r = a.lora.r;
+    if (w.shape.size() != 2 || ta.shape != std::vector<int64_t>{r, w.shape[1]})
+      fail(st_path, fmt::format("key '{}': expected shape [{}, {}], got [{}]", peft_tensor_key(name), r,
+                                w.shape.size() == 2 ? w.shape[1] : -1, fmt::join(ta.shape, ", ")));
+    if (tb.shape != std::vector<int64_t>{w.shape[0], r})
+      fail(st_path, fmt::format("key '{}': expected shape [{}, {}], got [{}]", peft_tensor_key(mod + kSuffixB),
+                                w.shape[0], r, fmt::join(tb.shape, ", ")));
+    fold_lora(w.data.data(), ta.data.data(), tb.data.data(), w.shape[0], w.shape[1], r, s);
+  }
+  for (const auto& [name, t] : a.tensors)
+    if (ends_with(name, kSuffixB) && !a.tensors.count(name.substr(0, name.size() - std::strlen(kSuffixB)) + kSuffixA))
+      fail(st_path, fmt::format("key '{}': its lora_A is missing", peft_tensor_key(name)));
+  for (const char* name : {kEmbed, kLmHead, "model.norm.weight"}) {
+    const auto it = a.tensors.find(name);
+    if (it == a.tensors.end()) continue;
+    // tied (not untied above): the one matrix of both ends
+    const std::string dst = m.config.tie_word_embeddings && std::string(name) == kLmHead ? kEmbed : name;
+    const auto iw = m.tensors.find(dst);
+    if (iw == m.tensors.end() || iw->second.shape != it->second.shape)
+      fail(st_path, fmt::format("key '{}': expected shape [{}] of the base model's '{}', got [{}]", peft_tensor_key(name),
+                                iw == m.tensors.end() ? std::string("?") : fmt::format("{}", fmt::join(iw->second.shape, ", ")),
+                                dst, fmt::join(it->second.shape, ", ")));
+    iw->second.data = it->second.data;
+  }
+}
+
+std::string merge_peft_folder(const std::string& adapter_dir, const std::string& out_dir, const std::string& base,
+                              DType dtype) {
+  const PeftAdapter a = read_peft_adapter(adapter_dir);
+  std::string path = base;
+  if (path.empty()) {
+    const std::string cfg = (fs::path(adapter_dir) / kAdapterConfigFile).string();
+    if (a.base_model_name_or_path.empty())
+      fail(cfg, "key 'base_model_name_or_path': expected the base model, got nothing; pass the base model explicitly");
+    std::error_code ec;
+    path = a.base_model_name_or_path;
+    if (!fs::exists(path, ec) && fs::path(path).is_relative() && fs::exists(fs::path(adapter_dir) / path, ec))
+      path = (fs::path(adapter_dir) / path).lexically_normal().string();
+    if (!fs::exists(path, ec))
+      fail(cfg, fmt::format("key 'base_model_name_or_path': '{}' is not a local model (a .gguf file or a Hugging Face "
+                            "folder, as given or relative to the adapter folder); pass the base model explicitly",
+                            a.base_model_name_or_path));
+  }
+  LoadedModel m = load_model(path);
+  merge_peft_adapter(m, a);
+  const ModelLayout layout = make_layout(m.config);
+  std::vector<std::vector<float>> groups;
+  fill_groups(m, layout, groups);
+  m.tensors.clear();
+  std::vector<const float*> ptrs;
+  for (const auto& g : groups) ptrs.push_back(g.data());
+  save_hf_checkpoint(out_dir, layout, ptrs, m.tokenizer_json, m.chat_template, dtype);
+  return path;
+}
+
+}  // namespace rp
