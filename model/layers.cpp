@@ -57,8 +57,15 @@ Ops& check_args(const LayerArgs& a, size_t n_groups, size_t need_scratch, const 
 const void* param(const LayerArgs& a, size_t g, int64_t off) {
   return static_cast<const char*>(a.params[g]) + off * int64_t(dtype_size(a.ops->dtype()));
 }
+// Null for a frozen group (LayerArgs::grads[g] == nullptr): no weight gradient is computed
+// for it (weight_grad skips the GEMM, rmsnorm_bwd and lm_head_cross_entropy take a null dw).
 void* grad(const LayerArgs& a, size_t g, int64_t off) {
+  if (!a.grads[g]) return nullptr;
   return static_cast<char*>(a.grads[g]) + off * int64_t(dtype_size(a.ops->grad_dtype()));
+}
+// dw += dy^T x (Ops::linear_bwd_weight) unless dw is a frozen group's (null).
+void weight_grad(Ops& ops, const void* dy, const void* x, void* dw, int64_t M, int64_t K, int64_t N) {
+  if (dw) ops.linear_bwd_weight(dy, x, dw, M, K, N);
 }
 
 // ---------------------------------------------------------------------------------
@@ -78,7 +85,7 @@ class EmbeddingLayer final : public Layer {
   void backward(const LayerArgs& a) const override {
     Ops& ops = check_args(a, 1, 0, "embedding.backward", true);
     if (!a.ids || !a.dy) throw std::invalid_argument("embedding.backward: ids/dy null");
-    ops.embedding_bwd(a.ids, a.dy, grad(a, 0, off_), a.shape.tokens(), H_, V_);
+    if (void* dw = grad(a, 0, off_)) ops.embedding_bwd(a.ids, a.dy, dw, a.shape.tokens(), H_, V_);  // frozen: nothing
   }
 
  private:
@@ -226,11 +233,11 @@ void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, int64_
   ops.linear_fwd(b.hn, param(a, 0, wu_), b.u, n, H, F);
   ops.swiglu_fwd(b.g, b.u, b.m, n * F);
   // y = h1 + down(m)
-  ops.linear_bwd_weight(dy, b.m, grad(a, 0, wd_), n, F, H);
+  weight_grad(ops, dy, b.m, grad(a, 0, wd_), n, F, H);
   ops.linear_bwd_input(dy, param(a, 0, wd_), b.dm, n, F, H, false);
   ops.swiglu_bwd(b.g, b.u, b.dm, b.dg, b.du, n * F);
-  ops.linear_bwd_weight(b.dg, b.hn, grad(a, 0, wg_), n, H, F);
-  ops.linear_bwd_weight(b.du, b.hn, grad(a, 0, wu_), n, H, F);
+  weight_grad(ops, b.dg, b.hn, grad(a, 0, wg_), n, H, F);
+  weight_grad(ops, b.du, b.hn, grad(a, 0, wu_), n, H, F);
   ops.linear_bwd_input(b.dg, param(a, 0, wg_), b.dhn, n, H, F, false);
   ops.linear_bwd_input(b.du, param(a, 0, wu_), b.dhn, n, H, F, true);
   ops.copy(ops.dtype(), dh1, dy, n * H);  // residual path
@@ -245,7 +252,7 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b) 
   const int64_t S = a.shape.n_seq, L = a.shape.seq_len;
   const void* dh1 = a.dx;
   // h1 = x + o_proj(o)
-  ops.linear_bwd_weight(dh1, b.o, grad(a, 0, wo_), T, nq * D, H);
+  weight_grad(ops, dh1, b.o, grad(a, 0, wo_), T, nq * D, H);
   ops.linear_bwd_input(dh1, param(a, 0, wo_), b.dout, T, nq * D, H, false);
   const float scale = float(1.0 / std::sqrt(double(D)));
   if (a.positions) {
@@ -266,9 +273,9 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b) 
     dq_lin = b.dout;
     dk_lin = b.v;
   }
-  ops.linear_bwd_weight(dq_lin, b.xn, grad(a, 0, wq_), T, H, nq * D);
-  ops.linear_bwd_weight(dk_lin, b.xn, grad(a, 0, wk_), T, H, nkv * D);
-  ops.linear_bwd_weight(b.dv, b.xn, grad(a, 0, wv_), T, H, nkv * D);
+  weight_grad(ops, dq_lin, b.xn, grad(a, 0, wq_), T, H, nq * D);
+  weight_grad(ops, dk_lin, b.xn, grad(a, 0, wk_), T, H, nkv * D);
+  weight_grad(ops, b.dv, b.xn, grad(a, 0, wv_), T, H, nkv * D);
   void* dxn = b.h1;  // h1 is no longer read
   ops.linear_bwd_input(dq_lin, param(a, 0, wq_), dxn, T, H, nq * D, false);
   ops.linear_bwd_input(dk_lin, param(a, 0, wk_), dxn, T, H, nkv * D, true);
