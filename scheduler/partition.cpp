@@ -49,7 +49,12 @@ struct Ctx {
   // a layer's weights on the device, as charged: its compute-dtype copy and, for frozen
   // groups, the staging buffer their storage form is uploaded into
   int64_t weights(const LayerCost& l) const { return P(l.weight_bytes) + (l.staging_bytes > 0 ? P(l.staging_bytes) : 0); }
-  static int64_t uploaded(const LayerCost& l) { return l.weight_bytes - l.frozen_weight_bytes + l.staging_bytes; }
+  // bytes uploaded: the trainable weights (as charged, as the planner always counted them)
+  // and the frozen groups' storage form
+  int64_t uploaded(const LayerCost& l) const {
+    const int64_t trainable = l.weight_bytes - l.frozen_weight_bytes;
+    return (trainable > 0 ? P(trainable) : 0) + l.staging_bytes;
+  }
   // gradient accumulators as charged: none for a layer of frozen groups only
   int64_t grads(const LayerCost& l) const { return l.grad_bytes > 0 ? P(l.grad_bytes) : 0; }
   int64_t P(int64_t bytes) const {
@@ -136,7 +141,7 @@ Ctx make_ctx(const std::vector<LayerCost>& costs, const PartitionOptions& o) {
   c.targets = costs.back().io_bytes;
   c.act0 = costs.front().act_bytes;
   c.w0 = c.weights(costs.front());
-  c.up0 = Ctx::uploaded(costs.front());
+  c.up0 = c.uploaded(costs.front());
   return c;
 }
 
@@ -168,7 +173,7 @@ struct Prefix {
       cb[i + 1] = cb[i] + costs[i].bwd;
       ct[i + 1] = ct[i] + costs[i].tail;
       w[i + 1] = w[i] + c.weights(costs[i]);
-      up[i + 1] = up[i] + Ctx::uploaded(costs[i]);
+      up[i + 1] = up[i] + c.uploaded(costs[i]);
       g[i + 1] = g[i] + c.grads(costs[i]);
       act[i + 1] = act[i] + c.P(costs[i].act_bytes);
       attn[i + 1] = attn[i] + c.saved(costs[i]);
@@ -304,7 +309,7 @@ StageEstimate estimate_stage(const std::vector<LayerCost>& costs, const Stage& s
     const LayerCost& x = costs[size_t(l)];
     s.compute += cost_of(x, st.kind);
     s.w += c.weights(x);
-    s.up += Ctx::uploaded(x);
+    s.up += c.uploaded(x);
     s.g += c.grads(x);
     s.act += c.P(x.act_bytes);
     s.attn += c.saved(x);

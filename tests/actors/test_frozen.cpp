@@ -11,6 +11,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include <fmt/format.h>
