@@ -124,14 +124,19 @@ TEST(FrozenGroups, TrainLikeTheReferenceAndStayBitIdentical) {
         const ModelLayout m = frozen_layout(fc);
         const Result ref = run_reference(m, async, 3, clip);
         TestSession s(m, random_weights(m, 7), options(async, 2, clip));
-        for (auto [g, f] : fc.frozen) EXPECT_TRUE(s.master_weights()[size_t(g)].empty()) << "group " << g;
+        for (const auto& gf : fc.frozen)
+          EXPECT_TRUE(s.master_weights()[size_t(gf.first)].empty()) << "group " << gf.first;
         const Result got = run_session(s, 3);
         const auto initial = computed_weights(m, random_weights(m, 7));
         for (size_t t = 0; t < ref.losses.size(); ++t) {
           EXPECT_NEAR(got.losses[t], ref.losses[t], 1e-5 * ref.losses[t]) << "step " << t;
-          if (clip > 0) EXPECT_NEAR(got.norms[t], ref.norms[t], 1e-4 * ref.norms[t]) << "step " << t;
+          if (clip > 0) {
+            EXPECT_NEAR(got.norms[t], ref.norms[t], 1e-4 * ref.norms[t]) << "step " << t;
+          }
         }
-        if (clip > 0) EXPECT_GT(ref.norms[0], clip);  // clipping is active
+        if (clip > 0) {
+          EXPECT_GT(ref.norms[0], clip);  // clipping is active
+        }
         for (size_t g = 0; g < m.groups.size(); ++g) {
           if (m.groups[g].frozen) {  // exactly the dequantized storage, before and after
             ASSERT_EQ(got.weights[g].size(), initial[g].size());
@@ -166,7 +171,7 @@ TEST(FrozenGroups, NoProtocolTrafficAndStorageSizedUploads) {
   const nlohmann::json j = read_trace_json(path);
   std::filesystem::remove(path);
   std::set<int> frozen;
-  for (auto [g, f] : fc.frozen) frozen.insert(g);
+  for (const auto& gf : fc.frozen) frozen.insert(gf.first);
   std::map<std::pair<int64_t, int64_t>, std::string> track;
   for (const auto& e : j["traceEvents"])
     if (e["ph"] == "M" && e["name"] == "thread_name") track[{e["pid"], e["tid"]}] = e["args"]["name"];
