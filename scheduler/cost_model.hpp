@@ -32,12 +32,6 @@ struct LayerCost {
   double tail = 0;  ///< cost inside the fused tail stage (forward + loss + backward)
   int64_t weight_bytes = 0;   ///< device copy of the parameters the layer reads
   int64_t grad_bytes = 0;     ///< device gradient accumulators of those parameters (trainable ones)
-  /// Frozen parameter groups (ParamGroup::frozen, apply_frozen_groups): of weight_bytes, the
-  /// dequantized copies of frozen groups, which are not uploaded as such; instead their
-  /// storage form (staging_bytes) is uploaded into a staging buffer the device holds beside
-  /// the weights while the stage runs. Uploaded per stage: weight_bytes - frozen_weight_bytes
-  /// + staging_bytes.
-  int64_t frozen_weight_bytes = 0, staging_bytes = 0;
   int64_t act_bytes = 0;      ///< one [tokens, hidden] activation (its output / saved input)
   int64_t scratch_bytes = 0;      ///< scratch of a backward call (recompute + backward; stages take the max)
   int64_t scratch_fwd_bytes = 0;  ///< scratch of a forward call (forward stages take the max)
@@ -45,6 +39,13 @@ struct LayerCost {
   /// Saved attention (decoders, DeviceModel::saved_attention): the attention output and its
   /// log-sum-exp per micro-batch, downloaded by forward stages and uploaded by backward ones.
   int64_t attn_o_bytes = 0, attn_lse_bytes = 0;
+  /// Frozen parameter groups (ParamGroup::frozen, apply_frozen_groups): of weight_bytes, the
+  /// dequantized copies of frozen groups, which are not uploaded as such; instead their
+  /// storage form (staging_bytes) is uploaded into a staging buffer the device holds beside
+  /// the weights while the stage runs. Uploaded per stage: weight_bytes - frozen_weight_bytes
+  /// + staging_bytes.
+  /// (Last, so that positional initialisers of the fields above stay valid.)
+  int64_t frozen_weight_bytes = 0, staging_bytes = 0;
   bool operator==(const LayerCost&) const = default;
 };
 
