@@ -70,10 +70,13 @@ LayerMemory layer_memory(const ModelLayout& m, const Layer& layer, int l, StageK
                          const MicroBatchShape& s, DType compute, DType grad) {
   LayerMemory mem;
   mem.layer = l;
-  int64_t numel = 0;
-  for (int g : m.groups_of(l)) numel += m.groups[size_t(g)].numel;
+  int64_t numel = 0, trainable = 0;  // frozen groups have no gradient accumulator
+  for (int g : m.groups_of(l)) {
+    numel += m.groups[size_t(g)].numel;
+    if (!m.groups[size_t(g)].frozen) trainable += m.groups[size_t(g)].numel;
+  }
   mem.weight_bytes = numel * int64_t(dtype_size(compute));
-  if (kind != StageKind::forward) mem.grad_bytes = numel * int64_t(dtype_size(grad));
+  if (kind != StageKind::forward) mem.grad_bytes = trainable * int64_t(dtype_size(grad));
   mem.scratch_bytes = int64_t(layer.scratch_bytes(s, compute, kind != StageKind::forward));
   return mem;
 }

@@ -178,7 +178,8 @@ struct LayerTimings {
   std::vector<LayerSample> samples;
   std::vector<LayerMemory> memory;  ///< sent with a stage task's first micro-batch only
 };
-/// The worker's compute stream ran micro-batch `micro_batch` of task `task` (worker-local id).
+/// The worker's compute stream ran micro-batch `micro_batch` of task `task` (worker-local id),
+/// or, with micro_batch -1, the dequantization of one of the task's frozen groups (in issue order).
 struct ComputeDone {
   uint64_t task = 0;
   int64_t micro_batch = 0;

@@ -24,6 +24,12 @@ HostBytes::~HostBytes() { std::free(p_); }
 ParamStore::ParamStore(const ModelLayout& m, DType compute_dtype) : dtype(compute_dtype) {
   for (auto& g : m.groups) {
     numel.push_back(g.numel);
+    frozen.push_back(g.frozen ? 1 : 0);
+    if (g.frozen) {  // its storage form, uploaded as is; no gradient slot
+      lowp.emplace_back(size_t(g.storage_bytes));
+      grad.emplace_back();
+      continue;
+    }
     lowp.emplace_back(size_t(g.numel) * dtype_size(dtype));
     grad.emplace_back(size_t(g.numel) * sizeof(float));
   }

@@ -33,11 +33,16 @@ class HostBytes {
 /// Host side of the parameter groups (two of a parameter's three copies): the low-precision
 /// master every upload reads (compute dtype) and the fp32 gradient slot every
 /// gradient download writes. The fp32 optimizer copy lives in the optimizer shards.
+///
+/// A frozen group (ParamGroup::frozen) has one copy only: `lowp` holds its storage form
+/// (ParamGroup::storage_bytes, each tensor in its TensorSpec::format at its byte_offset), which
+/// the workers upload as is and dequantize on the device; its `grad` is empty (no gradient).
 struct ParamStore {
   DType dtype = DType::f32;
   std::vector<int64_t> numel;     ///< per group
-  std::vector<HostBytes> lowp;    ///< per group, numel * dtype_size(dtype) bytes
-  std::vector<HostBytes> grad;    ///< per group, numel floats
+  std::vector<char> frozen;       ///< per group: 1 for a frozen group
+  std::vector<HostBytes> lowp;    ///< per group, numel * dtype_size(dtype) bytes (frozen: storage_bytes)
+  std::vector<HostBytes> grad;    ///< per group, numel floats (frozen: empty)
   ParamStore(const ModelLayout& m, DType compute_dtype);
 };
 

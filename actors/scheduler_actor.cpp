@@ -63,6 +63,8 @@ struct SchedState {
   int64_t deal_pointer = 0;
   std::string failed;
   std::unique_ptr<StepNormReducer> norms;  ///< guarded steps
+  int trainable = 0;                       ///< groups a shard owns (not frozen)
+  std::vector<int> norm_index;             ///< per group: its index among the trainable ones, -1 frozen
   std::shared_ptr<const IterationPlan> plan;  ///< the plan the next pass is dealt with
   int64_t replans = 0;
   std::vector<std::string> replan_log;
@@ -131,7 +133,7 @@ std::string describe_steps(SchedPointer self) {
         "step {}{}: {}{}, {} of {} groups updated", k, si.close_requested ? "" : " (open)",
         passes.empty() ? std::string("all passes done") : fmt::format("{}", fmt::join(passes, ", ")),
         si.closed ? std::string() : std::string(" (not closed towards the shards yet)"), si.groups_updated,
-        st.cfg.num_groups));
+        st.trainable));
   }
   if (!st.failed.empty()) out.push_back("failed: " + st.failed);
   return out.empty() ? "nothing in flight" : fmt::format("{}", fmt::join(out, "; "));
@@ -200,7 +202,11 @@ void watchdog_tick(SchedPointer self) {
 
 SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig cfg) {
   self->state.cfg = std::move(cfg);
-  if (self->state.cfg.guard) self->state.norms = std::make_unique<StepNormReducer>(self->state.cfg.num_groups);
+  for (int g = 0; g < self->state.cfg.num_groups; ++g) {
+    const bool frozen = size_t(g) < self->state.cfg.frozen.size() && self->state.cfg.frozen[size_t(g)];
+    self->state.norm_index.push_back(frozen ? -1 : self->state.trainable++);
+  }
+  if (self->state.cfg.guard) self->state.norms = std::make_unique<StepNormReducer>(self->state.trainable);
   for (int i = int(self->state.cfg.pass_slots.size()) - 1; i >= 0; --i) self->state.free_slots.push_back(i);
   self->state.plan = std::make_shared<const IterationPlan>(self->state.cfg.plan);
   if (auto* ls = self->state.cfg.loss_scaler)
@@ -232,7 +238,7 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
     auto& si = st.steps[step];
     // every group updated, and every pass's StageDone in (the tail's carries the loss; its
     // StageDone may arrive after the last GroupUpdated it caused)
-    if (si.done || !si.closed || si.groups_updated < st.cfg.num_groups || si.passes_done < si.passes_submitted)
+    if (si.done || !si.closed || si.groups_updated < st.trainable || si.passes_done < si.passes_submitted)
       return;
     si.done = true;
     si.seconds = std::chrono::duration<double>(Clock::now() - si.t_first).count();
@@ -406,7 +412,9 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
       [=](GradSumSq& g) {
         auto& st = self->state;
         trace_received(st.cfg.tracer, "scheduler", "", "GradSumSq", {{"step", g.step}, {"group", g.group}});
-        if (!st.norms || !st.norms->add(g.step, g.group, g.sumsq)) return;
+        // summed in group order over the trainable groups (frozen ones send none)
+        const int k = g.group >= 0 && size_t(g.group) < st.norm_index.size() ? st.norm_index[size_t(g.group)] : -1;
+        if (!st.norms || !st.norms->add(g.step, k, g.sumsq)) return;
         // every group reported (only after CloseStep, so the token count is final)
         auto& si = st.steps[g.step];
         const double total = st.norms->take(g.step);

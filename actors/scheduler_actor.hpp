@@ -43,6 +43,9 @@ class Tracer;
 struct SchedulerConfig {
   IterationPlan plan;
   int num_groups = 0;
+  /// Per group: 1 for a frozen group (no shard owns it: it sends no GroupUpdated and no
+  /// GradSumSq, and a step is done when every trainable group is updated). Empty: none.
+  std::vector<char> frozen;
   std::vector<std::shared_ptr<PassBuffers>> pass_slots;  ///< host buffers, reused round-robin
   /// Guarded steps (the shards must have ShardOptions::guard too): collect every group's
   /// GradSumSq, decide (optimizer/loss_scale.hpp: decide_step) and send StepScale to the shards.

@@ -74,9 +74,18 @@ SessionInternals default_internals() {
 }  // namespace
 
 Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, SessionOptions opt)
-    : Session(layout, std::move(w), std::move(opt), default_internals()) {}
+    : Session(layout, std::move(w), {}, std::move(opt), default_internals()) {}
+
+Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w,
+                 std::vector<std::vector<uint8_t>> frozen_storage, SessionOptions opt)
+    : Session(layout, std::move(w), std::move(frozen_storage), std::move(opt), default_internals()) {}
 
 Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, SessionOptions opt,
+                 const SessionInternals& internals)
+    : Session(layout, std::move(w), {}, std::move(opt), internals) {}
+
+Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w,
+                 std::vector<std::vector<uint8_t>> frozen_storage, SessionOptions opt,
                  const SessionInternals& internals)
     : impl_(std::make_unique<Impl>()) {
   Impl& I = *impl_;
@@ -88,12 +97,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
   if (opt.micro.n_seq < 1 || opt.micro.seq_len < 2)
     throw std::invalid_argument("micro-batch shape must have n_seq >= 1 and seq_len >= 2");
   if (opt.pass_slots < 1) throw std::invalid_argument("pass_slots must be >= 1");
-  if (w.size() != layout.groups.size())
-    throw std::invalid_argument(fmt::format("expected {} parameter groups, got {}", layout.groups.size(), w.size()));
-  for (size_t g = 0; g < w.size(); ++g)
-    if (int64_t(w[g].size()) != layout.groups[g].numel)
-      throw std::invalid_argument(fmt::format("parameter group '{}' has {} values, expected {}",
-                                              layout.groups[g].name, w[g].size(), layout.groups[g].numel));
+  check_session_weights(layout, w, frozen_storage);
   std::string backend = opt.backend;
   if (backend == "auto") backend = cuda_device_count() > 0 ? "cuda" : "cpu";
   I.opt.backend = backend;
@@ -109,7 +113,9 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
   size_t host_need = 0;  // bytes, before the CPU backend's virtual GPUs (checked with the plan below)
   {
     const auto& c = layout.config;
-    const size_t n = size_t(layout.total_numel());
+    // trainable groups: master, moments, low-precision copy, gradient slot; frozen: storage only
+    size_t n = 0, frozen_bytes = 0;
+    for (const auto& g : layout.groups) (g.frozen ? frozen_bytes : n) += size_t(g.frozen ? g.storage_bytes : g.numel);
     const size_t slots = opt.workers == 1 ? 1 : size_t(opt.pass_slots);
     // every product checked: a shape from user input must not wrap around to a small size
     const auto T = checked_bytes({size_t(opt.micro.n_seq), size_t(opt.micro.seq_len)});
@@ -122,7 +128,8 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
                         : std::nullopt;
     const auto state = checked_bytes({n, 4 /*m*/ + 4 /*v*/ + dtype_size(dt) + 4 /*grad*/});
     const auto acts = per_slot ? checked_bytes({slots, *per_slot}) : std::nullopt;
-    const auto base = state && acts ? checked_sum(*state, *acts) : std::nullopt;
+    const auto weights = state ? checked_sum(*state, frozen_bytes) : std::nullopt;
+    const auto base = weights && acts ? checked_sum(*weights, *acts) : std::nullopt;
     const auto with_attn = base && attn ? checked_sum(*base, *attn) : std::nullopt;
     const size_t avail = host_available_bytes();
     saved_attention =
@@ -148,8 +155,9 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
       default_device_model(backend, opt.device, dt, opt.mlp_chunk_tokens, saved_attention));
   dm.mlp_chunk_tokens = opt.mlp_chunk_tokens;  // what the layers do, whatever the numbers
   dm.saved_attention = saved_attention;
-  const std::vector<LayerCost> analytic =
+  std::vector<LayerCost> analytic =
       layer_costs(estimate_layers(model_shape_from_config(layout.config), opt.micro.n_seq, opt.micro.seq_len, dm));
+  apply_frozen_groups(analytic, layout, dm.elem_bytes, dm.grad_elem_bytes);  // storage uploads, no gradients
   PartitionOptions po;
   po.gpus = opt.workers;
   po.micro_batches = opt.micro_batches;
@@ -191,10 +199,9 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
           byte_text(double(avail))));
   }
   I.store = std::make_unique<ParamStore>(layout, dt);
+  fill_store(layout, w, frozen_storage, *I.store);  // frozen groups' fp32 values are freed here
   I.master = std::move(w);
   I.adam.resize(I.master.size());
-  for (size_t g = 0; g < I.master.size(); ++g)
-    cast_f32_to(I.master[g].data(), I.store->lowp[g].data(), int64_t(I.master[g].size()), dt);
   LayerOptions lo;
   lo.mlp_chunk_tokens = opt.mlp_chunk_tokens;
   lo.save_attention = saved_attention;
@@ -227,6 +234,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
   SchedulerConfig sc;
   sc.plan = I.plan;
   sc.num_groups = int(layout.groups.size());
+  sc.frozen = I.store->frozen;
   sc.guard = guard;
   sc.max_grad_norm = opt.max_grad_norm;
   sc.loss_scaler = I.scaler.get();
@@ -265,7 +273,8 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
         opt.workers == 1 && i > 0 ? sc.pass_slots[0]->activations : nullptr, saved_attention));
   // Pin every host buffer the copy streams touch (no-op on the CPU backend).
   for (auto& b : I.store->lowp) I.pin(b);
-  for (auto& b : I.store->grad) I.pin(b);
+  for (auto& b : I.store->grad)
+    if (b.data()) I.pin(b);  // frozen groups have no gradient slot
   for (auto& pb : sc.pass_slots) {
     for (auto* v : {&pb->ids, &pb->targets, &pb->positions})
       for (auto& b : *v) I.pin(b);
@@ -282,11 +291,13 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
   count_per_pass(layout, I.plan, up, gr);
   int nsh = opt.shards;
   if (nsh <= 0) nsh = std::clamp(int(std::thread::hardware_concurrency() / 2), 1, 4);
-  nsh = std::min<int>(nsh, int(layout.groups.size()));
-  const std::vector<int> shard_of = assign_shards(layout, nsh);
+  const int trainable = int(std::count(I.store->frozen.begin(), I.store->frozen.end(), 0));
+  nsh = std::clamp<int>(nsh, 1, std::max(trainable, 1));
+  const std::vector<int> shard_of = assign_shards(layout, nsh);  // frozen groups: -1, no shard
   std::vector<std::vector<ShardGroup>> owned(nsh);
   for (size_t g = 0; g < layout.groups.size(); ++g)
-    owned[size_t(shard_of[g])].push_back(ShardGroup{int(g), &I.master[g], &I.adam[g], up[g], gr[g]});
+    if (shard_of[g] >= 0)
+      owned[size_t(shard_of[g])].push_back(ShardGroup{int(g), &I.master[g], &I.adam[g], up[g], gr[g]});
   // Optimizer threads (default: half the allowed cores) split over the shards, each shard's
   // pool pinned to neighbouring cores of one NUMA node where possible.
   const int total_threads = opt.optimizer_threads > 0
@@ -313,7 +324,8 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
     ctx.layout = &I.layout;
     ctx.layers = &I.layers;
     ctx.store = I.store.get();
-    for (size_t g = 0; g < layout.groups.size(); ++g) ctx.shard_of_group.push_back(shards[shard_of[g]]);
+    for (size_t g = 0; g < layout.groups.size(); ++g)  // frozen groups: none (never requested)
+      ctx.shard_of_group.push_back(shard_of[g] >= 0 ? shards[size_t(shard_of[g])] : ShardActor{});
     ctx.scheduler = I.scheduler;
     ctx.tracer = I.tracer.get();
     ctx.profile = opt.profiling.enabled;
@@ -484,6 +496,7 @@ std::string Session::status() const {
 }
 
 const std::vector<std::vector<float>>& Session::master_weights() const { return impl_->master; }
+std::vector<float> Session::group_weights_f32(int g) const { return impl_->group_f32(g); }
 IterationPlan Session::plan() const { return impl_->info().plan; }
 const IterationPlan& Session::initial_plan() const { return impl_->plan; }
 void Session::save_profile(const std::string& path) const { impl_->info().profile.save(path); }

@@ -101,10 +101,28 @@ struct Session::Impl {
     return out;
   }
 
+  /// Group g's weights in fp32: the master of a trainable group, the dequantized storage of a
+  /// frozen one (Session::group_weights_f32). Throws std::out_of_range for a bad g.
+  std::vector<float> group_f32(int g) const;
+
   /// Step t's result, waiting at most `seconds` (< 0: as long as it takes): nullopt on
   /// timeout. Watches the scheduler while it waits: a scheduler that went down throws
   /// RuntimeFailure naming its exit reason instead of leaving the caller hanging.
   std::optional<StepResult> wait_step(int64_t t, double seconds) const;
 };
+
+/// Checks the constructor's weights against `layout`: per group numel fp32 values, or for a
+/// frozen group given in storage form (frozen_storage[g] non-empty) exactly storage_bytes bytes
+/// and no fp32 values. Throws std::invalid_argument naming the group and what was expected.
+void check_session_weights(const ModelLayout& layout, const std::vector<std::vector<float>>& w,
+                           const std::vector<std::vector<uint8_t>>& frozen_storage);
+/// Writes every group's host copy into `store`: a trainable group's fp32 values cast to the
+/// compute dtype; a frozen group's storage form, copied from frozen_storage[g] or quantized
+/// (per tensor, kernels/weight_format.hpp) from w[g]. Frees what it consumed: frozen groups'
+/// w[g] and every frozen_storage entry, so w keeps only the trainable groups' masters.
+void fill_store(const ModelLayout& layout, std::vector<std::vector<float>>& w,
+                std::vector<std::vector<uint8_t>>& frozen_storage, ParamStore& store);
+/// The fp32 values of frozen group `g` stored in `storage` (its storage form).
+std::vector<float> dequantize_group(const ParamGroup& g, const void* storage);
 
 }  // namespace rp

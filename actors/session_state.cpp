@@ -88,6 +88,7 @@ OptimizerStateInfo Session::load_optimizer_state(const std::string& path) {
     const DType dt = I.store->dtype;
     for (size_t g = 0; g < I.layout.groups.size(); ++g) {
       const auto& grp = I.layout.groups[g];
+      if (grp.frozen) continue;  // not in the file: never updated, its storage is the constructor's
       AdamWState st;
       AdamWOptions o;
       r.read_adam(grp, st, o);

@@ -75,7 +75,9 @@ LayerArgs layer_args(const WorkerContext& ctx, const Task& t, int layer, const S
   for (int g : ctx.layout->groups_of(layer)) {
     auto w = t.dparam.find(g);  // absent: weights this stage does not read (groups_uploaded)
     a.params.push_back(w == t.dparam.end() ? nullptr : w->second.get());
-    if (t.rs.stage.kind != StageKind::forward && !t.rs.eval) a.grads.push_back(t.dgrad.at(g).get());
+    // a frozen group has no accumulator: the layer gets null and computes no weight gradient
+    if (t.rs.stage.kind != StageKind::forward && !t.rs.eval)
+      a.grads.push_back(ctx.layout->groups[size_t(g)].frozen ? nullptr : t.dgrad.at(g).get());
   }
   a.scratch = t.scratch.get();
   a.scratch_bytes = t.scratch.bytes();

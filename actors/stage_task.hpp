@@ -5,6 +5,7 @@
 #pragma once
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <vector>
@@ -35,6 +36,11 @@ struct Task {
   std::vector<int> groups;      ///< parameter groups whose weights it uploads (ModelLayout::groups_uploaded)
   std::vector<int> grad_groups; ///< groups whose gradient this stage produces
   std::map<int, DeviceBuffer> dparam, dgrad;
+  /// Frozen groups: the uploaded storage form (ParamGroup::storage_bytes), dequantized into
+  /// dparam on the compute stream once it landed, then freed (dequant_order: the groups whose
+  /// dequantization is issued and not yet reported done, in stream order).
+  std::map<int, DeviceBuffer> dstage;
+  std::deque<int> dequant_order;
   std::shared_ptr<UploadWindows> uploads;  ///< the weights' chunks and windows (upload_windows.hpp)
   DeviceBuffer scratch, tmp[2];
   Slot slot[2];

@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -26,6 +27,8 @@ namespace {
 constexpr int kPrioActivation = 0;  // critical path: first
 constexpr int kPrioParam = 1;
 constexpr int kPrioGrad = 1;
+/// ComputeDone::micro_batch of a frozen group's dequantization (not a micro-batch).
+constexpr int64_t kDequantized = -1;
 
 using FaultSite = FaultInjection::Site;
 
@@ -94,6 +97,7 @@ class Worker : public WorkerActor::base {
         [this](CopyDone& d) { on_copy_done(d); },
         [this](ComputeDone& c) {
           if (ctx_.progress) ctx_.progress->tick();
+          if (c.micro_batch == kDequantized) return dequantized(c);
           if (!task_ || task_->id != c.task) return;
           if (!c.error.empty()) return fail(fmt::format("micro-batch {}: {}", c.micro_batch, c.error));
           if (ctx_.faults.fire_compute(FaultSite::worker_handler, ctx_.index, task_->rs.stage_index,
@@ -302,19 +306,30 @@ class Worker : public WorkerActor::base {
     t.t_start = ctx_.tracer ? ctx_.tracer->now() : 0;
     const StageKind kind = t.rs.stage.kind;
     t.groups = m.groups_uploaded(t.layers, kind == StageKind::backward);
-    if (kind != StageKind::forward && !t.rs.eval) t.grad_groups = m.groups_of(t.layers);
+    if (kind != StageKind::forward && !t.rs.eval)
+      for (int g : m.groups_of(t.layers))
+        if (!m.groups[g].frozen) t.grad_groups.push_back(g);  // frozen groups have no gradient
     const size_t esz = dtype_size(d.compute_dtype());
-    for (int g : t.groups) t.dparam.emplace(g, DeviceBuffer(d, size_t(m.groups[g].numel) * esz));
+    for (int g : t.groups) {
+      t.dparam.emplace(g, DeviceBuffer(d, size_t(m.groups[g].numel) * esz));
+      if (m.groups[g].frozen) t.dstage.emplace(g, DeviceBuffer(d, size_t(m.groups[g].storage_bytes)));
+    }
     // Parameters: ask the owning shard (rule 1), then upload (in chunks, window by window),
-    // then release.
+    // then release. A frozen group is uploaded in its storage form and never requested: it
+    // has one version forever.
     std::vector<std::pair<int, size_t>> sizes;
-    for (int g : t.groups) sizes.emplace_back(g, t.dparam.at(g).bytes());
+    for (int g : t.groups)
+      sizes.emplace_back(g, m.groups[g].frozen ? t.dstage.at(g).bytes() : t.dparam.at(g).bytes());
     const auto& tc = ctx_.transfer;
     t.uploads = std::make_shared<UploadWindows>(sizes, tc.priorities ? tc.chunk_bytes : 0, tc.priorities ? windows : 1);
     t.params_pending = int(t.groups.size());
     const int64_t step = t.rs.step;
     const uint64_t id = t.id;
     for (int g : t.groups) {
+      if (m.groups[g].frozen) {
+        send_pieces(t, t.uploads->grant(g));
+        continue;
+      }
       trace_sent(ctx_.tracer, me_, "", "AcquireWeights", {{"group", g}, {"step", step}});
       request(ctx_.shard_of_group[g], caf::infinite, AcquireWeights{g, step})
           .then(
@@ -332,7 +347,8 @@ class Worker : public WorkerActor::base {
     const uint64_t id = t.id;
     for (const auto& p : pieces) {
       const int g = p.group;
-      char* dst = t.dparam.at(g).as<char>() + p.chunk.offset;
+      auto st = t.dstage.find(g);  // a frozen group's storage form goes to its staging buffer
+      char* dst = (st != t.dstage.end() ? st->second : t.dparam.at(g)).as<char>() + p.chunk.offset;
       const char* src = static_cast<const char*>(ctx_.store->lowp[g].data()) + p.chunk.offset;
       copy(param_up_, CopyDir::h2d, dst, src, p.chunk.bytes, kPrioParam, param_order_++,
            CopyTag{CopyKind::weights, id, -1, g});
@@ -343,9 +359,44 @@ class Worker : public WorkerActor::base {
   void weights_landed(uint64_t id, int g) {
     Task* tk = live(id);
     if (!tk || !tk->uploads->piece_done(g)) return;
-    trace_sent(ctx_.tracer, me_, "", "ReleaseWeights", {{"group", g}, {"step", tk->rs.step}});
-    send(ctx_.shard_of_group[g], ReleaseWeights{g, tk->rs.step});
+    if (ctx_.layout->groups[g].frozen) {
+      dequantize(*tk, g);
+    } else {
+      trace_sent(ctx_.tracer, me_, "", "ReleaseWeights", {{"group", g}, {"step", tk->rs.step}});
+      send(ctx_.shard_of_group[g], ReleaseWeights{g, tk->rs.step});
+    }
     tk->params_pending--;
+    pump();
+  }
+
+  /// Frozen group g's storage form is on the device: dequantize it tensor by tensor into the
+  /// compute-dtype weights on the compute stream, ahead of every compute of the task (which
+  /// waits for params_pending). The staging buffer is freed when the stream reports it done.
+  void dequantize(Task& t, int g) {
+    Device& d = *ctx_.device;
+    const ParamGroup& grp = ctx_.layout->groups[g];
+    const char* src = t.dstage.at(g).as<char>();
+    char* dst = t.dparam.at(g).as<char>();
+    const size_t esz = dtype_size(d.compute_dtype());
+    std::vector<std::tuple<WeightFormat, const void*, void*, int64_t>> parts;
+    for (const TensorSpec& ts : grp.tensors)
+      parts.emplace_back(ts.format, src + ts.byte_offset, dst + size_t(ts.offset) * esz, ts.numel());
+    auto& stream = d.stream(StreamKind::compute);
+    stream.launch([&d, parts = std::move(parts)] {
+      for (const auto& [f, s, o, n] : parts) d.ops().dequantize(f, s, o, n);
+    });
+    t.dequant_order.push_back(g);
+    WorkerActor me{this};
+    stream.then([me, id = t.id](const std::string& err) { caf::anon_send(me, ComputeDone{id, kDequantized, err}); });
+  }
+
+  /// The compute stream finished the oldest dequantization of task c.task: free its staging.
+  void dequantized(const ComputeDone& c) {
+    if (!c.error.empty()) return fail("dequantizing frozen weights: " + c.error);
+    Task* tk = live(c.task);
+    if (!tk || tk->dequant_order.empty()) return;  // a task already gone freed everything
+    tk->dstage.erase(tk->dequant_order.front());
+    tk->dequant_order.pop_front();
     pump();
   }
 
@@ -532,6 +583,8 @@ class Worker : public WorkerActor::base {
     // Only the gradient accumulators and undelivered outputs are still needed: give the
     // rest back now.
     t.dparam.clear();
+    t.dstage.clear();
+    t.dequant_order.clear();
     t.scratch.reset();
     for (auto& b : t.tmp) b.reset();
     for (int j = 0; j < 2; ++j)

@@ -19,6 +19,8 @@
 #include "cli/command.hpp"
 #include "model/config.hpp"
 #include "model/gguf.hpp"
+#include "model/layout.hpp"
+#include "kernels/weight_format.hpp"
 #include "kernels/device.hpp"
 #include "scheduler/partition.hpp"
 #include "scheduler/replan.hpp"
@@ -149,9 +151,42 @@ PartitionOptions partition_options(const PlanCommandOptions& o, int64_t cap) {
   return po;
 }
 
+// --frozen: the model's layout with every group frozen in that format, or nullopt.
+std::optional<ModelLayout> frozen_layout(const PlanCommandOptions& o) {
+  if (o.frozen.empty()) return std::nullopt;
+  WeightFormat f;
+  try {
+    f = parse_weight_format(o.frozen);
+  } catch (const std::invalid_argument&) {
+    throw std::invalid_argument(
+        fmt::format("--frozen: expected f32, bf16, f16, q8_0, q4_0 or nf4, got '{}'", o.frozen));
+  }
+  std::error_code ec;
+  std::string file = o.model;
+  if (fs::is_directory(file, ec)) file = (fs::path(file) / "config.json").string();
+  ModelConfig c;
+  if (fs::path(file).extension() == ".gguf") {
+    GgufFile g(file);
+    c = config_from_gguf(g);
+  } else {
+    c = load_config_file(file);
+  }
+  ModelLayout m = make_layout(c);
+  for (int g = 0; g < int(m.groups.size()); ++g) freeze_group(m, g, f);
+  return m;
+}
+
+// The analytic costs of sequences of `seq` tokens, with --frozen applied.
+std::vector<LayerCost> analytic_costs(const ModelShape& m, const PlanCommandOptions& o, int64_t seq) {
+  const DeviceModel d = device_model(o);
+  auto costs = layer_costs(estimate_layers(m, o.sequences_per_micro, seq, d));
+  if (auto fl = frozen_layout(o)) apply_frozen_groups(costs, *fl, d.elem_bytes, d.grad_elem_bytes);
+  return costs;
+}
+
 // The plan for sequences of `seq` tokens under `cap`, or nullopt when none fits.
 std::optional<PartitionResult> plan_at(const ModelShape& m, const PlanCommandOptions& o, int64_t seq, int64_t cap) {
-  auto costs = layer_costs(estimate_layers(m, o.sequences_per_micro, seq, device_model(o)));
+  auto costs = analytic_costs(m, o, seq);
   PartitionOptions po = partition_options(o, cap);
   try {
     return automatic_partition(costs, po);
@@ -197,6 +232,8 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
   if (o.max_seq && o.memory_cap.empty()) throw std::invalid_argument("--max-seq needs --memory-cap");
   std::string desc;
   const ModelShape m = load_model_shape(o.model, &desc);
+  if (!o.frozen.empty() && m.num_experts > 0)
+    throw std::invalid_argument("--frozen: mixture-of-experts models are not supported");
   const DeviceModel d = device_model(o);
   PlanCommandOptions oo = o;
   if (o.max_seq) {
@@ -209,7 +246,7 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
                     "the plan for it:\n\n", best, format_bytes(double(cap)), o.micro_batches, o.sequences_per_micro);
     oo.seq_len = best;
   }
-  std::vector<LayerCost> costs = layer_costs(estimate_layers(m, oo.sequences_per_micro, oo.seq_len, d));
+  std::vector<LayerCost> costs = analytic_costs(m, oo, oo.seq_len);
   std::string source = "analytic (FLOPs and bytes per layer)";
   if (!o.profile.empty()) {
     Profile p = Profile::load(o.profile);
@@ -217,6 +254,7 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
       throw std::runtime_error(fmt::format("{}: profile of {} layers, the model has {}", o.profile, p.num_layers(),
                                            costs.size()));
     costs = p.apply(costs);
+    if (auto fl = frozen_layout(o)) apply_frozen_groups(costs, *fl, d.elem_bytes, d.grad_elem_bytes);
     source = fmt::format("profile {} (calibrating the analytic model)", o.profile);
     if (p.n_seq() != oo.sequences_per_micro || p.seq_len() != oo.seq_len)
       source += fmt::format("; warning: measured at {} x {} tokens", p.n_seq(), p.seq_len());
@@ -231,6 +269,9 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
              o.peak_tflops, o.hbm_gbps, o.pcie_gbps,
              po.memory_cap > 0 ? format_bytes(double(po.memory_cap)) : std::string("none"));
   fmt::print(out, "costs     {}\n", source);
+  if (!o.frozen.empty())
+    fmt::print(out, "frozen    every weight stored in {} (no gradients; uploads and staging of the storage form)\n",
+               o.frozen);
 
   const auto t0 = std::chrono::steady_clock::now();
   PartitionResult pr = automatic_partition(costs, po);
@@ -296,6 +337,9 @@ void add_plan_command(CLI::App& app) {
   c->add_option("--mlp-chunk", o->mlp_chunk_tokens, "decoders' MLP chunk in tokens (0: 8192)")->capture_default_str();
   c->add_flag("!--no-save-attention", o->save_attention,
               "plan for decoders that recompute their attention in backward (the runtime's save_attention off)");
+  c->add_option("--frozen", o->frozen,
+                "plan a run whose weights are all frozen in this storage form (f32, bf16, f16, q8_0, q4_0, nf4), "
+                "as a LoRA base");
   c->callback(reporting_errors([o] { run_plan(*o, stdout); }));
 }
 

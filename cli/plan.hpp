@@ -35,6 +35,11 @@ struct PlanCommandOptions {
   bool max_seq = false;            ///< find the longest sequence whose plan fits memory_cap instead
   int64_t mlp_chunk_tokens = 0;    ///< decoders' MLP chunk (LayerOptions::mlp_chunk_tokens; 0: default)
   bool save_attention = true;      ///< decoders keep the forward's attention output (SessionOptions::save_attention)
+  /// "": trainable weights. Else a storage format (f32, bf16, f16, q8_0, q4_0, nf4): every
+  /// parameter group frozen in it (freeze_group), as LoRA's base (the adapters are not
+  /// counted): no gradient accumulators or downloads, storage-sized uploads, staging buffers.
+  /// Dense models only.
+  std::string frozen;
 };
 
 /// Registers the `plan` subcommand on `app`; it runs from its callback, prints errors as

@@ -160,7 +160,8 @@ class Ops {
                            float eps) = 0;
   /// With r = rsqrt(mean(x^2)+eps), xh = x*r, g = dy*w:
   /// dx = r * (g - xh * mean_j(g*xh))   (dx += ... when accumulate_dx), and
-  /// dw[j] += sum_r dy[r,j]*xh[r,j] (dw in grad_dtype()). Recomputes r from x.
+  /// dw[j] += sum_r dy[r,j]*xh[r,j] (dw in grad_dtype(); dw null: not computed, a frozen
+  /// weight). Recomputes r from x.
   virtual void rmsnorm_bwd(const void* x, const void* w, const void* dy, void* dx,
                            void* dw, int64_t R, int64_t n, float eps,
                            bool accumulate_dx) = 0;

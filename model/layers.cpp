@@ -59,8 +59,15 @@ Ops& check_args(const LayerArgs& a, size_t n_groups, size_t need_scratch, const 
 const void* param(const LayerArgs& a, size_t g, int64_t off) {
   return static_cast<const char*>(a.params[g]) + off * int64_t(dtype_size(a.ops->dtype()));
 }
+// Null for a frozen group (LayerArgs::grads[g] == nullptr): no weight gradient is computed
+// for it (weight_grad skips the GEMM, rmsnorm_bwd and lm_head_cross_entropy take a null dw).
 void* grad(const LayerArgs& a, size_t g, int64_t off) {
+  if (!a.grads[g]) return nullptr;
   return static_cast<char*>(a.grads[g]) + off * int64_t(dtype_size(a.ops->grad_dtype()));
+}
+// dw += dy^T x (Ops::linear_bwd_weight) unless dw is a frozen group's (null).
+void weight_grad(Ops& ops, const void* dy, const void* x, void* dw, int64_t M, int64_t K, int64_t N) {
+  if (dw) ops.linear_bwd_weight(dy, x, dw, M, K, N);
 }
 
 // ---------------------------------------------------------------------------------
@@ -80,7 +87,7 @@ class EmbeddingLayer final : public Layer {
   void backward(const LayerArgs& a) const override {
     Ops& ops = check_args(a, 1, 0, "embedding.backward", true);
     if (!a.ids || !a.dy) throw std::invalid_argument("embedding.backward: ids/dy null");
-    ops.embedding_bwd(a.ids, a.dy, grad(a, 0, off_), a.shape.tokens(), H_, V_);
+    if (void* dw = grad(a, 0, off_)) ops.embedding_bwd(a.ids, a.dy, dw, a.shape.tokens(), H_, V_);  // frozen: nothing
   }
 
  private:
@@ -171,15 +178,9 @@ class DecoderLayer final : public Layer {
     c.xbuf = b.lora_x;
     return c;
   }
-  // Gradient of the base weight at `off`, null when the base is frozen (no dW is computed).
-  static void* base_grad(const LayerArgs& a, int64_t off) { return a.grads[0] ? grad(a, 0, off) : nullptr; }
   // Gradient of a base norm weight: with a frozen base a sink in the scratch, never read.
   static void* norm_grad(const LayerArgs& a, const DecoderBufs& b, int64_t off) {
     return a.grads[0] ? grad(a, 0, off) : b.norm_sink;
-  }
-  // dW += dy^T x, skipped for a frozen base (dw null).
-  static void weight_grad(Ops& ops, const void* dy, const void* x, void* dw, int64_t M, int64_t K, int64_t N) {
-    if (dw) ops.linear_bwd_weight(dy, x, dw, M, K, N);
   }
   const LoraLinear& lora(LoraModule m) const { return lora_[size_t(m)]; }
   // With a saved attention, o and lse are the caller's (LayerArgs::attn_o / attn_lse).
@@ -287,12 +288,12 @@ void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const 
   lora_forward(lc, lora(LoraModule::up), b.hn, b.u, n, r0);
   ops.swiglu_fwd(b.g, b.u, b.m, n * F);
   // y = h1 + down(m)
-  weight_grad(ops, dy, b.m, base_grad(a, wd_), n, F, H);
+  weight_grad(ops, dy, b.m, grad(a, 0, wd_), n, F, H);
   ops.linear_bwd_input(dy, param(a, 0, wd_), b.dm, n, F, H, false);
   lora_backward(lc, lora(LoraModule::down), b.m, dy, b.dm, n, r0);
   ops.swiglu_bwd(b.g, b.u, b.dm, b.dg, b.du, n * F);
-  weight_grad(ops, b.dg, b.hn, base_grad(a, wg_), n, H, F);
-  weight_grad(ops, b.du, b.hn, base_grad(a, wu_), n, H, F);
+  weight_grad(ops, b.dg, b.hn, grad(a, 0, wg_), n, H, F);
+  weight_grad(ops, b.du, b.hn, grad(a, 0, wu_), n, H, F);
   ops.linear_bwd_input(b.dg, param(a, 0, wg_), b.dhn, n, H, F, false);
   ops.linear_bwd_input(b.du, param(a, 0, wu_), b.dhn, n, H, F, true);
   lora_backward(lc, lora(LoraModule::gate), b.hn, b.dg, b.dhn, n, r0);
@@ -309,7 +310,7 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
   const int64_t S = a.shape.n_seq, L = a.shape.seq_len;
   const void* dh1 = a.dx;
   // h1 = x + o_proj(o)
-  weight_grad(ops, dh1, b.o, base_grad(a, wo_), T, nq * D, H);
+  weight_grad(ops, dh1, b.o, grad(a, 0, wo_), T, nq * D, H);
   ops.linear_bwd_input(dh1, param(a, 0, wo_), b.dout, T, nq * D, H, false);
   lora_backward(lc, lora(LoraModule::o), b.o, dh1, b.dout, T, 0);
   const float scale = float(1.0 / std::sqrt(double(D)));
@@ -331,9 +332,9 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
     dq_lin = b.dout;
     dk_lin = b.v;
   }
-  weight_grad(ops, dq_lin, b.xn, base_grad(a, wq_), T, H, nq * D);
-  weight_grad(ops, dk_lin, b.xn, base_grad(a, wk_), T, H, nkv * D);
-  weight_grad(ops, b.dv, b.xn, base_grad(a, wv_), T, H, nkv * D);
+  weight_grad(ops, dq_lin, b.xn, grad(a, 0, wq_), T, H, nq * D);
+  weight_grad(ops, dk_lin, b.xn, grad(a, 0, wk_), T, H, nkv * D);
+  weight_grad(ops, b.dv, b.xn, grad(a, 0, wv_), T, H, nkv * D);
   void* dxn = b.h1;  // h1 is no longer read
   ops.linear_bwd_input(dq_lin, param(a, 0, wq_), dxn, T, H, nq * D, false);
   ops.linear_bwd_input(dk_lin, param(a, 0, wk_), dxn, T, H, nkv * D, true);

@@ -66,19 +66,25 @@ void write_header(Writer& w, const OptimizerStateHeader& h) {
 void write_optimizer_state(const std::string& path, const OptimizerStateView& v) {
   OptimizerStateHeader h = v.header;
   h.groups.clear();
-  for (const auto& g : v.layout->groups) h.groups.emplace_back(g.name, g.numel);
+  std::vector<size_t> saved;  // frozen groups have no optimizer state: not in the file
+  for (size_t g = 0; g < v.layout->groups.size(); ++g)
+    if (!v.layout->groups[g].frozen) {
+      h.groups.emplace_back(v.layout->groups[g].name, v.layout->groups[g].numel);
+      saved.push_back(g);
+    }
   try {
     write_file_atomically(path, [&](std::ostream& os) {
       Writer w{os};
       write_header(w, h);
-      for (size_t g = 0; g < h.groups.size(); ++g) {
+      for (size_t i = 0; i < saved.size(); ++i) {
+        const size_t g = saved[i];
         save_state(os, (*v.adam)[g], v.adam_options);
         if (h.has_master) {
           w.bytes((*v.master)[g].data(), (*v.master)[g].size() * sizeof(float));
           w.checksum();
         }
         if (h.has_lowp) {
-          w.bytes(v.lowp[g], size_t(h.groups[g].second) * dtype_size(h.lowp_dtype));
+          w.bytes(v.lowp[g], size_t(h.groups[i].second) * dtype_size(h.lowp_dtype));
           w.checksum();
         }
       }
@@ -164,12 +170,16 @@ void OptimizerStateReader::read_header() {
 }
 
 void OptimizerStateReader::check_groups(const ModelLayout& layout) const {
-  const size_t G = layout.groups.size();
+  std::vector<const ParamGroup*> trainable;  // the groups the file holds, in layout order
+  for (const auto& grp : layout.groups)
+    if (!grp.frozen) trainable.push_back(&grp);
+  const size_t G = trainable.size();
   if (h_.groups.size() != G)
-    fail(fmt::format("the state has {} parameter groups, the model has {} (saved for another model?)",
+    fail(fmt::format("the state has {} parameter groups, the model has {} trainable ones (saved for another model, "
+                     "or with other groups frozen?)",
                      h_.groups.size(), G));
   for (size_t g = 0; g < G; ++g) {
-    const auto& want = layout.groups[g];
+    const auto& want = *trainable[g];
     if (h_.groups[g].first != want.name || h_.groups[g].second != want.numel)
       fail(fmt::format("group {} is '{}' with {} parameters in the state, the model expects '{}' with {} (saved for "
                        "another model?)",

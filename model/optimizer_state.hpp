@@ -15,6 +15,9 @@
 //            dtype + XXH3-64 u64]
 //   scaler   [LossScaler::save (own magic and checksum)]
 //   end      "RPOPTEND"
+// Frozen groups (ParamGroup::frozen) have no optimizer state and are left out of the file
+// altogether: "group" above means trainable group, in layout order (a run without frozen
+// groups writes exactly what it wrote before they existed).
 // Version 1 (the same layout with FNV-1a checksums) is refused with a one-line error.
 #pragma once
 #include <cstdint>
@@ -50,7 +53,7 @@ struct OptimizerStateHeader {
 struct OptimizerStateView {
   OptimizerStateHeader header;
   const ModelLayout* layout = nullptr;
-  const std::vector<AdamWState>* adam = nullptr;       ///< one per group
+  const std::vector<AdamWState>* adam = nullptr;       ///< one per group (frozen groups' unused)
   const AdamWOptions* adam_options = nullptr;          ///< recorded with each group's state
   const std::vector<std::vector<float>>* master = nullptr;  ///< with header.has_master
   std::vector<const void*> lowp;                        ///< with header.has_lowp: numel elements of lowp_dtype per group
@@ -70,7 +73,7 @@ class OptimizerStateReader {
   explicit OptimizerStateReader(const std::string& path);
   const OptimizerStateHeader& header() const { return h_; }
   [[noreturn]] void fail(const std::string& what) const;
-  /// Checks the file's groups against `layout` ("saved for another model?").
+  /// Checks the file's groups against `layout`'s trainable groups ("saved for another model?").
   void check_groups(const ModelLayout& layout) const;
   /// The next group's AdamW state and the hyper-parameters saved with it; the moment count
   /// is checked against g.numel before anything is allocated.

@@ -296,4 +296,27 @@ std::vector<LayerCost> layer_costs(const std::vector<LayerEstimate>& e) {
   return c;
 }
 
+void apply_frozen_groups(std::vector<LayerCost>& costs, const ModelLayout& m, int64_t elem_bytes,
+                         int64_t grad_elem_bytes) {
+  if (int(costs.size()) != m.num_layers())
+    throw std::invalid_argument(
+        fmt::format("apply_frozen_groups: {} layer costs for a model of {} layers", costs.size(), m.num_layers()));
+  for (int l = 0; l < m.num_layers(); ++l) {
+    const std::vector<int> groups = m.groups_of(l);
+    if (std::none_of(groups.begin(), groups.end(), [&](int g) { return m.groups[size_t(g)].frozen; })) continue;
+    LayerCost& c = costs[size_t(l)];
+    c.weight_bytes = c.grad_bytes = c.frozen_weight_bytes = c.staging_bytes = 0;
+    for (int g : groups) {
+      const ParamGroup& grp = m.groups[size_t(g)];
+      c.weight_bytes += grp.numel * elem_bytes;
+      if (grp.frozen) {
+        c.frozen_weight_bytes += grp.numel * elem_bytes;
+        c.staging_bytes += grp.storage_bytes;
+      } else {
+        c.grad_bytes += grp.numel * grad_elem_bytes;
+      }
+    }
+  }
+}
+
 }  // namespace rp

@@ -20,6 +20,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "model/config.hpp"
+#include "model/layout.hpp"
 
 namespace rp {
 
@@ -30,7 +31,7 @@ struct LayerCost {
   double bwd = 0;   ///< backward including the recompute of its forward (backward stage)
   double tail = 0;  ///< cost inside the fused tail stage (forward + loss + backward)
   int64_t weight_bytes = 0;   ///< device copy of the parameters the layer reads
-  int64_t grad_bytes = 0;     ///< device gradient accumulators of those parameters
+  int64_t grad_bytes = 0;     ///< device gradient accumulators of those parameters (trainable ones)
   int64_t act_bytes = 0;      ///< one [tokens, hidden] activation (its output / saved input)
   int64_t scratch_bytes = 0;      ///< scratch of a backward call (recompute + backward; stages take the max)
   int64_t scratch_fwd_bytes = 0;  ///< scratch of a forward call (forward stages take the max)
@@ -38,6 +39,13 @@ struct LayerCost {
   /// Saved attention (decoders, DeviceModel::saved_attention): the attention output and its
   /// log-sum-exp per micro-batch, downloaded by forward stages and uploaded by backward ones.
   int64_t attn_o_bytes = 0, attn_lse_bytes = 0;
+  /// Frozen parameter groups (ParamGroup::frozen, apply_frozen_groups): of weight_bytes, the
+  /// dequantized copies of frozen groups, which are not uploaded as such; instead their
+  /// storage form (staging_bytes) is uploaded into a staging buffer the device holds beside
+  /// the weights while the stage runs. Uploaded per stage: weight_bytes - frozen_weight_bytes
+  /// + staging_bytes.
+  /// (Last, so that positional initialisers of the fields above stay valid.)
+  int64_t frozen_weight_bytes = 0, staging_bytes = 0;
   bool operator==(const LayerCost&) const = default;
 };
 
@@ -92,6 +100,14 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, i
                                            const DeviceModel& d);
 /// Just the LayerCost of each estimate.
 std::vector<LayerCost> layer_costs(const std::vector<LayerEstimate>& e);
+
+/// Replaces the weight and gradient bytes of every layer that reads a frozen group of `m`
+/// (ParamGroup::frozen) by the layout's: weight_bytes = numel * elem_bytes of all its groups,
+/// grad_bytes = numel * grad_elem_bytes of its trainable groups only, frozen_weight_bytes and
+/// staging_bytes (storage_bytes) of its frozen ones. Layers without frozen groups keep the
+/// analytic numbers. Throws std::invalid_argument when costs.size() != m.num_layers().
+void apply_frozen_groups(std::vector<LayerCost>& costs, const ModelLayout& m, int64_t elem_bytes,
+                         int64_t grad_elem_bytes = 4);
 
 /// Number of parameters of layer `layer` (0 embedding, 1..L decoder, L+1 tail; the tail
 /// counts the LM head also when it is tied, because it reads it).

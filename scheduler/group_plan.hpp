@@ -10,7 +10,8 @@
 namespace rp {
 
 /// Counts, for one pass of `plan`, how many stages upload (`uploads`) and how many produce
-/// the gradient of (`grads`) each parameter group of `m`.
+/// the gradient of (`grads`) each parameter group of `m`. Frozen groups count 0 in both: they
+/// are never requested from a shard and have no gradient.
 void count_per_pass(const ModelLayout& m, const IterationPlan& plan, std::vector<int>& uploads,
                     std::vector<int>& grads);
 
@@ -18,7 +19,8 @@ void count_per_pass(const ModelLayout& m, const IterationPlan& plan, std::vector
 /// loaded shard by element count (LPT). A group of at least total/shards elements (the
 /// embedding of a large-vocabulary model) keeps its shard to itself while other shards
 /// remain: a shard answers no request while it updates a group, and so long an update would
-/// hold up the weight grants of every layer sharing its shard. Throws std::invalid_argument
+/// hold up the weight grants of every layer sharing its shard. Frozen groups belong to no
+/// shard (-1) and count in no load. Throws std::invalid_argument
 /// for shards < 1.
 std::vector<int> assign_shards(const ModelLayout& m, int shards);
 

@@ -28,6 +28,7 @@ constexpr int kInf = std::numeric_limits<int>::max() / 4;
 struct Sums {
   double compute = 0;
   int64_t w = 0, g = 0, act = 0, scratch = 0;
+  int64_t up = 0;  // weight bytes uploaded (frozen groups: their storage form)
   int64_t attn = 0, attn_raw = 0;  // saved attention outputs: as charged, and their bytes
 };
 
@@ -40,10 +41,22 @@ struct Ctx {
   int64_t targets = 0;   // targets per micro-batch (last layer's io_bytes)
   int64_t act0 = 0;      // layer 0's activation (a backward stage uploads ids instead)
   int64_t w0 = 0;        // layer 0's weights as charged (a backward stage uploads none of them)
+  int64_t up0 = 0;       // layer 0's weight bytes uploaded
   // a layer's saved attention output and log-sum-exp buffers, as charged
   int64_t saved(const LayerCost& l) const {
     return l.attn_o_bytes > 0 ? P(l.attn_o_bytes) + P(l.attn_lse_bytes) : 0;
   }
+  // a layer's weights on the device, as charged: its compute-dtype copy and, for frozen
+  // groups, the staging buffer their storage form is uploaded into
+  int64_t weights(const LayerCost& l) const { return P(l.weight_bytes) + (l.staging_bytes > 0 ? P(l.staging_bytes) : 0); }
+  // bytes uploaded: the trainable weights (as charged, as the planner always counted them)
+  // and the frozen groups' storage form
+  int64_t uploaded(const LayerCost& l) const {
+    const int64_t trainable = l.weight_bytes - l.frozen_weight_bytes;
+    return (trainable > 0 ? P(trainable) : 0) + l.staging_bytes;
+  }
+  // gradient accumulators as charged: none for a layer of frozen groups only
+  int64_t grads(const LayerCost& l) const { return l.grad_bytes > 0 ? P(l.grad_bytes) : 0; }
   int64_t P(int64_t bytes) const {
     return opt.alloc_granule <= 1 ? bytes : int64_t(pool_allocation_bytes(size_t(bytes), size_t(opt.alloc_granule)));
   }
@@ -59,6 +72,7 @@ StageEstimate assemble(const Ctx& c, StageKind kind, int first, int last, const 
   e.stage = {kind, first, last};
   // the embedding's backward reads no weight (ModelLayout::groups_uploaded)
   e.weight_bytes = kind == StageKind::backward && first == 0 ? s.w - c.w0 : s.w;
+  e.weight_upload_bytes = kind == StageKind::backward && first == 0 ? s.up - c.up0 : s.up;
   e.grad_bytes = kind == StageKind::forward ? 0 : s.g;
   int64_t slot_bytes = 0;
   if (first == 0) slot_bytes += c.P(c.ids);
@@ -89,7 +103,7 @@ StageEstimate assemble(const Ctx& c, StageKind kind, int first, int last, const 
   e.memory_bytes = e.work_bytes + (o.weight_buffers - 1) * e.weight_bytes;
   e.compute_seconds = double(M) * s.compute;
   if (o.pcie_bandwidth > 0) {
-    e.upload_seconds = (double(e.weight_bytes) + double(M) * double(e.act_up_bytes)) / o.pcie_bandwidth;
+    e.upload_seconds = (double(e.weight_upload_bytes) + double(M) * double(e.act_up_bytes)) / o.pcie_bandwidth;
     e.download_seconds = (double(e.grad_bytes) + double(M) * double(e.act_down_bytes)) / o.pcie_bandwidth;
   }
   e.seconds = std::max({e.compute_seconds, e.upload_seconds, e.download_seconds});
@@ -126,7 +140,8 @@ Ctx make_ctx(const std::vector<LayerCost>& costs, const PartitionOptions& o) {
   c.ids = costs.front().io_bytes;
   c.targets = costs.back().io_bytes;
   c.act0 = costs.front().act_bytes;
-  c.w0 = c.P(costs.front().weight_bytes);
+  c.w0 = c.weights(costs.front());
+  c.up0 = c.uploaded(costs.front());
   return c;
 }
 
@@ -147,18 +162,19 @@ std::string memory_breakdown(const StageEstimate& e, const PartitionOptions& o) 
 struct Prefix {
   const Ctx& c;
   std::vector<double> cf, cb, ct;
-  std::vector<int64_t> w, g, act, attn, attn_raw;
+  std::vector<int64_t> w, g, act, attn, attn_raw, up;
   std::vector<std::vector<int64_t>> scr[2];  // sparse tables of scratch maxima: backward, forward
   Prefix(const Ctx& ctx, const std::vector<LayerCost>& costs) : c(ctx) {
     const size_t n = costs.size();
     cf.assign(n + 1, 0), cb.assign(n + 1, 0), ct.assign(n + 1, 0);
-    w.assign(n + 1, 0), g.assign(n + 1, 0), act.assign(n + 1, 0), attn.assign(n + 1, 0), attn_raw.assign(n + 1, 0);
+    w.assign(n + 1, 0), g.assign(n + 1, 0), up.assign(n + 1, 0), act.assign(n + 1, 0), attn.assign(n + 1, 0), attn_raw.assign(n + 1, 0);
     for (size_t i = 0; i < n; ++i) {
       cf[i + 1] = cf[i] + costs[i].fwd;
       cb[i + 1] = cb[i] + costs[i].bwd;
       ct[i + 1] = ct[i] + costs[i].tail;
-      w[i + 1] = w[i] + c.P(costs[i].weight_bytes);
-      g[i + 1] = g[i] + c.P(costs[i].grad_bytes);
+      w[i + 1] = w[i] + c.weights(costs[i]);
+      up[i + 1] = up[i] + c.uploaded(costs[i]);
+      g[i + 1] = g[i] + c.grads(costs[i]);
       act[i + 1] = act[i] + c.P(costs[i].act_bytes);
       attn[i + 1] = attn[i] + c.saved(costs[i]);
       attn_raw[i + 1] = attn_raw[i] + costs[i].attn_o_bytes + costs[i].attn_lse_bytes;
@@ -185,6 +201,7 @@ struct Prefix {
     s.compute = pc[size_t(b) + 1] - pc[size_t(a)];
     s.w = w[size_t(b) + 1] - w[size_t(a)];
     s.g = g[size_t(b) + 1] - g[size_t(a)];
+    s.up = up[size_t(b) + 1] - up[size_t(a)];
     s.act = act[size_t(b) + 1] - act[size_t(a)];
     s.attn = attn[size_t(b) + 1] - attn[size_t(a)];
     s.attn_raw = attn_raw[size_t(b) + 1] - attn_raw[size_t(a)];
@@ -291,8 +308,9 @@ StageEstimate estimate_stage(const std::vector<LayerCost>& costs, const Stage& s
   for (int l = st.first; l <= st.last; ++l) {
     const LayerCost& x = costs[size_t(l)];
     s.compute += cost_of(x, st.kind);
-    s.w += c.P(x.weight_bytes);
-    s.g += c.P(x.grad_bytes);
+    s.w += c.weights(x);
+    s.up += c.uploaded(x);
+    s.g += c.grads(x);
     s.act += c.P(x.act_bytes);
     s.attn += c.saved(x);
     s.attn_raw += x.attn_o_bytes + x.attn_lse_bytes;

@@ -5,7 +5,8 @@
 // chosen independently. Each stage runs all M micro-batches and its time is
 //
 //   tau(stage) = max( M * sum(compute),                                  compute stream
-//                     (W + M * up) / pcie,        W = weights uploaded once per stage
+//                     (W + M * up) / pcie,        W = weights uploaded once per stage (frozen
+//                                                     groups: storage bytes)
 //                                                     (a backward stage: not the embedding's)
 //                     (G + M * down) / pcie )     G = gradients downloaded once per stage
 //
@@ -15,7 +16,8 @@
 // working set (work_bytes) is exactly what a worker allocates for it (actors/stage_task.cpp),
 // each buffer charged as the device pool charges it (pool_allocation_bytes):
 //
-//   work(stage) = W (the weights it uploads; a backward stage: not the embedding's)
+//   work(stage) = W (the weights it uploads; a backward stage: not the embedding's; a frozen
+//                 group both its compute-dtype copy and the staging buffer of its storage form)
 //               + G (gradient accumulators; backward and tail stages)
 //               + min(M, 2) slots * (ids/targets/loss, the uploaded input or dy, dx, and one
 //                 activation per layer: outputs, saved inputs; none for the embedding in a
@@ -66,7 +68,8 @@ struct StageEstimate {
   double upload_seconds = 0;    ///< (weights + M * activation uploads) / pcie
   double download_seconds = 0;  ///< (gradients + M * activation downloads) / pcie
   double seconds = 0;           ///< tau: max of the three
-  int64_t weight_bytes = 0;     ///< one copy of the stage's weights
+  int64_t weight_bytes = 0;     ///< one copy of the stage's weights (with frozen groups' staging buffers)
+  int64_t weight_upload_bytes = 0;  ///< weight bytes uploaded per stage (frozen groups: their storage form)
   int64_t grad_bytes = 0;       ///< gradient accumulators (0 for forward stages)
   int64_t act_up_bytes = 0;     ///< uploaded per micro-batch (ids, inputs, saved activations, dy)
   int64_t act_down_bytes = 0;   ///< downloaded per micro-batch (saved activations, dx, loss)

@@ -197,7 +197,8 @@ IterationPlan evaluation_plan(const IterationPlan& p) {
 std::vector<int> evaluation_uploads(const ModelLayout& m, const IterationPlan& p) {
   std::vector<int> up(m.groups.size(), 0);
   for (const Stage& s : evaluation_plan(p).stages)
-    for (int g : m.groups_uploaded(s.layers(), false)) up[size_t(g)]++;
+    for (int g : m.groups_uploaded(s.layers(), false))
+      if (!m.groups[size_t(g)].frozen) up[size_t(g)]++;  // frozen: never requested
   return up;
 }
 

@@ -27,7 +27,8 @@ std::vector<int> deal_round_robin(const IterationPlan& p, int num_workers, int64
 /// tail stage (run forward through its decoders and the loss only; no backward stages).
 IterationPlan evaluation_plan(const IterationPlan& p);
 
-/// Parameter-group uploads of one evaluation pass of `p` (its stages' weights, forward only).
+/// Parameter-group uploads of one evaluation pass of `p` (its stages' weights, forward only;
+/// frozen groups count 0: they are never requested from a shard).
 std::vector<int> evaluation_uploads(const ModelLayout& m, const IterationPlan& p);
 
 }  // namespace rp

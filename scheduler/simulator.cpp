@@ -26,7 +26,7 @@ std::vector<StageCost> stage_costs(const std::vector<LayerCost>& costs, const It
     }
     c.act_up_bytes = e.act_up_bytes;
     c.act_down_bytes = e.act_down_bytes;
-    c.param_bytes = e.weight_bytes;
+    c.param_bytes = e.weight_upload_bytes;
     c.grad_bytes = e.grad_bytes;
     out.push_back(c);
   }

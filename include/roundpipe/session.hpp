@@ -163,9 +163,23 @@ struct SessionInternals;  // the runtime's own knobs, for its tests (not part of
 class Session {
  public:
   /// `group_weights[g]` holds ParamGroup g's fp32 values (layout.groups[g].numel each).
+  /// A frozen group (ParamGroup::frozen, e.g. LoRA's base weights) is quantized here into its
+  /// storage form (TensorSpec::format per tensor) and its fp32 values are freed: it is never
+  /// updated, has no fp32 master, no AdamW moments and no gradient, and the devices dequantize
+  /// it after each upload (its host copy and every upload are ParamGroup::storage_bytes).
   /// Throws std::invalid_argument for inconsistent options or weights, DeviceError when
   /// the backend cannot be created.
   Session(const ModelLayout& layout, std::vector<std::vector<float>> group_weights, SessionOptions opt);
+  /// The same, with frozen groups' weights already in storage form (big models: no fp32 copy
+  /// of the base weights ever exists). `frozen_storage` is empty or has one entry per group;
+  /// a non-empty entry g belongs to a frozen group and holds exactly storage_bytes bytes (each
+  /// tensor in its TensorSpec::format at its byte_offset, the layout of
+  /// kernels/weight_format.hpp's quantize_weights), and group_weights[g] is then empty. The
+  /// other groups come as fp32 in group_weights, as above. Both vectors are consumed (moved
+  /// in and freed group by group). Throws std::invalid_argument naming the group for a wrong
+  /// size, an entry for a trainable group, or a group given both ways.
+  Session(const ModelLayout& layout, std::vector<std::vector<float>> group_weights,
+          std::vector<std::vector<uint8_t>> frozen_storage, SessionOptions opt);
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -218,8 +232,14 @@ class Session {
   /// doing and waiting for (what the watchdog logs). Throws RuntimeFailure when the runtime
   /// cannot be asked.
   std::string status() const;
-  /// fp32 master weights per parameter group (consistent after synchronize()).
+  /// fp32 master weights per parameter group (consistent after synchronize()); empty for a
+  /// frozen group (see group_weights_f32).
   const std::vector<std::vector<float>>& master_weights() const;
+  /// Group g's weights as fp32 (layout.groups[g].numel values, in the group's tensor order): a
+  /// copy of the fp32 master of a trainable group (consistent after synchronize()), the
+  /// dequantized storage form of a frozen one (what the devices compute with, rounded to
+  /// their compute dtype). For exporting weights. Throws std::out_of_range for a bad g.
+  std::vector<float> group_weights_f32(int g) const;
   /// The plan the next pass will be dealt with (it changes once when re-planning switches).
   /// Throws RuntimeFailure when the runtime cannot be asked.
   IterationPlan plan() const;
@@ -282,6 +302,8 @@ class Session {
   /// API. Embedding programs use the constructor above.
   Session(const ModelLayout& layout, std::vector<std::vector<float>> group_weights, SessionOptions opt,
           const SessionInternals& internals);
+  Session(const ModelLayout& layout, std::vector<std::vector<float>> group_weights,
+          std::vector<std::vector<uint8_t>> frozen_storage, SessionOptions opt, const SessionInternals& internals);
   Impl& impl() { return *impl_; }
   const Impl& impl() const { return *impl_; }
 

@@ -241,16 +241,23 @@ void CpuOps::rmsnorm_bwd(const void* x, const void* w, const void* dy, void* dx,
                          int64_t R, int64_t n, float eps, bool accumulate_dx) {
   require(R >= 0 && n > 0, "rmsnorm_bwd", "need R >= 0 rows of n > 0 columns");
   CVec wv(F(w), n);
-  MVec dwv(F(dw), n);
+  auto rsqrt_row = [&](const CVec& xr) { return 1.0f / std::sqrt(xr.square().sum() / float(n) + eps); };
   for (int64_t r = 0; r < R; ++r) {
     CVec xr(F(x) + r * n, n), dyr(F(dy) + r * n, n);
-    float rs = 1.0f / std::sqrt(xr.square().sum() / float(n) + eps);
+    const float rs = rsqrt_row(xr);
     // mean(g * xh) with g = dy*w, xh = x*rs
     float c = (dyr * wv * xr).sum() * rs / float(n);
-    dwv += dyr * xr * rs;
     MVec dxr(F(dx) + r * n, n);
     if (accumulate_dx) dxr += rs * (dyr * wv - xr * (rs * c));
     else dxr = rs * (dyr * wv - xr * (rs * c));
+  }
+  // dw in its own pass (dw null: a frozen norm, nothing to do), so that dx is computed by the
+  // same code, bit for bit, with or without it
+  if (!dw) return;
+  MVec dwv(F(dw), n);
+  for (int64_t r = 0; r < R; ++r) {
+    CVec xr(F(x) + r * n, n), dyr(F(dy) + r * n, n);
+    dwv += dyr * xr * rsqrt_row(xr);
   }
 }
 

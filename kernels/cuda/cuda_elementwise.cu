@@ -204,7 +204,9 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_bwd_kernel(const T* x, const
   extern __shared__ float s_all[];
   constexpr int N = VEC ? kVec : 1;
   constexpr int kWarps = kThreads / 32;
-  for (int64_t j = threadIdx.x; j < n * (PER_WARP ? kWarps : 1); j += blockDim.x) s_all[j] = 0.f;
+  const bool want_dw = dw != nullptr;  // null: a frozen norm, no weight gradient
+  if (want_dw)
+    for (int64_t j = threadIdx.x; j < n * (PER_WARP ? kWarps : 1); j += blockDim.x) s_all[j] = 0.f;
   __syncthreads();
   float* s_dw = PER_WARP ? s_all + (threadIdx.x / 32) * n : s_all;
   const int lane = threadIdx.x & 31;
@@ -239,12 +241,14 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_bwd_kernel(const T* x, const
       for (int e = 0; e < N; ++e) {
         const float v = rs * (d[e] * b[e] - a[e] * (rs * c));
         o[e] = acc ? o[e] + v : v;
+        if (!want_dw) continue;
         if constexpr (PER_WARP) s_dw[j + e] += d[e] * a[e] * rs;
         else atomicAdd(&s_dw[j + e], d[e] * a[e] * rs);
       }
       store_n<N, VEC>(dxr + j, o);
     }
   }
+  if (!want_dw) return;
   __syncthreads();
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
     float t = 0.f;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/ops.hpp"
+#include "kernels/weight_format.hpp"
 #include "model/layer.hpp"
 #include "optimizer/adamw.hpp"
 
@@ -67,6 +68,21 @@ inline std::vector<std::vector<float>> random_weights(const ModelLayout& m, uint
   return w;
 }
 
+/// The weights the devices compute with: a frozen group's values go through its storage form
+/// (quantize_weights then dequantize_weights per tensor, the host twins of what the Session
+/// stores and the devices dequantize); trainable groups are returned as given.
+inline std::vector<std::vector<float>> computed_weights(const ModelLayout& m, std::vector<std::vector<float>> w) {
+  for (size_t g = 0; g < m.groups.size(); ++g) {
+    if (!m.groups[g].frozen) continue;
+    for (const TensorSpec& t : m.groups[g].tensors) {
+      std::vector<unsigned char> q(weight_format_bytes(t.format, t.numel()));
+      quantize_weights(t.format, w[g].data() + t.offset, q.data(), t.numel());
+      dequantize_weights(t.format, q.data(), w[g].data() + t.offset, t.numel());
+    }
+  }
+  return w;
+}
+
 /// ids/targets for `steps` steps of `n` tokens each (targets = next id, some ignored).
 inline void random_tokens(int64_t vocab, int64_t n, uint64_t seed, std::vector<int32_t>& ids,
                           std::vector<int32_t>& targets) {
@@ -96,7 +112,9 @@ struct TextbookAdamW {
 };
 
 /// Runs layers 0..L+1 sequentially over `micro_batches` micro-batches of shape `s` with
-/// weights `w`; returns the summed loss and target count, and the summed gradients.
+/// weights `w`; returns the summed loss and target count, and the summed gradients. A frozen
+/// group's layers get a null gradient pointer (its `grads` entry stays zero); give its weights
+/// as computed_weights() returns them.
 inline void sequential_forward_backward(const ModelLayout& m, const std::vector<std::vector<float>>& w,
                                         const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
                                         int64_t micro_batches, MicroBatchShape s,
@@ -121,7 +139,7 @@ inline void sequential_forward_backward(const ModelLayout& m, const std::vector<
       a.shape = s;
       for (int g : m.groups_of(l)) {
         a.params.push_back(w[g].data());
-        a.grads.push_back(g32[g].data());
+        a.grads.push_back(m.groups[size_t(g)].frozen ? nullptr : g32[g].data());
       }
       a.scratch = scr.data();
       a.scratch_bytes = scratch;

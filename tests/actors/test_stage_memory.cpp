@@ -87,11 +87,82 @@ TEST(StageMemory, WorkerAllocatesThePlannersWorkingSet) {
     }
 }
 
+// Frozen groups: the worker holds a frozen group's compute-dtype copy and the staging buffer
+// its storage form is uploaded into, and no gradient accumulator; the planner's working set
+// (apply_frozen_groups) is the same.
+TEST(StageMemory, FrozenGroupsWorkingSetMatchesTheWorker) {
+  for (bool tied : {true, false}) {
+    ModelLayout m = make_layout(tiny_config(true, tied, 4));
+    freeze_group(m, 0, WeightFormat::bf16);
+    freeze_group(m, 2, WeightFormat::q8_0);
+    freeze_group(m, 5, WeightFormat::q8_0);
+    const MicroBatchShape shape{2, 6};
+    std::vector<std::unique_ptr<Layer>> layers;
+    LayerOptions lo;
+    lo.mlp_chunk_tokens = kChunk;
+    for (int l = 0; l < m.num_layers(); ++l) layers.push_back(make_layer(m, l, lo));
+    DeviceOptions dopt;
+    dopt.capacity_bytes = size_t(1) << 30;
+    auto dev = make_cpu_device(0, dopt);
+    WorkerContext ctx;
+    ctx.device = dev.get();
+    ctx.layout = &m;
+    ctx.layers = &layers;
+    const IterationPlan plan = make_default_plan(m.num_layers(), 1);
+    auto pb = std::make_shared<PassBuffers>(m, plan, 2, shape, DType::f32);
+    auto costs = cpu_costs(m, shape);
+    const auto plain = costs;
+    apply_frozen_groups(costs, m, 4, 4);
+    EXPECT_EQ(costs[1], plain[1]);  // a trainable decoder keeps the analytic numbers
+    EXPECT_EQ(costs[2].grad_bytes, 0);
+    EXPECT_EQ(costs[2].staging_bytes, m.groups[2].storage_bytes);
+    PartitionOptions po;
+    po.micro_batches = 2;
+    po.alloc_granule = int64_t(dev->allocation_granule());
+    for (const Stage& st : {Stage{StageKind::forward, 0, 2}, Stage{StageKind::tail, 4, 5},
+                            Stage{StageKind::tail, 2, 5}, Stage{StageKind::backward, 0, 2},
+                            Stage{StageKind::backward, 2, 2}}) {
+      SCOPED_TRACE(fmt::format("{} stage {}-{}, tied {}", stage_kind_name(st.kind), st.first, st.last, tied));
+      const size_t before = dev->used_bytes();
+      int64_t uploaded = 0;
+      {
+        Task t;  // as Worker::prepare builds it
+        t.rs.stage = st;
+        t.rs.buffers = pb;
+        t.layers = st.layers();
+        t.M = 2;
+        t.groups = m.groups_uploaded(t.layers, st.kind == StageKind::backward);
+        if (st.kind != StageKind::forward)
+          for (int g : m.groups_of(t.layers))
+            if (!m.groups[size_t(g)].frozen) t.grad_groups.push_back(g);
+        for (int g : t.groups) {
+          const ParamGroup& grp = m.groups[size_t(g)];
+          t.dparam.emplace(g, DeviceBuffer(*dev, size_t(grp.numel) * 4));
+          if (grp.frozen) t.dstage.emplace(g, DeviceBuffer(*dev, size_t(grp.storage_bytes)));
+          uploaded += grp.frozen ? grp.storage_bytes : grp.numel * 4;
+        }
+        allocate_work(ctx, t);
+        const int64_t got = int64_t(dev->used_bytes() - before);
+        const StageEstimate e = estimate_stage(costs, st, po);
+        EXPECT_NEAR(double(got), double(e.work_bytes), 1024.0);
+        EXPECT_NEAR(double(e.weight_upload_bytes), double(uploaded), 1024.0);  // trainable weights as charged
+        dev->stream(StreamKind::compute).synchronize();
+      }
+      EXPECT_EQ(dev->used_bytes(), before);
+    }
+  }
+}
+
 // Explicit plans at a cap just above their largest predicted working set: the run completes
 // (a stage that did not fit would fail the run, or wait for memory forever) and the measured
 // peak lies within 5% of the prediction.
 TEST(StageMemory, PlansRunUnderACapJustAboveTheirPredictedPeak) {
-  const ModelLayout m = make_layout(tiny_config(true, true, 4));
+  for (bool frozen : {false, true}) {
+  ModelLayout m = make_layout(tiny_config(true, true, 4));
+  if (frozen) {  // the tied embedding in bf16, a decoder in q8_0
+    freeze_group(m, 0, WeightFormat::bf16);
+    freeze_group(m, 2, WeightFormat::q8_0);
+  }
   const MicroBatchShape shape{2, 6};
   const std::vector<IterationPlan> plans = {
       plan_from_json(nlohmann::json::parse(R"({"forward": [[0, 2]], "tail": [3, 5], "backward": [[2, 1], [0, 0]]})"), m.num_layers(), 2, "p"),
@@ -99,8 +170,9 @@ TEST(StageMemory, PlansRunUnderACapJustAboveTheirPredictedPeak) {
       make_default_plan(m.num_layers(), 2)};
   for (bool saved : {false, true})
   for (const auto& plan : plans) {
-    SCOPED_TRACE(plan.summary() + (saved ? ", saved attention" : ""));
-    const auto costs = cpu_costs(m, shape, saved);
+    SCOPED_TRACE(plan.summary() + (saved ? ", saved attention" : "") + (frozen ? ", frozen groups" : ""));
+    auto costs = cpu_costs(m, shape, saved);
+    apply_frozen_groups(costs, m, 4, 4);
     PartitionOptions po;
     po.micro_batches = 3;
     int64_t predicted = 0;
@@ -126,6 +198,7 @@ TEST(StageMemory, PlansRunUnderACapJustAboveTheirPredictedPeak) {
     const double peak = double(s.peak_device_bytes());
     EXPECT_LE(peak, double(o.device.capacity_bytes));
     EXPECT_GE(peak, 0.95 * double(predicted)) << "measured " << peak << " predicted " << predicted;
+  }
   }
 }
 

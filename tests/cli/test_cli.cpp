@@ -273,6 +273,19 @@ TEST(Cli, PlanPartitionsAConfigWithoutWeights) {
   r = roundpipe("plan --model " + (d / "config.json").string() + " --gpus 8 --memory-cap 10MiB", d);
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("layer"), std::string::npos) << r.err;
+  // --frozen: weights in a 4-bit storage form and no gradients leave room for longer sequences
+  auto longest = [&](const std::string& extra) {
+    CliRun run = roundpipe("plan --model " + (d / "config.json").string() + " --gpus 8 --memory-cap 6GiB --max-seq" +
+                               extra, d);
+    EXPECT_EQ(run.code, 0) << run.err;
+    const auto at = run.out.find("longest");
+    return at == std::string::npos ? int64_t(-1) : int64_t(std::stoll(run.out.substr(at + 7)));
+  };
+  const int64_t trainable = longest(""), frozen = longest(" --frozen q4_0");
+  EXPECT_GT(trainable, 0);
+  EXPECT_GT(frozen, trainable);
+  r = roundpipe("plan --model " + (d / "config.json").string() + " --frozen q9", d);
+  expect_one_line_error(r, "--frozen");
   r = roundpipe("plan --model " + (d / "missing.json").string(), d);
   expect_one_line_error(r, "missing.json");
   fs::remove_all(d);

@@ -160,6 +160,12 @@ TEST_P(CudaRMSNorm, MatchesCpu) {
   EXPECT_TRUE(close(download(dxa), rdxa, kTol, "dx +="));
   EXPECT_TRUE(close(download(dw), rdw, 1e-4, "dw"));
   EXPECT_TRUE(close(download(dw2), rdw2, 1e-4, "dw (2)"));
+  // a frozen norm weight (dw null): the same dx as the CPU twin's without dw
+  DT dxf = poisoned(R * n, DType::bf16);
+  run([&](Ops& o) { o.rmsnorm_bwd(xd.get(), wd.get(), dyd.get(), dxf.get(), nullptr, R, n, eps, false); });
+  VecF rdxf(size_t(R * n), {});
+  cpu_->rmsnorm_bwd(x.data(), w.data(), dy.data(), rdxf.data(), nullptr, R, n, eps, false);
+  EXPECT_TRUE(close(download(dxf), rdxf, kTol, "dx without dw"));
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaRMSNorm,
                          ::testing::Values(NormShape{64, 2048}, NormShape{1000, 128}, NormShape{40, 5120},

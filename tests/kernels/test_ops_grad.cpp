@@ -67,6 +67,21 @@ TEST(CpuOpsGrad, RMSNorm) {
   EXPECT_LT(rel_err(minus(dxa, base), dx), 1e-6);
 }
 
+// A frozen norm weight (dw null): the same dx, and no weight gradient anywhere.
+TEST(CpuOpsGrad, RMSNormWithoutWeightGradient) {
+  auto ops = make_cpu_ops();
+  const int64_t R = 5, n = 12;
+  const float eps = 1e-5f;
+  VecF x = randn(size_t(R * n), 21, 2.0f), w = randn(size_t(n), 22), r = randn(size_t(R * n), 23);
+  VecF dx = nan_vec(x.size()), dw = randn(w.size(), 24), dx_frozen = nan_vec(x.size());
+  ops->rmsnorm_bwd(x.data(), w.data(), r.data(), dx.data(), dw.data(), R, n, eps, false);
+  ops->rmsnorm_bwd(x.data(), w.data(), r.data(), dx_frozen.data(), nullptr, R, n, eps, false);
+  for (size_t i = 0; i < dx.size(); ++i) ASSERT_EQ(dx_frozen[i], dx[i]) << i;
+  VecF base = randn(x.size(), 25), acc = base;
+  ops->rmsnorm_bwd(x.data(), w.data(), r.data(), acc.data(), nullptr, R, n, eps, true);
+  EXPECT_LT(rel_err(minus(acc, base), dx), 1e-6);
+}
+
 TEST(CpuOpsGrad, RoPE) {
   auto ops = make_cpu_ops();
   const int64_t S = 2, L = 6, heads = 2, D = 8;

@@ -63,5 +63,32 @@ TEST(ShardAssignment, ALargeGroupKeepsItsShardAndTheRestIsBalanced) {
   EXPECT_THROW(assign_shards(m, 0), std::invalid_argument);
 }
 
+// Frozen groups are never requested, have no gradient and belong to no shard; the large
+// frozen embedding no longer keeps a shard to itself, and the trainable groups are balanced.
+TEST(ShardAssignment, FrozenGroupsHaveNoShardAndNoCounts) {
+  ModelConfig c = tiny_config(false, true);
+  c.vocab_size = 4000;
+  ModelLayout m = make_layout(c);
+  freeze_group(m, 0, WeightFormat::q8_0);
+  freeze_group(m, 2, WeightFormat::bf16);
+  const std::vector<int> owner = assign_shards(m, 2);
+  EXPECT_EQ(owner[0], -1);
+  EXPECT_EQ(owner[2], -1);
+  std::vector<int64_t> load(2, 0);
+  for (size_t g = 0; g < owner.size(); ++g)
+    if (owner[g] >= 0) load[size_t(owner[g])] += m.groups[g].numel;
+  EXPECT_GT(load[0], 0);
+  EXPECT_GT(load[1], 0);
+  EXPECT_LE(std::abs(load[0] - load[1]), m.groups[1].numel);
+  std::vector<int> up, gr;
+  count_per_pass(m, make_uniform_plan(m.num_layers(), 2, 2, 1), up, gr);
+  EXPECT_EQ(up[0], 0);
+  EXPECT_EQ(gr[0], 0);
+  EXPECT_EQ(up[2], 0);
+  EXPECT_EQ(gr[2], 0);
+  EXPECT_GT(up[1], 0);
+  EXPECT_EQ(gr[1], 1);
+}
+
 }  // namespace
 }  // namespace rp::test
