@@ -36,7 +36,9 @@ struct LayerArgs {
   /// Device copies of the groups in ModelLayout::groups_of(layer), same order.
   std::vector<const void*> params;
   /// Gradient accumulators for the same groups (same order, same numel, grad dtype).
-  /// backward() *adds* into them (they are zeroed by the runtime once per iteration).
+  /// backward() *adds* into them (they are zeroed by the runtime once per iteration). The
+  /// entry of a frozen group (ParamGroup::frozen) is nullptr: backward() computes no weight
+  /// gradient for it (no dW GEMM, no norm-weight or embedding gradient) and still produces dx.
   std::vector<void*> grads;
   const int32_t* ids = nullptr;       ///< embedding input [T]
   const int32_t* targets = nullptr;   ///< tail: next-token targets [T], < 0 = ignore
