@@ -147,6 +147,10 @@ struct RunStage {
   /// An evaluation pass (evaluation_plan): the tail stage runs its decoders forward and the
   /// loss only; no gradient is made or written and the step's loss is not touched.
   bool eval = false;
+  /// LoRA dropout: the id of this training pass's masks, the same in every stage of the pass and
+  /// in every run of the step (step * 2^16 + the pass's index among the step's training passes;
+  /// the layers use dropout_pass * micro_batches + micro-batch). -1: an evaluation pass (none).
+  int64_t dropout_pass = -1;
 };
 struct ActReady {
   int64_t pass = 0;

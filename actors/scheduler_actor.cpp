@@ -21,6 +21,7 @@ using Clock = std::chrono::steady_clock;
 struct StepInfo {
   int64_t passes_submitted = 0;
   int64_t passes_dealt = 0;
+  int64_t train_passes_dealt = 0;  ///< of them, training passes (LoRA dropout masks are numbered by them)
   int64_t passes_done = 0;  ///< passes whose every stage reported StageDone
   bool close_requested = false;  ///< the Session closed the step (CloseStep waits for its last pass)
   double lr = 0;
@@ -329,6 +330,7 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
         for (size_t g = 0; g < up.size(); ++g) si.uploads[g] += up[g], si.grads[g] += gr[g];
       }
       si.passes_dealt++;
+      const int64_t dropout_pass = sp.eval >= 0 ? -1 : (sp.step << 16) + si.train_passes_dealt++;
       si.loss_scale = loss_scale;
       auto who = deal_round_robin(plan, int(st.workers.size()), st.deal_pointer);
       for (size_t s = 0; s < plan.stages.size(); ++s) {
@@ -341,6 +343,7 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
         rs.loss_scale = si.loss_scale;
         rs.packed = sp.positions != nullptr;
         rs.eval = sp.eval >= 0;
+        rs.dropout_pass = dropout_pass;
         if (s + 1 < plan.stages.size()) rs.next = st.workers[who[s + 1]];
         trace_sent(st.cfg.tracer, "scheduler", fmt::format("worker{}", who[s]), "RunStage",
                    {{"pass", pass}, {"stage", int64_t(s)}});

@@ -155,6 +155,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w,
       default_device_model(backend, opt.device, dt, opt.mlp_chunk_tokens, saved_attention));
   dm.mlp_chunk_tokens = opt.mlp_chunk_tokens;  // what the layers do, whatever the numbers
   dm.saved_attention = saved_attention;
+  lora_device_model(dm, layout);  // adapter scratch, no base weight gradients
   std::vector<LayerCost> analytic =
       layer_costs(estimate_layers(model_shape_from_config(layout.config), opt.micro.n_seq, opt.micro.seq_len, dm));
   apply_frozen_groups(analytic, layout, dm.elem_bytes, dm.grad_elem_bytes);  // storage uploads, no gradients

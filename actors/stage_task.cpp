@@ -68,7 +68,8 @@ void allocate_slot(const WorkerContext& ctx, Task& t, int j) {
   t.progress.hold_slot(j);
 }
 
-LayerArgs layer_args(const WorkerContext& ctx, const Task& t, int layer, const Slot& s) {
+LayerArgs layer_args(const WorkerContext& ctx, const Task& t, int layer, int64_t m) {
+  const Slot& s = t.slot[m % 2];
   LayerArgs a;
   a.ops = &ctx.device->ops();
   a.shape = t.rs.buffers->shape;
@@ -88,6 +89,8 @@ LayerArgs layer_args(const WorkerContext& ctx, const Task& t, int layer, const S
     a.attn_lse = s.attn_lse[i].as<float>();
   }
   if (s.pos.get()) a.positions = s.pos.as<int32_t>();
+  // LoRA dropout masks: the same in the micro-batch's forward, tail and backward stages
+  a.dropout_id = t.rs.dropout_pass < 0 ? -1 : t.rs.dropout_pass * t.M + m;
   return a;
 }
 
@@ -99,7 +102,7 @@ void build_layer_calls(const WorkerContext& ctx, Task& t, int64_t m, LayerCalls&
     // layer i reads the ids (embedding), the uploaded input, or layer i-1's output,
     // and writes xs[i], which is downloaded as the saved input of layer i+1.
     for (int i = 0; i < k; ++i) {
-      LayerArgs a = layer_args(ctx, t, t.layers[i], s);
+      LayerArgs a = layer_args(ctx, t, t.layers[i], m);
       a.x = i > 0 ? s.xs[i - 1].get() : (t.rs.stage.first == 0 ? nullptr : s.in.get());
       a.y = s.xs[i].get();
       fwd.emplace_back(t.layers[i], a);
@@ -107,12 +110,12 @@ void build_layer_calls(const WorkerContext& ctx, Task& t, int64_t m, LayerCalls&
   } else if (kind == StageKind::tail) {
     // forward through the decoder layers of the stage, keeping every input in xs
     for (int i = 0; i + 1 < k; ++i) {
-      LayerArgs a = layer_args(ctx, t, t.layers[i], s);
+      LayerArgs a = layer_args(ctx, t, t.layers[i], m);
       a.x = s.xs[i].get();
       a.y = s.xs[i + 1].get();
       fwd.emplace_back(t.layers[i], a);
     }
-    LayerArgs ta = layer_args(ctx, t, t.layers[k - 1], s);
+    LayerArgs ta = layer_args(ctx, t, t.layers[k - 1], m);
     ta.x = s.xs[k - 1].get();
     ta.targets = s.targets.as<int32_t>();
     ta.loss = s.loss.as<float>();
@@ -125,7 +128,7 @@ void build_layer_calls(const WorkerContext& ctx, Task& t, int64_t m, LayerCalls&
     bwd.emplace_back(t.layers[k - 1], ta);
     const void* dy = ta.dx;
     for (int i = k - 2, n = 1; i >= 0; --i, ++n) {
-      LayerArgs a = layer_args(ctx, t, t.layers[i], s);
+      LayerArgs a = layer_args(ctx, t, t.layers[i], m);
       a.x = s.xs[i].get();
       a.dy = dy;
       a.dx = i == 0 ? s.out.get() : t.tmp[n % 2].get();
@@ -136,7 +139,7 @@ void build_layer_calls(const WorkerContext& ctx, Task& t, int64_t m, LayerCalls&
     const void* dy = s.in.get();
     for (int i = 0; i < k; ++i) {
       const int l = t.layers[i];
-      LayerArgs a = layer_args(ctx, t, l, s);
+      LayerArgs a = layer_args(ctx, t, l, m);
       a.x = l > 0 ? s.xs[i].get() : nullptr;
       a.dy = dy;
       if (l > 0) a.dx = i == k - 1 ? s.out.get() : t.tmp[i % 2].get();

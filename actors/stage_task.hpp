@@ -69,11 +69,12 @@ void allocate_work(const WorkerContext& ctx, Task& t);
 /// outputs); each activation is t.rs.buffers->act_bytes. Throws DeviceOutOfMemory.
 void allocate_slot(const WorkerContext& ctx, Task& t, int j);
 
-/// The arguments of `layer` for slot `s` of t: ops, micro-batch shape, device weights
+/// The arguments of `layer` for micro-batch m of t (its slot m % 2): ops, micro-batch shape, device weights
 /// (null for a group the stage does not upload, ModelLayout::groups_uploaded), gradient
-/// accumulators (backward and tail stages), scratch and token ids. Activations are left
+/// accumulators (backward and tail stages; null for frozen groups), scratch, token ids and the
+/// LoRA dropout id (RunStage::dropout_pass). Activations are left
 /// for the caller.
-LayerArgs layer_args(const WorkerContext& ctx, const Task& t, int layer, const Slot& s);
+LayerArgs layer_args(const WorkerContext& ctx, const Task& t, int layer, int64_t m);
 
 /// The layer calls of micro-batch m of t, in stream order: a forward stage's layers
 /// forward (xs[i] is layer i's output); a tail stage forward through its decoders, then the

@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -29,6 +30,8 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/device.hpp"
+#include "kernels/weight_format.hpp"
+#include "model/lora.hpp"
 #include "roundpipe/session.hpp"
 #include "scheduler/cost_model.hpp"
 #include "scheduler/partition.hpp"
@@ -40,6 +43,55 @@ double max_rss_gib() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   return double(ru.ru_maxrss) * 1024.0 / double(1ull << 30);  // ru_maxrss is in KiB on Linux
+}
+
+// Random weights, uniform in [-0.02, 0.02) (norms 1), made by several threads (a 4B model has
+// 4e9 values): fp32 for trainable groups, the storage form for frozen ones (made one group at a
+// time per thread, so no fp32 copy of a large frozen base ever exists whole).
+void random_weights(const rp::ModelLayout& m, std::vector<std::vector<float>>& w,
+                    std::vector<std::vector<uint8_t>>& frozen) {
+  w.assign(m.groups.size(), {});
+  frozen.assign(m.groups.size(), {});
+  const size_t hw = std::max(1u, std::thread::hardware_concurrency());
+  const size_t nt = std::min<size_t>(hw, 8);  // bounds the fp32 staging of frozen groups
+  std::vector<std::thread> th;
+  for (size_t k = 0; k < nt; ++k)
+    th.emplace_back([&, k] {
+      for (size_t gi = k; gi < m.groups.size(); gi += nt) {
+        const auto& g = m.groups[gi];
+        if (m.lora && int(gi) >= m.num_layers()) {  // adapters: PEFT's initialisation
+          w[gi] = rp::lora_initial_group(m, int(gi));
+          continue;
+        }
+        std::vector<float> v(size_t(g.numel));
+        uint64_t x = 0x9E3779B97F4A7C15ull * (gi + 1);
+        for (auto& t : g.tensors)
+          for (int64_t i = 0; i < t.numel(); ++i) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;  // xorshift64
+            v[size_t(t.offset + i)] = t.shape.size() == 1 ? 1.f : float(double(x >> 11) * 0x1p-53 * 0.04 - 0.02);
+          }
+        if (!g.frozen) {
+          w[gi] = std::move(v);
+          continue;
+        }
+        std::vector<uint8_t> st(size_t(g.storage_bytes));
+        for (auto& t : g.tensors) rp::quantize_weights(t.format, v.data() + t.offset, st.data() + t.byte_offset, t.numel());
+        frozen[gi] = std::move(st);
+      }
+    });
+  for (auto& t : th) t.join();
+}
+
+// Bytes of weights uploaded per iteration by `plan`: each stage uploads its groups (frozen ones
+// in storage form, trainable ones in the compute dtype).
+double weight_bytes_per_iteration(const rp::ModelLayout& m, const rp::IterationPlan& plan, size_t elem) {
+  double bytes = 0;
+  for (const auto& st : plan.stages)
+    for (int g : m.groups_uploaded(st.layers(), st.kind == rp::StageKind::backward)) {
+      const auto& grp = m.groups[size_t(g)];
+      bytes += grp.frozen ? double(grp.storage_bytes) : double(grp.numel) * double(elem);
+    }
+  return bytes;
 }
 
 int run(int argc, char** argv) {
@@ -87,10 +139,26 @@ int run(int argc, char** argv) {
                  "run the plan chosen at --cap-gib with the cap this fraction above its predicted working set "
                  "(e.g. 0.02)");
   app.add_option("--profile-out", profile_out, "write the measured per-layer profile (JSON) here");
-  app.add_option("--preset", preset, "model shape: qwen3-1.7b (default flags) or qwen3-4b")
-      ->check(CLI::IsMember({"qwen3-1.7b", "qwen3-4b"}));
+  app.add_option("--preset", preset, "model shape: qwen3-1.7b (default flags), qwen3-4b, llama3.1-8b or llama3.1-70b")
+      ->check(CLI::IsMember({"qwen3-1.7b", "qwen3-4b", "llama3.1-8b", "llama3.1-70b"}));
+  int64_t lora_r = 0;
+  double lora_alpha = 0;
+  std::string lora_targets = "all-linear", base_format = "bf16";
+  app.add_option("--lora-r", lora_r, "LoRA rank on frozen base weights (0: full fine-tuning)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--lora-alpha", lora_alpha, "LoRA alpha (default: 2 x rank)");
+  app.add_option("--lora-targets", lora_targets, "comma-separated modules or all-linear");
+  app.add_option("--base-format", base_format, "storage of the frozen base weights (LoRA)")
+      ->check(CLI::IsMember({"f32", "bf16", "f16", "q8_0", "q4_0", "nf4"}));
   CLI11_PARSE(app, argc, argv);
+  bool tied = true;
+  double rope_theta = 1e6;
   if (preset == "qwen3-4b") layers = 36, hidden = 2560, heads = 32, kv = 8, hd = 128, ffn = 9728, vocab = 151936;
+  if (preset == "llama3.1-8b" || preset == "llama3.1-70b") {
+    qwen3 = false, tied = false, rope_theta = 5e5, vocab = 128256, kv = 8, hd = 128;
+    if (preset == "llama3.1-8b") layers = 32, hidden = 4096, heads = 32, ffn = 14336;
+    else layers = 80, hidden = 8192, heads = 64, ffn = 28672;
+  }
 
   rp::ModelConfig c;
   c.architecture = qwen3 ? "qwen3" : "llama";
@@ -102,32 +170,26 @@ int run(int argc, char** argv) {
   c.num_attention_heads = heads;
   c.num_key_value_heads = kv;
   c.head_dim = hd;
-  c.rope_theta = 1e6;
+  c.rope_theta = rope_theta;
   c.max_position_embeddings = std::max<int64_t>(seq, 40960);
-  c.tie_word_embeddings = true;
-  rp::ModelLayout m = rp::make_layout(c);
-  // random weights, uniform in [-0.02, 0.02) (norms 1), filled by several threads (a 4B model
-  // has 4e9 values)
-  std::vector<std::vector<float>> w(m.groups.size());
-  {
-    std::vector<std::thread> th;
-    const size_t nt = std::max(1u, std::thread::hardware_concurrency());
-    for (size_t k = 0; k < nt; ++k)
-      th.emplace_back([&, k] {
-        for (size_t gi = k; gi < m.groups.size(); gi += nt) {
-          const auto& g = m.groups[gi];
-          std::vector<float> v(size_t(g.numel));
-          uint64_t x = 0x9E3779B97F4A7C15ull * (gi + 1);
-          for (auto& t : g.tensors)
-            for (int64_t i = 0; i < t.numel(); ++i) {
-              x ^= x << 13, x ^= x >> 7, x ^= x << 17;  // xorshift64
-              v[size_t(t.offset + i)] = t.shape.size() == 1 ? 1.f : float(double(x >> 11) * 0x1p-53 * 0.04 - 0.02);
-            }
-          w[gi] = std::move(v);
-        }
-      });
-    for (auto& t : th) t.join();
+  c.tie_word_embeddings = tied;
+  std::optional<rp::LoraConfig> lora;
+  if (lora_r > 0) {
+    lora.emplace();
+    lora->r = lora_r;
+    lora->alpha = lora_alpha > 0 ? lora_alpha : 2.0 * double(lora_r);
+    lora->target_modules.clear();
+    for (size_t a = 0; a <= lora_targets.size();) {
+      const size_t b = std::min(lora_targets.find(',', a), lora_targets.size());
+      if (b > a) lora->target_modules.push_back(lora_targets.substr(a, b - a));
+      a = b + 1;
+    }
+    lora->base_format = rp::parse_weight_format(base_format);
   }
+  rp::ModelLayout m = lora ? rp::make_layout(c, *lora) : rp::make_layout(c);
+  std::vector<std::vector<float>> w;
+  std::vector<std::vector<uint8_t>> frozen;
+  random_weights(m, w, frozen);
   std::mt19937 rng(1);
   rp::SessionOptions o;
   o.backend = backend;
@@ -153,8 +215,10 @@ int run(int argc, char** argv) {
   dm.elem_bytes = dm.scratch_elem_bytes = on_cpu ? 4 : int64_t(rp::dtype_size(o.device.dtype));
   dm.mlp_chunk_tokens = mlp_chunk;
   dm.saved_attention = !no_save_attention;
-  const auto costs =
+  rp::lora_device_model(dm, m);
+  auto costs =
       rp::layer_costs(rp::estimate_layers(rp::model_shape_from_config(c), o.micro.n_seq, o.micro.seq_len, dm));
+  rp::apply_frozen_groups(costs, m, dm.elem_bytes, dm.grad_elem_bytes);
   rp::PartitionOptions po;
   po.gpus = workers;
   po.micro_batches = micro;
@@ -171,7 +235,13 @@ int run(int argc, char** argv) {
   std::printf("plan %s: predicted working set %.2f GiB, cap %.2f GiB\n", planned.summary().c_str(),
               double(predicted) / double(1ull << 30), double(o.device.capacity_bytes) / double(1ull << 30));
   auto t0 = std::chrono::steady_clock::now();
-  rp::Session s(m, std::move(w), o);
+  int64_t frozen_bytes = 0, trainable = 0;
+  for (const auto& g : m.groups) g.frozen ? frozen_bytes += g.storage_bytes : trainable += g.numel;
+  if (lora)
+    std::printf("LoRA r=%lld on %s, base %s: %.2f GB of frozen weights, %lld trainable parameters\n",
+                (long long)lora->r, lora_targets.c_str(), base_format.c_str(), double(frozen_bytes) / 1e9,
+                (long long)trainable);
+  rp::Session s(m, std::move(w), std::move(frozen), o);
   std::printf("session ready in %.1f s: %s, plan %s\n",
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), s.device_name().c_str(),
               s.plan().summary().c_str());
@@ -203,7 +273,9 @@ int run(int argc, char** argv) {
   const double tps = double(n) / dt;
   const double nmat = double(layers) * (hidden * heads * hd * 2.0 + 2.0 * hidden * kv * hd + 3.0 * hidden * ffn) +
                       double(vocab) * hidden;
-  const double flops_per_token = 6 * nmat + 6.0 * layers * heads * hd * seq;
+  // full fine-tuning: forward 2N, backward 4N (input and weight gradients); LoRA: no weight
+  // gradient of the frozen base, 4N (the adapters' own FLOPs are left out).
+  const double flops_per_token = (lora ? 4 : 6) * nmat + 6.0 * layers * heads * hd * seq;
   const double mfu = tps * flops_per_token / 790e12;
   const double peak = s.peak_device_bytes() / double(1ull << 30);
   const char* attn = std::getenv("RP_CUDA_ATTENTION");
@@ -211,15 +283,18 @@ int run(int argc, char** argv) {
                            (no_save_attention ? ", attention recomputed" : ", attention saved");
   const std::string chunks = chunk_bytes > 0 ? fmt::format("{} MiB chunks x {}", chunk_bytes / double(1 << 20), bulk_inflight) : "no chunks";
   const double rss = max_rss_gib();
-  const std::string shape = fmt::format("L{} H{} {}q/{}kv F{}, {}x{} tokens, M={}", layers, hidden, heads, kv, ffn,
-                                        seqs, seq, micro);
+  const std::string shape =
+      fmt::format("{}L{} H{} {}q/{}kv F{}, {}x{} tokens, M={}",
+                  lora ? fmt::format("LoRA r={} {} base {}, ", lora->r, lora_targets, base_format) : std::string(),
+                  layers, hidden, heads, kv, ffn, seqs, seq, micro);
+  const double weight_gb = weight_bytes_per_iteration(m, s.plan(), rp::dtype_size(o.device.dtype)) / 1e9;
   std::string row = fmt::format(
       "| roundpipe ({} x {}, {}, {}, attention {}, {}, {}; {}) | {:.0f} | {:.3f} | {:.2f} | {:.1f} | {:.2f} |", workers,
       backend, sync ? "sync" : "async", dtype, attn && *attn ? attn : "auto", xfer, chunks, shape, tps, mfu, peak, rss,
       dt);
-  std::printf("RESULT tokens/s %.1f  MFU %.3f  peak device memory %.2f GiB (predicted working set %.2f, measured/predicted %.3f)  host max RSS %.1f GiB  step %.3f s  (%s; %s, %s)\n",
+  std::printf("RESULT tokens/s %.1f  MFU %.3f  peak device memory %.2f GiB (predicted working set %.2f, measured/predicted %.3f)  host max RSS %.1f GiB  step %.3f s  weights uploaded %.2f GB per iteration  (%s; %s, %s)\n",
               tps, mfu, peak, double(predicted) / double(1ull << 30), double(s.peak_device_bytes()) / double(predicted),
-              rss, dt, s.plan().summary().c_str(), xfer.c_str(), chunks.c_str());
+              rss, dt, weight_gb, s.plan().summary().c_str(), xfer.c_str(), chunks.c_str());
   if (!results.empty()) std::ofstream(results, std::ios::app) << row << "\n";
   if (!trace.empty()) s.write_trace(trace);
   if (!profile_out.empty()) s.save_profile(profile_out);

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.hpp"
+#include "roundpipe/adapter.hpp"
 #include "roundpipe/checkpoint.hpp"
 #include "roundpipe/generate.hpp"
 #include "trainer/sample.hpp"
@@ -66,7 +67,7 @@ void run_generate(const GenerateCommandOptions& c) {
   r.generate.top_k = c.top_k;
   r.generate.top_p = c.top_p;
   r.generate.seed = c.seed;
-  const LoadedModel lm = load_model(c.model);
+  const LoadedModel lm = load_model_or_adapter(c.model);  // a LoRA checkpoint: merged into its base
   GeneratorOptions go;
   go.backend = c.backend;
   go.dtype = parse_dtype(c.dtype);
@@ -88,7 +89,10 @@ void run_generate(const GenerateCommandOptions& c) {
 void add_generate_command(CLI::App& app) {
   auto c = std::make_shared<GenerateCommandOptions>();
   auto* g = app.add_subcommand("generate", "generate text from a model or checkpoint folder (KV cache, one device)");
-  g->add_option("model", c->model, "a .gguf file or Hugging Face folder (e.g. runs/default/final)")->required();
+  g->add_option("model", c->model,
+                "a .gguf file, a Hugging Face folder (e.g. runs/default/final) or a PEFT adapter folder (e.g. "
+                "runs/lora/final: folded into its base model)")
+      ->required();
   g->add_option("--prompt", c->prompt, "plain text to continue (with the tokenizer's BOS, as HF tokenizer(text))");
   g->add_option("--chat", c->chat, "a user message, rendered with the chat template and its generation prompt");
   g->add_option("--system", c->system, "a system message before --chat");

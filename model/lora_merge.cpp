@@ -148,8 +148,7 @@ void merge_peft_adapter(LoadedModel& m, const PeftAdapter& a) {
   }
 }
 
-std::string merge_peft_folder(const std::string& adapter_dir, const std::string& out_dir, const std::string& base,
-                              DType dtype) {
+LoadedModel load_merged_adapter(const std::string& adapter_dir, const std::string& base, std::string* base_path) {
   const PeftAdapter a = read_peft_adapter(adapter_dir);
   std::string path = base;
   if (path.empty()) {
@@ -167,6 +166,21 @@ std::string merge_peft_folder(const std::string& adapter_dir, const std::string&
   }
   LoadedModel m = load_model(path);
   merge_peft_adapter(m, a);
+  if (base_path) *base_path = path;
+  return m;
+}
+
+LoadedModel load_model_or_adapter(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec) && fs::exists(fs::path(path) / kAdapterConfigFile, ec))
+    return load_merged_adapter(path, "", nullptr);
+  return load_model(path);
+}
+
+std::string merge_peft_folder(const std::string& adapter_dir, const std::string& out_dir, const std::string& base,
+                              DType dtype) {
+  std::string path;
+  LoadedModel m = load_merged_adapter(adapter_dir, base, &path);
   const ModelLayout layout = make_layout(m.config);
   std::vector<std::vector<float>> groups;
   fill_groups(m, layout, groups);

@@ -122,6 +122,7 @@ struct Acc {
 struct Dims {
   double T, S, nseq, H, Q, K, F, V, nq, D, E, k, Fe;
   bool qk_norm, moe;
+  bool frozen = false;  ///< frozen base weights: the backward computes no weight gradient
 };
 
 // Forward of one decoder layer (optionally followed by its backward: `bwd`); with
@@ -158,7 +159,7 @@ void decoder_pass(Acc& a, const Dims& x, bool bwd, bool reuse_attention = false)
   // backward: each GEMM C=AB costs dA = dC B^T and dB = A^T dC (accumulated into grads)
   auto gemm_bwd = [&](double m, double n, double k) {
     a.gemm(m, k, n);
-    a.gemm(k, n, m, true);
+    if (!x.frozen) a.gemm(k, n, m, true);
   };
   a.elementwise(2 * 2 * x.T * x.H * es);              // RMSNorm backward x2 (read x, dy; write dx)
   a.elementwise(2 * 3 * x.T * x.H * es);
@@ -227,6 +228,7 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, i
   x.k = double(m.experts_per_token);
   x.Fe = double(m.moe_intermediate_size);
   x.qk_norm = m.qk_norm;
+  x.frozen = d.frozen_base;
   const int64_t T = n_seq * seq_len, H = m.hidden_size;
   const int64_t act = T * H * d.elem_bytes, ids = T * 4;
   const int64_t se = d.scratch_elem_bytes;
@@ -261,6 +263,9 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, i
       // the decoder's own buffers (model/layer_memory.hpp); an MoE layer's expert MLP is sized
       // as a dense MLP of top-k expert widths plus the routed copies and router logits
       DecoderDims dd{H, m.intermediate_size, m.num_heads, m.num_kv_heads, m.head_dim, m.qk_norm, d.saved_attention};
+      dd.lora_rank = d.lora_rank;
+      dd.lora_dropout = d.lora_dropout;
+      dd.frozen_base = d.frozen_base;
       if (d.saved_attention) {
         c.attn_o_bytes = int64_t(attention_output_bytes(dd, T, size_t(d.elem_bytes)));
         c.attn_lse_bytes = int64_t(attention_lse_bytes(dd, T));
@@ -294,6 +299,12 @@ std::vector<LayerCost> layer_costs(const std::vector<LayerEstimate>& e) {
   c.reserve(e.size());
   for (auto& x : e) c.push_back(x.cost);
   return c;
+}
+
+void lora_device_model(DeviceModel& d, const ModelLayout& m) {
+  d.lora_rank = m.lora ? m.lora->r : 0;
+  d.lora_dropout = m.lora && m.lora->dropout > 0;
+  d.frozen_base = m.config.num_hidden_layers > 0 && m.groups.size() > 1 && m.groups[1].frozen;
 }
 
 void apply_frozen_groups(std::vector<LayerCost>& costs, const ModelLayout& m, int64_t elem_bytes,

@@ -83,7 +83,17 @@ struct DeviceModel {
   bool saved_attention = false;    ///< decoders keep the forward's attention output (LayerOptions::save_attention)
   bool tail_recomputes = true;     ///< decoder layers in the tail stage run forward then
                                    ///< backward-with-recompute (true for the current Layer API)
+  /// LoRA (set from a layout by lora_device_model): the decoders' adapter rank (their [T, r]
+  /// scratch), whether adapter dropout keeps a dropped-out input, and whether the decoders'
+  /// base weights are frozen (their backward computes no weight gradient).
+  int64_t lora_rank = 0;
+  bool lora_dropout = false;
+  bool frozen_base = false;
 };
+
+/// Sets d's LoRA fields from m (m.lora and whether the first decoder's base group is frozen);
+/// a layout without LoRA or frozen decoders clears them.
+void lora_device_model(DeviceModel& d, const ModelLayout& m);
 
 /// FLOPs / bytes / seconds of one layer for one micro-batch.
 struct LayerEstimate {

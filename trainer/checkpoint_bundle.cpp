@@ -11,6 +11,7 @@
 
 #include "base/atomic_file.hpp"
 #include "base/checksum.hpp"
+#include "roundpipe/adapter.hpp"
 
 namespace fs = std::filesystem;
 
@@ -44,8 +45,11 @@ void save_checkpoint_bundle(Session& session, const std::string& dir, const Load
                             const TrainerState& state) {
   session.synchronize();
   std::vector<const float*> ptrs;
-  for (auto& g : session.master_weights()) ptrs.push_back(g.data());
-  save_hf_checkpoint(dir, session.layout(), ptrs, model.tokenizer_json, model.chat_template, save_dtype);
+  for (auto& g : session.master_weights()) ptrs.push_back(g.empty() ? nullptr : g.data());  // frozen: empty
+  if (session.layout().lora)  // a PEFT adapter folder: the adapters and the trained base modules
+    save_peft_adapter(dir, session.layout(), ptrs, model.source, save_dtype);
+  else
+    save_hf_checkpoint(dir, session.layout(), ptrs, model.tokenizer_json, model.chat_template, save_dtype);
   TrainerState st = state;
   st.weights_xxh3 = weights_checksum(dir);
   const std::string sd = state_dir_of(dir);
@@ -109,4 +113,5 @@ int64_t restore_checkpoint(const ResumePoint& r, const TrainSpec& spec, Session&
   return r.saved.step;
 }
 
-}  // namespace rp
+}  // namespace rp#include "roundpipe/adapter.hpp"
+

@@ -10,7 +10,9 @@
 namespace rp {
 
 uint64_t checkpoint_bytes(const ModelLayout& layout, const TrainSpec& spec) {
-  const uint64_t n = uint64_t(layout.total_numel());
+  uint64_t n = 0;  // frozen groups (a LoRA base) are neither saved nor in the optimizer state
+  for (const auto& g : layout.groups)
+    if (!g.frozen) n += uint64_t(g.numel);
   const DType save = parse_dtype(spec.save_dtype);
   uint64_t per_param = dtype_size(save);         // model.safetensors
   per_param += 8 + (spec.adam.amsgrad ? 4 : 0);  // m, v, vmax

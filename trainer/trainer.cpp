@@ -11,10 +11,12 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "roundpipe/adapter.hpp"
 #include "roundpipe/checkpoint.hpp"
 #include "roundpipe/session.hpp"
 #include "trainer/checkpoint_bundle.hpp"
 #include "trainer/disk_space.hpp"
+#include "trainer/lora_setup.hpp"
 #include "trainer/metrics.hpp"
 #include "trainer/run_setup.hpp"
 #include "trainer/sample.hpp"
@@ -37,7 +39,8 @@ class Run {
   double elapsed() const { return std::chrono::duration<double>(Clock::now() - t0_).count(); }
   std::string path(const std::string& name) const { return spec_.output_dir + "/" + name; }
   void setup();
-  void start_session(const ModelLayout& layout, std::vector<std::vector<float>> weights);
+  void start_session(const ModelLayout& layout, std::vector<std::vector<float>> weights,
+                     std::vector<std::vector<uint8_t>> frozen);
   int64_t loop();
   std::optional<StepResult> await(int64_t t);
   bool report(int64_t t);
@@ -45,6 +48,7 @@ class Run {
   bool drain(int64_t t);
   void save(const std::string& name);
   void save_profile();
+  void save_merged();
   void evaluate(int64_t steps_done);
   /// The checkpoint an error leaves as the last good one ("" when there is none).
   std::string kept_checkpoint() const {
@@ -84,25 +88,25 @@ class Run {
 
 void Run::setup() {
   validate_spec(spec_);       // a spec built in code gets the checks of a spec file
-  // The adapter files, the merge and the spec keys exist (roundpipe/adapter.hpp); the runtime's
-  // frozen groups and make_layout(config, lora) are not wired into this loop yet, and a run
-  // must not silently fine-tune every weight instead.
-  if (spec_.lora || !spec_.adapter.empty())
-    throw std::invalid_argument(fmt::format("{}: key '{}': LoRA training is not wired into the trainer yet (roundpipe "
-                                            "merge folds a PEFT adapter into its base model)",
-                                            spec_.source, spec_.lora ? "lora" : "adapter"));
   prepare_output_dir(spec_);  // before anything is loaded or written
   check_compute_dtype(spec_);
   resume_ = check_resume(spec_);
-  // a resumed run takes weights, config and tokenizer from the checkpoint
-  model_ = load_model_for_training(resume_ ? resume_->dir : spec_.model);
-  const ModelLayout layout = make_layout(model_.config);
-  std::vector<std::vector<float>> weights;
-  fill_groups(model_, layout, weights);
+  RunWeights w;
+  if (trains_lora(spec_)) {
+    // LoRA: the base always comes from spec.model (a LoRA checkpoint is a PEFT adapter folder)
+    model_ = load_model_for_training(spec_.model);
+    w = lora_run_weights(spec_, model_, resume_ ? resume_->dir : spec_.adapter);
+  } else {
+    // a resumed run takes weights, config and tokenizer from the checkpoint
+    model_ = load_model_for_training(resume_ ? resume_->dir : spec_.model);
+    w.layout = make_layout(model_.config);
+    fill_groups(model_, w.layout, w.trainable);
+  }
   model_.tensors.clear();
+  const ModelLayout& layout = w.layout;
   data_.emplace(load_data_for_training(spec_, model_));
   eval_batches_ = load_eval_batches(spec_, model_, *data_);
-  start_session(layout, std::move(weights));
+  start_session(layout, std::move(w.trainable), std::move(w.frozen));
   checkpoint_bytes_ = checkpoint_bytes(layout, spec_);
   // a full disk is found now, not at the final save after every step was trained
   require_disk_space(spec_.output_dir, checkpoint_bytes_, "a checkpoint");
@@ -115,16 +119,19 @@ void Run::setup() {
     const double matmul = double(c.num_hidden_layers) * (H * c.num_attention_heads * hd * 2 +
                                                          2 * H * c.num_key_value_heads * hd + 3 * H * c.intermediate_size) +
                           double(c.vocab_size) * H;
-    const double flops = 6 * matmul + 6.0 * c.num_hidden_layers * c.num_attention_heads * hd * double(spec_.seq_len);
+    // full fine-tuning 6 FLOPs per weight and token (forward 2, backward 4); LoRA 4 (no
+    // gradient of the frozen weights; the adapters' own FLOPs are left out)
+    const double flops = (trains_lora(spec_) ? 4 : 6) * matmul + 6.0 * c.num_hidden_layers * c.num_attention_heads * hd * double(spec_.seq_len);
     mfu_per_token_per_s_ = flops / (double(spec_.workers) * DeviceModel{}.peak_flops);
   }
   reported_ = start_ - 1;
   if (cb_.on_ready) cb_.on_ready();
 }
 
-void Run::start_session(const ModelLayout& layout, std::vector<std::vector<float>> weights) {
+void Run::start_session(const ModelLayout& layout, std::vector<std::vector<float>> weights,
+                        std::vector<std::vector<uint8_t>> frozen) {
   const SessionOptions opt = session_options_of(spec_, layout);
-  session_ = std::make_unique<Session>(layout, std::move(weights), opt);
+  session_ = std::make_unique<Session>(layout, std::move(weights), std::move(frozen), opt);
   if (resume_) start_ = restore_checkpoint(*resume_, spec_, *session_, *data_);
   const IterationPlan& plan = session_->initial_plan();
   spdlog::info("runtime: {} x {}, {} optimizer, {} plan {} ({} stages), {} micro-batches of {} x {} tokens",
@@ -239,13 +246,16 @@ void Run::evaluate_before_training() {
 std::string Run::sample_text(const char* when) {
   if (spec_.sample_prompt.empty()) return {};
   session_->synchronize();
+  std::optional<PlainModel> merged;  // LoRA: the base with the adapters folded in
+  if (session_->layout().lora) merged = merged_model(*session_);
+  const ModelLayout& layout = merged ? merged->layout : session_->layout();
   std::vector<const float*> ptrs;
-  for (const auto& g : session_->master_weights()) ptrs.push_back(g.data());
+  for (const auto& g : merged ? merged->groups : session_->master_weights()) ptrs.push_back(g.data());
   GeneratorOptions go;
   go.backend = session_->device_name().rfind("cuda", 0) == 0 ? "cuda" : "cpu";
   go.dtype = parse_dtype(spec_.compute_dtype);
   go.max_context = 1024;
-  Generator gen(session_->layout(), ptrs, go);
+  Generator gen(layout, ptrs, go);
   SampleRequest r;
   r.messages = {{"user", spec_.sample_prompt, {}}};
   r.chat_template = spec_.chat_template;
@@ -268,6 +278,18 @@ bool Run::drain(int64_t t) {
     spdlog::info("stop requested: finishing {} step(s) in flight (at most {:g} s)", t - 1 - reported_,
                  spec_.stop_timeout_s);
   return report_through(t - 1);
+}
+
+/// merge_adapters: final-merged/, a plain Hugging Face folder of the base with the adapters
+/// folded in (the adapter folder final/ stays).
+void Run::save_merged() {
+  const std::vector<std::vector<float>> all = all_group_weights(*session_);
+  std::vector<const float*> ptrs;
+  for (const auto& g : all) ptrs.push_back(g.data());
+  const std::string dir = path("final-merged");
+  save_merged_checkpoint(dir, session_->layout(), ptrs, model_.tokenizer_json, model_.chat_template,
+                         parse_dtype(spec_.save_dtype));
+  spdlog::info("saved the merged model {}", dir);
 }
 
 void Run::save_profile() {
@@ -303,6 +325,11 @@ void Run::save(const std::string& name) {
 /// The evaluation point between steps (TrainerCallbacks::on_eval): the pipeline is drained.
 void Run::evaluate(int64_t steps_done) {
   session_->synchronize();
+  if (session_->layout().lora) {  // the callback sees the model the adapters make
+    const PlainModel m = merged_model(*session_);
+    cb_.on_eval(EvalContext{steps_done, m.layout, m.groups});
+    return;
+  }
   cb_.on_eval(EvalContext{steps_done, session_->layout(), session_->master_weights()});
 }
 
@@ -397,6 +424,7 @@ TrainResult Run::finish(int64_t t) {
   } else {
     save("final");
     res.checkpoint = last_checkpoint_;
+    if (spec_.merge_adapters) save_merged();
     res.sample_before = sample_before_;
     res.sample_after = sample_text("after fine-tuning");
   }

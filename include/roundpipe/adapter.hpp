@@ -163,6 +163,16 @@ void save_merged_checkpoint(const std::string& dir, const ModelLayout& layout,
 /// that is missing or of another shape.
 void merge_peft_adapter(LoadedModel& m, const PeftAdapter& a);
 
+/// The PEFT adapter folder `adapter_dir` folded into its base model (`base`, or else the
+/// adapter's base_model_name_or_path: as given, or relative to the adapter folder), in memory:
+/// the base's config, tokenizer and chat template with merged tensors. `base_path`, when not
+/// null, receives the base model's path. Throws std::runtime_error naming the file and key
+/// ("<dir>/adapter_config.json: key 'base_model_name_or_path': ... pass the base model
+/// explicitly" when it is no local model).
+LoadedModel load_merged_adapter(const std::string& adapter_dir, const std::string& base, std::string* base_path);
+/// load_model(path), or, for a PEFT adapter folder (it holds adapter_config.json: what a LoRA
+/// run's checkpoints and final/ are), load_merged_adapter(path, "", nullptr).
+LoadedModel load_model_or_adapter(const std::string& path);
 /// `roundpipe merge`: reads the PEFT adapter folder `adapter_dir`, loads its base model
 /// (`base`, or else the adapter's base_model_name_or_path: as given, or relative to the
 /// adapter folder), folds the adapter in (merge_peft_adapter) and writes `out_dir`, a plain

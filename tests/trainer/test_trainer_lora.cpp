@@ -1,0 +1,149 @@
+// LoRA through rp::Trainer: adapters train on a frozen base, final/ is a PEFT adapter folder and
+// final-merged/ the base with the adapters folded in (the same model the adapter folder makes
+// on the base), a resumed run with adapter dropout continues bit for bit (the dropout masks are
+// numbered by step, training pass and micro-batch, not by anything a restart changes), and a
+// run continues from a PEFT adapter folder with that folder's weights.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "roundpipe/adapter.hpp"
+#include "roundpipe/checkpoint.hpp"
+#include "roundpipe/trainer.hpp"
+#include "tests/cli/cli_util.hpp"
+
+namespace {
+
+using namespace rp::clitest;
+
+const char* kData =
+    "{\"text\": \"In the beginning God created the heaven and the earth. And the earth was without form, and "
+    "void; and darkness was upon the face of the deep.\"}\n"
+    "{\"prompt\": \"Say hi\", \"completion\": \" hi there\"}\n"
+    "{\"text\": \"And God said, Let there be light: and there was light.\"}\n";
+
+rp::TrainSpec lora_spec(const fs::path& d, const std::string& out, int64_t steps, rp::WeightFormat base) {
+  write(d / "data.jsonl", kData);
+  rp::TrainSpec s = rp::spec_from_json(
+      nlohmann::json::parse(spec_for(tiny_model(d), d / "data.jsonl", d / out)), "test spec");
+  s.steps = steps;
+  s.seed = 5;
+  s.save_dtype = "f32";
+  s.adam.lr = 0.02;
+  s.lr_schedule.kind = "constant";
+  s.lr_schedule.lr = 0.02;
+  s.lr_schedule.total_steps = steps;
+  rp::LoraConfig l;
+  l.r = 4;
+  l.alpha = 8;
+  l.dropout = 0.1;
+  l.target_modules = {"all-linear"};
+  l.base_format = base;
+  l.seed = 5;
+  s.lora = l;
+  return s;
+}
+
+std::string bytes_of(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+std::vector<double> losses(const fs::path& csv) {
+  std::ifstream f(csv);
+  std::string line;
+  std::getline(f, line);  // header: step,loss,...
+  std::vector<double> out;
+  while (std::getline(f, line)) {
+    const size_t a = line.find(',');
+    out.push_back(std::stod(line.substr(a + 1, line.find(',', a + 1) - a - 1)));
+  }
+  return out;
+}
+
+TEST(TrainerLora, AdaptersTrainOnAFrozenBaseAndExportAsPeftAndMerged) {
+  auto d = tmpdir();
+  rp::TrainSpec spec = lora_spec(d, "run", 8, rp::WeightFormat::f32);
+  spec.merge_adapters = true;
+  // the tiny model's weights are all equal (every token looks the same to the frozen layers),
+  // so the loss can only fall through a trained head: modules_to_save, beside the adapters
+  spec.lora->modules_to_save = {"lm_head"};
+  spec.adam.lr = spec.lr_schedule.lr = 0.1;
+  const rp::TrainResult r = rp::Trainer(spec).run();
+  EXPECT_EQ(r.steps_done, 8);
+  const std::vector<double> l = losses(d / "run/metrics.csv");
+  ASSERT_EQ(l.size(), 8u);
+  EXPECT_LT(l.back(), l.front() - 0.1) << "the adapters learnt nothing";
+
+  // final/ is an adapter folder, not a model
+  EXPECT_TRUE(fs::exists(d / "run/final" / rp::kAdapterConfigFile));
+  EXPECT_TRUE(fs::exists(d / "run/final" / rp::kAdapterWeightsFile));
+  EXPECT_FALSE(fs::exists(d / "run/final/model.safetensors"));
+  EXPECT_FALSE(fs::exists(d / "run/final-merged" / rp::kAdapterConfigFile));
+  const rp::PeftAdapter a = rp::read_peft_adapter((d / "run/final").string());
+  EXPECT_EQ(a.lora.r, 4);
+  double b_norm = 0;
+  for (const auto& [name, t] : a.tensors)
+    if (name.find("lora_B") != std::string::npos)
+      for (float v : t.data) b_norm += double(v) * v;
+  EXPECT_GT(b_norm, 0) << "lora_B stayed at its zero initialisation";
+
+  // final-merged = the untouched base + the exported adapters, folded by the file-level merge
+  rp::LoadedModel base = rp::load_model((d / "tiny").string());
+  rp::merge_peft_adapter(base, a);
+  const rp::LoadedModel merged = rp::load_model((d / "run/final-merged").string());
+  ASSERT_EQ(merged.tensors.size(), base.tensors.size());
+  for (const auto& [name, t] : base.tensors) {
+    const auto& m = merged.tensors.at(name);
+    ASSERT_EQ(m.data.size(), t.data.size()) << name;
+    for (size_t i = 0; i < t.data.size(); ++i)
+      ASSERT_NEAR(m.data[i], t.data[i], 1e-6 * (1 + std::fabs(t.data[i]))) << name << "[" << i << "]";
+  }
+  fs::remove_all(d);
+}
+
+TEST(TrainerLora, ResumeWithDropoutContinuesBitForBit) {
+  auto d = tmpdir();
+  rp::TrainSpec whole = lora_spec(d, "whole", 6, rp::WeightFormat::q8_0);
+  whole.save_every = 3;
+  rp::Trainer(whole).run();
+  rp::TrainSpec rest = lora_spec(d, "rest", 6, rp::WeightFormat::q8_0);
+  rest.resume_from = (d / "whole/checkpoint-3").string();
+  const rp::TrainResult r = rp::Trainer(rest).run();
+  EXPECT_EQ(r.first_step, 3);
+  EXPECT_EQ(r.steps_done, 6);
+  const std::string a = bytes_of(d / "whole/final" / rp::kAdapterWeightsFile);
+  ASSERT_FALSE(a.empty());
+  EXPECT_TRUE(a == bytes_of(d / "rest/final" / rp::kAdapterWeightsFile));
+  const std::vector<double> lw = losses(d / "whole/metrics.csv"), lr = losses(d / "rest/metrics.csv");
+  ASSERT_EQ(lr.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(lw[3 + i], lr[i]) << "step " << 3 + i;
+  // dropout changes the result: without it the same run ends elsewhere
+  rp::TrainSpec nodrop = lora_spec(d, "nodrop", 6, rp::WeightFormat::q8_0);
+  nodrop.lora->dropout = 0;
+  rp::Trainer(nodrop).run();
+  EXPECT_FALSE(a == bytes_of(d / "nodrop/final" / rp::kAdapterWeightsFile));
+  fs::remove_all(d);
+}
+
+TEST(TrainerLora, ContinuesFromAPeftAdapterFolder) {
+  auto d = tmpdir();
+  rp::Trainer(lora_spec(d, "first", 3, rp::WeightFormat::f32)).run();
+  // the adapter's own settings (no "lora" object), a learning rate too small to move a weight
+  rp::TrainSpec next = lora_spec(d, "next", 1, rp::WeightFormat::f32);
+  next.lora.reset();
+  next.adapter = (d / "first/final").string();
+  next.adam.lr = next.lr_schedule.lr = 1e-30;
+  rp::Trainer(next).run();
+  const rp::PeftAdapter a = rp::read_peft_adapter((d / "first/final").string());
+  const rp::PeftAdapter b = rp::read_peft_adapter((d / "next/final").string());
+  EXPECT_EQ(b.lora.r, a.lora.r);
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (const auto& [name, t] : a.tensors) EXPECT_EQ(t.data, b.tensors.at(name).data) << name;
+  fs::remove_all(d);
+}
+
+}  // namespace

@@ -1,0 +1,52 @@
+// The weights a training run starts from when it trains LoRA adapters: the base model frozen
+// in its storage form, the adapters initialised as PEFT does or read from an adapter folder
+// (a PEFT folder named by the spec's "adapter", or the checkpoint a LoRA run resumes from:
+// its checkpoints are adapter folders), and the merged model that generation and evaluation
+// callbacks see.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "roundpipe/checkpoint.hpp"
+#include "roundpipe/model.hpp"
+#include "roundpipe/spec.hpp"
+
+namespace rp {
+
+class Session;
+
+/// What a Session is built from: one entry per layout group in each vector, fp32 values for a
+/// trainable group (frozen[g] empty) and the storage form for a frozen one (trainable[g] empty;
+/// ParamGroup::storage_bytes bytes, each tensor at its byte_offset in its format).
+struct RunWeights {
+  ModelLayout layout;
+  std::vector<std::vector<float>> trainable;
+  std::vector<std::vector<uint8_t>> frozen;
+};
+
+/// True when the spec trains LoRA adapters (a "lora" object or an "adapter" folder).
+inline bool trains_lora(const TrainSpec& spec) { return spec.lora.has_value() || !spec.adapter.empty(); }
+
+/// The LoRA run's layout and weights from the base model `base` (its tensors are consumed,
+/// tensor by tensor, while the frozen groups are quantized) and, when `adapter_dir` is not
+/// empty, the PEFT adapter folder there. The LoRA settings are spec.lora's, else the adapter's
+/// (with spec.seed). A tied base that the adapter unties (roundpipe/adapter.hpp) is untied
+/// first, so `base.config` may change. Throws std::invalid_argument / std::runtime_error with
+/// one line naming the spec key or the adapter file.
+RunWeights lora_run_weights(const TrainSpec& spec, LoadedModel& base, const std::string& adapter_dir);
+
+/// Group g's fp32 weights for every group of the session's layout (frozen ones dequantized):
+/// what the adapter files and the merge read.
+std::vector<std::vector<float>> all_group_weights(const Session& session);
+
+/// The plain model the LoRA session computes (adapters folded into the base: W + s B A), for
+/// generation and evaluation callbacks: the layout of make_layout(config) and its fp32 groups.
+struct PlainModel {
+  ModelLayout layout;
+  std::vector<std::vector<float>> groups;
+};
+PlainModel merged_model(const Session& session);
+
+}  // namespace rp
