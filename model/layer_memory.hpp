@@ -60,7 +60,7 @@ struct DecoderDims {
   bool saved_attention = false;  ///< o and lse live outside the scratch (LayerOptions::save_attention)
   int64_t lora_rank = 0;         ///< LoRA adapters on some of the linears (LoraConfig::r), 0: none
   bool lora_dropout = false;     ///< LoraConfig::dropout > 0
-  bool frozen_base = false;      ///< the base group is frozen (no norm-weight gradients kept)
+  bool frozen_base = false;      ///< the base group is frozen (no weight gradients; no scratch of its own)
 };
 
 /// Bytes of the attention output o [T, nq*D] (es per element) and its log-sum-exp
@@ -82,7 +82,6 @@ struct DecoderBufs {
   float* lse = nullptr;                                        // [n_seq, nq, L], backward
   void *lora_ax = nullptr, *lora_g = nullptr;                 // [T, r] (lora_g: backward)
   void* lora_x = nullptr;                                      // dropout input, [T or C, max in]
-  float* norm_sink = nullptr;                                  // [max(H, D)] fp32, backward, frozen base
   void* attn = nullptr;                                        // Ops::attention_scratch_bytes
   int64_t chunk = 0;                                           // C
 };
@@ -122,7 +121,6 @@ inline void carve_decoder_scratch(const DecoderDims& d, int64_t n_seq, int64_t s
     if (d.lora_dropout) b.lora_x = sc.take(std::max(T * std::max(H, Q), C * std::max(H, F)) * es);
   }
   if (!backward) return;
-  if (d.frozen_base) b.norm_sink = static_cast<float*>(sc.take(std::max(H, size_t(d.head_dim)) * 4));
   if (!d.saved_attention) b.lse = static_cast<float*>(sc.take(T * size_t(d.heads) * 4));
   b.dout = sc.take(T * Q * es);
   b.dq = sc.take(T * Q * es);

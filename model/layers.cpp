@@ -125,7 +125,6 @@ class DecoderLayer final : public Layer {
       lora_seed_ = m.lora->seed;
     }
     layer_ = layer;
-    frozen_base_ = g.frozen;
     dims_ = DecoderDims{c_.hidden_size, c_.intermediate_size, c_.num_attention_heads, c_.num_key_value_heads,
                         c_.head_dim, c_.qk_norm, opt.save_attention, adapted ? m.lora->r : 0,
                         adapted && dropout_ > 0.f, g.frozen};
@@ -178,10 +177,6 @@ class DecoderLayer final : public Layer {
     c.xbuf = b.lora_x;
     return c;
   }
-  // Gradient of a base norm weight: with a frozen base a sink in the scratch, never read.
-  static void* norm_grad(const LayerArgs& a, const DecoderBufs& b, int64_t off) {
-    return a.grads[0] ? grad(a, 0, off) : b.norm_sink;
-  }
   const LoraLinear& lora(LoraModule m) const { return lora_[size_t(m)]; }
   // With a saved attention, o and lse are the caller's (LayerArgs::attn_o / attn_lse).
   void use_saved_attention(const LayerArgs& a, DecoderBufs& b, const char* who) const {
@@ -215,7 +210,6 @@ class DecoderLayer final : public Layer {
   float scaling_ = 1.0f, dropout_ = 0.0f;
   uint64_t lora_seed_ = 0;
   int layer_ = 0;
-  bool frozen_base_ = false;
 };
 
 void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc, bool with_lse,
@@ -299,7 +293,7 @@ void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const 
   lora_backward(lc, lora(LoraModule::gate), b.hn, b.dg, b.dhn, n, r0);
   lora_backward(lc, lora(LoraModule::up), b.hn, b.du, b.dhn, n, r0);
   ops.copy(ops.dtype(), dh1, dy, n * H);  // residual path
-  ops.rmsnorm_bwd(h1, param(a, 0, w_post_), b.dhn, dh1, norm_grad(a, b, w_post_), n, H, eps, true);
+  ops.rmsnorm_bwd(h1, param(a, 0, w_post_), b.dhn, dh1, grad(a, 0, w_post_), n, H, eps, true);
 }
 
 void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc) const {
@@ -327,8 +321,8 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
   void* dq_lin = b.dq;
   void* dk_lin = b.dk;
   if (c_.qk_norm) {  // dout and v are no longer read: they take the norms' input gradients
-    ops.rmsnorm_bwd(b.qr, param(a, 0, wqn_), b.dq, b.dout, norm_grad(a, b, wqn_), T * nq, D, eps, false);
-    ops.rmsnorm_bwd(b.kr, param(a, 0, wkn_), b.dk, b.v, norm_grad(a, b, wkn_), T * nkv, D, eps, false);
+    ops.rmsnorm_bwd(b.qr, param(a, 0, wqn_), b.dq, b.dout, grad(a, 0, wqn_), T * nq, D, eps, false);
+    ops.rmsnorm_bwd(b.kr, param(a, 0, wkn_), b.dk, b.v, grad(a, 0, wkn_), T * nkv, D, eps, false);
     dq_lin = b.dout;
     dk_lin = b.v;
   }
@@ -342,15 +336,13 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
   lora_backward(lc, lora(LoraModule::q), b.xn, dq_lin, dxn, T, 0);
   lora_backward(lc, lora(LoraModule::k), b.xn, dk_lin, dxn, T, 0);
   lora_backward(lc, lora(LoraModule::v), b.xn, b.dv, dxn, T, 0);
-  ops.rmsnorm_bwd(a.x, param(a, 0, w_in_), dxn, a.dx, norm_grad(a, b, w_in_), T, H, eps, true);
+  ops.rmsnorm_bwd(a.x, param(a, 0, w_in_), dxn, a.dx, grad(a, 0, w_in_), T, H, eps, true);
 }
 
 void DecoderLayer::backward(const LayerArgs& a) const {
   Ops& ops = check_args(a, n_groups_, needed(a, true), "decoder.backward", true);
   if (!a.x || !a.dy || !a.dx) throw std::invalid_argument("decoder.backward: x/dy/dx null");
   if (a.dx == a.dy || a.dx == a.x) throw std::invalid_argument("decoder.backward: dx aliases x or dy");
-  if (!a.grads[0] && !frozen_base_)
-    throw std::invalid_argument("decoder.backward: null gradient for a base group that is not frozen");
   if (dropout_ > 0.f && a.dropout_id < 0)
     throw std::invalid_argument("decoder.backward: LoRA dropout needs LayerArgs::dropout_id (>= 0, the forward's)");
   DecoderBufs b = carve(a, ops, true);
