@@ -116,35 +116,4 @@ std::vector<float> lora_initial_group(const ModelLayout& m, int g) {
   return w;
 }
 
-std::vector<std::vector<float>> merge_lora(const ModelLayout& m, const std::vector<const float*>& groups) {
-  if (!m.lora) throw std::invalid_argument("merge_lora: the layout has no LoRA adapters");
-  if (groups.size() != m.groups.size())
-    throw std::invalid_argument(fmt::format("merge_lora: {} group buffers for {} groups", groups.size(), m.groups.size()));
-  const int L = int(m.config.num_hidden_layers);
-  std::vector<std::vector<float>> out;
-  for (int g = 0; g <= L + 1; ++g) out.emplace_back(groups[size_t(g)], groups[size_t(g)] + m.groups[size_t(g)].numel);
-  const double s = m.lora->scaling();
-  for (int layer = 1; layer <= L; ++layer) {
-    const int ag = m.adapter_group(layer);
-    const ParamGroup &base = m.groups[size_t(layer)], &ad = m.groups[size_t(ag)];
-    for (int k = 0; k < kLoraModules; ++k) {
-      const std::string p = fmt::format("model.layers.{}.{}.", layer - 1, lora_module_path(LoraModule(k)));
-      const int iw = base.find(p + "weight"), ia = ad.find(p + "lora_A.weight"), ib = ad.find(p + "lora_B.weight");
-      if (ia < 0 || ib < 0 || iw < 0) continue;
-      const TensorSpec& w = base.tensors[size_t(iw)];
-      const float* A = groups[size_t(ag)] + ad.tensors[size_t(ia)].offset;
-      const float* B = groups[size_t(ag)] + ad.tensors[size_t(ib)].offset;
-      const int64_t rows = w.shape[0], in = w.shape[1], r = m.lora->r;
-      float* W = out[size_t(layer)].data() + w.offset;
-      for (int64_t i = 0; i < rows; ++i)
-        for (int64_t j = 0; j < in; ++j) {
-          double acc = 0;
-          for (int64_t q = 0; q < r; ++q) acc += double(B[i * r + q]) * A[q * in + j];
-          W[i * in + j] = float(double(W[i * in + j]) + s * acc);
-        }
-    }
-  }
-  return out;
-}
-
 }  // namespace rp

@@ -39,11 +39,5 @@ bool lora_targets(const LoraConfig& lora, LoraModule m);
 /// std::invalid_argument when m has no LoRA or g is not one of its adapter groups.
 std::vector<float> lora_initial_group(const ModelLayout& m, int g);
 
-/// The plain model's weights (the groups of make_layout(m.config), fp32) with every adapter
-/// merged into its base linear, W' = W + s * B A (PEFT's merge_and_unload): for generation
-/// (model/generator.cpp runs no adapters) and for exporting a merged checkpoint. `groups`
-/// holds one fp32 buffer per group of m (frozen ones dequantized). Throws
-/// std::invalid_argument when m has no LoRA or the number of buffers differs.
-std::vector<std::vector<float>> merge_lora(const ModelLayout& m, const std::vector<const float*>& groups);
 
 }  // namespace rp

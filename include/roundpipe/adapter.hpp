@@ -145,8 +145,7 @@ struct MergedWeights {
 };
 /// `group_data`: one pointer per group of `layout`, fp32 at the element offsets (frozen groups
 /// dequantized: Session::group_weights_f32). Throws std::invalid_argument when layout.lora is
-/// empty, the group count differs or a pointer is null. (The adapter math's merge_lora,
-/// model/lora.hpp, computes the same groups without the layout; one of the two can go.)
+/// empty, the group count differs or a pointer is null.
 MergedWeights merge_adapters(const ModelLayout& layout, const std::vector<const float*>& group_data);
 
 /// merge_adapters + save_hf_checkpoint: a plain Hugging Face folder (config.json,

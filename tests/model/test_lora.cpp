@@ -9,6 +9,7 @@
 #include <cmath>
 #include <set>
 
+#include "roundpipe/adapter.hpp"
 #include "model/lora_linear.hpp"
 #include "tests/model/test_lora_util.hpp"
 
@@ -422,15 +423,15 @@ TEST(LoraMerge, MergedWeightsAreTheBasePlusScaledProduct) {
   LoraTiny t({true, true, "default"}, l);
   std::vector<const float*> ptrs;
   for (auto& p : t.params) ptrs.push_back(p.data());
-  const auto merged = merge_lora(t.lay, ptrs);
+  const auto merged = merge_adapters(t.lay, ptrs).groups;
   const auto want = t.merged();
   ASSERT_EQ(merged.size(), want.size());
   for (size_t g = 0; g < want.size(); ++g) EXPECT_LT(ref::rel_err(merged[g], want[g]), 1e-7) << g;
   EXPECT_NE(merged[1], t.params[1]);  // k_proj and up_proj changed
   EXPECT_EQ(merged[0], t.params[0]);
   ptrs.pop_back();
-  EXPECT_THROW(merge_lora(t.lay, ptrs), std::invalid_argument);
-  EXPECT_THROW(merge_lora(t.plain, {}), std::invalid_argument);
+  EXPECT_THROW(merge_adapters(t.lay, ptrs), std::invalid_argument);
+  EXPECT_THROW(merge_adapters(t.plain, {}), std::invalid_argument);
 }
 
 }  // namespace
