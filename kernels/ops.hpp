@@ -247,6 +247,67 @@ class Ops {
   virtual void swiglu_bwd(const void* g, const void* u, const void* dh, void* dg, void* du,
                           int64_t n) = 0;
 
+  // ---- mixture of experts (Shazeer et al. 2017; HF Qwen3MoeSparseMoeBlock) -------------
+  // A sparse MLP block routes each of T tokens to k of E experts: the router's logits
+  // [T, E] give p = softmax (fp32), the k largest p pick the experts, and the token's output
+  // is sum_j w_j * expert_{i_j}(x) with w_j = p_{i_j} (divided by sum_j p_{i_j} when
+  // norm_topk). The T*k (token, slot) assignments are grouped by expert ("sorted rows") so
+  // each expert's rows are contiguous and its linears run as one GEMM per expert (grouped
+  // linear). Expert weights of one linear are stacked [E, N, K] (expert e at e*N*K).
+  //
+  // The grouped linears need each expert's row count when they are launched: moe_sort
+  // returns the group offsets in host memory as well (on a GPU: one device-to-host copy and
+  // a wait for the stream per call, the only host round trip of the block).
+  /// Router: for t < T, p[t,:] = softmax(logits[t,:]) computed in fp32 (logits in dtype()),
+  /// written to probs [T,E] fp32; topk_idx [T,k] i32 = the k experts of largest p in
+  /// descending order (ties: lower index first); topk_w [T,k] fp32 = their p, divided by
+  /// their sum when norm_topk. stats (fp32 [2E], may be null): stats[e] += the number of
+  /// assignments to e, stats[E+e] += sum_t p[t,e] (the load-balancing loss's inputs).
+  /// 1 <= k <= E, else std::invalid_argument.
+  virtual void moe_route(const void* logits, float* probs, int32_t* topk_idx, float* topk_w, float* stats,
+                         int64_t T, int64_t E, int64_t k, bool norm_topk) = 0;
+  /// Backward of moe_route through p (the choice of experts is piecewise constant): dw [T,k]
+  /// fp32 is d loss / d topk_w; when counts != null (fp32 [E]), aux_coef * counts[e] is
+  /// added to d loss / d p[t,e] for every token (the Switch load-balancing loss, Fedus et al.
+  /// 2021, eq. 4: E * sum_e f_e P_e, whose gradient in p is the same for all tokens).
+  /// dlogits [T,E] (dtype(), overwritten) = p * (dp - sum_e p_e dp_e).
+  virtual void moe_route_bwd(const float* probs, const int32_t* topk_idx, const float* dw,
+                             const float* counts, float aux_coef, void* dlogits, int64_t T, int64_t E,
+                             int64_t k, bool norm_topk) = 0;
+  /// Groups the R = T*k assignments (assignment a = t*k + j is token t's j-th expert
+  /// topk_idx[a], each in [0, E)) by expert, stably (by a within an expert): offsets [E+1]
+  /// i32 on the device and offsets_host [E+1] in host memory (expert e's sorted rows are
+  /// offsets[e] .. offsets[e+1]-1; offsets[0] = 0, offsets[E] = R), row [R] i32 (the sorted
+  /// row of assignment a), token [R] i32 (the token of sorted row r). offsets_host is valid
+  /// when the call returns. Throws std::invalid_argument for E < 1, k < 1; an expert index
+  /// outside [0, E) throws on the CPU and is reported as a device error on a GPU.
+  virtual void moe_sort(const int32_t* topk_idx, int32_t* offsets, int32_t* offsets_host, int32_t* row,
+                        int32_t* token, int64_t T, int64_t E, int64_t k) = 0;
+  /// xs[r,:] = x[token[r],:] for r < R (rows of H elements, dtype()).
+  virtual void gather_rows(const void* x, const int32_t* token, void* xs, int64_t R, int64_t H) = 0;
+  /// y[t,:] (+)= sum_{j<k} w[t,j] * ys[row[t*k+j],:] (fp32 sum over j in order, then one
+  /// rounding; overwritten unless accumulate). w fp32 [T,k].
+  virtual void moe_combine(const void* ys, const float* w, const int32_t* row, void* y, int64_t T, int64_t k,
+                           int64_t H, bool accumulate) = 0;
+  /// Backward of moe_combine: dys[row[t*k+j],:] = w[t,j] * dy[t,:] (overwritten, every row
+  /// < T*k) and dw[t,j] = sum_c dy[t,c] * ys[row[t*k+j],c] (fp32, overwritten).
+  virtual void moe_combine_bwd(const void* dy, const void* ys, const float* w, const int32_t* row, void* dys,
+                               float* dw, int64_t T, int64_t k, int64_t H) = 0;
+  /// Backward of gather_rows, per token: dx[t,:] (+)= sum_{j<k} dxs[row[t*k+j],:] (fp32 sum
+  /// in j order; deterministic, no atomics).
+  virtual void moe_gather_bwd(const void* dxs, const int32_t* row, void* dx, int64_t T, int64_t k, int64_t H,
+                              bool accumulate) = 0;
+  /// Grouped linear: for each expert e, rows r in [offsets_host[e], offsets_host[e+1]) of x
+  /// [R,K]: y[r,:] = x[r,:] W_e^T with W_e = w + e*N*K ([N,K] row-major). R = offsets_host[E].
+  virtual void grouped_linear_fwd(const void* x, const void* w, void* y, const int32_t* offsets_host, int64_t E,
+                                  int64_t K, int64_t N) = 0;
+  /// dx[r,:] (+)= dy[r,:] W_e for the rows of each expert e.
+  virtual void grouped_linear_bwd_input(const void* dy, const void* w, void* dx, const int32_t* offsets_host,
+                                        int64_t E, int64_t K, int64_t N, bool accumulate) = 0;
+  /// dW_e += dy_e^T x_e (dw [E,N,K] in grad_dtype()); an expert without rows adds nothing.
+  virtual void grouped_linear_bwd_weight(const void* dy, const void* x, void* dw, const int32_t* offsets_host,
+                                         int64_t E, int64_t K, int64_t N) = 0;
+
   // ---- chunked LM head + cross-entropy ------------------------------------------
   /// For tokens t with targets[t] >= 0 (targets[t] < V required):
   ///   z_t = h[t,:] W^T (W [V,H]),   loss_t = logsumexp(z_t) - z_t[targets[t]].

@@ -93,6 +93,26 @@ class CpuOps final : public Ops {
   void swiglu_bwd(const void* g, const void* u, const void* dh, void* dg, void* du,
                   int64_t n) override;
 
+  void moe_route(const void* logits, float* probs, int32_t* topk_idx, float* topk_w, float* stats, int64_t T,
+                 int64_t E, int64_t k, bool norm_topk) override;
+  void moe_route_bwd(const float* probs, const int32_t* topk_idx, const float* dw, const float* counts,
+                     float aux_coef, void* dlogits, int64_t T, int64_t E, int64_t k, bool norm_topk) override;
+  void moe_sort(const int32_t* topk_idx, int32_t* offsets, int32_t* offsets_host, int32_t* row, int32_t* token,
+                int64_t T, int64_t E, int64_t k) override;
+  void gather_rows(const void* x, const int32_t* token, void* xs, int64_t R, int64_t H) override;
+  void moe_combine(const void* ys, const float* w, const int32_t* row, void* y, int64_t T, int64_t k, int64_t H,
+                   bool accumulate) override;
+  void moe_combine_bwd(const void* dy, const void* ys, const float* w, const int32_t* row, void* dys, float* dw,
+                       int64_t T, int64_t k, int64_t H) override;
+  void moe_gather_bwd(const void* dxs, const int32_t* row, void* dx, int64_t T, int64_t k, int64_t H,
+                      bool accumulate) override;
+  void grouped_linear_fwd(const void* x, const void* w, void* y, const int32_t* offsets_host, int64_t E, int64_t K,
+                          int64_t N) override;
+  void grouped_linear_bwd_input(const void* dy, const void* w, void* dx, const int32_t* offsets_host, int64_t E,
+                                int64_t K, int64_t N, bool accumulate) override;
+  void grouped_linear_bwd_weight(const void* dy, const void* x, void* dw, const int32_t* offsets_host, int64_t E,
+                                 int64_t K, int64_t N) override;
+
   void lm_head_cross_entropy(const void* h, const void* w, const int32_t* targets, int64_t T,
                              int64_t H, int64_t V, float* loss, void* dh, void* dw,
                              void* scratch, float loss_scale = 1.0f) override;
