@@ -25,7 +25,7 @@ void CpuOps::moe_route(const void* logits, float* probs, int32_t* topk_idx, floa
                        int64_t T, int64_t E, int64_t k, bool norm_topk) {
   require(T >= 0 && E >= 1 && k >= 1 && k <= E, "moe_route", "need T >= 0 and 1 <= k <= E");
   const float* z = F(logits);
-  std::vector<int32_t> order(size_t(E));
+  std::vector<int32_t> order(static_cast<size_t>(E));
   for (int64_t t = 0; t < T; ++t) {
     const float* zt = z + t * E;
     float* p = probs + t * E;
@@ -53,7 +53,7 @@ void CpuOps::moe_route(const void* logits, float* probs, int32_t* topk_idx, floa
 void CpuOps::moe_route_bwd(const float* probs, const int32_t* topk_idx, const float* dw, const float* counts,
                            float aux_coef, void* dlogits, int64_t T, int64_t E, int64_t k, bool norm_topk) {
   require(T >= 0 && E >= 1 && k >= 1 && k <= E, "moe_route_bwd", "need T >= 0 and 1 <= k <= E");
-  std::vector<float> dp(size_t(E));
+  std::vector<float> dp(static_cast<size_t>(E));
   for (int64_t t = 0; t < T; ++t) {
     const float* p = probs + t * E;
     const int32_t* idx = topk_idx + t * k;
@@ -104,7 +104,7 @@ void CpuOps::gather_rows(const void* x, const int32_t* token, void* xs, int64_t 
 void CpuOps::moe_combine(const void* ys, const float* w, const int32_t* row, void* y, int64_t T, int64_t k,
                          int64_t H, bool accumulate) {
   require(T >= 0 && k >= 1 && H >= 0, "moe_combine", "bad dimensions");
-  std::vector<float> acc(size_t(H));
+  std::vector<float> acc(static_cast<size_t>(H));
   for (int64_t t = 0; t < T; ++t) {
     std::fill(acc.begin(), acc.end(), 0.0f);
     for (int64_t j = 0; j < k; ++j) {
@@ -140,7 +140,7 @@ void CpuOps::moe_combine_bwd(const void* dy, const void* ys, const float* w, con
 void CpuOps::moe_gather_bwd(const void* dxs, const int32_t* row, void* dx, int64_t T, int64_t k, int64_t H,
                             bool accumulate) {
   require(T >= 0 && k >= 1 && H >= 0, "moe_gather_bwd", "bad dimensions");
-  std::vector<float> acc(size_t(H));
+  std::vector<float> acc(static_cast<size_t>(H));
   for (int64_t t = 0; t < T; ++t) {
     std::fill(acc.begin(), acc.end(), 0.0f);
     for (int64_t j = 0; j < k; ++j) {
