@@ -2,6 +2,7 @@
 
 #include "base/host_resources.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <fstream>
@@ -143,44 +144,105 @@ void parse_rope(const json& r, const std::string& key, const std::string& where,
   }
 }
 
+// The sparse-block keys of a "qwen3_moe" config.json (transformers' Qwen3MoeConfig names).
+void parse_moe(const json& j, const std::string& where, ModelConfig& c) {
+  // transformers 5 writes num_local_experts, earlier releases and the published checkpoints
+  // num_experts
+  const char* ne = j.contains("num_experts") && !j["num_experts"].is_null() ? "num_experts" : "num_local_experts";
+  c.num_experts = get_int(j, ne, where, true, 0, 1);
+  c.num_experts_per_tok = get_int(j, "num_experts_per_tok", where, true, 0, 1);
+  if (c.num_experts_per_tok > c.num_experts)
+    bad(where, "num_experts_per_tok", fmt::format("an integer in [1, {} = {}]", ne, c.num_experts),
+        val(j, "num_experts_per_tok"));
+  c.moe_intermediate_size = get_int(j, "moe_intermediate_size", where, true, 0, 1);
+  c.norm_topk_prob = get_bool(j, "norm_topk_prob", where, false);
+  c.decoder_sparse_step = get_int(j, "decoder_sparse_step", where, false, 1, 1);
+  if (auto m = j.find("mlp_only_layers"); m != j.end() && !m->is_null()) {
+    if (!m->is_array()) bad(where, "mlp_only_layers", "a list of layer indices", *m);
+    for (const auto& v : *m) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0)
+        bad(where, "mlp_only_layers", "a list of layer indices (integers >= 0)", *m);
+      c.mlp_only_layers.push_back(v.get<int64_t>());
+    }
+  }
+  c.router_aux_loss_coef = get_num(j, "router_aux_loss_coef", where, 0.001, false);
+  if (c.router_aux_loss_coef < 0)
+    bad(where, "router_aux_loss_coef", "a number >= 0", val(j, "router_aux_loss_coef"));
+  c.output_router_logits = get_bool(j, "output_router_logits", where, false);
+}
+
 }  // namespace
 
-int64_t ModelConfig::num_parameters() const {
-  const int64_t H = hidden_size, D = head_dim, F = intermediate_size;
-  const int64_t nq = num_attention_heads, nkv = num_key_value_heads;
-  int64_t per_layer = 2 * H + H * nq * D + 2 * H * nkv * D + nq * D * H + 3 * H * F;
-  if (qk_norm) per_layer += 2 * D;
-  int64_t n = vocab_size * H + num_hidden_layers * per_layer + H;
-  if (!tie_word_embeddings) n += vocab_size * H;
+bool ModelConfig::is_moe_layer(int64_t i) const {
+  if (num_experts <= 0 || decoder_sparse_step <= 0) return false;
+  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), i) != mlp_only_layers.end()) return false;
+  return (i + 1) % decoder_sparse_step == 0;
+}
+
+int64_t ModelConfig::num_moe_layers() const {
+  if (num_experts <= 0 || decoder_sparse_step <= 0 || num_hidden_layers <= 0) return 0;
+  int64_t n = num_hidden_layers / decoder_sparse_step;  // layers i with (i + 1) % step == 0
+  std::vector<int64_t> only(mlp_only_layers);
+  std::sort(only.begin(), only.end());
+  only.erase(std::unique(only.begin(), only.end()), only.end());
+  for (int64_t i : only) n -= i >= 0 && i < num_hidden_layers && (i + 1) % decoder_sparse_step == 0;
   return n;
 }
 
-std::optional<int64_t> parameter_count(const ModelConfig& c) {
+namespace {
+// Parameters of `c` in 128 bits; `active`: each sparse block counts its router and
+// num_experts_per_tok experts only. nullopt for negative sizes or a count beyond 2^48.
+std::optional<int64_t> count_parameters(const ModelConfig& c, bool active) {
   const int64_t H = c.hidden_size, D = c.head_dim, F = c.intermediate_size, V = c.vocab_size;
   const int64_t nq = c.num_attention_heads, nkv = c.num_key_value_heads, L = c.num_hidden_layers;
-  if (H < 0 || D < 0 || F < 0 || V < 0 || nq < 0 || nkv < 0 || L < 0) return std::nullopt;
+  const int64_t E = c.num_experts, Fe = c.moe_intermediate_size, k = c.num_experts_per_tok;
+  if (H < 0 || D < 0 || F < 0 || V < 0 || nq < 0 || nkv < 0 || L < 0 || E < 0 || Fe < 0 || k < 0)
+    return std::nullopt;
   constexpr int64_t kMax = int64_t(1) << 48;
   // every term below is a product of two or three sizes: compute each in 128 bits
   using W = __int128;
-  W per_layer = W(2) * H + W(H) * nq * D + W(2) * H * nkv * D + W(nq) * D * H + W(3) * H * F +
-                (c.qk_norm ? W(2) * D : 0);
-  W n = W(V) * H * (c.tie_word_embeddings ? 1 : 2) + W(L) * per_layer + H;
-  if (per_layer > kMax || n > kMax) return std::nullopt;
+  const W attention = W(2) * H + W(H) * nq * D + W(2) * H * nkv * D + W(nq) * D * H + (c.qk_norm ? W(2) * D : 0);
+  const W dense = W(3) * H * F;
+  const W sparse = W(E) * H + W(active ? std::min(k, E) : E) * 3 * H * Fe;
+  const int64_t sparse_layers = c.num_moe_layers();
+  if (attention > kMax || dense > kMax || sparse > kMax) return std::nullopt;
+  W n = W(V) * H * (c.tie_word_embeddings ? 1 : 2) + W(L) * attention + W(L - sparse_layers) * dense +
+        W(sparse_layers) * sparse + H;
+  if (n > kMax) return std::nullopt;
   return int64_t(n);
 }
+}  // namespace
+
+int64_t ModelConfig::num_parameters() const { return count_parameters(*this, false).value_or(-1); }
+int64_t ModelConfig::num_active_parameters() const { return count_parameters(*this, true).value_or(-1); }
+
+std::optional<int64_t> parameter_count(const ModelConfig& c) { return count_parameters(c, false); }
 
 void ModelConfig::validate() const {
   auto fail = [](const std::string& key, const std::string& what) {
     throw std::invalid_argument(fmt::format("{}: {}", key, what));
   };
-  if (architecture != "llama" && architecture != "qwen3")
-    fail("model_type", fmt::format("\"llama\" or \"qwen3\" expected, got \"{}\"", architecture));
+  if (architecture != "llama" && architecture != "qwen3" && architecture != "qwen3_moe")
+    fail("model_type", fmt::format("\"llama\", \"qwen3\" or \"qwen3_moe\" expected, got \"{}\"", architecture));
+  if (num_experts < 0) fail("num_experts", fmt::format("must be >= 0, got {}", num_experts));
+  if (num_experts > 0) {
+    if (num_experts_per_tok < 1 || num_experts_per_tok > num_experts)
+      fail("num_experts_per_tok",
+           fmt::format("must lie in [1, num_experts = {}], got {}", num_experts, num_experts_per_tok));
+    if (moe_intermediate_size <= 0)
+      fail("moe_intermediate_size", fmt::format("must be > 0, got {}", moe_intermediate_size));
+    if (decoder_sparse_step <= 0)
+      fail("decoder_sparse_step", fmt::format("must be > 0, got {}", decoder_sparse_step));
+    if (num_experts > (int64_t(1) << 20)) fail("num_experts", fmt::format("must be <= 2^20, got {}", num_experts));
+    if (!(router_aux_loss_coef >= 0) || !std::isfinite(router_aux_loss_coef))
+      fail("router_aux_loss_coef", fmt::format("must be a finite number >= 0, got {}", router_aux_loss_coef));
+  }
   auto pos = [&](const char* key, int64_t v) {
     if (v <= 0) fail(key, fmt::format("must be > 0, got {}", v));
   };
   pos("vocab_size", vocab_size);
   pos("hidden_size", hidden_size);
-  pos("intermediate_size", intermediate_size);
+  if (num_experts == 0 || num_moe_layers() < num_hidden_layers) pos("intermediate_size", intermediate_size);
   pos("num_hidden_layers", num_hidden_layers);
   pos("num_attention_heads", num_attention_heads);
   pos("num_key_value_heads", num_key_value_heads);
@@ -228,10 +290,12 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& where) 
   if (mt == j.end() || !mt->is_string())
     bad(where, "model_type", "\"llama\" or \"qwen3\"", mt == j.end() ? json() : *mt);
   c.architecture = mt->get<std::string>();
-  if (c.architecture != "llama" && c.architecture != "qwen3")
-    bad(where, "model_type", "\"llama\" or \"qwen3\"", *mt);
+  if (c.architecture != "llama" && c.architecture != "qwen3" && c.architecture != "qwen3_moe")
+    bad(where, "model_type", "\"llama\", \"qwen3\" or \"qwen3_moe\"", *mt);
   if (auto a = j.find("architectures"); a != j.end() && !a->is_null()) {
-    const std::string want = c.architecture == "llama" ? "LlamaForCausalLM" : "Qwen3ForCausalLM";
+    const std::string want = c.architecture == "llama"   ? "LlamaForCausalLM"
+                             : c.architecture == "qwen3" ? "Qwen3ForCausalLM"
+                                                         : "Qwen3MoeForCausalLM";
     if (!a->is_array() || a->size() != 1 || (*a)[0] != want)
       bad(where, "architectures", fmt::format("[\"{}\"]", want), *a);
   }
@@ -239,7 +303,9 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& where) 
     bad(where, "hidden_act", "\"silu\"", *h);
   c.vocab_size = get_int(j, "vocab_size", where, true, 0, 1);
   c.hidden_size = get_int(j, "hidden_size", where, true, 0, 1);
-  c.intermediate_size = get_int(j, "intermediate_size", where, true, 0, 1);
+  const bool moe = c.architecture == "qwen3_moe";
+  c.intermediate_size = get_int(j, "intermediate_size", where, !moe, 0, moe ? 0 : 1);
+  if (moe) parse_moe(j, where, c);
   c.num_hidden_layers = get_int(j, "num_hidden_layers", where, true, 0, 1);
   c.num_attention_heads = get_int(j, "num_attention_heads", where, true, 0, 1);
   c.num_key_value_heads =
@@ -266,7 +332,7 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& where) 
   if (get_bool(j, "use_sliding_window", where, false))
     bad(where, "use_sliding_window", "false (sliding-window attention is not supported)",
         val(j, "use_sliding_window"));
-  c.qk_norm = c.architecture == "qwen3";
+  c.qk_norm = c.architecture != "llama";
   c.bos_token_id = get_token_id(j, "bos_token_id", where);
   c.eos_token_id = get_token_id(j, "eos_token_id", where);
   c.pad_token_id = get_token_id(j, "pad_token_id", where);
@@ -306,10 +372,11 @@ ModelConfig load_config_file(const std::string& path) {
 }
 
 nlohmann::json config_to_json(const ModelConfig& c) {
-  const bool qwen = c.architecture == "qwen3";
+  const bool qwen = c.architecture != "llama";
+  const bool moe = c.architecture == "qwen3_moe";
   auto id = [](int64_t v) { return v < 0 ? json() : json(v); };
   json j = json::object();
-  j["architectures"] = json::array({qwen ? "Qwen3ForCausalLM" : "LlamaForCausalLM"});
+  j["architectures"] = json::array({moe ? "Qwen3MoeForCausalLM" : qwen ? "Qwen3ForCausalLM" : "LlamaForCausalLM"});
   j["model_type"] = c.architecture;
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;
@@ -344,6 +411,16 @@ nlohmann::json config_to_json(const ModelConfig& c) {
   j["attention_dropout"] = 0.0;
   j["initializer_range"] = 0.02;
   j["use_cache"] = true;
+  if (moe) {
+    j["num_experts"] = c.num_experts;
+    j["num_experts_per_tok"] = c.num_experts_per_tok;
+    j["moe_intermediate_size"] = c.moe_intermediate_size;
+    j["norm_topk_prob"] = c.norm_topk_prob;
+    j["decoder_sparse_step"] = c.decoder_sparse_step;
+    j["mlp_only_layers"] = c.mlp_only_layers;
+    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+    j["output_router_logits"] = c.output_router_logits;
+  }
   if (qwen) {
     val(j, "use_sliding_window") = false;
     j["sliding_window"] = nullptr;

@@ -75,6 +75,17 @@ struct LayerArgs {
   /// evaluation; a decoder's backward with dropout configured then throws
   /// std::invalid_argument.
   int64_t dropout_id = -1;
+  /// Sparse (mixture-of-experts) decoders: the micro-batch's router statistics, device fp32
+  /// [2E]. forward() adds this layer's expert assignment counts (first E) and router
+  /// probability sums (last E); backward() reads the first E as the counts summed over every
+  /// sparse layer of the micro-batch's forward pass and adds nothing (model/moe_block.hpp).
+  /// Null: none gathered (and no load-balancing gradient).
+  float* moe_stats = nullptr;
+  /// Sparse decoders' backward: d(objective) / d(load-balancing loss of this micro-batch),
+  /// i.e. loss_scale * router_aux_loss_coef * the micro-batch's target tokens when the loss is
+  /// a sum over tokens (the micro-batch's aux loss weighs as much as its mean token loss).
+  /// 0: no load-balancing gradient.
+  float moe_aux_scale = 0.0f;
 };
 
 class Layer {

@@ -16,8 +16,12 @@
 //   LoRA adapters (DecoderDims::lora_rank r > 0): ax [T,r] (forward and backward) and g [T,r]
 //             (backward) for the adapter intermediates of one linear at a time, and with dropout
 //             the dropped-out input of one linear, [T, max(H,Q)] or for the MLP [C, max(H,F)].
-//   Frozen base (null base gradient): a [max(H,D)] fp32 sink for the norms' unused weight
-//             gradients (backward).
+//   Sparse MLP block (DecoderDims::experts E > 0, k experts per token, expert FFN Fe; R = C*k
+//             routed rows of a chunk): instead of g, u, m [C,F]: router logits [C,E], probs
+//             [C,E] fp32, top-k experts [C,k] i32 and weights [C,k] fp32, expert offsets
+//             [E+1] i32, sorted row / token [R] i32, gathered input xs [R,H], expert outputs ys
+//             [R,H], g, u, m [R,Fe]; backward adds dys [R,H], dg, du [R,Fe], dw [C,k] fp32 and
+//             dlogits [C,E] (dm lives in m, the experts' input gradient in ys).
 // Tail: hn, dhn [T,H] plus Ops::lm_head_ce_scratch_bytes.
 #pragma once
 #include <algorithm>
@@ -61,6 +65,20 @@ struct DecoderDims {
   int64_t lora_rank = 0;         ///< LoRA adapters on some of the linears (LoraConfig::r), 0: none
   bool lora_dropout = false;     ///< LoraConfig::dropout > 0
   bool frozen_base = false;      ///< the base group is frozen (no weight gradients; no scratch of its own)
+  /// Sparse MLP block: experts (0: a dense SwiGLU MLP of ffn), experts per token, expert FFN.
+  int64_t experts = 0, experts_per_tok = 0, expert_ffn = 0;
+};
+
+/// The sparse MLP block's buffers for one chunk of C tokens (R = C*k rows).
+struct MoeBufs {
+  void* logits = nullptr;                      // [C, E] compute dtype
+  float *probs = nullptr, *topk_w = nullptr;   // [C, E], [C, k]
+  int32_t *topk_idx = nullptr, *offsets = nullptr, *row = nullptr, *token = nullptr;  // [C,k], [E+1], [R], [R]
+  void *xs = nullptr, *ys = nullptr, *dys = nullptr;  // [R, H]
+  void *g = nullptr, *u = nullptr, *m = nullptr;      // [R, Fe]
+  void *dg = nullptr, *du = nullptr;                  // [R, Fe], backward
+  float* dw = nullptr;                                // [C, k], backward
+  void* dlogits = nullptr;                            // [C, E], backward
 };
 
 /// Bytes of the attention output o [T, nq*D] (es per element) and its log-sum-exp
@@ -83,8 +101,34 @@ struct DecoderBufs {
   void *lora_ax = nullptr, *lora_g = nullptr;                 // [T, r] (lora_g: backward)
   void* lora_x = nullptr;                                      // dropout input, [T or C, max in]
   void* attn = nullptr;                                        // Ops::attention_scratch_bytes
+  MoeBufs moe;                                                 // sparse MLP block only
   int64_t chunk = 0;                                           // C
 };
+
+/// Carves a sparse block's buffers for chunks of C tokens.
+inline void carve_moe_scratch(const DecoderDims& d, size_t C, size_t es, bool backward, ScratchCarver& sc,
+                              MoeBufs& b) {
+  const size_t E = size_t(d.experts), k = size_t(d.experts_per_tok), H = size_t(d.hidden), Fe = size_t(d.expert_ffn);
+  const size_t R = C * k;
+  b.logits = sc.take(C * E * es);
+  b.probs = static_cast<float*>(sc.take(C * E * 4));
+  b.topk_w = static_cast<float*>(sc.take(C * k * 4));
+  b.topk_idx = static_cast<int32_t*>(sc.take(C * k * 4));
+  b.offsets = static_cast<int32_t*>(sc.take((E + 1) * 4));
+  b.row = static_cast<int32_t*>(sc.take(R * 4));
+  b.token = static_cast<int32_t*>(sc.take(R * 4));
+  b.xs = sc.take(R * H * es);
+  b.ys = sc.take(R * H * es);
+  b.g = sc.take(R * Fe * es);
+  b.u = sc.take(R * Fe * es);
+  b.m = sc.take(R * Fe * es);
+  if (!backward) return;
+  b.dys = sc.take(R * H * es);
+  b.dg = sc.take(R * Fe * es);
+  b.du = sc.take(R * Fe * es);
+  b.dw = static_cast<float*>(sc.take(C * k * 4));
+  b.dlogits = sc.take(C * E * es);
+}
 
 /// Rows of one MLP chunk for `tokens` tokens (chunk_tokens <= 0: kDefaultMlpChunkTokens).
 inline int64_t mlp_chunk_rows(int64_t tokens, int64_t chunk_tokens) {
@@ -112,9 +156,13 @@ inline void carve_decoder_scratch(const DecoderDims& d, int64_t n_seq, int64_t s
   }
   b.attn = sc.take(Ops::attention_scratch_bytes(n_seq, seq_len, d.heads, d.kv_heads, d.head_dim));
   b.hn = sc.take(C * H * es);
-  b.g = sc.take(C * F * es);
-  b.u = sc.take(C * F * es);
-  b.m = sc.take(C * F * es);
+  if (d.experts > 0) {
+    carve_moe_scratch(d, C, es, backward, sc, b.moe);
+  } else {
+    b.g = sc.take(C * F * es);
+    b.u = sc.take(C * F * es);
+    b.m = sc.take(C * F * es);
+  }
   if (d.lora_rank > 0) {  // model/lora_linear.hpp: adapter intermediates, one linear at a time
     b.lora_ax = sc.take(T * size_t(d.lora_rank) * es);
     if (backward) b.lora_g = sc.take(T * size_t(d.lora_rank) * es);
@@ -127,6 +175,7 @@ inline void carve_decoder_scratch(const DecoderDims& d, int64_t n_seq, int64_t s
   b.dk = sc.take(T * K * es);
   b.dv = sc.take(T * K * es);
   b.dhn = sc.take(C * H * es);
+  if (d.experts > 0) return;
   b.dm = sc.take(C * F * es);
   b.dg = sc.take(C * F * es);
   b.du = sc.take(C * F * es);

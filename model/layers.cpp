@@ -4,6 +4,7 @@
 #include "model/layers.hpp"
 
 #include "model/lora_linear.hpp"
+#include "model/moe_block.hpp"
 
 #include <array>
 #include <cmath>
@@ -112,9 +113,14 @@ class DecoderLayer final : public Layer {
     }
     wo_ = offset_of(g, p + "self_attn.o_proj.weight");
     w_post_ = offset_of(g, p + "post_attention_layernorm.weight");
-    wg_ = offset_of(g, p + "mlp.gate_proj.weight");
-    wu_ = offset_of(g, p + "mlp.up_proj.weight");
-    wd_ = offset_of(g, p + "mlp.down_proj.weight");
+    if (c_.is_moe_layer(layer - 1)) {
+      moe_ = std::make_unique<MoeBlock>(m, layer);
+      moe_layers_ = c_.num_moe_layers();
+    } else {
+      wg_ = offset_of(g, p + "mlp.gate_proj.weight");
+      wu_ = offset_of(g, p + "mlp.up_proj.weight");
+      wd_ = offset_of(g, p + "mlp.down_proj.weight");
+    }
     rope_ = rope_frequencies(rope_params(c_));
     lora_ = lora_linears(m, layer);
     const bool adapted = m.adapter_group(layer) >= 0;
@@ -128,6 +134,11 @@ class DecoderLayer final : public Layer {
     dims_ = DecoderDims{c_.hidden_size, c_.intermediate_size, c_.num_attention_heads, c_.num_key_value_heads,
                         c_.head_dim, c_.qk_norm, opt.save_attention, adapted ? m.lora->r : 0,
                         adapted && dropout_ > 0.f, g.frozen};
+    if (moe_) {
+      dims_.experts = c_.num_experts;
+      dims_.experts_per_tok = c_.num_experts_per_tok;
+      dims_.expert_ffn = c_.moe_intermediate_size;
+    }
   }
   LayerKind kind() const override { return LayerKind::decoder; }
   size_t scratch_bytes(const MicroBatchShape& s, DType dt = DType::f32, bool backward = true) const override {
@@ -203,7 +214,9 @@ class DecoderLayer final : public Layer {
   int64_t chunk_tokens_;
   bool saved_attention_;
   DecoderDims dims_;
-  int64_t w_in_, wq_, wk_, wv_, wqn_ = -1, wkn_ = -1, wo_, w_post_, wg_, wu_, wd_;
+  int64_t w_in_, wq_, wk_, wv_, wqn_ = -1, wkn_ = -1, wo_, w_post_, wg_ = -1, wu_ = -1, wd_ = -1;
+  std::unique_ptr<MoeBlock> moe_;  // a sparse MLP block instead of the dense MLP
+  int64_t moe_layers_ = 0;         // sparse layers of the model (load-balancing loss)
   RopeTable rope_;
   std::array<LoraLinear, kLoraModules> lora_{};
   size_t n_groups_ = 1;  // 2 with LoRA: params[1] / grads[1] are the adapter group
@@ -256,6 +269,7 @@ void DecoderLayer::mlp_forward(const LayerArgs& a, const DecoderBufs& b, const L
   const void* h1 = row(ops, b.h1, r0, H);
   void* y = row(ops, a.y, r0, H);
   ops.rmsnorm_fwd(h1, param(a, 0, w_post_), b.hn, n, H, float(c_.rms_norm_eps));
+  if (moe_) return moe_->forward(ops, a.params[0], b.hn, h1, y, n, b.moe, a.moe_stats);
   ops.linear_fwd(b.hn, param(a, 0, wg_), b.g, n, H, F);
   ops.linear_fwd(b.hn, param(a, 0, wu_), b.u, n, H, F);
   lora_forward(lc, lora(LoraModule::gate), b.hn, b.g, n, r0);
@@ -276,6 +290,15 @@ void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const 
   void* dh1 = row(ops, a.dx, r0, H);
   // recompute the chunk's forward up to m
   ops.rmsnorm_fwd(h1, param(a, 0, w_post_), b.hn, n, H, eps);
+  if (moe_) {
+    const bool aux = a.moe_stats && a.moe_aux_scale != 0.0f;
+    const double rows = double(moe_layers_) * double(a.shape.tokens());
+    const float aux_coef = aux ? float(double(a.moe_aux_scale) * double(moe_->experts()) / (rows * rows)) : 0.0f;
+    moe_->backward(ops, a.params[0], a.grads[0], b.hn, dy, b.dhn, n, b.moe, aux ? a.moe_stats : nullptr, aux_coef);
+    ops.copy(ops.dtype(), dh1, dy, n * H);  // residual path
+    ops.rmsnorm_bwd(h1, param(a, 0, w_post_), b.dhn, dh1, grad(a, 0, w_post_), n, H, eps, true);
+    return;
+  }
   ops.linear_fwd(b.hn, param(a, 0, wg_), b.g, n, H, F);
   ops.linear_fwd(b.hn, param(a, 0, wu_), b.u, n, H, F);
   lora_forward(lc, lora(LoraModule::gate), b.hn, b.g, n, r0);

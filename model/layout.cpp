@@ -65,8 +65,15 @@ void freeze_group(ModelLayout& m, int g, WeightFormat base) {
   ParamGroup& grp = m.groups[size_t(g)];
   const int64_t block = weight_format_block(base);
   int64_t bytes = 0;
+  // a router (mlp.gate.weight) decides which experts run: it keeps 16 bits when the base is
+  // quantized, as bitsandbytes' QLoRA leaves Qwen3-MoE's router unquantized
+  const bool quantized = base != WeightFormat::f32 && base != WeightFormat::bf16 && base != WeightFormat::f16;
+  auto is_router = [](const std::string& n) {
+    return n.size() >= 16 && n.compare(n.size() - 16, 16, "mlp.gate.weight") == 0;
+  };
   for (TensorSpec& t : grp.tensors) {
     t.format = t.shape.size() == 2 && t.numel() % block == 0 ? base : WeightFormat::f32;
+    if (quantized && t.format == base && is_router(t.name)) t.format = WeightFormat::bf16;
     t.byte_offset = bytes;
     bytes += int64_t(weight_format_bytes(t.format, t.numel()));
   }
@@ -111,6 +118,18 @@ ModelLayout make_layout(const ModelConfig& c) {
     }
     add(g, p + "self_attn.o_proj.weight", {H, nq * D});
     add(g, p + "post_attention_layernorm.weight", {H});
+    if (c.is_moe_layer(i)) {
+      // sparse block: the router, then each projection of every expert, expert by expert, so
+      // one projection of all experts is a stacked [E, out, in] tensor (the grouped linears')
+      const int64_t E = c.num_experts, Fe = c.moe_intermediate_size;
+      add(g, p + "mlp.gate.weight", {E, H});
+      for (const char* proj : {"gate_proj", "up_proj", "down_proj"})
+        for (int64_t e = 0; e < E; ++e)
+          add(g, fmt::format("{}mlp.experts.{}.{}.weight", p, e, proj),
+              proj[0] == 'd' ? std::vector<int64_t>{H, Fe} : std::vector<int64_t>{Fe, H});
+      m.groups.push_back(std::move(g));
+      continue;
+    }
     add(g, p + "mlp.gate_proj.weight", {F, H});
     add(g, p + "mlp.up_proj.weight", {F, H});
     add(g, p + "mlp.down_proj.weight", {H, F});

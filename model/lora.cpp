@@ -57,6 +57,10 @@ void validate_lora(const LoraConfig& l) {
       fail(fmt::format("lora.modules_to_save: unknown module '{}' (expected embed_tokens or lm_head)", one_line(t)));
 }
 
+bool lora_module_exists(const ModelConfig& c, int64_t decoder, LoraModule m) {
+  return m < LoraModule::gate || !c.is_moe_layer(decoder);
+}
+
 bool lora_targets(const LoraConfig& l, LoraModule m) {
   for (const std::string& t : l.target_modules)
     if (t == "all-linear" || t == kLoraModuleNames[size_t(m)]) return true;
@@ -72,7 +76,7 @@ ModelLayout make_layout(const ModelConfig& c, const LoraConfig& lora) {
     ParamGroup g{fmt::format("lora.{}", i), {}, 0};
     for (int k = 0; k < kLoraModules; ++k) {
       const auto mod = LoraModule(k);
-      if (!lora_targets(lora, mod)) continue;
+      if (!lora_targets(lora, mod) || !lora_module_exists(c, i, mod)) continue;
       const auto [in, out] = lora_module_dims(c, mod);
       const std::string p = fmt::format("model.layers.{}.{}.", i, lora_module_path(mod));
       for (auto [name, shape] : {std::pair{p + "lora_A.weight", std::vector<int64_t>{lora.r, in}},

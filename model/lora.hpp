@@ -29,6 +29,10 @@ std::array<int64_t, 2> lora_module_dims(const ModelConfig& c, LoraModule m);
 void validate_lora(const LoraConfig& lora);
 /// Whether `lora` puts an adapter on module m ("all-linear": on all seven).
 bool lora_targets(const LoraConfig& lora, LoraModule m);
+/// Whether decoder layer `decoder` (0-based) of `c` has linear `m`: a sparse (mixture-of-
+/// experts) layer has no gate/up/down_proj linear of its own (its experts are stacked
+/// tensors, which adapters do not reach, as in PEFT's target_modules on Qwen3-MoE).
+bool lora_module_exists(const ModelConfig& c, int64_t decoder, LoraModule m);
 
 /// Initial values of adapter group g of m (numel floats), as PEFT's LoraLayer.reset_lora_
 /// parameters with init_lora_weights=True: lora_A ~ U(-1/sqrt(in), 1/sqrt(in)) (torch's

@@ -19,7 +19,7 @@ std::array<LoraLinear, kLoraModules> lora_linears(const ModelLayout& m, int laye
     const auto mod = LoraModule(k);
     LoraLinear& l = out[size_t(k)];
     l.module = k;
-    if (!lora_targets(*m.lora, mod)) continue;
+    if (!lora_targets(*m.lora, mod) || !lora_module_exists(m.config, layer - 1, mod)) continue;
     const auto [in, o] = lora_module_dims(m.config, mod);
     l.in = in;
     l.out = o;

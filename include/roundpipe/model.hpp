@@ -35,7 +35,7 @@ struct RopeScaling {
 
 /// A dense LLaMA / Qwen3 decoder. Field names follow HF config.json.
 struct ModelConfig {
-  std::string architecture = "llama";  ///< "llama" or "qwen3" (model_type)
+  std::string architecture = "llama";  ///< "llama", "qwen3" or "qwen3_moe" (model_type)
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -51,6 +51,35 @@ struct ModelConfig {
   bool qk_norm = false;  ///< Qwen3: RMSNorm over head_dim on q and k before RoPE
   bool attention_bias = false;  ///< only false is supported
   int64_t bos_token_id = -1, eos_token_id = -1, pad_token_id = -1;
+
+  // Mixture of experts (Qwen3-MoE, "qwen3_moe"; Shazeer et al. 2017, Fedus et al. 2021).
+  // Decoder layer i (0-based) has a sparse MLP block when num_experts > 0, i is not in
+  // mlp_only_layers and (i + 1) % decoder_sparse_step == 0; otherwise a dense SwiGLU MLP of
+  // intermediate_size. A sparse block: router logits = x W_gate^T (W_gate [num_experts,
+  // hidden], "mlp.gate.weight"), p = softmax, the num_experts_per_tok largest p pick the
+  // experts (weights p, renormalised to sum 1 when norm_topk_prob), each expert a SwiGLU
+  // MLP of moe_intermediate_size ("mlp.experts.<e>.{gate,up,down}_proj.weight").
+  int64_t num_experts = 0;  ///< 0: a dense model
+  int64_t num_experts_per_tok = 0;
+  int64_t moe_intermediate_size = 0;
+  bool norm_topk_prob = false;
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
+  /// Load-balancing loss (Switch Transformer, Fedus et al. 2021, eq. 4-6, as transformers'
+  /// load_balancing_loss_func over all sparse layers of a forward pass) times this
+  /// coefficient is added to the loss when output_router_logits is true (transformers adds it
+  /// only then; Qwen3-MoE checkpoints ship with false).
+  double router_aux_loss_coef = 0.0;
+  bool output_router_logits = false;
+  /// Decoder layer i (0-based) has a sparse MLP block.
+  bool is_moe_layer(int64_t i) const;
+  /// Number of decoder layers with a sparse block.
+  int64_t num_moe_layers() const;
+  /// The coefficient of the load-balancing loss in effect (0 unless output_router_logits).
+  double aux_loss_coef() const { return output_router_logits ? router_aux_loss_coef : 0.0; }
+  /// Parameters a token's forward pass multiplies by: num_parameters() with each sparse block
+  /// counted as its router plus num_experts_per_tok experts (the whole count for dense models).
+  int64_t num_active_parameters() const;
 
   /// Number of parameters (tied embeddings counted once).
   int64_t num_parameters() const;

@@ -1,7 +1,10 @@
 // Test support: one micro-batch through every layer of a model on any Device (CPU backend
 // or CUDA), sequentially, without the actor runtime: forward, fused tail, backward. Used to
 // compare both backends with Hugging Face golden data. `dropout_id` names the micro-batch's
-// LoRA dropout masks (LayerArgs::dropout_id; -1: no dropout).
+// LoRA dropout masks (LayerArgs::dropout_id; -1: no dropout). Sparse (mixture-of-experts)
+// models gather their router statistics over the forward pass (LayerArgs::moe_stats) and, when
+// the config's load-balancing loss is on, back-propagate it with the weight transformers gives
+// it (loss_sum + coef * aux * target tokens, i.e. mean loss + coef * aux).
 #pragma once
 #include <vector>
 
@@ -15,6 +18,8 @@ struct DeviceRun {
   double loss_sum = 0, count = 0;
   std::vector<std::vector<float>> grads;  ///< per parameter group, fp32
   std::vector<float> logits;              ///< [T, vocab]
+  std::vector<float> moe_stats;           ///< sparse models: [2E] counts and probability sums over the pass
+  double aux_loss = 0;                    ///< sparse models: the load-balancing loss (without its coefficient)
 };
 
 inline std::vector<float> to_f32(const std::vector<uint8_t>& raw, DType t) {
@@ -56,6 +61,11 @@ inline DeviceRun device_forward_backward(Device& d, const ModelLayout& m, const 
   }
   DeviceBuffer d_ids(d, size_t(T) * 4), d_tg(d, size_t(T) * 4), d_loss(d, 8), d_scr(d, scratch);
   DeviceBuffer d_dy(d, act), d_dx(d, act), d_norm(d, act), d_logits(d, size_t(T * V) * dtype_size(dt));
+  const int64_t E = m.config.num_experts;
+  DeviceBuffer d_stats(d, size_t(std::max<int64_t>(E, 1)) * 8);
+  double n_targets = 0;
+  for (int32_t t : targets) n_targets += t >= 0;
+  const float aux_scale = float(m.config.aux_loss_coef() * n_targets);
   std::vector<DeviceBuffer> x;
   for (int l = 0; l < L; ++l) x.emplace_back(d, act);
   st.copy_h2d(d_ids.get(), ids.data(), size_t(T) * 4);
@@ -68,6 +78,7 @@ inline DeviceRun device_forward_backward(Device& d, const ModelLayout& m, const 
   st.launch([&] {
     Ops& ops = d.ops();
     for (auto& g : grads) ops.fill(gt, g.get(), int64_t(g.bytes() / dtype_size(gt)), 0.f);
+    ops.fill(DType::f32, d_stats.get(), int64_t(d_stats.bytes() / 4), 0.f);
     auto args = [&](int l) {
       LayerArgs a;
       a.ops = &ops;
@@ -80,6 +91,7 @@ inline DeviceRun device_forward_backward(Device& d, const ModelLayout& m, const 
       a.scratch_bytes = scratch;
       a.ids = d_ids.as<int32_t>();
       a.dropout_id = dropout_id;  // LoRA dropout masks (-1: none)
+      if (E > 0) a.moe_stats = d_stats.as<float>();
       return a;
     };
     for (int l = 0; l < L - 1; ++l) {  // x[l+1] = layer l (x[l])
@@ -101,6 +113,7 @@ inline DeviceRun device_forward_backward(Device& d, const ModelLayout& m, const 
       a.x = l ? x[l].get() : nullptr;
       a.dy = d_dy.get();
       a.dx = l ? d_dx.get() : nullptr;
+      a.moe_aux_scale = aux_scale;
       layers[l]->backward(a);
       std::swap(d_dx, d_dy);
     }
@@ -113,6 +126,8 @@ inline DeviceRun device_forward_backward(Device& d, const ModelLayout& m, const 
   }
   float loss[2];
   st.copy_d2h(loss, d_loss.get(), 8);
+  std::vector<float> stats(d_stats.bytes() / 4);
+  st.copy_d2h(stats.data(), d_stats.get(), d_stats.bytes());
   std::vector<uint8_t> lraw(d_logits.bytes());
   st.copy_d2h(lraw.data(), d_logits.get(), lraw.size());
   std::string err;
@@ -123,6 +138,12 @@ inline DeviceRun device_forward_backward(Device& d, const ModelLayout& m, const 
   out.count = loss[1];
   for (auto& g : graw) out.grads.push_back(to_f32(g, gt));
   out.logits = to_f32(lraw, dt);
+  if (E > 0) {
+    const double rows = double(m.config.num_moe_layers()) * double(T);
+    for (int64_t e = 0; e < E; ++e) out.aux_loss += double(stats[size_t(e)]) / rows * (double(stats[size_t(E + e)]) / rows);
+    out.aux_loss *= double(E);
+    out.moe_stats = std::move(stats);
+  }
   return out;
 }
 

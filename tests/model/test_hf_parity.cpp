@@ -28,8 +28,9 @@ struct Golden {
   }
 };
 
+// `name`: a fixture folder under tests/fixtures ("hf_golden/tiny_llama", "hf_moe/...").
 Golden load_golden(const std::string& name) {
-  const std::string dir = std::string(RP_FIXTURES_DIR) + "/hf_golden/" + name;
+  const std::string dir = std::string(RP_FIXTURES_DIR) + "/" + name;
   Golden g{load_model(dir), {}, {}, {}, {}, {}, std::make_unique<SafetensorsFile>(dir + "/golden.safetensors")};
   g.layout = make_layout(g.model.config);
   fill_groups(g.model, g.layout, g.weights);
@@ -56,6 +57,10 @@ void check(Device& dev, const std::string& name, double tol_out, double tol_grad
   HostTensor loss = g.get("loss"), logits = g.get("logits");
   EXPECT_NEAR(r.count, loss.data[1], 0.5) << name;
   EXPECT_NEAR(r.loss_sum, loss.data[0], tol_out * std::abs(loss.data[0])) << name;
+  if (g.layout.config.num_experts > 0) {  // the load-balancing loss of the same forward pass
+    const float aux = g.get("aux_loss").data[0];
+    EXPECT_NEAR(r.aux_loss, aux, tol_out * aux) << name << " load-balancing loss";
+  }
   ASSERT_EQ(r.logits.size(), logits.data.size());
   EXPECT_LT(rel(r.logits.data(), logits.data.data(), logits.data.size()), tol_out) << name << " logits";
   int checked = 0;
@@ -70,17 +75,32 @@ void check(Device& dev, const std::string& name, double tol_out, double tol_grad
   EXPECT_GT(checked, 10);
 }
 
+const char* const kDense[] = {"hf_golden/tiny_llama", "hf_golden/tiny_qwen3"};
+// tiny Qwen3-MoE: a dense layer between two sparse ones, renormalised top-2 of 8, the
+// load-balancing loss on, untied; and every second layer sparse, raw top-3 of 6, no
+// load-balancing loss, tied embeddings (tests/fixtures/hf_moe/make_moe_golden.py)
+const char* const kMoe[] = {"hf_moe/tiny_qwen3_moe", "hf_moe/tiny_qwen3_moe_tied"};
+
 TEST(HfParity, CpuBackendMatchesTransformersFp32) {
   auto dev = make_cpu_device(0, {});
-  check(*dev, "tiny_llama", 1e-5, 1e-4);
-  check(*dev, "tiny_qwen3", 1e-5, 1e-4);
+  for (const char* n : kDense) check(*dev, n, 1e-5, 1e-4);
+}
+
+TEST(HfParity, CpuBackendMatchesTransformersMoeFp32) {
+  auto dev = make_cpu_device(0, {});
+  for (const char* n : kMoe) check(*dev, n, 1e-5, 1e-4);
 }
 
 TEST(HfParity, CudaBackendMatchesTransformersBf16) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
   auto dev = make_cuda_device(0, {});
-  check(*dev, "tiny_llama", 2e-2, 5e-2);
-  check(*dev, "tiny_qwen3", 2e-2, 5e-2);
+  for (const char* n : kDense) check(*dev, n, 2e-2, 5e-2);
+}
+
+TEST(HfParity, CudaBackendMatchesTransformersMoeBf16) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  auto dev = make_cuda_device(0, {});
+  for (const char* n : kMoe) check(*dev, n, 2e-2, 5e-2);
 }
 
 }  // namespace
