@@ -163,6 +163,11 @@ struct StageDone {
   int worker = 0;
   double loss_sum = 0, loss_count = 0;
   double seconds = 0;  ///< wall time of the task
+  /// Tail stages of training passes of sparse models: sum over the micro-batches of target
+  /// tokens x load-balancing loss (without its coefficient; the coefficient's share is in
+  /// loss_sum), and the expert assignments of every sparse layer, per expert.
+  double aux_weighted = 0;
+  std::vector<double> expert_tokens;
 };
 /// One measured interval of one layer for one micro-batch (profiler, actors/layer_timer.hpp).
 struct LayerSample {

@@ -86,6 +86,14 @@ struct PassBuffers {
   std::vector<std::vector<HostBytes>>& x;    ///< activations->x
   std::vector<std::vector<HostBytes>>& dx;   ///< activations->dx
   std::vector<float> loss;                   ///< [2*M]: {sum, count} per micro-batch
+  /// Sparse (mixture-of-experts) models: per micro-batch the router statistics [2E] fp32
+  /// (LayerArgs::moe_stats) summed over the sparse layers run so far. The scheduler zeroes
+  /// them when it deals the pass; each forward stage uploads them, adds its layers' and
+  /// downloads them; the tail does the same, after which they hold the whole forward pass's,
+  /// which the backward stages upload. Empty for dense models.
+  int64_t experts = 0;
+  std::vector<float> moe_stats;              ///< [M * 2E]
+  std::vector<float> target_tokens;          ///< [M]: targets >= 0 per micro-batch (set when dealt)
 };
 
 }  // namespace rp

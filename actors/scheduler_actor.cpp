@@ -28,6 +28,8 @@ struct StepInfo {
   std::vector<int> uploads, grads;  ///< per group, over the passes dealt (their plans may differ)
   double tokens = 0;
   double loss_sum = 0, loss_count = 0;
+  double aux_weighted = 0;            ///< sparse models: sum of (target tokens x load-balancing loss)
+  std::vector<double> expert_tokens;  ///< sparse models: assignments per expert over the step
   int groups_updated = 0;
   bool closed = false, done = false;
   float loss_scale = 1.f;  ///< the scale every pass of the step runs its backward with
@@ -90,6 +92,8 @@ StepResult result_of(int64_t step, const StepInfo& s, const std::string& err) {
   r.grad_norm = s.decision.grad_norm;
   r.skipped = s.decision.skip;
   r.loss_scale = s.loss_scale;
+  r.moe_aux_loss = s.loss_count > 0 ? s.aux_weighted / s.loss_count : 0.0;
+  r.expert_tokens = s.expert_tokens;
   return r;
 }
 
@@ -312,7 +316,10 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
         std::memcpy(pb->ids[m].data(), sp.ids->data() + m * T, T * 4);
         std::memcpy(pb->targets[m].data(), sp.targets->data() + m * T, T * 4);
         if (sp.positions) std::memcpy(pb->positions[m].data(), sp.positions->data() + m * T, T * 4);
+        pb->target_tokens[size_t(m)] = float(std::count_if(sp.targets->data() + m * T, sp.targets->data() + (m + 1) * T,
+                                                           [](int32_t t) { return t >= 0; }));
       }
+      std::fill(pb->moe_stats.begin(), pb->moe_stats.end(), 0.0f);
       const int64_t pass = st.next_pass++;
       st.passes[pass] = PassInfo{sp.step, sp.eval, slot, 0, int(plan.stages.size())};
       auto& si = st.steps[sp.step];
@@ -396,6 +403,9 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
         } else {
           si.loss_sum += d.loss_sum;
           si.loss_count += d.loss_count;
+          si.aux_weighted += d.aux_weighted;
+          if (si.expert_tokens.size() < d.expert_tokens.size()) si.expert_tokens.resize(d.expert_tokens.size(), 0.0);
+          for (size_t e = 0; e < d.expert_tokens.size(); ++e) si.expert_tokens[e] += d.expert_tokens[e];
         }
         if (++it->second.stages_done == it->second.stages) {
           const int64_t step = it->second.step;

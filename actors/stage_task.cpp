@@ -64,6 +64,14 @@ void allocate_slot(const WorkerContext& ctx, Task& t, int j) {
                            : DeviceBuffer());
     s.attn_lse.push_back(dec ? DeviceBuffer(d, T * size_t(c.num_attention_heads) * sizeof(float)) : DeviceBuffer());
   }
+  if (t.rs.buffers->experts > 0 &&
+      std::any_of(t.layers.begin(), t.layers.end(), [&](int l) {
+        return lay.kind(l) == LayerKind::decoder && lay.config.is_moe_layer(l - 1);
+      }))
+  {
+    s.moe_stats_in = DeviceBuffer(d, size_t(2 * t.rs.buffers->experts) * sizeof(float));
+    s.moe_stats = DeviceBuffer(d, size_t(2 * t.rs.buffers->experts) * sizeof(float));
+  }
   t.slot[j] = std::move(s);
   t.progress.hold_slot(j);
 }
@@ -91,6 +99,12 @@ LayerArgs layer_args(const WorkerContext& ctx, const Task& t, int layer, int64_t
   if (s.pos.get()) a.positions = s.pos.as<int32_t>();
   // LoRA dropout masks: the same in the micro-batch's forward, tail and backward stages
   a.dropout_id = t.rs.dropout_pass < 0 ? -1 : t.rs.dropout_pass * t.M + m;
+  // sparse decoders: router statistics, and the load-balancing loss's weight in a backward
+  // (the micro-batch's share of the objective: coefficient x its target tokens)
+  a.moe_stats = s.moe_stats.as<float>();
+  if (s.moe_stats.get() && t.rs.stage.kind != StageKind::forward && !t.rs.eval)
+    a.moe_aux_scale = float(double(t.rs.loss_scale) * ctx.layout->config.aux_loss_coef() *
+                            double(t.rs.buffers->target_tokens[size_t(m)]));
   return a;
 }
 
@@ -146,6 +160,28 @@ void build_layer_calls(const WorkerContext& ctx, Task& t, int64_t m, LayerCalls&
       dy = a.dx;
       bwd.emplace_back(l, a);
     }
+  }
+}
+
+}  // namespace rp
+
+namespace rp {
+
+void add_router_statistics(const ModelLayout& m, const PassBuffers& pb, StageDone& sd) {
+  const int64_t E = pb.experts;
+  if (E == 0) return;
+  const double rows = double(m.config.num_moe_layers()) * double(pb.shape.tokens());
+  const double coef = m.config.aux_loss_coef();
+  sd.expert_tokens.assign(size_t(E), 0.0);
+  for (int64_t mb = 0; mb < pb.micro_batches; ++mb) {
+    const float* st = &pb.moe_stats[size_t(2 * E * mb)];
+    double aux = 0;  // E * sum_e (c_e / rows) (P_e / rows), model/moe_block.hpp
+    for (int64_t e = 0; e < E; ++e) aux += double(st[e]) / rows * (double(st[E + e]) / rows);
+    aux *= double(E);
+    const double n = pb.target_tokens[size_t(mb)];
+    sd.aux_weighted += aux * n;
+    sd.loss_sum += coef * aux * n;
+    for (int64_t e = 0; e < E; ++e) sd.expert_tokens[size_t(e)] += st[e];
   }
 }
 

@@ -27,6 +27,11 @@ struct Slot {
   /// per layer of the stage, decoders with a saved attention only: its attention output and
   /// log-sum-exp (written by forward, read by backward)
   std::vector<DeviceBuffer> attn_o, attn_lse;
+  /// stages with sparse (mixture-of-experts) decoders: the micro-batch's router statistics
+  /// [2E] fp32 (PassBuffers::moe_stats) as uploaded (an input: the slot's next micro-batch may
+  /// overwrite it once this one is computed), and the copy the layers add to, which forward and
+  /// tail stages download (an output: kept until it is down)
+  DeviceBuffer moe_stats_in, moe_stats;
 };
 
 struct Task {
@@ -75,6 +80,12 @@ void allocate_slot(const WorkerContext& ctx, Task& t, int j);
 /// LoRA dropout id (RunStage::dropout_pass). Activations are left
 /// for the caller.
 LayerArgs layer_args(const WorkerContext& ctx, const Task& t, int layer, int64_t m);
+
+/// A training pass's tail stage is done: adds to `sd` the load-balancing loss of each
+/// micro-batch from its router statistics (PassBuffers::moe_stats, then those of the whole
+/// forward pass): aux_weighted, loss_sum (coefficient x aux x target tokens) and the expert
+/// assignments per expert. Nothing for dense models.
+void add_router_statistics(const ModelLayout& m, const PassBuffers& pb, StageDone& sd);
 
 /// The layer calls of micro-batch m of t, in stream order: a forward stage's layers
 /// forward (xs[i] is layer i's output); a tail stage forward through its decoders, then the

@@ -450,6 +450,7 @@ class Worker : public WorkerActor::base {
     const size_t idb = pb.ids[m].size();
     if (t.rs.stage.first == 0) up(s.ids.get(), pb.ids[m].data(), idb);
     if (s.pos.get()) up(s.pos.get(), pb.positions[m].data(), idb);
+    if (s.moe_stats.get()) up(s.moe_stats_in.get(), &pb.moe_stats[size_t(2 * pb.experts * m)], s.moe_stats.bytes());
     if (kind == StageKind::forward) {
       if (t.rs.stage.first > 0) up(s.in.get(), pb.x[t.rs.stage.first][m].data(), pb.act_bytes);
     } else if (kind == StageKind::tail) {
@@ -489,9 +490,17 @@ class Worker : public WorkerActor::base {
     // evaluation passes are not profiled: their tail runs no backward
     auto timer = ctx_.profile && !t.rs.eval ? std::make_shared<LayerTimer>(stream, kind) : nullptr;
     const bool inject = ctx_.faults.fire_compute(FaultSite::device_op, ctx_.index, t.rs.stage_index, m);
-    stream.launch([&layers, fwd = std::move(fwd), bwd = std::move(bwd), tr, t0, timer, inject, m] {
+    // the layers add their router statistics to a copy of the uploaded ones (Slot::moe_stats)
+    const Slot& s = t.slot[m % 2];
+    Ops* ops = &ctx_.device->ops();
+    const void* stats_in = s.moe_stats_in.get();
+    void* stats = s.moe_stats.get();
+    const int64_t stats_n = int64_t(s.moe_stats.bytes() / sizeof(float));
+    stream.launch([&layers, fwd = std::move(fwd), bwd = std::move(bwd), tr, t0, timer, inject, m, ops, stats_in,
+                   stats, stats_n] {
       if (inject)
         throw std::runtime_error(FaultInjection::what(fmt::format("device op of micro-batch {}", m)));
+      if (stats) ops->copy(DType::f32, stats, stats_in, stats_n);
       if (tr) *t0 = tr->now();
       if (timer) timer->run(layers, fwd, bwd);
       else run_layer_calls(layers, fwd, bwd);
@@ -538,6 +547,9 @@ class Worker : public WorkerActor::base {
       if (t.rs.stage.first > 0 && !t.rs.eval) down(pb.dx[t.rs.stage.first][m].data(), s.out.get(), pb.act_bytes);
       if (kind == StageKind::tail) down(&pb.loss[2 * m], s.loss.get(), 2 * sizeof(float));
     }
+    // the router statistics so far (forward), of the whole forward pass (tail)
+    if (s.moe_stats.get() && kind != StageKind::backward)
+      down(&pb.moe_stats[size_t(2 * pb.experts * m)], s.moe_stats.get(), s.moe_stats.bytes());
     t.progress.computed(m, int(copies.size()));
     for (auto& [dst, src, bytes] : copies)
       copy(act_down_, CopyDir::d2h, dst, src, bytes, kPrioActivation, m,
@@ -652,11 +664,13 @@ class Worker : public WorkerActor::base {
     sd.stage_index = t.rs.stage_index;
     sd.worker = ctx_.index;
     sd.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t.wall_start).count();
-    if (t.rs.stage.kind == StageKind::tail)
+    if (t.rs.stage.kind == StageKind::tail) {
       for (int64_t m = 0; m < t.M; ++m) {
         sd.loss_sum += t.rs.buffers->loss[2 * m];
         sd.loss_count += t.rs.buffers->loss[2 * m + 1];
       }
+      if (!t.rs.eval) add_router_statistics(*ctx_.layout, *t.rs.buffers, sd);
+    }
     if (ctx_.tracer)
       ctx_.tracer->interval(fmt::format("worker{}.tasks", ctx_.index),
                             fmt::format("{} stage {} (pass {})", stage_kind_name(t.rs.stage.kind),

@@ -129,6 +129,13 @@ struct StepResult {
                            ///< true gradients, before clipping
   bool skipped = false;    ///< inf/NaN gradients, or no target tokens (tokens == 0): the step changed nothing
   float loss_scale = 1.f;  ///< loss scale the step's backward used
+  /// Mixture-of-experts models: the load-balancing loss (ModelConfig::aux_loss_coef; without the
+  /// coefficient, averaged over the step's micro-batches weighted by their target tokens; its
+  /// coefficient times it is part of loss_sum / tokens when the coefficient is on) and the
+  /// tokens routed to each expert over the step, summed over the sparse layers (empty for
+  /// dense models).
+  double moe_aux_loss = 0;
+  std::vector<double> expert_tokens;
 };
 
 /// The loss of one evaluation pass (Session::evaluate).

@@ -114,11 +114,16 @@ struct TextbookAdamW {
 /// Runs layers 0..L+1 sequentially over `micro_batches` micro-batches of shape `s` with
 /// weights `w`; returns the summed loss and target count, and the summed gradients. A frozen
 /// group's layers get a null gradient pointer (its `grads` entry stays zero); give its weights
-/// as computed_weights() returns them.
+/// as computed_weights() returns them. Sparse (mixture-of-experts) models gather each
+/// micro-batch's router statistics over its forward pass and, with the load-balancing loss on,
+/// add coefficient x aux x target tokens to `loss` and its gradient (as transformers' loss,
+/// mean CE + coefficient x aux, per micro-batch); `expert_tokens` (if given) receives the
+/// assignments per expert summed over micro-batches and sparse layers.
 inline void sequential_forward_backward(const ModelLayout& m, const std::vector<std::vector<float>>& w,
                                         const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
                                         int64_t micro_batches, MicroBatchShape s,
-                                        std::vector<std::vector<double>>& grads, double& loss, double& count) {
+                                        std::vector<std::vector<double>>& grads, double& loss, double& count,
+                                        std::vector<double>* expert_tokens = nullptr) {
   auto ops = make_cpu_ops();
   const int L = m.num_layers();
   std::vector<std::unique_ptr<Layer>> layers;
@@ -129,7 +134,11 @@ inline void sequential_forward_backward(const ModelLayout& m, const std::vector<
   }
   std::vector<char> scr(scratch + 256);
   const int64_t T = s.tokens(), H = m.config.hidden_size;
+  const int64_t E = m.config.num_moe_layers() > 0 ? m.config.num_experts : 0;
   for (int64_t mb = 0; mb < micro_batches; ++mb) {
+    std::vector<float> stats(size_t(2 * E), 0.f);
+    double n_targets = 0;
+    for (int64_t i = 0; i < T; ++i) n_targets += targets[size_t(mb * T + i)] >= 0;
     std::vector<std::vector<float>> x(L, std::vector<float>(T * H));
     std::vector<std::vector<float>> g32(m.groups.size());
     for (size_t g = 0; g < g32.size(); ++g) g32[g].assign(w[g].size(), 0.f);
@@ -144,6 +153,7 @@ inline void sequential_forward_backward(const ModelLayout& m, const std::vector<
       a.scratch = scr.data();
       a.scratch_bytes = scratch;
       a.ids = ids.data() + mb * T;
+      if (E > 0) a.moe_stats = stats.data();
       return a;
     };
     for (int l = 0; l < L - 1; ++l) {
@@ -163,10 +173,21 @@ inline void sequential_forward_backward(const ModelLayout& m, const std::vector<
     layers[L - 1]->backward(ta);
     loss += lossbuf[0];
     count += lossbuf[1];
+    if (E > 0) {
+      const double rows = double(m.config.num_moe_layers()) * double(T);
+      double aux = 0;
+      for (int64_t e = 0; e < E; ++e) aux += double(stats[size_t(e)]) / rows * (double(stats[size_t(E + e)]) / rows);
+      loss += m.config.aux_loss_coef() * double(E) * aux * n_targets;
+      if (expert_tokens) {
+        expert_tokens->resize(size_t(E), 0.0);
+        for (int64_t e = 0; e < E; ++e) (*expert_tokens)[size_t(e)] += stats[size_t(e)];
+      }
+    }
     for (int l = L - 2; l >= 0; --l) {
       LayerArgs a = args(l);
       a.x = l ? x[l].data() : nullptr;
       a.dy = dy.data();
+      a.moe_aux_scale = float(m.config.aux_loss_coef() * n_targets);
       a.dx = l ? dx.data() : nullptr;
       layers[l]->backward(a);
       std::swap(dx, dy);
