@@ -57,10 +57,12 @@ CudaOps::CudaOps(int device, cudaStream_t stream, DType dtype, unsigned* err)
   ws_bytes_ = kWorkspaceBytes;
   attn_impl_ = parse_attention_impl(std::getenv("RP_CUDA_ATTENTION"));
   attn_gqa_ = parse_attention_gqa(std::getenv("RP_CUDA_ATTENTION_GQA"));
+  grouped_mode_ = parse_grouped_gemm(std::getenv("RP_CUDA_GROUPED_GEMM"));
 }
 
 CudaOps::~CudaOps() {
   cudaSetDevice(dev_);
+  release_moe();
   for (auto& [k, p] : plans_) {
     cublasLtMatmulDescDestroy(p.op);
     cublasLtMatrixLayoutDestroy(p.a);
@@ -422,6 +424,14 @@ int parse_attention_gqa(const char* text) {
       "RP_CUDA_ATTENTION_GQA='{}': expected auto, native or expand", t));
 }
 
+int parse_grouped_gemm(const char* text) {
+  if (!text || !*text) return 1;
+  const std::string t = text;
+  if (t == "loop") return 0;
+  if (t == "grouped") return 1;
+  throw std::invalid_argument(fmt::format("RP_CUDA_GROUPED_GEMM='{}': expected loop or grouped", t));
+}
+
 namespace {
 CudaOps& cuda_ops(Ops& ops, const char* fn) {
   auto* c = dynamic_cast<CudaOps*>(&ops);
@@ -441,6 +451,14 @@ void set_attention_gqa(Ops& ops, int mode) {
   if (mode < 0 || mode > 2) throw std::invalid_argument("set_attention_gqa: mode must be 0..2");
   c.set_attention_gqa(mode);
 }
+
+void set_grouped_gemm(Ops& ops, int mode) {
+  CudaOps& c = cuda_ops(ops, "set_grouped_gemm");
+  if (mode < 0 || mode > 1) throw std::invalid_argument("set_grouped_gemm: mode must be 0 or 1");
+  c.set_grouped_gemm(mode);
+}
+
+int grouped_gemm(Ops& ops) { return cuda_ops(ops, "grouped_gemm").grouped_gemm(); }
 
 void set_attention_scratch_bytes(Ops& ops, size_t bytes) {
   cuda_ops(ops, "set_attention_scratch_bytes").set_attention_scratch_bytes(bytes);

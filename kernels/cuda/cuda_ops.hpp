@@ -117,6 +117,10 @@ class CudaOps final : public Ops {
   void grouped_linear_bwd_weight(const void* dy, const void* x, void* dw, const int32_t* offsets_host, int64_t E,
                                  int64_t K, int64_t N) override;
 
+  /// Grouped linears: 0 = one cuBLASLt GEMM per non-empty expert, 1 = one
+  /// cublasGemmGroupedBatchedEx call for all of them (cuda_backend.hpp, set_grouped_gemm).
+  void set_grouped_gemm(int mode) { grouped_mode_ = mode; }
+  int grouped_gemm() const { return grouped_mode_; }
   void set_attention_impl(int impl) { attn_impl_ = impl; }
   /// cuda_backend.hpp's set_attention_gqa (0 auto, 1 native, 2 expand).
   void set_attention_gqa(int mode);
@@ -161,6 +165,20 @@ class CudaOps final : public Ops {
   int attn_gqa_ = 0;                // RP_CUDA_ATTENTION_GQA
   size_t attn_scratch_bytes_ = 0;   // 0: Ops::attention_scratch_bytes of the shape
   int64_t last_bwd_passes_ = 0;
+  // mixture of experts (cuda_moe.cpp): scratch of moe_sort, the cuBLAS handle and pointer
+  // arrays of the grouped GEMM; released by release_moe()
+  int grouped_mode_ = 1;            // RP_CUDA_GROUPED_GEMM
+  bool grouped_f32_out_ok_ = true;  // false once cuBLAS refused an f32 output (then: loop)
+  std::mutex moe_mu_;
+  void* moe_hist_ = nullptr;
+  size_t moe_hist_bytes_ = 0;
+  void* blas_ = nullptr;            // cublasHandle_t, created at the first grouped call
+  void** group_ptrs_ = nullptr;     // device, 3 * kMoeMaxGroups pointers
+  void release_moe();
+  // One grouped linear through cublasGemmGroupedBatchedEx; false (no GEMM enqueued) when
+  // cuBLAS refuses the shape or types, so the caller runs the per-expert loop instead.
+  bool grouped_gemm_call(int which, const void* a, const void* b, void* c, const int32_t* offsets_host,
+                         int64_t E, int64_t K, int64_t N, float beta);
   std::unique_ptr<CudnnAttention> cudnn_;  // null when the build has no cuDNN
   bool cudnn_refusal_logged_ = false;
   // Runs attention through cuDNN when impl allows (0: if it accepts, 4: must accept).
