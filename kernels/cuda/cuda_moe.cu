@@ -103,29 +103,30 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // stats[e] += #assignments to e, stats[E+e] += sum_t probs[t,e]: a block per 32 experts
-// (lane = expert), warp w summing the tokens t = w mod kWarps in order, then the warps'
-// sums added in warp order.
-__global__ void __launch_bounds__(kThreads)
+// (lane = expert), warp w summing the tokens t = w mod kStatsWarps in order, then the
+// warps' sums added in warp order.
+constexpr int kStatsThreads = 1024, kStatsWarps = kStatsThreads / 32;
+__global__ void __launch_bounds__(kStatsThreads)
     moe_route_stats_kernel(const float* probs, const int32_t* idx, float* stats, int64_t T_, int E,
                            int64_t R) {
-  __shared__ float part[kWarps][32];
+  __shared__ float part[kStatsWarps][32];
   __shared__ int cnt[32];
   const int lane = threadIdx.x & 31, w = threadIdx.x / 32;
   const int e0 = int(blockIdx.x) * 32, e = e0 + lane;
   if (threadIdx.x < 32) cnt[threadIdx.x] = 0;
   float acc = 0.f;
   if (e < E)
-    for (int64_t t = w; t < T_; t += kWarps) acc += probs[t * E + e];
+    for (int64_t t = w; t < T_; t += kStatsWarps) acc += probs[t * E + e];
   part[w][lane] = acc;
   __syncthreads();
-  for (int64_t a = threadIdx.x; a < R; a += kThreads) {
+  for (int64_t a = threadIdx.x; a < R; a += kStatsThreads) {
     const int x = idx[a] - e0;
     if (x >= 0 && x < 32) atomicAdd(&cnt[x], 1);
   }
   __syncthreads();
   if (threadIdx.x < 32 && e < E) {
     float s = 0.f;
-    for (int i = 0; i < kWarps; ++i) s += part[i][lane];
+    for (int i = 0; i < kStatsWarps; ++i) s += part[i][lane];
     stats[e] += float(cnt[lane]);
     stats[E + e] += s;
   }
@@ -352,7 +353,7 @@ void k_moe_route(DType t, const void* logits, float* probs, int32_t* topk_idx, f
 void k_moe_route_stats(const float* probs, const int32_t* topk_idx, float* stats, int64_t T, int64_t E,
                        int64_t k, cudaStream_t st) {
   if (T <= 0) return;
-  moe_route_stats_kernel<<<unsigned((E + 31) / 32), kThreads, 0, st>>>(probs, topk_idx, stats, T, int(E),
+  moe_route_stats_kernel<<<unsigned((E + 31) / 32), kStatsThreads, 0, st>>>(probs, topk_idx, stats, T, int(E),
                                                                        T * k);
   launched("moe_route_stats_kernel");
 }
