@@ -274,6 +274,16 @@ TEST_P(CudaMoe, BadExpertIndexIsReported) {
   EXPECT_TRUE(sync_err().empty()) << "the error is reported once";
 }
 
+#ifdef RP_HAVE_CUDA
+TEST(CudaMoeKnobs, GroupedGemmVariable) {  // needs no device
+  EXPECT_EQ(cuda::parse_grouped_gemm(nullptr), 1);
+  EXPECT_EQ(cuda::parse_grouped_gemm(""), 1);
+  EXPECT_EQ(cuda::parse_grouped_gemm("grouped"), 1);
+  EXPECT_EQ(cuda::parse_grouped_gemm("loop"), 0);
+  EXPECT_THROW(cuda::parse_grouped_gemm("Loop"), std::invalid_argument);
+}
+#endif
+
 INSTANTIATE_TEST_SUITE_P(
     Shapes, CudaMoe,
     ::testing::Values(MoeCase{DType::bf16, 37, 8, 2, 36, 20}, MoeCase{DType::f16, 37, 8, 2, 36, 20},
