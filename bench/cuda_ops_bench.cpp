@@ -173,7 +173,7 @@ void dequantize_rows(Env& e, int R) {
 // Mixture-of-experts block at Qwen3-30B-A3B shapes: T = 4096 tokens routed to k = 8 of
 // E = 128 experts (random logits: about T*k/E = 256 rows per expert), hidden 2048, expert
 // FFN 768, bf16. Routing, the sort (with its host round trip), the gathers / combines, and
-// the grouped linears per projection in both grouped-GEMM modes (cuda_backend.hpp), next to
+// the grouped linears per projection in the three grouped-GEMM modes (cuda_backend.hpp), next to
 // one dense GEMM over all T*k rows as their ceiling. FLOPs of a grouped linear 2*T*k*K*N.
 void moe_rows(Env& e, int R) {
   Ops& ops = *e.ops;
@@ -231,9 +231,9 @@ void moe_rows(Env& e, int R) {
     line(e, "dense linear_fwd, all rows (ceiling)", shape,
          time_op(e, [&](int) { ops.linear_fwd(a, w, b, Rw, p.K, p.N); }, R), fl, 0);
 #ifdef RP_HAVE_CUDA
-    for (int mode : {0, 1}) {
+    for (int mode : {0, 1, 2}) {
       rp::cuda::set_grouped_gemm(ops, mode);
-      const std::string tag = mode ? " [grouped]" : " [loop]";
+      const std::string tag = mode == 0 ? " [loop]" : mode == 1 ? " [grouped]" : " [streams]";
 #else
     {
       const std::string tag;
@@ -248,7 +248,7 @@ void moe_rows(Env& e, int R) {
     }
   }
 #ifdef RP_HAVE_CUDA
-  rp::cuda::set_grouped_gemm(ops, 1);
+  rp::cuda::set_grouped_gemm(ops, 2);
 #endif
   e.keep.clear();
 }

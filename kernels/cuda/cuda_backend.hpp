@@ -41,15 +41,19 @@ void set_attention_gqa(Ops& ops, int mode);
 int parse_attention_gqa(const char* text);
 
 /// How a CUDA device's ops run the grouped linears of mixture-of-experts blocks
-/// (Ops::grouped_linear_*): 0 = one cuBLASLt GEMM per expert with rows, 1 = one
-/// cublasGemmGroupedBatchedEx call for all experts (falls back to 0 for a call cuBLAS
-/// refuses, e.g. more than 1024 non-empty experts). Initial value from the environment
-/// variable RP_CUDA_GROUPED_GEMM: grouped (default) or loop. Throws std::invalid_argument
-/// for non-CUDA ops or another value.
+/// (Ops::grouped_linear_*): 0 = one cuBLASLt GEMM per expert with rows, in order on the
+/// compute stream; 1 = one cublasGemmGroupedBatchedEx call for all experts (falls back to 0
+/// for a call cuBLAS refuses, e.g. more than 1024 experts with rows); 2 = the GEMMs of 0
+/// spread round-robin over 4 side streams forked from and joined back into the compute
+/// stream (each with its own cuBLASLt workspace), so small experts run concurrently. All
+/// three give the same results up to the GEMM kernels cuBLAS picks. Initial value from the
+/// environment variable RP_CUDA_GROUPED_GEMM: streams (default), loop or grouped. Throws
+/// std::invalid_argument for non-CUDA ops or another value.
 void set_grouped_gemm(Ops& ops, int mode);
 /// The current mode of set_grouped_gemm.
 int grouped_gemm(Ops& ops);
-/// Parses an RP_CUDA_GROUPED_GEMM value ("loop" -> 0, "grouped" -> 1, empty or unset -> 1);
+/// Parses an RP_CUDA_GROUPED_GEMM value ("loop" -> 0, "grouped" -> 1, "streams", empty or
+/// unset -> 2);
 /// throws std::invalid_argument naming the variable and the accepted values otherwise.
 int parse_grouped_gemm(const char* text);
 

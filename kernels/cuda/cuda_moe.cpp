@@ -1,8 +1,9 @@
 // CudaOps for mixture-of-experts blocks (kernels/ops.hpp documents each op; CPU twin
 // kernels/cpu/cpu_moe.cpp): the argument checks of the CPU twin before anything is
-// enqueued, the launches of cuda_moe.cu's kernels, and the grouped linears, either one
-// cuBLASLt GEMM per expert with rows (CudaOps::gemm, as linear_fwd / linear_bwd_*) or one
-// cublasGemmGroupedBatchedEx call over all of them (set_grouped_gemm in cuda_backend.hpp).
+// enqueued, the launches of cuda_moe.cu's kernels, and the grouped linears (mode of
+// set_grouped_gemm in cuda_backend.hpp): one cuBLASLt GEMM per expert with rows (the GEMMs
+// of linear_fwd / linear_bwd_*) on the compute stream or spread over side streams, or one
+// cublasGemmGroupedBatchedEx call over all of them.
 #include <cublas_v2.h>
 #include <fmt/format.h>
 
@@ -49,6 +50,14 @@ void CudaOps::release_moe() {
   if (group_ptrs_) cudaFree(group_ptrs_);
   if (moe_hist_) cudaFree(moe_hist_);
   blas_ = nullptr, group_ptrs_ = nullptr, moe_hist_ = nullptr;
+  for (int i = 0; i < kMoeStreams; ++i) {
+    if (moe_streams_[i]) cudaStreamDestroy(moe_streams_[i]);
+    if (moe_ws_[i]) cudaFree(moe_ws_[i]);
+    if (moe_join_[i]) cudaEventDestroy(moe_join_[i]);
+    moe_streams_[i] = nullptr, moe_ws_[i] = nullptr, moe_join_[i] = nullptr;
+  }
+  if (moe_fork_) cudaEventDestroy(moe_fork_);
+  moe_fork_ = nullptr;
 }
 
 // ---- routing ---------------------------------------------------------------------------------
@@ -209,6 +218,64 @@ bool CudaOps::grouped_gemm_call(int which, const void* a, const void* b, void* c
   return true;
 }
 
+void CudaOps::expert_gemm(int which, const void* a, const void* b, void* c, int64_t e, int64_t r0, int64_t n,
+                          int64_t K, int64_t N, float beta, cudaStream_t st, void* ws) {
+  const size_t es = dtype_size(dtype_);
+  switch (which) {
+    case 0:  // a = W, b = x, c = y
+      return gemm_on(st, ws, true, false, N, n, K, at(a, e * N * K, es), K, at(b, r0 * K, es), K,
+                     at(c, r0 * N, es), dtype_, N, 0.f);
+    case 1:  // a = W, b = dy, c = dx
+      return gemm_on(st, ws, false, false, K, n, N, at(a, e * N * K, es), K, at(b, r0 * N, es), N,
+                     at(c, r0 * K, es), dtype_, K, beta);
+    default:  // a = x, b = dy, c = dW (f32)
+      return gemm_on(st, ws, false, true, K, N, n, at(a, r0 * K, es), K, at(b, r0 * N, es), N,
+                     at(c, e * N * K, 4), DType::f32, K, 1.f);
+  }
+}
+
+// Mode 2 forks the compute stream into the side streams (an event each way), the experts
+// taken round-robin; the outputs of different experts are disjoint, so the result does not
+// depend on the interleaving.
+void CudaOps::grouped_gemms(int which, const void* a, const void* b, void* c, const int32_t* off, int64_t E,
+                            int64_t K, int64_t N, float beta) {
+  if (grouped_mode_ == 1 && grouped_gemm_call(which, a, b, c, off, E, K, N, beta)) return;
+  int64_t groups = 0;
+  for (int64_t e = 0; e < E; ++e) groups += off[e + 1] > off[e] ? 1 : 0;
+  if (grouped_mode_ != 2 || groups < 2) {
+    for (int64_t e = 0; e < E; ++e)
+      if (off[e + 1] > off[e])
+        expert_gemm(which, a, b, c, e, off[e], off[e + 1] - off[e], K, N, beta, st_, ws_);
+    return;
+  }
+  const int used = int(std::min<int64_t>(groups, kMoeStreams));
+  {
+    std::lock_guard lk(moe_mu_);
+    if (!moe_fork_) {
+      int prio = 0;
+      RP_CUDA_CHECK(cudaStreamGetPriority(st_, &prio));
+      for (int i = 0; i < kMoeStreams; ++i) {
+        RP_CUDA_CHECK(cudaStreamCreateWithPriority(&moe_streams_[i], cudaStreamNonBlocking, prio));
+        RP_CUDA_CHECK(cudaMalloc(&moe_ws_[i], ws_bytes_));
+        RP_CUDA_CHECK(cudaEventCreateWithFlags(&moe_join_[i], cudaEventDisableTiming));
+      }
+      RP_CUDA_CHECK(cudaEventCreateWithFlags(&moe_fork_, cudaEventDisableTiming));
+    }
+  }
+  RP_CUDA_CHECK(cudaEventRecord(moe_fork_, st_));
+  for (int i = 0; i < used; ++i) RP_CUDA_CHECK(cudaStreamWaitEvent(moe_streams_[i], moe_fork_, 0));
+  int g = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    if (off[e + 1] == off[e]) continue;
+    const int i = g++ % kMoeStreams;
+    expert_gemm(which, a, b, c, e, off[e], off[e + 1] - off[e], K, N, beta, moe_streams_[i], moe_ws_[i]);
+  }
+  for (int i = 0; i < used; ++i) {
+    RP_CUDA_CHECK(cudaEventRecord(moe_join_[i], moe_streams_[i]));
+    RP_CUDA_CHECK(cudaStreamWaitEvent(st_, moe_join_[i], 0));
+  }
+}
+
 void CudaOps::grouped_linear_fwd(const void* x, const void* w, void* y, const int32_t* off, int64_t E,
                                  int64_t K, int64_t N) {
   check_offsets(off, E, K, N, "grouped_linear_fwd");
@@ -216,12 +283,7 @@ void CudaOps::grouped_linear_fwd(const void* x, const void* w, void* y, const in
   const int64_t R = off[E];
   if (R == 0 || N == 0) return;
   if (K == 0) return fill(dtype_, y, R * N, 0.f);
-  if (grouped_mode_ == 1 && grouped_gemm_call(0, w, x, y, off, E, K, N, 0.f)) return;
-  const size_t es = dtype_size(dtype_);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t r0 = off[e], n = off[e + 1] - off[e];
-    if (n > 0) linear_fwd(at(x, r0 * K, es), at(w, e * N * K, es), at(y, r0 * N, es), n, K, N);
-  }
+  grouped_gemms(0, w, x, y, off, E, K, N, 0.f);
 }
 
 void CudaOps::grouped_linear_bwd_input(const void* dy, const void* w, void* dx, const int32_t* off, int64_t E,
@@ -234,13 +296,7 @@ void CudaOps::grouped_linear_bwd_input(const void* dy, const void* w, void* dx, 
     if (!accumulate) fill(dtype_, dx, R * K, 0.f);
     return;
   }
-  if (grouped_mode_ == 1 && grouped_gemm_call(1, w, dy, dx, off, E, K, N, accumulate ? 1.f : 0.f)) return;
-  const size_t es = dtype_size(dtype_);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t r0 = off[e], n = off[e + 1] - off[e];
-    if (n > 0)
-      linear_bwd_input(at(dy, r0 * N, es), at(w, e * N * K, es), at(dx, r0 * K, es), n, K, N, accumulate);
-  }
+  grouped_gemms(1, w, dy, dx, off, E, K, N, accumulate ? 1.f : 0.f);
 }
 
 void CudaOps::grouped_linear_bwd_weight(const void* dy, const void* x, void* dw, const int32_t* off,
@@ -248,12 +304,7 @@ void CudaOps::grouped_linear_bwd_weight(const void* dy, const void* x, void* dw,
   check_offsets(off, E, K, N, "grouped_linear_bwd_weight");
   set_device(dev_);
   if (off[E] == 0 || K == 0 || N == 0) return;
-  if (grouped_mode_ == 1 && grouped_gemm_call(2, x, dy, dw, off, E, K, N, 1.f)) return;
-  const size_t es = dtype_size(dtype_);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t r0 = off[e], n = off[e + 1] - off[e];
-    if (n > 0) linear_bwd_weight(at(dy, r0 * N, es), at(x, r0 * K, es), at(dw, e * N * K, 4), n, K, N);
-  }
+  grouped_gemms(2, x, dy, dw, off, E, K, N, 1.f);
 }
 
 }  // namespace rp::cuda

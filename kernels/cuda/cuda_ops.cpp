@@ -119,6 +119,12 @@ CudaOps::Plan& CudaOps::plan_for(const Key& key, bool ta, bool tb, int64_t m, in
 void CudaOps::gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A,
                    int64_t lda, const void* B, int64_t ldb, void* C, DType c_t, int64_t ldc,
                    float beta, float alpha) {
+  gemm_on(st_, ws_, ta, tb, m, n, k, A, lda, B, ldb, C, c_t, ldc, beta, alpha);
+}
+
+void CudaOps::gemm_on(cudaStream_t st, void* ws, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                      const void* A, int64_t lda, const void* B, int64_t ldb, void* C, DType c_t,
+                      int64_t ldc, float beta, float alpha) {
   set_device(dev_);
   const unsigned aa = alignment_of(A), ab = alignment_of(B), ac = alignment_of(C);
   const Key key{ta, tb, m, n, k, lda, ldb, ldc, int64_t(c_t), int64_t(aa), int64_t(ab),
@@ -128,7 +134,7 @@ void CudaOps::gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void
   // alpha is read from host memory at the call (CUBLASLT_POINTER_MODE_HOST, the default);
   // the algorithm choice does not depend on its value, so it is not part of the plan key.
   RP_CUBLAS_CHECK(cublasLtMatmul(lt_, p.op, &alpha, A, p.a, B, p.b, &beta, C, p.c, C, p.c,
-                                 &p.algo, ws_, ws_bytes_, st_));
+                                 &p.algo, ws, ws_bytes_, st));
 }
 
 // ---- memory helpers ---------------------------------------------------------------------
@@ -425,11 +431,12 @@ int parse_attention_gqa(const char* text) {
 }
 
 int parse_grouped_gemm(const char* text) {
-  if (!text || !*text) return 1;
+  if (!text || !*text) return 2;
   const std::string t = text;
   if (t == "loop") return 0;
   if (t == "grouped") return 1;
-  throw std::invalid_argument(fmt::format("RP_CUDA_GROUPED_GEMM='{}': expected loop or grouped", t));
+  if (t == "streams") return 2;
+  throw std::invalid_argument(fmt::format("RP_CUDA_GROUPED_GEMM='{}': expected streams, loop or grouped", t));
 }
 
 namespace {
@@ -454,7 +461,7 @@ void set_attention_gqa(Ops& ops, int mode) {
 
 void set_grouped_gemm(Ops& ops, int mode) {
   CudaOps& c = cuda_ops(ops, "set_grouped_gemm");
-  if (mode < 0 || mode > 1) throw std::invalid_argument("set_grouped_gemm: mode must be 0 or 1");
+  if (mode < 0 || mode > 2) throw std::invalid_argument("set_grouped_gemm: mode must be 0, 1 or 2");
   c.set_grouped_gemm(mode);
 }
 

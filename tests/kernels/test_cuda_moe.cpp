@@ -2,7 +2,7 @@
 // twins (kernels/cpu/cpu_moe.cpp) on the same inputs rounded to the device dtype (bf16 and
 // f16), at a small shape (E=8, k=2, rows of 36: the unvectorised paths) and at a
 // Qwen3-30B-A3B-like one (E=128, k=8, T=512, H=256, F=96), each with experts that receive
-// no tokens; the grouped linears in both modes (per-expert loop and cuBLAS grouped GEMM);
+// no tokens; the grouped linears in the three modes (per-expert loop, cuBLAS grouped GEMM, side streams);
 // reruns bit-identical; a bad expert index reported by the stream. Outputs are NaN-poisoned
 // first. Skipped when no CUDA device is visible.
 #include <gtest/gtest.h>
@@ -163,7 +163,7 @@ TEST_P(CudaMoe, GatherCombineMatchCpu) {
   EXPECT_TRUE(close(download(dxa), rdxa, tol(), "gather_bwd +="));
 }
 
-TEST_P(CudaMoe, GroupedLinearsMatchCpuInBothModes) {
+TEST_P(CudaMoe, GroupedLinearsMatchCpuInEveryMode) {
   const auto c = GetParam();
   Cpu r = cpu_route(logits(13), false, VecF(size_t(2 * c.E), 0.f));
   const int64_t R = c.T * c.k, E = c.E;
@@ -179,7 +179,7 @@ TEST_P(CudaMoe, GroupedLinearsMatchCpuInBothModes) {
     cpu_->grouped_linear_bwd_input(dy.data(), w.data(), rdx.data(), r.off.data(), E, K, N, false);
     cpu_->grouped_linear_bwd_input(dy.data(), w.data(), rdxa.data(), r.off.data(), E, K, N, true);
     cpu_->grouped_linear_bwd_weight(dy.data(), x.data(), rdw.data(), r.off.data(), E, K, N);
-    for (int mode : {0, 1}) {
+    for (int mode : {0, 1, 2}) {
       VecF start = dx_start;
       DT y = poisoned(R * N, c.dt), dx = poisoned(R * K, c.dt), dxa = upload(start, c.dt);
       DT dw = upload(dw0, DType::f32);
@@ -190,7 +190,10 @@ TEST_P(CudaMoe, GroupedLinearsMatchCpuInBothModes) {
         o.grouped_linear_bwd_input(dyd.get(), wd.get(), dxa.get(), r.off.data(), E, K, N, true);
         o.grouped_linear_bwd_weight(dyd.get(), xd.get(), dw.get(), r.off.data(), E, K, N);
       });
-      const std::string m = std::string(mode ? "grouped" : "loop") + " K=" + std::to_string(K);
+      const std::string m = std::string(mode == 0   ? "loop"
+                                        : mode == 1 ? "grouped"
+                                                    : "streams") +
+                            " K=" + std::to_string(K);
       EXPECT_TRUE(close(download(y), ry, tol(), ("y " + m).c_str()));
       EXPECT_TRUE(close(download(dx), rdx, tol(), ("dx " + m).c_str()));
       EXPECT_TRUE(close(download(dxa), rdxa, tol(), ("dx += " + m).c_str()));
@@ -243,7 +246,7 @@ TEST_P(CudaMoe, RerunsAreBitIdentical) {
       out.push_back(download(*d));
     return out;
   };
-  for (int mode : {0, 1}) {
+  for (int mode : {0, 1, 2}) {
     const std::vector<VecF> a = once(mode), b = once(mode);
     ASSERT_EQ(a.size(), b.size());
     for (size_t i = 0; i < a.size(); ++i) {
@@ -276,8 +279,9 @@ TEST_P(CudaMoe, BadExpertIndexIsReported) {
 
 #ifdef RP_HAVE_CUDA
 TEST(CudaMoeKnobs, GroupedGemmVariable) {  // needs no device
-  EXPECT_EQ(cuda::parse_grouped_gemm(nullptr), 1);
-  EXPECT_EQ(cuda::parse_grouped_gemm(""), 1);
+  EXPECT_EQ(cuda::parse_grouped_gemm(nullptr), 2);
+  EXPECT_EQ(cuda::parse_grouped_gemm(""), 2);
+  EXPECT_EQ(cuda::parse_grouped_gemm("streams"), 2);
   EXPECT_EQ(cuda::parse_grouped_gemm("grouped"), 1);
   EXPECT_EQ(cuda::parse_grouped_gemm("loop"), 0);
   EXPECT_THROW(cuda::parse_grouped_gemm("Loop"), std::invalid_argument);
