@@ -10,7 +10,10 @@
 // Frozen-weight dequantization (Ops::dequantize) is measured for each storage form on 50M
 // values into the compute dtype: GB/s of storage read, of output written, and both.
 //
-//   bench_cuda_ops_bench [--quick] [--dequant]     (--dequant: the ceilings and dequantization only)
+// The mixture-of-experts ops are measured at Qwen3-30B-A3B shapes (moe_rows below).
+//
+//   bench_cuda_ops_bench [--quick] [--dequant] [--moe]   (--dequant / --moe: the ceilings and
+//                                                         that section only)
 //
 // Timing: each op is issued R times back to back on the compute stream, then the stream
 // is synchronised; the time per call is the median over 5 such trials, after warm-up.
@@ -46,7 +49,7 @@ struct Env {
   Ops* ops = nullptr;
   std::vector<DeviceBuffer> keep;
   double peak_tflops = 0, peak_gbs = 0;
-  bool quick = false, dequant_only = false;
+  bool quick = false, dequant_only = false, moe_only = false;
 };
 
 void* buffer(Env& e, int64_t n, DType t) {
@@ -167,6 +170,89 @@ void dequantize_rows(Env& e, int R) {
   row(WeightFormat::q8_0, 2);  // a tensor that does not start at a 16-byte boundary
 }
 
+// Mixture-of-experts block at Qwen3-30B-A3B shapes: T = 4096 tokens routed to k = 8 of
+// E = 128 experts (random logits: about T*k/E = 256 rows per expert), hidden 2048, expert
+// FFN 768, bf16. Routing, the sort (with its host round trip), the gathers / combines, and
+// the grouped linears per projection in the three grouped-GEMM modes (cuda_backend.hpp), next to
+// one dense GEMM over all T*k rows as their ceiling. FLOPs of a grouped linear 2*T*k*K*N.
+void moe_rows(Env& e, int R) {
+  Ops& ops = *e.ops;
+  const DType bf = DType::bf16, f32 = DType::f32, i32 = DType::i32;
+  const int64_t T = 4096, E = 128, k = 8, H = 2048, F = 768, Rw = T * k;
+  std::printf("\n-- mixture of experts (Qwen3-30B-A3B: T=4096, E=128, k=8, H=2048, F=768, bf16) --\n");
+  void* logits = rand_buffer(e, T * E, bf, 1.f, 200);
+  float* probs = static_cast<float*>(buffer(e, T * E, f32));
+  float* tw = static_cast<float*>(buffer(e, T * k, f32));
+  float* stats = static_cast<float*>(buffer(e, 2 * E, f32));
+  auto* idx = static_cast<int32_t*>(buffer(e, Rw, i32));
+  auto* off = static_cast<int32_t*>(buffer(e, E + 1, i32));
+  auto* row = static_cast<int32_t*>(buffer(e, Rw, i32));
+  auto* token = static_cast<int32_t*>(buffer(e, Rw, i32));
+  std::vector<int32_t> off_h(size_t(E + 1), 0);
+  const std::string sr = "T=4096 E=128 k=8";
+  line(e, "moe_route (+stats)", sr,
+       time_op(e, [&](int) { ops.moe_route(logits, probs, idx, tw, stats, T, E, k, true); }, R), 0,
+       double(T * E) * 6 + double(Rw) * 8);
+  line(e, "moe_sort (+ offsets to host, wait)", sr,
+       time_op(e, [&](int) { ops.moe_sort(idx, off, off_h.data(), row, token, T, E, k); }, R), 0, double(Rw) * 12);
+  int64_t lo = Rw, hi = 0;
+  for (int64_t ex = 0; ex < E; ++ex) {
+    lo = std::min<int64_t>(lo, off_h[size_t(ex + 1)] - off_h[size_t(ex)]);
+    hi = std::max<int64_t>(hi, off_h[size_t(ex + 1)] - off_h[size_t(ex)]);
+  }
+  std::printf("rows per expert: %lld .. %lld\n", (long long)lo, (long long)hi);
+  void* x = rand_buffer(e, T * H, bf, 1.f, 201);
+  void* xs = rand_buffer(e, Rw * H, bf, 1.f, 202);
+  void* ys = rand_buffer(e, Rw * H, bf, 1.f, 203);
+  void* y = buffer(e, T * H, bf);
+  void* dys = buffer(e, Rw * H, bf);
+  float* dtw = static_cast<float*>(buffer(e, Rw, f32));
+  const double RH = double(Rw * H) * 2, TH = double(T * H) * 2;
+  const std::string sh = "R=32768 H=2048 bf16";
+  line(e, "gather_rows", sh, time_op(e, [&](int) { ops.gather_rows(x, token, xs, Rw, H); }, R), 0, 2 * RH);
+  line(e, "moe_combine", sh, time_op(e, [&](int) { ops.moe_combine(ys, tw, row, y, T, k, H, false); }, R), 0, RH + TH);
+  line(e, "moe_combine_bwd", sh,
+       time_op(e, [&](int) { ops.moe_combine_bwd(y, ys, tw, row, dys, dtw, T, k, H); }, R), 0, TH + 2 * RH);
+  line(e, "moe_gather_bwd", sh, time_op(e, [&](int) { ops.moe_gather_bwd(ys, row, y, T, k, H, false); }, R), 0,
+       RH + TH);
+  struct P {
+    const char* name;
+    int64_t K, N;
+  } ps[] = {{"gate / up", H, F}, {"down", F, H}};
+  for (const P& p : ps) {
+    void* a = rand_buffer(e, Rw * p.K, bf, 1.f, 210);
+    void* w = rand_buffer(e, E * p.N * p.K, bf, 0.02f, 211);
+    void* b = buffer(e, Rw * p.N, bf);
+    void* db = rand_buffer(e, Rw * p.N, bf, 1.f, 212);
+    void* da = buffer(e, Rw * p.K, bf);
+    void* dw = rand_buffer(e, E * p.N * p.K, f32, 0.01f, 213);
+    const double fl = 2.0 * double(Rw) * double(p.K) * double(p.N);
+    const std::string shape = std::string(p.name) + " K=" + std::to_string(p.K) + " N=" + std::to_string(p.N);
+    line(e, "dense linear_fwd, all rows (ceiling)", shape,
+         time_op(e, [&](int) { ops.linear_fwd(a, w, b, Rw, p.K, p.N); }, R), fl, 0);
+#ifdef RP_HAVE_CUDA
+    for (int mode : {0, 1, 2}) {
+      rp::cuda::set_grouped_gemm(ops, mode);
+      const std::string tag = mode == 0 ? " [loop]" : mode == 1 ? " [grouped]" : " [streams]";
+#else
+    {
+      const std::string tag;
+#endif
+      line(e, "grouped_linear_fwd" + tag, shape,
+           time_op(e, [&](int) { ops.grouped_linear_fwd(a, w, b, off_h.data(), E, p.K, p.N); }, R), fl, 0);
+      line(e, "grouped_linear_bwd_input" + tag, shape,
+           time_op(e, [&](int) { ops.grouped_linear_bwd_input(db, w, da, off_h.data(), E, p.K, p.N, false); }, R), fl,
+           0);
+      line(e, "grouped_linear_bwd_weight" + tag, shape,
+           time_op(e, [&](int) { ops.grouped_linear_bwd_weight(db, a, dw, off_h.data(), E, p.K, p.N); }, R), fl, 0);
+    }
+  }
+#ifdef RP_HAVE_CUDA
+  rp::cuda::set_grouped_gemm(ops, 2);
+#endif
+  e.keep.clear();
+}
+
 #ifdef RP_HAVE_CUDA
 // Runs fn once on the compute stream; false (with *err) when it threw or the stream failed.
 bool try_once(Env& e, const std::function<void()>& fn, std::string* err) {
@@ -281,6 +367,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i)
     if (std::strcmp(argv[i], "--quick") == 0) e.quick = true;
     else if (std::strcmp(argv[i], "--dequant") == 0) e.dequant_only = true;
+    else if (std::strcmp(argv[i], "--moe") == 0) e.moe_only = true;
   if (cuda_device_count() == 0) {
     std::printf("no CUDA device visible: nothing to measure\n");
     return 0;
@@ -316,6 +403,10 @@ int main(int argc, char** argv) {
   const int R = e.quick ? 3 : 10;
   if (e.dequant_only) {
     dequantize_rows(e, 2 * R);
+    return 0;
+  }
+  if (e.moe_only) {
+    moe_rows(e, R);
     return 0;
   }
 
@@ -437,6 +528,7 @@ int main(int argc, char** argv) {
   }
 
   dequantize_rows(e, 2 * R);
+  moe_rows(e, R);
 
   // ---- embedding and the LM head --------------------------------------------------------------
   {

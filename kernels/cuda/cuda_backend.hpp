@@ -40,6 +40,23 @@ void set_attention_gqa(Ops& ops, int mode);
 /// std::invalid_argument naming the variable and the accepted values for anything else.
 int parse_attention_gqa(const char* text);
 
+/// How a CUDA device's ops run the grouped linears of mixture-of-experts blocks
+/// (Ops::grouped_linear_*): 0 = one cuBLASLt GEMM per expert with rows, in order on the
+/// compute stream; 1 = one cublasGemmGroupedBatchedEx call for all experts (falls back to 0
+/// for a call cuBLAS refuses, e.g. more than 1024 experts with rows); 2 = the GEMMs of 0
+/// spread round-robin over 4 side streams forked from and joined back into the compute
+/// stream (each with its own cuBLASLt workspace), so small experts run concurrently. All
+/// three give the same results up to the GEMM kernels cuBLAS picks. Initial value from the
+/// environment variable RP_CUDA_GROUPED_GEMM: streams (default), loop or grouped. Throws
+/// std::invalid_argument for non-CUDA ops or another value.
+void set_grouped_gemm(Ops& ops, int mode);
+/// The current mode of set_grouped_gemm.
+int grouped_gemm(Ops& ops);
+/// Parses an RP_CUDA_GROUPED_GEMM value ("loop" -> 0, "grouped" -> 1, "streams", empty or
+/// unset -> 2);
+/// throws std::invalid_argument naming the variable and the accepted values otherwise.
+int parse_grouped_gemm(const char* text);
+
 /// The scratch bytes the cuDNN attention paths of these ops assume each attention call's
 /// scratch holds; 0 (default) = Ops::attention_scratch_bytes of the call's shape. Smaller
 /// values emulate a smaller scratch (more, smaller passes of the expanded GQA backward);

@@ -286,6 +286,10 @@ class CudaStream final : public Stream {
           err_words_[kErrTarget] = 0;
           add(fmt::format("{} stream: lm_head_cross_entropy: target >= vocab", name_));
         }
+        if (err_words_[kErrMoeExpert]) {
+          err_words_[kErrMoeExpert] = 0;
+          add(fmt::format("{} stream: moe_sort: expert index outside [0, E)", name_));
+        }
       }
       try {
         it.cb(err);

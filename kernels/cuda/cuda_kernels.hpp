@@ -16,7 +16,7 @@ namespace rp::cuda {
 /// set to 1 for bad inputs the CPU backend rejects with an exception (plain idempotent
 /// stores, no host-memory atomics); the compute stream's next then() reports and clears
 /// them.
-enum : int { kErrEmbeddingId = 0, kErrTarget = 1, kErrSlots = 4 };
+enum : int { kErrEmbeddingId = 0, kErrTarget = 1, kErrMoeExpert = 2, kErrSlots = 4 };
 
 // ---- memory helpers ---------------------------------------------------------------
 void k_fill(DType t, void* x, int64_t n, float v, cudaStream_t st);
@@ -115,5 +115,58 @@ void k_attention_packed_bwd(DType t, const void* q, const void* k, const void* v
                             const void* dout, const int32_t* pos, void* dq, void* dk, void* dv, int64_t n_seq,
                             int64_t L, int64_t nq, int64_t nkv, int64_t D, float scale, void* scratch,
                             cudaStream_t st);
+
+// ---- mixture of experts (cuda_moe.cu; CPU twin kernels/cpu/cpu_moe.cpp) ----------------
+// Shapes and formulas as Ops documents them (kernels/ops.hpp, "mixture of experts"); `t` is
+// the storage type of logits / activations (f32, bf16 or f16). Every float sum runs in a
+// fixed order (bit-identical reruns). E, k and H fit in int.
+/// probs, topk_idx, topk_w of Ops::moe_route (one warp per token; E any size).
+void k_moe_route(DType t, const void* logits, float* probs, int32_t* topk_idx, float* topk_w, int64_t T,
+                 int64_t E, int64_t k, bool norm, cudaStream_t st);
+/// stats[e] += #{a < T*k : topk_idx[a] == e}, stats[E+e] += sum_t probs[t,e] (tokens in a
+/// fixed order; counts exact while below 2^24).
+void k_moe_route_stats(const float* probs, const int32_t* topk_idx, float* stats, int64_t T, int64_t E, int64_t k,
+                       cudaStream_t st);
+void k_moe_route_bwd(DType t, const float* probs, const int32_t* topk_idx, const float* dw, const float* counts,
+                     float aux_coef, void* dlogits, int64_t T, int64_t E, int64_t k, bool norm, cudaStream_t st);
+/// Chunking of moe_sort's R = T*k assignments: `chunks` chunks of `chunk` assignments;
+/// the sort needs hist_ints int32 of device scratch.
+struct MoeSortPlan {
+  int64_t chunk = 0;
+  int chunks = 0;
+  int64_t hist_ints = 0;
+};
+MoeSortPlan moe_sort_plan(int64_t R, int64_t E);
+/// offsets (device, E+1), row and token of Ops::moe_sort: histogram per chunk, one scan,
+/// stable placement per chunk. hist: moe_sort_plan(T*k, E).hist_ints int32. An expert index
+/// outside [0, E) sets err[kErrMoeExpert] and is placed as the nearest valid expert.
+void k_moe_sort(const int32_t* topk_idx, int32_t* offsets, int32_t* row, int32_t* token, int64_t T, int64_t E,
+                int64_t k, int32_t* hist, unsigned* err, cudaStream_t st);
+/// xs[r,:] = x[token[r],:] (rows of H elements of t, bit copies).
+void k_gather_rows(DType t, const void* x, const int32_t* token, void* xs, int64_t R, int64_t H, cudaStream_t st);
+/// y[t,:] (+)= sum_j w[t,j] ys[row[t*k+j],:], w null meaning all weights 1 (moe_gather_bwd).
+void k_moe_combine(DType t, const void* ys, const float* w, const int32_t* row, void* y, int64_t T, int64_t k,
+                   int64_t H, bool accumulate, cudaStream_t st);
+void k_moe_combine_bwd(DType t, const void* dy, const void* ys, const float* w, const int32_t* row, void* dys,
+                       float* dw, int64_t T, int64_t k, int64_t H, cudaStream_t st);
+void k_moe_gather_bwd(DType t, const void* dxs, const int32_t* row, void* dx, int64_t T, int64_t k, int64_t H,
+                      bool accumulate, cudaStream_t st);
+/// The GEMMs of one grouped linear call (group g: expert expert[g], first row row0[g]),
+/// passed by value as a kernel parameter (CUDA 12.1+ allows 32 KiB of parameters).
+constexpr int kMoeMaxGroups = 1024;
+struct MoeGroupTable {
+  int32_t n = 0;
+  int32_t expert[kMoeMaxGroups];
+  int32_t row0[kMoeMaxGroups];
+};
+/// Operand of group g at base + expert * per_expert + row0 * per_row (bytes).
+struct MoeGroupOperand {
+  char* base = nullptr;
+  int64_t per_expert = 0, per_row = 0;
+};
+/// ptrs[g], ptrs[n + g], ptrs[2n + g] = the A, B, C operands of group g (device array of
+/// 3 * tab.n pointers, for cublasGemmGroupedBatchedEx).
+void k_moe_group_ptrs(const MoeGroupTable& tab, const MoeGroupOperand& a, const MoeGroupOperand& b,
+                      const MoeGroupOperand& c, void** ptrs, cudaStream_t st);
 
 }  // namespace rp::cuda

@@ -57,10 +57,12 @@ CudaOps::CudaOps(int device, cudaStream_t stream, DType dtype, unsigned* err)
   ws_bytes_ = kWorkspaceBytes;
   attn_impl_ = parse_attention_impl(std::getenv("RP_CUDA_ATTENTION"));
   attn_gqa_ = parse_attention_gqa(std::getenv("RP_CUDA_ATTENTION_GQA"));
+  grouped_mode_ = parse_grouped_gemm(std::getenv("RP_CUDA_GROUPED_GEMM"));
 }
 
 CudaOps::~CudaOps() {
   cudaSetDevice(dev_);
+  release_moe();
   for (auto& [k, p] : plans_) {
     cublasLtMatmulDescDestroy(p.op);
     cublasLtMatrixLayoutDestroy(p.a);
@@ -117,6 +119,12 @@ CudaOps::Plan& CudaOps::plan_for(const Key& key, bool ta, bool tb, int64_t m, in
 void CudaOps::gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A,
                    int64_t lda, const void* B, int64_t ldb, void* C, DType c_t, int64_t ldc,
                    float beta, float alpha) {
+  gemm_on(st_, ws_, ta, tb, m, n, k, A, lda, B, ldb, C, c_t, ldc, beta, alpha);
+}
+
+void CudaOps::gemm_on(cudaStream_t st, void* ws, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                      const void* A, int64_t lda, const void* B, int64_t ldb, void* C, DType c_t,
+                      int64_t ldc, float beta, float alpha) {
   set_device(dev_);
   const unsigned aa = alignment_of(A), ab = alignment_of(B), ac = alignment_of(C);
   const Key key{ta, tb, m, n, k, lda, ldb, ldc, int64_t(c_t), int64_t(aa), int64_t(ab),
@@ -126,7 +134,7 @@ void CudaOps::gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void
   // alpha is read from host memory at the call (CUBLASLT_POINTER_MODE_HOST, the default);
   // the algorithm choice does not depend on its value, so it is not part of the plan key.
   RP_CUBLAS_CHECK(cublasLtMatmul(lt_, p.op, &alpha, A, p.a, B, p.b, &beta, C, p.c, C, p.c,
-                                 &p.algo, ws_, ws_bytes_, st_));
+                                 &p.algo, ws, ws_bytes_, st));
 }
 
 // ---- memory helpers ---------------------------------------------------------------------
@@ -422,6 +430,15 @@ int parse_attention_gqa(const char* text) {
       "RP_CUDA_ATTENTION_GQA='{}': expected auto, native or expand", t));
 }
 
+int parse_grouped_gemm(const char* text) {
+  if (!text || !*text) return 2;
+  const std::string t = text;
+  if (t == "loop") return 0;
+  if (t == "grouped") return 1;
+  if (t == "streams") return 2;
+  throw std::invalid_argument(fmt::format("RP_CUDA_GROUPED_GEMM='{}': expected streams, loop or grouped", t));
+}
+
 namespace {
 CudaOps& cuda_ops(Ops& ops, const char* fn) {
   auto* c = dynamic_cast<CudaOps*>(&ops);
@@ -441,6 +458,14 @@ void set_attention_gqa(Ops& ops, int mode) {
   if (mode < 0 || mode > 2) throw std::invalid_argument("set_attention_gqa: mode must be 0..2");
   c.set_attention_gqa(mode);
 }
+
+void set_grouped_gemm(Ops& ops, int mode) {
+  CudaOps& c = cuda_ops(ops, "set_grouped_gemm");
+  if (mode < 0 || mode > 2) throw std::invalid_argument("set_grouped_gemm: mode must be 0, 1 or 2");
+  c.set_grouped_gemm(mode);
+}
+
+int grouped_gemm(Ops& ops) { return cuda_ops(ops, "grouped_gemm").grouped_gemm(); }
 
 void set_attention_scratch_bytes(Ops& ops, size_t bytes) {
   cuda_ops(ops, "set_attention_scratch_bytes").set_attention_scratch_bytes(bytes);

@@ -117,6 +117,11 @@ class CudaOps final : public Ops {
   void grouped_linear_bwd_weight(const void* dy, const void* x, void* dw, const int32_t* offsets_host, int64_t E,
                                  int64_t K, int64_t N) override;
 
+  /// Grouped linears (cuda_backend.hpp, set_grouped_gemm): 0 = one cuBLASLt GEMM per
+  /// non-empty expert on the compute stream, 1 = one cublasGemmGroupedBatchedEx call for
+  /// all of them, 2 = the per-expert GEMMs spread over kMoeStreams side streams.
+  void set_grouped_gemm(int mode) { grouped_mode_ = mode; }
+  int grouped_gemm() const { return grouped_mode_; }
   void set_attention_impl(int impl) { attn_impl_ = impl; }
   /// cuda_backend.hpp's set_attention_gqa (0 auto, 1 native, 2 expand).
   void set_attention_gqa(int mode);
@@ -144,6 +149,10 @@ class CudaOps final : public Ops {
     cublasLtMatmulAlgo_t algo{};
   };
   using Key = std::array<int64_t, 14>;
+  // gemm() on stream st with workspace ws (ws_bytes_ bytes, used by no other stream meanwhile).
+  void gemm_on(cudaStream_t st, void* ws, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+               const void* A, int64_t lda, const void* B, int64_t ldb, void* C, DType c_t, int64_t ldc,
+               float beta, float alpha = 1.0f);
   Plan& plan_for(const Key& key, bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t lda,
                  int64_t ldb, int64_t ldc, DType c_t, unsigned align_a, unsigned align_b,
                  unsigned align_c);
@@ -161,6 +170,31 @@ class CudaOps final : public Ops {
   int attn_gqa_ = 0;                // RP_CUDA_ATTENTION_GQA
   size_t attn_scratch_bytes_ = 0;   // 0: Ops::attention_scratch_bytes of the shape
   int64_t last_bwd_passes_ = 0;
+  // mixture of experts (cuda_moe.cpp): scratch of moe_sort, the cuBLAS handle and pointer
+  // arrays of the grouped GEMM; released by release_moe()
+  int grouped_mode_ = 2;            // RP_CUDA_GROUPED_GEMM
+  static constexpr int kMoeStreams = 4;
+  cudaStream_t moe_streams_[kMoeStreams] = {};  // side streams of mode 2, each with a workspace
+  void* moe_ws_[kMoeStreams] = {};
+  cudaEvent_t moe_fork_ = nullptr, moe_join_[kMoeStreams] = {};
+  bool grouped_f32_out_ok_ = true;  // false once cuBLAS refused an f32 output (then: loop)
+  std::mutex moe_mu_;
+  void* moe_hist_ = nullptr;
+  size_t moe_hist_bytes_ = 0;
+  void* blas_ = nullptr;            // cublasHandle_t, created at the first grouped call
+  void** group_ptrs_ = nullptr;     // device, 3 * kMoeMaxGroups pointers
+  void release_moe();
+  // One grouped linear through cublasGemmGroupedBatchedEx; false (no GEMM enqueued) when
+  // cuBLAS refuses the shape or types, so the caller runs the per-expert loop instead.
+  bool grouped_gemm_call(int which, const void* a, const void* b, void* c, const int32_t* offsets_host,
+                         int64_t E, int64_t K, int64_t N, float beta);
+  // The GEMMs of one grouped linear in the current mode (which: 0 forward, 1 input
+  // gradient, 2 weight gradient; operands as grouped_gemm_call).
+  void grouped_gemms(int which, const void* a, const void* b, void* c, const int32_t* offsets_host,
+                     int64_t E, int64_t K, int64_t N, float beta);
+  // Expert e's GEMM (rows r0 .. r0+n-1) of a grouped linear on stream st with workspace ws.
+  void expert_gemm(int which, const void* a, const void* b, void* c, int64_t e, int64_t r0, int64_t n,
+                   int64_t K, int64_t N, float beta, cudaStream_t st, void* ws);
   std::unique_ptr<CudnnAttention> cudnn_;  // null when the build has no cuDNN
   bool cudnn_refusal_logged_ = false;
   // Runs attention through cuDNN when impl allows (0: if it accepts, 4: must accept).
