@@ -11,7 +11,7 @@ namespace rp {
 class MetricsFile {
  public:
   static constexpr const char* kHeader =
-      "step,loss,target_tokens,tokens_per_s,lr,elapsed_s,grad_norm,loss_scale,skipped,eval_loss,eval_perplexity\n";
+      "step,loss,target_tokens,tokens_per_s,lr,elapsed_s,grad_norm,loss_scale,skipped,eval_loss,eval_perplexity,aux_loss,expert_load_min,expert_load_max\n";
 
   /// A fresh run (`resume_step` 0) creates or truncates `path` and writes the header; a run
   /// resumed at `resume_step` keeps the rows of steps <= resume_step (those of a later,

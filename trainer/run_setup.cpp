@@ -48,10 +48,19 @@ LoadedModel load_model_for_training(const std::string& path) {
   spdlog::info("loading model {}", path);
   LoadedModel lm = load_model(path);
   const auto& c = lm.config;
-  spdlog::info("model: {} layers, hidden {}, {} heads ({} kv), ffn {}, vocab {}, {:.1f} M parameters{}",
-               c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads,
-               c.intermediate_size, c.vocab_size, c.num_parameters() / 1e6,
-               c.tie_word_embeddings ? ", tied embeddings" : "");
+  if (c.num_moe_layers() > 0)
+    spdlog::info("model: {} layers ({} sparse: {} experts, top-{}, expert ffn {}; load-balancing loss {}), hidden {}, "
+                 "{} heads ({} kv), vocab {}, {:.1f} M parameters ({:.1f} M active per token){}",
+                 c.num_hidden_layers, c.num_moe_layers(), c.num_experts, c.num_experts_per_tok,
+                 c.moe_intermediate_size,
+                 c.aux_loss_coef() > 0 ? fmt::format("x {}", c.aux_loss_coef()) : std::string("off"), c.hidden_size,
+                 c.num_attention_heads, c.num_key_value_heads, c.vocab_size, c.num_parameters() / 1e6,
+                 c.num_active_parameters() / 1e6, c.tie_word_embeddings ? ", tied embeddings" : "");
+  else
+    spdlog::info("model: {} layers, hidden {}, {} heads ({} kv), ffn {}, vocab {}, {:.1f} M parameters{}",
+                 c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads,
+                 c.intermediate_size, c.vocab_size, c.num_parameters() / 1e6,
+                 c.tie_word_embeddings ? ", tied embeddings" : "");
   require_tokenizer(lm);
   return lm;
 }

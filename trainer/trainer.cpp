@@ -178,6 +178,16 @@ bool Run::report(int64_t t) {
   s.grad_norm = r.grad_norm;
   s.loss_scale = r.loss_scale;
   s.skipped = r.skipped;
+  if (!r.expert_tokens.empty()) {
+    double total = 0;
+    for (double x : r.expert_tokens) total += x;
+    const double ideal = total / double(r.expert_tokens.size());
+    const auto [lo, hi] = std::minmax_element(r.expert_tokens.begin(), r.expert_tokens.end());
+    s.experts = int64_t(r.expert_tokens.size());
+    s.aux_loss = r.moe_aux_loss;
+    s.expert_load_min = ideal > 0 ? *lo / ideal : 0;
+    s.expert_load_max = ideal > 0 ? *hi / ideal : 0;
+  }
   s.elapsed_s = now;
   s.eta_s = (now / double(t + 1 - start_)) * double(spec_.steps - t - 1);
   if (pending_eval_.count(t + 1)) collect_eval(t + 1, s);
@@ -207,6 +217,11 @@ void Run::log_scalars(const StepReport& s) {
   if (s.mfu > 0) tb_->scalar("train/mfu", s.mfu, s.step);
   if (spec_.max_grad_norm > 0 || spec_.loss_scaling) tb_->scalar("train/grad_norm", s.grad_norm, s.step);
   if (spec_.loss_scaling) tb_->scalar("train/loss_scale", s.loss_scale, s.step);
+  if (s.experts > 0) {
+    tb_->scalar("train/aux_loss", s.aux_loss, s.step);
+    tb_->scalar("train/expert_load_min", s.expert_load_min, s.step);
+    tb_->scalar("train/expert_load_max", s.expert_load_max, s.step);
+  }
   if (s.evaluated) {
     tb_->scalar("eval/loss", s.eval_loss, s.step);
     tb_->scalar("eval/perplexity", s.eval_perplexity, s.step);

@@ -76,6 +76,12 @@ struct StepReport {
   double eval_loss = 0;        ///< nats per target token
   double eval_perplexity = 0;  ///< exp(eval_loss)
   int64_t eval_tokens = 0;     ///< target tokens evaluated
+  /// Mixture-of-experts models (experts > 0): the load-balancing loss of the step (without its
+  /// coefficient; StepResult::moe_aux_loss) and the expert utilisation: the tokens routed to
+  /// the least and the most used expert over the step, summed over the sparse layers, as a
+  /// multiple of the ideal (all routed tokens / experts; 1 and 1 is perfectly balanced).
+  int64_t experts = 0;
+  double aux_loss = 0, expert_load_min = 0, expert_load_max = 0;
 };
 
 /// A checkpoint folder the run wrote.

@@ -1,6 +1,7 @@
 // Helpers of the CLI tests: run the built `roundpipe` binary in a scratch folder, and a tiny
 // Hugging Face model written by the project's own writer (no download needed).
 #pragma once
+#include <cmath>
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -50,7 +51,9 @@ inline CliRun roundpipe(const std::string& args, const fs::path& dir) {
 inline void write(const fs::path& p, const std::string& s) { std::ofstream(p) << s; }
 
 // A tiny HF-layout model written by the project's own writer (no download needed).
-inline fs::path tiny_model(const fs::path& dir) {
+/// A tiny model with a byte-level tokenizer in dir/tiny (or dir/<name>); `moe`: a Qwen3-MoE
+/// (4 experts, top-2, the load-balancing loss on) with varied weights so routing is not tied.
+inline fs::path tiny_model(const fs::path& dir, bool moe = false) {
   rp::ModelConfig c;
   c.architecture = "llama";
   c.vocab_size = 300;
@@ -62,9 +65,26 @@ inline fs::path tiny_model(const fs::path& dir) {
   c.head_dim = 8;
   c.tie_word_embeddings = true;
   c.eos_token_id = 0;
+  if (moe) {
+    c.architecture = "qwen3_moe";
+    c.qk_norm = true;
+    c.num_experts = 4;
+    c.num_experts_per_tok = 2;
+    c.moe_intermediate_size = 12;
+    c.norm_topk_prob = true;
+    c.router_aux_loss_coef = 0.01;
+    c.output_router_logits = true;
+  }
   rp::ModelLayout m = rp::make_layout(c);
   std::vector<std::vector<float>> w;
-  for (auto& g : m.groups) w.emplace_back(g.numel, 0.02f);
+  for (auto& g : m.groups) {
+    w.emplace_back(g.numel, 0.02f);
+    if (moe)  // varied, deterministic weights: the router's logits differ between experts
+      for (const auto& t : g.tensors)
+        for (int64_t i = 0; i < t.numel(); ++i)
+          w.back()[size_t(t.offset + i)] =
+              t.shape.size() == 1 ? 1.0f : 0.15f * float(std::sin(0.7 * double(i) + double(t.offset % 97)));
+  }
   std::vector<const float*> ptrs;
   for (auto& g : w) ptrs.push_back(g.data());
   // byte-level tokenizer: the 256 byte symbols, no merges
@@ -91,7 +111,7 @@ inline fs::path tiny_model(const fs::path& dir) {
   nlohmann::json tok = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}},
                         {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
                         {"added_tokens", added}, {"normalizer", nullptr}, {"decoder", {{"type", "ByteLevel"}}}};
-  fs::path out = dir / "tiny";
+  fs::path out = dir / (moe ? "tiny-moe" : "tiny");
   rp::save_hf_checkpoint(out.string(), m, ptrs, tok, "", rp::DType::f32);
   return out;
 }

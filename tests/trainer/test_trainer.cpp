@@ -99,7 +99,7 @@ TEST(Trainer, CallbacksFollowTheStepsAndMatchTheMetrics) {
   std::ifstream csv(res.metrics);
   std::string line;
   std::getline(csv, line);
-  EXPECT_EQ(line, "step,loss,target_tokens,tokens_per_s,lr,elapsed_s,grad_norm,loss_scale,skipped,eval_loss,eval_perplexity");
+  EXPECT_EQ(line, "step,loss,target_tokens,tokens_per_s,lr,elapsed_s,grad_norm,loss_scale,skipped,eval_loss,eval_perplexity,aux_loss,expert_load_min,expert_load_max");
   for (const auto& r : steps) {
     ASSERT_TRUE(std::getline(csv, line));
     EXPECT_EQ(line.substr(0, line.find(',', line.find(',') + 1)), fmt::format("{},{:.6f}", r.step, r.loss));
