@@ -242,7 +242,7 @@ void CudaOps::grouped_gemms(int which, const void* a, const void* b, void* c, co
   if (grouped_mode_ == 1 && grouped_gemm_call(which, a, b, c, off, E, K, N, beta)) return;
   int64_t groups = 0;
   for (int64_t e = 0; e < E; ++e) groups += off[e + 1] > off[e] ? 1 : 0;
-  if (grouped_mode_ != 2 || groups < 2) {
+  if (grouped_mode_ == 0 || groups < 2) {  // a grouped call cuBLAS refused runs on the side streams
     for (int64_t e = 0; e < E; ++e)
       if (off[e + 1] > off[e])
         expert_gemm(which, a, b, c, e, off[e], off[e + 1] - off[e], K, N, beta, st_, ws_);

@@ -431,12 +431,12 @@ int parse_attention_gqa(const char* text) {
 }
 
 int parse_grouped_gemm(const char* text) {
-  if (!text || !*text) return 2;
+  if (!text || !*text) return 1;
   const std::string t = text;
   if (t == "loop") return 0;
   if (t == "grouped") return 1;
   if (t == "streams") return 2;
-  throw std::invalid_argument(fmt::format("RP_CUDA_GROUPED_GEMM='{}': expected streams, loop or grouped", t));
+  throw std::invalid_argument(fmt::format("RP_CUDA_GROUPED_GEMM='{}': expected grouped, streams or loop", t));
 }
 
 namespace {

@@ -172,7 +172,7 @@ class CudaOps final : public Ops {
   int64_t last_bwd_passes_ = 0;
   // mixture of experts (cuda_moe.cpp): scratch of moe_sort, the cuBLAS handle and pointer
   // arrays of the grouped GEMM; released by release_moe()
-  int grouped_mode_ = 2;            // RP_CUDA_GROUPED_GEMM
+  int grouped_mode_ = 1;            // RP_CUDA_GROUPED_GEMM (0 loop, 1 grouped, 2 streams)
   static constexpr int kMoeStreams = 4;
   cudaStream_t moe_streams_[kMoeStreams] = {};  // side streams of mode 2, each with a workspace
   void* moe_ws_[kMoeStreams] = {};

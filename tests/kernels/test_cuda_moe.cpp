@@ -279,8 +279,8 @@ TEST_P(CudaMoe, BadExpertIndexIsReported) {
 
 #ifdef RP_HAVE_CUDA
 TEST(CudaMoeKnobs, GroupedGemmVariable) {  // needs no device
-  EXPECT_EQ(cuda::parse_grouped_gemm(nullptr), 2);
-  EXPECT_EQ(cuda::parse_grouped_gemm(""), 2);
+  EXPECT_EQ(cuda::parse_grouped_gemm(nullptr), 1);  // the default: grouped
+  EXPECT_EQ(cuda::parse_grouped_gemm(""), 1);  // the default: grouped
   EXPECT_EQ(cuda::parse_grouped_gemm("streams"), 2);
   EXPECT_EQ(cuda::parse_grouped_gemm("grouped"), 1);
   EXPECT_EQ(cuda::parse_grouped_gemm("loop"), 0);
