@@ -5,7 +5,8 @@
 //                    [--kv-heads 8] [--head-dim 128] [--ffn 6144] [--vocab 151936] [--seq 8192]
 //                    [--seqs 8] [--micro 8] [--steps 6] [--warmup 2] [--sync] [--cap-gib 139]
 //                    [--dtype bf16|f16] [--plan JSON] [--trace FILE] [--results FILE] [--no-priorities]
-//                    [--chunk-bytes N] [--preset qwen3-1.7b|qwen3-4b] [--mlp-chunk TOKENS]
+//                    [--chunk-bytes N] [--preset qwen3-1.7b|qwen3-4b|...] [--mlp-chunk TOKENS]
+//                    [--experts E --experts-per-tok k --expert-ffn Fe] [--lora-r R --base-format nf4]
 // The attention implementation follows RP_CUDA_ATTENTION (auto = cuDNN when available).
 // --no-priorities: parameter/gradient copies do not yield to activation copies (first come,
 // first served); --chunk-bytes: bulk copies are cut into chunks of N bytes (0: whole copies).
@@ -46,14 +47,14 @@ double max_rss_gib() {
 }
 
 // Random weights, uniform in [-0.02, 0.02) (norms 1), made by several threads (a 4B model has
-// 4e9 values): fp32 for trainable groups, the storage form for frozen ones (made one group at a
+// 4e9 values): fp32 for trainable groups, the storage form for frozen ones (made one tensor at a
 // time per thread, so no fp32 copy of a large frozen base ever exists whole).
 void random_weights(const rp::ModelLayout& m, std::vector<std::vector<float>>& w,
                     std::vector<std::vector<uint8_t>>& frozen) {
   w.assign(m.groups.size(), {});
   frozen.assign(m.groups.size(), {});
   const size_t hw = std::max(1u, std::thread::hardware_concurrency());
-  const size_t nt = std::min<size_t>(hw, 8);  // bounds the fp32 staging of frozen groups
+  const size_t nt = std::min<size_t>(hw, 8);
   std::vector<std::thread> th;
   for (size_t k = 0; k < nt; ++k)
     th.emplace_back([&, k] {
@@ -63,19 +64,26 @@ void random_weights(const rp::ModelLayout& m, std::vector<std::vector<float>>& w
           w[gi] = rp::lora_initial_group(m, int(gi));
           continue;
         }
-        std::vector<float> v(size_t(g.numel));
         uint64_t x = 0x9E3779B97F4A7C15ull * (gi + 1);
-        for (auto& t : g.tensors)
+        auto fill = [&x](const rp::TensorSpec& t, float* v) {
           for (int64_t i = 0; i < t.numel(); ++i) {
             x ^= x << 13, x ^= x >> 7, x ^= x << 17;  // xorshift64
-            v[size_t(t.offset + i)] = t.shape.size() == 1 ? 1.f : float(double(x >> 11) * 0x1p-53 * 0.04 - 0.02);
+            v[i] = t.shape.size() == 1 ? 1.f : float(double(x >> 11) * 0x1p-53 * 0.04 - 0.02);
           }
+        };
         if (!g.frozen) {
-          w[gi] = std::move(v);
+          w[gi].resize(size_t(g.numel));
+          for (auto& t : g.tensors) fill(t, w[gi].data() + t.offset);
           continue;
         }
+        // frozen: one tensor at a time in fp32 (a sparse layer of 128 experts is ~10 GB of fp32)
         std::vector<uint8_t> st(size_t(g.storage_bytes));
-        for (auto& t : g.tensors) rp::quantize_weights(t.format, v.data() + t.offset, st.data() + t.byte_offset, t.numel());
+        std::vector<float> v;
+        for (auto& t : g.tensors) {
+          v.resize(size_t(t.numel()));
+          fill(t, v.data());
+          rp::quantize_weights(t.format, v.data(), st.data() + t.byte_offset, t.numel());
+        }
         frozen[gi] = std::move(st);
       }
     });
@@ -139,8 +147,16 @@ int run(int argc, char** argv) {
                  "run the plan chosen at --cap-gib with the cap this fraction above its predicted working set "
                  "(e.g. 0.02)");
   app.add_option("--profile-out", profile_out, "write the measured per-layer profile (JSON) here");
-  app.add_option("--preset", preset, "model shape: qwen3-1.7b (default flags), qwen3-4b, llama3.1-8b or llama3.1-70b")
-      ->check(CLI::IsMember({"qwen3-1.7b", "qwen3-4b", "llama3.1-8b", "llama3.1-70b"}));
+  app.add_option("--preset", preset,
+                 "model shape: qwen3-1.7b (default flags), qwen3-4b, llama3.1-8b, llama3.1-70b, qwen3-30b-a3b or "
+                 "qwen3-235b-a22b (a given --layers overrides the preset's depth)")
+      ->check(CLI::IsMember({"qwen3-1.7b", "qwen3-4b", "llama3.1-8b", "llama3.1-70b", "qwen3-30b-a3b", "qwen3-235b-a22b"}));
+  int64_t experts = 0, top_k = 2, expert_ffn = 0, sparse_step = 1;
+  app.add_option("--experts", experts, "mixture of experts (Qwen3-MoE): routed experts per sparse layer (0: dense)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--experts-per-tok", top_k, "experts per token (top-k)");
+  app.add_option("--expert-ffn", expert_ffn, "FFN width of one expert (moe_intermediate_size; 0: --ffn)");
+  app.add_option("--sparse-step", sparse_step, "every step-th decoder is sparse (decoder_sparse_step)");
   int64_t lora_r = 0;
   double lora_alpha = 0;
   std::string lora_targets = "all-linear", base_format = "bf16";
@@ -159,6 +175,14 @@ int run(int argc, char** argv) {
     if (preset == "llama3.1-8b") layers = 32, hidden = 4096, heads = 32, ffn = 14336;
     else layers = 80, hidden = 8192, heads = 64, ffn = 28672;
   }
+  // Qwen3-MoE: every decoder sparse, 128 experts, top-8, untied embeddings (intermediate_size
+  // is that of the config.json and unused)
+  if (preset == "qwen3-30b-a3b")
+    layers = 48, hidden = 2048, heads = 32, kv = 4, hd = 128, ffn = 6144, experts = 128, top_k = 8, expert_ffn = 768;
+  if (preset == "qwen3-235b-a22b")
+    layers = 94, hidden = 4096, heads = 64, kv = 4, hd = 128, ffn = 12288, experts = 128, top_k = 8, expert_ffn = 1536;
+  if (preset.rfind("qwen3-", 0) == 0 && experts > 0) tied = false, vocab = 151936, sparse_step = 1;
+  if (app.count("--layers")) layers = int(app["--layers"]->as<int>());  // fewer of a preset's layers
 
   rp::ModelConfig c;
   c.architecture = qwen3 ? "qwen3" : "llama";
@@ -173,6 +197,15 @@ int run(int argc, char** argv) {
   c.rope_theta = rope_theta;
   c.max_position_embeddings = std::max<int64_t>(seq, 40960);
   c.tie_word_embeddings = tied;
+  if (experts > 0) {
+    c.architecture = "qwen3_moe";
+    c.num_experts = experts;
+    c.num_experts_per_tok = top_k;
+    c.moe_intermediate_size = expert_ffn > 0 ? expert_ffn : ffn;
+    c.decoder_sparse_step = sparse_step;
+    c.norm_topk_prob = true;
+  }
+  c.validate();
   std::optional<rp::LoraConfig> lora;
   if (lora_r > 0) {
     lora.emplace();
@@ -237,10 +270,13 @@ int run(int argc, char** argv) {
   auto t0 = std::chrono::steady_clock::now();
   int64_t frozen_bytes = 0, trainable = 0;
   for (const auto& g : m.groups) g.frozen ? frozen_bytes += g.storage_bytes : trainable += g.numel;
+  std::printf("model %s: %.2f B parameters, %.2f B active per token\n", c.architecture.c_str(),
+              double(c.num_parameters()) / 1e9, double(c.num_active_parameters()) / 1e9);
   if (lora)
-    std::printf("LoRA r=%lld on %s, base %s: %.2f GB of frozen weights, %lld trainable parameters\n",
-                (long long)lora->r, lora_targets.c_str(), base_format.c_str(), double(frozen_bytes) / 1e9,
-                (long long)trainable);
+    std::printf("LoRA r=%lld on %s%s, base %s: %.2f GB of frozen weights, %lld trainable parameters\n",
+                (long long)lora->r, lora_targets.c_str(),
+                c.num_moe_layers() > 0 ? " (attention only in sparse layers)" : "", base_format.c_str(),
+                double(frozen_bytes) / 1e9, (long long)trainable);
   rp::Session s(m, std::move(w), std::move(frozen), o);
   std::printf("session ready in %.1f s: %s, plan %s\n",
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), s.device_name().c_str(),
@@ -271,8 +307,13 @@ int run(int argc, char** argv) {
   std::sort(dts.begin(), dts.end());
   const double dt = dts[dts.size() / 2];
   const double tps = double(n) / dt;
-  const double nmat = double(layers) * (hidden * heads * hd * 2.0 + 2.0 * hidden * kv * hd + 3.0 * hidden * ffn) +
-                      double(vocab) * hidden;
+  // matmul weights a token multiplies by: attention, the dense MLPs, a sparse layer's router and
+  // top-k experts, the LM head
+  double nmat = double(vocab) * hidden;
+  for (int64_t i = 0; i < layers; ++i)
+    nmat += hidden * heads * hd * 2.0 + 2.0 * hidden * kv * hd +
+            (c.is_moe_layer(i) ? double(hidden) * double(experts) + 3.0 * hidden * double(top_k) * double(c.moe_intermediate_size)
+                               : 3.0 * hidden * ffn);
   // full fine-tuning: forward 2N, backward 4N (input and weight gradients); LoRA: no weight
   // gradient of the frozen base, 4N (the adapters' own FLOPs are left out).
   const double flops_per_token = (lora ? 4 : 6) * nmat + 6.0 * layers * heads * hd * seq;
@@ -284,9 +325,13 @@ int run(int argc, char** argv) {
   const std::string chunks = chunk_bytes > 0 ? fmt::format("{} MiB chunks x {}", chunk_bytes / double(1 << 20), bulk_inflight) : "no chunks";
   const double rss = max_rss_gib();
   const std::string shape =
-      fmt::format("{}L{} H{} {}q/{}kv F{}, {}x{} tokens, M={}",
+      fmt::format("{}L{} H{} {}q/{}kv {}, {}x{} tokens, M={}",
                   lora ? fmt::format("LoRA r={} {} base {}, ", lora->r, lora_targets, base_format) : std::string(),
-                  layers, hidden, heads, kv, ffn, seqs, seq, micro);
+                  layers, hidden, heads, kv,
+                  experts > 0 ? fmt::format("{} experts top-{} Fe{} in {} sparse layers", experts, top_k,
+                                            c.moe_intermediate_size, c.num_moe_layers())
+                              : fmt::format("F{}", ffn),
+                  seqs, seq, micro);
   const double weight_gb = weight_bytes_per_iteration(m, s.plan(), rp::dtype_size(o.device.dtype)) / 1e9;
   std::string row = fmt::format(
       "| roundpipe ({} x {}, {}, {}, attention {}, {}, {}; {}) | {:.0f} | {:.3f} | {:.2f} | {:.1f} | {:.2f} |", workers,

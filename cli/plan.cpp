@@ -79,15 +79,8 @@ ModelShape load_model_shape(const std::string& path, std::string* description) {
     } catch (const std::exception& e) {
       throw std::runtime_error(file + ": invalid JSON: " + e.what());
     }
-    const bool moe = j.is_object() && j.contains("num_experts") && j["num_experts"].is_number_integer() &&
-                     j["num_experts"].get<int64_t>() > 0;
     try {
-      if (moe) {
-        m = model_shape_from_hf_json(j, file);  // ModelConfig has no MoE fields
-      } else {
-        ModelConfig c = load_config_file(file);
-        m = model_shape_from_config(c);
-      }
+      m = model_shape_from_config(load_config_file(file));  // dense and Qwen3-MoE ("qwen3_moe")
     } catch (const std::invalid_argument& e) {
       throw std::runtime_error(e.what());
     }
@@ -101,20 +94,34 @@ ModelShape load_model_shape(const std::string& path, std::string* description) {
                                          "handles",
                                          file, m.num_layers, kMaxPlanLayers));
   if (description) {
-    double params = 0;
-    for (int l = 0; l <= m.num_layers; ++l) params += double(layer_parameters(m, l));
-    params += double(m.hidden_size) + (m.tie_word_embeddings ? 0.0 : double(m.vocab_size * m.hidden_size));
+    const double total = double(model_parameters(m)), active = double(model_parameters(m, true));
     *description = fmt::format("{} ({}): {} layers, hidden {}, {} q / {} kv heads x {}, {}vocab {}, {:.2f} B parameters",
                                path, kind, m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim,
-                               m.num_experts > 0 ? fmt::format("{} experts top-{} x FFN {}, ", m.num_experts,
-                                                               m.experts_per_token, m.moe_intermediate_size)
+                               m.num_experts > 0 ? fmt::format("{} experts top-{} x FFN {} in {} sparse layers, ",
+                                                               m.num_experts, m.experts_per_token,
+                                                               m.moe_intermediate_size, m.num_moe_layers())
                                                  : fmt::format("FFN {}, ", m.intermediate_size),
-                               m.vocab_size, params / 1e9);
+                               m.vocab_size, total / 1e9);
+    if (m.num_experts > 0) *description += fmt::format(" in total, {:.2f} B active per token", active / 1e9);
   }
   return m;
 }
 
 namespace {
+
+// "a,b, c" -> {"a", "b", "c"} (empty items dropped)
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> v;
+  for (size_t a = 0; a <= s.size();) {
+    size_t b = std::min(s.find(',', a), s.size());
+    std::string item = s.substr(a, b - a);
+    item.erase(0, item.find_first_not_of(' '));
+    item.erase(item.find_last_not_of(' ') + 1);
+    if (!item.empty()) v.push_back(item);
+    a = b + 1;
+  }
+  return v;
+}
 
 std::string ms(double s) { return fmt::format("{:.2f} ms", s * 1e3); }
 
@@ -131,13 +138,19 @@ std::string layers_text(const Stage& s, int n) {
 
 namespace {
 
-DeviceModel device_model(const PlanCommandOptions& o) {
+// The layout of a --frozen or --lora-r run (its frozen groups and adapters), or nullopt for
+// full fine-tuning.
+std::optional<ModelLayout> run_layout(const PlanCommandOptions& o);
+
+DeviceModel device_model(const PlanCommandOptions& o, const std::optional<ModelLayout>& layout) {
   DeviceModel d;
   d.peak_flops = o.peak_tflops * 1e12;
   d.mem_bandwidth = o.hbm_gbps * 1e9;
   d.pcie_bandwidth = o.pcie_gbps * 1e9;
   d.mlp_chunk_tokens = o.mlp_chunk_tokens;
   d.saved_attention = o.save_attention;
+  d.grouped_gemm_efficiency = o.grouped_gemm_efficiency;
+  if (layout) lora_device_model(d, *layout);  // adapters' scratch; frozen decoders compute no weight gradient
   return d;
 }
 
@@ -151,15 +164,17 @@ PartitionOptions partition_options(const PlanCommandOptions& o, int64_t cap) {
   return po;
 }
 
-// --frozen: the model's layout with every group frozen in that format, or nullopt.
-std::optional<ModelLayout> frozen_layout(const PlanCommandOptions& o) {
-  if (o.frozen.empty()) return std::nullopt;
-  WeightFormat f;
-  try {
-    f = parse_weight_format(o.frozen);
-  } catch (const std::invalid_argument&) {
-    throw std::invalid_argument(
-        fmt::format("--frozen: expected f32, bf16, f16, q8_0, q4_0 or nf4, got '{}'", o.frozen));
+std::optional<ModelLayout> run_layout(const PlanCommandOptions& o) {
+  if (o.frozen.empty() && o.lora_r == 0) return std::nullopt;
+  if (o.lora_r < 0) throw std::invalid_argument(fmt::format("--lora-r: expected >= 0, got {}", o.lora_r));
+  WeightFormat f = WeightFormat::bf16;
+  if (!o.frozen.empty()) {
+    try {
+      f = parse_weight_format(o.frozen);
+    } catch (const std::invalid_argument&) {
+      throw std::invalid_argument(
+          fmt::format("--frozen: expected f32, bf16, f16, q8_0, q4_0 or nf4, got '{}'", o.frozen));
+    }
   }
   std::error_code ec;
   std::string file = o.model;
@@ -171,16 +186,29 @@ std::optional<ModelLayout> frozen_layout(const PlanCommandOptions& o) {
   } else {
     c = load_config_file(file);
   }
+  if (o.lora_r > 0) {  // adapters on a base frozen in f (make_layout freezes it)
+    LoraConfig lc;
+    lc.r = o.lora_r;
+    lc.alpha = double(o.lora_r);
+    lc.target_modules = split_list(o.lora_targets);
+    lc.base_format = f;
+    try {
+      return make_layout(c, lc);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(fmt::format("--lora-targets: {}", e.what()));
+    }
+  }
   ModelLayout m = make_layout(c);
   for (int g = 0; g < int(m.groups.size()); ++g) freeze_group(m, g, f);
   return m;
 }
 
-// The analytic costs of sequences of `seq` tokens, with --frozen applied.
+// The analytic costs of sequences of `seq` tokens, with --frozen / --lora-r applied.
 std::vector<LayerCost> analytic_costs(const ModelShape& m, const PlanCommandOptions& o, int64_t seq) {
-  const DeviceModel d = device_model(o);
+  const std::optional<ModelLayout> layout = run_layout(o);
+  const DeviceModel d = device_model(o, layout);
   auto costs = layer_costs(estimate_layers(m, o.sequences_per_micro, seq, d));
-  if (auto fl = frozen_layout(o)) apply_frozen_groups(costs, *fl, d.elem_bytes, d.grad_elem_bytes);
+  if (layout) apply_frozen_groups(costs, *layout, d.elem_bytes, d.grad_elem_bytes);
   return costs;
 }
 
@@ -224,6 +252,10 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
   if (!(o.hbm_gbps > 0)) throw std::invalid_argument("--hbm-gbps: expected > 0");
   if (!(o.pcie_gbps >= 0)) throw std::invalid_argument("--pcie-gbps: expected >= 0");
   if (o.iterations < 0) throw std::invalid_argument("--iterations: expected >= 0");
+  if (!(o.grouped_gemm_efficiency > 0 && o.grouped_gemm_efficiency <= 1))
+    throw std::invalid_argument(
+        fmt::format("--grouped-gemm-efficiency: expected a fraction in (0, 1], got {}", o.grouped_gemm_efficiency));
+  if (o.lora_r < 0) throw std::invalid_argument(fmt::format("--lora-r: expected >= 0, got {}", o.lora_r));
   if (!checked_product({o.seq_len, o.sequences_per_micro, o.micro_batches}, int64_t(1) << 40))
     throw std::invalid_argument(fmt::format(
         "--seq {} x --sequences-per-micro {} x --micro {}: more than 2^40 tokens per iteration", o.seq_len,
@@ -232,9 +264,8 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
   if (o.max_seq && o.memory_cap.empty()) throw std::invalid_argument("--max-seq needs --memory-cap");
   std::string desc;
   const ModelShape m = load_model_shape(o.model, &desc);
-  if (!o.frozen.empty() && m.num_experts > 0)
-    throw std::invalid_argument("--frozen: mixture-of-experts models are not supported");
-  const DeviceModel d = device_model(o);
+  const std::optional<ModelLayout> layout = run_layout(o);
+  const DeviceModel d = device_model(o, layout);
   PlanCommandOptions oo = o;
   if (o.max_seq) {
     const int64_t cap = parse_byte_size(o.memory_cap, "--memory-cap");
@@ -254,7 +285,7 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
       throw std::runtime_error(fmt::format("{}: profile of {} layers, the model has {}", o.profile, p.num_layers(),
                                            costs.size()));
     costs = p.apply(costs);
-    if (auto fl = frozen_layout(o)) apply_frozen_groups(costs, *fl, d.elem_bytes, d.grad_elem_bytes);
+    if (layout) apply_frozen_groups(costs, *layout, d.elem_bytes, d.grad_elem_bytes);
     source = fmt::format("profile {} (calibrating the analytic model)", o.profile);
     if (p.n_seq() != oo.sequences_per_micro || p.seq_len() != oo.seq_len)
       source += fmt::format("; warning: measured at {} x {} tokens", p.n_seq(), p.seq_len());
@@ -269,9 +300,21 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
              o.peak_tflops, o.hbm_gbps, o.pcie_gbps,
              po.memory_cap > 0 ? format_bytes(double(po.memory_cap)) : std::string("none"));
   fmt::print(out, "costs     {}\n", source);
-  if (!o.frozen.empty())
+  if (o.lora_r > 0) {
+    int64_t trainable = 0;
+    for (const ParamGroup& g : layout->groups) trainable += g.frozen ? 0 : g.numel;
+    fmt::print(out, "lora      r={} on {}{}, {} trainable parameters; base stored in {} (no gradients; uploads "
+                    "and staging of the storage form)\n",
+               o.lora_r, o.lora_targets, m.num_moe_layers() > 0 ? " (attention only in sparse layers)" : "",
+               trainable, o.frozen.empty() ? "bf16" : o.frozen);
+  } else if (!o.frozen.empty()) {
     fmt::print(out, "frozen    every weight stored in {} (no gradients; uploads and staging of the storage form)\n",
                o.frozen);
+  }
+  if (m.num_experts > 0)
+    fmt::print(out, "experts   {} sparse layers: FLOPs of router + top-{} experts per token (grouped GEMMs at {:g} of "
+                    "peak), bytes and memory of all {} experts\n",
+               m.num_moe_layers(), m.experts_per_token, d.grouped_gemm_efficiency, m.num_experts);
 
   const auto t0 = std::chrono::steady_clock::now();
   PartitionResult pr = automatic_partition(costs, po);
@@ -340,6 +383,16 @@ void add_plan_command(CLI::App& app) {
   c->add_option("--frozen", o->frozen,
                 "plan a run whose weights are all frozen in this storage form (f32, bf16, f16, q8_0, q4_0, nf4), "
                 "as a LoRA base");
+  c->add_option("--lora-r", o->lora_r,
+                "plan a LoRA run of this rank on a frozen base (stored as --frozen says, default bf16; 0: none)")
+      ->capture_default_str();
+  c->add_option("--lora-targets", o->lora_targets,
+                "comma-separated modules the adapters reach (q_proj, ..., down_proj) or all-linear; "
+                "sparse layers have attention adapters only")
+      ->capture_default_str();
+  c->add_option("--grouped-gemm-efficiency", o->grouped_gemm_efficiency,
+                "mixture-of-experts: the experts' grouped GEMMs as a fraction of --peak-tflops (an assumption)")
+      ->capture_default_str();
   c->callback(reporting_errors([o] { run_plan(*o, stdout); }));
 }
 

@@ -36,10 +36,16 @@ struct PlanCommandOptions {
   int64_t mlp_chunk_tokens = 0;    ///< decoders' MLP chunk (LayerOptions::mlp_chunk_tokens; 0: default)
   bool save_attention = true;      ///< decoders keep the forward's attention output (SessionOptions::save_attention)
   /// "": trainable weights. Else a storage format (f32, bf16, f16, q8_0, q4_0, nf4): every
-  /// parameter group frozen in it (freeze_group), as LoRA's base (the adapters are not
-  /// counted): no gradient accumulators or downloads, storage-sized uploads, staging buffers.
-  /// Dense models only.
+  /// parameter group frozen in it (freeze_group): no gradient accumulators or downloads,
+  /// storage-sized uploads, staging buffers. With lora_r > 0 the storage of LoRA's base.
   std::string frozen;
+  /// LoRA (> 0): adapters of this rank on lora_targets (comma-separated module names or
+  /// "all-linear"; a sparse decoder's experts get none, as make_layout(config, lora)), the
+  /// base frozen in `frozen` (bf16 when empty). The adapters are trainable groups.
+  int64_t lora_r = 0;
+  std::string lora_targets = "all-linear";
+  /// Mixture-of-experts models: DeviceModel::grouped_gemm_efficiency.
+  double grouped_gemm_efficiency = 0.6;
 };
 
 /// Registers the `plan` subcommand on `app`; it runs from its callback, prints errors as
@@ -62,9 +68,8 @@ int64_t longest_sequence(const ModelShape& m, const PlanCommandOptions& o, int64
 /// Throws std::invalid_argument("<what>: ...").
 int64_t parse_byte_size(const std::string& s, const std::string& what);
 
-/// Shape of the model at `path`: a folder holding config.json, a config.json (dense models
-/// through rp::load_config_file; Qwen3-MoE keys read directly), or a .gguf file (metadata
-/// only). `description` receives a one-line summary. Throws std::runtime_error naming the file.
+/// Shape of the model at `path`: a folder holding config.json, a config.json (dense or
+/// Qwen3-MoE, through rp::load_config_file), or a .gguf file (metadata only). `description` receives a one-line summary. Throws std::runtime_error naming the file.
 ModelShape load_model_shape(const std::string& path, std::string* description = nullptr);
 
 }  // namespace rp

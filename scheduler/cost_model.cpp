@@ -11,6 +11,18 @@
 
 namespace rp {
 
+bool ModelShape::is_moe_layer(int64_t i) const {
+  if (num_experts <= 0 || decoder_sparse_step <= 0) return false;
+  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), i) != mlp_only_layers.end()) return false;
+  return (i + 1) % decoder_sparse_step == 0;
+}
+
+int64_t ModelShape::num_moe_layers() const {
+  int64_t n = 0;
+  for (int64_t i = 0; i < num_layers; ++i) n += is_moe_layer(i);
+  return n;
+}
+
 void ModelShape::validate(const std::string& where) const {
   auto pos = [&](const char* k, int64_t v) {
     if (v <= 0) throw std::invalid_argument(fmt::format("{}: {}: expected > 0, got {}", where, k, v));
@@ -24,15 +36,16 @@ void ModelShape::validate(const std::string& where) const {
   if (num_heads % num_kv_heads != 0)
     throw std::invalid_argument(fmt::format("{}: num_attention_heads {} is not a multiple of num_key_value_heads {}",
                                             where, num_heads, num_kv_heads));
+  if (num_experts < 0) pos("num_experts", num_experts);
   if (num_experts > 0) {
     pos("num_experts_per_tok", experts_per_token);
     pos("moe_intermediate_size", moe_intermediate_size);
+    pos("decoder_sparse_step", decoder_sparse_step);
     if (experts_per_token > num_experts)
-      throw std::invalid_argument(fmt::format("{}: num_experts_per_tok {} exceeds num_experts {}", where,
-                                              experts_per_token, num_experts));
-  } else {
-    pos("intermediate_size", intermediate_size);
+      throw std::invalid_argument(fmt::format("{}: num_experts_per_tok: expected at most num_experts = {}, got {}",
+                                              where, num_experts, experts_per_token));
   }
+  if (num_moe_layers() < num_layers) pos("intermediate_size", intermediate_size);  // some decoder is dense
 }
 
 ModelShape model_shape_from_config(const ModelConfig& c) {
@@ -47,13 +60,19 @@ ModelShape model_shape_from_config(const ModelConfig& c) {
                               : (c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0);
   m.tie_word_embeddings = c.tie_word_embeddings;
   m.qk_norm = c.qk_norm;
+  m.num_experts = c.num_experts;
+  m.experts_per_token = c.num_experts_per_tok;
+  m.moe_intermediate_size = c.moe_intermediate_size;
+  m.decoder_sparse_step = c.decoder_sparse_step;
+  m.mlp_only_layers = c.mlp_only_layers;
   return m;
 }
 
 ModelShape model_shape_from_hf_json(const nlohmann::json& j, const std::string& where) {
   if (!j.is_object()) throw std::invalid_argument(where + ": expected a JSON object");
+  auto has = [&](const char* k) { return j.contains(k) && !j[k].is_null(); };
   auto get = [&](const char* k, int64_t dflt, bool required) -> int64_t {
-    if (!j.contains(k) || j[k].is_null()) {
+    if (!has(k)) {
       if (required) throw std::invalid_argument(fmt::format("{}: key '{}': missing", where, k));
       return dflt;
     }
@@ -68,10 +87,26 @@ ModelShape model_shape_from_hf_json(const nlohmann::json& j, const std::string& 
   m.num_heads = get("num_attention_heads", 0, true);
   m.num_kv_heads = get("num_key_value_heads", m.num_heads, false);
   m.head_dim = get("head_dim", m.num_heads > 0 ? m.hidden_size / m.num_heads : 0, false);
-  m.num_experts = get("num_experts", 0, false);
-  m.experts_per_token = get("num_experts_per_tok", 0, false);
-  m.moe_intermediate_size = get("moe_intermediate_size", 0, false);
-  m.intermediate_size = get("intermediate_size", 0, m.num_experts == 0);
+  // transformers 5 writes num_local_experts, earlier releases and the checkpoints num_experts
+  m.num_experts = get(has("num_experts") ? "num_experts" : "num_local_experts", 0, false);
+  if (m.num_experts > 0) {
+    m.experts_per_token = get("num_experts_per_tok", 0, true);
+    m.moe_intermediate_size = get("moe_intermediate_size", 0, true);
+    m.decoder_sparse_step = get("decoder_sparse_step", 1, false);
+    if (has("mlp_only_layers")) {
+      const auto& a = j["mlp_only_layers"];
+      if (!a.is_array())
+        throw std::invalid_argument(
+            fmt::format("{}: key 'mlp_only_layers': expected a list of layer indices, got {}", where, a.dump()));
+      for (const auto& v : a) {
+        if (!v.is_number_integer() || v.get<int64_t>() < 0)
+          throw std::invalid_argument(fmt::format(
+              "{}: key 'mlp_only_layers': expected a list of layer indices (integers >= 0), got {}", where, a.dump()));
+        m.mlp_only_layers.push_back(v.get<int64_t>());
+      }
+    }
+  }
+  m.intermediate_size = get("intermediate_size", 0, m.num_experts <= 0);
   if (j.contains("tie_word_embeddings") && j["tie_word_embeddings"].is_boolean())
     m.tie_word_embeddings = j["tie_word_embeddings"].get<bool>();
   std::string type = j.value("model_type", std::string());
@@ -80,20 +115,26 @@ ModelShape model_shape_from_hf_json(const nlohmann::json& j, const std::string& 
   return m;
 }
 
-int64_t layer_parameters(const ModelShape& m, int layer) {
+int64_t layer_parameters(const ModelShape& m, int layer, bool active) {
   const int64_t H = m.hidden_size, V = m.vocab_size;
-  if (layer == 0) return V * H;
-  if (layer == m.num_layers + 1) return V * H + H;
   if (layer < 0 || layer > m.num_layers + 1)
     throw std::invalid_argument(fmt::format("layer_parameters: layer {} out of range [0, {}]", layer,
                                             m.num_layers + 1));
+  if (layer == 0) return V * H;
+  if (layer == m.num_layers + 1) return V * H + H;
   const int64_t Q = m.num_heads * m.head_dim, K = m.num_kv_heads * m.head_dim;
   int64_t n = 2 * H + H * Q + 2 * H * K + Q * H + (m.qk_norm ? 2 * m.head_dim : 0);
-  if (m.num_experts > 0)
-    n += m.num_experts * 3 * H * m.moe_intermediate_size + H * m.num_experts;
+  if (m.is_moe_layer(layer - 1))  // router [E, H] and the experts' gate, up [Fe, H], down [H, Fe]
+    n += H * m.num_experts + (active ? m.experts_per_token : m.num_experts) * 3 * H * m.moe_intermediate_size;
   else
     n += 3 * H * m.intermediate_size;
   return n;
+}
+
+int64_t model_parameters(const ModelShape& m, bool active) {
+  int64_t n = 0;
+  for (int l = 0; l <= m.num_layers; ++l) n += layer_parameters(m, l, active);
+  return n + m.hidden_size + (m.tie_word_embeddings ? 0 : m.vocab_size * m.hidden_size);  // final norm, LM head
 }
 
 namespace {
@@ -110,6 +151,18 @@ struct Acc {
     double b = es() * (m * k + k * n) + (accumulate_grad ? 2.0 * double(d.grad_elem_bytes) : es()) * m * n;
     add(f, b, d.peak_flops);
   }
+  // The grouped GEMMs of a sparse block: `rows` routed rows split over `experts` experts that
+  // each multiply theirs by an [n, k] weight (C_e[rows_e, n] = A_e[rows_e, k] W_e[k, n]); reads
+  // the weights of the experts that receive rows; `weight_grad`: the experts' dW instead
+  // (A_e^T dC_e, accumulated into grad-dtype gradients).
+  void grouped(double rows, double n, double k, double experts, bool weight_grad = false) {
+    if (rows <= 0 || n <= 0 || k <= 0 || experts <= 0) return;
+    const double used = std::min(experts, rows);  // experts with at least one row (balanced routing)
+    const double f = 2 * rows * n * k;
+    const double w = (weight_grad ? 2.0 * double(d.grad_elem_bytes) : es()) * used * n * k;
+    const double b = es() * (rows * k + rows * n) + w;
+    add(f, b, d.peak_flops * d.grouped_gemm_efficiency);
+  }
   void elementwise(double b) { add(0, b, d.peak_flops); }
   void attention(double f, double b) { add(f, b, d.peak_flops * d.attention_efficiency); }
   void add(double f, double b, double rate) {
@@ -124,6 +177,39 @@ struct Dims {
   bool qk_norm, moe;
   bool frozen = false;  ///< frozen base weights: the backward computes no weight gradient
 };
+
+// Forward of a sparse MLP block (model/moe_block.hpp) on the normed input hn [T,H]: router
+// GEMM, softmax and top-k, gather of R = T*k routed rows, the experts' grouped gate / up /
+// down GEMMs, SwiGLU, weighted combine back into [T,H].
+void moe_forward(Acc& a, const Dims& x) {
+  const double es = a.es(), R = x.T * x.k;
+  a.gemm(x.T, x.E, x.H);                              // router logits
+  a.elementwise(x.T * x.E * (es + 4) + x.T * x.k * 8);  // softmax (fp32 probs), top-k index + weight
+  a.elementwise(2 * R * x.H * es);                    // gather xs [R,H]
+  a.grouped(R, x.Fe, x.H, x.E);                       // gate
+  a.grouped(R, x.Fe, x.H, x.E);                       // up
+  a.elementwise(3 * R * x.Fe * es);                   // SwiGLU
+  a.grouped(R, x.H, x.Fe, x.E);                       // down
+  a.elementwise((R + x.T) * x.H * es);                // weighted combine
+}
+
+// Backward of a sparse block (after moe_forward's recompute): combine, the experts' input
+// gradients (and their weight gradients unless frozen), scatter-add into dhn, the router.
+void moe_backward(Acc& a, const Dims& x) {
+  const double es = a.es(), R = x.T * x.k;
+  a.elementwise((x.T + 3 * R) * x.H * es);            // dys = w * dy, dw = <ys, dy>
+  a.grouped(R, x.Fe, x.H, x.E);                       // dm = dys Wd
+  if (!x.frozen) a.grouped(R, x.H, x.Fe, x.E, true);  // dWd
+  a.elementwise(5 * R * x.Fe * es);                   // SwiGLU backward
+  for (int i = 0; i < 2; ++i) {                       // gate, up
+    a.grouped(R, x.H, x.Fe, x.E);                     // dxs += dg Wg (du Wu)
+    if (!x.frozen) a.grouped(R, x.Fe, x.H, x.E, true);
+  }
+  a.elementwise((R + x.T) * x.H * es);                // scatter-add dxs into dhn
+  a.elementwise(2 * x.T * x.E * (es + 4));            // softmax / top-k backward: dlogits
+  a.gemm(x.T, x.H, x.E);                              // dhn += dlogits W_router
+  if (!x.frozen) a.gemm(x.E, x.H, x.T, true);         // dW_router
+}
 
 // Forward of one decoder layer (optionally followed by its backward: `bwd`); with
 // `reuse_attention` (a saved attention) the forward part leaves out the attention itself.
@@ -142,12 +228,7 @@ void decoder_pass(Acc& a, const Dims& x, bool bwd, bool reuse_attention = false)
   a.elementwise(3 * x.T * x.H * es);                  // residual
   a.elementwise(2 * x.T * x.H * es);                  // post-attention RMSNorm
   if (x.moe) {
-    a.gemm(x.T, x.E, x.H);                            // router
-    a.elementwise(2 * x.T * x.k * x.H * es);          // gather / scatter of routed tokens
-    const double te = x.T * x.k / x.E;                // tokens per expert (balanced routing)
-    for (int i = 0; i < 3; ++i)  // gate, up, down of every expert: all expert weights are read
-      a.add(x.E * 2 * te * x.Fe * x.H, x.E * es * (te * x.H + x.H * x.Fe + te * x.Fe), a.d.peak_flops);
-    a.elementwise(3 * x.T * x.k * x.Fe * es);         // SwiGLU
+    moe_forward(a, x);
   } else {
     a.gemm(x.T, x.F, x.H);                            // gate
     a.gemm(x.T, x.F, x.H);                            // up
@@ -171,15 +252,7 @@ void decoder_pass(Acc& a, const Dims& x, bool bwd, bool reuse_attention = false)
   a.attention(2.5 * att_f, (4 * x.T * x.Q + 4 * x.T * x.K) * es);  // FlashAttention-2 backward
   gemm_bwd(x.T, x.H, x.Q);
   if (x.moe) {
-    gemm_bwd(x.T, x.E, x.H);
-    a.elementwise(4 * x.T * x.k * x.H * es);
-    const double te = x.T * x.k / x.E;
-    // per expert and projection: dX (reads the weight) and dW (read-modify-writes its gradient)
-    const double gb = 2.0 * double(a.d.grad_elem_bytes);
-    for (int i = 0; i < 6; ++i)
-      a.add(x.E * 2 * te * x.Fe * x.H, x.E * (es * (te * x.H + te * x.Fe) + (i % 2 ? gb : es) * x.H * x.Fe),
-            a.d.peak_flops);
-    a.elementwise(5 * x.T * x.k * x.Fe * es);         // SwiGLU backward
+    moe_backward(a, x);
   } else {
     gemm_bwd(x.T, x.F, x.H);
     gemm_bwd(x.T, x.F, x.H);
@@ -209,9 +282,9 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, i
   if (n_seq < 1 || seq_len < 1)
     throw std::invalid_argument(fmt::format("micro-batch shape must be positive, got {} x {}", n_seq, seq_len));
   if (!(d.peak_flops > 0) || !(d.mem_bandwidth > 0) || !(d.attention_efficiency > 0) || d.elem_bytes < 1 ||
-      d.grad_elem_bytes < 1 || d.scratch_elem_bytes < 1 || d.pcie_bandwidth < 0)
-    throw std::invalid_argument("device model: peak_flops, mem_bandwidth, attention_efficiency and element "
-                                "sizes must be positive, pcie_bandwidth >= 0");
+      d.grad_elem_bytes < 1 || d.scratch_elem_bytes < 1 || d.pcie_bandwidth < 0 || !(d.grouped_gemm_efficiency > 0))
+    throw std::invalid_argument("device model: peak_flops, mem_bandwidth, attention_efficiency, "
+                                "grouped_gemm_efficiency and element sizes must be positive, pcie_bandwidth >= 0");
   Dims x{};
   x.nseq = double(n_seq);
   x.S = double(seq_len);
@@ -223,7 +296,6 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, i
   x.K = double(m.num_kv_heads) * x.D;
   x.F = double(m.intermediate_size);
   x.V = double(m.vocab_size);
-  x.moe = m.num_experts > 0;
   x.E = double(m.num_experts);
   x.k = double(m.experts_per_token);
   x.Fe = double(m.moe_intermediate_size);
@@ -258,26 +330,26 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, i
       c.scratch_fwd_bytes = c.scratch_bytes;
     } else {
       e.name = fmt::format("layer.{}", l - 1);
+      x.moe = m.is_moe_layer(l - 1);
       decoder_pass(f, x, false);
       decoder_pass(b, x, true, d.saved_attention);
-      // the decoder's own buffers (model/layer_memory.hpp); an MoE layer's expert MLP is sized
-      // as a dense MLP of top-k expert widths plus the routed copies and router logits
+      // the decoder's own buffers (model/layer_memory.hpp), with the DecoderDims the layer
+      // builds (model/layers.cpp): ffn is intermediate_size also in a sparse layer
       DecoderDims dd{H, m.intermediate_size, m.num_heads, m.num_kv_heads, m.head_dim, m.qk_norm, d.saved_attention};
       dd.lora_rank = d.lora_rank;
       dd.lora_dropout = d.lora_dropout;
       dd.frozen_base = d.frozen_base;
+      if (x.moe) {
+        dd.experts = m.num_experts;
+        dd.experts_per_tok = m.experts_per_token;
+        dd.expert_ffn = m.moe_intermediate_size;
+      }
       if (d.saved_attention) {
         c.attn_o_bytes = int64_t(attention_output_bytes(dd, T, size_t(d.elem_bytes)));
         c.attn_lse_bytes = int64_t(attention_lse_bytes(dd, T));
       }
-      int64_t extra = 0;
-      if (x.moe) {
-        dd.ffn = m.experts_per_token * m.moe_intermediate_size;
-        extra = (2 * T * m.experts_per_token * H) * se + T * m.num_experts * 4;
-      }
-      c.scratch_bytes = int64_t(decoder_scratch_bytes(dd, n_seq, seq_len, size_t(se), true, d.mlp_chunk_tokens)) + extra;
-      c.scratch_fwd_bytes =
-          int64_t(decoder_scratch_bytes(dd, n_seq, seq_len, size_t(se), false, d.mlp_chunk_tokens)) + extra;
+      c.scratch_bytes = int64_t(decoder_scratch_bytes(dd, n_seq, seq_len, size_t(se), true, d.mlp_chunk_tokens));
+      c.scratch_fwd_bytes = int64_t(decoder_scratch_bytes(dd, n_seq, seq_len, size_t(se), false, d.mlp_chunk_tokens));
     }
     e.fwd_flops = f.flops;
     e.fwd_bytes = f.bytes;

@@ -49,31 +49,49 @@ struct LayerCost {
   bool operator==(const LayerCost&) const = default;
 };
 
-/// Architecture numbers of a decoder-only model; a MoE model when num_experts > 0.
+/// Architecture numbers of a decoder-only model; a mixture-of-experts model when num_experts
+/// > 0. Which decoders are sparse follows ModelConfig::is_moe_layer (Qwen3-MoE): decoder i
+/// (0-based) has a sparse MLP block when num_experts > 0, i is not in mlp_only_layers and
+/// (i + 1) % decoder_sparse_step == 0; the other decoders have a dense SwiGLU MLP of
+/// intermediate_size.
 struct ModelShape {
   int64_t vocab_size = 0, hidden_size = 0, intermediate_size = 0;
   int64_t num_layers = 0;  ///< decoder layers L (compute layers are L + 2)
   int64_t num_heads = 0, num_kv_heads = 0, head_dim = 0;
   bool tie_word_embeddings = false;
   bool qk_norm = false;
-  int64_t num_experts = 0;            ///< routed experts per MoE layer (0: dense MLP)
+  int64_t num_experts = 0;            ///< routed experts E of a sparse layer (0: a dense model)
   int64_t experts_per_token = 0;      ///< top-k
   int64_t moe_intermediate_size = 0;  ///< FFN width of one expert
-  /// Throws std::invalid_argument("<where>: <field>: ...") when a size is not positive.
+  int64_t decoder_sparse_step = 1;    ///< every step-th decoder is sparse
+  std::vector<int64_t> mlp_only_layers;  ///< decoders (0-based) with a dense MLP regardless
+  /// Decoder i (0-based) has a sparse MLP block.
+  bool is_moe_layer(int64_t i) const;
+  /// Number of decoders with a sparse block.
+  int64_t num_moe_layers() const;
+  /// Throws std::invalid_argument("<where>: <field>: ...") when a size is not positive (the
+  /// dense FFN only when some decoder is dense) or top-k exceeds the experts.
   void validate(const std::string& where) const;
 };
 
-/// Shape of a dense ModelConfig (header-only use of the struct; no rp_model code).
+/// Shape of a ModelConfig, its mixture-of-experts fields included (header-only use of the
+/// struct; no rp_model code).
 ModelShape model_shape_from_config(const ModelConfig& c);
-/// Shape from a Hugging Face config.json object, including the Qwen3-MoE keys
-/// num_experts, num_experts_per_tok, moe_intermediate_size (model_type "qwen3_moe").
-/// Errors: std::invalid_argument("<where>: key '<k>': ...").
+/// Shape from a Hugging Face config.json object, including the Qwen3-MoE keys num_experts
+/// (transformers 5 writes num_local_experts; either is accepted), num_experts_per_tok,
+/// moe_intermediate_size, decoder_sparse_step and mlp_only_layers (model_type "qwen3_moe").
+/// Errors: std::invalid_argument("<where>: key '<k>': ...") or validate()'s.
 ModelShape model_shape_from_hf_json(const nlohmann::json& j, const std::string& where);
 
 /// Device and precision assumptions of the estimate.
 struct DeviceModel {
   double peak_flops = 790e12;      ///< achievable dense GEMM FLOP/s at the compute dtype
   double attention_efficiency = 0.7;  ///< fused attention FLOP/s as a fraction of peak_flops
+  /// Grouped (per-expert) GEMMs of a sparse MLP block as a fraction of peak_flops: each expert
+  /// multiplies only its routed rows (T * k / E on average), smaller and ragged tiles than a
+  /// dense GEMM of T rows. An assumption (0.6) until calibrated against the CUDA grouped
+  /// kernels (a measured profile replaces it layer by layer).
+  double grouped_gemm_efficiency = 0.6;
   double mem_bandwidth = 4.3e12;   ///< device memory bytes/s (element-wise ops, GEMM operands)
   double pcie_bandwidth = 55e9;    ///< host<->device bytes/s per direction (0: transfers free)
   int64_t elem_bytes = 2;          ///< compute dtype: weights and activations on the device
@@ -105,6 +123,13 @@ struct LayerEstimate {
 
 /// Analytic estimate of all L + 2 compute layers for micro-batches of `n_seq` sequences of
 /// `seq_len` tokens. Per op: seconds = max(flops / rate, bytes / mem_bandwidth).
+/// A sparse decoder (ModelShape::is_moe_layer) counts routed FLOPs: the router GEMM
+/// ([T,H] x [H,E]) and the SwiGLU of experts_per_token experts per token, R = T * k rows in
+/// grouped GEMMs at grouped_gemm_efficiency, never the FLOPs of all E experts. Its bytes read
+/// the weights of every expert that receives rows (min(E, R); routing assumed balanced, an
+/// imbalance is not modelled), and its weight_bytes / grad_bytes hold all E experts, since a
+/// stage uploads every expert of its layers. Scratch: decoder_scratch_bytes with the sparse
+/// block's DecoderDims, as the layer carves it.
 /// Throws std::invalid_argument for a non-positive shape or device number.
 std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, int64_t seq_len,
                                            const DeviceModel& d);
@@ -120,7 +145,14 @@ void apply_frozen_groups(std::vector<LayerCost>& costs, const ModelLayout& m, in
                          int64_t grad_elem_bytes = 4);
 
 /// Number of parameters of layer `layer` (0 embedding, 1..L decoder, L+1 tail; the tail
-/// counts the LM head also when it is tied, because it reads it).
-int64_t layer_parameters(const ModelShape& m, int layer);
+/// counts the LM head also when it is tied, because it reads it). A sparse decoder counts
+/// its router and all of its experts; with `active`, its router and experts_per_token
+/// experts (the weights one token is multiplied by). Throws std::invalid_argument for a
+/// layer out of range.
+int64_t layer_parameters(const ModelShape& m, int layer, bool active = false);
+
+/// Parameters of the model, tied embeddings counted once; `active` as in layer_parameters
+/// (ModelConfig::num_parameters and num_active_parameters for the same model).
+int64_t model_parameters(const ModelShape& m, bool active = false);
 
 }  // namespace rp

@@ -1,0 +1,76 @@
+// `roundpipe plan` on mixture-of-experts (Qwen3-MoE) config.json files: both spellings of the
+// expert count are accepted, the report carries the active and total parameter counts, LoRA
+// on a frozen 4-bit base plans, and a bad key is one line naming it.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "tests/cli/cli_util.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using namespace rp::clitest;
+
+// A Qwen3-30B-A3B-like shape with 8 layers; `experts_key` spells the expert count.
+std::string moe_config(const std::string& experts_key, const std::string& top_k = "8") {
+  return R"({"model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
+             "num_hidden_layers": 8, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+             ")" + experts_key + R"(": 128, "num_experts_per_tok": )" + top_k + R"(, "moe_intermediate_size": 768,
+             "decoder_sparse_step": 1, "mlp_only_layers": [3], "norm_topk_prob": true, "rope_theta": 1000000,
+             "rms_norm_eps": 1e-6, "tie_word_embeddings": false, "max_position_embeddings": 40960})";
+}
+
+TEST(CliPlanMoe, PlansAMoeConfigWithEitherExpertKey) {
+  auto d = tmpdir();
+  for (const char* key : {"num_experts", "num_local_experts"}) {
+    SCOPED_TRACE(key);
+    write(d / "config.json", moe_config(key));
+    CliRun r = roundpipe("plan --model " + (d / "config.json").string() + " --gpus 4 --seq 4096 --micro 8", d);
+    ASSERT_EQ(r.code, 0) << r.err;
+    // 7 sparse layers (layer 3 is dense by mlp_only_layers)
+    for (const char* needle : {"128 experts top-8", "in 7 sparse layers", "B active per token", "forward", "tail",
+                               "backward", "tokens/s", "bubble"})
+      EXPECT_NE(r.out.find(needle), std::string::npos) << needle << "\n" << r.out;
+  }
+  // LoRA on an nf4 base: adapters trainable, the base (all experts) stored in 4 bits
+  CliRun r = roundpipe("plan --model " + (d / "config.json").string() +
+                           " --gpus 4 --seq 4096 --micro 8 --memory-cap 8GiB --frozen nf4 --lora-r 16",
+                       d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("lora      r=16 on all-linear (attention only in sparse layers)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("bubble"), std::string::npos) << r.out;
+  r = roundpipe("plan --model " + (d / "config.json").string() + " --lora-r 4 --lora-targets q_proj,wrong", d);
+  expect_one_line_error(r, "wrong");
+  fs::remove_all(d);
+}
+
+TEST(CliPlanMoe, ExampleConfigsPlan) {
+  auto d = tmpdir();
+  for (const char* name : {"qwen3-30b-a3b", "qwen3-235b-a22b"}) {
+    SCOPED_TRACE(name);
+    const std::string cfg = std::string(RP_SOURCE_DIR) + "/examples/configs/" + name + ".json";
+    CliRun r = roundpipe("plan --model " + cfg + " --gpus 8 --seq 4096 --micro 8 --memory-cap 24GiB --frozen nf4 "
+                                                 "--lora-r 32",
+                         d);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.out.find("B active per token"), std::string::npos) << r.out;
+  }
+  fs::remove_all(d);
+}
+
+TEST(CliPlanMoe, BadExpertsPerTokenIsOneLineNamingTheKey) {
+  auto d = tmpdir();
+  for (const char* top_k : {"129", "0", "2.5"}) {
+    SCOPED_TRACE(top_k);
+    write(d / "config.json", moe_config("num_local_experts", top_k));
+    CliRun r = roundpipe("plan --model " + (d / "config.json").string(), d);
+    expect_one_line_error(r, "num_experts_per_tok");
+    EXPECT_NE(r.err.find("config.json"), std::string::npos) << r.err;
+  }
+  fs::remove_all(d);
+}
+
+}  // namespace
