@@ -21,12 +21,12 @@ HostBytes& HostBytes::operator=(HostBytes&& o) noexcept {
 }
 HostBytes::~HostBytes() { std::free(p_); }
 
-ParamStore::ParamStore(const ModelLayout& m, DType compute_dtype) : dtype(compute_dtype) {
+ParamStore::ParamStore(const ModelLayout& m, DType compute_dtype, bool allocate_frozen) : dtype(compute_dtype) {
   for (auto& g : m.groups) {
     numel.push_back(g.numel);
     frozen.push_back(g.frozen ? 1 : 0);
     if (g.frozen) {  // its storage form, uploaded as is; no gradient slot
-      lowp.emplace_back(size_t(g.storage_bytes));
+      lowp.emplace_back(allocate_frozen ? HostBytes(size_t(g.storage_bytes)) : HostBytes());
       grad.emplace_back();
       continue;
     }

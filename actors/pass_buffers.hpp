@@ -43,7 +43,10 @@ struct ParamStore {
   std::vector<char> frozen;       ///< per group: 1 for a frozen group
   std::vector<HostBytes> lowp;    ///< per group, numel * dtype_size(dtype) bytes (frozen: storage_bytes)
   std::vector<HostBytes> grad;    ///< per group, numel floats (frozen: empty)
-  ParamStore(const ModelLayout& m, DType compute_dtype);
+  /// `allocate_frozen` false: frozen groups' `lowp` stays empty for the caller to allocate
+  /// group by group (the Session does, freeing each source as it copies, so a large frozen base
+  /// never exists twice).
+  ParamStore(const ModelLayout& m, DType compute_dtype, bool allocate_frozen = true);
 };
 
 /// The activations of a pass: the input of every layer (saved by forward stages, read by

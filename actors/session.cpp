@@ -111,6 +111,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w,
   // on when everything fits 90% of the available memory).
   bool saved_attention = false;
   size_t host_need = 0;  // bytes, before the CPU backend's virtual GPUs (checked with the plan below)
+  size_t held = 0;       // of them, bytes the caller's weights already occupy
   {
     const auto& c = layout.config;
     // trainable groups: master, moments, low-precision copy, gradient slot; frozen: storage only
@@ -131,7 +132,13 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w,
     const auto weights = state ? checked_sum(*state, frozen_bytes) : std::nullopt;
     const auto base = weights && acts ? checked_sum(*weights, *acts) : std::nullopt;
     const auto with_attn = base && attn ? checked_sum(*base, *attn) : std::nullopt;
-    const size_t avail = host_available_bytes();
+    // what the caller hands over is in memory already: fp32 masters move in, frozen storage is
+    // copied group by group and freed as it goes
+    for (size_t g = 0; g < layout.groups.size(); ++g) {
+      if (!frozen_storage.empty()) held += frozen_storage[g].size();
+      if (!layout.groups[g].frozen && g < w.size()) held += w[g].size() * sizeof(float);
+    }
+    const size_t avail = host_available_bytes() > 0 ? host_available_bytes() + held : 0;
     saved_attention =
         opt.save_attention.value_or(with_attn && (avail == 0 || double(*with_attn) <= 0.9 * double(avail)));
     const auto need = saved_attention ? with_attn : base;
@@ -188,7 +195,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w,
       per_worker =
           std::max(per_worker, size_t(std::max<int64_t>(0, estimate_stage(analytic, st, po).memory_bytes)));
     const size_t arenas = std::min(per_worker, I.devices[0]->capacity_bytes()) * size_t(opt.workers);
-    const size_t avail = host_available_bytes();
+    const size_t avail = host_available_bytes() > 0 ? host_available_bytes() + held : 0;
     const auto total = checked_sum(host_need, arenas);
     if (!total || (avail > 0 && *total > avail))
       throw std::invalid_argument(fmt::format(
@@ -199,7 +206,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w,
           byte_text(double(host_need)), byte_text(double(arenas)), opt.workers, I.plan.summary(),
           byte_text(double(avail))));
   }
-  I.store = std::make_unique<ParamStore>(layout, dt);
+  I.store = std::make_unique<ParamStore>(layout, dt, /*allocate_frozen=*/false);
   fill_store(layout, w, frozen_storage, *I.store);  // frozen groups' fp32 values are freed here
   I.master = std::move(w);
   I.adam.resize(I.master.size());

@@ -51,6 +51,7 @@ void fill_store(const ModelLayout& layout, std::vector<std::vector<float>>& w,
       cast_f32_to(w[g].data(), store.lowp[g].data(), grp.numel, store.dtype);
       continue;
     }
+    if (store.lowp[g].size() != size_t(grp.storage_bytes)) store.lowp[g] = HostBytes(size_t(grp.storage_bytes));
     char* dst = store.lowp[g].as<char>();
     if (!frozen_storage.empty() && !frozen_storage[g].empty()) {
       std::memcpy(dst, frozen_storage[g].data(), frozen_storage[g].size());
