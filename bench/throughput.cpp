@@ -169,7 +169,8 @@ int run(int argc, char** argv) {
   app.add_option("--preset", preset,
                  "model shape: qwen3-1.7b (default flags), qwen3-4b, llama3.1-8b, llama3.1-70b, qwen3-30b-a3b or "
                  "qwen3-235b-a22b (a given --layers overrides the preset's depth)")
-      ->check(CLI::IsMember({"qwen3-1.7b", "qwen3-4b", "llama3.1-8b", "llama3.1-70b", "qwen3-30b-a3b", "qwen3-235b-a22b"}));
+      ->check(CLI::IsMember(
+          {"qwen3-1.7b", "qwen3-4b", "llama3.1-8b", "llama3.1-70b", "qwen3-30b-a3b", "qwen3-235b-a22b"}));
   int64_t experts = 0, top_k = 2, expert_ffn = 0, sparse_step = 1;
   app.add_option("--experts", experts, "mixture of experts (Qwen3-MoE): routed experts per sparse layer (0: dense)")
       ->check(CLI::NonNegativeNumber);

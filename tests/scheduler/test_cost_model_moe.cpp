@@ -71,14 +71,23 @@ TEST(CostModelMoe, GroupedGemmsRunAtTheirEfficiency) {
   const ModelShape m = small_moe();
   DeviceModel d;
   d.mem_bandwidth = 1e30;  // compute-bound: seconds = FLOPs / rate
+  d.grouped_gemm_efficiency = 0.6;
+  d.grouped_wgrad_efficiency = 0.2;
   const int64_t T = 4096;
   auto a = estimate_layers(m, 1, T, d);
   d.grouped_gemm_efficiency = 0.3;
   auto b = estimate_layers(m, 1, T, d);
-  const double expert_flops = 2.0 * T * 2 * 3 * 256 * 128;
-  EXPECT_NEAR(b[1].cost.fwd - a[1].cost.fwd, expert_flops / (d.peak_flops * 0.3) - expert_flops / (d.peak_flops * 0.6),
-              1e-9);
+  const double expert_flops = 2.0 * T * 2 * 3 * 256 * 128;  // gate, up, down of 2 experts per token
+  const double slower = expert_flops / (d.peak_flops * 0.3) - expert_flops / (d.peak_flops * 0.6);
+  EXPECT_NEAR(b[1].cost.fwd - a[1].cost.fwd, slower, 1e-9);
+  // backward: the recompute and the input gradients at this rate, the weight gradients not
+  EXPECT_NEAR(b[1].cost.bwd - a[1].cost.bwd, 2 * slower, 1e-9);
   EXPECT_DOUBLE_EQ(b[2].cost.fwd, a[2].cost.fwd);  // the dense layer has no grouped GEMMs
+  d.grouped_wgrad_efficiency = 0.1;
+  auto c = estimate_layers(m, 1, T, d);
+  EXPECT_NEAR(c[1].cost.bwd - b[1].cost.bwd, expert_flops / (d.peak_flops * 0.1) - expert_flops / (d.peak_flops * 0.2),
+              1e-9);
+  EXPECT_DOUBLE_EQ(c[1].cost.fwd, b[1].cost.fwd);
   d.grouped_gemm_efficiency = 0;
   EXPECT_THROW(estimate_layers(m, 1, T, d), std::invalid_argument);
 }
@@ -94,7 +103,8 @@ TEST(CostModelMoe, ParameterCountsAgreeWithModelConfig) {
     EXPECT_EQ(model_parameters(m, true), c.num_active_parameters()) << "step " << step;
     // and the layout's groups hold what layer_parameters counts
     const ModelLayout lay = make_layout(c);
-    for (int l = 0; l <= int(c.num_hidden_layers); ++l) EXPECT_EQ(layer_parameters(m, l), lay.groups[size_t(l)].numel) << l;
+    for (int l = 0; l <= int(c.num_hidden_layers); ++l)
+      EXPECT_EQ(layer_parameters(m, l), lay.groups[size_t(l)].numel) << l;
   }
 }
 
