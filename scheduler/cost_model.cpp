@@ -341,6 +341,7 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, i
       dd.lora_dropout = d.lora_dropout;
       dd.frozen_base = d.frozen_base;
       if (x.moe) {
+        c.router_stats_bytes = 2 * m.num_experts * 4;
         dd.experts = m.num_experts;
         dd.experts_per_tok = m.experts_per_token;
         dd.expert_ffn = m.moe_intermediate_size;

@@ -46,6 +46,11 @@ struct LayerCost {
   /// + staging_bytes.
   /// (Last, so that positional initialisers of the fields above stay valid.)
   int64_t frozen_weight_bytes = 0, staging_bytes = 0;
+  /// Sparse (mixture-of-experts) decoders: one micro-batch's router statistics [2E] fp32
+  /// (LayerArgs::moe_stats). A stage running any sparse decoder holds two such buffers per
+  /// activation slot, the uploaded copy and the one its layers add to (actors/stage_task.cpp);
+  /// their transfers (a few KiB per micro-batch) are not counted.
+  int64_t router_stats_bytes = 0;
   bool operator==(const LayerCost&) const = default;
 };
 

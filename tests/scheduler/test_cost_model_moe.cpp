@@ -13,6 +13,8 @@
 #include "model/layer.hpp"
 #include "model/layout.hpp"
 #include "scheduler/cost_model.hpp"
+#include "kernels/device.hpp"
+#include "scheduler/partition.hpp"
 
 namespace rp {
 namespace {
@@ -211,6 +213,30 @@ TEST(CostModelMoe, FrozenGroupsOfAMoeLayout) {
   EXPECT_EQ(costs[1].grad_bytes, m.groups[size_t(a1)].numel * 4);   // the adapters only
   // a sparse layer's adapters reach attention only: fewer than the dense layer's
   EXPECT_LT(m.groups[size_t(a1)].numel, m.groups[size_t(m.adapter_group(2))].numel);
+}
+
+// A stage with a sparse decoder holds two router-statistics buffers [2E] fp32 per activation
+// slot (the uploaded copy and the summed one); a stage of dense layers none.
+TEST(CostModelMoe, SparseStagesHoldRouterStatisticsPerSlot) {
+  const ModelShape m = small_moe();
+  auto costs = layer_costs(estimate_layers(m, 1, 64, DeviceModel{}));
+  EXPECT_EQ(costs[1].router_stats_bytes, 2 * 16 * 4);
+  EXPECT_EQ(costs[2].router_stats_bytes, 0);  // mlp_only layer
+  EXPECT_EQ(costs[0].router_stats_bytes, 0);
+  auto without = costs;
+  for (auto& c : without) c.router_stats_bytes = 0;
+  PartitionOptions po;
+  po.micro_batches = 4;  // two slots
+  po.alloc_granule = 512;
+  for (const Stage& st : {Stage{StageKind::forward, 0, 1}, Stage{StageKind::backward, 1, 3},
+                          Stage{StageKind::tail, 4, 5}}) {
+    SCOPED_TRACE(fmt::format("{} {}-{}", stage_kind_name(st.kind), st.first, st.last));
+    // 2 slots x 2 buffers of 128 bytes, each charged as the pool charges a small allocation
+    EXPECT_EQ(estimate_stage(costs, st, po).work_bytes - estimate_stage(without, st, po).work_bytes,
+              2 * 2 * int64_t(pool_allocation_bytes(128, 512)));
+  }
+  for (const Stage& st : {Stage{StageKind::forward, 0, 0}, Stage{StageKind::backward, 2, 2}})
+    EXPECT_EQ(estimate_stage(costs, st, po).work_bytes, estimate_stage(without, st, po).work_bytes);
 }
 
 }  // namespace
