@@ -88,6 +88,28 @@ void check_tensors(LoadedModel& m, const ModelLayout& layout, const std::string&
   }
 }
 
+/// A stacked expert tensor of a sparse layer (row-major [num_experts, rows, cols], see
+/// gguf_expert_stack_name) as the num_experts Hugging Face matrices prefix<e>suffix [rows, cols];
+/// their shapes are checked against the layout by check_tensors.
+void split_expert_stack(const GgufFile& f, const GgufTensorInfo& t, LoadedModel& m, const std::string& prefix,
+                        const std::string& suffix) {
+  const std::vector<int64_t> shape = t.shape();
+  const int64_t E = m.config.num_experts;
+  if (E <= 0 || shape.size() != 3 || shape[0] != E)
+    fail(f.path(), fmt::format("tensor '{}': expected 3-D [num_experts = {}, rows, cols], got [{}]", t.name, E,
+                               fmt::join(shape, ", ")));
+  const std::vector<float> all = f.dequantize(t);
+  const size_t per = size_t(shape[1] * shape[2]);
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string hf = prefix + std::to_string(e) + suffix;
+    if (m.tensors.count(hf)) fail(f.path(), fmt::format("tensor '{}' appears twice", t.name));
+    HostTensor h;
+    h.shape = {shape[1], shape[2]};
+    h.data.assign(all.begin() + ptrdiff_t(size_t(e) * per), all.begin() + ptrdiff_t(size_t(e + 1) * per));
+    m.tensors.emplace(hf, std::move(h));
+  }
+}
+
 LoadedModel load_gguf(const std::string& path) {
   GgufFile f(path);
   LoadedModel m;
@@ -97,6 +119,11 @@ LoadedModel load_gguf(const std::string& path) {
   const ModelLayout layout = make_layout(m.config);
   for (const auto& t : f.tensors()) {
     if (t.name == "rope_freqs.weight") continue;  // folded into config.rope_scaling
+    std::string prefix, suffix;
+    if (gguf_expert_stack_name(t.name, prefix, suffix)) {
+      split_expert_stack(f, t, m, prefix, suffix);
+      continue;
+    }
     const std::string hf = gguf_to_hf_name(t.name);
     if (hf.empty()) fail(path, fmt::format("unexpected tensor '{}' (no Hugging Face equivalent)", t.name));
     if (m.tensors.count(hf)) fail(path, fmt::format("tensor '{}' appears twice", t.name));

@@ -92,15 +92,32 @@ class GgufFile {
   std::vector<GgufTensorInfo> tensors_;
 };
 
-/// ModelConfig from the metadata of a "llama" or "qwen3" GGUF (general.architecture).
+/// ModelConfig from the metadata of a "llama", "qwen3" or "qwen3moe" GGUF
+/// (general.architecture; "qwen3moe" becomes architecture "qwen3_moe").
 /// tie_word_embeddings is true when there is no output.weight. A llama3 rope_freqs.weight
 /// tensor is recognised (factor taken from it, other llama3 parameters at Llama-3.1 defaults,
-/// checked against the tensor). Throws std::runtime_error("<file>: <what>").
+/// checked against the tensor). "qwen3moe" (llama.cpp's Qwen3-MoE): every decoder layer is
+/// sparse (decoder_sparse_step 1, no mlp_only_layers); qwen3moe.expert_count,
+/// expert_used_count (in [1, expert_count]) and expert_feed_forward_length (else, as llama.cpp,
+/// feed_forward_length / expert_used_count) give num_experts, num_experts_per_tok and
+/// moe_intermediate_size; feed_forward_length (intermediate_size) may be absent;
+/// norm_topk_prob is true (llama.cpp always renormalises the top-k weights of this
+/// architecture). Throws std::runtime_error("<file>: <what>"), naming the metadata key.
 ModelConfig config_from_gguf(const GgufFile& f);
 
 /// Hugging Face name of a GGUF tensor ("blk.3.attn_q.weight" ->
-/// "model.layers.3.self_attn.q_proj.weight"), or "" when the name is not a known one.
+/// "model.layers.3.self_attn.q_proj.weight", "blk.3.ffn_gate_inp.weight" ->
+/// "model.layers.3.mlp.gate.weight"), or "" when the name is not a known one (the stacked
+/// expert tensors below included).
 std::string gguf_to_hf_name(const std::string& gguf_name);
+
+/// Stacked expert tensors of a sparse layer: "blk.N.ffn_{gate,up,down}_exps.weight", row-major
+/// [num_experts, F, H] (gate, up) or [num_experts, H, F] (down), i.e. GGUF ne = {H, F, E} /
+/// {F, H, E} (llama.cpp's convert_hf_to_gguf.py stacks the Hugging Face per-expert matrices
+/// along a new first axis). Returns true and sets `prefix` = "model.layers.N.mlp.experts." and
+/// `suffix` = ".gate_proj.weight" (".up_proj.weight", ".down_proj.weight"), so slice e is the
+/// Hugging Face tensor prefix + e + suffix; false for any other name.
+bool gguf_expert_stack_name(const std::string& gguf_name, std::string& prefix, std::string& suffix);
 
 /// Undoes llama.cpp's convert_hf_to_gguf.py permute() of LLaMA q_proj / k_proj rows, in place.
 /// `w` is row-major [rows, cols] with rows = n_head * head_dim: GGUF row h*hd + 2*i + j holds

@@ -351,6 +351,11 @@ int main(int argc, char** argv) {
          rp::LoadedModel m = rp::load_model(f.string());
          if (!m.tokenizer_json.is_null()) (void)rp::Tokenizer::from_json(m.tokenizer_json, "fuzz");
        }},
+      // Qwen3-MoE: stacked Q8_0 expert tensors split into per-expert matrices
+      {"gguf_moe", false, "model.gguf",
+       [] { return read_file(fs::path(RP_FIXTURES_DIR) / "gguf_moe/tiny_qwen3_moe.q8_0.gguf"); },
+       {},
+       [](const fs::path& f) { rp::load_model(f.string()); }},
       {"safetensors", false, "model.safetensors",
        [&] { return read_file(work / "model_seed/model.safetensors"); },
        [&](const fs::path& dir) { fs::copy_file(work / "model_seed/config.json", dir / "config.json"); },
