@@ -12,7 +12,13 @@
 // first served); --chunk-bytes: bulk copies are cut into chunks of N bytes (0: whole copies).
 // tokens/s: median over the measured steps of tokens-per-step / (time between consecutive
 // step completions). MFU = tokens/s * (6 N_matmul + 6 layers q_heads head_dim seq) / 790e12
-// (N_matmul counts every matmul weight incl. the LM head; recompute not counted).
+// (N_matmul counts every matmul weight incl. the LM head, of a sparse layer its router and the
+// top-k experts a token is routed to; recompute not counted).
+// Mixture of experts (Qwen3-MoE): --preset qwen3-30b-a3b / qwen3-235b-a22b, or --experts E
+// --experts-per-tok k --expert-ffn Fe [--sparse-step s] on any shape; --layers N keeps the first
+// N decoders of a preset (235B on one host). LoRA on a sparse layer reaches its attention only
+// (the experts are stacked tensors without adapters). A MoE step line adds its expert
+// utilisation (least / most used expert against the even share) and load-balancing loss.
 // Every row reports the peak device memory and the process's peak host memory (max RSS).
 // A failure of the run (memory cap, device error, bad flag) is one line on stderr and exit 1.
 #include <sys/resource.h>
@@ -102,6 +108,19 @@ double weight_bytes_per_iteration(const rp::ModelLayout& m, const rp::IterationP
   return bytes;
 }
 
+// Mixture of experts: the step's expert utilisation, tokens routed to the least and the most
+// used expert (summed over the sparse layers) against the even share, and the
+// load-balancing loss; "" for dense models.
+std::string expert_use(const rp::StepResult& r) {
+  if (r.expert_tokens.empty()) return {};
+  double total = 0;
+  for (double x : r.expert_tokens) total += x;
+  const double even = total / double(r.expert_tokens.size());
+  const auto [lo, hi] = std::minmax_element(r.expert_tokens.begin(), r.expert_tokens.end());
+  return fmt::format(", experts: least used {:.2f}, most used {:.2f} x the even share, aux loss {:.4f}",
+                     even > 0 ? *lo / even : 0.0, even > 0 ? *hi / even : 0.0, r.moe_aux_loss);
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"RoundPipe end-to-end throughput benchmark"};
   std::string backend = "cuda", trace, results, dtype = "bf16", plan_json;
@@ -150,7 +169,8 @@ int run(int argc, char** argv) {
   app.add_option("--preset", preset,
                  "model shape: qwen3-1.7b (default flags), qwen3-4b, llama3.1-8b, llama3.1-70b, qwen3-30b-a3b or "
                  "qwen3-235b-a22b (a given --layers overrides the preset's depth)")
-      ->check(CLI::IsMember({"qwen3-1.7b", "qwen3-4b", "llama3.1-8b", "llama3.1-70b", "qwen3-30b-a3b", "qwen3-235b-a22b"}));
+      ->check(CLI::IsMember(
+          {"qwen3-1.7b", "qwen3-4b", "llama3.1-8b", "llama3.1-70b", "qwen3-30b-a3b", "qwen3-235b-a22b"}));
   int64_t experts = 0, top_k = 2, expert_ffn = 0, sparse_step = 1;
   app.add_option("--experts", experts, "mixture of experts (Qwen3-MoE): routed experts per sparse layer (0: dense)")
       ->check(CLI::NonNegativeNumber);
@@ -296,12 +316,13 @@ int run(int argc, char** argv) {
       auto r = s.wait(t - 1);
       done_at.push_back(now());
       loss = r.loss_sum / r.tokens;
-      std::printf("step %d loss %.4f (%.2f s)\n", t - 1, loss, r.seconds);
+      std::printf("step %d loss %.4f (%.2f s)%s\n", t - 1, loss, r.seconds, expert_use(r).c_str());
       std::fflush(stdout);
     }
   }
-  s.wait(total - 1);
+  const rp::StepResult last = s.wait(total - 1);
   done_at.push_back(now());
+  if (experts > 0) std::printf("step %d%s\n", total - 1, expert_use(last).c_str());
   std::vector<double> dts;
   for (int t = warmup; t < total; ++t) dts.push_back(done_at[t] - done_at[t - 1]);
   std::sort(dts.begin(), dts.end());

@@ -95,7 +95,8 @@ ModelShape load_model_shape(const std::string& path, std::string* description) {
                                          file, m.num_layers, kMaxPlanLayers));
   if (description) {
     const double total = double(model_parameters(m)), active = double(model_parameters(m, true));
-    *description = fmt::format("{} ({}): {} layers, hidden {}, {} q / {} kv heads x {}, {}vocab {}, {:.2f} B parameters",
+    *description = fmt::format("{} ({}): {} layers, hidden {}, {} q / {} kv heads x {}, {}vocab {}, "
+                               "{:.2f} B parameters",
                                path, kind, m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim,
                                m.num_experts > 0 ? fmt::format("{} experts top-{} x FFN {} in {} sparse layers, ",
                                                                m.num_experts, m.experts_per_token,
@@ -391,7 +392,8 @@ void add_plan_command(CLI::App& app) {
                 "sparse layers have attention adapters only")
       ->capture_default_str();
   c->add_option("--grouped-gemm-efficiency", o->grouped_gemm_efficiency,
-                "mixture-of-experts: the experts' grouped GEMMs as a fraction of --peak-tflops (an assumption)")
+                "mixture-of-experts: the experts' grouped GEMMs (forward, input gradients) as a fraction of "
+                "--peak-tflops (0.33: measured on the H200 at Qwen3-30B-A3B shapes)")
       ->capture_default_str();
   c->callback(reporting_errors([o] { run_plan(*o, stdout); }));
 }

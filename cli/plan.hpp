@@ -45,7 +45,7 @@ struct PlanCommandOptions {
   int64_t lora_r = 0;
   std::string lora_targets = "all-linear";
   /// Mixture-of-experts models: DeviceModel::grouped_gemm_efficiency.
-  double grouped_gemm_efficiency = 0.6;
+  double grouped_gemm_efficiency = DeviceModel{}.grouped_gemm_efficiency;
 };
 
 /// Registers the `plan` subcommand on `app`; it runs from its callback, prints errors as

@@ -161,7 +161,7 @@ struct Acc {
     const double f = 2 * rows * n * k;
     const double w = (weight_grad ? 2.0 * double(d.grad_elem_bytes) : es()) * used * n * k;
     const double b = es() * (rows * k + rows * n) + w;
-    add(f, b, d.peak_flops * d.grouped_gemm_efficiency);
+    add(f, b, d.peak_flops * (weight_grad ? d.grouped_wgrad_efficiency : d.grouped_gemm_efficiency));
   }
   void elementwise(double b) { add(0, b, d.peak_flops); }
   void attention(double f, double b) { add(f, b, d.peak_flops * d.attention_efficiency); }
@@ -282,9 +282,10 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, i
   if (n_seq < 1 || seq_len < 1)
     throw std::invalid_argument(fmt::format("micro-batch shape must be positive, got {} x {}", n_seq, seq_len));
   if (!(d.peak_flops > 0) || !(d.mem_bandwidth > 0) || !(d.attention_efficiency > 0) || d.elem_bytes < 1 ||
-      d.grad_elem_bytes < 1 || d.scratch_elem_bytes < 1 || d.pcie_bandwidth < 0 || !(d.grouped_gemm_efficiency > 0))
-    throw std::invalid_argument("device model: peak_flops, mem_bandwidth, attention_efficiency, "
-                                "grouped_gemm_efficiency and element sizes must be positive, pcie_bandwidth >= 0");
+      d.grad_elem_bytes < 1 || d.scratch_elem_bytes < 1 || d.pcie_bandwidth < 0 ||
+      !(d.grouped_gemm_efficiency > 0) || !(d.grouped_wgrad_efficiency > 0))
+    throw std::invalid_argument("device model: peak_flops, mem_bandwidth, the attention and grouped GEMM "
+                                "efficiencies and element sizes must be positive, pcie_bandwidth >= 0");
   Dims x{};
   x.nseq = double(n_seq);
   x.S = double(seq_len);
@@ -340,6 +341,7 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, i
       dd.lora_dropout = d.lora_dropout;
       dd.frozen_base = d.frozen_base;
       if (x.moe) {
+        c.router_stats_bytes = 2 * m.num_experts * 4;
         dd.experts = m.num_experts;
         dd.experts_per_tok = m.experts_per_token;
         dd.expert_ffn = m.moe_intermediate_size;

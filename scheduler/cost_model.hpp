@@ -46,6 +46,11 @@ struct LayerCost {
   /// + staging_bytes.
   /// (Last, so that positional initialisers of the fields above stay valid.)
   int64_t frozen_weight_bytes = 0, staging_bytes = 0;
+  /// Sparse (mixture-of-experts) decoders: one micro-batch's router statistics [2E] fp32
+  /// (LayerArgs::moe_stats). A stage running any sparse decoder holds two such buffers per
+  /// activation slot, the uploaded copy and the one its layers add to (actors/stage_task.cpp);
+  /// their transfers (a few KiB per micro-batch) are not counted.
+  int64_t router_stats_bytes = 0;
   bool operator==(const LayerCost&) const = default;
 };
 
@@ -89,9 +94,13 @@ struct DeviceModel {
   double attention_efficiency = 0.7;  ///< fused attention FLOP/s as a fraction of peak_flops
   /// Grouped (per-expert) GEMMs of a sparse MLP block as a fraction of peak_flops: each expert
   /// multiplies only its routed rows (T * k / E on average), smaller and ragged tiles than a
-  /// dense GEMM of T rows. An assumption (0.6) until calibrated against the CUDA grouped
-  /// kernels (a measured profile replaces it layer by layer).
-  double grouped_gemm_efficiency = 0.6;
+  /// dense GEMM of T rows. Forward and input gradients: 0.33, as measured on the H200 at
+  /// Qwen3-30B-A3B shapes (one cublasGemmGroupedBatchedEx call: 250-274 TFLOP/s against 790
+  /// here and 699-740 for one dense GEMM over the same rows; docs/gpu.md). The experts' weight
+  /// gradients (fp32 accumulators, per-expert GEMMs on side streams: 87-106 TFLOP/s): 0.12.
+  /// Other shapes and GPUs differ; a measured profile replaces them layer by layer.
+  double grouped_gemm_efficiency = 0.33;
+  double grouped_wgrad_efficiency = 0.12;
   double mem_bandwidth = 4.3e12;   ///< device memory bytes/s (element-wise ops, GEMM operands)
   double pcie_bandwidth = 55e9;    ///< host<->device bytes/s per direction (0: transfers free)
   int64_t elem_bytes = 2;          ///< compute dtype: weights and activations on the device
@@ -125,11 +134,12 @@ struct LayerEstimate {
 /// `seq_len` tokens. Per op: seconds = max(flops / rate, bytes / mem_bandwidth).
 /// A sparse decoder (ModelShape::is_moe_layer) counts routed FLOPs: the router GEMM
 /// ([T,H] x [H,E]) and the SwiGLU of experts_per_token experts per token, R = T * k rows in
-/// grouped GEMMs at grouped_gemm_efficiency, never the FLOPs of all E experts. Its bytes read
-/// the weights of every expert that receives rows (min(E, R); routing assumed balanced, an
-/// imbalance is not modelled), and its weight_bytes / grad_bytes hold all E experts, since a
-/// stage uploads every expert of its layers. Scratch: decoder_scratch_bytes with the sparse
-/// block's DecoderDims, as the layer carves it.
+/// grouped GEMMs at grouped_gemm_efficiency (weight gradients at grouped_wgrad_efficiency),
+/// never the FLOPs of all E experts. Its bytes read the weights of every expert that receives
+/// rows (min(E, R); routing assumed balanced, an imbalance is not modelled), and its
+/// weight_bytes / grad_bytes hold all E experts, since a stage uploads every expert of its
+/// layers. Scratch: decoder_scratch_bytes with the sparse block's DecoderDims, as the layer
+/// carves it.
 /// Throws std::invalid_argument for a non-positive shape or device number.
 std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, int64_t seq_len,
                                            const DeviceModel& d);

@@ -30,6 +30,7 @@ struct Sums {
   int64_t w = 0, g = 0, act = 0, scratch = 0;
   int64_t up = 0;  // weight bytes uploaded (frozen groups: their storage form)
   int64_t attn = 0, attn_raw = 0;  // saved attention outputs: as charged, and their bytes
+  bool sparse = false;  // runs a sparse decoder: router statistics per slot
 };
 
 // Constants of one problem.
@@ -42,6 +43,7 @@ struct Ctx {
   int64_t act0 = 0;      // layer 0's activation (a backward stage uploads ids instead)
   int64_t w0 = 0;        // layer 0's weights as charged (a backward stage uploads none of them)
   int64_t up0 = 0;       // layer 0's weight bytes uploaded
+  int64_t stats = 0;     // a sparse decoder's router statistics per micro-batch (LayerCost::router_stats_bytes)
   // a layer's saved attention output and log-sum-exp buffers, as charged
   int64_t saved(const LayerCost& l) const {
     return l.attn_o_bytes > 0 ? P(l.attn_o_bytes) + P(l.attn_lse_bytes) : 0;
@@ -79,6 +81,7 @@ StageEstimate assemble(const Ctx& c, StageKind kind, int first, int last, const 
   // a saved attention: forward stages write and download it, backward stages upload it, the
   // tail stage keeps its decoders' on the device
   slot_bytes += s.attn;
+  if (s.sparse) slot_bytes += 2 * c.P(c.stats);  // router statistics: the uploaded copy and the summed one
   switch (kind) {
     case StageKind::forward:
       e.act_up_bytes = first == 0 ? c.ids : c.A;
@@ -128,7 +131,8 @@ void check_inputs(const std::vector<LayerCost>& costs, const PartitionOptions& o
     for (double t : {l.fwd, l.bwd, l.tail})
       if (!std::isfinite(t) || t < 0)
         throw std::invalid_argument(fmt::format("partition: layer {}: times must be finite and >= 0", i));
-    if (l.weight_bytes < 0 || l.grad_bytes < 0 || l.act_bytes < 0 || l.scratch_bytes < 0 || l.io_bytes < 0)
+    if (l.weight_bytes < 0 || l.grad_bytes < 0 || l.act_bytes < 0 || l.scratch_bytes < 0 || l.io_bytes < 0 ||
+        l.router_stats_bytes < 0)
       throw std::invalid_argument(fmt::format("partition: layer {}: byte counts must be >= 0", i));
   }
 }
@@ -142,6 +146,7 @@ Ctx make_ctx(const std::vector<LayerCost>& costs, const PartitionOptions& o) {
   c.act0 = costs.front().act_bytes;
   c.w0 = c.weights(costs.front());
   c.up0 = c.uploaded(costs.front());
+  for (auto& l : costs) c.stats = std::max(c.stats, l.router_stats_bytes);
   return c;
 }
 
@@ -163,11 +168,13 @@ struct Prefix {
   const Ctx& c;
   std::vector<double> cf, cb, ct;
   std::vector<int64_t> w, g, act, attn, attn_raw, up;
+  std::vector<int> sparse;  // sparse decoders (router_stats_bytes > 0) before each layer
   std::vector<std::vector<int64_t>> scr[2];  // sparse tables of scratch maxima: backward, forward
   Prefix(const Ctx& ctx, const std::vector<LayerCost>& costs) : c(ctx) {
     const size_t n = costs.size();
     cf.assign(n + 1, 0), cb.assign(n + 1, 0), ct.assign(n + 1, 0);
     w.assign(n + 1, 0), g.assign(n + 1, 0), up.assign(n + 1, 0), act.assign(n + 1, 0), attn.assign(n + 1, 0), attn_raw.assign(n + 1, 0);
+    sparse.assign(n + 1, 0);
     for (size_t i = 0; i < n; ++i) {
       cf[i + 1] = cf[i] + costs[i].fwd;
       cb[i + 1] = cb[i] + costs[i].bwd;
@@ -178,6 +185,7 @@ struct Prefix {
       act[i + 1] = act[i] + c.P(costs[i].act_bytes);
       attn[i + 1] = attn[i] + c.saved(costs[i]);
       attn_raw[i + 1] = attn_raw[i] + costs[i].attn_o_bytes + costs[i].attn_lse_bytes;
+      sparse[i + 1] = sparse[i] + (costs[i].router_stats_bytes > 0);
     }
     for (int fwd = 0; fwd < 2; ++fwd) {
       auto& t = scr[fwd];
@@ -206,6 +214,7 @@ struct Prefix {
     s.attn = attn[size_t(b) + 1] - attn[size_t(a)];
     s.attn_raw = attn_raw[size_t(b) + 1] - attn_raw[size_t(a)];
     s.scratch = max_scratch(k, a, b);
+    s.sparse = sparse[size_t(b) + 1] > sparse[size_t(a)];
     return assemble(c, k, a, b, s);
   }
 };
@@ -315,6 +324,7 @@ StageEstimate estimate_stage(const std::vector<LayerCost>& costs, const Stage& s
     s.attn += c.saved(x);
     s.attn_raw += x.attn_o_bytes + x.attn_lse_bytes;
     s.scratch = std::max(s.scratch, st.kind == StageKind::forward ? x.scratch_fwd_bytes : x.scratch_bytes);
+    s.sparse = s.sparse || x.router_stats_bytes > 0;
   }
   return assemble(c, st.kind, st.first, st.last, s);
 }

@@ -1,6 +1,6 @@
-// `roundpipe plan` on mixture-of-experts (Qwen3-MoE) config.json files: both spellings of the
-// expert count are accepted, the report carries the active and total parameter counts, LoRA
-// on a frozen 4-bit base plans, and a bad key is one line naming it.
+// `roundpipe plan` on mixture-of-experts (Qwen3-MoE) config.json and GGUF files: both
+// spellings of the expert count are accepted, the report carries the active and total
+// parameter counts, LoRA on a frozen 4-bit base plans, and a bad key is one line naming it.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -57,6 +57,19 @@ TEST(CliPlanMoe, ExampleConfigsPlan) {
                          d);
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_NE(r.out.find("B active per token"), std::string::npos) << r.out;
+  }
+  fs::remove_all(d);
+}
+
+TEST(CliPlanMoe, PlansAMoeGguf) {
+  auto d = tmpdir();
+  const std::string gguf = std::string(RP_FIXTURES_DIR) + "/gguf_moe/tiny_qwen3_moe.q8_0.gguf";
+  for (const char* extra : {"", " --frozen q8_0 --lora-r 4"}) {
+    SCOPED_TRACE(extra);
+    CliRun r = roundpipe("plan --model " + gguf + " --gpus 2 --seq 64 --micro 4" + extra, d);
+    ASSERT_EQ(r.code, 0) << r.err;
+    for (const char* needle : {"experts top-", "sparse layers", "B active per token", "bubble"})
+      EXPECT_NE(r.out.find(needle), std::string::npos) << needle << "\n" << r.out;
   }
   fs::remove_all(d);
 }

@@ -13,6 +13,8 @@
 #include "model/layer.hpp"
 #include "model/layout.hpp"
 #include "scheduler/cost_model.hpp"
+#include "kernels/device.hpp"
+#include "scheduler/partition.hpp"
 
 namespace rp {
 namespace {
@@ -71,14 +73,23 @@ TEST(CostModelMoe, GroupedGemmsRunAtTheirEfficiency) {
   const ModelShape m = small_moe();
   DeviceModel d;
   d.mem_bandwidth = 1e30;  // compute-bound: seconds = FLOPs / rate
+  d.grouped_gemm_efficiency = 0.6;
+  d.grouped_wgrad_efficiency = 0.2;
   const int64_t T = 4096;
   auto a = estimate_layers(m, 1, T, d);
   d.grouped_gemm_efficiency = 0.3;
   auto b = estimate_layers(m, 1, T, d);
-  const double expert_flops = 2.0 * T * 2 * 3 * 256 * 128;
-  EXPECT_NEAR(b[1].cost.fwd - a[1].cost.fwd, expert_flops / (d.peak_flops * 0.3) - expert_flops / (d.peak_flops * 0.6),
-              1e-9);
+  const double expert_flops = 2.0 * T * 2 * 3 * 256 * 128;  // gate, up, down of 2 experts per token
+  const double slower = expert_flops / (d.peak_flops * 0.3) - expert_flops / (d.peak_flops * 0.6);
+  EXPECT_NEAR(b[1].cost.fwd - a[1].cost.fwd, slower, 1e-9);
+  // backward: the recompute and the input gradients at this rate, the weight gradients not
+  EXPECT_NEAR(b[1].cost.bwd - a[1].cost.bwd, 2 * slower, 1e-9);
   EXPECT_DOUBLE_EQ(b[2].cost.fwd, a[2].cost.fwd);  // the dense layer has no grouped GEMMs
+  d.grouped_wgrad_efficiency = 0.1;
+  auto c = estimate_layers(m, 1, T, d);
+  EXPECT_NEAR(c[1].cost.bwd - b[1].cost.bwd, expert_flops / (d.peak_flops * 0.1) - expert_flops / (d.peak_flops * 0.2),
+              1e-9);
+  EXPECT_DOUBLE_EQ(c[1].cost.fwd, b[1].cost.fwd);
   d.grouped_gemm_efficiency = 0;
   EXPECT_THROW(estimate_layers(m, 1, T, d), std::invalid_argument);
 }
@@ -94,7 +105,8 @@ TEST(CostModelMoe, ParameterCountsAgreeWithModelConfig) {
     EXPECT_EQ(model_parameters(m, true), c.num_active_parameters()) << "step " << step;
     // and the layout's groups hold what layer_parameters counts
     const ModelLayout lay = make_layout(c);
-    for (int l = 0; l <= int(c.num_hidden_layers); ++l) EXPECT_EQ(layer_parameters(m, l), lay.groups[size_t(l)].numel) << l;
+    for (int l = 0; l <= int(c.num_hidden_layers); ++l)
+      EXPECT_EQ(layer_parameters(m, l), lay.groups[size_t(l)].numel) << l;
   }
 }
 
@@ -201,6 +213,30 @@ TEST(CostModelMoe, FrozenGroupsOfAMoeLayout) {
   EXPECT_EQ(costs[1].grad_bytes, m.groups[size_t(a1)].numel * 4);   // the adapters only
   // a sparse layer's adapters reach attention only: fewer than the dense layer's
   EXPECT_LT(m.groups[size_t(a1)].numel, m.groups[size_t(m.adapter_group(2))].numel);
+}
+
+// A stage with a sparse decoder holds two router-statistics buffers [2E] fp32 per activation
+// slot (the uploaded copy and the summed one); a stage of dense layers none.
+TEST(CostModelMoe, SparseStagesHoldRouterStatisticsPerSlot) {
+  const ModelShape m = small_moe();
+  auto costs = layer_costs(estimate_layers(m, 1, 64, DeviceModel{}));
+  EXPECT_EQ(costs[1].router_stats_bytes, 2 * 16 * 4);
+  EXPECT_EQ(costs[2].router_stats_bytes, 0);  // mlp_only layer
+  EXPECT_EQ(costs[0].router_stats_bytes, 0);
+  auto without = costs;
+  for (auto& c : without) c.router_stats_bytes = 0;
+  PartitionOptions po;
+  po.micro_batches = 4;  // two slots
+  po.alloc_granule = 512;
+  for (const Stage& st : {Stage{StageKind::forward, 0, 1}, Stage{StageKind::backward, 1, 3},
+                          Stage{StageKind::tail, 4, 5}}) {
+    SCOPED_TRACE(fmt::format("{} {}-{}", stage_kind_name(st.kind), st.first, st.last));
+    // 2 slots x 2 buffers of 128 bytes, each charged as the pool charges a small allocation
+    EXPECT_EQ(estimate_stage(costs, st, po).work_bytes - estimate_stage(without, st, po).work_bytes,
+              2 * 2 * int64_t(pool_allocation_bytes(128, 512)));
+  }
+  for (const Stage& st : {Stage{StageKind::forward, 0, 0}, Stage{StageKind::backward, 2, 2}})
+    EXPECT_EQ(estimate_stage(costs, st, po).work_bytes, estimate_stage(without, st, po).work_bytes);
 }
 
 }  // namespace
