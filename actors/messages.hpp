@@ -140,6 +140,11 @@ struct RunStage {
   int64_t step = 0;             ///< optimizer step the pass contributes to
   int stage_index = 0;          ///< position of the stage in the iteration plan
   Stage stage;
+  /// Tail and backward stages: the stage's place in the chain of activation gradients (the tail
+  /// 0, the backward stages after it 1, 2, ...; stage_index - the plan's forward stages). It
+  /// writes boundary gradient set chain % 2 and reads set (chain - 1) % 2
+  /// (PassActivations::dx). -1 for forward stages.
+  int chain = -1;
   std::shared_ptr<PassBuffers> buffers;
   WorkerActor next;             ///< worker of stage_index + 1 (null for the last stage)
   float loss_scale = 1.f;       ///< the tail multiplies the loss gradient by this (fp16 loss scaling)

@@ -52,7 +52,6 @@ PassBuffers::PassBuffers(const ModelLayout& m, const IterationPlan& p, int64_t M
   const int L = p.num_layers;
   if (x.empty()) {
     x.resize(L);
-    dx.resize(L);
     for (int b = 1; b < L; ++b)
       for (int64_t i = 0; i < M; ++i) x[b].emplace_back(act_bytes);
     if (saved_attention) {
@@ -76,13 +75,17 @@ PassBuffers::PassBuffers(const ModelLayout& m, const IterationPlan& p, int64_t M
 }
 
 void PassBuffers::ensure_boundaries(const IterationPlan& p, const std::function<void(HostBytes&)>& on_new) {
-  // A stage whose lowest layer is a > 0 (tail or backward) hands d loss / d x_a on.
-  for (auto& st : p.stages)
-    if (st.kind != StageKind::forward && st.first > 0 && dx[size_t(st.first)].empty())
-      for (int64_t i = 0; i < micro_batches; ++i) {
-        dx[size_t(st.first)].emplace_back(act_bytes);
-        if (on_new) on_new(dx[size_t(st.first)].back());
-      }
+  // A stage whose lowest layer is a > 0 (tail or backward) hands d loss / d x_a on, into the
+  // set of its place in the chain (tail first, then the backward stages as they run).
+  int writers = 0;
+  for (auto& st : p.stages) writers += st.kind != StageKind::forward && st.first > 0;
+  while (dx.size() < size_t(std::min(writers, 2))) {
+    dx.emplace_back();
+    for (int64_t i = 0; i < micro_batches; ++i) {
+      dx.back().emplace_back(act_bytes);
+      if (on_new) on_new(dx.back().back());
+    }
+  }
 }
 
 }  // namespace rp

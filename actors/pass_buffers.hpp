@@ -53,7 +53,15 @@ struct ParamStore {
 /// backward recompute) and the activation gradient at every backward stage boundary.
 struct PassActivations {
   std::vector<std::vector<HostBytes>> x;   ///< x[b][m]: input of layer b (b >= 1)
-  std::vector<std::vector<HostBytes>> dx;  ///< dx[b][m]: d loss / d x_b at stage boundaries
+  /// The activation gradients at stage boundaries, in two sets: dx[i][m] (i = 0, 1). The tail and
+  /// the backward stages hand them on in a chain (the tail writes the gradient of its first
+  /// layer's input, each backward stage reads its predecessor's and writes its own), and the j-th
+  /// stage of the chain writes set j % 2 (RunStage::chain): the stage writing for micro-batch m
+  /// computes m only after the stage before it has computed m, hence uploaded what stage j - 2
+  /// wrote for m, so no set is overwritten before it is read. (A set per boundary would hold M
+  /// activations per backward stage.) Shared by the passes of one worker, which runs their stages
+  /// in the order they were dealt.
+  std::vector<std::vector<HostBytes>> dx;
   /// Saved attention (LayerOptions::save_attention), decoder layers b only: the attention
   /// output [T, nq*D] and its log-sum-exp [n_seq, nq, L] fp32 of the forward.
   std::vector<std::vector<HostBytes>> attn_o, attn_lse;
@@ -87,7 +95,9 @@ struct PassBuffers {
   std::vector<HostBytes> positions;          ///< [M] of i32[T]: a packed pass's RoPE positions (RunStage::packed)
   std::shared_ptr<PassActivations> activations;
   std::vector<std::vector<HostBytes>>& x;    ///< activations->x
-  std::vector<std::vector<HostBytes>>& dx;   ///< activations->dx
+  std::vector<std::vector<HostBytes>>& dx;   ///< activations->dx (the two sets)
+  /// The boundary gradient of micro-batch m written by the chain's stage `chain` (RunStage::chain).
+  HostBytes& boundary(int chain, int64_t m) { return activations->dx[size_t(chain % 2)][size_t(m)]; }
   std::vector<float> loss;                   ///< [2*M]: {sum, count} per micro-batch
   /// Sparse (mixture-of-experts) models: per micro-batch the router statistics [2E] fp32
   /// (LayerArgs::moe_stats) summed over the sparse layers run so far. The scheduler zeroes

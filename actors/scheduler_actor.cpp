@@ -346,6 +346,7 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
         rs.step = sp.step;
         rs.stage_index = int(s);
         rs.stage = plan.stages[s];
+        rs.chain = rs.stage.kind == StageKind::forward ? -1 : int(s) - plan.num_forward();
         rs.buffers = pb;
         rs.loss_scale = si.loss_scale;
         rs.packed = sp.positions != nullptr;

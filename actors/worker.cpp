@@ -457,7 +457,7 @@ class Worker : public WorkerActor::base {
       up(s.xs[0].get(), pb.x[t.rs.stage.first][m].data(), pb.act_bytes);
       up(s.targets.get(), pb.targets[m].data(), idb);
     } else {
-      up(s.in.get(), pb.dx[t.rs.stage.last + 1][m].data(), pb.act_bytes);
+      up(s.in.get(), pb.boundary(t.rs.chain - 1, m).data(), pb.act_bytes);
       for (size_t i = 0; i < t.layers.size(); ++i) {
         const int l = t.layers[i];
         if (l > 0) up(s.xs[i].get(), pb.x[l][m].data(), pb.act_bytes);
@@ -544,7 +544,7 @@ class Worker : public WorkerActor::base {
         }
       }
     } else {
-      if (t.rs.stage.first > 0 && !t.rs.eval) down(pb.dx[t.rs.stage.first][m].data(), s.out.get(), pb.act_bytes);
+      if (t.rs.stage.first > 0 && !t.rs.eval) down(pb.boundary(t.rs.chain, m).data(), s.out.get(), pb.act_bytes);
       if (kind == StageKind::tail) down(&pb.loss[2 * m], s.loss.get(), 2 * sizeof(float));
     }
     // the router statistics so far (forward), of the whole forward pass (tail)
