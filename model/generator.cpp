@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "kernels/device.hpp"
+#include "model/moe_block.hpp"
 #include "kernels/ops.hpp"
 #include "model/layers.hpp"
 
@@ -61,6 +62,12 @@ struct Generator::Impl {
   int64_t rows = 0;
   DeviceBuffer x, xn, q, qr, kr, o, h1, hn, g, u, m, y, ids, pos, lg, lg32;
   std::vector<int32_t> host_ids, host_pos;
+  // sparse (mixture-of-experts) decoders: the block per decoder layer (null: dense) and its
+  // forward scratch for up to `rows` tokens
+  std::vector<std::unique_ptr<MoeBlock>> moe;
+  DecoderDims moe_dims;
+  DeviceBuffer moe_scratch;
+  MoeBufs moe_bufs;
 
   size_t esz() const { return dtype_size(dev->compute_dtype()); }
   const void* t(const std::string& name) const {
@@ -108,6 +115,12 @@ void Generator::Impl::init(const ModelLayout& layout, const std::vector<const fl
     for (const TensorSpec& ts : g.tensors) w[ts.name] = at(groups.back(), ts.offset);
   }
   if (c.tie_word_embeddings) w["lm_head.weight"] = t("model.embed_tokens.weight");
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+    moe.push_back(c.is_moe_layer(l) ? std::make_unique<MoeBlock>(layout, int(l) + 1) : nullptr);
+  moe_dims.hidden = c.hidden_size;
+  moe_dims.experts = c.num_experts;
+  moe_dims.experts_per_tok = c.num_experts_per_tok;
+  moe_dims.expert_ffn = c.moe_intermediate_size;
   const size_t kv = size_t(C * c.num_key_value_heads * c.head_dim) * esz();
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     kc.emplace_back(*dev, kv);
@@ -119,13 +132,20 @@ void Generator::Impl::init(const ModelLayout& layout, const std::vector<const fl
 void Generator::Impl::ensure_rows(int64_t n) {
   if (n <= rows) return;
   rows = std::max<int64_t>(n, 16);
-  const int64_t H = c.hidden_size, F = c.intermediate_size, QD = c.num_attention_heads * c.head_dim,
+  const int64_t H = c.hidden_size, F = std::max<int64_t>(c.intermediate_size, 1), QD = c.num_attention_heads * c.head_dim,
                 KD = c.num_key_value_heads * c.head_dim;
   auto buf = [&](int64_t elems, size_t sz) { return DeviceBuffer(*dev, size_t(rows * elems) * sz); };
   x = buf(H, esz()), xn = buf(H, esz()), h1 = buf(H, esz()), hn = buf(H, esz()), y = buf(H, esz());
   q = buf(QD, esz()), qr = buf(QD, esz()), o = buf(QD, esz()), kr = buf(KD, esz());
   g = buf(F, esz()), u = buf(F, esz()), m = buf(F, esz());
   ids = buf(1, 4), pos = buf(1, 4);
+  if (c.num_moe_layers() > 0) {
+    ScratchCarver count(nullptr);
+    carve_moe_scratch(moe_dims, size_t(rows), esz(), false, count, moe_bufs);
+    moe_scratch = DeviceBuffer(*dev, count.used());
+    ScratchCarver sc(moe_scratch.get());
+    carve_moe_scratch(moe_dims, size_t(rows), esz(), false, sc, moe_bufs);
+  }
 }
 
 void Generator::Impl::forward(const std::vector<int32_t>& tok, int64_t past) {
@@ -163,6 +183,10 @@ void Generator::Impl::forward(const std::vector<int32_t>& tok, int64_t past) {
       ops.linear_fwd(o.get(), t(pre + "self_attn.o_proj.weight"), h1.get(), n, nq * D, H);
       ops.add(x.get(), h1.get(), h1.get(), n * H);
       ops.rmsnorm_fwd(h1.get(), t(pre + "post_attention_layernorm.weight"), hn.get(), n, H, eps);
+      if (const MoeBlock* b = moe[size_t(l)].get()) {  // x = h1 + the routed experts
+        b->forward(ops, groups[size_t(l) + 1].get(), hn.get(), h1.get(), x.get(), n, moe_bufs, nullptr);
+        continue;
+      }
       ops.linear_fwd(hn.get(), t(pre + "mlp.gate_proj.weight"), g.get(), n, H, F);
       ops.linear_fwd(hn.get(), t(pre + "mlp.up_proj.weight"), u.get(), n, H, F);
       ops.swiglu_fwd(g.get(), u.get(), m.get(), n * F);

@@ -22,7 +22,10 @@
 namespace rp {
 namespace {
 
-std::string golden_dir(const std::string& name) { return std::string(RP_FIXTURES_DIR) + "/hf_golden/" + name; }
+// "tiny_llama" -> tests/fixtures/hf_golden/tiny_llama; a name with a folder ("hf_moe/...") as is
+std::string golden_dir(const std::string& name) {
+  return std::string(RP_FIXTURES_DIR) + (name.find('/') == std::string::npos ? "/hf_golden/" : "/") + name;
+}
 
 double rel(const std::vector<float>& a, const std::vector<float>& ref) {
   double num = 0, den = 0;
@@ -40,7 +43,8 @@ int32_t argmax_row(const std::vector<float>& lg, int64_t row, int64_t V) {
 }  // namespace
 
 TEST(Generate, PrefillLogitsMatchHuggingFace) {
-  for (const char* name : {"tiny_llama", "tiny_qwen3"}) {
+  // the Qwen3-MoE goldens route through the same sparse block as training
+  for (const char* name : {"tiny_llama", "tiny_qwen3", "hf_moe/tiny_qwen3_moe", "hf_moe/tiny_qwen3_moe_tied"}) {
     const LoadedModel lm = load_model(golden_dir(name));
     SafetensorsFile golden(golden_dir(name) + "/golden.safetensors");
     const HostTensor ids = golden.read_f32(*golden.find("ids")), logits = golden.read_f32(*golden.find("logits"));
