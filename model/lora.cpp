@@ -88,6 +88,19 @@ ModelLayout make_layout(const ModelConfig& c, const LoraConfig& lora) {
     }
     m.groups.push_back(std::move(g));
   }
+  // a named module that no layer has (gate_proj when every layer is sparse) would train nothing
+  for (const std::string& t : lora.target_modules) {
+    if (t == "all-linear") continue;
+    bool found = false;
+    for (int k = 0; k < kLoraModules && !found; ++k)
+      if (t == kLoraModuleNames[size_t(k)])
+        for (int64_t i = 0; i < L && !found; ++i) found = lora_module_exists(c, i, LoraModule(k));
+    if (!found)
+      throw std::invalid_argument(fmt::format(
+          "lora.target_modules: '{}' matches no linear of this model (every layer is a mixture-of-experts layer, "
+          "whose experts take no adapters; target attention modules or all-linear)",
+          one_line(t)));
+  }
   // the base: frozen, but for modules_to_save (lm_head with tied embeddings is group 0)
   auto saved = [&](const char* name) {
     return std::find(lora.modules_to_save.begin(), lora.modules_to_save.end(), name) != lora.modules_to_save.end();

@@ -163,6 +163,23 @@ TEST(MoeRuntime, LoraOnAFrozenMoeBaseTrainsLikeTheLoop) {
     const MoeRun got = runtime(m, w0, async, 3);
     expect_same(m, got, ref, async ? "lora async" : "lora sync");
   }
+  // MLP-only targets: the sparse layers' adapter groups are empty, the dense layer's trains
+  l.target_modules = {"gate_proj", "down_proj"};
+  const ModelLayout mlp = make_layout(tiny_moe(true), l);
+  auto w1 = random_weights(mlp, 6);
+  for (int g = int(mlp.config.num_hidden_layers) + 2; g < int(mlp.groups.size()); ++g)
+    w1[size_t(g)] = lora_initial_group(mlp, g);
+  expect_same(mlp, runtime(mlp, w1, true, 2), reference(mlp, w1, true, 2), "lora on the dense MLP only");
+  // ... and on a model without a dense layer they match nothing: refused, naming the key
+  ModelConfig sparse = tiny_moe(true);
+  sparse.mlp_only_layers.clear();
+  try {
+    make_layout(sparse, l);
+    ADD_FAILURE() << "gate_proj on an all-sparse model was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("lora.target_modules: 'gate_proj' matches no linear"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
