@@ -224,16 +224,13 @@ TEST(Cli, DefaultJobLossFallsOver20Steps) {
   std::vector<double> eval;  // the eval_loss column (every 5 steps)
   while (std::getline(f, line)) {
     loss.push_back(std::stod(line.substr(line.find(',') + 1)));
-    const std::string ev = line.substr(line.find(",,") == std::string::npos ? 0 : line.size());
-    if (!ev.empty()) {
-      std::vector<std::string> cols;
-      for (size_t a = 0, b; a <= line.size(); a = b + 1) {
-        b = line.find(',', a);
-        if (b == std::string::npos) b = line.size();
-        cols.push_back(line.substr(a, b - a));
-      }
-      eval.push_back(std::stod(cols.at(9)));
+    std::vector<std::string> cols;
+    for (size_t a = 0, b; a <= line.size(); a = b + 1) {
+      b = line.find(',', a);
+      if (b == std::string::npos) b = line.size();
+      cols.push_back(line.substr(a, b - a));
     }
+    if (!cols.at(9).empty()) eval.push_back(std::stod(cols.at(9)));  // eval_loss, blank without an evaluation
   }
   ASSERT_EQ(loss.size(), 20u);
   double first = 0, last = 0;
