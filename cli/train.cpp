@@ -93,6 +93,9 @@ void print_progress(const TrainSpec& spec, const StepReport& r) {
              (r.mfu > 0 ? fmt::format(" | MFU {:.3f}", r.mfu) : std::string()) +
                  (spec.max_grad_norm > 0 ? fmt::format(" | grad norm {:.3f}", r.grad_norm) : std::string()) +
                  (spec.loss_scaling ? fmt::format(" | scale {:g}", r.loss_scale) : std::string()) +
+                 (r.experts > 0 ? fmt::format(" | experts {:.2f}-{:.2f}x even, aux {:.3f}", r.expert_load_min,
+                                              r.expert_load_max, r.aux_loss)
+                                : std::string()) +
                  (r.skipped ? " (skipped)" : ""),
              fmt_duration(r.elapsed_s), fmt_duration(r.eta_s));
   std::fflush(stdout);

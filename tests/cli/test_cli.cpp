@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "model/checkpoint.hpp"
@@ -43,6 +44,32 @@ TEST(Cli, TrainsTinyModelAndWritesLoadableCheckpoint) {
 
 // The run directory holds the measured per-layer profile, and `roundpipe plan --profile`
 // partitions with it.
+// A Qwen3-MoE run's progress line carries the expert utilisation and the load-balancing loss,
+// which metrics.csv holds for the same step.
+TEST(Cli, MoeProgressLineShowsTheExperts) {
+  auto d = tmpdir();
+  auto model = tiny_model(d, true);
+  write(d / "data.jsonl", "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n");
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
+  CliRun r = roundpipe("train " + (d / "spec.json").string(), d);
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  const size_t at = r.out.find("step     2/2 | loss");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
+  EXPECT_NE(line.find("x even, aux "), std::string::npos) << line;
+  std::ifstream f(d / "run/metrics.csv");
+  std::string row;
+  std::getline(f, row);
+  std::getline(f, row);
+  std::getline(f, row);  // step 2
+  std::vector<std::string> cols;
+  std::stringstream ss(row);
+  for (std::string c; std::getline(ss, c, ',');) cols.push_back(c);
+  ASSERT_GE(cols.size(), 12u) << row;
+  EXPECT_NE(line.find(fmt::format("aux {:.3f}", std::stod(cols[11]))), std::string::npos) << line << " / " << row;
+  fs::remove_all(d);
+}
+
 TEST(Cli, DumpBatchWritesTheFirstBatchOrSaysWhyNot) {
   auto d = tmpdir();
   auto model = tiny_model(d);
