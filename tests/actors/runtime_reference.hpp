@@ -53,6 +53,19 @@ inline ModelConfig tiny_config(bool qwen3, bool tied, int layers = 4) {
   return c;
 }
 
+/// tiny_config as a Qwen3-MoE: decoders 0, 2, 3 sparse (`experts` experts, top-2, expert FFN 16,
+/// renormalised top-k), decoder 1 dense (mlp_only_layers); the load-balancing loss off.
+inline ModelConfig tiny_moe_config(int64_t experts, bool tied) {
+  ModelConfig c = tiny_config(true, tied, 4);
+  c.architecture = "qwen3_moe";
+  c.num_experts = experts;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 16;
+  c.norm_topk_prob = true;
+  c.mlp_only_layers = {1};
+  return c;
+}
+
 inline std::vector<std::vector<float>> random_weights(const ModelLayout& m, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> nd(0.f, 0.08f);

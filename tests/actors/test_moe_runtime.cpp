@@ -21,13 +21,7 @@ constexpr int64_t kNSeq = 2, kSeqLen = 6, kM = 3;
 
 // layers: 0 embedding, 1 sparse, 2 dense (mlp_only_layers), 3-4 sparse, 5 tail
 ModelConfig tiny_moe(bool aux) {
-  ModelConfig c = tiny_config(true, false, 4);
-  c.architecture = "qwen3_moe";
-  c.num_experts = 6;
-  c.num_experts_per_tok = 2;
-  c.moe_intermediate_size = 16;
-  c.norm_topk_prob = true;
-  c.mlp_only_layers = {1};
+  ModelConfig c = tiny_moe_config(6, false);
   c.router_aux_loss_coef = 0.05;
   c.output_router_logits = aux;
   return c;

@@ -26,13 +26,7 @@ constexpr int64_t kChunk = 5;  // decoders' MLP chunk (tokens): exercises the ch
 
 // 4 decoders: 0, 2, 3 sparse (4 experts, top-2), 1 dense (mlp_only_layers)
 ModelLayout moe_layout(bool tied, bool lora) {
-  ModelConfig c = tiny_config(true, tied, 4);
-  c.architecture = "qwen3_moe";
-  c.num_experts = 4;
-  c.num_experts_per_tok = 2;
-  c.moe_intermediate_size = 16;
-  c.norm_topk_prob = true;
-  c.mlp_only_layers = {1};
+  const ModelConfig c = tiny_moe_config(4, tied);
   if (!lora) return make_layout(c);
   LoraConfig lc;
   lc.r = 4;
