@@ -88,6 +88,10 @@ class Ops {
   static constexpr int64_t kCeChunk = 128;
 
   virtual ~Ops() = default;
+  /// Thrown by ops a backend does not implement yet (std::logic_error naming the op).
+  [[noreturn]] static void unimplemented(const char* op) {
+    throw std::logic_error(std::string(op) + ": not implemented on this backend");
+  }
   /// Storage type of weights, activations and activation gradients (f32 on the CPU).
   virtual DType dtype() const = 0;
   /// Type of parameter-gradient accumulators (f32 on both backends).
@@ -240,12 +244,68 @@ class Ops {
                                 int64_t past, int64_t n, int64_t nq, int64_t nkv, int64_t D,
                                 float scale) = 0;
 
+  // ---- attention variants (GPT-OSS: sliding window, attention sinks) ---------------
+  // GPT-OSS (HF GptOssAttention) alternates layers whose queries see only the last
+  // `window` keys with full causal layers, and gives each query head a learned "sink"
+  // logit that joins the softmax denominator without a value row (Xiao et al. 2023,
+  // "Efficient Streaming Language Models with Attention Sinks"). With the default
+  // AttentionVariant every *_v op equals its plain counterpart above.
+  /// window > 0: query t (position p) sees keys j with t - window < j <= t (HF's
+  ///   sliding_window mask: the last `window` keys, itself included); 0: every earlier key.
+  ///   With pos set, the example mask of attention_fwd_packed applies as well.
+  /// sinks: [nq] in dtype() (device), or null: row i of head h has
+  ///   P_ij = exp(s_ij - lse_i), lse_i = log(exp(sinks[h]) + sum_j exp(s_ij)), s = q k^T *
+  ///   scale (the sink is not scaled). lse outputs include the sink term.
+  /// dsinks (backward only): [nq] in grad_dtype(), += d loss / d sinks[h] =
+  ///   -sum_i exp(sinks[h] - lse_i) * rowsum(do_i * o_i); null: not computed.
+  /// pos: packed positions as attention_fwd_packed (device int32 [T]), or null.
+  struct AttentionVariant {
+    int64_t window = 0;
+    const void* sinks = nullptr;
+    void* dsinks = nullptr;
+    const int32_t* pos = nullptr;
+  };
+  /// attention_fwd (or attention_fwd_packed when var.pos) with var's window and sinks.
+  /// Same shapes, lse layout and scratch contract (attention_scratch_bytes).
+  virtual void attention_fwd_v(const void* q, const void* k, const void* v, void* o, float* lse,
+                               int64_t n_seq, int64_t seq_len, int64_t nq, int64_t nkv, int64_t D,
+                               float scale, const AttentionVariant& var, void* scratch) { unimplemented("attention_fwd_v"); }
+  /// Backward of attention_fwd_v (the recurrences of attention_bwd over the same keys; lse
+  /// from attention_fwd_v); dq, dk, dv overwritten, dsinks accumulated.
+  virtual void attention_bwd_v(const void* q, const void* k, const void* v, const void* o,
+                               const float* lse, const void* dout, void* dq, void* dk, void* dv,
+                               int64_t n_seq, int64_t seq_len, int64_t nq, int64_t nkv, int64_t D,
+                               float scale, const AttentionVariant& var, void* scratch) { unimplemented("attention_bwd_v"); }
+  /// attention_decode with var's window and sinks (var.pos and var.dsinks must be null):
+  /// query row i (token past+i) sees cache rows j with past+i - window < j <= past+i.
+  virtual void attention_decode_v(const void* q, const void* k_cache, const void* v_cache, void* o,
+                                  int64_t past, int64_t n, int64_t nq, int64_t nkv, int64_t D, float scale,
+                                  const AttentionVariant& var) { unimplemented("attention_decode_v"); }
+
+  /// Adds a per-group bias (linear and expert biases of GPT-OSS; E = 1 with offsets_host =
+  /// {0, R} is a plain linear bias): y[r,:] += b[e,:] for rows r in
+  /// [offsets_host[e], offsets_host[e+1]), b [E,N] in dtype(), y [R,N].
+  virtual void grouped_bias_fwd(void* y, const void* b, const int32_t* offsets_host, int64_t E,
+                                int64_t N) { unimplemented("grouped_bias_fwd"); }
+  /// db[e,:] += sum of dy[r,:] over the rows of group e (db [E,N] in grad_dtype(), fp32 sums).
+  virtual void grouped_bias_bwd(const void* dy, void* db, const int32_t* offsets_host, int64_t E,
+                                int64_t N) { unimplemented("grouped_bias_bwd"); }
+
   // ---- SwiGLU MLP activation (Shazeer 2020, "GLU Variants Improve Transformer") ----
   /// h = silu(g) * u, silu(z) = z * sigmoid(z), n elements.
   virtual void swiglu_fwd(const void* g, const void* u, void* h, int64_t n) = 0;
   /// dg = dh * u * sigmoid(g) * (1 + g*(1-sigmoid(g))),  du = dh * silu(g).
   virtual void swiglu_bwd(const void* g, const void* u, const void* dh, void* dg, void* du,
                           int64_t n) = 0;
+
+  /// GPT-OSS's clamped SwiGLU (HF GptOssExperts): gc = min(g, limit),
+  /// uc = clamp(u, -limit, limit), h = (uc + 1) * gc * sigmoid(alpha * gc), n elements.
+  virtual void swiglu_clamped_fwd(const void* g, const void* u, void* h, int64_t n, float alpha,
+                                  float limit) { unimplemented("swiglu_clamped_fwd"); }
+  /// Backward of swiglu_clamped_fwd (clamp passes the gradient where its input lies inside
+  /// [min, max], bounds included, as torch.clamp): dg, du overwritten.
+  virtual void swiglu_clamped_bwd(const void* g, const void* u, const void* dh, void* dg, void* du,
+                                  int64_t n, float alpha, float limit) { unimplemented("swiglu_clamped_bwd"); }
 
   // ---- mixture of experts (Shazeer et al. 2017; HF Qwen3MoeSparseMoeBlock) -------------
   // A sparse MLP block routes each of T tokens to k of E experts: the router's logits
