@@ -340,6 +340,9 @@ struct SubmitPass {
 struct CloseStepRequest {
   int64_t step = 0;
   double lr = 0;
+  /// The target tokens the step's gradient is divided by (data-parallel replicas: those of
+  /// every replica's passes); < 0: the step's own passes' target tokens.
+  double tokens = -1;
 };
 struct WaitStep {
   int64_t step = 0;

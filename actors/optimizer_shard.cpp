@@ -108,6 +108,7 @@ std::function<double()> job_work(ShardPointer self, const ShardJob& j, ParamStor
       };
     case ShardJob::Kind::sumsq: return [=] { return sum_of_squares(grad, n, *pool); };
     case ShardJob::Kind::update: break;
+    case ShardJob::Kind::reduce: throw std::logic_error("a replica sum is not a job of the shard's threads");
   }
   // tensors under 32K elements run on one thread, larger ones split over the pool
   const bool inject = opt.faults.fire_update(j.group, j.step);
@@ -128,7 +129,8 @@ ShardActor::behavior_type shard_impl(ShardPointer self, std::vector<ShardGroup> 
     self->state.groups[g.group] = g;
     rg.push_back({g.group, g.uploads_per_pass, g.grads_per_pass});
   }
-  self->state.rules.emplace(rg, opt.staleness, opt.guard, opt.disable_rule);
+  const bool replicated = opt.replicas && opt.replicas->size() > 1;
+  self->state.rules.emplace(rg, opt.staleness, opt.guard, opt.disable_rule, replicated);
   self->state.pool = std::make_shared<ThreadPool>(
       ThreadPool::Options{std::max(1, opt.threads), opt.cpus, 50, "rp-shard"});
   // A detached shard runs its long jobs on a JobRunner; one under the deterministic test
@@ -176,6 +178,18 @@ ShardActor::behavior_type shard_impl(ShardPointer self, std::vector<ShardGroup> 
           self->send(scheduler, GroupUpdated{a.step, a.group});
           break;
         case ShardAction::Kind::run_job: {
+          if (a.job.kind == ShardJob::Kind::reduce) {
+            // the communication thread sums it and reports back like a job thread
+            st.job_start[a.group] = std::chrono::steady_clock::now();
+            std::vector<float>* master = st.groups.at(a.group).master;
+            opt.replicas->sum_async(a.group, store->grad[size_t(a.group)].as<float>(), int64_t(master->size()),
+                                    fmt::format("the gradient of group {} of step {}", a.group, a.step),
+                                    [addr = self->address(), g = a.group](const std::string& err) {
+                                      if (auto s = caf::actor_cast<ShardActor>(addr))
+                                        caf::anon_send(s, JobDone{g, 0.0, err});
+                                    });
+            break;
+          }
           auto work = job_work(self, a.job, store, opt);
           if (st.runner) {
             st.job_start[a.group] = std::chrono::steady_clock::now();

@@ -27,6 +27,7 @@
 #include "actors/run_progress.hpp"
 #include "model/layout.hpp"
 #include "optimizer/adamw.hpp"
+#include "roundpipe/replicas.hpp"
 
 namespace rp {
 
@@ -60,6 +61,10 @@ struct ShardOptions {
   RunProgress* progress = nullptr;  ///< optional: counts finished jobs (the scheduler's watchdog)
   FaultInjection faults;            ///< testing only (fault_injection.hpp)
   Tracer* tracer = nullptr;         ///< records the protocol messages when its messages() is on
+  /// Data-parallel replicas (size > 1): each group's complete gradient of a step is summed over
+  /// them (Replicas::sum_async, on its communication thread; the group stays busy meanwhile)
+  /// before its sum of squares and update. Null or size 1: a single process.
+  std::shared_ptr<Replicas> replicas;
 };
 
 /// Spawns an optimizer shard owning `groups` (detached unless opt.detached is false);

@@ -27,6 +27,8 @@ struct StepInfo {
   double lr = 0;
   std::vector<int> uploads, grads;  ///< per group, over the passes dealt (their plans may differ)
   double tokens = 0;
+  double scale_tokens = -1;  ///< CloseStepRequest::tokens: divide the gradient by this (replicas), < 0: tokens
+  double norm_tokens() const { return scale_tokens >= 0 ? scale_tokens : tokens; }
   double loss_sum = 0, loss_count = 0;
   double aux_weighted = 0;            ///< sparse models: sum of (target tokens x load-balancing loss)
   std::vector<double> expert_tokens;  ///< sparse models: assignments per expert over the step
@@ -261,8 +263,9 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
     // A step without target tokens has no gradient: it is skipped like an inf/NaN step (an
     // AdamW call with a zero gradient would still move the weights by momentum and decay).
     // grad_scale 0 tells the shards.
-    if (si.tokens <= 0) si.decision.skip = true;
-    float scale = si.tokens > 0 ? float(1.0 / si.tokens) : 0.f;
+    const double tokens = si.norm_tokens();
+    if (tokens <= 0) si.decision.skip = true;
+    float scale = tokens > 0 ? float(1.0 / tokens) : 0.f;
     auto up = std::make_shared<const std::vector<int>>(si.uploads);
     auto gr = std::make_shared<const std::vector<int>>(si.grads);
     for (size_t k = 0; k < st.shards.size(); ++k) {
@@ -385,6 +388,7 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
         auto& si = self->state.steps[c.step];
         si.close_requested = true;
         si.lr = c.lr;
+        si.scale_tokens = c.tokens;
         close_if_ready(c.step);
       },
       [=](StageDone& d) {
@@ -432,9 +436,10 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
         // every group reported (only after CloseStep, so the token count is final)
         auto& si = st.steps[g.step];
         const double total = st.norms->take(g.step);
-        const double base = si.tokens > 0 ? 1.0 / si.tokens : 1.0;
+        const double tokens = si.norm_tokens();
+        const double base = tokens > 0 ? 1.0 / tokens : 1.0;
         si.decision = decide_step(total, base, st.cfg.max_grad_norm, st.cfg.loss_scaler, si.loss_scale);
-        if (si.tokens <= 0) si.decision.skip = true, si.decision.grad_scale = 0.f;
+        if (tokens <= 0) si.decision.skip = true, si.decision.grad_scale = 0.f;
         for (size_t k = 0; k < st.shards.size(); ++k) {
           trace_sent(st.cfg.tracer, "scheduler", fmt::format("shard{}", k), "StepScale",
                      {{"step", g.step}, {"shard", int64_t(k)}});

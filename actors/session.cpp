@@ -322,6 +322,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w,
     so.progress = &I.progress;
     so.faults = internals.faults;
     so.tracer = I.tracer.get();
+    so.replicas = opt.replicas;
     shards.push_back(spawn_optimizer_shard(*I.sys, std::move(owned[s]), I.store.get(), so, I.scheduler));
   }
   std::vector<WorkerActor> workers;
@@ -431,6 +432,17 @@ int64_t Session::step(double lr) {
   I.check_usable("step");
   if (I.passes_in_step == 0) throw std::logic_error("step() called without a forward_backward() pass in this step");
   caf::anon_send(I.scheduler, CloseStepRequest{I.current_step, lr});
+  I.passes_in_step = 0;
+  return I.current_step++;
+}
+
+int64_t Session::step(double lr, int64_t target_tokens) {
+  Impl& I = *impl_;
+  I.check_usable("step");
+  if (I.passes_in_step == 0) throw std::logic_error("step() called without a forward_backward() pass in this step");
+  if (target_tokens < 0)
+    throw std::invalid_argument(fmt::format("step: target_tokens must be >= 0, got {}", target_tokens));
+  caf::anon_send(I.scheduler, CloseStepRequest{I.current_step, lr, double(target_tokens)});
   I.passes_in_step = 0;
   return I.current_step++;
 }

@@ -12,12 +12,13 @@ std::string describe(const ShardJob& j) {
     case ShardJob::Kind::cast: return fmt::format("cast of version {}", j.step);
     case ShardJob::Kind::sumsq: return fmt::format("sum of squares of step {}", j.step);
     case ShardJob::Kind::update: return fmt::format("AdamW update of step {}", j.step);
+    case ShardJob::Kind::reduce: return fmt::format("sum over the replicas of step {}", j.step);
   }
   return "?";
 }
 
-ShardRules::ShardRules(const std::vector<Group>& groups, int staleness, bool guard, int disable_rule)
-    : s_(staleness), guard_(guard), off_(disable_rule) {
+ShardRules::ShardRules(const std::vector<Group>& groups, int staleness, bool guard, int disable_rule, bool reduce)
+    : s_(staleness), guard_(guard), off_(disable_rule), reduce_(reduce) {
   for (const Group& g : groups) groups_[g.group].g = g;
 }
 
@@ -75,6 +76,7 @@ bool ShardRules::resume_at(int64_t step) {
     st.published = std::max<int64_t>(step - 1 - s_, -1);
     st.uploads_complete_through = step - 1;
     st.sumsq_sent = step - 1;
+    st.reduced = step - 1;
   }
   return true;
 }
@@ -111,6 +113,12 @@ bool ShardRules::advance(State& st, bool& progress, std::vector<ShardAction>& ou
   auto c = closed_.find(k);
   if (c == closed_.end() || st.published != st.updated) return true;
   if (off_ != 4 && (st.writer_active || st.grads_done[k] < expected(c->second, false, st))) return true;
+  if (reduce_ && st.reduced < k) {
+    // replicas: the gradient becomes the sum over every replica's passes first (all of
+    // them run this job for step k, so the skip, the norm and the update agree)
+    start_job(st, ShardJob{ShardJob::Kind::reduce, g, k}, out);
+    return false;
+  }
   float scale = c->second.grad_scale;
   bool skip = scale == 0.f;  // a step without target tokens: no gradient, nothing to update
   if (guard_) {
@@ -196,6 +204,7 @@ void ShardRules::job_done(int g, double sumsq, std::vector<ShardAction>& out) {
       completed_[j.step].push_back(g);  // the order the jobs finish in
       break;
     }
+    case ShardJob::Kind::reduce: st.reduced = j.step; break;
     case ShardJob::Kind::update:
       if (j.publish) st.published = j.step;
       st.grads_done.erase(j.step);

@@ -15,7 +15,8 @@
 //  4. g's update for step t runs when all its gradient contributions of step t are written
 //     (no writer in flight), in the order they complete (no global barrier); guarded steps
 //     (clipping, loss scaling, skipping) first report g's sum of squares and wait for the
-//     step's scale.
+//     step's scale. With data-parallel replicas, the gradient is first summed over the
+//     replicas (a `reduce` job; every replica's shards then hold the same sum and decide alike).
 //  5. The low-precision copy of version k is written only after every upload of every
 //     iteration <= k + s finished; until then the update waits in the fp32 master and a
 //     cast job publishes it when allowed. One outstanding step per group.
@@ -46,6 +47,7 @@ struct ShardJob {
     cast,    ///< write the low-precision copy of the fp32 master (publishes version `step`)
     sumsq,   ///< sum of squares of the gradient of step `step` (guarded steps)
     update,  ///< AdamW update of step `step` with grad_scale and lr
+    reduce,  ///< sum the gradient of step `step` over the data-parallel replicas (in place)
   };
   Kind kind = Kind::update;
   int group = 0;
@@ -86,8 +88,11 @@ class ShardRules {
   };
   /// `staleness` 0 or 1; `guard`: wait for the step's scale (scale_arrived) before an
   /// update; `disable_rule` 1..5 switches off that rule's guard (2: the one-writer guard;
-  /// testing only, tests/actors/test_protocol_guards.cpp), 0 = all on.
-  ShardRules(const std::vector<Group>& groups, int staleness, bool guard, int disable_rule = 0);
+  /// testing only, tests/actors/test_protocol_guards.cpp), 0 = all on. `reduce`: data-parallel
+  /// replicas: once a group's gradient of a step is complete, a reduce job sums it over the
+  /// replicas before the sum of squares and the update.
+  ShardRules(const std::vector<Group>& groups, int staleness, bool guard, int disable_rule = 0,
+             bool reduce = false);
 
   // ---- events; each throws std::logic_error for a group the shard does not own ------------
   void request_weights(int g, int64_t step, uint64_t ticket);
@@ -141,6 +146,7 @@ class ShardRules {
     bool busy = false;
     ShardJob job;             ///< the job running while busy
     int64_t sumsq_sent = -1;  ///< last step whose sum of squares was reported
+    int64_t reduced = -1;     ///< last step whose gradient was summed over the replicas
     std::deque<Waiter> weight_waiters, grad_waiters;
   };
   struct Scale {
@@ -165,6 +171,7 @@ class ShardRules {
   int s_;
   bool guard_;
   int off_;  ///< the rule whose guard is switched off (testing), or 0
+  bool reduce_;
 };
 
 }  // namespace rp

@@ -30,6 +30,15 @@ int main(int argc, char** argv) {
   train->add_option("--dump-batch", ov.dump_batch, "write the first step's batch (ids, targets) as JSON");
   auto* resume_opt = train->add_option("--resume", ov.resume,
                                        "continue from a checkpoint folder (checkpoint-<k>/ or final/ of an earlier run)");
+  train->add_option("--mpi", ov.mpi,
+                    "data-parallel replicas over MPI: auto (join the job when started by mpirun, e.g. `mpirun -np 4 "
+                    "roundpipe train spec.json`; each replica runs accumulation / N of every step's passes), on, off "
+                    "(overrides the spec's \"mpi\"; README \"Several machines\")")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
+  train->add_option("--replica-timeout", ov.replica_timeout_s,
+                    "seconds a silent replica may take before the others stop with an error naming it (spec "
+                    "replica_timeout_s, default 60)")
+      ->check(CLI::PositiveNumber);
   std::string in, out, dtype = "f32";
   auto* convert = app.add_subcommand("convert", "convert a GGUF model to a Hugging Face checkpoint folder");
   convert->add_option("input", in, "model.gguf")->required();

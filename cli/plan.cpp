@@ -24,6 +24,7 @@
 #include "kernels/device.hpp"
 #include "scheduler/partition.hpp"
 #include "scheduler/replan.hpp"
+#include "scheduler/replica_cost.hpp"
 #include "scheduler/profile.hpp"
 #include "scheduler/simulator.hpp"
 
@@ -168,6 +169,10 @@ PartitionOptions partition_options(const PlanCommandOptions& o, int64_t cap) {
 std::optional<ModelLayout> run_layout(const PlanCommandOptions& o) {
   if (o.frozen.empty() && o.lora_r == 0) return std::nullopt;
   if (o.lora_r < 0) throw std::invalid_argument(fmt::format("--lora-r: expected >= 0, got {}", o.lora_r));
+  if (o.nodes < 1) throw std::invalid_argument(fmt::format("--nodes: expected >= 1, got {}", o.nodes));
+  if (!(o.net_gbps > 0)) throw std::invalid_argument(fmt::format("--net-gbps: expected > 0, got {}", o.net_gbps));
+  if (!(o.net_latency_us >= 0)) throw std::invalid_argument("--net-latency-us: expected >= 0");
+  if (o.accumulation < 1) throw std::invalid_argument(fmt::format("--accumulation: expected >= 1, got {}", o.accumulation));
   WeightFormat f = WeightFormat::bf16;
   if (!o.frozen.empty()) {
     try {
@@ -243,6 +248,28 @@ int64_t longest_sequence(const ModelShape& m, const PlanCommandOptions& o, int64
   return lo;
 }
 
+/// --nodes: what summing the gradients over the nodes costs per step and how much of it the
+/// next step hides (scheduler/replica_cost.hpp).
+static void print_nodes(std::FILE* out, const PlanCommandOptions& o, const std::vector<LayerCost>& costs,
+                 const DeviceModel& d, double iteration_s, int64_t tokens) {
+  const ReductionEstimate e = estimate_reduction(costs, d.grad_elem_bytes, o.nodes, o.net_gbps * 1e9 / 8,
+                                                 o.net_latency_us * 1e-6, iteration_s, o.accumulation);
+  const double step = iteration_s * double(o.accumulation);
+  const double global = double(tokens) * double(o.accumulation) * o.nodes;
+  fmt::print(out, "\nnodes     {} x {} GPUs, {:g} Gbit/s per node: {:.3g}G gradient values ({}) summed per step; each node "
+                  "sends and receives {} (2 (N-1)/N of them), {} on the link\n",
+             o.nodes, o.gpus, o.net_gbps, e.values / 1e9, format_bytes(e.values * 4), format_bytes(e.bytes_per_node),
+             ms(e.link_s));
+  fmt::print(out, "          step of {} iteration(s) per node: compute {}, link busy {:.0f}% of it\n", o.accumulation,
+             ms(step), 100 * e.link_s / step);
+  fmt::print(out, "          async: {} -> step {}, {:.0f} tokens/s over {} nodes ({:.2f}x one node)\n",
+             e.exposed_async_s > 0 ? fmt::format("the link cannot keep up, {} exposed", ms(e.exposed_async_s))
+                                   : std::string("hidden under the next step"),
+             ms(e.step_async_s), global / e.step_async_s, o.nodes, o.nodes * step / e.step_async_s);
+  fmt::print(out, "          sync:  {} exposed after the step's last gradient -> step {}, {:.0f} tokens/s ({:.2f}x one node)\n",
+             ms(e.exposed_sync_s), ms(e.step_sync_s), global / e.step_sync_s, o.nodes * step / e.step_sync_s);
+}
+
 void run_plan(const PlanCommandOptions& o, std::FILE* out) {
   if (o.gpus < 1) throw std::invalid_argument(fmt::format("--gpus: expected >= 1, got {}", o.gpus));
   if (o.seq_len < 1) throw std::invalid_argument(fmt::format("--seq: expected >= 1, got {}", o.seq_len));
@@ -257,6 +284,10 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
     throw std::invalid_argument(
         fmt::format("--grouped-gemm-efficiency: expected a fraction in (0, 1], got {}", o.grouped_gemm_efficiency));
   if (o.lora_r < 0) throw std::invalid_argument(fmt::format("--lora-r: expected >= 0, got {}", o.lora_r));
+  if (o.nodes < 1) throw std::invalid_argument(fmt::format("--nodes: expected >= 1, got {}", o.nodes));
+  if (!(o.net_gbps > 0)) throw std::invalid_argument(fmt::format("--net-gbps: expected > 0, got {}", o.net_gbps));
+  if (!(o.net_latency_us >= 0)) throw std::invalid_argument("--net-latency-us: expected >= 0");
+  if (o.accumulation < 1) throw std::invalid_argument(fmt::format("--accumulation: expected >= 1, got {}", o.accumulation));
   if (!checked_product({o.seq_len, o.sequences_per_micro, o.micro_batches}, int64_t(1) << 40))
     throw std::invalid_argument(fmt::format(
         "--seq {} x --sequences-per-micro {} x --micro {}: more than 2^40 tokens per iteration", o.seq_len,
@@ -353,6 +384,7 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
   for (size_t g = 0; g < r.gpu_idle.size(); ++g)
     idle += fmt::format("{}GPU{} {}", g ? ", " : "", g, ms(r.gpu_idle[g]));
   fmt::print(out, "idle      {} (over {})\n", idle, ms(r.makespan));
+  if (o.nodes > 1) print_nodes(out, o, costs, d, r.iteration_seconds, tokens);
   if (!o.trace.empty()) {
     write_sim_trace(o.trace, r, pr.plan);
     fmt::print(out, "trace     wrote {} ({} intervals; open in Perfetto or chrome://tracing)\n", o.trace,
@@ -390,6 +422,15 @@ void add_plan_command(CLI::App& app) {
   c->add_option("--lora-targets", o->lora_targets,
                 "comma-separated modules the adapters reach (q_proj, ..., down_proj) or all-linear; "
                 "sparse layers have attention adapters only")
+      ->capture_default_str();
+  c->add_option("--nodes", o->nodes,
+                "data-parallel replicas: predict N nodes of --gpus GPUs each summing gradients over the network "
+                "(mpirun -np N roundpipe train; README \"Several machines\")")
+      ->capture_default_str();
+  c->add_option("--net-gbps", o->net_gbps, "--nodes: network bandwidth per node and direction, Gbit/s (100 = 12.5 GB/s)")
+      ->capture_default_str();
+  c->add_option("--net-latency-us", o->net_latency_us, "--nodes: latency per message, microseconds")->capture_default_str();
+  c->add_option("--accumulation", o->accumulation, "--nodes: iterations per optimizer step on each node")
       ->capture_default_str();
   c->add_option("--grouped-gemm-efficiency", o->grouped_gemm_efficiency,
                 "mixture-of-experts: the experts' grouped GEMMs (forward, input gradients) as a fraction of "

@@ -46,6 +46,13 @@ struct PlanCommandOptions {
   std::string lora_targets = "all-linear";
   /// Mixture-of-experts models: DeviceModel::grouped_gemm_efficiency.
   double grouped_gemm_efficiency = DeviceModel{}.grouped_gemm_efficiency;
+  /// Data-parallel replicas (scheduler/replica_cost.hpp): `nodes` nodes of `gpus` GPUs each,
+  /// a network of net_gbps Gbit/s per node and direction with net_latency_us per message;
+  /// `accumulation` iterations per step on each node. nodes 1: no reduction is reported.
+  int nodes = 1;
+  double net_gbps = 100;
+  double net_latency_us = 10;
+  int64_t accumulation = 1;
 };
 
 /// Registers the `plan` subcommand on `app`; it runs from its callback, prints errors as

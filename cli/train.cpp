@@ -73,6 +73,8 @@ void apply_overrides(TrainSpec& spec, const TrainOverrides& ov) {
   if (ov.resume_given && ov.resume.empty())
     throw std::invalid_argument("--resume: expected a checkpoint folder (checkpoint-<k>/ or final/), got \"\"");
   if (!ov.resume.empty()) spec.resume_from = ov.resume;
+  if (!ov.mpi.empty()) spec.mpi = ov.mpi;
+  if (ov.replica_timeout_s > 0) spec.replica_timeout_s = ov.replica_timeout_s;
   if (!ov.dump_batch.empty()) {  // before anything is loaded or written
     std::error_code ec;
     const fs::path parent = fs::absolute(fs::path(ov.dump_batch), ec).parent_path();
@@ -84,6 +86,7 @@ void apply_overrides(TrainSpec& spec, const TrainOverrides& ov) {
 
 /// The progress line of a step (every log_every steps and the last one).
 void print_progress(const TrainSpec& spec, const StepReport& r) {
+  if (r.replica > 0) return;  // data-parallel replicas: replica 0 prints the (global) progress
   if (r.step % spec.log_every != 0 && r.step != r.total_steps && !r.evaluated) return;
   fmt::print("step {:>5}/{} | loss {:.4f}{} | {:>8.1f} tokens/s | lr {:.3e}{} | elapsed {} | ETA {}\n", r.step,
              r.total_steps, r.loss,
@@ -137,11 +140,13 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
                    : fmt::format("saved {} (continue with --resume {})", res.checkpoint, res.checkpoint));
     return 130;
   }
+  if (res.replica > 0) return 0;  // replica 0 prints the summary
   if (res.skipped_steps > 0)
     fmt::print("{} of the steps were skipped (inf/NaN gradients or no target tokens; see the warnings)\n",
                res.skipped_steps);
-  fmt::print("done: {} steps{} in {}, peak device memory {:.1f} MiB per worker, metrics in {}, plan {}\n",
+  fmt::print("done: {} steps{}{} in {}, peak device memory {:.1f} MiB per worker, metrics in {}, plan {}\n",
              spec.steps - res.first_step,
+             res.replicas > 1 ? fmt::format(" on {} replicas", res.replicas) : std::string(),
              res.first_step > 0 ? fmt::format(" (resumed at step {}, {} in all)", res.first_step, spec.steps)
                                 : std::string(),
              fmt_duration(res.seconds), res.peak_device_bytes / 1048576.0, res.metrics, res.plan);

@@ -15,6 +15,8 @@ struct TrainOverrides {
   std::string dump_batch;   ///< non-empty: write step 1's batch (ids, targets) here as JSON
   std::string resume;       ///< non-empty replaces spec.resume_from: continue from this checkpoint folder
   bool resume_given = false; ///< --resume was on the command line (an empty value is an error)
+  std::string mpi;          ///< non-empty replaces spec.mpi (auto, on, off)
+  double replica_timeout_s = -1;  ///< > 0 replaces spec.replica_timeout_s
 };
 
 /// Runs the training job of `spec` with the command line's overrides through rp::Trainer,

@@ -9,12 +9,13 @@ include(CMakePackageConfigHelpers)
 
 set(RP_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/roundpipe)
 install(DIRECTORY include/roundpipe DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.hpp")
-install(TARGETS rp_api rp_trainer rp_actors rp_model rp_optimizer rp_scheduler rp_trace rp_kernels rp_data rp_base caf_core
+install(TARGETS rp_api rp_trainer rp_dist rp_actors rp_model rp_optimizer rp_scheduler rp_trace rp_kernels rp_data rp_base caf_core
         EXPORT roundpipeTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(EXPORT roundpipeTargets NAMESPACE roundpipe:: DESTINATION ${RP_INSTALL_CMAKEDIR})
 
 set(RP_PACKAGE_WITH_CUDA ${RP_HAVE_CUDA})
+set(RP_PACKAGE_WITH_MPI ${RP_HAVE_MPI})
 configure_package_config_file(cmake/roundpipeConfig.cmake.in ${CMAKE_CURRENT_BINARY_DIR}/roundpipeConfig.cmake
                               INSTALL_DESTINATION ${RP_INSTALL_CMAKEDIR})
 write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/roundpipeConfigVersion.cmake

@@ -11,7 +11,8 @@ SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 
 pkgs=(build-essential cmake ninja-build pkg-config python3 python3-pip
       libcaf-dev libeigen3-dev nlohmann-json3-dev libboost-dev libgtest-dev
-      libcli11-dev libspdlog-dev libfmt-dev libpcre2-dev libxxhash-dev libutf8proc-dev)
+      libcli11-dev libspdlog-dev libfmt-dev libpcre2-dev libxxhash-dev libutf8proc-dev
+      libopenmpi-dev openmpi-bin)  # MPI: data-parallel replicas (README "Several machines")
 [ "${RP_SKIP_ASSETS:-0}" = 1 ] || pkgs+=(bibledit-data)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

@@ -64,6 +64,8 @@ void read_scalars(const JsonFields& f, TrainSpec& s) {
   f.optional("nonfinite", s.nonfinite);
   if (s.nonfinite != "stop" && s.nonfinite != "skip") f.fail("nonfinite", "\"stop\" or \"skip\"", s.nonfinite);
   f.optional("max_skipped_steps", s.max_skipped_steps);
+  f.optional("mpi", s.mpi);
+  f.optional("replica_timeout_s", s.replica_timeout_s);
   if (f.has("resume_from") && s.resume_from.empty()) f.fail("resume_from", "a checkpoint folder");
   if (f.has("plan")) s.plan = f.at("plan");
 }
@@ -244,6 +246,9 @@ void check_ranges(const JsonFields& f, const TrainSpec& s) {
   if (s.save_every < 0) f.fail("save_every", "an integer >= 0", s.save_every);
   if (!(s.watchdog_s >= 0)) f.fail("watchdog_s", "a number of seconds >= 0 (0 = off)", s.watchdog_s);
   if (!(s.stop_timeout_s >= 0)) f.fail("stop_timeout_s", "a number of seconds >= 0", s.stop_timeout_s);
+  if (s.mpi != "auto" && s.mpi != "on" && s.mpi != "off") f.fail("mpi", "\"auto\", \"on\" or \"off\"", s.mpi);
+  if (!(s.replica_timeout_s > 0) || !std::isfinite(s.replica_timeout_s))
+    f.fail("replica_timeout_s", "a finite number of seconds > 0", s.replica_timeout_s);
   if (s.output_dir.empty()) f.fail("output_dir", "a non-empty path", s.output_dir);
   if (s.chat_template != "auto") {
     try {
@@ -270,7 +275,7 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
                 "mlp_chunk_tokens", "output_dir",
                 "save_every", "save_dtype", "trace", "trace_messages", "tensorboard", "sample_prompt", "seed",
                 "log_every", "compute_dtype", "loss_scaling", "resume_from", "watchdog_s", "stop_timeout_s",
-                "nonfinite", "max_skipped_steps", "comment"});
+                "nonfinite", "max_skipped_steps", "mpi", "replica_timeout_s", "comment"});
   if (!f.has("model")) throw std::invalid_argument(where + ": missing key 'model' (a .gguf file or HF directory)");
   if (!f.has("data")) throw std::invalid_argument(where + ": missing key 'data' (a .jsonl or .txt file, or a directory)");
   TrainSpec s;

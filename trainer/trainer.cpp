@@ -18,6 +18,7 @@
 #include "trainer/disk_space.hpp"
 #include "trainer/lora_setup.hpp"
 #include "trainer/metrics.hpp"
+#include "trainer/replica_run.hpp"
 #include "trainer/run_setup.hpp"
 #include "trainer/sample.hpp"
 #include "trainer/tensorboard.hpp"
@@ -70,7 +71,7 @@ class Run {
   void collect_eval(int64_t steps_done, StepReport& into);
   void evaluate_before_training();
   /// spec.sample_prompt's answer with the session's master weights ("" without a prompt).
-  std::string sample_text(const char* when);
+  std::string sample_text(const char* when);  // "" on replicas other than 0
   std::string sample_before_;
   std::unique_ptr<Session> session_;
   std::unique_ptr<MetricsFile> metrics_;
@@ -84,11 +85,22 @@ class Run {
   std::optional<Clock::time_point> stop_deadline_;  // set when the stop request is first seen
   StepWatch watch_;
   uint64_t checkpoint_bytes_ = 0;  // free disk space a save needs
+  // data-parallel replicas (trainer/replica_run.hpp); null: a single process
+  std::shared_ptr<Replicas> replicas_;
+  bool leader() const { return !replicas_ || replicas_->rank() == 0; }  // writes the files
+  int replica_count() const { return replicas_ ? replicas_->size() : 1; }
+  void barrier() { sum_over(replicas_.get(), {}); }
+  bool stop_agreed();
+  TrainResult execute_steps();
 };
 
 void Run::setup() {
   validate_spec(spec_);       // a spec built in code gets the checks of a spec file
-  prepare_output_dir(spec_);  // before anything is loaded or written
+  replicas_ = replicas_for(spec_);
+  if (replicas_ && replicas_->rank() > 0 && spdlog::get_level() < spdlog::level::warn)
+    spdlog::set_level(spdlog::level::warn);  // replica 0 tells the story; the others warn and fail
+  if (leader()) prepare_output_dir(spec_);  // before anything is loaded or written
+  barrier();  // no replica reads the output folder (a resume) before the leader tidied it
   check_compute_dtype(spec_);
   resume_ = check_resume(spec_);
   RunWeights w;
@@ -109,10 +121,12 @@ void Run::setup() {
   start_session(layout, std::move(w.trainable), std::move(w.frozen));
   checkpoint_bytes_ = checkpoint_bytes(layout, spec_);
   // a full disk is found now, not at the final save after every step was trained
-  require_disk_space(spec_.output_dir, checkpoint_bytes_, "a checkpoint");
-  std::filesystem::create_directories(spec_.output_dir);
-  metrics_ = std::make_unique<MetricsFile>(path("metrics.csv"), start_);
-  if (spec_.tensorboard) tb_ = std::make_unique<TensorBoardWriter>(path("tensorboard"));
+  if (leader()) {
+    require_disk_space(spec_.output_dir, checkpoint_bytes_, "a checkpoint");
+    std::filesystem::create_directories(spec_.output_dir);
+    metrics_ = std::make_unique<MetricsFile>(path("metrics.csv"), start_);
+  }
+  if (spec_.tensorboard && leader()) tb_ = std::make_unique<TensorBoardWriter>(path("tensorboard"));
   if (session_->device_name().rfind("cuda", 0) == 0) {
     const ModelConfig& c = model_.config;
     const double hd = double(c.head_dim), H = double(c.hidden_size);
@@ -122,7 +136,7 @@ void Run::setup() {
     // full fine-tuning 6 FLOPs per weight and token (forward 2, backward 4); LoRA 4 (no
     // gradient of the frozen weights; the adapters' own FLOPs are left out)
     const double flops = (trains_lora(spec_) ? 4 : 6) * matmul + 6.0 * c.num_hidden_layers * c.num_attention_heads * hd * double(spec_.seq_len);
-    mfu_per_token_per_s_ = flops / (double(spec_.workers) * DeviceModel{}.peak_flops);
+    mfu_per_token_per_s_ = flops / (double(spec_.workers) * replica_count() * DeviceModel{}.peak_flops);
   }
   reported_ = start_ - 1;
   if (cb_.on_ready) cb_.on_ready();
@@ -130,10 +144,14 @@ void Run::setup() {
 
 void Run::start_session(const ModelLayout& layout, std::vector<std::vector<float>> weights,
                         std::vector<std::vector<uint8_t>> frozen) {
-  const SessionOptions opt = session_options_of(spec_, layout);
+  SessionOptions opt = session_options_of(spec_, layout);
+  opt.replicas = replicas_;
   session_ = std::make_unique<Session>(layout, std::move(weights), std::move(frozen), opt);
   if (resume_) start_ = restore_checkpoint(*resume_, spec_, *session_, *data_);
   const IterationPlan& plan = session_->initial_plan();
+  if (replicas_)
+    spdlog::info("replicas: {} (MPI), each {} of every step's {} passes; gradients summed in rank order",
+                 replicas_->size(), spec_.accumulation / replicas_->size(), spec_.accumulation);
   spdlog::info("runtime: {} x {}, {} optimizer, {} plan {} ({} stages), {} micro-batches of {} x {} tokens",
                spec_.workers, session_->device_name(), spec_.async ? "staleness-1 async" : "synchronous",
                opt.plan ? "explicit" : "automatic", plan.summary(), plan.stages.size(), spec_.micro_batches,
@@ -160,7 +178,11 @@ std::optional<StepResult> Run::await(int64_t t) {
 bool Run::report(int64_t t) {
   const std::optional<StepResult> got = await(t);
   if (!got) return false;
-  const StepResult& r = *got;
+  StepResult r = *got;
+  if (replicas_) {  // the loss over the global batch: sums over the replicas, in rank order
+    const std::vector<double> sums = sum_over(replicas_.get(), {r.loss_sum, r.tokens});
+    r.loss_sum = sums[0], r.tokens = sums[1];
+  }
   const double now = elapsed();
   const double dt = now - last_report_;
   const int64_t nsteps = t - reported_;
@@ -192,7 +214,8 @@ bool Run::report(int64_t t) {
   s.eta_s = (now / double(t + 1 - start_)) * double(spec_.steps - t - 1);
   if (pending_eval_.count(t + 1)) collect_eval(t + 1, s);
   s.mfu = s.tokens_per_s * mfu_per_token_per_s_;
-  metrics_->write(s);
+  s.replica = replicas_ ? replicas_->rank() : 0;
+  if (metrics_) metrics_->write(s);
   log_scalars(s);
   if (cb_.on_step) cb_.on_step(s);
   for (const auto& w : watch_.check(s, kept_checkpoint())) spdlog::warn("{}", w);
@@ -259,7 +282,7 @@ void Run::evaluate_before_training() {
 }
 
 std::string Run::sample_text(const char* when) {
-  if (spec_.sample_prompt.empty()) return {};
+  if (spec_.sample_prompt.empty() || !leader()) return {};
   session_->synchronize();
   std::optional<PlainModel> merged;  // LoRA: the base with the adapters folded in
   if (session_->layout().lora) merged = merged_model(*session_);
@@ -308,6 +331,7 @@ void Run::save_merged() {
 }
 
 void Run::save_profile() {
+  if (!leader()) return;
   session_->save_profile(path("profile.json"));
   spdlog::info("saved profile {}", path("profile.json"));
 }
@@ -319,6 +343,10 @@ void Run::save(const std::string& name) {
   session_->synchronize();
   const double t0 = elapsed();
   const std::string dir = path(name);
+  if (!leader()) {  // replica 0 writes it: every replica holds the same weights and state
+    last_checkpoint_ = dir;
+    return;
+  }
   const int64_t steps = session_->steps_closed();
   // never replace a good checkpoint with non-finite weights
   if (const int64_t g = first_nonfinite_group(session_->master_weights()); g >= 0)
@@ -353,14 +381,19 @@ void Run::evaluate(int64_t steps_done) {
 int64_t Run::loop() {
   const int64_t per_pass = spec_.sequences_per_step / spec_.accumulation;
   int64_t t = start_;
-  while (t < spec_.steps && !stop_.stop_requested()) {
+  while (t < spec_.steps && !stop_agreed()) {
+    int64_t target_tokens = 0;  // of the whole step, over every replica's passes
     for (int64_t a = 0; a < spec_.accumulation; ++a) {
+      // every replica reads every pass (the same data position everywhere) and trains its own
       const TokenBatch b = data_->next(per_pass);
+      for (int32_t y : b.targets) target_tokens += y >= 0;
+      if (!my_pass(replicas_.get(), a, spec_.accumulation)) continue;
       if (cb_.on_batch) cb_.on_batch(t, a, b);
       if (b.positions.empty()) session_->forward_backward(b.ids, b.targets);
       else session_->forward_backward(b.ids, b.targets, b.positions);
     }
-    session_->step(spec_.lr_schedule.at(t));
+    if (replicas_) session_->step(spec_.lr_schedule.at(t), target_tokens);
+    else session_->step(spec_.lr_schedule.at(t));
     const int64_t k = t++;  // step k is closed
     const bool last = k + 1 == spec_.steps;
     if (!eval_batches_.empty() && (last || (spec_.eval_every > 0 && (k + 1) % spec_.eval_every == 0)))
@@ -406,7 +439,7 @@ TrainResult Run::abandon(int64_t t) {
   res.steps_done = done;
   res.steps_abandoned = t - done;
   res.stopped = true;
-  res.metrics = metrics_->path();
+  res.metrics = metrics_ ? metrics_->path() : "";
   res.seconds = elapsed();
   res.peak_device_bytes = session_->peak_device_bytes();
   try {
@@ -420,14 +453,14 @@ TrainResult Run::abandon(int64_t t) {
 TrainResult Run::finish(int64_t t) {
   if (!drain(t)) return abandon(t);
   session_->synchronize();
-  if (spec_.trace) {
+  if (spec_.trace && leader()) {
     session_->write_trace(path("trace.json"));
     spdlog::info("wrote trace {}/trace.json", spec_.output_dir);
   }
   TrainResult res;
   res.first_step = start_;
   res.steps_done = t;
-  res.metrics = metrics_->path();
+  res.metrics = metrics_ ? metrics_->path() : "";
   res.skipped_steps = watch_.skipped_total();
   if (stop_.stop_requested() && t < spec_.steps) {
     // the steps done become a checkpoint like a periodic one
@@ -439,7 +472,7 @@ TrainResult Run::finish(int64_t t) {
   } else {
     save("final");
     res.checkpoint = last_checkpoint_;
-    if (spec_.merge_adapters) save_merged();
+    if (spec_.merge_adapters && leader()) save_merged();
     res.sample_before = sample_before_;
     res.sample_after = sample_text("after fine-tuning");
   }
@@ -449,11 +482,41 @@ TrainResult Run::finish(int64_t t) {
   return res;
 }
 
-TrainResult Run::execute() {
+TrainResult Run::execute_steps() {
   setup();
   evaluate_before_training();
   if (start_ == 0) sample_before_ = sample_text("before fine-tuning");
-  return finish(loop());
+  TrainResult res = finish(loop());
+  if (replicas_ && res.steps_done > start_) {
+    const ReplicaStats st = replicas_->stats();
+    const double steps = double(res.steps_done - start_);
+    spdlog::info("replicas: {} gradient sums, {:.1f} MB summed per step, {:.1f} MB sent per step by each replica, "
+                 "{:.3f} s per step with a sum in flight",
+                 st.reductions, st.bytes_reduced / steps / 1e6, st.bytes_sent / steps / 1e6, st.busy_s / steps);
+  }
+  res.replica = replicas_ ? replicas_->rank() : 0;
+  res.replicas = replica_count();
+  barrier();  // no replica ends before replica 0 wrote the last checkpoint
+  return res;
+}
+
+/// Replicas: a failure here reaches every other replica at once, as "replica <rank> failed:
+/// <error>", instead of leaving them waiting for this one's gradients.
+TrainResult Run::execute() {
+  try {
+    return execute_steps();
+  } catch (const std::exception& e) {
+    if (replicas_) replicas_->abort(e.what());
+    throw;
+  }
+}
+
+/// Whether to stop before the next step. Replicas decide together (one exchange per step),
+/// so they all close the same steps: a stop seen by any of them (mpirun forwards SIGINT and
+/// SIGTERM to all) stops every one.
+bool Run::stop_agreed() {
+  if (!replicas_) return stop_.stop_requested();
+  return sum_over(replicas_.get(), {stop_.stop_requested() ? 1.0 : 0.0})[0] > 0;
 }
 
 }  // namespace

@@ -35,6 +35,7 @@
 #include "roundpipe/model.hpp"
 #include "roundpipe/optimizer.hpp"
 #include "roundpipe/plan.hpp"
+#include "roundpipe/replicas.hpp"
 
 namespace rp {
 
@@ -117,6 +118,12 @@ struct SessionOptions {
   double watchdog_s = 60;
   /// Receives the watchdog's line (default: the runtime's log, spdlog::warn).
   std::function<void(const std::string&)> watchdog_log;
+  /// Data-parallel replicas (roundpipe/replicas.hpp; size > 1): this Session is one of them, and
+  /// every parameter group's gradient of a step is summed over all of them as soon as it is
+  /// complete here, before clipping and the update, so every replica updates every group
+  /// alike. Each replica must then close every step with step(lr, target tokens of the whole
+  /// step over all replicas). Null: a single process.
+  std::shared_ptr<Replicas> replicas;
 };
 
 /// What one closed step did (Session::wait).
@@ -224,6 +231,11 @@ class Session {
   /// Returns the closed step's index and starts the next step. std::logic_error without a
   /// forward_backward() in the step.
   int64_t step(double lr);
+  /// The same, with the gradient divided by `target_tokens` instead of the step's own target
+  /// tokens: data-parallel replicas pass the target tokens of the step's passes on every
+  /// replica, so the summed gradient is the mean over the global batch (0: the step is
+  /// skipped, as above). std::invalid_argument for a negative count.
+  int64_t step(double lr, int64_t target_tokens);
   /// Blocks until step `t` is applied to the fp32 master weights; returns its loss sum,
   /// target-token count and wall time. Throws RuntimeFailure if the runtime failed (a device
   /// op, a copy or an optimizer job that failed, an actor of the runtime that died: the

@@ -79,6 +79,16 @@ struct TrainSpec {
   /// "merge_adapters": with LoRA, also write final-merged/: the adapters folded into the base
   /// weights, a plain Hugging Face folder (final/ holds the adapter folder).
   bool merge_adapters = false;
+  /// Data-parallel replicas over MPI (README "Several machines"): "auto" joins the MPI job when
+  /// the process was started by mpirun / mpiexec (roundpipe/replicas.hpp launched_by_mpi) and
+  /// runs alone otherwise, "on" always initialises MPI (a single process becomes a job of
+  /// one), "off" never does (each process trains alone). With N replicas each runs
+  /// accumulation / N of every step's passes (accumulation must be a multiple of N), so
+  /// sequences_per_step stays the global batch and results equal one process's.
+  std::string mpi = "auto";
+  /// Replicas: a peer that sends nothing (not even its heartbeat) for this many seconds fails
+  /// the run on every other replica with one line naming it.
+  double replica_timeout_s = 60;
 };
 
 /// Parses a spec object. Unknown keys, wrong types and inconsistent values throw

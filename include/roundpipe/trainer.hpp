@@ -82,6 +82,9 @@ struct StepReport {
   /// multiple of the ideal (all routed tokens / experts; 1 and 1 is perfectly balanced).
   int64_t experts = 0;
   double aux_loss = 0, expert_load_min = 0, expert_load_max = 0;
+  /// Data-parallel replicas (spec "mpi"): this process's rank (0 without replicas). Every
+  /// replica reports the same global loss, token counts and norm; replica 0 writes the files.
+  int replica = 0;
 };
 
 /// A checkpoint folder the run wrote.
@@ -135,6 +138,8 @@ struct TrainResult {
   size_t peak_device_bytes = 0; ///< per worker
   std::string plan;             ///< summary of the plan at the end (it may change once by re-planning)
   std::string sample_before, sample_after;  ///< spec.sample_prompt's answers ("" without one; before: fresh runs only)
+  int replica = 0;    ///< this process's rank among data-parallel replicas (0 without them)
+  int replicas = 1;   ///< replicas of the run (1: a single process)
 };
 
 class Trainer {

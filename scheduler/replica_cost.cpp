@@ -1,0 +1,46 @@
+#include "scheduler/replica_cost.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace rp {
+
+ReductionEstimate estimate_reduction(const std::vector<LayerCost>& costs, int64_t grad_elem_bytes, int nodes,
+                                     double net_bytes_per_s, double latency_s, double iteration_s, int64_t passes) {
+  if (nodes < 1 || !(net_bytes_per_s > 0) || !(latency_s >= 0) || !(iteration_s > 0) || passes < 1 ||
+      grad_elem_bytes < 1)
+    throw std::invalid_argument("estimate_reduction: nodes, passes >= 1 and bandwidth, iteration time > 0 expected");
+  ReductionEstimate e;
+  const double step = iteration_s * double(passes);
+  e.step_sync_s = e.step_async_s = step;
+  double total_bwd = 0;
+  for (size_t i = 0; i < costs.size(); ++i) total_bwd += i + 1 == costs.size() ? costs[i].tail : costs[i].bwd;
+  if (nodes == 1) {
+    for (const LayerCost& c : costs) e.values += double(c.grad_bytes) / double(grad_elem_bytes);
+    return e;
+  }
+  const double share = 2.0 * (nodes - 1) / nodes;
+  double below = total_bwd;  // backward cost of the layers whose gradients are not complete yet
+  double link_free = step - iteration_s, last_end = 0, worst_wait = 0;
+  for (size_t k = costs.size(); k-- > 0;) {  // backward order: tail first, embedding last
+    const LayerCost& c = costs[k];
+    below -= k + 1 == costs.size() ? c.tail : c.bwd;
+    const double values = double(c.grad_bytes) / double(grad_elem_bytes);
+    if (values <= 0) continue;
+    const double ready = step - (total_bwd > 0 ? iteration_s * below / total_bwd : 0.0);
+    const double t = share * values * 4 / net_bytes_per_s + 2.0 * (nodes - 1) * latency_s;
+    const double start = std::max(ready, link_free);
+    link_free = last_end = start + t;
+    worst_wait = std::max(worst_wait, last_end - ready);
+    e.values += values;
+    e.link_s += t;
+  }
+  e.bytes_per_node = share * e.values * 4;
+  e.exposed_sync_s = std::max(0.0, last_end - step);
+  e.exposed_async_s = std::max(0.0, std::max(e.link_s, worst_wait) - step);
+  e.step_sync_s = step + e.exposed_sync_s;
+  e.step_async_s = step + e.exposed_async_s;
+  return e;
+}
+
+}  // namespace rp

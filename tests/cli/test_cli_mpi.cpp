@@ -1,0 +1,208 @@
+// `mpirun -np N roundpipe train SPEC.json`: data-parallel replicas over MPI on loopback, CPU
+// backend. N replicas give the single process's losses and weights for the same global batch
+// (to float rounding: the gradient is summed per replica, then over replicas in rank order);
+// a replica that is killed or hangs ends the job with one clear error in bounded time.
+// Skipped, with the reason, when mpirun is missing or this build has no MPI.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "model/safetensors.hpp"
+#include "roundpipe/replicas.hpp"
+#include "tests/cli/cli_util.hpp"
+
+namespace {
+
+using namespace rp::clitest;
+using Clock = std::chrono::steady_clock;
+
+const char* kData =
+    "{\"text\": \"In the beginning God created the heaven and the earth. And the earth was without form, and "
+    "void; and darkness was upon the face of the deep.\"}\n"
+    "{\"prompt\": \"Say hi\", \"completion\": \" hi there\"}\n"
+    "{\"text\": \"And God said, Let there be light: and there was light. And God saw the light, that it was "
+    "good: and God divided the light from the darkness.\"}\n"
+    "{\"prompt\": \"Count\", \"completion\": \" one two three four five six seven\"}\n";
+
+/// Why MPI tests cannot run here ("" when they can).
+std::string mpi_missing() {
+  if (!rp::mpi_available()) return "this build has no MPI (install libopenmpi-dev and configure again)";
+  if (std::system("command -v mpirun > /dev/null 2>&1") != 0) return "mpirun not found (install openmpi-bin)";
+  return "";
+}
+
+/// `mpirun -np n` (root, oversubscribed 2-core CI machines, loopback TCP only) around roundpipe.
+std::string mpirun(int n) {
+  return "mpirun -np " + std::to_string(n) +
+         " --oversubscribe --allow-run-as-root --mca btl self,tcp --mca btl_tcp_if_include lo "
+         "--mca oob_tcp_if_include lo " +
+         std::string(RP_BUILD_DIR) + "/roundpipe ";
+}
+
+CliRun run_cmd(const std::string& cmd, const fs::path& dir) {
+  const std::string full = cmd + " > " + (dir / "out.txt").string() + " 2> " + (dir / "err.txt").string() + " < /dev/null";
+  const int rc = std::system(full.c_str());
+  return {WEXITSTATUS(rc), slurp(dir / "out.txt"), slurp(dir / "err.txt")};
+}
+
+/// Six passes of two sequences per step (a multiple of 1, 2 and 3 replicas), clipping on
+/// (the global norm must agree), staleness-1 async, one virtual GPU per replica.
+std::string spec_json(const fs::path& d, int steps, const std::string& extra = "") {
+  return "{\"model\": \"" + (d / "tiny").string() + "\", \"data\": \"" + (d / "data.jsonl").string() +
+         "\", \"seq_len\": 16, \"sequences_per_step\": 12, \"micro_batches\": 2, \"accumulation\": 6, "
+         "\"steps\": " + std::to_string(steps) +
+         ", \"backend\": \"cpu\", \"workers\": 1, \"save_dtype\": \"f32\", \"tensorboard\": false, \"seed\": 5, "
+         "\"optimizer\": {\"lr\": 0.02, \"max_grad_norm\": 0.5, \"weight_decay\": 0.1}" + extra + "}";
+}
+
+/// metrics.csv: the loss column per step.
+std::vector<double> losses(const fs::path& csv) {
+  std::ifstream f(csv);
+  std::string line;
+  std::getline(f, line);
+  std::vector<double> out;
+  while (std::getline(f, line)) {
+    const auto a = line.find(','), b = line.find(',', a + 1);
+    out.push_back(std::stod(line.substr(a + 1, b - a - 1)));
+  }
+  return out;
+}
+
+void expect_close_weights(const fs::path& a, const fs::path& b) {
+  const auto ta = rp::load_safetensors((a / "model.safetensors").string());
+  const auto tb = rp::load_safetensors((b / "model.safetensors").string());
+  ASSERT_EQ(ta.size(), tb.size());
+  double max_diff = 0, max_moved = 0;
+  for (const auto& [name, x] : ta) {
+    const auto& y = tb.at(name);
+    ASSERT_EQ(x.data.size(), y.data.size()) << name;
+    for (size_t i = 0; i < x.data.size(); ++i) {
+      max_diff = std::max(max_diff, double(std::fabs(x.data[i] - y.data[i])));
+      max_moved = std::max(max_moved, double(std::fabs(x.data[i] - 0.02f)));  // tiny_model starts at 0.02
+    }
+  }
+  EXPECT_GT(max_moved, 1e-3) << "the run must train";
+  EXPECT_LT(max_diff, 2e-5) << a << " vs " << b;
+}
+
+TEST(CliMpi, TwoAndThreeReplicasEqualOneProcess) {
+  if (const std::string why = mpi_missing(); !why.empty()) GTEST_SKIP() << why;
+  auto d = tmpdir();
+  tiny_model(d);
+  write(d / "data.jsonl", kData);
+  write(d / "spec.json", spec_json(d, 3));
+  CliRun one = roundpipe("train " + (d / "spec.json").string() + " --output-dir " + (d / "one").string(), d);
+  ASSERT_EQ(one.code, 0) << one.err << one.out;
+  const std::vector<double> l1 = losses(d / "one/metrics.csv");
+  ASSERT_EQ(l1.size(), 3u);
+  EXPECT_NE(l1[0], l1[2]);
+  for (int n : {2, 3}) {
+    const fs::path out = d / ("np" + std::to_string(n));
+    CliRun r = run_cmd(mpirun(n) + "train " + (d / "spec.json").string() + " --output-dir " + out.string(), d);
+    ASSERT_EQ(r.code, 0) << r.err << r.out;
+    EXPECT_NE(r.out.find("on " + std::to_string(n) + " replicas"), std::string::npos) << r.out;
+    const std::vector<double> ln = losses(out / "metrics.csv");  // written once, by replica 0
+    ASSERT_EQ(ln.size(), l1.size()) << n;
+    for (size_t t = 0; t < l1.size(); ++t) EXPECT_NEAR(ln[t], l1[t], 2e-5 * std::fabs(l1[t]) + 1e-6) << n << " step " << t;
+    expect_close_weights(d / "one/final", out / "final");
+  }
+  // the 2-replica checkpoint resumes on 3 replicas and on one process alike
+  write(d / "spec5.json", spec_json(d, 5, ", \"save_every\": 3"));
+  CliRun a = run_cmd(mpirun(2) + "train " + (d / "spec5.json").string() + " --output-dir " + (d / "a").string(), d);
+  ASSERT_EQ(a.code, 0) << a.err << a.out;
+  CliRun b = run_cmd(mpirun(3) + "train " + (d / "spec5.json").string() + " --output-dir " + (d / "b").string() +
+                         " --resume " + (d / "a/checkpoint-3").string(),
+                     d);
+  ASSERT_EQ(b.code, 0) << b.err << b.out;
+  expect_close_weights(d / "a/final", d / "b/final");
+  fs::remove_all(d);
+}
+
+TEST(CliMpi, AccumulationNotAMultipleOfTheReplicasIsOneLine) {
+  if (const std::string why = mpi_missing(); !why.empty()) GTEST_SKIP() << why;
+  auto d = tmpdir();
+  tiny_model(d);
+  write(d / "data.jsonl", kData);
+  write(d / "spec.json", spec_json(d, 1));
+  CliRun r = run_cmd(mpirun(4) + "train " + (d / "spec.json").string() + " --output-dir " + (d / "o").string(), d);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("key 'accumulation': 6 passes per step cannot be split over 4 replicas"), std::string::npos)
+      << r.err;
+  fs::remove_all(d);
+}
+
+/// The pid of replica `rank` of the job writing into `out` (its environment names the rank,
+/// its command line the output folder), or -1.
+pid_t replica_pid(int rank, const fs::path& out) {
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmd = slurp(e.path() / "cmdline"), env = slurp(e.path() / "environ");
+    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+    if (cmd.find("roundpipe train") == std::string::npos || cmd.find(out.string()) == std::string::npos ||
+        cmd.find("mpirun") != std::string::npos)
+      continue;
+    if (env.find(std::string("OMPI_COMM_WORLD_RANK=") + std::to_string(rank) + '\0') != std::string::npos)
+      return pid_t(std::stoi(name));
+  }
+  return -1;
+}
+
+/// Starts a long 2-replica run in the background, waits until it trains, sends `sig` to
+/// replica 1 and returns how long mpirun took to end after that (and its output in `r`).
+double disrupt_replica(const fs::path& d, int sig, CliRun& r) {
+  tiny_model(d);
+  write(d / "data.jsonl", kData);
+  write(d / "spec.json", spec_json(d, 100000, ", \"replica_timeout_s\": 3"));
+  const fs::path out = d / "o";
+  const std::string cmd = "(" + mpirun(2) + "train " + (d / "spec.json").string() + " --output-dir " + out.string() +
+                          " > " + (d / "out.txt").string() + " 2> " + (d / "err.txt").string() + " < /dev/null; echo $? > " +
+                          (d / "rc.txt").string() + ") &";
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+  const auto t0 = Clock::now();
+  while (losses(out / "metrics.csv").size() < 2 && Clock::now() - t0 < std::chrono::seconds(120))
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const pid_t victim = replica_pid(1, out);
+  EXPECT_GT(victim, 0) << "replica 1 not found";
+  const auto t1 = Clock::now();
+  if (victim > 0) ::kill(victim, sig);
+  while (!fs::exists(d / "rc.txt") && Clock::now() - t1 < std::chrono::seconds(120))
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // rc.txt written
+  const double seconds = std::chrono::duration<double>(Clock::now() - t1).count();
+  r = {std::atoi(slurp(d / "rc.txt").c_str()), slurp(d / "out.txt"), slurp(d / "err.txt")};
+  if (victim > 0 && sig == SIGSTOP) ::kill(victim, SIGKILL);
+  return seconds;
+}
+
+TEST(CliMpi, KilledReplicaEndsTheJobWithOneErrorInBoundedTime) {
+  if (const std::string why = mpi_missing(); !why.empty()) GTEST_SKIP() << why;
+  auto d = tmpdir();
+  CliRun r;
+  const double s = disrupt_replica(d, SIGKILL, r);
+  EXPECT_LT(s, 30) << r.err;
+  EXPECT_NE(r.code, 0) << r.err;
+  // mpirun reports the dead rank; a survivor that got there first names it too
+  const bool named = r.err.find("rank 1") != std::string::npos || r.err.find("replica 1") != std::string::npos;
+  EXPECT_TRUE(named) << r.err;
+  fs::remove_all(d);
+}
+
+TEST(CliMpi, HungReplicaIsNamedAfterReplicaTimeout) {
+  if (const std::string why = mpi_missing(); !why.empty()) GTEST_SKIP() << why;
+  auto d = tmpdir();
+  CliRun r;
+  const double s = disrupt_replica(d, SIGSTOP, r);  // alive for mpirun, silent for its peer
+  EXPECT_LT(s, 30) << r.err;
+  EXPECT_NE(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("roundpipe: error: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("replica 1 sent nothing for"), std::string::npos) << r.err;
+  EXPECT_TRUE(fs::exists(d / "o/metrics.csv"));
+  fs::remove_all(d);
+}
+
+}  // namespace

@@ -1,0 +1,39 @@
+#include "trainer/replica_run.hpp"
+
+#include <cstdlib>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+namespace rp {
+
+std::shared_ptr<Replicas> replicas_for(const TrainSpec& spec) {
+  if (spec.mpi == "off" || (spec.mpi == "auto" && !launched_by_mpi())) return nullptr;
+  if (!mpi_available()) {
+    const char* n = std::getenv("OMPI_COMM_WORLD_SIZE");
+    throw std::invalid_argument(fmt::format(
+        "{}: key 'mpi': {} but this roundpipe was built without MPI (install libopenmpi-dev and openmpi-bin, as "
+        "scripts/setup.sh does, and configure again), or set \"mpi\": \"off\"",
+        spec.source,
+        spec.mpi == "on" ? std::string("\"on\" asks for MPI")
+                         : fmt::format("started by an MPI launcher ({} processes)", n ? n : "several")));
+  }
+  std::shared_ptr<Replicas> r = mpi_replicas(spec.replica_timeout_s);
+  if (spec.accumulation % r->size() != 0)
+    throw std::invalid_argument(fmt::format(
+        "{}: key 'accumulation': {} passes per step cannot be split over {} replicas (each runs accumulation / "
+        "replicas of them): expected a multiple of {}",
+        spec.source, spec.accumulation, r->size(), r->size()));
+  return r;
+}
+
+std::vector<double> sum_over(Replicas* r, const std::vector<double>& values) {
+  if (!r || r->size() <= 1) return values;
+  const std::vector<std::vector<double>> all = r->allgather(values);
+  std::vector<double> out(values.size(), 0.0);
+  for (const auto& v : all)  // rank order
+    for (size_t i = 0; i < out.size(); ++i) out[i] += v[i];
+  return out;
+}
+
+}  // namespace rp
