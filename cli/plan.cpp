@@ -251,9 +251,9 @@ int64_t longest_sequence(const ModelShape& m, const PlanCommandOptions& o, int64
 /// --nodes: what summing the gradients over the nodes costs per step and how much of it the
 /// next step hides (scheduler/replica_cost.hpp).
 static void print_nodes(std::FILE* out, const PlanCommandOptions& o, const std::vector<LayerCost>& costs,
-                 const DeviceModel& d, double iteration_s, int64_t tokens) {
+                        const DeviceModel& d, bool tied, double iteration_s, int64_t tokens) {
   const ReductionEstimate e = estimate_reduction(costs, d.grad_elem_bytes, o.nodes, o.net_gbps * 1e9 / 8,
-                                                 o.net_latency_us * 1e-6, iteration_s, o.accumulation);
+                                                 o.net_latency_us * 1e-6, iteration_s, o.accumulation, tied);
   const double step = iteration_s * double(o.accumulation);
   const double global = double(tokens) * double(o.accumulation) * o.nodes;
   fmt::print(out, "\nnodes     {} x {} GPUs, {:g} Gbit/s per node: {:.3g}G gradient values ({}) summed per step; each node "
@@ -268,6 +268,9 @@ static void print_nodes(std::FILE* out, const PlanCommandOptions& o, const std::
              ms(e.step_async_s), global / e.step_async_s, o.nodes, o.nodes * step / e.step_async_s);
   fmt::print(out, "          sync:  {} exposed after the step's last gradient -> step {}, {:.0f} tokens/s ({:.2f}x one node)\n",
              ms(e.exposed_sync_s), ms(e.step_sync_s), global / e.step_sync_s, o.nodes * step / e.step_sync_s);
+  if (e.exposed_async_s > 0)
+    fmt::print(out, "          async hides the sum from --accumulation {} ({} iterations per step on each node)\n",
+               e.passes_to_hide, e.passes_to_hide);
 }
 
 void run_plan(const PlanCommandOptions& o, std::FILE* out) {
@@ -384,7 +387,7 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
   for (size_t g = 0; g < r.gpu_idle.size(); ++g)
     idle += fmt::format("{}GPU{} {}", g ? ", " : "", g, ms(r.gpu_idle[g]));
   fmt::print(out, "idle      {} (over {})\n", idle, ms(r.makespan));
-  if (o.nodes > 1) print_nodes(out, o, costs, d, r.iteration_seconds, tokens);
+  if (o.nodes > 1) print_nodes(out, o, costs, d, m.tie_word_embeddings, r.iteration_seconds, tokens);
   if (!o.trace.empty()) {
     write_sim_trace(o.trace, r, pr.plan);
     fmt::print(out, "trace     wrote {} ({} intervals; open in Perfetto or chrome://tracing)\n", o.trace,

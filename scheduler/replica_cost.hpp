@@ -30,13 +30,17 @@ struct ReductionEstimate {
   double exposed_sync_s = 0;  ///< synchronous optimizer: link time after the step's last gradient
   double exposed_async_s = 0; ///< staleness 1: step time added because the link cannot keep up
   double step_sync_s = 0, step_async_s = 0;  ///< predicted step times
+  int64_t passes_to_hide = 1;  ///< staleness 1: the fewest iterations per step whose compute covers link_s
 };
 
 /// `costs`: the layers (embedding, decoders, tail) as the partitioner sees them, each summed
 /// as LayerCost::grad_bytes / grad_elem_bytes fp32 values; `iteration_s`: one iteration (pass)
 /// of a node; `passes`: iterations per step on one node; `net_bytes_per_s` per node and
-/// direction; `latency_s` per message. std::invalid_argument for non-positive sizes.
+/// direction; `latency_s` per message. `tied`: the tail's accumulators include the embedding's
+/// (a tied LM head): that group is one host gradient, summed once, when the embedding's
+/// backward completes it. std::invalid_argument for non-positive sizes.
 ReductionEstimate estimate_reduction(const std::vector<LayerCost>& costs, int64_t grad_elem_bytes, int nodes,
-                                     double net_bytes_per_s, double latency_s, double iteration_s, int64_t passes);
+                                     double net_bytes_per_s, double latency_s, double iteration_s, int64_t passes,
+                                     bool tied = false);
 
 }  // namespace rp

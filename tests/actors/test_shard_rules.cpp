@@ -32,8 +32,8 @@ std::string show(const ShardAction& a) {
 struct Shard {
   ShardRules rules;
   std::vector<std::string> out;
-  Shard(std::vector<ShardRules::Group> g, int staleness, bool guard = false, int off = 0)
-      : rules(g, staleness, guard, off) {}
+  Shard(std::vector<ShardRules::Group> g, int staleness, bool guard = false, int off = 0, bool reduce = false)
+      : rules(g, staleness, guard, off, reduce) {}
   std::vector<std::string> pump(int g) {
     std::vector<ShardAction> a;
     rules.pump(g, a);
@@ -155,6 +155,50 @@ TEST(ShardRules, GuardedStepsReportTheSumOfSquaresAndWaitForTheScale) {
   // sync: ascending groups whatever order the sums came in
   Shard y({{0, 1, 1}, {1, 1, 1}}, 0, true);
   EXPECT_EQ(y.rules.scale_arrived(0, false, 1.f), (std::vector<int>{0, 1}));
+}
+
+// Data-parallel replicas: once a group's gradient of a step is complete, the sum over the
+// replicas runs first (the group busy meanwhile: no slot for the next step), then the guard's
+// sum of squares or the update; with two writers it waits for both.
+TEST(ShardRules, ReplicasSumTheCompleteGradientBeforeTheSumOfSquaresAndTheUpdate) {
+  Shard s({{0, 1, 2}}, 1, /*guard=*/true, 0, /*reduce=*/true);
+  s.rules.close_step(0, one_pass());
+  s.rules.weights_released(0, 0);
+  s.rules.request_grad_slot(0, 0, 1);
+  EXPECT_EQ(s.pump(0), (V{"grant slot g0 t0 #1 overwrite"}));
+  s.rules.grad_written(0, 0);
+  EXPECT_EQ(s.pump(0), V{}) << "one of two contributions";
+  s.rules.request_grad_slot(0, 0, 2);
+  EXPECT_EQ(s.pump(0), (V{"grant slot g0 t0 #2 accumulate"}));
+  s.rules.grad_written(0, 0);
+  EXPECT_EQ(s.pump(0), (V{"job sum over the replicas of step 0 g0"}));
+  s.rules.request_grad_slot(0, 1, 3);
+  EXPECT_EQ(s.pump(0), V{}) << "busy while the sum runs";
+  EXPECT_NE(s.rules.describe().find("sum over the replicas of step 0 running"), std::string::npos)
+      << s.rules.describe();
+  EXPECT_EQ(s.done(0), (V{"job sum of squares of step 0 g0"}));
+  EXPECT_EQ(s.done(0, 4.0), (V{"sumsq g0 t0 = 4"}));
+  s.rules.scale_arrived(0, false, 0.5f);
+  EXPECT_EQ(s.pump(0), (V{"job AdamW update of step 0 g0"}));
+  EXPECT_EQ(s.done(0), (V{"updated g0 t0", "grant slot g0 t1 #3 overwrite"}));
+  // without a guard the update follows the sum directly; a resumed run has summed its past steps
+  Shard u({{0, 1, 1}}, 0, false, 0, true);
+  EXPECT_TRUE(u.rules.resume_at(3));
+  u.rules.close_step(3, one_pass());
+  u.rules.weights_released(0, 3);
+  u.rules.request_grad_slot(0, 3, 1);
+  u.pump(0);
+  u.rules.grad_written(0, 3);
+  EXPECT_EQ(u.pump(0), (V{"job sum over the replicas of step 3 g0"}));
+  EXPECT_EQ(u.done(0), (V{"job AdamW update of step 3 g0 +publish"}));
+  // no replicas: no sum
+  Shard n({{0, 1, 1}}, 0);
+  n.rules.close_step(0, one_pass());
+  n.rules.weights_released(0, 0);
+  n.rules.request_grad_slot(0, 0, 1);
+  n.pump(0);
+  n.rules.grad_written(0, 0);
+  EXPECT_EQ(n.pump(0), (V{"job AdamW update of step 0 g0 +publish"}));
 }
 
 // The guard-removal switches of the protocol tests: with rule 1 off an upload of a future

@@ -59,18 +59,20 @@ std::string spec_json(const fs::path& d, int steps, const std::string& extra = "
          "\"optimizer\": {\"lr\": 0.02, \"max_grad_norm\": 0.5, \"weight_decay\": 0.1}" + extra + "}";
 }
 
-/// metrics.csv: the loss column per step.
-std::vector<double> losses(const fs::path& csv) {
+/// metrics.csv: column `col` (1 loss, 2 target tokens, 6 grad norm) per step.
+std::vector<double> column(const fs::path& csv, int col) {
   std::ifstream f(csv);
   std::string line;
   std::getline(f, line);
   std::vector<double> out;
   while (std::getline(f, line)) {
-    const auto a = line.find(','), b = line.find(',', a + 1);
-    out.push_back(std::stod(line.substr(a + 1, b - a - 1)));
+    size_t a = 0;
+    for (int i = 0; i < col; ++i) a = line.find(',', a) + 1;
+    out.push_back(std::stod(line.substr(a, line.find(',', a) - a)));
   }
   return out;
 }
+std::vector<double> losses(const fs::path& csv) { return column(csv, 1); }
 
 void expect_close_weights(const fs::path& a, const fs::path& b) {
   const auto ta = rp::load_safetensors((a / "model.safetensors").string());
@@ -108,6 +110,15 @@ TEST(CliMpi, TwoAndThreeReplicasEqualOneProcess) {
     const std::vector<double> ln = losses(out / "metrics.csv");  // written once, by replica 0
     ASSERT_EQ(ln.size(), l1.size()) << n;
     for (size_t t = 0; t < l1.size(); ++t) EXPECT_NEAR(ln[t], l1[t], 2e-5 * std::fabs(l1[t]) + 1e-6) << n << " step " << t;
+    // the global batch's target tokens and gradient norm (before clipping): the gradient is the
+    // sum over every replica's passes divided by the global token count
+    EXPECT_EQ(column(out / "metrics.csv", 2), column(d / "one/metrics.csv", 2)) << n;
+    const std::vector<double> g1 = column(d / "one/metrics.csv", 6), gn = column(out / "metrics.csv", 6);
+    ASSERT_EQ(gn.size(), g1.size());
+    for (size_t t = 0; t < g1.size(); ++t) {
+      EXPECT_GT(g1[t], 0) << t;
+      EXPECT_NEAR(gn[t], g1[t], 1e-4 * g1[t]) << n << " step " << t;
+    }
     expect_close_weights(d / "one/final", out / "final");
   }
   // the 2-replica checkpoint resumes on 3 replicas and on one process alike

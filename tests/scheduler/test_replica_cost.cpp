@@ -48,4 +48,18 @@ TEST(ReplicaCost, ASlowLinkBoundsTheAsyncStep) {
   EXPECT_NEAR(e.exposed_sync_s, 14.5, 1e-9);
 }
 
+TEST(ReplicaCost, ATiedHeadIsSummedOnceWithTheEmbedding) {
+  auto c = three_layers();
+  c[2].grad_bytes = 4000 + c[0].grad_bytes;  // the tail's accumulators hold the embedding's too
+  EXPECT_DOUBLE_EQ(rp::estimate_reduction(c, 4, 2, 1e9, 0, 1.0, 1, true).values, 4000);
+  EXPECT_DOUBLE_EQ(rp::estimate_reduction(c, 4, 2, 1e9, 0, 1.0, 1, false).values, 5000);
+}
+
+TEST(ReplicaCost, PassesToHideCoverTheLink) {
+  const auto e = rp::estimate_reduction(three_layers(), 4, 2, 1000, 0, 2.0, 1);  // 16 s of link
+  EXPECT_EQ(e.passes_to_hide, 8);
+  const auto f = rp::estimate_reduction(three_layers(), 4, 2, 1000, 0, 2.0, 8);
+  EXPECT_DOUBLE_EQ(f.exposed_async_s, 0);
+}
+
 }  // namespace
