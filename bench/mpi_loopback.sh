@@ -66,6 +66,37 @@ for n in 2 3; do
       $(for i in $(seq 1 "$n"); do step_s "$tmp/alone$n-$i/metrics.csv" $((768 / n)); done))
   echo "| $n | $r | $a | $(python3 -c "print(f'{$r-$a:.3f}')") | $mb | $sent | $busy |" >> "$tmp/table.md"
 done
+{
+  echo
+  echo "## Predicted multi-node runs (roundpipe plan --nodes)"
+  echo
+  echo "8 H200 per node (the planner's defaults: 790 TFLOP/s, PCIe 55 GB/s), 16 micro-batches of 8192 tokens per"
+  echo "iteration, 100 Gbit/s per node, 10 us per message; the model in scheduler/replica_cost.hpp."
+  echo "Command per row: \`roundpipe plan --model examples/configs/MODEL.json --gpus 8 --seq 8192 --micro 16 --nodes N --net-gbps 100 --accumulation A\`."
+  echo
+  echo "| model | nodes | accumulation | GiB sent per node per step | link s/step | compute s/step | async: exposed s, x one node | sync: exposed s, x one node |"
+  echo "|---|---|---|---|---|---|---|---|"
+  for m in qwen3-1.7b llama-3.1-8b; do
+    for n in 2 4 8; do
+      for a in 1 4; do
+        "$bin" plan --model "examples/configs/$m.json" --gpus 8 --seq 8192 --micro 16 --nodes "$n" --net-gbps 100 \
+          --accumulation "$a" > "$tmp/plan.txt"
+        python3 - "$tmp/plan.txt" "$m" "$n" "$a" <<'PY'
+import re, sys
+t = open(sys.argv[1]).read()
+ms = lambda s: float(s) / 1e3
+sent = re.search(r"sends and receives ([0-9.]+) GiB", t).group(1)
+link = ms(re.search(r"GiB \(2 \(N-1\)/N of them\), ([0-9.]+) ms on the link", t).group(1))
+comp = ms(re.search(r"compute ([0-9.]+) ms", t).group(1))
+am = re.search(r"async: (?:the link cannot keep up, ([0-9.]+) ms exposed|hidden under the next step) -> step [0-9.]+ ms, [0-9]+ tokens/s over \d+ nodes \(([0-9.]+)x", t)
+sm = re.search(r"sync:  ([0-9.]+) ms exposed .*\(([0-9.]+)x one node\)", t)
+aexp = ms(am.group(1)) if am.group(1) else 0.0
+print(f"| {sys.argv[2]} | {sys.argv[3]} | {sys.argv[4]} | {sent} | {link:.3f} | {comp:.3f} | {aexp:.3f}, {am.group(2)}x | {ms(sm.group(1)):.3f}, {sm.group(2)}x |")
+PY
+      done
+    done
+  done
+} >> "$tmp/table.md"
 mv "$tmp/table.md" "$out"
 rm -rf "$tmp"
 cat "$out"

@@ -168,7 +168,7 @@ pid_t replica_pid(int rank, const fs::path& out) {
 double disrupt_replica(const fs::path& d, int sig, CliRun& r) {
   tiny_model(d);
   write(d / "data.jsonl", kData);
-  write(d / "spec.json", spec_json(d, 100000, ", \"replica_timeout_s\": 3"));
+  write(d / "spec.json", spec_json(d, 100000, ", \"replica_timeout_s\": 5"));
   const fs::path out = d / "o";
   const std::string cmd = "(" + mpirun(2) + "train " + (d / "spec.json").string() + " --output-dir " + out.string() +
                           " > " + (d / "out.txt").string() + " 2> " + (d / "err.txt").string() + " < /dev/null; echo $? > " +
