@@ -146,6 +146,23 @@ TEST(CliMpi, AccumulationNotAMultipleOfTheReplicasIsOneLine) {
   fs::remove_all(d);
 }
 
+// A build without MPI says so in one line when replicas are asked for (here: when this build
+// has MPI, "on" in a single process is a job of one replica that trains like a single process).
+TEST(CliMpi, AskingForMpiWithoutItIsOneLine) {
+  auto d = tmpdir();
+  tiny_model(d);
+  write(d / "data.jsonl", kData);
+  write(d / "spec.json", spec_json(d, 2));
+  CliRun r = roundpipe("train " + (d / "spec.json").string() + " --mpi on --output-dir " + (d / "o").string(), d);
+  if (rp::mpi_available()) {
+    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(losses(d / "o/metrics.csv").size(), 2u);
+  } else {
+    expect_one_line_error(r, "key 'mpi': \"on\" asks for MPI but this roundpipe was built without MPI");
+  }
+  fs::remove_all(d);
+}
+
 /// The pid of replica `rank` of the job writing into `out` (its environment names the rank,
 /// its command line the output folder), or -1.
 pid_t replica_pid(int rank, const fs::path& out) {
