@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What summing the gradients over data-parallel replicas costs on one machine (loopback TCP,
 # CPU backend): SmolLM2-135M full fine-tuning (135 M fp32 gradient values, 540 MB per step),
-# seq 32, 6 passes of 1 sequence per step, one virtual GPU per process (little compute per
+# seq 64, 6 passes of 1 sequence per step, one virtual GPU per process (little compute per
 # step, so the sum's share shows).
 #   - "N replicas": `mpirun -np N roundpipe train` (each replica runs 6/N passes per step);
 #   - "N alone": N independent processes started together (`--mpi off`), each running the same
@@ -21,7 +21,7 @@ spec() {  # spec <accumulation> <sequences_per_step>
 import json, sys
 a, s, steps = map(int, sys.argv[1:])
 print(json.dumps({"model": "assets/SmolLM2-135M-Instruct.Q4_1.gguf", "data": "assets/kjv_instruct.jsonl",
-                  "max_examples": 64, "seq_len": 32, "sequences_per_step": s, "micro_batches": 1,
+                  "max_examples": 64, "seq_len": 64, "sequences_per_step": s, "micro_batches": 1,
                   "accumulation": a, "steps": steps, "backend": "cpu", "workers": 1, "tensorboard": False,
                   "save_dtype": "bf16", "optimizer": {"lr": 1e-4}}))
 PY
@@ -43,14 +43,14 @@ spec 6 6 > "$tmp/global.json"
   echo "- commit: $(git rev-parse --short HEAD)$(git diff --quiet || echo '+dirty')"
   echo "- machine: $(uname -srm), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(free -g | awk '/Mem:/{print $2}') GiB; $(mpirun --version | head -1)"
   echo "- date: $(date -u +%Y-%m-%dT%H:%MZ)"
-  echo "- job: SmolLM2-135M full fine-tuning, seq 32, global batch 6 sequences = 6 passes x 1, one virtual GPU per process; $steps steps, step time = median over steps 3..$steps"
+  echo "- job: SmolLM2-135M full fine-tuning, seq 64, global batch 6 sequences = 6 passes x 1, one virtual GPU per process; $steps steps, step time = median over steps 3..$steps"
   echo "- the machine is shared (other jobs were compiling), so step times carry their noise; bytes are exact"
   echo
   echo "| processes | step s, N replicas | step s, N alone (same passes each, no sum) | added by the sum, s/step | MB summed per step | MB sent per replica per step | comm thread busy s/step |"
   echo "|---|---|---|---|---|---|---|"
 } > "$tmp/table.md"
 $bin -q train "$tmp/global.json" --output-dir "$tmp/one" > "$tmp/log1" 2>&1
-echo "| 1 | $(step_s "$tmp/one/metrics.csv" 192) | (same) | 0 | 0 | 0 | 0 |" >> "$tmp/table.md"
+echo "| 1 | $(step_s "$tmp/one/metrics.csv" 384) | (same) | 0 | 0 | 0 | 0 |" >> "$tmp/table.md"
 for n in 2 3; do
   $mpi -np "$n" "$bin" train "$tmp/global.json" --output-dir "$tmp/rep$n" > "$tmp/logr$n" 2>&1
   line=$(grep "replicas: .* gradient sums" "$tmp/logr$n" | head -1)
@@ -63,9 +63,9 @@ for n in 2 3; do
     $bin -q train "$tmp/share$n.json" --mpi off --output-dir "$tmp/alone$n-$i" > "$tmp/loga$n-$i" 2>&1 & pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p"; done
-  r=$(step_s "$tmp/rep$n/metrics.csv" 192)
+  r=$(step_s "$tmp/rep$n/metrics.csv" 384)
   a=$(python3 -c "import statistics,sys; print(f'{statistics.mean(float(x) for x in sys.argv[1:]):.3f}')" \
-      $(for i in $(seq 1 "$n"); do step_s "$tmp/alone$n-$i/metrics.csv" $((192 / n)); done))
+      $(for i in $(seq 1 "$n"); do step_s "$tmp/alone$n-$i/metrics.csv" $((384 / n)); done))
   echo "| $n | $r | $a | $(python3 -c "print(f'{$r-$a:.3f}')") | $mb | $sent | $busy |" >> "$tmp/table.md"
 done
 {
