@@ -40,11 +40,11 @@ void CudaOps::attention_fwd_v(const void* q, const void* k, const void* v, void*
   }
   if (n_seq * L == 0) return;
   set_device(dev_);
-  if (k_attention_flash_fwd_v(dtype_, q, k, v, o, lse, var.pos, var.sinks, var.window, n_seq, L, nq, nkv, D, scale,
+  const int64_t win = var.window >= L ? 0 : var.window;  // a window >= L restricts nothing
+  if (k_attention_flash_fwd_v(dtype_, q, k, v, o, lse, var.pos, var.sinks, win, n_seq, L, nq, nkv, D, scale,
                               attn_impl_, st_))
     return;
-  k_attention_rows_fwd_v(dtype_, q, k, v, o, lse, var.pos, var.sinks, var.window, n_seq, L, L, 0, nq, nkv, D, scale,
-                         st_);
+  k_attention_rows_fwd_v(dtype_, q, k, v, o, lse, var.pos, var.sinks, win, n_seq, L, L, 0, nq, nkv, D, scale, st_);
 }
 
 void CudaOps::attention_bwd_v(const void* q, const void* k, const void* v, const void* o, const float* lse,
@@ -68,11 +68,11 @@ void CudaOps::attention_bwd_v(const void* q, const void* k, const void* v, const
   k_attention_di(dtype_, o, dout, di, n_seq, L, nq, D, st_);
   if (var.dsinks)
     k_attention_dsinks(dtype_, var.sinks, lse, di, static_cast<float*>(var.dsinks), n_seq, L, nq, st_);
-  if (k_attention_flash_bwd_v(dtype_, q, k, v, lse, di, dout, var.pos, dq, dk, dv, dq_acc, var.window, n_seq, L, nq,
-                              nkv, D, scale, attn_impl_, st_))
+  const int64_t win = var.window >= L ? 0 : var.window;
+  if (k_attention_flash_bwd_v(dtype_, q, k, v, lse, di, dout, var.pos, dq, dk, dv, dq_acc, win, n_seq, L, nq, nkv, D,
+                              scale, attn_impl_, st_))
     return;
-  k_attention_rows_bwd_v(dtype_, q, k, v, lse, di, dout, var.pos, dq, dk, dv, var.window, n_seq, L, nq, nkv, D, scale,
-                         st_);
+  k_attention_rows_bwd_v(dtype_, q, k, v, lse, di, dout, var.pos, dq, dk, dv, win, n_seq, L, nq, nkv, D, scale, st_);
 }
 
 void CudaOps::attention_decode_v(const void* q, const void* k_cache, const void* v_cache, void* o, int64_t past,
@@ -83,8 +83,9 @@ void CudaOps::attention_decode_v(const void* q, const void* k_cache, const void*
   require(past >= 0, op, "negative past");
   require(var.pos == nullptr && var.dsinks == nullptr, op, "pos and dsinks must be null");
   set_device(dev_);
-  k_attention_rows_fwd_v(dtype_, q, k_cache, v_cache, o, nullptr, nullptr, var.sinks, var.window, 1, n, past + n, past,
-                         nq, nkv, D, scale, st_);
+  const int64_t win = var.window >= past + n ? 0 : var.window;
+  k_attention_rows_fwd_v(dtype_, q, k_cache, v_cache, o, nullptr, nullptr, var.sinks, win, 1, n, past + n, past, nq,
+                         nkv, D, scale, st_);
 }
 
 void CudaOps::grouped_bias_fwd(void* y, const void* b, const int32_t* off, int64_t E, int64_t N) {
