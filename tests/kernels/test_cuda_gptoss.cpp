@@ -19,11 +19,12 @@ namespace rp::cudatest {
 namespace {
 using ref::randn;
 
-std::vector<int32_t> packed_positions(int64_t S, int64_t L) {  // examples of 1..23 tokens, cut at L
+// Examples of 1..23 tokens (long = false) or of 130 tokens and the rest (long = true), cut at L.
+std::vector<int32_t> packed_positions(int64_t S, int64_t L, bool long_examples = false) {
   std::vector<int32_t> p;
   for (int64_t s = 0; s < S; ++s)
-    for (int64_t t = 0, start = 0, len = 3 + s; t < L; ++t) {
-      if (t - start == len) start = t, len = 1 + (len * 7 + 5) % 23;
+    for (int64_t t = 0, start = 0, len = long_examples ? 130 : 3 + s; t < L; ++t) {
+      if (t - start == len) start = t, len = long_examples ? L : 1 + (len * 7 + 5) % 23;
       p.push_back(int32_t(t - start));
     }
   return p;
@@ -46,7 +47,8 @@ class CudaGptOss : public CudaTest, public ::testing::WithParamInterface<DType> 
 
   struct Case {
     int64_t S, L, nq, nkv, D, window;
-    bool sinks, packed;
+    bool sinks;
+    int packed;    // 0: no positions, 1: short packed examples, 2: long ones (130 tokens, the rest)
     int impl = 0;  // 0 automatic, 1 the row kernels
   };
 
@@ -62,7 +64,7 @@ class CudaGptOss : public CudaTest, public ::testing::WithParamInterface<DType> 
     const int64_t T = S * L;
     VecF q = randn(size_t(T * nq * D), 61), k = randn(size_t(T * nkv * D), 62), v = randn(size_t(T * nkv * D), 63);
     VecF dout = randn(size_t(T * nq * D), 64), sinks = randn(size_t(nq), 65, 2.f);
-    const auto pos = packed_positions(S, L);
+    const auto pos = packed_positions(S, L, packed == 2);
     DT qd = upload(q, t), kd = upload(k, t), vd = upload(v, t), dod = upload(dout, t), sd = upload(sinks, t);
     DT pd = upload_i32(pos);
     DT o = poisoned(T * nq * D, t), lse = poisoned(S * nq * L, DType::f32);
@@ -112,20 +114,23 @@ class CudaGptOss : public CudaTest, public ::testing::WithParamInterface<DType> 
 // 1, 3, L-1 and 128 (> L for L = 100), sinks on and off, packed positions, GQA ratios 1 to 8.
 TEST_P(CudaGptOss, AttentionVariantsMatchCpuTensorCores) {
   for (int64_t window : {1, 3, 199, 128})
-    for (bool sinks : {false, true}) check_attention({2, 200, 8, 2, 64, window, sinks, false});
-  check_attention({1, 100, 4, 4, 64, 128, true, false});
-  for (int64_t ratio : {1, 2, 4, 8}) check_attention({2, 150, 8, 8 / ratio, 64, 3, true, true});
-  check_attention({2, 150, 8, 4, 64, 0, true, true});    // sinks, no window, packed
-  check_attention({1, 130, 4, 1, 128, 70, true, false});  // head_dim 128
-  check_attention({1, 130, 4, 2, 128, 0, true, true});
+    for (bool sinks : {false, true}) check_attention({2, 200, 8, 2, 64, window, sinks, 0});
+  check_attention({1, 100, 4, 4, 64, 128, true, 0});
+  for (int64_t ratio : {1, 2, 4, 8}) check_attention({2, 150, 8, 8 / ratio, 64, 3, true, 1});
+  check_attention({2, 150, 8, 4, 64, 0, true, 1});    // sinks, no window, packed
+  check_attention({2, 200, 8, 4, 64, 0, true, 2});    // long examples: tiles partly in two examples
+  check_attention({2, 200, 8, 2, 64, 70, false, 2});  // window and long examples
+  check_attention({1, 130, 4, 1, 128, 70, true, 0});  // head_dim 128
+  check_attention({1, 130, 4, 2, 128, 0, true, 1});
 }
 
 // The row kernels: a head_dim the tensor cores do not take, and impl 1 forcing them.
 TEST_P(CudaGptOss, AttentionVariantsMatchCpuRows) {
   for (int64_t window : {1, 3, 99, 128})
-    for (bool sinks : {false, true}) check_attention({2, 100, 4, 2, 40, window, sinks, window == 3});
-  check_attention({2, 90, 8, 1, 64, 5, true, true, 1});
-  check_attention({1, 90, 8, 8, 64, 17, true, false, 1});
+    for (bool sinks : {false, true}) check_attention({2, 100, 4, 2, 40, window, sinks, window == 3 ? 1 : 0});
+  check_attention({2, 90, 8, 1, 64, 5, true, 1, 1});
+  check_attention({1, 90, 8, 8, 64, 17, true, 0, 1});
+  check_attention({1, 200, 4, 2, 40, 0, true, 2});
 }
 
 // The default variant (and a window >= L without sinks) runs the plain ops: the same forward
