@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -156,7 +157,14 @@ const uint8_t* SafetensorsFile::data(const SafetensorsEntry& e) const {
   return map_ + data_start_ + e.begin;
 }
 
+void SafetensorsFile::check_float_dtype(const SafetensorsEntry& e) const {
+  if (e.dtype != "F32" && e.dtype != "BF16" && e.dtype != "F16")
+    throw std::runtime_error(fmt::format("{}: tensor '{}': dtype {} cannot be read as floats (F32, "
+                                         "F16, BF16 only)", path_, e.name, e.dtype));
+}
+
 HostTensor SafetensorsFile::read_f32(const SafetensorsEntry& e) const {
+  check_float_dtype(e);
   HostTensor t;
   t.shape = e.shape;
   const size_t n = size_t(e.numel());
@@ -164,18 +172,22 @@ HostTensor SafetensorsFile::read_f32(const SafetensorsEntry& e) const {
   const uint8_t* p = data(e);
   if (e.dtype == "F32") {
     std::memcpy(t.data.data(), p, n * 4);
-  } else if (e.dtype == "BF16" || e.dtype == "F16") {
+  } else {
     const bool bf = e.dtype == "BF16";
     for (size_t i = 0; i < n; ++i) {
       uint16_t h;
       std::memcpy(&h, p + 2 * i, 2);
       t.data[i] = bf ? bf16_to_f32(h) : f16_to_f32(h);
     }
-  } else {
-    throw std::runtime_error(fmt::format("{}: tensor '{}': dtype {} cannot be read as floats (F32, "
-                                         "F16, BF16 only)", path_, e.name, e.dtype));
   }
   return t;
+}
+
+void SafetensorsFile::release(const SafetensorsEntry& e) const {
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = uintptr_t(data(e)) / page * page;
+  const uintptr_t hi = std::min(uintptr_t(map_ + size_), (uintptr_t(data(e)) + (e.end - e.begin) + page - 1) / page * page);
+  if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);  // advisory: failure changes nothing
 }
 
 namespace {
@@ -188,7 +200,7 @@ std::string read_text(const std::string& path) {
   return ss.str();
 }
 
-void load_index(const std::string& index_path, std::map<std::string, HostTensor>& out) {
+void open_index(const std::string& index_path, SafetensorsSet& out) {
   json idx;
   try {
     idx = json::parse(read_text(index_path));
@@ -209,21 +221,23 @@ void load_index(const std::string& index_path, std::map<std::string, HostTensor>
   }
   const fs::path base = fs::path(index_path).parent_path();
   for (const auto& [shard, names] : by_shard) {
-    SafetensorsFile f((base / shard).string());
+    out.files.push_back(std::make_unique<SafetensorsFile>((base / shard).string()));
+    const SafetensorsFile& f = *out.files.back();
     for (const auto& name : names) {
       const SafetensorsEntry* e = f.find(name);
       if (!e)
         throw std::runtime_error(fmt::format("{}: tensor '{}' (listed in {}) is missing", f.path(),
                                              name, index_path));
-      out[name] = f.read_f32(*e);
+      f.check_float_dtype(*e);
+      out.tensors[name] = {&f, e};
     }
   }
 }
 
 }  // namespace
 
-std::map<std::string, HostTensor> load_safetensors(const std::string& path) {
-  std::map<std::string, HostTensor> out;
+SafetensorsSet open_safetensors(const std::string& path) {
+  SafetensorsSet out;
   std::error_code ec;
   std::string p = path;
   if (fs::is_directory(p, ec)) {
@@ -238,11 +252,22 @@ std::map<std::string, HostTensor> load_safetensors(const std::string& path) {
     }
   }
   if (p.size() >= 5 && p.compare(p.size() - 5, 5, ".json") == 0) {
-    load_index(p, out);
+    open_index(p, out);
     return out;
   }
-  SafetensorsFile f(p);
-  for (const auto& e : f.entries()) out[e.name] = f.read_f32(e);
+  out.files.push_back(std::make_unique<SafetensorsFile>(p));
+  const SafetensorsFile& f = *out.files.back();
+  for (const auto& e : f.entries()) {
+    f.check_float_dtype(e);
+    out.tensors[e.name] = {&f, &e};
+  }
+  return out;
+}
+
+std::map<std::string, HostTensor> load_safetensors(const std::string& path) {
+  const SafetensorsSet set = open_safetensors(path);
+  std::map<std::string, HostTensor> out;
+  for (const auto& [name, w] : set.tensors) out[name] = w.file->read_f32(*w.entry);
   return out;
 }
 
