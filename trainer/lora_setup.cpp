@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "base/host_resources.hpp"
 #include "kernels/weight_format.hpp"
 #include "model/lora.hpp"
 #include "roundpipe/adapter.hpp"
@@ -14,35 +15,22 @@ namespace rp {
 
 namespace {
 
-// Base group g of `layout` from the loaded tensors (which are erased as they are used): fp32
-// for a trainable group, the storage form for a frozen one.
-void take_base_group(LoadedModel& base, const ModelLayout& layout, size_t g, RunWeights& out) {
-  const ParamGroup& grp = layout.groups[g];
-  std::vector<float> f32;
-  std::vector<uint8_t> st;
-  if (grp.frozen) st.resize(size_t(grp.storage_bytes));
-  else f32.resize(size_t(grp.numel));
-  for (const TensorSpec& t : grp.tensors) {
-    std::string name = t.name;
-    if (name == "lm_head.weight" && !base.tensors.count(name) && layout.config.tie_word_embeddings)
-      name = "model.embed_tokens.weight";
-    auto it = base.tensors.find(name);
-    if (it == base.tensors.end())
-      throw std::runtime_error(fmt::format("{}: tensor '{}' missing for the LoRA base", base.source, t.name));
-    if (it->second.numel() != t.numel())
-      throw std::runtime_error(fmt::format("{}: tensor '{}' has {} values, the model config says {}",
-                                           base.source, t.name, it->second.numel(), t.numel()));
-    if (grp.frozen) quantize_weights(t.format, it->second.data.data(), st.data() + t.byte_offset, t.numel());
-    else std::copy(it->second.data.begin(), it->second.data.end(), f32.begin() + t.offset);
-    base.tensors.erase(it);  // each tensor belongs to one group: the fp32 copy goes as it is used
-  }
-  out.trainable[g] = std::move(f32);
-  out.frozen[g] = std::move(st);
+/// The host memory the run's weights take: frozen groups in their storage form, fp32 for the
+/// trainable ones (the optimizer's moments come on top, sized by the Session).
+void check_host_memory(const ModelLayout& layout, const std::string& where) {
+  double need = 0;
+  for (const auto& g : layout.groups) need += g.frozen ? double(g.storage_bytes) : 4.0 * double(g.numel);
+  const size_t avail = host_available_bytes();
+  if (avail > 0 && !(need <= double(avail)))
+    throw std::runtime_error(fmt::format("{}: the LoRA run's weights (frozen base in {}) need about {} of host "
+                                         "memory, {} is available",
+                                         where, weight_format_name(layout.lora->base_format), byte_text(need),
+                                         byte_text(double(avail))));
 }
 
 }  // namespace
 
-RunWeights lora_run_weights(const TrainSpec& spec, LoadedModel& base, const std::string& adapter_dir) {
+RunWeights lora_run_weights(const TrainSpec& spec, ModelSource& base, const std::string& adapter_dir) {
   std::optional<PeftAdapter> adapter;
   if (!adapter_dir.empty()) adapter = read_peft_adapter(adapter_dir);
   LoraConfig lora;
@@ -52,19 +40,20 @@ RunWeights lora_run_weights(const TrainSpec& spec, LoadedModel& base, const std:
     lora = adapter->lora;
     lora.seed = spec.seed;
   }
-  if (adapter && peft_adapter_unties(*adapter, base.config)) {
+  if (adapter && peft_adapter_unties(*adapter, base.config())) {
     spdlog::info("{}: the adapter trains one end of the tied embeddings alone; the base is untied",
                  adapter_dir);
-    untie_embeddings(base);
+    base.untie_embeddings();
   }
   RunWeights w;
-  w.layout = make_layout(base.config, lora);
+  w.layout = make_layout(base.config(), lora);
+  check_host_memory(w.layout, base.header().source);
   const size_t G = w.layout.groups.size();
-  w.trainable.assign(G, {});
-  w.frozen.assign(G, {});
   const size_t n_base = size_t(w.layout.num_layers());
-  for (size_t g = 0; g < n_base; ++g) take_base_group(base, w.layout, g, w);
-  base.tensors.clear();
+  // tensor by tensor from the mapped files: peak host memory is the storage form plus one
+  // tensor's fp32 copy
+  const int64_t as_stored = read_base_groups(base, w.layout, w.trainable, w.frozen);
+  spdlog::debug("{}: {} base tensors copied in their file form", base.header().source, as_stored);
   for (size_t g = n_base; g < G; ++g) w.trainable[g] = lora_initial_group(w.layout, int(g));
   if (adapter) {
     load_peft_adapter(*adapter, w.layout, w.trainable);

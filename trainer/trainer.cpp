@@ -93,9 +93,11 @@ void Run::setup() {
   resume_ = check_resume(spec_);
   RunWeights w;
   if (trains_lora(spec_)) {
-    // LoRA: the base always comes from spec.model (a LoRA checkpoint is a PEFT adapter folder)
-    model_ = load_model_for_training(spec_.model);
-    w = lora_run_weights(spec_, model_, resume_ ? resume_->dir : spec_.adapter);
+    // LoRA: the base always comes from spec.model (a LoRA checkpoint is a PEFT adapter folder),
+    // read tensor by tensor into its storage form (never the whole model in fp32)
+    ModelSource base = open_model_for_training(spec_.model);
+    w = lora_run_weights(spec_, base, resume_ ? resume_->dir : spec_.adapter);
+    model_ = base.header();
   } else {
     // a resumed run takes weights, config and tokenizer from the checkpoint
     model_ = load_model_for_training(resume_ ? resume_->dir : spec_.model);
