@@ -77,11 +77,45 @@ std::vector<std::vector<float>> all_group_weights(const Session& session) {
 }
 
 PlainModel merged_model(const Session& session) {
-  const std::vector<std::vector<float>> all = all_group_weights(session);
-  std::vector<const float*> ptrs;
-  for (const auto& g : all) ptrs.push_back(g.data());
-  MergedWeights m = merge_adapters(session.layout(), ptrs);
-  return PlainModel{std::move(m.layout), std::move(m.groups)};
+  // Group by group: the base groups of a LoRA layout hold make_layout(config)'s tensors at the
+  // same offsets, so each merged group is the session's fp32 copy of that group with its
+  // layer's adapters folded in (fold_lora, as merge_adapters folds them): the peak is the fp32
+  // model once plus one group, not twice the model.
+  const ModelLayout& lay = session.layout();
+  if (!lay.lora) throw std::invalid_argument("merged_model: the session trains no LoRA adapters");
+  PlainModel m{make_layout(lay.config), {}};
+  m.groups.resize(m.layout.groups.size());
+  const double s = lay.lora->scaling();
+  for (size_t g = 0; g < m.layout.groups.size(); ++g) {
+    const ParamGroup& dst = m.layout.groups[g];
+    const ParamGroup& src = lay.groups[g];
+    for (const TensorSpec& t : dst.tensors) {
+      const int i = src.find(t.name);
+      if (i < 0 || src.tensors[size_t(i)].offset != t.offset || src.tensors[size_t(i)].shape != t.shape)
+        throw std::invalid_argument(fmt::format("merged_model: group '{}' holds '{}' elsewhere", src.name, t.name));
+    }
+    m.groups[g] = session.group_weights_f32(int(g));
+    m.groups[g].resize(size_t(dst.numel));
+    const int ga = lay.kind(int(g)) == LayerKind::decoder ? lay.adapter_group(int(g)) : -1;
+    if (ga < 0) continue;
+    const ParamGroup& ad = lay.groups[size_t(ga)];
+    const std::vector<float> a = session.group_weights_f32(ga);
+    for (const TensorSpec& ta : ad.tensors) {
+      const std::string suffix = ".lora_A.weight";
+      if (ta.name.size() < suffix.size() || ta.name.compare(ta.name.size() - suffix.size(), suffix.size(), suffix) != 0)
+        continue;
+      const std::string mod = ta.name.substr(0, ta.name.size() - suffix.size());
+      const int ib = ad.find(mod + ".lora_B.weight"), iw = dst.find(mod + ".weight");
+      if (ib < 0 || iw < 0)
+        throw std::invalid_argument(fmt::format("merged_model: group '{}': '{}' has no lora_B or base weight", ad.name,
+                                                ta.name));
+      const TensorSpec& tb = ad.tensors[size_t(ib)];
+      const TensorSpec& tw = dst.tensors[size_t(iw)];
+      fold_lora(m.groups[g].data() + tw.offset, a.data() + ta.offset, a.data() + tb.offset, tw.shape.at(0),
+                tw.shape.at(1), ta.shape.at(0), s);
+    }
+  }
+  return m;
 }
 
 }  // namespace rp

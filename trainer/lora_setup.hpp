@@ -43,8 +43,11 @@ RunWeights lora_run_weights(const TrainSpec& spec, ModelSource& base, const std:
 /// what the adapter files and the merge read.
 std::vector<std::vector<float>> all_group_weights(const Session& session);
 
-/// The plain model the LoRA session computes (adapters folded into the base: W + s B A), for
-/// generation and evaluation callbacks: the layout of make_layout(config) and its fp32 groups.
+/// The plain model the LoRA session computes (adapters folded into the base: W + s B A, equal
+/// to merge_adapters of all_group_weights), for generation, evaluation callbacks and
+/// final-merged/: the layout of make_layout(config) and its fp32 groups, built group by group
+/// (host memory: the fp32 model once). Throws std::invalid_argument for a session without
+/// adapters.
 struct PlainModel {
   ModelLayout layout;
   std::vector<std::vector<float>> groups;

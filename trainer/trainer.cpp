@@ -14,6 +14,7 @@
 #include "roundpipe/adapter.hpp"
 #include "roundpipe/checkpoint.hpp"
 #include "roundpipe/session.hpp"
+#include "base/host_resources.hpp"
 #include "trainer/checkpoint_bundle.hpp"
 #include "trainer/disk_space.hpp"
 #include "trainer/lora_setup.hpp"
@@ -264,7 +265,18 @@ std::string Run::sample_text(const char* when) {
   if (spec_.sample_prompt.empty()) return {};
   session_->synchronize();
   std::optional<PlainModel> merged;  // LoRA: the base with the adapters folded in
-  if (session_->layout().lora) merged = merged_model(*session_);
+  if (session_->layout().lora) {
+    // the generator reads fp32 weights: a base that fits the host only in its storage form
+    // skips the sample instead of running out of memory
+    const double need = 4.0 * double(session_->layout().config.num_parameters());
+    const size_t avail = host_available_bytes();
+    if (avail > 0 && need > 0.9 * double(avail)) {
+      spdlog::warn("sample {} skipped: the merged fp32 model needs about {} of host memory, {} is available",
+                   when, byte_text(need), byte_text(double(avail)));
+      return {};
+    }
+    merged = merged_model(*session_);
+  }
   const ModelLayout& layout = merged ? merged->layout : session_->layout();
   std::vector<const float*> ptrs;
   for (const auto& g : merged ? merged->groups : session_->master_weights()) ptrs.push_back(g.data());
@@ -300,12 +312,11 @@ bool Run::drain(int64_t t) {
 /// merge_adapters: final-merged/, a plain Hugging Face folder of the base with the adapters
 /// folded in (the adapter folder final/ stays).
 void Run::save_merged() {
-  const std::vector<std::vector<float>> all = all_group_weights(*session_);
+  const PlainModel m = merged_model(*session_);  // the fp32 model once, built group by group
   std::vector<const float*> ptrs;
-  for (const auto& g : all) ptrs.push_back(g.data());
+  for (const auto& g : m.groups) ptrs.push_back(g.data());
   const std::string dir = path("final-merged");
-  save_merged_checkpoint(dir, session_->layout(), ptrs, model_.tokenizer_json, model_.chat_template,
-                         parse_dtype(spec_.save_dtype));
+  save_hf_checkpoint(dir, m.layout, ptrs, model_.tokenizer_json, model_.chat_template, parse_dtype(spec_.save_dtype));
   spdlog::info("saved the merged model {}", dir);
 }
 

@@ -7,8 +7,10 @@
 
 #include "kernels/weight_format.hpp"
 #include "model/lora.hpp"
+#include "roundpipe/adapter.hpp"
 #include "roundpipe/checkpoint.hpp"
 #include "roundpipe/model_source.hpp"
+#include "roundpipe/session.hpp"
 #include "tests/cli/cli_util.hpp"
 #include "trainer/lora_setup.hpp"
 
@@ -62,6 +64,36 @@ TEST(LoraSetup, DenseBaseMatchesEagerLoad) {
 
 TEST(LoraSetup, MoeBaseMatchesEagerLoad) {
   for (auto f : {rp::WeightFormat::bf16, rp::WeightFormat::q4_0}) check_run_weights(true, f);
+}
+
+TEST(LoraSetup, MergedModelEqualsMergeAdaptersOfAllGroups) {
+  // merged_model builds the merged fp32 model group by group; merge_adapters (the reference)
+  // folds from a full fp32 copy of every group
+  const fs::path d = tmpdir();
+  rp::TrainSpec spec;
+  rp::LoraConfig l;
+  l.r = 4;
+  l.target_modules = {"all-linear"};
+  l.base_format = rp::WeightFormat::q8_0;
+  spec.lora = l;
+  rp::ModelSource src = rp::ModelSource::open(tiny_model(d).string());
+  rp::RunWeights w = rp::lora_run_weights(spec, src, "");
+  for (size_t g = size_t(w.layout.num_layers()); g < w.trainable.size(); ++g)  // non-zero B: the fold matters
+    for (size_t i = 0; i < w.trainable[g].size(); ++i) w.trainable[g][i] = 0.01f * float(int(i % 7) - 3);
+  rp::SessionOptions o;
+  o.backend = "cpu";
+  o.workers = 1;
+  o.micro = {1, 8};
+  rp::Session session(w.layout, std::move(w.trainable), std::move(w.frozen), o);
+  const rp::PlainModel m = rp::merged_model(session);
+  const std::vector<std::vector<float>> all = rp::all_group_weights(session);
+  std::vector<const float*> ptrs;
+  for (const auto& g : all) ptrs.push_back(g.data());
+  const rp::MergedWeights want = rp::merge_adapters(session.layout(), ptrs);
+  ASSERT_EQ(m.groups.size(), want.groups.size());
+  for (size_t g = 0; g < m.groups.size(); ++g) EXPECT_EQ(m.groups[g], want.groups[g]) << g;
+  EXPECT_NE(m.groups[1], all[1]);  // the adapters changed the decoder weights
+  fs::remove_all(d);
 }
 
 }  // namespace
