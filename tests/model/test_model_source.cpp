@@ -338,6 +338,39 @@ TEST(ModelSource, Q8BlockCopyDiffersFromARequantization) {
   EXPECT_NE(got, requant);
 }
 
+TEST(ModelSource, Q8ExpertStacksAreCopiedAsTheirBlocks) {
+  // llama.cpp's qwen3moe Q8_0 fixture (tests/fixtures/gguf_moe): each expert of a stacked
+  // [E, rows, cols] tensor is a whole run of blocks, copied as it is; its fp32 values are the
+  // stack's dequantized slice
+  const std::string path = std::string(RP_FIXTURES_DIR) + "/gguf_moe/tiny_qwen3_moe.q8_0.gguf";
+  const GgufFile f(path);
+  const ModelSource src = ModelSource::open(path);
+  const int64_t E = src.config().num_experts;
+  int checked = 0;
+  for (const auto& t : f.tensors()) {
+    std::string prefix, suffix;
+    if (!gguf_expert_stack_name(t.name, prefix, suffix)) continue;
+    ASSERT_EQ(t.type, uint32_t(GgmlType::Q8_0)) << t.name;
+    const std::vector<float> all = f.dequantize(t);
+    const size_t per = size_t(t.numel() / E), per_bytes = size_t(t.nbytes / uint64_t(E));
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string name = prefix + std::to_string(e) + suffix;
+      std::vector<uint8_t> got(weight_format_bytes(WeightFormat::q8_0, int64_t(per)));
+      EXPECT_TRUE(src.read_as(name, WeightFormat::q8_0, got.data())) << name;
+      const uint8_t* blocks = f.tensor_data(t) + size_t(e) * per_bytes;
+      EXPECT_EQ(got, std::vector<uint8_t>(blocks, blocks + per_bytes)) << name;
+      const std::vector<float> want(all.begin() + ptrdiff_t(size_t(e) * per), all.begin() + ptrdiff_t(size_t(e + 1) * per));
+      EXPECT_EQ(src.read_f32(name).data, want) << name;
+      std::vector<uint8_t> nf4(weight_format_bytes(WeightFormat::nf4, int64_t(per))), nf4_want(nf4.size());
+      EXPECT_FALSE(src.read_as(name, WeightFormat::nf4, nf4.data())) << name;
+      quantize_weights(WeightFormat::nf4, want.data(), nf4_want.data(), int64_t(per));
+      EXPECT_EQ(nf4, nf4_want) << name;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 2 * 3 * 4);  // 2 layers, gate/up/down, 4 experts
+}
+
 // ---- errors ----------------------------------------------------------------------------
 
 TEST(ModelSource, BadFilesGiveLoadModelsOneLineErrors) {
