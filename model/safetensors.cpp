@@ -158,29 +158,9 @@ const uint8_t* SafetensorsFile::data(const SafetensorsEntry& e) const {
 }
 
 void SafetensorsFile::check_float_dtype(const SafetensorsEntry& e) const {
-  if (e.dtype != "F32" && e.dtype != "BF16" && e.dtype != "F16")
-    throw std::runtime_error(fmt::format("{}: tensor '{}': dtype {} cannot be read as floats (F32, "
-                                         "F16, BF16 only)", path_, e.name, e.dtype));
-}
-
-HostTensor SafetensorsFile::read_f32(const SafetensorsEntry& e) const {
-  check_float_dtype(e);
-  HostTensor t;
-  t.shape = e.shape;
-  const size_t n = size_t(e.numel());
-  t.data.resize(n);
-  const uint8_t* p = data(e);
-  if (e.dtype == "F32") {
-    std::memcpy(t.data.data(), p, n * 4);
-  } else {
-    const bool bf = e.dtype == "BF16";
-    for (size_t i = 0; i < n; ++i) {
-      uint16_t h;
-      std::memcpy(&h, p + 2 * i, 2);
-      t.data[i] = bf ? bf16_to_f32(h) : f16_to_f32(h);
-    }
-  }
-  return t;
+  SafetensorsEntry empty = e;  // read_f32's dtype dispatch on no elements: its error, or nothing
+  empty.shape = {0};
+  read_f32(empty);
 }
 
 void SafetensorsFile::release(const SafetensorsEntry& e) const {
@@ -188,6 +168,28 @@ void SafetensorsFile::release(const SafetensorsEntry& e) const {
   const uintptr_t lo = uintptr_t(data(e)) / page * page;
   const uintptr_t hi = std::min(uintptr_t(map_ + size_), (uintptr_t(data(e)) + (e.end - e.begin) + page - 1) / page * page);
   if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);  // advisory: failure changes nothing
+}
+
+HostTensor SafetensorsFile::read_f32(const SafetensorsEntry& e) const {
+  HostTensor t;
+  t.shape = e.shape;
+  const size_t n = size_t(e.numel());
+  t.data.resize(n);
+  const uint8_t* p = data(e);
+  if (e.dtype == "F32") {
+    std::memcpy(t.data.data(), p, n * 4);
+  } else if (e.dtype == "BF16" || e.dtype == "F16") {
+    const bool bf = e.dtype == "BF16";
+    for (size_t i = 0; i < n; ++i) {
+      uint16_t h;
+      std::memcpy(&h, p + 2 * i, 2);
+      t.data[i] = bf ? bf16_to_f32(h) : f16_to_f32(h);
+    }
+  } else {
+    throw std::runtime_error(fmt::format("{}: tensor '{}': dtype {} cannot be read as floats (F32, "
+                                         "F16, BF16 only)", path_, e.name, e.dtype));
+  }
+  return t;
 }
 
 namespace {

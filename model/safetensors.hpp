@@ -40,6 +40,12 @@ class SafetensorsFile {
   const std::string& path() const { return path_; }
   /// Entries in file order (sorted by data offset).
   const std::vector<SafetensorsEntry>& entries() const { return entries_; }
+  /// Throws read_f32's error when `e`'s dtype cannot be read as floats.
+  void check_float_dtype(const SafetensorsEntry& e) const;
+  /// Drops the mapped pages of `e` from this process's resident set (the kernel's page cache
+  /// keeps them; a later read maps them again), so reading a model tensor by tensor does not
+  /// leave the whole file counted in the process's memory.
+  void release(const SafetensorsEntry& e) const;
   /// Entry `name` or nullptr.
   const SafetensorsEntry* find(const std::string& name) const;
   /// The "__metadata__" object (string -> string), or an empty object.
@@ -49,12 +55,6 @@ class SafetensorsFile {
   /// `e` converted to fp32 (F32, F16, BF16 only; others throw std::runtime_error naming
   /// the file and tensor).
   HostTensor read_f32(const SafetensorsEntry& e) const;
-  /// Throws read_f32's error when `e`'s dtype cannot be read as floats.
-  void check_float_dtype(const SafetensorsEntry& e) const;
-  /// Drops the mapped pages of `e` from this process's resident set (the kernel's page cache
-  /// keeps them; a later read maps them again), so reading a model tensor by tensor does not
-  /// leave the whole file counted in the process's memory.
-  void release(const SafetensorsEntry& e) const;
 
  private:
   std::string path_;
