@@ -14,6 +14,8 @@
 
 #include "model/config.hpp"
 #include "model/gguf.hpp"
+#include "model/gpt_oss_hf.hpp"
+#include "model/safetensors.hpp"
 #include "model/tokenizer_export.hpp"
 #include "base/atomic_file.hpp"
 
@@ -185,12 +187,14 @@ LoadedModel load_hf_dir(const std::string& path) {
     for (const auto& e : fs::directory_iterator(dir, ec))
       if (e.path().extension() == ".safetensors") bytes += e.file_size(ec);
     if (bytes > 0)  // none: load_safetensors names the missing file
-      check_weights_fit_files(m.config, bytes, 2.0, (dir / "config.json").string(), "num_hidden_layers");
+      check_weights_fit_files(m.config, bytes, m.config.gpt_oss() ? 0.5 : 2.0,  // MXFP4 experts: 4.25 bits
+                              (dir / "config.json").string(), "num_hidden_layers");
     check_host_memory_to_load(m.config, (dir / "config.json").string());
   }
   std::string where = (dir / "model.safetensors.index.json").string();
   if (!fs::exists(where, ec)) where = (dir / "model.safetensors").string();
   m.tensors = load_safetensors(path);
+  if (m.config.gpt_oss()) gpt_oss_experts_from_hf(m, where);  // stacked (or MXFP4) -> per expert
   check_tensors(m, make_layout(m.config), where);
   const fs::path tj = dir / "tokenizer.json";
   if (fs::exists(tj, ec)) m.tokenizer_json = read_json(tj.string());
@@ -270,9 +274,13 @@ void save_hf_checkpoint(const std::string& dir_in, const ModelLayout& layout,
     write_text(tmp / "generation_config.json", dump_json(gen, tmp / "generation_config.json"));
 
     std::vector<TensorRef> refs;
+    GptOssHfExperts experts;  // GPT-OSS: the experts in HF's stacked, interleaved form
+    if (c.gpt_oss()) experts = gpt_oss_experts_to_hf(layout, group_data);
     for (size_t g = 0; g < layout.groups.size(); ++g)
       for (const auto& t : layout.groups[g].tensors)
-        refs.push_back({t.name, t.shape, group_data[g] ? group_data[g] + t.offset : nullptr});
+        if (!c.gpt_oss() || !is_gpt_oss_expert_name(t.name))
+          refs.push_back({t.name, t.shape, group_data[g] ? group_data[g] + t.offset : nullptr});
+    refs.insert(refs.end(), experts.tensors.begin(), experts.tensors.end());
     save_safetensors_sharded(tmp.string(), refs, dtype, uint64_t(5) * 1000 * 1000 * 1000);
 
     if (!tokenizer_json.is_null())
