@@ -10,10 +10,12 @@
 // Frozen-weight dequantization (Ops::dequantize) is measured for each storage form on 50M
 // values into the compute dtype: GB/s of storage read, of output written, and both.
 //
-// The mixture-of-experts ops are measured at Qwen3-30B-A3B shapes (moe_rows below).
+// The mixture-of-experts ops are measured at Qwen3-30B-A3B shapes (moe_rows below), GPT-OSS's
+// attention variants (sliding window 128, sinks) at 8 x 4096 tokens, 64/8 heads, D=64
+// (attention_variants below).
 //
-//   bench_cuda_ops_bench [--quick] [--dequant] [--moe]   (--dequant / --moe: the ceilings and
-//                                                         that section only)
+//   bench_cuda_ops_bench [--quick] [--dequant] [--moe] [--gptoss]   (--dequant / --moe /
+//                                             --gptoss: the ceilings and that section only)
 //
 // Timing: each op is issued R times back to back on the compute stream, then the stream
 // is synchronised; the time per call is the median over 5 such trials, after warm-up.
@@ -49,7 +51,7 @@ struct Env {
   Ops* ops = nullptr;
   std::vector<DeviceBuffer> keep;
   double peak_tflops = 0, peak_gbs = 0;
-  bool quick = false, dequant_only = false, moe_only = false;
+  bool quick = false, dequant_only = false, moe_only = false, gptoss_only = false;
 };
 
 void* buffer(Env& e, int64_t n, DType t) {
@@ -276,6 +278,50 @@ size_t count_nonfinite_bf16(Env& e, const void* p, int64_t n) {
   return bad;
 }
 
+// GPT-OSS attention (Ops::attention_fwd_v / attention_bwd_v) at 8 sequences of 4096 tokens,
+// 64 query / 8 kv heads, head_dim 64: plain causal, causal with sinks, window 128 with and
+// without sinks (impl 0: tensor cores; impl 1: the row kernels). FLOPs count the visible keys
+// only: 4*D*nq per (row, visible key) forward, 2.5x that backward.
+void attention_variants(Env& e, int R) {
+  Ops& ops = *e.ops;
+  const DType bf = DType::bf16, f32 = DType::f32;
+  const int64_t S = 8, L = 4096, nq = 64, nkv = 8, D = 64, T = S * L;
+  const float scale = 0.125f;
+  void* q = rand_buffer(e, T * nq * D, bf, 1.f, 130);
+  void* k = rand_buffer(e, T * nkv * D, bf, 1.f, 131);
+  void* v = rand_buffer(e, T * nkv * D, bf, 1.f, 132);
+  void* dout = rand_buffer(e, T * nq * D, bf, 1.f, 133);
+  void* sinks = rand_buffer(e, nq, bf, 1.f, 134);
+  float* dsinks = static_cast<float*>(buffer(e, nq, f32));
+  void *out = buffer(e, T * nq * D, bf), *dq = buffer(e, T * nq * D, bf);
+  void *dk = buffer(e, T * nkv * D, bf), *dv = buffer(e, T * nkv * D, bf);
+  float* lse = static_cast<float*>(buffer(e, S * nq * L, f32));
+  void* scratch = buffer(e, int64_t(Ops::attention_scratch_bytes(S, L, nq, nkv, D) + 3) / 4, DType::i32);
+  std::printf("\n-- GPT-OSS attention variants (8 x 4096 tokens, 64/8 heads, D=64) --\n");
+  for (int64_t window : {int64_t(0), int64_t(128)})
+    for (bool with_sinks : {false, true})
+      for (int impl : {0, 1}) {
+        if (impl == 1 && window == 0) continue;  // the row kernels at full causal length: too slow to matter
+        Ops::AttentionVariant var;
+        var.window = window;
+        var.sinks = with_sinks ? sinks : nullptr;
+        var.dsinks = with_sinks ? dsinks : nullptr;
+        const double keys = window ? double(window) * L - double(window) * (window - 1) / 2 : double(L) * (L + 1) / 2;
+        const double fl = 4.0 * D * nq * S * keys;
+        const std::string tag = std::string(window ? " w=128" : " causal") + (with_sinks ? " +sinks" : "") +
+                                (impl == 1 ? " [rows]" : "");
+        rp::cuda::set_attention_impl(ops, impl);
+        line(e, "attention_fwd_v" + tag, "8x4096 64/8 heads D=64",
+             time_op(e, [&](int) { ops.attention_fwd_v(q, k, v, out, lse, S, L, nq, nkv, D, scale, var, scratch); }, R),
+             fl, 0);
+        line(e, "attention_bwd_v" + tag, "8x4096 64/8 heads D=64", time_op(e, [&](int) {
+               ops.attention_bwd_v(q, k, v, out, lse, dout, dq, dk, dv, S, L, nq, nkv, D, scale, var, scratch);
+             }, R), 2.5 * fl, 0);
+      }
+  rp::cuda::set_attention_impl(ops, 0);
+  e.keep.clear();
+}
+
 // Causal attention with 32 query heads at L = 8192, D = 128 for nkv = 32, 16, 8, 4, 2.
 void attention_by_gqa_ratio(Env& e, int R) {
   Ops& ops = *e.ops;
@@ -368,6 +414,7 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--quick") == 0) e.quick = true;
     else if (std::strcmp(argv[i], "--dequant") == 0) e.dequant_only = true;
     else if (std::strcmp(argv[i], "--moe") == 0) e.moe_only = true;
+    else if (std::strcmp(argv[i], "--gptoss") == 0) e.gptoss_only = true;
   if (cuda_device_count() == 0) {
     std::printf("no CUDA device visible: nothing to measure\n");
     return 0;
@@ -409,6 +456,12 @@ int main(int argc, char** argv) {
     moe_rows(e, R);
     return 0;
   }
+#ifdef RP_HAVE_CUDA
+  if (e.gptoss_only) {
+    attention_variants(e, R);
+    return 0;
+  }
+#endif
 
   // ---- GEMMs (the decoder layer's projections) ------------------------------------------
   {
@@ -473,6 +526,7 @@ int main(int argc, char** argv) {
   }
 #ifdef RP_HAVE_CUDA
   attention_by_gqa_ratio(e, R);
+  attention_variants(e, R);
 #endif
 
   // ---- memory-bound ops (4 rotating input sets) --------------------------------------------

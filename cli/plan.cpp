@@ -174,7 +174,7 @@ std::optional<ModelLayout> run_layout(const PlanCommandOptions& o) {
       f = parse_weight_format(o.frozen);
     } catch (const std::invalid_argument&) {
       throw std::invalid_argument(
-          fmt::format("--frozen: expected f32, bf16, f16, q8_0, q4_0 or nf4, got '{}'", o.frozen));
+          fmt::format("--frozen: expected f32, bf16, f16, q8_0, q4_0, nf4 or mxfp4, got '{}'", o.frozen));
     }
   }
   std::error_code ec;

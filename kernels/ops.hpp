@@ -273,27 +273,27 @@ class Ops {
   /// Same shapes, lse layout and scratch contract (attention_scratch_bytes).
   virtual void attention_fwd_v(const void* q, const void* k, const void* v, void* o, float* lse,
                                int64_t n_seq, int64_t seq_len, int64_t nq, int64_t nkv, int64_t D,
-                               float scale, const AttentionVariant& var, void* scratch) { unimplemented("attention_fwd_v"); }
+                               float scale, const AttentionVariant& var, void* scratch) = 0;
   /// Backward of attention_fwd_v (the recurrences of attention_bwd over the same keys; lse
   /// from attention_fwd_v); dq, dk, dv overwritten, dsinks accumulated.
   virtual void attention_bwd_v(const void* q, const void* k, const void* v, const void* o,
                                const float* lse, const void* dout, void* dq, void* dk, void* dv,
                                int64_t n_seq, int64_t seq_len, int64_t nq, int64_t nkv, int64_t D,
-                               float scale, const AttentionVariant& var, void* scratch) { unimplemented("attention_bwd_v"); }
+                               float scale, const AttentionVariant& var, void* scratch) = 0;
   /// attention_decode with var's window and sinks (var.pos and var.dsinks must be null):
   /// query row i (token past+i) sees cache rows j with past+i - window < j <= past+i.
   virtual void attention_decode_v(const void* q, const void* k_cache, const void* v_cache, void* o,
                                   int64_t past, int64_t n, int64_t nq, int64_t nkv, int64_t D, float scale,
-                                  const AttentionVariant& var) { unimplemented("attention_decode_v"); }
+                                  const AttentionVariant& var) = 0;
 
   /// Adds a per-group bias (linear and expert biases of GPT-OSS; E = 1 with offsets_host =
   /// {0, R} is a plain linear bias): y[r,:] += b[e,:] for rows r in
   /// [offsets_host[e], offsets_host[e+1]), b [E,N] in dtype(), y [R,N].
   virtual void grouped_bias_fwd(void* y, const void* b, const int32_t* offsets_host, int64_t E,
-                                int64_t N) { unimplemented("grouped_bias_fwd"); }
+                                int64_t N) = 0;
   /// db[e,:] += sum of dy[r,:] over the rows of group e (db [E,N] in grad_dtype(), fp32 sums).
   virtual void grouped_bias_bwd(const void* dy, void* db, const int32_t* offsets_host, int64_t E,
-                                int64_t N) { unimplemented("grouped_bias_bwd"); }
+                                int64_t N) = 0;
 
   // ---- SwiGLU MLP activation (Shazeer 2020, "GLU Variants Improve Transformer") ----
   /// h = silu(g) * u, silu(z) = z * sigmoid(z), n elements.
@@ -305,11 +305,14 @@ class Ops {
   /// GPT-OSS's clamped SwiGLU (HF GptOssExperts): gc = min(g, limit),
   /// uc = clamp(u, -limit, limit), h = (uc + 1) * gc * sigmoid(alpha * gc), n elements.
   virtual void swiglu_clamped_fwd(const void* g, const void* u, void* h, int64_t n, float alpha,
-                                  float limit) { unimplemented("swiglu_clamped_fwd"); }
-  /// Backward of swiglu_clamped_fwd (clamp passes the gradient where its input lies inside
-  /// [min, max], bounds included, as torch.clamp): dg, du overwritten.
+                                  float limit) = 0;
+  /// Backward of swiglu_clamped_fwd, dg, du overwritten. The clamps pass the gradient only
+  /// where their input lies strictly inside the bounds (g < limit; -limit < u < limit), as
+  /// torch.clamp's backward does (torch 2.x gives 0 at x == max and at x == min):
+  ///   s = sigmoid(alpha*gc), dg = [g < limit] * dh * (uc+1) * (s + alpha*gc*s*(1-s)),
+  ///   du = [-limit < u < limit] * dh * gc * s.
   virtual void swiglu_clamped_bwd(const void* g, const void* u, const void* dh, void* dg, void* du,
-                                  int64_t n, float alpha, float limit) { unimplemented("swiglu_clamped_bwd"); }
+                                  int64_t n, float alpha, float limit) = 0;
 
   // ---- mixture of experts (Shazeer et al. 2017; HF Qwen3MoeSparseMoeBlock) -------------
   // A sparse MLP block routes each of T tokens to k of E experts: the router's logits

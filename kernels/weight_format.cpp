@@ -31,6 +31,10 @@ const float kNf4[16] = {-1.0f,
                         0.7229568362236023f,
                         1.0f};
 
+const float kMxfp4[16] = {0.f, 1.f, 2.f, 3.f, 4.f, 6.f, 8.f, 12.f, 0.f, -1.f, -2.f, -3.f, -4.f, -6.f, -8.f, -12.f};
+
+float mxfp4_scale(uint8_t e) { return std::ldexp(1.0f, int(e) - 128); }
+
 const char* weight_format_name(WeightFormat f) {
   switch (f) {
     case WeightFormat::f32: return "f32";
@@ -39,6 +43,7 @@ const char* weight_format_name(WeightFormat f) {
     case WeightFormat::q8_0: return "q8_0";
     case WeightFormat::q4_0: return "q4_0";
     case WeightFormat::nf4: return "nf4";
+    case WeightFormat::mxfp4: return "mxfp4";
   }
   return "?";
 }
@@ -47,15 +52,17 @@ WeightFormat parse_weight_format(const std::string& s) {
   std::string t;
   for (char c : s) t += char(std::tolower(static_cast<unsigned char>(c)));
   for (WeightFormat f : {WeightFormat::f32, WeightFormat::bf16, WeightFormat::f16, WeightFormat::q8_0,
-                         WeightFormat::q4_0, WeightFormat::nf4})
+                         WeightFormat::q4_0, WeightFormat::nf4, WeightFormat::mxfp4})
     if (t == weight_format_name(f)) return f;
-  throw std::invalid_argument(fmt::format("'{}' is not a weight format (expected f32, bf16, f16, q8_0, q4_0 or nf4)", s));
+  throw std::invalid_argument(
+      fmt::format("'{}' is not a weight format (expected f32, bf16, f16, q8_0, q4_0, nf4 or mxfp4)", s));
 }
 
 int64_t weight_format_block(WeightFormat f) {
   switch (f) {
     case WeightFormat::q8_0:
-    case WeightFormat::q4_0: return 32;
+    case WeightFormat::q4_0:
+    case WeightFormat::mxfp4: return 32;
     case WeightFormat::nf4: return 64;
     default: return 1;
   }
@@ -73,8 +80,10 @@ size_t weight_format_bytes(WeightFormat f, int64_t n) {
     case WeightFormat::q8_0: return size_t(n / 32) * 34;
     case WeightFormat::q4_0: return size_t(n / 32) * 18;
     case WeightFormat::nf4: return size_t(n / 64) * 36;
+    case WeightFormat::mxfp4: return size_t(n / 32) * 17;
   }
-  throw std::invalid_argument(fmt::format("weight format {} is unknown (expected f32, bf16, f16, q8_0, q4_0 or nf4)", int(f)));
+  throw std::invalid_argument(
+      fmt::format("weight format {} is unknown (expected f32, bf16, f16, q8_0, q4_0, nf4 or mxfp4)", int(f)));
 }
 
 namespace {
@@ -95,6 +104,25 @@ float get_f16(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
   return f16_to_f32(h);
+}
+
+// ggml's best_index_mxfp4: the code whose value times d is nearest to x (first on ties).
+uint8_t nearest_mxfp4(float x, float d) {
+  int best = 0;
+  float err = std::fabs(kMxfp4[0] * d - x);
+  for (int i = 1; i < 16; ++i)
+    if (float e = std::fabs(kMxfp4[i] * d - x); e < err) err = e, best = i;
+  return uint8_t(best);
+}
+
+// ggml's quantize_row_mxfp4_ref for one block of 32 values (exponent clamped into [0, 254]).
+void quantize_mxfp4_block(const float* x, uint8_t* out) {
+  float amax = 0;
+  for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const int e = amax > 0 ? std::clamp(int(std::floor(std::log2(amax))) - 2 + 127, 0, 254) : 0;
+  out[0] = uint8_t(e);
+  const float d = mxfp4_scale(uint8_t(e));
+  for (int i = 0; i < 16; ++i) out[1 + i] = uint8_t(nearest_mxfp4(x[i], d) | (nearest_mxfp4(x[i + 16], d) << 4));
 }
 
 }  // namespace
@@ -137,6 +165,9 @@ void quantize_weights(WeightFormat f, const float* src, void* dst, int64_t n) {
         for (int i = 0; i < 32; ++i)
           out[4 + i] = uint8_t((nearest_nf4(src[2 * i] * inv) << 4) | nearest_nf4(src[2 * i + 1] * inv));
       }
+      return;
+    case WeightFormat::mxfp4:
+      for (int64_t b = 0; b < n / 32; ++b, src += 32, out += 17) quantize_mxfp4_block(src, out);
       return;
   }
 }
@@ -181,6 +212,32 @@ void dequantize_weights(WeightFormat f, const void* src, float* dst, int64_t n) 
         }
       }
       return;
+    case WeightFormat::mxfp4:
+      for (int64_t b = 0; b < n / 32; ++b, in += 17, dst += 32) {
+        const float d = mxfp4_scale(in[0]);
+        for (int i = 0; i < 16; ++i) {
+          dst[i] = kMxfp4[in[1 + i] & 15] * d;
+          dst[i + 16] = kMxfp4[in[1 + i] >> 4] * d;
+        }
+      }
+      return;
+  }
+}
+
+void mxfp4_from_hf(const uint8_t* blocks, const uint8_t* scales, int64_t rows, int64_t groups, void* dst) {
+  if (rows < 0 || groups < 0)
+    throw std::invalid_argument(fmt::format("mxfp4_from_hf: negative size (rows {}, groups {})", rows, groups));
+  const int64_t nb = rows * groups;
+  if (nb > 0 && (blocks == nullptr || scales == nullptr || dst == nullptr))
+    throw std::invalid_argument("mxfp4_from_hf: null blocks, scales or destination");
+  auto* out = static_cast<uint8_t*>(dst);
+  for (int64_t b = 0; b < nb; ++b, blocks += 16, out += 17) {
+    // HF: value v is nibble (v & 1) of byte v / 2; ours: value j < 16 is the low nibble of
+    // qs[j], value j + 16 its high nibble. The codes are the same (kMxfp4 = 2 * FP4_VALUES
+    // and 2^(e-128) = 2^(scale-127) / 2).
+    auto code = [&](int v) { return (blocks[v / 2] >> (4 * (v & 1))) & 15; };
+    out[0] = scales[b];
+    for (int j = 0; j < 16; ++j) out[1 + j] = uint8_t(code(j) | (code(j + 16) << 4));
   }
 }
 

@@ -12,6 +12,17 @@
 //                    of 64 values {f32 absmax; uint8 q[32]}, x = kNf4[q] * absmax, value 2i in
 //                    the high nibble of q[i] and 2i+1 in the low one, q the index of the code
 //                    nearest to x / absmax (36 bytes per 64 values, 0.5625 bytes per value).
+//   mxfp4          : OCP Microscaling Formats (MX) spec v1.0, MXFP4 (FP4 E2M1 elements, one E8M0
+//                    scale per 32), laid out as ggml's block_mxfp4: blocks of 32 values
+//                    {uint8 e; uint8 qs[16]}, values 0..15 in the low nibbles and 16..31 in the
+//                    high nibbles, x = kMxfp4[q] * 2^(e-128) (kMxfp4 = twice the E2M1 values,
+//                    so this is E2M1(q) * 2^(e-127), the spec's X = 2^(E-127) * P). Every value
+//                    is an exact fp32 product (2^(e-128) is subnormal for e < 2; e = 255, the
+//                    spec's NaN scale, is not special-cased: it decodes to 2^127 * kMxfp4[q],
+//                    +-inf for |code| >= 2). Quantized as ggml's quantize_row_mxfp4_ref:
+//                    e = floor(log2(absmax)) - 2 + 127 (0 for an all-zero block, clamped to
+//                    [0, 254]), q the code nearest to x / 2^(e-128) (first on ties; values
+//                    beyond 12 * 2^(e-128) saturate) (17 bytes per 32 values).
 // Quantized formats need the element count to be a multiple of the block.
 #pragma once
 #include <cstddef>
@@ -22,7 +33,7 @@
 
 namespace rp {
 
-/// "f32", "bf16", "f16", "q8_0", "q4_0", "nf4".
+/// "f32", "bf16", "f16", "q8_0", "q4_0", "nf4", "mxfp4".
 const char* weight_format_name(WeightFormat f);
 /// Parses the names above (case-insensitive); throws std::invalid_argument naming the text.
 WeightFormat parse_weight_format(const std::string& s);
@@ -31,18 +42,37 @@ int64_t weight_format_block(WeightFormat f);
 /// Bytes of n values in format f; throws std::invalid_argument when n is negative or not a
 /// multiple of the block, or f is none of the formats above.
 size_t weight_format_bytes(WeightFormat f, int64_t n);
-/// True for q8_0, q4_0, nf4.
+/// True for q8_0, q4_0, nf4, mxfp4.
 inline bool weight_format_quantized(WeightFormat f) {
-  return f == WeightFormat::q8_0 || f == WeightFormat::q4_0 || f == WeightFormat::nf4;
+  return f == WeightFormat::q8_0 || f == WeightFormat::q4_0 || f == WeightFormat::nf4 || f == WeightFormat::mxfp4;
 }
 
 /// The 16 NF4 code values (normal quantiles scaled to [-1, 1], with an exact 0).
 extern const float kNf4[16];
+/// The 16 MXFP4 code values as ggml's kvalues_mxfp4: {0,1,2,3,4,6,8,12, 0,-1,-2,-3,-4,-6,-8,-12}
+/// (twice the FP4 E2M1 values; code 8 is E2M1's -0, decoded as +0).
+extern const float kMxfp4[16];
+/// 2^(e-128) as fp32 (exact, subnormal for e < 2): the factor of an mxfp4 block's codes.
+float mxfp4_scale(uint8_t e);
 
 /// Host: n fp32 values into format f at dst (weight_format_bytes(f, n) bytes). Throws
 /// std::invalid_argument for n not a multiple of the block.
 void quantize_weights(WeightFormat f, const float* src, void* dst, int64_t n);
 /// Host reference of Ops::dequantize: n values of format f into fp32.
 void dequantize_weights(WeightFormat f, const void* src, float* dst, int64_t n);
+
+/// Converts Hugging Face GPT-OSS MXFP4 tensors (transformers/integrations/mxfp4.py, the
+/// checkpoint's `*_blocks` and `*_scales`) into mxfp4 storage, exactly (same codes, same
+/// exponents; only the nibble order differs):
+///   blocks uint8 [rows, G, 16]: value 2i of a group is the LOW nibble of byte i, 2i+1 the high;
+///   scales uint8 [rows, G]: value = FP4_VALUES[nibble] * 2^(scale-127),
+///   FP4_VALUES = {+0,+0.5,+1,+1.5,+2,+3,+4,+6,-0,-0.5,-1,-1.5,-2,-3,-4,-6}.
+/// rows is the product of the leading dimensions (e.g. experts * out_features for the stacked
+/// expert weights [E, N, G, 16]); row r's G*32 values, in order, become G mxfp4 blocks at
+/// dst + (r*G + g) * 17 (weight_format_bytes(mxfp4, rows*G*32) bytes). This is the [E, N, K]
+/// (out, in) order of convert_moe_packed_tensors before its final transpose(1, 2), i.e. the
+/// layout of Ops::grouped_linear_fwd's stacked weights. Throws std::invalid_argument for
+/// negative sizes or null pointers with rows*G > 0.
+void mxfp4_from_hf(const uint8_t* blocks, const uint8_t* scales, int64_t rows, int64_t groups, void* dst);
 
 }  // namespace rp

@@ -89,6 +89,22 @@ class CpuOps final : public Ops {
   void attention_decode(const void* q, const void* k_cache, const void* v_cache, void* o, int64_t past, int64_t n,
                         int64_t nq, int64_t nkv, int64_t D, float scale) override;
 
+  // GPT-OSS (attention variants, per-expert bias, clamped SwiGLU)
+  void attention_fwd_v(const void* q, const void* k, const void* v, void* o, float* lse, int64_t n_seq,
+                       int64_t seq_len, int64_t nq, int64_t nkv, int64_t D, float scale, const AttentionVariant& var,
+                       void* scratch) override;
+  void attention_bwd_v(const void* q, const void* k, const void* v, const void* o, const float* lse,
+                       const void* dout, void* dq, void* dk, void* dv, int64_t n_seq, int64_t seq_len, int64_t nq,
+                       int64_t nkv, int64_t D, float scale, const AttentionVariant& var, void* scratch) override;
+  void attention_decode_v(const void* q, const void* k_cache, const void* v_cache, void* o, int64_t past,
+                          int64_t n, int64_t nq, int64_t nkv, int64_t D, float scale,
+                          const AttentionVariant& var) override;
+  void grouped_bias_fwd(void* y, const void* b, const int32_t* offsets_host, int64_t E, int64_t N) override;
+  void grouped_bias_bwd(const void* dy, void* db, const int32_t* offsets_host, int64_t E, int64_t N) override;
+  void swiglu_clamped_fwd(const void* g, const void* u, void* h, int64_t n, float alpha, float limit) override;
+  void swiglu_clamped_bwd(const void* g, const void* u, const void* dh, void* dg, void* du, int64_t n, float alpha,
+                          float limit) override;
+
   void swiglu_fwd(const void* g, const void* u, void* h, int64_t n) override;
   void swiglu_bwd(const void* g, const void* u, const void* dh, void* dg, void* du,
                   int64_t n) override;

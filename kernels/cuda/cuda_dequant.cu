@@ -3,7 +3,7 @@
 // twin dequantize_weights() computes it (one product of the same two fp32 factors) and
 // rounded once (round-to-nearest-even), so results equal the host's bit for bit.
 //
-// Quantized formats (q8_0, q4_0, nf4): one thread block per tile of kTile outputs. The tile's
+// Quantized formats (q8_0, q4_0, nf4, mxfp4): one thread block per tile of kTile outputs. The tile's
 // storage bytes are staged in shared memory with 16-byte loads (byte loads only for the up
 // to 15 bytes before the first and after the last 16-byte boundary, so a tensor may start
 // at any byte offset of its group's storage); then each thread turns 8 consecutive values
@@ -23,6 +23,7 @@ constexpr int kPer = 8;    // outputs per thread and step
 constexpr int kSteps = 4;  // steps per tile
 constexpr int kTile = kThreads * kPer * kSteps;  // 8192 outputs per tile
 
+// The 16 code values of a 4-bit format (kNf4 or kMxfp4), staged in shared memory.
 struct Nf4Table {
   float v[16];
 };
@@ -66,6 +67,19 @@ struct Nf4 {
       o[2 * k] = lut[q[k] >> 4] * amax;
       o[2 * k + 1] = lut[q[k] & 15] * amax;
     }
+  }
+};
+
+struct Mxfp4 {
+  static constexpr int kVals = 32, kBytes = 17;  // {uint8 e; uint8 qs[16]}: 0..15 low, 16..31 high
+  __device__ static void decode(const uint8_t* b, int part, const float* lut, float (&o)[kPer]) {
+    // 2^(e-128) exactly: the exponent field e-1 for e >= 2, the subnormals 2^-128, 2^-127 below
+    const uint32_t e = b[0];
+    const float d = __uint_as_float(e >= 2 ? (e - 1) << 23 : 0x00200000u << e);
+    const uint8_t* q = b + 1 + kPer * (part & 1);
+    const int shift = part >= 2 ? 4 : 0;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) o[k] = lut[(q[k] >> shift) & 15] * d;
   }
 };
 
@@ -120,7 +134,8 @@ __global__ void __launch_bounds__(kThreads) dequant_blocks_kernel(const uint8_t*
 template <class F, typename T>
 void launch_blocks(const void* src, T* dst, int64_t n, cudaStream_t st) {
   Nf4Table tab;
-  for (int i = 0; i < 16; ++i) tab.v[i] = kNf4[i];
+  const float* codes = std::is_same_v<F, Mxfp4> ? kMxfp4 : kNf4;
+  for (int i = 0; i < 16; ++i) tab.v[i] = codes[i];
   const int64_t nblocks = n / F::kVals;
   const unsigned grid = grid_for(nblocks, kTile / F::kVals);
   const auto* s = static_cast<const uint8_t*>(src);
@@ -203,6 +218,7 @@ void k_dequantize(WeightFormat f, DType dst_t, const void* src, void* dst, int64
     case WeightFormat::q8_0: return blocks(static_cast<Q8_0*>(nullptr));
     case WeightFormat::q4_0: return blocks(static_cast<Q4_0*>(nullptr));
     case WeightFormat::nf4: return blocks(static_cast<Nf4*>(nullptr));
+    case WeightFormat::mxfp4: return blocks(static_cast<Mxfp4*>(nullptr));
   }
   throw std::invalid_argument("dequantize: unknown weight format " + std::to_string(int(f)));
 }

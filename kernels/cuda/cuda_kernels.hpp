@@ -116,6 +116,47 @@ void k_attention_packed_bwd(DType t, const void* q, const void* k, const void* v
                             int64_t L, int64_t nq, int64_t nkv, int64_t D, float scale, void* scratch,
                             cudaStream_t st);
 
+// ---- GPT-OSS (cuda_gptoss.cu; CPU twin kernels/cpu/cpu_gptoss.cpp) ---------------------
+/// k_attention_rows_fwd with a sliding window (window > 0: keys j > past + r - window only)
+/// and per-head sink logits (sinks [nq] in t, or null); lse includes the sinks.
+void k_attention_rows_fwd_v(DType t, const void* q, const void* k, const void* v, void* o, float* lse,
+                            const int32_t* pos, const void* sinks, int64_t window, int64_t n_seq, int64_t Lq,
+                            int64_t Lk, int64_t past, int64_t nq, int64_t nkv, int64_t D, float scale,
+                            cudaStream_t st);
+/// di [n_seq, nq, L] fp32 = rowsum(dout * o) per (row, head).
+void k_attention_di(DType t, const void* o, const void* dout, float* di, int64_t n_seq, int64_t L, int64_t nq,
+                    int64_t D, cudaStream_t st);
+/// Backward of k_attention_rows_fwd_v (Lq = Lk = L, past 0) given di (k_attention_di):
+/// dq, dk, dv overwritten. The sinks only enter through lse.
+void k_attention_rows_bwd_v(DType t, const void* q, const void* k, const void* v, const float* lse,
+                            const float* di, const void* dout, const int32_t* pos, void* dq, void* dk, void* dv,
+                            int64_t window, int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D,
+                            float scale, cudaStream_t st);
+/// dsinks[h] (fp32) += -sum_{s,t} exp(sinks[h] - lse[s,h,t]) * di[s,h,t] (deterministic).
+void k_attention_dsinks(DType t, const void* sinks, const float* lse, const float* di, float* dsinks, int64_t n_seq,
+                        int64_t L, int64_t nq, cudaStream_t st);
+/// Tensor-core attention with a window / sinks / packed positions (cuda_attention_variant.cu):
+/// false (nothing enqueued) when the shape or alignment needs the row kernels (head_dim not
+/// 64 or 128, tensors not 16-byte aligned, impl 1 = simple). The backward takes di
+/// (k_attention_di) and dq_acc, [n_seq*L, nq, D] fp32 scratch; dsinks are not computed here.
+bool k_attention_flash_fwd_v(DType t, const void* q, const void* k, const void* v, void* o, float* lse,
+                             const int32_t* pos, const void* sinks, int64_t window, int64_t n_seq, int64_t L,
+                             int64_t nq, int64_t nkv, int64_t D, float scale, int impl, cudaStream_t st);
+bool k_attention_flash_bwd_v(DType t, const void* q, const void* k, const void* v, const float* lse,
+                             const float* di, const void* dout, const int32_t* pos, void* dq, void* dk, void* dv,
+                             float* dq_acc, int64_t window, int64_t n_seq, int64_t L, int64_t nq, int64_t nkv,
+                             int64_t D, float scale, int impl, cudaStream_t st);
+/// Ops::grouped_bias_fwd / grouped_bias_bwd (db fp32; deterministic column sums).
+void k_grouped_bias_fwd(DType t, void* y, const void* b, const int32_t* offsets_host, int64_t E, int64_t N,
+                        cudaStream_t st);
+void k_grouped_bias_bwd(DType t, const void* dy, float* db, const int32_t* offsets_host, int64_t E, int64_t N,
+                        cudaStream_t st);
+/// Ops::swiglu_clamped_fwd / swiglu_clamped_bwd.
+void k_swiglu_clamped_fwd(DType t, const void* g, const void* u, void* h, int64_t n, float alpha, float limit,
+                          cudaStream_t st);
+void k_swiglu_clamped_bwd(DType t, const void* g, const void* u, const void* dh, void* dg, void* du, int64_t n,
+                          float alpha, float limit, cudaStream_t st);
+
 // ---- mixture of experts (cuda_moe.cu; CPU twin kernels/cpu/cpu_moe.cpp) ----------------
 // Shapes and formulas as Ops documents them (kernels/ops.hpp, "mixture of experts"); `t` is
 // the storage type of logits / activations (f32, bf16 or f16). Every float sum runs in a

@@ -158,8 +158,8 @@ void CudaOps::dequantize(WeightFormat f, const void* src, void* dst, int64_t n) 
 
 void CudaOps::dequantize_to(WeightFormat f, DType out_t, const void* src, void* dst, int64_t n) {
   check_n(n, "dequantize");
-  require(int(f) <= int(WeightFormat::nf4), "dequantize",
-          fmt::format("unknown weight format {} (expected f32, bf16, f16, q8_0, q4_0 or nf4)", int(f)).c_str());
+  require(int(f) <= int(WeightFormat::mxfp4), "dequantize",
+          fmt::format("unknown weight format {} (expected f32, bf16, f16, q8_0, q4_0, nf4 or mxfp4)", int(f)).c_str());
   require(out_t == DType::f32 || out_t == DType::bf16 || out_t == DType::f16, "dequantize",
           fmt::format("output dtype {} (expected f32, bf16 or f16)", dtype_name(out_t)).c_str());
   weight_format_bytes(f, n);  // throws std::invalid_argument unless n is a multiple of the block

@@ -28,7 +28,8 @@ namespace {
 using namespace rp::cudatest;
 
 constexpr WeightFormat kFormats[] = {WeightFormat::f32,  WeightFormat::bf16, WeightFormat::f16,
-                                     WeightFormat::q8_0, WeightFormat::q4_0, WeightFormat::nf4};
+                                     WeightFormat::q8_0, WeightFormat::q4_0, WeightFormat::nf4,
+                                     WeightFormat::mxfp4};
 constexpr int64_t kTileValues = 8192;  // outputs per thread block of the quantized kernels
 
 std::vector<uint8_t> quantized(WeightFormat f, const VecF& v) {
@@ -150,10 +151,10 @@ TEST_P(CudaDequant, TinyAndLargeScales) {
 }
 
 // Arbitrary storage bytes (every code, including q8_0's -128 that the quantizer never
-// writes) with finite random scales.
+// writes) with finite random scales (mxfp4: random exponent bytes as well).
 TEST_P(CudaDequant, ArbitraryBlockBytes) {
   std::mt19937 g(7);
-  for (WeightFormat f : {WeightFormat::q8_0, WeightFormat::q4_0, WeightFormat::nf4}) {
+  for (WeightFormat f : {WeightFormat::q8_0, WeightFormat::q4_0, WeightFormat::nf4, WeightFormat::mxfp4}) {
     const int64_t b = weight_format_block(f), n = 301 * b;
     const size_t bb = weight_format_bytes(f, b);
     std::vector<uint8_t> q(weight_format_bytes(f, n));
@@ -161,7 +162,9 @@ TEST_P(CudaDequant, ArbitraryBlockBytes) {
     std::normal_distribution<float> scale(0.f, 0.05f);
     for (size_t blk = 0; blk < q.size() / bb; ++blk) {
       const float s = blk % 7 == 0 ? 0.f : scale(g);
-      if (f == WeightFormat::nf4) {
+      if (f == WeightFormat::mxfp4) {
+        continue;  // every exponent byte is valid (0, 1: subnormal scales; >= 254: infinities)
+      } else if (f == WeightFormat::nf4) {
         std::memcpy(&q[blk * bb], &s, 4);
       } else {
         const uint16_t h = f32_to_f16(s);

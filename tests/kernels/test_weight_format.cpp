@@ -1,5 +1,7 @@
 // Storage forms of frozen weights on the host (kernels/weight_format.hpp): sizes, names, the
-// byte layouts of GGUF Q8_0 / Q4_0 and QLoRA NF4 blocks on hand-computed blocks, round-trip
+// byte layouts of GGUF Q8_0 / Q4_0, QLoRA NF4 and MXFP4 blocks on hand-computed blocks, the
+// conversion of Hugging Face GPT-OSS MXFP4 tensors against transformers' own dequantizer
+// (fixture tests/fixtures/mxfp4_hf, made by its make_fixture.py), round-trip
 // error bounds that follow from each format's definition, and the CPU backend's
 // Ops::dequantize (the twin the CUDA kernels are compared with).
 #include <gtest/gtest.h>
@@ -7,8 +9,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "kernels/dtype.hpp"
@@ -33,7 +38,8 @@ TEST(WeightFormat, NamesBlocksAndBytes) {
   for (auto [f, name, block, bytes64] :
        {std::tuple{WeightFormat::f32, "f32", 1, 256}, std::tuple{WeightFormat::bf16, "bf16", 1, 128},
         std::tuple{WeightFormat::f16, "f16", 1, 128}, std::tuple{WeightFormat::q8_0, "q8_0", 32, 68},
-        std::tuple{WeightFormat::q4_0, "q4_0", 32, 36}, std::tuple{WeightFormat::nf4, "nf4", 64, 36}}) {
+        std::tuple{WeightFormat::q4_0, "q4_0", 32, 36}, std::tuple{WeightFormat::nf4, "nf4", 64, 36},
+        std::tuple{WeightFormat::mxfp4, "mxfp4", 32, 34}}) {
     EXPECT_STREQ(weight_format_name(f), name);
     EXPECT_EQ(parse_weight_format(name), f);
     EXPECT_EQ(weight_format_block(f), block) << name;
@@ -43,6 +49,8 @@ TEST(WeightFormat, NamesBlocksAndBytes) {
   }
   EXPECT_EQ(parse_weight_format("Q4_0"), WeightFormat::q4_0);
   EXPECT_EQ(parse_weight_format("NF4"), WeightFormat::nf4);
+  EXPECT_EQ(parse_weight_format("MXFP4"), WeightFormat::mxfp4);
+  EXPECT_THROW(weight_format_bytes(WeightFormat::mxfp4, 48), std::invalid_argument);
   EXPECT_THROW(parse_weight_format("q4_k"), std::invalid_argument);
   EXPECT_THROW(weight_format_bytes(WeightFormat::q8_0, 33), std::invalid_argument);
   EXPECT_THROW(weight_format_bytes(WeightFormat::nf4, 32), std::invalid_argument);
@@ -129,22 +137,94 @@ TEST(WeightFormat, Nf4Block) {
   EXPECT_EQ(y[63], kNf4[5] * 2.f);
 }
 
+// One MXFP4 block by hand (ggml's quantize_row_mxfp4_ref): amax 6 gives e = floor(log2 6) - 2 +
+// 127 = 127, d = 2^(e-128) = 0.5; x/d is rounded to the nearest of {0,1,2,3,4,6,8,12} with its
+// sign (ties to the first code, saturating at 12); values 0..15 low nibbles, 16..31 high.
+TEST(WeightFormat, Mxfp4BlockLayout) {
+  std::vector<float> x(32, 0.f);
+  x[0] = 6.f;      // 12 * d: code 7
+  x[16] = -0.5f;   // -1 * d: code 9
+  x[1] = 2.6f;     // 5.2 d -> 6 d: code 5
+  x[17] = -7.5f;   // saturates at -12 d: code 15
+  x[2] = 1.25f;    // 2.5 d, a tie of 2 and 3: code 2
+  x[18] = 0.1f;    // 0.2 d -> 0: code 0
+  const auto q = quant(WeightFormat::mxfp4, x);
+  ASSERT_EQ(q.size(), size_t(17));
+  EXPECT_EQ(q[0], 127);
+  EXPECT_EQ(q[1], 0x97);
+  EXPECT_EQ(q[2], 0xF5);
+  EXPECT_EQ(q[3], 0x02);
+  for (int i = 4; i < 17; ++i) EXPECT_EQ(q[size_t(i)], 0) << i;
+  const auto y = dequant(WeightFormat::mxfp4, q, 32);
+  EXPECT_EQ(y[0], 6.f);
+  EXPECT_EQ(y[16], -0.5f);
+  EXPECT_EQ(y[1], 3.f);
+  EXPECT_EQ(y[17], -6.f);
+  EXPECT_EQ(y[2], 1.f);
+  EXPECT_EQ(y[18], 0.f);
+  // the subnormal scales: e = 0 is 2^-128, e = 1 is 2^-127 (exact products)
+  std::vector<uint8_t> b(34, 0);
+  b[0] = 0, b[1] = 0x07;    // value 0: code 7 (12)
+  b[17] = 1, b[18] = 0xF0;  // value 16 of block 2: code 15 (-12)
+  const auto z = dequant(WeightFormat::mxfp4, b, 64);
+  EXPECT_EQ(z[0], std::ldexp(12.f, -128));
+  EXPECT_EQ(z[48], std::ldexp(-12.f, -127));
+  EXPECT_EQ(mxfp4_scale(255), std::ldexp(1.f, 127));
+  EXPECT_EQ(kMxfp4[7], 12.f);
+  EXPECT_EQ(kMxfp4[15], -12.f);
+}
+
+// Hugging Face's GPT-OSS MXFP4 tensors (blocks [E, N, G, 16], scales [E, N, G]) converted into
+// mxfp4 storage dequantize exactly to what transformers' convert_moe_packed_tensors gives
+// (in fp32, before its final transpose).
+TEST(WeightFormat, Mxfp4FromHfMatchesTransformers) {
+  const std::string dir = std::string(RP_FIXTURES_DIR) + "/mxfp4_hf/";
+  auto read = [&](const std::string& name) {
+    std::ifstream in(dir + name, std::ios::binary);
+    EXPECT_TRUE(in.good()) << "cannot open " << dir + name;
+    return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
+  };
+  const auto blocks = read("blocks.bin"), scales = read("scales.bin"), vbytes = read("values.bin");
+  const int64_t rows = 2 * 3, G = 2, n = rows * G * 32;
+  ASSERT_EQ(blocks.size(), size_t(rows * G * 16));
+  ASSERT_EQ(scales.size(), size_t(rows * G));
+  ASSERT_EQ(vbytes.size(), size_t(n) * 4);
+  std::vector<float> want(static_cast<size_t>(n));
+  std::memcpy(want.data(), vbytes.data(), vbytes.size());
+  std::vector<uint8_t> q(weight_format_bytes(WeightFormat::mxfp4, n));
+  mxfp4_from_hf(blocks.data(), scales.data(), rows, G, q.data());
+  const auto got = dequant(WeightFormat::mxfp4, q, n);
+  int64_t nonzero = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(got[size_t(i)], want[size_t(i)]) << "value " << i << " (row " << i / (G * 32) << ")";
+    nonzero += want[size_t(i)] != 0.f;
+  }
+  EXPECT_GT(nonzero, n / 2);  // the fixture is not all zeros
+  for (int64_t b = 0; b < rows * G; ++b) EXPECT_EQ(q[size_t(b * 17)], scales[size_t(b)]);
+  EXPECT_THROW(mxfp4_from_hf(nullptr, scales.data(), 1, 1, q.data()), std::invalid_argument);
+  EXPECT_THROW(mxfp4_from_hf(blocks.data(), scales.data(), -1, 1, q.data()), std::invalid_argument);
+}
+
 // Round trips stay within what each format's definition allows per block.
 TEST(WeightFormat, RoundTripErrorBounds) {
   std::mt19937 g(3);
   std::normal_distribution<float> nd(0.f, 1.f);
   std::vector<float> x(64 * 300);
   for (auto& v : x) v = nd(g);
-  for (WeightFormat f : {WeightFormat::q8_0, WeightFormat::q4_0, WeightFormat::nf4}) {
+  for (WeightFormat f : {WeightFormat::q8_0, WeightFormat::q4_0, WeightFormat::nf4, WeightFormat::mxfp4}) {
     const int64_t b = weight_format_block(f);
     const auto y = dequant(f, quant(f, x), int64_t(x.size()));
     for (size_t blk = 0; blk < x.size() / size_t(b); ++blk) {
       float amax = 0;
       for (int64_t i = 0; i < b; ++i) amax = std::max(amax, std::fabs(x[blk * size_t(b) + size_t(i)]));
       // q8_0: half a step of amax/127 (+ the f16 rounding of the step over 127 steps);
-      // q4_0: one step of amax/8 (the clamped code 16); nf4: half the widest code gap.
-      const float bound = f == WeightFormat::q8_0 ? 0.57f * amax / 127 : f == WeightFormat::q4_0 ? 1.01f * amax / 8
-                                                                                                   : 0.153f * amax;
+      // q4_0: one step of amax/8 (the clamped code 16); nf4: half the widest code gap;
+      // mxfp4 (d = 2^(floor(log2 amax) - 3), so amax < 16d): saturation at 12d, error < 4d.
+      const float mx_bound = 4.f * std::ldexp(1.f, int(std::floor(std::log2(amax))) - 3);
+      const float bound = f == WeightFormat::q8_0   ? 0.57f * amax / 127
+                          : f == WeightFormat::q4_0 ? 1.01f * amax / 8
+                          : f == WeightFormat::nf4  ? 0.153f * amax
+                                                    : mx_bound;
       for (int64_t i = 0; i < b; ++i) {
         const size_t k = blk * size_t(b) + size_t(i);
         ASSERT_LE(std::fabs(y[k] - x[k]), bound) << weight_format_name(f) << " value " << k;
@@ -156,7 +236,7 @@ TEST(WeightFormat, RoundTripErrorBounds) {
 // All-zero blocks give zeros (no division by a zero scale).
 TEST(WeightFormat, ZeroBlocks) {
   const std::vector<float> z(64, 0.f);
-  for (WeightFormat f : {WeightFormat::q8_0, WeightFormat::q4_0, WeightFormat::nf4})
+  for (WeightFormat f : {WeightFormat::q8_0, WeightFormat::q4_0, WeightFormat::nf4, WeightFormat::mxfp4})
     for (float v : dequant(f, quant(f, z), 64)) ASSERT_EQ(v, 0.f) << weight_format_name(f);
 }
 
@@ -166,7 +246,7 @@ TEST(WeightFormat, CpuOpsDequantize) {
   std::vector<float> x(128);
   for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i));
   for (WeightFormat f : {WeightFormat::f32, WeightFormat::bf16, WeightFormat::f16, WeightFormat::q8_0,
-                         WeightFormat::q4_0, WeightFormat::nf4}) {
+                         WeightFormat::q4_0, WeightFormat::nf4, WeightFormat::mxfp4}) {
     const auto q = quant(f, x);
     std::vector<float> y(128, -7.f);
     ops->dequantize(f, q.data(), y.data(), 128);
