@@ -75,9 +75,14 @@ void freeze_group(ModelLayout& m, int g, WeightFormat base) {
     };
     return ends("mlp.gate.weight") || ends("mlp.router.weight");  // Qwen3-MoE / GPT-OSS
   };
+  // mxfp4 is the experts' format (GPT-OSS checkpoints ship them so, and an expert dequantized
+  // from such a checkpoint re-encodes to the same codes): the other matrices stay bf16, as the
+  // checkpoint's attention, router and embeddings do
+  auto is_expert = [](const std::string& n) { return n.find(".mlp.experts.") != std::string::npos; };
   for (TensorSpec& t : grp.tensors) {
     t.format = t.shape.size() == 2 && t.numel() % block == 0 ? base : WeightFormat::f32;
     if (quantized && t.format == base && is_router(t.name)) t.format = WeightFormat::bf16;
+    if (base == WeightFormat::mxfp4 && t.format == base && !is_expert(t.name)) t.format = WeightFormat::bf16;
     t.byte_offset = bytes;
     bytes += int64_t(weight_format_bytes(t.format, t.numel()));
   }

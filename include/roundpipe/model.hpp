@@ -199,7 +199,8 @@ ModelLayout make_layout(const ModelConfig& c);
 ModelLayout make_layout(const ModelConfig& c, const LoraConfig& lora);
 
 /// Marks group g frozen: 2-D tensors whose element count is a multiple of base's block are
-/// stored in `base`, the others in f32; fills TensorSpec::format/byte_offset and
+/// stored in `base`, the others in f32 (a quantized base keeps a router in bf16; mxfp4 applies
+/// to experts' matrices only, the other matrices are bf16); fills TensorSpec::format/byte_offset and
 /// storage_bytes. Throws std::out_of_range for a bad g.
 void freeze_group(ModelLayout& m, int g, WeightFormat base);
 
