@@ -12,6 +12,7 @@
 #include "model/config.hpp"
 #include "model/layout.hpp"
 #include "model/safetensors.hpp"
+#include "kernels/weight_format.hpp"
 #include "tests/model/test_io_util.hpp"
 
 namespace rp::test {
@@ -150,7 +151,8 @@ TEST(IoGptOss, Mxfp4CheckpointLoadsToTheBf16Weights) {
     for (const auto& e : f.entries()) keep.push_back(f.read_f32(e));
     for (size_t i = 0; i < keep.size(); ++i) {
       const auto& e = f.entries()[i];
-      if (e.name == "model.layers.0.mlp.experts.down_proj_scales") keep[i].shape[2] = 1, keep[i].data.resize(size_t(4 * 64));
+      if (e.name == "model.layers.0.mlp.experts.gate_up_proj_scales")  // [4, 64, 2] -> [4, 64, 1]
+        keep[i].shape[2] = 1, keep[i].data.resize(size_t(4 * 64));
       refs.push_back({e.name, keep[i].shape, keep[i].data.data()});
     }
     save_safetensors(tmp / "model.safetensors", refs, DType::f32);
@@ -160,8 +162,36 @@ TEST(IoGptOss, Mxfp4CheckpointLoadsToTheBf16Weights) {
     load_model(tmp.path.string());
     FAIL() << "a misshapen scales tensor loaded";
   } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("down_proj_scales"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("gate_up_proj_scales"), std::string::npos) << e.what();
   }
+}
+
+// A frozen GPT-OSS base in mxfp4 keeps the experts in mxfp4 (the checkpoint's own codes: an
+// expert dequantized from the MXFP4 file re-encodes losslessly) and the attention in bf16.
+TEST(IoGptOss, FrozenMxfp4BaseKeepsTheExpertsExactly) {
+  const LoadedModel a = load_model(kDir + "tiny_gpt_oss_mxfp4");
+  ModelLayout m = make_layout(a.config);
+  freeze_group(m, 2, WeightFormat::mxfp4);
+  const ParamGroup& g = m.groups[2];
+  int experts = 0;
+  for (const TensorSpec& t : g.tensors) {
+    const bool expert_matrix = t.name.find(".mlp.experts.") != std::string::npos && t.shape.size() == 2;
+    if (expert_matrix) {
+      EXPECT_EQ(t.format, WeightFormat::mxfp4) << t.name;
+      const std::vector<float>& w = a.tensors.at(t.name).data;
+      std::vector<uint8_t> q(weight_format_bytes(WeightFormat::mxfp4, t.numel()));
+      std::vector<float> back(w.size());
+      quantize_weights(WeightFormat::mxfp4, w.data(), q.data(), t.numel());
+      dequantize_weights(WeightFormat::mxfp4, q.data(), back.data(), t.numel());
+      EXPECT_EQ(0, std::memcmp(w.data(), back.data(), w.size() * 4)) << t.name;
+      ++experts;
+    } else if (t.shape.size() == 2) {
+      EXPECT_EQ(t.format, WeightFormat::bf16) << t.name;
+    } else {
+      EXPECT_EQ(t.format, WeightFormat::f32) << t.name;
+    }
+  }
+  EXPECT_EQ(experts, 4 * 3);
 }
 
 TEST(IoGptOss, ExportRoundTripsThroughHfNames) {
