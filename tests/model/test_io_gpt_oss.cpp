@@ -75,6 +75,21 @@ TEST(IoGptOss, ConfigKeys) {
   EXPECT_EQ(e.rope_scaling.original_max_position_embeddings, 4096);
 }
 
+// The published GPT-OSS-20B config.json (examples/configs): 20.9 B parameters (transformers
+// counts 20,914,757,184), 4.2 B of them multiplied per token (4 of 32 experts, embeddings and
+// the LM head included).
+TEST(IoGptOss, PublishedTwentyBillionConfig) {
+  const ModelConfig c = load_config_file(std::string(RP_SOURCE_DIR) + "/examples/configs/gpt-oss-20b.json");
+  EXPECT_EQ(c.num_hidden_layers, 24);
+  EXPECT_EQ(c.num_experts, 32);
+  EXPECT_EQ(c.num_experts_per_tok, 4);
+  EXPECT_EQ(c.attention_window(0), 128);
+  EXPECT_EQ(c.attention_window(23), 0);
+  EXPECT_FALSE(c.rope_scaling.truncate);
+  EXPECT_EQ(c.num_parameters(), 20914757184);
+  EXPECT_NEAR(double(c.num_active_parameters()), 4.19e9, 0.01e9);
+}
+
 TEST(IoGptOss, ConfigErrorsNameTheKey) {
   json j = fixture_config();
   j["layer_types"] = json::array({"sliding_attention", "full_attention"});
