@@ -1,6 +1,7 @@
 // Embedding, decoder and tail layers with explicit forward/backward (model/layers.hpp).
 // Reference: transformers' modeling_llama.py / modeling_qwen3.py (LlamaDecoderLayer,
-// LlamaAttention with repeat_kv, LlamaMLP, LlamaRMSNorm, Qwen3Attention q_norm/k_norm).
+// LlamaAttention with repeat_kv, LlamaMLP, LlamaRMSNorm, Qwen3Attention q_norm/k_norm) and
+// modeling_gpt_oss.py (GptOssAttention: biased projections, sinks, sliding window).
 #include "model/layers.hpp"
 
 #include "model/lora_linear.hpp"
