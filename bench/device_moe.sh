@@ -3,6 +3,9 @@
 # bundle in .device/, like device_lora.sh): bench_throughput with random weights, LoRA r=32 on
 # all linears (attention only in sparse layers), 8 x 4096 tokens, M=8.
 #   DO_30B=1    Qwen3-30B-A3B, cap CAP_30B GiB (10), base in each of FORMATS_30B ("bf16 nf4")
+#   TARGETS_30B the 30B rows' --lora-targets (all-linear; "q_proj,k_proj,v_proj,o_proj,experts"
+#               for the row "LoRA r=32 on attention + experts": per-expert adapters on
+#               gate_up_proj and down_proj of every sparse layer)
 #   DO_235B=1   Qwen3-235B-A22B with its first LAYERS_235B (8) decoders, cap 24 GiB, base
 #               FORMAT_235B (nf4)
 #   DO_GPTOSS=1 GPT-OSS-20B, cap CAP_GPTOSS GiB (10), base in each of FORMATS_GPTOSS
@@ -19,8 +22,8 @@ res=$OUT/moe.md
 bench() { timeout "${BENCH_TIMEOUT:-420}" .device/bin/bench_throughput --workers 1 --results "$res" "$@"; }
 if [ "${DO_30B:-0}" = 1 ]; then
   for f in ${FORMATS_30B:-bf16 nf4}; do
-    step "Qwen3-30B-A3B LoRA r=32, base $f, cap ${CAP_30B:-10}"
-    bench --preset qwen3-30b-a3b --lora-r 32 --lora-targets all-linear --base-format "$f" --seq 4096 --seqs 8 \
+    step "Qwen3-30B-A3B LoRA r=32 on ${TARGETS_30B:-all-linear}, base $f, cap ${CAP_30B:-10}"
+    bench --preset qwen3-30b-a3b --lora-r 32 --lora-targets "${TARGETS_30B:-all-linear}" --base-format "$f" --seq 4096 --seqs 8 \
       --micro 8 --steps "${STEPS:-4}" --warmup 2 --cap-gib "${CAP_30B:-10}" ${BENCH_ARGS:-}
   done
 fi

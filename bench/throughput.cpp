@@ -18,8 +18,9 @@
 // attention with biases and sinks, sliding window 128 on every other layer from the first).
 // Mixture of experts (Qwen3-MoE): --preset qwen3-30b-a3b / qwen3-235b-a22b, or --experts E
 // --experts-per-tok k --expert-ffn Fe [--sparse-step s] on any shape; --layers N keeps the first
-// N decoders of a preset (235B on one host). LoRA on a sparse layer reaches its attention only
-// (the experts are stacked tensors without adapters). A MoE step line adds its expert
+// N decoders of a preset (235B on one host). LoRA on a sparse layer reaches its attention, and
+// its experts with "experts" in --lora-targets (per-expert adapters on gate_up_proj and
+// down_proj, e.g. --lora-r 32 --lora-targets q_proj,k_proj,v_proj,o_proj,experts). A MoE step line adds its expert
 // utilisation (least / most used expert against the even share) and load-balancing loss.
 // Every row reports the peak device memory and the process's peak host memory (max RSS).
 // A failure of the run (memory cap, device error, bad flag) is one line on stderr and exit 1.
@@ -185,7 +186,9 @@ int run(int argc, char** argv) {
   app.add_option("--lora-r", lora_r, "LoRA rank on frozen base weights (0: full fine-tuning)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--lora-alpha", lora_alpha, "LoRA alpha (default: 2 x rank)");
-  app.add_option("--lora-targets", lora_targets, "comma-separated modules or all-linear");
+  app.add_option("--lora-targets", lora_targets,
+                 "comma-separated modules or all-linear; \"experts\" (or experts.gate_up_proj, experts.down_proj) "
+                 "adds per-expert adapters to the sparse layers");
   app.add_option("--base-format", base_format, "storage of the frozen base weights (LoRA)")
       ->check(CLI::IsMember({"f32", "bf16", "f16", "q8_0", "q4_0", "nf4", "mxfp4"}));
   CLI11_PARSE(app, argc, argv);
@@ -250,12 +253,13 @@ int run(int argc, char** argv) {
     lora.emplace();
     lora->r = lora_r;
     lora->alpha = lora_alpha > 0 ? lora_alpha : 2.0 * double(lora_r);
-    lora->target_modules.clear();
+    std::vector<std::string> entries;
     for (size_t a = 0; a <= lora_targets.size();) {
       const size_t b = std::min(lora_targets.find(',', a), lora_targets.size());
-      if (b > a) lora->target_modules.push_back(lora_targets.substr(a, b - a));
+      if (b > a) entries.push_back(lora_targets.substr(a, b - a));
       a = b + 1;
     }
+    rp::set_lora_targets(*lora, entries);
     lora->base_format = rp::parse_weight_format(base_format);
   }
   rp::ModelLayout m = lora ? rp::make_layout(c, *lora) : rp::make_layout(c);

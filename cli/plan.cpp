@@ -20,6 +20,7 @@
 #include "model/config.hpp"
 #include "model/gguf.hpp"
 #include "model/layout.hpp"
+#include "model/lora.hpp"
 #include "kernels/weight_format.hpp"
 #include "kernels/device.hpp"
 #include "scheduler/partition.hpp"
@@ -191,7 +192,7 @@ std::optional<ModelLayout> run_layout(const PlanCommandOptions& o) {
     LoraConfig lc;
     lc.r = o.lora_r;
     lc.alpha = double(o.lora_r);
-    lc.target_modules = split_list(o.lora_targets);
+    set_lora_targets(lc, split_list(o.lora_targets));
     lc.base_format = f;
     try {
       return make_layout(c, lc);
@@ -306,7 +307,8 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
     for (const ParamGroup& g : layout->groups) trainable += g.frozen ? 0 : g.numel;
     fmt::print(out, "lora      r={} on {}{}, {} trainable parameters; base stored in {} (no gradients; uploads "
                     "and staging of the storage form)\n",
-               o.lora_r, o.lora_targets, m.num_moe_layers() > 0 ? " (attention only in sparse layers)" : "",
+               o.lora_r, o.lora_targets,
+               m.num_moe_layers() > 0 && !lora_has_expert_targets(*layout->lora) ? " (no expert adapters)" : "",
                trainable, o.frozen.empty() ? "bf16" : o.frozen);
   } else if (!o.frozen.empty()) {
     fmt::print(out, "frozen    every weight stored in {} (no gradients; uploads and staging of the storage form)\n",
@@ -388,8 +390,8 @@ void add_plan_command(CLI::App& app) {
                 "plan a LoRA run of this rank on a frozen base (stored as --frozen says, default bf16; 0: none)")
       ->capture_default_str();
   c->add_option("--lora-targets", o->lora_targets,
-                "comma-separated modules the adapters reach (q_proj, ..., down_proj) or all-linear; "
-                "sparse layers have attention adapters only")
+                "comma-separated modules the adapters reach (q_proj, ..., down_proj) or all-linear, and "
+                "\"experts\" (or experts.gate_up_proj, experts.down_proj) for per-expert adapters in sparse layers")
       ->capture_default_str();
   c->add_option("--grouped-gemm-efficiency", o->grouped_gemm_efficiency,
                 "mixture-of-experts: the experts' grouped GEMMs (forward, input gradients) as a fraction of "

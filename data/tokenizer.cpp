@@ -435,6 +435,10 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   return out;
 }
 
+bool Tokenizer::has_token(int32_t id) const {
+  return id >= 0 && size_t(id) < impl_->kind.size() && impl_->kind[size_t(id)] != 0;
+}
+
 int32_t Tokenizer::token_id(std::string_view token) const {
   if (auto it = impl_->added.find(token); it != impl_->added.end()) return it->second;
   if (auto it = impl_->vocab.find(token); it != impl_->vocab.end()) return it->second;

@@ -74,6 +74,9 @@ class Tokenizer {
   /// tokens contribute their literal content. Throws std::out_of_range for an id outside
   /// [0, vocab_size()) or an id that no token uses. decode(encode(x)) == x for any x.
   std::string decode(const std::vector<int32_t>& ids) const;
+  /// True when `id` names a token decode() can write (a vocab or added token). A model's
+  /// vocab_size may exceed the tokenizer's ids (Qwen3 pads 151,669 tokens to 151,936 rows).
+  bool has_token(int32_t id) const;
 
   /// Id of the token whose vocab string (byte-level alphabet, e.g. "Ġthe") or added-token
   /// content is exactly `token`; -1 if absent.

@@ -469,10 +469,22 @@ const uint8_t* GgufFile::tensor_data(const GgufTensorInfo& t) const {
   return map_ + data_offset_ + t.offset;
 }
 
-std::vector<float> GgufFile::dequantize(const GgufTensorInfo& t) const {
+void GgufFile::check_dequantizable(const GgufTensorInfo& t) const {
   if (!ggml_can_dequantize(t.type))
     throw std::runtime_error(one_line(fmt::format("{}: tensor '{}': cannot dequantize type {}",
                                                   path_, t.name, ggml_type_name(t.type))));
+}
+
+void GgufFile::release(const GgufTensorInfo& t) const {
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t p = uintptr_t(tensor_data(t));
+  const uintptr_t lo = p / page * page;
+  const uintptr_t hi = std::min(uintptr_t(map_ + size_), (p + t.nbytes + page - 1) / page * page);
+  if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);  // advisory: failure changes nothing
+}
+
+std::vector<float> GgufFile::dequantize(const GgufTensorInfo& t) const {
+  check_dequantizable(t);
   std::vector<float> out(size_t(t.numel()));
   dequantize_ggml(t.type, tensor_data(t), out.data(), t.numel());
   return out;

@@ -80,6 +80,11 @@ class GgufFile {
   /// Tensor `t` as fp32 in row-major order (ne[0] fastest). Throws std::runtime_error naming
   /// the file and tensor for types that cannot be dequantized.
   std::vector<float> dequantize(const GgufTensorInfo& t) const;
+  /// Throws dequantize()'s error when `t`'s type cannot be dequantized.
+  void check_dequantizable(const GgufTensorInfo& t) const;
+  /// Drops the mapped pages of `t` from this process's resident set (the page cache keeps
+  /// them), so reading a model tensor by tensor does not leave the file counted in its memory.
+  void release(const GgufTensorInfo& t) const;
 
  private:
   std::string path_;
@@ -124,5 +129,9 @@ bool gguf_expert_stack_name(const std::string& gguf_name, std::string& prefix, s
 /// HF row h*hd + j*hd/2 + i (i < hd/2, j < 2). Throws std::invalid_argument when rows is not
 /// a multiple of 2*n_head.
 void unpermute_qk_rows(float* w, int64_t rows, int64_t cols, int64_t n_head);
+/// The same row permutation on rows of `row_bytes` bytes each (rows of quantized blocks: a
+/// row of a Q8_0 / Q4_0 matrix is a whole number of blocks when its length is a multiple of
+/// 32). Same errors.
+void unpermute_qk_row_bytes(uint8_t* w, int64_t rows, size_t row_bytes, int64_t n_head);
 
 }  // namespace rp

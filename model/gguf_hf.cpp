@@ -74,20 +74,24 @@ bool gguf_expert_stack_name(const std::string& n, std::string& prefix, std::stri
   return false;
 }
 
-void unpermute_qk_rows(float* w, int64_t rows, int64_t cols, int64_t n_head) {
+void unpermute_qk_row_bytes(uint8_t* w, int64_t rows, size_t row_bytes, int64_t n_head) {
   if (n_head <= 0 || rows % (2 * n_head) != 0)
     throw std::invalid_argument(
         fmt::format("unpermute_qk_rows: {} rows is not a multiple of 2*n_head ({})", rows, 2 * n_head));
   const int64_t hd = rows / n_head, half_hd = hd / 2;
-  std::vector<float> tmp(size_t(hd * cols));
+  std::vector<uint8_t> tmp(size_t(hd) * row_bytes);
   for (int64_t h = 0; h < n_head; ++h) {
-    float* head = w + h * hd * cols;
-    std::memcpy(tmp.data(), head, size_t(hd * cols) * sizeof(float));
+    uint8_t* head = w + size_t(h * hd) * row_bytes;
+    std::memcpy(tmp.data(), head, tmp.size());
     for (int64_t i = 0; i < half_hd; ++i)
       for (int64_t j = 0; j < 2; ++j)
-        std::memcpy(head + (j * half_hd + i) * cols, tmp.data() + (2 * i + j) * cols,
-                    size_t(cols) * sizeof(float));
+        std::memcpy(head + size_t(j * half_hd + i) * row_bytes, tmp.data() + size_t(2 * i + j) * row_bytes,
+                    row_bytes);
   }
+}
+
+void unpermute_qk_rows(float* w, int64_t rows, int64_t cols, int64_t n_head) {
+  unpermute_qk_row_bytes(reinterpret_cast<uint8_t*>(w), rows, size_t(cols) * sizeof(float), n_head);
 }
 
 namespace {

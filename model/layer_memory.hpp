@@ -21,7 +21,8 @@
 //             [C,E] fp32, top-k experts [C,k] i32 and weights [C,k] fp32, expert offsets
 //             [E+1] i32, sorted row / token [R] i32, gathered input xs [R,H], expert outputs ys
 //             [R,H], g, u, m [R,Fe]; backward adds dys [R,H], dg, du [R,Fe], dw [C,k] fp32 and
-//             dlogits [C,E] (dm lives in m, the experts' input gradient in ys).
+//             dlogits [C,E] (dm lives in m, the experts' input gradient in ys). Expert
+//             adapters (DecoderDims::expert_lora) add ax [R,r], forward t [R,H], backward g [R,r].
 // Tail: hn, dhn [T,H] plus Ops::lm_head_ce_scratch_bytes.
 #pragma once
 #include <algorithm>
@@ -65,6 +66,7 @@ struct DecoderDims {
   int64_t lora_rank = 0;         ///< LoRA adapters on some of the linears (LoraConfig::r), 0: none
   bool lora_dropout = false;     ///< LoraConfig::dropout > 0
   bool frozen_base = false;      ///< the base group is frozen (no weight gradients; no scratch of its own)
+  bool expert_lora = false;      ///< the sparse block's experts carry adapters of rank lora_rank
   /// Sparse MLP block: experts (0: a dense SwiGLU MLP of ffn), experts per token, expert FFN.
   int64_t experts = 0, experts_per_tok = 0, expert_ffn = 0;
 };
@@ -79,6 +81,8 @@ struct MoeBufs {
   void *dg = nullptr, *du = nullptr;                  // [R, Fe], backward
   float* dw = nullptr;                                // [C, k], backward
   void* dlogits = nullptr;                            // [C, E], backward
+  void *lora_ax = nullptr, *lora_g = nullptr;         // [R, r] expert adapters (lora_g: backward)
+  void* lora_t = nullptr;                             // [R, H] expert adapters, forward only
 };
 
 /// Bytes of the attention output o [T, nq*D] (es per element) and its log-sum-exp
@@ -122,6 +126,11 @@ inline void carve_moe_scratch(const DecoderDims& d, size_t C, size_t es, bool ba
   b.g = sc.take(R * Fe * es);
   b.u = sc.take(R * Fe * es);
   b.m = sc.take(R * Fe * es);
+  if (d.expert_lora) {  // model/moe_block.hpp: the adapter intermediates of one projection at a time
+    b.lora_ax = sc.take(R * size_t(d.lora_rank) * es);
+    if (backward) b.lora_g = sc.take(R * size_t(d.lora_rank) * es);
+    else b.lora_t = sc.take(R * H * es);
+  }
   if (!backward) return;
   b.dys = sc.take(R * H * es);
   b.dg = sc.take(R * Fe * es);

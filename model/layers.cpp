@@ -166,6 +166,7 @@ class DecoderLayer final : public Layer {
       dims_.experts = c_.num_experts;
       dims_.experts_per_tok = c_.num_experts_per_tok;
       dims_.expert_ffn = c_.moe_intermediate_size;
+      dims_.expert_lora = moe_->adapted();
     }
   }
   LayerKind kind() const override { return LayerKind::decoder; }
@@ -217,6 +218,11 @@ class DecoderLayer final : public Layer {
     return c;
   }
   const LoraLinear& lora(LoraModule m) const { return lora_[size_t(m)]; }
+  // The experts' adapters: the adapter group (model/moe_block.hpp); none without.
+  MoeAdapterArgs moe_adapters(const LayerArgs& a, bool backward) const {
+    if (n_groups_ < 2 || !moe_ || !moe_->adapted()) return {};
+    return {a.params[1], backward ? a.grads[1] : nullptr};
+  }
   // With a saved attention, o and lse are the caller's (LayerArgs::attn_o / attn_lse).
   void use_saved_attention(const LayerArgs& a, DecoderBufs& b, const char* who) const {
     if (!saved_attention_) return;
@@ -326,7 +332,7 @@ void DecoderLayer::mlp_forward(const LayerArgs& a, const DecoderBufs& b, const L
   const void* h1 = row(ops, b.h1, r0, H);
   void* y = row(ops, a.y, r0, H);
   ops.rmsnorm_fwd(h1, param(a, 0, w_post_), b.hn, n, H, float(c_.rms_norm_eps));
-  if (moe_) return moe_->forward(ops, a.params[0], b.hn, h1, y, n, b.moe, a.moe_stats);
+  if (moe_) return moe_->forward(ops, a.params[0], b.hn, h1, y, n, b.moe, a.moe_stats, moe_adapters(a, false));
   ops.linear_fwd(b.hn, param(a, 0, wg_), b.g, n, H, F);
   ops.linear_fwd(b.hn, param(a, 0, wu_), b.u, n, H, F);
   lora_forward(lc, lora(LoraModule::gate), b.hn, b.g, n, r0);
@@ -351,7 +357,8 @@ void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const 
     const bool aux = a.moe_stats && a.moe_aux_scale != 0.0f;
     const double rows = double(moe_layers_) * double(a.shape.tokens());
     const float aux_coef = aux ? float(double(a.moe_aux_scale) * double(moe_->experts()) / (rows * rows)) : 0.0f;
-    moe_->backward(ops, a.params[0], a.grads[0], b.hn, dy, b.dhn, n, b.moe, aux ? a.moe_stats : nullptr, aux_coef);
+    moe_->backward(ops, a.params[0], a.grads[0], b.hn, dy, b.dhn, n, b.moe, aux ? a.moe_stats : nullptr, aux_coef,
+                   moe_adapters(a, true));
     ops.copy(ops.dtype(), dh1, dy, n * H);  // residual path
     ops.rmsnorm_bwd(h1, param(a, 0, w_post_), b.dhn, dh1, grad(a, 0, w_post_), n, H, eps, true);
     return;

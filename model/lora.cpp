@@ -36,18 +36,73 @@ std::array<int64_t, 2> lora_module_dims(const ModelConfig& c, LoraModule m) {
   return {0, 0};
 }
 
+const std::array<const char*, kExpertProjs> kExpertProjNames = {"mlp.experts.gate_up_proj", "mlp.experts.down_proj"};
+
 namespace {
 bool is_module_name(const std::string& s) {
   return std::find(kLoraModuleNames.begin(), kLoraModuleNames.end(), s) != kLoraModuleNames.end();
 }
+// ExpertProj of a target_parameters entry, or -1.
+int expert_proj_of(const std::string& s) {
+  for (int p = 0; p < kExpertProjs; ++p) {
+    const std::string full = kExpertProjNames[size_t(p)];
+    if (s == full || s == full.substr(std::string("mlp.experts.").size())) return p;
+  }
+  return -1;
+}
 }  // namespace
+
+bool lora_targets_experts(const LoraConfig& l, ExpertProj p) {
+  for (const std::string& t : l.target_parameters)
+    if (expert_proj_of(t) == int(p)) return true;
+  return false;
+}
+
+bool lora_has_expert_targets(const LoraConfig& l) {
+  return lora_targets_experts(l, ExpertProj::gate_up) || lora_targets_experts(l, ExpertProj::down);
+}
+
+void set_lora_targets(LoraConfig& l, const std::vector<std::string>& entries) {
+  l.target_modules.clear();
+  l.target_parameters.clear();
+  for (std::string e : entries) {
+    if (e.rfind("mlp.", 0) == 0 && e.rfind("mlp.experts", 0) == 0) e = e.substr(4);
+    if (e == "experts") {
+      l.target_parameters.assign(kExpertProjNames.begin(), kExpertProjNames.end());
+    } else if (e.rfind("experts.", 0) == 0) {
+      l.target_parameters.push_back("mlp." + e);
+    } else {
+      l.target_modules.push_back(e);
+    }
+  }
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> expert_lora_tensors(const ModelConfig& c, int64_t decoder,
+                                                                              ExpertProj p, int64_t r) {
+  const int64_t E = c.num_experts, H = c.hidden_size, Fe = c.moe_intermediate_size;
+  const std::string s = fmt::format("model.layers.{}.mlp.experts.", decoder);
+  if (p == ExpertProj::gate_up)
+    return {{s + "gate_up_proj.lora_A.weight", {E, r, H}},
+            {s + "gate_proj.lora_B.weight", {E, Fe, r}},
+            {s + "up_proj.lora_B.weight", {E, Fe, r}}};
+  return {{s + "down_proj.lora_A.weight", {E, r, Fe}}, {s + "down_proj.lora_B.weight", {E, H, r}}};
+}
 
 void validate_lora(const LoraConfig& l) {
   auto fail = [](const std::string& what) { throw std::invalid_argument(what); };
   if (l.r < 1) fail(fmt::format("lora.r: expected >= 1, got {}", l.r));
   if (!(l.alpha > 0) || !std::isfinite(l.alpha)) fail(fmt::format("lora.alpha: expected a finite value > 0, got {}", l.alpha));
   if (!(l.dropout >= 0 && l.dropout < 1)) fail(fmt::format("lora.dropout: expected 0 <= dropout < 1, got {}", l.dropout));
-  if (l.target_modules.empty()) fail("lora.target_modules: expected at least one module (or \"all-linear\"), got none");
+  if (l.target_modules.empty() && l.target_parameters.empty())
+    fail("lora.target_modules: expected at least one module (or \"all-linear\"), got none");
+  for (const std::string& t : l.target_parameters)
+    if (expert_proj_of(t) < 0)
+      fail(fmt::format("lora.target_parameters: unknown parameter '{}' (expected {})", one_line(t),
+                       fmt::join(kExpertProjNames, " or ")));
+  if (!l.target_parameters.empty() && l.dropout != 0)
+    fail(fmt::format("lora.dropout: expected 0 with lora.target_parameters (expert adapters take no dropout, as "
+                     "PEFT's ParamWrapper), got {}",
+                     l.dropout));
   for (const std::string& t : l.target_modules)
     if (t != "all-linear" && !is_module_name(t))
       fail(fmt::format("lora.target_modules: unknown module '{}' (expected {} or all-linear)", one_line(t),
@@ -86,6 +141,14 @@ ModelLayout make_layout(const ModelConfig& c, const LoraConfig& lora) {
         g.tensors.push_back(std::move(t));
       }
     }
+    for (int p = 0; p < kExpertProjs && c.is_moe_layer(i); ++p) {  // the experts' adapters follow
+      if (!lora_targets_experts(lora, ExpertProj(p))) continue;
+      for (auto& [name, shape] : expert_lora_tensors(c, i, ExpertProj(p), lora.r)) {
+        TensorSpec t{name, shape, g.numel};
+        g.numel += t.numel();
+        g.tensors.push_back(std::move(t));
+      }
+    }
     m.groups.push_back(std::move(g));
   }
   // a named module that no layer has (gate_proj when every layer is sparse) would train nothing
@@ -98,9 +161,13 @@ ModelLayout make_layout(const ModelConfig& c, const LoraConfig& lora) {
     if (!found)
       throw std::invalid_argument(fmt::format(
           "lora.target_modules: '{}' matches no linear of this model (every layer is a mixture-of-experts layer, "
-          "whose experts take no adapters; target attention modules or all-linear)",
+          "whose experts take adapters through lora.target_parameters; target attention modules, all-linear or "
+          "the experts)",
           one_line(t)));
   }
+  if (lora_has_expert_targets(lora) && c.num_moe_layers() == 0)
+    throw std::invalid_argument(
+        "lora.target_parameters: the model has no mixture-of-experts layer whose experts could take adapters");
   // the base: frozen, but for modules_to_save (lm_head with tied embeddings is group 0)
   auto saved = [&](const char* name) {
     return std::find(lora.modules_to_save.begin(), lora.modules_to_save.end(), name) != lora.modules_to_save.end();
@@ -126,7 +193,7 @@ std::vector<float> lora_initial_group(const ModelLayout& m, int g) {
   for (size_t ti = 0; ti < grp.tensors.size(); ++ti) {
     const TensorSpec& t = grp.tensors[ti];
     if (t.name.size() < 13 || t.name.compare(t.name.size() - 13, 13, "lora_A.weight") != 0) continue;  // B = 0
-    const float bound = float(1.0 / std::sqrt(double(t.shape[1])));
+    const float bound = float(1.0 / std::sqrt(double(t.shape.back())));  // 1/sqrt(in), experts' too
     for (int64_t i = 0; i < t.numel(); ++i)
       w[size_t(t.offset + i)] = bound * (2.0f * dropout_uniform(stream, ti, uint64_t(i)) - 1.0f);
   }

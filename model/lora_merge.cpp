@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <stdexcept>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include "model/error_text.hpp"
+#include "model/lora.hpp"
 #include "roundpipe/adapter.hpp"
 
 namespace rp {
@@ -35,6 +37,32 @@ std::string module_of(const std::string& a_name) {
 
 [[noreturn]] void fail(const std::string& where, const std::string& what) {
   throw std::runtime_error(one_line(fmt::format("{}: {}", where, what)));
+}
+
+bool is_expert_tensor(const std::string& name) { return name.find(".mlp.experts.") != std::string::npos; }
+
+/// Folds the expert adapters of sparse decoder `decoder` (model/lora.hpp expert_lora_tensors):
+/// W_e += s B_e A_e for every expert e of each targeted projection. `adapter(name, shape)` is
+/// an adapter tensor's values, `weight(name, out, in)` the base matrix of one expert
+/// ("model.layers.<i>.mlp.experts.<e>.<gate|up|down>_proj.weight").
+void fold_experts(const LoraConfig& l, const ModelConfig& c, int64_t decoder, double s,
+                  const std::function<const float*(const std::string&, const std::vector<int64_t>&)>& adapter,
+                  const std::function<float*(const std::string&, int64_t, int64_t)>& weight) {
+  if (!c.is_moe_layer(decoder)) return;
+  for (int p = 0; p < kExpertProjs; ++p) {
+    if (!lora_targets_experts(l, ExpertProj(p))) continue;
+    const auto specs = expert_lora_tensors(c, decoder, ExpertProj(p), l.r);
+    const float* a = adapter(specs[0].first, specs[0].second);
+    const int64_t r = l.r, in = specs[0].second[2];
+    for (size_t k = 1; k < specs.size(); ++k) {
+      const char* proj = p == int(ExpertProj::down) ? "down_proj" : k == 1 ? "gate_proj" : "up_proj";
+      const float* b = adapter(specs[k].first, specs[k].second);
+      const int64_t out = specs[k].second[1];
+      for (int64_t e = 0; e < c.num_experts; ++e)
+        fold_lora(weight(fmt::format("model.layers.{}.mlp.experts.{}.{}.weight", decoder, e, proj), out, in),
+                  a + e * r * in, b + e * out * r, out, in, r, s);
+    }
+  }
 }
 
 }  // namespace
@@ -80,8 +108,22 @@ MergedWeights merge_adapters(const ModelLayout& layout, const std::vector<const 
     const ParamGroup& ad = layout.groups.at(size_t(ga));
     if (!group_data[size_t(ga)]) throw std::invalid_argument(fmt::format("merge_adapters: no data for group '{}'", ad.name));
     const ParamGroup& base = m.layout.groups[size_t(l)];
+    fold_experts(
+        *layout.lora, layout.config, l - 1, s,
+        [&](const std::string& name, const std::vector<int64_t>&) {
+          const int i = ad.find(name);
+          if (i < 0) throw std::invalid_argument(fmt::format("merge_adapters: group '{}' lacks '{}'", ad.name, name));
+          return group_data[size_t(ga)] + ad.tensors[size_t(i)].offset;
+        },
+        [&](const std::string& name, int64_t out, int64_t in) {
+          const int i = base.find(name);
+          if (i < 0 || base.tensors[size_t(i)].shape != std::vector<int64_t>{out, in})
+            throw std::invalid_argument(fmt::format("merge_adapters: group '{}' lacks '{}' [{}, {}]", base.name, name,
+                                                    out, in));
+          return m.groups[size_t(l)].data() + base.tensors[size_t(i)].offset;
+        });
     for (const TensorSpec& ta : ad.tensors) {
-      if (!ends_with(ta.name, kSuffixA)) continue;
+      if (!ends_with(ta.name, kSuffixA) || is_expert_tensor(ta.name)) continue;
       const std::string mod = module_of(ta.name);
       const int ib = ad.find(mod + kSuffixB), iw = base.find(mod + ".weight");
       if (ib < 0 || iw < 0)
@@ -111,8 +153,25 @@ void merge_peft_adapter(LoadedModel& m, const PeftAdapter& a) {
   const std::string st_path = (fs::path(a.dir) / kAdapterWeightsFile).string();
   if (peft_adapter_unties(a, m.config)) untie_embeddings(m);
   const double s = a.lora.scaling();
+  for (int64_t i = 0; i < m.config.num_hidden_layers && lora_has_expert_targets(a.lora); ++i)
+    fold_experts(
+        a.lora, m.config, i, s,
+        [&](const std::string& name, const std::vector<int64_t>& shape) {
+          const auto it = a.tensors.find(name);
+          if (it == a.tensors.end() || it->second.shape != shape)
+            fail(st_path, fmt::format("the experts' adapter '{}' [{}]: missing or of another shape", name,
+                                      fmt::join(shape, ", ")));
+          return it->second.data.data();
+        },
+        [&](const std::string& name, int64_t out, int64_t in) {
+          const auto it = m.tensors.find(name);
+          if (it == m.tensors.end() || it->second.shape != std::vector<int64_t>{out, in})
+            fail(st_path, fmt::format("the base model {} has no '{}' [{}, {}]", m.source, name, out, in));
+          return it->second.data.data();
+        });
   for (const auto& [name, ta] : a.tensors) {
-    if (!ends_with(name, kSuffixA)) continue;  // lora_B (with its A), modules_to_save tensors
+    // lora_B (with its A), modules_to_save tensors, the experts' (above)
+    if (!ends_with(name, kSuffixA) || is_expert_tensor(name)) continue;
     const std::string mod = module_of(name);
     const auto ib = a.tensors.find(mod + kSuffixB);
     if (ib == a.tensors.end()) fail(st_path, fmt::format("key '{}': missing (the pair of '{}')",
@@ -132,7 +191,7 @@ void merge_peft_adapter(LoadedModel& m, const PeftAdapter& a) {
     fold_lora(w.data.data(), ta.data.data(), tb.data.data(), w.shape[0], w.shape[1], r, s);
   }
   for (const auto& [name, t] : a.tensors)
-    if (ends_with(name, kSuffixB) && !a.tensors.count(name.substr(0, name.size() - std::strlen(kSuffixB)) + kSuffixA))
+    if (ends_with(name, kSuffixB) && !is_expert_tensor(name) && !a.tensors.count(name.substr(0, name.size() - std::strlen(kSuffixB)) + kSuffixA))
       fail(st_path, fmt::format("key '{}': its lora_A is missing", peft_tensor_key(name)));
   for (const char* name : {kEmbed, kLmHead, "model.norm.weight"}) {
     const auto it = a.tensors.find(name);

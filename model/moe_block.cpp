@@ -8,6 +8,9 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "model/lora.hpp"
 
 namespace rp {
 
@@ -53,13 +56,33 @@ MoeBlock::MoeBlock(const ModelLayout& m, int layer) {
   w_up_ = stacked(g, p, "up_proj", E_, Fe_ * H_);
   w_down_ = stacked(g, p, "down_proj", E_, H_ * Fe_);
   if (gpt_oss_) {
-    b_router_ = tensor_offset(g, p + "mlp.router.bias");
-    b_gate_ = stacked(g, p, "gate_proj", E_, Fe_, "bias");
-    b_up_ = stacked(g, p, "up_proj", E_, Fe_, "bias");
-    b_down_ = stacked(g, p, "down_proj", E_, H_, "bias");
+    bias_router_ = tensor_offset(g, p + "mlp.router.bias");
+    bias_gate_ = stacked(g, p, "gate_proj", E_, Fe_, "bias");
+    bias_up_ = stacked(g, p, "up_proj", E_, Fe_, "bias");
+    bias_down_ = stacked(g, p, "down_proj", E_, H_, "bias");
     alpha_ = float(c.swiglu_alpha);
     limit_ = float(c.swiglu_limit);
   }
+  const int ag = m.adapter_group(layer);
+  if (!m.lora || ag < 0) return;
+  r_ = m.lora->r;
+  scaling_ = float(m.lora->scaling());
+  const ParamGroup& lg = m.groups.at(size_t(ag));
+  auto adapter = [&](ExpertProj proj, std::initializer_list<int64_t*> offs) {
+    if (!lora_targets_experts(*m.lora, proj)) return false;
+    const auto specs = expert_lora_tensors(c, layer - 1, proj, r_);
+    auto it = offs.begin();
+    for (const auto& [name, shape] : specs) {
+      const int i = lg.find(name);
+      if (i < 0 || lg.tensors[size_t(i)].shape != shape)
+        throw std::invalid_argument(fmt::format("make_layer: adapter group '{}' lacks {} [{}]", lg.name, name,
+                                                fmt::join(shape, ", ")));
+      **it++ = lg.tensors[size_t(i)].offset;
+    }
+    return true;
+  };
+  lora_gu_ = adapter(ExpertProj::gate_up, {&a_gu_, &b_gate_, &b_up_});
+  lora_down_ = adapter(ExpertProj::down, {&a_down_, &b_down_});
 }
 
 void MoeBlock::route(Ops& ops, const void* w, const void* hn, int64_t n, const MoeBufs& b, float* stats,
@@ -67,51 +90,104 @@ void MoeBlock::route(Ops& ops, const void* w, const void* hn, int64_t n, const M
   ops.linear_fwd(hn, at(ops, w, w_router_), b.logits, n, H_, E_);
   if (gpt_oss_) {  // GPT-OSS: biased router logits
     const int32_t rows[2] = {0, int32_t(n)};
-    ops.grouped_bias_fwd(b.logits, at(ops, w, b_router_), rows, 1, E_);
+    ops.grouped_bias_fwd(b.logits, at(ops, w, bias_router_), rows, 1, E_);
   }
   ops.moe_route(b.logits, b.probs, b.topk_idx, b.topk_w, stats, n, E_, k_, norm_topk_);
   ops.moe_sort(b.topk_idx, b.offsets, off, b.row, b.token, n, E_, k_);
 }
 
 void MoeBlock::experts_forward(Ops& ops, const void* w, const void* hn, int64_t n, const MoeBufs& b,
-                               const int32_t* off) const {
+                               const int32_t* off, const MoeAdapterArgs& la, void* t) const {
   const int64_t R = n * k_;
+  const DType dt = ops.dtype();
   ops.gather_rows(hn, b.token, b.xs, R, H_);
   ops.grouped_linear_fwd(b.xs, at(ops, w, w_gate_), b.g, off, E_, H_, Fe_);
   ops.grouped_linear_fwd(b.xs, at(ops, w, w_up_), b.u, off, E_, H_, Fe_);
-  if (!gpt_oss_) {
-    ops.swiglu_fwd(b.g, b.u, b.m, R * Fe_);
-    ops.grouped_linear_fwd(b.m, at(ops, w, w_down_), b.ys, off, E_, Fe_, H_);
-    return;
+  if (lora_gu_) {  // a = xs A^T; g += s a Bg^T, u += s a Bu^T (m, not yet written, holds a B^T)
+    ops.grouped_linear_fwd(b.xs, at(ops, la.params, a_gu_), b.lora_ax, off, E_, H_, r_);
+    ops.grouped_linear_fwd(b.lora_ax, at(ops, la.params, b_gate_), b.m, off, E_, r_, Fe_);
+    ops.add_into(dt, b.g, dt, b.m, R * Fe_, scaling_);
+    ops.grouped_linear_fwd(b.lora_ax, at(ops, la.params, b_up_), b.m, off, E_, r_, Fe_);
+    ops.add_into(dt, b.u, dt, b.m, R * Fe_, scaling_);
   }
-  ops.grouped_bias_fwd(b.g, at(ops, w, b_gate_), off, E_, Fe_);
-  ops.grouped_bias_fwd(b.u, at(ops, w, b_up_), off, E_, Fe_);
-  ops.swiglu_clamped_fwd(b.g, b.u, b.m, R * Fe_, alpha_, limit_);
+  if (gpt_oss_) {  // biased experts, clamped SwiGLU
+    ops.grouped_bias_fwd(b.g, at(ops, w, bias_gate_), off, E_, Fe_);
+    ops.grouped_bias_fwd(b.u, at(ops, w, bias_up_), off, E_, Fe_);
+    ops.swiglu_clamped_fwd(b.g, b.u, b.m, R * Fe_, alpha_, limit_);
+  } else {
+    ops.swiglu_fwd(b.g, b.u, b.m, R * Fe_);
+  }
   ops.grouped_linear_fwd(b.m, at(ops, w, w_down_), b.ys, off, E_, Fe_, H_);
-  ops.grouped_bias_fwd(b.ys, at(ops, w, b_down_), off, E_, H_);
+  if (gpt_oss_) ops.grouped_bias_fwd(b.ys, at(ops, w, bias_down_), off, E_, H_);
+  if (lora_down_) {  // ys += s (m Ad^T) Bd^T
+    ops.grouped_linear_fwd(b.m, at(ops, la.params, a_down_), b.lora_ax, off, E_, Fe_, r_);
+    ops.grouped_linear_fwd(b.lora_ax, at(ops, la.params, b_down_), t, off, E_, r_, H_);
+    ops.add_into(dt, b.ys, dt, t, R * H_, scaling_);
+  }
+}
+
+void MoeBlock::down_adapter_backward(Ops& ops, const MoeAdapterArgs& la, const MoeBufs& b, const int32_t* off) const {
+  const int64_t R = int64_t(off[E_]);
+  const DType dt = ops.dtype();
+  // a = s m Ad^T (in ax, through g); dBd += dys^T a
+  ops.grouped_linear_fwd(b.m, at(ops, la.params, a_down_), b.lora_g, off, E_, Fe_, r_);
+  ops.fill(dt, b.lora_ax, R * r_, 0.f);
+  ops.add_into(dt, b.lora_ax, dt, b.lora_g, R * r_, scaling_);
+  if (void* g = grad_at(ops, la.grads, b_down_)) ops.grouped_linear_bwd_weight(b.dys, b.lora_ax, g, off, E_, r_, H_);
+  // g_a = s dys Bd (in ax); dAd += g_a^T m. The caller adds g_a Ad to dm once m is overwritten.
+  ops.grouped_linear_bwd_input(b.dys, at(ops, la.params, b_down_), b.lora_g, off, E_, r_, H_, false);
+  ops.fill(dt, b.lora_ax, R * r_, 0.f);
+  ops.add_into(dt, b.lora_ax, dt, b.lora_g, R * r_, scaling_);
+  if (void* g = grad_at(ops, la.grads, a_down_)) ops.grouped_linear_bwd_weight(b.lora_ax, b.m, g, off, E_, Fe_, r_);
+}
+
+void MoeBlock::gate_up_adapter_backward(Ops& ops, const MoeAdapterArgs& la, const MoeBufs& b,
+                                        const int32_t* off) const {
+  const int64_t R = int64_t(off[E_]);
+  const DType dt = ops.dtype();
+  // a = s xs A^T; dBg += dg^T a, dBu += du^T a
+  ops.grouped_linear_fwd(b.xs, at(ops, la.params, a_gu_), b.lora_g, off, E_, H_, r_);
+  ops.fill(dt, b.lora_ax, R * r_, 0.f);
+  ops.add_into(dt, b.lora_ax, dt, b.lora_g, R * r_, scaling_);
+  if (void* g = grad_at(ops, la.grads, b_gate_)) ops.grouped_linear_bwd_weight(b.dg, b.lora_ax, g, off, E_, r_, Fe_);
+  if (void* g = grad_at(ops, la.grads, b_up_)) ops.grouped_linear_bwd_weight(b.du, b.lora_ax, g, off, E_, r_, Fe_);
+  // g_a = s (dg Bg + du Bu); dA += g_a^T xs; dxs (in ys) += g_a A
+  ops.grouped_linear_bwd_input(b.dg, at(ops, la.params, b_gate_), b.lora_g, off, E_, r_, Fe_, false);
+  ops.grouped_linear_bwd_input(b.du, at(ops, la.params, b_up_), b.lora_g, off, E_, r_, Fe_, true);
+  ops.fill(dt, b.lora_ax, R * r_, 0.f);
+  ops.add_into(dt, b.lora_ax, dt, b.lora_g, R * r_, scaling_);
+  if (void* g = grad_at(ops, la.grads, a_gu_)) ops.grouped_linear_bwd_weight(b.lora_ax, b.xs, g, off, E_, H_, r_);
+  ops.grouped_linear_bwd_input(b.lora_ax, at(ops, la.params, a_gu_), b.ys, off, E_, H_, r_, true);
 }
 
 void MoeBlock::forward(Ops& ops, const void* w, const void* hn, const void* h1, void* y, int64_t n,
-                       const MoeBufs& b, float* stats) const {
+                       const MoeBufs& b, float* stats, const MoeAdapterArgs& la) const {
+  if (adapted() && (!la.params || !b.lora_ax || !b.lora_t))
+    throw std::invalid_argument("MoeBlock.forward: expert adapters without their parameters or scratch");
   std::vector<int32_t> off(size_t(E_) + 1);
   route(ops, w, hn, n, b, stats, off.data());
-  experts_forward(ops, w, hn, n, b, off.data());
+  experts_forward(ops, w, hn, n, b, off.data(), la, b.lora_t);
   ops.copy(ops.dtype(), y, h1, n * H_);
   ops.moe_combine(b.ys, b.topk_w, b.row, y, n, k_, H_, true);
 }
 
 void MoeBlock::backward(Ops& ops, const void* w, void* dw, const void* hn, const void* dy, void* dhn, int64_t n,
-                        const MoeBufs& b, const float* counts, float aux_coef) const {
+                        const MoeBufs& b, const float* counts, float aux_coef, const MoeAdapterArgs& la) const {
+  if (adapted() && (!la.params || !b.lora_ax || !b.lora_g))
+    throw std::invalid_argument("MoeBlock.backward: expert adapters without their parameters or scratch");
   const int64_t R = n * k_;
   std::vector<int32_t> off(size_t(E_) + 1);
   route(ops, w, hn, n, b, nullptr, off.data());  // the recompute gathers no statistics
-  experts_forward(ops, w, hn, n, b, off.data());
+  experts_forward(ops, w, hn, n, b, off.data(), la, b.dys);  // dys is free until the combine's backward
   // y = h1 + sum_j w_j ys[row(t, j)]
   ops.moe_combine_bwd(dy, b.ys, b.topk_w, b.row, b.dys, b.dw, n, k_, H_);
   // ys = down(m): dW_down from m, then dm into m's buffer
+  if (lora_down_) down_adapter_backward(ops, la, b, off.data());
   if (void* g = grad_at(ops, dw, w_down_)) ops.grouped_linear_bwd_weight(b.dys, b.m, g, off.data(), E_, Fe_, H_);
-  if (void* g = gpt_oss_ ? grad_at(ops, dw, b_down_) : nullptr) ops.grouped_bias_bwd(b.dys, g, off.data(), E_, H_);
+  if (void* g = gpt_oss_ ? grad_at(ops, dw, bias_down_) : nullptr) ops.grouped_bias_bwd(b.dys, g, off.data(), E_, H_);
   ops.grouped_linear_bwd_input(b.dys, at(ops, w, w_down_), b.m, off.data(), E_, Fe_, H_, false);
+  if (lora_down_)  // dm += g_a Ad (g_a left in ax by the down adapter's backward)
+    ops.grouped_linear_bwd_input(b.lora_ax, at(ops, la.params, a_down_), b.m, off.data(), E_, Fe_, r_, true);
   if (gpt_oss_)
     ops.swiglu_clamped_bwd(b.g, b.u, b.m, b.dg, b.du, R * Fe_, alpha_, limit_);
   else
@@ -119,17 +195,18 @@ void MoeBlock::backward(Ops& ops, const void* w, void* dw, const void* hn, const
   if (void* g = grad_at(ops, dw, w_gate_)) ops.grouped_linear_bwd_weight(b.dg, b.xs, g, off.data(), E_, H_, Fe_);
   if (void* g = grad_at(ops, dw, w_up_)) ops.grouped_linear_bwd_weight(b.du, b.xs, g, off.data(), E_, H_, Fe_);
   if (gpt_oss_ && dw) {
-    ops.grouped_bias_bwd(b.dg, grad_at(ops, dw, b_gate_), off.data(), E_, Fe_);
-    ops.grouped_bias_bwd(b.du, grad_at(ops, dw, b_up_), off.data(), E_, Fe_);
+    ops.grouped_bias_bwd(b.dg, grad_at(ops, dw, bias_gate_), off.data(), E_, Fe_);
+    ops.grouped_bias_bwd(b.du, grad_at(ops, dw, bias_up_), off.data(), E_, Fe_);
   }
   // the experts' input gradient (in ys, no longer read), summed back onto the tokens
   ops.grouped_linear_bwd_input(b.dg, at(ops, w, w_gate_), b.ys, off.data(), E_, H_, Fe_, false);
   ops.grouped_linear_bwd_input(b.du, at(ops, w, w_up_), b.ys, off.data(), E_, H_, Fe_, true);
+  if (lora_gu_) gate_up_adapter_backward(ops, la, b, off.data());
   ops.moe_gather_bwd(b.ys, b.row, dhn, n, k_, H_, false);
   // the router: through the top-k weights (and the load-balancing loss) into the logits
   ops.moe_route_bwd(b.probs, b.topk_idx, b.dw, counts, aux_coef, b.dlogits, n, E_, k_, norm_topk_);
   if (void* g = grad_at(ops, dw, w_router_)) ops.linear_bwd_weight(b.dlogits, hn, g, n, H_, E_);
-  if (void* g = gpt_oss_ ? grad_at(ops, dw, b_router_) : nullptr) {
+  if (void* g = gpt_oss_ ? grad_at(ops, dw, bias_router_) : nullptr) {
     const int32_t rows[2] = {0, int32_t(n)};
     ops.grouped_bias_bwd(b.dlogits, g, rows, 1, E_);
   }

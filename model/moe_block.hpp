@@ -18,7 +18,19 @@
 // Its gradient in p[t,e] of any layer is E c_e / (Ls T)^2: the same for every token, known
 // once the whole forward pass has run (the counts travel with the micro-batch, LayerArgs::
 // moe_stats).
+//
+// Per-expert LoRA adapters (LoraConfig::target_parameters; PEFT's ParamWrapper on the stacked
+// experts): with s = LoraConfig::scaling(), for expert e on its sorted rows
+//   gate_up: [g; u] += s * B_e A_e xs   (A_e [r, H] shared by gate and up; B_e's gate rows and
+//            up rows are the stacked [E, Fe, r] tensors Bg, Bu)
+//   down   : ys += s * Bd_e Ad_e m      (Ad_e [r, Fe], Bd_e [H, r])
+// run as grouped linears over the same expert offsets (rank r as the small N or K). With
+// a = xs A_e^T and g_a = s (dg Bg_e + du Bu_e) (backward): dBg += s dg^T a, dBu += s du^T a,
+// dA += g_a^T xs, dxs += g_a A_e; the same for down with m and dys. The frozen expert
+// weights get no gradient. Scratch: MoeBufs::lora_ax, lora_g [R, r] and, forward only, lora_t
+// [R, H] (the backward's recompute uses dys, free until the combine's backward).
 #pragma once
+#include <array>
 #include <cstdint>
 
 #include "kernels/ops.hpp"
@@ -26,6 +38,13 @@
 #include "model/layout.hpp"
 
 namespace rp {
+
+/// The adapter group's device copy (compute dtype) and its gradient (grad dtype; null: no
+/// adapter gradients) for a block with expert adapters; both null without.
+struct MoeAdapterArgs {
+  const void* params = nullptr;
+  void* grads = nullptr;
+};
 
 /// Where the block's tensors sit in its decoder group and its sizes.
 class MoeBlock {
@@ -37,27 +56,37 @@ class MoeBlock {
   /// Rows [0, n) of the chunk: y = h1 + block(hn). w: the decoder group's device weights;
   /// stats: LayerArgs::moe_stats (null: none gathered).
   void forward(Ops& ops, const void* w, const void* hn, const void* h1, void* y, int64_t n, const MoeBufs& b,
-               float* stats) const;
+               float* stats, const MoeAdapterArgs& la = {}) const;
   /// Recomputes the chunk's forward, then from dy [n,H]: dhn [n,H] (overwritten), the weight
   /// gradients into dw (the group's gradient; null: frozen, none) and, when counts != null,
   /// the load-balancing loss's gradient aux_coef * counts[e] on every p[t,e].
   void backward(Ops& ops, const void* w, void* dw, const void* hn, const void* dy, void* dhn, int64_t n,
-                const MoeBufs& b, const float* counts, float aux_coef) const;
+                const MoeBufs& b, const float* counts, float aux_coef, const MoeAdapterArgs& la = {}) const;
   int64_t experts() const { return E_; }
+  /// Whether the experts carry adapters (then forward/backward need MoeAdapterArgs::params).
+  bool adapted() const { return lora_gu_ || lora_down_; }
 
  private:
   // logits, routing and grouping of the chunk; returns the host offsets in `off`
   void route(Ops& ops, const void* w, const void* hn, int64_t n, const MoeBufs& b, float* stats,
              int32_t* off) const;
-  // xs, g, u, m and ys of the chunk
-  void experts_forward(Ops& ops, const void* w, const void* hn, int64_t n, const MoeBufs& b,
-                       const int32_t* off) const;
+  // xs, g, u, m and ys of the chunk (adapters included); t [R, H]: the down adapter's output
+  void experts_forward(Ops& ops, const void* w, const void* hn, int64_t n, const MoeBufs& b, const int32_t* off,
+                       const MoeAdapterArgs& la, void* t) const;
+  // the adapters' backward: down before dm overwrites m, gate/up once dg, du exist
+  void down_adapter_backward(Ops& ops, const MoeAdapterArgs& la, const MoeBufs& b, const int32_t* off) const;
+  void gate_up_adapter_backward(Ops& ops, const MoeAdapterArgs& la, const MoeBufs& b, const int32_t* off) const;
   int64_t H_, E_, k_, Fe_;
   bool norm_topk_;
   int64_t w_router_, w_gate_, w_up_, w_down_;  // element offsets in the group
   bool gpt_oss_ = false;
-  int64_t b_router_ = -1, b_gate_ = -1, b_up_ = -1, b_down_ = -1;  // GPT-OSS biases ([E], [E, out] stacks)
+  int64_t bias_router_ = -1, bias_gate_ = -1, bias_up_ = -1, bias_down_ = -1;  // GPT-OSS biases ([E], [E, out] stacks)
   float alpha_ = 0, limit_ = 0;                                     // GPT-OSS clamped SwiGLU
+  // expert adapters: element offsets in the adapter group (model/lora.hpp expert_lora_tensors)
+  bool lora_gu_ = false, lora_down_ = false;
+  int64_t r_ = 0;
+  float scaling_ = 1.0f;
+  int64_t a_gu_ = -1, b_gate_ = -1, b_up_ = -1, a_down_ = -1, b_down_ = -1;
 };
 
 }  // namespace rp

@@ -17,6 +17,8 @@
 #include "base/atomic_file.hpp"
 #include "base/json_fields.hpp"
 #include "model/error_text.hpp"
+#include "model/lora.hpp"
+#include "model/peft_experts.hpp"
 #include "model/safetensors.hpp"
 
 namespace rp {
@@ -95,10 +97,33 @@ void read_lora_fields(const JsonFields& f, PeftAdapter& a) {
   if (!(l.dropout >= 0 && l.dropout < 1)) f.fail("lora_dropout", "a number in [0, 1)");
   l.use_rslora = false;
   if (f.has("use_rslora") && !f.at("use_rslora").is_null()) l.use_rslora = f.boolean("use_rslora");
+  l.target_parameters.clear();
+  if (f.has("target_parameters") && !f.at("target_parameters").is_null()) {
+    const json& tp = f.at("target_parameters");
+    const char* tp_expected = "null or a list of \"mlp.experts.gate_up_proj\", \"mlp.experts.down_proj\"";
+    if (!tp.is_array()) f.fail("target_parameters", tp_expected);
+    for (const auto& e : tp) {
+      // PEFT matches a target parameter by its suffix: "experts.down_proj" or a full path
+      const std::string s = e.is_string() ? e.get<std::string>() : "";
+      int found = -1;
+      for (int p = 0; p < kExpertProjs; ++p) {
+        const std::string n = kExpertProjNames[size_t(p)];
+        const std::string tail = n.substr(n.find('.') + 1);  // "experts.gate_up_proj"
+        if (s == n || s == tail || ends_with(s, "." + tail)) found = p;
+      }
+      if (found < 0) f.fail("target_parameters", tp_expected);
+      if (!lora_targets_experts(l, ExpertProj(found))) l.target_parameters.push_back(kExpertProjNames[size_t(found)]);
+    }
+    std::sort(l.target_parameters.begin(), l.target_parameters.end(), [](const std::string& a, const std::string& b) {
+      return a.find("gate_up") != std::string::npos && b.find("gate_up") == std::string::npos;
+    });
+  }
   const json& tm = f.at("target_modules");
   const char* tm_expected = "a list of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, or \"all-linear\"";
   l.target_modules.clear();
-  if (tm.is_string() && tm == "all-linear") {
+  if (tm.is_null() && !l.target_parameters.empty()) {
+    // only the experts' parameters are adapted
+  } else if (tm.is_string() && tm == "all-linear") {
     l.target_modules = kLinears;
   } else if (tm.is_array() && !tm.empty()) {
     std::set<std::string> seen;
@@ -140,7 +165,7 @@ void refuse_unsupported(const JsonFields& f) {
   must("rank_pattern", json::object(), "{} (one rank for every module)");
   must("alpha_pattern", json::object(), "{} (one alpha for every module)");
   must("lora_bias", false, "false (LoRA biases are not supported)");
-  for (const char* key : {"layers_to_transform", "layer_replication", "target_parameters", "trainable_token_indices"})
+  for (const char* key : {"layers_to_transform", "layer_replication", "trainable_token_indices"})
     if (f.has(key) && !f.at(key).is_null() && !(f.at(key).is_array() && f.at(key).empty()))
       f.fail(key, "null (every decoder layer, whole modules)");
   must("use_qalora", false, "false (LoRA variants are not supported)");
@@ -223,6 +248,30 @@ TrainedBase trained_base(const ModelLayout& layout) {
 
 }  // namespace
 
+namespace {
+
+/// target_modules as written: attention names as they are; the MLP names of a model with
+/// mixture-of-experts layers as the full paths of its dense layers' modules, since PEFT matches
+/// a bare "gate_proj" against the experts too (transformers 4's per-expert linears, or through
+/// its conversion onto transformers 5's stacked experts) and would adapt what the run did not
+/// train. null when only the experts carry adapters.
+json target_modules_json(const ModelLayout& layout) {
+  const ModelConfig& c = layout.config;
+  json out = json::array();
+  for (const std::string& m : lora_target_list(*layout.lora)) {
+    const bool mlp = m == "gate_proj" || m == "up_proj" || m == "down_proj";
+    if (!mlp || c.num_moe_layers() == 0) {
+      out.push_back(m);
+      continue;
+    }
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+      if (!c.is_moe_layer(i)) out.push_back(fmt::format("model.layers.{}.mlp.{}", i, m));
+  }
+  return out.empty() ? json(nullptr) : out;
+}
+
+}  // namespace
+
 json peft_adapter_config(const ModelLayout& layout, const std::string& base_model_name_or_path) {
   const TrainedBase tb = trained_base(layout);
   const LoraConfig& lora = *layout.lora;
@@ -234,7 +283,13 @@ json peft_adapter_config(const ModelLayout& layout, const std::string& base_mode
   if (lora.alpha == std::floor(lora.alpha) && std::abs(lora.alpha) < 1e15) j["lora_alpha"] = int64_t(lora.alpha);
   else j["lora_alpha"] = lora.alpha;
   j["lora_dropout"] = lora.dropout;
-  j["target_modules"] = lora_target_list(lora);
+  j["target_modules"] = target_modules_json(layout);
+  if (lora_has_expert_targets(lora)) {  // PEFT's ParamWrapper on the stacked experts (model/peft_experts.hpp)
+    json tp = json::array();
+    for (int p = 0; p < kExpertProjs; ++p)
+      if (lora_targets_experts(lora, ExpertProj(p))) tp.push_back(kExpertProjNames[size_t(p)]);
+    j["target_parameters"] = tp;
+  }
   j["use_rslora"] = lora.use_rslora;
   j["modules_to_save"] = tb.modules_to_save.empty() ? json(nullptr) : json(tb.modules_to_save);
   j["bias"] = "none";
@@ -266,7 +321,15 @@ void write_peft_adapter(const std::string& dir, const ModelLayout& layout, const
       throw std::invalid_argument(fmt::format("write_peft_adapter: no data for group '{}'", layout.groups[size_t(g)].name));
     refs.push_back({peft_tensor_key(name), t->shape, group_data[size_t(g)] + t->offset});
   };
-  for (const auto& [g, t] : adapter_tensors(layout)) add(t->name, t->name);
+  for (const auto& [g, t] : adapter_tensors(layout))
+    if (t->name.find(".mlp.experts.") == std::string::npos) add(t->name, t->name);
+  std::vector<std::map<std::string, HostTensor>> experts;  // PEFT's layout of the expert adapters
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const int g = layout.adapter_group(int(i) + 1);
+    if (!group_data[size_t(g)] || !c.is_moe_layer(i) || !lora_has_expert_targets(*layout.lora)) continue;
+    experts.push_back(peft_expert_tensors(layout, i, group_data[size_t(g)]));
+    for (const auto& [name, t] : experts.back()) refs.push_back({peft_tensor_key(name), t.shape, t.data.data()});
+  }
   const TrainedBase tb = trained_base(layout);
   if (tb.embed) add(kEmbed, kEmbed);
   // tied: the one matrix under both keys (roundpipe/adapter.hpp)
@@ -341,6 +404,9 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
       // with ensure_weight_tying PEFT saves both ends of a tied pair whichever one is named
       if (!mts.count(module) && !(a.ensure_weight_tying && !mts.empty()))
         bad(fmt::format("modules_to_save of {} does not name '{}'", kAdapterConfigFile, module));
+    } else if (is_peft_expert_key(name)) {
+      if (a.lora.target_parameters.empty())
+        bad(fmt::format("an expert adapter, but {} has no target_parameters", kAdapterConfigFile));
     } else {
       const std::string m = lora_module_of(name);
       if (m.empty())
@@ -351,6 +417,7 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
     if (e.dtype != "F32" && e.dtype != "F16" && e.dtype != "BF16") bad(fmt::format("expected F32, F16 or BF16, got {}", e.dtype));
     a.tensors[name] = f.read_f32(e);
   }
+  expert_tensors_from_peft(a.lora, a.tensors, st_path);
   return a;
 }
 
@@ -382,6 +449,16 @@ void load_peft_adapter(const PeftAdapter& a, const ModelLayout& layout, std::vec
   if (a.lora.target_modules != lora_target_list(want))
     fail(cfg_path, fmt::format("key 'target_modules': expected [{}] (the run's lora.target_modules), got [{}]",
                                fmt::join(lora_target_list(want), ", "), fmt::join(a.lora.target_modules, ", ")));
+  {
+    std::vector<std::string> want_p, got_p;
+    for (int p = 0; p < kExpertProjs; ++p) {
+      if (lora_targets_experts(want, ExpertProj(p))) want_p.push_back(kExpertProjNames[size_t(p)]);
+      if (lora_targets_experts(a.lora, ExpertProj(p))) got_p.push_back(kExpertProjNames[size_t(p)]);
+    }
+    if (want_p != got_p)
+      fail(cfg_path, fmt::format("key 'target_parameters': expected [{}] (the run's lora.target_parameters), got [{}]",
+                                 fmt::join(want_p, ", "), fmt::join(got_p, ", ")));
+  }
   const TrainedBase tb = trained_base(layout);
   const std::set<std::string> got(a.lora.modules_to_save.begin(), a.lora.modules_to_save.end());
   // a tied model trains its one matrix for either name (roundpipe/adapter.hpp)

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -156,6 +157,19 @@ const uint8_t* SafetensorsFile::data(const SafetensorsEntry& e) const {
   return map_ + data_start_ + e.begin;
 }
 
+void SafetensorsFile::check_float_dtype(const SafetensorsEntry& e) const {
+  SafetensorsEntry empty = e;  // read_f32's dtype dispatch on no elements: its error, or nothing
+  empty.shape = {0};
+  read_f32(empty);
+}
+
+void SafetensorsFile::release(const SafetensorsEntry& e) const {
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = uintptr_t(data(e)) / page * page;
+  const uintptr_t hi = std::min(uintptr_t(map_ + size_), (uintptr_t(data(e)) + (e.end - e.begin) + page - 1) / page * page);
+  if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);  // advisory: failure changes nothing
+}
+
 HostTensor SafetensorsFile::read_f32(const SafetensorsEntry& e) const {
   HostTensor t;
   t.shape = e.shape;
@@ -190,7 +204,7 @@ std::string read_text(const std::string& path) {
   return ss.str();
 }
 
-void load_index(const std::string& index_path, std::map<std::string, HostTensor>& out) {
+void open_index(const std::string& index_path, SafetensorsSet& out) {
   json idx;
   try {
     idx = json::parse(read_text(index_path));
@@ -211,21 +225,23 @@ void load_index(const std::string& index_path, std::map<std::string, HostTensor>
   }
   const fs::path base = fs::path(index_path).parent_path();
   for (const auto& [shard, names] : by_shard) {
-    SafetensorsFile f((base / shard).string());
+    out.files.push_back(std::make_unique<SafetensorsFile>((base / shard).string()));
+    const SafetensorsFile& f = *out.files.back();
     for (const auto& name : names) {
       const SafetensorsEntry* e = f.find(name);
       if (!e)
         throw std::runtime_error(fmt::format("{}: tensor '{}' (listed in {}) is missing", f.path(),
                                              name, index_path));
-      out[name] = f.read_f32(*e);
+      f.check_float_dtype(*e);
+      out.tensors[name] = {&f, e};
     }
   }
 }
 
 }  // namespace
 
-std::map<std::string, HostTensor> load_safetensors(const std::string& path) {
-  std::map<std::string, HostTensor> out;
+SafetensorsSet open_safetensors(const std::string& path) {
+  SafetensorsSet out;
   std::error_code ec;
   std::string p = path;
   if (fs::is_directory(p, ec)) {
@@ -240,11 +256,22 @@ std::map<std::string, HostTensor> load_safetensors(const std::string& path) {
     }
   }
   if (p.size() >= 5 && p.compare(p.size() - 5, 5, ".json") == 0) {
-    load_index(p, out);
+    open_index(p, out);
     return out;
   }
-  SafetensorsFile f(p);
-  for (const auto& e : f.entries()) out[e.name] = f.read_f32(e);
+  out.files.push_back(std::make_unique<SafetensorsFile>(p));
+  const SafetensorsFile& f = *out.files.back();
+  for (const auto& e : f.entries()) {
+    f.check_float_dtype(e);
+    out.tensors[e.name] = {&f, &e};
+  }
+  return out;
+}
+
+std::map<std::string, HostTensor> load_safetensors(const std::string& path) {
+  const SafetensorsSet set = open_safetensors(path);
+  std::map<std::string, HostTensor> out;
+  for (const auto& [name, w] : set.tensors) out[name] = w.file->read_f32(*w.entry);
   return out;
 }
 

@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,12 @@ class SafetensorsFile {
   const std::string& path() const { return path_; }
   /// Entries in file order (sorted by data offset).
   const std::vector<SafetensorsEntry>& entries() const { return entries_; }
+  /// Throws read_f32's error when `e`'s dtype cannot be read as floats.
+  void check_float_dtype(const SafetensorsEntry& e) const;
+  /// Drops the mapped pages of `e` from this process's resident set (the kernel's page cache
+  /// keeps them; a later read maps them again), so reading a model tensor by tensor does not
+  /// leave the whole file counted in the process's memory.
+  void release(const SafetensorsEntry& e) const;
   /// Entry `name` or nullptr.
   const SafetensorsEntry* find(const std::string& name) const;
   /// The "__metadata__" object (string -> string), or an empty object.
@@ -57,6 +64,20 @@ class SafetensorsFile {
   std::vector<SafetensorsEntry> entries_;
   nlohmann::json metadata_;
 };
+
+/// The mapped files of a safetensors checkpoint and where each tensor lies, nothing read yet.
+struct SafetensorsSet {
+  std::vector<std::unique_ptr<SafetensorsFile>> files;
+  struct Where {
+    const SafetensorsFile* file = nullptr;
+    const SafetensorsEntry* entry = nullptr;
+  };
+  std::map<std::string, Where> tensors;  ///< by tensor name
+};
+
+/// Opens (maps and validates) what load_safetensors reads, with the same checks and errors
+/// (the dtype of every tensor must be readable as floats), but reads no tensor data.
+SafetensorsSet open_safetensors(const std::string& path);
 
 /// Loads every tensor as fp32. `path` is a .safetensors file, a model.safetensors.index.json
 /// (its "weight_map" names the shard of each tensor, relative to the index's folder) or a

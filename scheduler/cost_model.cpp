@@ -178,7 +178,45 @@ struct Dims {
   double T, S, nseq, H, Q, K, F, V, nq, D, E, k, Fe;
   bool qk_norm, moe;
   bool frozen = false;  ///< frozen base weights: the backward computes no weight gradient
+  double r = 0;         ///< LoRA rank of the experts' adapters
+  bool lora_gu = false, lora_down = false;  ///< which expert projections carry adapters
 };
+
+// The experts' adapters (model/moe_block.hpp) over R routed rows: forward a = xs A^T, then
+// a Bg^T, a Bu^T added into g, u (gate_up); a = m Ad^T, a Bd^T added into ys (down).
+void expert_lora_forward(Acc& a, const Dims& x) {
+  const double es = a.es(), R = x.T * x.k;
+  if (x.lora_gu) {
+    a.grouped(R, x.r, x.H, x.E);
+    for (int i = 0; i < 2; ++i) {
+      a.grouped(R, x.Fe, x.r, x.E);
+      a.elementwise(3 * R * x.Fe * es);
+    }
+  }
+  if (x.lora_down) {
+    a.grouped(R, x.r, x.Fe, x.E);
+    a.grouped(R, x.H, x.r, x.E);
+    a.elementwise(3 * R * x.H * es);
+  }
+}
+
+// Their backward: a again, dB += dy^T a, g = s dy B, dA += g^T x, dx += g A (the adapters'
+// weight gradients are always computed; the base's never are when frozen).
+void expert_lora_backward(Acc& a, const Dims& x) {
+  const double es = a.es(), R = x.T * x.k;
+  auto proj = [&](double in, double outs, int n_b) {
+    a.grouped(R, x.r, in, x.E);                          // a
+    a.elementwise(4 * R * x.r * es);                     // scaled copies of a and g
+    for (int i = 0; i < n_b; ++i) {
+      a.grouped(R, x.r, outs, x.E, true);                // dB
+      a.grouped(R, x.r, outs, x.E);                      // g += dy B
+    }
+    a.grouped(R, in, x.r, x.E, true);                    // dA
+    a.grouped(R, in, x.r, x.E);                          // dx += g A
+  };
+  if (x.lora_down) proj(x.Fe, x.H, 1);
+  if (x.lora_gu) proj(x.H, x.Fe, 2);
+}
 
 // Forward of a sparse MLP block (model/moe_block.hpp) on the normed input hn [T,H]: router
 // GEMM, softmax and top-k, gather of R = T*k routed rows, the experts' grouped gate / up /
@@ -192,6 +230,7 @@ void moe_forward(Acc& a, const Dims& x) {
   a.grouped(R, x.Fe, x.H, x.E);                       // up
   a.elementwise(3 * R * x.Fe * es);                   // SwiGLU
   a.grouped(R, x.H, x.Fe, x.E);                       // down
+  expert_lora_forward(a, x);
   a.elementwise((R + x.T) * x.H * es);                // weighted combine
 }
 
@@ -207,6 +246,7 @@ void moe_backward(Acc& a, const Dims& x) {
     a.grouped(R, x.H, x.Fe, x.E);                     // dxs += dg Wg (du Wu)
     if (!x.frozen) a.grouped(R, x.Fe, x.H, x.E, true);
   }
+  expert_lora_backward(a, x);
   a.elementwise((R + x.T) * x.H * es);                // scatter-add dxs into dhn
   a.elementwise(2 * x.T * x.E * (es + 4));            // softmax / top-k backward: dlogits
   a.gemm(x.T, x.H, x.E);                              // dhn += dlogits W_router
@@ -304,6 +344,9 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, i
   x.Fe = double(m.moe_intermediate_size);
   x.qk_norm = m.qk_norm;
   x.frozen = d.frozen_base;
+  x.r = double(d.lora_rank);
+  x.lora_gu = d.lora_rank > 0 && d.lora_experts_gate_up;
+  x.lora_down = d.lora_rank > 0 && d.lora_experts_down;
   const int64_t T = n_seq * seq_len, H = m.hidden_size;
   const int64_t act = T * H * d.elem_bytes, ids = T * 4;
   const int64_t se = d.scratch_elem_bytes;
@@ -347,6 +390,7 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, i
         dd.experts = m.num_experts;
         dd.experts_per_tok = m.experts_per_token;
         dd.expert_ffn = m.moe_intermediate_size;
+        dd.expert_lora = x.lora_gu || x.lora_down;
       }
       if (d.saved_attention) {
         c.attn_o_bytes = int64_t(attention_output_bytes(dd, T, size_t(d.elem_bytes)));
@@ -381,6 +425,15 @@ void lora_device_model(DeviceModel& d, const ModelLayout& m) {
   d.lora_rank = m.lora ? m.lora->r : 0;
   d.lora_dropout = m.lora && m.lora->dropout > 0;
   d.frozen_base = m.config.num_hidden_layers > 0 && m.groups.size() > 1 && m.groups[1].frozen;
+  // the entries of a validated LoraConfig::target_parameters (model/lora.hpp), without its code
+  auto names = [&](const char* p) {
+    if (!m.lora) return false;
+    for (const std::string& t : m.lora->target_parameters)
+      if (t == p || t == std::string("mlp.experts.") + p) return true;
+    return false;
+  };
+  d.lora_experts_gate_up = names("gate_up_proj");
+  d.lora_experts_down = names("down_proj");
 }
 
 void apply_frozen_groups(std::vector<LayerCost>& costs, const ModelLayout& m, int64_t elem_bytes,

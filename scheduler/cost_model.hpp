@@ -116,6 +116,10 @@ struct DeviceModel {
   int64_t lora_rank = 0;
   bool lora_dropout = false;
   bool frozen_base = false;
+  /// Per-expert adapters of rank lora_rank on the sparse blocks' experts (LoraConfig::
+  /// target_parameters): gate_up_proj (A [E, r, H], B [E, 2Fe, r]) and down_proj; their grouped
+  /// GEMMs of small N or K and their [R, r] / [R, H] scratch (model/moe_block.hpp).
+  bool lora_experts_gate_up = false, lora_experts_down = false;
 };
 
 /// Sets d's LoRA fields from m (m.lora and whether the first decoder's base group is frozen);

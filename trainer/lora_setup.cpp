@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "base/host_resources.hpp"
 #include "kernels/weight_format.hpp"
 #include "model/lora.hpp"
 #include "roundpipe/adapter.hpp"
@@ -14,35 +15,22 @@ namespace rp {
 
 namespace {
 
-// Base group g of `layout` from the loaded tensors (which are erased as they are used): fp32
-// for a trainable group, the storage form for a frozen one.
-void take_base_group(LoadedModel& base, const ModelLayout& layout, size_t g, RunWeights& out) {
-  const ParamGroup& grp = layout.groups[g];
-  std::vector<float> f32;
-  std::vector<uint8_t> st;
-  if (grp.frozen) st.resize(size_t(grp.storage_bytes));
-  else f32.resize(size_t(grp.numel));
-  for (const TensorSpec& t : grp.tensors) {
-    std::string name = t.name;
-    if (name == "lm_head.weight" && !base.tensors.count(name) && layout.config.tie_word_embeddings)
-      name = "model.embed_tokens.weight";
-    auto it = base.tensors.find(name);
-    if (it == base.tensors.end())
-      throw std::runtime_error(fmt::format("{}: tensor '{}' missing for the LoRA base", base.source, t.name));
-    if (it->second.numel() != t.numel())
-      throw std::runtime_error(fmt::format("{}: tensor '{}' has {} values, the model config says {}",
-                                           base.source, t.name, it->second.numel(), t.numel()));
-    if (grp.frozen) quantize_weights(t.format, it->second.data.data(), st.data() + t.byte_offset, t.numel());
-    else std::copy(it->second.data.begin(), it->second.data.end(), f32.begin() + t.offset);
-    base.tensors.erase(it);  // each tensor belongs to one group: the fp32 copy goes as it is used
-  }
-  out.trainable[g] = std::move(f32);
-  out.frozen[g] = std::move(st);
+/// The host memory the run's weights take: frozen groups in their storage form, fp32 for the
+/// trainable ones (the optimizer's moments come on top, sized by the Session).
+void check_host_memory(const ModelLayout& layout, const std::string& where) {
+  double need = 0;
+  for (const auto& g : layout.groups) need += g.frozen ? double(g.storage_bytes) : 4.0 * double(g.numel);
+  const size_t avail = host_available_bytes();
+  if (avail > 0 && !(need <= double(avail)))
+    throw std::runtime_error(fmt::format("{}: the LoRA run's weights (frozen base in {}) need about {} of host "
+                                         "memory, {} is available",
+                                         where, weight_format_name(layout.lora->base_format), byte_text(need),
+                                         byte_text(double(avail))));
 }
 
 }  // namespace
 
-RunWeights lora_run_weights(const TrainSpec& spec, LoadedModel& base, const std::string& adapter_dir) {
+RunWeights lora_run_weights(const TrainSpec& spec, ModelSource& base, const std::string& adapter_dir) {
   std::optional<PeftAdapter> adapter;
   if (!adapter_dir.empty()) adapter = read_peft_adapter(adapter_dir);
   LoraConfig lora;
@@ -52,24 +40,25 @@ RunWeights lora_run_weights(const TrainSpec& spec, LoadedModel& base, const std:
     lora = adapter->lora;
     lora.seed = spec.seed;
   }
-  if (adapter && peft_adapter_unties(*adapter, base.config)) {
+  if (adapter && peft_adapter_unties(*adapter, base.config())) {
     spdlog::info("{}: the adapter trains one end of the tied embeddings alone; the base is untied",
                  adapter_dir);
-    untie_embeddings(base);
+    base.untie_embeddings();
   }
   RunWeights w;
-  w.layout = make_layout(base.config, lora);
+  w.layout = make_layout(base.config(), lora);
+  check_host_memory(w.layout, base.header().source);
   const size_t G = w.layout.groups.size();
-  w.trainable.assign(G, {});
-  w.frozen.assign(G, {});
   const size_t n_base = size_t(w.layout.num_layers());
-  for (size_t g = 0; g < n_base; ++g) take_base_group(base, w.layout, g, w);
-  base.tensors.clear();
+  // tensor by tensor from the mapped files: peak host memory is the storage form plus one
+  // tensor's fp32 copy
+  const int64_t as_stored = read_base_groups(base, w.layout, w.trainable, w.frozen);
+  spdlog::debug("{}: {} base tensors copied in their file form", base.header().source, as_stored);
   for (size_t g = n_base; g < G; ++g) w.trainable[g] = lora_initial_group(w.layout, int(g));
   if (adapter) {
     load_peft_adapter(*adapter, w.layout, w.trainable);
-    spdlog::info("adapter {}: r {}, alpha {:g}, {} target modules", adapter_dir, lora.r, lora.alpha,
-                 lora.target_modules.size());
+    spdlog::info("adapter {}: r {}, alpha {:g}, {} target modules, {} expert parameters", adapter_dir, lora.r,
+                 lora.alpha, lora.target_modules.size(), lora.target_parameters.size());
   }
   int64_t frozen_bytes = 0, trainable = 0;
   for (const auto& g : w.layout.groups) g.frozen ? frozen_bytes += g.storage_bytes : trainable += g.numel;
@@ -88,11 +77,45 @@ std::vector<std::vector<float>> all_group_weights(const Session& session) {
 }
 
 PlainModel merged_model(const Session& session) {
-  const std::vector<std::vector<float>> all = all_group_weights(session);
-  std::vector<const float*> ptrs;
-  for (const auto& g : all) ptrs.push_back(g.data());
-  MergedWeights m = merge_adapters(session.layout(), ptrs);
-  return PlainModel{std::move(m.layout), std::move(m.groups)};
+  // Group by group: the base groups of a LoRA layout hold make_layout(config)'s tensors at the
+  // same offsets, so each merged group is the session's fp32 copy of that group with its
+  // layer's adapters folded in (fold_lora, as merge_adapters folds them): the peak is the fp32
+  // model once plus one group, not twice the model.
+  const ModelLayout& lay = session.layout();
+  if (!lay.lora) throw std::invalid_argument("merged_model: the session trains no LoRA adapters");
+  PlainModel m{make_layout(lay.config), {}};
+  m.groups.resize(m.layout.groups.size());
+  const double s = lay.lora->scaling();
+  for (size_t g = 0; g < m.layout.groups.size(); ++g) {
+    const ParamGroup& dst = m.layout.groups[g];
+    const ParamGroup& src = lay.groups[g];
+    for (const TensorSpec& t : dst.tensors) {
+      const int i = src.find(t.name);
+      if (i < 0 || src.tensors[size_t(i)].offset != t.offset || src.tensors[size_t(i)].shape != t.shape)
+        throw std::invalid_argument(fmt::format("merged_model: group '{}' holds '{}' elsewhere", src.name, t.name));
+    }
+    m.groups[g] = session.group_weights_f32(int(g));
+    m.groups[g].resize(size_t(dst.numel));
+    const int ga = lay.kind(int(g)) == LayerKind::decoder ? lay.adapter_group(int(g)) : -1;
+    if (ga < 0) continue;
+    const ParamGroup& ad = lay.groups[size_t(ga)];
+    const std::vector<float> a = session.group_weights_f32(ga);
+    for (const TensorSpec& ta : ad.tensors) {
+      const std::string suffix = ".lora_A.weight";
+      if (ta.name.size() < suffix.size() || ta.name.compare(ta.name.size() - suffix.size(), suffix.size(), suffix) != 0)
+        continue;
+      const std::string mod = ta.name.substr(0, ta.name.size() - suffix.size());
+      const int ib = ad.find(mod + ".lora_B.weight"), iw = dst.find(mod + ".weight");
+      if (ib < 0 || iw < 0)
+        throw std::invalid_argument(fmt::format("merged_model: group '{}': '{}' has no lora_B or base weight", ad.name,
+                                                ta.name));
+      const TensorSpec& tb = ad.tensors[size_t(ib)];
+      const TensorSpec& tw = dst.tensors[size_t(iw)];
+      fold_lora(m.groups[g].data() + tw.offset, a.data() + ta.offset, a.data() + tb.offset, tw.shape.at(0),
+                tw.shape.at(1), ta.shape.at(0), s);
+    }
+  }
+  return m;
 }
 
 }  // namespace rp

@@ -11,6 +11,7 @@
 
 #include "roundpipe/checkpoint.hpp"
 #include "roundpipe/model.hpp"
+#include "roundpipe/model_source.hpp"
 #include "roundpipe/spec.hpp"
 
 namespace rp {
@@ -29,20 +30,24 @@ struct RunWeights {
 /// True when the spec trains LoRA adapters (a "lora" object or an "adapter" folder).
 inline bool trains_lora(const TrainSpec& spec) { return spec.lora.has_value() || !spec.adapter.empty(); }
 
-/// The LoRA run's layout and weights from the base model `base` (its tensors are consumed,
-/// tensor by tensor, while the frozen groups are quantized) and, when `adapter_dir` is not
-/// empty, the PEFT adapter folder there. The LoRA settings are spec.lora's, else the adapter's
-/// (with spec.seed). A tied base that the adapter unties (roundpipe/adapter.hpp) is untied
-/// first, so `base.config` may change. Throws std::invalid_argument / std::runtime_error with
-/// one line naming the spec key or the adapter file.
-RunWeights lora_run_weights(const TrainSpec& spec, LoadedModel& base, const std::string& adapter_dir);
+/// The LoRA run's layout and weights from the base model `base` (read tensor by tensor: the
+/// frozen groups straight into their storage form, read_base_groups) and, when `adapter_dir`
+/// is not empty, the PEFT adapter folder there. The LoRA settings are spec.lora's, else the
+/// adapter's (with spec.seed). A tied base that the adapter unties (roundpipe/adapter.hpp) is
+/// untied first, so `base.config()` may change. Throws std::invalid_argument /
+/// std::runtime_error with one line naming the spec key or the adapter file, or the model when
+/// its storage form does not fit the host's available memory.
+RunWeights lora_run_weights(const TrainSpec& spec, ModelSource& base, const std::string& adapter_dir);
 
 /// Group g's fp32 weights for every group of the session's layout (frozen ones dequantized):
 /// what the adapter files and the merge read.
 std::vector<std::vector<float>> all_group_weights(const Session& session);
 
-/// The plain model the LoRA session computes (adapters folded into the base: W + s B A), for
-/// generation and evaluation callbacks: the layout of make_layout(config) and its fp32 groups.
+/// The plain model the LoRA session computes (adapters folded into the base: W + s B A, equal
+/// to merge_adapters of all_group_weights), for generation, evaluation callbacks and
+/// final-merged/: the layout of make_layout(config) and its fp32 groups, built group by group
+/// (host memory: the fp32 model once). Throws std::invalid_argument for a session without
+/// adapters.
 struct PlainModel {
   ModelLayout layout;
   std::vector<std::vector<float>> groups;

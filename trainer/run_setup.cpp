@@ -44,10 +44,9 @@ void require_tokenizer(const LoadedModel& model) {
     throw std::runtime_error(model.source + ": the model carries no tokenizer (tokenizer.json)");
 }
 
-LoadedModel load_model_for_training(const std::string& path) {
-  spdlog::info("loading model {}", path);
-  LoadedModel lm = load_model(path);
-  const auto& c = lm.config;
+namespace {
+
+void log_model(const ModelConfig& c) {
   if (c.num_moe_layers() > 0)
     spdlog::info("model: {} layers ({} sparse: {} experts, top-{}, expert ffn {}; load-balancing loss {}), hidden {}, "
                  "{} heads ({} kv), vocab {}, {:.1f} M parameters ({:.1f} M active per token){}",
@@ -61,8 +60,24 @@ LoadedModel load_model_for_training(const std::string& path) {
                  c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads,
                  c.intermediate_size, c.vocab_size, c.num_parameters() / 1e6,
                  c.tie_word_embeddings ? ", tied embeddings" : "");
+}
+
+}  // namespace
+
+LoadedModel load_model_for_training(const std::string& path) {
+  spdlog::info("loading model {}", path);
+  LoadedModel lm = load_model(path);
+  log_model(lm.config);
   require_tokenizer(lm);
   return lm;
+}
+
+ModelSource open_model_for_training(const std::string& path) {
+  spdlog::info("loading model {}", path);
+  ModelSource src = ModelSource::open(path);
+  log_model(src.config());
+  require_tokenizer(src.header());
+  return src;
 }
 
 TokenStream load_data_for_training(const TrainSpec& spec, const LoadedModel& model) {

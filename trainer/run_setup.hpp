@@ -5,6 +5,7 @@
 
 #include "roundpipe/checkpoint.hpp"
 #include "roundpipe/data.hpp"
+#include "roundpipe/model_source.hpp"
 #include "roundpipe/session.hpp"
 #include "roundpipe/spec.hpp"
 
@@ -24,6 +25,8 @@ void require_tokenizer(const LoadedModel& model);
 /// load_model(path) with the "loading model" / "model: ..." log lines; the model must carry
 /// a tokenizer.
 LoadedModel load_model_for_training(const std::string& path);
+/// The same for a LoRA run's base: ModelSource::open(path), no tensor read yet.
+ModelSource open_model_for_training(const std::string& path);
 
 /// The training sequences of spec.data with the model's tokenizer (log lines "loading data"
 /// and "data: ..."). Throws std::invalid_argument naming spec.source and 'seq_len' when no

@@ -30,8 +30,11 @@ SampleResult sample(Generator& gen, const LoadedModel& model, const SampleReques
   size_t shown = 0, cut = std::string::npos;
   auto text_of = [&](const std::vector<int32_t>& ids) {
     std::vector<int32_t> keep;
+    // ids the tokenizer has no token for (rows a model pads its vocabulary with) show as
+    // nothing, as Hugging Face's decode skips them
     for (int32_t id : ids)
-      if (std::find(o.stop_ids.begin(), o.stop_ids.end(), id) == o.stop_ids.end()) keep.push_back(id);
+      if (tok.has_token(id) && std::find(o.stop_ids.begin(), o.stop_ids.end(), id) == o.stop_ids.end())
+        keep.push_back(id);
     return tok.decode(keep);
   };
   // the callback decodes as tokens come, shows the new text and stops at a stop string

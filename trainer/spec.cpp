@@ -128,6 +128,7 @@ void read_optimizer(const JsonFields& f, TrainSpec& s) {
 const char* kTargetsExpected =
     "a non-empty list of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, or \"all-linear\"";
 const char* kModulesExpected = "a list of \"embed_tokens\", \"lm_head\"";
+const char* kParametersExpected = "a list of \"mlp.experts.gate_up_proj\", \"mlp.experts.down_proj\"";
 
 /// The rules of a LoraConfig, for a spec file and a spec built in code alike; `f` carries the
 /// prefix "lora." so the messages name the nested key.
@@ -135,7 +136,14 @@ void check_lora(const JsonFields& f, const LoraConfig& l) {
   if (l.r < 1) f.fail("r", "an integer >= 1", l.r);
   if (!(l.alpha > 0) || !std::isfinite(l.alpha)) f.fail("alpha", "a finite number > 0", l.alpha);
   if (!(l.dropout >= 0 && l.dropout < 1)) f.fail("dropout", "a number in [0, 1)", l.dropout);
-  if (l.target_modules.empty()) f.fail("target_modules", kTargetsExpected, l.target_modules);
+  // the experts alone (target_parameters) leave target_modules empty, as PEFT's target_modules=None
+  if (l.target_modules.empty() && l.target_parameters.empty())
+    f.fail("target_modules", kTargetsExpected, l.target_modules);
+  for (const auto& p : l.target_parameters)
+    if (p != "mlp.experts.gate_up_proj" && p != "mlp.experts.down_proj" && p != "gate_up_proj" && p != "down_proj")
+      f.fail("target_parameters", kParametersExpected, l.target_parameters);
+  if (!l.target_parameters.empty() && l.dropout != 0)
+    f.fail("dropout", "0 with target_parameters (expert adapters take no dropout, as PEFT's)", l.dropout);
   for (const auto& m : l.target_modules) {
     const bool known = m == "all-linear" || m == "q_proj" || m == "k_proj" || m == "v_proj" || m == "o_proj" ||
                        m == "gate_proj" || m == "up_proj" || m == "down_proj";
@@ -153,7 +161,8 @@ void read_lora(const JsonFields& f, TrainSpec& s) {
   f.optional("merge_adapters", s.merge_adapters);
   if (f.has("lora")) {
     const JsonFields l = f.nested("lora");
-    l.allow_only({"r", "alpha", "dropout", "target_modules", "use_rslora", "modules_to_save", "seed", "base_format"});
+    l.allow_only({"r", "alpha", "dropout", "target_modules", "target_parameters", "use_rslora", "modules_to_save",
+                  "seed", "base_format"});
     LoraConfig c;
     c.seed = s.seed;
     l.optional("r", c.r);
@@ -174,6 +183,16 @@ void read_lora(const JsonFields& f, TrainSpec& s) {
       } else {
         l.fail("target_modules", kTargetsExpected);
       }
+    }
+    if (l.has("target_parameters")) {
+      const auto& p = l.at("target_parameters");
+      if (!p.is_array()) l.fail("target_parameters", kParametersExpected);
+      for (const auto& e : p) {
+        if (!e.is_string()) l.fail("target_parameters", kParametersExpected);
+        c.target_parameters.push_back(e.get<std::string>());
+      }
+      // only the experts: no target_modules unless the spec names them
+      if (!l.has("target_modules")) c.target_modules.clear();
     }
     if (l.has("modules_to_save")) {
       const auto& m = l.at("modules_to_save");

@@ -14,6 +14,7 @@
 #include "roundpipe/adapter.hpp"
 #include "roundpipe/checkpoint.hpp"
 #include "roundpipe/session.hpp"
+#include "base/host_resources.hpp"
 #include "trainer/checkpoint_bundle.hpp"
 #include "trainer/disk_space.hpp"
 #include "trainer/lora_setup.hpp"
@@ -93,9 +94,11 @@ void Run::setup() {
   resume_ = check_resume(spec_);
   RunWeights w;
   if (trains_lora(spec_)) {
-    // LoRA: the base always comes from spec.model (a LoRA checkpoint is a PEFT adapter folder)
-    model_ = load_model_for_training(spec_.model);
-    w = lora_run_weights(spec_, model_, resume_ ? resume_->dir : spec_.adapter);
+    // LoRA: the base always comes from spec.model (a LoRA checkpoint is a PEFT adapter folder),
+    // read tensor by tensor into its storage form (never the whole model in fp32)
+    ModelSource base = open_model_for_training(spec_.model);
+    w = lora_run_weights(spec_, base, resume_ ? resume_->dir : spec_.adapter);
+    model_ = base.header();
   } else {
     // a resumed run takes weights, config and tokenizer from the checkpoint
     model_ = load_model_for_training(resume_ ? resume_->dir : spec_.model);
@@ -262,7 +265,18 @@ std::string Run::sample_text(const char* when) {
   if (spec_.sample_prompt.empty()) return {};
   session_->synchronize();
   std::optional<PlainModel> merged;  // LoRA: the base with the adapters folded in
-  if (session_->layout().lora) merged = merged_model(*session_);
+  if (session_->layout().lora) {
+    // the generator reads fp32 weights: a base that fits the host only in its storage form
+    // skips the sample instead of running out of memory
+    const double need = 4.0 * double(session_->layout().config.num_parameters());
+    const size_t avail = host_available_bytes();
+    if (avail > 0 && need > 0.9 * double(avail)) {
+      spdlog::warn("sample {} skipped: the merged fp32 model needs about {} of host memory, {} is available",
+                   when, byte_text(need), byte_text(double(avail)));
+      return {};
+    }
+    merged = merged_model(*session_);
+  }
   const ModelLayout& layout = merged ? merged->layout : session_->layout();
   std::vector<const float*> ptrs;
   for (const auto& g : merged ? merged->groups : session_->master_weights()) ptrs.push_back(g.data());
@@ -298,12 +312,11 @@ bool Run::drain(int64_t t) {
 /// merge_adapters: final-merged/, a plain Hugging Face folder of the base with the adapters
 /// folded in (the adapter folder final/ stays).
 void Run::save_merged() {
-  const std::vector<std::vector<float>> all = all_group_weights(*session_);
+  const PlainModel m = merged_model(*session_);  // the fp32 model once, built group by group
   std::vector<const float*> ptrs;
-  for (const auto& g : all) ptrs.push_back(g.data());
+  for (const auto& g : m.groups) ptrs.push_back(g.data());
   const std::string dir = path("final-merged");
-  save_merged_checkpoint(dir, session_->layout(), ptrs, model_.tokenizer_json, model_.chat_template,
-                         parse_dtype(spec_.save_dtype));
+  save_hf_checkpoint(dir, m.layout, ptrs, model_.tokenizer_json, model_.chat_template, parse_dtype(spec_.save_dtype));
   spdlog::info("saved the merged model {}", dir);
 }
 

@@ -11,6 +11,9 @@
 //     (k_proj, v_proj, o_proj under self_attn; gate_proj, up_proj, down_proj under mlp)
 //     base_model.model.model.embed_tokens.weight [vocab, hidden]  modules_to_save "embed_tokens"
 //     base_model.model.lm_head.weight            [vocab, hidden]  modules_to_save "lm_head"
+//     base_model.model.model.layers.<i>.mlp.experts[.base_layer].lora_A.weight [E*r, in] and
+//     ...lora_B.weight [out, r*E]: per-expert adapters (target_parameters, PEFT's ParamWrapper;
+//     the layout and the nesting in model/peft_experts.hpp)
 // (PEFT stores a modules_to_save copy under the module's own name, without the
 // ".modules_to_save.default" of its wrapper.)
 //
@@ -50,7 +53,9 @@ std::string tensor_name_of_peft_key(const std::string& key);
 std::vector<std::string> lora_target_list(const LoraConfig& lora);
 
 /// adapter_config.json for the LoRA `layout` (see the file comment): target_modules as the
-/// explicit list of lora_target_list, modules_to_save as trained (plus "model.norm" when the
+/// explicit list of lora_target_list (in a model with mixture-of-experts layers the MLP names
+/// as the full paths of the dense layers' modules, so PEFT does not take them for the experts;
+/// null when only experts are adapted), target_parameters when experts carry adapters, modules_to_save as trained (plus "model.norm" when the
 /// head group, which holds the final norm beside lm_head, is trainable), ensure_weight_tying
 /// true when the model ties its embeddings and trains them, base_model_name_or_path (null
 /// when ""). Throws std::invalid_argument when layout.lora is empty.
@@ -79,8 +84,9 @@ void save_peft_adapter(const std::string& dir, const ModelLayout& layout,
 /// A PEFT adapter folder read into memory.
 struct PeftAdapter {
   std::string dir;
-  /// r, alpha, dropout, target_modules (short names, layer order), use_rslora, modules_to_save
-  /// ("embed_tokens" / "lm_head"); base_format and seed keep LoraConfig's defaults.
+  /// r, alpha, dropout, target_modules (short names, layer order), target_parameters
+  /// (kExpertProjNames, gate_up first), use_rslora, modules_to_save ("embed_tokens" /
+  /// "lm_head"); base_format and seed keep LoraConfig's defaults.
   LoraConfig lora;
   bool ensure_weight_tying = false;
   /// modules_to_save names the final norm ("model.norm"; the runtime's head group trains it
@@ -88,7 +94,8 @@ struct PeftAdapter {
   bool final_norm = false;
   std::string base_model_name_or_path;  ///< "" when null or absent
   /// Our (Hugging Face) names -> fp32 tensors: "model.layers.<i>.<self_attn|mlp>.<m>.lora_A.weight",
-  /// "...lora_B.weight", "model.embed_tokens.weight", "lm_head.weight", "model.norm.weight".
+  /// "...lora_B.weight", "model.embed_tokens.weight", "lm_head.weight", "model.norm.weight", and
+  /// the experts' adapters already in the runtime's layout (model/lora.hpp expert_lora_tensors).
   std::map<std::string, HostTensor> tensors;
 };
 

@@ -39,6 +39,9 @@ struct LoadedModel {
 /// and the chat_template of tokenizer_config.json or chat_template.jinja when present).
 /// Every tensor of make_layout(config) must be present with the right shape; unknown extra
 /// tensors are refused. Throws std::runtime_error("<file>: <what>") naming the tensor.
+/// It is ModelSource::open(path) (roundpipe/model_source.hpp) with every tensor read: about
+/// 4 bytes per parameter of host memory. A LoRA run reads its frozen base tensor by tensor
+/// from a ModelSource instead.
 LoadedModel load_model(const std::string& path);
 
 /// Resizes `group_data` to layout.groups.size() buffers of group.numel floats and copies

@@ -151,6 +151,13 @@ struct LoraConfig {
   /// Linear module names: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, or
   /// the single entry "all-linear" (all seven; never the LM head, as PEFT).
   std::vector<std::string> target_modules = {"q_proj", "v_proj"};
+  /// Stacked expert weights of the sparse (mixture-of-experts) layers that carry per-expert
+  /// adapters, by PEFT's target_parameters names: "mlp.experts.gate_up_proj" (the fused gate
+  /// and up projections, one A [E, r, H] and B [E, 2*Fe, r]) and "mlp.experts.down_proj" (A
+  /// [E, r, Fe], B [E, H, r]); "gate_up_proj" / "down_proj" are read the same. Empty: experts
+  /// stay frozen and adapter-free (target_modules never reaches them). Needs dropout 0, as
+  /// PEFT's ParamWrapper (model/lora.hpp).
+  std::vector<std::string> target_parameters;
   bool use_rslora = false;
   /// Modules trained fully beside the adapters: "embed_tokens" (group 0), "lm_head" (the
   /// head group; with tied embeddings, the embedding).

@@ -9,6 +9,7 @@
 #include "roundpipe/errors.hpp"
 #include "roundpipe/generate.hpp"
 #include "roundpipe/model.hpp"
+#include "roundpipe/model_source.hpp"
 #include "roundpipe/optimizer.hpp"
 #include "roundpipe/plan.hpp"
 #include "roundpipe/session.hpp"

@@ -302,9 +302,10 @@ constexpr int bwd_smem() {
          (VAR ? 3 : 2) * nb * kB * int(sizeof(float));
 }
 
-// VAR: rows before a key's window are masked (their first keys staged with lse and Di), and
-// the query tiles past the window of the block's last key are not visited. The sinks enter
-// through lse only (dsinks: a kernel of its own).
+// VAR: rows before a key's window are masked (their first keys staged with lse and Di), the
+// query tiles past the window of the block's last key are not visited, and tiles whose rows
+// all start after the block's keys (later packed examples) are skipped after their load.
+// The sinks enter through lse only (dsinks: a kernel of its own).
 template <typename T, int D, bool PIPE, bool VAR = false>
 __global__ void __launch_bounds__(256) flash_bwd_kernel(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
@@ -398,7 +399,22 @@ __global__ void __launch_bounds__(256) flash_bwd_kernel(
       }
       cp_async_wait<0>();
     }
-    __syncthreads();
+    if constexpr (VAR) {
+      // a tile none of whose rows sees a key of this block (examples packed after it) is
+      // skipped; the barrier also decides that for the whole block
+      const bool some = threadIdx.x < kB && q0 + int(threadIdx.x) < L && s_lob[b * kB + threadIdx.x] <= k0 + kB - 1;
+      if (!__syncthreads_or(some)) {
+        if (PIPE && threadIdx.x < kB && it + 1 < n_it) {
+          s_lseb[(b ^ 1) * kB + threadIdx.x] = nls;
+          s_dib[(b ^ 1) * kB + threadIdx.x] = ndd;
+          s_lob[(b ^ 1) * kB + threadIdx.x] = nlo;
+        }
+        __syncthreads();
+        continue;
+      }
+    } else {
+      __syncthreads();
+    }
     const T* sQ = sQb + b * kB * S;
     const T* sdO = sdOb + b * kB * S;
     const float* s_lse = s_lseb + b * kB;

@@ -207,5 +207,33 @@ TEST(MoeRuntime, GptOssTrainsLikeTheLoop) {
   expect_same(qm, runtime(qm, w1, false, 2), reference(qm, w1, false, 2), "gpt-oss lora, mxfp4 experts");
 }
 
+// Per-expert adapters (target_parameters) with attention adapters, on a base frozen in each
+// storage form: the pipeline trains them like the sequential loop, and they train (B leaves 0).
+TEST(MoeRuntime, ExpertLoraOnEveryFrozenFormatTrainsLikeTheLoop) {
+  for (WeightFormat f : {WeightFormat::bf16, WeightFormat::q8_0, WeightFormat::q4_0, WeightFormat::nf4}) {
+    const std::string what = fmt::format("expert lora, base {}", weight_format_name(f));
+    LoraConfig l;
+    l.r = 4;
+    l.alpha = 8;
+    l.target_modules = {"q_proj", "o_proj"};
+    l.target_parameters = {"mlp.experts.gate_up_proj", "mlp.experts.down_proj"};
+    l.base_format = f;
+    const ModelLayout m = make_layout(tiny_moe(true), l);
+    auto w0 = random_weights(m, 7);
+    for (int g = int(m.config.num_hidden_layers) + 2; g < int(m.groups.size()); ++g)
+      w0[size_t(g)] = lora_initial_group(m, g);
+    const MoeRun ref = reference(m, w0, true, 2);
+    const MoeRun got = runtime(m, w0, true, 2);
+    expect_same(m, got, ref, what);
+    // the experts' lora_B moved off its zero start
+    const int ag = m.adapter_group(1);
+    const ParamGroup& g = m.groups[size_t(ag)];
+    const TensorSpec& b = g.tensors[size_t(g.find("model.layers.0.mlp.experts.down_proj.lora_B.weight"))];
+    double moved = 0;
+    for (int64_t i = 0; i < b.numel(); ++i) moved = std::max(moved, double(std::abs(got.weights[size_t(ag)][size_t(b.offset + i)])));
+    EXPECT_GT(moved, 0.0) << what;
+  }
+}
+
 }  // namespace
 }  // namespace rp::test

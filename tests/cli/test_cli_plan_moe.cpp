@@ -40,8 +40,20 @@ TEST(CliPlanMoe, PlansAMoeConfigWithEitherExpertKey) {
                            " --gpus 4 --seq 4096 --micro 8 --memory-cap 8GiB --frozen nf4 --lora-r 16",
                        d);
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("lora      r=16 on all-linear (attention only in sparse layers)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("lora      r=16 on all-linear (no expert adapters)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("bubble"), std::string::npos) << r.out;
+  // "experts" adds per-expert adapters: more trainable parameters, a slower iteration
+  auto trainable = [](const std::string& out) {
+    const size_t at = out.find(" trainable parameters");
+    return at == std::string::npos ? -1.0 : std::stod(out.substr(out.rfind(' ', at - 1) + 1, at));
+  };
+  CliRun e = roundpipe("plan --model " + (d / "config.json").string() +
+                           " --gpus 4 --seq 4096 --micro 8 --memory-cap 8GiB --frozen nf4 --lora-r 16 "
+                           "--lora-targets all-linear,experts",
+                       d);
+  ASSERT_EQ(e.code, 0) << e.err;
+  EXPECT_NE(e.out.find("lora      r=16 on all-linear,experts, "), std::string::npos) << e.out;
+  EXPECT_GT(trainable(e.out), 10 * trainable(r.out)) << e.out;
   r = roundpipe("plan --model " + (d / "config.json").string() + " --lora-r 4 --lora-targets q_proj,wrong", d);
   expect_one_line_error(r, "wrong");
   fs::remove_all(d);

@@ -128,7 +128,7 @@ void run_case(const Case& c) {
 }  // namespace
 
 TEST(GptOssOps, AttentionVariantsMatchADenseReferenceWithMaskAndSinkColumn) {
-  for (int64_t window : {0, 1, 3, 11, 128})  // 11 = L-1, 128 > L
+  for (int64_t window : {0, 1, 2, 3, 11, 128})  // 11 = L-1, 128 > L
     for (bool sinks : {false, true})
       for (bool packed : {false, true}) run_case({window, sinks, packed, 2});
   for (int64_t ratio : {1, 4, 8}) run_case({3, true, true, ratio});

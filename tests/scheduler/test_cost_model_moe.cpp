@@ -161,21 +161,23 @@ TEST(CostModelMoe, ShapeFromConfigJsonAcceptsBothExpertKeys) {
 TEST(CostModelMoe, PlannedScratchEqualsTheLayersScratch) {
   const ModelConfig c = load_config_file(fixture_config());
   const MicroBatchShape s{2, 24};
-  for (bool lora : {false, true})
+  for (int lora : {0, 1, 2})  // none; all-linear with dropout; attention + the experts (no dropout)
     for (bool saved : {false, true})
       for (int64_t chunk : {0, 7}) {
         SCOPED_TRACE(fmt::format("lora {}, saved attention {}, MLP chunk {}", lora, saved, chunk));
         LoraConfig lc;
         lc.r = 4;
-        lc.dropout = 0.1;
+        lc.dropout = lora == 2 ? 0.0 : 0.1;
         lc.target_modules = {"all-linear"};
+        if (lora == 2) lc.target_parameters = {"mlp.experts.gate_up_proj", "mlp.experts.down_proj"};
         const ModelLayout m = lora ? make_layout(c, lc) : make_layout(c);
         DeviceModel d;
         d.saved_attention = saved;
         d.mlp_chunk_tokens = chunk;
         d.scratch_elem_bytes = 2;
         lora_device_model(d, m);
-        EXPECT_EQ(d.frozen_base, lora);
+        EXPECT_EQ(d.frozen_base, lora > 0);
+        EXPECT_EQ(d.lora_experts_gate_up && d.lora_experts_down, lora == 2);
         const auto e = estimate_layers(model_shape_from_config(c), s.n_seq, s.seq_len, d);
         LayerOptions lo;
         lo.mlp_chunk_tokens = chunk;
@@ -188,6 +190,30 @@ TEST(CostModelMoe, PlannedScratchEqualsTheLayersScratch) {
         // a sparse decoder's scratch differs from the dense one's (the test can see a mix-up)
         EXPECT_NE(e[1].cost.scratch_bytes, e[2].cost.scratch_bytes);
       }
+}
+
+// The experts' adapters add their grouped GEMMs to the sparse layers' FLOPs (forward: the
+// four low-rank products per routed row of gate/up and down), nothing to the dense layers'.
+TEST(CostModelMoe, ExpertAdaptersAddTheirGroupedGemms) {
+  const ModelConfig c = load_config_file(fixture_config());
+  LoraConfig lc;
+  lc.r = 8;
+  lc.target_modules = {"q_proj"};
+  const ModelLayout attn = make_layout(c, lc);
+  lc.target_parameters = {"mlp.experts.gate_up_proj", "mlp.experts.down_proj"};
+  const ModelLayout experts = make_layout(c, lc);
+  DeviceModel da, de;
+  lora_device_model(da, attn);
+  lora_device_model(de, experts);
+  const ModelShape shape = model_shape_from_config(c);
+  const auto ea = estimate_layers(shape, 1, 32, da), ee = estimate_layers(shape, 1, 32, de);
+  const double R = 32.0 * double(c.num_experts_per_tok), r = 8, H = double(c.hidden_size),
+               Fe = double(c.moe_intermediate_size);
+  // a = xs A^T [R, r]; a Bg^T, a Bu^T [R, Fe]; m Ad^T [R, r]; (.) Bd^T [R, H]
+  EXPECT_DOUBLE_EQ(ee[1].fwd_flops - ea[1].fwd_flops, 2 * R * r * (H + 2 * Fe + Fe + H));
+  EXPECT_GT(ee[1].bwd_flops, ea[1].bwd_flops + 2 * (ee[1].fwd_flops - ea[1].fwd_flops));
+  EXPECT_EQ(ee[2].fwd_flops, ea[2].fwd_flops);  // the dense layer
+  EXPECT_GT(ee[1].cost.scratch_bytes, ea[1].cost.scratch_bytes);
 }
 
 // Frozen groups of a MoE layout (LoRA on an nf4 base): the sparse decoders' weight bytes

@@ -1,0 +1,84 @@
+// A model file opened for reading its tensors one at a time (GGUF file or Hugging Face folder).
+//
+// load_model (roundpipe/checkpoint.hpp) materialises every tensor as fp32: 4 bytes per
+// parameter. A LoRA run keeps its frozen base in a storage form (bf16, f16, q8_0, q4_0, nf4;
+// LoraConfig::base_format), so it opens the model as a ModelSource instead and converts one
+// tensor at a time: the peak host memory of starting it is the storage form plus one tensor's
+// fp32 copy. The files stay memory-mapped (the kernel's page cache holds their pages; each
+// tensor's pages are dropped from the process's resident set once it is read), and a tensor
+// whose file form already is the storage form is copied as it is:
+//   - safetensors BF16 / F16 / F32 into bf16 / f16 / f32 storage: the stored elements;
+//   - GGUF BF16 / F16 / F32 likewise, and GGUF Q8_0 / Q4_0 into q8_0 / q4_0 storage: the
+//     file's blocks, bit for bit (our q8_0 / q4_0 are ggml's block layouts,
+//     kernels/weight_format.hpp). LLaMA q_proj / k_proj rows are un-permuted as whole rows of
+//     blocks (a row of K values is K/32 blocks; otherwise the tensor is converted).
+// Any other pairing converts that tensor: its fp32 values (exactly load_model's) quantized with
+// quantize_weights, as an eager load followed by quantization would store it.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "roundpipe/checkpoint.hpp"
+#include "roundpipe/dtype.hpp"
+#include "roundpipe/model.hpp"
+
+namespace rp {
+
+class ModelSource {
+ public:
+  /// Opens `path` as load_model does, with the same checks and one-line errors
+  /// std::runtime_error("<file>: <what>") (every tensor of make_layout(config) present with the
+  /// right shape, unknown tensors refused, unreadable dtypes / ggml types refused, a tied
+  /// lm_head.weight equal to the embedding), but reads no tensor data beyond that comparison.
+  /// Unlike load_model it does not require host memory for an fp32 copy of the model.
+  static ModelSource open(const std::string& path);
+  /// A source over the fp32 tensors of an already loaded model (they are moved in).
+  static ModelSource from_loaded(LoadedModel m);
+
+  ModelSource(ModelSource&&) noexcept;
+  ModelSource& operator=(ModelSource&&) noexcept;
+  ~ModelSource();
+
+  const ModelConfig& config() const;
+  /// The model without its tensors: config, tokenizer.json (or null), chat template, source.
+  const LoadedModel& header() const;
+  /// Shape (row-major, Hugging Face order) of tensor `name`; throws std::runtime_error
+  /// ("<source>: tensor '<name>' ...") when make_layout(config()) has no such tensor.
+  std::vector<int64_t> shape(const std::string& name) const;
+  /// Tensor `name` as fp32, bit-identical to load_model(path).tensors[name].
+  HostTensor read_f32(const std::string& name) const;
+  /// Tensor `name` in storage form `f` into `dst` (weight_format_bytes(f, numel) bytes).
+  /// Returns true when the file's elements or blocks were copied as they are, false when the
+  /// tensor was converted (then dst equals quantize_weights(f, read_f32(name))). Throws
+  /// std::invalid_argument when numel is not a multiple of f's block.
+  bool read_as(const std::string& name, WeightFormat f, void* dst) const;
+  /// untie_embeddings (roundpipe/adapter.hpp) of the source: tie_word_embeddings becomes
+  /// false and "lm_head.weight" reads the embedding. No-op for an untied model.
+  void untie_embeddings();
+  /// Every tensor read as fp32: what load_model returns.
+  LoadedModel read_all() const;
+
+  struct Impl;
+
+ private:
+  explicit ModelSource(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Fills the base groups (0 .. layout.num_layers()-1) of `layout` from `src`: a trainable group
+/// as group.numel fp32 values in `trainable[g]`, a frozen one as its storage form
+/// (group.storage_bytes bytes, each tensor at its byte_offset in its TensorSpec::format) in
+/// `frozen[g]`; the other entry stays empty. Reads one tensor at a time; a tied model's
+/// "lm_head.weight" (when the layout has one) reads the embedding. Both vectors are resized to
+/// layout.groups.size(); adapter groups are left empty. Returns the number of tensors copied
+/// as stored (no conversion). Throws what ModelSource::read_as throws, and
+/// std::runtime_error("<source>: tensor '<name>' ...") for a tensor the source lacks or whose
+/// element count differs from the layout's.
+int64_t read_base_groups(const ModelSource& src, const ModelLayout& layout,
+                         std::vector<std::vector<float>>& trainable,
+                         std::vector<std::vector<uint8_t>>& frozen);
+
+}  // namespace rp

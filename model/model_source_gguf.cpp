@@ -1,0 +1,130 @@
+// The GGUF side of rp::ModelSource (model/model_source_impl.hpp): llama.cpp's tensor names and
+// stacked experts mapped to Hugging Face tensors, read one at a time, and ggml blocks that
+// already are a storage form copied as they are.
+#include <cstring>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "model/error_text.hpp"
+#include "model/model_source_impl.hpp"
+#include "model/tokenizer_export.hpp"
+
+namespace rp {
+
+using Loc = ModelSource::Impl::Loc;
+
+namespace {
+
+[[noreturn]] void fail(const std::string& where, const std::string& what) {
+  throw std::runtime_error(one_line(fmt::format("{}: {}", where, what)));
+}
+
+/// A stacked expert tensor of a sparse layer (row-major [num_experts, rows, cols], see
+/// gguf_expert_stack_name) as the num_experts Hugging Face matrices prefix<e>suffix [rows, cols].
+void add_expert_stack(const GgufFile& f, const GgufTensorInfo& t, ModelSource::Impl& s, const std::string& prefix,
+                      const std::string& suffix) {
+  const std::vector<int64_t> shape = t.shape();
+  const int64_t E = s.header.config.num_experts;
+  if (E <= 0 || shape.size() != 3 || shape[0] != E)
+    fail(f.path(), fmt::format("tensor '{}': expected 3-D [num_experts = {}, rows, cols], got [{}]", t.name, E,
+                               fmt::join(shape, ", ")));
+  f.check_dequantizable(t);
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string hf = prefix + std::to_string(e) + suffix;
+    if (s.tensors.count(hf)) fail(f.path(), fmt::format("tensor '{}' appears twice", t.name));
+    Loc l;
+    l.shape = {shape[1], shape[2]};
+    l.gguf = &t;
+    l.expert = e;
+    s.tensors.emplace(hf, std::move(l));
+  }
+}
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+/// The bytes of tensor `l` inside the mapping (an expert's slice of its stack), or nullptr when
+/// the slice does not start on a block boundary.
+const uint8_t* bytes_of(const GgufFile& f, const Loc& l, int64_t& block_elems, int64_t& block_bytes) {
+  if (!ggml_type_block(l.gguf->type, block_elems, block_bytes)) return nullptr;
+  if (l.expert < 0) return f.tensor_data(*l.gguf);
+  const int64_t per = numel_of(l.shape);
+  if (per % block_elems != 0) return nullptr;
+  return f.tensor_data(*l.gguf) + size_t(l.expert) * size_t(per / block_elems) * size_t(block_bytes);
+}
+
+}  // namespace
+
+void open_gguf_source(const std::string& path, ModelSource::Impl& s) {
+  s.gguf = std::make_unique<GgufFile>(path);
+  const GgufFile& f = *s.gguf;
+  s.header.config = config_from_gguf(f);  // checks the sizes against the file's size
+  for (const auto& t : f.tensors()) {
+    if (t.name == "rope_freqs.weight") continue;  // folded into config.rope_scaling
+    std::string prefix, suffix;
+    if (gguf_expert_stack_name(t.name, prefix, suffix)) {
+      add_expert_stack(f, t, s, prefix, suffix);
+      continue;
+    }
+    const std::string hf = gguf_to_hf_name(t.name);
+    if (hf.empty()) fail(path, fmt::format("unexpected tensor '{}' (no Hugging Face equivalent)", t.name));
+    if (s.tensors.count(hf)) fail(path, fmt::format("tensor '{}' appears twice", t.name));
+    f.check_dequantizable(t);
+    Loc l;
+    l.shape = t.shape();
+    l.gguf = &t;
+    s.tensors.emplace(hf, std::move(l));
+  }
+  if (f.has("tokenizer.ggml.model") && f.get("tokenizer.ggml.model") == "gpt2")
+    s.header.tokenizer_json = tokenizer_json_from_gguf(f);
+  if (f.has("tokenizer.chat_template") && f.get("tokenizer.chat_template").is_string())
+    s.header.chat_template = f.get_string("tokenizer.chat_template");
+}
+
+std::vector<float> gguf_read_f32(const GgufFile& f, const Loc& l) {
+  std::vector<float> out;
+  int64_t be = 0, bb = 0;
+  if (l.expert < 0) {
+    out = f.dequantize(*l.gguf);
+  } else if (const uint8_t* p = bytes_of(f, l, be, bb)) {  // this expert's blocks alone
+    f.check_dequantizable(*l.gguf);
+    out.resize(size_t(numel_of(l.shape)));
+    dequantize_ggml(l.gguf->type, p, out.data(), int64_t(out.size()));
+  } else {  // the slice splits a block: the whole stack, then the slice
+    const std::vector<float> all = f.dequantize(*l.gguf);
+    const size_t per = size_t(numel_of(l.shape));
+    out.assign(all.begin() + ptrdiff_t(size_t(l.expert) * per), all.begin() + ptrdiff_t(size_t(l.expert + 1) * per));
+  }
+  f.release(*l.gguf);
+  if (l.permute_heads) unpermute_qk_rows(out.data(), l.shape[0], l.shape[1], l.permute_heads);
+  return out;
+}
+
+bool gguf_read_stored(const GgufFile& f, const Loc& l, WeightFormat fmt, void* dst) {
+  const GgmlType t = GgmlType(l.gguf->type);
+  const bool same = (t == GgmlType::F32 && fmt == WeightFormat::f32) ||
+                    (t == GgmlType::F16 && fmt == WeightFormat::f16) ||
+                    (t == GgmlType::BF16 && fmt == WeightFormat::bf16) ||
+                    (t == GgmlType::Q8_0 && fmt == WeightFormat::q8_0) ||
+                    (t == GgmlType::Q4_0 && fmt == WeightFormat::q4_0);
+  if (!same) return false;
+  int64_t be = 0, bb = 0;
+  const uint8_t* p = bytes_of(f, l, be, bb);
+  const int64_t n = numel_of(l.shape);
+  if (!p || n % be != 0) return false;
+  const int64_t cols = l.shape.size() == 2 ? l.shape[1] : n;
+  if (l.permute_heads && cols % be != 0) return false;  // a row is not a whole number of blocks
+  const size_t bytes = size_t(n / be) * size_t(bb);
+  std::memcpy(dst, p, bytes);
+  f.release(*l.gguf);
+  if (l.permute_heads)
+    unpermute_qk_row_bytes(static_cast<uint8_t*>(dst), l.shape[0], size_t(cols / be) * size_t(bb), l.permute_heads);
+  return true;
+}
+
+}  // namespace rp
