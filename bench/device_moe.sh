@@ -8,6 +8,8 @@
 #               gate_up_proj and down_proj of every sparse layer)
 #   DO_235B=1   Qwen3-235B-A22B with its first LAYERS_235B (8) decoders, cap 24 GiB, base
 #               FORMAT_235B (nf4)
+#   DO_GPTOSS=1 GPT-OSS-20B, cap CAP_GPTOSS GiB (10), base in each of FORMATS_GPTOSS
+#               ("bf16 mxfp4"; mxfp4 = experts in the checkpoint's MXFP4, the rest bf16)
 # Results: $OUT/moe.md (one markdown row per run) and $OUT/moe.log; set them against the
 # planner's predictions in bench/results/moe.md (roundpipe plan, same shapes).
 set -uo pipefail
@@ -29,5 +31,12 @@ if [ "${DO_235B:-0}" = 1 ]; then
   step "Qwen3-235B-A22B (${LAYERS_235B:-8} layers) LoRA r=32, base ${FORMAT_235B:-nf4}, cap 24"
   bench --preset qwen3-235b-a22b --layers "${LAYERS_235B:-8}" --lora-r 32 --base-format "${FORMAT_235B:-nf4}" \
     --seq 4096 --seqs 8 --micro 8 --steps "${STEPS:-3}" --warmup 1 --cap-gib 24 ${BENCH_ARGS:-}
+fi
+if [ "${DO_GPTOSS:-0}" = 1 ]; then
+  for f in ${FORMATS_GPTOSS:-bf16 mxfp4}; do
+    step "GPT-OSS-20B LoRA r=32, base $f, cap ${CAP_GPTOSS:-10}"
+    bench --preset gpt-oss-20b --lora-r 32 --lora-targets all-linear --base-format "$f" --seq 4096 --seqs 8 \
+      --micro 8 --steps "${STEPS:-4}" --warmup 2 --cap-gib "${CAP_GPTOSS:-10}" ${BENCH_ARGS:-}
+  done
 fi
 step done

@@ -14,6 +14,8 @@
 // step completions). MFU = tokens/s * (6 N_matmul + 6 layers q_heads head_dim seq) / 790e12
 // (N_matmul counts every matmul weight incl. the LM head, of a sparse layer its router and the
 // top-k experts a token is routed to; recompute not counted).
+// GPT-OSS: --preset gpt-oss-20b (24 layers, 32 experts top-4 with biases and the clamped SwiGLU,
+// attention with biases and sinks, sliding window 128 on every other layer from the first).
 // Mixture of experts (Qwen3-MoE): --preset qwen3-30b-a3b / qwen3-235b-a22b, or --experts E
 // --experts-per-tok k --expert-ffn Fe [--sparse-step s] on any shape; --layers N keeps the first
 // N decoders of a preset (235B on one host). LoRA on a sparse layer reaches its attention, and
@@ -168,10 +170,10 @@ int run(int argc, char** argv) {
                  "(e.g. 0.02)");
   app.add_option("--profile-out", profile_out, "write the measured per-layer profile (JSON) here");
   app.add_option("--preset", preset,
-                 "model shape: qwen3-1.7b (default flags), qwen3-4b, llama3.1-8b, llama3.1-70b, qwen3-30b-a3b or "
-                 "qwen3-235b-a22b (a given --layers overrides the preset's depth)")
-      ->check(CLI::IsMember(
-          {"qwen3-1.7b", "qwen3-4b", "llama3.1-8b", "llama3.1-70b", "qwen3-30b-a3b", "qwen3-235b-a22b"}));
+                 "model shape: qwen3-1.7b (default flags), qwen3-4b, llama3.1-8b, llama3.1-70b, qwen3-30b-a3b, "
+                 "qwen3-235b-a22b or gpt-oss-20b (a given --layers overrides the preset's depth)")
+      ->check(CLI::IsMember({"qwen3-1.7b", "qwen3-4b", "llama3.1-8b", "llama3.1-70b", "qwen3-30b-a3b",
+                             "qwen3-235b-a22b", "gpt-oss-20b"}));
   int64_t experts = 0, top_k = 2, expert_ffn = 0, sparse_step = 1;
   app.add_option("--experts", experts, "mixture of experts (Qwen3-MoE): routed experts per sparse layer (0: dense)")
       ->check(CLI::NonNegativeNumber);
@@ -188,7 +190,7 @@ int run(int argc, char** argv) {
                  "comma-separated modules or all-linear; \"experts\" (or experts.gate_up_proj, experts.down_proj) "
                  "adds per-expert adapters to the sparse layers");
   app.add_option("--base-format", base_format, "storage of the frozen base weights (LoRA)")
-      ->check(CLI::IsMember({"f32", "bf16", "f16", "q8_0", "q4_0", "nf4"}));
+      ->check(CLI::IsMember({"f32", "bf16", "f16", "q8_0", "q4_0", "nf4", "mxfp4"}));
   CLI11_PARSE(app, argc, argv);
   bool tied = true;
   double rope_theta = 1e6;
@@ -205,6 +207,10 @@ int run(int argc, char** argv) {
   if (preset == "qwen3-235b-a22b")
     layers = 94, hidden = 4096, heads = 64, kv = 4, hd = 128, ffn = 12288, experts = 128, top_k = 8, expert_ffn = 1536;
   if (preset.rfind("qwen3-", 0) == 0 && experts > 0) tied = false, vocab = 151936, sparse_step = 1;
+  const bool gpt_oss = preset == "gpt-oss-20b";  // examples/configs/gpt-oss-20b.json
+  if (gpt_oss)
+    qwen3 = false, tied = false, rope_theta = 150000, layers = 24, hidden = 2880, heads = 64, kv = 8, hd = 64,
+    ffn = 2880, experts = 32, top_k = 4, expert_ffn = 2880, vocab = 201088, sparse_step = 1;
   if (app.count("--layers")) layers = int(app["--layers"]->as<int>());  // fewer of a preset's layers
 
   rp::ModelConfig c;
@@ -227,6 +233,19 @@ int run(int argc, char** argv) {
     c.moe_intermediate_size = expert_ffn > 0 ? expert_ffn : ffn;
     c.decoder_sparse_step = sparse_step;
     c.norm_topk_prob = true;
+  }
+  if (gpt_oss) {
+    c.architecture = "gpt_oss";
+    c.qk_norm = false;
+    c.attention_bias = true;
+    c.attention_sinks = true;
+    c.sliding_window = 128;
+    for (int64_t i = 0; i < layers; ++i) c.layer_types.push_back(i % 2 == 0 ? "sliding_attention" : "full_attention");
+    c.rope_scaling.type = "yarn";
+    c.rope_scaling.factor = 32;
+    c.rope_scaling.original_max_position_embeddings = 4096;
+    c.rope_scaling.truncate = false;
+    c.max_position_embeddings = std::max<int64_t>(seq, 131072);
   }
   c.validate();
   std::optional<rp::LoraConfig> lora;

@@ -51,6 +51,9 @@ struct RopeParams {
   // yarn (Peng et al. 2023, "YaRN", arXiv 2309.00071, sec. 3.2-3.4)
   double beta_fast = 32.0, beta_slow = 1.0;
   double attention_factor = 0.0;  ///< yarn mscale; 0 = 0.1*ln(factor)+1 (1 if factor <= 1)
+  /// yarn: round the correction range outwards to whole dimensions (transformers'
+  /// rope_parameters "truncate", default true; GPT-OSS ships false: the bounds stay fractional)
+  bool truncate = true;
 };
 
 /// Result of rope_frequencies: inv_freq[i] for i < D/2, and the scale HF multiplies
@@ -67,6 +70,7 @@ struct RopeTable {
 ///           wavelen < orig/high_freq_factor -> unchanged; in between the smooth blend
 ///           s = (orig/wavelen - low)/(high - low), (1-s)*inv/factor + s*inv.
 ///  yarn   : correction range [low, high] = [floor(d(beta_fast)), ceil(d(beta_slow))]
+///           (unrounded [d(beta_fast), d(beta_slow)] when truncate is false)
 ///           clamped to [0, D-1] with d(r) = D*ln(orig/(2*pi*r)) / (2*ln(theta));
 ///           ramp_i = clamp((i-low)/(high-low), 0, 1); extrapolation weight 1-ramp_i;
 ///           inv = inv_interp*ramp + inv_extrap*(1-ramp), inv_interp = inv_extrap/factor;

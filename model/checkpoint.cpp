@@ -14,6 +14,8 @@
 
 #include "model/config.hpp"
 #include "model/gguf.hpp"
+#include "model/gpt_oss_hf.hpp"
+#include "model/safetensors.hpp"
 #include "model/tokenizer_export.hpp"
 #include "base/atomic_file.hpp"
 
@@ -87,9 +89,13 @@ void save_hf_checkpoint(const std::string& dir_in, const ModelLayout& layout,
     write_text(tmp / "generation_config.json", dump_json(gen, tmp / "generation_config.json"));
 
     std::vector<TensorRef> refs;
+    GptOssHfExperts experts;  // GPT-OSS: the experts in HF's stacked, interleaved form
+    if (c.gpt_oss()) experts = gpt_oss_experts_to_hf(layout, group_data);
     for (size_t g = 0; g < layout.groups.size(); ++g)
       for (const auto& t : layout.groups[g].tensors)
-        refs.push_back({t.name, t.shape, group_data[g] ? group_data[g] + t.offset : nullptr});
+        if (!c.gpt_oss() || !is_gpt_oss_expert_name(t.name))
+          refs.push_back({t.name, t.shape, group_data[g] ? group_data[g] + t.offset : nullptr});
+    refs.insert(refs.end(), experts.tensors.begin(), experts.tensors.end());
     save_safetensors_sharded(tmp.string(), refs, dtype, uint64_t(5) * 1000 * 1000 * 1000);
 
     if (!tokenizer_json.is_null())

@@ -141,6 +141,10 @@ void parse_rope(const json& r, const std::string& key, const std::string& where,
     rs.beta_slow = num("beta_slow", 1.0, true);
     rs.attention_factor = num("attention_factor", 0.0, false);
     rs.original_max_position_embeddings = integer("original_max_position_embeddings", false);
+    if (auto t = r.find("truncate"); t != r.end() && !t->is_null()) {
+      if (!t->is_boolean()) bad(where, key + ".truncate", "true or false", *t);
+      rs.truncate = t->get<bool>();
+    }
   }
 }
 
@@ -171,12 +175,67 @@ void parse_moe(const json& j, const std::string& where, ModelConfig& c) {
   c.output_router_logits = get_bool(j, "output_router_logits", where, false);
 }
 
+// The keys of a "gpt_oss" config.json (transformers' GptOssConfig names and defaults) but
+// for the attention's, read by config_from_json. Every layer is sparse; intermediate_size is
+// the experts' width.
+void parse_gpt_oss(const json& j, const std::string& where, ModelConfig& c) {
+  const char* ne = j.contains("num_local_experts") && !j["num_local_experts"].is_null() ? "num_local_experts"
+                                                                                         : "num_experts";
+  c.num_experts = get_int(j, ne, where, true, 0, 1);
+  c.num_experts_per_tok = get_int(j, "num_experts_per_tok", where, true, 0, 1);
+  if (c.num_experts_per_tok > c.num_experts)
+    bad(where, "num_experts_per_tok", fmt::format("an integer in [1, {} = {}]", ne, c.num_experts),
+        val(j, "num_experts_per_tok"));
+  c.moe_intermediate_size = c.intermediate_size;
+  c.norm_topk_prob = true;  // softmax over the top-k logits = renormalised top-k of softmax
+  c.decoder_sparse_step = 1;
+  c.router_aux_loss_coef = get_num(j, "router_aux_loss_coef", where, 0.001, false);
+  if (c.router_aux_loss_coef < 0)
+    bad(where, "router_aux_loss_coef", "a number >= 0", val(j, "router_aux_loss_coef"));
+  c.output_router_logits = get_bool(j, "output_router_logits", where, false);
+  c.swiglu_alpha = get_num(j, "swiglu_alpha", where, 1.702, true);
+  c.swiglu_limit = get_num(j, "swiglu_limit", where, 7.0, true);
+  c.attention_sinks = true;
+  c.sliding_window = get_int(j, "sliding_window", where, false, 0, 1);
+  if (auto q = j.find("quantization_config"); q != j.end() && !q->is_null()) {
+    const json m = q->is_object() ? val(*q, "quant_method") : json();
+    if (!m.is_string() || m != "mxfp4") bad(where, "quantization_config.quant_method", "\"mxfp4\"", m);
+  }
+}
+
+// layer_types of a gpt_oss config (after num_hidden_layers is read): one of
+// "sliding_attention" / "full_attention" per layer; absent: transformers' default, sliding
+// on even layers (0, 2, ...). A sliding layer needs sliding_window.
+void parse_layer_types(const json& j, const std::string& where, ModelConfig& c) {
+  const int64_t L = c.num_hidden_layers;
+  auto it = j.find("layer_types");
+  if (it == j.end() || it->is_null()) {
+    for (int64_t i = 0; i < L; ++i) c.layer_types.push_back(i % 2 == 0 ? "sliding_attention" : "full_attention");
+  } else {
+    const std::string expected = fmt::format(
+        "a list of num_hidden_layers = {} entries \"sliding_attention\" or \"full_attention\"", L);
+    if (!it->is_array() || int64_t(it->size()) != L) bad(where, "layer_types", expected, *it);
+    for (const auto& t : *it) {
+      if (t != "sliding_attention" && t != "full_attention") bad(where, "layer_types", expected, *it);
+      c.layer_types.push_back(t.get<std::string>());
+    }
+  }
+  for (const auto& t : c.layer_types)
+    if (t == "sliding_attention" && c.sliding_window <= 0)
+      bad(where, "sliding_window", "an integer >= 1 (layer_types has sliding layers)", val(j, "sliding_window"));
+}
+
 }  // namespace
 
 bool ModelConfig::is_moe_layer(int64_t i) const {
   if (num_experts <= 0 || decoder_sparse_step <= 0) return false;
   if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), i) != mlp_only_layers.end()) return false;
   return (i + 1) % decoder_sparse_step == 0;
+}
+
+int64_t ModelConfig::attention_window(int64_t i) const {
+  if (i < 0 || size_t(i) >= layer_types.size() || layer_types[size_t(i)] != "sliding_attention") return 0;
+  return sliding_window;
 }
 
 int64_t ModelConfig::num_moe_layers() const {
@@ -201,9 +260,12 @@ std::optional<int64_t> count_parameters(const ModelConfig& c, bool active) {
   constexpr int64_t kMax = int64_t(1) << 48;
   // every term below is a product of two or three sizes: compute each in 128 bits
   using W = __int128;
-  const W attention = W(2) * H + W(H) * nq * D + W(2) * H * nkv * D + W(nq) * D * H + (c.qk_norm ? W(2) * D : 0);
+  const W attention = W(2) * H + W(H) * nq * D + W(2) * H * nkv * D + W(nq) * D * H + (c.qk_norm ? W(2) * D : 0) +
+                      (c.attention_bias ? W(nq) * D + W(2) * nkv * D + H : 0) + (c.attention_sinks ? nq : 0);
   const W dense = W(3) * H * F;
-  const W sparse = W(E) * H + W(active ? std::min(k, E) : E) * 3 * H * Fe;
+  // a GPT-OSS block adds the router's bias and each expert's three biases (2 Fe + H)
+  const W expert = W(3) * H * Fe + (c.gpt_oss() ? W(2) * Fe + H : 0);
+  const W sparse = W(E) * H + (c.gpt_oss() ? E : 0) + W(active ? std::min(k, E) : E) * expert;
   const int64_t sparse_layers = c.num_moe_layers();
   if (attention > kMax || dense > kMax || sparse > kMax) return std::nullopt;
   W n = W(V) * H * (c.tie_word_embeddings ? 1 : 2) + W(L) * attention + W(L - sparse_layers) * dense +
@@ -222,8 +284,31 @@ void ModelConfig::validate() const {
   auto fail = [](const std::string& key, const std::string& what) {
     throw std::invalid_argument(fmt::format("{}: {}", key, what));
   };
-  if (architecture != "llama" && architecture != "qwen3" && architecture != "qwen3_moe")
-    fail("model_type", fmt::format("\"llama\", \"qwen3\" or \"qwen3_moe\" expected, got \"{}\"", architecture));
+  if (architecture != "llama" && architecture != "qwen3" && architecture != "qwen3_moe" && architecture != "gpt_oss")
+    fail("model_type",
+         fmt::format("\"llama\", \"qwen3\", \"qwen3_moe\" or \"gpt_oss\" expected, got \"{}\"", architecture));
+  if (gpt_oss()) {
+    if (num_experts <= 0) fail("num_local_experts", fmt::format("must be > 0, got {}", num_experts));
+    if (num_moe_layers() != num_hidden_layers)
+      fail("decoder_sparse_step", "every GPT-OSS layer is sparse (step 1, no mlp_only_layers)");
+    if (!norm_topk_prob) fail("norm_topk_prob", "GPT-OSS softmaxes its top-k logits (true)");
+    if (!(swiglu_limit > 0) || !std::isfinite(swiglu_limit))
+      fail("swiglu_limit", fmt::format("must be a finite number > 0, got {}", swiglu_limit));
+    if (!(swiglu_alpha > 0) || !std::isfinite(swiglu_alpha))
+      fail("swiglu_alpha", fmt::format("must be a finite number > 0, got {}", swiglu_alpha));
+  } else if (attention_sinks || !layer_types.empty()) {
+    fail(attention_sinks ? "attention_sinks" : "layer_types", "only GPT-OSS (model_type gpt_oss) has them");
+  }
+  if (!layer_types.empty() && int64_t(layer_types.size()) != num_hidden_layers)
+    fail("layer_types", fmt::format("must have num_hidden_layers = {} entries, got {}", num_hidden_layers,
+                                    layer_types.size()));
+  for (const auto& t : layer_types) {
+    if (t != "sliding_attention" && t != "full_attention")
+      fail("layer_types", fmt::format("entries \"sliding_attention\" or \"full_attention\" expected, got \"{}\"", t));
+    if (t == "sliding_attention" && sliding_window <= 0)
+      fail("sliding_window", fmt::format("must be > 0 for sliding layers, got {}", sliding_window));
+  }
+  if (sliding_window < 0) fail("sliding_window", fmt::format("must be >= 0, got {}", sliding_window));
   if (num_experts < 0) fail("num_experts", fmt::format("must be >= 0, got {}", num_experts));
   if (num_experts > 0) {
     if (num_experts_per_tok < 1 || num_experts_per_tok > num_experts)
@@ -268,7 +353,7 @@ void ModelConfig::validate() const {
     if (!(rs.high_freq_factor > rs.low_freq_factor))
       fail("rope_scaling.high_freq_factor", "must be > low_freq_factor");
   }
-  if (attention_bias) fail("attention_bias", "only false is supported");
+  if (attention_bias && !gpt_oss()) fail("attention_bias", "only false is supported (biases: GPT-OSS only)");
   // sizes multiply into tensor shapes and byte counts: refuse a product beyond 2^48 before
   // anything is allocated from it (a layer count of 2^32 used to be allocated layer by layer)
   if (!parameter_count(*this))
@@ -288,13 +373,16 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& where) 
   ModelConfig c;
   auto mt = j.find("model_type");
   if (mt == j.end() || !mt->is_string())
-    bad(where, "model_type", "\"llama\" or \"qwen3\"", mt == j.end() ? json() : *mt);
+    bad(where, "model_type", "\"llama\", \"qwen3\", \"qwen3_moe\" or \"gpt_oss\"", mt == j.end() ? json() : *mt);
   c.architecture = mt->get<std::string>();
-  if (c.architecture != "llama" && c.architecture != "qwen3" && c.architecture != "qwen3_moe")
-    bad(where, "model_type", "\"llama\", \"qwen3\" or \"qwen3_moe\"", *mt);
+  if (c.architecture != "llama" && c.architecture != "qwen3" && c.architecture != "qwen3_moe" &&
+      c.architecture != "gpt_oss")
+    bad(where, "model_type", "\"llama\", \"qwen3\", \"qwen3_moe\" or \"gpt_oss\"", *mt);
+  const bool oss = c.architecture == "gpt_oss";
   if (auto a = j.find("architectures"); a != j.end() && !a->is_null()) {
     const std::string want = c.architecture == "llama"   ? "LlamaForCausalLM"
                              : c.architecture == "qwen3" ? "Qwen3ForCausalLM"
+                             : oss                       ? "GptOssForCausalLM"
                                                          : "Qwen3MoeForCausalLM";
     if (!a->is_array() || a->size() != 1 || (*a)[0] != want)
       bad(where, "architectures", fmt::format("[\"{}\"]", want), *a);
@@ -306,7 +394,9 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& where) 
   const bool moe = c.architecture == "qwen3_moe";
   c.intermediate_size = get_int(j, "intermediate_size", where, !moe, 0, moe ? 0 : 1);
   if (moe) parse_moe(j, where, c);
+  if (oss) parse_gpt_oss(j, where, c);
   c.num_hidden_layers = get_int(j, "num_hidden_layers", where, true, 0, 1);
+  if (oss) parse_layer_types(j, where, c);
   c.num_attention_heads = get_int(j, "num_attention_heads", where, true, 0, 1);
   c.num_key_value_heads =
       get_int(j, "num_key_value_heads", where, false, c.num_attention_heads, 1);
@@ -323,21 +413,29 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& where) 
     c.head_dim = hd_default;
   }
   if (c.head_dim % 2 != 0) bad(where, "head_dim", "an even integer", val(j, "head_dim"));
-  c.rms_norm_eps = get_num(j, "rms_norm_eps", where, 1e-6, true);
+  c.rms_norm_eps = get_num(j, "rms_norm_eps", where, oss ? 1e-5 : 1e-6, true);
   c.max_position_embeddings = get_int(j, "max_position_embeddings", where, false, 2048, 1);
   c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", where, false);
-  c.attention_bias = get_bool(j, "attention_bias", where, false);
-  if (c.attention_bias) bad(where, "attention_bias", "false (biases are not supported)", val(j, "attention_bias"));
+  c.attention_bias = get_bool(j, "attention_bias", where, oss);
+  if (c.attention_bias && !oss)
+    bad(where, "attention_bias", "false (biases: GPT-OSS only)", val(j, "attention_bias"));
   if (get_bool(j, "mlp_bias", where, false)) bad(where, "mlp_bias", "false", val(j, "mlp_bias"));
-  if (get_bool(j, "use_sliding_window", where, false))
+  if (!oss && get_bool(j, "use_sliding_window", where, false))
     bad(where, "use_sliding_window", "false (sliding-window attention is not supported)",
         val(j, "use_sliding_window"));
-  c.qk_norm = c.architecture != "llama";
+  c.qk_norm = c.architecture == "qwen3" || moe;
   c.bos_token_id = get_token_id(j, "bos_token_id", where);
   c.eos_token_id = get_token_id(j, "eos_token_id", where);
   c.pad_token_id = get_token_id(j, "pad_token_id", where);
 
-  c.rope_theta = get_num(j, "rope_theta", where, 10000.0, true);
+  c.rope_theta = get_num(j, "rope_theta", where, oss ? 150000.0 : 10000.0, true);
+  if (oss && val(j, "rope_scaling").is_null() && val(j, "rope_parameters").is_null()) {
+    // GptOssConfig's default: YaRN x32 over a 4096-token pre-training context, untruncated
+    c.rope_scaling.type = "yarn";
+    c.rope_scaling.factor = 32.0;
+    c.rope_scaling.original_max_position_embeddings = 4096;
+    c.rope_scaling.truncate = false;
+  }
   // transformers 5 stores rope_theta and the scaling in "rope_parameters"; legacy files in
   // "rope_theta" + "rope_scaling". Both are accepted; rope_parameters wins when present.
   if (auto rs = j.find("rope_scaling"); rs != j.end() && !rs->is_null())
@@ -372,11 +470,15 @@ ModelConfig load_config_file(const std::string& path) {
 }
 
 nlohmann::json config_to_json(const ModelConfig& c) {
-  const bool qwen = c.architecture != "llama";
+  const bool oss = c.gpt_oss();
+  const bool qwen = c.architecture != "llama" && !oss;
   const bool moe = c.architecture == "qwen3_moe";
   auto id = [](int64_t v) { return v < 0 ? json() : json(v); };
   json j = json::object();
-  j["architectures"] = json::array({moe ? "Qwen3MoeForCausalLM" : qwen ? "Qwen3ForCausalLM" : "LlamaForCausalLM"});
+  j["architectures"] = json::array({oss   ? "GptOssForCausalLM"
+                                    : moe ? "Qwen3MoeForCausalLM"
+                                    : qwen ? "Qwen3ForCausalLM"
+                                           : "LlamaForCausalLM"});
   j["model_type"] = c.architecture;
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;
@@ -403,11 +505,12 @@ nlohmann::json config_to_json(const ModelConfig& c) {
       if (r.attention_factor != 0) rs["attention_factor"] = r.attention_factor;
       if (r.original_max_position_embeddings > 0)
         rs["original_max_position_embeddings"] = r.original_max_position_embeddings;
+      if (!r.truncate) rs["truncate"] = false;
     }
   }
   j["rope_scaling"] = rs;
   j["tie_word_embeddings"] = c.tie_word_embeddings;
-  j["attention_bias"] = false;
+  j["attention_bias"] = c.attention_bias;
   j["attention_dropout"] = 0.0;
   j["initializer_range"] = 0.02;
   j["use_cache"] = true;
@@ -421,7 +524,17 @@ nlohmann::json config_to_json(const ModelConfig& c) {
     j["router_aux_loss_coef"] = c.router_aux_loss_coef;
     j["output_router_logits"] = c.output_router_logits;
   }
-  if (qwen) {
+  if (oss) {
+    j["num_local_experts"] = c.num_experts;
+    j["num_experts_per_tok"] = c.num_experts_per_tok;
+    j["intermediate_size"] = c.moe_intermediate_size;
+    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+    j["output_router_logits"] = c.output_router_logits;
+    j["swiglu_alpha"] = c.swiglu_alpha;
+    j["swiglu_limit"] = c.swiglu_limit;
+    j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json();
+    j["layer_types"] = c.layer_types;
+  } else if (qwen) {
     val(j, "use_sliding_window") = false;
     j["sliding_window"] = nullptr;
     j["max_window_layers"] = c.num_hidden_layers;

@@ -173,14 +173,29 @@ void Generator::Impl::forward(const std::vector<int32_t>& tok, int64_t past) {
       ops.linear_fwd(xn.get(), t(pre + "self_attn.q_proj.weight"), c.qk_norm ? qr.get() : q.get(), n, H, nq * D);
       ops.linear_fwd(xn.get(), t(pre + "self_attn.k_proj.weight"), c.qk_norm ? kr.get() : krow, n, H, nkv * D);
       ops.linear_fwd(xn.get(), t(pre + "self_attn.v_proj.weight"), vrow, n, H, nkv * D);
+      const int32_t rows[2] = {0, int32_t(n)};
+      if (c.attention_bias) {  // GPT-OSS: biased projections (no q/k norm)
+        ops.grouped_bias_fwd(q.get(), t(pre + "self_attn.q_proj.bias"), rows, 1, nq * D);
+        ops.grouped_bias_fwd(krow, t(pre + "self_attn.k_proj.bias"), rows, 1, nkv * D);
+        ops.grouped_bias_fwd(vrow, t(pre + "self_attn.v_proj.bias"), rows, 1, nkv * D);
+      }
       if (c.qk_norm) {
         ops.rmsnorm_fwd(qr.get(), t(pre + "self_attn.q_norm.weight"), q.get(), n * nq, D, eps);
         ops.rmsnorm_fwd(kr.get(), t(pre + "self_attn.k_norm.weight"), krow, n * nkv, D, eps);
       }
       ops.rope_fwd_at(q.get(), pp, n, nq, D, rope.inv_freq.data(), rope.attention_scaling);
       ops.rope_fwd_at(krow, pp, n, nkv, D, rope.inv_freq.data(), rope.attention_scaling);
-      ops.attention_decode(q.get(), kc[size_t(l)].get(), vc[size_t(l)].get(), o.get(), past, n, nq, nkv, D, scale);
+      if (c.attention_sinks || c.attention_window(l) > 0) {  // GPT-OSS: sliding window, sinks
+        Ops::AttentionVariant var;
+        var.window = c.attention_window(l);
+        if (c.attention_sinks) var.sinks = t(pre + "self_attn.sinks");
+        ops.attention_decode_v(q.get(), kc[size_t(l)].get(), vc[size_t(l)].get(), o.get(), past, n, nq, nkv, D,
+                               scale, var);
+      } else {
+        ops.attention_decode(q.get(), kc[size_t(l)].get(), vc[size_t(l)].get(), o.get(), past, n, nq, nkv, D, scale);
+      }
       ops.linear_fwd(o.get(), t(pre + "self_attn.o_proj.weight"), h1.get(), n, nq * D, H);
+      if (c.attention_bias) ops.grouped_bias_fwd(h1.get(), t(pre + "self_attn.o_proj.bias"), rows, 1, H);
       ops.add(x.get(), h1.get(), h1.get(), n * H);
       ops.rmsnorm_fwd(h1.get(), t(pre + "post_attention_layernorm.weight"), hn.get(), n, H, eps);
       if (const MoeBlock* b = moe[size_t(l)].get()) {  // x = h1 + the routed experts

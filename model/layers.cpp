@@ -1,6 +1,7 @@
 // Embedding, decoder and tail layers with explicit forward/backward (model/layers.hpp).
 // Reference: transformers' modeling_llama.py / modeling_qwen3.py (LlamaDecoderLayer,
-// LlamaAttention with repeat_kv, LlamaMLP, LlamaRMSNorm, Qwen3Attention q_norm/k_norm).
+// LlamaAttention with repeat_kv, LlamaMLP, LlamaRMSNorm, Qwen3Attention q_norm/k_norm) and
+// modeling_gpt_oss.py (GptOssAttention: biased projections, sinks, sliding window).
 #include "model/layers.hpp"
 
 #include "model/lora_linear.hpp"
@@ -28,6 +29,7 @@ RopeParams rope_params(const ModelConfig& c) {
   p.beta_fast = c.rope_scaling.beta_fast;
   p.beta_slow = c.rope_scaling.beta_slow;
   p.attention_factor = c.rope_scaling.attention_factor;
+  p.truncate = c.rope_scaling.truncate;
   return p;
 }
 
@@ -69,6 +71,26 @@ void* grad(const LayerArgs& a, size_t g, int64_t off) {
 // dw += dy^T x (Ops::linear_bwd_weight) unless dw is a frozen group's (null).
 void weight_grad(Ops& ops, const void* dy, const void* x, void* dw, int64_t M, int64_t K, int64_t N) {
   if (dw) ops.linear_bwd_weight(dy, x, dw, M, K, N);
+}
+// y[r,:] += b for the M rows of y [M,N] (a linear's bias; offset < 0: no bias).
+void bias_fwd(Ops& ops, const LayerArgs& a, int64_t off, void* y, int64_t M, int64_t N) {
+  if (off < 0) return;
+  const int32_t rows[2] = {0, int32_t(M)};
+  ops.grouped_bias_fwd(y, param(a, 0, off), rows, 1, N);
+}
+// db += column sums of dy [M,N] unless the bias is absent or frozen.
+void bias_bwd(Ops& ops, const LayerArgs& a, int64_t off, const void* dy, int64_t M, int64_t N) {
+  if (off < 0) return;
+  void* db = grad(a, 0, off);
+  if (!db) return;
+  const int32_t rows[2] = {0, int32_t(M)};
+  ops.grouped_bias_bwd(dy, db, rows, 1, N);
+}
+int64_t offset_if(const ParamGroup& g, const std::string& name, bool present);
+
+// Offset of `name` in g when `present`, else -1.
+int64_t offset_if(const ParamGroup& g, const std::string& name, bool present) {
+  return present ? offset_of(g, name) : -1;
 }
 
 // ---------------------------------------------------------------------------------
@@ -112,6 +134,12 @@ class DecoderLayer final : public Layer {
       wkn_ = offset_of(g, p + "self_attn.k_norm.weight");
     }
     wo_ = offset_of(g, p + "self_attn.o_proj.weight");
+    bq_ = offset_if(g, p + "self_attn.q_proj.bias", c_.attention_bias);
+    bk_ = offset_if(g, p + "self_attn.k_proj.bias", c_.attention_bias);
+    bv_ = offset_if(g, p + "self_attn.v_proj.bias", c_.attention_bias);
+    bo_ = offset_if(g, p + "self_attn.o_proj.bias", c_.attention_bias);
+    sinks_ = offset_if(g, p + "self_attn.sinks", c_.attention_sinks);
+    window_ = c_.attention_window(layer - 1);
     w_post_ = offset_of(g, p + "post_attention_layernorm.weight");
     if (c_.is_moe_layer(layer - 1)) {
       moe_ = std::make_unique<MoeBlock>(m, layer);
@@ -221,6 +249,20 @@ class DecoderLayer final : public Layer {
   bool saved_attention_;
   DecoderDims dims_;
   int64_t w_in_, wq_, wk_, wv_, wqn_ = -1, wkn_ = -1, wo_, w_post_, wg_ = -1, wu_ = -1, wd_ = -1;
+  // GPT-OSS: projection biases, per-head sinks (-1: none) and the sliding window (0: none)
+  int64_t bq_ = -1, bk_ = -1, bv_ = -1, bo_ = -1, sinks_ = -1, window_ = 0;
+  // the attention variant of a GPT-OSS layer (window, sinks; dsinks when `backward`)
+  bool variant() const { return window_ > 0 || sinks_ >= 0; }
+  Ops::AttentionVariant attention_variant(const LayerArgs& a, bool backward) const {
+    Ops::AttentionVariant v;
+    v.window = window_;
+    if (sinks_ >= 0) {
+      v.sinks = param(a, 0, sinks_);
+      if (backward) v.dsinks = grad(a, 0, sinks_);
+    }
+    v.pos = a.positions;
+    return v;
+  }
   std::unique_ptr<MoeBlock> moe_;  // a sparse MLP block instead of the dense MLP
   int64_t moe_layers_ = 0;         // sparse layers of the model (load-balancing loss)
   RopeTable rope_;
@@ -244,6 +286,9 @@ void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, c
   ops.linear_fwd(b.xn, param(a, 0, wq_), q_lin, T, H, nq * D);
   ops.linear_fwd(b.xn, param(a, 0, wk_), k_lin, T, H, nkv * D);
   ops.linear_fwd(b.xn, param(a, 0, wv_), b.v, T, H, nkv * D);
+  bias_fwd(ops, a, bq_, q_lin, T, nq * D);
+  bias_fwd(ops, a, bk_, k_lin, T, nkv * D);
+  bias_fwd(ops, a, bv_, b.v, T, nkv * D);
   lora_forward(lc, lora(LoraModule::q), b.xn, q_lin, T, 0);
   lora_forward(lc, lora(LoraModule::k), b.xn, k_lin, T, 0);
   lora_forward(lc, lora(LoraModule::v), b.xn, b.v, T, 0);
@@ -252,7 +297,18 @@ void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, c
     ops.rmsnorm_fwd(b.kr, param(a, 0, wkn_), b.k, T * nkv, D, eps);
   }
   const float scale = float(1.0 / std::sqrt(double(D)));
-  if (a.positions) {  // packed sequences: positions and attention restart per example
+  if (variant()) {  // GPT-OSS: sliding window and sinks (packed positions through the variant)
+    if (a.positions) {
+      ops.rope_fwd_at(b.q, a.positions, T, nq, D, rope_.inv_freq.data(), rope_.attention_scaling);
+      ops.rope_fwd_at(b.k, a.positions, T, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling);
+    } else {
+      ops.rope_fwd(b.q, S, L, nq, D, rope_.inv_freq.data(), rope_.attention_scaling);
+      ops.rope_fwd(b.k, S, L, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling);
+    }
+    if (!reuse)
+      ops.attention_fwd_v(b.q, b.k, b.v, b.o, with_lse ? b.lse : nullptr, S, L, nq, nkv, D, scale,
+                          attention_variant(a, false), b.attn);
+  } else if (a.positions) {  // packed sequences: positions and attention restart per example
     ops.rope_fwd_at(b.q, a.positions, T, nq, D, rope_.inv_freq.data(), rope_.attention_scaling);
     ops.rope_fwd_at(b.k, a.positions, T, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling);
     if (!reuse)
@@ -264,6 +320,7 @@ void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, c
     if (!reuse) ops.attention_fwd(b.q, b.k, b.v, b.o, with_lse ? b.lse : nullptr, S, L, nq, nkv, D, scale, b.attn);
   }
   ops.linear_fwd(b.o, param(a, 0, wo_), b.h1, T, nq * D, H);
+  bias_fwd(ops, a, bo_, b.h1, T, H);
   lora_forward(lc, lora(LoraModule::o), b.o, b.h1, T, 0);
   ops.add(a.x, b.h1, b.h1, T * H);  // h1 = x + attn
 }
@@ -335,10 +392,21 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
   const void* dh1 = a.dx;
   // h1 = x + o_proj(o)
   weight_grad(ops, dh1, b.o, grad(a, 0, wo_), T, nq * D, H);
+  bias_bwd(ops, a, bo_, dh1, T, H);
   ops.linear_bwd_input(dh1, param(a, 0, wo_), b.dout, T, nq * D, H, false);
   lora_backward(lc, lora(LoraModule::o), b.o, dh1, b.dout, T, 0);
   const float scale = float(1.0 / std::sqrt(double(D)));
-  if (a.positions) {
+  if (variant()) {
+    ops.attention_bwd_v(b.q, b.k, b.v, b.o, b.lse, b.dout, b.dq, b.dk, b.dv, S, L, nq, nkv, D, scale,
+                        attention_variant(a, true), b.attn);
+    if (a.positions) {
+      ops.rope_bwd_at(b.dq, a.positions, T, nq, D, rope_.inv_freq.data(), rope_.attention_scaling);
+      ops.rope_bwd_at(b.dk, a.positions, T, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling);
+    } else {
+      ops.rope_bwd(b.dq, S, L, nq, D, rope_.inv_freq.data(), rope_.attention_scaling);
+      ops.rope_bwd(b.dk, S, L, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling);
+    }
+  } else if (a.positions) {
     ops.attention_bwd_packed(b.q, b.k, b.v, b.o, b.lse, b.dout, a.positions, b.dq, b.dk, b.dv, S, L, nq, nkv, D,
                              scale, b.attn);
     ops.rope_bwd_at(b.dq, a.positions, T, nq, D, rope_.inv_freq.data(), rope_.attention_scaling);
@@ -359,6 +427,9 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
   weight_grad(ops, dq_lin, b.xn, grad(a, 0, wq_), T, H, nq * D);
   weight_grad(ops, dk_lin, b.xn, grad(a, 0, wk_), T, H, nkv * D);
   weight_grad(ops, b.dv, b.xn, grad(a, 0, wv_), T, H, nkv * D);
+  bias_bwd(ops, a, bq_, dq_lin, T, nq * D);
+  bias_bwd(ops, a, bk_, dk_lin, T, nkv * D);
+  bias_bwd(ops, a, bv_, b.dv, T, nkv * D);
   void* dxn = b.h1;  // h1 is no longer read
   ops.linear_bwd_input(dq_lin, param(a, 0, wq_), dxn, T, H, nq * D, false);
   ops.linear_bwd_input(dk_lin, param(a, 0, wk_), dxn, T, H, nkv * D, true);

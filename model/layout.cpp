@@ -69,11 +69,20 @@ void freeze_group(ModelLayout& m, int g, WeightFormat base) {
   // quantized, as bitsandbytes' QLoRA leaves Qwen3-MoE's router unquantized
   const bool quantized = base != WeightFormat::f32 && base != WeightFormat::bf16 && base != WeightFormat::f16;
   auto is_router = [](const std::string& n) {
-    return n.size() >= 16 && n.compare(n.size() - 16, 16, "mlp.gate.weight") == 0;
+    auto ends = [&](const char* suf) {
+      const size_t k = std::char_traits<char>::length(suf);
+      return n.size() >= k && n.compare(n.size() - k, k, suf) == 0;
+    };
+    return ends("mlp.gate.weight") || ends("mlp.router.weight");  // Qwen3-MoE / GPT-OSS
   };
+  // mxfp4 is the experts' format (GPT-OSS checkpoints ship them so, and an expert dequantized
+  // from such a checkpoint re-encodes to the same codes): the other matrices stay bf16, as the
+  // checkpoint's attention, router and embeddings do
+  auto is_expert = [](const std::string& n) { return n.find(".mlp.experts.") != std::string::npos; };
   for (TensorSpec& t : grp.tensors) {
     t.format = t.shape.size() == 2 && t.numel() % block == 0 ? base : WeightFormat::f32;
     if (quantized && t.format == base && is_router(t.name)) t.format = WeightFormat::bf16;
+    if (base == WeightFormat::mxfp4 && t.format == base && !is_expert(t.name)) t.format = WeightFormat::bf16;
     t.byte_offset = bytes;
     bytes += int64_t(weight_format_bytes(t.format, t.numel()));
   }
@@ -109,24 +118,38 @@ ModelLayout make_layout(const ModelConfig& c) {
     const std::string p = fmt::format("model.layers.{}.", i);
     // Order within a decoder group (the layer kernels rely on it via find()):
     add(g, p + "input_layernorm.weight", {H});
-    add(g, p + "self_attn.q_proj.weight", {nq * D, H});
-    add(g, p + "self_attn.k_proj.weight", {nkv * D, H});
-    add(g, p + "self_attn.v_proj.weight", {nkv * D, H});
+    // a projection's bias (attention_bias, GPT-OSS) follows its weight
+    auto linear = [&](const char* name, int64_t out, int64_t in) {
+      add(g, fmt::format("{}self_attn.{}.weight", p, name), {out, in});
+      if (c.attention_bias) add(g, fmt::format("{}self_attn.{}.bias", p, name), {out});
+    };
+    linear("q_proj", nq * D, H);
+    linear("k_proj", nkv * D, H);
+    linear("v_proj", nkv * D, H);
     if (c.qk_norm) {
       add(g, p + "self_attn.q_norm.weight", {D});
       add(g, p + "self_attn.k_norm.weight", {D});
     }
-    add(g, p + "self_attn.o_proj.weight", {H, nq * D});
+    linear("o_proj", H, nq * D);
+    if (c.attention_sinks) add(g, p + "self_attn.sinks", {nq});
     add(g, p + "post_attention_layernorm.weight", {H});
     if (c.is_moe_layer(i)) {
       // sparse block: the router, then each projection of every expert, expert by expert, so
-      // one projection of all experts is a stacked [E, out, in] tensor (the grouped linears')
+      // one projection of all experts is a stacked [E, out, in] tensor (the grouped linears');
+      // GPT-OSS: the router's bias, and after the weights each projection's biases stacked
+      // [E, out] (HF's interleaved gate_up_proj is split into gate and up by the loader)
       const int64_t E = c.num_experts, Fe = c.moe_intermediate_size;
-      add(g, p + "mlp.gate.weight", {E, H});
+      const char* router = c.gpt_oss() ? "mlp.router" : "mlp.gate";
+      add(g, fmt::format("{}{}.weight", p, router), {E, H});
+      if (c.gpt_oss()) add(g, fmt::format("{}{}.bias", p, router), {E});
       for (const char* proj : {"gate_proj", "up_proj", "down_proj"})
         for (int64_t e = 0; e < E; ++e)
           add(g, fmt::format("{}mlp.experts.{}.{}.weight", p, e, proj),
               proj[0] == 'd' ? std::vector<int64_t>{H, Fe} : std::vector<int64_t>{Fe, H});
+      if (c.gpt_oss())
+        for (const char* proj : {"gate_proj", "up_proj", "down_proj"})
+          for (int64_t e = 0; e < E; ++e)
+            add(g, fmt::format("{}mlp.experts.{}.{}.bias", p, e, proj), {proj[0] == 'd' ? H : Fe});
       m.groups.push_back(std::move(g));
       continue;
     }

@@ -15,6 +15,7 @@
 #include "kernels/weight_format.hpp"
 #include "model/config.hpp"
 #include "model/error_text.hpp"
+#include "model/gpt_oss_hf.hpp"
 #include "model/layout.hpp"
 #include "model/model_source_impl.hpp"
 
@@ -137,6 +138,30 @@ std::string chat_template_of(const fs::path& dir) {
   return "";
 }
 
+// GPT-OSS: the checkpoint's stacked (or MXFP4) expert tensors, read and converted to the
+// layout's per-expert tensors (model/gpt_oss_hf.hpp), held in memory (s.mem) in their place.
+void gpt_oss_experts_in_memory(ModelSource::Impl& s, const std::string& where) {
+  LoadedModel experts;
+  experts.config = s.header.config;
+  for (auto it = s.tensors.begin(); it != s.tensors.end();) {
+    if (it->first.find(".mlp.experts.") == std::string::npos) {
+      ++it;
+      continue;
+    }
+    experts.tensors.emplace(it->first, read_loc(s, it->second));
+    it = s.tensors.erase(it);
+  }
+  gpt_oss_experts_from_hf(experts, where);
+  for (auto& [name, t] : experts.tensors) {
+    if (s.tensors.count(name)) fail(where, fmt::format("tensor '{}' appears twice", name));
+    const HostTensor& held = s.mem.emplace(name, std::move(t)).first->second;
+    Loc l;
+    l.shape = held.shape;
+    l.mem = &held;
+    s.tensors.emplace(name, std::move(l));
+  }
+}
+
 void open_hf_dir(const std::string& path, ModelSource::Impl& s) {
   const fs::path dir(path);
   s.header.config = load_config_file((dir / "config.json").string());
@@ -146,7 +171,8 @@ void open_hf_dir(const std::string& path, ModelSource::Impl& s) {
     for (const auto& e : fs::directory_iterator(dir, ec))
       if (e.path().extension() == ".safetensors") bytes += e.file_size(ec);
     if (bytes > 0)  // none: open_safetensors names the missing file
-      check_weights_fit_files(s.header.config, bytes, 2.0, (dir / "config.json").string(), "num_hidden_layers");
+      check_weights_fit_files(s.header.config, bytes, s.header.config.gpt_oss() ? 0.5 : 2.0,  // MXFP4: 4.25 bits
+                              (dir / "config.json").string(), "num_hidden_layers");
   }
   std::string where = (dir / "model.safetensors.index.json").string();
   if (!fs::exists(where, ec)) where = (dir / "model.safetensors").string();
@@ -158,6 +184,7 @@ void open_hf_dir(const std::string& path, ModelSource::Impl& s) {
     l.entry = w.entry;
     s.tensors.emplace(name, std::move(l));
   }
+  if (s.header.config.gpt_oss()) gpt_oss_experts_in_memory(s, where);
   check_tensors(s, where);
   const fs::path tj = dir / "tokenizer.json";
   if (fs::exists(tj, ec)) s.header.tokenizer_json = read_json(tj.string());

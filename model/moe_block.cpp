@@ -1,5 +1,6 @@
 // The sparse MLP block (model/moe_block.hpp). Reference: transformers' modeling_qwen3_moe.py
-// (Qwen3MoeTopKRouter, Qwen3MoeExperts, Qwen3MoeSparseMoeBlock, load_balancing_loss_func).
+// (Qwen3MoeTopKRouter, Qwen3MoeExperts, Qwen3MoeSparseMoeBlock, load_balancing_loss_func) and
+// modeling_gpt_oss.py (GptOssTopKRouter, GptOssExperts, GptOssMLP).
 #include "model/moe_block.hpp"
 
 #include <stdexcept>
@@ -21,10 +22,11 @@ int64_t tensor_offset(const ParamGroup& g, const std::string& name) {
 }
 // Offset of projection `proj` of expert 0, after checking that experts 1..E-1 follow it
 // contiguously ([E, rows, cols] stacked).
-int64_t stacked(const ParamGroup& g, const std::string& prefix, const char* proj, int64_t E, int64_t per_expert) {
-  const int64_t base = tensor_offset(g, fmt::format("{}mlp.experts.0.{}.weight", prefix, proj));
+int64_t stacked(const ParamGroup& g, const std::string& prefix, const char* proj, int64_t E, int64_t per_expert,
+                const char* kind = "weight") {
+  const int64_t base = tensor_offset(g, fmt::format("{}mlp.experts.0.{}.{}", prefix, proj, kind));
   for (int64_t e = 1; e < E; ++e)
-    if (tensor_offset(g, fmt::format("{}mlp.experts.{}.{}.weight", prefix, e, proj)) != base + e * per_expert)
+    if (tensor_offset(g, fmt::format("{}mlp.experts.{}.{}.{}", prefix, e, proj, kind)) != base + e * per_expert)
       throw std::invalid_argument(
           fmt::format("make_layer: group '{}': the experts' {} are not stacked contiguously", g.name, proj));
   return base;
@@ -48,10 +50,19 @@ MoeBlock::MoeBlock(const ModelLayout& m, int layer) {
   norm_topk_ = c.norm_topk_prob;
   const ParamGroup& g = m.groups.at(size_t(layer));
   const std::string p = fmt::format("model.layers.{}.", layer - 1);
-  w_router_ = tensor_offset(g, p + "mlp.gate.weight");
+  gpt_oss_ = c.gpt_oss();
+  w_router_ = tensor_offset(g, p + (gpt_oss_ ? "mlp.router.weight" : "mlp.gate.weight"));
   w_gate_ = stacked(g, p, "gate_proj", E_, Fe_ * H_);
   w_up_ = stacked(g, p, "up_proj", E_, Fe_ * H_);
   w_down_ = stacked(g, p, "down_proj", E_, H_ * Fe_);
+  if (gpt_oss_) {
+    bias_router_ = tensor_offset(g, p + "mlp.router.bias");
+    bias_gate_ = stacked(g, p, "gate_proj", E_, Fe_, "bias");
+    bias_up_ = stacked(g, p, "up_proj", E_, Fe_, "bias");
+    bias_down_ = stacked(g, p, "down_proj", E_, H_, "bias");
+    alpha_ = float(c.swiglu_alpha);
+    limit_ = float(c.swiglu_limit);
+  }
   const int ag = m.adapter_group(layer);
   if (!m.lora || ag < 0) return;
   r_ = m.lora->r;
@@ -77,6 +88,10 @@ MoeBlock::MoeBlock(const ModelLayout& m, int layer) {
 void MoeBlock::route(Ops& ops, const void* w, const void* hn, int64_t n, const MoeBufs& b, float* stats,
                      int32_t* off) const {
   ops.linear_fwd(hn, at(ops, w, w_router_), b.logits, n, H_, E_);
+  if (gpt_oss_) {  // GPT-OSS: biased router logits
+    const int32_t rows[2] = {0, int32_t(n)};
+    ops.grouped_bias_fwd(b.logits, at(ops, w, bias_router_), rows, 1, E_);
+  }
   ops.moe_route(b.logits, b.probs, b.topk_idx, b.topk_w, stats, n, E_, k_, norm_topk_);
   ops.moe_sort(b.topk_idx, b.offsets, off, b.row, b.token, n, E_, k_);
 }
@@ -95,8 +110,15 @@ void MoeBlock::experts_forward(Ops& ops, const void* w, const void* hn, int64_t 
     ops.grouped_linear_fwd(b.lora_ax, at(ops, la.params, b_up_), b.m, off, E_, r_, Fe_);
     ops.add_into(dt, b.u, dt, b.m, R * Fe_, scaling_);
   }
-  ops.swiglu_fwd(b.g, b.u, b.m, R * Fe_);
+  if (gpt_oss_) {  // biased experts, clamped SwiGLU
+    ops.grouped_bias_fwd(b.g, at(ops, w, bias_gate_), off, E_, Fe_);
+    ops.grouped_bias_fwd(b.u, at(ops, w, bias_up_), off, E_, Fe_);
+    ops.swiglu_clamped_fwd(b.g, b.u, b.m, R * Fe_, alpha_, limit_);
+  } else {
+    ops.swiglu_fwd(b.g, b.u, b.m, R * Fe_);
+  }
   ops.grouped_linear_fwd(b.m, at(ops, w, w_down_), b.ys, off, E_, Fe_, H_);
+  if (gpt_oss_) ops.grouped_bias_fwd(b.ys, at(ops, w, bias_down_), off, E_, H_);
   if (lora_down_) {  // ys += s (m Ad^T) Bd^T
     ops.grouped_linear_fwd(b.m, at(ops, la.params, a_down_), b.lora_ax, off, E_, Fe_, r_);
     ops.grouped_linear_fwd(b.lora_ax, at(ops, la.params, b_down_), t, off, E_, r_, H_);
@@ -162,12 +184,20 @@ void MoeBlock::backward(Ops& ops, const void* w, void* dw, const void* hn, const
   // ys = down(m): dW_down from m, then dm into m's buffer
   if (lora_down_) down_adapter_backward(ops, la, b, off.data());
   if (void* g = grad_at(ops, dw, w_down_)) ops.grouped_linear_bwd_weight(b.dys, b.m, g, off.data(), E_, Fe_, H_);
+  if (void* g = gpt_oss_ ? grad_at(ops, dw, bias_down_) : nullptr) ops.grouped_bias_bwd(b.dys, g, off.data(), E_, H_);
   ops.grouped_linear_bwd_input(b.dys, at(ops, w, w_down_), b.m, off.data(), E_, Fe_, H_, false);
   if (lora_down_)  // dm += g_a Ad (g_a left in ax by the down adapter's backward)
     ops.grouped_linear_bwd_input(b.lora_ax, at(ops, la.params, a_down_), b.m, off.data(), E_, Fe_, r_, true);
-  ops.swiglu_bwd(b.g, b.u, b.m, b.dg, b.du, R * Fe_);
+  if (gpt_oss_)
+    ops.swiglu_clamped_bwd(b.g, b.u, b.m, b.dg, b.du, R * Fe_, alpha_, limit_);
+  else
+    ops.swiglu_bwd(b.g, b.u, b.m, b.dg, b.du, R * Fe_);
   if (void* g = grad_at(ops, dw, w_gate_)) ops.grouped_linear_bwd_weight(b.dg, b.xs, g, off.data(), E_, H_, Fe_);
   if (void* g = grad_at(ops, dw, w_up_)) ops.grouped_linear_bwd_weight(b.du, b.xs, g, off.data(), E_, H_, Fe_);
+  if (gpt_oss_ && dw) {
+    ops.grouped_bias_bwd(b.dg, grad_at(ops, dw, bias_gate_), off.data(), E_, Fe_);
+    ops.grouped_bias_bwd(b.du, grad_at(ops, dw, bias_up_), off.data(), E_, Fe_);
+  }
   // the experts' input gradient (in ys, no longer read), summed back onto the tokens
   ops.grouped_linear_bwd_input(b.dg, at(ops, w, w_gate_), b.ys, off.data(), E_, H_, Fe_, false);
   ops.grouped_linear_bwd_input(b.du, at(ops, w, w_up_), b.ys, off.data(), E_, H_, Fe_, true);
@@ -176,6 +206,10 @@ void MoeBlock::backward(Ops& ops, const void* w, void* dw, const void* hn, const
   // the router: through the top-k weights (and the load-balancing loss) into the logits
   ops.moe_route_bwd(b.probs, b.topk_idx, b.dw, counts, aux_coef, b.dlogits, n, E_, k_, norm_topk_);
   if (void* g = grad_at(ops, dw, w_router_)) ops.linear_bwd_weight(b.dlogits, hn, g, n, H_, E_);
+  if (void* g = gpt_oss_ ? grad_at(ops, dw, bias_router_) : nullptr) {
+    const int32_t rows[2] = {0, int32_t(n)};
+    ops.grouped_bias_bwd(b.dlogits, g, rows, 1, E_);
+  }
   ops.linear_bwd_input(b.dlogits, at(ops, w, w_router_), dhn, n, H_, E_, true);
 }
 

@@ -3,7 +3,11 @@
 //   logits = hn W_gate^T [C,E]; p = softmax(logits); the k largest p pick experts i_j with
 //   weights w_j (p_{i_j}, renormalised when norm_topk_prob);
 //   y = h1 + sum_j w_j * down_e(silu(gate_e(hn)) * up_e(hn)), e = i_j,
-// for a chunk of C tokens (hn = RMSNorm(h1), the decoder's post-attention norm). The C*k
+// for a chunk of C tokens (hn = RMSNorm(h1), the decoder's post-attention norm).
+// GPT-OSS (ModelConfig::gpt_oss; HF GptOssMLP): logits = hn W_router^T + b_router; the top-k
+// logits' softmax is the renormalised top-k of p (norm_topk); every expert's projections
+// carry a bias and the activation is the clamped SwiGLU (Ops::swiglu_clamped_fwd):
+//   down_e(h) + b_down_e, h = swiglu_clamped(gate_e(hn) + b_gate_e, up_e(hn) + b_up_e). The C*k
 // (token, expert) assignments are grouped by expert so each expert's projections run as one
 // GEMM over its rows (Ops::grouped_linear_*).
 //
@@ -75,6 +79,9 @@ class MoeBlock {
   int64_t H_, E_, k_, Fe_;
   bool norm_topk_;
   int64_t w_router_, w_gate_, w_up_, w_down_;  // element offsets in the group
+  bool gpt_oss_ = false;
+  int64_t bias_router_ = -1, bias_gate_ = -1, bias_up_ = -1, bias_down_ = -1;  // GPT-OSS biases ([E], [E, out] stacks)
+  float alpha_ = 0, limit_ = 0;                                     // GPT-OSS clamped SwiGLU
   // expert adapters: element offsets in the adapter group (model/lora.hpp expert_lora_tensors)
   bool lora_gu_ = false, lora_down_ = false;
   int64_t r_ = 0;

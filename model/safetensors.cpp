@@ -185,9 +185,11 @@ HostTensor SafetensorsFile::read_f32(const SafetensorsEntry& e) const {
       std::memcpy(&h, p + 2 * i, 2);
       t.data[i] = bf ? bf16_to_f32(h) : f16_to_f32(h);
     }
+  } else if (e.dtype == "U8") {  // MXFP4 blocks and scales (model/gpt_oss_hf.hpp): bytes, exact in fp32
+    for (size_t i = 0; i < n; ++i) t.data[i] = float(p[i]);
   } else {
     throw std::runtime_error(fmt::format("{}: tensor '{}': dtype {} cannot be read as floats (F32, "
-                                         "F16, BF16 only)", path_, e.name, e.dtype));
+                                         "F16, BF16, U8 only)", path_, e.name, e.dtype));
   }
   return t;
 }

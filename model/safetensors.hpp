@@ -52,8 +52,8 @@ class SafetensorsFile {
   const nlohmann::json& metadata() const { return metadata_; }
   /// Raw bytes of `e` inside the mapping (valid while this object lives).
   const uint8_t* data(const SafetensorsEntry& e) const;
-  /// `e` converted to fp32 (F32, F16, BF16 only; others throw std::runtime_error naming
-  /// the file and tensor).
+  /// `e` converted to fp32 (F32, F16, BF16; U8 bytes as their values 0..255, for MXFP4
+  /// blocks and scales; others throw std::runtime_error naming the file and tensor).
   HostTensor read_f32(const SafetensorsEntry& e) const;
 
  private:

@@ -89,9 +89,12 @@ ModelShape model_shape_from_hf_json(const nlohmann::json& j, const std::string& 
   m.head_dim = get("head_dim", m.num_heads > 0 ? m.hidden_size / m.num_heads : 0, false);
   // transformers 5 writes num_local_experts, earlier releases and the checkpoints num_experts
   m.num_experts = get(has("num_experts") ? "num_experts" : "num_local_experts", 0, false);
+  const std::string type = j.value("model_type", std::string());
+  // GPT-OSS: every layer sparse, intermediate_size is the experts' width
+  const bool gpt_oss = type == "gpt_oss";
   if (m.num_experts > 0) {
     m.experts_per_token = get("num_experts_per_tok", 0, true);
-    m.moe_intermediate_size = get("moe_intermediate_size", 0, true);
+    m.moe_intermediate_size = get(gpt_oss ? "intermediate_size" : "moe_intermediate_size", 0, true);
     m.decoder_sparse_step = get("decoder_sparse_step", 1, false);
     if (has("mlp_only_layers")) {
       const auto& a = j["mlp_only_layers"];
@@ -109,7 +112,6 @@ ModelShape model_shape_from_hf_json(const nlohmann::json& j, const std::string& 
   m.intermediate_size = get("intermediate_size", 0, m.num_experts <= 0);
   if (j.contains("tie_word_embeddings") && j["tie_word_embeddings"].is_boolean())
     m.tie_word_embeddings = j["tie_word_embeddings"].get<bool>();
-  std::string type = j.value("model_type", std::string());
   m.qk_norm = type.rfind("qwen3", 0) == 0;
   m.validate(where);
   return m;

@@ -31,11 +31,14 @@ struct RopeScaling {
   // yarn
   double beta_fast = 32.0, beta_slow = 1.0;
   double attention_factor = 0.0;  ///< 0 = derive (0.1*ln(factor)+1), as transformers does
+  /// yarn: round the correction range to whole dimensions (transformers' "truncate", default
+  /// true; GPT-OSS checkpoints ship false)
+  bool truncate = true;
 };
 
-/// A dense LLaMA / Qwen3 decoder. Field names follow HF config.json.
+/// A LLaMA / Qwen3 / Qwen3-MoE / GPT-OSS decoder. Field names follow HF config.json.
 struct ModelConfig {
-  std::string architecture = "llama";  ///< "llama", "qwen3" or "qwen3_moe" (model_type)
+  std::string architecture = "llama";  ///< "llama", "qwen3", "qwen3_moe" or "gpt_oss" (model_type)
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -49,7 +52,8 @@ struct ModelConfig {
   int64_t max_position_embeddings = 2048;
   bool tie_word_embeddings = false;
   bool qk_norm = false;  ///< Qwen3: RMSNorm over head_dim on q and k before RoPE
-  bool attention_bias = false;  ///< only false is supported
+  /// q/k/v/o projections with biases ("self_attn.<q|k|v|o>_proj.bias"); GPT-OSS only
+  bool attention_bias = false;
   int64_t bos_token_id = -1, eos_token_id = -1, pad_token_id = -1;
 
   // Mixture of experts (Qwen3-MoE, "qwen3_moe"; Shazeer et al. 2017, Fedus et al. 2021).
@@ -71,6 +75,27 @@ struct ModelConfig {
   /// only then; Qwen3-MoE checkpoints ship with false).
   double router_aux_loss_coef = 0.0;
   bool output_router_logits = false;
+
+  // GPT-OSS ("gpt_oss", HF GptOssForCausalLM). Every layer is sparse: the router has a bias
+  // ("mlp.router.weight" [E, H], "mlp.router.bias" [E]), its top-k logits are softmaxed (the
+  // renormalised top-k of p: norm_topk_prob = true), each expert is a biased clamped SwiGLU
+  // MLP of moe_intermediate_size (= intermediate_size of config.json):
+  //   gc = min(g, swiglu_limit), uc = clamp(u, -swiglu_limit, swiglu_limit),
+  //   h = (uc + 1) * gc * sigmoid(swiglu_alpha * gc),
+  // stored per expert as "mlp.experts.<e>.{gate,up,down}_proj.{weight,bias}" (HF's
+  // interleaved gate_up_proj [E, H, 2F] / down_proj [E, F, H] are converted on load and
+  // export). Each query head has a learned sink logit ("self_attn.sinks" [num_attention_heads])
+  // in its softmax's denominator; layer i attends to the last sliding_window keys when
+  // layer_types[i] is "sliding_attention", to all earlier keys when "full_attention".
+  bool attention_sinks = false;
+  int64_t sliding_window = 0;            ///< keys a sliding layer sees (itself included); 0: none
+  std::vector<std::string> layer_types;  ///< empty, or one "sliding_attention" / "full_attention" per layer
+  double swiglu_alpha = 1.702, swiglu_limit = 7.0;
+  /// The GPT-OSS block (biased router and experts, clamped SwiGLU) instead of Qwen3-MoE's.
+  bool gpt_oss() const { return architecture == "gpt_oss"; }
+  /// Keys decoder layer i (0-based) attends to: sliding_window for a "sliding_attention"
+  /// layer, 0 (all earlier keys) otherwise.
+  int64_t attention_window(int64_t i) const;
   /// Decoder layer i (0-based) has a sparse MLP block.
   bool is_moe_layer(int64_t i) const;
   /// Number of decoder layers with a sparse block.
@@ -181,7 +206,8 @@ ModelLayout make_layout(const ModelConfig& c);
 ModelLayout make_layout(const ModelConfig& c, const LoraConfig& lora);
 
 /// Marks group g frozen: 2-D tensors whose element count is a multiple of base's block are
-/// stored in `base`, the others in f32; fills TensorSpec::format/byte_offset and
+/// stored in `base`, the others in f32 (a quantized base keeps a router in bf16; mxfp4 applies
+/// to experts' matrices only, the other matrices are bf16); fills TensorSpec::format/byte_offset and
 /// storage_bytes. Throws std::out_of_range for a bad g.
 void freeze_group(ModelLayout& m, int g, WeightFormat base);
 

@@ -55,7 +55,8 @@ RopeTable rope_frequencies(const RopeParams& p) {
     auto corr_dim = [&](double rot) {
       return double(D) * std::log(orig / (rot * 2 * pi)) / (2 * std::log(p.theta));
     };
-    double low = std::floor(corr_dim(p.beta_fast)), high = std::ceil(corr_dim(p.beta_slow));
+    double low = corr_dim(p.beta_fast), high = corr_dim(p.beta_slow);
+    if (p.truncate) low = std::floor(low), high = std::ceil(high);
     low = std::max(low, 0.0);
     high = std::min(high, double(D - 1));
     if (low == high) high += 0.001;  // as transformers: prevent a singular ramp

@@ -66,6 +66,25 @@ inline ModelConfig tiny_moe_config(int64_t experts, bool tied) {
   return c;
 }
 
+/// tiny_config as a GPT-OSS: every decoder sparse (4 experts, top-2, expert FFN 16, biased
+/// router and experts, clamped SwiGLU), attention with biases and sinks, decoders 0 and 2
+/// sliding (window 3), 1 and 3 full; the load-balancing loss on (coefficient 0.05).
+inline ModelConfig tiny_gpt_oss_config() {
+  ModelConfig c = tiny_config(false, false, 4);
+  c.architecture = "gpt_oss";
+  c.num_experts = 4;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 16;
+  c.norm_topk_prob = true;
+  c.attention_bias = true;
+  c.attention_sinks = true;
+  c.sliding_window = 3;
+  c.layer_types = {"sliding_attention", "full_attention", "sliding_attention", "full_attention"};
+  c.router_aux_loss_coef = 0.05;
+  c.output_router_logits = true;
+  return c;
+}
+
 inline std::vector<std::vector<float>> random_weights(const ModelLayout& m, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> nd(0.f, 0.08f);

@@ -110,8 +110,8 @@ void expect_same(const ModelLayout& m, const MoeRun& got, const MoeRun& ref, con
       EXPECT_EQ(got.expert_tokens[t][e], ref.expert_tokens[t][e]) << what << " step " << t << " expert " << e;
     double total = 0;
     for (double x : got.expert_tokens[t]) total += x;
-    // every token of every micro-batch routed to k experts in each of the 3 sparse layers
-    EXPECT_EQ(total, double(kM * kNSeq * kSeqLen * m.config.num_experts_per_tok * 3)) << what;
+    // every token of every micro-batch routed to k experts in each sparse layer
+    EXPECT_EQ(total, double(kM * kNSeq * kSeqLen * m.config.num_experts_per_tok * m.config.num_moe_layers())) << what;
   }
   for (size_t g = 0; g < m.groups.size(); ++g)
     EXPECT_LT(rel_err(got.weights[g], ref.weights[g]), 2e-5) << what << " group " << m.groups[g].name;
@@ -174,6 +174,37 @@ TEST(MoeRuntime, LoraOnAFrozenMoeBaseTrainsLikeTheLoop) {
     EXPECT_NE(std::string(e.what()).find("lora.target_modules: 'gate_proj' matches no linear"), std::string::npos)
         << e.what();
   }
+}
+
+// GPT-OSS (tiny_gpt_oss_config: sliding-window and full layers with sinks and biases, biased
+// experts with the clamped SwiGLU, load-balancing loss on) over the same spread plan: trained
+// fully, and with LoRA on its attention over a frozen bf16 base.
+TEST(MoeRuntime, GptOssTrainsLikeTheLoop) {
+  const ModelLayout m = make_layout(tiny_gpt_oss_config());
+  const auto w0 = random_weights(m, 13);
+  for (bool async : {true, false})
+    expect_same(m, runtime(m, w0, async, 3), reference(m, w0, async, 3), async ? "gpt-oss async" : "gpt-oss sync");
+  LoraConfig l;
+  l.r = 4;
+  l.alpha = 8;
+  l.target_modules = {"all-linear"};  // the attention's four projections: every layer is sparse
+  l.base_format = WeightFormat::bf16;
+  const ModelLayout lm = make_layout(tiny_gpt_oss_config(), l);
+  int adapters = 0;
+  for (const auto& g : lm.groups)
+    for (const auto& t : g.tensors) adapters += t.name.find("self_attn.") != std::string::npos && t.name.find("lora_A") != std::string::npos;
+  EXPECT_EQ(adapters, 4 * 4);
+  auto w1 = random_weights(lm, 7);
+  for (int g = int(lm.config.num_hidden_layers) + 2; g < int(lm.groups.size()); ++g) w1[size_t(g)] = lora_initial_group(lm, g);
+  expect_same(lm, runtime(lm, w1, true, 3), reference(lm, w1, true, 3), "gpt-oss lora");
+  // the checkpoint's own format: experts in mxfp4, the other matrices bf16
+  l.base_format = WeightFormat::mxfp4;
+  const ModelLayout qm = make_layout(tiny_gpt_oss_config(), l);
+  EXPECT_EQ(qm.groups[1].tensors[size_t(qm.groups[1].find("model.layers.0.mlp.experts.1.up_proj.weight"))].format,
+            WeightFormat::mxfp4);
+  EXPECT_EQ(qm.groups[1].tensors[size_t(qm.groups[1].find("model.layers.0.self_attn.q_proj.weight"))].format,
+            WeightFormat::bf16);
+  expect_same(qm, runtime(qm, w1, false, 2), reference(qm, w1, false, 2), "gpt-oss lora, mxfp4 experts");
 }
 
 // Per-expert adapters (target_parameters) with attention adapters, on a base frozen in each

@@ -52,8 +52,10 @@ inline void write(const fs::path& p, const std::string& s) { std::ofstream(p) <<
 
 // A tiny HF-layout model written by the project's own writer (no download needed).
 /// A tiny model with a byte-level tokenizer in dir/tiny (or dir/<name>); `moe`: a Qwen3-MoE
-/// (4 experts, top-2, the load-balancing loss on) with varied weights so routing is not tied.
-inline fs::path tiny_model(const fs::path& dir, bool moe = false) {
+/// (4 experts, top-2, the load-balancing loss on) with varied weights so routing is not tied;
+/// `gpt_oss` (with moe): a GPT-OSS instead (biases, sinks, layer 0 sliding with window 4, the
+/// experts' width 32 so mxfp4 blocks fit), in dir/tiny-gpt-oss.
+inline fs::path tiny_model(const fs::path& dir, bool moe = false, bool gpt_oss = false) {
   rp::ModelConfig c;
   c.architecture = "llama";
   c.vocab_size = 300;
@@ -74,6 +76,17 @@ inline fs::path tiny_model(const fs::path& dir, bool moe = false) {
     c.norm_topk_prob = true;
     c.router_aux_loss_coef = 0.01;
     c.output_router_logits = true;
+  }
+  if (moe && gpt_oss) {
+    c.architecture = "gpt_oss";
+    c.qk_norm = false;
+    c.hidden_size = 32;
+    c.moe_intermediate_size = 32;
+    c.tie_word_embeddings = false;
+    c.attention_bias = true;
+    c.attention_sinks = true;
+    c.sliding_window = 4;
+    c.layer_types = {"sliding_attention", "full_attention"};
   }
   rp::ModelLayout m = rp::make_layout(c);
   std::vector<std::vector<float>> w;
@@ -111,7 +124,7 @@ inline fs::path tiny_model(const fs::path& dir, bool moe = false) {
   nlohmann::json tok = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}},
                         {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
                         {"added_tokens", added}, {"normalizer", nullptr}, {"decoder", {{"type", "ByteLevel"}}}};
-  fs::path out = dir / (moe ? "tiny-moe" : "tiny");
+  fs::path out = dir / (gpt_oss ? "tiny-gpt-oss" : moe ? "tiny-moe" : "tiny");
   rp::save_hf_checkpoint(out.string(), m, ptrs, tok, "", rp::DType::f32);
   return out;
 }

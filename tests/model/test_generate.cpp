@@ -43,8 +43,10 @@ int32_t argmax_row(const std::vector<float>& lg, int64_t row, int64_t V) {
 }  // namespace
 
 TEST(Generate, PrefillLogitsMatchHuggingFace) {
-  // the Qwen3-MoE goldens route through the same sparse block as training
-  for (const char* name : {"tiny_llama", "tiny_qwen3", "hf_moe/tiny_qwen3_moe", "hf_moe/tiny_qwen3_moe_tied"}) {
+  // the Qwen3-MoE and GPT-OSS goldens route through the same sparse block as training; GPT-OSS's
+  // prompt rows attend through attention_decode_v (window 3, sinks)
+  for (const char* name : {"tiny_llama", "tiny_qwen3", "hf_moe/tiny_qwen3_moe", "hf_moe/tiny_qwen3_moe_tied",
+                           "hf_gpt_oss/tiny_gpt_oss"}) {
     const LoadedModel lm = load_model(golden_dir(name));
     SafetensorsFile golden(golden_dir(name) + "/golden.safetensors");
     const HostTensor ids = golden.read_f32(*golden.find("ids")), logits = golden.read_f32(*golden.find("logits"));
@@ -73,10 +75,12 @@ TEST(Generate, PrefillLogitsMatchHuggingFace) {
 // Greedy decoding through the cache (prefill, then one token at a time) equals taking the
 // argmax of a full recomputation of every prefix; stop ids end it; the cache limit is kept.
 TEST(Generate, CachedDecodingEqualsRecomputingEveryPrefix) {
-  for (const char* name : {"tiny_llama", "tiny_qwen3"}) {
+  // GPT-OSS: one token at a time through a sliding window of 3 must equal the full recompute
+  for (const char* name : {"tiny_llama", "tiny_qwen3", "hf_gpt_oss/tiny_gpt_oss"}) {
     const LoadedModel lm = load_model(golden_dir(name));
     Generator gen(lm, {.backend = "cpu", .max_context = 64});
-    const std::vector<int32_t> prompt = {5, 77, 3, 140, 9};
+    const int32_t V = int32_t(lm.config.vocab_size);
+    const std::vector<int32_t> prompt = {5 % V, 77 % V, 3 % V, 140 % V, 9 % V};
     GenerateOptions o;
     o.max_new_tokens = 20;
     std::vector<int32_t> streamed;

@@ -80,6 +80,11 @@ const char* const kDense[] = {"hf_golden/tiny_llama", "hf_golden/tiny_qwen3"};
 // load-balancing loss on, untied; and every second layer sparse, raw top-3 of 6, no
 // load-balancing loss, tied embeddings (tests/fixtures/hf_moe/make_moe_golden.py)
 const char* const kMoe[] = {"hf_moe/tiny_qwen3_moe", "hf_moe/tiny_qwen3_moe_tied"};
+// tiny GPT-OSS: sliding window 3 (shorter than the 12-token sequences) / full / sliding
+// layers, sinks, attention, router and expert biases, clamped SwiGLU, top-2 of 4, YaRN
+// (untruncated), load-balancing loss on (tests/fixtures/hf_gpt_oss/make_gpt_oss_golden.py;
+// its MXFP4 twin loads to the same weights: IoGptOss.Mxfp4CheckpointLoadsToTheBf16Weights)
+const char* const kGptOss = "hf_gpt_oss/tiny_gpt_oss";
 
 TEST(HfParity, CpuBackendMatchesTransformersFp32) {
   auto dev = make_cpu_device(0, {});
@@ -101,6 +106,17 @@ TEST(HfParity, CudaBackendMatchesTransformersMoeBf16) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
   auto dev = make_cuda_device(0, {});
   for (const char* n : kMoe) check(*dev, n, 2e-2, 5e-2);
+}
+
+TEST(HfParity, CpuBackendMatchesTransformersGptOssFp32) {
+  auto dev = make_cpu_device(0, {});
+  check(*dev, kGptOss, 1e-5, 1e-5);
+}
+
+TEST(HfParity, CudaBackendMatchesTransformersGptOssBf16) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  auto dev = make_cuda_device(0, {});
+  check(*dev, kGptOss, 2e-2, 5e-2);
 }
 
 }  // namespace

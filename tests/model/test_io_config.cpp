@@ -104,7 +104,7 @@ TEST(IoConfig, ErrorsNameFileAndKey) {
   };
   json j = llama_json();
   j["model_type"] = "mistral";
-  expect(j, "key 'model_type': expected \"llama\", \"qwen3\" or \"qwen3_moe\", got string \"mistral\"");
+  expect(j, "key 'model_type': expected \"llama\", \"qwen3\", \"qwen3_moe\" or \"gpt_oss\", got string \"mistral\"");
   j = llama_json();
   j.erase("hidden_size");
   expect(j, "key 'hidden_size': expected an integer >= 1, got nothing");

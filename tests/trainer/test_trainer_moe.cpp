@@ -73,4 +73,44 @@ TEST(TrainerMoe, ReportsExpertUtilisationAndSavesALoadableCheckpoint) {
   EXPECT_TRUE(back.config.output_router_logits);
 }
 
+// GPT-OSS through the trainer: full fine-tuning saves a checkpoint in transformers' form
+// (stacked, interleaved experts) that loads back as the same model; LoRA on the attention of a
+// frozen base whose experts are mxfp4 trains (the loss falls) and saves a PEFT adapter.
+TEST(TrainerMoe, GptOssTrainsFullyAndWithLoraOnAnMxfp4Base) {
+  auto d = tmpdir();
+  write(d / "data.jsonl", kMoeData);
+  const fs::path model = tiny_model(d, true, true);
+  {
+    rp::TrainSpec s = rp::spec_from_json(nlohmann::json::parse(spec_for(model, d / "data.jsonl", d / "full")), "spec");
+    s.steps = 4;
+    s.save_dtype = "f32";
+    const rp::TrainResult res = rp::Trainer(s).run({});
+    ASSERT_EQ(res.steps_done, 4);
+    const rp::LoadedModel back = rp::load_model(res.checkpoint);
+    EXPECT_EQ(back.config.architecture, "gpt_oss");
+    EXPECT_EQ(back.config.layer_types, (std::vector<std::string>{"sliding_attention", "full_attention"}));
+    std::ifstream cfg(fs::path(res.checkpoint) / "config.json");
+    const nlohmann::json j = nlohmann::json::parse(cfg);
+    EXPECT_EQ(j["model_type"], "gpt_oss");
+    EXPECT_EQ(j["num_local_experts"], 4);
+  }
+  rp::TrainSpec s = rp::spec_from_json(
+      nlohmann::json::parse(spec_for(model, d / "data.jsonl", d / "lora",
+                                     ", \"lora\": {\"r\": 4, \"alpha\": 8, \"target_modules\": \"all-linear\", "
+                                     "\"base_format\": \"mxfp4\"}")),
+      "spec");
+  s.steps = 8;
+  s.seed = 3;
+  s.adam.lr = 0.02;
+  s.lr_schedule.lr = 0.02;
+  std::vector<rp::StepReport> steps;
+  rp::TrainerCallbacks cb;
+  cb.on_step = [&](const rp::StepReport& r) { steps.push_back(r); };
+  const rp::TrainResult res = rp::Trainer(s).run(cb);
+  ASSERT_EQ(res.steps_done, 8);
+  EXPECT_LT(steps.back().loss, steps.front().loss);
+  EXPECT_TRUE(fs::exists(fs::path(res.checkpoint) / "adapter_model.safetensors"));
+  EXPECT_TRUE(fs::exists(fs::path(res.checkpoint) / "adapter_config.json"));
+}
+
 }  // namespace
