@@ -158,15 +158,40 @@ TEST(Generate, GreedySmolLM2EqualsTransformers) {
     EXPECT_EQ(gen.generate(prompt, o), c.at("output_ids").get<std::vector<int32_t>>()) << c.at("prompt");
   }
   if (cuda_device_count() == 0 || !j.contains("cuda_bf16")) return;
+  // bf16 on a GPU: two bf16 implementations sum in different orders, so where the two best
+  // next tokens are closer than bf16's rounding (0.125 at logits near 25) either may win and
+  // the texts part there. The generations must agree up to the first difference, and that
+  // difference must be such a near tie: both tokens within kTie of the best fp32 logit of the
+  // same prefix (the CPU generator's, equal to transformers' fp32 above). Found on the H200:
+  // "What is the capital of France?" starts with 504 (25.33) or 60 (25.24).
+  constexpr float kTie = 0.25f;
   Generator cu(lm, {.backend = "cuda", .dtype = DType::bf16});
+  int agreed = 0, total = 0;
   for (const auto& c : j.at("cuda_bf16")) {
     GenerateOptions o;
     o.max_new_tokens = c.at("max_new_tokens").get<int64_t>();
     o.stop_ids = c.at("eos").get<std::vector<int32_t>>();
-    EXPECT_EQ(cu.generate(c.at("prompt_ids").get<std::vector<int32_t>>(), o),
-              c.at("output_ids").get<std::vector<int32_t>>())
-        << "bf16 on " << cu.device_name() << ": " << c.at("prompt");
+    const auto prompt = c.at("prompt_ids").get<std::vector<int32_t>>();
+    const auto want = c.at("output_ids").get<std::vector<int32_t>>();
+    const auto got = cu.generate(prompt, o);
+    size_t i = 0;
+    while (i < got.size() && i < want.size() && got[i] == want[i]) ++i;
+    total += int(want.size());
+    agreed += int(i);
+    if (i == got.size() && i == want.size()) continue;
+    ASSERT_TRUE(i < got.size() && i < want.size()) << "one generation stops early: " << c.at("prompt");
+    std::vector<int32_t> prefix = prompt;
+    prefix.insert(prefix.end(), want.begin(), want.begin() + long(i));
+    const std::vector<float> lg = gen.logits(prefix);
+    const float* last = lg.data() + (prefix.size() - 1) * size_t(lm.config.vocab_size);
+    const float best = *std::max_element(last, last + lm.config.vocab_size);
+    EXPECT_GE(last[got[i]], best - kTie) << "bf16 on " << cu.device_name() << " parts at token " << i << " with "
+                                         << got[i] << " (fp32 logit " << last[got[i]] << ", best " << best
+                                         << "): " << c.at("prompt");
+    EXPECT_GE(last[want[i]], best - kTie) << "transformers' token " << want[i] << " at " << i;
   }
+  // most tokens agree (a test that compared nothing would pass)
+  EXPECT_GE(agreed, total / 2) << agreed << " of " << total << " bf16 tokens equal transformers'";
 }
 
 }  // namespace rp
