@@ -36,4 +36,16 @@ std::vector<double> sum_over(Replicas* r, const std::vector<double>& values) {
   return out;
 }
 
+void combine_step(Replicas* r, StepResult& s, int64_t experts) {
+  if (!r || r->size() <= 1) return;
+  // moe_aux_loss is this replica's token-weighted mean: times its tokens, the weighted sum
+  std::vector<double> v{s.loss_sum, s.tokens, s.moe_aux_loss * s.tokens};
+  v.resize(size_t(3 + experts), 0.0);  // the same length on every replica
+  for (size_t e = 0; e < s.expert_tokens.size() && e < size_t(experts); ++e) v[3 + e] = s.expert_tokens[e];
+  const std::vector<double> sum = sum_over(r, v);
+  s.loss_sum = sum[0], s.tokens = sum[1];
+  s.moe_aux_loss = sum[1] > 0 ? sum[2] / sum[1] : 0.0;
+  if (experts > 0) s.expert_tokens.assign(sum.begin() + 3, sum.end());
+}
+
 }  // namespace rp

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "roundpipe/replicas.hpp"
+#include "roundpipe/session.hpp"
 #include "roundpipe/spec.hpp"
 
 namespace rp {
@@ -21,6 +22,16 @@ std::shared_ptr<Replicas> replicas_for(const TrainSpec& spec);
 /// Every replica's `values` summed element by element in rank order 0..N-1 (the same double
 /// on every replica); `values` itself without replicas.
 std::vector<double> sum_over(Replicas* r, const std::vector<double>& values);
+
+/// Makes `s`, this replica's result of a step, the step's result over the global batch: the
+/// loss sum (nats, the load-balancing term included), the target tokens, the load-balancing
+/// loss weighted by target tokens and the tokens routed to each of the model's `experts`
+/// experts (0: a dense model) are summed over the replicas in rank order 0..N-1, so every
+/// replica reports what one process training all the step's passes reports, to the rounding
+/// of the sum order. moe_aux_loss becomes the global token-weighted mean. Unchanged without
+/// replicas. Every replica must pass the same `experts`. Throws ReplicaFailure when the
+/// exchange fails.
+void combine_step(Replicas* r, StepResult& s, int64_t experts);
 
 /// Whether pass `a` of a step's `accumulation` passes is this replica's.
 inline bool my_pass(const Replicas* r, int64_t a, int64_t accumulation) {

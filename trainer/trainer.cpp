@@ -182,10 +182,8 @@ bool Run::report(int64_t t) {
   const std::optional<StepResult> got = await(t);
   if (!got) return false;
   StepResult r = *got;
-  if (replicas_) {  // the loss over the global batch: sums over the replicas, in rank order
-    const std::vector<double> sums = sum_over(replicas_.get(), {r.loss_sum, r.tokens});
-    r.loss_sum = sums[0], r.tokens = sums[1];
-  }
+  // the loss and router statistics over the global batch: sums over the replicas, in rank order
+  combine_step(replicas_.get(), r, session_->layout().config.num_experts);
   const double now = elapsed();
   const double dt = now - last_report_;
   const int64_t nsteps = t - reported_;

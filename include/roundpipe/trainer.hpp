@@ -83,7 +83,9 @@ struct StepReport {
   int64_t experts = 0;
   double aux_loss = 0, expert_load_min = 0, expert_load_max = 0;
   /// Data-parallel replicas (spec "mpi"): this process's rank (0 without replicas). Every
-  /// replica reports the same global loss, token counts and norm; replica 0 writes the files.
+  /// replica reports the same global loss, token counts, norm and router statistics (aux_loss,
+  /// expert loads: every replica's passes, like one process training them all); replica 0
+  /// writes the files and prints the progress and the evaluation.
   int replica = 0;
 };
 

@@ -51,8 +51,8 @@ CliRun run_cmd(const std::string& cmd, const fs::path& dir) {
 
 /// Six passes of two sequences per step (a multiple of 1, 2 and 3 replicas), clipping on
 /// (the global norm must agree), staleness-1 async, one virtual GPU per replica.
-std::string spec_json(const fs::path& d, int steps, const std::string& extra = "") {
-  return "{\"model\": \"" + (d / "tiny").string() + "\", \"data\": \"" + (d / "data.jsonl").string() +
+std::string spec_json(const fs::path& d, int steps, const std::string& extra = "", const std::string& model = "tiny") {
+  return "{\"model\": \"" + (d / model).string() + "\", \"data\": \"" + (d / "data.jsonl").string() +
          "\", \"seq_len\": 16, \"sequences_per_step\": 12, \"micro_batches\": 2, \"accumulation\": 6, "
          "\"steps\": " + std::to_string(steps) +
          ", \"backend\": \"cpu\", \"workers\": 1, \"save_dtype\": \"f32\", \"tensorboard\": false, \"seed\": 5, "
@@ -130,6 +130,50 @@ TEST(CliMpi, TwoAndThreeReplicasEqualOneProcess) {
                      d);
   ASSERT_EQ(b.code, 0) << b.err << b.out;
   expect_close_weights(d / "a/final", d / "b/final");
+  fs::remove_all(d);
+}
+
+/// Occurrences of `what` in `text`.
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+  return n;
+}
+
+// A mixture-of-experts model: the step's router statistics (the load-balancing loss and the
+// tokens routed to each expert) cover every replica's passes, as in one process training them
+// all; the evaluation (of the whole set, on every replica) is printed and written once.
+TEST(CliMpi, TwoReplicasReportTheRouterStatisticsOfOneProcess) {
+  if (const std::string why = mpi_missing(); !why.empty()) GTEST_SKIP() << why;
+  auto d = tmpdir();
+  tiny_model(d, /*moe=*/true);
+  write(d / "data.jsonl", kData);
+  write(d / "spec.json", spec_json(d, 3, ", \"eval_every\": 1, \"eval_data\": \"" + (d / "data.jsonl").string() + "\"", "tiny-moe"));
+  CliRun one = roundpipe("train " + (d / "spec.json").string() + " --output-dir " + (d / "one").string(), d);
+  ASSERT_EQ(one.code, 0) << one.err << one.out;
+  CliRun two = run_cmd(mpirun(2) + "train " + (d / "spec.json").string() + " --output-dir " + (d / "two").string(), d);
+  ASSERT_EQ(two.code, 0) << two.err << two.out;
+  const fs::path m1 = d / "one/metrics.csv", m2 = d / "two/metrics.csv";
+  // metrics.csv columns: 1 loss (the load-balancing term included), 9 eval loss (every step),
+  // 11 aux_loss, 12 expert_load_min, 13 expert_load_max (multiples of the even load, 4 decimals)
+  for (int col : {1, 9, 11, 12, 13}) {
+    const std::vector<double> a = column(m1, col), b = column(m2, col);
+    ASSERT_EQ(a.size(), 3u) << col;
+    ASSERT_EQ(b.size(), a.size()) << col;
+    for (size_t t = 0; t < a.size(); ++t) {
+      if (col != 12) {  // an expert may get no token
+        EXPECT_GT(a[t], 0) << "column " << col << " step " << t;
+      }
+      EXPECT_NEAR(b[t], a[t], 2e-5 * std::fabs(a[t]) + 2e-4) << "column " << col << " step " << t;
+    }
+  }
+  EXPECT_EQ(column(m2, 2), column(m1, 2));  // global target tokens
+  // evaluation: one "eval before training" line and one eval line per evaluated step
+  EXPECT_EQ(count(one.err + one.out, "eval before training"), 1u) << one.err;
+  EXPECT_EQ(count(two.err + two.out, "eval before training"), 1u) << two.err;
+  EXPECT_EQ(count(two.err + two.out, "| eval loss"), count(one.err + one.out, "| eval loss")) << two.out;
+  EXPECT_GE(count(one.err + one.out, "| eval loss"), 1u) << one.out;
+  expect_close_weights(d / "one/final", d / "two/final");
   fs::remove_all(d);
 }
 
