@@ -81,6 +81,41 @@ void fold_lora(float* w, const float* a, const float* b, int64_t out, int64_t in
   }
 }
 
+void fold_decoder_adapters(const ModelLayout& layout, int l, const float* adapters, const ParamGroup& base,
+                           float* base_data) {
+  const double s = layout.lora->scaling();
+  const int ga = layout.adapter_group(l);
+  const ParamGroup& ad = layout.groups.at(size_t(ga));
+  fold_experts(
+      *layout.lora, layout.config, l - 1, s,
+      [&](const std::string& name, const std::vector<int64_t>&) {
+        const int i = ad.find(name);
+        if (i < 0) throw std::invalid_argument(fmt::format("merge_adapters: group '{}' lacks '{}'", ad.name, name));
+        return adapters + ad.tensors[size_t(i)].offset;
+      },
+      [&](const std::string& name, int64_t out, int64_t in) {
+        const int i = base.find(name);
+        if (i < 0 || base.tensors[size_t(i)].shape != std::vector<int64_t>{out, in})
+          throw std::invalid_argument(fmt::format("merge_adapters: group '{}' lacks '{}' [{}, {}]", base.name, name,
+                                                  out, in));
+        return base_data + base.tensors[size_t(i)].offset;
+      });
+  for (const TensorSpec& ta : ad.tensors) {
+    if (!ends_with(ta.name, kSuffixA) || is_expert_tensor(ta.name)) continue;
+    const std::string mod = module_of(ta.name);
+    const int ib = ad.find(mod + kSuffixB), iw = base.find(mod + ".weight");
+    if (ib < 0 || iw < 0)
+      throw std::invalid_argument(fmt::format("merge_adapters: group '{}': '{}' has no lora_B or base weight", ad.name, ta.name));
+    const TensorSpec& tb = ad.tensors[size_t(ib)];
+    const TensorSpec& tw = base.tensors[size_t(iw)];
+    const int64_t r = ta.shape.at(0), in = ta.shape.at(1), out = tb.shape.at(0);
+    if (tw.shape != std::vector<int64_t>{out, in} || tb.shape.at(1) != r)
+      throw std::invalid_argument(fmt::format("merge_adapters: '{}': shapes [{}], [{}] do not fit [{}]", mod,
+                                              fmt::join(ta.shape, ", "), fmt::join(tb.shape, ", "), fmt::join(tw.shape, ", ")));
+    fold_lora(base_data + tw.offset, adapters + ta.offset, adapters + tb.offset, out, in, r, s);
+  }
+}
+
 MergedWeights merge_adapters(const ModelLayout& layout, const std::vector<const float*>& group_data) {
   if (!layout.lora) throw std::invalid_argument("merge_adapters: the layout has no LoRA adapters");
   if (group_data.size() != layout.groups.size())
@@ -102,41 +137,11 @@ MergedWeights merge_adapters(const ModelLayout& layout, const std::vector<const 
                   size_t(t.numel()) * sizeof(float));
     }
   }
-  const double s = layout.lora->scaling();
   for (int l = 1; l <= int(layout.config.num_hidden_layers); ++l) {
     const int ga = layout.adapter_group(l);
-    const ParamGroup& ad = layout.groups.at(size_t(ga));
-    if (!group_data[size_t(ga)]) throw std::invalid_argument(fmt::format("merge_adapters: no data for group '{}'", ad.name));
-    const ParamGroup& base = m.layout.groups[size_t(l)];
-    fold_experts(
-        *layout.lora, layout.config, l - 1, s,
-        [&](const std::string& name, const std::vector<int64_t>&) {
-          const int i = ad.find(name);
-          if (i < 0) throw std::invalid_argument(fmt::format("merge_adapters: group '{}' lacks '{}'", ad.name, name));
-          return group_data[size_t(ga)] + ad.tensors[size_t(i)].offset;
-        },
-        [&](const std::string& name, int64_t out, int64_t in) {
-          const int i = base.find(name);
-          if (i < 0 || base.tensors[size_t(i)].shape != std::vector<int64_t>{out, in})
-            throw std::invalid_argument(fmt::format("merge_adapters: group '{}' lacks '{}' [{}, {}]", base.name, name,
-                                                    out, in));
-          return m.groups[size_t(l)].data() + base.tensors[size_t(i)].offset;
-        });
-    for (const TensorSpec& ta : ad.tensors) {
-      if (!ends_with(ta.name, kSuffixA) || is_expert_tensor(ta.name)) continue;
-      const std::string mod = module_of(ta.name);
-      const int ib = ad.find(mod + kSuffixB), iw = base.find(mod + ".weight");
-      if (ib < 0 || iw < 0)
-        throw std::invalid_argument(fmt::format("merge_adapters: group '{}': '{}' has no lora_B or base weight", ad.name, ta.name));
-      const TensorSpec& tb = ad.tensors[size_t(ib)];
-      const TensorSpec& tw = base.tensors[size_t(iw)];
-      const int64_t r = ta.shape.at(0), in = ta.shape.at(1), out = tb.shape.at(0);
-      if (tw.shape != std::vector<int64_t>{out, in} || tb.shape.at(1) != r)
-        throw std::invalid_argument(fmt::format("merge_adapters: '{}': shapes [{}], [{}] do not fit [{}]", mod,
-                                                fmt::join(ta.shape, ", "), fmt::join(tb.shape, ", "), fmt::join(tw.shape, ", ")));
-      fold_lora(m.groups[size_t(l)].data() + tw.offset, group_data[size_t(ga)] + ta.offset,
-                group_data[size_t(ga)] + tb.offset, out, in, r, s);
-    }
+    if (!group_data[size_t(ga)])
+      throw std::invalid_argument(fmt::format("merge_adapters: no data for group '{}'", layout.groups.at(size_t(ga)).name));
+    fold_decoder_adapters(layout, l, group_data[size_t(ga)], m.layout.groups[size_t(l)], m.groups[size_t(l)].data());
   }
   return m;
 }

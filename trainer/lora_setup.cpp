@@ -85,7 +85,6 @@ PlainModel merged_model(const Session& session) {
   if (!lay.lora) throw std::invalid_argument("merged_model: the session trains no LoRA adapters");
   PlainModel m{make_layout(lay.config), {}};
   m.groups.resize(m.layout.groups.size());
-  const double s = lay.lora->scaling();
   for (size_t g = 0; g < m.layout.groups.size(); ++g) {
     const ParamGroup& dst = m.layout.groups[g];
     const ParamGroup& src = lay.groups[g];
@@ -98,22 +97,8 @@ PlainModel merged_model(const Session& session) {
     m.groups[g].resize(size_t(dst.numel));
     const int ga = lay.kind(int(g)) == LayerKind::decoder ? lay.adapter_group(int(g)) : -1;
     if (ga < 0) continue;
-    const ParamGroup& ad = lay.groups[size_t(ga)];
     const std::vector<float> a = session.group_weights_f32(ga);
-    for (const TensorSpec& ta : ad.tensors) {
-      const std::string suffix = ".lora_A.weight";
-      if (ta.name.size() < suffix.size() || ta.name.compare(ta.name.size() - suffix.size(), suffix.size(), suffix) != 0)
-        continue;
-      const std::string mod = ta.name.substr(0, ta.name.size() - suffix.size());
-      const int ib = ad.find(mod + ".lora_B.weight"), iw = dst.find(mod + ".weight");
-      if (ib < 0 || iw < 0)
-        throw std::invalid_argument(fmt::format("merged_model: group '{}': '{}' has no lora_B or base weight", ad.name,
-                                                ta.name));
-      const TensorSpec& tb = ad.tensors[size_t(ib)];
-      const TensorSpec& tw = dst.tensors[size_t(iw)];
-      fold_lora(m.groups[g].data() + tw.offset, a.data() + ta.offset, a.data() + tb.offset, tw.shape.at(0),
-                tw.shape.at(1), ta.shape.at(0), s);
-    }
+    fold_decoder_adapters(lay, int(g), a.data(), dst, m.groups[g].data());
   }
   return m;
 }

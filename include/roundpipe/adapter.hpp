@@ -142,6 +142,12 @@ void load_peft_adapter(const PeftAdapter& a, const ModelLayout& layout,
 /// Each element's update is summed in double and rounded once (PEFT's merge computes B @ A in
 /// the weight's dtype; the two agree to fp32 rounding).
 void fold_lora(float* w, const float* a, const float* b, int64_t out, int64_t in, int64_t r, double scaling);
+/// Folds decoder l's adapters (group layout.adapter_group(l) of a LoRA layout, values at
+/// `adapters`) into that decoder's plain weights: `base` is group l of make_layout(config) with
+/// its fp32 values at `base_data` (W += s B A for each adapted linear, and per expert for expert
+/// adapters). Throws std::invalid_argument naming a missing or misshapen tensor.
+void fold_decoder_adapters(const ModelLayout& layout, int l, const float* adapters, const ParamGroup& base,
+                           float* base_data);
 
 /// The base weights of a LoRA `layout` with every adapter folded in (W' = W + scaling B A,
 /// Hu et al. 2021, eq. 3) and the modules_to_save matrices as trained: the layout of
