@@ -104,8 +104,13 @@ class CpuStream final : public Stream {
   };
   void copy(void* dst, const void* src, size_t bytes, int dir) {
     push([=, this] {
-      std::memcpy(dst, src, bytes);
-      if (link_) link_->transfer(dir, bytes, prio_);
+      if (!link_) {
+        std::memcpy(dst, src, bytes);
+        return;
+      }
+      link_->transfer(dir, bytes, prio_, [=](size_t off, size_t n) {
+        std::memcpy(static_cast<char*>(dst) + off, static_cast<const char*>(src) + off, n);
+      });
     });
   }
   void push(std::function<void()> fn, bool always = false) {

@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -28,8 +29,11 @@ class PcieLink {
 
   /// Blocks the calling (stream) thread until `bytes` crossed channel `dir` (0 = host to
   /// device, 1 = device to host), competing with other callers at `priority` (0 = urgent).
-  /// Returns at once after interrupt().
-  void transfer(int dir, size_t bytes, int priority) {
+  /// `move(offset, n)`, when given, moves the bytes [offset, offset + n) while their chunk
+  /// holds the channel, so data lands chunk by chunk as it would over a real link (and a
+  /// copy whose first bytes landed is known to be on the link). After interrupt() the
+  /// delays end at once; every remaining byte is still moved.
+  void transfer(int dir, size_t bytes, int priority, const std::function<void(size_t, size_t)>& move = {}) {
     Channel& ch = ch_[dir & 1];
     size_t left = bytes;
     std::unique_lock lk(ch.mu);
@@ -44,11 +48,17 @@ class PcieLink {
       const auto until =
           std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                                  std::chrono::duration<double>(double(n) / bw_));
+      if (move) {  // the channel stays ours (busy) while the lock is released for the copy
+        lk.unlock();
+        move(bytes - left, n);
+        lk.lock();
+      }
       ch.cv.wait_until(lk, until, [&] { return interrupted_.load(); });  // the chunk crosses the link
       ch.busy = false;
       left -= n;
       ch.cv.notify_all();
     }
+    if (move && left > 0) move(bytes - left, left);  // interrupted: the data still lands
   }
 
   /// Ends every delay now and makes later transfers instant (any thread; irreversible).

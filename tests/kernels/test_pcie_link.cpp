@@ -43,8 +43,9 @@ Latency activation_latency(bool priorities) {
     param_end = Clock::now();
     param_done = true;
   });
-  // Wait until the upload is on the link (its first chunk landed; a loaded machine may start
-  // the stream thread late), then a little more so it is well inside the copy.
+  // Wait until the upload is on the link (data lands chunk by chunk as it crosses, so its
+  // first byte means it holds its place in the queue; a loaded machine may start the stream
+  // thread late), then a little more so it is well inside the copy.
   const auto give_up = Clock::now() + std::chrono::seconds(10);
   while (first[0] != 1 && Clock::now() < give_up) std::this_thread::sleep_for(std::chrono::microseconds(200));
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
