@@ -65,8 +65,46 @@ ModelShape model_shape_from_config(const ModelConfig& c) {
   m.moe_intermediate_size = c.moe_intermediate_size;
   m.decoder_sparse_step = c.decoder_sparse_step;
   m.mlp_only_layers = c.mlp_only_layers;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const int64_t w = c.attention_window(i);
+    if (w > 0) {
+      m.attention_windows.resize(size_t(c.num_hidden_layers), 0);
+      m.attention_windows[size_t(i)] = w;
+    }
+  }
   return m;
 }
+
+namespace {
+
+// layer_types ("sliding_attention" / "full_attention" per decoder) with sliding_window; a
+// GPT-OSS config without layer_types slides on even layers (transformers' default). A
+// sliding_window without sliding layers (Qwen3 writes one it does not use) changes nothing.
+void parse_attention_windows(const nlohmann::json& j, const std::string& where, bool gpt_oss, ModelShape& m) {
+  const auto w = j.find("sliding_window");
+  const int64_t window = w != j.end() && w->is_number_integer() ? w->get<int64_t>() : 0;
+  const auto types = j.find("layer_types");
+  std::vector<bool> sliding(size_t(std::max<int64_t>(m.num_layers, 0)), false);
+  if (types != j.end() && !types->is_null()) {
+    if (!types->is_array() || int64_t(types->size()) != m.num_layers)
+      throw std::invalid_argument(fmt::format("{}: key 'layer_types': expected a list of num_hidden_layers = {} "
+                                              "entries, got {}",
+                                              where, m.num_layers, types->dump()));
+    for (size_t i = 0; i < sliding.size(); ++i) sliding[i] = (*types)[i] == "sliding_attention";
+  } else if (gpt_oss) {
+    for (size_t i = 0; i < sliding.size(); i += 2) sliding[i] = true;
+  }
+  if (std::find(sliding.begin(), sliding.end(), true) == sliding.end()) return;
+  if (window <= 0)
+    throw std::invalid_argument(fmt::format("{}: key 'sliding_window': expected an integer >= 1 (layer_types has "
+                                            "sliding layers), got {}",
+                                            where, w == j.end() ? std::string("nothing") : w->dump()));
+  m.attention_windows.assign(sliding.size(), 0);
+  for (size_t i = 0; i < sliding.size(); ++i)
+    if (sliding[i]) m.attention_windows[i] = window;
+}
+
+}  // namespace
 
 ModelShape model_shape_from_hf_json(const nlohmann::json& j, const std::string& where) {
   if (!j.is_object()) throw std::invalid_argument(where + ": expected a JSON object");
@@ -113,6 +151,7 @@ ModelShape model_shape_from_hf_json(const nlohmann::json& j, const std::string& 
   if (j.contains("tie_word_embeddings") && j["tie_word_embeddings"].is_boolean())
     m.tie_word_embeddings = j["tie_word_embeddings"].get<bool>();
   m.qk_norm = type.rfind("qwen3", 0) == 0;
+  parse_attention_windows(j, where, gpt_oss, m);
   m.validate(where);
   return m;
 }
@@ -176,6 +215,7 @@ struct Acc {
 
 struct Dims {
   double T, S, nseq, H, Q, K, F, V, nq, D, E, k, Fe;
+  double W = 0;  ///< sliding window of the current decoder (0: full causal attention)
   bool qk_norm, moe;
   bool frozen = false;  ///< frozen base weights: the backward computes no weight gradient
   double r = 0;         ///< LoRA rank of the experts' adapters
@@ -253,6 +293,14 @@ void moe_backward(Acc& a, const Dims& x) {
   if (!x.frozen) a.gemm(x.E, x.H, x.T, true);         // dW_router
 }
 
+// (query, key) pairs one sequence of S tokens scores: causal attention counts half of the
+// S^2 matrix; a sliding window of W keys per query (the first W queries see fewer) leaves
+// a band, W^2/2 + (S - W) W.
+double attended_pairs(double S, double W) {
+  if (W <= 0 || W >= S) return S * S / 2;
+  return W * W / 2 + (S - W) * W;
+}
+
 // Forward of one decoder layer (optionally followed by its backward: `bwd`); with
 // `reuse_attention` (a saved attention) the forward part leaves out the attention itself.
 void decoder_pass(Acc& a, const Dims& x, bool bwd, bool reuse_attention = false) {
@@ -264,7 +312,7 @@ void decoder_pass(Acc& a, const Dims& x, bool bwd, bool reuse_attention = false)
   a.gemm(x.T, x.K, x.H);                              // v_proj
   if (x.qk_norm) a.elementwise(2 * x.T * (x.Q + x.K) * es);
   a.elementwise(2 * x.T * (x.Q + x.K) * es);          // RoPE
-  const double att_f = 2 * x.nseq * x.nq * x.S * x.S * x.D;  // causal: half of 4*n*nq*S^2*D
+  const double att_f = 4 * x.nseq * x.nq * x.D * attended_pairs(x.S, x.W);  // QK^T and PV: 2 GEMMs
   if (!reuse_attention) a.attention(att_f, (2 * x.T * x.Q + 2 * x.T * x.K) * es);
   a.gemm(x.T, x.H, x.Q);                              // o_proj
   a.elementwise(3 * x.T * x.H * es);                  // residual
@@ -377,6 +425,7 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, i
     } else {
       e.name = fmt::format("layer.{}", l - 1);
       x.moe = m.is_moe_layer(l - 1);
+      x.W = double(m.attention_window(l - 1));
       decoder_pass(f, x, false);
       decoder_pass(b, x, true, d.saved_attention);
       // the decoder's own buffers (model/layer_memory.hpp), with the DecoderDims the layer

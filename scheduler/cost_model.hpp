@@ -70,6 +70,14 @@ struct ModelShape {
   int64_t moe_intermediate_size = 0;  ///< FFN width of one expert
   int64_t decoder_sparse_step = 1;    ///< every step-th decoder is sparse
   std::vector<int64_t> mlp_only_layers;  ///< decoders (0-based) with a dense MLP regardless
+  /// Sliding-window attention: decoder i (0-based) attends to at most attention_windows[i]
+  /// keys (its own position and the window - 1 before it); 0, or i past the end, is full
+  /// causal attention. GPT-OSS alternates a 128-token window with full attention.
+  std::vector<int64_t> attention_windows;
+  /// The window of decoder i (0: full causal attention).
+  int64_t attention_window(int64_t i) const {
+    return i >= 0 && size_t(i) < attention_windows.size() ? attention_windows[size_t(i)] : 0;
+  }
   /// Decoder i (0-based) has a sparse MLP block.
   bool is_moe_layer(int64_t i) const;
   /// Number of decoders with a sparse block.
@@ -79,12 +87,13 @@ struct ModelShape {
   void validate(const std::string& where) const;
 };
 
-/// Shape of a ModelConfig, its mixture-of-experts fields included (header-only use of the
-/// struct; no rp_model code).
+/// Shape of a ModelConfig, its mixture-of-experts fields and sliding windows included.
 ModelShape model_shape_from_config(const ModelConfig& c);
 /// Shape from a Hugging Face config.json object, including the Qwen3-MoE keys num_experts
 /// (transformers 5 writes num_local_experts; either is accepted), num_experts_per_tok,
-/// moe_intermediate_size, decoder_sparse_step and mlp_only_layers (model_type "qwen3_moe").
+/// moe_intermediate_size, decoder_sparse_step and mlp_only_layers (model_type "qwen3_moe"),
+/// and the sliding windows of layer_types / sliding_window (GPT-OSS: even layers slide when
+/// layer_types is absent, as transformers' default).
 /// Errors: std::invalid_argument("<where>: key '<k>': ...") or validate()'s.
 ModelShape model_shape_from_hf_json(const nlohmann::json& j, const std::string& where);
 

@@ -1,8 +1,14 @@
 // Analytic cost model: parameter counts, FLOP formulas, the seq^2 term, memory terms.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <utility>
+
 #include <nlohmann/json.hpp>
 
+#include "model/config.hpp"
 #include "scheduler/cost_model.hpp"
 
 namespace rp {
@@ -126,6 +132,76 @@ TEST(CostModel, DenseShapeFromModelConfigAndErrors) {
   DeviceModel bad;
   bad.peak_flops = 0;
   EXPECT_THROW(estimate_layers(model_shape_from_config(c), 1, 16, bad), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace rp
+
+namespace rp {
+namespace {
+
+// Causal pairs (query i, key j <= i) within a window of W keys, counted one by one.
+double counted_pairs(int64_t S, int64_t W) {
+  double n = 0;
+  for (int64_t i = 0; i < S; ++i) n += double(W > 0 ? std::min(i + 1, W) : i + 1);
+  return n;
+}
+
+nlohmann::json gpt_oss_20b_json() {
+  return {{"model_type", "gpt_oss"},       {"vocab_size", 201088},       {"hidden_size", 2880},
+          {"num_hidden_layers", 4},        {"num_attention_heads", 64},  {"num_key_value_heads", 8},
+          {"head_dim", 64},                {"num_local_experts", 32},    {"num_experts_per_tok", 4},
+          {"intermediate_size", 2880},     {"sliding_window", 128},      {"tie_word_embeddings", false}};
+}
+
+TEST(CostModel, SlidingWindowLayersCountOnlyTheBand) {
+  const int64_t S = 4096, W = 128, nseq = 2;
+  ModelShape m = model_shape_from_hf_json(gpt_oss_20b_json(), "config.json");
+  ASSERT_EQ(m.attention_windows.size(), 4u);
+  // transformers' default for GPT-OSS: even decoders slide
+  EXPECT_EQ(m.attention_window(0), W);
+  EXPECT_EQ(m.attention_window(1), 0);
+  auto e = estimate_layers(m, nseq, S, DeviceModel{});
+  // decoders 0 (sliding) and 1 (full) differ only in their attention
+  const double saved = e[2].fwd_flops - e[1].fwd_flops;
+  const double expected = 4.0 * nseq * 64 * 64 * (counted_pairs(S, 0) - counted_pairs(S, W));
+  EXPECT_NEAR(saved, expected, 0.005 * expected);
+  EXPECT_GT(e[2].bwd_flops, e[1].bwd_flops);
+  EXPECT_LT(e[1].cost.fwd, e[2].cost.fwd);
+  // a sequence no longer than the window is attended in full
+  auto s = estimate_layers(m, nseq, W, DeviceModel{});
+  EXPECT_DOUBLE_EQ(s[1].fwd_flops, s[2].fwd_flops);
+}
+
+TEST(CostModel, LayerTypesChooseTheSlidingLayers) {
+  nlohmann::json j = gpt_oss_20b_json();
+  j["layer_types"] = {"full_attention", "full_attention", "sliding_attention", "full_attention"};
+  ModelShape m = model_shape_from_hf_json(j, "config.json");
+  EXPECT_EQ(m.attention_window(0), 0);
+  EXPECT_EQ(m.attention_window(2), 128);
+  // the same through the model's own config parser
+  const std::string dir = ::testing::TempDir() + "/cost_model_gpt_oss";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << j.dump();
+  ModelShape c = model_shape_from_config(load_config_file(dir + "/config.json"));
+  EXPECT_EQ(c.attention_windows, m.attention_windows);
+  // Qwen3 writes a sliding_window it does not use: no sliding layers, no windows
+  nlohmann::json q = {{"model_type", "qwen3"},  {"vocab_size", 1000},         {"hidden_size", 64},
+                      {"num_hidden_layers", 2}, {"num_attention_heads", 4},   {"intermediate_size", 128},
+                      {"sliding_window", 4096}, {"layer_types", {"full_attention", "full_attention"}}};
+  EXPECT_TRUE(model_shape_from_hf_json(q, "config.json").attention_windows.empty());
+  // sliding layers need a window; a wrong-length layer_types names the key
+  j.erase("sliding_window");
+  nlohmann::json short_types = gpt_oss_20b_json();
+  short_types["layer_types"] = {"full_attention"};
+  for (const auto& [bad, key] : {std::pair{j, "'sliding_window'"}, std::pair{short_types, "'layer_types'"}}) {
+    try {
+      model_shape_from_hf_json(bad, "config.json");
+      ADD_FAILURE() << "accepted " << bad.dump();
+    } catch (const std::invalid_argument& x) {
+      EXPECT_NE(std::string(x.what()).find(key), std::string::npos) << x.what();
+    }
+  }
 }
 
 }  // namespace
