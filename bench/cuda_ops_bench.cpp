@@ -25,6 +25,7 @@
 // LM head + CE 2*T*H*V forward, 6*T*H*V with both gradients. Bytes: each input read
 // once plus each output written once (read-modify-write outputs count twice).
 #include <algorithm>
+#include <cstdint>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -220,7 +221,9 @@ void moe_rows(Env& e, int R) {
   struct P {
     const char* name;
     int64_t K, N;
-  } ps[] = {{"gate / up", H, F}, {"down", F, H}};
+  } ps[] = {{"gate / up", H, F},       {"down", F, H},
+            // per-expert LoRA adapters, rank 32: A of gate_up and down, B of gate (up) and down
+            {"lora A gate_up", H, 32}, {"lora B gate", 32, F}, {"lora A down", F, 32}, {"lora B down", 32, H}};
   for (const P& p : ps) {
     void* a = rand_buffer(e, Rw * p.K, bf, 1.f, 210);
     void* w = rand_buffer(e, E * p.N * p.K, bf, 0.02f, 211);
@@ -248,9 +251,18 @@ void moe_rows(Env& e, int R) {
       line(e, "grouped_linear_bwd_weight" + tag, shape,
            time_op(e, [&](int) { ops.grouped_linear_bwd_weight(db, a, dw, off_h.data(), E, p.K, p.N); }, R), fl, 0);
     }
+#ifdef RP_HAVE_CUDA
+    if (std::min(p.K, p.N) > 64) {  // our one-launch weight-gradient kernel on a full shape too
+      rp::cuda::set_grouped_gemm(ops, 1);
+      rp::cuda::set_grouped_wgrad_kernel_max(ops, INT64_MAX);
+      line(e, "grouped_linear_bwd_weight [kernel]", shape,
+           time_op(e, [&](int) { ops.grouped_linear_bwd_weight(db, a, dw, off_h.data(), E, p.K, p.N); }, R), fl, 0);
+      rp::cuda::set_grouped_wgrad_kernel_max(ops, 64);
+    }
+#endif
   }
 #ifdef RP_HAVE_CUDA
-  rp::cuda::set_grouped_gemm(ops, 2);
+  rp::cuda::set_grouped_gemm(ops, 1);  // the default
 #endif
   e.keep.clear();
 }

@@ -42,20 +42,28 @@ int parse_attention_gqa(const char* text);
 
 /// How a CUDA device's ops run the grouped linears of mixture-of-experts blocks
 /// (Ops::grouped_linear_*): 0 = one cuBLASLt GEMM per expert with rows, in order on the
-/// compute stream; 1 = one cublasGemmGroupedBatchedEx call for all experts (falls back to 0
-/// for a call cuBLAS refuses, e.g. more than 1024 experts with rows); 2 = the GEMMs of 0
-/// spread round-robin over 4 side streams forked from and joined back into the compute
-/// stream (each with its own cuBLASLt workspace), so small experts run concurrently. All
-/// three give the same results up to the GEMM kernels cuBLAS picks. Initial value from the
-/// environment variable RP_CUDA_GROUPED_GEMM: streams (default), loop or grouped. Throws
-/// std::invalid_argument for non-CUDA ops or another value.
+/// compute stream; 1 = one cublasGemmGroupedBatchedEx call for all experts (a call cuBLAS
+/// refuses, e.g. more than 1024 experts with rows or the fp32 weight-gradient output, runs
+/// as 2), and weight gradients of a low-rank shape in one kernel of our own (see
+/// set_grouped_wgrad_kernel_max); 2 = the GEMMs of 0 spread round-robin over 4 side streams
+/// forked from and joined back into the compute stream (each with its own cuBLASLt
+/// workspace), so small experts run concurrently. All give the same results up to the
+/// summation order of the GEMM kernels. Initial value from the environment variable
+/// RP_CUDA_GROUPED_GEMM: grouped (default), streams or loop. Throws std::invalid_argument
+/// for non-CUDA ops or another value.
 void set_grouped_gemm(Ops& ops, int mode);
 /// The current mode of set_grouped_gemm.
 int grouped_gemm(Ops& ops);
-/// Parses an RP_CUDA_GROUPED_GEMM value ("loop" -> 0, "grouped" -> 1, "streams", empty or
-/// unset -> 2);
-/// throws std::invalid_argument naming the variable and the accepted values otherwise.
+/// Parses an RP_CUDA_GROUPED_GEMM value ("loop" -> 0, "grouped", empty or unset -> 1,
+/// "streams" -> 2); throws std::invalid_argument naming the variable and the accepted values
+/// otherwise.
 int parse_grouped_gemm(const char* text);
+/// In mode 1, bf16 / f16 weight gradients whose dW has a side (K or N) of at most `side`
+/// elements (per-expert LoRA adapters: the rank) run as one launch of a tensor-core kernel
+/// over every expert instead of one cuBLASLt call per expert, whose host-side issue cost
+/// dominates such small GEMMs. Default 64; 0 turns it off. Throws std::invalid_argument for
+/// non-CUDA ops or a negative side.
+void set_grouped_wgrad_kernel_max(Ops& ops, int64_t side);
 
 /// The scratch bytes the cuDNN attention paths of these ops assume each attention call's
 /// scratch holds; 0 (default) = Ops::attention_scratch_bytes of the call's shape. Smaller

@@ -209,5 +209,12 @@ struct MoeGroupOperand {
 /// 3 * tab.n pointers, for cublasGemmGroupedBatchedEx).
 void k_moe_group_ptrs(const MoeGroupTable& tab, const MoeGroupOperand& a, const MoeGroupOperand& b,
                       const MoeGroupOperand& c, void** ptrs, cudaStream_t st);
+/// Weight gradients of a grouped linear in one launch (cuda_moe_wgrad.cu): for each group g
+/// (expert tab.expert[g], rows tab.row0[g] up to the next group's first row, the last group's
+/// up to R), dw[expert] ([N, K] row-major, f32) += dy[rows]^T x[rows] with dy [R, N] and
+/// x [R, K] row-major bf16 / f16 (t). Tensor cores, fp32 accumulation, rows summed in a
+/// fixed order (bit-identical reruns). Groups must list their rows contiguously in order.
+void k_grouped_wgrad(DType t, const void* dy, const void* x, float* dw, const MoeGroupTable& tab, int64_t R,
+                     int64_t K, int64_t N, cudaStream_t st);
 
 }  // namespace rp::cuda

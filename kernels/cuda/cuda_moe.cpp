@@ -304,6 +304,15 @@ void CudaOps::grouped_linear_bwd_weight(const void* dy, const void* x, void* dw,
   check_offsets(off, E, K, N, "grouped_linear_bwd_weight");
   set_device(dev_);
   if (off[E] == 0 || K == 0 || N == 0) return;
+  if (grouped_mode_ == 1 && std::min(K, N) <= wgrad_kernel_max_ && dtype_ != DType::f32) {
+    MoeGroupTable tab;
+    for (int64_t e = 0; e < E && tab.n <= kMoeMaxGroups; ++e) {
+      if (off[e + 1] == off[e]) continue;
+      if (tab.n < kMoeMaxGroups) tab.expert[tab.n] = int32_t(e), tab.row0[tab.n] = off[e];
+      ++tab.n;
+    }
+    if (tab.n <= kMoeMaxGroups) return k_grouped_wgrad(dtype_, dy, x, static_cast<float*>(dw), tab, off[E], K, N, st_);
+  }
   grouped_gemms(2, x, dy, dw, off, E, K, N, 1.f);
 }
 

@@ -467,6 +467,12 @@ void set_grouped_gemm(Ops& ops, int mode) {
 
 int grouped_gemm(Ops& ops) { return cuda_ops(ops, "grouped_gemm").grouped_gemm(); }
 
+void set_grouped_wgrad_kernel_max(Ops& ops, int64_t side) {
+  CudaOps& c = cuda_ops(ops, "set_grouped_wgrad_kernel_max");
+  if (side < 0) throw std::invalid_argument("set_grouped_wgrad_kernel_max: side must be >= 0");
+  c.set_grouped_wgrad_kernel_max(side);
+}
+
 void set_attention_scratch_bytes(Ops& ops, size_t bytes) {
   cuda_ops(ops, "set_attention_scratch_bytes").set_attention_scratch_bytes(bytes);
 }

@@ -138,6 +138,8 @@ class CudaOps final : public Ops {
   /// all of them, 2 = the per-expert GEMMs spread over kMoeStreams side streams.
   void set_grouped_gemm(int mode) { grouped_mode_ = mode; }
   int grouped_gemm() const { return grouped_mode_; }
+  /// cuda_backend.hpp's set_grouped_wgrad_kernel_max.
+  void set_grouped_wgrad_kernel_max(int64_t side) { wgrad_kernel_max_ = side; }
   void set_attention_impl(int impl) { attn_impl_ = impl; }
   /// cuda_backend.hpp's set_attention_gqa (0 auto, 1 native, 2 expand).
   void set_attention_gqa(int mode);
@@ -194,6 +196,7 @@ class CudaOps final : public Ops {
   void* moe_ws_[kMoeStreams] = {};
   cudaEvent_t moe_fork_ = nullptr, moe_join_[kMoeStreams] = {};
   bool grouped_f32_out_ok_ = true;  // false once cuBLAS refused an f32 output (then: loop)
+  int64_t wgrad_kernel_max_ = 64;   // mode 1: weight gradients with min(K, N) up to this run k_grouped_wgrad
   std::mutex moe_mu_;
   void* moe_hist_ = nullptr;
   size_t moe_hist_bytes_ = 0;

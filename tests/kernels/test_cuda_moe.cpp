@@ -7,6 +7,7 @@
 // first. Skipped when no CUDA device is visible.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -204,6 +205,49 @@ TEST_P(CudaMoe, GroupedLinearsMatchCpuInEveryMode) {
             << "expert 3 has no rows: its dw must not change (" << m << ")";
     }
   }
+}
+
+// Weight gradients of low-rank shapes (per-expert LoRA: one side of dW is the rank) run as
+// one launch of our tensor-core kernel in the grouped mode; they match the CPU twin, rerun
+// bit-identically and leave experts without rows alone. The kernel is also forced onto the
+// block's full shapes (several 64 x 64 tiles per expert) and checked the same way.
+TEST_P(CudaMoe, LowRankWeightGradientsMatchCpuInOneLaunch) {
+#ifdef RP_HAVE_CUDA
+  const auto c = GetParam();
+  Cpu r = cpu_route(logits(23), false, VecF(size_t(2 * c.E), 0.f));
+  const int64_t R = c.T * c.k, E = c.E;
+  ASSERT_EQ(r.off[4] - r.off[3], 0);
+  struct Shape {
+    int64_t K, N, kernel_max;
+  };
+  const Shape shapes[] = {{c.H, 8, 64},  {8, c.F, 64},  {c.F, 32, 64},  {32, c.H, 64},
+                          {c.H, 12, 64}, {13, c.F, 64}, {c.H, c.F, INT64_MAX}, {c.F, c.H, INT64_MAX}};
+  for (const Shape& s : shapes) {
+    const std::string m = "K=" + std::to_string(s.K) + " N=" + std::to_string(s.N);
+    VecF x = randn(size_t(R * s.K), 24), dy = randn(size_t(R * s.N), 25), dw0 = randn(size_t(E * s.N * s.K), 26);
+    DT xd = upload(x, c.dt), dyd = upload(dy, c.dt);
+    VecF rdw = dw0;
+    cpu_->grouped_linear_bwd_weight(download(dyd).data(), download(xd).data(), rdw.data(), r.off.data(), E, s.K,
+                                    s.N);
+    std::vector<VecF> got;
+    for (int rep = 0; rep < 2; ++rep) {
+      DT dw = upload(dw0, DType::f32);
+      run([&](Ops& o) {
+        set_mode(o, 1);
+        cuda::set_grouped_wgrad_kernel_max(o, s.kernel_max);
+        o.grouped_linear_bwd_weight(dyd.get(), xd.get(), dw.get(), r.off.data(), E, s.K, s.N);
+        cuda::set_grouped_wgrad_kernel_max(o, 64);
+      });
+      got.push_back(download(dw));
+    }
+    EXPECT_TRUE(close(got[0], rdw, 1e-4, ("dw += " + m).c_str()));
+    EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(float)), 0) << "rerun differs: " << m;
+    for (int64_t i = 3 * s.N * s.K; i < 4 * s.N * s.K; ++i)
+      ASSERT_EQ(got[0][size_t(i)], dw0[size_t(i)]) << "expert 3 has no rows: its dw must not change (" << m << ")";
+  }
+#else
+  GTEST_SKIP() << "built without CUDA";
+#endif
 }
 
 // Two runs of the whole block's ops on the same inputs give the same bits.
