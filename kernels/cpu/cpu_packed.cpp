@@ -1,6 +1,6 @@
 // CPU ops, part 3: packed sequences (RoPE at given positions, attention restricted to each
 // example) and KV-cache attention for generation. Row by row, fp32: the reference twin of
-// kernels/cuda/cuda_packed.cu.
+// kernels/cuda/cuda_packed.cu (RoPE) and kernels/cuda/cuda_attention_rows.cu (attention).
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>

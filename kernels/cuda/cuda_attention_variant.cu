@@ -8,7 +8,6 @@
 // dsinks is a reduction of its own (cuda_gptoss.cu). Head_dim 64 or 128 and 16-byte aligned
 // tensors; anything else returns false and runs on the row kernels.
 #include <algorithm>
-#include <initializer_list>
 #include <string>
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -20,12 +19,6 @@ namespace {
 
 // impl as cuda_attention.cu: 0 automatic (8-warp forward, pipelined backward), 1 simple
 // (the row kernels), 2 4-warp forward and unpipelined backward, 3 as 0; 4 (cuDNN) as 0.
-bool use_flash(int impl, int64_t D, std::initializer_list<const void*> ptrs) {
-  if (impl == 1 || (D != 64 && D != 128)) return false;
-  for (const void* p : ptrs)
-    if (p && !aligned16(p)) return false;
-  return true;
-}
 
 void check_shape(int64_t n_seq, int64_t L, int64_t nq, const char* op) {
   if (L > (int64_t(1) << 30) || n_seq > 65535 || nq > 65535)
@@ -45,21 +38,12 @@ flash::Variant variant(const int32_t* pos, const void* sinks, int64_t window) {
 bool k_attention_flash_fwd_v(DType t, const void* q, const void* k, const void* v, void* o, float* lse,
                              const int32_t* pos, const void* sinks, int64_t window, int64_t n_seq, int64_t L,
                              int64_t nq, int64_t nkv, int64_t D, float scale, int impl, cudaStream_t st) {
-  if (!use_flash(impl, D, {q, k, v, o})) return false;
+  if (!flash::usable(impl, D, {q, k, v, o})) return false;
   check_shape(n_seq, L, nq, "attention_fwd_v");
   const flash::Variant var = variant(pos, sinks, window);
-  const bool wide = impl != 2;
   const int n = int(n_seq), l = int(L), a = int(nq), b = int(nkv);
-  RP_DISPATCH_16("attention_fwd_v", t, T, {
-    if (D == 128 && wide)
-      flash::launch_fwd<T, 128, 8, true>(q, k, v, o, lse, n, l, a, b, scale, st, var);
-    else if (D == 128)
-      flash::launch_fwd<T, 128, 4, true>(q, k, v, o, lse, n, l, a, b, scale, st, var);
-    else if (wide)
-      flash::launch_fwd<T, 64, 8, true>(q, k, v, o, lse, n, l, a, b, scale, st, var);
-    else
-      flash::launch_fwd<T, 64, 4, true>(q, k, v, o, lse, n, l, a, b, scale, st, var);
-  });
+  RP_DISPATCH_16("attention_fwd_v", t, T,
+                 flash::launch_fwd_dim<T, true>(int(D), impl != 2, q, k, v, o, lse, n, l, a, b, scale, st, var));
   return true;
 }
 
@@ -67,23 +51,15 @@ bool k_attention_flash_bwd_v(DType t, const void* q, const void* k, const void* 
                              const float* di, const void* dout, const int32_t* pos, void* dq, void* dk, void* dv,
                              float* dq_acc, int64_t window, int64_t n_seq, int64_t L, int64_t nq, int64_t nkv,
                              int64_t D, float scale, int impl, cudaStream_t st) {
-  if (!use_flash(impl, D, {q, k, v, dout, dq, dk, dv})) return false;
+  if (!flash::usable(impl, D, {q, k, v, dout, dq, dk, dv})) return false;
   check_shape(n_seq, L, nq, "attention_bwd_v");
   const flash::Variant var = variant(pos, nullptr, window);
   const int64_t rows = n_seq * L * nq;
   RP_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, size_t(rows * D) * sizeof(float), st));
-  const bool pipe = impl != 2;
   const int n = int(n_seq), l = int(L), a = int(nq), b = int(nkv);
-  RP_DISPATCH_16("attention_bwd_v", t, T, {
-    if (D == 128 && pipe)
-      flash::launch_bwd<T, 128, true, true>(q, k, v, dout, lse, di, dq_acc, dk, dv, n, l, a, b, scale, st, var);
-    else if (D == 128)
-      flash::launch_bwd<T, 128, false, true>(q, k, v, dout, lse, di, dq_acc, dk, dv, n, l, a, b, scale, st, var);
-    else if (pipe)
-      flash::launch_bwd<T, 64, true, true>(q, k, v, dout, lse, di, dq_acc, dk, dv, n, l, a, b, scale, st, var);
-    else
-      flash::launch_bwd<T, 64, false, true>(q, k, v, dout, lse, di, dq_acc, dk, dv, n, l, a, b, scale, st, var);
-  });
+  RP_DISPATCH_16("attention_bwd_v", t, T,
+                 flash::launch_bwd_dim<T, true>(int(D), impl != 2, q, k, v, dout, lse, di, dq_acc, dk, dv, n, l, a, b,
+                                                scale, st, var));
   k_cast(t, dq, DType::f32, dq_acc, rows * D, st);
   return true;
 }

@@ -4,6 +4,8 @@
 // positions, kernels/ops.hpp "attention variants"). The VAR code sits behind `if constexpr`, so
 // the plain instantiations are the kernels as they were. Internal to kernels/cuda.
 #pragma once
+#include <initializer_list>
+
 #include "kernels/cuda/cuda_common.cuh"
 
 namespace rp::cuda::flash {
@@ -533,26 +535,6 @@ __global__ void __launch_bounds__(256) flash_bwd_kernel(
   }
 }
 
-// Di[(s*nq+h)*L + t] = sum_d dO*O   (one warp per row)
-template <typename T>
-__global__ void __launch_bounds__(256) attn_di_kernel(const T* o, const T* dout, float* di,
-                                                      int64_t rows, int L, int nq, int D) {
-  const int64_t r = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
-  if (r >= rows) return;
-  const int lane = threadIdx.x % 32;
-  const int64_t t = r / nq, h = r % nq;  // r = token * nq + head
-  const T* a = o + r * D;
-  const T* b = dout + r * D;
-  float s = 0.f;
-  for (int d = lane; d < D; d += 32) s += to_f(a[d]) * to_f(b[d]);
-  s = warp_sum(s);
-  if (lane == 0) {
-    const int64_t sq = t / L, tt = t % L;
-    di[(sq * nq + h) * L + tt] = s;
-  }
-}
-
-
 // ---- launch helpers ----------------------------------------------------------------------------
 
 template <typename T, int D, int W, bool VAR = false>
@@ -582,6 +564,44 @@ void launch_bwd(const void* q, const void* k, const void* v, const void* dout, c
       static_cast<const T*>(dout), lse, di, dq_acc, static_cast<T*>(dk), static_cast<T*>(dv), L,
       nq, nkv, scale, scale * kLog2e, var);
   RP_CUDA_LAUNCH_CHECK("flash_bwd");
+}
+
+/// Whether the kernels apply: head_dim 64 or 128, every tensor 16-byte aligned (null counts as
+/// aligned), impl not 1 (the row kernels forced).
+inline bool usable(int impl, int64_t D, std::initializer_list<const void*> ptrs) {
+  if (impl == 1 || (D != 64 && D != 128)) return false;
+  for (const void* p : ptrs)
+    if (!aligned16(p)) return false;
+  return true;
+}
+
+/// launch_fwd for head_dim D (64 or 128) with W = 8 (wide) or 4 warps.
+template <typename T, bool VAR = false>
+void launch_fwd_dim(int D, bool wide, const void* q, const void* k, const void* v, void* o, float* lse, int n_seq,
+                    int L, int nq, int nkv, float scale, cudaStream_t st, Variant var = {}) {
+  if (D == 128 && wide)
+    launch_fwd<T, 128, 8, VAR>(q, k, v, o, lse, n_seq, L, nq, nkv, scale, st, var);
+  else if (D == 128)
+    launch_fwd<T, 128, 4, VAR>(q, k, v, o, lse, n_seq, L, nq, nkv, scale, st, var);
+  else if (wide)
+    launch_fwd<T, 64, 8, VAR>(q, k, v, o, lse, n_seq, L, nq, nkv, scale, st, var);
+  else
+    launch_fwd<T, 64, 4, VAR>(q, k, v, o, lse, n_seq, L, nq, nkv, scale, st, var);
+}
+
+/// launch_bwd for head_dim D (64 or 128), pipelined (pipe) or not.
+template <typename T, bool VAR = false>
+void launch_bwd_dim(int D, bool pipe, const void* q, const void* k, const void* v, const void* dout,
+                    const float* lse, const float* di, float* dq_acc, void* dk, void* dv, int n_seq, int L, int nq,
+                    int nkv, float scale, cudaStream_t st, Variant var = {}) {
+  if (D == 128 && pipe)
+    launch_bwd<T, 128, true, VAR>(q, k, v, dout, lse, di, dq_acc, dk, dv, n_seq, L, nq, nkv, scale, st, var);
+  else if (D == 128)
+    launch_bwd<T, 128, false, VAR>(q, k, v, dout, lse, di, dq_acc, dk, dv, n_seq, L, nq, nkv, scale, st, var);
+  else if (pipe)
+    launch_bwd<T, 64, true, VAR>(q, k, v, dout, lse, di, dq_acc, dk, dv, n_seq, L, nq, nkv, scale, st, var);
+  else
+    launch_bwd<T, 64, false, VAR>(q, k, v, dout, lse, di, dq_acc, dk, dv, n_seq, L, nq, nkv, scale, st, var);
 }
 
 }  // namespace rp::cuda::flash

@@ -1,12 +1,7 @@
 // The kernels GPT-OSS adds to the CUDA backend (HF transformers GptOssForCausalLM; CPU twin:
-// kernels/cpu/cpu_gptoss.cpp; formulas: kernels/ops.hpp):
-//  - attention with a sliding window and per-head sink logits (Xiao et al. 2023) on rows: one
-//    warp per (query row, head) with shuffles, O(rows * visible keys * D); the path for any
-//    even head_dim <= 256, for KV-cache decoding, and the cross-check of the tensor-core
-//    variant kernels (cuda_attention_variant.cu). Query row t of sequence s (absolute position
-//    past + t) sees keys j with lo(t) <= j <= past + t, lo = max(first key of its example
-//    (t - pos[s*Lq + t], clamped into [0, t]; 0 without pos), past + t - window + 1 (window
-//    > 0)). A sink joins the softmax as one more logit sinks[h] without a value row.
+// kernels/cpu/cpu_gptoss.cpp; formulas: kernels/ops.hpp). Its attention with a sliding window
+// and per-head sinks runs on the tensor-core kernels (cuda_attention_variant.cu) or on the row
+// kernels every attention shares (cuda_attention_rows.cu); here:
 //  - dsinks[h] += -sum_rows exp(sinks[h] - lse) * Di, one block per head, a fixed-order
 //    fp32 sum (deterministic).
 //  - per-group bias add and its deterministic fp32 column sums.
@@ -17,161 +12,6 @@
 
 namespace rp::cuda {
 namespace {
-
-constexpr int kE = 8;  // elements per lane (head_dim <= 256)
-
-template <typename T>
-__device__ __forceinline__ void load_row(const T* p, int D, int lane, float (&x)[kE]) {
-#pragma unroll
-  for (int e = 0; e < kE; ++e) {
-    const int d = lane + 32 * e;
-    x[e] = d < D ? to_f(p[d]) : 0.f;
-  }
-}
-__device__ __forceinline__ float dot_row(const float (&a)[kE], const float (&b)[kE]) {
-  float s = 0.f;
-#pragma unroll
-  for (int e = 0; e < kE; ++e) s += a[e] * b[e];
-  return warp_sum(s);
-}
-/// First visible key of query row t (token index `row` of pos) at absolute position past + t.
-__device__ __forceinline__ int first_key_v(const int32_t* pos, int64_t row, int t, int past, int window) {
-  int lo = pos ? t - min(max(pos[row], 0), t) : 0;
-  if (window > 0) lo = max(lo, past + t - window + 1);
-  return lo;
-}
-
-// q, o [n_seq*Lq, nq, D]; k, v rows of sequence sq at (sq*Lk + j); lse [n_seq, nq, Lq].
-template <typename T>
-__global__ void __launch_bounds__(128) var_fwd_kernel(const T* q, const T* k, const T* v, T* o, float* lse,
-                                                      const int32_t* pos, const T* sinks, int window, int n_seq,
-                                                      int Lq, int Lk, int past, int nq, int nkv, int D,
-                                                      float scale) {
-  const int64_t w = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;  // (s, t, h)
-  if (w >= int64_t(n_seq) * Lq * nq) return;
-  const int lane = threadIdx.x % 32;
-  const int h = int(w % nq);
-  const int64_t tok = w / nq;
-  const int t = int(tok % Lq), sq = int(tok / Lq);
-  const int kh = h / (nq / nkv);
-  float qv[kE], acc[kE], x[kE];
-  load_row(q + w * D, D, lane, qv);
-#pragma unroll
-  for (int e = 0; e < kE; ++e) acc[e] = 0.f;
-  // the sink: a logit of its own, exp(sink - m) in the denominator, no value row
-  float m = sinks ? to_f(sinks[h]) : -INFINITY, l = sinks ? 1.f : 0.f;
-  for (int j = first_key_v(pos, tok, t, past, window); j <= past + t; ++j) {
-    const int64_t kr = (int64_t(sq) * Lk + j) * nkv + kh;
-    load_row(k + kr * D, D, lane, x);
-    const float s = dot_row(qv, x) * scale;
-    const float mn = fmaxf(m, s), c = expf(m - mn), p = expf(s - mn);
-    l = l * c + p;
-    m = mn;
-    load_row(v + kr * D, D, lane, x);
-#pragma unroll
-    for (int e = 0; e < kE; ++e) acc[e] = acc[e] * c + p * x[e];
-  }
-#pragma unroll
-  for (int e = 0; e < kE; ++e) {
-    const int d = lane + 32 * e;
-    if (d < D) o[w * D + d] = from_f<T>(acc[e] / l);
-  }
-  if (lse && lane == 0) lse[(int64_t(sq) * nq + h) * Lq + t] = m + logf(l);
-}
-
-template <typename T>
-__global__ void __launch_bounds__(128) var_bwd_dq_kernel(const T* q, const T* k, const T* v, const float* lse,
-                                                         const float* di, const T* dout, const int32_t* pos, T* dq,
-                                                         int window, int n_seq, int L, int nq, int nkv, int D,
-                                                         float scale) {
-  const int64_t w = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
-  if (w >= int64_t(n_seq) * L * nq) return;
-  const int lane = threadIdx.x % 32;
-  const int h = int(w % nq);
-  const int64_t tok = w / nq;
-  const int t = int(tok % L), sq = int(tok / L);
-  const int kh = h / (nq / nkv);
-  const float ls = lse[(int64_t(sq) * nq + h) * L + t], dd = di[(int64_t(sq) * nq + h) * L + t];
-  float qv[kE], gv[kE], acc[kE], x[kE], y[kE];
-  load_row(q + w * D, D, lane, qv);
-  load_row(dout + w * D, D, lane, gv);
-#pragma unroll
-  for (int e = 0; e < kE; ++e) acc[e] = 0.f;
-  for (int j = first_key_v(pos, tok, t, 0, window); j <= t; ++j) {
-    const int64_t kr = (int64_t(sq) * L + j) * nkv + kh;
-    load_row(k + kr * D, D, lane, x);
-    const float p = expf(dot_row(qv, x) * scale - ls);
-    load_row(v + kr * D, D, lane, y);
-    const float ds = p * (dot_row(gv, y) - dd);
-#pragma unroll
-    for (int e = 0; e < kE; ++e) acc[e] += ds * x[e];
-  }
-#pragma unroll
-  for (int e = 0; e < kE; ++e) {
-    const int d = lane + 32 * e;
-    if (d < D) dq[w * D + d] = from_f<T>(acc[e] * scale);
-  }
-}
-
-// Key row j takes the query rows t >= j that see it: inside the window (t < j + window) and
-// of its example (first key <= j; the first keys of packed examples do not decrease with t).
-template <typename T>
-__global__ void __launch_bounds__(128) var_bwd_dkdv_kernel(const T* q, const T* k, const T* v, const float* lse,
-                                                           const float* di, const T* dout, const int32_t* pos,
-                                                           T* dk, T* dv, int window, int n_seq, int L, int nq,
-                                                           int nkv, int D, float scale) {
-  const int64_t w = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;  // (s, j, kh)
-  if (w >= int64_t(n_seq) * L * nkv) return;
-  const int lane = threadIdx.x % 32;
-  const int kh = int(w % nkv);
-  const int64_t tok = w / nkv;
-  const int j = int(tok % L), sq = int(tok / L);
-  const int rep = nq / nkv;
-  const int t_end = window > 0 ? min(L, j + window) : L;
-  float kv[kE], vv[kE], ak[kE], av[kE], x[kE], y[kE];
-  load_row(k + w * D, D, lane, kv);
-  load_row(v + w * D, D, lane, vv);
-#pragma unroll
-  for (int e = 0; e < kE; ++e) ak[e] = av[e] = 0.f;
-  for (int t = j; t < t_end && first_key_v(pos, int64_t(sq) * L + t, t, 0, 0) <= j; ++t) {
-    for (int h = kh * rep; h < (kh + 1) * rep; ++h) {
-      const int64_t qrw = (int64_t(sq) * L + t) * nq + h;
-      load_row(q + qrw * D, D, lane, x);
-      load_row(dout + qrw * D, D, lane, y);
-      const float p = expf(dot_row(x, kv) * scale - lse[(int64_t(sq) * nq + h) * L + t]);
-      const float ds = p * (dot_row(y, vv) - di[(int64_t(sq) * nq + h) * L + t]);
-#pragma unroll
-      for (int e = 0; e < kE; ++e) {
-        av[e] += p * y[e];
-        ak[e] += ds * x[e];
-      }
-    }
-  }
-#pragma unroll
-  for (int e = 0; e < kE; ++e) {
-    const int d = lane + 32 * e;
-    if (d < D) {
-      dk[w * D + d] = from_f<T>(ak[e] * scale);
-      dv[w * D + d] = from_f<T>(av[e]);
-    }
-  }
-}
-
-// Di = rowsum(dO * O) per (row, head), fp32 [n_seq, nq, L].
-template <typename T>
-__global__ void __launch_bounds__(128) var_di_kernel(const T* o, const T* dout, float* di, int64_t rows, int L,
-                                                     int nq, int D) {
-  const int64_t w = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;  // (s, t, h)
-  if (w >= rows) return;
-  const int lane = threadIdx.x % 32;
-  float a[kE], b[kE];
-  load_row(o + w * D, D, lane, a);
-  load_row(dout + w * D, D, lane, b);
-  const float d = dot_row(a, b);
-  const int h = int(w % nq);
-  const int64_t tok = w / nq;
-  if (lane == 0) di[(tok / L * nq + h) * L + tok % L] = d;
-}
 
 // dsinks[h] += -sum_{s,t} exp(sinks[h] - lse[s,h,t]) * Di[s,h,t]: block h, thread i sums the
 // rows i, i + 256, ... in order, then a fixed tree over the threads (deterministic).
@@ -266,13 +106,6 @@ __global__ void swiglu_clamped_bwd_kernel(const T* g, const T* u, const T* dh, T
   }
 }
 
-void check(int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D, const char* op) {
-  if (n_seq < 0 || L < 0 || nq <= 0 || nkv <= 0 || nq % nkv != 0 || D <= 0 || D % 2 != 0)
-    throw std::invalid_argument(std::string(op) + ": bad dimensions");
-  if (D > 32 * kE) throw std::invalid_argument(std::string(op) + ": head_dim > 256 is not supported on CUDA");
-  if (L > (int64_t(1) << 30)) throw std::invalid_argument(std::string(op) + ": sequence too long");
-}
-
 // Calls fn(first group, group count) for chunks of at most kGroups groups, with their offsets.
 template <class Fn>
 void for_group_chunks(const int32_t* offsets_host, int64_t E, Fn&& fn) {
@@ -285,57 +118,6 @@ void for_group_chunks(const int32_t* offsets_host, int64_t E, Fn&& fn) {
 }
 
 }  // namespace
-
-void k_attention_rows_fwd_v(DType t, const void* q, const void* k, const void* v, void* o, float* lse,
-                            const int32_t* pos, const void* sinks, int64_t window, int64_t n_seq, int64_t Lq,
-                            int64_t Lk, int64_t past, int64_t nq, int64_t nkv, int64_t D, float scale,
-                            cudaStream_t st) {
-  check(n_seq, Lq, nq, nkv, D, "attention_fwd_v");
-  const int64_t warps = n_seq * Lq * nq;
-  if (warps == 0) return;
-  const int win = int(std::min<int64_t>(window, int64_t(1) << 30));
-  RP_DISPATCH_16("attention_fwd_v", t, T, {
-    var_fwd_kernel<T><<<unsigned((warps + 3) / 4), 128, 0, st>>>(
-        static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<T*>(o), lse, pos,
-        static_cast<const T*>(sinks), win, int(n_seq), int(Lq), int(Lk), int(past), int(nq), int(nkv), int(D),
-        scale);
-  });
-  RP_CUDA_LAUNCH_CHECK("attention_fwd_v (rows)");
-}
-
-void k_attention_di(DType t, const void* o, const void* dout, float* di, int64_t n_seq, int64_t L, int64_t nq,
-                    int64_t D, cudaStream_t st) {
-  const int64_t rows = n_seq * L * nq;
-  if (rows == 0) return;
-  RP_DISPATCH_16("attention_bwd_v Di", t, T, {
-    var_di_kernel<T><<<unsigned((rows + 3) / 4), 128, 0, st>>>(static_cast<const T*>(o),
-                                                               static_cast<const T*>(dout), di, rows, int(L),
-                                                               int(nq), int(D));
-  });
-  RP_CUDA_LAUNCH_CHECK("attention_bwd_v Di");
-}
-
-void k_attention_rows_bwd_v(DType t, const void* q, const void* k, const void* v, const float* lse,
-                            const float* di, const void* dout, const int32_t* pos, void* dq, void* dk, void* dv,
-                            int64_t window, int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D,
-                            float scale, cudaStream_t st) {
-  check(n_seq, L, nq, nkv, D, "attention_bwd_v");
-  const int64_t rows = n_seq * L * nq;
-  if (rows == 0) return;
-  const int win = int(std::min<int64_t>(window, int64_t(1) << 30));
-  RP_DISPATCH_16("attention_bwd_v", t, T, {
-    var_bwd_dq_kernel<T><<<unsigned((rows + 3) / 4), 128, 0, st>>>(
-        static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), lse, di,
-        static_cast<const T*>(dout), pos, static_cast<T*>(dq), win, int(n_seq), int(L), int(nq), int(nkv), int(D),
-        scale);
-    const int64_t kr = n_seq * L * nkv;
-    var_bwd_dkdv_kernel<T><<<unsigned((kr + 3) / 4), 128, 0, st>>>(
-        static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), lse, di,
-        static_cast<const T*>(dout), pos, static_cast<T*>(dk), static_cast<T*>(dv), win, int(n_seq), int(L),
-        int(nq), int(nkv), int(D), scale);
-  });
-  RP_CUDA_LAUNCH_CHECK("attention_bwd_v (rows)");
-}
 
 void k_attention_dsinks(DType t, const void* sinks, const float* lse, const float* di, float* dsinks, int64_t n_seq,
                         int64_t L, int64_t nq, cudaStream_t st) {

@@ -100,38 +100,37 @@ void k_gqa_group_sum(DType in_t, const void* in_k, const void* in_v, DType out_t
                      void* out_v, int64_t out_row, int64_t T, int64_t G, int64_t m, int64_t D,
                      bool accumulate, cudaStream_t st);
 
-// ---- packed sequences and KV-cache attention (cuda_packed.cu; CPU twins in cpu_packed.cpp) ---
+// ---- packed sequences and KV-cache decoding (cuda_packed.cu; CPU twins in cpu_packed.cpp) ---
 /// x [T, heads, D] rotated at positions pos[t] (device int32, clamped at 0).
 void k_rope_at(DType t, void* x, const int32_t* pos, int64_t T, int64_t heads, int64_t D, const float* inv_freq,
                float scale, bool transpose, cudaStream_t st);
+
+// ---- attention on rows (cuda_attention_rows.cu; CPU twins in cpu_attention.cpp, cpu_packed.cpp,
+// cpu_gptoss.cpp): the plain attention's simple path, packed sequences, KV-cache decoding and
+// GPT-OSS's window / sinks. Any even head_dim <= 256, else std::invalid_argument.
 /// Query row r < Lq of sequence s (q, o [n_seq*Lq, nq, D]) attends to the keys
 /// [r - pos[s*Lq + r], past + r] of rows s*Lk + j of k, v [*, nkv, D] (pos null: from 0;
-/// positions clamped into [0, r]); lse [n_seq, nq, Lq] may be null.
-void k_attention_rows_fwd(DType t, const void* q, const void* k, const void* v, void* o, float* lse,
-                          const int32_t* pos, int64_t n_seq, int64_t Lq, int64_t Lk, int64_t past, int64_t nq,
-                          int64_t nkv, int64_t D, float scale, cudaStream_t st);
-/// Backward of k_attention_rows_fwd with Lq = Lk = L, past 0; scratch: n_seq*nq*L floats.
-void k_attention_packed_bwd(DType t, const void* q, const void* k, const void* v, const void* o, const float* lse,
-                            const void* dout, const int32_t* pos, void* dq, void* dk, void* dv, int64_t n_seq,
-                            int64_t L, int64_t nq, int64_t nkv, int64_t D, float scale, void* scratch,
-                            cudaStream_t st);
-
-// ---- GPT-OSS (cuda_gptoss.cu; CPU twin kernels/cpu/cpu_gptoss.cpp) ---------------------
-/// k_attention_rows_fwd with a sliding window (window > 0: keys j > past + r - window only)
-/// and per-head sink logits (sinks [nq] in t, or null); lse includes the sinks.
+/// positions clamped into [0, r]), within a sliding window when window > 0 (keys
+/// j > past + r - window only), with per-head sink logits sinks [nq] in t (or null) in the
+/// softmax; lse [n_seq, nq, Lq] fp32 (includes the sinks) may be null. Window 0 and null
+/// sinks run kernels without either.
 void k_attention_rows_fwd_v(DType t, const void* q, const void* k, const void* v, void* o, float* lse,
                             const int32_t* pos, const void* sinks, int64_t window, int64_t n_seq, int64_t Lq,
                             int64_t Lk, int64_t past, int64_t nq, int64_t nkv, int64_t D, float scale,
                             cudaStream_t st);
-/// di [n_seq, nq, L] fp32 = rowsum(dout * o) per (row, head).
+/// di [n_seq, nq, L] fp32 = rowsum(dout * o) per (row, head) (o, dout [n_seq*L, nq, D]; any D).
 void k_attention_di(DType t, const void* o, const void* dout, float* di, int64_t n_seq, int64_t L, int64_t nq,
                     int64_t D, cudaStream_t st);
 /// Backward of k_attention_rows_fwd_v (Lq = Lk = L, past 0) given di (k_attention_di):
-/// dq, dk, dv overwritten. The sinks only enter through lse.
+/// dq, dk, dv overwritten. The sinks only enter through lse. heads_outer (pos null and
+/// window 0 only) sums a key's dK/dV terms head by head rather than row by row: the same
+/// terms in the order of the plain attention's simple path, so its results keep their bits.
 void k_attention_rows_bwd_v(DType t, const void* q, const void* k, const void* v, const float* lse,
                             const float* di, const void* dout, const int32_t* pos, void* dq, void* dk, void* dv,
                             int64_t window, int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D,
-                            float scale, cudaStream_t st);
+                            float scale, cudaStream_t st, bool heads_outer = false);
+
+// ---- GPT-OSS (cuda_gptoss.cu; CPU twin kernels/cpu/cpu_gptoss.cpp) ---------------------
 /// dsinks[h] (fp32) += -sum_{s,t} exp(sinks[h] - lse[s,h,t]) * di[s,h,t] (deterministic).
 void k_attention_dsinks(DType t, const void* sinks, const float* lse, const float* di, float* dsinks, int64_t n_seq,
                         int64_t L, int64_t nq, cudaStream_t st);

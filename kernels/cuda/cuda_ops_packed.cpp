@@ -1,5 +1,6 @@
-// CudaOps: packed sequences and KV-cache attention (kernels in cuda_packed.cu). Always our
-// own row kernels: cuDNN's padding masks do not express several examples per sequence.
+// CudaOps: packed sequences and KV-cache attention (RoPE in cuda_packed.cu, attention on the
+// row kernels of cuda_attention_rows.cu without window or sinks). Always our own row kernels:
+// cuDNN's padding masks do not express several examples per sequence.
 #include <stdexcept>
 #include <string>
 
@@ -35,7 +36,7 @@ void CudaOps::attention_fwd_packed(const void* q, const void* k, const void* v, 
                                    float scale, void*) {
   require(n_seq * L == 0 || pos != nullptr, "attention_fwd_packed", "pos is null");
   set_device(dev_);
-  k_attention_rows_fwd(dtype_, q, k, v, o, lse, pos, n_seq, L, L, 0, nq, nkv, D, scale, st_);
+  k_attention_rows_fwd_v(dtype_, q, k, v, o, lse, pos, nullptr, 0, n_seq, L, L, 0, nq, nkv, D, scale, st_);
 }
 
 void CudaOps::attention_bwd_packed(const void* q, const void* k, const void* v, const void* o, const float* lse,
@@ -44,15 +45,17 @@ void CudaOps::attention_bwd_packed(const void* q, const void* k, const void* v, 
   require(n_seq * L == 0 || (pos != nullptr && lse != nullptr && scratch != nullptr), "attention_bwd_packed",
           "pos, lse or scratch is null");
   set_device(dev_);
-  k_attention_packed_bwd(dtype_, q, k, v, o, lse, dout, pos, dq, dk, dv, n_seq, L, nq, nkv, D, scale, scratch, st_);
+  float* di = static_cast<float*>(scratch);  // [n_seq, nq, L], within the attention scratch contract
+  k_attention_di(dtype_, o, dout, di, n_seq, L, nq, D, st_);
+  k_attention_rows_bwd_v(dtype_, q, k, v, lse, di, dout, pos, dq, dk, dv, 0, n_seq, L, nq, nkv, D, scale, st_);
 }
 
 void CudaOps::attention_decode(const void* q, const void* k_cache, const void* v_cache, void* o, int64_t past,
                                int64_t n, int64_t nq, int64_t nkv, int64_t D, float scale) {
   require(past >= 0 && n >= 0, "attention_decode", "negative past or row count");
   set_device(dev_);
-  k_attention_rows_fwd(dtype_, q, k_cache, v_cache, o, nullptr, nullptr, 1, n, past + n, past, nq, nkv, D, scale,
-                       st_);
+  k_attention_rows_fwd_v(dtype_, q, k_cache, v_cache, o, nullptr, nullptr, nullptr, 0, 1, n, past + n, past, nq, nkv,
+                         D, scale, st_);
 }
 
 }  // namespace rp::cuda
