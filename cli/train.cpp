@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <array>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -35,23 +36,24 @@ void on_signal(int) {
   [[maybe_unused]] auto n = ::write(2, first, sizeof first - 1);
 }
 
-/// SIGINT and SIGTERM (batch schedulers stop jobs with it) request `stop` while alive.
+/// SIGINT, SIGTERM (batch schedulers stop jobs with it) and SIGUSR1 request `stop` while
+/// alive. SIGUSR1: Open MPI's mpirun forwards it to every rank at once and leaves the job
+/// running, while its own SIGINT/SIGTERM ends the job (the ranks get SIGTERM only after
+/// odls_base_sigkill_timeout seconds, 1 by default, and SIGKILL as long after that).
 class StopOnSignals {
  public:
   explicit StopOnSignals(const StopToken& stop) {
     g_stop = &stop;
-    prev_int_ = std::signal(SIGINT, on_signal);
-    prev_term_ = std::signal(SIGTERM, on_signal);
+    for (size_t i = 0; i < kSignals.size(); ++i) prev_[i] = std::signal(kSignals[i], on_signal);
   }
   ~StopOnSignals() {
-    std::signal(SIGINT, prev_int_);
-    std::signal(SIGTERM, prev_term_);
+    for (size_t i = 0; i < kSignals.size(); ++i) std::signal(kSignals[i], prev_[i]);
     g_stop = nullptr;
   }
 
  private:
-  void (*prev_int_)(int) = nullptr;
-  void (*prev_term_)(int) = nullptr;
+  static constexpr std::array<int, 3> kSignals{SIGINT, SIGTERM, SIGUSR1};
+  std::array<void (*)(int), 3> prev_{};
 };
 
 std::string fmt_duration(double s) {
@@ -130,7 +132,16 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
   const TrainResult res = Trainer(spec).run(cb, stop);
   signals.reset();
   if (res.stopped) {
-    fmt::print(stderr, "roundpipe: interrupted after {} steps; {}{}\n", res.steps_done,
+    // replicas: every rank prints this line with the same step count and exits 130 (the
+    // replicas agreed on the step, whichever of them got the signal)
+    std::string who, by;
+    if (res.replicas > 1) {
+      who = fmt::format("replica {} of {}: ", res.replica, res.replicas);
+      std::string ranks;
+      for (int q : res.stopped_by) ranks += (ranks.empty() ? "" : ", ") + std::to_string(q);
+      by = fmt::format(" (stop asked of replica {}; every replica stopped after the same step)", ranks);
+    }
+    fmt::print(stderr, "roundpipe: {}interrupted after {} steps{}; {}{}\n", who, res.steps_done, by,
                res.steps_abandoned > 0
                    ? fmt::format("{} step(s) in flight did not finish within {:g} s and were not saved; ",
                                  res.steps_abandoned, spec.stop_timeout_s)

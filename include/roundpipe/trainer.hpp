@@ -142,6 +142,9 @@ struct TrainResult {
   std::string sample_before, sample_after;  ///< spec.sample_prompt's answers ("" without one; before: fresh runs only)
   int replica = 0;    ///< this process's rank among data-parallel replicas (0 without them)
   int replicas = 1;   ///< replicas of the run (1: a single process)
+  /// Stopped with replicas: the ranks whose StopToken asked for the stop (a signal may reach
+  /// only one of them); every replica stopped after the same step all the same.
+  std::vector<int> stopped_by;
 };
 
 class Trainer {
