@@ -1,5 +1,6 @@
 #include "cli/train.hpp"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <array>
@@ -14,6 +15,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "roundpipe/replicas.hpp"
 #include "roundpipe/trainer.hpp"
 
 namespace fs = std::filesystem;
@@ -22,6 +24,7 @@ namespace rp {
 namespace {
 
 const StopToken* g_stop = nullptr;
+bool g_under_mpi = false;  // launched by mpirun / mpiexec (set before the handlers)
 // First Ctrl-C or SIGTERM: stop after the steps in flight and save them as a checkpoint (steps
 // still unfinished after the spec's stop_timeout_s are abandoned, unsaved). Second: leave now (an unfinished
 // checkpoint stays in a *.tmp-<pid> folder, removed by the next run; finished ones are kept).
@@ -31,6 +34,15 @@ void on_signal(int) {
     [[maybe_unused]] auto n = ::write(2, msg, sizeof msg - 1);
     std::_Exit(130);
   }
+  // Under mpirun, output goes through a pipe that mpirun drains. An mpirun that was itself
+  // told to end the job (SIGINT/SIGTERM) stops draining it, and a rank would block on its next
+  // line instead of stopping: from now on a line that does not fit is dropped (fcntl is
+  // async-signal-safe; a write blocked right now returns once the handler is done).
+  if (g_under_mpi)
+    for (int fd : {1, 2}) {
+      const int fl = ::fcntl(fd, F_GETFL);
+      if (fl >= 0) ::fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+    }
   static const char first[] =
       "\nroundpipe: interrupted: finishing the steps in flight, then saving a checkpoint (Ctrl-C again to exit now)\n";
   [[maybe_unused]] auto n = ::write(2, first, sizeof first - 1);
@@ -44,6 +56,7 @@ class StopOnSignals {
  public:
   explicit StopOnSignals(const StopToken& stop) {
     g_stop = &stop;
+    g_under_mpi = launched_by_mpi();
     for (size_t i = 0; i < kSignals.size(); ++i) prev_[i] = std::signal(kSignals[i], on_signal);
   }
   ~StopOnSignals() {
@@ -90,7 +103,8 @@ void apply_overrides(TrainSpec& spec, const TrainOverrides& ov) {
 void print_progress(const TrainSpec& spec, const StepReport& r) {
   if (r.replica > 0) return;  // data-parallel replicas: replica 0 prints the (global) progress
   if (r.step % spec.log_every != 0 && r.step != r.total_steps && !r.evaluated) return;
-  fmt::print("step {:>5}/{} | loss {:.4f}{} | {:>8.1f} tokens/s | lr {:.3e}{} | elapsed {} | ETA {}\n", r.step,
+  // fputs: a line dropped during a stop under mpirun (see on_signal) must not throw
+  std::fputs(fmt::format("step {:>5}/{} | loss {:.4f}{} | {:>8.1f} tokens/s | lr {:.3e}{} | elapsed {} | ETA {}\n", r.step,
              r.total_steps, r.loss,
              r.evaluated ? fmt::format(" | eval loss {:.4f} (ppl {:.2f})", r.eval_loss, r.eval_perplexity)
                          : std::string(),
@@ -102,7 +116,7 @@ void print_progress(const TrainSpec& spec, const StepReport& r) {
                                               r.expert_load_max, r.aux_loss)
                                 : std::string()) +
                  (r.skipped ? " (skipped)" : ""),
-             fmt_duration(r.elapsed_s), fmt_duration(r.eta_s));
+             fmt_duration(r.elapsed_s), fmt_duration(r.eta_s)).c_str(), stdout);
   std::fflush(stdout);
 }
 
@@ -139,16 +153,18 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
       who = fmt::format("replica {} of {}: ", res.replica, res.replicas);
       std::string ranks;
       for (int q : res.stopped_by) ranks += (ranks.empty() ? "" : ", ") + std::to_string(q);
-      by = fmt::format(" (stop asked of replica {}; every replica stopped after the same step)", ranks);
+      by = fmt::format(" (stop asked of replica{} {}; every replica stopped after the same step)",
+                       res.stopped_by.size() > 1 ? "s" : "", ranks);
     }
-    fmt::print(stderr, "roundpipe: {}interrupted after {} steps{}; {}{}\n", who, res.steps_done, by,
+    std::fputs(fmt::format("roundpipe: {}interrupted after {} steps{}; {}{}\n", who, res.steps_done, by,
                res.steps_abandoned > 0
                    ? fmt::format("{} step(s) in flight did not finish within {:g} s and were not saved; ",
                                  res.steps_abandoned, spec.stop_timeout_s)
                    : std::string(),
                res.checkpoint.empty()
                    ? std::string("finished checkpoints are kept")
-                   : fmt::format("saved {} (continue with --resume {})", res.checkpoint, res.checkpoint));
+                   : fmt::format("saved {} (continue with --resume {})", res.checkpoint, res.checkpoint)).c_str(),
+               stderr);
     return 130;
   }
   if (res.replica > 0) return 0;  // replica 0 prints the summary
