@@ -100,6 +100,7 @@ class Run {
   bool stopping() const { return replicas_ ? stop_agreed_ : stop_.stop_requested(); }
   bool stop_agreed_ = false;
   std::vector<int> stop_ranks_;  // replicas: the ranks whose StopToken asked for the stop
+  double reduce_wait_total_ = 0;  // replicas: StepReport::reduce_wait_s over the reported steps
   TrainResult execute_steps();
 };
 
@@ -135,7 +136,7 @@ void Run::setup() {
   if (leader()) {
     require_disk_space(spec_.output_dir, checkpoint_bytes_, "a checkpoint");
     std::filesystem::create_directories(spec_.output_dir);
-    metrics_ = std::make_unique<MetricsFile>(path("metrics.csv"), start_);
+    metrics_ = std::make_unique<MetricsFile>(path("metrics.csv"), start_, replica_count() > 1);
   }
   if (spec_.tensorboard && leader()) tb_ = std::make_unique<TensorBoardWriter>(path("tensorboard"));
   if (session_->device_name().rfind("cuda", 0) == 0) {
@@ -245,6 +246,8 @@ bool Run::report(int64_t t) {
   if (pending_eval_.count(t + 1)) collect_eval(t + 1, s);
   s.mfu = s.tokens_per_s * mfu_per_token_per_s_;
   s.replica = replicas_ ? replicas_->rank() : 0;
+  s.reduce_wait_s = r.reduce_wait_s;
+  reduce_wait_total_ += r.reduce_wait_s;
   if (metrics_) metrics_->write(s);
   log_scalars(s);
   if (cb_.on_step) cb_.on_step(s);
@@ -535,8 +538,9 @@ TrainResult Run::execute_steps() {
     const ReplicaStats st = replicas_->stats();
     const double steps = double(res.steps_done - start_);
     spdlog::info("replicas: {} gradient sums, {:.1f} MB summed per step, {:.1f} MB sent per step by each replica, "
-                 "{:.3f} s per step with a sum in flight",
-                 st.reductions, st.bytes_reduced / steps / 1e6, st.bytes_sent / steps / 1e6, st.busy_s / steps);
+                 "{:.3f} s per step with a sum in flight, {:.3f} s per step waiting for one (not hidden by compute)",
+                 st.reductions, st.bytes_reduced / steps / 1e6, st.bytes_sent / steps / 1e6, st.busy_s / steps,
+                 reduce_wait_total_ / steps);
   }
   res.replica = replicas_ ? replicas_->rank() : 0;
   res.replicas = replica_count();
