@@ -76,6 +76,12 @@ std::vector<double> column(const fs::path& csv, int col) {
   return out;
 }
 std::vector<double> losses(const fs::path& csv) { return column(csv, 1); }
+std::string header(const fs::path& csv) {
+  std::ifstream f(csv);
+  std::string line;
+  std::getline(f, line);
+  return line;
+}
 
 void expect_close_weights(const fs::path& a, const fs::path& b) {
   const auto ta = rp::load_safetensors((a / "model.safetensors").string());
@@ -112,6 +118,12 @@ TEST(CliMpi, TwoAndThreeReplicasEqualOneProcess) {
     EXPECT_NE(r.out.find("on " + std::to_string(n) + " replicas"), std::string::npos) << r.out;
     const std::vector<double> ln = losses(out / "metrics.csv");  // written once, by replica 0
     ASSERT_EQ(ln.size(), l1.size()) << n;
+    // replicas add the seconds each step waited for its gradient sums as a last column
+    EXPECT_EQ(header(out / "metrics.csv"), header(d / "one/metrics.csv") + ",reduce_wait_s") << n;
+    for (double w : column(out / "metrics.csv", 14)) {
+      EXPECT_GE(w, 0.0) << n;
+      EXPECT_LT(w, 30.0) << n;
+    }
     for (size_t t = 0; t < l1.size(); ++t) EXPECT_NEAR(ln[t], l1[t], 2e-5 * std::fabs(l1[t]) + 1e-6) << n << " step " << t;
     // the global batch's target tokens and gradient norm (before clipping): the gradient is the
     // sum over every replica's passes divided by the global token count
