@@ -181,6 +181,11 @@ ShardActor::behavior_type shard_impl(ShardPointer self, std::vector<ShardGroup> 
           if (a.job.kind == ShardJob::Kind::reduce) {
             // the communication thread sums it and reports back like a job thread
             st.job_start[a.group] = std::chrono::steady_clock::now();
+            if (opt.reduce_wait) {
+              opt.reduce_wait->started(a.group, a.step, st.job_start[a.group]);
+              // a request already waiting for this group now waits for the sum
+              if (st.rules->has_waiters(a.group)) opt.reduce_wait->blocked(a.group, a.step, st.job_start[a.group]);
+            }
             std::vector<float>* master = st.groups.at(a.group).master;
             opt.replicas->sum_async(a.group, store->grad[size_t(a.group)].as<float>(), int64_t(master->size()),
                                     fmt::format("the gradient of group {} of step {}", a.group, a.step),
@@ -211,6 +216,12 @@ ShardActor::behavior_type shard_impl(ShardPointer self, std::vector<ShardGroup> 
     self->state.rules->pump(g, acts);
     (*execute)(acts);
   };
+  // A request of group g that was not granted at once while g's sum runs waits for that sum.
+  auto note_if_waiting_for_sum = [self, opt](int g, bool waiting) {
+    if (!opt.reduce_wait || !waiting) return;
+    const ShardJob* j = self->state.rules->running_job(g);
+    if (j && j->kind == ShardJob::Kind::reduce) opt.reduce_wait->blocked(g, j->step, std::chrono::steady_clock::now());
+  };
   auto drive_all = [self, drive] {
     for (int g : self->state.rules->groups()) drive(g);
   };
@@ -220,6 +231,9 @@ ShardActor::behavior_type shard_impl(ShardPointer self, std::vector<ShardGroup> 
         auto& st = self->state;
         if (opt.progress) opt.progress->tick();
         st.job_start.erase(d.group);
+        if (const ShardJob* j = st.rules->running_job(d.group);
+            opt.reduce_wait && j && j->kind == ShardJob::Kind::reduce)
+          opt.reduce_wait->done(d.group, j->step, std::chrono::steady_clock::now());
         if (!d.error.empty()) {
           const ShardJob* j = st.rules->running_job(d.group);
           throw std::runtime_error(fmt::format("{}: {} of group {} failed: {}", name,
@@ -236,6 +250,7 @@ ShardActor::behavior_type shard_impl(ShardPointer self, std::vector<ShardGroup> 
         self->state.rules->request_weights(a.group, a.step, ticket);
         self->state.weight_requests.emplace(ticket, rp);
         drive(a.group);
+        note_if_waiting_for_sum(a.group, self->state.weight_requests.count(ticket) > 0);
         return rp;
       },
       [=](ReleaseWeights& r) {
@@ -250,6 +265,7 @@ ShardActor::behavior_type shard_impl(ShardPointer self, std::vector<ShardGroup> 
         self->state.rules->request_grad_slot(a.group, a.step, ticket);
         self->state.grad_requests.emplace(ticket, rp);
         drive(a.group);
+        note_if_waiting_for_sum(a.group, self->state.grad_requests.count(ticket) > 0);
         return rp;
       },
       [=](GradWritten& w) {

@@ -24,6 +24,7 @@
 #include "actors/fault_injection.hpp"
 #include "actors/messages.hpp"
 #include "actors/pass_buffers.hpp"
+#include "actors/reduce_wait.hpp"
 #include "actors/run_progress.hpp"
 #include "model/layout.hpp"
 #include "optimizer/adamw.hpp"
@@ -65,6 +66,9 @@ struct ShardOptions {
   /// them (Replicas::sum_async, on its communication thread; the group stays busy meanwhile)
   /// before its sum of squares and update. Null or size 1: a single process.
   std::shared_ptr<Replicas> replicas;
+  /// Optional, with replicas: records how long requests of the pipeline waited for the sums
+  /// (actors/reduce_wait.hpp). Outlives the shard.
+  ReduceWaitMeter* reduce_wait = nullptr;
 };
 
 /// Spawns an optimizer shard owning `groups` (detached unless opt.detached is false);

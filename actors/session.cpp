@@ -323,6 +323,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w,
     so.faults = internals.faults;
     so.tracer = I.tracer.get();
     so.replicas = opt.replicas;
+    if (opt.replicas && opt.replicas->size() > 1) so.reduce_wait = &I.reduce_wait;
     shards.push_back(spawn_optimizer_shard(*I.sys, std::move(owned[s]), I.store.get(), so, I.scheduler));
   }
   std::vector<WorkerActor> workers;
@@ -450,6 +451,7 @@ int64_t Session::step(double lr, int64_t target_tokens) {
 StepResult Session::wait(int64_t t) {
   StepResult r = *impl_->wait_step(t, -1);
   impl_->waited_through = std::max(impl_->waited_through, t);
+  r.reduce_wait_s = impl_->reduce_wait.seconds(t);
   return r;
 }
 
@@ -458,6 +460,7 @@ std::optional<StepResult> Session::wait_for(int64_t t, double seconds) {
     throw std::invalid_argument(fmt::format("wait_for: seconds must be >= 0, got {}", seconds));
   std::optional<StepResult> r = impl_->wait_step(t, seconds);
   if (r) impl_->waited_through = std::max(impl_->waited_through, t);
+  if (r) r->reduce_wait_s = impl_->reduce_wait.seconds(t);  // every sum of step t is done
   return r;
 }
 

@@ -10,6 +10,7 @@
 
 #include "actors/messages.hpp"
 #include "actors/pass_buffers.hpp"
+#include "actors/reduce_wait.hpp"
 #include "actors/run_progress.hpp"
 #include "actors/scheduler_actor.hpp"
 #include "actors/worker.hpp"
@@ -33,6 +34,7 @@ struct Session::Impl {
   std::vector<std::unique_ptr<Device>> devices;  // destroyed after the actor system
   MemoryEventCounters memory_events;             // the workers count into it
   RunProgress progress;                          // the actors count into it (watchdog)
+  ReduceWaitMeter reduce_wait;                   // the shards time the replicas' sums into it
   std::unique_ptr<caf::actor_system_config> cfg;
   std::unique_ptr<caf::actor_system> sys;
   SchedulerActor scheduler;

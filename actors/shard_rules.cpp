@@ -223,6 +223,11 @@ std::vector<int> ShardRules::groups() const {
 int64_t ShardRules::published(int g) const { return state(g).published; }
 int64_t ShardRules::updated(int g) const { return state(g).updated; }
 bool ShardRules::busy(int g) const { return state(g).busy; }
+bool ShardRules::has_waiters(int g) const {
+  const State& st = state(g);
+  return !st.weight_waiters.empty() || !st.grad_waiters.empty();
+}
+
 const ShardJob* ShardRules::running_job(int g) const {
   const State& st = state(g);
   return st.busy ? &st.job : nullptr;

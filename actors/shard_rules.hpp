@@ -126,6 +126,8 @@ class ShardRules {
   bool busy(int g) const;
   /// The job g runs (run_job announced it, job_done not called yet), or null.
   const ShardJob* running_job(int g) const;
+  /// Whether a weights upload or a gradient slot of g waits (was requested, not granted).
+  bool has_waiters(int g) const;
   /// What the groups wait for, for a watchdog line ("group 3: AdamW update of step 2
   /// running; group 4: step 2 has 1 of 2 gradient contributions"); "idle" when nothing.
   std::string describe() const;

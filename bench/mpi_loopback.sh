@@ -7,7 +7,10 @@
 #   - "N alone": N independent processes started together (`--mpi off`), each running the same
 #     6/N passes per step with nothing summed: the same CPU contention without the reduction.
 # The step time difference is what the reduction adds per step; bytes and the communication
-# thread's busy time come from the run's own "replicas:" log line.
+# thread's busy time come from the run's own "replicas:" log line. "waited" is measured inside
+# the run: metrics.csv's reduce_wait_s, the seconds a step's pipeline waited for its sums (the
+# part the overlap with backward and the next step did not hide), median over steps 3.. of
+# all but the last step (whose sums the run's end waits for, outside the pipeline).
 # Writes bench/results/mpi.md. Usage: bench/mpi_loopback.sh [STEPS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +38,15 @@ tokens = float(sys.argv[2])
 print(f"{statistics.median(tokens / float(r['tokens_per_s']) for r in rows[2:]):.3f}")
 PY
 }
+# median reduce_wait_s over steps 3..last-1 from metrics.csv (a run of replicas)
+wait_s() {
+  python3 - "$1" <<'PY'
+import csv, statistics, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+w = [float(r['reduce_wait_s']) for r in rows[2:-1]] or [float(r['reduce_wait_s']) for r in rows]
+print(f"{statistics.median(w):.3f}")
+PY
+}
 spec 6 6 > "$tmp/global.json"
 {
   echo "# Data-parallel replicas over MPI on loopback (CPU backend)"
@@ -46,11 +58,11 @@ spec 6 6 > "$tmp/global.json"
   echo "- job: SmolLM2-135M full fine-tuning, seq 64, global batch 6 sequences = 6 passes x 1, one virtual GPU per process; $steps steps, step time = median over steps 3..$steps"
   echo "- the machine is shared (other jobs were compiling), so step times carry their noise; bytes are exact"
   echo
-  echo "| processes | step s, N replicas | step s, N alone (same passes each, no sum) | added by the sum, s/step | MB summed per step | MB sent per replica per step | comm thread busy s/step |"
-  echo "|---|---|---|---|---|---|---|"
+  echo "| processes | step s, N replicas | step s, N alone (same passes each, no sum) | added by the sum, s/step | MB summed per step | MB sent per replica per step | comm thread busy s/step | waited for the sum (exposed), s/step |"
+  echo "|---|---|---|---|---|---|---|---|"
 } > "$tmp/table.md"
 $bin -q train "$tmp/global.json" --output-dir "$tmp/one" > "$tmp/log1" 2>&1
-echo "| 1 | $(step_s "$tmp/one/metrics.csv" 384) | (same) | 0 | 0 | 0 | 0 |" >> "$tmp/table.md"
+echo "| 1 | $(step_s "$tmp/one/metrics.csv" 384) | (same) | 0 | 0 | 0 | 0 | 0 |" >> "$tmp/table.md"
 for n in 2 3; do
   $mpi -np "$n" "$bin" train "$tmp/global.json" --output-dir "$tmp/rep$n" > "$tmp/logr$n" 2>&1
   line=$(grep "replicas: .* gradient sums" "$tmp/logr$n" | head -1)
@@ -66,7 +78,7 @@ for n in 2 3; do
   r=$(step_s "$tmp/rep$n/metrics.csv" 384)
   a=$(python3 -c "import statistics,sys; print(f'{statistics.mean(float(x) for x in sys.argv[1:]):.3f}')" \
       $(for i in $(seq 1 "$n"); do step_s "$tmp/alone$n-$i/metrics.csv" $((384 / n)); done))
-  echo "| $n | $r | $a | $(python3 -c "print(f'{$r-$a:.3f}')") | $mb | $sent | $busy |" >> "$tmp/table.md"
+  echo "| $n | $r | $a | $(python3 -c "print(f'{$r-$a:.3f}')") | $mb | $sent | $busy | $(wait_s "$tmp/rep$n/metrics.csv") |" >> "$tmp/table.md"
 done
 {
   echo

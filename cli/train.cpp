@@ -1,7 +1,9 @@
 #include "cli/train.hpp"
 
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <array>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +15,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "roundpipe/replicas.hpp"
 #include "roundpipe/trainer.hpp"
 
 namespace fs = std::filesystem;
@@ -21,6 +24,7 @@ namespace rp {
 namespace {
 
 const StopToken* g_stop = nullptr;
+bool g_under_mpi = false;  // launched by mpirun / mpiexec (set before the handlers)
 // First Ctrl-C or SIGTERM: stop after the steps in flight and save them as a checkpoint (steps
 // still unfinished after the spec's stop_timeout_s are abandoned, unsaved). Second: leave now (an unfinished
 // checkpoint stays in a *.tmp-<pid> folder, removed by the next run; finished ones are kept).
@@ -30,28 +34,39 @@ void on_signal(int) {
     [[maybe_unused]] auto n = ::write(2, msg, sizeof msg - 1);
     std::_Exit(130);
   }
+  // Under mpirun, output goes through a pipe that mpirun drains. An mpirun that was itself
+  // told to end the job (SIGINT/SIGTERM) stops draining it, and a rank would block on its next
+  // line instead of stopping: from now on a line that does not fit is dropped (fcntl is
+  // async-signal-safe; a write blocked right now returns once the handler is done).
+  if (g_under_mpi)
+    for (int fd : {1, 2}) {
+      const int fl = ::fcntl(fd, F_GETFL);
+      if (fl >= 0) ::fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+    }
   static const char first[] =
       "\nroundpipe: interrupted: finishing the steps in flight, then saving a checkpoint (Ctrl-C again to exit now)\n";
   [[maybe_unused]] auto n = ::write(2, first, sizeof first - 1);
 }
 
-/// SIGINT and SIGTERM (batch schedulers stop jobs with it) request `stop` while alive.
+/// SIGINT, SIGTERM (batch schedulers stop jobs with it) and SIGUSR1 request `stop` while
+/// alive. SIGUSR1: Open MPI's mpirun forwards it to every rank at once and leaves the job
+/// running, while its own SIGINT/SIGTERM ends the job (the ranks get SIGTERM only after
+/// odls_base_sigkill_timeout seconds, 1 by default, and SIGKILL as long after that).
 class StopOnSignals {
  public:
   explicit StopOnSignals(const StopToken& stop) {
     g_stop = &stop;
-    prev_int_ = std::signal(SIGINT, on_signal);
-    prev_term_ = std::signal(SIGTERM, on_signal);
+    g_under_mpi = launched_by_mpi();
+    for (size_t i = 0; i < kSignals.size(); ++i) prev_[i] = std::signal(kSignals[i], on_signal);
   }
   ~StopOnSignals() {
-    std::signal(SIGINT, prev_int_);
-    std::signal(SIGTERM, prev_term_);
+    for (size_t i = 0; i < kSignals.size(); ++i) std::signal(kSignals[i], prev_[i]);
     g_stop = nullptr;
   }
 
  private:
-  void (*prev_int_)(int) = nullptr;
-  void (*prev_term_)(int) = nullptr;
+  static constexpr std::array<int, 3> kSignals{SIGINT, SIGTERM, SIGUSR1};
+  std::array<void (*)(int), 3> prev_{};
 };
 
 std::string fmt_duration(double s) {
@@ -88,7 +103,8 @@ void apply_overrides(TrainSpec& spec, const TrainOverrides& ov) {
 void print_progress(const TrainSpec& spec, const StepReport& r) {
   if (r.replica > 0) return;  // data-parallel replicas: replica 0 prints the (global) progress
   if (r.step % spec.log_every != 0 && r.step != r.total_steps && !r.evaluated) return;
-  fmt::print("step {:>5}/{} | loss {:.4f}{} | {:>8.1f} tokens/s | lr {:.3e}{} | elapsed {} | ETA {}\n", r.step,
+  // fputs: a line dropped during a stop under mpirun (see on_signal) must not throw
+  std::fputs(fmt::format("step {:>5}/{} | loss {:.4f}{} | {:>8.1f} tokens/s | lr {:.3e}{} | elapsed {} | ETA {}\n", r.step,
              r.total_steps, r.loss,
              r.evaluated ? fmt::format(" | eval loss {:.4f} (ppl {:.2f})", r.eval_loss, r.eval_perplexity)
                          : std::string(),
@@ -100,7 +116,7 @@ void print_progress(const TrainSpec& spec, const StepReport& r) {
                                               r.expert_load_max, r.aux_loss)
                                 : std::string()) +
                  (r.skipped ? " (skipped)" : ""),
-             fmt_duration(r.elapsed_s), fmt_duration(r.eta_s));
+             fmt_duration(r.elapsed_s), fmt_duration(r.eta_s)).c_str(), stdout);
   std::fflush(stdout);
 }
 
@@ -130,14 +146,25 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
   const TrainResult res = Trainer(spec).run(cb, stop);
   signals.reset();
   if (res.stopped) {
-    fmt::print(stderr, "roundpipe: interrupted after {} steps; {}{}\n", res.steps_done,
+    // replicas: every rank prints this line with the same step count and exits 130 (the
+    // replicas agreed on the step, whichever of them got the signal)
+    std::string who, by;
+    if (res.replicas > 1) {
+      who = fmt::format("replica {} of {}: ", res.replica, res.replicas);
+      std::string ranks;
+      for (int q : res.stopped_by) ranks += (ranks.empty() ? "" : ", ") + std::to_string(q);
+      by = fmt::format(" (stop asked of replica{} {}; every replica stopped after the same step)",
+                       res.stopped_by.size() > 1 ? "s" : "", ranks);
+    }
+    std::fputs(fmt::format("roundpipe: {}interrupted after {} steps{}; {}{}\n", who, res.steps_done, by,
                res.steps_abandoned > 0
                    ? fmt::format("{} step(s) in flight did not finish within {:g} s and were not saved; ",
                                  res.steps_abandoned, spec.stop_timeout_s)
                    : std::string(),
                res.checkpoint.empty()
                    ? std::string("finished checkpoints are kept")
-                   : fmt::format("saved {} (continue with --resume {})", res.checkpoint, res.checkpoint));
+                   : fmt::format("saved {} (continue with --resume {})", res.checkpoint, res.checkpoint)).c_str(),
+               stderr);
     return 130;
   }
   if (res.replica > 0) return 0;  // replica 0 prints the summary

@@ -21,10 +21,13 @@ struct TrainOverrides {
 
 /// Runs the training job of `spec` with the command line's overrides through rp::Trainer,
 /// printing one progress line per spec.log_every steps (step, loss, tokens/s, learning
-/// rate, [grad norm, loss scale,] elapsed, ETA) and a closing line. Ctrl-C or SIGTERM stops
-/// the run after the steps in flight and saves them as checkpoint-<n> (a second signal exits
-/// at once). Returns the process exit code (0 ok, 130 interrupted); errors throw (main()
-/// prints them as one line "roundpipe: error: ...").
+/// rate, [grad norm, loss scale,] elapsed, ETA) and a closing line. Ctrl-C, SIGTERM or SIGUSR1
+/// stops the run after the steps in flight and saves them as checkpoint-<n> (a second signal
+/// exits at once). Data-parallel replicas stop together after the same step whichever of
+/// them got the signal, and each prints the closing line "roundpipe: replica <r> of <n>:
+/// interrupted after <k> steps (stop asked of replica <q>; ...); ...". Returns the process
+/// exit code (0 ok, 130 interrupted, on every replica); errors throw (main() prints them as
+/// one line "roundpipe: error: ...").
 int run_train(TrainSpec spec, const TrainOverrides& ov);
 
 }  // namespace rp

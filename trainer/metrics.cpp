@@ -11,14 +11,17 @@
 
 namespace rp {
 
-MetricsFile::MetricsFile(const std::string& path, int64_t resume_step) : path_(path) {
+MetricsFile::MetricsFile(const std::string& path, int64_t resume_step, bool replicas)
+    : path_(path), replicas_(replicas) {
   const bool resuming = resume_step > 0;
-  if (resuming) truncate_metrics(path, resume_step, kHeader);
+  std::string header = kHeader;
+  if (replicas) header.insert(header.size() - 1, std::string(",") + kReplicaColumn);
+  if (resuming) truncate_metrics(path, resume_step, header);
   csv_.open(path, resuming ? std::ios::app : std::ios::trunc);
   if (!csv_) throw std::runtime_error(fmt::format("{}: cannot write: {}", path, std::strerror(errno)));
   if (!resuming) {
     errno = 0;
-    csv_ << kHeader;
+    csv_ << header;
     csv_.flush();
     if (!csv_)
       throw std::runtime_error(
@@ -28,11 +31,12 @@ MetricsFile::MetricsFile(const std::string& path, int64_t resume_step) : path_(p
 
 void MetricsFile::write(const StepReport& r) {
   errno = 0;
-  csv_ << fmt::format("{},{:.6f},{},{:.1f},{:.6g},{:.3f},{:.6g},{:.6g},{},{},{}\n", r.step, r.loss, r.target_tokens,
+  csv_ << fmt::format("{},{:.6f},{},{:.1f},{:.6g},{:.3f},{:.6g},{:.6g},{},{},{}{}\n", r.step, r.loss, r.target_tokens,
                       r.tokens_per_s, r.lr, r.elapsed_s, r.grad_norm, r.loss_scale, r.skipped ? 1 : 0,
                       r.evaluated ? fmt::format("{:.6f},{:.6g}", r.eval_loss, r.eval_perplexity) : std::string(","),
                       r.experts > 0 ? fmt::format("{:.6g},{:.4f},{:.4f}", r.aux_loss, r.expert_load_min, r.expert_load_max)
-                                    : std::string(",,"));
+                                    : std::string(",,"),
+                      replicas_ ? fmt::format(",{:.4f}", r.reduce_wait_s) : std::string());
   csv_.flush();
   // a failed row is reported at once: a full disk would fail every later save too
   if (!csv_)

@@ -12,11 +12,14 @@ class MetricsFile {
  public:
   static constexpr const char* kHeader =
       "step,loss,target_tokens,tokens_per_s,lr,elapsed_s,grad_norm,loss_scale,skipped,eval_loss,eval_perplexity,aux_loss,expert_load_min,expert_load_max\n";
+  /// The last column of a run of data-parallel replicas (StepReport::reduce_wait_s).
+  static constexpr const char* kReplicaColumn = "reduce_wait_s";
 
   /// A fresh run (`resume_step` 0) creates or truncates `path` and writes the header; a run
   /// resumed at `resume_step` keeps the rows of steps <= resume_step (those of a later,
-  /// abandoned attempt go) and appends after them. Throws std::runtime_error("<path>: ...").
-  MetricsFile(const std::string& path, int64_t resume_step);
+  /// abandoned attempt go) and appends after them. `replicas`: a run of data-parallel
+  /// replicas, whose rows end with kReplicaColumn. Throws std::runtime_error("<path>: ...").
+  MetricsFile(const std::string& path, int64_t resume_step, bool replicas = false);
   /// Appends the row of `r` and flushes it (a killed run keeps every reported step). Throws
   /// std::runtime_error("<path>: cannot write the row of step N: <errno text>") when the write
   /// fails (a full disk): the run stops at once.
@@ -26,6 +29,7 @@ class MetricsFile {
  private:
   std::string path_;
   std::ofstream csv_;
+  bool replicas_ = false;
 };
 
 /// Keeps the header and the rows of steps <= `step` of an existing metrics file (a torn

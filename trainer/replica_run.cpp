@@ -1,5 +1,6 @@
 #include "trainer/replica_run.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -42,10 +43,18 @@ void combine_step(Replicas* r, StepResult& s, int64_t experts) {
   std::vector<double> v{s.loss_sum, s.tokens, s.moe_aux_loss * s.tokens};
   v.resize(size_t(3 + experts), 0.0);  // the same length on every replica
   for (size_t e = 0; e < s.expert_tokens.size() && e < size_t(experts); ++e) v[3 + e] = s.expert_tokens[e];
-  const std::vector<double> sum = sum_over(r, v);
+  v.push_back(s.reduce_wait_s);  // the last entry: the most, not the sum
+  const std::vector<std::vector<double>> all = r->allgather(v);
+  std::vector<double> sum(v.size() - 1, 0.0);
+  double wait = 0;
+  for (const auto& x : all) {  // rank order
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += x[i];
+    wait = std::max(wait, x.back());
+  }
   s.loss_sum = sum[0], s.tokens = sum[1];
   s.moe_aux_loss = sum[1] > 0 ? sum[2] / sum[1] : 0.0;
   if (experts > 0) s.expert_tokens.assign(sum.begin() + 3, sum.end());
+  s.reduce_wait_s = wait;
 }
 
 }  // namespace rp

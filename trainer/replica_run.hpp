@@ -28,7 +28,8 @@ std::vector<double> sum_over(Replicas* r, const std::vector<double>& values);
 /// loss weighted by target tokens and the tokens routed to each of the model's `experts`
 /// experts (0: a dense model) are summed over the replicas in rank order 0..N-1, so every
 /// replica reports what one process training all the step's passes reports, to the rounding
-/// of the sum order. moe_aux_loss becomes the global token-weighted mean. Unchanged without
+/// of the sum order. moe_aux_loss becomes the global token-weighted mean, reduce_wait_s the
+/// most any replica waited for the step's gradient sums. Unchanged without
 /// replicas. Every replica must pass the same `experts`. Throws ReplicaFailure when the
 /// exchange fails.
 void combine_step(Replicas* r, StepResult& s, int64_t experts);

@@ -1,6 +1,7 @@
 // rp::Trainer (roundpipe/trainer.hpp): one training run from a spec.
 #include "roundpipe/trainer.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -9,6 +10,7 @@
 #include <optional>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include "roundpipe/adapter.hpp"
@@ -45,6 +47,7 @@ class Run {
                      std::vector<std::vector<uint8_t>> frozen);
   int64_t loop();
   std::optional<StepResult> await(int64_t t);
+  std::optional<StepResult> await_together(int64_t t);
   bool report(int64_t t);
   bool report_through(int64_t t);
   bool drain(int64_t t);
@@ -92,6 +95,12 @@ class Run {
   int replica_count() const { return replicas_ ? replicas_->size() : 1; }
   void barrier() { sum_over(replicas_.get(), {}); }
   bool stop_agreed();
+  /// A stop is under way: the StopToken's request, or with replicas the agreed one (every
+  /// replica saw the same exchange say stop, so they all close, report and save the same steps).
+  bool stopping() const { return replicas_ ? stop_agreed_ : stop_.stop_requested(); }
+  bool stop_agreed_ = false;
+  std::vector<int> stop_ranks_;  // replicas: the ranks whose StopToken asked for the stop
+  double reduce_wait_total_ = 0;  // replicas: StepReport::reduce_wait_s over the reported steps
   TrainResult execute_steps();
 };
 
@@ -127,7 +136,7 @@ void Run::setup() {
   if (leader()) {
     require_disk_space(spec_.output_dir, checkpoint_bytes_, "a checkpoint");
     std::filesystem::create_directories(spec_.output_dir);
-    metrics_ = std::make_unique<MetricsFile>(path("metrics.csv"), start_);
+    metrics_ = std::make_unique<MetricsFile>(path("metrics.csv"), start_, replica_count() > 1);
   }
   if (spec_.tensorboard && leader()) tb_ = std::make_unique<TensorBoardWriter>(path("tensorboard"));
   if (session_->device_name().rfind("cuda", 0) == 0) {
@@ -164,9 +173,12 @@ void Run::start_session(const ModelLayout& layout, std::vector<std::vector<float
 /// Waits for step t, watching the stop token: nullopt once a stop was requested and step t
 /// is not done by spec.stop_timeout_s after the request (a stalled run must still stop).
 /// Outside a stop it waits as long as the step takes (the watchdog reports stalls).
+/// Replicas: only an agreed stop bounds the wait (await_together); a request this replica
+/// alone has seen waits for the next agreement, at the next step.
 std::optional<StepResult> Run::await(int64_t t) {
+  if (replicas_ && stop_agreed_) return await_together(t);
   for (;;) {
-    if (stop_.stop_requested() && !stop_deadline_)
+    if (!replicas_ && stop_.stop_requested() && !stop_deadline_)
       stop_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                           std::chrono::duration<double>(spec_.stop_timeout_s));
     double slice = 0.1;
@@ -174,6 +186,24 @@ std::optional<StepResult> Run::await(int64_t t) {
       slice = std::min(slice, std::chrono::duration<double>(*stop_deadline_ - Clock::now()).count());
     if (auto r = session_->wait_for(t, std::max(slice, 0.0))) return r;
     if (stop_deadline_ && Clock::now() >= *stop_deadline_) return std::nullopt;
+  }
+}
+
+/// Replicas after an agreed stop: step t counts as done when every replica has it, and is
+/// abandoned by all of them once any replica passed spec.stop_timeout_s after the agreement
+/// without all having it. One small exchange per slice of at most 0.1 s, so every replica
+/// takes the same decision (they then make the same exchanges and save the same steps).
+std::optional<StepResult> Run::await_together(int64_t t) {
+  std::optional<StepResult> got;
+  for (;;) {
+    if (!got) {
+      const double left = std::chrono::duration<double>(*stop_deadline_ - Clock::now()).count();
+      got = session_->wait_for(t, std::clamp(left, 0.0, 0.1));
+    }
+    const bool late = Clock::now() >= *stop_deadline_;
+    const std::vector<double> n = sum_over(replicas_.get(), {got ? 1.0 : 0.0, late ? 1.0 : 0.0});
+    if (n[0] >= double(replica_count())) return got;
+    if (n[1] > 0) return std::nullopt;
   }
 }
 
@@ -216,6 +246,8 @@ bool Run::report(int64_t t) {
   if (pending_eval_.count(t + 1)) collect_eval(t + 1, s);
   s.mfu = s.tokens_per_s * mfu_per_token_per_s_;
   s.replica = replicas_ ? replicas_->rank() : 0;
+  s.reduce_wait_s = r.reduce_wait_s;
+  reduce_wait_total_ += r.reduce_wait_s;
   if (metrics_) metrics_->write(s);
   log_scalars(s);
   if (cb_.on_step) cb_.on_step(s);
@@ -324,7 +356,7 @@ bool Run::report_through(int64_t t) {
 /// After the loop (t steps closed): reports every closed step. False when a stop request
 /// abandoned some: they did not finish within spec.stop_timeout_s of it.
 bool Run::drain(int64_t t) {
-  if (stop_.stop_requested() && reported_ < t - 1)
+  if (stopping() && reported_ < t - 1)
     spdlog::info("stop requested: finishing {} step(s) in flight (at most {:g} s)", t - 1 - reported_,
                  spec_.stop_timeout_s);
   return report_through(t - 1);
@@ -450,6 +482,7 @@ TrainResult Run::abandon(int64_t t) {
   res.steps_done = done;
   res.steps_abandoned = t - done;
   res.stopped = true;
+  res.stopped_by = stop_ranks_;
   res.metrics = metrics_ ? metrics_->path() : "";
   res.seconds = elapsed();
   res.peak_device_bytes = session_->peak_device_bytes();
@@ -462,6 +495,8 @@ TrainResult Run::abandon(int64_t t) {
 }
 
 TrainResult Run::finish(int64_t t) {
+  // replicas: a stop asked for during the last steps bounds their drain too, on all replicas
+  if (replicas_ && !stop_agreed_) stop_agreed();
   if (!drain(t)) return abandon(t);
   session_->synchronize();
   if (spec_.trace && leader()) {
@@ -473,12 +508,13 @@ TrainResult Run::finish(int64_t t) {
   res.steps_done = t;
   res.metrics = metrics_ ? metrics_->path() : "";
   res.skipped_steps = watch_.skipped_total();
-  if (stop_.stop_requested() && t < spec_.steps) {
+  if (stopping() && t < spec_.steps) {
     // the steps done become a checkpoint like a periodic one
     const bool fresh = t > start_ && !(spec_.save_every > 0 && t % spec_.save_every == 0);
     if (fresh) save(fmt::format("checkpoint-{}", t));
     else save_profile();
     res.stopped = true;
+    res.stopped_by = stop_ranks_;
     res.checkpoint = fresh ? last_checkpoint_ : std::string();
   } else {
     save("final");
@@ -502,8 +538,9 @@ TrainResult Run::execute_steps() {
     const ReplicaStats st = replicas_->stats();
     const double steps = double(res.steps_done - start_);
     spdlog::info("replicas: {} gradient sums, {:.1f} MB summed per step, {:.1f} MB sent per step by each replica, "
-                 "{:.3f} s per step with a sum in flight",
-                 st.reductions, st.bytes_reduced / steps / 1e6, st.bytes_sent / steps / 1e6, st.busy_s / steps);
+                 "{:.3f} s per step with a sum in flight, {:.3f} s per step waiting for one (not hidden by compute)",
+                 st.reductions, st.bytes_reduced / steps / 1e6, st.bytes_sent / steps / 1e6, st.busy_s / steps,
+                 reduce_wait_total_ / steps);
   }
   res.replica = replicas_ ? replicas_->rank() : 0;
   res.replicas = replica_count();
@@ -523,11 +560,21 @@ TrainResult Run::execute() {
 }
 
 /// Whether to stop before the next step. Replicas decide together (one exchange per step),
-/// so they all close the same steps: a stop seen by any of them (mpirun forwards SIGINT and
-/// SIGTERM to all) stops every one.
+/// so they all close the same steps: a stop asked of any of them (a signal to one rank, or
+/// to all) stops every one at the same step boundary; from then on the decision holds.
 bool Run::stop_agreed() {
   if (!replicas_) return stop_.stop_requested();
-  return sum_over(replicas_.get(), {stop_.stop_requested() ? 1.0 : 0.0})[0] > 0;
+  if (stop_agreed_) return true;
+  const std::vector<std::vector<double>> all = replicas_->allgather({stop_.stop_requested() ? 1.0 : 0.0});
+  for (size_t q = 0; q < all.size(); ++q)
+    if (all[q].at(0) > 0) stop_ranks_.push_back(int(q));
+  if (stop_ranks_.empty()) return false;
+  stop_agreed_ = true;
+  stop_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                      std::chrono::duration<double>(spec_.stop_timeout_s));
+  spdlog::info("stop requested on replica {}: all {} replicas stop after step {}", fmt::join(stop_ranks_, ", "),
+               replica_count(), session_->steps_closed());
+  return true;
 }
 
 }  // namespace

@@ -143,6 +143,11 @@ struct StepResult {
   /// dense models).
   double moe_aux_loss = 0;
   std::vector<double> expert_tokens;
+  /// Data-parallel replicas: seconds the pipeline waited for this step's gradient sums, the
+  /// part not hidden behind compute (from the moment a request needed a group's summed
+  /// version to the sum's end, merged over the groups; actors/reduce_wait.hpp). 0 in one
+  /// process, and for a sum nothing waited for.
+  double reduce_wait_s = 0;
 };
 
 /// The loss of one evaluation pass (Session::evaluate).

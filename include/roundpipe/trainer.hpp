@@ -68,6 +68,10 @@ struct StepReport {
   /// parameters + 6 * layers * heads * head_dim * seq_len) / (workers * 790e12, the H200's
   /// dense bf16 peak of scheduler/cost_model.hpp's DeviceModel), as bench_throughput.
   double mfu = 0;
+  /// Data-parallel replicas: seconds the step waited for its cross-replica gradient sums (the
+  /// part the overlap with backward and the next step did not hide; StepResult::reduce_wait_s),
+  /// the most of any replica. 0 in one process.
+  double reduce_wait_s = 0;
   /// Evaluation after this step (spec eval_data / eval_fraction, every eval_every steps and
   /// after the last): the mean loss over the evaluation set's target tokens, computed by
   /// forward-only passes through the pipeline with the weights the next step trains with
@@ -142,6 +146,9 @@ struct TrainResult {
   std::string sample_before, sample_after;  ///< spec.sample_prompt's answers ("" without one; before: fresh runs only)
   int replica = 0;    ///< this process's rank among data-parallel replicas (0 without them)
   int replicas = 1;   ///< replicas of the run (1: a single process)
+  /// Stopped with replicas: the ranks whose StopToken asked for the stop (a signal may reach
+  /// only one of them); every replica stopped after the same step all the same.
+  std::vector<int> stopped_by;
 };
 
 class Trainer {

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -35,13 +37,14 @@ std::string mpi_missing() {
   return "";
 }
 
-/// `mpirun -np n` (root, oversubscribed 2-core CI machines, loopback TCP only) around roundpipe.
-std::string mpirun(int n) {
+/// `mpirun -np n` (root, oversubscribed 2-core CI machines, loopback TCP only) and its options.
+std::string mpirun_options(int n) {
   return "mpirun -np " + std::to_string(n) +
          " --oversubscribe --allow-run-as-root --mca btl self,tcp --mca btl_tcp_if_include lo "
-         "--mca oob_tcp_if_include lo " +
-         std::string(RP_BUILD_DIR) + "/roundpipe ";
+         "--mca oob_tcp_if_include lo ";
 }
+/// mpirun_options(n) around roundpipe.
+std::string mpirun(int n) { return mpirun_options(n) + std::string(RP_BUILD_DIR) + "/roundpipe "; }
 
 CliRun run_cmd(const std::string& cmd, const fs::path& dir) {
   const std::string full = cmd + " > " + (dir / "out.txt").string() + " 2> " + (dir / "err.txt").string() + " < /dev/null";
@@ -73,6 +76,12 @@ std::vector<double> column(const fs::path& csv, int col) {
   return out;
 }
 std::vector<double> losses(const fs::path& csv) { return column(csv, 1); }
+std::string header(const fs::path& csv) {
+  std::ifstream f(csv);
+  std::string line;
+  std::getline(f, line);
+  return line;
+}
 
 void expect_close_weights(const fs::path& a, const fs::path& b) {
   const auto ta = rp::load_safetensors((a / "model.safetensors").string());
@@ -109,6 +118,12 @@ TEST(CliMpi, TwoAndThreeReplicasEqualOneProcess) {
     EXPECT_NE(r.out.find("on " + std::to_string(n) + " replicas"), std::string::npos) << r.out;
     const std::vector<double> ln = losses(out / "metrics.csv");  // written once, by replica 0
     ASSERT_EQ(ln.size(), l1.size()) << n;
+    // replicas add the seconds each step waited for its gradient sums as a last column
+    EXPECT_EQ(header(out / "metrics.csv"), header(d / "one/metrics.csv") + ",reduce_wait_s") << n;
+    for (double w : column(out / "metrics.csv", 14)) {
+      EXPECT_GE(w, 0.0) << n;
+      EXPECT_LT(w, 30.0) << n;
+    }
     for (size_t t = 0; t < l1.size(); ++t) EXPECT_NEAR(ln[t], l1[t], 2e-5 * std::fabs(l1[t]) + 1e-6) << n << " step " << t;
     // the global batch's target tokens and gradient norm (before clipping): the gradient is the
     // sum over every replica's passes divided by the global token count
@@ -215,8 +230,8 @@ pid_t replica_pid(int rank, const fs::path& out) {
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
     std::string cmd = slurp(e.path() / "cmdline"), env = slurp(e.path() / "environ");
     std::replace(cmd.begin(), cmd.end(), '\0', ' ');
-    if (cmd.find("roundpipe train") == std::string::npos || cmd.find(out.string()) == std::string::npos ||
-        cmd.find("mpirun") != std::string::npos)
+    // roundpipe itself, not mpirun or a shell around it
+    if (cmd.rfind(std::string(RP_BUILD_DIR) + "/roundpipe train", 0) != 0 || cmd.find(out.string()) == std::string::npos)
       continue;
     if (env.find(std::string("OMPI_COMM_WORLD_RANK=") + std::to_string(rank) + '\0') != std::string::npos)
       return pid_t(std::stoi(name));
@@ -274,6 +289,148 @@ TEST(CliMpi, HungReplicaIsNamedAfterReplicaTimeout) {
   EXPECT_NE(r.err.find("roundpipe: error: "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("replica 1 sent nothing for"), std::string::npos) << r.err;
   EXPECT_TRUE(fs::exists(d / "o/metrics.csv"));
+  fs::remove_all(d);
+}
+
+}  // namespace
+
+namespace {
+
+// ---- a graceful stop of every replica --------------------------------------------------
+
+enum class StopBy { term_to_mpirun, usr1_to_mpirun, term_to_replica_1 };
+
+/// What a stopped 2-replica job left: mpirun's exit status and output, each replica's own
+/// exit status ("replica <r> exit <status>" lines) and the seconds from the signal to the end.
+struct Stopped {
+  CliRun r;
+  std::string codes;
+  double seconds = 0;
+};
+
+/// Starts a long 2-replica run (a checkpoint every 50 steps) with each replica inside a shell
+/// that records its exit status, waits until it trained past the first checkpoint, then
+/// stops it `how`. mpirun's own SIGTERM ends the job the Open MPI way: the ranks get SIGTERM
+/// only after odls_base_sigkill_timeout seconds (8 here) and SIGKILL as long after.
+Stopped stop_job(const fs::path& d, StopBy how) {
+  tiny_model(d);
+  write(d / "data.jsonl", kData);
+  write(d / "spec.json", spec_json(d, 100000, ", \"replica_timeout_s\": 10, \"save_every\": 50"));
+  // the trap keeps the shell alive through the signal (the process group gets it) so that it
+  // records roundpipe's status
+  write(d / "rank.sh", "trap : TERM INT USR1\n\"$@\"\nrc=$?\necho \"replica $OMPI_COMM_WORLD_RANK exit $rc\" >> "
+                       "\"$RP_EXIT_CODES\"\nexit $rc\n");
+  const fs::path out = d / "o";
+  const std::string cmd = "exec " + mpirun_options(2) + "--mca odls_base_sigkill_timeout 8 -x RP_EXIT_CODES=" +
+                          (d / "codes.txt").string() + " sh " + (d / "rank.sh").string() + " " + RP_BUILD_DIR +
+                          "/roundpipe train " + (d / "spec.json").string() + " --output-dir " + out.string() +
+                          " > " + (d / "out.txt").string() + " 2> " + (d / "err.txt").string() + " < /dev/null";
+  // the test's own child: its pid is mpirun's (exec), waited for with waitpid
+  const pid_t job = ::fork();
+  if (job == 0) {
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    std::_Exit(127);
+  }
+  Stopped s;
+  EXPECT_GT(job, 0);
+  if (job <= 0) return s;
+  const auto t0 = Clock::now();
+  while (losses(out / "metrics.csv").size() < 60 && Clock::now() - t0 < std::chrono::seconds(120))
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const auto t1 = Clock::now();
+  if (how == StopBy::term_to_replica_1) {
+    const pid_t victim = replica_pid(1, out);
+    EXPECT_GT(victim, 0) << "replica 1 not found";
+    if (victim > 0) ::kill(victim, SIGTERM);
+  } else {
+    ::kill(job, how == StopBy::term_to_mpirun ? SIGTERM : SIGUSR1);
+  }
+  int status = 0;
+  while (::waitpid(job, &status, WNOHANG) == 0) {
+    if (Clock::now() - t1 > std::chrono::seconds(90)) {  // a hang: end it, and fail below
+      ::kill(job, SIGKILL);
+      ::waitpid(job, &status, 0);
+      ADD_FAILURE() << "the job did not end within 90 s of the stop";
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  s.seconds = std::chrono::duration<double>(Clock::now() - t1).count();
+  s.r = {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), slurp(d / "out.txt"), slurp(d / "err.txt")};
+  s.codes = slurp(d / "codes.txt");
+  return s;
+}
+
+/// Both replicas exited 130 after the same step N (the rows of metrics.csv); replica 0 kept
+/// every checkpoint whole, nothing half written is left, and checkpoint-N resumes (one
+/// process, two more steps).
+void expect_stopped_together(const fs::path& d, const Stopped& s, bool lines) {
+  EXPECT_NE(s.codes.find("replica 0 exit 130"), std::string::npos) << s.codes << s.r.err;
+  EXPECT_NE(s.codes.find("replica 1 exit 130"), std::string::npos) << s.codes << s.r.err;
+  const fs::path out = d / "o";
+  const size_t n = losses(out / "metrics.csv").size();
+  ASSERT_GE(n, 60u);
+  const std::string after = "interrupted after " + std::to_string(n) + " steps (stop asked of replica";
+  if (lines) {  // one closing line per replica, the same step on both
+    EXPECT_NE(s.r.err.find("roundpipe: replica 0 of 2: " + after), std::string::npos) << s.r.err;
+    EXPECT_NE(s.r.err.find("roundpipe: replica 1 of 2: " + after), std::string::npos) << s.r.err;
+    EXPECT_EQ(count(s.r.err, "interrupted after "), 2u) << s.r.err;
+  }
+  EXPECT_FALSE(fs::exists(out / "final")) << "a stopped run is not final";
+  const fs::path last = out / ("checkpoint-" + std::to_string(n));
+  ASSERT_TRUE(fs::exists(last / "model.safetensors")) << last;
+  size_t checkpoints = 0;
+  for (const auto& e : fs::directory_iterator(out)) {
+    const std::string name = e.path().filename();
+    EXPECT_EQ(name.find(".tmp"), std::string::npos) << "left half written: " << name;
+    if (name.rfind("checkpoint-", 0) != 0) continue;
+    ++checkpoints;
+    EXPECT_TRUE(fs::exists(e.path() / "model.safetensors")) << name;
+    EXPECT_TRUE(fs::exists(e.path() / "config.json")) << name;
+  }
+  EXPECT_EQ(checkpoints, n / 50 + (n % 50 != 0)) << "the periodic ones and the stop's";
+  CliRun res = roundpipe("train " + (d / "spec.json").string() + " --mpi off --steps " + std::to_string(n + 2) +
+                             " --output-dir " + (d / "resumed").string() + " --resume " + last.string(),
+                         d);
+  ASSERT_EQ(res.code, 0) << res.err;
+  EXPECT_EQ(losses(d / "resumed/metrics.csv").size(), 2u) << "steps " << n + 1 << " and " << n + 2;
+  EXPECT_TRUE(fs::exists(d / "resumed/final/model.safetensors"));
+}
+
+// SIGTERM to one replica only (a scheduler or a person signalling one process): the others
+// learn of it at the next step's close and all stop there.
+TEST(CliMpi, SigtermToOneReplicaStopsEveryReplicaAfterTheSameStep) {
+  if (const std::string why = mpi_missing(); !why.empty()) GTEST_SKIP() << why;
+  auto d = tmpdir();
+  const Stopped s = stop_job(d, StopBy::term_to_replica_1);
+  EXPECT_EQ(s.r.code, 130) << s.r.err;  // mpirun passes on the ranks' status
+  EXPECT_LT(s.seconds, 30) << s.r.err;
+  EXPECT_NE(s.r.err.find("stop asked of replica 1;"), std::string::npos) << s.r.err;
+  expect_stopped_together(d, s, /*lines=*/true);
+  fs::remove_all(d);
+}
+
+// SIGUSR1 to mpirun: Open MPI forwards it to every rank at once and leaves the job alone.
+TEST(CliMpi, Sigusr1ToMpirunStopsEveryReplicaAfterTheSameStep) {
+  if (const std::string why = mpi_missing(); !why.empty()) GTEST_SKIP() << why;
+  auto d = tmpdir();
+  const Stopped s = stop_job(d, StopBy::usr1_to_mpirun);
+  EXPECT_EQ(s.r.code, 130) << s.r.err;
+  EXPECT_LT(s.seconds, 30) << s.r.err;
+  expect_stopped_together(d, s, /*lines=*/true);
+  fs::remove_all(d);
+}
+
+// SIGTERM to mpirun (Ctrl-C on it likewise): Open MPI ends the job itself, stops forwarding
+// the ranks' output and exits 1 whatever they return; the ranks get SIGTERM after
+// odls_base_sigkill_timeout seconds and still stop together, keep the checkpoints and exit 130.
+TEST(CliMpi, SigtermToMpirunStopsEveryReplicaAfterTheSameStep) {
+  if (const std::string why = mpi_missing(); !why.empty()) GTEST_SKIP() << why;
+  auto d = tmpdir();
+  const Stopped s = stop_job(d, StopBy::term_to_mpirun);
+  EXPECT_NE(s.r.code, 0) << s.r.err;
+  EXPECT_LT(s.seconds, 60) << s.r.err;
+  expect_stopped_together(d, s, /*lines=*/false);
   fs::remove_all(d);
 }
 
