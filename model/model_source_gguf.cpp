@@ -27,15 +27,16 @@ void add_expert_stack(const GgufFile& f, const GgufTensorInfo& t, ModelSource::I
                       const std::string& suffix) {
   const std::vector<int64_t> shape = t.shape();
   const int64_t E = s.header.config.num_experts;
-  if (E <= 0 || shape.size() != 3 || shape[0] != E)
-    fail(f.path(), fmt::format("tensor '{}': expected 3-D [num_experts = {}, rows, cols], got [{}]", t.name, E,
-                               fmt::join(shape, ", ")));
+  const bool bias = suffix.size() >= 5 && suffix.compare(suffix.size() - 5, 5, ".bias") == 0;
+  if (E <= 0 || shape.size() != (bias ? 2u : 3u) || shape[0] != E)
+    fail(f.path(), fmt::format("tensor '{}': expected {} [num_experts = {}, {}], got [{}]", t.name, bias ? "2-D" : "3-D",
+                               E, bias ? "n" : "rows, cols", fmt::join(shape, ", ")));
   f.check_dequantizable(t);
   for (int64_t e = 0; e < E; ++e) {
     const std::string hf = prefix + std::to_string(e) + suffix;
     if (s.tensors.count(hf)) fail(f.path(), fmt::format("tensor '{}' appears twice", t.name));
     Loc l;
-    l.shape = {shape[1], shape[2]};
+    l.shape.assign(shape.begin() + 1, shape.end());
     l.gguf = &t;
     l.expert = e;
     s.tensors.emplace(hf, std::move(l));
@@ -64,6 +65,7 @@ void open_gguf_source(const std::string& path, ModelSource::Impl& s) {
   s.gguf = std::make_unique<GgufFile>(path);
   const GgufFile& f = *s.gguf;
   s.header.config = config_from_gguf(f);  // checks the sizes against the file's size
+  const std::string arch = f.get_string("general.architecture");
   for (const auto& t : f.tensors()) {
     if (t.name == "rope_freqs.weight") continue;  // folded into config.rope_scaling
     std::string prefix, suffix;
@@ -71,7 +73,7 @@ void open_gguf_source(const std::string& path, ModelSource::Impl& s) {
       add_expert_stack(f, t, s, prefix, suffix);
       continue;
     }
-    const std::string hf = gguf_to_hf_name(t.name);
+    const std::string hf = gguf_to_hf_name(t.name, arch);
     if (hf.empty()) fail(path, fmt::format("unexpected tensor '{}' (no Hugging Face equivalent)", t.name));
     if (s.tensors.count(hf)) fail(path, fmt::format("tensor '{}' appears twice", t.name));
     f.check_dequantizable(t);
@@ -111,7 +113,8 @@ bool gguf_read_stored(const GgufFile& f, const Loc& l, WeightFormat fmt, void* d
                     (t == GgmlType::F16 && fmt == WeightFormat::f16) ||
                     (t == GgmlType::BF16 && fmt == WeightFormat::bf16) ||
                     (t == GgmlType::Q8_0 && fmt == WeightFormat::q8_0) ||
-                    (t == GgmlType::Q4_0 && fmt == WeightFormat::q4_0);
+                    (t == GgmlType::Q4_0 && fmt == WeightFormat::q4_0) ||
+                    (t == GgmlType::MXFP4 && fmt == WeightFormat::mxfp4);
   if (!same) return false;
   int64_t be = 0, bb = 0;
   const uint8_t* p = bytes_of(f, l, be, bb);
