@@ -111,6 +111,17 @@ TEST(IoGgufGptOss, Mxfp4FileEqualsTheHfCheckpoints) {
   expect_same_tensors(g, load_model(kHf));  // the bf16 checkpoint holds the same values
 }
 
+// `roundpipe convert`: the GGUF written as a Hugging Face folder (stacked, interleaved
+// gate_up_proj as transformers saves it) loads to the same model.
+TEST(IoGgufGptOss, ConvertsToAnEqualHfFolder) {
+  test::TempDir dir("gguf_oss_conv");
+  convert_gguf_to_hf(kMxfp4, dir / "hf", DType::f32);
+  const LoadedModel hf = load_model(kHf), c = load_model(dir / "hf");
+  EXPECT_EQ(c.config.layer_types, hf.config.layer_types);
+  EXPECT_EQ(c.config.rope_scaling.truncate, hf.config.rope_scaling.truncate);
+  expect_same_tensors(c, hf);
+}
+
 /// The frozen storage of every base group of `path` with base format `base`, and how many
 /// tensors were copied as stored.
 std::vector<std::vector<uint8_t>> frozen_storage(const std::string& path, WeightFormat base, int64_t& stored,
