@@ -149,7 +149,10 @@ std::string hf_to_gguf_name(const std::string& hf, const std::string& arch = "")
 /// [num_experts, F] / [num_experts, H]. Returns true and sets `prefix` =
 /// "model.layers.N.mlp.experts." and `suffix` = ".gate_proj.weight" (".up_proj.weight",
 /// ".down_proj.weight", ".gate_proj.bias", ...), so slice e is the Hugging Face tensor
-/// prefix + e + suffix; false for any other name.
+/// prefix + e + suffix; false for any other name. llama.cpp's fused stacks
+/// "blk.N.ffn_gate_up_exps.{weight,bias}" ([E, 2F, H] / [E, 2F]: expert e's gate rows, then
+/// its up rows) give suffix ".gate_up_proj.weight" / ".gate_up_proj.bias": slice e is then
+/// gate_proj (rows [0, F)) and up_proj (rows [F, 2F)) of expert e.
 bool gguf_expert_stack_name(const std::string& gguf_name, std::string& prefix, std::string& suffix);
 
 /// Undoes llama.cpp's convert_hf_to_gguf.py permute() of LLaMA q_proj / k_proj rows, in place.

@@ -69,6 +69,10 @@ constexpr NamePair kExperts[] = {
     {"ffn_gate_exps.bias", ".gate_proj.bias"},  // GPT-OSS's expert biases, [E, F] / [E, H]
     {"ffn_up_exps.bias", ".up_proj.bias"},
     {"ffn_down_exps.bias", ".down_proj.bias"},
+    // llama.cpp's fused gate and up stacks (convert_hf_to_gguf.py --fuse-gate-up-exps):
+    // [E, 2F, H] / [E, 2F], each expert's gate rows first, then its up rows
+    {"ffn_gate_up_exps.weight", ".gate_up_proj.weight"},
+    {"ffn_gate_up_exps.bias", ".gate_up_proj.bias"},
 };
 
 }  // namespace

@@ -34,6 +34,7 @@ struct ModelSource::Impl {
     const SafetensorsEntry* entry = nullptr;
     const GgufTensorInfo* gguf = nullptr;
     int64_t expert = -1;         ///< GGUF stacked experts: the slice [expert] of a 3-D tensor
+    int64_t row0 = 0;            ///< GGUF fused gate/up stack: first row of the part in the slice
     int64_t permute_heads = 0;   ///< GGUF LLaMA q/k: llama.cpp's row permutation to undo
     const HostTensor* mem = nullptr;
     std::optional<OssSlice> oss;

@@ -34,7 +34,8 @@ struct LoadedModel {
 
 /// Loads `path`: a .gguf file (llama, qwen3, qwen3moe or gpt-oss architecture; quantized
 /// tensors dequantized to fp32, LLaMA q/k rows un-permuted back to HF's rotate-half order,
-/// stacked experts split per expert, tokenizer.json rebuilt from tokenizer.ggml.* when it is byte-level BPE, else null) or a Hugging Face folder
+/// stacked experts split per expert, tokenizer.json rebuilt from tokenizer.ggml.* when it is
+/// byte-level BPE, else null) or a Hugging Face folder
 /// (config.json, model.safetensors or model.safetensors.index.json + shards; tokenizer.json
 /// and the chat_template of tokenizer_config.json or chat_template.jinja when present).
 /// Every tensor of make_layout(config) must be present with the right shape; unknown extra

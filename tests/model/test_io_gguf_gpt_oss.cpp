@@ -27,6 +27,7 @@ namespace {
 const std::string kDir = std::string(RP_FIXTURES_DIR) + "/gguf_gpt_oss/";
 const std::string kBf16 = kDir + "tiny_gpt_oss.bf16.gguf";
 const std::string kMxfp4 = kDir + "tiny_gpt_oss.mxfp4.gguf";
+const std::string kFused = kDir + "tiny_gpt_oss.mxfp4_fused.gguf";
 const std::string kHf = std::string(RP_FIXTURES_DIR) + "/hf_gpt_oss/tiny_gpt_oss";
 const std::string kHfMxfp4 = std::string(RP_FIXTURES_DIR) + "/hf_gpt_oss/tiny_gpt_oss_mxfp4";
 
@@ -174,6 +175,28 @@ TEST(IoGgufGptOss, FrozenMxfp4ExpertsAreTheFileBlocks) {
     }
     EXPECT_EQ(x, y) << grp.name;
   }
+}
+
+// llama.cpp's fused gate/up stacks (each expert's gate rows, then its up rows): the same
+// model, and the same frozen bytes, as the split stacks.
+TEST(IoGgufGptOss, FusedGateUpStacksEqualTheSplitOnes) {
+  {
+    GgufFile f(kFused);
+    const GgufTensorInfo* gu = f.find("blk.2.ffn_gate_up_exps.weight");
+    ASSERT_NE(gu, nullptr);
+    EXPECT_EQ(gu->shape(), (std::vector<int64_t>{4, 64, 64}));  // [E, 2F, H]
+    EXPECT_EQ(f.find("blk.2.ffn_gate_up_exps.bias")->shape(), (std::vector<int64_t>{4, 64}));
+    EXPECT_EQ(f.find("blk.2.ffn_gate_exps.weight"), nullptr);
+  }
+  const LoadedModel hf = load_model(kHf), g = load_model(kFused);
+  expect_same_config(g.config, hf.config);
+  expect_same_tensors(g, hf);
+  int64_t fused = 0, split = 0;
+  EXPECT_EQ(frozen_storage(kFused, WeightFormat::mxfp4, fused), frozen_storage(kMxfp4, WeightFormat::mxfp4, split));
+  EXPECT_EQ(fused, split);
+  std::string pre, suf;
+  ASSERT_TRUE(gguf_expert_stack_name("blk.2.ffn_gate_up_exps.bias", pre, suf));
+  EXPECT_EQ(pre + "0" + suf, "model.layers.2.mlp.experts.0.gate_up_proj.bias");
 }
 
 // The HF checkpoint's MXFP4 experts copied into mxfp4 storage directly hold the weights the
