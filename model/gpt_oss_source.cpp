@@ -114,7 +114,6 @@ void gpt_oss_hf_expert_slices(ModelSource::Impl& s, const std::string& where) {
   const int64_t E = c.num_experts, H = c.hidden_size, F = c.moe_intermediate_size;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = fmt::format("model.layers.{}.mlp.experts.", l);
-    // {source, layout suffix, part, layout shape}
     const Source gu = projection(s, p + "gate_up_proj", E, 2 * F, H, where);
     const Source down = projection(s, p + "down_proj", E, H, F, where);
     Source gub, db;
@@ -122,7 +121,7 @@ void gpt_oss_hf_expert_slices(ModelSource::Impl& s, const std::string& where) {
     gub.proto.file = gb.file, gub.proto.data = gb.entry, gub.used = {p + "gate_up_proj_bias"};
     const auto& dbw = stacked(s, p + "down_proj_bias", {E, H}, where);
     db.proto.file = dbw.file, db.proto.data = dbw.entry, db.used = {p + "down_proj_bias"};
-    struct Out {
+    struct Out {  // a layout tensor of each expert: its stack, name, part and shape
       const Source* src;
       const char* suffix;
       int part;

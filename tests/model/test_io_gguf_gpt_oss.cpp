@@ -18,6 +18,8 @@
 #include "model/gguf.hpp"
 #include "model/gpt_oss_hf.hpp"
 #include "model/safetensors.hpp"
+#include "model/tokenizer_export.hpp"
+#include "data/pretokenizer.hpp"
 #include "roundpipe/model_source.hpp"
 #include "test_io_util.hpp"
 
@@ -325,6 +327,28 @@ TEST(IoGgufGptOss, ConfigKeysAndErrors) {
   EXPECT_NE(load_error(without("gpt-oss.expert_count")).find("'gpt-oss.expert_count'"), std::string::npos);
   // the experts' width falls back to feed_forward_length, which the converter writes equal
   EXPECT_EQ(load_model(without("gpt-oss.expert_feed_forward_length")).config.moe_intermediate_size, 32);
+}
+
+// GPT-OSS's tokenizer in a GGUF (tokenizer.ggml.pre "gpt-4o", o200k): pieces as
+// transformers' GGUF tokenizer mapping (_GPT4O_SPLIT, Python's regex module) cuts this text.
+TEST(IoGgufGptOss, O200kPreTokenizer) {
+  test::TempDir dir("gguf_oss_tok");
+  test::GgufBuilder g;
+  g.str("tokenizer.ggml.model", "gpt2");
+  g.str("tokenizer.ggml.pre", "gpt-4o");
+  g.str_array("tokenizer.ggml.tokens", {"a", "b", "ab"});
+  g.str_array("tokenizer.ggml.merges", {"a b"});
+  test::write_bytes(dir / "t.gguf", g.build());
+  const nlohmann::json j = tokenizer_json_from_gguf(GgufFile(dir / "t.gguf"));
+  EXPECT_EQ(j["pre_tokenizer"]["pretokenizers"][1]["use_regex"], false);
+  const PreTokenizer pt = PreTokenizer::from_json(j["pre_tokenizer"], "t.gguf");
+  const std::string text = "HELLOworld'S CamelCase 1234567 don't!!\n\n  x\u00e9t\u00e9 /path/\n";
+  std::vector<Piece> pieces;
+  pt.split(text, 0, pieces);
+  std::vector<std::string> got;
+  for (const Piece& p : pieces) got.push_back(text.substr(p.off, p.len));
+  EXPECT_EQ(got, (std::vector<std::string>{"HELLOworld'S", " Camel", "Case", " ", "123", "456", "7", " don't",
+                                           "!!\n\n", " ", " x\u00e9t\u00e9", " /", "path", "/\n"}));
 }
 
 TEST(IoGgufGptOss, NameMapping) {
