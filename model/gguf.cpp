@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "kernels/dtype.hpp"
+#include "kernels/weight_format.hpp"
 
 namespace rp {
 
@@ -43,6 +44,7 @@ constexpr TypeInfo kTypes[] = {
     {GgmlType::Q8_K, "Q8_K", 256, 292},  {GgmlType::I8, "I8", 1, 1},
     {GgmlType::I16, "I16", 1, 2},        {GgmlType::I32, "I32", 1, 4},
     {GgmlType::I64, "I64", 1, 8},        {GgmlType::F64, "F64", 1, 8},
+    {GgmlType::MXFP4, "MXFP4", 32, 17},
 };
 
 const TypeInfo* type_info(uint32_t type) {
@@ -70,7 +72,7 @@ bool ggml_can_dequantize(uint32_t type) {
   switch (GgmlType(type)) {
     case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: case GgmlType::Q4_0:
     case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::Q8_0:
-    case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K:
+    case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K: case GgmlType::MXFP4:
       return true;
     default:
       return false;
@@ -224,6 +226,9 @@ void dequantize_ggml(uint32_t type, const void* src_v, float* y, int64_t n) {
           }
         }
       }
+      return;
+    case GgmlType::MXFP4:  // ggml's block_mxfp4 is WeightFormat::mxfp4 (kernels/weight_format.hpp)
+      dequantize_weights(WeightFormat::mxfp4, s, y, n);
       return;
     default:
       break;

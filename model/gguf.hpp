@@ -24,6 +24,7 @@ enum class GgmlType : uint32_t {
   F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q8_1 = 9,
   Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q8_K = 15,
   I8 = 24, I16 = 25, I32 = 26, I64 = 27, F64 = 28, BF16 = 30,
+  MXFP4 = 39,  ///< block_mxfp4 {u8 e; u8 qs[16]}: the layout of WeightFormat::mxfp4
 };
 
 /// "F32", "Q4_1", ... or "type<N>" for a number we do not know.
@@ -31,7 +32,7 @@ std::string ggml_type_name(uint32_t type);
 /// Elements per block and bytes per block of `type`; false when the type is unknown.
 bool ggml_type_block(uint32_t type, int64_t& block_elems, int64_t& block_bytes);
 /// True when dequantize_ggml() handles `type` (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-/// Q4_K, Q6_K).
+/// Q4_K, Q5_K, Q6_K, MXFP4).
 bool ggml_can_dequantize(uint32_t type);
 /// Dequantizes `n` elements (a multiple of the type's block size) from ggml's block layout in
 /// `src` into fp32 `dst`. Throws std::invalid_argument for unsupported types or a bad `n`.
@@ -97,8 +98,9 @@ class GgufFile {
   std::vector<GgufTensorInfo> tensors_;
 };
 
-/// ModelConfig from the metadata of a "llama", "qwen3" or "qwen3moe" GGUF
-/// (general.architecture; "qwen3moe" becomes architecture "qwen3_moe").
+/// ModelConfig from the metadata of a "llama", "qwen3", "qwen3moe" or "gpt-oss" GGUF
+/// (general.architecture; "qwen3moe" becomes architecture "qwen3_moe", "gpt-oss" "gpt_oss":
+/// see gpt_oss_config_from_gguf).
 /// tie_word_embeddings is true when there is no output.weight. A llama3 rope_freqs.weight
 /// tensor is recognised (factor taken from it, other llama3 parameters at Llama-3.1 defaults,
 /// checked against the tensor). "qwen3moe" (llama.cpp's Qwen3-MoE): every decoder layer is
@@ -107,21 +109,50 @@ class GgufFile {
 /// feed_forward_length / expert_used_count) give num_experts, num_experts_per_tok and
 /// moe_intermediate_size; feed_forward_length (intermediate_size) may be absent;
 /// norm_topk_prob is true (llama.cpp always renormalises the top-k weights of this
-/// architecture). Throws std::runtime_error("<file>: <what>"), naming the metadata key.
+/// architecture). rope.scaling.type "yarn" reads factor, original_context_length,
+/// yarn_beta_fast / yarn_beta_slow (default 32 / 1) and yarn_attn_factor (transformers'
+/// attention_factor, which convert_hf_to_gguf.py copies there; default: derived). Throws std::runtime_error("<file>: <what>"), naming the metadata key.
 ModelConfig config_from_gguf(const GgufFile& f);
+
+/// The GPT-OSS part of config_from_gguf for a "gpt-oss" file (llama.cpp's LLM_ARCH_OPENAI_MOE,
+/// written by convert_hf_to_gguf.py's GptOssModel), `p` = "gpt-oss.":
+///   num_experts = expert_count, num_experts_per_tok = expert_used_count (in [1, E]),
+///   moe_intermediate_size = intermediate_size = expert_feed_forward_length (else
+///   feed_forward_length, which the converter writes with the same value), sliding_window =
+///   attention.sliding_window (required, >= 1), layer_types alternating from a sliding layer
+///   0 (llama.cpp's set_swa_pattern(2): even layers slide, as GptOssConfig's default),
+///   attention_bias, attention_sinks and norm_topk_prob true (llama.cpp softmaxes the top-k
+///   logits), qk_norm false, swiglu_alpha 1.702 / swiglu_limit 7 (llama.cpp's constants; no
+///   key carries them), YaRN untruncated (GPT-OSS's RoPE: rope_scaling.truncate false),
+///   rms_norm_eps default 1e-5, rope_theta default 150000, and the training-only
+///   router_aux_loss_coef 0.001 / output_router_logits false of GptOssConfig. Throws
+///   std::runtime_error("<file>: metadata '<key>': ...") on one line.
+void gpt_oss_config_from_gguf(const GgufFile& f, ModelConfig& c);
 
 /// Hugging Face name of a GGUF tensor ("blk.3.attn_q.weight" ->
 /// "model.layers.3.self_attn.q_proj.weight", "blk.3.ffn_gate_inp.weight" ->
 /// "model.layers.3.mlp.gate.weight"), or "" when the name is not a known one (the stacked
-/// expert tensors below included).
-std::string gguf_to_hf_name(const std::string& gguf_name);
+/// expert tensors below included). `arch` is the file's general.architecture; "gpt-oss" adds
+/// GPT-OSS's names: attn_{q,k,v,output}.bias -> self_attn.{q,k,v,o}_proj.bias,
+/// attn_sinks.weight -> self_attn.sinks, post_attention_norm.weight ->
+/// post_attention_layernorm.weight, ffn_gate_inp.{weight,bias} -> mlp.router.{weight,bias}.
+std::string gguf_to_hf_name(const std::string& gguf_name, const std::string& arch = "");
+/// The GGUF tensor that holds Hugging Face tensor `hf` in a file of architecture `arch`
+/// (gguf_to_hf_name's inverse; a per-expert tensor "model.layers.N.mlp.experts.<e>.up_proj.weight"
+/// gives its stack "blk.N.ffn_up_exps.weight"), or "" when there is none. For error messages.
+std::string hf_to_gguf_name(const std::string& hf, const std::string& arch = "");
 
 /// Stacked expert tensors of a sparse layer: "blk.N.ffn_{gate,up,down}_exps.weight", row-major
 /// [num_experts, F, H] (gate, up) or [num_experts, H, F] (down), i.e. GGUF ne = {H, F, E} /
 /// {F, H, E} (llama.cpp's convert_hf_to_gguf.py stacks the Hugging Face per-expert matrices
-/// along a new first axis). Returns true and sets `prefix` = "model.layers.N.mlp.experts." and
-/// `suffix` = ".gate_proj.weight" (".up_proj.weight", ".down_proj.weight"), so slice e is the
-/// Hugging Face tensor prefix + e + suffix; false for any other name.
+/// along a new first axis); GPT-OSS's expert biases "blk.N.ffn_{gate,up,down}_exps.bias",
+/// [num_experts, F] / [num_experts, H]. Returns true and sets `prefix` =
+/// "model.layers.N.mlp.experts." and `suffix` = ".gate_proj.weight" (".up_proj.weight",
+/// ".down_proj.weight", ".gate_proj.bias", ...), so slice e is the Hugging Face tensor
+/// prefix + e + suffix; false for any other name. llama.cpp's fused stacks
+/// "blk.N.ffn_gate_up_exps.{weight,bias}" ([E, 2F, H] / [E, 2F]: expert e's gate rows, then
+/// its up rows) give suffix ".gate_up_proj.weight" / ".gate_up_proj.bias": slice e is then
+/// gate_proj (rows [0, F)) and up_proj (rows [F, 2F)) of expert e.
 bool gguf_expert_stack_name(const std::string& gguf_name, std::string& prefix, std::string& suffix);
 
 /// Undoes llama.cpp's convert_hf_to_gguf.py permute() of LLaMA q_proj / k_proj rows, in place.

@@ -1,5 +1,6 @@
 // GGUF -> Hugging Face: tensor names, llama.cpp's q/k row permutation and the ModelConfig of
-// "llama", "qwen3" and "qwen3moe" files (the container itself is read by model/gguf.cpp).
+// "llama", "qwen3", "qwen3moe" and "gpt-oss" files (GPT-OSS's own keys:
+// model/gguf_gpt_oss.cpp; the container itself is read by model/gguf.cpp).
 #include "model/gguf.hpp"
 #include "model/error_text.hpp"
 
@@ -26,46 +27,98 @@ bool split_block_name(const std::string& n, std::string& layer, std::string& res
   return true;
 }
 
+using NamePair = std::pair<const char*, const char*>;  // {GGUF name, Hugging Face name}
+
+constexpr NamePair kTop[] = {
+    {"token_embd.weight", "model.embed_tokens.weight"},
+    {"output_norm.weight", "model.norm.weight"},
+    {"output.weight", "lm_head.weight"},
+};
+// inside "blk.<i>." / "model.layers.<i>."
+constexpr NamePair kBlock[] = {
+    {"attn_norm.weight", "input_layernorm.weight"},
+    {"attn_q.weight", "self_attn.q_proj.weight"},
+    {"attn_k.weight", "self_attn.k_proj.weight"},
+    {"attn_v.weight", "self_attn.v_proj.weight"},
+    {"attn_output.weight", "self_attn.o_proj.weight"},
+    {"attn_q_norm.weight", "self_attn.q_norm.weight"},
+    {"attn_k_norm.weight", "self_attn.k_norm.weight"},
+    {"ffn_norm.weight", "post_attention_layernorm.weight"},
+    {"ffn_gate.weight", "mlp.gate_proj.weight"},
+    {"ffn_up.weight", "mlp.up_proj.weight"},
+    {"ffn_down.weight", "mlp.down_proj.weight"},
+    {"ffn_gate_inp.weight", "mlp.gate.weight"},  // the router of a sparse layer
+};
+// "gpt-oss" files: projection biases, sinks, its name of the second norm; GptOssForCausalLM
+// calls its router mlp.router (looked up before kBlock)
+constexpr NamePair kGptOss[] = {
+    {"attn_q.bias", "self_attn.q_proj.bias"},
+    {"attn_k.bias", "self_attn.k_proj.bias"},
+    {"attn_v.bias", "self_attn.v_proj.bias"},
+    {"attn_output.bias", "self_attn.o_proj.bias"},
+    {"attn_sinks.weight", "self_attn.sinks"},
+    {"post_attention_norm.weight", "post_attention_layernorm.weight"},
+    {"ffn_gate_inp.weight", "mlp.router.weight"},
+    {"ffn_gate_inp.bias", "mlp.router.bias"},
+};
+// stacked experts: {GGUF name in the block, suffix of the per-expert Hugging Face name}
+constexpr NamePair kExperts[] = {
+    {"ffn_gate_exps.weight", ".gate_proj.weight"},
+    {"ffn_up_exps.weight", ".up_proj.weight"},
+    {"ffn_down_exps.weight", ".down_proj.weight"},
+    {"ffn_gate_exps.bias", ".gate_proj.bias"},  // GPT-OSS's expert biases, [E, F] / [E, H]
+    {"ffn_up_exps.bias", ".up_proj.bias"},
+    {"ffn_down_exps.bias", ".down_proj.bias"},
+    // llama.cpp's fused gate and up stacks (convert_hf_to_gguf.py --fuse-gate-up-exps):
+    // [E, 2F, H] / [E, 2F], each expert's gate rows first, then its up rows
+    {"ffn_gate_up_exps.weight", ".gate_up_proj.weight"},
+    {"ffn_gate_up_exps.bias", ".gate_up_proj.bias"},
+};
+
 }  // namespace
 
-std::string gguf_to_hf_name(const std::string& n) {
-  static const std::pair<const char*, const char*> top[] = {
-      {"token_embd.weight", "model.embed_tokens.weight"},
-      {"output_norm.weight", "model.norm.weight"},
-      {"output.weight", "lm_head.weight"},
-  };
-  for (auto [g, h] : top)
+std::string gguf_to_hf_name(const std::string& n, const std::string& arch) {
+  for (auto [g, h] : kTop)
     if (n == g) return h;
   std::string layer, rest;
   if (!split_block_name(n, layer, rest)) return "";
-  static const std::pair<const char*, const char*> blk[] = {
-      {"attn_norm.weight", "input_layernorm.weight"},
-      {"attn_q.weight", "self_attn.q_proj.weight"},
-      {"attn_k.weight", "self_attn.k_proj.weight"},
-      {"attn_v.weight", "self_attn.v_proj.weight"},
-      {"attn_output.weight", "self_attn.o_proj.weight"},
-      {"attn_q_norm.weight", "self_attn.q_norm.weight"},
-      {"attn_k_norm.weight", "self_attn.k_norm.weight"},
-      {"ffn_norm.weight", "post_attention_layernorm.weight"},
-      {"ffn_gate.weight", "mlp.gate_proj.weight"},
-      {"ffn_up.weight", "mlp.up_proj.weight"},
-      {"ffn_down.weight", "mlp.down_proj.weight"},
-      {"ffn_gate_inp.weight", "mlp.gate.weight"},  // the router of a sparse layer
-  };
-  for (auto [g, h] : blk)
+  if (arch == "gpt-oss")
+    for (auto [g, h] : kGptOss)
+      if (rest == g) return layer + h;
+  for (auto [g, h] : kBlock)
     if (rest == g) return layer + h;
   return "";
 }
 
+std::string hf_to_gguf_name(const std::string& hf, const std::string& arch) {
+  for (auto [g, h] : kTop)
+    if (hf == h) return g;
+  const std::string pre = "model.layers.";
+  if (hf.rfind(pre, 0) != 0) return "";
+  const size_t dot = hf.find('.', pre.size());
+  if (dot == std::string::npos) return "";
+  const std::string blk = "blk." + hf.substr(pre.size(), dot - pre.size()) + ".";
+  const std::string rest = hf.substr(dot + 1);
+  const std::string ex = "mlp.experts.";
+  if (rest.rfind(ex, 0) == 0) {  // mlp.experts.<e><suffix>
+    const size_t d2 = rest.find('.', ex.size());
+    if (d2 != std::string::npos)
+      for (auto [g, h] : kExperts)
+        if (rest.compare(d2, std::string::npos, h) == 0) return blk + g;
+    return "";
+  }
+  if (arch == "gpt-oss")
+    for (auto [g, h] : kGptOss)
+      if (rest == h) return blk + g;
+  for (auto [g, h] : kBlock)
+    if (rest == h) return blk + g;
+  return "";
+}
+
 bool gguf_expert_stack_name(const std::string& n, std::string& prefix, std::string& suffix) {
-  static const std::pair<const char*, const char*> exps[] = {
-      {"ffn_gate_exps.weight", ".gate_proj.weight"},
-      {"ffn_up_exps.weight", ".up_proj.weight"},
-      {"ffn_down_exps.weight", ".down_proj.weight"},
-  };
   std::string layer, rest;
   if (!split_block_name(n, layer, rest)) return false;
-  for (auto [g, h] : exps)
+  for (auto [g, h] : kExperts)
     if (rest == g) {
       prefix = layer + "mlp.experts.";
       suffix = h;
@@ -148,17 +201,18 @@ ModelConfig config_from_gguf(const GgufFile& f) {
   };
   ModelConfig c;
   const std::string arch = f.get_string("general.architecture");
-  if (arch != "llama" && arch != "qwen3" && arch != "qwen3moe")
-    fail(fmt::format("general.architecture '{}' is not supported (llama, qwen3, qwen3moe)", arch));
-  const bool moe = arch == "qwen3moe";
-  c.architecture = moe ? "qwen3_moe" : arch;
+  if (arch != "llama" && arch != "qwen3" && arch != "qwen3moe" && arch != "gpt-oss")
+    fail(fmt::format("general.architecture '{}' is not supported (llama, qwen3, qwen3moe, gpt-oss)", arch));
+  const bool moe = arch == "qwen3moe", oss = arch == "gpt-oss";
+  c.architecture = moe ? "qwen3_moe" : oss ? "gpt_oss" : arch;
   const std::string p = arch + ".";
   auto opt_int = [&](const std::string& k, int64_t def) { return f.has(k) ? f.get_int(k) : def; };
   auto opt_float = [&](const std::string& k, double def) { return f.has(k) ? f.get_float(k) : def; };
   c.num_hidden_layers = f.get_int(p + "block_count");
   c.hidden_size = f.get_int(p + "embedding_length");
-  // every qwen3moe layer is sparse: the dense width is unused and may be absent
-  c.intermediate_size = moe ? opt_int(p + "feed_forward_length", 0) : f.get_int(p + "feed_forward_length");
+  // every qwen3moe / gpt-oss layer is sparse: the dense width is unused and may be absent
+  c.intermediate_size =
+      moe || oss ? opt_int(p + "feed_forward_length", 0) : f.get_int(p + "feed_forward_length");
   if (moe) moe_config_from_gguf(f, p, c);
   c.num_attention_heads = f.get_int(p + "attention.head_count");
   c.num_key_value_heads = opt_int(p + "attention.head_count_kv", c.num_attention_heads);
@@ -166,10 +220,10 @@ ModelConfig config_from_gguf(const GgufFile& f) {
   c.head_dim = opt_int(p + "attention.key_length", c.hidden_size / c.num_attention_heads);
   if (opt_int(p + "attention.value_length", c.head_dim) != c.head_dim)
     fail(p + "attention.value_length != key_length is not supported");
-  c.rms_norm_eps = opt_float(p + "attention.layer_norm_rms_epsilon", 1e-6);
-  c.rope_theta = opt_float(p + "rope.freq_base", 10000.0);
+  c.rms_norm_eps = opt_float(p + "attention.layer_norm_rms_epsilon", oss ? 1e-5 : 1e-6);
+  c.rope_theta = opt_float(p + "rope.freq_base", oss ? 150000.0 : 10000.0);
   c.max_position_embeddings = opt_int(p + "context_length", 2048);
-  c.qk_norm = arch != "llama";
+  c.qk_norm = arch == "qwen3" || moe;
   const GgufTensorInfo* emb = f.find("token_embd.weight");
   if (!emb) fail("missing tensor 'token_embd.weight'");
   if (emb->ne.size() != 2) fail("tensor 'token_embd.weight' is not 2-D");
@@ -189,6 +243,7 @@ ModelConfig config_from_gguf(const GgufFile& f) {
     if (st == "yarn") {
       c.rope_scaling.beta_fast = opt_float(p + "rope.scaling.yarn_beta_fast", 32.0);
       c.rope_scaling.beta_slow = opt_float(p + "rope.scaling.yarn_beta_slow", 1.0);
+      c.rope_scaling.attention_factor = opt_float(p + "rope.scaling.yarn_attn_factor", 0.0);
     }
   } else if (st != "none") {
     fail(fmt::format("{}rope.scaling.type '{}' is not supported (none, linear, yarn)", p, st));
@@ -225,6 +280,7 @@ ModelConfig config_from_gguf(const GgufFile& f) {
     }
     c.rope_scaling = rs;
   }
+  if (oss) gpt_oss_config_from_gguf(f, c);
   try {
     c.validate();
   } catch (const std::invalid_argument& e) {

@@ -15,7 +15,7 @@
 #include "kernels/weight_format.hpp"
 #include "model/config.hpp"
 #include "model/error_text.hpp"
-#include "model/gpt_oss_hf.hpp"
+#include "model/gguf.hpp"
 #include "model/layout.hpp"
 #include "model/model_source_impl.hpp"
 
@@ -53,6 +53,12 @@ bool ends_with(const std::string& s, const std::string& suf) {
 
 HostTensor read_loc(const ModelSource::Impl& s, const Loc& l) {
   if (l.mem) return *l.mem;
+  if (l.oss) {
+    HostTensor t;
+    t.shape = l.shape;
+    t.data = gpt_oss_read_f32(*l.oss, l.shape);
+    return t;
+  }
   if (l.st) {
     HostTensor t = l.st->read_f32(*l.entry);
     l.st->release(*l.entry);
@@ -83,16 +89,27 @@ bool same_values(const ModelSource::Impl& s, const Loc& a, const Loc& b) {
 /// equal to the embedding (then dropped), rotary inv_freq buffers dropped, nothing else.
 void check_tensors(ModelSource::Impl& s, const std::string& where) {
   const ModelLayout layout = make_layout(s.header.config);
+  // a GGUF's tensors are named as stored too
+  const std::string arch = s.gguf ? s.gguf->get_string("general.architecture") : "";
+  auto stored_as = [&](const std::string& hf, const Loc* l) -> std::string {
+    if (!s.gguf) return "";
+    const std::string g = l && l->gguf ? l->gguf->name : hf_to_gguf_name(hf, arch);
+    if (g.empty()) return "";
+    if (!l || !l->gguf) return fmt::format(" (GGUF tensor '{}')", g);
+    return fmt::format(" (GGUF tensor '{}' [{}]{})", g, fmt::join(l->gguf->shape(), ", "),
+                       l->expert >= 0 ? fmt::format(", expert {}", l->expert) : "");
+  };
   std::set<std::string> expected;
   for (const auto& g : layout.groups)
     for (const auto& t : g.tensors) {
       expected.insert(t.name);
       auto it = s.tensors.find(t.name);
       if (it == s.tensors.end())
-        fail(where, fmt::format("missing tensor '{}' (expected shape [{}])", t.name, fmt::join(t.shape, ", ")));
+        fail(where, fmt::format("missing tensor '{}' (expected shape [{}]){}", t.name, fmt::join(t.shape, ", "),
+                                stored_as(t.name, nullptr)));
       if (it->second.shape != t.shape)
-        fail(where, fmt::format("tensor '{}': expected shape [{}], got [{}]", t.name, fmt::join(t.shape, ", "),
-                                fmt::join(it->second.shape, ", ")));
+        fail(where, fmt::format("tensor '{}': expected shape [{}], got [{}]{}", t.name, fmt::join(t.shape, ", "),
+                                fmt::join(it->second.shape, ", "), stored_as(t.name, &it->second)));
     }
   if (s.header.config.tie_word_embeddings) {
     auto lm = s.tensors.find("lm_head.weight");
@@ -109,8 +126,8 @@ void check_tensors(ModelSource::Impl& s, const std::string& where) {
     } else if (ends_with(it->first, "rotary_emb.inv_freq")) {
       it = s.tensors.erase(it);
     } else {
-      fail(where, fmt::format("unexpected tensor '{}' (not part of a {} model with this config)", it->first,
-                              s.header.config.architecture));
+      fail(where, fmt::format("unexpected tensor '{}' (not part of a {} model with this config){}", it->first,
+                              s.header.config.architecture, stored_as(it->first, &it->second)));
     }
   }
 }
@@ -138,30 +155,6 @@ std::string chat_template_of(const fs::path& dir) {
   return "";
 }
 
-// GPT-OSS: the checkpoint's stacked (or MXFP4) expert tensors, read and converted to the
-// layout's per-expert tensors (model/gpt_oss_hf.hpp), held in memory (s.mem) in their place.
-void gpt_oss_experts_in_memory(ModelSource::Impl& s, const std::string& where) {
-  LoadedModel experts;
-  experts.config = s.header.config;
-  for (auto it = s.tensors.begin(); it != s.tensors.end();) {
-    if (it->first.find(".mlp.experts.") == std::string::npos) {
-      ++it;
-      continue;
-    }
-    experts.tensors.emplace(it->first, read_loc(s, it->second));
-    it = s.tensors.erase(it);
-  }
-  gpt_oss_experts_from_hf(experts, where);
-  for (auto& [name, t] : experts.tensors) {
-    if (s.tensors.count(name)) fail(where, fmt::format("tensor '{}' appears twice", name));
-    const HostTensor& held = s.mem.emplace(name, std::move(t)).first->second;
-    Loc l;
-    l.shape = held.shape;
-    l.mem = &held;
-    s.tensors.emplace(name, std::move(l));
-  }
-}
-
 void open_hf_dir(const std::string& path, ModelSource::Impl& s) {
   const fs::path dir(path);
   s.header.config = load_config_file((dir / "config.json").string());
@@ -184,7 +177,7 @@ void open_hf_dir(const std::string& path, ModelSource::Impl& s) {
     l.entry = w.entry;
     s.tensors.emplace(name, std::move(l));
   }
-  if (s.header.config.gpt_oss()) gpt_oss_experts_in_memory(s, where);
+  if (s.header.config.gpt_oss()) gpt_oss_hf_expert_slices(s, where);
   check_tensors(s, where);
   const fs::path tj = dir / "tokenizer.json";
   if (fs::exists(tj, ec)) s.header.tokenizer_json = read_json(tj.string());
@@ -276,6 +269,7 @@ bool ModelSource::read_as(const std::string& name, WeightFormat f, void* dst) co
     return true;
   }
   if (l.gguf && gguf_read_stored(*impl_->gguf, l, f, dst)) return true;
+  if (l.oss && gpt_oss_read_stored(*l.oss, l.shape, f, dst)) return true;
   const HostTensor t = read_loc(*impl_, l);
   quantize_weights(f, t.data.data(), dst, n);
   return false;

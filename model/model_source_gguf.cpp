@@ -21,25 +21,37 @@ namespace {
   throw std::runtime_error(one_line(fmt::format("{}: {}", where, what)));
 }
 
-/// A stacked expert tensor of a sparse layer (row-major [num_experts, rows, cols], see
-/// gguf_expert_stack_name) as the num_experts Hugging Face matrices prefix<e>suffix [rows, cols].
+/// A stacked expert tensor of a sparse layer (row-major [num_experts, rows, cols] or, biases,
+/// [num_experts, rows]; see gguf_expert_stack_name) as the num_experts Hugging Face tensors
+/// prefix<e>suffix [rows, cols] / [rows]; a fused gate/up stack as prefix<e>.gate_proj.* (the
+/// first rows / 2 rows of slice e) and prefix<e>.up_proj.* (the others).
 void add_expert_stack(const GgufFile& f, const GgufTensorInfo& t, ModelSource::Impl& s, const std::string& prefix,
                       const std::string& suffix) {
   const std::vector<int64_t> shape = t.shape();
   const int64_t E = s.header.config.num_experts;
-  if (E <= 0 || shape.size() != 3 || shape[0] != E)
-    fail(f.path(), fmt::format("tensor '{}': expected 3-D [num_experts = {}, rows, cols], got [{}]", t.name, E,
+  const bool bias = suffix.size() >= 5 && suffix.compare(suffix.size() - 5, 5, ".bias") == 0;
+  const bool fused = suffix.rfind(".gate_up_proj.", 0) == 0;
+  if (E <= 0 || shape.size() != (bias ? 2u : 3u) || shape[0] != E || (fused && shape[1] % 2 != 0))
+    fail(f.path(), fmt::format("tensor '{}': expected {} [num_experts = {}, {}{}], got [{}]", t.name,
+                               bias ? "2-D" : "3-D", E, fused ? "2 * " : "", bias ? "n" : "rows, cols",
                                fmt::join(shape, ", ")));
   f.check_dequantizable(t);
-  for (int64_t e = 0; e < E; ++e) {
-    const std::string hf = prefix + std::to_string(e) + suffix;
-    if (s.tensors.count(hf)) fail(f.path(), fmt::format("tensor '{}' appears twice", t.name));
-    Loc l;
-    l.shape = {shape[1], shape[2]};
-    l.gguf = &t;
-    l.expert = e;
-    s.tensors.emplace(hf, std::move(l));
-  }
+  const std::string kind = bias ? ".bias" : ".weight";
+  const std::vector<std::pair<std::string, int64_t>> parts =
+      fused ? std::vector<std::pair<std::string, int64_t>>{{".gate_proj" + kind, 0}, {".up_proj" + kind, shape[1] / 2}}
+            : std::vector<std::pair<std::string, int64_t>>{{suffix, 0}};
+  for (int64_t e = 0; e < E; ++e)
+    for (const auto& [suf, row0] : parts) {
+      const std::string hf = prefix + std::to_string(e) + suf;
+      if (s.tensors.count(hf)) fail(f.path(), fmt::format("tensor '{}' appears twice", t.name));
+      Loc l;
+      l.shape.assign(shape.begin() + 1, shape.end());
+      if (fused) l.shape[0] /= 2;
+      l.gguf = &t;
+      l.expert = e;
+      l.row0 = row0;
+      s.tensors.emplace(hf, std::move(l));
+    }
 }
 
 int64_t numel_of(const std::vector<int64_t>& shape) {
@@ -48,22 +60,29 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
   return n;
 }
 
-/// The bytes of tensor `l` inside the mapping (an expert's slice of its stack), or nullptr when
-/// the slice does not start on a block boundary.
-const uint8_t* bytes_of(const GgufFile& f, const Loc& l, int64_t& block_elems, int64_t& block_bytes) {
-  if (!ggml_type_block(l.gguf->type, block_elems, block_bytes)) return nullptr;
-  if (l.expert < 0) return f.tensor_data(*l.gguf);
-  const int64_t per = numel_of(l.shape);
-  if (per % block_elems != 0) return nullptr;
-  return f.tensor_data(*l.gguf) + size_t(l.expert) * size_t(per / block_elems) * size_t(block_bytes);
+/// First element of slice `l` within its GGUF tensor (0 unless it is an expert's slice).
+int64_t first_element(const Loc& l) {
+  if (l.expert < 0) return 0;
+  const int64_t per_expert = l.gguf->numel() / l.gguf->ne.back();  // the stack's outermost dim is E
+  const int64_t cols = l.shape.size() == 2 ? l.shape[1] : 1;
+  return l.expert * per_expert + l.row0 * cols;
 }
 
+/// The bytes of tensor `l` inside the mapping (an expert's slice of its stack), or nullptr when
+/// the slice does not start and end on block boundaries.
+const uint8_t* bytes_of(const GgufFile& f, const Loc& l, int64_t& block_elems, int64_t& block_bytes) {
+  if (!ggml_type_block(l.gguf->type, block_elems, block_bytes)) return nullptr;
+  const int64_t first = first_element(l);
+  if (first % block_elems != 0 || numel_of(l.shape) % block_elems != 0) return nullptr;
+  return f.tensor_data(*l.gguf) + size_t(first / block_elems) * size_t(block_bytes);
+}
 }  // namespace
 
 void open_gguf_source(const std::string& path, ModelSource::Impl& s) {
   s.gguf = std::make_unique<GgufFile>(path);
   const GgufFile& f = *s.gguf;
   s.header.config = config_from_gguf(f);  // checks the sizes against the file's size
+  const std::string arch = f.get_string("general.architecture");
   for (const auto& t : f.tensors()) {
     if (t.name == "rope_freqs.weight") continue;  // folded into config.rope_scaling
     std::string prefix, suffix;
@@ -71,7 +90,7 @@ void open_gguf_source(const std::string& path, ModelSource::Impl& s) {
       add_expert_stack(f, t, s, prefix, suffix);
       continue;
     }
-    const std::string hf = gguf_to_hf_name(t.name);
+    const std::string hf = gguf_to_hf_name(t.name, arch);
     if (hf.empty()) fail(path, fmt::format("unexpected tensor '{}' (no Hugging Face equivalent)", t.name));
     if (s.tensors.count(hf)) fail(path, fmt::format("tensor '{}' appears twice", t.name));
     f.check_dequantizable(t);
@@ -97,8 +116,8 @@ std::vector<float> gguf_read_f32(const GgufFile& f, const Loc& l) {
     dequantize_ggml(l.gguf->type, p, out.data(), int64_t(out.size()));
   } else {  // the slice splits a block: the whole stack, then the slice
     const std::vector<float> all = f.dequantize(*l.gguf);
-    const size_t per = size_t(numel_of(l.shape));
-    out.assign(all.begin() + ptrdiff_t(size_t(l.expert) * per), all.begin() + ptrdiff_t(size_t(l.expert + 1) * per));
+    const ptrdiff_t first = ptrdiff_t(first_element(l)), n = ptrdiff_t(numel_of(l.shape));
+    out.assign(all.begin() + first, all.begin() + first + n);
   }
   f.release(*l.gguf);
   if (l.permute_heads) unpermute_qk_rows(out.data(), l.shape[0], l.shape[1], l.permute_heads);
@@ -111,7 +130,8 @@ bool gguf_read_stored(const GgufFile& f, const Loc& l, WeightFormat fmt, void* d
                     (t == GgmlType::F16 && fmt == WeightFormat::f16) ||
                     (t == GgmlType::BF16 && fmt == WeightFormat::bf16) ||
                     (t == GgmlType::Q8_0 && fmt == WeightFormat::q8_0) ||
-                    (t == GgmlType::Q4_0 && fmt == WeightFormat::q4_0);
+                    (t == GgmlType::Q4_0 && fmt == WeightFormat::q4_0) ||
+                    (t == GgmlType::MXFP4 && fmt == WeightFormat::mxfp4);
   if (!same) return false;
   int64_t be = 0, bb = 0;
   const uint8_t* p = bytes_of(f, l, be, bb);

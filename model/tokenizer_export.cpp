@@ -18,6 +18,12 @@ const char* kQwen2Regex =
 const char* kLlama3Regex =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
+// o200k (GPT-4o, GPT-OSS): llama.cpp's "gpt-4o" pre-tokenizer, tiktoken's o200k_base pattern
+const char* kGpt4oRegex =
+    R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?)"
+    R"(|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?)"
+    R"(|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
 json byte_level(bool use_regex) {
   return {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
           {"use_regex", use_regex}};
@@ -93,6 +99,8 @@ nlohmann::json tokenizer_json_from_gguf(const GgufFile& f) {
                 json::array({{{"type", "Digits"}, {"individual_digits", true}}, byte_level(true)})}};
   } else if (pre == "qwen2") {
     pre_tok = split_then_bytes(kQwen2Regex);
+  } else if (pre == "gpt-4o") {
+    pre_tok = split_then_bytes(kGpt4oRegex);
   } else if (pre == "llama-bpe" || pre == "llama3") {
     pre_tok = split_then_bytes(kLlama3Regex);
     ignore_merges = true;

@@ -14,7 +14,8 @@ namespace rp {
 ///  - added_tokens: token_type 3 (control, special=true) and 4 (user-defined, special=false);
 ///  - pre_tokenizer chosen by tokenizer.ggml.pre: "smollm" (Digits + ByteLevel), "qwen2"
 ///    (Split on Qwen2's regex + ByteLevel without regex), "llama-bpe"/"llama3" (Split on
-///    LLaMA-3's regex + ByteLevel without regex), anything else ("gpt2", "default", absent):
+///    LLaMA-3's regex + ByteLevel without regex), "gpt-4o" (GPT-OSS: Split on o200k's regex
+///    + ByteLevel without regex), anything else ("gpt2", "default", absent):
 ///    ByteLevel with its GPT-2 regex;
 ///  - decoder ByteLevel; normalizer null; post_processor null, or a TemplateProcessing that
 ///    prepends BOS when tokenizer.ggml.add_bos_token is true.

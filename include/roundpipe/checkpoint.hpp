@@ -32,9 +32,10 @@ struct LoadedModel {
   std::string source;             ///< the path it was loaded from
 };
 
-/// Loads `path`: a .gguf file (llama or qwen3 architecture; quantized tensors dequantized to
-/// fp32, LLaMA q/k rows un-permuted back to HF's rotate-half order, tokenizer.json rebuilt
-/// from tokenizer.ggml.* when it is byte-level BPE, else null) or a Hugging Face folder
+/// Loads `path`: a .gguf file (llama, qwen3, qwen3moe or gpt-oss architecture; quantized
+/// tensors dequantized to fp32, LLaMA q/k rows un-permuted back to HF's rotate-half order,
+/// stacked experts split per expert, tokenizer.json rebuilt from tokenizer.ggml.* when it is
+/// byte-level BPE, else null) or a Hugging Face folder
 /// (config.json, model.safetensors or model.safetensors.index.json + shards; tokenizer.json
 /// and the chat_template of tokenizer_config.json or chat_template.jinja when present).
 /// Every tensor of make_layout(config) must be present with the right shape; unknown extra

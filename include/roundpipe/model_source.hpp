@@ -1,17 +1,22 @@
 // A model file opened for reading its tensors one at a time (GGUF file or Hugging Face folder).
 //
 // load_model (roundpipe/checkpoint.hpp) materialises every tensor as fp32: 4 bytes per
-// parameter. A LoRA run keeps its frozen base in a storage form (bf16, f16, q8_0, q4_0, nf4;
+// parameter. A LoRA run keeps its frozen base in a storage form (bf16, f16, q8_0, q4_0, nf4, mxfp4;
 // LoraConfig::base_format), so it opens the model as a ModelSource instead and converts one
 // tensor at a time: the peak host memory of starting it is the storage form plus one tensor's
 // fp32 copy. The files stay memory-mapped (the kernel's page cache holds their pages; each
 // tensor's pages are dropped from the process's resident set once it is read), and a tensor
 // whose file form already is the storage form is copied as it is:
 //   - safetensors BF16 / F16 / F32 into bf16 / f16 / f32 storage: the stored elements;
-//   - GGUF BF16 / F16 / F32 likewise, and GGUF Q8_0 / Q4_0 into q8_0 / q4_0 storage: the
-//     file's blocks, bit for bit (our q8_0 / q4_0 are ggml's block layouts,
-//     kernels/weight_format.hpp). LLaMA q_proj / k_proj rows are un-permuted as whole rows of
-//     blocks (a row of K values is K/32 blocks; otherwise the tensor is converted).
+//   - GGUF BF16 / F16 / F32 likewise, and GGUF Q8_0 / Q4_0 / MXFP4 into q8_0 / q4_0 / mxfp4
+//     storage: the file's blocks, bit for bit (our q8_0 / q4_0 / mxfp4 are ggml's block
+//     layouts, kernels/weight_format.hpp). LLaMA q_proj / k_proj rows are un-permuted as whole
+//     rows of blocks (a row of K values is K/32 blocks; otherwise the tensor is converted);
+//   - a Hugging Face GPT-OSS checkpoint's MXFP4 experts (`_blocks` / `_scales`) into mxfp4
+//     storage: the codes and exponents of that expert's rows (mxfp4_from_hf), decoding to the
+//     converted path's values bit for bit.
+// Stacked experts (a GGUF's blk.N.ffn_*_exps, a GPT-OSS checkpoint's gate_up_proj / down_proj
+// and their biases) are sliced expert by expert as they are read, never read whole.
 // Any other pairing converts that tensor: its fp32 values (exactly load_model's) quantized with
 // quantize_weights, as an eager load followed by quantization would store it.
 #pragma once

@@ -356,6 +356,18 @@ int main(int argc, char** argv) {
        [] { return read_file(fs::path(RP_FIXTURES_DIR) / "gguf_moe/tiny_qwen3_moe.q8_0.gguf"); },
        {},
        [](const fs::path& f) { rp::load_model(f.string()); }},
+      // GPT-OSS: MXFP4 expert stacks with llama.cpp's fused gate/up, sliced per expert
+      {"gguf_gpt_oss", false, "model.gguf",
+       [] { return read_file(fs::path(RP_FIXTURES_DIR) / "gguf_gpt_oss/tiny_gpt_oss.mxfp4_fused.gguf"); },
+       {},
+       [](const fs::path& f) { rp::load_model(f.string()); }},
+      // GPT-OSS checkpoint: MXFP4 _blocks / _scales and interleaved biases, sliced per expert
+      {"safetensors_gpt_oss", false, "model.safetensors",
+       [] { return read_file(fs::path(RP_FIXTURES_DIR) / "hf_gpt_oss/tiny_gpt_oss_mxfp4/model.safetensors"); },
+       [](const fs::path& dir) {
+         fs::copy_file(fs::path(RP_FIXTURES_DIR) / "hf_gpt_oss/tiny_gpt_oss_mxfp4/config.json", dir / "config.json");
+       },
+       [](const fs::path& f) { rp::load_model(f.parent_path().string()); }},
       {"safetensors", false, "model.safetensors",
        [&] { return read_file(work / "model_seed/model.safetensors"); },
        [&](const fs::path& dir) { fs::copy_file(work / "model_seed/config.json", dir / "config.json"); },
