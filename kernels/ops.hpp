@@ -368,6 +368,10 @@ class Ops {
   /// [R,K]: y[r,:] = x[r,:] W_e^T with W_e = w + e*N*K ([N,K] row-major). R = offsets_host[E].
   virtual void grouped_linear_fwd(const void* x, const void* w, void* y, const int32_t* offsets_host, int64_t E,
                                   int64_t K, int64_t N) = 0;
+  /// The same product added in: y[r,:] += alpha * x[r,:] W_e^T (one rounding of the sum to
+  /// the storage dtype; a LoRA adapter's s * a B^T added onto the frozen projection's output).
+  virtual void grouped_linear_fwd_add(const void* x, const void* w, void* y, const int32_t* offsets_host,
+                                      int64_t E, int64_t K, int64_t N, float alpha) = 0;
   /// dx[r,:] (+)= dy[r,:] W_e for the rows of each expert e.
   virtual void grouped_linear_bwd_input(const void* dy, const void* w, void* dx, const int32_t* offsets_host,
                                         int64_t E, int64_t K, int64_t N, bool accumulate) = 0;

@@ -82,7 +82,6 @@ struct MoeBufs {
   float* dw = nullptr;                                // [C, k], backward
   void* dlogits = nullptr;                            // [C, E], backward
   void *lora_ax = nullptr, *lora_g = nullptr;         // [R, r] expert adapters (lora_g: backward)
-  void* lora_t = nullptr;                             // [R, H] expert adapters, forward only
 };
 
 /// Bytes of the attention output o [T, nq*D] (es per element) and its log-sum-exp
@@ -129,7 +128,6 @@ inline void carve_moe_scratch(const DecoderDims& d, size_t C, size_t es, bool ba
   if (d.expert_lora) {  // model/moe_block.hpp: the adapter intermediates of one projection at a time
     b.lora_ax = sc.take(R * size_t(d.lora_rank) * es);
     if (backward) b.lora_g = sc.take(R * size_t(d.lora_rank) * es);
-    else b.lora_t = sc.take(R * H * es);
   }
   if (!backward) return;
   b.dys = sc.take(R * H * es);

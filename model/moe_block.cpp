@@ -97,18 +97,15 @@ void MoeBlock::route(Ops& ops, const void* w, const void* hn, int64_t n, const M
 }
 
 void MoeBlock::experts_forward(Ops& ops, const void* w, const void* hn, int64_t n, const MoeBufs& b,
-                               const int32_t* off, const MoeAdapterArgs& la, void* t) const {
+                               const int32_t* off, const MoeAdapterArgs& la) const {
   const int64_t R = n * k_;
-  const DType dt = ops.dtype();
   ops.gather_rows(hn, b.token, b.xs, R, H_);
   ops.grouped_linear_fwd(b.xs, at(ops, w, w_gate_), b.g, off, E_, H_, Fe_);
   ops.grouped_linear_fwd(b.xs, at(ops, w, w_up_), b.u, off, E_, H_, Fe_);
-  if (lora_gu_) {  // a = xs A^T; g += s a Bg^T, u += s a Bu^T (m, not yet written, holds a B^T)
+  if (lora_gu_) {  // a = xs A^T; g += s a Bg^T, u += s a Bu^T, added in by the GEMMs themselves
     ops.grouped_linear_fwd(b.xs, at(ops, la.params, a_gu_), b.lora_ax, off, E_, H_, r_);
-    ops.grouped_linear_fwd(b.lora_ax, at(ops, la.params, b_gate_), b.m, off, E_, r_, Fe_);
-    ops.add_into(dt, b.g, dt, b.m, R * Fe_, scaling_);
-    ops.grouped_linear_fwd(b.lora_ax, at(ops, la.params, b_up_), b.m, off, E_, r_, Fe_);
-    ops.add_into(dt, b.u, dt, b.m, R * Fe_, scaling_);
+    ops.grouped_linear_fwd_add(b.lora_ax, at(ops, la.params, b_gate_), b.g, off, E_, r_, Fe_, scaling_);
+    ops.grouped_linear_fwd_add(b.lora_ax, at(ops, la.params, b_up_), b.u, off, E_, r_, Fe_, scaling_);
   }
   if (gpt_oss_) {  // biased experts, clamped SwiGLU
     ops.grouped_bias_fwd(b.g, at(ops, w, bias_gate_), off, E_, Fe_);
@@ -121,8 +118,7 @@ void MoeBlock::experts_forward(Ops& ops, const void* w, const void* hn, int64_t 
   if (gpt_oss_) ops.grouped_bias_fwd(b.ys, at(ops, w, bias_down_), off, E_, H_);
   if (lora_down_) {  // ys += s (m Ad^T) Bd^T
     ops.grouped_linear_fwd(b.m, at(ops, la.params, a_down_), b.lora_ax, off, E_, Fe_, r_);
-    ops.grouped_linear_fwd(b.lora_ax, at(ops, la.params, b_down_), t, off, E_, r_, H_);
-    ops.add_into(dt, b.ys, dt, t, R * H_, scaling_);
+    ops.grouped_linear_fwd_add(b.lora_ax, at(ops, la.params, b_down_), b.ys, off, E_, r_, H_, scaling_);
   }
 }
 
@@ -162,11 +158,11 @@ void MoeBlock::gate_up_adapter_backward(Ops& ops, const MoeAdapterArgs& la, cons
 
 void MoeBlock::forward(Ops& ops, const void* w, const void* hn, const void* h1, void* y, int64_t n,
                        const MoeBufs& b, float* stats, const MoeAdapterArgs& la) const {
-  if (adapted() && (!la.params || !b.lora_ax || !b.lora_t))
+  if (adapted() && (!la.params || !b.lora_ax))
     throw std::invalid_argument("MoeBlock.forward: expert adapters without their parameters or scratch");
   std::vector<int32_t> off(size_t(E_) + 1);
   route(ops, w, hn, n, b, stats, off.data());
-  experts_forward(ops, w, hn, n, b, off.data(), la, b.lora_t);
+  experts_forward(ops, w, hn, n, b, off.data(), la);
   ops.copy(ops.dtype(), y, h1, n * H_);
   ops.moe_combine(b.ys, b.topk_w, b.row, y, n, k_, H_, true);
 }
@@ -178,7 +174,7 @@ void MoeBlock::backward(Ops& ops, const void* w, void* dw, const void* hn, const
   const int64_t R = n * k_;
   std::vector<int32_t> off(size_t(E_) + 1);
   route(ops, w, hn, n, b, nullptr, off.data());  // the recompute gathers no statistics
-  experts_forward(ops, w, hn, n, b, off.data(), la, b.dys);  // dys is free until the combine's backward
+  experts_forward(ops, w, hn, n, b, off.data(), la);
   // y = h1 + sum_j w_j ys[row(t, j)]
   ops.moe_combine_bwd(dy, b.ys, b.topk_w, b.row, b.dys, b.dw, n, k_, H_);
   // ys = down(m): dW_down from m, then dm into m's buffer

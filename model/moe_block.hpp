@@ -27,8 +27,8 @@
 // run as grouped linears over the same expert offsets (rank r as the small N or K). With
 // a = xs A_e^T and g_a = s (dg Bg_e + du Bu_e) (backward): dBg += s dg^T a, dBu += s du^T a,
 // dA += g_a^T xs, dxs += g_a A_e; the same for down with m and dys. The frozen expert
-// weights get no gradient. Scratch: MoeBufs::lora_ax, lora_g [R, r] and, forward only, lora_t
-// [R, H] (the backward's recompute uses dys, free until the combine's backward).
+// weights get no gradient. The B products are added into g, u and ys by the GEMMs themselves
+// (Ops::grouped_linear_fwd_add). Scratch: MoeBufs::lora_ax, lora_g [R, r].
 #pragma once
 #include <array>
 #include <cstdint>
@@ -72,7 +72,7 @@ class MoeBlock {
              int32_t* off) const;
   // xs, g, u, m and ys of the chunk (adapters included); t [R, H]: the down adapter's output
   void experts_forward(Ops& ops, const void* w, const void* hn, int64_t n, const MoeBufs& b, const int32_t* off,
-                       const MoeAdapterArgs& la, void* t) const;
+                       const MoeAdapterArgs& la) const;
   // the adapters' backward: down before dm overwrites m, gate/up once dg, du exist
   void down_adapter_backward(Ops& ops, const MoeAdapterArgs& la, const MoeBufs& b, const int32_t* off) const;
   void gate_up_adapter_backward(Ops& ops, const MoeAdapterArgs& la, const MoeBufs& b, const int32_t* off) const;

@@ -161,6 +161,20 @@ void CpuOps::grouped_linear_fwd(const void* x, const void* w, void* y, const int
   }
 }
 
+void CpuOps::grouped_linear_fwd_add(const void* x, const void* w, void* y, const int32_t* off, int64_t E,
+                                    int64_t K, int64_t N, float alpha) {
+  check_offsets(off, E, "grouped_linear_fwd_add");
+  std::vector<float> t;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = off[e], n = off[e + 1] - off[e];
+    if (n == 0) continue;
+    t.resize(size_t(n * N));
+    linear_fwd(F(x) + r0 * K, F(w) + e * N * K, t.data(), n, K, N);
+    float* dst = F(y) + r0 * N;
+    for (int64_t i = 0; i < n * N; ++i) dst[i] += alpha * t[size_t(i)];
+  }
+}
+
 void CpuOps::grouped_linear_bwd_input(const void* dy, const void* w, void* dx, const int32_t* off, int64_t E,
                                       int64_t K, int64_t N, bool accumulate) {
   check_offsets(off, E, "grouped_linear_bwd_input");

@@ -122,6 +122,8 @@ class CpuOps final : public Ops {
                        int64_t T, int64_t k, int64_t H) override;
   void moe_gather_bwd(const void* dxs, const int32_t* row, void* dx, int64_t T, int64_t k, int64_t H,
                       bool accumulate) override;
+  void grouped_linear_fwd_add(const void* x, const void* w, void* y, const int32_t* offsets_host, int64_t E,
+                              int64_t K, int64_t N, float alpha) override;
   void grouped_linear_fwd(const void* x, const void* w, void* y, const int32_t* offsets_host, int64_t E, int64_t K,
                           int64_t N) override;
   void grouped_linear_bwd_input(const void* dy, const void* w, void* dx, const int32_t* offsets_host, int64_t E,

@@ -142,7 +142,7 @@ void CudaOps::moe_gather_bwd(const void* dxs, const int32_t* row, void* dx, int6
 // weight gradient (N, T) m = K, N, k = n into the f32 accumulator.
 
 bool CudaOps::grouped_gemm_call(int which, const void* a, const void* b, void* c, const int32_t* off,
-                                int64_t E, int64_t K, int64_t N, float beta) {
+                                int64_t E, int64_t K, int64_t N, float beta, float alpha_all) {
   const bool f32_out = which == 2;
   if (f32_out && !grouped_f32_out_ok_) return false;
   if (K > INT_MAX || N > INT_MAX) return false;
@@ -202,7 +202,7 @@ bool CudaOps::grouped_gemm_call(int which, const void* a, const void* b, void* c
         cudaMalloc(reinterpret_cast<void**>(&group_ptrs_), size_t(3 * kMoeMaxGroups) * sizeof(void*)));
   // the previous call's GEMMs read the array before this kernel rewrites it (stream order)
   k_moe_group_ptrs(tab, A, B, C, group_ptrs_, st_);
-  const std::vector<float> alpha(ng, 1.f), betas(ng, beta);
+  const std::vector<float> alpha(ng, alpha_all), betas(ng, beta);
   const std::vector<int> sizes(ng, 1);
   const cudaDataType_t io = blas_type(dtype_), out = f32_out ? CUDA_R_32F : io;
   const cublasStatus_t st = cublasGemmGroupedBatchedEx(
@@ -219,18 +219,18 @@ bool CudaOps::grouped_gemm_call(int which, const void* a, const void* b, void* c
 }
 
 void CudaOps::expert_gemm(int which, const void* a, const void* b, void* c, int64_t e, int64_t r0, int64_t n,
-                          int64_t K, int64_t N, float beta, cudaStream_t st, void* ws) {
+                          int64_t K, int64_t N, float beta, cudaStream_t st, void* ws, float alpha) {
   const size_t es = dtype_size(dtype_);
   switch (which) {
     case 0:  // a = W, b = x, c = y
       return gemm_on(st, ws, true, false, N, n, K, at(a, e * N * K, es), K, at(b, r0 * K, es), K,
-                     at(c, r0 * N, es), dtype_, N, 0.f);
+                     at(c, r0 * N, es), dtype_, N, beta, alpha);
     case 1:  // a = W, b = dy, c = dx
       return gemm_on(st, ws, false, false, K, n, N, at(a, e * N * K, es), K, at(b, r0 * N, es), N,
-                     at(c, r0 * K, es), dtype_, K, beta);
+                     at(c, r0 * K, es), dtype_, K, beta, alpha);
     default:  // a = x, b = dy, c = dW (f32)
       return gemm_on(st, ws, false, true, K, N, n, at(a, r0 * K, es), K, at(b, r0 * N, es), N,
-                     at(c, e * N * K, 4), DType::f32, K, 1.f);
+                     at(c, e * N * K, 4), DType::f32, K, 1.f, alpha);
   }
 }
 
@@ -238,14 +238,14 @@ void CudaOps::expert_gemm(int which, const void* a, const void* b, void* c, int6
 // taken round-robin; the outputs of different experts are disjoint, so the result does not
 // depend on the interleaving.
 void CudaOps::grouped_gemms(int which, const void* a, const void* b, void* c, const int32_t* off, int64_t E,
-                            int64_t K, int64_t N, float beta) {
-  if (grouped_mode_ == 1 && grouped_gemm_call(which, a, b, c, off, E, K, N, beta)) return;
+                            int64_t K, int64_t N, float beta, float alpha) {
+  if (grouped_mode_ == 1 && grouped_gemm_call(which, a, b, c, off, E, K, N, beta, alpha)) return;
   int64_t groups = 0;
   for (int64_t e = 0; e < E; ++e) groups += off[e + 1] > off[e] ? 1 : 0;
   if (grouped_mode_ == 0 || groups < 2) {  // a grouped call cuBLAS refused runs on the side streams
     for (int64_t e = 0; e < E; ++e)
       if (off[e + 1] > off[e])
-        expert_gemm(which, a, b, c, e, off[e], off[e + 1] - off[e], K, N, beta, st_, ws_);
+        expert_gemm(which, a, b, c, e, off[e], off[e + 1] - off[e], K, N, beta, st_, ws_, alpha);
     return;
   }
   const int used = int(std::min<int64_t>(groups, kMoeStreams));
@@ -268,7 +268,7 @@ void CudaOps::grouped_gemms(int which, const void* a, const void* b, void* c, co
   for (int64_t e = 0; e < E; ++e) {
     if (off[e + 1] == off[e]) continue;
     const int i = g++ % kMoeStreams;
-    expert_gemm(which, a, b, c, e, off[e], off[e + 1] - off[e], K, N, beta, moe_streams_[i], moe_ws_[i]);
+    expert_gemm(which, a, b, c, e, off[e], off[e + 1] - off[e], K, N, beta, moe_streams_[i], moe_ws_[i], alpha);
   }
   for (int i = 0; i < used; ++i) {
     RP_CUDA_CHECK(cudaEventRecord(moe_join_[i], moe_streams_[i]));
@@ -284,6 +284,14 @@ void CudaOps::grouped_linear_fwd(const void* x, const void* w, void* y, const in
   if (R == 0 || N == 0) return;
   if (K == 0) return fill(dtype_, y, R * N, 0.f);
   grouped_gemms(0, w, x, y, off, E, K, N, 0.f);
+}
+
+void CudaOps::grouped_linear_fwd_add(const void* x, const void* w, void* y, const int32_t* off, int64_t E,
+                                     int64_t K, int64_t N, float alpha) {
+  check_offsets(off, E, K, N, "grouped_linear_fwd_add");
+  set_device(dev_);
+  if (off[E] == 0 || N == 0 || K == 0 || alpha == 0.f) return;
+  grouped_gemms(0, w, x, y, off, E, K, N, 1.f, alpha);
 }
 
 void CudaOps::grouped_linear_bwd_input(const void* dy, const void* w, void* dx, const int32_t* off, int64_t E,

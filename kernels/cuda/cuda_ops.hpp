@@ -126,6 +126,8 @@ class CudaOps final : public Ops {
                        int64_t T, int64_t k, int64_t H) override;
   void moe_gather_bwd(const void* dxs, const int32_t* row, void* dx, int64_t T, int64_t k, int64_t H,
                       bool accumulate) override;
+  void grouped_linear_fwd_add(const void* x, const void* w, void* y, const int32_t* offsets_host, int64_t E,
+                              int64_t K, int64_t N, float alpha) override;
   void grouped_linear_fwd(const void* x, const void* w, void* y, const int32_t* offsets_host, int64_t E, int64_t K,
                           int64_t N) override;
   void grouped_linear_bwd_input(const void* dy, const void* w, void* dx, const int32_t* offsets_host, int64_t E,
@@ -206,14 +208,14 @@ class CudaOps final : public Ops {
   // One grouped linear through cublasGemmGroupedBatchedEx; false (no GEMM enqueued) when
   // cuBLAS refuses the shape or types, so the caller runs the per-expert loop instead.
   bool grouped_gemm_call(int which, const void* a, const void* b, void* c, const int32_t* offsets_host,
-                         int64_t E, int64_t K, int64_t N, float beta);
+                         int64_t E, int64_t K, int64_t N, float beta, float alpha = 1.f);
   // The GEMMs of one grouped linear in the current mode (which: 0 forward, 1 input
   // gradient, 2 weight gradient; operands as grouped_gemm_call).
   void grouped_gemms(int which, const void* a, const void* b, void* c, const int32_t* offsets_host,
-                     int64_t E, int64_t K, int64_t N, float beta);
+                     int64_t E, int64_t K, int64_t N, float beta, float alpha = 1.f);
   // Expert e's GEMM (rows r0 .. r0+n-1) of a grouped linear on stream st with workspace ws.
   void expert_gemm(int which, const void* a, const void* b, void* c, int64_t e, int64_t r0, int64_t n,
-                   int64_t K, int64_t N, float beta, cudaStream_t st, void* ws);
+                   int64_t K, int64_t N, float beta, cudaStream_t st, void* ws, float alpha = 1.f);
   std::unique_ptr<CudnnAttention> cudnn_;  // null when the build has no cuDNN
   bool cudnn_refusal_logged_ = false;
   // Runs attention through cuDNN when impl allows (0: if it accepts, 4: must accept).

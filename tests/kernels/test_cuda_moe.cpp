@@ -177,16 +177,23 @@ TEST_P(CudaMoe, GroupedLinearsMatchCpuInEveryMode) {
     upload(rdxa, c.dt);  // the device's rounded start of the accumulating dx
     const VecF dx_start = rdxa;
     cpu_->grouped_linear_fwd(x.data(), w.data(), ry.data(), r.off.data(), E, K, N);
+    VecF y0 = randn(size_t(R * N), 19);
+    upload(y0, c.dt);  // rounded to the device dtype: the start of the accumulating y
+    VecF rya = y0;
+    cpu_->grouped_linear_fwd_add(x.data(), w.data(), rya.data(), r.off.data(), E, K, N, 0.75f);
     cpu_->grouped_linear_bwd_input(dy.data(), w.data(), rdx.data(), r.off.data(), E, K, N, false);
     cpu_->grouped_linear_bwd_input(dy.data(), w.data(), rdxa.data(), r.off.data(), E, K, N, true);
     cpu_->grouped_linear_bwd_weight(dy.data(), x.data(), rdw.data(), r.off.data(), E, K, N);
     for (int mode : {0, 1, 2}) {
       VecF start = dx_start;
       DT y = poisoned(R * N, c.dt), dx = poisoned(R * K, c.dt), dxa = upload(start, c.dt);
+      VecF ystart = y0;
+      DT ya = upload(ystart, c.dt);
       DT dw = upload(dw0, DType::f32);
       run([&](Ops& o) {
         set_mode(o, mode);
         o.grouped_linear_fwd(xd.get(), wd.get(), y.get(), r.off.data(), E, K, N);
+        o.grouped_linear_fwd_add(xd.get(), wd.get(), ya.get(), r.off.data(), E, K, N, 0.75f);
         o.grouped_linear_bwd_input(dyd.get(), wd.get(), dx.get(), r.off.data(), E, K, N, false);
         o.grouped_linear_bwd_input(dyd.get(), wd.get(), dxa.get(), r.off.data(), E, K, N, true);
         o.grouped_linear_bwd_weight(dyd.get(), xd.get(), dw.get(), r.off.data(), E, K, N);
@@ -196,6 +203,7 @@ TEST_P(CudaMoe, GroupedLinearsMatchCpuInEveryMode) {
                                                     : "streams") +
                             " K=" + std::to_string(K);
       EXPECT_TRUE(close(download(y), ry, tol(), ("y " + m).c_str()));
+      EXPECT_TRUE(close(download(ya), rya, tol(), ("y += " + m).c_str()));
       EXPECT_TRUE(close(download(dx), rdx, tol(), ("dx " + m).c_str()));
       EXPECT_TRUE(close(download(dxa), rdxa, tol(), ("dx += " + m).c_str()));
       VecF gdw = download(dw);

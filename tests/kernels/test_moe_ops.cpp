@@ -281,6 +281,13 @@ TEST(MoeOps, GroupedLinearsMatchPerExpertLoops) {
       }
   }
   EXPECT_LT(ref::rel_err(y, yr), 1e-6);
+  // y0 + alpha x W_e^T, added in place
+  const VecF y0 = ref::randn(size_t(R * N), 36);
+  VecF ya = y0;
+  ops->grouped_linear_fwd_add(x.data(), w.data(), ya.data(), off.data(), E, K, N, -0.25f);
+  VecD yar(size_t(R * N));
+  for (size_t i = 0; i < yar.size(); ++i) yar[i] = double(y0[i]) - 0.25 * yr[i];
+  EXPECT_LT(ref::rel_err(ya, yar), 1e-6);
   VecF dx = ref::nan_vec(size_t(R * K)), dx0 = ref::randn(size_t(R * K), 34), dxa = dx0;
   ops->grouped_linear_bwd_input(dy.data(), w.data(), dx.data(), off.data(), E, K, N, false);
   ops->grouped_linear_bwd_input(dy.data(), w.data(), dxa.data(), off.data(), E, K, N, true);
