@@ -276,6 +276,8 @@ TEST(CliMpi, KilledReplicaEndsTheJobWithOneErrorInBoundedTime) {
   // mpirun reports the dead rank; a survivor that got there first names it too
   const bool named = r.err.find("rank 1") != std::string::npos || r.err.find("replica 1") != std::string::npos;
   EXPECT_TRUE(named) << r.err;
+  // mpirun's SIGTERM to the survivor must not promise a checkpoint it cannot agree on
+  EXPECT_EQ(r.err.find("then saving a checkpoint"), std::string::npos) << r.err;
   fs::remove_all(d);
 }
 
