@@ -166,6 +166,14 @@ TEST(Cli, BadSpecsGiveOneLineNamingTheKey) {
       {", \"plan\": {\"forward\": [[0,1]], \"tail\": [3,3], \"backward\": [[1,0]]}", "tail stage"},
       {", \"watchdog_s\": -1", "key 'watchdog_s': expected a number of seconds >= 0 (0 = off), got -1"},
       {", \"stop_timeout_s\": \"soon\"", "key 'stop_timeout_s'"},
+      // values the learning-rate schedule inherits are named by the key the spec wrote
+      {", \"steps\": -5", "spec.json: key 'steps': expected an integer >= 1, got -5"},
+      {", \"optimizer\": {\"lr\": -0.001}", "spec.json: key 'optimizer.lr': expected a finite number >= 0, got -0.001"},
+      {", \"lr_schedule\": {\"kind\": \"exp\"}",
+       "spec.json: key 'lr_schedule.kind': unknown schedule 'exp' (valid: constant, linear, cosine)"},
+      {", \"lr_schedule\": {\"kind\": \"cosine\", \"warmup_steps\": 5}",
+       "spec.json: key 'steps': 2 is less than warmup_steps 5"},
+      {", \"lr_schedule\": {\"lr\": \"fast\"}", "spec.json: key 'lr_schedule.lr': expected a finite number >= 0"},
   };
   for (auto& c : cases) {
     write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run", c.extra));
