@@ -185,6 +185,16 @@ TEST(Cli, BadSpecsGiveOneLineNamingTheKey) {
   expect_one_line_error(roundpipe("train " + (d / "spec.json").string() + " --resume ''", d),
                         "--resume: expected a checkpoint folder");
   EXPECT_FALSE(fs::exists(d / "run"));
+  // the data files are checked before the model is loaded, naming the key and the OS reason
+  write(d / "spec.json", spec_for(model, d / "nowhere.jsonl", d / "run"));
+  expect_one_line_error(roundpipe("train " + (d / "spec.json").string(), d),
+                        "spec.json: key 'data': " + (d / "nowhere.jsonl").string() + ": No such file or directory");
+  EXPECT_FALSE(fs::exists(d / "run"));
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run",
+                                  ", \"eval_data\": \"" + (d / "no-eval.jsonl").string() + "\""));
+  expect_one_line_error(roundpipe("train " + (d / "spec.json").string(), d),
+                        "spec.json: key 'eval_data': " + (d / "no-eval.jsonl").string() + ": No such file or directory");
+  EXPECT_FALSE(fs::exists(d / "run"));
   write(d / "broken.json", "{\"model\": \"x\",\n \"data\": }");
   expect_one_line_error(roundpipe("train " + (d / "broken.json").string(), d), "broken.json:2:");
   fs::remove_all(d);
