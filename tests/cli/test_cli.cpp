@@ -340,12 +340,22 @@ namespace {
 TEST(Cli, UsageErrorsAreOneLine) {
   auto d = tmpdir();
   for (const char* args : {"", "frobnicate", "train", "train x.json --steps 0", "train x.json --workers two",
-                           "train x.json --backend tpu", "convert a b --dtype q4"}) {
+                           "train x.json --backend tpu", "convert a b --dtype q4", "train x.json --replica-timeout -1",
+                           "plan --model x.json --gpus -8", "plan --model x.json --nodes 0",
+                           "plan --model x.json --net-gbps -100", "plan --model x.json --net-gbps 100",
+                           "plan --model x.json --accumulation 4"}) {
     CliRun r = roundpipe(args, d);
     EXPECT_EQ(r.code, 2) << args << ": " << r.err;
     EXPECT_EQ(r.err.find("roundpipe: error: "), 0u) << args << ": " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
   }
+  // a readable bound, not a range of 300 digits
+  CliRun r = roundpipe("train x.json --replica-timeout -1", d);
+  EXPECT_NE(r.err.find("expected a finite number of seconds > 0, got -1"), std::string::npos) << r.err;
+  EXPECT_LT(r.err.size(), 200u) << r.err;
+  r = roundpipe("plan --model x.json --net-gbps 100", d);
+  EXPECT_NE(r.err.find("--net-gbps 100: predicts the gradient sum over nodes; give --nodes N"), std::string::npos)
+      << r.err;
   fs::remove_all(d);
 }
 
