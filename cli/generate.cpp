@@ -43,7 +43,8 @@ std::vector<ChatMessage> read_messages(const std::string& path) {
   for (size_t i = 0; i < j.size(); ++i) {
     if (!j[i].is_object() || !j[i].contains("role") || !j[i].contains("content") || !j[i]["role"].is_string() ||
         !j[i]["content"].is_string())
-      throw std::runtime_error(fmt::format("{}: element {}: expected {{\"role\": str, \"content\": str}}", path, i));
+      throw std::runtime_error(fmt::format("{}: element {} of {}: expected {{\"role\": str, \"content\": str}}", path,
+                                           i + 1, j.size()));
     out.push_back({j[i]["role"], j[i]["content"], {}});
   }
   return out;

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "cli/command.hpp"
 #include "cli/generate.hpp"
 #include "cli/merge.hpp"
 #include "cli/plan.hpp"
@@ -38,7 +39,7 @@ int main(int argc, char** argv) {
   train->add_option("--replica-timeout", ov.replica_timeout_s,
                     "seconds a silent replica may take before the others stop with an error naming it (spec "
                     "replica_timeout_s, default 60)")
-      ->check(CLI::PositiveNumber);
+      ->check(rp::finite_number_check(false, " of seconds"));
   std::string in, out, dtype = "f32";
   auto* convert = app.add_subcommand("convert", "convert a GGUF model to a Hugging Face checkpoint folder");
   convert->add_option("input", in, "model.gguf")->required();

@@ -169,11 +169,11 @@ PartitionOptions partition_options(const PlanCommandOptions& o, int64_t cap) {
 
 std::optional<ModelLayout> run_layout(const PlanCommandOptions& o) {
   if (o.frozen.empty() && o.lora_r == 0) return std::nullopt;
-  if (o.lora_r < 0) throw std::invalid_argument(fmt::format("--lora-r: expected >= 0, got {}", o.lora_r));
-  if (o.nodes < 1) throw std::invalid_argument(fmt::format("--nodes: expected >= 1, got {}", o.nodes));
-  if (!(o.net_gbps > 0)) throw std::invalid_argument(fmt::format("--net-gbps: expected > 0, got {}", o.net_gbps));
-  if (!(o.net_latency_us >= 0)) throw std::invalid_argument("--net-latency-us: expected >= 0");
-  if (o.accumulation < 1) throw std::invalid_argument(fmt::format("--accumulation: expected >= 1, got {}", o.accumulation));
+  if (o.lora_r < 0) throw UsageError(fmt::format("--lora-r: expected >= 0, got {}", o.lora_r));
+  if (o.nodes < 1) throw UsageError(fmt::format("--nodes: expected >= 1, got {}", o.nodes));
+  if (!(o.net_gbps > 0)) throw UsageError(fmt::format("--net-gbps: expected > 0, got {}", o.net_gbps));
+  if (!(o.net_latency_us >= 0)) throw UsageError("--net-latency-us: expected >= 0");
+  if (o.accumulation < 1) throw UsageError(fmt::format("--accumulation: expected >= 1, got {}", o.accumulation));
   WeightFormat f = WeightFormat::bf16;
   if (!o.frozen.empty()) {
     try {
@@ -275,25 +275,25 @@ static void print_nodes(std::FILE* out, const PlanCommandOptions& o, const std::
 }
 
 void run_plan(const PlanCommandOptions& o, std::FILE* out) {
-  if (o.gpus < 1) throw std::invalid_argument(fmt::format("--gpus: expected >= 1, got {}", o.gpus));
-  if (o.seq_len < 1) throw std::invalid_argument(fmt::format("--seq: expected >= 1, got {}", o.seq_len));
-  if (o.micro_batches < 1) throw std::invalid_argument(fmt::format("--micro: expected >= 1, got {}", o.micro_batches));
+  if (o.gpus < 1) throw UsageError(fmt::format("--gpus: expected >= 1, got {}", o.gpus));
+  if (o.seq_len < 1) throw UsageError(fmt::format("--seq: expected >= 1, got {}", o.seq_len));
+  if (o.micro_batches < 1) throw UsageError(fmt::format("--micro: expected >= 1, got {}", o.micro_batches));
   if (o.sequences_per_micro < 1)
-    throw std::invalid_argument(fmt::format("--sequences-per-micro: expected >= 1, got {}", o.sequences_per_micro));
-  if (!(o.peak_tflops > 0)) throw std::invalid_argument("--peak-tflops: expected > 0");
-  if (!(o.hbm_gbps > 0)) throw std::invalid_argument("--hbm-gbps: expected > 0");
-  if (!(o.pcie_gbps >= 0)) throw std::invalid_argument("--pcie-gbps: expected >= 0");
-  if (o.iterations < 0) throw std::invalid_argument("--iterations: expected >= 0");
+    throw UsageError(fmt::format("--sequences-per-micro: expected >= 1, got {}", o.sequences_per_micro));
+  if (!(o.peak_tflops > 0)) throw UsageError("--peak-tflops: expected > 0");
+  if (!(o.hbm_gbps > 0)) throw UsageError("--hbm-gbps: expected > 0");
+  if (!(o.pcie_gbps >= 0)) throw UsageError("--pcie-gbps: expected >= 0");
+  if (o.iterations < 0) throw UsageError("--iterations: expected >= 0");
   if (!(o.grouped_gemm_efficiency > 0 && o.grouped_gemm_efficiency <= 1))
-    throw std::invalid_argument(
+    throw UsageError(
         fmt::format("--grouped-gemm-efficiency: expected a fraction in (0, 1], got {}", o.grouped_gemm_efficiency));
-  if (o.lora_r < 0) throw std::invalid_argument(fmt::format("--lora-r: expected >= 0, got {}", o.lora_r));
-  if (o.nodes < 1) throw std::invalid_argument(fmt::format("--nodes: expected >= 1, got {}", o.nodes));
-  if (!(o.net_gbps > 0)) throw std::invalid_argument(fmt::format("--net-gbps: expected > 0, got {}", o.net_gbps));
-  if (!(o.net_latency_us >= 0)) throw std::invalid_argument("--net-latency-us: expected >= 0");
-  if (o.accumulation < 1) throw std::invalid_argument(fmt::format("--accumulation: expected >= 1, got {}", o.accumulation));
+  if (o.lora_r < 0) throw UsageError(fmt::format("--lora-r: expected >= 0, got {}", o.lora_r));
+  if (o.nodes < 1) throw UsageError(fmt::format("--nodes: expected >= 1, got {}", o.nodes));
+  if (!(o.net_gbps > 0)) throw UsageError(fmt::format("--net-gbps: expected > 0, got {}", o.net_gbps));
+  if (!(o.net_latency_us >= 0)) throw UsageError("--net-latency-us: expected >= 0");
+  if (o.accumulation < 1) throw UsageError(fmt::format("--accumulation: expected >= 1, got {}", o.accumulation));
   if (!checked_product({o.seq_len, o.sequences_per_micro, o.micro_batches}, int64_t(1) << 40))
-    throw std::invalid_argument(fmt::format(
+    throw UsageError(fmt::format(
         "--seq {} x --sequences-per-micro {} x --micro {}: more than 2^40 tokens per iteration", o.seq_len,
         o.sequences_per_micro, o.micro_batches));
 
@@ -428,20 +428,30 @@ void add_plan_command(CLI::App& app) {
                 "comma-separated modules the adapters reach (q_proj, ..., down_proj) or all-linear, and "
                 "\"experts\" (or experts.gate_up_proj, experts.down_proj) for per-expert adapters in sparse layers")
       ->capture_default_str();
-  c->add_option("--nodes", o->nodes,
+  auto* nodes = c->add_option("--nodes", o->nodes,
                 "data-parallel replicas: predict N nodes of --gpus GPUs each summing gradients over the network "
                 "(mpirun -np N roundpipe train; README \"Several machines\")")
       ->capture_default_str();
-  c->add_option("--net-gbps", o->net_gbps, "--nodes: network bandwidth per node and direction, Gbit/s (100 = 12.5 GB/s)")
+  auto* net_gbps = c->add_option("--net-gbps", o->net_gbps, "--nodes: network bandwidth per node and direction, Gbit/s (100 = 12.5 GB/s)")
       ->capture_default_str();
-  c->add_option("--net-latency-us", o->net_latency_us, "--nodes: latency per message, microseconds")->capture_default_str();
-  c->add_option("--accumulation", o->accumulation, "--nodes: iterations per optimizer step on each node")
+  auto* net_latency = c->add_option("--net-latency-us", o->net_latency_us, "--nodes: latency per message, microseconds")->capture_default_str();
+  auto* accumulation = c->add_option("--accumulation", o->accumulation,
+                                     "--nodes: iterations per optimizer step on each node (the spec's "
+                                     "\"accumulation\" counts them over all nodes: this value x --nodes)")
       ->capture_default_str();
   c->add_option("--grouped-gemm-efficiency", o->grouped_gemm_efficiency,
                 "mixture-of-experts: the experts' grouped GEMMs (forward, input gradients) as a fraction of "
                 "--peak-tflops (0.33: measured on the H200 at Qwen3-30B-A3B shapes)")
       ->capture_default_str();
-  c->callback(reporting_errors([o] { run_plan(*o, stdout); }));
+  c->callback(reporting_errors([o, nodes, net_gbps, net_latency, accumulation] {
+    // the network flags describe the sum over nodes: without --nodes they would change nothing
+    if (o->nodes == 1)
+      for (const CLI::Option* f : {net_gbps, net_latency, accumulation})
+        if (f->count() > 0)
+          throw UsageError(fmt::format("{} {}: predicts the gradient sum over nodes; give --nodes N (N > 1) with it",
+                                       f->get_name(), f->as<std::string>()));
+    run_plan(*o, stdout);
+  }));
 }
 
 }  // namespace rp

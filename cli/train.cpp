@@ -7,10 +7,12 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <stdexcept>
+#include <string>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -25,13 +27,31 @@ namespace {
 
 const StopToken* g_stop = nullptr;
 bool g_under_mpi = false;  // launched by mpirun / mpiexec (set before the handlers)
+std::string g_first_line;  // what the first signal prints (built before the handlers)
+
+void write_err(const char* s, size_t n) { [[maybe_unused]] auto r = ::write(2, s, n); }
+
+/// The line of the first stop signal. A single process promises its checkpoint. Replicas
+/// cannot: the step is saved only if every replica gets there, and mpirun ends the whole job
+/// (SIGTERM, then SIGKILL) when one replica dies, which is also the usual source of a
+/// SIGTERM under mpirun.
+std::string first_signal_line(bool under_mpi, int rank) {
+  if (!under_mpi)
+    return "\nroundpipe: interrupted: finishing the steps in flight, then saving a checkpoint (Ctrl-C again to "
+           "exit now)\n";
+  return fmt::format(
+      "\nroundpipe: replica {}: stop signal: every replica stops after the same step and replica 0 saves it if "
+      "all of them get there (if a replica died, mpirun ends the job first; finished checkpoints are kept)\n",
+      rank);
+}
+
 // First Ctrl-C or SIGTERM: stop after the steps in flight and save them as a checkpoint (steps
 // still unfinished after the spec's stop_timeout_s are abandoned, unsaved). Second: leave now (an unfinished
 // checkpoint stays in a *.tmp-<pid> folder, removed by the next run; finished ones are kept).
 void on_signal(int) {
   if (!g_stop->request_stop()) {
     static const char msg[] = "\nroundpipe: interrupted twice, exiting now\n";
-    [[maybe_unused]] auto n = ::write(2, msg, sizeof msg - 1);
+    write_err(msg, sizeof msg - 1);
     std::_Exit(130);
   }
   // Under mpirun, output goes through a pipe that mpirun drains. An mpirun that was itself
@@ -43,9 +63,15 @@ void on_signal(int) {
       const int fl = ::fcntl(fd, F_GETFL);
       if (fl >= 0) ::fcntl(fd, F_SETFL, fl | O_NONBLOCK);
     }
-  static const char first[] =
-      "\nroundpipe: interrupted: finishing the steps in flight, then saving a checkpoint (Ctrl-C again to exit now)\n";
-  [[maybe_unused]] auto n = ::write(2, first, sizeof first - 1);
+  // a peer already known dead or silent: no step can be agreed on any more, say which one
+  if (const char* failure = g_under_mpi ? replica_failure_line() : nullptr) {
+    static const char head[] = "\nroundpipe: stop signal after a replica failure, no checkpoint can be saved: ";
+    write_err(head, sizeof head - 1);
+    write_err(failure, std::strlen(failure));
+    write_err("\n", 1);
+    return;
+  }
+  write_err(g_first_line.data(), g_first_line.size());
 }
 
 /// SIGINT, SIGTERM (batch schedulers stop jobs with it) and SIGUSR1 request `stop` while
@@ -57,6 +83,7 @@ class StopOnSignals {
   explicit StopOnSignals(const StopToken& stop) {
     g_stop = &stop;
     g_under_mpi = launched_by_mpi();
+    g_first_line = first_signal_line(g_under_mpi, launcher_rank());
     for (size_t i = 0; i < kSignals.size(); ++i) prev_[i] = std::signal(kSignals[i], on_signal);
   }
   ~StopOnSignals() {

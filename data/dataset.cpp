@@ -198,7 +198,9 @@ void load_json_array(const std::string& path, const std::string& text, const Tok
     fail(fmt::format("{}:{}", path, line_of(text, e.byte ? e.byte - 1 : 0)), "invalid JSON: " + parse_message(e));
   }
   if (!j.is_array()) fail(path, fmt::format("expected a JSON array of objects, got {}", type_name(j)));
-  for (size_t i = 0; i < j.size(); ++i) add_record(j[i], fmt::format("{}: element {}", path, i), tok, chat, d);
+  // counted from 1, as the line numbers of a .jsonl file
+  for (size_t i = 0; i < j.size(); ++i)
+    add_record(j[i], fmt::format("{}: element {} of {}", path, i + 1, j.size()), tok, chat, d);
 }
 
 void load_json_lines(const std::string& path, const std::string& text, const Tokenizer& tok, ChatTemplate chat,

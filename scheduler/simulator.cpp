@@ -40,8 +40,6 @@ double uniform_bubble_ratio(int gpus, int64_t micro_batches, int stages) {
 
 namespace {
 
-double xfer(int64_t bytes, double bw) { return bw > 0 ? double(bytes) / bw : 0.0; }
-
 void check(const IterationPlan& plan, const std::vector<StageCost>& costs, const SimOptions& o) {
   validate_plan(plan, "simulate");
   if (costs.size() != plan.stages.size())

@@ -22,9 +22,9 @@ std::shared_ptr<Replicas> replicas_for(const TrainSpec& spec) {
   std::shared_ptr<Replicas> r = mpi_replicas(spec.replica_timeout_s);
   if (spec.accumulation % r->size() != 0)
     throw std::invalid_argument(fmt::format(
-        "{}: key 'accumulation': {} passes per step cannot be split over {} replicas (each runs accumulation / "
+        "{}: key 'accumulation': {} pass{} per step cannot be split over {} replicas (each runs accumulation / "
         "replicas of them): expected a multiple of {}",
-        spec.source, spec.accumulation, r->size(), r->size()));
+        spec.source, spec.accumulation, spec.accumulation == 1 ? "" : "es", r->size(), r->size()));
   return r;
 }
 

@@ -1,5 +1,11 @@
 #include "trainer/run_setup.hpp"
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <stdexcept>
@@ -28,6 +34,27 @@ void prepare_output_dir(const TrainSpec& spec) {
     if (s.restored) spdlog::warn("restored {} from {} (a run was killed while replacing it)", s.target, s.path);
     else spdlog::info("removed {} left by an interrupted run", s.path);
   }
+}
+
+void check_data_paths(const TrainSpec& spec) {
+  auto check = [&](const char* key, const std::string& path) {
+    // a folder must list, a file must open for reading; errno names what stops it
+    int err = 0;
+    if (DIR* dir = ::opendir(path.c_str())) {
+      ::closedir(dir);
+    } else if (errno != ENOTDIR) {
+      err = errno;
+    } else if (const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC); fd >= 0) {
+      ::close(fd);
+    } else {
+      err = errno;
+    }
+    if (err)
+      throw std::invalid_argument(
+          fmt::format("{}: key '{}': {}: {}", spec.source, key, path, std::strerror(err)));
+  };
+  check("data", spec.data);
+  if (!spec.eval_data.empty()) check("eval_data", spec.eval_data);
 }
 
 void check_compute_dtype(const TrainSpec& spec) {

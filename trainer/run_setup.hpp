@@ -16,6 +16,11 @@ namespace rp {
 /// spec.source and the key.
 void prepare_output_dir(const TrainSpec& spec);
 
+/// spec.data and spec.eval_data (when given) exist and can be read (a file opens, a folder
+/// lists), checked before the model is loaded: throws std::invalid_argument
+/// "<spec.source>: key 'data': <path>: <the OS reason>".
+void check_data_paths(const TrainSpec& spec);
+
 /// "compute_dtype": "f16" needs the CUDA backend. Throws std::invalid_argument.
 void check_compute_dtype(const TrainSpec& spec);
 

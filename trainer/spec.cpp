@@ -36,6 +36,7 @@ void read_scalars(const JsonFields& f, TrainSpec& s) {
   f.optional("micro_batches", s.micro_batches);
   f.optional("accumulation", s.accumulation);
   f.optional("steps", s.steps);
+  if (s.steps < 1) f.fail("steps", "an integer >= 1", s.steps);  // before the schedule inherits it
   f.optional("backend", s.backend);
   f.optional("workers", s.workers);
   f.optional("async", s.async);
@@ -122,9 +123,23 @@ void read_optimizer(const JsonFields& f, TrainSpec& s) {
   }
   nlohmann::json sched = f.has("lr_schedule") ? f.at("lr_schedule") : nlohmann::json::object();
   if (!sched.is_object()) f.fail("lr_schedule", "an object");
-  if (!sched.contains("lr")) sched["lr"] = s.adam.lr;
-  if (!sched.contains("total_steps")) sched["total_steps"] = s.steps;
-  s.lr_schedule = LrSchedule::from_json(sched, f.where() + ": lr_schedule");
+  // the schedule's lr and total_steps default to optimizer.lr and steps: an error in a value
+  // the schedule inherited names the key the spec wrote
+  const bool own_lr = sched.contains("lr"), own_total = sched.contains("total_steps");
+  if (!own_lr) sched["lr"] = s.adam.lr;
+  if (!own_total) sched["total_steps"] = s.steps;
+  try {
+    s.lr_schedule = LrSchedule::from_json(sched, "lr_schedule");
+  } catch (const std::invalid_argument& e) {
+    // "lr_schedule.<key>: <what>" -> "<where>: key '<the spec's key>': <what>"
+    const std::string msg = e.what();
+    const size_t colon = msg.find(": ");
+    std::string key = colon == std::string::npos ? "lr_schedule" : msg.substr(0, colon);
+    const std::string what = colon == std::string::npos ? msg : msg.substr(colon + 2);
+    if (key == "lr_schedule.lr" && !own_lr) key = f.has("optimizer") ? "optimizer.lr" : "lr_schedule.lr";
+    if (key == "lr_schedule.total_steps" && !own_total) key = "steps";
+    f.fail_with(fmt::format("key '{}': {}", key, what));
+  }
 }
 
 const char* kTargetsExpected =
@@ -208,7 +223,7 @@ void read_lora(const JsonFields& f, TrainSpec& s) {
       try {
         c.base_format = parse_weight_format(fmt_name);
       } catch (const std::exception&) {
-        l.fail("base_format", "\"bf16\", \"f16\", \"f32\", \"q8_0\", \"q4_0\" or \"nf4\"");
+        l.fail("base_format", "\"bf16\", \"f16\", \"f32\", \"q8_0\", \"q4_0\", \"nf4\" or \"mxfp4\"");
       }
     }
     check_lora(l, c);

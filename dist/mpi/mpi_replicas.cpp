@@ -404,6 +404,7 @@ void MpiReplicas::fail(const std::string& what) {
     std::lock_guard lk(mu_);
     if (failed_.empty()) failed_ = what;
   }
+  note_replica_failure(what);  // for the stop-signal handler (a no-op after the first)
   cv_.notify_all();
   for (auto& op : active_) op->done(what);
   active_.clear();

@@ -73,4 +73,14 @@ bool launched_by_mpi();
 /// run; the first call's value holds. Throws std::runtime_error when built without MPI.
 std::shared_ptr<Replicas> mpi_replicas(double timeout_s = 60);
 
+/// Records the first replica failure this process saw (`line`, e.g. "replica 1 sent nothing
+/// for 10.0 s ..."; cut to 1023 bytes) for replica_failure_line(); later calls are ignored.
+void note_replica_failure(const std::string& line);
+/// That failure as a NUL-terminated line, or nullptr while none was seen. Async-signal-safe
+/// (one atomic load): the stop-signal handler of `roundpipe train` names the dead replica.
+const char* replica_failure_line();
+/// This process's rank from the MPI launcher's environment (OMPI_COMM_WORLD_RANK, PMI_RANK,
+/// PMIX_RANK), or -1 outside a launcher; readable before MPI is initialised.
+int launcher_rank();
+
 }  // namespace rp

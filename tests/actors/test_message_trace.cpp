@@ -52,8 +52,8 @@ TEST(MessageTrace, EveryProtocolMessageIsAFlowBetweenTwoSlices) {
     const std::string ph = e["ph"];
     if (ph == "M" && e["name"] == "thread_name") thread[e["tid"]] = e["args"]["name"];
     if (ph == "X") slice_at[{e["pid"], e["tid"], e["ts"]}] = e;
-    if (ph == "s") ASSERT_TRUE(starts.emplace(e["id"], e).second) << "two starts of flow " << e["id"];
-    if (ph == "f") ASSERT_TRUE(ends.emplace(e["id"], e).second) << "two ends of flow " << e["id"];
+    if (ph == "s") { ASSERT_TRUE(starts.emplace(e["id"], e).second) << "two starts of flow " << e["id"]; }
+    if (ph == "f") { ASSERT_TRUE(ends.emplace(e["id"], e).second) << "two ends of flow " << e["id"]; }
   }
   ASSERT_GT(starts.size(), 100u);
   EXPECT_EQ(starts.size(), ends.size()) << "every message sent was received";
@@ -74,9 +74,9 @@ TEST(MessageTrace, EveryProtocolMessageIsAFlowBetweenTwoSlices) {
     types.insert(s["name"]);
     // who talks to whom
     const std::string from = base_track(thread.at(s["tid"])), to = base_track(thread.at(f["tid"]));
-    if (s["name"] == "RunStage") EXPECT_TRUE(from == "scheduler.messages" && to.rfind("worker", 0) == 0) << from << to;
-    if (s["name"] == "WeightsGranted") EXPECT_TRUE(from.rfind("shard", 0) == 0 && to.rfind("worker", 0) == 0);
-    if (s["name"] == "GroupUpdated") EXPECT_TRUE(from.rfind("shard", 0) == 0 && to == "scheduler.messages");
+    if (s["name"] == "RunStage") { EXPECT_TRUE(from == "scheduler.messages" && to.rfind("worker", 0) == 0) << from << to; }
+    if (s["name"] == "WeightsGranted") { EXPECT_TRUE(from.rfind("shard", 0) == 0 && to.rfind("worker", 0) == 0); }
+    if (s["name"] == "GroupUpdated") { EXPECT_TRUE(from.rfind("shard", 0) == 0 && to == "scheduler.messages"); }
   }
   for (const char* t : {"RunStage", "ActReady", "AcquireWeights", "WeightsGranted", "ReleaseWeights", "AcquireGradSlot",
                         "GradGrant", "GradWritten", "StageDone", "CloseStep", "GradSumSq", "StepScale", "GroupUpdated"})

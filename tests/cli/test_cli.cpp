@@ -166,6 +166,14 @@ TEST(Cli, BadSpecsGiveOneLineNamingTheKey) {
       {", \"plan\": {\"forward\": [[0,1]], \"tail\": [3,3], \"backward\": [[1,0]]}", "tail stage"},
       {", \"watchdog_s\": -1", "key 'watchdog_s': expected a number of seconds >= 0 (0 = off), got -1"},
       {", \"stop_timeout_s\": \"soon\"", "key 'stop_timeout_s'"},
+      // values the learning-rate schedule inherits are named by the key the spec wrote
+      {", \"steps\": -5", "spec.json: key 'steps': expected an integer >= 1, got -5"},
+      {", \"optimizer\": {\"lr\": -0.001}", "spec.json: key 'optimizer.lr': expected a finite number >= 0, got -0.001"},
+      {", \"lr_schedule\": {\"kind\": \"exp\"}",
+       "spec.json: key 'lr_schedule.kind': unknown schedule 'exp' (valid: constant, linear, cosine)"},
+      {", \"lr_schedule\": {\"kind\": \"cosine\", \"warmup_steps\": 5}",
+       "spec.json: key 'steps': 2 is less than warmup_steps 5"},
+      {", \"lr_schedule\": {\"lr\": \"fast\"}", "spec.json: key 'lr_schedule.lr': expected a finite number >= 0"},
   };
   for (auto& c : cases) {
     write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run", c.extra));
@@ -176,6 +184,16 @@ TEST(Cli, BadSpecsGiveOneLineNamingTheKey) {
   write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
   expect_one_line_error(roundpipe("train " + (d / "spec.json").string() + " --resume ''", d),
                         "--resume: expected a checkpoint folder");
+  EXPECT_FALSE(fs::exists(d / "run"));
+  // the data files are checked before the model is loaded, naming the key and the OS reason
+  write(d / "spec.json", spec_for(model, d / "nowhere.jsonl", d / "run"));
+  expect_one_line_error(roundpipe("train " + (d / "spec.json").string(), d),
+                        "spec.json: key 'data': " + (d / "nowhere.jsonl").string() + ": No such file or directory");
+  EXPECT_FALSE(fs::exists(d / "run"));
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run",
+                                  ", \"eval_data\": \"" + (d / "no-eval.jsonl").string() + "\""));
+  expect_one_line_error(roundpipe("train " + (d / "spec.json").string(), d),
+                        "spec.json: key 'eval_data': " + (d / "no-eval.jsonl").string() + ": No such file or directory");
   EXPECT_FALSE(fs::exists(d / "run"));
   write(d / "broken.json", "{\"model\": \"x\",\n \"data\": }");
   expect_one_line_error(roundpipe("train " + (d / "broken.json").string(), d), "broken.json:2:");
@@ -322,12 +340,22 @@ namespace {
 TEST(Cli, UsageErrorsAreOneLine) {
   auto d = tmpdir();
   for (const char* args : {"", "frobnicate", "train", "train x.json --steps 0", "train x.json --workers two",
-                           "train x.json --backend tpu", "convert a b --dtype q4"}) {
+                           "train x.json --backend tpu", "convert a b --dtype q4", "train x.json --replica-timeout -1",
+                           "plan --model x.json --gpus -8", "plan --model x.json --nodes 0",
+                           "plan --model x.json --net-gbps -100", "plan --model x.json --net-gbps 100",
+                           "plan --model x.json --accumulation 4"}) {
     CliRun r = roundpipe(args, d);
     EXPECT_EQ(r.code, 2) << args << ": " << r.err;
     EXPECT_EQ(r.err.find("roundpipe: error: "), 0u) << args << ": " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
   }
+  // a readable bound, not a range of 300 digits
+  CliRun r = roundpipe("train x.json --replica-timeout -1", d);
+  EXPECT_NE(r.err.find("expected a finite number of seconds > 0, got -1"), std::string::npos) << r.err;
+  EXPECT_LT(r.err.size(), 200u) << r.err;
+  r = roundpipe("plan --model x.json --net-gbps 100", d);
+  EXPECT_NE(r.err.find("--net-gbps 100: predicts the gradient sum over nodes; give --nodes N"), std::string::npos)
+      << r.err;
   fs::remove_all(d);
 }
 

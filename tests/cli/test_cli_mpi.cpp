@@ -205,6 +205,33 @@ TEST(CliMpi, AccumulationNotAMultipleOfTheReplicasIsOneLine) {
   fs::remove_all(d);
 }
 
+TEST(CliMpi, OnePassPerStepOverTwoReplicasIsOneLine) {
+  if (const std::string why = mpi_missing(); !why.empty()) GTEST_SKIP() << why;
+  auto d = tmpdir();
+  tiny_model(d);
+  write(d / "data.jsonl", kData);
+  write(d / "spec.json", spec_json(d, 1, ", \"accumulation\": 1, \"sequences_per_step\": 2"));
+  CliRun r = run_cmd(mpirun(2) + "train " + (d / "spec.json").string() + " --output-dir " + (d / "o").string(), d);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("key 'accumulation': 1 pass per step cannot be split over 2 replicas"), std::string::npos)
+      << r.err;
+  fs::remove_all(d);
+}
+
+// The README's ready-made 2-replica job starts and trains (2 steps here).
+TEST(CliMpi, ExampleTwoReplicaSpecTrains) {
+  if (const std::string why = mpi_missing(); !why.empty()) GTEST_SKIP() << why;
+  const fs::path root = RP_SOURCE_DIR;
+  if (!fs::exists(root / "assets/SmolLM2-135M-Instruct.Q4_1.gguf") || !fs::exists(root / "assets/kjv_instruct.jsonl"))
+    GTEST_SKIP() << "default assets missing: run scripts/setup.sh (downloads SmolLM2 and builds the KJV data)";
+  auto d = tmpdir();
+  CliRun r = run_cmd("cd " + root.string() + " && " + mpirun(2) + "train examples/specs/replicas2.json --steps 2 " +
+                         "--output-dir " + (d / "o").string(), d);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(losses(d / "o/metrics.csv").size(), 2u) << r.err;
+  fs::remove_all(d);
+}
+
 // A build without MPI says so in one line when replicas are asked for (here: when this build
 // has MPI, "on" in a single process is a job of one replica that trains like a single process).
 TEST(CliMpi, AskingForMpiWithoutItIsOneLine) {
@@ -276,6 +303,8 @@ TEST(CliMpi, KilledReplicaEndsTheJobWithOneErrorInBoundedTime) {
   // mpirun reports the dead rank; a survivor that got there first names it too
   const bool named = r.err.find("rank 1") != std::string::npos || r.err.find("replica 1") != std::string::npos;
   EXPECT_TRUE(named) << r.err;
+  // mpirun's SIGTERM to the survivor must not promise a checkpoint it cannot agree on
+  EXPECT_EQ(r.err.find("then saving a checkpoint"), std::string::npos) << r.err;
   fs::remove_all(d);
 }
 

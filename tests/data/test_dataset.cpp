@@ -55,7 +55,8 @@ TEST(Jsonl, ErrorsNameFileLineAndExpectation) {
   expect_error("{\"messages\":{\"role\":\"user\"}}\n", "1: expected an array at key \"messages\"");
   expect_error("{\"messages\":[{\"role\":\"user\",\"content\":\"only a question\"}]}\n",
                "1: expected at least one assistant message");
-  expect_error("[1, 2]\n", " element 0: expected a JSON object, got number");
+  expect_error("[1, 2]\n", " element 1 of 2: expected a JSON object, got number");
+  expect_error("[{\"text\": \"a\"}, 2]\n", " element 2 of 2: expected a JSON object, got number");
   expect_error("{\"text\": \"a\"}\n{\"foo\": 1}\n",
                "2: expected a key \"text\", \"prompt\"+\"completion\", \"messages\", \"conversations\" (ShareGPT) or "
                "\"instruction\"+\"output\" (alpaca)");

@@ -277,8 +277,9 @@ TEST(Tokenizer, NfcOffsetsPointIntoTheInput) {
   ASSERT_EQ(off.size(), ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
     const std::string piece = qwen().decode({ids[i]});
-    if (piece == " au" || piece == " lait" || piece == "!")
+    if (piece == " au" || piece == " lait" || piece == "!") {
       EXPECT_EQ(text.compare(off[i], piece.size(), piece), 0) << piece << " at " << off[i];
+    }
   }
   EXPECT_TRUE(std::is_sorted(off.begin(), off.end()));
   // invalid UTF-8 next to decomposed text: bytes kept, the valid part normalised

@@ -52,8 +52,8 @@ class FakePages final : public PageBackend {
     EXPECT_LE(va + bytes, r->first + r->second) << "a mapping spans two reservations";
     // overlapping no other mapping
     auto n = maps_.lower_bound(va);
-    if (n != maps_.end()) EXPECT_LE(va + bytes, n->first);
-    if (n != maps_.begin()) EXPECT_LE(std::prev(n)->first + std::prev(n)->second, va);
+    if (n != maps_.end()) { EXPECT_LE(va + bytes, n->first); }
+    if (n != maps_.begin()) { EXPECT_LE(std::prev(n)->first + std::prev(n)->second, va); }
     maps_[va] = bytes;
     ++maps;
   }
@@ -112,8 +112,8 @@ TEST(PagedPool, NeverFailsWhileTheChargedBytesFit) {
         const auto a = reinterpret_cast<uintptr_t>(p);
         EXPECT_EQ(a % 256, 0u);
         auto n = live.lower_bound(a);
-        if (n != live.end()) EXPECT_LE(a + b, n->first);
-        if (n != live.begin()) EXPECT_LE(std::prev(n)->first + std::prev(n)->second, a);
+        if (n != live.end()) { EXPECT_LE(a + b, n->first); }
+        if (n != live.begin()) { EXPECT_LE(std::prev(n)->first + std::prev(n)->second, a); }
         live[a] = b;
         used += charged(b);
       } else {

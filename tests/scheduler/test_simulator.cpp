@@ -149,7 +149,7 @@ TEST(Simulator, TimelineFollowsTheWorkersPerMicroBatchRules) {
       for (int64_t m = 0; m < M; ++m) {
         const auto up = get(t, s, m, SimInterval::act_up), comp = get(t, s, m, SimInterval::compute);
         EXPECT_GE(comp.first, up.second - 1e-12);
-        if (s > 0) EXPECT_GE(up.first, get(t, s - 1, m, SimInterval::act_down).second - 1e-12);
+        if (s > 0) { EXPECT_GE(up.first, get(t, s - 1, m, SimInterval::act_down).second - 1e-12); }
         if (m >= 2) {
           EXPECT_GE(up.first, get(t, s, m - 2, SimInterval::compute).second - 1e-12);
           EXPECT_GE(comp.first, get(t, s, m - 2, SimInterval::act_down).second - 1e-12);

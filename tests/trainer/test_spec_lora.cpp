@@ -83,7 +83,8 @@ TEST(SpecLora, WrongValuesNameTheNestedKey) {
   EXPECT_EQ(error_of(", \"lora\": {\"modules_to_save\": [\"norm\"]}"),
             "s.json: key 'lora.modules_to_save': expected a list of \"embed_tokens\", \"lm_head\", got [\"norm\"]");
   EXPECT_EQ(error_of(", \"lora\": {\"base_format\": \"q5_k\"}"),
-            "s.json: key 'lora.base_format': expected \"bf16\", \"f16\", \"f32\", \"q8_0\", \"q4_0\" or \"nf4\", got "
+            "s.json: key 'lora.base_format': expected \"bf16\", \"f16\", \"f32\", \"q8_0\", \"q4_0\", \"nf4\" or "
+            "\"mxfp4\", got "
             "\"q5_k\"");
   EXPECT_NE(error_of(", \"lora\": {\"rank\": 8}").find("s.json: unknown key 'lora.rank' (known keys:"),
             std::string::npos);
