@@ -128,6 +128,11 @@ ModelConfig config_from_gguf(const GgufFile& f);
 ///   router_aux_loss_coef 0.001 / output_router_logits false of GptOssConfig. Throws
 ///   std::runtime_error("<file>: metadata '<key>': ...") on one line.
 void gpt_oss_config_from_gguf(const GgufFile& f, ModelConfig& c);
+/// The routed-expert counts every MoE architecture's GGUF writes under prefix `p` (e.g.
+/// "qwen3moe.", "gpt-oss."): expert_count (1..2^20) into num_experts, expert_used_count
+/// (1..expert_count) into num_experts_per_tok. Throws std::runtime_error naming the file and
+/// the metadata key.
+void gguf_expert_counts(const GgufFile& f, const std::string& p, ModelConfig& c);
 
 /// Hugging Face name of a GGUF tensor ("blk.3.attn_q.weight" ->
 /// "model.layers.3.self_attn.q_proj.weight", "blk.3.ffn_gate_inp.weight" ->

@@ -18,13 +18,7 @@ void gpt_oss_config_from_gguf(const GgufFile& f, ModelConfig& c) {
   auto fail = [&](const std::string& key, const std::string& what) {
     throw std::runtime_error(one_line(fmt::format("{}: metadata '{}{}': {}", f.path(), p, key, what)));
   };
-  c.num_experts = f.get_int(p + "expert_count");
-  if (c.num_experts < 1 || c.num_experts > (int64_t(1) << 20))
-    fail("expert_count", fmt::format("expected an integer in [1, 2^20], got {}", c.num_experts));
-  c.num_experts_per_tok = f.get_int(p + "expert_used_count");
-  if (c.num_experts_per_tok < 1 || c.num_experts_per_tok > c.num_experts)
-    fail("expert_used_count", fmt::format("expected an integer in [1, expert_count = {}], got {}",
-                                          c.num_experts, c.num_experts_per_tok));
+  gguf_expert_counts(f, p, c);
   // GptOssConfig.intermediate_size is the experts' width; the converter writes it as both keys
   const bool has_exp = f.has(p + "expert_feed_forward_length");
   if (!has_exp && c.intermediate_size <= 0)

@@ -147,11 +147,7 @@ void unpermute_qk_rows(float* w, int64_t rows, int64_t cols, int64_t n_head) {
   unpermute_qk_row_bytes(reinterpret_cast<uint8_t*>(w), rows, size_t(cols) * sizeof(float), n_head);
 }
 
-namespace {
-
-/// The sparse-block fields of a "qwen3moe" GGUF (llama.cpp's llama_model_qwen3moe and
-/// convert_hf_to_gguf.py's Qwen3MoeModel / Qwen2MoeModel): `p` = "qwen3moe.".
-void moe_config_from_gguf(const GgufFile& f, const std::string& p, ModelConfig& c) {
+void gguf_expert_counts(const GgufFile& f, const std::string& p, ModelConfig& c) {
   auto fail = [&](const std::string& key, const std::string& what) {
     throw std::runtime_error(one_line(fmt::format("{}: metadata '{}{}': {}", f.path(), p, key, what)));
   };
@@ -162,6 +158,17 @@ void moe_config_from_gguf(const GgufFile& f, const std::string& p, ModelConfig& 
   if (c.num_experts_per_tok < 1 || c.num_experts_per_tok > c.num_experts)
     fail("expert_used_count", fmt::format("expected an integer in [1, expert_count = {}], got {}",
                                           c.num_experts, c.num_experts_per_tok));
+}
+
+namespace {
+
+/// The sparse-block fields of a "qwen3moe" GGUF (llama.cpp's llama_model_qwen3moe and
+/// convert_hf_to_gguf.py's Qwen3MoeModel / Qwen2MoeModel): `p` = "qwen3moe.".
+void moe_config_from_gguf(const GgufFile& f, const std::string& p, ModelConfig& c) {
+  auto fail = [&](const std::string& key, const std::string& what) {
+    throw std::runtime_error(one_line(fmt::format("{}: metadata '{}{}': {}", f.path(), p, key, what)));
+  };
+  gguf_expert_counts(f, p, c);
   if (f.has(p + "expert_feed_forward_length")) {
     c.moe_intermediate_size = f.get_int(p + "expert_feed_forward_length");
   } else if (c.intermediate_size > 0) {  // llama.cpp's fallback for files without the key

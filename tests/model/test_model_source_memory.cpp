@@ -94,6 +94,32 @@ void write_bf16_model(const ModelConfig& c, const std::string& dir) {
   ASSERT_TRUE(bool(o));
 }
 
+// Bytes of a LoRA run's host groups: frozen ones in their storage form, trainable ones fp32.
+double storage_of(const ModelLayout& layout) {
+  double storage = 0;
+  for (const auto& g : layout.groups) storage += g.frozen ? double(g.storage_bytes) : 4.0 * double(g.numel);
+  return storage;
+}
+
+// Peak RSS growth while the base groups of `layout` are read tensor by tensor from the model
+// in `dir` (ModelSource), and the bytes read_base_groups copied as stored. peak < 0 when the
+// peak could not be reset.
+struct LazyRead {
+  double peak = -1;
+  int64_t stored = 0;
+};
+LazyRead lazy_read(const std::string& dir, const ModelLayout& layout) {
+  LazyRead r;
+  const int64_t before = status_bytes("VmRSS");
+  if (!reset_peak()) return r;
+  std::vector<std::vector<float>> tr;
+  std::vector<std::vector<uint8_t>> fr;
+  const ModelSource src = ModelSource::open(dir);
+  r.stored = read_base_groups(src, layout, tr, fr);
+  r.peak = double(status_bytes("VmHWM") - before);
+  return r;
+}
+
 TEST(ModelSourceMemory, FrozenBaseNeedsAboutItsStorageForm) {
   test::TempDir dir("msrc_mem");
   const ModelConfig c = big_config();
@@ -102,8 +128,7 @@ TEST(ModelSourceMemory, FrozenBaseNeedsAboutItsStorageForm) {
   lora.r = 8;
   lora.base_format = WeightFormat::bf16;
   const ModelLayout layout = make_layout(c, lora);
-  double storage = 0;
-  for (const auto& g : layout.groups) storage += g.frozen ? double(g.storage_bytes) : 4.0 * double(g.numel);
+  const double storage = storage_of(layout);
   const double fp32 = 4.0 * double(c.num_parameters());
   ASSERT_GT(fp32, 200e6);
 
@@ -111,13 +136,10 @@ TEST(ModelSourceMemory, FrozenBaseNeedsAboutItsStorageForm) {
   if (!reset_peak() || status_bytes("VmHWM") < 0) GTEST_SKIP() << "/proc/self/clear_refs cannot reset VmHWM here";
   double lazy = 0;
   {
-    const int64_t before = status_bytes("VmRSS");
-    ASSERT_TRUE(reset_peak());
-    std::vector<std::vector<float>> tr;
-    std::vector<std::vector<uint8_t>> fr;
-    const ModelSource src = ModelSource::open(dir.path.string());
-    const int64_t stored = read_base_groups(src, layout, tr, fr);
-    lazy = double(status_bytes("VmHWM") - before);
+    const LazyRead r = lazy_read(dir.path.string(), layout);
+    ASSERT_GE(r.peak, 0) << "/proc/self/clear_refs could not reset VmHWM";
+    const int64_t stored = r.stored;
+    lazy = r.peak;
     EXPECT_GT(stored, 0);
   }
   malloc_trim(0);
@@ -233,8 +255,7 @@ TEST(ModelSourceMemory, GptOssMxfp4ExpertsNeedNoFp32Copy) {
   LoraConfig lora;
   lora.base_format = WeightFormat::mxfp4;
   const ModelLayout layout = make_layout(c, lora);
-  double storage = 0;
-  for (const auto& g : layout.groups) storage += g.frozen ? double(g.storage_bytes) : 4.0 * double(g.numel);
+  const double storage = storage_of(layout);
   const double fp32_experts = 4.0 * 3 * double(c.num_experts * c.hidden_size * c.moe_intermediate_size * 2);
   ASSERT_GT(fp32_experts, 200e6);
 
@@ -242,13 +263,10 @@ TEST(ModelSourceMemory, GptOssMxfp4ExpertsNeedNoFp32Copy) {
   if (!reset_peak() || status_bytes("VmHWM") < 0) GTEST_SKIP() << "/proc/self/clear_refs cannot reset VmHWM here";
   double lazy = 0;
   {
-    const int64_t before = status_bytes("VmRSS");
-    ASSERT_TRUE(reset_peak());
-    std::vector<std::vector<float>> tr;
-    std::vector<std::vector<uint8_t>> fr;
-    const ModelSource src = ModelSource::open(dir.path.string());
-    const int64_t stored = read_base_groups(src, layout, tr, fr);
-    lazy = double(status_bytes("VmHWM") - before);
+    const LazyRead r = lazy_read(dir.path.string(), layout);
+    ASSERT_GE(r.peak, 0) << "/proc/self/clear_refs could not reset VmHWM";
+    const int64_t stored = r.stored;
+    lazy = r.peak;
     EXPECT_GE(stored, 2 * 3 * 32);  // every expert matrix copied as stored
   }
   malloc_trim(0);
