@@ -177,7 +177,7 @@ HostTensor SafetensorsFile::read_f32(const SafetensorsEntry& e) const {
   t.data.resize(n);
   const uint8_t* p = data(e);
   if (e.dtype == "F32") {
-    std::memcpy(t.data.data(), p, n * 4);
+    if (n > 0) std::memcpy(t.data.data(), p, n * 4);  // an empty vector's data() may be null
   } else if (e.dtype == "BF16" || e.dtype == "F16") {
     const bool bf = e.dtype == "BF16";
     for (size_t i = 0; i < n; ++i) {
