@@ -279,10 +279,10 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w,
     sc.pass_slots.push_back(std::make_shared<PassBuffers>(
         layout, I.plan, opt.micro_batches, opt.micro, dt,
         opt.workers == 1 && i > 0 ? sc.pass_slots[0]->activations : nullptr, saved_attention));
-  // Pin every host buffer the copy streams touch (no-op on the CPU backend).
-  for (auto& b : I.store->lowp) I.pin(b);
-  for (auto& b : I.store->grad)
-    if (b.data()) I.pin(b);  // frozen groups have no gradient slot
+  // Pin the host buffers the copy streams touch (no-op on the CPU backend) within the pin
+  // budget, those copied most often first: every pass's buffers, the gradient slots, the
+  // trainable weights, then the frozen weights. The rest stays pageable.
+  I.pins.budget = opt.pin_budget_bytes ? *opt.pin_budget_bytes : host_total_bytes() / 4 * 3;
   for (auto& pb : sc.pass_slots) {
     for (auto* v : {&pb->ids, &pb->targets, &pb->positions})
       for (auto& b : *v) I.pin(b);
@@ -290,6 +290,16 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w,
       for (auto& v : *vv)
         for (auto& b : v) I.pin(b);
   }
+  for (auto& b : I.store->grad)
+    if (b.data()) I.pin(b);  // frozen groups have no gradient slot
+  for (bool frozen : {false, true})
+    for (size_t g = 0; g < I.store->lowp.size(); ++g)
+      if (bool(I.store->frozen[g]) == frozen) I.pin(I.store->lowp[g], frozen);
+  if (I.pins.pageable_bytes > 0 && backend != "cpu")  // the CPU backend's copies are the same either way
+    log(fmt::format("host memory: {} pinned for fast copies, {} left pageable ({} of it frozen weights) by the "
+                    "pin budget of {} (pin_budget_gib); copies from pageable memory are slower",
+                    byte_text(double(I.pins.pinned_bytes)), byte_text(double(I.pins.pageable_bytes)),
+                    byte_text(double(I.pins.pageable_frozen_bytes)), byte_text(double(I.pins.budget))));
   I.slots = sc.pass_slots;
   I.scheduler = spawn_scheduler(*I.sys, std::move(sc));
 
@@ -526,6 +536,11 @@ void Session::save_profile(const std::string& path) const { impl_->info().profil
 std::vector<std::string> Session::replan_log() const { return impl_->info().replan_log; }
 const ModelLayout& Session::layout() const { return impl_->layout; }
 int64_t Session::steps_closed() const { return impl_->current_step; }
+HostPinning Session::host_pinning() const {
+  std::lock_guard lk(impl_->pin_mu);
+  return impl_->pins;
+}
+
 MemoryEvents Session::memory_events() const {
   return {impl_->memory_events.start_waits.load(), impl_->memory_events.prefetch_refusals.load()};
 }

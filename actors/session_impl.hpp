@@ -1,9 +1,11 @@
 // Private: the state behind rp::Session, shared by actors/session.cpp (construction, the
 // training calls) and actors/session_state.cpp (optimizer state save / load).
 #pragma once
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include <optional>
@@ -47,6 +49,8 @@ struct Session::Impl {
   int64_t waited_through = -1;
   std::mutex pin_mu;          // pin() also runs on the scheduler's thread (re-planned buffers)
   std::vector<void*> pinned;  // host blocks pinned through devices[0]
+  HostPinning pins;           // the pin budget and what it let pin (under pin_mu)
+  std::unordered_set<const void*> counted;  // buffers pin() has seen (under pin_mu)
   std::vector<std::shared_ptr<PassBuffers>> slots;
   bool resumed = false;      // load_optimizer_state succeeded
   bool saved_attention = false;  // decoders keep their attention output for backward
@@ -87,10 +91,18 @@ struct Session::Impl {
       for (void* p : pinned) devices[0]->unpin_host(p);
   }
 
-  void pin(HostBytes& b) {
+  /// Pins b when it fits what is left of pins.budget; else counts it as pageable.
+  void pin(HostBytes& b, bool frozen = false) {
     std::lock_guard lk(pin_mu);
+    if (b.size() == 0 || !counted.insert(b.data()).second) return;  // pass slots may share buffers
+    if (b.size() > pins.budget - std::min(pins.budget, pins.pinned_bytes)) {
+      pins.pageable_bytes += b.size();
+      if (frozen) pins.pageable_frozen_bytes += b.size();
+      return;
+    }
     devices[0]->pin_host(b.data(), b.size());
     pinned.push_back(b.data());
+    pins.pinned_bytes += b.size();
   }
 
   RuntimeInfo info() const {

@@ -13,18 +13,41 @@
 
 namespace rp {
 
-size_t host_available_bytes() {
-  size_t avail = 0;
+namespace {
+
+/// One "<key> N kB" line of /proc/meminfo in bytes (0 when absent or unreadable).
+size_t meminfo_bytes(const char* format) {
+  size_t bytes = 0;
   if (FILE* f = std::fopen("/proc/meminfo", "r")) {
     char line[256];
     size_t kb = 0;
     while (std::fgets(line, sizeof line, f))
-      if (std::sscanf(line, "MemAvailable: %zu kB", &kb) == 1) {
-        avail = kb * 1024;
+      if (std::sscanf(line, format, &kb) == 1) {
+        bytes = kb * 1024;
         break;
       }
     std::fclose(f);
   }
+  return bytes;
+}
+
+}  // namespace
+
+size_t host_total_bytes() {
+  size_t total = meminfo_bytes("MemTotal: %zu kB");
+  std::ifstream max("/sys/fs/cgroup/memory.max");
+  std::string m;
+  if (max >> m && m != "max") {
+    try {
+      const size_t limit = std::stoull(m);
+      if (total == 0 || limit < total) total = limit;
+    } catch (const std::exception&) {}
+  }
+  return total;
+}
+
+size_t host_available_bytes() {
+  size_t avail = meminfo_bytes("MemAvailable: %zu kB");
   // a container's memory limit (cgroup v2) is what the OOM killer enforces
   std::ifstream max("/sys/fs/cgroup/memory.max"), cur("/sys/fs/cgroup/memory.current");
   std::string m;

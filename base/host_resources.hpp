@@ -12,6 +12,10 @@ namespace rp {
 /// limited by a cgroup v2 memory.max when one is set), or 0 when unknown.
 size_t host_available_bytes();
 
+/// Bytes of host memory in all (/proc/meminfo MemTotal, or a lower cgroup v2 memory.max), or 0
+/// when unknown.
+size_t host_total_bytes();
+
 /// Bytes available to an unprivileged writer on the file system holding `path` (statvfs
 /// f_bavail * f_frsize). A path that does not exist yet is looked up through its nearest
 /// existing parent folder. Returns UINT64_MAX when it cannot be determined.

@@ -7,6 +7,7 @@
 //                    [--dtype bf16|f16] [--plan JSON] [--trace FILE] [--results FILE] [--no-priorities]
 //                    [--chunk-bytes N] [--preset qwen3-1.7b|qwen3-4b|...] [--mlp-chunk TOKENS]
 //                    [--experts E --experts-per-tok k --expert-ffn Fe] [--lora-r R --base-format nf4]
+//                    [--pin-budget-gib G]
 // The attention implementation follows RP_CUDA_ATTENTION (auto = cuDNN when available).
 // --no-priorities: parameter/gradient copies do not yield to activation copies (first come,
 // first served); --chunk-bytes: bulk copies are cut into chunks of N bytes (0: whole copies).
@@ -160,6 +161,10 @@ int run(int argc, char** argv) {
   app.add_option("--chunk-bytes", chunk_bytes, "cut parameter/gradient copies into chunks of this (0: none)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--mlp-chunk", mlp_chunk, "decoders' MLP chunk in tokens (0: default)");
+  double pin_budget_gib = -1;
+  app.add_option("--pin-budget-gib", pin_budget_gib,
+                 "host GiB the runtime may page-lock (default: three quarters of the host's memory)")
+      ->check(CLI::NonNegativeNumber);
   std::string profile_out;
   double cap_above_plan = 0;
   bool no_save_attention = false;
@@ -283,6 +288,7 @@ int run(int argc, char** argv) {
   o.transfer_chunk_bytes = size_t(chunk_bytes);
   o.transfer_bulk_inflight = bulk_inflight;
   o.mlp_chunk_tokens = mlp_chunk;
+  if (pin_budget_gib >= 0) o.pin_budget_bytes = size_t(pin_budget_gib * double(1ull << 30));
   o.save_attention = !no_save_attention;
   // The planner's working set of the plan (the memory model a cap is checked against): the
   // plan the session will choose at this cap (automatic) or the given one.
@@ -321,9 +327,11 @@ int run(int argc, char** argv) {
                 c.num_moe_layers() > 0 ? " (attention only in sparse layers)" : "", base_format.c_str(),
                 double(frozen_bytes) / 1e9, (long long)trainable);
   rp::Session s(m, std::move(w), std::move(frozen), o);
-  std::printf("session ready in %.1f s: %s, plan %s\n",
+  const rp::HostPinning pins = s.host_pinning();
+  std::printf("session ready in %.1f s: %s, plan %s; host buffers pinned %.2f GiB, pageable %.2f GiB (pin budget %.1f GiB)\n",
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), s.device_name().c_str(),
-              s.plan().summary().c_str());
+              s.plan().summary().c_str(), double(pins.pinned_bytes) / double(1ull << 30),
+              double(pins.pageable_bytes) / double(1ull << 30), double(pins.budget) / double(1ull << 30));
   const int64_t n = micro * o.micro.tokens();
   std::vector<int32_t> ids(n), tg(n);
   std::vector<double> done_at;

@@ -182,6 +182,7 @@ SessionOptions session_options_of(const TrainSpec& spec, const ModelLayout& layo
   opt.transfer_chunk_bytes = size_t(spec.transfer_chunk_bytes);
   opt.save_attention = spec.save_attention;
   opt.mlp_chunk_tokens = spec.mlp_chunk_tokens;
+  if (spec.pin_budget_gib) opt.pin_budget_bytes = size_t(*spec.pin_budget_gib * double(1ull << 30));
   // No "plan" key: automatic (analytic estimate, then re-planned from the profile once it
   // settles). An explicit plan is never changed.
   if (!spec.plan.is_null())

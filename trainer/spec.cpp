@@ -47,6 +47,10 @@ void read_scalars(const JsonFields& f, TrainSpec& s) {
   if (bool v = false; f.optional("save_attention", v)) s.save_attention = v;
   f.optional("mlp_chunk_tokens", s.mlp_chunk_tokens);
   if (s.mlp_chunk_tokens < 0) f.fail("mlp_chunk_tokens", "an integer >= 0 (0: 8192)", s.mlp_chunk_tokens);
+  if (double v = 0; f.optional("pin_budget_gib", v)) {
+    if (!(v >= 0) || !(v <= double(1 << 20))) f.fail("pin_budget_gib", "a number >= 0 and <= 1048576 (GiB)", v);
+    s.pin_budget_gib = v;
+  }
   f.optional("output_dir", s.output_dir);
   f.optional("save_every", s.save_every);
   f.optional("save_dtype", s.save_dtype);
@@ -306,7 +310,7 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
   f.allow_only({"model", "data", "lora", "adapter", "merge_adapters", "chat_template", "seq_len", "sequences_per_step", "micro_batches", "accumulation",
                 "steps", "max_examples", "packing", "eval_data", "eval_fraction", "eval_every", "optimizer", "lr_schedule", "backend", "workers", "async", "plan",
                 "device_memory_gib", "pcie_gbps", "transfer_priorities", "transfer_chunk_bytes", "save_attention",
-                "mlp_chunk_tokens", "output_dir",
+                "mlp_chunk_tokens", "pin_budget_gib", "output_dir",
                 "save_every", "save_dtype", "trace", "trace_messages", "tensorboard", "sample_prompt", "seed",
                 "log_every", "compute_dtype", "loss_scaling", "resume_from", "watchdog_s", "stop_timeout_s",
                 "nonfinite", "max_skipped_steps", "mpi", "replica_timeout_s", "comment"});

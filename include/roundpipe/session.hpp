@@ -118,6 +118,16 @@ struct SessionOptions {
   double watchdog_s = 60;
   /// Receives the watchdog's line (default: the runtime's log, spdlog::warn).
   std::function<void(const std::string&)> watchdog_log;
+  /// Host bytes the backend may page-lock (CUDA: cudaHostRegister) so that copies from and to
+  /// them run asynchronously at full PCIe bandwidth. Buffers are pinned whole, in the order
+  /// copies touch them most: every pass's buffers (token ids, activations, boundary
+  /// gradients, saved attention), the gradient slots, the trainable weights, then the frozen
+  /// weights, while they fit what is left of the budget. The rest stays pageable: results are
+  /// the same, but the driver stages those copies through its own buffers (slower, and the
+  /// issuing thread waits for them). Empty: three quarters of the host's memory
+  /// (MemTotal, or a lower cgroup memory.max). 0: pin nothing. The CPU backend pins nothing
+  /// but keeps the same accounting (Session::host_pinning).
+  std::optional<size_t> pin_budget_bytes;
   /// Data-parallel replicas (roundpipe/replicas.hpp; size > 1): this Session is one of them, and
   /// every parameter group's gradient of a step is summed over all of them as soon as it is
   /// complete here, before clipping and the update, so every replica updates every group
@@ -168,6 +178,14 @@ struct MemoryEvents {
   /// stage); the attempt is repeated as the current stage progresses, else the next stage
   /// starts when the current one ends.
   int64_t prefetch_refusals = 0;
+};
+
+/// Host buffers the session pinned within its pin budget (Session::host_pinning; bytes).
+struct HostPinning {
+  size_t budget = 0;                 ///< SessionOptions::pin_budget_bytes, or its default
+  size_t pinned_bytes = 0;           ///< pinned (page-locked on the CUDA backend)
+  size_t pageable_bytes = 0;         ///< left pageable: they did not fit what was left of the budget
+  size_t pageable_frozen_bytes = 0;  ///< the frozen weights among pageable_bytes
 };
 
 /// What load_optimizer_state found in the file.
@@ -314,6 +332,8 @@ class Session {
   int64_t steps_closed() const;
   /// Peak device bytes over all workers.
   size_t peak_device_bytes() const;
+  /// What the pin budget let pin (HostPinning); grows when a re-plan adds pass buffers.
+  HostPinning host_pinning() const;
   /// Refused stage starts and prefetches so far (MemoryEvents); readable at any time.
   MemoryEvents memory_events() const;
   std::string device_name() const;

@@ -42,6 +42,9 @@ struct TrainSpec {
   /// automatic, on when host memory allows; SessionOptions::save_attention)
   std::optional<bool> save_attention;
   int64_t mlp_chunk_tokens = 0;      ///< decoders' MLP chunk in tokens (0: 8192; SessionOptions::mlp_chunk_tokens)
+  /// "pin_budget_gib": host GiB the runtime may page-lock for fast copies (absent: three
+  /// quarters of the host's memory; SessionOptions::pin_budget_bytes)
+  std::optional<double> pin_budget_gib;
   std::string output_dir = "runs/default";
   int64_t save_every = 0;            ///< also checkpoint every k steps (0 = final only)
   std::string save_dtype = "bf16";   ///< f32 | bf16 | f16

@@ -6,7 +6,9 @@
 //  - no protocol message names a frozen group, its uploads are its storage bytes and no
 //    gradient of it is downloaded (byte totals of the param_up / grad_down tracks);
 //  - the storage-form constructor equals the fp32 one, and a save / load of the optimizer
-//    state with frozen groups resumes bit for bit.
+//    state with frozen groups resumes bit for bit;
+//  - the pin budget pins every pass's buffers, then the gradient slots and trainable weights,
+//    then the frozen weights, and a run with nothing pinned trains alike.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -18,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/session_testing.hpp"
+#include "base/host_resources.hpp"
 #include "tests/actors/runtime_reference.hpp"
 #include "trace/chrome_trace.hpp"
 
@@ -276,6 +279,58 @@ TEST(FrozenGroups, ConstructorRejectsInconsistentWeights) {
   st[2].resize(size_t(m.groups[2].storage_bytes));
   EXPECT_THROW(Session(m, random_weights(m, 7), st, options(true, 1)), std::invalid_argument);  // given twice
   EXPECT_THROW(Session(m, random_weights(m, 7), options(true, 1)).group_weights_f32(99), std::out_of_range);
+}
+
+}  // namespace
+}  // namespace rp::test
+
+namespace rp::test {
+namespace {
+
+// The budget is spent in order: pass buffers, gradient slots and trainable weights (f32 on the
+// CPU backend: numel * 4 bytes each), frozen weights (storage_bytes); a buffer that does not
+// fit what is left stays pageable. Budgets cut exactly at each class boundary must leave
+// exactly the later classes pageable.
+TEST(FrozenGroups, PinBudgetPinsPassBuffersThenTrainableStateThenFrozenWeights) {
+  const FrozenCase fc = cases()[1];
+  const ModelLayout m = frozen_layout(fc);
+  size_t frozen = 0, trainable = 0;
+  for (const ParamGroup& g : m.groups)
+    (g.frozen ? frozen : trainable) += g.frozen ? size_t(g.storage_bytes) : size_t(g.numel) * 4 * 2;
+  ASSERT_GT(frozen, 0u);
+  const auto run = [&](std::optional<size_t> budget, Result* out) {
+    TestSessionOptions o = options(true, 2);
+    o.pin_budget_bytes = budget;
+    TestSession s(m, random_weights(m, 7), o);
+    if (out) *out = run_session(s, 2);
+    return s.host_pinning();
+  };
+  Result all_pinned, none_pinned;
+  const HostPinning all = run(size_t(1) << 50, &all_pinned);
+  EXPECT_EQ(all.pageable_bytes, 0u);
+  ASSERT_GT(all.pinned_bytes, frozen + trainable);  // plus the pass buffers
+  const size_t pass = all.pinned_bytes - frozen - trainable;
+
+  const HostPinning no_frozen = run(pass + trainable, nullptr);
+  EXPECT_EQ(no_frozen.pinned_bytes, pass + trainable);
+  EXPECT_EQ(no_frozen.pageable_bytes, frozen);
+  EXPECT_EQ(no_frozen.pageable_frozen_bytes, frozen);
+
+  const HostPinning pass_only = run(pass, nullptr);
+  EXPECT_EQ(pass_only.pinned_bytes, pass);
+  EXPECT_EQ(pass_only.pageable_bytes, frozen + trainable);
+  EXPECT_EQ(pass_only.pageable_frozen_bytes, frozen);
+
+  const HostPinning none = run(0, &none_pinned);
+  EXPECT_EQ(none.pinned_bytes, 0u);
+  EXPECT_EQ(none.pageable_bytes, all.pinned_bytes);
+  for (size_t g = 0; g < m.groups.size(); ++g)
+    EXPECT_EQ(std::memcmp(none_pinned.weights[g].data(), all_pinned.weights[g].data(), none_pinned.weights[g].size() * 4),
+              0)
+        << "group " << g;
+  EXPECT_EQ(none_pinned.losses, all_pinned.losses);
+
+  EXPECT_EQ(run(std::nullopt, nullptr).budget, host_total_bytes() / 4 * 3);  // the default
 }
 
 }  // namespace

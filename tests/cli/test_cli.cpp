@@ -166,6 +166,7 @@ TEST(Cli, BadSpecsGiveOneLineNamingTheKey) {
       {", \"plan\": {\"forward\": [[0,1]], \"tail\": [3,3], \"backward\": [[1,0]]}", "tail stage"},
       {", \"watchdog_s\": -1", "key 'watchdog_s': expected a number of seconds >= 0 (0 = off), got -1"},
       {", \"stop_timeout_s\": \"soon\"", "key 'stop_timeout_s'"},
+      {", \"pin_budget_gib\": -2", "key 'pin_budget_gib': expected a number >= 0 and <= 1048576 (GiB), got -2"},
       // values the learning-rate schedule inherits are named by the key the spec wrote
       {", \"steps\": -5", "spec.json: key 'steps': expected an integer >= 1, got -5"},
       {", \"optimizer\": {\"lr\": -0.001}", "spec.json: key 'optimizer.lr': expected a finite number >= 0, got -0.001"},
