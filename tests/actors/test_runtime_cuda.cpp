@@ -1,7 +1,10 @@
 // The actor runtime on the CUDA backend (bf16 storage, fp32 accumulation and master
 // weights): several workers sharing one GPU (separate pools and streams) must reproduce
-// the fp32 sequential loop within bf16 tolerance. Skips without a GPU.
+// the fp32 sequential loop within bf16 tolerance; frozen groups (also with nothing pinned,
+// copies from pageable memory) match the CPU backend. Skips without a GPU.
 #include <gtest/gtest.h>
+
+#include <optional>
 
 #include "actors/session_testing.hpp"
 #include "tests/actors/runtime_reference.hpp"
@@ -75,14 +78,16 @@ TEST(RuntimeCuda, FrozenGroupsMatchTheCpuBackend) {
   freeze_group(m, 3, WeightFormat::q4_0);
   freeze_group(m, 4, WeightFormat::nf4);
   const int64_t M = 3, n_seq = 2, seq_len = 16, n = M * n_seq * seq_len;
-  auto run = [&](const std::string& backend) {
+  auto run = [&](const std::string& backend, std::optional<size_t> pin_budget = std::nullopt) {
     SessionOptions o;
     o.backend = backend;
+    o.pin_budget_bytes = pin_budget;
     o.workers = 2;
     o.micro_batches = M;
     o.micro = {n_seq, seq_len};
     o.adam.beta2 = 0.99;
     Session s(m, random_weights(m, 7), o);
+    if (pin_budget == size_t(0)) EXPECT_EQ(s.host_pinning().pinned_bytes, 0u);
     std::vector<double> losses;
     for (int t = 0; t < 3; ++t) {
       std::vector<int32_t> ids, tg;
@@ -101,15 +106,19 @@ TEST(RuntimeCuda, FrozenGroupsMatchTheCpuBackend) {
   };
   const auto [gpu_losses, gpu_w] = run("cuda");
   const auto [cpu_losses, cpu_w] = run("cpu");
-  for (size_t t = 0; t < cpu_losses.size(); ++t)
-    EXPECT_NEAR(gpu_losses[t], cpu_losses[t], 2e-2 * cpu_losses[t]) << "step " << t;
-  for (size_t g = 0; g < m.groups.size(); ++g) {
-    if (m.groups[g].frozen) {
-      EXPECT_EQ(gpu_w[g], cpu_w[g]) << "frozen group " << g;
-    } else {
-      EXPECT_LT(rel_err(gpu_w[g], cpu_w[g]), 1e-2) << "group " << g;
+  // nothing pinned: every copy goes through the driver's staging (pageable host memory)
+  const auto [pageable_losses, pageable_w] = run("cuda", size_t(0));
+  for (const auto* gpu : {&gpu_losses, &pageable_losses})
+    for (size_t t = 0; t < cpu_losses.size(); ++t)
+      EXPECT_NEAR((*gpu)[t], cpu_losses[t], 2e-2 * cpu_losses[t]) << "step " << t;
+  for (const auto* gw : {&gpu_w, &pageable_w})
+    for (size_t g = 0; g < m.groups.size(); ++g) {
+      if (m.groups[g].frozen) {
+        EXPECT_EQ((*gw)[g], cpu_w[g]) << "frozen group " << g;
+      } else {
+        EXPECT_LT(rel_err((*gw)[g], cpu_w[g]), 1e-2) << "group " << g;
+      }
     }
-  }
 }
 
 }  // namespace
