@@ -187,9 +187,11 @@ ShardActor::behavior_type shard_impl(ShardPointer self, std::vector<ShardGroup> 
               if (st.rules->has_waiters(a.group)) opt.reduce_wait->blocked(a.group, a.step, st.job_start[a.group]);
             }
             std::vector<float>* master = st.groups.at(a.group).master;
+            if (opt.sums_in_flight) ++*opt.sums_in_flight;
             opt.replicas->sum_async(a.group, store->grad[size_t(a.group)].as<float>(), int64_t(master->size()),
                                     fmt::format("the gradient of group {} of step {}", a.group, a.step),
-                                    [addr = self->address(), g = a.group](const std::string& err) {
+                                    [addr = self->address(), g = a.group, n = opt.sums_in_flight](const std::string& err) {
+                                      if (n) --*n;
                                       if (auto s = caf::actor_cast<ShardActor>(addr))
                                         caf::anon_send(s, JobDone{g, 0.0, err});
                                     });

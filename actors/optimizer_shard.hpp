@@ -19,6 +19,7 @@
 // the group, the job and the step to the scheduler and ends the shard with that error: its
 // groups may be half-updated, so nothing of it is used again (the scheduler fails the run).
 #pragma once
+#include <atomic>
 #include <vector>
 
 #include "actors/fault_injection.hpp"
@@ -69,6 +70,10 @@ struct ShardOptions {
   /// Optional, with replicas: records how long requests of the pipeline waited for the sums
   /// (actors/reduce_wait.hpp). Outlives the shard.
   ReduceWaitMeter* reduce_wait = nullptr;
+  /// Optional, with replicas: sums issued and not yet reported done (incremented before
+  /// Replicas::sum_async, decremented in its callback), so that the session's teardown knows
+  /// whether the communication thread may still use the gradient slots.
+  std::shared_ptr<std::atomic<int64_t>> sums_in_flight;
 };
 
 /// Spawns an optimizer shard owning `groups` (detached unless opt.detached is false);

@@ -90,6 +90,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w,
     : impl_(std::make_unique<Impl>()) {
   Impl& I = *impl_;
   I.layout = layout;
+  I.replicas = opt.replicas;
   I.opt = opt;
   if (opt.workers < 1) throw std::invalid_argument(fmt::format("workers must be >= 1, got {}", opt.workers));
   if (opt.micro_batches < 1)
@@ -333,7 +334,10 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w,
     so.faults = internals.faults;
     so.tracer = I.tracer.get();
     so.replicas = opt.replicas;
-    if (opt.replicas && opt.replicas->size() > 1) so.reduce_wait = &I.reduce_wait;
+    if (opt.replicas && opt.replicas->size() > 1) {
+      so.reduce_wait = &I.reduce_wait;
+      so.sums_in_flight = I.sums_in_flight;
+    }
     shards.push_back(spawn_optimizer_shard(*I.sys, std::move(owned[s]), I.store.get(), so, I.scheduler));
   }
   std::vector<WorkerActor> workers;
@@ -536,6 +540,19 @@ void Session::save_profile(const std::string& path) const { impl_->info().profil
 std::vector<std::string> Session::replan_log() const { return impl_->info().replan_log; }
 const ModelLayout& Session::layout() const { return impl_->layout; }
 int64_t Session::steps_closed() const { return impl_->current_step; }
+void Session::Impl::end_replica_sums() {
+  const int64_t n = *sums_in_flight;
+  if (replicas->failure().empty())
+    replicas->abort(fmt::format("replica {} ended its session with {} gradient sum{} in flight", replicas->rank(),
+                                n, n == 1 ? "" : "s"));
+  if (*sums_in_flight > 0 && replicas->failure().empty()) {
+    spdlog::error("replica {}: {} gradient sum{} still in flight at the end of the session and the replicas did "
+                  "not confirm the abort; the gradient buffers are left allocated for the communication thread",
+                  replicas->rank(), n, n == 1 ? "" : "s");
+    (void)store.release();
+  }
+}
+
 HostPinning Session::host_pinning() const {
   std::lock_guard lk(impl_->pin_mu);
   return impl_->pins;

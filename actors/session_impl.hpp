@@ -37,6 +37,9 @@ struct Session::Impl {
   MemoryEventCounters memory_events;             // the workers count into it
   RunProgress progress;                          // the actors count into it (watchdog)
   ReduceWaitMeter reduce_wait;                   // the shards time the replicas' sums into it
+  std::shared_ptr<Replicas> replicas;            // SessionOptions::replicas
+  /// Gradient sums the shards issued whose callback has not run (ShardOptions::sums_in_flight).
+  std::shared_ptr<std::atomic<int64_t>> sums_in_flight = std::make_shared<std::atomic<int64_t>>(0);
   std::unique_ptr<caf::actor_system_config> cfg;
   std::unique_ptr<caf::actor_system> sys;
   SchedulerActor scheduler;
@@ -85,11 +88,19 @@ struct Session::Impl {
       scheduler = nullptr;
       sys.reset();
     }
+    if (replicas && *sums_in_flight > 0) end_replica_sums();
     for (auto& d : devices)
       for (int k = 0; k < kNumStreams; ++k) d->stream(StreamKind(k)).synchronize();
     if (!devices.empty())
       for (void* p : pinned) devices[0]->unpin_host(p);
   }
+
+  /// Teardown with gradient sums in flight (a run abandoned by a stop or a failure): the
+  /// communication thread may still read and write the gradient slots, and the peers wait for
+  /// sums this replica will never finish. Fails the replicas (Replicas::abort, naming this
+  /// replica), after which the thread touches no buffer; should that not be confirmed, the
+  /// parameter store is left allocated rather than freed under it.
+  void end_replica_sums();
 
   /// Pins b when it fits what is left of pins.budget; else counts it as pageable.
   void pin(HostBytes& b, bool frozen = false) {
