@@ -74,21 +74,32 @@ class StuckReplicas final : public Replicas {
   std::string failure_;
 };
 
-/// Runs one step of a tiny model until `replicas` holds at least one sum, then ends the session.
-void end_with_sums_in_flight(const std::shared_ptr<StuckReplicas>& replicas) {
+/// A session of a tiny model, one worker, 2 micro-batches of one 6-token sequence, with step 0
+/// submitted (its sums go to `replicas`).
+struct StepZero {
   ModelLayout m = make_layout(tiny_config(false, true, 2));
-  TestSessionOptions o;
-  o.workers = 1;
-  o.micro_batches = 2;
-  o.micro = {1, 6};
-  o.adam = adam_opts();
-  o.replicas = replicas;
-  o.watchdog_s = 0;
-  TestSession s(m, random_weights(m, 5), o);
-  std::vector<int32_t> ids, tg;
-  random_tokens(m.config.vocab_size, 2 * 6, 40, ids, tg);
-  s.forward_backward(ids, tg);
-  s.step(1e-3, 100);
+  TestSession s;
+  explicit StepZero(const std::shared_ptr<StuckReplicas>& replicas) : s(m, random_weights(m, 5), options(replicas)) {
+    std::vector<int32_t> ids, tg;
+    random_tokens(m.config.vocab_size, 2 * 6, 40, ids, tg);
+    s.forward_backward(ids, tg);
+    s.step(1e-3, 100);
+  }
+  static TestSessionOptions options(const std::shared_ptr<StuckReplicas>& replicas) {
+    TestSessionOptions o;
+    o.workers = 1;
+    o.micro_batches = 2;
+    o.micro = {1, 6};
+    o.adam = adam_opts();
+    o.replicas = replicas;
+    o.watchdog_s = 0;
+    return o;
+  }
+};
+
+/// Runs step 0 until `replicas` holds at least one sum, then ends the session.
+void end_with_sums_in_flight(const std::shared_ptr<StuckReplicas>& replicas) {
+  StepZero run(replicas);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (replicas->held() == 0 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -126,27 +137,16 @@ TEST(ReplicaTeardown, AnUnconfirmedAbortLeavesTheGradientBuffersAllocated) {
 TEST(ReplicaTeardown, NoAbortWhenEverySumFinished) {
   auto replicas = std::make_shared<StuckReplicas>(true);
   {
-    ModelLayout m = make_layout(tiny_config(false, true, 2));
-    TestSessionOptions o;
-    o.workers = 1;
-    o.micro_batches = 2;
-    o.micro = {1, 6};
-    o.adam = adam_opts();
-    o.replicas = replicas;
-    TestSession s(m, random_weights(m, 5), o);
-    std::vector<int32_t> ids, tg;
-    random_tokens(m.config.vocab_size, 2 * 6, 40, ids, tg);
-    s.forward_backward(ids, tg);
-    s.step(1e-3, 100);
+    StepZero run(replicas);
     // finish every sum as a healthy peer would (the data stays: the other half counts as zeros)
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     std::optional<StepResult> r;
     while (!r && std::chrono::steady_clock::now() < deadline) {
       for (auto& h : replicas->take_held()) h.done("");
-      r = s.wait_for(0, 0.01);
+      r = run.s.wait_for(0, 0.01);
     }
     ASSERT_TRUE(r) << "step 0 did not close";
-    s.synchronize();
+    run.s.synchronize();
   }
   EXPECT_TRUE(replicas->aborts().empty());
 }
