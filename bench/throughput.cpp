@@ -43,6 +43,7 @@
 #include "kernels/device.hpp"
 #include "kernels/weight_format.hpp"
 #include "model/lora.hpp"
+#include "base/host_resources.hpp"
 #include "roundpipe/session.hpp"
 #include "scheduler/cost_model.hpp"
 #include "scheduler/partition.hpp"
@@ -164,7 +165,15 @@ int run(int argc, char** argv) {
   double pin_budget_gib = -1;
   app.add_option("--pin-budget-gib", pin_budget_gib,
                  "host GiB the runtime may page-lock (default: three quarters of the host's memory)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Validator(
+          [](const std::string& v) -> std::string {
+            char* end = nullptr;
+            const double x = std::strtod(v.c_str(), &end);
+            if (v.empty() || *end != 0 || !(x >= 0 && x <= double(1 << 20)))
+              return "expected a number of GiB >= 0 and <= 1048576, got '" + v + "'";
+            return "";
+          },
+          "GiB"));
   std::string profile_out;
   double cap_above_plan = 0;
   bool no_save_attention = false;
@@ -308,8 +317,13 @@ int run(int argc, char** argv) {
   po.pcie_bandwidth = dm.pcie_bandwidth;
   po.alloc_granule = on_cpu ? 256 : int64_t(rp::kCudaPoolGranule);
   const rp::IterationPlan planned = o.plan ? *o.plan : rp::automatic_partition(costs, po).plan;
-  int64_t predicted = 0;
-  for (const auto& e : rp::check_plan(costs, planned, po, "plan")) predicted = std::max(predicted, e.work_bytes);
+  // the largest stage's working set, and with room for the next stage's weights beside it (the
+  // worker prefetches them when the cap allows, so a generous cap's peak is nearer the latter)
+  int64_t predicted = 0, predicted_prefetch = 0;
+  for (const auto& e : rp::check_plan(costs, planned, po, "plan")) {
+    predicted = std::max(predicted, e.work_bytes);
+    predicted_prefetch = std::max(predicted_prefetch, e.memory_bytes);
+  }
   if (cap_above_plan > 0) {  // run that plan with the cap just above its working set
     o.plan = planned;
     o.device.capacity_bytes = size_t(double(predicted) * (1 + cap_above_plan));
@@ -328,10 +342,11 @@ int run(int argc, char** argv) {
                 double(frozen_bytes) / 1e9, (long long)trainable);
   rp::Session s(m, std::move(w), std::move(frozen), o);
   const rp::HostPinning pins = s.host_pinning();
-  std::printf("session ready in %.1f s: %s, plan %s; host buffers pinned %.2f GiB, pageable %.2f GiB (pin budget %.1f GiB)\n",
+  std::printf("session ready in %.1f s: %s, plan %s; host buffers %s %s, pageable %s (%s frozen weights), pin budget %s\n",
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), s.device_name().c_str(),
-              s.plan().summary().c_str(), double(pins.pinned_bytes) / double(1ull << 30),
-              double(pins.pageable_bytes) / double(1ull << 30), double(pins.budget) / double(1ull << 30));
+              s.plan().summary().c_str(), on_cpu ? "counted as pinned (the CPU backend page-locks nothing)" : "pinned",
+              rp::byte_text(double(pins.pinned_bytes)).c_str(), rp::byte_text(double(pins.pageable_bytes)).c_str(),
+              rp::byte_text(double(pins.pageable_frozen_bytes)).c_str(), rp::byte_text(double(pins.budget)).c_str());
   const int64_t n = micro * o.micro.tokens();
   std::vector<int32_t> ids(n), tg(n);
   std::vector<double> done_at;
@@ -389,8 +404,13 @@ int run(int argc, char** argv) {
       "| roundpipe ({} x {}, {}, {}, attention {}, {}, {}; {}) | {:.0f} | {:.3f} | {:.2f} | {:.1f} | {:.2f} |", workers,
       backend, sync ? "sync" : "async", dtype, attn && *attn ? attn : "auto", xfer, chunks, shape, tps, mfu, peak, rss,
       dt);
-  std::printf("RESULT tokens/s %.1f  MFU %.3f  peak device memory %.2f GiB (predicted working set %.2f, measured/predicted %.3f)  host max RSS %.1f GiB  step %.3f s  weights uploaded %.2f GB per iteration  (%s; %s, %s)\n",
+  predicted_prefetch = std::min(predicted_prefetch, int64_t(o.device.capacity_bytes));
+  std::printf("RESULT tokens/s %.1f  MFU %.3f  peak device memory %.2f GiB (predicted working set %.2f, measured/predicted %.3f; "
+              "with the next stage's weights prefetched %.2f, measured/predicted %.3f)  host max RSS %.1f GiB  step %.3f s  "
+              "weights uploaded %.2f GB per iteration  (%s; %s, %s)\n",
               tps, mfu, peak, double(predicted) / double(1ull << 30), double(s.peak_device_bytes()) / double(predicted),
+              double(predicted_prefetch) / double(1ull << 30),
+              double(s.peak_device_bytes()) / double(std::max<int64_t>(predicted_prefetch, 1)),
               rss, dt, weight_gb, s.plan().summary().c_str(), xfer.c_str(), chunks.c_str());
   if (!results.empty()) std::ofstream(results, std::ios::app) << row << "\n";
   if (!trace.empty()) s.write_trace(trace);

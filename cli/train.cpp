@@ -74,26 +74,46 @@ void on_signal(int) {
   write_err(g_first_line.data(), g_first_line.size());
 }
 
-/// SIGINT, SIGTERM (batch schedulers stop jobs with it) and SIGUSR1 request `stop` while
-/// alive. SIGUSR1: Open MPI's mpirun forwards it to every rank at once and leaves the job
-/// running, while its own SIGINT/SIGTERM ends the job (the ranks get SIGTERM only after
-/// odls_base_sigkill_timeout seconds, 1 by default, and SIGKILL as long after that).
-class StopOnSignals {
+/// Before the first step (loading the model and data, the evaluation before training) a stop
+/// signal ends the process at once with one line: nothing is trained or saved yet. Without it
+/// SIGUSR1, the clean stop under mpirun, would kill a rank that is still loading ("exited on
+/// signal 10").
+void on_startup_signal(int) {
+  static const char msg[] = "\nroundpipe: stop signal before the first step: exiting (nothing was trained or saved)\n";
+  write_err(msg, sizeof msg - 1);
+  std::_Exit(130);
+}
+
+/// SIGINT, SIGTERM (batch schedulers stop jobs with it) and SIGUSR1.
+constexpr std::array<int, 3> kStopSignals{SIGINT, SIGTERM, SIGUSR1};
+
+/// Installs `handler` for kStopSignals while alive, then restores the previous handlers.
+class SignalHandlers {
  public:
-  explicit StopOnSignals(const StopToken& stop) {
-    g_stop = &stop;
-    g_under_mpi = launched_by_mpi();
-    g_first_line = first_signal_line(g_under_mpi, launcher_rank());
-    for (size_t i = 0; i < kSignals.size(); ++i) prev_[i] = std::signal(kSignals[i], on_signal);
+  explicit SignalHandlers(void (*handler)(int)) {
+    for (size_t i = 0; i < kStopSignals.size(); ++i) prev_[i] = std::signal(kStopSignals[i], handler);
   }
-  ~StopOnSignals() {
-    for (size_t i = 0; i < kSignals.size(); ++i) std::signal(kSignals[i], prev_[i]);
-    g_stop = nullptr;
+  ~SignalHandlers() {
+    for (size_t i = 0; i < kStopSignals.size(); ++i) std::signal(kStopSignals[i], prev_[i]);
   }
+  SignalHandlers(const SignalHandlers&) = delete;
+  SignalHandlers& operator=(const SignalHandlers&) = delete;
 
  private:
-  static constexpr std::array<int, 3> kSignals{SIGINT, SIGTERM, SIGUSR1};
   std::array<void (*)(int), 3> prev_{};
+};
+
+/// The stop signals request `stop` while alive. SIGUSR1: Open MPI's mpirun forwards it to every
+/// rank at once and leaves the job running, while its own SIGINT/SIGTERM ends the job (the
+/// ranks get SIGTERM only after odls_base_sigkill_timeout seconds, 1 by default, and SIGKILL
+/// as long after that).
+class StopOnSignals {
+ public:
+  explicit StopOnSignals(const StopToken& stop) : handlers_((g_stop = &stop, on_signal)) {}
+  ~StopOnSignals() { g_stop = nullptr; }
+
+ private:
+  SignalHandlers handlers_;
 };
 
 std::string fmt_duration(double s) {
@@ -167,11 +187,15 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
       if (step == 0 && pass == 0) dump_batch(ov.dump_batch, b);
     };
   StopToken stop;
+  g_under_mpi = launched_by_mpi();
+  g_first_line = first_signal_line(g_under_mpi, launcher_rank());
+  std::optional<SignalHandlers> startup(std::in_place, on_startup_signal);
   // from the first step on, and while the final checkpoint is written (a Ctrl-C cannot cut it)
   std::optional<StopOnSignals> signals;
   cb.on_ready = [&] { signals.emplace(stop); };
   const TrainResult res = Trainer(spec).run(cb, stop);
   signals.reset();
+  startup.reset();
   if (res.stopped) {
     // replicas: every rank prints this line with the same step count and exits 130 (the
     // replicas agreed on the step, whichever of them got the signal)
@@ -188,9 +212,12 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
                    ? fmt::format("{} step(s) in flight did not finish within {:g} s and were not saved; ",
                                  res.steps_abandoned, spec.stop_timeout_s)
                    : std::string(),
-               res.checkpoint.empty()
-                   ? std::string("finished checkpoints are kept")
-                   : fmt::format("saved {} (continue with --resume {})", res.checkpoint, res.checkpoint)).c_str(),
+               !res.checkpoint.empty()
+                   ? fmt::format("saved {} (continue with --resume {})", res.checkpoint, res.checkpoint)
+                   : !res.latest_checkpoint.empty()
+                         ? fmt::format("the newest checkpoint is {} (continue with --resume {})",
+                                       res.latest_checkpoint, res.latest_checkpoint)
+                         : std::string("no checkpoint was written")).c_str(),
                stderr);
     return 130;
   }

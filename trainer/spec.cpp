@@ -47,10 +47,7 @@ void read_scalars(const JsonFields& f, TrainSpec& s) {
   if (bool v = false; f.optional("save_attention", v)) s.save_attention = v;
   f.optional("mlp_chunk_tokens", s.mlp_chunk_tokens);
   if (s.mlp_chunk_tokens < 0) f.fail("mlp_chunk_tokens", "an integer >= 0 (0: 8192)", s.mlp_chunk_tokens);
-  if (double v = 0; f.optional("pin_budget_gib", v)) {
-    if (!(v >= 0) || !(v <= double(1 << 20))) f.fail("pin_budget_gib", "a number >= 0 and <= 1048576 (GiB)", v);
-    s.pin_budget_gib = v;
-  }
+  if (double v = 0; f.optional("pin_budget_gib", v)) s.pin_budget_gib = v;
   f.optional("output_dir", s.output_dir);
   f.optional("save_every", s.save_every);
   f.optional("save_dtype", s.save_dtype);
@@ -279,6 +276,8 @@ void check_ranges(const JsonFields& f, const TrainSpec& s) {
   if (!(s.device_memory_gib > 0) || !(s.device_memory_gib <= double(1 << 20)))
     f.fail("device_memory_gib", "a number > 0 and <= 1048576 (GiB per device)", s.device_memory_gib);
   if (!(s.pcie_gbps >= 0) || !std::isfinite(s.pcie_gbps)) f.fail("pcie_gbps", "a finite number >= 0", s.pcie_gbps);
+  if (s.pin_budget_gib && !(*s.pin_budget_gib >= 0 && *s.pin_budget_gib <= double(1 << 20)))
+    f.fail("pin_budget_gib", "a number >= 0 and <= 1048576 (GiB)", *s.pin_budget_gib);
   if (s.transfer_chunk_bytes != 0 && s.transfer_chunk_bytes < (int64_t(1) << 16))
     f.fail("transfer_chunk_bytes", "0 (no chunking) or at least 65536 bytes", s.transfer_chunk_bytes);
   if (s.save_every < 0) f.fail("save_every", "an integer >= 0", s.save_every);

@@ -469,10 +469,12 @@ TrainResult Run::abandon(int64_t t) {
   } catch (const std::exception& e) {
     waits = e.what();
   }
+  // steps counted from 1 as in the progress lines: steps done+1..t did not finish
   spdlog::warn(
-      "stop: step {} did not finish within {:g} s of the stop request; steps {}..{} are not saved (a "
-      "checkpoint holds only completed steps); waiting for: {}",
-      done, spec_.stop_timeout_s, done, t - 1, waits);
+      "stop: step {}/{} did not finish within {:g} s of the stop request; {} not saved (a checkpoint "
+      "holds only completed steps); waiting for: {}",
+      done + 1, spec_.steps, spec_.stop_timeout_s,
+      t > done + 1 ? fmt::format("steps {}..{} are", done + 1, t) : fmt::format("step {} is", t), waits);
   try {
     save_profile();
   } catch (const std::exception& e) {
@@ -483,6 +485,7 @@ TrainResult Run::abandon(int64_t t) {
   res.steps_done = done;
   res.steps_abandoned = t - done;
   res.stopped = true;
+  res.latest_checkpoint = kept_checkpoint();
   res.stopped_by = stop_ranks_;
   res.metrics = metrics_ ? metrics_->path() : "";
   res.seconds = elapsed();
@@ -517,6 +520,7 @@ TrainResult Run::finish(int64_t t) {
     res.stopped = true;
     res.stopped_by = stop_ranks_;
     res.checkpoint = fresh ? last_checkpoint_ : std::string();
+    res.latest_checkpoint = kept_checkpoint();
   } else {
     save("final");
     res.checkpoint = last_checkpoint_;

@@ -141,7 +141,7 @@ TEST(CliResume, SigtermSavesTheStepsDoneAndTheRunContinuesFromThem) {
 
 // A run stuck on a 1 KB/s emulated link (pcie_gbps 1e-6: a weight copy takes minutes) says
 // what it waits for (the watchdog), and one SIGTERM ends it within stop_timeout_s plus the
-// teardown: exit code 130, no checkpoint of the unfinished steps.
+// teardown: exit code 130, no checkpoint of the unfinished steps, and a closing line that says so.
 TEST(CliResume, OneSigtermEndsARunStuckOnASlowLink) {
   auto d = tmpdir();
   auto model = tiny_model(d);
@@ -164,6 +164,9 @@ TEST(CliResume, OneSigtermEndsARunStuckOnASlowLink) {
   EXPECT_NE(all.find("watchdog: no progress for"), std::string::npos) << all;
   EXPECT_NE(all.find("copies outstanding"), std::string::npos) << all;
   EXPECT_NE(all.find("did not finish within 1 s and were not saved"), std::string::npos) << all;
+  // steps counted from 1 as in the progress lines: the first step is the one stuck
+  EXPECT_NE(all.find("stop: step 1/100 did not finish within 1 s"), std::string::npos) << all;
+  EXPECT_NE(all.find("no checkpoint was written"), std::string::npos) << all;
   for (const auto& e : fs::directory_iterator(d / "a"))
     EXPECT_EQ(e.path().filename().string().rfind("checkpoint-", 0), std::string::npos) << e.path();
   fs::remove_all(d);
