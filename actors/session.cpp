@@ -90,7 +90,6 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w,
     : impl_(std::make_unique<Impl>()) {
   Impl& I = *impl_;
   I.layout = layout;
-  I.replicas = opt.replicas;
   I.opt = opt;
   if (opt.workers < 1) throw std::invalid_argument(fmt::format("workers must be >= 1, got {}", opt.workers));
   if (opt.micro_batches < 1)
@@ -541,6 +540,7 @@ std::vector<std::string> Session::replan_log() const { return impl_->info().repl
 const ModelLayout& Session::layout() const { return impl_->layout; }
 int64_t Session::steps_closed() const { return impl_->current_step; }
 void Session::Impl::end_replica_sums() {
+  Replicas* replicas = opt.replicas.get();
   const int64_t n = *sums_in_flight;
   if (replicas->failure().empty())
     replicas->abort(fmt::format("replica {} ended its session with {} gradient sum{} in flight", replicas->rank(),

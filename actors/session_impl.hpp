@@ -1,7 +1,6 @@
 // Private: the state behind rp::Session, shared by actors/session.cpp (construction, the
 // training calls) and actors/session_state.cpp (optimizer state save / load).
 #pragma once
-#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -37,7 +36,6 @@ struct Session::Impl {
   MemoryEventCounters memory_events;             // the workers count into it
   RunProgress progress;                          // the actors count into it (watchdog)
   ReduceWaitMeter reduce_wait;                   // the shards time the replicas' sums into it
-  std::shared_ptr<Replicas> replicas;            // SessionOptions::replicas
   /// Gradient sums the shards issued whose callback has not run (ShardOptions::sums_in_flight).
   std::shared_ptr<std::atomic<int64_t>> sums_in_flight = std::make_shared<std::atomic<int64_t>>(0);
   std::unique_ptr<caf::actor_system_config> cfg;
@@ -88,7 +86,7 @@ struct Session::Impl {
       scheduler = nullptr;
       sys.reset();
     }
-    if (replicas && *sums_in_flight > 0) end_replica_sums();
+    if (opt.replicas && *sums_in_flight > 0) end_replica_sums();
     for (auto& d : devices)
       for (int k = 0; k < kNumStreams; ++k) d->stream(StreamKind(k)).synchronize();
     if (!devices.empty())
@@ -106,7 +104,7 @@ struct Session::Impl {
   void pin(HostBytes& b, bool frozen = false) {
     std::lock_guard lk(pin_mu);
     if (b.size() == 0 || !counted.insert(b.data()).second) return;  // pass slots may share buffers
-    if (b.size() > pins.budget - std::min(pins.budget, pins.pinned_bytes)) {
+    if (b.size() > pins.budget - pins.pinned_bytes) {  // pinned_bytes never passes the budget
       pins.pageable_bytes += b.size();
       if (frozen) pins.pageable_frozen_bytes += b.size();
       return;

@@ -2,6 +2,7 @@
 
 #include <sys/statvfs.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -31,33 +32,33 @@ size_t meminfo_bytes(const char* format) {
   return bytes;
 }
 
-}  // namespace
-
-size_t host_total_bytes() {
-  size_t total = meminfo_bytes("MemTotal: %zu kB");
+/// A container's memory limit (cgroup v2 memory.max), what the OOM killer enforces; 0 when
+/// there is none or it cannot be read.
+size_t cgroup_memory_limit() {
   std::ifstream max("/sys/fs/cgroup/memory.max");
   std::string m;
-  if (max >> m && m != "max") {
-    try {
-      const size_t limit = std::stoull(m);
-      if (total == 0 || limit < total) total = limit;
-    } catch (const std::exception&) {}
+  if (!(max >> m) || m == "max") return 0;
+  try {
+    return std::stoull(m);
+  } catch (const std::exception&) {
+    return 0;
   }
-  return total;
 }
+
+/// The smaller of two byte counts where 0 means unknown.
+size_t known_min(size_t a, size_t b) { return a == 0 ? b : b == 0 ? a : std::min(a, b); }
+
+}  // namespace
+
+size_t host_total_bytes() { return known_min(meminfo_bytes("MemTotal: %zu kB"), cgroup_memory_limit()); }
 
 size_t host_available_bytes() {
   size_t avail = meminfo_bytes("MemAvailable: %zu kB");
-  // a container's memory limit (cgroup v2) is what the OOM killer enforces
-  std::ifstream max("/sys/fs/cgroup/memory.max"), cur("/sys/fs/cgroup/memory.current");
-  std::string m;
+  std::ifstream cur("/sys/fs/cgroup/memory.current");
   size_t used = 0;
-  if (max >> m && m != "max" && cur >> used) {
-    try {
-      const size_t limit = std::stoull(m);
-      const size_t left = limit > used ? limit - used : 0;
-      if (avail == 0 || left < avail) avail = left;
-    } catch (const std::exception&) {}
+  if (const size_t limit = cgroup_memory_limit(); limit > 0 && cur >> used) {
+    const size_t left = limit > used ? limit - used : 0;
+    if (avail == 0 || left < avail) avail = left;
   }
   return avail;
 }

@@ -109,6 +109,7 @@ class SignalHandlers {
 /// as long after that).
 class StopOnSignals {
  public:
+  // g_stop is set before the handlers are installed (a signal may arrive right after)
   explicit StopOnSignals(const StopToken& stop) : handlers_((g_stop = &stop, on_signal)) {}
   ~StopOnSignals() { g_stop = nullptr; }
 

@@ -139,7 +139,8 @@ struct TrainResult {
   std::string checkpoint;       ///< the last checkpoint written by this run ("" when stopped
                                 ///< with no new step since the last one, or with steps
                                 ///< abandoned: earlier checkpoints are kept)
-  /// Stopped: the newest finished checkpoint of this run ("" when it wrote none), to resume from.
+  /// Stopped: the newest finished checkpoint to resume from: this run's last one, else the one
+  /// it resumed from ("" when there is none).
   std::string latest_checkpoint;
   std::string metrics;          ///< path of metrics.csv
   double seconds = 0;           ///< wall time of run()
