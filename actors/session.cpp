@@ -165,7 +165,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w,
   lora_device_model(dm, layout);  // adapter scratch, no base weight gradients
   std::vector<LayerCost> analytic =
       layer_costs(estimate_layers(model_shape_from_config(layout.config), opt.micro.n_seq, opt.micro.seq_len, dm));
-  apply_frozen_groups(analytic, layout, dm.elem_bytes, dm.grad_elem_bytes);  // storage uploads, no gradients
+  apply_frozen_groups(analytic, layout, dt, dm.grad_elem_bytes);  // storage uploads, no gradients
   PartitionOptions po;
   po.gpus = opt.workers;
   po.micro_batches = opt.micro_batches;

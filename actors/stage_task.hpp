@@ -41,10 +41,15 @@ struct Task {
   std::vector<int> groups;      ///< parameter groups whose weights it uploads (ModelLayout::groups_uploaded)
   std::vector<int> grad_groups; ///< groups whose gradient this stage produces
   std::map<int, DeviceBuffer> dparam, dgrad;
-  /// Frozen groups: the uploaded storage form (ParamGroup::storage_bytes), dequantized into
-  /// dparam on the compute stream once it landed, then freed (dequant_order: the groups whose
-  /// dequantization is issued and not yet reported done, in stream order).
+  /// Frozen groups: the uploaded storage form (ParamGroup::storage_bytes) after its direct
+  /// prefix (ParamGroup::direct_bytes, uploaded straight into dparam), dequantized into dparam
+  /// on the compute stream once it landed, then freed (dequant_order: the groups whose
+  /// dequantization is issued and not yet reported done, in stream order). No entry when the
+  /// whole storage is the compute copy.
   std::map<int, DeviceBuffer> dstage;
+  /// Per group: chunk copies still to land beyond one per chunk (a chunk of a frozen group that
+  /// spans its direct prefix and its staged part is two copies; Worker::send_pieces).
+  std::map<int, int> extra_copies;
   std::deque<int> dequant_order;
   std::shared_ptr<UploadWindows> uploads;  ///< the weights' chunks and windows (upload_windows.hpp)
   DeviceBuffer scratch, tmp[2];

@@ -312,14 +312,15 @@ class Worker : public WorkerActor::base {
     const size_t esz = dtype_size(d.compute_dtype());
     for (int g : t.groups) {
       t.dparam.emplace(g, DeviceBuffer(d, size_t(m.groups[g].numel) * esz));
-      if (m.groups[g].frozen) t.dstage.emplace(g, DeviceBuffer(d, size_t(m.groups[g].storage_bytes)));
+      if (const int64_t st = staged_bytes(g); st > 0) t.dstage.emplace(g, DeviceBuffer(d, size_t(st)));
     }
     // Parameters: ask the owning shard (rule 1), then upload (in chunks, window by window),
     // then release. A frozen group is uploaded in its storage form and never requested: it
-    // has one version forever.
+    // has one version forever; the part of it that already is the compute copy
+    // (ParamGroup::direct_bytes) goes straight into the weights, the rest to a staging buffer.
     std::vector<std::pair<int, size_t>> sizes;
     for (int g : t.groups)
-      sizes.emplace_back(g, m.groups[g].frozen ? t.dstage.at(g).bytes() : t.dparam.at(g).bytes());
+      sizes.emplace_back(g, size_t(m.groups[g].frozen ? m.groups[g].storage_bytes : m.groups[g].numel * int64_t(esz)));
     const auto& tc = ctx_.transfer;
     t.uploads = std::make_shared<UploadWindows>(sizes, tc.priorities ? tc.chunk_bytes : 0, tc.priorities ? windows : 1);
     t.params_pending = int(t.groups.size());
@@ -342,26 +343,50 @@ class Worker : public WorkerActor::base {
     return tp;
   }
 
+  /// Bytes of frozen group g's storage that are not the compute copy: they arrive in a staging
+  /// buffer and are dequantized into the weights (0: nothing staged; trainable groups).
+  int64_t staged_bytes(int g) const {
+    const ParamGroup& grp = ctx_.layout->groups[size_t(g)];
+    return grp.frozen ? grp.storage_bytes - grp.direct_bytes(ctx_.device->compute_dtype()) : 0;
+  }
+
   /// Uploads chunks of t's weights; a group is released (and counted in) after its last one.
+  /// A chunk of a frozen group's storage goes to the weights up to its direct prefix and to
+  /// the staging buffer after it; one that spans both is two copies (Task::extra_copies).
   void send_pieces(Task& t, const std::vector<UploadWindows::Piece>& pieces) {
     const uint64_t id = t.id;
     for (const auto& p : pieces) {
       const int g = p.group;
-      auto st = t.dstage.find(g);  // a frozen group's storage form goes to its staging buffer
-      char* dst = (st != t.dstage.end() ? st->second : t.dparam.at(g)).as<char>() + p.chunk.offset;
-      const char* src = static_cast<const char*>(ctx_.store->lowp[g].data()) + p.chunk.offset;
-      copy(param_up_, CopyDir::h2d, dst, src, p.chunk.bytes, kPrioParam, param_order_++,
-           CopyTag{CopyKind::weights, id, -1, g});
+      const char* src = static_cast<const char*>(ctx_.store->lowp[g].data());
+      const CopyTag tag{CopyKind::weights, id, -1, g};
+      const auto st = t.dstage.find(g);
+      const size_t direct =
+          st == t.dstage.end() ? SIZE_MAX : size_t(ctx_.layout->groups[size_t(g)].storage_bytes) - st->second.bytes();
+      const size_t begin = p.chunk.offset, end = p.chunk.offset + p.chunk.bytes;
+      if (begin < direct)
+        copy(param_up_, CopyDir::h2d, t.dparam.at(g).as<char>() + begin, src + begin, std::min(end, direct) - begin,
+             kPrioParam, param_order_++, tag);
+      if (end > direct) {
+        if (begin < direct) t.extra_copies[g]++;
+        const size_t from = std::max(begin, direct);
+        copy(param_up_, CopyDir::h2d, st->second.as<char>() + (from - direct), src + from, end - from, kPrioParam,
+             param_order_++, tag);
+      }
     }
   }
 
   /// A chunk of group g's weights landed; the group is released (and counted in) after its last.
   void weights_landed(uint64_t id, int g) {
     Task* tk = live(id);
-    if (!tk || !tk->uploads->piece_done(g)) return;
-    if (ctx_.layout->groups[g].frozen) {
+    if (!tk) return;
+    if (auto it = tk->extra_copies.find(g); it != tk->extra_copies.end() && it->second > 0) {
+      it->second--;  // one of a chunk's two copies
+      return;
+    }
+    if (!tk->uploads->piece_done(g)) return;
+    if (tk->dstage.count(g)) {
       dequantize(*tk, g);
-    } else {
+    } else if (!ctx_.layout->groups[g].frozen) {
       trace_sent(ctx_.tracer, me_, "", "ReleaseWeights", {{"group", g}, {"step", tk->rs.step}});
       send(ctx_.shard_of_group[g], ReleaseWeights{g, tk->rs.step});
     }
@@ -375,12 +400,14 @@ class Worker : public WorkerActor::base {
   void dequantize(Task& t, int g) {
     Device& d = *ctx_.device;
     const ParamGroup& grp = ctx_.layout->groups[g];
-    const char* src = t.dstage.at(g).as<char>();
+    const int64_t direct = grp.direct_bytes(d.compute_dtype());  // arrived in the weights as it is
+    const char* stage = t.dstage.at(g).as<char>();                // holds the storage from `direct` on
     char* dst = t.dparam.at(g).as<char>();
     const size_t esz = dtype_size(d.compute_dtype());
     std::vector<std::tuple<WeightFormat, const void*, void*, int64_t>> parts;
     for (const TensorSpec& ts : grp.tensors)
-      parts.emplace_back(ts.format, src + ts.byte_offset, dst + size_t(ts.offset) * esz, ts.numel());
+      if (ts.byte_offset >= direct)
+        parts.emplace_back(ts.format, stage + (ts.byte_offset - direct), dst + size_t(ts.offset) * esz, ts.numel());
     auto& stream = d.stream(StreamKind::compute);
     stream.launch([&d, parts = std::move(parts)] {
       for (const auto& [f, s, o, n] : parts) d.ops().dequantize(f, s, o, n);

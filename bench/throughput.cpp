@@ -309,7 +309,7 @@ int run(int argc, char** argv) {
   rp::lora_device_model(dm, m);
   auto costs =
       rp::layer_costs(rp::estimate_layers(rp::model_shape_from_config(c), o.micro.n_seq, o.micro.seq_len, dm));
-  rp::apply_frozen_groups(costs, m, dm.elem_bytes, dm.grad_elem_bytes);
+  rp::apply_frozen_groups(costs, m, on_cpu ? rp::DType::f32 : o.device.dtype, dm.grad_elem_bytes);
   rp::PartitionOptions po;
   po.gpus = workers;
   po.micro_batches = micro;

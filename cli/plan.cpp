@@ -215,7 +215,7 @@ std::vector<LayerCost> analytic_costs(const ModelShape& m, const PlanCommandOpti
   const std::optional<ModelLayout> layout = run_layout(o);
   const DeviceModel d = device_model(o, layout);
   auto costs = layer_costs(estimate_layers(m, o.sequences_per_micro, seq, d));
-  if (layout) apply_frozen_groups(costs, *layout, d.elem_bytes, d.grad_elem_bytes);
+  if (layout) apply_frozen_groups(costs, *layout, DType::bf16, d.grad_elem_bytes);  // plans are for bf16 GPUs
   return costs;
 }
 
@@ -321,7 +321,7 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
       throw std::runtime_error(fmt::format("{}: profile of {} layers, the model has {}", o.profile, p.num_layers(),
                                            costs.size()));
     costs = p.apply(costs);
-    if (layout) apply_frozen_groups(costs, *layout, d.elem_bytes, d.grad_elem_bytes);
+    if (layout) apply_frozen_groups(costs, *layout, DType::bf16, d.grad_elem_bytes);
     source = fmt::format("profile {} (calibrating the analytic model)", o.profile);
     if (p.n_seq() != oo.sequences_per_micro || p.seq_len() != oo.seq_len)
       source += fmt::format("; warning: measured at {} x {} tokens", p.n_seq(), p.seq_len());

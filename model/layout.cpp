@@ -22,6 +22,23 @@ int ParamGroup::find(const std::string& tensor_name) const {
   return -1;
 }
 
+int64_t ParamGroup::direct_bytes(DType compute) const {
+  WeightFormat f;
+  switch (compute) {
+    case DType::f32: f = WeightFormat::f32; break;
+    case DType::bf16: f = WeightFormat::bf16; break;
+    case DType::f16: f = WeightFormat::f16; break;
+    default: return 0;
+  }
+  const auto esz = int64_t(dtype_size(compute));
+  const int64_t prefix = numel * esz;
+  if (!frozen || storage_bytes < prefix) return 0;
+  const bool ok = std::all_of(tensors.begin(), tensors.end(), [&](const TensorSpec& t) {
+    return (t.format == f && t.byte_offset == t.offset * esz) || t.byte_offset >= prefix;
+  });
+  return ok ? prefix : 0;
+}
+
 LayerKind ModelLayout::kind(int layer) const {
   if (layer == 0) return LayerKind::embedding;
   if (layer == num_layers() - 1) return LayerKind::tail;
@@ -64,7 +81,6 @@ void freeze_group(ModelLayout& m, int g, WeightFormat base) {
     throw std::out_of_range(fmt::format("freeze_group: group {} outside [0, {})", g, m.groups.size()));
   ParamGroup& grp = m.groups[size_t(g)];
   const int64_t block = weight_format_block(base);
-  int64_t bytes = 0;
   // a router (mlp.gate.weight) decides which experts run: it keeps 16 bits when the base is
   // quantized, as bitsandbytes' QLoRA leaves Qwen3-MoE's router unquantized
   const bool quantized = base != WeightFormat::f32 && base != WeightFormat::bf16 && base != WeightFormat::f16;
@@ -83,6 +99,15 @@ void freeze_group(ModelLayout& m, int g, WeightFormat base) {
     t.format = t.shape.size() == 2 && t.numel() % block == 0 ? base : WeightFormat::f32;
     if (quantized && t.format == base && is_router(t.name)) t.format = WeightFormat::bf16;
     if (base == WeightFormat::mxfp4 && t.format == base && !is_expert(t.name)) t.format = WeightFormat::bf16;
+  }
+  // a plain 16-bit base: its compute copy first, the f32 tensors after it
+  const bool plain16 = base == WeightFormat::bf16 || base == WeightFormat::f16;
+  int64_t bytes = plain16 ? grp.numel * 2 : 0;
+  for (TensorSpec& t : grp.tensors) {
+    if (plain16 && t.format == base) {
+      t.byte_offset = t.offset * 2;
+      continue;
+    }
     t.byte_offset = bytes;
     bytes += int64_t(weight_format_bytes(t.format, t.numel()));
   }

@@ -485,8 +485,9 @@ void lora_device_model(DeviceModel& d, const ModelLayout& m) {
   d.lora_experts_down = names("down_proj");
 }
 
-void apply_frozen_groups(std::vector<LayerCost>& costs, const ModelLayout& m, int64_t elem_bytes,
+void apply_frozen_groups(std::vector<LayerCost>& costs, const ModelLayout& m, DType compute,
                          int64_t grad_elem_bytes) {
+  const auto elem_bytes = int64_t(dtype_size(compute));
   if (int(costs.size()) != m.num_layers())
     throw std::invalid_argument(
         fmt::format("apply_frozen_groups: {} layer costs for a model of {} layers", costs.size(), m.num_layers()));
@@ -498,9 +499,10 @@ void apply_frozen_groups(std::vector<LayerCost>& costs, const ModelLayout& m, in
     for (int g : groups) {
       const ParamGroup& grp = m.groups[size_t(g)];
       c.weight_bytes += grp.numel * elem_bytes;
-      if (grp.frozen) {
-        c.frozen_weight_bytes += grp.numel * elem_bytes;
-        c.staging_bytes += grp.storage_bytes;
+      if (grp.frozen) {  // its direct prefix lands in the weights as it is; the rest is staged
+        const int64_t direct = grp.direct_bytes(compute);
+        c.frozen_weight_bytes += grp.numel * elem_bytes - direct;
+        c.staging_bytes += grp.storage_bytes - direct;
       } else {
         c.grad_bytes += grp.numel * grad_elem_bytes;
       }

@@ -42,8 +42,9 @@ struct LayerCost {
   /// Frozen parameter groups (ParamGroup::frozen, apply_frozen_groups): of weight_bytes, the
   /// dequantized copies of frozen groups, which are not uploaded as such; instead their
   /// storage form (staging_bytes) is uploaded into a staging buffer the device holds beside
-  /// the weights while the stage runs. Uploaded per stage: weight_bytes - frozen_weight_bytes
-  /// + staging_bytes.
+  /// the weights while the stage runs (both less a storage prefix that is the compute copy
+  /// itself, ParamGroup::direct_bytes). Uploaded per stage: weight_bytes -
+  /// frozen_weight_bytes + staging_bytes.
   /// (Last, so that positional initialisers of the fields above stay valid.)
   int64_t frozen_weight_bytes = 0, staging_bytes = 0;
   /// Sparse (mixture-of-experts) decoders: one micro-batch's router statistics [2E] fp32
@@ -160,11 +161,14 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, i
 std::vector<LayerCost> layer_costs(const std::vector<LayerEstimate>& e);
 
 /// Replaces the weight and gradient bytes of every layer that reads a frozen group of `m`
-/// (ParamGroup::frozen) by the layout's: weight_bytes = numel * elem_bytes of all its groups,
-/// grad_bytes = numel * grad_elem_bytes of its trainable groups only, frozen_weight_bytes and
-/// staging_bytes (storage_bytes) of its frozen ones. Layers without frozen groups keep the
-/// analytic numbers. Throws std::invalid_argument when costs.size() != m.num_layers().
-void apply_frozen_groups(std::vector<LayerCost>& costs, const ModelLayout& m, int64_t elem_bytes,
+/// (ParamGroup::frozen) by the layout's: weight_bytes = numel * dtype_size(compute) of all its
+/// groups, grad_bytes = numel * grad_elem_bytes of its trainable groups only; of its frozen
+/// ones, the part of the storage form uploaded straight into the weights
+/// (ParamGroup::direct_bytes: a bf16 base on a bf16 device) counts as weights only, the rest
+/// as staging_bytes (uploaded, held beside the weights), with frozen_weight_bytes = the
+/// compute copy's bytes less that prefix. Layers without frozen groups keep the analytic
+/// numbers. Throws std::invalid_argument when costs.size() != m.num_layers().
+void apply_frozen_groups(std::vector<LayerCost>& costs, const ModelLayout& m, DType compute,
                          int64_t grad_elem_bytes = 4);
 
 /// Number of parameters of layer `layer` (0 embedding, 1..L decoder, L+1 tail; the tail

@@ -137,6 +137,14 @@ struct ParamGroup {
   int64_t storage_bytes = 0;  ///< frozen groups: bytes of the storage form
   /// Index of tensor `name` in `tensors`, or -1.
   int find(const std::string& tensor_name) const;
+  /// Frozen groups whose storage begins with the compute copy itself: the number of leading
+  /// storage bytes that are uploaded straight into the device's weights, numel *
+  /// dtype_size(compute), when every tensor either is stored in the element type `compute`
+  /// (f32, bf16 or f16) at byte_offset = offset * dtype_size(compute) or lies after those
+  /// bytes (byte_offset >= numel * dtype_size(compute); freeze_group puts a 16-bit base's f32
+  /// norms there). Only the tensors after the prefix go through a staging buffer and are
+  /// converted on the device. 0 for trainable groups and for every other storage form.
+  int64_t direct_bytes(DType compute) const;
 };
 
 /// Low-rank adapters (Hu et al. 2021, "LoRA", sec. 4.1) on frozen linears:
@@ -208,7 +216,11 @@ ModelLayout make_layout(const ModelConfig& c, const LoraConfig& lora);
 /// Marks group g frozen: 2-D tensors whose element count is a multiple of base's block are
 /// stored in `base`, the others in f32 (a quantized base keeps a router in bf16; mxfp4 applies
 /// to experts' matrices only, the other matrices are bf16); fills TensorSpec::format/byte_offset and
-/// storage_bytes. Throws std::out_of_range for a bad g.
+/// storage_bytes. With a plain 16-bit base (bf16, f16) the storage begins with the group's
+/// compute copy in that type (each 16-bit tensor at offset * 2, the slots of the others left
+/// zero) and the f32 tensors follow it, so a device computing in that type uploads the
+/// prefix straight into its weights (ParamGroup::direct_bytes). Throws std::out_of_range for
+/// a bad g.
 void freeze_group(ModelLayout& m, int g, WeightFormat base);
 
 /// Shape of one micro-batch: n_seq sequences of seq_len tokens (T = n_seq * seq_len tokens;

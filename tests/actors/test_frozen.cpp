@@ -32,18 +32,41 @@ constexpr int64_t kNSeq = 2, kSeqLen = 5, kM = 3;
 struct FrozenCase {
   bool qwen3, tied;
   std::vector<std::pair<int, WeightFormat>> frozen;  // (group, base format)
+  int mixed = -1;  // an f32 group whose norms are moved behind its compute copy, stored in bf16
 };
 
 // qwen3 tied: the frozen embedding is also the tied LM head (null dW in the cross-entropy) and
-// frozen decoders have q/k norms (null rmsnorm dw); llama untied: a frozen q8_0 LM head.
+// frozen decoders have q/k norms (null rmsnorm dw); llama untied: a frozen q8_0 LM head. f32
+// groups are the CPU device's compute copy itself (ParamGroup::direct_bytes: uploaded straight
+// into the weights); the mixed one is uploaded partly so and partly through a staging buffer,
+// as a bf16 base with f32 norms is on a bf16 GPU.
 std::vector<FrozenCase> cases() {
   return {{true, true, {{0, WeightFormat::bf16}, {2, WeightFormat::q8_0}, {4, WeightFormat::f32}}},
-          {false, false, {{1, WeightFormat::bf16}, {3, WeightFormat::q8_0}, {5, WeightFormat::q8_0}}}};
+          {false, false, {{1, WeightFormat::bf16}, {3, WeightFormat::q8_0}, {5, WeightFormat::q8_0}}},
+          {true, false, {{1, WeightFormat::f32}, {3, WeightFormat::bf16}}, 1}};
+}
+
+// Group g (frozen in f32) keeps its matrices where they are and stores its 1-D tensors in bf16
+// after its compute copy.
+void move_norms_behind(ModelLayout& m, int g) {
+  ParamGroup& grp = m.groups[size_t(g)];
+  int moved = 0;
+  for (TensorSpec& t : grp.tensors) {
+    if (t.shape.size() != 1) continue;
+    t.format = WeightFormat::bf16;
+    t.byte_offset = grp.storage_bytes;
+    grp.storage_bytes += t.numel() * 2;
+    ++moved;
+  }
+  ASSERT_GT(moved, 0);
+  ASSERT_EQ(grp.direct_bytes(DType::f32), grp.numel * 4);
+  ASSERT_LT(grp.direct_bytes(DType::f32), grp.storage_bytes);
 }
 
 ModelLayout frozen_layout(const FrozenCase& fc) {
   ModelLayout m = make_layout(tiny_config(fc.qwen3, fc.tied));
   for (auto [g, f] : fc.frozen) freeze_group(m, g, f);
+  if (fc.mixed >= 0) move_norms_behind(m, fc.mixed);
   return m;
 }
 
@@ -126,7 +149,9 @@ TEST(FrozenGroups, TrainLikeTheReferenceAndStayBitIdentical) {
                                  async ? "async" : "sync", clip));
         const ModelLayout m = frozen_layout(fc);
         const Result ref = run_reference(m, async, 3, clip);
-        TestSession s(m, random_weights(m, 7), options(async, 2, clip));
+        TestSessionOptions o = options(async, 2, clip);
+        if (fc.mixed >= 0) o.transfer_chunk_bytes = 100;  // chunks that span the direct prefix's end
+        TestSession s(m, random_weights(m, 7), o);
         for (const auto& gf : fc.frozen)
           EXPECT_TRUE(s.master_weights()[size_t(gf.first)].empty()) << "group " << gf.first;
         const Result got = run_session(s, 3);
@@ -163,57 +188,59 @@ TEST(FrozenGroups, TrainLikeTheReferenceAndStayBitIdentical) {
 }
 
 // Every message of the protocol that names a group names a trainable one, the parameter
-// uploads carry the frozen groups' storage bytes, and only trainable gradients come down.
+// uploads carry the frozen groups' storage bytes (also a group uploaded partly into its
+// weights and partly into a staging buffer), and only trainable gradients come down.
 TEST(FrozenGroups, NoProtocolTrafficAndStorageSizedUploads) {
-  const FrozenCase fc = cases()[0];
-  const ModelLayout m = frozen_layout(fc);
-  TestSessionOptions o = options(true, 2, 0.05);
-  o.trace = true;
-  o.trace_messages = true;
-  o.transfer_chunk_bytes = 0;  // whole copies
-  const IterationPlan plan = make_default_plan(m.num_layers(), 2);
-  o.plan = plan;
-  const int steps = 2;
-  std::string path = (std::filesystem::temp_directory_path() / "rp_frozen_trace.json").string();
-  {
-    TestSession s(m, random_weights(m, 7), o);
-    run_session(s, steps);
-    s.write_trace(path);
-  }
-  const nlohmann::json j = read_trace_json(path);
-  std::filesystem::remove(path);
-  std::set<int> frozen;
-  for (const auto& gf : fc.frozen) frozen.insert(gf.first);
-  std::map<std::pair<int64_t, int64_t>, std::string> track;
-  for (const auto& e : j["traceEvents"])
-    if (e["ph"] == "M" && e["name"] == "thread_name") track[{e["pid"], e["tid"]}] = e["args"]["name"];
-  double param_bytes = 0, grad_bytes = 0;
-  int messages_with_group = 0;
-  for (const auto& e : j["traceEvents"]) {
-    if (e["ph"] != "X") continue;
-    const std::string name = track[{e["pid"], e["tid"]}];
-    if (e.contains("args") && e["args"].contains("group")) {
-      ++messages_with_group;
-      EXPECT_FALSE(frozen.count(e["args"]["group"].get<int>())) << e["name"] << " names frozen group "
-                                                                 << e["args"]["group"];
+  for (const FrozenCase& fc : {cases()[0], cases()[2]}) {  // the mixed group: two copies, storage-sized
+    const ModelLayout m = frozen_layout(fc);
+    TestSessionOptions o = options(true, 2, 0.05);
+    o.trace = true;
+    o.trace_messages = true;
+    o.transfer_chunk_bytes = 0;  // whole copies
+    const IterationPlan plan = make_default_plan(m.num_layers(), 2);
+    o.plan = plan;
+    const int steps = 2;
+    std::string path = (std::filesystem::temp_directory_path() / "rp_frozen_trace.json").string();
+    {
+      TestSession s(m, random_weights(m, 7), o);
+      run_session(s, steps);
+      s.write_trace(path);
     }
-    if (!e.contains("args") || !e["args"].contains("bytes")) continue;
-    if (name.find("param_up") != std::string::npos) param_bytes += e["args"]["bytes"].get<double>();
-    if (name.find("grad_down") != std::string::npos) grad_bytes += e["args"]["bytes"].get<double>();
-  }
-  EXPECT_GT(messages_with_group, 0);
-  double want_param = 0, want_grad = 0;  // per pass, one pass per step
-  for (const Stage& st : plan.stages) {
-    for (int g : m.groups_uploaded(st.layers(), st.kind == StageKind::backward)) {
-      const ParamGroup& grp = m.groups[size_t(g)];
-      want_param += grp.frozen ? double(grp.storage_bytes) : double(grp.numel) * 4;
+    const nlohmann::json j = read_trace_json(path);
+    std::filesystem::remove(path);
+    std::set<int> frozen;
+    for (const auto& gf : fc.frozen) frozen.insert(gf.first);
+    std::map<std::pair<int64_t, int64_t>, std::string> track;
+    for (const auto& e : j["traceEvents"])
+      if (e["ph"] == "M" && e["name"] == "thread_name") track[{e["pid"], e["tid"]}] = e["args"]["name"];
+    double param_bytes = 0, grad_bytes = 0;
+    int messages_with_group = 0;
+    for (const auto& e : j["traceEvents"]) {
+      if (e["ph"] != "X") continue;
+      const std::string name = track[{e["pid"], e["tid"]}];
+      if (e.contains("args") && e["args"].contains("group")) {
+        ++messages_with_group;
+        EXPECT_FALSE(frozen.count(e["args"]["group"].get<int>())) << e["name"] << " names frozen group "
+                                                                   << e["args"]["group"];
+      }
+      if (!e.contains("args") || !e["args"].contains("bytes")) continue;
+      if (name.find("param_up") != std::string::npos) param_bytes += e["args"]["bytes"].get<double>();
+      if (name.find("grad_down") != std::string::npos) grad_bytes += e["args"]["bytes"].get<double>();
     }
-    if (st.kind != StageKind::forward)
-      for (int g : m.groups_of(st.layers()))
-        if (!m.groups[size_t(g)].frozen) want_grad += double(m.groups[size_t(g)].numel) * 4;
+    EXPECT_GT(messages_with_group, 0);
+    double want_param = 0, want_grad = 0;  // per pass, one pass per step
+    for (const Stage& st : plan.stages) {
+      for (int g : m.groups_uploaded(st.layers(), st.kind == StageKind::backward)) {
+        const ParamGroup& grp = m.groups[size_t(g)];
+        want_param += grp.frozen ? double(grp.storage_bytes) : double(grp.numel) * 4;
+      }
+      if (st.kind != StageKind::forward)
+        for (int g : m.groups_of(st.layers()))
+          if (!m.groups[size_t(g)].frozen) want_grad += double(m.groups[size_t(g)].numel) * 4;
+    }
+    EXPECT_EQ(param_bytes, steps * want_param);
+    EXPECT_EQ(grad_bytes, steps * want_grad);
   }
-  EXPECT_EQ(param_bytes, steps * want_param);
-  EXPECT_EQ(grad_bytes, steps * want_grad);
 }
 
 // A session given the frozen groups in storage form computes exactly what one given fp32

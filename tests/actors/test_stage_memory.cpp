@@ -96,6 +96,7 @@ TEST(StageMemory, FrozenGroupsWorkingSetMatchesTheWorker) {
     freeze_group(m, 0, WeightFormat::bf16);
     freeze_group(m, 2, WeightFormat::q8_0);
     freeze_group(m, 5, WeightFormat::q8_0);
+    freeze_group(m, 3, WeightFormat::f32);  // the f32 device's compute copy itself: no staging
     const MicroBatchShape shape{2, 6};
     std::vector<std::unique_ptr<Layer>> layers;
     LayerOptions lo;
@@ -112,10 +113,14 @@ TEST(StageMemory, FrozenGroupsWorkingSetMatchesTheWorker) {
     auto pb = std::make_shared<PassBuffers>(m, plan, 2, shape, DType::f32);
     auto costs = cpu_costs(m, shape);
     const auto plain = costs;
-    apply_frozen_groups(costs, m, 4, 4);
+    apply_frozen_groups(costs, m, DType::f32, 4);
     EXPECT_EQ(costs[1], plain[1]);  // a trainable decoder keeps the analytic numbers
     EXPECT_EQ(costs[2].grad_bytes, 0);
     EXPECT_EQ(costs[2].staging_bytes, m.groups[2].storage_bytes);
+    EXPECT_EQ(costs[3].grad_bytes, 0);
+    EXPECT_EQ(costs[3].staging_bytes, 0);
+    EXPECT_EQ(costs[3].frozen_weight_bytes, 0);
+    EXPECT_EQ(costs[3].weight_bytes, m.groups[3].numel * 4);
     PartitionOptions po;
     po.micro_batches = 2;
     po.alloc_granule = int64_t(dev->allocation_granule());
@@ -138,7 +143,8 @@ TEST(StageMemory, FrozenGroupsWorkingSetMatchesTheWorker) {
         for (int g : t.groups) {
           const ParamGroup& grp = m.groups[size_t(g)];
           t.dparam.emplace(g, DeviceBuffer(*dev, size_t(grp.numel) * 4));
-          if (grp.frozen) t.dstage.emplace(g, DeviceBuffer(*dev, size_t(grp.storage_bytes)));
+          if (const int64_t st = grp.storage_bytes - grp.direct_bytes(DType::f32); grp.frozen && st > 0)
+            t.dstage.emplace(g, DeviceBuffer(*dev, size_t(st)));
           uploaded += grp.frozen ? grp.storage_bytes : grp.numel * 4;
         }
         allocate_work(ctx, t);
@@ -159,9 +165,10 @@ TEST(StageMemory, FrozenGroupsWorkingSetMatchesTheWorker) {
 TEST(StageMemory, PlansRunUnderACapJustAboveTheirPredictedPeak) {
   for (bool frozen : {false, true}) {
   ModelLayout m = make_layout(tiny_config(true, true, 4));
-  if (frozen) {  // the tied embedding in bf16, a decoder in q8_0
+  if (frozen) {  // the tied embedding in bf16, a decoder in q8_0, one in f32 (uploaded as it is)
     freeze_group(m, 0, WeightFormat::bf16);
     freeze_group(m, 2, WeightFormat::q8_0);
+    freeze_group(m, 3, WeightFormat::f32);
   }
   const MicroBatchShape shape{2, 6};
   const std::vector<IterationPlan> plans = {
@@ -172,7 +179,7 @@ TEST(StageMemory, PlansRunUnderACapJustAboveTheirPredictedPeak) {
   for (const auto& plan : plans) {
     SCOPED_TRACE(plan.summary() + (saved ? ", saved attention" : "") + (frozen ? ", frozen groups" : ""));
     auto costs = cpu_costs(m, shape, saved);
-    apply_frozen_groups(costs, m, 4, 4);
+    apply_frozen_groups(costs, m, DType::f32, 4);
     PartitionOptions po;
     po.micro_batches = 3;
     int64_t predicted = 0;

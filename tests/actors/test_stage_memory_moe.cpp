@@ -45,7 +45,7 @@ std::vector<LayerCost> planned_costs(const ModelLayout& m, MicroBatchShape s, bo
   dm.mlp_chunk_tokens = kChunk;
   lora_device_model(dm, m);
   auto costs = layer_costs(estimate_layers(model_shape_from_config(m.config), s.n_seq, s.seq_len, dm));
-  apply_frozen_groups(costs, m, 4, 4);
+  apply_frozen_groups(costs, m, DType::f32, 4);
   return costs;
 }
 

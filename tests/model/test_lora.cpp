@@ -83,6 +83,52 @@ TEST(LoraLayout, GroupsNamesShapesAndFrozenBase) {
   EXPECT_EQ(names[13], "model.layers.0.mlp.down_proj.lora_B.weight");
 }
 
+// A plain 16-bit base stores each group's compute copy first (its matrices at offset * 2) and
+// its f32 vectors behind it, so a device computing in that type uploads the prefix as it is
+// (direct_bytes); every other pairing of storage and compute type has no direct prefix.
+TEST(LoraLayout, SixteenBitBaseStartsWithItsComputeCopy) {
+  const ModelConfig c = tiny_config({true, false, "default"});  // embedding, 2 decoders, tail
+  ModelLayout m = make_layout(c), o = make_layout(c);
+  freeze_group(m, 1, WeightFormat::bf16);
+  freeze_group(m, 2, WeightFormat::f16);
+  freeze_group(o, 1, WeightFormat::q8_0);
+  freeze_group(o, 2, WeightFormat::f32);
+  for (int g : {1, 2}) {
+    const ParamGroup& grp = m.groups[size_t(g)];
+    const WeightFormat base = g == 1 ? WeightFormat::bf16 : WeightFormat::f16;
+    int64_t vectors = 0, behind = grp.numel * 2;
+    for (const TensorSpec& t : grp.tensors) {
+      if (t.shape.size() == 2) {
+        EXPECT_EQ(t.format, base) << t.name;
+        EXPECT_EQ(t.byte_offset, t.offset * 2) << t.name;
+      } else {
+        EXPECT_EQ(t.format, WeightFormat::f32) << t.name;
+        EXPECT_EQ(t.byte_offset, behind) << t.name;  // packed after the compute copy, in order
+        behind += t.numel() * 4;
+        ++vectors;
+      }
+    }
+    EXPECT_GT(vectors, 0);  // norms: the group has a staged part
+    EXPECT_EQ(grp.storage_bytes, behind);
+    EXPECT_EQ(grp.direct_bytes(g == 1 ? DType::bf16 : DType::f16), grp.numel * 2);
+    EXPECT_EQ(grp.direct_bytes(g == 1 ? DType::f16 : DType::bf16), 0);  // another 16-bit type converts
+    EXPECT_EQ(grp.direct_bytes(DType::f32), 0);
+  }
+  EXPECT_EQ(o.groups[1].direct_bytes(DType::bf16), 0);  // quantized: all of it is staged
+  EXPECT_EQ(o.groups[1].direct_bytes(DType::f32), 0);
+  EXPECT_EQ(o.groups[2].direct_bytes(DType::f32), o.groups[2].numel * 4);
+  EXPECT_EQ(o.groups[2].storage_bytes, o.groups[2].numel * 4);  // nothing staged
+  EXPECT_EQ(o.groups[2].direct_bytes(DType::bf16), 0);
+  EXPECT_EQ(m.groups[0].direct_bytes(DType::f32), 0);  // trainable
+  ParamGroup moved = m.groups[1];  // a 16-bit tensor out of its compute slot: no prefix
+  for (TensorSpec& t : moved.tensors)
+    if (t.shape.size() == 2) {
+      t.byte_offset += 2;
+      break;
+    }
+  EXPECT_EQ(moved.direct_bytes(DType::bf16), 0);
+}
+
 TEST(LoraLayout, GroupsOfUploadsAndAdapterGroup) {
   const ModelLayout m = make_layout(tiny_config({false, true, "default"}), all_linear());  // tied
   const int L = 2;

@@ -229,7 +229,7 @@ TEST(CostModelMoe, FrozenGroupsOfAMoeLayout) {
   lora_device_model(d, m);
   auto costs = layer_costs(estimate_layers(model_shape_from_config(c), 1, 32, d));
   const auto analytic = costs;
-  apply_frozen_groups(costs, m, 2, 4);
+  apply_frozen_groups(costs, m, DType::bf16, 4);
   const int a1 = m.adapter_group(1);
   ASSERT_GE(a1, 0);
   EXPECT_EQ(costs[1].weight_bytes, analytic[1].weight_bytes + m.groups[size_t(a1)].numel * 2);
