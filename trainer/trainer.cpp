@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -469,12 +470,23 @@ TrainResult Run::abandon(int64_t t) {
   } catch (const std::exception& e) {
     waits = e.what();
   }
+  // the runtime's whole status (every worker's task and copy, every shard) is kilobytes: the
+  // line names its start and the leader keeps all of it beside the run's other files
+  std::string where;
+  if (leader()) {
+    const std::string file = path("stop_status.txt");
+    std::FILE* f = std::fopen(file.c_str(), "w");
+    if (f && std::fputs((waits + "\n").c_str(), f) >= 0 && std::fclose(f) == 0) where = "; all of it in " + file;
+    else if (f) std::fclose(f);
+  }
+  constexpr size_t kShown = 160;
+  const std::string shown = waits.size() > kShown ? waits.substr(0, kShown) + "..." : waits;
   // steps counted from 1 as in the progress lines: steps done+1..t did not finish
   spdlog::warn(
       "stop: step {}/{} did not finish within {:g} s of the stop request; {} not saved (a checkpoint "
-      "holds only completed steps); waiting for: {}",
+      "holds only completed steps); waiting for: {}{}",
       done + 1, spec_.steps, spec_.stop_timeout_s,
-      t > done + 1 ? fmt::format("steps {}..{} are", done + 1, t) : fmt::format("step {} is", t), waits);
+      t > done + 1 ? fmt::format("steps {}..{} are", done + 1, t) : fmt::format("step {} is", t), shown, where);
   try {
     save_profile();
   } catch (const std::exception& e) {

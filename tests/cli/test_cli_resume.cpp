@@ -167,6 +167,13 @@ TEST(CliResume, OneSigtermEndsARunStuckOnASlowLink) {
   // steps counted from 1 as in the progress lines: the first step is the one stuck
   EXPECT_NE(all.find("stop: step 1/100 did not finish within 1 s"), std::string::npos) << all;
   EXPECT_NE(all.find("no checkpoint was written"), std::string::npos) << all;
+  // the stop line shows the start of the runtime's status; all of it is kept in a file
+  const size_t at = all.find("stop: step 1/100");
+  ASSERT_NE(at, std::string::npos);
+  const std::string line = all.substr(at, all.find('\n', at) - at);
+  EXPECT_LT(line.size(), 600u) << line;
+  EXPECT_NE(line.find("all of it in "), std::string::npos) << line;
+  EXPECT_NE(slurp(d / "a" / "stop_status.txt").find("copies outstanding"), std::string::npos);
   for (const auto& e : fs::directory_iterator(d / "a"))
     EXPECT_EQ(e.path().filename().string().rfind("checkpoint-", 0), std::string::npos) << e.path();
   fs::remove_all(d);
