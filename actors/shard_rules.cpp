@@ -147,7 +147,7 @@ bool ShardRules::advance(State& st, bool& progress, std::vector<ShardAction>& ou
   return false;
 }
 
-void ShardRules::grant(State& st, std::vector<ShardAction>& out) {
+void ShardRules::grant_weights(State& st, std::vector<ShardAction>& out) {
   const int g = st.g.group;
   // rule 1: grant every upload whose version is published (any arrival order)
   for (auto it = st.weight_waiters.begin(); it != st.weight_waiters.end();) {
@@ -158,6 +158,11 @@ void ShardRules::grant(State& st, std::vector<ShardAction>& out) {
       ++it;
     }
   }
+}
+
+void ShardRules::grant(State& st, std::vector<ShardAction>& out) {
+  const int g = st.g.group;
+  grant_weights(st, out);
   // rule 3: one gradient writer at a time (the host half of rule 2), after the previous
   // step consumed the slot; the earliest step goes first whatever order the requests
   // arrived in. (The loop grants once: granting sets writer_active.)
@@ -179,7 +184,12 @@ void ShardRules::grant(State& st, std::vector<ShardAction>& out) {
 
 void ShardRules::pump(int g, std::vector<ShardAction>& out) {
   State& st = state(g);
-  if (st.busy) return;  // its job runs; job_done pumps it again
+  if (st.busy) {  // its job runs; job_done pumps it again
+    // an upload reads only the low-precision copy: a job that leaves it alone (an update that
+    // does not publish, a sum of squares, a replica sum) need not hold back a published version
+    if (!writes_low_precision(st.job)) grant_weights(st, out);
+    return;
+  }
   bool progress = true;
   while (progress) {
     progress = false;

@@ -20,7 +20,9 @@
 //  5. The low-precision copy of version k is written only after every upload of every
 //     iteration <= k + s finished; until then the update waits in the fp32 master and a
 //     cast job publishes it when allowed. One outstanding step per group.
-// While a group's job runs the group is busy: no transition, no grant, until job_done.
+// While a group's job runs the group is busy: no transition and no gradient slot until job_done;
+// uploads of a published version are still granted unless the job writes the low-precision
+// copy (a cast, an update that publishes), since an upload reads nothing else.
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -56,6 +58,10 @@ struct ShardJob {
   double lr = 0;           ///< update
   bool publish = false;    ///< update: also write the low-precision copy (rule 5 allows it now)
 };
+/// Whether job j writes the group's low-precision copy (a cast; an update that publishes).
+inline bool writes_low_precision(const ShardJob& j) {
+  return j.kind == ShardJob::Kind::cast || (j.kind == ShardJob::Kind::update && j.publish);
+}
 /// "AdamW update of step 3", "cast of version 2", "sum of squares of step 3".
 std::string describe(const ShardJob& j);
 
@@ -164,6 +170,7 @@ class ShardRules {
   bool advance(State& st, bool& progress, std::vector<ShardAction>& out);
   void start_job(State& st, const ShardJob& j, std::vector<ShardAction>& out);
   void grant(State& st, std::vector<ShardAction>& out);
+  void grant_weights(State& st, std::vector<ShardAction>& out);  // rule 1 only
 
   std::map<int, State> groups_;
   std::map<int64_t, ClosedStep> closed_;

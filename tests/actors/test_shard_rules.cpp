@@ -89,6 +89,30 @@ TEST(ShardRules, UploadsWaitForTheirVersionAndPublishWaitsForTheUploads) {
   EXPECT_EQ(s.rules.published(0), 0);
 }
 
+// An upload reads only the low-precision copy: while an update that does not publish runs
+// (it writes the fp32 master and moments), an upload of the published version is granted at
+// once, e.g. the next iteration's tail reading a tied embedding whose update of the last step
+// is still running. A gradient slot still waits for the update.
+TEST(ShardRules, UploadsOfAPublishedVersionGoOutWhileAnUpdateThatDoesNotPublishRuns) {
+  Shard s({{0, 2, 1}}, 1);  // two uploads per pass (an embedding tied to the LM head)
+  for (int64_t ticket : {1, 2}) {
+    s.rules.request_weights(0, 0, ticket);
+    EXPECT_EQ(s.pump(0), (V{fmt::format("grant weights g0 t0 #{}", ticket)}));
+    s.rules.weights_released(0, 0);
+  }
+  s.rules.close_step(0, one_pass());
+  s.rules.request_grad_slot(0, 0, 3);
+  EXPECT_EQ(s.pump(0), (V{"grant slot g0 t0 #3 overwrite"}));
+  s.rules.grad_written(0, 0);
+  s.rules.request_weights(0, 1, 4);  // iteration 1 reads version -1
+  EXPECT_EQ(s.pump(0), (V{"job AdamW update of step 0 g0"}));
+  ASSERT_TRUE(s.rules.busy(0));
+  EXPECT_EQ(s.pump(0), (V{"grant weights g0 t1 #4"})) << "the running update leaves the low-precision copy alone";
+  s.rules.request_grad_slot(0, 1, 5);
+  EXPECT_EQ(s.pump(0), V{}) << "the update still reads the gradient slot";
+  EXPECT_EQ(s.done(0), (V{"updated g0 t0", "grant slot g0 t1 #5 overwrite"}));
+}
+
 // Synchronous (staleness 0): the update publishes at once when the step's uploads are done.
 TEST(ShardRules, SyncUpdatePublishesInTheSameJob) {
   Shard s({{3, 1, 1}}, 0);
