@@ -95,7 +95,9 @@ TEST(StageMemoryMoe, WorkerAllocatesThePlannersWorkingSet) {
             for (int g : t.groups) {
               const ParamGroup& grp = m.groups[size_t(g)];
               t.dparam.emplace(g, DeviceBuffer(*dev, size_t(grp.numel) * 4));
-              if (grp.frozen) t.dstage.emplace(g, DeviceBuffer(*dev, size_t(grp.storage_bytes)));
+              // as the worker stages them: what is not the f32 compute copy itself
+              if (const int64_t st = grp.storage_bytes - grp.direct_bytes(DType::f32); grp.frozen && st > 0)
+                t.dstage.emplace(g, DeviceBuffer(*dev, size_t(st)));
             }
             allocate_work(ctx, t);
             const int64_t got = int64_t(dev->used_bytes() - before);
