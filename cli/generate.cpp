@@ -1,6 +1,7 @@
 #include "cli/generate.hpp"
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -16,9 +17,10 @@
 
 namespace rp {
 namespace {
+namespace fs = std::filesystem;
 
 struct GenerateCommandOptions {
-  std::string model, prompt, chat, messages, system, chat_template = "auto", backend = "cpu", dtype = "bf16";
+  std::string model, base, prompt, chat, messages, system, chat_template = "auto", backend = "cpu", dtype = "bf16";
   std::vector<std::string> stop;
   int64_t max_tokens = 128, top_k = 0, context = 0;
   double temperature = 0, top_p = 1;
@@ -68,7 +70,13 @@ void run_generate(const GenerateCommandOptions& c) {
   r.generate.top_k = c.top_k;
   r.generate.top_p = c.top_p;
   r.generate.seed = c.seed;
-  const LoadedModel lm = load_model_or_adapter(c.model);  // a LoRA checkpoint: merged into its base
+  std::error_code ec;
+  const bool adapter = fs::is_directory(c.model, ec) && fs::exists(fs::path(c.model) / kAdapterConfigFile, ec);
+  if (!c.base.empty() && !adapter)
+    throw std::invalid_argument(
+        fmt::format("--base: only for a LoRA adapter folder; {} has no {}", c.model, kAdapterConfigFile));
+  // a LoRA checkpoint: merged into its base (--base, else its adapter_config.json's)
+  const LoadedModel lm = adapter ? load_merged_adapter(c.model, c.base, nullptr) : load_model(c.model);
   GeneratorOptions go;
   go.backend = c.backend;
   go.dtype = parse_dtype(c.dtype);
@@ -94,6 +102,8 @@ void add_generate_command(CLI::App& app) {
                 "a .gguf file, a Hugging Face folder (e.g. runs/default/final) or a PEFT adapter folder (e.g. "
                 "runs/lora/final: folded into its base model)")
       ->required();
+  g->add_option("--base", c->base,
+                "a LoRA adapter folder's base model (default: the adapter_config.json's base_model_name_or_path)");
   g->add_option("--prompt", c->prompt, "plain text to continue (with the tokenizer's BOS, as HF tokenizer(text))");
   g->add_option("--chat", c->chat, "a user message, rendered with the chat template and its generation prompt");
   g->add_option("--system", c->system, "a system message before --chat");

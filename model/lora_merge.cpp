@@ -218,14 +218,16 @@ LoadedModel load_merged_adapter(const std::string& adapter_dir, const std::strin
   if (path.empty()) {
     const std::string cfg = (fs::path(adapter_dir) / kAdapterConfigFile).string();
     if (a.base_model_name_or_path.empty())
-      fail(cfg, "key 'base_model_name_or_path': expected the base model, got nothing; pass the base model explicitly");
+      fail(cfg, "key 'base_model_name_or_path': expected the base model, got nothing; pass the base model explicitly "
+                "(--base of roundpipe generate / merge)");
     std::error_code ec;
     path = a.base_model_name_or_path;
     if (!fs::exists(path, ec) && fs::path(path).is_relative() && fs::exists(fs::path(adapter_dir) / path, ec))
       path = (fs::path(adapter_dir) / path).lexically_normal().string();
     if (!fs::exists(path, ec))
       fail(cfg, fmt::format("key 'base_model_name_or_path': '{}' is not a local model (a .gguf file or a Hugging Face "
-                            "folder, as given or relative to the adapter folder); pass the base model explicitly",
+                            "folder, as given or relative to the adapter folder); pass the base model explicitly (--base of "
+                            "roundpipe generate / merge)",
                             a.base_model_name_or_path));
   }
   LoadedModel m = load_model(path);

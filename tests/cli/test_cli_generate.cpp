@@ -42,4 +42,26 @@ TEST(CliGenerate, GeneratesFromATrainedCheckpoint) {
   fs::remove_all(d);
 }
 
+// A LoRA adapter folder whose base_model_name_or_path does not resolve (moved away from its
+// base) names the fix in its error, and --base gives the base; --base on a plain model is refused.
+TEST(CliGenerate, AdapterFolderTakesItsBaseFromBase) {
+  auto d = tmpdir();
+  const std::string peft = std::string(RP_FIXTURES_DIR) + "/peft/";
+  fs::create_directories(d / "moved");
+  fs::copy(peft + "untied_all/adapter", d / "moved/adapter", fs::copy_options::recursive);
+  const std::string adapter = (d / "moved/adapter").string();
+  expect_one_line_error(roundpipe("generate " + adapter + " --prompt hi --max-tokens 2", d),
+                        "pass the base model explicitly (--base of roundpipe generate / merge)");
+  expect_one_line_error(
+      roundpipe("generate " + adapter + " --base " + (d / "nobase").string() + " --prompt hi --max-tokens 2", d),
+      "nobase: no such file or directory");
+  // the fixture's base loads and takes the adapter; it carries no tokenizer, which is where
+  // generation stops
+  expect_one_line_error(roundpipe("generate " + adapter + " --base " + peft + "base_untied --prompt hi", d),
+                        "base_untied: the model carries no tokenizer");
+  expect_one_line_error(roundpipe("generate " + peft + "base_untied --base " + peft + "base_untied --prompt hi", d),
+                        "--base: only for a LoRA adapter folder");
+  fs::remove_all(d);
+}
+
 }  // namespace

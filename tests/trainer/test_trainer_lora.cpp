@@ -85,6 +85,9 @@ TEST(TrainerLora, AdaptersTrainOnAFrozenBaseAndExportAsPeftAndMerged) {
   EXPECT_FALSE(fs::exists(d / "run/final-merged" / rp::kAdapterConfigFile));
   const rp::PeftAdapter a = rp::read_peft_adapter((d / "run/final").string());
   EXPECT_EQ(a.lora.r, 4);
+  // the base is named by its absolute path: the folder finds it from any working directory
+  EXPECT_TRUE(fs::path(a.base_model_name_or_path).is_absolute()) << a.base_model_name_or_path;
+  EXPECT_TRUE(fs::equivalent(a.base_model_name_or_path, spec.model)) << a.base_model_name_or_path;
   double b_norm = 0;
   for (const auto& [name, t] : a.tensors)
     if (name.find("lora_B") != std::string::npos)
