@@ -476,7 +476,9 @@ TrainResult Run::abandon(int64_t t) {
   if (leader()) {
     const std::string file = path("stop_status.txt");
     std::FILE* f = std::fopen(file.c_str(), "w");
-    if (f && std::fputs((waits + "\n").c_str(), f) >= 0 && std::fclose(f) == 0) where = "; all of it in " + file;
+    const std::string text = "# what the runtime waited for at the stop; its steps count from 0 (its step 0 is the "
+                             "progress lines' step 1)\n" + waits + "\n";
+    if (f && std::fputs(text.c_str(), f) >= 0 && std::fclose(f) == 0) where = "; all of it in " + file;
     else if (f) std::fclose(f);
   }
   constexpr size_t kShown = 160;
@@ -484,7 +486,7 @@ TrainResult Run::abandon(int64_t t) {
   // steps counted from 1 as in the progress lines: steps done+1..t did not finish
   spdlog::warn(
       "stop: step {}/{} did not finish within {:g} s of the stop request; {} not saved (a checkpoint "
-      "holds only completed steps); waiting for: {}{}",
+      "holds only completed steps); waiting for (steps counted from 0): {}{}",
       done + 1, spec_.steps, spec_.stop_timeout_s,
       t > done + 1 ? fmt::format("steps {}..{} are", done + 1, t) : fmt::format("step {} is", t), shown, where);
   try {
