@@ -343,11 +343,16 @@ class Worker : public WorkerActor::base {
     return tp;
   }
 
-  /// Bytes of frozen group g's storage that are not the compute copy: they arrive in a staging
-  /// buffer and are dequantized into the weights (0: nothing staged; trainable groups).
+  /// Leading bytes of frozen group g's storage that are the compute copy itself and go straight
+  /// into the weights (ParamGroup::direct_bytes; 0 for trainable groups).
+  int64_t direct_bytes(int g) const {
+    return ctx_.layout->groups[size_t(g)].direct_bytes(ctx_.device->compute_dtype());
+  }
+  /// Bytes of frozen group g's storage after that prefix: they arrive in a staging buffer and are
+  /// dequantized into the weights (0: nothing staged; trainable groups).
   int64_t staged_bytes(int g) const {
     const ParamGroup& grp = ctx_.layout->groups[size_t(g)];
-    return grp.frozen ? grp.storage_bytes - grp.direct_bytes(ctx_.device->compute_dtype()) : 0;
+    return grp.frozen ? grp.storage_bytes - direct_bytes(g) : 0;
   }
 
   /// Uploads chunks of t's weights; a group is released (and counted in) after its last one.
@@ -360,8 +365,7 @@ class Worker : public WorkerActor::base {
       const char* src = static_cast<const char*>(ctx_.store->lowp[g].data());
       const CopyTag tag{CopyKind::weights, id, -1, g};
       const auto st = t.dstage.find(g);
-      const size_t direct =
-          st == t.dstage.end() ? SIZE_MAX : size_t(ctx_.layout->groups[size_t(g)].storage_bytes) - st->second.bytes();
+      const size_t direct = st == t.dstage.end() ? SIZE_MAX : size_t(direct_bytes(g));  // nothing staged: all direct
       const size_t begin = p.chunk.offset, end = p.chunk.offset + p.chunk.bytes;
       if (begin < direct)
         copy(param_up_, CopyDir::h2d, t.dparam.at(g).as<char>() + begin, src + begin, std::min(end, direct) - begin,
@@ -400,7 +404,7 @@ class Worker : public WorkerActor::base {
   void dequantize(Task& t, int g) {
     Device& d = *ctx_.device;
     const ParamGroup& grp = ctx_.layout->groups[g];
-    const int64_t direct = grp.direct_bytes(d.compute_dtype());  // arrived in the weights as it is
+    const int64_t direct = direct_bytes(g);                        // arrived in the weights as it is
     const char* stage = t.dstage.at(g).as<char>();                // holds the storage from `direct` on
     char* dst = t.dparam.at(g).as<char>();
     const size_t esz = dtype_size(d.compute_dtype());

@@ -1,7 +1,6 @@
 #include "cli/generate.hpp"
 
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -17,7 +16,6 @@
 
 namespace rp {
 namespace {
-namespace fs = std::filesystem;
 
 struct GenerateCommandOptions {
   std::string model, base, prompt, chat, messages, system, chat_template = "auto", backend = "cpu", dtype = "bf16";
@@ -70,13 +68,8 @@ void run_generate(const GenerateCommandOptions& c) {
   r.generate.top_k = c.top_k;
   r.generate.top_p = c.top_p;
   r.generate.seed = c.seed;
-  std::error_code ec;
-  const bool adapter = fs::is_directory(c.model, ec) && fs::exists(fs::path(c.model) / kAdapterConfigFile, ec);
-  if (!c.base.empty() && !adapter)
-    throw std::invalid_argument(
-        fmt::format("--base: only for a LoRA adapter folder; {} has no {}", c.model, kAdapterConfigFile));
   // a LoRA checkpoint: merged into its base (--base, else its adapter_config.json's)
-  const LoadedModel lm = adapter ? load_merged_adapter(c.model, c.base, nullptr) : load_model(c.model);
+  const LoadedModel lm = load_model_or_adapter(c.model, c.base);
   GeneratorOptions go;
   go.backend = c.backend;
   go.dtype = parse_dtype(c.dtype);

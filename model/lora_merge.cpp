@@ -236,10 +236,13 @@ LoadedModel load_merged_adapter(const std::string& adapter_dir, const std::strin
   return m;
 }
 
-LoadedModel load_model_or_adapter(const std::string& path) {
+LoadedModel load_model_or_adapter(const std::string& path, const std::string& base) {
   std::error_code ec;
   if (fs::is_directory(path, ec) && fs::exists(fs::path(path) / kAdapterConfigFile, ec))
-    return load_merged_adapter(path, "", nullptr);
+    return load_merged_adapter(path, base, nullptr);
+  if (!base.empty())
+    throw std::invalid_argument(
+        fmt::format("--base: only for a LoRA adapter folder; {} has no {}", path, kAdapterConfigFile));
   return load_model(path);
 }
 

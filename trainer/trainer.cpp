@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -17,6 +16,7 @@
 #include "roundpipe/adapter.hpp"
 #include "roundpipe/checkpoint.hpp"
 #include "roundpipe/session.hpp"
+#include "base/atomic_file.hpp"
 #include "base/host_resources.hpp"
 #include "trainer/checkpoint_bundle.hpp"
 #include "trainer/disk_space.hpp"
@@ -475,11 +475,16 @@ TrainResult Run::abandon(int64_t t) {
   std::string where;
   if (leader()) {
     const std::string file = path("stop_status.txt");
-    std::FILE* f = std::fopen(file.c_str(), "w");
-    const std::string text = "# what the runtime waited for at the stop; its steps count from 0 (its step 0 is the "
-                             "progress lines' step 1)\n" + waits + "\n";
-    if (f && std::fputs(text.c_str(), f) >= 0 && std::fclose(f) == 0) where = "; all of it in " + file;
-    else if (f) std::fclose(f);
+    try {
+      write_file_atomically(file, [&](std::ostream& os) {
+        os << "# what the runtime waited for at the stop; its steps count from 0 (its step 0 is the progress "
+              "lines' step 1)\n"
+           << waits << "\n";
+      });
+      where = "; all of it in " + file;
+    } catch (const std::exception& e) {
+      spdlog::warn("{}", e.what());
+    }
   }
   constexpr size_t kShown = 160;
   const std::string shown = waits.size() > kShown ? waits.substr(0, kShown) + "..." : waits;

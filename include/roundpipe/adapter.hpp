@@ -183,8 +183,10 @@ void merge_peft_adapter(LoadedModel& m, const PeftAdapter& a);
 /// explicitly" when it is no local model).
 LoadedModel load_merged_adapter(const std::string& adapter_dir, const std::string& base, std::string* base_path);
 /// load_model(path), or, for a PEFT adapter folder (it holds adapter_config.json: what a LoRA
-/// run's checkpoints and final/ are), load_merged_adapter(path, "", nullptr).
-LoadedModel load_model_or_adapter(const std::string& path);
+/// run's checkpoints and final/ are), load_merged_adapter(path, base, nullptr). A non-empty
+/// `base` for anything but an adapter folder throws std::invalid_argument ("--base: only for a
+/// LoRA adapter folder; ...").
+LoadedModel load_model_or_adapter(const std::string& path, const std::string& base = "");
 /// `roundpipe merge`: reads the PEFT adapter folder `adapter_dir`, loads its base model
 /// (`base`, or else the adapter's base_model_name_or_path: as given, or relative to the
 /// adapter folder), folds the adapter in (merge_peft_adapter) and writes `out_dir`, a plain
