@@ -82,6 +82,7 @@ struct MoeBufs {
   float* dw = nullptr;                                // [C, k], backward
   void* dlogits = nullptr;                            // [C, E], backward
   void *lora_ax = nullptr, *lora_g = nullptr;         // [R, r] expert adapters (lora_g: backward)
+  void* lora_a_gu = nullptr;  // [R, r] backward: the recompute's xs A^T, kept for the adapter's backward
 };
 
 /// Bytes of the attention output o [T, nq*D] (es per element) and its log-sum-exp
@@ -128,6 +129,7 @@ inline void carve_moe_scratch(const DecoderDims& d, size_t C, size_t es, bool ba
   if (d.expert_lora) {  // model/moe_block.hpp: the adapter intermediates of one projection at a time
     b.lora_ax = sc.take(R * size_t(d.lora_rank) * es);
     if (backward) b.lora_g = sc.take(R * size_t(d.lora_rank) * es);
+    if (backward) b.lora_a_gu = sc.take(R * size_t(d.lora_rank) * es);
   }
   if (!backward) return;
   b.dys = sc.take(R * H * es);

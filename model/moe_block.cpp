@@ -97,15 +97,15 @@ void MoeBlock::route(Ops& ops, const void* w, const void* hn, int64_t n, const M
 }
 
 void MoeBlock::experts_forward(Ops& ops, const void* w, const void* hn, int64_t n, const MoeBufs& b,
-                               const int32_t* off, const MoeAdapterArgs& la) const {
+                               const int32_t* off, const MoeAdapterArgs& la, void* ax_gu, void* ax_down) const {
   const int64_t R = n * k_;
   ops.gather_rows(hn, b.token, b.xs, R, H_);
   ops.grouped_linear_fwd(b.xs, at(ops, w, w_gate_), b.g, off, E_, H_, Fe_);
   ops.grouped_linear_fwd(b.xs, at(ops, w, w_up_), b.u, off, E_, H_, Fe_);
   if (lora_gu_) {  // a = xs A^T; g += s a Bg^T, u += s a Bu^T, added in by the GEMMs themselves
-    ops.grouped_linear_fwd(b.xs, at(ops, la.params, a_gu_), b.lora_ax, off, E_, H_, r_);
-    ops.grouped_linear_fwd_add(b.lora_ax, at(ops, la.params, b_gate_), b.g, off, E_, r_, Fe_, scaling_);
-    ops.grouped_linear_fwd_add(b.lora_ax, at(ops, la.params, b_up_), b.u, off, E_, r_, Fe_, scaling_);
+    ops.grouped_linear_fwd(b.xs, at(ops, la.params, a_gu_), ax_gu, off, E_, H_, r_);
+    ops.grouped_linear_fwd_add(ax_gu, at(ops, la.params, b_gate_), b.g, off, E_, r_, Fe_, scaling_);
+    ops.grouped_linear_fwd_add(ax_gu, at(ops, la.params, b_up_), b.u, off, E_, r_, Fe_, scaling_);
   }
   if (gpt_oss_) {  // biased experts, clamped SwiGLU
     ops.grouped_bias_fwd(b.g, at(ops, w, bias_gate_), off, E_, Fe_);
@@ -117,16 +117,15 @@ void MoeBlock::experts_forward(Ops& ops, const void* w, const void* hn, int64_t 
   ops.grouped_linear_fwd(b.m, at(ops, w, w_down_), b.ys, off, E_, Fe_, H_);
   if (gpt_oss_) ops.grouped_bias_fwd(b.ys, at(ops, w, bias_down_), off, E_, H_);
   if (lora_down_) {  // ys += s (m Ad^T) Bd^T
-    ops.grouped_linear_fwd(b.m, at(ops, la.params, a_down_), b.lora_ax, off, E_, Fe_, r_);
-    ops.grouped_linear_fwd_add(b.lora_ax, at(ops, la.params, b_down_), b.ys, off, E_, r_, H_, scaling_);
+    ops.grouped_linear_fwd(b.m, at(ops, la.params, a_down_), ax_down, off, E_, Fe_, r_);
+    ops.grouped_linear_fwd_add(ax_down, at(ops, la.params, b_down_), b.ys, off, E_, r_, H_, scaling_);
   }
 }
 
 void MoeBlock::down_adapter_backward(Ops& ops, const MoeAdapterArgs& la, const MoeBufs& b, const int32_t* off) const {
   const int64_t R = int64_t(off[E_]);
   const DType dt = ops.dtype();
-  // a = s m Ad^T (in ax, through g); dBd += dys^T a
-  ops.grouped_linear_fwd(b.m, at(ops, la.params, a_down_), b.lora_g, off, E_, Fe_, r_);
+  // s a = s m Ad^T (in ax; a is the recompute's, in g); dBd += dys^T (s a)
   ops.fill(dt, b.lora_ax, R * r_, 0.f);
   ops.add_into(dt, b.lora_ax, dt, b.lora_g, R * r_, scaling_);
   if (void* g = grad_at(ops, la.grads, b_down_)) ops.grouped_linear_bwd_weight(b.dys, b.lora_ax, g, off, E_, r_, H_);
@@ -141,10 +140,9 @@ void MoeBlock::gate_up_adapter_backward(Ops& ops, const MoeAdapterArgs& la, cons
                                         const int32_t* off) const {
   const int64_t R = int64_t(off[E_]);
   const DType dt = ops.dtype();
-  // a = s xs A^T; dBg += dg^T a, dBu += du^T a
-  ops.grouped_linear_fwd(b.xs, at(ops, la.params, a_gu_), b.lora_g, off, E_, H_, r_);
+  // s a = s xs A^T (in ax; a is the recompute's); dBg += dg^T (s a), dBu += du^T (s a)
   ops.fill(dt, b.lora_ax, R * r_, 0.f);
-  ops.add_into(dt, b.lora_ax, dt, b.lora_g, R * r_, scaling_);
+  ops.add_into(dt, b.lora_ax, dt, b.lora_a_gu, R * r_, scaling_);
   if (void* g = grad_at(ops, la.grads, b_gate_)) ops.grouped_linear_bwd_weight(b.dg, b.lora_ax, g, off, E_, r_, Fe_);
   if (void* g = grad_at(ops, la.grads, b_up_)) ops.grouped_linear_bwd_weight(b.du, b.lora_ax, g, off, E_, r_, Fe_);
   // g_a = s (dg Bg + du Bu); dA += g_a^T xs; dxs (in ys) += g_a A
@@ -162,19 +160,19 @@ void MoeBlock::forward(Ops& ops, const void* w, const void* hn, const void* h1, 
     throw std::invalid_argument("MoeBlock.forward: expert adapters without their parameters or scratch");
   std::vector<int32_t> off(size_t(E_) + 1);
   route(ops, w, hn, n, b, stats, off.data());
-  experts_forward(ops, w, hn, n, b, off.data(), la);
+  experts_forward(ops, w, hn, n, b, off.data(), la, b.lora_ax, b.lora_ax);
   ops.copy(ops.dtype(), y, h1, n * H_);
   ops.moe_combine(b.ys, b.topk_w, b.row, y, n, k_, H_, true);
 }
 
 void MoeBlock::backward(Ops& ops, const void* w, void* dw, const void* hn, const void* dy, void* dhn, int64_t n,
                         const MoeBufs& b, const float* counts, float aux_coef, const MoeAdapterArgs& la) const {
-  if (adapted() && (!la.params || !b.lora_ax || !b.lora_g))
+  if (adapted() && (!la.params || !b.lora_ax || !b.lora_g || !b.lora_a_gu))
     throw std::invalid_argument("MoeBlock.backward: expert adapters without their parameters or scratch");
   const int64_t R = n * k_;
   std::vector<int32_t> off(size_t(E_) + 1);
   route(ops, w, hn, n, b, nullptr, off.data());  // the recompute gathers no statistics
-  experts_forward(ops, w, hn, n, b, off.data(), la);
+  experts_forward(ops, w, hn, n, b, off.data(), la, b.lora_a_gu, b.lora_g);
   // y = h1 + sum_j w_j ys[row(t, j)]
   ops.moe_combine_bwd(dy, b.ys, b.topk_w, b.row, b.dys, b.dw, n, k_, H_);
   // ys = down(m): dW_down from m, then dm into m's buffer

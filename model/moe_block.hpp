@@ -28,7 +28,8 @@
 // a = xs A_e^T and g_a = s (dg Bg_e + du Bu_e) (backward): dBg += s dg^T a, dBu += s du^T a,
 // dA += g_a^T xs, dxs += g_a A_e; the same for down with m and dys. The frozen expert
 // weights get no gradient. The B products are added into g, u and ys by the GEMMs themselves
-// (Ops::grouped_linear_fwd_add). Scratch: MoeBufs::lora_ax, lora_g [R, r].
+// (Ops::grouped_linear_fwd_add). Scratch: MoeBufs::lora_ax, lora_g and (backward) lora_a_gu
+// [R, r]: a backward keeps its recompute's A products instead of computing them twice.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -70,10 +71,13 @@ class MoeBlock {
   // logits, routing and grouping of the chunk; returns the host offsets in `off`
   void route(Ops& ops, const void* w, const void* hn, int64_t n, const MoeBufs& b, float* stats,
              int32_t* off) const;
-  // xs, g, u, m and ys of the chunk (adapters included); t [R, H]: the down adapter's output
+  // xs, g, u, m and ys of the chunk (adapters included). The adapters' unscaled A products
+  // land in ax_gu = xs A^T and ax_down = m Ad^T ([R, r]; the same buffer in a forward, two
+  // kept buffers in a backward's recompute, which the adapters' backward reads again).
   void experts_forward(Ops& ops, const void* w, const void* hn, int64_t n, const MoeBufs& b, const int32_t* off,
-                       const MoeAdapterArgs& la) const;
-  // the adapters' backward: down before dm overwrites m, gate/up once dg, du exist
+                       const MoeAdapterArgs& la, void* ax_gu, void* ax_down) const;
+  // the adapters' backward, from the recompute's A products (ax_down in MoeBufs::lora_g,
+  // ax_gu in lora_a_gu): down before dm overwrites m, gate/up once dg, du exist
   void down_adapter_backward(Ops& ops, const MoeAdapterArgs& la, const MoeBufs& b, const int32_t* off) const;
   void gate_up_adapter_backward(Ops& ops, const MoeAdapterArgs& la, const MoeBufs& b, const int32_t* off) const;
   int64_t H_, E_, k_, Fe_;
