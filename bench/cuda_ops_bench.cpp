@@ -252,6 +252,16 @@ void moe_rows(Env& e, int R) {
            time_op(e, [&](int) { ops.grouped_linear_bwd_weight(db, a, dw, off_h.data(), E, p.K, p.N); }, R), fl, 0);
     }
 #ifdef RP_HAVE_CUDA
+    if (std::min(p.K, p.N) <= 64) {  // the grouped mode without our low-rank kernels: cuBLAS's grouped call
+      rp::cuda::set_grouped_gemm(ops, 1);
+      rp::cuda::set_grouped_lowrank_kernel(ops, false);
+      line(e, "grouped_linear_fwd [cuBLAS grouped]", shape,
+           time_op(e, [&](int) { ops.grouped_linear_fwd(a, w, b, off_h.data(), E, p.K, p.N); }, R), fl, 0);
+      line(e, "grouped_linear_bwd_input [cuBLAS grouped]", shape,
+           time_op(e, [&](int) { ops.grouped_linear_bwd_input(db, w, da, off_h.data(), E, p.K, p.N, false); }, R), fl,
+           0);
+      rp::cuda::set_grouped_lowrank_kernel(ops, true);
+    }
     if (std::min(p.K, p.N) > 64) {  // our one-launch weight-gradient kernel on a full shape too
       rp::cuda::set_grouped_gemm(ops, 1);
       rp::cuda::set_grouped_wgrad_kernel_max(ops, INT64_MAX);

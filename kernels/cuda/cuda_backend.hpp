@@ -64,6 +64,12 @@ int parse_grouped_gemm(const char* text);
 /// dominates such small GEMMs. Default 64; 0 turns it off. Throws std::invalid_argument for
 /// non-CUDA ops or a negative side.
 void set_grouped_wgrad_kernel_max(Ops& ops, int64_t side);
+/// In mode 1, bf16 / f16 grouped linears whose inner dimension is at most 64 (per-expert
+/// LoRA adapters: the forward of a B with K = r, the input gradient through an A with N = r)
+/// run as one launch of a tensor-core kernel that reads and writes the output once, instead
+/// of cuBLAS's grouped GEMM. On by default; false runs them through cuBLAS. Throws
+/// std::invalid_argument for non-CUDA ops.
+void set_grouped_lowrank_kernel(Ops& ops, bool on);
 
 /// The scratch bytes the cuDNN attention paths of these ops assume each attention call's
 /// scratch holds; 0 (default) = Ops::attention_scratch_bytes of the call's shape. Smaller

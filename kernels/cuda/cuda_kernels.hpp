@@ -215,5 +215,15 @@ void k_moe_group_ptrs(const MoeGroupTable& tab, const MoeGroupOperand& a, const 
 /// fixed order (bit-identical reruns). Groups must list their rows contiguously in order.
 void k_grouped_wgrad(DType t, const void* dy, const void* x, float* dw, const MoeGroupTable& tab, int64_t R,
                      int64_t K, int64_t N, cudaStream_t st);
+/// Grouped products with a low-rank inner dimension in one launch (cuda_moe_lowrank.cu): for
+/// each group g (rows as in k_grouped_wgrad), out[rows] = beta * out[rows] + alpha *
+/// a[rows] M_e with a [R, r], out [R, C] row-major bf16 / f16 (t) and M_e the expert's
+/// weight, stored as [C, r] when m_cr (a linear's weight [N, K] in its forward) and as
+/// [r, C] otherwise (its input gradient); weights of consecutive experts follow each other
+/// (C * r elements apart). 1 <= r <= 64; beta 0 does not read out. Tensor cores, fp32
+/// accumulation in a fixed order (bit-identical reruns). Throws std::invalid_argument for
+/// r > 64 or a dtype other than bf16 / f16.
+void k_grouped_lowrank(DType t, const void* a, const void* w, void* out, const MoeGroupTable& tab, int64_t R,
+                       int64_t r, int64_t C, bool m_cr, float alpha, float beta, cudaStream_t st);
 
 }  // namespace rp::cuda

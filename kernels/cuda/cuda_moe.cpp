@@ -147,13 +147,7 @@ bool CudaOps::grouped_gemm_call(int which, const void* a, const void* b, void* c
   if (f32_out && !grouped_f32_out_ok_) return false;
   if (K > INT_MAX || N > INT_MAX) return false;
   MoeGroupTable tab;
-  for (int64_t e = 0; e < E; ++e) {
-    if (off[e + 1] == off[e]) continue;
-    if (tab.n == kMoeMaxGroups) return false;
-    tab.expert[tab.n] = int32_t(e);
-    tab.row0[tab.n] = off[e];
-    ++tab.n;
-  }
+  if (!group_table(off, E, tab)) return false;
   if (tab.n == 0) return true;
   const int G = tab.n;
   const size_t es = dtype_size(dtype_);
@@ -276,6 +270,25 @@ void CudaOps::grouped_gemms(int which, const void* a, const void* b, void* c, co
   }
 }
 
+// The experts with rows of `off` as a kernel's group table; false when there are more than
+// kMoeMaxGroups of them.
+bool CudaOps::group_table(const int32_t* off, int64_t E, MoeGroupTable& tab) {
+  tab.n = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    if (off[e + 1] == off[e]) continue;
+    if (tab.n == kMoeMaxGroups) return false;
+    tab.expert[tab.n] = int32_t(e), tab.row0[tab.n] = off[e];
+    ++tab.n;
+  }
+  return true;
+}
+
+// Whether a grouped product with inner dimension `inner` runs as k_grouped_lowrank (then
+// `tab` is filled): mode 1, the kernel on, a 16-bit dtype, inner <= 64.
+bool CudaOps::lowrank_call(int64_t inner, const int32_t* off, int64_t E, MoeGroupTable& tab) const {
+  return grouped_mode_ == 1 && lowrank_kernel_ && dtype_ != DType::f32 && inner <= 64 && group_table(off, E, tab);
+}
+
 void CudaOps::grouped_linear_fwd(const void* x, const void* w, void* y, const int32_t* off, int64_t E,
                                  int64_t K, int64_t N) {
   check_offsets(off, E, K, N, "grouped_linear_fwd");
@@ -283,6 +296,8 @@ void CudaOps::grouped_linear_fwd(const void* x, const void* w, void* y, const in
   const int64_t R = off[E];
   if (R == 0 || N == 0) return;
   if (K == 0) return fill(dtype_, y, R * N, 0.f);
+  MoeGroupTable tab;
+  if (lowrank_call(K, off, E, tab)) return k_grouped_lowrank(dtype_, x, w, y, tab, R, K, N, true, 1.f, 0.f, st_);
   grouped_gemms(0, w, x, y, off, E, K, N, 0.f);
 }
 
@@ -291,6 +306,8 @@ void CudaOps::grouped_linear_fwd_add(const void* x, const void* w, void* y, cons
   check_offsets(off, E, K, N, "grouped_linear_fwd_add");
   set_device(dev_);
   if (off[E] == 0 || N == 0 || K == 0 || alpha == 0.f) return;
+  MoeGroupTable tab;
+  if (lowrank_call(K, off, E, tab)) return k_grouped_lowrank(dtype_, x, w, y, tab, off[E], K, N, true, alpha, 1.f, st_);
   grouped_gemms(0, w, x, y, off, E, K, N, 1.f, alpha);
 }
 
@@ -304,6 +321,9 @@ void CudaOps::grouped_linear_bwd_input(const void* dy, const void* w, void* dx, 
     if (!accumulate) fill(dtype_, dx, R * K, 0.f);
     return;
   }
+  MoeGroupTable tab;
+  if (lowrank_call(N, off, E, tab))
+    return k_grouped_lowrank(dtype_, dy, w, dx, tab, R, N, K, false, 1.f, accumulate ? 1.f : 0.f, st_);
   grouped_gemms(1, w, dy, dx, off, E, K, N, accumulate ? 1.f : 0.f);
 }
 
@@ -312,15 +332,9 @@ void CudaOps::grouped_linear_bwd_weight(const void* dy, const void* x, void* dw,
   check_offsets(off, E, K, N, "grouped_linear_bwd_weight");
   set_device(dev_);
   if (off[E] == 0 || K == 0 || N == 0) return;
-  if (grouped_mode_ == 1 && std::min(K, N) <= wgrad_kernel_max_ && dtype_ != DType::f32) {
-    MoeGroupTable tab;
-    for (int64_t e = 0; e < E && tab.n <= kMoeMaxGroups; ++e) {
-      if (off[e + 1] == off[e]) continue;
-      if (tab.n < kMoeMaxGroups) tab.expert[tab.n] = int32_t(e), tab.row0[tab.n] = off[e];
-      ++tab.n;
-    }
-    if (tab.n <= kMoeMaxGroups) return k_grouped_wgrad(dtype_, dy, x, static_cast<float*>(dw), tab, off[E], K, N, st_);
-  }
+  MoeGroupTable tab;
+  if (grouped_mode_ == 1 && std::min(K, N) <= wgrad_kernel_max_ && dtype_ != DType::f32 && group_table(off, E, tab))
+    return k_grouped_wgrad(dtype_, dy, x, static_cast<float*>(dw), tab, off[E], K, N, st_);
   grouped_gemms(2, x, dy, dw, off, E, K, N, 1.f);
 }
 

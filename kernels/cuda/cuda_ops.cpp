@@ -467,6 +467,10 @@ void set_grouped_gemm(Ops& ops, int mode) {
 
 int grouped_gemm(Ops& ops) { return cuda_ops(ops, "grouped_gemm").grouped_gemm(); }
 
+void set_grouped_lowrank_kernel(Ops& ops, bool on) {
+  cuda_ops(ops, "set_grouped_lowrank_kernel").set_grouped_lowrank_kernel(on);
+}
+
 void set_grouped_wgrad_kernel_max(Ops& ops, int64_t side) {
   CudaOps& c = cuda_ops(ops, "set_grouped_wgrad_kernel_max");
   if (side < 0) throw std::invalid_argument("set_grouped_wgrad_kernel_max: side must be >= 0");

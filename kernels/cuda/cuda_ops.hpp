@@ -18,6 +18,8 @@
 
 namespace rp::cuda {
 
+struct MoeGroupTable;  // cuda_kernels.hpp
+
 class CudaOps final : public Ops {
  public:
   /// err: device-visible pointer to kErrSlots error words (see cuda_kernels.hpp).
@@ -142,6 +144,8 @@ class CudaOps final : public Ops {
   int grouped_gemm() const { return grouped_mode_; }
   /// cuda_backend.hpp's set_grouped_wgrad_kernel_max.
   void set_grouped_wgrad_kernel_max(int64_t side) { wgrad_kernel_max_ = side; }
+  /// cuda_backend.hpp's set_grouped_lowrank_kernel.
+  void set_grouped_lowrank_kernel(bool on) { lowrank_kernel_ = on; }
   void set_attention_impl(int impl) { attn_impl_ = impl; }
   /// cuda_backend.hpp's set_attention_gqa (0 auto, 1 native, 2 expand).
   void set_attention_gqa(int mode);
@@ -199,6 +203,7 @@ class CudaOps final : public Ops {
   cudaEvent_t moe_fork_ = nullptr, moe_join_[kMoeStreams] = {};
   bool grouped_f32_out_ok_ = true;  // false once cuBLAS refused an f32 output (then: loop)
   int64_t wgrad_kernel_max_ = 64;   // mode 1: weight gradients with min(K, N) up to this run k_grouped_wgrad
+  bool lowrank_kernel_ = true;      // mode 1: products with an inner dimension <= 64 run k_grouped_lowrank
   std::mutex moe_mu_;
   void* moe_hist_ = nullptr;
   size_t moe_hist_bytes_ = 0;
@@ -207,6 +212,8 @@ class CudaOps final : public Ops {
   void release_moe();
   // One grouped linear through cublasGemmGroupedBatchedEx; false (no GEMM enqueued) when
   // cuBLAS refuses the shape or types, so the caller runs the per-expert loop instead.
+  static bool group_table(const int32_t* offsets_host, int64_t E, MoeGroupTable& tab);
+  bool lowrank_call(int64_t inner, const int32_t* offsets_host, int64_t E, MoeGroupTable& tab) const;
   bool grouped_gemm_call(int which, const void* a, const void* b, void* c, const int32_t* offsets_host,
                          int64_t E, int64_t K, int64_t N, float beta, float alpha = 1.f);
   // The GEMMs of one grouped linear in the current mode (which: 0 forward, 1 input
