@@ -419,8 +419,8 @@ void add_plan_command(CLI::App& app) {
   c->add_flag("!--no-save-attention", o->save_attention,
               "plan for decoders that recompute their attention in backward (the runtime's save_attention off)");
   c->add_option("--frozen", o->frozen,
-                "plan a run whose weights are all frozen in this storage form (f32, bf16, f16, q8_0, q4_0, nf4), "
-                "as a LoRA base");
+                "plan a run whose weights are all frozen in this storage form (f32, bf16, f16, q8_0, q4_0, nf4, "
+                "mxfp4), as a LoRA base");
   c->add_option("--lora-r", o->lora_r,
                 "plan a LoRA run of this rank on a frozen base (stored as --frozen says, default bf16; 0: none)")
       ->capture_default_str();

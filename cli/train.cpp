@@ -208,7 +208,8 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
       by = fmt::format(" (stop asked of replica{} {}; every replica stopped after the same step)",
                        res.stopped_by.size() > 1 ? "s" : "", ranks);
     }
-    std::fputs(fmt::format("roundpipe: {}interrupted after {} steps{}; {}{}\n", who, res.steps_done, by,
+    std::fputs(fmt::format("roundpipe: {}interrupted after {} step{}{}; {}{}\n", who, res.steps_done,
+                           res.steps_done == 1 ? "" : "s", by,
                res.steps_abandoned > 0
                    ? fmt::format("{} step(s) in flight did not finish within {:g} s and were not saved; ",
                                  res.steps_abandoned, spec.stop_timeout_s)

@@ -62,10 +62,21 @@ RunWeights lora_run_weights(const TrainSpec& spec, ModelSource& base, const std:
   }
   int64_t frozen_bytes = 0, trainable = 0;
   for (const auto& g : w.layout.groups) g.frozen ? frozen_bytes += g.storage_bytes : trainable += g.numel;
-  spdlog::info(
-      "LoRA r {} (alpha {:g}{}), base weights frozen in {} ({:.1f} MB), {:.2f} M trainable parameters",
-      lora.r, lora.alpha, lora.use_rslora ? ", rsLoRA" : "", weight_format_name(lora.base_format),
-      double(frozen_bytes) / 1e6, double(trainable) / 1e6);
+  // mxfp4 is the experts' form only (model/layout.cpp): the other weights stay bf16
+  std::string form = weight_format_name(lora.base_format);
+  if (lora.base_format == WeightFormat::mxfp4) {
+    if (base.config().num_experts > 0) {
+      form = "mxfp4 (experts; the other weights bf16)";
+    } else {
+      form = "bf16";
+      spdlog::warn("{}: base_format mxfp4 applies to experts, and this model has none: its weights are frozen "
+                   "in bf16",
+                   spec.source);
+    }
+  }
+  spdlog::info("LoRA r {} (alpha {:g}{}), base weights frozen in {} ({:.1f} MB), {:.2f} M trainable parameters",
+               lora.r, lora.alpha, lora.use_rslora ? ", rsLoRA" : "", form, double(frozen_bytes) / 1e6,
+               double(trainable) / 1e6);
   return w;
 }
 

@@ -53,6 +53,8 @@ void check_data_paths(const TrainSpec& spec) {
       throw std::invalid_argument(
           fmt::format("{}: key '{}': {}: {}", spec.source, key, path, std::strerror(err)));
   };
+  // a resumed full fine-tuning run reads its weights from the checkpoint, not from "model"
+  if (spec.resume_from.empty() || spec.lora || !spec.adapter.empty()) check("model", spec.model);
   check("data", spec.data);
   if (!spec.eval_data.empty()) check("eval_data", spec.eval_data);
 }

@@ -16,9 +16,10 @@ namespace rp {
 /// spec.source and the key.
 void prepare_output_dir(const TrainSpec& spec);
 
-/// spec.data and spec.eval_data (when given) exist and can be read (a file opens, a folder
-/// lists), checked before the model is loaded: throws std::invalid_argument
-/// "<spec.source>: key 'data': <path>: <the OS reason>".
+/// spec.model (unless a full fine-tuning run resumes from a checkpoint, which holds the
+/// weights), spec.data and spec.eval_data (when given) exist and can be read (a file opens, a
+/// folder lists), checked before the model is loaded: throws std::invalid_argument
+/// "<spec.source>: key 'data': <path>: <the OS reason>" (key 'model', 'eval_data' likewise).
 void check_data_paths(const TrainSpec& spec);
 
 /// "compute_dtype": "f16" needs the CUDA backend. Throws std::invalid_argument.

@@ -229,9 +229,10 @@ TEST(Cli, BadModelAndDataFilesAreNamed) {
   write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
   expect_one_line_error(roundpipe("train " + (d / "spec.json").string(), d), "data.jsonl:2:");
   write(d / "data.jsonl", "{\"text\": \"hello\"}\n");
-  // missing model
+  // missing model: named with the spec's key, before anything is loaded
   write(d / "spec.json", spec_for(d / "nope.gguf", d / "data.jsonl", d / "run"));
-  expect_one_line_error(roundpipe("train " + (d / "spec.json").string(), d), "nope.gguf");
+  expect_one_line_error(roundpipe("train " + (d / "spec.json").string(), d),
+                        "spec.json: key 'model': " + (d / "nope.gguf").string() + ": No such file or directory");
   // truncated safetensors
   auto st = model / "model.safetensors";
   auto size = fs::file_size(st);
