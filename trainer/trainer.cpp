@@ -56,6 +56,7 @@ class Run {
   void save_profile();
   void save_merged();
   void evaluate(int64_t steps_done);
+  void discard_unstarted_outputs();
   /// The checkpoint an error leaves as the last good one ("" when there is none).
   std::string kept_checkpoint() const {
     return !last_checkpoint_.empty() ? last_checkpoint_ : resume_ ? resume_->dir : "";
@@ -84,6 +85,7 @@ class Run {
   double mfu_per_token_per_s_ = 0;  // MFU of one token per second (CUDA backend), else 0
   void log_scalars(const StepReport& s);
   int64_t start_ = 0;     // steps done before this run
+  bool created_output_dir_ = false;  // the output folder did not exist before this run
   int64_t reported_ = -1; // last step reported
   double last_report_ = 0;
   std::string last_checkpoint_;
@@ -137,6 +139,7 @@ void Run::setup() {
   // a full disk is found now, not at the final save after every step was trained
   if (leader()) {
     require_disk_space(spec_.output_dir, checkpoint_bytes_, "a checkpoint");
+    created_output_dir_ = !std::filesystem::exists(spec_.output_dir);
     std::filesystem::create_directories(spec_.output_dir);
     metrics_ = std::make_unique<MetricsFile>(path("metrics.csv"), start_, replica_count() > 1);
   }
@@ -375,6 +378,25 @@ void Run::save_merged() {
   spdlog::info("saved the merged model {}", dir);
 }
 
+// A run stopped before its first step leaves nothing it wrote: this run's TensorBoard file,
+// a fresh run's metrics.csv (a resumed run's keeps the rows of the steps before it) and the
+// output folder when this run made it and it is empty now.
+void Run::discard_unstarted_outputs() {
+  std::error_code ec;
+  if (tb_) {
+    const std::string file = tb_->path();
+    tb_.reset();
+    std::filesystem::remove(file, ec);
+    std::filesystem::remove(path("tensorboard"), ec);  // only when empty
+  }
+  if (metrics_ && start_ == 0) {
+    const std::string file = metrics_->path();
+    metrics_.reset();
+    std::filesystem::remove(file, ec);
+  }
+  if (created_output_dir_) std::filesystem::remove(spec_.output_dir, ec);  // only when empty
+}
+
 void Run::save_profile() {
   if (!leader()) return;
   session_->save_profile(path("profile.json"));
@@ -495,7 +517,7 @@ TrainResult Run::abandon(int64_t t) {
       done + 1, spec_.steps, spec_.stop_timeout_s,
       t > done + 1 ? fmt::format("steps {}..{} are", done + 1, t) : fmt::format("step {} is", t), shown, where);
   try {
-    save_profile();
+    save_profile();  // what the stuck steps waited for, even when none finished
   } catch (const std::exception& e) {
     spdlog::warn("{}", e.what());
   }
@@ -529,13 +551,13 @@ TrainResult Run::finish(int64_t t) {
   TrainResult res;
   res.first_step = start_;
   res.steps_done = t;
-  res.metrics = metrics_ ? metrics_->path() : "";
   res.skipped_steps = watch_.skipped_total();
   if (stopping() && t < spec_.steps) {
     // the steps done become a checkpoint like a periodic one
     const bool fresh = t > start_ && !(spec_.save_every > 0 && t % spec_.save_every == 0);
     if (fresh) save(fmt::format("checkpoint-{}", t));
-    else save_profile();
+    else if (t > start_) save_profile();
+    else if (leader()) discard_unstarted_outputs();
     res.stopped = true;
     res.stopped_by = stop_ranks_;
     res.checkpoint = fresh ? last_checkpoint_ : std::string();
@@ -547,6 +569,7 @@ TrainResult Run::finish(int64_t t) {
     res.sample_before = sample_before_;
     res.sample_after = sample_text("after fine-tuning");
   }
+  res.metrics = metrics_ ? metrics_->path() : "";  // none when an unstarted run discarded it
   res.seconds = elapsed();
   res.peak_device_bytes = session_->peak_device_bytes();
   res.plan = session_->plan().summary();

@@ -173,6 +173,37 @@ TEST(Trainer, StopFromAnotherThreadLeavesACheckpointThatContinuesBitForBit) {
   fs::remove_all(d);
 }
 
+// A stop before the first step leaves nothing behind: no metrics.csv, TensorBoard file or
+// profile, and no output folder when the run made it; a folder that was there stays with what
+// it held.
+TEST(Trainer, StopBeforeTheFirstStepLeavesNoOutput) {
+  auto d = tmpdir();
+  for (bool existed : {false, true}) {
+    rp::TrainSpec spec = tiny_spec(d, existed ? "old" : "new", 4);
+    spec.tensorboard = true;
+    const fs::path out = spec.output_dir;
+    if (existed) {
+      fs::create_directories(out);
+      write(out / "notes.txt", "kept");
+    }
+    rp::StopToken stop;
+    rp::TrainerCallbacks cb;
+    cb.on_ready = [&] { stop.request_stop(); };
+    const rp::TrainResult r = rp::Trainer(spec).run(cb, stop);
+    EXPECT_TRUE(r.stopped);
+    EXPECT_EQ(r.steps_done, 0);
+    EXPECT_TRUE(r.checkpoint.empty());
+    if (!existed) {
+      EXPECT_FALSE(fs::exists(out)) << "the run made the folder and wrote nothing into it";
+      continue;
+    }
+    EXPECT_EQ(bytes_of(out / "notes.txt"), "kept");
+    for (const char* name : {"metrics.csv", "tensorboard", "profile.json"})
+      EXPECT_FALSE(fs::exists(out / name)) << name;
+  }
+  fs::remove_all(d);
+}
+
 // A failure on any of the runtime's threads ends run() with a RuntimeFailure naming it,
 // promptly (the run takes well under a second), never a hang.
 TEST(Trainer, AFailureInTheRuntimeEndsTheRunWithAnErrorNamingIt) {
