@@ -1,6 +1,10 @@
 // CUDA kernels: memory helpers, residual add, embedding, RMSNorm, RoPE, SwiGLU and the
 // cross-entropy rows of the chunked LM head. fp32 arithmetic on 16-bit storage; the
 // formulas are those of the CPU twin (kernels/cpu/cpu_ops.cpp, cpu_attention.cpp).
+#include <algorithm>
+#include <map>
+#include <utility>
+
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.hpp"
 
@@ -537,13 +541,19 @@ void k_rmsnorm_bwd(DType t, const void* x, const void* w, const void* dy, void* 
   const size_t smem = size_t(n) * sizeof(float) * (per_warp ? kThreads / 32 : 1);
   if (smem > size_t(200) << 10)
     throw std::invalid_argument("rmsnorm_bwd: rows longer than 51200 columns are not supported on CUDA");
-  // enough blocks to fill the chip, but each sums many rows into its shared dw partial
-  const unsigned grid = grid_for(R, kThreads / 32, int64_t(num_sms()) * 4);
   RP_DISPATCH_16("rmsnorm_bwd", t, T, {
     auto kern = vec ? (per_warp ? rmsnorm_bwd_kernel<T, true, true> : rmsnorm_bwd_kernel<T, true, false>)
                     : (per_warp ? rmsnorm_bwd_kernel<T, false, true> : rmsnorm_bwd_kernel<T, false, false>);
     if (smem > 48 * 1024)
       RP_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    // exactly the blocks that fit on the chip at once, each summing many rows into its shared
+    // dw partial: with more, the shared memory of the partials (64 KiB per block at 2048
+    // columns) leaves a last wave that runs a fraction of the chip
+    thread_local std::map<std::pair<const void*, size_t>, int> fits;  // (kernel, smem) -> blocks per SM
+    auto [it, fresh] = fits.try_emplace({reinterpret_cast<const void*>(kern), smem}, 0);
+    if (fresh) RP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&it->second, kern, kThreads, smem));
+    const int per_sm = it->second;
+    const unsigned grid = grid_for(R, kThreads / 32, int64_t(num_sms()) * std::max(per_sm, 1));
     kern<<<grid, kThreads, smem, st>>>(static_cast<const T*>(x), static_cast<const T*>(w),
                                        static_cast<const T*>(dy), static_cast<T*>(dx), dw, R, n,
                                        eps, accumulate_dx);
