@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <stdexcept>
 #include <vector>
 
@@ -13,6 +14,7 @@
 
 #include "model/error_text.hpp"
 #include "model/lora.hpp"
+#include "model/peft_experts.hpp"
 #include "roundpipe/adapter.hpp"
 
 namespace rp {
@@ -158,15 +160,18 @@ void merge_peft_adapter(LoadedModel& m, const PeftAdapter& a) {
   const std::string st_path = (fs::path(a.dir) / kAdapterWeightsFile).string();
   if (peft_adapter_unties(a, m.config)) untie_embeddings(m);
   const double s = a.lora.scaling();
+  const std::map<std::string, HostTensor> regrouped = gpt_oss_gate_up(a.tensors, m.config);
   for (int64_t i = 0; i < m.config.num_hidden_layers && lora_has_expert_targets(a.lora); ++i)
     fold_experts(
         a.lora, m.config, i, s,
         [&](const std::string& name, const std::vector<int64_t>& shape) {
-          const auto it = a.tensors.find(name);
-          if (it == a.tensors.end() || it->second.shape != shape)
+          const HostTensor* t = nullptr;
+          if (const auto it = regrouped.find(name); it != regrouped.end()) t = &it->second;
+          else if (const auto jt = a.tensors.find(name); jt != a.tensors.end()) t = &jt->second;
+          if (!t || t->shape != shape)
             fail(st_path, fmt::format("the experts' adapter '{}' [{}]: missing or of another shape", name,
                                       fmt::join(shape, ", ")));
-          return it->second.data.data();
+          return t->data.data();
         },
         [&](const std::string& name, int64_t out, int64_t in) {
           const auto it = m.tensors.find(name);

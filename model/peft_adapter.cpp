@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -250,6 +251,17 @@ TrainedBase trained_base(const ModelLayout& layout) {
 
 namespace {
 
+/// The modules whose adapters `layout` holds: lora_target_list, less the MLP modules of a
+/// model whose decoder layers are all sparse ("all-linear" reaches only attention there).
+std::vector<std::string> adapted_modules(const ModelLayout& layout) {
+  const ModelConfig& c = layout.config;
+  const bool dense_mlp = c.num_moe_layers() < c.num_hidden_layers;
+  std::vector<std::string> out;
+  for (const std::string& m : lora_target_list(*layout.lora))
+    if (dense_mlp || !(m == "gate_proj" || m == "up_proj" || m == "down_proj")) out.push_back(m);
+  return out;
+}
+
 /// target_modules as written: attention names as they are; the MLP names of a model with
 /// mixture-of-experts layers as the full paths of its dense layers' modules, since PEFT matches
 /// a bare "gate_proj" against the experts too (transformers 4's per-expert linears, or through
@@ -258,7 +270,7 @@ namespace {
 json target_modules_json(const ModelLayout& layout) {
   const ModelConfig& c = layout.config;
   json out = json::array();
-  for (const std::string& m : lora_target_list(*layout.lora)) {
+  for (const std::string& m : adapted_modules(layout)) {
     const bool mlp = m == "gate_proj" || m == "up_proj" || m == "down_proj";
     if (!mlp || c.num_moe_layers() == 0) {
       out.push_back(m);
@@ -446,9 +458,9 @@ void load_peft_adapter(const PeftAdapter& a, const ModelLayout& layout, std::vec
   const LoraConfig& want = *layout.lora;
   const ModelConfig& c = layout.config;
   if (a.lora.r != want.r) fail(cfg_path, fmt::format("key 'r': expected {} (the run's lora.r), got {}", want.r, a.lora.r));
-  if (a.lora.target_modules != lora_target_list(want))
+  if (a.lora.target_modules != adapted_modules(layout))
     fail(cfg_path, fmt::format("key 'target_modules': expected [{}] (the run's lora.target_modules), got [{}]",
-                               fmt::join(lora_target_list(want), ", "), fmt::join(a.lora.target_modules, ", ")));
+                               fmt::join(adapted_modules(layout), ", "), fmt::join(a.lora.target_modules, ", ")));
   {
     std::vector<std::string> want_p, got_p;
     for (int p = 0; p < kExpertProjs; ++p) {
@@ -473,18 +485,21 @@ void load_peft_adapter(const PeftAdapter& a, const ModelLayout& layout, std::vec
                                fmt::join(want_names, ", "), fmt::join(a.lora.modules_to_save, ", ")));
   }
   std::set<std::string> used;
+  const std::map<std::string, HostTensor> regrouped = gpt_oss_gate_up(a.tensors, c);
   auto copy = [&](const std::string& name, int g, const TensorSpec& t) {
-    const auto it = a.tensors.find(name);
-    if (it == a.tensors.end())
+    const HostTensor* src = nullptr;
+    if (const auto it = regrouped.find(name); it != regrouped.end()) src = &it->second;
+    else if (const auto jt = a.tensors.find(name); jt != a.tensors.end()) src = &jt->second;
+    if (!src)
       fail(st_path, fmt::format("key '{}': missing (expected shape [{}])", peft_tensor_key(name), fmt::join(t.shape, ", ")));
-    if (it->second.shape != t.shape)
+    if (src->shape != t.shape)
       fail(st_path, fmt::format("key '{}': expected shape [{}], got [{}]", peft_tensor_key(name), fmt::join(t.shape, ", "),
-                                fmt::join(it->second.shape, ", ")));
+                                fmt::join(src->shape, ", ")));
     auto& buf = group_data[size_t(g)];
     if (int64_t(buf.size()) != layout.groups[size_t(g)].numel)
       throw std::invalid_argument(fmt::format("load_peft_adapter: group '{}' holds {} values, expected {}",
                                               layout.groups[size_t(g)].name, buf.size(), layout.groups[size_t(g)].numel));
-    std::memcpy(buf.data() + t.offset, it->second.data.data(), size_t(t.numel()) * sizeof(float));
+    std::memcpy(buf.data() + t.offset, src->data.data(), size_t(t.numel()) * sizeof(float));
     used.insert(name);
   };
   for (const auto& [g, t] : adapter_tensors(layout)) copy(t->name, g, *t);

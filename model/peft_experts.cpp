@@ -1,6 +1,7 @@
 // The experts' LoRA adapters in PEFT's form (model/peft_experts.hpp).
 #include "model/peft_experts.hpp"
 
+#include <algorithm>
 #include <regex>
 #include <stdexcept>
 
@@ -20,11 +21,11 @@ std::string peft_stem(const LoraConfig& l, int64_t decoder, ExpertProj p) {
   return fmt::format("model.layers.{}.mlp.experts.{}", decoder, nested ? "base_layer." : "");
 }
 
-// PEFT's lora_B [out, r*E] from ours [E, out, r]
-void put_b(const float* ours, int64_t E, int64_t out, int64_t r, int64_t row0, float* peft) {
+// PEFT's lora_B [*, r*E] rows row0, row0 + step, ... from ours [E, out, r]
+void put_b(const float* ours, int64_t E, int64_t out, int64_t r, int64_t row0, int64_t step, float* peft) {
   for (int64_t e = 0; e < E; ++e)
     for (int64_t o = 0; o < out; ++o)
-      for (int64_t q = 0; q < r; ++q) peft[(row0 + o) * r * E + q * E + e] = ours[(e * out + o) * r + q];
+      for (int64_t q = 0; q < r; ++q) peft[(row0 + o * step) * r * E + q * E + e] = ours[(e * out + o) * r + q];
 }
 // ours [E, out, r] from PEFT's lora_B rows [row0, row0 + out) of [*, r*E]
 std::vector<float> get_b(const float* peft, int64_t E, int64_t out, int64_t r, int64_t row0) {
@@ -36,6 +37,28 @@ std::vector<float> get_b(const float* peft, int64_t E, int64_t out, int64_t r, i
 }
 
 }  // namespace
+
+std::map<std::string, HostTensor> gpt_oss_gate_up(const std::map<std::string, HostTensor>& tensors,
+                                                  const ModelConfig& c) {
+  std::map<std::string, HostTensor> out;
+  if (!c.gpt_oss()) return out;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string stem = fmt::format("model.layers.{}.mlp.experts.", i);
+    const auto g = tensors.find(stem + "gate_proj.lora_B.weight"), u = tensors.find(stem + "up_proj.lora_B.weight");
+    if (g == tensors.end() || u == tensors.end() || g->second.shape != u->second.shape || g->second.shape.size() != 3)
+      continue;
+    const int64_t E = g->second.shape[0], Fe = g->second.shape[1], r = g->second.shape[2];
+    HostTensor gate{g->second.shape, std::vector<float>(g->second.data.size())}, up = gate;
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t p = 0; p < 2 * Fe; ++p) {  // PEFT's row p, split as gate rows first, then up rows
+        const float* src = p < Fe ? &g->second.data[size_t((e * Fe + p) * r)] : &u->second.data[size_t((e * Fe + p - Fe) * r)];
+        std::copy_n(src, r, (p % 2 == 0 ? gate : up).data.data() + (e * Fe + p / 2) * r);
+      }
+    out[g->first] = std::move(gate);
+    out[u->first] = std::move(up);
+  }
+  return out;
+}
 
 bool is_peft_expert_key(const std::string& name) {
   static const std::regex re(R"(model\.layers\.\d+\.mlp\.experts\.(base_layer\.)?lora_[AB]\.weight)");
@@ -64,10 +87,12 @@ std::map<std::string, HostTensor> peft_expert_tensors(const ModelLayout& layout,
     int64_t rows = 0;
     for (size_t k = 1; k < specs.size(); ++k) rows += specs[k].second[1];
     HostTensor tb{{rows, r * E}, std::vector<float>(size_t(rows * r * E))};
+    // gate rows, then up rows (or down's); GPT-OSS interleaves gate and up
+    const bool interleaved = c.gpt_oss() && specs.size() == 3;
     int64_t row0 = 0;
-    for (size_t k = 1; k < specs.size(); ++k) {  // gate rows, then up rows (or down's)
+    for (size_t k = 1; k < specs.size(); ++k) {
       const int64_t o = specs[k].second[1];
-      put_b(tensor(specs[k].first), E, o, r, row0, tb.data.data());
+      put_b(tensor(specs[k].first), E, o, r, interleaved ? int64_t(k - 1) : row0, interleaved ? 2 : 1, tb.data.data());
       row0 += o;
     }
     out[stem + "lora_A.weight"] = std::move(ta);

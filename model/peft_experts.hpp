@@ -10,8 +10,10 @@
 //   lora_B.weight [out, r*E]   column q*E+e = B_e[:, q]          (our [E, out, r], permuted)
 // (peft/tuners/lora/layer.py ParamWrapper.get_delta_weight: A reshaped (E, r, in), B reshaped
 // (out, r, E); delta_e = s * B_e A_e). gate_up_proj's B has the gate rows first, then the up rows
-// (Qwen3MoeExperts: gate, up = linear(x, gate_up_proj[e]).chunk(2)); ours are the two stacked
-// tensors gate_proj.lora_B and up_proj.lora_B (model/lora.hpp expert_lora_tensors).
+// (Qwen3MoeExperts: gate, up = linear(x, gate_up_proj[e]).chunk(2)); GPT-OSS interleaves them
+// (GptOssExperts: gate = gate_up[..., ::2], up = gate_up[..., 1::2]: gate row f is B's row 2f,
+// up row f its row 2f + 1). Ours are the two stacked tensors gate_proj.lora_B and
+// up_proj.lora_B (model/lora.hpp expert_lora_tensors).
 #pragma once
 #include <cstdint>
 #include <map>
@@ -35,6 +37,14 @@ std::map<std::string, HostTensor> peft_expert_tensors(const ModelLayout& layout,
 /// [out, r*E] (gate_up: out even).
 void expert_tensors_from_peft(const LoraConfig& lora, std::map<std::string, HostTensor>& tensors,
                               const std::string& where);
+
+/// expert_tensors_from_peft does not know the model and splits gate_up_proj's B as
+/// Qwen3-MoE's (gate rows first, then up rows). For a GPT-OSS model `c`, whose rows
+/// interleave, the gate_proj / up_proj .lora_B pairs of `tensors` ([E, Fe, r] each) regrouped
+/// to gate row f = PEFT's row 2f, up row f = row 2f + 1, by name; empty for other models (and
+/// without a pair of one shape: whoever copies the tensors names those).
+std::map<std::string, HostTensor> gpt_oss_gate_up(const std::map<std::string, HostTensor>& tensors,
+                                                  const ModelConfig& c);
 
 /// Whether `name` (without the PEFT prefix) is one of PEFT's expert adapter tensors.
 bool is_peft_expert_key(const std::string& name);

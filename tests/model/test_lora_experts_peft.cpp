@@ -19,6 +19,7 @@
 
 #include "model/checkpoint.hpp"
 #include "model/lora.hpp"
+#include "model/peft_experts.hpp"
 #include "model/safetensors.hpp"
 #include "roundpipe/adapter.hpp"
 #include "tests/model/device_reference.hpp"
@@ -208,6 +209,32 @@ TEST(LoraExpertsPeft, ExportTargetsOnlyWhatWasTrained) {
   EXPECT_EQ(only.at("target_parameters"), nlohmann::json({"mlp.experts.down_proj"}));
 }
 
+// On a model whose decoder layers are all sparse, "all-linear" adapts the attention alone; the
+// folder says so (target_modules q, k, v, o) and a run with the same spec takes it back (a
+// resume compares the folder with the run's adapters, not with the seven names all-linear
+// stands for).
+TEST(LoraExpertsPeft, AllLinearOnAnAllSparseModelReadsBack) {
+  Golden g = load_golden();
+  ModelConfig c = g.base.config;
+  c.mlp_only_layers.clear();
+  c.decoder_sparse_step = 1;
+  ASSERT_EQ(c.num_moe_layers(), c.num_hidden_layers);
+  LoraConfig l = *g.layout.lora;
+  l.target_modules = {"all-linear"};
+  const ModelLayout layout = make_layout(c, l);
+  std::vector<std::vector<float>> w;
+  for (const auto& grp : layout.groups) w.emplace_back(size_t(grp.numel), 0.25f);
+  const fs::path d = fs::temp_directory_path() / fmt::format("rp_all_sparse_{}", ::getpid());
+  save_peft_adapter(d.string(), layout, pointers(w), "");
+  const PeftAdapter a = read_peft_adapter(d.string());
+  EXPECT_EQ(a.lora.target_modules, (std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj"}));
+  std::vector<std::vector<float>> back = w;
+  for (size_t gi = size_t(layout.num_layers()); gi < back.size(); ++gi) std::fill(back[gi].begin(), back[gi].end(), 0.f);
+  EXPECT_NO_THROW(load_peft_adapter(a, layout, back));
+  EXPECT_EQ(back, w);
+  fs::remove_all(d);
+}
+
 std::string peft_python() {
   const char* env = std::getenv("RP_PYTHON");
   const std::string py = env && *env ? env : "python3";
@@ -259,6 +286,76 @@ TEST(LoraExpertsPeft, PeftLoadsOurExportWithTheLogitsOfOurMerge) {
     std::printf("peft check %d: %s\n", k, r.dump().c_str());
     EXPECT_TRUE(r["ok"].get<bool>()) << r.dump();
     at = end;
+  }
+  fs::remove_all(d);
+}
+
+// GPT-OSS interleaves gate and up in its gate_up_proj (gate column f at 2f, up at 2f + 1), and
+// so do the rows of PEFT's lora_B for that parameter: the export writes gate row f at row 2f and
+// up row f at 2f + 1, reading the folder back (into a layout, and merged from the folder) gives
+// the values again, and, with a Python that has peft, PEFT's logits with our export are those of
+// our merge.
+TEST(LoraExpertsPeft, GptOssGateUpRowsInterleaveAsTheParameter) {
+  const std::string base_dir = std::string(RP_FIXTURES_DIR) + "/hf_gpt_oss/tiny_gpt_oss";
+  const LoadedModel base = load_model(base_dir);
+  const ModelConfig& c = base.config;
+  ASSERT_TRUE(c.gpt_oss());
+  LoraConfig lc;
+  lc.r = 4;
+  lc.alpha = 8;
+  lc.target_parameters = {"mlp.experts.gate_up_proj", "mlp.experts.down_proj"};
+  const ModelLayout layout = make_layout(c, lc);
+  std::vector<std::vector<float>> w;
+  fill_groups(base, make_layout(c), w);
+  uint32_t state = 12345;
+  for (size_t gi = w.size(); gi < layout.groups.size(); ++gi) {
+    std::vector<float> v(size_t(layout.groups[gi].numel));
+    for (float& x : v) x = float((state = state * 1664525u + 1013904223u) >> 8) / float(1 << 24) - 0.5f;
+    w.push_back(std::move(v));
+  }
+  const int ag = layout.adapter_group(1);
+  const ParamGroup& g = layout.groups[size_t(ag)];
+  const int64_t E = c.num_experts, Fe = c.moe_intermediate_size, r = lc.r;
+  const float* gate = w[size_t(ag)].data() + g.tensors[size_t(g.find("model.layers.0.mlp.experts.gate_proj.lora_B.weight"))].offset;
+  const float* up = w[size_t(ag)].data() + g.tensors[size_t(g.find("model.layers.0.mlp.experts.up_proj.lora_B.weight"))].offset;
+  const auto peft = peft_expert_tensors(layout, 0, w[size_t(ag)].data());
+  const HostTensor& b = peft.at("model.layers.0.mlp.experts.base_layer.lora_B.weight");
+  ASSERT_EQ(b.shape, (std::vector<int64_t>{2 * Fe, r * E}));
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t f = 0; f < Fe; ++f)
+      for (int64_t q = 0; q < r; ++q) {
+        ASSERT_EQ(b.data[size_t((2 * f) * r * E + q * E + e)], gate[(e * Fe + f) * r + q]) << e << " " << f << " " << q;
+        ASSERT_EQ(b.data[size_t((2 * f + 1) * r * E + q * E + e)], up[(e * Fe + f) * r + q]) << e << " " << f << " " << q;
+      }
+  const fs::path d = fs::temp_directory_path() / fmt::format("rp_gpt_oss_peft_{}", ::getpid());
+  const std::string a = (d / "adapter").string(), m = (d / "merged").string();
+  save_peft_adapter(a, layout, pointers(w), base_dir);
+  std::vector<std::vector<float>> back = w;
+  for (size_t gi = size_t(layout.num_layers()); gi < back.size(); ++gi) std::fill(back[gi].begin(), back[gi].end(), 0.f);
+  load_peft_adapter(read_peft_adapter(a), layout, back);
+  EXPECT_EQ(back, w);
+  const MergedWeights merged = merge_adapters(layout, pointers(w));
+  LoadedModel folded = load_model(base_dir);
+  merge_peft_adapter(folded, read_peft_adapter(a));
+  std::vector<std::vector<float>> from_folder;
+  fill_groups(folded, merged.layout, from_folder);
+  for (size_t gi = 0; gi < from_folder.size(); ++gi)
+    EXPECT_LT(rel(from_folder[gi].data(), merged.groups[gi].data(), from_folder[gi].size()), 1e-6) << gi;
+  const std::string py = peft_python();
+  if (!py.empty()) {
+    save_merged_checkpoint(m, layout, pointers(w), nullptr, "", DType::f32);
+    const std::string cmd = py + " " + RP_FIXTURES_DIR + "/peft/check_export.py " + base_dir + " " + a + " " + m;
+    FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::string out;
+    char buf[4096];
+    while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+    EXPECT_EQ(pclose(p), 0) << out;
+    const size_t at = out.find("{\"adapter_vs_merged\"");
+    ASSERT_NE(at, std::string::npos) << out;
+    const nlohmann::json res = nlohmann::json::parse(out.substr(at, out.find('\n', at) - at));
+    std::printf("peft check (GPT-OSS): %s\n", res.dump().c_str());
+    EXPECT_TRUE(res["ok"].get<bool>()) << res.dump();
   }
   fs::remove_all(d);
 }
