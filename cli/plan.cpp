@@ -193,6 +193,7 @@ std::optional<ModelLayout> run_layout(const PlanCommandOptions& o) {
   } else {
     c = load_config_file(file);
   }
+  if (f == WeightFormat::mxfp4 && c.num_experts == 0) f = WeightFormat::bf16;  // the experts' form only, as a run
   if (o.lora_r > 0) {  // adapters on a base frozen in f (make_layout freezes it)
     LoraConfig lc;
     lc.r = o.lora_r;
@@ -336,6 +337,10 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
              o.peak_tflops, o.hbm_gbps, o.pcie_gbps,
              po.memory_cap > 0 ? format_bytes(double(po.memory_cap)) : std::string("none"));
   fmt::print(out, "costs     {}\n", source);
+  // mxfp4 is the experts' form (make_layout keeps the other weights bf16)
+  std::string form = o.frozen.empty() ? "bf16" : o.frozen;
+  if (form == "mxfp4") form = m.num_experts > 0 ? "mxfp4 (experts; the other weights bf16)" : "bf16 (mxfp4 applies to "
+                                                                                              "experts; this model has none)";
   if (o.lora_r > 0) {
     int64_t trainable = 0;
     for (const ParamGroup& g : layout->groups) trainable += g.frozen ? 0 : g.numel;
@@ -343,10 +348,10 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
                     "and staging of the storage form)\n",
                o.lora_r, o.lora_targets,
                m.num_moe_layers() > 0 && !lora_has_expert_targets(*layout->lora) ? " (no expert adapters)" : "",
-               trainable, o.frozen.empty() ? "bf16" : o.frozen);
+               trainable, form);
   } else if (!o.frozen.empty()) {
-    fmt::print(out, "frozen    every weight stored in {} (no gradients; uploads and staging of the storage form)\n",
-               o.frozen);
+    fmt::print(out, "frozen    weights stored in {} (no gradients; uploads and staging of the storage form)\n",
+               form);
   }
   if (m.num_experts > 0)
     fmt::print(out, "experts   {} sparse layers: FLOPs of router + top-{} experts per token (grouped GEMMs at {:g} of "

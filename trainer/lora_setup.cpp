@@ -45,6 +45,12 @@ RunWeights lora_run_weights(const TrainSpec& spec, ModelSource& base, const std:
                  adapter_dir);
     base.untie_embeddings();
   }
+  if (lora.base_format == WeightFormat::mxfp4 && base.config().num_experts == 0) {
+    // mxfp4 is the experts' form only (model/layout.cpp): a model without experts is a bf16 base
+    spdlog::warn("{}: base_format mxfp4 applies to experts, and this model has none: its weights are frozen in bf16",
+                 spec.source);
+    lora.base_format = WeightFormat::bf16;
+  }
   RunWeights w;
   w.layout = make_layout(base.config(), lora);
   check_host_memory(w.layout, base.header().source);
@@ -62,18 +68,8 @@ RunWeights lora_run_weights(const TrainSpec& spec, ModelSource& base, const std:
   }
   int64_t frozen_bytes = 0, trainable = 0;
   for (const auto& g : w.layout.groups) g.frozen ? frozen_bytes += g.storage_bytes : trainable += g.numel;
-  // mxfp4 is the experts' form only (model/layout.cpp): the other weights stay bf16
   std::string form = weight_format_name(lora.base_format);
-  if (lora.base_format == WeightFormat::mxfp4) {
-    if (base.config().num_experts > 0) {
-      form = "mxfp4 (experts; the other weights bf16)";
-    } else {
-      form = "bf16";
-      spdlog::warn("{}: base_format mxfp4 applies to experts, and this model has none: its weights are frozen "
-                   "in bf16",
-                   spec.source);
-    }
-  }
+  if (lora.base_format == WeightFormat::mxfp4) form = "mxfp4 (experts; the other weights bf16)";
   spdlog::info("LoRA r {} (alpha {:g}{}), base weights frozen in {} ({:.1f} MB), {:.2f} M trainable parameters",
                lora.r, lora.alpha, lora.use_rslora ? ", rsLoRA" : "", form, double(frozen_bytes) / 1e6,
                double(trainable) / 1e6);

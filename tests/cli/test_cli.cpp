@@ -328,6 +328,10 @@ TEST(Cli, PlanPartitionsAConfigWithoutWeights) {
   const int64_t trainable = longest(""), frozen = longest(" --frozen q4_0");
   EXPECT_GT(trainable, 0);
   EXPECT_GT(frozen, trainable);
+  // mxfp4 is the experts' form: a model without experts is planned (and run) as a bf16 base
+  EXPECT_EQ(longest(" --frozen mxfp4"), longest(" --frozen bf16"));
+  r = roundpipe("plan --model " + (d / "config.json").string() + " --frozen mxfp4", d);
+  EXPECT_NE(r.out.find("bf16 (mxfp4 applies to experts; this model has none)"), std::string::npos) << r.out;
   r = roundpipe("plan --model " + (d / "config.json").string() + " --frozen q9", d);
   expect_one_line_error(r, "--frozen");
   r = roundpipe("plan --model " + (d / "missing.json").string(), d);
