@@ -36,6 +36,13 @@ RunWeights lora_run_weights(const TrainSpec& spec, ModelSource& base, const std:
   LoraConfig lora;
   if (spec.lora) {
     lora = *spec.lora;
+    // the spec's settings win; a scaling other than the adapter's changes what its weights do
+    if (adapter && adapter->lora.scaling() != lora.scaling())
+      spdlog::warn("{}: the adapter was trained with lora_alpha {:g}{} (scaling {:g}); {} sets alpha {:g}{} "
+                   "(scaling {:g}), so its adapters start out with another effect",
+                   adapter_dir, adapter->lora.alpha, adapter->lora.use_rslora ? ", rsLoRA" : "",
+                   adapter->lora.scaling(), spec.source, lora.alpha, lora.use_rslora ? ", rsLoRA" : "",
+                   lora.scaling());
   } else {
     lora = adapter->lora;
     lora.seed = spec.seed;

@@ -209,8 +209,9 @@ void read_lora(const JsonFields& f, TrainSpec& s) {
         if (!e.is_string()) l.fail("target_parameters", kParametersExpected);
         c.target_parameters.push_back(e.get<std::string>());
       }
-      // only the experts: no target_modules unless the spec names them
-      if (!l.has("target_modules")) c.target_modules.clear();
+      // only the experts: no target_modules unless the spec names them (an empty list names no
+      // expert parameter and leaves the default modules)
+      if (!l.has("target_modules") && !c.target_parameters.empty()) c.target_modules.clear();
     }
     if (l.has("modules_to_save")) {
       const auto& m = l.at("modules_to_save");

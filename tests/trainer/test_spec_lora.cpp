@@ -65,6 +65,10 @@ TEST(SpecLora, DefaultsFollowPeftAndTheSpecSeed) {
   EXPECT_EQ(s.lora->base_format, rp::WeightFormat::bf16);
   const rp::TrainSpec t = parse(", \"lora\": {}");
   EXPECT_EQ(t.lora->target_modules, (std::vector<std::string>{"q_proj", "v_proj"}));
+  // expert parameters alone leave no module adapters; an empty list of them changes nothing
+  EXPECT_TRUE(parse(", \"lora\": {\"target_parameters\": [\"mlp.experts.down_proj\"]}").lora->target_modules.empty());
+  EXPECT_EQ(parse(", \"lora\": {\"target_parameters\": []}").lora->target_modules,
+            (std::vector<std::string>{"q_proj", "v_proj"}));
   for (const char* f : {"f32", "f16", "bf16", "q8_0", "q4_0", "nf4"})
     EXPECT_EQ(error_of(std::string(", \"lora\": {\"base_format\": \"") + f + "\"}"), "ok") << f;
 }
