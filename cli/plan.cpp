@@ -42,7 +42,7 @@ int64_t parse_byte_size(const std::string& text, const std::string& what) {
   try {
     v = std::stod(s, &used);
   } catch (const std::exception&) {
-    throw std::invalid_argument(fmt::format("{}: '{}' is not a byte size (e.g. 24GiB)", what, text));
+    throw UsageError(fmt::format("{}: '{}' is not a byte size (e.g. 24GiB)", what, text));
   }
   std::string unit = s.substr(used);
   for (auto& c : unit) c = char(std::tolower(static_cast<unsigned char>(c)));
@@ -57,7 +57,7 @@ int64_t parse_byte_size(const std::string& text, const std::string& what) {
     else if (rest == "b") mul = std::pow(1000.0, e);
   }
   if (mul == 0 || !(v >= 0) || !std::isfinite(v * mul) || v * mul > 9e18)
-    throw std::invalid_argument(fmt::format("{}: '{}' is not a byte size (e.g. 24GiB, 512MB, 1e10)", what, text));
+    throw UsageError(fmt::format("{}: '{}' is not a byte size (e.g. 24GiB, 512MB, 1e10)", what, text));
   return int64_t(std::llround(v * mul));
 }
 
@@ -167,6 +167,16 @@ PartitionOptions partition_options(const PlanCommandOptions& o, int64_t cap) {
   return po;
 }
 
+// --frozen's storage form (bf16 when not given); a UsageError for another name.
+WeightFormat frozen_format(const PlanCommandOptions& o) {
+  if (o.frozen.empty()) return WeightFormat::bf16;
+  try {
+    return parse_weight_format(o.frozen);
+  } catch (const std::invalid_argument&) {
+    throw UsageError(fmt::format("--frozen: expected f32, bf16, f16, q8_0, q4_0, nf4 or mxfp4, got '{}'", o.frozen));
+  }
+}
+
 std::optional<ModelLayout> run_layout(const PlanCommandOptions& o) {
   if (o.frozen.empty() && o.lora_r == 0) return std::nullopt;
   if (o.lora_r < 0) throw UsageError(fmt::format("--lora-r: expected >= 0, got {}", o.lora_r));
@@ -174,15 +184,7 @@ std::optional<ModelLayout> run_layout(const PlanCommandOptions& o) {
   if (!(o.net_gbps > 0)) throw UsageError(fmt::format("--net-gbps: expected > 0, got {}", o.net_gbps));
   if (!(o.net_latency_us >= 0)) throw UsageError("--net-latency-us: expected >= 0");
   if (o.accumulation < 1) throw UsageError(fmt::format("--accumulation: expected >= 1, got {}", o.accumulation));
-  WeightFormat f = WeightFormat::bf16;
-  if (!o.frozen.empty()) {
-    try {
-      f = parse_weight_format(o.frozen);
-    } catch (const std::invalid_argument&) {
-      throw std::invalid_argument(
-          fmt::format("--frozen: expected f32, bf16, f16, q8_0, q4_0, nf4 or mxfp4, got '{}'", o.frozen));
-    }
-  }
+  WeightFormat f = frozen_format(o);
   std::error_code ec;
   std::string file = o.model;
   if (fs::is_directory(file, ec)) file = (fs::path(file) / "config.json").string();
@@ -203,7 +205,7 @@ std::optional<ModelLayout> run_layout(const PlanCommandOptions& o) {
     try {
       return make_layout(c, lc);
     } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument(fmt::format("--lora-targets: {}", e.what()));
+      throw UsageError(fmt::format("--lora-targets: {}", e.what()));
     }
   }
   ModelLayout m = make_layout(c);
@@ -298,7 +300,9 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
         "--seq {} x --sequences-per-micro {} x --micro {}: more than 2^40 tokens per iteration", o.seq_len,
         o.sequences_per_micro, o.micro_batches));
 
-  if (o.max_seq && o.memory_cap.empty()) throw std::invalid_argument("--max-seq needs --memory-cap");
+  if (o.max_seq && o.memory_cap.empty()) throw UsageError("--max-seq needs --memory-cap");
+  if (!o.memory_cap.empty()) parse_byte_size(o.memory_cap, "--memory-cap");  // bad values before the model loads
+  frozen_format(o);
   std::string desc;
   const ModelShape m = load_model_shape(o.model, &desc);
   const std::optional<ModelLayout> layout = run_layout(o);

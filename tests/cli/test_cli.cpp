@@ -333,7 +333,8 @@ TEST(Cli, PlanPartitionsAConfigWithoutWeights) {
   r = roundpipe("plan --model " + (d / "config.json").string() + " --frozen mxfp4", d);
   EXPECT_NE(r.out.find("bf16 (mxfp4 applies to experts; this model has none)"), std::string::npos) << r.out;
   r = roundpipe("plan --model " + (d / "config.json").string() + " --frozen q9", d);
-  expect_one_line_error(r, "--frozen");
+  EXPECT_EQ(r.code, 2) << r.err;  // a usage error
+  EXPECT_NE(r.err.find("--frozen: expected f32, bf16"), std::string::npos) << r.err;
   r = roundpipe("plan --model " + (d / "missing.json").string(), d);
   expect_one_line_error(r, "missing.json");
   fs::remove_all(d);
@@ -349,7 +350,8 @@ TEST(Cli, UsageErrorsAreOneLine) {
                            "train x.json --backend tpu", "convert a b --dtype q4", "train x.json --replica-timeout -1",
                            "plan --model x.json --gpus -8", "plan --model x.json --nodes 0",
                            "plan --model x.json --net-gbps -100", "plan --model x.json --net-gbps 100",
-                           "plan --model x.json --accumulation 4"}) {
+                           "plan --model x.json --accumulation 4", "plan --model x.json --frozen q5_0",
+                           "plan --model x.json --memory-cap 24XB", "plan --model x.json --max-seq"}) {
     CliRun r = roundpipe(args, d);
     EXPECT_EQ(r.code, 2) << args << ": " << r.err;
     EXPECT_EQ(r.err.find("roundpipe: error: "), 0u) << args << ": " << r.err;
