@@ -205,7 +205,9 @@ std::optional<ModelLayout> run_layout(const PlanCommandOptions& o) {
     try {
       return make_layout(c, lc);
     } catch (const std::invalid_argument& e) {
-      throw UsageError(fmt::format("--lora-targets: {}", e.what()));
+      throw UsageError(fmt::format("--lora-targets: {} (the flag also takes experts, experts.gate_up_proj and "
+                                   "experts.down_proj)",
+                                   e.what()));
     }
   }
   ModelLayout m = make_layout(c);
