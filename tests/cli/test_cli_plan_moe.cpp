@@ -56,6 +56,10 @@ TEST(CliPlanMoe, PlansAMoeConfigWithEitherExpertKey) {
   EXPECT_GT(trainable(e.out), 10 * trainable(r.out)) << e.out;
   r = roundpipe("plan --model " + (d / "config.json").string() + " --lora-r 4 --lora-targets q_proj,wrong", d);
   expect_one_line_error(r, "wrong");
+  // a rank whose parameter counts would wrap around int64_t is refused before any is formed
+  r = roundpipe("plan --model " + (d / "config.json").string() + " --lora-r 9223372036854775807", d);
+  EXPECT_EQ(r.code, 2) << r.err;  // a usage error
+  EXPECT_EQ(r.err, "roundpipe: error: --lora-r: expected 0 (none) or an integer in 1..65536, got 9223372036854775807\n");
   fs::remove_all(d);
 }
 
