@@ -157,6 +157,13 @@ DeviceModel device_model(const PlanCommandOptions& o, const std::optional<ModelL
   return d;
 }
 
+// --lora-r: 0 (no adapters) or a rank LoraConfig accepts; a larger one would overflow the
+// parameter counts the plan forms from it.
+void check_lora_r(int64_t r) {
+  if (r < 0 || r > LoraConfig::kMaxRank)
+    throw UsageError(fmt::format("--lora-r: expected 0 (none) or an integer in 1..{}, got {}", LoraConfig::kMaxRank, r));
+}
+
 PartitionOptions partition_options(const PlanCommandOptions& o, int64_t cap) {
   PartitionOptions po;
   po.gpus = o.gpus;
@@ -179,7 +186,7 @@ WeightFormat frozen_format(const PlanCommandOptions& o) {
 
 std::optional<ModelLayout> run_layout(const PlanCommandOptions& o) {
   if (o.frozen.empty() && o.lora_r == 0) return std::nullopt;
-  if (o.lora_r < 0) throw UsageError(fmt::format("--lora-r: expected >= 0, got {}", o.lora_r));
+  check_lora_r(o.lora_r);
   if (o.nodes < 1) throw UsageError(fmt::format("--nodes: expected >= 1, got {}", o.nodes));
   if (!(o.net_gbps > 0)) throw UsageError(fmt::format("--net-gbps: expected > 0, got {}", o.net_gbps));
   if (!(o.net_latency_us >= 0)) throw UsageError("--net-latency-us: expected >= 0");
@@ -292,7 +299,7 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
   if (!(o.grouped_gemm_efficiency > 0 && o.grouped_gemm_efficiency <= 1))
     throw UsageError(
         fmt::format("--grouped-gemm-efficiency: expected a fraction in (0, 1], got {}", o.grouped_gemm_efficiency));
-  if (o.lora_r < 0) throw UsageError(fmt::format("--lora-r: expected >= 0, got {}", o.lora_r));
+  check_lora_r(o.lora_r);
   if (o.nodes < 1) throw UsageError(fmt::format("--nodes: expected >= 1, got {}", o.nodes));
   if (!(o.net_gbps > 0)) throw UsageError(fmt::format("--net-gbps: expected > 0, got {}", o.net_gbps));
   if (!(o.net_latency_us >= 0)) throw UsageError("--net-latency-us: expected >= 0");

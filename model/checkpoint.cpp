@@ -2,6 +2,7 @@
 #include "model/error_text.hpp"
 
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -109,7 +110,55 @@ void save_hf_checkpoint(const std::string& dir_in, const ModelLayout& layout,
   });
 }
 
+namespace {
+
+/// `p` absolute, with symbolic links and "..", "." resolved as far as it exists, and no
+/// trailing separator: two spellings of one folder compare equal.
+fs::path resolved(const std::string& p) {
+  std::error_code ec;
+  fs::path r = fs::weakly_canonical(fs::absolute(p), ec);
+  if (ec) r = fs::absolute(p).lexically_normal();
+  return r.has_filename() ? r : r.parent_path();
+}
+
+/// Whether `inner` is `outer` or lies inside it (both resolved).
+bool within(const fs::path& inner, const fs::path& outer) {
+  auto [o, i] = std::mismatch(outer.begin(), outer.end(), inner.begin(), inner.end());
+  return o == outer.end();
+}
+
+/// A folder that holds a model: config.json or a *.safetensors file.
+bool holds_model(const fs::path& dir) {
+  std::error_code ec;
+  if (fs::exists(dir / "config.json", ec)) return true;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().extension() == ".safetensors") return true;
+  return false;
+}
+
+}  // namespace
+
+void check_model_output_folder(const std::string& out_dir, const std::vector<std::string>& inputs) {
+  const fs::path out = resolved(out_dir);
+  for (const auto& in : inputs) {
+    if (in.empty()) continue;
+    const fs::path p = resolved(in);
+    if (within(out, p) || within(p, out))
+      throw std::invalid_argument(one_line(fmt::format(
+          "{}: the output folder is, contains or lies inside the input {} (writing it would replace the input); "
+          "expected a separate folder",
+          out_dir, in)));
+  }
+  std::error_code ec;
+  if (fs::is_directory(out, ec) && !fs::is_empty(out, ec) && !holds_model(out))
+    throw std::invalid_argument(one_line(fmt::format(
+        "{}: the output folder holds files but no model (no config.json or *.safetensors), and writing it would "
+        "delete them; expected a new, empty or model folder",
+        out_dir)));
+}
+
 void convert_gguf_to_hf(const std::string& gguf, const std::string& out_dir, DType dtype) {
+  check_model_output_folder(out_dir, {gguf});
   LoadedModel m = load_model(gguf);
   const ModelLayout layout = make_layout(m.config);
   std::vector<std::vector<float>> groups;

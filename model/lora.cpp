@@ -62,6 +62,12 @@ bool lora_has_expert_targets(const LoraConfig& l) {
   return lora_targets_experts(l, ExpertProj::gate_up) || lora_targets_experts(l, ExpertProj::down);
 }
 
+void check_lora_expert_targets(const ModelConfig& c, const LoraConfig& lora) {
+  if (lora_has_expert_targets(lora) && c.num_moe_layers() == 0)
+    throw std::invalid_argument(
+        "lora.target_parameters: the model has no mixture-of-experts layer whose experts could take adapters");
+}
+
 void set_lora_targets(LoraConfig& l, const std::vector<std::string>& entries) {
   l.target_modules.clear();
   l.target_parameters.clear();
@@ -165,9 +171,7 @@ ModelLayout make_layout(const ModelConfig& c, const LoraConfig& lora) {
           "the experts)",
           one_line(t)));
   }
-  if (lora_has_expert_targets(lora) && c.num_moe_layers() == 0)
-    throw std::invalid_argument(
-        "lora.target_parameters: the model has no mixture-of-experts layer whose experts could take adapters");
+  check_lora_expert_targets(c, lora);
   // the base: frozen, but for modules_to_save (lm_head with tied embeddings is group 0)
   auto saved = [&](const char* name) {
     return std::find(lora.modules_to_save.begin(), lora.modules_to_save.end(), name) != lora.modules_to_save.end();

@@ -48,6 +48,11 @@ extern const std::array<const char*, kExpertProjs> kExpertProjNames;
 bool lora_targets_experts(const LoraConfig& lora, ExpertProj p);
 /// Whether `lora` adapts any expert projection.
 bool lora_has_expert_targets(const LoraConfig& lora);
+/// Refuses expert adapters on a model without mixture-of-experts layers, where they would be
+/// silently dropped: throws std::invalid_argument("lora.target_parameters: the model has no
+/// mixture-of-experts layer ..."). Used by make_layout (training) and merge_peft_adapter
+/// (merge, generate) alike.
+void check_lora_expert_targets(const ModelConfig& c, const LoraConfig& lora);
 /// Sets lora.target_modules and lora.target_parameters from one list of a command line's
 /// --lora-targets: "experts" (both expert projections), "experts.gate_up_proj",
 /// "experts.down_proj" (also with the "mlp." prefix) go to target_parameters, every other

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "model/checkpoint.hpp"
 #include "model/error_text.hpp"
 #include "model/lora.hpp"
 #include "model/peft_experts.hpp"
@@ -158,6 +159,11 @@ void save_merged_checkpoint(const std::string& dir, const ModelLayout& layout, c
 
 void merge_peft_adapter(LoadedModel& m, const PeftAdapter& a) {
   const std::string st_path = (fs::path(a.dir) / kAdapterWeightsFile).string();
+  try {  // expert adapters on a dense base: refused, as a training run on the pair is
+    check_lora_expert_targets(m.config, a.lora);
+  } catch (const std::invalid_argument& e) {
+    fail(a.dir, fmt::format("{} (base {})", e.what(), m.source));
+  }
   if (peft_adapter_unties(a, m.config)) untie_embeddings(m);
   const double s = a.lora.scaling();
   const std::map<std::string, HostTensor> regrouped = gpt_oss_gate_up(a.tensors, m.config);
@@ -253,8 +259,10 @@ LoadedModel load_model_or_adapter(const std::string& path, const std::string& ba
 
 std::string merge_peft_folder(const std::string& adapter_dir, const std::string& out_dir, const std::string& base,
                               DType dtype) {
+  check_model_output_folder(out_dir, {adapter_dir, base});
   std::string path;
   LoadedModel m = load_merged_adapter(adapter_dir, base, &path);
+  check_model_output_folder(out_dir, {path});  // the base named by the adapter, now resolved
   const ModelLayout layout = make_layout(m.config);
   std::vector<std::vector<float>> groups;
   fill_groups(m, layout, groups);

@@ -89,7 +89,8 @@ std::set<std::string> normalised_modules_to_save(const LoraConfig& l) {
 void read_lora_fields(const JsonFields& f, PeftAdapter& a) {
   LoraConfig& l = a.lora;
   if (!f.has("peft_type") || f.at("peft_type") != "LORA") f.fail("peft_type", "\"LORA\"");
-  l.r = f.integer("r", 1);
+  l.r = f.integer("r");
+  if (l.r < 1 || l.r > LoraConfig::kMaxRank) f.fail("r", fmt::format("an integer in 1..{}", LoraConfig::kMaxRank));
   if (f.has("lora_alpha")) l.alpha = f.number("lora_alpha");
   else l.alpha = 8;  // PEFT's default
   if (!(l.alpha > 0) || !std::isfinite(l.alpha)) f.fail("lora_alpha", "a finite number > 0");

@@ -151,7 +151,8 @@ const char* kParametersExpected = "a list of \"mlp.experts.gate_up_proj\", \"mlp
 /// The rules of a LoraConfig, for a spec file and a spec built in code alike; `f` carries the
 /// prefix "lora." so the messages name the nested key.
 void check_lora(const JsonFields& f, const LoraConfig& l) {
-  if (l.r < 1) f.fail("r", "an integer >= 1", l.r);
+  if (l.r < 1 || l.r > LoraConfig::kMaxRank)
+    f.fail("r", fmt::format("an integer in 1..{}", LoraConfig::kMaxRank), l.r);
   if (!(l.alpha > 0) || !std::isfinite(l.alpha)) f.fail("alpha", "a finite number > 0", l.alpha);
   if (!(l.dropout >= 0 && l.dropout < 1)) f.fail("dropout", "a number in [0, 1)", l.dropout);
   // the experts alone (target_parameters) leave target_modules empty, as PEFT's target_modules=None

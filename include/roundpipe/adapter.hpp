@@ -191,7 +191,9 @@ LoadedModel load_model_or_adapter(const std::string& path, const std::string& ba
 /// (`base`, or else the adapter's base_model_name_or_path: as given, or relative to the
 /// adapter folder), folds the adapter in (merge_peft_adapter) and writes `out_dir`, a plain
 /// Hugging Face folder in `dtype` with the base model's tokenizer and no adapter file,
-/// replacing it atomically. Returns the base model's path. Throws std::runtime_error naming
+/// replacing it atomically; `out_dir` is checked against the adapter and the base first
+/// (check_model_output_folder: std::invalid_argument, nothing written). Returns the base
+/// model's path. Throws std::runtime_error naming
 /// the file and key ("<dir>/adapter_config.json: key 'base_model_name_or_path': ... pass the
 /// base model explicitly" when it is no local model).
 std::string merge_peft_folder(const std::string& adapter_dir, const std::string& out_dir, const std::string& base,

@@ -71,8 +71,15 @@ void save_hf_checkpoint(const std::string& dir, const ModelLayout& layout,
                         DType dtype,
                         const std::function<void(const std::string& tmp_dir)>& extra = {});
 
+/// Refuses an output folder that save_hf_checkpoint would replace at a loss, before anything
+/// is read or written: one that is an input (a folder or file read from), lies inside one or
+/// holds one, and an existing non-empty folder with no model in it (neither config.json nor a
+/// *.safetensors file: the user's files, not an earlier output). Throws
+/// std::invalid_argument("<out_dir>: <why>"). Empty entries of `inputs` are skipped.
+void check_model_output_folder(const std::string& out_dir, const std::vector<std::string>& inputs);
+
 /// load_model(gguf) + save_hf_checkpoint(out_dir, ...) in `dtype` (default fp32: dequantized
-/// GGUF values are exact in fp32).
+/// GGUF values are exact in fp32); out_dir is checked first (check_model_output_folder).
 void convert_gguf_to_hf(const std::string& gguf, const std::string& out_dir,
                         DType dtype = DType::f32);
 

@@ -153,7 +153,11 @@ struct ParamGroup {
 /// A Kaiming-uniform (a = sqrt(5), bound 1 / sqrt(in)), B zero. Names follow PEFT's
 /// LoraConfig.
 struct LoraConfig {
-  int64_t r = 8;
+  /// The largest rank accepted from a spec, an adapter_config.json or --lora-r: far above
+  /// any useful rank (a rank is at most a linear's width), and small enough that every
+  /// adapter size and parameter count formed from it stays within int64_t.
+  static constexpr int64_t kMaxRank = 65536;
+  int64_t r = 8;  ///< 1..kMaxRank
   double alpha = 8;
   double dropout = 0;  ///< on the adapter's input only; 0 <= dropout < 1
   /// Linear module names: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, or

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 
 #include "model/checkpoint.hpp"
 #include "model/safetensors.hpp"
@@ -44,6 +45,75 @@ TEST(CliMerge, ErrorsAreOneLine) {
       roundpipe("merge " + kPeft + "untied_all/adapter " + (d / "out").string() + " --base " + (d / "nobase").string(), d),
       "nobase: no such file or directory");
   EXPECT_FALSE(fs::exists(d / "out"));
+  fs::remove_all(d);
+}
+
+// A folder's files and their sizes: "unchanged" is checked against this.
+std::map<std::string, uintmax_t> listing(const fs::path& dir) {
+  std::map<std::string, uintmax_t> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    out[fs::relative(e.path(), dir).string()] = e.is_regular_file() ? e.file_size() : 0;
+  return out;
+}
+
+// An output folder that is an input, lies inside one or holds user files is refused before
+// anything is written: replacing it atomically would delete what it holds.
+TEST(CliMerge, RefusesAnOutputThatWouldReplaceAnInputOrUserFiles) {
+  auto d = tmpdir();
+  fs::copy(kPeft + "untied_all/adapter", d / "adapter");
+  fs::copy(kPeft + "base_untied", d / "base");
+  const std::string adapter = (d / "adapter").string(), base = " --base " + (d / "base").string();
+  const auto adapter_files = listing(d / "adapter"), base_files = listing(d / "base");
+  expect_one_line_error(roundpipe("merge " + adapter + " " + adapter + base, d), "is, contains or lies inside the input");
+  expect_one_line_error(roundpipe("merge " + adapter + " " + adapter + "/ " + base, d), "lies inside the input");
+  expect_one_line_error(roundpipe("merge " + adapter + " " + (d / "adapter/sub").string() + base, d), "the input");
+  expect_one_line_error(roundpipe("merge " + adapter + " " + (d / "base").string() + base, d), "the input");
+  expect_one_line_error(roundpipe("merge " + adapter + " " + d.string() + base, d), "contains");
+  fs::create_directories(d / "notes");
+  write(d / "notes/notes.txt", "mine");
+  expect_one_line_error(roundpipe("merge " + adapter + " " + (d / "notes").string() + base, d),
+                        "holds files but no model");
+  EXPECT_EQ(listing(d / "adapter"), adapter_files);
+  EXPECT_EQ(listing(d / "base"), base_files);
+  EXPECT_TRUE(fs::exists(d / "notes/notes.txt"));
+  EXPECT_FALSE(fs::exists(d / "adapter/sub"));
+  // an earlier merge's output is replaced, as before
+  ASSERT_EQ(roundpipe("merge " + adapter + " " + (d / "out").string() + base, d).code, 0);
+  const CliRun again = roundpipe("merge " + adapter + " " + (d / "out").string() + base, d);
+  EXPECT_EQ(again.code, 0) << again.err;
+  fs::remove_all(d);
+}
+
+// convert checks its output folder the same way.
+TEST(CliMerge, ConvertRefusesAnOutputThatWouldReplaceItsInputOrUserFiles) {
+  auto d = tmpdir();
+  fs::create_directories(d / "m");
+  fs::copy(std::string(RP_FIXTURES_DIR) + "/gguf_moe/tiny_qwen3_moe.f32.gguf", d / "m/model.gguf");
+  write(d / "m/notes.txt", "mine");
+  expect_one_line_error(roundpipe("convert " + (d / "m/model.gguf").string() + " " + (d / "m").string(), d),
+                        "contains");
+  expect_one_line_error(roundpipe("convert " + (d / "m/model.gguf").string() + " " + (d / "m/model.gguf").string(), d),
+                        "the input");
+  fs::create_directories(d / "notes");
+  write(d / "notes/notes.txt", "mine");
+  expect_one_line_error(roundpipe("convert " + (d / "m/model.gguf").string() + " " + (d / "notes").string(), d),
+                        "holds files but no model");
+  EXPECT_TRUE(fs::exists(d / "m/model.gguf"));
+  EXPECT_TRUE(fs::exists(d / "m/notes.txt"));
+  EXPECT_TRUE(fs::exists(d / "notes/notes.txt"));
+  fs::remove_all(d);
+}
+
+// Expert adapters on a dense base would be dropped without a word: merge and generate refuse
+// the pair as training does, naming the adapter folder.
+TEST(CliMerge, RefusesExpertAdaptersOnADenseBase) {
+  auto d = tmpdir();
+  const std::string adapter = std::string(RP_FIXTURES_DIR) + "/hf_lora/tiny_qwen3_moe_lora/adapter";
+  const std::string dense = std::string(RP_FIXTURES_DIR) + "/hf_lora/tiny_qwen3_lora";
+  const char* what = "tiny_qwen3_moe_lora/adapter: lora.target_parameters: the model has no mixture-of-experts layer";
+  expect_one_line_error(roundpipe("merge " + adapter + " " + (d / "out").string() + " --base " + dense, d), what);
+  EXPECT_FALSE(fs::exists(d / "out"));
+  expect_one_line_error(roundpipe("generate " + adapter + " --base " + dense + " --prompt hi --max-tokens 2", d), what);
   fs::remove_all(d);
 }
 

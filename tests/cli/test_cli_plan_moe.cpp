@@ -61,6 +61,10 @@ TEST(CliPlanMoe, PlansAMoeConfigWithEitherExpertKey) {
   EXPECT_NE(r.err.find("unknown module 'wrong'"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("experts.down_proj"), std::string::npos) << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  // a rank whose parameter counts would wrap around int64_t is refused before any is formed
+  r = roundpipe("plan --model " + (d / "config.json").string() + " --lora-r 9223372036854775807", d);
+  EXPECT_EQ(r.code, 2) << r.err;  // a usage error
+  EXPECT_EQ(r.err, "roundpipe: error: --lora-r: expected 0 (none) or an integer in 1..65536, got 9223372036854775807\n");
   fs::remove_all(d);
 }
 

@@ -201,7 +201,11 @@ TEST(PeftImport, RefusesWhatItDoesNotComputeNamingFileAndKey) {
     const std::string dir = edited_fixture(d, edit);
     return error_of([&] { read_peft_adapter(dir); });
   };
-  EXPECT_NE(err([](json& j) { j["r"] = 0; }).find("adapter_config.json: key 'r': expected an integer >= 1, got 0"),
+  EXPECT_NE(err([](json& j) { j["r"] = 0; }).find("adapter_config.json: key 'r': expected an integer in 1..65536, got 0"),
+            std::string::npos);
+  // a rank whose adapter sizes would wrap around int64_t
+  EXPECT_NE(err([](json& j) { j["r"] = int64_t(1) << 62; })
+                .find("adapter_config.json: key 'r': expected an integer in 1..65536, got 4611686018427387904"),
             std::string::npos);
   EXPECT_NE(err([](json& j) { j["peft_type"] = "IA3"; }).find("key 'peft_type': expected \"LORA\", got \"IA3\""),
             std::string::npos);

@@ -74,7 +74,7 @@ TEST(SpecLora, DefaultsFollowPeftAndTheSpecSeed) {
 }
 
 TEST(SpecLora, WrongValuesNameTheNestedKey) {
-  EXPECT_EQ(error_of(", \"lora\": {\"r\": 0}"), "s.json: key 'lora.r': expected an integer >= 1, got 0");
+  EXPECT_EQ(error_of(", \"lora\": {\"r\": 0}"), "s.json: key 'lora.r': expected an integer in 1..65536, got 0");
   EXPECT_EQ(error_of(", \"lora\": {\"r\": \"8\"}"), "s.json: key 'lora.r': expected an integer, got \"8\"");
   EXPECT_EQ(error_of(", \"lora\": {\"alpha\": 0}"), "s.json: key 'lora.alpha': expected a finite number > 0, got 0.0");
   EXPECT_EQ(error_of(", \"lora\": {\"dropout\": 1}"), "s.json: key 'lora.dropout': expected a number in [0, 1), got 1.0");
@@ -99,6 +99,19 @@ TEST(SpecLora, WrongValuesNameTheNestedKey) {
   EXPECT_EQ(error_of(", \"adapter\": \"a\", \"merge_adapters\": true"), "ok");
 }
 
+// A rank past 65536 is refused while the spec is read: its adapter sizes and parameter
+// counts would wrap around int64_t (a crash, or a vector past max_size()).
+TEST(SpecLora, AHugeRankIsRefusedNamingTheKey) {
+  EXPECT_EQ(error_of(", \"lora\": {\"r\": 4611686018427387904}"),
+            "s.json: key 'lora.r': expected an integer in 1..65536, got 4611686018427387904");
+  EXPECT_EQ(error_of(", \"lora\": {\"r\": 65537}"), "s.json: key 'lora.r': expected an integer in 1..65536, got 65537");
+  EXPECT_EQ(error_of(", \"lora\": {\"r\": 65536}"), "ok");
+  rp::TrainSpec s = parse("");
+  s.lora = rp::LoraConfig{};
+  s.lora->r = int64_t(1) << 62;
+  EXPECT_THROW(rp::validate_spec(s), std::invalid_argument);
+}
+
 TEST(SpecLora, ASpecBuiltInCodeIsCheckedLikeAFile) {
   rp::TrainSpec s = parse("");
   s.source = "code";
@@ -110,7 +123,7 @@ TEST(SpecLora, ASpecBuiltInCodeIsCheckedLikeAFile) {
         try {
           rp::validate_spec(s);
         } catch (const std::invalid_argument& e) {
-          EXPECT_STREQ(e.what(), "code: key 'lora.r': expected an integer >= 1, got 0");
+          EXPECT_STREQ(e.what(), "code: key 'lora.r': expected an integer in 1..65536, got 0");
           throw;
         }
       },
