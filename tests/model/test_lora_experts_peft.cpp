@@ -235,6 +235,17 @@ TEST(LoraExpertsPeft, AllLinearOnAnAllSparseModelReadsBack) {
   fs::remove_all(d);
 }
 
+// The stdout and stderr of shell command `cmd`; rc its exit status (-1: it did not start).
+std::string command_output(const std::string& cmd, int& rc) {
+  std::string out;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  rc = pclose(p);
+  return out;
+}
+
 std::string peft_python() {
   const char* env = std::getenv("RP_PYTHON");
   const std::string py = env && *env ? env : "python3";
@@ -271,12 +282,9 @@ TEST(LoraExpertsPeft, PeftLoadsOurExportWithTheLogitsOfOurMerge) {
     cmd += " " + kDir + " " + a + " " + m;
     ++i;
   }
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  EXPECT_EQ(pclose(p), 0) << out;
+  int rc = -1;
+  const std::string out = command_output(cmd, rc);
+  EXPECT_EQ(rc, 0) << out;
   size_t at = 0;
   for (int k = 0; k < 2; ++k) {
     at = out.find("{\"adapter_vs_merged\"", at);
@@ -345,12 +353,9 @@ TEST(LoraExpertsPeft, GptOssGateUpRowsInterleaveAsTheParameter) {
   if (!py.empty()) {
     save_merged_checkpoint(m, layout, pointers(w), nullptr, "", DType::f32);
     const std::string cmd = py + " " + RP_FIXTURES_DIR + "/peft/check_export.py " + base_dir + " " + a + " " + m;
-    FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-    ASSERT_NE(p, nullptr);
-    std::string out;
-    char buf[4096];
-    while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-    EXPECT_EQ(pclose(p), 0) << out;
+    int rc = -1;
+    const std::string out = command_output(cmd, rc);
+    EXPECT_EQ(rc, 0) << out;
     const size_t at = out.find("{\"adapter_vs_merged\"");
     ASSERT_NE(at, std::string::npos) << out;
     const nlohmann::json res = nlohmann::json::parse(out.substr(at, out.find('\n', at) - at));
