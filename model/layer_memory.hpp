@@ -14,7 +14,8 @@
 //             dh1 lives in the caller's dx, dxn in h1, the q/k-norm input gradients in dout
 //             and v, so nothing of size [T,F] exists and no [T,H] buffer beyond xn and h1.
 //   LoRA adapters (DecoderDims::lora_rank r > 0): ax [T,r] (forward and backward) and g [T,r]
-//             (backward) for the adapter intermediates of one linear at a time, and with dropout
+//             (backward) for the adapter intermediates of one linear at a time, u [7,T,r]
+//             (backward: each linear's s A x from the recompute, reused by its backward), and with dropout
 //             the dropped-out input of one linear, [T, max(H,Q)] or for the MLP [C, max(H,F)].
 //   Sparse MLP block (DecoderDims::experts E > 0, k experts per token, expert FFN Fe; R = C*k
 //             routed rows of a chunk): instead of g, u, m [C,F]: router logits [C,E], probs
@@ -32,6 +33,10 @@
 #include "kernels/ops.hpp"
 
 namespace rp {
+
+/// Linears of a decoder layer that can carry a LoRA adapter (q, k, v, o, gate, up, down:
+/// model/lora.hpp's LoraModule).
+constexpr size_t kAdaptedLinears = 7;
 
 /// Alignment of every buffer a layer carves out of its scratch.
 constexpr size_t kScratchAlign = 256;
@@ -103,6 +108,7 @@ struct DecoderBufs {
   void *dm = nullptr, *dg = nullptr, *du = nullptr;            // [C, F], backward
   float* lse = nullptr;                                        // [n_seq, nq, L], backward
   void *lora_ax = nullptr, *lora_g = nullptr;                 // [T, r] (lora_g: backward)
+  void* lora_u = nullptr;  // backward: [kAdaptedLinears, T, r], each linear's u from the recompute
   void* lora_x = nullptr;                                      // dropout input, [T or C, max in]
   void* attn = nullptr;                                        // Ops::attention_scratch_bytes
   MoeBufs moe;                                                 // sparse MLP block only
@@ -175,6 +181,7 @@ inline void carve_decoder_scratch(const DecoderDims& d, int64_t n_seq, int64_t s
   if (d.lora_rank > 0) {  // model/lora_linear.hpp: adapter intermediates, one linear at a time
     b.lora_ax = sc.take(T * size_t(d.lora_rank) * es);
     if (backward) b.lora_g = sc.take(T * size_t(d.lora_rank) * es);
+    if (backward) b.lora_u = sc.take(kAdaptedLinears * T * size_t(d.lora_rank) * es);
     if (d.lora_dropout) b.lora_x = sc.take(std::max(T * std::max(H, Q), C * std::max(H, F)) * es);
   }
   if (!backward) return;

@@ -215,6 +215,10 @@ class DecoderLayer final : public Layer {
     c.ax = b.lora_ax;
     c.g = b.lora_g;
     c.xbuf = b.lora_x;
+    if (backward) {  // the recompute leaves each module's u for its backward
+      c.u_keep = b.lora_u;
+      c.u_rows = a.shape.tokens();
+    }
     return c;
   }
   const LoraLinear& lora(LoraModule m) const { return lora_[size_t(m)]; }
@@ -283,15 +287,12 @@ void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, c
   ops.rmsnorm_fwd(a.x, param(a, 0, w_in_), b.xn, T, H, eps);
   void* q_lin = c_.qk_norm ? b.qr : b.q;
   void* k_lin = c_.qk_norm ? b.kr : b.k;
-  ops.linear_fwd(b.xn, param(a, 0, wq_), q_lin, T, H, nq * D);
-  ops.linear_fwd(b.xn, param(a, 0, wk_), k_lin, T, H, nkv * D);
-  ops.linear_fwd(b.xn, param(a, 0, wv_), b.v, T, H, nkv * D);
+  adapted_linear_fwd(ops, lc, lora(LoraModule::q), b.xn, param(a, 0, wq_), q_lin, T, H, nq * D, 0);
+  adapted_linear_fwd(ops, lc, lora(LoraModule::k), b.xn, param(a, 0, wk_), k_lin, T, H, nkv * D, 0);
+  adapted_linear_fwd(ops, lc, lora(LoraModule::v), b.xn, param(a, 0, wv_), b.v, T, H, nkv * D, 0);
   bias_fwd(ops, a, bq_, q_lin, T, nq * D);
   bias_fwd(ops, a, bk_, k_lin, T, nkv * D);
   bias_fwd(ops, a, bv_, b.v, T, nkv * D);
-  lora_forward(lc, lora(LoraModule::q), b.xn, q_lin, T, 0);
-  lora_forward(lc, lora(LoraModule::k), b.xn, k_lin, T, 0);
-  lora_forward(lc, lora(LoraModule::v), b.xn, b.v, T, 0);
   if (c_.qk_norm) {
     ops.rmsnorm_fwd(b.qr, param(a, 0, wqn_), b.q, T * nq, D, eps);
     ops.rmsnorm_fwd(b.kr, param(a, 0, wkn_), b.k, T * nkv, D, eps);
@@ -319,9 +320,8 @@ void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, c
     ops.rope_fwd(b.k, S, L, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling);
     if (!reuse) ops.attention_fwd(b.q, b.k, b.v, b.o, with_lse ? b.lse : nullptr, S, L, nq, nkv, D, scale, b.attn);
   }
-  ops.linear_fwd(b.o, param(a, 0, wo_), b.h1, T, nq * D, H);
+  adapted_linear_fwd(ops, lc, lora(LoraModule::o), b.o, param(a, 0, wo_), b.h1, T, nq * D, H, 0);
   bias_fwd(ops, a, bo_, b.h1, T, H);
-  lora_forward(lc, lora(LoraModule::o), b.o, b.h1, T, 0);
   ops.add(a.x, b.h1, b.h1, T * H);  // h1 = x + attn
 }
 
@@ -333,13 +333,10 @@ void DecoderLayer::mlp_forward(const LayerArgs& a, const DecoderBufs& b, const L
   void* y = row(ops, a.y, r0, H);
   ops.rmsnorm_fwd(h1, param(a, 0, w_post_), b.hn, n, H, float(c_.rms_norm_eps));
   if (moe_) return moe_->forward(ops, a.params[0], b.hn, h1, y, n, b.moe, a.moe_stats, moe_adapters(a, false));
-  ops.linear_fwd(b.hn, param(a, 0, wg_), b.g, n, H, F);
-  ops.linear_fwd(b.hn, param(a, 0, wu_), b.u, n, H, F);
-  lora_forward(lc, lora(LoraModule::gate), b.hn, b.g, n, r0);
-  lora_forward(lc, lora(LoraModule::up), b.hn, b.u, n, r0);
+  adapted_linear_fwd(ops, lc, lora(LoraModule::gate), b.hn, param(a, 0, wg_), b.g, n, H, F, r0);
+  adapted_linear_fwd(ops, lc, lora(LoraModule::up), b.hn, param(a, 0, wu_), b.u, n, H, F, r0);
   ops.swiglu_fwd(b.g, b.u, b.m, n * F);
-  ops.linear_fwd(b.m, param(a, 0, wd_), y, n, F, H);
-  lora_forward(lc, lora(LoraModule::down), b.m, y, n, r0);
+  adapted_linear_fwd(ops, lc, lora(LoraModule::down), b.m, param(a, 0, wd_), y, n, F, H, r0);
   ops.add(h1, y, y, n * H);
 }
 
@@ -363,22 +360,20 @@ void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const 
     ops.rmsnorm_bwd(h1, param(a, 0, w_post_), b.dhn, dh1, grad(a, 0, w_post_), n, H, eps, true);
     return;
   }
-  ops.linear_fwd(b.hn, param(a, 0, wg_), b.g, n, H, F);
-  ops.linear_fwd(b.hn, param(a, 0, wu_), b.u, n, H, F);
-  lora_forward(lc, lora(LoraModule::gate), b.hn, b.g, n, r0);
-  lora_forward(lc, lora(LoraModule::up), b.hn, b.u, n, r0);
+  adapted_linear_fwd(ops, lc, lora(LoraModule::gate), b.hn, param(a, 0, wg_), b.g, n, H, F, r0);
+  adapted_linear_fwd(ops, lc, lora(LoraModule::up), b.hn, param(a, 0, wu_), b.u, n, H, F, r0);
   ops.swiglu_fwd(b.g, b.u, b.m, n * F);
-  // y = h1 + down(m)
+  // y = h1 + down(m); down's forward was not recomputed, so its adapter computes its u again
   weight_grad(ops, dy, b.m, grad(a, 0, wd_), n, F, H);
-  ops.linear_bwd_input(dy, param(a, 0, wd_), b.dm, n, F, H, false);
-  lora_backward(lc, lora(LoraModule::down), b.m, dy, b.dm, n, r0);
+  adapted_linear_bwd_input(ops, lc, lora(LoraModule::down), b.m, dy, param(a, 0, wd_), b.dm, n, F, H, false, r0,
+                           false);
   ops.swiglu_bwd(b.g, b.u, b.dm, b.dg, b.du, n * F);
   weight_grad(ops, b.dg, b.hn, grad(a, 0, wg_), n, H, F);
   weight_grad(ops, b.du, b.hn, grad(a, 0, wu_), n, H, F);
-  ops.linear_bwd_input(b.dg, param(a, 0, wg_), b.dhn, n, H, F, false);
-  ops.linear_bwd_input(b.du, param(a, 0, wu_), b.dhn, n, H, F, true);
-  lora_backward(lc, lora(LoraModule::gate), b.hn, b.dg, b.dhn, n, r0);
-  lora_backward(lc, lora(LoraModule::up), b.hn, b.du, b.dhn, n, r0);
+  adapted_linear_bwd_input(ops, lc, lora(LoraModule::gate), b.hn, b.dg, param(a, 0, wg_), b.dhn, n, H, F, false, r0,
+                           true);
+  adapted_linear_bwd_input(ops, lc, lora(LoraModule::up), b.hn, b.du, param(a, 0, wu_), b.dhn, n, H, F, true, r0,
+                           true);
   ops.copy(ops.dtype(), dh1, dy, n * H);  // residual path
   ops.rmsnorm_bwd(h1, param(a, 0, w_post_), b.dhn, dh1, grad(a, 0, w_post_), n, H, eps, true);
 }
@@ -393,8 +388,8 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
   // h1 = x + o_proj(o)
   weight_grad(ops, dh1, b.o, grad(a, 0, wo_), T, nq * D, H);
   bias_bwd(ops, a, bo_, dh1, T, H);
-  ops.linear_bwd_input(dh1, param(a, 0, wo_), b.dout, T, nq * D, H, false);
-  lora_backward(lc, lora(LoraModule::o), b.o, dh1, b.dout, T, 0);
+  adapted_linear_bwd_input(ops, lc, lora(LoraModule::o), b.o, dh1, param(a, 0, wo_), b.dout, T, nq * D, H, false, 0,
+                           true);
   const float scale = float(1.0 / std::sqrt(double(D)));
   if (variant()) {
     ops.attention_bwd_v(b.q, b.k, b.v, b.o, b.lse, b.dout, b.dq, b.dk, b.dv, S, L, nq, nkv, D, scale,
@@ -431,12 +426,12 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
   bias_bwd(ops, a, bk_, dk_lin, T, nkv * D);
   bias_bwd(ops, a, bv_, b.dv, T, nkv * D);
   void* dxn = b.h1;  // h1 is no longer read
-  ops.linear_bwd_input(dq_lin, param(a, 0, wq_), dxn, T, H, nq * D, false);
-  ops.linear_bwd_input(dk_lin, param(a, 0, wk_), dxn, T, H, nkv * D, true);
-  ops.linear_bwd_input(b.dv, param(a, 0, wv_), dxn, T, H, nkv * D, true);
-  lora_backward(lc, lora(LoraModule::q), b.xn, dq_lin, dxn, T, 0);
-  lora_backward(lc, lora(LoraModule::k), b.xn, dk_lin, dxn, T, 0);
-  lora_backward(lc, lora(LoraModule::v), b.xn, b.dv, dxn, T, 0);
+  adapted_linear_bwd_input(ops, lc, lora(LoraModule::q), b.xn, dq_lin, param(a, 0, wq_), dxn, T, H, nq * D, false, 0,
+                           true);
+  adapted_linear_bwd_input(ops, lc, lora(LoraModule::k), b.xn, dk_lin, param(a, 0, wk_), dxn, T, H, nkv * D, true, 0,
+                           true);
+  adapted_linear_bwd_input(ops, lc, lora(LoraModule::v), b.xn, b.dv, param(a, 0, wv_), dxn, T, H, nkv * D, true, 0,
+                           true);
   ops.rmsnorm_bwd(a.x, param(a, 0, w_in_), dxn, a.dx, grad(a, 0, w_in_), T, H, eps, true);
 }
 

@@ -7,8 +7,11 @@
 #include <fmt/format.h>
 
 #include "kernels/dropout_hash.hpp"
+#include "model/layer_memory.hpp"
 
 namespace rp {
+
+static_assert(size_t(kLoraModules) == kAdaptedLinears, "one kept-u slot per adaptable linear");
 
 std::array<LoraLinear, kLoraModules> lora_linears(const ModelLayout& m, int layer) {
   std::array<LoraLinear, kLoraModules> out{};
@@ -60,41 +63,69 @@ const void* adapter_input(const LoraCall& c, const LoraLinear& l, const void* x,
   return c.xbuf;
 }
 
-// c.ax = s * xd A^T
-void low_rank_input(const LoraCall& c, const LoraLinear& l, const void* xd, int64_t n) {
+// u = s * xd A^T into `u` ([n, r])
+void low_rank_input(const LoraCall& c, const LoraLinear& l, const void* xd, void* u, int64_t n) {
   Ops& o = *c.ops;
-  o.fill(o.dtype(), c.ax, n * l.r, 0.f);
-  o.linear_fwd_add(xd, param_at(c, l.a_off), c.ax, n, l.in, l.r, c.scaling);
+  o.fill(o.dtype(), u, n * l.r, 0.f);
+  o.linear_fwd_add(xd, param_at(c, l.a_off), u, n, l.in, l.r, c.scaling);
+}
+
+// The module's slot of c.u_keep (null without one).
+void* kept_u(const LoraCall& c, const LoraLinear& l, int64_t n) {
+  if (!c.u_keep) return nullptr;
+  if (n > c.u_rows) throw std::invalid_argument("lora: more rows than the kept-u slots hold");
+  return static_cast<char*>(c.u_keep) + l.module * c.u_rows * l.r * int64_t(dtype_size(c.ops->dtype()));
 }
 
 }  // namespace
 
-void lora_forward(const LoraCall& c, const LoraLinear& l, const void* x, void* y, int64_t n, int64_t row0) {
-  if (!l.on() || n <= 0) return;
-  const void* xd = adapter_input(c, l, x, n, row0);
-  low_rank_input(c, l, xd, n);
-  c.ops->linear_fwd_add(c.ax, param_at(c, l.b_off), y, n, l.r, l.out, 1.0f);
+void adapted_linear_fwd(Ops& ops, const LoraCall& c, const LoraLinear& l, const void* x, const void* w, void* y,
+                        int64_t n, int64_t in, int64_t out, int64_t row0) {
+  if (!l.on() || n <= 0) return ops.linear_fwd(x, w, y, n, in, out);
+  if (l.in != in || l.out != out)
+    throw std::invalid_argument(fmt::format("lora: adapter of [{}, {}] on a linear of [{}, {}]", l.out, l.in, out, in));
+  void* kept = kept_u(c, l, n);
+  void* u = kept ? kept : c.ax;
+  low_rank_input(c, l, adapter_input(c, l, x, n, row0), u, n);
+  ops.linear_fwd(u, param_at(c, l.b_off), y, n, l.r, l.out);  // y = u B^T
+  ops.linear_fwd_add(x, w, y, n, in, out, 1.0f);               // y += x W^T
 }
 
 void lora_backward(const LoraCall& c, const LoraLinear& l, const void* x, const void* dy, void* dx, int64_t n,
-                   int64_t row0) {
+                   int64_t row0, bool accumulate, bool reuse_u) {
   if (!l.on() || n <= 0) return;
   Ops& o = *c.ops;
   const DType dt = o.dtype();
   const void* xd = adapter_input(c, l, x, n, row0);
-  low_rank_input(c, l, xd, n);                                                   // u
-  if (c.grads) o.linear_bwd_weight(dy, c.ax, grad_at(c, l.b_off), n, l.r, l.out);  // dB += dy^T u
-  o.linear_bwd_input(dy, param_at(c, l.b_off), c.g, n, l.r, l.out, false);       // dy B
+  void* u = reuse_u ? kept_u(c, l, n) : nullptr;
+  if (!u) {
+    u = c.ax;
+    low_rank_input(c, l, xd, u, n);
+  }
+  if (c.grads) o.linear_bwd_weight(dy, u, grad_at(c, l.b_off), n, l.r, l.out);  // dB += dy^T u
+  o.linear_bwd_input(dy, param_at(c, l.b_off), c.g, n, l.r, l.out, false);     // dy B
   o.fill(dt, c.ax, n * l.r, 0.f);
-  o.add_into(dt, c.ax, dt, c.g, n * l.r, c.scaling);                             // g = s dy B
-  if (c.grads) o.linear_bwd_weight(c.ax, xd, grad_at(c, l.a_off), n, l.in, l.r);   // dA += g^T xd
+  o.add_into(dt, c.ax, dt, c.g, n * l.r, c.scaling);                           // g = s dy B
+  if (c.grads) o.linear_bwd_weight(c.ax, xd, grad_at(c, l.a_off), n, l.in, l.r);  // dA += g^T xd
   if (c.dropout > 0.f) {  // xd is read no more: its buffer takes g A, masked like the forward
     o.linear_bwd_input(c.ax, param_at(c, l.a_off), c.xbuf, n, l.in, l.r, false);
-    o.dropout(c.xbuf, c.xbuf, n, l.in, c.dropout, module_seed(c, l), row0);
-    o.add_into(dt, dx, dt, c.xbuf, n * l.in, 1.0f);
+    if (accumulate) {
+      o.dropout(c.xbuf, c.xbuf, n, l.in, c.dropout, module_seed(c, l), row0);
+      o.add_into(dt, dx, dt, c.xbuf, n * l.in, 1.0f);
+    } else {
+      o.dropout(c.xbuf, dx, n, l.in, c.dropout, module_seed(c, l), row0);
+    }
   } else {
-    o.linear_bwd_input(c.ax, param_at(c, l.a_off), dx, n, l.in, l.r, true);
+    o.linear_bwd_input(c.ax, param_at(c, l.a_off), dx, n, l.in, l.r, accumulate);
   }
+}
+
+void adapted_linear_bwd_input(Ops& ops, const LoraCall& c, const LoraLinear& l, const void* x, const void* dy,
+                              const void* w, void* dx, int64_t n, int64_t in, int64_t out, bool accumulate,
+                              int64_t row0, bool reuse_u) {
+  if (!l.on() || n <= 0) return ops.linear_bwd_input(dy, w, dx, n, in, out, accumulate);
+  lora_backward(c, l, x, dy, dx, n, row0, accumulate, reuse_u);
+  ops.linear_bwd_input(dy, w, dx, n, in, out, true);
 }
 
 }  // namespace rp

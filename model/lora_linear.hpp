@@ -43,6 +43,10 @@ struct LoraCall {
   void* ax = nullptr;            ///< scratch [n, r]
   void* g = nullptr;             ///< scratch [n, r], backward
   void* xbuf = nullptr;          ///< scratch [n, in] for the dropped-out input (dropout > 0)
+  /// backward calls: [kLoraModules, u_rows, r], where the recompute's adapted_linear_fwd leaves
+  /// each module's u for lora_backward (null: u is computed again in lora_backward)
+  void* u_keep = nullptr;
+  int64_t u_rows = 0;  ///< rows of one module's slot in u_keep (the call's tokens)
 };
 
 /// The stream of dropout masks of one layer call: a hash of (the adapter seed, the
@@ -50,12 +54,25 @@ struct LoraCall {
 /// mix64(seed + module).
 uint64_t lora_dropout_seed(uint64_t lora_seed, int64_t dropout_id, int layer);
 
-/// y [n, out] += s * B A drop(x) for rows [row0, row0 + n) of the micro-batch (x [n, in]; row0
-/// only selects the dropout mask's rows). No-op when the module has no adapter.
-void lora_forward(const LoraCall& c, const LoraLinear& l, const void* x, void* y, int64_t n, int64_t row0);
-/// Given x [n, in] (the base linear's input) and dy [n, out]: dA, dB += (into c.grads) and
-/// dx [n, in] += the adapter's input gradient. No-op when the module has no adapter.
+/// y [n, out] = x W^T + s * B A drop(x) for rows [row0, row0 + n) of the micro-batch (x [n, in],
+/// W [out, in] the base weight, all in the compute dtype; row0 only selects the dropout mask's
+/// rows); y = x W^T when the module has no adapter. The low-rank product is written into y first
+/// and the base GEMM accumulates onto it (Ops::linear_fwd_add): the compute-bound GEMM reads y in
+/// its epilogue, where adding u B^T after it would be a memory-bound pass reading and writing y.
+/// With c.u_keep, u is left in the module's slot for lora_backward (the backward's recompute).
+void adapted_linear_fwd(Ops& ops, const LoraCall& c, const LoraLinear& l, const void* x, const void* w, void* y,
+                        int64_t n, int64_t in, int64_t out, int64_t row0);
+/// Given x [n, in] (the base linear's input) and dy [n, out]: dA, dB += (into c.grads) and the
+/// adapter's input gradient written into dx [n, in] (added to it when `accumulate`). No-op when
+/// the module has no adapter. `reuse_u`: u is the one adapted_linear_fwd left in c.u_keep in this
+/// call (the recompute ran for this module and these rows).
 void lora_backward(const LoraCall& c, const LoraLinear& l, const void* x, const void* dy, void* dx, int64_t n,
-                   int64_t row0);
+                   int64_t row0, bool accumulate, bool reuse_u);
+/// dx [n, in] = dy W (+ dx when `accumulate`) plus the adapter's input gradient, and its dA, dB
+/// (lora_backward); W [out, in]. The adapter's term is written first and the base GEMM
+/// accumulates onto it, for the same reason as in adapted_linear_fwd.
+void adapted_linear_bwd_input(Ops& ops, const LoraCall& c, const LoraLinear& l, const void* x, const void* dy,
+                              const void* w, void* dx, int64_t n, int64_t in, int64_t out, bool accumulate,
+                              int64_t row0, bool reuse_u);
 
 }  // namespace rp
