@@ -14,8 +14,9 @@
 // attention variants (sliding window 128, sinks) at 8 x 4096 tokens, 64/8 heads, D=64
 // (attention_variants below).
 //
-//   bench_cuda_ops_bench [--quick] [--dequant] [--moe] [--gptoss]   (--dequant / --moe /
-//                                             --gptoss: the ceilings and that section only)
+//   bench_cuda_ops_bench [--quick] [--dequant] [--moe] [--gptoss] [--sustained S]  (--dequant /
+//                          --moe / --gptoss: the ceilings and that section only; --sustained:
+//                          the 8192^3 GEMM back to back for S seconds, its rate per half second)
 //
 // Timing: each op is issued R times back to back on the compute stream, then the stream
 // is synchronised; the time per call is the median over 5 such trials, after warm-up.
@@ -346,15 +347,58 @@ void attention_by_gqa_ratio(Env& e, int R) {
 }
 #endif
 
+// The 8192^3 bf16 GEMM issued back to back for `seconds`: TFLOP/s per half second. The
+// ceilings above come from bursts of ~15 ms; a GPU at its power limit lowers its clock under
+// a sustained load (watch it with nvidia-smi --query-gpu=clocks.sm,power.draw), and a training
+// step's GEMMs run at the sustained rate.
+void sustained_gemm(Env& e, double seconds) {
+  Ops& ops = *e.ops;
+  const int64_t N = 8192;
+  const DType bf = DType::bf16;
+  void* x = rand_buffer(e, N * N, bf, 1.f, 2);
+  void* w = rand_buffer(e, N * N, bf, 0.02f, 3);
+  void* y = buffer(e, N * N, bf);
+  Stream& cs = e.dev->stream(StreamKind::compute);
+  const double fl = 2.0 * double(N) * N * N;
+  std::printf("\n-- sustained bf16 GEMM 8192^3, %.0f s --\n", seconds);
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<double> rates;
+  for (;;) {
+    const auto t0 = std::chrono::steady_clock::now();
+    int calls = 0;
+    while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 0.5) {
+      cs.launch([&] {
+        for (int r = 0; r < 20; ++r) ops.linear_fwd(x, w, y, N, N, N);
+      });
+      cs.synchronize();
+      calls += 20;
+    }
+    const auto t1 = std::chrono::steady_clock::now();
+    const double tf = fl * calls / std::chrono::duration<double>(t1 - t0).count() / 1e12;
+    rates.push_back(tf);
+    const double at = std::chrono::duration<double>(t1 - start).count();
+    std::printf("t=%5.1f s  %6.1f TFLOP/s\n", at, tf);
+    std::fflush(stdout);
+    if (at >= seconds) break;
+  }
+  std::vector<double> tail(rates.begin() + long(rates.size() / 2), rates.end());
+  std::sort(tail.begin(), tail.end());
+  std::printf("sustained (median of the second half): %.1f TFLOP/s; burst ceiling %.1f TFLOP/s (%.0f%%)\n",
+              tail[tail.size() / 2], e.peak_tflops, 100 * tail[tail.size() / 2] / e.peak_tflops);
+  e.keep.clear();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Env e;
+  double sustained_s = 0;
   for (int i = 1; i < argc; ++i)
     if (std::strcmp(argv[i], "--quick") == 0) e.quick = true;
     else if (std::strcmp(argv[i], "--dequant") == 0) e.dequant_only = true;
     else if (std::strcmp(argv[i], "--moe") == 0) e.moe_only = true;
     else if (std::strcmp(argv[i], "--gptoss") == 0) e.gptoss_only = true;
+    else if (std::strcmp(argv[i], "--sustained") == 0 && i + 1 < argc) sustained_s = std::atof(argv[++i]);
   if (cuda_device_count() == 0) {
     std::printf("no CUDA device visible: nothing to measure\n");
     return 0;
@@ -368,6 +412,10 @@ int main(int argc, char** argv) {
   std::printf("device: %s\n", e.dev->name().c_str());
 
   measure_ceilings(e);
+  if (sustained_s > 0) {
+    sustained_gemm(e, sustained_s);
+    return 0;
+  }
 
   const int64_t T = 8192, H = 2048, nq = 16, nkv = 8, D = 128, F = 6144, V = 151936;
   const int64_t Q = nq * D, KV = nkv * D;
