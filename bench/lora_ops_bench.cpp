@@ -4,6 +4,8 @@
 // before (base GEMM, then a read-modify-write y += u B^T; the backward computing u again) beside
 // adapted_linear_fwd / adapted_linear_bwd_input (adapter term written first, base GEMM
 // accumulating onto it; u kept from the recompute); and the adapter's primitives one by one.
+// Every adapter row prints its time as a percentage of the base GEMM's (forward rows of the
+// forward GEMM, backward rows of the input-gradient GEMM).
 //
 //   bench_lora_ops_bench [--quick] [--tokens T] [--rank R]
 //
@@ -68,7 +70,7 @@ void module_rows(Env& e, const Module& m, int64_t T, int64_t r, int R) {
   const double bwd = time_op(e, [&](int) { ops.linear_bwd_input(dy, w, dx, T, m.in, m.out, true); }, R);
   line(e, "base linear_bwd_input (+=)", shape, bwd, base_fl, 0);
   auto extra = [&](const char* what, double sec, double base) {
-    std::printf("%-34s %-30s %9.3f ms   +%5.1f%% of the base GEMM\n", what, shape.c_str(), sec * 1e3,
+    std::printf("%-34s %-30s %9.3f ms   %6.1f%% of the base GEMM's time\n", what, shape.c_str(), sec * 1e3,
                 100 * sec / base);
     std::fflush(stdout);
   };
