@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -18,6 +19,50 @@
 namespace fs = std::filesystem;
 
 namespace rp {
+
+OutputDirLock::OutputDirLock(const TrainSpec& spec) {
+  std::error_code ec;
+  if (fs::exists(spec.output_dir, ec) && !fs::is_directory(spec.output_dir, ec)) return;  // prepare_output_dir says
+  created_ = fs::create_directories(spec.output_dir, ec);
+  if (ec)
+    throw std::invalid_argument(
+        fmt::format("{}: key 'output_dir': cannot create '{}': {}", spec.source, spec.output_dir, ec.message()));
+  fd_ = ::open(spec.output_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd_ < 0) {
+    const int err = errno;
+    if (created_) fs::remove(spec.output_dir, ec);
+    throw std::invalid_argument(
+        fmt::format("{}: key 'output_dir': cannot open '{}': {}", spec.source, spec.output_dir, std::strerror(err)));
+  }
+  if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return;
+  const int err = errno;
+  if (err == EWOULDBLOCK) {
+    ::close(fd_);
+    fd_ = -1;
+    throw std::invalid_argument(fmt::format(
+        "{}: key 'output_dir': '{}' is in use by another roundpipe run; wait for it to end or give this run "
+        "another output_dir",
+        spec.source, spec.output_dir));
+  }
+  spdlog::warn("could not lock the output folder {} ({}): nothing stops another run from writing into it",
+               spec.output_dir, std::strerror(err));
+}
+
+OutputDirLock::~OutputDirLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the flock
+}
+
+OutputDirLock::OutputDirLock(OutputDirLock&& o) noexcept : fd_(o.fd_), created_(o.created_) { o.fd_ = -1; }
+
+OutputDirLock& OutputDirLock::operator=(OutputDirLock&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.fd_;
+    created_ = o.created_;
+    o.fd_ = -1;
+  }
+  return *this;
+}
 
 void prepare_output_dir(const TrainSpec& spec) {
   std::error_code ec;

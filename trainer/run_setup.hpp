@@ -11,6 +11,30 @@
 
 namespace rp {
 
+/// An exclusive advisory lock (flock) on a run's output folder, held for the run's life, so a
+/// second run into the same folder fails at once instead of interleaving its checkpoints and
+/// metrics with the first one's. Creates the folder when it does not exist (created()); a path
+/// that is a file is left to prepare_output_dir's error. Throws std::invalid_argument
+/// "<spec.source>: key 'output_dir': '<dir>' is in use by another roundpipe run ..." when
+/// another process (or another run of this one) holds the lock. On a file system without
+/// flock it logs a warning and runs unlocked.
+class OutputDirLock {
+ public:
+  OutputDirLock() = default;
+  explicit OutputDirLock(const TrainSpec& spec);
+  ~OutputDirLock();
+  OutputDirLock(OutputDirLock&& o) noexcept;
+  OutputDirLock& operator=(OutputDirLock&& o) noexcept;
+  OutputDirLock(const OutputDirLock&) = delete;
+  OutputDirLock& operator=(const OutputDirLock&) = delete;
+  /// The folder did not exist before this lock made it.
+  bool created() const { return created_; }
+
+ private:
+  int fd_ = -1;
+  bool created_ = false;
+};
+
 /// The output folder must be a folder (or not exist) and its final/ a checkpoint folder;
 /// leftovers of killed runs in it are cleaned (logged). Throws std::invalid_argument naming
 /// spec.source and the key.

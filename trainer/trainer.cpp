@@ -86,6 +86,7 @@ class Run {
   void log_scalars(const StepReport& s);
   int64_t start_ = 0;     // steps done before this run
   bool created_output_dir_ = false;  // the output folder did not exist before this run
+  OutputDirLock output_lock_;         // the leader's, for the whole run
   int64_t reported_ = -1; // last step reported
   double last_report_ = 0;
   std::string last_checkpoint_;
@@ -113,7 +114,11 @@ void Run::setup() {
   replicas_ = replicas_for(spec_);
   if (replicas_ && replicas_->rank() > 0 && spdlog::get_level() < spdlog::level::warn)
     spdlog::set_level(spdlog::level::warn);  // replica 0 tells the story; the others warn and fail
-  if (leader()) prepare_output_dir(spec_);  // before anything is loaded or written
+  if (leader()) {  // before anything is loaded or written
+    output_lock_ = OutputDirLock(spec_);
+    created_output_dir_ = output_lock_.created();
+    prepare_output_dir(spec_);
+  }
   barrier();  // no replica reads the output folder (a resume) before the leader tidied it
   check_compute_dtype(spec_);
   resume_ = check_resume(spec_);
@@ -139,7 +144,6 @@ void Run::setup() {
   // a full disk is found now, not at the final save after every step was trained
   if (leader()) {
     require_disk_space(spec_.output_dir, checkpoint_bytes_, "a checkpoint");
-    created_output_dir_ = !std::filesystem::exists(spec_.output_dir);
     std::filesystem::create_directories(spec_.output_dir);
     metrics_ = std::make_unique<MetricsFile>(path("metrics.csv"), start_, replica_count() > 1);
   }
@@ -602,6 +606,8 @@ TrainResult Run::execute() {
     return execute_steps();
   } catch (const std::exception& e) {
     if (replicas_) replicas_->abort(e.what());
+    std::error_code ec;  // a run that failed before writing leaves no folder it made
+    if (leader() && created_output_dir_) std::filesystem::remove(spec_.output_dir, ec);  // only when empty
     throw;
   }
 }

@@ -204,6 +204,46 @@ TEST(Trainer, StopBeforeTheFirstStepLeavesNoOutput) {
   fs::remove_all(d);
 }
 
+// A run holds its output folder: a second run into it while the first is under way is refused
+// with one line naming the key, writes nothing there, and leaves the first run unharmed; once the
+// first ends the folder is free again. A run that fails after making the folder (its model
+// cannot be loaded) leaves no folder behind.
+TEST(Trainer, ASecondRunIntoAnOutputFolderInUseIsRefused) {
+  auto d = tmpdir();
+  rp::TrainSpec spec = tiny_spec(d, "out", 2);
+  spec.tensorboard = false;
+  const fs::path out = spec.output_dir;
+  std::string second_error;
+  std::vector<std::string> listing_during;
+  rp::TrainerCallbacks cb;
+  cb.on_ready = [&] {
+    try {
+      rp::Trainer(spec).run();
+    } catch (const std::invalid_argument& e) {
+      second_error = e.what();
+    }
+    for (const auto& e : fs::directory_iterator(out)) listing_during.push_back(e.path().filename().string());
+  };
+  const rp::TrainResult r = rp::Trainer(spec).run(cb);
+  EXPECT_NE(second_error.find("key 'output_dir'"), std::string::npos) << second_error;
+  EXPECT_NE(second_error.find("in use by another roundpipe run"), std::string::npos) << second_error;
+  EXPECT_EQ(listing_during, std::vector<std::string>{"metrics.csv"}) << "only the first run's file";
+  EXPECT_EQ(r.steps_done, 2);
+  EXPECT_TRUE(fs::exists(out / "final" / "model.safetensors"));
+  // released at the end: the same folder takes a run again (it continues from final/)
+  rp::TrainSpec again = spec;
+  again.steps = 3;
+  again.resume_from = r.checkpoint;
+  EXPECT_EQ(rp::Trainer(again).run().steps_done, 3);
+
+  rp::TrainSpec broken = tiny_spec(d, "never", 2);
+  fs::create_directories(d / "not_a_model");
+  broken.model = (d / "not_a_model").string();
+  EXPECT_ANY_THROW(rp::Trainer(broken).run());
+  EXPECT_FALSE(fs::exists(broken.output_dir)) << "the failed run made the folder and wrote nothing into it";
+  fs::remove_all(d);
+}
+
 // A failure on any of the runtime's threads ends run() with a RuntimeFailure naming it,
 // promptly (the run takes well under a second), never a hang.
 TEST(Trainer, AFailureInTheRuntimeEndsTheRunWithAnErrorNamingIt) {
