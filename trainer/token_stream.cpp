@@ -1,4 +1,5 @@
 // rp::TokenStream (roundpipe/data.hpp): a model's tokenizer + data/ (load, pack, shuffle).
+#include <algorithm>
 #include <optional>
 #include <stdexcept>
 
@@ -18,6 +19,23 @@ namespace {
 ChatTemplate template_for(const LoadedModel& model, const std::string& requested) {
   if (requested != "auto") return parse_chat_template_name(requested);
   return model.chat_template.empty() ? ChatTemplate::chatml : detect_chat_template(model.chat_template);
+}
+
+// Every token id of the data (and the pad) must have a row in the model's embedding: a
+// tokenizer with more ids than config.json's vocab_size would otherwise fail inside the first
+// step. Throws std::invalid_argument naming the data file, the id and its token.
+void check_ids_fit_the_model(const LoadedModel& model, const std::string& data_path, const Tokenizer& tok,
+                             const PackedSequences& packed) {
+  const int64_t V = model.config.vocab_size;
+  if (V <= 0) return;
+  int32_t top = tok.eos_id();
+  for (const int32_t id : packed.ids) top = std::max(top, id);
+  if (top < V) return;
+  const std::string text = tok.has_token(top) ? tok.token_text(top) : std::string();
+  throw std::invalid_argument(fmt::format(
+      "{}: token id {}{} from the tokenizer of {} is not below the model's vocab_size {} (config.json): the "
+      "embedding has no row for it; the tokenizer does not belong to this model",
+      data_path, top, text.empty() ? std::string() : fmt::format(" (\"{}\")", text), model.source, V));
 }
 
 }  // namespace
@@ -45,6 +63,7 @@ TokenStream::TokenStream(const LoadedModel& model, const std::string& data_path,
   Dataset ds = load_dataset(data_path, tok, chat);
   if (o.max_examples > 0 && int64_t(ds.examples.size()) > o.max_examples) ds.examples.resize(size_t(o.max_examples));
   PackedSequences packed = pack_sequences(ds, o.seq_len, tok.eos_id(), o.packing, host_available_bytes());
+  check_ids_fit_the_model(model, data_path, tok, packed);
   PackedSequences held = split_off(packed, o.eval_fraction);
   TokenStreamStats st;
   st.examples = ds.examples.size();

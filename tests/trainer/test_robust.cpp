@@ -294,4 +294,25 @@ TEST(DiskFull, FreeSpaceIsCheckedAgainstTheCheckpointSize) {
   EXPECT_LE(est - (uint64_t(64) << 20), 2 * real);
 }
 
+// A tokenizer whose ids run past the model's vocab_size is refused when the data is loaded,
+// naming the data file, the id and the vocab_size, instead of failing inside the first step.
+TEST(SpecLimits, TokenIdsPastTheVocabSizeAreRefusedWhenTheDataLoads) {
+  auto d = tmpdir();
+  rp::LoadedModel lm = rp::load_model(tiny_model(d).string());
+  write(d / "data.jsonl", kData);
+  rp::TokenStreamOptions o;
+  o.seq_len = 16;
+  EXPECT_GT(rp::TokenStream(lm, (d / "data.jsonl").string(), o).stats().sequences, 0);  // fits as it is
+  lm.config.vocab_size = 100;  // the byte tokens of letters are ids 98..123
+  try {
+    rp::TokenStream s(lm, (d / "data.jsonl").string(), o);
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("data.jsonl: token id "), std::string::npos) << m;
+    EXPECT_NE(m.find("vocab_size 100"), std::string::npos) << m;
+  }
+  fs::remove_all(d);
+}
+
 }  // namespace
