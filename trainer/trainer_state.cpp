@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "base/json_fields.hpp"
+#include "kernels/weight_format.hpp"
 
 namespace rp {
 namespace {
@@ -42,6 +43,7 @@ TrainerState trainer_state_of(const TrainSpec& spec, int64_t step, int64_t data_
   s.lr_schedule = schedule_json(spec.lr_schedule);
   s.packing = spec.packing;
   s.eval_fraction = spec.eval_data.empty() ? spec.eval_fraction : 0;
+  if (spec.lora) s.base_format = weight_format_name(spec.lora->base_format);
   return s;
 }
 
@@ -62,6 +64,7 @@ void write_trainer_state(const std::string& path, const TrainerState& s) {
                             {"packing", s.packing},
                             {"eval_fraction", s.eval_fraction},
                             {"weights_xxh3", s.weights_xxh3},
+                            {"base_format", s.base_format},
                             {"optimizer_state", "optimizer_state.bin"}};
   std::ofstream f(path, std::ios::trunc);
   if (!f) throw std::runtime_error(fmt::format("{}: cannot write ({})", path, std::strerror(errno)));
@@ -111,6 +114,7 @@ TrainerState read_trainer_state(const std::string& path) {
   if (f.has("weights_xxh3")) s.weights_xxh3 = f.string("weights_xxh3");
   if (f.has("packing")) s.packing = f.boolean("packing");  // absent in earlier releases' files
   if (f.has("eval_fraction")) s.eval_fraction = f.number("eval_fraction");
+  if (f.has("base_format")) s.base_format = f.string("base_format");
   return s;
 }
 
@@ -134,6 +138,10 @@ std::vector<std::string> resume_differences(const TrainerState& saved, const Tra
   if (saved.eval_fraction != now.eval_fraction)
     out.push_back(fmt::format("eval_fraction {} (saved run {}): the training sequences differ", now.eval_fraction,
                               saved.eval_fraction));
+  if (!saved.base_format.empty() && saved.base_format != now.base_format)
+    out.push_back(fmt::format("base_format {} (saved run {}): the adapters continue on other frozen weights",
+                              now.base_format.empty() ? "none (full fine-tuning)" : now.base_format,
+                              saved.base_format));
   if (saved.compute_dtype != now.compute_dtype)
     out.push_back(fmt::format("compute_dtype {} (saved run {})", now.compute_dtype, saved.compute_dtype));
   return out;

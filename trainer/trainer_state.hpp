@@ -28,6 +28,7 @@ struct TrainerState {
   bool packing = false;            ///< the spec's packing (the sequences differ with it)
   double eval_fraction = 0;        ///< the spec's held-out fraction (the training sequences differ with it)
   std::string weights_xxh3;        ///< XXH3-64 (hex) of the checkpoint's *.safetensors ("" = not recorded)
+  std::string base_format;         ///< LoRA: the storage form of the frozen base ("" = full fine-tuning or not recorded)
 };
 
 /// The run's state after `step` steps with the data stream at `data_position`.
@@ -42,7 +43,8 @@ void write_trainer_state(const std::string& path, const TrainerState& s);
 TrainerState read_trainer_state(const std::string& path);
 
 /// Differences between the saved run and `spec` that change what a resumed run computes
-/// (seed, batch shape, optimizer mode, learning-rate schedule, data): one readable line each,
+/// (seed, batch shape, optimizer mode, learning-rate schedule, data, a LoRA base's storage form):
+/// one readable line each,
 /// for warnings. Empty when the resumed run reproduces the original.
 std::vector<std::string> resume_differences(const TrainerState& saved, const TrainSpec& spec);
 

@@ -8,6 +8,7 @@
 #include "roundpipe/spec.hpp"
 #include "roundpipe/trainer.hpp"
 #include "tests/cli/cli_util.hpp"
+#include "trainer/trainer_state.hpp"
 
 namespace {
 
@@ -148,6 +149,34 @@ TEST(SpecLora, ALoraRunWithoutItsBaseModelNamesIt) {
   }
   EXPECT_NE(e.find("no-model"), std::string::npos) << e;
   EXPECT_FALSE(fs::exists(d / "run/final"));
+  fs::remove_all(d);
+}
+
+// A LoRA checkpoint records the storage form of its frozen base; resuming on another one is
+// named among the differences the run warns about (the adapters were trained on other
+// weights), and a full fine-tuning checkpoint or the same form says nothing about it.
+TEST(SpecLora, ResumingOnAnotherBaseFormatIsNamed) {
+  auto d = rp::clitest::tmpdir();
+  const rp::TrainSpec nf4 = parse(R"(, "lora": {"r": 4, "base_format": "nf4"})");
+  const std::string file = (d / "state.json").string();
+  rp::write_trainer_state(file, rp::trainer_state_of(nf4, 3, 12));
+  const rp::TrainerState saved = rp::read_trainer_state(file);
+  EXPECT_EQ(saved.base_format, "nf4");
+  auto mentions_base = [](const std::vector<std::string>& diffs) {
+    for (const auto& s : diffs)
+      if (s.find("base_format") != std::string::npos) return true;
+    return false;
+  };
+  EXPECT_FALSE(mentions_base(rp::resume_differences(saved, nf4)));
+  const auto diffs = rp::resume_differences(saved, parse(R"(, "lora": {"r": 4, "base_format": "bf16"})"));
+  ASSERT_TRUE(mentions_base(diffs));
+  bool named_both = false;
+  for (const auto& s : diffs) named_both |= s.find("base_format bf16 (saved run nf4)") != std::string::npos;
+  EXPECT_TRUE(named_both);
+  const rp::TrainSpec full = parse("");
+  rp::write_trainer_state(file, rp::trainer_state_of(full, 3, 12));
+  EXPECT_EQ(rp::read_trainer_state(file).base_format, "");
+  EXPECT_FALSE(mentions_base(rp::resume_differences(rp::read_trainer_state(file), full)));
   fs::remove_all(d);
 }
 
