@@ -201,7 +201,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w,
       throw std::invalid_argument(fmt::format(
           "host memory: the session needs about {} ({} for optimizer state, weights, gradients and "
           "activations, {} for {} virtual GPUs running plan {}) but only {} are available; lower "
-          "micro_batches or the sequence length",
+          "workers, micro_batches or the sequence length",
           total ? byte_text(double(*total)) : std::string("more than 2^64 bytes"),
           byte_text(double(host_need)), byte_text(double(arenas)), opt.workers, I.plan.summary(),
           byte_text(double(avail))));

@@ -11,6 +11,7 @@
 #include "cli/merge.hpp"
 #include "cli/plan.hpp"
 #include "cli/trace.hpp"
+#include "roundpipe/spec.hpp"
 #include "cli/train.hpp"
 #include "roundpipe/checkpoint.hpp"
 
@@ -24,10 +25,12 @@ int main(int argc, char** argv) {
   train->add_option("spec", spec_path, "experiment spec (JSON)")->required();
   train->add_option("--steps", ov.steps, "override the spec's number of steps")->check(CLI::Range(int64_t(1), int64_t(1) << 40));
   train->add_option("--workers", ov.workers, "override the number of workers (GPUs or virtual GPUs)")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
+      ->check(CLI::Range(1, rp::kMaxWorkers));
   train->add_option("--backend", ov.backend, "override the backend (auto, cpu, cuda)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   train->add_option("--output-dir", ov.output_dir, "override the output directory");
+  train->add_flag("--overwrite-output-dir", ov.overwrite_output_dir,
+                  "start over in an output directory that holds an earlier run's checkpoints (replacing them)");
   train->add_option("--dump-batch", ov.dump_batch, "write the first step's batch (ids, targets) as JSON");
   auto* resume_opt = train->add_option("--resume", ov.resume,
                                        "continue from a checkpoint folder (checkpoint-<k>/ or final/ of an earlier run)");

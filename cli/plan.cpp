@@ -21,6 +21,7 @@
 #include "model/gguf.hpp"
 #include "model/layout.hpp"
 #include "model/lora.hpp"
+#include "roundpipe/spec.hpp"
 #include "kernels/weight_format.hpp"
 #include "kernels/device.hpp"
 #include "scheduler/partition.hpp"
@@ -287,7 +288,8 @@ static void print_nodes(std::FILE* out, const PlanCommandOptions& o, const std::
 }
 
 void run_plan(const PlanCommandOptions& o, std::FILE* out) {
-  if (o.gpus < 1) throw UsageError(fmt::format("--gpus: expected >= 1, got {}", o.gpus));
+  if (o.gpus < 1 || o.gpus > kMaxWorkers)
+    throw UsageError(fmt::format("--gpus: expected an integer in 1..{}, got {}", kMaxWorkers, o.gpus));
   if (o.seq_len < 1) throw UsageError(fmt::format("--seq: expected >= 1, got {}", o.seq_len));
   if (o.micro_batches < 1) throw UsageError(fmt::format("--micro: expected >= 1, got {}", o.micro_batches));
   if (o.sequences_per_micro < 1)

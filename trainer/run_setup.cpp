@@ -5,13 +5,16 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <optional>
 #include <stdexcept>
+#include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include "base/atomic_file.hpp"
@@ -79,6 +82,30 @@ void prepare_output_dir(const TrainSpec& spec) {
     if (s.restored) spdlog::warn("restored {} from {} (a run was killed while replacing it)", s.target, s.path);
     else spdlog::info("removed {} left by an interrupted run", s.path);
   }
+  if (!spec.resume_from.empty() || spec.overwrite_output_dir) return;
+  // a fresh run would replace an earlier run's checkpoints and metrics
+  std::vector<std::string> found;
+  int64_t last = -1;
+  for (const auto& e : fs::directory_iterator(spec.output_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_directory(ec)) continue;
+    if (name == "final") {
+      found.push_back(name);
+    } else if (name.rfind("checkpoint-", 0) == 0 && name.size() > 11 &&
+               name.find_first_not_of("0123456789", 11) == std::string::npos && name.size() < 30) {
+      found.push_back(name);
+      last = std::max<int64_t>(last, std::stoll(name.substr(11)));
+    }
+  }
+  if (found.empty()) return;
+  std::sort(found.begin(), found.end());
+  const std::string resume = std::find(found.begin(), found.end(), "final") != found.end()
+                                 ? std::string("final")
+                                 : fmt::format("checkpoint-{}", last);
+  throw std::invalid_argument(fmt::format(
+      "{}: key 'output_dir': '{}' holds an earlier run's checkpoints ({}); continue it with --resume {}/{}, start "
+      "over there with --overwrite-output-dir (\"overwrite_output_dir\": true), or choose another output_dir",
+      spec.source, spec.output_dir, fmt::join(found, ", "), spec.output_dir, resume));
 }
 
 void check_data_paths(const TrainSpec& spec) {

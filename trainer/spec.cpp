@@ -24,6 +24,7 @@ void read_scalars(const JsonFields& f, TrainSpec& s) {
   f.optional("seq_len", s.seq_len);
   f.optional("max_examples", s.max_examples);
   f.optional("packing", s.packing);
+  f.optional("overwrite_output_dir", s.overwrite_output_dir);
   f.optional("eval_data", s.eval_data);
   f.optional("eval_fraction", s.eval_fraction);
   if (!(s.eval_fraction >= 0 && s.eval_fraction < 1)) f.fail("eval_fraction", "a number in [0, 1)", s.eval_fraction);
@@ -265,7 +266,8 @@ void check_ranges(const JsonFields& f, const TrainSpec& s) {
   positive("micro_batches", s.micro_batches);
   positive("accumulation", s.accumulation);
   positive("steps", s.steps);
-  positive("workers", s.workers);
+  // GPUs of one process (more machines are replicas under mpirun); far beyond any host
+  if (s.workers < 1 || s.workers > kMaxWorkers) f.fail("workers", fmt::format("an integer in 1..{}", kMaxWorkers), s.workers);
   positive("log_every", s.log_every);
   positive("max_skipped_steps", s.max_skipped_steps);
   if (s.seq_len < 2) f.fail("seq_len", "an integer >= 2", s.seq_len);
@@ -311,7 +313,7 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
   f.allow_only({"model", "data", "lora", "adapter", "merge_adapters", "chat_template", "seq_len", "sequences_per_step", "micro_batches", "accumulation",
                 "steps", "max_examples", "packing", "eval_data", "eval_fraction", "eval_every", "optimizer", "lr_schedule", "backend", "workers", "async", "plan",
                 "device_memory_gib", "pcie_gbps", "transfer_priorities", "transfer_chunk_bytes", "save_attention",
-                "mlp_chunk_tokens", "pin_budget_gib", "output_dir",
+                "mlp_chunk_tokens", "pin_budget_gib", "output_dir", "overwrite_output_dir",
                 "save_every", "save_dtype", "trace", "trace_messages", "tensorboard", "sample_prompt", "seed",
                 "log_every", "compute_dtype", "loss_scaling", "resume_from", "watchdog_s", "stop_timeout_s",
                 "nonfinite", "max_skipped_steps", "mpi", "replica_timeout_s", "comment"});

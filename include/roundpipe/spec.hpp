@@ -12,6 +12,10 @@
 
 namespace rp {
 
+/// The most workers (GPUs, or the CPU backend's virtual GPUs) one process drives; more machines
+/// join as data-parallel replicas (mpirun). Bounds the spec's "workers" and `roundpipe plan --gpus`.
+inline constexpr int kMaxWorkers = 1024;
+
 struct TrainSpec {
   std::string source = "spec";       ///< the spec file (error messages name it)
   std::string model;                 ///< .gguf file or HF directory
@@ -20,6 +24,10 @@ struct TrainSpec {
   int64_t seq_len = 128;             ///< tokens per sequence
   int64_t max_examples = 0;          ///< use only the first k supervised examples (0 = all)
   bool packing = false;              ///< several supervised examples per sequence (attention stays within each)
+  /// A fresh run (no resume_from) into an output_dir that holds an earlier run's checkpoints
+  /// (final/, checkpoint-<n>/) is refused unless this is set, so a finished run is never
+  /// replaced by mistake; set, the new run writes over them.
+  bool overwrite_output_dir = false;
   std::string eval_data;             ///< evaluation data file ("" = none; or eval_fraction)
   double eval_fraction = 0;          ///< hold out this fraction of `data`'s sequences for evaluation
   int64_t eval_every = 0;            ///< evaluate every k steps (and after the last); 0 = after the last only

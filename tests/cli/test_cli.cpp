@@ -203,7 +203,8 @@ TEST(Cli, BadSpecsGiveOneLineNamingTheKey) {
 
 // A run killed while swapping a checkpoint into place left "<name>.old-<pid>" (the previous
 // checkpoint) and maybe no "<name>": the next run puts it back; beside a complete "<name>"
-// it is removed. Nothing finished is lost.
+// it is removed. Nothing finished is lost: a fresh run into that folder is refused unless told
+// to start over there.
 TEST(Cli, LeftoversOfAKilledCheckpointSwapAreRestoredOrRemoved) {
   auto d = tmpdir();
   auto model = tiny_model(d);
@@ -213,7 +214,17 @@ TEST(Cli, LeftoversOfAKilledCheckpointSwapAreRestoredOrRemoved) {
   write(d / "run/checkpoint-7.old-999999999/marker", "kept");
   fs::create_directories(d / "run/checkpoint-5");
   fs::create_directories(d / "run/checkpoint-5.old-999999999");
-  CliRun r = roundpipe("train " + (d / "spec.json").string() + " --steps 1", d);
+  // the folder holds an earlier run's checkpoints: a fresh run there is refused (after the
+  // leftovers were put back), and --overwrite-output-dir lets it start over
+  const CliRun refused = roundpipe("train " + (d / "spec.json").string() + " --steps 1", d);
+  EXPECT_EQ(refused.code, 1) << refused.err;
+  EXPECT_NE(refused.err.find("roundpipe: error: "), std::string::npos) << refused.err;
+  EXPECT_NE(refused.err.find("holds an earlier run's checkpoints (checkpoint-5, checkpoint-7); continue it with "
+                             "--resume " + (d / "run").string() + "/checkpoint-7"),
+            std::string::npos)
+      << refused.err;
+  EXPECT_TRUE(fs::exists(d / "run/checkpoint-7/marker"));
+  CliRun r = roundpipe("train " + (d / "spec.json").string() + " --steps 1 --overwrite-output-dir", d);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(fs::exists(d / "run/checkpoint-7/marker")) << r.err;
   EXPECT_FALSE(fs::exists(d / "run/checkpoint-7.old-999999999"));
@@ -313,6 +324,10 @@ TEST(Cli, PlanPartitionsAConfigWithoutWeights) {
   auto trace = nlohmann::json::parse(slurp(d / "sim.json"));
   EXPECT_GT(trace["traceEvents"].size(), 16u);
   EXPECT_TRUE(rp::check_trace_nesting(trace).ok()) << rp::check_trace_nesting(trace).summary();
+  // A pool past what one process drives is a usage error at once (it used to be simulated for minutes).
+  r = roundpipe("plan --model " + (d / "config.json").string() + " --gpus 100000", d);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--gpus: expected an integer in 1..1024, got 100000"), std::string::npos) << r.err;
   // A memory cap no single layer fits in is refused, naming the layer.
   r = roundpipe("plan --model " + (d / "config.json").string() + " --gpus 8 --memory-cap 10MiB", d);
   EXPECT_EQ(r.code, 1);

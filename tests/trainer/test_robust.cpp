@@ -224,7 +224,7 @@ TEST(SpecLimits, ASpecBuiltInCodeIsCheckedLikeASpecFile) {
     rp::Trainer(s).run();
     FAIL() << "accepted";
   } catch (const std::invalid_argument& e) {
-    EXPECT_EQ(std::string(e.what()), "test spec: key 'workers': expected an integer >= 1, got -3");
+    EXPECT_EQ(std::string(e.what()), "test spec: key 'workers': expected an integer in 1..1024, got -3");
   }
   EXPECT_FALSE(fs::exists(d / "run"));
   s.workers = 2;

@@ -244,6 +244,35 @@ TEST(Trainer, ASecondRunIntoAnOutputFolderInUseIsRefused) {
   fs::remove_all(d);
 }
 
+// A finished run is never replaced by mistake: a fresh run into its output folder is refused
+// with one line naming the checkpoints found and the --resume that continues them, and leaves
+// every file as it was; with overwrite_output_dir it starts over there.
+TEST(Trainer, AFreshRunIntoAFolderWithCheckpointsIsRefusedUnlessTold) {
+  auto d = tmpdir();
+  rp::TrainSpec spec = tiny_spec(d, "out", 2);
+  spec.save_every = 1;
+  const fs::path out = spec.output_dir;
+  ASSERT_EQ(rp::Trainer(spec).run().steps_done, 2);
+  const std::string weights = bytes_of(out / "final" / "model.safetensors");
+  const std::string metrics = bytes_of(out / "metrics.csv");
+  rp::TrainSpec again = tiny_spec(d, "out", 1);
+  try {
+    rp::Trainer(again).run();
+    ADD_FAILURE() << "the earlier run's checkpoints were replaced";
+  } catch (const std::invalid_argument& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("key 'output_dir'"), std::string::npos) << m;
+    EXPECT_NE(m.find("holds an earlier run's checkpoints (checkpoint-1, final)"), std::string::npos) << m;
+    EXPECT_NE(m.find("--resume " + out.string() + "/final"), std::string::npos) << m;
+  }
+  EXPECT_EQ(bytes_of(out / "final" / "model.safetensors"), weights);
+  EXPECT_EQ(bytes_of(out / "metrics.csv"), metrics);
+  again.overwrite_output_dir = true;
+  EXPECT_EQ(rp::Trainer(again).run().steps_done, 1);
+  EXPECT_NE(bytes_of(out / "metrics.csv"), metrics);
+  fs::remove_all(d);
+}
+
 // A failure on any of the runtime's threads ends run() with a RuntimeFailure naming it,
 // promptly (the run takes well under a second), never a hang.
 TEST(Trainer, AFailureInTheRuntimeEndsTheRunWithAnErrorNamingIt) {
