@@ -1,6 +1,7 @@
 #include "cli/generate.hpp"
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -12,9 +13,12 @@
 #include "roundpipe/adapter.hpp"
 #include "roundpipe/checkpoint.hpp"
 #include "roundpipe/generate.hpp"
+#include "trainer/checkpoint_bundle.hpp"
 #include "trainer/sample.hpp"
 
 namespace rp {
+
+namespace fs = std::filesystem;
 namespace {
 
 struct GenerateCommandOptions {
@@ -52,7 +56,7 @@ std::vector<ChatMessage> read_messages(const std::string& path) {
 
 void run_generate(const GenerateCommandOptions& c) {
   const int given = !c.prompt.empty() + !c.chat.empty() + !c.messages.empty();
-  if (given != 1) throw std::invalid_argument("give one of --prompt TEXT, --chat TEXT or --messages FILE");
+  if (given != 1) throw UsageError("give one of --prompt TEXT, --chat TEXT or --messages FILE");
   SampleRequest r;
   if (!c.messages.empty()) r.messages = read_messages(c.messages);
   if (!c.chat.empty()) {
@@ -69,6 +73,12 @@ void run_generate(const GenerateCommandOptions& c) {
   r.generate.top_p = c.top_p;
   r.generate.seed = c.seed;
   // a LoRA checkpoint: merged into its base (--base, else its adapter_config.json's)
+  std::error_code ec;  // a run's output folder instead of one of its checkpoints
+  const fs::path mp(c.model);
+  if (fs::is_directory(mp, ec) && !fs::exists(mp / "config.json", ec) && !fs::exists(mp / "adapter_config.json", ec))
+    if (const auto inside = checkpoints_in(c.model); !inside.empty())
+      throw std::invalid_argument(fmt::format("{}: a run's output folder, not a model; generate from {}/{}", c.model,
+                                              c.model, newest_checkpoint(inside)));
   const LoadedModel lm = load_model_or_adapter(c.model, c.base);
   GeneratorOptions go;
   go.backend = c.backend;

@@ -72,6 +72,40 @@ void save_checkpoint_bundle(Session& session, const std::string& dir, const Load
   });
 }
 
+namespace {
+
+// n of a "checkpoint-<n>" name (n of at most 18 digits), else -1
+int64_t checkpoint_number(const std::string& name) {
+  constexpr size_t prefix = 11;  // "checkpoint-"
+  if (name.rfind("checkpoint-", 0) != 0 || name.size() <= prefix || name.size() > prefix + 18 ||
+      name.find_first_not_of("0123456789", prefix) != std::string::npos)
+    return -1;
+  return std::stoll(name.substr(prefix));
+}
+
+}  // namespace
+
+std::vector<std::string> checkpoints_in(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (it->is_directory(ec) && (name == "final" || checkpoint_number(name) >= 0)) out.push_back(name);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string newest_checkpoint(const std::vector<std::string>& names) {
+  std::string best;
+  int64_t n = -1;
+  for (const auto& s : names) {
+    if (s == "final") return s;
+    if (checkpoint_number(s) > n) n = checkpoint_number(s), best = s;
+  }
+  return best;
+}
+
 std::optional<ResumePoint> check_resume(const TrainSpec& spec) {
   if (spec.resume_from.empty()) return std::nullopt;
   ResumePoint r;
@@ -91,6 +125,9 @@ std::optional<ResumePoint> check_resume(const TrainSpec& spec) {
   } else if (fs::exists(r.dir + "/trainer_state.json", ec)) {  // earlier releases: the state inside
     r.saved = read_trainer_state(r.dir + "/trainer_state.json");
     r.optimizer_file = r.dir + "/optimizer.bin";
+  } else if (const auto inside = checkpoints_in(r.dir); !inside.empty()) {
+    throw std::invalid_argument(fmt::format("{}: a run's output folder, not a checkpoint; resume from {}/{}", r.dir,
+                                            r.dir, newest_checkpoint(inside)));
   } else {
     throw std::runtime_error(fmt::format(
         "{}/{}: missing; {} is not a resumable checkpoint (roundpipe train keeps the state of <out>/<checkpoint> "

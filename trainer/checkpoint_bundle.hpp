@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "roundpipe/checkpoint.hpp"
 #include "roundpipe/data.hpp"
@@ -23,6 +24,13 @@ namespace rp {
 std::string state_dir_of(const std::string& dir);
 inline constexpr const char* kOptimizerStateFile = "optimizer_state.bin";
 inline constexpr const char* kRunStateFile = "roundpipe_state.json";
+
+/// The checkpoint folders a run left in its output folder `dir`: "final" and "checkpoint-<n>",
+/// in name order; empty when there are none or `dir` is not a folder.
+std::vector<std::string> checkpoints_in(const std::string& dir);
+/// The one of `names` (checkpoints_in) a run continues from: "final" when there, else the
+/// checkpoint-<n> of the largest n; "" for none.
+std::string newest_checkpoint(const std::vector<std::string>& names);
 
 /// XXH3-64 (hex) of the *.safetensors files of `dir`, in name order: ties a state to its weights.
 std::string weights_checksum(const std::string& dir);

@@ -18,6 +18,7 @@
 #include <spdlog/spdlog.h>
 
 #include "base/atomic_file.hpp"
+#include "trainer/checkpoint_bundle.hpp"
 
 namespace fs = std::filesystem;
 
@@ -84,24 +85,9 @@ void prepare_output_dir(const TrainSpec& spec) {
   }
   if (!spec.resume_from.empty() || spec.overwrite_output_dir) return;
   // a fresh run would replace an earlier run's checkpoints and metrics
-  std::vector<std::string> found;
-  int64_t last = -1;
-  for (const auto& e : fs::directory_iterator(spec.output_dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (!e.is_directory(ec)) continue;
-    if (name == "final") {
-      found.push_back(name);
-    } else if (name.rfind("checkpoint-", 0) == 0 && name.size() > 11 &&
-               name.find_first_not_of("0123456789", 11) == std::string::npos && name.size() < 30) {
-      found.push_back(name);
-      last = std::max<int64_t>(last, std::stoll(name.substr(11)));
-    }
-  }
+  const std::vector<std::string> found = checkpoints_in(spec.output_dir);
   if (found.empty()) return;
-  std::sort(found.begin(), found.end());
-  const std::string resume = std::find(found.begin(), found.end(), "final") != found.end()
-                                 ? std::string("final")
-                                 : fmt::format("checkpoint-{}", last);
+  const std::string resume = newest_checkpoint(found);
   throw std::invalid_argument(fmt::format(
       "{}: key 'output_dir': '{}' holds an earlier run's checkpoints ({}); continue it with --resume {}/{}, start "
       "over there with --overwrite-output-dir (\"overwrite_output_dir\": true), or choose another output_dir",

@@ -33,7 +33,13 @@ TEST(CliGenerate, GeneratesFromATrainedCheckpoint) {
   EXPECT_EQ(roundpipe("generate " + final_dir + " --messages " + (d / "msgs.json").string() + " --max-tokens 3", d).code,
             0);
   // errors: one line each
-  expect_one_line_error(roundpipe("generate " + final_dir, d), "give one of --prompt TEXT, --chat TEXT or --messages FILE");
+  CliRun none = roundpipe("generate " + final_dir, d);
+  EXPECT_EQ(none.code, 2) << none.err;  // a usage error
+  EXPECT_NE(none.err.find("give one of --prompt TEXT, --chat TEXT or --messages FILE"), std::string::npos) << none.err;
+  // a run's output folder instead of its checkpoint: the error names the one to use
+  const std::string run_dir = fs::path(final_dir).parent_path().string();
+  expect_one_line_error(roundpipe("generate " + run_dir + " --chat hi", d),
+                        run_dir + ": a run's output folder, not a model; generate from " + final_dir);
   write(d / "bad.json", "{\"role\": \"user\"}");
   expect_one_line_error(roundpipe("generate " + final_dir + " --messages " + (d / "bad.json").string(), d),
                         "bad.json: expected a JSON array");

@@ -267,6 +267,16 @@ TEST(Trainer, AFreshRunIntoAFolderWithCheckpointsIsRefusedUnlessTold) {
   }
   EXPECT_EQ(bytes_of(out / "final" / "model.safetensors"), weights);
   EXPECT_EQ(bytes_of(out / "metrics.csv"), metrics);
+  // resuming from the run's folder itself names the checkpoint to resume from
+  rp::TrainSpec from_folder = tiny_spec(d, "out", 3);
+  from_folder.resume_from = out.string();
+  try {
+    rp::Trainer(from_folder).run();
+    ADD_FAILURE() << "resumed from a run's output folder";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), out.string() + ": a run's output folder, not a checkpoint; resume from " +
+                                         out.string() + "/final");
+  }
   again.overwrite_output_dir = true;
   EXPECT_EQ(rp::Trainer(again).run().steps_done, 1);
   EXPECT_NE(bytes_of(out / "metrics.csv"), metrics);
