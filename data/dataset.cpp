@@ -249,8 +249,9 @@ Dataset load_json_records(const std::string& path, const Tokenizer& tok, ChatTem
   else if (c == 0) throw std::runtime_error(path + ": no examples");
   else
     fail(path, fmt::format("expected JSON lines (one object per line) or a JSON array of objects, but the file "
-                           "starts with '{}'",
-                           c));
+                           "starts with {}",
+                           c >= 0x20 && c < 0x7f ? fmt::format("'{}'", c)
+                                                 : fmt::format("byte 0x{:02x} (not text)", uint8_t(c))));
   if (d.examples.empty() && d.num_documents == 0) throw std::runtime_error(path + ": no examples");
   return d;
 }

@@ -94,6 +94,7 @@ TEST(Jsonl, ArraysAndLinesAreRecognisedByContent) {
            {"prose.json", "Once upon a time {there was} a file.\n",
             "expected JSON lines (one object per line) or a JSON array of objects, but the file starts with 'O'"},
            {"pretty.json", "{\n  \"text\": \"a\"\n}\n", "one JSON object over several lines"},
+           {"random.json", std::string("\x8f\x01{\"text\"", 9), "but the file starts with byte 0x8f (not text)"},
            {"object.json", "{\"data\": [1]}", "expected a key \"text\""}}) {
     const std::string path = dir.write(name, content);
     try {
