@@ -24,6 +24,7 @@
 
 #include "kernels/device.hpp"
 #include "kernels/dtype.hpp"
+#include "bench/ops_timing.hpp"
 #ifdef RP_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
@@ -50,17 +51,10 @@ struct Dev {  // a device allocation freed at scope exit
   Dev& operator=(const Dev&) = delete;
 };
 
-std::vector<float> randn(size_t n, uint64_t seed) {  // Irwin-Hall(4), rounded to bf16
+std::vector<float> randn(size_t n, uint64_t seed) {  // NormalSource values, rounded to bf16
   std::vector<float> v(n);
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  auto next = [&] {
-    s ^= s << 13;
-    s ^= s >> 7;
-    s ^= s << 17;
-    return double(s >> 11) * (1.0 / 9007199254740992.0);
-  };
-  for (auto& x : v)
-    x = rp::bf16_to_f32(rp::f32_to_bf16(float((next() + next() + next() + next() - 2.0) * std::sqrt(3.0))));
+  rp::bench::NormalSource normal(seed);
+  for (auto& x : v) x = rp::bf16_to_f32(rp::f32_to_bf16(float(normal())));
   return v;
 }
 

@@ -1,6 +1,7 @@
-// Timing helpers shared by the kernel benchmarks (bench_cuda_ops_bench, bench_lora_ops_bench):
-// device buffers with random contents, the median time of an op issued back to back on the
-// compute stream, and one result line against the ceilings measured on the same GPU.
+// Helpers shared by the kernel benchmarks: device buffers with random contents, the median
+// time of an op issued back to back on the compute stream, and one result line against the
+// ceilings measured on the same GPU (bench_cuda_ops_bench, bench_lora_ops_bench); the random
+// values also feed bench_cudnn_gqa_probe.
 #pragma once
 
 #include <algorithm>
@@ -33,23 +34,33 @@ inline void* buffer(Env& e, int64_t n, DType t) {
   return e.keep.back().get();
 }
 
+// Approximately normal values (mean 0, variance 1: the Irwin-Hall sum of four uniforms from an
+// xorshift64 stream seeded by `seed`), the same on every platform.
+class NormalSource {
+ public:
+  explicit NormalSource(uint64_t seed) : s_(seed * 0x9E3779B97F4A7C15ull + 1) {}
+  double operator()() { return (uniform() + uniform() + uniform() + uniform() - 2.0) * std::sqrt(3.0); }
+
+ private:
+  double uniform() {
+    s_ ^= s_ << 13;
+    s_ ^= s_ >> 7;
+    s_ ^= s_ << 17;
+    return double(s_ >> 11) * (1.0 / 9007199254740992.0);
+  }
+  uint64_t s_;
+};
+
 // Fills n elements of type t with scale * (approximately normal) random values.
 inline void fill_random(Env& e, void* dst, int64_t n, DType t, float scale, uint64_t seed) {
   const int64_t chunk = int64_t(1) << 22;
   std::vector<float> f(size_t(std::min(n, chunk)));
   std::vector<char> h(f.size() * dtype_size(t));
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  auto next = [&] {
-    s ^= s << 13;
-    s ^= s >> 7;
-    s ^= s << 17;
-    return double(s >> 11) * (1.0 / 9007199254740992.0);
-  };
+  NormalSource normal(seed);
   Stream& cs = e.dev->stream(StreamKind::compute);
   for (int64_t i0 = 0; i0 < n; i0 += chunk) {
     const int64_t m = std::min(chunk, n - i0);
-    for (int64_t i = 0; i < m; ++i)  // Irwin-Hall(4): mean 0, variance 1
-      f[size_t(i)] = scale * float((next() + next() + next() + next() - 2.0) * std::sqrt(3.0));
+    for (int64_t i = 0; i < m; ++i) f[size_t(i)] = scale * float(normal());
     cast_f32_to(f.data(), h.data(), m, t);
     cs.copy_h2d(static_cast<char*>(dst) + size_t(i0) * dtype_size(t), h.data(), size_t(m) * dtype_size(t));
     cs.synchronize();
