@@ -11,9 +11,9 @@
 #include "cli/merge.hpp"
 #include "cli/plan.hpp"
 #include "cli/trace.hpp"
-#include "roundpipe/spec.hpp"
 #include "cli/train.hpp"
 #include "roundpipe/checkpoint.hpp"
+#include "roundpipe/spec.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"RoundPipe C++: fine-tune LLMs on GPUs too small to hold them"};
