@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, rp::kMaxWorkers));
   train->add_option("--backend", ov.backend, "override the backend (auto, cpu, cuda)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  train->add_option("--output-dir", ov.output_dir, "override the output directory");
+  auto* output_opt = train->add_option("--output-dir", ov.output_dir, "override the output directory");
   train->add_flag("--overwrite-output-dir", ov.overwrite_output_dir,
                   "start over in an output directory that holds an earlier run's checkpoints (replacing them)");
   train->add_option("--dump-batch", ov.dump_batch, "write the first step's batch (ids, targets) as JSON");
@@ -81,6 +81,7 @@ int main(int argc, char** argv) {
   try {
     if (*train) {
       ov.resume_given = resume_opt->count() > 0;
+      ov.output_dir_given = output_opt->count() > 0;
       return rp::run_train(rp::load_spec(spec_path), ov);
     }
     if (*convert) {

@@ -132,6 +132,8 @@ void apply_overrides(TrainSpec& spec, const TrainOverrides& ov) {
   }
   if (ov.workers > 0) spec.workers = ov.workers;
   if (!ov.backend.empty()) spec.backend = ov.backend;
+  if (ov.output_dir_given && ov.output_dir.empty())
+    throw std::invalid_argument("--output-dir: expected a folder, got \"\"");
   if (!ov.output_dir.empty()) spec.output_dir = ov.output_dir;
   if (ov.overwrite_output_dir) spec.overwrite_output_dir = true;
   if (ov.resume_given && ov.resume.empty())

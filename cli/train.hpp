@@ -12,6 +12,7 @@ struct TrainOverrides {
   int workers = -1;         ///< > 0 replaces spec.workers
   std::string backend;      ///< non-empty replaces spec.backend
   std::string output_dir;   ///< non-empty replaces spec.output_dir
+  bool output_dir_given = false;  ///< --output-dir was on the command line (an empty value is an error)
   bool overwrite_output_dir = false;  ///< sets spec.overwrite_output_dir
   std::string dump_batch;   ///< non-empty: write step 1's batch (ids, targets) here as JSON
   std::string resume;       ///< non-empty replaces spec.resume_from: continue from this checkpoint folder

@@ -88,6 +88,7 @@ int64_t checkpoint_number(const std::string& name) {
 std::vector<std::string> checkpoints_in(const std::string& dir) {
   std::vector<std::string> out;
   std::error_code ec;
+  if (fs::path(dir).lexically_normal().filename() == "state") return out;  // the trainer's state, not checkpoints
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (it->is_directory(ec) && (name == "final" || checkpoint_number(name) >= 0)) out.push_back(name);
@@ -125,6 +126,11 @@ std::optional<ResumePoint> check_resume(const TrainSpec& spec) {
   } else if (fs::exists(r.dir + "/trainer_state.json", ec)) {  // earlier releases: the state inside
     r.saved = read_trainer_state(r.dir + "/trainer_state.json");
     r.optimizer_file = r.dir + "/optimizer.bin";
+  } else if (const fs::path p(r.dir); p.parent_path().filename() == "state" &&
+                                       fs::is_directory(p.parent_path().parent_path() / p.filename(), ec)) {
+    const std::string ckpt = (p.parent_path().parent_path() / p.filename()).string();
+    throw std::invalid_argument(
+        fmt::format("{}: the trainer state of checkpoint {}; resume from {}", r.dir, ckpt, ckpt));
   } else if (const auto inside = checkpoints_in(r.dir); !inside.empty()) {
     throw std::invalid_argument(fmt::format("{}: a run's output folder, not a checkpoint; resume from {}/{}", r.dir,
                                             r.dir, newest_checkpoint(inside)));

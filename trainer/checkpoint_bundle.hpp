@@ -26,7 +26,8 @@ inline constexpr const char* kOptimizerStateFile = "optimizer_state.bin";
 inline constexpr const char* kRunStateFile = "roundpipe_state.json";
 
 /// The checkpoint folders a run left in its output folder `dir`: "final" and "checkpoint-<n>",
-/// in name order; empty when there are none or `dir` is not a folder.
+/// in name order; empty when there are none, `dir` is not a folder or it is a state/ folder
+/// (which holds the trainer state of the checkpoints beside it, under their names).
 std::vector<std::string> checkpoints_in(const std::string& dir);
 /// The one of `names` (checkpoints_in) a run continues from: "final" when there, else the
 /// checkpoint-<n> of the largest n; "" for none.

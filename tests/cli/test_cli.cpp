@@ -186,6 +186,10 @@ TEST(Cli, BadSpecsGiveOneLineNamingTheKey) {
   expect_one_line_error(roundpipe("train " + (d / "spec.json").string() + " --resume ''", d),
                         "--resume: expected a checkpoint folder");
   EXPECT_FALSE(fs::exists(d / "run"));
+  expect_one_line_error(roundpipe("train " + (d / "spec.json").string() + " --output-dir ''", d),
+                        "--output-dir: expected a folder, got \"\"");
+  EXPECT_FALSE(fs::exists(d / "run"));
+  EXPECT_FALSE(fs::exists(d / "runs")) << "the spec's default output folder";
   // the data files are checked before the model is loaded, naming the key and the OS reason
   write(d / "spec.json", spec_for(model, d / "nowhere.jsonl", d / "run"));
   expect_one_line_error(roundpipe("train " + (d / "spec.json").string(), d),

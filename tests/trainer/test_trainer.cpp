@@ -22,6 +22,7 @@
 #include "model/safetensors.hpp"
 #include "roundpipe/trainer.hpp"
 #include "tests/cli/cli_util.hpp"
+#include "trainer/checkpoint_bundle.hpp"
 
 namespace {
 
@@ -277,6 +278,16 @@ TEST(Trainer, AFreshRunIntoAFolderWithCheckpointsIsRefusedUnlessTold) {
     EXPECT_EQ(std::string(e.what()), out.string() + ": a run's output folder, not a checkpoint; resume from " +
                                          out.string() + "/final");
   }
+  // and from a checkpoint's trainer state (state/final) names the checkpoint itself
+  from_folder.resume_from = (out / "state" / "final").string();
+  try {
+    rp::Trainer(from_folder).run();
+    ADD_FAILURE() << "resumed from a state folder";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), (out / "state" / "final").string() + ": the trainer state of checkpoint " +
+                                         (out / "final").string() + "; resume from " + (out / "final").string());
+  }
+  EXPECT_TRUE(rp::checkpoints_in((out / "state").string()).empty()) << "state/ holds no checkpoints";
   again.overwrite_output_dir = true;
   EXPECT_EQ(rp::Trainer(again).run().steps_done, 1);
   EXPECT_NE(bytes_of(out / "metrics.csv"), metrics);
