@@ -24,6 +24,7 @@
 #include "roundpipe/spec.hpp"
 #include "kernels/weight_format.hpp"
 #include "kernels/device.hpp"
+#include "scheduler/gpu_presets.hpp"
 #include "scheduler/partition.hpp"
 #include "scheduler/replan.hpp"
 #include "scheduler/replica_cost.hpp"
@@ -142,6 +143,18 @@ std::string layers_text(const Stage& s, int n) {
 
 namespace {
 
+// The model's config (a folder, its config.json or a .gguf's metadata).
+ModelConfig plan_config(const PlanCommandOptions& o) {
+  std::error_code ec;
+  std::string file = o.model;
+  if (fs::is_directory(file, ec)) file = (fs::path(file) / "config.json").string();
+  if (fs::path(file).extension() == ".gguf") {
+    GgufFile g(file);
+    return config_from_gguf(g);
+  }
+  return load_config_file(file);
+}
+
 // The layout of a --frozen or --lora-r run (its frozen groups and adapters), or nullopt for
 // full fine-tuning.
 std::optional<ModelLayout> run_layout(const PlanCommandOptions& o);
@@ -193,16 +206,7 @@ std::optional<ModelLayout> run_layout(const PlanCommandOptions& o) {
   if (!(o.net_latency_us >= 0)) throw UsageError("--net-latency-us: expected >= 0");
   if (o.accumulation < 1) throw UsageError(fmt::format("--accumulation: expected >= 1, got {}", o.accumulation));
   WeightFormat f = frozen_format(o);
-  std::error_code ec;
-  std::string file = o.model;
-  if (fs::is_directory(file, ec)) file = (fs::path(file) / "config.json").string();
-  ModelConfig c;
-  if (fs::path(file).extension() == ".gguf") {
-    GgufFile g(file);
-    c = config_from_gguf(g);
-  } else {
-    c = load_config_file(file);
-  }
+  const ModelConfig c = plan_config(o);
   if (f == WeightFormat::mxfp4 && c.num_experts == 0) f = WeightFormat::bf16;  // the experts' form only, as a run
   if (o.lora_r > 0) {  // adapters on a base frozen in f (make_layout freezes it)
     LoraConfig lc;
@@ -241,6 +245,28 @@ std::optional<PartitionResult> plan_at(const ModelShape& m, const PlanCommandOpt
   } catch (const std::runtime_error&) {
     return std::nullopt;
   }
+}
+
+SimOptions sim_options(const PlanCommandOptions& o, const DeviceModel& d) {
+  SimOptions so;
+  so.gpus = o.gpus;
+  so.micro_batches = o.micro_batches;
+  so.iterations = o.iterations;
+  so.bandwidth = StreamBandwidths::uniform(d.pcie_bandwidth);
+  so.staleness = o.sync ? 0 : 1;
+  return so;
+}
+
+// The predicted tokens/s of the analytic plan of o under its memory cap, or nullopt when no
+// plan fits (the host-memory advice's speed of each change).
+std::optional<double> predicted_tokens_per_s(const ModelShape& m, const PlanCommandOptions& o) {
+  const int64_t cap = o.memory_cap.empty() ? 0 : parse_byte_size(o.memory_cap, "--memory-cap");
+  const std::optional<PartitionResult> pr = plan_at(m, o, o.seq_len, cap);
+  if (!pr) return std::nullopt;
+  const auto costs = analytic_costs(m, o, o.seq_len);
+  const SimResult r = simulate(pr->plan, stage_costs(costs, pr->plan, partition_options(o, cap)),
+                               sim_options(o, device_model(o, run_layout(o))));
+  return double(o.micro_batches * o.sequences_per_micro * o.seq_len) / r.iteration_seconds;
 }
 
 }  // namespace
@@ -348,7 +374,11 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
   fmt::print(out, "model     {}\n", desc);
   fmt::print(out, "workload  {} GPUs, {} micro-batches of {} x {} tokens = {} tokens per iteration\n", o.gpus,
              o.micro_batches, o.sequences_per_micro, oo.seq_len, tokens);
-  fmt::print(out, "device    {:g} TFLOP/s, memory {:g} GB/s, PCIe {:g} GB/s per direction, memory cap {}\n",
+  const GpuPreset* preset = o.gpu.empty() ? nullptr : find_gpu_preset(o.gpu);
+  fmt::print(out, "device    {}{:.4g} TFLOP/s, memory {:.4g} GB/s, PCIe {:.4g} GB/s per direction, memory cap {}\n",
+             preset ? fmt::format("{} ({}; plan --list-gpus): ",
+                                  preset->name, achievable_rates(*preset).measured ? "measured" : "data sheet x efficiency")
+                    : std::string(),
              o.peak_tflops, o.hbm_gbps, o.pcie_gbps,
              po.memory_cap > 0 ? format_bytes(double(po.memory_cap)) : std::string("none"));
   fmt::print(out, "costs     {}\n", source);
@@ -391,12 +421,7 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
                e.transfer_bound() ? "  transfer-bound" : "");
   }
 
-  SimOptions so;
-  so.gpus = o.gpus;
-  so.micro_batches = o.micro_batches;
-  so.iterations = o.iterations;
-  so.bandwidth = StreamBandwidths::uniform(d.pcie_bandwidth);
-  so.staleness = o.sync ? 0 : 1;
+  SimOptions so = sim_options(o, d);
   so.record_timeline = !o.trace.empty();
   SimResult r = simulate(pr.plan, stage_costs(costs, pr.plan, po), so);
   fmt::print(out, "\nslowest stage {}, objective max(S, G) x tmax = {}\n", ms(pr.tmax), ms(pr.objective));
@@ -410,6 +435,8 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
     idle += fmt::format("{}GPU{} {}", g ? ", " : "", g, ms(r.gpu_idle[g]));
   fmt::print(out, "idle      {} (over {})\n", idle, ms(r.makespan));
   if (o.nodes > 1) print_nodes(out, o, costs, d, m.tie_word_embeddings, r.iteration_seconds, tokens);
+  print_host_memory(out, oo, plan_config(o),
+                    [&m](const PlanCommandOptions& x) { return predicted_tokens_per_s(m, x); });
   if (!o.trace.empty()) {
     write_sim_trace(o.trace, r, pr.plan);
     fmt::print(out, "trace     wrote {} ({} intervals; open in Perfetto or chrome://tracing)\n", o.trace,
@@ -420,7 +447,16 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
 void add_plan_command(CLI::App& app) {
   auto o = std::make_shared<PlanCommandOptions>();
   auto* c = app.add_subcommand("plan", "partition a model for a GPU pool and predict its iteration time");
-  c->add_option("--model", o->model, "model folder, config.json or .gguf (weights not needed)")->required();
+  c->add_option("--model", o->model, "model folder, config.json or .gguf (weights not needed; required)");
+  auto* gpu = c->add_option("--gpu", o->gpu,
+                            "device preset: RTX 3090/4090/5090, A100 40GB/80GB, L40S, H100 SXM/PCIe, H200, B200 "
+                            "(sets --peak-tflops, --hbm-gbps, --pcie-gbps, --memory-cap unless given; --list-gpus)");
+  auto list_gpus = std::make_shared<bool>(false);
+  c->add_flag("--list-gpus", *list_gpus, "print the device presets (data sheet and planned rates) and exit");
+  c->add_option("--host-gib", o->host_gib,
+                "host memory for the run, GiB (default: this machine's): the plan says what the run needs and, "
+                "when over, what to change")
+      ->check(finite_number_check(true));
   c->add_option("--gpus", o->gpus, "GPUs in the pool")->capture_default_str();
   c->add_option("--seq", o->seq_len, "tokens per sequence")->capture_default_str();
   c->add_option("--micro", o->micro_batches, "micro-batches per iteration (M)")->capture_default_str();
@@ -463,7 +499,16 @@ void add_plan_command(CLI::App& app) {
                 "mixture-of-experts: the experts' grouped GEMMs (forward, input gradients) as a fraction of "
                 "--peak-tflops (0.33: measured on the H200 at Qwen3-30B-A3B shapes)")
       ->capture_default_str();
-  c->callback(reporting_errors([o, nodes, net_gbps, net_latency, accumulation] {
+  c->callback(reporting_errors([o, c, gpu, list_gpus, nodes, net_gbps, net_latency, accumulation] {
+    if (*list_gpus) {
+      print_gpu_presets(stdout);
+      return;
+    }
+    if (o->model.empty()) throw UsageError("plan: --model is required (a model folder, config.json or .gguf)");
+    std::vector<std::string> given;
+    for (const char* f : {"--peak-tflops", "--hbm-gbps", "--pcie-gbps", "--memory-cap"})
+      if (c->get_option(f)->count() > 0) given.push_back(f);
+    if (gpu->count() > 0) apply_gpu_preset(*o, given);
     // the network flags describe the sum over nodes: without --nodes they would change nothing
     if (o->nodes == 1)
       for (const CLI::Option* f : {net_gbps, net_latency, accumulation})

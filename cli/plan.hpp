@@ -5,7 +5,10 @@
 #pragma once
 #include <cstdint>
 #include <cstdio>
+#include <functional>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "scheduler/cost_model.hpp"
 
@@ -53,7 +56,31 @@ struct PlanCommandOptions {
   double net_gbps = 100;
   double net_latency_us = 10;
   int64_t accumulation = 1;
+  /// A device preset (scheduler/gpu_presets.hpp, e.g. "RTX 4090"): apply_gpu_preset fills
+  /// peak_tflops, hbm_gbps, pcie_gbps and memory_cap from it unless given. "": none.
+  std::string gpu;
+  /// Host memory the run may use, GiB (0: this machine's, host_total_bytes); the plan
+  /// prints the run's host need against it and, when over, what to change.
+  double host_gib = 0;
 };
+
+/// Fills the fields of o that preset o.gpu sets (peak_tflops, hbm_gbps, pcie_gbps from
+/// achievable_rates, memory_cap from the preset's memory size) except the flags named in
+/// `given` ("--peak-tflops", "--hbm-gbps", "--pcie-gbps", "--memory-cap"), which the
+/// command line set and which win. Does nothing when o.gpu is empty. Throws UsageError
+/// ("--gpu: unknown GPU 'x'; known: RTX 3090, ...") for a name no preset has.
+void apply_gpu_preset(PlanCommandOptions& o, const std::vector<std::string>& given);
+
+/// `plan --list-gpus`: the preset table, data sheet and planned rates side by side, with
+/// the H200's measurements and the efficiency factors.
+void print_gpu_presets(std::FILE* out);
+
+/// The host-memory section of the plan: what the run needs (scheduler/host_memory.hpp), the
+/// budget (o.host_gib or this machine's memory) and, when the need is over kHostHeadroom of
+/// it, each change that lowers it with its need and, from `tokens_per_s` (nullopt: no plan
+/// fits the GPUs' memory), its predicted speed.
+void print_host_memory(std::FILE* out, const PlanCommandOptions& o, const ModelConfig& c,
+                       const std::function<std::optional<double>(const PlanCommandOptions&)>& tokens_per_s);
 
 /// Registers the `plan` subcommand on `app`; it runs from its callback, prints errors as
 /// one line "roundpipe: error: ..." and then exits with code 1 (CLI::RuntimeError).
