@@ -18,6 +18,8 @@
 #include <spdlog/spdlog.h>
 
 #include "base/atomic_file.hpp"
+#include "base/host_resources.hpp"
+#include "scheduler/host_memory.hpp"
 #include "trainer/checkpoint_bundle.hpp"
 
 namespace fs = std::filesystem;
@@ -251,6 +253,39 @@ SessionOptions session_options_of(const TrainSpec& spec, const ModelLayout& layo
   opt.watchdog_s = spec.watchdog_s;
   opt.trace_messages = spec.trace_messages;
   return opt;
+}
+
+std::string warn_host_memory(const TrainSpec& spec, const ModelLayout& layout) {
+  const double total = double(host_total_bytes());
+  if (!(total > 0)) return "";
+  HostRun run;
+  if (layout.lora) {
+    run.lora_r = layout.lora->r;
+    run.lora_targets = layout.lora->target_modules;
+    for (const std::string& t : layout.lora->target_parameters) run.lora_targets.push_back(t);
+    run.frozen = layout.lora->base_format;
+  }
+  run.seq_len = spec.seq_len;
+  run.micro_batches = spec.micro_batches;
+  run.sequences_per_micro = spec.sequences_per_step / spec.accumulation / spec.micro_batches;
+  run.workers = spec.workers;
+  run.pass_slots = SessionOptions{}.pass_slots;
+  // absent: the session keeps the attention outputs only when they fit, so the need is without
+  run.saved_attention = spec.save_attention.value_or(false);
+  const bool cpu = spec.backend == "cpu" || (spec.backend == "auto" && cuda_device_count() == 0);
+  run.elem_bytes = cpu ? 4 : int64_t(dtype_size(parse_dtype(spec.compute_dtype)));
+  const HostMemoryNeed need = host_memory_need(layout, run);
+  if (need.total() <= kHostHeadroom * total) return "";
+  std::string text = fmt::format("host memory: this run needs about {}, over {:.0f}% of this machine's {}{}",
+                                 host_memory_text(need), 100 * kHostHeadroom, byte_text(total),
+                                 cpu ? " (the CPU backend's virtual GPUs come on top)" : "");
+  const auto changes = host_memory_alternatives(layout.config, run, total);
+  if (!changes.empty()) text += "; changes that lower it:";
+  for (const HostMemoryChange& ch : changes)
+    text += fmt::format("\n  - {}: needs {} ({}){}", ch.what, byte_text(ch.need), ch.fits ? "fits" : "still over",
+                        ch.how.empty() ? "" : "; " + ch.how);
+  spdlog::warn("{}", text);
+  return text;
 }
 
 }  // namespace rp

@@ -137,6 +137,7 @@ void Run::setup() {
   }
   model_.tensors.clear();
   const ModelLayout& layout = w.layout;
+  warn_host_memory(spec_, layout);  // before the data and the session's buffers: what to change
   data_.emplace(load_data_for_training(spec_, model_));
   eval_batches_ = load_eval_batches(spec_, model_, *data_);
   start_session(layout, std::move(w.trainable), std::move(w.frozen));
