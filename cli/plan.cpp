@@ -376,8 +376,8 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
              o.micro_batches, o.sequences_per_micro, oo.seq_len, tokens);
   const GpuPreset* preset = o.gpu.empty() ? nullptr : find_gpu_preset(o.gpu);
   fmt::print(out, "device    {}{:.4g} TFLOP/s, memory {:.4g} GB/s, PCIe {:.4g} GB/s per direction, memory cap {}\n",
-             preset ? fmt::format("{} ({}; plan --list-gpus): ",
-                                  preset->name, achievable_rates(*preset).measured ? "measured" : "data sheet x efficiency")
+             preset ? fmt::format("{} ({}; plan --list-gpus): ", preset->name,
+                                  achievable_rates(*preset).measured ? "measured" : "data sheet x efficiency")
                     : std::string(),
              o.peak_tflops, o.hbm_gbps, o.pcie_gbps,
              po.memory_cap > 0 ? format_bytes(double(po.memory_cap)) : std::string("none"));

@@ -27,7 +27,9 @@ std::string rate(double tflops) { return tflops > 0 ? fmt::format("{:g}", tflops
 void apply_gpu_preset(PlanCommandOptions& o, const std::vector<std::string>& given) {
   if (o.gpu.empty()) return;
   const GpuPreset* p = find_gpu_preset(o.gpu);
-  if (!p) throw UsageError(fmt::format("--gpu: unknown GPU '{}'; known: {} (plan --list-gpus)", o.gpu, gpu_preset_names()));
+  if (!p)
+    throw UsageError(
+        fmt::format("--gpu: unknown GPU '{}'; known: {} (plan --list-gpus)", o.gpu, gpu_preset_names()));
   const GpuRates r = achievable_rates(*p);
   if (!given_flag(given, "--peak-tflops")) o.peak_tflops = r.tflops;
   if (!given_flag(given, "--hbm-gbps")) o.hbm_gbps = r.memory_gbps;
@@ -42,7 +44,8 @@ void print_gpu_presets(std::FILE* out) {
              "fp16", "fp16/acc16", "fp8", "fp8/acc16", "GB", "GB/s", "PCIe", "TFLOP/s", "GB/s", "PCIe");
   for (const GpuPreset& p : gpu_presets()) {
     const GpuRates r = achievable_rates(p);
-    fmt::print(out, "{:<10} {:>7} {:>7} {:>10} {:>7} {:>9} {:>6g} {:>7g} {:>10}   {:>8.0f} {:>8.0f} {:>8.1f}{}\n", p.name,
+    fmt::print(out, "{:<10} {:>7} {:>7} {:>10} {:>7} {:>9} {:>6g} {:>7g} {:>10}   {:>8.0f} {:>8.0f} {:>8.1f}{}\n",
+               p.name,
                rate(p.bf16_tflops), rate(p.fp16_tflops), rate(p.fp16_acc16_tflops), rate(p.fp8_tflops),
                rate(p.fp8_acc16_tflops), p.memory_gb, p.memory_gbps,
                fmt::format("{}.0 x{} {:.1f}", p.pcie_gen, p.pcie_lanes, pcie_link_gbps(p.pcie_gen, p.pcie_lanes)),

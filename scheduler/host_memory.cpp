@@ -127,7 +127,8 @@ std::vector<HostMemoryChange> host_memory_alternatives(const ModelConfig& c, con
     HostRun r = run;
     r.lora_r = run.lora_r > 0 ? run.lora_r : 16;
     r.frozen = WeightFormat::nf4;
-    add(fmt::format("LoRA r={} on a 4-bit (nf4) base{}", r.lora_r, run.lora_r > 0 ? "" : " instead of full fine-tuning"),
+    add(fmt::format("LoRA r={} on a 4-bit (nf4) base{}", r.lora_r,
+                    run.lora_r > 0 ? "" : " instead of full fine-tuning"),
         fmt::format("plan --lora-r {} --frozen nf4; spec: \"lora\": {{\"r\": {}, \"base_format\": \"nf4\"}}", r.lora_r,
                     r.lora_r),
         r);
