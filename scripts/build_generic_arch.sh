@@ -7,7 +7,7 @@
 # JIT-compiles it, so every `__CUDA_ARCH__ >= 900` branch is compiled out and the tests run
 # the code an A100, RTX 3090 or RTX 4090 runs. bench/device_generic_arch.sh runs them there.
 # BUNDLE_SH: the script that copies programs and their non-CUDA shared libraries into the
-# bundle (default ../shared/device/bundle.sh, this workplace's; elsewhere any script with its
+# bundle (default ../shared/device/bundle.sh or ../../shared/device/bundle.sh, this workplace's; elsewhere any script with its
 # usage "bundle.sh OUTDIR PROGRAM..."). JOBS (default 2) parallel compile jobs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,8 +27,11 @@ for d in "$bundle" "$bundle.part"; do
     echo "build_generic_arch.sh: $d exists and was not made by this script; remove it or name another folder" >&2; exit 2
   fi
 done
-bundle_sh=${BUNDLE_SH:-../shared/device/bundle.sh}
-[ -x "$bundle_sh" ] || { echo "build_generic_arch.sh: no bundling script at $bundle_sh (set BUNDLE_SH)" >&2; exit 2; }
+bundle_sh=${BUNDLE_SH:-}
+if [ -z "$bundle_sh" ]; then
+  for c in ../shared/device/bundle.sh ../../shared/device/bundle.sh; do [ -x "$c" ] && bundle_sh=$c && break; done
+fi
+[ -n "$bundle_sh" ] && [ -x "$bundle_sh" ] || { echo "build_generic_arch.sh: no bundling script (../shared/device/bundle.sh; set BUNDLE_SH)" >&2; exit 2; }
 launch=()
 if command -v ccache >/dev/null 2>&1; then
   launch=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
