@@ -8,7 +8,8 @@
 # the code an A100, RTX 3090 or RTX 4090 runs. bench/device_generic_arch.sh runs them there.
 # BUNDLE_SH: the script that copies programs and their non-CUDA shared libraries into the
 # bundle (default ../shared/device/bundle.sh or ../../shared/device/bundle.sh, this workplace's; elsewhere any script with its
-# usage "bundle.sh OUTDIR PROGRAM..."). JOBS (default 2) parallel compile jobs.
+# usage "bundle.sh OUTDIR PROGRAM..."). JOBS (default 2) parallel compile jobs. TARGETS (default
+# "test_kernels test_model test_actors"): the test programs to build and bundle.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 2 ] || { sed -n 2,12p "$0"; exit 2; }
@@ -39,7 +40,7 @@ fi
 # RP_NATIVE=OFF: the binaries run on another machine's CPU
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRP_NATIVE=OFF \
   -DCMAKE_CUDA_ARCHITECTURES="$arch" "${launch[@]}" | grep "RoundPipe:" || true
-targets=(test_kernels test_model test_actors)
+read -r -a targets <<< "${TARGETS:-test_kernels test_model test_actors}"
 nice cmake --build "$build" -j"${JOBS:-2}" --target "${targets[@]}"
 tmp=$bundle.part
 rm -rf "$tmp"
