@@ -5,6 +5,7 @@
 # Idempotent: re-running skips what is already there.
 #   scripts/setup.sh            # deps + assets + build
 #   RP_SKIP_ASSETS=1 scripts/setup.sh   # deps + build only (CI)
+#   RP_CUDA_ARCHS=89 scripts/setup.sh   # CUDA kernels for sm_89 only (default: the GPUs found)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
@@ -87,6 +88,17 @@ if ! python3 -c 'import tensorboard' >/dev/null 2>&1; then
   python3 -m pip install -q tensorboard >/dev/null 2>&1 || echo "[setup] warning: could not install tensorboard; its test will skip"
 fi
 
+# CUDA architectures (docs/gpu.md, "Architectures"): $RP_CUDA_ARCHS (CMake's syntax, e.g. "89" or
+# "80-real;90-real") if set, else the GPUs nvidia-smi lists (so re-running after changing GPUs
+# rebuilds for the new ones), else CMake's default list for a machine without a GPU.
+arch_args=()
+if [ -n "${RP_CUDA_ARCHS:-}" ]; then
+  arch_args=(-DCMAKE_CUDA_ARCHITECTURES="$RP_CUDA_ARCHS")
+elif command -v nvidia-smi >/dev/null 2>&1 &&
+     caps=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null) && [ -n "$caps" ]; then
+  archs=$(echo "$caps" | tr -d ' .' | grep -E '^[0-9]+$' | sort -un | sed 's/$/-real/' | paste -sd';')
+  [ -n "$archs" ] && arch_args=(-DCMAKE_CUDA_ARCHITECTURES="$archs")
+fi
 echo "[setup] configuring and building (build/)"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release | grep "RoundPipe:" || true
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "${arch_args[@]}" | grep "RoundPipe:" || true
 cmake --build build -j"$(nproc)"

@@ -29,6 +29,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kernels/cuda/cuda_arch.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/cuda/cuda_ops.hpp"
@@ -570,6 +571,7 @@ std::unique_ptr<Device> make_cuda_device(int index, const DeviceOptions& opt) {
     throw DeviceError(fmt::format("no CUDA device {}: {} visible (CUDA_VISIBLE_DEVICES={})", index,
                                   n, vis ? vis : "<unset>"));
   }
+  cuda::check_device_arch(index);  // one line when this build has no kernels for the GPU
   return std::make_unique<cuda::CudaDevice>(index, opt);
 }
 

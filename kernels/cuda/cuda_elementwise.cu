@@ -5,6 +5,7 @@
 #include <map>
 #include <utility>
 
+#include "kernels/cuda/cuda_arch.hpp"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.hpp"
 
@@ -539,8 +540,9 @@ void k_rmsnorm_bwd(DType t, const void* x, const void* w, const void* dy, void* 
   const bool vec = n % kVec == 0 && aligned16(x) && aligned16(w) && aligned16(dy) && aligned16(dx);
   const bool per_warp = size_t(n) * sizeof(float) * (kThreads / 32) <= size_t(96) << 10;
   const size_t smem = size_t(n) * sizeof(float) * (per_warp ? kThreads / 32 : 1);
-  if (smem > size_t(200) << 10)
-    throw std::invalid_argument("rmsnorm_bwd: rows longer than 51200 columns are not supported on CUDA");
+  if (smem > size_t(max_dynamic_smem()))
+    throw std::invalid_argument("rmsnorm_bwd: rows longer than " + std::to_string(max_dynamic_smem() / 4) +
+                                " columns are not supported on this GPU");
   RP_DISPATCH_16("rmsnorm_bwd", t, T, {
     auto kern = vec ? (per_warp ? rmsnorm_bwd_kernel<T, true, true> : rmsnorm_bwd_kernel<T, true, false>)
                     : (per_warp ? rmsnorm_bwd_kernel<T, false, true> : rmsnorm_bwd_kernel<T, false, false>);

@@ -4,8 +4,12 @@
 // positions, kernels/ops.hpp "attention variants"). The VAR code sits behind `if constexpr`, so
 // the plain instantiations are the kernels as they were. Internal to kernels/cuda.
 #pragma once
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
 #include <initializer_list>
 
+#include "kernels/cuda/cuda_arch.hpp"
 #include "kernels/cuda/cuda_common.cuh"
 
 namespace rp::cuda::flash {
@@ -567,18 +571,40 @@ void launch_bwd(const void* q, const void* k, const void* v, const void* dout, c
 }
 
 /// Whether the kernels apply: head_dim 64 or 128, every tensor 16-byte aligned (null counts as
-/// aligned), impl not 1 (the row kernels forced).
+/// aligned), impl not 1 (the row kernels forced), and the narrow configuration's shared memory
+/// (4-warp forward, unpipelined backward: 85 / 87 KiB at D = 128) within the device's limit.
 inline bool usable(int impl, int64_t D, std::initializer_list<const void*> ptrs) {
   if (impl == 1 || (D != 64 && D != 128)) return false;
+  const int narrow = D == 128 ? std::max(fwd_smem<bf16, 128, 4>(), bwd_smem<bf16, 128, false, true>())
+                              : std::max(fwd_smem<bf16, 64, 4>(), bwd_smem<bf16, 64, false, true>());
+  if (narrow > max_dynamic_smem()) return false;
   for (const void* p : ptrs)
     if (!aligned16(p)) return false;
   return true;
+}
+
+/// Whether the wide configuration (8-warp forward, pipelined backward) of head_dim D fits the
+/// current device's shared memory per block. It does not on GPUs with 99 KiB (RTX 30xx, 40xx,
+/// 50xx, L40S) at D = 128 (102 / 121 KiB): they run the narrow one, which the log says once.
+inline bool wide_fits(int D) {
+  const int wide = D == 128 ? std::max(fwd_smem<bf16, 128, 8>(), bwd_smem<bf16, 128, true, true>())
+                            : std::max(fwd_smem<bf16, 64, 8>(), bwd_smem<bf16, 64, true, true>());
+  const int limit = max_dynamic_smem();
+  if (wide <= limit) return true;
+  static std::atomic<bool> said{false};
+  if (!said.exchange(true))
+    std::fprintf(stderr,
+                 "roundpipe: this GPU allows %d KiB of shared memory per block, the 8-warp flash attention blocks "
+                 "need %d KiB at head_dim %d: using 4-warp forward blocks and the unpipelined backward\n",
+                 limit >> 10, (wide + 1023) >> 10, D);
+  return false;
 }
 
 /// launch_fwd for head_dim D (64 or 128) with W = 8 (wide) or 4 warps.
 template <typename T, bool VAR = false>
 void launch_fwd_dim(int D, bool wide, const void* q, const void* k, const void* v, void* o, float* lse, int n_seq,
                     int L, int nq, int nkv, float scale, cudaStream_t st, Variant var = {}) {
+  wide = wide && wide_fits(D);
   if (D == 128 && wide)
     launch_fwd<T, 128, 8, VAR>(q, k, v, o, lse, n_seq, L, nq, nkv, scale, st, var);
   else if (D == 128)
@@ -594,6 +620,7 @@ template <typename T, bool VAR = false>
 void launch_bwd_dim(int D, bool pipe, const void* q, const void* k, const void* v, const void* dout,
                     const float* lse, const float* di, float* dq_acc, void* dk, void* dv, int n_seq, int L, int nq,
                     int nkv, float scale, cudaStream_t st, Variant var = {}) {
+  pipe = pipe && wide_fits(D);
   if (D == 128 && pipe)
     launch_bwd<T, 128, true, VAR>(q, k, v, dout, lse, di, dq_acc, dk, dv, n_seq, L, nq, nkv, scale, st, var);
   else if (D == 128)
