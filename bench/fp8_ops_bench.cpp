@@ -138,6 +138,17 @@ void quantize_rows(Env& e, int R) {
          }, R), 0, 2 * in + out);
     e.keep.clear();
   }
+  // a weight's transposed codes (the input gradient's operand), once per upload
+  for (const Linear& l : {kLinears[2], kLinears[11]}) {  // W [out, in] of the gate_proj of Qwen3-1.7B, LLaMA-8B
+    const int64_t rows = l.N, cols = l.K, n = rows * cols;
+    void* w = rand_buffer(e, n, bf, 0.02f, 40);
+    auto* q = static_cast<uint8_t*>(buffer(e, (n + 3) / 4, DType::i32));
+    float* s0 = scalar(e, 1.f);
+    const std::string shape = "W [" + std::to_string(rows) + ", " + std::to_string(cols) + "]";
+    line(e, "fp8_quantize_transposed", shape,
+         time_op(e, [&](int) { ops.fp8_quantize_transposed(w, s0, q, rows, cols, e4); }, R), 0, 3.0 * double(n));
+    e.keep.clear();
+  }
 }
 
 // The 8192^3 e4m3 GEMM back to back for `seconds` (as bench_cuda_ops_bench --sustained for

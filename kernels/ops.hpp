@@ -398,6 +398,11 @@ class Ops {
   /// q[r,c] = fp8::quantize(f, x[r,c], scale[r]) for x [rows, cols].
   virtual void fp8_quantize_rows(const void* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols,
                                  Fp8Format f) = 0;
+  /// q[c,r] = fp8::quantize(f, x[r,c], scale[0]) for x [rows, cols]: the codes of x^T
+  /// ([cols, rows], rows contiguous). The FP8 GEMM needs K contiguous in both operands, so a
+  /// linear's input gradient dx = dy W takes its weight as W^T [in, out] codes.
+  virtual void fp8_quantize_transposed(const void* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols,
+                                       Fp8Format f) = 0;
   /// d[M,N] (+)= (scale_a[0] * scale_b[0]) * A[M,K] B[N,K]^T with A, B FP8 codes (formats fa,
   /// fb; row-major, K contiguous in both: a linear's activations and its [out, in] weight) and
   /// d in dtype() (read when accumulate, then rounded once). Products and sums are fp32; the

@@ -60,6 +60,15 @@ void CpuOps::fp8_quantize_rows(const void* x, const float* scale, uint8_t* q, in
     for (int64_t c = 0; c < cols; ++c) q[r * cols + c] = fp8::quantize(f, F(x)[r * cols + c], scale[r]);
 }
 
+void CpuOps::fp8_quantize_transposed(const void* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols,
+                                     Fp8Format f) {
+  require(rows >= 0 && cols >= 0, "fp8_quantize_transposed", "negative dimension");
+  if (rows == 0 || cols == 0) return;
+  const float s = scale[0];
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) q[c * rows + r] = fp8::quantize(f, F(x)[r * cols + c], s);
+}
+
 // Each product of two FP8 values is exact in fp32 (at most 4 x 4 significant bits); Eigen sums
 // them in fp32 in its own order, and the scale product multiplies each sum once.
 void CpuOps::gemm_fp8(const uint8_t* a, Fp8Format fa, const float* scale_a, const uint8_t* b, Fp8Format fb,

@@ -141,6 +141,8 @@ class CpuOps final : public Ops {
   void fp8_quantize(const void* x, const float* scale, uint8_t* q, int64_t n, Fp8Format f) override;
   void fp8_quantize_rows(const void* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols,
                          Fp8Format f) override;
+  void fp8_quantize_transposed(const void* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols,
+                               Fp8Format f) override;
   void gemm_fp8(const uint8_t* a, Fp8Format fa, const float* scale_a, const uint8_t* b, Fp8Format fb,
                 const float* scale_b, void* d, int64_t M, int64_t K, int64_t N, bool accumulate) override;
 

@@ -122,6 +122,44 @@ void launch_quantize(const T* x, const float* scale, uint8_t* q, int64_t n, int6
     quantize_kernel<F, ROWS, false><<<blocks_for(n), kThreads, 0, st>>>(x, scale, q, n, cols);
 }
 
+// q[c, r] = encode(x[r, c] / scale[0]) for x [rows, cols]: 64 x 64 tiles through shared
+// memory, each thread reading 16 consecutive values of a row (two 16-byte loads) and writing
+// 16 consecutive codes of a column (one 16-byte store). rows and cols multiples of 64, x and q
+// 16-byte aligned.
+constexpr int kTile = 64;
+template <Fp8Format F, typename T>
+__global__ void quantize_transposed_tiles(const T* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols) {
+  __shared__ __align__(16) uint8_t tile[kTile][kTile + 16];  // tile[c][r]
+  const float s = scale[0];
+  const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
+  const int lr = threadIdx.x / 4, lc = (threadIdx.x % 4) * 16;  // 256 threads: 64 rows x 4 chunks
+  float v[16];
+  load_n<16, true>(x + (r0 + lr) * cols + c0 + lc, v);
+#pragma unroll
+  for (int j = 0; j < 16; ++j) tile[lc + j][lr] = fp8::encode<F>(v[j] / s);
+  __syncthreads();
+  *reinterpret_cast<uint4*>(q + (c0 + lr) * rows + r0 + lc) = *reinterpret_cast<const uint4*>(&tile[lr][lc]);
+}
+
+// The same, one element per thread (any shape and alignment).
+template <Fp8Format F, typename T>
+__global__ void quantize_transposed_scalar(const T* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols) {
+  const int64_t n = rows * cols, stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const int64_t c = i / rows, r = i - c * rows;  // consecutive threads write consecutive codes
+    q[i] = fp8::encode<F>(to_f(x[r * cols + c]) / scale[0]);
+  }
+}
+
+template <Fp8Format F, typename T>
+void launch_transposed(const T* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols, cudaStream_t st) {
+  if (rows % kTile == 0 && cols % kTile == 0 && aligned16(x) && aligned16(q) && rows / kTile <= 65535)
+    quantize_transposed_tiles<F><<<dim3(unsigned(cols / kTile), unsigned(rows / kTile)), kThreads, 0, st>>>(
+        x, scale, q, rows, cols);
+  else
+    quantize_transposed_scalar<F><<<blocks_for(rows * cols), kThreads, 0, st>>>(x, scale, q, rows, cols);
+}
+
 // ---- the check against the hardware conversion -------------------------------------------
 
 __device__ __forceinline__ bool is_nan_code(Fp8Format f, uint8_t c) {
@@ -213,6 +251,19 @@ void k_fp8_quantize(DType t, const void* x, const float* scale, uint8_t* q, int6
            : launch_quantize<Fp8Format::e5m2, false>(xt, scale, q, n, cols, st);
   });
   RP_CUDA_LAUNCH_CHECK("fp8 quantize");
+}
+
+void k_fp8_quantize_transposed(DType t, const void* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols,
+                               Fp8Format f, cudaStream_t st) {
+  if (rows <= 0 || cols <= 0) return;
+  RP_DISPATCH_ANY("fp8_quantize_transposed", t, T, {
+    const T* xt = static_cast<const T*>(x);
+    if (f == Fp8Format::e4m3)
+      launch_transposed<Fp8Format::e4m3>(xt, scale, q, rows, cols, st);
+    else
+      launch_transposed<Fp8Format::e5m2>(xt, scale, q, rows, cols, st);
+  });
+  RP_CUDA_LAUNCH_CHECK("fp8 quantize transposed");
 }
 
 Fp8ConversionCheck k_fp8_check_conversions(Fp8Format f, cudaStream_t st) {

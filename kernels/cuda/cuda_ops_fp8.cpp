@@ -54,6 +54,13 @@ void CudaOps::fp8_quantize_rows(const void* x, const float* scale, uint8_t* q, i
   k_fp8_quantize(dtype_, x, scale, q, rows * cols, cols, true, f, st_);
 }
 
+void CudaOps::fp8_quantize_transposed(const void* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols,
+                                      Fp8Format f) {
+  require(rows >= 0 && cols >= 0, "fp8_quantize_transposed", "negative dimension");
+  set_device(dev_);
+  k_fp8_quantize_transposed(dtype_, x, scale, q, rows, cols, f, st_);
+}
+
 void CudaOps::set_fp8_attributes(cublasLtMatmulDesc_t op, const Fp8Operands& f) {
   const int8_t fast = f.fast_accum ? 1 : 0;
   RP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));

@@ -131,6 +131,35 @@ TEST_F(CudaFp8, ScalesAndCodesEqualTheCpuTwin) {
     }
 }
 
+// Codes of x^T equal the CPU twin's: the tiled path (multiples of 64, aligned) and the
+// element-wise one (other shapes, a misaligned start).
+TEST_F(CudaFp8, TransposedCodesEqualTheCpuTwin) {
+  struct Shape {
+    int64_t rows, cols, offset;
+  } shapes[] = {{128, 192, 0}, {64, 64, 0}, {2048, 1024, 0}, {33, 50, 0}, {128, 64, 1}};
+  for (const Shape& sh : shapes)
+    for (Fp8Format f : {Fp8Format::e4m3, Fp8Format::e5m2}) {
+      const int64_t n = sh.rows * sh.cols;
+      VecF x = fp8ref::normal_with_outliers(size_t(n + sh.offset), uint32_t(n + 3));
+      DT xd = upload(x, ct());
+      const void* xp = static_cast<const char*>(xd.get()) + sh.offset * int64_t(dtype_size(ct()));
+      DT s = poisoned(1, DType::f32), q = bytes(n + 1, 0xab);
+      run([&](Ops& o) {
+        o.fp8_scale(xp, n, f, s.as<float>());
+        o.fp8_quantize_transposed(xp, s.as<float>(), q.as<uint8_t>(), sh.rows, sh.cols, f);
+      });
+      float cs_ = 0;
+      Codes cq(static_cast<size_t>(n));
+      cpu_->fp8_scale(x.data() + sh.offset, n, f, &cs_);
+      cpu_->fp8_quantize_transposed(x.data() + sh.offset, &cs_, cq.data(), sh.rows, sh.cols, f);
+      const Codes gq = download_bytes(q.get(), n + 1);
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(int(gq[size_t(i)]), int(cq[size_t(i)])) << fp8_format_name(f) << " " << sh.rows << "x" << sh.cols
+                                                          << " +" << sh.offset << " element " << i;
+      EXPECT_EQ(int(gq[size_t(n)]), 0xab) << "wrote past the end";
+    }
+}
+
 // Zeros give scale 1, an inf an inf scale, a NaN a NaN scale, on both backends alike; the
 // codes under those scales agree too (all NaN codes under a NaN scale).
 TEST_F(CudaFp8, NonFiniteAndZeroTensors) {

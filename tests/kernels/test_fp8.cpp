@@ -235,6 +235,37 @@ TEST_F(CpuFp8Ops, QuantizesToTheNearestCode) {
   }
 }
 
+// Codes of x^T, and the input gradient dx = dy W as the FP8 GEMM of dy's codes (e5m2, a
+// gradient's range) with W^T's codes.
+TEST_F(CpuFp8Ops, TransposedCodesFeedTheInputGradient) {
+  const int64_t rows = 48, cols = 80, M = 16;  // W [out = rows, in = cols], dy [M, out]
+  const std::vector<float> w = fp8ref::normal_with_outliers(size_t(rows * cols), 21);
+  const std::vector<float> dy = fp8ref::normal_with_outliers(size_t(M * rows), 22);
+  const std::vector<double> pos = fp8ref::positive_values(Fp8Format::e4m3);
+  float sw = 0, sd = 0;
+  ops->fp8_scale(w.data(), rows * cols, Fp8Format::e4m3, &sw);
+  ops->fp8_scale(dy.data(), M * rows, Fp8Format::e5m2, &sd);
+  std::vector<uint8_t> wt(size_t(rows * cols), 0xab), qd(size_t(M * rows));
+  ops->fp8_quantize_transposed(w.data(), &sw, wt.data(), rows, cols, Fp8Format::e4m3);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      ASSERT_EQ(int(wt[size_t(c * rows + r)]), int(fp8ref::ref_encode(Fp8Format::e4m3, w[size_t(r * cols + c)] / sw, pos)));
+  ops->fp8_quantize(dy.data(), &sd, qd.data(), M * rows, Fp8Format::e5m2);
+  std::vector<float> dx(size_t(M * cols), std::numeric_limits<float>::quiet_NaN());
+  ops->gemm_fp8(qd.data(), Fp8Format::e5m2, &sd, wt.data(), Fp8Format::e4m3, &sw, dx.data(), M, rows, cols, false);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t c = 0; c < cols; ++c) {
+      double sum = 0, mag = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        const double p = spec_value(Fp8Format::e5m2, qd[size_t(m * rows + r)]) * sd *
+                         spec_value(Fp8Format::e4m3, wt[size_t(c * rows + r)]) * sw;
+        sum += p;
+        mag += std::fabs(p);
+      }
+      ASSERT_NEAR(dx[size_t(m * cols + c)], sum, 1e-5 * mag) << m << "," << c;
+    }
+}
+
 // The CPU GEMM against a double-precision sum of the decoded codes; its error is fp32
 // summation only (each product is exact in fp32): at most K * 2^-24 of sum |a b|.
 TEST_F(CpuFp8Ops, GemmMatchesTheDecodedProduct) {
