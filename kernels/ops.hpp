@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "kernels/dtype.hpp"
+#include "kernels/fp8.hpp"
 
 namespace rp {
 
@@ -378,6 +379,42 @@ class Ops {
   /// dW_e += dy_e^T x_e (dw [E,N,K] in grad_dtype()); an expert without rows adds nothing.
   virtual void grouped_linear_bwd_weight(const void* dy, const void* x, void* dw, const int32_t* offsets_host,
                                          int64_t E, int64_t K, int64_t N) = 0;
+
+  // ---- FP8 compute (kernels/fp8.hpp: formats, rounding, scales) ------------------------
+  // A tensor is quantized with a scale s from its own largest magnitude (no history):
+  // s = fp8::scale_from_amax(max|x|, f) = amax / 448 for e4m3 (amax / 57344 for e5m2), 1 for
+  // an all-zero tensor, NaN / inf when x holds one (propagated, so products using the scale
+  // are non-finite), and each value becomes the code of x / s (fp32 division,
+  // round-to-nearest-even, saturating). Codes are one byte per element (uint8_t), row-major
+  // like their source; scales are fp32 device values. Both backends compute scales and codes
+  // bit for bit alike (the shared scalar code of kernels/fp8.hpp).
+  /// scale[0] = scale_from_amax(max_i |x[i]|, f) over n elements of x (dtype()); a NaN
+  /// anywhere gives NaN, an inf (and no NaN) inf.
+  virtual void fp8_scale(const void* x, int64_t n, Fp8Format f, float* scale) = 0;
+  /// scale[r] = scale_from_amax(max_c |x[r,c]|, f) for each row r of x [rows, cols].
+  virtual void fp8_scale_rows(const void* x, int64_t rows, int64_t cols, Fp8Format f, float* scale) = 0;
+  /// q[i] = fp8::quantize(f, x[i], scale[0]) for i < n (x in dtype(), q n bytes).
+  virtual void fp8_quantize(const void* x, const float* scale, uint8_t* q, int64_t n, Fp8Format f) = 0;
+  /// q[r,c] = fp8::quantize(f, x[r,c], scale[r]) for x [rows, cols].
+  virtual void fp8_quantize_rows(const void* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols,
+                                 Fp8Format f) = 0;
+  /// q[c,r] = fp8::quantize(f, x[r,c], scale[0]) for x [rows, cols]: the codes of x^T
+  /// ([cols, rows], rows contiguous). The FP8 GEMM needs K contiguous in both operands, so a
+  /// linear's input gradient dx = dy W takes its weight as W^T [in, out] codes.
+  virtual void fp8_quantize_transposed(const void* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols,
+                                       Fp8Format f) = 0;
+  /// d[M,N] (+)= (scale_a[0] * scale_b[0]) * A[M,K] B[N,K]^T with A, B FP8 codes (formats fa,
+  /// fb; row-major, K contiguous in both: a linear's activations and its [out, in] weight) and
+  /// d in dtype() (read when accumulate, then rounded once). Products and sums are fp32; the
+  /// scales multiply the sum. CUDA: cuBLASLt on FP8 tensor cores (compute capability 8.9+),
+  /// K and N multiples of 16, a, b and d 16-byte aligned, not both operands e5m2; the tensor
+  /// cores add each k-block's products at reduced precision before cuBLASLt adds the blocks in
+  /// fp32 (so the result differs from an exact fp32 sum by more than summation order alone;
+  /// tests/kernels/test_cuda_fp8.cpp bounds it). CPU: the codes decoded exactly, Eigen's fp32
+  /// GEMM, the scale product applied to the sum. Throws std::invalid_argument for bad shapes
+  /// or formats, rp::DeviceError on a GPU without FP8 tensor cores.
+  virtual void gemm_fp8(const uint8_t* a, Fp8Format fa, const float* scale_a, const uint8_t* b, Fp8Format fb,
+                        const float* scale_b, void* d, int64_t M, int64_t K, int64_t N, bool accumulate) = 0;
 
   // ---- chunked LM head + cross-entropy ------------------------------------------
   /// For tokens t with targets[t] >= 0 (targets[t] < V required):

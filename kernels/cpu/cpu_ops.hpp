@@ -135,6 +135,17 @@ class CpuOps final : public Ops {
                              int64_t H, int64_t V, float* loss, void* dh, void* dw,
                              void* scratch, float loss_scale = 1.0f) override;
 
+  // FP8 (cpu_fp8.cpp)
+  void fp8_scale(const void* x, int64_t n, Fp8Format f, float* scale) override;
+  void fp8_scale_rows(const void* x, int64_t rows, int64_t cols, Fp8Format f, float* scale) override;
+  void fp8_quantize(const void* x, const float* scale, uint8_t* q, int64_t n, Fp8Format f) override;
+  void fp8_quantize_rows(const void* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols,
+                         Fp8Format f) override;
+  void fp8_quantize_transposed(const void* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols,
+                               Fp8Format f) override;
+  void gemm_fp8(const uint8_t* a, Fp8Format fa, const float* scale_a, const uint8_t* b, Fp8Format fb,
+                const float* scale_b, void* d, int64_t M, int64_t K, int64_t N, bool accumulate) override;
+
   /// Query rows per attention block (scores exist for kAttnBlock x seq_len at a time).
   static constexpr int64_t kAttnBlock = 64;
 

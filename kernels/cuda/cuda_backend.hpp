@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "kernels/dtype.hpp"
+#include "kernels/fp8.hpp"
 
 namespace rp {
 class Ops;
@@ -99,6 +100,25 @@ void gqa_group_sum(Ops& ops, DType in_t, const void* in_k, const void* in_v, DTy
 /// Throws std::invalid_argument for non-CUDA ops, another out_t, an unknown format or n
 /// not a multiple of the format's block.
 void dequantize_to(Ops& ops, WeightFormat f, DType out_t, const void* src, void* dst, int64_t n);
+
+/// Ops::gemm_fp8 with cuBLASLt's fast FP8 accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM):
+/// false (default) has cuBLASLt add each k-block's tensor-core sum into fp32 accumulators;
+/// true keeps the whole sum in the tensor cores' reduced-precision accumulator (faster, less
+/// accurate). Throws std::invalid_argument for non-CUDA ops.
+void set_fp8_fast_accum(Ops& ops, bool on);
+
+/// What check_fp8_conversions found.
+struct Fp8ConversionCheck {
+  uint64_t encode_mismatches = 0;     ///< non-NaN fp32 inputs whose codes differ
+  uint32_t first_mismatch_bits = 0;   ///< the smallest such input's bits (when any)
+  uint64_t nan_code_differences = 0;  ///< NaN inputs given different NaN codes
+  uint64_t decode_mismatches = 0;     ///< codes (of 256) whose fp32 values differ (NaN = NaN)
+};
+/// Runs fp8::encode (kernels/fp8.hpp) and CUDA's __nv_cvt_float_to_fp8(x, __NV_SATFINITE, f)
+/// (the cvt.rn.satfinite instruction on compute capability 8.9+) over all 2^32 fp32 bit
+/// patterns on the ops' device, and fp8::decode against the hardware's fp8 -> f16 conversion
+/// over the 256 codes; waits for the result. Throws std::invalid_argument for non-CUDA ops.
+Fp8ConversionCheck check_fp8_conversions(Ops& ops, Fp8Format f);
 
 }  // namespace cuda
 }  // namespace rp

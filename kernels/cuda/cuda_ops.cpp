@@ -75,19 +75,21 @@ CudaOps::~CudaOps() {
 
 // ---- GEMM ----------------------------------------------------------------------------
 
-CudaOps::Plan& CudaOps::plan_for(const Key& key, bool ta, bool tb, int64_t m, int64_t n,
-                                 int64_t k, int64_t lda, int64_t ldb, int64_t ldc, DType c_t,
-                                 unsigned align_a, unsigned align_b, unsigned align_c) {
+CudaOps::Plan& CudaOps::plan_for(const Key& key, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                                 int64_t lda, int64_t ldb, int64_t ldc, DType c_t, unsigned align_a,
+                                 unsigned align_b, unsigned align_c, const Fp8Operands* fp8) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
   Plan p;
-  const cudaDataType_t ab = cuda_type(dtype_), ct = cuda_type(c_t);
+  const cudaDataType_t ct = cuda_type(c_t);
+  const cudaDataType_t at = fp8 ? fp8->a_type : cuda_type(dtype_), bt = fp8 ? fp8->b_type : cuda_type(dtype_);
   RP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   RP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
   RP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
-  RP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, ab, uint64_t(ta ? k : m), uint64_t(ta ? m : k), lda));
-  RP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, ab, uint64_t(tb ? n : k), uint64_t(tb ? k : n), ldb));
+  if (fp8) set_fp8_attributes(p.op, *fp8);
+  RP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, at, uint64_t(ta ? k : m), uint64_t(ta ? m : k), lda));
+  RP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, bt, uint64_t(tb ? n : k), uint64_t(tb ? k : n), ldb));
   RP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, ct, uint64_t(m), uint64_t(n), ldc));
   cublasLtMatmulPreference_t pref = nullptr;
   RP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -107,10 +109,10 @@ CudaOps::Plan& CudaOps::plan_for(const Key& key, bool ta, bool tb, int64_t m, in
     cublasLtMatrixLayoutDestroy(p.a);
     cublasLtMatrixLayoutDestroy(p.b);
     cublasLtMatrixLayoutDestroy(p.c);
-    throw DeviceError(fmt::format(
-        "cuBLASLt: no algorithm for {}{} GEMM m={} n={} k={} lda={} ldb={} ldc={} ({} -> {}): {}",
-        ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, lda, ldb, ldc, dtype_name(dtype_),
-        dtype_name(c_t), s == CUBLAS_STATUS_SUCCESS ? "none found" : cublasLtGetStatusString(s)));
+    throw DeviceError(
+        fmt::format("cuBLASLt: no algorithm for {}{} GEMM m={} n={} k={} lda={} ldb={} ldc={} ({} -> {}): {}",
+                    ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, lda, ldb, ldc, fp8 ? "fp8" : dtype_name(dtype_),
+                    dtype_name(c_t), s == CUBLAS_STATUS_SUCCESS ? "none found" : cublasLtGetStatusString(s)));
   }
   p.algo = res.algo;
   return plans_.emplace(key, p).first->second;
@@ -128,7 +130,7 @@ void CudaOps::gemm_on(cudaStream_t st, void* ws, bool ta, bool tb, int64_t m, in
   set_device(dev_);
   const unsigned aa = alignment_of(A), ab = alignment_of(B), ac = alignment_of(C);
   const Key key{ta, tb, m, n, k, lda, ldb, ldc, int64_t(c_t), int64_t(aa), int64_t(ab),
-                int64_t(ac), beta != 0.f, int64_t(dtype_)};
+                int64_t(ac), beta != 0.f, int64_t(dtype_), 0, 0};  // 0, 0: not FP8
   std::lock_guard lk(mu_);
   Plan& p = plan_for(key, ta, tb, m, n, k, lda, ldb, ldc, c_t, aa, ab, ac);
   // alpha is read from host memory at the call (CUBLASLT_POINTER_MODE_HOST, the default);
@@ -439,13 +441,11 @@ int parse_grouped_gemm(const char* text) {
   throw std::invalid_argument(fmt::format("RP_CUDA_GROUPED_GEMM='{}': expected grouped, streams or loop", t));
 }
 
-namespace {
 CudaOps& cuda_ops(Ops& ops, const char* fn) {
   auto* c = dynamic_cast<CudaOps*>(&ops);
   if (!c) throw std::invalid_argument(std::string(fn) + ": not a CUDA device's ops");
   return *c;
 }
-}  // namespace
 
 void set_attention_impl(Ops& ops, int impl) {
   CudaOps& c = cuda_ops(ops, "set_attention_impl");

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <tuple>
 
+#include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/cudnn_attention.hpp"
 #include "kernels/ops.hpp"
 
@@ -111,6 +112,20 @@ class CudaOps final : public Ops {
   void swiglu_bwd(const void* g, const void* u, const void* dh, void* dg, void* du,
                   int64_t n) override;
 
+  // FP8 (cuda_ops_fp8.cpp, kernels in cuda_fp8.cu)
+  void fp8_scale(const void* x, int64_t n, Fp8Format f, float* scale) override;
+  void fp8_scale_rows(const void* x, int64_t rows, int64_t cols, Fp8Format f, float* scale) override;
+  void fp8_quantize(const void* x, const float* scale, uint8_t* q, int64_t n, Fp8Format f) override;
+  void fp8_quantize_rows(const void* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols,
+                         Fp8Format f) override;
+  void fp8_quantize_transposed(const void* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols,
+                               Fp8Format f) override;
+  void gemm_fp8(const uint8_t* a, Fp8Format fa, const float* scale_a, const uint8_t* b, Fp8Format fb,
+                const float* scale_b, void* d, int64_t M, int64_t K, int64_t N, bool accumulate) override;
+  /// cuda_backend.hpp's set_fp8_fast_accum / check_fp8_conversions.
+  void set_fp8_fast_accum(bool on) { fp8_fast_accum_ = on; }
+  Fp8ConversionCheck check_fp8_conversions(Fp8Format f);
+
   void lm_head_cross_entropy(const void* h, const void* w, const int32_t* targets, int64_t T,
                              int64_t H, int64_t V, float* loss, void* dh, void* dw,
                              void* scratch, float loss_scale = 1.0f) override;
@@ -172,14 +187,21 @@ class CudaOps final : public Ops {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  using Key = std::array<int64_t, 14>;
+  using Key = std::array<int64_t, 16>;  // gemm_on's fields, then the FP8 operand types (0: none)
+  // FP8 operands of a GEMM (cuda_ops_fp8.cpp): their types, device fp32 scales, fast accumulation.
+  struct Fp8Operands {
+    cudaDataType_t a_type, b_type;
+    const float *scale_a, *scale_b;
+    bool fast_accum;
+  };
+  static void set_fp8_attributes(cublasLtMatmulDesc_t op, const Fp8Operands& f);
   // gemm() on stream st with workspace ws (ws_bytes_ bytes, used by no other stream meanwhile).
   void gemm_on(cudaStream_t st, void* ws, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                const void* A, int64_t lda, const void* B, int64_t ldb, void* C, DType c_t, int64_t ldc,
                float beta, float alpha = 1.0f);
-  Plan& plan_for(const Key& key, bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t lda,
-                 int64_t ldb, int64_t ldc, DType c_t, unsigned align_a, unsigned align_b,
-                 unsigned align_c);
+  Plan& plan_for(const Key& key, bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
+                 int64_t ldc, DType c_t, unsigned align_a, unsigned align_b, unsigned align_c,
+                 const Fp8Operands* fp8 = nullptr);
 
   int dev_;
   cudaStream_t st_;
@@ -191,6 +213,8 @@ class CudaOps final : public Ops {
   std::mutex mu_;
   std::map<Key, Plan> plans_;
   int attn_impl_ = 0;
+  bool fp8_fast_accum_ = false;     // set_fp8_fast_accum
+  int compute_capability_ = -1;     // major * 10 + minor, queried at the first gemm_fp8
   int attn_gqa_ = 0;                // RP_CUDA_ATTENTION_GQA
   size_t attn_scratch_bytes_ = 0;   // 0: Ops::attention_scratch_bytes of the shape
   int64_t last_bwd_passes_ = 0;
@@ -230,5 +254,8 @@ class CudaOps final : public Ops {
   // Scratch bytes the cuDNN paths may use for this shape (the contract unless overridden).
   size_t attention_ws(int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D) const;
 };
+
+/// ops as CudaOps; throws std::invalid_argument "<fn>: not a CUDA device's ops" otherwise.
+CudaOps& cuda_ops(Ops& ops, const char* fn);
 
 }  // namespace rp::cuda

@@ -1,0 +1,295 @@
+// FP8 quantization kernels (Ops::fp8_scale / fp8_scale_rows / fp8_quantize /
+// fp8_quantize_rows): memory-bound, 16-byte loads and stores, every rounding through the
+// scalar code the CPU twin uses (kernels/fp8.hpp), so codes and scales are bit-identical.
+// Also the check of that code against the GPU's own conversion instructions.
+//
+// The per-tensor scale takes two passes over nothing but the scale word: a reduction of
+// max |x| (the fp32 bits of |x| compared as unsigned integers, so NaN, whose bits exceed
+// inf's, wins; atomicMax per block into the scale word, zeroed first) and a one-thread
+// kernel turning that amax into the scale in place. Fusing the reduction into the epilogue
+// of the kernel that produces x (RMSNorm, SwiGLU) is a later step.
+#include <cuda_fp8.h>
+
+#include <algorithm>
+
+#include "kernels/cuda/cuda_backend.hpp"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_fp8.hpp"
+#include "kernels/fp8.hpp"
+
+namespace rp::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kVec = 8;     // elements per load in the reductions (16 bytes of bf16)
+constexpr int kQuant = 16;  // elements per thread step when quantizing (16 bytes of codes)
+
+__device__ __forceinline__ unsigned warp_max_u(unsigned v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// The block's largest value of v (all threads get it).
+__device__ unsigned block_max_u(unsigned v) {
+  __shared__ unsigned part[kThreads / 32];
+  v = warp_max_u(v);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+  __syncthreads();
+  v = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0u;
+  v = warp_max_u(v);
+  __syncthreads();
+  return v;
+}
+
+__device__ __forceinline__ unsigned abs_bits(float v) { return fp8::bits_of(v) & 0x7fffffffu; }
+
+// max |x[i]| over [begin, end) of this thread's share (VEC: begin, end multiples of kVec,
+// x 16-byte aligned).
+template <bool VEC, typename T>
+__device__ unsigned thread_amax(const T* x, int64_t begin, int64_t end, int64_t tid, int64_t stride) {
+  unsigned m = 0;
+  if constexpr (VEC) {
+    for (int64_t i = begin + tid * kVec; i < end; i += stride * kVec) {
+      float v[kVec];
+      load_n<kVec, true>(x + i, v);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) m = max(m, abs_bits(v[j]));
+    }
+  } else {
+    for (int64_t i = begin + tid; i < end; i += stride) m = max(m, abs_bits(to_f(x[i])));
+  }
+  return m;
+}
+
+template <bool VEC, typename T>
+__global__ void amax_kernel(const T* x, int64_t n, unsigned* out) {
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t bulk = VEC ? n / kVec * kVec : n;
+  unsigned m = thread_amax<VEC>(x, 0, bulk, tid, stride);
+  m = max(m, thread_amax<false>(x, bulk, n, tid, stride));  // the tail (VEC)
+  m = block_max_u(m);
+  if (threadIdx.x == 0 && m != 0) atomicMax(out, m);
+}
+
+// scale word holds amax bits: replace them by the scale.
+__global__ void scale_from_amax_kernel(float* scale, Fp8Format f) {
+  scale[0] = fp8::scale_from_amax(fp8::float_of(reinterpret_cast<unsigned*>(scale)[0]), f);
+}
+
+// One block per row.
+template <bool VEC, typename T>
+__global__ void amax_rows_kernel(const T* x, int64_t rows, int64_t cols, Fp8Format f, float* scale) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const unsigned m = block_max_u(thread_amax<VEC>(x + r * cols, 0, cols, threadIdx.x, blockDim.x));
+    if (threadIdx.x == 0) scale[r] = fp8::scale_from_amax(fp8::float_of(m), f);
+  }
+}
+
+// q = quantize(x / scale); ROWS: scale per row of `cols` elements. VEC: x and q 16-byte
+// aligned, groups of kQuant never span two rows (cols a multiple of kQuant).
+template <Fp8Format F, bool ROWS, bool VEC, typename T>
+__global__ void quantize_kernel(const T* x, const float* scale, uint8_t* q, int64_t n, int64_t cols) {
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, stride = int64_t(gridDim.x) * blockDim.x;
+  int64_t done = 0;
+  if constexpr (VEC) {
+    const int64_t groups = n / kQuant;
+    for (int64_t g = tid; g < groups; g += stride) {
+      const int64_t i = g * kQuant;
+      float v[kQuant];
+      load_n<kQuant, true>(x + i, v);
+      const float s = scale[ROWS ? i / cols : 0];
+      alignas(16) uint8_t out[kQuant];
+#pragma unroll
+      for (int j = 0; j < kQuant; ++j) out[j] = fp8::encode<F>(v[j] / s);
+      *reinterpret_cast<uint4*>(q + i) = *reinterpret_cast<const uint4*>(out);
+    }
+    done = groups * kQuant;
+  }
+  for (int64_t i = done + tid; i < n; i += stride) q[i] = fp8::encode<F>(to_f(x[i]) / scale[ROWS ? i / cols : 0]);
+}
+
+unsigned blocks_for(int64_t items) {
+  return unsigned(std::max<int64_t>(1, std::min<int64_t>((items + kThreads - 1) / kThreads, int64_t(num_sms()) * 8)));
+}
+
+template <Fp8Format F, bool ROWS, typename T>
+void launch_quantize(const T* x, const float* scale, uint8_t* q, int64_t n, int64_t cols, cudaStream_t st) {
+  const bool vec = aligned16(x) && aligned16(q) && (!ROWS || cols % kQuant == 0);
+  if (vec)
+    quantize_kernel<F, ROWS, true><<<blocks_for(n / kQuant + 1), kThreads, 0, st>>>(x, scale, q, n, cols);
+  else
+    quantize_kernel<F, ROWS, false><<<blocks_for(n), kThreads, 0, st>>>(x, scale, q, n, cols);
+}
+
+// q[c, r] = encode(x[r, c] / scale[0]) for x [rows, cols]: 64 x 64 tiles through shared
+// memory, each thread reading 16 consecutive values of a row (two 16-byte loads) and writing
+// 16 consecutive codes of a column (one 16-byte store). rows and cols multiples of 64, x and q
+// 16-byte aligned.
+constexpr int kTile = 64;
+template <Fp8Format F, typename T>
+__global__ void quantize_transposed_tiles(const T* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols) {
+  __shared__ __align__(16) uint8_t tile[kTile][kTile + 16];  // tile[c][r]
+  const float s = scale[0];
+  const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
+  const int lr = threadIdx.x / 4, lc = (threadIdx.x % 4) * 16;  // 256 threads: 64 rows x 4 chunks
+  float v[16];
+  load_n<16, true>(x + (r0 + lr) * cols + c0 + lc, v);
+#pragma unroll
+  for (int j = 0; j < 16; ++j) tile[lc + j][lr] = fp8::encode<F>(v[j] / s);
+  __syncthreads();
+  *reinterpret_cast<uint4*>(q + (c0 + lr) * rows + r0 + lc) = *reinterpret_cast<const uint4*>(&tile[lr][lc]);
+}
+
+// The same, one element per thread (any shape and alignment).
+template <Fp8Format F, typename T>
+__global__ void quantize_transposed_scalar(const T* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols) {
+  const int64_t n = rows * cols, stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const int64_t c = i / rows, r = i - c * rows;  // consecutive threads write consecutive codes
+    q[i] = fp8::encode<F>(to_f(x[r * cols + c]) / scale[0]);
+  }
+}
+
+template <Fp8Format F, typename T>
+void launch_transposed(const T* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols, cudaStream_t st) {
+  if (rows % kTile == 0 && cols % kTile == 0 && aligned16(x) && aligned16(q) && rows / kTile <= 65535)
+    quantize_transposed_tiles<F><<<dim3(unsigned(cols / kTile), unsigned(rows / kTile)), kThreads, 0, st>>>(
+        x, scale, q, rows, cols);
+  else
+    quantize_transposed_scalar<F><<<blocks_for(rows * cols), kThreads, 0, st>>>(x, scale, q, rows, cols);
+}
+
+// ---- the check against the hardware conversion -------------------------------------------
+
+__device__ __forceinline__ bool is_nan_code(Fp8Format f, uint8_t c) {
+  return f == Fp8Format::e4m3 ? (c & 0x7f) == 0x7f : (c & 0x7f) > 0x7c;
+}
+
+// Every fp32 bit pattern u < 2^32: our encode against __nv_cvt_float_to_fp8 (the
+// cvt.rn.satfinite instruction on sm_89+). out[0]: mismatches among non-NaN inputs;
+// out[1]: the smallest such u; out[2]: NaN inputs whose codes differ (both must be NaN codes,
+// else counted in out[0] too).
+template <Fp8Format F>
+__global__ void encode_check_kernel(unsigned long long* out) {
+  const __nv_fp8_interpretation_t fmt = F == Fp8Format::e4m3 ? __NV_E4M3 : __NV_E5M2;
+  const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
+  unsigned long long bad = 0, nan_diff = 0, first = ~0ull;
+  for (uint64_t u = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; u < (uint64_t(1) << 32); u += stride) {
+    const float x = fp8::float_of(uint32_t(u));
+    const uint8_t ours = fp8::encode<F>(x);
+    const uint8_t hw = uint8_t(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, fmt));
+    if (ours == hw) continue;
+    if (x != x && is_nan_code(F, ours) && is_nan_code(F, hw)) {
+      ++nan_diff;
+      continue;
+    }
+    ++bad;
+    first = min(first, (unsigned long long)u);
+  }
+  if (bad) {
+    atomicAdd(&out[0], bad);
+    atomicMin(&out[1], first);
+  }
+  if (nan_diff) atomicAdd(&out[2], nan_diff);
+}
+
+// The 256 codes: our decode against the hardware's fp8 -> f16 conversion (exact), as fp32
+// bits (NaN codes: both NaN). out[3] counts the codes that differ.
+template <Fp8Format F>
+__global__ void decode_check_kernel(unsigned long long* out) {
+  const __nv_fp8_interpretation_t fmt = F == Fp8Format::e4m3 ? __NV_E4M3 : __NV_E5M2;
+  const uint8_t c = uint8_t(threadIdx.x);
+  const float ours = fp8::decode<F>(c);
+  const float hw = __half2float(__half(__nv_cvt_fp8_to_halfraw(c, fmt)));
+  const bool same = (ours != ours && hw != hw) || fp8::bits_of(ours) == fp8::bits_of(hw);
+  if (!same) atomicAdd(&out[3], 1ull);
+}
+
+}  // namespace
+
+void k_fp8_scale(DType t, const void* x, int64_t n, Fp8Format f, float* scale, cudaStream_t st) {
+  RP_CUDA_CHECK(cudaMemsetAsync(scale, 0, 4, st));
+  if (n > 0) {
+    RP_DISPATCH_ANY("fp8_scale", t, T, {
+      const T* xt = static_cast<const T*>(x);
+      if (aligned16(x))
+        amax_kernel<true><<<blocks_for(n / kVec + 1), kThreads, 0, st>>>(xt, n, reinterpret_cast<unsigned*>(scale));
+      else
+        amax_kernel<false><<<blocks_for(n), kThreads, 0, st>>>(xt, n, reinterpret_cast<unsigned*>(scale));
+    });
+    RP_CUDA_LAUNCH_CHECK("fp8 amax");
+  }
+  scale_from_amax_kernel<<<1, 1, 0, st>>>(scale, f);
+  RP_CUDA_LAUNCH_CHECK("fp8 scale_from_amax");
+}
+
+void k_fp8_scale_rows(DType t, const void* x, int64_t rows, int64_t cols, Fp8Format f, float* scale,
+                      cudaStream_t st) {
+  if (rows <= 0) return;
+  const unsigned grid = unsigned(std::min<int64_t>(rows, int64_t(1) << 30));
+  RP_DISPATCH_ANY("fp8_scale_rows", t, T, {
+    const T* xt = static_cast<const T*>(x);
+    if (aligned16(x) && cols % kVec == 0)
+      amax_rows_kernel<true><<<grid, kThreads, 0, st>>>(xt, rows, cols, f, scale);
+    else
+      amax_rows_kernel<false><<<grid, kThreads, 0, st>>>(xt, rows, cols, f, scale);
+  });
+  RP_CUDA_LAUNCH_CHECK("fp8 amax rows");
+}
+
+void k_fp8_quantize(DType t, const void* x, const float* scale, uint8_t* q, int64_t n, int64_t cols, bool rows,
+                    Fp8Format f, cudaStream_t st) {
+  if (n <= 0) return;
+  RP_DISPATCH_ANY("fp8_quantize", t, T, {
+    const T* xt = static_cast<const T*>(x);
+    if (f == Fp8Format::e4m3)
+      rows ? launch_quantize<Fp8Format::e4m3, true>(xt, scale, q, n, cols, st)
+           : launch_quantize<Fp8Format::e4m3, false>(xt, scale, q, n, cols, st);
+    else
+      rows ? launch_quantize<Fp8Format::e5m2, true>(xt, scale, q, n, cols, st)
+           : launch_quantize<Fp8Format::e5m2, false>(xt, scale, q, n, cols, st);
+  });
+  RP_CUDA_LAUNCH_CHECK("fp8 quantize");
+}
+
+void k_fp8_quantize_transposed(DType t, const void* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols,
+                               Fp8Format f, cudaStream_t st) {
+  if (rows <= 0 || cols <= 0) return;
+  RP_DISPATCH_ANY("fp8_quantize_transposed", t, T, {
+    const T* xt = static_cast<const T*>(x);
+    if (f == Fp8Format::e4m3)
+      launch_transposed<Fp8Format::e4m3>(xt, scale, q, rows, cols, st);
+    else
+      launch_transposed<Fp8Format::e5m2>(xt, scale, q, rows, cols, st);
+  });
+  RP_CUDA_LAUNCH_CHECK("fp8 quantize transposed");
+}
+
+Fp8ConversionCheck k_fp8_check_conversions(Fp8Format f, cudaStream_t st) {
+  unsigned long long* d = nullptr;
+  RP_CUDA_CHECK(cudaMalloc(&d, 4 * sizeof(unsigned long long)));
+  const unsigned long long init[4] = {0, ~0ull, 0, 0};
+  RP_CUDA_CHECK(cudaMemcpyAsync(d, init, sizeof(init), cudaMemcpyHostToDevice, st));
+  const unsigned grid = unsigned(num_sms()) * 16;
+  if (f == Fp8Format::e4m3) {
+    encode_check_kernel<Fp8Format::e4m3><<<grid, kThreads, 0, st>>>(d);
+    decode_check_kernel<Fp8Format::e4m3><<<1, 256, 0, st>>>(d);
+  } else {
+    encode_check_kernel<Fp8Format::e5m2><<<grid, kThreads, 0, st>>>(d);
+    decode_check_kernel<Fp8Format::e5m2><<<1, 256, 0, st>>>(d);
+  }
+  RP_CUDA_LAUNCH_CHECK("fp8 conversion check");
+  unsigned long long h[4];
+  RP_CUDA_CHECK(cudaMemcpyAsync(h, d, sizeof(h), cudaMemcpyDeviceToHost, st));
+  RP_CUDA_CHECK(cudaStreamSynchronize(st));
+  RP_CUDA_CHECK(cudaFree(d));
+  Fp8ConversionCheck r;
+  r.encode_mismatches = h[0];
+  r.first_mismatch_bits = h[0] ? uint32_t(h[1]) : 0;
+  r.nan_code_differences = h[2];
+  r.decode_mismatches = h[3];
+  return r;
+}
+
+}  // namespace rp::cuda

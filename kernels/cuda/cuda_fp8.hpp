@@ -1,0 +1,32 @@
+// Host-side launchers of the FP8 kernels (cuda_fp8.cu; CPU twin kernels/cpu/cpu_fp8.cpp),
+// internal to kernels/cuda. Each enqueues on `st` and throws rp::DeviceError when a launch
+// fails; `t` is the storage type of the input (f32, bf16 or f16).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/cuda_backend.hpp"  // Fp8ConversionCheck
+#include "kernels/dtype.hpp"
+#include "kernels/fp8.hpp"
+
+namespace rp::cuda {
+
+/// Ops::fp8_scale: zeroes scale[0], reduces max |x| into it (as fp32 bits), then replaces it by
+/// fp8::scale_from_amax (x: n elements of t).
+void k_fp8_scale(DType t, const void* x, int64_t n, Fp8Format f, float* scale, cudaStream_t st);
+/// Ops::fp8_scale_rows (one block per row).
+void k_fp8_scale_rows(DType t, const void* x, int64_t rows, int64_t cols, Fp8Format f, float* scale,
+                      cudaStream_t st);
+/// Ops::fp8_quantize (rows false: scale[0]) or fp8_quantize_rows (rows true: scale[i / cols]).
+void k_fp8_quantize(DType t, const void* x, const float* scale, uint8_t* q, int64_t n, int64_t cols,
+                    bool rows, Fp8Format f, cudaStream_t st);
+/// Ops::fp8_quantize_transposed: 64 x 64 tiles through shared memory (16-byte loads and
+/// stores) when rows and cols are multiples of 64 and x, q 16-byte aligned, else one element
+/// per thread.
+void k_fp8_quantize_transposed(DType t, const void* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols,
+                               Fp8Format f, cudaStream_t st);
+/// cuda_backend.hpp's check_fp8_conversions (waits for st).
+Fp8ConversionCheck k_fp8_check_conversions(Fp8Format f, cudaStream_t st);
+
+}  // namespace rp::cuda

@@ -1,0 +1,124 @@
+// CudaOps for FP8 compute (kernels/ops.hpp, "FP8 compute"): argument checks (as the CPU twin's,
+// before anything is enqueued), the quantization launches (cuda_fp8.cu) and the FP8 GEMM
+// through cuBLASLt.
+//
+// cuBLASLt's FP8 GEMM on Hopper needs the "TN" layout (A transposed, B not, column-major
+// terms: both operands with K contiguous), fp32 compute and scale type, and leading
+// dimensions that are multiples of 16 bytes. Row-major D[M,N] = A[M,K] B[N,K]^T is
+// column-major D^T[N,M] = B^T(T) A^T(N): cuBLASLt's A is our B (op T, ld K), its B our A
+// (op N, ld K), its D ours with ld N; its A/B scale pointers are our scale_b/scale_a. The
+// scales (device fp32) multiply the fp32 sum: D = scale_a*scale_b*sum (+ C when beta = 1).
+#include <fmt/format.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/cuda_fp8.hpp"
+#include "kernels/cuda/cuda_ops.hpp"
+
+namespace rp::cuda {
+namespace {
+
+void require(bool cond, const char* op, const std::string& what) {
+  if (!cond) throw std::invalid_argument(std::string(op) + ": " + what);
+}
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+cudaDataType_t fp8_type(Fp8Format f) { return f == Fp8Format::e4m3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
+
+}  // namespace
+
+void CudaOps::fp8_scale(const void* x, int64_t n, Fp8Format f, float* scale) {
+  require(n >= 0, "fp8_scale", "negative element count");
+  require(scale != nullptr && (n == 0 || x != nullptr), "fp8_scale", "null input or scale");
+  set_device(dev_);
+  k_fp8_scale(dtype_, x, n, f, scale, st_);
+}
+
+void CudaOps::fp8_scale_rows(const void* x, int64_t rows, int64_t cols, Fp8Format f, float* scale) {
+  require(rows >= 0 && cols >= 0, "fp8_scale_rows", "negative dimension");
+  set_device(dev_);
+  k_fp8_scale_rows(dtype_, x, rows, cols, f, scale, st_);
+}
+
+void CudaOps::fp8_quantize(const void* x, const float* scale, uint8_t* q, int64_t n, Fp8Format f) {
+  require(n >= 0, "fp8_quantize", "negative element count");
+  set_device(dev_);
+  k_fp8_quantize(dtype_, x, scale, q, n, n, false, f, st_);
+}
+
+void CudaOps::fp8_quantize_rows(const void* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols,
+                                Fp8Format f) {
+  require(rows >= 0 && cols >= 0, "fp8_quantize_rows", "negative dimension");
+  set_device(dev_);
+  k_fp8_quantize(dtype_, x, scale, q, rows * cols, cols, true, f, st_);
+}
+
+void CudaOps::fp8_quantize_transposed(const void* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols,
+                                      Fp8Format f) {
+  require(rows >= 0 && cols >= 0, "fp8_quantize_transposed", "negative dimension");
+  set_device(dev_);
+  k_fp8_quantize_transposed(dtype_, x, scale, q, rows, cols, f, st_);
+}
+
+void CudaOps::set_fp8_attributes(cublasLtMatmulDesc_t op, const Fp8Operands& f) {
+  const int8_t fast = f.fast_accum ? 1 : 0;
+  RP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+  // cuBLASLt's A is our B and its B our A (see the top of this file)
+  RP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &f.scale_b,
+                                                 sizeof(f.scale_b)));
+  RP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &f.scale_a,
+                                                 sizeof(f.scale_a)));
+}
+
+void CudaOps::gemm_fp8(const uint8_t* a, Fp8Format fa, const float* scale_a, const uint8_t* b, Fp8Format fb,
+                       const float* scale_b, void* d, int64_t M, int64_t K, int64_t N, bool accumulate) {
+  const char* op = "gemm_fp8";
+  require(M >= 0 && K >= 0 && N >= 0, op, "negative dimension");
+  require(!(fa == Fp8Format::e5m2 && fb == Fp8Format::e5m2), op,
+          "both operands e5m2 (cuBLASLt has no e5m2 x e5m2 GEMM; quantize one of them to e4m3)");
+  set_device(dev_);
+  if (compute_capability_ < 0) {
+    int major = 0, minor = 0;
+    RP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev_));
+    RP_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev_));
+    compute_capability_ = major * 10 + minor;
+  }
+  if (compute_capability_ < 89)
+    throw DeviceError(
+        fmt::format("gemm_fp8: GPU {} has compute capability {}.{}; FP8 tensor cores need 8.9 or newer", dev_,
+                    compute_capability_ / 10, compute_capability_ % 10));
+  if (M == 0 || N == 0) return;
+  require(K % 16 == 0 && N % 16 == 0, op,
+          fmt::format("K = {} and N = {} must be multiples of 16 (cuBLASLt's FP8 layout)", K, N));
+  require(a && b && d && scale_a && scale_b, op, "null operand, scale or output");
+  require(aligned16(a) && aligned16(b) && aligned16(d), op, "operands and output must be 16-byte aligned");
+  if (K == 0) {  // cuBLASLt has no k = 0 GEMM: the sum is empty
+    if (!accumulate) fill(dtype_, d, M * N, 0.f);
+    return;
+  }
+  const Fp8Operands f8{fp8_type(fb), fp8_type(fa), scale_a, scale_b, fp8_fast_accum_};
+  const unsigned al = 16;  // checked above; cuBLASLt may assume no more
+  // the plan key of gemm_on's fields (TN, m = N, n = M, ...), then the operand types and fast accumulation
+  const Key key{1, 0, N, M, K, K, K, N, int64_t(dtype_), al, al, al, accumulate, int64_t(dtype_),
+                int64_t(f8.a_type) * 256 + int64_t(f8.b_type), f8.fast_accum ? 1 : 0};
+  const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
+  std::lock_guard lk(mu_);
+  Plan& p = plan_for(key, true, false, N, M, K, K, K, N, dtype_, al, al, al, &f8);
+  set_fp8_attributes(p.op, f8);  // this call's scale pointers
+  RP_CUBLAS_CHECK(
+      cublasLtMatmul(lt_, p.op, &alpha, b, p.a, a, p.b, &beta, d, p.c, d, p.c, &p.algo, ws_, ws_bytes_, st_));
+}
+
+Fp8ConversionCheck CudaOps::check_fp8_conversions(Fp8Format f) {
+  set_device(dev_);
+  return k_fp8_check_conversions(f, st_);
+}
+
+void set_fp8_fast_accum(Ops& ops, bool on) { cuda_ops(ops, "set_fp8_fast_accum").set_fp8_fast_accum(on); }
+
+Fp8ConversionCheck check_fp8_conversions(Ops& ops, Fp8Format f) {
+  return cuda_ops(ops, "check_fp8_conversions").check_fp8_conversions(f);
+}
+
+}  // namespace rp::cuda

@@ -1,0 +1,321 @@
+// The CUDA backend's FP8 ops against their CPU twins (kernels/cpu/cpu_fp8.cpp): scales and
+// codes bit for bit (random bf16 inputs with outliers, odd sizes, misaligned starts, NaN-
+// poisoned outputs, non-finite inputs), the conversion code against the GPU's own cvt
+// instructions over every fp32 value, and the FP8 GEMM (exactly on integer-valued operands;
+// within the bound of its accumulation otherwise). Skipped, saying so, without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/fp8.hpp"
+#include "tests/kernels/fp8_ref.hpp"
+#include "tests/kernels/test_cuda_fixtures.hpp"
+#ifdef RP_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.hpp"
+#endif
+
+namespace rp::cudatest {
+namespace {
+
+using Codes = std::vector<uint8_t>;
+
+class CudaFp8 : public CudaOpsTest {
+ protected:
+  DT bytes(int64_t n, uint8_t fill) {
+    DT d = alloc((n + 3) / 4 + 1, DType::i32);
+    Codes h(size_t(d.n) * 4, fill);
+    cs().copy_h2d(d.get(), h.data(), h.size());
+    cs().synchronize();
+    return d;
+  }
+  Codes download_bytes(const void* p, int64_t n) {
+    Codes h(static_cast<size_t>(n));
+    cs().copy_d2h(h.data(), p, size_t(n));
+    cs().synchronize();
+    return h;
+  }
+  DT upload_bytes(const Codes& h) {
+    DT d = bytes(int64_t(h.size()), 0);
+    cs().copy_h2d(d.get(), h.data(), h.size());
+    cs().synchronize();
+    return d;
+  }
+  // scale bits equal (NaN: both NaN)
+  static bool same_scale(float a, float b) {
+    uint32_t x, y;
+    std::memcpy(&x, &a, 4);
+    std::memcpy(&y, &b, 4);
+    return x == y || (std::isnan(a) && std::isnan(b));
+  }
+  // the GEMM refuses (rp::DeviceError) without FP8 tensor cores; quantization runs everywhere
+  bool fp8_capable() { return gemm_probe(); }
+  bool gemm_probe() {
+    try {
+      DT a = bytes(256, 0), s = upload_scale(1.f), d = poisoned(256, ct());
+      ops().gemm_fp8(a.as<uint8_t>(), Fp8Format::e4m3, s.as<float>(), a.as<uint8_t>(), Fp8Format::e4m3,
+                     s.as<float>(), d.get(), 16, 16, 16, false);
+      sync_ok();
+      return true;
+    } catch (const DeviceError&) {
+      return false;
+    }
+  }
+  DT upload_scale(float s) {
+    VecF v{s};
+    return upload(v, DType::f32);
+  }
+};
+
+#ifdef RP_HAVE_CUDA
+// fp8::encode / decode equal the hardware's conversions on every fp32 input and every code.
+TEST_F(CudaFp8, SharedConversionEqualsTheHardwareOnEveryFloat) {
+  for (Fp8Format f : {Fp8Format::e4m3, Fp8Format::e5m2}) {
+    const cuda::Fp8ConversionCheck r = cuda::check_fp8_conversions(ops(), f);
+    EXPECT_EQ(r.encode_mismatches, 0u)
+        << fp8_format_name(f) << ": first mismatch at fp32 bits 0x" << std::hex << r.first_mismatch_bits;
+    EXPECT_EQ(r.decode_mismatches, 0u) << fp8_format_name(f);
+    std::printf(
+        "[ info ] %s: %llu NaN inputs got another NaN code than the hardware's (codes compared for NaN-ness "
+        "only)\n",
+        fp8_format_name(f), (unsigned long long)r.nan_code_differences);
+  }
+}
+#endif
+
+// Scales (per tensor, per row) and codes (both variants) from bf16 inputs equal the CPU
+// twin's on the same (bf16-rounded) values, bit for bit.
+TEST_F(CudaFp8, ScalesAndCodesEqualTheCpuTwin) {
+  struct Shape {
+    int64_t rows, cols, offset;  // offset: elements the tensor starts past a 256-byte boundary
+  } shapes[] = {{64, 2048, 0}, {33, 1000, 0}, {17, 48, 1}, {1, 7, 3}, {128, 6144, 0}};
+  for (const Shape& sh : shapes)
+    for (Fp8Format f : {Fp8Format::e4m3, Fp8Format::e5m2}) {
+      const int64_t n = sh.rows * sh.cols;
+      VecF x = fp8ref::normal_with_outliers(size_t(n + sh.offset), uint32_t(n + sh.offset));
+      DT xd = upload(x, ct());
+      const void* xp = static_cast<const char*>(xd.get()) + sh.offset * int64_t(dtype_size(ct()));
+      const float* xh = x.data() + sh.offset;
+      DT s = poisoned(1, DType::f32), rs = poisoned(sh.rows, DType::f32);
+      DT q = bytes(n + 1, 0xab), qr = bytes(n + 1, 0xab);
+      uint8_t* qp = q.as<uint8_t>() + (sh.offset ? 1 : 0);  // a misaligned output with the misaligned input
+      run([&](Ops& o) {
+        o.fp8_scale(xp, n, f, s.as<float>());
+        o.fp8_scale_rows(xp, sh.rows, sh.cols, f, rs.as<float>());
+        o.fp8_quantize(xp, s.as<float>(), qp, n, f);
+        o.fp8_quantize_rows(xp, rs.as<float>(), qr.as<uint8_t>(), sh.rows, sh.cols, f);
+      });
+      float cs_ = 0;
+      VecF crs(size_t(sh.rows));
+      Codes cq(static_cast<size_t>(n)), cqr(static_cast<size_t>(n));
+      cpu_->fp8_scale(xh, n, f, &cs_);
+      cpu_->fp8_scale_rows(xh, sh.rows, sh.cols, f, crs.data());
+      cpu_->fp8_quantize(xh, &cs_, cq.data(), n, f);
+      cpu_->fp8_quantize_rows(xh, crs.data(), cqr.data(), sh.rows, sh.cols, f);
+      const std::string what = std::string(fp8_format_name(f)) + " " + std::to_string(sh.rows) + "x" +
+                               std::to_string(sh.cols) + " +" + std::to_string(sh.offset);
+      const VecF gs = download(s), grs = download(rs);
+      EXPECT_TRUE(same_scale(gs[0], cs_)) << what << ": " << gs[0] << " vs " << cs_;
+      for (int64_t r = 0; r < sh.rows; ++r)
+        ASSERT_TRUE(same_scale(grs[size_t(r)], crs[size_t(r)])) << what << " row " << r;
+      const Codes gq = download_bytes(qp, n), gqr = download_bytes(qr.get(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(int(gq[size_t(i)]), int(cq[size_t(i)])) << what << " element " << i;
+        ASSERT_EQ(int(gqr[size_t(i)]), int(cqr[size_t(i)])) << what << " (rows) element " << i;
+      }
+      EXPECT_EQ(int(download_bytes(qp + n, 1)[0]), 0xab) << what << ": wrote past the end";
+    }
+}
+
+// Codes of x^T equal the CPU twin's: the tiled path (multiples of 64, aligned) and the
+// element-wise one (other shapes, a misaligned start).
+TEST_F(CudaFp8, TransposedCodesEqualTheCpuTwin) {
+  struct Shape {
+    int64_t rows, cols, offset;
+  } shapes[] = {{128, 192, 0}, {64, 64, 0}, {2048, 1024, 0}, {33, 50, 0}, {128, 64, 1}};
+  for (const Shape& sh : shapes)
+    for (Fp8Format f : {Fp8Format::e4m3, Fp8Format::e5m2}) {
+      const int64_t n = sh.rows * sh.cols;
+      VecF x = fp8ref::normal_with_outliers(size_t(n + sh.offset), uint32_t(n + 3));
+      DT xd = upload(x, ct());
+      const void* xp = static_cast<const char*>(xd.get()) + sh.offset * int64_t(dtype_size(ct()));
+      DT s = poisoned(1, DType::f32), q = bytes(n + 1, 0xab);
+      run([&](Ops& o) {
+        o.fp8_scale(xp, n, f, s.as<float>());
+        o.fp8_quantize_transposed(xp, s.as<float>(), q.as<uint8_t>(), sh.rows, sh.cols, f);
+      });
+      float cs_ = 0;
+      Codes cq(static_cast<size_t>(n));
+      cpu_->fp8_scale(x.data() + sh.offset, n, f, &cs_);
+      cpu_->fp8_quantize_transposed(x.data() + sh.offset, &cs_, cq.data(), sh.rows, sh.cols, f);
+      const Codes gq = download_bytes(q.get(), n + 1);
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(int(gq[size_t(i)]), int(cq[size_t(i)])) << fp8_format_name(f) << " " << sh.rows << "x" << sh.cols
+                                                          << " +" << sh.offset << " element " << i;
+      EXPECT_EQ(int(gq[size_t(n)]), 0xab) << "wrote past the end";
+    }
+}
+
+// Zeros give scale 1, an inf an inf scale, a NaN a NaN scale, on both backends alike; the
+// codes under those scales agree too (all NaN codes under a NaN scale).
+TEST_F(CudaFp8, NonFiniteAndZeroTensors) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (int which = 0; which < 3; ++which) {
+    VecF x(1000, 0.f);
+    if (which >= 1) x[123] = -inf, x[5] = 2.f;
+    if (which == 2) x[700] = nan;
+    DT xd = upload(x, ct());
+    DT s = poisoned(1, DType::f32), q = bytes(1000, 0xab);
+    run([&](Ops& o) {
+      o.fp8_scale(xd.get(), 1000, Fp8Format::e4m3, s.as<float>());
+      o.fp8_quantize(xd.get(), s.as<float>(), q.as<uint8_t>(), 1000, Fp8Format::e4m3);
+    });
+    float cs_ = 0;
+    Codes cq(1000);
+    cpu_->fp8_scale(x.data(), 1000, Fp8Format::e4m3, &cs_);
+    cpu_->fp8_quantize(x.data(), &cs_, cq.data(), 1000, Fp8Format::e4m3);
+    const float gs = download(s)[0];
+    EXPECT_TRUE(same_scale(gs, cs_)) << which << ": " << gs << " vs " << cs_;
+    if (which == 0) {
+      EXPECT_EQ(gs, 1.f);
+    } else if (which == 1) {
+      EXPECT_EQ(gs, inf);
+    } else {
+      EXPECT_TRUE(std::isnan(gs));
+    }
+    EXPECT_EQ(download_bytes(q.get(), 1000), cq) << which;
+  }
+}
+
+// Integer-valued operands whose every partial sum is exact at any precision the hardware
+// uses, and power-of-two scales: the GPU result equals the CPU twin's exactly.
+TEST_F(CudaFp8, GemmIsExactOnSmallIntegers) {
+  if (!fp8_capable()) GTEST_SKIP() << "no FP8 tensor cores on " << dev().name();
+  const int64_t M = 48, K = 64, N = 32;
+  for (bool acc : {false, true}) {
+    std::mt19937 g(acc ? 5 : 4);
+    const int lim = acc ? 1 : 2;  // |sum| <= K*lim^2, scaled by 1/8: exact in bf16 with C added
+    std::uniform_int_distribution<int> v(-lim, lim), cv(-8, 8);
+    Codes a(size_t(M * K)), b(size_t(N * K));
+    for (auto& c : a) c = fp8::encode(Fp8Format::e4m3, float(v(g)));
+    for (auto& c : b) c = fp8::encode(Fp8Format::e4m3, float(v(g)));
+    VecF d0(size_t(M * N));
+    for (auto& x : d0) x = acc ? float(cv(g)) : std::numeric_limits<float>::quiet_NaN();
+    DT ad = upload_bytes(a), bd = upload_bytes(b), sa = upload_scale(0.5f), sb = upload_scale(0.25f);
+    DT dd = acc ? upload(d0, ct()) : poisoned(M * N, ct());
+    run([&](Ops& o) {
+      o.gemm_fp8(ad.as<uint8_t>(), Fp8Format::e4m3, sa.as<float>(), bd.as<uint8_t>(), Fp8Format::e4m3,
+                 sb.as<float>(), dd.get(), M, K, N, acc);
+    });
+    const float s_a = 0.5f, s_b = 0.25f;
+    VecF want = d0;
+    cpu_->gemm_fp8(a.data(), Fp8Format::e4m3, &s_a, b.data(), Fp8Format::e4m3, &s_b, want.data(), M, K, N,
+                   acc);
+    EXPECT_EQ(download(dd), want) << (acc ? "accumulate" : "overwrite");
+  }
+}
+
+// Random activations with outliers and weights, quantized on the GPU, multiplied there and on
+// the CPU. The two sums differ by (1) the order of fp32 additions, at most K * 2^-24 of
+// sum|a b| (the products are exact), and (2) the tensor cores' own addition inside each
+// k-block before cuBLASLt adds the blocks in fp32, which keeps about 14 significant bits
+// (DeepSeek-V3 technical report, sec. 3.3.2): about 2^-13 of sum|a b| per block sum, so 2^-12
+// overall with margin. Each GPU output, rounded once to bf16, must therefore lie between the
+// bf16 roundings of c - e and c + e with c the CPU's fp32 result and e = (K*2^-24 + 2^-12)
+// * sum|a b| * scale; the largest error seen (beyond bf16's half step) is printed.
+TEST_F(CudaFp8, GemmWithinItsAccumulationBound) {
+  if (!fp8_capable()) GTEST_SKIP() << "no FP8 tensor cores on " << dev().name();
+  struct Shape {
+    int64_t M, K, N;
+  };
+  for (const Shape sh : {Shape{256, 1024, 192}, Shape{64, 4096, 128}})
+    for (bool acc : {false, true}) {
+      const int64_t M = sh.M, K = sh.K, N = sh.N;
+      VecF x = fp8ref::normal_with_outliers(size_t(M * K), uint32_t(K + 1)),
+           w = ref::randn(size_t(N * K), 9, 0.02f);
+      VecF c0 = ref::randn(size_t(M * N), 10, 0.5f);
+      DT xd = upload(x, ct()), wd = upload(w, ct());
+      DT sx = poisoned(1, DType::f32), sw = poisoned(1, DType::f32), qx = bytes(M * K, 0xab),
+         qw = bytes(N * K, 0xab);
+      DT dd = acc ? upload(c0, ct()) : poisoned(M * N, ct());
+      run([&](Ops& o) {
+        o.fp8_scale(xd.get(), M * K, Fp8Format::e4m3, sx.as<float>());
+        o.fp8_scale(wd.get(), N * K, Fp8Format::e4m3, sw.as<float>());
+        o.fp8_quantize(xd.get(), sx.as<float>(), qx.as<uint8_t>(), M * K, Fp8Format::e4m3);
+        o.fp8_quantize(wd.get(), sw.as<float>(), qw.as<uint8_t>(), N * K, Fp8Format::e4m3);
+        o.gemm_fp8(qx.as<uint8_t>(), Fp8Format::e4m3, sx.as<float>(), qw.as<uint8_t>(), Fp8Format::e4m3,
+                   sw.as<float>(), dd.get(), M, K, N, acc);
+      });
+      const Codes a = download_bytes(qx.get(), M * K), b = download_bytes(qw.get(), N * K);
+      const float s_a = download(sx)[0], s_b = download(sw)[0];
+      VecF c = c0;
+      cpu_->gemm_fp8(a.data(), Fp8Format::e4m3, &s_a, b.data(), Fp8Format::e4m3, &s_b, c.data(), M, K, N,
+                     acc);
+      const VecF got = download(dd);
+      const double s = double(s_a) * s_b;
+      double worst = 0;
+      int64_t exact = 0;
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) {
+          double mag = 0;
+          for (int64_t k = 0; k < K; ++k)
+            mag += std::fabs(fp8::decode(Fp8Format::e4m3, a[size_t(m * K + k)]) *
+                             double(fp8::decode(Fp8Format::e4m3, b[size_t(n * K + k)])));
+          const double e = (double(K) * std::ldexp(1.0, -24) + std::ldexp(1.0, -12)) * mag * s;
+          const float ci = c[size_t(m * N + n)], gi = got[size_t(m * N + n)];
+          const float lo = round_to(ct(), float(ci - e)), hi = round_to(ct(), float(ci + e));
+          ASSERT_TRUE(gi >= lo && gi <= hi)
+              << "M=" << M << " K=" << K << " (" << m << "," << n << "): GPU " << gi << ", CPU " << ci
+              << ", allowed [" << lo << ", " << hi << "]";
+          exact += gi == round_to(ct(), ci) ? 1 : 0;
+          const double half_step = std::fabs(double(ci)) * std::ldexp(1.0, -9);
+          worst = std::max(worst, (std::fabs(double(gi) - ci) - half_step) / (mag * s));
+        }
+      std::printf(
+          "[ info ] gemm_fp8 M=%lld K=%lld N=%lld%s: %lld of %lld outputs equal the CPU's rounded; largest "
+          "error beyond bf16 rounding %.2e of sum|a b|*scale (bound %.2e)\n",
+          (long long)M, (long long)K, (long long)N, acc ? " +C" : "", (long long)exact, (long long)(M * N),
+          std::max(worst, 0.0), double(K) * std::ldexp(1.0, -24) + std::ldexp(1.0, -12));
+    }
+}
+
+// Shapes cuBLASLt's FP8 layout cannot take, both operands e5m2, misaligned operands: one
+// std::invalid_argument before anything is enqueued (the output stays poisoned).
+TEST_F(CudaFp8, GemmRefusesShapesCublasLtCannotDo) {
+  if (!fp8_capable()) GTEST_SKIP() << "no FP8 tensor cores on " << dev().name();
+  DT a = bytes(64 * 64 + 16, 0x38), s = upload_scale(1.f), d = poisoned(64 * 64 + 8, ct());
+  const uint8_t* ap = a.as<uint8_t>();
+  const float* sp = s.as<float>();
+  auto call = [&](const uint8_t* x, Fp8Format fa, Fp8Format fb, int64_t M, int64_t K, int64_t N) {
+    ops().gemm_fp8(x, fa, sp, ap, fb, sp, d.get(), M, K, N, false);
+  };
+  const Fp8Format e4 = Fp8Format::e4m3, e5 = Fp8Format::e5m2;
+  EXPECT_THROW(call(ap, e4, e4, 16, 24, 16), std::invalid_argument);  // K not a multiple of 16
+  EXPECT_THROW(call(ap, e4, e4, 16, 16, 40), std::invalid_argument);  // N not a multiple of 16
+  EXPECT_THROW(call(ap, e5, e5, 16, 16, 16), std::invalid_argument);
+  EXPECT_THROW(call(ap + 8, e4, e4, 16, 16, 16), std::invalid_argument);  // misaligned A
+  try {
+    call(ap, e4, e4, 16, 24, 16);
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("gemm_fp8"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("16"), std::string::npos) << e.what();
+  }
+  sync_ok();
+  for (float v : download(d)) ASSERT_TRUE(std::isnan(v));
+  // e5m2 activations (gradients) times e4m3 weights are a supported pair
+  run([&](Ops& o) { o.gemm_fp8(ap, e5, sp, ap, e4, sp, d.get(), 16, 64, 16, false); });
+  VecF want(16 * 16);
+  const float one = 1.f;
+  const Codes h(64 * 16, 0x38);
+  cpu_->gemm_fp8(h.data(), e5, &one, h.data(), e4, &one, want.data(), 16, 64, 16, false);
+  VecF got = download(d);
+  got.resize(16 * 16);
+  EXPECT_EQ(got, want);
+}
+
+}  // namespace
+}  // namespace rp::cudatest
