@@ -27,7 +27,7 @@ inline constexpr double kAsyncLossGap = 0.02;
 inline constexpr AsyncLrRange kAsyncLrFullFineTuning{
     "full fine-tuning", 3e-4, "300-step memorisation run, tiny model, CPU: +0.6% at 3e-4, +26% at 1e-3"};
 inline constexpr AsyncLrRange kAsyncLrLora{
-    "LoRA", 3e-4, "not measured for LoRA yet: the full fine-tuning figure"};
+    "LoRA", 1e-3, "150-step run, tiny model, CPU: +0.2% at 1e-3, +2.4% at 3e-3 with warmup"};
 
 /// The range that applies to `spec` (LoRA when it trains adapters).
 const AsyncLrRange& async_lr_range(const TrainSpec& spec);
