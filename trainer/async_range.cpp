@@ -18,7 +18,8 @@ std::optional<std::string> async_lr_warning(const TrainSpec& spec) {
   return fmt::format(
       "{}: peak lr {:g} is above {:g}, the highest at which the asynchronous (staleness-1) optimizer "
       "matched the synchronous one within {:g}% for {} ({}); the loss may end higher: set \"async\": false "
-      "for the synchronous optimizer, or lower the lr (docs/fidelity.md)",
+      "for the synchronous optimizer, \"async_compensation\": \"predict\" to narrow the gap, or lower the lr "
+      "(docs/fidelity.md)",
       spec.source.empty() ? std::string("spec") : spec.source, peak, r.max_peak_lr, kAsyncLossGap * 100,
       r.run_kind, r.measured);
 }

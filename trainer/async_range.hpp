@@ -33,8 +33,9 @@ inline constexpr AsyncLrRange kAsyncLrLora{
 const AsyncLrRange& async_lr_range(const TrainSpec& spec);
 
 /// One warning line when spec.async is on and the peak lr exceeds the range of its kind:
-/// names the lr, the range and how to switch ("async": false). nullopt otherwise (sync runs,
-/// or a peak lr inside the range).
+/// names the lr, the range and how to switch ("async": false, or "async_compensation":
+/// "predict"). nullopt otherwise (sync runs, or a peak lr inside the range). The range was
+/// measured without compensation, so a run with it is warned about the same way.
 std::optional<std::string> async_lr_warning(const TrainSpec& spec);
 
 }  // namespace rp

@@ -59,3 +59,32 @@ TEST(AsyncLrRange, LoraSpecsUseTheLoraRow) {
 }
 
 }  // namespace
+
+namespace {
+
+std::string spec_error(const std::string& extra) {
+  try {
+    parse(extra);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "ok";
+}
+
+TEST(AsyncCompensation, SpecKeyIsReadAndChecked) {
+  EXPECT_EQ(parse("").async_compensation, "none");
+  EXPECT_EQ(parse(", \"async_compensation\": \"predict\"").async_compensation, "predict");
+  EXPECT_EQ(spec_error(", \"async_compensation\": \"delay\""),
+            "s.json: key 'async_compensation': expected \"none\" or \"predict\", got \"delay\"");
+  EXPECT_EQ(spec_error(", \"async\": false, \"async_compensation\": \"predict\""),
+            "s.json: key 'async_compensation': expected \"none\" with \"async\": false (it compensates the async "
+            "optimizer's staleness), got \"predict\"");
+  EXPECT_EQ(spec_error(", \"async\": false, \"async_compensation\": \"none\""), "ok");
+  // a spec built in code gets the same check
+  rp::TrainSpec s = parse("");
+  s.async = false;
+  s.async_compensation = "predict";
+  EXPECT_THROW(rp::validate_spec(s), std::invalid_argument);
+}
+
+}  // namespace
