@@ -85,6 +85,9 @@ struct ShardState {
   std::shared_ptr<ThreadPool> pool;   ///< the shard's optimizer threads (persistent)
   std::unique_ptr<JobRunner> runner;  ///< detached shards: long jobs off the actor's thread
   std::map<int, std::chrono::steady_clock::time_point> job_start;  ///< per busy group (status)
+  /// Per group, its last update (weight prediction only; entries made at spawn, so the job
+  /// threads never see the map change).
+  std::map<int, LastUpdate> last_update;
   static inline const char* name = "optimizer_shard";
 };
 
@@ -102,6 +105,13 @@ std::function<double()> job_work(ShardPointer self, const ShardJob& j, ParamStor
   auto pool = self->state.pool;
   switch (j.kind) {
     case ShardJob::Kind::cast:  // deferred publish: vectorised RNE cast, the same bits as the fused copy
+      if (self->state.last_update.count(j.group)) {
+        const LastUpdate* lu = &self->state.last_update.at(j.group);
+        return [=, version = j.step] {
+          write_predicted_copy(master->data(), *lu, version, lowp, n, store->dtype, pool.get());
+          return 0.0;
+        };
+      }
       return [=] {
         write_lowp_copy(master->data(), lowp, n, store->dtype, pool.get());
         return 0.0;
@@ -112,10 +122,18 @@ std::function<double()> job_work(ShardPointer self, const ShardJob& j, ParamStor
   }
   // tensors under 32K elements run on one thread, larger ones split over the pool
   const bool inject = opt.faults.fire_update(j.group, j.step);
+  LastUpdate* last = nullptr;
+  if (auto it = self->state.last_update.find(j.group); it != self->state.last_update.end()) last = &it->second;
   return [=, adam = opt.adam] {
     if (inject) throw std::runtime_error(FaultInjection::what("the AdamW kernel"));
-    adamw_update(master->data(), *adam_state, grad, n, j.grad_scale, adam, j.lr, j.publish ? lowp : nullptr,
+    if (last) begin_update(master->data(), *last, n, pool.get());
+    // with prediction the published copy is written below, from the new weights and their update
+    adamw_update(master->data(), *adam_state, grad, n, j.grad_scale, adam, j.lr, j.publish && !last ? lowp : nullptr,
                  store->dtype, *pool);
+    if (last) {
+      end_update(master->data(), *last, n, j.step, pool.get());
+      if (j.publish) write_predicted_copy(master->data(), *last, j.step, lowp, n, store->dtype, pool.get());
+    }
     return 0.0;
   };
 }
@@ -127,6 +145,7 @@ ShardActor::behavior_type shard_impl(ShardPointer self, std::vector<ShardGroup> 
   std::vector<ShardRules::Group> rg;
   for (auto& g : groups) {
     self->state.groups[g.group] = g;
+    if (opt.predict_weights && opt.staleness == 1) self->state.last_update[g.group];
     rg.push_back({g.group, g.uploads_per_pass, g.grads_per_pass});
   }
   const bool replicated = opt.replicas && opt.replicas->size() > 1;

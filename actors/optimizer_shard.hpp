@@ -29,6 +29,7 @@
 #include "actors/run_progress.hpp"
 #include "model/layout.hpp"
 #include "optimizer/adamw.hpp"
+#include "optimizer/weight_prediction.hpp"
 #include "roundpipe/replicas.hpp"
 
 namespace rp {
@@ -47,6 +48,10 @@ struct ShardGroup {
 struct ShardOptions {
   int staleness = 1;
   AdamWOptions adam;
+  /// Weight prediction (optimizer/weight_prediction.hpp): with staleness 1 the low-precision
+  /// copy of version k is w_k + (w_k - w_{k-1}); each group keeps its last update (4 bytes per
+  /// parameter). Ignored with staleness 0.
+  bool predict_weights = false;
   int threads = 1;  ///< host threads per AdamW update and low-precision cast (a persistent pool)
   std::vector<int> cpus;  ///< pin those threads to these cores (empty: not pinned)
   bool guard = false;     ///< wait for StepScale per step (see above)

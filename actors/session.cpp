@@ -127,7 +127,9 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w,
                                          size_t(c.num_attention_heads),
                                          size_t(c.head_dim) * dtype_size(dt) + sizeof(float)})
                         : std::nullopt;
-    const auto state = checked_bytes({n, 4 /*m*/ + 4 /*v*/ + dtype_size(dt) + 4 /*grad*/});
+    // (+4: weight prediction's last update, staleness 1 only: optimizer/weight_prediction.hpp)
+    const size_t last_update = opt.async && opt.async_weight_prediction ? 4 : 0;
+    const auto state = checked_bytes({n, 4 /*m*/ + 4 /*v*/ + dtype_size(dt) + 4 /*grad*/ + last_update});
     const auto acts = per_slot ? checked_bytes({slots, *per_slot}) : std::nullopt;
     const auto weights = state ? checked_sum(*state, frozen_bytes) : std::nullopt;
     const auto base = weights && acts ? checked_sum(*weights, *acts) : std::nullopt;
@@ -328,6 +330,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w,
     so.threads = int(cpu_lists[size_t(s)].size());
     if (opt.pin_optimizer_threads) so.cpus = cpu_lists[size_t(s)];
     so.guard = guard;
+    so.predict_weights = opt.async_weight_prediction;
     so.index = s;
     so.progress = &I.progress;
     so.faults = internals.faults;

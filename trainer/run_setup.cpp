@@ -233,6 +233,7 @@ SessionOptions session_options_of(const TrainSpec& spec, const ModelLayout& layo
   opt.micro.n_seq = per_pass / spec.micro_batches;
   opt.micro.seq_len = spec.seq_len;
   opt.async = spec.async;
+  opt.async_weight_prediction = spec.async_compensation == "predict";
   opt.adam = spec.adam;
   opt.max_grad_norm = spec.max_grad_norm;
   opt.skip_nonfinite = spec.nonfinite == "skip";

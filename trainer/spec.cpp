@@ -41,6 +41,7 @@ void read_scalars(const JsonFields& f, TrainSpec& s) {
   f.optional("backend", s.backend);
   f.optional("workers", s.workers);
   f.optional("async", s.async);
+  f.optional("async_compensation", s.async_compensation);
   f.optional("device_memory_gib", s.device_memory_gib);
   f.optional("pcie_gbps", s.pcie_gbps);
   f.optional("transfer_priorities", s.transfer_priorities);
@@ -261,6 +262,11 @@ void check_ranges(const JsonFields& f, const TrainSpec& s) {
   auto positive = [&](const char* k, int64_t v) {
     if (v < 1) f.fail(k, "an integer >= 1", v);
   };
+  if (s.async_compensation != "none" && s.async_compensation != "predict")
+    f.fail("async_compensation", "\"none\" or \"predict\"", s.async_compensation);
+  if (s.async_compensation == "predict" && !s.async)
+    f.fail("async_compensation", "\"none\" with \"async\": false (it compensates the async optimizer's staleness)",
+           s.async_compensation);
   positive("seq_len", s.seq_len);
   positive("sequences_per_step", s.sequences_per_step);
   positive("micro_batches", s.micro_batches);
@@ -311,7 +317,7 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
   if (!j.is_object()) throw std::invalid_argument(where + ": expected a JSON object at the top level");
   const JsonFields f(j, where);
   f.allow_only({"model", "data", "lora", "adapter", "merge_adapters", "chat_template", "seq_len", "sequences_per_step", "micro_batches", "accumulation",
-                "steps", "max_examples", "packing", "eval_data", "eval_fraction", "eval_every", "optimizer", "lr_schedule", "backend", "workers", "async", "plan",
+                "steps", "max_examples", "packing", "eval_data", "eval_fraction", "eval_every", "optimizer", "lr_schedule", "backend", "workers", "async", "async_compensation", "plan",
                 "device_memory_gib", "pcie_gbps", "transfer_priorities", "transfer_chunk_bytes", "save_attention",
                 "mlp_chunk_tokens", "pin_budget_gib", "output_dir", "overwrite_output_dir",
                 "save_every", "save_dtype", "trace", "trace_messages", "tensorboard", "sample_prompt", "seed",

@@ -18,6 +18,7 @@
 #include "roundpipe/session.hpp"
 #include "base/atomic_file.hpp"
 #include "base/host_resources.hpp"
+#include "trainer/async_range.hpp"
 #include "trainer/checkpoint_bundle.hpp"
 #include "trainer/disk_space.hpp"
 #include "trainer/lora_setup.hpp"
@@ -121,6 +122,7 @@ void Run::setup() {
   }
   barrier();  // no replica reads the output folder (a resume) before the leader tidied it
   check_compute_dtype(spec_);
+  if (auto w = async_lr_warning(spec_)) spdlog::warn("{}", *w);
   resume_ = check_resume(spec_);
   RunWeights w;
   if (trains_lora(spec_)) {

@@ -61,6 +61,11 @@ struct SessionOptions {
   int64_t micro_batches = 1;     ///< M: micro-batches per pass
   MicroBatchShape micro;         ///< sequences per micro-batch and sequence length (tokens)
   bool async = true;             ///< staleness-1 optimizer (false: synchronous, staleness 0)
+  /// With async: the devices compute with each version of the weights extrapolated by its last
+  /// update, w_k + (w_k - w_{k-1}), an estimate of the version the gradient is applied to
+  /// (spec "async_compensation": "predict"; docs/fidelity.md). Costs 4 bytes of host memory per
+  /// trainable parameter. Ignored without async.
+  bool async_weight_prediction = false;
   AdamWOptions adam;
   int shards = 0;                ///< optimizer shard actors (0: min(4, cores/2, groups), at least 1)
   int optimizer_threads = 0;     ///< optimizer threads over all shards (0: half the allowed cores)

@@ -41,6 +41,9 @@ struct TrainSpec {
   std::string backend = "auto";      ///< auto | cpu | cuda
   int workers = 1;
   bool async = true;
+  /// "async_compensation": "none" (default) or "predict" (needs async: weight prediction,
+  /// SessionOptions::async_weight_prediction)
+  std::string async_compensation = "none";
   nlohmann::json plan;               ///< null = automatic plan; else plan_from_json's object (roundpipe/plan.hpp)
   double device_memory_gib = 24;     ///< per-device pool cap
   double pcie_gbps = 0;              ///< CPU backend: emulate a PCIe link (GB/s), 0 = off
