@@ -112,11 +112,15 @@ std::function<double()> job_work(ShardPointer self, const ShardJob& j, ParamStor
   }
   // tensors under 32K elements run on one thread, larger ones split over the pool
   const bool inject = opt.faults.fire_update(j.group, j.step);
+  // unguarded steps: the gradient's sum of squares for the reported norm, read before the
+  // update (which only reads the gradient too); guarded steps had a sumsq job for it
+  const bool measure = !opt.guard;
   return [=, adam = opt.adam] {
     if (inject) throw std::runtime_error(FaultInjection::what("the AdamW kernel"));
+    const double sumsq = measure ? sum_of_squares(grad, n, *pool) : 0.0;
     adamw_update(master->data(), *adam_state, grad, n, j.grad_scale, adam, j.lr, j.publish ? lowp : nullptr,
                  store->dtype, *pool);
-    return 0.0;
+    return sumsq;
   };
 }
 
@@ -175,7 +179,7 @@ ShardActor::behavior_type shard_impl(ShardPointer self, std::vector<ShardGroup> 
           break;
         case ShardAction::Kind::group_updated:
           trace_sent(opt.tracer, me, "scheduler", "GroupUpdated", {{"step", a.step}, {"group", a.group}});
-          self->send(scheduler, GroupUpdated{a.step, a.group});
+          self->send(scheduler, GroupUpdated{a.step, a.group, a.sumsq});
           break;
         case ShardAction::Kind::run_job: {
           if (a.job.kind == ShardJob::Kind::reduce) {

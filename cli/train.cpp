@@ -163,7 +163,7 @@ void print_progress(const TrainSpec& spec, const StepReport& r) {
                          : std::string(),
              r.tokens_per_s, r.lr,
              (r.mfu > 0 ? fmt::format(" | MFU {:.3f}", r.mfu) : std::string()) +
-                 (spec.max_grad_norm > 0 ? fmt::format(" | grad norm {:.3f}", r.grad_norm) : std::string()) +
+                 fmt::format(" | grad norm {:.3f}", r.grad_norm) +
                  (spec.loss_scaling ? fmt::format(" | scale {:g}", r.loss_scale) : std::string()) +
                  (r.experts > 0 ? fmt::format(" | experts {:.2f}-{:.2f}x even, aux {:.3f}", r.expert_load_min,
                                               r.expert_load_max, r.aux_loss)

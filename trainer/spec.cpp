@@ -56,6 +56,12 @@ void read_scalars(const JsonFields& f, TrainSpec& s) {
   f.optional("trace_messages", s.trace_messages);
   s.trace = s.trace || s.trace_messages;
   f.optional("tensorboard", s.tensorboard);
+  if (f.has("metrics_jsonl")) {
+    const auto& m = f.at("metrics_jsonl");
+    if (m.is_boolean()) s.metrics_jsonl = m.get<bool>() ? std::optional<std::string>("") : std::nullopt;
+    else if (m.is_string() && !m.get<std::string>().empty()) s.metrics_jsonl = m.get<std::string>();
+    else f.fail("metrics_jsonl", "true (output_dir/metrics.jsonl), false or a file path");
+  }
   f.optional("sample_prompt", s.sample_prompt);
   f.optional("seed", s.seed);
   f.optional("log_every", s.log_every);
@@ -314,7 +320,7 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
                 "steps", "max_examples", "packing", "eval_data", "eval_fraction", "eval_every", "optimizer", "lr_schedule", "backend", "workers", "async", "plan",
                 "device_memory_gib", "pcie_gbps", "transfer_priorities", "transfer_chunk_bytes", "save_attention",
                 "mlp_chunk_tokens", "pin_budget_gib", "output_dir", "overwrite_output_dir",
-                "save_every", "save_dtype", "trace", "trace_messages", "tensorboard", "sample_prompt", "seed",
+                "save_every", "save_dtype", "trace", "trace_messages", "tensorboard", "metrics_jsonl", "sample_prompt", "seed",
                 "log_every", "compute_dtype", "loss_scaling", "resume_from", "watchdog_s", "stop_timeout_s",
                 "nonfinite", "max_skipped_steps", "mpi", "replica_timeout_s", "comment"});
   if (!f.has("model")) throw std::invalid_argument(where + ": missing key 'model' (a .gguf file or HF directory)");

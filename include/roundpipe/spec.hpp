@@ -60,6 +60,10 @@ struct TrainSpec {
   bool trace = false;                ///< write output_dir/trace.json
   bool trace_messages = false;       ///< also record the actors' protocol messages as flow arrows (implies trace)
   bool tensorboard = true;
+  /// "metrics_jsonl": also write every metrics.csv row as one JSON object per line, flushed as
+  /// written, for a tracker to tail. nullopt: off (false); "": output_dir/metrics.jsonl (true);
+  /// else that file (a path like the spec's others).
+  std::optional<std::string> metrics_jsonl;
   /// A user message the run answers (greedy, at most 64 tokens, the training chat template)
   /// before training and after the last step, to show what fine-tuning changed ("" = none).
   std::string sample_prompt;           ///< write TensorBoard scalar event files into output_dir/tensorboard/
