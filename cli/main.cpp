@@ -62,22 +62,26 @@ int main(int argc, char** argv) {
                     "seconds a silent replica may take before the others stop with an error naming it (spec "
                     "replica_timeout_s, default 60)")
       ->check(rp::finite_number_check(false, " of seconds"));
-  std::string in, out, dtype = "f32";
+  // one save-dtype rule for convert and merge (and a run's save_dtype): bf16 unless --dtype
+  std::string in, out, dtype = "bf16";
   auto* convert = app.add_subcommand("convert", "convert a GGUF model to a Hugging Face checkpoint folder");
   convert->add_option("input", in, "model.gguf")->required();
   convert->add_option("output", out, "output folder (written atomically)")->required();
-  convert->add_option("--dtype", dtype, "f32, bf16 or f16")->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  convert->add_option("--dtype", dtype,
+                      "dtype of the written weights: f32, bf16 or f16 (default bf16, as merge and a run's save_dtype; "
+                      "f32 keeps a dequantized or f32 model's values exactly)")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
   rp::add_merge_command(app);
   rp::add_plan_command(app);
   rp::add_trace_command(app);
   rp::add_generate_command(app);
   bool quiet = false;
   app.add_flag("-q,--quiet", quiet, "only progress lines and errors");
+  app.set_version_flag("--version", rp::version_text(), "print the version and how this binary was built, then exit");
   if (argc >= 2 && argv[1][0] != '-') {
     const std::string cmd = argv[1];
     if (cmd != "train" && cmd != "convert" && cmd != "merge" && cmd != "plan" && cmd != "trace" && cmd != "generate") {
       fmt::print(stderr,
-  app.set_version_flag("--version", rp::version_text(), "print the version and how this binary was built, then exit");
                  "roundpipe: error: unknown command '{}' (expected train, convert, merge, plan, trace or generate; see roundpipe "
                  "--help)\n",
                  cmd);

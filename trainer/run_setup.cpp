@@ -167,6 +167,16 @@ ModelSource open_model_for_training(const std::string& path) {
   return src;
 }
 
+std::string optimizer_line(const TrainSpec& spec) {
+  const AdamWOptions& a = spec.adam;
+  const std::string kind = std::string(a.decoupled ? "AdamW" : "Adam with L2 weight decay") + (a.amsgrad ? " (AMSGrad)" : "");
+  const std::string clip = spec.max_grad_norm > 0 ? fmt::format("clipping at {:g}", spec.max_grad_norm) : "clipping off";
+  return fmt::format("optimizer: {} (lr {:g}, weight decay {:g}, {}), {}", kind, a.lr, a.weight_decay, clip,
+                     spec.async ? "staleness 1 (async, the default; \"async\": false for a synchronous step)"
+                                : "synchronous (staleness 0, \"async\": false; the default \"async\": true overlaps "
+                                  "each update with the next step)");
+}
+
 namespace {
 /// One line per data file whose supervised examples lost tokens to seq_len.
 void warn_truncated(const std::string& file, const TokenStreamStats& st, int64_t seq_len) {

@@ -116,6 +116,7 @@ class Run {
 void Run::setup() {
   validate_spec(spec_);       // a spec built in code gets the checks of a spec file
   check_data_paths(spec_);    // seconds, before a model load of minutes
+  spdlog::info("{}", optimizer_line(spec_));
   replicas_ = replicas_for(spec_);
   if (replicas_ && replicas_->rank() > 0 && spdlog::get_level() < spdlog::level::warn)
     spdlog::set_level(spdlog::level::warn);  // replica 0 tells the story; the others warn and fail

@@ -76,4 +76,41 @@ TEST(CliSettings, VersionSaysHowTheBinaryWasBuilt) {
   fs::remove_all(d);
 }
 
+// A run's output: the optimizer mode first, one line per data file with truncated examples,
+// the gradient norm on every progress line although nothing clips.
+TEST(CliSettings, ARunSaysItsOptimizerTruncationsAndGradNorm) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  const std::string long_text(80, 'a');
+  write(d / "data.jsonl", "{\"prompt\": \"Say hi\", \"completion\": \" hi there\"}\n"
+                          "{\"prompt\": \"Say\", \"completion\": \"" + long_text + "\"}\n"
+                          "{\"prompt\": \"Go\", \"completion\": \" on\"}\n");
+  write(d / "eval.jsonl", "{\"prompt\": \"Say\", \"completion\": \"" + long_text + "\"}\n");
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
+  CliRun r = roundpipe("train " + (d / "spec.json").string() + " --eval-data " + (d / "eval.jsonl").string(), d);
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  const std::string all = r.out + r.err;
+  const size_t opt = all.find("optimizer: AdamW (lr 0.0001, weight decay 0, clipping off), staleness 1 (async, the "
+                              "default; \"async\": false for a synchronous step)");
+  EXPECT_NE(opt, std::string::npos) << all;
+  EXPECT_LT(opt, all.find("loading model")) << "before the model loads";
+  EXPECT_NE(all.find((d / "data.jsonl").string() + ": 1 of 3 examples truncated to 16 tokens"), std::string::npos)
+      << all;
+  EXPECT_NE(all.find((d / "eval.jsonl").string() + ": 1 of 1 examples truncated to 16 tokens"), std::string::npos)
+      << all;
+  for (const char* step : {"step     1/2 |", "step     2/2 |"}) {
+    const size_t at = r.out.find(step);
+    ASSERT_NE(at, std::string::npos) << r.out;
+    const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
+    const size_t g = line.find("| grad norm ");
+    ASSERT_NE(g, std::string::npos) << line;
+    EXPECT_GT(std::stod(line.substr(g + 12)), 0) << line;
+  }
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "sync", ", \"async\": false"));
+  r = roundpipe("train " + (d / "spec.json").string() + " --steps 1", d);
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  EXPECT_NE((r.out + r.err).find("synchronous (staleness 0"), std::string::npos) << r.out;
+  fs::remove_all(d);
+}
+
 }  // namespace
