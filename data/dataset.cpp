@@ -391,6 +391,7 @@ PackedSequences split_off(PackedSequences& seqs, double fraction) {
   PackedSequences keep, out;
   keep.seq_len = out.seq_len = seqs.seq_len;
   keep.dropped_examples = seqs.dropped_examples;
+  keep.truncated_examples = seqs.truncated_examples;
   const size_t L = size_t(seqs.seq_len);
   const bool packed = !seqs.positions.empty();
   for (int64_t i = 0; i < seqs.size(); ++i) {
