@@ -301,6 +301,10 @@ struct CloseStep {
 struct GroupUpdated {
   int64_t step = 0;
   int group = 0;
+  /// Unguarded steps: the sum of squares of the group's raw gradient of the step, read by the
+  /// update job before it updates (the scheduler sums them into StepResult::grad_norm; the
+  /// weights do not depend on it). Guarded steps report it earlier, in GradSumSq; 0 here.
+  double sumsq = 0;
 };
 /// Guarded steps (clipping, loss scaling or inf/NaN skipping on): a shard reports the sum of
 /// squares of a group's raw gradient as soon as it is complete; the step waits only for these

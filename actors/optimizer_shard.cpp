@@ -124,8 +124,12 @@ std::function<double()> job_work(ShardPointer self, const ShardJob& j, ParamStor
   const bool inject = opt.faults.fire_update(j.group, j.step);
   LastUpdate* last = nullptr;
   if (auto it = self->state.last_update.find(j.group); it != self->state.last_update.end()) last = &it->second;
+  // unguarded steps: the gradient's sum of squares for the reported norm, read before the
+  // update (which only reads the gradient too); guarded steps had a sumsq job for it
+  const bool measure = !opt.guard;
   return [=, adam = opt.adam] {
     if (inject) throw std::runtime_error(FaultInjection::what("the AdamW kernel"));
+    const double sumsq = measure ? sum_of_squares(grad, n, *pool) : 0.0;
     if (last) begin_update(master->data(), *last, n, pool.get());
     // with prediction the published copy is written below, from the new weights and their update
     adamw_update(master->data(), *adam_state, grad, n, j.grad_scale, adam, j.lr, j.publish && !last ? lowp : nullptr,
@@ -134,7 +138,7 @@ std::function<double()> job_work(ShardPointer self, const ShardJob& j, ParamStor
       end_update(master->data(), *last, n, j.step, pool.get());
       if (j.publish) write_predicted_copy(master->data(), *last, j.step, lowp, n, store->dtype, pool.get());
     }
-    return 0.0;
+    return sumsq;
   };
 }
 
@@ -194,7 +198,7 @@ ShardActor::behavior_type shard_impl(ShardPointer self, std::vector<ShardGroup> 
           break;
         case ShardAction::Kind::group_updated:
           trace_sent(opt.tracer, me, "scheduler", "GroupUpdated", {{"step", a.step}, {"group", a.group}});
-          self->send(scheduler, GroupUpdated{a.step, a.group});
+          self->send(scheduler, GroupUpdated{a.step, a.group, a.sumsq});
           break;
         case ShardAction::Kind::run_job: {
           if (a.job.kind == ShardJob::Kind::reduce) {

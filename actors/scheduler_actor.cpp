@@ -1,6 +1,7 @@
 #include "actors/scheduler_actor.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -67,7 +68,7 @@ struct SchedState {
   int64_t next_pass = 0;
   int64_t deal_pointer = 0;
   std::string failed;
-  std::unique_ptr<StepNormReducer> norms;  ///< guarded steps
+  std::unique_ptr<StepNormReducer> norms;  ///< guarded steps: GradSumSq; unguarded: GroupUpdated's sums
   int trainable = 0;                       ///< groups a shard owns (not frozen)
   std::vector<int> norm_index;             ///< per group: its index among the trainable ones, -1 frozen
   std::shared_ptr<const IterationPlan> plan;  ///< the plan the next pass is dealt with
@@ -213,7 +214,7 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
     const bool frozen = size_t(g) < self->state.cfg.frozen.size() && self->state.cfg.frozen[size_t(g)];
     self->state.norm_index.push_back(frozen ? -1 : self->state.trainable++);
   }
-  if (self->state.cfg.guard) self->state.norms = std::make_unique<StepNormReducer>(self->state.trainable);
+  if (self->state.trainable > 0) self->state.norms = std::make_unique<StepNormReducer>(self->state.trainable);
   for (int i = int(self->state.cfg.pass_slots.size()) - 1; i >= 0; --i) self->state.free_slots.push_back(i);
   self->state.plan = std::make_shared<const IterationPlan>(self->state.cfg.plan);
   if (auto* ls = self->state.cfg.loss_scaler)
@@ -473,9 +474,18 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
         return info;
       },
       [=](GroupUpdated& g) {
+        auto& st = self->state;
         progress(self).tick();
-        trace_received(self->state.cfg.tracer, "scheduler", "", "GroupUpdated", {{"step", g.step}, {"group", g.group}});
-        self->state.steps[g.step].groups_updated++;
+        trace_received(st.cfg.tracer, "scheduler", "", "GroupUpdated", {{"step", g.step}, {"group", g.group}});
+        auto& si = st.steps[g.step];
+        si.groups_updated++;
+        // unguarded steps: the global norm from the update jobs' sums, in group order (the
+        // last group's update completes the step, so it is known before the step is done)
+        const int k = g.group >= 0 && size_t(g.group) < st.norm_index.size() ? st.norm_index[size_t(g.group)] : -1;
+        if (!st.cfg.guard && k >= 0 && st.norms && st.norms->add(g.step, k, g.sumsq)) {
+          const double total = st.norms->take(g.step), tokens = si.norm_tokens();
+          si.decision.grad_norm = std::sqrt(total) * (tokens > 0 ? 1.0 / tokens : 0.0);
+        }
         finish_step_if_done(g.step);
       },
       [=](WaitStep& w) -> caf::result<StepResult> {

@@ -220,6 +220,7 @@ void ShardRules::job_done(int g, double sumsq, std::vector<ShardAction>& out) {
       st.grads_done.erase(j.step);
       st.updated = j.step;
       out.push_back(ShardAction{ShardAction::Kind::group_updated, g, j.step});
+      out.back().sumsq = sumsq;  // unguarded steps: the job's sum of squares of the gradient
       break;
   }
   pump(g, out);

@@ -79,7 +79,7 @@ struct ShardAction {
   int64_t step = 0;
   uint64_t ticket = 0;     ///< grants
   bool overwrite = false;  ///< grant_grad_slot: first contribution of the step
-  double sumsq = 0;        ///< report_sumsq
+  double sumsq = 0;        ///< report_sumsq; group_updated: the update job's sum of squares (unguarded steps)
   ShardJob job;            ///< run_job
 };
 

@@ -20,7 +20,10 @@ void add_merge_command(CLI::App& app) {
   c->add_option("adapter", o->adapter, "adapter folder (adapter_config.json + adapter_model.safetensors)")->required();
   c->add_option("output", o->out, "output folder (written atomically)")->required();
   c->add_option("--base", o->base, "base model (.gguf or Hugging Face folder); default: the adapter's base_model_name_or_path");
-  c->add_option("--dtype", o->dtype, "f32, bf16 or f16")->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  c->add_option("--dtype", o->dtype,
+                "dtype of the written weights: f32, bf16 or f16 (default bf16, as convert and a run's save_dtype; f32 "
+                "keeps the fp32 merge W + scaling B A exactly)")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
   c->callback(reporting_errors([o] {
     const std::string base = merge_peft_folder(o->adapter, o->out, o->base, parse_dtype(o->dtype));
     fmt::print("merged {} into {} -> {}\n", o->adapter, base, o->out);

@@ -17,8 +17,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "roundpipe/model_source.hpp"
 #include "roundpipe/replicas.hpp"
 #include "roundpipe/trainer.hpp"
+#include "trainer/run_setup.hpp"
 
 namespace fs = std::filesystem;
 
@@ -161,7 +163,7 @@ void print_progress(const TrainSpec& spec, const StepReport& r) {
                          : std::string(),
              r.tokens_per_s, r.lr,
              (r.mfu > 0 ? fmt::format(" | MFU {:.3f}", r.mfu) : std::string()) +
-                 (spec.max_grad_norm > 0 ? fmt::format(" | grad norm {:.3f}", r.grad_norm) : std::string()) +
+                 fmt::format(" | grad norm {:.3f}", r.grad_norm) +
                  (spec.loss_scaling ? fmt::format(" | scale {:g}", r.loss_scale) : std::string()) +
                  (r.experts > 0 ? fmt::format(" | experts {:.2f}-{:.2f}x even, aux {:.3f}", r.expert_load_min,
                                               r.expert_load_max, r.aux_loss)
@@ -180,10 +182,31 @@ void dump_batch(const std::string& file, const TokenBatch& b) {
   if (!f) throw std::runtime_error(fmt::format("--dump-batch {}: cannot write the file", file));
 }
 
+/// --dump-batch without --train: the first pass of step 1 of a fresh run, as the trainer
+/// builds it (the model's header for the tokenizer, the data packed and shuffled with the
+/// spec's seed), and nothing else: no weights, no output folder.
+void dump_batch_only(const TrainSpec& spec, const std::string& file) {
+  validate_spec(spec);
+  check_data_paths(spec);
+  const ModelSource src = open_model_for_training(spec.model);
+  TokenStream data = load_data_for_training(spec, src.header());
+  const TokenBatch b = data.next(spec.sequences_per_step / spec.accumulation);
+  dump_batch(file, b);
+  fmt::print("wrote {}: the first batch of step 1 ({} sequences of {} tokens, {} with a target); nothing was "
+             "trained (add --train to train as well)\n",
+             file, b.n_seq, b.seq_len, b.num_targets());
+}
+
 }  // namespace
 
 int run_train(TrainSpec spec, const TrainOverrides& ov) {
   apply_overrides(spec, ov);
+  if (!ov.dump_batch.empty() && !ov.train_after_dump) {
+    dump_batch_only(spec, ov.dump_batch);
+    return 0;
+  }
+  if (ov.train_after_dump && ov.dump_batch.empty())
+    throw std::invalid_argument("--train: only with --dump-batch (a run trains anyway)");
   TrainerCallbacks cb;
   cb.on_step = [&](const StepReport& r) { print_progress(spec, r); };
   if (!ov.dump_batch.empty())

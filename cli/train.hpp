@@ -14,7 +14,8 @@ struct TrainOverrides {
   std::string output_dir;   ///< non-empty replaces spec.output_dir
   bool output_dir_given = false;  ///< --output-dir was on the command line (an empty value is an error)
   bool overwrite_output_dir = false;  ///< sets spec.overwrite_output_dir
-  std::string dump_batch;   ///< non-empty: write step 1's batch (ids, targets) here as JSON
+  std::string dump_batch;   ///< non-empty: write step 1's first batch (ids, targets) here as JSON and exit
+  bool train_after_dump = false;  ///< with dump_batch: train afterwards (--train) instead of exiting
   std::string resume;       ///< non-empty replaces spec.resume_from: continue from this checkpoint folder
   bool resume_given = false; ///< --resume was on the command line (an empty value is an error)
   std::string mpi;          ///< non-empty replaces spec.mpi (auto, on, off)
@@ -30,6 +31,9 @@ struct TrainOverrides {
 /// interrupted after <k> steps (stop asked of replica <q>; ...); ...". Returns the process
 /// exit code (0 ok, 130 interrupted, on every replica); errors throw (main() prints them as
 /// one line "roundpipe: error: ...").
+/// With ov.dump_batch and without ov.train_after_dump it only writes the first batch of step 1
+/// of a fresh run (reading the model's header and tokenizer and the data, no weights) and
+/// returns 0: nothing is trained and the output folder is not touched.
 int run_train(TrainSpec spec, const TrainOverrides& ov);
 
 }  // namespace rp

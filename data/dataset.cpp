@@ -349,6 +349,7 @@ PackedSequences pack_sequences(const Dataset& data, int64_t seq_len, int32_t pad
     if (ex.loss_mask.size() != ex.ids.size())
       throw std::invalid_argument("pack_sequences: an example's loss_mask and ids differ in length");
     const size_t n = std::min(ex.ids.size(), L + 1), need = std::min(n, L);
+    p.truncated_examples += ex.ids.size() > L + 1;
     if (pack && fill + need <= L) {
       const size_t used = place_example(ex, n, row + fill, L, p);
       p.dropped_examples += used == 0;
@@ -390,6 +391,7 @@ PackedSequences split_off(PackedSequences& seqs, double fraction) {
   PackedSequences keep, out;
   keep.seq_len = out.seq_len = seqs.seq_len;
   keep.dropped_examples = seqs.dropped_examples;
+  keep.truncated_examples = seqs.truncated_examples;
   const size_t L = size_t(seqs.seq_len);
   const bool packed = !seqs.positions.empty();
   for (int64_t i = 0; i < seqs.size(); ++i) {

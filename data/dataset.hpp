@@ -85,6 +85,9 @@ struct PackedSequences {
   /// otherwise.
   std::vector<int32_t> positions;
   size_t dropped_examples = 0;   ///< supervised examples with no target left after truncation
+  /// Supervised examples longer than a sequence holds (seq_len + 1 tokens: seq_len inputs and
+  /// the last one's target), whose tail was cut; dropped ones included.
+  size_t truncated_examples = 0;
   int64_t size() const { return seq_len ? int64_t(ids.size()) / seq_len : 0; }
 };
 

@@ -44,6 +44,66 @@ void MetricsFile::write(const StepReport& r) {
                                          errno ? std::strerror(errno) : "write failed"));
 }
 
+void MetricsJsonl::eval_before_training(double loss, double perplexity) {
+  pending_ = {{"step", 0}, {"eval_loss", loss}, {"eval_perplexity", perplexity}};
+}
+
+void MetricsJsonl::write(const StepReport& r) {
+  nlohmann::json j = {{"step", r.step},
+                      {"loss", r.loss},
+                      {"target_tokens", r.target_tokens},
+                      {"tokens_per_s", r.tokens_per_s},
+                      {"lr", r.lr},
+                      {"elapsed_s", r.elapsed_s},
+                      {"grad_norm", r.grad_norm},
+                      {"loss_scale", r.loss_scale},
+                      {"skipped", r.skipped ? 1 : 0}};
+  if (r.evaluated) {
+    j["eval_loss"] = r.eval_loss;
+    j["eval_perplexity"] = r.eval_perplexity;
+  }
+  if (r.experts > 0) {
+    j["aux_loss"] = r.aux_loss;
+    j["expert_load_min"] = r.expert_load_min;
+    j["expert_load_max"] = r.expert_load_max;
+  }
+  if (replicas_) j["reduce_wait_s"] = r.reduce_wait_s;
+  append(j, r.step);
+}
+
+void MetricsJsonl::append(const nlohmann::json& line, int64_t step) {
+  if (!out_.is_open()) {
+    if (resume_step_ > 0) {  // the lines of steps <= the resumed one stay, a later attempt's go
+      std::vector<std::string> keep;
+      {
+        std::ifstream f(path_);
+        for (std::string l; f && std::getline(f, l);) {
+          const auto j = nlohmann::json::parse(l, nullptr, false);
+          if (j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+              j["step"].get<int64_t>() <= resume_step_)
+            keep.push_back(l);  // a torn last line of a killed run does not parse and goes
+        }
+      }
+      write_file_atomically(path_, [&](std::ostream& o) {
+        for (auto& l : keep) o << l << "\n";
+      });
+    }
+    out_.open(path_, resume_step_ > 0 ? std::ios::app : std::ios::trunc);
+    if (!out_) throw std::runtime_error(fmt::format("{}: cannot write: {}", path_, std::strerror(errno)));
+    if (!pending_.is_null()) {
+      const nlohmann::json first = std::move(pending_);
+      pending_ = nullptr;
+      append(first, 0);
+    }
+  }
+  errno = 0;
+  out_ << line.dump() << "\n";
+  out_.flush();  // a tracker tailing the file sees each line whole and at once
+  if (!out_)
+    throw std::runtime_error(fmt::format("{}: cannot write the line of step {}: {}", path_, step,
+                                         errno ? std::strerror(errno) : "write failed"));
+}
+
 void truncate_metrics(const std::string& path, int64_t step, const std::string& header) {
   std::vector<std::string> keep;
   {

@@ -169,6 +169,25 @@ ModelSource open_model_for_training(const std::string& path) {
   return src;
 }
 
+std::string optimizer_line(const TrainSpec& spec) {
+  const AdamWOptions& a = spec.adam;
+  const std::string kind = std::string(a.decoupled ? "AdamW" : "Adam with L2 weight decay") + (a.amsgrad ? " (AMSGrad)" : "");
+  const std::string clip = spec.max_grad_norm > 0 ? fmt::format("clipping at {:g}", spec.max_grad_norm) : "clipping off";
+  return fmt::format("optimizer: {} (lr {:g}, weight decay {:g}, {}), {}", kind, a.lr, a.weight_decay, clip,
+                     spec.async ? "staleness 1 (async, the default; \"async\": false for a synchronous step)"
+                                : "synchronous (staleness 0, \"async\": false; the default \"async\": true overlaps "
+                                  "each update with the next step)");
+}
+
+namespace {
+/// One line per data file whose supervised examples lost tokens to seq_len.
+void warn_truncated(const std::string& file, const TokenStreamStats& st, int64_t seq_len) {
+  if (st.truncated_examples == 0) return;
+  spdlog::warn("{}: {} of {} examples truncated to {} tokens (raise seq_len to keep them whole)", file,
+               st.truncated_examples, st.examples, seq_len);
+}
+}  // namespace
+
 TokenStream load_data_for_training(const TrainSpec& spec, const LoadedModel& model) {
   TokenStreamOptions o;
   o.seq_len = spec.seq_len;
@@ -193,6 +212,7 @@ TokenStream load_data_for_training(const TrainSpec& spec, const LoadedModel& mod
                st.sequences, spec.seq_len,
                st.dropped_examples ? fmt::format(" ({} examples dropped: no target left)", st.dropped_examples)
                                    : std::string());
+  warn_truncated(spec.data, st, spec.seq_len);
   if (st.sequences == 0)
     throw std::invalid_argument(fmt::format(
         "{}: key 'seq_len': {} tokens leave no training target in any of the {} examples of {} (their prompts "
@@ -218,6 +238,7 @@ std::vector<TokenBatch> load_eval_batches(const TrainSpec& spec, const LoadedMod
   o.eval_fraction = 1;
   TokenStream ev(model, spec.eval_data, o);
   spdlog::info("eval: {} sequences of {}", ev.stats().eval_sequences, spec.eval_data);
+  warn_truncated(spec.eval_data, ev.stats(), spec.seq_len);
   if (ev.stats().eval_sequences == 0)
     throw std::invalid_argument(fmt::format("{}: key 'eval_data': {} holds no sequence with a target at seq_len {}",
                                             spec.source, spec.eval_data, spec.seq_len));

@@ -46,6 +46,11 @@ void prepare_output_dir(const TrainSpec& spec);
 /// "<spec.source>: key 'data': <path>: <the OS reason>" (key 'model', 'eval_data' likewise).
 void check_data_paths(const TrainSpec& spec);
 
+/// The run's first log line about the optimizer, saying which mode is the default and how to
+/// switch: "optimizer: AdamW (lr 0.0001, weight decay 0, clipping off), staleness 1 (async, the
+/// default; \"async\": false for a synchronous step)".
+std::string optimizer_line(const TrainSpec& spec);
+
 /// "compute_dtype": "f16" needs the CUDA backend. Throws std::invalid_argument.
 void check_compute_dtype(const TrainSpec& spec);
 

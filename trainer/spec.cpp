@@ -57,6 +57,12 @@ void read_scalars(const JsonFields& f, TrainSpec& s) {
   f.optional("trace_messages", s.trace_messages);
   s.trace = s.trace || s.trace_messages;
   f.optional("tensorboard", s.tensorboard);
+  if (f.has("metrics_jsonl")) {
+    const auto& m = f.at("metrics_jsonl");
+    if (m.is_boolean()) s.metrics_jsonl = m.get<bool>() ? std::optional<std::string>("") : std::nullopt;
+    else if (m.is_string() && !m.get<std::string>().empty()) s.metrics_jsonl = m.get<std::string>();
+    else f.fail("metrics_jsonl", "true (output_dir/metrics.jsonl), false or a file path");
+  }
   f.optional("sample_prompt", s.sample_prompt);
   f.optional("seed", s.seed);
   f.optional("log_every", s.log_every);
@@ -320,7 +326,7 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
                 "steps", "max_examples", "packing", "eval_data", "eval_fraction", "eval_every", "optimizer", "lr_schedule", "backend", "workers", "async", "async_compensation", "plan",
                 "device_memory_gib", "pcie_gbps", "transfer_priorities", "transfer_chunk_bytes", "save_attention",
                 "mlp_chunk_tokens", "pin_budget_gib", "output_dir", "overwrite_output_dir",
-                "save_every", "save_dtype", "trace", "trace_messages", "tensorboard", "sample_prompt", "seed",
+                "save_every", "save_dtype", "trace", "trace_messages", "tensorboard", "metrics_jsonl", "sample_prompt", "seed",
                 "log_every", "compute_dtype", "loss_scaling", "resume_from", "watchdog_s", "stop_timeout_s",
                 "nonfinite", "max_skipped_steps", "mpi", "replica_timeout_s", "comment"});
   if (!f.has("model")) throw std::invalid_argument(where + ": missing key 'model' (a .gguf file or HF directory)");
@@ -356,24 +362,109 @@ void validate_spec(const TrainSpec& s) {
   }
 }
 
-TrainSpec load_spec(const std::string& path) {
+namespace {
+
+/// nlohmann's reason for a parse error without its "[json.exception.parse_error.101] parse
+/// error at line L, column C: " prefix (the caller names the place itself).
+std::string json_parse_reason(const nlohmann::json::parse_error& e) {
+  std::string w = e.what();
+  if (const size_t p = w.find("] "); p != std::string::npos) w = w.substr(p + 2);
+  if (w.rfind("parse error", 0) == 0)
+    if (const size_t p = w.find(": "); p != std::string::npos) w = w.substr(p + 2);
+  return w;
+}
+
+/// The spec file's JSON; a syntax error names the file, line, column and nlohmann's reason.
+nlohmann::json read_spec_json(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::invalid_argument(path + ": cannot open the spec file");
   std::stringstream ss;
   ss << in.rdbuf();
   const std::string text = ss.str();
-  nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text);
+    return nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
-    // e.byte is the offset of the error; report line and column.
+    // e.byte is the 1-based offset of the error; report line and column.
     const size_t pos = std::min<size_t>(e.byte ? e.byte - 1 : 0, text.size());
     const size_t line = 1 + size_t(std::count(text.begin(), text.begin() + long(pos), '\n'));
     const size_t nl = text.rfind('\n', pos ? pos - 1 : 0);
-    const size_t col = pos - (nl == std::string::npos ? 0 : nl + 1) + 1;
-    throw std::invalid_argument(fmt::format("{}:{}:{}: invalid JSON", path, line, col));
+    const size_t col = pos - (nl == std::string::npos || nl >= pos ? 0 : nl + 1) + 1;
+    throw std::invalid_argument(fmt::format("{}:{}:{}: invalid JSON: {}", path, line, col, json_parse_reason(e)));
   }
-  return spec_from_json(j, path);
 }
+
+/// The setting an error of the merged spec comes from: the last one whose key (or a key
+/// inside it, or the object holding it) the message quotes; null when the file's own keys
+/// are at fault.
+const SpecSetting* setting_named_by(const std::string& msg, const std::vector<SpecSetting>& settings) {
+  for (auto it = settings.rbegin(); it != settings.rend(); ++it) {
+    const std::string& k = it->key;
+    if (msg.find("'" + k + "'") != std::string::npos || msg.find("'" + k + ".") != std::string::npos) return &*it;
+    // a value set inside an object the file gave another type ("key 'lora': expected an object")
+    for (size_t dot = k.find('.'); dot != std::string::npos; dot = k.find('.', dot + 1))
+      if (msg.find("'" + k.substr(0, dot) + "'") != std::string::npos) return &*it;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+SpecSetting parse_set_option(const std::string& text) {
+  const size_t eq = text.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw std::invalid_argument(
+        fmt::format("--set {}: expected KEY=VALUE (a spec key, nested keys with dots: lora.r=8)", text));
+  SpecSetting s;
+  s.key = text.substr(0, eq);
+  s.value = text.substr(eq + 1);
+  s.origin = "--set " + text;
+  return s;
+}
+
+void apply_spec_settings(nlohmann::json& spec, const std::vector<SpecSetting>& settings) {
+  for (const SpecSetting& s : settings) {
+    nlohmann::json value = s.value;  // a string unless it parses as JSON
+    if (!s.as_string) {
+      nlohmann::json parsed = nlohmann::json::parse(s.value, nullptr, /*allow_exceptions=*/false);
+      if (!parsed.is_discarded()) value = std::move(parsed);
+    }
+    if (!spec.is_object()) return;  // spec_from_json names the file's top level
+    nlohmann::json* at = &spec;
+    size_t from = 0;
+    for (;;) {
+      const size_t dot = s.key.find('.', from);
+      const std::string part = s.key.substr(from, dot == std::string::npos ? std::string::npos : dot - from);
+      if (part.empty())
+        throw std::invalid_argument(fmt::format("{}: expected a key like seq_len or lora.r, got '{}'", s.origin, s.key));
+      if (dot == std::string::npos) {
+        (*at)[part] = value;
+        break;
+      }
+      nlohmann::json& next = (*at)[part];  // an absent object is created
+      if (next.is_null()) next = nlohmann::json::object();
+      if (!next.is_object())
+        throw std::invalid_argument(fmt::format("{}: key '{}' holds {}, not an object with keys", s.origin,
+                                                s.key.substr(0, dot), next.dump()));
+      at = &next;
+      from = dot + 1;
+    }
+  }
+}
+
+TrainSpec load_spec(const std::string& path, const std::vector<SpecSetting>& settings) {
+  nlohmann::json j = read_spec_json(path);
+  apply_spec_settings(j, settings);
+  try {
+    return spec_from_json(j, path);
+  } catch (const std::invalid_argument& e) {
+    // "<path>: key 'lora.r': ..." -> "--set lora.r=0: key 'lora.r': ..." when a setting wrote it
+    const std::string msg = e.what(), head = path + ": ";
+    const SpecSetting* s = setting_named_by(msg, settings);
+    if (!s || msg.rfind(head, 0) != 0) throw;
+    throw std::invalid_argument(s->origin + ": " + msg.substr(head.size()));
+  }
+}
+
+TrainSpec load_spec(const std::string& path) { return load_spec(path, {}); }
 
 }  // namespace rp

@@ -69,6 +69,7 @@ TokenStream::TokenStream(const LoadedModel& model, const std::string& data_path,
   st.examples = ds.examples.size();
   st.text_tokens = ds.text_stream.size();
   st.dropped_examples = packed.dropped_examples;
+  st.truncated_examples = packed.truncated_examples;
   st.sequences = packed.size();
   st.eval_sequences = held.size();
   st.chat_template = chat_template_name(chat);

@@ -23,6 +23,7 @@
 #include "trainer/disk_space.hpp"
 #include "trainer/lora_setup.hpp"
 #include "trainer/metrics.hpp"
+#include "trainer/progress_clock.hpp"
 #include "trainer/replica_run.hpp"
 #include "trainer/run_setup.hpp"
 #include "trainer/sample.hpp"
@@ -82,6 +83,7 @@ class Run {
   std::string sample_before_;
   std::unique_ptr<Session> session_;
   std::unique_ptr<MetricsFile> metrics_;
+  std::unique_ptr<MetricsJsonl> jsonl_;  // spec metrics_jsonl
   std::unique_ptr<TensorBoardWriter> tb_;
   double mfu_per_token_per_s_ = 0;  // MFU of one token per second (CUDA backend), else 0
   void log_scalars(const StepReport& s);
@@ -89,7 +91,10 @@ class Run {
   bool created_output_dir_ = false;  // the output folder did not exist before this run
   OutputDirLock output_lock_;         // the leader's, for the whole run
   int64_t reported_ = -1; // last step reported
-  double last_report_ = 0;
+  double last_report_ = 0;  // elapsed() when the step timer last started (the loop, then each report)
+  double paused_ = 0;       // seconds since then that belong to no step: evaluations, checkpoints
+  std::optional<ProgressClock> clock_;  // tokens/s and ETA from the steps' own times
+  int64_t evals_after(int64_t steps_done) const;
   std::string last_checkpoint_;
   std::optional<Clock::time_point> stop_deadline_;  // set when the stop request is first seen
   StepWatch watch_;
@@ -112,6 +117,7 @@ class Run {
 void Run::setup() {
   validate_spec(spec_);       // a spec built in code gets the checks of a spec file
   check_data_paths(spec_);    // seconds, before a model load of minutes
+  spdlog::info("{}", optimizer_line(spec_));
   replicas_ = replicas_for(spec_);
   if (replicas_ && replicas_->rank() > 0 && spdlog::get_level() < spdlog::level::warn)
     spdlog::set_level(spdlog::level::warn);  // replica 0 tells the story; the others warn and fail
@@ -149,6 +155,9 @@ void Run::setup() {
     require_disk_space(spec_.output_dir, checkpoint_bytes_, "a checkpoint");
     std::filesystem::create_directories(spec_.output_dir);
     metrics_ = std::make_unique<MetricsFile>(path("metrics.csv"), start_, replica_count() > 1);
+    if (spec_.metrics_jsonl)
+      jsonl_ = std::make_unique<MetricsJsonl>(spec_.metrics_jsonl->empty() ? path("metrics.jsonl") : *spec_.metrics_jsonl,
+                                              start_, replica_count() > 1);
   }
   if (spec_.tensorboard && leader()) tb_ = std::make_unique<TensorBoardWriter>(path("tensorboard"));
   if (session_->device_name().rfind("cuda", 0) == 0) {
@@ -163,6 +172,7 @@ void Run::setup() {
     mfu_per_token_per_s_ = flops / (double(spec_.workers) * replica_count() * DeviceModel{}.peak_flops);
   }
   reported_ = start_ - 1;
+  clock_.emplace(start_, spec_.steps);
   if (cb_.on_ready) cb_.on_ready();
 }
 
@@ -227,9 +237,12 @@ bool Run::report(int64_t t) {
   // the loss and router statistics over the global batch: sums over the replicas, in rank order
   combine_step(replicas_.get(), r, session_->layout().config.num_experts);
   const double now = elapsed();
-  const double dt = now - last_report_;
+  // the steps' own time: evaluations and checkpoints since the last report are not theirs
+  const double dt = std::max(now - last_report_ - paused_, 0.0);
   const int64_t nsteps = t - reported_;
   last_report_ = now;
+  paused_ = 0;
+  clock_->steps(t + 1, nsteps, dt);
   reported_ = t;
   StepReport s;
   s.step = t + 1;
@@ -254,17 +267,34 @@ bool Run::report(int64_t t) {
     s.expert_load_max = ideal > 0 ? *hi / ideal : 0;
   }
   s.elapsed_s = now;
-  s.eta_s = (now / double(t + 1 - start_)) * double(spec_.steps - t - 1);
-  if (pending_eval_.count(t + 1)) collect_eval(t + 1, s);
+  if (pending_eval_.count(t + 1)) {
+    // the wait for the evaluation passes queued behind this step: charged to neither step
+    const double e0 = elapsed();
+    collect_eval(t + 1, s);
+    const double waited = elapsed() - e0;
+    paused_ += waited;
+    clock_->evaluation(waited);
+  }
+  s.eta_s = clock_->eta(t + 1, evals_after(t + 1));
   s.mfu = s.tokens_per_s * mfu_per_token_per_s_;
   s.replica = replicas_ ? replicas_->rank() : 0;
   s.reduce_wait_s = r.reduce_wait_s;
   reduce_wait_total_ += r.reduce_wait_s;
   if (metrics_) metrics_->write(s);
+  if (jsonl_) jsonl_->write(s);
   log_scalars(s);
   if (cb_.on_step) cb_.on_step(s);
   for (const auto& w : watch_.check(s, kept_checkpoint())) spdlog::warn("{}", w);
   return true;
+}
+
+/// Evaluations of the evaluation set still to run after `steps_done` steps (every
+/// eval_every steps and after the last).
+int64_t Run::evals_after(int64_t steps_done) const {
+  if (eval_batches_.empty() || steps_done >= spec_.steps) return 0;
+  const int64_t k = spec_.eval_every;
+  if (k <= 0) return 1;
+  return spec_.steps / k - steps_done / k + (spec_.steps % k != 0 ? 1 : 0);
 }
 
 /// Evaluation passes after `steps_done` steps, queued in the pipeline right behind that step's
@@ -283,7 +313,7 @@ void Run::log_scalars(const StepReport& s) {
   tb_->scalar("train/lr", s.lr, s.step);
   tb_->scalar("train/tokens_per_s", s.tokens_per_s, s.step);
   if (s.mfu > 0) tb_->scalar("train/mfu", s.mfu, s.step);
-  if (spec_.max_grad_norm > 0 || spec_.loss_scaling) tb_->scalar("train/grad_norm", s.grad_norm, s.step);
+  tb_->scalar("train/grad_norm", s.grad_norm, s.step);
   if (spec_.loss_scaling) tb_->scalar("train/loss_scale", s.loss_scale, s.step);
   if (s.experts > 0) {
     tb_->scalar("train/aux_loss", s.aux_loss, s.step);
@@ -315,11 +345,14 @@ void Run::collect_eval(int64_t steps_done, StepReport& into) {
 /// (logged, and eval/loss at step 0 for TensorBoard).
 void Run::evaluate_before_training() {
   if (eval_batches_.empty() || start_ > 0) return;
+  const double e0 = elapsed();
   submit_eval(0);
   StepReport r;
   collect_eval(0, r);
+  clock_->evaluation(elapsed() - e0);  // the pipeline was empty: the set's own time
   spdlog::info("eval before training: loss {:.4f} (ppl {:.2f}) over {} tokens", r.eval_loss, r.eval_perplexity,
                r.eval_tokens);
+  if (jsonl_) jsonl_->eval_before_training(r.eval_loss, r.eval_perplexity);
   if (tb_) {
     tb_->scalar("eval/loss", r.eval_loss, 0);
     tb_->scalar("eval/perplexity", r.eval_perplexity, 0);
@@ -478,8 +511,10 @@ int64_t Run::loop() {
       // drain before the next step's passes: the pipeline refills afterwards, and the
       // results do not change (step k+1 computes with the weights of step k-1 anyway)
       if (!report_through(k)) break;
+      const double p0 = elapsed();
       if (save_now) save(fmt::format("checkpoint-{}", k + 1));
       if (eval_now) evaluate(k + 1);
+      paused_ += elapsed() - p0;  // not the next step's time
     } else if (k > start_ && reported_ < k - 1) {
       // Report one step behind: with the staleness-1 optimizer the next pass is already
       // queued while step k-1's update finishes.
@@ -587,6 +622,7 @@ TrainResult Run::execute_steps() {
   setup();
   evaluate_before_training();
   if (start_ == 0) sample_before_ = sample_text("before fine-tuning");
+  last_report_ = elapsed();  // step 1's time starts here, not with the model load
   TrainResult res = finish(loop());
   if (replicas_ && res.steps_done > start_) {
     const ReplicaStats st = replicas_->stats();

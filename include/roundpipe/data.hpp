@@ -54,6 +54,7 @@ struct TokenStreamStats {
   size_t examples = 0;          ///< supervised examples (after max_examples)
   size_t text_tokens = 0;       ///< tokens of plain text
   size_t dropped_examples = 0;  ///< examples whose prompt left no target within seq_len
+  size_t truncated_examples = 0;  ///< examples longer than a sequence (seq_len + 1 tokens), cut (dropped ones included)
   int64_t sequences = 0;        ///< packed training sequences (one epoch); 0 when every prompt is longer than seq_len
   int64_t eval_sequences = 0;   ///< sequences held out for evaluation (TokenStreamOptions::eval_fraction)
   std::string chat_template;    ///< the template used for {"messages"} lines

@@ -147,8 +147,10 @@ struct StepResult {
   double loss_sum = 0, tokens = 0;  ///< summed token losses (nats) and target tokens: loss = loss_sum / tokens
   double seconds = 0;  ///< from the step's first pass submission to its last group update
   std::string error;   ///< non-empty if the runtime failed (wait() throws RuntimeFailure then)
-  double grad_norm = 0;    ///< guarded steps (clipping, loss scaling, skipping): global L2 norm of the
-                           ///< true gradients, before clipping
+  /// Global L2 norm of the true gradients, before clipping (every step: guarded steps sum the
+  /// squares before the update, the others in each group's update job, reading only the
+  /// gradient); 0 for a step without target tokens.
+  double grad_norm = 0;
   bool skipped = false;    ///< inf/NaN gradients, or no target tokens (tokens == 0): the step changed nothing
   float loss_scale = 1.f;  ///< loss scale the step's backward used
   /// Mixture-of-experts models: the load-balancing loss (ModelConfig::aux_loss_coef; without the

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -62,6 +63,10 @@ struct TrainSpec {
   bool trace = false;                ///< write output_dir/trace.json
   bool trace_messages = false;       ///< also record the actors' protocol messages as flow arrows (implies trace)
   bool tensorboard = true;
+  /// "metrics_jsonl": also write every metrics.csv row as one JSON object per line, flushed as
+  /// written, for a tracker to tail. nullopt: off (false); "": output_dir/metrics.jsonl (true);
+  /// else that file (a path like the spec's others).
+  std::optional<std::string> metrics_jsonl;
   /// A user message the run answers (greedy, at most 64 tokens, the training chat template)
   /// before training and after the last step, to show what fine-tuning changed ("" = none).
   std::string sample_prompt;           ///< write TensorBoard scalar event files into output_dir/tensorboard/
@@ -112,7 +117,28 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where);
 /// counts, names); Trainer::run calls it. Throws std::invalid_argument naming s.source and
 /// the key.
 void validate_spec(const TrainSpec& s);
-/// Reads `path` (JSON) and parses it; syntax errors name the file, line and column.
+/// Reads `path` (JSON) and parses it; syntax errors name the file, line, column and the
+/// parser's reason ("spec.json:3:12: invalid JSON: syntax error while parsing object - ...").
 TrainSpec load_spec(const std::string& path);
+
+/// One command-line setting of a spec key (`roundpipe train --set KEY=VALUE`, or a shorthand
+/// such as `--lr 1e-4` for optimizer.lr).
+struct SpecSetting {
+  std::string key;        ///< the key as the spec nests it, dotted: "seq_len", "lora.r", "optimizer.lr"
+  std::string value;      ///< JSON text (8, true, [1, 2], "x"), else taken as a plain string
+  bool as_string = false; ///< always a string (paths: --data 123 is the file "123")
+  std::string origin;     ///< how errors name it: "--set lora.r=8", "--lr 1e-4"
+};
+/// "KEY=VALUE" -> SpecSetting (origin "--set KEY=VALUE"). Throws std::invalid_argument
+/// "--set X: expected KEY=VALUE ..." without an '=' or with an empty key.
+SpecSetting parse_set_option(const std::string& text);
+/// Writes each setting into `spec` in order (a later one wins): "a.b" sets key b of the
+/// object a, creating a when absent. Throws std::invalid_argument "<origin>: ..." for an empty
+/// key part or a path through a value that is not an object.
+void apply_spec_settings(nlohmann::json& spec, const std::vector<SpecSetting>& settings);
+/// load_spec with `settings` applied to the file's JSON before it is parsed, so they are
+/// checked exactly like the file's keys; an error caused by a setting names it instead of the
+/// file: "--set lora.r=0: key 'lora.r': expected an integer in 1..65536, got 0".
+TrainSpec load_spec(const std::string& path, const std::vector<SpecSetting>& settings);
 
 }  // namespace rp

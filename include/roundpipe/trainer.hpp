@@ -57,13 +57,22 @@ struct StepReport {
   double loss = 0;            ///< mean cross-entropy over the step's target tokens (nats)
   int64_t tokens = 0;         ///< tokens of the step (sequences_per_step * seq_len)
   int64_t target_tokens = 0;  ///< tokens with a target in the step (the loss is averaged over them)
-  double tokens_per_s = 0;    ///< all tokens of the steps since the previous report / its wall time
+  /// All tokens of the steps since the previous report / their own wall time: the time since
+  /// that report (for the first step: since the loop started, not the model load) less the
+  /// evaluations and checkpoints in between.
+  double tokens_per_s = 0;
   double lr = 0;              ///< the learning rate the step used
-  double grad_norm = 0;       ///< global gradient norm before clipping (clipping or loss scaling on), else 0
+  /// Global L2 norm of the step's true gradient (before clipping), over every trainable
+  /// parameter (and every replica's passes). Always computed: without clipping, loss scaling
+  /// or skipping each update job also sums its gradient's squares (the weights are the same).
+  double grad_norm = 0;
   double loss_scale = 1;      ///< fp16 loss scale the step's backward used (1 without loss scaling)
   bool skipped = false;       ///< inf/NaN gradients: the step changed nothing
   double elapsed_s = 0;       ///< since run() started
-  double eta_s = 0;           ///< estimated seconds until the last step
+  /// Estimated seconds until the last step: the steady seconds per step (the median of the
+  /// recent steps after this run's first, excluding evaluations and checkpoints) times the
+  /// steps left, plus the mean measured evaluation time times the evaluations left.
+  double eta_s = 0;
   /// Model FLOPs utilisation (CUDA backend; 0 on the CPU): tokens_per_s * (6 * matmul
   /// parameters + 6 * layers * heads * head_dim * seq_len) / (workers * 790e12, the H200's
   /// dense bf16 peak of scheduler/cost_model.hpp's DeviceModel), as bench_throughput.

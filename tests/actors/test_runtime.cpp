@@ -183,6 +183,33 @@ TEST(Runtime, GlobalNormClippingMatchesReference) {
     }
 }
 
+// Without clipping (no guard) the global norm is still reported: each group's update job sums
+// its gradient's squares. It equals the reference loop's norm, and measuring it changes no
+// weight: the run equals, bit for bit, one guarded by a clipping threshold that never clips.
+TEST(Runtime, GradNormWithoutClippingMatchesReferenceAndChangesNothing) {
+  for (bool async : {false, true})
+    for (int workers : {1, 3}) {
+      Scenario sc;
+      sc.async = async;
+      sc.workers = workers;
+      sc.steps = 4;
+      const std::string what = std::string(async ? "async" : "sync") + " workers=" + std::to_string(workers);
+      const Outcome ref = run_reference(sc);
+      const Outcome got = run_runtime(sc);
+      ASSERT_EQ(got.grad_norms.size(), ref.grad_norms.size());
+      for (size_t t = 0; t < ref.grad_norms.size(); ++t) {
+        EXPECT_GT(ref.grad_norms[t], 0) << what;
+        EXPECT_NEAR(got.grad_norms[t], ref.grad_norms[t], 1e-5 * ref.grad_norms[t]) << what << " step " << t;
+      }
+      sc.max_grad_norm = 1e30;  // guarded steps, clip coefficient 1
+      const Outcome guarded = run_runtime(sc);
+      for (size_t g = 0; g < got.weights.size(); ++g)
+        EXPECT_EQ(got.weights[g], guarded.weights[g]) << what << " group " << g;
+      for (size_t t = 0; t < got.grad_norms.size(); ++t)
+        EXPECT_EQ(got.grad_norms[t], guarded.grad_norms[t]) << what << " step " << t;
+    }
+}
+
 // A NaN in the weights makes every gradient NaN: with skip_nonfinite each step is skipped,
 // so the fp32 masters (and the protocol: every step still completes) stay exactly as they were.
 TEST(Runtime, NonFiniteGradientsSkipTheStep) {

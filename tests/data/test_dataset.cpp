@@ -200,6 +200,12 @@ TEST(Packing, ExamplesPaddedOnePerSequence) {
   EXPECT_EQ(p.dropped_examples, 1u);
   EXPECT_EQ(p.ids, (Ids{10, 11, 12, 13, /**/ 1, 2, 3, 4, /**/ 20, 21, 22, 23}));
   EXPECT_EQ(p.targets, (Ids{X, 12, 13, X, /**/ 2, 3, 4, 5, /**/ X, X, X, 24}));
+  // cut: the 10- and the 7-token example (the dropped one too); 5 = seq_len + 1 tokens is whole
+  EXPECT_EQ(p.truncated_examples, 2u);
+  EXPECT_EQ(pack_sequences(d, 4, 0, /*pack=*/true).truncated_examples, 2u);
+  EXPECT_EQ(pack_sequences(d, 9, 0).truncated_examples, 0u) << "10 tokens fit seq_len 9 + 1";
+  split_off(p, 0.5);
+  EXPECT_EQ(p.truncated_examples, 2u) << "the held-out split keeps the count of the file";
 }
 
 TEST(Packing, TextStreamWindowsOverlapByOne) {

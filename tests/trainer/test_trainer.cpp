@@ -492,3 +492,52 @@ TEST(TokenStream, HeldOutSequencesAreNeverServedForTraining) {
 }
 
 }  // namespace
+
+namespace {
+
+// metrics_jsonl: one flushed object per step with what metrics.csv and on_step hold, the
+// evaluation before training as step 0; the gradient norm is reported without clipping.
+TEST(Trainer, MetricsJsonlMirrorsTheStepsAndTheNormIsAlwaysThere) {
+  auto d = tmpdir();
+  rp::TrainSpec s = tiny_spec(d, "run", 4);
+  s.eval_fraction = 0.5;
+  s.eval_every = 2;
+  s.metrics_jsonl = "";  // true: output_dir/metrics.jsonl
+  ASSERT_EQ(s.max_grad_norm, 0) << "no clipping: the unguarded path";
+  std::vector<rp::StepReport> reports;
+  rp::TrainerCallbacks cb;
+  cb.on_step = [&](const rp::StepReport& r) { reports.push_back(r); };
+  rp::Trainer(s).run(cb);
+  ASSERT_EQ(reports.size(), 4u);
+  std::ifstream f(d / "run/metrics.jsonl");
+  std::vector<nlohmann::json> lines;
+  for (std::string l; std::getline(f, l);) lines.push_back(nlohmann::json::parse(l));
+  ASSERT_EQ(lines.size(), 5u);
+  EXPECT_EQ(lines[0]["step"], 0);
+  EXPECT_TRUE(lines[0].contains("eval_loss"));
+  for (size_t i = 0; i < reports.size(); ++i) {
+    const rp::StepReport& r = reports[i];
+    const nlohmann::json& j = lines[i + 1];
+    EXPECT_EQ(j["step"], r.step);
+    EXPECT_EQ(j["loss"].get<double>(), r.loss);
+    EXPECT_EQ(j["grad_norm"].get<double>(), r.grad_norm);
+    EXPECT_GT(r.grad_norm, 0) << "computed without clipping, step " << r.step;
+    EXPECT_TRUE(std::isfinite(r.grad_norm));
+    EXPECT_EQ(j.contains("eval_loss"), r.evaluated) << r.step;
+    EXPECT_FALSE(j.contains("aux_loss")) << "a dense model, as metrics.csv leaves it blank";
+    EXPECT_GT(r.eta_s + (r.step == 4 ? 1 : 0), 0) << "the ETA of every step but the last";
+  }
+  // metrics.csv's grad_norm column (the seventh) holds the same norm
+  std::ifstream csv(d / "run/metrics.csv");
+  std::string row;
+  std::getline(csv, row);
+  for (const auto& r : reports) {
+    ASSERT_TRUE(std::getline(csv, row));
+    size_t at = 0;
+    for (int col = 0; col < 6; ++col) at = row.find(',', at) + 1;
+    EXPECT_NEAR(std::stod(row.substr(at)), r.grad_norm, 1e-5 * r.grad_norm) << row;
+  }
+  fs::remove_all(d);
+}
+
+}  // namespace

@@ -1,0 +1,116 @@
+// `roundpipe train` settings from the command line (--set, --lr, --seq-len, --data, ...),
+// --dump-batch on its own, --version, and what a run says about itself: the optimizer mode
+// first, truncated examples per data file, the gradient norm in every progress line.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/cli/cli_util.hpp"
+
+namespace {
+
+using namespace rp::clitest;
+
+TEST(CliSettings, SetAndShorthandsReachTheSpecAndErrorsNameThem) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  write(d / "data.jsonl", "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n");
+  write(d / "other.jsonl", "{\"text\": \"And God said, Let there be light: and there was light.\"}\n");
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
+  const std::string spec = (d / "spec.json").string();
+  // shorthands first, then --set in order: seq_len ends at 10
+  CliRun r = roundpipe("train " + spec + " --seq-len 12 --set seq_len=14 --set seq_len=10 --dump-batch " +
+                           (d / "a.json").string(),
+                       d);
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  EXPECT_EQ(nlohmann::json::parse(slurp(d / "a.json"))["seq_len"], 10);
+  EXPECT_NE(r.out.find("nothing was trained"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(d / "run")) << "--dump-batch alone writes nothing else";
+  r = roundpipe("train " + spec + " --seq-len 12 --dump-batch " + (d / "b.json").string(), d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(slurp(d / "b.json"))["seq_len"], 12);
+  r = roundpipe("train " + spec + " --data " + (d / "other.jsonl").string() + " --dump-batch " + (d / "c.json").string(), d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(nlohmann::json::parse(slurp(d / "c.json"))["ids"], nlohmann::json::parse(slurp(d / "b.json"))["ids"]);
+  expect_one_line_error(roundpipe("train " + spec + " --set lora.r=0", d),
+                        "--set lora.r=0: key 'lora.r': expected an integer in 1..65536, got 0");
+  expect_one_line_error(roundpipe("train " + spec + " --lr fast", d),
+                        "--lr fast: key 'optimizer.lr': expected a number, got \"fast\"");
+  expect_one_line_error(roundpipe("train " + spec + " --set wokers=2", d), "--set wokers=2: unknown key 'wokers'");
+  expect_one_line_error(roundpipe("train " + spec + " --set steps", d), "--set steps: expected KEY=VALUE");
+  expect_one_line_error(roundpipe("train " + spec + " --train", d), "--train: only with --dump-batch");
+  EXPECT_FALSE(fs::exists(d / "run"));
+  fs::remove_all(d);
+}
+
+// With --train the run goes on after the dump, and its first batch is the one dumped alone.
+TEST(CliSettings, DumpBatchWithTrainTrainsOnTheSameBatch) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  write(d / "data.jsonl", "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n"
+                          "{\"prompt\": \"Say hi\", \"completion\": \" hi there\"}\n");
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run", ", \"seed\": 5"));
+  const std::string spec = (d / "spec.json").string();
+  ASSERT_EQ(roundpipe("train " + spec + " --dump-batch " + (d / "alone.json").string(), d).code, 0);
+  CliRun r = roundpipe("train " + spec + " --dump-batch " + (d / "trained.json").string() + " --train", d);
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  EXPECT_TRUE(fs::exists(d / "run/final"));
+  EXPECT_EQ(slurp(d / "alone.json"), slurp(d / "trained.json"));
+  fs::remove_all(d);
+}
+
+TEST(CliSettings, VersionSaysHowTheBinaryWasBuilt) {
+  auto d = tmpdir();
+  CliRun r = roundpipe("--version", d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("roundpipe ", 0), 0u) << r.out;
+  for (const char* field : {"\ncommit: ", "\nbuild type: ", "\nCUDA architectures: ", "\ncuDNN attention: "})
+    EXPECT_NE(r.out.find(field), std::string::npos) << field << " in " << r.out;
+  const size_t at = r.out.find("commit: ") + 8;
+  const std::string commit = r.out.substr(at, r.out.find('\n', at) - at);
+  EXPECT_TRUE(commit == "unknown" || (commit.size() == 12 && commit.find_first_not_of("0123456789abcdef") ==
+                                                                std::string::npos))
+      << commit;
+  fs::remove_all(d);
+}
+
+// A run's output: the optimizer mode first, one line per data file with truncated examples,
+// the gradient norm on every progress line although nothing clips.
+TEST(CliSettings, ARunSaysItsOptimizerTruncationsAndGradNorm) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  const std::string long_text(80, 'a');
+  write(d / "data.jsonl", "{\"prompt\": \"Say hi\", \"completion\": \" hi there\"}\n"
+                          "{\"prompt\": \"Say\", \"completion\": \"" + long_text + "\"}\n"
+                          "{\"prompt\": \"Go\", \"completion\": \" on\"}\n");
+  write(d / "eval.jsonl", "{\"prompt\": \"Say\", \"completion\": \"" + long_text + "\"}\n");
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
+  CliRun r = roundpipe("train " + (d / "spec.json").string() + " --eval-data " + (d / "eval.jsonl").string(), d);
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  const std::string all = r.out + r.err;
+  const size_t opt = all.find("optimizer: AdamW (lr 0.0001, weight decay 0, clipping off), staleness 1 (async, the "
+                              "default; \"async\": false for a synchronous step)");
+  EXPECT_NE(opt, std::string::npos) << all;
+  EXPECT_LT(opt, all.find("loading model")) << "before the model loads";
+  EXPECT_NE(all.find((d / "data.jsonl").string() + ": 1 of 3 examples truncated to 16 tokens"), std::string::npos)
+      << all;
+  EXPECT_NE(all.find((d / "eval.jsonl").string() + ": 1 of 1 examples truncated to 16 tokens"), std::string::npos)
+      << all;
+  for (const char* step : {"step     1/2 |", "step     2/2 |"}) {
+    const size_t at = r.out.find(step);
+    ASSERT_NE(at, std::string::npos) << r.out;
+    const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
+    const size_t g = line.find("| grad norm ");
+    ASSERT_NE(g, std::string::npos) << line;
+    EXPECT_GT(std::stod(line.substr(g + 12)), 0) << line;
+  }
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "sync", ", \"async\": false"));
+  r = roundpipe("train " + (d / "spec.json").string() + " --steps 1", d);
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  EXPECT_NE((r.out + r.err).find("synchronous (staleness 0"), std::string::npos) << r.out;
+  fs::remove_all(d);
+}
+
+}  // namespace

@@ -1,0 +1,80 @@
+// Command-line settings of spec keys (roundpipe/spec.hpp SpecSetting, `--set KEY=VALUE`):
+// nested keys, JSON or string values, the last one wins, and errors that name the setting.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <unistd.h>
+
+#include "roundpipe/spec.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path spec_file(const std::string& text) {
+  const fs::path p = fs::temp_directory_path() / ("rp_spec_settings_" + std::to_string(::getpid()) + ".json");
+  std::ofstream(p) << text;
+  return p;
+}
+
+const char* kSpec = R"({"model": "m.gguf", "data": "d.jsonl", "optimizer": {"lr": 0.001}})";
+
+std::string error_of(const std::string& text, const std::vector<rp::SpecSetting>& sets) {
+  const fs::path p = spec_file(text);
+  try {
+    rp::load_spec(p.string(), sets);
+  } catch (const std::invalid_argument& e) {
+    fs::remove(p);
+    return e.what();
+  }
+  fs::remove(p);
+  return "no error";
+}
+
+TEST(SpecSettings, NestedKeysJsonValuesAndStrings) {
+  const fs::path p = spec_file(kSpec);
+  const rp::TrainSpec s = rp::load_spec(
+      p.string(), {rp::parse_set_option("seq_len=64"), rp::parse_set_option("lora.r=4"),
+                   rp::parse_set_option("lora.target_modules=[\"q_proj\",\"o_proj\"]"),
+                   rp::parse_set_option("optimizer.lr=2e-5"), rp::parse_set_option("chat_template=chatml"),
+                   rp::parse_set_option("async=false"), rp::parse_set_option("seq_len=32"),
+                   {"data", "123", true, "--data 123"}});
+  fs::remove(p);
+  EXPECT_EQ(s.seq_len, 32) << "a later setting wins";
+  ASSERT_TRUE(s.lora.has_value()) << "lora.r created the object";
+  EXPECT_EQ(s.lora->r, 4);
+  EXPECT_EQ(s.lora->target_modules, (std::vector<std::string>{"q_proj", "o_proj"}));
+  EXPECT_EQ(s.adam.lr, 2e-5) << "inside the file's optimizer object";
+  EXPECT_EQ(s.lr_schedule.lr, 2e-5) << "the schedule inherits it as from the file";
+  EXPECT_EQ(s.chat_template, "chatml") << "not JSON: a string";
+  EXPECT_FALSE(s.async);
+  EXPECT_EQ(s.data, "123") << "as_string keeps a number-like path a string";
+}
+
+TEST(SpecSettings, ErrorsNameTheSetting) {
+  EXPECT_EQ(error_of(kSpec, {rp::parse_set_option("lora.r=0")}),
+            "--set lora.r=0: key 'lora.r': expected an integer in 1..65536, got 0");
+  EXPECT_EQ(error_of(kSpec, {{"optimizer.lr", "abc", false, "--lr abc"}}),
+            "--lr abc: key 'optimizer.lr': expected a number, got \"abc\"");
+  EXPECT_NE(error_of(kSpec, {rp::parse_set_option("wokers=2")}).find("--set wokers=2: unknown key 'wokers'"),
+            std::string::npos);
+  EXPECT_EQ(error_of(kSpec, {rp::parse_set_option("model.x=1")}),
+            "--set model.x=1: key 'model' holds \"m.gguf\", not an object with keys");
+  EXPECT_NE(error_of(kSpec, {rp::parse_set_option("lora..r=1")}).find("--set lora..r=1: expected a key"),
+            std::string::npos);
+  // the file's own errors still name the file
+  const std::string own = error_of(R"({"model": "m", "data": "d", "steps": 0})", {rp::parse_set_option("seq_len=8")});
+  EXPECT_NE(own.find(".json: key 'steps'"), std::string::npos) << own;
+  EXPECT_THROW(rp::parse_set_option("seq_len"), std::invalid_argument);
+  EXPECT_THROW(rp::parse_set_option("=3"), std::invalid_argument);
+}
+
+TEST(SpecSettings, InvalidJsonNamesLineColumnAndReason) {
+  const std::string e = error_of("{\"model\": \"x\",\n \"data\": }", {});
+  EXPECT_NE(e.find(".json:2:10: invalid JSON: syntax error while parsing value - unexpected '}'"), std::string::npos)
+      << e;
+}
+
+}  // namespace
