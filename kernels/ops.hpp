@@ -107,6 +107,22 @@ class Ops {
   /// CPU ops keep no other state: one object may serve concurrent callers.
   virtual void set_num_threads(int n) = 0;
   virtual int num_threads() const = 0;
+  /// fp16 accumulation of the dense linears' forward and input-gradient GEMMs (linear_fwd,
+  /// linear_bwd_input, linear_fwd_add; weight gradients, grouped and LM-head GEMMs stay fp32):
+  /// twice the tensor-core rate of fp32 accumulation on GeForce GPUs (docs/gpu.md, "fp16
+  /// accumulation"). A sum past 65504 becomes inf, which the f16 loss scaling's non-finite
+  /// check catches. CUDA: cuBLASLt's CUBLAS_COMPUTE_16F, needs dtype() f16; the CPU backend
+  /// emulates it (the fp32 sum of each k-chunk of 16 products is added to an fp16
+  /// accumulator, as an m16n8k16 tensor-core step does). Set before the ops are used.
+  /// Throws std::invalid_argument on a bf16 device.
+  void set_f16_accumulation(bool on) {
+    if (on && dtype() == DType::bf16)
+      throw std::invalid_argument("fp16 accumulation needs the f16 compute dtype (this device stores bf16)");
+    f16_accum_ = on;
+  }
+  bool f16_accumulation() const { return f16_accum_; }
+  /// Products per fp16 rounding of the accumulator in the CPU emulation (the k of one mma).
+  static constexpr int64_t kF16AccumChunk = 16;
 
   // ---- memory helpers (element counts, any of f32/bf16/f16; fill also i32) ------
   /// x[i] = value, i < n, x of type t.
@@ -457,6 +473,9 @@ class Ops {
     const int64_t R = std::clamp<int64_t>(T, kCeChunk, kCeMaxRows);
     return size_t(R * (V + 2 * H)) * 4 + size_t(R) * 4;
   }
+
+ protected:
+  bool f16_accum_ = false;
 };
 
 /// The CPU backend's ops (fp32, Eigen). `num_threads` as Ops::set_num_threads.

@@ -17,6 +17,14 @@
 namespace rp {
 namespace {
 
+// fp16 accumulation of the linears' GEMMs (docs/gpu.md): only on fp16 storage.
+void check_gemm_accumulate(const JsonFields& f, const TrainSpec& s) {
+  if (s.gemm_accumulate != "f32" && s.gemm_accumulate != "f16")
+    f.fail("gemm_accumulate", "\"f32\" or \"f16\"", s.gemm_accumulate);
+  if (s.gemm_accumulate == "f16" && s.compute_dtype != "f16")
+    f.fail_with("key 'gemm_accumulate': \"f16\" needs \"compute_dtype\": \"f16\" (bf16 tensor cores accumulate in fp32 only)");
+}
+
 void read_scalars(const JsonFields& f, TrainSpec& s) {
   f.optional("model", s.model);
   f.optional("data", s.data);
@@ -68,6 +76,8 @@ void read_scalars(const JsonFields& f, TrainSpec& s) {
   f.optional("log_every", s.log_every);
   f.optional("compute_dtype", s.compute_dtype);
   if (s.compute_dtype != "bf16" && s.compute_dtype != "f16") f.fail("compute_dtype", "\"bf16\" or \"f16\"", s.compute_dtype);
+  f.optional("gemm_accumulate", s.gemm_accumulate);
+  check_gemm_accumulate(f, s);
   f.optional("resume_from", s.resume_from);
   f.optional("watchdog_s", s.watchdog_s);
   f.optional("stop_timeout_s", s.stop_timeout_s);
@@ -327,7 +337,7 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
                 "device_memory_gib", "pcie_gbps", "transfer_priorities", "transfer_chunk_bytes", "save_attention",
                 "mlp_chunk_tokens", "pin_budget_gib", "output_dir", "overwrite_output_dir",
                 "save_every", "save_dtype", "trace", "trace_messages", "tensorboard", "metrics_jsonl", "sample_prompt", "seed",
-                "log_every", "compute_dtype", "loss_scaling", "resume_from", "watchdog_s", "stop_timeout_s",
+                "log_every", "compute_dtype", "gemm_accumulate", "loss_scaling", "resume_from", "watchdog_s", "stop_timeout_s",
                 "nonfinite", "max_skipped_steps", "mpi", "replica_timeout_s", "comment"});
   if (!f.has("model")) throw std::invalid_argument(where + ": missing key 'model' (a .gguf file or HF directory)");
   if (!f.has("data")) throw std::invalid_argument(where + ": missing key 'data' (a .jsonl or .txt file, or a directory)");
@@ -347,6 +357,7 @@ void validate_spec(const TrainSpec& s) {
   if (s.nonfinite != "stop" && s.nonfinite != "skip") f.fail("nonfinite", "\"stop\" or \"skip\"", s.nonfinite);
   if (s.compute_dtype != "bf16" && s.compute_dtype != "f16")
     f.fail("compute_dtype", "\"bf16\" or \"f16\"", s.compute_dtype);
+  check_gemm_accumulate(f, s);
   if (s.max_examples < 0) f.fail("max_examples", "an integer >= 0", s.max_examples);
   if (s.max_grad_norm < 0 || !std::isfinite(s.max_grad_norm))
     f.fail("max_grad_norm", "a finite number >= 0", s.max_grad_norm);

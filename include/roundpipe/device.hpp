@@ -14,6 +14,9 @@ struct DeviceOptions {
   size_t pcie_chunk_bytes = size_t(1) << 20; ///< CPU backend: the link is re-arbitrated after each chunk
   bool pcie_priorities = true;               ///< CPU backend: activation streams first (false: first come, first served)
   DType dtype = DType::bf16;                 ///< CUDA backend: storage dtype, bf16 or f16 (the CPU backend is f32)
+  /// fp16 accumulation of the dense linears' forward and input-gradient GEMMs (CUDA: needs
+  /// dtype f16, else opening the device throws std::invalid_argument; CPU: emulated, slow).
+  bool f16_accumulation = false;
 };
 
 /// Number of CUDA devices visible (0 when the build has no CUDA or no driver/GPU).

@@ -73,6 +73,9 @@ struct TrainSpec {
   uint64_t seed = 0;                 ///< data order
   int64_t log_every = 1;
   std::string compute_dtype = "bf16";  ///< CUDA backend: bf16 | f16 (the CPU backend computes in f32)
+  /// Accumulation of the dense linears' forward and input-gradient GEMMs: "f32" | "f16" (twice
+  /// the tensor-core rate on GeForce GPUs; needs compute_dtype f16; docs/gpu.md).
+  std::string gemm_accumulate = "f32";
   /// fp16 dynamic loss scaling ("loss_scaling": true/false or {init_scale, growth_factor,
   /// backoff_factor, growth_interval}); default: on iff compute_dtype is f16.
   std::optional<LossScalerOptions> loss_scaling;

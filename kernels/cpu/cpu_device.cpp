@@ -172,6 +172,7 @@ class CpuDevice final : public Device {
                                                 copies ? link_.get() : nullptr, prio);
     }
     ops_ = make_cpu_ops();
+    ops_->set_f16_accumulation(opt.f16_accumulation);  // emulated (kernels/cpu/cpu_f16_accum.cpp)
   }
   ~CpuDevice() override {
     for (auto& s : streams_) s->synchronize();

@@ -23,6 +23,7 @@ void CpuOps::linear_fwd_add(const void* x, const void* w, void* y, int64_t M, in
                             float alpha) {
   require(M >= 0 && K >= 0 && N >= 0, "linear_fwd_add", "negative dimension");
   if (M == 0 || N == 0 || K == 0) return;
+  if (f16_accum_) return gemm_f16_accumulate(threads_, M, N, K, F(x), K, F(w), K, true, F(y), N, alpha, true);
   // rows split over the threads; each part computes its rows' product in fp32 and adds it
   parallel_for(threads_, M, 32, [&](int64_t m0, int64_t m1) {
     CMat xs(F(x) + m0 * K, m1 - m0, K), ws(F(w), N, K);

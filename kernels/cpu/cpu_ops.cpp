@@ -175,6 +175,7 @@ void CpuOps::linear_fwd(const void* x, const void* w, void* y, int64_t M, int64_
   require(M >= 0 && K >= 0 && N >= 0, "linear_fwd", "negative dimension");
   if (M == 0 || N == 0) return;
   if (K == 0) return fill(DType::f32, y, M * N, 0.f);
+  if (f16_accum_) return gemm_f16_accumulate(threads_, M, N, K, F(x), K, F(w), K, true, F(y), N, 1.f, false);
   gemm_nt(threads_, M, N, K, F(x), K, F(w), K, F(y), N, false);
 }
 
@@ -186,6 +187,7 @@ void CpuOps::linear_bwd_input(const void* dy, const void* w, void* dx, int64_t M
     if (!accumulate) fill(DType::f32, dx, M * K, 0.f);
     return;
   }
+  if (f16_accum_) return gemm_f16_accumulate(threads_, M, K, N, F(dy), N, F(w), K, false, F(dx), K, 1.f, accumulate);
   gemm_nn(threads_, M, K, N, F(dy), N, F(w), K, F(dx), K, accumulate);
 }
 

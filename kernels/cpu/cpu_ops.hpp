@@ -22,6 +22,13 @@ void gemm_nn(int threads, int64_t M, int64_t N, int64_t K, const float* A, int64
 void gemm_tn(int threads, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
              const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate);
 
+/// C[M,N] (+)= alpha * A[M,K] * op(B) (op(B) = B[N,K]^T when b_transposed, else B[K,N]) with
+/// fp16 accumulation emulated (kernels/cpu/cpu_f16_accum.cpp): the CPU twin of the CUDA
+/// backend's CUBLAS_COMPUTE_16F GEMMs. Values are fp32 holding fp16-rounded results.
+void gemm_f16_accumulate(int threads, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+                         const float* B, int64_t ldb, bool b_transposed, float* C, int64_t ldc, float alpha,
+                         bool accumulate);
+
 /// Throws std::invalid_argument("<op>: <what>") unless cond.
 void require(bool cond, const char* op, const char* what);
 

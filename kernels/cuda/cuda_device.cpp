@@ -463,6 +463,7 @@ class CudaDevice final : public Device {
           sk == StreamKind::compute ? err_host_ : nullptr);
     }
     ops_ = std::make_unique<CudaOps>(index_, streams_[0]->handle(), opt.dtype, static_cast<unsigned*>(d));
+    ops_->set_f16_accumulation(opt.f16_accumulation);
     pages_ = std::make_unique<CudaPages>(index_);
     pool_ = std::make_unique<PagedPool>(*pages_, cap_, kCudaPoolGranule, name());
   }
@@ -571,6 +572,8 @@ std::unique_ptr<Device> make_cuda_device(int index, const DeviceOptions& opt) {
     throw DeviceError(fmt::format("no CUDA device {}: {} visible (CUDA_VISIBLE_DEVICES={})", index,
                                   n, vis ? vis : "<unset>"));
   }
+  if (opt.f16_accumulation && opt.dtype != DType::f16)
+    throw std::invalid_argument("fp16 accumulation needs the f16 compute dtype (DeviceOptions::dtype)");
   cuda::check_device_arch(index);  // one line when this build has no kernels for the GPU
   return std::make_unique<cuda::CudaDevice>(index, opt);
 }

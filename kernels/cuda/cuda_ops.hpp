@@ -176,10 +176,11 @@ class CudaOps final : public Ops {
                      bool accumulate);
 
   /// C[m,n] (col-major) = alpha op(A) op(B) + beta C through cuBLASLt, A/B in dtype(),
-  /// C in c_t (dtype() or f32), fp32 compute. Public for the benchmark.
+  /// C in c_t (dtype() or f32), fp32 compute; f16_compute: fp16 compute and scale type
+  /// (CUBLAS_COMPUTE_16F, dtype() and c_t f16). Public for the benchmark.
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* A,
             int64_t lda, const void* B, int64_t ldb, void* C, DType c_t, int64_t ldc,
-            float beta, float alpha = 1.0f);
+            float beta, float alpha = 1.0f, bool f16_compute = false);
 
  private:
   struct Plan {
@@ -187,7 +188,8 @@ class CudaOps final : public Ops {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  using Key = std::array<int64_t, 16>;  // gemm_on's fields, then the FP8 operand types (0: none)
+  // gemm_on's fields, then the FP8 operand types (0: none), then fp16 accumulation
+  using Key = std::array<int64_t, 17>;
   // FP8 operands of a GEMM (cuda_ops_fp8.cpp): their types, device fp32 scales, fast accumulation.
   struct Fp8Operands {
     cudaDataType_t a_type, b_type;
@@ -198,10 +200,10 @@ class CudaOps final : public Ops {
   // gemm() on stream st with workspace ws (ws_bytes_ bytes, used by no other stream meanwhile).
   void gemm_on(cudaStream_t st, void* ws, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                const void* A, int64_t lda, const void* B, int64_t ldb, void* C, DType c_t, int64_t ldc,
-               float beta, float alpha = 1.0f);
+               float beta, float alpha = 1.0f, bool f16_compute = false);
   Plan& plan_for(const Key& key, bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
                  int64_t ldc, DType c_t, unsigned align_a, unsigned align_b, unsigned align_c,
-                 const Fp8Operands* fp8 = nullptr);
+                 const Fp8Operands* fp8 = nullptr, bool f16_compute = false);
 
   int dev_;
   cudaStream_t st_;

@@ -129,6 +129,28 @@ TEST(NonFinite, SpecKeysAreChecked) {
   EXPECT_EQ(parse(", \"nonfinite\": \"skip\", \"max_skipped_steps\": 5"), "ok");
 }
 
+// fp16 GEMM accumulation (docs/gpu.md): only with f16 storage, and only "f32" or "f16".
+TEST(GemmAccumulate, SpecKeyIsChecked) {
+  auto d = tmpdir();
+  write(d / "data.jsonl", kData);
+  auto parse = [&](const std::string& extra) -> std::string {
+    try {
+      const rp::TrainSpec s = rp::spec_from_json(
+          nlohmann::json::parse(spec_for(d / "m", d / "data.jsonl", d / "run", extra)), "s.json");
+      return "ok " + s.gemm_accumulate;
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+  };
+  EXPECT_EQ(parse(""), "ok f32");
+  EXPECT_EQ(parse(", \"compute_dtype\": \"f16\", \"gemm_accumulate\": \"f16\""), "ok f16");
+  EXPECT_EQ(parse(", \"gemm_accumulate\": \"f16\""),
+            "s.json: key 'gemm_accumulate': \"f16\" needs \"compute_dtype\": \"f16\" (bf16 tensor cores accumulate "
+            "in fp32 only)");
+  EXPECT_EQ(parse(", \"compute_dtype\": \"f16\", \"gemm_accumulate\": \"fp16\""),
+            "s.json: key 'gemm_accumulate': expected \"f32\" or \"f16\", got \"fp16\"");
+}
+
 rp::StepReport step(int64_t k, double loss, bool skipped, float scale = 1.f, int64_t targets = 10) {
   rp::StepReport r;
   r.step = k;
