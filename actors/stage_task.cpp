@@ -76,6 +76,16 @@ void allocate_slot(const WorkerContext& ctx, Task& t, int j) {
   t.progress.hold_slot(j);
 }
 
+void release_retired_inputs(Task& t, int j) {
+  Slot& s = t.slot[j];
+  const StageKind kind = t.rs.stage.kind;
+  for (DeviceBuffer* b : {&s.ids, &s.pos, &s.targets, &s.in, &s.moe_stats_in}) b->reset();
+  if (kind == StageKind::forward) return;
+  for (auto* v : {&s.xs, &s.attn_o, &s.attn_lse})
+    for (DeviceBuffer& b : *v) b.reset();
+  if (kind == StageKind::backward) s.moe_stats.reset();
+}
+
 LayerArgs layer_args(const WorkerContext& ctx, const Task& t, int layer, int64_t m) {
   const Slot& s = t.slot[m % 2];
   LayerArgs a;

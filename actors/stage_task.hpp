@@ -79,6 +79,14 @@ void allocate_work(const WorkerContext& ctx, Task& t);
 /// outputs); each activation is t.rs.buffers->act_bytes. Throws DeviceOutOfMemory.
 void allocate_slot(const WorkerContext& ctx, Task& t, int j);
 
+/// Slot j of a task that computed its last micro-batch there and still downloads its
+/// outputs: gives back what no copy reads any more, the inputs (ids, positions, targets, the
+/// uploaded input or dy, the uploaded router statistics; a backward or tail stage's saved
+/// inputs and attention; a backward stage's router statistics), keeping the outputs in
+/// flight (a forward stage's layer outputs, saved attention and router statistics; dx, the
+/// loss and the tail's router statistics). StageEstimate::retained_bytes counts what is kept.
+void release_retired_inputs(Task& t, int j);
+
 /// The arguments of `layer` for micro-batch m of t (its slot m % 2): ops, micro-batch shape, device weights
 /// (null for a group the stage does not upload, ModelLayout::groups_uploaded), gradient
 /// accumulators (backward and tail stages; null for frozen groups), scratch, token ids and the

@@ -634,6 +634,8 @@ class Worker : public WorkerActor::base {
       if (t.progress.slot_finished(j)) {
         t.slot[j] = Slot{};
         t.progress.drop_slot(j);
+      } else if (t.progress.holds_slot(j)) {
+        release_retired_inputs(t, j);  // the next task starts now: only the outputs in flight stay
       }
     const uint64_t id = t.id;
     t.grads_pending = int(t.grad_groups.size());

@@ -48,6 +48,7 @@
 #include "scheduler/cost_model.hpp"
 #include "scheduler/partition.hpp"
 #include "scheduler/replan.hpp"
+#include "scheduler/stage_peak.hpp"
 
 namespace {
 
@@ -320,7 +321,8 @@ int run(int argc, char** argv) {
   // the largest stage's working set, and with room for the next stage's weights beside it (the
   // worker prefetches them when the cap allows, so a generous cap's peak is nearer the latter)
   int64_t predicted = 0, predicted_prefetch = 0;
-  for (const auto& e : rp::check_plan(costs, planned, po, "plan")) {
+  const std::vector<rp::StageEstimate> stage_est = rp::check_plan(costs, planned, po, "plan");
+  for (const auto& e : stage_est) {
     predicted = std::max(predicted, e.work_bytes);
     predicted_prefetch = std::max(predicted_prefetch, e.memory_bytes);
   }
@@ -328,8 +330,13 @@ int run(int argc, char** argv) {
     o.plan = planned;
     o.device.capacity_bytes = size_t(double(predicted) * (1 + cap_above_plan));
   }
-  std::printf("plan %s: predicted working set %.2f GiB, cap %.2f GiB\n", planned.summary().c_str(),
-              double(predicted) / double(1ull << 30), double(o.device.capacity_bytes) / double(1ull << 30));
+  // the peak across stage switches (scheduler/stage_peak.hpp) under the cap the run gets
+  rp::PartitionOptions peak_po = po;
+  peak_po.memory_cap = int64_t(o.device.capacity_bytes);
+  const rp::PeakEstimate peak_est = rp::predict_peak(stage_est, peak_po);
+  std::printf("plan %s: predicted working set %.2f GiB, peak at stage switches %.2f GiB, cap %.2f GiB\n",
+              planned.summary().c_str(), double(predicted) / double(1ull << 30),
+              double(peak_est.bytes) / double(1ull << 30), double(o.device.capacity_bytes) / double(1ull << 30));
   auto t0 = std::chrono::steady_clock::now();
   int64_t frozen_bytes = 0, trainable = 0;
   for (const auto& g : m.groups) g.frozen ? frozen_bytes += g.storage_bytes : trainable += g.numel;
@@ -406,11 +413,14 @@ int run(int argc, char** argv) {
       dt);
   predicted_prefetch = std::min(predicted_prefetch, int64_t(o.device.capacity_bytes));
   std::printf("RESULT tokens/s %.1f  MFU %.3f  peak device memory %.2f GiB (predicted working set %.2f, measured/predicted %.3f; "
-              "with the next stage's weights prefetched %.2f, measured/predicted %.3f)  host max RSS %.1f GiB  step %.3f s  "
+              "with the next stage's weights prefetched %.2f, measured/predicted %.3f; predicted peak at stage switches "
+              "%.2f, measured/predicted %.3f)  host max RSS %.1f GiB  step %.3f s  "
               "weights uploaded %.2f GB per iteration  (%s; %s, %s)\n",
               tps, mfu, peak, double(predicted) / double(1ull << 30), double(s.peak_device_bytes()) / double(predicted),
               double(predicted_prefetch) / double(1ull << 30),
               double(s.peak_device_bytes()) / double(std::max<int64_t>(predicted_prefetch, 1)),
+              double(peak_est.bytes) / double(1ull << 30),
+              double(s.peak_device_bytes()) / double(std::max<int64_t>(peak_est.bytes, 1)),
               rss, dt, weight_gb, s.plan().summary().c_str(), xfer.c_str(), chunks.c_str());
   if (!results.empty()) std::ofstream(results, std::ios::app) << row << "\n";
   if (!trace.empty()) s.write_trace(trace);

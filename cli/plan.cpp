@@ -30,6 +30,7 @@
 #include "scheduler/replica_cost.hpp"
 #include "scheduler/profile.hpp"
 #include "scheduler/simulator.hpp"
+#include "scheduler/stage_peak.hpp"
 
 namespace fs = std::filesystem;
 
@@ -236,12 +237,16 @@ std::vector<LayerCost> analytic_costs(const ModelShape& m, const PlanCommandOpti
   return costs;
 }
 
-// The plan for sequences of `seq` tokens under `cap`, or nullopt when none fits.
-std::optional<PartitionResult> plan_at(const ModelShape& m, const PlanCommandOptions& o, int64_t seq, int64_t cap) {
+// The plan for sequences of `seq` tokens under `cap`, or nullopt when none fits (with
+// `without_waiting`: also when its peak across stage switches does not).
+std::optional<PartitionResult> plan_at(const ModelShape& m, const PlanCommandOptions& o, int64_t seq, int64_t cap,
+                                       bool without_waiting = false) {
   auto costs = analytic_costs(m, o, seq);
   PartitionOptions po = partition_options(o, cap);
   try {
-    return automatic_partition(costs, po);
+    PartitionResult r = automatic_partition(costs, po);
+    if (without_waiting && predict_peak(r.stages, po).unbounded > cap) return std::nullopt;
+    return r;
   } catch (const std::runtime_error&) {
     return std::nullopt;
   }
@@ -271,18 +276,18 @@ std::optional<double> predicted_tokens_per_s(const ModelShape& m, const PlanComm
 
 }  // namespace
 
-int64_t longest_sequence(const ModelShape& m, const PlanCommandOptions& o, int64_t cap) {
+int64_t longest_sequence(const ModelShape& m, const PlanCommandOptions& o, int64_t cap, bool without_waiting) {
   if (cap <= 0) throw std::invalid_argument("--max-seq needs --memory-cap");
   constexpr int64_t kStep = 1024;
   int64_t lo = 0, hi = kStep;  // lo fits (0: nothing yet), hi is the next guess
-  while (plan_at(m, o, hi, cap)) {
+  while (plan_at(m, o, hi, cap, without_waiting)) {
     lo = hi;
     if (hi > (int64_t(1) << 40)) return lo;
     hi *= 2;
   }
   while (hi - lo > kStep) {  // lo fits, hi does not
     const int64_t mid = (lo + hi) / 2 / kStep * kStep;
-    if (plan_at(m, o, mid, cap)) lo = mid;
+    if (plan_at(m, o, mid, cap, without_waiting)) lo = mid;
     else hi = mid;
   }
   return lo;
@@ -351,8 +356,10 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
     if (best == 0)
       throw std::runtime_error(fmt::format("no plan fits {} per GPU even at 1024 tokens per sequence",
                                            format_bytes(double(cap))));
-    fmt::print(out, "longest   {} tokens per sequence fit {} per GPU ({} micro-batches of {} sequences); "
-                    "the plan for it:\n\n", best, format_bytes(double(cap)), o.micro_batches, o.sequences_per_micro);
+    fmt::print(out, "longest   {} tokens per sequence fit {} per GPU ({} micro-batches of {} sequences); {} "
+                    "without waiting at stage switches (peak below); the plan for it:\n\n",
+               best, format_bytes(double(cap)), o.micro_batches, o.sequences_per_micro,
+               longest_sequence(m, o, cap, true));
     oo.seq_len = best;
   }
   std::vector<LayerCost> costs = analytic_costs(m, oo, oo.seq_len);
@@ -420,6 +427,14 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
                ms(e.download_seconds), ms(e.seconds), format_bytes(double(po.weight_buffers > 1 ? e.memory_bytes : e.work_bytes)),
                e.transfer_bound() ? "  transfer-bound" : "");
   }
+
+  const PeakEstimate peak = predict_peak(pr.stages, po);
+  fmt::print(out, "\npeak      {} per GPU predicted, as stage {} starts (largest working set {}; stage switches add the "
+                  "retired stage's outputs in flight and the next stage's prefetched weights){}\n",
+             format_bytes(double(peak.bytes)), peak.stage, format_bytes(double(peak.max_work)),
+             peak.unbounded > peak.bytes ? fmt::format("; {} without the cap, which makes the worker wait instead",
+                                                       format_bytes(double(peak.unbounded)))
+                                         : std::string());
 
   SimOptions so = sim_options(o, d);
   so.record_timeline = !o.trace.empty();

@@ -95,7 +95,11 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out);
 /// bisection over the partitioner's memory model; 0 when not even 1024 tokens fit. Each
 /// step plans with room to prefetch the next stage's weights when possible, else without
 /// (automatic_partition).
-int64_t longest_sequence(const ModelShape& m, const PlanCommandOptions& o, int64_t memory_cap);
+/// With `without_waiting`, the longest whose predicted peak across stage switches
+/// (scheduler/stage_peak.hpp, PeakEstimate::unbounded) fits too, so no stage waits for the one
+/// before it to drain.
+int64_t longest_sequence(const ModelShape& m, const PlanCommandOptions& o, int64_t memory_cap,
+                         bool without_waiting = false);
 
 /// Byte size from text: a number with an optional unit B, KB/MB/GB/TB (powers of 1000),
 /// KiB/MiB/GiB/TiB or K/M/G/T (powers of 1024), e.g. "24GiB", "1.5e10", "512 MiB".

@@ -76,34 +76,40 @@ StageEstimate assemble(const Ctx& c, StageKind kind, int first, int last, const 
   e.weight_bytes = kind == StageKind::backward && first == 0 ? s.w - c.w0 : s.w;
   e.weight_upload_bytes = kind == StageKind::backward && first == 0 ? s.up - c.up0 : s.up;
   e.grad_bytes = kind == StageKind::forward ? 0 : s.g;
-  int64_t slot_bytes = 0;
+  int64_t slot_bytes = 0, kept = 0;  // kept: the slot's outputs a retired task still downloads
   if (first == 0) slot_bytes += c.P(c.ids);
   // a saved attention: forward stages write and download it, backward stages upload it, the
   // tail stage keeps its decoders' on the device
   slot_bytes += s.attn;
   if (s.sparse) slot_bytes += 2 * c.P(c.stats);  // router statistics: the uploaded copy and the summed one
+  if (s.sparse && kind != StageKind::backward) kept += c.P(c.stats);  // the summed copy: forward and tail download it
   switch (kind) {
     case StageKind::forward:
       e.act_up_bytes = first == 0 ? c.ids : c.A;
       e.act_down_bytes = s.act + s.attn_raw;
       slot_bytes += s.act + (first > 0 ? c.P(c.A) : 0);  // outputs + the uploaded input
+      kept += s.act + s.attn;                              // every output and saved attention
       break;
     case StageKind::backward:
       // dy, every saved input except the embedding's (which reads the ids), dx
       e.act_up_bytes = c.A + (first == 0 ? s.act - c.act0 + c.ids : s.act) + s.attn_raw;
       e.act_down_bytes = first == 0 ? 0 : c.A;
       slot_bytes += c.P(c.A) + s.act - (first == 0 ? c.P(c.act0) : 0) + (first > 0 ? c.P(c.A) : 0);
+      kept = first > 0 ? c.P(c.A) : 0;  // dx
       break;
     case StageKind::tail:
       e.act_up_bytes = c.A + c.targets;
       e.act_down_bytes = c.A + 8;
       slot_bytes += s.act + c.P(c.targets) + c.P(8) + (first > 0 ? c.P(c.A) : 0);
+      kept += c.P(8) + (first > 0 ? c.P(c.A) : 0);  // loss and dx
       break;
   }
   const int64_t slots = std::min<int64_t>(std::min<int64_t>(M, 2), o.act_slots);
   const int64_t tmp = stage_temporaries(kind, k) * c.P(c.A);
   e.work_bytes = e.weight_bytes + e.grad_bytes + slots * slot_bytes + tmp + (s.scratch > 0 ? c.P(s.scratch) : 0);
   e.memory_bytes = e.work_bytes + (o.weight_buffers - 1) * e.weight_bytes;
+  e.slot_bytes = slots > 0 ? slot_bytes : 0;
+  e.retained_bytes = e.grad_bytes + (slots > 0 ? kept : 0);
   e.compute_seconds = double(M) * s.compute;
   if (o.pcie_bandwidth > 0) {
     e.upload_seconds = (double(e.weight_upload_bytes) + double(M) * double(e.act_up_bytes)) / o.pcie_bandwidth;

@@ -75,6 +75,13 @@ struct StageEstimate {
   int64_t act_down_bytes = 0;   ///< downloaded per micro-batch (saved activations, dx, loss)
   int64_t work_bytes = 0;       ///< device bytes a worker allocates to run the stage (file comment)
   int64_t memory_bytes = 0;     ///< work_bytes plus room for the next stage's weights (file comment)
+  int64_t slot_bytes = 0;       ///< one micro-batch slot of work_bytes (as charged)
+  /// What a retired task still holds while the next task on its GPU starts (actors/worker.cpp,
+  /// maybe_finish; release_retired_inputs in actors/stage_task.hpp): its gradient accumulators
+  /// until they are on the host, and in its last slot the outputs still downloading (a forward
+  /// stage's layer outputs and saved attention, a backward or tail stage's dx and loss), its
+  /// inputs already given back. scheduler/stage_peak.hpp adds it to the next task's working set.
+  int64_t retained_bytes = 0;
   bool transfer_bound() const { return seconds > compute_seconds; }
 };
 

@@ -347,6 +347,17 @@ TEST(Cli, PlanPartitionsAConfigWithoutWeights) {
   const int64_t trainable = longest(""), frozen = longest(" --frozen q4_0");
   EXPECT_GT(trainable, 0);
   EXPECT_GT(frozen, trainable);
+  // --max-seq also names the longest whose peak across stage switches fits (no stage waits for
+  // the one before it to drain): no longer than the longest that fits at all; the plan prints its peak
+  {
+    CliRun run = roundpipe("plan --model " + (d / "config.json").string() + " --gpus 8 --memory-cap 6GiB --max-seq", d);
+    const auto at = run.out.find("sequences); ");
+    ASSERT_NE(at, std::string::npos) << run.out;
+    const int64_t no_wait = std::stoll(run.out.substr(at + 12));
+    EXPECT_GT(no_wait, 0);
+    EXPECT_LE(no_wait, trainable);
+    EXPECT_NE(run.out.find("\npeak      "), std::string::npos) << run.out;
+  }
   // mxfp4 is the experts' form: a model without experts is planned (and run) as a bf16 base
   EXPECT_EQ(longest(" --frozen mxfp4"), longest(" --frozen bf16"));
   r = roundpipe("plan --model " + (d / "config.json").string() + " --frozen mxfp4", d);
