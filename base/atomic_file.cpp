@@ -3,10 +3,12 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -65,27 +67,164 @@ Leftover parse_leftover(const std::string& name) {
     const auto pos = name.rfind(tag);
     if (pos == std::string::npos) continue;
     const std::string pid = name.substr(pos + std::strlen(tag));
-    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (pid.empty() || pid.size() > 18 || pid.find_first_not_of("0123456789") != std::string::npos) continue;
     return {pos, tag[1] == 'o', pid};
   }
   return {};
+}
+
+constexpr const char* kMarkerSuffix = ".roundpipe-owner";
+constexpr const char* kMarkerHeader = "roundpipe leftover v1";
+
+/// Start time of process `pid` (clock ticks after boot, /proc/<pid>/stat field 22); "" when
+/// there is no such process. With the pid it names one process over the machine's uptime.
+std::string start_time_of(const std::string& pid) {
+  std::ifstream f("/proc/" + pid + "/stat");
+  std::string stat;
+  if (!f || !std::getline(f, stat)) return "";
+  const auto paren = stat.rfind(')');  // the command name may hold spaces and ')'
+  if (paren == std::string::npos) return "";
+  std::istringstream rest(stat.substr(paren + 1));
+  std::string field;
+  for (int i = 3; i <= 22 && (rest >> field); ++i)
+    if (i == 22) return field;
+  return "";
+}
+
+// not cached once for all: a forked child is another writer
+std::string self_pid() { return std::to_string(::getpid()); }
+std::string self_start() {
+  thread_local std::string pid, start;
+  if (pid != self_pid()) pid = self_pid(), start = start_time_of(pid);
+  return start;
+}
+
+/// What a marker says; valid only when it parsed and names the leftover it sits beside.
+struct Marker {
+  bool valid = false;
+  std::string pid, start, kind, target;
+};
+
+Marker read_marker(const fs::path& marker, const Leftover& l, const std::string& leftover_name) {
+  std::ifstream f(marker, std::ios::binary);
+  std::string header;
+  Marker m;
+  if (!f || !std::getline(f, header) || header != kMarkerHeader) return {};
+  for (std::string line; std::getline(f, line);) {
+    const auto eq = line.find('=');
+    if (eq == std::string::npos) return {};
+    const std::string k = line.substr(0, eq), v = line.substr(eq + 1);
+    if (k == "pid") m.pid = v;
+    else if (k == "start") m.start = v;
+    else if (k == "kind") m.kind = v;
+    else if (k == "target") m.target = v;
+  }
+  m.valid = m.pid == l.pid && m.kind == (l.old ? "old" : "tmp") && m.target == leftover_name.substr(0, l.tag_at);
+  return m;
+}
+
+bool writer_alive(const Marker& m) { return !m.start.empty() && start_time_of(m.pid) == m.start; }
+
+std::string marker_text(const std::string& kind, const std::string& target_name) {
+  return fmt::format("{}\npid={}\nstart={}\nkind={}\ntarget={}\n", kMarkerHeader, self_pid(), self_start(), kind,
+                     target_name);
+}
+
+std::function<void(const std::string&, const std::string&)>& write_hook() {
+  static std::function<void(const std::string&, const std::string&)> hook;
+  return hook;
+}
+
+void call_hook(const char* event, const std::string& dir) {
+  if (write_hook()) write_hook()(event, dir);
+}
+
+/// Cleans one leftover `p` (in folder `dir`) when its marker names a dead writer. Returns
+/// true when it did something (or the marker was an orphan it removed), `restored` when an
+/// .old-<pid> was put back; false when the name is not provably a dead writer's.
+bool clean_marked(const fs::path& dir, const std::string& name, bool& restored) {
+  const Leftover l = parse_leftover(name);
+  if (l.tag_at == std::string::npos) return false;
+  const fs::path p = dir / name;
+  const fs::path marker = fs::path(owner_marker_path(p.string()));
+  std::error_code ec;
+  if (!fs::is_regular_file(marker, ec)) return false;
+  const Marker m = read_marker(marker, l, name);
+  if (!m.valid || writer_alive(m)) return false;
+  const fs::path target = dir / m.target;
+  restored = false;
+  if (fs::exists(fs::symlink_status(p, ec))) {
+    if (l.old && !fs::exists(target, ec)) {
+      fs::rename(p, target, ec);
+      if (ec) return false;
+      restored = true;
+    } else {
+      fs::remove_all(p, ec);
+      if (ec) return false;
+    }
+  }
+  fs::remove(marker, ec);
+  return true;
+}
+
+/// Makes `leftover` (a name beside `target`) ours before it is created: a dead writer's
+/// marked leftover of that name is cleaned, a name that still exists (a live writer's, or
+/// nobody's we know) fails, and the marker is written. `durable`: the marker and its folder
+/// are fsynced (needed before a finished folder is moved aside under that name).
+void claim(const std::string& leftover, const std::string& target, const char* kind, bool durable) {
+  const fs::path p(leftover);
+  std::error_code ec;
+  bool restored = false;
+  clean_marked(p.parent_path().empty() ? fs::path(".") : p.parent_path(), p.filename().string(), restored);
+  const std::string marker = owner_marker_path(leftover);
+  if (fs::exists(fs::symlink_status(p, ec)) || fs::exists(fs::symlink_status(marker, ec)))
+    fail(leftover, fmt::format("exists and was not made by roundpipe (or by a run still alive); it is left as it "
+                               "is: move it away to write {}",
+                               target));
+  {
+    std::ofstream o(marker, std::ios::binary | std::ios::trunc);
+    o << marker_text(kind, fs::path(target).filename().string());
+    o.close();
+    if (!o) {
+      fs::remove(marker, ec);
+      fail(target, fmt::format("cannot write ({})", std::strerror(errno)));
+    }
+  }
+  if (durable) {
+    sync_path(marker, false);
+    sync_path(parent_of(marker), true);
+  }
+}
+
+void drop_marker(const std::string& leftover) {
+  std::error_code ec;
+  fs::remove(owner_marker_path(leftover), ec);
 }
 
 }  // namespace
 
 std::string temporary_path(const std::string& path) { return fmt::format("{}.tmp-{}", path, ::getpid()); }
 
+std::string owner_marker_path(const std::string& leftover) { return leftover + kMarkerSuffix; }
+
+void set_atomic_write_hook(std::function<void(const std::string& event, const std::string& dir)> hook) {
+  write_hook() = std::move(hook);
+}
+
 void replace_file(const std::string& path, const std::function<void(const std::string& tmp)>& write) {
   const std::string tmp = temporary_path(path);
+  claim(tmp, path, "tmp", false);
   std::error_code ec;
   try {
     write(tmp);
     sync_path(tmp, false);
     fs::rename(tmp, path, ec);
     if (ec) fail(path, fmt::format("cannot move into place: {}", ec.message()));
+    drop_marker(tmp);
     sync_path(parent_of(path), true);
   } catch (...) {
     fs::remove(tmp, ec);
+    drop_marker(tmp);
     throw;
   }
 }
@@ -102,35 +241,62 @@ void write_file_atomically(const std::string& path, const std::function<void(std
   });
 }
 
+namespace {
+
+/// replace_folder once `tmp` is claimed and created: fill, sync, swap into place.
+void fill_and_swap(const std::string& d, const std::string& tmp,
+                   const std::function<void(const std::string& tmp)>& fill) {
+  std::error_code ec;
+  fill(tmp);
+  sync_tree(tmp);
+  // Swap into place: the old folder is removed only once the new one is there.
+  const bool had_old = fs::exists(d, ec);
+  const std::string old = fmt::format("{}.old-{}", d, ::getpid());
+  if (had_old) {
+    claim(old, d, "old", true);
+    fs::rename(d, old, ec);
+    if (ec) {
+      drop_marker(old);
+      fail(d, fmt::format("cannot move the previous version aside: {}", ec.message()));
+    }
+    call_hook("folder-aside", d);
+  }
+  fs::rename(tmp, d, ec);
+  if (ec) {
+    const std::string msg = ec.message();
+    if (had_old) {
+      fs::rename(old, d, ec);
+      if (!ec) drop_marker(old);
+    }
+    fail(d, fmt::format("cannot move the new version into place: {}", msg));
+  }
+  drop_marker(tmp);
+  sync_path(parent_of(d), true);
+  if (had_old) {
+    fs::remove_all(old, ec);
+    if (!ec) drop_marker(old);
+  }
+  call_hook("folder-replaced", d);
+}
+
+}  // namespace
+
 void replace_folder(const std::string& dir_in, const std::function<void(const std::string& tmp)>& fill) {
   const std::string d = strip_slashes(dir_in);
   std::error_code ec;
   if (fs::exists(d, ec) && !fs::is_directory(d, ec)) fail(d, "exists and is not a directory");
   const std::string tmp = temporary_path(d);
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
-  if (ec) fail(tmp, fmt::format("cannot create: {}", ec.message()));
+  if (const fs::path parent = fs::path(d).parent_path(); !parent.empty()) fs::create_directories(parent, ec);
+  claim(tmp, d, "tmp", false);
+  if (!fs::create_directory(tmp, ec)) {
+    drop_marker(tmp);
+    fail(tmp, fmt::format("cannot create: {}", ec ? ec.message() : std::string("exists")));
+  }
   try {
-    fill(tmp);
-    sync_tree(tmp);
-    // Swap into place: the old folder is removed only once the new one is there.
-    const bool had_old = fs::exists(d, ec);
-    const std::string old = fmt::format("{}.old-{}", d, ::getpid());
-    if (had_old) {
-      fs::remove_all(old, ec);
-      fs::rename(d, old, ec);
-      if (ec) fail(d, fmt::format("cannot move the previous version aside: {}", ec.message()));
-    }
-    fs::rename(tmp, d, ec);
-    if (ec) {
-      const std::string msg = ec.message();
-      if (had_old) fs::rename(old, d, ec);
-      fail(d, fmt::format("cannot move the new version into place: {}", msg));
-    }
-    sync_path(parent_of(d), true);
-    if (had_old) fs::remove_all(old, ec);
+    fill_and_swap(d, tmp, fill);
   } catch (...) {
-    fs::remove_all(tmp, ec);
+    if (fs::exists(tmp, ec)) fs::remove_all(tmp, ec);
+    if (!fs::exists(tmp, ec)) drop_marker(tmp);
     throw;
   }
 }
@@ -141,20 +307,33 @@ std::vector<StaleTemporary> clean_stale_temporaries(const std::string& dir) {
   if (!fs::is_directory(dir, ec)) return done;
   std::vector<fs::path> entries;
   for (auto& e : fs::directory_iterator(dir, ec)) entries.push_back(e.path());
-  const std::string self = std::to_string(::getpid());
+  std::sort(entries.begin(), entries.end());
   for (const auto& p : entries) {
     const std::string name = p.filename().string();
+    if (name.size() > std::strlen(kMarkerSuffix) &&
+        name.compare(name.size() - std::strlen(kMarkerSuffix), std::string::npos, kMarkerSuffix) == 0)
+      continue;  // a marker: handled with its leftover (an orphan one below)
     const Leftover l = parse_leftover(name);
     if (l.tag_at == std::string::npos) continue;
-    if (l.pid == self || fs::exists("/proc/" + l.pid, ec)) continue;  // a live writer
-    const fs::path target = fs::path(dir) / name.substr(0, l.tag_at);
-    if (l.old && !fs::exists(target, ec)) {
-      fs::rename(p, target, ec);
-      if (!ec) done.push_back({p.string(), target.string(), true});
-    } else {
-      fs::remove_all(p, ec);
-      if (!ec) done.push_back({p.string(), target.string(), false});
+    const std::string target = (fs::path(dir) / name.substr(0, l.tag_at)).string();
+    bool restored = false;
+    if (clean_marked(fs::path(dir), name, restored)) {
+      done.push_back({p.string(), target, restored, false});
+    } else if (!fs::exists("/proc/" + l.pid, ec)) {  // looks like a dead writer's, but nothing proves it ours
+      done.push_back({p.string(), target, false, true});
     }
+  }
+  // markers whose leftover is gone (a kill between the marker and the name, or after the
+  // rename): ours when they parse and name a dead writer
+  for (const auto& p : entries) {
+    const std::string name = p.filename().string();
+    if (name.size() <= std::strlen(kMarkerSuffix) ||
+        name.compare(name.size() - std::strlen(kMarkerSuffix), std::string::npos, kMarkerSuffix) != 0)
+      continue;
+    const std::string leftover = name.substr(0, name.size() - std::strlen(kMarkerSuffix));
+    if (fs::exists(fs::symlink_status(fs::path(dir) / leftover, ec))) continue;
+    bool restored = false;
+    clean_marked(fs::path(dir), leftover, restored);
   }
   return done;
 }

@@ -7,10 +7,17 @@
 // A folder that already exists is moved aside to "<target>.old-<pid>" first and removed
 // once the new one is in place (a folder cannot be renamed over a non-empty one).
 //
-// A killed writer leaves these names behind. clean_stale_temporaries() recognises them by
-// the pid of a process that is no longer alive: a .tmp-<pid> is removed, an .old-<pid> is
-// put back when the kill came before the new version was in place (else removed), so a
-// finished version is never lost.
+// Ownership: before a writer creates a "<target>.tmp-<pid>" or moves a folder aside to
+// "<target>.old-<pid>", it writes the marker "<that name>.roundpipe-owner" beside it, naming
+// the writing process (pid and start time), the kind (tmp or old) and the target; the
+// marker goes once the name is gone. A name of that form that already exists and carries no
+// marker of a dead writer is never removed, renamed or reused: the write fails instead.
+//
+// A killed writer leaves these names behind. clean_stale_temporaries() acts only on names
+// whose marker names a writer that is no longer alive (no process with that pid and start
+// time): a .tmp-<pid> is removed, an .old-<pid> is put back when the kill came before the
+// new version was in place (else removed), so a finished version is never lost. Names that
+// look like leftovers but carry no such marker are reported and left alone.
 #pragma once
 #include <functional>
 #include <iosfwd>
@@ -22,10 +29,16 @@ namespace rp {
 /// "<path>.tmp-<pid of this process>": where replace_file / replace_folder write first.
 std::string temporary_path(const std::string& path);
 
+/// "<leftover>.roundpipe-owner": the marker that proves `leftover` (a .tmp-<pid> or
+/// .old-<pid> name) was made by a roundpipe writer.
+std::string owner_marker_path(const std::string& leftover);
+
 /// Replaces the file `path`: `write(tmp)` creates and fills the file `tmp` (any I/O library;
 /// it must close it), which is then fsynced, renamed over `path`, and the folder fsynced.
 /// On any failure (an exception from `write` propagates unchanged) the temporary is removed
-/// and `path` is left as it was. I/O failures throw std::runtime_error("<path>: <what>").
+/// and `path` is left as it was. I/O failures throw std::runtime_error("<path>: <what>"); a
+/// temporary name that exists without our marker throws
+/// std::runtime_error("<tmp>: exists and was not made by roundpipe; ...") before anything is written.
 void replace_file(const std::string& path, const std::function<void(const std::string& tmp)>& write);
 
 /// replace_file with a binary std::ostream opened on the temporary: `write(os)` writes the
@@ -38,21 +51,31 @@ void write_file_atomically(const std::string& path, const std::function<void(std
 /// aside to "<dir>.old-<pid>", `tmp` renamed to `dir`, the old one removed and the parent
 /// fsynced. A trailing '/' of `dir` is ignored. On failure the temporary is removed and a
 /// previous `dir` is kept (put back if it had been moved aside). `dir` existing as a file
-/// throws std::runtime_error("<dir>: exists and is not a directory"); I/O failures throw
+/// throws std::runtime_error("<dir>: exists and is not a directory"); a temporary or aside
+/// name that exists without our marker throws (as replace_file); I/O failures throw
 /// std::runtime_error("<dir or file>: <what>"); an exception from `fill` propagates.
 void replace_folder(const std::string& dir, const std::function<void(const std::string& tmp)>& fill);
 
-/// What clean_stale_temporaries did with one leftover.
+/// What clean_stale_temporaries found for one leftover.
 struct StaleTemporary {
   std::string path;     ///< the leftover, e.g. "runs/a/final.tmp-4242"
   std::string target;   ///< what it was written for, e.g. "runs/a/final"
-  bool restored = false;  ///< true: an .old-<pid> put back as `target`; false: removed
+  bool restored = false;    ///< true: an .old-<pid> put back as `target`
+  bool left_alone = false;  ///< true: no marker of a dead roundpipe writer; nothing was done
 };
 
-/// Cleans the leftovers of writers that are no longer alive directly in folder `dir` (not
-/// recursive; a missing folder is fine): "<name>.tmp-<pid>" and "<name>.old-<pid>" whose
-/// pid is neither this process nor a live one (/proc/<pid>). Returns what was done, in
-/// directory order; failures to remove are skipped silently (the next run tries again).
+/// Cleans the leftovers of roundpipe writers that are no longer alive directly in folder
+/// `dir` (not recursive; a missing folder is fine): "<name>.tmp-<pid>" and
+/// "<name>.old-<pid>" with a marker naming a dead writer (removed, or restored) and their
+/// markers. Names of that form with a dead pid but no such marker are returned with
+/// left_alone set and not touched. Returns what was found, in directory order; failures to
+/// remove are skipped silently (the next run tries again).
 std::vector<StaleTemporary> clean_stale_temporaries(const std::string& dir);
+
+/// Test hook: when set, called with ("folder-aside", dir) right after an existing folder was
+/// moved aside and with ("folder-replaced", dir) once replace_folder put the new `dir` in
+/// place; an exception from it propagates like one from `fill`. Not thread-safe: set it only
+/// while no writer runs.
+void set_atomic_write_hook(std::function<void(const std::string& event, const std::string& dir)> hook);
 
 }  // namespace rp

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -19,6 +20,7 @@
 #include "model/safetensors.hpp"
 #include "model/tokenizer_export.hpp"
 #include "base/atomic_file.hpp"
+#include "base/output_folder.hpp"
 
 namespace rp {
 
@@ -112,49 +114,73 @@ void save_hf_checkpoint(const std::string& dir_in, const ModelLayout& layout,
 
 namespace {
 
-/// `p` absolute, with symbolic links and "..", "." resolved as far as it exists, and no
-/// trailing separator: two spellings of one folder compare equal.
-fs::path resolved(const std::string& p) {
+/// The entries of folder `dir` (names), sorted.
+std::vector<std::string> entries_of(const fs::path& dir) {
+  std::vector<std::string> out;
   std::error_code ec;
-  fs::path r = fs::weakly_canonical(fs::absolute(p), ec);
-  if (ec) r = fs::absolute(p).lexically_normal();
-  return r.has_filename() ? r : r.parent_path();
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    out.push_back(it->path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
-/// Whether `inner` is `outer` or lies inside it (both resolved).
-bool within(const fs::path& inner, const fs::path& outer) {
-  auto [o, i] = std::mismatch(outer.begin(), outer.end(), inner.begin(), inner.end());
-  return o == outer.end();
+/// The names roundpipe_manifest.json of `dir` lists; nullopt when there is none or it does
+/// not parse as one.
+std::optional<std::set<std::string>> manifest_files(const fs::path& dir) {
+  std::ifstream in(dir / kModelManifestFile, std::ios::binary);
+  if (!in) return std::nullopt;
+  try {
+    const json j = json::parse(in);
+    if (!j.is_object() || !j.contains("files") || !j["files"].is_array()) return std::nullopt;
+    std::set<std::string> files{kModelManifestFile};
+    for (const auto& f : j["files"])
+      if (f.is_string()) files.insert(f.get<std::string>());
+    return files;
+  } catch (const json::exception&) {
+    return std::nullopt;
+  }
 }
 
-/// A folder that holds a model: config.json or a *.safetensors file.
-bool holds_model(const fs::path& dir) {
-  std::error_code ec;
-  if (fs::exists(dir / "config.json", ec)) return true;
-  for (const auto& e : fs::directory_iterator(dir, ec))
-    if (e.path().extension() == ".safetensors") return true;
-  return false;
+/// Writes roundpipe_manifest.json into the new model folder `tmp`: every file in it, so that a
+/// later convert or merge into the same folder knows it replaces only what it wrote.
+void write_model_manifest(const std::string& tmp, const std::string& command) {
+  const json j = {{"written_by", "roundpipe " + command}, {"files", entries_of(tmp)}};
+  write_text(fs::path(tmp) / kModelManifestFile, dump_json(j, fs::path(tmp) / kModelManifestFile));
 }
 
 }  // namespace
 
 void check_model_output_folder(const std::string& out_dir, const std::vector<std::string>& inputs) {
-  const fs::path out = resolved(out_dir);
-  for (const auto& in : inputs) {
-    if (in.empty()) continue;
-    const fs::path p = resolved(in);
-    if (within(out, p) || within(p, out))
-      throw std::invalid_argument(one_line(fmt::format(
-          "{}: the output folder is, contains or lies inside the input {} (writing it would replace the input); "
-          "expected a separate folder",
-          out_dir, in)));
-  }
-  std::error_code ec;
-  if (fs::is_directory(out, ec) && !fs::is_empty(out, ec) && !holds_model(out))
+  if (const std::string why = unsafe_output_folder(out_dir); !why.empty())
     throw std::invalid_argument(one_line(fmt::format(
-        "{}: the output folder holds files but no model (no config.json or *.safetensors), and writing it would "
-        "delete them; expected a new, empty or model folder",
-        out_dir)));
+        "{}: OUT_DIR {}, which a model folder would replace as a whole; expected a folder of its own", out_dir, why)));
+  if (const std::string in = overlapping_input(out_dir, inputs); !in.empty())
+    throw std::invalid_argument(one_line(fmt::format(
+        "{}: the output folder is, contains or lies inside the input {} (writing it would replace the input); "
+        "expected a separate folder",
+        out_dir, in)));
+  const fs::path out = resolved_path(out_dir);
+  std::error_code ec;
+  if (fs::exists(out, ec) && !fs::is_directory(out, ec))
+    throw std::invalid_argument(one_line(fmt::format("{}: OUT_DIR exists and is not a folder", out_dir)));
+  if (!fs::is_directory(out, ec) || fs::is_empty(out, ec)) return;
+  const auto ours = manifest_files(out);
+  std::vector<std::string> foreign;
+  for (const auto& name : entries_of(out))
+    if (!ours || !ours->count(name)) foreign.push_back(name);
+  if (!foreign.empty())
+    throw std::invalid_argument(one_line(fmt::format(
+        "{}: OUT_DIR holds {} roundpipe did not write there ({}{}), and writing the folder would delete {}; "
+        "expected a new or empty folder, or one an earlier convert or merge wrote",
+        out_dir, foreign.size() == 1 ? "a file" : "files", fmt::join(foreign.begin(), foreign.begin() + std::min<size_t>(foreign.size(), 5), ", "),
+        foreign.size() > 5 ? ", ..." : "", foreign.size() == 1 ? "it" : "them")));
+}
+
+void save_model_folder(const std::string& out_dir, const ModelLayout& layout, const std::vector<const float*>& groups,
+                       const nlohmann::json& tokenizer_json, const std::string& chat_template, DType dtype,
+                       const std::string& command) {
+  save_hf_checkpoint(out_dir, layout, groups, tokenizer_json, chat_template, dtype,
+                     [&](const std::string& tmp) { write_model_manifest(tmp, command); });
 }
 
 void convert_gguf_to_hf(const std::string& gguf, const std::string& out_dir, DType dtype) {
@@ -166,7 +192,7 @@ void convert_gguf_to_hf(const std::string& gguf, const std::string& out_dir, DTy
   m.tensors.clear();  // halve peak memory before writing
   std::vector<const float*> ptrs;
   for (const auto& g : groups) ptrs.push_back(g.data());
-  save_hf_checkpoint(out_dir, layout, ptrs, m.tokenizer_json, m.chat_template, dtype);
+  save_model_folder(out_dir, layout, ptrs, m.tokenizer_json, m.chat_template, dtype, "convert");
 }
 
 }  // namespace rp

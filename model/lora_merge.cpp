@@ -269,7 +269,7 @@ std::string merge_peft_folder(const std::string& adapter_dir, const std::string&
   m.tensors.clear();
   std::vector<const float*> ptrs;
   for (const auto& g : groups) ptrs.push_back(g.data());
-  save_hf_checkpoint(out_dir, layout, ptrs, m.tokenizer_json, m.chat_template, dtype);
+  save_model_folder(out_dir, layout, ptrs, m.tokenizer_json, m.chat_template, dtype, "merge");
   return path;
 }
 

@@ -356,9 +356,11 @@ void write_peft_adapter(const std::string& dir, const ModelLayout& layout, const
 }
 
 void save_peft_adapter(const std::string& dir, const ModelLayout& layout, const std::vector<const float*>& group_data,
-                       const std::string& base_model_name_or_path, DType dtype) {
+                       const std::string& base_model_name_or_path, DType dtype,
+                       const std::function<void(const std::string& tmp_dir)>& extra) {
   replace_folder(dir, [&](const std::string& tmp) {
     write_peft_adapter(tmp, layout, group_data, base_model_name_or_path, dtype);
+    if (extra) extra(tmp);
   });
 }
 

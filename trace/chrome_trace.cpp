@@ -1,5 +1,7 @@
 #include "trace/chrome_trace.hpp"
 
+#include "base/atomic_file.hpp"
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -173,21 +175,7 @@ nlohmann::json chrome_trace_json(const std::vector<TraceInterval>& intervals,
 }
 
 void write_trace_file(const std::string& path, const nlohmann::json& j) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw std::runtime_error(path + ": cannot write trace");
-    f << j.dump() << '\n';
-    if (!f.flush()) {
-      f.close();
-      std::remove(tmp.c_str());
-      throw std::runtime_error(path + ": write failed");
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw std::runtime_error(path + ": rename failed");
-  }
+  write_file_atomically(path, [&](std::ostream& f) { f << j.dump() << '\n'; });
 }
 
 }  // namespace rp

@@ -43,7 +43,7 @@ struct TraceInterval {
 nlohmann::json chrome_trace_json(const std::vector<TraceInterval>& intervals,
                                  const std::map<std::string, std::string>& info = {});
 
-/// Writes `j` to `path` through a temporary file and a rename, so readers never see a partial
+/// Writes `j` to `path` through a temporary file and a rename (base/atomic_file.hpp), so readers never see a partial
 /// file. Throws std::runtime_error("<path>: ...").
 void write_trace_file(const std::string& path, const nlohmann::json& j);
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include "base/atomic_file.hpp"
@@ -57,19 +58,48 @@ void save_checkpoint_bundle(Session& session, const std::string& dir, const Load
   session.synchronize();
   std::vector<const float*> ptrs;
   for (auto& g : session.master_weights()) ptrs.push_back(g.empty() ? nullptr : g.data());  // frozen: empty
-  if (session.layout().lora)  // a PEFT adapter folder: the adapters and the trained base modules
-    save_peft_adapter(dir, session.layout(), ptrs, base_reference(model.source), save_dtype);
-  else
-    save_hf_checkpoint(dir, session.layout(), ptrs, model.tokenizer_json, model.chat_template, save_dtype);
-  TrainerState st = state;
-  st.weights_xxh3 = weights_checksum(dir);
+  // The trainer state goes first and the weights last: the state folder is put in place
+  // while the new weights wait in their temporary folder; only then do they replace
+  // `dir`. A save killed in between leaves state/<name> without (matching) weights, which
+  // resumable_checkpoint treats as no checkpoint, never weights that look resumable without
+  // their state.
   const std::string sd = state_dir_of(dir);
-  fs::create_directories(fs::path(sd).parent_path());
-  replace_folder(sd, [&](const std::string& tmp) {
-    // model.safetensors holds the fp32 master exactly only when saved in f32
-    session.save_optimizer_state(tmp + "/" + kOptimizerStateFile, save_dtype != DType::f32);
-    write_trainer_state(tmp + "/" + kRunStateFile, st);
-  });
+  auto write_state = [&](const std::string& weights_tmp) {
+    TrainerState st = state;
+    st.weights_xxh3 = weights_checksum(weights_tmp);  // the files keep their bytes through the rename
+    fs::create_directories(fs::path(sd).parent_path());
+    replace_folder(sd, [&](const std::string& tmp) {
+      // model.safetensors holds the fp32 master exactly only when saved in f32
+      session.save_optimizer_state(tmp + "/" + kOptimizerStateFile, save_dtype != DType::f32);
+      write_trainer_state(tmp + "/" + kRunStateFile, st);
+    });
+  };
+  if (session.layout().lora)  // a PEFT adapter folder: the adapters and the trained base modules
+    save_peft_adapter(dir, session.layout(), ptrs, base_reference(model.source), save_dtype, write_state);
+  else
+    save_hf_checkpoint(dir, session.layout(), ptrs, model.tokenizer_json, model.chat_template, save_dtype,
+                       write_state);
+}
+
+bool looks_like_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  return fs::is_directory(dir, ec) && (fs::exists(state_dir_of(dir) + "/" + kRunStateFile, ec) ||
+                                       fs::exists(fs::path(dir) / "trainer_state.json", ec));
+}
+
+bool resumable_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return false;
+  const std::string sd = state_dir_of(dir);
+  if (fs::exists(fs::path(dir) / "trainer_state.json", ec))  // earlier releases: the state inside
+    return fs::exists(fs::path(dir) / "optimizer.bin", ec);
+  if (!fs::exists(sd + "/" + kRunStateFile, ec) || !fs::exists(sd + "/" + kOptimizerStateFile, ec)) return false;
+  try {
+    const TrainerState saved = read_trainer_state(sd + "/" + kRunStateFile);
+    return saved.weights_xxh3.empty() || saved.weights_xxh3 == weights_checksum(dir);
+  } catch (const std::exception&) {
+    return false;
+  }
 }
 
 namespace {
@@ -107,6 +137,15 @@ std::string newest_checkpoint(const std::vector<std::string>& names) {
   return best;
 }
 
+std::string newest_resumable_checkpoint(const std::string& dir, std::vector<std::string> names) {
+  while (!names.empty()) {
+    const std::string n = newest_checkpoint(names);
+    if (resumable_checkpoint((fs::path(dir) / n).string())) return n;
+    names.erase(std::find(names.begin(), names.end(), n));
+  }
+  return "";
+}
+
 std::optional<ResumePoint> check_resume(const TrainSpec& spec) {
   if (spec.resume_from.empty()) return std::nullopt;
   ResumePoint r;
@@ -132,8 +171,12 @@ std::optional<ResumePoint> check_resume(const TrainSpec& spec) {
     throw std::invalid_argument(
         fmt::format("{}: the trainer state of checkpoint {}; resume from {}", r.dir, ckpt, ckpt));
   } else if (const auto inside = checkpoints_in(r.dir); !inside.empty()) {
-    throw std::invalid_argument(fmt::format("{}: a run's output folder, not a checkpoint; resume from {}/{}", r.dir,
-                                            r.dir, newest_checkpoint(inside)));
+    const std::string n = newest_resumable_checkpoint(r.dir, inside);
+    throw std::invalid_argument(
+        n.empty() ? fmt::format("{}: a run's output folder, not a checkpoint, and none of its checkpoints ({}) can be "
+                                "resumed (their trainer state is missing or belongs to other weights)",
+                                r.dir, fmt::join(inside, ", "))
+                  : fmt::format("{}: a run's output folder, not a checkpoint; resume from {}/{}", r.dir, r.dir, n));
   } else {
     throw std::runtime_error(fmt::format(
         "{}/{}: missing; {} is not a resumable checkpoint (roundpipe train keeps the state of <out>/<checkpoint> "

@@ -3,8 +3,9 @@
 // trainer's own state in `<out>/state/<name>/`: optimizer_state.bin
 // (Session::save_optimizer_state) and roundpipe_state.json (TrainerState, with the XXH3-64
 // of the weights it belongs to), names no Hugging Face file uses. Each folder is replaced
-// atomically, the weights first; a state that does not match its weights (a save killed in
-// between) is refused on resume. Resuming from one.
+// atomically, the state first and the weights last; a checkpoint whose state is missing or
+// does not match its weights (a save killed in between) is no checkpoint: never resumed,
+// never advised. Resuming from one.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -33,6 +34,17 @@ std::vector<std::string> checkpoints_in(const std::string& dir);
 /// checkpoint-<n> of the largest n; "" for none.
 std::string newest_checkpoint(const std::vector<std::string>& names);
 
+/// Whether `dir` is a folder with a trainer state (state_dir_of(dir)/roundpipe_state.json, or an
+/// earlier release's trainer_state.json inside): cheap, reads no weights.
+bool looks_like_checkpoint(const std::string& dir);
+/// Whether checkpoint folder `dir` can be resumed: the folder, its state folder with
+/// roundpipe_state.json and optimizer_state.bin, and the state's weights checksum matching the
+/// folder's weights (or an earlier release's trainer_state.json + optimizer.bin inside it).
+/// Never throws; reads the weights once for the checksum.
+bool resumable_checkpoint(const std::string& dir);
+/// newest_checkpoint of those of `names` (in folder `dir`) that are resumable_checkpoint; "" for none.
+std::string newest_resumable_checkpoint(const std::string& dir, std::vector<std::string> names);
+
 /// XXH3-64 (hex) of the *.safetensors files of `dir`, in name order: ties a state to its weights.
 std::string weights_checksum(const std::string& dir);
 
@@ -40,7 +52,9 @@ std::string weights_checksum(const std::string& dir);
 /// `save_dtype`, the tokenizer and chat template of `model`; then state_dir_of(dir) with
 /// optimizer_state.bin (with the master unless model.safetensors holds it exactly, i.e.
 /// save_dtype f32) and roundpipe_state.json. Call between steps (it synchronizes). Each
-/// folder is replaced atomically: a failure keeps any previous one.
+/// folder is replaced atomically, the state folder before the weights folder (a failure
+/// between them leaves a state without its weights, which resumable_checkpoint refuses); a
+/// failure keeps any previous one.
 void save_checkpoint_bundle(Session& session, const std::string& dir, const LoadedModel& model, DType save_dtype,
                             const TrainerState& state);
 

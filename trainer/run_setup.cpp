@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <optional>
+#include <utility>
 #include <stdexcept>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "base/atomic_file.hpp"
 #include "base/host_resources.hpp"
 #include "scheduler/host_memory.hpp"
+#include "base/output_folder.hpp"
 #include "trainer/checkpoint_bundle.hpp"
 
 namespace fs = std::filesystem;
@@ -70,6 +72,70 @@ OutputDirLock& OutputDirLock::operator=(OutputDirLock&& o) noexcept {
   return *this;
 }
 
+namespace {
+
+/// The names a run writes directly in its output folder (besides checkpoint-<n>).
+constexpr const char* kRunOutputNames[] = {"metrics.csv", "profile.json", "tensorboard", "state",          "final",
+                                           "final-merged", "trace.json",   "stop_status.txt", kRunMarkerFile};
+
+bool is_run_output(const std::string& name) {
+  for (const char* n : kRunOutputNames)
+    if (name == n) return true;
+  return name.rfind("checkpoint-", 0) == 0 && name.size() > 11 &&
+         name.find_first_not_of("0123456789", 11) == std::string::npos;
+}
+
+/// Run outputs in `dir` that no roundpipe run recorded there (no kRunMarkerFile).
+std::vector<std::string> unrecorded_outputs(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  if (fs::exists(fs::path(dir) / kRunMarkerFile, ec)) return out;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (is_run_output(it->path().filename().string())) out.push_back(it->path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void log_leftovers(const std::vector<StaleTemporary>& stale) {
+  std::vector<std::string> foreign;
+  for (const auto& s : stale) {
+    if (s.left_alone) foreign.push_back(s.path);
+    else if (s.restored) spdlog::warn("restored {} from {} (a run was killed while replacing it)", s.target, s.path);
+    else spdlog::info("removed {} left by an interrupted run", s.path);
+  }
+  if (!foreign.empty())
+    spdlog::warn("left alone {} (named like a killed writer's leftover, but no roundpipe run marked {} as its own)",
+                 fmt::join(foreign, ", "), foreign.size() == 1 ? "it" : "them");
+}
+
+}  // namespace
+
+void check_output_dir(const TrainSpec& spec) {
+  const std::string& out = spec.output_dir;
+  if (const std::string why = unsafe_output_folder(out); !why.empty())
+    throw std::invalid_argument(fmt::format(
+        "{}: key 'output_dir': '{}' {}; a run's outputs need a folder of their own", spec.source, out, why));
+  const std::pair<const char*, const std::string*> inputs[] = {
+      {"model", &spec.model}, {"data", &spec.data}, {"eval_data", &spec.eval_data}, {"adapter", &spec.adapter}};
+  // a resumed full fine-tuning run reads its weights from the checkpoint, not from "model"
+  const bool reads_model = spec.resume_from.empty() || spec.lora || !spec.adapter.empty();
+  for (const auto& [key, path] : inputs)
+    if ((path != &spec.model || reads_model) && !overlapping_input(out, {*path}).empty())
+      throw std::invalid_argument(fmt::format(
+          "{}: key 'output_dir': '{}' is, holds or lies inside the input '{}' (key '{}'), which the run's outputs "
+          "could replace; choose a separate output_dir",
+          spec.source, out, *path, key));
+  // a resume_from that is no checkpoint at all gets check_resume's more useful line
+  if (spec.resume_from.empty() || !looks_like_checkpoint(spec.resume_from)) return;
+  const fs::path o = resolved_path(out), r = resolved_path(spec.resume_from);
+  // resuming a checkpoint of the run in output_dir is the one input allowed inside it
+  if (path_within(o, r) || (path_within(r, o) && r.parent_path() != o))
+    throw std::invalid_argument(fmt::format(
+        "{}: key 'output_dir': '{}' is, holds or lies inside the checkpoint '{}' the run resumes from (--resume), "
+        "which the run's outputs could replace; choose a separate output_dir",
+        spec.source, out, spec.resume_from));
+}
+
 void prepare_output_dir(const TrainSpec& spec) {
   std::error_code ec;
   if (fs::exists(spec.output_dir, ec) && !fs::is_directory(spec.output_dir, ec))
@@ -81,19 +147,38 @@ void prepare_output_dir(const TrainSpec& spec) {
                                             spec.source, fin.string()));
   std::vector<StaleTemporary> stale = clean_stale_temporaries(spec.output_dir);
   for (auto& s : clean_stale_temporaries(spec.output_dir + "/state")) stale.push_back(std::move(s));
-  for (const auto& s : stale) {
-    if (s.restored) spdlog::warn("restored {} from {} (a run was killed while replacing it)", s.target, s.path);
-    else spdlog::info("removed {} left by an interrupted run", s.path);
-  }
+  log_leftovers(stale);
+  if (const auto foreign = unrecorded_outputs(spec.output_dir); !foreign.empty())
+    throw std::invalid_argument(fmt::format(
+        "{}: key 'output_dir': '{}' holds {} that no roundpipe run recorded as its own (no {}), and the run would "
+        "replace {}; move {} away or choose another output_dir",
+        spec.source, spec.output_dir, fmt::join(foreign, ", "), kRunMarkerFile,
+        foreign.size() == 1 ? "it" : "them", foreign.size() == 1 ? "it" : "them"));
   if (!spec.resume_from.empty() || spec.overwrite_output_dir) return;
   // a fresh run would replace an earlier run's checkpoints and metrics
   const std::vector<std::string> found = checkpoints_in(spec.output_dir);
   if (found.empty()) return;
-  const std::string resume = newest_checkpoint(found);
+  const std::string resume = newest_resumable_checkpoint(spec.output_dir, found);
+  const std::string advice =
+      resume.empty() ? std::string("none of them can be resumed (their trainer state is missing or belongs to other "
+                                   "weights); start over")
+                     : fmt::format("continue it with --resume {}/{}, start over", spec.output_dir, resume);
   throw std::invalid_argument(fmt::format(
-      "{}: key 'output_dir': '{}' holds an earlier run's checkpoints ({}); continue it with --resume {}/{}, start "
-      "over there with --overwrite-output-dir (\"overwrite_output_dir\": true), or choose another output_dir",
-      spec.source, spec.output_dir, fmt::join(found, ", "), spec.output_dir, resume));
+      "{}: key 'output_dir': '{}' holds an earlier run's checkpoints ({}); {} there with --overwrite-output-dir "
+      "(\"overwrite_output_dir\": true), or choose another output_dir",
+      spec.source, spec.output_dir, fmt::join(found, ", "), advice));
+}
+
+bool mark_output_dir(const TrainSpec& spec) {
+  const std::string marker = (fs::path(spec.output_dir) / kRunMarkerFile).string();
+  std::error_code ec;
+  if (fs::exists(marker, ec)) return false;
+  const std::string text =
+      "{\"written_by\": \"roundpipe train\", \"note\": \"this folder's metrics.csv, profile.json, tensorboard/, "
+      "trace.json, stop_status.txt, checkpoint-<n>/, final/, final-merged/ and state/ are roundpipe's: a later "
+      "run may replace them\"}\n";
+  write_file_atomically(marker, [&](std::ostream& os) { os << text; });
+  return true;
 }
 
 void check_data_paths(const TrainSpec& spec) {

@@ -35,10 +35,28 @@ class OutputDirLock {
   bool created_ = false;
 };
 
+/// The file a run leaves in its output folder to record that the folder's run outputs
+/// (kRunOutputNames, checkpoint-<n>/) are roundpipe's: a later run replaces them only then.
+inline constexpr const char* kRunMarkerFile = "roundpipe_run.json";
+
+/// Checks where a run may write, before the folder is created or locked: output_dir must not
+/// be the root folder, $HOME, the working directory or a folder holding it, nor be, hold or
+/// lie inside an input (model, data, eval_data, adapter; a resume_from that is a checkpoint,
+/// unless it lies directly in output_dir: the run being continued). Throws std::invalid_argument("<spec.source>: key
+/// 'output_dir': ..."), one line naming the input's key.
+void check_output_dir(const TrainSpec& spec);
+
 /// The output folder must be a folder (or not exist) and its final/ a checkpoint folder;
-/// leftovers of killed runs in it are cleaned (logged). Throws std::invalid_argument naming
-/// spec.source and the key.
+/// leftovers of killed roundpipe runs in it are cleaned (logged; look-alikes roundpipe did not
+/// mark get one warning line and are left alone). The run outputs already there (metrics.csv,
+/// profile.json, checkpoints, ...) must be recorded as roundpipe's (kRunMarkerFile), and a
+/// fresh run is refused where an earlier run left checkpoints unless
+/// spec.overwrite_output_dir. Throws std::invalid_argument naming spec.source and the key.
 void prepare_output_dir(const TrainSpec& spec);
+
+/// Writes kRunMarkerFile into the output folder unless it is there; true when it wrote it
+/// (a run stopped before its first step removes it again).
+bool mark_output_dir(const TrainSpec& spec);
 
 /// spec.model (unless a full fine-tuning run resumes from a checkpoint, which holds the
 /// weights), spec.data and spec.eval_data (when given) exist and can be read (a file opens, a

@@ -89,6 +89,8 @@ class Run {
   void log_scalars(const StepReport& s);
   int64_t start_ = 0;     // steps done before this run
   bool created_output_dir_ = false;  // the output folder did not exist before this run
+  bool wrote_run_marker_ = false;    // this run wrote the folder's roundpipe_run.json
+  void drop_lone_run_marker();
   OutputDirLock output_lock_;         // the leader's, for the whole run
   int64_t reported_ = -1; // last step reported
   double last_report_ = 0;  // elapsed() when the step timer last started (the loop, then each report)
@@ -118,6 +120,7 @@ void Run::setup() {
   validate_spec(spec_);       // a spec built in code gets the checks of a spec file
   check_data_paths(spec_);    // seconds, before a model load of minutes
   spdlog::info("{}", optimizer_line(spec_));
+  check_output_dir(spec_);    // never a folder that holds the user's other work or the run's inputs
   replicas_ = replicas_for(spec_);
   if (replicas_ && replicas_->rank() > 0 && spdlog::get_level() < spdlog::level::warn)
     spdlog::set_level(spdlog::level::warn);  // replica 0 tells the story; the others warn and fail
@@ -154,6 +157,7 @@ void Run::setup() {
   if (leader()) {
     require_disk_space(spec_.output_dir, checkpoint_bytes_, "a checkpoint");
     std::filesystem::create_directories(spec_.output_dir);
+    wrote_run_marker_ = mark_output_dir(spec_);
     metrics_ = std::make_unique<MetricsFile>(path("metrics.csv"), start_, replica_count() > 1);
     if (spec_.metrics_jsonl)
       jsonl_ = std::make_unique<MetricsJsonl>(spec_.metrics_jsonl->empty() ? path("metrics.jsonl") : *spec_.metrics_jsonl,
@@ -434,7 +438,17 @@ void Run::discard_unstarted_outputs() {
     metrics_.reset();
     std::filesystem::remove(file, ec);
   }
+  drop_lone_run_marker();
   if (created_output_dir_) std::filesystem::remove(spec_.output_dir, ec);  // only when empty
+}
+
+// The roundpipe_run.json this run wrote goes again when the run leaves nothing else there.
+void Run::drop_lone_run_marker() {
+  if (!wrote_run_marker_) return;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(spec_.output_dir, ec), end; !ec && it != end; it.increment(ec))
+    if (it->path().filename() != kRunMarkerFile) return;
+  std::filesystem::remove(path(kRunMarkerFile), ec);
 }
 
 void Run::save_profile() {
@@ -646,6 +660,7 @@ TrainResult Run::execute() {
   } catch (const std::exception& e) {
     if (replicas_) replicas_->abort(e.what());
     std::error_code ec;  // a run that failed before writing leaves no folder it made
+    if (leader()) drop_lone_run_marker();
     if (leader() && created_output_dir_) std::filesystem::remove(spec_.output_dir, ec);  // only when empty
     throw;
   }

@@ -28,6 +28,7 @@
 // after which the merged checkpoint holds both matrices and tie_word_embeddings false.
 #pragma once
 #include <map>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -76,10 +77,13 @@ void write_peft_adapter(const std::string& dir, const ModelLayout& layout,
                         const std::string& base_model_name_or_path, DType dtype = DType::f32);
 
 /// write_peft_adapter into a fresh folder that replaces `dir` atomically (base/atomic_file.hpp):
-/// after a failure `dir` is as it was, never partial.
+/// after a failure `dir` is as it was, never partial. `extra` (optional) is called with the
+/// temporary folder once the adapter is written there and before it replaces `dir` (as in
+/// save_hf_checkpoint); an exception from it aborts the save.
 void save_peft_adapter(const std::string& dir, const ModelLayout& layout,
                        const std::vector<const float*>& group_data,
-                       const std::string& base_model_name_or_path, DType dtype = DType::f32);
+                       const std::string& base_model_name_or_path, DType dtype = DType::f32,
+                       const std::function<void(const std::string& tmp_dir)>& extra = {});
 
 /// A PEFT adapter folder read into memory.
 struct PeftAdapter {

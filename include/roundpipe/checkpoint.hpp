@@ -71,12 +71,25 @@ void save_hf_checkpoint(const std::string& dir, const ModelLayout& layout,
                         DType dtype,
                         const std::function<void(const std::string& tmp_dir)>& extra = {});
 
-/// Refuses an output folder that save_hf_checkpoint would replace at a loss, before anything
-/// is read or written: one that is an input (a folder or file read from), lies inside one or
-/// holds one, and an existing non-empty folder with no model in it (neither config.json nor a
-/// *.safetensors file: the user's files, not an earlier output). Throws
-/// std::invalid_argument("<out_dir>: <why>"). Empty entries of `inputs` are skipped.
+/// The file convert and merge leave in the model folders they write, listing every file they
+/// wrote there ({"written_by": "roundpipe convert", "files": [...]}): what a later convert or
+/// merge into the same folder may replace.
+inline constexpr const char* kModelManifestFile = "roundpipe_manifest.json";
+
+/// Refuses an output folder (OUT_DIR of convert and merge) that writing a model folder would
+/// replace at a loss, before anything is read or written: the root folder, $HOME, the working
+/// directory or a folder holding it; one that is an input (a folder or file read from), lies
+/// inside one or holds one; a file; and an existing non-empty folder holding anything its
+/// roundpipe_manifest.json does not list (the user's files, not an earlier convert or merge).
+/// Throws std::invalid_argument("<out_dir>: <why>"), one line. Empty entries of `inputs` are
+/// skipped.
 void check_model_output_folder(const std::string& out_dir, const std::vector<std::string>& inputs);
+
+/// save_hf_checkpoint plus kModelManifestFile naming every file written, by `command`
+/// ("convert", "merge"), so that the folder may later be replaced by another such write.
+void save_model_folder(const std::string& out_dir, const ModelLayout& layout, const std::vector<const float*>& groups,
+                       const nlohmann::json& tokenizer_json, const std::string& chat_template, DType dtype,
+                       const std::string& command);
 
 /// load_model(gguf) + save_hf_checkpoint(out_dir, ...) in `dtype` (default fp32: dequantized
 /// GGUF values are exact in fp32); out_dir is checked first (check_model_output_folder).

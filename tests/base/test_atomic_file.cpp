@@ -2,6 +2,8 @@
 // fsync the folder) for files and folders, and the cleaning of a killed writer's leftovers.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -103,15 +105,28 @@ TEST(AtomicFile, ReplacesAFolderAndKeepsTheOldOneOnFailure) {
   fs::remove_all(d);
 }
 
+/// The marker a roundpipe writer leaves beside "<target>.<kind>-<pid>" (base/atomic_file.hpp).
+void mark(const fs::path& leftover, const std::string& kind, const std::string& target, const std::string& pid,
+          const std::string& start = "1") {
+  std::ofstream(rp::owner_marker_path(leftover.string()))
+      << "roundpipe leftover v1\npid=" << pid << "\nstart=" << start << "\nkind=" << kind << "\ntarget=" << target
+      << "\n";
+}
+
 TEST(AtomicFile, LeftoversOfDeadWritersAreRemovedOrRestored) {
   const auto d = scratch();
   const std::string dead = "999999999";  // above any pid_max: never a live process
   fs::create_directories(d / ("final.tmp-" + dead));
+  mark(d / ("final.tmp-" + dead), "tmp", "final", dead);
   std::ofstream(d / ("metrics.csv.tmp-" + dead)) << "torn";
+  mark(d / ("metrics.csv.tmp-" + dead), "tmp", "metrics.csv", dead);
   fs::create_directories(d / ("checkpoint-2.old-" + dead));  // killed before the new one was in place
   std::ofstream(d / ("checkpoint-2.old-" + dead) / "w") << "kept";
+  mark(d / ("checkpoint-2.old-" + dead), "old", "checkpoint-2", dead);
   fs::create_directories(d / "checkpoint-4");
   fs::create_directories(d / ("checkpoint-4.old-" + dead));  // killed after: the new one is there
+  mark(d / ("checkpoint-4.old-" + dead), "old", "checkpoint-4", dead);
+  mark(d / ("gone.tmp-" + dead), "tmp", "gone", dead);  // killed after the rename: only the marker
   fs::create_directories(d / ("mine.tmp-" + std::to_string(::getpid())));  // this process: a live writer
   fs::create_directories(d / "other.tmp-1");                                 // pid 1 is alive
   fs::create_directories(d / "notes.tmp-abc");                               // not a pid
@@ -125,9 +140,12 @@ TEST(AtomicFile, LeftoversOfDeadWritersAreRemovedOrRestored) {
   EXPECT_TRUE(fs::exists(d / ("mine.tmp-" + std::to_string(::getpid()))));
   EXPECT_TRUE(fs::exists(d / "other.tmp-1"));
   EXPECT_TRUE(fs::exists(d / "notes.tmp-abc"));
+  for (const auto& e : fs::directory_iterator(d))  // every marker went with its leftover
+    EXPECT_EQ(e.path().string().find(".roundpipe-owner"), std::string::npos) << e.path();
   int restored = 0;
   for (const auto& s : done) {
     restored += s.restored;
+    EXPECT_FALSE(s.left_alone) << s.path;
     if (s.restored) {
       EXPECT_EQ(s.target, (d / "checkpoint-2").string());
     }
@@ -135,6 +153,111 @@ TEST(AtomicFile, LeftoversOfDeadWritersAreRemovedOrRestored) {
   EXPECT_EQ(restored, 1);
   EXPECT_TRUE(rp::clean_stale_temporaries((d / "missing").string()).empty());
   fs::remove_all(d);
+}
+
+// Names that only look like a dead writer's leftovers (the user's "build.tmp-4242/", a
+// "backup.old-2023/") are never removed or renamed: without our marker, or with a marker that
+// names another leftover, a live writer or garbage, they are reported and left alone.
+TEST(AtomicFile, LeftoversWithoutOurMarkerAreLeftAlone) {
+  const auto d = scratch();
+  fs::create_directories(d / "build.tmp-999999998/src");
+  std::ofstream(d / "build.tmp-999999998/src/main.c") << "int main() {}";
+  fs::create_directories(d / "backup.old-999999997");
+  std::ofstream(d / "backup.old-999999997/notes.txt") << "mine";
+  std::ofstream(d / "report.tmp-999999996") << "mine";
+  mark(d / "report.tmp-999999996", "tmp", "other-name", "999999996");  // names another target
+  fs::create_directories(d / "data.old-999999995");
+  mark(d / "data.old-999999995", "old", "data", "999999994");  // names another pid
+  const std::string self = std::to_string(::getpid());
+  std::ofstream(d / ("plain.tmp-" + self)) << "mine";
+  std::ofstream(d / "forged.tmp-999999993") << "mine";
+  std::ofstream(rp::owner_marker_path((d / "forged.tmp-999999993").string())) << "rm -rf\n";
+  const auto before = std::distance(fs::recursive_directory_iterator(d), {});
+  const auto done = rp::clean_stale_temporaries(d.string());
+  EXPECT_EQ(std::distance(fs::recursive_directory_iterator(d), {}), before) << "something was removed";
+  EXPECT_EQ(slurp(d / "build.tmp-999999998/src/main.c"), "int main() {}");
+  EXPECT_EQ(slurp(d / "backup.old-999999997/notes.txt"), "mine");
+  EXPECT_FALSE(fs::exists(d / "backup")) << "renamed a folder it did not move aside";
+  EXPECT_FALSE(fs::exists(d / "data"));
+  size_t left_alone = 0;
+  for (const auto& s : done) {
+    EXPECT_TRUE(s.left_alone) << s.path;
+    left_alone += s.left_alone;
+  }
+  EXPECT_EQ(left_alone, 5u) << "build, backup, report, data and forged are reported; the live one is not";
+  // a marker naming this process with another start time is a dead writer whose pid was reused
+  fs::create_directories(d / ("reused.tmp-" + self));
+  mark(d / ("reused.tmp-" + self), "tmp", "reused", self, "0");
+  rp::clean_stale_temporaries(d.string());
+  EXPECT_FALSE(fs::exists(d / ("reused.tmp-" + self)));
+  EXPECT_TRUE(fs::exists(d / ("plain.tmp-" + self)));
+  fs::remove_all(d);
+}
+
+// A temporary or aside name that exists and is not provably a dead writer's is never reused:
+// the write fails naming it, and it and the target stay as they were.
+TEST(AtomicFile, AWriteNeverReusesAForeignTemporaryName) {
+  const auto d = scratch();
+  const std::string self = std::to_string(::getpid());
+  std::ofstream(d / ("a.txt.tmp-" + self)) << "mine";
+  EXPECT_THROW(rp::write_file_atomically((d / "a.txt").string(), [](std::ostream& o) { o << "new"; }),
+               std::runtime_error);
+  EXPECT_EQ(slurp(d / ("a.txt.tmp-" + self)), "mine");
+  EXPECT_FALSE(fs::exists(d / "a.txt"));
+  fs::create_directories(d / ("f.tmp-" + self));
+  std::ofstream(d / ("f.tmp-" + self) / "keep") << "mine";
+  try {
+    rp::replace_folder((d / "f").string(), [](const std::string&) {});
+    ADD_FAILURE() << "reused f.tmp-" << self;
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("was not made by roundpipe"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(slurp(d / ("f.tmp-" + self) / "keep"), "mine");
+  fs::create_directories(d / "g");
+  std::ofstream(d / "g" / "w") << "old";
+  fs::create_directories(d / ("g.old-" + self));
+  std::ofstream(d / ("g.old-" + self) / "keep") << "mine";
+  EXPECT_THROW(rp::replace_folder((d / "g").string(),
+                                  [](const std::string& tmp) { std::ofstream(fs::path(tmp) / "w") << "new"; }),
+               std::runtime_error);
+  EXPECT_EQ(slurp(d / "g" / "w"), "old");
+  EXPECT_EQ(slurp(d / ("g.old-" + self) / "keep"), "mine");
+  EXPECT_FALSE(fs::exists(d / ("g.tmp-" + self))) << "the failed write's own temporary went";
+  EXPECT_FALSE(fs::exists(rp::owner_marker_path((d / ("g.tmp-" + self)).string())));
+  fs::remove_all(d);
+}
+
+// A writer killed (SIGKILL) at any point of a folder swap leaves only marked leftovers, which
+// the next clean puts back or removes: the finished version is never lost.
+TEST(AtomicFile, AWriterKilledMidSwapIsCleanedUpByTheNextRun) {
+  for (const char* when : {"fill", "folder-aside"}) {
+    const auto d = scratch();
+    fs::create_directories(d / "ckpt");
+    std::ofstream(d / "ckpt" / "w") << "finished";
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      rp::set_atomic_write_hook([&](const std::string& event, const std::string&) {
+        if (event == when) ::kill(::getpid(), SIGKILL);
+      });
+      rp::replace_folder((d / "ckpt").string(), [&](const std::string& tmp) {
+        std::ofstream(fs::path(tmp) / "w") << "new";
+        if (std::string(when) == "fill") ::kill(::getpid(), SIGKILL);
+      });
+      ::_exit(0);  // not reached
+    }
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    ASSERT_TRUE(WIFSIGNALED(status)) << when;
+    const std::string pid = std::to_string(child);
+    EXPECT_TRUE(fs::exists(d / ("ckpt.tmp-" + pid))) << when;
+    EXPECT_TRUE(fs::exists(rp::owner_marker_path((d / ("ckpt.tmp-" + pid)).string()))) << when;
+    const auto done = rp::clean_stale_temporaries(d.string());
+    EXPECT_EQ(slurp(d / "ckpt" / "w"), "finished") << when;
+    EXPECT_EQ(entries(d), 1u) << when << ": only ckpt/ is left";
+    for (const auto& s : done) EXPECT_FALSE(s.left_alone) << s.path;
+    fs::remove_all(d);
+  }
 }
 
 }  // namespace

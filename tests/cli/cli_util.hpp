@@ -48,6 +48,15 @@ inline CliRun roundpipe(const std::string& args, const fs::path& dir) {
   return {WEXITSTATUS(rc), slurp(dir / "out.txt"), slurp(dir / "err.txt")};
 }
 
+/// roundpipe(args, dir) run in working directory `cwd`, with `env` ("NAME=value ...") set.
+inline CliRun roundpipe_in(const fs::path& cwd, const std::string& args, const fs::path& dir,
+                           const std::string& env = "") {
+  std::string cmd = "cd '" + cwd.string() + "' && " + env + " " + std::string(RP_BUILD_DIR) + "/roundpipe " + args +
+                    " > " + (dir / "out.txt").string() + " 2> " + (dir / "err.txt").string() + " < /dev/null";
+  int rc = std::system(cmd.c_str());
+  return {WEXITSTATUS(rc), slurp(dir / "out.txt"), slurp(dir / "err.txt")};
+}
+
 inline void write(const fs::path& p, const std::string& s) { std::ofstream(p) << s; }
 
 // A tiny HF-layout model written by the project's own writer (no download needed).

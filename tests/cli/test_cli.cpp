@@ -205,10 +205,17 @@ TEST(Cli, BadSpecsGiveOneLineNamingTheKey) {
   fs::remove_all(d);
 }
 
+/// The marker a roundpipe writer leaves beside "<target>.<kind>-<pid>" (base/atomic_file.hpp).
+void mark(const fs::path& leftover, const std::string& kind, const std::string& target, const std::string& pid) {
+  write(fs::path(leftover.string() + ".roundpipe-owner"),
+        "roundpipe leftover v1\npid=" + pid + "\nstart=1\nkind=" + kind + "\ntarget=" + target + "\n");
+}
+
 // A run killed while swapping a checkpoint into place left "<name>.old-<pid>" (the previous
-// checkpoint) and maybe no "<name>": the next run puts it back; beside a complete "<name>"
-// it is removed. Nothing finished is lost: a fresh run into that folder is refused unless told
-// to start over there.
+// checkpoint, marked as ours) and maybe no "<name>": the next run puts it back; beside a
+// complete "<name>" it is removed. Nothing finished is lost: a fresh run into that folder is
+// refused unless told to start over there, and, as neither has its trainer state, no
+// --resume is advised.
 TEST(Cli, LeftoversOfAKilledCheckpointSwapAreRestoredOrRemoved) {
   auto d = tmpdir();
   auto model = tiny_model(d);
@@ -216,17 +223,21 @@ TEST(Cli, LeftoversOfAKilledCheckpointSwapAreRestoredOrRemoved) {
   write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
   fs::create_directories(d / "run/checkpoint-7.old-999999999");
   write(d / "run/checkpoint-7.old-999999999/marker", "kept");
+  mark(d / "run/checkpoint-7.old-999999999", "old", "checkpoint-7", "999999999");
   fs::create_directories(d / "run/checkpoint-5");
   fs::create_directories(d / "run/checkpoint-5.old-999999999");
+  mark(d / "run/checkpoint-5.old-999999999", "old", "checkpoint-5", "999999999");
+  write(d / "run/roundpipe_run.json", "{}");  // an earlier run's folder
   // the folder holds an earlier run's checkpoints: a fresh run there is refused (after the
   // leftovers were put back), and --overwrite-output-dir lets it start over
   const CliRun refused = roundpipe("train " + (d / "spec.json").string() + " --steps 1", d);
   EXPECT_EQ(refused.code, 1) << refused.err;
   EXPECT_NE(refused.err.find("roundpipe: error: "), std::string::npos) << refused.err;
-  EXPECT_NE(refused.err.find("holds an earlier run's checkpoints (checkpoint-5, checkpoint-7); continue it with "
-                             "--resume " + (d / "run").string() + "/checkpoint-7"),
+  EXPECT_NE(refused.err.find("holds an earlier run's checkpoints (checkpoint-5, checkpoint-7); none of them can be "
+                             "resumed"),
             std::string::npos)
       << refused.err;
+  EXPECT_EQ(refused.err.find("--resume"), std::string::npos) << refused.err;
   EXPECT_TRUE(fs::exists(d / "run/checkpoint-7/marker"));
   CliRun r = roundpipe("train " + (d / "spec.json").string() + " --steps 1 --overwrite-output-dir", d);
   ASSERT_EQ(r.code, 0) << r.err;
@@ -234,6 +245,36 @@ TEST(Cli, LeftoversOfAKilledCheckpointSwapAreRestoredOrRemoved) {
   EXPECT_FALSE(fs::exists(d / "run/checkpoint-7.old-999999999"));
   EXPECT_TRUE(fs::exists(d / "run/checkpoint-5"));
   EXPECT_FALSE(fs::exists(d / "run/checkpoint-5.old-999999999"));
+  fs::remove_all(d);
+}
+
+// Names that only look like leftovers (a user's build.tmp-4242/, backup.old-2023/) are never
+// removed or renamed, only named in one warning line; and "output_dir": ".." (a folder that
+// holds the working directory) is refused before anything is looked at.
+TEST(Cli, LookAlikeLeftoversAreLeftAloneAndTheParentFolderIsNoOutput) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  write(d / "data.jsonl", "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n");
+  fs::create_directories(d / "work/run");
+  fs::create_directories(d / "work/build.tmp-999999999/obj");
+  write(d / "work/build.tmp-999999999/obj/a.o", "mine");
+  fs::create_directories(d / "work/backup.old-999999998");
+  write(d / "work/backup.old-999999998/notes.txt", "mine");
+  write(d / "work/run/spec.json", spec_for(model, d / "data.jsonl", ".."));
+  expect_one_line_error(roundpipe_in(d / "work/run", "train spec.json --steps 1", d),
+                        "spec.json: key 'output_dir': '..' contains the working directory");
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "work"));
+  const CliRun r = roundpipe("train " + (d / "spec.json").string() + " --steps 1", d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(slurp(d / "work/build.tmp-999999999/obj/a.o"), "mine");
+  EXPECT_EQ(slurp(d / "work/backup.old-999999998/notes.txt"), "mine");
+  EXPECT_FALSE(fs::exists(d / "work/backup"));
+  const std::string log = r.out + r.err;  // spdlog's lines go to stdout
+  EXPECT_NE(log.find("left alone " + (d / "work/backup.old-999999998").string() + ", " +
+                     (d / "work/build.tmp-999999999").string()),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(log.find("left alone"), log.rfind("left alone")) << "one warning line: " << log;
   fs::remove_all(d);
 }
 
@@ -419,10 +460,12 @@ TEST(Cli, LeftoversOfKilledRunsAreRemoved) {
   write(d / "data.jsonl", "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n");
   fs::create_directories(d / "run/final.tmp-999999999");
   write(d / "run/final.tmp-999999999/model.safetensors.tmp-999999999", "partial");
+  mark(d / "run/final.tmp-999999999", "tmp", "final", "999999999");  // a roundpipe writer's
   write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
   CliRun r = roundpipe("train " + (d / "spec.json").string(), d);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_FALSE(fs::exists(d / "run/final.tmp-999999999"));
+  EXPECT_FALSE(fs::exists(d / "run/final.tmp-999999999.roundpipe-owner"));
   EXPECT_TRUE(fs::exists(d / "run/final/model.safetensors"));
   fs::remove_all(d);
 }

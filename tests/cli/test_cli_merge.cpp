@@ -72,15 +72,21 @@ TEST(CliMerge, RefusesAnOutputThatWouldReplaceAnInputOrUserFiles) {
   fs::create_directories(d / "notes");
   write(d / "notes/notes.txt", "mine");
   expect_one_line_error(roundpipe("merge " + adapter + " " + (d / "notes").string() + base, d),
-                        "holds files but no model");
+                        "holds a file roundpipe did not write there (notes.txt)");
   EXPECT_EQ(listing(d / "adapter"), adapter_files);
   EXPECT_EQ(listing(d / "base"), base_files);
   EXPECT_TRUE(fs::exists(d / "notes/notes.txt"));
   EXPECT_FALSE(fs::exists(d / "adapter/sub"));
-  // an earlier merge's output is replaced, as before
+  // an earlier merge's output is replaced, as before (its roundpipe_manifest.json lists it all)
   ASSERT_EQ(roundpipe("merge " + adapter + " " + (d / "out").string() + base, d).code, 0);
+  EXPECT_TRUE(fs::exists(d / "out" / rp::kModelManifestFile));
   const CliRun again = roundpipe("merge " + adapter + " " + (d / "out").string() + base, d);
   EXPECT_EQ(again.code, 0) << again.err;
+  // ... but not once it holds anything the merge did not write
+  fs::create_directories(d / "out/src");
+  write(d / "out/src/main.c", "int main() {}");
+  expect_one_line_error(roundpipe("merge " + adapter + " " + (d / "out").string() + base, d), "(src)");
+  EXPECT_TRUE(fs::exists(d / "out/src/main.c"));
   fs::remove_all(d);
 }
 
@@ -97,10 +103,56 @@ TEST(CliMerge, ConvertRefusesAnOutputThatWouldReplaceItsInputOrUserFiles) {
   fs::create_directories(d / "notes");
   write(d / "notes/notes.txt", "mine");
   expect_one_line_error(roundpipe("convert " + (d / "m/model.gguf").string() + " " + (d / "notes").string(), d),
-                        "holds files but no model");
+                        "holds a file roundpipe did not write there (notes.txt)");
   EXPECT_TRUE(fs::exists(d / "m/model.gguf"));
   EXPECT_TRUE(fs::exists(d / "m/notes.txt"));
   EXPECT_TRUE(fs::exists(d / "notes/notes.txt"));
+  fs::remove_all(d);
+}
+
+// A model folder is no manifest: convert into a folder that holds a config.json (or any
+// *.safetensors) and the user's other files is refused, and nothing in it changes.
+TEST(CliMerge, ConvertNeverReplacesAFolderWithTheUsersFiles) {
+  auto d = tmpdir();
+  const std::string gguf = std::string(RP_FIXTURES_DIR) + "/gguf_moe/tiny_qwen3_moe.f32.gguf";
+  fs::create_directories(d / "p/src");
+  write(d / "p/config.json", "{}");
+  write(d / "p/src/main.c", "int main() {}");
+  const auto before = listing(d / "p");
+  expect_one_line_error(roundpipe("convert " + gguf + " " + (d / "p").string(), d), "config.json, src");
+  EXPECT_EQ(listing(d / "p"), before);
+  fs::remove(d / "p/config.json");
+  write(d / "p/model.safetensors", "x");
+  expect_one_line_error(roundpipe("convert " + gguf + " " + (d / "p").string(), d), "model.safetensors, src");
+  EXPECT_TRUE(fs::exists(d / "p/src/main.c"));
+  // its own earlier output it replaces; an empty folder it fills
+  fs::create_directories(d / "empty");
+  ASSERT_EQ(roundpipe("convert " + gguf + " " + (d / "empty").string(), d).code, 0);
+  const CliRun again = roundpipe("convert " + gguf + " " + (d / "empty").string(), d);
+  EXPECT_EQ(again.code, 0) << again.err;
+  EXPECT_TRUE(fs::exists(d / "empty/config.json"));
+  fs::remove_all(d);
+}
+
+// "/", $HOME, the working directory and its parents are never an OUT_DIR (each would be
+// replaced as a whole), whatever they hold.
+TEST(CliMerge, ConvertAndMergeRefuseTheRootHomeAndWorkingDirectory) {
+  auto d = tmpdir();
+  const std::string gguf = std::string(RP_FIXTURES_DIR) + "/gguf_moe/tiny_qwen3_moe.f32.gguf";
+  fs::create_directories(d / "home/work");
+  const std::string home = "HOME='" + (d / "home").string() + "'";
+  expect_one_line_error(roundpipe_in(d / "home/work", "convert " + gguf + " .", d, home),
+                        ".: OUT_DIR is the working directory");
+  expect_one_line_error(roundpipe_in(d / "home/work", "convert " + gguf + " ..", d, home),
+                        "..: OUT_DIR is the home folder ($HOME)");
+  expect_one_line_error(roundpipe_in(d / "home/work", "convert " + gguf + " " + d.string(), d, home),
+                        "OUT_DIR contains the working directory");
+  expect_one_line_error(roundpipe_in(d / "home/work", "convert " + gguf + " /", d, home), "OUT_DIR is the root folder");
+  expect_one_line_error(
+      roundpipe_in(d / "home/work", "merge " + kPeft + "untied_all/adapter . --base " + kPeft + "base_untied", d, home),
+      "OUT_DIR is the working directory");
+  EXPECT_TRUE(fs::is_empty(d / "home/work"));
+  EXPECT_EQ(std::distance(fs::directory_iterator(d / "home"), {}), 1);
   fs::remove_all(d);
 }
 

@@ -1,0 +1,63 @@
+// base/output_folder: the folders no command may write as a whole (/, $HOME, the working
+// directory and its parents) and the overlap of an output folder with an input.
+#include <gtest/gtest.h>
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "base/output_folder.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct InFolder {  // the working directory and $HOME for one test, put back after it
+  fs::path old_cwd = fs::current_path();
+  std::string old_home = getenv("HOME") ? getenv("HOME") : "";
+  InFolder(const fs::path& cwd, const fs::path& home) {
+    fs::current_path(cwd);
+    setenv("HOME", home.c_str(), 1);
+  }
+  ~InFolder() {
+    fs::current_path(old_cwd);
+    setenv("HOME", old_home.c_str(), 1);
+  }
+};
+
+TEST(OutputFolder, TheRootHomeWorkingDirectoryAndItsParentsAreRefused) {
+  const fs::path d = fs::temp_directory_path() / ("rp_outdir_" + std::to_string(::getpid()));
+  fs::create_directories(d / "work/sub");
+  fs::create_directories(d / "home");
+  {
+    InFolder in(d / "work", d / "home");
+    EXPECT_EQ(rp::unsafe_output_folder("/"), "is the root folder");
+    EXPECT_EQ(rp::unsafe_output_folder("//"), "is the root folder");
+    EXPECT_EQ(rp::unsafe_output_folder((d / "home").string()), "is the home folder ($HOME)");
+    EXPECT_EQ(rp::unsafe_output_folder((d / "home/").string()), "is the home folder ($HOME)");
+    EXPECT_EQ(rp::unsafe_output_folder("."), "is the working directory");
+    EXPECT_EQ(rp::unsafe_output_folder("sub/.."), "is the working directory");
+    EXPECT_EQ(rp::unsafe_output_folder(".."), "contains the working directory");
+    EXPECT_EQ(rp::unsafe_output_folder(d.string()), "contains the working directory");
+    EXPECT_EQ(rp::unsafe_output_folder("sub"), "");
+    EXPECT_EQ(rp::unsafe_output_folder("new/run"), "");
+    EXPECT_EQ(rp::unsafe_output_folder((d / "home/runs").string()), "");
+  }
+  fs::remove_all(d);
+}
+
+TEST(OutputFolder, AnOutputThatIsHoldsOrLiesInsideAnInputIsNamed) {
+  const fs::path d = fs::temp_directory_path() / ("rp_outdir_in_" + std::to_string(::getpid()));
+  fs::create_directories(d / "runs/x/final");
+  const std::string model = (d / "runs/x/final").string(), data = (d / "data.jsonl").string();
+  EXPECT_EQ(rp::overlapping_input((d / "runs/x").string(), {"", model, data}), model);
+  EXPECT_EQ(rp::overlapping_input((d / "runs/x/final/").string(), {data, model}), model);
+  EXPECT_EQ(rp::overlapping_input((d / "runs/x/final/sub").string(), {model}), model);
+  EXPECT_EQ(rp::overlapping_input(d.string(), {data}), data);
+  EXPECT_EQ(rp::overlapping_input((d / "runs/y").string(), {model, data}), "");
+  EXPECT_EQ(rp::overlapping_input((d / "runs/x/fin").string(), {model}), "") << "a prefix of a name is not inside";
+  fs::remove_all(d);
+}
+
+}  // namespace

@@ -1,0 +1,214 @@
+// What a training run may write over: never "/", $HOME, the working directory or its parents,
+// never its own inputs, never run outputs no roundpipe run recorded; and a checkpoint is its
+// weights and its trainer state together, written state first, so a save cut in between
+// leaves nothing that looks resumable, and no advice names a checkpoint that cannot resume.
+#include <gtest/gtest.h>
+
+#include <stdlib.h>
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/atomic_file.hpp"
+#include "roundpipe/trainer.hpp"
+#include "tests/cli/cli_util.hpp"
+#include "trainer/checkpoint_bundle.hpp"
+
+namespace {
+
+using namespace rp::clitest;
+
+rp::TrainSpec spec_into(const fs::path& d, const fs::path& out, int64_t steps) {
+  write(d / "data.jsonl", "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n");
+  rp::TrainSpec s =
+      rp::spec_from_json(nlohmann::json::parse(spec_for(tiny_model(d), d / "data.jsonl", out)), "test spec");
+  s.steps = steps;
+  s.save_dtype = "f32";
+  return s;
+}
+
+/// run(spec) must throw std::invalid_argument containing `what`.
+void expect_refused(const rp::TrainSpec& spec, const std::string& what) {
+  try {
+    rp::Trainer(spec).run();
+    ADD_FAILURE() << "ran into " << spec.output_dir;
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+  }
+}
+
+struct InFolder {  // the working directory and $HOME for one test, put back after it
+  fs::path old_cwd = fs::current_path();
+  std::string old_home = getenv("HOME") ? getenv("HOME") : "";
+  InFolder(const fs::path& cwd, const fs::path& home) {
+    fs::current_path(cwd);
+    setenv("HOME", home.c_str(), 1);
+  }
+  ~InFolder() {
+    fs::current_path(old_cwd);
+    setenv("HOME", old_home.c_str(), 1);
+  }
+};
+
+TEST(OutputSafety, TheRootHomeAndWorkingDirectoryAreNoOutputFolder) {
+  auto d = tmpdir();
+  fs::create_directories(d / "home/a/work");
+  rp::TrainSpec spec = spec_into(d / "home/a/work", d / "unused", 1);
+  InFolder in(d / "home/a/work", d / "home");
+  const auto before = std::distance(fs::recursive_directory_iterator(d), {});
+  const std::pair<std::string, std::string> cases[] = {{"/", "is the root folder"},
+                                                       {(d / "home").string(), "is the home folder ($HOME)"},
+                                                       {".", "is the working directory"},
+                                                       {"..", "contains the working directory"},
+                                                       {d.string(), "contains the working directory"}};
+  for (const auto& [out, why] : cases) {
+    spec.output_dir = out;
+    expect_refused(spec, "key 'output_dir': '" + out + "' " + why);
+  }
+  EXPECT_EQ(std::distance(fs::recursive_directory_iterator(d), {}), before) << "something was written";
+  fs::remove_all(d);
+}
+
+// model runs/x/final with output_dir runs/x would replace the model at the end of the run;
+// --overwrite-output-dir changes nothing to that. Data, eval data and the resumed checkpoint
+// likewise (a checkpoint directly in output_dir is the run being continued, and allowed).
+TEST(OutputSafety, AnOutputFolderHoldingOrInsideAnInputIsRefused) {
+  auto d = tmpdir();
+  rp::TrainSpec spec = spec_into(d, d / "runs/x", 1);
+  ASSERT_EQ(rp::Trainer(spec).run().steps_done, 1);
+  const std::string weights = slurp(d / "runs/x/final/model.safetensors");
+  rp::TrainSpec again = spec_into(d, d / "runs/x", 1);
+  again.model = (d / "runs/x/final").string();
+  again.overwrite_output_dir = true;
+  expect_refused(again, "key 'output_dir': '" + (d / "runs/x").string() + "' is, holds or lies inside the input '" +
+                            (d / "runs/x/final").string() + "' (key 'model')");
+  EXPECT_EQ(slurp(d / "runs/x/final/model.safetensors"), weights);
+  rp::TrainSpec inside = spec_into(d, d / "runs/x/final/sub", 1);
+  inside.model = (d / "runs/x/final").string();
+  expect_refused(inside, "(key 'model')");
+  EXPECT_FALSE(fs::exists(d / "runs/x/final/sub"));
+  rp::TrainSpec data = spec_into(d, d, 1);
+  data.output_dir = (d / "runs").string();
+  data.data = (d / "runs/x/data.jsonl").string();
+  fs::copy_file(d / "data.jsonl", data.data);
+  expect_refused(data, "(key 'data')");
+  data.data = (d / "data.jsonl").string();
+  data.eval_data = (d / "runs/x/data.jsonl").string();
+  expect_refused(data, "(key 'eval_data')");
+  rp::TrainSpec resume = spec_into(d, d / "runs/x/final/more", 2);
+  resume.resume_from = (d / "runs/x/final").string();
+  expect_refused(resume, "the checkpoint '" + resume.resume_from + "' the run resumes from");
+  resume.output_dir = (d / "runs").string();  // holds the checkpoint, but is not the run's folder
+  expect_refused(resume, "the run resumes from");
+  resume.output_dir = (d / "runs/x").string();  // continuing the run in its own folder
+  EXPECT_EQ(rp::Trainer(resume).run().steps_done, 2);
+  fs::remove_all(d);
+}
+
+// Files named like run outputs that no roundpipe run recorded (a user's metrics.csv, an HF
+// trainer's checkpoint-500/) are not replaced, with or without --overwrite-output-dir; other
+// files in the folder are the user's and stay untouched by a run.
+TEST(OutputSafety, RunOutputsNoRunRecordedAreNeverReplaced) {
+  auto d = tmpdir();
+  rp::TrainSpec spec = spec_into(d, d / "out", 1);
+  fs::create_directories(d / "out/checkpoint-500");
+  write(d / "out/metrics.csv", "mine\n");
+  write(d / "out/notes.txt", "mine\n");
+  expect_refused(spec, "holds checkpoint-500, metrics.csv that no roundpipe run recorded as its own");
+  spec.overwrite_output_dir = true;
+  expect_refused(spec, "holds checkpoint-500, metrics.csv that no roundpipe run recorded as its own");
+  EXPECT_EQ(slurp(d / "out/metrics.csv"), "mine\n");
+  fs::remove(d / "out/metrics.csv");
+  fs::remove(d / "out/checkpoint-500");
+  ASSERT_EQ(rp::Trainer(spec).run().steps_done, 1);
+  EXPECT_EQ(slurp(d / "out/notes.txt"), "mine\n");
+  EXPECT_TRUE(fs::exists(d / "out/roundpipe_run.json"));
+  fs::remove_all(d);
+}
+
+// Half pairs: weights without their state (or with another checkpoint's state), and a state
+// without its weights, are no checkpoint: the fresh-run refusal advises only a checkpoint
+// that resumes, a resume from a half pair fails with one line, and without any whole pair no
+// --resume is advised at all.
+TEST(OutputSafety, AHalfCheckpointIsNeverAdvisedOrResumed) {
+  auto d = tmpdir();
+  const fs::path out = d / "out";
+  rp::TrainSpec spec = spec_into(d, out, 3);
+  spec.save_every = 1;
+  ASSERT_EQ(rp::Trainer(spec).run().steps_done, 3);
+  ASSERT_TRUE(rp::resumable_checkpoint((out / "final").string()));
+  fs::remove_all(out / "state/final");                               // weights without state
+  fs::remove_all(out / "checkpoint-2");                              // state without weights
+  fs::remove_all(out / "state/checkpoint-1");                        // weights with the state
+  fs::copy(out / "state/checkpoint-2", out / "state/checkpoint-1");  // of other weights
+  EXPECT_FALSE(rp::resumable_checkpoint((out / "final").string()));
+  EXPECT_FALSE(rp::resumable_checkpoint((out / "checkpoint-1").string()));
+  EXPECT_FALSE(rp::resumable_checkpoint((out / "checkpoint-2").string()));
+  // no whole pair is left: a fresh run advises no --resume
+  rp::TrainSpec fresh = spec_into(d, out, 1);
+  try {
+    rp::Trainer(fresh).run();
+    ADD_FAILURE() << "a fresh run replaced the earlier run's checkpoints";
+  } catch (const std::invalid_argument& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("(checkpoint-1, final); none of them can be resumed"), std::string::npos) << m;
+    EXPECT_EQ(m.find("--resume"), std::string::npos) << m;
+  }
+  rp::TrainSpec from_folder = spec_into(d, out, 5);
+  from_folder.resume_from = out.string();
+  expect_refused(from_folder, "none of its checkpoints (checkpoint-1, final) can be resumed");
+  // a whole pair again: the advice names it, and it resumes
+  rp::TrainSpec redo = spec_into(d, d / "redo", 2);
+  redo.save_every = 1;
+  ASSERT_EQ(rp::Trainer(redo).run().steps_done, 2);
+  fs::rename(d / "redo/checkpoint-1", out / "checkpoint-3");
+  fs::rename(d / "redo/state/checkpoint-1", out / "state/checkpoint-3");
+  try {
+    rp::Trainer(fresh).run();
+    ADD_FAILURE() << "a fresh run replaced the earlier run's checkpoints";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("continue it with --resume " + out.string() + "/checkpoint-3"),
+              std::string::npos)
+        << e.what();
+  }
+  rp::TrainSpec half = spec_into(d, out, 5);
+  half.resume_from = (out / "final").string();
+  EXPECT_THROW(rp::Trainer(half).run(), std::runtime_error);
+  half.resume_from = (out / "checkpoint-3").string();
+  EXPECT_EQ(rp::Trainer(half).run().steps_done, 5);
+  fs::remove_all(d);
+}
+
+// The trainer state is in place before the weights: a failure injected between the two
+// (right after state/<name> was put in place) leaves the state without weights, which
+// nothing treats as a checkpoint, and the earlier checkpoints stay resumable.
+TEST(OutputSafety, ACheckpointSavesItsStateFirstAndItsWeightsLast) {
+  auto d = tmpdir();
+  const fs::path out = d / "out";
+  rp::TrainSpec spec = spec_into(d, out, 2);
+  spec.save_every = 1;
+  std::vector<std::string> replaced;
+  rp::set_atomic_write_hook([&](const std::string& event, const std::string& dir) {
+    if (event != "folder-replaced") return;
+    replaced.push_back(fs::relative(dir, out).string());
+    if (replaced.back() == "state/final") throw std::runtime_error("injected: killed between the two writes");
+  });
+  EXPECT_THROW(rp::Trainer(spec).run(), std::runtime_error);
+  rp::set_atomic_write_hook({});
+  EXPECT_EQ(replaced, (std::vector<std::string>{"state/checkpoint-1", "checkpoint-1", "state/final"}));
+  EXPECT_TRUE(fs::exists(out / "state/final"));
+  EXPECT_FALSE(fs::exists(out / "final"));
+  EXPECT_EQ(rp::checkpoints_in(out.string()), (std::vector<std::string>{"checkpoint-1"}));
+  rp::TrainSpec fresh = spec_into(d, out, 1);
+  expect_refused(fresh, "continue it with --resume " + out.string() + "/checkpoint-1");
+  rp::TrainSpec resume = spec_into(d, out, 2);
+  resume.resume_from = (out / "checkpoint-1").string();
+  EXPECT_EQ(rp::Trainer(resume).run().steps_done, 2);
+  EXPECT_TRUE(rp::resumable_checkpoint((out / "final").string()));
+  fs::remove_all(d);
+}
+
+}  // namespace
