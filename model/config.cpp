@@ -301,7 +301,8 @@ void ModelConfig::validate() const {
   auto fail = [](const std::string& key, const std::string& what) {
     throw std::invalid_argument(fmt::format("{}: {}", key, what));
   };
-  if (!known_model_type(architecture)) fail("model_type", fmt::format("{} expected, got \"{}\"", kModelTypes, architecture));
+  if (!known_model_type(architecture))
+    fail("model_type", fmt::format("{} expected, got \"{}\"", kModelTypes, architecture));
   if (gpt_oss()) {
     if (num_experts <= 0) fail("num_local_experts", fmt::format("must be > 0, got {}", num_experts));
     if (num_moe_layers() != num_hidden_layers)
