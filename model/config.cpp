@@ -225,6 +225,22 @@ void parse_layer_types(const json& j, const std::string& where, ModelConfig& c) 
       bad(where, "sliding_window", "an integer >= 1 (layer_types has sliding layers)", val(j, "sliding_window"));
 }
 
+constexpr const char* kModelTypes = "\"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"qwen3_moe\" or \"gpt_oss\"";
+
+bool known_model_type(const std::string& t) {
+  return t == "llama" || t == "mistral" || t == "qwen2" || t == "qwen3" || t == "qwen3_moe" || t == "gpt_oss";
+}
+
+// transformers' class for each model_type (config.json's "architectures")
+const char* hf_class(const std::string& t) {
+  return t == "llama"     ? "LlamaForCausalLM"
+         : t == "mistral" ? "MistralForCausalLM"
+         : t == "qwen2"   ? "Qwen2ForCausalLM"
+         : t == "qwen3"   ? "Qwen3ForCausalLM"
+         : t == "gpt_oss" ? "GptOssForCausalLM"
+                          : "Qwen3MoeForCausalLM";
+}
+
 }  // namespace
 
 bool ModelConfig::is_moe_layer(int64_t i) const {
@@ -261,7 +277,8 @@ std::optional<int64_t> count_parameters(const ModelConfig& c, bool active) {
   // every term below is a product of two or three sizes: compute each in 128 bits
   using W = __int128;
   const W attention = W(2) * H + W(H) * nq * D + W(2) * H * nkv * D + W(nq) * D * H + (c.qk_norm ? W(2) * D : 0) +
-                      (c.attention_bias ? W(nq) * D + W(2) * nkv * D + H : 0) + (c.attention_sinks ? nq : 0);
+                      (c.has_qkv_bias() ? W(nq) * D + W(2) * nkv * D : 0) +
+                      (c.attention_bias ? H : 0) + (c.attention_sinks ? nq : 0);
   const W dense = W(3) * H * F;
   // a GPT-OSS block adds the router's bias and each expert's three biases (2 Fe + H)
   const W expert = W(3) * H * Fe + (c.gpt_oss() ? W(2) * Fe + H : 0);
@@ -284,9 +301,8 @@ void ModelConfig::validate() const {
   auto fail = [](const std::string& key, const std::string& what) {
     throw std::invalid_argument(fmt::format("{}: {}", key, what));
   };
-  if (architecture != "llama" && architecture != "qwen3" && architecture != "qwen3_moe" && architecture != "gpt_oss")
-    fail("model_type",
-         fmt::format("\"llama\", \"qwen3\", \"qwen3_moe\" or \"gpt_oss\" expected, got \"{}\"", architecture));
+  if (!known_model_type(architecture))
+    fail("model_type", fmt::format("{} expected, got \"{}\"", kModelTypes, architecture));
   if (gpt_oss()) {
     if (num_experts <= 0) fail("num_local_experts", fmt::format("must be > 0, got {}", num_experts));
     if (num_moe_layers() != num_hidden_layers)
@@ -296,8 +312,9 @@ void ModelConfig::validate() const {
       fail("swiglu_limit", fmt::format("must be a finite number > 0, got {}", swiglu_limit));
     if (!(swiglu_alpha > 0) || !std::isfinite(swiglu_alpha))
       fail("swiglu_alpha", fmt::format("must be a finite number > 0, got {}", swiglu_alpha));
-  } else if (attention_sinks || !layer_types.empty()) {
-    fail(attention_sinks ? "attention_sinks" : "layer_types", "only GPT-OSS (model_type gpt_oss) has them");
+  } else if (attention_sinks || (!layer_types.empty() && architecture != "mistral")) {
+    fail(attention_sinks ? "attention_sinks" : "layer_types",
+         "only GPT-OSS (model_type gpt_oss) and Mistral (layer_types) have them");
   }
   if (!layer_types.empty() && int64_t(layer_types.size()) != num_hidden_layers)
     fail("layer_types", fmt::format("must have num_hidden_layers = {} entries, got {}", num_hidden_layers,
@@ -354,6 +371,7 @@ void ModelConfig::validate() const {
       fail("rope_scaling.high_freq_factor", "must be > low_freq_factor");
   }
   if (attention_bias && !gpt_oss()) fail("attention_bias", "only false is supported (biases: GPT-OSS only)");
+  if (qkv_bias && architecture != "qwen2") fail("qkv_bias", "only Qwen2 (model_type qwen2) has q/k/v-only biases");
   // sizes multiply into tensor shapes and byte counts: refuse a product beyond 2^48 before
   // anything is allocated from it (a layer count of 2^32 used to be allocated layer by layer)
   if (!parameter_count(*this))
@@ -372,18 +390,13 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& where) 
     throw std::runtime_error(fmt::format("{}: expected a JSON object, got {}", where, j.type_name()));
   ModelConfig c;
   auto mt = j.find("model_type");
-  if (mt == j.end() || !mt->is_string())
-    bad(where, "model_type", "\"llama\", \"qwen3\", \"qwen3_moe\" or \"gpt_oss\"", mt == j.end() ? json() : *mt);
+  if (mt == j.end() || !mt->is_string()) bad(where, "model_type", kModelTypes, mt == j.end() ? json() : *mt);
   c.architecture = mt->get<std::string>();
-  if (c.architecture != "llama" && c.architecture != "qwen3" && c.architecture != "qwen3_moe" &&
-      c.architecture != "gpt_oss")
-    bad(where, "model_type", "\"llama\", \"qwen3\", \"qwen3_moe\" or \"gpt_oss\"", *mt);
-  const bool oss = c.architecture == "gpt_oss";
+  if (!known_model_type(c.architecture)) bad(where, "model_type", kModelTypes, *mt);
+  const bool oss = c.architecture == "gpt_oss", mistral = c.architecture == "mistral";
+  const bool qwen2 = c.architecture == "qwen2";
   if (auto a = j.find("architectures"); a != j.end() && !a->is_null()) {
-    const std::string want = c.architecture == "llama"   ? "LlamaForCausalLM"
-                             : c.architecture == "qwen3" ? "Qwen3ForCausalLM"
-                             : oss                       ? "GptOssForCausalLM"
-                                                         : "Qwen3MoeForCausalLM";
+    const std::string want = hf_class(c.architecture);
     if (!a->is_array() || a->size() != 1 || (*a)[0] != want)
       bad(where, "architectures", fmt::format("[\"{}\"]", want), *a);
   }
@@ -416,13 +429,19 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& where) 
   c.rms_norm_eps = get_num(j, "rms_norm_eps", where, oss ? 1e-5 : 1e-6, true);
   c.max_position_embeddings = get_int(j, "max_position_embeddings", where, false, 2048, 1);
   c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", where, false);
-  c.attention_bias = get_bool(j, "attention_bias", where, oss);
+  // Qwen2's q/k/v always carry biases (its config has no key for them), its o_proj none
+  c.qkv_bias = qwen2;
+  c.attention_bias = !qwen2 && get_bool(j, "attention_bias", where, oss);
   if (c.attention_bias && !oss)
     bad(where, "attention_bias", "false (biases: GPT-OSS only)", val(j, "attention_bias"));
   if (get_bool(j, "mlp_bias", where, false)) bad(where, "mlp_bias", "false", val(j, "mlp_bias"));
   if (!oss && get_bool(j, "use_sliding_window", where, false))
-    bad(where, "use_sliding_window", "false (sliding-window attention is not supported)",
+    bad(where, "use_sliding_window", "false (sliding-window attention: GPT-OSS and Mistral only)",
         val(j, "use_sliding_window"));
+  if (mistral) {  // a window (Mistral 7B v0.1) makes every layer slide; null (v0.3, Nemo): none
+    c.sliding_window = get_int(j, "sliding_window", where, false, 0, 1);
+    if (c.sliding_window > 0) c.layer_types.assign(size_t(c.num_hidden_layers), "sliding_attention");
+  }
   c.qk_norm = c.architecture == "qwen3" || moe;
   c.bos_token_id = get_token_id(j, "bos_token_id", where);
   c.eos_token_id = get_token_id(j, "eos_token_id", where);
@@ -471,14 +490,11 @@ ModelConfig load_config_file(const std::string& path) {
 
 nlohmann::json config_to_json(const ModelConfig& c) {
   const bool oss = c.gpt_oss();
-  const bool qwen = c.architecture != "llama" && !oss;
+  const bool qwen = c.architecture.rfind("qwen", 0) == 0;
   const bool moe = c.architecture == "qwen3_moe";
   auto id = [](int64_t v) { return v < 0 ? json() : json(v); };
   json j = json::object();
-  j["architectures"] = json::array({oss   ? "GptOssForCausalLM"
-                                    : moe ? "Qwen3MoeForCausalLM"
-                                    : qwen ? "Qwen3ForCausalLM"
-                                           : "LlamaForCausalLM"});
+  j["architectures"] = json::array({hf_class(c.architecture)});
   j["model_type"] = c.architecture;
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;
@@ -510,7 +526,7 @@ nlohmann::json config_to_json(const ModelConfig& c) {
   }
   j["rope_scaling"] = rs;
   j["tie_word_embeddings"] = c.tie_word_embeddings;
-  j["attention_bias"] = c.attention_bias;
+  if (c.architecture != "qwen2") j["attention_bias"] = c.attention_bias;
   j["attention_dropout"] = 0.0;
   j["initializer_range"] = 0.02;
   j["use_cache"] = true;
@@ -538,6 +554,8 @@ nlohmann::json config_to_json(const ModelConfig& c) {
     val(j, "use_sliding_window") = false;
     j["sliding_window"] = nullptr;
     j["max_window_layers"] = c.num_hidden_layers;
+  } else if (c.architecture == "mistral") {
+    j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json();
   } else {
     val(j, "mlp_bias") = false;
     j["pretraining_tp"] = 1;

@@ -174,7 +174,7 @@ void Generator::Impl::forward(const std::vector<int32_t>& tok, int64_t past) {
       ops.linear_fwd(xn.get(), t(pre + "self_attn.k_proj.weight"), c.qk_norm ? kr.get() : krow, n, H, nkv * D);
       ops.linear_fwd(xn.get(), t(pre + "self_attn.v_proj.weight"), vrow, n, H, nkv * D);
       const int32_t rows[2] = {0, int32_t(n)};
-      if (c.attention_bias) {  // GPT-OSS: biased projections (no q/k norm)
+      if (c.has_qkv_bias()) {  // GPT-OSS, Qwen2: biased projections (no q/k norm)
         ops.grouped_bias_fwd(q.get(), t(pre + "self_attn.q_proj.bias"), rows, 1, nq * D);
         ops.grouped_bias_fwd(krow, t(pre + "self_attn.k_proj.bias"), rows, 1, nkv * D);
         ops.grouped_bias_fwd(vrow, t(pre + "self_attn.v_proj.bias"), rows, 1, nkv * D);

@@ -98,9 +98,11 @@ class GgufFile {
   std::vector<GgufTensorInfo> tensors_;
 };
 
-/// ModelConfig from the metadata of a "llama", "qwen3", "qwen3moe" or "gpt-oss" GGUF
+/// ModelConfig from the metadata of a "llama", "qwen2", "qwen3", "qwen3moe" or "gpt-oss" GGUF
 /// (general.architecture; "qwen3moe" becomes architecture "qwen3_moe", "gpt-oss" "gpt_oss":
-/// see gpt_oss_config_from_gguf).
+/// see gpt_oss_config_from_gguf; "qwen2" has qkv_bias, its q/k/v biases "blk.<i>.attn_<q|k|v>.bias").
+/// Mistral GGUFs are written as "llama" by convert_hf_to_gguf.py and load as LLaMA (llama.cpp
+/// keeps no sliding window for them either).
 /// tie_word_embeddings is true when there is no output.weight. A llama3 rope_freqs.weight
 /// tensor is recognised (factor taken from it, other llama3 parameters at Llama-3.1 defaults,
 /// checked against the tensor). "qwen3moe" (llama.cpp's Qwen3-MoE): every decoder layer is

@@ -1,5 +1,5 @@
 // GGUF -> Hugging Face: tensor names, llama.cpp's q/k row permutation and the ModelConfig of
-// "llama", "qwen3", "qwen3moe" and "gpt-oss" files (GPT-OSS's own keys:
+// "llama", "qwen2", "qwen3", "qwen3moe" and "gpt-oss" files (GPT-OSS's own keys:
 // model/gguf_gpt_oss.cpp; the container itself is read by model/gguf.cpp).
 #include "model/gguf.hpp"
 #include "model/error_text.hpp"
@@ -49,12 +49,15 @@ constexpr NamePair kBlock[] = {
     {"ffn_down.weight", "mlp.down_proj.weight"},
     {"ffn_gate_inp.weight", "mlp.gate.weight"},  // the router of a sparse layer
 };
-// "gpt-oss" files: projection biases, sinks, its name of the second norm; GptOssForCausalLM
-// calls its router mlp.router (looked up before kBlock)
-constexpr NamePair kGptOss[] = {
+// "gpt-oss" and "qwen2" files: the q/k/v projections' biases
+constexpr NamePair kQkvBias[] = {
     {"attn_q.bias", "self_attn.q_proj.bias"},
     {"attn_k.bias", "self_attn.k_proj.bias"},
     {"attn_v.bias", "self_attn.v_proj.bias"},
+};
+// "gpt-oss" files: o_proj's bias, sinks, its name of the second norm; GptOssForCausalLM
+// calls its router mlp.router (looked up before kBlock)
+constexpr NamePair kGptOss[] = {
     {"attn_output.bias", "self_attn.o_proj.bias"},
     {"attn_sinks.weight", "self_attn.sinks"},
     {"post_attention_norm.weight", "post_attention_layernorm.weight"},
@@ -82,6 +85,9 @@ std::string gguf_to_hf_name(const std::string& n, const std::string& arch) {
     if (n == g) return h;
   std::string layer, rest;
   if (!split_block_name(n, layer, rest)) return "";
+  if (arch == "gpt-oss" || arch == "qwen2")
+    for (auto [g, h] : kQkvBias)
+      if (rest == g) return layer + h;
   if (arch == "gpt-oss")
     for (auto [g, h] : kGptOss)
       if (rest == g) return layer + h;
@@ -107,6 +113,9 @@ std::string hf_to_gguf_name(const std::string& hf, const std::string& arch) {
         if (rest.compare(d2, std::string::npos, h) == 0) return blk + g;
     return "";
   }
+  if (arch == "gpt-oss" || arch == "qwen2")
+    for (auto [g, h] : kQkvBias)
+      if (rest == h) return blk + g;
   if (arch == "gpt-oss")
     for (auto [g, h] : kGptOss)
       if (rest == h) return blk + g;
@@ -208,8 +217,8 @@ ModelConfig config_from_gguf(const GgufFile& f) {
   };
   ModelConfig c;
   const std::string arch = f.get_string("general.architecture");
-  if (arch != "llama" && arch != "qwen3" && arch != "qwen3moe" && arch != "gpt-oss")
-    fail(fmt::format("general.architecture '{}' is not supported (llama, qwen3, qwen3moe, gpt-oss)", arch));
+  if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "qwen3moe" && arch != "gpt-oss")
+    fail(fmt::format("general.architecture '{}' is not supported (llama, qwen2, qwen3, qwen3moe, gpt-oss)", arch));
   const bool moe = arch == "qwen3moe", oss = arch == "gpt-oss";
   c.architecture = moe ? "qwen3_moe" : oss ? "gpt_oss" : arch;
   const std::string p = arch + ".";
@@ -231,6 +240,7 @@ ModelConfig config_from_gguf(const GgufFile& f) {
   c.rope_theta = opt_float(p + "rope.freq_base", oss ? 150000.0 : 10000.0);
   c.max_position_embeddings = opt_int(p + "context_length", 2048);
   c.qk_norm = arch == "qwen3" || moe;
+  c.qkv_bias = arch == "qwen2";  // llama.cpp's qwen2: attn_q/k/v.bias, no attn_output.bias
   const GgufTensorInfo* emb = f.find("token_embd.weight");
   if (!emb) fail("missing tensor 'token_embd.weight'");
   if (emb->ne.size() != 2) fail("tensor 'token_embd.weight' is not 2-D");

@@ -134,9 +134,9 @@ class DecoderLayer final : public Layer {
       wkn_ = offset_of(g, p + "self_attn.k_norm.weight");
     }
     wo_ = offset_of(g, p + "self_attn.o_proj.weight");
-    bq_ = offset_if(g, p + "self_attn.q_proj.bias", c_.attention_bias);
-    bk_ = offset_if(g, p + "self_attn.k_proj.bias", c_.attention_bias);
-    bv_ = offset_if(g, p + "self_attn.v_proj.bias", c_.attention_bias);
+    bq_ = offset_if(g, p + "self_attn.q_proj.bias", c_.has_qkv_bias());
+    bk_ = offset_if(g, p + "self_attn.k_proj.bias", c_.has_qkv_bias());
+    bv_ = offset_if(g, p + "self_attn.v_proj.bias", c_.has_qkv_bias());
     bo_ = offset_if(g, p + "self_attn.o_proj.bias", c_.attention_bias);
     sinks_ = offset_if(g, p + "self_attn.sinks", c_.attention_sinks);
     window_ = c_.attention_window(layer - 1);
@@ -253,7 +253,8 @@ class DecoderLayer final : public Layer {
   bool saved_attention_;
   DecoderDims dims_;
   int64_t w_in_, wq_, wk_, wv_, wqn_ = -1, wkn_ = -1, wo_, w_post_, wg_ = -1, wu_ = -1, wd_ = -1;
-  // GPT-OSS: projection biases, per-head sinks (-1: none) and the sliding window (0: none)
+  // projection biases (GPT-OSS; Qwen2: q/k/v), per-head sinks (-1: none) and the sliding
+  // window (GPT-OSS, Mistral; 0: none)
   int64_t bq_ = -1, bk_ = -1, bv_ = -1, bo_ = -1, sinks_ = -1, window_ = 0;
   // the attention variant of a GPT-OSS layer (window, sinks; dsinks when `backward`)
   bool variant() const { return window_ > 0 || sinks_ >= 0; }

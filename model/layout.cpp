@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <string_view>
 
 #include "kernels/weight_format.hpp"
 
@@ -143,10 +144,11 @@ ModelLayout make_layout(const ModelConfig& c) {
     const std::string p = fmt::format("model.layers.{}.", i);
     // Order within a decoder group (the layer kernels rely on it via find()):
     add(g, p + "input_layernorm.weight", {H});
-    // a projection's bias (attention_bias, GPT-OSS) follows its weight
+    // a projection's bias (GPT-OSS: all four; Qwen2: q, k, v) follows its weight
     auto linear = [&](const char* name, int64_t out, int64_t in) {
       add(g, fmt::format("{}self_attn.{}.weight", p, name), {out, in});
-      if (c.attention_bias) add(g, fmt::format("{}self_attn.{}.bias", p, name), {out});
+      const bool biased = std::string_view(name) == "o_proj" ? c.attention_bias : c.has_qkv_bias();
+      if (biased) add(g, fmt::format("{}self_attn.{}.bias", p, name), {out});
     };
     linear("q_proj", nq * D, H);
     linear("k_proj", nkv * D, H);

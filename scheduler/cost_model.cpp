@@ -60,6 +60,8 @@ ModelShape model_shape_from_config(const ModelConfig& c) {
                               : (c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0);
   m.tie_word_embeddings = c.tie_word_embeddings;
   m.qk_norm = c.qk_norm;
+  m.qkv_bias = c.has_qkv_bias();
+  m.o_proj_bias = c.attention_bias;
   m.num_experts = c.num_experts;
   m.experts_per_token = c.num_experts_per_tok;
   m.moe_intermediate_size = c.moe_intermediate_size;
@@ -78,9 +80,12 @@ ModelShape model_shape_from_config(const ModelConfig& c) {
 namespace {
 
 // layer_types ("sliding_attention" / "full_attention" per decoder) with sliding_window; a
-// GPT-OSS config without layer_types slides on even layers (transformers' default). A
-// sliding_window without sliding layers (Qwen3 writes one it does not use) changes nothing.
-void parse_attention_windows(const nlohmann::json& j, const std::string& where, bool gpt_oss, ModelShape& m) {
+// GPT-OSS config without layer_types slides on even layers (transformers' default), a
+// Mistral one on every layer. A sliding_window without sliding layers (Qwen2 and Qwen3 write
+// one they do not use) changes nothing.
+void parse_attention_windows(const nlohmann::json& j, const std::string& where, const std::string& type,
+                             ModelShape& m) {
+  const bool gpt_oss = type == "gpt_oss";
   const auto w = j.find("sliding_window");
   const int64_t window = w != j.end() && w->is_number_integer() ? w->get<int64_t>() : 0;
   const auto types = j.find("layer_types");
@@ -93,6 +98,8 @@ void parse_attention_windows(const nlohmann::json& j, const std::string& where, 
     for (size_t i = 0; i < sliding.size(); ++i) sliding[i] = (*types)[i] == "sliding_attention";
   } else if (gpt_oss) {
     for (size_t i = 0; i < sliding.size(); i += 2) sliding[i] = true;
+  } else if (type == "mistral") {
+    sliding.assign(sliding.size(), window > 0);
   }
   if (std::find(sliding.begin(), sliding.end(), true) == sliding.end()) return;
   if (window <= 0)
@@ -151,7 +158,9 @@ ModelShape model_shape_from_hf_json(const nlohmann::json& j, const std::string& 
   if (j.contains("tie_word_embeddings") && j["tie_word_embeddings"].is_boolean())
     m.tie_word_embeddings = j["tie_word_embeddings"].get<bool>();
   m.qk_norm = type.rfind("qwen3", 0) == 0;
-  parse_attention_windows(j, where, gpt_oss, m);
+  m.qkv_bias = type == "qwen2" || gpt_oss;
+  m.o_proj_bias = gpt_oss;
+  parse_attention_windows(j, where, type, m);
   m.validate(where);
   return m;
 }
@@ -164,7 +173,8 @@ int64_t layer_parameters(const ModelShape& m, int layer, bool active) {
   if (layer == 0) return V * H;
   if (layer == m.num_layers + 1) return V * H + H;
   const int64_t Q = m.num_heads * m.head_dim, K = m.num_kv_heads * m.head_dim;
-  int64_t n = 2 * H + H * Q + 2 * H * K + Q * H + (m.qk_norm ? 2 * m.head_dim : 0);
+  int64_t n = 2 * H + H * Q + 2 * H * K + Q * H + (m.qk_norm ? 2 * m.head_dim : 0) +
+              (m.qkv_bias ? Q + 2 * K : 0) + (m.o_proj_bias ? H : 0);
   if (m.is_moe_layer(layer - 1))  // router [E, H] and the experts' gate, up [Fe, H], down [H, Fe]
     n += H * m.num_experts + (active ? m.experts_per_token : m.num_experts) * 3 * H * m.moe_intermediate_size;
   else

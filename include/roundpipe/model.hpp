@@ -36,9 +36,13 @@ struct RopeScaling {
   bool truncate = true;
 };
 
-/// A LLaMA / Qwen3 / Qwen3-MoE / GPT-OSS decoder. Field names follow HF config.json.
+/// A LLaMA / Mistral / Qwen2 / Qwen3 / Qwen3-MoE / GPT-OSS decoder. Field names follow HF
+/// config.json. Mistral is LLaMA's decoder with an optional sliding window on every layer
+/// (layer_types all "sliding_attention" when config.json's sliding_window is set); Qwen2
+/// (and Qwen2.5, the same model_type) is LLaMA's decoder with biases on q/k/v (qkv_bias).
 struct ModelConfig {
-  std::string architecture = "llama";  ///< "llama", "qwen3", "qwen3_moe" or "gpt_oss" (model_type)
+  /// "llama", "mistral", "qwen2", "qwen3", "qwen3_moe" or "gpt_oss" (model_type)
+  std::string architecture = "llama";
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -54,6 +58,10 @@ struct ModelConfig {
   bool qk_norm = false;  ///< Qwen3: RMSNorm over head_dim on q and k before RoPE
   /// q/k/v/o projections with biases ("self_attn.<q|k|v|o>_proj.bias"); GPT-OSS only
   bool attention_bias = false;
+  /// q/k/v projections (not o) with biases ("self_attn.<q|k|v>_proj.bias"); Qwen2 only
+  bool qkv_bias = false;
+  /// q/k/v carry a bias (attention_bias or qkv_bias).
+  bool has_qkv_bias() const { return attention_bias || qkv_bias; }
   int64_t bos_token_id = -1, eos_token_id = -1, pad_token_id = -1;
 
   // Mixture of experts (Qwen3-MoE, "qwen3_moe"; Shazeer et al. 2017, Fedus et al. 2021).
@@ -86,7 +94,8 @@ struct ModelConfig {
   // interleaved gate_up_proj [E, H, 2F] / down_proj [E, F, H] are converted on load and
   // export). Each query head has a learned sink logit ("self_attn.sinks" [num_attention_heads])
   // in its softmax's denominator; layer i attends to the last sliding_window keys when
-  // layer_types[i] is "sliding_attention", to all earlier keys when "full_attention".
+  // layer_types[i] is "sliding_attention", to all earlier keys when "full_attention"
+  // (layer_types: GPT-OSS, and Mistral with a sliding_window, where every layer slides).
   bool attention_sinks = false;
   int64_t sliding_window = 0;            ///< keys a sliding layer sees (itself included); 0: none
   std::vector<std::string> layer_types;  ///< empty, or one "sliding_attention" / "full_attention" per layer

@@ -1,5 +1,7 @@
-// Parity with Hugging Face transformers: tiny LLaMA (untied, llama3 RoPE scaling) and tiny
-// Qwen3 (tied, q/k norm, head_dim != hidden/heads) with random weights; golden logits, loss
+// Parity with Hugging Face transformers: tiny LLaMA (untied, llama3 RoPE scaling), tiny
+// Qwen3 (tied, q/k norm, head_dim != hidden/heads), tiny Mistral (head_dim != hidden/heads;
+// and with a 5-token sliding window on every layer) and tiny Qwen2 (tied, q/k/v biases) with
+// random weights; golden logits, loss
 // and every parameter gradient made by tests/fixtures/hf_golden/make_golden.py (fp32, eager
 // attention). The CPU backend must match at fp32 tolerance, the CUDA backend (bf16
 // storage, fp32 accumulation) at bf16 tolerance.
@@ -75,7 +77,8 @@ void check(Device& dev, const std::string& name, double tol_out, double tol_grad
   EXPECT_GT(checked, 10);
 }
 
-const char* const kDense[] = {"hf_golden/tiny_llama", "hf_golden/tiny_qwen3"};
+const char* const kDense[] = {"hf_golden/tiny_llama", "hf_golden/tiny_qwen3", "hf_golden/tiny_mistral",
+                              "hf_golden/tiny_mistral_swa", "hf_golden/tiny_qwen2"};
 // tiny Qwen3-MoE: a dense layer between two sparse ones, renormalised top-2 of 8, the
 // load-balancing loss on, untied; and every second layer sparse, raw top-3 of 6, no
 // load-balancing loss, tied embeddings (tests/fixtures/hf_moe/make_moe_golden.py)

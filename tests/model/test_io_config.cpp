@@ -33,6 +33,29 @@ json qwen3_json() {
     "eos_token_id": 151645, "rope_scaling": null})");
 }
 
+// Mistral-7B-v0.1's config.json (a 4096-token sliding window)
+json mistral_json() {
+  return json::parse(R"({
+    "architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_act": "silu",
+    "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "max_position_embeddings": 32768,
+    "sliding_window": 4096, "tie_word_embeddings": false, "bos_token_id": 1, "eos_token_id": 2,
+    "torch_dtype": "bfloat16"})");
+}
+
+// Qwen2.5-0.5B's config.json
+json qwen2_json() {
+  return json::parse(R"({
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu",
+    "vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864,
+    "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "max_position_embeddings": 32768,
+    "sliding_window": 32768, "use_sliding_window": false, "max_window_layers": 24,
+    "tie_word_embeddings": true, "bos_token_id": 151643, "eos_token_id": 151643,
+    "torch_dtype": "bfloat16"})");
+}
+
 std::string error_of(const json& j) {
   try {
     config_from_json(j, "cfg.json");
@@ -65,6 +88,54 @@ TEST(IoConfig, ParsesQwen3) {
   EXPECT_EQ(c.num_parameters(), 596049920);  // Qwen3-0.6B
   auto layout = make_layout(c);
   EXPECT_EQ(layout.total_numel(), c.num_parameters());
+}
+
+TEST(IoConfig, ParsesMistral) {
+  ModelConfig c = config_from_json(mistral_json(), "cfg.json");
+  EXPECT_EQ(c.architecture, "mistral");
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_FALSE(c.has_qkv_bias());
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.attention_window(0), 4096);  // every layer slides
+  EXPECT_EQ(c.attention_window(31), 4096);
+  EXPECT_EQ(c.num_parameters(), 7241732096);  // Mistral-7B-v0.1
+  EXPECT_EQ(make_layout(c).total_numel(), c.num_parameters());
+  // v0.3 / Nemo: no window, and Nemo's head_dim 128 with hidden 5120 and 32 heads
+  json nemo = mistral_json();
+  nemo["sliding_window"] = nullptr;
+  nemo["hidden_size"] = 5120;
+  nemo["head_dim"] = 128;
+  ModelConfig n = config_from_json(nemo, "cfg.json");
+  EXPECT_EQ(n.attention_window(0), 0);
+  EXPECT_EQ(n.head_dim, 128);
+  json bad = mistral_json();
+  bad["sliding_window"] = 0;
+  EXPECT_NE(error_of(bad).find("key 'sliding_window'"), std::string::npos) << error_of(bad);
+  bad = mistral_json();
+  bad["architectures"] = {"LlamaForCausalLM"};
+  EXPECT_NE(error_of(bad).find("MistralForCausalLM"), std::string::npos) << error_of(bad);
+}
+
+TEST(IoConfig, ParsesQwen2) {
+  ModelConfig c = config_from_json(qwen2_json(), "cfg.json");
+  EXPECT_EQ(c.architecture, "qwen2");
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_TRUE(c.qkv_bias);
+  EXPECT_FALSE(c.attention_bias);  // no o_proj bias
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.attention_window(0), 0);  // use_sliding_window false
+  EXPECT_EQ(c.num_parameters(), 494032768);  // Qwen2.5-0.5B
+  const ModelLayout layout = make_layout(c);
+  EXPECT_EQ(layout.total_numel(), c.num_parameters());
+  int biases = 0;
+  for (const auto& t : layout.groups[1].tensors) biases += t.name.size() > 5 && t.name.ends_with(".bias");
+  EXPECT_EQ(biases, 3);
+  json swa = qwen2_json();
+  swa["use_sliding_window"] = true;
+  EXPECT_NE(error_of(swa).find("key 'use_sliding_window'"), std::string::npos) << error_of(swa);
+  json unknown = qwen2_json();
+  unknown["model_type"] = "qwen2_moe";
+  EXPECT_NE(error_of(unknown).find("\"mistral\", \"qwen2\""), std::string::npos) << error_of(unknown);
 }
 
 TEST(IoConfig, RopeScalingVariants) {
@@ -103,8 +174,9 @@ TEST(IoConfig, ErrorsNameFileAndKey) {
     EXPECT_EQ(e.find('\n'), std::string::npos) << e;
   };
   json j = llama_json();
-  j["model_type"] = "mistral";
-  expect(j, "key 'model_type': expected \"llama\", \"qwen3\", \"qwen3_moe\" or \"gpt_oss\", got string \"mistral\"");
+  j["model_type"] = "phi3";
+  expect(j, "key 'model_type': expected \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"qwen3_moe\" or \"gpt_oss\", "
+            "got string \"phi3\"");
   j = llama_json();
   j.erase("hidden_size");
   expect(j, "key 'hidden_size': expected an integer >= 1, got nothing");
@@ -162,12 +234,12 @@ TEST(IoConfig, ValidateThrowsInvalidArgument) {
 }
 
 TEST(IoConfig, JsonRoundTrip) {
-  for (json src : {llama_json(), qwen3_json()}) {
+  for (json src : {llama_json(), qwen3_json(), mistral_json(), qwen2_json()}) {
     ModelConfig c = config_from_json(src, "x");
     c.rope_scaling = {"yarn", 4.0, 1.0, 4.0, 32768, 32.0, 1.0, 0.0};
     json out = config_to_json(c);
     EXPECT_EQ(out["hidden_act"], "silu");
-    EXPECT_EQ(out["architectures"][0], c.architecture == "qwen3" ? "Qwen3ForCausalLM" : "LlamaForCausalLM");
+    EXPECT_EQ(out["architectures"][0], src["architectures"][0]);
     EXPECT_TRUE(out.contains("torch_dtype"));
     ModelConfig back = config_from_json(out, "out");
     EXPECT_EQ(back.architecture, c.architecture);
@@ -178,6 +250,8 @@ TEST(IoConfig, JsonRoundTrip) {
     EXPECT_EQ(back.num_parameters(), c.num_parameters());
     EXPECT_EQ(back.tie_word_embeddings, c.tie_word_embeddings);
     EXPECT_EQ(back.bos_token_id, c.bos_token_id);
+    EXPECT_EQ(back.qkv_bias, c.qkv_bias);
+    EXPECT_EQ(back.attention_window(0), c.attention_window(0));
   }
 }
 

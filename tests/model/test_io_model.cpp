@@ -68,7 +68,10 @@ std::map<std::string, std::vector<float>> write_tiny_gguf(const TinySpec& s, con
     add(b + "attn_q.weight", p + "self_attn.q_proj.weight", {s.nq * s.D, s.H}, llama ? s.nq : 0);
     add(b + "attn_k.weight", p + "self_attn.k_proj.weight", {s.nkv * s.D, s.H}, llama ? s.nkv : 0);
     add(b + "attn_v.weight", p + "self_attn.v_proj.weight", {s.nkv * s.D, s.H});
-    if (!llama) {
+    if (s.arch == "qwen2")
+      for (const char* m : {"q", "k", "v"})
+        add(b + "attn_" + m + ".bias", p + "self_attn." + m + "_proj.bias", {(*m == 'q' ? s.nq : s.nkv) * s.D});
+    if (s.arch == "qwen3") {
       add(b + "attn_q_norm.weight", p + "self_attn.q_norm.weight", {s.D});
       add(b + "attn_k_norm.weight", p + "self_attn.k_norm.weight", {s.D});
     }
@@ -114,6 +117,24 @@ TEST(IoModel, LoadsTinyLlamaGgufAndUnpermutesQK) {
   fill_groups(m, layout, groups);
   const auto& spec = layout.groups[1].tensors[size_t(layout.groups[1].find("model.layers.0.self_attn.k_proj.weight"))];
   EXPECT_TRUE(std::equal(hf[spec.name].begin(), hf[spec.name].end(), groups[1].begin() + spec.offset));
+}
+
+TEST(IoModel, LoadsTinyQwen2GgufWithItsQkvBiases) {
+  TempDir dir("model");
+  TinySpec s;
+  s.arch = "qwen2";
+  auto hf = write_tiny_gguf(s, dir / "q2.gguf");
+  LoadedModel m = load_model(dir / "q2.gguf");
+  EXPECT_EQ(m.config.architecture, "qwen2");
+  EXPECT_TRUE(m.config.qkv_bias);
+  EXPECT_FALSE(m.config.qk_norm);
+  ASSERT_EQ(m.tensors.size(), hf.size());
+  for (const auto& [name, v] : hf) EXPECT_EQ(m.tensors.at(name).data, v) << name;  // no permutation
+  EXPECT_EQ(m.tensors.at("model.layers.1.self_attn.k_proj.bias").shape, (std::vector<int64_t>{16}));
+  convert_gguf_to_hf(dir / "q2.gguf", dir / "hf");
+  LoadedModel back = load_model(dir / "hf");
+  EXPECT_EQ(back.config.architecture, "qwen2");
+  for (const auto& [name, v] : hf) EXPECT_EQ(back.tensors.at(name).data, v) << name;
 }
 
 TEST(IoModel, LoadsTinyQwen3GgufWithoutPermute) {

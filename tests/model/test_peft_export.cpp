@@ -127,6 +127,9 @@ const std::vector<RoundTrip>& round_trips() {
       {"base_untied", lora_of(2, {"all-linear"}, {"embed_tokens", "lm_head"})},
       {"base_tied", lora_of(3, {"k_proj", "down_proj"}, {"lm_head"})},
       {"base_tied", lora_of(5, {"o_proj", "gate_proj", "up_proj"}, {"embed_tokens"})},
+      // Qwen2 (the adapted q/k/v keep their biases in the frozen base) and Mistral
+      {"../hf_golden/tiny_qwen2", lora_of(4, {"all-linear"}, {"lm_head"})},
+      {"../hf_golden/tiny_mistral", lora_of(2, {"q_proj", "k_proj", "v_proj", "o_proj", "down_proj"}, {})},
   };
   return v;
 }
@@ -154,7 +157,7 @@ TEST_P(PeftRoundTrip, ExportThenImportEqualsBitForBit) {
   EXPECT_EQ(files, (std::vector<std::string>{"adapter_config.json", "adapter_model.safetensors"}));
 }
 
-INSTANTIATE_TEST_SUITE_P(Peft, PeftRoundTrip, ::testing::Range(0, 4));
+INSTANTIATE_TEST_SUITE_P(Peft, PeftRoundTrip, ::testing::Range(0, 6));
 
 TEST(PeftExport, Bf16ExportRoundsEveryValueOnce) {
   const Trained t = trained("base_untied", lora_of(4, {"all-linear"}, {"lm_head"}), 5);

@@ -21,6 +21,27 @@ ModelShape qwen3_1_7b() {
   return m;
 }
 
+// Mistral-7B-v0.1 (a window on every layer) and Qwen2.5-7B (biased q/k/v): read as `plan`
+// reads them (config.json through ModelConfig) and as bare JSON, both count what the
+// checkpoint holds (7,241,732,096 and 7,615,616,512 parameters) and layer by layer what the
+// layout allocates.
+TEST(CostModel, MistralAndQwen2CountTheirCheckpointsParameters) {
+  for (auto [name, params] : {std::pair{"mistral-7b-v0.1", int64_t(7241732096)}, {"qwen2.5-7b", int64_t(7615616512)}}) {
+    SCOPED_TRACE(name);
+    const std::string path = std::string(RP_SOURCE_DIR) + "/examples/configs/" + name + ".json";
+    const ModelConfig c = load_config_file(path);
+    std::ifstream f(path);
+    const ModelShape from_json = model_shape_from_hf_json(nlohmann::json::parse(f), path);
+    for (const ModelShape& m : {model_shape_from_config(c), from_json}) {
+      EXPECT_EQ(model_parameters(m), params);
+      EXPECT_EQ(m.qkv_bias, c.architecture == "qwen2");
+      EXPECT_EQ(m.attention_window(0), c.architecture == "mistral" ? 4096 : 0);
+      EXPECT_EQ(m.attention_window(c.num_hidden_layers - 1), c.architecture == "mistral" ? 4096 : 0);
+    }
+    EXPECT_EQ(c.num_parameters(), params);
+  }
+}
+
 TEST(CostModel, ParameterCountsMatchQwen3_1_7B) {
   ModelShape m = qwen3_1_7b();
   // q 2048x2048, k/v 1024x2048, o 2048x2048, MLP 3x2048x6144, two norms, q/k norms
