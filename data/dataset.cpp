@@ -13,6 +13,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "base/error_text.hpp"
+#include "data/pretokenizer.hpp"
 #include "data/tokenizer.hpp"
 
 namespace rp {
@@ -23,7 +25,7 @@ namespace fs = std::filesystem;
 [[noreturn]] void fail(const std::string& where, const std::string& what) {
   std::string msg = fmt::format("{}: {}", where, what);
   std::replace(msg.begin(), msg.end(), '\n', ' ');
-  throw std::runtime_error(msg);
+  throw std::runtime_error(one_line(msg));
 }
 
 int32_t require_eos(const Tokenizer& tok, const std::string& path) {
@@ -94,7 +96,7 @@ std::vector<ChatMessage> messages_of(const nlohmann::json& m, const std::string&
     if (!m[i].is_object()) fail(where, ctx + "expected an object with \"role\" and \"content\"");
     ChatMessage cm{get_string(m[i], "role", ctx, where), get_string(m[i], "content", ctx, where), {}};
     if (cm.role != "system" && cm.role != "user" && cm.role != "assistant")
-      fail(where, fmt::format("{}unknown role \"{}\" (expected system, user or assistant)", ctx, cm.role));
+      fail(where, fmt::format("{}unknown role \"{}\" (expected system, user or assistant)", ctx, excerpt(cm.role)));
     cm.reasoning = opt_string(m[i], "reasoning_content", where);
     msgs.push_back(std::move(cm));
   }
@@ -115,7 +117,7 @@ std::vector<ChatMessage> sharegpt_of(const nlohmann::json& j, const std::string&
     if (from == "human" || from == "user") role = "user";
     else if (from == "gpt" || from == "assistant" || from == "model" || from == "chatgpt") role = "assistant";
     else if (from == "system") role = "system";
-    else fail(where, fmt::format("{}unknown \"from\" \"{}\" (expected human, gpt or system)", ctx, from));
+    else fail(where, fmt::format("{}unknown \"from\" \"{}\" (expected human, gpt or system)", ctx, excerpt(from)));
     msgs.push_back({role, get_string(c[i], "value", ctx, where), {}});
   }
   return msgs;
