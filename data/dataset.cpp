@@ -146,8 +146,8 @@ std::vector<ChatMessage> alpaca_of(const nlohmann::json& j, const std::string& w
 }
 
 /// One record of a JSON data file into `d`.
-void add_record(const nlohmann::json& j, const std::string& where, const Tokenizer& tok, ChatTemplate chat,
-                Dataset& d) {
+void add_record_fields(const nlohmann::json& j, const std::string& where, const Tokenizer& tok, ChatTemplate chat,
+                       Dataset& d) {
   if (!j.is_object()) fail(where, fmt::format("expected a JSON object, got {}", type_name(j)));
   if (j.contains("messages")) {
     add_chat(tok, chat, messages_of(j.at("messages"), where), where, d);
@@ -176,6 +176,17 @@ void add_record(const nlohmann::json& j, const std::string& where, const Tokeniz
     fail(where,
          "expected a key \"text\", \"prompt\"+\"completion\", \"messages\", \"conversations\" (ShareGPT) or "
          "\"instruction\"+\"output\" (alpaca)");
+  }
+}
+
+/// add_record_fields, with the record (file:line) named when the tokenizer's pre-tokenizer regex
+/// ran past its work bound on it.
+void add_record(const nlohmann::json& j, const std::string& where, const Tokenizer& tok, ChatTemplate chat,
+                Dataset& d) {
+  try {
+    add_record_fields(j, where, tok, chat, d);
+  } catch (const RegexWorkExceeded& e) {
+    fail(where, e.what());
   }
 }
 
@@ -270,7 +281,11 @@ Dataset load_text_corpus(const std::string& path, const Tokenizer& tok) {
     files.push_back(path);
   }
   Dataset d;
-  for (const auto& f : files) append_document(tok, read_all(f), eos, d);
+  for (const auto& f : files) try {
+      append_document(tok, read_all(f), eos, d);
+    } catch (const RegexWorkExceeded& e) {
+      fail(f, e.what());
+    }
   return d;
 }
 

@@ -92,7 +92,10 @@ struct Tokenizer::Impl {
   mutable std::mutex mu;
   mutable StrMap<std::vector<int32_t>> cache;
 
+  std::string source;  // where the tokenizer came from (its tokenizer.json), for errors
   void bpe(const std::string& word, std::vector<int32_t>& out) const;
+  /// pre.split, with `source` named in a RegexWorkExceeded.
+  void split(std::string_view text, size_t base, std::vector<Piece>& out) const;
   void encode_piece(std::string_view text, const Piece& p, std::vector<int32_t>& ids,
                     std::vector<size_t>* offsets, std::string& word) const;
   void encode(std::string_view text, bool allow_special, std::vector<int32_t>& ids,
@@ -180,6 +183,14 @@ void Tokenizer::Impl::encode_piece(std::string_view text, const Piece& p, std::v
   }
 }
 
+void Tokenizer::Impl::split(std::string_view text, size_t base, std::vector<Piece>& out) const {
+  try {
+    pre.split(text, base, out);
+  } catch (const RegexWorkExceeded& e) {
+    throw RegexWorkExceeded(fmt::format("{}: {}", source, e.what()));
+  }
+}
+
 void Tokenizer::Impl::encode(std::string_view text, bool allow_special, std::vector<int32_t>& ids,
                              std::vector<size_t>* offsets) const {
   std::vector<Piece> pieces;
@@ -190,14 +201,14 @@ void Tokenizer::Impl::encode(std::string_view text, bool allow_special, std::vec
     pieces.clear();
     const std::string_view seg = text.substr(b, e - b);
     if (nfc && nfc_normalize(seg, norm, runs)) {  // offsets map back to the input
-      pre.split(norm, 0, pieces);
+      split(norm, 0, pieces);
       const size_t first = offsets ? offsets->size() : 0;
       for (const auto& p : pieces) encode_piece(norm, p, ids, offsets, word);
       if (offsets)
         for (size_t k = first; k < offsets->size(); ++k) (*offsets)[k] = b + original_offset(runs, (*offsets)[k]);
       return;
     }
-    pre.split(seg, b, pieces);
+    split(seg, b, pieces);
     for (const auto& p : pieces) encode_piece(text, p, ids, offsets, word);
   };
   size_t seg = 0, i = 0;
@@ -308,6 +319,7 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
 Tokenizer Tokenizer::from_json(const nlohmann::json& j, const std::string& where) {
   Tokenizer t;
   Impl& m = *t.impl_;
+  m.source = where;
   try {
     const auto& model = j.at("model");
     std::string type = model.value("type", std::string("BPE"));

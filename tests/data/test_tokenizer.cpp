@@ -226,6 +226,37 @@ TEST(Tokenizer, IdsThatAreNotIntegersInRangeAreRefusedNamingTheToken) {
   EXPECT_EQ(Tokenizer::from_json(ok, "ok").token_id(God), 300);
 }
 
+// A pre-tokenizer regex that backtracks catastrophically (`(a+)+b|.` on runs of 'a') is cut
+// off by PCRE2's match limit: encoding fails at once with one line naming the tokenizer file
+// instead of taking tens of seconds (28.7 s on a 23 KB line before the bound), while ordinary
+// patterns on long runs (a megabyte of spaces, letters) still encode.
+TEST(Tokenizer, ACatastrophicallyBacktrackingRegexFailsFastNamingTheFile) {
+  nlohmann::json seq = {{"type", "Sequence"},
+                        {"pretokenizers",
+                         {{{"type", "Split"}, {"pattern", {{"Regex", "(a+)+b|."}}}, {"behavior", "Isolated"}},
+                          kByteLevel}}};
+  const Tokenizer t = Tokenizer::from_json(tiny_tokenizer(seq, {}), "evil/tokenizer.json");
+  EXPECT_EQ(t.encode("aab").size(), 3u);  // short text: fine
+  std::string line;
+  while (line.size() < 23000) line += std::string(20, 'a') + "c";
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    t.encode(line);
+    ADD_FAILURE() << "no throw";
+  } catch (const RegexWorkExceeded& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m.rfind("evil/tokenizer.json: ", 0), 0u) << m;
+    EXPECT_NE(m.find("(a+)+b|."), std::string::npos) << m;
+    EXPECT_LT(m.size(), 400u) << m;
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+  const Tokenizer gpt2 = Tokenizer::from_json(tiny_tokenizer(kByteLevel, {}), "gpt2");
+  for (char c : {' ', 'a', '!', '7'}) {
+    const std::string run(1 << 20, c);
+    EXPECT_EQ(gpt2.decode(gpt2.encode(run + "x")), run + "x") << int(c);
+  }
+}
+
 namespace {
 std::vector<std::string> split_with(const std::string& behavior, const std::string& text) {
   nlohmann::json seq = {{"type", "Sequence"},
