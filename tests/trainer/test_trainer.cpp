@@ -14,6 +14,9 @@
 #include <set>
 #include <cstring>
 #include <thread>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -366,6 +369,69 @@ TEST(Trainer, StopWhileACopyIsStuckEndsInBoundedTimeAndSavesNoHalfStep) {
     EXPECT_EQ(e.path().filename().string().rfind("checkpoint-", 0), std::string::npos) << e.path();
   EXPECT_FALSE(fs::exists(d / "stuck/final"));
   EXPECT_TRUE(fs::exists(d / "stuck/profile.json"));
+  fs::remove_all(d);
+}
+
+/// Fails the test binary (std::_Exit) when the scope is not left within `limit_s`: a hang
+/// must fail the test, not stall the suite.
+class HangGuard {
+ public:
+  HangGuard(double limit_s, std::string what)
+      : thread_([this, limit_s, what = std::move(what)] {
+          std::unique_lock<std::mutex> lock(m_);
+          if (!cv_.wait_for(lock, std::chrono::duration<double>(limit_s), [this] { return done_; })) {
+            std::fprintf(stderr, "FAILED: %s did not end within %g s\n", what.c_str(), limit_s);
+            std::_Exit(1);
+          }
+        }) {}
+  ~HangGuard() {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+// A stop during the evaluation before training ends as a stop before the first step does, in
+// bounded time: with a link of 1 KB/s the evaluation passes never finish, and the stop must not
+// wait for them (it used to wait for every evaluation pass, however long they took).
+TEST(Trainer, StopDuringTheEvaluationBeforeTrainingEndsInBoundedTime) {
+  auto d = tmpdir();
+  rp::TrainSpec spec = tiny_spec(d, "stuck-eval", 50);
+  spec.eval_fraction = 0.5;
+  spec.pcie_gbps = 1e-6;
+  spec.stop_timeout_s = 0.5;
+  rp::StopToken stop;
+  rp::TrainerCallbacks cb;
+  std::thread stopper;
+  std::chrono::steady_clock::time_point asked;
+  cb.on_ready = [&] {
+    stopper = std::thread([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      asked = std::chrono::steady_clock::now();
+      stop.request_stop();
+    });
+  };
+  rp::TrainResult res;
+  {
+    HangGuard guard(120, "a run stopped during its evaluation before training");
+    res = rp::Trainer(spec).run(cb, stop);
+  }
+  const double after_stop = std::chrono::duration<double>(std::chrono::steady_clock::now() - asked).count();
+  stopper.join();
+  EXPECT_TRUE(res.stopped);
+  EXPECT_EQ(res.steps_done, 0);
+  EXPECT_EQ(res.checkpoint, "");
+  EXPECT_LT(after_stop, 10.0) << "the stop took " << after_stop << " s (stop_timeout_s 0.5)";
+  EXPECT_FALSE(fs::exists(d / "stuck-eval")) << "a run stopped before its first step leaves no folder it made";
   fs::remove_all(d);
 }
 
