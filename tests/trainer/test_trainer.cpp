@@ -458,6 +458,35 @@ TEST(Trainer, BadSpecsAreRefusedBeforeAnythingIsWritten) {
   fs::remove_all(d);
 }
 
+// eval_fraction must hold out at least one sequence and leave one for training: 0.01 of 20
+// examples used to evaluate nothing. The refusal is one line with both counts; a split that
+// leaves fewer training sequences than a step takes runs (with a warning).
+TEST(Trainer, AnEvalFractionThatHoldsOutNothingIsRefusedWithTheCounts) {
+  auto d = tmpdir();
+  std::string data;
+  for (int i = 0; i < 20; ++i)
+    data += fmt::format("{{\"prompt\": \"Say {}\", \"completion\": \" {} there\"}}\n", i, i);
+  rp::TrainSpec spec = tiny_spec(d, "out", 2);
+  write(d / "twenty.jsonl", data);
+  spec.data = (d / "twenty.jsonl").string();
+  spec.eval_fraction = 0.01;
+  try {
+    rp::Trainer(spec).run();
+    ADD_FAILURE() << "expected an error";
+  } catch (const std::invalid_argument& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m.rfind("test spec: key 'eval_fraction': 0.01 of the 20 sequences", 0), 0u) << m;
+    EXPECT_NE(m.find("holds out 0 for evaluation and leaves 20 for training"), std::string::npos) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  }
+  EXPECT_FALSE(fs::exists(d / "out"));
+  spec.eval_fraction = 0.99;  // 19 held out, one training sequence: allowed
+  spec.sequences_per_step = 2;
+  const rp::TrainResult r = rp::Trainer(spec).run();
+  EXPECT_EQ(r.steps_done, 2);
+  fs::remove_all(d);
+}
+
 TEST(TokenStream, ServesTheSameBatchesAfterASeek) {
   auto d = tmpdir();
   write(d / "data.jsonl", kData);
