@@ -141,10 +141,15 @@ void Run::setup() {
     // LoRA: the base always comes from spec.model (a LoRA checkpoint is a PEFT adapter folder),
     // read tensor by tensor into its storage form (never the whole model in fp32)
     ModelSource base = open_model_for_training(spec_.model);
+    if (resume_) check_resume_model(*resume_, spec_, base.config());
     w = lora_run_weights(spec_, base, resume_ ? resume_->dir : spec_.adapter);
     model_ = base.header();
   } else {
-    // a resumed run takes weights, config and tokenizer from the checkpoint
+    // a resumed run takes weights, config and tokenizer from the checkpoint; spec.model must be
+    // of its architecture (a model that is not there any more is not needed)
+    std::error_code ec;
+    if (resume_ && std::filesystem::exists(spec_.model, ec))
+      check_resume_model(*resume_, spec_, ModelSource::open(spec_.model).config());
     model_ = load_model_for_training(resume_ ? resume_->dir : spec_.model);
     w.layout = make_layout(model_.config);
     fill_groups(model_, w.layout, w.trainable);

@@ -26,6 +26,7 @@
 #include "roundpipe/trainer.hpp"
 #include "tests/cli/cli_util.hpp"
 #include "trainer/checkpoint_bundle.hpp"
+#include "trainer/trainer_state.hpp"
 
 namespace {
 
@@ -484,6 +485,39 @@ TEST(Trainer, AnEvalFractionThatHoldsOutNothingIsRefusedWithTheCounts) {
   spec.sequences_per_step = 2;
   const rp::TrainResult r = rp::Trainer(spec).run();
   EXPECT_EQ(r.steps_done, 2);
+  fs::remove_all(d);
+}
+
+// A resume whose model is of another architecture than the checkpoint's is refused with one
+// line naming the field (a full fine-tuning resume used to train the checkpoint's model
+// whatever spec.model named); roundpipe_state.json records the architecture, and a resume with
+// another max_examples (other examples drawn) is named among the differences warned about.
+TEST(Trainer, ResumingWithAnotherArchitectureIsRefusedNamingTheField) {
+  auto d = tmpdir();
+  const rp::TrainResult first = rp::Trainer(tiny_spec(d, "first", 2)).run();
+  const rp::TrainerState saved = rp::read_trainer_state((d / "first/state/final/roundpipe_state.json").string());
+  EXPECT_EQ(saved.model_config.at("hidden_size"), 16);
+  EXPECT_EQ(saved.model_config.at("model_type"), "llama");
+  rp::TrainSpec spec = tiny_spec(d, "first", 4);
+  spec.resume_from = first.checkpoint;
+  fs::create_directories(d / "moe");
+  spec.model = tiny_model(d / "moe", true).string();
+  try {
+    rp::Trainer(spec).run();
+    ADD_FAILURE() << "a resume on another architecture was accepted";
+  } catch (const std::invalid_argument& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m.rfind("test spec: key 'model': ", 0), 0u) << m;
+    EXPECT_NE(m.find("model_type \"qwen3_moe\" (the checkpoint's \"llama\")"), std::string::npos) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  }
+  EXPECT_EQ(rp::architecture_difference(saved.model_config, saved.model_config), "");
+  rp::TrainSpec fewer = tiny_spec(d, "first", 2);
+  fewer.max_examples = 1;
+  bool named = false;
+  for (const auto& s : rp::resume_differences(saved, fewer)) named |= s.find("max_examples 1 (saved run 0)") == 0;
+  EXPECT_TRUE(named);
+  EXPECT_TRUE(rp::resume_differences(saved, tiny_spec(d, "first", 2)).empty());
   fs::remove_all(d);
 }
 
