@@ -144,12 +144,13 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w,
     const auto need = saved_attention ? with_attn : base;
     if (!need || (avail > 0 && *need > avail))
       throw std::invalid_argument(fmt::format(
-          "host memory: the session needs about {} (optimizer state, weights, gradients, {} pass slots of "
-          "activations{}) but only {} are available; lower micro_batches, the sequence length or "
-          "pass_slots{}",
+          "host memory: the session needs about {} (optimizer state, weights, gradients, {} pass slot(s) of "
+          "activations{}) but only {} are available; lower seq_len or the sequences of a pass "
+          "(sequences_per_step / accumulation: raise accumulation){}{}",
           need ? byte_text(double(*need)) : std::string("more than 2^64 bytes"), slots,
           saved_attention ? ", saved attention outputs" : "", byte_text(double(avail)),
-          saved_attention ? ", or turn save_attention off" : ""));
+          slots > 1 ? ", run one worker (workers 1: the passes share one slot)" : "",
+          saved_attention ? ", or set save_attention to false" : ""));
     host_need = *need;
   }
   I.saved_attention = saved_attention;

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -519,6 +520,57 @@ TEST(Trainer, ResumingWithAnotherArchitectureIsRefusedNamingTheField) {
   EXPECT_TRUE(named);
   EXPECT_TRUE(rp::resume_differences(saved, tiny_spec(d, "first", 2)).empty());
   fs::remove_all(d);
+}
+
+// The host-memory refusal advises only keys the spec accepts (it advised `pass_slots`, which
+// the spec refuses as an unknown key): every snake_case name in the message, and the keys it
+// says to raise or set, parse as spec keys.
+TEST(Trainer, TheHostMemoryRefusalAdvisesOnlySpecKeys) {
+  rp::ModelConfig c;
+  c.vocab_size = 300;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 8;
+  const rp::ModelLayout layout = rp::make_layout(c);
+  std::vector<std::vector<float>> w;
+  for (const auto& g : layout.groups) w.emplace_back(g.numel, 0.02f);
+  rp::SessionOptions o;
+  o.backend = "cpu";
+  o.workers = 2;
+  o.micro_batches = 1;
+  o.micro.n_seq = 1;
+  o.micro.seq_len = int64_t(1) << 30;  // terabytes of activations
+  o.save_attention = true;
+  std::string m;
+  try {
+    rp::Session session(layout, w, o);
+    FAIL() << "no refusal";
+  } catch (const std::invalid_argument& e) {
+    m = e.what();
+  }
+  ASSERT_EQ(m.rfind("host memory: ", 0), 0u) << m;
+  std::set<std::string> keys;
+  for (size_t i = 0; i < m.size();) {
+    size_t j = i;
+    while (j < m.size() && (std::islower(static_cast<unsigned char>(m[j])) || m[j] == '_')) ++j;
+    const std::string word = m.substr(i, j - i);
+    if (word.find('_') != std::string::npos) keys.insert(word);
+    i = j == i ? i + 1 : j;
+  }
+  for (const char* named : {"accumulation", "workers"})
+    if (m.find(named) != std::string::npos) keys.insert(named);
+  EXPECT_GE(keys.size(), 4u) << m;
+  for (const auto& key : keys) {
+    nlohmann::json spec = {{"model", "m"}, {"data", "d"}, {key, 1}};
+    try {
+      rp::spec_from_json(spec, "advice");
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()).find("unknown key"), std::string::npos) << key << ": " << e.what() << "\n" << m;
+    }
+  }
 }
 
 TEST(TokenStream, ServesTheSameBatchesAfterASeek) {
