@@ -146,12 +146,13 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w,
     const auto need = saved_attention ? with_attn : base;
     if (!need || (avail > 0 && *need > avail))
       throw std::invalid_argument(fmt::format(
-          "host memory: the session needs about {} (optimizer state, weights, gradients, {} pass slots of "
-          "activations{}) but only {} are available; lower micro_batches, the sequence length or "
-          "pass_slots{}",
+          "host memory: the session needs about {} (optimizer state, weights, gradients, {} pass slot(s) of "
+          "activations{}) but only {} are available; lower seq_len or the sequences of a pass "
+          "(sequences_per_step / accumulation: raise accumulation){}{}",
           need ? byte_text(double(*need)) : std::string("more than 2^64 bytes"), slots,
           saved_attention ? ", saved attention outputs" : "", byte_text(double(avail)),
-          saved_attention ? ", or turn save_attention off" : ""));
+          slots > 1 ? ", run one worker (workers 1: the passes share one slot)" : "",
+          saved_attention ? ", or set save_attention to false" : ""));
     host_need = *need;
   }
   I.saved_attention = saved_attention;
@@ -393,18 +394,20 @@ int64_t Session::evaluate(const std::vector<int32_t>& ids, const std::vector<int
   return id;
 }
 
-EvalResult Session::wait_eval(int64_t id) {
-  Impl& I = *impl_;
-  if (id < 0 || id >= I.next_eval)
+EvalResult Session::wait_eval(int64_t id) { return *impl_->wait_eval(id, -1); }
+
+std::optional<EvalResult> Session::wait_eval_for(int64_t id, double seconds) {
+  if (!(seconds >= 0))
+    throw std::invalid_argument(fmt::format("wait_eval_for: seconds must be >= 0, got {}", seconds));
+  return impl_->wait_eval(id, seconds);
+}
+
+std::optional<EvalResult> Session::Impl::wait_eval(int64_t id, double seconds) const {
+  if (id < 0 || id >= next_eval)
     throw std::invalid_argument(fmt::format("wait_eval({}): no such evaluation (ids 0..{} were given)", id,
-                                            I.next_eval - 1));
-  caf::scoped_actor self{*I.sys};
-  EvalResult out;
-  std::string err;
-  self->request(I.scheduler, caf::infinite, WaitEval{id})
-      .receive([&](EvalResult& r) { out = std::move(r); }, [&](caf::error& e) { err = to_string(e); });
-  if (!err.empty()) throw RuntimeFailure("runtime: " + err);
-  if (!out.error.empty()) throw RuntimeFailure(out.error);
+                                            next_eval - 1));
+  std::optional<EvalResult> out = await_answer<EvalResult>(WaitEval{id}, seconds);
+  if (out && !out->error.empty()) throw RuntimeFailure(out->error);
   return out;
 }
 
@@ -486,14 +489,21 @@ std::optional<StepResult> Session::Impl::wait_step(int64_t t, double seconds) co
         first_step > 0 ? fmt::format("wait({}): this session resumed at step {}; steps {}..{} are closed", t,
                                      first_step, first_step, current_step - 1)
                        : fmt::format("wait({}): only steps 0..{} are closed", t, current_step - 1));
+  std::optional<StepResult> out = await_answer<StepResult>(WaitStep{t}, seconds);
+  if (out && !out->error.empty()) throw RuntimeFailure(out->error);
+  return out;
+}
+
+template <class Reply, class Request>
+std::optional<Reply> Session::Impl::await_answer(Request request, double seconds) const {
   using Clock = std::chrono::steady_clock;
   const auto deadline = seconds < 0 ? Clock::time_point::max()
                                     : Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                                          std::chrono::duration<double>(seconds));
   caf::scoped_actor self{*sys};
   self->monitor(scheduler);
-  self->send(scheduler, WaitStep{t});  // the answer comes back as an ordinary message
-  std::optional<StepResult> out;
+  self->send(scheduler, std::move(request));  // the answer comes back as an ordinary message
+  std::optional<Reply> out;
   std::string err;
   bool done = false;
   while (!done) {
@@ -501,7 +511,7 @@ std::optional<StepResult> Session::Impl::wait_step(int64_t t, double seconds) co
     const auto slice = std::chrono::duration_cast<std::chrono::milliseconds>(
         std::clamp<Clock::duration>(left, Clock::duration::zero(), std::chrono::seconds(1)));
     self->receive(
-        [&](StepResult& r) {
+        [&](Reply& r) {
           out = std::move(r);
           done = true;
         },
@@ -516,7 +526,6 @@ std::optional<StepResult> Session::Impl::wait_step(int64_t t, double seconds) co
         caf::after(slice) >> [&] { done = Clock::now() >= deadline; });
   }
   if (!err.empty()) throw RuntimeFailure(err);
-  if (out && !out->error.empty()) throw RuntimeFailure(out->error);
   return out;
 }
 

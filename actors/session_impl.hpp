@@ -132,6 +132,12 @@ struct Session::Impl {
   /// timeout. Watches the scheduler while it waits: a scheduler that went down throws
   /// RuntimeFailure naming its exit reason instead of leaving the caller hanging.
   std::optional<StepResult> wait_step(int64_t t, double seconds) const;
+  std::optional<EvalResult> wait_eval(int64_t id, double seconds) const;
+  /// Sends `request` to the scheduler and waits for its `Reply` at most `seconds` (< 0: no
+  /// limit); nullopt when it did not come in time (the request stays answered later, to no
+  /// one). Throws RuntimeFailure when the scheduler goes down or answers with an error.
+  template <class Reply, class Request>
+  std::optional<Reply> await_answer(Request request, double seconds) const;
 };
 
 /// Checks the constructor's weights against `layout`: per group numel fp32 values, or for a

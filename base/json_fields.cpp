@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "base/error_text.hpp"
+
 namespace rp {
 namespace {
 const nlohmann::json kNull;
@@ -26,11 +28,11 @@ void JsonFields::raise(const std::string& msg) const {
 
 void JsonFields::fail(const std::string& key, const std::string& expected) const {
   raise(fmt::format("{}: key '{}{}': expected {}, got {}", where_, prefix_, key, expected,
-                    has(key) ? at(key).dump() : std::string("nothing")));
+                    has(key) ? excerpt(at(key).dump()) : std::string("nothing")));
 }
 
 void JsonFields::fail(const std::string& key, const std::string& expected, const nlohmann::json& got) const {
-  raise(fmt::format("{}: key '{}{}': expected {}, got {}", where_, prefix_, key, expected, got.dump()));
+  raise(fmt::format("{}: key '{}{}': expected {}, got {}", where_, prefix_, key, expected, excerpt(got.dump())));
 }
 
 void JsonFields::fail_with(const std::string& what) const { raise(where_ + ": " + what); }
@@ -41,7 +43,7 @@ void JsonFields::allow_only(const std::set<std::string>& known) const {
     if (!known.count(it.key())) {
       std::string list;
       for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
-      raise(fmt::format("{}: unknown key '{}{}' (known keys: {})", where_, prefix_, it.key(), list));
+      raise(fmt::format("{}: unknown key '{}{}' (known keys: {})", where_, prefix_, excerpt(it.key()), list));
     }
 }
 

@@ -13,6 +13,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "base/error_text.hpp"
+#include "data/pretokenizer.hpp"
 #include "data/tokenizer.hpp"
 
 namespace rp {
@@ -23,7 +25,7 @@ namespace fs = std::filesystem;
 [[noreturn]] void fail(const std::string& where, const std::string& what) {
   std::string msg = fmt::format("{}: {}", where, what);
   std::replace(msg.begin(), msg.end(), '\n', ' ');
-  throw std::runtime_error(msg);
+  throw std::runtime_error(one_line(msg));
 }
 
 int32_t require_eos(const Tokenizer& tok, const std::string& path) {
@@ -94,7 +96,7 @@ std::vector<ChatMessage> messages_of(const nlohmann::json& m, const std::string&
     if (!m[i].is_object()) fail(where, ctx + "expected an object with \"role\" and \"content\"");
     ChatMessage cm{get_string(m[i], "role", ctx, where), get_string(m[i], "content", ctx, where), {}};
     if (cm.role != "system" && cm.role != "user" && cm.role != "assistant")
-      fail(where, fmt::format("{}unknown role \"{}\" (expected system, user or assistant)", ctx, cm.role));
+      fail(where, fmt::format("{}unknown role \"{}\" (expected system, user or assistant)", ctx, excerpt(cm.role)));
     cm.reasoning = opt_string(m[i], "reasoning_content", where);
     msgs.push_back(std::move(cm));
   }
@@ -115,7 +117,7 @@ std::vector<ChatMessage> sharegpt_of(const nlohmann::json& j, const std::string&
     if (from == "human" || from == "user") role = "user";
     else if (from == "gpt" || from == "assistant" || from == "model" || from == "chatgpt") role = "assistant";
     else if (from == "system") role = "system";
-    else fail(where, fmt::format("{}unknown \"from\" \"{}\" (expected human, gpt or system)", ctx, from));
+    else fail(where, fmt::format("{}unknown \"from\" \"{}\" (expected human, gpt or system)", ctx, excerpt(from)));
     msgs.push_back({role, get_string(c[i], "value", ctx, where), {}});
   }
   return msgs;
@@ -144,8 +146,8 @@ std::vector<ChatMessage> alpaca_of(const nlohmann::json& j, const std::string& w
 }
 
 /// One record of a JSON data file into `d`.
-void add_record(const nlohmann::json& j, const std::string& where, const Tokenizer& tok, ChatTemplate chat,
-                Dataset& d) {
+void add_record_fields(const nlohmann::json& j, const std::string& where, const Tokenizer& tok, ChatTemplate chat,
+                       Dataset& d) {
   if (!j.is_object()) fail(where, fmt::format("expected a JSON object, got {}", type_name(j)));
   if (j.contains("messages")) {
     add_chat(tok, chat, messages_of(j.at("messages"), where), where, d);
@@ -174,6 +176,17 @@ void add_record(const nlohmann::json& j, const std::string& where, const Tokeniz
     fail(where,
          "expected a key \"text\", \"prompt\"+\"completion\", \"messages\", \"conversations\" (ShareGPT) or "
          "\"instruction\"+\"output\" (alpaca)");
+  }
+}
+
+/// add_record_fields, with the record (file:line) named when the tokenizer's pre-tokenizer regex
+/// ran past its work bound on it.
+void add_record(const nlohmann::json& j, const std::string& where, const Tokenizer& tok, ChatTemplate chat,
+                Dataset& d) {
+  try {
+    add_record_fields(j, where, tok, chat, d);
+  } catch (const RegexWorkExceeded& e) {
+    fail(where, e.what());
   }
 }
 
@@ -268,7 +281,11 @@ Dataset load_text_corpus(const std::string& path, const Tokenizer& tok) {
     files.push_back(path);
   }
   Dataset d;
-  for (const auto& f : files) append_document(tok, read_all(f), eos, d);
+  for (const auto& f : files) try {
+      append_document(tok, read_all(f), eos, d);
+    } catch (const RegexWorkExceeded& e) {
+      fail(f, e.what());
+    }
   return d;
 }
 

@@ -5,10 +5,13 @@
 
 #include <algorithm>
 #include <array>
+#include <memory>
 #include <stdexcept>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include "base/error_text.hpp"
 
 namespace rp {
 
@@ -100,26 +103,41 @@ Regex::Regex(const std::string& pattern, bool literal) {
   pcre2_code* c = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), opts,
                                 &err, &erroff, nullptr);
   if (!c)
-    throw std::runtime_error(fmt::format("regex /{}/: {} at offset {}", pattern, pcre2_message(err), erroff));
+    throw std::runtime_error(fmt::format("regex /{}/: {} at offset {}", excerpt(pattern), pcre2_message(err), erroff));
   pcre2_jit_compile(c, PCRE2_JIT_COMPLETE);  // falls back to the interpreter on failure
   code_ = c;
+  pattern_ = pattern;
 }
 
 Regex::~Regex() { pcre2_code_free(static_cast<pcre2_code*>(code_)); }
 
 void Regex::find_all(std::string_view text, std::vector<std::pair<size_t, size_t>>& out) const {
   auto* code = static_cast<pcre2_code*>(code_);
+  if (!t_jit.ctx) throw std::bad_alloc();
   pcre2_match_data* md = pcre2_match_data_create_from_pattern(code, nullptr);
   if (!md) throw std::bad_alloc();
+  std::unique_ptr<pcre2_match_data, void (*)(pcre2_match_data*)> md_owner(md, pcre2_match_data_free);
   const auto* subj = reinterpret_cast<PCRE2_SPTR>(text.data());
+  const uint64_t budget = kWorkBase + kWorkPerByte * uint64_t(text.size());
+  uint64_t spent = 0;  // the limits tried so far: a bound on the steps PCRE2 took
   size_t pos = 0;
   while (pos < text.size()) {
-    int rc = pcre2_match(code, subj, text.size(), pos, PCRE2_NO_UTF_CHECK, md, t_jit.ctx);
-    if (rc == PCRE2_ERROR_NOMATCH) break;
-    if (rc < 0) {
-      pcre2_match_data_free(md);
-      throw std::runtime_error("pre-tokenizer regex: " + pcre2_message(rc));
+    int rc = 0;
+    for (uint64_t limit = kFirstMatchLimit;; limit *= 16) {
+      limit = std::min(limit, budget - spent);
+      pcre2_set_match_limit(t_jit.ctx, uint32_t(std::min<uint64_t>(limit, UINT32_MAX)));
+      pcre2_set_depth_limit(t_jit.ctx, uint32_t(std::min<uint64_t>(limit, UINT32_MAX)));
+      rc = pcre2_match(code, subj, text.size(), pos, PCRE2_NO_UTF_CHECK, md, t_jit.ctx);
+      spent += limit;
+      if (rc != PCRE2_ERROR_MATCHLIMIT && rc != PCRE2_ERROR_DEPTHLIMIT) break;
+      if (spent >= budget)
+        throw RegexWorkExceeded(fmt::format(
+            "pre-tokenizer regex /{}/ needs more than {} matching steps (PCRE2's match limit) for {} bytes of text "
+            "(stopped at byte {}): the pattern backtracks catastrophically on this text",
+            excerpt(pattern_), budget, text.size(), pos));
     }
+    if (rc == PCRE2_ERROR_NOMATCH) break;
+    if (rc < 0) throw std::runtime_error(fmt::format("pre-tokenizer regex /{}/: {}", excerpt(pattern_), pcre2_message(rc)));
     PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
     size_t b = ov[0], e = ov[1];
     if (e > b) {
@@ -130,7 +148,6 @@ void Regex::find_all(std::string_view text, std::vector<std::pair<size_t, size_t
       while (pos < text.size() && (static_cast<unsigned char>(text[pos]) & 0xC0) == 0x80) ++pos;
     }
   }
-  pcre2_match_data_free(md);
 }
 
 // ---- PreTokenizer -----------------------------------------------------------------------

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -16,6 +17,13 @@ namespace rp {
 /// The GPT-2 regex ByteLevel(use_regex=true) splits with.
 inline constexpr const char* kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+/// Thrown by Regex::find_all when matching needs more work than its bound (a pattern that
+/// backtracks catastrophically on this text). The tokenizer adds its file to the message, the
+/// data set reader the data file and line.
+struct RegexWorkExceeded : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 /// A PCRE2 regex compiled once (UTF + Unicode properties, JIT when available).
 class Regex {
@@ -29,10 +37,20 @@ class Regex {
   /// Appends to `out` the [begin, end) byte ranges of all non-overlapping, non-empty
   /// matches in `text`, scanning left to right. `text` must be valid UTF-8 (not checked).
   /// Throws std::runtime_error on a PCRE2 matching error (e.g. JIT stack exhausted).
+  /// The work is bounded: each match runs under PCRE2's match and depth limits, raised from
+  /// kFirstMatchLimit by 16x while a match hits them, and the limits tried on one call add
+  /// up to at most kWorkBase + kWorkPerByte * text.size(); past that it throws
+  /// RegexWorkExceeded (ordinary patterns spend under 20 steps per match; `(a+)+b|.` on a
+  /// line of 'a' runs spends millions on each).
   void find_all(std::string_view text, std::vector<std::pair<size_t, size_t>>& out) const;
+
+  static constexpr uint64_t kFirstMatchLimit = 64;
+  static constexpr uint64_t kWorkBase = 200'000;
+  static constexpr uint64_t kWorkPerByte = 256;
 
  private:
   void* code_;  // pcre2_code_8*
+  std::string pattern_;
 };
 
 /// One pre-tokenised piece: a byte range of the text being encoded.

@@ -4,6 +4,7 @@
 #include <array>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <queue>
 #include <sstream>
@@ -15,6 +16,7 @@
 
 #include "data/normalizer.hpp"
 #include "data/pretokenizer.hpp"
+#include "base/error_text.hpp"
 
 namespace rp {
 
@@ -46,6 +48,21 @@ std::string read_text_file(const std::string& path) {
   return ss.str();
 }
 
+/// A token id of tokenizer.json: a JSON integer in [0, 2^31 - 1) (ids are int32_t, and
+/// vocab_size = max id + 1 must fit too). Anything else (a float, a boolean, a negative id,
+/// one at or above 2^31 - 1, which nlohmann would wrap) throws one line naming the file,
+/// the token and the value.
+int32_t token_id_of(const nlohmann::json& v, const std::string& where, const char* what, const std::string& token) {
+  constexpr int64_t kLimit = std::numeric_limits<int32_t>::max();
+  const bool integer = v.is_number_integer();
+  const bool in_range = integer && (v.is_number_unsigned() ? v.get<uint64_t>() < uint64_t(kLimit)
+                                                           : v.get<int64_t>() >= 0 && v.get<int64_t>() < kLimit);
+  if (!in_range)
+    throw std::runtime_error(fmt::format("{}: {} \"{}\" has id {}: expected an integer in [0, {})", where, what,
+                                         excerpt(token), excerpt(v.dump()), kLimit));
+  return int32_t(v.get<int64_t>());
+}
+
 // eos_token / bos_token in tokenizer_config.json: a string, {"content": "..."} or null.
 std::string config_token(const nlohmann::json& cfg, const char* key) {
   if (!cfg.contains(key)) return {};
@@ -75,7 +92,10 @@ struct Tokenizer::Impl {
   mutable std::mutex mu;
   mutable StrMap<std::vector<int32_t>> cache;
 
+  std::string source;  // where the tokenizer came from (its tokenizer.json), for errors
   void bpe(const std::string& word, std::vector<int32_t>& out) const;
+  /// pre.split, with `source` named in a RegexWorkExceeded.
+  void split(std::string_view text, size_t base, std::vector<Piece>& out) const;
   void encode_piece(std::string_view text, const Piece& p, std::vector<int32_t>& ids,
                     std::vector<size_t>* offsets, std::string& word) const;
   void encode(std::string_view text, bool allow_special, std::vector<int32_t>& ids,
@@ -163,6 +183,14 @@ void Tokenizer::Impl::encode_piece(std::string_view text, const Piece& p, std::v
   }
 }
 
+void Tokenizer::Impl::split(std::string_view text, size_t base, std::vector<Piece>& out) const {
+  try {
+    pre.split(text, base, out);
+  } catch (const RegexWorkExceeded& e) {
+    throw RegexWorkExceeded(fmt::format("{}: {}", source, e.what()));
+  }
+}
+
 void Tokenizer::Impl::encode(std::string_view text, bool allow_special, std::vector<int32_t>& ids,
                              std::vector<size_t>* offsets) const {
   std::vector<Piece> pieces;
@@ -173,14 +201,14 @@ void Tokenizer::Impl::encode(std::string_view text, bool allow_special, std::vec
     pieces.clear();
     const std::string_view seg = text.substr(b, e - b);
     if (nfc && nfc_normalize(seg, norm, runs)) {  // offsets map back to the input
-      pre.split(norm, 0, pieces);
+      split(norm, 0, pieces);
       const size_t first = offsets ? offsets->size() : 0;
       for (const auto& p : pieces) encode_piece(norm, p, ids, offsets, word);
       if (offsets)
         for (size_t k = first; k < offsets->size(); ++k) (*offsets)[k] = b + original_offset(runs, (*offsets)[k]);
       return;
     }
-    pre.split(seg, b, pieces);
+    split(seg, b, pieces);
     for (const auto& p : pieces) encode_piece(text, p, ids, offsets, word);
   };
   size_t seg = 0, i = 0;
@@ -227,8 +255,10 @@ static void read_post_processor(const nlohmann::json& p, const Tokenizer& t, con
     return;
   }
   if (type == "BertProcessing" || type == "RobertaProcessing") {
-    prefix.push_back(p.at("cls").at(1).get<int32_t>());
-    suffix.insert(suffix.begin(), p.at("sep").at(1).get<int32_t>());
+    const auto& cls = p.at("cls");
+    const auto& sep = p.at("sep");
+    prefix.push_back(token_id_of(cls.at(1), where, "post_processor.cls token", cls.at(0).dump()));
+    suffix.insert(suffix.begin(), token_id_of(sep.at(1), where, "post_processor.sep token", sep.at(0).dump()));
     return;
   }
   if (type != "TemplateProcessing")
@@ -244,8 +274,10 @@ static void read_post_processor(const nlohmann::json& p, const Tokenizer& t, con
     const std::string tok = item.at("SpecialToken").at("id").get<std::string>();
     std::vector<int32_t> ids;
     const auto& st = p.value("special_tokens", nlohmann::json::object());
-    if (st.contains(tok) && st.at(tok).contains("ids")) ids = st.at(tok).at("ids").get<std::vector<int32_t>>();
-    else ids.push_back(id_of(tok));
+    if (st.contains(tok) && st.at(tok).contains("ids")) {
+      for (const auto& v : st.at(tok).at("ids"))
+        ids.push_back(token_id_of(v, where, "post_processor.special_tokens token", tok));
+    } else ids.push_back(id_of(tok));
     (seen ? after : before).insert((seen ? after : before).end(), ids.begin(), ids.end());
   }
   prefix.insert(prefix.end(), before.begin(), before.end());
@@ -287,6 +319,7 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
 Tokenizer Tokenizer::from_json(const nlohmann::json& j, const std::string& where) {
   Tokenizer t;
   Impl& m = *t.impl_;
+  m.source = where;
   try {
     const auto& model = j.at("model");
     std::string type = model.value("type", std::string("BPE"));
@@ -312,16 +345,16 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j, const std::string& where
     const auto& vocab = model.at("vocab");
     m.vocab.reserve(vocab.size());
     for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-      int32_t id = it.value().get<int32_t>();
-      if (id < 0) throw std::runtime_error(fmt::format("{}: negative id for token \"{}\"", where, it.key()));
+      const int32_t id = token_id_of(it.value(), where, "model.vocab token", it.key());
       m.vocab.emplace(it.key(), id);
       max_id = std::max(max_id, id);
     }
     std::vector<AddedToken> added;
     if (j.contains("added_tokens"))
       for (const auto& a : j.at("added_tokens")) {
-        AddedToken at{a.at("content").get<std::string>(), a.at("id").get<int32_t>(), a.value("special", false)};
-        if (at.content.empty() || at.id < 0) throw std::runtime_error(where + ": invalid added token " + a.dump());
+        const std::string content = a.at("content").get<std::string>();
+        AddedToken at{content, token_id_of(a.at("id"), where, "added_tokens entry", content), a.value("special", false)};
+        if (at.content.empty()) throw std::runtime_error(where + ": invalid added token " + excerpt(a.dump()));
         max_id = std::max(max_id, at.id);
         added.push_back(std::move(at));
       }

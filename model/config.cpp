@@ -19,6 +19,7 @@ namespace {
 using nlohmann::json;
 
 std::string describe(const json& v) {
+  if (v.is_null()) return "null";
   std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
   if (s.size() > 60) s = s.substr(0, 57) + "...";
   return fmt::format("{} {}", v.type_name(), s);
@@ -33,6 +34,12 @@ json val(const json& j, const std::string& key) {
                       const json& got) {
   throw std::runtime_error(
       fmt::format("{}: key '{}': expected {}, got {}", where, key, expected, describe(got)));
+}
+
+/// A required key that is absent (or null).
+[[noreturn]] void missing(const std::string& where, const std::string& key, const std::string& expected,
+                          const std::string& why) {
+  throw std::runtime_error(fmt::format("{}: key '{}': expected {}{}, got nothing", where, key, expected, why));
 }
 
 /// Reads an optional integer key; `required` keys must be present. Returns `def` when absent/null.
@@ -121,7 +128,7 @@ void parse_rope(const json& r, const std::string& key, const std::string& where,
   auto integer = [&](const char* k, bool required) -> int64_t {
     auto it = r.find(k);
     if (it == r.end() || it->is_null()) {
-      if (required) bad(where, key + "." + k, "an integer >= 1", json());
+      if (required) missing(where, key + "." + k, "an integer >= 1", fmt::format(" (rope_type {} needs it)", type));
       return 0;
     }
     if (!it->is_number() || it->get<double>() < 1 || it->get<double>() != std::floor(it->get<double>()))
@@ -130,7 +137,8 @@ void parse_rope(const json& r, const std::string& key, const std::string& where,
   };
   if (type == "default") return;
   auto fit = r.find("factor");
-  if (fit == r.end() || fit->is_null()) bad(where, key + ".factor", "a positive number", json());
+  if (fit == r.end() || fit->is_null())
+    missing(where, key + ".factor", "a positive number", fmt::format(" (rope_type {} needs it)", type));
   rs.factor = num("factor", 1.0, true);
   if (type == "llama3") {
     rs.low_freq_factor = num("low_freq_factor", 1.0, true);

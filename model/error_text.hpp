@@ -1,22 +1,4 @@
-// Helpers for one-line error messages about file contents.
+// Helpers for one-line error messages about file contents: rp::one_line and rp::excerpt
+// (base/error_text.hpp) escape control characters and bound what a message quotes.
 #pragma once
-#include <string>
-
-#include <fmt/format.h>
-
-namespace rp {
-
-/// `s` with control characters escaped as \xNN, so an error message quoting file contents
-/// (a tensor name, a JSON value) stays on one line.
-inline std::string one_line(const std::string& s) {
-  std::string o;
-  for (unsigned char ch : s) {
-    if (ch < 0x20 || ch == 0x7f)
-      o += fmt::format("\\x{:02x}", ch);
-    else
-      o.push_back(char(ch));
-  }
-  return o;
-}
-
-}  // namespace rp
+#include "base/error_text.hpp"

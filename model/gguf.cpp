@@ -266,7 +266,7 @@ struct Reader {
   }
   void need(uint64_t n, const char* what) const {
     if (n > size - pos)
-      fail(fmt::format("truncated file: {} needs {} bytes at offset {}, file has {}", what, n, pos,
+      fail(fmt::format("truncated file: {} needs {} bytes at offset {}, file has {}", excerpt(what), n, pos,
                        size));
   }
   template <class T>
@@ -300,7 +300,7 @@ struct Reader {
       }
       case T_BOOL: {
         uint8_t b = get<uint8_t>(key.c_str());
-        if (b > 1) fail(fmt::format("metadata '{}': invalid bool byte {}", key, b));
+        if (b > 1) fail(fmt::format("metadata '{}': invalid bool byte {}", excerpt(key), b));
         return b != 0;
       }
       case T_STRING: return str(key.c_str());
@@ -308,23 +308,23 @@ struct Reader {
       case T_I64: return get<int64_t>(key.c_str());
       case T_F64: return get<double>(key.c_str());
       case T_ARRAY: {
-        if (depth > 4) fail(fmt::format("metadata '{}': arrays nested too deeply", key));
+        if (depth > 4) fail(fmt::format("metadata '{}': arrays nested too deeply", excerpt(key)));
         uint32_t et = get<uint32_t>(key.c_str());
         uint64_t n = get<uint64_t>(key.c_str());
         uint64_t min_elem = et == T_U8 || et == T_I8 || et == T_BOOL ? 1
                             : et == T_U16 || et == T_I16             ? 2
                             : et == T_U32 || et == T_I32 || et == T_F32 ? 4
                                                                       : 8;  // strings: length
-        if (et > T_F64) fail(fmt::format("metadata '{}': unknown array element type {}", key, et));
+        if (et > T_F64) fail(fmt::format("metadata '{}': unknown array element type {}", excerpt(key), et));
         if (n > (size - pos) / min_elem)
-          fail(fmt::format("truncated file: metadata '{}' array of {} elements does not fit", key, n));
+          fail(fmt::format("truncated file: metadata '{}' array of {} elements does not fit", excerpt(key), n));
         json a = json::array();
         a.get_ref<json::array_t&>().reserve(size_t(n));
         for (uint64_t i = 0; i < n; ++i) a.push_back(value(et, key, depth + 1));
         return a;
       }
       default:
-        fail(fmt::format("metadata '{}': unknown value type {}", key, type));
+        fail(fmt::format("metadata '{}': unknown value type {}", excerpt(key), type));
     }
   }
 };
@@ -366,13 +366,13 @@ GgufFile::GgufFile(const std::string& path) : path_(path) {
     for (uint64_t i = 0; i < n_kv; ++i) {
       std::string key = r.str("metadata key");
       uint32_t type = r.get<uint32_t>("metadata type");
-      if (meta_.contains(key)) r.fail(fmt::format("duplicate metadata key '{}'", key));
+      if (meta_.contains(key)) r.fail(fmt::format("duplicate metadata key '{}'", excerpt(key)));
       meta_[key] = r.value(type, key, 0);
     }
     if (auto it = meta_.find("general.alignment"); it != meta_.end()) {
       if (!it->is_number_unsigned() || it->get<uint64_t>() == 0 ||
           (it->get<uint64_t>() & (it->get<uint64_t>() - 1)) != 0 || it->get<uint64_t>() > (1u << 20))
-        r.fail(fmt::format("general.alignment must be a power of two, got {}", it->dump()));
+        r.fail(fmt::format("general.alignment must be a power of two, got {}", excerpt(it->dump())));
       alignment_ = it->get<uint64_t>();
     }
     std::unordered_set<std::string> names;
@@ -381,27 +381,27 @@ GgufFile::GgufFile(const std::string& path) : path_(path) {
       GgufTensorInfo t;
       t.name = r.str("tensor name");
       uint32_t nd = r.get<uint32_t>("tensor dims");
-      if (nd < 1 || nd > 4) r.fail(fmt::format("tensor '{}': {} dimensions (1..4 allowed)", t.name, nd));
+      if (nd < 1 || nd > 4) r.fail(fmt::format("tensor '{}': {} dimensions (1..4 allowed)", excerpt(t.name), nd));
       int64_t numel = 1;
       for (uint32_t d = 0; d < nd; ++d) {
         uint64_t v = r.get<uint64_t>("tensor dim");
         if (v == 0 || v > (uint64_t(1) << 40) || numel > (int64_t(1) << 48) / int64_t(v))
-          r.fail(fmt::format("tensor '{}': invalid dimension {} = {}", t.name, d, v));
+          r.fail(fmt::format("tensor '{}': invalid dimension {} = {}", excerpt(t.name), d, v));
         t.ne.push_back(int64_t(v));
         numel *= int64_t(v);
       }
       t.type = r.get<uint32_t>("tensor type");
       int64_t be, bb;
       if (!ggml_type_block(t.type, be, bb))
-        r.fail(fmt::format("tensor '{}': unknown ggml type {}", t.name, t.type));
+        r.fail(fmt::format("tensor '{}': unknown ggml type {}", excerpt(t.name), t.type));
       if (t.ne[0] % be != 0)
         r.fail(fmt::format("tensor '{}': ne[0]={} is not a multiple of the {} block size {}",
-                           t.name, t.ne[0], ggml_type_name(t.type), be));
+                           excerpt(t.name), t.ne[0], ggml_type_name(t.type), be));
       t.nbytes = uint64_t(numel / be) * uint64_t(bb);
       t.offset = r.get<uint64_t>("tensor offset");
       if (t.offset % alignment_ != 0)
-        r.fail(fmt::format("tensor '{}': offset {} is not aligned to {}", t.name, t.offset, alignment_));
-      if (!names.insert(t.name).second) r.fail(fmt::format("duplicate tensor '{}'", t.name));
+        r.fail(fmt::format("tensor '{}': offset {} is not aligned to {}", excerpt(t.name), t.offset, alignment_));
+      if (!names.insert(t.name).second) r.fail(fmt::format("duplicate tensor '{}'", excerpt(t.name)));
       tensors_.push_back(std::move(t));
     }
     data_offset_ = (r.pos + alignment_ - 1) / alignment_ * alignment_;
@@ -412,7 +412,7 @@ GgufFile::GgufFile(const std::string& path) : path_(path) {
     for (const auto& t : tensors_)
       if (t.offset > avail || t.nbytes > avail - t.offset)
         r.fail(fmt::format("truncated file: tensor '{}' ({} bytes at data offset {}) extends past "
-                           "the end of the file ({} bytes)", t.name, t.nbytes, t.offset, size_));
+                           "the end of the file ({} bytes)", excerpt(t.name), t.nbytes, t.offset, size_));
     // two tensors sharing bytes would read each other's data as weights
     std::vector<const GgufTensorInfo*> by_offset;
     for (const auto& t : tensors_) by_offset.push_back(&t);
@@ -421,8 +421,8 @@ GgufFile::GgufFile(const std::string& path) : path_(path) {
     for (size_t i = 1; i < by_offset.size(); ++i)
       if (by_offset[i - 1]->offset + by_offset[i - 1]->nbytes > by_offset[i]->offset)
         r.fail(fmt::format("corrupt header: tensors '{}' (bytes {}-{}) and '{}' (from byte {}) overlap",
-                           by_offset[i - 1]->name, by_offset[i - 1]->offset,
-                           by_offset[i - 1]->offset + by_offset[i - 1]->nbytes, by_offset[i]->name,
+                           excerpt(by_offset[i - 1]->name), by_offset[i - 1]->offset,
+                           by_offset[i - 1]->offset + by_offset[i - 1]->nbytes, excerpt(by_offset[i]->name),
                            by_offset[i]->offset));
   } catch (...) {
     ::munmap(const_cast<uint8_t*>(map_), size_);

@@ -95,7 +95,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
         metadata_ = v;
         continue;
       }
-      auto bad = [&](const std::string& what) { fail(fmt::format("tensor '{}': {}", name, what)); };
+      auto bad = [&](const std::string& what) { fail(fmt::format("tensor '{}': {}", excerpt(name), what)); };
       if (!v.is_object()) bad("header entry is not an object");
       SafetensorsEntry e;
       e.name = name;
@@ -103,16 +103,16 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       if (dt == v.end() || !dt->is_string()) bad("missing dtype");
       e.dtype = dt->get<std::string>();
       const uint64_t es = st_dtype_size(e.dtype);
-      if (es == 0) bad(fmt::format("unknown dtype '{}'", e.dtype));
+      if (es == 0) bad(fmt::format("unknown dtype '{}'", excerpt(e.dtype)));
       auto sh = v.find("shape");
       if (sh == v.end() || !sh->is_array()) bad("missing shape");
       uint64_t numel = 1;
       for (const auto& d : *sh) {
         if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t(1) << 40))
-          bad(fmt::format("invalid shape {}", sh->dump()));
+          bad(fmt::format("invalid shape {}", excerpt(sh->dump())));
         e.shape.push_back(d.get<int64_t>());
         if (d.get<uint64_t>() != 0 && numel > (uint64_t(1) << 50) / d.get<uint64_t>())
-          bad(fmt::format("shape {} is too large", sh->dump()));
+          bad(fmt::format("shape {} is too large", excerpt(sh->dump())));
         numel *= d.get<uint64_t>();
       }
       auto off = v.find("data_offsets");
@@ -124,18 +124,18 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       if (e.begin > e.end) bad(fmt::format("data_offsets [{}, {}] are reversed", e.begin, e.end));
       if (e.end - e.begin != numel * es)
         bad(fmt::format("data_offsets [{}, {}] hold {} bytes, shape {} of {} needs {}", e.begin,
-                        e.end, e.end - e.begin, sh->dump(), e.dtype, numel * es));
+                        e.end, e.end - e.begin, excerpt(sh->dump()), e.dtype, numel * es));
       if (e.end > data_size)
         fail(fmt::format("truncated file: tensor '{}' ends at data offset {}, only {} data bytes",
-                         name, e.end, data_size));
+                         excerpt(name), e.end, data_size));
       entries_.push_back(std::move(e));
     }
     std::sort(entries_.begin(), entries_.end(),
               [](const auto& a, const auto& b) { return a.begin < b.begin || (a.begin == b.begin && a.end < b.end); });
     for (size_t i = 1; i < entries_.size(); ++i)
       if (entries_[i].begin < entries_[i - 1].end)
-        fail(fmt::format("corrupt header: tensors '{}' and '{}' overlap", entries_[i - 1].name,
-                         entries_[i].name));
+        fail(fmt::format("corrupt header: tensors '{}' and '{}' overlap", excerpt(entries_[i - 1].name),
+                         excerpt(entries_[i].name)));
   } catch (...) {
     ::munmap(const_cast<uint8_t*>(map_), size_);
     map_ = nullptr;
@@ -217,10 +217,10 @@ void open_index(const std::string& index_path, SafetensorsSet& out) {
   std::map<std::string, std::vector<std::string>> by_shard;
   for (auto it = wm->begin(); it != wm->end(); ++it) {
     if (!it->is_string())
-      throw std::runtime_error(fmt::format("{}: key 'weight_map.{}': expected a file name", index_path, it.key()));
+      throw std::runtime_error(fmt::format("{}: key 'weight_map.{}': expected a file name", index_path, excerpt(it.key())));
     const std::string shard = it->get<std::string>();
     if (shard.empty() || shard.find('/') != std::string::npos || shard == "..")
-      throw std::runtime_error(fmt::format("{}: key 'weight_map.{}': bad shard name '{}'", index_path, it.key(), shard));
+      throw std::runtime_error(fmt::format("{}: key 'weight_map.{}': bad shard name '{}'", index_path, excerpt(it.key()), excerpt(shard)));
     by_shard[shard].push_back(it.key());
   }
   const fs::path base = fs::path(index_path).parent_path();
@@ -231,7 +231,7 @@ void open_index(const std::string& index_path, SafetensorsSet& out) {
       const SafetensorsEntry* e = f.find(name);
       if (!e)
         throw std::runtime_error(fmt::format("{}: tensor '{}' (listed in {}) is missing", f.path(),
-                                             name, index_path));
+                                             excerpt(name), index_path));
       f.check_float_dtype(*e);
       out.tensors[name] = {&f, e};
     }

@@ -12,6 +12,7 @@
 
 #include "base/atomic_file.hpp"
 #include "base/checksum.hpp"
+#include "model/config.hpp"
 #include "roundpipe/adapter.hpp"
 
 namespace fs = std::filesystem;
@@ -67,6 +68,7 @@ void save_checkpoint_bundle(Session& session, const std::string& dir, const Load
   auto write_state = [&](const std::string& weights_tmp) {
     TrainerState st = state;
     st.weights_xxh3 = weights_checksum(weights_tmp);  // the files keep their bytes through the rename
+    st.model_config = architecture_of(model.config);
     fs::create_directories(fs::path(sd).parent_path());
     replace_folder(sd, [&](const std::string& tmp) {
       // model.safetensors holds the fp32 master exactly only when saved in f32
@@ -191,6 +193,19 @@ std::optional<ResumePoint> check_resume(const TrainSpec& spec) {
                                             "is left to do (raise 'steps' or pass --steps)",
                                             r.dir, r.saved.step, spec.steps));
   return r;
+}
+
+void check_resume_model(const ResumePoint& r, const TrainSpec& spec, const ModelConfig& model) {
+  nlohmann::json saved = r.saved.model_config;
+  std::error_code ec;
+  if (!saved.is_object() && !spec.lora && fs::exists(r.dir + "/config.json", ec))
+    saved = architecture_of(load_config_file(r.dir + "/config.json"));
+  const std::string diff = architecture_difference(saved, architecture_of(model));
+  if (!diff.empty())
+    throw std::invalid_argument(fmt::format(
+        "{}: key 'model': {} is not the architecture of checkpoint {}: {}; resume with the model it was trained "
+        "from",
+        spec.source, spec.model, r.dir, diff));
 }
 
 int64_t restore_checkpoint(const ResumePoint& r, const TrainSpec& spec, Session& session, TokenStream& data) {

@@ -72,6 +72,14 @@ struct ResumePoint {
 /// folder) are read too.
 std::optional<ResumePoint> check_resume(const TrainSpec& spec);
 
+/// Refuses a resume whose model differs in architecture from the checkpoint's:
+/// std::invalid_argument "<spec>: key 'model': <model> is not the architecture of checkpoint
+/// <dir>: <field> <value> (the checkpoint's <value>); ...", naming the first differing field
+/// of architecture_of. `model` is the config of the model the run trains on (spec.model; for
+/// LoRA its base). The checkpoint's architecture is the one roundpipe_state.json records, or
+/// else (full fine-tuning) its config.json; a checkpoint with neither is not checked.
+void check_resume_model(const ResumePoint& r, const TrainSpec& spec, const ModelConfig& model);
+
 /// Loads the checkpoint's optimizer state into `session` (a new one, built from the
 /// checkpoint's weights), checks it against the trainer state, warns about spec differences
 /// that change the result, and moves `data` to the saved position. Returns the step the run

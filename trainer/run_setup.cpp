@@ -298,11 +298,23 @@ TokenStream load_data_for_training(const TrainSpec& spec, const LoadedModel& mod
                st.dropped_examples ? fmt::format(" ({} examples dropped: no target left)", st.dropped_examples)
                                    : std::string());
   warn_truncated(spec.data, st, spec.seq_len);
+  if (o.eval_fraction > 0 && (st.eval_sequences == 0 || st.sequences == 0))
+    throw std::invalid_argument(fmt::format(
+        "{}: key 'eval_fraction': {:g} of the {} sequences of {} holds out {} for evaluation and leaves {} for "
+        "training; expected at least 1 of each{}",
+        spec.source, o.eval_fraction, st.sequences + st.eval_sequences, spec.data, st.eval_sequences, st.sequences,
+        st.eval_sequences == 0 && st.sequences > 0
+            ? fmt::format(" (a fraction of at least {:g} holds one out, or give eval_data)",
+                          1.0 / double(st.sequences))
+            : std::string()));
   if (st.sequences == 0)
     throw std::invalid_argument(fmt::format(
         "{}: key 'seq_len': {} tokens leave no training target in any of the {} examples of {} (their prompts "
         "are longer); raise seq_len",
         spec.source, spec.seq_len, st.examples, spec.data));
+  if (st.sequences < spec.sequences_per_step)
+    spdlog::warn("data: {} training sequence(s), fewer than sequences_per_step {}: every step repeats sequences",
+                 st.sequences, spec.sequences_per_step);
   const int64_t max_pos = model.config.max_position_embeddings;
   if (max_pos > 0 && spec.seq_len > max_pos)
     spdlog::warn("seq_len {} exceeds the model's max_position_embeddings {}", spec.seq_len, max_pos);

@@ -76,7 +76,7 @@ class Run {
   std::vector<TokenBatch> eval_batches_;               ///< the evaluation set (empty: no evaluation)
   std::map<int64_t, std::vector<int64_t>> pending_eval_;  ///< steps done -> evaluation passes in flight
   void submit_eval(int64_t steps_done);
-  void collect_eval(int64_t steps_done, StepReport& into);
+  bool collect_eval(int64_t steps_done, StepReport& into, bool drop_at_stop);
   void evaluate_before_training();
   /// spec.sample_prompt's answer with the session's master weights ("" without a prompt).
   std::string sample_text(const char* when);  // "" on replicas other than 0
@@ -99,6 +99,20 @@ class Run {
   int64_t evals_after(int64_t steps_done) const;
   std::string last_checkpoint_;
   std::optional<Clock::time_point> stop_deadline_;  // set when the stop request is first seen
+  /// A single process: sets stop_deadline_ (spec.stop_timeout_s on) when the StopToken's
+  /// request is first seen. Replicas: the agreement sets it (stop_agreed).
+  void arm_stop_deadline() {
+    if (!replicas_ && stop_.stop_requested() && !stop_deadline_)
+      stop_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(spec_.stop_timeout_s));
+  }
+  /// At most 0.1 s, and not past the stop deadline when there is one.
+  double wait_slice() const {
+    double slice = 0.1;
+    if (stop_deadline_)
+      slice = std::min(slice, std::chrono::duration<double>(*stop_deadline_ - Clock::now()).count());
+    return std::max(slice, 0.0);
+  }
   StepWatch watch_;
   uint64_t checkpoint_bytes_ = 0;  // free disk space a save needs
   // data-parallel replicas (trainer/replica_run.hpp); null: a single process
@@ -138,10 +152,15 @@ void Run::setup() {
     // LoRA: the base always comes from spec.model (a LoRA checkpoint is a PEFT adapter folder),
     // read tensor by tensor into its storage form (never the whole model in fp32)
     ModelSource base = open_model_for_training(spec_.model);
+    if (resume_) check_resume_model(*resume_, spec_, base.config());
     w = lora_run_weights(spec_, base, resume_ ? resume_->dir : spec_.adapter);
     model_ = base.header();
   } else {
-    // a resumed run takes weights, config and tokenizer from the checkpoint
+    // a resumed run takes weights, config and tokenizer from the checkpoint; spec.model must be
+    // of its architecture (a model that is not there any more is not needed)
+    std::error_code ec;
+    if (resume_ && std::filesystem::exists(spec_.model, ec))
+      check_resume_model(*resume_, spec_, ModelSource::open(spec_.model).config());
     model_ = load_model_for_training(resume_ ? resume_->dir : spec_.model);
     w.layout = make_layout(model_.config);
     fill_groups(model_, w.layout, w.trainable);
@@ -204,13 +223,8 @@ void Run::start_session(const ModelLayout& layout, std::vector<std::vector<float
 std::optional<StepResult> Run::await(int64_t t) {
   if (replicas_ && stop_agreed_) return await_together(t);
   for (;;) {
-    if (!replicas_ && stop_.stop_requested() && !stop_deadline_)
-      stop_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                          std::chrono::duration<double>(spec_.stop_timeout_s));
-    double slice = 0.1;
-    if (stop_deadline_)
-      slice = std::min(slice, std::chrono::duration<double>(*stop_deadline_ - Clock::now()).count());
-    if (auto r = session_->wait_for(t, std::max(slice, 0.0))) return r;
+    arm_stop_deadline();
+    if (auto r = session_->wait_for(t, wait_slice())) return r;
     if (stop_deadline_ && Clock::now() >= *stop_deadline_) return std::nullopt;
   }
 }
@@ -274,10 +288,15 @@ bool Run::report(int64_t t) {
   if (pending_eval_.count(t + 1)) {
     // the wait for the evaluation passes queued behind this step: charged to neither step
     const double e0 = elapsed();
-    collect_eval(t + 1, s);
+    const bool finished = collect_eval(t + 1, s, false);
     const double waited = elapsed() - e0;
     paused_ += waited;
-    clock_->evaluation(waited);
+    if (finished)
+      clock_->evaluation(waited);
+    else
+      spdlog::warn("stop: the evaluation after step {} did not finish within {:g} s of the stop request; step {} is "
+                   "reported without it",
+                   t + 1, spec_.stop_timeout_s, t + 1);
   }
   s.eta_s = clock_->eta(t + 1, evals_after(t + 1));
   s.mfu = s.tokens_per_s * mfu_per_token_per_s_;
@@ -330,19 +349,30 @@ void Run::log_scalars(const StepReport& s) {
   }
 }
 
-/// Waits for the evaluation passes of `steps_done` and fills the eval fields of `into`.
-void Run::collect_eval(int64_t steps_done, StepReport& into) {
-  double sum = 0, tokens = 0;
-  for (int64_t id : pending_eval_.at(steps_done)) {
-    const EvalResult e = session_->wait_eval(id);
-    sum += e.loss_sum;
-    tokens += e.tokens;
-  }
+/// Waits for the evaluation passes of `steps_done` and fills the eval fields of `into`. A stop
+/// bounds the wait like a step's: false (nothing filled) once the stop deadline passed, or as
+/// soon as a stop is seen with `drop_at_stop`. The passes left go on in the runtime; nothing
+/// waits for them (they change no weight, and the session's teardown is bounded).
+bool Run::collect_eval(int64_t steps_done, StepReport& into, bool drop_at_stop) {
+  const std::vector<int64_t> ids = std::move(pending_eval_.at(steps_done));
   pending_eval_.erase(steps_done);
+  double sum = 0, tokens = 0;
+  for (int64_t id : ids) {
+    for (;;) {
+      arm_stop_deadline();
+      if (stop_deadline_ && (drop_at_stop || Clock::now() >= *stop_deadline_)) return false;
+      if (const std::optional<EvalResult> e = session_->wait_eval_for(id, wait_slice())) {
+        sum += e->loss_sum;
+        tokens += e->tokens;
+        break;
+      }
+    }
+  }
   into.evaluated = true;
   into.eval_tokens = int64_t(tokens);
   into.eval_loss = tokens > 0 ? sum / tokens : 0;
   into.eval_perplexity = std::exp(into.eval_loss);
+  return true;
 }
 
 /// A fresh run's evaluation of the initial weights: the reference the later ones fall from
@@ -352,7 +382,10 @@ void Run::evaluate_before_training() {
   const double e0 = elapsed();
   submit_eval(0);
   StepReport r;
-  collect_eval(0, r);
+  if (!collect_eval(0, r, true)) {
+    spdlog::info("stop requested: the evaluation before training is left unfinished");
+    return;
+  }
   clock_->evaluation(elapsed() - e0);  // the pipeline was empty: the set's own time
   spdlog::info("eval before training: loss {:.4f} (ppl {:.2f}) over {} tokens", r.eval_loss, r.eval_perplexity,
                r.eval_tokens);
@@ -517,7 +550,9 @@ int64_t Run::loop() {
     else session_->step(spec_.lr_schedule.at(t));
     const int64_t k = t++;  // step k is closed
     const bool last = k + 1 == spec_.steps;
-    if (!eval_batches_.empty() && (last || (spec_.eval_every > 0 && (k + 1) % spec_.eval_every == 0)))
+    // no evaluation is queued once a stop is under way: its passes would hold up the steps in flight
+    if (!eval_batches_.empty() && !stopping() &&
+        (last || (spec_.eval_every > 0 && (k + 1) % spec_.eval_every == 0)))
       submit_eval(k + 1);
     const bool save_now = spec_.save_every > 0 && (k + 1) % spec_.save_every == 0 && !last;
     const bool eval_now = cb_.on_eval && cb_.eval_every > 0 && (k + 1) % cb_.eval_every == 0 && !last;

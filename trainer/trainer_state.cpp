@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "base/error_text.hpp"
 #include "base/json_fields.hpp"
 #include "kernels/weight_format.hpp"
 
@@ -44,7 +45,31 @@ TrainerState trainer_state_of(const TrainSpec& spec, int64_t step, int64_t data_
   s.packing = spec.packing;
   s.eval_fraction = spec.eval_data.empty() ? spec.eval_fraction : 0;
   if (spec.lora) s.base_format = weight_format_name(spec.lora->base_format);
+  s.max_examples = spec.max_examples;
+  s.chat_template = spec.chat_template;
   return s;
+}
+
+nlohmann::json architecture_of(const ModelConfig& c) {
+  return {{"model_type", c.architecture},
+          {"vocab_size", c.vocab_size},
+          {"hidden_size", c.hidden_size},
+          {"intermediate_size", c.intermediate_size},
+          {"num_hidden_layers", c.num_hidden_layers},
+          {"num_attention_heads", c.num_attention_heads},
+          {"num_key_value_heads", c.num_key_value_heads},
+          {"head_dim", c.head_dim},
+          {"num_experts", c.num_experts},
+          {"num_experts_per_tok", c.num_experts_per_tok},
+          {"moe_intermediate_size", c.moe_intermediate_size}};
+}
+
+std::string architecture_difference(const nlohmann::json& saved, const nlohmann::json& now) {
+  if (!saved.is_object()) return {};
+  for (const auto& [key, value] : now.items())
+    if (saved.contains(key) && saved.at(key) != value)
+      return fmt::format("{} {} (the checkpoint's {})", key, value.dump(), excerpt(saved.at(key).dump()));
+  return {};
 }
 
 void write_trainer_state(const std::string& path, const TrainerState& s) {
@@ -65,6 +90,9 @@ void write_trainer_state(const std::string& path, const TrainerState& s) {
                             {"eval_fraction", s.eval_fraction},
                             {"weights_xxh3", s.weights_xxh3},
                             {"base_format", s.base_format},
+                            {"max_examples", s.max_examples.value_or(0)},
+                            {"chat_template", s.chat_template.value_or("auto")},
+                            {"model_config", s.model_config},
                             {"optimizer_state", "optimizer_state.bin"}};
   std::ofstream f(path, std::ios::trunc);
   if (!f) throw std::runtime_error(fmt::format("{}: cannot write ({})", path, std::strerror(errno)));
@@ -115,6 +143,9 @@ TrainerState read_trainer_state(const std::string& path) {
   if (f.has("packing")) s.packing = f.boolean("packing");  // absent in earlier releases' files
   if (f.has("eval_fraction")) s.eval_fraction = f.number("eval_fraction");
   if (f.has("base_format")) s.base_format = f.string("base_format");
+  if (f.has("max_examples")) s.max_examples = f.integer("max_examples", 0);  // absent in earlier releases' files
+  if (f.has("chat_template")) s.chat_template = f.string("chat_template");
+  if (f.has("model_config") && !f.at("model_config").is_null()) s.model_config = f.object("model_config");
   return s;
 }
 
@@ -138,6 +169,12 @@ std::vector<std::string> resume_differences(const TrainerState& saved, const Tra
   if (saved.eval_fraction != now.eval_fraction)
     out.push_back(fmt::format("eval_fraction {} (saved run {}): the training sequences differ", now.eval_fraction,
                               saved.eval_fraction));
+  if (saved.max_examples && saved.max_examples != now.max_examples)
+    out.push_back(fmt::format("max_examples {} (saved run {}): other examples are drawn", *now.max_examples,
+                              *saved.max_examples));
+  if (saved.chat_template && saved.chat_template != now.chat_template)
+    out.push_back(fmt::format("chat_template '{}' (saved run '{}'): the sequences differ", *now.chat_template,
+                              *saved.chat_template));
   if (!saved.base_format.empty() && saved.base_format != now.base_format)
     out.push_back(fmt::format("base_format {} (saved run {}): the adapters continue on other frozen weights",
                               now.base_format.empty() ? "none (full fine-tuning)" : now.base_format,

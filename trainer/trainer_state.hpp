@@ -4,11 +4,13 @@
 // docs/spec.md describes both for users.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "roundpipe/model.hpp"
 #include "roundpipe/spec.hpp"
 
 namespace rp {
@@ -29,7 +31,21 @@ struct TrainerState {
   double eval_fraction = 0;        ///< the spec's held-out fraction (the training sequences differ with it)
   std::string weights_xxh3;        ///< XXH3-64 (hex) of the checkpoint's *.safetensors ("" = not recorded)
   std::string base_format;         ///< LoRA: the storage form of the frozen base ("" = full fine-tuning or not recorded)
+  std::optional<int64_t> max_examples;      ///< the spec's max_examples (none: not recorded)
+  std::optional<std::string> chat_template; ///< the spec's chat_template (none: not recorded)
+  nlohmann::json model_config;     ///< architecture_of the trained model (null = not recorded)
 };
+
+/// The fields of `c` that fix its architecture, as JSON (model_type, vocab_size, hidden_size,
+/// intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim,
+/// num_experts, num_experts_per_tok, moe_intermediate_size): a checkpoint of one model cannot
+/// continue on a model that differs in any of them.
+nlohmann::json architecture_of(const ModelConfig& c);
+
+/// The first field of architecture_of where `saved` (a checkpoint's) and `now` (the model a
+/// resumed run trains) differ, as "<field> <now> (the checkpoint's <saved>)"; "" when none
+/// (a field `saved` does not record is not compared).
+std::string architecture_difference(const nlohmann::json& saved, const nlohmann::json& now);
 
 /// The run's state after `step` steps with the data stream at `data_position`.
 TrainerState trainer_state_of(const TrainSpec& spec, int64_t step, int64_t data_position);
@@ -43,7 +59,8 @@ void write_trainer_state(const std::string& path, const TrainerState& s);
 TrainerState read_trainer_state(const std::string& path);
 
 /// Differences between the saved run and `spec` that change what a resumed run computes
-/// (seed, batch shape, optimizer mode, learning-rate schedule, data, a LoRA base's storage form):
+/// (seed, batch shape, optimizer mode, learning-rate schedule, data and the keys that shape or
+/// draw its examples, a LoRA base's storage form):
 /// one readable line each,
 /// for warnings. Empty when the resumed run reproduces the original.
 std::vector<std::string> resume_differences(const TrainerState& saved, const TrainSpec& spec);

@@ -254,6 +254,9 @@ class Session {
   /// Blocks until evaluation pass `id` is done; returns its loss sum and target tokens.
   /// Throws RuntimeFailure if the runtime failed, std::invalid_argument for an unknown id.
   EvalResult wait_eval(int64_t id);
+  /// Like wait_eval(id), but gives up after `seconds` (>= 0): std::nullopt when the pass is
+  /// not done by then (it goes on; wait again later). Throws like wait_eval().
+  std::optional<EvalResult> wait_eval_for(int64_t id, double seconds);
   /// Closes the current step: its gradients (summed over all its passes and divided by
   /// their number of target tokens) update the weights with learning rate `lr`.
   /// A step whose passes hold no target token is skipped (StepResult::skipped, tokens 0): with

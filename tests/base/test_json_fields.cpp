@@ -74,3 +74,24 @@ TEST(JsonFields, RequiredFieldsSayNothingWhenMissing) {
 }
 
 }  // namespace
+
+namespace {
+
+// A megabyte value or key in a spec quotes only its first bytes and its length: the error
+// stays one short line (a fuzzed spec printed errors of megabytes).
+TEST(JsonFields, AMegabyteValueOrKeyIsQuotedShort) {
+  const std::string big(1 << 20, 'v');
+  json j = {{"seq_len", big}};
+  const rp::JsonFields f(j, "spec.json");
+  int64_t n = 0;
+  const std::string value = error_of([&] { f.optional("seq_len", n); });
+  EXPECT_EQ(value.rfind("spec.json: key 'seq_len': expected an integer", 0), 0u) << value.substr(0, 300);
+  EXPECT_LT(value.size(), 300u) << value.substr(0, 300);
+  EXPECT_NE(value.find("... (1048578 bytes)"), std::string::npos) << value.substr(0, 300);  // with its quotes
+  json k = {{big, 1}};
+  const std::string key = error_of([&] { rp::JsonFields(k, "spec.json").allow_only({"seq_len"}); });
+  EXPECT_EQ(key.rfind("spec.json: unknown key 'vvv", 0), 0u) << key.substr(0, 300);
+  EXPECT_LT(key.size(), 300u) << key.substr(0, 300);
+}
+
+}  // namespace

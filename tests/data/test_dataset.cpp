@@ -70,6 +70,30 @@ TEST(Jsonl, ErrorsNameFileLineAndExpectation) {
   EXPECT_THROW(load_json_records("/nonexistent/x.jsonl", qwen(), ChatTemplate::chatml), std::runtime_error);
 }
 
+// A tokenizer whose pre-tokenizer regex backtracks catastrophically on a data line fails with
+// one line naming the data file and line as well as the tokenizer file.
+TEST(Jsonl, ARegexPastItsWorkBoundNamesTheDataLineAndTheTokenizer) {
+  nlohmann::json j = nlohmann::json::parse(read_file(fixture("qwen3-tokenizer/tokenizer.json")));
+  j["pre_tokenizer"] = {{"type", "Sequence"},
+                        {"pretokenizers",
+                         {{{"type", "Split"}, {"pattern", {{"Regex", "(a+)+b|."}}}, {"behavior", "Isolated"}},
+                          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
+  const Tokenizer evil = Tokenizer::from_json(j, "evil/tokenizer.json");
+  std::string run;
+  while (run.size() < 23000) run += std::string(20, 'a') + "c";
+  TempDir dir;
+  const std::string path = dir.write("data.jsonl", "{\"text\": \"fine\"}\n{\"text\": \"" + run + "\"}\n");
+  try {
+    load_json_records(path, evil, ChatTemplate::chatml);
+    FAIL() << "no throw";
+  } catch (const std::runtime_error& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m.rfind(path + ":2: evil/tokenizer.json: ", 0), 0u) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+    EXPECT_LT(m.size(), 500u) << m;
+  }
+}
+
 // The same records as JSON lines or as a JSON array, whatever the file is called; a .json
 // file holding neither, or one object spread over several lines, is one clear error.
 TEST(Jsonl, ArraysAndLinesAreRecognisedByContent) {

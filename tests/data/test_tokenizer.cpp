@@ -192,6 +192,71 @@ TEST(Tokenizer, UnsupportedInputsThrowNamingTheSource) {
   EXPECT_THROW(Tokenizer::from_file(fixture("does-not-exist.json")), std::runtime_error);
 }
 
+// An id must be a JSON integer that fits the token id type: 2^32 + 7 used to wrap to 7 (and
+// train " God" as token 7), 7.9 and true were truncated. Each is refused with one line naming
+// the file, the token and the id.
+TEST(Tokenizer, IdsThatAreNotIntegersInRangeAreRefusedNamingTheToken) {
+  const auto God = byte_to_unicode(uint8_t(' ')) + "God";
+  const std::vector<std::pair<nlohmann::json, std::string>> bad = {
+      {nlohmann::json(uint64_t(1) << 32 | 7), "4294967303"},
+      {nlohmann::json(int64_t(1) << 31), "2147483648"},
+      {nlohmann::json(-1), "-1"},
+      {nlohmann::json(7.9), "7.9"},
+      {nlohmann::json(true), "true"},
+      {nlohmann::json("7"), "\"7\""}};
+  for (const auto& [id, text] : bad) {
+    for (bool added : {false, true}) {
+      auto j = tiny_tokenizer(kByteLevel, {});
+      if (added) j["added_tokens"] = {{{"content", "<|God|>"}, {"id", id}, {"special", true}}};
+      else j["model"]["vocab"][God] = id;
+      try {
+        Tokenizer::from_json(j, "bad/tokenizer.json");
+        ADD_FAILURE() << "id " << text << " was accepted";
+      } catch (const std::runtime_error& e) {
+        const std::string m = e.what();
+        EXPECT_EQ(m.rfind("bad/tokenizer.json: ", 0), 0u) << m;
+        EXPECT_NE(m.find(added ? "<|God|>" : God), std::string::npos) << m;
+        EXPECT_NE(m.find("has id " + text), std::string::npos) << m;
+        EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+      }
+    }
+  }
+  auto ok = tiny_tokenizer(kByteLevel, {});
+  ok["model"]["vocab"][God] = 300;
+  EXPECT_EQ(Tokenizer::from_json(ok, "ok").token_id(God), 300);
+}
+
+// A pre-tokenizer regex that backtracks catastrophically (`(a+)+b|.` on runs of 'a') is cut
+// off by PCRE2's match limit: encoding fails at once with one line naming the tokenizer file
+// instead of taking tens of seconds (28.7 s on a 23 KB line before the bound), while ordinary
+// patterns on long runs (a megabyte of spaces, letters) still encode.
+TEST(Tokenizer, ACatastrophicallyBacktrackingRegexFailsFastNamingTheFile) {
+  nlohmann::json seq = {{"type", "Sequence"},
+                        {"pretokenizers",
+                         {{{"type", "Split"}, {"pattern", {{"Regex", "(a+)+b|."}}}, {"behavior", "Isolated"}},
+                          kByteLevel}}};
+  const Tokenizer t = Tokenizer::from_json(tiny_tokenizer(seq, {}), "evil/tokenizer.json");
+  EXPECT_EQ(t.encode("aab").size(), 3u);  // short text: fine
+  std::string line;
+  while (line.size() < 23000) line += std::string(20, 'a') + "c";
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    t.encode(line);
+    ADD_FAILURE() << "no throw";
+  } catch (const RegexWorkExceeded& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m.rfind("evil/tokenizer.json: ", 0), 0u) << m;
+    EXPECT_NE(m.find("(a+)+b|."), std::string::npos) << m;
+    EXPECT_LT(m.size(), 400u) << m;
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+  const Tokenizer gpt2 = Tokenizer::from_json(tiny_tokenizer(kByteLevel, {}), "gpt2");
+  for (char c : {' ', 'a', '!', '7'}) {
+    const std::string run(1 << 20, c);
+    EXPECT_EQ(gpt2.decode(gpt2.encode(run + "x")), run + "x") << int(c);
+  }
+}
+
 namespace {
 std::vector<std::string> split_with(const std::string& behavior, const std::string& text) {
   nlohmann::json seq = {{"type", "Sequence"},

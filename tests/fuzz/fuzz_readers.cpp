@@ -42,6 +42,10 @@ using Bytes = std::vector<uint8_t>;
 
 namespace {
 
+/// The longest error a refused input may print: whole messages are capped at 1,000 bytes and
+/// quotes of the input at 80 (base/error_text.hpp); the rest is the file's path and the text.
+constexpr size_t kMaxErrorBytes = 1500;
+
 // ---- the case being run, for the hang report --------------------------------------------
 const char* g_target = "";
 long g_case = 0;
@@ -463,6 +467,13 @@ int main(int argc, char** argv) {
         if (std::strchr(e.what(), '\n')) {
           std::fprintf(stderr, "fuzz_readers: target %s case %ld: a multi-line error: %s\n", t.name, k,
                        e.what());
+          return 1;
+        }
+        // what an error quotes of the input is bounded (base/error_text.hpp): a megabyte key or
+        // value must not come back whole
+        if (std::strlen(e.what()) > kMaxErrorBytes) {
+          std::fprintf(stderr, "fuzz_readers: target %s case %ld: an error of %zu bytes (at most %zu): %.300s...\n",
+                       t.name, k, std::strlen(e.what()), kMaxErrorBytes, e.what());
           return 1;
         }
       }

@@ -192,6 +192,17 @@ TEST(IoConfig, ErrorsNameFileAndKey) {
   j = llama_json();
   j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
   expect(j, "key 'rope_scaling.original_max_position_embeddings'");
+  // a missing key is named as missing (it used to read "got null null")
+  expect(j, "key 'rope_scaling.original_max_position_embeddings': expected an integer >= 1 (rope_type llama3 needs "
+            "it), got nothing");
+  EXPECT_EQ(error_of(j).find("null null"), std::string::npos) << error_of(j);
+  j = llama_json();
+  j.erase("rope_scaling");
+  j["rope_parameters"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"original_max_position_embeddings", nullptr}};
+  expect(j, "key 'rope_parameters.original_max_position_embeddings': expected an integer >= 1 (rope_type llama3 "
+            "needs it), got nothing");
+  j["rope_parameters"] = {{"rope_type", "llama3"}};
+  expect(j, "key 'rope_parameters.factor': expected a positive number (rope_type llama3 needs it), got nothing");
   j = llama_json();
   j["rope_scaling"] = {{"rope_type", "linear"}};
   expect(j, "key 'rope_scaling.factor'");

@@ -301,6 +301,32 @@ TEST(IoGguf, CorruptHeadersNeverCrash) {
   EXPECT_THROW(GgufFile{dir.path.string()}, std::runtime_error);
 }
 
+// A corrupted file's key can be megabytes long (a broken length): an error quotes at most the
+// first bytes of it and its length, never all of it (a 4.9 MB echo before the cap).
+TEST(IoGguf, AMegabyteKeyIsQuotedShort) {
+  TempDir dir("gguf");
+  const std::string key(1 << 20, 'k');
+  const std::string path = dir / "long-key.gguf";
+  for (int c = 0; c < 4; ++c) {
+    GgufBuilder g;
+    g.str("general.architecture", "llama");
+    if (c == 0) g.raw(key, 99, {});         // unknown value type
+    if (c == 1) g.raw(key, 7, {5});         // bool byte 5
+    if (c == 2) g.u32(key, 1), g.u32(key, 2);  // duplicate key
+    if (c == 3) g.tensor_f32(key, {1, 0}, {});  // a tensor of dimension 0
+    test::write_bytes(path, g.build(3));
+    try {
+      GgufFile f(path);
+      ADD_FAILURE() << "case " << c << ": no error";
+    } catch (const std::runtime_error& e) {
+      const std::string m = e.what();
+      EXPECT_EQ(m.rfind(path + ": ", 0), 0u) << m.substr(0, 300);
+      EXPECT_LT(m.size(), 300u + path.size()) << "case " << c << ": " << m.substr(0, 300);
+      EXPECT_NE(m.find("... (1048576 bytes)"), std::string::npos) << m.substr(0, 300);
+    }
+  }
+}
+
 TEST(IoGguf, RejectsBadTensorInfos) {
   TempDir dir("gguf");
   auto expect_msg = [&](const GgufBuilder& g, const std::string& what) {

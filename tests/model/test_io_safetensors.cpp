@@ -158,6 +158,20 @@ TEST(IoSafetensors, TruncatedAndCorruptFilesThrowCleanly) {
     return b;
   };
   check(with_header(R"({"x":{"dtype":"F32","shape":[5],"data_offsets":[0,16]}})"), true);
+  // a megabyte key or value is quoted by its first bytes and its length, not echoed whole
+  const std::string big(1 << 20, 'k');
+  for (const std::string& h : {"{\"" + big + R"(":{"dtype":"Q4","shape":[4],"data_offsets":[0,16]}})",
+                               R"({"x":{"dtype":")" + big + R"(","shape":[4],"data_offsets":[0,16]}})"}) {
+    test::write_bytes(path, with_header(h));
+    try {
+      load_safetensors(path);
+      ADD_FAILURE() << "no error";
+    } catch (const std::runtime_error& e) {
+      const std::string m = e.what();
+      EXPECT_LT(m.size(), 300u + path.size()) << m.substr(0, 300);
+      EXPECT_NE(m.find("... (1048576 bytes)"), std::string::npos) << m.substr(0, 300);
+    }
+  }
   check(with_header(R"({"x":{"dtype":"F32","shape":[8],"data_offsets":[0,32]}})"), true);
   check(with_header(R"({"x":{"dtype":"Q4","shape":[4],"data_offsets":[0,16]}})"), true);
   check(with_header(R"({"x":{"dtype":"F32","shape":[-4],"data_offsets":[0,16]}})"), true);

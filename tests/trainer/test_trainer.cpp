@@ -8,12 +8,16 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <set>
 #include <cstring>
 #include <thread>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -23,6 +27,7 @@
 #include "roundpipe/trainer.hpp"
 #include "tests/cli/cli_util.hpp"
 #include "trainer/checkpoint_bundle.hpp"
+#include "trainer/trainer_state.hpp"
 
 namespace {
 
@@ -371,6 +376,69 @@ TEST(Trainer, StopWhileACopyIsStuckEndsInBoundedTimeAndSavesNoHalfStep) {
   fs::remove_all(d);
 }
 
+/// Fails the test binary (std::_Exit) when the scope is not left within `limit_s`: a hang
+/// must fail the test, not stall the suite.
+class HangGuard {
+ public:
+  HangGuard(double limit_s, std::string what)
+      : thread_([this, limit_s, what = std::move(what)] {
+          std::unique_lock<std::mutex> lock(m_);
+          if (!cv_.wait_for(lock, std::chrono::duration<double>(limit_s), [this] { return done_; })) {
+            std::fprintf(stderr, "FAILED: %s did not end within %g s\n", what.c_str(), limit_s);
+            std::_Exit(1);
+          }
+        }) {}
+  ~HangGuard() {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+// A stop during the evaluation before training ends as a stop before the first step does, in
+// bounded time: with a link of 1 KB/s the evaluation passes never finish, and the stop must not
+// wait for them (it used to wait for every evaluation pass, however long they took).
+TEST(Trainer, StopDuringTheEvaluationBeforeTrainingEndsInBoundedTime) {
+  auto d = tmpdir();
+  rp::TrainSpec spec = tiny_spec(d, "stuck-eval", 50);
+  spec.eval_fraction = 0.5;
+  spec.pcie_gbps = 1e-6;
+  spec.stop_timeout_s = 0.5;
+  rp::StopToken stop;
+  rp::TrainerCallbacks cb;
+  std::thread stopper;
+  std::chrono::steady_clock::time_point asked;
+  cb.on_ready = [&] {
+    stopper = std::thread([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      asked = std::chrono::steady_clock::now();
+      stop.request_stop();
+    });
+  };
+  rp::TrainResult res;
+  {
+    HangGuard guard(120, "a run stopped during its evaluation before training");
+    res = rp::Trainer(spec).run(cb, stop);
+  }
+  const double after_stop = std::chrono::duration<double>(std::chrono::steady_clock::now() - asked).count();
+  stopper.join();
+  EXPECT_TRUE(res.stopped);
+  EXPECT_EQ(res.steps_done, 0);
+  EXPECT_EQ(res.checkpoint, "");
+  EXPECT_LT(after_stop, 10.0) << "the stop took " << after_stop << " s (stop_timeout_s 0.5)";
+  EXPECT_FALSE(fs::exists(d / "stuck-eval")) << "a run stopped before its first step leaves no folder it made";
+  fs::remove_all(d);
+}
+
 TEST(Trainer, BadSpecsAreRefusedBeforeAnythingIsWritten) {
   auto d = tmpdir();
   rp::TrainSpec spec = tiny_spec(d, "out", 2);
@@ -392,6 +460,119 @@ TEST(Trainer, BadSpecsAreRefusedBeforeAnythingIsWritten) {
     EXPECT_EQ(std::string(e.what()).rfind("inline: unknown key 'stepz'", 0), 0u) << e.what();
   }
   fs::remove_all(d);
+}
+
+// eval_fraction must hold out at least one sequence and leave one for training: 0.01 of 20
+// examples used to evaluate nothing. The refusal is one line with both counts; a split that
+// leaves fewer training sequences than a step takes runs (with a warning).
+TEST(Trainer, AnEvalFractionThatHoldsOutNothingIsRefusedWithTheCounts) {
+  auto d = tmpdir();
+  std::string data;
+  for (int i = 0; i < 20; ++i)
+    data += fmt::format("{{\"prompt\": \"Say {}\", \"completion\": \" {} there\"}}\n", i, i);
+  rp::TrainSpec spec = tiny_spec(d, "out", 2);
+  write(d / "twenty.jsonl", data);
+  spec.data = (d / "twenty.jsonl").string();
+  spec.eval_fraction = 0.01;
+  try {
+    rp::Trainer(spec).run();
+    ADD_FAILURE() << "expected an error";
+  } catch (const std::invalid_argument& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m.rfind("test spec: key 'eval_fraction': 0.01 of the 20 sequences", 0), 0u) << m;
+    EXPECT_NE(m.find("holds out 0 for evaluation and leaves 20 for training"), std::string::npos) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  }
+  EXPECT_FALSE(fs::exists(d / "out"));
+  spec.eval_fraction = 0.99;  // 19 held out, one training sequence: allowed
+  spec.sequences_per_step = 2;
+  const rp::TrainResult r = rp::Trainer(spec).run();
+  EXPECT_EQ(r.steps_done, 2);
+  fs::remove_all(d);
+}
+
+// A resume whose model is of another architecture than the checkpoint's is refused with one
+// line naming the field (a full fine-tuning resume used to train the checkpoint's model
+// whatever spec.model named); roundpipe_state.json records the architecture, and a resume with
+// another max_examples (other examples drawn) is named among the differences warned about.
+TEST(Trainer, ResumingWithAnotherArchitectureIsRefusedNamingTheField) {
+  auto d = tmpdir();
+  const rp::TrainResult first = rp::Trainer(tiny_spec(d, "first", 2)).run();
+  const rp::TrainerState saved = rp::read_trainer_state((d / "first/state/final/roundpipe_state.json").string());
+  EXPECT_EQ(saved.model_config.at("hidden_size"), 16);
+  EXPECT_EQ(saved.model_config.at("model_type"), "llama");
+  rp::TrainSpec spec = tiny_spec(d, "first", 4);
+  spec.resume_from = first.checkpoint;
+  fs::create_directories(d / "moe");
+  spec.model = tiny_model(d / "moe", true).string();
+  try {
+    rp::Trainer(spec).run();
+    ADD_FAILURE() << "a resume on another architecture was accepted";
+  } catch (const std::invalid_argument& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m.rfind("test spec: key 'model': ", 0), 0u) << m;
+    EXPECT_NE(m.find("model_type \"qwen3_moe\" (the checkpoint's \"llama\")"), std::string::npos) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  }
+  EXPECT_EQ(rp::architecture_difference(saved.model_config, saved.model_config), "");
+  rp::TrainSpec fewer = tiny_spec(d, "first", 2);
+  fewer.max_examples = 1;
+  bool named = false;
+  for (const auto& s : rp::resume_differences(saved, fewer)) named |= s.find("max_examples 1 (saved run 0)") == 0;
+  EXPECT_TRUE(named);
+  EXPECT_TRUE(rp::resume_differences(saved, tiny_spec(d, "first", 2)).empty());
+  fs::remove_all(d);
+}
+
+// The host-memory refusal advises only keys the spec accepts (it advised `pass_slots`, which
+// the spec refuses as an unknown key): every snake_case name in the message, and the keys it
+// says to raise or set, parse as spec keys.
+TEST(Trainer, TheHostMemoryRefusalAdvisesOnlySpecKeys) {
+  rp::ModelConfig c;
+  c.vocab_size = 300;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 8;
+  const rp::ModelLayout layout = rp::make_layout(c);
+  std::vector<std::vector<float>> w;
+  for (const auto& g : layout.groups) w.emplace_back(g.numel, 0.02f);
+  rp::SessionOptions o;
+  o.backend = "cpu";
+  o.workers = 2;
+  o.micro_batches = 1;
+  o.micro.n_seq = 1;
+  o.micro.seq_len = int64_t(1) << 30;  // terabytes of activations
+  o.save_attention = true;
+  std::string m;
+  try {
+    rp::Session session(layout, w, o);
+    FAIL() << "no refusal";
+  } catch (const std::invalid_argument& e) {
+    m = e.what();
+  }
+  ASSERT_EQ(m.rfind("host memory: ", 0), 0u) << m;
+  std::set<std::string> keys;
+  for (size_t i = 0; i < m.size();) {
+    size_t j = i;
+    while (j < m.size() && (std::islower(static_cast<unsigned char>(m[j])) || m[j] == '_')) ++j;
+    const std::string word = m.substr(i, j - i);
+    if (word.find('_') != std::string::npos) keys.insert(word);
+    i = j == i ? i + 1 : j;
+  }
+  for (const char* named : {"accumulation", "workers"})
+    if (m.find(named) != std::string::npos) keys.insert(named);
+  EXPECT_GE(keys.size(), 4u) << m;
+  for (const auto& key : keys) {
+    nlohmann::json spec = {{"model", "m"}, {"data", "d"}, {key, 1}};
+    try {
+      rp::spec_from_json(spec, "advice");
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()).find("unknown key"), std::string::npos) << key << ": " << e.what() << "\n" << m;
+    }
+  }
 }
 
 TEST(TokenStream, ServesTheSameBatchesAfterASeek) {
