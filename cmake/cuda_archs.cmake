@@ -4,14 +4,13 @@
 #     "80-virtual" for PTX only, ...); scripts/setup.sh passes $RP_CUDA_ARCHS this way.
 #  2. Otherwise, when nvidia-smi lists GPUs, their compute capabilities (deduplicated:
 #     "8.9" -> 89), each as a cubin, so nothing is JIT-compiled at start.
-#  3. Otherwise (a build machine without a GPU, CI) RP_CUDA_DEFAULT_ARCHS: one cubin per
-#     binary-compatible family (an sm_80 cubin runs on 8.x: A100, RTX 3090, RTX 4090, L40S;
-#     sm_90 on Hopper; sm_100 on B200/GB200; sm_120 on RTX 5090 and RTX PRO Blackwell)
-#     plus PTX of the newest (compute_120), which the driver JIT-compiles for GPUs newer
-#     than this toolkit knows.
+#  3. Otherwise (a build machine without a GPU, CI) RP_CUDA_DEFAULT_ARCHS: a cubin for each
+#     family most users own (an sm_80 cubin runs on 8.x: A100, RTX 3090, RTX 4090, L40S;
+#     sm_90 on Hopper) and compute_100 PTX, which the driver JIT-compiles once (then caches)
+#     on Blackwell (B200 sm_100, RTX 5090 sm_120) and on GPUs newer than this toolkit knows.
 # The choice ends up in the cache, so a later configure keeps it; RP_CUDA_ARCHS_COMPILED is
 # the list as compiled, which the runtime prints when a GPU is not covered.
-set(RP_CUDA_DEFAULT_ARCHS "80-real;90-real;100-real;120"
+set(RP_CUDA_DEFAULT_ARCHS "80-real;90-real;100-virtual"
     CACHE STRING "architectures for a build machine without a visible GPU (docs/gpu.md)")
 
 if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
