@@ -13,6 +13,7 @@ res=$OUT/arch_rows.md
 echo "| system | tokens/s | MFU | peak GPU GiB | host max RSS GiB | step s |" > "$res"; echo "|---|---|---|---|---|---|" >> "$res"
 rows=("--preset qwen3-1.7b --seq 8192 --seqs 8 --micro 8 --cap-gib 6.7"
       "--preset llama3.1-8b --seq 4096 --seqs 8 --micro 8 --cap-gib 6 --lora-r 32")
+[ -n "${ROWS:-}" ] && IFS=';' read -ra rows <<< "$ROWS"   # ROWS="args;args": other rows
 for args in "${rows[@]}"; do
   for b in .device .device-arch80; do
     echo "=== $b: $args ($(date +%T))"
