@@ -221,12 +221,16 @@ TEST_F(CudaFp8, GemmIsExactOnSmallIntegers) {
 
 // Random activations with outliers and weights, quantized on the GPU, multiplied there and on
 // the CPU. The two sums differ by (1) the order of fp32 additions, at most K * 2^-24 of
-// sum|a b| (the products are exact), and (2) the tensor cores' own addition inside each
-// k-block before cuBLASLt adds the blocks in fp32, which keeps about 14 significant bits
-// (DeepSeek-V3 technical report, sec. 3.3.2): about 2^-13 of sum|a b| per block sum, so 2^-12
-// overall with margin. Each GPU output, rounded once to bf16, must therefore lie between the
-// bf16 roundings of c - e and c + e with c the CPU's fp32 result and e = (K*2^-24 + 2^-12)
-// * sum|a b| * scale; the largest error seen (beyond bf16's half step) is printed.
+// sum|a b| (the products are exact), and (2) the tensor cores' own addition, which keeps about
+// 14 significant bits (DeepSeek-V3 technical report, sec. 3.3.2) and is rounded again at every
+// addition inside a k-block before cuBLASLt promotes the block into fp32. Measured on the H200
+// (sm_90 cubin and compute_80 PTX builds alike): up to 7.3e-4 of sum|a b| beyond bf16 rounding
+// at K = 1024, over twice a bound of 2^-12 for the whole sum. The bound used counts one 2^-12
+// per 128-element k-block: e = (K*2^-24 + ceil(K/128)*2^-12) * sum|a b| * scale (1.95e-3 at
+// K = 1024). A wrong layout or scale errs by about |c| itself, far beyond it, and
+// GemmIsExactOnSmallIntegers checks those exactly. Each GPU output, rounded once to bf16, must
+// lie between the bf16 roundings of c - e and c + e with c the CPU's fp32 result; the largest
+// error seen (beyond bf16's half step) is printed.
 TEST_F(CudaFp8, GemmWithinItsAccumulationBound) {
   if (!fp8_capable()) GTEST_SKIP() << "no FP8 tensor cores on " << dev().name();
   struct Shape {
@@ -257,6 +261,7 @@ TEST_F(CudaFp8, GemmWithinItsAccumulationBound) {
                      acc);
       const VecF got = download(dd);
       const double s = double(s_a) * s_b;
+      const double rel_bound = double(K) * std::ldexp(1.0, -24) + double((K + 127) / 128) * std::ldexp(1.0, -12);
       double worst = 0;
       int64_t exact = 0;
       for (int64_t m = 0; m < M; ++m)
@@ -265,7 +270,7 @@ TEST_F(CudaFp8, GemmWithinItsAccumulationBound) {
           for (int64_t k = 0; k < K; ++k)
             mag += std::fabs(fp8::decode(Fp8Format::e4m3, a[size_t(m * K + k)]) *
                              double(fp8::decode(Fp8Format::e4m3, b[size_t(n * K + k)])));
-          const double e = (double(K) * std::ldexp(1.0, -24) + std::ldexp(1.0, -12)) * mag * s;
+          const double e = rel_bound * mag * s;
           const float ci = c[size_t(m * N + n)], gi = got[size_t(m * N + n)];
           const float lo = round_to(ct(), float(ci - e)), hi = round_to(ct(), float(ci + e));
           ASSERT_TRUE(gi >= lo && gi <= hi)
@@ -279,7 +284,7 @@ TEST_F(CudaFp8, GemmWithinItsAccumulationBound) {
           "[ info ] gemm_fp8 M=%lld K=%lld N=%lld%s: %lld of %lld outputs equal the CPU's rounded; largest "
           "error beyond bf16 rounding %.2e of sum|a b|*scale (bound %.2e)\n",
           (long long)M, (long long)K, (long long)N, acc ? " +C" : "", (long long)exact, (long long)(M * N),
-          std::max(worst, 0.0), double(K) * std::ldexp(1.0, -24) + std::ldexp(1.0, -12));
+          std::max(worst, 0.0), rel_bound);
     }
 }
 
