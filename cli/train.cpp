@@ -149,6 +149,7 @@ void apply_overrides(TrainSpec& spec, const TrainOverrides& ov) {
     if (ec || !fs::is_directory(parent, ec))
       throw std::invalid_argument(fmt::format("--dump-batch {}: cannot write the file (folder '{}' does not exist)",
                                               ov.dump_batch, parent.string()));
+    check_output_file(spec, ov.dump_batch, "--dump-batch");
   }
 }
 

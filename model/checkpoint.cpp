@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <map>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -124,27 +125,45 @@ std::vector<std::string> entries_of(const fs::path& dir) {
   return out;
 }
 
-/// The names roundpipe_manifest.json of `dir` lists; nullopt when there is none or it does
-/// not parse as one.
-std::optional<std::set<std::string>> manifest_files(const fs::path& dir) {
+/// The files roundpipe_manifest.json of `dir` lists, each with its size in bytes; nullopt when
+/// there is none or it is not one a convert or merge wrote ("written_by" names it, every entry a
+/// plain file name with its size). A file counts as roundpipe's only when it is a regular file of
+/// the recorded size: a user's file of the same name, a folder or a hand-written manifest that
+/// lists a user's files without their sizes does not.
+std::optional<std::map<std::string, uint64_t>> manifest_files(const fs::path& dir) {
   std::ifstream in(dir / kModelManifestFile, std::ios::binary);
   if (!in) return std::nullopt;
   try {
     const json j = json::parse(in);
-    if (!j.is_object() || !j.contains("files") || !j["files"].is_array()) return std::nullopt;
-    std::set<std::string> files{kModelManifestFile};
-    for (const auto& f : j["files"])
-      if (f.is_string()) files.insert(f.get<std::string>());
+    if (!j.is_object() || !j.contains("files") || !j["files"].is_array() || !j.contains("written_by") ||
+        !j["written_by"].is_string() || j["written_by"].get<std::string>().rfind("roundpipe ", 0) != 0)
+      return std::nullopt;
+    std::map<std::string, uint64_t> files;
+    for (const auto& f : j["files"]) {
+      if (!f.is_object() || !f.contains("name") || !f["name"].is_string() || !f.contains("bytes") ||
+          !f["bytes"].is_number_unsigned())
+        return std::nullopt;
+      const std::string name = f["name"].get<std::string>();
+      if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") return std::nullopt;
+      files[name] = f["bytes"].get<uint64_t>();
+    }
     return files;
   } catch (const json::exception&) {
     return std::nullopt;
   }
 }
 
-/// Writes roundpipe_manifest.json into the new model folder `tmp`: every file in it, so that a
-/// later convert or merge into the same folder knows it replaces only what it wrote.
+/// Writes roundpipe_manifest.json into the new model folder `tmp`: every file in it with its
+/// size, so that a later convert or merge into the same folder knows it replaces only what it
+/// wrote.
 void write_model_manifest(const std::string& tmp, const std::string& command) {
-  const json j = {{"written_by", "roundpipe " + command}, {"files", entries_of(tmp)}};
+  json files = json::array();
+  for (const auto& name : entries_of(tmp)) {
+    std::error_code ec;
+    const auto bytes = fs::file_size(fs::path(tmp) / name, ec);
+    if (!ec) files.push_back({{"name", name}, {"bytes", uint64_t(bytes)}});
+  }
+  const json j = {{"written_by", "roundpipe " + command}, {"files", files}};
   write_text(fs::path(tmp) / kModelManifestFile, dump_json(j, fs::path(tmp) / kModelManifestFile));
 }
 
@@ -166,8 +185,14 @@ void check_model_output_folder(const std::string& out_dir, const std::vector<std
   if (!fs::is_directory(out, ec) || fs::is_empty(out, ec)) return;
   const auto ours = manifest_files(out);
   std::vector<std::string> foreign;
-  for (const auto& name : entries_of(out))
-    if (!ours || !ours->count(name)) foreign.push_back(name);
+  for (const auto& name : entries_of(out)) {
+    if (name == kModelManifestFile && ours) continue;
+    const fs::path f = out / name;
+    const auto it = ours ? ours->find(name) : decltype(ours->end()){};
+    const bool listed = ours && it != ours->end() && fs::is_regular_file(fs::symlink_status(f, ec)) &&
+                        fs::file_size(f, ec) == it->second && !ec;
+    if (!listed) foreign.push_back(name);
+  }
   if (!foreign.empty())
     throw std::invalid_argument(one_line(fmt::format(
         "{}: OUT_DIR holds {} roundpipe did not write there ({}{}), and writing the folder would delete {}; "

@@ -21,6 +21,7 @@
 #include "base/atomic_file.hpp"
 #include "base/host_resources.hpp"
 #include "scheduler/host_memory.hpp"
+#include "base/error_text.hpp"
 #include "base/output_folder.hpp"
 #include "trainer/checkpoint_bundle.hpp"
 
@@ -75,7 +76,7 @@ OutputDirLock& OutputDirLock::operator=(OutputDirLock&& o) noexcept {
 namespace {
 
 /// The names a run writes directly in its output folder (besides checkpoint-<n>).
-constexpr const char* kRunOutputNames[] = {"metrics.csv", "profile.json", "tensorboard", "state",          "final",
+constexpr const char* kRunOutputNames[] = {"metrics.csv", "metrics.jsonl", "profile.json", "tensorboard", "state",          "final",
                                            "final-merged", "trace.json",   "stop_status.txt", kRunMarkerFile};
 
 bool is_run_output(const std::string& name) {
@@ -110,7 +111,19 @@ void log_leftovers(const std::vector<StaleTemporary>& stale) {
 
 }  // namespace
 
+void check_output_file(const TrainSpec& spec, const std::string& file, const std::string& what) {
+  if (file.empty()) return;
+  const std::vector<std::string> inputs = {spec.source, spec.model,   spec.data,
+                                           spec.eval_data, spec.adapter, spec.resume_from};
+  if (const std::string in = overlapping_input(file, inputs); !in.empty())
+    throw std::invalid_argument(one_line(fmt::format(
+        "{}: '{}' is or lies inside the run's input '{}', which writing it would destroy; choose another file",
+        what, file, in)));
+}
+
 void check_output_dir(const TrainSpec& spec) {
+  if (spec.metrics_jsonl && !spec.metrics_jsonl->empty())
+    check_output_file(spec, *spec.metrics_jsonl, fmt::format("{}: key 'metrics_jsonl'", spec.source));
   const std::string& out = spec.output_dir;
   if (const std::string why = unsafe_output_folder(out); !why.empty())
     throw std::invalid_argument(fmt::format(

@@ -39,6 +39,11 @@ class OutputDirLock {
 /// (kRunOutputNames, checkpoint-<n>/) are roundpipe's: a later run replaces them only then.
 inline constexpr const char* kRunMarkerFile = "roundpipe_run.json";
 
+/// Refuses (std::invalid_argument, one line naming `what`) a file the run would write outside
+/// its output folder (`--dump-batch`, `metrics_jsonl`) when it is, or lies inside, one of the
+/// run's inputs: the spec file, model, data, eval_data, adapter or the resumed checkpoint.
+void check_output_file(const TrainSpec& spec, const std::string& file, const std::string& what);
+
 /// Checks where a run may write, before the folder is created or locked: output_dir must not
 /// be the root folder, $HOME, the working directory or a folder holding it, nor be, hold or
 /// lie inside an input (model, data, eval_data, adapter; a resume_from that is a checkpoint,

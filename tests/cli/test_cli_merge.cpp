@@ -134,6 +134,27 @@ TEST(CliMerge, ConvertNeverReplacesAFolderWithTheUsersFiles) {
   fs::remove_all(d);
 }
 
+// A manifest proves nothing by its name: one a user wrote (no sizes), one that lists a folder,
+// or one whose listed file has another size than recorded leaves the folder refused and whole.
+TEST(CliMerge, ConvertTrustsOnlyAManifestWhoseFilesHaveTheirRecordedSizes) {
+  auto d = tmpdir();
+  const std::string gguf = std::string(RP_FIXTURES_DIR) + "/gguf_moe/tiny_qwen3_moe.f32.gguf";
+  fs::create_directories(d / "t/sub");
+  write(d / "t/notes.txt", "keep");
+  write(d / "t/sub/inner.txt", "keep");
+  write(d / "t/roundpipe_manifest.json", R"({"files": ["notes.txt", "sub"], "written_by": "roundpipe convert"})");
+  const auto before = listing(d / "t");
+  expect_one_line_error(roundpipe("convert " + gguf + " " + (d / "t").string(), d), "notes.txt");
+  EXPECT_EQ(listing(d / "t"), before);
+  EXPECT_TRUE(fs::exists(d / "t/sub/inner.txt"));
+  // a real earlier output whose config.json the user replaced is no longer all ours
+  ASSERT_EQ(roundpipe("convert " + gguf + " " + (d / "c").string(), d).code, 0);
+  write(d / "c/config.json", "{\"my\": \"edits\"}");
+  expect_one_line_error(roundpipe("convert " + gguf + " " + (d / "c").string(), d), "config.json");
+  EXPECT_EQ(slurp(d / "c/config.json"), "{\"my\": \"edits\"}");
+  fs::remove_all(d);
+}
+
 // "/", $HOME, the working directory and its parents are never an OUT_DIR (each would be
 // replaced as a whole), whatever they hold.
 TEST(CliMerge, ConvertAndMergeRefuseTheRootHomeAndWorkingDirectory) {

@@ -61,6 +61,26 @@ TEST(CliSettings, DumpBatchWithTrainTrainsOnTheSameBatch) {
   fs::remove_all(d);
 }
 
+// --dump-batch never writes over the run's inputs (the data, the spec), and an error that
+// quotes a huge command-line value is still one bounded line.
+TEST(CliSettings, DumpBatchNeverReplacesAnInputAndErrorsStayShort) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  write(d / "data.jsonl", "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n");
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
+  const std::string spec = (d / "spec.json").string(), data = slurp(d / "data.jsonl"), spec_text = slurp(spec);
+  expect_one_line_error(roundpipe("train " + spec + " --dump-batch " + (d / "data.jsonl").string(), d),
+                        "--dump-batch: '" + (d / "data.jsonl").string() + "' is or lies inside the run's input");
+  expect_one_line_error(roundpipe("train " + spec + " --dump-batch " + spec, d), "is or lies inside the run's input");
+  EXPECT_EQ(slurp(d / "data.jsonl"), data);
+  EXPECT_EQ(slurp(spec), spec_text);
+  const CliRun r = roundpipe("train " + spec + " --set steps=" + std::string(20000, 'x'), d);
+  EXPECT_NE(r.code, 0);
+  EXPECT_LT(r.err.size(), 1200u) << r.err.size();
+  EXPECT_NE(r.err.find("key 'steps'"), std::string::npos) << r.err.substr(0, 300);
+  fs::remove_all(d);
+}
+
 TEST(CliSettings, VersionSaysHowTheBinaryWasBuilt) {
   auto d = tmpdir();
   CliRun r = roundpipe("--version", d);

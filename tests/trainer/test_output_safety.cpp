@@ -129,6 +129,23 @@ TEST(OutputSafety, RunOutputsNoRunRecordedAreNeverReplaced) {
   fs::remove_all(d);
 }
 
+// A file the run writes outside its output folder (metrics_jsonl) never replaces an input,
+// and a user's metrics.jsonl in the output folder is a run output no run recorded.
+TEST(OutputSafety, MetricsJsonlNeverReplacesAnInputOrTheUsersFile) {
+  auto d = tmpdir();
+  rp::TrainSpec spec = spec_into(d, d / "out", 1);
+  const std::string data = slurp(d / "data.jsonl");
+  spec.metrics_jsonl = (d / "data.jsonl").string();
+  expect_refused(spec, "key 'metrics_jsonl'");
+  EXPECT_EQ(slurp(d / "data.jsonl"), data);
+  spec.metrics_jsonl = std::string();  // output_dir/metrics.jsonl
+  fs::create_directories(d / "out");
+  write(d / "out/metrics.jsonl", "mine\n");
+  expect_refused(spec, "holds metrics.jsonl that no roundpipe run recorded as its own");
+  EXPECT_EQ(slurp(d / "out/metrics.jsonl"), "mine\n");
+  fs::remove_all(d);
+}
+
 // Half pairs: weights without their state (or with another checkpoint's state), and a state
 // without its weights, are no checkpoint: the fresh-run refusal advises only a checkpoint
 // that resumes, a resume from a half pair fails with one line, and without any whole pair no
