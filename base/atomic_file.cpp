@@ -301,6 +301,18 @@ void replace_folder(const std::string& dir_in, const std::function<void(const st
   }
 }
 
+bool dead_writers_leftover(const std::string& path) {
+  const fs::path p(path);
+  const std::string name = p.filename().string();
+  const Leftover l = parse_leftover(name);
+  if (l.tag_at == std::string::npos) return false;
+  std::error_code ec;
+  const fs::path marker(owner_marker_path(p.string()));
+  if (!fs::is_regular_file(marker, ec)) return false;
+  const Marker m = read_marker(marker, l, name);
+  return m.valid && !writer_alive(m);
+}
+
 std::vector<StaleTemporary> clean_stale_temporaries(const std::string& dir) {
   std::vector<StaleTemporary> done;
   std::error_code ec;

@@ -72,6 +72,12 @@ struct StaleTemporary {
 /// remove are skipped silently (the next run tries again).
 std::vector<StaleTemporary> clean_stale_temporaries(const std::string& dir);
 
+/// Whether `path` ("<dir>/<name>.tmp-<pid>" or ".old-<pid>") is the leftover of a roundpipe
+/// writer that is no longer alive: its marker parses, names it and names a dead process.
+/// What clean_stale_temporaries would act on; a caller that knows more about a pair of
+/// leftovers (a checkpoint's weights and state) may act on them first.
+bool dead_writers_leftover(const std::string& path);
+
 /// Test hook: when set, called with ("folder-aside", dir) right after an existing folder was
 /// moved aside and with ("folder-replaced", dir) once replace_folder put the new `dir` in
 /// place; an exception from it propagates like one from `fill`. Not thread-safe: set it only

@@ -225,5 +225,85 @@ int64_t restore_checkpoint(const ResumePoint& r, const TrainSpec& spec, Session&
   return r.saved.step;
 }
 
-}  // namespace rp#include "roundpipe/adapter.hpp"
+namespace {
+/// The weights checksum the trainer state in folder `sd` records; "" when none can be read.
+std::string recorded_weights(const fs::path& sd) {
+  std::error_code ec;
+  if (!fs::is_regular_file(sd / kRunStateFile, ec)) return "";
+  try {
+    return read_trainer_state((sd / kRunStateFile).string()).weights_xxh3;
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
+/// weights_checksum of folder `dir`; "" when it is no folder or cannot be read.
+std::string checksum_or_empty(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return "";
+  try {
+    return weights_checksum(dir.string());
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
+/// "<name>" of a leftover named "<name><tag><pid>" (tag ".tmp-" or ".old-"); "" otherwise.
+std::string leftover_target(const std::string& leftover, const char* tag) {
+  const auto pos = leftover.rfind(tag);
+  if (pos == std::string::npos || pos == 0) return "";
+  const std::string pid = leftover.substr(pos + std::string(tag).size());
+  if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) return "";
+  return leftover.substr(0, pos);
+}
+
+std::vector<fs::path> sorted_entries(const fs::path& dir) {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) out.push_back(it->path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+/// Replaces the folder `now` by the leftover `from` (a dead writer's) and drops its marker.
+bool put_in_place(const fs::path& from, const fs::path& now) {
+  std::error_code ec;
+  fs::remove_all(now, ec);  // a killed run here: `now` is missing and the next start does the rename
+  if (ec) return false;
+  fs::rename(from, now, ec);
+  if (ec) return false;
+  fs::remove(owner_marker_path(from.string()), ec);
+  return true;
+}
+}  // namespace
+
+std::vector<std::string> mend_interrupted_saves(const std::string& output_dir) {
+  std::vector<std::string> mended;
+  const fs::path out(output_dir), state = out / "state";
+  std::error_code ec;
+  // forward: complete weights waiting in <name>.tmp-<pid> for the state already in place
+  for (const fs::path& w : sorted_entries(out)) {
+    const std::string name = leftover_target(w.filename().string(), ".tmp-");
+    if (name.empty() || !fs::is_directory(w, ec) || !dead_writers_leftover(w.string())) continue;
+    const std::string want = recorded_weights(state / name);
+    if (want.empty() || checksum_or_empty(w) != want || checksum_or_empty(out / name) == want) continue;
+    if (put_in_place(w, out / name))
+      mended.push_back(fmt::format("completed the interrupted save of {} (its weights waited complete in {})",
+                                   (out / name).string(), w.filename().string()));
+  }
+  // back: the weights in place are the previous save's; put that save's state back
+  for (const fs::path& s : sorted_entries(state)) {
+    const std::string name = leftover_target(s.filename().string(), ".old-");
+    if (name.empty() || !fs::is_directory(s, ec) || !dead_writers_leftover(s.string())) continue;
+    const std::string have = checksum_or_empty(out / name);
+    if (have.empty() || recorded_weights(s) != have || recorded_weights(state / name) == have) continue;
+    if (put_in_place(s, state / name))
+      mended.push_back(fmt::format("put back the trainer state of {} (a save was interrupted before its new weights "
+                                   "were complete)",
+                                   (out / name).string()));
+  }
+  return mended;
+}
+
+}  // namespace rp
 

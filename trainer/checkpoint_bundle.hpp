@@ -86,4 +86,14 @@ void check_resume_model(const ResumePoint& r, const TrainSpec& spec, const Model
 /// continues at.
 int64_t restore_checkpoint(const ResumePoint& r, const TrainSpec& spec, Session& session, TokenStream& data);
 
+/// A save of checkpoint `<name>` writes its trainer state first (state/<name>, the previous one
+/// moved aside to state/<name>.old-<pid>) and its weights last (filled in <name>.tmp-<pid>,
+/// then renamed over <name>). A save killed between the two leaves the new state beside the
+/// old weights. Before the leftovers of `output_dir` are cleaned this makes every such pair
+/// whole again: forward when the waiting weights are complete (their checksum is the one the
+/// new state records: they replace the old weights), else back (the old state, whose checksum
+/// matches the weights in place, is put back). Acts only on leftovers of dead roundpipe
+/// writers (dead_writers_leftover). Returns one line per checkpoint it mended.
+std::vector<std::string> mend_interrupted_saves(const std::string& output_dir);
+
 }  // namespace rp

@@ -158,6 +158,8 @@ void prepare_output_dir(const TrainSpec& spec) {
   if (fs::exists(fin, ec) && !fs::is_directory(fin, ec))
     throw std::invalid_argument(fmt::format("{}: key 'output_dir': '{}' exists and is not a checkpoint folder",
                                             spec.source, fin.string()));
+  // a save killed between its state and its weights: made whole before the leftovers go
+  for (const std::string& line : mend_interrupted_saves(spec.output_dir)) spdlog::warn("{}", line);
   std::vector<StaleTemporary> stale = clean_stale_temporaries(spec.output_dir);
   for (auto& s : clean_stale_temporaries(spec.output_dir + "/state")) stale.push_back(std::move(s));
   log_leftovers(stale);

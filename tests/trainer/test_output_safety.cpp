@@ -229,3 +229,52 @@ TEST(OutputSafety, ACheckpointSavesItsStateFirstAndItsWeightsLast) {
 }
 
 }  // namespace
+
+namespace {
+/// Makes `leftover` look like what a killed roundpipe writer (pid 999999, long gone) left.
+void mark_dead_leftover(const fs::path& leftover, const char* kind, const std::string& target) {
+  write(fs::path(rp::owner_marker_path(leftover.string())),
+        std::string("roundpipe leftover v1\npid=999999\nstart=1\nkind=") + kind + "\ntarget=" + target + "\n");
+}
+}  // namespace
+
+// A save of final/ killed between its two renames (the new state in place, the new weights
+// complete in final.tmp-<pid>, the old state aside in state/final.old-<pid>): the next start
+// completes the pair. With the new weights incomplete it puts the old state back instead.
+// Either way final/ resumes, and the leftovers' cleanup afterwards keeps it so.
+TEST(OutputSafety, ASaveKilledBetweenStateAndWeightsIsMadeWhole) {
+  for (const bool complete : {true, false}) {
+    auto d = tmpdir();
+    rp::TrainSpec spec = spec_into(d, d / "out", 2);
+    ASSERT_EQ(rp::Trainer(spec).run().steps_done, 2);
+    const fs::path out = d / "out", fin = out / "final", st = out / "state/final";
+    fs::copy(fin, d / "w2", fs::copy_options::recursive);
+    fs::copy(st, d / "s2", fs::copy_options::recursive);
+    const std::string w2 = rp::weights_checksum(fin.string());
+    spec.resume_from = fin.string();
+    spec.steps = 3;
+    ASSERT_EQ(rp::Trainer(spec).run().steps_done, 3);
+    const std::string w3 = rp::weights_checksum(fin.string());
+    ASSERT_NE(w2, w3);
+    // what the kill left
+    fs::rename(fin, out / "final.tmp-999999");
+    fs::copy(d / "w2", fin, fs::copy_options::recursive);
+    fs::copy(d / "s2", out / "state/final.old-999999", fs::copy_options::recursive);
+    mark_dead_leftover(out / "final.tmp-999999", "tmp", "final");
+    mark_dead_leftover(out / "state/final.old-999999", "old", "final");
+    if (!complete) fs::resize_file(out / "final.tmp-999999/model.safetensors", 100);
+    EXPECT_FALSE(rp::resumable_checkpoint(fin.string()));
+    const auto mended = rp::mend_interrupted_saves(out.string());
+    ASSERT_EQ(mended.size(), 1u);
+    EXPECT_NE(mended[0].find(complete ? "completed the interrupted save" : "put back the trainer state"),
+              std::string::npos)
+        << mended[0];
+    rp::clean_stale_temporaries(out.string());
+    rp::clean_stale_temporaries((out / "state").string());
+    EXPECT_TRUE(rp::resumable_checkpoint(fin.string()));
+    EXPECT_EQ(rp::weights_checksum(fin.string()), complete ? w3 : w2);
+    EXPECT_FALSE(fs::exists(out / "final.tmp-999999"));
+    EXPECT_FALSE(fs::exists(out / "state/final.old-999999"));
+    fs::remove_all(d);
+  }
+}
