@@ -358,33 +358,13 @@ void sustained_gemm(Env& e, double seconds) {
   void* x = rand_buffer(e, N * N, bf, 1.f, 2);
   void* w = rand_buffer(e, N * N, bf, 0.02f, 3);
   void* y = buffer(e, N * N, bf);
-  Stream& cs = e.dev->stream(StreamKind::compute);
   const double fl = 2.0 * double(N) * N * N;
   std::printf("\n-- sustained bf16 GEMM 8192^3, %.0f s --\n", seconds);
-  const auto start = std::chrono::steady_clock::now();
-  std::vector<double> rates;
-  for (;;) {
-    const auto t0 = std::chrono::steady_clock::now();
-    int calls = 0;
-    while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 0.5) {
-      cs.launch([&] {
-        for (int r = 0; r < 20; ++r) ops.linear_fwd(x, w, y, N, N, N);
-      });
-      cs.synchronize();
-      calls += 20;
-    }
-    const auto t1 = std::chrono::steady_clock::now();
-    const double tf = fl * calls / std::chrono::duration<double>(t1 - t0).count() / 1e12;
-    rates.push_back(tf);
-    const double at = std::chrono::duration<double>(t1 - start).count();
-    std::printf("t=%5.1f s  %6.1f TFLOP/s\n", at, tf);
-    std::fflush(stdout);
-    if (at >= seconds) break;
-  }
-  std::vector<double> tail(rates.begin() + long(rates.size() / 2), rates.end());
-  std::sort(tail.begin(), tail.end());
-  std::printf("sustained (median of the second half): %.1f TFLOP/s; burst ceiling %.1f TFLOP/s (%.0f%%)\n",
-              tail[tail.size() / 2], e.peak_tflops, 100 * tail[tail.size() / 2] / e.peak_tflops);
+  const double tf = sustained_tflops(e, seconds, fl, [&] {
+    for (int r = 0; r < 20; ++r) ops.linear_fwd(x, w, y, N, N, N);
+  });
+  std::printf("sustained (median of the second half): %.1f TFLOP/s; burst ceiling %.1f TFLOP/s (%.0f%%)\n", tf,
+              e.peak_tflops, 100 * tf / e.peak_tflops);
   e.keep.clear();
 }
 

@@ -171,28 +171,10 @@ void sustained(Env& e, double seconds) {
   cs.synchronize();
   const double fl = 2.0 * double(N) * N * N;
   std::printf("\n-- sustained e4m3 GEMM 8192^3, %.0f s --\n", seconds);
-  const auto start = std::chrono::steady_clock::now();
-  std::vector<double> rates;
-  for (;;) {
-    const auto t0 = std::chrono::steady_clock::now();
-    int calls = 0;
-    while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 0.5) {
-      cs.launch([&] {
-        for (int r = 0; r < 20; ++r) ops.gemm_fp8(a, e4, s, b, e4, s, y, N, N, N, false);
-      });
-      cs.synchronize();
-      calls += 20;
-    }
-    const auto t1 = std::chrono::steady_clock::now();
-    rates.push_back(fl * calls / std::chrono::duration<double>(t1 - t0).count() / 1e12);
-    const double at = std::chrono::duration<double>(t1 - start).count();
-    std::printf("t=%5.1f s  %6.1f TFLOP/s\n", at, rates.back());
-    std::fflush(stdout);
-    if (at >= seconds) break;
-  }
-  std::vector<double> tail(rates.begin() + long(rates.size() / 2), rates.end());
-  std::sort(tail.begin(), tail.end());
-  std::printf("sustained e4m3 (median of the second half): %.1f TFLOP/s\n", tail[tail.size() / 2]);
+  const double tf = sustained_tflops(e, seconds, fl, [&] {
+    for (int r = 0; r < 20; ++r) ops.gemm_fp8(a, e4, s, b, e4, s, y, N, N, N, false);
+  });
+  std::printf("sustained e4m3 (median of the second half): %.1f TFLOP/s\n", tf);
   e.keep.clear();
 }
 

@@ -115,6 +115,34 @@ inline void line(Env& e, const std::string& op, const std::string& shape, double
   std::fflush(stdout);
 }
 
+/// Issues `launch20` (20 back-to-back calls of `flops_per_call` each, on the compute stream)
+/// for `seconds`, printing the rate of every half second; returns the median of the second
+/// half's rates in TFLOP/s (a GPU at its power limit settles into a lower clock under a
+/// sustained load, so the first seconds read high).
+inline double sustained_tflops(Env& e, double seconds, double flops_per_call, const std::function<void()>& launch20) {
+  Stream& cs = e.dev->stream(StreamKind::compute);
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<double> rates;
+  for (;;) {
+    const auto t0 = std::chrono::steady_clock::now();
+    int calls = 0;
+    while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 0.5) {
+      cs.launch(launch20);
+      cs.synchronize();
+      calls += 20;
+    }
+    const auto t1 = std::chrono::steady_clock::now();
+    rates.push_back(flops_per_call * calls / std::chrono::duration<double>(t1 - t0).count() / 1e12);
+    const double at = std::chrono::duration<double>(t1 - start).count();
+    std::printf("t=%5.1f s  %6.1f TFLOP/s\n", at, rates.back());
+    std::fflush(stdout);
+    if (at >= seconds) break;
+  }
+  std::vector<double> tail(rates.begin() + long(rates.size() / 2), rates.end());
+  std::sort(tail.begin(), tail.end());
+  return tail[tail.size() / 2];
+}
+
 // The ceilings every line is set against, measured on this GPU: a 1 GiB device-to-device copy
 // (GB/s read + written) and an 8192^3 bf16 GEMM through the backend's linear_fwd.
 inline void measure_ceilings(Env& e) {
