@@ -8,23 +8,13 @@
 #include <filesystem>
 
 #include "base/output_folder.hpp"
+#include "tests/in_folder.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-struct InFolder {  // the working directory and $HOME for one test, put back after it
-  fs::path old_cwd = fs::current_path();
-  std::string old_home = getenv("HOME") ? getenv("HOME") : "";
-  InFolder(const fs::path& cwd, const fs::path& home) {
-    fs::current_path(cwd);
-    setenv("HOME", home.c_str(), 1);
-  }
-  ~InFolder() {
-    fs::current_path(old_cwd);
-    setenv("HOME", old_home.c_str(), 1);
-  }
-};
+using rp::testing::InFolder;
 
 TEST(OutputFolder, TheRootHomeWorkingDirectoryAndItsParentsAreRefused) {
   const fs::path d = fs::temp_directory_path() / ("rp_outdir_" + std::to_string(::getpid()));

@@ -14,6 +14,7 @@
 #include "base/atomic_file.hpp"
 #include "roundpipe/trainer.hpp"
 #include "tests/cli/cli_util.hpp"
+#include "tests/in_folder.hpp"
 #include "trainer/checkpoint_bundle.hpp"
 
 namespace {
@@ -40,18 +41,7 @@ void expect_refused(const rp::TrainSpec& spec, const std::string& what) {
   }
 }
 
-struct InFolder {  // the working directory and $HOME for one test, put back after it
-  fs::path old_cwd = fs::current_path();
-  std::string old_home = getenv("HOME") ? getenv("HOME") : "";
-  InFolder(const fs::path& cwd, const fs::path& home) {
-    fs::current_path(cwd);
-    setenv("HOME", home.c_str(), 1);
-  }
-  ~InFolder() {
-    fs::current_path(old_cwd);
-    setenv("HOME", old_home.c_str(), 1);
-  }
-};
+using rp::testing::InFolder;
 
 TEST(OutputSafety, TheRootHomeAndWorkingDirectoryAreNoOutputFolder) {
   auto d = tmpdir();
