@@ -5,6 +5,7 @@
 # compiled out, JIT-compiled by the driver), alternating, with nvidia-smi power and SM clock
 # sampled beside each run. Writes $OUT/arch_rows.md.
 #   STEPS=8 bash bench/device_arch_rows.sh
+#   GENERIC=.device-arch89   the generic bundle to compare (default .device-arch80)
 set -uo pipefail
 cudnn_lib=$(python3 -c 'import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], "lib"))' 2>/dev/null || true)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -15,7 +16,7 @@ rows=("--preset qwen3-1.7b --seq 8192 --seqs 8 --micro 8 --cap-gib 6.7"
       "--preset llama3.1-8b --seq 4096 --seqs 8 --micro 8 --cap-gib 6 --lora-r 32")
 [ -n "${ROWS:-}" ] && IFS=';' read -ra rows <<< "$ROWS"   # ROWS="args;args": other rows
 for args in "${rows[@]}"; do
-  for b in .device .device-arch80; do
+  for b in .device "${GENERIC:-.device-arch80}"; do
     echo "=== $b: $args ($(date +%T))"
     smi=$OUT/smi_$(echo "$b$args" | tr -cd 'a-z0-9' | cut -c1-40).csv
     nvidia-smi --query-gpu=timestamp,power.draw,clocks.sm --format=csv,noheader -lms 500 > "$smi" &

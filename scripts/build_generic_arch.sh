@@ -9,7 +9,7 @@
 # BUNDLE_SH: the script that copies programs and their non-CUDA shared libraries into the
 # bundle (default ../shared/device/bundle.sh or ../../shared/device/bundle.sh, this workplace's; elsewhere any script with its
 # usage "bundle.sh OUTDIR PROGRAM..."). JOBS (default 2) parallel compile jobs. TARGETS (default
-# "test_kernels test_model test_actors"): the test programs to build and bundle.
+# "test_kernels test_model test_actors"): the test (or benchmark) programs to build and bundle.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 2 ] || { sed -n 2,12p "$0"; exit 2; }
@@ -46,7 +46,11 @@ tmp=$bundle.part
 rm -rf "$tmp"
 mkdir -p "$tmp"
 echo "$arch" > "$tmp/ARCH"
-"$bundle_sh" "$tmp" "${targets[@]/#/$build/tests/}" >/dev/null
+programs=()
+for t in "${targets[@]}"; do  # test programs live in tests/, benchmarks in bench/
+  for d in tests bench examples; do [ -x "$build/$d/$t" ] && programs+=("$build/$d/$t") && break; done
+done
+"$bundle_sh" "$tmp" "${programs[@]}" >/dev/null
 strip --strip-unneeded "$tmp"/bin/*  # symbols are most of the size; a carried call holds 64 MiB
 rm -rf "$bundle"
 mv "$tmp" "$bundle"
