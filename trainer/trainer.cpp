@@ -741,29 +741,11 @@ void Run::finish_final(TrainResult& res, int64_t t) {
     spdlog::info("load_best_model_at_end: final/ holds the last step {}, the best by {}", t, series_.metric());
 }
 
-/// "epochs": the run's steps from the training sequences now that the data is loaded, and a
-/// decaying schedule's total_steps when it follows them (0).
+/// "epochs": the run's steps now that the data is loaded (resolve_epochs); a resumed run must
+/// still have steps to do.
 void Run::derive_epochs() {
   if (!spec_.epochs) return;
-  const int64_t n = data_->stats().sequences, per_step = spec_.sequences_per_step;
-  const double exact = *spec_.epochs * double(n) / double(per_step);
-  // a hair below the integer it should be (0.1 x 30 / 3 = 1.0000000000000002) stays that integer
-  const double steps = std::max(1.0, std::ceil(exact - 1e-9));
-  if (!(steps < double(int64_t(1) << 52)))
-    throw std::invalid_argument(fmt::format("{}: key 'epochs': {:g} epochs of {} sequences are too many steps",
-                                            spec_.source, *spec_.epochs, n));
-  spec_.steps = int64_t(steps);
-  const bool follows = spec_.lr_schedule.total_steps == 0;
-  if (follows) spec_.lr_schedule.total_steps = spec_.steps;
-  if (spec_.lr_schedule.kind != "constant" && spec_.lr_schedule.total_steps < spec_.lr_schedule.warmup_steps)
-    throw std::invalid_argument(fmt::format(
-        "{}: key 'epochs': {:g} epochs of {} training sequences are {} steps of {} sequences, fewer than "
-        "lr_schedule.warmup_steps {}",
-        spec_.source, *spec_.epochs, n, spec_.steps, per_step, spec_.lr_schedule.warmup_steps));
-  spdlog::info("epochs: {:g} x {} training sequences / {} per step = {} steps{}", *spec_.epochs, n, per_step,
-               spec_.steps, follows && spec_.lr_schedule.kind != "constant"
-                                ? fmt::format(" (the {} schedule decays over them)", spec_.lr_schedule.kind)
-                                : std::string());
+  spdlog::info("{}", resolve_epochs(spec_, data_->stats().sequences));
   if (resume_ && resume_->saved.step >= spec_.steps)
     throw std::invalid_argument(fmt::format("{}: the checkpoint is at step {} and {:g} epochs are {} steps; nothing "
                                             "is left to do (raise 'epochs')",

@@ -24,6 +24,7 @@
 #include "trainer/checkpoint_bundle.hpp"
 #include "trainer/checkpoint_rotation.hpp"
 #include "trainer/lora_setup.hpp"
+#include "trainer/run_setup.hpp"
 #include "trainer/trainer_state.hpp"
 
 namespace {
@@ -140,6 +141,44 @@ TEST(RunSeries, EarlyStoppingCountsEvaluationsWithoutAnImprovementAboveTheThresh
   EXPECT_FALSE(rp::early_stopping_update(up, 1.0, {1, 0}, true));
   EXPECT_FALSE(rp::early_stopping_update(up, 1.5, {1, 0}, true));
   EXPECT_TRUE(rp::early_stopping_update(up, 1.5, {1, 0}, true));  // a tie is no improvement
+}
+
+TEST(RunSeries, EpochsArithmetic) {
+  auto steps = [](double epochs, int64_t sequences, int64_t per_step, std::string kind = "constant",
+                  int64_t warmup = 0) {
+    rp::TrainSpec s;
+    s.epochs = epochs;
+    s.sequences_per_step = per_step;
+    s.lr_schedule.kind = kind;
+    s.lr_schedule.warmup_steps = warmup;
+    s.lr_schedule.total_steps = 0;
+    const std::string line = rp::resolve_epochs(s, sequences);
+    EXPECT_NE(line.find(fmt::format("= {} steps", s.steps)), std::string::npos) << line;
+    if (kind != "constant") EXPECT_EQ(s.lr_schedule.total_steps, s.steps);
+    return s.steps;
+  };
+  EXPECT_EQ(steps(2.5, 9, 3), 8);     // 7.5 steps of data: the last one partly a fourth pass
+  EXPECT_EQ(steps(1, 9, 3), 3);       // whole passes divide exactly
+  EXPECT_EQ(steps(0.1, 30, 3), 1);    // 1.0000000000000002 in floating point is still one step
+  EXPECT_EQ(steps(0.01, 5, 4), 1);    // at least one step
+  EXPECT_EQ(steps(3, 10, 4, "cosine", 2), 8);
+  rp::TrainSpec s;
+  s.source = "spec.json";
+  s.epochs = 1;
+  s.sequences_per_step = 4;
+  s.lr_schedule.kind = "linear";
+  s.lr_schedule.warmup_steps = 5;
+  s.lr_schedule.total_steps = 0;
+  try {
+    rp::resolve_epochs(s, 8);
+    ADD_FAILURE() << "2 steps with 5 warmup steps accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "spec.json: key 'epochs': 1 epochs of 8 training sequences are 2 steps of 4 "
+                                     "sequences, fewer than lr_schedule.warmup_steps 5");
+  }
+  rp::TrainSpec none;
+  EXPECT_EQ(rp::resolve_epochs(none, 8), "");
+  EXPECT_EQ(none.steps, 20);
 }
 
 // ---- runs ----
