@@ -714,7 +714,12 @@ void Run::finish_final(TrainResult& res, int64_t t) {
     res.early_stop_reason = early_stop_reason_;
     spdlog::info("{}; saving final/ as at the end of the run", early_stop_reason_);
   }
-  const std::string best = series_.best_for_final(t);
+  std::string best = series_.best_for_final(t);
+  if (!best.empty() && leader() && !resumable_checkpoint(path(best))) {
+    spdlog::warn("load_best_model_at_end: the best checkpoint {} is gone or incomplete; final/ holds the last step {}",
+                 path(best), t);
+    best.clear();
+  }
   res.final_step = t;
   if (!best.empty()) {
     const BestCheckpoint& b = *series_.series().best;

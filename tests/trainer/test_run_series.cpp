@@ -181,6 +181,41 @@ TEST(RunSeries, EpochsArithmetic) {
   EXPECT_EQ(none.steps, 20);
 }
 
+// The series a checkpoint records reads back as written, and a record that could name a folder
+// outside the output folder is refused with one line (a state file is user input too).
+TEST(RunSeries, TheRecordReadsBackAndNamesOnlyCheckpointFolders) {
+  auto d = tmpdir();
+  rp::TrainSpec spec;
+  rp::TrainerState st = rp::trainer_state_of(spec, 6, 24);
+  st.series.checkpoints = {{"checkpoint-2", 2, "00ff", {{"model.safetensors", 1234}, {"config.json", 56}}, 2.5},
+                           {"checkpoint-4", 4, "00aa", {{"model.safetensors", 1234}}, std::nullopt}};
+  st.series.best = rp::BestCheckpoint{"checkpoint-2", 2, "eval_loss", 2.5};
+  st.series.early_stopping = {2.25, 1};
+  const std::string file = (d / "state.json").string();
+  rp::write_trainer_state(file, st);
+  const rp::TrainerState back = rp::read_trainer_state(file);
+  ASSERT_EQ(back.series.checkpoints.size(), 2u);
+  EXPECT_EQ(back.series.checkpoints[0].files, st.series.checkpoints[0].files);
+  EXPECT_EQ(back.series.checkpoints[0].metric, 2.5);
+  EXPECT_FALSE(back.series.checkpoints[1].metric);
+  EXPECT_EQ(back.series.checkpoints[1].weights_xxh3, "00aa");
+  ASSERT_TRUE(back.series.best);
+  EXPECT_EQ(back.series.best->name, "checkpoint-2");
+  EXPECT_EQ(back.series.early_stopping.best, 2.25);
+  EXPECT_EQ(back.series.early_stopping.bad_evals, 1);
+  nlohmann::json j = nlohmann::json::parse(bytes_of(file));
+  j["run_series"]["checkpoints"][0]["name"] = "../../home";
+  write(d / "bad.json", j.dump());
+  try {
+    rp::read_trainer_state((d / "bad.json").string());
+    ADD_FAILURE() << "a record naming ../../home was read";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("key 'run_series.checkpoints.name'"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
+  }
+  fs::remove_all(d);
+}
+
 // ---- runs ----
 
 // save_total_limit 2, a checkpoint every step: what is left is the newest and the best by the
