@@ -650,6 +650,7 @@ TrainResult Run::abandon(int64_t t) {
   res.first_step = start_;
   res.steps_done = done;
   res.steps_abandoned = t - done;
+  res.total_steps = spec_.steps;
   res.stopped = true;
   res.latest_checkpoint = kept_checkpoint();
   res.stopped_by = stop_ranks_;
@@ -743,7 +744,8 @@ void Run::finish_final(TrainResult& res, int64_t t) {
   save("final");
   res.checkpoint = last_checkpoint_;
   if (spec_.load_best_model_at_end)
-    spdlog::info("load_best_model_at_end: final/ holds the last step {}, the best by {}", t, series_.metric());
+    spdlog::info("load_best_model_at_end: final/ holds the last step {} (no checkpoint beats it by {})", t,
+                 series_.metric());
 }
 
 /// "epochs": the run's steps now that the data is loaded (resolve_epochs); a resumed run must
