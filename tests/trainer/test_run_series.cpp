@@ -340,6 +340,47 @@ TEST(RunSeries, LoadBestModelAtEndPutsTheBestCheckpointInFinal) {
   fs::remove_all(d);
 }
 
+// The best checkpoint is known across a resume: a run stopped at step 6 and resumed (it evaluates
+// only step 8 itself) puts the same checkpoint in final/ as the uninterrupted run, byte for byte.
+TEST(RunSeries, ResumeKnowsTheBestCheckpoint) {
+  auto d = tmpdir();
+  auto spec = [&](const std::string& out) {
+    rp::TrainSpec s = series_spec(d, out, 8);
+    s.save_every = 2;
+    s.eval_every = 2;
+    s.load_best_model_at_end = true;
+    s.adam.lr = s.lr_schedule.lr = 0.3;
+    return s;
+  };
+  const rp::TrainResult whole = rp::Trainer(spec("whole")).run();
+  rp::StopToken stop;
+  std::atomic<int64_t> reported{0};
+  rp::TrainerCallbacks cb;
+  cb.on_step = [&](const rp::StepReport& r) {
+    reported = r.step;
+    while (r.step == 6 && !stop.stop_requested()) std::this_thread::yield();
+  };
+  std::thread stopper([&] {
+    while (reported < 6) std::this_thread::yield();
+    stop.request_stop();
+  });
+  const rp::TrainResult part = rp::Trainer(spec("part")).run(cb, stop);
+  stopper.join();
+  ASSERT_TRUE(part.stopped);
+  // the resumed run evaluates only step 8: a best before it comes from the checkpoint's record
+  ASSERT_LT(whole.best_step, 8) << "the trajectory must have its best before the last step";
+  rp::TrainSpec rest = spec("part");
+  rest.resume_from = part.checkpoint.empty() ? part.latest_checkpoint : part.checkpoint;
+  ASSERT_FALSE(rest.resume_from.empty());
+  const rp::TrainResult done = rp::Trainer(rest).run();
+  EXPECT_EQ(done.final_step, whole.final_step);
+  EXPECT_EQ(done.best_step, whole.best_step);
+  EXPECT_EQ(done.best_metric, whole.best_metric);
+  EXPECT_TRUE(bytes_of(d / "whole/final/model.safetensors") == bytes_of(d / "part/final/model.safetensors"));
+  EXPECT_EQ(rp::read_trainer_state((d / "part/state/final/roundpipe_state.json").string()).step, whole.final_step);
+  fs::remove_all(d);
+}
+
 /// The step early stopping must end a run at, by Hugging Face's rule applied to the
 /// evaluations `ev` of a run that was not stopped (0: none within it).
 int64_t hf_early_stop_step(const std::vector<std::optional<double>>& ev, int64_t patience, double threshold) {
