@@ -129,6 +129,7 @@ std::string fmt_duration(double s) {
 void apply_overrides(TrainSpec& spec, const TrainOverrides& ov) {
   if (ov.steps > 0) {
     spec.steps = ov.steps;
+    spec.epochs.reset();  // --steps replaces a spec's "epochs"
     if (spec.lr_schedule.kind != "constant")
       spec.lr_schedule.total_steps = std::max(ov.steps, spec.lr_schedule.warmup_steps);
   }
@@ -158,8 +159,8 @@ void print_progress(const TrainSpec& spec, const StepReport& r) {
   if (r.replica > 0) return;  // data-parallel replicas: replica 0 prints the (global) progress
   if (r.step % spec.log_every != 0 && r.step != r.total_steps && !r.evaluated) return;
   // fputs: a line dropped during a stop under mpirun (see on_signal) must not throw
-  std::fputs(fmt::format("step {:>5}/{} | loss {:.4f}{} | {:>8.1f} tokens/s | lr {:.3e}{} | elapsed {} | ETA {}\n", r.step,
-             r.total_steps, r.loss,
+  std::fputs(fmt::format("step {:>5}/{} | loss {:.4f} | epoch {:.2f}{} | {:>8.1f} tokens/s | lr {:.3e}{} | elapsed {} | ETA {}\n", r.step,
+             r.total_steps, r.loss, r.epoch,
              r.evaluated ? fmt::format(" | eval loss {:.4f} (ppl {:.2f})", r.eval_loss, r.eval_perplexity)
                          : std::string(),
              r.tokens_per_s, r.lr,
@@ -254,11 +255,15 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
   if (res.skipped_steps > 0)
     fmt::print("{} of the steps were skipped (inf/NaN gradients or no target tokens; see the warnings)\n",
                res.skipped_steps);
-  fmt::print("done: {} steps{}{} in {}, peak device memory {:.1f} MiB per worker, metrics in {}, plan {}\n",
-             spec.steps - res.first_step,
+  if (res.early_stopped) fmt::print("{}\n", res.early_stop_reason);
+  if (res.final_step > 0 && res.final_step != res.steps_done)
+    fmt::print("final/ holds step {}, the best checkpoint (load_best_model_at_end)\n", res.final_step);
+  fmt::print("done: {} steps{}{}{} in {}, peak device memory {:.1f} MiB per worker, metrics in {}, plan {}\n",
+             res.steps_done - res.first_step,
              res.replicas > 1 ? fmt::format(" on {} replicas", res.replicas) : std::string(),
-             res.first_step > 0 ? fmt::format(" (resumed at step {}, {} in all)", res.first_step, spec.steps)
+             res.first_step > 0 ? fmt::format(" (resumed at step {}, {} in all)", res.first_step, res.steps_done)
                                 : std::string(),
+             res.early_stopped ? fmt::format(" (stopped early, of {})", res.total_steps) : std::string(),
              fmt_duration(res.seconds), res.peak_device_bytes / 1048576.0, res.metrics, res.plan);
   if (!res.sample_after.empty()) {
     fmt::print("prompt: {}\n", spec.sample_prompt);

@@ -275,6 +275,24 @@ bool ModelSource::read_as(const std::string& name, WeightFormat f, void* dst) co
   return false;
 }
 
+std::optional<WeightFormat> ModelSource::float_format(const std::string& name) const {
+  const Loc& l = impl_->at(name);
+  if (l.st) {
+    const std::string& d = l.entry->dtype;
+    if (d == "F32") return WeightFormat::f32;
+    if (d == "F16") return WeightFormat::f16;
+    if (d == "BF16") return WeightFormat::bf16;
+  } else if (l.gguf) {
+    switch (GgmlType(l.gguf->type)) {
+      case GgmlType::F32: return WeightFormat::f32;
+      case GgmlType::F16: return WeightFormat::f16;
+      case GgmlType::BF16: return WeightFormat::bf16;
+      default: break;
+    }
+  }
+  return std::nullopt;
+}
+
 void ModelSource::untie_embeddings() {
   if (!impl_->header.config.tie_word_embeddings) return;
   impl_->header.config.tie_word_embeddings = false;

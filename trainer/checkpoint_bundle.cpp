@@ -83,6 +83,23 @@ void save_checkpoint_bundle(Session& session, const std::string& dir, const Load
                        write_state);
 }
 
+void copy_checkpoint_bundle(const std::string& from, const std::string& to) {
+  if (!resumable_checkpoint(from))
+    throw std::runtime_error(fmt::format("{}: not a complete checkpoint (its weights or trainer state are missing)", from));
+  auto copy_files = [](const std::string& src, const std::string& tmp) {
+    for (const auto& e : fs::directory_iterator(src)) {
+      if (!e.is_regular_file()) continue;
+      std::error_code ec;
+      fs::copy_file(e.path(), fs::path(tmp) / e.path().filename(), ec);
+      if (ec) throw std::runtime_error(fmt::format("{}: cannot copy ({})", e.path().string(), ec.message()));
+    }
+  };
+  const std::string sd = state_dir_of(to);
+  fs::create_directories(fs::path(sd).parent_path());
+  replace_folder(sd, [&](const std::string& tmp) { copy_files(state_dir_of(from), tmp); });
+  replace_folder(to, [&](const std::string& tmp) { copy_files(from, tmp); });
+}
+
 bool looks_like_checkpoint(const std::string& dir) {
   std::error_code ec;
   return fs::is_directory(dir, ec) && (fs::exists(state_dir_of(dir) + "/" + kRunStateFile, ec) ||
@@ -188,7 +205,7 @@ std::optional<ResumePoint> check_resume(const TrainSpec& spec) {
   if (!fs::exists(r.optimizer_file, ec))
     throw std::runtime_error(fmt::format("{}: missing (expected the optimizer state next to {})", r.optimizer_file,
                                          kRunStateFile));
-  if (r.saved.step >= spec.steps)
+  if (!spec.epochs && r.saved.step >= spec.steps)  // with epochs the run checks once the data gives its steps
     throw std::invalid_argument(fmt::format("{}: the checkpoint is at step {} and the spec trains {} steps; nothing "
                                             "is left to do (raise 'steps' or pass --steps)",
                                             r.dir, r.saved.step, spec.steps));

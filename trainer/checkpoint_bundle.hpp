@@ -58,6 +58,14 @@ std::string weights_checksum(const std::string& dir);
 void save_checkpoint_bundle(Session& session, const std::string& dir, const LoadedModel& model, DType save_dtype,
                             const TrainerState& state);
 
+/// Writes checkpoint folder `to` (and its state folder) as a byte-for-byte copy of checkpoint
+/// `from` and its state: load_best_model_at_end's final/. Each folder is replaced atomically,
+/// the state first and the weights last, as save_checkpoint_bundle does, so the copy is a
+/// checkpoint of `from`'s step whose state matches its weights. Throws std::runtime_error
+/// ("<file>: <what>") when `from` is not a resumable checkpoint or a file cannot be copied; a
+/// failure keeps any previous `to`.
+void copy_checkpoint_bundle(const std::string& from, const std::string& to);
+
 /// The checkpoint a spec resumes from, checked before anything is loaded.
 struct ResumePoint {
   std::string dir;             ///< spec.resume_from without trailing '/'

@@ -30,6 +30,28 @@ void check_host_memory(const ModelLayout& layout, const std::string& where) {
 
 }  // namespace
 
+WeightFormat base_format_of_model(const ModelSource& base, std::string& why) {
+  std::optional<WeightFormat> common;
+  bool mixed = false;
+  for (const ParamGroup& g : make_layout(base.config()).groups)
+    for (const TensorSpec& t : g.tensors) {
+      if (t.shape.size() < 2) continue;  // 1-D weights stay f32 in any base_format
+      const std::string name =
+          t.name == "lm_head.weight" && base.config().tie_word_embeddings ? "model.embed_tokens.weight" : t.name;
+      const std::optional<WeightFormat> f = base.float_format(name);
+      if (!f || (common && *common != *f)) mixed = true;
+      if (f && !common) common = f;
+    }
+  if (common && !mixed) {
+    why = fmt::format("the base's own {} (base_format follows a f32, f16 or bf16 base unless lora.base_format is set)",
+                      weight_format_name(*common));
+    return *common;
+  }
+  why = "bf16: the base's matrices are not all f32, f16 or bf16 (base_format follows only such a base; "
+        "lora.base_format sets it)";
+  return WeightFormat::bf16;
+}
+
 RunWeights lora_run_weights(const TrainSpec& spec, ModelSource& base, const std::string& adapter_dir) {
   std::optional<PeftAdapter> adapter;
   if (!adapter_dir.empty()) adapter = read_peft_adapter(adapter_dir);
@@ -52,6 +74,8 @@ RunWeights lora_run_weights(const TrainSpec& spec, ModelSource& base, const std:
                  adapter_dir);
     base.untie_embeddings();
   }
+  std::string follows;  // the rule's reason when the spec names no base_format
+  if (!spec.lora || spec.lora_base_format_from_model) lora.base_format = base_format_of_model(base, follows);
   if (lora.base_format == WeightFormat::mxfp4 && base.config().num_experts == 0) {
     // mxfp4 is the experts' form only (model/layout.cpp): a model without experts is a bf16 base
     spdlog::warn("{}: base_format mxfp4 applies to experts, and this model has none: its weights are frozen in bf16",
@@ -77,9 +101,9 @@ RunWeights lora_run_weights(const TrainSpec& spec, ModelSource& base, const std:
   for (const auto& g : w.layout.groups) g.frozen ? frozen_bytes += g.storage_bytes : trainable += g.numel;
   std::string form = weight_format_name(lora.base_format);
   if (lora.base_format == WeightFormat::mxfp4) form = "mxfp4 (experts; the other weights bf16)";
-  spdlog::info("LoRA r {} (alpha {:g}{}), base weights frozen in {} ({:.1f} MB), {:.2f} M trainable parameters",
+  spdlog::info("LoRA r {} (alpha {:g}{}), base weights frozen in {} ({:.1f} MB){}, {:.2f} M trainable parameters",
                lora.r, lora.alpha, lora.use_rslora ? ", rsLoRA" : "", form, double(frozen_bytes) / 1e6,
-               double(trainable) / 1e6);
+               follows.empty() ? std::string() : fmt::format(" [{}]", follows), double(trainable) / 1e6);
   return w;
 }
 

@@ -39,6 +39,12 @@ inline bool trains_lora(const TrainSpec& spec) { return spec.lora.has_value() ||
 /// its storage form does not fit the host's available memory.
 RunWeights lora_run_weights(const TrainSpec& spec, ModelSource& base, const std::string& adapter_dir);
 
+/// The storage form a LoRA run keeps `base` in when the spec does not name one
+/// (TrainSpec::lora_base_format_from_model): the float form (f32, f16, bf16) that every weight
+/// matrix of the base is stored in, else (a quantized or mixed base) bf16. `why` gets the
+/// reason, for the start-up log.
+WeightFormat base_format_of_model(const ModelSource& base, std::string& why);
+
 /// Group g's fp32 weights for every group of the session's layout (frozen ones dequantized):
 /// what the adapter files and the merge read.
 std::vector<std::vector<float>> all_group_weights(const Session& session);

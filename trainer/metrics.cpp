@@ -31,12 +31,12 @@ MetricsFile::MetricsFile(const std::string& path, int64_t resume_step, bool repl
 
 void MetricsFile::write(const StepReport& r) {
   errno = 0;
-  csv_ << fmt::format("{},{:.6f},{},{:.1f},{:.6g},{:.3f},{:.6g},{:.6g},{},{},{}{}\n", r.step, r.loss, r.target_tokens,
+  csv_ << fmt::format("{},{:.6f},{},{:.1f},{:.6g},{:.3f},{:.6g},{:.6g},{},{},{},{:.4f}{}\n", r.step, r.loss, r.target_tokens,
                       r.tokens_per_s, r.lr, r.elapsed_s, r.grad_norm, r.loss_scale, r.skipped ? 1 : 0,
                       r.evaluated ? fmt::format("{:.6f},{:.6g}", r.eval_loss, r.eval_perplexity) : std::string(","),
                       r.experts > 0 ? fmt::format("{:.6g},{:.4f},{:.4f}", r.aux_loss, r.expert_load_min, r.expert_load_max)
                                     : std::string(",,"),
-                      replicas_ ? fmt::format(",{:.4f}", r.reduce_wait_s) : std::string());
+                      r.epoch, replicas_ ? fmt::format(",{:.4f}", r.reduce_wait_s) : std::string());
   csv_.flush();
   // a failed row is reported at once: a full disk would fail every later save too
   if (!csv_)
@@ -67,6 +67,7 @@ void MetricsJsonl::write(const StepReport& r) {
     j["expert_load_min"] = r.expert_load_min;
     j["expert_load_max"] = r.expert_load_max;
   }
+  j["epoch"] = r.epoch;
   if (replicas_) j["reduce_wait_s"] = r.reduce_wait_s;
   append(j, r.step);
 }

@@ -14,7 +14,7 @@ namespace rp {
 class MetricsFile {
  public:
   static constexpr const char* kHeader =
-      "step,loss,target_tokens,tokens_per_s,lr,elapsed_s,grad_norm,loss_scale,skipped,eval_loss,eval_perplexity,aux_loss,expert_load_min,expert_load_max\n";
+      "step,loss,target_tokens,tokens_per_s,lr,elapsed_s,grad_norm,loss_scale,skipped,eval_loss,eval_perplexity,aux_loss,expert_load_min,expert_load_max,epoch\n";
   /// The last column of a run of data-parallel replicas (StepReport::reduce_wait_s).
   static constexpr const char* kReplicaColumn = "reduce_wait_s";
 
@@ -39,7 +39,7 @@ class MetricsFile {
 /// per reported step with the same fields as a metrics.csv row ({"step", "loss",
 /// "target_tokens", "tokens_per_s", "lr", "elapsed_s", "grad_norm", "loss_scale", "skipped",
 /// ["eval_loss", "eval_perplexity",] ["aux_loss", "expert_load_min", "expert_load_max",]
-/// ["reduce_wait_s"]}; a field metrics.csv leaves empty is absent), and {"step": 0,
+/// "epoch", ["reduce_wait_s"]}; a field metrics.csv leaves empty is absent), and {"step": 0,
 /// "eval_loss", "eval_perplexity"} for the evaluation before training. Each line is flushed as
 /// it is written. The file is opened at the first step (a run stopped before it writes none):
 /// a fresh run truncates it, a run resumed at step k keeps its lines of steps <= k.

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -355,6 +356,30 @@ std::vector<TokenBatch> load_eval_batches(const TrainSpec& spec, const LoadedMod
     throw std::invalid_argument(fmt::format("{}: key 'eval_data': {} holds no sequence with a target at seq_len {}",
                                             spec.source, spec.eval_data, spec.seq_len));
   return ev.evaluation_batches(per_pass);
+}
+
+std::string resolve_epochs(TrainSpec& spec, int64_t training_sequences) {
+  if (!spec.epochs) return "";
+  const int64_t n = training_sequences, per_step = spec.sequences_per_step;
+  const double exact = *spec.epochs * double(n) / double(per_step);
+  // a hair above the integer it should be (0.1 x 30 / 3 = 1.0000000000000002) stays that integer
+  const double steps = std::max(1.0, std::ceil(exact - 1e-9));
+  if (!(steps < double(int64_t(1) << 52)))
+    throw std::invalid_argument(fmt::format("{}: key 'epochs': {:g} epochs of {} sequences are too many steps",
+                                            spec.source, *spec.epochs, n));
+  spec.steps = int64_t(steps);
+  const bool follows = spec.lr_schedule.total_steps == 0;
+  if (follows) spec.lr_schedule.total_steps = spec.steps;
+  if (spec.lr_schedule.kind != "constant" && spec.lr_schedule.total_steps < spec.lr_schedule.warmup_steps)
+    throw std::invalid_argument(fmt::format(
+        "{}: key 'epochs': {:g} epochs of {} training sequences are {} steps of {} sequences, fewer than "
+        "lr_schedule.warmup_steps {}",
+        spec.source, *spec.epochs, n, spec.steps, per_step, spec.lr_schedule.warmup_steps));
+  return fmt::format("epochs: {:g} x {} training sequences / {} per step = {} steps{}", *spec.epochs, n, per_step,
+                     spec.steps,
+                     follows && spec.lr_schedule.kind != "constant"
+                         ? fmt::format(" (the {} schedule decays over them)", spec.lr_schedule.kind)
+                         : std::string());
 }
 
 SessionOptions session_options_of(const TrainSpec& spec, const ModelLayout& layout) {

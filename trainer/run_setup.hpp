@@ -102,6 +102,13 @@ TokenStream load_data_for_training(const TrainSpec& spec, const LoadedModel& mod
 /// held out of `train`), n_seq sequences each; empty without evaluation. Logs "eval: ...".
 std::vector<TokenBatch> load_eval_batches(const TrainSpec& spec, const LoadedModel& model, const TokenStream& train);
 
+/// "epochs": sets spec.steps to ceil(epochs x training_sequences / sequences_per_step) (at
+/// least 1) and a decaying schedule's total_steps, when 0, to it; returns the line the run logs
+/// ("epochs: 1.5 x 15 training sequences / 2 per step = 12 steps ..."). No-op ("") without
+/// epochs. Throws std::invalid_argument "<spec.source>: key 'epochs': ..." when the steps are
+/// fewer than lr_schedule.warmup_steps or beyond 2^52.
+std::string resolve_epochs(TrainSpec& spec, int64_t training_sequences);
+
 /// The Session options a spec asks for (an explicit "plan" is parsed against `layout`).
 SessionOptions session_options_of(const TrainSpec& spec, const ModelLayout& layout);
 

@@ -46,6 +46,10 @@ void read_scalars(const JsonFields& f, TrainSpec& s) {
   f.optional("accumulation", s.accumulation);
   f.optional("steps", s.steps);
   if (s.steps < 1) f.fail("steps", "an integer >= 1", s.steps);  // before the schedule inherits it
+  if (double e = 0; f.optional("epochs", e)) {
+    if (f.has("steps")) f.fail_with("keys 'steps' and 'epochs': give one or the other");
+    s.epochs = e;
+  }
   f.optional("backend", s.backend);
   f.optional("workers", s.workers);
   f.optional("async", s.async);
@@ -61,6 +65,19 @@ void read_scalars(const JsonFields& f, TrainSpec& s) {
   f.optional("output_dir", s.output_dir);
   f.optional("save_every", s.save_every);
   f.optional("save_dtype", s.save_dtype);
+  f.optional("save_total_limit", s.save_total_limit);
+  f.optional("metric_for_best_model", s.metric_for_best_model);
+  f.optional("greater_is_better", s.greater_is_better);
+  f.optional("load_best_model_at_end", s.load_best_model_at_end);
+  if (f.has("early_stopping")) {
+    if (!f.at("early_stopping").is_object()) f.fail("early_stopping", "an object {\"patience\": N, \"threshold\": t}");
+    const JsonFields e = f.nested("early_stopping");
+    e.allow_only({"patience", "threshold"});
+    TrainSpec::EarlyStopping es;
+    e.optional("patience", es.patience);
+    e.optional("threshold", es.threshold);
+    s.early_stopping = es;
+  }
   f.optional("trace", s.trace);
   f.optional("trace_messages", s.trace_messages);
   s.trace = s.trace || s.trace_messages;
@@ -146,7 +163,9 @@ void read_optimizer(const JsonFields& f, TrainSpec& s) {
   // the schedule inherited names the key the spec wrote
   const bool own_lr = sched.contains("lr"), own_total = sched.contains("total_steps");
   if (!own_lr) sched["lr"] = s.adam.lr;
-  if (!own_total) sched["total_steps"] = s.steps;
+  // with epochs the steps are known once the data is: total_steps 0 follows them (a stand-in
+  // passes the schedule's checks here; the run checks the derived steps against warmup_steps)
+  if (!own_total) sched["total_steps"] = s.epochs ? nlohmann::json(std::max<int64_t>(1, sched.value("warmup_steps", int64_t(0)))) : nlohmann::json(s.steps);
   try {
     s.lr_schedule = LrSchedule::from_json(sched, "lr_schedule");
   } catch (const std::invalid_argument& e) {
@@ -159,6 +178,7 @@ void read_optimizer(const JsonFields& f, TrainSpec& s) {
     if (key == "lr_schedule.total_steps" && !own_total) key = "steps";
     f.fail_with(fmt::format("key '{}': {}", key, what));
   }
+  if (s.epochs && !own_total) s.lr_schedule.total_steps = 0;
 }
 
 const char* kTargetsExpected =
@@ -240,6 +260,7 @@ void read_lora(const JsonFields& f, TrainSpec& s) {
         c.modules_to_save.push_back(e.get<std::string>());
       }
     }
+    s.lora_base_format_from_model = !l.has("base_format");
     if (std::string fmt_name; l.optional("base_format", fmt_name)) {
       try {
         c.base_format = parse_weight_format(fmt_name);
@@ -249,6 +270,8 @@ void read_lora(const JsonFields& f, TrainSpec& s) {
     }
     check_lora(l, c);
     s.lora = c;
+  } else if (!s.adapter.empty()) {
+    s.lora_base_format_from_model = true;  // the adapter's settings: its base keeps its own dtype
   }
   if (s.merge_adapters && !s.lora && s.adapter.empty())
     f.fail("merge_adapters", "false without \"lora\" or \"adapter\" (a full fine-tuning's final/ is already merged)",
@@ -274,6 +297,43 @@ void check_products(const JsonFields& f, const TrainSpec& s) {
                             s.sequences_per_step));
 }
 
+/// The keys that manage a run's checkpoints and its end: save_total_limit, the best
+/// checkpoint's metric, load_best_model_at_end, early_stopping and epochs. Both need
+/// evaluations where they look (as Hugging Face's Trainer requires).
+void check_run_management(const JsonFields& f, const TrainSpec& s) {
+  if (s.epochs && !(*s.epochs > 0 && *s.epochs <= 1e6))
+    f.fail("epochs", "a number > 0 and <= 1000000 (passes over the training data)", *s.epochs);
+  if (s.save_total_limit < 0) f.fail("save_total_limit", "an integer >= 0 (0 = keep every checkpoint)", s.save_total_limit);
+  const std::string& m = s.metric_for_best_model;
+  if (m != "eval_loss" && m != "eval_perplexity" && m != "loss" && m != "perplexity")
+    f.fail("metric_for_best_model", "\"eval_loss\" or \"eval_perplexity\" (or \"loss\", \"perplexity\")", m);
+  if (s.greater_is_better)
+    f.fail("greater_is_better", fmt::format("false for \"{}\" (it falls as the model improves)", m), true);
+  const bool eval = !s.eval_data.empty() || s.eval_fraction > 0;
+  if (s.load_best_model_at_end) {
+    if (!eval)
+      f.fail_with("key 'load_best_model_at_end': needs evaluation data (\"eval_data\" or \"eval_fraction\") to "
+                  "rank the checkpoints");
+    if (s.save_every <= 0 || s.eval_every <= 0 || s.save_every % s.eval_every != 0)
+      f.fail_with(fmt::format("key 'load_best_model_at_end': needs an evaluation at every save: save_every ({}) a "
+                              "multiple of eval_every ({}), both > 0",
+                              s.save_every, s.eval_every));
+  }
+  if (s.early_stopping) {
+    static const nlohmann::json none = nlohmann::json::object();
+    const JsonFields e(none, f.where(), "early_stopping.");
+    if (s.early_stopping->patience < 1)
+      e.fail("patience", "an integer >= 1 (evaluations without improvement)", s.early_stopping->patience);
+    if (!(s.early_stopping->threshold >= 0) || !std::isfinite(s.early_stopping->threshold))
+      e.fail("threshold", "a finite number >= 0 (the least improvement that counts)", s.early_stopping->threshold);
+    if (!eval)
+      f.fail_with("key 'early_stopping': needs evaluation data (\"eval_data\" or \"eval_fraction\")");
+    if (s.eval_every <= 0)
+      f.fail_with("key 'early_stopping': needs eval_every > 0 (it decides at each evaluation; 0 evaluates after "
+                  "the last step only)");
+  }
+}
+
 void check_ranges(const JsonFields& f, const TrainSpec& s) {
   auto positive = [&](const char* k, int64_t v) {
     if (v < 1) f.fail(k, "an integer >= 1", v);
@@ -294,6 +354,7 @@ void check_ranges(const JsonFields& f, const TrainSpec& s) {
   positive("max_skipped_steps", s.max_skipped_steps);
   if (s.seq_len < 2) f.fail("seq_len", "an integer >= 2", s.seq_len);
   check_products(f, s);
+  check_run_management(f, s);
   if (s.backend != "auto" && s.backend != "cpu" && s.backend != "cuda")
     f.fail("backend", "\"auto\", \"cpu\" or \"cuda\"", s.backend);
   if (s.save_dtype != "f32" && s.save_dtype != "bf16" && s.save_dtype != "f16")
@@ -338,12 +399,17 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
                 "mlp_chunk_tokens", "pin_budget_gib", "output_dir", "overwrite_output_dir",
                 "save_every", "save_dtype", "trace", "trace_messages", "tensorboard", "metrics_jsonl", "sample_prompt", "seed",
                 "log_every", "compute_dtype", "gemm_accumulate", "loss_scaling", "resume_from", "watchdog_s", "stop_timeout_s",
-                "nonfinite", "max_skipped_steps", "mpi", "replica_timeout_s", "comment"});
+                "nonfinite", "max_skipped_steps", "mpi", "replica_timeout_s", "comment", "epochs",
+                "save_total_limit", "metric_for_best_model", "greater_is_better", "load_best_model_at_end",
+                "early_stopping"});
   if (!f.has("model")) throw std::invalid_argument(where + ": missing key 'model' (a .gguf file or HF directory)");
   if (!f.has("data")) throw std::invalid_argument(where + ": missing key 'data' (a .jsonl or .txt file, or a directory)");
   TrainSpec s;
   s.source = where;
   read_scalars(f, s);
+  // Hugging Face names its metrics with and without the "eval_" prefix
+  if (s.metric_for_best_model == "loss" || s.metric_for_best_model == "perplexity")
+    s.metric_for_best_model = "eval_" + s.metric_for_best_model;
   read_loss_scaling(f, s);
   read_optimizer(f, s);
   read_lora(f, s);
@@ -366,7 +432,9 @@ void validate_spec(const TrainSpec& s) {
   if (s.merge_adapters && !s.lora && s.adapter.empty())
     f.fail("merge_adapters", "false without \"lora\" or \"adapter\"", true);
   try {
-    s.lr_schedule.validate();
+    LrSchedule sched = s.lr_schedule;  // with epochs, total_steps 0 follows the derived steps
+    if (s.epochs && sched.total_steps == 0) sched.total_steps = std::max<int64_t>(1, sched.warmup_steps);
+    sched.validate();
     if (s.loss_scaling) s.loss_scaling->validate();
   } catch (const std::invalid_argument& e) {
     f.fail_with(e.what());

@@ -20,6 +20,7 @@
 #include "base/host_resources.hpp"
 #include "trainer/async_range.hpp"
 #include "trainer/checkpoint_bundle.hpp"
+#include "trainer/checkpoint_rotation.hpp"
 #include "trainer/disk_space.hpp"
 #include "trainer/lora_setup.hpp"
 #include "trainer/metrics.hpp"
@@ -38,7 +39,7 @@ namespace {
 class Run {
  public:
   Run(const TrainSpec& spec, const TrainerCallbacks& cb, const StopToken& stop)
-      : spec_(spec), cb_(cb), stop_(stop), t0_(std::chrono::steady_clock::now()), watch_(spec) {}
+      : spec_(spec), cb_(cb), stop_(stop), t0_(std::chrono::steady_clock::now()), watch_(spec_), series_(spec_) {}
   TrainResult execute();
 
  private:
@@ -66,7 +67,7 @@ class Run {
   TrainResult finish(int64_t t);
   TrainResult abandon(int64_t t);
 
-  const TrainSpec& spec_;
+  TrainSpec spec_;  // a copy: `epochs` fills in steps once the data is loaded
   const TrainerCallbacks& cb_;
   const StopToken stop_;
   const std::chrono::steady_clock::time_point t0_;
@@ -128,6 +129,14 @@ class Run {
   std::vector<int> stop_ranks_;  // replicas: the ranks whose StopToken asked for the stop
   double reduce_wait_total_ = 0;  // replicas: StepReport::reduce_wait_s over the reported steps
   TrainResult execute_steps();
+  void derive_epochs();
+  double epoch_at(int64_t steps_done) const;
+  int64_t epoch_origin_ = 0;  // data position at start_ (sequences)
+  void agree_eval(StepReport& s);
+  void finish_final(TrainResult& res, int64_t t);
+  RunSeriesTracker series_;
+  std::optional<int64_t> early_stop_at_;  // early stopping decided after this many steps
+  std::string early_stop_reason_;
 };
 
 void Run::setup() {
@@ -154,6 +163,7 @@ void Run::setup() {
     ModelSource base = open_model_for_training(spec_.model);
     if (resume_) check_resume_model(*resume_, spec_, base.config());
     w = lora_run_weights(spec_, base, resume_ ? resume_->dir : spec_.adapter);
+    if (spec_.lora) spec_.lora->base_format = w.layout.lora->base_format;  // the form in use (the state records it)
     model_ = base.header();
   } else {
     // a resumed run takes weights, config and tokenizer from the checkpoint; spec.model must be
@@ -169,8 +179,14 @@ void Run::setup() {
   const ModelLayout& layout = w.layout;
   warn_host_memory(spec_, layout);  // before the data and the session's buffers: what to change
   data_.emplace(load_data_for_training(spec_, model_));
+  derive_epochs();
   eval_batches_ = load_eval_batches(spec_, model_, *data_);
   start_session(layout, std::move(w.trainable), std::move(w.frozen));
+  if (resume_) {
+    epoch_origin_ = resume_->saved.data_position;
+    if (const std::string line = series_.resume(resume_->dir, resume_->saved, leader()); !line.empty())
+      spdlog::info("{}", line);
+  }
   checkpoint_bytes_ = checkpoint_bytes(layout, spec_);
   // a full disk is found now, not at the final save after every step was trained
   if (leader()) {
@@ -265,6 +281,7 @@ bool Run::report(int64_t t) {
   StepReport s;
   s.step = t + 1;
   s.total_steps = spec_.steps;
+  s.epoch = epoch_at(t + 1);
   s.first_step = start_;
   s.loss = r.tokens > 0 ? r.loss_sum / r.tokens : 0;
   s.tokens = spec_.sequences_per_step * spec_.seq_len;
@@ -289,6 +306,7 @@ bool Run::report(int64_t t) {
     // the wait for the evaluation passes queued behind this step: charged to neither step
     const double e0 = elapsed();
     const bool finished = collect_eval(t + 1, s, false);
+    agree_eval(s);  // replicas: replica 0's evaluation, so that all rank and stop alike
     const double waited = elapsed() - e0;
     paused_ += waited;
     if (finished)
@@ -297,6 +315,15 @@ bool Run::report(int64_t t) {
       spdlog::warn("stop: the evaluation after step {} did not finish within {:g} s of the stop request; step {} is "
                    "reported without it",
                    t + 1, spec_.stop_timeout_s, t + 1);
+  }
+  if (s.evaluated && series_.evaluated(t + 1, s.eval_loss) && !early_stop_at_ && t + 1 < spec_.steps) {
+    const EarlyStopState& es = series_.series().early_stopping;
+    early_stop_at_ = t + 1;
+    early_stop_reason_ = fmt::format(
+        "early stopping at step {}: {} did not improve on its best {:.6g} by more than {:g} in {} evaluation(s) in "
+        "a row (patience {})",
+        t + 1, series_.metric(), es.best.value_or(0), spec_.early_stopping->threshold, es.bad_evals,
+        spec_.early_stopping->patience);
   }
   s.eta_s = clock_->eta(t + 1, evals_after(t + 1));
   s.mfu = s.tokens_per_s * mfu_per_token_per_s_;
@@ -337,6 +364,7 @@ void Run::log_scalars(const StepReport& s) {
   tb_->scalar("train/tokens_per_s", s.tokens_per_s, s.step);
   if (s.mfu > 0) tb_->scalar("train/mfu", s.mfu, s.step);
   tb_->scalar("train/grad_norm", s.grad_norm, s.step);
+  tb_->scalar("train/epoch", s.epoch, s.step);
   if (spec_.loss_scaling) tb_->scalar("train/loss_scale", s.loss_scale, s.step);
   if (s.experts > 0) {
     tb_->scalar("train/aux_loss", s.aux_loss, s.step);
@@ -499,6 +527,7 @@ void Run::save(const std::string& name) {
   const std::string dir = path(name);
   if (!leader()) {  // replica 0 writes it: every replica holds the same weights and state
     last_checkpoint_ = dir;
+    series_.saved(spec_.output_dir, name, session_->steps_closed(), false);
     return;
   }
   const int64_t steps = session_->steps_closed();
@@ -510,11 +539,13 @@ void Run::save(const std::string& name) {
         steps, session_->layout().groups[size_t(g)].name, dir,
         kept_checkpoint().empty() ? std::string("no checkpoint was written") : kept_checkpoint() + " is kept"));
   require_disk_space(spec_.output_dir, checkpoint_bytes_, fmt::format("checkpoint {}", dir));
-  save_checkpoint_bundle(*session_, dir, model_, parse_dtype(spec_.save_dtype),
-                         trainer_state_of(spec_, steps, data_->position()));
+  TrainerState state = trainer_state_of(spec_, steps, data_->position());
+  state.series = series_.series_for(name, steps);
+  save_checkpoint_bundle(*session_, dir, model_, parse_dtype(spec_.save_dtype), state);
   const double seconds = elapsed() - t0;
   spdlog::info("saved checkpoint {} in {:.1f} s", dir, seconds);
   last_checkpoint_ = dir;
+  for (const std::string& line : series_.saved(spec_.output_dir, name, steps, true)) spdlog::info("{}", line);
   save_profile();
   if (cb_.on_checkpoint) cb_.on_checkpoint(CheckpointReport{dir, steps, seconds});
 }
@@ -535,7 +566,7 @@ void Run::evaluate(int64_t steps_done) {
 int64_t Run::loop() {
   const int64_t per_pass = spec_.sequences_per_step / spec_.accumulation;
   int64_t t = start_;
-  while (t < spec_.steps && !stop_agreed()) {
+  while (t < spec_.steps && !early_stop_at_ && !stop_agreed()) {
     int64_t target_tokens = 0;  // of the whole step, over every replica's passes
     for (int64_t a = 0; a < spec_.accumulation; ++a) {
       // every replica reads every pass (the same data position everywhere) and trains its own
@@ -551,15 +582,18 @@ int64_t Run::loop() {
     const int64_t k = t++;  // step k is closed
     const bool last = k + 1 == spec_.steps;
     // no evaluation is queued once a stop is under way: its passes would hold up the steps in flight
-    if (!eval_batches_.empty() && !stopping() &&
-        (last || (spec_.eval_every > 0 && (k + 1) % spec_.eval_every == 0)))
-      submit_eval(k + 1);
+    const bool eval_step = !eval_batches_.empty() && !stopping() &&
+                           (last || (spec_.eval_every > 0 && (k + 1) % spec_.eval_every == 0));
+    if (eval_step) submit_eval(k + 1);
     const bool save_now = spec_.save_every > 0 && (k + 1) % spec_.save_every == 0 && !last;
     const bool eval_now = cb_.on_eval && cb_.eval_every > 0 && (k + 1) % cb_.eval_every == 0 && !last;
-    if (save_now || eval_now) {
+    // early stopping decides at each evaluation, before the next step is closed
+    const bool decide_now = spec_.early_stopping && eval_step && !last;
+    if (save_now || eval_now || decide_now) {
       // drain before the next step's passes: the pipeline refills afterwards, and the
       // results do not change (step k+1 computes with the weights of step k-1 anyway)
       if (!report_through(k)) break;
+      if (early_stop_at_) break;  // finish() saves final/ as at a normal end
       const double p0 = elapsed();
       if (save_now) save(fmt::format("checkpoint-{}", k + 1));
       if (eval_now) evaluate(k + 1);
@@ -616,6 +650,7 @@ TrainResult Run::abandon(int64_t t) {
   res.first_step = start_;
   res.steps_done = done;
   res.steps_abandoned = t - done;
+  res.total_steps = spec_.steps;
   res.stopped = true;
   res.latest_checkpoint = kept_checkpoint();
   res.stopped_by = stop_ranks_;
@@ -654,8 +689,7 @@ TrainResult Run::finish(int64_t t) {
     res.checkpoint = fresh ? last_checkpoint_ : std::string();
     res.latest_checkpoint = kept_checkpoint();
   } else {
-    save("final");
-    res.checkpoint = last_checkpoint_;
+    finish_final(res, t);
     if (spec_.merge_adapters && leader()) save_merged();
     res.sample_before = sample_before_;
     res.sample_after = sample_text("after fine-tuning");
@@ -664,7 +698,86 @@ TrainResult Run::finish(int64_t t) {
   res.seconds = elapsed();
   res.peak_device_bytes = session_->peak_device_bytes();
   res.plan = session_->plan().summary();
+  res.total_steps = spec_.steps;
+  if (const auto& b = series_.series().best) {
+    res.best_checkpoint = path(b->name);
+    res.best_metric = b->value;
+    res.best_step = b->step;
+  }
   return res;
+}
+
+/// The end of a run that was not stopped (every step done, or early stopping): final/ holds the
+/// weights after t steps, or with load_best_model_at_end the best checkpoint when it beats them.
+void Run::finish_final(TrainResult& res, int64_t t) {
+  if (early_stop_at_) {
+    res.early_stopped = true;
+    res.early_stop_reason = early_stop_reason_;
+    spdlog::info("{}; saving final/ as at the end of the run", early_stop_reason_);
+  }
+  std::string best = series_.best_for_final(t);
+  if (!best.empty() && leader() && !resumable_checkpoint(path(best))) {
+    spdlog::warn("load_best_model_at_end: the best checkpoint {} is gone or incomplete; final/ holds the last step {}",
+                 path(best), t);
+    best.clear();
+  }
+  res.final_step = t;
+  if (!best.empty()) {
+    const BestCheckpoint& b = *series_.series().best;
+    res.final_step = b.step;
+    if (leader()) {
+      session_->synchronize();
+      const double t0 = elapsed();
+      require_disk_space(spec_.output_dir, checkpoint_bytes_, fmt::format("checkpoint {}", path("final")));
+      copy_checkpoint_bundle(path(best), path("final"));
+      spdlog::info("load_best_model_at_end: final/ holds {} (step {}, {} {:.6g}), the best checkpoint; the last step "
+                   "{} ({} {:.6g}) is not kept ({:.1f} s)",
+                   best, b.step, b.metric, b.value, t, series_.metric(), series_.metric_at(t).value_or(NAN),
+                   elapsed() - t0);
+      save_profile();
+      if (cb_.on_checkpoint) cb_.on_checkpoint(CheckpointReport{path("final"), b.step, elapsed() - t0});
+    }
+    last_checkpoint_ = path("final");
+    res.checkpoint = last_checkpoint_;
+    return;
+  }
+  save("final");
+  res.checkpoint = last_checkpoint_;
+  if (spec_.load_best_model_at_end)
+    spdlog::info("load_best_model_at_end: final/ holds the last step {} (no checkpoint beats it by {})", t,
+                 series_.metric());
+}
+
+/// "epochs": the run's steps now that the data is loaded (resolve_epochs); a resumed run must
+/// still have steps to do.
+void Run::derive_epochs() {
+  if (!spec_.epochs) return;
+  spdlog::info("{}", resolve_epochs(spec_, data_->stats().sequences));
+  if (resume_ && resume_->saved.step >= spec_.steps)
+    throw std::invalid_argument(fmt::format("{}: the checkpoint is at step {} and {:g} epochs are {} steps; nothing "
+                                            "is left to do (raise 'epochs')",
+                                            resume_->dir, resume_->saved.step, *spec_.epochs, spec_.steps));
+}
+
+/// Passes over the training sequences after `steps_done` steps.
+double Run::epoch_at(int64_t steps_done) const {
+  const int64_t n = data_ ? data_->stats().sequences : 0;
+  if (n <= 0) return 0;
+  return (double(epoch_origin_) + double(steps_done - start_) * double(spec_.sequences_per_step)) / double(n);
+}
+
+/// Replicas evaluate the whole set each; the decisions taken from it (the best checkpoint,
+/// early stopping) use replica 0's result on every replica, so they cannot part.
+void Run::agree_eval(StepReport& s) {
+  if (!replicas_) return;
+  const bool zero = replicas_->rank() == 0;
+  const std::vector<double> v =
+      sum_over(replicas_.get(), {zero && s.evaluated ? 1.0 : 0.0, zero && s.evaluated ? s.eval_loss : 0.0,
+                                 zero && s.evaluated ? double(s.eval_tokens) : 0.0});
+  s.evaluated = v[0] > 0;
+  s.eval_loss = v[1];
+  s.eval_tokens = int64_t(v[2]);
+  s.eval_perplexity = std::exp(s.eval_loss);
 }
 
 TrainResult Run::execute_steps() {

@@ -27,6 +27,73 @@ nlohmann::json schedule_json(const LrSchedule& s) {
           {"total_steps", s.total_steps}};
 }
 
+nlohmann::json series_json(const RunSeries& r) {
+  nlohmann::json cks = nlohmann::json::array();
+  for (const SavedCheckpoint& c : r.checkpoints) {
+    nlohmann::json files = nlohmann::json::object();
+    for (const auto& [name, bytes] : c.files) files[name] = bytes;
+    nlohmann::json e = {{"name", c.name}, {"step", c.step}, {"weights_xxh3", c.weights_xxh3}, {"files", files}};
+    if (c.metric) e["metric"] = *c.metric;
+    cks.push_back(e);
+  }
+  nlohmann::json j = {{"checkpoints", cks}};
+  if (r.best)
+    j["best"] = {{"name", r.best->name}, {"step", r.best->step}, {"metric", r.best->metric}, {"value", r.best->value}};
+  nlohmann::json es = {{"bad_evals", r.early_stopping.bad_evals}};
+  if (r.early_stopping.best) es["best"] = *r.early_stopping.best;
+  j["early_stopping"] = es;
+  return j;
+}
+
+/// A checkpoint name "checkpoint-<digits>" (or "final" when `final_ok`), never a path.
+void require_checkpoint_name(const JsonFields& f, const char* key, const std::string& name, bool final_ok) {
+  const bool numbered = name.rfind("checkpoint-", 0) == 0 && name.size() > 11 &&
+                        name.find_first_not_of("0123456789", 11) == std::string::npos;
+  if (!numbered && !(final_ok && name == "final")) f.fail(key, "a checkpoint name checkpoint-<n>", name);
+}
+
+RunSeries read_series(const JsonFields& f) {
+  RunSeries r;
+  const JsonFields s = f.nested("run_series");
+  if (s.has("checkpoints")) {
+    if (!s.at("checkpoints").is_array()) s.fail("checkpoints", "a list");
+    for (const auto& e : s.at("checkpoints")) {
+      if (!e.is_object()) s.fail("checkpoints", "a list of objects");
+      const JsonFields c(e, f.where(), "run_series.checkpoints.", JsonFields::Error::runtime_error);
+      SavedCheckpoint k;
+      k.name = c.string("name");
+      require_checkpoint_name(c, "name", k.name, false);
+      k.step = c.integer("step", 1);
+      k.weights_xxh3 = c.string("weights_xxh3");
+      const nlohmann::json files = c.object("files");
+      for (const auto& [name, bytes] : files.items()) {
+        if (!bytes.is_number_unsigned() || name.empty() || name.find('/') != std::string::npos || name == "." ||
+            name == "..")
+          c.fail("files", "file names with their sizes in bytes");
+        k.files[name] = bytes.get<uint64_t>();
+      }
+      if (c.has("metric")) k.metric = c.number("metric");
+      r.checkpoints.push_back(std::move(k));
+    }
+  }
+  if (s.has("best")) {
+    const JsonFields b = s.nested("best");
+    BestCheckpoint best;
+    best.name = b.string("name");
+    require_checkpoint_name(b, "name", best.name, true);
+    best.step = b.integer("step", 1);
+    best.metric = b.string("metric");
+    best.value = b.number("value");
+    r.best = best;
+  }
+  if (s.has("early_stopping")) {
+    const JsonFields e = s.nested("early_stopping");
+    r.early_stopping.bad_evals = e.integer("bad_evals", 0);
+    if (e.has("best")) r.early_stopping.best = e.number("best");
+  }
+  return r;
+}
+
 }  // namespace
 
 TrainerState trainer_state_of(const TrainSpec& spec, int64_t step, int64_t data_position) {
@@ -93,6 +160,7 @@ void write_trainer_state(const std::string& path, const TrainerState& s) {
                             {"max_examples", s.max_examples.value_or(0)},
                             {"chat_template", s.chat_template.value_or("auto")},
                             {"model_config", s.model_config},
+                            {"run_series", series_json(s.series)},
                             {"optimizer_state", "optimizer_state.bin"}};
   std::ofstream f(path, std::ios::trunc);
   if (!f) throw std::runtime_error(fmt::format("{}: cannot write ({})", path, std::strerror(errno)));
@@ -146,6 +214,7 @@ TrainerState read_trainer_state(const std::string& path) {
   if (f.has("max_examples")) s.max_examples = f.integer("max_examples", 0);  // absent in earlier releases' files
   if (f.has("chat_template")) s.chat_template = f.string("chat_template");
   if (f.has("model_config") && !f.at("model_config").is_null()) s.model_config = f.object("model_config");
+  if (f.has("run_series")) s.series = read_series(f);  // absent in earlier releases' files
   return s;
 }
 

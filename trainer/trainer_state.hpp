@@ -4,6 +4,7 @@
 // docs/spec.md describes both for users.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -14,6 +15,42 @@
 #include "roundpipe/spec.hpp"
 
 namespace rp {
+
+/// One checkpoint-<n> a run series wrote, as its later checkpoints record it for
+/// save_total_limit: what proves that a folder of that name is still the one the series wrote
+/// before it is removed.
+struct SavedCheckpoint {
+  std::string name;                       ///< "checkpoint-<n>"
+  int64_t step = 0;                       ///< steps it holds
+  std::string weights_xxh3;               ///< the weights checksum its state recorded
+  std::map<std::string, uint64_t> files;  ///< every file of its weights folder, with its size in bytes
+  std::optional<double> metric;           ///< metric_for_best_model at its step (none: no evaluation there)
+};
+
+/// The best checkpoint of a run series by metric_for_best_model.
+struct BestCheckpoint {
+  std::string name;    ///< "checkpoint-<n>" or "final"
+  int64_t step = 0;
+  std::string metric;  ///< "eval_loss" or "eval_perplexity"
+  double value = 0;
+};
+
+/// Early stopping's position (TrainSpec::early_stopping), as Hugging Face's
+/// EarlyStoppingCallback keeps it.
+struct EarlyStopState {
+  std::optional<double> best;  ///< the best metric of the evaluations so far
+  int64_t bad_evals = 0;       ///< evaluations in a row without an improvement above the threshold
+};
+
+/// What a run series (a run and the runs resumed from its checkpoints) knows about its
+/// checkpoints and evaluations, carried from checkpoint to checkpoint ("run_series" in
+/// roundpipe_state.json) so that a resumed run rotates, ranks and stops as the uninterrupted
+/// one would.
+struct RunSeries {
+  std::vector<SavedCheckpoint> checkpoints;  ///< written before this checkpoint, oldest first
+  std::optional<BestCheckpoint> best;
+  EarlyStopState early_stopping;
+};
 
 /// The trainer's position in a run (roundpipe_state.json).
 struct TrainerState {
@@ -34,6 +71,7 @@ struct TrainerState {
   std::optional<int64_t> max_examples;      ///< the spec's max_examples (none: not recorded)
   std::optional<std::string> chat_template; ///< the spec's chat_template (none: not recorded)
   nlohmann::json model_config;     ///< architecture_of the trained model (null = not recorded)
+  RunSeries series;                ///< checkpoints, best checkpoint, early stopping (empty when not recorded)
 };
 
 /// The fields of `c` that fix its architecture, as JSON (model_type, vocab_size, hidden_size,

@@ -21,6 +21,7 @@
 // quantize_weights, as an eager load followed by quantization would store it.
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,10 @@ class ModelSource {
   /// tensor was converted (then dst equals quantize_weights(f, read_f32(name))). Throws
   /// std::invalid_argument when numel is not a multiple of f's block.
   bool read_as(const std::string& name, WeightFormat f, void* dst) const;
+  /// The float form the file stores tensor `name` in: f32, f16 or bf16 (a safetensors
+  /// F32/F16/BF16 tensor, a GGUF F32/F16/BF16 one); nullopt for a quantized tensor or one
+  /// without a file form (from_loaded, a GPT-OSS checkpoint's expert slices). Throws as shape().
+  std::optional<WeightFormat> float_format(const std::string& name) const;
   /// untie_embeddings (roundpipe/adapter.hpp) of the source: tie_word_embeddings becomes
   /// false and "lm_head.weight" reads the embedding. No-op for an untied model.
   void untie_embeddings();

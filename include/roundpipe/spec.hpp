@@ -35,7 +35,14 @@ struct TrainSpec {
   int64_t sequences_per_step = 4;    ///< global batch, in sequences
   int64_t micro_batches = 2;         ///< M per pass; sequences_per_step / (M * accumulation) per micro-batch
   int64_t accumulation = 1;          ///< forward_backward passes per optimizer step
+  /// Optimizer steps. With `epochs` set (a spec gives one of the two) the run derives it from
+  /// the data once loaded and this value is not used.
   int64_t steps = 20;
+  /// "epochs": train this many passes over the training sequences instead of `steps` (a
+  /// number > 0, fractional allowed: 1.5 is one and a half passes). The run's steps are
+  /// ceil(epochs * training sequences / sequences_per_step), at least 1, known once the data
+  /// is loaded; a decaying lr_schedule whose total_steps is 0 follows them. nullopt: `steps`.
+  std::optional<double> epochs;
   AdamWOptions adam;                 ///< "optimizer": {lr, betas, eps, weight_decay, amsgrad}
   double max_grad_norm = 0;          ///< "optimizer.max_grad_norm": clip the global norm (0 = off)
   LrSchedule lr_schedule;            ///< "lr_schedule": {kind, warmup_steps, min_lr}; lr from optimizer.lr
@@ -59,6 +66,30 @@ struct TrainSpec {
   std::optional<double> pin_budget_gib;
   std::string output_dir = "runs/default";
   int64_t save_every = 0;            ///< also checkpoint every k steps (0 = final only)
+  /// "save_total_limit": after each save of checkpoint-<n>, remove the oldest checkpoint-<k>
+  /// folders (and their state/) this run series wrote beyond this many, never the best one
+  /// (metric_for_best_model) nor the newest; only folders whose files the series recorded
+  /// are removed. 0 = keep all.
+  int64_t save_total_limit = 0;
+  /// "metric_for_best_model": the evaluation metric that ranks checkpoints, "eval_loss" or
+  /// "eval_perplexity" ("loss" and "perplexity" name the same). A checkpoint saved at a step
+  /// with an evaluation is the best when its metric beats every earlier one's.
+  std::string metric_for_best_model = "eval_loss";
+  /// "greater_is_better": the direction of metric_for_best_model; false for the losses above
+  /// (true is refused for them).
+  bool greater_is_better = false;
+  /// "load_best_model_at_end": final/ holds the best checkpoint (by metric_for_best_model)
+  /// instead of the last step when the last step's evaluation is not better. Needs evaluation
+  /// data and save_every a multiple of eval_every (every save has an evaluation).
+  bool load_best_model_at_end = false;
+  /// "early_stopping": {"patience": N, "threshold": t}: stop the run (saving final/ like a
+  /// normal end) once N evaluations in a row did not improve metric_for_best_model on its best
+  /// value so far by more than t. Needs evaluation data and eval_every > 0.
+  struct EarlyStopping {
+    int64_t patience = 1;   ///< evaluations without improvement that stop the run, >= 1
+    double threshold = 0;   ///< the least improvement that counts, >= 0 (metric units)
+  };
+  std::optional<EarlyStopping> early_stopping;
   std::string save_dtype = "bf16";   ///< f32 | bf16 | f16
   bool trace = false;                ///< write output_dir/trace.json
   bool trace_messages = false;       ///< also record the actors' protocol messages as flow arrows (implies trace)
@@ -94,6 +125,11 @@ struct TrainSpec {
   /// every weight; {r, alpha, dropout, target_modules, use_rslora, modules_to_save, seed,
   /// base_format} (LoraConfig; seed defaults to the spec's "seed"). nullopt: full fine-tuning.
   std::optional<LoraConfig> lora;
+  /// LoRA: the frozen base's storage form follows the base model instead of
+  /// lora->base_format: its weight matrices' dtype when they all are f32, f16 or bf16, else
+  /// bf16. A spec file sets it when "lora.base_format" is absent (and for an "adapter" without
+  /// "lora"); a spec built in code keeps lora->base_format unless it sets this.
+  bool lora_base_format_from_model = false;
   /// "adapter": a PEFT adapter folder (adapter_config.json + adapter_model.safetensors) whose
   /// adapters the run continues to train ("" = fresh adapters). Implies LoRA: without "lora"
   /// the settings come from its adapter_config.json.

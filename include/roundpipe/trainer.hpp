@@ -52,7 +52,10 @@ class StopToken {
 /// staleness-1 optimizer the next step's passes are already running).
 struct StepReport {
   int64_t step = 0;           ///< steps done including this one (1-based)
-  int64_t total_steps = 0;    ///< the run ends after this many steps (spec.steps)
+  int64_t total_steps = 0;    ///< the run ends after this many steps (spec.steps, or what spec.epochs derives)
+  /// Passes over the training sequences after this step: sequences consumed / training
+  /// sequences (1.25: a quarter into the second pass).
+  double epoch = 0;
   int64_t first_step = 0;     ///< steps done before this run (a resumed run), else 0
   double loss = 0;            ///< mean cross-entropy over the step's target tokens (nats)
   int64_t tokens = 0;         ///< tokens of the step (sequences_per_step * seq_len)
@@ -161,6 +164,19 @@ struct TrainResult {
   /// Stopped with replicas: the ranks whose StopToken asked for the stop (a signal may reach
   /// only one of them); every replica stopped after the same step all the same.
   std::vector<int> stopped_by;
+  int64_t total_steps = 0;      ///< the steps the run was to train (spec.steps, or derived from spec.epochs)
+  /// Early stopping (spec.early_stopping) ended the run after steps_done steps; final/ was saved
+  /// as at a normal end (stopped stays false). early_stop_reason says why, in one line.
+  bool early_stopped = false;
+  std::string early_stop_reason;
+  /// The best checkpoint by spec.metric_for_best_model ("" without evaluations at saves) and
+  /// its metric and step.
+  std::string best_checkpoint;
+  double best_metric = 0;
+  int64_t best_step = 0;
+  /// The steps final/ holds: steps_done, or with spec.load_best_model_at_end the best
+  /// checkpoint's step when it beat the last step (0 when no final/ was written).
+  int64_t final_step = 0;
 };
 
 class Trainer {

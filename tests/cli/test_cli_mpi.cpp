@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <thread>
@@ -120,7 +121,7 @@ TEST(CliMpi, TwoAndThreeReplicasEqualOneProcess) {
     ASSERT_EQ(ln.size(), l1.size()) << n;
     // replicas add the seconds each step waited for its gradient sums as a last column
     EXPECT_EQ(header(out / "metrics.csv"), header(d / "one/metrics.csv") + ",reduce_wait_s") << n;
-    for (double w : column(out / "metrics.csv", 14)) {
+    for (double w : column(out / "metrics.csv", 15)) {  // after epoch (14)
       EXPECT_GE(w, 0.0) << n;
       EXPECT_LT(w, 30.0) << n;
     }
@@ -145,6 +146,42 @@ TEST(CliMpi, TwoAndThreeReplicasEqualOneProcess) {
                      d);
   ASSERT_EQ(b.code, 0) << b.err << b.out;
   expect_close_weights(d / "a/final", d / "b/final");
+  fs::remove_all(d);
+}
+
+// Early stopping and save_total_limit on replicas: they decide with replica 0's evaluation, so
+// two replicas stop after the same step as one process (a threshold no evaluation can beat ends
+// the run at the third evaluation, patience 2), replica 0 alone rotates (checkpoint-1 goes unless
+// it is the best), and the folders left are the same.
+TEST(CliMpi, TwoReplicasStopEarlyAndRotateAsOneProcess) {
+  if (const std::string why = mpi_missing(); !why.empty()) GTEST_SKIP() << why;
+  auto d = tmpdir();
+  tiny_model(d);
+  write(d / "data.jsonl", kData);
+  write(d / "spec.json", spec_json(d, 6,
+                                   ", \"eval_fraction\": 0.25, \"eval_every\": 1, \"save_every\": 1, "
+                                   "\"save_total_limit\": 1, \"early_stopping\": {\"patience\": 2, \"threshold\": 10}"));
+  const CliRun one = roundpipe("train " + (d / "spec.json").string() + " --output-dir " + (d / "one").string(), d);
+  ASSERT_EQ(one.code, 0) << one.err << one.out;
+  const CliRun two =
+      run_cmd(mpirun(2) + "train " + (d / "spec.json").string() + " --output-dir " + (d / "two").string(), d);
+  ASSERT_EQ(two.code, 0) << two.err << two.out;
+  for (const CliRun* r : {&one, &two}) {
+    EXPECT_NE(r->out.find("early stopping at step 3:"), std::string::npos) << r->out << r->err;
+    EXPECT_NE(r->out.find("done: 3 steps"), std::string::npos) << r->out;
+  }
+  auto folders = [](const fs::path& out) {
+    std::vector<std::string> v;
+    for (const auto& e : fs::directory_iterator(out))
+      if (e.path().filename().string().rfind("checkpoint-", 0) == 0 || e.path().filename() == "final")
+        v.push_back(e.path().filename().string());
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  EXPECT_EQ(folders(d / "one"), folders(d / "two"));
+  const auto left = folders(d / "one");
+  EXPECT_TRUE(std::count(left.begin(), left.end(), "checkpoint-2") == 1 && left.size() <= 3) << left.size();
+  expect_close_weights(d / "one/final", d / "two/final");
   fs::remove_all(d);
 }
 

@@ -5,7 +5,11 @@
 
 #include <string>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include "roundpipe/data.hpp"
+#include "roundpipe/checkpoint.hpp"
 
 #include "tests/cli/cli_util.hpp"
 
@@ -130,6 +134,47 @@ TEST(CliSettings, ARunSaysItsOptimizerTruncationsAndGradNorm) {
   r = roundpipe("train " + (d / "spec.json").string() + " --steps 1", d);
   ASSERT_EQ(r.code, 0) << r.err << r.out;
   EXPECT_NE((r.out + r.err).find("synchronous (staleness 0"), std::string::npos) << r.out;
+  fs::remove_all(d);
+}
+
+// "epochs" through --set (generic): the steps come from the training sequences, every
+// progress line shows the epoch (sequences consumed / training sequences), "done" counts the
+// derived steps; with the file's "steps" as well it is one line naming the setting, and
+// --steps replaces the epochs.
+TEST(CliSettings, EpochsFromTheCommandLineDeriveTheStepsAndShowTheEpoch) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  write(d / "data.jsonl", "{\"text\": \"In the beginning God created the heaven and the earth. And the earth was "
+                          "without form, and void.\"}\n");
+  // the spec without "steps": spec_for writes "steps": 2, which this replaces by nothing
+  nlohmann::json j = nlohmann::json::parse(spec_for(model, d / "data.jsonl", d / "run"));
+  j.erase("steps");
+  write(d / "spec.json", j.dump());
+  const rp::LoadedModel m = rp::load_model(model.string());
+  rp::TokenStreamOptions o;
+  o.seq_len = 16;
+  o.chat_template = rp::TokenStream::chat_template_for(m, "auto");
+  const int64_t n = rp::TokenStream(m, (d / "data.jsonl").string(), o).stats().sequences;  // 2 per step
+  ASSERT_GE(n, 3);
+  const int64_t steps = (3 * n + 3) / 4;  // ceil(1.5 n / 2)
+  CliRun r = roundpipe("train " + (d / "spec.json").string() + " --set epochs=1.5", d);
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  for (int64_t s = 1; s <= steps; ++s) {
+    const std::string head = fmt::format("step {:>5}/{} | loss ", s, steps);
+    const size_t at = r.out.find(head);
+    ASSERT_NE(at, std::string::npos) << head << "\n" << r.out;
+    const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
+    EXPECT_NE(line.find(fmt::format(" | epoch {:.2f} | ", double(2 * s) / double(n))), std::string::npos) << line;
+  }
+  EXPECT_NE(r.out.find(fmt::format("done: {} steps", steps)), std::string::npos) << r.out;
+  write(d / "spec2.json", spec_for(model, d / "data.jsonl", d / "run2"));
+  expect_one_line_error(roundpipe("train " + (d / "spec2.json").string() + " --set epochs=2", d),
+                        "--set epochs=2: keys 'steps' and 'epochs': give one or the other");
+  r = roundpipe("train " + (d / "spec.json").string() + " --set epochs=9 --steps 1 --output-dir " +
+                    (d / "run3").string(),
+                d);
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  EXPECT_NE(r.out.find("step     1/1 | loss"), std::string::npos) << r.out;
   fs::remove_all(d);
 }
 

@@ -127,6 +127,7 @@ TEST(TensorBoard, TensorboardReadsTheRunsEventFile) {
     EXPECT_EQ(j["train/loss"][i][0], int64_t(i + 1));
     EXPECT_FLOAT_EQ(j["train/loss"][i][1].get<float>(), float(reports[i].loss));
     EXPECT_FLOAT_EQ(j["train/lr"][i][1].get<float>(), float(reports[i].lr));
+    EXPECT_FLOAT_EQ(j["train/epoch"][i][1].get<float>(), float(reports[i].epoch));
   }
   EXPECT_EQ(j["train/tokens_per_s"].size(), 3u);
   ASSERT_TRUE(j.contains("eval/loss")) << out;

@@ -105,7 +105,7 @@ TEST(Trainer, CallbacksFollowTheStepsAndMatchTheMetrics) {
   std::ifstream csv(res.metrics);
   std::string line;
   std::getline(csv, line);
-  EXPECT_EQ(line, "step,loss,target_tokens,tokens_per_s,lr,elapsed_s,grad_norm,loss_scale,skipped,eval_loss,eval_perplexity,aux_loss,expert_load_min,expert_load_max");
+  EXPECT_EQ(line, "step,loss,target_tokens,tokens_per_s,lr,elapsed_s,grad_norm,loss_scale,skipped,eval_loss,eval_perplexity,aux_loss,expert_load_min,expert_load_max,epoch");
   for (const auto& r : steps) {
     ASSERT_TRUE(std::getline(csv, line));
     EXPECT_EQ(line.substr(0, line.find(',', line.find(',') + 1)), fmt::format("{},{:.6f}", r.step, r.loss));
@@ -704,6 +704,8 @@ TEST(Trainer, MetricsJsonlMirrorsTheStepsAndTheNormIsAlwaysThere) {
     EXPECT_EQ(j["step"], r.step);
     EXPECT_EQ(j["loss"].get<double>(), r.loss);
     EXPECT_EQ(j["grad_norm"].get<double>(), r.grad_norm);
+    EXPECT_EQ(j["epoch"].get<double>(), r.epoch);
+    EXPECT_GT(r.epoch, 0);
     EXPECT_GT(r.grad_norm, 0) << "computed without clipping, step " << r.step;
     EXPECT_TRUE(std::isfinite(r.grad_norm));
     EXPECT_EQ(j.contains("eval_loss"), r.evaluated) << r.step;
