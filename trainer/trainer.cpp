@@ -72,6 +72,7 @@ class Run {
   const std::chrono::steady_clock::time_point t0_;
   std::optional<ResumePoint> resume_;
   LoadedModel model_;  // config, tokenizer and chat template (the tensors are dropped once copied)
+  BaseModelRef base_;  // the base model as the adapter folders and model cards name it
   std::optional<TokenStream> data_;
   std::vector<TokenBatch> eval_batches_;               ///< the evaluation set (empty: no evaluation)
   std::map<int64_t, std::vector<int64_t>> pending_eval_;  ///< steps done -> evaluation passes in flight
@@ -166,6 +167,11 @@ void Run::setup() {
     fill_groups(model_, w.layout, w.trainable);
   }
   model_.tensors.clear();
+  base_ = base_model_ref(spec_.model, spec_.base_model_id);
+  if (trains_lora(spec_))
+    spdlog::info("adapter base: {}{}", base_.portable(),
+                 base_.id.empty() ? " (the local path: no base_model_id in the spec and none in the model's metadata)"
+                                  : fmt::format(" (from {}; local file {})", base_.id_from, base_.path));
   const ModelLayout& layout = w.layout;
   warn_host_memory(spec_, layout);  // before the data and the session's buffers: what to change
   data_.emplace(load_data_for_training(spec_, model_));
@@ -511,7 +517,7 @@ void Run::save(const std::string& name) {
         kept_checkpoint().empty() ? std::string("no checkpoint was written") : kept_checkpoint() + " is kept"));
   require_disk_space(spec_.output_dir, checkpoint_bytes_, fmt::format("checkpoint {}", dir));
   save_checkpoint_bundle(*session_, dir, model_, parse_dtype(spec_.save_dtype),
-                         trainer_state_of(spec_, steps, data_->position()));
+                         trainer_state_of(spec_, steps, data_->position()), base_);
   const double seconds = elapsed() - t0;
   spdlog::info("saved checkpoint {} in {:.1f} s", dir, seconds);
   last_checkpoint_ = dir;

@@ -85,6 +85,44 @@ void save_peft_adapter(const std::string& dir, const ModelLayout& layout,
                        const std::string& base_model_name_or_path, DType dtype = DType::f32,
                        const std::function<void(const std::string& tmp_dir)>& extra = {});
 
+/// The base model of an adapter, as adapter_config.json names it and as this machine has it.
+/// base_model_name_or_path must name what PEFT's AutoPeftModelForCausalLM can load anywhere:
+/// a Hugging Face model id ("HuggingFaceTB/SmolLM2-135M"), not the local file a run read. The
+/// local path goes into kAdapterBaseFile beside it, which roundpipe generate / merge read first.
+struct BaseModelRef {
+  std::string id;       ///< "owner/name" ("" when none is known: then the adapter names `path`)
+  std::string path;     ///< the local .gguf or folder, absolute when it exists
+  std::string id_from;  ///< where `id` came from: "base_model_id", "config.json _name_or_path", "GGUF metadata"
+  /// What base_model_name_or_path records: `id`, else `path`.
+  const std::string& portable() const { return id.empty() ? path : id; }
+};
+
+/// "roundpipe_base.json": {"written_by", "base_model_id" (or null), "base_model_path"}, written
+/// into a run's adapter folders beside adapter_config.json.
+inline constexpr const char* kAdapterBaseFile = "roundpipe_base.json";
+
+/// Whether `s` has the form of a Hugging Face model id, "owner/name" (letters, digits, '-',
+/// '_', '.'; no part starting or ending with '.' or '-', no "..", "--", at most 96 bytes).
+bool is_hub_model_id(const std::string& s);
+
+/// The model id a local model names for itself, "" when none: a folder's config.json
+/// "_name_or_path" when it is a model id; a GGUF's general.source.huggingface.repository, else
+/// the id in general.source.url or general.base_model.0.repo_url (a huggingface.co address).
+/// Throws what GgufFile throws for an unreadable GGUF.
+std::string hub_id_of_model(const std::string& path);
+
+/// The reference of a run's base: `base_model_id` when not "" (the spec's key), else
+/// hub_id_of_model(model_path); `path` is model_path made absolute when it exists.
+BaseModelRef base_model_ref(const std::string& model_path, const std::string& base_model_id);
+
+/// Writes kAdapterBaseFile of `base` into folder `dir` (atomically). Throws
+/// std::runtime_error("<file>: ...") on I/O errors.
+void write_adapter_base_record(const std::string& dir, const BaseModelRef& base);
+
+/// base_model_path of `adapter_dir`'s kAdapterBaseFile, "" when there is none or it is not
+/// readable (a PEFT-made adapter folder has none).
+std::string adapter_base_path(const std::string& adapter_dir);
+
 /// A PEFT adapter folder read into memory.
 struct PeftAdapter {
   std::string dir;
