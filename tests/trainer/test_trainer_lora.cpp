@@ -125,6 +125,17 @@ TEST(TrainerLora, AdapterNamesTheSpecsBaseModelIdAndKeepsTheLocalPath) {
   std::string found;
   rp::load_merged_adapter((d / "run/final").string(), "", &found);
   EXPECT_TRUE(fs::equivalent(found, spec.model)) << found;
+  // final/ and final-merged/ carry model cards naming the id; a user's README.md survives a rerun
+  const std::string card = bytes_of(d / "run/final/README.md"), merged = bytes_of(d / "run/final-merged/README.md");
+  EXPECT_NE(card.find("library_name: peft\nbase_model: \"HuggingFaceTB/SmolLM2-135M\""), std::string::npos) << card;
+  EXPECT_NE(card.find("| train (step 1) | "), std::string::npos) << card;
+  EXPECT_NE(merged.find("library_name: transformers\nbase_model: \"HuggingFaceTB/SmolLM2-135M\""), std::string::npos)
+      << merged;
+  { std::ofstream(d / "run/final/README.md") << "# my notes\n"; }
+  spec.overwrite_output_dir = true;
+  rp::Trainer(spec).run();
+  EXPECT_EQ(bytes_of(d / "run/final/README.md"), "# my notes\n");
+  EXPECT_EQ(bytes_of(d / "run/final-merged/README.md").substr(0, 20), merged.substr(0, 20));
   // a spec value that is no model id is refused with one line naming the key
   try {
     rp::spec_from_json(nlohmann::json::parse(spec_for(d / "tiny", d / "data.jsonl", d / "x",
