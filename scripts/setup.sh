@@ -87,6 +87,12 @@ if ! python3 -c 'import tensorboard' >/dev/null 2>&1; then
   echo "[setup] installing the tensorboard Python package (PyPI) for the event-file test"
   python3 -m pip install -q tensorboard >/dev/null 2>&1 || echo "[setup] warning: could not install tensorboard; its test will skip"
 fi
+# llama.cpp's own GGUF reader (PyPI gguf) checks the files `roundpipe export-gguf` writes
+# (tests/model/test_gguf_export.cpp); optional likewise: without it that one test skips.
+if ! python3 -c 'import gguf' >/dev/null 2>&1; then
+  echo "[setup] installing the gguf Python package (PyPI) for the export-gguf test"
+  python3 -m pip install -q gguf >/dev/null 2>&1 || echo "[setup] warning: could not install gguf; its test will skip"
+fi
 
 # CUDA architectures (docs/gpu.md, "Architectures"): $RP_CUDA_ARCHS (CMake's syntax, e.g. "89" or
 # "80-real;90-real") if set, else the GPUs nvidia-smi lists (so re-running after changing GPUs
