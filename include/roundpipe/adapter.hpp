@@ -5,6 +5,8 @@
 // reads) holds:
 //   adapter_config.json        peft_type "LORA", r, lora_alpha, lora_dropout, target_modules,
 //                              use_rslora, modules_to_save, base_model_name_or_path, ...
+//   roundpipe_base.json        (a run's folders only) the base's model id and local path:
+//                              base_model_name_or_path names the id (BaseModelRef below)
 //   adapter_model.safetensors  "base_model.model.<HF name>" for every tensor:
 //     base_model.model.model.layers.<i>.self_attn.q_proj.lora_A.weight  [r, in]
 //     base_model.model.model.layers.<i>.self_attn.q_proj.lora_B.weight  [out, r]
@@ -217,8 +219,9 @@ void save_merged_checkpoint(const std::string& dir, const ModelLayout& layout,
 /// that is missing or of another shape.
 void merge_peft_adapter(LoadedModel& m, const PeftAdapter& a);
 
-/// The PEFT adapter folder `adapter_dir` folded into its base model (`base`, or else the
-/// adapter's base_model_name_or_path: as given, or relative to the adapter folder), in memory:
+/// The PEFT adapter folder `adapter_dir` folded into its base model (`base`, or else the local
+/// path of the folder's kAdapterBaseFile when that exists, or else the adapter's
+/// base_model_name_or_path: as given, or relative to the adapter folder), in memory:
 /// the base's config, tokenizer and chat template with merged tensors. `base_path`, when not
 /// null, receives the base model's path. Throws std::runtime_error naming the file and key
 /// ("<dir>/adapter_config.json: key 'base_model_name_or_path': ... pass the base model
@@ -230,8 +233,8 @@ LoadedModel load_merged_adapter(const std::string& adapter_dir, const std::strin
 /// LoRA adapter folder; ...").
 LoadedModel load_model_or_adapter(const std::string& path, const std::string& base = "");
 /// `roundpipe merge`: reads the PEFT adapter folder `adapter_dir`, loads its base model
-/// (`base`, or else the adapter's base_model_name_or_path: as given, or relative to the
-/// adapter folder), folds the adapter in (merge_peft_adapter) and writes `out_dir`, a plain
+/// (`base`, or else the local path of kAdapterBaseFile, or else the adapter's
+/// base_model_name_or_path: as given, or relative to the adapter folder), folds the adapter in (merge_peft_adapter) and writes `out_dir`, a plain
 /// Hugging Face folder in `dtype` with the base model's tokenizer and no adapter file,
 /// replacing it atomically; `out_dir` is checked against the adapter and the base first
 /// (check_model_output_folder: std::invalid_argument, nothing written). Returns the base
