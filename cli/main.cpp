@@ -1,4 +1,4 @@
-// The `roundpipe` command: train, convert, merge, plan, trace, generate.
+// The `roundpipe` command: train, convert, merge, export-gguf, plan, trace, generate.
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -10,6 +10,7 @@
 
 #include "cli/command.hpp"
 #include "cli/generate.hpp"
+#include "cli/export_gguf.hpp"
 #include "cli/merge.hpp"
 #include "cli/plan.hpp"
 #include "cli/trace.hpp"
@@ -73,6 +74,7 @@ int main(int argc, char** argv) {
                       "f32 keeps a dequantized or f32 model's values exactly)")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}));
   rp::add_merge_command(app);
+  rp::add_export_gguf_command(app);
   rp::add_plan_command(app);
   rp::add_trace_command(app);
   rp::add_generate_command(app);
@@ -81,9 +83,11 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", rp::version_text(), "print the version and how this binary was built, then exit");
   if (argc >= 2 && argv[1][0] != '-') {
     const std::string cmd = argv[1];
-    if (cmd != "train" && cmd != "convert" && cmd != "merge" && cmd != "plan" && cmd != "trace" && cmd != "generate") {
+    if (cmd != "train" && cmd != "convert" && cmd != "merge" && cmd != "export-gguf" && cmd != "plan" && cmd != "trace" &&
+        cmd != "generate") {
       fmt::print(stderr,
-                 "roundpipe: error: unknown command '{}' (expected train, convert, merge, plan, trace or generate; see roundpipe "
+                 "roundpipe: error: unknown command '{}' (expected train, convert, merge, export-gguf, plan, trace or generate; "
+                 "see roundpipe "
                  "--help)\n",
                  cmd);
       return 2;

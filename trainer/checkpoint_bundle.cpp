@@ -43,19 +43,10 @@ std::string weights_checksum(const std::string& dir) {
   return fmt::format("{:016x}", c.digest());
 }
 
-namespace {
-/// The base model as an adapter folder names it (base_model_name_or_path): a local path made
-/// absolute, so that the folder finds its base from any working directory; anything else as given.
-std::string base_reference(const std::string& source) {
-  std::error_code ec;
-  if (source.empty() || !fs::exists(source, ec)) return source;
-  const fs::path abs = fs::absolute(source, ec);
-  return ec ? source : abs.lexically_normal().string();
-}
-}  // namespace
 
 void save_checkpoint_bundle(Session& session, const std::string& dir, const LoadedModel& model, DType save_dtype,
-                            const TrainerState& state) {
+                            const TrainerState& state, const BaseModelRef& base,
+                            const std::function<void(const std::string& tmp_dir)>& extra) {
   session.synchronize();
   std::vector<const float*> ptrs;
   for (auto& g : session.master_weights()) ptrs.push_back(g.empty() ? nullptr : g.data());  // frozen: empty
@@ -76,11 +67,19 @@ void save_checkpoint_bundle(Session& session, const std::string& dir, const Load
       write_trainer_state(tmp + "/" + kRunStateFile, st);
     });
   };
-  if (session.layout().lora)  // a PEFT adapter folder: the adapters and the trained base modules
-    save_peft_adapter(dir, session.layout(), ptrs, base_reference(model.source), save_dtype, write_state);
-  else
+  if (session.layout().lora) {  // a PEFT adapter folder: the adapters and the trained base modules
+    save_peft_adapter(dir, session.layout(), ptrs, base.portable(), save_dtype, [&](const std::string& tmp) {
+      write_adapter_base_record(tmp, base);
+      if (extra) extra(tmp);
+      write_state(tmp);
+    });
+  } else {
     save_hf_checkpoint(dir, session.layout(), ptrs, model.tokenizer_json, model.chat_template, save_dtype,
-                       write_state);
+                       [&](const std::string& tmp) {
+                         if (extra) extra(tmp);
+                         write_state(tmp);
+                       });
+  }
 }
 
 void copy_checkpoint_bundle(const std::string& from, const std::string& to) {

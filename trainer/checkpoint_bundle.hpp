@@ -12,6 +12,9 @@
 #include <string>
 #include <vector>
 
+#include <functional>
+
+#include "roundpipe/adapter.hpp"
 #include "roundpipe/checkpoint.hpp"
 #include "roundpipe/data.hpp"
 #include "roundpipe/session.hpp"
@@ -54,9 +57,12 @@ std::string weights_checksum(const std::string& dir);
 /// save_dtype f32) and roundpipe_state.json. Call between steps (it synchronizes). Each
 /// folder is replaced atomically, the state folder before the weights folder (a failure
 /// between them leaves a state without its weights, which resumable_checkpoint refuses); a
-/// failure keeps any previous one.
+/// failure keeps any previous one. A LoRA run's adapter folder names `base.portable()` as
+/// base_model_name_or_path and records `base` in kAdapterBaseFile (roundpipe/adapter.hpp).
+/// `extra` (optional) adds files to the new folder before it is put in place (the model card).
 void save_checkpoint_bundle(Session& session, const std::string& dir, const LoadedModel& model, DType save_dtype,
-                            const TrainerState& state);
+                            const TrainerState& state, const BaseModelRef& base,
+                            const std::function<void(const std::string& tmp_dir)>& extra = {});
 
 /// Writes checkpoint folder `to` (and its state folder) as a byte-for-byte copy of checkpoint
 /// `from` and its state: load_best_model_at_end's final/. Each folder is replaced atomically,

@@ -11,6 +11,7 @@
 
 #include "base/checked_math.hpp"
 #include "base/json_fields.hpp"
+#include "roundpipe/adapter.hpp"
 #include "data/chat_template.hpp"
 #include "kernels/weight_format.hpp"
 
@@ -25,8 +26,15 @@ void check_gemm_accumulate(const JsonFields& f, const TrainSpec& s) {
     f.fail_with("key 'gemm_accumulate': \"f16\" needs \"compute_dtype\": \"f16\" (bf16 tensor cores accumulate in fp32 only)");
 }
 
+void check_base_model_id(const JsonFields& f, const TrainSpec& s) {
+  if (!s.base_model_id.empty() && !is_hub_model_id(s.base_model_id))
+    f.fail("base_model_id", "a Hugging Face model id \"owner/name\" (letters, digits, '-', '_', '.')", s.base_model_id);
+}
+
 void read_scalars(const JsonFields& f, TrainSpec& s) {
   f.optional("model", s.model);
+  f.optional("base_model_id", s.base_model_id);
+  check_base_model_id(f, s);
   f.optional("data", s.data);
   f.optional("chat_template", s.chat_template);
   f.optional("seq_len", s.seq_len);
@@ -393,7 +401,7 @@ void check_ranges(const JsonFields& f, const TrainSpec& s) {
 TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
   if (!j.is_object()) throw std::invalid_argument(where + ": expected a JSON object at the top level");
   const JsonFields f(j, where);
-  f.allow_only({"model", "data", "lora", "adapter", "merge_adapters", "chat_template", "seq_len", "sequences_per_step", "micro_batches", "accumulation",
+  f.allow_only({"model", "base_model_id", "data", "lora", "adapter", "merge_adapters", "chat_template", "seq_len", "sequences_per_step", "micro_batches", "accumulation",
                 "steps", "max_examples", "packing", "eval_data", "eval_fraction", "eval_every", "optimizer", "lr_schedule", "backend", "workers", "async", "async_compensation", "plan",
                 "device_memory_gib", "pcie_gbps", "transfer_priorities", "transfer_chunk_bytes", "save_attention",
                 "mlp_chunk_tokens", "pin_budget_gib", "output_dir", "overwrite_output_dir",
@@ -424,6 +432,7 @@ void validate_spec(const TrainSpec& s) {
   if (s.compute_dtype != "bf16" && s.compute_dtype != "f16")
     f.fail("compute_dtype", "\"bf16\" or \"f16\"", s.compute_dtype);
   check_gemm_accumulate(f, s);
+  check_base_model_id(f, s);
   if (s.max_examples < 0) f.fail("max_examples", "an integer >= 0", s.max_examples);
   if (s.max_grad_norm < 0 || !std::isfinite(s.max_grad_norm))
     f.fail("max_grad_norm", "a finite number >= 0", s.max_grad_norm);

@@ -24,6 +24,7 @@
 #include "trainer/disk_space.hpp"
 #include "trainer/lora_setup.hpp"
 #include "trainer/metrics.hpp"
+#include "trainer/model_card.hpp"
 #include "trainer/progress_clock.hpp"
 #include "trainer/replica_run.hpp"
 #include "trainer/run_setup.hpp"
@@ -73,6 +74,11 @@ class Run {
   const std::chrono::steady_clock::time_point t0_;
   std::optional<ResumePoint> resume_;
   LoadedModel model_;  // config, tokenizer and chat template (the tensors are dropped once copied)
+  BaseModelRef base_;  // the base model as the adapter folders and model cards name it
+  std::optional<double> last_loss_, last_eval_loss_;  // of the last reported step / evaluation
+  int64_t last_eval_step_ = 0;
+  /// Writes the model card of folder `dir` into the new folder about to replace it.
+  std::function<void(const std::string&)> card_writer(const std::string& dir, ModelCardFacts::Kind kind) const;
   std::optional<TokenStream> data_;
   std::vector<TokenBatch> eval_batches_;               ///< the evaluation set (empty: no evaluation)
   std::map<int64_t, std::vector<int64_t>> pending_eval_;  ///< steps done -> evaluation passes in flight
@@ -176,6 +182,11 @@ void Run::setup() {
     fill_groups(model_, w.layout, w.trainable);
   }
   model_.tensors.clear();
+  base_ = base_model_ref(spec_.model, spec_.base_model_id);
+  if (trains_lora(spec_))
+    spdlog::info("adapter base: {}{}", base_.portable(),
+                 base_.id.empty() ? " (the local path: no base_model_id in the spec and none in the model's metadata)"
+                                  : fmt::format(" (from {}; local file {})", base_.id_from, base_.path));
   const ModelLayout& layout = w.layout;
   warn_host_memory(spec_, layout);  // before the data and the session's buffers: what to change
   data_.emplace(load_data_for_training(spec_, model_));
@@ -316,6 +327,8 @@ bool Run::report(int64_t t) {
                    "reported without it",
                    t + 1, spec_.stop_timeout_s, t + 1);
   }
+  last_loss_ = s.loss;
+  if (s.evaluated) last_eval_loss_ = s.eval_loss, last_eval_step_ = s.step;
   if (s.evaluated && series_.evaluated(t + 1, s.eval_loss) && !early_stop_at_ && t + 1 < spec_.steps) {
     const EarlyStopState& es = series_.series().early_stopping;
     early_stop_at_ = t + 1;
@@ -418,6 +431,8 @@ void Run::evaluate_before_training() {
   spdlog::info("eval before training: loss {:.4f} (ppl {:.2f}) over {} tokens", r.eval_loss, r.eval_perplexity,
                r.eval_tokens);
   if (jsonl_) jsonl_->eval_before_training(r.eval_loss, r.eval_perplexity);
+  last_eval_loss_ = r.eval_loss;
+  last_eval_step_ = 0;
   if (tb_) {
     tb_->scalar("eval/loss", r.eval_loss, 0);
     tb_->scalar("eval/perplexity", r.eval_perplexity, 0);
@@ -479,8 +494,30 @@ void Run::save_merged() {
   std::vector<const float*> ptrs;
   for (const auto& g : m.groups) ptrs.push_back(g.data());
   const std::string dir = path("final-merged");
-  save_hf_checkpoint(dir, m.layout, ptrs, model_.tokenizer_json, model_.chat_template, parse_dtype(spec_.save_dtype));
+  save_hf_checkpoint(dir, m.layout, ptrs, model_.tokenizer_json, model_.chat_template, parse_dtype(spec_.save_dtype),
+                     card_writer(dir, ModelCardFacts::Kind::merged));
   spdlog::info("saved the merged model {}", dir);
+}
+
+std::function<void(const std::string&)> Run::card_writer(const std::string& dir, ModelCardFacts::Kind kind) const {
+  ModelCardFacts f;
+  f.kind = kind;
+  f.folder = dir;
+  f.base = base_;
+  f.spec = &spec_;
+  f.steps_done = session_->steps_closed();
+  const TokenStreamStats& st = data_->stats();
+  f.train_sequences = st.sequences;
+  f.eval_sequences = st.eval_sequences;
+  f.epochs = st.sequences > 0 ? double(data_->position()) / double(st.sequences) : 0;
+  f.train_loss = last_loss_;
+  f.eval_loss = last_eval_loss_;
+  f.eval_step = last_eval_step_;
+  f.version = RP_VERSION;
+  return [dir, text = model_card_text(f)](const std::string& tmp) {
+    if (!place_model_card(tmp, dir, text))
+      spdlog::info("kept the README.md in {} (not a model card roundpipe wrote; the run's card is not written)", dir);
+  };
 }
 
 // A run stopped before its first step leaves nothing it wrote: this run's TensorBoard file,
@@ -541,7 +578,9 @@ void Run::save(const std::string& name) {
   require_disk_space(spec_.output_dir, checkpoint_bytes_, fmt::format("checkpoint {}", dir));
   TrainerState state = trainer_state_of(spec_, steps, data_->position());
   state.series = series_.series_for(name, steps);
-  save_checkpoint_bundle(*session_, dir, model_, parse_dtype(spec_.save_dtype), state);
+  save_checkpoint_bundle(*session_, dir, model_, parse_dtype(spec_.save_dtype), state, base_,
+                         card_writer(dir, session_->layout().lora ? ModelCardFacts::Kind::adapter
+                                                                  : ModelCardFacts::Kind::full));
   const double seconds = elapsed() - t0;
   spdlog::info("saved checkpoint {} in {:.1f} s", dir, seconds);
   last_checkpoint_ = dir;

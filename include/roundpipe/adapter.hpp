@@ -5,6 +5,8 @@
 // reads) holds:
 //   adapter_config.json        peft_type "LORA", r, lora_alpha, lora_dropout, target_modules,
 //                              use_rslora, modules_to_save, base_model_name_or_path, ...
+//   roundpipe_base.json        (a run's folders only) the base's model id and local path:
+//                              base_model_name_or_path names the id (BaseModelRef below)
 //   adapter_model.safetensors  "base_model.model.<HF name>" for every tensor:
 //     base_model.model.model.layers.<i>.self_attn.q_proj.lora_A.weight  [r, in]
 //     base_model.model.model.layers.<i>.self_attn.q_proj.lora_B.weight  [out, r]
@@ -84,6 +86,44 @@ void save_peft_adapter(const std::string& dir, const ModelLayout& layout,
                        const std::vector<const float*>& group_data,
                        const std::string& base_model_name_or_path, DType dtype = DType::f32,
                        const std::function<void(const std::string& tmp_dir)>& extra = {});
+
+/// The base model of an adapter, as adapter_config.json names it and as this machine has it.
+/// base_model_name_or_path must name what PEFT's AutoPeftModelForCausalLM can load anywhere:
+/// a Hugging Face model id ("HuggingFaceTB/SmolLM2-135M"), not the local file a run read. The
+/// local path goes into kAdapterBaseFile beside it, which roundpipe generate / merge read first.
+struct BaseModelRef {
+  std::string id;       ///< "owner/name" ("" when none is known: then the adapter names `path`)
+  std::string path;     ///< the local .gguf or folder, absolute when it exists
+  std::string id_from;  ///< where `id` came from: "base_model_id", "config.json _name_or_path", "GGUF metadata"
+  /// What base_model_name_or_path records: `id`, else `path`.
+  const std::string& portable() const { return id.empty() ? path : id; }
+};
+
+/// "roundpipe_base.json": {"written_by", "base_model_id" (or null), "base_model_path"}, written
+/// into a run's adapter folders beside adapter_config.json.
+inline constexpr const char* kAdapterBaseFile = "roundpipe_base.json";
+
+/// Whether `s` has the form of a Hugging Face model id, "owner/name" (letters, digits, '-',
+/// '_', '.'; no part starting or ending with '.' or '-', no "..", "--", at most 96 bytes).
+bool is_hub_model_id(const std::string& s);
+
+/// The model id a local model names for itself, "" when none: a folder's config.json
+/// "_name_or_path" when it is a model id; a GGUF's general.source.huggingface.repository, else
+/// the id in general.source.url or general.base_model.0.repo_url (a huggingface.co address).
+/// Throws what GgufFile throws for an unreadable GGUF.
+std::string hub_id_of_model(const std::string& path);
+
+/// The reference of a run's base: `base_model_id` when not "" (the spec's key), else
+/// hub_id_of_model(model_path); `path` is model_path made absolute when it exists.
+BaseModelRef base_model_ref(const std::string& model_path, const std::string& base_model_id);
+
+/// Writes kAdapterBaseFile of `base` into folder `dir` (atomically). Throws
+/// std::runtime_error("<file>: ...") on I/O errors.
+void write_adapter_base_record(const std::string& dir, const BaseModelRef& base);
+
+/// base_model_path of `adapter_dir`'s kAdapterBaseFile, "" when there is none or it is not
+/// readable (a PEFT-made adapter folder has none).
+std::string adapter_base_path(const std::string& adapter_dir);
 
 /// A PEFT adapter folder read into memory.
 struct PeftAdapter {
@@ -179,8 +219,9 @@ void save_merged_checkpoint(const std::string& dir, const ModelLayout& layout,
 /// that is missing or of another shape.
 void merge_peft_adapter(LoadedModel& m, const PeftAdapter& a);
 
-/// The PEFT adapter folder `adapter_dir` folded into its base model (`base`, or else the
-/// adapter's base_model_name_or_path: as given, or relative to the adapter folder), in memory:
+/// The PEFT adapter folder `adapter_dir` folded into its base model (`base`, or else the local
+/// path of the folder's kAdapterBaseFile when that exists, or else the adapter's
+/// base_model_name_or_path: as given, or relative to the adapter folder), in memory:
 /// the base's config, tokenizer and chat template with merged tensors. `base_path`, when not
 /// null, receives the base model's path. Throws std::runtime_error naming the file and key
 /// ("<dir>/adapter_config.json: key 'base_model_name_or_path': ... pass the base model
@@ -192,8 +233,8 @@ LoadedModel load_merged_adapter(const std::string& adapter_dir, const std::strin
 /// LoRA adapter folder; ...").
 LoadedModel load_model_or_adapter(const std::string& path, const std::string& base = "");
 /// `roundpipe merge`: reads the PEFT adapter folder `adapter_dir`, loads its base model
-/// (`base`, or else the adapter's base_model_name_or_path: as given, or relative to the
-/// adapter folder), folds the adapter in (merge_peft_adapter) and writes `out_dir`, a plain
+/// (`base`, or else the local path of kAdapterBaseFile, or else the adapter's
+/// base_model_name_or_path: as given, or relative to the adapter folder), folds the adapter in (merge_peft_adapter) and writes `out_dir`, a plain
 /// Hugging Face folder in `dtype` with the base model's tokenizer and no adapter file,
 /// replacing it atomically; `out_dir` is checked against the adapter and the base first
 /// (check_model_output_folder: std::invalid_argument, nothing written). Returns the base

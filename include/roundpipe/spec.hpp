@@ -20,6 +20,11 @@ inline constexpr int kMaxWorkers = 1024;
 struct TrainSpec {
   std::string source = "spec";       ///< the spec file (error messages name it)
   std::string model;                 ///< .gguf file or HF directory
+  /// The Hugging Face model id of `model` ("HuggingFaceTB/SmolLM2-135M"): what a LoRA run's
+  /// adapter_config.json names as base_model_name_or_path and the model card's base_model.
+  /// "": the id `model` names for itself (config.json _name_or_path, GGUF general.source.*),
+  /// else the local path (roundpipe/adapter.hpp, base_model_ref).
+  std::string base_model_id;
   std::string data;                  ///< JSON lines / JSON array file, .txt file or directory of .txt files
   std::string chat_template = "auto";  ///< auto (from the model) | chatml | qwen3 | qwen3-no-think | smollm2 | llama3
   int64_t seq_len = 128;             ///< tokens per sequence

@@ -250,8 +250,9 @@ TEST(CliResume, CheckpointsArePlainHuggingFaceFoldersWithTheStateBeside) {
     for (const auto& e : fs::directory_iterator(dir)) n.insert(e.path().filename().string());
     return n;
   };
-  const std::set<std::string> hf = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-                                    "tokenizer_config.json"};
+  // README.md: the model card (trainer/model_card.hpp), which Hugging Face folders carry too
+  const std::set<std::string> hf = {"README.md",      "config.json",          "generation_config.json", "model.safetensors",
+                                    "tokenizer.json", "tokenizer_config.json"};
   EXPECT_EQ(names(d / "a/final"), hf);
   EXPECT_EQ(names(d / "a/checkpoint-2"), hf);
   EXPECT_EQ(names(d / "a/state/final"), (std::set<std::string>{"optimizer_state.bin", "roundpipe_state.json"}));

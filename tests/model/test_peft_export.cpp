@@ -330,4 +330,35 @@ TEST(PeftExport, PeftLoadsOurExportWithTheLogitsOfOurMerge) {
   }
 }
 
+// A run's adapter names its base by model id, as PEFT's AutoPeftModelForCausalLM needs, with
+// the local file in roundpipe_base.json: peft's own config reader takes the folder (no network:
+// PeftConfig reads the folder alone) and sees the id, not a path of this machine, and does not
+// warn about keys it does not know.
+TEST(PeftExport, PeftReadsThePortableBaseId) {
+  const std::string py = peft_python();
+  if (py.empty()) GTEST_SKIP() << "no Python with torch, transformers and peft (set RP_PYTHON=/path/to/python)";
+  TempDir d("peft_id");
+  const RoundTrip& rt = round_trips()[0];
+  const Trained t = trained(rt.base, rt.lora, 7u);
+  const BaseModelRef base = base_model_ref(kDir + rt.base, "HuggingFaceTB/SmolLM2-135M");
+  const std::string a = d / "adapter";
+  save_peft_adapter(a, t.layout, pointers(t.groups), base.portable(), DType::f32,
+                    [&](const std::string& tmp) { write_adapter_base_record(tmp, base); });
+  const std::string cmd = "HF_HUB_OFFLINE=1 " + py +
+                          " -W error::UserWarning -c 'import sys; from peft import PeftConfig; "
+                          "c = PeftConfig.from_pretrained(sys.argv[1]); print(\"base=\" + c.base_model_name_or_path)' " +
+                          a + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  EXPECT_EQ(pclose(p), 0) << out;
+  EXPECT_NE(out.find("base=HuggingFaceTB/SmolLM2-135M\n"), std::string::npos) << out;
+  // roundpipe itself finds the local base through the record, the id being no local model
+  std::string found;
+  load_merged_adapter(a, "", &found);
+  EXPECT_EQ(found, base.path);
+}
+
 }  // namespace

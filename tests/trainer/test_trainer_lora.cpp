@@ -108,6 +108,48 @@ TEST(TrainerLora, AdaptersTrainOnAFrozenBaseAndExportAsPeftAndMerged) {
   fs::remove_all(d);
 }
 
+// spec base_model_id: the adapter folder names the id (portable: what PEFT's Auto classes load
+// from the hub), keeps the local base in roundpipe_base.json, and generate / merge still find the
+// local base without --base.
+TEST(TrainerLora, AdapterNamesTheSpecsBaseModelIdAndKeepsTheLocalPath) {
+  auto d = tmpdir();
+  rp::TrainSpec spec = lora_spec(d, "run", 1, rp::WeightFormat::f32);
+  spec.base_model_id = "HuggingFaceTB/SmolLM2-135M";
+  spec.merge_adapters = true;
+  rp::Trainer(spec).run();
+  const rp::PeftAdapter a = rp::read_peft_adapter((d / "run/final").string());
+  EXPECT_EQ(a.base_model_name_or_path, "HuggingFaceTB/SmolLM2-135M");
+  const std::string local = rp::adapter_base_path((d / "run/final").string());
+  EXPECT_TRUE(fs::path(local).is_absolute()) << local;
+  EXPECT_TRUE(fs::equivalent(local, spec.model)) << local;
+  std::string found;
+  rp::load_merged_adapter((d / "run/final").string(), "", &found);
+  EXPECT_TRUE(fs::equivalent(found, spec.model)) << found;
+  // final/ and final-merged/ carry model cards naming the id; a user's README.md survives a rerun
+  const std::string card = bytes_of(d / "run/final/README.md"), merged = bytes_of(d / "run/final-merged/README.md");
+  EXPECT_NE(card.find("library_name: peft\nbase_model: \"HuggingFaceTB/SmolLM2-135M\""), std::string::npos) << card;
+  EXPECT_NE(card.find("| train (step 1) | "), std::string::npos) << card;
+  EXPECT_NE(merged.find("library_name: transformers\nbase_model: \"HuggingFaceTB/SmolLM2-135M\""), std::string::npos)
+      << merged;
+  { std::ofstream(d / "run/final/README.md") << "# my notes\n"; }
+  spec.overwrite_output_dir = true;
+  rp::Trainer(spec).run();
+  EXPECT_EQ(bytes_of(d / "run/final/README.md"), "# my notes\n");
+  EXPECT_EQ(bytes_of(d / "run/final-merged/README.md").substr(0, 20), merged.substr(0, 20));
+  // a spec value that is no model id is refused with one line naming the key
+  try {
+    rp::spec_from_json(nlohmann::json::parse(spec_for(d / "tiny", d / "data.jsonl", d / "x",
+                                                      ", \"base_model_id\": \"/abs/model.gguf\"")),
+                       "s.json");
+    ADD_FAILURE() << "accepted a path as base_model_id";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("s.json: key 'base_model_id': expected a Hugging Face model id"),
+              std::string::npos)
+        << e.what();
+  }
+  fs::remove_all(d);
+}
+
 TEST(TrainerLora, ResumeWithDropoutContinuesBitForBit) {
   auto d = tmpdir();
   rp::TrainSpec whole = lora_spec(d, "whole", 6, rp::WeightFormat::q8_0);

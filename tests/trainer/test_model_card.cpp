@@ -1,0 +1,97 @@
+// The model card (trainer/model_card.hpp): its front matter and facts, the ownership line that
+// lets a later save replace only an unedited card of ours, and a user's README.md kept as it is.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "tests/cli/cli_util.hpp"
+#include "trainer/model_card.hpp"
+
+namespace {
+
+using namespace rp::clitest;
+
+std::string read(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+rp::ModelCardFacts facts(const rp::TrainSpec& spec) {
+  rp::ModelCardFacts f;
+  f.kind = rp::ModelCardFacts::Kind::adapter;
+  f.folder = "runs/x/final";
+  f.base = {"HuggingFaceTB/SmolLM2-135M", "/models/smol.gguf", "base_model_id"};
+  f.spec = &spec;
+  f.steps_done = 20;
+  f.epochs = 0.5;
+  f.train_sequences = 160;
+  f.train_loss = 0.8231;
+  f.eval_loss = 2.25;
+  f.eval_step = 20;
+  f.version = "9.9.9";
+  return f;
+}
+
+TEST(ModelCard, NamesTheBaseDataHyperparametersAndLosses) {
+  auto d = tmpdir();
+  write(d / "data.jsonl", "{\"text\": \"hello\"}\n");
+  rp::TrainSpec spec;
+  spec.data = (d / "data.jsonl").string();
+  spec.steps = 20;
+  spec.adam.lr = 2e-3;
+  spec.lr_schedule.kind = "cosine";
+  spec.lr_schedule.warmup_steps = 3;
+  rp::LoraConfig l;
+  l.r = 16;
+  l.alpha = 32;
+  l.target_modules = {"q_proj", "v_proj"};
+  spec.lora = l;
+  const std::string card = rp::model_card_text(facts(spec));
+  EXPECT_EQ(card.rfind("---\nlibrary_name: peft\nbase_model: \"HuggingFaceTB/SmolLM2-135M\"\n", 0), 0u) << card;
+  for (const char* want : {"- lora\n", "`/models/smol.gguf`", "(18 bytes)", "lr 0.002", "cosine, warmup 3 steps",
+                           "rank 16, alpha 32", "targets [q_proj, v_proj]", "| train (step 20) | 0.8231 |",
+                           "| eval (after step 20) | 2.2500 (perplexity 9.49) |", "RoundPipe C++ 9.9.9",
+                           "steps: 20 of 20 (0.5 epochs of 160 training sequences)"})
+    EXPECT_NE(card.find(want), std::string::npos) << want << "\n" << card;
+  EXPECT_EQ(card.find("http"), std::string::npos) << "the card links outside: " << card;
+  // no id known: no base_model key (the hub needs an id there), the local file still named
+  rp::ModelCardFacts f = facts(spec);
+  f.base = {"", "/models/smol.gguf", ""};
+  f.kind = rp::ModelCardFacts::Kind::full;
+  spec.lora.reset();
+  const std::string full = rp::model_card_text(f);
+  EXPECT_EQ(full.find("base_model:"), std::string::npos) << full;
+  EXPECT_NE(full.find("library_name: transformers"), std::string::npos) << full;
+  EXPECT_NE(full.find("full fine-tuning"), std::string::npos) << full;
+  fs::remove_all(d);
+}
+
+TEST(ModelCard, OnlyAnUneditedCardOfOursIsReplaced) {
+  auto d = tmpdir();
+  rp::TrainSpec spec;
+  spec.data = "data.jsonl";
+  const std::string card = rp::model_card_text(facts(spec));
+  fs::create_directories(d / "old");
+  fs::create_directories(d / "new1");
+  // no README yet: ours is written
+  EXPECT_TRUE(rp::place_model_card((d / "new1").string(), (d / "old").string(), card));
+  EXPECT_EQ(read(d / "new1/README.md"), card);
+  EXPECT_TRUE(rp::is_roundpipe_model_card((d / "new1/README.md").string()));
+  // an unedited card of ours is replaced
+  write(d / "old/README.md", card);
+  fs::create_directories(d / "new2");
+  EXPECT_TRUE(rp::place_model_card((d / "new2").string(), (d / "old").string(), card + "x"));
+  EXPECT_EQ(read(d / "new2/README.md"), card + "x");
+  // an edited card, or a user's own README, is carried over byte for byte
+  for (const std::string& user : {card.substr(0, 10) + "my words" + card.substr(10), std::string("# my model\n")}) {
+    write(d / "old/README.md", user);
+    EXPECT_FALSE(rp::is_roundpipe_model_card((d / "old/README.md").string()));
+    fs::remove_all(d / "new3");
+    fs::create_directories(d / "new3");
+    EXPECT_FALSE(rp::place_model_card((d / "new3").string(), (d / "old").string(), card));
+    EXPECT_EQ(read(d / "new3/README.md"), user);
+  }
+  fs::remove_all(d);
+}
+
+}  // namespace

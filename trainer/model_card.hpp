@@ -1,0 +1,53 @@
+// The model card (README.md) a run writes into final/, final-merged/ and every checkpoint-<n>/:
+// what was trained from what, on which data, how, and to which losses, with Hugging Face's YAML
+// front matter (library_name, base_model, tags) so that the folder uploads as a documented
+// model. The card names no address outside the folder.
+//
+// Ownership: the card's last line "<!-- roundpipe model card, xxh3 <hex> -->" carries the XXH3
+// of everything before it. A README.md in a folder the run replaces is carried over to the new
+// folder untouched unless that line proves it is an unedited card of ours: a user's README (or
+// a card the user edited) is never overwritten or deleted.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "roundpipe/adapter.hpp"
+#include "roundpipe/spec.hpp"
+
+namespace rp {
+
+inline constexpr const char* kModelCardFile = "README.md";
+
+/// What a card says about one saved folder.
+struct ModelCardFacts {
+  enum class Kind { full, adapter, merged };
+  Kind kind = Kind::full;
+  std::string folder;        ///< the folder the card describes, as the run names it ("runs/x/final")
+  BaseModelRef base;         ///< the base model (id and local file)
+  const TrainSpec* spec = nullptr;
+  int64_t steps_done = 0;    ///< optimizer steps in the weights
+  double epochs = 0;         ///< passes over the training sequences (sequences consumed / per epoch)
+  int64_t train_sequences = 0;  ///< training sequences of one epoch
+  int64_t eval_sequences = 0;   ///< held-out sequences (0: none)
+  std::optional<double> train_loss;  ///< the last step's mean loss (none: no step in this run)
+  std::optional<double> eval_loss;   ///< the last evaluation's loss (none: not evaluated)
+  int64_t eval_step = 0;             ///< the step after which eval_loss was measured
+  std::string version;               ///< roundpipe's version
+};
+
+/// The card's text (front matter, sections, the closing ownership line). Throws
+/// std::invalid_argument when facts.spec is null.
+std::string model_card_text(const ModelCardFacts& facts);
+
+/// Whether the file `path` is a card model_card_text wrote, unedited (its closing line's XXH3
+/// matches the text before it). False for a missing or unreadable file.
+bool is_roundpipe_model_card(const std::string& path);
+
+/// Puts README.md into `new_dir` (a folder about to replace `old_dir`): `card` when `old_dir`
+/// has no README.md or an unedited card of ours, else a byte copy of the user's file (then the
+/// card is not written). Returns true when the card was written. Throws std::runtime_error
+/// ("<file>: ...") on I/O errors.
+bool place_model_card(const std::string& new_dir, const std::string& old_dir, const std::string& card);
+
+}  // namespace rp
