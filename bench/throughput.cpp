@@ -12,9 +12,10 @@
 // --no-priorities: parameter/gradient copies do not yield to activation copies (first come,
 // first served); --chunk-bytes: bulk copies are cut into chunks of N bytes (0: whole copies).
 // tokens/s: median over the measured steps of tokens-per-step / (time between consecutive
-// step completions). MFU = tokens/s * (6 N_matmul + 6 layers q_heads head_dim seq) / 790e12
-// (N_matmul counts every matmul weight incl. the LM head, of a sparse layer its router and the
-// top-k experts a token is routed to; recompute not counted).
+// step completions). MFU = tokens/s * model_flops_per_token / 790e12 (model/model_flops.hpp, the
+// trainer's count too: 6 FLOPs per trained matmul weight incl. the LM head and, of a sparse
+// layer, its router and the top-k experts a token is routed to, 4 per frozen (LoRA base)
+// weight, plus the causal or sliding-window attention; recompute not counted).
 // GPT-OSS: --preset gpt-oss-20b (24 layers, 32 experts top-4 with biases and the clamped SwiGLU,
 // attention with biases and sinks, sliding window 128 on every other layer from the first).
 // Mixture of experts (Qwen3-MoE): --preset qwen3-30b-a3b / qwen3-235b-a22b, or --experts E
@@ -43,6 +44,7 @@
 #include "kernels/device.hpp"
 #include "kernels/weight_format.hpp"
 #include "model/lora.hpp"
+#include "model/model_flops.hpp"
 #include "base/host_resources.hpp"
 #include "roundpipe/session.hpp"
 #include "scheduler/cost_model.hpp"
@@ -381,16 +383,9 @@ int run(int argc, char** argv) {
   std::sort(dts.begin(), dts.end());
   const double dt = dts[dts.size() / 2];
   const double tps = double(n) / dt;
-  // matmul weights a token multiplies by: attention, the dense MLPs, a sparse layer's router and
-  // top-k experts, the LM head
-  double nmat = double(vocab) * hidden;
-  for (int64_t i = 0; i < layers; ++i)
-    nmat += hidden * heads * hd * 2.0 + 2.0 * hidden * kv * hd +
-            (c.is_moe_layer(i) ? double(hidden) * double(experts) + 3.0 * hidden * double(top_k) * double(c.moe_intermediate_size)
-                               : 3.0 * hidden * ffn);
-  // full fine-tuning: forward 2N, backward 4N (input and weight gradients); LoRA: no weight
-  // gradient of the frozen base, 4N (the adapters' own FLOPs are left out).
-  const double flops_per_token = (lora ? 4 : 6) * nmat + 6.0 * layers * heads * hd * seq;
+  // training FLOPs per token as the trainer counts them (model/model_flops.hpp: 6 per trained
+  // matmul weight, 4 per frozen one, a sparse layer's router and top-k experts, the attention)
+  const double flops_per_token = rp::model_flops_per_token(m, seq);
   const double mfu = tps * flops_per_token / 790e12;
   const double peak = s.peak_device_bytes() / double(1ull << 30);
   const char* attn = std::getenv("RP_CUDA_ATTENTION");

@@ -1,6 +1,7 @@
 #include "scheduler/cost_model.hpp"
 
 #include "model/layer_memory.hpp"
+#include "model/model_flops.hpp"  // attended_pairs
 
 #include <algorithm>
 #include <cmath>
@@ -301,14 +302,6 @@ void moe_backward(Acc& a, const Dims& x) {
   a.elementwise(2 * x.T * x.E * (es + 4));            // softmax / top-k backward: dlogits
   a.gemm(x.T, x.H, x.E);                              // dhn += dlogits W_router
   if (!x.frozen) a.gemm(x.E, x.H, x.T, true);         // dW_router
-}
-
-// (query, key) pairs one sequence of S tokens scores: causal attention counts half of the
-// S^2 matrix; a sliding window of W keys per query (the first W queries see fewer) leaves
-// a band, W^2/2 + (S - W) W.
-double attended_pairs(double S, double W) {
-  if (W <= 0 || W >= S) return S * S / 2;
-  return W * W / 2 + (S - W) * W;
 }
 
 // Forward of one decoder layer (optionally followed by its backward: `bwd`); with
