@@ -14,9 +14,9 @@
 #include "actors/session_impl.hpp"
 #include "actors/session_testing.hpp"
 #include "actors/worker.hpp"
-#include "base/checked_math.hpp"
 #include "base/host_resources.hpp"
 #include "scheduler/group_plan.hpp"
+#include "scheduler/run_plan.hpp"
 
 namespace rp {
 
@@ -36,21 +36,26 @@ std::unique_ptr<Device> make_device(const std::string& backend, int i, const Dev
   throw std::invalid_argument("unknown backend '" + backend + "' (expected cpu, cuda or auto)");
 }
 
-/// Device numbers of the analytic estimate for `backend` (SessionInternals::device_model).
-DeviceModel default_device_model(const std::string& backend, const DeviceOptions& d, DType dt,
-                                 int64_t mlp_chunk_tokens, bool saved_attention) {
-  DeviceModel m;  // CUDA: the H200-like defaults of scheduler/cost_model.hpp
-  if (backend == "cpu") {
-    m.peak_flops = 50e9;  // a few cores of Eigen fp32 GEMM
-    m.attention_efficiency = 0.3;
-    m.mem_bandwidth = 10e9;
-    m.pcie_bandwidth = d.pcie_bytes_per_s;  // 0: unthrottled copies, transfers free
-  }
-  m.elem_bytes = int64_t(dtype_size(dt));
-  m.scratch_elem_bytes = int64_t(dtype_size(dt));
-  m.mlp_chunk_tokens = mlp_chunk_tokens;
-  m.saved_attention = saved_attention;
-  return m;
+/// The inputs of the session's run plan (scheduler/run_plan.hpp), host memory still unknown:
+/// the analytic device numbers of its backend (or SessionInternals::device_model), the first
+/// device's capacity and allocation granule, automatic plans falling back to the uniform plan.
+RunPlanInputs session_plan_inputs(const ModelLayout& layout, const SessionOptions& opt,
+                                  const SessionInternals& internals, const Device& dev) {
+  RunPlanInputs in;
+  in.layout = &layout;
+  in.micro = opt.micro;
+  in.micro_batches = opt.micro_batches;
+  in.workers = opt.workers;
+  in.compute = dev.compute_dtype();
+  in.device = internals.device_model.value_or(backend_device_model(opt.backend, opt.device.pcie_bytes_per_s, in.compute));
+  in.mlp_chunk_tokens = opt.mlp_chunk_tokens;
+  in.device_capacity = int64_t(dev.capacity_bytes());
+  in.alloc_granule = int64_t(dev.allocation_granule());
+  in.plan = opt.plan;
+  in.uniform_fallback = true;
+  in.save_attention = opt.save_attention;
+  in.host = HostBudget{opt.pass_slots, opt.async && opt.async_weight_prediction, 0, opt.backend == "cpu"};
+  return in;
 }
 
 }  // namespace
@@ -106,109 +111,28 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w,
   for (int i = 0; i < opt.workers; ++i) I.devices.push_back(make_device(backend, i, dopt));
   const DType dt = I.devices[0]->compute_dtype();
 
-  // Host memory: optimizer state + low-precision copy + gradient slots + pass slots (one
-  // worker: shared, PassBuffers), and the decoders' saved attention when it is on (automatic:
-  // on when everything fits 90% of the available memory).
-  bool saved_attention = false;
-  size_t host_need = 0;  // bytes, before the CPU backend's virtual GPUs (checked with the plan below)
-  size_t held = 0;       // of them, bytes the caller's weights already occupy
-  {
-    const auto& c = layout.config;
-    // trainable groups: master, moments, low-precision copy, gradient slot; frozen: storage only
-    size_t n = 0, frozen_bytes = 0;
-    for (const auto& g : layout.groups) (g.frozen ? frozen_bytes : n) += size_t(g.frozen ? g.storage_bytes : g.numel);
-    const size_t slots = opt.workers == 1 ? 1 : size_t(opt.pass_slots);
-    // every product checked: a shape from user input must not wrap around to a small size
-    const auto T = checked_bytes({size_t(opt.micro.n_seq), size_t(opt.micro.seq_len)});
-    const auto act = T ? checked_bytes({*T, size_t(c.hidden_size), dtype_size(dt)}) : std::nullopt;
-    const auto per_slot =
-        act ? checked_bytes({size_t(opt.micro_batches), *act, size_t(2 * layout.num_layers())}) : std::nullopt;
-    const auto attn = T ? checked_bytes({slots, size_t(opt.micro_batches), size_t(c.num_hidden_layers), *T,
-                                         size_t(c.num_attention_heads),
-                                         size_t(c.head_dim) * dtype_size(dt) + sizeof(float)})
-                        : std::nullopt;
-    // (+4: weight prediction's last update, staleness 1 only: optimizer/weight_prediction.hpp)
-    const size_t last_update = opt.async && opt.async_weight_prediction ? 4 : 0;
-    const auto state = checked_bytes({n, 4 /*m*/ + 4 /*v*/ + dtype_size(dt) + 4 /*grad*/ + last_update});
-    const auto acts = per_slot ? checked_bytes({slots, *per_slot}) : std::nullopt;
-    const auto weights = state ? checked_sum(*state, frozen_bytes) : std::nullopt;
-    const auto base = weights && acts ? checked_sum(*weights, *acts) : std::nullopt;
-    const auto with_attn = base && attn ? checked_sum(*base, *attn) : std::nullopt;
-    // what the caller hands over is in memory already: fp32 masters move in, frozen storage is
-    // copied group by group and freed as it goes
-    for (size_t g = 0; g < layout.groups.size(); ++g) {
-      if (!frozen_storage.empty()) held += frozen_storage[g].size();
-      if (!layout.groups[g].frozen && g < w.size()) held += w[g].size() * sizeof(float);
-    }
-    const size_t avail = host_available_bytes() > 0 ? host_available_bytes() + held : 0;
-    saved_attention =
-        opt.save_attention.value_or(with_attn && (avail == 0 || double(*with_attn) <= 0.9 * double(avail)));
-    const auto need = saved_attention ? with_attn : base;
-    if (!need || (avail > 0 && *need > avail))
-      throw std::invalid_argument(fmt::format(
-          "host memory: the session needs about {} (optimizer state, weights, gradients, {} pass slot(s) of "
-          "activations{}) but only {} are available; lower seq_len or the sequences of a pass "
-          "(sequences_per_step / accumulation: raise accumulation){}{}",
-          need ? byte_text(double(*need)) : std::string("more than 2^64 bytes"), slots,
-          saved_attention ? ", saved attention outputs" : "", byte_text(double(avail)),
-          slots > 1 ? ", run one worker (workers 1: the passes share one slot)" : "",
-          saved_attention ? ", or set save_attention to false" : ""));
-    host_need = *need;
-  }
-  I.saved_attention = saved_attention;
-
-  // The plan: explicit, or automatic from the analytic costs (FLOPs and bytes per layer) until
-  // the profile has measured the real ones (scheduler/replan.hpp).
+  // The run plan (scheduler/run_plan.hpp): saved attention and the host memory it needs
+  // (checked), the analytic costs, and the plan: explicit, or automatic from the analytic
+  // costs until the profile has measured the real ones (scheduler/replan.hpp).
   std::function<void(const std::string&)> log = opt.profiling.log;
   if (!log) log = [](const std::string& line) { spdlog::info("{}", line); };
-  DeviceModel dm = internals.device_model.value_or(
-      default_device_model(backend, opt.device, dt, opt.mlp_chunk_tokens, saved_attention));
-  dm.mlp_chunk_tokens = opt.mlp_chunk_tokens;  // what the layers do, whatever the numbers
-  dm.saved_attention = saved_attention;
-  lora_device_model(dm, layout);  // adapter scratch, no base weight gradients
-  std::vector<LayerCost> analytic =
-      layer_costs(estimate_layers(model_shape_from_config(layout.config), opt.micro.n_seq, opt.micro.seq_len, dm));
-  apply_frozen_groups(analytic, layout, dt, dm.grad_elem_bytes);  // storage uploads, no gradients
-  PartitionOptions po;
-  po.gpus = opt.workers;
-  po.micro_batches = opt.micro_batches;
-  po.memory_cap = int64_t(I.devices[0]->capacity_bytes());
-  po.pcie_bandwidth = dm.pcie_bandwidth;
-  po.alloc_granule = int64_t(I.devices[0]->allocation_granule());
-  if (opt.plan) {
-    I.plan = *opt.plan;
-  } else {
-    try {
-      I.plan = automatic_partition(analytic, po).plan;
-    } catch (const std::runtime_error& e) {
-      I.plan = make_default_plan(layout.num_layers(), opt.workers);
-      log(fmt::format("automatic plan: the analytic costs cannot be partitioned under the memory cap ({}); "
-                      "starting from the uniform plan {}",
-                      e.what(), I.plan.summary()));
-    }
+  // what the caller hands over is in memory already: fp32 masters move in, frozen storage is
+  // copied group by group and freed as it goes
+  size_t held = 0;
+  for (size_t g = 0; g < layout.groups.size(); ++g) {
+    if (!frozen_storage.empty()) held += frozen_storage[g].size();
+    if (!layout.groups[g].frozen && g < w.size()) held += w[g].size() * sizeof(float);
   }
-  validate_plan(I.plan, "plan");
-  if (I.plan.num_layers != layout.num_layers())
-    throw std::invalid_argument(fmt::format("plan has {} layers, the model has {}", I.plan.num_layers,
-                                            layout.num_layers()));
-  if (backend == "cpu") {
-    // the CPU backend's virtual GPUs are host memory too: the plan's largest stage per worker
-    size_t per_worker = 0;
-    for (const Stage& st : I.plan.stages)
-      per_worker =
-          std::max(per_worker, size_t(std::max<int64_t>(0, estimate_stage(analytic, st, po).memory_bytes)));
-    const size_t arenas = std::min(per_worker, I.devices[0]->capacity_bytes()) * size_t(opt.workers);
-    const size_t avail = host_available_bytes() > 0 ? host_available_bytes() + held : 0;
-    const auto total = checked_sum(host_need, arenas);
-    if (!total || (avail > 0 && *total > avail))
-      throw std::invalid_argument(fmt::format(
-          "host memory: the session needs about {} ({} for optimizer state, weights, gradients and "
-          "activations, {} for {} virtual GPUs running plan {}) but only {} are available; lower "
-          "workers, micro_batches or the sequence length",
-          total ? byte_text(double(*total)) : std::string("more than 2^64 bytes"),
-          byte_text(double(host_need)), byte_text(double(arenas)), opt.workers, I.plan.summary(),
-          byte_text(double(avail))));
-  }
+  RunPlanInputs rin = session_plan_inputs(layout, I.opt, internals, *I.devices[0]);  // the backend resolved
+  rin.host->available_bytes = host_available_bytes() > 0 ? host_available_bytes() + held : 0;
+  const RunPlan run = plan_run(rin);
+  if (!run.log_line.empty()) log(run.log_line);
+  const bool saved_attention = run.saved_attention;
+  I.saved_attention = saved_attention;
+  I.plan = run.plan;
+  const DeviceModel& dm = run.device;
+  const PartitionOptions& po = run.partition;
+  const std::vector<LayerCost>& analytic = run.analytic;
   I.store = std::make_unique<ParamStore>(layout, dt, /*allocate_frozen=*/false);
   fill_store(layout, w, frozen_storage, *I.store);  // frozen groups' fp32 values are freed here
   I.master = std::move(w);

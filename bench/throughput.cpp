@@ -50,6 +50,7 @@
 #include "scheduler/cost_model.hpp"
 #include "scheduler/partition.hpp"
 #include "scheduler/replan.hpp"
+#include "scheduler/run_plan.hpp"
 #include "scheduler/stage_peak.hpp"
 
 namespace {
@@ -303,23 +304,25 @@ int run(int argc, char** argv) {
   if (pin_budget_gib >= 0) o.pin_budget_bytes = size_t(pin_budget_gib * double(1ull << 30));
   o.save_attention = !no_save_attention;
   // The planner's working set of the plan (the memory model a cap is checked against): the
-  // plan the session will choose at this cap (automatic) or the given one.
-  rp::DeviceModel dm;
+  // plan the session will choose at this cap (automatic) or the given one: plan_run
+  // (scheduler/run_plan.hpp) with the inputs the session passes it.
   const bool on_cpu = backend == "cpu";  // fp32 virtual GPUs with 256-byte pool rounding
-  dm.elem_bytes = dm.scratch_elem_bytes = on_cpu ? 4 : int64_t(rp::dtype_size(o.device.dtype));
-  dm.mlp_chunk_tokens = mlp_chunk;
-  dm.saved_attention = !no_save_attention;
-  rp::lora_device_model(dm, m);
-  auto costs =
-      rp::layer_costs(rp::estimate_layers(rp::model_shape_from_config(c), o.micro.n_seq, o.micro.seq_len, dm));
-  rp::apply_frozen_groups(costs, m, on_cpu ? rp::DType::f32 : o.device.dtype, dm.grad_elem_bytes);
-  rp::PartitionOptions po;
-  po.gpus = workers;
-  po.micro_batches = micro;
-  po.memory_cap = int64_t(o.device.capacity_bytes);
-  po.pcie_bandwidth = dm.pcie_bandwidth;
-  po.alloc_granule = on_cpu ? 256 : int64_t(rp::kCudaPoolGranule);
-  const rp::IterationPlan planned = o.plan ? *o.plan : rp::automatic_partition(costs, po).plan;
+  rp::RunPlanInputs rin;
+  rin.layout = &m;
+  rin.micro = o.micro;
+  rin.micro_batches = micro;
+  rin.workers = workers;
+  rin.compute = on_cpu ? rp::DType::f32 : o.device.dtype;
+  rin.device = rp::backend_device_model(backend, o.device.pcie_bytes_per_s, rin.compute);
+  rin.mlp_chunk_tokens = mlp_chunk;
+  rin.device_capacity = int64_t(o.device.capacity_bytes);
+  rin.alloc_granule = on_cpu ? 256 : int64_t(rp::kCudaPoolGranule);
+  rin.plan = o.plan;
+  rin.save_attention = o.save_attention;
+  const rp::RunPlan run_plan = rp::plan_run(rin);
+  const std::vector<rp::LayerCost>& costs = run_plan.costs;
+  const rp::PartitionOptions& po = run_plan.partition;
+  const rp::IterationPlan planned = run_plan.plan;
   // the largest stage's working set, and with room for the next stage's weights beside it (the
   // worker prefetches them when the cap allows, so a generous cap's peak is nearer the latter)
   int64_t predicted = 0, predicted_prefetch = 0;
