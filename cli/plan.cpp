@@ -70,28 +70,22 @@ ModelShape load_model_shape(const std::string& path, std::string* description) {
   std::string file = path;
   if (fs::is_directory(path, ec)) file = (fs::path(path) / "config.json").string();
   if (!fs::exists(file, ec)) throw std::runtime_error(file + ": no such file");
-  ModelShape m;
+  // the model's one description (ModelConfig), read by its own parsers; the shape is a view of it
+  ModelConfig c;
   std::string kind;
   if (fs::path(file).extension() == ".gguf") {
     GgufFile g(file);
-    m = model_shape_from_config(config_from_gguf(g));
+    c = config_from_gguf(g);
     kind = "gguf " + g.get_string("general.architecture");
   } else {
-    std::ifstream f(file, std::ios::binary);
-    if (!f) throw std::runtime_error(file + ": cannot open");
-    nlohmann::json j;
     try {
-      j = nlohmann::json::parse(f);
-    } catch (const std::exception& e) {
-      throw std::runtime_error(file + ": invalid JSON: " + e.what());
-    }
-    try {
-      m = model_shape_from_config(load_config_file(file));  // dense and Qwen3-MoE ("qwen3_moe")
+      c = load_config_file(file);  // dense, Qwen3-MoE ("qwen3_moe"), GPT-OSS, ...
     } catch (const std::invalid_argument& e) {
       throw std::runtime_error(e.what());
     }
-    kind = j.value("model_type", std::string("?"));
+    kind = c.architecture;
   }
+  ModelShape m = model_shape_from_config(c);
   m.validate(file);
   // The partitioner searches every contiguous range of layers (O(L^2) candidates, each
   // memoised): 1024 decoder layers is 8x the deepest released dense model (126).
@@ -100,7 +94,7 @@ ModelShape load_model_shape(const std::string& path, std::string* description) {
                                          "handles",
                                          file, m.num_layers, kMaxPlanLayers));
   if (description) {
-    const double total = double(model_parameters(m)), active = double(model_parameters(m, true));
+    const double total = double(c.num_parameters()), active = double(c.num_active_parameters());
     *description = fmt::format("{} ({}): {} layers, hidden {}, {} q / {} kv heads x {}, {}vocab {}, "
                                "{:.2f} B parameters",
                                path, kind, m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim,
