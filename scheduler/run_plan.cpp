@@ -37,16 +37,18 @@ void plan_host_memory(const RunPlanInputs& in, const HostBudget& h, RunPlan& r) 
   const size_t dt = dtype_size(in.compute);
   // trainable groups: master, moments, low-precision copy, gradient slot; frozen: storage only
   size_t n = 0, frozen_bytes = 0;
-  for (const auto& g : layout.groups) (g.frozen ? frozen_bytes : n) += size_t(g.frozen ? g.storage_bytes : g.numel);
+  for (const auto& g : layout.groups)
+    (g.frozen ? frozen_bytes : n) += size_t(g.frozen ? g.storage_bytes : g.numel);
   const size_t slots = in.workers == 1 ? 1 : size_t(h.pass_slots);
   // every product checked: a shape from user input must not wrap around to a small size
   const auto T = checked_bytes({size_t(in.micro.n_seq), size_t(in.micro.seq_len)});
   const auto act = T ? checked_bytes({*T, size_t(c.hidden_size), dt}) : std::nullopt;
   const auto per_slot =
       act ? checked_bytes({size_t(in.micro_batches), *act, size_t(2 * layout.num_layers())}) : std::nullopt;
-  const auto attn = T ? checked_bytes({slots, size_t(in.micro_batches), size_t(c.num_hidden_layers), *T,
-                                       size_t(c.num_attention_heads), size_t(c.head_dim) * dt + sizeof(float)})
-                      : std::nullopt;
+  const auto attn =
+      T ? checked_bytes({slots, size_t(in.micro_batches), size_t(c.num_hidden_layers), *T,
+                         size_t(c.num_attention_heads), size_t(c.head_dim) * dt + sizeof(float)})
+        : std::nullopt;
   // (+4: weight prediction's last update, staleness 1 only: optimizer/weight_prediction.hpp)
   const size_t last_update = h.weight_prediction ? 4 : 0;
   const auto state = checked_bytes({n, 4 /*m*/ + 4 /*v*/ + dt + 4 /*grad*/ + last_update});
@@ -74,18 +76,20 @@ void plan_host_memory(const RunPlanInputs& in, const HostBudget& h, RunPlan& r) 
 void check_device_arenas(const RunPlanInputs& in, const HostBudget& h, RunPlan& r) {
   size_t per_worker = 0;
   for (const Stage& st : r.plan.stages)
-    per_worker =
-        std::max(per_worker, size_t(std::max<int64_t>(0, estimate_stage(r.analytic, st, r.partition).memory_bytes)));
-  r.device_arena_bytes = std::min(per_worker, size_t(std::max<int64_t>(0, in.device_capacity))) * size_t(in.workers);
+    per_worker = std::max(
+        per_worker, size_t(std::max<int64_t>(0, estimate_stage(r.analytic, st, r.partition).memory_bytes)));
+  r.device_arena_bytes =
+      std::min(per_worker, size_t(std::max<int64_t>(0, in.device_capacity))) * size_t(in.workers);
   const size_t avail = h.available_bytes;
   const auto total = checked_sum(r.host_bytes, r.device_arena_bytes);
   if (!total || (avail > 0 && *total > avail))
-    throw std::invalid_argument(fmt::format(
-        "host memory: the session needs about {} ({} for optimizer state, weights, gradients and "
-        "activations, {} for {} virtual GPUs running plan {}) but only {} are available; lower "
-        "workers, micro_batches or the sequence length",
-        total ? byte_text(double(*total)) : std::string("more than 2^64 bytes"), byte_text(double(r.host_bytes)),
-        byte_text(double(r.device_arena_bytes)), in.workers, r.plan.summary(), byte_text(double(avail))));
+    throw std::invalid_argument(
+        fmt::format("host memory: the session needs about {} ({} for optimizer state, weights, gradients and "
+                    "activations, {} for {} virtual GPUs running plan {}) but only {} are available; lower "
+                    "workers, micro_batches or the sequence length",
+                    total ? byte_text(double(*total)) : std::string("more than 2^64 bytes"),
+                    byte_text(double(r.host_bytes)), byte_text(double(r.device_arena_bytes)), in.workers,
+                    r.plan.summary(), byte_text(double(avail))));
 }
 
 }  // namespace
@@ -93,15 +97,14 @@ void check_device_arenas(const RunPlanInputs& in, const HostBudget& h, RunPlan& 
 RunPlan plan_run(const RunPlanInputs& in) {
   if (!in.layout) throw std::invalid_argument("plan_run: no model layout");
   if (in.workers < 1 || in.micro_batches < 1 || in.micro.n_seq < 1 || in.micro.seq_len < 1)
-    throw std::invalid_argument(fmt::format("plan_run: expected a positive shape, got {} workers, {} micro-batches "
-                                            "of {} x {} tokens",
-                                            in.workers, in.micro_batches, in.micro.n_seq, in.micro.seq_len));
+    throw std::invalid_argument(
+        fmt::format("plan_run: expected a positive shape, got {} workers, {} micro-batches "
+                    "of {} x {} tokens",
+                    in.workers, in.micro_batches, in.micro.n_seq, in.micro.seq_len));
   const ModelLayout& layout = *in.layout;
   RunPlan r;
-  if (in.host)
-    plan_host_memory(in, *in.host, r);
-  else
-    r.saved_attention = in.save_attention.value_or(true);
+  if (in.host) plan_host_memory(in, *in.host, r);
+  else r.saved_attention = in.save_attention.value_or(true);
 
   // The analytic costs (FLOPs and bytes per layer), until the profile has measured the real
   // ones (scheduler/replan.hpp).
@@ -111,7 +114,8 @@ RunPlan plan_run(const RunPlanInputs& in) {
   lora_device_model(r.device, layout);  // adapter scratch, no base weight gradients
   r.analytic = layer_costs(
       estimate_layers(model_shape_from_config(layout.config), in.micro.n_seq, in.micro.seq_len, r.device));
-  apply_frozen_groups(r.analytic, layout, in.compute, r.device.grad_elem_bytes);  // storage uploads, no gradients
+  apply_frozen_groups(r.analytic, layout, in.compute,
+                      r.device.grad_elem_bytes);  // storage uploads, no gradients
   r.costs = r.analytic;
   if (in.profile) {
     r.costs = in.profile->apply(r.analytic);
@@ -134,9 +138,10 @@ RunPlan plan_run(const RunPlanInputs& in) {
       r.plan = r.automatic->plan;
     } catch (const std::runtime_error& e) {
       r.plan = make_default_plan(layout.num_layers(), in.workers);
-      r.log_line = fmt::format("automatic plan: the analytic costs cannot be partitioned under the memory cap ({}); "
-                               "starting from the uniform plan {}",
-                               e.what(), r.plan.summary());
+      r.log_line = fmt::format(
+          "automatic plan: the analytic costs cannot be partitioned under the memory cap ({}); "
+          "starting from the uniform plan {}",
+          e.what(), r.plan.summary());
     }
   }
   validate_plan(r.plan, "plan");

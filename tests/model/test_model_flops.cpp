@@ -18,12 +18,12 @@ ModelConfig example_config(const std::string& name) {
 TEST(ModelFlops, DenseQwen3HandCount) {
   const ModelLayout m = make_layout(example_config("qwen3-1.7b"));
   const int64_t S = 4096;
-  const double decoder = 2048.0 * 2048      // q_proj [16 x 128, 2048]
-                         + 2048.0 * 1024    // k_proj [8 x 128, 2048]
-                         + 2048.0 * 1024    // v_proj
-                         + 2048.0 * 2048    // o_proj
-                         + 3.0 * 2048 * 6144;  // gate, up, down
-  const double head = 151936.0 * 2048;  // the tied LM head multiplies every token too
+  const double decoder = 2048.0 * 2048                  // q_proj [16 x 128, 2048]
+                         + 2048.0 * 1024                // k_proj [8 x 128, 2048]
+                         + 2048.0 * 1024                // v_proj
+                         + 2048.0 * 2048                // o_proj
+                         + 3.0 * 2048 * 6144;           // gate, up, down
+  const double head = 151936.0 * 2048;                  // the tied LM head multiplies every token too
   const double attention = 28 * 6.0 * 16 * 128 * 4096;  // 12 nq D x S/2 keys per query, causal
   const ModelFlops f = model_flops(m, S);
   EXPECT_DOUBLE_EQ(f.trained_matmul_params, 28 * decoder + head);
@@ -97,7 +97,7 @@ TEST(ModelFlops, GptOssHandCount) {
 
 TEST(ModelFlops, AttendedPairs) {
   EXPECT_DOUBLE_EQ(attended_pairs(10, 0), 50);
-  EXPECT_DOUBLE_EQ(attended_pairs(10, 10), 50);   // a window as long as the sequence is full attention
+  EXPECT_DOUBLE_EQ(attended_pairs(10, 10), 50);     // a window as long as the sequence is full attention
   EXPECT_DOUBLE_EQ(attended_pairs(10, 4), 8 + 24);  // 4^2 / 2 + 6 x 4
 }
 

@@ -43,7 +43,8 @@ PartitionResult partition_as_before(const ModelLayout& m, const RunPlanInputs& i
   DeviceModel d = in.device;
   d.saved_attention = saved_attention;
   lora_device_model(d, m);
-  auto costs = layer_costs(estimate_layers(model_shape_from_config(m.config), in.micro.n_seq, in.micro.seq_len, d));
+  auto costs =
+      layer_costs(estimate_layers(model_shape_from_config(m.config), in.micro.n_seq, in.micro.seq_len, d));
   apply_frozen_groups(costs, m, in.compute, d.grad_elem_bytes);
   PartitionOptions po;
   po.gpus = in.workers;
@@ -105,7 +106,8 @@ TEST(RunPlan, NoPlanUnderTheCapFallsBackToTheUniformPlanOrThrows) {
   const RunPlan r = plan_run(in);
   EXPECT_EQ(r.plan.summary(), make_default_plan(m.num_layers(), 2).summary());
   EXPECT_FALSE(r.automatic);
-  EXPECT_NE(r.log_line.find("starting from the uniform plan " + r.plan.summary()), std::string::npos) << r.log_line;
+  EXPECT_NE(r.log_line.find("starting from the uniform plan " + r.plan.summary()), std::string::npos)
+      << r.log_line;
 }
 
 // The host need is what `roundpipe plan` prints for the same run (host_memory_need) less the
@@ -157,7 +159,8 @@ TEST(RunPlan, SavedAttentionIsOnWhenItFitsAndTheNeedIsChecked) {
     plan_run(in);
     FAIL() << "a host need over the budget was accepted";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("host memory: the session needs about"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("host memory: the session needs about"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -172,7 +175,8 @@ TEST(RunPlan, CpuBackendCountsItsVirtualGpus) {
   in.host = HostBudget{2, false, 0, true};
   const RunPlan r = plan_run(in);
   int64_t largest = 0;
-  for (const Stage& st : r.plan.stages) largest = std::max(largest, estimate_stage(r.analytic, st, r.partition).memory_bytes);
+  for (const Stage& st : r.plan.stages)
+    largest = std::max(largest, estimate_stage(r.analytic, st, r.partition).memory_bytes);
   ASSERT_GT(largest, 0);
   EXPECT_EQ(r.device_arena_bytes, size_t(largest) * 2);
   in.host->available_bytes = r.host_bytes + r.device_arena_bytes - 1;
