@@ -14,9 +14,9 @@
 #include "actors/session_impl.hpp"
 #include "actors/session_testing.hpp"
 #include "actors/worker.hpp"
-#include "base/checked_math.hpp"
 #include "base/host_resources.hpp"
 #include "scheduler/group_plan.hpp"
+#include "scheduler/run_plan.hpp"
 
 namespace rp {
 
@@ -36,21 +36,26 @@ std::unique_ptr<Device> make_device(const std::string& backend, int i, const Dev
   throw std::invalid_argument("unknown backend '" + backend + "' (expected cpu, cuda or auto)");
 }
 
-/// Device numbers of the analytic estimate for `backend` (SessionInternals::device_model).
-DeviceModel default_device_model(const std::string& backend, const DeviceOptions& d, DType dt,
-                                 int64_t mlp_chunk_tokens, bool saved_attention) {
-  DeviceModel m;  // CUDA: the H200-like defaults of scheduler/cost_model.hpp
-  if (backend == "cpu") {
-    m.peak_flops = 50e9;  // a few cores of Eigen fp32 GEMM
-    m.attention_efficiency = 0.3;
-    m.mem_bandwidth = 10e9;
-    m.pcie_bandwidth = d.pcie_bytes_per_s;  // 0: unthrottled copies, transfers free
-  }
-  m.elem_bytes = int64_t(dtype_size(dt));
-  m.scratch_elem_bytes = int64_t(dtype_size(dt));
-  m.mlp_chunk_tokens = mlp_chunk_tokens;
-  m.saved_attention = saved_attention;
-  return m;
+/// The inputs of the session's run plan (scheduler/run_plan.hpp), host memory still unknown:
+/// the analytic device numbers of its backend (or SessionInternals::device_model), the first
+/// device's capacity and allocation granule, automatic plans falling back to the uniform plan.
+RunPlanInputs session_plan_inputs(const ModelLayout& layout, const SessionOptions& opt,
+                                  const SessionInternals& internals, const Device& dev) {
+  RunPlanInputs in;
+  in.layout = &layout;
+  in.micro = opt.micro;
+  in.micro_batches = opt.micro_batches;
+  in.workers = opt.workers;
+  in.compute = dev.compute_dtype();
+  in.device = internals.device_model.value_or(backend_device_model(opt.backend, opt.device.pcie_bytes_per_s, in.compute));
+  in.mlp_chunk_tokens = opt.mlp_chunk_tokens;
+  in.device_capacity = int64_t(dev.capacity_bytes());
+  in.alloc_granule = int64_t(dev.allocation_granule());
+  in.plan = opt.plan;
+  in.uniform_fallback = true;
+  in.save_attention = opt.save_attention;
+  in.host = HostBudget{opt.pass_slots, opt.async && opt.async_weight_prediction, 0, opt.backend == "cpu"};
+  return in;
 }
 
 }  // namespace
@@ -84,190 +89,137 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w, S
                  const SessionInternals& internals)
     : Session(layout, std::move(w), {}, std::move(opt), internals) {}
 
-Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w,
-                 std::vector<std::vector<uint8_t>> frozen_storage, SessionOptions opt,
-                 const SessionInternals& internals)
-    : impl_(std::make_unique<Impl>()) {
-  Impl& I = *impl_;
-  I.layout = layout;
-  I.opt = opt;
+namespace {
+
+void check_options(const SessionOptions& opt) {
   if (opt.workers < 1) throw std::invalid_argument(fmt::format("workers must be >= 1, got {}", opt.workers));
   if (opt.micro_batches < 1)
     throw std::invalid_argument(fmt::format("micro_batches must be >= 1, got {}", opt.micro_batches));
   if (opt.micro.n_seq < 1 || opt.micro.seq_len < 2)
     throw std::invalid_argument("micro-batch shape must have n_seq >= 1 and seq_len >= 2");
   if (opt.pass_slots < 1) throw std::invalid_argument("pass_slots must be >= 1");
-  check_session_weights(layout, w, frozen_storage);
-  std::string backend = opt.backend;
+}
+
+bool guarded_steps(const SessionOptions& opt) {
+  return opt.max_grad_norm > 0 || opt.skip_nonfinite || opt.loss_scaling.has_value();
+}
+
+}  // namespace
+
+// Construction steps of Session::Session, in order (actors/session_impl.hpp). Each reads what
+// the earlier ones set and throws std::invalid_argument (one line) for what it refuses.
+
+// One device per worker on the backend ("auto": CUDA when a device is visible), which
+// opt.backend then names.
+void Session::Impl::open_devices() {
+  std::string& backend = opt.backend;
   if (backend == "auto") backend = cuda_device_count() > 0 ? "cuda" : "cpu";
-  I.opt.backend = backend;
   DeviceOptions dopt = opt.device;
   if (!opt.transfer_priorities) dopt.pcie_priorities = false;  // off means off on the emulated link too
-  for (int i = 0; i < opt.workers; ++i) I.devices.push_back(make_device(backend, i, dopt));
-  const DType dt = I.devices[0]->compute_dtype();
+  for (int i = 0; i < opt.workers; ++i) devices.push_back(make_device(backend, i, dopt));
+}
 
-  // Host memory: optimizer state + low-precision copy + gradient slots + pass slots (one
-  // worker: shared, PassBuffers), and the decoders' saved attention when it is on (automatic:
-  // on when everything fits 90% of the available memory).
-  bool saved_attention = false;
-  size_t host_need = 0;  // bytes, before the CPU backend's virtual GPUs (checked with the plan below)
-  size_t held = 0;       // of them, bytes the caller's weights already occupy
-  {
-    const auto& c = layout.config;
-    // trainable groups: master, moments, low-precision copy, gradient slot; frozen: storage only
-    size_t n = 0, frozen_bytes = 0;
-    for (const auto& g : layout.groups) (g.frozen ? frozen_bytes : n) += size_t(g.frozen ? g.storage_bytes : g.numel);
-    const size_t slots = opt.workers == 1 ? 1 : size_t(opt.pass_slots);
-    // every product checked: a shape from user input must not wrap around to a small size
-    const auto T = checked_bytes({size_t(opt.micro.n_seq), size_t(opt.micro.seq_len)});
-    const auto act = T ? checked_bytes({*T, size_t(c.hidden_size), dtype_size(dt)}) : std::nullopt;
-    const auto per_slot =
-        act ? checked_bytes({size_t(opt.micro_batches), *act, size_t(2 * layout.num_layers())}) : std::nullopt;
-    const auto attn = T ? checked_bytes({slots, size_t(opt.micro_batches), size_t(c.num_hidden_layers), *T,
-                                         size_t(c.num_attention_heads),
-                                         size_t(c.head_dim) * dtype_size(dt) + sizeof(float)})
-                        : std::nullopt;
-    // (+4: weight prediction's last update, staleness 1 only: optimizer/weight_prediction.hpp)
-    const size_t last_update = opt.async && opt.async_weight_prediction ? 4 : 0;
-    const auto state = checked_bytes({n, 4 /*m*/ + 4 /*v*/ + dtype_size(dt) + 4 /*grad*/ + last_update});
-    const auto acts = per_slot ? checked_bytes({slots, *per_slot}) : std::nullopt;
-    const auto weights = state ? checked_sum(*state, frozen_bytes) : std::nullopt;
-    const auto base = weights && acts ? checked_sum(*weights, *acts) : std::nullopt;
-    const auto with_attn = base && attn ? checked_sum(*base, *attn) : std::nullopt;
-    // what the caller hands over is in memory already: fp32 masters move in, frozen storage is
-    // copied group by group and freed as it goes
-    for (size_t g = 0; g < layout.groups.size(); ++g) {
-      if (!frozen_storage.empty()) held += frozen_storage[g].size();
-      if (!layout.groups[g].frozen && g < w.size()) held += w[g].size() * sizeof(float);
-    }
-    const size_t avail = host_available_bytes() > 0 ? host_available_bytes() + held : 0;
-    saved_attention =
-        opt.save_attention.value_or(with_attn && (avail == 0 || double(*with_attn) <= 0.9 * double(avail)));
-    const auto need = saved_attention ? with_attn : base;
-    if (!need || (avail > 0 && *need > avail))
-      throw std::invalid_argument(fmt::format(
-          "host memory: the session needs about {} (optimizer state, weights, gradients, {} pass slot(s) of "
-          "activations{}) but only {} are available; lower seq_len or the sequences of a pass "
-          "(sequences_per_step / accumulation: raise accumulation){}{}",
-          need ? byte_text(double(*need)) : std::string("more than 2^64 bytes"), slots,
-          saved_attention ? ", saved attention outputs" : "", byte_text(double(avail)),
-          slots > 1 ? ", run one worker (workers 1: the passes share one slot)" : "",
-          saved_attention ? ", or set save_attention to false" : ""));
-    host_need = *need;
+// The run plan (scheduler/run_plan.hpp): saved attention and the host memory it needs
+// (checked), the analytic costs, and the plan: explicit, or automatic from the analytic
+// costs until the profile has measured the real ones (scheduler/replan.hpp).
+RunPlan Session::Impl::plan_session(const std::vector<std::vector<float>>& w,
+                                    const std::vector<std::vector<uint8_t>>& frozen_storage,
+                                    const SessionInternals& internals,
+                                    const std::function<void(const std::string&)>& log) {
+  // what the caller hands over is in memory already: fp32 masters move in, frozen storage is
+  // copied group by group and freed as it goes
+  size_t held = 0;
+  for (size_t g = 0; g < layout.groups.size(); ++g) {
+    if (!frozen_storage.empty()) held += frozen_storage[g].size();
+    if (!layout.groups[g].frozen && g < w.size()) held += w[g].size() * sizeof(float);
   }
-  I.saved_attention = saved_attention;
+  RunPlanInputs rin = session_plan_inputs(layout, opt, internals, *devices[0]);
+  rin.host->available_bytes = host_available_bytes() > 0 ? host_available_bytes() + held : 0;
+  RunPlan run = plan_run(rin);
+  if (!run.log_line.empty()) log(run.log_line);
+  saved_attention = run.saved_attention;
+  plan = run.plan;
+  return run;
+}
 
-  // The plan: explicit, or automatic from the analytic costs (FLOPs and bytes per layer) until
-  // the profile has measured the real ones (scheduler/replan.hpp).
-  std::function<void(const std::string&)> log = opt.profiling.log;
-  if (!log) log = [](const std::string& line) { spdlog::info("{}", line); };
-  DeviceModel dm = internals.device_model.value_or(
-      default_device_model(backend, opt.device, dt, opt.mlp_chunk_tokens, saved_attention));
-  dm.mlp_chunk_tokens = opt.mlp_chunk_tokens;  // what the layers do, whatever the numbers
-  dm.saved_attention = saved_attention;
-  lora_device_model(dm, layout);  // adapter scratch, no base weight gradients
-  std::vector<LayerCost> analytic =
-      layer_costs(estimate_layers(model_shape_from_config(layout.config), opt.micro.n_seq, opt.micro.seq_len, dm));
-  apply_frozen_groups(analytic, layout, dt, dm.grad_elem_bytes);  // storage uploads, no gradients
-  PartitionOptions po;
-  po.gpus = opt.workers;
-  po.micro_batches = opt.micro_batches;
-  po.memory_cap = int64_t(I.devices[0]->capacity_bytes());
-  po.pcie_bandwidth = dm.pcie_bandwidth;
-  po.alloc_granule = int64_t(I.devices[0]->allocation_granule());
-  if (opt.plan) {
-    I.plan = *opt.plan;
-  } else {
-    try {
-      I.plan = automatic_partition(analytic, po).plan;
-    } catch (const std::runtime_error& e) {
-      I.plan = make_default_plan(layout.num_layers(), opt.workers);
-      log(fmt::format("automatic plan: the analytic costs cannot be partitioned under the memory cap ({}); "
-                      "starting from the uniform plan {}",
-                      e.what(), I.plan.summary()));
-    }
-  }
-  validate_plan(I.plan, "plan");
-  if (I.plan.num_layers != layout.num_layers())
-    throw std::invalid_argument(fmt::format("plan has {} layers, the model has {}", I.plan.num_layers,
-                                            layout.num_layers()));
-  if (backend == "cpu") {
-    // the CPU backend's virtual GPUs are host memory too: the plan's largest stage per worker
-    size_t per_worker = 0;
-    for (const Stage& st : I.plan.stages)
-      per_worker =
-          std::max(per_worker, size_t(std::max<int64_t>(0, estimate_stage(analytic, st, po).memory_bytes)));
-    const size_t arenas = std::min(per_worker, I.devices[0]->capacity_bytes()) * size_t(opt.workers);
-    const size_t avail = host_available_bytes() > 0 ? host_available_bytes() + held : 0;
-    const auto total = checked_sum(host_need, arenas);
-    if (!total || (avail > 0 && *total > avail))
-      throw std::invalid_argument(fmt::format(
-          "host memory: the session needs about {} ({} for optimizer state, weights, gradients and "
-          "activations, {} for {} virtual GPUs running plan {}) but only {} are available; lower "
-          "workers, micro_batches or the sequence length",
-          total ? byte_text(double(*total)) : std::string("more than 2^64 bytes"),
-          byte_text(double(host_need)), byte_text(double(arenas)), opt.workers, I.plan.summary(),
-          byte_text(double(avail))));
-  }
-  I.store = std::make_unique<ParamStore>(layout, dt, /*allocate_frozen=*/false);
-  fill_store(layout, w, frozen_storage, *I.store);  // frozen groups' fp32 values are freed here
-  I.master = std::move(w);
-  I.adam.resize(I.master.size());
+// The parameter store (frozen groups' fp32 values are freed as they are stored), the fp32
+// masters, and one layer object per compute layer.
+void Session::Impl::take_weights_and_layers(std::vector<std::vector<float>> w,
+                                            std::vector<std::vector<uint8_t>>& frozen_storage) {
+  store = std::make_unique<ParamStore>(layout, devices[0]->compute_dtype(), /*allocate_frozen=*/false);
+  fill_store(layout, w, frozen_storage, *store);
+  master = std::move(w);
+  adam.resize(master.size());
   LayerOptions lo;
   lo.mlp_chunk_tokens = opt.mlp_chunk_tokens;
   lo.save_attention = saved_attention;
-  for (int l = 0; l < layout.num_layers(); ++l) I.layers.push_back(make_layer(I.layout, l, lo));
-  if (opt.trace) {
-    I.tracer = std::make_unique<Tracer>();
-    I.tracer->set_info("backend", backend);
-    I.tracer->set_info("workers", std::to_string(opt.workers));
-    I.tracer->set_info("micro_batches", std::to_string(opt.micro_batches));
-    I.tracer->set_info("transfer_priorities", opt.transfer_priorities ? "on" : "off");
-    I.tracer->set_info("transfer_chunk_bytes", std::to_string(opt.transfer_chunk_bytes));
-    I.tracer->enable_messages(opt.trace_messages);
-    if (opt.trace_messages) I.tracer->set_info("messages", "on");
-    if (backend == "cpu" && dopt.pcie_bytes_per_s > 0)
-      I.tracer->set_info("pcie_bytes_per_s", fmt::format("{}", dopt.pcie_bytes_per_s));
-  }
+  for (int l = 0; l < layout.num_layers(); ++l) layers.push_back(make_layer(layout, l, lo));
+}
 
-  I.cfg = std::make_unique<caf::actor_system_config>();
-  register_protocol(*I.cfg);
-  I.sys = std::make_unique<caf::actor_system>(*I.cfg);
+void Session::Impl::start_tracer() {
+  if (!opt.trace) return;
+  tracer = std::make_unique<Tracer>();
+  tracer->set_info("backend", opt.backend);
+  tracer->set_info("workers", std::to_string(opt.workers));
+  tracer->set_info("micro_batches", std::to_string(opt.micro_batches));
+  tracer->set_info("transfer_priorities", opt.transfer_priorities ? "on" : "off");
+  tracer->set_info("transfer_chunk_bytes", std::to_string(opt.transfer_chunk_bytes));
+  tracer->enable_messages(opt.trace_messages);
+  if (opt.trace_messages) tracer->set_info("messages", "on");
+  if (opt.backend == "cpu" && opt.device.pcie_bytes_per_s > 0)
+    tracer->set_info("pcie_bytes_per_s", fmt::format("{}", opt.device.pcie_bytes_per_s));
+}
 
-  if (opt.loss_scaling) {
-    if (dt != DType::f16 && !internals.allow_loss_scaling_any_dtype)
-      throw std::invalid_argument(fmt::format("loss_scaling needs the f16 compute dtype, the {} backend computes in {} "
-                                              "(bf16 and f32 do not need it)",
-                                              backend, dtype_name(dt)));
-    I.scaler = std::make_unique<LossScaler>(*opt.loss_scaling);
-  }
-  const bool guard = opt.max_grad_norm > 0 || opt.skip_nonfinite || opt.loss_scaling.has_value();
+void Session::Impl::start_actor_system() {
+  cfg = std::make_unique<caf::actor_system_config>();
+  register_protocol(*cfg);
+  sys = std::make_unique<caf::actor_system>(*cfg);
+}
+
+void Session::Impl::make_loss_scaler(const SessionInternals& internals) {
+  if (!opt.loss_scaling) return;
+  const DType dt = devices[0]->compute_dtype();
+  if (dt != DType::f16 && !internals.allow_loss_scaling_any_dtype)
+    throw std::invalid_argument(fmt::format("loss_scaling needs the f16 compute dtype, the {} backend computes in {} "
+                                            "(bf16 and f32 do not need it)",
+                                            opt.backend, dtype_name(dt)));
+  scaler = std::make_unique<LossScaler>(*opt.loss_scaling);
+}
+
+// The re-planner: the analytic costs and partition options of the run plan, until the
+// profile settles.
+std::shared_ptr<Replanner> Session::Impl::make_replanner(const RunPlan& run,
+                                                      const SessionInternals& internals) const {
+  SimOptions sim;
+  sim.bandwidth = StreamBandwidths::uniform(run.device.pcie_bandwidth);
+  sim.staleness = opt.async ? 1 : 0;
+  sim.passes_in_flight = opt.pass_slots;
+  sim.weight_buffers = run.partition.weight_buffers;
+  ReplanOptions ro;
+  ro.automatic = !opt.plan && opt.profiling.replan && opt.profiling.enabled;
+  ro.settle_rel_tol = opt.profiling.settle_rel_tol;
+  ro.settle_min_samples = opt.profiling.settle_min_samples;
+  ro.settle_max_samples = opt.profiling.settle_max_samples;
+  ro.min_gain = opt.profiling.min_gain;
+  Profile prof(layout.num_layers(), opt.micro.n_seq, opt.micro.seq_len);
+  prof.device = devices[0]->name();
+  auto r = std::make_shared<Replanner>(std::move(prof), run.analytic, run.partition, sim, ro);
+  r->set_planner(internals.planner);
+  return r;
+}
+
+SchedulerConfig Session::Impl::scheduler_config(const RunPlan& run, const SessionInternals& internals,
+                                                const std::function<void(const std::string&)>& log) {
   SchedulerConfig sc;
-  sc.plan = I.plan;
+  sc.plan = plan;
   sc.num_groups = int(layout.groups.size());
-  sc.frozen = I.store->frozen;
-  sc.guard = guard;
+  sc.frozen = store->frozen;
+  sc.guard = guarded_steps(opt);
   sc.max_grad_norm = opt.max_grad_norm;
-  sc.loss_scaler = I.scaler.get();
-  sc.layout = &I.layout;
-  {
-    SimOptions sim;
-    sim.bandwidth = StreamBandwidths::uniform(dm.pcie_bandwidth);
-    sim.staleness = opt.async ? 1 : 0;
-    sim.passes_in_flight = opt.pass_slots;
-    sim.weight_buffers = po.weight_buffers;
-    ReplanOptions ro;
-    ro.automatic = !opt.plan && opt.profiling.replan && opt.profiling.enabled;
-    ro.settle_rel_tol = opt.profiling.settle_rel_tol;
-    ro.settle_min_samples = opt.profiling.settle_min_samples;
-    ro.settle_max_samples = opt.profiling.settle_max_samples;
-    ro.min_gain = opt.profiling.min_gain;
-    Profile prof(layout.num_layers(), opt.micro.n_seq, opt.micro.seq_len);
-    prof.device = I.devices[0]->name();
-    sc.replanner = std::make_shared<Replanner>(std::move(prof), analytic, po, sim, ro);
-    sc.replanner->set_planner(internals.planner);
-  }
-  sc.on_new_host_buffer = [impl = &I](HostBytes& b) { impl->pin(b); };
+  sc.loss_scaler = scaler.get();
+  sc.layout = &layout;
+  sc.replanner = make_replanner(run, internals);
+  sc.on_new_host_buffer = [impl = this](HostBytes& b) { impl->pin(b); };
   sc.log = log;
   sc.staleness = opt.async ? 1 : 0;
   if (!(opt.watchdog_s >= 0))
@@ -275,99 +227,129 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w,
   sc.watchdog_s = opt.watchdog_s;
   sc.warn = opt.watchdog_log;
   if (!sc.warn) sc.warn = [](const std::string& line) { spdlog::warn("{}", line); };
-  sc.progress = &I.progress;
+  sc.progress = &progress;
   sc.faults = internals.faults;
-  sc.tracer = I.tracer.get();
+  sc.tracer = tracer.get();
   for (int i = 0; i < opt.pass_slots; ++i)  // one worker runs stages in dealt order: passes share activations
     sc.pass_slots.push_back(std::make_shared<PassBuffers>(
-        layout, I.plan, opt.micro_batches, opt.micro, dt,
+        layout, plan, opt.micro_batches, opt.micro, devices[0]->compute_dtype(),
         opt.workers == 1 && i > 0 ? sc.pass_slots[0]->activations : nullptr, saved_attention));
-  // Pin the host buffers the copy streams touch (no-op on the CPU backend) within the pin
-  // budget, those copied most often first: every pass's buffers, the gradient slots, the
-  // trainable weights, then the frozen weights. The rest stays pageable.
-  I.pins.budget = opt.pin_budget_bytes ? *opt.pin_budget_bytes : host_total_bytes() / 4 * 3;
-  for (auto& pb : sc.pass_slots) {
+  return sc;
+}
+
+// Pin the host buffers the copy streams touch (no-op on the CPU backend) within the pin
+// budget, those copied most often first: every pass's buffers, the gradient slots, the
+// trainable weights, then the frozen weights. The rest stays pageable.
+void Session::Impl::pin_host_buffers(const std::vector<std::shared_ptr<PassBuffers>>& pass_slots,
+                                     const std::function<void(const std::string&)>& log) {
+  pins.budget = opt.pin_budget_bytes ? *opt.pin_budget_bytes : host_total_bytes() / 4 * 3;
+  for (auto& pb : pass_slots) {
     for (auto* v : {&pb->ids, &pb->targets, &pb->positions})
-      for (auto& b : *v) I.pin(b);
+      for (auto& b : *v) pin(b);
     for (auto* vv : {&pb->x, &pb->dx, &pb->activations->attn_o, &pb->activations->attn_lse})
       for (auto& v : *vv)
-        for (auto& b : v) I.pin(b);
+        for (auto& b : v) pin(b);
   }
-  for (auto& b : I.store->grad)
-    if (b.data()) I.pin(b);  // frozen groups have no gradient slot
+  for (auto& b : store->grad)
+    if (b.data()) pin(b);  // frozen groups have no gradient slot
   for (bool frozen : {false, true})
-    for (size_t g = 0; g < I.store->lowp.size(); ++g)
-      if (bool(I.store->frozen[g]) == frozen) I.pin(I.store->lowp[g], frozen);
-  if (I.pins.pageable_bytes > 0 && backend != "cpu")  // the CPU backend's copies are the same either way
+    for (size_t g = 0; g < store->lowp.size(); ++g)
+      if (bool(store->frozen[g]) == frozen) pin(store->lowp[g], frozen);
+  if (pins.pageable_bytes > 0 && opt.backend != "cpu")  // the CPU backend's copies are the same either way
     log(fmt::format("host memory: {} pinned for fast copies, {} left pageable ({} of it frozen weights) by the "
                     "pin budget of {} (pin_budget_gib); copies from pageable memory are slower",
-                    byte_text(double(I.pins.pinned_bytes)), byte_text(double(I.pins.pageable_bytes)),
-                    byte_text(double(I.pins.pageable_frozen_bytes)), byte_text(double(I.pins.budget))));
-  I.slots = sc.pass_slots;
-  I.scheduler = spawn_scheduler(*I.sys, std::move(sc));
+                    byte_text(double(pins.pinned_bytes)), byte_text(double(pins.pageable_bytes)),
+                    byte_text(double(pins.pageable_frozen_bytes)), byte_text(double(pins.budget))));
+}
 
-  // Optimizer shards own disjoint groups (assign_shards: balanced by bytes, a group of a
-  // shard's share or more alone).
+// Optimizer shards own disjoint groups (assign_shards: balanced by bytes, a group of a
+// shard's share or more alone). Returns each group's shard (frozen groups: -1, no shard).
+std::vector<int> Session::Impl::spawn_shards(const SessionInternals& internals) {
   std::vector<int> up, gr;
-  count_per_pass(layout, I.plan, up, gr);
+  count_per_pass(layout, plan, up, gr);
   int nsh = opt.shards;
   if (nsh <= 0) nsh = std::clamp(int(std::thread::hardware_concurrency() / 2), 1, 4);
-  const int trainable = int(std::count(I.store->frozen.begin(), I.store->frozen.end(), 0));
+  const int trainable = int(std::count(store->frozen.begin(), store->frozen.end(), 0));
   nsh = std::clamp<int>(nsh, 1, std::max(trainable, 1));
-  const std::vector<int> shard_of = assign_shards(layout, nsh);  // frozen groups: -1, no shard
+  const std::vector<int> shard_of = assign_shards(layout, nsh);
   std::vector<std::vector<ShardGroup>> owned(nsh);
   for (size_t g = 0; g < layout.groups.size(); ++g)
     if (shard_of[g] >= 0)
-      owned[size_t(shard_of[g])].push_back(ShardGroup{int(g), &I.master[g], &I.adam[g], up[g], gr[g]});
+      owned[size_t(shard_of[g])].push_back(ShardGroup{int(g), &master[g], &adam[g], up[g], gr[g]});
   // Optimizer threads (default: half the allowed cores) split over the shards, each shard's
   // pool pinned to neighbouring cores of one NUMA node where possible.
   const int total_threads = opt.optimizer_threads > 0
                                 ? opt.optimizer_threads
                                 : std::max(nsh, int(allowed_cpus().size()) / 2);
   const auto cpu_lists = cpus_for_pools(nsh, total_threads);
-  std::vector<ShardActor> shards;
   for (int s = 0; s < nsh; ++s) {
     ShardOptions so{opt.async ? 1 : 0, opt.adam};
     so.threads = int(cpu_lists[size_t(s)].size());
     if (opt.pin_optimizer_threads) so.cpus = cpu_lists[size_t(s)];
-    so.guard = guard;
+    so.guard = guarded_steps(opt);
     so.predict_weights = opt.async_weight_prediction;
     so.index = s;
-    so.progress = &I.progress;
+    so.progress = &progress;
     so.faults = internals.faults;
-    so.tracer = I.tracer.get();
+    so.tracer = tracer.get();
     so.replicas = opt.replicas;
     if (opt.replicas && opt.replicas->size() > 1) {
-      so.reduce_wait = &I.reduce_wait;
-      so.sums_in_flight = I.sums_in_flight;
+      so.reduce_wait = &reduce_wait;
+      so.sums_in_flight = sums_in_flight;
     }
-    shards.push_back(spawn_optimizer_shard(*I.sys, std::move(owned[s]), I.store.get(), so, I.scheduler));
+    shards.push_back(spawn_optimizer_shard(*sys, std::move(owned[s]), store.get(), so, scheduler));
   }
-  std::vector<WorkerActor> workers;
+  return shard_of;
+}
+
+void Session::Impl::spawn_workers(const std::vector<int>& shard_of, const SessionInternals& internals) {
   for (int i = 0; i < opt.workers; ++i) {
     WorkerContext ctx;
     ctx.index = i;
-    ctx.device = I.devices[i].get();
-    ctx.layout = &I.layout;
-    ctx.layers = &I.layers;
-    ctx.store = I.store.get();
+    ctx.device = devices[i].get();
+    ctx.layout = &layout;
+    ctx.layers = &layers;
+    ctx.store = store.get();
     for (size_t g = 0; g < layout.groups.size(); ++g)  // frozen groups: none (never requested)
       ctx.shard_of_group.push_back(shard_of[g] >= 0 ? shards[size_t(shard_of[g])] : ShardActor{});
-    ctx.scheduler = I.scheduler;
-    ctx.tracer = I.tracer.get();
+    ctx.scheduler = scheduler;
+    ctx.tracer = tracer.get();
     ctx.profile = opt.profiling.enabled;
     ctx.saved_attention = saved_attention;
     ctx.transfer.priorities = opt.transfer_priorities;
     ctx.transfer.chunk_bytes = opt.transfer_chunk_bytes;
     ctx.transfer.bulk_inflight = opt.transfer_bulk_inflight;
-    ctx.memory_events = &I.memory_events;
-    ctx.progress = &I.progress;
+    ctx.memory_events = &memory_events;
+    ctx.progress = &progress;
     ctx.faults = internals.faults;
-    workers.push_back(spawn_worker(*I.sys, std::move(ctx)));
+    workers.push_back(spawn_worker(*sys, std::move(ctx)));
   }
-  I.shards = shards;
-  I.workers = workers;
-  caf::anon_send(I.scheduler, SetPeers{workers, shards});
+}
+
+Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w,
+                 std::vector<std::vector<uint8_t>> frozen_storage, SessionOptions opt,
+                 const SessionInternals& internals)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& I = *impl_;
+  I.layout = layout;
+  I.opt = std::move(opt);
+  check_options(I.opt);
+  check_session_weights(layout, w, frozen_storage);
+  I.open_devices();
+  std::function<void(const std::string&)> log = I.opt.profiling.log;
+  if (!log) log = [](const std::string& line) { spdlog::info("{}", line); };
+  const RunPlan run = I.plan_session(w, frozen_storage, internals, log);
+  I.take_weights_and_layers(std::move(w), frozen_storage);
+  I.start_tracer();
+  I.start_actor_system();
+  I.make_loss_scaler(internals);
+  SchedulerConfig sc = I.scheduler_config(run, internals, log);
+  I.pin_host_buffers(sc.pass_slots, log);
+  I.slots = sc.pass_slots;
+  I.scheduler = spawn_scheduler(*I.sys, std::move(sc));
+  const std::vector<int> shard_of = I.spawn_shards(internals);
+  I.spawn_workers(shard_of, internals);
+  caf::anon_send(I.scheduler, SetPeers{I.workers, I.shards});
 }
 
 Session::~Session() = default;

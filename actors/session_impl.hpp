@@ -1,6 +1,7 @@
 // Private: the state behind rp::Session, shared by actors/session.cpp (construction, the
 // training calls) and actors/session_state.cpp (optimizer state save / load).
 #pragma once
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -17,6 +18,7 @@
 #include "actors/worker.hpp"
 #include "optimizer/adamw.hpp"
 #include "optimizer/loss_scale.hpp"
+#include "scheduler/run_plan.hpp"
 #include "roundpipe/session.hpp"
 #include "trace/tracer.hpp"
 
@@ -56,6 +58,32 @@ struct Session::Impl {
   bool resumed = false;      // load_optimizer_state succeeded
   bool saved_attention = false;  // decoders keep their attention output for backward
   std::string load_failed;   // non-empty: a load failed half-way; the session is unusable
+
+  // Construction steps, in the order Session::Session runs them (actors/session.cpp); each
+  // reads what the earlier ones set.
+  /// One device per worker; resolves opt.backend "auto".
+  void open_devices();
+  /// The run plan (scheduler/run_plan.hpp) with the host memory the caller's weights already
+  /// hold; sets `plan` and `saved_attention` and logs the uniform fallback's line.
+  RunPlan plan_session(const std::vector<std::vector<float>>& w, const std::vector<std::vector<uint8_t>>& frozen_storage,
+                       const SessionInternals& internals, const std::function<void(const std::string&)>& log);
+  /// The parameter store (frozen groups stored, their fp32 freed), the masters, the layers.
+  void take_weights_and_layers(std::vector<std::vector<float>> w, std::vector<std::vector<uint8_t>>& frozen_storage);
+  void start_tracer();  ///< opt.trace only
+  void start_actor_system();
+  /// opt.loss_scaling: refused unless the devices compute in f16 (or the test knob allows it).
+  void make_loss_scaler(const SessionInternals& internals);
+  std::shared_ptr<Replanner> make_replanner(const RunPlan& run, const SessionInternals& internals) const;
+  /// The scheduler's configuration with its pass slots; refuses a negative watchdog_s.
+  SchedulerConfig scheduler_config(const RunPlan& run, const SessionInternals& internals,
+                                   const std::function<void(const std::string&)>& log);
+  /// Pins pass buffers, gradient slots, trainable then frozen weights within the pin budget.
+  void pin_host_buffers(const std::vector<std::shared_ptr<PassBuffers>>& pass_slots,
+                        const std::function<void(const std::string&)>& log);
+  /// Spawns the optimizer shards into `shards`; returns each group's shard (frozen: -1).
+  std::vector<int> spawn_shards(const SessionInternals& internals);
+  /// Spawns one worker per device into `workers`.
+  void spawn_workers(const std::vector<int>& shard_of, const SessionInternals& internals);
 
   /// Checks and submits one pass of the current step (positions: packed sequences, or null).
   /// eval >= 0: a forward-only evaluation pass with that id.

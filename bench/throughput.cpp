@@ -12,9 +12,10 @@
 // --no-priorities: parameter/gradient copies do not yield to activation copies (first come,
 // first served); --chunk-bytes: bulk copies are cut into chunks of N bytes (0: whole copies).
 // tokens/s: median over the measured steps of tokens-per-step / (time between consecutive
-// step completions). MFU = tokens/s * (6 N_matmul + 6 layers q_heads head_dim seq) / 790e12
-// (N_matmul counts every matmul weight incl. the LM head, of a sparse layer its router and the
-// top-k experts a token is routed to; recompute not counted).
+// step completions). MFU = tokens/s * model_flops_per_token / 790e12 (model/model_flops.hpp, the
+// trainer's count too: 6 FLOPs per trained matmul weight incl. the LM head and, of a sparse
+// layer, its router and the top-k experts a token is routed to, 4 per frozen (LoRA base)
+// weight, plus the causal or sliding-window attention; recompute not counted).
 // GPT-OSS: --preset gpt-oss-20b (24 layers, 32 experts top-4 with biases and the clamped SwiGLU,
 // attention with biases and sinks, sliding window 128 on every other layer from the first).
 // Mixture of experts (Qwen3-MoE): --preset qwen3-30b-a3b / qwen3-235b-a22b, or --experts E
@@ -43,11 +44,13 @@
 #include "kernels/device.hpp"
 #include "kernels/weight_format.hpp"
 #include "model/lora.hpp"
+#include "model/model_flops.hpp"
 #include "base/host_resources.hpp"
 #include "roundpipe/session.hpp"
 #include "scheduler/cost_model.hpp"
 #include "scheduler/partition.hpp"
 #include "scheduler/replan.hpp"
+#include "scheduler/run_plan.hpp"
 #include "scheduler/stage_peak.hpp"
 
 namespace {
@@ -301,23 +304,25 @@ int run(int argc, char** argv) {
   if (pin_budget_gib >= 0) o.pin_budget_bytes = size_t(pin_budget_gib * double(1ull << 30));
   o.save_attention = !no_save_attention;
   // The planner's working set of the plan (the memory model a cap is checked against): the
-  // plan the session will choose at this cap (automatic) or the given one.
-  rp::DeviceModel dm;
+  // plan the session will choose at this cap (automatic) or the given one: plan_run
+  // (scheduler/run_plan.hpp) with the inputs the session passes it.
   const bool on_cpu = backend == "cpu";  // fp32 virtual GPUs with 256-byte pool rounding
-  dm.elem_bytes = dm.scratch_elem_bytes = on_cpu ? 4 : int64_t(rp::dtype_size(o.device.dtype));
-  dm.mlp_chunk_tokens = mlp_chunk;
-  dm.saved_attention = !no_save_attention;
-  rp::lora_device_model(dm, m);
-  auto costs =
-      rp::layer_costs(rp::estimate_layers(rp::model_shape_from_config(c), o.micro.n_seq, o.micro.seq_len, dm));
-  rp::apply_frozen_groups(costs, m, on_cpu ? rp::DType::f32 : o.device.dtype, dm.grad_elem_bytes);
-  rp::PartitionOptions po;
-  po.gpus = workers;
-  po.micro_batches = micro;
-  po.memory_cap = int64_t(o.device.capacity_bytes);
-  po.pcie_bandwidth = dm.pcie_bandwidth;
-  po.alloc_granule = on_cpu ? 256 : int64_t(rp::kCudaPoolGranule);
-  const rp::IterationPlan planned = o.plan ? *o.plan : rp::automatic_partition(costs, po).plan;
+  rp::RunPlanInputs rin;
+  rin.layout = &m;
+  rin.micro = o.micro;
+  rin.micro_batches = micro;
+  rin.workers = workers;
+  rin.compute = on_cpu ? rp::DType::f32 : o.device.dtype;
+  rin.device = rp::backend_device_model(backend, o.device.pcie_bytes_per_s, rin.compute);
+  rin.mlp_chunk_tokens = mlp_chunk;
+  rin.device_capacity = int64_t(o.device.capacity_bytes);
+  rin.alloc_granule = on_cpu ? 256 : int64_t(rp::kCudaPoolGranule);
+  rin.plan = o.plan;
+  rin.save_attention = o.save_attention;
+  const rp::RunPlan run_plan = rp::plan_run(rin);
+  const std::vector<rp::LayerCost>& costs = run_plan.costs;
+  const rp::PartitionOptions& po = run_plan.partition;
+  const rp::IterationPlan planned = run_plan.plan;
   // the largest stage's working set, and with room for the next stage's weights beside it (the
   // worker prefetches them when the cap allows, so a generous cap's peak is nearer the latter)
   int64_t predicted = 0, predicted_prefetch = 0;
@@ -381,16 +386,9 @@ int run(int argc, char** argv) {
   std::sort(dts.begin(), dts.end());
   const double dt = dts[dts.size() / 2];
   const double tps = double(n) / dt;
-  // matmul weights a token multiplies by: attention, the dense MLPs, a sparse layer's router and
-  // top-k experts, the LM head
-  double nmat = double(vocab) * hidden;
-  for (int64_t i = 0; i < layers; ++i)
-    nmat += hidden * heads * hd * 2.0 + 2.0 * hidden * kv * hd +
-            (c.is_moe_layer(i) ? double(hidden) * double(experts) + 3.0 * hidden * double(top_k) * double(c.moe_intermediate_size)
-                               : 3.0 * hidden * ffn);
-  // full fine-tuning: forward 2N, backward 4N (input and weight gradients); LoRA: no weight
-  // gradient of the frozen base, 4N (the adapters' own FLOPs are left out).
-  const double flops_per_token = (lora ? 4 : 6) * nmat + 6.0 * layers * heads * hd * seq;
+  // training FLOPs per token as the trainer counts them (model/model_flops.hpp: 6 per trained
+  // matmul weight, 4 per frozen one, a sparse layer's router and top-k experts, the attention)
+  const double flops_per_token = rp::model_flops_per_token(m, seq);
   const double mfu = tps * flops_per_token / 790e12;
   const double peak = s.peak_device_bytes() / double(1ull << 30);
   const char* attn = std::getenv("RP_CUDA_ATTENTION");

@@ -27,6 +27,7 @@
 #include "scheduler/gpu_presets.hpp"
 #include "scheduler/partition.hpp"
 #include "scheduler/replan.hpp"
+#include "scheduler/run_plan.hpp"
 #include "scheduler/replica_cost.hpp"
 #include "scheduler/profile.hpp"
 #include "scheduler/simulator.hpp"
@@ -69,28 +70,22 @@ ModelShape load_model_shape(const std::string& path, std::string* description) {
   std::string file = path;
   if (fs::is_directory(path, ec)) file = (fs::path(path) / "config.json").string();
   if (!fs::exists(file, ec)) throw std::runtime_error(file + ": no such file");
-  ModelShape m;
+  // the model's one description (ModelConfig), read by its own parsers; the shape is a view of it
+  ModelConfig c;
   std::string kind;
   if (fs::path(file).extension() == ".gguf") {
     GgufFile g(file);
-    m = model_shape_from_config(config_from_gguf(g));
+    c = config_from_gguf(g);
     kind = "gguf " + g.get_string("general.architecture");
   } else {
-    std::ifstream f(file, std::ios::binary);
-    if (!f) throw std::runtime_error(file + ": cannot open");
-    nlohmann::json j;
     try {
-      j = nlohmann::json::parse(f);
-    } catch (const std::exception& e) {
-      throw std::runtime_error(file + ": invalid JSON: " + e.what());
-    }
-    try {
-      m = model_shape_from_config(load_config_file(file));  // dense and Qwen3-MoE ("qwen3_moe")
+      c = load_config_file(file);  // dense, Qwen3-MoE ("qwen3_moe"), GPT-OSS, ...
     } catch (const std::invalid_argument& e) {
       throw std::runtime_error(e.what());
     }
-    kind = j.value("model_type", std::string("?"));
+    kind = c.architecture;
   }
+  ModelShape m = model_shape_from_config(c);
   m.validate(file);
   // The partitioner searches every contiguous range of layers (O(L^2) candidates, each
   // memoised): 1024 decoder layers is 8x the deepest released dense model (126).
@@ -99,7 +94,7 @@ ModelShape load_model_shape(const std::string& path, std::string* description) {
                                          "handles",
                                          file, m.num_layers, kMaxPlanLayers));
   if (description) {
-    const double total = double(model_parameters(m)), active = double(model_parameters(m, true));
+    const double total = double(c.num_parameters()), active = double(c.num_active_parameters());
     *description = fmt::format("{} ({}): {} layers, hidden {}, {} q / {} kv heads x {}, {}vocab {}, "
                                "{:.2f} B parameters",
                                path, kind, m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim,
@@ -228,24 +223,39 @@ std::optional<ModelLayout> run_layout(const PlanCommandOptions& o) {
   return m;
 }
 
-// The analytic costs of sequences of `seq` tokens, with --frozen / --lora-r applied.
-std::vector<LayerCost> analytic_costs(const ModelShape& m, const PlanCommandOptions& o, int64_t seq) {
-  const std::optional<ModelLayout> layout = run_layout(o);
-  const DeviceModel d = device_model(o, layout);
-  auto costs = layer_costs(estimate_layers(m, o.sequences_per_micro, seq, d));
-  if (layout) apply_frozen_groups(costs, *layout, DType::bf16, d.grad_elem_bytes);  // plans are for bf16 GPUs
-  return costs;
+// The layout of the planned run: run_layout's, or the plain model's for full fine-tuning.
+ModelLayout plan_layout(const PlanCommandOptions& o) {
+  std::optional<ModelLayout> m = run_layout(o);
+  return m ? std::move(*m) : make_layout(plan_config(o));
 }
 
-// The plan for sequences of `seq` tokens under `cap`, or nullopt when none fits (with
+}  // namespace
+
+// (the plan prints the host need and its alternatives itself: host_memory_need)
+RunPlanInputs plan_inputs(const ModelLayout& layout, const PlanCommandOptions& o, int64_t seq, int64_t cap) {
+  RunPlanInputs in;
+  in.layout = &layout;
+  in.micro = {o.sequences_per_micro, seq};
+  in.micro_batches = o.micro_batches;
+  in.workers = o.gpus;
+  in.compute = DType::bf16;  // plans are for bf16 GPUs
+  in.device = device_model(o, std::nullopt);
+  in.mlp_chunk_tokens = o.mlp_chunk_tokens;
+  in.device_capacity = cap;
+  in.alloc_granule = int64_t(kCudaPoolGranule);
+  in.save_attention = o.save_attention;
+  return in;
+}
+
+namespace {
+
+// The run plan for sequences of `seq` tokens under `cap`, or nullopt when none fits (with
 // `without_waiting`: also when its peak across stage switches does not).
-std::optional<PartitionResult> plan_at(const ModelShape& m, const PlanCommandOptions& o, int64_t seq, int64_t cap,
-                                       bool without_waiting = false) {
-  auto costs = analytic_costs(m, o, seq);
-  PartitionOptions po = partition_options(o, cap);
+std::optional<RunPlan> plan_at(const PlanCommandOptions& o, int64_t seq, int64_t cap, bool without_waiting = false) {
+  const ModelLayout layout = plan_layout(o);
   try {
-    PartitionResult r = automatic_partition(costs, po);
-    if (without_waiting && predict_peak(r.stages, po).unbounded > cap) return std::nullopt;
+    RunPlan r = plan_run(plan_inputs(layout, o, seq, cap));
+    if (without_waiting && predict_peak(r.automatic->stages, r.partition).unbounded > cap) return std::nullopt;
     return r;
   } catch (const std::runtime_error&) {
     return std::nullopt;
@@ -264,30 +274,29 @@ SimOptions sim_options(const PlanCommandOptions& o, const DeviceModel& d) {
 
 // The predicted tokens/s of the analytic plan of o under its memory cap, or nullopt when no
 // plan fits (the host-memory advice's speed of each change).
-std::optional<double> predicted_tokens_per_s(const ModelShape& m, const PlanCommandOptions& o) {
+std::optional<double> predicted_tokens_per_s(const PlanCommandOptions& o) {
   const int64_t cap = o.memory_cap.empty() ? 0 : parse_byte_size(o.memory_cap, "--memory-cap");
-  const std::optional<PartitionResult> pr = plan_at(m, o, o.seq_len, cap);
+  const std::optional<RunPlan> pr = plan_at(o, o.seq_len, cap);
   if (!pr) return std::nullopt;
-  const auto costs = analytic_costs(m, o, o.seq_len);
-  const SimResult r = simulate(pr->plan, stage_costs(costs, pr->plan, partition_options(o, cap)),
+  const SimResult r = simulate(pr->plan, stage_costs(pr->costs, pr->plan, partition_options(o, cap)),
                                sim_options(o, device_model(o, run_layout(o))));
   return double(o.micro_batches * o.sequences_per_micro * o.seq_len) / r.iteration_seconds;
 }
 
 }  // namespace
 
-int64_t longest_sequence(const ModelShape& m, const PlanCommandOptions& o, int64_t cap, bool without_waiting) {
+int64_t longest_sequence(const PlanCommandOptions& o, int64_t cap, bool without_waiting) {
   if (cap <= 0) throw std::invalid_argument("--max-seq needs --memory-cap");
   constexpr int64_t kStep = 1024;
   int64_t lo = 0, hi = kStep;  // lo fits (0: nothing yet), hi is the next guess
-  while (plan_at(m, o, hi, cap, without_waiting)) {
+  while (plan_at(o, hi, cap, without_waiting)) {
     lo = hi;
     if (hi > (int64_t(1) << 40)) return lo;
     hi *= 2;
   }
   while (hi - lo > kStep) {  // lo fits, hi does not
     const int64_t mid = (lo + hi) / 2 / kStep * kStep;
-    if (plan_at(m, o, mid, cap, without_waiting)) lo = mid;
+    if (plan_at(o, mid, cap, without_waiting)) lo = mid;
     else hi = mid;
   }
   return lo;
@@ -352,30 +361,29 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
   PlanCommandOptions oo = o;
   if (o.max_seq) {
     const int64_t cap = parse_byte_size(o.memory_cap, "--memory-cap");
-    const int64_t best = longest_sequence(m, o, cap);
+    const int64_t best = longest_sequence(o, cap);
     if (best == 0)
       throw std::runtime_error(fmt::format("no plan fits {} per GPU even at 1024 tokens per sequence",
                                            format_bytes(double(cap))));
     fmt::print(out, "longest   {} tokens per sequence fit {} per GPU ({} micro-batches of {} sequences); {} "
                     "without waiting at stage switches (peak below); the plan for it:\n\n",
                best, format_bytes(double(cap)), o.micro_batches, o.sequences_per_micro,
-               longest_sequence(m, o, cap, true));
+               longest_sequence(o, cap, true));
     oo.seq_len = best;
   }
-  std::vector<LayerCost> costs = analytic_costs(m, oo, oo.seq_len);
+  const ModelLayout planned = plan_layout(o);
   std::string source = "analytic (FLOPs and bytes per layer)";
+  std::optional<Profile> profile;
   if (!o.profile.empty()) {
-    Profile p = Profile::load(o.profile);
-    if (p.num_layers() != int(costs.size()))
-      throw std::runtime_error(fmt::format("{}: profile of {} layers, the model has {}", o.profile, p.num_layers(),
-                                           costs.size()));
-    costs = p.apply(costs);
-    if (layout) apply_frozen_groups(costs, *layout, DType::bf16, d.grad_elem_bytes);
+    profile = Profile::load(o.profile);
+    if (profile->num_layers() != planned.num_layers())
+      throw std::runtime_error(fmt::format("{}: profile of {} layers, the model has {}", o.profile,
+                                           profile->num_layers(), planned.num_layers()));
     source = fmt::format("profile {} (calibrating the analytic model)", o.profile);
-    if (p.n_seq() != oo.sequences_per_micro || p.seq_len() != oo.seq_len)
-      source += fmt::format("; warning: measured at {} x {} tokens", p.n_seq(), p.seq_len());
+    if (profile->n_seq() != oo.sequences_per_micro || profile->seq_len() != oo.seq_len)
+      source += fmt::format("; warning: measured at {} x {} tokens", profile->n_seq(), profile->seq_len());
   }
-  PartitionOptions po = partition_options(o, o.memory_cap.empty() ? 0 : parse_byte_size(o.memory_cap, "--memory-cap"));
+  const int64_t cap = o.memory_cap.empty() ? 0 : parse_byte_size(o.memory_cap, "--memory-cap");
 
   const int64_t tokens = o.micro_batches * o.sequences_per_micro * oo.seq_len;
   fmt::print(out, "model     {}\n", desc);
@@ -387,7 +395,7 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
                                   achievable_rates(*preset).measured ? "measured" : "data sheet x efficiency")
                     : std::string(),
              o.peak_tflops, o.hbm_gbps, o.pcie_gbps,
-             po.memory_cap > 0 ? format_bytes(double(po.memory_cap)) : std::string("none"));
+             cap > 0 ? format_bytes(double(cap)) : std::string("none"));
   fmt::print(out, "costs     {}\n", source);
   // mxfp4 is the experts' form (make_layout keeps the other weights bf16)
   std::string form = o.frozen.empty() ? "bf16" : o.frozen;
@@ -411,7 +419,12 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
                m.num_moe_layers(), m.experts_per_token, d.grouped_gemm_efficiency, m.num_experts);
 
   const auto t0 = std::chrono::steady_clock::now();
-  PartitionResult pr = automatic_partition(costs, po);
+  RunPlanInputs rin = plan_inputs(planned, oo, oo.seq_len, cap);
+  rin.profile = profile ? &*profile : nullptr;
+  const RunPlan run = plan_run(rin);  // the automatic plan (no explicit plan here)
+  const PartitionResult& pr = *run.automatic;
+  const PartitionOptions& po = run.partition;
+  const std::vector<LayerCost>& costs = run.costs;
   const double plan_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   fmt::print(out, "plan      {} forward + 1 tail + {} backward stages, found in {:.2f} ms ({} candidates, {} packings)\n",
              pr.plan.num_forward(), pr.plan.num_backward(), plan_s * 1e3, pr.candidates, pr.evaluations);
@@ -451,7 +464,7 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
   fmt::print(out, "idle      {} (over {})\n", idle, ms(r.makespan));
   if (o.nodes > 1) print_nodes(out, o, costs, d, m.tie_word_embeddings, r.iteration_seconds, tokens);
   print_host_memory(out, oo, plan_config(o),
-                    [&m](const PlanCommandOptions& x) { return predicted_tokens_per_s(m, x); });
+                    [](const PlanCommandOptions& x) { return predicted_tokens_per_s(x); });
   if (!o.trace.empty()) {
     write_sim_trace(o.trace, r, pr.plan);
     fmt::print(out, "trace     wrote {} ({} intervals; open in Perfetto or chrome://tracing)\n", o.trace,

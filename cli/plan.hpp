@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "scheduler/cost_model.hpp"
+#include "scheduler/run_plan.hpp"
 
 namespace CLI {
 class App;
@@ -98,8 +99,12 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out);
 /// With `without_waiting`, the longest whose predicted peak across stage switches
 /// (scheduler/stage_peak.hpp, PeakEstimate::unbounded) fits too, so no stage waits for the one
 /// before it to drain.
-int64_t longest_sequence(const ModelShape& m, const PlanCommandOptions& o, int64_t memory_cap,
-                         bool without_waiting = false);
+int64_t longest_sequence(const PlanCommandOptions& o, int64_t memory_cap, bool without_waiting = false);
+
+/// What `roundpipe plan` passes plan_run (scheduler/run_plan.hpp) for `layout` (the model
+/// with o's --frozen / --lora-r applied) at sequences of `seq` tokens under `memory_cap` bytes
+/// per GPU (0: none): the flags' device numbers, a bf16 GPU's pool granule, no host check.
+RunPlanInputs plan_inputs(const ModelLayout& layout, const PlanCommandOptions& o, int64_t seq, int64_t memory_cap);
 
 /// Byte size from text: a number with an optional unit B, KB/MB/GB/TB (powers of 1000),
 /// KiB/MiB/GiB/TiB or K/M/G/T (powers of 1024), e.g. "24GiB", "1.5e10", "512 MiB".

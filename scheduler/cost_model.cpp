@@ -1,13 +1,14 @@
 #include "scheduler/cost_model.hpp"
 
+#include "model/config.hpp"  // config_from_json
 #include "model/layer_memory.hpp"
+#include "model/model_flops.hpp"  // attended_pairs
 
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 namespace rp {
 
@@ -77,90 +78,16 @@ ModelShape model_shape_from_config(const ModelConfig& c) {
   return m;
 }
 
-namespace {
-
-// layer_types ("sliding_attention" / "full_attention" per decoder) with sliding_window; a
-// GPT-OSS config without layer_types slides on even layers (transformers' default), a
-// Mistral one on every layer. A sliding_window without sliding layers (Qwen2 and Qwen3 write
-// one they do not use) changes nothing.
-void parse_attention_windows(const nlohmann::json& j, const std::string& where, const std::string& type,
-                             ModelShape& m) {
-  const bool gpt_oss = type == "gpt_oss";
-  const auto w = j.find("sliding_window");
-  const int64_t window = w != j.end() && w->is_number_integer() ? w->get<int64_t>() : 0;
-  const auto types = j.find("layer_types");
-  std::vector<bool> sliding(size_t(std::max<int64_t>(m.num_layers, 0)), false);
-  if (types != j.end() && !types->is_null()) {
-    if (!types->is_array() || int64_t(types->size()) != m.num_layers)
-      throw std::invalid_argument(fmt::format("{}: key 'layer_types': expected a list of num_hidden_layers = {} "
-                                              "entries, got {}",
-                                              where, m.num_layers, types->dump()));
-    for (size_t i = 0; i < sliding.size(); ++i) sliding[i] = (*types)[i] == "sliding_attention";
-  } else if (gpt_oss) {
-    for (size_t i = 0; i < sliding.size(); i += 2) sliding[i] = true;
-  } else if (type == "mistral") {
-    sliding.assign(sliding.size(), window > 0);
-  }
-  if (std::find(sliding.begin(), sliding.end(), true) == sliding.end()) return;
-  if (window <= 0)
-    throw std::invalid_argument(fmt::format("{}: key 'sliding_window': expected an integer >= 1 (layer_types has "
-                                            "sliding layers), got {}",
-                                            where, w == j.end() ? std::string("nothing") : w->dump()));
-  m.attention_windows.assign(sliding.size(), 0);
-  for (size_t i = 0; i < sliding.size(); ++i)
-    if (sliding[i]) m.attention_windows[i] = window;
-}
-
-}  // namespace
-
 ModelShape model_shape_from_hf_json(const nlohmann::json& j, const std::string& where) {
-  if (!j.is_object()) throw std::invalid_argument(where + ": expected a JSON object");
-  auto has = [&](const char* k) { return j.contains(k) && !j[k].is_null(); };
-  auto get = [&](const char* k, int64_t dflt, bool required) -> int64_t {
-    if (!has(k)) {
-      if (required) throw std::invalid_argument(fmt::format("{}: key '{}': missing", where, k));
-      return dflt;
-    }
-    if (!j[k].is_number_integer())
-      throw std::invalid_argument(fmt::format("{}: key '{}': expected an integer, got {}", where, k, j[k].dump()));
-    return j[k].get<int64_t>();
-  };
-  ModelShape m;
-  m.vocab_size = get("vocab_size", 0, true);
-  m.hidden_size = get("hidden_size", 0, true);
-  m.num_layers = get("num_hidden_layers", 0, true);
-  m.num_heads = get("num_attention_heads", 0, true);
-  m.num_kv_heads = get("num_key_value_heads", m.num_heads, false);
-  m.head_dim = get("head_dim", m.num_heads > 0 ? m.hidden_size / m.num_heads : 0, false);
-  // transformers 5 writes num_local_experts, earlier releases and the checkpoints num_experts
-  m.num_experts = get(has("num_experts") ? "num_experts" : "num_local_experts", 0, false);
-  const std::string type = j.value("model_type", std::string());
-  // GPT-OSS: every layer sparse, intermediate_size is the experts' width
-  const bool gpt_oss = type == "gpt_oss";
-  if (m.num_experts > 0) {
-    m.experts_per_token = get("num_experts_per_tok", 0, true);
-    m.moe_intermediate_size = get(gpt_oss ? "intermediate_size" : "moe_intermediate_size", 0, true);
-    m.decoder_sparse_step = get("decoder_sparse_step", 1, false);
-    if (has("mlp_only_layers")) {
-      const auto& a = j["mlp_only_layers"];
-      if (!a.is_array())
-        throw std::invalid_argument(
-            fmt::format("{}: key 'mlp_only_layers': expected a list of layer indices, got {}", where, a.dump()));
-      for (const auto& v : a) {
-        if (!v.is_number_integer() || v.get<int64_t>() < 0)
-          throw std::invalid_argument(fmt::format(
-              "{}: key 'mlp_only_layers': expected a list of layer indices (integers >= 0), got {}", where, a.dump()));
-        m.mlp_only_layers.push_back(v.get<int64_t>());
-      }
-    }
+  ModelConfig c;
+  try {
+    c = config_from_json(j, where);  // the model's one config.json reader
+  } catch (const std::invalid_argument&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw std::invalid_argument(e.what());
   }
-  m.intermediate_size = get("intermediate_size", 0, m.num_experts <= 0);
-  if (j.contains("tie_word_embeddings") && j["tie_word_embeddings"].is_boolean())
-    m.tie_word_embeddings = j["tie_word_embeddings"].get<bool>();
-  m.qk_norm = type.rfind("qwen3", 0) == 0;
-  m.qkv_bias = type == "qwen2" || gpt_oss;
-  m.o_proj_bias = gpt_oss;
-  parse_attention_windows(j, where, type, m);
+  ModelShape m = model_shape_from_config(c);
   m.validate(where);
   return m;
 }
@@ -301,14 +228,6 @@ void moe_backward(Acc& a, const Dims& x) {
   a.elementwise(2 * x.T * x.E * (es + 4));            // softmax / top-k backward: dlogits
   a.gemm(x.T, x.H, x.E);                              // dhn += dlogits W_router
   if (!x.frozen) a.gemm(x.E, x.H, x.T, true);         // dW_router
-}
-
-// (query, key) pairs one sequence of S tokens scores: causal attention counts half of the
-// S^2 matrix; a sliding window of W keys per query (the first W queries see fewer) leaves
-// a band, W^2/2 + (S - W) W.
-double attended_pairs(double S, double W) {
-  if (W <= 0 || W >= S) return S * S / 2;
-  return W * W / 2 + (S - W) * W;
 }
 
 // Forward of one decoder layer (optionally followed by its backward: `bwd`); with

@@ -55,8 +55,11 @@ struct LayerCost {
   bool operator==(const LayerCost&) const = default;
 };
 
-/// Architecture numbers of a decoder-only model; a mixture-of-experts model when num_experts
-/// > 0. Which decoders are sparse follows ModelConfig::is_moe_layer (Qwen3-MoE): decoder i
+/// Architecture numbers of a decoder-only model as the cost model reads them: a view of a
+/// ModelConfig, built by model_shape_from_config (the one place that copies the fields; a
+/// config.json is read by the model's own parser, config_from_json). Tests and benchmarks
+/// may fill one directly. A mixture-of-experts model when num_experts > 0. Which decoders are
+/// sparse follows ModelConfig::is_moe_layer (Qwen3-MoE): decoder i
 /// (0-based) has a sparse MLP block when num_experts > 0, i is not in mlp_only_layers and
 /// (i + 1) % decoder_sparse_step == 0; the other decoders have a dense SwiGLU MLP of
 /// intermediate_size.
@@ -92,11 +95,9 @@ struct ModelShape {
 
 /// Shape of a ModelConfig, its mixture-of-experts fields and sliding windows included.
 ModelShape model_shape_from_config(const ModelConfig& c);
-/// Shape from a Hugging Face config.json object, including the Qwen3-MoE keys num_experts
-/// (transformers 5 writes num_local_experts; either is accepted), num_experts_per_tok,
-/// moe_intermediate_size, decoder_sparse_step and mlp_only_layers (model_type "qwen3_moe"),
-/// and the sliding windows of layer_types / sliding_window (GPT-OSS: even layers slide when
-/// layer_types is absent, as transformers' default).
+/// Shape from a Hugging Face config.json object: model_shape_from_config(config_from_json(j,
+/// where)), so it reads every key (num_experts or num_local_experts, layer_types and
+/// sliding_window, GPT-OSS's intermediate_size as the experts' width, ...) as a run does.
 /// Errors: std::invalid_argument("<where>: key '<k>': ...") or validate()'s.
 ModelShape model_shape_from_hf_json(const nlohmann::json& j, const std::string& where);
 

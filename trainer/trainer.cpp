@@ -30,6 +30,7 @@
 #include "trainer/run_setup.hpp"
 #include "trainer/sample.hpp"
 #include "trainer/tensorboard.hpp"
+#include "model/model_flops.hpp"
 #include "scheduler/cost_model.hpp"
 #include "trainer/step_watch.hpp"
 
@@ -211,14 +212,10 @@ void Run::setup() {
   }
   if (spec_.tensorboard && leader()) tb_ = std::make_unique<TensorBoardWriter>(path("tensorboard"));
   if (session_->device_name().rfind("cuda", 0) == 0) {
-    const ModelConfig& c = model_.config;
-    const double hd = double(c.head_dim), H = double(c.hidden_size);
-    const double matmul = double(c.num_hidden_layers) * (H * c.num_attention_heads * hd * 2 +
-                                                         2 * H * c.num_key_value_heads * hd + 3 * H * c.intermediate_size) +
-                          double(c.vocab_size) * H;
-    // full fine-tuning 6 FLOPs per weight and token (forward 2, backward 4); LoRA 4 (no
-    // gradient of the frozen weights; the adapters' own FLOPs are left out)
-    const double flops = (trains_lora(spec_) ? 4 : 6) * matmul + 6.0 * c.num_hidden_layers * c.num_attention_heads * hd * double(spec_.seq_len);
+    // training FLOPs per token (model/model_flops.hpp: 6 per trained matmul weight, 4 per
+    // frozen one, the router and top-k experts of a sparse layer, and the attention), as
+    // bench_throughput counts them
+    const double flops = model_flops_per_token(layout, spec_.seq_len);
     mfu_per_token_per_s_ = flops / (double(spec_.workers) * replica_count() * DeviceModel{}.peak_flops);
   }
   reported_ = start_ - 1;
