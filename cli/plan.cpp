@@ -288,15 +288,32 @@ std::optional<double> predicted_tokens_per_s(const PlanCommandOptions& o) {
 int64_t longest_sequence(const PlanCommandOptions& o, int64_t cap, bool without_waiting) {
   if (cap <= 0) throw std::invalid_argument("--max-seq needs --memory-cap");
   constexpr int64_t kStep = 1024;
+  if (without_waiting) {
+    // Fitting without waiting is not monotonic in the length: the partitioner sizes its stages
+    // by working set, so a shorter sequence can get stages with more decoders whose switches
+    // (retired outputs + the next stage's weights) pass the cap while a longer one's do not.
+    // Every length that fits without waiting fits by working set, so scan down from that
+    // bound in coarse steps, then refine upwards inside the step that fits.
+    const int64_t top = longest_sequence(o, cap, false);
+    const int64_t coarse = std::max(kStep, top / 64 / kStep * kStep);
+    for (int64_t l = top; l >= kStep; l -= coarse) {
+      if (!plan_at(o, l, cap, true)) continue;
+      int64_t best = l;
+      for (int64_t f = std::min(top, l + coarse - kStep); f > l; f -= kStep)
+        if (plan_at(o, f, cap, true)) { best = f; break; }
+      return best;
+    }
+    return 0;
+  }
   int64_t lo = 0, hi = kStep;  // lo fits (0: nothing yet), hi is the next guess
-  while (plan_at(o, hi, cap, without_waiting)) {
+  while (plan_at(o, hi, cap)) {
     lo = hi;
     if (hi > (int64_t(1) << 40)) return lo;
     hi *= 2;
   }
   while (hi - lo > kStep) {  // lo fits, hi does not
     const int64_t mid = (lo + hi) / 2 / kStep * kStep;
-    if (plan_at(o, mid, cap, without_waiting)) lo = mid;
+    if (plan_at(o, mid, cap)) lo = mid;
     else hi = mid;
   }
   return lo;

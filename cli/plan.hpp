@@ -98,7 +98,10 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out);
 /// (automatic_partition).
 /// With `without_waiting`, the longest whose predicted peak across stage switches
 /// (scheduler/stage_peak.hpp, PeakEstimate::unbounded) fits too, so no stage waits for the one
-/// before it to drain.
+/// before it to drain. That property is not monotonic in the length (the partitioner sizes
+/// stages by working set, so a shorter sequence may get larger stages whose switches do not
+/// fit), so it is found by a scan down from the working-set bound (64 coarse steps, then
+/// 1024-token refinement), not by bisection.
 int64_t longest_sequence(const PlanCommandOptions& o, int64_t memory_cap, bool without_waiting = false);
 
 /// What `roundpipe plan` passes plan_run (scheduler/run_plan.hpp) for `layout` (the model

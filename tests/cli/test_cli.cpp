@@ -353,6 +353,28 @@ TEST(Cli, DefaultJobLossFallsOver20Steps) {
 
 namespace {
 
+// Fitting without waiting at stage switches is not monotonic in the length: the partitioner
+// sizes stages by working set, so at 32,768 tokens Qwen3-30B-A3B gets stages whose switches pass
+// 24 GiB while at 65,536 it gets two-decoder stages whose switches fit (measured on an H200 under
+// a 24 GiB cap: peak 11.99 GiB, bench/results/long_sequences.md). --max-seq's no-wait figure must
+// not stop at the first length that waits.
+TEST(Cli, MaxSeqWithoutWaitingIsNotABisection) {
+  auto d = tmpdir();
+  const fs::path cfg = fs::path(RP_SOURCE_DIR) / "examples/configs/qwen3-30b-a3b.json";
+  CliRun run = roundpipe("plan --model " + cfg.string() + " --gpus 1 --micro 1 --memory-cap 24GiB --max-seq --lora-r 32 "
+                         "--lora-targets q_proj,k_proj,v_proj,o_proj", d);
+  ASSERT_EQ(run.code, 0) << run.err;
+  const auto at = run.out.find("sequences); ");
+  ASSERT_NE(at, std::string::npos) << run.out;
+  const int64_t no_wait = std::stoll(run.out.substr(at + 12));
+  EXPECT_GE(no_wait, 65536) << run.out;
+  CliRun fit = roundpipe("plan --model " + cfg.string() + " --gpus 1 --micro 1 --memory-cap 24GiB --lora-r 32 "
+                         "--lora-targets q_proj,k_proj,v_proj,o_proj --seq " + std::to_string(no_wait), d);
+  EXPECT_EQ(fit.code, 0) << fit.err;
+  EXPECT_EQ(fit.out.find("makes the worker wait"), std::string::npos) << fit.out;
+  fs::remove_all(d);
+}
+
 TEST(Cli, PlanPartitionsAConfigWithoutWeights) {
   auto d = tmpdir();
   write(d / "config.json",
@@ -398,6 +420,12 @@ TEST(Cli, PlanPartitionsAConfigWithoutWeights) {
     EXPECT_GT(no_wait, 0);
     EXPECT_LE(no_wait, trainable);
     EXPECT_NE(run.out.find("\npeak      "), std::string::npos) << run.out;
+    // and a run of that length is planned with switches that fit: no stage waits
+    CliRun fit = roundpipe("plan --model " + (d / "config.json").string() + " --gpus 8 --memory-cap 6GiB --seq " +
+                              std::to_string(no_wait), d);
+    EXPECT_EQ(fit.code, 0) << fit.err;
+    EXPECT_NE(fit.out.find("\npeak      "), std::string::npos) << fit.out;
+    EXPECT_EQ(fit.out.find("makes the worker wait"), std::string::npos) << fit.out;
   }
   // mxfp4 is the experts' form: a model without experts is planned (and run) as a bf16 base
   EXPECT_EQ(longest(" --frozen mxfp4"), longest(" --frozen bf16"));
