@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/optimizer_shard.hpp"
+#include "base/counted.hpp"
 #include "actors/scheduler_actor.hpp"
 #include "actors/session_impl.hpp"
 #include "actors/session_testing.hpp"
@@ -146,10 +147,10 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w,
     const auto need = saved_attention ? with_attn : base;
     if (!need || (avail > 0 && *need > avail))
       throw std::invalid_argument(fmt::format(
-          "host memory: the session needs about {} (optimizer state, weights, gradients, {} pass slot(s) of "
+          "host memory: the session needs about {} (optimizer state, weights, gradients, {} of "
           "activations{}) but only {} are available; lower seq_len or the sequences of a pass "
           "(sequences_per_step / accumulation: raise accumulation){}{}",
-          need ? byte_text(double(*need)) : std::string("more than 2^64 bytes"), slots,
+          need ? byte_text(double(*need)) : std::string("more than 2^64 bytes"), counted(slots, "pass slot"),
           saved_attention ? ", saved attention outputs" : "", byte_text(double(avail)),
           slots > 1 ? ", run one worker (workers 1: the passes share one slot)" : "",
           saved_attention ? ", or set save_attention to false" : ""));
