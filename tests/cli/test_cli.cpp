@@ -77,6 +77,12 @@ TEST(Cli, DumpBatchWritesTheFirstBatchOrSaysWhyNot) {
   write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
   CliRun ok = roundpipe("train " + (d / "spec.json").string() + " --dump-batch " + (d / "batch.json").string(), d);
   ASSERT_EQ(ok.code, 0) << ok.err;
+  EXPECT_NE(ok.out.find("the first batch of step 1 (2 sequences of 16 tokens,"), std::string::npos) << ok.out;
+  // one sequence is singular ("1 sequences" before)
+  const CliRun one = roundpipe("train " + (d / "spec.json").string() + " --set sequences_per_step=1 --set "
+                               "micro_batches=1 --dump-batch " + (d / "one.json").string(), d);
+  ASSERT_EQ(one.code, 0) << one.err;
+  EXPECT_NE(one.out.find("the first batch of step 1 (1 sequence of 16 tokens,"), std::string::npos) << one.out;
   const auto b = nlohmann::json::parse(slurp(d / "batch.json"));
   EXPECT_EQ(b["ids"].size(), size_t(b["n_seq"].get<int>() * b["seq_len"].get<int>()));
   // a folder that does not exist: one line naming the option and the path, exit 1 (it used
@@ -203,12 +209,6 @@ TEST(Cli, BadSpecsGiveOneLineNamingTheKey) {
   write(d / "broken.json", "{\"model\": \"x\",\n \"data\": }");
   expect_one_line_error(roundpipe("train " + (d / "broken.json").string(), d), "broken.json:2:");
   fs::remove_all(d);
-}
-
-/// The marker a roundpipe writer leaves beside "<target>.<kind>-<pid>" (base/atomic_file.hpp).
-void mark(const fs::path& leftover, const std::string& kind, const std::string& target, const std::string& pid) {
-  write(fs::path(leftover.string() + ".roundpipe-owner"),
-        "roundpipe leftover v1\npid=" + pid + "\nstart=1\nkind=" + kind + "\ntarget=" + target + "\n");
 }
 
 // A run killed while swapping a checkpoint into place left "<name>.old-<pid>" (the previous
@@ -418,7 +418,7 @@ namespace {
 TEST(Cli, UsageErrorsAreOneLine) {
   auto d = tmpdir();
   for (const char* args : {"", "frobnicate", "train", "train x.json --steps 0", "train x.json --workers two",
-                           "train x.json --backend tpu", "convert a b --dtype q4", "train x.json --replica-timeout -1",
+                           "train x.json --backend tpu", "train x.json --train", "convert a b --dtype q4", "train x.json --replica-timeout -1",
                            "plan --model x.json --gpus -8", "plan --model x.json --nodes 0",
                            "plan --model x.json --net-gbps -100", "plan --model x.json --net-gbps 100",
                            "plan --model x.json --accumulation 4", "plan --model x.json --frozen q5_0",
