@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/optimizer_shard.hpp"
+#include "base/counted.hpp"
 #include "actors/scheduler_actor.hpp"
 #include "actors/session_impl.hpp"
 #include "actors/session_testing.hpp"

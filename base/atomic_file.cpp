@@ -13,6 +13,8 @@
 
 #include <fmt/format.h>
 
+#include "base/output_folder.hpp"
+
 namespace fs = std::filesystem;
 
 namespace rp {
@@ -243,11 +245,13 @@ void write_file_atomically(const std::string& path, const std::function<void(std
 
 namespace {
 
-/// replace_folder once `tmp` is claimed and created: fill, sync, swap into place.
+/// replace_folder once `tmp` is claimed and created: fill, keep the user's files, sync, swap
+/// into place.
 void fill_and_swap(const std::string& d, const std::string& tmp,
                    const std::function<void(const std::string& tmp)>& fill) {
   std::error_code ec;
   fill(tmp);
+  if (fs::is_directory(d, ec)) carry_unlisted_entries(d, tmp);
   sync_tree(tmp);
   // Swap into place: the old folder is removed only once the new one is there.
   const bool had_old = fs::exists(d, ec);
@@ -285,6 +289,7 @@ void replace_folder(const std::string& dir_in, const std::function<void(const st
   const std::string d = strip_slashes(dir_in);
   std::error_code ec;
   if (fs::exists(d, ec) && !fs::is_directory(d, ec)) fail(d, "exists and is not a directory");
+  if (fs::is_directory(d, ec)) refuse_changed_listed_files(d);  // before anything is written
   const std::string tmp = temporary_path(d);
   if (const fs::path parent = fs::path(d).parent_path(); !parent.empty()) fs::create_directories(parent, ec);
   claim(tmp, d, "tmp", false);
@@ -301,6 +306,39 @@ void replace_folder(const std::string& dir_in, const std::function<void(const st
   }
 }
 
+void refuse_changed_listed_files(const std::string& dir) {
+  const auto ours = manifest_files(fs::path(dir));
+  if (!ours) return;
+  std::error_code ec;
+  for (const auto& [name, bytes] : *ours) {
+    const fs::path f = fs::path(dir) / name;
+    const auto st = fs::symlink_status(f, ec);
+    if (!fs::exists(st)) continue;  // gone: nothing of the user's to lose
+    if (!fs::is_regular_file(st) || fs::file_size(f, ec) != bytes || ec)
+      fail(f.string(), fmt::format("changed since roundpipe wrote it (not the file {} records), and a new version of "
+                                   "{} would replace it; move it away (nothing was replaced)",
+                                   kManifestFile, dir));
+  }
+}
+
+std::vector<std::string> carry_unlisted_entries(const std::string& from, const std::string& to) {
+  const auto foreign = unlisted_entries(fs::path(from));
+  if (!foreign) return {};
+  std::error_code ec;
+  for (const auto& name : *foreign)
+    if (fs::exists(fs::symlink_status(fs::path(to) / name, ec)))
+      fail((fs::path(from) / name).string(),
+           fmt::format("not written by roundpipe ({} does not list it as it is now), and the new version of {} writes "
+                       "a file of that name; move it away (nothing was replaced)",
+                       kManifestFile, from));
+  for (const auto& name : *foreign) {
+    fs::copy(fs::path(from) / name, fs::path(to) / name,
+             fs::copy_options::recursive | fs::copy_options::create_hard_links | fs::copy_options::copy_symlinks, ec);
+    if (ec) fail((fs::path(from) / name).string(), fmt::format("cannot keep it in the new version: {}", ec.message()));
+  }
+  return *foreign;
+}
+
 bool dead_writers_leftover(const std::string& path) {
   const fs::path p(path);
   const std::string name = p.filename().string();
@@ -313,7 +351,7 @@ bool dead_writers_leftover(const std::string& path) {
   return m.valid && !writer_alive(m);
 }
 
-std::vector<StaleTemporary> clean_stale_temporaries(const std::string& dir) {
+std::vector<StaleTemporary> clean_stale_temporaries(const std::string& dir, const std::string& only_target) {
   std::vector<StaleTemporary> done;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return done;
@@ -327,6 +365,7 @@ std::vector<StaleTemporary> clean_stale_temporaries(const std::string& dir) {
       continue;  // a marker: handled with its leftover (an orphan one below)
     const Leftover l = parse_leftover(name);
     if (l.tag_at == std::string::npos) continue;
+    if (!only_target.empty() && name.substr(0, l.tag_at) != only_target) continue;
     const std::string target = (fs::path(dir) / name.substr(0, l.tag_at)).string();
     bool restored = false;
     if (clean_marked(fs::path(dir), name, restored)) {
@@ -344,6 +383,9 @@ std::vector<StaleTemporary> clean_stale_temporaries(const std::string& dir) {
       continue;
     const std::string leftover = name.substr(0, name.size() - std::strlen(kMarkerSuffix));
     if (fs::exists(fs::symlink_status(fs::path(dir) / leftover, ec))) continue;
+    if (const Leftover l = parse_leftover(leftover);
+        !only_target.empty() && (l.tag_at == std::string::npos || leftover.substr(0, l.tag_at) != only_target))
+      continue;
     bool restored = false;
     clean_marked(fs::path(dir), leftover, restored);
   }

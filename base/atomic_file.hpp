@@ -47,7 +47,9 @@ void replace_file(const std::string& path, const std::function<void(const std::s
 void write_file_atomically(const std::string& path, const std::function<void(std::ostream& os)>& write);
 
 /// Replaces the folder `dir`: `fill(tmp)` writes the new content into the (fresh, empty)
-/// folder `tmp`; every file in it and the folder are fsynced, an existing `dir` is moved
+/// folder `tmp`; what the existing `dir` holds that is not roundpipe's (not listed by its
+/// roundpipe_manifest.json, base/output_folder.hpp) is carried into `tmp`
+/// (carry_unlisted_entries); every file in it and the folder are fsynced, an existing `dir` is moved
 /// aside to "<dir>.old-<pid>", `tmp` renamed to `dir`, the old one removed and the parent
 /// fsynced. A trailing '/' of `dir` is ignored. On failure the temporary is removed and a
 /// previous `dir` is kept (put back if it had been moved aside). `dir` existing as a file
@@ -55,6 +57,21 @@ void write_file_atomically(const std::string& path, const std::function<void(std
 /// name that exists without our marker throws (as replace_file); I/O failures throw
 /// std::runtime_error("<dir or file>: <what>"); an exception from `fill` propagates.
 void replace_folder(const std::string& dir, const std::function<void(const std::string& tmp)>& fill);
+
+/// Keeps the user's files across a rewrite of a folder: every entry of folder `from` that its
+/// manifest does not list (unlisted_entries) is hard-linked into folder `to` (a sub-folder is
+/// recreated with its files hard-linked, symbolic links copied as links), so that it is in
+/// both until `from` goes and a kill at any moment loses none of it. Nothing is done when
+/// `from` has no manifest. An unlisted entry whose name `to` already holds throws
+/// std::runtime_error("<from>/<name>: ... not written by roundpipe ...") before anything is
+/// linked; I/O failures throw std::runtime_error("<path>: <what>"). Returns the names carried.
+std::vector<std::string> carry_unlisted_entries(const std::string& from, const std::string& to);
+
+/// Throws std::runtime_error("<dir>/<name>: changed since roundpipe wrote it ...") when a file
+/// the manifest of `dir` lists is no longer the file it recorded (another size, or no regular
+/// file): the user's version of it, which a rewrite of `dir` would replace. Nothing when `dir`
+/// has no manifest. replace_folder checks this before it writes anything.
+void refuse_changed_listed_files(const std::string& dir);
 
 /// What clean_stale_temporaries found for one leftover.
 struct StaleTemporary {
@@ -69,8 +86,10 @@ struct StaleTemporary {
 /// "<name>.old-<pid>" with a marker naming a dead writer (removed, or restored) and their
 /// markers. Names of that form with a dead pid but no such marker are returned with
 /// left_alone set and not touched. Returns what was found, in directory order; failures to
-/// remove are skipped silently (the next run tries again).
-std::vector<StaleTemporary> clean_stale_temporaries(const std::string& dir);
+/// remove are skipped silently (the next run tries again). `only_target` (a name in `dir`):
+/// only the leftovers written for it ("<only_target>.tmp-<pid>", ".old-<pid>") are looked at,
+/// as a writer of one folder (convert's OUT_DIR) does before it writes that folder again.
+std::vector<StaleTemporary> clean_stale_temporaries(const std::string& dir, const std::string& only_target = "");
 
 /// Whether `path` ("<dir>/<name>.tmp-<pid>" or ".old-<pid>") is the leftover of a roundpipe
 /// writer that is no longer alive: its marker parses, names it and names a dead process.

@@ -2,7 +2,12 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <fstream>
 #include <iterator>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 namespace fs = std::filesystem;
 
@@ -45,6 +50,73 @@ std::string overlapping_input(const std::string& out, const std::vector<std::str
     if (path_within(o, p) || path_within(p, o)) return in;
   }
   return "";
+}
+
+namespace {
+std::vector<std::string> entries_of(const fs::path& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    out.push_back(it->path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+}  // namespace
+
+std::optional<std::map<std::string, uint64_t>> manifest_files(const fs::path& dir) {
+  using nlohmann::json;
+  std::ifstream in(dir / kManifestFile, std::ios::binary);
+  if (!in) return std::nullopt;
+  try {
+    const json j = json::parse(in);
+    if (!j.is_object() || !j.contains("files") || !j["files"].is_array() || !j.contains("written_by") ||
+        !j["written_by"].is_string() || j["written_by"].get<std::string>().rfind("roundpipe ", 0) != 0)
+      return std::nullopt;
+    std::map<std::string, uint64_t> files;
+    for (const auto& f : j["files"]) {
+      if (!f.is_object() || !f.contains("name") || !f["name"].is_string() || !f.contains("bytes") ||
+          !f["bytes"].is_number_unsigned())
+        return std::nullopt;
+      const std::string name = f["name"].get<std::string>();
+      if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") return std::nullopt;
+      files[name] = f["bytes"].get<uint64_t>();
+    }
+    return files;
+  } catch (const json::exception&) {
+    return std::nullopt;
+  }
+}
+
+void write_manifest(const std::string& dir, const std::string& command) {
+  using nlohmann::json;
+  json files = json::array();
+  for (const auto& name : entries_of(dir)) {
+    std::error_code ec;
+    if (name == kManifestFile || !fs::is_regular_file(fs::symlink_status(fs::path(dir) / name, ec))) continue;
+    const auto bytes = fs::file_size(fs::path(dir) / name, ec);
+    if (!ec) files.push_back({{"name", name}, {"bytes", uint64_t(bytes)}});
+  }
+  const fs::path p = fs::path(dir) / kManifestFile;
+  std::ofstream o(p, std::ios::binary | std::ios::trunc);
+  o << json{{"written_by", "roundpipe " + command}, {"files", files}}.dump(2) << "\n";
+  o.close();
+  if (!o) throw std::runtime_error(fmt::format("{}: write failed", p.string()));
+}
+
+std::optional<std::vector<std::string>> unlisted_entries(const fs::path& dir) {
+  const auto ours = manifest_files(dir);
+  if (!ours) return std::nullopt;
+  std::vector<std::string> foreign;
+  for (const auto& name : entries_of(dir)) {
+    if (name == kManifestFile) continue;
+    std::error_code ec;
+    const fs::path f = dir / name;
+    const auto it = ours->find(name);
+    const bool listed = it != ours->end() && fs::is_regular_file(fs::symlink_status(f, ec)) &&
+                        fs::file_size(f, ec) == it->second && !ec;
+    if (!listed) foreign.push_back(name);
+  }
+  return foreign;
 }
 
 }  // namespace rp

@@ -2,7 +2,10 @@
 // output_dir, convert's and merge's OUT_DIR), so that no run replaces its own inputs or a
 // folder that holds the user's other work.
 #pragma once
+#include <cstdint>
 #include <filesystem>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,5 +25,26 @@ std::string unsafe_output_folder(const std::string& out);
 /// The first of `inputs` (empty ones skipped) that `out` is, contains or lies inside; ""
 /// when none.
 std::string overlapping_input(const std::string& out, const std::vector<std::string>& inputs);
+
+/// The file a roundpipe writer leaves in every folder it writes as a whole (a checkpoint, its
+/// trainer state, a convert or merge output): {"written_by": "roundpipe <command>", "files":
+/// [{"name": ..., "bytes": ...}, ...]}, every file it wrote there with its size. What it does
+/// not list is not roundpipe's: a later write of the folder keeps it (replace_folder).
+inline constexpr const char* kManifestFile = "roundpipe_manifest.json";
+
+/// The files the manifest of `dir` lists, each with its size in bytes; nullopt when there is
+/// none or it is not one a roundpipe writer wrote ("written_by" "roundpipe ...", every entry a
+/// plain file name with its size).
+std::optional<std::map<std::string, uint64_t>> manifest_files(const std::filesystem::path& dir);
+
+/// Writes kManifestFile into folder `dir` (a writer's temporary, before it is put in place):
+/// every entry in it with its size, `written_by` "roundpipe <command>". Throws
+/// std::runtime_error("<file>: <what>").
+void write_manifest(const std::string& dir, const std::string& command);
+
+/// The entries of `dir` that are not roundpipe's: every one its manifest does not list as a
+/// regular file of the recorded size (the manifest itself excluded), sorted; nullopt when
+/// `dir` has no manifest (nothing in it proves what roundpipe wrote).
+std::optional<std::vector<std::string>> unlisted_entries(const std::filesystem::path& dir);
 
 }  // namespace rp

@@ -36,10 +36,11 @@ int main(int argc, char** argv) {
   auto* output_opt = train->add_option("--output-dir", ov.output_dir, "override the output directory");
   train->add_flag("--overwrite-output-dir", ov.overwrite_output_dir,
                   "start over in an output directory that holds an earlier run's checkpoints (replacing them)");
-  train->add_option("--dump-batch", ov.dump_batch,
+  auto* dump_opt = train->add_option("--dump-batch", ov.dump_batch,
                     "write the first batch of step 1 (ids, targets) as JSON and exit without training (with --train: "
                     "then train)");
-  train->add_flag("--train", ov.train_after_dump, "with --dump-batch: train after writing the batch");
+  // --train alone is a usage error (exit 2), caught by CLI11 like any other
+  train->add_flag("--train", ov.train_after_dump, "with --dump-batch: train after writing the batch")->needs(dump_opt);
   // spec keys from the command line: applied to the file's JSON before it is checked
   std::vector<std::string> sets;
   std::string lr, seq_len, data, model, eval_data;
@@ -126,10 +127,14 @@ int main(int argc, char** argv) {
       return rp::run_train(rp::load_spec(spec_path, settings), ov);
     }
     if (*convert) {
+      for (const std::string& line : rp::clean_model_folder_leftovers(out)) fmt::print("{}\n", line);
       rp::convert_gguf_to_hf(in, out, rp::parse_dtype(dtype));
       fmt::print("wrote {}\n", out);
       return 0;
     }
+  } catch (const rp::UsageError& e) {  // a usage error found past parsing: exit 2 like CLI11's
+    fmt::print(stderr, "roundpipe: error: {} (see roundpipe --help)\n", rp::one_line(e.what()));
+    return 2;
   } catch (const std::exception& e) {
     // every error is one bounded line, however much of the user's input its thrower quoted
     fmt::print(stderr, "roundpipe: error: {}\n", rp::one_line(e.what()));

@@ -8,6 +8,7 @@
 
 #include "cli/command.hpp"
 #include "roundpipe/adapter.hpp"
+#include "roundpipe/checkpoint.hpp"
 
 namespace rp {
 
@@ -25,6 +26,7 @@ void add_merge_command(CLI::App& app) {
                 "keeps the fp32 merge W + scaling B A exactly)")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}));
   c->callback(reporting_errors([o] {
+    for (const std::string& line : clean_model_folder_leftovers(o->out)) fmt::print("{}\n", line);
     const std::string base = merge_peft_folder(o->adapter, o->out, o->base, parse_dtype(o->dtype));
     fmt::print("merged {} into {} -> {}\n", o->adapter, base, o->out);
   }));

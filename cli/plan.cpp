@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/checked_math.hpp"
+#include "base/counted.hpp"
 #include "cli/command.hpp"
 #include "model/config.hpp"
 #include "model/gguf.hpp"
@@ -331,7 +332,7 @@ static void print_nodes(std::FILE* out, const PlanCommandOptions& o, const std::
                   "sends and receives {} (2 (N-1)/N of them), {} on the link\n",
              o.nodes, o.gpus, o.net_gbps, e.values / 1e9, format_bytes(e.values * 4), format_bytes(e.bytes_per_node),
              ms(e.link_s));
-  fmt::print(out, "          step of {} iteration(s) per node: compute {}, link busy {:.0f}% of it\n", o.accumulation,
+  fmt::print(out, "          step of {} per node: compute {}, link busy {:.0f}% of it\n", counted(o.accumulation, "iteration"),
              ms(step), 100 * e.link_s / step);
   fmt::print(out, "          async: {} -> step {}, {:.0f} tokens/s over {} nodes ({:.2f}x one node)\n",
              e.exposed_async_s > 0 ? fmt::format("the link cannot keep up, {} exposed", ms(e.exposed_async_s))
@@ -382,9 +383,10 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
     if (best == 0)
       throw std::runtime_error(fmt::format("no plan fits {} per GPU even at 1024 tokens per sequence",
                                            format_bytes(double(cap))));
-    fmt::print(out, "longest   {} tokens per sequence fit {} per GPU ({} micro-batches of {} sequences); {} "
+    fmt::print(out, "longest   {} tokens per sequence fit {} per GPU ({} of {}); {} "
                     "without waiting at stage switches (peak below); the plan for it:\n\n",
-               best, format_bytes(double(cap)), o.micro_batches, o.sequences_per_micro,
+               best, format_bytes(double(cap)), counted(o.micro_batches, "micro-batch", "micro-batches"),
+               counted(o.sequences_per_micro, "sequence"),
                longest_sequence(o, cap, true));
     oo.seq_len = best;
   }
@@ -404,8 +406,9 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
 
   const int64_t tokens = o.micro_batches * o.sequences_per_micro * oo.seq_len;
   fmt::print(out, "model     {}\n", desc);
-  fmt::print(out, "workload  {} GPUs, {} micro-batches of {} x {} tokens = {} tokens per iteration\n", o.gpus,
-             o.micro_batches, o.sequences_per_micro, oo.seq_len, tokens);
+  fmt::print(out, "workload  {}, {} of {} x {} = {} per iteration\n", counted(o.gpus, "GPU"),
+             counted(o.micro_batches, "micro-batch", "micro-batches"), o.sequences_per_micro, counted(oo.seq_len, "token"),
+             counted(tokens, "token"));
   const GpuPreset* preset = o.gpu.empty() ? nullptr : find_gpu_preset(o.gpu);
   fmt::print(out, "device    {}{:.4g} TFLOP/s, memory {:.4g} GB/s, PCIe {:.4g} GB/s per direction, memory cap {}\n",
              preset ? fmt::format("{} ({}; plan --list-gpus): ", preset->name,
@@ -431,9 +434,9 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
                form);
   }
   if (m.num_experts > 0)
-    fmt::print(out, "experts   {} sparse layers: FLOPs of router + top-{} experts per token (grouped GEMMs at {:g} of "
+    fmt::print(out, "experts   {}: FLOPs of router + top-{} experts per token (grouped GEMMs at {:g} of "
                     "peak), bytes and memory of all {} experts\n",
-               m.num_moe_layers(), m.experts_per_token, d.grouped_gemm_efficiency, m.num_experts);
+               counted(m.num_moe_layers(), "sparse layer"), m.experts_per_token, d.grouped_gemm_efficiency, m.num_experts);
 
   const auto t0 = std::chrono::steady_clock::now();
   RunPlanInputs rin = plan_inputs(planned, oo, oo.seq_len, cap);

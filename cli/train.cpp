@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +14,8 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -21,6 +24,8 @@
 #include "roundpipe/replicas.hpp"
 #include "roundpipe/trainer.hpp"
 #include "trainer/run_setup.hpp"
+#include "base/counted.hpp"
+#include "cli/command.hpp"
 
 namespace fs = std::filesystem;
 
@@ -30,6 +35,9 @@ namespace {
 const StopToken* g_stop = nullptr;
 bool g_under_mpi = false;  // launched by mpirun / mpiexec (set before the handlers)
 std::string g_first_line;  // what the first signal prints (built before the handlers)
+/// The other replicas on this host, each with the line naming it once it is gone (built
+/// before the handlers: the handler only reads it).
+std::vector<std::pair<pid_t, std::string>> g_local_peers;
 
 void write_err(const char* s, size_t n) { [[maybe_unused]] auto r = ::write(2, s, n); }
 
@@ -47,10 +55,36 @@ std::string first_signal_line(bool under_mpi, int rank) {
       rank);
 }
 
+/// The line naming each replica on this host that ended: mpirun's SIGTERM to the survivors
+/// is how a dead replica usually shows, and Open MPI's own report of it is several lines that
+/// `mpirun -q` suppresses. Returns whether one was named. Async-signal-safe (kill, write).
+bool name_ended_peers() {
+  bool any = false;
+  for (const auto& [pid, line] : g_local_peers)
+    if (::kill(pid, 0) != 0 && errno == ESRCH) {
+      write_err(line.data(), line.size());
+      any = true;
+    }
+  return any;
+}
+
+/// g_local_peers for this replica (rank `rank`), once every replica has started.
+void find_local_peers(int rank) {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "this host");
+  g_local_peers.clear();
+  for (const LocalReplica& p : local_replicas())
+    g_local_peers.emplace_back(
+        pid_t(p.pid), fmt::format("\nroundpipe: replica {} ({}, pid {}) ended unexpectedly; mpirun is ending the job, "
+                                  "so replica {} stops without saving (finished checkpoints are kept)\n",
+                                  p.rank, host, p.pid, rank));
+}
+
 // First Ctrl-C or SIGTERM: stop after the steps in flight and save them as a checkpoint (steps
 // still unfinished after the spec's stop_timeout_s are abandoned, unsaved). Second: leave now (an unfinished
 // checkpoint stays in a *.tmp-<pid> folder, removed by the next run; finished ones are kept).
 void on_signal(int) {
+  const int saved_errno = errno;
   if (!g_stop->request_stop()) {
     static const char msg[] = "\nroundpipe: interrupted twice, exiting now\n";
     write_err(msg, sizeof msg - 1);
@@ -71,9 +105,10 @@ void on_signal(int) {
     write_err(head, sizeof head - 1);
     write_err(failure, std::strlen(failure));
     write_err("\n", 1);
-    return;
+  } else if (!(g_under_mpi && name_ended_peers())) {
+    write_err(g_first_line.data(), g_first_line.size());
   }
-  write_err(g_first_line.data(), g_first_line.size());
+  errno = saved_errno;
 }
 
 /// Before the first step (loading the model and data, the evaluation before training) a stop
@@ -194,9 +229,9 @@ void dump_batch_only(const TrainSpec& spec, const std::string& file) {
   TokenStream data = load_data_for_training(spec, src.header());
   const TokenBatch b = data.next(spec.sequences_per_step / spec.accumulation);
   dump_batch(file, b);
-  fmt::print("wrote {}: the first batch of step 1 ({} sequences of {} tokens, {} with a target); nothing was "
+  fmt::print("wrote {}: the first batch of step 1 ({} of {}, {} with a target); nothing was "
              "trained (add --train to train as well)\n",
-             file, b.n_seq, b.seq_len, b.num_targets());
+             file, counted(b.n_seq, "sequence"), counted(b.seq_len, "token"), b.num_targets());
 }
 
 }  // namespace
@@ -208,7 +243,7 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
     return 0;
   }
   if (ov.train_after_dump && ov.dump_batch.empty())
-    throw std::invalid_argument("--train: only with --dump-batch (a run trains anyway)");
+    throw UsageError("--train: only with --dump-batch (a run trains anyway)");
   TrainerCallbacks cb;
   cb.on_step = [&](const StepReport& r) { print_progress(spec, r); };
   if (!ov.dump_batch.empty())
@@ -221,7 +256,10 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
   std::optional<SignalHandlers> startup(std::in_place, on_startup_signal);
   // from the first step on, and while the final checkpoint is written (a Ctrl-C cannot cut it)
   std::optional<StopOnSignals> signals;
-  cb.on_ready = [&] { signals.emplace(stop); };
+  cb.on_ready = [&] {
+    if (g_under_mpi) find_local_peers(launcher_rank());  // every replica has started by now
+    signals.emplace(stop);
+  };
   const TrainResult res = Trainer(spec).run(cb, stop);
   signals.reset();
   startup.reset();
@@ -239,8 +277,9 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
     std::fputs(fmt::format("roundpipe: {}interrupted after {} step{}{}; {}{}\n", who, res.steps_done,
                            res.steps_done == 1 ? "" : "s", by,
                res.steps_abandoned > 0
-                   ? fmt::format("{} step(s) in flight did not finish within {:g} s and were not saved; ",
-                                 res.steps_abandoned, spec.stop_timeout_s)
+                   ? fmt::format("{} in flight did not finish within {:g} s and {} not saved; ",
+                                 counted(res.steps_abandoned, "step"), spec.stop_timeout_s,
+                                 res.steps_abandoned == 1 ? "was" : "were")
                    : std::string(),
                !res.checkpoint.empty()
                    ? fmt::format("saved {} (continue with --resume {})", res.checkpoint, res.checkpoint)
@@ -258,8 +297,8 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
   if (res.early_stopped) fmt::print("{}\n", res.early_stop_reason);
   if (res.final_step > 0 && res.final_step != res.steps_done)
     fmt::print("final/ holds step {}, the best checkpoint (load_best_model_at_end)\n", res.final_step);
-  fmt::print("done: {} steps{}{}{} in {}, peak device memory {:.1f} MiB per worker, metrics in {}, plan {}\n",
-             res.steps_done - res.first_step,
+  fmt::print("done: {}{}{}{} in {}, peak device memory {:.1f} MiB per worker, metrics in {}, plan {}\n",
+             counted(res.steps_done - res.first_step, "step"),
              res.replicas > 1 ? fmt::format(" on {} replicas", res.replicas) : std::string(),
              res.first_step > 0 ? fmt::format(" (resumed at step {}, {} in all)", res.first_step, res.steps_done)
                                 : std::string(),

@@ -1,9 +1,16 @@
 // rp::launched_by_mpi, launcher_rank, the failure line for signal handlers, and the stand-ins of a build without MPI (roundpipe/replicas.hpp).
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "roundpipe/replicas.hpp"
 
@@ -35,6 +42,49 @@ int launcher_rank() {
   for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"})
     if (const char* s = std::getenv(v)) return std::atoi(s);
   return -1;
+}
+
+namespace {
+std::string slurp_proc(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+/// Field 4 of /proc/<pid>/stat (the parent pid), or -1.
+long parent_of(const std::string& pid) {
+  const std::string stat = slurp_proc("/proc/" + pid + "/stat");
+  const auto paren = stat.rfind(')');  // the command name may hold spaces and ')'
+  if (paren == std::string::npos) return -1;
+  char state = 0;
+  long ppid = -1;
+  return std::sscanf(stat.c_str() + paren + 1, " %c %ld", &state, &ppid) == 2 ? ppid : -1;
+}
+/// The launcher rank in the NUL-separated environment `env`, or -1.
+int rank_in(const std::string& env) {
+  for (const char* v : {"OMPI_COMM_WORLD_RANK=", "PMI_RANK=", "PMIX_RANK="}) {
+    const std::string key = std::string(1, '\0') + v;
+    const std::string padded = std::string(1, '\0') + env;
+    if (const auto at = padded.find(key); at != std::string::npos) return std::atoi(padded.c_str() + at + key.size());
+  }
+  return -1;
+}
+}  // namespace
+
+std::vector<LocalReplica> local_replicas() {
+  std::vector<LocalReplica> out;
+  if (launcher_rank() < 0) return out;
+  const std::string self = std::to_string(::getpid());
+  const long parent = parent_of(self);
+  if (parent <= 1) return out;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it("/proc", ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name == self || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (parent_of(name) != parent) continue;
+    if (const int rank = rank_in(slurp_proc("/proc/" + name + "/environ")); rank >= 0)
+      out.push_back({rank, std::atoi(name.c_str())});
+  }
+  std::sort(out.begin(), out.end(), [](const LocalReplica& a, const LocalReplica& b) { return a.rank < b.rank; });
+  return out;
 }
 
 #ifndef RP_HAVE_MPI

@@ -125,48 +125,6 @@ std::vector<std::string> entries_of(const fs::path& dir) {
   return out;
 }
 
-/// The files roundpipe_manifest.json of `dir` lists, each with its size in bytes; nullopt when
-/// there is none or it is not one a convert or merge wrote ("written_by" names it, every entry a
-/// plain file name with its size). A file counts as roundpipe's only when it is a regular file of
-/// the recorded size: a user's file of the same name, a folder or a hand-written manifest that
-/// lists a user's files without their sizes does not.
-std::optional<std::map<std::string, uint64_t>> manifest_files(const fs::path& dir) {
-  std::ifstream in(dir / kModelManifestFile, std::ios::binary);
-  if (!in) return std::nullopt;
-  try {
-    const json j = json::parse(in);
-    if (!j.is_object() || !j.contains("files") || !j["files"].is_array() || !j.contains("written_by") ||
-        !j["written_by"].is_string() || j["written_by"].get<std::string>().rfind("roundpipe ", 0) != 0)
-      return std::nullopt;
-    std::map<std::string, uint64_t> files;
-    for (const auto& f : j["files"]) {
-      if (!f.is_object() || !f.contains("name") || !f["name"].is_string() || !f.contains("bytes") ||
-          !f["bytes"].is_number_unsigned())
-        return std::nullopt;
-      const std::string name = f["name"].get<std::string>();
-      if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") return std::nullopt;
-      files[name] = f["bytes"].get<uint64_t>();
-    }
-    return files;
-  } catch (const json::exception&) {
-    return std::nullopt;
-  }
-}
-
-/// Writes roundpipe_manifest.json into the new model folder `tmp`: every file in it with its
-/// size, so that a later convert or merge into the same folder knows it replaces only what it
-/// wrote.
-void write_model_manifest(const std::string& tmp, const std::string& command) {
-  json files = json::array();
-  for (const auto& name : entries_of(tmp)) {
-    std::error_code ec;
-    const auto bytes = fs::file_size(fs::path(tmp) / name, ec);
-    if (!ec) files.push_back({{"name", name}, {"bytes", uint64_t(bytes)}});
-  }
-  const json j = {{"written_by", "roundpipe " + command}, {"files", files}};
-  write_text(fs::path(tmp) / kModelManifestFile, dump_json(j, fs::path(tmp) / kModelManifestFile));
-}
-
 }  // namespace
 
 void check_model_output_folder(const std::string& out_dir, const std::vector<std::string>& inputs) {
@@ -183,16 +141,7 @@ void check_model_output_folder(const std::string& out_dir, const std::vector<std
   if (fs::exists(out, ec) && !fs::is_directory(out, ec))
     throw std::invalid_argument(one_line(fmt::format("{}: OUT_DIR exists and is not a folder", out_dir)));
   if (!fs::is_directory(out, ec) || fs::is_empty(out, ec)) return;
-  const auto ours = manifest_files(out);
-  std::vector<std::string> foreign;
-  for (const auto& name : entries_of(out)) {
-    if (name == kModelManifestFile && ours) continue;
-    const fs::path f = out / name;
-    const auto it = ours ? ours->find(name) : decltype(ours->end()){};
-    const bool listed = ours && it != ours->end() && fs::is_regular_file(fs::symlink_status(f, ec)) &&
-                        fs::file_size(f, ec) == it->second && !ec;
-    if (!listed) foreign.push_back(name);
-  }
+  const std::vector<std::string> foreign = unlisted_entries(out).value_or(entries_of(out));
   if (!foreign.empty())
     throw std::invalid_argument(one_line(fmt::format(
         "{}: OUT_DIR holds {} roundpipe did not write there ({}{}), and writing the folder would delete {}; "
@@ -201,11 +150,34 @@ void check_model_output_folder(const std::string& out_dir, const std::vector<std
         foreign.size() > 5 ? ", ..." : "", foreign.size() == 1 ? "it" : "them")));
 }
 
+std::vector<std::string> clean_model_folder_leftovers(const std::string& out_dir) {
+  std::string d = out_dir;
+  while (d.size() > 1 && d.back() == '/') d.pop_back();
+  const fs::path p(d);
+  const std::string parent = p.parent_path().empty() ? std::string(".") : p.parent_path().string();
+  std::vector<std::string> lines;
+  for (StaleTemporary s : clean_stale_temporaries(parent, p.filename().string())) {
+    if (p.parent_path().empty())  // as the user named it: "out.tmp-42", not "./out.tmp-42"
+      for (std::string* name : {&s.path, &s.target})
+        if (name->rfind("./", 0) == 0) name->erase(0, 2);
+    if (s.left_alone)
+      lines.push_back(fmt::format("left alone {} (named like a killed writer's leftover, but no roundpipe writer "
+                                  "marked it as its own)",
+                                  s.path));
+    else if (s.restored)
+      lines.push_back(fmt::format("restored {} from {} (an earlier roundpipe write was killed while replacing it)",
+                                  s.target, s.path));
+    else
+      lines.push_back(fmt::format("removed {} left by an interrupted roundpipe write", s.path));
+  }
+  return lines;
+}
+
 void save_model_folder(const std::string& out_dir, const ModelLayout& layout, const std::vector<const float*>& groups,
                        const nlohmann::json& tokenizer_json, const std::string& chat_template, DType dtype,
                        const std::string& command) {
   save_hf_checkpoint(out_dir, layout, groups, tokenizer_json, chat_template, dtype,
-                     [&](const std::string& tmp) { write_model_manifest(tmp, command); });
+                     [&](const std::string& tmp) { write_manifest(tmp, command); });
 }
 
 void convert_gguf_to_hf(const std::string& gguf, const std::string& out_dir, DType dtype) {

@@ -155,6 +155,32 @@ std::string chat_template_of(const fs::path& dir) {
   return "";
 }
 
+/// Every token id of the tokenizer (its vocab and added tokens) must have a row in the model's
+/// embedding; a tokenizer of another model fails here, at load, naming the file, the token,
+/// its id and vocab_size, not later inside a step or a generation. Ids that are no integer are
+/// left to the tokenizer's own checks.
+void check_tokenizer_ids(const LoadedModel& h) {
+  const int64_t V = h.config.vocab_size;
+  const nlohmann::json& tj = h.tokenizer_json;
+  if (V <= 0 || !tj.is_object()) return;
+  int64_t top = -1;
+  std::string top_token;
+  auto consider = [&](const nlohmann::json& id, const std::string& token) {
+    if (id.is_number_integer() && id.get<int64_t>() > top) top = id.get<int64_t>(), top_token = token;
+  };
+  if (const auto m = tj.find("model"); m != tj.end() && m->is_object())
+    if (const auto v = m->find("vocab"); v != m->end() && v->is_object())
+      for (const auto& [token, id] : v->items()) consider(id, token);
+  if (const auto a = tj.find("added_tokens"); a != tj.end() && a->is_array())
+    for (const auto& t : *a)
+      if (t.is_object() && t.contains("id") && t.contains("content") && t["content"].is_string())
+        consider(t["id"], t["content"].get<std::string>());
+  if (top < V) return;
+  fail(tokenizer_origin(h), fmt::format("token \"{}\" has id {}, not below the model's vocab_size {}: the embedding has "
+                                        "no row for it; the tokenizer does not belong to this model",
+                                        excerpt(top_token), top, V));
+}
+
 void open_hf_dir(const std::string& path, ModelSource::Impl& s) {
   const fs::path dir(path);
   s.header.config = load_config_file((dir / "config.json").string());
@@ -180,7 +206,10 @@ void open_hf_dir(const std::string& path, ModelSource::Impl& s) {
   if (s.header.config.gpt_oss()) gpt_oss_hf_expert_slices(s, where);
   check_tensors(s, where);
   const fs::path tj = dir / "tokenizer.json";
-  if (fs::exists(tj, ec)) s.header.tokenizer_json = read_json(tj.string());
+  if (fs::exists(tj, ec)) {
+    s.header.tokenizer_json = read_json(tj.string());
+    s.header.tokenizer_source = tj.string();
+  }
   s.header.chat_template = chat_template_of(dir);
 }
 
@@ -236,6 +265,7 @@ ModelSource ModelSource::open(const std::string& path) {
       }
     }
   }
+  check_tokenizer_ids(s->header);
   return ModelSource(std::move(s));
 }
 

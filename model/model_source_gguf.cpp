@@ -99,8 +99,10 @@ void open_gguf_source(const std::string& path, ModelSource::Impl& s) {
     l.gguf = &t;
     s.tensors.emplace(hf, std::move(l));
   }
-  if (f.has("tokenizer.ggml.model") && f.get("tokenizer.ggml.model") == "gpt2")
+  if (f.has("tokenizer.ggml.model") && f.get("tokenizer.ggml.model") == "gpt2") {
     s.header.tokenizer_json = tokenizer_json_from_gguf(f);
+    s.header.tokenizer_source = path + " (its tokenizer.ggml.* metadata)";
+  }
   if (f.has("tokenizer.chat_template") && f.get("tokenizer.chat_template").is_string())
     s.header.chat_template = f.get_string("tokenizer.chat_template");
 }

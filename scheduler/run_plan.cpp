@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "base/checked_math.hpp"
+#include "base/counted.hpp"
 #include "base/host_resources.hpp"
 #include "scheduler/profile.hpp"
 #include "scheduler/replan.hpp"
@@ -62,10 +63,10 @@ void plan_host_memory(const RunPlanInputs& in, const HostBudget& h, RunPlan& r) 
   const auto need = r.saved_attention ? with_attn : base;
   if (!need || (avail > 0 && *need > avail))
     throw std::invalid_argument(fmt::format(
-        "host memory: the session needs about {} (optimizer state, weights, gradients, {} pass slot(s) of "
+        "host memory: the session needs about {} (optimizer state, weights, gradients, {} of "
         "activations{}) but only {} are available; lower seq_len or the sequences of a pass "
         "(sequences_per_step / accumulation: raise accumulation){}{}",
-        need ? byte_text(double(*need)) : std::string("more than 2^64 bytes"), slots,
+        need ? byte_text(double(*need)) : std::string("more than 2^64 bytes"), counted(slots, "pass slot"),
         r.saved_attention ? ", saved attention outputs" : "", byte_text(double(avail)),
         slots > 1 ? ", run one worker (workers 1: the passes share one slot)" : "",
         r.saved_attention ? ", or set save_attention to false" : ""));

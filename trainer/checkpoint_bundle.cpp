@@ -12,6 +12,7 @@
 
 #include "base/atomic_file.hpp"
 #include "base/checksum.hpp"
+#include "base/output_folder.hpp"
 #include "model/config.hpp"
 #include "roundpipe/adapter.hpp"
 
@@ -27,8 +28,11 @@ std::string state_dir_of(const std::string& dir) {
 
 std::string weights_checksum(const std::string& dir) {
   std::vector<fs::path> files;
+  const auto ours = manifest_files(dir);  // a user's *.safetensors kept in the folder is not the checkpoint's
   for (const auto& e : fs::directory_iterator(dir))
-    if (e.is_regular_file() && e.path().extension() == ".safetensors") files.push_back(e.path());
+    if (e.is_regular_file() && e.path().extension() == ".safetensors" &&
+        (!ours || ours->count(e.path().filename().string())))
+      files.push_back(e.path());
   std::sort(files.begin(), files.end());
   Checksum c;
   std::vector<char> buf(size_t(8) << 20);
@@ -56,7 +60,10 @@ void save_checkpoint_bundle(Session& session, const std::string& dir, const Load
   // resumable_checkpoint treats as no checkpoint, never weights that look resumable without
   // their state.
   const std::string sd = state_dir_of(dir);
+  // a file of the run's the user changed in `dir` fails the save before its state is replaced
+  refuse_changed_listed_files(dir);
   auto write_state = [&](const std::string& weights_tmp) {
+    write_manifest(weights_tmp, "train");  // what the run wrote: a re-save keeps everything else
     TrainerState st = state;
     st.weights_xxh3 = weights_checksum(weights_tmp);  // the files keep their bytes through the rename
     st.model_config = architecture_of(model.config);
@@ -65,6 +72,7 @@ void save_checkpoint_bundle(Session& session, const std::string& dir, const Load
       // model.safetensors holds the fp32 master exactly only when saved in f32
       session.save_optimizer_state(tmp + "/" + kOptimizerStateFile, save_dtype != DType::f32);
       write_trainer_state(tmp + "/" + kRunStateFile, st);
+      write_manifest(tmp, "train");
     });
   };
   if (session.layout().lora) {  // a PEFT adapter folder: the adapters and the trained base modules
@@ -281,9 +289,15 @@ std::vector<fs::path> sorted_entries(const fs::path& dir) {
   return out;
 }
 
-/// Replaces the folder `now` by the leftover `from` (a dead writer's) and drops its marker.
+/// Replaces the folder `now` by the leftover `from` (a dead writer's) and drops its marker;
+/// what `now` holds that is not roundpipe's (the user's files) is carried into `from` first.
 bool put_in_place(const fs::path& from, const fs::path& now) {
   std::error_code ec;
+  try {
+    if (fs::is_directory(now, ec)) carry_unlisted_entries(now.string(), from.string());
+  } catch (const std::exception&) {
+    return false;  // a user's file in the way: left as it is, resume refuses the pair
+  }
   fs::remove_all(now, ec);  // a killed run here: `now` is missing and the next start does the rename
   if (ec) return false;
   fs::rename(from, now, ec);

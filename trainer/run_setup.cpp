@@ -20,6 +20,7 @@
 #include <spdlog/spdlog.h>
 
 #include "base/atomic_file.hpp"
+#include "base/counted.hpp"
 #include "base/host_resources.hpp"
 #include "scheduler/host_memory.hpp"
 #include "base/error_text.hpp"
@@ -185,6 +186,64 @@ void prepare_output_dir(const TrainSpec& spec) {
       spec.source, spec.output_dir, fmt::join(found, ", "), advice));
 }
 
+namespace {
+std::vector<fs::path> entries_in(const fs::path& dir) {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) out.push_back(it->path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+/// Removes what roundpipe wrote in folder `dir`: the files its manifest lists (at their
+/// recorded size) and the manifest, or, without a manifest (an earlier release's folder, which
+/// the run record claims as a whole), everything; then `dir` when empty. The entries it kept
+/// are added to `kept` as "<dir>/<name>".
+void remove_written(const fs::path& dir, std::vector<std::string>& kept) {
+  std::error_code ec;
+  if (const auto foreign = unlisted_entries(dir)) {
+    for (const fs::path& e : entries_in(dir)) {
+      const std::string name = e.filename().string();
+      if (std::find(foreign->begin(), foreign->end(), name) == foreign->end()) fs::remove(e, ec);
+      else kept.push_back(e.string());
+    }
+    fs::remove(dir, ec);  // only when empty
+  } else {
+    fs::remove_all(dir, ec);
+  }
+}
+}  // namespace
+
+std::string clear_earlier_run(const TrainSpec& spec) {
+  const fs::path out(spec.output_dir);
+  std::error_code ec;
+  if (!fs::exists(out / kRunMarkerFile, ec)) return "";
+  std::vector<std::string> removed, kept;
+  for (const fs::path& p : entries_in(out)) {
+    const std::string name = p.filename().string();
+    if (!is_run_output(name) || name == kRunMarkerFile) continue;
+    if (name == "state") {
+      for (const fs::path& s : entries_in(p))
+        if (fs::is_directory(fs::symlink_status(s, ec))) remove_written(s, kept);
+        else kept.push_back(s.string());
+      fs::remove(p, ec);  // only when empty
+    } else if (name == "tensorboard") {
+      for (const fs::path& e : entries_in(p))
+        if (e.filename().string().rfind("events.out.tfevents.", 0) == 0) fs::remove(e, ec);
+      fs::remove(p, ec);
+    } else if (fs::is_directory(fs::symlink_status(p, ec))) {
+      remove_written(p, kept);
+    } else {
+      fs::remove(p, ec);
+    }
+    removed.push_back(name);
+  }
+  if (removed.empty()) return "";
+  return fmt::format("overwrite: removed the earlier run's {} from {}{}", fmt::join(removed, ", "), spec.output_dir,
+                     kept.empty() ? std::string()
+                                  : fmt::format(" (kept {}: not written by roundpipe)", fmt::join(kept, ", ")));
+}
+
 bool mark_output_dir(const TrainSpec& spec) {
   const std::string marker = (fs::path(spec.output_dir) / kRunMarkerFile).string();
   std::error_code ec;
@@ -284,8 +343,8 @@ namespace {
 /// One line per data file whose supervised examples lost tokens to seq_len.
 void warn_truncated(const std::string& file, const TokenStreamStats& st, int64_t seq_len) {
   if (st.truncated_examples == 0) return;
-  spdlog::warn("{}: {} of {} examples truncated to {} tokens (raise seq_len to keep them whole)", file,
-               st.truncated_examples, st.examples, seq_len);
+  spdlog::warn("{}: {} of {} truncated to {} (raise seq_len to keep {} whole)", file, st.truncated_examples,
+               counted(st.examples, "example"), counted(seq_len, "token"), st.truncated_examples == 1 ? "it" : "them");
 }
 }  // namespace
 
@@ -306,31 +365,32 @@ TokenStream load_data_for_training(const TrainSpec& spec, const LoadedModel& mod
   }
   TokenStream& data = *loaded;
   const TokenStreamStats& st = data.stats();
-  spdlog::info("data: {}{} -> {} sequences of {} tokens{}",
-               st.examples == 0 ? std::string() : fmt::format("{} examples", st.examples),
+  spdlog::info("data: {}{} -> {} of {}{}",
+               st.examples == 0 ? std::string() : counted(st.examples, "example"),
                st.text_tokens == 0 ? std::string()
-                                   : fmt::format("{}{} text tokens", st.examples == 0 ? "" : ", ", st.text_tokens),
-               st.sequences, spec.seq_len,
-               st.dropped_examples ? fmt::format(" ({} examples dropped: no target left)", st.dropped_examples)
+                                   : fmt::format("{}{}", st.examples == 0 ? "" : ", ", counted(st.text_tokens, "text token")),
+               counted(st.sequences, "sequence"), counted(spec.seq_len, "token"),
+               st.dropped_examples ? fmt::format(" ({} dropped: no target left)", counted(st.dropped_examples, "example"))
                                    : std::string());
   warn_truncated(spec.data, st, spec.seq_len);
   if (o.eval_fraction > 0 && (st.eval_sequences == 0 || st.sequences == 0))
     throw std::invalid_argument(fmt::format(
-        "{}: key 'eval_fraction': {:g} of the {} sequences of {} holds out {} for evaluation and leaves {} for "
+        "{}: key 'eval_fraction': {:g} of the {} of {} holds out {} for evaluation and leaves {} for "
         "training; expected at least 1 of each{}",
-        spec.source, o.eval_fraction, st.sequences + st.eval_sequences, spec.data, st.eval_sequences, st.sequences,
+        spec.source, o.eval_fraction, counted(st.sequences + st.eval_sequences, "sequence"), spec.data,
+        st.eval_sequences, st.sequences,
         st.eval_sequences == 0 && st.sequences > 0
             ? fmt::format(" (a fraction of at least {:g} holds one out, or give eval_data)",
                           1.0 / double(st.sequences))
             : std::string()));
   if (st.sequences == 0)
     throw std::invalid_argument(fmt::format(
-        "{}: key 'seq_len': {} tokens leave no training target in any of the {} examples of {} (their prompts "
+        "{}: key 'seq_len': {} tokens leave no training target in any of the {} of {} (their prompts "
         "are longer); raise seq_len",
-        spec.source, spec.seq_len, st.examples, spec.data));
+        spec.source, spec.seq_len, counted(st.examples, "example"), spec.data));
   if (st.sequences < spec.sequences_per_step)
-    spdlog::warn("data: {} training sequence(s), fewer than sequences_per_step {}: every step repeats sequences",
-                 st.sequences, spec.sequences_per_step);
+    spdlog::warn("data: {}, fewer than sequences_per_step {}: every step repeats sequences",
+                 counted(st.sequences, "training sequence"), spec.sequences_per_step);
   const int64_t max_pos = model.config.max_position_embeddings;
   if (max_pos > 0 && spec.seq_len > max_pos)
     spdlog::warn("seq_len {} exceeds the model's max_position_embeddings {}", spec.seq_len, max_pos);
@@ -341,7 +401,7 @@ std::vector<TokenBatch> load_eval_batches(const TrainSpec& spec, const LoadedMod
   const int64_t per_pass = spec.sequences_per_step / spec.accumulation;
   if (spec.eval_data.empty()) {
     if (train.stats().eval_sequences == 0) return {};
-    spdlog::info("eval: {} sequences held out of {}", train.stats().eval_sequences, spec.data);
+    spdlog::info("eval: {} held out of {}", counted(train.stats().eval_sequences, "sequence"), spec.data);
     return train.evaluation_batches(per_pass);
   }
   TokenStreamOptions o;
@@ -350,7 +410,7 @@ std::vector<TokenBatch> load_eval_batches(const TrainSpec& spec, const LoadedMod
   o.packing = spec.packing;
   o.eval_fraction = 1;
   TokenStream ev(model, spec.eval_data, o);
-  spdlog::info("eval: {} sequences of {}", ev.stats().eval_sequences, spec.eval_data);
+  spdlog::info("eval: {} of {}", counted(ev.stats().eval_sequences, "sequence"), spec.eval_data);
   warn_truncated(spec.eval_data, ev.stats(), spec.seq_len);
   if (ev.stats().eval_sequences == 0)
     throw std::invalid_argument(fmt::format("{}: key 'eval_data': {} holds no sequence with a target at seq_len {}",

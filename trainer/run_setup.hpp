@@ -59,6 +59,17 @@ void check_output_dir(const TrainSpec& spec);
 /// spec.overwrite_output_dir. Throws std::invalid_argument naming spec.source and the key.
 void prepare_output_dir(const TrainSpec& spec);
 
+/// --overwrite-output-dir (a fresh run, no resume): removes what an earlier run recorded in the
+/// output folder (kRunMarkerFile) provably wrote there, so that no checkpoint-<n>/ of it is
+/// left for a later --resume or a reader to mix with this run's: metrics.csv, metrics.jsonl,
+/// profile.json, trace.json, stop_status.txt, the event files of tensorboard/, and of every
+/// checkpoint-<n>/, final/, final-merged/ and state/<name>/ the files its roundpipe_manifest.json
+/// lists (a folder without one, from an earlier release, as a whole), then each folder left
+/// empty. Anything else (the user's files, also inside those folders) stays. Nothing is done
+/// in a folder without kRunMarkerFile. Returns one line saying what went and what stayed ("" when
+/// nothing was there).
+std::string clear_earlier_run(const TrainSpec& spec);
+
 /// Writes kRunMarkerFile into the output folder unless it is there; true when it wrote it
 /// (a run stopped before its first step removes it again).
 bool mark_output_dir(const TrainSpec& spec);

@@ -12,7 +12,7 @@ namespace rp {
 SampleResult sample(Generator& gen, const LoadedModel& model, const SampleRequest& r,
                     const std::function<void(const std::string&)>& on_text) {
   require_tokenizer(model);
-  Tokenizer tok = Tokenizer::from_json(model.tokenizer_json, model.source + " tokenizer");
+  Tokenizer tok = Tokenizer::from_json(model.tokenizer_json, tokenizer_origin(model));
   if (model.config.eos_token_id >= 0) tok.set_eos_id(int32_t(model.config.eos_token_id));
   SampleResult res;
   GenerateOptions o = r.generate;

@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 
 #include "base/host_resources.hpp"
+#include "base/counted.hpp"
+#include "base/error_text.hpp"
 #include "data/chat_template.hpp"
 #include "data/dataset.hpp"
 #include "data/tokenizer.hpp"
@@ -33,9 +35,9 @@ void check_ids_fit_the_model(const LoadedModel& model, const std::string& data_p
   if (top < V) return;
   const std::string text = tok.has_token(top) ? tok.token_text(top) : std::string();
   throw std::invalid_argument(fmt::format(
-      "{}: token id {}{} from the tokenizer of {} is not below the model's vocab_size {} (config.json): the "
+      "{}: token id {}{} from {} is not below the model's vocab_size {} (config.json): the "
       "embedding has no row for it; the tokenizer does not belong to this model",
-      data_path, top, text.empty() ? std::string() : fmt::format(" (\"{}\")", text), model.source, V));
+      data_path, top, text.empty() ? std::string() : fmt::format(" (\"{}\")", excerpt(text)), tokenizer_origin(model), V));
 }
 
 }  // namespace
@@ -48,8 +50,8 @@ struct TokenStream::Impl {
   BatchStream& batches() {
     if (!stream)
       throw std::invalid_argument(fmt::format(
-          "no training sequence: {} tokens leave no target in any of the {} examples (their prompts are longer)",
-          seq_len, stats.examples));
+          "no training sequence: {} tokens leave no target in any of the {} (their prompts are longer)",
+          seq_len, counted(stats.examples, "example")));
     return *stream;
   }
   int64_t seq_len = 0;
@@ -57,7 +59,7 @@ struct TokenStream::Impl {
 
 TokenStream::TokenStream(const LoadedModel& model, const std::string& data_path, const TokenStreamOptions& o) {
   require_tokenizer(model);
-  Tokenizer tok = Tokenizer::from_json(model.tokenizer_json, model.source + " tokenizer");
+  Tokenizer tok = Tokenizer::from_json(model.tokenizer_json, tokenizer_origin(model));
   if (model.config.eos_token_id >= 0) tok.set_eos_id(int32_t(model.config.eos_token_id));
   const ChatTemplate chat = template_for(model, o.chat_template);
   Dataset ds = load_dataset(data_path, tok, chat);

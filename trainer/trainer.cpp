@@ -17,6 +17,7 @@
 #include "roundpipe/checkpoint.hpp"
 #include "roundpipe/session.hpp"
 #include "base/atomic_file.hpp"
+#include "base/counted.hpp"
 #include "base/host_resources.hpp"
 #include "trainer/async_range.hpp"
 #include "trainer/checkpoint_bundle.hpp"
@@ -107,12 +108,14 @@ class Run {
   int64_t evals_after(int64_t steps_done) const;
   std::string last_checkpoint_;
   std::optional<Clock::time_point> stop_deadline_;  // set when the stop request is first seen
+  /// spec.stop_timeout_s as a clock duration.
+  Clock::duration stop_budget() const {
+    return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(spec_.stop_timeout_s));
+  }
   /// A single process: sets stop_deadline_ (spec.stop_timeout_s on) when the StopToken's
   /// request is first seen. Replicas: the agreement sets it (stop_agreed).
   void arm_stop_deadline() {
-    if (!replicas_ && stop_.stop_requested() && !stop_deadline_)
-      stop_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                          std::chrono::duration<double>(spec_.stop_timeout_s));
+    if (!replicas_ && stop_.stop_requested() && !stop_deadline_) stop_deadline_ = Clock::now() + stop_budget();
   }
   /// At most 0.1 s, and not past the stop deadline when there is one.
   double wait_slice() const {
@@ -204,6 +207,9 @@ void Run::setup() {
   if (leader()) {
     require_disk_space(spec_.output_dir, checkpoint_bytes_, "a checkpoint");
     std::filesystem::create_directories(spec_.output_dir);
+    // starting over: no checkpoint of the earlier run stays to be mixed with this one's
+    if (spec_.overwrite_output_dir && !resume_)
+      if (const std::string line = clear_earlier_run(spec_); !line.empty()) spdlog::info("{}", line);
     wrote_run_marker_ = mark_output_dir(spec_);
     metrics_ = std::make_unique<MetricsFile>(path("metrics.csv"), start_, replica_count() > 1);
     if (spec_.metrics_jsonl)
@@ -231,12 +237,13 @@ void Run::start_session(const ModelLayout& layout, std::vector<std::vector<float
   if (resume_) start_ = restore_checkpoint(*resume_, spec_, *session_, *data_);
   const IterationPlan& plan = session_->initial_plan();
   if (replicas_)
-    spdlog::info("replicas: {} (MPI), each {} of every step's {} passes; gradients summed in rank order",
-                 replicas_->size(), spec_.accumulation / replicas_->size(), spec_.accumulation);
-  spdlog::info("runtime: {} x {}, {} optimizer, {} plan {} ({} stages), {} micro-batches of {} x {} tokens",
+    spdlog::info("replicas: {} (MPI), each {} of every step's {}; gradients summed in rank order",
+                 replicas_->size(), spec_.accumulation / replicas_->size(), counted(spec_.accumulation, "pass", "passes"));
+  spdlog::info("runtime: {} x {}, {} optimizer, {} plan {} ({}), {} of {} x {}",
                spec_.workers, session_->device_name(), spec_.async ? "staleness-1 async" : "synchronous",
-               opt.plan ? "explicit" : "automatic", plan.summary(), plan.stages.size(), spec_.micro_batches,
-               opt.micro.n_seq, spec_.seq_len);
+               opt.plan ? "explicit" : "automatic", plan.summary(), counted(plan.stages.size(), "stage"),
+               counted(spec_.micro_batches, "micro-batch", "micro-batches"), opt.micro.n_seq,
+               counted(spec_.seq_len, "token"));
 }
 
 /// Waits for step t, watching the stop token: nullopt once a stop was requested and step t
@@ -391,6 +398,10 @@ void Run::log_scalars(const StepReport& s) {
 /// bounds the wait like a step's: false (nothing filled) once the stop deadline passed, or as
 /// soon as a stop is seen with `drop_at_stop`. The passes left go on in the runtime; nothing
 /// waits for them (they change no weight, and the session's teardown is bounded).
+/// During a stop, every evaluation pass that finishes moves the deadline to stop_timeout_s
+/// from then: the steps queued behind the evaluation in the pipeline can only finish after it,
+/// so an evaluation that makes progress must not use up their time (a finished step would be
+/// abandoned unsaved); one whose pass makes no progress for stop_timeout_s still ends the wait.
 bool Run::collect_eval(int64_t steps_done, StepReport& into, bool drop_at_stop) {
   const std::vector<int64_t> ids = std::move(pending_eval_.at(steps_done));
   pending_eval_.erase(steps_done);
@@ -402,6 +413,7 @@ bool Run::collect_eval(int64_t steps_done, StepReport& into, bool drop_at_stop) 
       if (const std::optional<EvalResult> e = session_->wait_eval_for(id, wait_slice())) {
         sum += e->loss_sum;
         tokens += e->tokens;
+        if (stop_deadline_ && !replicas_) stop_deadline_ = Clock::now() + stop_budget();
         break;
       }
     }
@@ -479,7 +491,7 @@ bool Run::report_through(int64_t t) {
 /// abandoned some: they did not finish within spec.stop_timeout_s of it.
 bool Run::drain(int64_t t) {
   if (stopping() && reported_ < t - 1)
-    spdlog::info("stop requested: finishing {} step(s) in flight (at most {:g} s)", t - 1 - reported_,
+    spdlog::info("stop requested: finishing {} in flight (at most {:g} s)", counted(t - 1 - reported_, "step"),
                  spec_.stop_timeout_s);
   return report_through(t - 1);
 }

@@ -28,9 +28,18 @@ struct LoadedModel {
   /// embedding).
   std::map<std::string, HostTensor> tensors;
   nlohmann::json tokenizer_json;  ///< HF tokenizer.json content, or null
+  /// Where tokenizer_json came from, as tokenizer errors name it: "<folder>/tokenizer.json", or
+  /// "<file>.gguf (its tokenizer.ggml.* metadata)"; "" when unknown (tokenizer_origin says
+  /// "<source> tokenizer" then).
+  std::string tokenizer_source;
   std::string chat_template;      ///< Jinja chat template, or ""
   std::string source;             ///< the path it was loaded from
 };
+
+/// Where `m`'s tokenizer came from, for errors: m.tokenizer_source, else "<m.source> tokenizer".
+inline std::string tokenizer_origin(const LoadedModel& m) {
+  return m.tokenizer_source.empty() ? m.source + " tokenizer" : m.tokenizer_source;
+}
 
 /// Loads `path`: a .gguf file (llama, qwen3, qwen3moe or gpt-oss architecture; quantized
 /// tensors dequantized to fp32, LLaMA q/k rows un-permuted back to HF's rotate-half order,
@@ -84,6 +93,14 @@ inline constexpr const char* kModelManifestFile = "roundpipe_manifest.json";
 /// Throws std::invalid_argument("<out_dir>: <why>"), one line. Empty entries of `inputs` are
 /// skipped.
 void check_model_output_folder(const std::string& out_dir, const std::vector<std::string>& inputs);
+
+/// Before a convert or merge writes `out_dir`: what a killed earlier convert, merge or other
+/// roundpipe writer left for that folder ("<out_dir>.tmp-<pid>", "<out_dir>.old-<pid>", each
+/// with the marker naming a writer no longer alive, base/atomic_file.hpp) is removed, or put
+/// back as `out_dir` when the kill came while the previous version was moved aside. Nothing
+/// else is touched: names of that form without such a marker are left alone and reported.
+/// Returns one line per leftover found; never throws for what it cannot remove.
+std::vector<std::string> clean_model_folder_leftovers(const std::string& out_dir);
 
 /// save_hf_checkpoint plus kModelManifestFile naming every file written, by `command`
 /// ("convert", "merge"), so that the folder may later be replaced by another such write.

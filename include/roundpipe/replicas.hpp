@@ -83,4 +83,16 @@ const char* replica_failure_line();
 /// PMIX_RANK), or -1 outside a launcher; readable before MPI is initialised.
 int launcher_rank();
 
+/// Another replica the same launcher process started on this host.
+struct LocalReplica {
+  int rank = -1;  ///< its launcher rank
+  int pid = 0;    ///< its process id
+};
+/// The other replicas on this host: processes with this process's parent (mpirun or its
+/// per-host daemon) and a launcher rank in their environment, read from /proc (Linux). Empty
+/// outside a launcher or where /proc cannot be read. Call once every replica has started (MPI
+/// initialised): a replica that dies later can then be named by its pid (the stop-signal
+/// handler of `roundpipe train` does, when mpirun ends the job because of it).
+std::vector<LocalReplica> local_replicas();
+
 }  // namespace rp

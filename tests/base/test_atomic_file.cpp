@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "base/atomic_file.hpp"
+#include "base/output_folder.hpp"
 
 namespace fs = std::filesystem;
 
@@ -258,6 +259,45 @@ TEST(AtomicFile, AWriterKilledMidSwapIsCleanedUpByTheNextRun) {
     for (const auto& s : done) EXPECT_FALSE(s.left_alone) << s.path;
     fs::remove_all(d);
   }
+}
+
+}  // namespace
+
+namespace {
+
+void put(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary) << s; }
+
+// A folder written with a manifest (base/output_folder.hpp) is rewritten keeping what the
+// manifest does not list: the user's files and folders survive, the files the earlier version
+// wrote and the new one does not are gone, and a listed file the user changed stops the write
+// before anything is replaced. Without a manifest the folder is replaced as a whole.
+TEST(AtomicFile, ARewriteKeepsWhatTheManifestDoesNotList) {
+  const fs::path d = scratch(), ck = d / "ck";
+  rp::replace_folder(ck.string(), [](const std::string& tmp) {
+    put(fs::path(tmp) / "a.bin", "ours");
+    put(fs::path(tmp) / "old-shard.bin", "ours");
+    rp::write_manifest(tmp, "test");
+  });
+  put(ck / "notes.txt", "mine");
+  fs::create_directories(ck / "sub");
+  put(ck / "sub/x.txt", "mine too");
+  rp::replace_folder(ck.string(), [](const std::string& tmp) {
+    put(fs::path(tmp) / "a.bin", "new!");
+    rp::write_manifest(tmp, "test");
+  });
+  EXPECT_EQ(slurp(ck / "a.bin"), "new!");
+  EXPECT_FALSE(fs::exists(ck / "old-shard.bin"));
+  EXPECT_EQ(slurp(ck / "notes.txt"), "mine");
+  EXPECT_EQ(slurp(ck / "sub/x.txt"), "mine too");
+  put(ck / "a.bin", "changed by the user");
+  EXPECT_THROW(rp::replace_folder(ck.string(), [](const std::string& tmp) { put(fs::path(tmp) / "a.bin", "x"); }),
+               std::runtime_error);
+  EXPECT_EQ(slurp(ck / "a.bin"), "changed by the user");
+  EXPECT_EQ(entries(d), 1u) << "no temporary left";
+  fs::remove(ck / "roundpipe_manifest.json");  // nothing proves what is ours: replaced as a whole
+  rp::replace_folder(ck.string(), [](const std::string& tmp) { put(fs::path(tmp) / "a.bin", "x"); });
+  EXPECT_EQ(entries(ck), 1u);
+  fs::remove_all(d);
 }
 
 }  // namespace

@@ -59,6 +59,13 @@ inline CliRun roundpipe_in(const fs::path& cwd, const std::string& args, const f
 
 inline void write(const fs::path& p, const std::string& s) { std::ofstream(p) << s; }
 
+/// The marker a roundpipe writer leaves beside "<target>.<kind>-<pid>" (base/atomic_file.hpp),
+/// as a writer with that pid, since killed, left it.
+inline void mark(const fs::path& leftover, const std::string& kind, const std::string& target, const std::string& pid) {
+  write(fs::path(leftover.string() + ".roundpipe-owner"),
+        "roundpipe leftover v1\npid=" + pid + "\nstart=1\nkind=" + kind + "\ntarget=" + target + "\n");
+}
+
 // A tiny HF-layout model written by the project's own writer (no download needed).
 /// A tiny model with a byte-level tokenizer in dir/tiny (or dir/<name>); `moe`: a Qwen3-MoE
 /// (4 experts, top-2, the load-balancing loss on) with varied weights so routing is not tied;

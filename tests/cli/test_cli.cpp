@@ -77,6 +77,12 @@ TEST(Cli, DumpBatchWritesTheFirstBatchOrSaysWhyNot) {
   write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
   CliRun ok = roundpipe("train " + (d / "spec.json").string() + " --dump-batch " + (d / "batch.json").string(), d);
   ASSERT_EQ(ok.code, 0) << ok.err;
+  EXPECT_NE(ok.out.find("the first batch of step 1 (2 sequences of 16 tokens,"), std::string::npos) << ok.out;
+  // one sequence is singular ("1 sequences" before)
+  const CliRun one = roundpipe("train " + (d / "spec.json").string() + " --set sequences_per_step=1 --set "
+                               "micro_batches=1 --dump-batch " + (d / "one.json").string(), d);
+  ASSERT_EQ(one.code, 0) << one.err;
+  EXPECT_NE(one.out.find("the first batch of step 1 (1 sequence of 16 tokens,"), std::string::npos) << one.out;
   const auto b = nlohmann::json::parse(slurp(d / "batch.json"));
   EXPECT_EQ(b["ids"].size(), size_t(b["n_seq"].get<int>() * b["seq_len"].get<int>()));
   // a folder that does not exist: one line naming the option and the path, exit 1 (it used
@@ -205,17 +211,11 @@ TEST(Cli, BadSpecsGiveOneLineNamingTheKey) {
   fs::remove_all(d);
 }
 
-/// The marker a roundpipe writer leaves beside "<target>.<kind>-<pid>" (base/atomic_file.hpp).
-void mark(const fs::path& leftover, const std::string& kind, const std::string& target, const std::string& pid) {
-  write(fs::path(leftover.string() + ".roundpipe-owner"),
-        "roundpipe leftover v1\npid=" + pid + "\nstart=1\nkind=" + kind + "\ntarget=" + target + "\n");
-}
-
 // A run killed while swapping a checkpoint into place left "<name>.old-<pid>" (the previous
 // checkpoint, marked as ours) and maybe no "<name>": the next run puts it back; beside a
 // complete "<name>" it is removed. Nothing finished is lost: a fresh run into that folder is
-// refused unless told to start over there, and, as neither has its trainer state, no
-// --resume is advised.
+// refused unless told to start over there (which then removes them), and, as neither has its
+// trainer state, no --resume is advised.
 TEST(Cli, LeftoversOfAKilledCheckpointSwapAreRestoredOrRemoved) {
   auto d = tmpdir();
   auto model = tiny_model(d);
@@ -241,10 +241,13 @@ TEST(Cli, LeftoversOfAKilledCheckpointSwapAreRestoredOrRemoved) {
   EXPECT_TRUE(fs::exists(d / "run/checkpoint-7/marker"));
   CliRun r = roundpipe("train " + (d / "spec.json").string() + " --steps 1 --overwrite-output-dir", d);
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_TRUE(fs::exists(d / "run/checkpoint-7/marker")) << r.err;
+  // starting over removes the earlier run's checkpoints (folders without a manifest, as an
+  // earlier release wrote them, are the run's as a whole: its roundpipe_run.json says so)
+  EXPECT_FALSE(fs::exists(d / "run/checkpoint-7")) << r.err;
   EXPECT_FALSE(fs::exists(d / "run/checkpoint-7.old-999999999"));
-  EXPECT_TRUE(fs::exists(d / "run/checkpoint-5"));
+  EXPECT_FALSE(fs::exists(d / "run/checkpoint-5"));
   EXPECT_FALSE(fs::exists(d / "run/checkpoint-5.old-999999999"));
+  EXPECT_NE(r.out.find("overwrite: removed the earlier run's checkpoint-5, checkpoint-7"), std::string::npos) << r.out;
   fs::remove_all(d);
 }
 
@@ -414,9 +417,9 @@ TEST(Cli, PlanPartitionsAConfigWithoutWeights) {
   // the one before it to drain): no longer than the longest that fits at all; the plan prints its peak
   {
     CliRun run = roundpipe("plan --model " + (d / "config.json").string() + " --gpus 8 --memory-cap 6GiB --max-seq", d);
-    const auto at = run.out.find("sequences); ");
+    const auto at = run.out.find("); ", run.out.find("longest "));  // "(16 micro-batches of 1 sequence); N"
     ASSERT_NE(at, std::string::npos) << run.out;
-    const int64_t no_wait = std::stoll(run.out.substr(at + 12));
+    const int64_t no_wait = std::stoll(run.out.substr(at + 3));
     EXPECT_GT(no_wait, 0);
     EXPECT_LE(no_wait, trainable);
     EXPECT_NE(run.out.find("\npeak      "), std::string::npos) << run.out;
@@ -446,7 +449,7 @@ namespace {
 TEST(Cli, UsageErrorsAreOneLine) {
   auto d = tmpdir();
   for (const char* args : {"", "frobnicate", "train", "train x.json --steps 0", "train x.json --workers two",
-                           "train x.json --backend tpu", "convert a b --dtype q4", "train x.json --replica-timeout -1",
+                           "train x.json --backend tpu", "train x.json --train", "convert a b --dtype q4", "train x.json --replica-timeout -1",
                            "plan --model x.json --gpus -8", "plan --model x.json --nodes 0",
                            "plan --model x.json --net-gbps -100", "plan --model x.json --net-gbps 100",
                            "plan --model x.json --accumulation 4", "plan --model x.json --frozen q5_0",

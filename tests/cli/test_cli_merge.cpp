@@ -134,6 +134,40 @@ TEST(CliMerge, ConvertNeverReplacesAFolderWithTheUsersFiles) {
   fs::remove_all(d);
 }
 
+// A convert killed (kill -9) while writing OUT leaves OUT.tmp-<pid>, and one killed during the
+// swap OUT.old-<pid> (the previous output, moved aside) and maybe no OUT; the next convert into
+// OUT cleans what that dead run provably left (its marker) and puts the previous output back
+// before it checks OUT, and never touches look-alikes no roundpipe writer marked.
+TEST(CliMerge, AKilledConvertsLeftoversAreCleanedByTheNextOne) {
+  auto d = tmpdir();
+  const std::string gguf = std::string(RP_FIXTURES_DIR) + "/gguf_moe/tiny_qwen3_moe.f32.gguf";
+  ASSERT_EQ(roundpipe("convert " + gguf + " " + (d / "out").string(), d).code, 0);
+  fs::rename(d / "out", d / "out.old-999999999");  // killed between the two renames of the swap
+  mark(d / "out.old-999999999", "old", "out", "999999999");
+  fs::create_directories(d / "out.tmp-999999999");  // and its half-written new version
+  write(d / "out.tmp-999999999/model.safetensors", "half");
+  mark(d / "out.tmp-999999999", "tmp", "out", "999999999");
+  fs::create_directories(d / "out.tmp-999999998");  // a look-alike nobody marked
+  write(d / "out.tmp-999999998/mine.txt", "mine");
+  fs::create_directories(d / "other.tmp-999999999");  // another folder's leftover: not this convert's business
+  mark(d / "other.tmp-999999999", "tmp", "other", "999999999");
+  const CliRun r = roundpipe("convert " + gguf + " " + (d / "out").string(), d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("restored " + (d / "out").string() + " from " + (d / "out.old-999999999").string()),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("removed " + (d / "out.tmp-999999999").string()), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("left alone " + (d / "out.tmp-999999998").string()), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(d / "out/config.json"));
+  for (const char* gone : {"out.old-999999999", "out.old-999999999.roundpipe-owner", "out.tmp-999999999",
+                           "out.tmp-999999999.roundpipe-owner"})
+    EXPECT_FALSE(fs::exists(d / gone)) << gone;
+  EXPECT_EQ(slurp(d / "out.tmp-999999998/mine.txt"), "mine");
+  EXPECT_TRUE(fs::exists(d / "other.tmp-999999999"));
+  EXPECT_TRUE(fs::exists(d / "other.tmp-999999999.roundpipe-owner"));
+  fs::remove_all(d);
+}
+
 // A manifest proves nothing by its name: one a user wrote (no sizes), one that lists a folder,
 // or one whose listed file has another size than recorded leaves the folder refused and whole.
 TEST(CliMerge, ConvertTrustsOnlyAManifestWhoseFilesHaveTheirRecordedSizes) {

@@ -305,12 +305,14 @@ pid_t replica_pid(int rank, const fs::path& out) {
 
 /// Starts a long 2-replica run in the background, waits until it trains, sends `sig` to
 /// replica 1 and returns how long mpirun took to end after that (and its output in `r`).
-double disrupt_replica(const fs::path& d, int sig, CliRun& r) {
+/// `launcher_flags` go to mpirun; `victim_pid` gets replica 1's pid.
+double disrupt_replica(const fs::path& d, int sig, CliRun& r, const std::string& launcher_flags = "",
+                       pid_t* victim_pid = nullptr) {
   tiny_model(d);
   write(d / "data.jsonl", kData);
   write(d / "spec.json", spec_json(d, 100000, ", \"replica_timeout_s\": 5"));
   const fs::path out = d / "o";
-  const std::string cmd = "(" + mpirun(2) + "train " + (d / "spec.json").string() + " --output-dir " + out.string() +
+  const std::string cmd = "(" + mpirun_options(2) + launcher_flags + " " + std::string(RP_BUILD_DIR) + "/roundpipe train " + (d / "spec.json").string() + " --output-dir " + out.string() +
                           " > " + (d / "out.txt").string() + " 2> " + (d / "err.txt").string() + " < /dev/null; echo $? > " +
                           (d / "rc.txt").string() + ") &";
   EXPECT_EQ(std::system(cmd.c_str()), 0);
@@ -319,6 +321,7 @@ double disrupt_replica(const fs::path& d, int sig, CliRun& r) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   const pid_t victim = replica_pid(1, out);
   EXPECT_GT(victim, 0) << "replica 1 not found";
+  if (victim_pid) *victim_pid = victim;
   const auto t1 = Clock::now();
   if (victim > 0) ::kill(victim, sig);
   while (!fs::exists(d / "rc.txt") && Clock::now() - t1 < std::chrono::seconds(120))
@@ -341,6 +344,27 @@ TEST(CliMpi, KilledReplicaEndsTheJobWithOneErrorInBoundedTime) {
   const bool named = r.err.find("rank 1") != std::string::npos || r.err.find("replica 1") != std::string::npos;
   EXPECT_TRUE(named) << r.err;
   // mpirun's SIGTERM to the survivor must not promise a checkpoint it cannot agree on
+  EXPECT_EQ(r.err.find("then saving a checkpoint"), std::string::npos) << r.err;
+  fs::remove_all(d);
+}
+
+// Killed with SIGKILL, a replica cannot say anything; mpirun then sends SIGTERM to the others.
+// The survivor names it in one line (rank, host, pid), and with `mpirun -q` that line is all
+// the user sees: Open MPI's own multi-line report of the dead rank is suppressed.
+TEST(CliMpi, AKilledReplicaIsNamedInOneLineByTheSurvivor) {
+  if (const std::string why = mpi_missing(); !why.empty()) GTEST_SKIP() << why;
+  auto d = tmpdir();
+  CliRun r;
+  pid_t victim = -1;
+  const double s = disrupt_replica(d, SIGKILL, r, "-q", &victim);
+  EXPECT_LT(s, 30) << r.err;
+  EXPECT_NE(r.code, 0) << r.err;
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::string line = "roundpipe: replica 1 (" + std::string(host) + ", pid " + std::to_string(victim) +
+                           ") ended unexpectedly; mpirun is ending the job, so replica 0 stops without saving";
+  EXPECT_NE(r.err.find(line), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("-----"), std::string::npos) << "Open MPI's report was not suppressed by -q: " << r.err;
   EXPECT_EQ(r.err.find("then saving a checkpoint"), std::string::npos) << r.err;
   fs::remove_all(d);
 }

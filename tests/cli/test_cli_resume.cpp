@@ -250,12 +250,14 @@ TEST(CliResume, CheckpointsArePlainHuggingFaceFoldersWithTheStateBeside) {
     for (const auto& e : fs::directory_iterator(dir)) n.insert(e.path().filename().string());
     return n;
   };
-  // README.md: the model card (trainer/model_card.hpp), which Hugging Face folders carry too
-  const std::set<std::string> hf = {"README.md",      "config.json",          "generation_config.json", "model.safetensors",
-                                    "tokenizer.json", "tokenizer_config.json"};
+  // README.md: the model card (trainer/model_card.hpp), which Hugging Face folders carry too,
+  // and roundpipe_manifest.json, the files the run wrote there (a re-save keeps any other)
+  const std::set<std::string> hf = {"README.md",         "config.json",          "generation_config.json",
+                                    "model.safetensors", "tokenizer.json",       "tokenizer_config.json",
+                                    "roundpipe_manifest.json"};
   EXPECT_EQ(names(d / "a/final"), hf);
   EXPECT_EQ(names(d / "a/checkpoint-2"), hf);
-  EXPECT_EQ(names(d / "a/state/final"), (std::set<std::string>{"optimizer_state.bin", "roundpipe_state.json"}));
+  EXPECT_EQ(names(d / "a/state/final"), (std::set<std::string>{"optimizer_state.bin", "roundpipe_state.json", "roundpipe_manifest.json"}));
   EXPECT_EQ(names(d / "a/state"), (std::set<std::string>{"checkpoint-2", "final"}));
   // an earlier release's layout: the state inside the checkpoint folder
   fs::copy(d / "a/checkpoint-2", d / "old", fs::copy_options::recursive);

@@ -44,7 +44,10 @@ TEST(CliSettings, SetAndShorthandsReachTheSpecAndErrorsNameThem) {
                         "--lr fast: key 'optimizer.lr': expected a number, got \"fast\"");
   expect_one_line_error(roundpipe("train " + spec + " --set wokers=2", d), "--set wokers=2: unknown key 'wokers'");
   expect_one_line_error(roundpipe("train " + spec + " --set steps", d), "--set steps: expected KEY=VALUE");
-  expect_one_line_error(roundpipe("train " + spec + " --train", d), "--train: only with --dump-batch");
+  // a usage error: exit 2 like the other command-line usage errors (it used to exit 1)
+  const CliRun alone = roundpipe("train " + spec + " --train", d);
+  EXPECT_EQ(alone.code, 2) << alone.err;
+  EXPECT_EQ(alone.err, "roundpipe: error: --train requires --dump-batch (see roundpipe --help)\n");
   EXPECT_FALSE(fs::exists(d / "run"));
   fs::remove_all(d);
 }
@@ -120,8 +123,12 @@ TEST(CliSettings, ARunSaysItsOptimizerTruncationsAndGradNorm) {
   EXPECT_LT(opt, all.find("loading model")) << "before the model loads";
   EXPECT_NE(all.find((d / "data.jsonl").string() + ": 1 of 3 examples truncated to 16 tokens"), std::string::npos)
       << all;
-  EXPECT_NE(all.find((d / "eval.jsonl").string() + ": 1 of 1 examples truncated to 16 tokens"), std::string::npos)
+  EXPECT_NE(all.find((d / "eval.jsonl").string() + ": 1 of 1 example truncated to 16 tokens"), std::string::npos)
       << all;
+  // a count of one is singular in every line ("1 sequences" was printed before)
+  EXPECT_NE(all.find("eval: 1 sequence of " + (d / "eval.jsonl").string()), std::string::npos) << all;
+  for (const char* wrong : {"1 sequences", "1 examples", "1 stages", "1 micro-batches", "1 passes", "(s)"})
+    EXPECT_EQ(all.find(wrong), std::string::npos) << wrong << " in " << all;
   for (const char* step : {"step     1/2 |", "step     2/2 |"}) {
     const size_t at = r.out.find(step);
     ASSERT_NE(at, std::string::npos) << r.out;

@@ -268,3 +268,78 @@ TEST(OutputSafety, ASaveKilledBetweenStateAndWeightsIsMadeWhole) {
     fs::remove_all(d);
   }
 }
+
+namespace {
+
+// A resumed run re-saves final/ (and its state): the files the user put there (not in the
+// roundpipe_manifest.json the save wrote) stay, a user's *.safetensors among them does not
+// count as the checkpoint's weights, and a file of the run's the user changed fails the save
+// with one line before anything is replaced, leaving the checkpoint resumable.
+TEST(OutputSafety, AReSaveKeepsTheUsersFilesInACheckpoint) {
+  auto d = tmpdir();
+  const fs::path out = d / "out", fin = out / "final";
+  rp::TrainSpec spec = spec_into(d, out, 1);
+  ASSERT_EQ(rp::Trainer(spec).run().steps_done, 1);
+  write(fin / "notes.txt", "mine");
+  fs::create_directories(fin / "mine");
+  write(fin / "mine/a.txt", "mine too");
+  write(fin / "extra.safetensors", "not weights");
+  write(out / "state/final/notes.txt", "state notes");
+  spec.resume_from = fin.string();
+  spec.steps = 2;
+  ASSERT_EQ(rp::Trainer(spec).run().steps_done, 2);
+  EXPECT_EQ(slurp(fin / "notes.txt"), "mine");
+  EXPECT_EQ(slurp(fin / "mine/a.txt"), "mine too");
+  EXPECT_EQ(slurp(fin / "extra.safetensors"), "not weights");
+  EXPECT_EQ(slurp(out / "state/final/notes.txt"), "state notes");
+  EXPECT_TRUE(rp::resumable_checkpoint(fin.string()));
+  // the user's own generation_config.json in place of the run's: refused, kept, and final/
+  // still resumes
+  const std::string edited = slurp(fin / "generation_config.json") + "\n\n";
+  write(fin / "generation_config.json", edited);
+  const std::string state = slurp(out / "state/final/roundpipe_state.json");
+  spec.steps = 3;
+  try {
+    rp::Trainer(spec).run();
+    ADD_FAILURE() << "replaced the user's generation_config.json";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find((fin / "generation_config.json").string() + ": changed since roundpipe wrote it"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(slurp(fin / "generation_config.json"), edited);
+  EXPECT_TRUE(rp::resumable_checkpoint(fin.string()));
+  EXPECT_EQ(slurp(out / "state/final/roundpipe_state.json"), state) << "the state was replaced without its weights";
+  EXPECT_EQ(slurp(fin / "notes.txt"), "mine");
+  fs::remove_all(d);
+}
+
+// --overwrite-output-dir starts over: the earlier run's checkpoint-<n>/, final/ and their
+// states go (no later --resume or reader sees a mix of two runs), the user's files stay,
+// inside those folders too.
+TEST(OutputSafety, OverwriteRemovesTheEarlierRunsCheckpointsAndKeepsTheUsers) {
+  auto d = tmpdir();
+  const fs::path out = d / "out";
+  rp::TrainSpec spec = spec_into(d, out, 3);
+  spec.save_every = 1;
+  ASSERT_EQ(rp::Trainer(spec).run().steps_done, 3);
+  ASSERT_EQ(rp::checkpoints_in(out.string()), (std::vector<std::string>{"checkpoint-1", "checkpoint-2", "final"}));
+  write(out / "checkpoint-1/notes.txt", "mine");
+  write(out / "notes.txt", "mine");
+  rp::TrainSpec again = spec_into(d, out, 1);
+  again.overwrite_output_dir = true;
+  ASSERT_EQ(rp::Trainer(again).run().steps_done, 1);
+  EXPECT_FALSE(fs::exists(out / "checkpoint-2"));
+  EXPECT_FALSE(fs::exists(out / "state/checkpoint-1"));
+  EXPECT_FALSE(fs::exists(out / "state/checkpoint-2"));
+  EXPECT_FALSE(fs::exists(out / "checkpoint-1/config.json"));
+  EXPECT_EQ(slurp(out / "checkpoint-1/notes.txt"), "mine");
+  EXPECT_EQ(slurp(out / "notes.txt"), "mine");
+  EXPECT_TRUE(rp::resumable_checkpoint((out / "final").string()));
+  EXPECT_EQ(rp::newest_resumable_checkpoint(out.string(), rp::checkpoints_in(out.string())), "final");
+  const std::string metrics = slurp(out / "metrics.csv");
+  EXPECT_EQ(std::count(metrics.begin(), metrics.end(), '\n'), 2) << metrics;  // header + this run's one step
+  fs::remove_all(d);
+}
+
+}  // namespace
