@@ -4,6 +4,9 @@
 // examples with the loss on the assistant turns only.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+
 #include <nlohmann/json.hpp>
 
 #include "common.hpp"
@@ -164,4 +167,27 @@ TEST(ChatJinja, MasksCoverAssistantTurnsOfEveryGoldenTemplate) {
     ++checked;
   }
   EXPECT_GE(checked, 50u);
+}
+
+TEST(ChatJinja, SmolLM2TemplateTrainsExactlyAsTheHandWrittenRenderer) {
+  // the default run's data (assets/kjv_instruct.jsonl, SmolLM2's own template): the same
+  // tokens and loss mask as the hand-written smollm2 renderer, record for record
+  const std::string data = std::string(RP_SOURCE_DIR) + "/assets/kjv_instruct.jsonl";
+  if (!std::filesystem::exists(data)) GTEST_SKIP() << data << " is absent (assets/ holds the default run's data)";
+  const Tokenizer smol = Tokenizer::from_file(fixture("smollm2-tokenizer/tokenizer.json"));
+  std::ifstream in(data);
+  std::string lines, line;
+  for (int i = 0; i < 300 && std::getline(in, line); ++i) lines += line + "\n";
+  test::TempDir dir;
+  const std::string path = dir.write("kjv.jsonl", lines);
+  const std::string tmpl = read_file(fixture("chat_templates/HuggingFaceTB-SmolLM2-135M-Instruct.jinja"));
+  const auto [bos, eos] = template_special_tokens(smol);
+  const Dataset jinja = load_dataset(path, smol, ChatFormat(std::make_shared<const JinjaChat>(tmpl, bos, eos)));
+  const Dataset hand = load_dataset(path, smol, ChatTemplate::smollm2);
+  ASSERT_EQ(jinja.examples.size(), 300u);
+  ASSERT_EQ(hand.examples.size(), 300u);
+  for (size_t i = 0; i < 300; ++i) {
+    EXPECT_EQ(jinja.examples[i].ids, hand.examples[i].ids) << "record " << i + 1;
+    EXPECT_EQ(jinja.examples[i].loss_mask, hand.examples[i].loss_mask) << "record " << i + 1;
+  }
 }
