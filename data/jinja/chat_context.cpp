@@ -8,7 +8,12 @@ namespace rp::jinja {
 
 namespace {
 
-Value message_value(const nlohmann::ordered_json& m) {
+Value message_value(const nlohmann::ordered_json& given) {
+  // apply_chat_template drops a message's null keys (OpenAI's "content": null beside
+  // tool_calls): templates see them undefined, not None
+  nlohmann::ordered_json m = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : given.items())
+    if (!v.is_null()) m[k] = v;
   const nlohmann::ordered_json* reasoning = nullptr;
   for (const char* key : {"reasoning_content", "thinking", "reasoning"}) {
     auto it = m.find(key);

@@ -7,7 +7,8 @@
 
 namespace rp::jinja {
 
-/// messages: a JSON array of message objects, each passed as it is except that a message
+/// messages: a JSON array of message objects, each passed as it is (less its null-valued
+/// keys, which apply_chat_template drops) except that a message
 /// with reasoning (the first non-null of `reasoning_content`, `thinking`, `reasoning`) gets it
 /// under `thinking` (first key) and `reasoning_content` too, as transformers 5 does (Qwen3
 /// reads reasoning_content, GPT-OSS thinking). tools: an array, or null for none (the

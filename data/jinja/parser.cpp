@@ -1,4 +1,5 @@
-// Recursive-descent parser with Jinja's precedence: conditional < or < and < not <
+// Recursive-descent parser with Jinja's precedence (one class over ~650 lines: the grammar,
+// statements and expressions, reads best in one place): conditional < or < and < not <
 // comparison < + - < ~ < * / // % < ** < unary - < postfix (. [] ()) and filters / tests.
 #include <stdexcept>
 

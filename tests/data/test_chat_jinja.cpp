@@ -132,6 +132,14 @@ TEST(ChatJinja, TemplateRefusalsNameTheRecordAndTheTemplateLine) {
   EXPECT_THROW(load_dataset(none, qwen(), format), std::runtime_error);
 }
 
+TEST(ChatJinja, NullKeysAreDroppedAndReasoningIsAliasedAsTransformersDoes) {
+  const JinjaChat chat(
+      "{% for m in messages %}{{ m.content is defined }} {{ m.thinking }}|{{ m.reasoning_content }};{% endfor %}", "", "");
+  const ojson msgs = ojson::parse(
+      R"([{"role": "assistant", "content": null, "tool_calls": []}, {"role": "assistant", "content": "a", "reasoning": "r"}])");
+  EXPECT_EQ(chat.render(msgs, nullptr, false), "False |;True r|r;");
+}
+
 TEST(ChatJinja, MasksCoverAssistantTurnsOfEveryGoldenTemplate) {
   // every golden template: each assistant answer lies inside a span, no user text does
   const ojson doc = ojson::parse(read_file(fixture("chat_templates/cases.json")));
