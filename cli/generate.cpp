@@ -111,8 +111,8 @@ void add_generate_command(CLI::App& app) {
   g->add_option("--chat", c->chat, "a user message, rendered with the chat template and its generation prompt");
   g->add_option("--system", c->system, "a system message before --chat");
   g->add_option("--messages", c->messages, "a JSON file: an array of {\"role\", \"content\"} messages");
-  g->add_option("--chat-template", c->chat_template, "auto (the model's), chatml, qwen3, qwen3-no-think, smollm2, llama3");
-  g->add_flag("--no-think", c->no_think, "qwen3: end the generation prompt with an empty think block");
+  g->add_option("--chat-template", c->chat_template, "auto (the model's own template, through the Jinja interpreter), jinja, or a hand-written chatml, qwen3, qwen3-no-think, smollm2, llama3");
+  g->add_flag("--no-think", c->no_think, "enable_thinking = false for the template (Qwen3: an empty think block ends the generation prompt)");
   g->add_option("--max-tokens", c->max_tokens, "most new tokens (default 128)")->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   g->add_option("--temperature", c->temperature, "0: greedy (default); > 0: sample")->check(CLI::Range(0.0, 100.0));
   g->add_option("--top-k", c->top_k, "sample among the k most likely tokens (0: all)")->check(CLI::NonNegativeNumber);

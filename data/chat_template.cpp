@@ -136,6 +136,11 @@ std::string render_chat_text(ChatTemplate t, const std::vector<ChatMessage>& mes
 RenderedChat render_chat(const Tokenizer& tok, ChatTemplate t, const std::vector<ChatMessage>& messages) {
   std::vector<std::pair<size_t, size_t>> spans;
   std::string text = render_chat_text(t, messages, &spans);
+  return tokenize_chat(tok, text, spans);
+}
+
+RenderedChat tokenize_chat(const Tokenizer& tok, const std::string& text,
+                           const std::vector<std::pair<size_t, size_t>>& spans) {
   RenderedChat r;
   std::vector<size_t> offsets;
   r.ids = tok.encode_with_offsets(text, offsets, /*allow_special=*/true);

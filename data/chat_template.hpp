@@ -78,4 +78,9 @@ std::string render_chat_text(ChatTemplate t, const std::vector<ChatMessage>& mes
 /// in the file comment. Throws std::invalid_argument as render_chat_text().
 RenderedChat render_chat(const Tokenizer& tok, ChatTemplate t, const std::vector<ChatMessage>& messages);
 
+/// Tokenises a rendered conversation (special tokens matched) and sets the loss mask of each
+/// token that starts inside one of `spans` (byte ranges, increasing and disjoint).
+RenderedChat tokenize_chat(const Tokenizer& tok, const std::string& text,
+                           const std::vector<std::pair<size_t, size_t>>& spans);
+
 }  // namespace rp

@@ -21,6 +21,7 @@ namespace rp {
 
 namespace {
 namespace fs = std::filesystem;
+using Json = nlohmann::ordered_json;  // records keep their key order (tool-call arguments render as written)
 
 [[noreturn]] void fail(const std::string& where, const std::string& what) {
   std::string msg = fmt::format("{}: {}", where, what);
@@ -34,9 +35,9 @@ int32_t require_eos(const Tokenizer& tok, const std::string& path) {
   return eos;
 }
 
-const char* type_name(const nlohmann::json& v) { return v.type_name(); }
+const char* type_name(const Json& v) { return v.type_name(); }
 
-const std::string& get_string(const nlohmann::json& obj, const char* key, const std::string& ctx,
+const std::string& get_string(const Json& obj, const char* key, const std::string& ctx,
                               const std::string& where) {
   auto it = obj.find(key);
   if (it == obj.end()) fail(where, fmt::format("{}missing key \"{}\" (expected a string)", ctx, key));
@@ -46,7 +47,7 @@ const std::string& get_string(const nlohmann::json& obj, const char* key, const 
 }
 
 /// An optional string key ("" when absent or null).
-std::string opt_string(const nlohmann::json& obj, const char* key, const std::string& where) {
+std::string opt_string(const Json& obj, const char* key, const std::string& where) {
   auto it = obj.find(key);
   if (it == obj.end() || it->is_null()) return {};
   if (!it->is_string()) fail(where, fmt::format("expected a string at key \"{}\", got {}", key, type_name(*it)));
@@ -78,17 +79,52 @@ std::string read_all(const std::string& path) {
   return ss.str();
 }
 
-void add_chat(const Tokenizer& tok, ChatTemplate chat, const std::vector<ChatMessage>& msgs, const std::string& where,
+const char* kNoAssistant = "expected at least one assistant message (nothing to train on)";
+
+/// A conversation through the model's own template: messages (role, content, tool_calls, ...)
+/// and the record's tools pass to it as they are.
+void add_jinja_chat(const Tokenizer& tok, const JinjaChat& chat, const Json& msgs, const Json& tools,
+                    const std::string& where, Dataset& d) {
+  if (!msgs.is_array()) fail(where, fmt::format("expected an array at key \"messages\", got {}", type_name(msgs)));
+  bool has_assistant = false;
+  for (size_t i = 0; i < msgs.size(); ++i) {
+    const std::string ctx = fmt::format("messages[{}]: ", i);
+    if (!msgs[i].is_object()) fail(where, ctx + "expected an object with \"role\"");
+    has_assistant |= get_string(msgs[i], "role", ctx, where) == "assistant";
+  }
+  if (!has_assistant) fail(where, kNoAssistant);
+  if (!tools.is_null() && !tools.is_array()) fail(where, fmt::format("expected an array at key \"tools\", got {}", type_name(tools)));
+  try {
+    RenderedChat r = chat.render_chat(tok, msgs, tools);
+    d.examples.push_back({std::move(r.ids), std::move(r.loss_mask)});
+  } catch (const jinja::TemplateError& e) {
+    fail(where, e.what());
+  } catch (const std::invalid_argument& e) {
+    fail(where, e.what());
+  }
+}
+
+void add_chat(const Tokenizer& tok, const ChatFormat& chat, const std::vector<ChatMessage>& msgs, const std::string& where,
               Dataset& d) {
+  if (chat.jinja) {  // ShareGPT / alpaca records as messages
+    Json m = Json::array();
+    for (const auto& x : msgs) {
+      Json o = {{"role", x.role}, {"content", x.content}};
+      if (!x.reasoning.empty()) o["reasoning_content"] = x.reasoning;
+      m.push_back(std::move(o));
+    }
+    add_jinja_chat(tok, *chat.jinja, m, nullptr, where, d);
+    return;
+  }
   const bool has_assistant =
       std::any_of(msgs.begin(), msgs.end(), [](const ChatMessage& m) { return m.role == "assistant"; });
-  if (!has_assistant) fail(where, "expected at least one assistant message (nothing to train on)");
-  RenderedChat r = render_chat(tok, chat, msgs);
+  if (!has_assistant) fail(where, kNoAssistant);
+  RenderedChat r = render_chat(tok, chat.family, msgs);
   d.examples.push_back({std::move(r.ids), std::move(r.loss_mask)});
 }
 
 // {"messages": [{"role", "content"[, "reasoning_content"]}, ...]}
-std::vector<ChatMessage> messages_of(const nlohmann::json& m, const std::string& where) {
+std::vector<ChatMessage> messages_of(const Json& m, const std::string& where) {
   if (!m.is_array()) fail(where, fmt::format("expected an array at key \"messages\", got {}", type_name(m)));
   std::vector<ChatMessage> msgs;
   for (size_t i = 0; i < m.size(); ++i) {
@@ -104,7 +140,7 @@ std::vector<ChatMessage> messages_of(const nlohmann::json& m, const std::string&
 }
 
 // ShareGPT: {"conversations": [{"from": "human"|"gpt"|"system", "value"}, ...], "system"?}
-std::vector<ChatMessage> sharegpt_of(const nlohmann::json& j, const std::string& where) {
+std::vector<ChatMessage> sharegpt_of(const Json& j, const std::string& where) {
   const auto& c = j.at("conversations");
   if (!c.is_array()) fail(where, fmt::format("expected an array at key \"conversations\", got {}", type_name(c)));
   std::vector<ChatMessage> msgs;
@@ -125,7 +161,7 @@ std::vector<ChatMessage> sharegpt_of(const nlohmann::json& j, const std::string&
 
 // Alpaca: {"instruction", "input"?, "output", "system"?, "history"?: [[query, answer], ...]},
 // as a conversation (the user turn is instruction + "\n" + input, as LLaMA-Factory joins them).
-std::vector<ChatMessage> alpaca_of(const nlohmann::json& j, const std::string& where) {
+std::vector<ChatMessage> alpaca_of(const Json& j, const std::string& where) {
   std::vector<ChatMessage> msgs;
   if (std::string sys = opt_string(j, "system", where); !sys.empty()) msgs.push_back({"system", sys, {}});
   if (j.contains("history") && !j.at("history").is_null()) {
@@ -146,11 +182,12 @@ std::vector<ChatMessage> alpaca_of(const nlohmann::json& j, const std::string& w
 }
 
 /// One record of a JSON data file into `d`.
-void add_record_fields(const nlohmann::json& j, const std::string& where, const Tokenizer& tok, ChatTemplate chat,
+void add_record_fields(const Json& j, const std::string& where, const Tokenizer& tok, const ChatFormat& chat,
                        Dataset& d) {
   if (!j.is_object()) fail(where, fmt::format("expected a JSON object, got {}", type_name(j)));
   if (j.contains("messages")) {
-    add_chat(tok, chat, messages_of(j.at("messages"), where), where, d);
+    if (chat.jinja) add_jinja_chat(tok, *chat.jinja, j.at("messages"), j.value("tools", Json()), where, d);
+    else add_chat(tok, chat, messages_of(j.at("messages"), where), where, d);
   } else if (j.contains("conversations")) {
     add_chat(tok, chat, sharegpt_of(j, where), where, d);
   } else if (j.contains("instruction") || j.contains("output")) {
@@ -181,7 +218,7 @@ void add_record_fields(const nlohmann::json& j, const std::string& where, const 
 
 /// add_record_fields, with the record (file:line) named when the tokenizer's pre-tokenizer regex
 /// ran past its work bound on it.
-void add_record(const nlohmann::json& j, const std::string& where, const Tokenizer& tok, ChatTemplate chat,
+void add_record(const Json& j, const std::string& where, const Tokenizer& tok, const ChatFormat& chat,
                 Dataset& d) {
   try {
     add_record_fields(j, where, tok, chat, d);
@@ -191,7 +228,7 @@ void add_record(const nlohmann::json& j, const std::string& where, const Tokeniz
 }
 
 /// nlohmann's parse error without its "[json.exception...] " prefix.
-std::string parse_message(const nlohmann::json::parse_error& e) {
+std::string parse_message(const Json::parse_error& e) {
   std::string w = e.what();
   if (auto p = w.find("] "); p != std::string::npos) w = w.substr(p + 2);
   return w;
@@ -202,12 +239,12 @@ size_t line_of(const std::string& text, size_t pos) {
   return 1 + size_t(std::count(text.begin(), text.begin() + long(std::min(pos, text.size())), '\n'));
 }
 
-void load_json_array(const std::string& path, const std::string& text, const Tokenizer& tok, ChatTemplate chat,
+void load_json_array(const std::string& path, const std::string& text, const Tokenizer& tok, const ChatFormat& chat,
                      Dataset& d) {
-  nlohmann::json j;
+  Json j;
   try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+    j = Json::parse(text);
+  } catch (const Json::parse_error& e) {
     fail(fmt::format("{}:{}", path, line_of(text, e.byte ? e.byte - 1 : 0)), "invalid JSON: " + parse_message(e));
   }
   if (!j.is_array()) fail(path, fmt::format("expected a JSON array of objects, got {}", type_name(j)));
@@ -216,7 +253,7 @@ void load_json_array(const std::string& path, const std::string& text, const Tok
     add_record(j[i], fmt::format("{}: element {} of {}", path, i + 1, j.size()), tok, chat, d);
 }
 
-void load_json_lines(const std::string& path, const std::string& text, const Tokenizer& tok, ChatTemplate chat,
+void load_json_lines(const std::string& path, const std::string& text, const Tokenizer& tok, const ChatFormat& chat,
                      Dataset& d) {
   std::istringstream in(text);
   std::string line;
@@ -225,11 +262,11 @@ void load_json_lines(const std::string& path, const std::string& text, const Tok
     ++lineno;
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
-    nlohmann::json j;
+    Json j;
     try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
-      if (nlohmann::json::accept(text))  // one object written over several lines
+      j = Json::parse(line);
+    } catch (const Json::parse_error& e) {
+      if (Json::accept(text))  // one object written over several lines
         fail(path, "one JSON object over several lines; expected one object per line (JSON lines) or a JSON array "
                    "of objects");
       fail(fmt::format("{}:{}", path, lineno), "invalid JSON: " + parse_message(e));
@@ -252,7 +289,7 @@ char first_char(const std::string& text) {
 }
 }  // namespace
 
-Dataset load_json_records(const std::string& path, const Tokenizer& tok, ChatTemplate chat) {
+Dataset load_json_records(const std::string& path, const Tokenizer& tok, const ChatFormat& chat) {
   std::string text = read_all(path);
   if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);  // UTF-8 BOM
   Dataset d;
@@ -289,7 +326,7 @@ Dataset load_text_corpus(const std::string& path, const Tokenizer& tok) {
   return d;
 }
 
-Dataset load_dataset(const std::string& path, const Tokenizer& tok, ChatTemplate chat) {
+Dataset load_dataset(const std::string& path, const Tokenizer& tok, const ChatFormat& chat) {
   if (fs::is_directory(path) || has_extension(path, {".txt"})) return load_text_corpus(path, tok);
   std::ifstream f(path, std::ios::binary);
   if (!f) throw std::runtime_error(path + ": cannot open");

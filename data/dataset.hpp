@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "data/chat_template.hpp"
+#include "data/chat_jinja.hpp"
 #include "roundpipe/data.hpp"  // kIgnoreIndex, TokenBatch
 
 namespace rp {
@@ -49,6 +49,12 @@ struct Dataset {
 ///   {"messages": [{"role","content"[,"reasoning_content"]},..]}
 ///                                         -> example rendered by `chat` (chat_template.hpp),
 ///                                            loss on assistant turns + end-of-turn token
+///   {"messages": [...], "tools"?: [...]}  with the model's own template (chat.jinja,
+///                                            chat_jinja.hpp): every message object passes to
+///                                            the template as written (roles system / user /
+///                                            assistant / tool, content, tool_calls, ...), the
+///                                            record's tools as `tools`; loss on the assistant
+///                                            turns with their tool calls and end-of-turn token
 ///   {"conversations": [{"from","value"},..][, "system"]}   (ShareGPT; from human / gpt /
 ///                                            system) -> the same conversation
 ///   {"instruction", "input"?, "output"[, "system", "history": [[q, a],..]]}   (alpaca)
@@ -62,7 +68,7 @@ struct Dataset {
 /// conversation without an assistant turn; "<path>: expected JSON lines ... or a JSON array"
 /// for a file that is neither; "<path>: cannot open" / "<path>: no examples" for unreadable
 /// or empty files; and when the tokenizer has no eos_id() and one is needed.
-Dataset load_json_records(const std::string& path, const Tokenizer& tok, ChatTemplate chat);
+Dataset load_json_records(const std::string& path, const Tokenizer& tok, const ChatFormat& chat);
 
 /// Loads plain text: `path` is one file, or a directory whose *.txt files (not recursive)
 /// are read in lexicographic order. Each file is one document (prefix, tokens, eos as a
@@ -73,7 +79,7 @@ Dataset load_text_corpus(const std::string& path, const Tokenizer& tok);
 /// Dispatch: a directory or a .txt file => load_text_corpus; a file whose content starts
 /// with '{' or '[', or named .json / .jsonl => load_json_records (which refuses a .json
 /// file holding neither JSON lines nor an array); any other file => plain text.
-Dataset load_dataset(const std::string& path, const Tokenizer& tok, ChatTemplate chat);
+Dataset load_dataset(const std::string& path, const Tokenizer& tok, const ChatFormat& chat);
 
 /// Fixed-length training sequences, row-major [size(), seq_len].
 struct PackedSequences {

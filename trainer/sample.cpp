@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "data/chat_jinja.hpp"
 #include "data/tokenizer.hpp"
 #include "roundpipe/data.hpp"
 #include "trainer/run_setup.hpp"
@@ -18,8 +19,18 @@ SampleResult sample(Generator& gen, const LoadedModel& model, const SampleReques
   GenerateOptions o = r.generate;
   if (tok.eos_id() >= 0) o.stop_ids.push_back(tok.eos_id());
   if (!r.messages.empty()) {
-    const ChatTemplate t = parse_chat_template_name(TokenStream::chat_template_for(model, r.chat_template));
-    res.prompt_ids = tok.encode(render_chat_text(t, r.messages, nullptr, true, r.enable_thinking));
+    const std::string format = TokenStream::chat_template_for(model, r.chat_template);
+    if (format == "jinja") {  // the model's own template, with its generation prompt
+      const auto [bos, eos] = template_special_tokens(tok);
+      const JinjaChat chat(model.chat_template, bos, eos);
+      nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
+      for (const auto& m : r.messages) msgs.push_back({{"role", m.role}, {"content", m.content}});
+      const std::string text = chat.render(msgs, nullptr, true, {{"enable_thinking", r.enable_thinking}});
+      res.prompt_ids = tok.encode(text);  // the template writes its own BOS
+    } else {
+      const ChatTemplate t = parse_chat_template_name(format);
+      res.prompt_ids = tok.encode(render_chat_text(t, r.messages, nullptr, true, r.enable_thinking));
+    }
     for (const char* end : {"<|im_end|>", "<|eot_id|>"})
       if (int32_t id = tok.token_id(end); id >= 0) o.stop_ids.push_back(id);
   } else {

@@ -382,7 +382,7 @@ void check_ranges(const JsonFields& f, const TrainSpec& s) {
   if (!(s.replica_timeout_s > 0) || !std::isfinite(s.replica_timeout_s))
     f.fail("replica_timeout_s", "a finite number of seconds > 0", s.replica_timeout_s);
   if (s.output_dir.empty()) f.fail("output_dir", "a non-empty path", s.output_dir);
-  if (s.chat_template != "auto") {
+  if (s.chat_template != "auto" && s.chat_template != "jinja") {
     try {
       parse_chat_template_name(s.chat_template);
     } catch (const std::exception& e) {

@@ -4,10 +4,12 @@
 #include <stdexcept>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "base/host_resources.hpp"
 #include "base/counted.hpp"
 #include "base/error_text.hpp"
+#include "data/chat_jinja.hpp"
 #include "data/chat_template.hpp"
 #include "data/dataset.hpp"
 #include "data/tokenizer.hpp"
@@ -18,9 +20,29 @@
 namespace rp {
 namespace {
 
-ChatTemplate template_for(const LoadedModel& model, const std::string& requested) {
-  if (requested != "auto") return parse_chat_template_name(requested);
-  return model.chat_template.empty() ? ChatTemplate::chatml : detect_chat_template(model.chat_template);
+/// "auto": the model's own template through the Jinja interpreter when it has one (a template
+/// the interpreter cannot parse falls back to the hand-written family it resembles, with a
+/// warning), chatml when it has none; "jinja": the model's template or an error; a family name:
+/// that hand-written renderer.
+ChatFormat format_for(const LoadedModel& model, const std::string& requested, const Tokenizer* tok) {
+  if (requested != "auto" && requested != "jinja") return parse_chat_template_name(requested);
+  if (model.chat_template.empty()) {
+    if (requested == "jinja")
+      throw std::invalid_argument(fmt::format("chat_template 'jinja': {} has no chat template (tokenizer_config.json "
+                                              "chat_template or chat_template.jinja)",
+                                              model.source));
+    return ChatTemplate::chatml;
+  }
+  try {
+    const auto [bos, eos] = tok ? template_special_tokens(*tok) : std::pair<std::string, std::string>();
+    return ChatFormat(std::make_shared<const JinjaChat>(model.chat_template, bos, eos));
+  } catch (const jinja::TemplateError& e) {
+    if (requested == "jinja") throw std::invalid_argument(fmt::format("{}: {}", model.source, e.what()));
+    const ChatTemplate family = detect_chat_template(model.chat_template);
+    spdlog::warn("the chat template of {} cannot be interpreted ({}); using the hand-written {} renderer instead",
+                 model.source, e.what(), chat_template_name(family));
+    return family;
+  }
 }
 
 // Every token id of the data (and the pad) must have a row in the model's embedding: a
@@ -61,7 +83,7 @@ TokenStream::TokenStream(const LoadedModel& model, const std::string& data_path,
   require_tokenizer(model);
   Tokenizer tok = Tokenizer::from_json(model.tokenizer_json, tokenizer_origin(model));
   if (model.config.eos_token_id >= 0) tok.set_eos_id(int32_t(model.config.eos_token_id));
-  const ChatTemplate chat = template_for(model, o.chat_template);
+  const ChatFormat chat = format_for(model, o.chat_template, &tok);
   Dataset ds = load_dataset(data_path, tok, chat);
   if (o.max_examples > 0 && int64_t(ds.examples.size()) > o.max_examples) ds.examples.resize(size_t(o.max_examples));
   PackedSequences packed = pack_sequences(ds, o.seq_len, tok.eos_id(), o.packing, host_available_bytes());
@@ -74,7 +96,7 @@ TokenStream::TokenStream(const LoadedModel& model, const std::string& data_path,
   st.truncated_examples = packed.truncated_examples;
   st.sequences = packed.size();
   st.eval_sequences = held.size();
-  st.chat_template = chat_template_name(chat);
+  st.chat_template = chat.name();
   impl_ = std::make_unique<Impl>();
   impl_->stats = std::move(st);
   impl_->seq_len = o.seq_len;
@@ -88,7 +110,7 @@ TokenStream::TokenStream(TokenStream&&) noexcept = default;
 TokenStream& TokenStream::operator=(TokenStream&&) noexcept = default;
 
 std::string TokenStream::chat_template_for(const LoadedModel& model, const std::string& requested) {
-  return chat_template_name(template_for(model, requested));
+  return format_for(model, requested, nullptr).name();
 }
 
 TokenBatch TokenStream::next(int64_t n_seq) { return impl_->batches().next(n_seq); }

@@ -38,7 +38,7 @@ struct TokenBatch {
 
 struct TokenStreamOptions {
   int64_t seq_len = 128;              ///< tokens per sequence (>= 2)
-  std::string chat_template = "auto"; ///< auto (from the model) | chatml | qwen3 | qwen3-no-think | smollm2 | llama3
+  std::string chat_template = "auto"; ///< auto (the model's own template, rendered by the Jinja interpreter; chatml when it has none) | jinja | chatml | qwen3 | qwen3-no-think | smollm2 | llama3
   int64_t max_examples = 0;           ///< use only the first k supervised examples (0 = all)
   uint64_t seed = 0;                  ///< shuffling seed: the order depends only on it and the position
   /// Pack supervised examples several to a sequence (positions restart per example; the
@@ -57,7 +57,7 @@ struct TokenStreamStats {
   size_t truncated_examples = 0;  ///< examples longer than a sequence (seq_len + 1 tokens), cut (dropped ones included)
   int64_t sequences = 0;        ///< packed training sequences (one epoch); 0 when every prompt is longer than seq_len
   int64_t eval_sequences = 0;   ///< sequences held out for evaluation (TokenStreamOptions::eval_fraction)
-  std::string chat_template;    ///< the template used for {"messages"} lines
+  std::string chat_template;    ///< the template used for {"messages"} lines: "jinja" (the model's own) or a hand-written family
 };
 
 /// Endless deterministic iteration over the packed sequences of a data set. Epoch e visits
@@ -75,9 +75,12 @@ class TokenStream {
   TokenStream(TokenStream&&) noexcept;
   TokenStream& operator=(TokenStream&&) noexcept;
 
-  /// The chat template TokenStream would use for `model` and `requested` ("auto": the one
-  /// the model carries, ChatML if none), by name. Throws std::invalid_argument for an
-  /// unknown name.
+  /// The chat template TokenStream would use for `model` and `requested`, by name: "jinja"
+  /// (the model's own template through the Jinja interpreter: "auto" when the model carries
+  /// one the interpreter parses, or "jinja"), else a hand-written family ("auto": the family
+  /// a template the interpreter cannot parse resembles, with a warning; ChatML if the model
+  /// has none). Throws std::invalid_argument for an unknown name, or "jinja" without a
+  /// (parsable) template.
   static std::string chat_template_for(const LoadedModel& model, const std::string& requested);
 
   /// The next n_seq sequences (n_seq >= 1, else std::invalid_argument; std::invalid_argument

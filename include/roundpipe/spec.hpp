@@ -26,7 +26,7 @@ struct TrainSpec {
   /// else the local path (roundpipe/adapter.hpp, base_model_ref).
   std::string base_model_id;
   std::string data;                  ///< JSON lines / JSON array file, .txt file or directory of .txt files
-  std::string chat_template = "auto";  ///< auto (from the model) | chatml | qwen3 | qwen3-no-think | smollm2 | llama3
+  std::string chat_template = "auto";  ///< auto (the model's own template through the Jinja interpreter; chatml when it has none) | jinja (the model's, or an error) | chatml | qwen3 | qwen3-no-think | smollm2 | llama3 (hand-written)
   int64_t seq_len = 128;             ///< tokens per sequence
   int64_t max_examples = 0;          ///< use only the first k supervised examples (0 = all)
   bool packing = false;              ///< several supervised examples per sequence (attention stays within each)

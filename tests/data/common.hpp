@@ -4,8 +4,10 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 #include <unistd.h>
 
+#include "data/chat_template.hpp"
 #include "data/tokenizer.hpp"
 
 namespace rp::test {
@@ -23,6 +25,21 @@ inline std::string read_file(const std::string& path) {
 inline const Tokenizer& qwen() {
   static const Tokenizer t = Tokenizer::from_file(fixture("qwen3-tokenizer/tokenizer.json"));
   return t;
+}
+
+/// The decoded text of each maximal run of masked tokens (what a chat example trains on).
+inline std::vector<std::string> masked_runs(const Tokenizer& t, const RenderedChat& r) {
+  std::vector<std::string> runs;
+  std::vector<int32_t> cur;
+  for (size_t i = 0; i <= r.ids.size(); ++i) {
+    if (i < r.ids.size() && r.loss_mask[i]) {
+      cur.push_back(r.ids[i]);
+    } else if (!cur.empty()) {
+      runs.push_back(t.decode(cur));
+      cur.clear();
+    }
+  }
+  return runs;
 }
 
 /// A fresh temporary directory for one test, removed by the destructor.

@@ -9,25 +9,11 @@
 
 using namespace rp;
 using rp::test::fixture;
+using rp::test::masked_runs;
 using rp::test::qwen;
 using rp::test::read_file;
 
 namespace {
-// The decoded text of each maximal run of masked tokens.
-std::vector<std::string> masked_runs(const Tokenizer& t, const RenderedChat& r) {
-  std::vector<std::string> runs;
-  std::vector<int32_t> cur;
-  for (size_t i = 0; i <= r.ids.size(); ++i) {
-    if (i < r.ids.size() && r.loss_mask[i]) {
-      cur.push_back(r.ids[i]);
-    } else if (!cur.empty()) {
-      runs.push_back(t.decode(cur));
-      cur.clear();
-    }
-  }
-  return runs;
-}
-
 // Qwen3's tokenizer plus the four Llama 3 chat special tokens.
 const Tokenizer& qwen_with_llama_tokens() {
   static const Tokenizer t = [] {
