@@ -216,6 +216,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w,
   LayerOptions lo;
   lo.mlp_chunk_tokens = opt.mlp_chunk_tokens;
   lo.save_attention = saved_attention;
+  lo.fp8 = opt.device.fp8;
   for (int l = 0; l < layout.num_layers(); ++l) I.layers.push_back(make_layer(I.layout, l, lo));
   if (opt.trace) {
     I.tracer = std::make_unique<Tracer>();
