@@ -27,7 +27,7 @@ void fp8_linear_fwd(Ops& ops, const Fp8Linear& f, const void* x, void* y, int64_
                     bool accumulate) {
   if (n <= 0) return;
   if (!f.weight.w || !f.weight.scale) throw std::invalid_argument("fp8 linear: the weight's codes are missing");
-  const uint8_t* xq = quantize_act(ops, f.act, x, n, in, kFp8ActFormat);
+  const uint8_t* xq = f.input_quantized ? f.act.codes : quantize_act(ops, f.act, x, n, in, kFp8ActFormat);
   ops.gemm_fp8(xq, kFp8ActFormat, f.act.scale, f.weight.w, kFp8ActFormat, f.weight.scale, y, n, in, out, accumulate);
 }
 
@@ -36,8 +36,8 @@ void fp8_linear_bwd_input(Ops& ops, const Fp8Linear& f, const void* dy, void* dx
   if (n <= 0) return;
   if (!f.weight.wt || !f.weight.scale)
     throw std::invalid_argument("fp8 linear: the input gradient needs the codes of W^T (a backward weight cache)");
-  const uint8_t* dyq = quantize_act(ops, f.act, dy, n, out, kFp8GradFormat);
-  ops.gemm_fp8(dyq, kFp8GradFormat, f.act.scale, f.weight.wt, kFp8ActFormat, f.weight.scale, dx, n, out, in,
+  const uint8_t* dyq = quantize_act(ops, f.act, dy, n, out, f.grad_format);
+  ops.gemm_fp8(dyq, f.grad_format, f.act.scale, f.weight.wt, kFp8ActFormat, f.weight.scale, dx, n, out, in,
                accumulate);
 }
 

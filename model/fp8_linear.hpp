@@ -3,7 +3,7 @@
 // The forward, its recompute and the input gradient of a dense linear run as FP8 GEMMs with
 // fp32 accumulation (Ops::gemm_fp8):
 //   y  = (s_x s_w) * q(x) q(W)^T          x [n, in] -> e4m3 codes, scale s_x from max|x|
-//   dx = (s_dy s_w) * q(dy) q(W^T)^T      dy [n, out] -> kFp8GradFormat codes, scale s_dy
+//   dx = (s_dy s_w) * q(dy) q(W^T)^T      dy [n, out] -> e4m3 codes (kFp8GradFormat), scale s_dy
 // W [out, in] is quantized once per upload (e4m3, one scale s_w for the whole matrix; the
 // codes of W and of W^T are kept in the layer's weight cache, model/layer_memory.hpp's
 // Fp8WeightBufs). Every scale is the current tensor's amax / largest finite code (no
@@ -22,7 +22,11 @@ namespace rp {
 
 /// Format of the activations' and the weights' codes.
 constexpr Fp8Format kFp8ActFormat = Fp8Format::e4m3;
-/// Format of the output gradients' codes in the input-gradient GEMM.
+/// Default format of the output gradients' codes in the input-gradient GEMM (Fp8Linear::
+/// grad_format): e4m3, which keeps dx = dy W closer to the fp32 product than e5m2 for
+/// Gaussian and for heavy-tailed dy alike (tests/model/test_fp8_linear.cpp,
+/// GradientFormatE4m3IsTheCloser): with a scale from the tensor's own amax the range e5m2
+/// adds is not needed, the mantissa bit it gives up is.
 constexpr Fp8Format kFp8GradFormat = Fp8Format::e4m3;
 
 /// One linear's quantized weight: codes of W [out, in] (e4m3), of W^T [in, out] (null in a
@@ -45,6 +49,11 @@ struct Fp8ActScratch {
 struct Fp8Linear {
   Fp8Weight weight;
   Fp8ActScratch act;
+  /// fp8_linear_fwd only: act already holds the codes and scale of this call's x (the previous
+  /// linear read the same input, as k and v read q's, up reads gate's), so x is not read.
+  bool input_quantized = false;
+  /// fp8_linear_bwd_input: the format of dy's codes (e4m3 or e5m2; W^T is e4m3).
+  Fp8Format grad_format = kFp8GradFormat;
 };
 
 /// scale[0] = scale of W [out, in] (compute dtype), wq = its e4m3 codes, and when wtq is not

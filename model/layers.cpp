@@ -99,9 +99,16 @@ int64_t offset_if(const ParamGroup& g, const std::string& name, bool present) {
 struct Fp8Set {
   bool on = false;
   std::array<Fp8Linear, kAdaptedLinears> lin{};
+  std::array<Fp8Linear, kAdaptedLinears> same_input{};  // lin with input_quantized
   const Fp8Linear* operator()(LoraModule m) const {
     const Fp8Linear& f = lin[size_t(m)];
     return on && f.weight.w ? &f : nullptr;
+  }
+  // The forward of a linear whose input the previous FP8 linear of the call quantized (k and v
+  // after q, up after gate): the codes in the scratch are reused.
+  const Fp8Linear* reuse(LoraModule m, LoraModule previous) const {
+    if (!(*this)(m) || !(*this)(previous)) return (*this)(m);
+    return &same_input[size_t(m)];
   }
 };
 
@@ -315,7 +322,9 @@ Fp8Set DecoderLayer::fp8_linears(const LayerArgs& a, const DecoderBufs& b, bool 
     if (!wb.w[i]) continue;  // a sparse block's experts
     if (a.fp8_fill_weights)
       fp8_quantize_weight(*a.ops, param(a, 0, w_off[i]), wb.out[i], wb.in[i], wb.w[i], wb.wt[i], wb.scale + i);
-    s.lin[i] = Fp8Linear{{wb.w[i], wb.wt[i], wb.scale + i}, {b.fp8_codes, b.fp8_scale}};
+    s.lin[i] = Fp8Linear{{wb.w[i], wb.wt[i], wb.scale + i}, {b.fp8_codes, b.fp8_scale}, false};
+    s.same_input[i] = s.lin[i];
+    s.same_input[i].input_quantized = true;
   }
   return s;
 }
@@ -333,9 +342,9 @@ void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, c
   adapted_linear_fwd(ops, lc, lora(LoraModule::q), b.xn, param(a, 0, wq_), q_lin, T, H, nq * D, 0,
                      f8(LoraModule::q));
   adapted_linear_fwd(ops, lc, lora(LoraModule::k), b.xn, param(a, 0, wk_), k_lin, T, H, nkv * D, 0,
-                     f8(LoraModule::k));
+                     f8.reuse(LoraModule::k, LoraModule::q));
   adapted_linear_fwd(ops, lc, lora(LoraModule::v), b.xn, param(a, 0, wv_), b.v, T, H, nkv * D, 0,
-                     f8(LoraModule::v));
+                     f8.reuse(LoraModule::v, LoraModule::q));
   bias_fwd(ops, a, bq_, q_lin, T, nq * D);
   bias_fwd(ops, a, bk_, k_lin, T, nkv * D);
   bias_fwd(ops, a, bv_, b.v, T, nkv * D);
@@ -383,7 +392,7 @@ void DecoderLayer::mlp_forward(const LayerArgs& a, const DecoderBufs& b, const L
   adapted_linear_fwd(ops, lc, lora(LoraModule::gate), b.hn, param(a, 0, wg_), b.g, n, H, F, r0,
                      f8(LoraModule::gate));
   adapted_linear_fwd(ops, lc, lora(LoraModule::up), b.hn, param(a, 0, wu_), b.u, n, H, F, r0,
-                     f8(LoraModule::up));
+                     f8.reuse(LoraModule::up, LoraModule::gate));
   ops.swiglu_fwd(b.g, b.u, b.m, n * F);
   adapted_linear_fwd(ops, lc, lora(LoraModule::down), b.m, param(a, 0, wd_), y, n, F, H, r0,
                      f8(LoraModule::down));
@@ -413,7 +422,7 @@ void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const 
   adapted_linear_fwd(ops, lc, lora(LoraModule::gate), b.hn, param(a, 0, wg_), b.g, n, H, F, r0,
                      f8(LoraModule::gate));
   adapted_linear_fwd(ops, lc, lora(LoraModule::up), b.hn, param(a, 0, wu_), b.u, n, H, F, r0,
-                     f8(LoraModule::up));
+                     f8.reuse(LoraModule::up, LoraModule::gate));
   ops.swiglu_fwd(b.g, b.u, b.m, n * F);
   // y = h1 + down(m); down's forward was not recomputed, so its adapter computes its u again
   weight_grad(ops, dy, b.m, grad(a, 0, wd_), n, F, H);
