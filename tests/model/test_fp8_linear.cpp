@@ -97,6 +97,35 @@ TEST(Fp8Linear, ForwardAndInputGradientMatchTheQuantizeDequantizeReference) {
   EXPECT_LT(ref::rel_err(dx, ref_gemm(ref_quantize(dy, kFp8GradFormat), qwt, n, out, in)), 1e-6);
 }
 
+// The choice of kFp8GradFormat: dx = dy W against the exact product, dy's codes in e4m3 or
+// e5m2, for Gaussian output gradients and for heavy-tailed ones (a Gaussian times e^(2 g'),
+// magnitudes over ~6 decades, as gradients of a few tokens dominate).
+TEST(Fp8Linear, GradientFormatE4m3IsTheCloser) {
+  auto ops = make_cpu_ops();
+  const int64_t n = 64, in = 96, out = 128;
+  VecF w = ref::randn(size_t(out * in), 41, 0.1f);
+  HostFp8Weight hw(*ops, w, out, in, n);
+  for (bool heavy : {false, true}) {
+    VecF dy = ref::randn(size_t(n * out), 42, 1e-3f);
+    if (heavy) {
+      const VecF g = ref::randn(dy.size(), 43);
+      for (size_t i = 0; i < dy.size(); ++i) dy[i] *= std::exp(2.f * g[i]);
+    }
+    const VecD exact = ref::linear(ref::to_d(dy), ref::to_d(transpose(w, out, in)), n, out, in);
+    double err[2];
+    for (int k = 0; k < 2; ++k) {
+      Fp8Linear f = hw.linear();
+      f.grad_format = k == 0 ? Fp8Format::e4m3 : Fp8Format::e5m2;
+      VecF dx(size_t(n * in));
+      fp8_linear_bwd_input(*ops, f, dy.data(), dx.data(), n, in, out, false);
+      err[k] = ref::rel_err(dx, exact);
+    }
+    std::printf("dy %s: dx relative error e4m3 %.4f, e5m2 %.4f\n", heavy ? "heavy-tailed" : "Gaussian", err[0],
+                err[1]);
+    EXPECT_LT(err[0], err[1]) << (heavy ? "heavy-tailed" : "Gaussian");
+  }
+}
+
 TEST(Fp8Linear, AdaptedLinearAddsTheAdapterInTheComputeDtype) {
   auto ops = make_cpu_ops();
   const int64_t n = 5, in = 32, out = 16, r = 4;
