@@ -52,11 +52,12 @@ fs::path varied_tiny_model(const fs::path& d) {
   return out;
 }
 
-std::vector<double> loss_curve(const fs::path& d, const std::string& out, bool fp8) {
+std::vector<double> loss_curve(const fs::path& d, const std::string& out, bool fp8, int64_t steps = kSteps,
+                               const fs::path& model = {}) {
+  const fs::path m = model.empty() ? varied_tiny_model(d) : model;
   rp::TrainSpec s = rp::spec_from_json(
-      nlohmann::json::parse(spec_for(varied_tiny_model(d), d / "data.jsonl", d / out, fp8 ? ", \"fp8\": true" : "")),
-      "test spec");
-  s.steps = kSteps;
+      nlohmann::json::parse(spec_for(m, d / "data.jsonl", d / out, fp8 ? ", \"fp8\": true" : "")), "test spec");
+  s.steps = steps;
   s.seed = 5;
   s.adam.lr = 0.003;
   s.lr_schedule.kind = "constant";
@@ -65,7 +66,7 @@ std::vector<double> loss_curve(const fs::path& d, const std::string& out, bool f
   rp::TrainerCallbacks cb;
   cb.on_step = [&](const rp::StepReport& r) { loss.push_back(r.loss); };
   const rp::TrainResult res = rp::Trainer(s).run(cb);
-  EXPECT_EQ(res.steps_done, kSteps);
+  EXPECT_EQ(res.steps_done, steps);
   return loss;
 }
 
@@ -90,6 +91,28 @@ TEST(TrainerFp8, LossCurveFollowsTheComputeDtypeRun) {
     EXPECT_LT(rel, kFp8LossBar) << "window " << w;
   }
   EXPECT_TRUE(differs) << "the FP8 run's losses equal the other's: its linears did not run in FP8";
+  fs::remove_all(d);
+}
+
+// A sparse (Qwen3-MoE) model: its attention projections run in FP8, its router and experts
+// stay bf16 (the weight cache holds the four attention linears only).
+TEST(TrainerFp8, MixtureOfExpertsTrainsWithItsAttentionInFp8) {
+  auto d = tmpdir();
+  write(d / "data.jsonl", kData);
+  const fs::path moe = tiny_model(d, true);
+  const std::vector<double> plain = loss_curve(d, "plain", false, kWindow, moe),
+                            fp8 = loss_curve(d, "fp8", true, kWindow, moe);
+  ASSERT_EQ(fp8.size(), size_t(kWindow));
+  double a = 0, b = 0;
+  bool differs = false;
+  for (size_t i = 0; i < fp8.size(); ++i) {
+    EXPECT_TRUE(std::isfinite(fp8[i])) << "step " << i + 1;
+    a += plain[i];
+    b += fp8[i];
+    differs = differs || plain[i] != fp8[i];
+  }
+  EXPECT_TRUE(differs);
+  EXPECT_LT(std::fabs(b - a) / a, kFp8LossBar);
   fs::remove_all(d);
 }
 
