@@ -225,7 +225,10 @@ inline size_t decoder_scratch_bytes(const DecoderDims& d, int64_t n_seq, int64_t
 /// per weight (two with W^T) plus the scales; it lives as long as the uploaded weights
 /// (LayerArgs::fp8_weights), not in the per-call scratch.
 struct Fp8WeightBufs {
-  float* scale = nullptr;                     // [kAdaptedLinears] fp32
+  /// Floats between two linears' scales: cuBLASLt's FP8 GEMM refuses (CUBLAS_STATUS_NOT_SUPPORTED)
+  /// a scale pointer that is not 16-byte aligned, so each scale gets its own 16 bytes.
+  static constexpr size_t kScaleStride = 4;
+  float* scale = nullptr;                     // [kAdaptedLinears x kScaleStride] fp32; linear i's at i x kScaleStride
   uint8_t* w[kAdaptedLinears] = {};           // W codes, null for a linear without FP8
   uint8_t* wt[kAdaptedLinears] = {};          // W^T codes, null without `transposed`
   int64_t out[kAdaptedLinears] = {}, in[kAdaptedLinears] = {};  // W's shape (0: no FP8)
@@ -236,7 +239,7 @@ inline void carve_fp8_weights(const DecoderDims& d, bool transposed, ScratchCarv
   const int64_t H = d.hidden, F = d.ffn, Q = d.heads * d.head_dim, K = d.kv_heads * d.head_dim;
   const int64_t shapes[kAdaptedLinears][2] = {{Q, H}, {K, H}, {K, H}, {H, Q}, {F, H}, {F, H}, {H, F}};
   const size_t linears = d.experts > 0 ? 4 : kAdaptedLinears;  // a sparse block: attention only
-  b.scale = static_cast<float*>(sc.take(kAdaptedLinears * sizeof(float)));
+  b.scale = static_cast<float*>(sc.take(kAdaptedLinears * Fp8WeightBufs::kScaleStride * sizeof(float)));
   for (size_t i = 0; i < linears; ++i) {
     b.out[i] = shapes[i][0];
     b.in[i] = shapes[i][1];

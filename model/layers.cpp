@@ -321,8 +321,9 @@ Fp8Set DecoderLayer::fp8_linears(const LayerArgs& a, const DecoderBufs& b, bool 
   for (size_t i = 0; i < kAdaptedLinears; ++i) {
     if (!wb.w[i]) continue;  // a sparse block's experts
     if (a.fp8_fill_weights)
-      fp8_quantize_weight(*a.ops, param(a, 0, w_off[i]), wb.out[i], wb.in[i], wb.w[i], wb.wt[i], wb.scale + i);
-    s.lin[i] = Fp8Linear{{wb.w[i], wb.wt[i], wb.scale + i}, {b.fp8_codes, b.fp8_scale}, false};
+      fp8_quantize_weight(*a.ops, param(a, 0, w_off[i]), wb.out[i], wb.in[i], wb.w[i], wb.wt[i],
+                          wb.scale + i * Fp8WeightBufs::kScaleStride);
+    s.lin[i] = Fp8Linear{{wb.w[i], wb.wt[i], wb.scale + i * Fp8WeightBufs::kScaleStride}, {b.fp8_codes, b.fp8_scale}, false};
     s.same_input[i] = s.lin[i];
     s.same_input[i].input_quantized = true;
   }
