@@ -154,6 +154,7 @@ void Session::Impl::take_weights_and_layers(std::vector<std::vector<float>> w,
   LayerOptions lo;
   lo.mlp_chunk_tokens = opt.mlp_chunk_tokens;
   lo.save_attention = saved_attention;
+  lo.fp8 = opt.device.fp8;
   for (int l = 0; l < layout.num_layers(); ++l) layers.push_back(make_layer(layout, l, lo));
 }
 

@@ -20,6 +20,8 @@ void allocate_work(const WorkerContext& ctx, Task& t) {
   const size_t gsz = dtype_size(d.ops().grad_dtype());
   for (int g : t.grad_groups) t.dgrad.emplace(g, DeviceBuffer(d, size_t(m.groups[g].numel) * gsz));
   if (scratch > 0) t.scratch = DeviceBuffer(d, scratch);
+  for (int l : t.layers)
+    if (const size_t b = (*ctx.layers)[l]->fp8_weight_bytes(backward)) t.dfp8.emplace(l, DeviceBuffer(d, b));
   for (int j = 0; j < 2 && j < t.M; ++j)
     if (!t.progress.holds_slot(j)) allocate_slot(ctx, t, j);
   const int temporaries = stage_temporaries(kind, int(t.layers.size()));
@@ -107,6 +109,13 @@ LayerArgs layer_args(const WorkerContext& ctx, const Task& t, int layer, int64_t
     a.attn_lse = s.attn_lse[i].as<float>();
   }
   if (s.pos.get()) a.positions = s.pos.as<int32_t>();
+  // FP8 decoders: the weights are quantized once per upload, by micro-batch 0's calls (the
+  // first in stream order; a tail stage's backward call adds W^T after its forward call's W)
+  if (auto f = t.dfp8.find(layer); f != t.dfp8.end()) {
+    a.fp8_weights = f->second.get();
+    a.fp8_weights_bytes = f->second.bytes();
+    a.fp8_fill_weights = m == 0;
+  }
   // LoRA dropout masks: the same in the micro-batch's forward, tail and backward stages
   a.dropout_id = t.rs.dropout_pass < 0 ? -1 : t.rs.dropout_pass * t.M + m;
   // sparse decoders: router statistics, and the load-balancing loss's weight in a backward

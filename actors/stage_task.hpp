@@ -53,6 +53,10 @@ struct Task {
   std::deque<int> dequant_order;
   std::shared_ptr<UploadWindows> uploads;  ///< the weights' chunks and windows (upload_windows.hpp)
   DeviceBuffer scratch, tmp[2];
+  /// FP8 decoders (LayerOptions::fp8), per layer of the stage: its weights' FP8 codes
+  /// (LayerArgs::fp8_weights), quantized by the layer's calls of micro-batch 0 and read by
+  /// the others; empty buffers for other layers.
+  std::map<int, DeviceBuffer> dfp8;
   Slot slot[2];
   /// Which micro-batches are uploaded, computed, downloaded, and which slots the task holds
   /// (allocated; early start may hand it one before it is current).
@@ -67,7 +71,7 @@ struct Task {
 
 /// The buffers a task needs only while it computes: the gradient accumulators of
 /// t.grad_groups (zeroed on the compute stream), scratch for its largest layer (forward-only
-/// scratch in a forward stage), its activation slots (one per micro-batch up to two) unless
+/// scratch in a forward stage), the FP8 weight caches of FP8 decoders, its activation slots (one per micro-batch up to two) unless
 /// already allocated (allocate_slot), and stage_temporaries() activation-sized temporaries. A prefetched task holds just its weights (and
 /// the slots early start handed it) until it becomes current. Throws DeviceOutOfMemory
 /// when the device's cap refuses an allocation (what was allocated stays in t).

@@ -202,6 +202,7 @@ class Worker : public WorkerActor::base {
     } catch (const DeviceOutOfMemory& e) {
       task_->dgrad.clear();
       task_->scratch.reset();
+      task_->dfp8.clear();
       for (auto& b : task_->tmp) b.reset();
       if (wait_for_memory()) return;
       fail(e.what());
@@ -282,6 +283,7 @@ class Worker : public WorkerActor::base {
       if (!n.work_ready) {
         n.dgrad.clear();
         n.scratch.reset();
+        n.dfp8.clear();
         for (auto& b : n.tmp) b.reset();
       }
       if (ctx_.memory_events) ctx_.memory_events->prefetch_refusals++;
@@ -629,6 +631,7 @@ class Worker : public WorkerActor::base {
     t.dstage.clear();
     t.dequant_order.clear();
     t.scratch.reset();
+    t.dfp8.clear();
     for (auto& b : t.tmp) b.reset();
     for (int j = 0; j < 2; ++j)
       if (t.progress.slot_finished(j)) {

@@ -7,7 +7,10 @@
 //                    [--dtype bf16|f16] [--plan JSON] [--trace FILE] [--results FILE] [--no-priorities]
 //                    [--chunk-bytes N] [--preset qwen3-1.7b|qwen3-4b|...] [--mlp-chunk TOKENS]
 //                    [--experts E --experts-per-tok k --expert-ffn Fe] [--lora-r R --base-format nf4]
-//                    [--pin-budget-gib G]
+//                    [--pin-budget-gib G] [--fp8]
+// --fp8: the dense decoder linears' forward, recompute and input-gradient GEMMs in FP8 e4m3
+// (spec key "fp8"; docs/gpu.md, "FP8 linears"; needs --dtype bf16 and an sm_89+ GPU); MFU
+// still counts against the bf16 peak, so the FP8 gain shows as a higher MFU.
 // The attention implementation follows RP_CUDA_ATTENTION (auto = cuDNN when available).
 // --no-priorities: parameter/gradient copies do not yield to activation copies (first come,
 // first served); --chunk-bytes: bulk copies are cut into chunks of N bytes (0: whole copies).
@@ -135,7 +138,7 @@ int run(int argc, char** argv) {
   std::string backend = "cuda", trace, results, dtype = "bf16", plan_json;
   int workers = 1, layers = 28, steps = 6, warmup = 2;
   int64_t hidden = 2048, heads = 16, kv = 8, hd = 128, ffn = 6144, vocab = 151936, seq = 8192, seqs = 8, micro = 8;
-  bool sync = false, qwen3 = true, no_prio = false;
+  bool sync = false, qwen3 = true, no_prio = false, fp8 = false;
   int64_t chunk_bytes = 32 << 20;
   int bulk_inflight = 1;
   int64_t mlp_chunk = 0;
@@ -156,6 +159,7 @@ int run(int argc, char** argv) {
   app.add_option("--steps", steps, "measured steps");
   app.add_option("--warmup", warmup);
   app.add_flag("--sync", sync);
+  app.add_flag("--fp8", fp8, "dense decoder linears in FP8 e4m3 (forward, recompute, input gradient)");
   app.add_option("--cap-gib", cap, "device memory cap per worker");
   app.add_option("--trace", trace);
   app.add_option("--results", results, "append a markdown row here");
@@ -294,6 +298,7 @@ int run(int argc, char** argv) {
   o.device.capacity_bytes = size_t(cap * double(1ull << 30));
   o.device.dtype = dtype == "f16" ? rp::DType::f16 : rp::DType::bf16;
   if (dtype == "f16") o.loss_scaling = rp::LossScalerOptions{};  // fp16 needs dynamic loss scaling
+  o.device.fp8 = fp8;
   o.trace = !trace.empty();
   if (!plan_json.empty())
     o.plan = rp::plan_from_json(nlohmann::json::parse(plan_json), int(m.num_layers()), workers, "--plan");
@@ -407,7 +412,7 @@ int run(int argc, char** argv) {
   const double weight_gb = weight_bytes_per_iteration(m, s.plan(), rp::dtype_size(o.device.dtype)) / 1e9;
   std::string row = fmt::format(
       "| roundpipe ({} x {}, {}, {}, attention {}, {}, {}; {}) | {:.0f} | {:.3f} | {:.2f} | {:.1f} | {:.2f} |", workers,
-      backend, sync ? "sync" : "async", dtype, attn && *attn ? attn : "auto", xfer, chunks, shape, tps, mfu, peak, rss,
+      backend, sync ? "sync" : "async", fp8 ? dtype + " + fp8 linears" : dtype, attn && *attn ? attn : "auto", xfer, chunks, shape, tps, mfu, peak, rss,
       dt);
   predicted_prefetch = std::min(predicted_prefetch, int64_t(o.device.capacity_bytes));
   std::printf("RESULT tokens/s %.1f  MFU %.3f  peak device memory %.2f GiB (predicted working set %.2f, measured/predicted %.3f; "

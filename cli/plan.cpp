@@ -159,6 +159,7 @@ std::optional<ModelLayout> run_layout(const PlanCommandOptions& o);
 DeviceModel device_model(const PlanCommandOptions& o, const std::optional<ModelLayout>& layout) {
   DeviceModel d;
   d.peak_flops = o.peak_tflops * 1e12;
+  if (o.fp8) d.fp8_flops = (o.fp8_tflops > 0 ? o.fp8_tflops : kFp8SpeedupH200 * o.peak_tflops) * 1e12;
   d.mem_bandwidth = o.hbm_gbps * 1e9;
   d.pcie_bandwidth = o.pcie_gbps * 1e9;
   d.mlp_chunk_tokens = o.mlp_chunk_tokens;
@@ -353,6 +354,10 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
   if (o.sequences_per_micro < 1)
     throw UsageError(fmt::format("--sequences-per-micro: expected >= 1, got {}", o.sequences_per_micro));
   if (!(o.peak_tflops > 0)) throw UsageError("--peak-tflops: expected > 0");
+  if (!(o.fp8_tflops >= 0)) throw UsageError("--fp8-tflops: expected >= 0");
+  if (o.fp8 && !o.gpu.empty() && find_gpu_preset(o.gpu) && !(achievable_rates(*find_gpu_preset(o.gpu)).fp8_tflops > 0) &&
+      !(o.fp8_tflops > 0))
+    throw UsageError(fmt::format("--fp8: {} has no FP8 tensor cores (the runtime refuses \"fp8\": true there)", o.gpu));
   if (!(o.hbm_gbps > 0)) throw UsageError("--hbm-gbps: expected > 0");
   if (!(o.pcie_gbps >= 0)) throw UsageError("--pcie-gbps: expected >= 0");
   if (o.iterations < 0) throw UsageError("--iterations: expected >= 0");
@@ -410,11 +415,13 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
              counted(o.micro_batches, "micro-batch", "micro-batches"), o.sequences_per_micro, counted(oo.seq_len, "token"),
              counted(tokens, "token"));
   const GpuPreset* preset = o.gpu.empty() ? nullptr : find_gpu_preset(o.gpu);
-  fmt::print(out, "device    {}{:.4g} TFLOP/s, memory {:.4g} GB/s, PCIe {:.4g} GB/s per direction, memory cap {}\n",
+  fmt::print(out, "device    {}{} TFLOP/s, memory {:.4g} GB/s, PCIe {:.4g} GB/s per direction, memory cap {}\n",
              preset ? fmt::format("{} ({}; plan --list-gpus): ", preset->name,
                                   achievable_rates(*preset).measured ? "measured" : "data sheet x efficiency")
                     : std::string(),
-             o.peak_tflops, o.hbm_gbps, o.pcie_gbps,
+             o.fp8 ? fmt::format("{:.4g} (FP8 linears {:.4g})", o.peak_tflops, device_model(o, std::nullopt).fp8_flops / 1e12)
+                   : fmt::format("{:.4g}", o.peak_tflops),
+             o.hbm_gbps, o.pcie_gbps,
              cap > 0 ? format_bytes(double(cap)) : std::string("none"));
   fmt::print(out, "costs     {}\n", source);
   // mxfp4 is the experts' form (make_layout keeps the other weights bf16)
@@ -513,6 +520,13 @@ void add_plan_command(CLI::App& app) {
   c->add_option("--memory-cap", o->memory_cap, "per-GPU memory a stage may use, e.g. 24GiB (default: none)");
   c->add_option("--trace", o->trace, "write the simulated timeline as a Chrome trace JSON");
   c->add_option("--peak-tflops", o->peak_tflops, "achievable dense GEMM TFLOP/s")->capture_default_str();
+  c->add_flag("--fp8", o->fp8,
+              "plan a run with \"fp8\": true: the dense decoder linears' forward, recompute and input gradient "
+              "at --fp8-tflops");
+  c->add_option("--fp8-tflops", o->fp8_tflops,
+                "--fp8: achievable e4m3 GEMM TFLOP/s (0: the --gpu preset's, else 1.7 x --peak-tflops as measured "
+                "on the H200)")
+      ->capture_default_str();
   c->add_option("--hbm-gbps", o->hbm_gbps, "device memory bandwidth, GB/s")->capture_default_str();
   c->add_option("--pcie-gbps", o->pcie_gbps, "host<->device GB/s per direction (0: free)")->capture_default_str();
   c->add_option("--iterations", o->iterations, "iterations to simulate (0: enough for whole deal cycles)")
@@ -554,7 +568,7 @@ void add_plan_command(CLI::App& app) {
     }
     if (o->model.empty()) throw UsageError("plan: --model is required (a model folder, config.json or .gguf)");
     std::vector<std::string> given;
-    for (const char* f : {"--peak-tflops", "--hbm-gbps", "--pcie-gbps", "--memory-cap"})
+    for (const char* f : {"--peak-tflops", "--fp8-tflops", "--hbm-gbps", "--pcie-gbps", "--memory-cap"})
       if (c->get_option(f)->count() > 0) given.push_back(f);
     if (gpu->count() > 0) apply_gpu_preset(*o, given);
     // the network flags describe the sum over nodes: without --nodes they would change nothing

@@ -32,6 +32,11 @@ struct PlanCommandOptions {
   std::string memory_cap;          ///< per-GPU cap, e.g. "24GiB" (empty: unlimited)
   std::string trace;               ///< Chrome trace output path, optional
   double peak_tflops = 790;        ///< achievable dense GEMM TFLOP/s
+  /// FP8 linears (the spec's "fp8": true): the dense decoder linears' forward, recompute and
+  /// input gradient at fp8_tflops (0: the --gpu preset's achievable FP8 rate, else
+  /// kFp8SpeedupH200 x peak_tflops).
+  bool fp8 = false;
+  double fp8_tflops = 0;
   double hbm_gbps = 4300;          ///< device memory GB/s
   double pcie_gbps = 55;           ///< host<->device GB/s per direction (0: free)
   int iterations = 0;              ///< simulated iterations (0: enough for whole deal cycles)
@@ -58,16 +63,16 @@ struct PlanCommandOptions {
   double net_latency_us = 10;
   int64_t accumulation = 1;
   /// A device preset (scheduler/gpu_presets.hpp, e.g. "RTX 4090"): apply_gpu_preset fills
-  /// peak_tflops, hbm_gbps, pcie_gbps and memory_cap from it unless given. "": none.
+  /// peak_tflops, fp8_tflops, hbm_gbps, pcie_gbps and memory_cap from it unless given. "": none.
   std::string gpu;
   /// Host memory the run may use, GiB (0: this machine's, host_total_bytes); the plan
   /// prints the run's host need against it and, when over, what to change.
   double host_gib = 0;
 };
 
-/// Fills the fields of o that preset o.gpu sets (peak_tflops, hbm_gbps, pcie_gbps from
-/// achievable_rates, memory_cap from the preset's memory size) except the flags named in
-/// `given` ("--peak-tflops", "--hbm-gbps", "--pcie-gbps", "--memory-cap"), which the
+/// Fills the fields of o that preset o.gpu sets (peak_tflops, fp8_tflops, hbm_gbps, pcie_gbps
+/// from achievable_rates, memory_cap from the preset's memory size) except the flags named in
+/// `given` ("--peak-tflops", "--fp8-tflops", "--hbm-gbps", "--pcie-gbps", "--memory-cap"), which the
 /// command line set and which win. Does nothing when o.gpu is empty. Throws UsageError
 /// ("--gpu: unknown GPU 'x'; known: RTX 3090, ...") for a name no preset has.
 void apply_gpu_preset(PlanCommandOptions& o, const std::vector<std::string>& given);

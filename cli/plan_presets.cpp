@@ -32,6 +32,7 @@ void apply_gpu_preset(PlanCommandOptions& o, const std::vector<std::string>& giv
         fmt::format("--gpu: unknown GPU '{}'; known: {} (plan --list-gpus)", o.gpu, gpu_preset_names()));
   const GpuRates r = achievable_rates(*p);
   if (!given_flag(given, "--peak-tflops")) o.peak_tflops = r.tflops;
+  if (!given_flag(given, "--fp8-tflops")) o.fp8_tflops = r.fp8_tflops;
   if (!given_flag(given, "--hbm-gbps")) o.hbm_gbps = r.memory_gbps;
   if (!given_flag(given, "--pcie-gbps")) o.pcie_gbps = r.pcie_gbps;
   if (!given_flag(given, "--memory-cap")) o.memory_cap = fmt::format("{}GiB", p->memory_gb);

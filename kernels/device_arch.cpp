@@ -83,4 +83,12 @@ std::string arch_too_old_line(const std::string& device, int major, int minor) {
 
 bool device_supports_fp8(int major, int minor) { return major * 10 + minor >= 89; }
 
+std::string fp8_refusal_line(const std::string& device, int major, int minor) {
+  if (device_supports_fp8(major, minor)) return "";
+  return fmt::format(
+      "{} has compute capability {}.{}; \"fp8\": true needs FP8 tensor cores (8.9 or newer: Ada, Hopper, "
+      "Blackwell); set \"fp8\": false",
+      device, major, minor);
+}
+
 }  // namespace rp

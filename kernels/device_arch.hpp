@@ -27,4 +27,8 @@ std::string arch_too_old_line(const std::string& device, int major, int minor);
 /// FP8 tensor-core GEMMs (e4m3/e5m2) exist from sm_89 (Ada, Hopper and later).
 bool device_supports_fp8(int major, int minor);
 
+/// The one line refusing FP8 linears (DeviceOptions::fp8) on `device` of compute capability
+/// major.minor ("" when it has FP8 tensor cores).
+std::string fp8_refusal_line(const std::string& device, int major, int minor);
+
 }  // namespace rp

@@ -86,6 +86,16 @@ struct LayerArgs {
   /// a sum over tokens (the micro-batch's aux loss weighs as much as its mean token loss).
   /// 0: no load-balancing gradient.
   float moe_aux_scale = 0.0f;
+  /// Decoders built with LayerOptions::fp8: the layer's FP8 weight cache, at least
+  /// Layer::fp8_weight_bytes(backward call) device bytes, owned by the caller for as long as
+  /// the weights in `params` stay uploaded (model/layer_memory.hpp's Fp8WeightBufs). A call
+  /// with fp8_fill_weights quantizes the weights into it first (forward: W; backward: W and
+  /// W^T), every other call reads what the last filling call left: the caller sets it on the
+  /// first call after each upload (of a backward stage: on a backward call). Null for other
+  /// layers; an FP8 decoder throws std::invalid_argument without it.
+  void* fp8_weights = nullptr;
+  size_t fp8_weights_bytes = 0;
+  bool fp8_fill_weights = false;
 };
 
 class Layer {
@@ -97,6 +107,9 @@ class Layer {
   /// default, the larger) or forward() only (`backward` false). model/layer_memory.hpp
   /// computes the same numbers without a layer object.
   virtual size_t scratch_bytes(const MicroBatchShape& s, DType dt = DType::f32, bool backward = true) const = 0;
+  /// Device bytes of the FP8 weight cache a call needs (LayerArgs::fp8_weights): 0 but for
+  /// decoders built with LayerOptions::fp8; `backward` adds the codes of W^T.
+  virtual size_t fp8_weight_bytes(bool /*backward*/) const { return 0; }
   /// Forward without saving anything. Tail: computes only args.loss (evaluation).
   virtual void forward(const LayerArgs& args) const = 0;
   /// Recomputes this layer's forward from args.x (ids for the embedding), then
@@ -106,7 +119,8 @@ class Layer {
   virtual void backward(const LayerArgs& args) const = 0;
 };
 
-/// Choices that change a layer's scratch but not its result (beyond rounding).
+/// Choices that change a layer's scratch but not its result (beyond rounding; fp8's rounding
+/// is coarser).
 struct LayerOptions {
   /// Decoders run their MLP over chunks of at most this many tokens, so the [tokens, ffn]
   /// intermediates exist for one chunk at a time (<= 0: kDefaultMlpChunkTokens of
@@ -116,6 +130,11 @@ struct LayerOptions {
   /// (LayerArgs::attn_o / attn_lse) so that backward does not recompute the attention; their
   /// scratch then holds neither.
   bool save_attention = false;
+  /// Decoders run the forward, recompute and input-gradient GEMMs of their dense linears
+  /// (q, k, v, o, gate, up, down; not a sparse block's experts) in FP8 e4m3 with fp32
+  /// accumulation (model/fp8_linear.hpp); weight gradients and LoRA adapters stay in the
+  /// compute dtype. Changes the result (FP8 rounding) and needs LayerArgs::fp8_weights.
+  bool fp8 = false;
 };
 
 /// Builds compute layer `layer` (0 = embedding, 1..L decoders, L+1 tail) of `m`.

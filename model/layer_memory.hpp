@@ -24,6 +24,9 @@
 //             [R,H], g, u, m [R,Fe]; backward adds dys [R,H], dg, du [R,Fe], dw [C,k] fp32 and
 //             dlogits [C,E] (dm lives in m, the experts' input gradient in ys). Expert
 //             adapters (DecoderDims::expert_lora) add ax [R,r], forward t [R,H], backward g [R,r].
+//   FP8 linears (DecoderDims::fp8): the e4m3 codes of one linear's input or output gradient at
+//             a time, [T, max(H,Q)] or [C, max(H,F)] bytes, and its scale; the weights' codes
+//             live in the caller's cache (Fp8WeightBufs below).
 // Tail: hn, dhn [T,H] plus Ops::lm_head_ce_scratch_bytes.
 #pragma once
 #include <algorithm>
@@ -72,6 +75,7 @@ struct DecoderDims {
   bool lora_dropout = false;     ///< LoraConfig::dropout > 0
   bool frozen_base = false;      ///< the base group is frozen (no weight gradients; no scratch of its own)
   bool expert_lora = false;      ///< the sparse block's experts carry adapters of rank lora_rank
+  bool fp8 = false;              ///< dense linears in FP8 (LayerOptions::fp8): activation codes in the scratch
   /// Sparse MLP block: experts (0: a dense SwiGLU MLP of ffn), experts per token, expert FFN.
   int64_t experts = 0, experts_per_tok = 0, expert_ffn = 0;
 };
@@ -113,6 +117,10 @@ struct DecoderBufs {
   void* attn = nullptr;                                        // Ops::attention_scratch_bytes
   MoeBufs moe;                                                 // sparse MLP block only
   int64_t chunk = 0;                                           // C
+  // FP8 linears (DecoderDims::fp8): the e4m3 codes of one linear's input (or output gradient)
+  // at a time, [T, max(H,Q)] or for the MLP [C, max(H,F)], and their scale
+  uint8_t* fp8_codes = nullptr;
+  float* fp8_scale = nullptr;
 };
 
 /// Carves a sparse block's buffers for chunks of C tokens.
@@ -184,6 +192,10 @@ inline void carve_decoder_scratch(const DecoderDims& d, int64_t n_seq, int64_t s
     if (backward) b.lora_u = sc.take(kAdaptedLinears * T * size_t(d.lora_rank) * es);
     if (d.lora_dropout) b.lora_x = sc.take(std::max(T * std::max(H, Q), C * std::max(H, F)) * es);
   }
+  if (d.fp8) {
+    b.fp8_codes = static_cast<uint8_t*>(sc.take(std::max(T * std::max(H, Q), C * std::max(H, F))));
+    b.fp8_scale = static_cast<float*>(sc.take(sizeof(float)));
+  }
   if (!backward) return;
   if (!d.saved_attention) b.lse = static_cast<float*>(sc.take(T * size_t(d.heads) * 4));
   b.dout = sc.take(T * Q * es);
@@ -203,6 +215,47 @@ inline size_t decoder_scratch_bytes(const DecoderDims& d, int64_t n_seq, int64_t
   ScratchCarver sc(nullptr);
   DecoderBufs b;
   carve_decoder_scratch(d, n_seq, seq_len, es, backward, chunk_tokens, sc, b);
+  return sc.used();
+}
+
+/// The FP8 weight cache of a decoder (LayerOptions::fp8; model/fp8_linear.hpp): for each of
+/// its dense linears (LoraModule order q, k, v, o, gate, up, down; a sparse block's experts
+/// stay in the compute dtype, so its gate/up/down have none) the scale of W, the e4m3 codes of
+/// W [out, in] and, for calls that run a backward (`transposed`), of W^T [in, out]. One byte
+/// per weight (two with W^T) plus the scales; it lives as long as the uploaded weights
+/// (LayerArgs::fp8_weights), not in the per-call scratch.
+struct Fp8WeightBufs {
+  /// Floats between two linears' scales: cuBLASLt's FP8 GEMM refuses (CUBLAS_STATUS_NOT_SUPPORTED)
+  /// a scale pointer that is not 16-byte aligned, so each scale gets its own 16 bytes.
+  static constexpr size_t kScaleStride = 4;
+  float* scale = nullptr;                     // [kAdaptedLinears x kScaleStride] fp32; linear i's at i x kScaleStride
+  uint8_t* w[kAdaptedLinears] = {};           // W codes, null for a linear without FP8
+  uint8_t* wt[kAdaptedLinears] = {};          // W^T codes, null without `transposed`
+  int64_t out[kAdaptedLinears] = {}, in[kAdaptedLinears] = {};  // W's shape (0: no FP8)
+};
+inline void carve_fp8_weights(const DecoderDims& d, bool transposed, ScratchCarver& sc, Fp8WeightBufs& b) {
+  b = Fp8WeightBufs{};
+  if (!d.fp8) return;
+  const int64_t H = d.hidden, F = d.ffn, Q = d.heads * d.head_dim, K = d.kv_heads * d.head_dim;
+  const int64_t shapes[kAdaptedLinears][2] = {{Q, H}, {K, H}, {K, H}, {H, Q}, {F, H}, {F, H}, {H, F}};
+  const size_t linears = d.experts > 0 ? 4 : kAdaptedLinears;  // a sparse block: attention only
+  b.scale = static_cast<float*>(sc.take(kAdaptedLinears * Fp8WeightBufs::kScaleStride * sizeof(float)));
+  for (size_t i = 0; i < linears; ++i) {
+    b.out[i] = shapes[i][0];
+    b.in[i] = shapes[i][1];
+    b.w[i] = static_cast<uint8_t*>(sc.take(size_t(b.out[i] * b.in[i])));
+  }
+  // after every W: a forward-only cache is a prefix of a backward one, so forward and backward
+  // calls of one stage (a tail stage's) read the same codes
+  if (transposed)
+    for (size_t i = 0; i < linears; ++i) b.wt[i] = static_cast<uint8_t*>(sc.take(size_t(b.out[i] * b.in[i])));
+}
+/// Bytes of a decoder's FP8 weight cache (0 without LayerOptions::fp8).
+inline size_t fp8_weight_bytes(const DecoderDims& d, bool transposed) {
+  if (!d.fp8) return 0;
+  ScratchCarver sc(nullptr);
+  Fp8WeightBufs b;
+  carve_fp8_weights(d, transposed, sc, b);
   return sc.used();
 }
 

@@ -4,6 +4,7 @@
 // modeling_gpt_oss.py (GptOssAttention: biased projections, sinks, sliding window).
 #include "model/layers.hpp"
 
+#include "model/fp8_linear.hpp"
 #include "model/lora_linear.hpp"
 #include "model/moe_block.hpp"
 
@@ -93,6 +94,24 @@ int64_t offset_if(const ParamGroup& g, const std::string& name, bool present) {
   return present ? offset_of(g, name) : -1;
 }
 
+// The FP8 base linears of one decoder call, indexed by LoraModule (model/fp8_linear.hpp);
+// `on` false: every linear in the compute dtype.
+struct Fp8Set {
+  bool on = false;
+  std::array<Fp8Linear, kAdaptedLinears> lin{};
+  std::array<Fp8Linear, kAdaptedLinears> same_input{};  // lin with input_quantized
+  const Fp8Linear* operator()(LoraModule m) const {
+    const Fp8Linear& f = lin[size_t(m)];
+    return on && f.weight.w ? &f : nullptr;
+  }
+  // The forward of a linear whose input the previous FP8 linear of the call quantized (k and v
+  // after q, up after gate): the codes in the scratch are reused.
+  const Fp8Linear* reuse(LoraModule m, LoraModule previous) const {
+    if (!(*this)(m) || !(*this)(previous)) return (*this)(m);
+    return &same_input[size_t(m)];
+  }
+};
+
 // ---------------------------------------------------------------------------------
 
 class EmbeddingLayer final : public Layer {
@@ -122,7 +141,7 @@ class EmbeddingLayer final : public Layer {
 class DecoderLayer final : public Layer {
  public:
   DecoderLayer(const ModelLayout& m, int layer, const LayerOptions& opt)
-      : c_(m.config), chunk_tokens_(opt.mlp_chunk_tokens), saved_attention_(opt.save_attention) {
+      : c_(m.config), chunk_tokens_(opt.mlp_chunk_tokens), saved_attention_(opt.save_attention), fp8_(opt.fp8) {
     const ParamGroup& g = m.groups[size_t(layer)];
     const std::string p = fmt::format("model.layers.{}.", layer - 1);
     w_in_ = offset_of(g, p + "input_layernorm.weight");
@@ -162,6 +181,7 @@ class DecoderLayer final : public Layer {
     dims_ = DecoderDims{c_.hidden_size, c_.intermediate_size, c_.num_attention_heads, c_.num_key_value_heads,
                         c_.head_dim, c_.qk_norm, opt.save_attention, adapted ? m.lora->r : 0,
                         adapted && dropout_ > 0.f, g.frozen};
+    dims_.fp8 = fp8_;
     if (moe_) {
       dims_.experts = c_.num_experts;
       dims_.experts_per_tok = c_.num_experts_per_tok;
@@ -173,15 +193,17 @@ class DecoderLayer final : public Layer {
   size_t scratch_bytes(const MicroBatchShape& s, DType dt = DType::f32, bool backward = true) const override {
     return decoder_scratch_bytes(dims_, s.n_seq, s.seq_len, dtype_size(dt), backward, chunk_tokens_);
   }
+  size_t fp8_weight_bytes(bool backward) const override { return rp::fp8_weight_bytes(dims_, backward); }
   void forward(const LayerArgs& a) const override {
     Ops& ops = check_args(a, n_groups_, needed(a, false), "decoder.forward", false);
     if (!a.x || !a.y) throw std::invalid_argument("decoder.forward: x/y null");
     DecoderBufs b = carve(a, ops, false);
     use_saved_attention(a, b, "decoder.forward");
     const LoraCall lc = lora_call(a, b, false);
-    attention_forward(a, b, lc, saved_attention_, false);
+    const Fp8Set f8 = fp8_linears(a, b, false, "decoder.forward");
+    attention_forward(a, b, lc, f8, saved_attention_, false);
     const int64_t T = a.shape.tokens();
-    for (int64_t r0 = 0; r0 < T; r0 += b.chunk) mlp_forward(a, b, lc, r0, std::min(b.chunk, T - r0));
+    for (int64_t r0 = 0; r0 < T; r0 += b.chunk) mlp_forward(a, b, lc, f8, r0, std::min(b.chunk, T - r0));
   }
   void backward(const LayerArgs& a) const override;
 
@@ -222,6 +244,9 @@ class DecoderLayer final : public Layer {
     return c;
   }
   const LoraLinear& lora(LoraModule m) const { return lora_[size_t(m)]; }
+  // The FP8 linears of this call (none without LayerOptions::fp8): their weights' codes in
+  // a.fp8_weights, quantized there first when a.fp8_fill_weights (W^T too in a backward).
+  Fp8Set fp8_linears(const LayerArgs& a, const DecoderBufs& b, bool backward, const char* who) const;
   // The experts' adapters: the adapter group (model/moe_block.hpp); none without.
   MoeAdapterArgs moe_adapters(const LayerArgs& a, bool backward) const {
     if (n_groups_ < 2 || !moe_ || !moe_->adapted()) return {};
@@ -237,20 +262,23 @@ class DecoderLayer final : public Layer {
   }
   // xn, q, k, v (for the attention and its backward), then, unless `reuse` (o and lse are
   // the forward's, saved), o (and lse when with_lse); and h1 = x + o_proj(o).
-  void attention_forward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc, bool with_lse,
-                         bool reuse) const;
+  void attention_forward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc, const Fp8Set& f8,
+                         bool with_lse, bool reuse) const;
   // Rows [r0, r0+n) of the MLP: y = h1 + down(silu(gate(hn)) * up(hn)), hn = RMSNorm(h1).
-  void mlp_forward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc, int64_t r0, int64_t n) const;
+  void mlp_forward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc, const Fp8Set& f8, int64_t r0,
+                   int64_t n) const;
   // Rows [r0, r0+n) of the MLP backward from dy, recomputing the chunk's forward; writes
   // dh1 = dy + d(RMSNorm(h1))/dh1 into those rows of a.dx and adds the MLP's weight
   // gradients.
-  void mlp_backward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc, int64_t r0, int64_t n) const;
+  void mlp_backward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc, const Fp8Set& f8, int64_t r0,
+                    int64_t n) const;
   // From dh1 (in a.dx): the attention half's weight gradients and dx += d/dx.
-  void attention_backward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc) const;
+  void attention_backward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc, const Fp8Set& f8) const;
 
   ModelConfig c_;
   int64_t chunk_tokens_;
   bool saved_attention_;
+  bool fp8_;  // LayerOptions::fp8
   DecoderDims dims_;
   int64_t w_in_, wq_, wk_, wv_, wqn_ = -1, wkn_ = -1, wo_, w_post_, wg_ = -1, wu_ = -1, wd_ = -1;
   // projection biases (GPT-OSS; Qwen2: q/k/v), per-head sinks (-1: none) and the sliding
@@ -278,8 +306,32 @@ class DecoderLayer final : public Layer {
   int layer_ = 0;
 };
 
-void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc, bool with_lse,
-                                     bool reuse) const {
+Fp8Set DecoderLayer::fp8_linears(const LayerArgs& a, const DecoderBufs& b, bool backward, const char* who) const {
+  Fp8Set s;
+  if (!fp8_) return s;
+  const size_t need = fp8_weight_bytes(backward);
+  if (!a.fp8_weights || a.fp8_weights_bytes < need)
+    throw std::invalid_argument(fmt::format("{}: an FP8 decoder needs LayerArgs::fp8_weights of {} bytes, got {}", who,
+                                            need, a.fp8_weights ? a.fp8_weights_bytes : 0));
+  ScratchCarver sc(a.fp8_weights);
+  Fp8WeightBufs wb;
+  carve_fp8_weights(dims_, backward, sc, wb);
+  const int64_t w_off[kAdaptedLinears] = {wq_, wk_, wv_, wo_, wg_, wu_, wd_};
+  s.on = true;
+  for (size_t i = 0; i < kAdaptedLinears; ++i) {
+    if (!wb.w[i]) continue;  // a sparse block's experts
+    if (a.fp8_fill_weights)
+      fp8_quantize_weight(*a.ops, param(a, 0, w_off[i]), wb.out[i], wb.in[i], wb.w[i], wb.wt[i],
+                          wb.scale + i * Fp8WeightBufs::kScaleStride);
+    s.lin[i] = Fp8Linear{{wb.w[i], wb.wt[i], wb.scale + i * Fp8WeightBufs::kScaleStride}, {b.fp8_codes, b.fp8_scale}, false};
+    s.same_input[i] = s.lin[i];
+    s.same_input[i].input_quantized = true;
+  }
+  return s;
+}
+
+void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc, const Fp8Set& f8,
+                                     bool with_lse, bool reuse) const {
   Ops& ops = *a.ops;
   const int64_t T = a.shape.tokens(), H = c_.hidden_size;
   const int64_t nq = c_.num_attention_heads, nkv = c_.num_key_value_heads, D = c_.head_dim;
@@ -288,9 +340,12 @@ void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, c
   ops.rmsnorm_fwd(a.x, param(a, 0, w_in_), b.xn, T, H, eps);
   void* q_lin = c_.qk_norm ? b.qr : b.q;
   void* k_lin = c_.qk_norm ? b.kr : b.k;
-  adapted_linear_fwd(ops, lc, lora(LoraModule::q), b.xn, param(a, 0, wq_), q_lin, T, H, nq * D, 0);
-  adapted_linear_fwd(ops, lc, lora(LoraModule::k), b.xn, param(a, 0, wk_), k_lin, T, H, nkv * D, 0);
-  adapted_linear_fwd(ops, lc, lora(LoraModule::v), b.xn, param(a, 0, wv_), b.v, T, H, nkv * D, 0);
+  adapted_linear_fwd(ops, lc, lora(LoraModule::q), b.xn, param(a, 0, wq_), q_lin, T, H, nq * D, 0,
+                     f8(LoraModule::q));
+  adapted_linear_fwd(ops, lc, lora(LoraModule::k), b.xn, param(a, 0, wk_), k_lin, T, H, nkv * D, 0,
+                     f8.reuse(LoraModule::k, LoraModule::q));
+  adapted_linear_fwd(ops, lc, lora(LoraModule::v), b.xn, param(a, 0, wv_), b.v, T, H, nkv * D, 0,
+                     f8.reuse(LoraModule::v, LoraModule::q));
   bias_fwd(ops, a, bq_, q_lin, T, nq * D);
   bias_fwd(ops, a, bk_, k_lin, T, nkv * D);
   bias_fwd(ops, a, bv_, b.v, T, nkv * D);
@@ -321,28 +376,32 @@ void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, c
     ops.rope_fwd(b.k, S, L, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling);
     if (!reuse) ops.attention_fwd(b.q, b.k, b.v, b.o, with_lse ? b.lse : nullptr, S, L, nq, nkv, D, scale, b.attn);
   }
-  adapted_linear_fwd(ops, lc, lora(LoraModule::o), b.o, param(a, 0, wo_), b.h1, T, nq * D, H, 0);
+  adapted_linear_fwd(ops, lc, lora(LoraModule::o), b.o, param(a, 0, wo_), b.h1, T, nq * D, H, 0,
+                     f8(LoraModule::o));
   bias_fwd(ops, a, bo_, b.h1, T, H);
   ops.add(a.x, b.h1, b.h1, T * H);  // h1 = x + attn
 }
 
-void DecoderLayer::mlp_forward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc, int64_t r0,
-                              int64_t n) const {
+void DecoderLayer::mlp_forward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc, const Fp8Set& f8,
+                              int64_t r0, int64_t n) const {
   Ops& ops = *a.ops;
   const int64_t H = c_.hidden_size, F = c_.intermediate_size;
   const void* h1 = row(ops, b.h1, r0, H);
   void* y = row(ops, a.y, r0, H);
   ops.rmsnorm_fwd(h1, param(a, 0, w_post_), b.hn, n, H, float(c_.rms_norm_eps));
   if (moe_) return moe_->forward(ops, a.params[0], b.hn, h1, y, n, b.moe, a.moe_stats, moe_adapters(a, false));
-  adapted_linear_fwd(ops, lc, lora(LoraModule::gate), b.hn, param(a, 0, wg_), b.g, n, H, F, r0);
-  adapted_linear_fwd(ops, lc, lora(LoraModule::up), b.hn, param(a, 0, wu_), b.u, n, H, F, r0);
+  adapted_linear_fwd(ops, lc, lora(LoraModule::gate), b.hn, param(a, 0, wg_), b.g, n, H, F, r0,
+                     f8(LoraModule::gate));
+  adapted_linear_fwd(ops, lc, lora(LoraModule::up), b.hn, param(a, 0, wu_), b.u, n, H, F, r0,
+                     f8.reuse(LoraModule::up, LoraModule::gate));
   ops.swiglu_fwd(b.g, b.u, b.m, n * F);
-  adapted_linear_fwd(ops, lc, lora(LoraModule::down), b.m, param(a, 0, wd_), y, n, F, H, r0);
+  adapted_linear_fwd(ops, lc, lora(LoraModule::down), b.m, param(a, 0, wd_), y, n, F, H, r0,
+                     f8(LoraModule::down));
   ops.add(h1, y, y, n * H);
 }
 
-void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc, int64_t r0,
-                               int64_t n) const {
+void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc, const Fp8Set& f8,
+                               int64_t r0, int64_t n) const {
   Ops& ops = *a.ops;
   const int64_t H = c_.hidden_size, F = c_.intermediate_size;
   const float eps = float(c_.rms_norm_eps);
@@ -361,25 +420,28 @@ void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const 
     ops.rmsnorm_bwd(h1, param(a, 0, w_post_), b.dhn, dh1, grad(a, 0, w_post_), n, H, eps, true);
     return;
   }
-  adapted_linear_fwd(ops, lc, lora(LoraModule::gate), b.hn, param(a, 0, wg_), b.g, n, H, F, r0);
-  adapted_linear_fwd(ops, lc, lora(LoraModule::up), b.hn, param(a, 0, wu_), b.u, n, H, F, r0);
+  adapted_linear_fwd(ops, lc, lora(LoraModule::gate), b.hn, param(a, 0, wg_), b.g, n, H, F, r0,
+                     f8(LoraModule::gate));
+  adapted_linear_fwd(ops, lc, lora(LoraModule::up), b.hn, param(a, 0, wu_), b.u, n, H, F, r0,
+                     f8.reuse(LoraModule::up, LoraModule::gate));
   ops.swiglu_fwd(b.g, b.u, b.m, n * F);
   // y = h1 + down(m); down's forward was not recomputed, so its adapter computes its u again
   weight_grad(ops, dy, b.m, grad(a, 0, wd_), n, F, H);
   adapted_linear_bwd_input(ops, lc, lora(LoraModule::down), b.m, dy, param(a, 0, wd_), b.dm, n, F, H, false, r0,
-                           false);
+                           false, f8(LoraModule::down));
   ops.swiglu_bwd(b.g, b.u, b.dm, b.dg, b.du, n * F);
   weight_grad(ops, b.dg, b.hn, grad(a, 0, wg_), n, H, F);
   weight_grad(ops, b.du, b.hn, grad(a, 0, wu_), n, H, F);
   adapted_linear_bwd_input(ops, lc, lora(LoraModule::gate), b.hn, b.dg, param(a, 0, wg_), b.dhn, n, H, F, false, r0,
-                           true);
+                           true, f8(LoraModule::gate));
   adapted_linear_bwd_input(ops, lc, lora(LoraModule::up), b.hn, b.du, param(a, 0, wu_), b.dhn, n, H, F, true, r0,
-                           true);
+                           true, f8(LoraModule::up));
   ops.copy(ops.dtype(), dh1, dy, n * H);  // residual path
   ops.rmsnorm_bwd(h1, param(a, 0, w_post_), b.dhn, dh1, grad(a, 0, w_post_), n, H, eps, true);
 }
 
-void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc) const {
+void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc,
+                                      const Fp8Set& f8) const {
   Ops& ops = *a.ops;
   const int64_t T = a.shape.tokens(), H = c_.hidden_size;
   const int64_t nq = c_.num_attention_heads, nkv = c_.num_key_value_heads, D = c_.head_dim;
@@ -390,7 +452,7 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
   weight_grad(ops, dh1, b.o, grad(a, 0, wo_), T, nq * D, H);
   bias_bwd(ops, a, bo_, dh1, T, H);
   adapted_linear_bwd_input(ops, lc, lora(LoraModule::o), b.o, dh1, param(a, 0, wo_), b.dout, T, nq * D, H, false, 0,
-                           true);
+                           true, f8(LoraModule::o));
   const float scale = float(1.0 / std::sqrt(double(D)));
   if (variant()) {
     ops.attention_bwd_v(b.q, b.k, b.v, b.o, b.lse, b.dout, b.dq, b.dk, b.dv, S, L, nq, nkv, D, scale,
@@ -428,11 +490,11 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
   bias_bwd(ops, a, bv_, b.dv, T, nkv * D);
   void* dxn = b.h1;  // h1 is no longer read
   adapted_linear_bwd_input(ops, lc, lora(LoraModule::q), b.xn, dq_lin, param(a, 0, wq_), dxn, T, H, nq * D, false, 0,
-                           true);
+                           true, f8(LoraModule::q));
   adapted_linear_bwd_input(ops, lc, lora(LoraModule::k), b.xn, dk_lin, param(a, 0, wk_), dxn, T, H, nkv * D, true, 0,
-                           true);
+                           true, f8(LoraModule::k));
   adapted_linear_bwd_input(ops, lc, lora(LoraModule::v), b.xn, b.dv, param(a, 0, wv_), dxn, T, H, nkv * D, true, 0,
-                           true);
+                           true, f8(LoraModule::v));
   ops.rmsnorm_bwd(a.x, param(a, 0, w_in_), dxn, a.dx, grad(a, 0, w_in_), T, H, eps, true);
 }
 
@@ -445,13 +507,14 @@ void DecoderLayer::backward(const LayerArgs& a) const {
   DecoderBufs b = carve(a, ops, true);
   use_saved_attention(a, b, "decoder.backward");
   const LoraCall lc = lora_call(a, b, true);
+  const Fp8Set f8 = fp8_linears(a, b, true, "decoder.backward");
   // recompute (with a saved attention, all but the attention itself); the MLP half is
   // recomputed chunk by chunk below
-  attention_forward(a, b, lc, true, saved_attention_);
+  attention_forward(a, b, lc, f8, true, saved_attention_);
   if (a.after_recompute) a.after_recompute();
   const int64_t T = a.shape.tokens();
-  for (int64_t r0 = 0; r0 < T; r0 += b.chunk) mlp_backward(a, b, lc, r0, std::min(b.chunk, T - r0));
-  attention_backward(a, b, lc);
+  for (int64_t r0 = 0; r0 < T; r0 += b.chunk) mlp_backward(a, b, lc, f8, r0, std::min(b.chunk, T - r0));
+  attention_backward(a, b, lc, f8);
 }
 
 // ---------------------------------------------------------------------------------

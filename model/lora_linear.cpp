@@ -79,16 +79,34 @@ void* kept_u(const LoraCall& c, const LoraLinear& l, int64_t n) {
 
 }  // namespace
 
+namespace {
+
+// The base GEMM y (+)= x W^T: in FP8 with f8, else in the compute dtype.
+void base_fwd(Ops& ops, const Fp8Linear* f8, const void* x, const void* w, void* y, int64_t n, int64_t in,
+              int64_t out, bool accumulate) {
+  if (f8) return fp8_linear_fwd(ops, *f8, x, y, n, in, out, accumulate);
+  if (accumulate) return ops.linear_fwd_add(x, w, y, n, in, out, 1.0f);
+  ops.linear_fwd(x, w, y, n, in, out);
+}
+// The base GEMM dx (+)= dy W: in FP8 with f8, else in the compute dtype.
+void base_bwd_input(Ops& ops, const Fp8Linear* f8, const void* dy, const void* w, void* dx, int64_t n, int64_t in,
+                    int64_t out, bool accumulate) {
+  if (f8) return fp8_linear_bwd_input(ops, *f8, dy, dx, n, in, out, accumulate);
+  ops.linear_bwd_input(dy, w, dx, n, in, out, accumulate);
+}
+
+}  // namespace
+
 void adapted_linear_fwd(Ops& ops, const LoraCall& c, const LoraLinear& l, const void* x, const void* w, void* y,
-                        int64_t n, int64_t in, int64_t out, int64_t row0) {
-  if (!l.on() || n <= 0) return ops.linear_fwd(x, w, y, n, in, out);
+                        int64_t n, int64_t in, int64_t out, int64_t row0, const Fp8Linear* f8) {
+  if (!l.on() || n <= 0) return base_fwd(ops, f8, x, w, y, n, in, out, false);
   if (l.in != in || l.out != out)
     throw std::invalid_argument(fmt::format("lora: adapter of [{}, {}] on a linear of [{}, {}]", l.out, l.in, out, in));
   void* kept = kept_u(c, l, n);
   void* u = kept ? kept : c.ax;
   low_rank_input(c, l, adapter_input(c, l, x, n, row0), u, n);
   ops.linear_fwd(u, param_at(c, l.b_off), y, n, l.r, l.out);  // y = u B^T
-  ops.linear_fwd_add(x, w, y, n, in, out, 1.0f);               // y += x W^T
+  base_fwd(ops, f8, x, w, y, n, in, out, true);                // y += x W^T
 }
 
 void lora_backward(const LoraCall& c, const LoraLinear& l, const void* x, const void* dy, void* dx, int64_t n,
@@ -122,10 +140,10 @@ void lora_backward(const LoraCall& c, const LoraLinear& l, const void* x, const 
 
 void adapted_linear_bwd_input(Ops& ops, const LoraCall& c, const LoraLinear& l, const void* x, const void* dy,
                               const void* w, void* dx, int64_t n, int64_t in, int64_t out, bool accumulate,
-                              int64_t row0, bool reuse_u) {
-  if (!l.on() || n <= 0) return ops.linear_bwd_input(dy, w, dx, n, in, out, accumulate);
+                              int64_t row0, bool reuse_u, const Fp8Linear* f8) {
+  if (!l.on() || n <= 0) return base_bwd_input(ops, f8, dy, w, dx, n, in, out, accumulate);
   lora_backward(c, l, x, dy, dx, n, row0, accumulate, reuse_u);
-  ops.linear_bwd_input(dy, w, dx, n, in, out, true);
+  base_bwd_input(ops, f8, dy, w, dx, n, in, out, true);
 }
 
 }  // namespace rp

@@ -6,7 +6,8 @@
 // g = s * dy B (both [n, r]):
 //   forward : y += u B^T
 //   backward: dB += dy^T u,  dA += g^T xd,  dx += drop'(g A)   (drop' = the same mask)
-// The caller does W x, W^T dy and (trainable base only) dW. All tensors are in the device's
+// adapted_linear_fwd / adapted_linear_bwd_input also run the base GEMMs x W^T and dy W (in FP8
+// when the call passes an Fp8Linear, model/fp8_linear.hpp); the caller does dW. All tensors are in the device's
 // compute dtype but for the gradient accumulators (grad dtype); the [n, r] intermediates and
 // the dropped-out input live in the decoder's scratch (model/layer_memory.hpp).
 #pragma once
@@ -14,6 +15,7 @@
 #include <cstdint>
 
 #include "kernels/ops.hpp"
+#include "model/fp8_linear.hpp"
 #include "model/lora.hpp"
 
 namespace rp {
@@ -60,8 +62,10 @@ uint64_t lora_dropout_seed(uint64_t lora_seed, int64_t dropout_id, int layer);
 /// and the base GEMM accumulates onto it (Ops::linear_fwd_add): the compute-bound GEMM reads y in
 /// its epilogue, where adding u B^T after it would be a memory-bound pass reading and writing y.
 /// With c.u_keep, u is left in the module's slot for lora_backward (the backward's recompute).
+/// With f8 the base GEMM runs in FP8 (model/fp8_linear.hpp; w is then not read), the adapter's
+/// stay in the compute dtype.
 void adapted_linear_fwd(Ops& ops, const LoraCall& c, const LoraLinear& l, const void* x, const void* w, void* y,
-                        int64_t n, int64_t in, int64_t out, int64_t row0);
+                        int64_t n, int64_t in, int64_t out, int64_t row0, const Fp8Linear* f8 = nullptr);
 /// Given x [n, in] (the base linear's input) and dy [n, out]: dA, dB += (into c.grads) and the
 /// adapter's input gradient written into dx [n, in] (added to it when `accumulate`). No-op when
 /// the module has no adapter. `reuse_u`: u is the one adapted_linear_fwd left in c.u_keep in this
@@ -70,9 +74,10 @@ void lora_backward(const LoraCall& c, const LoraLinear& l, const void* x, const 
                    int64_t row0, bool accumulate, bool reuse_u);
 /// dx [n, in] = dy W (+ dx when `accumulate`) plus the adapter's input gradient, and its dA, dB
 /// (lora_backward); W [out, in]. The adapter's term is written first and the base GEMM
-/// accumulates onto it, for the same reason as in adapted_linear_fwd.
+/// accumulates onto it, for the same reason as in adapted_linear_fwd. With f8 the base GEMM runs
+/// in FP8 (model/fp8_linear.hpp).
 void adapted_linear_bwd_input(Ops& ops, const LoraCall& c, const LoraLinear& l, const void* x, const void* dy,
                               const void* w, void* dx, int64_t n, int64_t in, int64_t out, bool accumulate,
-                              int64_t row0, bool reuse_u);
+                              int64_t row0, bool reuse_u, const Fp8Linear* f8 = nullptr);
 
 }  // namespace rp

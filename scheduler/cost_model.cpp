@@ -141,6 +141,15 @@ struct Acc {
     const double b = es() * (rows * k + rows * n) + w;
     add(f, b, d.peak_flops * (weight_grad ? d.grouped_wgrad_efficiency : d.grouped_gemm_efficiency));
   }
+  // A dense decoder linear's forward or input gradient C[m,n] = A[m,k] B[k,n]: with FP8
+  // linears (d.fp8_flops > 0) an e4m3 GEMM of 1-byte operands (the weight's codes come from the
+  // per-upload cache) after A's amax and quantization passes (read A twice, write its codes).
+  void linear(double m, double n, double k) {
+    if (!(d.fp8_flops > 0)) return gemm(m, n, k);
+    if (m <= 0 || n <= 0 || k <= 0) return;
+    elementwise(2 * es() * m * k + m * k);
+    add(2 * m * n * k, m * k + k * n + es() * m * n, d.fp8_flops);
+  }
   void elementwise(double b) { add(0, b, d.peak_flops); }
   void attention(double f, double b) { add(f, b, d.peak_flops * d.attention_efficiency); }
   void add(double f, double b, double rate) {
@@ -236,29 +245,29 @@ void decoder_pass(Acc& a, const Dims& x, bool bwd, bool reuse_attention = false)
   const double es = a.es();
   // forward (also the recompute of a backward)
   a.elementwise(2 * x.T * x.H * es);                  // input RMSNorm
-  a.gemm(x.T, x.Q, x.H);                              // q_proj
-  a.gemm(x.T, x.K, x.H);                              // k_proj
-  a.gemm(x.T, x.K, x.H);                              // v_proj
+  a.linear(x.T, x.Q, x.H);                            // q_proj
+  a.linear(x.T, x.K, x.H);                            // k_proj
+  a.linear(x.T, x.K, x.H);                            // v_proj
   if (x.qk_norm) a.elementwise(2 * x.T * (x.Q + x.K) * es);
   a.elementwise(2 * x.T * (x.Q + x.K) * es);          // RoPE
   const double att_f = 4 * x.nseq * x.nq * x.D * attended_pairs(x.S, x.W);  // QK^T and PV: 2 GEMMs
   if (!reuse_attention) a.attention(att_f, (2 * x.T * x.Q + 2 * x.T * x.K) * es);
-  a.gemm(x.T, x.H, x.Q);                              // o_proj
+  a.linear(x.T, x.H, x.Q);                            // o_proj
   a.elementwise(3 * x.T * x.H * es);                  // residual
   a.elementwise(2 * x.T * x.H * es);                  // post-attention RMSNorm
   if (x.moe) {
     moe_forward(a, x);
   } else {
-    a.gemm(x.T, x.F, x.H);                            // gate
-    a.gemm(x.T, x.F, x.H);                            // up
+    a.linear(x.T, x.F, x.H);                          // gate
+    a.linear(x.T, x.F, x.H);                          // up
     a.elementwise(3 * x.T * x.F * es);                // SwiGLU
-    a.gemm(x.T, x.H, x.F);                            // down
+    a.linear(x.T, x.H, x.F);                          // down
   }
   a.elementwise(3 * x.T * x.H * es);                  // residual
   if (!bwd) return;
   // backward: each GEMM C=AB costs dA = dC B^T and dB = A^T dC (accumulated into grads)
   auto gemm_bwd = [&](double m, double n, double k) {
-    a.gemm(m, k, n);
+    a.linear(m, k, n);
     if (!x.frozen) a.gemm(k, n, m, true);
   };
   a.elementwise(2 * 2 * x.T * x.H * es);              // RMSNorm backward x2 (read x, dy; write dx)
@@ -302,9 +311,9 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, i
     throw std::invalid_argument(fmt::format("micro-batch shape must be positive, got {} x {}", n_seq, seq_len));
   if (!(d.peak_flops > 0) || !(d.mem_bandwidth > 0) || !(d.attention_efficiency > 0) || d.elem_bytes < 1 ||
       d.grad_elem_bytes < 1 || d.scratch_elem_bytes < 1 || d.pcie_bandwidth < 0 ||
-      !(d.grouped_gemm_efficiency > 0) || !(d.grouped_wgrad_efficiency > 0))
+      !(d.grouped_gemm_efficiency > 0) || !(d.grouped_wgrad_efficiency > 0) || !(d.fp8_flops >= 0))
     throw std::invalid_argument("device model: peak_flops, mem_bandwidth, the attention and grouped GEMM "
-                                "efficiencies and element sizes must be positive, pcie_bandwidth >= 0");
+                                "efficiencies and element sizes must be positive, pcie_bandwidth and fp8_flops >= 0");
   Dims x{};
   x.nseq = double(n_seq);
   x.S = double(seq_len);
@@ -363,6 +372,7 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, i
       dd.lora_rank = d.lora_rank;
       dd.lora_dropout = d.lora_dropout;
       dd.frozen_base = d.frozen_base;
+      dd.fp8 = d.fp8_flops > 0;
       if (x.moe) {
         c.router_stats_bytes = 2 * m.num_experts * 4;
         dd.experts = m.num_experts;

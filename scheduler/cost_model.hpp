@@ -104,6 +104,10 @@ ModelShape model_shape_from_hf_json(const nlohmann::json& j, const std::string& 
 /// Device and precision assumptions of the estimate.
 struct DeviceModel {
   double peak_flops = 790e12;      ///< achievable dense GEMM FLOP/s at the compute dtype
+  /// FP8 linears (LayerOptions::fp8): the e4m3 GEMM FLOP/s of the dense decoder linears'
+  /// forward, recompute and input gradient (their weight gradients stay at peak_flops). 0:
+  /// every GEMM runs at peak_flops in the compute dtype.
+  double fp8_flops = 0;
   double attention_efficiency = 0.7;  ///< fused attention FLOP/s as a fraction of peak_flops
   /// Grouped (per-expert) GEMMs of a sparse MLP block as a fraction of peak_flops: each expert
   /// multiplies only its routed rows (T * k / E on average), smaller and ragged tiles than a

@@ -43,7 +43,7 @@ constexpr std::array kPresets{
     GpuPreset{"H200", "h200,h200sxm,h200-sxm,h200 sxm",
               "NVIDIA H200 Tensor Core GPU data sheet (H200 SXM: 1,979 / 3,958 TFLOPS with sparsity)",
               989, 989, 989, 1979, 1979, 141, 4800, 5, 16,
-              kH200MeasuredTflops, kH200MeasuredMemoryGbps, kH200MeasuredPcieGbps},
+              kH200MeasuredTflops, kH200MeasuredMemoryGbps, kH200MeasuredPcieGbps, kH200MeasuredFp8Tflops},
     GpuPreset{"B200", "b200,hgx b200,dgx b200",
               "NVIDIA DGX B200 data sheet, per GPU (72 PFLOPS fp8 training with sparsity over 8 GPUs, "
               "1,440 GB, 64 TB/s)",
@@ -98,6 +98,7 @@ GpuRates achievable_rates(const GpuPreset& p) {
   GpuRates r;
   r.measured = p.measured_tflops > 0;
   r.tflops = r.measured ? p.measured_tflops : p.bf16_tflops * kComputeEfficiency;
+  r.fp8_tflops = p.measured_fp8_tflops > 0 ? p.measured_fp8_tflops : p.fp8_tflops * kComputeEfficiency;
   r.memory_gbps = p.measured_memory_gbps > 0 ? p.measured_memory_gbps : p.memory_gbps * kMemoryEfficiency;
   r.pcie_gbps =
       p.measured_pcie_gbps > 0 ? p.measured_pcie_gbps : pcie_link_gbps(p.pcie_gen, p.pcie_lanes) * link_efficiency();

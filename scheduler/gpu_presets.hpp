@@ -39,6 +39,7 @@ struct GpuPreset {
   /// This project's measurements (0: none): sustained bf16 GEMM TFLOP/s, device copy GB/s,
   /// pinned host<->device GB/s per direction.
   double measured_tflops = 0, measured_memory_gbps = 0, measured_pcie_gbps = 0;
+  double measured_fp8_tflops = 0;  ///< sustained e4m3 GEMM TFLOP/s (0: not measured)
 };
 
 /// Every preset, in the order `plan --list-gpus` prints them.
@@ -60,6 +61,11 @@ double pcie_link_gbps(int gen, int lanes);
 constexpr double kH200DatasheetTflops = 989.0, kH200MeasuredTflops = 655.0;
 constexpr double kH200DatasheetMemoryGbps = 4800.0, kH200MeasuredMemoryGbps = 4240.0;
 constexpr double kH200MeasuredPcieGbps = 55.0;
+/// Sustained e4m3 GEMM TFLOP/s on the H200 under the same power limit (bench_fp8_ops_bench
+/// --sustained: 1.1-1.2 PFLOP/s, ~1.7x the bf16 rate; docs/gpu.md, "FP8 compute").
+constexpr double kH200MeasuredFp8Tflops = 1110.0;
+/// Their ratio, what `roundpipe plan --fp8` assumes on a GPU without a preset.
+constexpr double kFp8SpeedupH200 = kH200MeasuredFp8Tflops / kH200MeasuredTflops;  // 1.69
 constexpr double kComputeEfficiency = kH200MeasuredTflops / kH200DatasheetTflops;          // 0.662
 constexpr double kMemoryEfficiency = kH200MeasuredMemoryGbps / kH200DatasheetMemoryGbps;   // 0.883
 /// Of PCIe 5.0 x16's 63.0 GB/s (pcie_link_gbps(5, 16)); computed in achievable_rates.
@@ -72,6 +78,9 @@ double link_efficiency();
 /// allocator take some of it, which --memory-cap can leave out).
 struct GpuRates {
   double tflops = 0, memory_gbps = 0, pcie_gbps = 0;
+  /// FP8 (e4m3, fp32 accumulation) GEMM TFLOP/s: measured on the H200, else the data sheet's
+  /// fp8 rate times kComputeEfficiency; 0 for a GPU without FP8 tensor cores.
+  double fp8_tflops = 0;
   double memory_bytes = 0;
   bool measured = false;  ///< from this project's measurements (the H200)
 };

@@ -459,6 +459,7 @@ SessionOptions session_options_of(const TrainSpec& spec, const ModelLayout& layo
   opt.device.pcie_bytes_per_s = spec.pcie_gbps * 1e9;
   opt.device.dtype = parse_dtype(spec.compute_dtype);
   opt.device.f16_accumulation = spec.gemm_accumulate == "f16";
+  opt.device.fp8 = spec.fp8;
   opt.loss_scaling = spec.loss_scaling;
   opt.transfer_priorities = spec.transfer_priorities;
   opt.transfer_chunk_bytes = size_t(spec.transfer_chunk_bytes);

@@ -103,6 +103,11 @@ void read_scalars(const JsonFields& f, TrainSpec& s) {
   if (s.compute_dtype != "bf16" && s.compute_dtype != "f16") f.fail("compute_dtype", "\"bf16\" or \"f16\"", s.compute_dtype);
   f.optional("gemm_accumulate", s.gemm_accumulate);
   check_gemm_accumulate(f, s);
+  f.optional("fp8", s.fp8);
+  if (s.fp8 && s.compute_dtype != "bf16")
+    f.fail_with("key 'fp8': needs \"compute_dtype\": \"bf16\" (the FP8 linears quantize bf16 activations; f16 is not supported)");
+  if (s.fp8 && s.gemm_accumulate != "f32")
+    f.fail_with("key 'fp8': the FP8 GEMMs accumulate in fp32; drop \"gemm_accumulate\": \"f16\"");
   f.optional("resume_from", s.resume_from);
   f.optional("watchdog_s", s.watchdog_s);
   f.optional("stop_timeout_s", s.stop_timeout_s);
@@ -406,7 +411,7 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
                 "device_memory_gib", "pcie_gbps", "transfer_priorities", "transfer_chunk_bytes", "save_attention",
                 "mlp_chunk_tokens", "pin_budget_gib", "output_dir", "overwrite_output_dir",
                 "save_every", "save_dtype", "trace", "trace_messages", "tensorboard", "metrics_jsonl", "sample_prompt", "seed",
-                "log_every", "compute_dtype", "gemm_accumulate", "loss_scaling", "resume_from", "watchdog_s", "stop_timeout_s",
+                "log_every", "compute_dtype", "gemm_accumulate", "fp8", "loss_scaling", "resume_from", "watchdog_s", "stop_timeout_s",
                 "nonfinite", "max_skipped_steps", "mpi", "replica_timeout_s", "comment", "epochs",
                 "save_total_limit", "metric_for_best_model", "greater_is_better", "load_best_model_at_end",
                 "early_stopping"});

@@ -17,6 +17,12 @@ struct DeviceOptions {
   /// fp16 accumulation of the dense linears' forward and input-gradient GEMMs (CUDA: needs
   /// dtype f16, else opening the device throws std::invalid_argument; CPU: emulated, slow).
   bool f16_accumulation = false;
+  /// FP8 dense decoder linears (spec key "fp8"; LayerOptions::fp8, docs/gpu.md "FP8 linears"):
+  /// their forward, recompute and input-gradient GEMMs in FP8 e4m3 with fp32 accumulation.
+  /// CUDA: needs a GPU of compute capability 8.9 or newer (else opening the device throws
+  /// rp::DeviceError) and dtype bf16 (else std::invalid_argument). CPU: emulated bit for bit
+  /// in the FP8 rounding (the GEMM's sum in fp32), slow.
+  bool fp8 = false;
 };
 
 /// Number of CUDA devices visible (0 when the build has no CUDA or no driver/GPU).

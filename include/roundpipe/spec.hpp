@@ -112,6 +112,10 @@ struct TrainSpec {
   /// Accumulation of the dense linears' forward and input-gradient GEMMs: "f32" | "f16" (twice
   /// the tensor-core rate on GeForce GPUs; needs compute_dtype f16; docs/gpu.md).
   std::string gemm_accumulate = "f32";
+  /// The dense decoder linears' forward, recompute and input-gradient GEMMs in FP8 e4m3 with
+  /// fp32 accumulation (DeviceOptions::fp8; docs/gpu.md "FP8 linears"). Needs compute_dtype
+  /// bf16; on the CUDA backend a GPU of compute capability 8.9+.
+  bool fp8 = false;
   /// fp16 dynamic loss scaling ("loss_scaling": true/false or {init_scale, growth_factor,
   /// backoff_factor, growth_interval}); default: on iff compute_dtype is f16.
   std::optional<LossScalerOptions> loss_scaling;

@@ -34,6 +34,7 @@
 #include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/cuda/cuda_ops.hpp"
 #include "kernels/device.hpp"
+#include "kernels/device_arch.hpp"
 #include "kernels/ops.hpp"
 #include "kernels/paged_pool.hpp"
 
@@ -575,6 +576,14 @@ std::unique_ptr<Device> make_cuda_device(int index, const DeviceOptions& opt) {
   if (opt.f16_accumulation && opt.dtype != DType::f16)
     throw std::invalid_argument("fp16 accumulation needs the f16 compute dtype (DeviceOptions::dtype)");
   cuda::check_device_arch(index);  // one line when this build has no kernels for the GPU
+  if (opt.fp8) {
+    if (opt.dtype != DType::bf16)
+      throw std::invalid_argument("FP8 linears need the bf16 compute dtype (DeviceOptions::dtype)");
+    cudaDeviceProp prop{};
+    RP_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
+    const std::string no = fp8_refusal_line(fmt::format("cuda:{} ({})", index, prop.name), prop.major, prop.minor);
+    if (!no.empty()) throw DeviceError(no);
+  }
   return std::make_unique<cuda::CudaDevice>(index, opt);
 }
 

@@ -3,8 +3,8 @@
 // through cuBLASLt.
 //
 // cuBLASLt's FP8 GEMM on Hopper needs the "TN" layout (A transposed, B not, column-major
-// terms: both operands with K contiguous), fp32 compute and scale type, and leading
-// dimensions that are multiples of 16 bytes. Row-major D[M,N] = A[M,K] B[N,K]^T is
+// terms: both operands with K contiguous), fp32 compute and scale type, leading dimensions
+// that are multiples of 16 bytes, and 16-byte aligned operands and scale pointers. Row-major D[M,N] = A[M,K] B[N,K]^T is
 // column-major D^T[N,M] = B^T(T) A^T(N): cuBLASLt's A is our B (op T, ld K), its B our A
 // (op N, ld K), its D ours with ld N; its A/B scale pointers are our scale_b/scale_a. The
 // scales (device fp32) multiply the fp32 sum: D = scale_a*scale_b*sum (+ C when beta = 1).
@@ -93,6 +93,9 @@ void CudaOps::gemm_fp8(const uint8_t* a, Fp8Format fa, const float* scale_a, con
           fmt::format("K = {} and N = {} must be multiples of 16 (cuBLASLt's FP8 layout)", K, N));
   require(a && b && d && scale_a && scale_b, op, "null operand, scale or output");
   require(aligned16(a) && aligned16(b) && aligned16(d), op, "operands and output must be 16-byte aligned");
+  // cuBLASLt answers CUBLAS_STATUS_NOT_SUPPORTED at the launch for a scale pointer that is not
+  // 16-byte aligned (measured on an H200 with cuBLASLt 13.1: a scale at +4 bytes was refused)
+  require(aligned16(scale_a) && aligned16(scale_b), op, "scale pointers must be 16-byte aligned");
   if (K == 0) {  // cuBLASLt has no k = 0 GEMM: the sum is empty
     if (!accumulate) fill(dtype_, d, M * N, 0.f);
     return;

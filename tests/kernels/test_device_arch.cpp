@@ -76,6 +76,12 @@ TEST(DeviceArch, Fp8FromAdaOn) {
   EXPECT_TRUE(device_supports_fp8(8, 9));
   EXPECT_TRUE(device_supports_fp8(9, 0));
   EXPECT_TRUE(device_supports_fp8(12, 0));
+  // "fp8": true on an older GPU: one line naming the device and its capability
+  const std::string no = fp8_refusal_line("cuda:0 (NVIDIA A100)", 8, 0);
+  EXPECT_NE(no.find("cuda:0 (NVIDIA A100) has compute capability 8.0"), std::string::npos) << no;
+  EXPECT_NE(no.find("\"fp8\""), std::string::npos) << no;
+  EXPECT_EQ(no.find('\n'), std::string::npos);
+  EXPECT_EQ(fp8_refusal_line("cuda:0 (NVIDIA H200)", 9, 0), "");
 }
 
 #ifdef RP_HAVE_CUDA

@@ -79,6 +79,33 @@ TEST(CostModel, DecoderFlopsFollowTheFormula) {
   EXPECT_DOUBLE_EQ(estimate_layers(m, n_seq, S, d)[5].cost.tail, e[5].cost.bwd);
 }
 
+// FP8 linears (DeviceModel::fp8_flops): the dense linears' forward and input gradient at the
+// FP8 rate, the same FLOPs; weight gradients, attention and the LM head unchanged; the
+// decoders' scratch holds one linear's input codes more.
+TEST(CostModel, Fp8LinearsRunAtTheFp8Rate) {
+  ModelShape m = qwen3_1_7b();
+  DeviceModel d;
+  d.peak_flops = 655e12;
+  const auto base = estimate_layers(m, 1, 8192, d);
+  d.fp8_flops = 1110e12;
+  const auto f = estimate_layers(m, 1, 8192, d);
+  EXPECT_DOUBLE_EQ(f[1].fwd_flops, base[1].fwd_flops);
+  EXPECT_DOUBLE_EQ(f[1].bwd_flops, base[1].bwd_flops);
+  // the forward's GEMMs dominate: faster, but not by the whole rate ratio (attention, norms, the
+  // quantization passes)
+  EXPECT_LT(f[1].cost.fwd, 0.9 * base[1].cost.fwd);
+  EXPECT_GT(f[1].cost.fwd, base[1].cost.fwd * 655.0 / 1110.0);
+  // backward: 3 GEMMs per linear, of which the weight gradient stays at peak_flops
+  EXPECT_LT(f[1].cost.bwd, base[1].cost.bwd);
+  EXPECT_GT(f[1].cost.bwd / base[1].cost.bwd, f[1].cost.fwd / base[1].cost.fwd);
+  EXPECT_DOUBLE_EQ(f[29].cost.tail, base[29].cost.tail);  // the LM head stays bf16
+  EXPECT_DOUBLE_EQ(f[0].cost.fwd, base[0].cost.fwd);
+  // codes of [T, max(H, Q)] bytes (C = T here) and a 256-byte aligned scale
+  EXPECT_EQ(f[1].cost.scratch_bytes - base[1].cost.scratch_bytes, 8192 * std::max<int64_t>(2048, 6144) + 256);
+  d.fp8_flops = -1;
+  EXPECT_THROW(estimate_layers(m, 1, 8192, d), std::invalid_argument);
+}
+
 TEST(CostModel, AttentionGrowsWithTheSquareOfTheSequence) {
   ModelShape m = qwen3_1_7b();
   DeviceModel d;

@@ -87,6 +87,11 @@ TEST(GpuPresets, PlannedRatesAreMeasuredOrCalibratedOnTheH200) {
   EXPECT_NEAR(r.memory_gbps, 1008 * 4240.0 / 4800, 1e-9);
   EXPECT_NEAR(r.pcie_gbps, 31.5 * 55 / 63.0, 0.05);
   EXPECT_EQ(r.memory_bytes, 24.0 * (1 << 30));
+  // FP8: measured on the H200 (~1.7x its bf16), data sheet x efficiency elsewhere, none before Ada
+  EXPECT_EQ(h200.fp8_tflops, 1110);
+  EXPECT_NEAR(h200.fp8_tflops / h200.tflops, 1.69, 0.01);
+  EXPECT_NEAR(r.fp8_tflops, 330.3 * 655 / 989, 1e-9);
+  EXPECT_EQ(achievable_rates(*find_gpu_preset("A100 80GB")).fp8_tflops, 0);
 }
 
 }  // namespace

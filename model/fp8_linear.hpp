@@ -1,0 +1,72 @@
+// FP8 base linears of a decoder (LayerOptions::fp8; docs/gpu.md, "FP8 linears").
+//
+// The forward, its recompute and the input gradient of a dense linear run as FP8 GEMMs with
+// fp32 accumulation (Ops::gemm_fp8):
+//   y  = (s_x s_w) * q(x) q(W)^T          x [n, in] -> e4m3 codes, scale s_x from max|x|
+//   dx = (s_dy s_w) * q(dy) q(W^T)^T      dy [n, out] -> e4m3 codes (kFp8GradFormat), scale s_dy
+// W [out, in] is quantized once per upload (e4m3, one scale s_w for the whole matrix; the
+// codes of W and of W^T are kept in the layer's weight cache, model/layer_memory.hpp's
+// Fp8WeightBufs). Every scale is the current tensor's amax / largest finite code (no
+// history; fp8::scale_from_amax). The scales are per tensor, not per row: Ops::gemm_fp8
+// applies one scale per operand inside the GEMM (cuBLASLt's tensor-wide scale pointers), where
+// per-row scales would need a separate pass over the output. A NaN or inf in x, dy or W makes
+// its scale non-finite and so the whole product: the step's loss or gradients turn non-finite
+// and the run's non-finite-step handling (SessionOptions::skip_nonfinite) takes over.
+// Weight gradients (dW += dy^T x) and LoRA adapters' low-rank GEMMs stay in the compute dtype.
+#pragma once
+#include <cstdint>
+
+#include "kernels/ops.hpp"
+
+namespace rp {
+
+/// Format of the activations' and the weights' codes.
+constexpr Fp8Format kFp8ActFormat = Fp8Format::e4m3;
+/// Default format of the output gradients' codes in the input-gradient GEMM (Fp8Linear::
+/// grad_format): e4m3, which keeps dx = dy W closer to the fp32 product than e5m2 for
+/// Gaussian and for heavy-tailed dy alike (tests/model/test_fp8_linear.cpp,
+/// GradientFormatE4m3IsTheCloser): with a scale from the tensor's own amax the range e5m2
+/// adds is not needed, the mantissa bit it gives up is.
+constexpr Fp8Format kFp8GradFormat = Fp8Format::e4m3;
+
+/// One linear's quantized weight: codes of W [out, in] (e4m3), of W^T [in, out] (null in a
+/// forward-only cache) and the scale s_w (device fp32[1]).
+struct Fp8Weight {
+  const uint8_t* w = nullptr;
+  const uint8_t* wt = nullptr;
+  const float* scale = nullptr;
+};
+
+/// Where a call quantizes its activations: codes of at least n * max(in, out) bytes and one
+/// fp32 scale (the decoder's scratch, DecoderBufs::fp8_codes / fp8_scale).
+struct Fp8ActScratch {
+  uint8_t* codes = nullptr;
+  float* scale = nullptr;
+};
+
+/// A base linear in FP8: its quantized weight and the call's activation scratch. Passed as
+/// null where a linear runs in the compute dtype.
+struct Fp8Linear {
+  Fp8Weight weight;
+  Fp8ActScratch act;
+  /// fp8_linear_fwd only: act already holds the codes and scale of this call's x (the previous
+  /// linear read the same input, as k and v read q's, up reads gate's), so x is not read.
+  bool input_quantized = false;
+  /// fp8_linear_bwd_input: the format of dy's codes (e4m3 or e5m2; W^T is e4m3).
+  Fp8Format grad_format = kFp8GradFormat;
+};
+
+/// scale[0] = scale of W [out, in] (compute dtype), wq = its e4m3 codes, and when wtq is not
+/// null the codes of W^T [in, out].
+void fp8_quantize_weight(Ops& ops, const void* w, int64_t out, int64_t in, uint8_t* wq, uint8_t* wtq, float* scale);
+
+/// y [n, out] (+)= x W^T through the FP8 GEMM (x [n, in] in the compute dtype; y read when
+/// `accumulate`).
+void fp8_linear_fwd(Ops& ops, const Fp8Linear& f, const void* x, void* y, int64_t n, int64_t in, int64_t out,
+                    bool accumulate);
+/// dx [n, in] (+)= dy W through the FP8 GEMM (dy [n, out]); needs f.weight.wt. Throws
+/// std::invalid_argument without it.
+void fp8_linear_bwd_input(Ops& ops, const Fp8Linear& f, const void* dy, void* dx, int64_t n, int64_t in,
+                          int64_t out, bool accumulate);
+
+}  // namespace rp

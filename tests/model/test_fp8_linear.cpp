@@ -1,0 +1,289 @@
+// FP8 base linears (model/fp8_linear.hpp, LayerOptions::fp8) on the CPU ops: a linear's
+// forward and input gradient equal a reference written here from the scalar code of
+// kernels/fp8.hpp (per-tensor scale from amax, quantize, decode, fp32 product, times both
+// scales), with and without a LoRA adapter; an FP8 decoder reads its weights' codes from the
+// caller's cache (filled once, then read, whatever the weights do meanwhile), stays close to the
+// compute-dtype decoder, refuses a missing or too small cache; an inf or NaN input makes every
+// output non-finite (the run's non-finite step handling then sees it).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/fp8.hpp"
+#include "model/fp8_linear.hpp"
+#include "model/layer_memory.hpp"
+#include "model/lora_linear.hpp"
+#include "tests/model/test_layer_util.hpp"
+
+namespace rp {
+namespace {
+
+using namespace rp::test;
+
+// Reference: the codes of x under its own per-tensor scale, decoded (each value is
+// decode(code) * scale; the scale is kept apart as the GEMM applies it to the sum).
+struct RefQuant {
+  std::vector<double> v;  // decoded codes
+  double scale = 1;
+};
+RefQuant ref_quantize(const VecF& x, Fp8Format f) {
+  float amax = 0;
+  for (float e : x) amax = std::max(amax, std::fabs(e));
+  const float s = fp8::scale_from_amax(amax, f);
+  RefQuant q;
+  q.scale = s;
+  for (float e : x) q.v.push_back(double(fp8::decode(f, fp8::encode(f, e / s))));
+  return q;
+}
+// y[n, out] = sa sb * A[n, k] B[out, k]^T over decoded codes
+VecD ref_gemm(const RefQuant& a, const RefQuant& b, int64_t n, int64_t k, int64_t out) {
+  VecD y(size_t(n * out));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < out; ++j) {
+      double s = 0;
+      for (int64_t c = 0; c < k; ++c) s += a.v[size_t(i * k + c)] * b.v[size_t(j * k + c)];
+      y[size_t(i * out + j)] = s * a.scale * b.scale;
+    }
+  return y;
+}
+VecF transpose(const VecF& w, int64_t rows, int64_t cols) {
+  VecF t(w.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) t[size_t(c * rows + r)] = w[size_t(r * cols + c)];
+  return t;
+}
+
+// One linear's quantized weight in host memory (the CPU ops' "device").
+struct HostFp8Weight {
+  std::vector<uint8_t> w, wt, act;
+  float scale = 0, act_scale = 0;
+  HostFp8Weight(Ops& ops, const VecF& wf, int64_t out, int64_t in, int64_t rows)
+      : w(size_t(out * in)), wt(size_t(out * in)), act(size_t(rows * std::max(in, out))) {
+    fp8_quantize_weight(ops, wf.data(), out, in, w.data(), wt.data(), &scale);
+  }
+  Fp8Linear linear() { return Fp8Linear{{w.data(), wt.data(), &scale}, {act.data(), &act_scale}}; }
+};
+
+TEST(Fp8Linear, ForwardAndInputGradientMatchTheQuantizeDequantizeReference) {
+  auto ops = make_cpu_ops();
+  const int64_t n = 7, in = 48, out = 24;
+  VecF x = ref::randn(size_t(n * in), 1), w = ref::randn(size_t(out * in), 2, 0.2f);
+  VecF dy = ref::randn(size_t(n * out), 3, 1e-3f);  // gradients are small: the scale brings them into range
+  x[5] = 40.f;     // an outlier sets the tensor's scale, small values lose precision
+  x[9] = 1e-4f;    // below the smallest e4m3 code at that scale: becomes 0
+  HostFp8Weight hw(*ops, w, out, in, n);
+  const Fp8Linear f = hw.linear();
+  const RefQuant qw = ref_quantize(w, kFp8ActFormat), qwt = ref_quantize(transpose(w, out, in), kFp8ActFormat);
+  EXPECT_EQ(hw.scale, float(qw.scale));
+
+  VecF y = ref::nan_vec(size_t(n * out));
+  fp8_linear_fwd(*ops, f, x.data(), y.data(), n, in, out, false);
+  const VecD want = ref_gemm(ref_quantize(x, kFp8ActFormat), qw, n, in, out);
+  EXPECT_LT(ref::rel_err(y, want), 1e-6);
+  // accumulate: adds onto y
+  VecF y2 = ref::randn(size_t(n * out), 4);
+  const VecF base = y2;
+  fp8_linear_fwd(*ops, f, x.data(), y2.data(), n, in, out, true);
+  VecD want2 = want;
+  for (size_t i = 0; i < want2.size(); ++i) want2[i] += base[i];
+  EXPECT_LT(ref::rel_err(y2, want2), 1e-6);
+  // the quantization is visible: the fp32 product differs from it
+  EXPECT_GT(ref::rel_err(y, ref::linear(ref::to_d(x), ref::to_d(w), n, in, out)), 1e-3);
+
+  VecF dx = ref::nan_vec(size_t(n * in));
+  fp8_linear_bwd_input(*ops, f, dy.data(), dx.data(), n, in, out, false);
+  EXPECT_LT(ref::rel_err(dx, ref_gemm(ref_quantize(dy, kFp8GradFormat), qwt, n, out, in)), 1e-6);
+}
+
+// The choice of kFp8GradFormat: dx = dy W against the exact product, dy's codes in e4m3 or
+// e5m2, for Gaussian output gradients and for heavy-tailed ones (a Gaussian times e^(2 g'),
+// magnitudes over ~6 decades, as gradients of a few tokens dominate).
+TEST(Fp8Linear, GradientFormatE4m3IsTheCloser) {
+  auto ops = make_cpu_ops();
+  const int64_t n = 64, in = 96, out = 128;
+  VecF w = ref::randn(size_t(out * in), 41, 0.1f);
+  HostFp8Weight hw(*ops, w, out, in, n);
+  for (bool heavy : {false, true}) {
+    VecF dy = ref::randn(size_t(n * out), 42, 1e-3f);
+    if (heavy) {
+      const VecF g = ref::randn(dy.size(), 43);
+      for (size_t i = 0; i < dy.size(); ++i) dy[i] *= std::exp(2.f * g[i]);
+    }
+    const VecD exact = ref::linear(ref::to_d(dy), ref::to_d(transpose(w, out, in)), n, out, in);
+    double err[2];
+    for (int k = 0; k < 2; ++k) {
+      Fp8Linear f = hw.linear();
+      f.grad_format = k == 0 ? Fp8Format::e4m3 : Fp8Format::e5m2;
+      VecF dx(size_t(n * in));
+      fp8_linear_bwd_input(*ops, f, dy.data(), dx.data(), n, in, out, false);
+      err[k] = ref::rel_err(dx, exact);
+    }
+    std::printf("dy %s: dx relative error e4m3 %.4f, e5m2 %.4f\n", heavy ? "heavy-tailed" : "Gaussian", err[0],
+                err[1]);
+    EXPECT_LT(err[0], err[1]) << (heavy ? "heavy-tailed" : "Gaussian");
+  }
+}
+
+TEST(Fp8Linear, AdaptedLinearAddsTheAdapterInTheComputeDtype) {
+  auto ops = make_cpu_ops();
+  const int64_t n = 5, in = 32, out = 16, r = 4;
+  VecF x = ref::randn(size_t(n * in), 11), w = ref::randn(size_t(out * in), 12, 0.2f);
+  VecF params = ref::randn(size_t(r * in + out * r), 13, 0.3f);  // lora_A [r, in], lora_B [out, r]
+  LoraLinear l;
+  l.in = in;
+  l.out = out;
+  l.r = r;
+  l.a_off = 0;
+  l.b_off = r * in;
+  VecF ax(size_t(n * r)), g(size_t(n * r));
+  LoraCall c;
+  c.ops = ops.get();
+  c.params = params.data();
+  c.scaling = 0.5f;
+  c.ax = ax.data();
+  c.g = g.data();
+  HostFp8Weight hw(*ops, w, out, in, n);
+  const Fp8Linear f = hw.linear();
+  VecF y = ref::nan_vec(size_t(n * out));
+  adapted_linear_fwd(*ops, c, l, x.data(), w.data(), y.data(), n, in, out, 0, &f);
+  VecD want = ref_gemm(ref_quantize(x, kFp8ActFormat), ref_quantize(w, kFp8ActFormat), n, in, out);
+  const VecD u = ref::linear(ref::to_d(x), VecD(params.begin(), params.begin() + r * in), n, in, r);
+  const VecD lo = ref::linear(u, VecD(params.begin() + r * in, params.end()), n, r, out);
+  for (size_t i = 0; i < want.size(); ++i) want[i] += 0.5 * lo[i];
+  EXPECT_LT(ref::rel_err(y, want), 1e-5);
+}
+
+// How far the FP8 decoder may be from the fp32 one (relative L2 error) on this tiny layer
+// (hidden 32: few terms per sum, so the e4m3 rounding averages out little). The backward
+// compounds the forward's error (recompute), dy's and W^T's quantization.
+constexpr double kForwardBound = 0.08, kBackwardBound = 0.2;
+
+// A decoder of the tiny model with and without FP8, its cache in host memory.
+struct Fp8Decoder {
+  TinyModel m{TinyOpts{true, false, "default"}};
+  MicroBatchShape s{2, 5};
+  int64_t T = s.tokens(), H = m.layout.config.hidden_size;
+  VecF x = ref::randn(size_t(T * H), 21), dy = ref::randn(size_t(T * H), 22);
+  std::unique_ptr<Layer> fp8 = [this] {
+    LayerOptions lo;
+    lo.fp8 = true;
+    return make_layer(m.layout, 1, lo);
+  }();
+  std::vector<uint8_t> cache = std::vector<uint8_t>(fp8->fp8_weight_bytes(true) + 256);
+  std::vector<float> scratch;
+  struct Out {
+    VecF y, dx, grads;
+  };
+  LayerArgs args(const Layer& layer, bool fill) {
+    LayerArgs a;
+    a.ops = m.ops.get();
+    a.shape = s;
+    a.params = {m.params[1].data()};
+    scratch.assign(layer.scratch_bytes(s) / 4 + 1, std::nanf(""));
+    a.scratch = scratch.data();
+    a.scratch_bytes = layer.scratch_bytes(s);
+    a.x = x.data();
+    a.fp8_weights = cache.data();
+    a.fp8_weights_bytes = cache.size();
+    a.fp8_fill_weights = fill;
+    return a;
+  }
+  VecF forward(const Layer& layer, bool fill) {
+    VecF y = ref::nan_vec(size_t(T * H));
+    LayerArgs a = args(layer, fill);
+    a.y = y.data();
+    layer.forward(a);
+    return y;
+  }
+  Out backward(const Layer& layer, bool fill) {
+    Out o{{}, ref::nan_vec(size_t(T * H)), VecF(m.params[1].size(), 0.f)};
+    LayerArgs a = args(layer, fill);
+    a.grads = {o.grads.data()};
+    a.dy = dy.data();
+    a.dx = o.dx.data();
+    layer.backward(a);
+    return o;
+  }
+};
+
+TEST(Fp8Decoder, CloseToTheComputeDtypeDecoderAndReadsItsWeightCache) {
+  Fp8Decoder d;
+  const VecF plain = d.forward(*d.m.layers[1], false);
+  const VecF y = d.forward(*d.fp8, true);
+  const double e = ref::rel_err(y, plain);
+  std::printf("FP8 decoder forward: y relative error %.4f\n", e);
+  EXPECT_GT(e, 1e-4) << "the FP8 path is not taken";
+  EXPECT_LT(e, kForwardBound);
+  // the cache is read, not filled again: a changed weight changes nothing until the next fill
+  const TensorSpec& wq = d.m.tensor(1, "q_proj.weight");
+  for (int64_t i = 0; i < wq.numel(); ++i) d.m.params[1][size_t(wq.offset + i)] *= -2.f;
+  const VecF again = d.forward(*d.fp8, false);
+  EXPECT_EQ(ref::rel_err(again, y), 0.0);
+  const VecF refilled = d.forward(*d.fp8, true);
+  EXPECT_GT(ref::rel_err(refilled, y), 1e-3);
+}
+
+TEST(Fp8Decoder, BackwardCloseToTheComputeDtypeDecoder) {
+  Fp8Decoder d;
+  const auto plain = d.backward(*d.m.layers[1], false);
+  const auto f = d.backward(*d.fp8, true);
+  const double edx = ref::rel_err(f.dx, plain.dx);
+  std::printf("FP8 decoder backward: dx relative error %.4f\n", edx);
+  EXPECT_GT(edx, 1e-4) << "the FP8 path is not taken";
+  EXPECT_LT(edx, kBackwardBound);
+  for (const char* t : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "gate_proj.weight",
+                        "up_proj.weight", "down_proj.weight"}) {
+    const TensorSpec& ts = d.m.tensor(1, t);
+    VecF a(f.grads.begin() + ts.offset, f.grads.begin() + ts.offset + ts.numel());
+    VecF b(plain.grads.begin() + ts.offset, plain.grads.begin() + ts.offset + ts.numel());
+    const double e = ref::rel_err(a, b);
+    std::printf("FP8 decoder backward: d%s relative error %.4f\n", t, e);
+    EXPECT_LT(e, kBackwardBound) << t;
+  }
+  // a second backward reading the cache the first filled gives the same result
+  const auto again = d.backward(*d.fp8, false);
+  EXPECT_EQ(ref::rel_err(again.dx, f.dx), 0.0);
+}
+
+TEST(Fp8Decoder, RefusesAMissingOrForwardOnlyCache) {
+  Fp8Decoder d;
+  EXPECT_EQ(d.m.layers[1]->fp8_weight_bytes(true), 0u);
+  EXPECT_LT(d.fp8->fp8_weight_bytes(false), d.fp8->fp8_weight_bytes(true));
+  LayerArgs a = d.args(*d.fp8, true);
+  VecF y(size_t(d.T * d.H));
+  a.y = y.data();
+  a.fp8_weights = nullptr;
+  EXPECT_THROW(d.fp8->forward(a), std::invalid_argument);
+  a = d.args(*d.fp8, true);
+  a.y = y.data();
+  a.fp8_weights_bytes = d.fp8->fp8_weight_bytes(false);
+  EXPECT_NO_THROW(d.fp8->forward(a));  // a forward needs no W^T
+  VecF dx(size_t(d.T * d.H)), grads(d.m.params[1].size());
+  a.grads = {grads.data()};
+  a.dy = d.dy.data();
+  a.dx = dx.data();
+  EXPECT_THROW(d.fp8->backward(a), std::invalid_argument);
+}
+
+TEST(Fp8Linear, ANonFiniteInputMakesEveryOutputNonFinite) {
+  // the run's non-finite step handling sees an inf or NaN activation through the scale
+  auto ops = make_cpu_ops();
+  const int64_t n = 3, in = 16, out = 16;
+  VecF w = ref::randn(size_t(out * in), 31, 0.2f);
+  HostFp8Weight hw(*ops, w, out, in, n);
+  const Fp8Linear f = hw.linear();
+  for (float bad : {std::numeric_limits<float>::infinity(), std::nanf("")}) {
+    VecF x = ref::randn(size_t(n * in), 32);
+    x[4] = bad;
+    VecF y(size_t(n * out), 0.f);
+    fp8_linear_fwd(*ops, f, x.data(), y.data(), n, in, out, false);
+    int finite = 0;
+    for (float v : y) finite += std::isfinite(v) ? 1 : 0;
+    EXPECT_EQ(finite, 0) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace rp

@@ -1,0 +1,143 @@
+// "fp8": true (docs/gpu.md, "FP8 linears") through the trainer on the CPU backend, whose FP8
+// rounding is the CUDA backend's bit for bit: a tiny model trained with and without it from the
+// same seed follows the same loss curve (windows of 20 steps within kFp8LossBar), and the spec
+// key is refused with one line where it cannot run.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "model/config.hpp"
+#include "model/layout.hpp"
+#include "roundpipe/trainer.hpp"
+#include "tests/cli/cli_util.hpp"
+
+namespace {
+
+using namespace rp::clitest;
+
+const char* kData =
+    "{\"text\": \"In the beginning God created the heaven and the earth. And the earth was without form, and "
+    "void; and darkness was upon the face of the deep.\"}\n"
+    "{\"prompt\": \"Say hi\", \"completion\": \" hi there\"}\n"
+    "{\"text\": \"And God said, Let there be light: and there was light.\"}\n"
+    "{\"text\": \"And God saw the light, that it was good: and God divided the light from the darkness.\"}\n";
+
+// docs/fidelity.md, "FP8 linears": the bar of the loss curves' 20-step window means.
+constexpr double kFp8LossBar = 0.01;
+constexpr int64_t kWindow = 20, kSteps = 60;
+
+// tiny_model's architecture and tokenizer with varied weights: tiny_model's are all equal, so
+// every activation row is constant across features and quantizes exactly (FP8 would change
+// nothing to see).
+fs::path varied_tiny_model(const fs::path& d) {
+  const fs::path base = tiny_model(d), out = d / "tiny-varied";
+  if (fs::exists(out)) return out;
+  const rp::ModelLayout m = rp::make_layout(rp::load_config_file((base / "config.json").string()));
+  std::vector<std::vector<float>> w;
+  std::vector<const float*> ptrs;
+  for (const auto& g : m.groups) {
+    w.emplace_back(size_t(g.numel));
+    for (const auto& t : g.tensors)
+      for (int64_t i = 0; i < t.numel(); ++i)
+        w.back()[size_t(t.offset + i)] =
+            t.shape.size() == 1 ? 1.0f : 0.3f * float(std::sin(0.7 * double(i) + 0.3 * double(t.offset % 97)));
+    ptrs.push_back(w.back().data());
+  }
+  std::ifstream tf(base / "tokenizer.json");
+  rp::save_hf_checkpoint(out.string(), m, ptrs, nlohmann::json::parse(tf), "", rp::DType::f32);
+  return out;
+}
+
+std::vector<double> loss_curve(const fs::path& d, const std::string& out, bool fp8, int64_t steps = kSteps,
+                               const fs::path& model = {}) {
+  const fs::path m = model.empty() ? varied_tiny_model(d) : model;
+  rp::TrainSpec s = rp::spec_from_json(
+      nlohmann::json::parse(spec_for(m, d / "data.jsonl", d / out, fp8 ? ", \"fp8\": true" : "")), "test spec");
+  s.steps = steps;
+  s.seed = 5;
+  s.adam.lr = 0.003;
+  s.lr_schedule.kind = "constant";
+  s.lr_schedule.lr = 0.003;
+  std::vector<double> loss;
+  rp::TrainerCallbacks cb;
+  cb.on_step = [&](const rp::StepReport& r) { loss.push_back(r.loss); };
+  const rp::TrainResult res = rp::Trainer(s).run(cb);
+  EXPECT_EQ(res.steps_done, steps);
+  return loss;
+}
+
+TEST(TrainerFp8, LossCurveFollowsTheComputeDtypeRun) {
+  auto d = tmpdir();
+  write(d / "data.jsonl", kData);
+  const std::vector<double> plain = loss_curve(d, "plain", false), fp8 = loss_curve(d, "fp8", true);
+  ASSERT_EQ(plain.size(), size_t(kSteps));
+  ASSERT_EQ(fp8.size(), size_t(kSteps));
+  EXPECT_LT(plain.back(), 0.9 * plain.front()) << "the run does not learn: the comparison would be empty";
+  bool differs = false;
+  for (int64_t w = 0; w < kSteps / kWindow; ++w) {
+    double a = 0, b = 0;
+    for (int64_t i = w * kWindow; i < (w + 1) * kWindow; ++i) {
+      a += plain[size_t(i)];
+      b += fp8[size_t(i)];
+      differs = differs || plain[size_t(i)] != fp8[size_t(i)];
+    }
+    const double rel = std::fabs(b - a) / a;
+    std::printf("window %lld: bf16-path mean %.6f, fp8 mean %.6f, relative difference %.5f\n", (long long)w,
+                a / kWindow, b / kWindow, rel);
+    EXPECT_LT(rel, kFp8LossBar) << "window " << w;
+  }
+  EXPECT_TRUE(differs) << "the FP8 run's losses equal the other's: its linears did not run in FP8";
+  fs::remove_all(d);
+}
+
+// A sparse (Qwen3-MoE) model: its attention projections run in FP8, its router and experts
+// stay bf16 (the weight cache holds the four attention linears only).
+TEST(TrainerFp8, MixtureOfExpertsTrainsWithItsAttentionInFp8) {
+  auto d = tmpdir();
+  write(d / "data.jsonl", kData);
+  const fs::path moe = tiny_model(d, true);
+  const std::vector<double> plain = loss_curve(d, "plain", false, kWindow, moe),
+                            fp8 = loss_curve(d, "fp8", true, kWindow, moe);
+  ASSERT_EQ(fp8.size(), size_t(kWindow));
+  double a = 0, b = 0;
+  bool differs = false;
+  for (size_t i = 0; i < fp8.size(); ++i) {
+    EXPECT_TRUE(std::isfinite(fp8[i])) << "step " << i + 1;
+    a += plain[i];
+    b += fp8[i];
+    differs = differs || plain[i] != fp8[i];
+  }
+  EXPECT_TRUE(differs);
+  EXPECT_LT(std::fabs(b - a) / a, kFp8LossBar);
+  fs::remove_all(d);
+}
+
+TEST(TrainerFp8, SpecKeyIsChecked) {
+  auto d = tmpdir();
+  write(d / "data.jsonl", kData);
+  auto parse = [&](const std::string& extra) -> std::string {
+    try {
+      const rp::TrainSpec s = rp::spec_from_json(
+          nlohmann::json::parse(spec_for(d / "m", d / "data.jsonl", d / "run", extra)), "s.json");
+      return s.fp8 ? "ok fp8" : "ok";
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+  };
+  EXPECT_EQ(parse(""), "ok");
+  EXPECT_EQ(parse(", \"fp8\": true"), "ok fp8");
+  EXPECT_EQ(parse(", \"fp8\": false"), "ok");
+  EXPECT_EQ(parse(", \"compute_dtype\": \"f16\", \"fp8\": true"),
+            "s.json: key 'fp8': needs \"compute_dtype\": \"bf16\" (the FP8 linears quantize bf16 activations; f16 "
+            "is not supported)");
+  EXPECT_EQ(parse(", \"compute_dtype\": \"f16\", \"gemm_accumulate\": \"f16\", \"fp8\": true").find("s.json: key 'fp8'"),
+            0u);
+  EXPECT_NE(parse(", \"fp8\": \"yes\"").find("fp8"), std::string::npos);
+  fs::remove_all(d);
+}
+
+}  // namespace
