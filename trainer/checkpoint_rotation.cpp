@@ -94,7 +94,8 @@ std::string remove_series_checkpoint(const std::string& output_dir, const SavedC
   if (state) {
     if (fs::symlink_status(sd, ec).type() != fs::file_type::directory) return fmt::format("{} is not a folder", sd.string());
     for (const auto& [name, bytes] : folder_files(sd.string()))
-      if ((name != kRunStateFile && name != kOptimizerStateFile) || bytes == std::numeric_limits<uint64_t>::max())
+      if ((name != kRunStateFile && name != kOptimizerStateFile && name != kManifestFile) ||
+          bytes == std::numeric_limits<uint64_t>::max())
         return fmt::format("{} holds {}, which the run did not save there", sd.string(), name);
     try {
       const TrainerState st = read_trainer_state((sd / kRunStateFile).string());

@@ -367,9 +367,10 @@ TEST(Cli, MaxSeqWithoutWaitingIsNotABisection) {
   CliRun run = roundpipe("plan --model " + cfg.string() + " --gpus 1 --micro 1 --memory-cap 24GiB --max-seq --lora-r 32 "
                          "--lora-targets q_proj,k_proj,v_proj,o_proj", d);
   ASSERT_EQ(run.code, 0) << run.err;
-  const auto at = run.out.find("sequences); ");
+  // "longest   N tokens per sequence fit ... (1 micro-batch of 1 sequence); M without waiting ..."
+  const auto at = run.out.find("); ", run.out.find("longest"));
   ASSERT_NE(at, std::string::npos) << run.out;
-  const int64_t no_wait = std::stoll(run.out.substr(at + 12));
+  const int64_t no_wait = std::stoll(run.out.substr(at + 3));
   EXPECT_GE(no_wait, 65536) << run.out;
   CliRun fit = roundpipe("plan --model " + cfg.string() + " --gpus 1 --micro 1 --memory-cap 24GiB --lora-r 32 "
                          "--lora-targets q_proj,k_proj,v_proj,o_proj --seq " + std::to_string(no_wait), d);
