@@ -52,7 +52,6 @@ std::string overlapping_input(const std::string& out, const std::vector<std::str
   return "";
 }
 
-namespace {
 std::vector<std::string> entries_of(const fs::path& dir) {
   std::vector<std::string> out;
   std::error_code ec;
@@ -61,7 +60,6 @@ std::vector<std::string> entries_of(const fs::path& dir) {
   std::sort(out.begin(), out.end());
   return out;
 }
-}  // namespace
 
 std::optional<std::map<std::string, uint64_t>> manifest_files(const fs::path& dir) {
   using nlohmann::json;

@@ -32,6 +32,9 @@ std::string overlapping_input(const std::string& out, const std::vector<std::str
 /// not list is not roundpipe's: a later write of the folder keeps it (replace_folder).
 inline constexpr const char* kManifestFile = "roundpipe_manifest.json";
 
+/// The names of folder `dir`'s entries, sorted (none when it cannot be read).
+std::vector<std::string> entries_of(const std::filesystem::path& dir);
+
 /// The files the manifest of `dir` lists, each with its size in bytes; nullopt when there is
 /// none or it is not one a roundpipe writer wrote ("written_by" "roundpipe ...", every entry a
 /// plain file name with its size).

@@ -113,20 +113,6 @@ void save_hf_checkpoint(const std::string& dir_in, const ModelLayout& layout,
   });
 }
 
-namespace {
-
-/// The entries of folder `dir` (names), sorted.
-std::vector<std::string> entries_of(const fs::path& dir) {
-  std::vector<std::string> out;
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
-    out.push_back(it->path().filename().string());
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-}  // namespace
-
 void check_model_output_folder(const std::string& out_dir, const std::vector<std::string>& inputs) {
   if (const std::string why = unsafe_output_folder(out_dir); !why.empty())
     throw std::invalid_argument(one_line(fmt::format(
