@@ -409,6 +409,21 @@ class Ops {
   virtual void fp8_scale(const void* x, int64_t n, Fp8Format f, float* scale) = 0;
   /// scale[r] = scale_from_amax(max_c |x[r,c]|, f) for each row r of x [rows, cols].
   virtual void fp8_scale_rows(const void* x, int64_t rows, int64_t cols, Fp8Format f, float* scale) = 0;
+  /// rmsnorm_fwd(x, w, y, R, n, eps), then scale[0] as fp8_scale(y, R * n, f, scale) over the
+  /// stored y: the scale of the FP8 linears that read y. CUDA reduces max |y| inside the
+  /// norm's own pass (no second read of y); the default is the two calls, so both backends
+  /// give the same y and the same scale bits.
+  virtual void rmsnorm_fwd_fp8_scale(const void* x, const void* w, void* y, int64_t R, int64_t n, float eps,
+                                     Fp8Format f, float* scale) {
+    rmsnorm_fwd(x, w, y, R, n, eps);
+    fp8_scale(y, R * n, f, scale);
+  }
+  /// swiglu_fwd(g, u, h, n), then scale[0] as fp8_scale(h, n, f, scale) (fused on CUDA, as
+  /// rmsnorm_fwd_fp8_scale).
+  virtual void swiglu_fwd_fp8_scale(const void* g, const void* u, void* h, int64_t n, Fp8Format f, float* scale) {
+    swiglu_fwd(g, u, h, n);
+    fp8_scale(h, n, f, scale);
+  }
   /// q[i] = fp8::quantize(f, x[i], scale[0]) for i < n (x in dtype(), q n bytes).
   virtual void fp8_quantize(const void* x, const float* scale, uint8_t* q, int64_t n, Fp8Format f) = 0;
   /// q[r,c] = fp8::quantize(f, x[r,c], scale[r]) for x [rows, cols].

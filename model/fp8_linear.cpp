@@ -13,10 +13,12 @@ void fp8_quantize_weight(Ops& ops, const void* w, int64_t out, int64_t in, uint8
 
 namespace {
 
-// The codes of a [rows, cols] tensor and its scale in the call's scratch.
-const uint8_t* quantize_act(Ops& ops, const Fp8ActScratch& s, const void* x, int64_t rows, int64_t cols, Fp8Format f) {
+// The codes of a [rows, cols] tensor and its scale in the call's scratch (the scale there
+// already when `scaled`).
+const uint8_t* quantize_act(Ops& ops, const Fp8ActScratch& s, const void* x, int64_t rows, int64_t cols, Fp8Format f,
+                            bool scaled = false) {
   if (!s.codes || !s.scale) throw std::invalid_argument("fp8 linear: no activation scratch");
-  ops.fp8_scale(x, rows * cols, f, s.scale);
+  if (!scaled) ops.fp8_scale(x, rows * cols, f, s.scale);
   ops.fp8_quantize(x, s.scale, s.codes, rows * cols, f);
   return s.codes;
 }
@@ -27,7 +29,8 @@ void fp8_linear_fwd(Ops& ops, const Fp8Linear& f, const void* x, void* y, int64_
                     bool accumulate) {
   if (n <= 0) return;
   if (!f.weight.w || !f.weight.scale) throw std::invalid_argument("fp8 linear: the weight's codes are missing");
-  const uint8_t* xq = f.input_quantized ? f.act.codes : quantize_act(ops, f.act, x, n, in, kFp8ActFormat);
+  const uint8_t* xq =
+      f.input_quantized ? f.act.codes : quantize_act(ops, f.act, x, n, in, kFp8ActFormat, f.input_scaled);
   ops.gemm_fp8(xq, kFp8ActFormat, f.act.scale, f.weight.w, kFp8ActFormat, f.weight.scale, y, n, in, out, accumulate);
 }
 

@@ -52,6 +52,10 @@ struct Fp8Linear {
   /// fp8_linear_fwd only: act already holds the codes and scale of this call's x (the previous
   /// linear read the same input, as k and v read q's, up reads gate's), so x is not read.
   bool input_quantized = false;
+  /// fp8_linear_fwd only: act.scale already holds the scale of this call's x (the kernel that
+  /// produced x computed it: Ops::rmsnorm_fwd_fp8_scale / swiglu_fwd_fp8_scale), so x is read
+  /// once, to quantize it.
+  bool input_scaled = false;
   /// fp8_linear_bwd_input: the format of dy's codes (e4m3 or e5m2; W^T is e4m3).
   Fp8Format grad_format = kFp8GradFormat;
 };

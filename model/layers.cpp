@@ -100,10 +100,14 @@ struct Fp8Set {
   bool on = false;
   std::array<Fp8Linear, kAdaptedLinears> lin{};
   std::array<Fp8Linear, kAdaptedLinears> same_input{};  // lin with input_quantized
+  std::array<Fp8Linear, kAdaptedLinears> prescaled{};   // lin with input_scaled
   const Fp8Linear* operator()(LoraModule m) const {
     const Fp8Linear& f = lin[size_t(m)];
     return on && f.weight.w ? &f : nullptr;
   }
+  // The forward of a linear whose input's scale the producing kernel computed into the
+  // scratch (rmsnorm_fwd_fp8_scale before q and gate, swiglu_fwd_fp8_scale before down).
+  const Fp8Linear* scaled(LoraModule m) const { return (*this)(m) ? &prescaled[size_t(m)] : nullptr; }
   // The forward of a linear whose input the previous FP8 linear of the call quantized (k and v
   // after q, up after gate): the codes in the scratch are reused.
   const Fp8Linear* reuse(LoraModule m, LoraModule previous) const {
@@ -111,6 +115,17 @@ struct Fp8Set {
     return &same_input[size_t(m)];
   }
 };
+
+// y = RMSNorm(x) w over R rows of n; when `next` (the FP8 linear that reads y) is given, the
+// norm also writes y's scale into that linear's scratch (its Fp8Set::scaled form skips the
+// separate pass over y).
+void norm_fwd(Ops& ops, const void* x, const void* w, void* y, int64_t R, int64_t n, float eps,
+              const Fp8Linear* next) {
+  if (next)
+    ops.rmsnorm_fwd_fp8_scale(x, w, y, R, n, eps, kFp8ActFormat, next->act.scale);
+  else
+    ops.rmsnorm_fwd(x, w, y, R, n, eps);
+}
 
 // ---------------------------------------------------------------------------------
 
@@ -326,6 +341,8 @@ Fp8Set DecoderLayer::fp8_linears(const LayerArgs& a, const DecoderBufs& b, bool 
     s.lin[i] = Fp8Linear{{wb.w[i], wb.wt[i], wb.scale + i * Fp8WeightBufs::kScaleStride}, {b.fp8_codes, b.fp8_scale}, false};
     s.same_input[i] = s.lin[i];
     s.same_input[i].input_quantized = true;
+    s.prescaled[i] = s.lin[i];
+    s.prescaled[i].input_scaled = true;
   }
   return s;
 }
@@ -337,11 +354,11 @@ void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, c
   const int64_t nq = c_.num_attention_heads, nkv = c_.num_key_value_heads, D = c_.head_dim;
   const float eps = float(c_.rms_norm_eps);
   const int64_t S = a.shape.n_seq, L = a.shape.seq_len;
-  ops.rmsnorm_fwd(a.x, param(a, 0, w_in_), b.xn, T, H, eps);
+  norm_fwd(ops, a.x, param(a, 0, w_in_), b.xn, T, H, eps, f8(LoraModule::q));
   void* q_lin = c_.qk_norm ? b.qr : b.q;
   void* k_lin = c_.qk_norm ? b.kr : b.k;
   adapted_linear_fwd(ops, lc, lora(LoraModule::q), b.xn, param(a, 0, wq_), q_lin, T, H, nq * D, 0,
-                     f8(LoraModule::q));
+                     f8.scaled(LoraModule::q));
   adapted_linear_fwd(ops, lc, lora(LoraModule::k), b.xn, param(a, 0, wk_), k_lin, T, H, nkv * D, 0,
                      f8.reuse(LoraModule::k, LoraModule::q));
   adapted_linear_fwd(ops, lc, lora(LoraModule::v), b.xn, param(a, 0, wv_), b.v, T, H, nkv * D, 0,
@@ -388,15 +405,19 @@ void DecoderLayer::mlp_forward(const LayerArgs& a, const DecoderBufs& b, const L
   const int64_t H = c_.hidden_size, F = c_.intermediate_size;
   const void* h1 = row(ops, b.h1, r0, H);
   void* y = row(ops, a.y, r0, H);
-  ops.rmsnorm_fwd(h1, param(a, 0, w_post_), b.hn, n, H, float(c_.rms_norm_eps));
+  norm_fwd(ops, h1, param(a, 0, w_post_), b.hn, n, H, float(c_.rms_norm_eps),
+           moe_ ? nullptr : f8(LoraModule::gate));
   if (moe_) return moe_->forward(ops, a.params[0], b.hn, h1, y, n, b.moe, a.moe_stats, moe_adapters(a, false));
   adapted_linear_fwd(ops, lc, lora(LoraModule::gate), b.hn, param(a, 0, wg_), b.g, n, H, F, r0,
-                     f8(LoraModule::gate));
+                     f8.scaled(LoraModule::gate));
   adapted_linear_fwd(ops, lc, lora(LoraModule::up), b.hn, param(a, 0, wu_), b.u, n, H, F, r0,
                      f8.reuse(LoraModule::up, LoraModule::gate));
-  ops.swiglu_fwd(b.g, b.u, b.m, n * F);
+  if (const Fp8Linear* down = f8(LoraModule::down))
+    ops.swiglu_fwd_fp8_scale(b.g, b.u, b.m, n * F, kFp8ActFormat, down->act.scale);
+  else
+    ops.swiglu_fwd(b.g, b.u, b.m, n * F);
   adapted_linear_fwd(ops, lc, lora(LoraModule::down), b.m, param(a, 0, wd_), y, n, F, H, r0,
-                     f8(LoraModule::down));
+                     f8.scaled(LoraModule::down));
   ops.add(h1, y, y, n * H);
 }
 
@@ -409,7 +430,7 @@ void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const 
   const void* dy = row(ops, a.dy, r0, H);
   void* dh1 = row(ops, a.dx, r0, H);
   // recompute the chunk's forward up to m
-  ops.rmsnorm_fwd(h1, param(a, 0, w_post_), b.hn, n, H, eps);
+  norm_fwd(ops, h1, param(a, 0, w_post_), b.hn, n, H, eps, moe_ ? nullptr : f8(LoraModule::gate));
   if (moe_) {
     const bool aux = a.moe_stats && a.moe_aux_scale != 0.0f;
     const double rows = double(moe_layers_) * double(a.shape.tokens());
@@ -421,7 +442,7 @@ void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const 
     return;
   }
   adapted_linear_fwd(ops, lc, lora(LoraModule::gate), b.hn, param(a, 0, wg_), b.g, n, H, F, r0,
-                     f8(LoraModule::gate));
+                     f8.scaled(LoraModule::gate));
   adapted_linear_fwd(ops, lc, lora(LoraModule::up), b.hn, param(a, 0, wu_), b.u, n, H, F, r0,
                      f8.reuse(LoraModule::up, LoraModule::gate));
   ops.swiglu_fwd(b.g, b.u, b.m, n * F);

@@ -5,6 +5,7 @@
 #include <map>
 #include <utility>
 
+#include "kernels/cuda/cuda_amax.cuh"
 #include "kernels/cuda/cuda_arch.hpp"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.hpp"
@@ -30,6 +31,23 @@ __global__ void __launch_bounds__(kThreads) ew_kernel(int64_t n, F f) {
   }
 }
 
+// The same for a functor whose apply_amax also returns the largest |value| it stored (fp32
+// bits): the block's largest is max-ed into *amax (an FP8 scale computed in this pass).
+template <bool VEC, typename F>
+__global__ void __launch_bounds__(kThreads) ew_amax_kernel(int64_t n, F f, unsigned* amax) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  unsigned m = 0;
+  if constexpr (VEC) {
+    const int64_t nv = n / kVec;
+    for (int64_t i = tid; i < nv; i += stride) m = max(m, f.template apply_amax<kVec, true>(i * kVec));
+    for (int64_t i = nv * kVec + tid; i < n; i += stride) m = max(m, f.template apply_amax<1, false>(i));
+  } else {
+    for (int64_t i = tid; i < n; i += stride) m = max(m, f.template apply_amax<1, false>(i));
+  }
+  block_amax_into<kThreads>(m, amax);
+}
+
 template <typename F>
 void launch_ew(const char* name, int64_t n, bool vec, F f, cudaStream_t st) {
   if (n <= 0) return;
@@ -37,6 +55,17 @@ void launch_ew(const char* name, int64_t n, bool vec, F f, cudaStream_t st) {
     ew_kernel<true><<<grid_for(n, int64_t(kThreads) * kVec), kThreads, 0, st>>>(n, f);
   } else {
     ew_kernel<false><<<grid_for(n, kThreads), kThreads, 0, st>>>(n, f);
+  }
+  check(cudaGetLastError(), name, __FILE__, __LINE__);
+}
+
+template <typename F>
+void launch_ew_amax(const char* name, int64_t n, bool vec, F f, unsigned* amax, cudaStream_t st) {
+  if (n <= 0) return;
+  if (vec) {
+    ew_amax_kernel<true><<<grid_for(n, int64_t(kThreads) * kVec), kThreads, 0, st>>>(n, f, amax);
+  } else {
+    ew_amax_kernel<false><<<grid_for(n, kThreads), kThreads, 0, st>>>(n, f, amax);
   }
   check(cudaGetLastError(), name, __FILE__, __LINE__);
 }
@@ -97,14 +126,21 @@ template <typename T>
 struct SwigluFwdF {
   const T *g, *u;
   T* h;
-  template <int N, bool V> __device__ void apply(int64_t i) const {
+  // stores h[i, i+N) and returns the largest |h| stored (as rounded to T; fp32 bits)
+  template <int N, bool V> __device__ unsigned apply_amax(int64_t i) const {
     float a[N], b[N];
     load_n<N, V>(g + i, a);
     load_n<N, V>(u + i, b);
+    unsigned m = 0;
 #pragma unroll
-    for (int j = 0; j < N; ++j) a[j] = a[j] / (1.0f + expf(-a[j])) * b[j];
+    for (int j = 0; j < N; ++j) {
+      a[j] = to_f(from_f<T>(a[j] / (1.0f + expf(-a[j])) * b[j]));
+      m = max(m, abs_bits(a[j]));
+    }
     store_n<N, V>(h + i, a);
+    return m;
   }
+  template <int N, bool V> __device__ void apply(int64_t i) const { apply_amax<N, V>(i); }
 };
 
 template <typename T>
@@ -169,12 +205,15 @@ __global__ void __launch_bounds__(kThreads) embedding_bwd_kernel(const int32_t* 
 
 // ---- RMSNorm: one warp per row ---------------------------------------------------------
 
-template <typename T, bool VEC>
+// AMAX: also max-es the largest |y| stored (fp32 bits) into *amax, one atomic per block.
+template <typename T, bool VEC, bool AMAX>
 __global__ void __launch_bounds__(kThreads) rmsnorm_fwd_kernel(const T* x, const T* w, T* y,
-                                                               int64_t R, int64_t n, float eps) {
+                                                               int64_t R, int64_t n, float eps,
+                                                               unsigned* amax) {
   constexpr int N = VEC ? kVec : 1;
   const int lane = threadIdx.x & 31;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+  unsigned m = 0;
   for (int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; r < R; r += warps) {
     const T* xr = x + r * n;
     float ss = 0.f;
@@ -192,10 +231,14 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_fwd_kernel(const T* x, const
       load_n<N, VEC>(xr + j, a);
       load_n<N, VEC>(w + j, b);
 #pragma unroll
-      for (int e = 0; e < N; ++e) a[e] = to_f(from_f<T>(a[e] * rs)) * b[e];  // as HF: round x*r first
+      for (int e = 0; e < N; ++e) {
+        a[e] = to_f(from_f<T>(a[e] * rs)) * b[e];  // as HF: round x*r first
+        if constexpr (AMAX) m = max(m, abs_bits(to_f(from_f<T>(a[e]))));
+      }
       store_n<N, VEC>(yr + j, a);
     }
   }
+  if constexpr (AMAX) block_amax_into<kThreads>(m, amax);
 }
 
 // dw partial sums live in shared memory and are added to dw once per block: one row of
@@ -474,13 +517,16 @@ void k_add(DType t, const void* a, const void* b, void* y, int64_t n, cudaStream
                            st));
 }
 
-void k_swiglu_fwd(DType t, const void* g, const void* u, void* h, int64_t n, cudaStream_t st) {
+void k_swiglu_fwd(DType t, const void* g, const void* u, void* h, int64_t n, cudaStream_t st,
+                  unsigned* amax) {
   const bool vec = aligned16(g) && aligned16(u) && aligned16(h);
-  RP_DISPATCH_16("swiglu_fwd", t, T,
-                 launch_ew("swiglu_fwd", n, vec,
-                           SwigluFwdF<T>{static_cast<const T*>(g), static_cast<const T*>(u),
-                                         static_cast<T*>(h)},
-                           st));
+  RP_DISPATCH_16("swiglu_fwd", t, T, {
+    const SwigluFwdF<T> f{static_cast<const T*>(g), static_cast<const T*>(u), static_cast<T*>(h)};
+    if (amax)
+      launch_ew_amax("swiglu_fwd", n, vec, f, amax, st);
+    else
+      launch_ew("swiglu_fwd", n, vec, f, st);
+  });
 }
 
 void k_swiglu_bwd(DType t, const void* g, const void* u, const void* dh, void* dg, void* du,
@@ -519,17 +565,22 @@ void k_embedding_bwd(DType t, const int32_t* ids, const void* dy, float* dtable,
 }
 
 void k_rmsnorm_fwd(DType t, const void* x, const void* w, void* y, int64_t R, int64_t n,
-                   float eps, cudaStream_t st) {
+                   float eps, cudaStream_t st, unsigned* amax) {
   if (R <= 0) return;
   const bool vec = n % kVec == 0 && aligned16(x) && aligned16(w) && aligned16(y);
   const unsigned grid = grid_for(R, kThreads / 32, int64_t(num_sms()) * 16);
   RP_DISPATCH_16("rmsnorm_fwd", t, T, {
-    if (vec)
-      rmsnorm_fwd_kernel<T, true><<<grid, kThreads, 0, st>>>(
-          static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y), R, n, eps);
+    const T* xt = static_cast<const T*>(x);
+    const T* wt = static_cast<const T*>(w);
+    T* yt = static_cast<T*>(y);
+    if (vec && amax)
+      rmsnorm_fwd_kernel<T, true, true><<<grid, kThreads, 0, st>>>(xt, wt, yt, R, n, eps, amax);
+    else if (vec)
+      rmsnorm_fwd_kernel<T, true, false><<<grid, kThreads, 0, st>>>(xt, wt, yt, R, n, eps, nullptr);
+    else if (amax)
+      rmsnorm_fwd_kernel<T, false, true><<<grid, kThreads, 0, st>>>(xt, wt, yt, R, n, eps, amax);
     else
-      rmsnorm_fwd_kernel<T, false><<<grid, kThreads, 0, st>>>(
-          static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y), R, n, eps);
+      rmsnorm_fwd_kernel<T, false, false><<<grid, kThreads, 0, st>>>(xt, wt, yt, R, n, eps, nullptr);
   });
   RP_CUDA_LAUNCH_CHECK("rmsnorm_fwd");
 }

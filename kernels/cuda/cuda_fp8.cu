@@ -6,12 +6,15 @@
 // The per-tensor scale takes two passes over nothing but the scale word: a reduction of
 // max |x| (the fp32 bits of |x| compared as unsigned integers, so NaN, whose bits exceed
 // inf's, wins; atomicMax per block into the scale word, zeroed first) and a one-thread
-// kernel turning that amax into the scale in place. Fusing the reduction into the epilogue
-// of the kernel that produces x (RMSNorm, SwiGLU) is a later step.
+// kernel turning that amax into the scale in place. RMSNorm and SwiGLU can do the reduction
+// inside their own pass (k_fp8_amax_begin / k_fp8_amax_end around them), which saves the
+// read of x that k_fp8_scale makes. On sm_89+ the codes come from the hardware's paired
+// conversion (cuda_amax.cuh's encode_pair), equal to the shared scalar code.
 #include <cuda_fp8.h>
 
 #include <algorithm>
 
+#include "kernels/cuda/cuda_amax.cuh"
 #include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_fp8.hpp"
@@ -23,26 +26,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kVec = 8;     // elements per load in the reductions (16 bytes of bf16)
 constexpr int kQuant = 16;  // elements per thread step when quantizing (16 bytes of codes)
-
-__device__ __forceinline__ unsigned warp_max_u(unsigned v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-// The block's largest value of v (all threads get it).
-__device__ unsigned block_max_u(unsigned v) {
-  __shared__ unsigned part[kThreads / 32];
-  v = warp_max_u(v);
-  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
-  __syncthreads();
-  v = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0u;
-  v = warp_max_u(v);
-  __syncthreads();
-  return v;
-}
-
-__device__ __forceinline__ unsigned abs_bits(float v) { return fp8::bits_of(v) & 0x7fffffffu; }
 
 // max |x[i]| over [begin, end) of this thread's share (VEC: begin, end multiples of kVec,
 // x 16-byte aligned).
@@ -68,8 +51,7 @@ __global__ void amax_kernel(const T* x, int64_t n, unsigned* out) {
   const int64_t bulk = VEC ? n / kVec * kVec : n;
   unsigned m = thread_amax<VEC>(x, 0, bulk, tid, stride);
   m = max(m, thread_amax<false>(x, bulk, n, tid, stride));  // the tail (VEC)
-  m = block_max_u(m);
-  if (threadIdx.x == 0 && m != 0) atomicMax(out, m);
+  block_amax_into<kThreads>(m, out);
 }
 
 // scale word holds amax bits: replace them by the scale.
@@ -81,7 +63,7 @@ __global__ void scale_from_amax_kernel(float* scale, Fp8Format f) {
 template <bool VEC, typename T>
 __global__ void amax_rows_kernel(const T* x, int64_t rows, int64_t cols, Fp8Format f, float* scale) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const unsigned m = block_max_u(thread_amax<VEC>(x + r * cols, 0, cols, threadIdx.x, blockDim.x));
+    const unsigned m = block_max_u<kThreads>(thread_amax<VEC>(x + r * cols, 0, cols, threadIdx.x, blockDim.x));
     if (threadIdx.x == 0) scale[r] = fp8::scale_from_amax(fp8::float_of(m), f);
   }
 }
@@ -101,7 +83,7 @@ __global__ void quantize_kernel(const T* x, const float* scale, uint8_t* q, int6
       const float s = scale[ROWS ? i / cols : 0];
       alignas(16) uint8_t out[kQuant];
 #pragma unroll
-      for (int j = 0; j < kQuant; ++j) out[j] = fp8::encode<F>(v[j] / s);
+      for (int j = 0; j < kQuant; j += 2) encode_pair<F>(v[j] / s, v[j + 1] / s, out[j], out[j + 1]);
       *reinterpret_cast<uint4*>(q + i) = *reinterpret_cast<const uint4*>(out);
     }
     done = groups * kQuant;
@@ -136,7 +118,7 @@ __global__ void quantize_transposed_tiles(const T* x, const float* scale, uint8_
   float v[16];
   load_n<16, true>(x + (r0 + lr) * cols + c0 + lc, v);
 #pragma unroll
-  for (int j = 0; j < 16; ++j) tile[lc + j][lr] = fp8::encode<F>(v[j] / s);
+  for (int j = 0; j < 16; j += 2) encode_pair<F>(v[j] / s, v[j + 1] / s, tile[lc + j][lr], tile[lc + j + 1][lr]);
   __syncthreads();
   *reinterpret_cast<uint4*>(q + (c0 + lr) * rows + r0 + lc) = *reinterpret_cast<const uint4*>(&tile[lr][lc]);
 }
@@ -220,6 +202,13 @@ void k_fp8_scale(DType t, const void* x, int64_t n, Fp8Format f, float* scale, c
     });
     RP_CUDA_LAUNCH_CHECK("fp8 amax");
   }
+  scale_from_amax_kernel<<<1, 1, 0, st>>>(scale, f);
+  RP_CUDA_LAUNCH_CHECK("fp8 scale_from_amax");
+}
+
+void k_fp8_amax_begin(float* scale, cudaStream_t st) { RP_CUDA_CHECK(cudaMemsetAsync(scale, 0, 4, st)); }
+
+void k_fp8_amax_end(float* scale, Fp8Format f, cudaStream_t st) {
   scale_from_amax_kernel<<<1, 1, 0, st>>>(scale, f);
   RP_CUDA_LAUNCH_CHECK("fp8 scale_from_amax");
 }

@@ -15,6 +15,11 @@ namespace rp::cuda {
 /// Ops::fp8_scale: zeroes scale[0], reduces max |x| into it (as fp32 bits), then replaces it by
 /// fp8::scale_from_amax (x: n elements of t).
 void k_fp8_scale(DType t, const void* x, int64_t n, Fp8Format f, float* scale, cudaStream_t st);
+/// A scale computed inside a producing kernel: k_fp8_amax_begin zeroes scale[0], the producer
+/// (k_rmsnorm_fwd / k_swiglu_fwd with an amax word) reduces max |y| into its bits, and
+/// k_fp8_amax_end replaces them by fp8::scale_from_amax, as k_fp8_scale does in its own pass.
+void k_fp8_amax_begin(float* scale, cudaStream_t st);
+void k_fp8_amax_end(float* scale, Fp8Format f, cudaStream_t st);
 /// Ops::fp8_scale_rows (one block per row).
 void k_fp8_scale_rows(DType t, const void* x, int64_t rows, int64_t cols, Fp8Format f, float* scale,
                       cudaStream_t st);

@@ -115,6 +115,9 @@ class CudaOps final : public Ops {
   // FP8 (cuda_ops_fp8.cpp, kernels in cuda_fp8.cu)
   void fp8_scale(const void* x, int64_t n, Fp8Format f, float* scale) override;
   void fp8_scale_rows(const void* x, int64_t rows, int64_t cols, Fp8Format f, float* scale) override;
+  void rmsnorm_fwd_fp8_scale(const void* x, const void* w, void* y, int64_t R, int64_t n, float eps, Fp8Format f,
+                             float* scale) override;
+  void swiglu_fwd_fp8_scale(const void* g, const void* u, void* h, int64_t n, Fp8Format f, float* scale) override;
   void fp8_quantize(const void* x, const float* scale, uint8_t* q, int64_t n, Fp8Format f) override;
   void fp8_quantize_rows(const void* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols,
                          Fp8Format f) override;

@@ -15,6 +15,7 @@
 
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/cuda_fp8.hpp"
+#include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/cuda/cuda_ops.hpp"
 
 namespace rp::cuda {
@@ -39,6 +40,25 @@ void CudaOps::fp8_scale_rows(const void* x, int64_t rows, int64_t cols, Fp8Forma
   require(rows >= 0 && cols >= 0, "fp8_scale_rows", "negative dimension");
   set_device(dev_);
   k_fp8_scale_rows(dtype_, x, rows, cols, f, scale, st_);
+}
+
+void CudaOps::rmsnorm_fwd_fp8_scale(const void* x, const void* w, void* y, int64_t R, int64_t n, float eps,
+                                    Fp8Format f, float* scale) {
+  require(R >= 0 && n > 0, "rmsnorm_fwd", "need R >= 0 rows of n > 0 columns");
+  require(scale != nullptr, "rmsnorm_fwd_fp8_scale", "null scale");
+  set_device(dev_);
+  k_fp8_amax_begin(scale, st_);
+  k_rmsnorm_fwd(dtype_, x, w, y, R, n, eps, st_, reinterpret_cast<unsigned*>(scale));
+  k_fp8_amax_end(scale, f, st_);
+}
+
+void CudaOps::swiglu_fwd_fp8_scale(const void* g, const void* u, void* h, int64_t n, Fp8Format f, float* scale) {
+  require(n >= 0, "swiglu_fwd", "negative element count");
+  require(scale != nullptr, "swiglu_fwd_fp8_scale", "null scale");
+  set_device(dev_);
+  k_fp8_amax_begin(scale, st_);
+  k_swiglu_fwd(dtype_, g, u, h, n, st_, reinterpret_cast<unsigned*>(scale));
+  k_fp8_amax_end(scale, f, st_);
 }
 
 void CudaOps::fp8_quantize(const void* x, const float* scale, uint8_t* q, int64_t n, Fp8Format f) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -189,6 +190,53 @@ TEST_F(CudaFp8, NonFiniteAndZeroTensors) {
     }
     EXPECT_EQ(download_bytes(q.get(), 1000), cq) << which;
   }
+}
+
+// The producers that reduce max |y| inside their own pass (rmsnorm_fwd_fp8_scale,
+// swiglu_fwd_fp8_scale): y equals the plain kernel's bit for bit, and the scale equals the
+// CPU twin's fp8_scale over the stored y (so also the separate fp8_scale pass's). Vectorized
+// and scalar paths, one and many rows per warp, an all-zero and a NaN-poisoned input.
+TEST_F(CudaFp8, FusedProducerScalesEqualTheSeparatePass) {
+  struct Shape {
+    int64_t rows, cols;
+  } shapes[] = {{64, 2048}, {1000, 128}, {33, 100}, {5, 7}, {40, 5120}};
+  const float eps = 1e-6f, nan = std::numeric_limits<float>::quiet_NaN();
+  for (const Shape& sh : shapes)
+    for (int poison = 0; poison < 3; ++poison) {  // 0 random, 1 all zero, 2 one NaN
+      const int64_t n = sh.rows * sh.cols;
+      VecF x = fp8ref::normal_with_outliers(size_t(n), uint32_t(n + poison)), u = fp8ref::normal_with_outliers(size_t(n), 7);
+      VecF w = fp8ref::normal_with_outliers(size_t(sh.cols), 9);
+      if (poison == 1) std::fill(x.begin(), x.end(), 0.f);
+      if (poison == 2) x[size_t(n / 2)] = nan;
+      DT xd = upload(x, ct()), ud = upload(u, ct()), wd = upload(w, ct());
+      DT y1 = poisoned(n, ct()), y2 = poisoned(n, ct()), h1 = poisoned(n, ct()), h2 = poisoned(n, ct());
+      DT s1 = poisoned(1, DType::f32), s2 = poisoned(1, DType::f32), t1 = poisoned(1, DType::f32),
+         t2 = poisoned(1, DType::f32);
+      const Fp8Format f = poison == 1 ? Fp8Format::e5m2 : Fp8Format::e4m3;
+      run([&](Ops& o) {
+        o.rmsnorm_fwd_fp8_scale(xd.get(), wd.get(), y1.get(), sh.rows, sh.cols, eps, f, s1.as<float>());
+        o.rmsnorm_fwd(xd.get(), wd.get(), y2.get(), sh.rows, sh.cols, eps);
+        o.fp8_scale(y2.get(), n, f, s2.as<float>());
+        o.swiglu_fwd_fp8_scale(xd.get(), ud.get(), h1.get(), n, f, t1.as<float>());
+        o.swiglu_fwd(xd.get(), ud.get(), h2.get(), n);
+        o.fp8_scale(h2.get(), n, f, t2.as<float>());
+      });
+      const std::string what = std::to_string(sh.rows) + "x" + std::to_string(sh.cols) + " input " + std::to_string(poison);
+      const VecF gy1 = download(y1), gy2 = download(y2), gh1 = download(h1), gh2 = download(h2);
+      for (size_t i = 0; i < gy1.size(); ++i) {
+        ASSERT_TRUE(same_scale(gy1[i], gy2[i])) << what << ": y differs at " << i;
+        ASSERT_TRUE(same_scale(gh1[i], gh2[i])) << what << ": h differs at " << i;
+      }
+      float cy = 0, ch = 0;
+      cpu_->fp8_scale(gy1.data(), n, f, &cy);
+      cpu_->fp8_scale(gh1.data(), n, f, &ch);
+      EXPECT_TRUE(same_scale(download(s1)[0], cy)) << what << ": norm " << download(s1)[0] << " vs " << cy;
+      EXPECT_TRUE(same_scale(download(s2)[0], cy)) << what << ": separate pass";
+      EXPECT_TRUE(same_scale(download(t1)[0], ch)) << what << ": swiglu " << download(t1)[0] << " vs " << ch;
+      EXPECT_TRUE(same_scale(download(t2)[0], ch)) << what << ": separate pass (swiglu)";
+      if (poison == 1) EXPECT_EQ(download(s1)[0], 1.f) << what;
+      if (poison == 2) EXPECT_TRUE(std::isnan(download(t1)[0])) << what;
+    }
 }
 
 // Integer-valued operands whose every partial sum is exact at any precision the hardware

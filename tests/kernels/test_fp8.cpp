@@ -206,6 +206,26 @@ TEST_F(CpuFp8Ops, ScalesFromTheLargestMagnitude) {
   EXPECT_TRUE(std::isnan(s));
 }
 
+// The producers' scales (rmsnorm_fwd_fp8_scale, swiglu_fwd_fp8_scale): the output equals the
+// plain op's and the scale is the largest |output| over the format's largest finite value.
+TEST_F(CpuFp8Ops, ProducersScaleTheirOwnOutput) {
+  const int64_t rows = 7, cols = 96, n = rows * cols;
+  const std::vector<float> x = fp8ref::normal_with_outliers(size_t(n), 11), u = fp8ref::normal_with_outliers(size_t(n), 12);
+  std::vector<float> w(static_cast<size_t>(cols), 0.5f), y(static_cast<size_t>(n)), y0(y), h(y), h0(y);
+  for (Fp8Format f : {Fp8Format::e4m3, Fp8Format::e5m2}) {
+    float s = std::numeric_limits<float>::quiet_NaN(), t = s;
+    ops->rmsnorm_fwd_fp8_scale(x.data(), w.data(), y.data(), rows, cols, 1e-6f, f, &s);
+    ops->rmsnorm_fwd(x.data(), w.data(), y0.data(), rows, cols, 1e-6f);
+    ops->swiglu_fwd_fp8_scale(x.data(), u.data(), h.data(), n, f, &t);
+    ops->swiglu_fwd(x.data(), u.data(), h0.data(), n);
+    EXPECT_EQ(y, y0);
+    EXPECT_EQ(h, h0);
+    EXPECT_EQ(s, amax_plain(y.data(), n) / fp8::max_finite(f));
+    EXPECT_EQ(t, amax_plain(h.data(), n) / fp8::max_finite(f));
+    EXPECT_GT(amax_plain(y.data(), n), 0.f);
+  }
+}
+
 TEST_F(CpuFp8Ops, QuantizesToTheNearestCode) {
   const std::vector<float> x = fp8ref::normal_with_outliers(4096, 8);
   const int64_t rows = 4, cols = 1024;
