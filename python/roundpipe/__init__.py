@@ -83,7 +83,8 @@ class Trainer:
             handle_interrupt=True):
         """Trains; returns a dict of how the run ended.
 
-        The GIL is released while training; the callbacks take it on the training thread:
+        The GIL is released while training; the callbacks run on the calling thread (the
+        training loop's) and take it again:
           on_ready()          once the model, data and runtime are ready (resumed, if resuming)
           on_step(report)     after every optimizer step: a dict with step, total_steps,
                               epoch, loss, lr, grad_norm, tokens, target_tokens, tokens_per_s,

@@ -208,6 +208,20 @@ class ToolsTest(unittest.TestCase):
         with self.assertRaises(TypeError):
             roundpipe.Trainer(42)
 
+    def test_a_failing_run_raises_the_commands_error_line(self):
+        bad = spec("missing-model", model=os.path.join(WORK, "no_such_model"))
+        path = os.path.join(WORK, "missing-model.json")
+        with open(path, "w") as f:
+            json.dump(bad, f)
+        r = subprocess.run([CLI, "train", path], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        line = r.stderr.strip().splitlines()[-1]
+        self.assertTrue(line.startswith("roundpipe: error: "), line)
+        with self.assertRaises(ValueError) as raised:  # the command's exit 1: a spec key, so ValueError
+            roundpipe.Trainer(path).run(progress=False)
+        self.assertEqual(str(raised.exception), line[len("roundpipe: error: "):])
+        self.assertIn("no_such_model", str(raised.exception))
+
     def test_plan_returns_what_the_command_prints(self):
         model = os.path.join(WORK, "model")
         for flags, kwargs in [
