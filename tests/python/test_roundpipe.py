@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -163,6 +164,29 @@ class TrainTest(unittest.TestCase):
         res = roundpipe.Trainer(spec("py-boom", steps=3),
                                 resume_from=os.path.join(WORK, "py-boom", saved[0])).run(progress=False)
         self.assertEqual(res["steps_done"], 3)
+
+    def test_the_gil_is_released_while_training(self):
+        # no callback: no Python runs in the run at all, so another thread counts only if
+        # run() let go of the GIL
+        counts, done = [0], threading.Event()
+
+        def count():
+            while not done.is_set():
+                counts[0] += 1
+                time.sleep(0.001)
+
+        t = roundpipe.Trainer(spec("py-gil", steps=8))
+        th = threading.Thread(target=count)
+        th.start()
+        time.sleep(0.05)
+        before = counts[0]
+        res = t.run(progress=False)
+        after = counts[0]
+        done.set()
+        th.join()
+        self.assertEqual(res["steps_done"], 8)
+        self.assertGreater(after - before, 10, "the counting thread did not run during %.2f s of training"
+                           % res["seconds"])
 
     def test_sigint_stops_like_ctrl_c_and_raises_keyboard_interrupt(self):
         t = roundpipe.Trainer(spec("py-sigint"))
