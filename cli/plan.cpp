@@ -499,11 +499,29 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
   }
 }
 
+void resolve_plan_flags(PlanCommandOptions& o, const std::vector<std::pair<std::string, std::string>>& given) {
+  const auto value_of = [&](const std::string& flag) -> const std::string* {
+    for (const auto& [f, v] : given)
+      if (f == flag) return &v;
+    return nullptr;
+  };
+  if (o.model.empty()) throw UsageError("plan: --model is required (a model folder, config.json or .gguf)");
+  std::vector<std::string> rates;  // the preset's numbers a flag gave win over the preset's
+  for (const char* f : {"--peak-tflops", "--fp8-tflops", "--hbm-gbps", "--pcie-gbps", "--memory-cap"})
+    if (value_of(f)) rates.push_back(f);
+  if (value_of("--gpu")) apply_gpu_preset(o, rates);
+  // the network flags describe the sum over nodes: without --nodes they would change nothing
+  if (o.nodes == 1)
+    for (const char* f : {"--net-gbps", "--net-latency-us", "--accumulation"})
+      if (const std::string* v = value_of(f))
+        throw UsageError(fmt::format("{} {}: predicts the gradient sum over nodes; give --nodes N (N > 1) with it", f, *v));
+}
+
 void add_plan_command(CLI::App& app) {
   auto o = std::make_shared<PlanCommandOptions>();
   auto* c = app.add_subcommand("plan", "partition a model for a GPU pool and predict its iteration time");
   c->add_option("--model", o->model, "model folder, config.json or .gguf (weights not needed; required)");
-  auto* gpu = c->add_option("--gpu", o->gpu,
+  c->add_option("--gpu", o->gpu,
                             "device preset: RTX 3090/4090/5090, A100 40GB/80GB, L40S, H100 SXM/PCIe, H200, B200 "
                             "(sets --peak-tflops, --hbm-gbps, --pcie-gbps, --memory-cap unless given; --list-gpus)");
   auto list_gpus = std::make_shared<bool>(false);
@@ -546,14 +564,14 @@ void add_plan_command(CLI::App& app) {
                 "comma-separated modules the adapters reach (q_proj, ..., down_proj) or all-linear, and "
                 "\"experts\" (or experts.gate_up_proj, experts.down_proj) for per-expert adapters in sparse layers")
       ->capture_default_str();
-  auto* nodes = c->add_option("--nodes", o->nodes,
+  c->add_option("--nodes", o->nodes,
                 "data-parallel replicas: predict N nodes of --gpus GPUs each summing gradients over the network "
                 "(mpirun -np N roundpipe train; README \"Several machines\")")
       ->capture_default_str();
-  auto* net_gbps = c->add_option("--net-gbps", o->net_gbps, "--nodes: network bandwidth per node and direction, Gbit/s (100 = 12.5 GB/s)")
+  c->add_option("--net-gbps", o->net_gbps, "--nodes: network bandwidth per node and direction, Gbit/s (100 = 12.5 GB/s)")
       ->capture_default_str();
-  auto* net_latency = c->add_option("--net-latency-us", o->net_latency_us, "--nodes: latency per message, microseconds")->capture_default_str();
-  auto* accumulation = c->add_option("--accumulation", o->accumulation,
+  c->add_option("--net-latency-us", o->net_latency_us, "--nodes: latency per message, microseconds")->capture_default_str();
+  c->add_option("--accumulation", o->accumulation,
                                      "--nodes: iterations per optimizer step on each node (the spec's "
                                      "\"accumulation\" counts them over all nodes: this value x --nodes)")
       ->capture_default_str();
@@ -561,22 +579,15 @@ void add_plan_command(CLI::App& app) {
                 "mixture-of-experts: the experts' grouped GEMMs (forward, input gradients) as a fraction of "
                 "--peak-tflops (0.33: measured on the H200 at Qwen3-30B-A3B shapes)")
       ->capture_default_str();
-  c->callback(reporting_errors([o, c, gpu, list_gpus, nodes, net_gbps, net_latency, accumulation] {
+  c->callback(reporting_errors([o, c, list_gpus] {
     if (*list_gpus) {
       print_gpu_presets(stdout);
       return;
     }
-    if (o->model.empty()) throw UsageError("plan: --model is required (a model folder, config.json or .gguf)");
-    std::vector<std::string> given;
-    for (const char* f : {"--peak-tflops", "--fp8-tflops", "--hbm-gbps", "--pcie-gbps", "--memory-cap"})
-      if (c->get_option(f)->count() > 0) given.push_back(f);
-    if (gpu->count() > 0) apply_gpu_preset(*o, given);
-    // the network flags describe the sum over nodes: without --nodes they would change nothing
-    if (o->nodes == 1)
-      for (const CLI::Option* f : {net_gbps, net_latency, accumulation})
-        if (f->count() > 0)
-          throw UsageError(fmt::format("{} {}: predicts the gradient sum over nodes; give --nodes N (N > 1) with it",
-                                       f->get_name(), f->as<std::string>()));
+    std::vector<std::pair<std::string, std::string>> given;
+    for (const char* f : kPlanFlagsResolved)
+      if (const CLI::Option* opt = c->get_option(f); opt->count() > 0) given.emplace_back(f, opt->as<std::string>());
+    resolve_plan_flags(*o, given);
     run_plan(*o, stdout);
   }));
 }

@@ -8,6 +8,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "scheduler/cost_model.hpp"
@@ -76,6 +77,17 @@ struct PlanCommandOptions {
 /// command line set and which win. Does nothing when o.gpu is empty. Throws UsageError
 /// ("--gpu: unknown GPU 'x'; known: RTX 3090, ...") for a name no preset has.
 void apply_gpu_preset(PlanCommandOptions& o, const std::vector<std::string>& given);
+
+/// The flags whose presence resolve_plan_flags looks at (every other flag only sets its field).
+inline constexpr const char* kPlanFlagsResolved[] = {"--gpu",       "--peak-tflops",    "--fp8-tflops",
+                                                     "--hbm-gbps",  "--pcie-gbps",      "--memory-cap",
+                                                     "--net-gbps",  "--net-latency-us", "--accumulation"};
+
+/// What `roundpipe plan` does with its parsed flags before planning, shared with the Python
+/// module's plan(): `given` holds the flags of kPlanFlagsResolved that were given, with their
+/// text ("--gpu", "H200"). Requires o.model, applies the --gpu preset (apply_gpu_preset; the
+/// rates given win) and refuses a network flag without --nodes > 1. Throws UsageError, one line.
+void resolve_plan_flags(PlanCommandOptions& o, const std::vector<std::pair<std::string, std::string>>& given);
 
 /// `plan --list-gpus`: the preset table, data sheet and planned rates side by side, with
 /// the H200's measurements and the efficiency factors.

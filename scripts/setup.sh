@@ -17,7 +17,8 @@ SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 pkgs=(build-essential cmake ninja-build pkg-config python3 python3-pip python3-venv
       libcaf-dev libeigen3-dev nlohmann-json3-dev libboost-dev libgtest-dev
       libcli11-dev libspdlog-dev libfmt-dev libpcre2-dev libxxhash-dev libutf8proc-dev
-      libopenmpi-dev openmpi-bin)  # MPI: data-parallel replicas (README "Several machines")
+      libopenmpi-dev openmpi-bin  # MPI: data-parallel replicas (README "Several machines")
+      pybind11-dev python3-dev)   # the Python module (docs/python.md): 2.10 on Debian 12, 2.11 / 2.9 on Ubuntu 24.04 / 22.04
 [ "${RP_SKIP_ASSETS:-0}" = 1 ] || pkgs+=(bibledit-data)
 os_id=unknown os_version=unknown
 if [ -r /etc/os-release ]; then
@@ -116,6 +117,14 @@ fi
 if ! python3 -c 'import gguf' >/dev/null 2>&1; then
   echo "[setup] installing the gguf Python package (PyPI) for the export-gguf test"
   python3 -m pip install -q gguf >/dev/null 2>&1 || echo "[setup] warning: could not install gguf; its test will skip"
+fi
+
+# scikit-build-core builds the Python package for `pip install .` (docs/python.md); the build
+# into build/ makes the module without it (PYTHONPATH=build/python).
+if ! python3 -c 'import scikit_build_core' >/dev/null 2>&1; then
+  echo "[setup] installing the scikit-build-core Python package (PyPI) for pip install . (docs/python.md)"
+  python3 -m pip install -q scikit-build-core >/dev/null 2>&1 ||
+    echo "[setup] warning: could not install scikit-build-core; pip install . needs it (the build into build/ does not)"
 fi
 
 # CUDA architectures (docs/gpu.md, "Architectures"): $RP_CUDA_ARCHS (CMake's syntax, e.g. "89" or

@@ -1,0 +1,213 @@
+"""RoundPipe from Python: fine-tune LLMs with all state in host memory (docs/python.md).
+
+A thin layer over the compiled module ``roundpipe._roundpipe`` (pybind11 over the C++ library
+the ``roundpipe`` command is built from): the same specs, the same runs, the same files.
+
+    import roundpipe
+    t = roundpipe.Trainer("examples/specs/lora.json", steps=10)
+    result = t.run(on_step=lambda r: print(r["step"], r["loss"]))
+
+Errors are Python exceptions carrying the command's one-line message: ``ValueError`` for bad
+input (a spec key, an option: "spec: key 'workers': expected an integer, got \"two\""),
+``RuntimeError`` for files and data ("<file>: <what>"), and the runtime's own subclasses of
+``RuntimeError``: ``RuntimeFailure``, ``TrainingDiverged``, ``DeviceError``,
+``DeviceOutOfMemory``.
+"""
+import json
+import os
+import threading
+
+from ._roundpipe import (DeviceError, DeviceOutOfMemory, RuntimeFailure, TrainingDiverged, __version__)
+from . import _roundpipe
+
+__all__ = ["Trainer", "train", "plan", "generate", "merge", "export_gguf", "convert", "version",
+           "format_progress", "RuntimeFailure", "TrainingDiverged", "DeviceError", "DeviceOutOfMemory",
+           "__version__"]
+
+
+def _json_text(value):
+    """JSON text of a spec value; paths (os.PathLike) become strings."""
+    return json.dumps(value, default=os.fspath)
+
+
+def _settings(overrides, settings):
+    """(dotted key, JSON text) pairs: `overrides` first, then the keyword settings."""
+    pairs = []
+    for source in (overrides or {}), settings:
+        for key, value in source.items():
+            pairs.append((str(key), _json_text(value)))
+    return pairs
+
+
+def format_progress(report):
+    """The progress line ``roundpipe train`` prints, from an on_step report dict."""
+    line = "step {:>5}/{} | loss {:.4f} | epoch {:.2f}".format(
+        report["step"], report["total_steps"], report["loss"], report["epoch"])
+    if report.get("evaluated"):
+        line += " | eval loss {:.4f} (ppl {:.2f})".format(report["eval_loss"], report["eval_perplexity"])
+    line += " | {:>8.1f} tokens/s | lr {:.3e} | grad norm {:.3f}".format(
+        report["tokens_per_s"], report["lr"], report["grad_norm"])
+    if report.get("skipped"):
+        line += " (skipped)"
+    return line
+
+
+class Trainer:
+    """A training run from a spec (docs/spec.md lists every key), as ``roundpipe train``.
+
+    ``spec``: a dict (the spec's JSON object; errors name it "spec") or the path of a spec
+    file. ``overrides``: dotted keys set on the spec before it is checked, like
+    ``roundpipe train --set KEY=VALUE`` ({"lora.r": 8, "optimizer.lr": 1e-4}); keyword
+    arguments do the same for top-level keys (``steps=5``, ``resume_from="runs/x/checkpoint-4"``).
+    The spec is checked here: a bad key raises ValueError naming it.
+    """
+
+    def __init__(self, spec, overrides=None, **settings):
+        pairs = _settings(overrides, settings)
+        if isinstance(spec, dict):
+            self._t = _roundpipe._Trainer("spec", _json_text(spec), pairs)
+        elif isinstance(spec, (str, os.PathLike)):
+            self._t = _roundpipe._Trainer(os.fspath(spec), "", pairs)
+        else:
+            raise TypeError("Trainer: spec must be a dict or the path of a spec file, got "
+                            + type(spec).__name__)
+        #: The dict run() returned last (also set when it raised KeyboardInterrupt).
+        self.result = None
+
+    @property
+    def output_dir(self):
+        """The folder the run writes (the spec's output_dir)."""
+        return self._t.output_dir
+
+    def run(self, on_step=None, on_eval=None, on_checkpoint=None, on_ready=None, progress=None,
+            handle_interrupt=True):
+        """Trains; returns a dict of how the run ended.
+
+        The GIL is released while training; the callbacks run on the calling thread (the
+        training loop's) and take it again:
+          on_ready()          once the model, data and runtime are ready (resumed, if resuming)
+          on_step(report)     after every optimizer step: a dict with step, total_steps,
+                              epoch, loss, lr, grad_norm, tokens, target_tokens, tokens_per_s,
+                              elapsed_s, eta_s, skipped, evaluated and, when evaluated,
+                              eval_loss, eval_perplexity, eval_tokens
+          on_eval(report)     the same dict, for the steps followed by an evaluation
+          on_checkpoint(info) a checkpoint was written: {"dir", "step", "seconds"}
+        ``progress``: print ``format_progress`` lines (default: when on_step is None).
+
+        Stopping: ``stop()`` (e.g. from a callback) ends the run after the steps in flight,
+        saved as checkpoint-<n>; the result has stopped True and checkpoint. An exception
+        raised by a callback stops the run the same way (the checkpoint is kept) and is
+        raised again here. Ctrl-C (a notebook's interrupt) during run() on the main thread
+        stops it likewise and then raises KeyboardInterrupt (``self.result`` holds the
+        result); ``handle_interrupt=False`` leaves SIGINT alone.
+
+        Result keys: first_step, steps_done, total_steps, stopped, interrupted,
+        steps_abandoned, skipped_steps, checkpoint (the last one written, "" if none),
+        latest_checkpoint (stopped: the newest to resume from), metrics (metrics.csv),
+        seconds, peak_device_bytes, plan, sample_before, sample_after, early_stopped,
+        early_stop_reason, best_checkpoint, best_metric, best_step, final_step, replica,
+        replicas. Raises ValueError (spec, output folder), RuntimeError (files),
+        RuntimeFailure, TrainingDiverged, DeviceError, DeviceOutOfMemory.
+        """
+        if progress is None:
+            progress = on_step is None
+        if progress:
+            user_step = on_step
+
+            def on_step(report):
+                print(format_progress(report), flush=True)
+                if user_step is not None:
+                    user_step(report)
+        sigint = handle_interrupt and threading.current_thread() is threading.main_thread()
+        self.result = None
+        result = self._t.run(on_ready, on_step, on_eval, on_checkpoint, sigint)
+        self.result = result
+        if result["interrupted"]:
+            where = result["checkpoint"] or result["latest_checkpoint"]
+            raise KeyboardInterrupt("training interrupted after {} steps; {}".format(
+                result["steps_done"],
+                "resume with resume_from=%r" % where if where else "no checkpoint was written"))
+        return result
+
+    def stop(self):
+        """Asks the running run() to stop after the steps in flight (any thread, any callback).
+        Returns True for the first request, False when already stopping or not running."""
+        return self._t.stop()
+
+
+def train(spec, overrides=None, on_step=None, on_eval=None, on_checkpoint=None, **settings):
+    """``Trainer(spec, overrides, **settings).run(on_step, on_eval, on_checkpoint)``."""
+    return Trainer(spec, overrides, **settings).run(on_step=on_step, on_eval=on_eval, on_checkpoint=on_checkpoint)
+
+
+def plan(model, **options):
+    """The report ``roundpipe plan --model MODEL ...`` prints, as a string (docs/plan.md).
+
+    Options are the command's flags with '_' for '-': gpus, seq, micro, gpu ("H200"),
+    memory_cap ("24GiB"), host_gib, sequences_per_micro, profile, trace, peak_tflops, fp8,
+    fp8_tflops, hbm_gbps, pcie_gbps, iterations, sync, max_seq, mlp_chunk, save_attention
+    (False: --no-save-attention), frozen, lora_r, lora_targets, nodes, net_gbps,
+    net_latency_us, accumulation, grouped_gemm_efficiency. Nothing needs a GPU or weights
+    (a config.json is enough). Raises ValueError naming an unknown or bad option.
+    """
+    options["model"] = os.fspath(model)
+    return _roundpipe._plan(options)
+
+
+def generate(model, prompt=None, *, chat=None, system=None, messages=None, tokens=None, base=None,
+             max_tokens=128, temperature=0.0, top_k=0, top_p=1.0, seed=0, stop=(),
+             chat_template="auto", think=True, backend="cpu", dtype="bf16", context=0, on_text=None):
+    """Generates with a KV cache on one device, as ``roundpipe generate``.
+
+    ``model``: a .gguf, a Hugging Face folder (a run's final/) or a PEFT adapter folder (a
+    LoRA run's final/, folded into its base: ``base`` or the one it names). Give one of
+    ``prompt`` (plain text, with the tokenizer's BOS), ``chat`` (a user message, with an
+    optional ``system`` one, through the model's chat template), ``messages`` (a list of
+    {"role", "content"} dicts or (role, content) pairs) or ``tokens`` (prompt token ids, no
+    tokenizer involved). Greedy unless temperature > 0. Stops at eos / end of turn / a
+    ``stop`` string (text prompts) or after max_tokens. ``on_text(str)`` receives the text
+    as it grows (text prompts). Returns {"tokens": new ids, "prompt_tokens", "text" ("" for a
+    ``tokens`` prompt; bytes that are not UTF-8 become U+FFFD), "text_bytes" (the bytes
+    ``roundpipe generate`` prints), "seconds"}.
+    """
+    msgs = []
+    if messages is not None:
+        for m in messages:
+            msgs.append((m["role"], m["content"]) if isinstance(m, dict) else (m[0], m[1]))
+    if chat is not None:
+        if system is not None:
+            msgs.append(("system", system))
+        msgs.append(("user", chat))
+    if isinstance(stop, str):
+        stop = [stop]
+    return _roundpipe._generate(os.fspath(model), os.fspath(base) if base else "", prompt or "", msgs,
+                                list(tokens or []), max_tokens, temperature, top_k, top_p, seed, list(stop),
+                                chat_template, think, backend, dtype, context, on_text)
+
+
+def merge(adapter, out, base=None, dtype="bf16"):
+    """Folds a PEFT LoRA adapter folder into its base model, writing the plain Hugging Face
+    folder ``out`` (``roundpipe merge``; out is replaced, so it must be new, empty or an
+    earlier convert/merge output). Returns the base model's path."""
+    base_path, notes = _roundpipe._merge(os.fspath(adapter), os.fspath(out), os.fspath(base) if base else "", dtype)
+    for line in notes:
+        print(line)
+    return base_path
+
+
+def export_gguf(model_dir, out, type="f16", force=False):
+    """Writes a Hugging Face folder (an adapter folder is merged first) as one GGUF file for
+    llama.cpp (``roundpipe export-gguf``): type f16, bf16 or q8_0. Returns the tensor count."""
+    return _roundpipe._export_gguf(os.fspath(model_dir), os.fspath(out), type, force)
+
+
+def convert(gguf, out, dtype="bf16"):
+    """GGUF file -> Hugging Face folder ``out`` (``roundpipe convert``). Returns ``out``."""
+    for line in _roundpipe._convert(os.fspath(gguf), os.fspath(out), dtype):
+        print(line)
+    return os.fspath(out)
+
+
+def version():
+    """What ``roundpipe --version`` prints (version, commit, build type, CUDA, cuDNN)."""
+    return _roundpipe._version_text()

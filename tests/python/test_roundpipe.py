@@ -1,0 +1,297 @@
+"""The Python module against the command it wraps, on the CPU backend with a tiny model.
+
+tests/fixtures/hf_golden/tiny_llama (vocab 256) with a byte-level tokenizer written here, a
+text excerpt as data. Every expectation is checked against what the `roundpipe` command
+produces from the same inputs (metrics.csv, saved weights, the plan report, generated text),
+never against numbers written down here. CTest runs it with PYTHONPATH=<build>/python and
+RP_BUILD_DIR / RP_SOURCE_DIR set (tests/CMakeLists.txt).
+    python3 tests/python/test_roundpipe.py [TestName ...]
+"""
+import csv
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+import roundpipe
+
+SRC = os.environ.get("RP_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+BUILD = os.environ.get("RP_BUILD_DIR", os.path.join(SRC, "build"))
+CLI = os.path.join(BUILD, "roundpipe")
+WORK = None
+
+
+def byte_level_tokenizer(path):
+    """Token id = byte value; eos "<|endoftext|>" = id 2 as in the tiny model's config."""
+    bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    vocab = {chr(c): b for b, c in zip(bs, cs) if b != 2}
+    vocab["<|endoftext|>"] = 2
+    with open(path, "w") as f:
+        json.dump({"model": {"type": "BPE", "vocab": vocab, "merges": []},
+                   "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
+                   "added_tokens": [{"id": 2, "content": "<|endoftext|>", "special": True}],
+                   "normalizer": None, "decoder": {"type": "ByteLevel"}}, f)
+
+
+def setUpModule():
+    global WORK
+    WORK = tempfile.mkdtemp(prefix="rp_python_")
+    model = os.path.join(WORK, "model")
+    os.makedirs(model)
+    for f in ("config.json", "model.safetensors"):
+        shutil.copy(os.path.join(SRC, "tests/fixtures/hf_golden/tiny_llama", f), model)
+    byte_level_tokenizer(os.path.join(model, "tokenizer.json"))
+
+
+def tearDownModule():
+    shutil.rmtree(WORK, ignore_errors=True)
+
+
+def spec(out, **extra):
+    s = {"model": os.path.join(WORK, "model"),
+         "data": os.path.join(SRC, "tests/fixtures/sotu-excerpt/1790_george_washington.txt"),
+         "output_dir": os.path.join(WORK, out), "seq_len": 16, "sequences_per_step": 2, "micro_batches": 2,
+         "steps": 6, "backend": "cpu", "workers": 2, "seed": 3, "save_dtype": "f32", "tensorboard": False,
+         "optimizer": {"lr": 0.01, "max_grad_norm": 1.0},
+         "lr_schedule": {"kind": "cosine", "warmup_steps": 1}}
+    s.update(extra)
+    return s
+
+
+def cli(*args, raw=False):
+    """The command's stdout (bytes with raw: a random tiny model's text need not be UTF-8)."""
+    r = subprocess.run([CLI] + list(args), capture_output=True, stdin=subprocess.DEVNULL)
+    if r.returncode != 0:
+        raise AssertionError("roundpipe %s: exit %d: %s" % (" ".join(args), r.returncode, r.stderr))
+    return r.stdout if raw else r.stdout.decode()
+
+
+def cli_run(out, **extra):
+    """The uninterrupted run of the command: its output folder."""
+    path = os.path.join(WORK, out + ".json")
+    with open(path, "w") as f:
+        json.dump(spec(out, **extra), f)
+    cli("train", "-q", path)
+    return os.path.join(WORK, out)
+
+
+def metrics_losses(folder):
+    with open(os.path.join(folder, "metrics.csv")) as f:
+        return {int(row["step"]): row["loss"] for row in csv.DictReader(f)}
+
+
+def read_bytes(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+class TrainTest(unittest.TestCase):
+    def test_callbacks_stop_and_resume_reach_the_commands_weights(self):
+        reference = cli_run("cli-full")
+        reports, checkpoints, ready = [], [], []
+        t = roundpipe.Trainer(spec("py"))
+
+        def on_step(r):
+            reports.append(r)
+            if r["step"] == 2:
+                self.assertTrue(t.stop())
+                self.assertFalse(t.stop())  # already stopping
+
+        res = t.run(on_step=on_step, on_checkpoint=checkpoints.append, on_ready=lambda: ready.append(1))
+        self.assertEqual(ready, [1])
+        self.assertTrue(res["stopped"])
+        self.assertFalse(res["interrupted"])
+        stopped_at = res["steps_done"]
+        self.assertGreaterEqual(stopped_at, 2)
+        self.assertLess(stopped_at, 6)
+        self.assertEqual([r["step"] for r in reports], list(range(1, stopped_at + 1)))
+        # the reports are the command's metrics.csv rows of the same steps
+        want = metrics_losses(reference)
+        for r in reports:
+            self.assertEqual("%.6f" % r["loss"], want[r["step"]], r)
+            for key in ("lr", "grad_norm", "tokens_per_s", "epoch", "tokens"):
+                self.assertIn(key, r)
+            self.assertGreater(r["tokens"], 0)
+        self.assertEqual(res["checkpoint"], os.path.join(WORK, "py", "checkpoint-%d" % stopped_at))
+        self.assertEqual([c["dir"] for c in checkpoints], [res["checkpoint"]])
+        self.assertEqual(checkpoints[0]["step"], stopped_at)
+
+        resumed = []
+        res2 = roundpipe.Trainer(spec("py"), resume_from=res["checkpoint"]).run(on_step=resumed.append)
+        self.assertFalse(res2["stopped"])
+        self.assertEqual(res2["first_step"], stopped_at)
+        self.assertEqual(res2["steps_done"], 6)
+        self.assertEqual([r["step"] for r in resumed], list(range(stopped_at + 1, 7)))
+        for r in resumed:
+            self.assertEqual("%.6f" % r["loss"], want[r["step"]], r)
+        mine, theirs = os.path.join(WORK, "py"), reference
+        self.assertEqual(read_bytes(os.path.join(mine, "final/model.safetensors")),
+                         read_bytes(os.path.join(theirs, "final/model.safetensors")),
+                         "stopped + resumed weights differ from the command's uninterrupted run")
+        self.assertEqual(read_bytes(os.path.join(mine, "state/final/optimizer_state.bin")),
+                         read_bytes(os.path.join(theirs, "state/final/optimizer_state.bin")))
+
+    def test_an_exception_in_a_callback_stops_cleanly_and_is_raised(self):
+        class Boom(Exception):
+            pass
+
+        calls = []
+
+        def on_step(r):
+            calls.append(r["step"])
+            raise Boom("from step %d" % r["step"])
+
+        t = roundpipe.Trainer(spec("py-boom"))
+        with self.assertRaisesRegex(Boom, "from step 1"):
+            t.run(on_step=on_step)
+        self.assertEqual(calls, [1])  # no callback after the one that raised
+        # the run stopped like stop(): the steps it finished are saved and resumable
+        saved = [d for d in os.listdir(os.path.join(WORK, "py-boom")) if d.startswith("checkpoint-")]
+        self.assertEqual(len(saved), 1, saved)
+        res = roundpipe.Trainer(spec("py-boom", steps=3),
+                                resume_from=os.path.join(WORK, "py-boom", saved[0])).run(progress=False)
+        self.assertEqual(res["steps_done"], 3)
+
+    def test_the_gil_is_released_while_training(self):
+        # no callback: no Python runs in the run at all, so another thread counts only if
+        # run() let go of the GIL
+        counts, done = [0], threading.Event()
+
+        def count():
+            while not done.is_set():
+                counts[0] += 1
+                time.sleep(0.001)
+
+        t = roundpipe.Trainer(spec("py-gil", steps=8))
+        th = threading.Thread(target=count)
+        th.start()
+        time.sleep(0.05)
+        before = counts[0]
+        res = t.run(progress=False)
+        after = counts[0]
+        done.set()
+        th.join()
+        self.assertEqual(res["steps_done"], 8)
+        self.assertGreater(after - before, 10, "the counting thread did not run during %.2f s of training"
+                           % res["seconds"])
+
+    def test_sigint_stops_like_ctrl_c_and_raises_keyboard_interrupt(self):
+        t = roundpipe.Trainer(spec("py-sigint"))
+        python_handler = signal.getsignal(signal.SIGINT)
+
+        def on_step(r):
+            if r["step"] == 1:
+                os.kill(os.getpid(), signal.SIGINT)
+
+        with self.assertRaisesRegex(KeyboardInterrupt, "resume with resume_from="):
+            t.run(on_step=on_step)
+        self.assertTrue(t.result["stopped"])
+        self.assertTrue(t.result["interrupted"])
+        self.assertTrue(os.path.isdir(t.result["checkpoint"]), t.result)
+        self.assertTrue(os.path.isfile(os.path.join(WORK, "py-sigint", "state",
+                                                    os.path.basename(t.result["checkpoint"]),
+                                                    "optimizer_state.bin")))
+        # Python's own handler is back: SIGINT raises KeyboardInterrupt again
+        self.assertIs(signal.getsignal(signal.SIGINT), python_handler)
+        with self.assertRaises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+
+
+class ToolsTest(unittest.TestCase):
+    def test_a_bad_spec_raises_naming_the_key(self):
+        with self.assertRaisesRegex(ValueError, r"^spec: key 'workers': expected an integer"):
+            roundpipe.Trainer(spec("bad", workers="two"))
+        with self.assertRaisesRegex(ValueError, r"key 'lora.r'"):
+            roundpipe.Trainer(spec("bad"), overrides={"lora.r": 0})
+        with self.assertRaisesRegex(ValueError, r"key 'no_such_key'"):
+            roundpipe.Trainer(spec("bad", no_such_key=1))
+        path = os.path.join(WORK, "broken.json")
+        with open(path, "w") as f:
+            f.write('{"model": ')
+        with self.assertRaisesRegex(Exception, "broken.json:1:"):
+            roundpipe.Trainer(path)
+        # a spec file works like the dict
+        with open(path, "w") as f:
+            json.dump(spec("bad", seq_len=-1), f)
+        with self.assertRaisesRegex(ValueError, r"broken.json: key 'seq_len'"):
+            roundpipe.Trainer(path)
+        with self.assertRaises(TypeError):
+            roundpipe.Trainer(42)
+
+    def test_a_failing_run_raises_the_commands_error_line(self):
+        bad = spec("missing-model", model=os.path.join(WORK, "no_such_model"))
+        path = os.path.join(WORK, "missing-model.json")
+        with open(path, "w") as f:
+            json.dump(bad, f)
+        r = subprocess.run([CLI, "train", path], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        line = r.stderr.strip().splitlines()[-1]
+        self.assertTrue(line.startswith("roundpipe: error: "), line)
+        with self.assertRaises(ValueError) as raised:  # the command's exit 1: a spec key, so ValueError
+            roundpipe.Trainer(path).run(progress=False)
+        self.assertEqual(str(raised.exception), line[len("roundpipe: error: "):])
+        self.assertIn("no_such_model", str(raised.exception))
+
+    def test_plan_returns_what_the_command_prints(self):
+        model = os.path.join(WORK, "model")
+        for flags, kwargs in [
+            (["--gpus", "2", "--seq", "64", "--micro", "4", "--host-gib", "16"],
+             dict(gpus=2, seq=64, micro=4, host_gib=16)),
+            (["--gpu", "H200", "--gpus", "4", "--seq", "1024", "--lora-r", "8", "--host-gib", "64"],
+             dict(gpu="H200", gpus=4, seq=1024, lora_r=8, host_gib=64)),
+        ]:
+            want = cli("plan", "--model", model, *flags)
+            got = roundpipe.plan(model, **kwargs)
+            # the partitioner's own run time is what may differ
+            strip = lambda text: re.sub(r"found in [0-9.]+ ms", "found in <t> ms", text).splitlines()
+            self.assertEqual(strip(got), strip(want), flags)
+            self.assertGreater(len(strip(got)), 5)
+        with self.assertRaisesRegex(ValueError, "plan: unknown option 'gpus_'"):
+            roundpipe.plan(model, gpus_=2)
+        with self.assertRaisesRegex(ValueError, "--net-gbps 50: .*give --nodes"):
+            roundpipe.plan(model, net_gbps=50)
+        with self.assertRaisesRegex(RuntimeError, "no_such_model"):
+            roundpipe.plan(os.path.join(WORK, "no_such_model"))
+
+    def test_generate_returns_the_commands_tokens(self):
+        model = os.path.join(WORK, "model")
+        out = roundpipe.generate(model, tokens=[72, 101, 108], max_tokens=5)
+        self.assertEqual(len(out["tokens"]), 5)
+        self.assertTrue(all(0 <= t < 256 for t in out["tokens"]), out)
+        self.assertEqual(out["prompt_tokens"], [72, 101, 108])
+        pieces = []
+        text = roundpipe.generate(model, prompt="Hello", max_tokens=8, on_text=pieces.append)
+        want = cli("generate", model, "--prompt", "Hello", "--max-tokens", "8", raw=True)
+        self.assertTrue(want.endswith(b"\n"))
+        self.assertEqual(text["text_bytes"], want[:-1])
+        self.assertEqual(text["text"], want[:-1].decode("utf-8", "replace"))
+        self.assertEqual("".join(pieces), text["text"])
+        self.assertGreater(len(text["tokens"]), 0)
+        with self.assertRaisesRegex(ValueError, "give one of"):
+            roundpipe.generate(model)
+        with self.assertRaisesRegex(ValueError, "token|vocab|id"):
+            roundpipe.generate(model, tokens=[100000])
+
+    def test_version_names_the_build(self):
+        self.assertIn("roundpipe " + roundpipe.__version__, roundpipe.version())
+        # the commit is the one each build was configured at (an installed package may be newer)
+        same = lambda text: [l for l in text.splitlines() if not l.startswith("commit: ")]
+        self.assertEqual(same(roundpipe.version()), same(cli("--version")))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
