@@ -141,23 +141,34 @@ struct Acc {
     const double b = es() * (rows * k + rows * n) + w;
     add(f, b, d.peak_flops * (weight_grad ? d.grouped_wgrad_efficiency : d.grouped_gemm_efficiency));
   }
+  // How an FP8 linear gets its input's codes (model/layers.cpp): its own amax and quantize
+  // passes (read A twice, write the codes: the attention output before o_proj, every output
+  // gradient), a quantize pass after the producing kernel computed the scale (read A once:
+  // the norms' outputs before q and gate, SwiGLU's before down), or the previous linear's
+  // codes (k and v reuse q's, up reuses gate's: no pass).
+  enum class Quant { separate, scaled, reused };
   // A dense decoder linear's forward or input gradient C[m,n] = A[m,k] B[k,n]: with FP8
   // linears (d.fp8_flops > 0) an e4m3 GEMM of 1-byte operands (the weight's codes come from the
-  // per-upload cache) after A's amax and quantization passes (read A twice, write its codes).
-  void linear(double m, double n, double k) {
+  // per-upload cache) after A's quantization (`q`), at fp8_quant_efficiency of the bandwidth.
+  void linear(double m, double n, double k, Quant q = Quant::separate) {
     if (!(d.fp8_flops > 0)) return gemm(m, n, k);
     if (m <= 0 || n <= 0 || k <= 0) return;
-    elementwise(2 * es() * m * k + m * k);
+    if (q != Quant::reused) {
+      const double b = (q == Quant::separate ? 2 : 1) * es() * m * k + m * k;
+      add(0, b, d.peak_flops, d.fp8_quant_efficiency);
+    }
     add(2 * m * n * k, m * k + k * n + es() * m * n, d.fp8_flops);
   }
   void elementwise(double b) { add(0, b, d.peak_flops); }
   void attention(double f, double b) { add(f, b, d.peak_flops * d.attention_efficiency); }
-  void add(double f, double b, double rate) {
+  // bandwidth_share: of mem_bandwidth, what the op's kernels reach
+  void add(double f, double b, double rate, double bandwidth_share = 1.0) {
     flops += f;
     bytes += b;
-    seconds += std::max(f / rate, b / d.mem_bandwidth);
+    seconds += std::max(f / rate, b / (d.mem_bandwidth * bandwidth_share));
   }
 };
+
 
 struct Dims {
   double T, S, nseq, H, Q, K, F, V, nq, D, E, k, Fe;
@@ -245,9 +256,10 @@ void decoder_pass(Acc& a, const Dims& x, bool bwd, bool reuse_attention = false)
   const double es = a.es();
   // forward (also the recompute of a backward)
   a.elementwise(2 * x.T * x.H * es);                  // input RMSNorm
-  a.linear(x.T, x.Q, x.H);                            // q_proj
-  a.linear(x.T, x.K, x.H);                            // k_proj
-  a.linear(x.T, x.K, x.H);                            // v_proj
+  using Q = Acc::Quant;
+  a.linear(x.T, x.Q, x.H, Q::scaled);                 // q_proj (the norm computed the scale)
+  a.linear(x.T, x.K, x.H, Q::reused);                 // k_proj (q's codes)
+  a.linear(x.T, x.K, x.H, Q::reused);                 // v_proj
   if (x.qk_norm) a.elementwise(2 * x.T * (x.Q + x.K) * es);
   a.elementwise(2 * x.T * (x.Q + x.K) * es);          // RoPE
   const double att_f = 4 * x.nseq * x.nq * x.D * attended_pairs(x.S, x.W);  // QK^T and PV: 2 GEMMs
@@ -258,10 +270,10 @@ void decoder_pass(Acc& a, const Dims& x, bool bwd, bool reuse_attention = false)
   if (x.moe) {
     moe_forward(a, x);
   } else {
-    a.linear(x.T, x.F, x.H);                          // gate
-    a.linear(x.T, x.F, x.H);                          // up
-    a.elementwise(3 * x.T * x.F * es);                // SwiGLU
-    a.linear(x.T, x.H, x.F);                          // down
+    a.linear(x.T, x.F, x.H, Q::scaled);               // gate (the norm computed the scale)
+    a.linear(x.T, x.F, x.H, Q::reused);               // up (gate's codes)
+    a.elementwise(3 * x.T * x.F * es);                // SwiGLU (and the scale of its output)
+    a.linear(x.T, x.H, x.F, Q::scaled);               // down
   }
   a.elementwise(3 * x.T * x.H * es);                  // residual
   if (!bwd) return;
@@ -311,9 +323,11 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, i
     throw std::invalid_argument(fmt::format("micro-batch shape must be positive, got {} x {}", n_seq, seq_len));
   if (!(d.peak_flops > 0) || !(d.mem_bandwidth > 0) || !(d.attention_efficiency > 0) || d.elem_bytes < 1 ||
       d.grad_elem_bytes < 1 || d.scratch_elem_bytes < 1 || d.pcie_bandwidth < 0 ||
-      !(d.grouped_gemm_efficiency > 0) || !(d.grouped_wgrad_efficiency > 0) || !(d.fp8_flops >= 0))
-    throw std::invalid_argument("device model: peak_flops, mem_bandwidth, the attention and grouped GEMM "
-                                "efficiencies and element sizes must be positive, pcie_bandwidth and fp8_flops >= 0");
+      !(d.grouped_gemm_efficiency > 0) || !(d.grouped_wgrad_efficiency > 0) || !(d.fp8_flops >= 0) ||
+      !(d.fp8_quant_efficiency > 0))
+    throw std::invalid_argument("device model: peak_flops, mem_bandwidth, the attention, grouped GEMM and FP8 "
+                                "quantization efficiencies and element sizes must be positive, pcie_bandwidth and "
+                                "fp8_flops >= 0");
   Dims x{};
   x.nseq = double(n_seq);
   x.S = double(seq_len);
@@ -386,6 +400,8 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, i
       }
       c.scratch_bytes = int64_t(decoder_scratch_bytes(dd, n_seq, seq_len, size_t(se), true, d.mlp_chunk_tokens));
       c.scratch_fwd_bytes = int64_t(decoder_scratch_bytes(dd, n_seq, seq_len, size_t(se), false, d.mlp_chunk_tokens));
+      c.fp8_fwd_bytes = int64_t(fp8_weight_bytes(dd, false));
+      c.fp8_bwd_bytes = int64_t(fp8_weight_bytes(dd, true));
     }
     e.fwd_flops = f.flops;
     e.fwd_bytes = f.bytes;

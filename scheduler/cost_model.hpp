@@ -52,6 +52,11 @@ struct LayerCost {
   /// activation slot, the uploaded copy and the one its layers add to (actors/stage_task.cpp);
   /// their transfers (a few KiB per micro-batch) are not counted.
   int64_t router_stats_bytes = 0;
+  /// FP8 linears (DeviceModel::fp8_flops > 0): the device cache of the layer's quantized
+  /// weights a stage task holds while it runs (Layer::fp8_weight_bytes; actors/stage_task.cpp
+  /// allocates one per layer): W's codes in a forward call, W's and W^T's in a backward or tail
+  /// call. Stages sum them over their layers.
+  int64_t fp8_fwd_bytes = 0, fp8_bwd_bytes = 0;
   bool operator==(const LayerCost&) const = default;
 };
 
@@ -108,6 +113,11 @@ struct DeviceModel {
   /// forward, recompute and input gradient (their weight gradients stay at peak_flops). 0:
   /// every GEMM runs at peak_flops in the compute dtype.
   double fp8_flops = 0;
+  /// The FP8 quantization kernels' share of mem_bandwidth (amax and quantize passes over an
+  /// activation or a gradient, bf16 in, codes out): 0.56, as measured on the H200
+  /// (bench_fp8_ops_bench: 2.4 TB/s of a 4.25 TB/s copy at [8192, 2048], launch and tail
+  /// effects included).
+  double fp8_quant_efficiency = 0.56;
   double attention_efficiency = 0.7;  ///< fused attention FLOP/s as a fraction of peak_flops
   /// Grouped (per-expert) GEMMs of a sparse MLP block as a fraction of peak_flops: each expert
   /// multiplies only its routed rows (T * k / E on average), smaller and ragged tiles than a

@@ -31,6 +31,7 @@ struct Sums {
   int64_t up = 0;  // weight bytes uploaded (frozen groups: their storage form)
   int64_t attn = 0, attn_raw = 0;  // saved attention outputs: as charged, and their bytes
   bool sparse = false;  // runs a sparse decoder: router statistics per slot
+  int64_t fp8 = 0;      // the layers' FP8 weight caches (forward or backward form), as charged
 };
 
 // Constants of one problem.
@@ -59,6 +60,11 @@ struct Ctx {
   }
   // gradient accumulators as charged: none for a layer of frozen groups only
   int64_t grads(const LayerCost& l) const { return l.grad_bytes > 0 ? P(l.grad_bytes) : 0; }
+  // a layer's FP8 weight cache in a call of kind k, as charged (none without FP8 linears)
+  int64_t fp8(const LayerCost& l, StageKind k) const {
+    const int64_t b = k == StageKind::forward ? l.fp8_fwd_bytes : l.fp8_bwd_bytes;
+    return b > 0 ? P(b) : 0;
+  }
   int64_t P(int64_t bytes) const {
     return opt.alloc_granule <= 1 ? bytes : int64_t(pool_allocation_bytes(size_t(bytes), size_t(opt.alloc_granule)));
   }
@@ -106,7 +112,8 @@ StageEstimate assemble(const Ctx& c, StageKind kind, int first, int last, const 
   }
   const int64_t slots = std::min<int64_t>(std::min<int64_t>(M, 2), o.act_slots);
   const int64_t tmp = stage_temporaries(kind, k) * c.P(c.A);
-  e.work_bytes = e.weight_bytes + e.grad_bytes + slots * slot_bytes + tmp + (s.scratch > 0 ? c.P(s.scratch) : 0);
+  e.work_bytes =
+      e.weight_bytes + e.grad_bytes + slots * slot_bytes + tmp + (s.scratch > 0 ? c.P(s.scratch) : 0) + s.fp8;
   e.memory_bytes = e.work_bytes + (o.weight_buffers - 1) * e.weight_bytes;
   e.slot_bytes = slots > 0 ? slot_bytes : 0;
   e.retained_bytes = e.grad_bytes + (slots > 0 ? kept : 0);
@@ -174,6 +181,7 @@ struct Prefix {
   const Ctx& c;
   std::vector<double> cf, cb, ct;
   std::vector<int64_t> w, g, act, attn, attn_raw, up;
+  std::vector<int64_t> fp8[2];  // FP8 weight caches: backward / tail form, forward form
   std::vector<int> sparse;  // sparse decoders (router_stats_bytes > 0) before each layer
   std::vector<std::vector<int64_t>> scr[2];  // sparse tables of scratch maxima: backward, forward
   Prefix(const Ctx& ctx, const std::vector<LayerCost>& costs) : c(ctx) {
@@ -181,7 +189,10 @@ struct Prefix {
     cf.assign(n + 1, 0), cb.assign(n + 1, 0), ct.assign(n + 1, 0);
     w.assign(n + 1, 0), g.assign(n + 1, 0), up.assign(n + 1, 0), act.assign(n + 1, 0), attn.assign(n + 1, 0), attn_raw.assign(n + 1, 0);
     sparse.assign(n + 1, 0);
+    fp8[0].assign(n + 1, 0), fp8[1].assign(n + 1, 0);
     for (size_t i = 0; i < n; ++i) {
+      fp8[0][i + 1] = fp8[0][i] + c.fp8(costs[i], StageKind::backward);
+      fp8[1][i + 1] = fp8[1][i] + c.fp8(costs[i], StageKind::forward);
       cf[i + 1] = cf[i] + costs[i].fwd;
       cb[i + 1] = cb[i] + costs[i].bwd;
       ct[i + 1] = ct[i] + costs[i].tail;
@@ -221,6 +232,8 @@ struct Prefix {
     s.attn_raw = attn_raw[size_t(b) + 1] - attn_raw[size_t(a)];
     s.scratch = max_scratch(k, a, b);
     s.sparse = sparse[size_t(b) + 1] > sparse[size_t(a)];
+    const auto& f8 = fp8[k == StageKind::forward ? 1 : 0];
+    s.fp8 = f8[size_t(b) + 1] - f8[size_t(a)];
     return assemble(c, k, a, b, s);
   }
 };
@@ -331,6 +344,7 @@ StageEstimate estimate_stage(const std::vector<LayerCost>& costs, const Stage& s
     s.attn_raw += x.attn_o_bytes + x.attn_lse_bytes;
     s.scratch = std::max(s.scratch, st.kind == StageKind::forward ? x.scratch_fwd_bytes : x.scratch_bytes);
     s.sparse = s.sparse || x.router_stats_bytes > 0;
+    s.fp8 += c.fp8(x, st.kind);
   }
   return assemble(c, st.kind, st.first, st.last, s);
 }

@@ -106,6 +106,28 @@ TEST(CostModel, Fp8LinearsRunAtTheFp8Rate) {
   EXPECT_THROW(estimate_layers(m, 1, 8192, d), std::invalid_argument);
 }
 
+// The quantization passes an FP8 forward pays, as the decoder runs them (model/layers.cpp):
+// q's and gate's inputs are read once (the norms computed their scales), down's too (SwiGLU's
+// scale), o's twice (its own amax pass); k, v and up reuse codes and pay nothing. Halving the
+// quantization kernels' bandwidth adds exactly those bytes' time again.
+TEST(CostModel, Fp8QuantizationPassesFollowTheDecodersCodeReuse) {
+  ModelShape m = qwen3_1_7b();
+  DeviceModel d;
+  d.fp8_flops = 1110e12;
+  d.fp8_quant_efficiency = 0.5;
+  const double T = 8192, H = double(m.hidden_size), Q = double(m.num_heads * m.head_dim),
+               F = double(m.intermediate_size);
+  const auto a = estimate_layers(m, 1, 8192, d);
+  d.fp8_quant_efficiency = 0.25;
+  const auto b = estimate_layers(m, 1, 8192, d);
+  // bytes per pass: bf16 reads (2 per element each) and one byte of codes
+  const double bytes = 3 * T * H /* q */ + 5 * T * Q /* o */ + 3 * T * H /* gate */ + 3 * T * F /* down */;
+  const double want = bytes / (d.mem_bandwidth * 0.25) - bytes / (d.mem_bandwidth * 0.5);
+  EXPECT_NEAR(b[1].cost.fwd - a[1].cost.fwd, want, want * 1e-9);
+  d.fp8_quant_efficiency = 0;
+  EXPECT_THROW(estimate_layers(m, 1, 8192, d), std::invalid_argument);
+}
+
 TEST(CostModel, AttentionGrowsWithTheSquareOfTheSequence) {
   ModelShape m = qwen3_1_7b();
   DeviceModel d;

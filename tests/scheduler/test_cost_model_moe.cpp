@@ -265,5 +265,54 @@ TEST(CostModelMoe, SparseStagesHoldRouterStatisticsPerSlot) {
     EXPECT_EQ(estimate_stage(costs, st, po).work_bytes, estimate_stage(without, st, po).work_bytes);
 }
 
+// FP8 linears: each decoder's planned weight cache (forward: W's codes; backward and tail:
+// W's and W^T's) is what Layer::fp8_weight_bytes asks the worker to allocate (a sparse
+// decoder caches its attention projections only), and a stage's memory adds its layers'
+// caches as the pool charges them, in estimate_stage and in the partitioner's own sums.
+TEST(CostModelMoe, Fp8WeightCacheIsPlannedAsTheLayersAllocateIt) {
+  const ModelConfig c = load_config_file(fixture_config());
+  const ModelLayout m = make_layout(c);
+  DeviceModel d;
+  d.scratch_elem_bytes = 2;
+  d.fp8_flops = 1e15;
+  const auto e = estimate_layers(model_shape_from_config(c), 2, 32, d);
+  LayerOptions lo;
+  lo.fp8 = true;
+  for (int l = 1; l <= int(c.num_hidden_layers); ++l) {
+    auto layer = make_layer(m, l, lo);
+    EXPECT_EQ(e[size_t(l)].cost.fp8_fwd_bytes, int64_t(layer->fp8_weight_bytes(false))) << l;
+    EXPECT_EQ(e[size_t(l)].cost.fp8_bwd_bytes, int64_t(layer->fp8_weight_bytes(true))) << l;
+    EXPECT_GT(e[size_t(l)].cost.fp8_bwd_bytes, e[size_t(l)].cost.fp8_fwd_bytes) << l;
+  }
+  EXPECT_NE(e[1].cost.fp8_fwd_bytes, e[2].cost.fp8_fwd_bytes);  // sparse vs dense
+  EXPECT_EQ(e[0].cost.fp8_fwd_bytes, 0);                          // the embedding
+  d.fp8_flops = 0;
+  EXPECT_EQ(estimate_layers(model_shape_from_config(c), 2, 32, d)[1].cost.fp8_bwd_bytes, 0);
+
+  const auto costs = layer_costs(e);
+  auto without = costs;
+  for (auto& x : without) x.fp8_fwd_bytes = x.fp8_bwd_bytes = 0;
+  PartitionOptions po;
+  po.micro_batches = 4;
+  po.alloc_granule = 512;
+  const int n = int(costs.size());
+  for (const Stage& st : {Stage{StageKind::forward, 0, 2}, Stage{StageKind::backward, 1, 3},
+                          Stage{StageKind::tail, 2, n - 1}}) {
+    SCOPED_TRACE(fmt::format("{} {}-{}", stage_kind_name(st.kind), st.first, st.last));
+    int64_t want = 0;
+    for (int l = st.first; l <= st.last; ++l) {
+      const LayerCost& x = costs[size_t(l)];
+      const int64_t b = st.kind == StageKind::forward ? x.fp8_fwd_bytes : x.fp8_bwd_bytes;
+      if (b > 0) want += int64_t(pool_allocation_bytes(size_t(b), 512));
+    }
+    EXPECT_GT(want, 0);
+    EXPECT_EQ(estimate_stage(costs, st, po).work_bytes - estimate_stage(without, st, po).work_bytes, want);
+  }
+  const PartitionResult r = partition(costs, po);
+  ASSERT_EQ(r.stages.size(), r.plan.stages.size());
+  for (size_t i = 0; i < r.stages.size(); ++i)
+    EXPECT_EQ(r.stages[i].work_bytes, estimate_stage(costs, r.plan.stages[i], po).work_bytes) << i;
+}
+
 }  // namespace
 }  // namespace rp
