@@ -53,6 +53,11 @@ void throw_cublas_error(cublasStatus_t s, const char* what, const char* file, in
                                 cublasLtGetStatusString(s), what, file, line));
 }
 
+void check_launch(const char* name, const char* file, int line) {
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess)
+    throw_cuda_error(e, fmt::format("launch of kernel {}", name).c_str(), file, line);
+}
+
 void set_device(int dev) {
   int cur = -1;
   if (cudaGetDevice(&cur) != cudaSuccess || cur != dev) RP_CUDA_CHECK(cudaSetDevice(dev));

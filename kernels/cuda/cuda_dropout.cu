@@ -32,7 +32,7 @@ void k_dropout(DType t, const void* x, void* y, int64_t rows, int64_t cols, floa
   RP_DISPATCH_ANY("dropout", t, T,
                   dropout_kernel<T><<<unsigned(blocks), kThreads, 0, st>>>(
                       static_cast<const T*>(x), static_cast<T*>(y), rows, cols, p, inv, seed, row0));
-  check(cudaGetLastError(), "dropout", __FILE__, __LINE__);
+  RP_CUDA_LAUNCH_CHECK("dropout");
 }
 
 }  // namespace rp::cuda

@@ -56,7 +56,7 @@ void launch_ew(const char* name, int64_t n, bool vec, F f, cudaStream_t st) {
   } else {
     ew_kernel<false><<<grid_for(n, kThreads), kThreads, 0, st>>>(n, f);
   }
-  check(cudaGetLastError(), name, __FILE__, __LINE__);
+  RP_CUDA_LAUNCH_CHECK(name);
 }
 
 template <typename F>
@@ -67,7 +67,7 @@ void launch_ew_amax(const char* name, int64_t n, bool vec, F f, unsigned* amax, 
   } else {
     ew_amax_kernel<false><<<grid_for(n, kThreads), kThreads, 0, st>>>(n, f, amax);
   }
-  check(cudaGetLastError(), name, __FILE__, __LINE__);
+  RP_CUDA_LAUNCH_CHECK(name);
 }
 
 template <typename T>

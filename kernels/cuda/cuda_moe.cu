@@ -38,8 +38,6 @@ constexpr int kVec = 8;
     }                                        \
   } while (0)
 
-void launched(const char* name) { check(cudaGetLastError(), name, __FILE__, __LINE__); }
-
 // ---- routing: one warp per token ---------------------------------------------------------
 
 // Ordering key of a probability: NaN (from NaN logits) sorts below every number, so the
@@ -347,7 +345,7 @@ void k_moe_route(DType t, const void* logits, float* probs, int32_t* topk_idx, f
   RP_MOE_DISPATCH("moe_route", t, S,
                   moe_route_kernel<S><<<grid_for(T, kWarps), kThreads, 0, st>>>(
                       static_cast<const S*>(logits), probs, topk_idx, topk_w, T, int(E), int(k), norm));
-  launched("moe_route_kernel");
+  RP_CUDA_LAUNCH_CHECK("moe_route_kernel");
 }
 
 void k_moe_route_stats(const float* probs, const int32_t* topk_idx, float* stats, int64_t T, int64_t E,
@@ -355,7 +353,7 @@ void k_moe_route_stats(const float* probs, const int32_t* topk_idx, float* stats
   if (T <= 0) return;
   moe_route_stats_kernel<<<unsigned((E + 31) / 32), kStatsThreads, 0, st>>>(probs, topk_idx, stats, T, int(E),
                                                                        T * k);
-  launched("moe_route_stats_kernel");
+  RP_CUDA_LAUNCH_CHECK("moe_route_stats_kernel");
 }
 
 void k_moe_route_bwd(DType t, const float* probs, const int32_t* topk_idx, const float* dw,
@@ -366,7 +364,7 @@ void k_moe_route_bwd(DType t, const float* probs, const int32_t* topk_idx, const
       "moe_route_bwd", t, S,
       moe_route_bwd_kernel<S><<<grid_for(T, kWarps), kThreads, 0, st>>>(
           probs, topk_idx, dw, counts, aux_coef, static_cast<S*>(dlogits), T, int(E), int(k), norm));
-  launched("moe_route_bwd_kernel");
+  RP_CUDA_LAUNCH_CHECK("moe_route_bwd_kernel");
 }
 
 MoeSortPlan moe_sort_plan(int64_t R, int64_t E) {
@@ -394,12 +392,12 @@ void k_moe_sort(const int32_t* topk_idx, int32_t* offsets, int32_t* row, int32_t
   }
   moe_hist_kernel<<<unsigned(p.chunks), kThreads, smem, st>>>(topk_idx, hist, R, int(E), p.chunk, p.chunks,
                                                               err);
-  launched("moe_hist_kernel");
+  RP_CUDA_LAUNCH_CHECK("moe_hist_kernel");
   moe_scan_kernel<<<1, kScanThreads, 0, st>>>(hist, p.hist_ints, offsets, int(E), p.chunks, R);
-  launched("moe_scan_kernel");
+  RP_CUDA_LAUNCH_CHECK("moe_scan_kernel");
   moe_place_kernel<<<unsigned(p.chunks), 32, smem, st>>>(topk_idx, hist, row, token, R, int(E), p.chunk,
                                                          p.chunks, int(k), err);
-  launched("moe_place_kernel");
+  RP_CUDA_LAUNCH_CHECK("moe_place_kernel");
 }
 
 void k_gather_rows(DType t, const void* x, const int32_t* token, void* xs, int64_t R, int64_t H,
@@ -418,7 +416,7 @@ void k_gather_rows(DType t, const void* x, const int32_t* token, void* xs, int64
     gather_rows_kernel<<<grid, kThreads, 0, st>>>(static_cast<const uint16_t*>(x), token,
                                                   static_cast<uint16_t*>(xs), R, bytes / 2);
   }
-  launched("gather_rows_kernel");
+  RP_CUDA_LAUNCH_CHECK("gather_rows_kernel");
 }
 
 void k_moe_combine(DType t, const void* ys, const float* w, const int32_t* row, void* y, int64_t T, int64_t k,
@@ -432,7 +430,7 @@ void k_moe_combine(DType t, const void* ys, const float* w, const int32_t* row, 
       combine_kernel<S, true><<<grid, kThreads, 0, st>>>(a, w, row, b, T, int(k), H, accumulate);
     else combine_kernel<S, false><<<grid, kThreads, 0, st>>>(a, w, row, b, T, int(k), H, accumulate);
   });
-  launched("combine_kernel");
+  RP_CUDA_LAUNCH_CHECK("combine_kernel");
 }
 
 void k_moe_combine_bwd(DType t, const void* dy, const void* ys, const float* w, const int32_t* row, void* dys,
@@ -446,7 +444,7 @@ void k_moe_combine_bwd(DType t, const void* dy, const void* ys, const float* w, 
       combine_bwd_kernel<S, true><<<grid, kThreads, 0, st>>>(g, a, w, row, d, dw, T, int(k), H);
     else combine_bwd_kernel<S, false><<<grid, kThreads, 0, st>>>(g, a, w, row, d, dw, T, int(k), H);
   });
-  launched("combine_bwd_kernel");
+  RP_CUDA_LAUNCH_CHECK("combine_bwd_kernel");
 }
 
 void k_moe_gather_bwd(DType t, const void* dxs, const int32_t* row, void* dx, int64_t T, int64_t k, int64_t H,
@@ -460,7 +458,7 @@ void k_moe_group_ptrs(const MoeGroupTable& tab, const MoeGroupOperand& a, const 
   const int g = tab.n;
   group_ptrs_kernel<<<unsigned((g + 127) / 128), 128, 0, st>>>(
       tab, a, b, c, const_cast<const void**>(ptrs), const_cast<const void**>(ptrs + g), ptrs + 2 * g);
-  launched("group_ptrs_kernel");
+  RP_CUDA_LAUNCH_CHECK("group_ptrs_kernel");
 }
 
 }  // namespace rp::cuda

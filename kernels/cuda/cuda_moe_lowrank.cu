@@ -162,7 +162,7 @@ void launch_lowrank(const void* a, const void* w, void* out, const MoeGroupTable
   grouped_lowrank_kernel<T><<<grid, kLowRankThreads, 0, st>>>(static_cast<const T*>(a), static_cast<const T*>(w),
                                                                static_cast<T*>(out), tab, R, r, C, m_cr, alpha,
                                                                beta, vec);
-  check(cudaGetLastError(), "grouped_lowrank_kernel", __FILE__, __LINE__);
+  RP_CUDA_LAUNCH_CHECK("grouped_lowrank_kernel");
 }
 
 }  // namespace

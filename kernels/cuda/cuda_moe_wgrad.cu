@@ -129,7 +129,7 @@ void launch_tiles(const void* dy, const void* x, float* dw, const MoeGroupTable&
   else
     grouped_wgrad_kernel<T, false, TN, TK><<<grid, kWgradThreads, 0, st>>>(
         static_cast<const T*>(dy), static_cast<const T*>(x), dw, tab, R, K, N);
-  check(cudaGetLastError(), "grouped_wgrad_kernel", __FILE__, __LINE__);
+  RP_CUDA_LAUNCH_CHECK("grouped_wgrad_kernel");
 }
 
 template <typename T>

@@ -86,9 +86,14 @@ struct PassLayout {
   size_t total() const { return stats_at() + align256(stats); }
 };
 
-[[noreturn]] void throw_cudnn(const std::string& what, const std::string& msg) {
-  throw DeviceError(fmt::format("cuDNN {} failed: {}", what, msg));
+// As cuda_check.hpp's errors: what failed, why, the statement's file and line.
+[[noreturn]] void throw_cudnn(const std::string& what, const std::string& msg, const char* file, int line) {
+  throw DeviceError(fmt::format("cuDNN error ({}) in `{}` at {}:{}", msg, what, file, line));
 }
+void check_cudnn(cudnnStatus_t s, const char* what, const char* file, int line) {
+  if (s != CUDNN_STATUS_SUCCESS) throw_cudnn(what, cudnnGetErrorString(s), file, line);
+}
+#define RP_CUDNN_CHECK(call) check_cudnn((call), #call, __FILE__, __LINE__)
 
 bool supported_dtype(DType t) { return t == DType::bf16 || t == DType::f16; }
 
@@ -204,7 +209,7 @@ struct CudnnAttention::Impl {
   void run(const Entry& e, std::unordered_map<int64_t, void*>& pack, void* ws, const char* what) {
     set_device(device);
     if (auto st = e.graph->execute(handle, pack, ws); !st.is_good())
-      throw_cudnn(what, st.get_message());
+      throw_cudnn(what, st.get_message(), __FILE__, __LINE__);
   }
 
   // ---- expanded GQA backward ----
@@ -362,10 +367,8 @@ CudnnAttention::CudnnAttention(int device, cudaStream_t stream) : impl_(std::mak
   impl_->device = device;
   impl_->stream = stream;
   set_device(device);
-  if (cudnnStatus_t s = cudnnCreate(&impl_->handle); s != CUDNN_STATUS_SUCCESS)
-    throw DeviceError(fmt::format("cudnnCreate failed: {}", cudnnGetErrorString(s)));
-  if (cudnnStatus_t s = cudnnSetStream(impl_->handle, stream); s != CUDNN_STATUS_SUCCESS)
-    throw DeviceError(fmt::format("cudnnSetStream failed: {}", cudnnGetErrorString(s)));
+  RP_CUDNN_CHECK(cudnnCreate(&impl_->handle));
+  RP_CUDNN_CHECK(cudnnSetStream(impl_->handle, stream));
 }
 
 CudnnAttention::~CudnnAttention() {
