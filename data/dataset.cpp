@@ -14,6 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error_text.hpp"
+#include "data/arrow_records.hpp"
+#include "data/file_kind.hpp"
 #include "data/pretokenizer.hpp"
 #include "data/tokenizer.hpp"
 
@@ -306,6 +308,17 @@ Dataset load_json_records(const std::string& path, const Tokenizer& tok, const C
   return d;
 }
 
+Dataset load_columnar_records(const std::string& path, const Tokenizer& tok, const ChatFormat& chat) {
+  const ColumnarFormat format = columnar_format_of(file_head(path, 8));
+  if (format == ColumnarFormat::none) fail(path, "not a Parquet or Arrow IPC file (it does not start with their magic)");
+  Dataset d;
+  for_each_columnar_row(path, format, [&](const Json& row, size_t n) {
+    add_record(row, fmt::format("{}: row {}", path, n), tok, chat, d);
+  });
+  if (d.examples.empty() && d.num_documents == 0) throw std::runtime_error(path + ": no examples");
+  return d;
+}
+
 Dataset load_text_corpus(const std::string& path, const Tokenizer& tok) {
   int32_t eos = require_eos(tok, path);
   std::vector<std::string> files;
@@ -319,7 +332,9 @@ Dataset load_text_corpus(const std::string& path, const Tokenizer& tok) {
   }
   Dataset d;
   for (const auto& f : files) try {
-      append_document(tok, read_all(f), eos, d);
+      const std::string text = read_all(f);
+      if (std::string e = binary_file_error(f, text); !e.empty()) throw std::runtime_error(e);
+      append_document(tok, text, eos, d);
     } catch (const RegexWorkExceeded& e) {
       fail(f, e.what());
     }
@@ -327,12 +342,11 @@ Dataset load_text_corpus(const std::string& path, const Tokenizer& tok) {
 }
 
 Dataset load_dataset(const std::string& path, const Tokenizer& tok, const ChatFormat& chat) {
-  if (fs::is_directory(path) || has_extension(path, {".txt"})) return load_text_corpus(path, tok);
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw std::runtime_error(path + ": cannot open");
-  std::string head(4096, '\0');
-  f.read(head.data(), long(head.size()));
-  head.resize(size_t(f.gcount()));
+  if (fs::is_directory(path)) return load_text_corpus(path, tok);
+  const std::string head = file_head(path, 4096);
+  if (columnar_format_of(head) != ColumnarFormat::none) return load_columnar_records(path, tok, chat);
+  if (std::string e = binary_file_error(path, head); !e.empty()) throw std::runtime_error(e);
+  if (has_extension(path, {".txt"})) return load_text_corpus(path, tok);
   const char c = first_char(head);
   if (c == '{' || c == '[' || has_extension(path, {".json", ".jsonl"})) return load_json_records(path, tok, chat);
   return load_text_corpus(path, tok);

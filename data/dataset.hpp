@@ -1,4 +1,4 @@
-// Training data: JSON (lines or arrays) / plain-text loading, packing into fixed-length sequences, and a
+// Training data: JSON (lines or arrays) / Parquet / Arrow IPC / plain-text loading, packing into fixed-length sequences, and a
 // deterministic shuffled batch stream.
 //
 // Sequence construction respects the runtime's attention: it is causal *per sequence*
@@ -72,13 +72,25 @@ Dataset load_json_records(const std::string& path, const Tokenizer& tok, const C
 
 /// Loads plain text: `path` is one file, or a directory whose *.txt files (not recursive)
 /// are read in lexicographic order. Each file is one document (prefix, tokens, eos as a
-/// {"text"} record) in text_stream. Throws std::runtime_error when nothing can be read, the
-/// directory holds no .txt file, or the tokenizer has no eos_id().
+/// {"text"} record) in text_stream. Throws std::runtime_error when nothing can be read, a
+/// file is not UTF-8 text (file_kind.hpp), the directory holds no .txt file, or the
+/// tokenizer has no eos_id().
 Dataset load_text_corpus(const std::string& path, const Tokenizer& tok);
 
-/// Dispatch: a directory or a .txt file => load_text_corpus; a file whose content starts
-/// with '{' or '[', or named .json / .jsonl => load_json_records (which refuses a .json
-/// file holding neither JSON lines nor an array); any other file => plain text.
+/// Loads a Parquet or Arrow IPC (file or stream) data file, recognised by its magic: every
+/// row is one record of the shapes load_json_records takes, its columns the keys (nested
+/// list<struct> for messages; data/arrow_records.hpp maps the types, a null leaves its key
+/// out). Errors as load_json_records, naming "<path>: row <n>" (from 1); a damaged file, a
+/// column type with no JSON counterpart, or a build without Arrow C++ give one line naming
+/// the file (data/arrow_records.hpp).
+Dataset load_columnar_records(const std::string& path, const Tokenizer& tok, const ChatFormat& chat);
+
+/// Dispatch by content: a directory => load_text_corpus; a file starting with the Parquet or
+/// Arrow IPC magic => load_columnar_records; any other file that is not UTF-8 text (a NUL
+/// byte or invalid UTF-8 in its first KiB, or an archive's magic) is refused with one line
+/// naming it and its first bytes in hex (file_kind.hpp); a .txt file => load_text_corpus; a
+/// file whose content starts with '{' or '[', or named .json / .jsonl => load_json_records
+/// (which refuses a .json file holding neither JSON lines nor an array); any other => plain text.
 Dataset load_dataset(const std::string& path, const Tokenizer& tok, const ChatFormat& chat);
 
 /// Fixed-length training sequences, row-major [size(), seq_len].

@@ -4,8 +4,9 @@
 //
 // Data files: JSON lines or a JSON array (recognised by content) of {"text"},
 // {"prompt", "completion"}, {"messages": [...]}, ShareGPT {"conversations": [...]} or alpaca
-// {"instruction", "input", "output"} records (docs/spec.md, "Data files"), a .txt file or a
-// folder of .txt files. Supervised examples get one sequence each (truncated, padded with
+// {"instruction", "input", "output"} records (docs/spec.md, "Data files"), the same records as
+// the rows of a Parquet or Arrow IPC file (with Arrow C++ built in), a .txt file or a folder of
+// .txt files; any other binary file is refused. Supervised examples get one sequence each (truncated, padded with
 // eos; loss on the completion / assistant tokens only), or share sequences with `packing`
 // (positions restarting per example, attention within each); plain text
 // is concatenated and cut into windows. For each sequence ids[t] = token t and
