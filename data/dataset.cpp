@@ -126,11 +126,11 @@ void add_chat(const Tokenizer& tok, const ChatFormat& chat, const std::vector<Ch
 }
 
 // {"messages": [{"role", "content"[, "reasoning_content"]}, ...]}
-std::vector<ChatMessage> messages_of(const Json& m, const std::string& where) {
-  if (!m.is_array()) fail(where, fmt::format("expected an array at key \"messages\", got {}", type_name(m)));
+std::vector<ChatMessage> messages_of(const Json& m, const std::string& where, const char* key = "messages") {
+  if (!m.is_array()) fail(where, fmt::format("expected an array at key \"{}\", got {}", key, type_name(m)));
   std::vector<ChatMessage> msgs;
   for (size_t i = 0; i < m.size(); ++i) {
-    std::string ctx = fmt::format("messages[{}]: ", i);
+    std::string ctx = fmt::format("{}[{}]: ", key, i);
     if (!m[i].is_object()) fail(where, ctx + "expected an object with \"role\" and \"content\"");
     ChatMessage cm{get_string(m[i], "role", ctx, where), get_string(m[i], "content", ctx, where), {}};
     if (cm.role != "system" && cm.role != "user" && cm.role != "assistant")
@@ -183,6 +183,70 @@ std::vector<ChatMessage> alpaca_of(const Json& j, const std::string& where) {
   return msgs;
 }
 
+/// A conversational prompt / completion as TRL renders it: the completion's tokens are those of
+/// render(prompt ++ completion) after render(prompt, add_generation_prompt), which must be its
+/// prefix; tools pass to a Jinja template as `tools`.
+Example chat_prompt_completion(const Json& prompt, const Json& completion, const char* ckey, const Json& tools,
+                               const std::string& where, const Tokenizer& tok, const ChatFormat& chat) {
+  for (const auto& [m, key] : {std::pair<const Json*, const char*>{&prompt, "prompt"}, {&completion, ckey}}) {
+    if (!m->is_array())
+      fail(where, fmt::format("expected a list of messages at key \"{}\" (as \"prompt\"), got {}", key, type_name(*m)));
+    for (size_t i = 0; i < m->size(); ++i) {
+      const std::string ctx = fmt::format("{}[{}]: ", key, i);
+      if (!(*m)[i].is_object()) fail(where, ctx + "expected an object with \"role\"");
+      get_string((*m)[i], "role", ctx, where);
+    }
+  }
+  if (!std::any_of(completion.begin(), completion.end(), [](const Json& m) { return m["role"] == "assistant"; }))
+    fail(where, fmt::format("expected an assistant message in \"{}\" (nothing to train on)", ckey));
+  Json all = prompt;
+  all.insert(all.end(), completion.begin(), completion.end());
+  std::string prompt_text, full;
+  try {
+    if (chat.jinja) {
+      prompt_text = chat.jinja->render(prompt, tools, true);
+      full = chat.jinja->render(all, tools, false);
+    } else {
+      prompt_text = render_chat_text(chat.family, messages_of(prompt, where, "prompt"), nullptr, true);
+      messages_of(completion, where, ckey);  // names a bad completion message by its own key
+      full = render_chat_text(chat.family, messages_of(all, where, "prompt+completion"), nullptr, false);
+    }
+  } catch (const jinja::TemplateError& e) {
+    fail(where, e.what());
+  }
+  if (full.compare(0, prompt_text.size(), prompt_text) != 0)
+    fail(where, fmt::format("the chat template renders the prompt with its generation prompt differently from the "
+                            "start of prompt + {} (nothing marks where the {} starts)", ckey, ckey));
+  RenderedChat r = tokenize_chat(tok, full, {{prompt_text.size(), full.size()}});
+  return {std::move(r.ids), std::move(r.loss_mask)};
+}
+
+}  // namespace
+
+Example prompt_completion_example(const Json& j, const char* ckey, const std::string& where, const Tokenizer& tok,
+                                  const ChatFormat& chat) {
+  const auto p = j.find("prompt"), c = j.find(ckey);
+  if (p != j.end() && c != j.end() && (p->is_array() || c->is_array()))
+    return chat_prompt_completion(*p, *c, ckey, j.value("tools", Json()), where, tok, chat);
+  const std::string& prompt = get_string(j, "prompt", "", where);
+  const std::string& completion = get_string(j, ckey, "", where);
+  if (prompt.empty() && completion.empty())
+    fail(where, fmt::format("\"prompt\" and \"{}\" are both empty (nothing to train on)", ckey));
+  // as TRL: the prompt + completion text tokenised as one, the loss after as many tokens as the
+  // prompt alone has
+  Example ex;
+  ex.ids = tok.prefix_tokens();
+  const size_t prompt_tokens = ex.ids.size() + tok.encode(prompt).size();
+  const auto pc = tok.encode(prompt + completion);
+  ex.ids.insert(ex.ids.end(), pc.begin(), pc.end());
+  append_end(tok, require_eos(tok, where), ex.ids);
+  ex.loss_mask.assign(ex.ids.size(), 1);
+  std::fill_n(ex.loss_mask.begin(), std::min(prompt_tokens, ex.ids.size()), uint8_t(0));
+  return ex;
+}
+
+namespace {
+
 /// One record of a JSON data file into `d`.
 void add_record_fields(const Json& j, const std::string& where, const Tokenizer& tok, const ChatFormat& chat,
                        Dataset& d) {
@@ -195,20 +259,7 @@ void add_record_fields(const Json& j, const std::string& where, const Tokenizer&
   } else if (j.contains("instruction") || j.contains("output")) {
     add_chat(tok, chat, alpaca_of(j, where), where, d);
   } else if (j.contains("prompt") || j.contains("completion")) {
-    const std::string& prompt = get_string(j, "prompt", "", where);
-    const std::string& completion = get_string(j, "completion", "", where);
-    if (prompt.empty() && completion.empty())
-      fail(where, "\"prompt\" and \"completion\" are both empty (nothing to train on)");
-    Example ex;
-    ex.ids = tok.prefix_tokens();
-    auto p = tok.encode(prompt);
-    ex.ids.insert(ex.ids.end(), p.begin(), p.end());
-    ex.loss_mask.assign(ex.ids.size(), 0);
-    auto c = tok.encode(completion);
-    ex.ids.insert(ex.ids.end(), c.begin(), c.end());
-    append_end(tok, require_eos(tok, where), ex.ids);
-    ex.loss_mask.resize(ex.ids.size(), 1);
-    d.examples.push_back(std::move(ex));
+    d.examples.push_back(prompt_completion_example(j, "completion", where, tok, chat));
   } else if (j.contains("text")) {
     append_document(tok, get_string(j, "text", "", where), require_eos(tok, where), d);
   } else {
@@ -241,8 +292,9 @@ size_t line_of(const std::string& text, size_t pos) {
   return 1 + size_t(std::count(text.begin(), text.begin() + long(std::min(pos, text.size())), '\n'));
 }
 
-void load_json_array(const std::string& path, const std::string& text, const Tokenizer& tok, const ChatFormat& chat,
-                     Dataset& d) {
+/// Every element of a JSON array file, whole in memory (a JSON array cannot be read in parts).
+void json_array_records(const std::string& path, const RecordFn& record) {
+  const std::string text = read_all(path);
   Json j;
   try {
     j = Json::parse(text);
@@ -251,29 +303,32 @@ void load_json_array(const std::string& path, const std::string& text, const Tok
   }
   if (!j.is_array()) fail(path, fmt::format("expected a JSON array of objects, got {}", type_name(j)));
   // counted from 1, as the line numbers of a .jsonl file
-  for (size_t i = 0; i < j.size(); ++i)
-    add_record(j[i], fmt::format("{}: element {} of {}", path, i + 1, j.size()), tok, chat, d);
+  for (size_t i = 0; i < j.size(); ++i) record(j[i], fmt::format("{}: element {} of {}", path, i + 1, j.size()));
 }
 
-void load_json_lines(const std::string& path, const std::string& text, const Tokenizer& tok, const ChatFormat& chat,
-                     Dataset& d) {
-  std::istringstream in(text);
+/// Every line of a JSON lines file, read line by line: memory holds one line, not the file.
+void json_lines_records(const std::string& path, const RecordFn& record) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error(path + ": cannot open");
   std::string line;
   size_t lineno = 0;
   while (std::getline(in, line)) {
     ++lineno;
+    if (lineno == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);  // UTF-8 BOM
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     Json j;
     try {
       j = Json::parse(line);
     } catch (const Json::parse_error& e) {
+      std::string text = read_all(path);  // only to tell the cause
+      if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);
       if (Json::accept(text))  // one object written over several lines
         fail(path, "one JSON object over several lines; expected one object per line (JSON lines) or a JSON array "
                    "of objects");
       fail(fmt::format("{}:{}", path, lineno), "invalid JSON: " + parse_message(e));
     }
-    add_record(j, fmt::format("{}:{}", path, lineno), tok, chat, d);
+    record(j, fmt::format("{}:{}", path, lineno));
   }
 }
 
@@ -291,30 +346,35 @@ char first_char(const std::string& text) {
 }
 }  // namespace
 
-Dataset load_json_records(const std::string& path, const Tokenizer& tok, const ChatFormat& chat) {
-  std::string text = read_all(path);
-  if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);  // UTF-8 BOM
-  Dataset d;
-  const char c = first_char(text);
-  if (c == '[') load_json_array(path, text, tok, chat, d);
-  else if (c == '{') load_json_lines(path, text, tok, chat, d);
-  else if (c == 0) throw std::runtime_error(path + ": no examples");
-  else
+void for_each_json_record(const std::string& path, const RecordFn& record) {
+  const char c = first_char(file_head(path, 1 << 16));
+  if (c == '[') json_array_records(path, record);
+  else if (c == '{') json_lines_records(path, record);
+  else if (c != 0)
     fail(path, fmt::format("expected JSON lines (one object per line) or a JSON array of objects, but the file "
                            "starts with {}",
                            c >= 0x20 && c < 0x7f ? fmt::format("'{}'", c)
                                                  : fmt::format("byte 0x{:02x} (not text)", uint8_t(c))));
+}
+
+void for_each_record(const std::string& path, const RecordFn& record) {
+  const ColumnarFormat format = columnar_format_of(file_head(path, 8));
+  if (format == ColumnarFormat::none) return for_each_json_record(path, record);
+  for_each_columnar_row(path, format, [&](const Json& row, size_t n) { record(row, fmt::format("{}: row {}", path, n)); });
+}
+
+Dataset load_json_records(const std::string& path, const Tokenizer& tok, const ChatFormat& chat) {
+  Dataset d;
+  for_each_json_record(path, [&](const Json& j, const std::string& where) { add_record(j, where, tok, chat, d); });
   if (d.examples.empty() && d.num_documents == 0) throw std::runtime_error(path + ": no examples");
   return d;
 }
 
 Dataset load_columnar_records(const std::string& path, const Tokenizer& tok, const ChatFormat& chat) {
-  const ColumnarFormat format = columnar_format_of(file_head(path, 8));
-  if (format == ColumnarFormat::none) fail(path, "not a Parquet or Arrow IPC file (it does not start with their magic)");
+  if (columnar_format_of(file_head(path, 8)) == ColumnarFormat::none)
+    fail(path, "not a Parquet or Arrow IPC file (it does not start with their magic)");
   Dataset d;
-  for_each_columnar_row(path, format, [&](const Json& row, size_t n) {
-    add_record(row, fmt::format("{}: row {}", path, n), tok, chat, d);
-  });
+  for_each_record(path, [&](const Json& j, const std::string& where) { add_record(j, where, tok, chat, d); });
   if (d.examples.empty() && d.num_documents == 0) throw std::runtime_error(path + ": no examples");
   return d;
 }

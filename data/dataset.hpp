@@ -15,8 +15,11 @@
 // position of a padded example.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "data/chat_jinja.hpp"
 #include "roundpipe/data.hpp"  // kIgnoreIndex, TokenBatch
@@ -38,14 +41,29 @@ struct Dataset {
   size_t num_documents = 0;         ///< documents in text_stream
 };
 
+/// One record of a data file and where it is, for error messages: "<path>:<line>" (JSON
+/// lines), "<path>: element <i> of <n>" (JSON array) or "<path>: row <n>" (Parquet / Arrow).
+using RecordFn = std::function<void(const nlohmann::ordered_json& record, const std::string& where)>;
+
+/// Calls `record` for every record of a JSON lines file (read line by line: memory holds one
+/// line, never the file) or JSON array, told by the first non-blank byte; nothing for an empty
+/// file. Throws std::runtime_error with one line for invalid JSON and a file that is neither
+/// (as load_json_records); whatever `record` throws passes through.
+void for_each_json_record(const std::string& path, const RecordFn& record);
+
+/// for_each_json_record, or the rows of a Parquet / Arrow IPC file (told by its magic; data/
+/// arrow_records.hpp) as records.
+void for_each_record(const std::string& path, const RecordFn& record);
+
 /// Loads a JSON data file, recognised by its content (not its extension): a JSON array of
 /// objects (first non-blank byte '[') or JSON lines, one object per line ('{'; blank lines
 /// skipped; what `datasets`' to_json writes). Each object is one record of the shapes
 ///   {"text": str}                         -> text_stream: the post-processor's prefix (e.g.
 ///                                            LLaMA-3's <|begin_of_text|>), the tokens, eos
-///   {"prompt": str, "completion": str}    -> example: prefix ++ encode(prompt) ++
-///                                            encode(completion) ++ eos, loss on the
-///                                            completion tokens and eos
+///   {"prompt": str, "completion": str}    -> example: prefix ++ encode(prompt + completion)
+///                                            ++ eos, loss after the prompt's tokens (TRL)
+///   {"prompt": [msgs], "completion": [msgs]} -> the conversation, loss after the prompt with
+///                                            its generation prompt (prompt_completion_example)
 ///   {"messages": [{"role","content"[,"reasoning_content"]},..]}
 ///                                         -> example rendered by `chat` (chat_template.hpp),
 ///                                            loss on assistant turns + end-of-turn token
@@ -76,6 +94,19 @@ Dataset load_json_records(const std::string& path, const Tokenizer& tok, const C
 /// file is not UTF-8 text (file_kind.hpp), the directory holds no .txt file, or the
 /// tokenizer has no eos_id().
 Dataset load_text_corpus(const std::string& path, const Tokenizer& tok);
+
+/// The example of a prompt / completion record (`completion_key` "completion", or "chosen" /
+/// "rejected" of preference data): strings as TRL tokenizes them, prefix ++ encode(prompt +
+/// completion) ++ eos, the loss on the tokens after the first |prefix ++ encode(prompt)|;
+/// conversational ({"prompt": [messages], "completion": [messages]}, TRL's conversational
+/// prompt-completion, "tools" passed to a Jinja template) rendered by the chat template, the
+/// loss on the tokens of render(prompt ++ completion) after render(prompt) with the
+/// generation prompt (which must be its prefix), so on the completion's turns, end-of-turn
+/// tokens and whatever the template writes after them. Throws std::runtime_error with one
+/// line "<where>: <what>" (a missing key, a string beside a list, no assistant message in the
+/// completion, a template that renders the prompt differently once the completion follows).
+Example prompt_completion_example(const nlohmann::ordered_json& record, const char* completion_key,
+                                  const std::string& where, const Tokenizer& tok, const ChatFormat& chat);
 
 /// Loads a Parquet or Arrow IPC (file or stream) data file, recognised by its magic: every
 /// row is one record of the shapes load_json_records takes, its columns the keys (nested

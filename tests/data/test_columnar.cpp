@@ -2,6 +2,7 @@
 // the refusal of other binary files (data/file_kind.hpp).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 
 #include "common.hpp"
@@ -148,4 +149,73 @@ TEST(BinaryFiles, AreRefusedWithTheirFirstBytes) {
   const std::string cut = dir.write("cut.txt", std::string(kSniffBytes - 1, 'a') + "\xc3\xa9 end");
   EXPECT_EQ(binary_file_error(cut, read_file(cut)), "");
   EXPECT_EQ(load_dataset(cut, qwen(), ChatTemplate::chatml).num_documents, 1u);
+}
+
+// ---- prompt / completion as TRL tokenizes it --------------------------------------------
+
+namespace {
+Example one_example(const std::string& line, const ChatFormat& chat) {
+  TempDir dir;
+  const Dataset d = load_dataset(dir.write("pc.jsonl", line + "\n"), qwen(), chat);
+  EXPECT_EQ(d.examples.size(), 1u);
+  return d.examples.empty() ? Example{} : d.examples[0];
+}
+std::string trained_text(const Example& ex) {
+  std::vector<int32_t> t;
+  for (size_t i = 0; i < ex.ids.size(); ++i)
+    if (ex.loss_mask[i]) t.push_back(ex.ids[i]);
+  return qwen().decode(t);
+}
+size_t untrained_prefix(const Example& ex) {
+  return size_t(std::find(ex.loss_mask.begin(), ex.loss_mask.end(), 1) - ex.loss_mask.begin());
+}
+}  // namespace
+
+// TRL tokenizes prompt + completion joined and trains after as many tokens as the prompt alone
+// has: "Hello" + "world" is not encode("Hello") ++ encode("world").
+TEST(PromptCompletion, PlainTextIsTokenizedJoinedAsTrlDoes) {
+  const Example ex = one_example(R"({"prompt": "Hello", "completion": "world"})", ChatTemplate::chatml);
+  std::vector<int32_t> want = qwen().encode("Helloworld"), separate = qwen().encode("Hello");
+  const auto world = qwen().encode("world");
+  separate.insert(separate.end(), world.begin(), world.end());
+  ASSERT_NE(want, separate) << "the case must tell joined from separate tokenization";
+  want.push_back(qwen().eos_id());
+  EXPECT_EQ(ex.ids, want);
+  EXPECT_EQ(untrained_prefix(ex), qwen().encode("Hello").size());
+}
+
+// TRL's conversational prompt-completion: the completion's tokens are those after the prompt
+// rendered with its generation prompt, so the loss covers the assistant turn, its end-of-turn
+// token and the newline the template writes after it; the ids are the conversation's.
+TEST(PromptCompletion, ConversationalTrainsOnTheCompletionAfterTheGenerationPrompt) {
+  const std::string prompt = R"([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])";
+  const std::string completion = R"([{"role": "assistant", "content": "Hello there."}])";
+  for (const ChatFormat& chat : {ChatFormat(ChatTemplate::chatml), qwen3_jinja()}) {
+    const Example ex = one_example(R"({"prompt": )" + prompt + R"(, "completion": )" + completion + "}", chat);
+    const Example conv = one_example(R"({"messages": )" + prompt.substr(0, prompt.size() - 1) + ", " +
+                                         completion.substr(1) + "}",
+                                     chat);
+    EXPECT_EQ(ex.ids, conv.ids) << chat.name();
+    EXPECT_EQ(trained_text(conv), chat.jinja ? "<think>\n\n</think>\n\nHello there.<|im_end|>" : "Hello there.<|im_end|>");
+    EXPECT_EQ(trained_text(ex), chat.jinja ? "<think>\n\n</think>\n\nHello there.<|im_end|>\n" : "Hello there.<|im_end|>\n")
+        << chat.name();
+    // the untrained tokens are exactly the prompt with its generation prompt
+    EXPECT_EQ(qwen().decode(std::vector<int32_t>(ex.ids.begin(), ex.ids.begin() + long(untrained_prefix(ex)))),
+              "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+        << chat.name();
+  }
+}
+
+TEST(PromptCompletion, MismatchedShapesAreOneLine) {
+  TempDir dir;
+  const auto err = [&](const std::string& line) { return load_error(dir.write("pc.jsonl", line + "\n")); };
+  EXPECT_NE(err(R"({"prompt": [{"role": "user", "content": "Hi"}], "completion": "Hello"})")
+                .find("pc.jsonl:1: expected a list of messages at key \"completion\" (as \"prompt\"), got string"),
+            std::string::npos);
+  EXPECT_NE(err(R"({"prompt": [{"role": "user", "content": "Hi"}], "completion": [{"role": "user", "content": "x"}]})")
+                .find("pc.jsonl:1: expected an assistant message in \"completion\""),
+            std::string::npos);
+  EXPECT_NE(err(R"({"prompt": [{"role": "user", "content": "Hi"}], "completion": [{"content": "x"}]})")
+                .find("pc.jsonl:1: completion[0]: missing key \"role\""),
+            std::string::npos);
 }
