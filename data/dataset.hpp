@@ -27,6 +27,7 @@
 namespace rp {
 
 class Tokenizer;
+class SequencePacker;  // data/sequence_packer.hpp
 
 /// One tokenised training example: loss_mask[i] = 1 when token i is to be predicted.
 struct Example {
@@ -123,6 +124,13 @@ Dataset load_columnar_records(const std::string& path, const Tokenizer& tok, con
 /// file whose content starts with '{' or '[', or named .json / .jsonl => load_json_records
 /// (which refuses a .json file holding neither JSON lines nor an array); any other => plain text.
 Dataset load_dataset(const std::string& path, const Tokenizer& tok, const ChatFormat& chat);
+
+/// load_dataset straight into `packer`, record by record (text file by text file): host
+/// memory holds the packed sequences and one record, never every tokenised example. With
+/// max_examples > 0 only the first k supervised examples are packed (the others are still
+/// read and checked). Throws as load_dataset, and as SequencePacker::add_example.
+void load_dataset_into(const std::string& path, const Tokenizer& tok, const ChatFormat& chat, SequencePacker& packer,
+                       size_t max_examples = 0);
 
 /// Fixed-length training sequences, row-major [size(), seq_len].
 struct PackedSequences {

@@ -12,6 +12,7 @@
 #include "data/chat_jinja.hpp"
 #include "data/chat_template.hpp"
 #include "data/dataset.hpp"
+#include "data/sequence_packer.hpp"
 #include "data/tokenizer.hpp"
 #include "roundpipe/checkpoint.hpp"
 #include "roundpipe/data.hpp"
@@ -84,14 +85,15 @@ TokenStream::TokenStream(const LoadedModel& model, const std::string& data_path,
   Tokenizer tok = Tokenizer::from_json(model.tokenizer_json, tokenizer_origin(model));
   if (model.config.eos_token_id >= 0) tok.set_eos_id(int32_t(model.config.eos_token_id));
   const ChatFormat chat = format_for(model, o.chat_template, &tok);
-  Dataset ds = load_dataset(data_path, tok, chat);
-  if (o.max_examples > 0 && int64_t(ds.examples.size()) > o.max_examples) ds.examples.resize(size_t(o.max_examples));
-  PackedSequences packed = pack_sequences(ds, o.seq_len, tok.eos_id(), o.packing, host_available_bytes());
+  // record by record into the packed sequences: memory holds them, not every example too
+  SequencePacker packer(o.seq_len, tok.eos_id(), o.packing, host_available_bytes());
+  load_dataset_into(data_path, tok, chat, packer, o.max_examples > 0 ? size_t(o.max_examples) : 0);
+  PackedSequences packed = packer.finish();
   check_ids_fit_the_model(model, data_path, tok, packed);
   PackedSequences held = split_off(packed, o.eval_fraction);
   TokenStreamStats st;
-  st.examples = ds.examples.size();
-  st.text_tokens = ds.text_stream.size();
+  st.examples = packer.examples();
+  st.text_tokens = packer.text_tokens();
   st.dropped_examples = packed.dropped_examples;
   st.truncated_examples = packed.truncated_examples;
   st.sequences = packed.size();
