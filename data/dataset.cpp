@@ -14,7 +14,10 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error_text.hpp"
+#include "data/arrow_records.hpp"
+#include "data/file_kind.hpp"
 #include "data/pretokenizer.hpp"
+#include "data/sequence_packer.hpp"
 #include "data/tokenizer.hpp"
 
 namespace rp {
@@ -124,11 +127,11 @@ void add_chat(const Tokenizer& tok, const ChatFormat& chat, const std::vector<Ch
 }
 
 // {"messages": [{"role", "content"[, "reasoning_content"]}, ...]}
-std::vector<ChatMessage> messages_of(const Json& m, const std::string& where) {
-  if (!m.is_array()) fail(where, fmt::format("expected an array at key \"messages\", got {}", type_name(m)));
+std::vector<ChatMessage> messages_of(const Json& m, const std::string& where, const char* key = "messages") {
+  if (!m.is_array()) fail(where, fmt::format("expected an array at key \"{}\", got {}", key, type_name(m)));
   std::vector<ChatMessage> msgs;
   for (size_t i = 0; i < m.size(); ++i) {
-    std::string ctx = fmt::format("messages[{}]: ", i);
+    std::string ctx = fmt::format("{}[{}]: ", key, i);
     if (!m[i].is_object()) fail(where, ctx + "expected an object with \"role\" and \"content\"");
     ChatMessage cm{get_string(m[i], "role", ctx, where), get_string(m[i], "content", ctx, where), {}};
     if (cm.role != "system" && cm.role != "user" && cm.role != "assistant")
@@ -181,6 +184,70 @@ std::vector<ChatMessage> alpaca_of(const Json& j, const std::string& where) {
   return msgs;
 }
 
+/// A conversational prompt / completion as TRL renders it: the completion's tokens are those of
+/// render(prompt ++ completion) after render(prompt, add_generation_prompt), which must be its
+/// prefix; tools pass to a Jinja template as `tools`.
+Example chat_prompt_completion(const Json& prompt, const Json& completion, const char* ckey, const Json& tools,
+                               const std::string& where, const Tokenizer& tok, const ChatFormat& chat) {
+  for (const auto& [m, key] : {std::pair<const Json*, const char*>{&prompt, "prompt"}, {&completion, ckey}}) {
+    if (!m->is_array())
+      fail(where, fmt::format("expected a list of messages at key \"{}\" (as \"prompt\"), got {}", key, type_name(*m)));
+    for (size_t i = 0; i < m->size(); ++i) {
+      const std::string ctx = fmt::format("{}[{}]: ", key, i);
+      if (!(*m)[i].is_object()) fail(where, ctx + "expected an object with \"role\"");
+      get_string((*m)[i], "role", ctx, where);
+    }
+  }
+  if (!std::any_of(completion.begin(), completion.end(), [](const Json& m) { return m["role"] == "assistant"; }))
+    fail(where, fmt::format("expected an assistant message in \"{}\" (nothing to train on)", ckey));
+  Json all = prompt;
+  all.insert(all.end(), completion.begin(), completion.end());
+  std::string prompt_text, full;
+  try {
+    if (chat.jinja) {
+      prompt_text = chat.jinja->render(prompt, tools, true);
+      full = chat.jinja->render(all, tools, false);
+    } else {
+      prompt_text = render_chat_text(chat.family, messages_of(prompt, where, "prompt"), nullptr, true);
+      messages_of(completion, where, ckey);  // names a bad completion message by its own key
+      full = render_chat_text(chat.family, messages_of(all, where, "prompt+completion"), nullptr, false);
+    }
+  } catch (const jinja::TemplateError& e) {
+    fail(where, e.what());
+  }
+  if (full.compare(0, prompt_text.size(), prompt_text) != 0)
+    fail(where, fmt::format("the chat template renders the prompt with its generation prompt differently from the "
+                            "start of prompt + {} (nothing marks where the {} starts)", ckey, ckey));
+  RenderedChat r = tokenize_chat(tok, full, {{prompt_text.size(), full.size()}});
+  return {std::move(r.ids), std::move(r.loss_mask)};
+}
+
+}  // namespace
+
+Example prompt_completion_example(const Json& j, const char* ckey, const std::string& where, const Tokenizer& tok,
+                                  const ChatFormat& chat) {
+  const auto p = j.find("prompt"), c = j.find(ckey);
+  if (p != j.end() && c != j.end() && (p->is_array() || c->is_array()))
+    return chat_prompt_completion(*p, *c, ckey, j.value("tools", Json()), where, tok, chat);
+  const std::string& prompt = get_string(j, "prompt", "", where);
+  const std::string& completion = get_string(j, ckey, "", where);
+  if (prompt.empty() && completion.empty())
+    fail(where, fmt::format("\"prompt\" and \"{}\" are both empty (nothing to train on)", ckey));
+  // as TRL: the prompt + completion text tokenised as one, the loss after as many tokens as the
+  // prompt alone has
+  Example ex;
+  ex.ids = tok.prefix_tokens();
+  const size_t prompt_tokens = ex.ids.size() + tok.encode(prompt).size();
+  const auto pc = tok.encode(prompt + completion);
+  ex.ids.insert(ex.ids.end(), pc.begin(), pc.end());
+  append_end(tok, require_eos(tok, where), ex.ids);
+  ex.loss_mask.assign(ex.ids.size(), 1);
+  std::fill_n(ex.loss_mask.begin(), std::min(prompt_tokens, ex.ids.size()), uint8_t(0));
+  return ex;
+}
+
+namespace {
+
 /// One record of a JSON data file into `d`.
 void add_record_fields(const Json& j, const std::string& where, const Tokenizer& tok, const ChatFormat& chat,
                        Dataset& d) {
@@ -193,20 +260,7 @@ void add_record_fields(const Json& j, const std::string& where, const Tokenizer&
   } else if (j.contains("instruction") || j.contains("output")) {
     add_chat(tok, chat, alpaca_of(j, where), where, d);
   } else if (j.contains("prompt") || j.contains("completion")) {
-    const std::string& prompt = get_string(j, "prompt", "", where);
-    const std::string& completion = get_string(j, "completion", "", where);
-    if (prompt.empty() && completion.empty())
-      fail(where, "\"prompt\" and \"completion\" are both empty (nothing to train on)");
-    Example ex;
-    ex.ids = tok.prefix_tokens();
-    auto p = tok.encode(prompt);
-    ex.ids.insert(ex.ids.end(), p.begin(), p.end());
-    ex.loss_mask.assign(ex.ids.size(), 0);
-    auto c = tok.encode(completion);
-    ex.ids.insert(ex.ids.end(), c.begin(), c.end());
-    append_end(tok, require_eos(tok, where), ex.ids);
-    ex.loss_mask.resize(ex.ids.size(), 1);
-    d.examples.push_back(std::move(ex));
+    d.examples.push_back(prompt_completion_example(j, "completion", where, tok, chat));
   } else if (j.contains("text")) {
     append_document(tok, get_string(j, "text", "", where), require_eos(tok, where), d);
   } else {
@@ -239,8 +293,9 @@ size_t line_of(const std::string& text, size_t pos) {
   return 1 + size_t(std::count(text.begin(), text.begin() + long(std::min(pos, text.size())), '\n'));
 }
 
-void load_json_array(const std::string& path, const std::string& text, const Tokenizer& tok, const ChatFormat& chat,
-                     Dataset& d) {
+/// Every element of a JSON array file, whole in memory (a JSON array cannot be read in parts).
+void json_array_records(const std::string& path, const RecordFn& record) {
+  const std::string text = read_all(path);
   Json j;
   try {
     j = Json::parse(text);
@@ -249,29 +304,32 @@ void load_json_array(const std::string& path, const std::string& text, const Tok
   }
   if (!j.is_array()) fail(path, fmt::format("expected a JSON array of objects, got {}", type_name(j)));
   // counted from 1, as the line numbers of a .jsonl file
-  for (size_t i = 0; i < j.size(); ++i)
-    add_record(j[i], fmt::format("{}: element {} of {}", path, i + 1, j.size()), tok, chat, d);
+  for (size_t i = 0; i < j.size(); ++i) record(j[i], fmt::format("{}: element {} of {}", path, i + 1, j.size()));
 }
 
-void load_json_lines(const std::string& path, const std::string& text, const Tokenizer& tok, const ChatFormat& chat,
-                     Dataset& d) {
-  std::istringstream in(text);
+/// Every line of a JSON lines file, read line by line: memory holds one line, not the file.
+void json_lines_records(const std::string& path, const RecordFn& record) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error(path + ": cannot open");
   std::string line;
   size_t lineno = 0;
   while (std::getline(in, line)) {
     ++lineno;
+    if (lineno == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);  // UTF-8 BOM
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     Json j;
     try {
       j = Json::parse(line);
     } catch (const Json::parse_error& e) {
+      std::string text = read_all(path);  // only to tell the cause
+      if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);
       if (Json::accept(text))  // one object written over several lines
         fail(path, "one JSON object over several lines; expected one object per line (JSON lines) or a JSON array "
                    "of objects");
       fail(fmt::format("{}:{}", path, lineno), "invalid JSON: " + parse_message(e));
     }
-    add_record(j, fmt::format("{}:{}", path, lineno), tok, chat, d);
+    record(j, fmt::format("{}:{}", path, lineno));
   }
 }
 
@@ -289,24 +347,41 @@ char first_char(const std::string& text) {
 }
 }  // namespace
 
-Dataset load_json_records(const std::string& path, const Tokenizer& tok, const ChatFormat& chat) {
-  std::string text = read_all(path);
-  if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);  // UTF-8 BOM
-  Dataset d;
-  const char c = first_char(text);
-  if (c == '[') load_json_array(path, text, tok, chat, d);
-  else if (c == '{') load_json_lines(path, text, tok, chat, d);
-  else if (c == 0) throw std::runtime_error(path + ": no examples");
-  else
+void for_each_json_record(const std::string& path, const RecordFn& record) {
+  const char c = first_char(file_head(path, 1 << 16));
+  if (c == '[') json_array_records(path, record);
+  else if (c == '{') json_lines_records(path, record);
+  else if (c != 0)
     fail(path, fmt::format("expected JSON lines (one object per line) or a JSON array of objects, but the file "
                            "starts with {}",
                            c >= 0x20 && c < 0x7f ? fmt::format("'{}'", c)
                                                  : fmt::format("byte 0x{:02x} (not text)", uint8_t(c))));
-  if (d.examples.empty() && d.num_documents == 0) throw std::runtime_error(path + ": no examples");
-  return d;
 }
 
-Dataset load_text_corpus(const std::string& path, const Tokenizer& tok) {
+void for_each_record(const std::string& path, const RecordFn& record) {
+  const ColumnarFormat format = columnar_format_of(file_head(path, 8));
+  if (format == ColumnarFormat::none) return for_each_json_record(path, record);
+  for_each_columnar_row(path, format, [&](const Json& row, size_t n) { record(row, fmt::format("{}: row {}", path, n)); });
+}
+
+namespace {
+/// Receives the examples and documents of each record (or text file) as it is read, in
+/// `scratch`, and empties it.
+using TakeFn = std::function<void(Dataset& scratch)>;
+
+/// The records of a JSON or columnar file through `take`; "<path>: no examples" for none.
+void stream_records(const std::string& path, const Tokenizer& tok, const ChatFormat& chat, const TakeFn& take) {
+  Dataset scratch;
+  size_t n = 0;
+  for_each_record(path, [&](const Json& j, const std::string& where) {
+    add_record(j, where, tok, chat, scratch);
+    n += scratch.examples.size() + scratch.num_documents;
+    take(scratch);
+  });
+  if (n == 0) throw std::runtime_error(path + ": no examples");
+}
+
+void stream_text_corpus(const std::string& path, const Tokenizer& tok, const TakeFn& take) {
   int32_t eos = require_eos(tok, path);
   std::vector<std::string> files;
   if (fs::is_directory(path)) {
@@ -317,122 +392,104 @@ Dataset load_text_corpus(const std::string& path, const Tokenizer& tok) {
   } else {
     files.push_back(path);
   }
-  Dataset d;
+  Dataset scratch;
   for (const auto& f : files) try {
-      append_document(tok, read_all(f), eos, d);
+      const std::string text = read_all(f);
+      if (std::string e = binary_file_error(f, text); !e.empty()) throw std::runtime_error(e);
+      append_document(tok, text, eos, scratch);
+      take(scratch);
     } catch (const RegexWorkExceeded& e) {
       fail(f, e.what());
     }
+}
+
+void stream_dataset(const std::string& path, const Tokenizer& tok, const ChatFormat& chat, const TakeFn& take) {
+  if (fs::is_directory(path)) return stream_text_corpus(path, tok, take);
+  const std::string head = file_head(path, 4096);
+  if (columnar_format_of(head) != ColumnarFormat::none) return stream_records(path, tok, chat, take);
+  if (std::string e = binary_file_error(path, head); !e.empty()) throw std::runtime_error(e);
+  if (has_extension(path, {".txt"})) return stream_text_corpus(path, tok, take);
+  const char c = first_char(head);
+  if (c == '{' || c == '[' || has_extension(path, {".json", ".jsonl"})) return stream_records(path, tok, chat, take);
+  stream_text_corpus(path, tok, take);
+}
+
+/// A take that gathers everything into `d`.
+TakeFn gather_into(Dataset& d) {
+  return [&d](Dataset& s) {
+    for (auto& ex : s.examples) d.examples.push_back(std::move(ex));
+    d.text_stream.insert(d.text_stream.end(), s.text_stream.begin(), s.text_stream.end());
+    d.num_documents += s.num_documents;
+    s = Dataset{};
+  };
+}
+
+/// Newlines and bytes of `path` (every .txt file of a folder): bounds on the rows it can yield.
+std::pair<size_t, size_t> lines_and_bytes(const std::string& path) {
+  size_t lines = 0, bytes = 0;
+  std::vector<std::string> files;
+  if (fs::is_directory(path)) {
+    for (const auto& e : fs::directory_iterator(path))
+      if (e.is_regular_file() && e.path().extension() == ".txt") files.push_back(e.path().string());
+  } else {
+    files.push_back(path);
+  }
+  std::vector<char> buf(1 << 20);
+  for (const auto& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    while (in.read(buf.data(), std::streamsize(buf.size())) || in.gcount() > 0) {
+      const auto n = size_t(in.gcount());
+      lines += size_t(std::count(buf.begin(), buf.begin() + long(n), '\n'));
+      bytes += n;
+    }
+    ++lines;  // a last line without its newline
+  }
+  return {lines, bytes};
+}
+}  // namespace
+
+Dataset load_json_records(const std::string& path, const Tokenizer& tok, const ChatFormat& chat) {
+  Dataset d;
+  for_each_json_record(path, [&](const Json& j, const std::string& where) { add_record(j, where, tok, chat, d); });
+  if (d.examples.empty() && d.num_documents == 0) throw std::runtime_error(path + ": no examples");
+  return d;
+}
+
+Dataset load_columnar_records(const std::string& path, const Tokenizer& tok, const ChatFormat& chat) {
+  if (columnar_format_of(file_head(path, 8)) == ColumnarFormat::none)
+    fail(path, "not a Parquet or Arrow IPC file (it does not start with their magic)");
+  Dataset d;
+  stream_records(path, tok, chat, gather_into(d));
+  return d;
+}
+
+Dataset load_text_corpus(const std::string& path, const Tokenizer& tok) {
+  Dataset d;
+  stream_text_corpus(path, tok, gather_into(d));
   return d;
 }
 
 Dataset load_dataset(const std::string& path, const Tokenizer& tok, const ChatFormat& chat) {
-  if (fs::is_directory(path) || has_extension(path, {".txt"})) return load_text_corpus(path, tok);
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw std::runtime_error(path + ": cannot open");
-  std::string head(4096, '\0');
-  f.read(head.data(), long(head.size()));
-  head.resize(size_t(f.gcount()));
-  const char c = first_char(head);
-  if (c == '{' || c == '[' || has_extension(path, {".json", ".jsonl"})) return load_json_records(path, tok, chat);
-  return load_text_corpus(path, tok);
+  Dataset d;
+  stream_dataset(path, tok, chat, gather_into(d));
+  return d;
 }
 
-namespace {
-
-/// Example ids[0..n) with targets ids[t+1] where t+1 < n and the mask says so, written at
-/// row offset `at` of `p` (positions 0..) unless it has no target; returns the tokens
-/// used (0 when dropped). n <= seq_len + 1; at most seq_len tokens are placed.
-size_t place_example(const Example& ex, size_t n, size_t at, size_t L, PackedSequences& p) {
-  bool any = false;
-  for (size_t t = 1; t < n && !any; ++t) any = ex.loss_mask[t] != 0;
-  if (!any) return 0;
-  const size_t used = std::min(n, L);
-  for (size_t t = 0; t < used; ++t) {
-    p.ids[at + t] = ex.ids[t];
-    p.targets[at + t] = t + 1 < n && ex.loss_mask[t + 1] ? ex.ids[t + 1] : kIgnoreIndex;
-    if (!p.positions.empty()) p.positions[at + t] = int32_t(t);
+void load_dataset_into(const std::string& path, const Tokenizer& tok, const ChatFormat& chat, SequencePacker& packer,
+                       size_t max_examples) {
+  // every example takes a row at most (records are lines of JSON lines) and every token of
+  // text takes a byte at least, give or take a document's prefix and eos: address space, not
+  // memory, for that many rows
+  if (!fs::is_directory(path) && columnar_format_of(file_head(path, 8)) == ColumnarFormat::none) {
+    const auto [lines, bytes] = lines_and_bytes(path);
+    packer.reserve(lines, (bytes + 3 * lines) / size_t(packer.seq_len()) + 1);
   }
-  return used;
-}
-
-}  // namespace
-
-PackedSequences pack_sequences(const Dataset& data, int64_t seq_len, int32_t pad_id, bool pack, size_t max_bytes) {
-  if (seq_len < 1) throw std::invalid_argument(fmt::format("pack_sequences: seq_len must be >= 1, got {}", seq_len));
-  if (pad_id < 0) throw std::invalid_argument(fmt::format("pack_sequences: pad_id must be >= 0, got {}", pad_id));
-  PackedSequences p;
-  p.seq_len = seq_len;
-  const size_t L = size_t(seq_len);
-  // the rows and their bytes first (packing needs at most as many rows as one example per
-  // row): nothing is allocated for an impossible seq_len
-  size_t rows = 0;
-  for (const auto& ex : data.examples) {
-    if (ex.loss_mask.size() != ex.ids.size())
-      throw std::invalid_argument("pack_sequences: an example's loss_mask and ids differ in length");
-    const size_t n = std::min(ex.ids.size(), L + 1);
-    bool target = false;
-    for (size_t t = 1; t < n && !target; ++t) target = ex.loss_mask[t] != 0;
-    rows += target ? 1 : 0;  // an example without a target is dropped
-  }
-  if (data.text_stream.size() > 1) rows += (data.text_stream.size() - 2) / L + 1;
-  const size_t per_token = (pack ? 3 : 2) * sizeof(int32_t);
-  size_t bytes = 0;
-  if (__builtin_mul_overflow(rows, L, &bytes) || __builtin_mul_overflow(bytes, per_token, &bytes) ||
-      (max_bytes > 0 && bytes > max_bytes))
-    throw std::length_error(fmt::format(
-        "packing {} sequences of {} tokens needs {:.1f} GiB of host memory (ids, targets{}), {:.1f} GiB are available",
-        rows, seq_len, double(rows) * double(L) * double(per_token) / double(1ull << 30),
-        pack ? ", positions" : "", double(max_bytes) / double(1ull << 30)));
-  auto new_row = [&] {
-    const size_t base = p.ids.size();
-    p.ids.resize(base + L, pad_id);
-    p.targets.resize(base + L, kIgnoreIndex);
-    if (pack) {
-      p.positions.resize(base + L);
-      for (size_t t = 0; t < L; ++t) p.positions[base + t] = int32_t(t);
-    }
-    return base;
-  };
-  // the padding after the last example of a packed row: its own positions from 0
-  auto close_row = [&](size_t base, size_t fill) {
-    for (size_t t = fill; t < L && pack; ++t) p.positions[base + t] = int32_t(t - fill);
-  };
-  size_t row = 0, fill = L;  // the packed row being filled and its tokens used
-  for (const auto& ex : data.examples) {
-    if (ex.loss_mask.size() != ex.ids.size())
-      throw std::invalid_argument("pack_sequences: an example's loss_mask and ids differ in length");
-    const size_t n = std::min(ex.ids.size(), L + 1), need = std::min(n, L);
-    p.truncated_examples += ex.ids.size() > L + 1;
-    if (pack && fill + need <= L) {
-      const size_t used = place_example(ex, n, row + fill, L, p);
-      p.dropped_examples += used == 0;
-      fill += used;
-      continue;
-    }
-    if (pack && fill < L) close_row(row, fill);
-    const size_t base = new_row();
-    const size_t used = place_example(ex, n, base, L, p);
-    if (used == 0) {  // no target left: take the row back
-      p.ids.resize(base);
-      p.targets.resize(base);
-      if (pack) p.positions.resize(base);
-      ++p.dropped_examples;
-      continue;
-    }
-    row = base;
-    fill = used;
-  }
-  if (pack && fill < L) close_row(row, fill);
-  const auto& s = data.text_stream;
-  for (size_t start = 0; start + 1 < s.size(); start += L) {
-    const size_t base = new_row(), n = std::min(L + 1, s.size() - start);
-    for (size_t t = 0; t < std::min(n, L); ++t) {
-      p.ids[base + t] = s[start + t];
-      if (t + 1 < n) p.targets[base + t] = s[start + t + 1];
-    }
-  }
-  return p;
+  stream_dataset(path, tok, chat, [&](Dataset& s) {
+    for (const auto& ex : s.examples)
+      if (max_examples == 0 || packer.examples() < max_examples) packer.add_example(ex);
+    packer.add_text(s.text_stream);
+    s = Dataset{};
+  });
 }
 
 int64_t TokenBatch::num_targets() const {
@@ -442,21 +499,29 @@ int64_t TokenBatch::num_targets() const {
 PackedSequences split_off(PackedSequences& seqs, double fraction) {
   if (!(fraction >= 0 && fraction <= 1))
     throw std::invalid_argument(fmt::format("split_off: fraction must be in [0, 1], got {}", fraction));
-  PackedSequences keep, out;
-  keep.seq_len = out.seq_len = seqs.seq_len;
-  keep.dropped_examples = seqs.dropped_examples;
-  keep.truncated_examples = seqs.truncated_examples;
+  PackedSequences out;
+  out.seq_len = seqs.seq_len;
   const size_t L = size_t(seqs.seq_len);
   const bool packed = !seqs.positions.empty();
+  // the kept rows move up in place (never a second copy of the whole set), the held ones out
+  size_t kept = 0;
   for (int64_t i = 0; i < seqs.size(); ++i) {
     const bool held = std::floor(double(i + 1) * fraction) > std::floor(double(i) * fraction);
-    PackedSequences& to = held ? out : keep;
-    const size_t a = size_t(i) * L;
-    to.ids.insert(to.ids.end(), seqs.ids.begin() + long(a), seqs.ids.begin() + long(a + L));
-    to.targets.insert(to.targets.end(), seqs.targets.begin() + long(a), seqs.targets.begin() + long(a + L));
-    if (packed) to.positions.insert(to.positions.end(), seqs.positions.begin() + long(a), seqs.positions.begin() + long(a + L));
+    const auto from = long(size_t(i) * L), to = long(kept * L);
+    for (auto* v : {&seqs.ids, &seqs.targets, &seqs.positions}) {
+      if (v == &seqs.positions && !packed) continue;
+      if (held) {
+        auto& dst = v == &seqs.ids ? out.ids : v == &seqs.targets ? out.targets : out.positions;
+        dst.insert(dst.end(), v->begin() + from, v->begin() + from + long(L));
+      } else if (from != to) {
+        std::copy_n(v->begin() + from, L, v->begin() + to);
+      }
+    }
+    kept += held ? 0 : 1;
   }
-  seqs = std::move(keep);
+  seqs.ids.resize(kept * L);
+  seqs.targets.resize(kept * L);
+  if (packed) seqs.positions.resize(kept * L);
   return out;
 }
 

@@ -1,4 +1,4 @@
-// Training data: JSON (lines or arrays) / plain-text loading, packing into fixed-length sequences, and a
+// Training data: JSON (lines or arrays) / Parquet / Arrow IPC / plain-text loading, packing into fixed-length sequences, and a
 // deterministic shuffled batch stream.
 //
 // Sequence construction respects the runtime's attention: it is causal *per sequence*
@@ -15,8 +15,11 @@
 // position of a padded example.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "data/chat_jinja.hpp"
 #include "roundpipe/data.hpp"  // kIgnoreIndex, TokenBatch
@@ -24,6 +27,7 @@
 namespace rp {
 
 class Tokenizer;
+class SequencePacker;  // data/sequence_packer.hpp
 
 /// One tokenised training example: loss_mask[i] = 1 when token i is to be predicted.
 struct Example {
@@ -38,14 +42,29 @@ struct Dataset {
   size_t num_documents = 0;         ///< documents in text_stream
 };
 
+/// One record of a data file and where it is, for error messages: "<path>:<line>" (JSON
+/// lines), "<path>: element <i> of <n>" (JSON array) or "<path>: row <n>" (Parquet / Arrow).
+using RecordFn = std::function<void(const nlohmann::ordered_json& record, const std::string& where)>;
+
+/// Calls `record` for every record of a JSON lines file (read line by line: memory holds one
+/// line, never the file) or JSON array, told by the first non-blank byte; nothing for an empty
+/// file. Throws std::runtime_error with one line for invalid JSON and a file that is neither
+/// (as load_json_records); whatever `record` throws passes through.
+void for_each_json_record(const std::string& path, const RecordFn& record);
+
+/// for_each_json_record, or the rows of a Parquet / Arrow IPC file (told by its magic; data/
+/// arrow_records.hpp) as records.
+void for_each_record(const std::string& path, const RecordFn& record);
+
 /// Loads a JSON data file, recognised by its content (not its extension): a JSON array of
 /// objects (first non-blank byte '[') or JSON lines, one object per line ('{'; blank lines
 /// skipped; what `datasets`' to_json writes). Each object is one record of the shapes
 ///   {"text": str}                         -> text_stream: the post-processor's prefix (e.g.
 ///                                            LLaMA-3's <|begin_of_text|>), the tokens, eos
-///   {"prompt": str, "completion": str}    -> example: prefix ++ encode(prompt) ++
-///                                            encode(completion) ++ eos, loss on the
-///                                            completion tokens and eos
+///   {"prompt": str, "completion": str}    -> example: prefix ++ encode(prompt + completion)
+///                                            ++ eos, loss after the prompt's tokens (TRL)
+///   {"prompt": [msgs], "completion": [msgs]} -> the conversation, loss after the prompt with
+///                                            its generation prompt (prompt_completion_example)
 ///   {"messages": [{"role","content"[,"reasoning_content"]},..]}
 ///                                         -> example rendered by `chat` (chat_template.hpp),
 ///                                            loss on assistant turns + end-of-turn token
@@ -72,14 +91,46 @@ Dataset load_json_records(const std::string& path, const Tokenizer& tok, const C
 
 /// Loads plain text: `path` is one file, or a directory whose *.txt files (not recursive)
 /// are read in lexicographic order. Each file is one document (prefix, tokens, eos as a
-/// {"text"} record) in text_stream. Throws std::runtime_error when nothing can be read, the
-/// directory holds no .txt file, or the tokenizer has no eos_id().
+/// {"text"} record) in text_stream. Throws std::runtime_error when nothing can be read, a
+/// file is not UTF-8 text (file_kind.hpp), the directory holds no .txt file, or the
+/// tokenizer has no eos_id().
 Dataset load_text_corpus(const std::string& path, const Tokenizer& tok);
 
-/// Dispatch: a directory or a .txt file => load_text_corpus; a file whose content starts
-/// with '{' or '[', or named .json / .jsonl => load_json_records (which refuses a .json
-/// file holding neither JSON lines nor an array); any other file => plain text.
+/// The example of a prompt / completion record (`completion_key` "completion", or "chosen" /
+/// "rejected" of preference data): strings as TRL tokenizes them, prefix ++ encode(prompt +
+/// completion) ++ eos, the loss on the tokens after the first |prefix ++ encode(prompt)|;
+/// conversational ({"prompt": [messages], "completion": [messages]}, TRL's conversational
+/// prompt-completion, "tools" passed to a Jinja template) rendered by the chat template, the
+/// loss on the tokens of render(prompt ++ completion) after render(prompt) with the
+/// generation prompt (which must be its prefix), so on the completion's turns, end-of-turn
+/// tokens and whatever the template writes after them. Throws std::runtime_error with one
+/// line "<where>: <what>" (a missing key, a string beside a list, no assistant message in the
+/// completion, a template that renders the prompt differently once the completion follows).
+Example prompt_completion_example(const nlohmann::ordered_json& record, const char* completion_key,
+                                  const std::string& where, const Tokenizer& tok, const ChatFormat& chat);
+
+/// Loads a Parquet or Arrow IPC (file or stream) data file, recognised by its magic: every
+/// row is one record of the shapes load_json_records takes, its columns the keys (nested
+/// list<struct> for messages; data/arrow_records.hpp maps the types, a null leaves its key
+/// out). Errors as load_json_records, naming "<path>: row <n>" (from 1); a damaged file, a
+/// column type with no JSON counterpart, or a build without Arrow C++ give one line naming
+/// the file (data/arrow_records.hpp).
+Dataset load_columnar_records(const std::string& path, const Tokenizer& tok, const ChatFormat& chat);
+
+/// Dispatch by content: a directory => load_text_corpus; a file starting with the Parquet or
+/// Arrow IPC magic => load_columnar_records; any other file that is not UTF-8 text (a NUL
+/// byte or invalid UTF-8 in its first KiB, or an archive's magic) is refused with one line
+/// naming it and its first bytes in hex (file_kind.hpp); a .txt file => load_text_corpus; a
+/// file whose content starts with '{' or '[', or named .json / .jsonl => load_json_records
+/// (which refuses a .json file holding neither JSON lines nor an array); any other => plain text.
 Dataset load_dataset(const std::string& path, const Tokenizer& tok, const ChatFormat& chat);
+
+/// load_dataset straight into `packer`, record by record (text file by text file): host
+/// memory holds the packed sequences and one record, never every tokenised example. With
+/// max_examples > 0 only the first k supervised examples are packed (the others are still
+/// read and checked). Throws as load_dataset, and as SequencePacker::add_example.
+void load_dataset_into(const std::string& path, const Tokenizer& tok, const ChatFormat& chat, SequencePacker& packer,
+                       size_t max_examples = 0);
 
 /// Fixed-length training sequences, row-major [size(), seq_len].
 struct PackedSequences {

@@ -106,6 +106,25 @@ PY
   rm -rf "$tmp"
 fi
 
+# Parquet and Arrow IPC data files are read through Arrow C++, whose shared libraries and headers
+# ship in PyPI's pyarrow wheel (Debian 12 has no libarrow-dev): that exact wheel is unpacked into
+# .deps/pyarrow (include/, lib/ with libarrow and libparquet; never into a Python), where CMake's
+# RP_ARROW_DIR looks. If the download fails, the build goes on without it and such files are
+# refused with one line saying how to enable them.
+pa_version=26.0.1
+pa=.deps/pyarrow
+if [ ! -s "$pa/VERSION" ] || [ "$(cat "$pa/VERSION")" != "$pa_version" ]; then
+  echo "[setup] fetching Arrow C++ (libarrow, libparquet and headers from PyPI pyarrow==$pa_version)"
+  tmp=$(mktemp -d)
+  if python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
+       --platform manylinux_2_28_x86_64 "pyarrow==$pa_version" -d "$tmp" 2>/dev/null; then
+    python3 scripts/unpack_arrow_wheel.py "$(ls "$tmp"/pyarrow-*.whl)" "$pa" "$pa_version"
+  else
+    echo "[setup] warning: could not download pyarrow; building without Parquet / Arrow input"
+  fi
+  rm -rf "$tmp"
+fi
+
 # TensorBoard's own reader checks the event files the trainer writes (tests/trainer); optional:
 # without it that one test skips and says why.
 if ! python3 -c 'import tensorboard' >/dev/null 2>&1; then

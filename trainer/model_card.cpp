@@ -117,9 +117,10 @@ std::string model_card_text(const ModelCardFacts& f) {
     << (f.base.id_from.empty() ? "" : " (from " + f.base.id_from + ")") << "\n";
   o << "- local file: " << code(f.base.path) << "\n\n";
   o << "## Data\n\n";
-  o << "- training: " << data_line(s.data) << "\n";
-  if (!s.eval_data.empty()) o << "- evaluation: " << data_line(s.eval_data) << "\n";
-  else if (s.eval_fraction > 0)
+  if (s.data_mixture.empty()) o << "- training: " << data_line(s.data) << "\n";
+  for (const auto& d : s.data_mixture) o << "- training: " << data_line(d.path) << fmt::format(", weight {:g}\n", d.weight);
+  for (const auto& p : eval_data_paths(s)) o << "- evaluation: " << data_line(p) << "\n";
+  if (s.eval_data.empty() && s.eval_fraction > 0)
     o << fmt::format("- evaluation: {} held-out sequences ({}% of the training file's)\n", f.eval_sequences,
                      number(s.eval_fraction * 100));
   if (s.max_examples > 0) o << fmt::format("- the first {} examples only\n", s.max_examples);

@@ -115,8 +115,9 @@ void log_leftovers(const std::vector<StaleTemporary>& stale) {
 
 void check_output_file(const TrainSpec& spec, const std::string& file, const std::string& what) {
   if (file.empty()) return;
-  const std::vector<std::string> inputs = {spec.source, spec.model,   spec.data,
-                                           spec.eval_data, spec.adapter, spec.resume_from};
+  std::vector<std::string> inputs = {spec.source, spec.model, spec.adapter, spec.resume_from};
+  for (const auto& p : data_paths(spec)) inputs.push_back(p);
+  for (const auto& p : eval_data_paths(spec)) inputs.push_back(p);
   if (const std::string in = overlapping_input(file, inputs); !in.empty())
     throw std::invalid_argument(one_line(fmt::format(
         "{}: '{}' is or lies inside the run's input '{}', which writing it would destroy; choose another file",
@@ -130,8 +131,10 @@ void check_output_dir(const TrainSpec& spec) {
   if (const std::string why = unsafe_output_folder(out); !why.empty())
     throw std::invalid_argument(fmt::format(
         "{}: key 'output_dir': '{}' {}; a run's outputs need a folder of their own", spec.source, out, why));
-  const std::pair<const char*, const std::string*> inputs[] = {
-      {"model", &spec.model}, {"data", &spec.data}, {"eval_data", &spec.eval_data}, {"adapter", &spec.adapter}};
+  const std::vector<std::string> data = data_paths(spec), eval = eval_data_paths(spec);
+  std::vector<std::pair<const char*, const std::string*>> inputs = {{"model", &spec.model}, {"adapter", &spec.adapter}};
+  for (const auto& p : data) inputs.push_back({"data", &p});
+  for (const auto& p : eval) inputs.push_back({"eval_data", &p});
   // a resumed full fine-tuning run reads its weights from the checkpoint, not from "model"
   const bool reads_model = spec.resume_from.empty() || spec.lora || !spec.adapter.empty();
   for (const auto& [key, path] : inputs)
@@ -275,8 +278,8 @@ void check_data_paths(const TrainSpec& spec) {
   };
   // a resumed full fine-tuning run reads its weights from the checkpoint, not from "model"
   if (spec.resume_from.empty() || spec.lora || !spec.adapter.empty()) check("model", spec.model);
-  check("data", spec.data);
-  if (!spec.eval_data.empty()) check("eval_data", spec.eval_data);
+  for (const auto& p : data_paths(spec)) check("data", p);
+  for (const auto& p : eval_data_paths(spec)) check("eval_data", p);
 }
 
 void check_compute_dtype(const TrainSpec& spec) {
@@ -359,7 +362,8 @@ TokenStream load_data_for_training(const TrainSpec& spec, const LoadedModel& mod
   spdlog::info("loading data {} (chat template {})", spec.data, o.chat_template);
   std::optional<TokenStream> loaded;
   try {
-    loaded.emplace(model, spec.data, o);
+    if (spec.data_mixture.empty()) loaded.emplace(model, spec.data, o);
+    else loaded.emplace(model, spec.data_mixture, o);
   } catch (const std::length_error& e) {  // the packed sequences do not fit the host
     throw std::invalid_argument(fmt::format("{}: key 'seq_len': {}", spec.source, e.what()));
   }
@@ -409,13 +413,17 @@ std::vector<TokenBatch> load_eval_batches(const TrainSpec& spec, const LoadedMod
   o.chat_template = TokenStream::chat_template_for(model, spec.chat_template);
   o.packing = spec.packing;
   o.eval_fraction = 1;
-  TokenStream ev(model, spec.eval_data, o);
-  spdlog::info("eval: {} of {}", counted(ev.stats().eval_sequences, "sequence"), spec.eval_data);
-  warn_truncated(spec.eval_data, ev.stats(), spec.seq_len);
-  if (ev.stats().eval_sequences == 0)
-    throw std::invalid_argument(fmt::format("{}: key 'eval_data': {} holds no sequence with a target at seq_len {}",
-                                            spec.source, spec.eval_data, spec.seq_len));
-  return ev.evaluation_batches(per_pass);
+  std::vector<TokenBatch> batches;  // every file evaluated whole, one after the other
+  for (const std::string& path : eval_data_paths(spec)) {
+    TokenStream ev(model, path, o);
+    spdlog::info("eval: {} of {}", counted(ev.stats().eval_sequences, "sequence"), path);
+    warn_truncated(path, ev.stats(), spec.seq_len);
+    if (ev.stats().eval_sequences == 0)
+      throw std::invalid_argument(fmt::format("{}: key 'eval_data': {} holds no sequence with a target at seq_len {}",
+                                              spec.source, path, spec.seq_len));
+    for (auto& b : ev.evaluation_batches(per_pass)) batches.push_back(std::move(b));
+  }
+  return batches;
 }
 
 std::string resolve_epochs(TrainSpec& spec, int64_t training_sequences) {

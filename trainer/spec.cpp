@@ -11,11 +11,13 @@
 
 #include "base/checked_math.hpp"
 #include "base/json_fields.hpp"
+#include "trainer/spec_data.hpp"
 #include "roundpipe/adapter.hpp"
 #include "data/chat_template.hpp"
 #include "kernels/weight_format.hpp"
 
 namespace rp {
+
 namespace {
 
 // fp16 accumulation of the linears' GEMMs (docs/gpu.md): only on fp16 storage.
@@ -35,13 +37,13 @@ void read_scalars(const JsonFields& f, TrainSpec& s) {
   f.optional("model", s.model);
   f.optional("base_model_id", s.base_model_id);
   check_base_model_id(f, s);
-  f.optional("data", s.data);
+  read_data_key(f, s);
   f.optional("chat_template", s.chat_template);
   f.optional("seq_len", s.seq_len);
   f.optional("max_examples", s.max_examples);
   f.optional("packing", s.packing);
   f.optional("overwrite_output_dir", s.overwrite_output_dir);
-  f.optional("eval_data", s.eval_data);
+  read_eval_data_key(f, s);
   f.optional("eval_fraction", s.eval_fraction);
   if (!(s.eval_fraction >= 0 && s.eval_fraction < 1)) f.fail("eval_fraction", "a number in [0, 1)", s.eval_fraction);
   if (!s.eval_data.empty() && s.eval_fraction > 0)

@@ -12,9 +12,12 @@
 #include "data/chat_jinja.hpp"
 #include "data/chat_template.hpp"
 #include "data/dataset.hpp"
+#include "data/mixture.hpp"
+#include "data/sequence_packer.hpp"
 #include "data/tokenizer.hpp"
 #include "roundpipe/checkpoint.hpp"
 #include "roundpipe/data.hpp"
+#include "roundpipe/spec.hpp"
 #include "trainer/run_setup.hpp"
 
 namespace rp {
@@ -68,41 +71,84 @@ struct TokenStream::Impl {
   TokenStreamStats stats;
   PackedSequences held_out;  ///< evaluation sequences
   int32_t pad = 0;
-  std::optional<BatchStream> stream;  ///< none without sequences
-  BatchStream& batches() {
-    if (!stream)
+  std::optional<BatchStream> stream;  ///< one file; none without sequences
+  std::optional<MixtureStream> mixture;  ///< a weighted mixture of files
+  void require_sequences() const {
+    if (!stream && !mixture)
       throw std::invalid_argument(fmt::format(
           "no training sequence: {} tokens leave no target in any of the {} (their prompts are longer)",
           seq_len, counted(stats.examples, "example")));
-    return *stream;
   }
   int64_t seq_len = 0;
 };
 
-TokenStream::TokenStream(const LoadedModel& model, const std::string& data_path, const TokenStreamOptions& o) {
+namespace {
+/// One data file's training and held-out sequences, its stats added to `st`.
+struct LoadedFile {
+  PackedSequences train, held;
+};
+
+LoadedFile load_file(const LoadedModel& model, const Tokenizer& tok, const ChatFormat& chat, const std::string& path,
+                     const TokenStreamOptions& o, TokenStreamStats& st) {
+  // record by record into the packed sequences: memory holds them, not every example too
+  SequencePacker packer(o.seq_len, tok.eos_id(), o.packing, host_available_bytes());
+  load_dataset_into(path, tok, chat, packer, o.max_examples > 0 ? size_t(o.max_examples) : 0);
+  LoadedFile f;
+  f.train = packer.finish();
+  check_ids_fit_the_model(model, path, tok, f.train);
+  f.held = split_off(f.train, o.eval_fraction);
+  st.examples += packer.examples();
+  st.text_tokens += packer.text_tokens();
+  st.dropped_examples += f.train.dropped_examples;
+  st.truncated_examples += f.train.truncated_examples;
+  st.sequences += f.train.size();
+  st.eval_sequences += f.held.size();
+  return f;
+}
+
+Tokenizer tokenizer_of(const LoadedModel& model) {
   require_tokenizer(model);
   Tokenizer tok = Tokenizer::from_json(model.tokenizer_json, tokenizer_origin(model));
   if (model.config.eos_token_id >= 0) tok.set_eos_id(int32_t(model.config.eos_token_id));
+  return tok;
+}
+}  // namespace
+
+TokenStream::TokenStream(const LoadedModel& model, const std::string& data_path, const TokenStreamOptions& o) {
+  const Tokenizer tok = tokenizer_of(model);
   const ChatFormat chat = format_for(model, o.chat_template, &tok);
-  Dataset ds = load_dataset(data_path, tok, chat);
-  if (o.max_examples > 0 && int64_t(ds.examples.size()) > o.max_examples) ds.examples.resize(size_t(o.max_examples));
-  PackedSequences packed = pack_sequences(ds, o.seq_len, tok.eos_id(), o.packing, host_available_bytes());
-  check_ids_fit_the_model(model, data_path, tok, packed);
-  PackedSequences held = split_off(packed, o.eval_fraction);
-  TokenStreamStats st;
-  st.examples = ds.examples.size();
-  st.text_tokens = ds.text_stream.size();
-  st.dropped_examples = packed.dropped_examples;
-  st.truncated_examples = packed.truncated_examples;
-  st.sequences = packed.size();
-  st.eval_sequences = held.size();
-  st.chat_template = chat.name();
   impl_ = std::make_unique<Impl>();
-  impl_->stats = std::move(st);
+  LoadedFile f = load_file(model, tok, chat, data_path, o, impl_->stats);
+  impl_->stats.chat_template = chat.name();
   impl_->seq_len = o.seq_len;
-  impl_->held_out = std::move(held);
+  impl_->held_out = std::move(f.held);
   impl_->pad = tok.eos_id();
-  if (packed.size() > 0) impl_->stream.emplace(std::move(packed), o.seed);
+  if (f.train.size() > 0) impl_->stream.emplace(std::move(f.train), o.seed);
+}
+
+TokenStream::TokenStream(const LoadedModel& model, const std::vector<DataSource>& sources,
+                         const TokenStreamOptions& o) {
+  const Tokenizer tok = tokenizer_of(model);
+  const ChatFormat chat = format_for(model, o.chat_template, &tok);
+  impl_ = std::make_unique<Impl>();
+  std::vector<MixtureSource> mix;
+  for (const auto& src : sources) {
+    LoadedFile f = load_file(model, tok, chat, src.path, o, impl_->stats);
+    auto& held = impl_->held_out;  // every file's held-out sequences, in the order of the list
+    held.seq_len = o.seq_len;
+    held.ids.insert(held.ids.end(), f.held.ids.begin(), f.held.ids.end());
+    held.targets.insert(held.targets.end(), f.held.targets.begin(), f.held.targets.end());
+    held.positions.insert(held.positions.end(), f.held.positions.begin(), f.held.positions.end());
+    if (f.train.size() == 0)
+      throw std::invalid_argument(one_line(fmt::format(
+          "{}: no training sequence at seq_len {} (every example's prompt is longer, or all are held out)", src.path,
+          o.seq_len)));
+    mix.push_back({src.path, std::move(f.train), src.weight});
+  }
+  impl_->stats.chat_template = chat.name();
+  impl_->seq_len = o.seq_len;
+  impl_->pad = tok.eos_id();
+  impl_->mixture.emplace(std::move(mix), o.seed);
 }
 
 TokenStream::~TokenStream() = default;
@@ -113,9 +159,19 @@ std::string TokenStream::chat_template_for(const LoadedModel& model, const std::
   return format_for(model, requested, nullptr).name();
 }
 
-TokenBatch TokenStream::next(int64_t n_seq) { return impl_->batches().next(n_seq); }
-int64_t TokenStream::position() const { return impl_->stream ? impl_->stream->position() : 0; }
-void TokenStream::seek(int64_t position) { impl_->batches().seek(position); }
+TokenBatch TokenStream::next(int64_t n_seq) {
+  impl_->require_sequences();
+  return impl_->mixture ? impl_->mixture->next(n_seq) : impl_->stream->next(n_seq);
+}
+int64_t TokenStream::position() const {
+  return impl_->mixture ? impl_->mixture->position() : impl_->stream ? impl_->stream->position() : 0;
+}
+void TokenStream::seek(int64_t position) {
+  impl_->require_sequences();
+  if (impl_->mixture) impl_->mixture->seek(position);
+  else impl_->stream->seek(position);
+}
+std::string TokenStream::mixture_proportions() const { return impl_->mixture ? impl_->mixture->proportions() : ""; }
 const TokenStreamStats& TokenStream::stats() const { return impl_->stats; }
 
 std::vector<TokenBatch> TokenStream::evaluation_batches(int64_t n_seq) const {

@@ -592,6 +592,8 @@ void Run::save(const std::string& name) {
                                                                   : ModelCardFacts::Kind::full));
   const double seconds = elapsed() - t0;
   spdlog::info("saved checkpoint {} in {:.1f} s", dir, seconds);
+  if (const std::string mix = data_->mixture_proportions(); !mix.empty())
+    spdlog::info("data mixture over steps 1-{}: {}", steps, mix);
   last_checkpoint_ = dir;
   for (const std::string& line : series_.saved(spec_.output_dir, name, steps, true)) spdlog::info("{}", line);
   save_profile();

@@ -4,8 +4,9 @@
 //
 // Data files: JSON lines or a JSON array (recognised by content) of {"text"},
 // {"prompt", "completion"}, {"messages": [...]}, ShareGPT {"conversations": [...]} or alpaca
-// {"instruction", "input", "output"} records (docs/spec.md, "Data files"), a .txt file or a
-// folder of .txt files. Supervised examples get one sequence each (truncated, padded with
+// {"instruction", "input", "output"} records (docs/spec.md, "Data files"), the same records as
+// the rows of a Parquet or Arrow IPC file (with Arrow C++ built in), a .txt file or a folder of
+// .txt files; any other binary file is refused. Supervised examples get one sequence each (truncated, padded with
 // eos; loss on the completion / assistant tokens only), or share sequences with `packing`
 // (positions restarting per example, attention within each); plain text
 // is concatenated and cut into windows. For each sequence ids[t] = token t and
@@ -20,6 +21,7 @@
 namespace rp {
 
 struct LoadedModel;  // roundpipe/checkpoint.hpp
+struct DataSource;   // roundpipe/spec.hpp
 
 /// Target value meaning "no loss at this position" (PyTorch's ignore_index).
 inline constexpr int32_t kIgnoreIndex = -100;
@@ -71,6 +73,13 @@ class TokenStream {
   /// template that is not recognised. A data set whose every example loses its target to
   /// truncation loads with stats().sequences == 0 (next() then throws).
   TokenStream(const LoadedModel& model, const std::string& data_path, const TokenStreamOptions& options);
+  /// A weighted mixture of data files: each file loaded (and its eval_fraction held out) as
+  /// above; position p draws its file from (seed, p) with probability weight / (sum of the
+  /// weights), the file's sequences in their own shuffled epochs, so seek(p) resumes the
+  /// stream exactly; evaluation_batches() serves every file's held-out sequences. stats() sum
+  /// over the files. Throws as above, and std::invalid_argument with one line for a weight
+  /// that is not > 0 or a file with no training sequence.
+  TokenStream(const LoadedModel& model, const std::vector<DataSource>& sources, const TokenStreamOptions& options);
   ~TokenStream();
   TokenStream(TokenStream&&) noexcept;
   TokenStream& operator=(TokenStream&&) noexcept;
@@ -91,6 +100,9 @@ class TokenStream {
   int64_t position() const;
   void seek(int64_t position);
   const TokenStreamStats& stats() const;
+  /// A mixture's realised proportions so far ("a.jsonl 74.8% (weight 75.0%), b.parquet 25.2%
+  /// (weight 25.0%)"); "" for one file.
+  std::string mixture_proportions() const;
   /// The held-out sequences in order, n_seq per batch; the last batch is filled up with
   /// sequences that have no target (ids = eos, targets = -100), so every batch has the
   /// shape of a training pass. Empty without held-out sequences.

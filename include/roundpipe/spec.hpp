@@ -17,6 +17,19 @@ namespace rp {
 /// join as data-parallel replicas (mpirun). Bounds the spec's "workers" and `roundpipe plan --gpus`.
 inline constexpr int kMaxWorkers = 1024;
 
+/// One file of a data mixture: its sequences are drawn with probability weight / (the sum of
+/// the weights).
+struct DataSource {
+  std::string path;
+  double weight = 1;  ///< > 0
+};
+
+/// The data files of a spec: its mixture's, else {data}.
+struct TrainSpec;
+std::vector<std::string> data_paths(const TrainSpec& spec);
+/// The evaluation files of a spec: eval_files, else {eval_data} when given, else none.
+std::vector<std::string> eval_data_paths(const TrainSpec& spec);
+
 struct TrainSpec {
   std::string source = "spec";       ///< the spec file (error messages name it)
   std::string model;                 ///< .gguf file or HF directory
@@ -26,6 +39,10 @@ struct TrainSpec {
   /// else the local path (roundpipe/adapter.hpp, base_model_ref).
   std::string base_model_id;
   std::string data;                  ///< JSON lines / JSON array file, .txt file or directory of .txt files
+  /// "data" given as a list: the files of a weighted mixture (docs/spec.md "Data mixtures"),
+  /// `data` then names them all ("a.jsonl (weight 3) + b.parquet (weight 1)") for the log;
+  /// empty for one file.
+  std::vector<DataSource> data_mixture;
   std::string chat_template = "auto";  ///< auto (the model's own template through the Jinja interpreter; chatml when it has none) | jinja (the model's, or an error) | chatml | qwen3 | qwen3-no-think | smollm2 | llama3 (hand-written)
   int64_t seq_len = 128;             ///< tokens per sequence
   int64_t max_examples = 0;          ///< use only the first k supervised examples (0 = all)
@@ -35,6 +52,9 @@ struct TrainSpec {
   /// replaced by mistake; set, the new run writes over them.
   bool overwrite_output_dir = false;
   std::string eval_data;             ///< evaluation data file ("" = none; or eval_fraction)
+  /// "eval_data" given as a list of files: every one evaluated whole (eval_data then names
+  /// them all, "a.jsonl + b.parquet"); empty for one file.
+  std::vector<std::string> eval_files;
   double eval_fraction = 0;          ///< hold out this fraction of `data`'s sequences for evaluation
   int64_t eval_every = 0;            ///< evaluate every k steps (and after the last); 0 = after the last only
   int64_t sequences_per_step = 4;    ///< global batch, in sequences

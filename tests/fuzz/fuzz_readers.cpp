@@ -1,5 +1,5 @@
 // A mutation fuzzer over every reader of user files: GGUF, safetensors, config.json, experiment
-// specs, JSONL data, optimizer.bin and trainer_state.json. Each target starts from a valid seed
+// specs, JSONL, Parquet and Arrow IPC data, optimizer.bin and trainer_state.json. Each target starts from a valid seed
 // file written here, mutates it (bit flips, interesting integers and numbers, inserted,
 // deleted, duplicated and truncated ranges) and feeds it to the reader. A reader may accept
 // the input or throw a std::exception; anything else is a failure: a crash or a sanitizer
@@ -25,6 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "data/arrow_records.hpp"
 #include "data/dataset.hpp"
 #include "data/tokenizer.hpp"
 #include "model/checkpoint.hpp"
@@ -431,6 +432,18 @@ int main(int argc, char** argv) {
        {},
        [](const fs::path& f) { rp::read_trainer_state(f.string()); }},
   };
+  // Parquet and Arrow IPC data (Arrow C++'s readers and the row-to-record mapping), when this
+  // build reads them: pyarrow-written seeds with messages as list<struct>
+  if (rp::arrow_input_built())
+    for (const char* name : {"chat.parquet", "chat.arrow", "chat.arrows"})
+      targets.push_back({name, false, std::string("data") + fs::path(name).extension().string(),
+                         [name, &fixtures] { return read_file(fs::path(fixtures) / "columnar" / name); },
+                         {},
+                         [&](const fs::path& f) {
+                           rp::Dataset d = rp::load_dataset(f.string(), tok, rp::ChatTemplate::smollm2);
+                           rp::PackedSequences p = rp::pack_sequences(d, 16, 0, size_t(1) << 28);
+                           if (p.size() > 0) rp::BatchStream(std::move(p), 1).next(3);
+                         }});
 
   ::signal(SIGALRM, on_alarm);
   long total = 0, accepted = 0, refused = 0;

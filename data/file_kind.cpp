@@ -1,0 +1,64 @@
+#include "data/file_kind.hpp"
+
+#include <algorithm>
+#include <fstream>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "data/pretokenizer.hpp"  // valid_utf8_prefix
+
+namespace rp {
+
+std::string file_head(const std::string& path, size_t n) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw std::runtime_error(path + ": cannot open");
+  std::string head(n, '\0');
+  f.read(head.data(), std::streamsize(n));
+  head.resize(size_t(f.gcount()));
+  return head;
+}
+
+namespace {
+/// What a known magic says the file is, or "".
+std::string_view known_kind(std::string_view h) {
+  struct Magic {
+    std::string_view bytes, kind;
+  };
+  static constexpr Magic magics[] = {
+      {"\x1f\x8b", "a gzip archive: decompress it first"},
+      {"\x28\xb5\x2f\xfd", "a zstd archive: decompress it first"},
+      {"BZh91AY&SY", "a bzip2 archive: decompress it first"},
+      {{"\xfd" "7zXZ\0", 6}, "an xz archive: decompress it first"},
+      {"PK\x03\x04", "a zip archive: unpack it first"},
+      {"\xff\xfe", "UTF-16 text: convert it to UTF-8"},
+      {"\xfe\xff", "UTF-16 text: convert it to UTF-8"},
+      {"GGUF", "a GGUF model file"},
+  };
+  for (const auto& m : magics)
+    if (h.substr(0, m.bytes.size()) == m.bytes) return m.kind;
+  return {};
+}
+}  // namespace
+
+std::string binary_file_error(const std::string& path, std::string_view head) {
+  head = head.substr(0, kSniffBytes);
+  const std::string_view kind = known_kind(head);
+  bool text = kind.empty() && head.find('\0') == std::string_view::npos;
+  if (text) {
+    const size_t valid = valid_utf8_prefix(head);
+    // a multi-byte character the sniffed bytes cut is still text
+    text = valid == head.size() || (head.size() == kSniffBytes && head.size() - valid < 4 &&
+                                    (static_cast<unsigned char>(head[valid]) & 0xC0) == 0xC0);
+  }
+  if (text) return {};
+  std::string hex;
+  for (size_t i = 0; i < std::min<size_t>(head.size(), 16); ++i)
+    hex += fmt::format("{}{:02x}", i ? " " : "", static_cast<unsigned char>(head[i]));
+  return fmt::format("{}: not text: its first bytes are {}{}{}; expected JSON lines, a JSON array, Parquet, Arrow IPC "
+                     "or UTF-8 text",
+                     path, hex, head.size() > 16 ? " ..." : "",
+                     kind.empty() ? std::string() : fmt::format(" ({})", kind));
+}
+
+}  // namespace rp
