@@ -189,6 +189,13 @@ void prepare_output_dir(const TrainSpec& spec) {
         "\"roundpipe train\"), so nothing proves the folder's run outputs roundpipe's; move it away or choose another "
         "output_dir",
         spec.source, record.string()));
+  // no run makes a link: one named like a run output would be replaced (or written through)
+  for (fs::directory_iterator it(spec.output_dir, ec), end; !ec && it != end; it.increment(ec))
+    if (is_run_output(it->path().filename().string()) && it->is_symlink(ec))
+      throw std::invalid_argument(fmt::format(
+          "{}: key 'output_dir': {} is a symbolic link, where the run writes {} of its own; move it away or choose "
+          "another output_dir",
+          spec.source, it->path().string(), it->is_directory(ec) ? "a folder" : "a file"));
   if (const auto foreign = unrecorded_outputs(spec.output_dir); !foreign.empty())
     throw std::invalid_argument(fmt::format(
         "{}: key 'output_dir': '{}' holds {} that no roundpipe run recorded as its own (no {}), and the run would "
@@ -259,7 +266,10 @@ std::string clear_earlier_run(const TrainSpec& spec) {
       fs::remove(p, ec);  // only when empty
     } else if (name == "tensorboard") {
       for (const fs::path& e : entries_in(p))
-        if (e.filename().string().rfind("events.out.tfevents.", 0) == 0) fs::remove(e, ec);
+        if (e.filename().string().rfind("events.out.tfevents.", 0) == 0 && fs::is_regular_file(fs::symlink_status(e, ec)))
+          fs::remove(e, ec);
+        else
+          kept.push_back(e.string());
       fs::remove(p, ec);
     } else if (fs::is_directory(fs::symlink_status(p, ec))) {
       remove_written(p, kept);

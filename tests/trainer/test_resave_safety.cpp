@@ -223,7 +223,8 @@ TEST(OutputSafety, AGarbageRunRecordIsRefused) {
   fs::remove_all(d);
 }
 
-// A symbolic link where the run saves a folder is never replaced (nor followed to write).
+// A symbolic link named like a run output (a folder the run saves, metrics.csv) is never
+// replaced, removed or written through: refused before anything is loaded.
 TEST(OutputSafety, ASymlinkedSaveTargetIsRefused) {
   auto d = tmpdir();
   const fs::path out = d / "out";
@@ -232,11 +233,33 @@ TEST(OutputSafety, ASymlinkedSaveTargetIsRefused) {
   write(d / "elsewhere/keep.txt", "mine");
   fs::create_directory_symlink(d / "elsewhere", out / "final");
   write(out / "roundpipe_run.json", "{\"written_by\": \"roundpipe train\"}");
+  write(d / "mine.csv", "mine");
+  fs::create_symlink(d / "mine.csv", out / "metrics.csv");
   rp::TrainSpec spec = spec_into(d, out, 1);
   spec.overwrite_output_dir = true;
-  expect_refused_before_training(spec, out / "final");
-  EXPECT_TRUE(fs::is_symlink(out / "final"));
+  for (const char* name : {"final", "metrics.csv"}) {
+    try {
+      rp::Trainer(spec).run();
+      ADD_FAILURE() << "ran into a symlinked " << name;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find((out / name).string() + " is a symbolic link"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_TRUE(fs::is_symlink(out / name));
+    fs::rename(out / name, d / (std::string(name) + ".link"));  // the next one
+  }
   EXPECT_EQ(slurp(d / "elsewhere/keep.txt"), "mine");
+  EXPECT_EQ(slurp(d / "mine.csv"), "mine");
+  // a symlinked state/ is found by the save targets' check
+  fs::create_directory_symlink(d / "elsewhere", out / "state");
+  try {
+    rp::Trainer(spec).run();
+    ADD_FAILURE() << "ran into a symlinked state/";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find((out / "state").string() + " is a symbolic link"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(rp::entries_of(d / "elsewhere"), std::vector<std::string>{"keep.txt"});
   fs::remove_all(d);
 }
 
