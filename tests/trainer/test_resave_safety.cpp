@@ -125,6 +125,34 @@ TEST(OutputSafety, AnEditedFileTheSaveWouldReplaceIsRefusedBeforeTraining) {
   fs::remove_all(d);
 }
 
+// A file of the user's that appears in final/ while the run trains (after the check before the
+// first step) makes the end save keep the last step as checkpoint-<steps> instead, and say so.
+TEST(OutputSafety, AConflictDuringTheRunKeepsTheLastStepInACheckpoint) {
+  auto d = tmpdir();
+  const fs::path out = d / "out", fin = out / "final";
+  rp::TrainSpec spec = spec_into(d, out, 1);
+  ASSERT_EQ(rp::Trainer(spec).run().steps_done, 1);
+  spec.resume_from = fin.string();
+  spec.steps = 3;
+  rp::TrainerCallbacks cb;
+  cb.on_step = [&](const rp::StepReport& r) {
+    if (r.step == 2) write(fin / "tokenizer_config.json", "{\"mine\": true}");
+  };
+  try {
+    rp::Trainer(spec).run(cb);
+    ADD_FAILURE() << "replaced the user's tokenizer_config.json";
+  } catch (const std::runtime_error& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m.find((fin / "tokenizer_config.json").string() + ": changed since roundpipe wrote it"), 0u) << m;
+    EXPECT_NE(m.find("the last step 3 is saved in " + (out / "checkpoint-3").string() + " instead"), std::string::npos)
+        << m;
+  }
+  EXPECT_EQ(slurp(fin / "tokenizer_config.json"), "{\"mine\": true}");
+  EXPECT_TRUE(rp::resumable_checkpoint((out / "checkpoint-3").string()));
+  EXPECT_TRUE(rp::resumable_checkpoint(fin.string())) << "final/ stays the step-1 checkpoint it was";
+  fs::remove_all(d);
+}
+
 // A folder no manifest proves roundpipe's (an earlier release's checkpoint): a save that would
 // write a name it holds is refused before training; one holding only the user's files is kept.
 TEST(OutputSafety, AFolderWithoutAManifestIsTheUsers) {
