@@ -288,8 +288,9 @@ void fill_and_swap(const std::string& d, const std::string& tmp,
 void replace_folder(const std::string& dir_in, const std::function<void(const std::string& tmp)>& fill) {
   const std::string d = strip_slashes(dir_in);
   std::error_code ec;
+  if (fs::is_symlink(d, ec))
+    fail(d, "is a symbolic link, which roundpipe does not replace (it writes a folder of its own there); move it away");
   if (fs::exists(d, ec) && !fs::is_directory(d, ec)) fail(d, "exists and is not a directory");
-  if (fs::is_directory(d, ec)) refuse_changed_listed_files(d);  // before anything is written
   const std::string tmp = temporary_path(d);
   if (const fs::path parent = fs::path(d).parent_path(); !parent.empty()) fs::create_directories(parent, ec);
   claim(tmp, d, "tmp", false);
@@ -306,37 +307,41 @@ void replace_folder(const std::string& dir_in, const std::function<void(const st
   }
 }
 
-void refuse_changed_listed_files(const std::string& dir) {
-  const auto ours = manifest_files(fs::path(dir));
-  if (!ours) return;
+std::vector<ForeignEntry> entries_to_keep(const std::string& from, const std::string& to) {
   std::error_code ec;
-  for (const auto& [name, bytes] : *ours) {
-    const fs::path f = fs::path(dir) / name;
-    const auto st = fs::symlink_status(f, ec);
-    if (!fs::exists(st)) continue;  // gone: nothing of the user's to lose
-    if (!fs::is_regular_file(st) || fs::file_size(f, ec) != bytes || ec)
-      fail(f.string(), fmt::format("changed since roundpipe wrote it (not the file {} records), and a new version of "
-                                   "{} would replace it; move it away (nothing was replaced)",
-                                   kManifestFile, dir));
-  }
+  const bool recorded = fs::exists(fs::symlink_status(fs::path(from) / kManifestFile, ec)) ||
+                        fs::exists(fs::symlink_status(fs::path(to) / kManifestFile, ec));
+  if (!recorded) return {};
+  return foreign_entries(fs::path(from));
+}
+
+std::optional<ForeignEntry> keep_conflict(const std::string& from, const std::string& to,
+                                          const std::vector<std::string>& also) {
+  std::error_code ec;
+  for (auto& e : entries_to_keep(from, to))
+    if (fs::exists(fs::symlink_status(fs::path(to) / e.name, ec)) ||
+        std::find(also.begin(), also.end(), e.name) != also.end())
+      return e;
+  return std::nullopt;
+}
+
+FolderConflict folder_conflict(const std::string& dir, const ForeignEntry& e, const std::string& what) {
+  return FolderConflict(fmt::format("{}: {}, and {} would replace it; move it away (nothing was replaced)",
+                                    (fs::path(dir) / e.name).string(), e.why, what));
 }
 
 std::vector<std::string> carry_unlisted_entries(const std::string& from, const std::string& to) {
-  const auto foreign = unlisted_entries(fs::path(from));
-  if (!foreign) return {};
+  if (const auto c = keep_conflict(from, to))
+    throw folder_conflict(from, *c, fmt::format("the new version of {}", from));
   std::error_code ec;
-  for (const auto& name : *foreign)
-    if (fs::exists(fs::symlink_status(fs::path(to) / name, ec)))
-      fail((fs::path(from) / name).string(),
-           fmt::format("not written by roundpipe ({} does not list it as it is now), and the new version of {} writes "
-                       "a file of that name; move it away (nothing was replaced)",
-                       kManifestFile, from));
-  for (const auto& name : *foreign) {
-    fs::copy(fs::path(from) / name, fs::path(to) / name,
+  std::vector<std::string> carried;
+  for (const auto& e : entries_to_keep(from, to)) {
+    fs::copy(fs::path(from) / e.name, fs::path(to) / e.name,
              fs::copy_options::recursive | fs::copy_options::create_hard_links | fs::copy_options::copy_symlinks, ec);
-    if (ec) fail((fs::path(from) / name).string(), fmt::format("cannot keep it in the new version: {}", ec.message()));
+    if (ec) fail((fs::path(from) / e.name).string(), fmt::format("cannot keep it in the new version: {}", ec.message()));
+    carried.push_back(e.name);
   }
-  return *foreign;
+  return carried;
 }
 
 bool dead_writers_leftover(const std::string& path) {

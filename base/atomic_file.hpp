@@ -21,8 +21,12 @@
 #pragma once
 #include <functional>
 #include <iosfwd>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "base/output_folder.hpp"
 
 namespace rp {
 
@@ -46,32 +50,49 @@ void replace_file(const std::string& path, const std::function<void(const std::s
 /// stream after `write` "<path>: write failed (disk full?)".
 void write_file_atomically(const std::string& path, const std::function<void(std::ostream& os)>& write);
 
+/// A rewrite of a folder that would replace a file roundpipe did not write there (a user's
+/// file, or one of roundpipe's that the user changed): what() is one line naming the file and
+/// what to do. Nothing was replaced.
+struct FolderConflict : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 /// Replaces the folder `dir`: `fill(tmp)` writes the new content into the (fresh, empty)
-/// folder `tmp`; what the existing `dir` holds that is not roundpipe's (not listed by its
-/// roundpipe_manifest.json, base/output_folder.hpp) is carried into `tmp`
+/// folder `tmp`; what the existing `dir` holds that is not roundpipe's is carried into `tmp`
 /// (carry_unlisted_entries); every file in it and the folder are fsynced, an existing `dir` is moved
 /// aside to "<dir>.old-<pid>", `tmp` renamed to `dir`, the old one removed and the parent
 /// fsynced. A trailing '/' of `dir` is ignored. On failure the temporary is removed and a
 /// previous `dir` is kept (put back if it had been moved aside). `dir` existing as a file
-/// throws std::runtime_error("<dir>: exists and is not a directory"); a temporary or aside
-/// name that exists without our marker throws (as replace_file); I/O failures throw
-/// std::runtime_error("<dir or file>: <what>"); an exception from `fill` propagates.
+/// or a symbolic link throws std::runtime_error("<dir>: exists and is not a directory" / "is a
+/// symbolic link ..."); a temporary or aside name that exists without our marker throws (as
+/// replace_file); a file of the user's that the new version would replace throws
+/// FolderConflict; I/O failures throw std::runtime_error("<dir or file>: <what>"); an
+/// exception from `fill` propagates.
 void replace_folder(const std::string& dir, const std::function<void(const std::string& tmp)>& fill);
 
-/// Keeps the user's files across a rewrite of a folder: every entry of folder `from` that its
-/// manifest does not list (unlisted_entries) is hard-linked into folder `to` (a sub-folder is
-/// recreated with its files hard-linked, symbolic links copied as links), so that it is in
-/// both until `from` goes and a kill at any moment loses none of it. Nothing is done when
-/// `from` has no manifest. An unlisted entry whose name `to` already holds throws
-/// std::runtime_error("<from>/<name>: ... not written by roundpipe ...") before anything is
-/// linked; I/O failures throw std::runtime_error("<path>: <what>"). Returns the names carried.
-std::vector<std::string> carry_unlisted_entries(const std::string& from, const std::string& to);
+/// The entries of folder `from` (the version a rewrite replaces) that the rewrite must keep:
+/// when `from` or the new version `to` holds a roundpipe_manifest.json (a writer that records
+/// what it writes), every entry of `from` not provably roundpipe's (foreign_entries: all of
+/// them when `from` has no manifest); else none (a folder no writer recorded is replaced as a
+/// whole, as save_hf_checkpoint without a manifest does).
+std::vector<ForeignEntry> entries_to_keep(const std::string& from, const std::string& to);
 
-/// Throws std::runtime_error("<dir>/<name>: changed since roundpipe wrote it ...") when a file
-/// the manifest of `dir` lists is no longer the file it recorded (another size, or no regular
-/// file): the user's version of it, which a rewrite of `dir` would replace. Nothing when `dir`
-/// has no manifest. replace_folder checks this before it writes anything.
-void refuse_changed_listed_files(const std::string& dir);
+/// The first of entries_to_keep(from, to) whose name `to` already holds (or `also` names):
+/// the new version would replace it. nullopt when none.
+std::optional<ForeignEntry> keep_conflict(const std::string& from, const std::string& to,
+                                          const std::vector<std::string>& also = {});
+
+/// The FolderConflict for `e` in folder `dir` ("<dir>/<name>: <e.why>, and <what> would replace
+/// it; move it away (nothing was replaced)").
+FolderConflict folder_conflict(const std::string& dir, const ForeignEntry& e, const std::string& what);
+
+/// Keeps the user's files across a rewrite of a folder: every entry of entries_to_keep(from,
+/// to) is hard-linked into folder `to` (a sub-folder is recreated with its files hard-linked,
+/// symbolic links copied as links), so that it is in both until `from` goes and a kill at any
+/// moment loses none of it. One whose name `to` already holds throws FolderConflict before
+/// anything is linked; I/O failures throw std::runtime_error("<path>: <what>"). Returns the
+/// names carried.
+std::vector<std::string> carry_unlisted_entries(const std::string& from, const std::string& to);
 
 /// What clean_stale_temporaries found for one leftover.
 struct StaleTemporary {

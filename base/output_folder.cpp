@@ -9,6 +9,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "base/checksum.hpp"
+
 namespace fs = std::filesystem;
 
 namespace rp {
@@ -61,8 +63,33 @@ std::vector<std::string> entries_of(const fs::path& dir) {
   return out;
 }
 
-std::optional<std::map<std::string, uint64_t>> manifest_files(const fs::path& dir) {
+namespace {
+
+/// XXH3-64 of the file at `p`; nullopt when it cannot be read.
+std::optional<uint64_t> file_xxh3(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) return std::nullopt;
+  Checksum c;
+  std::vector<char> buf(size_t(1) << 20);
+  while (in) {
+    in.read(buf.data(), std::streamsize(buf.size()));
+    c.update(buf.data(), size_t(in.gcount()));
+  }
+  if (in.bad()) return std::nullopt;
+  return c.digest();
+}
+
+std::optional<uint64_t> parse_hex64(const std::string& s) {
+  if (s.size() != 16 || s.find_first_not_of("0123456789abcdef") != std::string::npos) return std::nullopt;
+  return std::stoull(s, nullptr, 16);
+}
+
+}  // namespace
+
+std::optional<std::map<std::string, ManifestEntry>> manifest_files(const fs::path& dir) {
   using nlohmann::json;
+  std::error_code ec;
+  if (!fs::is_regular_file(fs::symlink_status(dir / kManifestFile, ec))) return std::nullopt;
   std::ifstream in(dir / kManifestFile, std::ios::binary);
   if (!in) return std::nullopt;
   try {
@@ -70,14 +97,22 @@ std::optional<std::map<std::string, uint64_t>> manifest_files(const fs::path& di
     if (!j.is_object() || !j.contains("files") || !j["files"].is_array() || !j.contains("written_by") ||
         !j["written_by"].is_string() || j["written_by"].get<std::string>().rfind("roundpipe ", 0) != 0)
       return std::nullopt;
-    std::map<std::string, uint64_t> files;
+    std::map<std::string, ManifestEntry> files;
     for (const auto& f : j["files"]) {
       if (!f.is_object() || !f.contains("name") || !f["name"].is_string() || !f.contains("bytes") ||
           !f["bytes"].is_number_unsigned())
         return std::nullopt;
       const std::string name = f["name"].get<std::string>();
-      if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") return std::nullopt;
-      files[name] = f["bytes"].get<uint64_t>();
+      if (name.empty() || name.find('/') != std::string::npos || name == "." || name == ".." || name == kManifestFile)
+        return std::nullopt;
+      ManifestEntry e;
+      e.bytes = f["bytes"].get<uint64_t>();
+      if (f.contains("xxh3")) {
+        if (!f["xxh3"].is_string()) return std::nullopt;
+        e.xxh3 = parse_hex64(f["xxh3"].get<std::string>());
+        if (!e.xxh3) return std::nullopt;
+      }
+      files[name] = e;
     }
     return files;
   } catch (const json::exception&) {
@@ -90,9 +125,17 @@ void write_manifest(const std::string& dir, const std::string& command) {
   json files = json::array();
   for (const auto& name : entries_of(dir)) {
     std::error_code ec;
-    if (name == kManifestFile || !fs::is_regular_file(fs::symlink_status(fs::path(dir) / name, ec))) continue;
-    const auto bytes = fs::file_size(fs::path(dir) / name, ec);
-    if (!ec) files.push_back({{"name", name}, {"bytes", uint64_t(bytes)}});
+    const fs::path f = fs::path(dir) / name;
+    if (name == kManifestFile || !fs::is_regular_file(fs::symlink_status(f, ec))) continue;
+    const auto bytes = fs::file_size(f, ec);
+    if (ec) continue;
+    json e = {{"name", name}, {"bytes", uint64_t(bytes)}};
+    if (bytes <= kManifestHashBytes) {
+      const auto h = file_xxh3(f);
+      if (!h) throw std::runtime_error(fmt::format("{}: cannot read back", f.string()));
+      e["xxh3"] = fmt::format("{:016x}", *h);
+    }
+    files.push_back(std::move(e));
   }
   const fs::path p = fs::path(dir) / kManifestFile;
   std::ofstream o(p, std::ios::binary | std::ios::trunc);
@@ -101,20 +144,43 @@ void write_manifest(const std::string& dir, const std::string& command) {
   if (!o) throw std::runtime_error(fmt::format("{}: write failed", p.string()));
 }
 
-std::optional<std::vector<std::string>> unlisted_entries(const fs::path& dir) {
+std::vector<ForeignEntry> foreign_entries(const fs::path& dir) {
+  std::vector<ForeignEntry> foreign;
   const auto ours = manifest_files(dir);
-  if (!ours) return std::nullopt;
-  std::vector<std::string> foreign;
+  std::error_code ec;
+  const bool has_file = fs::exists(fs::symlink_status(dir / kManifestFile, ec));
   for (const auto& name : entries_of(dir)) {
+    if (!ours) {
+      foreign.push_back({name, has_file ? fmt::format("not written by roundpipe (the {} there is not one roundpipe wrote)", kManifestFile)
+                                        : fmt::format("not written by roundpipe (no {} there lists it)", kManifestFile)});
+      continue;
+    }
     if (name == kManifestFile) continue;
-    std::error_code ec;
     const fs::path f = dir / name;
     const auto it = ours->find(name);
-    const bool listed = it != ours->end() && fs::is_regular_file(fs::symlink_status(f, ec)) &&
-                        fs::file_size(f, ec) == it->second && !ec;
-    if (!listed) foreign.push_back(name);
+    if (it == ours->end()) {
+      foreign.push_back({name, fmt::format("not written by roundpipe ({} does not list it)", kManifestFile)});
+      continue;
+    }
+    const bool same = fs::is_regular_file(fs::symlink_status(f, ec)) && fs::file_size(f, ec) == it->second.bytes &&
+                      !ec && (!it->second.xxh3 || file_xxh3(f) == it->second.xxh3);
+    if (!same)
+      foreign.push_back({name, fmt::format("changed since roundpipe wrote it (not the file {} records)", kManifestFile)});
   }
   return foreign;
+}
+
+std::vector<std::string> foreign_names(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (auto& e : foreign_entries(dir)) out.push_back(std::move(e.name));
+  return out;
+}
+
+std::string name_list(const std::vector<std::string>& names, size_t shown) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < shown; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > shown) out += fmt::format(", ... ({} in all)", names.size());
+  return out;
 }
 
 }  // namespace rp

@@ -27,27 +27,50 @@ std::string unsafe_output_folder(const std::string& out);
 std::string overlapping_input(const std::string& out, const std::vector<std::string>& inputs);
 
 /// The file a roundpipe writer leaves in every folder it writes as a whole (a checkpoint, its
-/// trainer state, a convert or merge output): {"written_by": "roundpipe <command>", "files":
-/// [{"name": ..., "bytes": ...}, ...]}, every file it wrote there with its size. What it does
-/// not list is not roundpipe's: a later write of the folder keeps it (replace_folder).
+/// trainer state, a merged model, a convert or merge output): {"written_by": "roundpipe
+/// <command>", "files": [{"name": ..., "bytes": ..., "xxh3": ...}, ...]}, every file it wrote
+/// there with its size and, for files up to kManifestHashBytes, the XXH3-64 of its content (16
+/// hex digits). What it does not list, or lists with another size or content, is not
+/// roundpipe's: a later write of the folder keeps it (replace_folder).
 inline constexpr const char* kManifestFile = "roundpipe_manifest.json";
+/// Files up to this size get their content's XXH3 in the manifest (configs, tokenizer files,
+/// the model card, the trainer state): an edit that keeps the size still shows.
+inline constexpr uint64_t kManifestHashBytes = uint64_t(16) << 20;
 
 /// The names of folder `dir`'s entries, sorted (none when it cannot be read).
 std::vector<std::string> entries_of(const std::filesystem::path& dir);
 
-/// The files the manifest of `dir` lists, each with its size in bytes; nullopt when there is
-/// none or it is not one a roundpipe writer wrote ("written_by" "roundpipe ...", every entry a
-/// plain file name with its size).
-std::optional<std::map<std::string, uint64_t>> manifest_files(const std::filesystem::path& dir);
+/// One file a manifest lists: its size and, when recorded, the XXH3-64 of its content.
+struct ManifestEntry {
+  uint64_t bytes = 0;
+  std::optional<uint64_t> xxh3;
+};
+
+/// The files the manifest of `dir` lists; nullopt when there is none or it is not one a
+/// roundpipe writer wrote ("written_by" "roundpipe ...", every entry a plain file name with
+/// its size, an "xxh3" of 16 hex digits where there is one).
+std::optional<std::map<std::string, ManifestEntry>> manifest_files(const std::filesystem::path& dir);
 
 /// Writes kManifestFile into folder `dir` (a writer's temporary, before it is put in place):
-/// every entry in it with its size, `written_by` "roundpipe <command>". Throws
-/// std::runtime_error("<file>: <what>").
+/// every regular file in it with its size (and XXH3 up to kManifestHashBytes), `written_by`
+/// "roundpipe <command>". Throws std::runtime_error("<file>: <what>").
 void write_manifest(const std::string& dir, const std::string& command);
 
-/// The entries of `dir` that are not roundpipe's: every one its manifest does not list as a
-/// regular file of the recorded size (the manifest itself excluded), sorted; nullopt when
-/// `dir` has no manifest (nothing in it proves what roundpipe wrote).
-std::optional<std::vector<std::string>> unlisted_entries(const std::filesystem::path& dir);
+/// An entry of a folder that nothing proves roundpipe's, and why.
+struct ForeignEntry {
+  std::string name;
+  std::string why;  ///< "not written by roundpipe (roundpipe_manifest.json does not list it)", "changed since ..."
+};
+
+/// The entries of `dir` that are not provably roundpipe's, sorted: without a manifest (or with
+/// one no roundpipe writer wrote) every entry; else every entry its manifest does not list as
+/// a regular file of the recorded size and content (the manifest itself excluded).
+std::vector<ForeignEntry> foreign_entries(const std::filesystem::path& dir);
+
+/// The names of foreign_entries(dir).
+std::vector<std::string> foreign_names(const std::filesystem::path& dir);
+
+/// "a, b, c, ... (N in all)": at most `shown` of `names`, for a log or error line.
+std::string name_list(const std::vector<std::string>& names, size_t shown = 5);
 
 }  // namespace rp

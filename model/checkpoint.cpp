@@ -127,13 +127,20 @@ void check_model_output_folder(const std::string& out_dir, const std::vector<std
   if (fs::exists(out, ec) && !fs::is_directory(out, ec))
     throw std::invalid_argument(one_line(fmt::format("{}: OUT_DIR exists and is not a folder", out_dir)));
   if (!fs::is_directory(out, ec) || fs::is_empty(out, ec)) return;
-  const std::vector<std::string> foreign = unlisted_entries(out).value_or(entries_of(out));
-  if (!foreign.empty())
-    throw std::invalid_argument(one_line(fmt::format(
-        "{}: OUT_DIR holds {} roundpipe did not write there ({}{}), and writing the folder would delete {}; "
-        "expected a new or empty folder, or one an earlier convert or merge wrote",
-        out_dir, foreign.size() == 1 ? "a file" : "files", fmt::join(foreign.begin(), foreign.begin() + std::min<size_t>(foreign.size(), 5), ", "),
-        foreign.size() > 5 ? ", ..." : "", foreign.size() == 1 ? "it" : "them")));
+  std::vector<std::string> foreign = foreign_names(out);
+  if (foreign.empty()) return;
+  size_t folders = 0;
+  for (auto& name : foreign)
+    if (fs::is_directory(fs::symlink_status(out / name, ec))) name += "/", ++folders;
+  const bool one = foreign.size() == 1;
+  const std::string what = folders == foreign.size() ? (one ? "a folder" : "folders")
+                           : folders == 0            ? (one ? "a file" : "files")
+                                                     : "files and folders";
+  throw std::invalid_argument(one_line(fmt::format(
+      "{}: OUT_DIR holds {} roundpipe did not write there ({}), and writing the folder would delete {}; "
+      "expected a new or empty folder, or one an earlier convert, merge or run wrote (its roundpipe_manifest.json "
+      "lists every file)",
+      out_dir, what, name_list(foreign), one ? "it" : "them")));
 }
 
 std::vector<std::string> clean_model_folder_leftovers(const std::string& out_dir) {

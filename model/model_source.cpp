@@ -2,6 +2,7 @@
 // mapped files, and load_model (roundpipe/checkpoint.hpp) as "open, then read every tensor".
 #include "roundpipe/model_source.hpp"
 
+#include <tuple>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -132,27 +133,29 @@ void check_tensors(ModelSource::Impl& s, const std::string& where) {
   }
 }
 
-std::string chat_template_of(const fs::path& dir) {
+/// The chat template of model folder `dir` and the name its errors give the file it came from.
+std::pair<std::string, std::string> chat_template_of(const fs::path& dir) {
   const fs::path tc = dir / "tokenizer_config.json";
   std::error_code ec;
   if (fs::exists(tc, ec)) {
     json j = read_json(tc.string());
     if (j.is_object() && j.contains("chat_template")) {
       const json& t = j["chat_template"];
-      if (t.is_string()) return t.get<std::string>();
+      const std::string name = "tokenizer_config.json key 'chat_template'";
+      if (t.is_string()) return {t.get<std::string>(), name};
       if (t.is_array()) {  // [{"name": ..., "template": ...}]: "default", else the first
         for (const auto& e : t)
           if (e.is_object() && e.value("name", "") == "default" && e.contains("template") && e["template"].is_string())
-            return e["template"].get<std::string>();
+            return {e["template"].get<std::string>(), name};
         if (!t.empty() && t[0].is_object() && t[0].contains("template") && t[0]["template"].is_string())
-          return t[0]["template"].get<std::string>();
+          return {t[0]["template"].get<std::string>(), name};
       }
       if (!t.is_null()) fail(tc.string(), "key 'chat_template': expected a string or a list of templates");
     }
   }
   const fs::path jinja = dir / "chat_template.jinja";
-  if (fs::exists(jinja, ec)) return read_text(jinja.string());
-  return "";
+  if (fs::exists(jinja, ec)) return {read_text(jinja.string()), "chat_template.jinja"};
+  return {};
 }
 
 /// Every token id of the tokenizer (its vocab and added tokens) must have a row in the model's
@@ -210,7 +213,7 @@ void open_hf_dir(const std::string& path, ModelSource::Impl& s) {
     s.header.tokenizer_json = read_json(tj.string());
     s.header.tokenizer_source = tj.string();
   }
-  s.header.chat_template = chat_template_of(dir);
+  std::tie(s.header.chat_template, s.header.chat_template_source) = chat_template_of(dir);
 }
 
 /// Element size and storage form of a safetensors dtype that a storage form copies as is.

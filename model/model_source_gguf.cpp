@@ -1,6 +1,7 @@
 // The GGUF side of rp::ModelSource (model/model_source_impl.hpp): llama.cpp's tensor names and
 // stacked experts mapped to Hugging Face tensors, read one at a time, and ggml blocks that
 // already are a storage form copied as they are.
+#include <filesystem>
 #include <cstring>
 #include <stdexcept>
 
@@ -104,7 +105,10 @@ void open_gguf_source(const std::string& path, ModelSource::Impl& s) {
     s.header.tokenizer_source = path + " (its tokenizer.ggml.* metadata)";
   }
   if (f.has("tokenizer.chat_template") && f.get("tokenizer.chat_template").is_string())
+  {
     s.header.chat_template = f.get_string("tokenizer.chat_template");
+    s.header.chat_template_source = std::filesystem::path(path).filename().string() + " key 'tokenizer.chat_template'";
+  }
 }
 
 std::vector<float> gguf_read_f32(const GgufFile& f, const Loc& l) {

@@ -60,10 +60,13 @@ void save_checkpoint_bundle(Session& session, const std::string& dir, const Load
   // resumable_checkpoint treats as no checkpoint, never weights that look resumable without
   // their state.
   const std::string sd = state_dir_of(dir);
-  // a file of the run's the user changed in `dir` fails the save before its state is replaced
-  refuse_changed_listed_files(dir);
   auto write_state = [&](const std::string& weights_tmp) {
     write_manifest(weights_tmp, "train");  // what the run wrote: a re-save keeps everything else
+    // a file of the user's in `dir` that the new weights folder would replace fails the save
+    // before its state is replaced (the pair stays whole)
+    std::error_code ec;
+    if (fs::is_directory(dir, ec))
+      if (const auto c = keep_conflict(dir, weights_tmp)) throw folder_conflict(dir, *c, "the save of " + dir);
     TrainerState st = state;
     st.weights_xxh3 = weights_checksum(weights_tmp);  // the files keep their bytes through the rename
     st.model_config = architecture_of(model.config);
@@ -90,21 +93,54 @@ void save_checkpoint_bundle(Session& session, const std::string& dir, const Load
   }
 }
 
+namespace {
+/// The files of checkpoint folder `src` a copy into `dst` takes: what the save of `src` wrote
+/// (its manifest lists it, unchanged; every regular file of a folder without one), but not the
+/// card when `dst` holds a README.md of the user's, which the copy keeps.
+std::vector<std::string> names_to_copy(const std::string& src, const std::string& dst) {
+  const std::vector<std::string> foreign = manifest_files(src) ? foreign_names(src) : std::vector<std::string>{};
+  std::error_code ec;
+  const std::vector<std::string> users = fs::is_directory(dst, ec) ? foreign_names(dst) : std::vector<std::string>{};
+  auto has = [](const std::vector<std::string>& v, const std::string& n) { return std::find(v.begin(), v.end(), n) != v.end(); };
+  std::vector<std::string> out;
+  for (const auto& name : entries_of(src)) {
+    if (!fs::is_regular_file(fs::symlink_status(fs::path(src) / name, ec)) || has(foreign, name)) continue;
+    if (name == "README.md" && has(users, name)) continue;
+    out.push_back(name);
+  }
+  return out;
+}
+
+void copy_folder(const std::string& src, const std::string& dst) {
+  const std::vector<std::string> names = names_to_copy(src, dst);
+  std::error_code ec;
+  if (fs::is_directory(dst, ec))
+    for (const auto& e : entries_to_keep(dst, src))
+      if (std::find(names.begin(), names.end(), e.name) != names.end())
+        throw folder_conflict(dst, e, "the copy of " + src);
+  replace_folder(dst, [&](const std::string& tmp) {
+    for (const auto& name : names) {
+      fs::copy_file(fs::path(src) / name, fs::path(tmp) / name, ec);
+      if (ec) throw std::runtime_error(fmt::format("{}/{}: cannot copy ({})", src, name, ec.message()));
+    }
+  });
+}
+}  // namespace
+
 void copy_checkpoint_bundle(const std::string& from, const std::string& to) {
   if (!resumable_checkpoint(from))
     throw std::runtime_error(fmt::format("{}: not a complete checkpoint (its weights or trainer state are missing)", from));
-  auto copy_files = [](const std::string& src, const std::string& tmp) {
-    for (const auto& e : fs::directory_iterator(src)) {
-      if (!e.is_regular_file()) continue;
-      std::error_code ec;
-      fs::copy_file(e.path(), fs::path(tmp) / e.path().filename(), ec);
-      if (ec) throw std::runtime_error(fmt::format("{}: cannot copy ({})", e.path().string(), ec.message()));
-    }
-  };
+  // the weights folder's conflicts are found before the state is replaced (the pair stays whole)
+  std::error_code ec;
+  const std::vector<std::string> weights = names_to_copy(from, to);
+  if (fs::is_directory(to, ec))
+    for (const auto& e : entries_to_keep(to, from))
+      if (std::find(weights.begin(), weights.end(), e.name) != weights.end())
+        throw folder_conflict(to, e, "the copy of " + from);
   const std::string sd = state_dir_of(to);
   fs::create_directories(fs::path(sd).parent_path());
-  replace_folder(sd, [&](const std::string& tmp) { copy_files(state_dir_of(from), tmp); });
-  replace_folder(to, [&](const std::string& tmp) { copy_files(from, tmp); });
+  copy_folder(state_dir_of(from), sd);
+  copy_folder(from, to);
 }
 
 bool looks_like_checkpoint(const std::string& dir) {
@@ -128,9 +164,6 @@ bool resumable_checkpoint(const std::string& dir) {
   }
 }
 
-namespace {
-
-// n of a "checkpoint-<n>" name (n of at most 18 digits), else -1
 int64_t checkpoint_number(const std::string& name) {
   constexpr size_t prefix = 11;  // "checkpoint-"
   if (name.rfind("checkpoint-", 0) != 0 || name.size() <= prefix || name.size() > prefix + 18 ||
@@ -138,8 +171,6 @@ int64_t checkpoint_number(const std::string& name) {
     return -1;
   return std::stoll(name.substr(prefix));
 }
-
-}  // namespace
 
 std::vector<std::string> checkpoints_in(const std::string& dir) {
   std::vector<std::string> out;

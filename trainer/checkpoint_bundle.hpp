@@ -29,6 +29,9 @@ std::string state_dir_of(const std::string& dir);
 inline constexpr const char* kOptimizerStateFile = "optimizer_state.bin";
 inline constexpr const char* kRunStateFile = "roundpipe_state.json";
 
+/// n of a "checkpoint-<n>" name (n of at most 18 digits), else -1.
+int64_t checkpoint_number(const std::string& name);
+
 /// The checkpoint folders a run left in its output folder `dir`: "final" and "checkpoint-<n>",
 /// in name order; empty when there are none, `dir` is not a folder or it is a state/ folder
 /// (which holds the trainer state of the checkpoints beside it, under their names).

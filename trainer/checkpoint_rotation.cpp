@@ -76,6 +76,8 @@ SavedCheckpoint record_checkpoint(const std::string& output_dir, const std::stri
   c.step = step;
   c.weights_xxh3 = read_trainer_state(state_dir_of(dir) + "/" + kRunStateFile).weights_xxh3;
   c.files = folder_files(dir);
+  // only what the save wrote: a folder that still holds a file of the user's is never removed
+  for (const auto& name : foreign_names(dir)) c.files.erase(name);
   c.metric = metric;
   return c;
 }

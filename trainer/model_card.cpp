@@ -1,5 +1,8 @@
 #include "trainer/model_card.hpp"
 
+#include "base/output_folder.hpp"
+
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -157,10 +160,11 @@ bool is_roundpipe_model_card(const std::string& path) {
 bool place_model_card(const std::string& new_dir, const std::string& old_dir, const std::string& card) {
   const fs::path old_card = fs::path(old_dir) / kModelCardFile, dst = fs::path(new_dir) / kModelCardFile;
   std::error_code ec;
-  if (fs::exists(fs::symlink_status(old_card, ec)) && !is_roundpipe_model_card(old_card.string())) {
-    fs::copy(old_card, dst, fs::copy_options::copy_symlinks, ec);  // the user's, kept as it is
-    if (ec) throw std::runtime_error(fmt::format("{}: cannot keep the user's file: {}", old_card.string(), ec.message()));
-    return false;
+  if (fs::exists(fs::symlink_status(old_card, ec))) {
+    // the user's (or a card the user edited): the rewrite of the folder keeps it where it is
+    // (replace_folder carries what the manifest does not prove roundpipe's), never listed as ours
+    const auto foreign = foreign_names(old_dir);
+    if (std::find(foreign.begin(), foreign.end(), kModelCardFile) != foreign.end()) return false;
   }
   std::ofstream out(dst, std::ios::binary);
   out << card;

@@ -3,10 +3,11 @@
 // front matter (library_name, base_model, tags) so that the folder uploads as a documented
 // model. The card names no address outside the folder.
 //
-// Ownership: the card's last line "<!-- roundpipe model card, xxh3 <hex> -->" carries the XXH3
-// of everything before it. A README.md in a folder the run replaces is carried over to the new
-// folder untouched unless that line proves it is an unedited card of ours: a user's README (or
-// a card the user edited) is never overwritten or deleted.
+// Ownership: the card is listed in the folder's roundpipe_manifest.json with its size and XXH3;
+// a README.md the manifest does not prove roundpipe's (the user's README, a card the user
+// edited) is carried into the new folder untouched and never listed: never overwritten or
+// deleted. The card's last line "<!-- roundpipe model card, xxh3 <hex> -->" also carries the
+// XXH3 of the text before it (is_roundpipe_model_card).
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -44,10 +45,11 @@ std::string model_card_text(const ModelCardFacts& facts);
 /// matches the text before it). False for a missing or unreadable file.
 bool is_roundpipe_model_card(const std::string& path);
 
-/// Puts README.md into `new_dir` (a folder about to replace `old_dir`): `card` when `old_dir`
-/// has no README.md or an unedited card of ours, else a byte copy of the user's file (then the
-/// card is not written). Returns true when the card was written. Throws std::runtime_error
-/// ("<file>: ...") on I/O errors.
+/// Puts README.md into `new_dir` (a folder about to replace `old_dir` by replace_folder, with a
+/// roundpipe_manifest.json): `card` when `old_dir` has no README.md or one its manifest proves
+/// roundpipe's (listed, unchanged), else nothing: the user's file (or a card the user edited) is
+/// carried into the new folder by replace_folder, unlisted, and the card is not written.
+/// Returns true when the card was written. Throws std::runtime_error ("<file>: ...") on I/O errors.
 bool place_model_card(const std::string& new_dir, const std::string& old_dir, const std::string& card);
 
 }  // namespace rp

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <utility>
 #include <stdexcept>
@@ -17,6 +18,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "base/atomic_file.hpp"
@@ -88,11 +90,26 @@ bool is_run_output(const std::string& name) {
          name.find_first_not_of("0123456789", 11) == std::string::npos;
 }
 
+/// Whether `dir` holds a run record a roundpipe run wrote: a regular file whose JSON object says
+/// "written_by": "roundpipe train".
+bool has_run_record(const fs::path& dir) {
+  std::error_code ec;
+  const fs::path p = dir / kRunMarkerFile;
+  if (!fs::is_regular_file(fs::symlink_status(p, ec)) || fs::file_size(p, ec) > 4096) return false;
+  std::ifstream in(p, std::ios::binary);
+  try {
+    const nlohmann::json j = nlohmann::json::parse(in);
+    return j.is_object() && j.contains("written_by") && j["written_by"] == "roundpipe train";
+  } catch (const nlohmann::json::exception&) {
+    return false;
+  }
+}
+
 /// Run outputs in `dir` that no roundpipe run recorded there (no kRunMarkerFile).
 std::vector<std::string> unrecorded_outputs(const std::string& dir) {
   std::vector<std::string> out;
   std::error_code ec;
-  if (fs::exists(fs::path(dir) / kRunMarkerFile, ec)) return out;
+  if (has_run_record(dir)) return out;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
     if (is_run_output(it->path().filename().string())) out.push_back(it->path().filename().string());
   std::sort(out.begin(), out.end());
@@ -168,6 +185,20 @@ void prepare_output_dir(const TrainSpec& spec) {
   std::vector<StaleTemporary> stale = clean_stale_temporaries(spec.output_dir);
   for (auto& s : clean_stale_temporaries(spec.output_dir + "/state")) stale.push_back(std::move(s));
   log_leftovers(stale);
+  const fs::path record = fs::path(spec.output_dir) / kRunMarkerFile;
+  if (fs::exists(fs::symlink_status(record, ec)) && !has_run_record(spec.output_dir))
+    throw std::invalid_argument(fmt::format(
+        "{}: key 'output_dir': {} is not a run record roundpipe wrote (expected a small JSON file with \"written_by\": "
+        "\"roundpipe train\"), so nothing proves the folder's run outputs roundpipe's; move it away or choose another "
+        "output_dir",
+        spec.source, record.string()));
+  // no run makes a link: one named like a run output would be replaced (or written through)
+  for (fs::directory_iterator it(spec.output_dir, ec), end; !ec && it != end; it.increment(ec))
+    if (is_run_output(it->path().filename().string()) && it->is_symlink(ec))
+      throw std::invalid_argument(fmt::format(
+          "{}: key 'output_dir': {} is a symbolic link, where the run writes {} of its own; move it away or choose "
+          "another output_dir",
+          spec.source, it->path().string(), it->is_directory(ec) ? "a folder" : "a file"));
   if (const auto foreign = unrecorded_outputs(spec.output_dir); !foreign.empty())
     throw std::invalid_argument(fmt::format(
         "{}: key 'output_dir': '{}' holds {} that no roundpipe run recorded as its own (no {}), and the run would "
@@ -199,32 +230,38 @@ std::vector<fs::path> entries_in(const fs::path& dir) {
 }
 
 /// Removes what roundpipe wrote in folder `dir`: the files its manifest lists (at their
-/// recorded size) and the manifest, or, without a manifest (an earlier release's folder, which
-/// the run record claims as a whole), everything; then `dir` when empty. The entries it kept
-/// are added to `kept` as "<dir>/<name>".
+/// recorded size and content) and the manifest; then `dir` when empty. A folder without a
+/// manifest (an earlier release's) proves nothing roundpipe's: all of it stays. The entries it
+/// kept are added to `kept` as "<dir>/<name>".
 void remove_written(const fs::path& dir, std::vector<std::string>& kept) {
   std::error_code ec;
-  if (const auto foreign = unlisted_entries(dir)) {
-    for (const fs::path& e : entries_in(dir)) {
-      const std::string name = e.filename().string();
-      if (std::find(foreign->begin(), foreign->end(), name) == foreign->end()) fs::remove(e, ec);
-      else kept.push_back(e.string());
-    }
-    fs::remove(dir, ec);  // only when empty
-  } else {
-    fs::remove_all(dir, ec);
+  const std::vector<std::string> foreign = foreign_names(dir);
+  const bool manifest = manifest_files(dir).has_value();
+  for (const fs::path& e : entries_in(dir)) {
+    const std::string name = e.filename().string();
+    if (std::find(foreign.begin(), foreign.end(), name) != foreign.end()) kept.push_back(e.string());
+    else if (name != kManifestFile) fs::remove(e, ec);
   }
+  if (manifest) fs::remove(dir / kManifestFile, ec);  // last: a kill before leaves the rest provable
+  fs::remove(dir, ec);  // only when empty
 }
 }  // namespace
 
 std::string clear_earlier_run(const TrainSpec& spec) {
   const fs::path out(spec.output_dir);
   std::error_code ec;
-  if (!fs::exists(out / kRunMarkerFile, ec)) return "";
+  if (!has_run_record(out)) return "";
   std::vector<std::string> removed, kept;
   for (const fs::path& p : entries_in(out)) {
     const std::string name = p.filename().string();
     if (!is_run_output(name) || name == kRunMarkerFile) continue;
+    // no run makes a link, nor a file where it makes a folder: the user's, never followed
+    const bool folder_name = name == "state" || name == "tensorboard" || name == "final" || name == "final-merged" ||
+                             checkpoint_number(name) >= 0;
+    if (fs::is_symlink(p, ec) || (folder_name && !fs::is_directory(p, ec))) {
+      kept.push_back(p.string());
+      continue;
+    }
     if (name == "state") {
       for (const fs::path& s : entries_in(p))
         if (fs::is_directory(fs::symlink_status(s, ec))) remove_written(s, kept);
@@ -232,7 +269,10 @@ std::string clear_earlier_run(const TrainSpec& spec) {
       fs::remove(p, ec);  // only when empty
     } else if (name == "tensorboard") {
       for (const fs::path& e : entries_in(p))
-        if (e.filename().string().rfind("events.out.tfevents.", 0) == 0) fs::remove(e, ec);
+        if (e.filename().string().rfind("events.out.tfevents.", 0) == 0 && fs::is_regular_file(fs::symlink_status(e, ec)))
+          fs::remove(e, ec);
+        else
+          kept.push_back(e.string());
       fs::remove(p, ec);
     } else if (fs::is_directory(fs::symlink_status(p, ec))) {
       remove_written(p, kept);
@@ -244,13 +284,13 @@ std::string clear_earlier_run(const TrainSpec& spec) {
   if (removed.empty()) return "";
   return fmt::format("overwrite: removed the earlier run's {} from {}{}", fmt::join(removed, ", "), spec.output_dir,
                      kept.empty() ? std::string()
-                                  : fmt::format(" (kept {}: not written by roundpipe)", fmt::join(kept, ", ")));
+                                  : fmt::format(" (kept {}: not written by roundpipe)", name_list(kept)));
 }
 
 bool mark_output_dir(const TrainSpec& spec) {
   const std::string marker = (fs::path(spec.output_dir) / kRunMarkerFile).string();
   std::error_code ec;
-  if (fs::exists(marker, ec)) return false;
+  if (fs::exists(fs::symlink_status(marker, ec))) return false;  // prepare_output_dir checked it
   const std::string text =
       "{\"written_by\": \"roundpipe train\", \"note\": \"this folder's metrics.csv, profile.json, tensorboard/, "
       "trace.json, stop_status.txt, checkpoint-<n>/, final/, final-merged/ and state/ are roundpipe's: a later "

@@ -22,7 +22,7 @@ SampleResult sample(Generator& gen, const LoadedModel& model, const SampleReques
     const std::string format = TokenStream::chat_template_for(model, r.chat_template);
     if (format == "jinja") {  // the model's own template, with its generation prompt
       const auto [bos, eos] = template_special_tokens(tok);
-      const JinjaChat chat(model.chat_template, bos, eos);
+      const JinjaChat chat(model.chat_template, bos, eos, template_file_name(model));
       nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
       for (const auto& m : r.messages) msgs.push_back({{"role", m.role}, {"content", m.content}});
       const std::string text = chat.render(msgs, nullptr, true, {{"enable_thinking", r.enable_thinking}});

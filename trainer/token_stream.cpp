@@ -38,7 +38,7 @@ ChatFormat format_for(const LoadedModel& model, const std::string& requested, co
   }
   try {
     const auto [bos, eos] = tok ? template_special_tokens(*tok) : std::pair<std::string, std::string>();
-    return ChatFormat(std::make_shared<const JinjaChat>(model.chat_template, bos, eos));
+    return ChatFormat(std::make_shared<const JinjaChat>(model.chat_template, bos, eos, template_file_name(model)));
   } catch (const jinja::TemplateError& e) {
     if (requested == "jinja") throw std::invalid_argument(fmt::format("{}: {}", model.source, e.what()));
     const ChatTemplate family = detect_chat_template(model.chat_template);

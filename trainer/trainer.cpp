@@ -30,6 +30,7 @@
 #include "trainer/replica_run.hpp"
 #include "trainer/run_setup.hpp"
 #include "trainer/sample.hpp"
+#include "trainer/save_targets.hpp"
 #include "trainer/tensorboard.hpp"
 #include "model/model_flops.hpp"
 #include "scheduler/cost_model.hpp"
@@ -166,6 +167,8 @@ void Run::setup() {
   check_compute_dtype(spec_);
   if (auto w = async_lr_warning(spec_)) spdlog::warn("{}", *w);
   resume_ = check_resume(spec_);
+  // a save that would have to replace a file of the user's is refused now, not after the steps
+  if (leader()) check_save_targets(spec_, trains_lora(spec_), resume_ ? resume_->saved.step : 0);
   RunWeights w;
   if (trains_lora(spec_)) {
     // LoRA: the base always comes from spec.model (a LoRA checkpoint is a PEFT adapter folder),
@@ -503,8 +506,12 @@ void Run::save_merged() {
   std::vector<const float*> ptrs;
   for (const auto& g : m.groups) ptrs.push_back(g.data());
   const std::string dir = path("final-merged");
+  const auto card = card_writer(dir, ModelCardFacts::Kind::merged);
   save_hf_checkpoint(dir, m.layout, ptrs, model_.tokenizer_json, model_.chat_template, parse_dtype(spec_.save_dtype),
-                     card_writer(dir, ModelCardFacts::Kind::merged));
+                     [&](const std::string& tmp) {
+                       card(tmp);
+                       write_manifest(tmp, "train");  // what the run wrote: a re-save or merge keeps the rest
+                     });
   spdlog::info("saved the merged model {}", dir);
 }
 
@@ -791,7 +798,14 @@ void Run::finish_final(TrainResult& res, int64_t t) {
     res.checkpoint = last_checkpoint_;
     return;
   }
-  save("final");
+  try {
+    save("final");
+  } catch (const FolderConflict& e) {
+    // a file of the user's appeared in final/ during the run: the steps are kept all the same
+    const std::string kept = fmt::format("checkpoint-{}", t);
+    save(kept);
+    throw std::runtime_error(fmt::format("{}; the last step {} is saved in {} instead", e.what(), t, path(kept)));
+  }
   res.checkpoint = last_checkpoint_;
   if (spec_.load_best_model_at_end)
     spdlog::info("load_best_model_at_end: final/ holds the last step {} (no checkpoint beats it by {})", t,

@@ -70,6 +70,16 @@ Value string_method(const Value& s, const std::string& name) {
 
 }  // namespace
 
+void limit_string(size_t bytes, const std::string& construct) {
+  if (bytes > kMaxBuiltValue)
+    type_error(fmt::format("{} makes a string over the size limit ({} MiB)", construct, kMaxBuiltValue >> 20));
+}
+
+void limit_items(size_t items, const std::string& construct) {
+  if (items > kMaxBuiltItems)
+    type_error(fmt::format("{} makes a list over the size limit ({} items)", construct, kMaxBuiltItems));
+}
+
 Value get_attr(const Value& obj, const std::string& name) {
   if (obj.is_undefined())
     type_error(fmt::format("'{}' is undefined (reading attribute '{}')", obj.undefined().what, name));
@@ -177,6 +187,7 @@ std::vector<Value> iterate(const Value& v) {
     return keys;
   }
   if (v.is_string()) {
+    limit_items(utf8_length(v.str()), "iterating over a string");
     std::vector<Value> chars;
     const auto off = utf8_offsets(v.str());
     for (size_t i = 0; i + 1 < off.size(); ++i) chars.push_back(Value(v.str().substr(off[i], off[i + 1] - off[i])));
@@ -213,15 +224,18 @@ int64_t int_of(const Value& v) { return v.is_bool() ? int64_t(v.as_bool()) : v.a
 
 Value repeat(const Value& seq, int64_t n) {
   if (n < 0) n = 0;
+  const size_t k = size_t(n);
   if (seq.is_string()) {
-    if (seq.str().size() * size_t(n) > kMaxBuiltValue) type_error("string repetition over the size limit");
+    if (k > 0 && seq.str().size() > kMaxBuiltValue / k) limit_string(kMaxBuiltValue + 1, "string repetition '*'");
     std::string out;
-    for (int64_t i = 0; i < n; ++i) out += seq.str();
+    out.reserve(seq.str().size() * k);
+    for (size_t i = 0; i < k; ++i) out += seq.str();
     return Value(std::move(out));
   }
-  if (seq.list().size() * size_t(n) > kMaxBuiltValue / sizeof(Value)) type_error("list repetition over the size limit");
+  if (k > 0 && seq.list().size() > kMaxBuiltItems / k) limit_items(kMaxBuiltItems + 1, "list repetition '*'");
   List out;
-  for (int64_t i = 0; i < n; ++i) out.insert(out.end(), seq.list().begin(), seq.list().end());
+  out.reserve(seq.list().size() * k);
+  for (size_t i = 0; i < k; ++i) out.insert(out.end(), seq.list().begin(), seq.list().end());
   return Value(std::move(out));
 }
 
@@ -270,18 +284,21 @@ Value arith(const std::string& op, const Value& a, const Value& b) {
 
 Value binary_op(const std::string& op, const Value& a, const Value& b) {
   if (op == "~") {
-    std::string s = to_str(a) + to_str(b);
-    if (s.size() > kMaxBuiltValue) type_error("string over the size limit");
-    return Value(std::move(s));
+    const std::string x = to_str(a), y = to_str(b);
+    limit_string(x.size() + y.size(), "string concatenation '~'");
+    return Value(x + y);
   }
   if (numeric(a) && numeric(b)) return arith(op, a, b);
   if (op == "+") {
     if (a.is_string() && b.is_string()) {
-      if (a.str().size() + b.str().size() > kMaxBuiltValue) type_error("string over the size limit");
+      limit_string(a.str().size() + b.str().size(), "string concatenation '+'");
       return Value(a.str() + b.str());
     }
     if (a.is_list() && b.is_list()) {
-      List out = a.list();
+      limit_items(a.list().size() + b.list().size(), "list concatenation '+'");
+      List out;
+      out.reserve(a.list().size() + b.list().size());
+      out.insert(out.end(), a.list().begin(), a.list().end());
       out.insert(out.end(), b.list().begin(), b.list().end());
       return Value(std::move(out));
     }

@@ -10,8 +10,17 @@
 
 namespace rp::jinja {
 
-/// The most bytes one string or list a builtin builds may hold ("ab" * n, range(n), ...).
+/// The most bytes one string a builtin builds may hold ("ab" * n, "~", join, replace, ...).
 inline constexpr size_t kMaxBuiltValue = size_t(64) << 20;
+/// The most items one list or dict a builtin builds may hold (l + l, l * n, range(n),
+/// a string's characters, split, ...): kMaxBuiltValue bytes of values.
+inline constexpr size_t kMaxBuiltItems = kMaxBuiltValue / sizeof(Value);
+
+/// Throws std::invalid_argument("<construct> makes a string over the size limit (64 MiB)")
+/// when `bytes` > kMaxBuiltValue: the check every builder of a string makes before it builds.
+void limit_string(size_t bytes, const std::string& construct);
+/// The same for a list or dict of `items` items (kMaxBuiltItems).
+void limit_items(size_t items, const std::string& construct);
 
 /// `subject | name(args)`. Throws "unsupported filter 'name'" for a filter not listed in
 /// docs/spec.md.

@@ -142,9 +142,14 @@ Value unique_filter(const Value& seq, const Args& a) {
 Value indent_filter(const Value& v, const Args& a) {
   std::string s = to_str(v);
   const Value w = arg(a, 0, "width", Value(int64_t(4)));
-  const std::string ind = w.is_string() ? w.str() : std::string(size_t(std::max<int64_t>(0, need_int(w, "indent width"))), ' ');
+  const int64_t width = w.is_string() ? 0 : std::max<int64_t>(0, need_int(w, "indent width"));
+  limit_string(size_t(width), "filter 'indent'");
+  const std::string ind = w.is_string() ? w.str() : std::string(size_t(width), ' ');
   const bool first = truthy(arg(a, 1, "first", kUndef)), blank = truthy(arg(a, 2, "blank", kUndef));
   s += "\n";
+  const size_t breaks = size_t(std::count(s.begin(), s.end(), '\n')) + size_t(std::count(s.begin(), s.end(), '\r'));
+  if (!ind.empty() && breaks + 1 > (kMaxBuiltValue - std::min(s.size(), kMaxBuiltValue)) / ind.size())
+    limit_string(kMaxBuiltValue + 1, "filter 'indent'");
   std::vector<std::string> lines;
   const Value split = call_string_method(s, "splitlines", {});
   for (const auto& l : split.list()) lines.push_back(l.str());
@@ -193,7 +198,12 @@ Value number_filter(const Value& v, const Args& a, bool to_int) {
 
 Value escape_filter(const Value& v) {
   std::string out;
-  for (char c : to_str(v)) {
+  const std::string in = to_str(v);
+  limit_string(in.size() + 4 * size_t(std::count_if(in.begin(), in.end(), [](char c) {
+                 return c == '&' || c == '<' || c == '>' || c == '"' || c == '\'';
+               })),
+               "filter 'escape'");
+  for (char c : in) {
     switch (c) {
       case '&': out += "&amp;"; break;
       case '<': out += "&lt;"; break;
@@ -231,9 +241,10 @@ Value join_filter(const Value& v, const Args& a) {
   std::string out;
   bool first = true;
   for (const auto& x : iterate(v)) {
-    out += (first ? "" : to_str(d)) + to_str(attr.is_string() ? attr_path(x, attr.str()) : x);
+    const std::string part = (first ? "" : to_str(d)) + to_str(attr.is_string() ? attr_path(x, attr.str()) : x);
+    limit_string(out.size() + part.size(), "filter 'join'");
+    out += part;
     first = false;
-    if (out.size() > kMaxBuiltValue) fail("join result over the size limit");
   }
   return Value(std::move(out));
 }

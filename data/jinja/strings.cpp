@@ -1,5 +1,9 @@
 #include "data/jinja/strings.hpp"
 
+#include <string_view>
+
+#include "data/jinja/builtins.hpp"
+
 #include <algorithm>
 #include <cctype>
 #include <stdexcept>
@@ -118,14 +122,23 @@ std::string py_strip(const std::string& s, const Value& chars, bool left, bool r
     return s.substr(b, e - b);
   }
   const auto set = code_points(chars.str());
-  const auto cps = code_points(s);
-  size_t b = 0, e = cps.size();
-  auto in = [&](const std::string& c) { return std::find(set.begin(), set.end(), c) != set.end(); };
-  while (left && b < e && in(cps[b])) ++b;
-  while (right && e > b && in(cps[e - 1])) --e;
-  std::string out;
-  for (size_t i = b; i < e; ++i) out += cps[i];
-  return out;
+  auto in = [&](size_t from, size_t to) {
+    return std::find(set.begin(), set.end(), std::string_view(s).substr(from, to - from)) != set.end();
+  };
+  auto cp_end = [&](size_t i) {  // the end of the code point starting at i
+    do ++i;
+    while (i < s.size() && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80);
+    return i;
+  };
+  auto cp_start = [&](size_t e) {  // the start of the code point ending at e
+    size_t i = e - 1;
+    while (i > 0 && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) --i;
+    return i;
+  };
+  size_t b = 0, e = s.size();
+  while (left && b < e && in(b, cp_end(b))) b = cp_end(b);
+  while (right && e > b && in(cp_start(e), e)) e = cp_start(e);
+  return s.substr(b, e - b);
 }
 
 std::vector<std::string> py_split(const std::string& s, const Value& sep, int64_t maxsplit) {
@@ -141,6 +154,7 @@ std::vector<std::string> py_split(const std::string& s, const Value& sep, int64_
       }
       size_t j = i;
       while (j < s.size() && !ws(s[j])) ++j;
+      limit_items(out.size() + 1, "str.split()");
       out.push_back(s.substr(i, j - i));
       i = j;
     }
@@ -151,8 +165,10 @@ std::vector<std::string> py_split(const std::string& s, const Value& sep, int64_
   if (d.empty()) throw std::invalid_argument("empty separator");
   size_t i = 0;
   for (size_t j; (maxsplit < 0 || int64_t(out.size()) < maxsplit) && (j = s.find(d, i)) != std::string::npos;
-       i = j + d.size())
+       i = j + d.size()) {
+    limit_items(out.size() + 2, "str.split()");
     out.push_back(s.substr(i, j - i));
+  }
   out.push_back(s.substr(i));
   return out;
 }
@@ -160,15 +176,28 @@ std::vector<std::string> py_split(const std::string& s, const Value& sep, int64_
 std::string py_replace(const std::string& s, const std::string& from, const std::string& to, int64_t count) {
   std::string out;
   if (from.empty()) {  // Python inserts `to` before every code point and at the end
-    const auto cps = code_points(s);
-    int64_t n = 0;
-    for (const auto& c : cps) {
-      if (count < 0 || n++ < count) out += to;
-      out += c;
+    const size_t n = utf8_length(s) + 1;
+    const size_t inserts = count < 0 ? n : std::min<size_t>(n, size_t(count));
+    if (!to.empty() && inserts > (kMaxBuiltValue - std::min(s.size(), kMaxBuiltValue)) / to.size())
+      limit_string(kMaxBuiltValue + 1, "replace");
+    size_t done = 0;
+    for (size_t i = 0; i < s.size();) {
+      if (done < inserts) out += to, ++done;
+      size_t j = i + 1;
+      while (j < s.size() && (static_cast<unsigned char>(s[j]) & 0xC0) == 0x80) ++j;
+      out.append(s, i, j - i);
+      i = j;
     }
-    if (count < 0 || n < count) out += to;
+    if (done < inserts) out += to;
     return out;
   }
+  size_t hits = 0;  // the result's size is known before it is built
+  for (size_t p = s.find(from); p != std::string::npos && (count < 0 || hits < size_t(count));
+       p = s.find(from, p + from.size()))
+    ++hits;
+  if (to.size() > from.size() && hits > 0 &&
+      (to.size() - from.size()) > (kMaxBuiltValue - std::min(s.size(), kMaxBuiltValue)) / hits)
+    limit_string(kMaxBuiltValue + 1, "replace");
   size_t i = 0;
   int64_t n = 0;
   for (size_t j; (count < 0 || n < count) && (j = s.find(from, i)) != std::string::npos; i = j + from.size(), ++n) {
@@ -193,7 +222,9 @@ Value call_string_method(const std::string& s, const std::string& name, const Ar
     if (name == "rsplit" && maxsplit >= 0)
       throw std::invalid_argument("str.rsplit() with maxsplit is not supported");
     List out;
-    for (auto& p : py_split(s, sep ? *sep : a0, maxsplit)) out.push_back(Value(std::move(p)));
+    std::vector<std::string> parts = py_split(s, sep ? *sep : a0, maxsplit);
+    limit_items(parts.size(), "str." + name + "()");
+    for (auto& p : parts) out.push_back(Value(std::move(p)));
     return Value(std::move(out));
   }
   if (name == "replace") return Value(py_replace(s, str_arg(a, 0, "replace"), str_arg(a, 1, "replace"), int_arg(a, 2, -1)));
@@ -216,6 +247,7 @@ Value call_string_method(const std::string& s, const std::string& name, const Ar
     List out;
     size_t i = 0;
     while (i < s.size()) {
+      limit_items(out.size() + 1, "str.splitlines()");
       size_t j = s.find_first_of("\r\n", i);
       if (j == std::string::npos) {
         out.push_back(Value(s.substr(i)));
@@ -231,6 +263,7 @@ Value call_string_method(const std::string& s, const std::string& name, const Ar
     bool first = true;
     for (const auto& x : a0.is_list() ? a0.list() : List{}) {
       if (!x.is_string()) throw std::invalid_argument("str.join() takes strings");
+      limit_string(out.size() + (first ? 0 : s.size()) + x.str().size(), "str.join()");
       out += (first ? "" : s) + x.str();
       first = false;
     }

@@ -43,9 +43,23 @@ class Renderer {
   }
 
   void emit(const std::string& s, int line) {
-    if (out_->size() + s.size() > o_.limits.max_output_bytes)
+    // every open capture (a macro's body, a block set) holds its text until it returns
+    if (outer_ + out_->size() + s.size() > o_.limits.max_output_bytes)
       fail(line, fmt::format("output over {} bytes", o_.limits.max_output_bytes));
     *out_ += s;
+  }
+
+  /// Adds what `v` holds (a string's bytes, a list's or dict's items) to the bytes the render
+  /// built; over max_built_bytes it fails naming `construct`.
+  void charge(const Value& v, int line, const char* construct) {
+    uint64_t bytes = 0;
+    if (v.is_string()) bytes = v.str().size();
+    else if (v.is_list()) bytes = v.list().size() * sizeof(Value);
+    else if (v.is_dict()) bytes = v.dict().items.size() * sizeof(std::pair<std::string, Value>);
+    built_ += bytes;
+    if (built_ > o_.limits.max_built_bytes)
+      fail(line, fmt::format("{}: the values this template built add up to more than {} MiB (a runaway template?)",
+                             construct, o_.limits.max_built_bytes >> 20));
   }
 
   // ---- globals ----
@@ -164,17 +178,26 @@ class Renderer {
     }
   }
 
-  std::string capture(const Body& body) {
+  std::string capture(const Body& body, int line) {
     std::string buf;
     std::string* saved = out_;
+    const size_t saved_outer = outer_;
+    outer_ += saved->size();
     out_ = &buf;
     try {
       exec(body);
     } catch (...) {
       out_ = saved;
+      outer_ = saved_outer;
       throw;
     }
     out_ = saved;
+    outer_ = saved_outer;
+    built_ += buf.size();
+    if (built_ > o_.limits.max_built_bytes)
+      fail(line, fmt::format("a captured block: the values this template built add up to more than {} MiB (a "
+                             "runaway template?)",
+                             o_.limits.max_built_bytes >> 20));
     return buf;
   }
 
@@ -188,7 +211,7 @@ class Renderer {
         return Flow::normal;
       case Node::Kind::for_: return exec_for(n);
       case Node::Kind::set: assign_all(n.targets, eval(*n.expr), n.line); return Flow::normal;
-      case Node::Kind::set_block: assign(n.targets[0], Value(capture(n.body)), n.line); return Flow::normal;
+      case Node::Kind::set_block: assign(n.targets[0], Value(capture(n.body, n.line)), n.line); return Flow::normal;
       case Node::Kind::macro: frames_.back().set(n.text, make_macro(n, n.text)); return Flow::normal;
       case Node::Kind::call_block: {
         const Expr& call = *n.expr;
@@ -199,7 +222,7 @@ class Renderer {
         return Flow::normal;
       }
       case Node::Kind::filter_block: {
-        Value v(capture(n.body));
+        Value v(capture(n.body, n.line));
         emit(to_str(apply_filter_chain(*n.expr, v)), n.line);
         return Flow::normal;
       }
@@ -302,7 +325,7 @@ class Renderer {
       if (k != "caller") throw std::invalid_argument(fmt::format("macro '{}' has no argument '{}'", m.text, k));
       frames_.back().set(k, v);
     }
-    return Value(capture(m.body));
+    return Value(capture(m.body, m.line));
   }
 
   Value invoke(const Value& fn, const Args& args, int line) {
@@ -323,7 +346,17 @@ class Renderer {
 
   Value eval(const Expr& e) {
     try {
-      return eval_inner(e);
+      Value v = eval_inner(e);
+      using K = Expr::Kind;
+      switch (e.kind) {  // what builds a new value (names, attributes and items read existing ones)
+        case K::list: case K::tuple: case K::dict: charge(v, e.line, "a literal"); break;
+        case K::binary: charge(v, e.line, fmt::format("operator '{}'", e.name).c_str()); break;
+        case K::filter: charge(v, e.line, fmt::format("filter '{}'", e.name).c_str()); break;
+        case K::call: charge(v, e.line, "a call"); break;
+        case K::slice: charge(v, e.line, "a slice"); break;
+        default: break;
+      }
+      return v;
     } catch (const std::logic_error& x) {
       fail(e.line, x.what());
     } catch (const std::bad_variant_access&) {
@@ -425,6 +458,8 @@ class Renderer {
   std::vector<Dict> frames_;
   std::string* out_ = nullptr;
   uint64_t steps_ = 0;
+  uint64_t built_ = 0;  // bytes of the values built (charge)
+  size_t outer_ = 0;    // bytes held by the captures enclosing the current one
   int depth_ = 0;
 };
 

@@ -106,8 +106,19 @@ void json_string(std::string& out, const std::string& s) {
   out += '"';
 }
 
+/// The most bytes and nesting levels repr / str / tojson build: a list holding itself many
+/// times over (lists are shared) would otherwise print exponentially long or recurse without end.
+constexpr size_t kMaxTextBytes = size_t(64) << 20;
+constexpr int kMaxNesting = 512;
+
+void check_text(const std::string& out, const char* what) {
+  if (out.size() > kMaxTextBytes)
+    throw std::invalid_argument(fmt::format("{} makes a string over the size limit ({} MiB)", what, kMaxTextBytes >> 20));
+}
+
 void json_into(std::string& out, const Value& v, int indent, bool sort_keys, int depth) {
-  if (depth > 512) throw std::invalid_argument("tojson: nesting deeper than 512");
+  if (depth > kMaxNesting) throw std::invalid_argument("tojson: nesting deeper than 512");
+  check_text(out, "tojson");
   auto newline = [&](int d) {
     if (indent < 0) return;
     out += '\n';
@@ -164,45 +175,83 @@ void json_into(std::string& out, const Value& v, int indent, bool sort_keys, int
 std::string to_json(const Value& v, int indent, bool sort_keys) {
   std::string out;
   json_into(out, v, indent, sort_keys, 0);
+  check_text(out, "tojson");
   return out;
 }
 
-std::string repr(const Value& v) {
-  if (v.is_string()) return repr_string(v.str());
-  if (v.is_list()) {
-    std::string out = v.tuple ? "(" : "[";
-    const List& l = v.list();
-    for (size_t i = 0; i < l.size(); ++i) out += (i ? ", " : "") + repr(l[i]);
-    if (v.tuple && l.size() == 1) out += ",";
-    return out + (v.tuple ? ")" : "]");
+namespace {
+
+void repr_into(std::string& out, const Value& v, int depth);
+
+void str_into(std::string& out, const Value& v, int depth) {
+  switch (v.v.index()) {
+    case 0: return;
+    case 1: out += "None"; return;
+    case 2: out += v.as_bool() ? "True" : "False"; return;
+    case 3: out += std::to_string(v.as_int()); return;
+    case 4: out += float_repr(v.as_float()); return;
+    case 5: out += v.str(); return;
+    case 8:
+      out += "<Namespace ";
+      repr_into(out, Value(v.ns().attrs), depth + 1);
+      out += ">";
+      return;
+    case 9: out += "<function " + v.callable().name + ">"; return;
+    default: repr_into(out, v, depth);
   }
-  if (v.is_dict()) {
-    std::string out = "{";
+}
+
+void repr_into(std::string& out, const Value& v, int depth) {
+  if (depth > kMaxNesting) throw std::invalid_argument("printing a value nested deeper than 512");
+  check_text(out, "printing a value");
+  if (v.is_string()) {
+    out += repr_string(v.str());
+  } else if (v.is_list()) {
+    out += v.tuple ? "(" : "[";
+    const List& l = v.list();
+    for (size_t i = 0; i < l.size(); ++i) {
+      if (i) out += ", ";
+      repr_into(out, l[i], depth + 1);
+      check_text(out, "printing a value");
+    }
+    if (v.tuple && l.size() == 1) out += ",";
+    out += v.tuple ? ")" : "]";
+  } else if (v.is_dict()) {
+    out += "{";
     bool first = true;
     for (const auto& [k, x] : v.dict().items) {
-      out += (first ? "" : ", ") + repr_string(k) + ": " + repr(x);
+      out += (first ? "" : ", ") + repr_string(k) + ": ";
+      repr_into(out, x, depth + 1);
+      check_text(out, "printing a value");
       first = false;
     }
-    return out + "}";
+    out += "}";
+  } else {
+    str_into(out, v, depth);
   }
-  return to_str(v);
+}
+
+}  // namespace
+
+std::string repr(const Value& v) {
+  std::string out;
+  repr_into(out, v, 0);
+  check_text(out, "printing a value");
+  return out;
 }
 
 std::string to_str(const Value& v) {
-  switch (v.v.index()) {
-    case 0: return "";
-    case 1: return "None";
-    case 2: return v.as_bool() ? "True" : "False";
-    case 3: return std::to_string(v.as_int());
-    case 4: return float_repr(v.as_float());
-    case 5: return v.str();
-    case 8: return "<Namespace " + repr(Value(v.ns().attrs)) + ">";
-    case 9: return "<function " + v.callable().name + ">";
-    default: return repr(v);
-  }
+  if (v.is_string()) return v.str();
+  std::string out;
+  str_into(out, v, 0);
+  check_text(out, "printing a value");
+  return out;
 }
 
-bool equal(const Value& a, const Value& b) {
+namespace {
+
+bool equal_at(const Value& a, const Value& b, int depth) {
+  if (depth > kMaxNesting) throw std::invalid_argument("comparing values nested deeper than 512");
   const bool an = a.is_number() || a.is_bool(), bn = b.is_number() || b.is_bool();
   if (an && bn) {
     if (a.is_float() || b.is_float()) return a.as_number() == b.as_number();
@@ -214,17 +263,19 @@ bool equal(const Value& a, const Value& b) {
   if (a.is_string()) return a.str() == b.str();
   if (a.is_list()) {
     const List &x = a.list(), &y = b.list();
+    if (&x == &y) return true;  // one shared list (Python compares its items by identity first too)
     if (x.size() != y.size()) return false;
     for (size_t i = 0; i < x.size(); ++i)
-      if (!equal(x[i], y[i])) return false;
+      if (!equal_at(x[i], y[i], depth + 1)) return false;
     return true;
   }
   if (a.is_dict()) {
     const Dict &x = a.dict(), &y = b.dict();
+    if (&x == &y) return true;
     if (x.items.size() != y.items.size()) return false;
     for (const auto& [k, v] : x.items) {
       const Value* o = y.find(k);
-      if (!o || !equal(v, *o)) return false;
+      if (!o || !equal_at(v, *o, depth + 1)) return false;
     }
     return true;
   }
@@ -232,21 +283,29 @@ bool equal(const Value& a, const Value& b) {
   return &a.callable() == &b.callable();
 }
 
-bool less(const Value& a, const Value& b) {
+bool less_at(const Value& a, const Value& b, int depth) {
+  if (depth > kMaxNesting) throw std::invalid_argument("comparing values nested deeper than 512");
   const bool an = a.is_number() || a.is_bool(), bn = b.is_number() || b.is_bool();
   if (an && bn) return a.as_number() < b.as_number();
   if (a.is_string() && b.is_string()) return a.str() < b.str();  // UTF-8 byte order = code point order
   if (a.is_list() && b.is_list()) {
     const List &x = a.list(), &y = b.list();
+    if (&x == &y) return false;
     for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
-      if (less(x[i], y[i])) return true;
-      if (less(y[i], x[i])) return false;
+      if (less_at(x[i], y[i], depth + 1)) return true;
+      if (less_at(y[i], x[i], depth + 1)) return false;
     }
     return x.size() < y.size();
   }
   throw std::invalid_argument(
       fmt::format("'<' not supported between instances of '{}' and '{}'", type_name(a), type_name(b)));
 }
+
+}  // namespace
+
+bool equal(const Value& a, const Value& b) { return equal_at(a, b, 0); }
+
+bool less(const Value& a, const Value& b) { return less_at(a, b, 0); }
 
 Value from_json(const nlohmann::ordered_json& j) {
   switch (j.type()) {

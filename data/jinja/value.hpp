@@ -3,7 +3,9 @@
 // Lists, dicts and namespaces are shared (Python reference semantics: `ns.x = 1` inside a
 // loop is seen after it); templates cannot mutate lists or dicts (transformers renders in
 // Jinja's immutable sandbox), so sharing is only observable through namespaces.
-// Strings are UTF-8; length, slicing and indexing count code points, as Python does.
+// Strings are UTF-8 and shared too (immutable, as Python's): copying a value never copies its
+// text, so a list of a thousand references to one long string holds it once. Length,
+// slicing and indexing count code points, as Python does.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -32,7 +34,8 @@ struct Undefined {
 struct None {};
 
 struct Value {
-  std::variant<Undefined, None, bool, int64_t, double, std::string, ListPtr, DictPtr, std::shared_ptr<Namespace>,
+  std::variant<Undefined, None, bool, int64_t, double, std::shared_ptr<const std::string>, ListPtr, DictPtr,
+               std::shared_ptr<Namespace>,
                std::shared_ptr<const Callable>>
       v;
   bool tuple = false;  ///< a list that prints as a Python tuple: (1, 2) (items(), tuple literals)
@@ -44,8 +47,8 @@ struct Value {
   Value(int64_t i) : v(i) {}
   Value(int i) : v(int64_t(i)) {}
   Value(double d) : v(d) {}
-  Value(std::string s) : v(std::move(s)) {}
-  Value(const char* s) : v(std::string(s)) {}
+  Value(std::string s) : v(std::make_shared<const std::string>(std::move(s))) {}
+  Value(const char* s) : Value(std::string(s)) {}
   Value(List l) : v(ListPtr(std::make_shared<const List>(std::move(l)))) {}
   Value(Dict d);
   Value(std::shared_ptr<Namespace> n) : v(std::move(n)) {}
@@ -67,7 +70,7 @@ struct Value {
   int64_t as_int() const { return std::get<int64_t>(v); }
   double as_float() const { return std::get<double>(v); }
   double as_number() const { return is_int() ? double(as_int()) : is_bool() ? double(as_bool()) : as_float(); }
-  const std::string& str() const { return std::get<std::string>(v); }
+  const std::string& str() const { return *std::get<std::shared_ptr<const std::string>>(v); }
   const List& list() const { return *std::get<ListPtr>(v); }
   const Dict& dict() const { return *std::get<DictPtr>(v); }
   Namespace& ns() const { return *std::get<std::shared_ptr<Namespace>>(v); }

@@ -33,8 +33,18 @@ struct LoadedModel {
   /// "<source> tokenizer" then).
   std::string tokenizer_source;
   std::string chat_template;      ///< Jinja chat template, or ""
+  /// Where chat_template came from, as template errors name it ("<file>:<line>: ..."):
+  /// "chat_template.jinja", "tokenizer_config.json key 'chat_template'" or "<file>.gguf key
+  /// 'tokenizer.chat_template'"; "" when unknown (errors say chat_template.jinja then).
+  std::string chat_template_source;
   std::string source;             ///< the path it was loaded from
 };
+
+/// The name template errors give `m`'s chat template: m.chat_template_source, else
+/// "chat_template.jinja".
+inline std::string template_file_name(const LoadedModel& m) {
+  return m.chat_template_source.empty() ? std::string("chat_template.jinja") : m.chat_template_source;
+}
 
 /// Where `m`'s tokenizer came from, for errors: m.tokenizer_source, else "<m.source> tokenizer".
 inline std::string tokenizer_origin(const LoadedModel& m) {

@@ -301,3 +301,47 @@ TEST(AtomicFile, ARewriteKeepsWhatTheManifestDoesNotList) {
 }
 
 }  // namespace
+
+namespace {
+
+// A writer that records what it writes (its new version holds a manifest) keeps everything no
+// manifest proves roundpipe's: all of a folder without one (an earlier release's), and a listed
+// file whose content changed at the same size (the manifest's XXH3 shows it). A kept entry whose
+// name the new version writes fails the write with FolderConflict, nothing replaced.
+TEST(AtomicFile, AWriterThatRecordsKeepsWhatNoManifestProvesOurs) {
+  const fs::path d = scratch(), ck = d / "ck";
+  fs::create_directories(ck);
+  put(ck / "mine.txt", "mine");
+  auto write_with_manifest = [&](const std::string& content) {
+    rp::replace_folder(ck.string(), [&](const std::string& tmp) {
+      put(fs::path(tmp) / "a.bin", content);
+      rp::write_manifest(tmp, "test");
+    });
+  };
+  write_with_manifest("ours");
+  EXPECT_EQ(slurp(ck / "mine.txt"), "mine");
+  EXPECT_EQ(rp::manifest_files(ck)->count("mine.txt"), 0u);
+  put(ck / "a.bin", "OURS");  // the user's edit, same size
+  EXPECT_EQ(rp::foreign_names(ck), (std::vector<std::string>{"a.bin", "mine.txt"}));
+  try {
+    write_with_manifest("new!");
+    ADD_FAILURE() << "replaced the user's a.bin";
+  } catch (const rp::FolderConflict& e) {
+    EXPECT_NE(std::string(e.what()).find((ck / "a.bin").string() + ": changed since roundpipe wrote it"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(slurp(ck / "a.bin"), "OURS");
+  fs::remove(ck / "a.bin");
+  fs::remove(ck / rp::kManifestFile);  // a folder nothing proves ours: all of it kept
+  put(ck / "a.bin", "old");
+  EXPECT_THROW(write_with_manifest("new"), rp::FolderConflict);
+  fs::remove(ck / "a.bin");
+  write_with_manifest("new");
+  EXPECT_EQ(slurp(ck / "mine.txt"), "mine");
+  EXPECT_EQ(slurp(ck / "a.bin"), "new");
+  EXPECT_EQ(entries(d), 1u) << "no temporary left";
+  fs::remove_all(d);
+}
+
+}  // namespace

@@ -85,7 +85,8 @@ TEST(CliMerge, RefusesAnOutputThatWouldReplaceAnInputOrUserFiles) {
   // ... but not once it holds anything the merge did not write
   fs::create_directories(d / "out/src");
   write(d / "out/src/main.c", "int main() {}");
-  expect_one_line_error(roundpipe("merge " + adapter + " " + (d / "out").string() + base, d), "(src)");
+  expect_one_line_error(roundpipe("merge " + adapter + " " + (d / "out").string() + base, d),
+                        "holds a folder roundpipe did not write there (src/)");
   EXPECT_TRUE(fs::exists(d / "out/src/main.c"));
   fs::remove_all(d);
 }

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <string>
 
+#include "data/jinja/builtins.hpp"
 #include "data/jinja/template.hpp"
 
 namespace rp::jinja {
@@ -67,10 +68,70 @@ TEST(JinjaLimits, OutputAndValuesAreBounded) {
   RenderOptions o;
   o.limits.max_output_bytes = 1 << 20;
   EXPECT_EQ(error_of("{% for a in range(1000) %}{{ 'x' * 10000 }}{% endfor %}", o), "t.jinja:1: output over 1048576 bytes");
-  EXPECT_EQ(error_of("{{ 'x' * 1000000000000 }}"), "t.jinja:1: string repetition over the size limit");
+  EXPECT_EQ(error_of("{{ 'x' * 1000000000000 }}"),
+            "t.jinja:1: string repetition '*' makes a string over the size limit (64 MiB)");
+  EXPECT_EQ(error_of("{{ 'xx' * 9223372036854775807 }}"),  // size x n overflows 64 bits
+            "t.jinja:1: string repetition '*' makes a string over the size limit (64 MiB)");
   EXPECT_EQ(error_of("{{ range(1000000000000) | length }}"), "t.jinja:1: range() too long");
   EXPECT_EQ(error_of("{% set s = namespace(v='xxxxxxxxxxxxxxxx') %}{% for i in range(40) %}{% set s.v = s.v ~ s.v %}{% endfor %}"),
-            "t.jinja:1: string over the size limit");
+            "t.jinja:1: string concatenation '~' makes a string over the size limit (64 MiB)");
+}
+
+// Every construct that grows a value checks its size before it builds it (no test here
+// allocates more than ~100 MB): lists doubled by '+', strings grown by filters and methods,
+// lists made from strings, and what printing a list that holds itself many times would write.
+TEST(JinjaLimits, ListsDictsAndStringsCannotGrowPastTheLimit) {
+  const std::string items = std::to_string(kMaxBuiltItems);
+  EXPECT_EQ(error_of("{% set ns = namespace(a=[1]) %}\n{% for i in range(40) %}{% set ns.a = ns.a + ns.a %}{% endfor %}"),
+            "t.jinja:2: list concatenation '+' makes a list over the size limit (" + items + " items)");
+  EXPECT_EQ(error_of("{{ [1, 2] * 9223372036854775807 }}"),
+            "t.jinja:1: list repetition '*' makes a list over the size limit (" + items + " items)");
+  EXPECT_EQ(error_of("{{ ('a,' * 3000000).split(',') | length }}"),
+            "t.jinja:1: str.split() makes a list over the size limit (" + items + " items)");
+  EXPECT_EQ(error_of("{{ ('a' * 3000000) | list | length }}"),
+            "t.jinja:1: iterating over a string makes a list over the size limit (" + items + " items)");
+  EXPECT_EQ(error_of("{{ ('x' * 1000000).replace('x', 'yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy') }}"),
+            "t.jinja:1: replace makes a string over the size limit (64 MiB)");
+  EXPECT_EQ(error_of("{{ ('x' * 1000000) | replace('', 'abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrst') }}"),
+            "t.jinja:1: replace makes a string over the size limit (64 MiB)");
+  EXPECT_EQ(error_of("{{ ('\\n' * 1000000) | indent(100) }}"),
+            "t.jinja:1: filter 'indent' makes a string over the size limit (64 MiB)");
+  EXPECT_EQ(error_of("{{ 'a' | indent(1000000000000) }}"),
+            "t.jinja:1: filter 'indent' makes a string over the size limit (64 MiB)");
+  EXPECT_EQ(error_of("{{ ('<' * 20000000) | e }}"), "t.jinja:1: filter 'escape' makes a string over the size limit (64 MiB)");
+  // a list holding one list twice, 40 levels deep: 2^40 leaves to print
+  const std::string dag = "{% set ns = namespace(a=[1]) %}{% for i in range(40) %}{% set ns.a = [ns.a, ns.a] %}{% endfor %}";
+  EXPECT_EQ(error_of(dag + "{{ ns.a }}"), "t.jinja:1: printing a value makes a string over the size limit (64 MiB)");
+  EXPECT_EQ(error_of(dag + "{{ ns.a | tojson }}"), "t.jinja:1: tojson makes a string over the size limit (64 MiB)");
+  EXPECT_EQ(error_of(dag + "{{ ns.a == ns.a }}"), "");  // one shared list: equal at once
+  // a namespace that holds itself
+  EXPECT_EQ(error_of("{% set ns = namespace() %}{% set ns.me = ns %}{{ ns }}"),
+            "t.jinja:1: printing a value nested deeper than 512");
+}
+
+// Values kept while the template goes on building (each within the limit of one value) add up
+// to RenderLimits::max_built_bytes at most; captures nested in macro calls share the output limit.
+TEST(JinjaLimits, WhatATemplateBuildsAddsUpToALimit) {
+  RenderOptions o;
+  o.limits.max_built_bytes = 1 << 20;
+  EXPECT_EQ(error_of("{% set ns = namespace(l=[]) %}{% for i in range(1000) %}{% set ns.l = ns.l + ['x' * 10000 ~ i] %}"
+                     "{% endfor %}",
+                     o)
+                .find("t.jinja:1: "),
+            0u);
+  EXPECT_NE(error_of("{% set ns = namespace(l=[]) %}{% for i in range(1000) %}{% set ns.l = ns.l + ['x' * 10000 ~ i] %}"
+                     "{% endfor %}",
+                     o)
+                .find("the values this template built add up to more than 1 MiB"),
+            std::string::npos);
+  EXPECT_EQ(error_of("{% for i in range(100) %}{{ 'x' * 1000 }}{% endfor %}", o), "") << "output is not a built value";
+  RenderOptions small;
+  small.limits.max_output_bytes = 1 << 20;
+  // each level holds 600 kB while it calls the next: the second level is over the limit
+  EXPECT_EQ(error_of("{% macro f(n) %}{{ 'x' * 600000 }}{% if n == 0 %}{{ raise_exception('reached') }}{% endif %}"
+                     "{{ f(n - 1) if n > 0 }}{% endmacro %}{{ f(3) }}",
+                     small),
+            "t.jinja:1: output over 1048576 bytes");
 }
 
 TEST(JinjaLimits, RecursionAndNestingAreBounded) {

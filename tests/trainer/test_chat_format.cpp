@@ -65,3 +65,31 @@ TEST(ChatFormat, ToolConversationsTrainThroughTheModelsTemplate) {
   EXPECT_THROW(rp::TokenStream(lm, (d / "tools.jsonl").string(), o), std::runtime_error);
   fs::remove_all(d);
 }
+
+// Template errors name the file the template came from: tokenizer_config.json's key, or
+// chat_template.jinja beside it.
+TEST(JinjaTemplateFile, ErrorsNameTheFileTheTemplateCameFrom) {
+  const auto d = tmpdir();
+  const fs::path model = tiny_model(d);
+  const std::string bad = std::string(kChatML) + "\n{% include 'extra.jinja' %}";
+  nlohmann::json tc = nlohmann::json::parse(slurp(model / "tokenizer_config.json"));
+  tc["chat_template"] = bad;
+  write(model / "tokenizer_config.json", tc.dump());
+  const std::string at = ":" + std::to_string(std::count(bad.begin(), bad.end(), '\n') + 1) + ": ";
+  auto error_of = [&] {
+    try {
+      rp::TokenStream::chat_template_for(rp::load_model(model.string()), "jinja");
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(error_of().find("tokenizer_config.json key 'chat_template'" + at + "unsupported statement 'include'"),
+            std::string::npos)
+      << error_of();
+  tc.erase("chat_template");
+  write(model / "tokenizer_config.json", tc.dump());
+  write(model / "chat_template.jinja", bad);
+  EXPECT_NE(error_of().find("chat_template.jinja" + at + "unsupported statement 'include'"), std::string::npos) << error_of();
+  fs::remove_all(d);
+}

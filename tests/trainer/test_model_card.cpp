@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "tests/cli/cli_util.hpp"
+#include "base/output_folder.hpp"
 #include "trainer/model_card.hpp"
 
 namespace {
@@ -77,20 +78,27 @@ TEST(ModelCard, OnlyAnUneditedCardOfOursIsReplaced) {
   EXPECT_TRUE(rp::place_model_card((d / "new1").string(), (d / "old").string(), card));
   EXPECT_EQ(read(d / "new1/README.md"), card);
   EXPECT_TRUE(rp::is_roundpipe_model_card((d / "new1/README.md").string()));
-  // an unedited card of ours is replaced
+  // an unedited card of ours (its folder's manifest lists it as it is) is replaced
   write(d / "old/README.md", card);
+  rp::write_manifest((d / "old").string(), "train");
   fs::create_directories(d / "new2");
   EXPECT_TRUE(rp::place_model_card((d / "new2").string(), (d / "old").string(), card + "x"));
   EXPECT_EQ(read(d / "new2/README.md"), card + "x");
-  // an edited card, or a user's own README, is carried over byte for byte
+  // an edited card, a user's own README, or any README no manifest proves ours is not written
+  // over: the card is left out (replace_folder keeps the user's file, unlisted)
   for (const std::string& user : {card.substr(0, 10) + "my words" + card.substr(10), std::string("# my model\n")}) {
     write(d / "old/README.md", user);
     EXPECT_FALSE(rp::is_roundpipe_model_card((d / "old/README.md").string()));
     fs::remove_all(d / "new3");
     fs::create_directories(d / "new3");
     EXPECT_FALSE(rp::place_model_card((d / "new3").string(), (d / "old").string(), card));
-    EXPECT_EQ(read(d / "new3/README.md"), user);
+    EXPECT_FALSE(fs::exists(d / "new3/README.md"));
   }
+  fs::remove(d / "old" / rp::kManifestFile);
+  write(d / "old/README.md", card);
+  fs::remove_all(d / "new3");
+  fs::create_directories(d / "new3");
+  EXPECT_FALSE(rp::place_model_card((d / "new3").string(), (d / "old").string(), card));
   fs::remove_all(d);
 }
 
