@@ -34,6 +34,12 @@ RopeParams rope_params(const ModelConfig& c) {
   return p;
 }
 
+void scale_activation(Ops& ops, const void* x, void* y, int64_t n, float alpha) {
+  if (x == y) return ops.add_into(ops.dtype(), y, ops.dtype(), x, n, alpha - 1.0f);
+  ops.fill(ops.dtype(), y, n, 0.0f);
+  ops.add_into(ops.dtype(), y, ops.dtype(), x, n, alpha);
+}
+
 namespace {
 
 int64_t offset_of(const ParamGroup& g, const std::string& name) {
@@ -118,22 +124,35 @@ class EmbeddingLayer final : public Layer {
  public:
   explicit EmbeddingLayer(const ModelLayout& m)
       : H_(m.config.hidden_size), V_(m.config.vocab_size),
-        off_(offset_of(m.groups[0], "model.embed_tokens.weight")) {}
+        off_(offset_of(m.groups[0], "model.embed_tokens.weight")), mult_(float(m.config.embedding_multiplier)) {}
   LayerKind kind() const override { return LayerKind::embedding; }
-  size_t scratch_bytes(const MicroBatchShape&, DType = DType::f32, bool = true) const override { return 0; }
+  // Granite's multiplier: the backward scales dy into scratch [T, H]
+  size_t scratch_bytes(const MicroBatchShape& s, DType dt = DType::f32, bool backward = true) const override {
+    return backward && mult_ != 1.0f ? size_t(s.tokens() * H_) * dtype_size(dt) : 0;
+  }
   void forward(const LayerArgs& a) const override {
     Ops& ops = check_args(a, 1, 0, "embedding.forward", false);
     if (!a.ids || !a.y) throw std::invalid_argument("embedding.forward: ids/y null");
     ops.embedding_fwd(a.ids, param(a, 0, off_), a.y, a.shape.tokens(), H_, V_);
+    if (mult_ != 1.0f) scale_activation(ops, a.y, a.y, a.shape.tokens() * H_, mult_);
   }
   void backward(const LayerArgs& a) const override {
-    Ops& ops = check_args(a, 1, 0, "embedding.backward", true);
+    Ops& ops = check_args(a, 1, scratch_bytes(a.shape, a.ops ? a.ops->dtype() : DType::f32), "embedding.backward",
+                          true);
     if (!a.ids || !a.dy) throw std::invalid_argument("embedding.backward: ids/dy null");
-    if (void* dw = grad(a, 0, off_)) ops.embedding_bwd(a.ids, a.dy, dw, a.shape.tokens(), H_, V_);  // frozen: nothing
+    void* dw = grad(a, 0, off_);
+    if (!dw) return;  // frozen: nothing
+    const void* dy = a.dy;
+    if (mult_ != 1.0f) {
+      scale_activation(ops, a.dy, a.scratch, a.shape.tokens() * H_, mult_);
+      dy = a.scratch;
+    }
+    ops.embedding_bwd(a.ids, dy, dw, a.shape.tokens(), H_, V_);
   }
 
  private:
   int64_t H_, V_, off_;
+  float mult_;  // Granite's embedding_multiplier (1 elsewhere)
 };
 
 // ---------------------------------------------------------------------------------
@@ -144,7 +163,7 @@ class DecoderLayer final : public Layer {
       : c_(m.config), chunk_tokens_(opt.mlp_chunk_tokens), saved_attention_(opt.save_attention), fp8_(opt.fp8) {
     const ParamGroup& g = m.groups[size_t(layer)];
     const std::string p = fmt::format("model.layers.{}.", layer - 1);
-    w_in_ = offset_of(g, p + "input_layernorm.weight");
+    w_in_ = offset_if(g, p + "input_layernorm.weight", !c_.post_norms);
     wq_ = offset_of(g, p + "self_attn.q_proj.weight");
     wk_ = offset_of(g, p + "self_attn.k_proj.weight");
     wv_ = offset_of(g, p + "self_attn.v_proj.weight");
@@ -160,6 +179,7 @@ class DecoderLayer final : public Layer {
     sinks_ = offset_if(g, p + "self_attn.sinks", c_.attention_sinks);
     window_ = c_.attention_window(layer - 1);
     w_post_ = offset_of(g, p + "post_attention_layernorm.weight");
+    w_post_ff_ = offset_if(g, p + "post_feedforward_layernorm.weight", c_.post_norms);
     if (c_.is_moe_layer(layer - 1)) {
       moe_ = std::make_unique<MoeBlock>(m, layer);
       moe_layers_ = c_.num_moe_layers();
@@ -244,6 +264,10 @@ class DecoderLayer final : public Layer {
     return c;
   }
   const LoraLinear& lora(LoraModule m) const { return lora_[size_t(m)]; }
+  // The q/k/v projections' input: RMSNorm(x) in xn, or x itself without a pre-norm (OLMo 2).
+  const void* attention_input(const LayerArgs& a, const DecoderBufs& b) const {
+    return c_.post_norms ? a.x : b.xn;
+  }
   // The FP8 linears of this call (none without LayerOptions::fp8): their weights' codes in
   // a.fp8_weights, quantized there first when a.fp8_fill_weights (W^T too in a backward).
   Fp8Set fp8_linears(const LayerArgs& a, const DecoderBufs& b, bool backward, const char* who) const;
@@ -280,7 +304,15 @@ class DecoderLayer final : public Layer {
   bool saved_attention_;
   bool fp8_;  // LayerOptions::fp8
   DecoderDims dims_;
+  // w_post_: the norm before the MLP, or (post_norms, OLMo 2) the one after the attention;
+  // w_post_ff_ the one after the MLP (OLMo 2; -1: none) and w_in_ -1 without a pre-norm
   int64_t w_in_, wq_, wk_, wv_, wqn_ = -1, wkn_ = -1, wo_, w_post_, wg_ = -1, wu_ = -1, wd_ = -1;
+  int64_t w_post_ff_ = -1;
+  // q/k norms: rows and width per token (per head, or OLMo 2's whole q and k)
+  int64_t qk_norm_rows(int64_t T, int64_t heads) const { return c_.qk_norm_whole ? T : T * heads; }
+  int64_t qk_norm_cols(int64_t heads) const { return c_.qk_norm_whole ? heads * c_.head_dim : c_.head_dim; }
+  // Granite: residual branches times residual_multiplier (1 elsewhere)
+  bool branch_scaled() const { return c_.residual_multiplier != 1.0; }
   // projection biases (GPT-OSS; Qwen2: q/k/v), per-head sinks (-1: none) and the sliding
   // window (GPT-OSS, Mistral; 0: none)
   int64_t bq_ = -1, bk_ = -1, bv_ = -1, bo_ = -1, sinks_ = -1, window_ = 0;
@@ -337,23 +369,24 @@ void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, c
   const int64_t nq = c_.num_attention_heads, nkv = c_.num_key_value_heads, D = c_.head_dim;
   const float eps = float(c_.rms_norm_eps);
   const int64_t S = a.shape.n_seq, L = a.shape.seq_len;
-  ops.rmsnorm_fwd(a.x, param(a, 0, w_in_), b.xn, T, H, eps);
+  const void* xin = attention_input(a, b);
+  if (!c_.post_norms) ops.rmsnorm_fwd(a.x, param(a, 0, w_in_), b.xn, T, H, eps);
   void* q_lin = c_.qk_norm ? b.qr : b.q;
   void* k_lin = c_.qk_norm ? b.kr : b.k;
-  adapted_linear_fwd(ops, lc, lora(LoraModule::q), b.xn, param(a, 0, wq_), q_lin, T, H, nq * D, 0,
+  adapted_linear_fwd(ops, lc, lora(LoraModule::q), xin, param(a, 0, wq_), q_lin, T, H, nq * D, 0,
                      f8(LoraModule::q));
-  adapted_linear_fwd(ops, lc, lora(LoraModule::k), b.xn, param(a, 0, wk_), k_lin, T, H, nkv * D, 0,
+  adapted_linear_fwd(ops, lc, lora(LoraModule::k), xin, param(a, 0, wk_), k_lin, T, H, nkv * D, 0,
                      f8.reuse(LoraModule::k, LoraModule::q));
-  adapted_linear_fwd(ops, lc, lora(LoraModule::v), b.xn, param(a, 0, wv_), b.v, T, H, nkv * D, 0,
+  adapted_linear_fwd(ops, lc, lora(LoraModule::v), xin, param(a, 0, wv_), b.v, T, H, nkv * D, 0,
                      f8.reuse(LoraModule::v, LoraModule::q));
   bias_fwd(ops, a, bq_, q_lin, T, nq * D);
   bias_fwd(ops, a, bk_, k_lin, T, nkv * D);
   bias_fwd(ops, a, bv_, b.v, T, nkv * D);
   if (c_.qk_norm) {
-    ops.rmsnorm_fwd(b.qr, param(a, 0, wqn_), b.q, T * nq, D, eps);
-    ops.rmsnorm_fwd(b.kr, param(a, 0, wkn_), b.k, T * nkv, D, eps);
+    ops.rmsnorm_fwd(b.qr, param(a, 0, wqn_), b.q, qk_norm_rows(T, nq), qk_norm_cols(nq), eps);
+    ops.rmsnorm_fwd(b.kr, param(a, 0, wkn_), b.k, qk_norm_rows(T, nkv), qk_norm_cols(nkv), eps);
   }
-  const float scale = float(1.0 / std::sqrt(double(D)));
+  const float scale = c_.attention_scale();
   if (variant()) {  // GPT-OSS: sliding window and sinks (packed positions through the variant)
     if (a.positions) {
       ops.rope_fwd_at(b.q, a.positions, T, nq, D, rope_.inv_freq.data(), rope_.attention_scaling);
@@ -376,9 +409,13 @@ void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, c
     ops.rope_fwd(b.k, S, L, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling);
     if (!reuse) ops.attention_fwd(b.q, b.k, b.v, b.o, with_lse ? b.lse : nullptr, S, L, nq, nkv, D, scale, b.attn);
   }
-  adapted_linear_fwd(ops, lc, lora(LoraModule::o), b.o, param(a, 0, wo_), b.h1, T, nq * D, H, 0,
+  // OLMo 2: o_proj's output (in xn, unused without a pre-norm) is normalized into h1
+  void* attn = c_.post_norms ? b.xn : b.h1;
+  adapted_linear_fwd(ops, lc, lora(LoraModule::o), b.o, param(a, 0, wo_), attn, T, nq * D, H, 0,
                      f8(LoraModule::o));
-  bias_fwd(ops, a, bo_, b.h1, T, H);
+  bias_fwd(ops, a, bo_, attn, T, H);
+  if (c_.post_norms) ops.rmsnorm_fwd(attn, param(a, 0, w_post_), b.h1, T, H, eps);
+  if (branch_scaled()) scale_activation(ops, b.h1, b.h1, T * H, float(c_.residual_multiplier));
   ops.add(a.x, b.h1, b.h1, T * H);  // h1 = x + attn
 }
 
@@ -388,15 +425,20 @@ void DecoderLayer::mlp_forward(const LayerArgs& a, const DecoderBufs& b, const L
   const int64_t H = c_.hidden_size, F = c_.intermediate_size;
   const void* h1 = row(ops, b.h1, r0, H);
   void* y = row(ops, a.y, r0, H);
-  ops.rmsnorm_fwd(h1, param(a, 0, w_post_), b.hn, n, H, float(c_.rms_norm_eps));
+  if (!c_.post_norms) ops.rmsnorm_fwd(h1, param(a, 0, w_post_), b.hn, n, H, float(c_.rms_norm_eps));
   if (moe_) return moe_->forward(ops, a.params[0], b.hn, h1, y, n, b.moe, a.moe_stats, moe_adapters(a, false));
-  adapted_linear_fwd(ops, lc, lora(LoraModule::gate), b.hn, param(a, 0, wg_), b.g, n, H, F, r0,
+  const void* in = c_.post_norms ? h1 : b.hn;  // OLMo 2: no pre-norm
+  adapted_linear_fwd(ops, lc, lora(LoraModule::gate), in, param(a, 0, wg_), b.g, n, H, F, r0,
                      f8(LoraModule::gate));
-  adapted_linear_fwd(ops, lc, lora(LoraModule::up), b.hn, param(a, 0, wu_), b.u, n, H, F, r0,
+  adapted_linear_fwd(ops, lc, lora(LoraModule::up), in, param(a, 0, wu_), b.u, n, H, F, r0,
                      f8.reuse(LoraModule::up, LoraModule::gate));
   ops.swiglu_fwd(b.g, b.u, b.m, n * F);
-  adapted_linear_fwd(ops, lc, lora(LoraModule::down), b.m, param(a, 0, wd_), y, n, F, H, r0,
+  // OLMo 2: down's output (in hn, unused without a pre-norm) is normalized into y
+  void* out = c_.post_norms ? b.hn : y;
+  adapted_linear_fwd(ops, lc, lora(LoraModule::down), b.m, param(a, 0, wd_), out, n, F, H, r0,
                      f8(LoraModule::down));
+  if (c_.post_norms) ops.rmsnorm_fwd(out, param(a, 0, w_post_ff_), y, n, H, float(c_.rms_norm_eps));
+  if (branch_scaled()) scale_activation(ops, y, y, n * H, float(c_.residual_multiplier));
   ops.add(h1, y, y, n * H);
 }
 
@@ -409,7 +451,7 @@ void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const 
   const void* dy = row(ops, a.dy, r0, H);
   void* dh1 = row(ops, a.dx, r0, H);
   // recompute the chunk's forward up to m
-  ops.rmsnorm_fwd(h1, param(a, 0, w_post_), b.hn, n, H, eps);
+  if (!c_.post_norms) ops.rmsnorm_fwd(h1, param(a, 0, w_post_), b.hn, n, H, eps);
   if (moe_) {
     const bool aux = a.moe_stats && a.moe_aux_scale != 0.0f;
     const double rows = double(moe_layers_) * double(a.shape.tokens());
@@ -420,22 +462,39 @@ void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const 
     ops.rmsnorm_bwd(h1, param(a, 0, w_post_), b.dhn, dh1, grad(a, 0, w_post_), n, H, eps, true);
     return;
   }
-  adapted_linear_fwd(ops, lc, lora(LoraModule::gate), b.hn, param(a, 0, wg_), b.g, n, H, F, r0,
+  const void* in = c_.post_norms ? h1 : b.hn;  // OLMo 2: no pre-norm
+  adapted_linear_fwd(ops, lc, lora(LoraModule::gate), in, param(a, 0, wg_), b.g, n, H, F, r0,
                      f8(LoraModule::gate));
-  adapted_linear_fwd(ops, lc, lora(LoraModule::up), b.hn, param(a, 0, wu_), b.u, n, H, F, r0,
+  adapted_linear_fwd(ops, lc, lora(LoraModule::up), in, param(a, 0, wu_), b.u, n, H, F, r0,
                      f8.reuse(LoraModule::up, LoraModule::gate));
   ops.swiglu_fwd(b.g, b.u, b.m, n * F);
-  // y = h1 + down(m); down's forward was not recomputed, so its adapter computes its u again
-  weight_grad(ops, dy, b.m, grad(a, 0, wd_), n, F, H);
-  adapted_linear_bwd_input(ops, lc, lora(LoraModule::down), b.m, dy, param(a, 0, wd_), b.dm, n, F, H, false, r0,
-                           false, f8(LoraModule::down));
+  // y = h1 + r * post_norm(down(m)): dout, the gradient at down's output, is dy itself for
+  // LLaMA; OLMo 2 recomputes down's output (into hn) for its norm's backward, Granite scales dy
+  const void* dout = dy;
+  if (c_.post_norms) {
+    adapted_linear_fwd(ops, lc, lora(LoraModule::down), b.m, param(a, 0, wd_), b.hn, n, F, H, r0,
+                       f8(LoraModule::down));
+    ops.rmsnorm_bwd(b.hn, param(a, 0, w_post_ff_), dy, b.dhn, grad(a, 0, w_post_ff_), n, H, eps, false);
+    dout = b.dhn;
+  } else if (branch_scaled()) {
+    scale_activation(ops, dy, b.dhn, n * H, float(c_.residual_multiplier));
+    dout = b.dhn;
+  }
+  // down's adapter has its u from the recompute only when down's forward ran again
+  weight_grad(ops, dout, b.m, grad(a, 0, wd_), n, F, H);
+  adapted_linear_bwd_input(ops, lc, lora(LoraModule::down), b.m, dout, param(a, 0, wd_), b.dm, n, F, H, false, r0,
+                           c_.post_norms, f8(LoraModule::down));
   ops.swiglu_bwd(b.g, b.u, b.dm, b.dg, b.du, n * F);
-  weight_grad(ops, b.dg, b.hn, grad(a, 0, wg_), n, H, F);
-  weight_grad(ops, b.du, b.hn, grad(a, 0, wu_), n, H, F);
-  adapted_linear_bwd_input(ops, lc, lora(LoraModule::gate), b.hn, b.dg, param(a, 0, wg_), b.dhn, n, H, F, false, r0,
-                           true, f8(LoraModule::gate));
-  adapted_linear_bwd_input(ops, lc, lora(LoraModule::up), b.hn, b.du, param(a, 0, wu_), b.dhn, n, H, F, true, r0,
+  weight_grad(ops, b.dg, in, grad(a, 0, wg_), n, H, F);
+  weight_grad(ops, b.du, in, grad(a, 0, wu_), n, H, F);
+  // without a pre-norm the input gradients add straight onto the residual path's
+  void* din = c_.post_norms ? dh1 : b.dhn;
+  if (c_.post_norms) ops.copy(ops.dtype(), dh1, dy, n * H);  // residual path
+  adapted_linear_bwd_input(ops, lc, lora(LoraModule::gate), in, b.dg, param(a, 0, wg_), din, n, H, F,
+                           c_.post_norms, r0, true, f8(LoraModule::gate));
+  adapted_linear_bwd_input(ops, lc, lora(LoraModule::up), in, b.du, param(a, 0, wu_), din, n, H, F, true, r0,
                            true, f8(LoraModule::up));
+  if (c_.post_norms) return;
   ops.copy(ops.dtype(), dh1, dy, n * H);  // residual path
   ops.rmsnorm_bwd(h1, param(a, 0, w_post_), b.dhn, dh1, grad(a, 0, w_post_), n, H, eps, true);
 }
@@ -447,13 +506,22 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
   const int64_t nq = c_.num_attention_heads, nkv = c_.num_key_value_heads, D = c_.head_dim;
   const float eps = float(c_.rms_norm_eps);
   const int64_t S = a.shape.n_seq, L = a.shape.seq_len;
-  const void* dh1 = a.dx;
-  // h1 = x + o_proj(o)
-  weight_grad(ops, dh1, b.o, grad(a, 0, wo_), T, nq * D, H);
-  bias_bwd(ops, a, bo_, dh1, T, H);
-  adapted_linear_bwd_input(ops, lc, lora(LoraModule::o), b.o, dh1, param(a, 0, wo_), b.dout, T, nq * D, H, false, 0,
-                           true, f8(LoraModule::o));
-  const float scale = float(1.0 / std::sqrt(double(D)));
+  // h1 = x + r * post_norm(o_proj(o)): dattn, the gradient at o_proj's output, is dh1 for
+  // LLaMA, through OLMo 2's norm (its input, o_proj's output, is in xn) or scaled for Granite;
+  // into h1, which is no longer read
+  const void* dattn = a.dx;
+  if (c_.post_norms) {
+    ops.rmsnorm_bwd(b.xn, param(a, 0, w_post_), a.dx, b.h1, grad(a, 0, w_post_), T, H, eps, false);
+    dattn = b.h1;
+  } else if (branch_scaled()) {
+    scale_activation(ops, a.dx, b.h1, T * H, float(c_.residual_multiplier));
+    dattn = b.h1;
+  }
+  weight_grad(ops, dattn, b.o, grad(a, 0, wo_), T, nq * D, H);
+  bias_bwd(ops, a, bo_, dattn, T, H);
+  adapted_linear_bwd_input(ops, lc, lora(LoraModule::o), b.o, dattn, param(a, 0, wo_), b.dout, T, nq * D, H, false,
+                           0, true, f8(LoraModule::o));
+  const float scale = c_.attention_scale();
   if (variant()) {
     ops.attention_bwd_v(b.q, b.k, b.v, b.o, b.lse, b.dout, b.dq, b.dk, b.dv, S, L, nq, nkv, D, scale,
                         attention_variant(a, true), b.attn);
@@ -477,25 +545,29 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
   void* dq_lin = b.dq;
   void* dk_lin = b.dk;
   if (c_.qk_norm) {  // dout and v are no longer read: they take the norms' input gradients
-    ops.rmsnorm_bwd(b.qr, param(a, 0, wqn_), b.dq, b.dout, grad(a, 0, wqn_), T * nq, D, eps, false);
-    ops.rmsnorm_bwd(b.kr, param(a, 0, wkn_), b.dk, b.v, grad(a, 0, wkn_), T * nkv, D, eps, false);
+    ops.rmsnorm_bwd(b.qr, param(a, 0, wqn_), b.dq, b.dout, grad(a, 0, wqn_), qk_norm_rows(T, nq), qk_norm_cols(nq),
+                    eps, false);
+    ops.rmsnorm_bwd(b.kr, param(a, 0, wkn_), b.dk, b.v, grad(a, 0, wkn_), qk_norm_rows(T, nkv), qk_norm_cols(nkv),
+                    eps, false);
     dq_lin = b.dout;
     dk_lin = b.v;
   }
-  weight_grad(ops, dq_lin, b.xn, grad(a, 0, wq_), T, H, nq * D);
-  weight_grad(ops, dk_lin, b.xn, grad(a, 0, wk_), T, H, nkv * D);
-  weight_grad(ops, b.dv, b.xn, grad(a, 0, wv_), T, H, nkv * D);
+  const void* xin = attention_input(a, b);
+  weight_grad(ops, dq_lin, xin, grad(a, 0, wq_), T, H, nq * D);
+  weight_grad(ops, dk_lin, xin, grad(a, 0, wk_), T, H, nkv * D);
+  weight_grad(ops, b.dv, xin, grad(a, 0, wv_), T, H, nkv * D);
   bias_bwd(ops, a, bq_, dq_lin, T, nq * D);
   bias_bwd(ops, a, bk_, dk_lin, T, nkv * D);
   bias_bwd(ops, a, bv_, b.dv, T, nkv * D);
-  void* dxn = b.h1;  // h1 is no longer read
-  adapted_linear_bwd_input(ops, lc, lora(LoraModule::q), b.xn, dq_lin, param(a, 0, wq_), dxn, T, H, nq * D, false, 0,
-                           true, f8(LoraModule::q));
-  adapted_linear_bwd_input(ops, lc, lora(LoraModule::k), b.xn, dk_lin, param(a, 0, wk_), dxn, T, H, nkv * D, true, 0,
+  // h1 is no longer read; without a pre-norm the input gradients add onto the residual's in dx
+  void* dxn = c_.post_norms ? a.dx : b.h1;
+  adapted_linear_bwd_input(ops, lc, lora(LoraModule::q), xin, dq_lin, param(a, 0, wq_), dxn, T, H, nq * D,
+                           c_.post_norms, 0, true, f8(LoraModule::q));
+  adapted_linear_bwd_input(ops, lc, lora(LoraModule::k), xin, dk_lin, param(a, 0, wk_), dxn, T, H, nkv * D, true, 0,
                            true, f8(LoraModule::k));
-  adapted_linear_bwd_input(ops, lc, lora(LoraModule::v), b.xn, b.dv, param(a, 0, wv_), dxn, T, H, nkv * D, true, 0,
+  adapted_linear_bwd_input(ops, lc, lora(LoraModule::v), xin, b.dv, param(a, 0, wv_), dxn, T, H, nkv * D, true, 0,
                            true, f8(LoraModule::v));
-  ops.rmsnorm_bwd(a.x, param(a, 0, w_in_), dxn, a.dx, grad(a, 0, w_in_), T, H, eps, true);
+  if (!c_.post_norms) ops.rmsnorm_bwd(a.x, param(a, 0, w_in_), dxn, a.dx, grad(a, 0, w_in_), T, H, eps, true);
 }
 
 void DecoderLayer::backward(const LayerArgs& a) const {
@@ -554,6 +626,9 @@ class TailLayer final : public Layer {
     const int64_t T = a.shape.tokens(), H = c_.hidden_size, V = c_.vocab_size;
     const float eps = float(c_.rms_norm_eps);
     ops.rmsnorm_fwd(a.x, param(a, 0, w_norm_), hn, T, H, eps);
+    // Granite: logits = lm_head(hn) / logits_scaling = lm_head(hn / logits_scaling)
+    const float inv_logits_scaling = float(1.0 / c_.logits_scaling);
+    if (c_.logits_scaling != 1.0) scale_activation(ops, hn, hn, T * H, inv_logits_scaling);
     const void* w = param(a, size_t(lm_group_), w_lm_);
     if (!backward) {
       ops.lm_head_cross_entropy(hn, w, a.targets, T, H, V, a.loss, nullptr, nullptr, ce);
@@ -561,6 +636,7 @@ class TailLayer final : public Layer {
     }
     ops.lm_head_cross_entropy(hn, w, a.targets, T, H, V, a.loss, dhn,
                               grad(a, size_t(lm_group_), w_lm_), ce, a.loss_scale);
+    if (c_.logits_scaling != 1.0) scale_activation(ops, dhn, dhn, T * H, inv_logits_scaling);
     ops.rmsnorm_bwd(a.x, param(a, 0, w_norm_), dhn, a.dx, grad(a, 0, w_norm_), T, H, eps,
                     false);
   }

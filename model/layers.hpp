@@ -30,4 +30,9 @@ namespace rp {
 /// for rope_frequencies().
 RopeParams rope_params(const ModelConfig& c);
 
+/// y[i] = alpha * x[i] for i < n in ops.dtype(), the product in fp32; y may be x. Granite's
+/// embedding, residual and logit multipliers and their backward, through Ops::add_into (in
+/// place: y += (alpha - 1) y; else y = 0, then y += alpha x).
+void scale_activation(Ops& ops, const void* x, void* y, int64_t n, float alpha);
+
 }  // namespace rp

@@ -1,6 +1,7 @@
 // Parity with Hugging Face transformers: tiny LLaMA (untied, llama3 RoPE scaling), tiny
 // Qwen3 (tied, q/k norm, head_dim != hidden/heads), tiny Mistral (head_dim != hidden/heads;
-// and with a 5-token sliding window on every layer) and tiny Qwen2 (tied, q/k/v biases) with
+// and with a 5-token sliding window on every layer), tiny Qwen2 (tied, q/k/v biases), tiny
+// OLMo 2 (post-norms, whole-q/k norms) and tiny Granite (its four multipliers) with
 // random weights; golden logits, loss
 // and every parameter gradient made by tests/fixtures/hf_golden/make_golden.py (fp32, eager
 // attention). The CPU backend must match at fp32 tolerance, the CUDA backend (bf16
@@ -88,6 +89,10 @@ const char* const kMoe[] = {"hf_moe/tiny_qwen3_moe", "hf_moe/tiny_qwen3_moe_tied
 // (untruncated), load-balancing loss on (tests/fixtures/hf_gpt_oss/make_gpt_oss_golden.py;
 // its MXFP4 twin loads to the same weights: IoGptOss.Mxfp4CheckpointLoadsToTheBf16Weights)
 const char* const kGptOss = "hf_gpt_oss/tiny_gpt_oss";
+// tiny OLMo 2 (post-norms, q/k norms over all heads, untied) and tiny Granite (embedding,
+// residual, attention and logit multipliers far from 1; tied), at the fp32 tolerance on the
+// gradients too
+const char* const kFamilies[] = {"hf_golden/tiny_olmo2", "hf_golden/tiny_granite"};
 
 TEST(HfParity, CpuBackendMatchesTransformersFp32) {
   auto dev = make_cpu_device(0, {});
@@ -120,6 +125,17 @@ TEST(HfParity, CudaBackendMatchesTransformersGptOssBf16) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
   auto dev = make_cuda_device(0, {});
   check(*dev, kGptOss, 2e-2, 5e-2);
+}
+
+TEST(HfParity, CpuBackendMatchesTransformersFamiliesFp32) {
+  auto dev = make_cpu_device(0, {});
+  for (const char* n : kFamilies) check(*dev, n, 1e-5, 1e-5);
+}
+
+TEST(HfParity, CudaBackendMatchesTransformersFamiliesBf16) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  auto dev = make_cuda_device(0, {});
+  for (const char* n : kFamilies) check(*dev, n, 2e-2, 5e-2);
 }
 
 }  // namespace
