@@ -248,11 +248,11 @@ void parse_layer_types(const json& j, const std::string& where, ModelConfig& c) 
 }
 
 constexpr const char* kModelTypes =
-    "\"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"qwen3_moe\", \"gpt_oss\", \"olmo2\" or \"granite\"";
+    "\"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"qwen3_moe\", \"gpt_oss\", \"olmo2\", \"granite\" or \"phi3\"";
 
 bool known_model_type(const std::string& t) {
   return t == "llama" || t == "mistral" || t == "qwen2" || t == "qwen3" || t == "qwen3_moe" || t == "gpt_oss" ||
-         t == "olmo2" || t == "granite";
+         t == "olmo2" || t == "granite" || t == "phi3";
 }
 
 // transformers' class for each model_type (config.json's "architectures")
@@ -264,6 +264,7 @@ const char* hf_class(const std::string& t) {
          : t == "gpt_oss" ? "GptOssForCausalLM"
          : t == "olmo2"   ? "Olmo2ForCausalLM"
          : t == "granite" ? "GraniteForCausalLM"
+         : t == "phi3"    ? "Phi3ForCausalLM"
                           : "Qwen3MoeForCausalLM";
 }
 
@@ -338,9 +339,9 @@ void ModelConfig::validate() const {
       fail("swiglu_limit", fmt::format("must be a finite number > 0, got {}", swiglu_limit));
     if (!(swiglu_alpha > 0) || !std::isfinite(swiglu_alpha))
       fail("swiglu_alpha", fmt::format("must be a finite number > 0, got {}", swiglu_alpha));
-  } else if (attention_sinks || (!layer_types.empty() && architecture != "mistral")) {
+  } else if (attention_sinks || (!layer_types.empty() && architecture != "mistral" && architecture != "phi3")) {
     fail(attention_sinks ? "attention_sinks" : "layer_types",
-         "only GPT-OSS (model_type gpt_oss) and Mistral (layer_types) have them");
+         "only GPT-OSS (model_type gpt_oss), Mistral and Phi-3 (layer_types) have them");
   }
   if (!layer_types.empty() && int64_t(layer_types.size()) != num_hidden_layers)
     fail("layer_types", fmt::format("must have num_hidden_layers = {} entries, got {}", num_hidden_layers,
@@ -420,7 +421,8 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& where) 
   if (mt == j.end() || !mt->is_string()) bad(where, "model_type", kModelTypes, mt == j.end() ? json() : *mt);
   c.architecture = mt->get<std::string>();
   if (!known_model_type(c.architecture)) bad(where, "model_type", kModelTypes, *mt);
-  const bool oss = c.architecture == "gpt_oss", mistral = c.architecture == "mistral";
+  // Phi-3 slides as Mistral does: every layer, when sliding_window is set
+  const bool oss = c.architecture == "gpt_oss", mistral = c.architecture == "mistral" || c.architecture == "phi3";
   const bool qwen2 = c.architecture == "qwen2";
   if (auto a = j.find("architectures"); a != j.end() && !a->is_null()) {
     const std::string want = hf_class(c.architecture);
@@ -463,7 +465,7 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& where) 
     bad(where, "attention_bias", "false (biases: GPT-OSS only)", val(j, "attention_bias"));
   if (get_bool(j, "mlp_bias", where, false)) bad(where, "mlp_bias", "false", val(j, "mlp_bias"));
   if (!oss && get_bool(j, "use_sliding_window", where, false))
-    bad(where, "use_sliding_window", "false (sliding-window attention: GPT-OSS and Mistral only)",
+    bad(where, "use_sliding_window", "false (sliding-window attention: GPT-OSS, Mistral and Phi-3 only)",
         val(j, "use_sliding_window"));
   if (mistral) {  // a window (Mistral 7B v0.1) makes every layer slide; null (v0.3, Nemo): none
     c.sliding_window = get_int(j, "sliding_window", where, false, 0, 1);
@@ -582,7 +584,7 @@ nlohmann::json config_to_json(const ModelConfig& c) {
     val(j, "use_sliding_window") = false;
     j["sliding_window"] = nullptr;
     j["max_window_layers"] = c.num_hidden_layers;
-  } else if (c.architecture == "mistral") {
+  } else if (c.architecture == "mistral" || c.architecture == "phi3") {
     j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json();
   } else {
     val(j, "mlp_bias") = false;

@@ -1,5 +1,6 @@
 // The config.json keys of the families that extend LLaMA's decoder with their own knobs:
-// OLMo 2 (transformers' Olmo2Config) and Granite (GraniteConfig). See roundpipe/model.hpp.
+// OLMo 2 (transformers' Olmo2Config), Granite (GraniteConfig) and Phi-3 (Phi3Config: its window
+// is Mistral's, read by config_from_json). See roundpipe/model.hpp.
 #include <cmath>
 #include <stdexcept>
 

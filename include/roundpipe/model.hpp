@@ -36,14 +36,18 @@ struct RopeScaling {
   bool truncate = true;
 };
 
-/// A LLaMA / Mistral / Qwen2 / Qwen3 / Qwen3-MoE / GPT-OSS / OLMo 2 / Granite decoder. Field
-/// names follow HF config.json. Mistral is LLaMA's decoder with an optional sliding window on
-/// every layer (layer_types all "sliding_attention" when config.json's sliding_window is set);
-/// Qwen2 (and Qwen2.5, the same model_type) is LLaMA's decoder with biases on q/k/v (qkv_bias);
-/// OLMo 2 moves the norms into the residual branches (post_norms) and normalizes the whole q
-/// and k (qk_norm_whole); Granite scales embeddings, residual branches, attention and logits.
+/// A LLaMA / Mistral / Qwen2 / Qwen3 / Qwen3-MoE / GPT-OSS / OLMo 2 / Granite / Phi-3 decoder.
+/// Field names follow HF config.json. Mistral is LLaMA's decoder with an optional sliding window
+/// on every layer (layer_types all "sliding_attention" when config.json's sliding_window is
+/// set); Qwen2 (and Qwen2.5, the same model_type) is LLaMA's decoder with biases on q/k/v
+/// (qkv_bias); OLMo 2 moves the norms into the residual branches (post_norms) and normalizes the
+/// whole q and k (qk_norm_whole); Granite scales embeddings, residual branches, attention and
+/// logits; Phi-3 is LLaMA's decoder (with Mistral's window when set) whose checkpoints fuse
+/// q/k/v into "self_attn.qkv_proj" and gate/up into "mlp.gate_up_proj": the layout keeps them
+/// apart, the readers and writers of folders and adapters split and fuse them (model/phi3_hf.hpp).
 struct ModelConfig {
-  /// "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "olmo2" or "granite" (model_type)
+  /// "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "olmo2", "granite" or "phi3"
+  /// (model_type)
   std::string architecture = "llama";
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;

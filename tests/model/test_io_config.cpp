@@ -226,7 +226,7 @@ TEST(IoConfig, ErrorsNameFileAndKey) {
   json j = llama_json();
   j["model_type"] = "gemma2";
   expect(j, "key 'model_type': expected \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"qwen3_moe\", \"gpt_oss\", "
-            "\"olmo2\" or \"granite\", got string \"gemma2\"");
+            "\"olmo2\", \"granite\" or \"phi3\", got string \"gemma2\"");
   j = llama_json();
   j.erase("hidden_size");
   expect(j, "key 'hidden_size': expected an integer >= 1, got nothing");

@@ -134,6 +134,9 @@ const std::vector<RoundTrip>& round_trips() {
       // (tied, its multipliers in the merged folder's config.json)
       {"../hf_golden/tiny_olmo2", lora_of(4, {"all-linear"}, {"lm_head"})},
       {"../hf_golden/tiny_granite", lora_of(2, {"q_proj", "v_proj", "o_proj", "down_proj"}, {"embed_tokens"})},
+      // Phi-3: PEFT's qkv_proj / gate_up_proj adapters at rank 3r / 2r, block diagonal
+      {"../hf_golden/tiny_phi3", lora_of(3, {"all-linear"}, {"lm_head"})},
+      {"../hf_golden/tiny_phi3", lora_of(2, {"q_proj", "k_proj", "v_proj", "down_proj"}, {})},
   };
   return v;
 }
@@ -161,7 +164,7 @@ TEST_P(PeftRoundTrip, ExportThenImportEqualsBitForBit) {
   EXPECT_EQ(files, (std::vector<std::string>{"adapter_config.json", "adapter_model.safetensors"}));
 }
 
-INSTANTIATE_TEST_SUITE_P(Peft, PeftRoundTrip, ::testing::Range(0, 8));
+INSTANTIATE_TEST_SUITE_P(Peft, PeftRoundTrip, ::testing::Range(0, 10));
 
 TEST(PeftExport, Bf16ExportRoundsEveryValueOnce) {
   const Trained t = trained("base_untied", lora_of(4, {"all-linear"}, {"lm_head"}), 5);
