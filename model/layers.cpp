@@ -1,10 +1,12 @@
-// Embedding, decoder and tail layers with explicit forward/backward (model/layers.hpp).
+// The decoder layer with explicit forward/backward, and make_layer (model/layers.hpp; the
+// embedding and tail layers: model/layers_ends.cpp).
 // Reference: transformers' modeling_llama.py / modeling_qwen3.py (LlamaDecoderLayer,
 // LlamaAttention with repeat_kv, LlamaMLP, LlamaRMSNorm, Qwen3Attention q_norm/k_norm) and
 // modeling_gpt_oss.py (GptOssAttention: biased projections, sinks, sliding window).
 #include "model/layers.hpp"
 
 #include "model/fp8_linear.hpp"
+#include "model/layer_args.hpp"
 #include "model/lora_linear.hpp"
 #include "model/moe_block.hpp"
 
@@ -34,47 +36,10 @@ RopeParams rope_params(const ModelConfig& c) {
   return p;
 }
 
-void scale_activation(Ops& ops, const void* x, void* y, int64_t n, float alpha) {
-  if (x == y) return ops.add_into(ops.dtype(), y, ops.dtype(), x, n, alpha - 1.0f);
-  ops.fill(ops.dtype(), y, n, 0.0f);
-  ops.add_into(ops.dtype(), y, ops.dtype(), x, n, alpha);
-}
-
 namespace {
 
-int64_t offset_of(const ParamGroup& g, const std::string& name) {
-  int i = g.find(name);
-  if (i < 0)
-    throw std::invalid_argument(fmt::format("make_layer: tensor '{}' not in group '{}'", name,
-                                            g.name));
-  return g.tensors[size_t(i)].offset;
-}
+using namespace layer_args;
 
-// Checks shared by all layers; returns the ops.
-Ops& check_args(const LayerArgs& a, size_t n_groups, size_t need_scratch, const char* who,
-                bool backward) {
-  if (!a.ops) throw std::invalid_argument(fmt::format("{}: args.ops is null", who));
-  if (a.params.size() != n_groups || (backward && a.grads.size() != n_groups))
-    throw std::invalid_argument(fmt::format("{}: expected {} parameter/gradient groups, got {}/{}",
-                                            who, n_groups, a.params.size(), a.grads.size()));
-  if (a.shape.n_seq < 1 || a.shape.seq_len < 1)
-    throw std::invalid_argument(fmt::format("{}: empty micro-batch shape {}x{}", who,
-                                            a.shape.n_seq, a.shape.seq_len));
-  if (a.scratch_bytes < need_scratch || (need_scratch && !a.scratch))
-    throw std::invalid_argument(fmt::format("{}: scratch of {} bytes, need {}", who,
-                                            a.scratch_bytes, need_scratch));
-  return *a.ops;
-}
-
-const void* param(const LayerArgs& a, size_t g, int64_t off) {
-  return static_cast<const char*>(a.params[g]) + off * int64_t(dtype_size(a.ops->dtype()));
-}
-// Null for a frozen group (LayerArgs::grads[g] == nullptr): no weight gradient is computed
-// for it (weight_grad skips the GEMM, rmsnorm_bwd and lm_head_cross_entropy take a null dw).
-void* grad(const LayerArgs& a, size_t g, int64_t off) {
-  if (!a.grads[g]) return nullptr;
-  return static_cast<char*>(a.grads[g]) + off * int64_t(dtype_size(a.ops->grad_dtype()));
-}
 // dw += dy^T x (Ops::linear_bwd_weight) unless dw is a frozen group's (null).
 void weight_grad(Ops& ops, const void* dy, const void* x, void* dw, int64_t M, int64_t K, int64_t N) {
   if (dw) ops.linear_bwd_weight(dy, x, dw, M, K, N);
@@ -93,12 +58,6 @@ void bias_bwd(Ops& ops, const LayerArgs& a, int64_t off, const void* dy, int64_t
   const int32_t rows[2] = {0, int32_t(M)};
   ops.grouped_bias_bwd(dy, db, rows, 1, N);
 }
-int64_t offset_if(const ParamGroup& g, const std::string& name, bool present);
-
-// Offset of `name` in g when `present`, else -1.
-int64_t offset_if(const ParamGroup& g, const std::string& name, bool present) {
-  return present ? offset_of(g, name) : -1;
-}
 
 // The FP8 base linears of one decoder call, indexed by LoraModule (model/fp8_linear.hpp);
 // `on` false: every linear in the compute dtype.
@@ -116,43 +75,6 @@ struct Fp8Set {
     if (!(*this)(m) || !(*this)(previous)) return (*this)(m);
     return &same_input[size_t(m)];
   }
-};
-
-// ---------------------------------------------------------------------------------
-
-class EmbeddingLayer final : public Layer {
- public:
-  explicit EmbeddingLayer(const ModelLayout& m)
-      : H_(m.config.hidden_size), V_(m.config.vocab_size),
-        off_(offset_of(m.groups[0], "model.embed_tokens.weight")), mult_(float(m.config.embedding_multiplier)) {}
-  LayerKind kind() const override { return LayerKind::embedding; }
-  // Granite's multiplier: the backward scales dy into scratch [T, H]
-  size_t scratch_bytes(const MicroBatchShape& s, DType dt = DType::f32, bool backward = true) const override {
-    return backward && mult_ != 1.0f ? size_t(s.tokens() * H_) * dtype_size(dt) : 0;
-  }
-  void forward(const LayerArgs& a) const override {
-    Ops& ops = check_args(a, 1, 0, "embedding.forward", false);
-    if (!a.ids || !a.y) throw std::invalid_argument("embedding.forward: ids/y null");
-    ops.embedding_fwd(a.ids, param(a, 0, off_), a.y, a.shape.tokens(), H_, V_);
-    if (mult_ != 1.0f) scale_activation(ops, a.y, a.y, a.shape.tokens() * H_, mult_);
-  }
-  void backward(const LayerArgs& a) const override {
-    Ops& ops = check_args(a, 1, scratch_bytes(a.shape, a.ops ? a.ops->dtype() : DType::f32), "embedding.backward",
-                          true);
-    if (!a.ids || !a.dy) throw std::invalid_argument("embedding.backward: ids/dy null");
-    void* dw = grad(a, 0, off_);
-    if (!dw) return;  // frozen: nothing
-    const void* dy = a.dy;
-    if (mult_ != 1.0f) {
-      scale_activation(ops, a.dy, a.scratch, a.shape.tokens() * H_, mult_);
-      dy = a.scratch;
-    }
-    ops.embedding_bwd(a.ids, dy, dw, a.shape.tokens(), H_, V_);
-  }
-
- private:
-  int64_t H_, V_, off_;
-  float mult_;  // Granite's embedding_multiplier (1 elsewhere)
 };
 
 // ---------------------------------------------------------------------------------
@@ -589,64 +511,6 @@ void DecoderLayer::backward(const LayerArgs& a) const {
   attention_backward(a, b, lc, f8);
 }
 
-// ---------------------------------------------------------------------------------
-
-class TailLayer final : public Layer {
- public:
-  explicit TailLayer(const ModelLayout& m) : c_(m.config) {
-    const ParamGroup& head = m.groups.at(size_t(m.num_layers() - 1));  // adapter groups follow it
-    w_norm_ = offset_of(head, "model.norm.weight");
-    if (c_.tie_word_embeddings) {
-      lm_group_ = 1;  // args.params[1] is group 0
-      w_lm_ = offset_of(m.groups[0], "model.embed_tokens.weight");
-    } else {
-      lm_group_ = 0;
-      w_lm_ = offset_of(head, "lm_head.weight");
-    }
-    n_groups_ = c_.tie_word_embeddings ? 2 : 1;
-  }
-  LayerKind kind() const override { return LayerKind::tail; }
-  size_t scratch_bytes(const MicroBatchShape& s, DType dt = DType::f32, bool = true) const override {
-    return tail_scratch_bytes(s.tokens(), c_.hidden_size, c_.vocab_size, dtype_size(dt));
-  }
-  void forward(const LayerArgs& a) const override { run(a, false); }
-  void backward(const LayerArgs& a) const override { run(a, true); }
-
- private:
-  void run(const LayerArgs& a, bool backward) const {
-    const char* who = backward ? "tail.backward" : "tail.forward";
-    Ops& ops = check_args(a, n_groups_, scratch_bytes(a.shape, a.ops ? a.ops->dtype() : DType::f32), who,
-                          backward);
-    if (!a.x || !a.targets || !a.loss || (backward && !a.dx))
-      throw std::invalid_argument(fmt::format("{}: x/targets/loss/dx null", who));
-    ScratchCarver sc(a.scratch);
-    TailBufs tb;
-    carve_tail_scratch(a.shape.tokens(), c_.hidden_size, c_.vocab_size, dtype_size(ops.dtype()), sc, tb);
-    void *hn = tb.hn, *dhn = tb.dhn, *ce = tb.ce;
-    const int64_t T = a.shape.tokens(), H = c_.hidden_size, V = c_.vocab_size;
-    const float eps = float(c_.rms_norm_eps);
-    ops.rmsnorm_fwd(a.x, param(a, 0, w_norm_), hn, T, H, eps);
-    // Granite: logits = lm_head(hn) / logits_scaling = lm_head(hn / logits_scaling)
-    const float inv_logits_scaling = float(1.0 / c_.logits_scaling);
-    if (c_.logits_scaling != 1.0) scale_activation(ops, hn, hn, T * H, inv_logits_scaling);
-    const void* w = param(a, size_t(lm_group_), w_lm_);
-    if (!backward) {
-      ops.lm_head_cross_entropy(hn, w, a.targets, T, H, V, a.loss, nullptr, nullptr, ce);
-      return;
-    }
-    ops.lm_head_cross_entropy(hn, w, a.targets, T, H, V, a.loss, dhn,
-                              grad(a, size_t(lm_group_), w_lm_), ce, a.loss_scale);
-    if (c_.logits_scaling != 1.0) scale_activation(ops, dhn, dhn, T * H, inv_logits_scaling);
-    ops.rmsnorm_bwd(a.x, param(a, 0, w_norm_), dhn, a.dx, grad(a, 0, w_norm_), T, H, eps,
-                    false);
-  }
-
-  ModelConfig c_;
-  int64_t w_norm_, w_lm_;
-  int lm_group_;
-  size_t n_groups_;
-};
-
 }  // namespace
 
 std::unique_ptr<Layer> make_layer(const ModelLayout& m, int layer, const LayerOptions& opt) {
@@ -654,9 +518,9 @@ std::unique_ptr<Layer> make_layer(const ModelLayout& m, int layer, const LayerOp
     throw std::out_of_range(fmt::format("make_layer: layer {} outside [0, {})", layer,
                                         m.num_layers()));
   switch (m.kind(layer)) {
-    case LayerKind::embedding: return std::make_unique<EmbeddingLayer>(m);
+    case LayerKind::embedding: return make_embedding_layer(m);
     case LayerKind::decoder: return std::make_unique<DecoderLayer>(m, layer, opt);
-    case LayerKind::tail: return std::make_unique<TailLayer>(m);
+    case LayerKind::tail: return make_tail_layer(m);
   }
   return nullptr;
 }
