@@ -18,6 +18,7 @@
 #include "model/config.hpp"
 #include "model/gguf.hpp"
 #include "model/gpt_oss_hf.hpp"
+#include "model/phi3_hf.hpp"
 #include "model/safetensors.hpp"
 #include "model/tokenizer_export.hpp"
 #include "base/atomic_file.hpp"
@@ -95,10 +96,8 @@ void save_hf_checkpoint(const std::string& dir_in, const ModelLayout& layout,
     std::vector<TensorRef> refs;
     GptOssHfExperts experts;  // GPT-OSS: the experts in HF's stacked, interleaved form
     if (c.gpt_oss()) experts = gpt_oss_experts_to_hf(layout, group_data);
-    for (size_t g = 0; g < layout.groups.size(); ++g)
-      for (const auto& t : layout.groups[g].tensors)
-        if (!c.gpt_oss() || !is_gpt_oss_expert_name(t.name))
-          refs.push_back({t.name, t.shape, group_data[g] ? group_data[g] + t.offset : nullptr});
+    for (const TensorRef& t : hf_tensor_refs(layout, group_data))  // Phi-3: q/k/v and gate/up fused
+      if (!c.gpt_oss() || !is_gpt_oss_expert_name(t.name)) refs.push_back(t);
     refs.insert(refs.end(), experts.tensors.begin(), experts.tensors.end());
     save_safetensors_sharded(tmp.string(), refs, dtype, uint64_t(5) * 1000 * 1000 * 1000);
 

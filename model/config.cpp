@@ -1,4 +1,5 @@
 #include "model/config.hpp"
+#include "model/config_keys.hpp"
 
 #include "base/host_resources.hpp"
 
@@ -14,7 +15,7 @@
 
 namespace rp {
 
-namespace {
+namespace config_keys {
 
 using nlohmann::json;
 
@@ -98,6 +99,19 @@ int64_t get_token_id(const json& j, const std::string& key, const std::string& w
     bad(where, key, "a token id (integer >= 0, or a list of them)", *it);
   return v->get<int64_t>();
 }
+
+}  // namespace config_keys
+
+using config_keys::bad;
+using config_keys::get_bool;
+using config_keys::get_int;
+using config_keys::get_num;
+using config_keys::get_token_id;
+using config_keys::missing;
+using config_keys::val;
+using nlohmann::json;
+
+namespace {
 
 /// Parses a rope_scaling (legacy) or rope_parameters (transformers 5) object into `rs`.
 void parse_rope(const json& r, const std::string& key, const std::string& where, RopeScaling& rs) {
@@ -233,10 +247,12 @@ void parse_layer_types(const json& j, const std::string& where, ModelConfig& c) 
       bad(where, "sliding_window", "an integer >= 1 (layer_types has sliding layers)", val(j, "sliding_window"));
 }
 
-constexpr const char* kModelTypes = "\"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"qwen3_moe\" or \"gpt_oss\"";
+constexpr const char* kModelTypes =
+    "\"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"qwen3_moe\", \"gpt_oss\", \"olmo2\", \"granite\" or \"phi3\"";
 
 bool known_model_type(const std::string& t) {
-  return t == "llama" || t == "mistral" || t == "qwen2" || t == "qwen3" || t == "qwen3_moe" || t == "gpt_oss";
+  return t == "llama" || t == "mistral" || t == "qwen2" || t == "qwen3" || t == "qwen3_moe" || t == "gpt_oss" ||
+         t == "olmo2" || t == "granite" || t == "phi3";
 }
 
 // transformers' class for each model_type (config.json's "architectures")
@@ -246,6 +262,9 @@ const char* hf_class(const std::string& t) {
          : t == "qwen2"   ? "Qwen2ForCausalLM"
          : t == "qwen3"   ? "Qwen3ForCausalLM"
          : t == "gpt_oss" ? "GptOssForCausalLM"
+         : t == "olmo2"   ? "Olmo2ForCausalLM"
+         : t == "granite" ? "GraniteForCausalLM"
+         : t == "phi3"    ? "Phi3ForCausalLM"
                           : "Qwen3MoeForCausalLM";
 }
 
@@ -284,7 +303,7 @@ std::optional<int64_t> count_parameters(const ModelConfig& c, bool active) {
   constexpr int64_t kMax = int64_t(1) << 48;
   // every term below is a product of two or three sizes: compute each in 128 bits
   using W = __int128;
-  const W attention = W(2) * H + W(H) * nq * D + W(2) * H * nkv * D + W(nq) * D * H + (c.qk_norm ? W(2) * D : 0) +
+  const W attention = W(2) * H + W(H) * nq * D + W(2) * H * nkv * D + W(nq) * D * H + (c.qk_norm ? (c.qk_norm_whole ? W(nq + nkv) * D : W(2) * D) : 0) +
                       (c.has_qkv_bias() ? W(nq) * D + W(2) * nkv * D : 0) +
                       (c.attention_bias ? H : 0) + (c.attention_sinks ? nq : 0);
   const W dense = W(3) * H * F;
@@ -320,9 +339,9 @@ void ModelConfig::validate() const {
       fail("swiglu_limit", fmt::format("must be a finite number > 0, got {}", swiglu_limit));
     if (!(swiglu_alpha > 0) || !std::isfinite(swiglu_alpha))
       fail("swiglu_alpha", fmt::format("must be a finite number > 0, got {}", swiglu_alpha));
-  } else if (attention_sinks || (!layer_types.empty() && architecture != "mistral")) {
+  } else if (attention_sinks || (!layer_types.empty() && architecture != "mistral" && architecture != "phi3")) {
     fail(attention_sinks ? "attention_sinks" : "layer_types",
-         "only GPT-OSS (model_type gpt_oss) and Mistral (layer_types) have them");
+         "only GPT-OSS (model_type gpt_oss), Mistral and Phi-3 (layer_types) have them");
   }
   if (!layer_types.empty() && int64_t(layer_types.size()) != num_hidden_layers)
     fail("layer_types", fmt::format("must have num_hidden_layers = {} entries, got {}", num_hidden_layers,
@@ -380,6 +399,7 @@ void ModelConfig::validate() const {
   }
   if (attention_bias && !gpt_oss()) fail("attention_bias", "only false is supported (biases: GPT-OSS only)");
   if (qkv_bias && architecture != "qwen2") fail("qkv_bias", "only Qwen2 (model_type qwen2) has q/k/v-only biases");
+  config_families::validate_family_keys(*this);
   // sizes multiply into tensor shapes and byte counts: refuse a product beyond 2^48 before
   // anything is allocated from it (a layer count of 2^32 used to be allocated layer by layer)
   if (!parameter_count(*this))
@@ -401,7 +421,8 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& where) 
   if (mt == j.end() || !mt->is_string()) bad(where, "model_type", kModelTypes, mt == j.end() ? json() : *mt);
   c.architecture = mt->get<std::string>();
   if (!known_model_type(c.architecture)) bad(where, "model_type", kModelTypes, *mt);
-  const bool oss = c.architecture == "gpt_oss", mistral = c.architecture == "mistral";
+  // Phi-3 slides as Mistral does: every layer, when sliding_window is set
+  const bool oss = c.architecture == "gpt_oss", mistral = c.architecture == "mistral" || c.architecture == "phi3";
   const bool qwen2 = c.architecture == "qwen2";
   if (auto a = j.find("architectures"); a != j.end() && !a->is_null()) {
     const std::string want = hf_class(c.architecture);
@@ -434,7 +455,7 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& where) 
     c.head_dim = hd_default;
   }
   if (c.head_dim % 2 != 0) bad(where, "head_dim", "an even integer", val(j, "head_dim"));
-  c.rms_norm_eps = get_num(j, "rms_norm_eps", where, oss ? 1e-5 : 1e-6, true);
+  c.rms_norm_eps = get_num(j, "rms_norm_eps", where, oss || c.architecture == "olmo2" ? 1e-5 : 1e-6, true);
   c.max_position_embeddings = get_int(j, "max_position_embeddings", where, false, 2048, 1);
   c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", where, false);
   // Qwen2's q/k/v always carry biases (its config has no key for them), its o_proj none
@@ -444,13 +465,14 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& where) 
     bad(where, "attention_bias", "false (biases: GPT-OSS only)", val(j, "attention_bias"));
   if (get_bool(j, "mlp_bias", where, false)) bad(where, "mlp_bias", "false", val(j, "mlp_bias"));
   if (!oss && get_bool(j, "use_sliding_window", where, false))
-    bad(where, "use_sliding_window", "false (sliding-window attention: GPT-OSS and Mistral only)",
+    bad(where, "use_sliding_window", "false (sliding-window attention: GPT-OSS, Mistral and Phi-3 only)",
         val(j, "use_sliding_window"));
   if (mistral) {  // a window (Mistral 7B v0.1) makes every layer slide; null (v0.3, Nemo): none
     c.sliding_window = get_int(j, "sliding_window", where, false, 0, 1);
     if (c.sliding_window > 0) c.layer_types.assign(size_t(c.num_hidden_layers), "sliding_attention");
   }
   c.qk_norm = c.architecture == "qwen3" || moe;
+  config_families::parse_family_keys(j, where, c);
   c.bos_token_id = get_token_id(j, "bos_token_id", where);
   c.eos_token_id = get_token_id(j, "eos_token_id", where);
   c.pad_token_id = get_token_id(j, "pad_token_id", where);
@@ -562,12 +584,13 @@ nlohmann::json config_to_json(const ModelConfig& c) {
     val(j, "use_sliding_window") = false;
     j["sliding_window"] = nullptr;
     j["max_window_layers"] = c.num_hidden_layers;
-  } else if (c.architecture == "mistral") {
+  } else if (c.architecture == "mistral" || c.architecture == "phi3") {
     j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json();
   } else {
     val(j, "mlp_bias") = false;
     j["pretraining_tp"] = 1;
   }
+  config_families::family_keys_to_json(c, j);
   j["bos_token_id"] = id(c.bos_token_id);
   j["eos_token_id"] = id(c.eos_token_id);
   j["pad_token_id"] = id(c.pad_token_id);

@@ -162,17 +162,24 @@ void Generator::Impl::forward(const std::vector<int32_t>& tok, int64_t past) {
     Ops& ops = dev->ops();
     const int64_t H = c.hidden_size, F = c.intermediate_size, nq = c.num_attention_heads,
                   nkv = c.num_key_value_heads, D = c.head_dim;
-    const float eps = float(c.rms_norm_eps), scale = float(1.0 / std::sqrt(double(D)));
+    const float eps = float(c.rms_norm_eps), scale = c.attention_scale();
+    const float branch = float(c.residual_multiplier);  // Granite's (1 elsewhere)
     const int32_t* pp = pos.as<int32_t>();
     ops.embedding_fwd(ids.as<int32_t>(), t("model.embed_tokens.weight"), x.get(), n, H, c.vocab_size);
+    if (c.embedding_multiplier != 1.0) scale_activation(ops, x.get(), x.get(), n * H, float(c.embedding_multiplier));
+    // q/k norms per head, or (OLMo 2) over a token's whole q and k
+    const int64_t qn_rows = c.qk_norm_whole ? n : n * nq, kn_rows = c.qk_norm_whole ? n : n * nkv;
+    const int64_t qn_cols = c.qk_norm_whole ? nq * D : D, kn_cols = c.qk_norm_whole ? nkv * D : D;
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const std::string pre = fmt::format("model.layers.{}.", l);
       void* krow = at(kc[size_t(l)], past * nkv * D);
       void* vrow = at(vc[size_t(l)], past * nkv * D);
-      ops.rmsnorm_fwd(x.get(), t(pre + "input_layernorm.weight"), xn.get(), n, H, eps);
-      ops.linear_fwd(xn.get(), t(pre + "self_attn.q_proj.weight"), c.qk_norm ? qr.get() : q.get(), n, H, nq * D);
-      ops.linear_fwd(xn.get(), t(pre + "self_attn.k_proj.weight"), c.qk_norm ? kr.get() : krow, n, H, nkv * D);
-      ops.linear_fwd(xn.get(), t(pre + "self_attn.v_proj.weight"), vrow, n, H, nkv * D);
+      // OLMo 2 (post_norms): no pre-norm, xn then takes o_proj's output for its norm
+      const void* xin = c.post_norms ? x.get() : xn.get();
+      if (!c.post_norms) ops.rmsnorm_fwd(x.get(), t(pre + "input_layernorm.weight"), xn.get(), n, H, eps);
+      ops.linear_fwd(xin, t(pre + "self_attn.q_proj.weight"), c.qk_norm ? qr.get() : q.get(), n, H, nq * D);
+      ops.linear_fwd(xin, t(pre + "self_attn.k_proj.weight"), c.qk_norm ? kr.get() : krow, n, H, nkv * D);
+      ops.linear_fwd(xin, t(pre + "self_attn.v_proj.weight"), vrow, n, H, nkv * D);
       const int32_t rows[2] = {0, int32_t(n)};
       if (c.has_qkv_bias()) {  // GPT-OSS, Qwen2: biased projections (no q/k norm)
         ops.grouped_bias_fwd(q.get(), t(pre + "self_attn.q_proj.bias"), rows, 1, nq * D);
@@ -180,8 +187,8 @@ void Generator::Impl::forward(const std::vector<int32_t>& tok, int64_t past) {
         ops.grouped_bias_fwd(vrow, t(pre + "self_attn.v_proj.bias"), rows, 1, nkv * D);
       }
       if (c.qk_norm) {
-        ops.rmsnorm_fwd(qr.get(), t(pre + "self_attn.q_norm.weight"), q.get(), n * nq, D, eps);
-        ops.rmsnorm_fwd(kr.get(), t(pre + "self_attn.k_norm.weight"), krow, n * nkv, D, eps);
+        ops.rmsnorm_fwd(qr.get(), t(pre + "self_attn.q_norm.weight"), q.get(), qn_rows, qn_cols, eps);
+        ops.rmsnorm_fwd(kr.get(), t(pre + "self_attn.k_norm.weight"), krow, kn_rows, kn_cols, eps);
       }
       ops.rope_fwd_at(q.get(), pp, n, nq, D, rope.inv_freq.data(), rope.attention_scaling);
       ops.rope_fwd_at(krow, pp, n, nkv, D, rope.inv_freq.data(), rope.attention_scaling);
@@ -194,18 +201,24 @@ void Generator::Impl::forward(const std::vector<int32_t>& tok, int64_t past) {
       } else {
         ops.attention_decode(q.get(), kc[size_t(l)].get(), vc[size_t(l)].get(), o.get(), past, n, nq, nkv, D, scale);
       }
-      ops.linear_fwd(o.get(), t(pre + "self_attn.o_proj.weight"), h1.get(), n, nq * D, H);
-      if (c.attention_bias) ops.grouped_bias_fwd(h1.get(), t(pre + "self_attn.o_proj.bias"), rows, 1, H);
+      void* attn = c.post_norms ? xn.get() : h1.get();
+      ops.linear_fwd(o.get(), t(pre + "self_attn.o_proj.weight"), attn, n, nq * D, H);
+      if (c.attention_bias) ops.grouped_bias_fwd(attn, t(pre + "self_attn.o_proj.bias"), rows, 1, H);
+      if (c.post_norms) ops.rmsnorm_fwd(attn, t(pre + "post_attention_layernorm.weight"), h1.get(), n, H, eps);
+      if (branch != 1.0f) scale_activation(ops, h1.get(), h1.get(), n * H, branch);
       ops.add(x.get(), h1.get(), h1.get(), n * H);
-      ops.rmsnorm_fwd(h1.get(), t(pre + "post_attention_layernorm.weight"), hn.get(), n, H, eps);
+      if (!c.post_norms) ops.rmsnorm_fwd(h1.get(), t(pre + "post_attention_layernorm.weight"), hn.get(), n, H, eps);
       if (const MoeBlock* b = moe[size_t(l)].get()) {  // x = h1 + the routed experts
         b->forward(ops, groups[size_t(l) + 1].get(), hn.get(), h1.get(), x.get(), n, moe_bufs, nullptr);
         continue;
       }
-      ops.linear_fwd(hn.get(), t(pre + "mlp.gate_proj.weight"), g.get(), n, H, F);
-      ops.linear_fwd(hn.get(), t(pre + "mlp.up_proj.weight"), u.get(), n, H, F);
+      const void* in = c.post_norms ? h1.get() : hn.get();
+      ops.linear_fwd(in, t(pre + "mlp.gate_proj.weight"), g.get(), n, H, F);
+      ops.linear_fwd(in, t(pre + "mlp.up_proj.weight"), u.get(), n, H, F);
       ops.swiglu_fwd(g.get(), u.get(), m.get(), n * F);
-      ops.linear_fwd(m.get(), t(pre + "mlp.down_proj.weight"), y.get(), n, F, H);
+      ops.linear_fwd(m.get(), t(pre + "mlp.down_proj.weight"), c.post_norms ? hn.get() : y.get(), n, F, H);
+      if (c.post_norms) ops.rmsnorm_fwd(hn.get(), t(pre + "post_feedforward_layernorm.weight"), y.get(), n, H, eps);
+      if (branch != 1.0f) scale_activation(ops, y.get(), y.get(), n * H, branch);
       ops.add(h1.get(), y.get(), x.get(), n * H);
     }
   });
@@ -221,6 +234,7 @@ std::vector<float> Generator::Impl::head(int64_t first, int64_t n) {
     Ops& ops = dev->ops();
     ops.rmsnorm_fwd(at(x, first * H), t("model.norm.weight"), hn.get(), n, H, float(c.rms_norm_eps));
     ops.linear_fwd(hn.get(), t("lm_head.weight"), lg.get(), n, H, V);
+    if (c.logits_scaling != 1.0) scale_activation(ops, lg.get(), lg.get(), n * V, float(1.0 / c.logits_scaling));
     ops.cast(DType::f32, lg32.get(), dev->compute_dtype(), lg.get(), n * V);
   });
   std::vector<float> out(need);

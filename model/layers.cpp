@@ -1,10 +1,12 @@
-// Embedding, decoder and tail layers with explicit forward/backward (model/layers.hpp).
+// The decoder layer with explicit forward/backward, and make_layer (model/layers.hpp; the
+// embedding and tail layers: model/layers_ends.cpp).
 // Reference: transformers' modeling_llama.py / modeling_qwen3.py (LlamaDecoderLayer,
 // LlamaAttention with repeat_kv, LlamaMLP, LlamaRMSNorm, Qwen3Attention q_norm/k_norm) and
 // modeling_gpt_oss.py (GptOssAttention: biased projections, sinks, sliding window).
 #include "model/layers.hpp"
 
 #include "model/fp8_linear.hpp"
+#include "model/layer_args.hpp"
 #include "model/lora_linear.hpp"
 #include "model/moe_block.hpp"
 
@@ -36,39 +38,8 @@ RopeParams rope_params(const ModelConfig& c) {
 
 namespace {
 
-int64_t offset_of(const ParamGroup& g, const std::string& name) {
-  int i = g.find(name);
-  if (i < 0)
-    throw std::invalid_argument(fmt::format("make_layer: tensor '{}' not in group '{}'", name,
-                                            g.name));
-  return g.tensors[size_t(i)].offset;
-}
+using namespace layer_args;
 
-// Checks shared by all layers; returns the ops.
-Ops& check_args(const LayerArgs& a, size_t n_groups, size_t need_scratch, const char* who,
-                bool backward) {
-  if (!a.ops) throw std::invalid_argument(fmt::format("{}: args.ops is null", who));
-  if (a.params.size() != n_groups || (backward && a.grads.size() != n_groups))
-    throw std::invalid_argument(fmt::format("{}: expected {} parameter/gradient groups, got {}/{}",
-                                            who, n_groups, a.params.size(), a.grads.size()));
-  if (a.shape.n_seq < 1 || a.shape.seq_len < 1)
-    throw std::invalid_argument(fmt::format("{}: empty micro-batch shape {}x{}", who,
-                                            a.shape.n_seq, a.shape.seq_len));
-  if (a.scratch_bytes < need_scratch || (need_scratch && !a.scratch))
-    throw std::invalid_argument(fmt::format("{}: scratch of {} bytes, need {}", who,
-                                            a.scratch_bytes, need_scratch));
-  return *a.ops;
-}
-
-const void* param(const LayerArgs& a, size_t g, int64_t off) {
-  return static_cast<const char*>(a.params[g]) + off * int64_t(dtype_size(a.ops->dtype()));
-}
-// Null for a frozen group (LayerArgs::grads[g] == nullptr): no weight gradient is computed
-// for it (weight_grad skips the GEMM, rmsnorm_bwd and lm_head_cross_entropy take a null dw).
-void* grad(const LayerArgs& a, size_t g, int64_t off) {
-  if (!a.grads[g]) return nullptr;
-  return static_cast<char*>(a.grads[g]) + off * int64_t(dtype_size(a.ops->grad_dtype()));
-}
 // dw += dy^T x (Ops::linear_bwd_weight) unless dw is a frozen group's (null).
 void weight_grad(Ops& ops, const void* dy, const void* x, void* dw, int64_t M, int64_t K, int64_t N) {
   if (dw) ops.linear_bwd_weight(dy, x, dw, M, K, N);
@@ -86,12 +57,6 @@ void bias_bwd(Ops& ops, const LayerArgs& a, int64_t off, const void* dy, int64_t
   if (!db) return;
   const int32_t rows[2] = {0, int32_t(M)};
   ops.grouped_bias_bwd(dy, db, rows, 1, N);
-}
-int64_t offset_if(const ParamGroup& g, const std::string& name, bool present);
-
-// Offset of `name` in g when `present`, else -1.
-int64_t offset_if(const ParamGroup& g, const std::string& name, bool present) {
-  return present ? offset_of(g, name) : -1;
 }
 
 // The FP8 base linears of one decoder call, indexed by LoraModule (model/fp8_linear.hpp);
@@ -129,37 +94,13 @@ void norm_fwd(Ops& ops, const void* x, const void* w, void* y, int64_t R, int64_
 
 // ---------------------------------------------------------------------------------
 
-class EmbeddingLayer final : public Layer {
- public:
-  explicit EmbeddingLayer(const ModelLayout& m)
-      : H_(m.config.hidden_size), V_(m.config.vocab_size),
-        off_(offset_of(m.groups[0], "model.embed_tokens.weight")) {}
-  LayerKind kind() const override { return LayerKind::embedding; }
-  size_t scratch_bytes(const MicroBatchShape&, DType = DType::f32, bool = true) const override { return 0; }
-  void forward(const LayerArgs& a) const override {
-    Ops& ops = check_args(a, 1, 0, "embedding.forward", false);
-    if (!a.ids || !a.y) throw std::invalid_argument("embedding.forward: ids/y null");
-    ops.embedding_fwd(a.ids, param(a, 0, off_), a.y, a.shape.tokens(), H_, V_);
-  }
-  void backward(const LayerArgs& a) const override {
-    Ops& ops = check_args(a, 1, 0, "embedding.backward", true);
-    if (!a.ids || !a.dy) throw std::invalid_argument("embedding.backward: ids/dy null");
-    if (void* dw = grad(a, 0, off_)) ops.embedding_bwd(a.ids, a.dy, dw, a.shape.tokens(), H_, V_);  // frozen: nothing
-  }
-
- private:
-  int64_t H_, V_, off_;
-};
-
-// ---------------------------------------------------------------------------------
-
 class DecoderLayer final : public Layer {
  public:
   DecoderLayer(const ModelLayout& m, int layer, const LayerOptions& opt)
       : c_(m.config), chunk_tokens_(opt.mlp_chunk_tokens), saved_attention_(opt.save_attention), fp8_(opt.fp8) {
     const ParamGroup& g = m.groups[size_t(layer)];
     const std::string p = fmt::format("model.layers.{}.", layer - 1);
-    w_in_ = offset_of(g, p + "input_layernorm.weight");
+    w_in_ = offset_if(g, p + "input_layernorm.weight", !c_.post_norms);
     wq_ = offset_of(g, p + "self_attn.q_proj.weight");
     wk_ = offset_of(g, p + "self_attn.k_proj.weight");
     wv_ = offset_of(g, p + "self_attn.v_proj.weight");
@@ -175,6 +116,7 @@ class DecoderLayer final : public Layer {
     sinks_ = offset_if(g, p + "self_attn.sinks", c_.attention_sinks);
     window_ = c_.attention_window(layer - 1);
     w_post_ = offset_of(g, p + "post_attention_layernorm.weight");
+    w_post_ff_ = offset_if(g, p + "post_feedforward_layernorm.weight", c_.post_norms);
     if (c_.is_moe_layer(layer - 1)) {
       moe_ = std::make_unique<MoeBlock>(m, layer);
       moe_layers_ = c_.num_moe_layers();
@@ -259,6 +201,10 @@ class DecoderLayer final : public Layer {
     return c;
   }
   const LoraLinear& lora(LoraModule m) const { return lora_[size_t(m)]; }
+  // The q/k/v projections' input: RMSNorm(x) in xn, or x itself without a pre-norm (OLMo 2).
+  const void* attention_input(const LayerArgs& a, const DecoderBufs& b) const {
+    return c_.post_norms ? a.x : b.xn;
+  }
   // The FP8 linears of this call (none without LayerOptions::fp8): their weights' codes in
   // a.fp8_weights, quantized there first when a.fp8_fill_weights (W^T too in a backward).
   Fp8Set fp8_linears(const LayerArgs& a, const DecoderBufs& b, bool backward, const char* who) const;
@@ -295,7 +241,15 @@ class DecoderLayer final : public Layer {
   bool saved_attention_;
   bool fp8_;  // LayerOptions::fp8
   DecoderDims dims_;
+  // w_post_: the norm before the MLP, or (post_norms, OLMo 2) the one after the attention;
+  // w_post_ff_ the one after the MLP (OLMo 2; -1: none) and w_in_ -1 without a pre-norm
   int64_t w_in_, wq_, wk_, wv_, wqn_ = -1, wkn_ = -1, wo_, w_post_, wg_ = -1, wu_ = -1, wd_ = -1;
+  int64_t w_post_ff_ = -1;
+  // q/k norms: rows and width per token (per head, or OLMo 2's whole q and k)
+  int64_t qk_norm_rows(int64_t T, int64_t heads) const { return c_.qk_norm_whole ? T : T * heads; }
+  int64_t qk_norm_cols(int64_t heads) const { return c_.qk_norm_whole ? heads * c_.head_dim : c_.head_dim; }
+  // Granite: residual branches times residual_multiplier (1 elsewhere)
+  bool branch_scaled() const { return c_.residual_multiplier != 1.0; }
   // projection biases (GPT-OSS; Qwen2: q/k/v), per-head sinks (-1: none) and the sliding
   // window (GPT-OSS, Mistral; 0: none)
   int64_t bq_ = -1, bk_ = -1, bv_ = -1, bo_ = -1, sinks_ = -1, window_ = 0;
@@ -354,23 +308,25 @@ void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, c
   const int64_t nq = c_.num_attention_heads, nkv = c_.num_key_value_heads, D = c_.head_dim;
   const float eps = float(c_.rms_norm_eps);
   const int64_t S = a.shape.n_seq, L = a.shape.seq_len;
-  norm_fwd(ops, a.x, param(a, 0, w_in_), b.xn, T, H, eps, f8(LoraModule::q));
+  const void* xin = attention_input(a, b);
+  const bool pre_norm = !c_.post_norms;  // OLMo 2 normalizes after the attention instead
+  if (pre_norm) norm_fwd(ops, a.x, param(a, 0, w_in_), b.xn, T, H, eps, f8(LoraModule::q));
   void* q_lin = c_.qk_norm ? b.qr : b.q;
   void* k_lin = c_.qk_norm ? b.kr : b.k;
-  adapted_linear_fwd(ops, lc, lora(LoraModule::q), b.xn, param(a, 0, wq_), q_lin, T, H, nq * D, 0,
-                     f8.scaled(LoraModule::q));
-  adapted_linear_fwd(ops, lc, lora(LoraModule::k), b.xn, param(a, 0, wk_), k_lin, T, H, nkv * D, 0,
+  adapted_linear_fwd(ops, lc, lora(LoraModule::q), xin, param(a, 0, wq_), q_lin, T, H, nq * D, 0,
+                     pre_norm ? f8.scaled(LoraModule::q) : f8(LoraModule::q));
+  adapted_linear_fwd(ops, lc, lora(LoraModule::k), xin, param(a, 0, wk_), k_lin, T, H, nkv * D, 0,
                      f8.reuse(LoraModule::k, LoraModule::q));
-  adapted_linear_fwd(ops, lc, lora(LoraModule::v), b.xn, param(a, 0, wv_), b.v, T, H, nkv * D, 0,
+  adapted_linear_fwd(ops, lc, lora(LoraModule::v), xin, param(a, 0, wv_), b.v, T, H, nkv * D, 0,
                      f8.reuse(LoraModule::v, LoraModule::q));
   bias_fwd(ops, a, bq_, q_lin, T, nq * D);
   bias_fwd(ops, a, bk_, k_lin, T, nkv * D);
   bias_fwd(ops, a, bv_, b.v, T, nkv * D);
   if (c_.qk_norm) {
-    ops.rmsnorm_fwd(b.qr, param(a, 0, wqn_), b.q, T * nq, D, eps);
-    ops.rmsnorm_fwd(b.kr, param(a, 0, wkn_), b.k, T * nkv, D, eps);
+    ops.rmsnorm_fwd(b.qr, param(a, 0, wqn_), b.q, qk_norm_rows(T, nq), qk_norm_cols(nq), eps);
+    ops.rmsnorm_fwd(b.kr, param(a, 0, wkn_), b.k, qk_norm_rows(T, nkv), qk_norm_cols(nkv), eps);
   }
-  const float scale = float(1.0 / std::sqrt(double(D)));
+  const float scale = c_.attention_scale();
   if (variant()) {  // GPT-OSS: sliding window and sinks (packed positions through the variant)
     if (a.positions) {
       ops.rope_fwd_at(b.q, a.positions, T, nq, D, rope_.inv_freq.data(), rope_.attention_scaling);
@@ -393,9 +349,13 @@ void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, c
     ops.rope_fwd(b.k, S, L, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling);
     if (!reuse) ops.attention_fwd(b.q, b.k, b.v, b.o, with_lse ? b.lse : nullptr, S, L, nq, nkv, D, scale, b.attn);
   }
-  adapted_linear_fwd(ops, lc, lora(LoraModule::o), b.o, param(a, 0, wo_), b.h1, T, nq * D, H, 0,
+  // OLMo 2: o_proj's output (in xn, unused without a pre-norm) is normalized into h1
+  void* attn = c_.post_norms ? b.xn : b.h1;
+  adapted_linear_fwd(ops, lc, lora(LoraModule::o), b.o, param(a, 0, wo_), attn, T, nq * D, H, 0,
                      f8(LoraModule::o));
-  bias_fwd(ops, a, bo_, b.h1, T, H);
+  bias_fwd(ops, a, bo_, attn, T, H);
+  if (c_.post_norms) ops.rmsnorm_fwd(attn, param(a, 0, w_post_), b.h1, T, H, eps);
+  if (branch_scaled()) scale_activation(ops, b.h1, b.h1, T * H, float(c_.residual_multiplier));
   ops.add(a.x, b.h1, b.h1, T * H);  // h1 = x + attn
 }
 
@@ -405,19 +365,25 @@ void DecoderLayer::mlp_forward(const LayerArgs& a, const DecoderBufs& b, const L
   const int64_t H = c_.hidden_size, F = c_.intermediate_size;
   const void* h1 = row(ops, b.h1, r0, H);
   void* y = row(ops, a.y, r0, H);
-  norm_fwd(ops, h1, param(a, 0, w_post_), b.hn, n, H, float(c_.rms_norm_eps),
-           moe_ ? nullptr : f8(LoraModule::gate));
+  const bool pre_norm = !c_.post_norms;  // OLMo 2: no pre-norm
+  if (pre_norm)
+    norm_fwd(ops, h1, param(a, 0, w_post_), b.hn, n, H, float(c_.rms_norm_eps), moe_ ? nullptr : f8(LoraModule::gate));
   if (moe_) return moe_->forward(ops, a.params[0], b.hn, h1, y, n, b.moe, a.moe_stats, moe_adapters(a, false));
-  adapted_linear_fwd(ops, lc, lora(LoraModule::gate), b.hn, param(a, 0, wg_), b.g, n, H, F, r0,
-                     f8.scaled(LoraModule::gate));
-  adapted_linear_fwd(ops, lc, lora(LoraModule::up), b.hn, param(a, 0, wu_), b.u, n, H, F, r0,
+  const void* in = pre_norm ? b.hn : h1;
+  adapted_linear_fwd(ops, lc, lora(LoraModule::gate), in, param(a, 0, wg_), b.g, n, H, F, r0,
+                     pre_norm ? f8.scaled(LoraModule::gate) : f8(LoraModule::gate));
+  adapted_linear_fwd(ops, lc, lora(LoraModule::up), in, param(a, 0, wu_), b.u, n, H, F, r0,
                      f8.reuse(LoraModule::up, LoraModule::gate));
   if (const Fp8Linear* down = f8(LoraModule::down))
     ops.swiglu_fwd_fp8_scale(b.g, b.u, b.m, n * F, kFp8ActFormat, down->act.scale);
   else
     ops.swiglu_fwd(b.g, b.u, b.m, n * F);
-  adapted_linear_fwd(ops, lc, lora(LoraModule::down), b.m, param(a, 0, wd_), y, n, F, H, r0,
+  // OLMo 2: down's output (in hn, unused without a pre-norm) is normalized into y
+  void* out = c_.post_norms ? b.hn : y;
+  adapted_linear_fwd(ops, lc, lora(LoraModule::down), b.m, param(a, 0, wd_), out, n, F, H, r0,
                      f8.scaled(LoraModule::down));
+  if (c_.post_norms) ops.rmsnorm_fwd(out, param(a, 0, w_post_ff_), y, n, H, float(c_.rms_norm_eps));
+  if (branch_scaled()) scale_activation(ops, y, y, n * H, float(c_.residual_multiplier));
   ops.add(h1, y, y, n * H);
 }
 
@@ -430,7 +396,8 @@ void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const 
   const void* dy = row(ops, a.dy, r0, H);
   void* dh1 = row(ops, a.dx, r0, H);
   // recompute the chunk's forward up to m
-  norm_fwd(ops, h1, param(a, 0, w_post_), b.hn, n, H, eps, moe_ ? nullptr : f8(LoraModule::gate));
+  const bool pre_norm = !c_.post_norms;  // OLMo 2: no pre-norm
+  if (pre_norm) norm_fwd(ops, h1, param(a, 0, w_post_), b.hn, n, H, eps, moe_ ? nullptr : f8(LoraModule::gate));
   if (moe_) {
     const bool aux = a.moe_stats && a.moe_aux_scale != 0.0f;
     const double rows = double(moe_layers_) * double(a.shape.tokens());
@@ -441,22 +408,39 @@ void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const 
     ops.rmsnorm_bwd(h1, param(a, 0, w_post_), b.dhn, dh1, grad(a, 0, w_post_), n, H, eps, true);
     return;
   }
-  adapted_linear_fwd(ops, lc, lora(LoraModule::gate), b.hn, param(a, 0, wg_), b.g, n, H, F, r0,
-                     f8.scaled(LoraModule::gate));
-  adapted_linear_fwd(ops, lc, lora(LoraModule::up), b.hn, param(a, 0, wu_), b.u, n, H, F, r0,
+  const void* in = pre_norm ? b.hn : h1;
+  adapted_linear_fwd(ops, lc, lora(LoraModule::gate), in, param(a, 0, wg_), b.g, n, H, F, r0,
+                     pre_norm ? f8.scaled(LoraModule::gate) : f8(LoraModule::gate));
+  adapted_linear_fwd(ops, lc, lora(LoraModule::up), in, param(a, 0, wu_), b.u, n, H, F, r0,
                      f8.reuse(LoraModule::up, LoraModule::gate));
   ops.swiglu_fwd(b.g, b.u, b.m, n * F);
-  // y = h1 + down(m); down's forward was not recomputed, so its adapter computes its u again
-  weight_grad(ops, dy, b.m, grad(a, 0, wd_), n, F, H);
-  adapted_linear_bwd_input(ops, lc, lora(LoraModule::down), b.m, dy, param(a, 0, wd_), b.dm, n, F, H, false, r0,
-                           false, f8(LoraModule::down));
+  // y = h1 + r * post_norm(down(m)): dout, the gradient at down's output, is dy itself for
+  // LLaMA; OLMo 2 recomputes down's output (into hn) for its norm's backward, Granite scales dy
+  const void* dout = dy;
+  if (c_.post_norms) {
+    adapted_linear_fwd(ops, lc, lora(LoraModule::down), b.m, param(a, 0, wd_), b.hn, n, F, H, r0,
+                       f8(LoraModule::down));
+    ops.rmsnorm_bwd(b.hn, param(a, 0, w_post_ff_), dy, b.dhn, grad(a, 0, w_post_ff_), n, H, eps, false);
+    dout = b.dhn;
+  } else if (branch_scaled()) {
+    scale_activation(ops, dy, b.dhn, n * H, float(c_.residual_multiplier));
+    dout = b.dhn;
+  }
+  // down's adapter has its u from the recompute only when down's forward ran again
+  weight_grad(ops, dout, b.m, grad(a, 0, wd_), n, F, H);
+  adapted_linear_bwd_input(ops, lc, lora(LoraModule::down), b.m, dout, param(a, 0, wd_), b.dm, n, F, H, false, r0,
+                           c_.post_norms, f8(LoraModule::down));
   ops.swiglu_bwd(b.g, b.u, b.dm, b.dg, b.du, n * F);
-  weight_grad(ops, b.dg, b.hn, grad(a, 0, wg_), n, H, F);
-  weight_grad(ops, b.du, b.hn, grad(a, 0, wu_), n, H, F);
-  adapted_linear_bwd_input(ops, lc, lora(LoraModule::gate), b.hn, b.dg, param(a, 0, wg_), b.dhn, n, H, F, false, r0,
-                           true, f8(LoraModule::gate));
-  adapted_linear_bwd_input(ops, lc, lora(LoraModule::up), b.hn, b.du, param(a, 0, wu_), b.dhn, n, H, F, true, r0,
+  weight_grad(ops, b.dg, in, grad(a, 0, wg_), n, H, F);
+  weight_grad(ops, b.du, in, grad(a, 0, wu_), n, H, F);
+  // without a pre-norm the input gradients add straight onto the residual path's
+  void* din = c_.post_norms ? dh1 : b.dhn;
+  if (c_.post_norms) ops.copy(ops.dtype(), dh1, dy, n * H);  // residual path
+  adapted_linear_bwd_input(ops, lc, lora(LoraModule::gate), in, b.dg, param(a, 0, wg_), din, n, H, F,
+                           c_.post_norms, r0, true, f8(LoraModule::gate));
+  adapted_linear_bwd_input(ops, lc, lora(LoraModule::up), in, b.du, param(a, 0, wu_), din, n, H, F, true, r0,
                            true, f8(LoraModule::up));
+  if (c_.post_norms) return;
   ops.copy(ops.dtype(), dh1, dy, n * H);  // residual path
   ops.rmsnorm_bwd(h1, param(a, 0, w_post_), b.dhn, dh1, grad(a, 0, w_post_), n, H, eps, true);
 }
@@ -468,13 +452,22 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
   const int64_t nq = c_.num_attention_heads, nkv = c_.num_key_value_heads, D = c_.head_dim;
   const float eps = float(c_.rms_norm_eps);
   const int64_t S = a.shape.n_seq, L = a.shape.seq_len;
-  const void* dh1 = a.dx;
-  // h1 = x + o_proj(o)
-  weight_grad(ops, dh1, b.o, grad(a, 0, wo_), T, nq * D, H);
-  bias_bwd(ops, a, bo_, dh1, T, H);
-  adapted_linear_bwd_input(ops, lc, lora(LoraModule::o), b.o, dh1, param(a, 0, wo_), b.dout, T, nq * D, H, false, 0,
-                           true, f8(LoraModule::o));
-  const float scale = float(1.0 / std::sqrt(double(D)));
+  // h1 = x + r * post_norm(o_proj(o)): dattn, the gradient at o_proj's output, is dh1 for
+  // LLaMA, through OLMo 2's norm (its input, o_proj's output, is in xn) or scaled for Granite;
+  // into h1, which is no longer read
+  const void* dattn = a.dx;
+  if (c_.post_norms) {
+    ops.rmsnorm_bwd(b.xn, param(a, 0, w_post_), a.dx, b.h1, grad(a, 0, w_post_), T, H, eps, false);
+    dattn = b.h1;
+  } else if (branch_scaled()) {
+    scale_activation(ops, a.dx, b.h1, T * H, float(c_.residual_multiplier));
+    dattn = b.h1;
+  }
+  weight_grad(ops, dattn, b.o, grad(a, 0, wo_), T, nq * D, H);
+  bias_bwd(ops, a, bo_, dattn, T, H);
+  adapted_linear_bwd_input(ops, lc, lora(LoraModule::o), b.o, dattn, param(a, 0, wo_), b.dout, T, nq * D, H, false,
+                           0, true, f8(LoraModule::o));
+  const float scale = c_.attention_scale();
   if (variant()) {
     ops.attention_bwd_v(b.q, b.k, b.v, b.o, b.lse, b.dout, b.dq, b.dk, b.dv, S, L, nq, nkv, D, scale,
                         attention_variant(a, true), b.attn);
@@ -498,25 +491,29 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
   void* dq_lin = b.dq;
   void* dk_lin = b.dk;
   if (c_.qk_norm) {  // dout and v are no longer read: they take the norms' input gradients
-    ops.rmsnorm_bwd(b.qr, param(a, 0, wqn_), b.dq, b.dout, grad(a, 0, wqn_), T * nq, D, eps, false);
-    ops.rmsnorm_bwd(b.kr, param(a, 0, wkn_), b.dk, b.v, grad(a, 0, wkn_), T * nkv, D, eps, false);
+    ops.rmsnorm_bwd(b.qr, param(a, 0, wqn_), b.dq, b.dout, grad(a, 0, wqn_), qk_norm_rows(T, nq), qk_norm_cols(nq),
+                    eps, false);
+    ops.rmsnorm_bwd(b.kr, param(a, 0, wkn_), b.dk, b.v, grad(a, 0, wkn_), qk_norm_rows(T, nkv), qk_norm_cols(nkv),
+                    eps, false);
     dq_lin = b.dout;
     dk_lin = b.v;
   }
-  weight_grad(ops, dq_lin, b.xn, grad(a, 0, wq_), T, H, nq * D);
-  weight_grad(ops, dk_lin, b.xn, grad(a, 0, wk_), T, H, nkv * D);
-  weight_grad(ops, b.dv, b.xn, grad(a, 0, wv_), T, H, nkv * D);
+  const void* xin = attention_input(a, b);
+  weight_grad(ops, dq_lin, xin, grad(a, 0, wq_), T, H, nq * D);
+  weight_grad(ops, dk_lin, xin, grad(a, 0, wk_), T, H, nkv * D);
+  weight_grad(ops, b.dv, xin, grad(a, 0, wv_), T, H, nkv * D);
   bias_bwd(ops, a, bq_, dq_lin, T, nq * D);
   bias_bwd(ops, a, bk_, dk_lin, T, nkv * D);
   bias_bwd(ops, a, bv_, b.dv, T, nkv * D);
-  void* dxn = b.h1;  // h1 is no longer read
-  adapted_linear_bwd_input(ops, lc, lora(LoraModule::q), b.xn, dq_lin, param(a, 0, wq_), dxn, T, H, nq * D, false, 0,
-                           true, f8(LoraModule::q));
-  adapted_linear_bwd_input(ops, lc, lora(LoraModule::k), b.xn, dk_lin, param(a, 0, wk_), dxn, T, H, nkv * D, true, 0,
+  // h1 is no longer read; without a pre-norm the input gradients add onto the residual's in dx
+  void* dxn = c_.post_norms ? a.dx : b.h1;
+  adapted_linear_bwd_input(ops, lc, lora(LoraModule::q), xin, dq_lin, param(a, 0, wq_), dxn, T, H, nq * D,
+                           c_.post_norms, 0, true, f8(LoraModule::q));
+  adapted_linear_bwd_input(ops, lc, lora(LoraModule::k), xin, dk_lin, param(a, 0, wk_), dxn, T, H, nkv * D, true, 0,
                            true, f8(LoraModule::k));
-  adapted_linear_bwd_input(ops, lc, lora(LoraModule::v), b.xn, b.dv, param(a, 0, wv_), dxn, T, H, nkv * D, true, 0,
+  adapted_linear_bwd_input(ops, lc, lora(LoraModule::v), xin, b.dv, param(a, 0, wv_), dxn, T, H, nkv * D, true, 0,
                            true, f8(LoraModule::v));
-  ops.rmsnorm_bwd(a.x, param(a, 0, w_in_), dxn, a.dx, grad(a, 0, w_in_), T, H, eps, true);
+  if (!c_.post_norms) ops.rmsnorm_bwd(a.x, param(a, 0, w_in_), dxn, a.dx, grad(a, 0, w_in_), T, H, eps, true);
 }
 
 void DecoderLayer::backward(const LayerArgs& a) const {
@@ -538,60 +535,6 @@ void DecoderLayer::backward(const LayerArgs& a) const {
   attention_backward(a, b, lc, f8);
 }
 
-// ---------------------------------------------------------------------------------
-
-class TailLayer final : public Layer {
- public:
-  explicit TailLayer(const ModelLayout& m) : c_(m.config) {
-    const ParamGroup& head = m.groups.at(size_t(m.num_layers() - 1));  // adapter groups follow it
-    w_norm_ = offset_of(head, "model.norm.weight");
-    if (c_.tie_word_embeddings) {
-      lm_group_ = 1;  // args.params[1] is group 0
-      w_lm_ = offset_of(m.groups[0], "model.embed_tokens.weight");
-    } else {
-      lm_group_ = 0;
-      w_lm_ = offset_of(head, "lm_head.weight");
-    }
-    n_groups_ = c_.tie_word_embeddings ? 2 : 1;
-  }
-  LayerKind kind() const override { return LayerKind::tail; }
-  size_t scratch_bytes(const MicroBatchShape& s, DType dt = DType::f32, bool = true) const override {
-    return tail_scratch_bytes(s.tokens(), c_.hidden_size, c_.vocab_size, dtype_size(dt));
-  }
-  void forward(const LayerArgs& a) const override { run(a, false); }
-  void backward(const LayerArgs& a) const override { run(a, true); }
-
- private:
-  void run(const LayerArgs& a, bool backward) const {
-    const char* who = backward ? "tail.backward" : "tail.forward";
-    Ops& ops = check_args(a, n_groups_, scratch_bytes(a.shape, a.ops ? a.ops->dtype() : DType::f32), who,
-                          backward);
-    if (!a.x || !a.targets || !a.loss || (backward && !a.dx))
-      throw std::invalid_argument(fmt::format("{}: x/targets/loss/dx null", who));
-    ScratchCarver sc(a.scratch);
-    TailBufs tb;
-    carve_tail_scratch(a.shape.tokens(), c_.hidden_size, c_.vocab_size, dtype_size(ops.dtype()), sc, tb);
-    void *hn = tb.hn, *dhn = tb.dhn, *ce = tb.ce;
-    const int64_t T = a.shape.tokens(), H = c_.hidden_size, V = c_.vocab_size;
-    const float eps = float(c_.rms_norm_eps);
-    ops.rmsnorm_fwd(a.x, param(a, 0, w_norm_), hn, T, H, eps);
-    const void* w = param(a, size_t(lm_group_), w_lm_);
-    if (!backward) {
-      ops.lm_head_cross_entropy(hn, w, a.targets, T, H, V, a.loss, nullptr, nullptr, ce);
-      return;
-    }
-    ops.lm_head_cross_entropy(hn, w, a.targets, T, H, V, a.loss, dhn,
-                              grad(a, size_t(lm_group_), w_lm_), ce, a.loss_scale);
-    ops.rmsnorm_bwd(a.x, param(a, 0, w_norm_), dhn, a.dx, grad(a, 0, w_norm_), T, H, eps,
-                    false);
-  }
-
-  ModelConfig c_;
-  int64_t w_norm_, w_lm_;
-  int lm_group_;
-  size_t n_groups_;
-};
-
 }  // namespace
 
 std::unique_ptr<Layer> make_layer(const ModelLayout& m, int layer, const LayerOptions& opt) {
@@ -599,9 +542,9 @@ std::unique_ptr<Layer> make_layer(const ModelLayout& m, int layer, const LayerOp
     throw std::out_of_range(fmt::format("make_layer: layer {} outside [0, {})", layer,
                                         m.num_layers()));
   switch (m.kind(layer)) {
-    case LayerKind::embedding: return std::make_unique<EmbeddingLayer>(m);
+    case LayerKind::embedding: return make_embedding_layer(m);
     case LayerKind::decoder: return std::make_unique<DecoderLayer>(m, layer, opt);
-    case LayerKind::tail: return std::make_unique<TailLayer>(m);
+    case LayerKind::tail: return make_tail_layer(m);
   }
   return nullptr;
 }

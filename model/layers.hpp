@@ -8,11 +8,15 @@
 //    xn = RMSNorm(x; input_layernorm), hn = RMSNorm(h; post_attention_layernorm),
 //    qn/kn = Qwen3 per-head RMSNorm over head_dim (identity for LLaMA), attention
 //    scale 1/sqrt(head_dim), causal within each sequence, RoPE positions restarting
-//    at 0 per sequence.
+//    at 0 per sequence. OLMo 2 (post_norms): no xn/hn, h = x + RMSNorm(o_proj(...)),
+//    y = h + RMSNorm(down_proj(...)), qn/kn over a token's whole q and k; Granite: each
+//    branch times residual_multiplier, scores times attention_multiplier.
 //    With LoRA (ModelLayout::lora) each targeted linear adds s * B A drop(x)
 //    (model/lora_linear.hpp), params[1] / grads[1] being the layer's adapter group; a null
 //    grads[0] (frozen base) computes no base weight gradient, only dx and the adapters'.
-//  - TailLayer     : loss = CE(lm_head(RMSNorm(x; model.norm)), targets), summed.
+//  - TailLayer     : loss = CE(lm_head(RMSNorm(x; model.norm)) / logits_scaling, targets),
+//    summed (logits_scaling: Granite's, 1 elsewhere; the embedding likewise times
+//    embedding_multiplier). Embedding and tail: model/layers_ends.cpp.
 // backward() recomputes the layer's forward into scratch, then back-propagates; a decoder
 // recomputes its attention half first and its MLP half chunk by chunk inside the backward
 // (model/layer_memory.hpp lists the buffers).
@@ -29,5 +33,10 @@ namespace rp {
 /// RoPE parameters of `c` (rope_theta, head_dim, rope_scaling, max_position_embeddings)
 /// for rope_frequencies().
 RopeParams rope_params(const ModelConfig& c);
+
+/// y[i] = alpha * x[i] for i < n in ops.dtype(), the product in fp32; y may be x. Granite's
+/// embedding, residual and logit multipliers and their backward, through Ops::add_into (in
+/// place: y += (alpha - 1) y; else y = 0, then y += alpha x).
+void scale_activation(Ops& ops, const void* x, void* y, int64_t n, float alpha);
 
 }  // namespace rp

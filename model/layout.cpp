@@ -143,7 +143,7 @@ ModelLayout make_layout(const ModelConfig& c) {
     ParamGroup g{fmt::format("layer.{}", i), {}, 0};
     const std::string p = fmt::format("model.layers.{}.", i);
     // Order within a decoder group (the layer kernels rely on it via find()):
-    add(g, p + "input_layernorm.weight", {H});
+    if (!c.post_norms) add(g, p + "input_layernorm.weight", {H});  // OLMo 2: none
     // a projection's bias (GPT-OSS: all four; Qwen2: q, k, v) follows its weight
     auto linear = [&](const char* name, int64_t out, int64_t in) {
       add(g, fmt::format("{}self_attn.{}.weight", p, name), {out, in});
@@ -154,8 +154,8 @@ ModelLayout make_layout(const ModelConfig& c) {
     linear("k_proj", nkv * D, H);
     linear("v_proj", nkv * D, H);
     if (c.qk_norm) {
-      add(g, p + "self_attn.q_norm.weight", {D});
-      add(g, p + "self_attn.k_norm.weight", {D});
+      add(g, p + "self_attn.q_norm.weight", {c.qk_norm_whole ? nq * D : D});
+      add(g, p + "self_attn.k_norm.weight", {c.qk_norm_whole ? nkv * D : D});
     }
     linear("o_proj", H, nq * D);
     if (c.attention_sinks) add(g, p + "self_attn.sinks", {nq});
@@ -183,6 +183,7 @@ ModelLayout make_layout(const ModelConfig& c) {
     add(g, p + "mlp.gate_proj.weight", {F, H});
     add(g, p + "mlp.up_proj.weight", {F, H});
     add(g, p + "mlp.down_proj.weight", {H, F});
+    if (c.post_norms) add(g, p + "post_feedforward_layernorm.weight", {H});  // OLMo 2's norm after the MLP
     m.groups.push_back(std::move(g));
   }
   ParamGroup head{"head", {}, 0};

@@ -11,6 +11,7 @@
 
 #include "kernels/dropout_hash.hpp"
 #include "model/error_text.hpp"
+#include "model/phi3_hf.hpp"
 
 namespace rp {
 
@@ -172,6 +173,16 @@ ModelLayout make_layout(const ModelConfig& c, const LoraConfig& lora) {
           one_line(t)));
   }
   check_lora_expert_targets(c, lora);
+  // Phi-3 (model/phi3_hf.hpp): PEFT sees one module for q/k/v and one for gate/up
+  for (const FusedProjection& f : fused_projections(c)) {
+    int adapted = 0;
+    for (const std::string& m : f.part_modules)
+      for (int k = 0; k < kLoraModules; ++k) adapted += m == kLoraModuleNames[size_t(k)] && lora_targets(lora, LoraModule(k));
+    if (adapted != 0 && adapted != int(f.part_modules.size()))
+      throw std::invalid_argument(fmt::format(
+          "lora.target_modules: Phi-3 fuses {} into {} in its checkpoints and adapters; target all of them or none",
+          fmt::join(f.part_modules, ", "), f.module));
+  }
   // the base: frozen, but for modules_to_save (lm_head with tied embeddings is group 0)
   auto saved = [&](const char* name) {
     return std::find(lora.modules_to_save.begin(), lora.modules_to_save.end(), name) != lora.modules_to_save.end();

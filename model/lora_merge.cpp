@@ -13,6 +13,7 @@
 #include <fmt/ranges.h>
 
 #include "model/checkpoint.hpp"
+#include "model/phi3_hf.hpp"
 #include "model/error_text.hpp"
 #include "model/lora.hpp"
 #include "model/peft_experts.hpp"
@@ -185,12 +186,14 @@ void merge_peft_adapter(LoadedModel& m, const PeftAdapter& a) {
             fail(st_path, fmt::format("the base model {} has no '{}' [{}, {}]", m.source, name, out, in));
           return it->second.data.data();
         });
-  for (const auto& [name, ta] : a.tensors) {
+  // Phi-3: the fused modules' adapters, one per part (model/phi3_hf.hpp)
+  const std::map<std::string, HostTensor> parts = split_fused_adapters(a.tensors, m.config, a.lora.r, st_path);
+  for (const auto& [name, ta] : parts) {
     // lora_B (with its A), modules_to_save tensors, the experts' (above)
     if (!ends_with(name, kSuffixA) || is_expert_tensor(name)) continue;
     const std::string mod = module_of(name);
-    const auto ib = a.tensors.find(mod + kSuffixB);
-    if (ib == a.tensors.end()) fail(st_path, fmt::format("key '{}': missing (the pair of '{}')",
+    const auto ib = parts.find(mod + kSuffixB);
+    if (ib == parts.end()) fail(st_path, fmt::format("key '{}': missing (the pair of '{}')",
                                                          peft_tensor_key(mod + kSuffixB), peft_tensor_key(name)));
     const HostTensor& tb = ib->second;
     const auto iw = m.tensors.find(mod + ".weight");

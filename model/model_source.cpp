@@ -19,6 +19,7 @@
 #include "model/gguf.hpp"
 #include "model/layout.hpp"
 #include "model/model_source_impl.hpp"
+#include "model/phi3_hf.hpp"
 
 namespace rp {
 
@@ -184,6 +185,41 @@ void check_tokenizer_ids(const LoadedModel& h) {
                                         excerpt(top_token), top, V));
 }
 
+}  // namespace
+
+void split_fused_projections(ModelSource::Impl& s, const std::string& where) {
+  for (const FusedProjection& f : fused_projections(s.header.config)) {
+    int64_t rows = 0;
+    for (int64_t k : f.rows) rows += k;
+    const auto it = s.tensors.find(f.name);
+    if (it == s.tensors.end() || !it->second.st)
+      fail(where, fmt::format("missing tensor '{}' (expected shape [{}, {}]: {} fused)", f.name, rows, f.cols,
+                              fmt::join(f.part_modules, ", ")));
+    const SafetensorsEntry& e = *it->second.entry;
+    if (e.shape != std::vector<int64_t>{rows, f.cols})
+      fail(where, fmt::format("tensor '{}': expected shape [{}, {}] ({} fused), got [{}]", f.name, rows, f.cols,
+                              fmt::join(f.part_modules, ", "), fmt::join(e.shape, ", ")));
+    const uint64_t row_bytes = (e.end - e.begin) / uint64_t(rows);
+    int64_t row0 = 0;
+    for (size_t k = 0; k < f.parts.size(); ++k) {
+      SafetensorsEntry part = e;  // rows [row0, row0 + rows_k) of the row-major tensor
+      part.name = f.parts[k];
+      part.shape = {f.rows[k], f.cols};
+      part.begin = e.begin + uint64_t(row0) * row_bytes;
+      part.end = part.begin + uint64_t(f.rows[k]) * row_bytes;
+      s.slices.push_back(std::move(part));
+      Loc l = it->second;
+      l.shape = s.slices.back().shape;
+      l.entry = &s.slices.back();
+      s.tensors[f.parts[k]] = l;
+      row0 += f.rows[k];
+    }
+    s.tensors.erase(it);
+  }
+}
+
+namespace {
+
 void open_hf_dir(const std::string& path, ModelSource::Impl& s) {
   const fs::path dir(path);
   s.header.config = load_config_file((dir / "config.json").string());
@@ -207,6 +243,7 @@ void open_hf_dir(const std::string& path, ModelSource::Impl& s) {
     s.tensors.emplace(name, std::move(l));
   }
   if (s.header.config.gpt_oss()) gpt_oss_hf_expert_slices(s, where);
+  split_fused_projections(s, where);
   check_tensors(s, where);
   const fs::path tj = dir / "tokenizer.json";
   if (fs::exists(tj, ec)) {

@@ -2,6 +2,7 @@
 // model lies. model/model_source.cpp holds the format-independent part and the safetensors
 // and in-memory sources; model/model_source_gguf.cpp the GGUF one.
 #pragma once
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -44,6 +45,9 @@ struct ModelSource::Impl {
   SafetensorsSet safetensors;
   std::unique_ptr<GgufFile> gguf;
   std::map<std::string, HostTensor> mem;
+  /// Phi-3: the entries of the layout's q/k/v and gate/up tensors, row ranges of the
+  /// checkpoint's fused ones (stable addresses: Loc::entry points here)
+  std::deque<SafetensorsEntry> slices;
 
   /// Tensor `name`; throws std::runtime_error naming the source when it is not there.
   const Loc& at(const std::string& name) const;
@@ -63,6 +67,11 @@ std::vector<float> gpt_oss_read_f32(const ModelSource::Impl::OssSlice& o, const 
 /// format or a slice that is not MXFP4.
 bool gpt_oss_read_stored(const ModelSource::Impl::OssSlice& o, const std::vector<int64_t>& shape, WeightFormat fmt,
                          void* dst);
+
+/// Replaces each fused projection of a Hugging Face Phi-3 checkpoint in `s.tensors`
+/// (model/phi3_hf.hpp) by the layout's tensors, row ranges of its entry; nothing is read.
+/// Throws std::runtime_error("<where>: ...") naming a missing or misshapen fused tensor.
+void split_fused_projections(ModelSource::Impl& s, const std::string& where);
 
 /// Opens a GGUF model into `s` (header, tensors; not yet checked against the layout).
 void open_gguf_source(const std::string& path, ModelSource::Impl& s);

@@ -20,6 +20,7 @@
 #include "model/error_text.hpp"
 #include "model/lora.hpp"
 #include "model/peft_experts.hpp"
+#include "model/phi3_hf.hpp"
 #include "model/safetensors.hpp"
 
 namespace rp {
@@ -121,7 +122,8 @@ void read_lora_fields(const JsonFields& f, PeftAdapter& a) {
     });
   }
   const json& tm = f.at("target_modules");
-  const char* tm_expected = "a list of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, or \"all-linear\"";
+  const char* tm_expected = "a list of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (Phi-3: qkv_proj, "
+                            "gate_up_proj), or \"all-linear\"";
   l.target_modules.clear();
   if (tm.is_null() && !l.target_parameters.empty()) {
     // only the experts' parameters are adapted
@@ -135,6 +137,12 @@ void read_lora_fields(const JsonFields& f, PeftAdapter& a) {
       // tensors, which load_peft_adapter names)
       const std::string s = e.is_string() ? e.get<std::string>() : "";
       const std::string m = s.substr(s.rfind('.') == std::string::npos ? 0 : s.rfind('.') + 1);
+      if (m == "qkv_proj" || m == "gate_up_proj") {  // Phi-3's fused modules: their parts (model/phi3_hf.hpp)
+        for (const char* part : m == "qkv_proj" ? std::vector<const char*>{"q_proj", "k_proj", "v_proj"}
+                                                : std::vector<const char*>{"gate_proj", "up_proj"})
+          seen.insert(part);
+        continue;
+      }
       if (std::find(kLinears.begin(), kLinears.end(), m) == kLinears.end()) f.fail("target_modules", tm_expected);
       seen.insert(m);
     }
@@ -164,8 +172,6 @@ void refuse_unsupported(const JsonFields& f) {
   must("use_dora", false, "false (DoRA is not supported)");
   must("bias", "none", "\"none\" (LoRA biases are not supported)");
   must("fan_in_fan_out", false, "false (Conv1D weights are not supported)");
-  must("rank_pattern", json::object(), "{} (one rank for every module)");
-  must("alpha_pattern", json::object(), "{} (one alpha for every module)");
   must("lora_bias", false, "false (LoRA biases are not supported)");
   for (const char* key : {"layers_to_transform", "layer_replication", "trainable_token_indices"})
     if (f.has(key) && !f.at(key).is_null() && !(f.at(key).is_array() && f.at(key).empty()))
@@ -178,6 +184,34 @@ void refuse_unsupported(const JsonFields& f) {
   if (const json& init = f.at("init_lora_weights"); !init.is_null() && !init.is_boolean() && init != "gaussian")
     f.fail("init_lora_weights", "true, false or \"gaussian\" (adapters of PiSSA, OLoRA, LoftQ or CorDA need the base "
                                 "weights their initialisation changed)");
+}
+
+/// rank_pattern / alpha_pattern: empty, or (Phi-3, as roundpipe writes them: model/phi3_hf.hpp)
+/// a rank n r and an alpha that keep the scaling of r and lora_alpha for qkv_proj / gate_up_proj.
+/// Returns each fused module's rank.
+std::map<std::string, int64_t> fused_ranks(const JsonFields& f, const LoraConfig& l) {
+  const char* rank_expected = "{} (one rank for every module), or qkv_proj / gate_up_proj at a multiple n of r";
+  const char* alpha_expected = "{} (one alpha for every module), or qkv_proj / gate_up_proj at n lora_alpha (sqrt(n) "
+                               "lora_alpha with use_rslora) for rank n r";
+  std::map<std::string, int64_t> ranks;
+  const json none = json::object();
+  const json& rp = f.has("rank_pattern") && !f.at("rank_pattern").is_null() ? f.at("rank_pattern") : none;
+  const json& ap = f.has("alpha_pattern") && !f.at("alpha_pattern").is_null() ? f.at("alpha_pattern") : none;
+  if (!rp.is_object()) f.fail("rank_pattern", rank_expected);
+  if (!ap.is_object()) f.fail("alpha_pattern", alpha_expected);
+  for (const auto& [k, v] : rp.items()) {
+    if ((k != "qkv_proj" && k != "gate_up_proj") || !v.is_number_integer() || v.get<int64_t>() < l.r ||
+        v.get<int64_t>() % l.r != 0)
+      f.fail("rank_pattern", rank_expected);
+    const double n = double(v.get<int64_t>() / l.r), want = l.alpha * (l.use_rslora ? std::sqrt(n) : n);
+    const auto a = ap.find(k);
+    const double got = a == ap.end() ? l.alpha : a->is_number() ? a->get<double>() : -1.0;
+    if (!(std::abs(got - want) <= 1e-9 * want)) f.fail("alpha_pattern", alpha_expected);
+    ranks[k] = v.get<int64_t>();
+  }
+  for (const auto& [k, v] : ap.items())
+    if (!ranks.count(k)) f.fail("alpha_pattern", alpha_expected);
+  return ranks;
 }
 
 /// The target module of an adapter tensor name "model.layers.<i>.<self_attn|mlp>.<m>.lora_<A|B>.weight",
@@ -274,7 +308,8 @@ json target_modules_json(const ModelLayout& layout) {
   for (const std::string& m : adapted_modules(layout)) {
     const bool mlp = m == "gate_proj" || m == "up_proj" || m == "down_proj";
     if (!mlp || c.num_moe_layers() == 0) {
-      out.push_back(m);
+      const std::string name = peft_module_name(c, m);  // Phi-3: qkv_proj, gate_up_proj once
+      if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(name);
       continue;
     }
     for (int64_t i = 0; i < c.num_hidden_layers; ++i)
@@ -314,6 +349,9 @@ json peft_adapter_config(const ModelLayout& layout, const std::string& base_mode
   j["layers_pattern"] = nullptr;
   j["rank_pattern"] = json::object();
   j["alpha_pattern"] = json::object();
+  const FusedAdapters fused = fused_adapters(layout, {});  // Phi-3: rank n r keeps our scaling
+  for (const auto& [m, rank] : fused.rank_pattern) j["rank_pattern"][m] = rank;
+  for (const auto& [m, alpha] : fused.alpha_pattern) j["alpha_pattern"][m] = alpha;
   // the runtime trains one matrix for both ends of a tied model (see roundpipe/adapter.hpp)
   if (layout.config.tie_word_embeddings && tb.embed) j["ensure_weight_tying"] = true;
   return j;
@@ -334,8 +372,12 @@ void write_peft_adapter(const std::string& dir, const ModelLayout& layout, const
       throw std::invalid_argument(fmt::format("write_peft_adapter: no data for group '{}'", layout.groups[size_t(g)].name));
     refs.push_back({peft_tensor_key(name), t->shape, group_data[size_t(g)] + t->offset});
   };
+  // Phi-3: q/k/v (gate/up) as one adapter of PEFT's fused module (model/phi3_hf.hpp)
+  const FusedAdapters fused = fused_adapters(layout, group_data);
+  const std::set<std::string> replaced(fused.replaced.begin(), fused.replaced.end());
   for (const auto& [g, t] : adapter_tensors(layout))
-    if (t->name.find(".mlp.experts.") == std::string::npos) add(t->name, t->name);
+    if (t->name.find(".mlp.experts.") == std::string::npos && !replaced.count(t->name)) add(t->name, t->name);
+  for (const auto& [name, t] : fused.tensors) refs.push_back({peft_tensor_key(name), t.shape, t.data.data()});
   std::vector<std::map<std::string, HostTensor>> experts;  // PEFT's layout of the expert adapters
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const int g = layout.adapter_group(int(i) + 1);
@@ -398,6 +440,7 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
   }
   PeftAdapter a = peft_adapter_from_config(cfg, cfg_path);
   a.dir = dir;
+  const std::map<std::string, int64_t> ranks = fused_ranks(JsonFields(cfg, cfg_path, "", JsonFields::Error::runtime_error), a.lora);
   if (!fs::exists(st_path, ec)) {
     if (fs::exists(d / "adapter_model.bin", ec))
       fail((d / "adapter_model.bin").string(),
@@ -427,7 +470,14 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
       if (m.empty())
         bad("expected a LoRA tensor (...<module>.lora_A.weight / lora_B.weight) or a modules_to_save matrix "
             "(DoRA magnitudes, biases and other adapter types are not supported)");
-      if (!targets.count(m)) bad(fmt::format("module '{}' is not in target_modules of {}", m, kAdapterConfigFile));
+      // Phi-3's fused modules: in target_modules as their parts, at their rank_pattern's rank
+      const std::string part = m == "qkv_proj" ? "q_proj" : m == "gate_up_proj" ? "gate_proj" : m;
+      if (!targets.count(part)) bad(fmt::format("module '{}' is not in target_modules of {}", m, kAdapterConfigFile));
+      const int64_t rank = ranks.count(m) ? ranks.at(m) : a.lora.r;
+      const bool is_a = ends_with(name, ".lora_A.weight");
+      if (part != m && (e.shape.size() != 2 || e.shape[is_a ? 0 : 1] != rank))
+        bad(fmt::format("expected rank {} ({} of {}), got shape [{}]", rank,
+                        ranks.count(m) ? "rank_pattern" : "r", kAdapterConfigFile, fmt::join(e.shape, ", ")));
     }
     if (e.dtype != "F32" && e.dtype != "F16" && e.dtype != "BF16") bad(fmt::format("expected F32, F16 or BF16, got {}", e.dtype));
     a.tensors[name] = f.read_f32(e);
@@ -489,10 +539,12 @@ void load_peft_adapter(const PeftAdapter& a, const ModelLayout& layout, std::vec
   }
   std::set<std::string> used;
   const std::map<std::string, HostTensor> regrouped = gpt_oss_gate_up(a.tensors, c);
+  // Phi-3: the fused modules' adapters as ours, one per part (model/phi3_hf.hpp)
+  const std::map<std::string, HostTensor> parts = split_fused_adapters(a.tensors, c, want.r, st_path);
   auto copy = [&](const std::string& name, int g, const TensorSpec& t) {
     const HostTensor* src = nullptr;
     if (const auto it = regrouped.find(name); it != regrouped.end()) src = &it->second;
-    else if (const auto jt = a.tensors.find(name); jt != a.tensors.end()) src = &jt->second;
+    else if (const auto jt = parts.find(name); jt != parts.end()) src = &jt->second;
     if (!src)
       fail(st_path, fmt::format("key '{}': missing (expected shape [{}])", peft_tensor_key(name), fmt::join(t.shape, ", ")));
     if (src->shape != t.shape)
@@ -535,7 +587,7 @@ void load_peft_adapter(const PeftAdapter& a, const ModelLayout& layout, std::vec
                                 peft_tensor_key(kNorm)));
     copy_named(kNorm, kNorm);  // PEFT-made adapters usually leave it out: the base norm stays
   }
-  for (const auto& [name, t] : a.tensors)
+  for (const auto& [name, t] : parts)
     if (!used.count(name))
       fail(st_path, fmt::format("key '{}': not a tensor of the run's adapters (layout of {} decoder layers)",
                                 peft_tensor_key(name), c.num_hidden_layers));

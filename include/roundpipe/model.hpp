@@ -36,12 +36,18 @@ struct RopeScaling {
   bool truncate = true;
 };
 
-/// A LLaMA / Mistral / Qwen2 / Qwen3 / Qwen3-MoE / GPT-OSS decoder. Field names follow HF
-/// config.json. Mistral is LLaMA's decoder with an optional sliding window on every layer
-/// (layer_types all "sliding_attention" when config.json's sliding_window is set); Qwen2
-/// (and Qwen2.5, the same model_type) is LLaMA's decoder with biases on q/k/v (qkv_bias).
+/// A LLaMA / Mistral / Qwen2 / Qwen3 / Qwen3-MoE / GPT-OSS / OLMo 2 / Granite / Phi-3 decoder.
+/// Field names follow HF config.json. Mistral is LLaMA's decoder with an optional sliding window
+/// on every layer (layer_types all "sliding_attention" when config.json's sliding_window is
+/// set); Qwen2 (and Qwen2.5, the same model_type) is LLaMA's decoder with biases on q/k/v
+/// (qkv_bias); OLMo 2 moves the norms into the residual branches (post_norms) and normalizes the
+/// whole q and k (qk_norm_whole); Granite scales embeddings, residual branches, attention and
+/// logits; Phi-3 is LLaMA's decoder (with Mistral's window when set) whose checkpoints fuse
+/// q/k/v into "self_attn.qkv_proj" and gate/up into "mlp.gate_up_proj": the layout keeps them
+/// apart, the readers and writers of folders and adapters split and fuse them (model/phi3_hf.hpp).
 struct ModelConfig {
-  /// "llama", "mistral", "qwen2", "qwen3", "qwen3_moe" or "gpt_oss" (model_type)
+  /// "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "olmo2", "granite" or "phi3"
+  /// (model_type)
   std::string architecture = "llama";
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
@@ -56,6 +62,20 @@ struct ModelConfig {
   int64_t max_position_embeddings = 2048;
   bool tie_word_embeddings = false;
   bool qk_norm = false;  ///< Qwen3: RMSNorm over head_dim on q and k before RoPE
+  /// OLMo 2: q_norm / k_norm ("self_attn.{q,k}_norm.weight" [nq*D] / [nkv*D]) normalize the
+  /// whole projected q and k of a token, not each head (with qk_norm)
+  bool qk_norm_whole = false;
+  /// OLMo 2: no pre-norms; each residual branch ends in an RMSNorm:
+  ///   h = x + RMSNorm(o_proj(attn(x)); post_attention_layernorm),
+  ///   y = h + RMSNorm(mlp(h); post_feedforward_layernorm)   (no input_layernorm)
+  bool post_norms = false;
+  // Granite ("granite"): embeddings times embedding_multiplier, each residual branch (attention
+  // and MLP output) times residual_multiplier, attention scores times attention_multiplier
+  // (instead of 1/sqrt(head_dim)), logits divided by logits_scaling. 1, 1, 0 (= 1/sqrt(head_dim)), 1
+  // for every other family.
+  double embedding_multiplier = 1.0, residual_multiplier = 1.0, attention_multiplier = 0.0, logits_scaling = 1.0;
+  /// The attention's score scale: attention_multiplier, or 1/sqrt(head_dim) when it is 0.
+  float attention_scale() const;
   /// q/k/v/o projections with biases ("self_attn.<q|k|v|o>_proj.bias"); GPT-OSS only
   bool attention_bias = false;
   /// q/k/v projections (not o) with biases ("self_attn.<q|k|v>_proj.bias"); Qwen2 only

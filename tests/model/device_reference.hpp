@@ -11,6 +11,7 @@
 #include "kernels/device.hpp"
 #include "kernels/ops.hpp"
 #include "model/layer.hpp"
+#include "model/layers.hpp"
 
 namespace rp::test {
 
@@ -102,6 +103,8 @@ inline DeviceRun device_forward_backward(Device& d, const ModelLayout& m, const 
     }
     ops.rmsnorm_fwd(x[L - 1].get(), norm_w, d_norm.get(), T, H, float(m.config.rms_norm_eps));
     ops.linear_fwd(d_norm.get(), lm_w, d_logits.get(), T, H, V);
+    if (m.config.logits_scaling != 1.0)  // Granite divides its logits
+      scale_activation(ops, d_logits.get(), d_logits.get(), T * V, float(1.0 / m.config.logits_scaling));
     LayerArgs ta = args(L - 1);
     ta.x = x[L - 1].get();
     ta.targets = d_tg.as<int32_t>();

@@ -1,6 +1,8 @@
 // Parity with Hugging Face transformers: tiny LLaMA (untied, llama3 RoPE scaling), tiny
 // Qwen3 (tied, q/k norm, head_dim != hidden/heads), tiny Mistral (head_dim != hidden/heads;
-// and with a 5-token sliding window on every layer) and tiny Qwen2 (tied, q/k/v biases) with
+// and with a 5-token sliding window on every layer), tiny Qwen2 (tied, q/k/v biases), tiny
+// OLMo 2 (post-norms, whole-q/k norms), tiny Granite (its four multipliers) and tiny Phi-3
+// (fused projections, sliding window) with
 // random weights; golden logits, loss
 // and every parameter gradient made by tests/fixtures/hf_golden/make_golden.py (fp32, eager
 // attention). The CPU backend must match at fp32 tolerance, the CUDA backend (bf16
@@ -10,6 +12,7 @@
 #include <cmath>
 
 #include "model/checkpoint.hpp"
+#include "model/phi3_hf.hpp"
 #include "model/safetensors.hpp"
 #include "tests/model/device_reference.hpp"
 
@@ -43,6 +46,23 @@ Golden load_golden(const std::string& name) {
   return g;
 }
 
+// transformers' gradient of layout tensor `name`: Phi-3's q/k/v and gate/up are row ranges of
+// the fused qkv_proj / gate_up_proj's
+HostTensor golden_grad(const Golden& g, const std::string& name) {
+  for (const FusedProjection& f : fused_projections(g.model.config)) {
+    int64_t row0 = 0;
+    for (size_t k = 0; k < f.parts.size(); ++k) {
+      if (f.parts[k] == name) {
+        const HostTensor all = g.get("grad." + f.name);
+        return {{f.rows[k], f.cols},
+                std::vector<float>(all.data.begin() + row0 * f.cols, all.data.begin() + (row0 + f.rows[k]) * f.cols)};
+      }
+      row0 += f.rows[k];
+    }
+  }
+  return g.get("grad." + name);
+}
+
 double rel(const float* a, const float* ref, size_t n) {
   double num = 0, den = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -68,7 +88,7 @@ void check(Device& dev, const std::string& name, double tol_out, double tol_grad
   int checked = 0;
   for (size_t gi = 0; gi < g.layout.groups.size(); ++gi)
     for (auto& t : g.layout.groups[gi].tensors) {
-      HostTensor ref = g.get("grad." + t.name);
+      HostTensor ref = golden_grad(g, t.name);
       ASSERT_EQ(int64_t(ref.data.size()), t.numel()) << t.name;
       EXPECT_LT(rel(r.grads[gi].data() + t.offset, ref.data.data(), ref.data.size()), tol_grad)
           << name << " d/d " << t.name;
@@ -88,6 +108,11 @@ const char* const kMoe[] = {"hf_moe/tiny_qwen3_moe", "hf_moe/tiny_qwen3_moe_tied
 // (untruncated), load-balancing loss on (tests/fixtures/hf_gpt_oss/make_gpt_oss_golden.py;
 // its MXFP4 twin loads to the same weights: IoGptOss.Mxfp4CheckpointLoadsToTheBf16Weights)
 const char* const kGptOss = "hf_gpt_oss/tiny_gpt_oss";
+// tiny OLMo 2 (post-norms, q/k norms over all heads, untied), tiny Granite (embedding,
+// residual, attention and logit multipliers far from 1; tied) and tiny Phi-3 (fused qkv_proj /
+// gate_up_proj split as loaded, a 7-token window on every layer), at the fp32 tolerance on the
+// gradients too
+const char* const kFamilies[] = {"hf_golden/tiny_olmo2", "hf_golden/tiny_granite", "hf_golden/tiny_phi3"};
 
 TEST(HfParity, CpuBackendMatchesTransformersFp32) {
   auto dev = make_cpu_device(0, {});
@@ -120,6 +145,17 @@ TEST(HfParity, CudaBackendMatchesTransformersGptOssBf16) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
   auto dev = make_cuda_device(0, {});
   check(*dev, kGptOss, 2e-2, 5e-2);
+}
+
+TEST(HfParity, CpuBackendMatchesTransformersFamiliesFp32) {
+  auto dev = make_cpu_device(0, {});
+  for (const char* n : kFamilies) check(*dev, n, 1e-5, 1e-5);
+}
+
+TEST(HfParity, CudaBackendMatchesTransformersFamiliesBf16) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  auto dev = make_cuda_device(0, {});
+  for (const char* n : kFamilies) check(*dev, n, 2e-2, 5e-2);
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // config.json parsing, validation, parameter count and round trip.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include <nlohmann/json.hpp>
 
 #include "model/config.hpp"
@@ -138,6 +140,54 @@ TEST(IoConfig, ParsesQwen2) {
   EXPECT_NE(error_of(unknown).find("\"mistral\", \"qwen2\""), std::string::npos) << error_of(unknown);
 }
 
+// OLMo-2-1124-7B and Granite-3.1-8B as published (examples/configs/): the parameter counts are
+// transformers' (the models built on the meta device from these files)
+ModelConfig example_config(const char* name) {
+  return load_config_file(std::string(RP_SOURCE_DIR) + "/examples/configs/" + name + ".json");
+}
+
+TEST(IoConfig, ParsesOlmo2) {
+  const ModelConfig c = example_config("olmo-2-1124-7b");
+  EXPECT_EQ(c.architecture, "olmo2");
+  EXPECT_TRUE(c.qk_norm && c.qk_norm_whole && c.post_norms);
+  EXPECT_EQ(c.num_parameters(), 7298617344);
+  const ModelLayout layout = make_layout(c);
+  EXPECT_EQ(layout.total_numel(), c.num_parameters());
+  const ParamGroup& g = layout.groups[1];
+  EXPECT_LT(g.find("model.layers.0.input_layernorm.weight"), 0);  // no pre-norm
+  ASSERT_GE(g.find("model.layers.0.post_feedforward_layernorm.weight"), 0);
+  ASSERT_GE(g.find("model.layers.0.self_attn.q_norm.weight"), 0);
+  EXPECT_EQ(g.tensors[size_t(g.find("model.layers.0.self_attn.q_norm.weight"))].shape, std::vector<int64_t>{4096});
+  json j = json::parse(std::ifstream(std::string(RP_SOURCE_DIR) + "/examples/configs/olmo-2-1124-7b.json"));
+  j["attention_bias"] = true;  // OLMo 2's optional biases are not supported
+  EXPECT_NE(error_of(j).find("key 'attention_bias'"), std::string::npos) << error_of(j);
+  ModelConfig v = c;  // the family's fields stay with their family
+  v.architecture = "llama";
+  EXPECT_THROW(v.validate(), std::invalid_argument);
+}
+
+TEST(IoConfig, ParsesGranite) {
+  const ModelConfig c = example_config("granite-3.1-8b");
+  EXPECT_EQ(c.architecture, "granite");
+  EXPECT_FALSE(c.qk_norm || c.post_norms);
+  EXPECT_EQ(c.embedding_multiplier, 12.0);
+  EXPECT_EQ(c.residual_multiplier, 0.22);
+  EXPECT_EQ(c.attention_scale(), 0.0078125f);
+  EXPECT_EQ(c.logits_scaling, 16.0);
+  EXPECT_EQ(c.num_parameters(), 8170848256);
+  EXPECT_EQ(make_layout(c).total_numel(), c.num_parameters());
+  json j = json::parse(std::ifstream(std::string(RP_SOURCE_DIR) + "/examples/configs/granite-3.1-8b.json"));
+  j["logits_scaling"] = 0;
+  EXPECT_EQ(error_of(j), "cfg.json: key 'logits_scaling': expected a positive number, got number 0");
+  j = json::parse(std::ifstream(std::string(RP_SOURCE_DIR) + "/examples/configs/granite-3.1-8b.json"));
+  j["mlp_bias"] = true;
+  EXPECT_NE(error_of(j).find("key 'mlp_bias'"), std::string::npos) << error_of(j);
+  ModelConfig v = config_from_json(llama_json(), "x");
+  v.residual_multiplier = 0.5;  // a LLaMA has no multipliers
+  EXPECT_THROW(v.validate(), std::invalid_argument);
+  EXPECT_EQ(v.attention_scale(), float(1.0 / 8.0));  // 1/sqrt(64) without attention_multiplier
+}
+
 TEST(IoConfig, RopeScalingVariants) {
   json j = llama_json();
   j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 32.0}, {"low_freq_factor", 1.0},
@@ -174,9 +224,9 @@ TEST(IoConfig, ErrorsNameFileAndKey) {
     EXPECT_EQ(e.find('\n'), std::string::npos) << e;
   };
   json j = llama_json();
-  j["model_type"] = "phi3";
-  expect(j, "key 'model_type': expected \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"qwen3_moe\" or \"gpt_oss\", "
-            "got string \"phi3\"");
+  j["model_type"] = "gemma2";
+  expect(j, "key 'model_type': expected \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"qwen3_moe\", \"gpt_oss\", "
+            "\"olmo2\", \"granite\" or \"phi3\", got string \"gemma2\"");
   j = llama_json();
   j.erase("hidden_size");
   expect(j, "key 'hidden_size': expected an integer >= 1, got nothing");
@@ -245,7 +295,10 @@ TEST(IoConfig, ValidateThrowsInvalidArgument) {
 }
 
 TEST(IoConfig, JsonRoundTrip) {
-  for (json src : {llama_json(), qwen3_json(), mistral_json(), qwen2_json()}) {
+  const std::string ex = std::string(RP_SOURCE_DIR) + "/examples/configs/";
+  for (json src : {llama_json(), qwen3_json(), mistral_json(), qwen2_json(),
+                   json::parse(std::ifstream(ex + "olmo-2-1124-7b.json")),
+                   json::parse(std::ifstream(ex + "granite-3.1-8b.json"))}) {
     ModelConfig c = config_from_json(src, "x");
     c.rope_scaling = {"yarn", 4.0, 1.0, 4.0, 32768, 32.0, 1.0, 0.0};
     json out = config_to_json(c);
@@ -263,6 +316,12 @@ TEST(IoConfig, JsonRoundTrip) {
     EXPECT_EQ(back.bos_token_id, c.bos_token_id);
     EXPECT_EQ(back.qkv_bias, c.qkv_bias);
     EXPECT_EQ(back.attention_window(0), c.attention_window(0));
+    EXPECT_EQ(back.post_norms, c.post_norms);
+    EXPECT_EQ(back.qk_norm_whole, c.qk_norm_whole);
+    EXPECT_EQ(back.embedding_multiplier, c.embedding_multiplier);
+    EXPECT_EQ(back.residual_multiplier, c.residual_multiplier);
+    EXPECT_EQ(back.attention_scale(), c.attention_scale());
+    EXPECT_EQ(back.logits_scaling, c.logits_scaling);
   }
 }
 

@@ -130,6 +130,13 @@ const std::vector<RoundTrip>& round_trips() {
       // Qwen2 (the adapted q/k/v keep their biases in the frozen base) and Mistral
       {"../hf_golden/tiny_qwen2", lora_of(4, {"all-linear"}, {"lm_head"})},
       {"../hf_golden/tiny_mistral", lora_of(2, {"q_proj", "k_proj", "v_proj", "o_proj", "down_proj"}, {})},
+      // OLMo 2 (no pre-norm: the adapted q/k/v and gate/up read the residual stream) and Granite
+      // (tied, its multipliers in the merged folder's config.json)
+      {"../hf_golden/tiny_olmo2", lora_of(4, {"all-linear"}, {"lm_head"})},
+      {"../hf_golden/tiny_granite", lora_of(2, {"q_proj", "v_proj", "o_proj", "down_proj"}, {"embed_tokens"})},
+      // Phi-3: PEFT's qkv_proj / gate_up_proj adapters at rank 3r / 2r, block diagonal
+      {"../hf_golden/tiny_phi3", lora_of(3, {"all-linear"}, {"lm_head"})},
+      {"../hf_golden/tiny_phi3", lora_of(2, {"q_proj", "k_proj", "v_proj", "down_proj"}, {})},
   };
   return v;
 }
@@ -157,7 +164,7 @@ TEST_P(PeftRoundTrip, ExportThenImportEqualsBitForBit) {
   EXPECT_EQ(files, (std::vector<std::string>{"adapter_config.json", "adapter_model.safetensors"}));
 }
 
-INSTANTIATE_TEST_SUITE_P(Peft, PeftRoundTrip, ::testing::Range(0, 6));
+INSTANTIATE_TEST_SUITE_P(Peft, PeftRoundTrip, ::testing::Range(0, 10));
 
 TEST(PeftExport, Bf16ExportRoundsEveryValueOnce) {
   const Trained t = trained("base_untied", lora_of(4, {"all-linear"}, {"lm_head"}), 5);

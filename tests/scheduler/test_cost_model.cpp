@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/config.hpp"
+#include "model/layout.hpp"
 #include "scheduler/cost_model.hpp"
 
 namespace rp {
@@ -25,6 +26,25 @@ ModelShape qwen3_1_7b() {
 // reads them (config.json through ModelConfig) and as bare JSON, both count what the
 // checkpoint holds (7,241,732,096 and 7,615,616,512 parameters) and layer by layer what the
 // layout allocates.
+// OLMo-2-1124-7B (q/k norms over all heads: 2 x 4096 weights a layer, not 2 x head_dim),
+// Granite-3.1-8B and Phi-3-mini-4k (a 2047-token window on every layer), counted as transformers
+// builds them (7,298,617,344, 8,170,848,256 and 3,821,079,552), and each layer's count equal to
+// what the layout allocates for it.
+TEST(CostModel, Olmo2GraniteAndPhi3CountTheirCheckpointsParameters) {
+  for (auto [name, params] : {std::pair{"olmo-2-1124-7b", int64_t(7298617344)}, {"granite-3.1-8b", int64_t(8170848256)},
+                              {"phi-3-mini-4k-instruct", int64_t(3821079552)}}) {
+    SCOPED_TRACE(name);
+    const std::string path = std::string(RP_SOURCE_DIR) + "/examples/configs/" + name + ".json";
+    const ModelConfig c = load_config_file(path);
+    const ModelShape m = model_shape_from_config(c);
+    EXPECT_EQ(model_parameters(m), params);
+    EXPECT_EQ(m.qk_norm_whole, c.architecture == "olmo2");
+    const ModelLayout layout = make_layout(c);
+    EXPECT_EQ(layer_parameters(m, 1), layout.groups[1].numel);
+    EXPECT_EQ(m.attention_window(31), c.architecture == "phi3" ? 2047 : 0);
+  }
+}
+
 TEST(CostModel, MistralAndQwen2CountTheirCheckpointsParameters) {
   for (auto [name, params] : {std::pair{"mistral-7b-v0.1", int64_t(7241732096)}, {"qwen2.5-7b", int64_t(7615616512)}}) {
     SCOPED_TRACE(name);

@@ -1,0 +1,45 @@
+// Readers of single config.json keys (model/config.cpp), shared by the per-family parsers
+// (model/config_families.cpp). Each throws std::runtime_error
+// "<where>: key '<key>': expected <...>, got <type> <value>" on a bad value.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "roundpipe/model.hpp"
+
+namespace rp::config_keys {
+
+/// j[key], or null when absent.
+nlohmann::json val(const nlohmann::json& j, const std::string& key);
+/// The one-line refusal of `got` at `key`.
+[[noreturn]] void bad(const std::string& where, const std::string& key, const std::string& expected,
+                      const nlohmann::json& got);
+/// A required key that is absent (or null); `why` follows the expectation.
+[[noreturn]] void missing(const std::string& where, const std::string& key, const std::string& expected,
+                          const std::string& why);
+/// An integer >= min_value; absent/null: `def`, or a refusal when `required`.
+int64_t get_int(const nlohmann::json& j, const std::string& key, const std::string& where, bool required, int64_t def,
+                int64_t min_value);
+/// A finite number (> 0 when `positive`); absent/null: `def`.
+double get_num(const nlohmann::json& j, const std::string& key, const std::string& where, double def, bool positive);
+/// true or false; absent/null: `def`.
+bool get_bool(const nlohmann::json& j, const std::string& key, const std::string& where, bool def);
+/// A token id: an integer >= 0, a list of them (the first is used) or null (-1).
+int64_t get_token_id(const nlohmann::json& j, const std::string& key, const std::string& where);
+
+}  // namespace rp::config_keys
+
+namespace rp::config_families {
+
+/// The keys only OLMo 2 ("olmo2"), Granite ("granite") and Phi-3 ("phi3") have, read into `c`
+/// after the common ones (model/config_families.cpp); nothing for the other families.
+void parse_family_keys(const nlohmann::json& j, const std::string& where, ModelConfig& c);
+/// Those keys of `c` written into a config.json object `j` (config_to_json).
+void family_keys_to_json(const ModelConfig& c, nlohmann::json& j);
+/// ModelConfig::validate's share: std::invalid_argument("<key>: <what>") when a family's field
+/// is set on another family or out of range.
+void validate_family_keys(const ModelConfig& c);
+
+}  // namespace rp::config_families
