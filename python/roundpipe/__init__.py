@@ -17,25 +17,46 @@ import json
 import os
 import threading
 
-from ._roundpipe import (DeviceError, DeviceOutOfMemory, RuntimeFailure, TrainingDiverged, __version__)
-from . import _roundpipe
+try:
+    from ._roundpipe import (DeviceError, DeviceOutOfMemory, RuntimeFailure, TrainingDiverged, __version__)
+    from . import _roundpipe
+except ImportError as e:  # the pure-Python files without the compiled module beside them
+    raise ImportError("roundpipe: the compiled module roundpipe._roundpipe is missing ({}); build it "
+                      "(cmake, RP_PYTHON_MODULE) and put build/python on PYTHONPATH, or "
+                      "`pip install .` from the repository (docs/python.md)".format(e)) from None
 
 __all__ = ["Trainer", "train", "plan", "generate", "merge", "export_gguf", "convert", "version",
            "format_progress", "RuntimeFailure", "TrainingDiverged", "DeviceError", "DeviceOutOfMemory",
            "__version__"]
 
 
-def _json_text(value):
-    """JSON text of a spec value; paths (os.PathLike) become strings."""
-    return json.dumps(value, default=os.fspath)
+def _json_text(value, where, key=""):
+    """JSON text of a spec value; paths (os.PathLike) become strings. A value JSON cannot hold
+    (NaN, inf, a set, an arbitrary object) raises ValueError naming its key under `where`."""
+    def check(v, key):
+        if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+            raise ValueError("{}: key '{}': expected a finite number, got {}".format(where, key, v))
+        if isinstance(v, dict):
+            for k, x in v.items():
+                check(x, "{}.{}".format(key, k) if key else str(k))
+        elif isinstance(v, (list, tuple)):
+            for i, x in enumerate(v):
+                check(x, "{}[{}]".format(key, i))
+        elif not (v is None or isinstance(v, (str, bool, int, float, os.PathLike))):
+            raise ValueError("{}: key '{}': a {} is not a JSON value".format(where, key, type(v).__name__))
+    check(value, key)
+    return json.dumps(value, default=os.fspath, allow_nan=False)
 
 
 def _settings(overrides, settings):
     """(dotted key, JSON text) pairs: `overrides` first, then the keyword settings."""
+    if overrides is not None and not isinstance(overrides, dict):
+        raise TypeError("overrides must be a dict of dotted keys to values ({'lora.r': 8}), got "
+                        + type(overrides).__name__)
     pairs = []
     for source in (overrides or {}), settings:
         for key, value in source.items():
-            pairs.append((str(key), _json_text(value)))
+            pairs.append((str(key), _json_text(value, "overrides", str(key))))
     return pairs
 
 
@@ -65,9 +86,14 @@ class Trainer:
     def __init__(self, spec, overrides=None, **settings):
         pairs = _settings(overrides, settings)
         if isinstance(spec, dict):
-            self._t = _roundpipe._Trainer("spec", _json_text(spec), pairs)
+            self._t = _roundpipe._Trainer("spec", _json_text(spec, "spec"), pairs)
         elif isinstance(spec, (str, os.PathLike)):
-            self._t = _roundpipe._Trainer(os.fspath(spec), "", pairs)
+            path = os.fspath(spec)
+            if "\0" in path:
+                raise ValueError("Trainer: the spec path {!r} holds a NUL character".format(path))
+            if os.path.isdir(path):
+                raise ValueError("{}: is a folder; give the path of a spec file (JSON)".format(path))
+            self._t = _roundpipe._Trainer(path, "", pairs)
         else:
             raise TypeError("Trainer: spec must be a dict or the path of a spec file, got "
                             + type(spec).__name__)
@@ -172,8 +198,19 @@ def generate(model, prompt=None, *, chat=None, system=None, messages=None, token
     """
     msgs = []
     if messages is not None:
-        for m in messages:
-            msgs.append((m["role"], m["content"]) if isinstance(m, dict) else (m[0], m[1]))
+        for i, m in enumerate(messages):
+            if isinstance(m, dict):
+                if "role" not in m or "content" not in m:
+                    raise ValueError("generate: messages[{}] needs 'role' and 'content', got keys {}".format(
+                        i, sorted(m)))
+                msgs.append((m["role"], m["content"]))
+            elif isinstance(m, (list, tuple)) and len(m) == 2:
+                msgs.append((m[0], m[1]))
+            else:
+                raise ValueError("generate: messages[{}] must be a {{'role', 'content'}} dict or a (role, "
+                                 "content) pair".format(i))
+    if max_tokens < 0:
+        raise ValueError("generate: max_tokens must be >= 0, got {}".format(max_tokens))
     if chat is not None:
         if system is not None:
             msgs.append(("system", system))

@@ -231,6 +231,21 @@ class ToolsTest(unittest.TestCase):
             roundpipe.Trainer(path)
         with self.assertRaises(TypeError):
             roundpipe.Trainer(42)
+        # values JSON cannot hold name their key; the wrong kinds of argument say what they need
+        with self.assertRaisesRegex(ValueError, r"^spec: key 'optimizer.lr': expected a finite number"):
+            roundpipe.Trainer(spec("bad", optimizer={"lr": float("nan")}))
+        with self.assertRaisesRegex(ValueError, r"^overrides: key 'lora.r': a object is not a JSON value"):
+            roundpipe.Trainer(spec("bad"), overrides={"lora.r": object()})
+        with self.assertRaisesRegex(TypeError, r"overrides must be a dict"):
+            roundpipe.Trainer(spec("bad"), overrides=[("lora.r", 8)])
+        with self.assertRaisesRegex(ValueError, r"is a folder"):
+            roundpipe.Trainer(WORK)
+        with self.assertRaisesRegex(ValueError, r"NUL"):
+            roundpipe.Trainer("a\0b")
+        with self.assertRaisesRegex(ValueError, r"messages\[0\] needs 'role' and 'content'"):
+            roundpipe.generate("nope.gguf", messages=[{"role": "user"}])
+        with self.assertRaisesRegex(ValueError, r"max_tokens must be >= 0"):
+            roundpipe.generate("nope.gguf", prompt="a", max_tokens=-1)
 
     def test_a_failing_run_raises_the_commands_error_line(self):
         bad = spec("missing-model", model=os.path.join(WORK, "no_such_model"))
