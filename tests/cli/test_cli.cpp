@@ -227,7 +227,8 @@ TEST(Cli, LeftoversOfAKilledCheckpointSwapAreRestoredOrRemoved) {
   fs::create_directories(d / "run/checkpoint-5");
   fs::create_directories(d / "run/checkpoint-5.old-999999999");
   mark(d / "run/checkpoint-5.old-999999999", "old", "checkpoint-5", "999999999");
-  write(d / "run/roundpipe_run.json", "{}");  // an earlier run's folder
+  // an earlier run's folder
+  write(d / "run/roundpipe_run.json", R"({"written_by": "roundpipe train"})");
   // the folder holds an earlier run's checkpoints: a fresh run there is refused (after the
   // leftovers were put back), and --overwrite-output-dir lets it start over
   const CliRun refused = roundpipe("train " + (d / "spec.json").string() + " --steps 1", d);

@@ -282,7 +282,8 @@ TEST(DiskFull, AFailedMetricsWriteStopsTheRunAtOnce) {
   rp::TrainSpec s = spec(d, tiny_model(d), 4);
   fs::create_directories(d / "run");
   fs::create_symlink("/dev/full", d / "run/metrics.csv");  // every write: ENOSPC
-  write(d / "run/roundpipe_run.json", "{}");  // an earlier run's metrics.csv, which the run may replace
+  // an earlier run's metrics.csv, which the run may replace
+  write(d / "run/roundpipe_run.json", R"({"written_by": "roundpipe train"})");
   try {
     rp::Trainer(s).run();
     FAIL() << "accepted";
