@@ -242,13 +242,15 @@ TEST(Cli, LeftoversOfAKilledCheckpointSwapAreRestoredOrRemoved) {
   EXPECT_TRUE(fs::exists(d / "run/checkpoint-7/marker"));
   CliRun r = roundpipe("train " + (d / "spec.json").string() + " --steps 1 --overwrite-output-dir", d);
   ASSERT_EQ(r.code, 0) << r.err;
-  // starting over removes the earlier run's checkpoints (folders without a manifest, as an
-  // earlier release wrote them, are the run's as a whole: its roundpipe_run.json says so)
-  EXPECT_FALSE(fs::exists(d / "run/checkpoint-7")) << r.err;
+  // starting over removes the earlier run's checkpoints but keeps every file in them that no
+  // manifest proves roundpipe's (these folders have none, as an earlier release wrote them):
+  // the empty checkpoint-5 goes, checkpoint-7's file stays and the log names it
+  EXPECT_TRUE(fs::exists(d / "run/checkpoint-7/marker")) << r.err;
   EXPECT_FALSE(fs::exists(d / "run/checkpoint-7.old-999999999"));
   EXPECT_FALSE(fs::exists(d / "run/checkpoint-5"));
   EXPECT_FALSE(fs::exists(d / "run/checkpoint-5.old-999999999"));
   EXPECT_NE(r.out.find("overwrite: removed the earlier run's checkpoint-5, checkpoint-7"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("checkpoint-7/marker: not written by roundpipe"), std::string::npos) << r.out;
   fs::remove_all(d);
 }
 
