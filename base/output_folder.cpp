@@ -30,6 +30,9 @@ bool path_within(const fs::path& inner, const fs::path& outer) {
 }
 
 std::string unsafe_output_folder(const std::string& out) {
+  // a shell expands "~" before a program sees it; in a spec or a quoted flag it would become a
+  // folder named "~" in the working directory
+  if (!out.empty() && out[0] == '~') return "starts with '~', which only a shell expands (write the full path)";
   const fs::path o = resolved_path(out);
   if (o == o.root_path()) return "is the root folder";
   if (const char* home = std::getenv("HOME"); home && *home && o == resolved_path(home))

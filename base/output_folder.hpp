@@ -19,7 +19,8 @@ std::filesystem::path resolved_path(const std::string& p);
 bool path_within(const std::filesystem::path& inner, const std::filesystem::path& outer);
 
 /// Why `out` must not be an output folder, "" when it may be: "is the root folder", "is the
-/// home folder ($HOME)", "is the working directory", "contains the working directory".
+/// home folder ($HOME)", "is the working directory", "contains the working directory",
+/// "starts with '~', ..." (a tilde only a shell expands).
 std::string unsafe_output_folder(const std::string& out);
 
 /// The first of `inputs` (empty ones skipped) that `out` is, contains or lies inside; ""

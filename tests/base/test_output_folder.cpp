@@ -16,7 +16,7 @@ namespace {
 
 using rp::testing::InFolder;
 
-TEST(OutputFolder, TheRootHomeWorkingDirectoryAndItsParentsAreRefused) {
+TEST(OutputFolder, TheRootHomeWorkingDirectoryItsParentsAndATildeAreRefused) {
   const fs::path d = fs::temp_directory_path() / ("rp_outdir_" + std::to_string(::getpid()));
   fs::create_directories(d / "work/sub");
   fs::create_directories(d / "home");
@@ -33,6 +33,9 @@ TEST(OutputFolder, TheRootHomeWorkingDirectoryAndItsParentsAreRefused) {
     EXPECT_EQ(rp::unsafe_output_folder("sub"), "");
     EXPECT_EQ(rp::unsafe_output_folder("new/run"), "");
     EXPECT_EQ(rp::unsafe_output_folder((d / "home/runs").string()), "");
+    EXPECT_EQ(rp::unsafe_output_folder("~"), "starts with '~', which only a shell expands (write the full path)");
+    EXPECT_EQ(rp::unsafe_output_folder("~/runs/x"), "starts with '~', which only a shell expands (write the full path)");
+    EXPECT_EQ(rp::unsafe_output_folder("runs/~x"), "");
   }
   fs::remove_all(d);
 }
