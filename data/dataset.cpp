@@ -527,15 +527,6 @@ PackedSequences split_off(PackedSequences& seqs, double fraction) {
 
 // ---- BatchStream ------------------------------------------------------------------------
 
-namespace {
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-}  // namespace
-
 BatchStream::BatchStream(PackedSequences seqs, uint64_t seed, bool shuffle)
     : seqs_(std::move(seqs)), seed_(seed), shuffle_(shuffle) {
   if (seqs_.size() == 0) throw std::invalid_argument("BatchStream: no sequences (empty data set?)");

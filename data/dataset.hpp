@@ -26,6 +26,15 @@
 
 namespace rp {
 
+/// SplitMix64's output function (Steele, Lea, Flood 2014): the shuffles' and the mixture
+/// draws' hash of a seed and a position.
+inline uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
 class Tokenizer;
 class SequencePacker;  // data/sequence_packer.hpp
 

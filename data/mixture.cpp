@@ -7,15 +7,6 @@
 
 namespace rp {
 
-namespace {
-uint64_t mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-}  // namespace
-
 MixtureStream::MixtureStream(std::vector<MixtureSource> sources, uint64_t seed, bool shuffle) : seed_(seed) {
   if (sources.empty()) throw std::invalid_argument("data: an empty list (expected files, or {\"path\", \"weight\"} objects)");
   double total = 0;
@@ -36,14 +27,14 @@ MixtureStream::MixtureStream(std::vector<MixtureSource> sources, uint64_t seed, 
     run += sources[i].weight / total;
     cumulative_.push_back(i + 1 == sources.size() ? 1.0 : run);
     // each source its own order: seeds apart by the source's index
-    sources_.emplace_back(std::move(sources[i].seqs), mix64(seed ^ mix64(0xA5A5 + i)), shuffle);
+    sources_.emplace_back(std::move(sources[i].seqs), splitmix64(seed ^ splitmix64(0xA5A5 + i)), shuffle);
   }
   served_.assign(sources_.size(), 0);
 }
 
 size_t MixtureStream::source_at(int64_t p) const {
   // 53 random bits as a double in [0, 1)
-  const double u = double(mix64(seed_ ^ mix64(uint64_t(p) + 0x6D69787475726500ull)) >> 11) * 0x1.0p-53;
+  const double u = double(splitmix64(seed_ ^ splitmix64(uint64_t(p) + 0x6D69787475726500ull)) >> 11) * 0x1.0p-53;
   size_t i = 0;
   while (i + 1 < cumulative_.size() && u >= cumulative_[i]) ++i;
   return i;
