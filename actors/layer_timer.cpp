@@ -28,7 +28,8 @@ std::vector<LayerSample> LayerTimer::samples() const {
     prev = m.t.get();
     ProfileKind k = ProfileKind::tail;
     if (kind_ == StageKind::forward) k = ProfileKind::forward;
-    else if (kind_ == StageKind::backward) k = m.phase == Phase::recompute ? ProfileKind::recompute : ProfileKind::backward;
+    else if (kind_ == StageKind::backward)
+      k = m.phase == Phase::recompute ? ProfileKind::recompute : ProfileKind::backward;
     // a tail-stage layer's forward, recompute and backward form one sample; so do the
     // pieces of one backward call (a decoder's recompute is its own sample)
     auto same = [&](const LayerSample& x) { return x.layer == m.layer && x.kind == k; };
@@ -59,7 +60,8 @@ void send_layer_timings(const SchedulerActor& to, LayerTimings lt, const LayerTi
 }
 
 std::vector<LayerMemory> stage_memory(const ModelLayout& m, const std::vector<std::unique_ptr<Layer>>& layers,
-                                      const Stage& stage, const MicroBatchShape& s, DType compute, DType grad) {
+                                      const Stage& stage, const MicroBatchShape& s, DType compute,
+                                      DType grad) {
   std::vector<LayerMemory> out;
   for (int l = stage.first; l <= stage.last; ++l)
     out.push_back(layer_memory(m, *layers[size_t(l)], l, stage.kind, s, compute, grad));

@@ -70,7 +70,8 @@ void send_layer_timings(const SchedulerActor& to, LayerTimings lt, const LayerTi
 
 /// layer_memory of every layer of `stage`.
 std::vector<LayerMemory> stage_memory(const ModelLayout& m, const std::vector<std::unique_ptr<Layer>>& layers,
-                                      const Stage& stage, const MicroBatchShape& s, DType compute, DType grad);
+                                      const Stage& stage, const MicroBatchShape& s, DType compute,
+                                      DType grad);
 
 /// Device memory a stage of kind `kind` holds for layer `l` (bytes): its parameter groups
 /// in `compute` dtype, their gradient accumulators in `grad` dtype (-1 for forward stages,

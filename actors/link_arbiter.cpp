@@ -14,7 +14,8 @@ void LinkArbiter::activation_completed() {
   std::function<void()> wake;
   {
     std::lock_guard lk(mu_);
-    if (act_ <= 0) throw std::logic_error("LinkArbiter: an activation copy completed that was never enqueued");
+    if (act_ <= 0)
+      throw std::logic_error("LinkArbiter: an activation copy completed that was never enqueued");
     if (--act_ == 0) std::swap(wake, wake_);
   }
   if (wake) wake();

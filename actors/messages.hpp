@@ -136,9 +136,9 @@ using SchedulerActor =
 
 // ---- scheduler <-> worker ------------------------------------------------------------------
 struct RunStage {
-  int64_t pass = 0;             ///< global pass number
-  int64_t step = 0;             ///< optimizer step the pass contributes to
-  int stage_index = 0;          ///< position of the stage in the iteration plan
+  int64_t pass = 0;     ///< global pass number
+  int64_t step = 0;     ///< optimizer step the pass contributes to
+  int stage_index = 0;  ///< position of the stage in the iteration plan
   Stage stage;
   /// Tail and backward stages: the stage's place in the chain of activation gradients (the tail
   /// 0, the backward stages after it 1, 2, ...; stage_index - the plan's forward stages). It
@@ -146,9 +146,9 @@ struct RunStage {
   /// (PassActivations::dx). -1 for forward stages.
   int chain = -1;
   std::shared_ptr<PassBuffers> buffers;
-  WorkerActor next;             ///< worker of stage_index + 1 (null for the last stage)
-  float loss_scale = 1.f;       ///< the tail multiplies the loss gradient by this (fp16 loss scaling)
-  bool packed = false;          ///< packed sequences: decoders read buffers->positions (LayerArgs::positions)
+  WorkerActor next;        ///< worker of stage_index + 1 (null for the last stage)
+  float loss_scale = 1.f;  ///< the tail multiplies the loss gradient by this (fp16 loss scaling)
+  bool packed = false;     ///< packed sequences: decoders read buffers->positions (LayerArgs::positions)
   /// An evaluation pass (evaluation_plan): the tail stage runs its decoders forward and the
   /// loss only; no gradient is made or written and the step's loss is not touched.
   bool eval = false;
@@ -233,10 +233,10 @@ struct CopyRequest {
   void* dst = nullptr;
   const void* src = nullptr;
   size_t bytes = 0;
-  int priority = 0;              ///< lower is more urgent
-  int64_t order = 0;             ///< tie-break within a priority (e.g. micro-batch index)
-  CopyTag what;                  ///< echoed in CopyDone
-  HostAccumulate accumulate;     ///< optional host work after the copy
+  int priority = 0;           ///< lower is more urgent
+  int64_t order = 0;          ///< tie-break within a priority (e.g. micro-batch index)
+  CopyTag what;               ///< echoed in CopyDone
+  HostAccumulate accumulate;  ///< optional host work after the copy
   WorkerActor reply_to;
 };
 struct CopyDone {
@@ -322,7 +322,9 @@ struct StepScale {
 
 // ---- failures and the watchdog -------------------------------------------------------------
 /// Ends the run: every waiter (Session::wait) gets `what`.
-struct Failure { std::string what; };
+struct Failure {
+  std::string what;
+};
 /// The scheduler's periodic check for a run without progress (SessionOptions::watchdog_s).
 struct WatchdogTick {};
 /// Request to a worker or shard: what it is doing and waiting for, in one line.
@@ -335,7 +337,8 @@ struct StatusReport {
 struct SubmitPass {
   int64_t step = 0;
   std::shared_ptr<const std::vector<int32_t>> ids, targets;  ///< [M * n_seq * seq_len]
-  std::shared_ptr<const std::vector<int32_t>> positions;     ///< packed sequences: the same shape; null: not packed
+  std::shared_ptr<const std::vector<int32_t>>
+      positions;      ///< packed sequences: the same shape; null: not packed
   int64_t eval = -1;  ///< >= 0: a forward-only evaluation pass with this id (answered by WaitEval), tagged
                       ///< with `step` so its uploads read the weights that step's passes read
 };

@@ -1,5 +1,5 @@
-#include "actors/message_trace.hpp"
 #include "actors/optimizer_shard.hpp"
+#include "actors/message_trace.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -123,7 +123,8 @@ std::function<double()> job_work(ShardPointer self, const ShardJob& j, ParamStor
   // tensors under 32K elements run on one thread, larger ones split over the pool
   const bool inject = opt.faults.fire_update(j.group, j.step);
   LastUpdate* last = nullptr;
-  if (auto it = self->state.last_update.find(j.group); it != self->state.last_update.end()) last = &it->second;
+  if (auto it = self->state.last_update.find(j.group); it != self->state.last_update.end())
+    last = &it->second;
   // unguarded steps: the gradient's sum of squares for the reported norm, read before the
   // update (which only reads the gradient too); guarded steps had a sumsq job for it
   const bool measure = !opt.guard;
@@ -132,8 +133,8 @@ std::function<double()> job_work(ShardPointer self, const ShardJob& j, ParamStor
     const double sumsq = measure ? sum_of_squares(grad, n, *pool) : 0.0;
     if (last) begin_update(master->data(), *last, n, pool.get());
     // with prediction the published copy is written below, from the new weights and their update
-    adamw_update(master->data(), *adam_state, grad, n, j.grad_scale, adam, j.lr, j.publish && !last ? lowp : nullptr,
-                 store->dtype, *pool);
+    adamw_update(master->data(), *adam_state, grad, n, j.grad_scale, adam, j.lr,
+                 j.publish && !last ? lowp : nullptr, store->dtype, *pool);
     if (last) {
       end_update(master->data(), *last, n, j.step, pool.get());
       if (j.publish) write_predicted_copy(master->data(), *last, j.step, lowp, n, store->dtype, pool.get());
@@ -154,8 +155,8 @@ ShardActor::behavior_type shard_impl(ShardPointer self, std::vector<ShardGroup> 
   }
   const bool replicated = opt.replicas && opt.replicas->size() > 1;
   self->state.rules.emplace(rg, opt.staleness, opt.guard, opt.disable_rule, replicated);
-  self->state.pool = std::make_shared<ThreadPool>(
-      ThreadPool::Options{std::max(1, opt.threads), opt.cpus, 50, "rp-shard"});
+  self->state.pool =
+      std::make_shared<ThreadPool>(ThreadPool::Options{std::max(1, opt.threads), opt.cpus, 50, "rp-shard"});
   // A detached shard runs its long jobs on a JobRunner; one under the deterministic test
   // coordinator runs them inline (a job finishing on another thread would race the tests).
   if (opt.detached) self->state.runner = std::make_unique<JobRunner>(self->address());
@@ -207,17 +208,18 @@ ShardActor::behavior_type shard_impl(ShardPointer self, std::vector<ShardGroup> 
             if (opt.reduce_wait) {
               opt.reduce_wait->started(a.group, a.step, st.job_start[a.group]);
               // a request already waiting for this group now waits for the sum
-              if (st.rules->has_waiters(a.group)) opt.reduce_wait->blocked(a.group, a.step, st.job_start[a.group]);
+              if (st.rules->has_waiters(a.group))
+                opt.reduce_wait->blocked(a.group, a.step, st.job_start[a.group]);
             }
             std::vector<float>* master = st.groups.at(a.group).master;
             if (opt.sums_in_flight) ++*opt.sums_in_flight;
-            opt.replicas->sum_async(a.group, store->grad[size_t(a.group)].as<float>(), int64_t(master->size()),
-                                    fmt::format("the gradient of group {} of step {}", a.group, a.step),
-                                    [addr = self->address(), g = a.group, n = opt.sums_in_flight](const std::string& err) {
-                                      if (n) --*n;
-                                      if (auto s = caf::actor_cast<ShardActor>(addr))
-                                        caf::anon_send(s, JobDone{g, 0.0, err});
-                                    });
+            opt.replicas->sum_async(
+                a.group, store->grad[size_t(a.group)].as<float>(), int64_t(master->size()),
+                fmt::format("the gradient of group {} of step {}", a.group, a.step),
+                [addr = self->address(), g = a.group, n = opt.sums_in_flight](const std::string& err) {
+                  if (n) --*n;
+                  if (auto s = caf::actor_cast<ShardActor>(addr)) caf::anon_send(s, JobDone{g, 0.0, err});
+                });
             break;
           }
           auto work = job_work(self, a.job, store, opt);
@@ -245,7 +247,8 @@ ShardActor::behavior_type shard_impl(ShardPointer self, std::vector<ShardGroup> 
   auto note_if_waiting_for_sum = [self, opt](int g, bool waiting) {
     if (!opt.reduce_wait || !waiting) return;
     const ShardJob* j = self->state.rules->running_job(g);
-    if (j && j->kind == ShardJob::Kind::reduce) opt.reduce_wait->blocked(g, j->step, std::chrono::steady_clock::now());
+    if (j && j->kind == ShardJob::Kind::reduce)
+      opt.reduce_wait->blocked(g, j->step, std::chrono::steady_clock::now());
   };
   auto drive_all = [self, drive] {
     for (int g : self->state.rules->groups()) drive(g);

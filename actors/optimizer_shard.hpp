@@ -52,7 +52,7 @@ struct ShardOptions {
   /// copy of version k is w_k + (w_k - w_{k-1}); each group keeps its last update (4 bytes per
   /// parameter). Ignored with staleness 0.
   bool predict_weights = false;
-  int threads = 1;  ///< host threads per AdamW update and low-precision cast (a persistent pool)
+  int threads = 1;        ///< host threads per AdamW update and low-precision cast (a persistent pool)
   std::vector<int> cpus;  ///< pin those threads to these cores (empty: not pinned)
   bool guard = false;     ///< wait for StepScale per step (see above)
   /// Spawn the shard on its own thread (production). Tests that drive the protocol with

@@ -13,7 +13,10 @@ HostBytes::HostBytes(size_t bytes) : n_(bytes) {
   if (!p_) throw std::bad_alloc();
   std::memset(p_, 0, sz);
 }
-HostBytes::HostBytes(HostBytes&& o) noexcept { std::swap(p_, o.p_); std::swap(n_, o.n_); }
+HostBytes::HostBytes(HostBytes&& o) noexcept {
+  std::swap(p_, o.p_);
+  std::swap(n_, o.n_);
+}
 HostBytes& HostBytes::operator=(HostBytes&& o) noexcept {
   std::swap(p_, o.p_);
   std::swap(n_, o.n_);
@@ -21,7 +24,8 @@ HostBytes& HostBytes::operator=(HostBytes&& o) noexcept {
 }
 HostBytes::~HostBytes() { std::free(p_); }
 
-ParamStore::ParamStore(const ModelLayout& m, DType compute_dtype, bool allocate_frozen) : dtype(compute_dtype) {
+ParamStore::ParamStore(const ModelLayout& m, DType compute_dtype, bool allocate_frozen)
+    : dtype(compute_dtype) {
   for (auto& g : m.groups) {
     numel.push_back(g.numel);
     frozen.push_back(g.frozen ? 1 : 0);

@@ -24,7 +24,11 @@ class HostBytes {
   ~HostBytes();
   void* data() const { return p_; }
   size_t size() const { return n_; }
-  template <class T> T* as() const { return static_cast<T*>(p_); }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+
  private:
   void* p_ = nullptr;
   size_t n_ = 0;
@@ -39,10 +43,10 @@ class HostBytes {
 /// the workers upload as is and dequantize on the device; its `grad` is empty (no gradient).
 struct ParamStore {
   DType dtype = DType::f32;
-  std::vector<int64_t> numel;     ///< per group
-  std::vector<char> frozen;       ///< per group: 1 for a frozen group
-  std::vector<HostBytes> lowp;    ///< per group, numel * dtype_size(dtype) bytes (frozen: storage_bytes)
-  std::vector<HostBytes> grad;    ///< per group, numel floats (frozen: empty)
+  std::vector<int64_t> numel;   ///< per group
+  std::vector<char> frozen;     ///< per group: 1 for a frozen group
+  std::vector<HostBytes> lowp;  ///< per group, numel * dtype_size(dtype) bytes (frozen: storage_bytes)
+  std::vector<HostBytes> grad;  ///< per group, numel floats (frozen: empty)
   /// `allocate_frozen` false: frozen groups' `lowp` stays empty for the caller to allocate
   /// group by group (the Session does, freeing each source as it copies, so a large frozen base
   /// never exists twice).
@@ -52,7 +56,7 @@ struct ParamStore {
 /// The activations of a pass: the input of every layer (saved by forward stages, read by
 /// backward recompute) and the activation gradient at every backward stage boundary.
 struct PassActivations {
-  std::vector<std::vector<HostBytes>> x;   ///< x[b][m]: input of layer b (b >= 1)
+  std::vector<std::vector<HostBytes>> x;  ///< x[b][m]: input of layer b (b >= 1)
   /// The activation gradients at stage boundaries, in two sets: dx[i][m] (i = 0, 1). The tail and
   /// the backward stages hand them on in a chain (the tail writes the gradient of its first
   /// layer's input, each backward stage reads its predecessor's and writes its own), and the j-th
@@ -90,23 +94,23 @@ struct PassBuffers {
   void ensure_boundaries(const IterationPlan& p, const std::function<void(HostBytes&)>& on_new);
   int64_t micro_batches;
   MicroBatchShape shape;
-  size_t act_bytes;                          ///< one [T, hidden] activation
-  std::vector<HostBytes> ids, targets;       ///< [M] of i32[T]
-  std::vector<HostBytes> positions;          ///< [M] of i32[T]: a packed pass's RoPE positions (RunStage::packed)
+  size_t act_bytes;                     ///< one [T, hidden] activation
+  std::vector<HostBytes> ids, targets;  ///< [M] of i32[T]
+  std::vector<HostBytes> positions;     ///< [M] of i32[T]: a packed pass's RoPE positions (RunStage::packed)
   std::shared_ptr<PassActivations> activations;
-  std::vector<std::vector<HostBytes>>& x;    ///< activations->x
-  std::vector<std::vector<HostBytes>>& dx;   ///< activations->dx (the two sets)
+  std::vector<std::vector<HostBytes>>& x;   ///< activations->x
+  std::vector<std::vector<HostBytes>>& dx;  ///< activations->dx (the two sets)
   /// The boundary gradient of micro-batch m written by the chain's stage `chain` (RunStage::chain).
   HostBytes& boundary(int chain, int64_t m) { return activations->dx[size_t(chain % 2)][size_t(m)]; }
-  std::vector<float> loss;                   ///< [2*M]: {sum, count} per micro-batch
+  std::vector<float> loss;  ///< [2*M]: {sum, count} per micro-batch
   /// Sparse (mixture-of-experts) models: per micro-batch the router statistics [2E] fp32
   /// (LayerArgs::moe_stats) summed over the sparse layers run so far. The scheduler zeroes
   /// them when it deals the pass; each forward stage uploads them, adds its layers' and
   /// downloads them; the tail does the same, after which they hold the whole forward pass's,
   /// which the backward stages upload. Empty for dense models.
   int64_t experts = 0;
-  std::vector<float> moe_stats;              ///< [M * 2E]
-  std::vector<float> target_tokens;          ///< [M]: targets >= 0 per micro-batch (set when dealt)
+  std::vector<float> moe_stats;      ///< [M * 2E]
+  std::vector<float> target_tokens;  ///< [M]: targets >= 0 per micro-batch (set when dealt)
 };
 
 }  // namespace rp

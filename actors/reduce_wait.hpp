@@ -39,7 +39,7 @@ class ReduceWaitMeter {
     Clock::time_point start, blocked = Clock::time_point::max();
   };
   std::mutex mu_;
-  std::map<std::pair<int64_t, int>, Sum> running_;  // (step, group)
+  std::map<std::pair<int64_t, int>, Sum> running_;                             // (step, group)
   std::map<int64_t, std::map<Clock::time_point, Clock::time_point>> exposed_;  // step -> [from, to)
 };
 

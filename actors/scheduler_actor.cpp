@@ -1,8 +1,8 @@
 #include "actors/scheduler_actor.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -23,12 +23,13 @@ struct StepInfo {
   int64_t passes_submitted = 0;
   int64_t passes_dealt = 0;
   int64_t train_passes_dealt = 0;  ///< of them, training passes (LoRA dropout masks are numbered by them)
-  int64_t passes_done = 0;  ///< passes whose every stage reported StageDone
-  bool close_requested = false;  ///< the Session closed the step (CloseStep waits for its last pass)
+  int64_t passes_done = 0;         ///< passes whose every stage reported StageDone
+  bool close_requested = false;    ///< the Session closed the step (CloseStep waits for its last pass)
   double lr = 0;
   std::vector<int> uploads, grads;  ///< per group, over the passes dealt (their plans may differ)
   double tokens = 0;
-  double scale_tokens = -1;  ///< CloseStepRequest::tokens: divide the gradient by this (replicas), < 0: tokens
+  double scale_tokens =
+      -1;  ///< CloseStepRequest::tokens: divide the gradient by this (replicas), < 0: tokens
   double norm_tokens() const { return scale_tokens >= 0 ? scale_tokens : tokens; }
   double loss_sum = 0, loss_count = 0;
   double aux_weighted = 0;            ///< sparse models: sum of (target tokens x load-balancing loss)
@@ -68,9 +69,9 @@ struct SchedState {
   int64_t next_pass = 0;
   int64_t deal_pointer = 0;
   std::string failed;
-  std::unique_ptr<StepNormReducer> norms;  ///< guarded steps: GradSumSq; unguarded: GroupUpdated's sums
-  int trainable = 0;                       ///< groups a shard owns (not frozen)
-  std::vector<int> norm_index;             ///< per group: its index among the trainable ones, -1 frozen
+  std::unique_ptr<StepNormReducer> norms;     ///< guarded steps: GradSumSq; unguarded: GroupUpdated's sums
+  int trainable = 0;                          ///< groups a shard owns (not frozen)
+  std::vector<int> norm_index;                ///< per group: its index among the trainable ones, -1 frozen
   std::shared_ptr<const IterationPlan> plan;  ///< the plan the next pass is dealt with
   int64_t replans = 0;
   std::vector<std::string> replan_log;
@@ -270,7 +271,8 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
     auto up = std::make_shared<const std::vector<int>>(si.uploads);
     auto gr = std::make_shared<const std::vector<int>>(si.grads);
     for (size_t k = 0; k < st.shards.size(); ++k) {
-      trace_sent(st.cfg.tracer, "scheduler", fmt::format("shard{}", k), "CloseStep", {{"step", step}, {"shard", int64_t(k)}});
+      trace_sent(st.cfg.tracer, "scheduler", fmt::format("shard{}", k), "CloseStep",
+                 {{"step", step}, {"shard", int64_t(k)}});
       self->send(st.shards[k], CloseStep{step, si.passes_submitted, scale, si.lr, up, gr});
     }
     finish_step_if_done(step);
@@ -306,7 +308,8 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
       int slot = st.free_slots.back();
       st.free_slots.pop_back();
       plan_for_next_pass();
-      const auto plan_ptr = sp.eval >= 0 ? std::make_shared<const IterationPlan>(evaluation_plan(*st.plan)) : st.plan;
+      const auto plan_ptr =
+          sp.eval >= 0 ? std::make_shared<const IterationPlan>(evaluation_plan(*st.plan)) : st.plan;
       const IterationPlan& plan = *plan_ptr;
       auto& pb = st.cfg.pass_slots[slot];
       try {
@@ -320,8 +323,8 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
         std::memcpy(pb->ids[m].data(), sp.ids->data() + m * T, T * 4);
         std::memcpy(pb->targets[m].data(), sp.targets->data() + m * T, T * 4);
         if (sp.positions) std::memcpy(pb->positions[m].data(), sp.positions->data() + m * T, T * 4);
-        pb->target_tokens[size_t(m)] = float(std::count_if(sp.targets->data() + m * T, sp.targets->data() + (m + 1) * T,
-                                                           [](int32_t t) { return t >= 0; }));
+        pb->target_tokens[size_t(m)] = float(std::count_if(
+            sp.targets->data() + m * T, sp.targets->data() + (m + 1) * T, [](int32_t t) { return t >= 0; }));
       }
       std::fill(pb->moe_stats.begin(), pb->moe_stats.end(), 0.0f);
       const int64_t pass = st.next_pass++;
@@ -380,8 +383,7 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
         si.passes_submitted++;
         if (sp.eval < 0)
           for (int32_t t : *sp.targets) si.tokens += t >= 0;
-        else
-          st.evals[sp.eval];
+        else st.evals[sp.eval];
         st.pending.push_back(std::move(sp));
         dispatch();
       },
@@ -410,7 +412,8 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
           si.loss_sum += d.loss_sum;
           si.loss_count += d.loss_count;
           si.aux_weighted += d.aux_weighted;
-          if (si.expert_tokens.size() < d.expert_tokens.size()) si.expert_tokens.resize(d.expert_tokens.size(), 0.0);
+          if (si.expert_tokens.size() < d.expert_tokens.size())
+            si.expert_tokens.resize(d.expert_tokens.size(), 0.0);
           for (size_t e = 0; e < d.expert_tokens.size(); ++e) si.expert_tokens[e] += d.expert_tokens[e];
         }
         if (++it->second.stages_done == it->second.stages) {
@@ -432,7 +435,8 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
         auto& st = self->state;
         trace_received(st.cfg.tracer, "scheduler", "", "GradSumSq", {{"step", g.step}, {"group", g.group}});
         // summed in group order over the trainable groups (frozen ones send none)
-        const int k = g.group >= 0 && size_t(g.group) < st.norm_index.size() ? st.norm_index[size_t(g.group)] : -1;
+        const int k =
+            g.group >= 0 && size_t(g.group) < st.norm_index.size() ? st.norm_index[size_t(g.group)] : -1;
         if (!st.norms || !st.norms->add(g.step, k, g.sumsq)) return;
         // every group reported (only after CloseStep, so the token count is final)
         auto& si = st.steps[g.step];
@@ -476,12 +480,14 @@ SchedulerActor::behavior_type scheduler_impl(SchedPointer self, SchedulerConfig 
       [=](GroupUpdated& g) {
         auto& st = self->state;
         progress(self).tick();
-        trace_received(st.cfg.tracer, "scheduler", "", "GroupUpdated", {{"step", g.step}, {"group", g.group}});
+        trace_received(st.cfg.tracer, "scheduler", "", "GroupUpdated",
+                       {{"step", g.step}, {"group", g.group}});
         auto& si = st.steps[g.step];
         si.groups_updated++;
         // unguarded steps: the global norm from the update jobs' sums, in group order (the
         // last group's update completes the step, so it is known before the step is done)
-        const int k = g.group >= 0 && size_t(g.group) < st.norm_index.size() ? st.norm_index[size_t(g.group)] : -1;
+        const int k =
+            g.group >= 0 && size_t(g.group) < st.norm_index.size() ? st.norm_index[size_t(g.group)] : -1;
         if (!st.cfg.guard && k >= 0 && st.norms && st.norms->add(g.step, k, g.sumsq)) {
           const double total = st.norms->take(g.step), tokens = si.norm_tokens();
           si.decision.grad_norm = std::sqrt(total) * (tokens > 0 ? 1.0 / tokens : 0.0);

@@ -50,10 +50,10 @@ struct SchedulerConfig {
   /// Guarded steps (the shards must have ShardOptions::guard too): collect every group's
   /// GradSumSq, decide (optimizer/loss_scale.hpp: decide_step) and send StepScale to the shards.
   bool guard = false;
-  double max_grad_norm = 0;          ///< > 0: clip the global gradient norm to this
-  LossScaler* loss_scaler = nullptr; ///< fp16 loss scaling (owned by the Session), or null
-  const ModelLayout* layout = nullptr;    ///< parameter groups of each layer (counts per plan)
-  std::shared_ptr<Replanner> replanner;   ///< owns the profile; null: no profile, no re-planning
+  double max_grad_norm = 0;              ///< > 0: clip the global gradient norm to this
+  LossScaler* loss_scaler = nullptr;     ///< fp16 loss scaling (owned by the Session), or null
+  const ModelLayout* layout = nullptr;   ///< parameter groups of each layer (counts per plan)
+  std::shared_ptr<Replanner> replanner;  ///< owns the profile; null: no profile, no re-planning
   /// Called for host buffers allocated after the start (dx buffers of a re-planned
   /// plan's stage boundaries), e.g. to pin them; may be empty.
   std::function<void(HostBytes&)> on_new_host_buffer;
@@ -73,7 +73,7 @@ struct SchedulerConfig {
   /// The run's progress count, bumped by the workers and shards (and the scheduler); may be
   /// null (then only the scheduler's own events count).
   RunProgress* progress = nullptr;
-  FaultInjection faults;  ///< testing only (fault_injection.hpp)
+  FaultInjection faults;     ///< testing only (fault_injection.hpp)
   Tracer* tracer = nullptr;  ///< records the protocol messages when its messages() is on
 };
 

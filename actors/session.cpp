@@ -1,20 +1,20 @@
 #include "roundpipe/session.hpp"
 
 #include <algorithm>
-#include <numeric>
 #include <cstdio>
 #include <mutex>
+#include <numeric>
 #include <thread>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "actors/optimizer_shard.hpp"
-#include "base/counted.hpp"
 #include "actors/scheduler_actor.hpp"
 #include "actors/session_impl.hpp"
 #include "actors/session_testing.hpp"
 #include "actors/worker.hpp"
+#include "base/counted.hpp"
 #include "base/host_resources.hpp"
 #include "scheduler/group_plan.hpp"
 #include "scheduler/run_plan.hpp"
@@ -48,7 +48,8 @@ RunPlanInputs session_plan_inputs(const ModelLayout& layout, const SessionOption
   in.micro_batches = opt.micro_batches;
   in.workers = opt.workers;
   in.compute = dev.compute_dtype();
-  in.device = internals.device_model.value_or(backend_device_model(opt.backend, opt.device.pcie_bytes_per_s, in.compute));
+  in.device = internals.device_model.value_or(
+      backend_device_model(opt.backend, opt.device.pcie_bytes_per_s, in.compute));
   in.mlp_chunk_tokens = opt.mlp_chunk_tokens;
   in.device_capacity = int64_t(dev.capacity_bytes());
   in.alloc_granule = int64_t(dev.allocation_granule());
@@ -182,16 +183,17 @@ void Session::Impl::make_loss_scaler(const SessionInternals& internals) {
   if (!opt.loss_scaling) return;
   const DType dt = devices[0]->compute_dtype();
   if (dt != DType::f16 && !internals.allow_loss_scaling_any_dtype)
-    throw std::invalid_argument(fmt::format("loss_scaling needs the f16 compute dtype, the {} backend computes in {} "
-                                            "(bf16 and f32 do not need it)",
-                                            opt.backend, dtype_name(dt)));
+    throw std::invalid_argument(
+        fmt::format("loss_scaling needs the f16 compute dtype, the {} backend computes in {} "
+                    "(bf16 and f32 do not need it)",
+                    opt.backend, dtype_name(dt)));
   scaler = std::make_unique<LossScaler>(*opt.loss_scaling);
 }
 
 // The re-planner: the analytic costs and partition options of the run plan, until the
 // profile settles.
 std::shared_ptr<Replanner> Session::Impl::make_replanner(const RunPlan& run,
-                                                      const SessionInternals& internals) const {
+                                                         const SessionInternals& internals) const {
   SimOptions sim;
   sim.bandwidth = StreamBandwidths::uniform(run.device.pcie_bandwidth);
   sim.staleness = opt.async ? 1 : 0;
@@ -258,10 +260,11 @@ void Session::Impl::pin_host_buffers(const std::vector<std::shared_ptr<PassBuffe
     for (size_t g = 0; g < store->lowp.size(); ++g)
       if (bool(store->frozen[g]) == frozen) pin(store->lowp[g], frozen);
   if (pins.pageable_bytes > 0 && opt.backend != "cpu")  // the CPU backend's copies are the same either way
-    log(fmt::format("host memory: {} pinned for fast copies, {} left pageable ({} of it frozen weights) by the "
-                    "pin budget of {} (pin_budget_gib); copies from pageable memory are slower",
-                    byte_text(double(pins.pinned_bytes)), byte_text(double(pins.pageable_bytes)),
-                    byte_text(double(pins.pageable_frozen_bytes)), byte_text(double(pins.budget))));
+    log(fmt::format(
+        "host memory: {} pinned for fast copies, {} left pageable ({} of it frozen weights) by the "
+        "pin budget of {} (pin_budget_gib); copies from pageable memory are slower",
+        byte_text(double(pins.pinned_bytes)), byte_text(double(pins.pageable_bytes)),
+        byte_text(double(pins.pageable_frozen_bytes)), byte_text(double(pins.budget))));
 }
 
 // Optimizer shards own disjoint groups (assign_shards: balanced by bytes, a group of a
@@ -280,9 +283,8 @@ std::vector<int> Session::Impl::spawn_shards(const SessionInternals& internals) 
       owned[size_t(shard_of[g])].push_back(ShardGroup{int(g), &master[g], &adam[g], up[g], gr[g]});
   // Optimizer threads (default: half the allowed cores) split over the shards, each shard's
   // pool pinned to neighbouring cores of one NUMA node where possible.
-  const int total_threads = opt.optimizer_threads > 0
-                                ? opt.optimizer_threads
-                                : std::max(nsh, int(allowed_cpus().size()) / 2);
+  const int total_threads =
+      opt.optimizer_threads > 0 ? opt.optimizer_threads : std::max(nsh, int(allowed_cpus().size()) / 2);
   const auto cpu_lists = cpus_for_pools(nsh, total_threads);
   for (int s = 0; s < nsh; ++s) {
     ShardOptions so{opt.async ? 1 : 0, opt.adam};
@@ -388,27 +390,31 @@ std::optional<EvalResult> Session::wait_eval_for(int64_t id, double seconds) {
 
 std::optional<EvalResult> Session::Impl::wait_eval(int64_t id, double seconds) const {
   if (id < 0 || id >= next_eval)
-    throw std::invalid_argument(fmt::format("wait_eval({}): no such evaluation (ids 0..{} were given)", id,
-                                            next_eval - 1));
+    throw std::invalid_argument(
+        fmt::format("wait_eval({}): no such evaluation (ids 0..{} were given)", id, next_eval - 1));
   std::optional<EvalResult> out = await_answer<EvalResult>(WaitEval{id}, seconds);
   if (out && !out->error.empty()) throw RuntimeFailure(out->error);
   return out;
 }
 
-void Session::Impl::submit(const char* call, const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
-                           const std::vector<int32_t>* positions, int64_t eval) {
+void Session::Impl::submit(const char* call, const std::vector<int32_t>& ids,
+                           const std::vector<int32_t>& targets, const std::vector<int32_t>* positions,
+                           int64_t eval) {
   Impl& I = *this;
   I.check_usable(call);
   const size_t n = size_t(I.opt.micro_batches * I.opt.micro.tokens());
   if (ids.size() != n || targets.size() != n)
     throw std::invalid_argument(fmt::format(
-        "{}: expected {} ids and targets (micro_batches {} x n_seq {} x seq_len {}), got {} and {}", call, n, I.opt.micro_batches, I.opt.micro.n_seq, I.opt.micro.seq_len, ids.size(), targets.size()));
+        "{}: expected {} ids and targets (micro_batches {} x n_seq {} x seq_len {}), got {} and {}", call, n,
+        I.opt.micro_batches, I.opt.micro.n_seq, I.opt.micro.seq_len, ids.size(), targets.size()));
   const int64_t V = I.layout.config.vocab_size;
   for (size_t i = 0; i < n; ++i) {
     if (ids[i] < 0 || ids[i] >= V)
-      throw std::invalid_argument(fmt::format("{}: token id {} at position {} is outside [0, {})", call, ids[i], i, V));
+      throw std::invalid_argument(
+          fmt::format("{}: token id {} at position {} is outside [0, {})", call, ids[i], i, V));
     if (targets[i] >= V)
-      throw std::invalid_argument(fmt::format("{}: target {} at position {} is outside [0, {})", call, targets[i], i, V));
+      throw std::invalid_argument(
+          fmt::format("{}: target {} at position {} is outside [0, {})", call, targets[i], i, V));
   }
   SubmitPass sp;
   sp.step = I.current_step;
@@ -416,7 +422,8 @@ void Session::Impl::submit(const char* call, const std::vector<int32_t>& ids, co
   sp.targets = std::make_shared<const std::vector<int32_t>>(targets);
   if (positions) {
     if (positions->size() != n)
-      throw std::invalid_argument(fmt::format("{}: expected {} positions, got {}", call, n, positions->size()));
+      throw std::invalid_argument(
+          fmt::format("{}: expected {} positions, got {}", call, n, positions->size()));
     const size_t L = size_t(I.opt.micro.seq_len);
     for (size_t i = 0; i < n; ++i)
       if ((*positions)[i] < 0 || size_t((*positions)[i]) > i % L)
@@ -434,7 +441,8 @@ void Session::Impl::submit(const char* call, const std::vector<int32_t>& ids, co
 int64_t Session::step(double lr) {
   Impl& I = *impl_;
   I.check_usable("step");
-  if (I.passes_in_step == 0) throw std::logic_error("step() called without a forward_backward() pass in this step");
+  if (I.passes_in_step == 0)
+    throw std::logic_error("step() called without a forward_backward() pass in this step");
   caf::anon_send(I.scheduler, CloseStepRequest{I.current_step, lr});
   I.passes_in_step = 0;
   return I.current_step++;
@@ -443,7 +451,8 @@ int64_t Session::step(double lr) {
 int64_t Session::step(double lr, int64_t target_tokens) {
   Impl& I = *impl_;
   I.check_usable("step");
-  if (I.passes_in_step == 0) throw std::logic_error("step() called without a forward_backward() pass in this step");
+  if (I.passes_in_step == 0)
+    throw std::logic_error("step() called without a forward_backward() pass in this step");
   if (target_tokens < 0)
     throw std::invalid_argument(fmt::format("step: target_tokens must be >= 0, got {}", target_tokens));
   caf::anon_send(I.scheduler, CloseStepRequest{I.current_step, lr, double(target_tokens)});
@@ -539,12 +548,13 @@ void Session::Impl::end_replica_sums() {
   Replicas* replicas = opt.replicas.get();
   const int64_t n = *sums_in_flight;
   if (replicas->failure().empty())
-    replicas->abort(fmt::format("replica {} ended its session with {} gradient sum{} in flight", replicas->rank(),
-                                n, n == 1 ? "" : "s"));
+    replicas->abort(fmt::format("replica {} ended its session with {} gradient sum{} in flight",
+                                replicas->rank(), n, n == 1 ? "" : "s"));
   if (*sums_in_flight > 0 && replicas->failure().empty()) {
-    spdlog::error("replica {}: {} gradient sum{} still in flight at the end of the session and the replicas did "
-                  "not confirm the abort; the gradient buffers are left allocated for the communication thread",
-                  replicas->rank(), n, n == 1 ? "" : "s");
+    spdlog::error(
+        "replica {}: {} gradient sum{} still in flight at the end of the session and the replicas did "
+        "not confirm the abort; the gradient buffers are left allocated for the communication thread",
+        replicas->rank(), n, n == 1 ? "" : "s");
     (void)store.release();
   }
 }

@@ -18,8 +18,8 @@
 #include "actors/worker.hpp"
 #include "optimizer/adamw.hpp"
 #include "optimizer/loss_scale.hpp"
-#include "scheduler/run_plan.hpp"
 #include "roundpipe/session.hpp"
+#include "scheduler/run_plan.hpp"
 #include "trace/tracer.hpp"
 
 namespace rp {
@@ -50,14 +50,14 @@ struct Session::Impl {
   int64_t passes_in_step = 0;
   int64_t next_eval = 0;  // id of the next evaluation pass
   int64_t waited_through = -1;
-  std::mutex pin_mu;          // pin() also runs on the scheduler's thread (re-planned buffers)
-  std::vector<void*> pinned;  // host blocks pinned through devices[0]
-  HostPinning pins;           // the pin budget and what it let pin (under pin_mu)
+  std::mutex pin_mu;                        // pin() also runs on the scheduler's thread (re-planned buffers)
+  std::vector<void*> pinned;                // host blocks pinned through devices[0]
+  HostPinning pins;                         // the pin budget and what it let pin (under pin_mu)
   std::unordered_set<const void*> counted;  // buffers pin() has seen (under pin_mu)
   std::vector<std::shared_ptr<PassBuffers>> slots;
-  bool resumed = false;      // load_optimizer_state succeeded
+  bool resumed = false;          // load_optimizer_state succeeded
   bool saved_attention = false;  // decoders keep their attention output for backward
-  std::string load_failed;   // non-empty: a load failed half-way; the session is unusable
+  std::string load_failed;       // non-empty: a load failed half-way; the session is unusable
 
   // Construction steps, in the order Session::Session runs them (actors/session.cpp); each
   // reads what the earlier ones set.
@@ -65,10 +65,12 @@ struct Session::Impl {
   void open_devices();
   /// The run plan (scheduler/run_plan.hpp) with the host memory the caller's weights already
   /// hold; sets `plan` and `saved_attention` and logs the uniform fallback's line.
-  RunPlan plan_session(const std::vector<std::vector<float>>& w, const std::vector<std::vector<uint8_t>>& frozen_storage,
+  RunPlan plan_session(const std::vector<std::vector<float>>& w,
+                       const std::vector<std::vector<uint8_t>>& frozen_storage,
                        const SessionInternals& internals, const std::function<void(const std::string&)>& log);
   /// The parameter store (frozen groups stored, their fp32 freed), the masters, the layers.
-  void take_weights_and_layers(std::vector<std::vector<float>> w, std::vector<std::vector<uint8_t>>& frozen_storage);
+  void take_weights_and_layers(std::vector<std::vector<float>> w,
+                               std::vector<std::vector<uint8_t>>& frozen_storage);
   void start_tracer();  ///< opt.trace only
   void start_actor_system();
   /// opt.loss_scaling: refused unless the devices compute in f16 (or the test knob allows it).
@@ -93,8 +95,10 @@ struct Session::Impl {
   /// Throws std::logic_error naming `call` when a failed load left the state inconsistent.
   void check_usable(const char* call) const {
     if (!load_failed.empty())
-      throw std::logic_error(std::string(call) + ": this session's optimizer state is inconsistent after a failed "
-                             "load_optimizer_state (" + load_failed + "); create a new Session");
+      throw std::logic_error(std::string(call) +
+                             ": this session's optimizer state is inconsistent after a failed "
+                             "load_optimizer_state (" +
+                             load_failed + "); create a new Session");
   }
 
   ~Impl() {
@@ -132,7 +136,7 @@ struct Session::Impl {
   void pin(HostBytes& b, bool frozen = false) {
     std::lock_guard lk(pin_mu);
     if (b.size() == 0 || !counted.insert(b.data()).second) return;  // pass slots may share buffers
-    if (b.size() > pins.budget - pins.pinned_bytes) {  // pinned_bytes never passes the budget
+    if (b.size() > pins.budget - pins.pinned_bytes) {               // pinned_bytes never passes the budget
       pins.pageable_bytes += b.size();
       if (frozen) pins.pageable_frozen_bytes += b.size();
       return;

@@ -12,9 +12,9 @@ namespace rp {
 namespace {
 
 std::string describe(const AdamWOptions& o) {
-  return fmt::format("betas ({}, {}), eps {}, weight_decay {}, {}{}{}", o.beta1, o.beta2, o.eps, o.weight_decay,
-                     o.decoupled ? "decoupled (AdamW)" : "L2 (Adam)", o.amsgrad ? ", amsgrad" : "",
-                     o.maximize ? ", maximize" : "");
+  return fmt::format("betas ({}, {}), eps {}, weight_decay {}, {}{}{}", o.beta1, o.beta2, o.eps,
+                     o.weight_decay, o.decoupled ? "decoupled (AdamW)" : "L2 (Adam)",
+                     o.amsgrad ? ", amsgrad" : "", o.maximize ? ", maximize" : "");
 }
 
 bool same_except_lr(const AdamWOptions& a, const AdamWOptions& b) {
@@ -41,16 +41,18 @@ void Session::save_optimizer_state(const std::string& path, bool include_master)
   I.check_usable("save_optimizer_state");
   if (I.passes_in_step != 0 || I.waited_through != I.current_step - 1)
     throw std::logic_error(
-        "save_optimizer_state: steps are in flight; call it between steps, after synchronize() and before the next "
+        "save_optimizer_state: steps are in flight; call it between steps, after synchronize() and before "
+        "the next "
         "forward_backward()");
   const int staleness = I.opt.async ? 1 : 0;
   const int64_t N = I.current_step;
   OptimizerStateView v;
   if (I.scaler) {
-    v.header.loss_scales = ask<LossScales>(*I.sys, I.scheduler, LossScalesFrom{N}, "save_optimizer_state").scales;
+    v.header.loss_scales =
+        ask<LossScales>(*I.sys, I.scheduler, LossScalesFrom{N}, "save_optimizer_state").scales;
     if (v.header.loss_scales.size() != size_t(staleness + 1))
-      throw std::logic_error(fmt::format("save_optimizer_state: the loss scales of steps {}..{} are not decided", N,
-                                         N + staleness));
+      throw std::logic_error(fmt::format(
+          "save_optimizer_state: the loss scales of steps {}..{} are not decided", N, N + staleness));
   }
   v.header.steps = N;
   v.header.async = staleness == 1;
@@ -71,14 +73,17 @@ OptimizerStateInfo Session::load_optimizer_state(const std::string& path) {
   Impl& I = *impl_;
   I.check_usable("load_optimizer_state");
   if (I.current_step != 0 || I.passes_in_step != 0 || I.resumed)
-    throw std::logic_error("load_optimizer_state: call it once, on a new session, before the first forward_backward()");
+    throw std::logic_error(
+        "load_optimizer_state: call it once, on a new session, before the first forward_backward()");
   // ---- header: everything is checked before the session changes -----------------
   OptimizerStateReader r(path);
   const auto& h = r.header();
   r.check_groups(I.layout);
   if (h.has_scaler != bool(I.scaler))
-    r.fail(h.has_scaler ? "the state holds a loss scaler but this session has no loss scaling (fp16); enable it to resume"
-                        : "the state has no loss scaler but this session uses loss scaling; resume without it");
+    r.fail(
+        h.has_scaler
+            ? "the state holds a loss scaler but this session has no loss scaling (fp16); enable it to resume"
+            : "the state has no loss scaler but this session uses loss scaling; resume without it");
   const int staleness = I.opt.async ? 1 : 0;
   const int64_t N = h.steps;
 
@@ -93,15 +98,17 @@ OptimizerStateInfo Session::load_optimizer_state(const std::string& path) {
       AdamWOptions o;
       r.read_adam(grp, st, o);
       if (!same_except_lr(o, I.opt.adam))
-        r.fail(fmt::format("group '{}': saved with {}, this session uses {}; resume with the same optimizer settings",
-                           grp.name, describe(o), describe(I.opt.adam)));
+        r.fail(fmt::format(
+            "group '{}': saved with {}, this session uses {}; resume with the same optimizer settings",
+            grp.name, describe(o), describe(I.opt.adam)));
       modified = true;
       I.adam[g] = std::move(st);
       if (h.has_master) r.read_master(grp, I.master[g].data());
       // sync: the stored copy is the master's, recast below (read and checked only)
       if (h.has_lowp) r.read_lowp(grp, staleness == 0 ? nullptr : I.store->lowp[g].data(), dt);
       // without a stored copy (sync state, or a sync session) the copy is the master, rounded
-      if (!h.has_lowp || staleness == 0) cast_f32_to(I.master[g].data(), I.store->lowp[g].data(), grp.numel, dt);
+      if (!h.has_lowp || staleness == 0)
+        cast_f32_to(I.master[g].data(), I.store->lowp[g].data(), grp.numel, dt);
     }
   };
   try {

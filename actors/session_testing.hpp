@@ -45,7 +45,8 @@ struct TestSessionOptions : SessionOptions, SessionInternals {};
 /// A Session built with test knobs, and the internals tests compare.
 class TestSession : public Session {
  public:
-  TestSession(const ModelLayout& layout, std::vector<std::vector<float>> group_weights, const SessionOptions& opt)
+  TestSession(const ModelLayout& layout, std::vector<std::vector<float>> group_weights,
+              const SessionOptions& opt)
       : Session(layout, std::move(group_weights), opt, SessionInternals{}) {}
   TestSession(const ModelLayout& layout, std::vector<std::vector<float>> group_weights,
               const TestSessionOptions& opt)

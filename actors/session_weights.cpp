@@ -17,25 +17,29 @@ void check_session_weights(const ModelLayout& layout, const std::vector<std::vec
   if (w.size() != G)
     throw std::invalid_argument(fmt::format("expected {} parameter groups, got {}", G, w.size()));
   if (!frozen_storage.empty() && frozen_storage.size() != G)
-    throw std::invalid_argument(fmt::format("frozen_storage: expected {} entries (one per parameter group) or none, "
-                                            "got {}",
-                                            G, frozen_storage.size()));
+    throw std::invalid_argument(
+        fmt::format("frozen_storage: expected {} entries (one per parameter group) or none, "
+                    "got {}",
+                    G, frozen_storage.size()));
   for (size_t g = 0; g < G; ++g) {
     const ParamGroup& grp = layout.groups[g];
     const bool stored = !frozen_storage.empty() && !frozen_storage[g].empty();
     if (stored && !grp.frozen)
-      throw std::invalid_argument(fmt::format("frozen_storage: parameter group '{}' is trainable; give its fp32 "
-                                              "values in group_weights instead",
-                                              grp.name));
+      throw std::invalid_argument(
+          fmt::format("frozen_storage: parameter group '{}' is trainable; give its fp32 "
+                      "values in group_weights instead",
+                      grp.name));
     if (stored) {
       if (int64_t(frozen_storage[g].size()) != grp.storage_bytes)
-        throw std::invalid_argument(fmt::format("frozen_storage: frozen group '{}' has {} bytes, expected {} "
-                                                "(its storage form)",
-                                                grp.name, frozen_storage[g].size(), grp.storage_bytes));
+        throw std::invalid_argument(
+            fmt::format("frozen_storage: frozen group '{}' has {} bytes, expected {} "
+                        "(its storage form)",
+                        grp.name, frozen_storage[g].size(), grp.storage_bytes));
       if (!w[g].empty())
-        throw std::invalid_argument(fmt::format("parameter group '{}' is given both in storage form and as {} fp32 "
-                                                "values; leave group_weights[{}] empty",
-                                                grp.name, w[g].size(), g));
+        throw std::invalid_argument(
+            fmt::format("parameter group '{}' is given both in storage form and as {} fp32 "
+                        "values; leave group_weights[{}] empty",
+                        grp.name, w[g].size(), g));
     } else if (int64_t(w[g].size()) != grp.numel) {
       throw std::invalid_argument(
           fmt::format("parameter group '{}' has {} values, expected {}", grp.name, w[g].size(), grp.numel));
@@ -51,7 +55,8 @@ void fill_store(const ModelLayout& layout, std::vector<std::vector<float>>& w,
       cast_f32_to(w[g].data(), store.lowp[g].data(), grp.numel, store.dtype);
       continue;
     }
-    if (store.lowp[g].size() != size_t(grp.storage_bytes)) store.lowp[g] = HostBytes(size_t(grp.storage_bytes));
+    if (store.lowp[g].size() != size_t(grp.storage_bytes))
+      store.lowp[g] = HostBytes(size_t(grp.storage_bytes));
     char* dst = store.lowp[g].as<char>();
     if (!frozen_storage.empty() && !frozen_storage[g].empty()) {
       std::memcpy(dst, frozen_storage[g].data(), frozen_storage[g].size());
@@ -67,13 +72,15 @@ void fill_store(const ModelLayout& layout, std::vector<std::vector<float>>& w,
 std::vector<float> dequantize_group(const ParamGroup& g, const void* storage) {
   std::vector<float> out(size_t(g.numel));
   const char* src = static_cast<const char*>(storage);
-  for (const TensorSpec& t : g.tensors) dequantize_weights(t.format, src + t.byte_offset, out.data() + t.offset, t.numel());
+  for (const TensorSpec& t : g.tensors)
+    dequantize_weights(t.format, src + t.byte_offset, out.data() + t.offset, t.numel());
   return out;
 }
 
 std::vector<float> Session::Impl::group_f32(int g) const {
   if (g < 0 || size_t(g) >= layout.groups.size())
-    throw std::out_of_range(fmt::format("group_weights_f32: group {} outside [0, {})", g, layout.groups.size()));
+    throw std::out_of_range(
+        fmt::format("group_weights_f32: group {} outside [0, {})", g, layout.groups.size()));
   const ParamGroup& grp = layout.groups[size_t(g)];
   if (grp.frozen) return dequantize_group(grp, store->lowp[size_t(g)].data());
   return master[size_t(g)];

@@ -17,7 +17,8 @@ std::string describe(const ShardJob& j) {
   return "?";
 }
 
-ShardRules::ShardRules(const std::vector<Group>& groups, int staleness, bool guard, int disable_rule, bool reduce)
+ShardRules::ShardRules(const std::vector<Group>& groups, int staleness, bool guard, int disable_rule,
+                       bool reduce)
     : s_(staleness), guard_(guard), off_(disable_rule), reduce_(reduce) {
   for (const Group& g : groups) groups_[g.group].g = g;
 }

@@ -56,21 +56,22 @@ void allocate_slot(const WorkerContext& ctx, Task& t, int j) {
   if (kind != StageKind::forward && t.rs.stage.first > 0 && !t.rs.eval) s.out = DeviceBuffer(d, act);
   // one activation per layer: outputs (forward), inputs (tail), saved inputs (backward: none
   // for the embedding, which reads the ids)
-  for (int l : t.layers) s.xs.push_back(kind == StageKind::backward && l == 0 ? DeviceBuffer() : DeviceBuffer(d, act));
+  for (int l : t.layers)
+    s.xs.push_back(kind == StageKind::backward && l == 0 ? DeviceBuffer() : DeviceBuffer(d, act));
   // a saved attention per decoder layer (the tail stage keeps its decoders' on the device)
   const auto& lay = *ctx.layout;
   for (int l : t.layers) {
     const bool dec = ctx.saved_attention && lay.kind(l) == LayerKind::decoder;
     const auto& c = lay.config;
-    s.attn_o.push_back(dec ? DeviceBuffer(d, T * size_t(c.num_attention_heads * c.head_dim) * dtype_size(d.compute_dtype()))
-                           : DeviceBuffer());
-    s.attn_lse.push_back(dec ? DeviceBuffer(d, T * size_t(c.num_attention_heads) * sizeof(float)) : DeviceBuffer());
+    s.attn_o.push_back(
+        dec ? DeviceBuffer(d, T * size_t(c.num_attention_heads * c.head_dim) * dtype_size(d.compute_dtype()))
+            : DeviceBuffer());
+    s.attn_lse.push_back(dec ? DeviceBuffer(d, T * size_t(c.num_attention_heads) * sizeof(float))
+                             : DeviceBuffer());
   }
-  if (t.rs.buffers->experts > 0 &&
-      std::any_of(t.layers.begin(), t.layers.end(), [&](int l) {
+  if (t.rs.buffers->experts > 0 && std::any_of(t.layers.begin(), t.layers.end(), [&](int l) {
         return lay.kind(l) == LayerKind::decoder && lay.config.is_moe_layer(l - 1);
-      }))
-  {
+      })) {
     s.moe_stats_in = DeviceBuffer(d, size_t(2 * t.rs.buffers->experts) * sizeof(float));
     s.moe_stats = DeviceBuffer(d, size_t(2 * t.rs.buffers->experts) * sizeof(float));
   }

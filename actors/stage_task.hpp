@@ -22,7 +22,7 @@ namespace rp {
 /// Device buffers of one double-buffer slot (micro-batches m with m % 2 == slot).
 struct Slot {
   DeviceBuffer ids, targets, in, out, loss;
-  DeviceBuffer pos;  ///< packed passes, stages with decoders: RoPE positions i32[T]
+  DeviceBuffer pos;              ///< packed passes, stages with decoders: RoPE positions i32[T]
   std::vector<DeviceBuffer> xs;  ///< per layer of the stage: its input (or forward output)
   /// per layer of the stage, decoders with a saved attention only: its attention output and
   /// log-sum-exp (written by forward, read by backward)
@@ -35,11 +35,11 @@ struct Slot {
 };
 
 struct Task {
-  uint64_t id = 0;              ///< worker-local sequence number (callbacks find tasks by it)
+  uint64_t id = 0;  ///< worker-local sequence number (callbacks find tasks by it)
   RunStage rs;
-  std::vector<int> layers;      ///< execution order
-  std::vector<int> groups;      ///< parameter groups whose weights it uploads (ModelLayout::groups_uploaded)
-  std::vector<int> grad_groups; ///< groups whose gradient this stage produces
+  std::vector<int> layers;       ///< execution order
+  std::vector<int> groups;       ///< parameter groups whose weights it uploads (ModelLayout::groups_uploaded)
+  std::vector<int> grad_groups;  ///< groups whose gradient this stage produces
   std::map<int, DeviceBuffer> dparam, dgrad;
   /// Frozen groups: the uploaded storage form (ParamGroup::storage_bytes) after its direct
   /// prefix (ParamGroup::direct_bytes, uploaded straight into dparam), dequantized into dparam
@@ -71,10 +71,11 @@ struct Task {
 
 /// The buffers a task needs only while it computes: the gradient accumulators of
 /// t.grad_groups (zeroed on the compute stream), scratch for its largest layer (forward-only
-/// scratch in a forward stage), the FP8 weight caches of FP8 decoders, its activation slots (one per micro-batch up to two) unless
-/// already allocated (allocate_slot), and stage_temporaries() activation-sized temporaries. A prefetched task holds just its weights (and
-/// the slots early start handed it) until it becomes current. Throws DeviceOutOfMemory
-/// when the device's cap refuses an allocation (what was allocated stays in t).
+/// scratch in a forward stage), the FP8 weight caches of FP8 decoders, its activation slots (one per
+/// micro-batch up to two) unless already allocated (allocate_slot), and stage_temporaries() activation-sized
+/// temporaries. A prefetched task holds just its weights (and the slots early start handed it) until it
+/// becomes current. Throws DeviceOutOfMemory when the device's cap refuses an allocation (what was allocated
+/// stays in t).
 void allocate_work(const WorkerContext& ctx, Task& t);
 
 /// Allocates double-buffer slot j of `t` (the activations of micro-batches m % 2 == j):

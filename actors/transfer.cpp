@@ -41,10 +41,10 @@ struct Job {
 
 struct TransferState {
   std::priority_queue<Pending> queue;
-  std::map<uint64_t, Job> jobs;    ///< started, not finished
-  std::optional<uint64_t> current; ///< the job whose chunks are being issued
+  std::map<uint64_t, Job> jobs;     ///< started, not finished
+  std::optional<uint64_t> current;  ///< the job whose chunks are being issued
   int chunks_inflight = 0;
-  bool awaiting_wake = false;      ///< the arbiter holds our wake-up callback
+  bool awaiting_wake = false;  ///< the arbiter holds our wake-up callback
   uint64_t seq = 0;
   static inline const char* name = "transfer";
 };
@@ -138,9 +138,11 @@ class Transfer {
         throw std::runtime_error(what);
       });
     } else if (r.dir == CopyDir::h2d) {
-      stream_->copy_h2d(static_cast<char*>(r.dst) + c.offset, static_cast<const char*>(r.src) + c.offset, c.bytes);
+      stream_->copy_h2d(static_cast<char*>(r.dst) + c.offset, static_cast<const char*>(r.src) + c.offset,
+                        c.bytes);
     } else {
-      stream_->copy_d2h(static_cast<char*>(r.dst) + c.offset, static_cast<const char*>(r.src) + c.offset, c.bytes);
+      stream_->copy_d2h(static_cast<char*>(r.dst) + c.offset, static_cast<const char*>(r.src) + c.offset,
+                        c.bytes);
     }
     const double t_issue = now();
     const bool last = k + 1 == j.chunks.size();
@@ -262,7 +264,8 @@ WorkerTransfers spawn_worker_transfers(caf::actor_system& sys, Device& d, int in
     o.gate = w.gate;
     o.worker = index;
     o.faults = faults;
-    return spawn_transfer_actor(sys, d.stream(k), fmt::format("worker{}.{}", index, stream_name(k)), std::move(o));
+    return spawn_transfer_actor(sys, d.stream(k), fmt::format("worker{}.{}", index, stream_name(k)),
+                                std::move(o));
   };
   w.act_up = spawn(StreamKind::act_up, false, w.h2d);
   w.param_up = spawn(StreamKind::param_up, true, w.h2d);

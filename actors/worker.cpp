@@ -83,7 +83,8 @@ class Worker : public WorkerActor::base {
     });
     return {
         [this](RunStage& rs) {
-          trace_received(ctx_.tracer, me_, "scheduler", "RunStage", {{"pass", rs.pass}, {"stage", rs.stage_index}});
+          trace_received(ctx_.tracer, me_, "scheduler", "RunStage",
+                         {{"pass", rs.pass}, {"stage", rs.stage_index}});
           queue_.push_back(std::move(rs));
           // a start waiting for memory is retried when a drain finishes (finish()), not here
           if (!task_ && !alloc_wait_) start_next();
@@ -322,9 +323,11 @@ class Worker : public WorkerActor::base {
     // (ParamGroup::direct_bytes) goes straight into the weights, the rest to a staging buffer.
     std::vector<std::pair<int, size_t>> sizes;
     for (int g : t.groups)
-      sizes.emplace_back(g, size_t(m.groups[g].frozen ? m.groups[g].storage_bytes : m.groups[g].numel * int64_t(esz)));
+      sizes.emplace_back(
+          g, size_t(m.groups[g].frozen ? m.groups[g].storage_bytes : m.groups[g].numel * int64_t(esz)));
     const auto& tc = ctx_.transfer;
-    t.uploads = std::make_shared<UploadWindows>(sizes, tc.priorities ? tc.chunk_bytes : 0, tc.priorities ? windows : 1);
+    t.uploads = std::make_shared<UploadWindows>(sizes, tc.priorities ? tc.chunk_bytes : 0,
+                                                tc.priorities ? windows : 1);
     t.params_pending = int(t.groups.size());
     const int64_t step = t.rs.step;
     const uint64_t id = t.id;
@@ -367,16 +370,17 @@ class Worker : public WorkerActor::base {
       const char* src = static_cast<const char*>(ctx_.store->lowp[g].data());
       const CopyTag tag{CopyKind::weights, id, -1, g};
       const auto st = t.dstage.find(g);
-      const size_t direct = st == t.dstage.end() ? SIZE_MAX : size_t(direct_bytes(g));  // nothing staged: all direct
+      const size_t direct =
+          st == t.dstage.end() ? SIZE_MAX : size_t(direct_bytes(g));  // nothing staged: all direct
       const size_t begin = p.chunk.offset, end = p.chunk.offset + p.chunk.bytes;
       if (begin < direct)
-        copy(param_up_, CopyDir::h2d, t.dparam.at(g).as<char>() + begin, src + begin, std::min(end, direct) - begin,
-             kPrioParam, param_order_++, tag);
+        copy(param_up_, CopyDir::h2d, t.dparam.at(g).as<char>() + begin, src + begin,
+             std::min(end, direct) - begin, kPrioParam, param_order_++, tag);
       if (end > direct) {
         if (begin < direct) t.extra_copies[g]++;
         const size_t from = std::max(begin, direct);
-        copy(param_up_, CopyDir::h2d, st->second.as<char>() + (from - direct), src + from, end - from, kPrioParam,
-             param_order_++, tag);
+        copy(param_up_, CopyDir::h2d, st->second.as<char>() + (from - direct), src + from, end - from,
+             kPrioParam, param_order_++, tag);
       }
     }
   }
@@ -406,21 +410,24 @@ class Worker : public WorkerActor::base {
   void dequantize(Task& t, int g) {
     Device& d = *ctx_.device;
     const ParamGroup& grp = ctx_.layout->groups[g];
-    const int64_t direct = direct_bytes(g);                        // arrived in the weights as it is
-    const char* stage = t.dstage.at(g).as<char>();                // holds the storage from `direct` on
+    const int64_t direct = direct_bytes(g);         // arrived in the weights as it is
+    const char* stage = t.dstage.at(g).as<char>();  // holds the storage from `direct` on
     char* dst = t.dparam.at(g).as<char>();
     const size_t esz = dtype_size(d.compute_dtype());
     std::vector<std::tuple<WeightFormat, const void*, void*, int64_t>> parts;
     for (const TensorSpec& ts : grp.tensors)
       if (ts.byte_offset >= direct)
-        parts.emplace_back(ts.format, stage + (ts.byte_offset - direct), dst + size_t(ts.offset) * esz, ts.numel());
+        parts.emplace_back(ts.format, stage + (ts.byte_offset - direct), dst + size_t(ts.offset) * esz,
+                           ts.numel());
     auto& stream = d.stream(StreamKind::compute);
     stream.launch([&d, parts = std::move(parts)] {
       for (const auto& [f, s, o, n] : parts) d.ops().dequantize(f, s, o, n);
     });
     t.dequant_order.push_back(g);
     WorkerActor me{this};
-    stream.then([me, id = t.id](const std::string& err) { caf::anon_send(me, ComputeDone{id, kDequantized, err}); });
+    stream.then([me, id = t.id](const std::string& err) {
+      caf::anon_send(me, ComputeDone{id, kDequantized, err});
+    });
   }
 
   /// The compute stream finished the oldest dequantization of task c.task: free its staging.
@@ -483,7 +490,8 @@ class Worker : public WorkerActor::base {
     const size_t idb = pb.ids[m].size();
     if (t.rs.stage.first == 0) up(s.ids.get(), pb.ids[m].data(), idb);
     if (s.pos.get()) up(s.pos.get(), pb.positions[m].data(), idb);
-    if (s.moe_stats.get()) up(s.moe_stats_in.get(), &pb.moe_stats[size_t(2 * pb.experts * m)], s.moe_stats.bytes());
+    if (s.moe_stats.get())
+      up(s.moe_stats_in.get(), &pb.moe_stats[size_t(2 * pb.experts * m)], s.moe_stats.bytes());
     if (kind == StageKind::forward) {
       if (t.rs.stage.first > 0) up(s.in.get(), pb.x[t.rs.stage.first][m].data(), pb.act_bytes);
     } else if (kind == StageKind::tail) {
@@ -517,7 +525,10 @@ class Worker : public WorkerActor::base {
     Tracer* tr = ctx_.tracer;
     std::string track = fmt::format("worker{}.compute", ctx_.index);
     std::string label = fmt::format("{}{} L{}-{} mb{} (pass {})",
-                                    t.rs.eval ? "E" : kind == StageKind::forward ? "F" : kind == StageKind::tail ? "T" : "B",
+                                    t.rs.eval                    ? "E"
+                                    : kind == StageKind::forward ? "F"
+                                    : kind == StageKind::tail    ? "T"
+                                                                 : "B",
                                     t.rs.stage_index, t.rs.stage.first, t.rs.stage.last, m, t.rs.pass);
     auto t0 = std::make_shared<double>(0);
     // evaluation passes are not profiled: their tail runs no backward
@@ -529,8 +540,8 @@ class Worker : public WorkerActor::base {
     const void* stats_in = s.moe_stats_in.get();
     void* stats = s.moe_stats.get();
     const int64_t stats_n = int64_t(s.moe_stats.bytes() / sizeof(float));
-    stream.launch([&layers, fwd = std::move(fwd), bwd = std::move(bwd), tr, t0, timer, inject, m, ops, stats_in,
-                   stats, stats_n] {
+    stream.launch([&layers, fwd = std::move(fwd), bwd = std::move(bwd), tr, t0, timer, inject, m, ops,
+                   stats_in, stats, stats_n] {
       if (inject)
         throw std::runtime_error(FaultInjection::what(fmt::format("device op of micro-batch {}", m)));
       if (stats) ops->copy(DType::f32, stats, stats_in, stats_n);
@@ -542,8 +553,8 @@ class Worker : public WorkerActor::base {
     const uint64_t id = t.id;
     LayerTimings lt{ctx_.index, t.rs.pass, m, {}, {}};
     if (timer && m == 0)
-      lt.memory = stage_memory(*ctx_.layout, layers, t.rs.stage, t.rs.buffers->shape, ctx_.device->compute_dtype(),
-                               ctx_.device->ops().grad_dtype());
+      lt.memory = stage_memory(*ctx_.layout, layers, t.rs.stage, t.rs.buffers->shape,
+                               ctx_.device->compute_dtype(), ctx_.device->ops().grad_dtype());
     // Runs on the stream's callback thread: whatever happens here, ComputeDone goes out.
     stream.then([me, id, m, tr, t0, track, label, timer, lt = std::move(lt),
                  sched = ctx_.scheduler](const std::string& err) mutable {
@@ -577,7 +588,8 @@ class Worker : public WorkerActor::base {
         }
       }
     } else {
-      if (t.rs.stage.first > 0 && !t.rs.eval) down(pb.boundary(t.rs.chain, m).data(), s.out.get(), pb.act_bytes);
+      if (t.rs.stage.first > 0 && !t.rs.eval)
+        down(pb.boundary(t.rs.chain, m).data(), s.out.get(), pb.act_bytes);
       if (kind == StageKind::tail) down(&pb.loss[2 * m], s.loss.get(), 2 * sizeof(float));
     }
     // the router statistics so far (forward), of the whole forward pass (tail)
@@ -602,7 +614,8 @@ class Worker : public WorkerActor::base {
   /// micro-batch is down, and finishes with its last output and gradient.
   void on_downloaded(Task& t, int64_t m) {
     if (t.rs.next) {
-      trace_sent(ctx_.tracer, me_, "", "ActReady", {{"pass", t.rs.pass}, {"stage", t.rs.stage_index + 1}, {"mb", m}});
+      trace_sent(ctx_.tracer, me_, "", "ActReady",
+                 {{"pass", t.rs.pass}, {"stage", t.rs.stage_index + 1}, {"mb", m}});
       send(t.rs.next, ActReady{t.rs.pass, t.rs.stage_index + 1, m});
     }
     if (&t != task_.get()) {
@@ -653,7 +666,7 @@ class Worker : public WorkerActor::base {
                 trace_received(ctx_.tracer, me_, "", "GradGrant", {{"group", g}, {"step", step}});
                 write_grad(id, g, gr.overwrite);
               },
-                [this](caf::error& e) { fail("gradient slot request failed: " + error_text(e)); });
+              [this](caf::error& e) { fail("gradient slot request failed: " + error_text(e)); });
     }
     finish(id);
     start_next();
@@ -708,10 +721,10 @@ class Worker : public WorkerActor::base {
       if (!t.rs.eval) add_router_statistics(*ctx_.layout, *t.rs.buffers, sd);
     }
     if (ctx_.tracer)
-      ctx_.tracer->interval(fmt::format("worker{}.tasks", ctx_.index),
-                            fmt::format("{} stage {} (pass {})", stage_kind_name(t.rs.stage.kind),
-                                        t.rs.stage_index, t.rs.pass),
-                            t.t_start, ctx_.tracer->now());
+      ctx_.tracer->interval(
+          fmt::format("worker{}.tasks", ctx_.index),
+          fmt::format("{} stage {} (pass {})", stage_kind_name(t.rs.stage.kind), t.rs.stage_index, t.rs.pass),
+          t.t_start, ctx_.tracer->now());
     draining_.erase(it);  // releases the gradient buffers
     retry_memory_wait();
     trace_sent(ctx_.tracer, me_, "scheduler", "StageDone", {{"pass", sd.pass}, {"stage", sd.stage_index}});
@@ -722,8 +735,7 @@ class Worker : public WorkerActor::base {
   void retry_memory_wait() {
     if (!alloc_wait_ || failed_) return;
     alloc_wait_ = false;
-    if (!task_)
-      start_next();
+    if (!task_) start_next();
     else if (!task_->work_ready)  // never a task already running: that would zero its gradients
       begin_current();
   }
@@ -749,9 +761,9 @@ class Worker : public WorkerActor::base {
   TransferActor act_up_, act_down_, param_up_, grad_down_;
   std::shared_ptr<CopyGate> gate_;
   std::deque<RunStage> queue_;
-  std::unique_ptr<Task> task_;                        ///< computing now
-  std::unique_ptr<Task> next_;                        ///< prefetching its weights
-  std::unique_ptr<Task> after_;                       ///< prefetching behind a weightless next_
+  std::unique_ptr<Task> task_;                          ///< computing now
+  std::unique_ptr<Task> next_;                          ///< prefetching its weights
+  std::unique_ptr<Task> after_;                         ///< prefetching behind a weightless next_
   std::map<uint64_t, std::unique_ptr<Task>> draining_;  ///< writing back gradients
   uint64_t next_task_id_ = 1;
   /// Pinned host staging per parameter group for accumulated gradient contributions
@@ -759,7 +771,7 @@ class Worker : public WorkerActor::base {
   std::map<int, HostBytes> staging_;
   std::set<Key> ready_;
   std::map<CopyTag, int> outstanding_;  ///< copies issued and not completed, by tag
-  int64_t param_order_ = 0;  ///< parameter chunks leave in the order they are sent
+  int64_t param_order_ = 0;             ///< parameter chunks leave in the order they are sent
   bool failed_ = false;
   bool alloc_wait_ = false;  ///< the next start waits for a draining task to free memory
 };

@@ -121,15 +121,16 @@ Marker read_marker(const fs::path& marker, const Leftover& l, const std::string&
     else if (k == "kind") m.kind = v;
     else if (k == "target") m.target = v;
   }
-  m.valid = m.pid == l.pid && m.kind == (l.old ? "old" : "tmp") && m.target == leftover_name.substr(0, l.tag_at);
+  m.valid =
+      m.pid == l.pid && m.kind == (l.old ? "old" : "tmp") && m.target == leftover_name.substr(0, l.tag_at);
   return m;
 }
 
 bool writer_alive(const Marker& m) { return !m.start.empty() && start_time_of(m.pid) == m.start; }
 
 std::string marker_text(const std::string& kind, const std::string& target_name) {
-  return fmt::format("{}\npid={}\nstart={}\nkind={}\ntarget={}\n", kMarkerHeader, self_pid(), self_start(), kind,
-                     target_name);
+  return fmt::format("{}\npid={}\nstart={}\nkind={}\ntarget={}\n", kMarkerHeader, self_pid(), self_start(),
+                     kind, target_name);
 }
 
 std::function<void(const std::string&, const std::string&)>& write_hook() {
@@ -180,9 +181,10 @@ void claim(const std::string& leftover, const std::string& target, const char* k
   clean_marked(p.parent_path().empty() ? fs::path(".") : p.parent_path(), p.filename().string(), restored);
   const std::string marker = owner_marker_path(leftover);
   if (fs::exists(fs::symlink_status(p, ec)) || fs::exists(fs::symlink_status(marker, ec)))
-    fail(leftover, fmt::format("exists and was not made by roundpipe (or by a run still alive); it is left as it "
-                               "is: move it away to write {}",
-                               target));
+    fail(leftover,
+         fmt::format("exists and was not made by roundpipe (or by a run still alive); it is left as it "
+                     "is: move it away to write {}",
+                     target));
   {
     std::ofstream o(marker, std::ios::binary | std::ios::trunc);
     o << marker_text(kind, fs::path(target).filename().string());
@@ -289,7 +291,9 @@ void replace_folder(const std::string& dir_in, const std::function<void(const st
   const std::string d = strip_slashes(dir_in);
   std::error_code ec;
   if (fs::is_symlink(d, ec))
-    fail(d, "is a symbolic link, which roundpipe does not replace (it writes a folder of its own there); move it away");
+    fail(d,
+         "is a symbolic link, which roundpipe does not replace (it writes a folder of its own there); move "
+         "it away");
   if (fs::exists(d, ec) && !fs::is_directory(d, ec)) fail(d, "exists and is not a directory");
   const std::string tmp = temporary_path(d);
   if (const fs::path parent = fs::path(d).parent_path(); !parent.empty()) fs::create_directories(parent, ec);
@@ -336,9 +340,13 @@ std::vector<std::string> carry_unlisted_entries(const std::string& from, const s
   std::error_code ec;
   std::vector<std::string> carried;
   for (const auto& e : entries_to_keep(from, to)) {
-    fs::copy(fs::path(from) / e.name, fs::path(to) / e.name,
-             fs::copy_options::recursive | fs::copy_options::create_hard_links | fs::copy_options::copy_symlinks, ec);
-    if (ec) fail((fs::path(from) / e.name).string(), fmt::format("cannot keep it in the new version: {}", ec.message()));
+    fs::copy(
+        fs::path(from) / e.name, fs::path(to) / e.name,
+        fs::copy_options::recursive | fs::copy_options::create_hard_links | fs::copy_options::copy_symlinks,
+        ec);
+    if (ec)
+      fail((fs::path(from) / e.name).string(),
+           fmt::format("cannot keep it in the new version: {}", ec.message()));
     carried.push_back(e.name);
   }
   return carried;
@@ -389,7 +397,8 @@ std::vector<StaleTemporary> clean_stale_temporaries(const std::string& dir, cons
     const std::string leftover = name.substr(0, name.size() - std::strlen(kMarkerSuffix));
     if (fs::exists(fs::symlink_status(fs::path(dir) / leftover, ec))) continue;
     if (const Leftover l = parse_leftover(leftover);
-        !only_target.empty() && (l.tag_at == std::string::npos || leftover.substr(0, l.tag_at) != only_target))
+        !only_target.empty() &&
+        (l.tag_at == std::string::npos || leftover.substr(0, l.tag_at) != only_target))
       continue;
     bool restored = false;
     clean_marked(fs::path(dir), leftover, restored);

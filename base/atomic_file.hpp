@@ -96,8 +96,8 @@ std::vector<std::string> carry_unlisted_entries(const std::string& from, const s
 
 /// What clean_stale_temporaries found for one leftover.
 struct StaleTemporary {
-  std::string path;     ///< the leftover, e.g. "runs/a/final.tmp-4242"
-  std::string target;   ///< what it was written for, e.g. "runs/a/final"
+  std::string path;         ///< the leftover, e.g. "runs/a/final.tmp-4242"
+  std::string target;       ///< what it was written for, e.g. "runs/a/final"
   bool restored = false;    ///< true: an .old-<pid> put back as `target`
   bool left_alone = false;  ///< true: no marker of a dead roundpipe writer; nothing was done
 };
@@ -110,7 +110,8 @@ struct StaleTemporary {
 /// remove are skipped silently (the next run tries again). `only_target` (a name in `dir`):
 /// only the leftovers written for it ("<only_target>.tmp-<pid>", ".old-<pid>") are looked at,
 /// as a writer of one folder (convert's OUT_DIR) does before it writes that folder again.
-std::vector<StaleTemporary> clean_stale_temporaries(const std::string& dir, const std::string& only_target = "");
+std::vector<StaleTemporary> clean_stale_temporaries(const std::string& dir,
+                                                    const std::string& only_target = "");
 
 /// Whether `path` ("<dir>/<name>.tmp-<pid>" or ".old-<pid>") is the leftover of a roundpipe
 /// writer that is no longer alive: its marker parses, names it and names a dead process.

@@ -29,10 +29,8 @@ inline std::string escaped(std::string_view s) {
   std::string o;
   o.reserve(s.size());
   for (unsigned char ch : s) {
-    if (ch < 0x20 || ch == 0x7f)
-      o += fmt::format("\\x{:02x}", ch);
-    else
-      o.push_back(char(ch));
+    if (ch < 0x20 || ch == 0x7f) o += fmt::format("\\x{:02x}", ch);
+    else o.push_back(char(ch));
   }
   return o;
 }

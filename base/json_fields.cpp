@@ -32,7 +32,8 @@ void JsonFields::fail(const std::string& key, const std::string& expected) const
 }
 
 void JsonFields::fail(const std::string& key, const std::string& expected, const nlohmann::json& got) const {
-  raise(fmt::format("{}: key '{}{}': expected {}, got {}", where_, prefix_, key, expected, excerpt(got.dump())));
+  raise(fmt::format("{}: key '{}{}': expected {}, got {}", where_, prefix_, key, expected,
+                    excerpt(got.dump())));
 }
 
 void JsonFields::fail_with(const std::string& what) const { raise(where_ + ": " + what); }
@@ -93,8 +94,9 @@ bool JsonFields::read_unsigned(const char* key, uint64_t& out, uint64_t max) con
 }
 
 int64_t JsonFields::integer(const char* key, int64_t min) const {
-  const std::string expected =
-      min == std::numeric_limits<int64_t>::min() ? std::string("an integer") : fmt::format("an integer >= {}", min);
+  const std::string expected = min == std::numeric_limits<int64_t>::min()
+                                   ? std::string("an integer")
+                                   : fmt::format("an integer >= {}", min);
   const auto& v = at(key);
   if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)) ||
       v.get<int64_t>() < min)

@@ -35,7 +35,8 @@ class JsonFields {
   /// Throws "<where>: key '<prefix><key>': expected <expected>, got <the value, or nothing>".
   [[noreturn]] void fail(const std::string& key, const std::string& expected) const;
   /// The same with an explicit `got` (a value checked after it was read).
-  [[noreturn]] void fail(const std::string& key, const std::string& expected, const nlohmann::json& got) const;
+  [[noreturn]] void fail(const std::string& key, const std::string& expected,
+                         const nlohmann::json& got) const;
   /// Throws "<where>: <what>".
   [[noreturn]] void fail_with(const std::string& what) const;
   /// Throws the unknown-key error for the first key of the object not in `known`.
@@ -52,8 +53,7 @@ class JsonFields {
   /// A JSON integer in T's range ("expected an integer", "an integer <= <max>", "an integer
   /// >= <min>"; unsigned T: "an integer >= 0").
   template <class T>
-    requires(std::is_integral_v<T> && !std::is_same_v<T, bool>)
-  bool optional(const char* key, T& out) const {
+  requires(std::is_integral_v<T> && !std::is_same_v<T, bool>) bool optional(const char* key, T& out) const {
     if constexpr (std::is_signed_v<T>) {
       int64_t v = 0;
       if (!read_signed(key, v, std::numeric_limits<T>::min(), std::numeric_limits<T>::max())) return false;

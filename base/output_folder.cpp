@@ -32,7 +32,8 @@ bool path_within(const fs::path& inner, const fs::path& outer) {
 std::string unsafe_output_folder(const std::string& out) {
   // a shell expands "~" before a program sees it; in a spec or a quoted flag it would become a
   // folder named "~" in the working directory
-  if (!out.empty() && out[0] == '~') return "starts with '~', which only a shell expands (write the full path)";
+  if (!out.empty() && out[0] == '~')
+    return "starts with '~', which only a shell expands (write the full path)";
   const fs::path o = resolved_path(out);
   if (o == o.root_path()) return "is the root folder";
   if (const char* home = std::getenv("HOME"); home && *home && o == resolved_path(home))
@@ -106,7 +107,8 @@ std::optional<std::map<std::string, ManifestEntry>> manifest_files(const fs::pat
           !f["bytes"].is_number_unsigned())
         return std::nullopt;
       const std::string name = f["name"].get<std::string>();
-      if (name.empty() || name.find('/') != std::string::npos || name == "." || name == ".." || name == kManifestFile)
+      if (name.empty() || name.find('/') != std::string::npos || name == "." || name == ".." ||
+          name == kManifestFile)
         return std::nullopt;
       ManifestEntry e;
       e.bytes = f["bytes"].get<uint64_t>();
@@ -154,8 +156,10 @@ std::vector<ForeignEntry> foreign_entries(const fs::path& dir) {
   const bool has_file = fs::exists(fs::symlink_status(dir / kManifestFile, ec));
   for (const auto& name : entries_of(dir)) {
     if (!ours) {
-      foreign.push_back({name, has_file ? fmt::format("not written by roundpipe (the {} there is not one roundpipe wrote)", kManifestFile)
-                                        : fmt::format("not written by roundpipe (no {} there lists it)", kManifestFile)});
+      foreign.push_back(
+          {name, has_file ? fmt::format("not written by roundpipe (the {} there is not one roundpipe wrote)",
+                                        kManifestFile)
+                          : fmt::format("not written by roundpipe (no {} there lists it)", kManifestFile)});
       continue;
     }
     if (name == kManifestFile) continue;
@@ -165,10 +169,12 @@ std::vector<ForeignEntry> foreign_entries(const fs::path& dir) {
       foreign.push_back({name, fmt::format("not written by roundpipe ({} does not list it)", kManifestFile)});
       continue;
     }
-    const bool same = fs::is_regular_file(fs::symlink_status(f, ec)) && fs::file_size(f, ec) == it->second.bytes &&
-                      !ec && (!it->second.xxh3 || file_xxh3(f) == it->second.xxh3);
+    const bool same = fs::is_regular_file(fs::symlink_status(f, ec)) &&
+                      fs::file_size(f, ec) == it->second.bytes && !ec &&
+                      (!it->second.xxh3 || file_xxh3(f) == it->second.xxh3);
     if (!same)
-      foreign.push_back({name, fmt::format("changed since roundpipe wrote it (not the file {} records)", kManifestFile)});
+      foreign.push_back(
+          {name, fmt::format("changed since roundpipe wrote it (not the file {} records)", kManifestFile)});
   }
   return foreign;
 }

@@ -60,7 +60,8 @@ void write_manifest(const std::string& dir, const std::string& command);
 /// An entry of a folder that nothing proves roundpipe's, and why.
 struct ForeignEntry {
   std::string name;
-  std::string why;  ///< "not written by roundpipe (roundpipe_manifest.json does not list it)", "changed since ..."
+  std::string
+      why;  ///< "not written by roundpipe (roundpipe_manifest.json does not list it)", "changed since ..."
 };
 
 /// The entries of `dir` that are not provably roundpipe's, sorted: without a manifest (or with

@@ -26,9 +26,9 @@
 // LM head + CE 2*T*H*V forward, 6*T*H*V with both gradients. Bytes: each input read
 // once plus each output written once (read-modify-write outputs count twice).
 #include <algorithm>
-#include <cstdint>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -37,10 +37,10 @@
 #include <string>
 #include <vector>
 
+#include "bench/ops_timing.hpp"
 #include "kernels/device.hpp"
 #include "kernels/ops.hpp"
 #include "kernels/weight_format.hpp"
-#include "bench/ops_timing.hpp"
 #ifdef RP_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.hpp"
 #endif
@@ -78,11 +78,14 @@ void dequantize_rows(Env& e, int R) {
       src[size_t(s)] = p;
       dst[size_t(s)] = buffer(e, n, ct);
     }
-    const double sec = time_op(e, [&](int r) { ops.dequantize(f, src[size_t(r % 2)], dst[size_t(r % 2)], n); }, R);
+    const double sec = time_op(
+        e, [&](int r) { ops.dequantize(f, src[size_t(r % 2)], dst[size_t(r % 2)], n); }, R);
     const double rd = double(bytes) / sec / 1e9, wr = double(n) * double(dtype_size(ct)) / sec / 1e9;
-    const std::string op = std::string("dequantize ") + weight_format_name(f) + (src_off ? " (src +2 bytes)" : "");
-    std::printf("%-34s %9.3f ms  read %7.1f GB/s  written %7.1f GB/s  total %7.1f GB/s  %5.1f%% of measured copy\n",
-                op.c_str(), sec * 1e3, rd, wr, rd + wr, 100 * (rd + wr) / e.peak_gbs);
+    const std::string op =
+        std::string("dequantize ") + weight_format_name(f) + (src_off ? " (src +2 bytes)" : "");
+    std::printf(
+        "%-34s %9.3f ms  read %7.1f GB/s  written %7.1f GB/s  total %7.1f GB/s  %5.1f%% of measured copy\n",
+        op.c_str(), sec * 1e3, rd, wr, rd + wr, 100 * (rd + wr) / e.peak_gbs);
     std::fflush(stdout);
     e.keep.clear();
   };
@@ -113,10 +116,13 @@ void moe_rows(Env& e, int R) {
   std::vector<int32_t> off_h(size_t(E + 1), 0);
   const std::string sr = "T=4096 E=128 k=8";
   line(e, "moe_route (+stats)", sr,
-       time_op(e, [&](int) { ops.moe_route(logits, probs, idx, tw, stats, T, E, k, true); }, R), 0,
-       double(T * E) * 6 + double(Rw) * 8);
+       time_op(
+           e, [&](int) { ops.moe_route(logits, probs, idx, tw, stats, T, E, k, true); }, R),
+       0, double(T * E) * 6 + double(Rw) * 8);
   line(e, "moe_sort (+ offsets to host, wait)", sr,
-       time_op(e, [&](int) { ops.moe_sort(idx, off, off_h.data(), row, token, T, E, k); }, R), 0, double(Rw) * 12);
+       time_op(
+           e, [&](int) { ops.moe_sort(idx, off, off_h.data(), row, token, T, E, k); }, R),
+       0, double(Rw) * 12);
   int64_t lo = Rw, hi = 0;
   for (int64_t ex = 0; ex < E; ++ex) {
     lo = std::min<int64_t>(lo, off_h[size_t(ex + 1)] - off_h[size_t(ex)]);
@@ -131,18 +137,32 @@ void moe_rows(Env& e, int R) {
   float* dtw = static_cast<float*>(buffer(e, Rw, f32));
   const double RH = double(Rw * H) * 2, TH = double(T * H) * 2;
   const std::string sh = "R=32768 H=2048 bf16";
-  line(e, "gather_rows", sh, time_op(e, [&](int) { ops.gather_rows(x, token, xs, Rw, H); }, R), 0, 2 * RH);
-  line(e, "moe_combine", sh, time_op(e, [&](int) { ops.moe_combine(ys, tw, row, y, T, k, H, false); }, R), 0, RH + TH);
+  line(e, "gather_rows", sh,
+       time_op(
+           e, [&](int) { ops.gather_rows(x, token, xs, Rw, H); }, R),
+       0, 2 * RH);
+  line(e, "moe_combine", sh,
+       time_op(
+           e, [&](int) { ops.moe_combine(ys, tw, row, y, T, k, H, false); }, R),
+       0, RH + TH);
   line(e, "moe_combine_bwd", sh,
-       time_op(e, [&](int) { ops.moe_combine_bwd(y, ys, tw, row, dys, dtw, T, k, H); }, R), 0, TH + 2 * RH);
-  line(e, "moe_gather_bwd", sh, time_op(e, [&](int) { ops.moe_gather_bwd(ys, row, y, T, k, H, false); }, R), 0,
-       RH + TH);
+       time_op(
+           e, [&](int) { ops.moe_combine_bwd(y, ys, tw, row, dys, dtw, T, k, H); }, R),
+       0, TH + 2 * RH);
+  line(e, "moe_gather_bwd", sh,
+       time_op(
+           e, [&](int) { ops.moe_gather_bwd(ys, row, y, T, k, H, false); }, R),
+       0, RH + TH);
   struct P {
     const char* name;
     int64_t K, N;
-  } ps[] = {{"gate / up", H, F},       {"down", F, H},
+  } ps[] = {{"gate / up", H, F},
+            {"down", F, H},
             // per-expert LoRA adapters, rank 32: A of gate_up and down, B of gate (up) and down
-            {"lora A gate_up", H, 32}, {"lora B gate", 32, F}, {"lora A down", F, 32}, {"lora B down", 32, H}};
+            {"lora A gate_up", H, 32},
+            {"lora B gate", 32, F},
+            {"lora A down", F, 32},
+            {"lora B down", 32, H}};
   for (const P& p : ps) {
     void* a = rand_buffer(e, Rw * p.K, bf, 1.f, 210);
     void* w = rand_buffer(e, E * p.N * p.K, bf, 0.02f, 211);
@@ -153,7 +173,9 @@ void moe_rows(Env& e, int R) {
     const double fl = 2.0 * double(Rw) * double(p.K) * double(p.N);
     const std::string shape = std::string(p.name) + " K=" + std::to_string(p.K) + " N=" + std::to_string(p.N);
     line(e, "dense linear_fwd, all rows (ceiling)", shape,
-         time_op(e, [&](int) { ops.linear_fwd(a, w, b, Rw, p.K, p.N); }, R), fl, 0);
+         time_op(
+             e, [&](int) { ops.linear_fwd(a, w, b, Rw, p.K, p.N); }, R),
+         fl, 0);
 #ifdef RP_HAVE_CUDA
     for (int mode : {0, 1, 2}) {
       rp::cuda::set_grouped_gemm(ops, mode);
@@ -163,29 +185,39 @@ void moe_rows(Env& e, int R) {
       const std::string tag;
 #endif
       line(e, "grouped_linear_fwd" + tag, shape,
-           time_op(e, [&](int) { ops.grouped_linear_fwd(a, w, b, off_h.data(), E, p.K, p.N); }, R), fl, 0);
+           time_op(
+               e, [&](int) { ops.grouped_linear_fwd(a, w, b, off_h.data(), E, p.K, p.N); }, R),
+           fl, 0);
       line(e, "grouped_linear_bwd_input" + tag, shape,
-           time_op(e, [&](int) { ops.grouped_linear_bwd_input(db, w, da, off_h.data(), E, p.K, p.N, false); }, R), fl,
-           0);
+           time_op(
+               e, [&](int) { ops.grouped_linear_bwd_input(db, w, da, off_h.data(), E, p.K, p.N, false); }, R),
+           fl, 0);
       line(e, "grouped_linear_bwd_weight" + tag, shape,
-           time_op(e, [&](int) { ops.grouped_linear_bwd_weight(db, a, dw, off_h.data(), E, p.K, p.N); }, R), fl, 0);
+           time_op(
+               e, [&](int) { ops.grouped_linear_bwd_weight(db, a, dw, off_h.data(), E, p.K, p.N); }, R),
+           fl, 0);
     }
 #ifdef RP_HAVE_CUDA
     if (std::min(p.K, p.N) <= 64) {  // the grouped mode without our low-rank kernels: cuBLAS's grouped call
       rp::cuda::set_grouped_gemm(ops, 1);
       rp::cuda::set_grouped_lowrank_kernel(ops, false);
       line(e, "grouped_linear_fwd [cuBLAS grouped]", shape,
-           time_op(e, [&](int) { ops.grouped_linear_fwd(a, w, b, off_h.data(), E, p.K, p.N); }, R), fl, 0);
+           time_op(
+               e, [&](int) { ops.grouped_linear_fwd(a, w, b, off_h.data(), E, p.K, p.N); }, R),
+           fl, 0);
       line(e, "grouped_linear_bwd_input [cuBLAS grouped]", shape,
-           time_op(e, [&](int) { ops.grouped_linear_bwd_input(db, w, da, off_h.data(), E, p.K, p.N, false); }, R), fl,
-           0);
+           time_op(
+               e, [&](int) { ops.grouped_linear_bwd_input(db, w, da, off_h.data(), E, p.K, p.N, false); }, R),
+           fl, 0);
       rp::cuda::set_grouped_lowrank_kernel(ops, true);
     }
     if (std::min(p.K, p.N) > 64) {  // our one-launch weight-gradient kernel on a full shape too
       rp::cuda::set_grouped_gemm(ops, 1);
       rp::cuda::set_grouped_wgrad_kernel_max(ops, INT64_MAX);
       line(e, "grouped_linear_bwd_weight [kernel]", shape,
-           time_op(e, [&](int) { ops.grouped_linear_bwd_weight(db, a, dw, off_h.data(), E, p.K, p.N); }, R), fl, 0);
+           time_op(
+               e, [&](int) { ops.grouped_linear_bwd_weight(db, a, dw, off_h.data(), E, p.K, p.N); }, R),
+           fl, 0);
       rp::cuda::set_grouped_wgrad_kernel_max(ops, 64);
     }
 #endif
@@ -247,17 +279,27 @@ void attention_variants(Env& e, int R) {
         var.window = window;
         var.sinks = with_sinks ? sinks : nullptr;
         var.dsinks = with_sinks ? dsinks : nullptr;
-        const double keys = window ? double(window) * L - double(window) * (window - 1) / 2 : double(L) * (L + 1) / 2;
+        const double keys =
+            window ? double(window) * L - double(window) * (window - 1) / 2 : double(L) * (L + 1) / 2;
         const double fl = 4.0 * D * nq * S * keys;
         const std::string tag = std::string(window ? " w=128" : " causal") + (with_sinks ? " +sinks" : "") +
                                 (impl == 1 ? " [rows]" : "");
         rp::cuda::set_attention_impl(ops, impl);
         line(e, "attention_fwd_v" + tag, "8x4096 64/8 heads D=64",
-             time_op(e, [&](int) { ops.attention_fwd_v(q, k, v, out, lse, S, L, nq, nkv, D, scale, var, scratch); }, R),
+             time_op(
+                 e,
+                 [&](int) { ops.attention_fwd_v(q, k, v, out, lse, S, L, nq, nkv, D, scale, var, scratch); },
+                 R),
              fl, 0);
-        line(e, "attention_bwd_v" + tag, "8x4096 64/8 heads D=64", time_op(e, [&](int) {
-               ops.attention_bwd_v(q, k, v, out, lse, dout, dq, dk, dv, S, L, nq, nkv, D, scale, var, scratch);
-             }, R), 2.5 * fl, 0);
+        line(e, "attention_bwd_v" + tag, "8x4096 64/8 heads D=64",
+             time_op(
+                 e,
+                 [&](int) {
+                   ops.attention_bwd_v(q, k, v, out, lse, dout, dq, dk, dv, S, L, nq, nkv, D, scale, var,
+                                       scratch);
+                 },
+                 R),
+             2.5 * fl, 0);
       }
   rp::cuda::set_attention_impl(ops, 0);
   e.keep.clear();
@@ -289,9 +331,13 @@ void attention_by_gqa_ratio(Env& e, int R) {
     auto fwd = [&](int impl, const char* tag) {
       rp::cuda::set_attention_impl(ops, impl);
       line(e, std::string("attention_fwd r=") + std::to_string(r) + tag, shape,
-           time_op(e, [&](int) { ops.attention_fwd(q, k, v, out, lse, 1, L, nq, nkv, D, scale, scratch); }, R), fl, 0);
+           time_op(
+               e, [&](int) { ops.attention_fwd(q, k, v, out, lse, 1, L, nq, nkv, D, scale, scratch); }, R),
+           fl, 0);
     };
-    auto bwd_call = [&] { ops.attention_bwd(q, k, v, out, lse, dout, dq, dk, dv, 1, L, nq, nkv, D, scale, scratch); };
+    auto bwd_call = [&] {
+      ops.attention_bwd(q, k, v, out, lse, dout, dq, dk, dv, 1, L, nq, nkv, D, scale, scratch);
+    };
     // impl: 3 ours, 4 cuDNN (gqa: 1 native, 2 expand); scratch_x: multiple of the contract
     auto bwd = [&](int impl, int gqa, int scratch_x, std::string tag) {
       rp::cuda::set_attention_impl(ops, impl);
@@ -299,18 +345,21 @@ void attention_by_gqa_ratio(Env& e, int R) {
       rp::cuda::set_attention_scratch_bytes(ops, scratch_x == 1 ? 0 : scratch_x * contract);
       std::string err;
       const bool ok = try_once(e, bwd_call, &err);
-      const size_t bad = ok ? count_nonfinite_bf16(e, dq, L * nq * D) + count_nonfinite_bf16(e, dk, L * nkv * D) +
+      const size_t bad = ok ? count_nonfinite_bf16(e, dq, L * nq * D) +
+                                  count_nonfinite_bf16(e, dk, L * nkv * D) +
                                   count_nonfinite_bf16(e, dv, L * nkv * D)
                             : 0;
       if (impl == 4) tag += " passes=" + std::to_string(rp::cuda::attention_bwd_passes(ops));
       const std::string op = "attention_bwd r=" + std::to_string(r) + tag;
-      if (!ok)
-        std::printf("%-34s %-30s failed: %s\n", op.c_str(), shape.c_str(), err.c_str());
+      if (!ok) std::printf("%-34s %-30s failed: %s\n", op.c_str(), shape.c_str(), err.c_str());
       else if (bad > 0)
-        std::printf("%-34s %-30s %zu of %lld gradient values not finite: not timed\n", op.c_str(), shape.c_str(), bad,
-                    (long long)(L * (nq + 2 * nkv) * D));
+        std::printf("%-34s %-30s %zu of %lld gradient values not finite: not timed\n", op.c_str(),
+                    shape.c_str(), bad, (long long)(L * (nq + 2 * nkv) * D));
       else
-        line(e, op, shape, time_op(e, [&](int) { bwd_call(); }, R), 2.5 * fl, 0);
+        line(e, op, shape,
+             time_op(
+                 e, [&](int) { bwd_call(); }, R),
+             2.5 * fl, 0);
       std::fflush(stdout);
     };
     if (cudnn) fwd(4, " [cuDNN]");
@@ -332,11 +381,15 @@ void attention_by_gqa_ratio(Env& e, int R) {
       if (4 * eb <= 4 * contract) {
         void *ke = x, *ve = x + eb, *dke = x + 2 * eb, *dve = x + 3 * eb;
         const double ex = double(2 * L * (nkv + nq) * D) * 2;  // read K, V; write expanded
-        const double s1 = time_op(e, [&](int) { rp::cuda::gqa_expand_kv(ops, k, v, ke, ve, L, nkv, 0, nq, r, D); }, R);
+        const double s1 = time_op(
+            e, [&](int) { rp::cuda::gqa_expand_kv(ops, k, v, ke, ve, L, nkv, 0, nq, r, D); }, R);
         line(e, "gqa_expand_kv r=" + std::to_string(r), shape, s1, 0, ex);
-        const double s2 = time_op(e, [&](int) {
-          rp::cuda::gqa_group_sum(ops, bf, dke, dve, bf, dk, dv, nkv * D, L, nkv, r, D, false);
-        }, R);
+        const double s2 = time_op(
+            e,
+            [&](int) {
+              rp::cuda::gqa_group_sum(ops, bf, dke, dve, bf, dk, dv, nkv * D, L, nkv, r, D, false);
+            },
+            R);
         line(e, "gqa_group_sum r=" + std::to_string(r), shape, s2, 0, ex);
         std::printf("  expand + group sum move %.0f MB: %.0f us at 4 TB/s, measured %.0f us\n", 2 * ex / 1e6,
                     2 * ex / 4e12 * 1e6, (s1 + s2) * 1e6);
@@ -363,8 +416,8 @@ void sustained_gemm(Env& e, double seconds) {
   const double tf = sustained_tflops(e, seconds, fl, [&] {
     for (int r = 0; r < 20; ++r) ops.linear_fwd(x, w, y, N, N, N);
   });
-  std::printf("sustained (median of the second half): %.1f TFLOP/s; burst ceiling %.1f TFLOP/s (%.0f%%)\n", tf,
-              e.peak_tflops, 100 * tf / e.peak_tflops);
+  std::printf("sustained (median of the second half): %.1f TFLOP/s; burst ceiling %.1f TFLOP/s (%.0f%%)\n",
+              tf, e.peak_tflops, 100 * tf / e.peak_tflops);
   e.keep.clear();
 }
 
@@ -420,7 +473,9 @@ int main(int argc, char** argv) {
     struct G {
       const char* name;
       int64_t K, N;
-    } gs[] = {{"q_proj / o_proj^T", H, Q}, {"k_proj / v_proj", H, KV}, {"gate_proj / up_proj", H, F},
+    } gs[] = {{"q_proj / o_proj^T", H, Q},
+              {"k_proj / v_proj", H, KV},
+              {"gate_proj / up_proj", H, F},
               {"down_proj", F, H}};
     for (auto& g : gs) {
       void* x = rand_buffer(e, T * g.K, bf, 1.f, 10);
@@ -430,10 +485,20 @@ int main(int argc, char** argv) {
       void* dx = buffer(e, T * g.K, bf);
       void* dw = rand_buffer(e, g.N * g.K, f32, 0.01f, 13);
       const double fl = 2.0 * T * g.N * g.K;
-      const std::string shape = "M=" + std::to_string(T) + " K=" + std::to_string(g.K) + " N=" + std::to_string(g.N);
-      line(e, std::string("linear_fwd ") + g.name, shape, time_op(e, [&](int) { ops.linear_fwd(x, w, y, T, g.K, g.N); }, R), fl, 0);
-      line(e, "linear_bwd_input", shape, time_op(e, [&](int) { ops.linear_bwd_input(dy, w, dx, T, g.K, g.N, false); }, R), fl, 0);
-      line(e, "linear_bwd_weight (+= f32)", shape, time_op(e, [&](int) { ops.linear_bwd_weight(dy, x, dw, T, g.K, g.N); }, R), fl, 0);
+      const std::string shape =
+          "M=" + std::to_string(T) + " K=" + std::to_string(g.K) + " N=" + std::to_string(g.N);
+      line(e, std::string("linear_fwd ") + g.name, shape,
+           time_op(
+               e, [&](int) { ops.linear_fwd(x, w, y, T, g.K, g.N); }, R),
+           fl, 0);
+      line(e, "linear_bwd_input", shape,
+           time_op(
+               e, [&](int) { ops.linear_bwd_input(dy, w, dx, T, g.K, g.N, false); }, R),
+           fl, 0);
+      line(e, "linear_bwd_weight (+= f32)", shape,
+           time_op(
+               e, [&](int) { ops.linear_bwd_weight(dy, x, dw, T, g.K, g.N); }, R),
+           fl, 0);
       e.keep.clear();
     }
   }
@@ -466,9 +531,16 @@ int main(int argc, char** argv) {
       const std::string tag;
 #endif
       line(e, "attention_fwd (causal GQA)" + tag, shape,
-           time_op(e, [&](int) { ops.attention_fwd(q, k, v, out, lse, 1, L, nq, nkv, D, scale, scratch); }, r), fl, 0);
+           time_op(
+               e, [&](int) { ops.attention_fwd(q, k, v, out, lse, 1, L, nq, nkv, D, scale, scratch); }, r),
+           fl, 0);
       line(e, "attention_bwd" + tag, shape,
-           time_op(e, [&](int) { ops.attention_bwd(q, k, v, out, lse, dout, dq, dk, dv, 1, L, nq, nkv, D, scale, scratch); }, r),
+           time_op(
+               e,
+               [&](int) {
+                 ops.attention_bwd(q, k, v, out, lse, dout, dq, dk, dv, 1, L, nq, nkv, D, scale, scratch);
+               },
+               r),
            2.5 * fl, 0);
     }
 #ifdef RP_HAVE_CUDA
@@ -506,30 +578,62 @@ int main(int argc, char** argv) {
     const double TH = double(T * H) * 2, TF = double(T * F) * 2, TQ = double(T * Q) * 2;
     auto S = [](int r) { return size_t(r % kSets); };
     const std::string sth = "[8192, 2048] bf16", stf = "[8192, 6144] bf16";
-    line(e, "rmsnorm_fwd", sth, time_op(e, [&](int r) { ops.rmsnorm_fwd(x[S(r)], w, y[S(r)], T, H, 1e-6f); }, R), 0, 2 * TH);
+    line(e, "rmsnorm_fwd", sth,
+         time_op(
+             e, [&](int r) { ops.rmsnorm_fwd(x[S(r)], w, y[S(r)], T, H, 1e-6f); }, R),
+         0, 2 * TH);
     line(e, "rmsnorm_bwd (dx +=)", sth,
-         time_op(e, [&](int r) { ops.rmsnorm_bwd(x[S(r)], w, dy[S(r)], dx[S(r)], dw, T, H, 1e-6f, true); }, R), 0, 4 * TH);
+         time_op(
+             e, [&](int r) { ops.rmsnorm_bwd(x[S(r)], w, dy[S(r)], dx[S(r)], dw, T, H, 1e-6f, true); }, R),
+         0, 4 * TH);
     line(e, "rmsnorm_fwd q_norm", "[8192*16, 128] bf16",
-         time_op(e, [&](int r) { ops.rmsnorm_fwd(qv[S(r)], wd, dx[S(r)], T * nq, D, 1e-6f); }, R), 0, 2 * TQ);
+         time_op(
+             e, [&](int r) { ops.rmsnorm_fwd(qv[S(r)], wd, dx[S(r)], T * nq, D, 1e-6f); }, R),
+         0, 2 * TQ);
     line(e, "rmsnorm_bwd q_norm", "[8192*16, 128] bf16",
-         time_op(e, [&](int r) { ops.rmsnorm_bwd(qv[S(r)], wd, dy[S(r)], dx[S(r)], dwd, T * nq, D, 1e-6f, false); }, R), 0,
-         3 * TQ);
+         time_op(
+             e,
+             [&](int r) { ops.rmsnorm_bwd(qv[S(r)], wd, dy[S(r)], dx[S(r)], dwd, T * nq, D, 1e-6f, false); },
+             R),
+         0, 3 * TQ);
     std::vector<float> inv(size_t(D / 2));
     for (int64_t i = 0; i < D / 2; ++i) inv[size_t(i)] = float(std::pow(1e6, -2.0 * double(i) / double(D)));
     line(e, "rope_fwd (q, in place)", "[8192, 16, 128] bf16",
-         time_op(e, [&](int r) { ops.rope_fwd(qv[S(r)], 1, T, nq, D, inv.data(), 1.f); }, R), 0, 2 * TQ);
+         time_op(
+             e, [&](int r) { ops.rope_fwd(qv[S(r)], 1, T, nq, D, inv.data(), 1.f); }, R),
+         0, 2 * TQ);
     line(e, "rope_bwd", "[8192, 16, 128] bf16",
-         time_op(e, [&](int r) { ops.rope_bwd(qv[S(r)], 1, T, nq, D, inv.data(), 1.f); }, R), 0, 2 * TQ);
-    line(e, "swiglu_fwd", stf, time_op(e, [&](int r) { ops.swiglu_fwd(g[S(r)], u[S(r)], h[S(r)], T * F); }, R), 0, 3 * TF);
+         time_op(
+             e, [&](int r) { ops.rope_bwd(qv[S(r)], 1, T, nq, D, inv.data(), 1.f); }, R),
+         0, 2 * TQ);
+    line(e, "swiglu_fwd", stf,
+         time_op(
+             e, [&](int r) { ops.swiglu_fwd(g[S(r)], u[S(r)], h[S(r)], T * F); }, R),
+         0, 3 * TF);
     line(e, "swiglu_bwd", stf,
-         time_op(e, [&](int r) { ops.swiglu_bwd(g[S(r)], u[S(r)], h[S(r)], dg[S(r)], du[S(r)], T * F); }, R), 0, 5 * TF);
-    line(e, "add (residual)", sth, time_op(e, [&](int r) { ops.add(x[S(r)], dy[S(r)], y[S(r)], T * H); }, R), 0, 3 * TH);
-    line(e, "copy", stf, time_op(e, [&](int r) { ops.copy(bf, h[S(r)], g[S(r)], T * F); }, R), 0, 2 * TF);
-    line(e, "cast f32 -> bf16", "[8192, 6144]", time_op(e, [&](int r) { ops.cast(bf, h[S(r)], f32, a32[S(r)], T * F); }, R), 0,
-         3 * TF);
+         time_op(
+             e, [&](int r) { ops.swiglu_bwd(g[S(r)], u[S(r)], h[S(r)], dg[S(r)], du[S(r)], T * F); }, R),
+         0, 5 * TF);
+    line(e, "add (residual)", sth,
+         time_op(
+             e, [&](int r) { ops.add(x[S(r)], dy[S(r)], y[S(r)], T * H); }, R),
+         0, 3 * TH);
+    line(e, "copy", stf,
+         time_op(
+             e, [&](int r) { ops.copy(bf, h[S(r)], g[S(r)], T * F); }, R),
+         0, 2 * TF);
+    line(e, "cast f32 -> bf16", "[8192, 6144]",
+         time_op(
+             e, [&](int r) { ops.cast(bf, h[S(r)], f32, a32[S(r)], T * F); }, R),
+         0, 3 * TF);
     line(e, "add_into f32 += bf16", "[8192, 6144]",
-         time_op(e, [&](int r) { ops.add_into(f32, a32[S(r)], bf, g[S(r)], T * F, 1.f); }, R), 0, 5 * TF);
-    line(e, "fill f32", "[8192, 6144]", time_op(e, [&](int r) { ops.fill(f32, a32[S(r)], T * F, 0.f); }, R), 0, 2 * TF);
+         time_op(
+             e, [&](int r) { ops.add_into(f32, a32[S(r)], bf, g[S(r)], T * F, 1.f); }, R),
+         0, 5 * TF);
+    line(e, "fill f32", "[8192, 6144]",
+         time_op(
+             e, [&](int r) { ops.fill(f32, a32[S(r)], T * F, 0.f); }, R),
+         0, 2 * TF);
     e.keep.clear();
   }
 
@@ -551,9 +655,13 @@ int main(int argc, char** argv) {
     void* dtable = buffer(e, V * H, f32);
     const double TH = double(T * H) * 2;
     line(e, "embedding_fwd", "T=8192 H=2048 V=151936",
-         time_op(e, [&](int) { ops.embedding_fwd(idd, table, y, T, H, V); }, R), 0, 2 * TH);
+         time_op(
+             e, [&](int) { ops.embedding_fwd(idd, table, y, T, H, V); }, R),
+         0, 2 * TH);
     line(e, "embedding_bwd (f32 scatter-add)", "T=8192 H=2048 V=151936",
-         time_op(e, [&](int) { ops.embedding_bwd(idd, dy, dtable, T, H, V); }, R), 0, TH + 4 * TH);
+         time_op(
+             e, [&](int) { ops.embedding_bwd(idd, dy, dtable, T, H, V); }, R),
+         0, TH + 4 * TH);
     int32_t* tg = idd;  // random targets
     float* loss = static_cast<float*>(buffer(e, 2, f32));
     void* hn = rand_buffer(e, T * H, bf, 1.f, 102);
@@ -562,11 +670,16 @@ int main(int argc, char** argv) {
     const double fl = 2.0 * T * H * double(V);
     const int r = e.quick ? 1 : 3;
     line(e, "lm_head_cross_entropy (loss only)", "T=8192 H=2048 V=151936",
-         time_op(e, [&](int) { ops.lm_head_cross_entropy(hn, table, tg, T, H, V, loss, nullptr, nullptr, scratch); }, r), fl,
-         0);
-    line(e, "lm_head_cross_entropy (+dh, dW)", "T=8192 H=2048 V=151936",
-         time_op(e, [&](int) { ops.lm_head_cross_entropy(hn, table, tg, T, H, V, loss, dh, dtable, scratch); }, r), 3 * fl,
-         0);
+         time_op(
+             e,
+             [&](int) { ops.lm_head_cross_entropy(hn, table, tg, T, H, V, loss, nullptr, nullptr, scratch); },
+             r),
+         fl, 0);
+    line(
+        e, "lm_head_cross_entropy (+dh, dW)", "T=8192 H=2048 V=151936",
+        time_op(
+            e, [&](int) { ops.lm_head_cross_entropy(hn, table, tg, T, H, V, loss, dh, dtable, scratch); }, r),
+        3 * fl, 0);
     e.keep.clear();
   }
   std::printf("\npeak pool bytes: %.2f GiB\n", double(e.dev->peak_bytes()) / double(1 << 30));

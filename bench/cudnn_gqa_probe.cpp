@@ -22,9 +22,9 @@
 #include <string>
 #include <vector>
 
+#include "bench/ops_timing.hpp"
 #include "kernels/device.hpp"
 #include "kernels/dtype.hpp"
-#include "bench/ops_timing.hpp"
 #ifdef RP_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
@@ -117,14 +117,21 @@ struct Problem {
 struct Buffers {
   Dev q, k, v, o, dout, dq, dk, dv, lse;
   Buffers(const Problem& p)
-      : q(p.q_n() * 2), k(p.kv_n() * 2), v(p.kv_n() * 2), o(p.q_n() * 2), dout(p.q_n() * 2),
-        dq(p.q_n() * 2), dk(p.kv_n() * 2), dv(p.kv_n() * 2), lse(size_t(p.n_seq * p.nq * p.L) * 4) {}
+      : q(p.q_n() * 2),
+        k(p.kv_n() * 2),
+        v(p.kv_n() * 2),
+        o(p.q_n() * 2),
+        dout(p.q_n() * 2),
+        dq(p.q_n() * 2),
+        dk(p.kv_n() * 2),
+        dv(p.kv_n() * 2),
+        lse(size_t(p.n_seq * p.nq * p.L) * 4) {}
 };
 
 // One backward with a fresh CudnnAttention (graphs built under the current environment);
 // returns false with *why when cuDNN refused. *ms: time of a second, timed run.
-bool backward(const Problem& p, Buffers& b, CudnnAttention::GqaBackward mode, bool det, bool zeroed,
-              void* ws, size_t ws_bytes, cudaStream_t st, std::string* why, double* ms) {
+bool backward(const Problem& p, Buffers& b, CudnnAttention::GqaBackward mode, bool det, bool zeroed, void* ws,
+              size_t ws_bytes, cudaStream_t st, std::string* why, double* ms) {
   CudnnAttention a(0, st);
   a.set_gqa_backward(mode);
   a.set_deterministic(det);
@@ -198,10 +205,8 @@ void probe(const Problem& p, const std::vector<Variant>& variants, void* ws, siz
   std::printf("%s  %-34s nonfinite dq/dk/dv %zu/%zu/%zu   %8.3f ms\n", p.label().c_str(),
               "expand (reference)", sq.nonfinite, sk.nonfinite, compare(rv, rv).nonfinite, ms);
   for (const Variant& var : variants) {
-    if (var.dp_limit)
-      setenv("CUDNN_FRONTEND_ATTN_DP_WORKSPACE_LIMIT", var.dp_limit, 1);
-    else
-      unsetenv("CUDNN_FRONTEND_ATTN_DP_WORKSPACE_LIMIT");
+    if (var.dp_limit) setenv("CUDNN_FRONTEND_ATTN_DP_WORKSPACE_LIMIT", var.dp_limit, 1);
+    else unsetenv("CUDNN_FRONTEND_ATTN_DP_WORKSPACE_LIMIT");
     why.clear();
     const bool ran = backward(p, b, CudnnAttention::GqaBackward::native, var.deterministic, var.zeroed, ws,
                               ws_bytes, st, &why, &ms);
@@ -228,16 +233,16 @@ void run_probe(bool quick) {
   cudaDeviceProp prop{};
   cuda_ok(cudaSetDevice(0), "cudaSetDevice");
   cuda_ok(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-  std::printf("device: %s (sm_%d%d), cuDNN %ld\n", prop.name, prop.major, prop.minor, CudnnAttention::version());
-  std::printf("native = one sdpa_backward graph with nkv K/V heads; reference = expanded path. "
-              "32 query heads, bf16, causal.\n\n");
+  std::printf("device: %s (sm_%d%d), cuDNN %ld\n", prop.name, prop.major, prop.minor,
+              CudnnAttention::version());
+  std::printf(
+      "native = one sdpa_backward graph with nkv K/V heads; reference = expanded path. "
+      "32 query heads, bf16, causal.\n\n");
   cudaStream_t st;
   cuda_ok(cudaStreamCreate(&st), "cudaStreamCreate");
   const std::vector<Variant> variants = {
-      {"default", false, false, nullptr},
-      {"outputs+workspace zeroed", true, false, nullptr},
-      {"deterministic", false, true, nullptr},
-      {"deterministic, DP_WS_LIMIT=0", false, true, "0"},
+      {"default", false, false, nullptr},      {"outputs+workspace zeroed", true, false, nullptr},
+      {"deterministic", false, true, nullptr}, {"deterministic, DP_WS_LIMIT=0", false, true, "0"},
       {"DP_WS_LIMIT=-1", false, false, "-1"},
   };
   // deterministic backward's dP workspace: n_seq * 32 heads * L^2 * 2 bytes (8 GiB at 2 x 8192)

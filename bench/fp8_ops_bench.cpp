@@ -36,12 +36,18 @@ struct Linear {
   int64_t K, N;
 };
 constexpr Linear kLinears[] = {
-    {"Qwen3-1.7B", "q_proj / o_proj", 2048, 2048}, {"Qwen3-1.7B", "k_proj / v_proj", 2048, 1024},
-    {"Qwen3-1.7B", "gate_proj / up_proj", 2048, 6144}, {"Qwen3-1.7B", "down_proj", 6144, 2048},
-    {"Qwen3-4B", "q_proj", 2560, 4096}, {"Qwen3-4B", "k_proj / v_proj", 2560, 1024},
-    {"Qwen3-4B", "o_proj", 4096, 2560}, {"Qwen3-4B", "gate_proj / up_proj", 2560, 9728},
-    {"Qwen3-4B", "down_proj", 9728, 2560}, {"LLaMA-8B", "q_proj / o_proj", 4096, 4096},
-    {"LLaMA-8B", "k_proj / v_proj", 4096, 1024}, {"LLaMA-8B", "gate_proj / up_proj", 4096, 14336},
+    {"Qwen3-1.7B", "q_proj / o_proj", 2048, 2048},
+    {"Qwen3-1.7B", "k_proj / v_proj", 2048, 1024},
+    {"Qwen3-1.7B", "gate_proj / up_proj", 2048, 6144},
+    {"Qwen3-1.7B", "down_proj", 6144, 2048},
+    {"Qwen3-4B", "q_proj", 2560, 4096},
+    {"Qwen3-4B", "k_proj / v_proj", 2560, 1024},
+    {"Qwen3-4B", "o_proj", 4096, 2560},
+    {"Qwen3-4B", "gate_proj / up_proj", 2560, 9728},
+    {"Qwen3-4B", "down_proj", 9728, 2560},
+    {"LLaMA-8B", "q_proj / o_proj", 4096, 4096},
+    {"LLaMA-8B", "k_proj / v_proj", 4096, 1024},
+    {"LLaMA-8B", "gate_proj / up_proj", 4096, 14336},
     {"LLaMA-8B", "down_proj", 14336, 4096},
 };
 
@@ -85,20 +91,31 @@ void gemm_rows(Env& e, int R) {
     });
     cs.synchronize();
     const double fl = 2.0 * double(T) * double(l.N) * double(l.K);
-    const std::string shape = std::string(l.model) + " K=" + std::to_string(l.K) + " N=" + std::to_string(l.N);
+    const std::string shape =
+        std::string(l.model) + " K=" + std::to_string(l.K) + " N=" + std::to_string(l.N);
     std::printf("%s (%s)\n", l.model, l.name);
-    line(e, "  linear_fwd bf16", shape, time_op(e, [&](int) { ops.linear_fwd(x, w, y, T, l.K, l.N); }, R), fl, 0);
+    line(e, "  linear_fwd bf16", shape,
+         time_op(
+             e, [&](int) { ops.linear_fwd(x, w, y, T, l.K, l.N); }, R),
+         fl, 0);
     for (bool fast : {false, true}) {
       set_fast_accum(ops, fast);
       line(e, fast ? "  gemm_fp8 e4m3 (fast accum)" : "  gemm_fp8 e4m3", shape,
-           time_op(e, [&](int) { ops.gemm_fp8(qx, e4, sx, qw, e4, sw, y, T, l.K, l.N, false); }, R), fl, 0);
+           time_op(
+               e, [&](int) { ops.gemm_fp8(qx, e4, sx, qw, e4, sw, y, T, l.K, l.N, false); }, R),
+           fl, 0);
     }
     set_fast_accum(ops, false);
-    line(e, "  fp8 linear fwd (scale+quant+gemm)", shape, time_op(e, [&](int) {
-           ops.fp8_scale(x, T * l.K, e4, sx);
-           ops.fp8_quantize(x, sx, qx, T * l.K, e4);
-           ops.gemm_fp8(qx, e4, sx, qw, e4, sw, y, T, l.K, l.N, false);
-         }, R), fl, 0);
+    line(e, "  fp8 linear fwd (scale+quant+gemm)", shape,
+         time_op(
+             e,
+             [&](int) {
+               ops.fp8_scale(x, T * l.K, e4, sx);
+               ops.fp8_quantize(x, sx, qx, T * l.K, e4);
+               ops.gemm_fp8(qx, e4, sx, qw, e4, sw, y, T, l.K, l.N, false);
+             },
+             R),
+         fl, 0);
     e.keep.clear();
   }
 }
@@ -124,29 +141,44 @@ void quantize_rows(Env& e, int R) {
     const std::string shape = "[8192, " + std::to_string(cols) + "]";
     const double in = double(n) * 2, out = double(n);
     line(e, "fp8_scale (amax, per tensor)", shape,
-         time_op(e, [&](int r) { ops.fp8_scale(x[S(r)], n, e4, s0); }, R), 0, in);
+         time_op(
+             e, [&](int r) { ops.fp8_scale(x[S(r)], n, e4, s0); }, R),
+         0, in);
     line(e, "fp8_scale_rows", shape,
-         time_op(e, [&](int r) { ops.fp8_scale_rows(x[S(r)], rows, cols, e4, rs[S(r)]); }, R), 0, in + rows * 4.0);
+         time_op(
+             e, [&](int r) { ops.fp8_scale_rows(x[S(r)], rows, cols, e4, rs[S(r)]); }, R),
+         0, in + rows * 4.0);
     line(e, "fp8_quantize", shape,
-         time_op(e, [&](int r) { ops.fp8_quantize(x[S(r)], s0, q[S(r)], n, e4); }, R), 0, in + out);
+         time_op(
+             e, [&](int r) { ops.fp8_quantize(x[S(r)], s0, q[S(r)], n, e4); }, R),
+         0, in + out);
     line(e, "fp8_quantize_rows", shape,
-         time_op(e, [&](int r) { ops.fp8_quantize_rows(x[S(r)], rs[S(r)], q[S(r)], rows, cols, e4); }, R), 0,
-         in + out);
-    line(e, "fp8_scale + fp8_quantize", shape, time_op(e, [&](int r) {
-           ops.fp8_scale(x[S(r)], n, e4, s0);
-           ops.fp8_quantize(x[S(r)], s0, q[S(r)], n, e4);
-         }, R), 0, 2 * in + out);
+         time_op(
+             e, [&](int r) { ops.fp8_quantize_rows(x[S(r)], rs[S(r)], q[S(r)], rows, cols, e4); }, R),
+         0, in + out);
+    line(e, "fp8_scale + fp8_quantize", shape,
+         time_op(
+             e,
+             [&](int r) {
+               ops.fp8_scale(x[S(r)], n, e4, s0);
+               ops.fp8_quantize(x[S(r)], s0, q[S(r)], n, e4);
+             },
+             R),
+         0, 2 * in + out);
     e.keep.clear();
   }
   // a weight's transposed codes (the input gradient's operand), once per upload
-  for (const Linear& l : {kLinears[2], kLinears[11]}) {  // W [out, in] of the gate_proj of Qwen3-1.7B, LLaMA-8B
+  for (const Linear& l :
+       {kLinears[2], kLinears[11]}) {  // W [out, in] of the gate_proj of Qwen3-1.7B, LLaMA-8B
     const int64_t rows = l.N, cols = l.K, n = rows * cols;
     void* w = rand_buffer(e, n, bf, 0.02f, 40);
     auto* q = static_cast<uint8_t*>(buffer(e, (n + 3) / 4, DType::i32));
     float* s0 = scalar(e, 1.f);
     const std::string shape = "W [" + std::to_string(rows) + ", " + std::to_string(cols) + "]";
     line(e, "fp8_quantize_transposed", shape,
-         time_op(e, [&](int) { ops.fp8_quantize_transposed(w, s0, q, rows, cols, e4); }, R), 0, 3.0 * double(n));
+         time_op(
+             e, [&](int) { ops.fp8_quantize_transposed(w, s0, q, rows, cols, e4); }, R),
+         0, 3.0 * double(n));
     e.keep.clear();
   }
 }

@@ -62,12 +62,14 @@ void module_rows(Env& e, const Module& m, int64_t T, int64_t r, int R) {
   const void* B = a + size_t(l.b_off) * 2;
   float* dA = static_cast<float*>(grads);
   float* dB = dA + l.b_off;
-  const std::string shape = std::string(m.name) + " T=" + std::to_string(T) + " " + std::to_string(m.in) + "->" +
-                            std::to_string(m.out) + " r=" + std::to_string(r);
+  const std::string shape = std::string(m.name) + " T=" + std::to_string(T) + " " + std::to_string(m.in) +
+                            "->" + std::to_string(m.out) + " r=" + std::to_string(r);
   const double base_fl = 2.0 * double(T) * double(m.in) * double(m.out);
-  const double fwd = time_op(e, [&](int) { ops.linear_fwd(x, w, y, T, m.in, m.out); }, R);
+  const double fwd = time_op(
+      e, [&](int) { ops.linear_fwd(x, w, y, T, m.in, m.out); }, R);
   line(e, "base linear_fwd", shape, fwd, base_fl, 0);
-  const double bwd = time_op(e, [&](int) { ops.linear_bwd_input(dy, w, dx, T, m.in, m.out, true); }, R);
+  const double bwd = time_op(
+      e, [&](int) { ops.linear_bwd_input(dy, w, dx, T, m.in, m.out, true); }, R);
   line(e, "base linear_bwd_input (+=)", shape, bwd, base_fl, 0);
   auto extra = [&](const char* what, double sec, double base) {
     std::printf("%-34s %-30s %9.3f ms   %6.1f%% of the base GEMM's time\n", what, shape.c_str(), sec * 1e3,
@@ -75,38 +77,73 @@ void module_rows(Env& e, const Module& m, int64_t T, int64_t r, int R) {
     std::fflush(stdout);
   };
   // the order before adapted_linear_fwd: base GEMM, then u and a read-modify-write y += u B^T
-  const double fwd_old = time_op(e, [&](int) {
-    ops.linear_fwd(x, w, y, T, m.in, m.out);
-    ops.fill(bf, c.ax, T * r, 0.f);
-    ops.linear_fwd_add(x, A, c.ax, T, m.in, r, c.scaling);
-    ops.linear_fwd_add(c.ax, B, y, T, r, m.out, 1.f);
-  }, R);
+  const double fwd_old = time_op(
+      e,
+      [&](int) {
+        ops.linear_fwd(x, w, y, T, m.in, m.out);
+        ops.fill(bf, c.ax, T * r, 0.f);
+        ops.linear_fwd_add(x, A, c.ax, T, m.in, r, c.scaling);
+        ops.linear_fwd_add(c.ax, B, y, T, r, m.out, 1.f);
+      },
+      R);
   extra("fwd: base, then y += u B^T", fwd_old, fwd);
-  extra("fwd: adapted_linear_fwd", time_op(e, [&](int) { adapted_linear_fwd(ops, c, l, x, w, y, T, m.in, m.out, 0); }, R),
+  extra("fwd: adapted_linear_fwd",
+        time_op(
+            e, [&](int) { adapted_linear_fwd(ops, c, l, x, w, y, T, m.in, m.out, 0); }, R),
         fwd);
   // backward before: base dx = dy W, then the adapter with its u computed again and dx += g A
-  extra("bwd: base, then adapter (dx +=)", time_op(e, [&](int) {
-          ops.linear_bwd_input(dy, w, dx, T, m.in, m.out, false);
-          lora_backward(c, l, x, dy, dx, T, 0, true, false);
-        }, R), bwd);
+  extra("bwd: base, then adapter (dx +=)",
+        time_op(
+            e,
+            [&](int) {
+              ops.linear_bwd_input(dy, w, dx, T, m.in, m.out, false);
+              lora_backward(c, l, x, dy, dx, T, 0, true, false);
+            },
+            R),
+        bwd);
   c.u_keep = buffer(e, int64_t(kAdaptedLinears) * T * r, bf);
   c.u_rows = T;
   adapted_linear_fwd(ops, c, l, x, w, y, T, m.in, m.out, 0);  // leaves u in its slot
-  extra("bwd: adapted_linear_bwd_input", time_op(e, [&](int) {
-          adapted_linear_bwd_input(ops, c, l, x, dy, w, dx, T, m.in, m.out, false, 0, true);
-        }, R), bwd);
+  extra(
+      "bwd: adapted_linear_bwd_input",
+      time_op(
+          e, [&](int) { adapted_linear_bwd_input(ops, c, l, x, dy, w, dx, T, m.in, m.out, false, 0, true); },
+          R),
+      bwd);
   c.u_keep = nullptr;
-  extra("  u = s x A^T (fill + fwd_add)", time_op(e, [&](int) {
-          ops.fill(bf, c.ax, T * r, 0.f);
-          ops.linear_fwd_add(x, A, c.ax, T, m.in, r, c.scaling);
-        }, R), fwd);
-  extra("  y += u B^T (fwd_add, K=r)", time_op(e, [&](int) { ops.linear_fwd_add(c.ax, B, y, T, r, m.out, 1.f); }, R),
+  extra("  u = s x A^T (fill + fwd_add)",
+        time_op(
+            e,
+            [&](int) {
+              ops.fill(bf, c.ax, T * r, 0.f);
+              ops.linear_fwd_add(x, A, c.ax, T, m.in, r, c.scaling);
+            },
+            R),
         fwd);
-  extra("  y = u B^T (linear_fwd, K=r)", time_op(e, [&](int) { ops.linear_fwd(c.ax, B, y, T, r, m.out); }, R), fwd);
-  extra("  dB += dy^T u", time_op(e, [&](int) { ops.linear_bwd_weight(dy, c.ax, dB, T, r, m.out); }, R), bwd);
-  extra("  g = dy B", time_op(e, [&](int) { ops.linear_bwd_input(dy, B, c.g, T, r, m.out, false); }, R), bwd);
-  extra("  dA += g^T x", time_op(e, [&](int) { ops.linear_bwd_weight(c.ax, x, dA, T, m.in, r); }, R), bwd);
-  extra("  dx += g A", time_op(e, [&](int) { ops.linear_bwd_input(c.ax, A, dx, T, m.in, r, true); }, R), bwd);
+  extra("  y += u B^T (fwd_add, K=r)",
+        time_op(
+            e, [&](int) { ops.linear_fwd_add(c.ax, B, y, T, r, m.out, 1.f); }, R),
+        fwd);
+  extra("  y = u B^T (linear_fwd, K=r)",
+        time_op(
+            e, [&](int) { ops.linear_fwd(c.ax, B, y, T, r, m.out); }, R),
+        fwd);
+  extra("  dB += dy^T u",
+        time_op(
+            e, [&](int) { ops.linear_bwd_weight(dy, c.ax, dB, T, r, m.out); }, R),
+        bwd);
+  extra("  g = dy B",
+        time_op(
+            e, [&](int) { ops.linear_bwd_input(dy, B, c.g, T, r, m.out, false); }, R),
+        bwd);
+  extra("  dA += g^T x",
+        time_op(
+            e, [&](int) { ops.linear_bwd_weight(c.ax, x, dA, T, m.in, r); }, R),
+        bwd);
+  extra("  dx += g A",
+        time_op(
+            e, [&](int) { ops.linear_bwd_input(c.ax, A, dx, T, m.in, r, true); }, R),
+        bwd);
   e.keep.clear();
 }
 
@@ -118,18 +155,20 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       e.quick = true;
-    } else if ((std::strcmp(argv[i], "--tokens") == 0 || std::strcmp(argv[i], "--rank") == 0) && i + 1 < argc) {
+    } else if ((std::strcmp(argv[i], "--tokens") == 0 || std::strcmp(argv[i], "--rank") == 0) &&
+               i + 1 < argc) {
       char* end = nullptr;
       const long long v = std::strtoll(argv[i + 1], &end, 10);
       if (!end || *end || v < 1 || v > 1 << 20) {
-        std::fprintf(stderr, "bench_lora_ops_bench: %s: expected an integer in 1..1048576, got '%s'\n", argv[i],
-                     argv[i + 1]);
+        std::fprintf(stderr, "bench_lora_ops_bench: %s: expected an integer in 1..1048576, got '%s'\n",
+                     argv[i], argv[i + 1]);
         return 2;
       }
       (std::strcmp(argv[i], "--tokens") == 0 ? T : r) = v;
       ++i;
     } else {
-      std::fprintf(stderr, "bench_lora_ops_bench: unknown argument '%s' (expected --quick, --tokens T, --rank R)\n",
+      std::fprintf(stderr,
+                   "bench_lora_ops_bench: unknown argument '%s' (expected --quick, --tokens T, --rank R)\n",
                    argv[i]);
       return 2;
     }

@@ -78,14 +78,19 @@ inline double time_op(Env& e, const std::function<void(int)>& fn, int reps) {
   Stream& cs = e.dev->stream(StreamKind::compute);
   std::string err;
   auto check = [&] {
-    cs.then([&](const std::string& x) { if (!x.empty()) err = x; });
+    cs.then([&](const std::string& x) {
+      if (!x.empty()) err = x;
+    });
     cs.synchronize();
     if (!err.empty()) {
       std::fprintf(stderr, "error: %s\n", err.c_str());
       std::exit(1);
     }
   };
-  cs.launch([&] { fn(0); fn(1); });  // warm-up (plans, attributes, clocks)
+  cs.launch([&] {
+    fn(0);
+    fn(1);
+  });  // warm-up (plans, attributes, clocks)
   check();
   std::vector<double> t;
   for (int trial = 0; trial < (e.quick ? 2 : 5); ++trial) {
@@ -102,11 +107,11 @@ inline double time_op(Env& e, const std::function<void(int)>& fn, int reps) {
 }
 
 inline void line(Env& e, const std::string& op, const std::string& shape, double sec, double flops,
-          double bytes) {
+                 double bytes) {
   if (flops > 0) {
     const double tf = flops / sec / 1e12;
-    std::printf("%-34s %-30s %9.3f ms %8.1f TFLOP/s  %5.1f%% of measured GEMM (%5.1f%% of 800)\n",
-                op.c_str(), shape.c_str(), sec * 1e3, tf, 100 * tf / e.peak_tflops, 100 * tf / 800);
+    std::printf("%-34s %-30s %9.3f ms %8.1f TFLOP/s  %5.1f%% of measured GEMM (%5.1f%% of 800)\n", op.c_str(),
+                shape.c_str(), sec * 1e3, tf, 100 * tf / e.peak_tflops, 100 * tf / 800);
   } else {
     const double gbs = bytes / sec / 1e9;
     std::printf("%-34s %-30s %9.3f ms %8.1f GB/s     %5.1f%% of measured copy (%5.1f%% of 4300)\n",
@@ -119,7 +124,8 @@ inline void line(Env& e, const std::string& op, const std::string& shape, double
 /// for `seconds`, printing the rate of every half second; returns the median of the second
 /// half's rates in TFLOP/s (a GPU at its power limit settles into a lower clock under a
 /// sustained load, so the first seconds read high).
-inline double sustained_tflops(Env& e, double seconds, double flops_per_call, const std::function<void()>& launch20) {
+inline double sustained_tflops(Env& e, double seconds, double flops_per_call,
+                               const std::function<void()>& launch20) {
   Stream& cs = e.dev->stream(StreamKind::compute);
   const auto start = std::chrono::steady_clock::now();
   std::vector<double> rates;
@@ -151,13 +157,15 @@ inline void measure_ceilings(Env& e) {
   const int64_t n = int64_t(1) << 30;  // 1 GiB each way
   void* a = rand_buffer(e, n / 4, f32, 1.f, 1);
   void* b = buffer(e, n / 4, f32);
-  double s = time_op(e, [&](int) { ops.copy(f32, b, a, n / 4); }, 10);
+  double s = time_op(
+      e, [&](int) { ops.copy(f32, b, a, n / 4); }, 10);
   e.peak_gbs = 2.0 * double(n) / s / 1e9;
   const int64_t N = 8192;
   void* x = rand_buffer(e, N * N, bf, 1.f, 2);
   void* w = rand_buffer(e, N * N, bf, 0.02f, 3);
   void* y = buffer(e, N * N, bf);
-  s = time_op(e, [&](int) { ops.linear_fwd(x, w, y, N, N, N); }, 10);
+  s = time_op(
+      e, [&](int) { ops.linear_fwd(x, w, y, N, N, N); }, 10);
   e.peak_tflops = 2.0 * double(N) * N * N / s / 1e12;
   e.keep.clear();
   std::printf("ceilings: device-to-device copy %.0f GB/s (read+write), bf16 GEMM 8192^3 %.1f TFLOP/s\n\n",

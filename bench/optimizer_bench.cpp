@@ -50,8 +50,8 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr double kBytesPerParam = 30;       // w, m, v, g read; w, m, v written; bf16 copy
-constexpr double kTorchCpuAdam = 0.77e9;    // params/s, PyTorch CPU Adam, 16 threads, on the lent GPU machine
+constexpr double kBytesPerParam = 30;     // w, m, v, g read; w, m, v written; bf16 copy
+constexpr double kTorchCpuAdam = 0.77e9;  // params/s, PyTorch CPU Adam, 16 threads, on the lent GPU machine
 
 // ---- bandwidth kernels (AVX2 where the CPU has it; plain loops otherwise) ------------------
 #if defined(__x86_64__)
@@ -64,8 +64,8 @@ __attribute__((target("avx2"))) void copy_avx2(const float* a, float* b, const f
   }
   for (; i < hi; ++i) b[i] = a[i], d[i] = c[i];
 }
-__attribute__((target("avx2,fma"))) void triad_avx2(float* a, const float* b, const float* c, float s, int64_t lo,
-                                                    int64_t hi) {
+__attribute__((target("avx2,fma"))) void triad_avx2(float* a, const float* b, const float* c, float s,
+                                                    int64_t lo, int64_t hi) {
   const __m256 vs = _mm256_set1_ps(s);
   int64_t i = lo;
   for (; i + 8 <= hi; i += 8)
@@ -98,8 +98,8 @@ __attribute__((target("avx2,fma"))) void update_shaped_avx2(float* w, float* m, 
   _mm_sfence();
 }
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void update_shaped_avx512(float* w, float* m, float* v,
-                                                                              const float* g, uint16_t* out,
-                                                                              int64_t lo, int64_t hi) {
+                                                                               const float* g, uint16_t* out,
+                                                                               int64_t lo, int64_t hi) {
   const __m512 a = _mm512_set1_ps(0.9f), b = _mm512_set1_ps(0.999f), s = _mm512_set1_ps(-1e-6f);
   int64_t i = lo;
   while (i < hi && (reinterpret_cast<uintptr_t>(out + i) & 31)) {
@@ -201,7 +201,11 @@ struct Buffers {
   std::unique_ptr<float[]> w, m, v, g;
   std::unique_ptr<uint16_t[]> out;
   explicit Buffers(int64_t n_, rp::ThreadPool& pool)
-      : n(n_), w(new float[size_t(n_)]), m(new float[size_t(n_)]), v(new float[size_t(n_)]), g(new float[size_t(n_)]),
+      : n(n_),
+        w(new float[size_t(n_)]),
+        m(new float[size_t(n_)]),
+        v(new float[size_t(n_)]),
+        g(new float[size_t(n_)]),
         out(new uint16_t[size_t(n_)]) {
     // first touch by the pool, in adamw_update's split
     const int parts = pool.size();
@@ -276,8 +280,10 @@ int main(int argc, char** argv) {
     else if (a == "--qwen-layers") qwen_layers = std::atoi(next().c_str()), qwen = true;
     else if (a == "--md") md_path = next();
     else {
-      std::fprintf(stderr, "usage: %s [--params N] [--threads all|1,2,max] [--reps R] [--qwen3-1.7b] "
-                           "[--qwen-layers L] [--md FILE]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--params N] [--threads all|1,2,max] [--reps R] [--qwen3-1.7b] "
+                   "[--qwen-layers L] [--md FILE]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -299,13 +305,14 @@ int main(int argc, char** argv) {
   std::vector<int> nodes = rp::numa_node_of(order);
   std::sort(nodes.begin(), nodes.end());
   nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
-  std::snprintf(buf, sizeof buf,
-                "- uname -a: %s %s %s %s %s\n- nproc: %ld (allowed: %d), NUMA nodes: %zu\n- CPU: %s\n"
-                "- memory: %s\n- ISA paths: %s(using %s)\n- parameters: %lld (%.2f GB moved per step at 30 B)\n\n",
-                u.sysname, u.nodename, u.release, u.version, u.machine, sysconf(_SC_NPROCESSORS_ONLN), maxt,
-                nodes.size(), read_first("/proc/cpuinfo", "model name").c_str(),
-                read_first("/proc/meminfo", "MemTotal").c_str(), isas.c_str(), rp::isa_name(rp::adamw_isa()),
-                (long long)n, double(n) * kBytesPerParam / 1e9);
+  std::snprintf(
+      buf, sizeof buf,
+      "- uname -a: %s %s %s %s %s\n- nproc: %ld (allowed: %d), NUMA nodes: %zu\n- CPU: %s\n"
+      "- memory: %s\n- ISA paths: %s(using %s)\n- parameters: %lld (%.2f GB moved per step at 30 B)\n\n",
+      u.sysname, u.nodename, u.release, u.version, u.machine, sysconf(_SC_NPROCESSORS_ONLN), maxt,
+      nodes.size(), read_first("/proc/cpuinfo", "model name").c_str(),
+      read_first("/proc/meminfo", "MemTotal").c_str(), isas.c_str(), rp::isa_name(rp::adamw_isa()),
+      (long long)n, double(n) * kBytesPerParam / 1e9);
   out(buf);
 
   rp::ThreadPool init_pool(rp::ThreadPool::Options{maxt, order, 50, "rp-bench"});
@@ -313,7 +320,8 @@ int main(int argc, char** argv) {
   rp::AdamWOptions opt;
   opt.weight_decay = 0.01;
 
-  out("| threads | copy GB/s | triad GB/s | update-shaped GB/s | bound Gparam/s | AdamW Gparam/s | AdamW GB/s | "
+  out("| threads | copy GB/s | triad GB/s | update-shaped GB/s | bound Gparam/s | AdamW Gparam/s | AdamW "
+      "GB/s | "
       "of bound | x PyTorch 0.77 | +clip pass Gparam/s |\n|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<Row> rows;
   for (int t : tlist) {
@@ -331,16 +339,18 @@ int main(int argc, char** argv) {
     rp::adamw_update(w, st, g, n, 1.f, opt, 1e-5, o, rp::DType::bf16, pool);  // sizes + first-touches m, v
     float* sm = st.m.data();
     float* sv = st.v.data();
-    const auto times = time_interleaved(reps, {
-        [&] { parallel(pool, n, [&](int64_t lo, int64_t hi) { copy_k(w, m, g, v, lo, hi); }); },
-        [&] { parallel(pool, n, [&](int64_t lo, int64_t hi) { triad_k(m, v, g, 1e-7f, lo, hi); }); },
-        [&] { parallel(pool, n, [&](int64_t lo, int64_t hi) { update_shaped_k(w, sm, sv, g, o, lo, hi); }); },
-        [&] { rp::adamw_update(w, st, g, n, 1.f, opt, 1e-5, o, rp::DType::bf16, pool); },
-        [&] {
-          volatile double s = rp::sum_of_squares(g, n, pool);
-          (void)s;
-          rp::adamw_update(w, st, g, n, 1.f, opt, 1e-5, o, rp::DType::bf16, pool);
-        }});
+    const auto times = time_interleaved(
+        reps, {[&] { parallel(pool, n, [&](int64_t lo, int64_t hi) { copy_k(w, m, g, v, lo, hi); }); },
+               [&] { parallel(pool, n, [&](int64_t lo, int64_t hi) { triad_k(m, v, g, 1e-7f, lo, hi); }); },
+               [&] {
+                 parallel(pool, n, [&](int64_t lo, int64_t hi) { update_shaped_k(w, sm, sv, g, o, lo, hi); });
+               },
+               [&] { rp::adamw_update(w, st, g, n, 1.f, opt, 1e-5, o, rp::DType::bf16, pool); },
+               [&] {
+                 volatile double s = rp::sum_of_squares(g, n, pool);
+                 (void)s;
+                 rp::adamw_update(w, st, g, n, 1.f, opt, 1e-5, o, rp::DType::bf16, pool);
+               }});
     const double tc = times[0], tt = times[1], tu = times[2], ta = times[3], tac = times[4];
     r.copy_gbs = 16.0 * double(n) / tc / 1e9;
     r.triad_gbs = 12.0 * double(n) / tt / 1e9;
@@ -349,10 +359,11 @@ int main(int argc, char** argv) {
     r.adam_pps = double(n) / ta;
     r.adam_clip_pps = double(n) / tac;
     rows.push_back(r);
-    std::snprintf(buf, sizeof buf, "| %d | %.1f | %.1f | %.1f | %.2f | %.2f | %.1f | %.0f%% | %.2fx | %.2f |\n", t,
-                  r.copy_gbs, r.triad_gbs, r.upd_gbs, r.bound_pps / 1e9, r.adam_pps / 1e9,
-                  r.adam_pps * kBytesPerParam / 1e9, 100 * r.adam_pps / r.bound_pps, r.adam_pps / kTorchCpuAdam,
-                  r.adam_clip_pps / 1e9);
+    std::snprintf(buf, sizeof buf,
+                  "| %d | %.1f | %.1f | %.1f | %.2f | %.2f | %.1f | %.0f%% | %.2fx | %.2f |\n", t, r.copy_gbs,
+                  r.triad_gbs, r.upd_gbs, r.bound_pps / 1e9, r.adam_pps / 1e9,
+                  r.adam_pps * kBytesPerParam / 1e9, 100 * r.adam_pps / r.bound_pps,
+                  r.adam_pps / kTorchCpuAdam, r.adam_clip_pps / 1e9);
     out(buf);
   }
 
@@ -361,8 +372,9 @@ int main(int argc, char** argv) {
   {
     std::vector<int> cpus(order.begin(), order.begin() + tmax);
     rp::ThreadPool pool(rp::ThreadPool::Options{tmax, cpus, 50, "rp-bench"});
-    std::snprintf(buf, sizeof buf, "\nAt %d threads, by ISA path and variant (Gparam/s):\n\n"
-                                   "| ISA | bf16 copy | f16 copy | no copy | amsgrad + bf16 |\n|---|---|---|---|---|\n",
+    std::snprintf(buf, sizeof buf,
+                  "\nAt %d threads, by ISA path and variant (Gparam/s):\n\n"
+                  "| ISA | bf16 copy | f16 copy | no copy | amsgrad + bf16 |\n|---|---|---|---|---|\n",
                   tmax);
     out(buf);
     const rp::Isa saved = rp::adamw_isa();
@@ -381,7 +393,8 @@ int main(int argc, char** argv) {
         });
         r[k++] = double(n) / tv / 1e9;
       }
-      std::snprintf(buf, sizeof buf, "| %s | %.2f | %.2f | %.2f | %.2f |\n", rp::isa_name(isa), r[0], r[1], r[2], r[3]);
+      std::snprintf(buf, sizeof buf, "| %s | %.2f | %.2f | %.2f | %.2f |\n", rp::isa_name(isa), r[0], r[1],
+                    r[2], r[3]);
       out(buf);
     }
     rp::set_adamw_isa(saved);
@@ -403,14 +416,18 @@ int main(int argc, char** argv) {
     std::vector<Group> groups;
     const auto t_alloc = Clock::now();
     for (auto s : sizes) {
-      Group gr{s, std::unique_ptr<float[]>(new float[size_t(s)]), std::unique_ptr<float[]>(new float[size_t(s)]),
-               std::unique_ptr<uint16_t[]>(new uint16_t[size_t(s)]), {}};
+      Group gr{s,
+               std::unique_ptr<float[]>(new float[size_t(s)]),
+               std::unique_ptr<float[]>(new float[size_t(s)]),
+               std::unique_ptr<uint16_t[]>(new uint16_t[size_t(s)]),
+               {}};
       const int parts = int(std::min<int64_t>(tmax, std::max<int64_t>(1, s / rp::kMinElemsPerThread)));
       pool.run(parts, [&](int p) {
         int64_t lo, hi;
         rp::split_range(s, parts, 1024, p, lo, hi);
-        for (int64_t i = lo; i < hi; ++i) gr.w[i] = 0.01f * float((i * 7919) % 2001 - 1000) / 1000.f,
-                                          gr.g[i] = 1e-4f * float((i * 104729) % 2001 - 1000) / 1000.f;
+        for (int64_t i = lo; i < hi; ++i)
+          gr.w[i] = 0.01f * float((i * 7919) % 2001 - 1000) / 1000.f,
+          gr.g[i] = 1e-4f * float((i * 104729) % 2001 - 1000) / 1000.f;
       });
       groups.push_back(std::move(gr));
     }
@@ -421,19 +438,21 @@ int main(int argc, char** argv) {
         for (auto& gr : groups) ss += rp::sum_of_squares(gr.g.get(), gr.n, pool);
       const float scale = clip ? float(1.0 / (std::sqrt(ss) + 1e-6)) : 1.f;
       for (auto& gr : groups)
-        rp::adamw_update(gr.w.get(), gr.st, gr.g.get(), gr.n, scale, opt, 1e-5, gr.out.get(), rp::DType::bf16, pool);
+        rp::adamw_update(gr.w.get(), gr.st, gr.g.get(), gr.n, scale, opt, 1e-5, gr.out.get(), rp::DType::bf16,
+                         pool);
     };
     full_step(false);
     const double setup = std::chrono::duration<double>(Clock::now() - t_alloc).count();
     const double tf = time_it(3, [&] { full_step(false); });
     const double tfc = time_it(3, [&] { full_step(true); });
-    std::snprintf(buf, sizeof buf,
-                  "\nQwen3-1.7B full optimizer step (%d layers, %zu groups, %.3g parameters, %.1f GB of optimizer "
-                  "state + grads + bf16 copy; setup %.1f s), %d threads: %.3f s per step (%.2f Gparam/s); with the "
-                  "global-norm clipping pass: %.3f s.\nOne GPU iteration at the issue-3 target (31K tokens/s, 65536 "
-                  "tokens/step) is %.2f s; at the Python RoundPipe's 20.9K tokens/s, %.2f s.\n",
-                  qwen_layers, groups.size(), double(total), double(total) * 18 / 1e9, setup, tmax, tf,
-                  double(total) / tf / 1e9, tfc, 65536.0 / 31000, 65536.0 / 20900);
+    std::snprintf(
+        buf, sizeof buf,
+        "\nQwen3-1.7B full optimizer step (%d layers, %zu groups, %.3g parameters, %.1f GB of optimizer "
+        "state + grads + bf16 copy; setup %.1f s), %d threads: %.3f s per step (%.2f Gparam/s); with the "
+        "global-norm clipping pass: %.3f s.\nOne GPU iteration at the issue-3 target (31K tokens/s, 65536 "
+        "tokens/step) is %.2f s; at the Python RoundPipe's 20.9K tokens/s, %.2f s.\n",
+        qwen_layers, groups.size(), double(total), double(total) * 18 / 1e9, setup, tmax, tf,
+        double(total) / tf / 1e9, tfc, 65536.0 / 31000, 65536.0 / 20900);
     out(buf);
   }
   if (!md_path.empty()) {

@@ -91,29 +91,33 @@ int main(int argc, char** argv) {
     so.micro_batches = o.micro_batches;
     so.bandwidth = rp::StreamBandwidths::uniform(d.pcie_bandwidth);
     rp::SimResult sr = rp::simulate(r.plan, rp::stage_costs(costs, r.plan, o), so);
-    const std::string row = fmt::format(
-        "| {} | {} | {} | {}+1+{} | {} | {} | {:.3f} ms | {:.3f} ms | {:.1f} ms | {:.2f}% |\n", c.name,
-        big ? "H200-like" : "4090-like", c.cap ? rp::format_bytes(double(c.cap)) : std::string("none"),
-        r.plan.num_forward(), r.plan.num_backward(), r.candidates, r.evaluations, times[times.size() / 2] * 1e3,
-        times.back() * 1e3, sr.iteration_seconds * 1e3, 100 * sr.steady_bubble_ratio);
+    const std::string row =
+        fmt::format("| {} | {} | {} | {}+1+{} | {} | {} | {:.3f} ms | {:.3f} ms | {:.1f} ms | {:.2f}% |\n",
+                    c.name, big ? "H200-like" : "4090-like",
+                    c.cap ? rp::format_bytes(double(c.cap)) : std::string("none"), r.plan.num_forward(),
+                    r.plan.num_backward(), r.candidates, r.evaluations, times[times.size() / 2] * 1e3,
+                    times.back() * 1e3, sr.iteration_seconds * 1e3, 100 * sr.steady_bubble_ratio);
     fmt::print("{}", row);
     table += row;
   }
 
   std::string md = "# Partitioner planning time\n\n";
   md += "Target: at most the published 2-5 ms for ~30-layer models and ~1.5 s for 94 layers.\n\n";
-  md += fmt::format("Command: `{}` (Release, -O2 -march=native), {} repetitions per row, G = 8, M = 16, one "
-                    "sequence of 8192 tokens per micro-batch, PCIe charged.\n\n",
-                    argv[0], 200);
+  md += fmt::format(
+      "Command: `{}` (Release, -O2 -march=native), {} repetitions per row, G = 8, M = 16, one "
+      "sequence of 8192 tokens per micro-batch, PCIe charged.\n\n",
+      argv[0], 200);
   md += "Machine:\n\n```\n" + shell("uname -a") + "\nnproc: " + shell("nproc") + "\n" +
         shell("grep -m1 'model name' /proc/cpuinfo") + "\n```\n\n";
-  md += "Devices: 4090-like = 165 TFLOP/s, 1.0 TB/s, PCIe 25 GB/s; H200-like = 790 TFLOP/s, 4.3 TB/s, "
-        "PCIe 55 GB/s. Costs from the analytic model (scheduler/cost_model.hpp); the MoE layer is "
-        "approximated analytically (router + 8 of 128 experts with balanced routing; all experts' "
-        "weights uploaded).\n\n";
+  md +=
+      "Devices: 4090-like = 165 TFLOP/s, 1.0 TB/s, PCIe 25 GB/s; H200-like = 790 TFLOP/s, 4.3 TB/s, "
+      "PCIe 55 GB/s. Costs from the analytic model (scheduler/cost_model.hpp); the MoE layer is "
+      "approximated analytically (router + 8 of 128 experts with balanced routing; all experts' "
+      "weights uploaded).\n\n";
   md += table;
-  md += "\n`candidates`: distinct tmax values (tau of every memory-feasible run of layers); `packings`: "
-        "greedy O(L) evaluations run (binary search per stage count).\n";
+  md +=
+      "\n`candidates`: distinct tmax values (tau of every memory-feasible run of layers); `packings`: "
+      "greedy O(L) evaluations run (binary search per stage count).\n";
   std::ofstream f(out_path);
   if (!f) {
     fmt::print(stderr, "cannot write {}\n", out_path);

@@ -25,10 +25,10 @@
 // --experts-per-tok k --expert-ffn Fe [--sparse-step s] on any shape; --layers N keeps the first
 // N decoders of a preset (235B on one host). LoRA on a sparse layer reaches its attention, and
 // its experts with "experts" in --lora-targets (per-expert adapters on gate_up_proj and
-// down_proj, e.g. --lora-r 32 --lora-targets q_proj,k_proj,v_proj,o_proj,experts). A MoE step line adds its expert
-// utilisation (least / most used expert against the even share) and load-balancing loss.
-// Every row reports the peak device memory and the process's peak host memory (max RSS).
-// A failure of the run (memory cap, device error, bad flag) is one line on stderr and exit 1.
+// down_proj, e.g. --lora-r 32 --lora-targets q_proj,k_proj,v_proj,o_proj,experts). A MoE step line adds its
+// expert utilisation (least / most used expert against the even share) and load-balancing loss. Every row
+// reports the peak device memory and the process's peak host memory (max RSS). A failure of the run (memory
+// cap, device error, bad flag) is one line on stderr and exit 1.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -44,11 +44,11 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "base/host_resources.hpp"
 #include "kernels/device.hpp"
 #include "kernels/weight_format.hpp"
 #include "model/lora.hpp"
 #include "model/model_flops.hpp"
-#include "base/host_resources.hpp"
 #include "roundpipe/session.hpp"
 #include "scheduler/cost_model.hpp"
 #include "scheduler/partition.hpp"
@@ -137,7 +137,8 @@ int run(int argc, char** argv) {
   CLI::App app{"RoundPipe end-to-end throughput benchmark"};
   std::string backend = "cuda", trace, results, dtype = "bf16", plan_json;
   int workers = 1, layers = 28, steps = 6, warmup = 2;
-  int64_t hidden = 2048, heads = 16, kv = 8, hd = 128, ffn = 6144, vocab = 151936, seq = 8192, seqs = 8, micro = 8;
+  int64_t hidden = 2048, heads = 16, kv = 8, hd = 128, ffn = 6144, vocab = 151936, seq = 8192, seqs = 8,
+          micro = 8;
   bool sync = false, qwen3 = true, no_prio = false, fp8 = false;
   int64_t chunk_bytes = 32 << 20;
   int bulk_inflight = 1;
@@ -165,7 +166,8 @@ int run(int argc, char** argv) {
   app.add_option("--results", results, "append a markdown row here");
   app.add_option("--plan", plan_json, "explicit plan (JSON as in a spec's \"plan\" key)");
   app.add_option("--dtype", dtype, "storage dtype on the GPU")->check(CLI::IsMember({"bf16", "f16"}));
-  app.add_option("--bulk-inflight", bulk_inflight, "parameter/gradient chunks in flight at once (priorities on)");
+  app.add_option("--bulk-inflight", bulk_inflight,
+                 "parameter/gradient chunks in flight at once (priorities on)");
   app.add_flag("--no-priorities", no_prio, "transfers first come, first served (no cross-stream priority)");
   app.add_option("--chunk-bytes", chunk_bytes, "cut parameter/gradient copies into chunks of this (0: none)")
       ->check(CLI::NonNegativeNumber);
@@ -187,17 +189,20 @@ int run(int argc, char** argv) {
   bool no_save_attention = false;
   app.add_flag("--no-save-attention", no_save_attention,
                "recompute each decoder's attention in backward instead of keeping the forward's output");
-  app.add_option("--cap-above-plan", cap_above_plan,
-                 "run the plan chosen at --cap-gib with the cap this fraction above its predicted working set "
-                 "(e.g. 0.02)");
+  app.add_option(
+      "--cap-above-plan", cap_above_plan,
+      "run the plan chosen at --cap-gib with the cap this fraction above its predicted working set "
+      "(e.g. 0.02)");
   app.add_option("--profile-out", profile_out, "write the measured per-layer profile (JSON) here");
-  app.add_option("--preset", preset,
-                 "model shape: qwen3-1.7b (default flags), qwen3-4b, llama3.1-8b, llama3.1-70b, qwen3-30b-a3b, "
-                 "qwen3-235b-a22b or gpt-oss-20b (a given --layers overrides the preset's depth)")
+  app.add_option(
+         "--preset", preset,
+         "model shape: qwen3-1.7b (default flags), qwen3-4b, llama3.1-8b, llama3.1-70b, qwen3-30b-a3b, "
+         "qwen3-235b-a22b or gpt-oss-20b (a given --layers overrides the preset's depth)")
       ->check(CLI::IsMember({"qwen3-1.7b", "qwen3-4b", "llama3.1-8b", "llama3.1-70b", "qwen3-30b-a3b",
                              "qwen3-235b-a22b", "gpt-oss-20b"}));
   int64_t experts = 0, top_k = 2, expert_ffn = 0, sparse_step = 1;
-  app.add_option("--experts", experts, "mixture of experts (Qwen3-MoE): routed experts per sparse layer (0: dense)")
+  app.add_option("--experts", experts,
+                 "mixture of experts (Qwen3-MoE): routed experts per sparse layer (0: dense)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--experts-per-tok", top_k, "experts per token (top-k)");
   app.add_option("--expert-ffn", expert_ffn, "FFN width of one expert (moe_intermediate_size; 0: --ffn)");
@@ -208,15 +213,17 @@ int run(int argc, char** argv) {
   app.add_option("--lora-r", lora_r, "LoRA rank on frozen base weights (0: full fine-tuning)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--lora-alpha", lora_alpha, "LoRA alpha (default: 2 x rank)");
-  app.add_option("--lora-targets", lora_targets,
-                 "comma-separated modules or all-linear; \"experts\" (or experts.gate_up_proj, experts.down_proj) "
-                 "adds per-expert adapters to the sparse layers");
+  app.add_option(
+      "--lora-targets", lora_targets,
+      "comma-separated modules or all-linear; \"experts\" (or experts.gate_up_proj, experts.down_proj) "
+      "adds per-expert adapters to the sparse layers");
   app.add_option("--base-format", base_format, "storage of the frozen base weights (LoRA)")
       ->check(CLI::IsMember({"f32", "bf16", "f16", "q8_0", "q4_0", "nf4", "mxfp4"}));
   CLI11_PARSE(app, argc, argv);
   bool tied = true;
   double rope_theta = 1e6;
-  if (preset == "qwen3-4b") layers = 36, hidden = 2560, heads = 32, kv = 8, hd = 128, ffn = 9728, vocab = 151936;
+  if (preset == "qwen3-4b")
+    layers = 36, hidden = 2560, heads = 32, kv = 8, hd = 128, ffn = 9728, vocab = 151936;
   if (preset == "llama3.1-8b" || preset == "llama3.1-70b") {
     qwen3 = false, tied = false, rope_theta = 5e5, vocab = 128256, kv = 8, hd = 128;
     if (preset == "llama3.1-8b") layers = 32, hidden = 4096, heads = 32, ffn = 14336;
@@ -225,9 +232,11 @@ int run(int argc, char** argv) {
   // Qwen3-MoE: every decoder sparse, 128 experts, top-8, untied embeddings (intermediate_size
   // is that of the config.json and unused)
   if (preset == "qwen3-30b-a3b")
-    layers = 48, hidden = 2048, heads = 32, kv = 4, hd = 128, ffn = 6144, experts = 128, top_k = 8, expert_ffn = 768;
+    layers = 48, hidden = 2048, heads = 32, kv = 4, hd = 128, ffn = 6144, experts = 128, top_k = 8,
+    expert_ffn = 768;
   if (preset == "qwen3-235b-a22b")
-    layers = 94, hidden = 4096, heads = 64, kv = 4, hd = 128, ffn = 12288, experts = 128, top_k = 8, expert_ffn = 1536;
+    layers = 94, hidden = 4096, heads = 64, kv = 4, hd = 128, ffn = 12288, experts = 128, top_k = 8,
+    expert_ffn = 1536;
   if (preset.rfind("qwen3-", 0) == 0 && experts > 0) tied = false, vocab = 151936, sparse_step = 1;
   const bool gpt_oss = preset == "gpt-oss-20b";  // examples/configs/gpt-oss-20b.json
   if (gpt_oss)
@@ -262,7 +271,8 @@ int run(int argc, char** argv) {
     c.attention_bias = true;
     c.attention_sinks = true;
     c.sliding_window = 128;
-    for (int64_t i = 0; i < layers; ++i) c.layer_types.push_back(i % 2 == 0 ? "sliding_attention" : "full_attention");
+    for (int64_t i = 0; i < layers; ++i)
+      c.layer_types.push_back(i % 2 == 0 ? "sliding_attention" : "full_attention");
     c.rope_scaling.type = "yarn";
     c.rope_scaling.factor = 32;
     c.rope_scaling.original_max_position_embeddings = 4096;
@@ -346,7 +356,8 @@ int run(int argc, char** argv) {
   const rp::PeakEstimate peak_est = rp::predict_peak(stage_est, peak_po);
   std::printf("plan %s: predicted working set %.2f GiB, peak at stage switches %.2f GiB, cap %.2f GiB\n",
               planned.summary().c_str(), double(predicted) / double(1ull << 30),
-              double(peak_est.bytes) / double(1ull << 30), double(o.device.capacity_bytes) / double(1ull << 30));
+              double(peak_est.bytes) / double(1ull << 30),
+              double(o.device.capacity_bytes) / double(1ull << 30));
   auto t0 = std::chrono::steady_clock::now();
   int64_t frozen_bytes = 0, trainable = 0;
   for (const auto& g : m.groups) g.frozen ? frozen_bytes += g.storage_bytes : trainable += g.numel;
@@ -359,15 +370,20 @@ int run(int argc, char** argv) {
                 double(frozen_bytes) / 1e9, (long long)trainable);
   rp::Session s(m, std::move(w), std::move(frozen), o);
   const rp::HostPinning pins = s.host_pinning();
-  std::printf("session ready in %.1f s: %s, plan %s; host buffers %s %s, pageable %s (%s frozen weights), pin budget %s\n",
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), s.device_name().c_str(),
-              s.plan().summary().c_str(), on_cpu ? "counted as pinned (the CPU backend page-locks nothing)" : "pinned",
-              rp::byte_text(double(pins.pinned_bytes)).c_str(), rp::byte_text(double(pins.pageable_bytes)).c_str(),
-              rp::byte_text(double(pins.pageable_frozen_bytes)).c_str(), rp::byte_text(double(pins.budget)).c_str());
+  std::printf(
+      "session ready in %.1f s: %s, plan %s; host buffers %s %s, pageable %s (%s frozen weights), pin budget "
+      "%s\n",
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), s.device_name().c_str(),
+      s.plan().summary().c_str(),
+      on_cpu ? "counted as pinned (the CPU backend page-locks nothing)" : "pinned",
+      rp::byte_text(double(pins.pinned_bytes)).c_str(), rp::byte_text(double(pins.pageable_bytes)).c_str(),
+      rp::byte_text(double(pins.pageable_frozen_bytes)).c_str(), rp::byte_text(double(pins.budget)).c_str());
   const int64_t n = micro * o.micro.tokens();
   std::vector<int32_t> ids(n), tg(n);
   std::vector<double> done_at;
-  auto now = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
+  auto now = [] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  };
   const int total = warmup + steps;
   double loss = 0;
   for (int t = 0; t < total; ++t) {
@@ -399,32 +415,38 @@ int run(int argc, char** argv) {
   const char* attn = std::getenv("RP_CUDA_ATTENTION");
   const std::string xfer = std::string(no_prio ? "no priorities" : "priorities") +
                            (no_save_attention ? ", attention recomputed" : ", attention saved");
-  const std::string chunks = chunk_bytes > 0 ? fmt::format("{} MiB chunks x {}", chunk_bytes / double(1 << 20), bulk_inflight) : "no chunks";
+  const std::string chunks =
+      chunk_bytes > 0 ? fmt::format("{} MiB chunks x {}", chunk_bytes / double(1 << 20), bulk_inflight)
+                      : "no chunks";
   const double rss = max_rss_gib();
-  const std::string shape =
-      fmt::format("{}L{} H{} {}q/{}kv {}, {}x{} tokens, M={}",
-                  lora ? fmt::format("LoRA r={} {} base {}, ", lora->r, lora_targets, base_format) : std::string(),
-                  layers, hidden, heads, kv,
-                  experts > 0 ? fmt::format("{} experts top-{} Fe{} in {} sparse layers", experts, top_k,
-                                            c.moe_intermediate_size, c.num_moe_layers())
-                              : fmt::format("F{}", ffn),
-                  seqs, seq, micro);
+  const std::string shape = fmt::format(
+      "{}L{} H{} {}q/{}kv {}, {}x{} tokens, M={}",
+      lora ? fmt::format("LoRA r={} {} base {}, ", lora->r, lora_targets, base_format) : std::string(),
+      layers, hidden, heads, kv,
+      experts > 0 ? fmt::format("{} experts top-{} Fe{} in {} sparse layers", experts, top_k,
+                                c.moe_intermediate_size, c.num_moe_layers())
+                  : fmt::format("F{}", ffn),
+      seqs, seq, micro);
   const double weight_gb = weight_bytes_per_iteration(m, s.plan(), rp::dtype_size(o.device.dtype)) / 1e9;
   std::string row = fmt::format(
-      "| roundpipe ({} x {}, {}, {}, attention {}, {}, {}; {}) | {:.0f} | {:.3f} | {:.2f} | {:.1f} | {:.2f} |", workers,
-      backend, sync ? "sync" : "async", fp8 ? dtype + " + fp8 linears" : dtype, attn && *attn ? attn : "auto", xfer, chunks, shape, tps, mfu, peak, rss,
-      dt);
+      "| roundpipe ({} x {}, {}, {}, attention {}, {}, {}; {}) | {:.0f} | {:.3f} | {:.2f} | {:.1f} | {:.2f} "
+      "|",
+      workers, backend, sync ? "sync" : "async", fp8 ? dtype + " + fp8 linears" : dtype,
+      attn && *attn ? attn : "auto", xfer, chunks, shape, tps, mfu, peak, rss, dt);
   predicted_prefetch = std::min(predicted_prefetch, int64_t(o.device.capacity_bytes));
-  std::printf("RESULT tokens/s %.1f  MFU %.3f  peak device memory %.2f GiB (predicted working set %.2f, measured/predicted %.3f; "
-              "with the next stage's weights prefetched %.2f, measured/predicted %.3f; predicted peak at stage switches "
-              "%.2f, measured/predicted %.3f)  host max RSS %.1f GiB  step %.3f s  "
-              "weights uploaded %.2f GB per iteration  (%s; %s, %s)\n",
-              tps, mfu, peak, double(predicted) / double(1ull << 30), double(s.peak_device_bytes()) / double(predicted),
-              double(predicted_prefetch) / double(1ull << 30),
-              double(s.peak_device_bytes()) / double(std::max<int64_t>(predicted_prefetch, 1)),
-              double(peak_est.bytes) / double(1ull << 30),
-              double(s.peak_device_bytes()) / double(std::max<int64_t>(peak_est.bytes, 1)),
-              rss, dt, weight_gb, s.plan().summary().c_str(), xfer.c_str(), chunks.c_str());
+  std::printf(
+      "RESULT tokens/s %.1f  MFU %.3f  peak device memory %.2f GiB (predicted working set %.2f, "
+      "measured/predicted %.3f; "
+      "with the next stage's weights prefetched %.2f, measured/predicted %.3f; predicted peak at stage "
+      "switches "
+      "%.2f, measured/predicted %.3f)  host max RSS %.1f GiB  step %.3f s  "
+      "weights uploaded %.2f GB per iteration  (%s; %s, %s)\n",
+      tps, mfu, peak, double(predicted) / double(1ull << 30),
+      double(s.peak_device_bytes()) / double(predicted), double(predicted_prefetch) / double(1ull << 30),
+      double(s.peak_device_bytes()) / double(std::max<int64_t>(predicted_prefetch, 1)),
+      double(peak_est.bytes) / double(1ull << 30),
+      double(s.peak_device_bytes()) / double(std::max<int64_t>(peak_est.bytes, 1)), rss, dt, weight_gb,
+      s.plan().summary().c_str(), xfer.c_str(), chunks.c_str());
   if (!results.empty()) std::ofstream(results, std::ios::app) << row << "\n";
   if (!trace.empty()) s.write_trace(trace);
   if (!profile_out.empty()) s.save_profile(profile_out);

@@ -1,8 +1,8 @@
 // Shared by the `roundpipe` subcommands that run from their CLI11 callback.
 #pragma once
+#include <cmath>
 #include <cstdio>
 #include <exception>
-#include <cmath>
 #include <functional>
 #include <stdexcept>
 #include <string>

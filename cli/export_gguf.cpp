@@ -17,16 +17,19 @@ void add_export_gguf_command(CLI::App& app) {
     bool force = false;
   };
   auto o = std::make_shared<Options>();
-  auto* c = app.add_subcommand("export-gguf",
-                               "write a Hugging Face folder (a run's final/ or final-merged/; an adapter folder is merged "
-                               "into its base) as a GGUF file for llama.cpp (llama, qwen2, qwen3)");
+  auto* c = app.add_subcommand(
+      "export-gguf",
+      "write a Hugging Face folder (a run's final/ or final-merged/; an adapter folder is merged "
+      "into its base) as a GGUF file for llama.cpp (llama, qwen2, qwen3)");
   c->add_option("input", o->in, "model folder (config.json, model.safetensors, tokenizer.json)")->required();
   c->add_option("output", o->out, "the .gguf file to write (atomically)")->required();
-  c->add_option("--type", o->type,
-                "type of the 2-D weights: f16 (default), bf16, or q8_0 (blocks of 32 with an f16 scale; rows not a "
-                "multiple of 32 stay f16); norms and biases are always f32")
+  c->add_option(
+       "--type", o->type,
+       "type of the 2-D weights: f16 (default), bf16, or q8_0 (blocks of 32 with an f16 scale; rows not a "
+       "multiple of 32 stay f16); norms and biases are always f32")
       ->check(CLI::IsMember({"f16", "bf16", "q8_0"}));
-  c->add_flag("--force", o->force, "replace OUTPUT when it is a GGUF file export-gguf wrote (any other file is never replaced)");
+  c->add_flag("--force", o->force,
+              "replace OUTPUT when it is a GGUF file export-gguf wrote (any other file is never replaced)");
   c->callback(reporting_errors([o] {
     const int64_t n = export_gguf(o->in, o->out, parse_gguf_export_type(o->type), o->force);
     fmt::print("wrote {} ({} tensors, {})\n", o->out, n, o->type);

@@ -22,7 +22,8 @@ namespace fs = std::filesystem;
 namespace {
 
 struct GenerateCommandOptions {
-  std::string model, base, prompt, chat, messages, system, chat_template = "auto", backend = "cpu", dtype = "bf16";
+  std::string model, base, prompt, chat, messages, system, chat_template = "auto", backend = "cpu",
+                                                           dtype = "bf16";
   std::vector<std::string> stop;
   int64_t max_tokens = 128, top_k = 0, context = 0;
   double temperature = 0, top_p = 1;
@@ -45,10 +46,10 @@ std::vector<ChatMessage> read_messages(const std::string& path) {
   if (!j.is_array()) throw std::runtime_error(path + ": expected a JSON array of {\"role\", \"content\"}");
   std::vector<ChatMessage> out;
   for (size_t i = 0; i < j.size(); ++i) {
-    if (!j[i].is_object() || !j[i].contains("role") || !j[i].contains("content") || !j[i]["role"].is_string() ||
-        !j[i]["content"].is_string())
-      throw std::runtime_error(fmt::format("{}: element {} of {}: expected {{\"role\": str, \"content\": str}}", path,
-                                           i + 1, j.size()));
+    if (!j[i].is_object() || !j[i].contains("role") || !j[i].contains("content") ||
+        !j[i]["role"].is_string() || !j[i]["content"].is_string())
+      throw std::runtime_error(fmt::format(
+          "{}: element {} of {}: expected {{\"role\": str, \"content\": str}}", path, i + 1, j.size()));
     out.push_back({j[i]["role"], j[i]["content"], {}});
   }
   return out;
@@ -75,10 +76,11 @@ void run_generate(const GenerateCommandOptions& c) {
   // a LoRA checkpoint: merged into its base (--base, else its adapter_config.json's)
   std::error_code ec;  // a run's output folder instead of one of its checkpoints
   const fs::path mp(c.model);
-  if (fs::is_directory(mp, ec) && !fs::exists(mp / "config.json", ec) && !fs::exists(mp / "adapter_config.json", ec))
+  if (fs::is_directory(mp, ec) && !fs::exists(mp / "config.json", ec) &&
+      !fs::exists(mp / "adapter_config.json", ec))
     if (const auto inside = checkpoints_in(c.model); !inside.empty())
-      throw std::invalid_argument(fmt::format("{}: a run's output folder, not a model; generate from {}/{}", c.model,
-                                              c.model, newest_checkpoint(inside)));
+      throw std::invalid_argument(fmt::format("{}: a run's output folder, not a model; generate from {}/{}",
+                                              c.model, c.model, newest_checkpoint(inside)));
   const LoadedModel lm = load_model_or_adapter(c.model, c.base);
   GeneratorOptions go;
   go.backend = c.backend;
@@ -100,28 +102,43 @@ void run_generate(const GenerateCommandOptions& c) {
 
 void add_generate_command(CLI::App& app) {
   auto c = std::make_shared<GenerateCommandOptions>();
-  auto* g = app.add_subcommand("generate", "generate text from a model or checkpoint folder (KV cache, one device)");
-  g->add_option("model", c->model,
-                "a .gguf file, a Hugging Face folder (e.g. runs/default/final) or a PEFT adapter folder (e.g. "
-                "runs/lora/final: folded into its base model)")
+  auto* g = app.add_subcommand("generate",
+                               "generate text from a model or checkpoint folder (KV cache, one device)");
+  g->add_option(
+       "model", c->model,
+       "a .gguf file, a Hugging Face folder (e.g. runs/default/final) or a PEFT adapter folder (e.g. "
+       "runs/lora/final: folded into its base model)")
       ->required();
-  g->add_option("--base", c->base,
-                "a LoRA adapter folder's base model (default: the adapter_config.json's base_model_name_or_path)");
-  g->add_option("--prompt", c->prompt, "plain text to continue (with the tokenizer's BOS, as HF tokenizer(text))");
-  g->add_option("--chat", c->chat, "a user message, rendered with the chat template and its generation prompt");
+  g->add_option(
+      "--base", c->base,
+      "a LoRA adapter folder's base model (default: the adapter_config.json's base_model_name_or_path)");
+  g->add_option("--prompt", c->prompt,
+                "plain text to continue (with the tokenizer's BOS, as HF tokenizer(text))");
+  g->add_option("--chat", c->chat,
+                "a user message, rendered with the chat template and its generation prompt");
   g->add_option("--system", c->system, "a system message before --chat");
   g->add_option("--messages", c->messages, "a JSON file: an array of {\"role\", \"content\"} messages");
-  g->add_option("--chat-template", c->chat_template, "auto (the model's own template, through the Jinja interpreter), jinja, or a hand-written chatml, qwen3, qwen3-no-think, smollm2, llama3");
-  g->add_flag("--no-think", c->no_think, "enable_thinking = false for the template (Qwen3: an empty think block ends the generation prompt)");
-  g->add_option("--max-tokens", c->max_tokens, "most new tokens (default 128)")->check(CLI::Range(int64_t(1), int64_t(1) << 20));
-  g->add_option("--temperature", c->temperature, "0: greedy (default); > 0: sample")->check(CLI::Range(0.0, 100.0));
-  g->add_option("--top-k", c->top_k, "sample among the k most likely tokens (0: all)")->check(CLI::NonNegativeNumber);
+  g->add_option("--chat-template", c->chat_template,
+                "auto (the model's own template, through the Jinja interpreter), jinja, or a hand-written "
+                "chatml, qwen3, qwen3-no-think, smollm2, llama3");
+  g->add_flag(
+      "--no-think", c->no_think,
+      "enable_thinking = false for the template (Qwen3: an empty think block ends the generation prompt)");
+  g->add_option("--max-tokens", c->max_tokens, "most new tokens (default 128)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  g->add_option("--temperature", c->temperature, "0: greedy (default); > 0: sample")
+      ->check(CLI::Range(0.0, 100.0));
+  g->add_option("--top-k", c->top_k, "sample among the k most likely tokens (0: all)")
+      ->check(CLI::NonNegativeNumber);
   g->add_option("--top-p", c->top_p, "sample among the smallest set of probability >= p (1: all)")
       ->check(CLI::Range(1e-6, 1.0));
   g->add_option("--seed", c->seed, "sampling seed");
-  g->add_option("--stop", c->stop, "stop once the text contains this (repeatable); eos and end of turn always stop");
-  g->add_option("--backend", c->backend, "cpu (default), cuda or auto")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  g->add_option("--dtype", c->dtype, "CUDA storage dtype: bf16 (default) or f16")->check(CLI::IsMember({"bf16", "f16"}));
+  g->add_option("--stop", c->stop,
+                "stop once the text contains this (repeatable); eos and end of turn always stop");
+  g->add_option("--backend", c->backend, "cpu (default), cuda or auto")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  g->add_option("--dtype", c->dtype, "CUDA storage dtype: bf16 (default) or f16")
+      ->check(CLI::IsMember({"bf16", "f16"}));
   g->add_option("--context", c->context, "KV-cache rows (0: the model's max positions, at most 4096)")
       ->check(CLI::NonNegativeNumber);
   g->callback(reporting_errors([c] { run_generate(*c); }));

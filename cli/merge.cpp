@@ -17,13 +17,17 @@ void add_merge_command(CLI::App& app) {
     std::string adapter, out, base, dtype = "bf16";
   };
   auto o = std::make_shared<Options>();
-  auto* c = app.add_subcommand("merge", "fold a PEFT LoRA adapter folder into its base model (a plain Hugging Face folder)");
-  c->add_option("adapter", o->adapter, "adapter folder (adapter_config.json + adapter_model.safetensors)")->required();
+  auto* c = app.add_subcommand(
+      "merge", "fold a PEFT LoRA adapter folder into its base model (a plain Hugging Face folder)");
+  c->add_option("adapter", o->adapter, "adapter folder (adapter_config.json + adapter_model.safetensors)")
+      ->required();
   c->add_option("output", o->out, "output folder (written atomically)")->required();
-  c->add_option("--base", o->base, "base model (.gguf or Hugging Face folder); default: the adapter's base_model_name_or_path");
-  c->add_option("--dtype", o->dtype,
-                "dtype of the written weights: f32, bf16 or f16 (default bf16, as convert and a run's save_dtype; f32 "
-                "keeps the fp32 merge W + scaling B A exactly)")
+  c->add_option("--base", o->base,
+                "base model (.gguf or Hugging Face folder); default: the adapter's base_model_name_or_path");
+  c->add_option(
+       "--dtype", o->dtype,
+       "dtype of the written weights: f32, bf16 or f16 (default bf16, as convert and a run's save_dtype; f32 "
+       "keeps the fp32 merge W + scaling B A exactly)")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}));
   c->callback(reporting_errors([o] {
     for (const std::string& line : clean_model_folder_leftovers(o->out)) fmt::print("{}\n", line);

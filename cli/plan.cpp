@@ -18,19 +18,19 @@
 #include "base/checked_math.hpp"
 #include "base/counted.hpp"
 #include "cli/command.hpp"
+#include "kernels/device.hpp"
+#include "kernels/weight_format.hpp"
 #include "model/config.hpp"
 #include "model/gguf.hpp"
 #include "model/layout.hpp"
 #include "model/lora.hpp"
 #include "roundpipe/spec.hpp"
-#include "kernels/weight_format.hpp"
-#include "kernels/device.hpp"
 #include "scheduler/gpu_presets.hpp"
 #include "scheduler/partition.hpp"
-#include "scheduler/replan.hpp"
-#include "scheduler/run_plan.hpp"
-#include "scheduler/replica_cost.hpp"
 #include "scheduler/profile.hpp"
+#include "scheduler/replan.hpp"
+#include "scheduler/replica_cost.hpp"
+#include "scheduler/run_plan.hpp"
 #include "scheduler/simulator.hpp"
 #include "scheduler/stage_peak.hpp"
 
@@ -91,19 +91,20 @@ ModelShape load_model_shape(const std::string& path, std::string* description) {
   // The partitioner searches every contiguous range of layers (O(L^2) candidates, each
   // memoised): 1024 decoder layers is 8x the deepest released dense model (126).
   if (m.num_layers > kMaxPlanLayers)
-    throw std::runtime_error(fmt::format("{}: num_hidden_layers {} exceeds the {} decoder layers the planner "
-                                         "handles",
-                                         file, m.num_layers, kMaxPlanLayers));
+    throw std::runtime_error(
+        fmt::format("{}: num_hidden_layers {} exceeds the {} decoder layers the planner "
+                    "handles",
+                    file, m.num_layers, kMaxPlanLayers));
   if (description) {
     const double total = double(c.num_parameters()), active = double(c.num_active_parameters());
-    *description = fmt::format("{} ({}): {} layers, hidden {}, {} q / {} kv heads x {}, {}vocab {}, "
-                               "{:.2f} B parameters",
-                               path, kind, m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim,
-                               m.num_experts > 0 ? fmt::format("{} experts top-{} x FFN {} in {} sparse layers, ",
-                                                               m.num_experts, m.experts_per_token,
-                                                               m.moe_intermediate_size, m.num_moe_layers())
-                                                 : fmt::format("FFN {}, ", m.intermediate_size),
-                               m.vocab_size, total / 1e9);
+    *description = fmt::format(
+        "{} ({}): {} layers, hidden {}, {} q / {} kv heads x {}, {}vocab {}, "
+        "{:.2f} B parameters",
+        path, kind, m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim,
+        m.num_experts > 0 ? fmt::format("{} experts top-{} x FFN {} in {} sparse layers, ", m.num_experts,
+                                        m.experts_per_token, m.moe_intermediate_size, m.num_moe_layers())
+                          : fmt::format("FFN {}, ", m.intermediate_size),
+        m.vocab_size, total / 1e9);
     if (m.num_experts > 0) *description += fmt::format(" in total, {:.2f} B active per token", active / 1e9);
   }
   return m;
@@ -173,7 +174,8 @@ DeviceModel device_model(const PlanCommandOptions& o, const std::optional<ModelL
 // parameter counts the plan forms from it.
 void check_lora_r(int64_t r) {
   if (r < 0 || r > LoraConfig::kMaxRank)
-    throw UsageError(fmt::format("--lora-r: expected 0 (none) or an integer in 1..{}, got {}", LoraConfig::kMaxRank, r));
+    throw UsageError(
+        fmt::format("--lora-r: expected 0 (none) or an integer in 1..{}, got {}", LoraConfig::kMaxRank, r));
 }
 
 PartitionOptions partition_options(const PlanCommandOptions& o, int64_t cap) {
@@ -192,7 +194,8 @@ WeightFormat frozen_format(const PlanCommandOptions& o) {
   try {
     return parse_weight_format(o.frozen);
   } catch (const std::invalid_argument&) {
-    throw UsageError(fmt::format("--frozen: expected f32, bf16, f16, q8_0, q4_0, nf4 or mxfp4, got '{}'", o.frozen));
+    throw UsageError(
+        fmt::format("--frozen: expected f32, bf16, f16, q8_0, q4_0, nf4 or mxfp4, got '{}'", o.frozen));
   }
 }
 
@@ -202,11 +205,13 @@ std::optional<ModelLayout> run_layout(const PlanCommandOptions& o) {
   if (o.nodes < 1) throw UsageError(fmt::format("--nodes: expected >= 1, got {}", o.nodes));
   if (!(o.net_gbps > 0)) throw UsageError(fmt::format("--net-gbps: expected > 0, got {}", o.net_gbps));
   if (!(o.net_latency_us >= 0)) throw UsageError("--net-latency-us: expected >= 0");
-  if (o.accumulation < 1) throw UsageError(fmt::format("--accumulation: expected >= 1, got {}", o.accumulation));
+  if (o.accumulation < 1)
+    throw UsageError(fmt::format("--accumulation: expected >= 1, got {}", o.accumulation));
   WeightFormat f = frozen_format(o);
   const ModelConfig c = plan_config(o);
-  if (f == WeightFormat::mxfp4 && c.num_experts == 0) f = WeightFormat::bf16;  // the experts' form only, as a run
-  if (o.lora_r > 0) {  // adapters on a base frozen in f (make_layout freezes it)
+  if (f == WeightFormat::mxfp4 && c.num_experts == 0)
+    f = WeightFormat::bf16;  // the experts' form only, as a run
+  if (o.lora_r > 0) {        // adapters on a base frozen in f (make_layout freezes it)
     LoraConfig lc;
     lc.r = o.lora_r;
     lc.alpha = double(o.lora_r);
@@ -215,9 +220,10 @@ std::optional<ModelLayout> run_layout(const PlanCommandOptions& o) {
     try {
       return make_layout(c, lc);
     } catch (const std::invalid_argument& e) {
-      throw UsageError(fmt::format("--lora-targets: {} (the flag also takes experts, experts.gate_up_proj and "
-                                   "experts.down_proj)",
-                                   e.what()));
+      throw UsageError(
+          fmt::format("--lora-targets: {} (the flag also takes experts, experts.gate_up_proj and "
+                      "experts.down_proj)",
+                      e.what()));
     }
   }
   ModelLayout m = make_layout(c);
@@ -253,11 +259,13 @@ namespace {
 
 // The run plan for sequences of `seq` tokens under `cap`, or nullopt when none fits (with
 // `without_waiting`: also when its peak across stage switches does not).
-std::optional<RunPlan> plan_at(const PlanCommandOptions& o, int64_t seq, int64_t cap, bool without_waiting = false) {
+std::optional<RunPlan> plan_at(const PlanCommandOptions& o, int64_t seq, int64_t cap,
+                               bool without_waiting = false) {
   const ModelLayout layout = plan_layout(o);
   try {
     RunPlan r = plan_run(plan_inputs(layout, o, seq, cap));
-    if (without_waiting && predict_peak(r.automatic->stages, r.partition).unbounded > cap) return std::nullopt;
+    if (without_waiting && predict_peak(r.automatic->stages, r.partition).unbounded > cap)
+      return std::nullopt;
     return r;
   } catch (const std::runtime_error&) {
     return std::nullopt;
@@ -302,7 +310,10 @@ int64_t longest_sequence(const PlanCommandOptions& o, int64_t cap, bool without_
       if (!plan_at(o, l, cap, true)) continue;
       int64_t best = l;
       for (int64_t f = std::min(top, l + coarse - kStep); f > l; f -= kStep)
-        if (plan_at(o, f, cap, true)) { best = f; break; }
+        if (plan_at(o, f, cap, true)) {
+          best = f;
+          break;
+        }
       return best;
     }
     return 0;
@@ -329,20 +340,25 @@ static void print_nodes(std::FILE* out, const PlanCommandOptions& o, const std::
                                                  o.net_latency_us * 1e-6, iteration_s, o.accumulation, tied);
   const double step = iteration_s * double(o.accumulation);
   const double global = double(tokens) * double(o.accumulation) * o.nodes;
-  fmt::print(out, "\nnodes     {} x {} GPUs, {:g} Gbit/s per node: {:.3g}G gradient values ({}) summed per step; each node "
-                  "sends and receives {} (2 (N-1)/N of them), {} on the link\n",
-             o.nodes, o.gpus, o.net_gbps, e.values / 1e9, format_bytes(e.values * 4), format_bytes(e.bytes_per_node),
-             ms(e.link_s));
-  fmt::print(out, "          step of {} per node: compute {}, link busy {:.0f}% of it\n", counted(o.accumulation, "iteration"),
-             ms(step), 100 * e.link_s / step);
+  fmt::print(out,
+             "\nnodes     {} x {} GPUs, {:g} Gbit/s per node: {:.3g}G gradient values ({}) summed per step; "
+             "each node "
+             "sends and receives {} (2 (N-1)/N of them), {} on the link\n",
+             o.nodes, o.gpus, o.net_gbps, e.values / 1e9, format_bytes(e.values * 4),
+             format_bytes(e.bytes_per_node), ms(e.link_s));
+  fmt::print(out, "          step of {} per node: compute {}, link busy {:.0f}% of it\n",
+             counted(o.accumulation, "iteration"), ms(step), 100 * e.link_s / step);
   fmt::print(out, "          async: {} -> step {}, {:.0f} tokens/s over {} nodes ({:.2f}x one node)\n",
              e.exposed_async_s > 0 ? fmt::format("the link cannot keep up, {} exposed", ms(e.exposed_async_s))
                                    : std::string("hidden under the next step"),
              ms(e.step_async_s), global / e.step_async_s, o.nodes, o.nodes * step / e.step_async_s);
-  fmt::print(out, "          sync:  {} exposed after the step's last gradient -> step {}, {:.0f} tokens/s ({:.2f}x one node)\n",
+  fmt::print(out,
+             "          sync:  {} exposed after the step's last gradient -> step {}, {:.0f} tokens/s "
+             "({:.2f}x one node)\n",
              ms(e.exposed_sync_s), ms(e.step_sync_s), global / e.step_sync_s, o.nodes * step / e.step_sync_s);
   if (e.exposed_async_s > 0)
-    fmt::print(out, "          async hides the sum from --accumulation {} ({} iterations per step on each node)\n",
+    fmt::print(out,
+               "          async hides the sum from --accumulation {} ({} iterations per step on each node)\n",
                e.passes_to_hide, e.passes_to_hide);
 }
 
@@ -355,27 +371,30 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
     throw UsageError(fmt::format("--sequences-per-micro: expected >= 1, got {}", o.sequences_per_micro));
   if (!(o.peak_tflops > 0)) throw UsageError("--peak-tflops: expected > 0");
   if (!(o.fp8_tflops >= 0)) throw UsageError("--fp8-tflops: expected >= 0");
-  if (o.fp8 && !o.gpu.empty() && find_gpu_preset(o.gpu) && !(achievable_rates(*find_gpu_preset(o.gpu)).fp8_tflops > 0) &&
-      !(o.fp8_tflops > 0))
-    throw UsageError(fmt::format("--fp8: {} has no FP8 tensor cores (the runtime refuses \"fp8\": true there)", o.gpu));
+  if (o.fp8 && !o.gpu.empty() && find_gpu_preset(o.gpu) &&
+      !(achievable_rates(*find_gpu_preset(o.gpu)).fp8_tflops > 0) && !(o.fp8_tflops > 0))
+    throw UsageError(
+        fmt::format("--fp8: {} has no FP8 tensor cores (the runtime refuses \"fp8\": true there)", o.gpu));
   if (!(o.hbm_gbps > 0)) throw UsageError("--hbm-gbps: expected > 0");
   if (!(o.pcie_gbps >= 0)) throw UsageError("--pcie-gbps: expected >= 0");
   if (o.iterations < 0) throw UsageError("--iterations: expected >= 0");
   if (!(o.grouped_gemm_efficiency > 0 && o.grouped_gemm_efficiency <= 1))
-    throw UsageError(
-        fmt::format("--grouped-gemm-efficiency: expected a fraction in (0, 1], got {}", o.grouped_gemm_efficiency));
+    throw UsageError(fmt::format("--grouped-gemm-efficiency: expected a fraction in (0, 1], got {}",
+                                 o.grouped_gemm_efficiency));
   check_lora_r(o.lora_r);
   if (o.nodes < 1) throw UsageError(fmt::format("--nodes: expected >= 1, got {}", o.nodes));
   if (!(o.net_gbps > 0)) throw UsageError(fmt::format("--net-gbps: expected > 0, got {}", o.net_gbps));
   if (!(o.net_latency_us >= 0)) throw UsageError("--net-latency-us: expected >= 0");
-  if (o.accumulation < 1) throw UsageError(fmt::format("--accumulation: expected >= 1, got {}", o.accumulation));
+  if (o.accumulation < 1)
+    throw UsageError(fmt::format("--accumulation: expected >= 1, got {}", o.accumulation));
   if (!checked_product({o.seq_len, o.sequences_per_micro, o.micro_batches}, int64_t(1) << 40))
-    throw UsageError(fmt::format(
-        "--seq {} x --sequences-per-micro {} x --micro {}: more than 2^40 tokens per iteration", o.seq_len,
-        o.sequences_per_micro, o.micro_batches));
+    throw UsageError(
+        fmt::format("--seq {} x --sequences-per-micro {} x --micro {}: more than 2^40 tokens per iteration",
+                    o.seq_len, o.sequences_per_micro, o.micro_batches));
 
   if (o.max_seq && o.memory_cap.empty()) throw UsageError("--max-seq needs --memory-cap");
-  if (!o.memory_cap.empty()) parse_byte_size(o.memory_cap, "--memory-cap");  // bad values before the model loads
+  if (!o.memory_cap.empty())
+    parse_byte_size(o.memory_cap, "--memory-cap");  // bad values before the model loads
   frozen_format(o);
   std::string desc;
   const ModelShape m = load_model_shape(o.model, &desc);
@@ -386,13 +405,13 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
     const int64_t cap = parse_byte_size(o.memory_cap, "--memory-cap");
     const int64_t best = longest_sequence(o, cap);
     if (best == 0)
-      throw std::runtime_error(fmt::format("no plan fits {} per GPU even at 1024 tokens per sequence",
-                                           format_bytes(double(cap))));
-    fmt::print(out, "longest   {} tokens per sequence fit {} per GPU ({} of {}); {} "
-                    "without waiting at stage switches (peak below); the plan for it:\n\n",
+      throw std::runtime_error(
+          fmt::format("no plan fits {} per GPU even at 1024 tokens per sequence", format_bytes(double(cap))));
+    fmt::print(out,
+               "longest   {} tokens per sequence fit {} per GPU ({} of {}); {} "
+               "without waiting at stage switches (peak below); the plan for it:\n\n",
                best, format_bytes(double(cap)), counted(o.micro_batches, "micro-batch", "micro-batches"),
-               counted(o.sequences_per_micro, "sequence"),
-               longest_sequence(o, cap, true));
+               counted(o.sequences_per_micro, "sequence"), longest_sequence(o, cap, true));
     oo.seq_len = best;
   }
   const ModelLayout planned = plan_layout(o);
@@ -412,38 +431,46 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
   const int64_t tokens = o.micro_batches * o.sequences_per_micro * oo.seq_len;
   fmt::print(out, "model     {}\n", desc);
   fmt::print(out, "workload  {}, {} of {} x {} = {} per iteration\n", counted(o.gpus, "GPU"),
-             counted(o.micro_batches, "micro-batch", "micro-batches"), o.sequences_per_micro, counted(oo.seq_len, "token"),
-             counted(tokens, "token"));
+             counted(o.micro_batches, "micro-batch", "micro-batches"), o.sequences_per_micro,
+             counted(oo.seq_len, "token"), counted(tokens, "token"));
   const GpuPreset* preset = o.gpu.empty() ? nullptr : find_gpu_preset(o.gpu);
-  fmt::print(out, "device    {}{} TFLOP/s, memory {:.4g} GB/s, PCIe {:.4g} GB/s per direction, memory cap {}\n",
+  fmt::print(out,
+             "device    {}{} TFLOP/s, memory {:.4g} GB/s, PCIe {:.4g} GB/s per direction, memory cap {}\n",
              preset ? fmt::format("{} ({}; plan --list-gpus): ", preset->name,
                                   achievable_rates(*preset).measured ? "measured" : "data sheet x efficiency")
                     : std::string(),
-             o.fp8 ? fmt::format("{:.4g} (FP8 linears {:.4g})", o.peak_tflops, device_model(o, std::nullopt).fp8_flops / 1e12)
+             o.fp8 ? fmt::format("{:.4g} (FP8 linears {:.4g})", o.peak_tflops,
+                                 device_model(o, std::nullopt).fp8_flops / 1e12)
                    : fmt::format("{:.4g}", o.peak_tflops),
-             o.hbm_gbps, o.pcie_gbps,
-             cap > 0 ? format_bytes(double(cap)) : std::string("none"));
+             o.hbm_gbps, o.pcie_gbps, cap > 0 ? format_bytes(double(cap)) : std::string("none"));
   fmt::print(out, "costs     {}\n", source);
   // mxfp4 is the experts' form (make_layout keeps the other weights bf16)
   std::string form = o.frozen.empty() ? "bf16" : o.frozen;
-  if (form == "mxfp4") form = m.num_experts > 0 ? "mxfp4 (experts; the other weights bf16)" : "bf16 (mxfp4 applies to "
-                                                                                              "experts; this model has none)";
+  if (form == "mxfp4")
+    form = m.num_experts > 0 ? "mxfp4 (experts; the other weights bf16)"
+                             : "bf16 (mxfp4 applies to "
+                               "experts; this model has none)";
   if (o.lora_r > 0) {
     int64_t trainable = 0;
     for (const ParamGroup& g : layout->groups) trainable += g.frozen ? 0 : g.numel;
-    fmt::print(out, "lora      r={} on {}{}, {} trainable parameters; base stored in {} (no gradients; uploads "
-                    "and staging of the storage form)\n",
-               o.lora_r, o.lora_targets,
-               m.num_moe_layers() > 0 && !lora_has_expert_targets(*layout->lora) ? " (no expert adapters)" : "",
-               trainable, form);
+    fmt::print(
+        out,
+        "lora      r={} on {}{}, {} trainable parameters; base stored in {} (no gradients; uploads "
+        "and staging of the storage form)\n",
+        o.lora_r, o.lora_targets,
+        m.num_moe_layers() > 0 && !lora_has_expert_targets(*layout->lora) ? " (no expert adapters)" : "",
+        trainable, form);
   } else if (!o.frozen.empty()) {
-    fmt::print(out, "frozen    weights stored in {} (no gradients; uploads and staging of the storage form)\n",
+    fmt::print(out,
+               "frozen    weights stored in {} (no gradients; uploads and staging of the storage form)\n",
                form);
   }
   if (m.num_experts > 0)
-    fmt::print(out, "experts   {}: FLOPs of router + top-{} experts per token (grouped GEMMs at {:g} of "
-                    "peak), bytes and memory of all {} experts\n",
-               counted(m.num_moe_layers(), "sparse layer"), m.experts_per_token, d.grouped_gemm_efficiency, m.num_experts);
+    fmt::print(out,
+               "experts   {}: FLOPs of router + top-{} experts per token (grouped GEMMs at {:g} of "
+               "peak), bytes and memory of all {} experts\n",
+               counted(m.num_moe_layers(), "sparse layer"), m.experts_per_token, d.grouped_gemm_efficiency,
+               m.num_experts);
 
   const auto t0 = std::chrono::steady_clock::now();
   RunPlanInputs rin = plan_inputs(planned, oo, oo.seq_len, cap);
@@ -453,28 +480,34 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
   const PartitionOptions& po = run.partition;
   const std::vector<LayerCost>& costs = run.costs;
   const double plan_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  fmt::print(out, "plan      {} forward + 1 tail + {} backward stages, found in {:.2f} ms ({} candidates, {} packings)\n",
-             pr.plan.num_forward(), pr.plan.num_backward(), plan_s * 1e3, pr.candidates, pr.evaluations);
+  fmt::print(
+      out,
+      "plan      {} forward + 1 tail + {} backward stages, found in {:.2f} ms ({} candidates, {} packings)\n",
+      pr.plan.num_forward(), pr.plan.num_backward(), plan_s * 1e3, pr.candidates, pr.evaluations);
   fmt::print(out, "          {}\n\n", pr.plan.summary());
 
-  if (po.weight_buffers == 1) fmt::print(out, "          (no room to prefetch the next stage's weights under the cap)\n\n");
-  fmt::print(out, "{:>5}  {:<8}  {:<24} {:>12} {:>12} {:>12} {:>12}  {:>10}\n", "stage", "kind", "layers", "compute",
-             "upload", "download", "time", "memory");
+  if (po.weight_buffers == 1)
+    fmt::print(out, "          (no room to prefetch the next stage's weights under the cap)\n\n");
+  fmt::print(out, "{:>5}  {:<8}  {:<24} {:>12} {:>12} {:>12} {:>12}  {:>10}\n", "stage", "kind", "layers",
+             "compute", "upload", "download", "time", "memory");
   for (size_t i = 0; i < pr.stages.size(); ++i) {
     const StageEstimate& e = pr.stages[i];
-    fmt::print(out, "{:>5}  {:<8}  {:<24} {:>12} {:>12} {:>12} {:>12}  {:>10}{}\n", i, stage_kind_name(e.stage.kind),
-               layers_text(e.stage, pr.plan.num_layers), ms(e.compute_seconds), ms(e.upload_seconds),
-               ms(e.download_seconds), ms(e.seconds), format_bytes(double(po.weight_buffers > 1 ? e.memory_bytes : e.work_bytes)),
+    fmt::print(out, "{:>5}  {:<8}  {:<24} {:>12} {:>12} {:>12} {:>12}  {:>10}{}\n", i,
+               stage_kind_name(e.stage.kind), layers_text(e.stage, pr.plan.num_layers), ms(e.compute_seconds),
+               ms(e.upload_seconds), ms(e.download_seconds), ms(e.seconds),
+               format_bytes(double(po.weight_buffers > 1 ? e.memory_bytes : e.work_bytes)),
                e.transfer_bound() ? "  transfer-bound" : "");
   }
 
   const PeakEstimate peak = predict_peak(pr.stages, po);
-  fmt::print(out, "\npeak      {} per GPU predicted, as stage {} starts (largest working set {}; stage switches add the "
-                  "retired stage's outputs in flight and the next stage's prefetched weights){}\n",
-             format_bytes(double(peak.bytes)), peak.stage, format_bytes(double(peak.max_work)),
-             peak.unbounded > peak.bytes ? fmt::format("; {} without the cap, which makes the worker wait instead",
-                                                       format_bytes(double(peak.unbounded)))
-                                         : std::string());
+  fmt::print(
+      out,
+      "\npeak      {} per GPU predicted, as stage {} starts (largest working set {}; stage switches add the "
+      "retired stage's outputs in flight and the next stage's prefetched weights){}\n",
+      format_bytes(double(peak.bytes)), peak.stage, format_bytes(double(peak.max_work)),
+      peak.unbounded > peak.bytes ? fmt::format("; {} without the cap, which makes the worker wait instead",
+                                                format_bytes(double(peak.unbounded)))
+                                  : std::string());
 
   SimOptions so = sim_options(o, d);
   so.record_timeline = !o.trace.empty();
@@ -499,7 +532,8 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
   }
 }
 
-void resolve_plan_flags(PlanCommandOptions& o, const std::vector<std::pair<std::string, std::string>>& given) {
+void resolve_plan_flags(PlanCommandOptions& o,
+                        const std::vector<std::pair<std::string, std::string>>& given) {
   const auto value_of = [&](const std::string& flag) -> const std::string* {
     for (const auto& [f, v] : given)
       if (f == flag) return &v;
@@ -514,7 +548,8 @@ void resolve_plan_flags(PlanCommandOptions& o, const std::vector<std::pair<std::
   if (o.nodes == 1)
     for (const char* f : {"--net-gbps", "--net-latency-us", "--accumulation"})
       if (const std::string* v = value_of(f))
-        throw UsageError(fmt::format("{} {}: predicts the gradient sum over nodes; give --nodes N (N > 1) with it", f, *v));
+        throw UsageError(fmt::format(
+            "{} {}: predicts the gradient sum over nodes; give --nodes N (N > 1) with it", f, *v));
 }
 
 void add_plan_command(CLI::App& app) {
@@ -522,58 +557,72 @@ void add_plan_command(CLI::App& app) {
   auto* c = app.add_subcommand("plan", "partition a model for a GPU pool and predict its iteration time");
   c->add_option("--model", o->model, "model folder, config.json or .gguf (weights not needed; required)");
   c->add_option("--gpu", o->gpu,
-                            "device preset: RTX 3090/4090/5090, A100 40GB/80GB, L40S, H100 SXM/PCIe, H200, B200 "
-                            "(sets --peak-tflops, --hbm-gbps, --pcie-gbps, --memory-cap unless given; --list-gpus)");
+                "device preset: RTX 3090/4090/5090, A100 40GB/80GB, L40S, H100 SXM/PCIe, H200, B200 "
+                "(sets --peak-tflops, --hbm-gbps, --pcie-gbps, --memory-cap unless given; --list-gpus)");
   auto list_gpus = std::make_shared<bool>(false);
   c->add_flag("--list-gpus", *list_gpus, "print the device presets (data sheet and planned rates) and exit");
-  c->add_option("--host-gib", o->host_gib,
-                "host memory for the run, GiB (default: this machine's): the plan says what the run needs and, "
-                "when over, what to change")
+  c->add_option(
+       "--host-gib", o->host_gib,
+       "host memory for the run, GiB (default: this machine's): the plan says what the run needs and, "
+       "when over, what to change")
       ->check(finite_number_check(true));
   c->add_option("--gpus", o->gpus, "GPUs in the pool")->capture_default_str();
   c->add_option("--seq", o->seq_len, "tokens per sequence")->capture_default_str();
   c->add_option("--micro", o->micro_batches, "micro-batches per iteration (M)")->capture_default_str();
-  c->add_option("--sequences-per-micro", o->sequences_per_micro, "sequences per micro-batch")->capture_default_str();
-  c->add_option("--profile", o->profile, "measured profile JSON (replaces the analytic costs where measured)");
+  c->add_option("--sequences-per-micro", o->sequences_per_micro, "sequences per micro-batch")
+      ->capture_default_str();
+  c->add_option("--profile", o->profile,
+                "measured profile JSON (replaces the analytic costs where measured)");
   c->add_option("--memory-cap", o->memory_cap, "per-GPU memory a stage may use, e.g. 24GiB (default: none)");
   c->add_option("--trace", o->trace, "write the simulated timeline as a Chrome trace JSON");
   c->add_option("--peak-tflops", o->peak_tflops, "achievable dense GEMM TFLOP/s")->capture_default_str();
-  c->add_flag("--fp8", o->fp8,
-              "plan a run with \"fp8\": true: the dense decoder linears' forward, recompute and input gradient "
-              "at --fp8-tflops");
-  c->add_option("--fp8-tflops", o->fp8_tflops,
-                "--fp8: achievable e4m3 GEMM TFLOP/s (0: the --gpu preset's, else 1.7 x --peak-tflops as measured "
-                "on the H200)")
+  c->add_flag(
+      "--fp8", o->fp8,
+      "plan a run with \"fp8\": true: the dense decoder linears' forward, recompute and input gradient "
+      "at --fp8-tflops");
+  c->add_option(
+       "--fp8-tflops", o->fp8_tflops,
+       "--fp8: achievable e4m3 GEMM TFLOP/s (0: the --gpu preset's, else 1.7 x --peak-tflops as measured "
+       "on the H200)")
       ->capture_default_str();
   c->add_option("--hbm-gbps", o->hbm_gbps, "device memory bandwidth, GB/s")->capture_default_str();
-  c->add_option("--pcie-gbps", o->pcie_gbps, "host<->device GB/s per direction (0: free)")->capture_default_str();
+  c->add_option("--pcie-gbps", o->pcie_gbps, "host<->device GB/s per direction (0: free)")
+      ->capture_default_str();
   c->add_option("--iterations", o->iterations, "iterations to simulate (0: enough for whole deal cycles)")
       ->capture_default_str();
   c->add_flag("--sync", o->sync, "simulate the synchronous optimizer (staleness 0)");
   c->add_flag("--max-seq", o->max_seq, "find the longest sequence that fits --memory-cap, and plan it");
-  c->add_option("--mlp-chunk", o->mlp_chunk_tokens, "decoders' MLP chunk in tokens (0: 8192)")->capture_default_str();
-  c->add_flag("!--no-save-attention", o->save_attention,
-              "plan for decoders that recompute their attention in backward (the runtime's save_attention off)");
-  c->add_option("--frozen", o->frozen,
-                "plan a run whose weights are all frozen in this storage form (f32, bf16, f16, q8_0, q4_0, nf4, "
-                "mxfp4), as a LoRA base");
-  c->add_option("--lora-r", o->lora_r,
-                "plan a LoRA run of this rank on a frozen base (stored as --frozen says, default bf16; 0: none)")
+  c->add_option("--mlp-chunk", o->mlp_chunk_tokens, "decoders' MLP chunk in tokens (0: 8192)")
       ->capture_default_str();
-  c->add_option("--lora-targets", o->lora_targets,
-                "comma-separated modules the adapters reach (q_proj, ..., down_proj) or all-linear, and "
-                "\"experts\" (or experts.gate_up_proj, experts.down_proj) for per-expert adapters in sparse layers")
+  c->add_flag(
+      "!--no-save-attention", o->save_attention,
+      "plan for decoders that recompute their attention in backward (the runtime's save_attention off)");
+  c->add_option(
+      "--frozen", o->frozen,
+      "plan a run whose weights are all frozen in this storage form (f32, bf16, f16, q8_0, q4_0, nf4, "
+      "mxfp4), as a LoRA base");
+  c->add_option(
+       "--lora-r", o->lora_r,
+       "plan a LoRA run of this rank on a frozen base (stored as --frozen says, default bf16; 0: none)")
       ->capture_default_str();
-  c->add_option("--nodes", o->nodes,
-                "data-parallel replicas: predict N nodes of --gpus GPUs each summing gradients over the network "
-                "(mpirun -np N roundpipe train; README \"Several machines\")")
+  c->add_option(
+       "--lora-targets", o->lora_targets,
+       "comma-separated modules the adapters reach (q_proj, ..., down_proj) or all-linear, and "
+       "\"experts\" (or experts.gate_up_proj, experts.down_proj) for per-expert adapters in sparse layers")
       ->capture_default_str();
-  c->add_option("--net-gbps", o->net_gbps, "--nodes: network bandwidth per node and direction, Gbit/s (100 = 12.5 GB/s)")
+  c->add_option(
+       "--nodes", o->nodes,
+       "data-parallel replicas: predict N nodes of --gpus GPUs each summing gradients over the network "
+       "(mpirun -np N roundpipe train; README \"Several machines\")")
       ->capture_default_str();
-  c->add_option("--net-latency-us", o->net_latency_us, "--nodes: latency per message, microseconds")->capture_default_str();
+  c->add_option("--net-gbps", o->net_gbps,
+                "--nodes: network bandwidth per node and direction, Gbit/s (100 = 12.5 GB/s)")
+      ->capture_default_str();
+  c->add_option("--net-latency-us", o->net_latency_us, "--nodes: latency per message, microseconds")
+      ->capture_default_str();
   c->add_option("--accumulation", o->accumulation,
-                                     "--nodes: iterations per optimizer step on each node (the spec's "
-                                     "\"accumulation\" counts them over all nodes: this value x --nodes)")
+                "--nodes: iterations per optimizer step on each node (the spec's "
+                "\"accumulation\" counts them over all nodes: this value x --nodes)")
       ->capture_default_str();
   c->add_option("--grouped-gemm-efficiency", o->grouped_gemm_efficiency,
                 "mixture-of-experts: the experts' grouped GEMMs (forward, input gradients) as a fraction of "
@@ -586,7 +635,8 @@ void add_plan_command(CLI::App& app) {
     }
     std::vector<std::pair<std::string, std::string>> given;
     for (const char* f : kPlanFlagsResolved)
-      if (const CLI::Option* opt = c->get_option(f); opt->count() > 0) given.emplace_back(f, opt->as<std::string>());
+      if (const CLI::Option* opt = c->get_option(f); opt->count() > 0)
+        given.emplace_back(f, opt->as<std::string>());
     resolve_plan_flags(*o, given);
     run_plan(*o, stdout);
   }));

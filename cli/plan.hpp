@@ -24,27 +24,28 @@ namespace rp {
 constexpr int64_t kMaxPlanLayers = 1024;
 
 struct PlanCommandOptions {
-  std::string model;               ///< folder with config.json, a config.json, or a .gguf
-  int gpus = 8;                    ///< G
-  int64_t seq_len = 8192;          ///< tokens per sequence
-  int64_t micro_batches = 16;      ///< M
-  int64_t sequences_per_micro = 1; ///< sequences per micro-batch
-  std::string profile;             ///< measured profile (scheduler/profile.hpp JSON), optional
-  std::string memory_cap;          ///< per-GPU cap, e.g. "24GiB" (empty: unlimited)
-  std::string trace;               ///< Chrome trace output path, optional
-  double peak_tflops = 790;        ///< achievable dense GEMM TFLOP/s
+  std::string model;                ///< folder with config.json, a config.json, or a .gguf
+  int gpus = 8;                     ///< G
+  int64_t seq_len = 8192;           ///< tokens per sequence
+  int64_t micro_batches = 16;       ///< M
+  int64_t sequences_per_micro = 1;  ///< sequences per micro-batch
+  std::string profile;              ///< measured profile (scheduler/profile.hpp JSON), optional
+  std::string memory_cap;           ///< per-GPU cap, e.g. "24GiB" (empty: unlimited)
+  std::string trace;                ///< Chrome trace output path, optional
+  double peak_tflops = 790;         ///< achievable dense GEMM TFLOP/s
   /// FP8 linears (the spec's "fp8": true): the dense decoder linears' forward, recompute and
   /// input gradient at fp8_tflops (0: the --gpu preset's achievable FP8 rate, else
   /// kFp8SpeedupH200 x peak_tflops).
   bool fp8 = false;
   double fp8_tflops = 0;
-  double hbm_gbps = 4300;          ///< device memory GB/s
-  double pcie_gbps = 55;           ///< host<->device GB/s per direction (0: free)
-  int iterations = 0;              ///< simulated iterations (0: enough for whole deal cycles)
-  bool sync = false;               ///< synchronous optimizer (staleness 0) in the simulation
-  bool max_seq = false;            ///< find the longest sequence whose plan fits memory_cap instead
-  int64_t mlp_chunk_tokens = 0;    ///< decoders' MLP chunk (LayerOptions::mlp_chunk_tokens; 0: default)
-  bool save_attention = true;      ///< decoders keep the forward's attention output (SessionOptions::save_attention)
+  double hbm_gbps = 4300;        ///< device memory GB/s
+  double pcie_gbps = 55;         ///< host<->device GB/s per direction (0: free)
+  int iterations = 0;            ///< simulated iterations (0: enough for whole deal cycles)
+  bool sync = false;             ///< synchronous optimizer (staleness 0) in the simulation
+  bool max_seq = false;          ///< find the longest sequence whose plan fits memory_cap instead
+  int64_t mlp_chunk_tokens = 0;  ///< decoders' MLP chunk (LayerOptions::mlp_chunk_tokens; 0: default)
+  bool save_attention =
+      true;  ///< decoders keep the forward's attention output (SessionOptions::save_attention)
   /// "": trainable weights. Else a storage format (f32, bf16, f16, q8_0, q4_0, nf4): every
   /// parameter group frozen in it (freeze_group): no gradient accumulators or downloads,
   /// storage-sized uploads, staging buffers. With lora_r > 0 the storage of LoRA's base.
@@ -79,9 +80,9 @@ struct PlanCommandOptions {
 void apply_gpu_preset(PlanCommandOptions& o, const std::vector<std::string>& given);
 
 /// The flags whose presence resolve_plan_flags looks at (every other flag only sets its field).
-inline constexpr const char* kPlanFlagsResolved[] = {"--gpu",       "--peak-tflops",    "--fp8-tflops",
-                                                     "--hbm-gbps",  "--pcie-gbps",      "--memory-cap",
-                                                     "--net-gbps",  "--net-latency-us", "--accumulation"};
+inline constexpr const char* kPlanFlagsResolved[] = {"--gpu",      "--peak-tflops",    "--fp8-tflops",
+                                                     "--hbm-gbps", "--pcie-gbps",      "--memory-cap",
+                                                     "--net-gbps", "--net-latency-us", "--accumulation"};
 
 /// What `roundpipe plan` does with its parsed flags before planning, shared with the Python
 /// module's plan(): `given` holds the flags of kPlanFlagsResolved that were given, with their
@@ -124,7 +125,8 @@ int64_t longest_sequence(const PlanCommandOptions& o, int64_t memory_cap, bool w
 /// What `roundpipe plan` passes plan_run (scheduler/run_plan.hpp) for `layout` (the model
 /// with o's --frozen / --lora-r applied) at sequences of `seq` tokens under `memory_cap` bytes
 /// per GPU (0: none): the flags' device numbers, a bf16 GPU's pool granule, no host check.
-RunPlanInputs plan_inputs(const ModelLayout& layout, const PlanCommandOptions& o, int64_t seq, int64_t memory_cap);
+RunPlanInputs plan_inputs(const ModelLayout& layout, const PlanCommandOptions& o, int64_t seq,
+                          int64_t memory_cap);
 
 /// Byte size from text: a number with an optional unit B, KB/MB/GB/TB (powers of 1000),
 /// KiB/MiB/GiB/TiB or K/M/G/T (powers of 1024), e.g. "24GiB", "1.5e10", "512 MiB".
@@ -132,7 +134,8 @@ RunPlanInputs plan_inputs(const ModelLayout& layout, const PlanCommandOptions& o
 int64_t parse_byte_size(const std::string& s, const std::string& what);
 
 /// Shape of the model at `path`: a folder holding config.json, a config.json (dense or
-/// Qwen3-MoE, through rp::load_config_file), or a .gguf file (metadata only). `description` receives a one-line summary. Throws std::runtime_error naming the file.
+/// Qwen3-MoE, through rp::load_config_file), or a .gguf file (metadata only). `description` receives a
+/// one-line summary. Throws std::runtime_error naming the file.
 ModelShape load_model_shape(const std::string& path, std::string* description = nullptr);
 
 }  // namespace rp

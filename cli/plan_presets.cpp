@@ -39,28 +39,32 @@ void apply_gpu_preset(PlanCommandOptions& o, const std::vector<std::string>& giv
 }
 
 void print_gpu_presets(std::FILE* out) {
-  fmt::print(out, "Data sheet: dense tensor TFLOP/s (no sparsity) with fp32 accumulation, and with fp16 accumulation\n"
-                  "where it is faster (GeForce); memory; PCIe link per direction. Planned: what --gpu plans with.\n\n");
-  fmt::print(out, "{:<10} {:>7} {:>7} {:>10} {:>7} {:>9} {:>6} {:>7} {:>10}   {:>8} {:>8} {:>8}\n", "gpu", "bf16",
-             "fp16", "fp16/acc16", "fp8", "fp8/acc16", "GB", "GB/s", "PCIe", "TFLOP/s", "GB/s", "PCIe");
+  fmt::print(
+      out,
+      "Data sheet: dense tensor TFLOP/s (no sparsity) with fp32 accumulation, and with fp16 accumulation\n"
+      "where it is faster (GeForce); memory; PCIe link per direction. Planned: what --gpu plans with.\n\n");
+  fmt::print(out, "{:<10} {:>7} {:>7} {:>10} {:>7} {:>9} {:>6} {:>7} {:>10}   {:>8} {:>8} {:>8}\n", "gpu",
+             "bf16", "fp16", "fp16/acc16", "fp8", "fp8/acc16", "GB", "GB/s", "PCIe", "TFLOP/s", "GB/s",
+             "PCIe");
   for (const GpuPreset& p : gpu_presets()) {
     const GpuRates r = achievable_rates(p);
-    fmt::print(out, "{:<10} {:>7} {:>7} {:>10} {:>7} {:>9} {:>6g} {:>7g} {:>10}   {:>8.0f} {:>8.0f} {:>8.1f}{}\n",
-               p.name,
-               rate(p.bf16_tflops), rate(p.fp16_tflops), rate(p.fp16_acc16_tflops), rate(p.fp8_tflops),
-               rate(p.fp8_acc16_tflops), p.memory_gb, p.memory_gbps,
-               fmt::format("{}.0 x{} {:.1f}", p.pcie_gen, p.pcie_lanes, pcie_link_gbps(p.pcie_gen, p.pcie_lanes)),
-               r.tflops, r.memory_gbps, r.pcie_gbps, r.measured ? "  measured" : "");
+    fmt::print(
+        out, "{:<10} {:>7} {:>7} {:>10} {:>7} {:>9} {:>6g} {:>7g} {:>10}   {:>8.0f} {:>8.0f} {:>8.1f}{}\n",
+        p.name, rate(p.bf16_tflops), rate(p.fp16_tflops), rate(p.fp16_acc16_tflops), rate(p.fp8_tflops),
+        rate(p.fp8_acc16_tflops), p.memory_gb, p.memory_gbps,
+        fmt::format("{}.0 x{} {:.1f}", p.pcie_gen, p.pcie_lanes, pcie_link_gbps(p.pcie_gen, p.pcie_lanes)),
+        r.tflops, r.memory_gbps, r.pcie_gbps, r.measured ? "  measured" : "");
   }
-  fmt::print(out,
-             "\nH200 measured by this project (bench/results/throughput.md, cuda_ops.md): bf16 GEMM {:g} TFLOP/s "
-             "sustained at the 700 W limit\n(about 790 in a 15 ms burst, 648-666 during training steps; data sheet "
-             "{:g}), device copy {:g} GB/s (data sheet {:g}), pinned\nhost copies {:g} GB/s each way (PCIe 5.0 x16: "
-             "{:.1f}). The other GPUs plan with their data sheet figures times the H200's ratios:\ncompute {:.3f}, "
-             "memory {:.3f}, link {:.3f}. Flags given beside --gpu (--peak-tflops, --hbm-gbps, --pcie-gbps,\n"
-             "--memory-cap) override the preset.\n",
-             kH200MeasuredTflops, kH200DatasheetTflops, kH200MeasuredMemoryGbps, kH200DatasheetMemoryGbps,
-             kH200MeasuredPcieGbps, pcie_link_gbps(5, 16), kComputeEfficiency, kMemoryEfficiency, link_efficiency());
+  fmt::print(
+      out,
+      "\nH200 measured by this project (bench/results/throughput.md, cuda_ops.md): bf16 GEMM {:g} TFLOP/s "
+      "sustained at the 700 W limit\n(about 790 in a 15 ms burst, 648-666 during training steps; data sheet "
+      "{:g}), device copy {:g} GB/s (data sheet {:g}), pinned\nhost copies {:g} GB/s each way (PCIe 5.0 x16: "
+      "{:.1f}). The other GPUs plan with their data sheet figures times the H200's ratios:\ncompute {:.3f}, "
+      "memory {:.3f}, link {:.3f}. Flags given beside --gpu (--peak-tflops, --hbm-gbps, --pcie-gbps,\n"
+      "--memory-cap) override the preset.\n",
+      kH200MeasuredTflops, kH200DatasheetTflops, kH200MeasuredMemoryGbps, kH200DatasheetMemoryGbps,
+      kH200MeasuredPcieGbps, pcie_link_gbps(5, 16), kComputeEfficiency, kMemoryEfficiency, link_efficiency());
   fmt::print(out, "\nSources:\n");
   for (const GpuPreset& p : gpu_presets()) fmt::print(out, "  {:<10} {}\n", p.name, p.source);
 }
@@ -115,13 +119,15 @@ void print_host_memory(std::FILE* out, const PlanCommandOptions& o, const ModelC
     fmt::print(out, "          fits {:.0f}% of {} ({})\n", 100 * kHostHeadroom, byte_text(budget), whose);
     return;
   }
-  fmt::print(out, "          over {:.0f}% of {} ({}): `roundpipe train` would run out of memory. Changes that "
-                  "lower it:\n",
+  fmt::print(out,
+             "          over {:.0f}% of {} ({}): `roundpipe train` would run out of memory. Changes that "
+             "lower it:\n",
              100 * kHostHeadroom, byte_text(budget), whose);
   for (const HostMemoryChange& ch : host_memory_alternatives(c, run, budget)) {
     const std::optional<double> tps = tokens_per_s(with_run(o, ch.run));
     fmt::print(out, "          - {}: needs {} ({}), {}{}\n", ch.what, byte_text(ch.need),
-               ch.fits ? "fits" : "still over", tps ? fmt::format("{:.0f} tokens/s", *tps) : "no plan fits the GPUs",
+               ch.fits ? "fits" : "still over",
+               tps ? fmt::format("{:.0f} tokens/s", *tps) : "no plan fits the GPUs",
                ch.how.empty() ? "" : "; " + ch.how);
   }
 }

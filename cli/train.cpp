@@ -20,12 +20,12 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "base/counted.hpp"
+#include "cli/command.hpp"
 #include "roundpipe/model_source.hpp"
 #include "roundpipe/replicas.hpp"
 #include "roundpipe/trainer.hpp"
 #include "trainer/run_setup.hpp"
-#include "base/counted.hpp"
-#include "cli/command.hpp"
 
 namespace fs = std::filesystem;
 
@@ -47,10 +47,12 @@ void write_err(const char* s, size_t n) { [[maybe_unused]] auto r = ::write(2, s
 /// SIGTERM under mpirun.
 std::string first_signal_line(bool under_mpi, int rank) {
   if (!under_mpi)
-    return "\nroundpipe: interrupted: finishing the steps in flight, then saving a checkpoint (Ctrl-C again to "
+    return "\nroundpipe: interrupted: finishing the steps in flight, then saving a checkpoint (Ctrl-C again "
+           "to "
            "exit now)\n";
   return fmt::format(
-      "\nroundpipe: replica {}: stop signal: every replica stops after the same step and replica 0 saves it if "
+      "\nroundpipe: replica {}: stop signal: every replica stops after the same step and replica 0 saves it "
+      "if "
       "all of them get there (if a replica died, mpirun ends the job first; finished checkpoints are kept)\n",
       rank);
 }
@@ -75,9 +77,10 @@ void find_local_peers(int rank) {
   g_local_peers.clear();
   for (const LocalReplica& p : local_replicas())
     g_local_peers.emplace_back(
-        pid_t(p.pid), fmt::format("\nroundpipe: replica {} ({}, pid {}) ended unexpectedly; mpirun is ending the job, "
-                                  "so replica {} stops without saving (finished checkpoints are kept)\n",
-                                  p.rank, host, p.pid, rank));
+        pid_t(p.pid),
+        fmt::format("\nroundpipe: replica {} ({}, pid {}) ended unexpectedly; mpirun is ending the job, "
+                    "so replica {} stops without saving (finished checkpoints are kept)\n",
+                    p.rank, host, p.pid, rank));
 }
 
 // First Ctrl-C or SIGTERM: stop after the steps in flight and save them as a checkpoint (steps
@@ -101,7 +104,8 @@ void on_signal(int) {
     }
   // a peer already known dead or silent: no step can be agreed on any more, say which one
   if (const char* failure = g_under_mpi ? replica_failure_line() : nullptr) {
-    static const char head[] = "\nroundpipe: stop signal after a replica failure, no checkpoint can be saved: ";
+    static const char head[] =
+        "\nroundpipe: stop signal after a replica failure, no checkpoint can be saved: ";
     write_err(head, sizeof head - 1);
     write_err(failure, std::strlen(failure));
     write_err("\n", 1);
@@ -116,7 +120,8 @@ void on_signal(int) {
 /// SIGUSR1, the clean stop under mpirun, would kill a rank that is still loading ("exited on
 /// signal 10").
 void on_startup_signal(int) {
-  static const char msg[] = "\nroundpipe: stop signal before the first step: exiting (nothing was trained or saved)\n";
+  static const char msg[] =
+      "\nroundpipe: stop signal before the first step: exiting (nothing was trained or saved)\n";
   write_err(msg, sizeof msg - 1);
   std::_Exit(130);
 }
@@ -175,7 +180,8 @@ void apply_overrides(TrainSpec& spec, const TrainOverrides& ov) {
   if (!ov.output_dir.empty()) spec.output_dir = ov.output_dir;
   if (ov.overwrite_output_dir) spec.overwrite_output_dir = true;
   if (ov.resume_given && ov.resume.empty())
-    throw std::invalid_argument("--resume: expected a checkpoint folder (checkpoint-<k>/ or final/), got \"\"");
+    throw std::invalid_argument(
+        "--resume: expected a checkpoint folder (checkpoint-<k>/ or final/), got \"\"");
   if (!ov.resume.empty()) spec.resume_from = ov.resume;
   if (!ov.mpi.empty()) spec.mpi = ov.mpi;
   if (ov.replica_timeout_s > 0) spec.replica_timeout_s = ov.replica_timeout_s;
@@ -183,8 +189,9 @@ void apply_overrides(TrainSpec& spec, const TrainOverrides& ov) {
     std::error_code ec;
     const fs::path parent = fs::absolute(fs::path(ov.dump_batch), ec).parent_path();
     if (ec || !fs::is_directory(parent, ec))
-      throw std::invalid_argument(fmt::format("--dump-batch {}: cannot write the file (folder '{}' does not exist)",
-                                              ov.dump_batch, parent.string()));
+      throw std::invalid_argument(
+          fmt::format("--dump-batch {}: cannot write the file (folder '{}' does not exist)", ov.dump_batch,
+                      parent.string()));
     check_output_file(spec, ov.dump_batch, "--dump-batch");
   }
 }
@@ -194,26 +201,31 @@ void print_progress(const TrainSpec& spec, const StepReport& r) {
   if (r.replica > 0) return;  // data-parallel replicas: replica 0 prints the (global) progress
   if (r.step % spec.log_every != 0 && r.step != r.total_steps && !r.evaluated) return;
   // fputs: a line dropped during a stop under mpirun (see on_signal) must not throw
-  std::fputs(fmt::format("step {:>5}/{} | loss {:.4f} | epoch {:.2f}{} | {:>8.1f} tokens/s | lr {:.3e}{} | elapsed {} | ETA {}\n", r.step,
-             r.total_steps, r.loss, r.epoch,
-             r.evaluated ? fmt::format(" | eval loss {:.4f} (ppl {:.2f})", r.eval_loss, r.eval_perplexity)
-                         : std::string(),
-             r.tokens_per_s, r.lr,
-             (r.mfu > 0 ? fmt::format(" | MFU {:.3f}", r.mfu) : std::string()) +
-                 fmt::format(" | grad norm {:.3f}", r.grad_norm) +
-                 (spec.loss_scaling ? fmt::format(" | scale {:g}", r.loss_scale) : std::string()) +
-                 (r.experts > 0 ? fmt::format(" | experts {:.2f}-{:.2f}x even, aux {:.3f}", r.expert_load_min,
-                                              r.expert_load_max, r.aux_loss)
-                                : std::string()) +
-                 (r.skipped ? " (skipped)" : ""),
-             fmt_duration(r.elapsed_s), fmt_duration(r.eta_s)).c_str(), stdout);
+  std::fputs(fmt::format(
+                 "step {:>5}/{} | loss {:.4f} | epoch {:.2f}{} | {:>8.1f} tokens/s | lr {:.3e}{} | elapsed "
+                 "{} | ETA {}\n",
+                 r.step, r.total_steps, r.loss, r.epoch,
+                 r.evaluated ? fmt::format(" | eval loss {:.4f} (ppl {:.2f})", r.eval_loss, r.eval_perplexity)
+                             : std::string(),
+                 r.tokens_per_s, r.lr,
+                 (r.mfu > 0 ? fmt::format(" | MFU {:.3f}", r.mfu) : std::string()) +
+                     fmt::format(" | grad norm {:.3f}", r.grad_norm) +
+                     (spec.loss_scaling ? fmt::format(" | scale {:g}", r.loss_scale) : std::string()) +
+                     (r.experts > 0 ? fmt::format(" | experts {:.2f}-{:.2f}x even, aux {:.3f}",
+                                                  r.expert_load_min, r.expert_load_max, r.aux_loss)
+                                    : std::string()) +
+                     (r.skipped ? " (skipped)" : ""),
+                 fmt_duration(r.elapsed_s), fmt_duration(r.eta_s))
+                 .c_str(),
+             stdout);
   std::fflush(stdout);
 }
 
 /// --dump-batch: step 1's first batch as JSON.
 void dump_batch(const std::string& file, const TokenBatch& b) {
   std::ofstream f(file);
-  f << nlohmann::json{{"n_seq", b.n_seq}, {"seq_len", b.seq_len}, {"ids", b.ids}, {"targets", b.targets}}.dump()
+  f << nlohmann::json{{"n_seq", b.n_seq}, {"seq_len", b.seq_len}, {"ids", b.ids}, {"targets", b.targets}}
+           .dump()
     << "\n";
   f.close();
   if (!f) throw std::runtime_error(fmt::format("--dump-batch {}: cannot write the file", file));
@@ -229,9 +241,10 @@ void dump_batch_only(const TrainSpec& spec, const std::string& file) {
   TokenStream data = load_data_for_training(spec, src.header());
   const TokenBatch b = data.next(spec.sequences_per_step / spec.accumulation);
   dump_batch(file, b);
-  fmt::print("wrote {}: the first batch of step 1 ({} of {}, {} with a target); nothing was "
-             "trained (add --train to train as well)\n",
-             file, counted(b.n_seq, "sequence"), counted(b.seq_len, "token"), b.num_targets());
+  fmt::print(
+      "wrote {}: the first batch of step 1 ({} of {}, {} with a target); nothing was "
+      "trained (add --train to train as well)\n",
+      file, counted(b.n_seq, "sequence"), counted(b.seq_len, "token"), b.num_targets());
 }
 
 }  // namespace
@@ -276,17 +289,18 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
     }
     std::fputs(fmt::format("roundpipe: {}interrupted after {} step{}{}; {}{}\n", who, res.steps_done,
                            res.steps_done == 1 ? "" : "s", by,
-               res.steps_abandoned > 0
-                   ? fmt::format("{} in flight did not finish within {:g} s and {} not saved; ",
-                                 counted(res.steps_abandoned, "step"), spec.stop_timeout_s,
-                                 res.steps_abandoned == 1 ? "was" : "were")
-                   : std::string(),
-               !res.checkpoint.empty()
-                   ? fmt::format("saved {} (continue with --resume {})", res.checkpoint, res.checkpoint)
-                   : !res.latest_checkpoint.empty()
-                         ? fmt::format("the newest checkpoint is {} (continue with --resume {})",
-                                       res.latest_checkpoint, res.latest_checkpoint)
-                         : std::string("no checkpoint was written")).c_str(),
+                           res.steps_abandoned > 0
+                               ? fmt::format("{} in flight did not finish within {:g} s and {} not saved; ",
+                                             counted(res.steps_abandoned, "step"), spec.stop_timeout_s,
+                                             res.steps_abandoned == 1 ? "was" : "were")
+                               : std::string(),
+                           !res.checkpoint.empty() ? fmt::format("saved {} (continue with --resume {})",
+                                                                 res.checkpoint, res.checkpoint)
+                           : !res.latest_checkpoint.empty()
+                               ? fmt::format("the newest checkpoint is {} (continue with --resume {})",
+                                             res.latest_checkpoint, res.latest_checkpoint)
+                               : std::string("no checkpoint was written"))
+                   .c_str(),
                stderr);
     return 130;
   }
@@ -300,8 +314,9 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
   fmt::print("done: {}{}{}{} in {}, peak device memory {:.1f} MiB per worker, metrics in {}, plan {}\n",
              counted(res.steps_done - res.first_step, "step"),
              res.replicas > 1 ? fmt::format(" on {} replicas", res.replicas) : std::string(),
-             res.first_step > 0 ? fmt::format(" (resumed at step {}, {} in all)", res.first_step, res.steps_done)
-                                : std::string(),
+             res.first_step > 0
+                 ? fmt::format(" (resumed at step {}, {} in all)", res.first_step, res.steps_done)
+                 : std::string(),
              res.early_stopped ? fmt::format(" (stopped early, of {})", res.total_steps) : std::string(),
              fmt_duration(res.seconds), res.peak_device_bytes / 1048576.0, res.metrics, res.plan);
   if (!res.sample_after.empty()) {

@@ -8,17 +8,17 @@
 namespace rp {
 
 struct TrainOverrides {
-  int64_t steps = -1;       ///< > 0 replaces spec.steps
-  int workers = -1;         ///< > 0 replaces spec.workers
-  std::string backend;      ///< non-empty replaces spec.backend
-  std::string output_dir;   ///< non-empty replaces spec.output_dir
-  bool output_dir_given = false;  ///< --output-dir was on the command line (an empty value is an error)
+  int64_t steps = -1;                 ///< > 0 replaces spec.steps
+  int workers = -1;                   ///< > 0 replaces spec.workers
+  std::string backend;                ///< non-empty replaces spec.backend
+  std::string output_dir;             ///< non-empty replaces spec.output_dir
+  bool output_dir_given = false;      ///< --output-dir was on the command line (an empty value is an error)
   bool overwrite_output_dir = false;  ///< sets spec.overwrite_output_dir
-  std::string dump_batch;   ///< non-empty: write step 1's first batch (ids, targets) here as JSON and exit
+  std::string dump_batch;  ///< non-empty: write step 1's first batch (ids, targets) here as JSON and exit
   bool train_after_dump = false;  ///< with dump_batch: train afterwards (--train) instead of exiting
-  std::string resume;       ///< non-empty replaces spec.resume_from: continue from this checkpoint folder
-  bool resume_given = false; ///< --resume was on the command line (an empty value is an error)
-  std::string mpi;          ///< non-empty replaces spec.mpi (auto, on, off)
+  std::string resume;         ///< non-empty replaces spec.resume_from: continue from this checkpoint folder
+  bool resume_given = false;  ///< --resume was on the command line (an empty value is an error)
+  std::string mpi;            ///< non-empty replaces spec.mpi (auto, on, off)
   double replica_timeout_s = -1;  ///< > 0 replaces spec.replica_timeout_s
 };
 

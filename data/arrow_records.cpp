@@ -22,7 +22,8 @@ namespace rp {
 
 ColumnarFormat columnar_format_of(std::string_view head) {
   if (head.size() >= 4 && head.substr(0, 4) == "PAR1") return ColumnarFormat::parquet;
-  if (head.size() >= 8 && head.substr(0, 8) == std::string_view("ARROW1\0\0", 8)) return ColumnarFormat::arrow_file;
+  if (head.size() >= 8 && head.substr(0, 8) == std::string_view("ARROW1\0\0", 8))
+    return ColumnarFormat::arrow_file;
   if (head.size() >= 8 && head.substr(0, 4) == "\xFF\xFF\xFF\xFF") {
     int32_t len = 0;  // the schema message's length, little-endian
     std::memcpy(&len, head.data() + 4, 4);
@@ -78,13 +79,24 @@ T value_or_fail(const std::string& path, arrow::Result<T> r) {
 bool json_like(const arrow::DataType& t) {
   using arrow::Type;
   switch (t.id()) {
-    case Type::NA: case Type::BOOL: case Type::STRING: case Type::LARGE_STRING: case Type::STRING_VIEW:
-    case Type::INT8: case Type::INT16: case Type::INT32: case Type::INT64:
-    case Type::UINT8: case Type::UINT16: case Type::UINT32: case Type::UINT64:
-    case Type::FLOAT: case Type::DOUBLE:
-      return true;
-    case Type::LIST: case Type::LARGE_LIST: case Type::FIXED_SIZE_LIST:
-      return json_like(*t.field(0)->type());
+    case Type::NA:
+    case Type::BOOL:
+    case Type::STRING:
+    case Type::LARGE_STRING:
+    case Type::STRING_VIEW:
+    case Type::INT8:
+    case Type::INT16:
+    case Type::INT32:
+    case Type::INT64:
+    case Type::UINT8:
+    case Type::UINT16:
+    case Type::UINT32:
+    case Type::UINT64:
+    case Type::FLOAT:
+    case Type::DOUBLE: return true;
+    case Type::LIST:
+    case Type::LARGE_LIST:
+    case Type::FIXED_SIZE_LIST: return json_like(*t.field(0)->type());
     case Type::STRUCT:
       for (const auto& f : t.fields())
         if (!json_like(*f->type())) return false;
@@ -94,10 +106,8 @@ bool json_like(const arrow::DataType& t) {
       const auto k = m.key_type()->id();
       return (k == Type::STRING || k == Type::LARGE_STRING) && json_like(*m.item_type());
     }
-    case Type::DICTIONARY:
-      return json_like(*static_cast<const arrow::DictionaryType&>(t).value_type());
-    default:
-      return false;
+    case Type::DICTIONARY: return json_like(*static_cast<const arrow::DictionaryType&>(t).value_type());
+    default: return false;
   }
 }
 
@@ -108,7 +118,8 @@ Json list_at(const arrow::Array& a, int64_t i) {
   const auto& l = static_cast<const ListArrayT&>(a);
   Json out = Json::array();
   const auto& values = *l.values();
-  for (int64_t k = l.value_offset(i), end = k + l.value_length(i); k < end; ++k) out.push_back(value_at(values, k));
+  for (int64_t k = l.value_offset(i), end = k + l.value_length(i); k < end; ++k)
+    out.push_back(value_at(values, k));
   return out;
 }
 
@@ -175,9 +186,10 @@ void rows_of(const std::string& path, const arrow::RecordBatch& batch, size_t& n
   const auto& schema = *batch.schema();
   for (int c = 0; c < batch.num_columns(); ++c)
     if (!json_like(*schema.field(c)->type()))
-      fail(path, fmt::format("column \"{}\": Arrow type {} has no JSON counterpart (expected strings, numbers, "
-                             "booleans, lists, structs or string-keyed maps)",
-                             excerpt(schema.field(c)->name()), excerpt(schema.field(c)->type()->ToString())));
+      fail(path,
+           fmt::format("column \"{}\": Arrow type {} has no JSON counterpart (expected strings, numbers, "
+                       "booleans, lists, structs or string-keyed maps)",
+                       excerpt(schema.field(c)->name()), excerpt(schema.field(c)->type()->ToString())));
   for (int64_t r = 0; r < batch.num_rows(); ++r) {
     Json row = Json::object();
     for (int c = 0; c < batch.num_columns(); ++c) {
@@ -199,7 +211,8 @@ void read_batches(const std::string& path, arrow::RecordBatchReader& reader,
   }
 }
 
-void read_file(const std::string& path, ColumnarFormat format, const std::function<void(const Json&, size_t)>& record) {
+void read_file(const std::string& path, ColumnarFormat format,
+               const std::function<void(const Json&, size_t)>& record) {
   auto file = value_or_fail(path, arrow::io::ReadableFile::Open(path));
   switch (format) {
     case ColumnarFormat::parquet: {
@@ -220,8 +233,7 @@ void read_file(const std::string& path, ColumnarFormat format, const std::functi
       read_batches(path, *reader, record);
       break;
     }
-    case ColumnarFormat::none:
-      fail(path, "not a Parquet or Arrow IPC file");
+    case ColumnarFormat::none: fail(path, "not a Parquet or Arrow IPC file");
   }
 }
 }  // namespace

@@ -32,11 +32,13 @@ bool is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; 
 std::pair<std::string, std::string> template_special_tokens(const Tokenizer& tok) {
   const auto& pre = tok.prefix_tokens();
   std::string bos = pre.empty() || !tok.has_token(pre.front()) ? std::string() : tok.token_text(pre.front());
-  std::string eos = tok.eos_id() >= 0 && tok.has_token(tok.eos_id()) ? tok.token_text(tok.eos_id()) : std::string();
+  std::string eos =
+      tok.eos_id() >= 0 && tok.has_token(tok.eos_id()) ? tok.token_text(tok.eos_id()) : std::string();
   return {bos, eos};
 }
 
-JinjaChat::JinjaChat(const std::string& source, std::string bos_token, std::string eos_token, std::string name)
+JinjaChat::JinjaChat(const std::string& source, std::string bos_token, std::string eos_token,
+                     std::string name)
     : template_(source, std::move(name)), bos_(std::move(bos_token)), eos_(std::move(eos_token)) {}
 
 std::string JinjaChat::render(const ojson& messages, const ojson& tools, bool add_generation_prompt,
@@ -72,7 +74,8 @@ std::vector<std::pair<size_t, size_t>> JinjaChat::assistant_spans(const ojson& m
       // the prompt starts `full`, or at least the turns before it do (a generation prompt
       // that opens a think block full does not have)
       const std::string before = render(head(messages, i), tools, false);
-      prompt_is_prefix = start == prompt.size() || (common_prefix(full, before) == before.size() && start >= before.size());
+      prompt_is_prefix =
+          start == prompt.size() || (common_prefix(full, before) == before.size() && start >= before.size());
     } catch (const jinja::TemplateError&) {
       // a template may refuse a conversation that does not start with a user turn
     }
@@ -82,15 +85,15 @@ std::vector<std::pair<size_t, size_t>> JinjaChat::assistant_spans(const ojson& m
     bool located = prompt_is_prefix;
     try {
       if (has_content) {
-        const size_t content_start = std::max(floor, common_prefix(full, render(marked(i, true), tools, false)));
+        const size_t content_start =
+            std::max(floor, common_prefix(full, render(marked(i, true), tools, false)));
         // (a template that cuts the content, e.g. at </think>, may drop the marker: nothing learnt)
         if (content_start < full.size()) {
           start = prompt_is_prefix ? std::min(start, content_start) : content_start;
           located = true;
         }
       }
-    } catch (const jinja::TemplateError&) {
-    }
+    } catch (const jinja::TemplateError&) {}
     if (!located) continue;  // rather untrained than trained on the turns before it
     std::string last;
     try {
@@ -107,8 +110,7 @@ std::vector<std::pair<size_t, size_t>> JinjaChat::assistant_spans(const ojson& m
         const size_t content_end = common_prefix(full, render(after, tools, false));
         const size_t last_content_end = common_prefix(last, render(head(after, i + 1), tools, false));
         end = content_end + common_prefix(full.substr(content_end), last.substr(last_content_end));
-      } catch (const jinja::TemplateError&) {
-      }
+      } catch (const jinja::TemplateError&) {}
     }
     while (end > start && is_space(full[end - 1])) --end;
     if (end <= start) continue;
@@ -122,7 +124,8 @@ RenderedChat JinjaChat::render_chat(const Tokenizer& tok, const ojson& messages,
   const std::string text = render(messages, tools, false);
   const auto spans = assistant_spans(messages, tools, text);
   if (spans.empty())
-    throw std::invalid_argument(name() + ": no assistant turn of the conversation could be located in its rendering");
+    throw std::invalid_argument(name() +
+                                ": no assistant turn of the conversation could be located in its rendering");
   return tokenize_chat(tok, text, spans);
 }
 

@@ -33,8 +33,8 @@ ChatTemplate parse_chat_template_name(const std::string& name) {
   if (n == "qwen3") return ChatTemplate::qwen3;
   if (n == "smollm2" || n == "smollm") return ChatTemplate::smollm2;
   if (n == "llama3" || n == "llama-3" || n == "llama3.1") return ChatTemplate::llama3;
-  throw std::invalid_argument(
-      fmt::format("unknown chat template \"{}\" (valid: chatml, qwen3, qwen3-no-think, smollm2, llama3)", name));
+  throw std::invalid_argument(fmt::format(
+      "unknown chat template \"{}\" (valid: chatml, qwen3, qwen3-no-think, smollm2, llama3)", name));
 }
 
 const char* chat_template_name(ChatTemplate t) {
@@ -79,7 +79,8 @@ std::string qwen3_assistant(const ChatMessage& m, bool after_last_query, bool la
     content = strip_newlines(content.substr(content.rfind("</think>") + 8), true, false);
   }
   if (after_last_query && (last || !reasoning.empty()))
-    return "<think>\n" + strip_newlines(reasoning, true, true) + "\n</think>\n\n" + strip_newlines(content, true, false);
+    return "<think>\n" + strip_newlines(reasoning, true, true) + "\n</think>\n\n" +
+           strip_newlines(content, true, false);
   return content;
 }
 

@@ -40,8 +40,8 @@ class Tokenizer;
 enum class ChatTemplate { chatml, smollm2, llama3, qwen3 };
 
 struct ChatMessage {
-  std::string role;     ///< "system", "user" or "assistant"
-  std::string content;  ///< UTF-8
+  std::string role;       ///< "system", "user" or "assistant"
+  std::string content;    ///< UTF-8
   std::string reasoning;  ///< assistant only, qwen3 template: the think block's text ("" = none)
 };
 

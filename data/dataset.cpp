@@ -1,11 +1,11 @@
 #include "data/dataset.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <cctype>
-#include <initializer_list>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -34,7 +34,8 @@ using Json = nlohmann::ordered_json;  // records keep their key order (tool-call
 
 int32_t require_eos(const Tokenizer& tok, const std::string& path) {
   int32_t eos = tok.eos_id();
-  if (eos < 0) throw std::runtime_error(path + ": the tokenizer has no eos token (set one with set_eos_token)");
+  if (eos < 0)
+    throw std::runtime_error(path + ": the tokenizer has no eos token (set one with set_eos_token)");
   return eos;
 }
 
@@ -53,7 +54,8 @@ const std::string& get_string(const Json& obj, const char* key, const std::strin
 std::string opt_string(const Json& obj, const char* key, const std::string& where) {
   auto it = obj.find(key);
   if (it == obj.end() || it->is_null()) return {};
-  if (!it->is_string()) fail(where, fmt::format("expected a string at key \"{}\", got {}", key, type_name(*it)));
+  if (!it->is_string())
+    fail(where, fmt::format("expected a string at key \"{}\", got {}", key, type_name(*it)));
   return it->get<std::string>();
 }
 
@@ -88,7 +90,8 @@ const char* kNoAssistant = "expected at least one assistant message (nothing to 
 /// and the record's tools pass to it as they are.
 void add_jinja_chat(const Tokenizer& tok, const JinjaChat& chat, const Json& msgs, const Json& tools,
                     const std::string& where, Dataset& d) {
-  if (!msgs.is_array()) fail(where, fmt::format("expected an array at key \"messages\", got {}", type_name(msgs)));
+  if (!msgs.is_array())
+    fail(where, fmt::format("expected an array at key \"messages\", got {}", type_name(msgs)));
   bool has_assistant = false;
   for (size_t i = 0; i < msgs.size(); ++i) {
     const std::string ctx = fmt::format("messages[{}]: ", i);
@@ -96,7 +99,8 @@ void add_jinja_chat(const Tokenizer& tok, const JinjaChat& chat, const Json& msg
     has_assistant |= get_string(msgs[i], "role", ctx, where) == "assistant";
   }
   if (!has_assistant) fail(where, kNoAssistant);
-  if (!tools.is_null() && !tools.is_array()) fail(where, fmt::format("expected an array at key \"tools\", got {}", type_name(tools)));
+  if (!tools.is_null() && !tools.is_array())
+    fail(where, fmt::format("expected an array at key \"tools\", got {}", type_name(tools)));
   try {
     RenderedChat r = chat.render_chat(tok, msgs, tools);
     d.examples.push_back({std::move(r.ids), std::move(r.loss_mask)});
@@ -107,8 +111,8 @@ void add_jinja_chat(const Tokenizer& tok, const JinjaChat& chat, const Json& msg
   }
 }
 
-void add_chat(const Tokenizer& tok, const ChatFormat& chat, const std::vector<ChatMessage>& msgs, const std::string& where,
-              Dataset& d) {
+void add_chat(const Tokenizer& tok, const ChatFormat& chat, const std::vector<ChatMessage>& msgs,
+              const std::string& where, Dataset& d) {
   if (chat.jinja) {  // ShareGPT / alpaca records as messages
     Json m = Json::array();
     for (const auto& x : msgs) {
@@ -135,7 +139,8 @@ std::vector<ChatMessage> messages_of(const Json& m, const std::string& where, co
     if (!m[i].is_object()) fail(where, ctx + "expected an object with \"role\" and \"content\"");
     ChatMessage cm{get_string(m[i], "role", ctx, where), get_string(m[i], "content", ctx, where), {}};
     if (cm.role != "system" && cm.role != "user" && cm.role != "assistant")
-      fail(where, fmt::format("{}unknown role \"{}\" (expected system, user or assistant)", ctx, excerpt(cm.role)));
+      fail(where,
+           fmt::format("{}unknown role \"{}\" (expected system, user or assistant)", ctx, excerpt(cm.role)));
     cm.reasoning = opt_string(m[i], "reasoning_content", where);
     msgs.push_back(std::move(cm));
   }
@@ -145,7 +150,8 @@ std::vector<ChatMessage> messages_of(const Json& m, const std::string& where, co
 // ShareGPT: {"conversations": [{"from": "human"|"gpt"|"system", "value"}, ...], "system"?}
 std::vector<ChatMessage> sharegpt_of(const Json& j, const std::string& where) {
   const auto& c = j.at("conversations");
-  if (!c.is_array()) fail(where, fmt::format("expected an array at key \"conversations\", got {}", type_name(c)));
+  if (!c.is_array())
+    fail(where, fmt::format("expected an array at key \"conversations\", got {}", type_name(c)));
   std::vector<ChatMessage> msgs;
   if (std::string sys = opt_string(j, "system", where); !sys.empty()) msgs.push_back({"system", sys, {}});
   for (size_t i = 0; i < c.size(); ++i) {
@@ -156,7 +162,9 @@ std::vector<ChatMessage> sharegpt_of(const Json& j, const std::string& where) {
     if (from == "human" || from == "user") role = "user";
     else if (from == "gpt" || from == "assistant" || from == "model" || from == "chatgpt") role = "assistant";
     else if (from == "system") role = "system";
-    else fail(where, fmt::format("{}unknown \"from\" \"{}\" (expected human, gpt or system)", ctx, excerpt(from)));
+    else
+      fail(where,
+           fmt::format("{}unknown \"from\" \"{}\" (expected human, gpt or system)", ctx, excerpt(from)));
     msgs.push_back({role, get_string(c[i], "value", ctx, where), {}});
   }
   return msgs;
@@ -187,18 +195,21 @@ std::vector<ChatMessage> alpaca_of(const Json& j, const std::string& where) {
 /// A conversational prompt / completion as TRL renders it: the completion's tokens are those of
 /// render(prompt ++ completion) after render(prompt, add_generation_prompt), which must be its
 /// prefix; tools pass to a Jinja template as `tools`.
-Example chat_prompt_completion(const Json& prompt, const Json& completion, const char* ckey, const Json& tools,
-                               const std::string& where, const Tokenizer& tok, const ChatFormat& chat) {
+Example chat_prompt_completion(const Json& prompt, const Json& completion, const char* ckey,
+                               const Json& tools, const std::string& where, const Tokenizer& tok,
+                               const ChatFormat& chat) {
   for (const auto& [m, key] : {std::pair<const Json*, const char*>{&prompt, "prompt"}, {&completion, ckey}}) {
     if (!m->is_array())
-      fail(where, fmt::format("expected a list of messages at key \"{}\" (as \"prompt\"), got {}", key, type_name(*m)));
+      fail(where, fmt::format("expected a list of messages at key \"{}\" (as \"prompt\"), got {}", key,
+                              type_name(*m)));
     for (size_t i = 0; i < m->size(); ++i) {
       const std::string ctx = fmt::format("{}[{}]: ", key, i);
       if (!(*m)[i].is_object()) fail(where, ctx + "expected an object with \"role\"");
       get_string((*m)[i], "role", ctx, where);
     }
   }
-  if (!std::any_of(completion.begin(), completion.end(), [](const Json& m) { return m["role"] == "assistant"; }))
+  if (!std::any_of(completion.begin(), completion.end(),
+                   [](const Json& m) { return m["role"] == "assistant"; }))
     fail(where, fmt::format("expected an assistant message in \"{}\" (nothing to train on)", ckey));
   Json all = prompt;
   all.insert(all.end(), completion.begin(), completion.end());
@@ -216,16 +227,18 @@ Example chat_prompt_completion(const Json& prompt, const Json& completion, const
     fail(where, e.what());
   }
   if (full.compare(0, prompt_text.size(), prompt_text) != 0)
-    fail(where, fmt::format("the chat template renders the prompt with its generation prompt differently from the "
-                            "start of prompt + {} (nothing marks where the {} starts)", ckey, ckey));
+    fail(where,
+         fmt::format("the chat template renders the prompt with its generation prompt differently from the "
+                     "start of prompt + {} (nothing marks where the {} starts)",
+                     ckey, ckey));
   RenderedChat r = tokenize_chat(tok, full, {{prompt_text.size(), full.size()}});
   return {std::move(r.ids), std::move(r.loss_mask)};
 }
 
 }  // namespace
 
-Example prompt_completion_example(const Json& j, const char* ckey, const std::string& where, const Tokenizer& tok,
-                                  const ChatFormat& chat) {
+Example prompt_completion_example(const Json& j, const char* ckey, const std::string& where,
+                                  const Tokenizer& tok, const ChatFormat& chat) {
   const auto p = j.find("prompt"), c = j.find(ckey);
   if (p != j.end() && c != j.end() && (p->is_array() || c->is_array()))
     return chat_prompt_completion(*p, *c, ckey, j.value("tools", Json()), where, tok, chat);
@@ -300,11 +313,13 @@ void json_array_records(const std::string& path, const RecordFn& record) {
   try {
     j = Json::parse(text);
   } catch (const Json::parse_error& e) {
-    fail(fmt::format("{}:{}", path, line_of(text, e.byte ? e.byte - 1 : 0)), "invalid JSON: " + parse_message(e));
+    fail(fmt::format("{}:{}", path, line_of(text, e.byte ? e.byte - 1 : 0)),
+         "invalid JSON: " + parse_message(e));
   }
   if (!j.is_array()) fail(path, fmt::format("expected a JSON array of objects, got {}", type_name(j)));
   // counted from 1, as the line numbers of a .jsonl file
-  for (size_t i = 0; i < j.size(); ++i) record(j[i], fmt::format("{}: element {} of {}", path, i + 1, j.size()));
+  for (size_t i = 0; i < j.size(); ++i)
+    record(j[i], fmt::format("{}: element {} of {}", path, i + 1, j.size()));
 }
 
 /// Every line of a JSON lines file, read line by line: memory holds one line, not the file.
@@ -325,8 +340,9 @@ void json_lines_records(const std::string& path, const RecordFn& record) {
       std::string text = read_all(path);  // only to tell the cause
       if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);
       if (Json::accept(text))  // one object written over several lines
-        fail(path, "one JSON object over several lines; expected one object per line (JSON lines) or a JSON array "
-                   "of objects");
+        fail(path,
+             "one JSON object over several lines; expected one object per line (JSON lines) or a JSON array "
+             "of objects");
       fail(fmt::format("{}:{}", path, lineno), "invalid JSON: " + parse_message(e));
     }
     record(j, fmt::format("{}:{}", path, lineno));
@@ -352,16 +368,18 @@ void for_each_json_record(const std::string& path, const RecordFn& record) {
   if (c == '[') json_array_records(path, record);
   else if (c == '{') json_lines_records(path, record);
   else if (c != 0)
-    fail(path, fmt::format("expected JSON lines (one object per line) or a JSON array of objects, but the file "
-                           "starts with {}",
-                           c >= 0x20 && c < 0x7f ? fmt::format("'{}'", c)
-                                                 : fmt::format("byte 0x{:02x} (not text)", uint8_t(c))));
+    fail(path,
+         fmt::format("expected JSON lines (one object per line) or a JSON array of objects, but the file "
+                     "starts with {}",
+                     c >= 0x20 && c < 0x7f ? fmt::format("'{}'", c)
+                                           : fmt::format("byte 0x{:02x} (not text)", uint8_t(c))));
 }
 
 void for_each_record(const std::string& path, const RecordFn& record) {
   const ColumnarFormat format = columnar_format_of(file_head(path, 8));
   if (format == ColumnarFormat::none) return for_each_json_record(path, record);
-  for_each_columnar_row(path, format, [&](const Json& row, size_t n) { record(row, fmt::format("{}: row {}", path, n)); });
+  for_each_columnar_row(path, format,
+                        [&](const Json& row, size_t n) { record(row, fmt::format("{}: row {}", path, n)); });
 }
 
 namespace {
@@ -370,7 +388,8 @@ namespace {
 using TakeFn = std::function<void(Dataset& scratch)>;
 
 /// The records of a JSON or columnar file through `take`; "<path>: no examples" for none.
-void stream_records(const std::string& path, const Tokenizer& tok, const ChatFormat& chat, const TakeFn& take) {
+void stream_records(const std::string& path, const Tokenizer& tok, const ChatFormat& chat,
+                    const TakeFn& take) {
   Dataset scratch;
   size_t n = 0;
   for_each_record(path, [&](const Json& j, const std::string& where) {
@@ -403,14 +422,16 @@ void stream_text_corpus(const std::string& path, const Tokenizer& tok, const Tak
     }
 }
 
-void stream_dataset(const std::string& path, const Tokenizer& tok, const ChatFormat& chat, const TakeFn& take) {
+void stream_dataset(const std::string& path, const Tokenizer& tok, const ChatFormat& chat,
+                    const TakeFn& take) {
   if (fs::is_directory(path)) return stream_text_corpus(path, tok, take);
   const std::string head = file_head(path, 4096);
   if (columnar_format_of(head) != ColumnarFormat::none) return stream_records(path, tok, chat, take);
   if (std::string e = binary_file_error(path, head); !e.empty()) throw std::runtime_error(e);
   if (has_extension(path, {".txt"})) return stream_text_corpus(path, tok, take);
   const char c = first_char(head);
-  if (c == '{' || c == '[' || has_extension(path, {".json", ".jsonl"})) return stream_records(path, tok, chat, take);
+  if (c == '{' || c == '[' || has_extension(path, {".json", ".jsonl"}))
+    return stream_records(path, tok, chat, take);
   stream_text_corpus(path, tok, take);
 }
 
@@ -450,7 +471,8 @@ std::pair<size_t, size_t> lines_and_bytes(const std::string& path) {
 
 Dataset load_json_records(const std::string& path, const Tokenizer& tok, const ChatFormat& chat) {
   Dataset d;
-  for_each_json_record(path, [&](const Json& j, const std::string& where) { add_record(j, where, tok, chat, d); });
+  for_each_json_record(path,
+                       [&](const Json& j, const std::string& where) { add_record(j, where, tok, chat, d); });
   if (d.examples.empty() && d.num_documents == 0) throw std::runtime_error(path + ": no examples");
   return d;
 }
@@ -475,8 +497,8 @@ Dataset load_dataset(const std::string& path, const Tokenizer& tok, const ChatFo
   return d;
 }
 
-void load_dataset_into(const std::string& path, const Tokenizer& tok, const ChatFormat& chat, SequencePacker& packer,
-                       size_t max_examples) {
+void load_dataset_into(const std::string& path, const Tokenizer& tok, const ChatFormat& chat,
+                       SequencePacker& packer, size_t max_examples) {
   // every example takes a row at most (records are lines of JSON lines) and every token of
   // text takes a byte at least, give or take a document's prefix and eos: address space, not
   // memory, for that many rows
@@ -556,7 +578,8 @@ void BatchStream::seek(int64_t position) {
 }
 
 TokenBatch BatchStream::next(int64_t n_seq) {
-  if (n_seq < 1) throw std::invalid_argument(fmt::format("BatchStream::next: n_seq must be >= 1, got {}", n_seq));
+  if (n_seq < 1)
+    throw std::invalid_argument(fmt::format("BatchStream::next: n_seq must be >= 1, got {}", n_seq));
   TokenBatch b;
   b.n_seq = n_seq;
   b.seq_len = seqs_.seq_len;

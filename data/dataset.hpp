@@ -1,5 +1,5 @@
-// Training data: JSON (lines or arrays) / Parquet / Arrow IPC / plain-text loading, packing into fixed-length sequences, and a
-// deterministic shuffled batch stream.
+// Training data: JSON (lines or arrays) / Parquet / Arrow IPC / plain-text loading, packing into fixed-length
+// sequences, and a deterministic shuffled batch stream.
 //
 // Sequence construction respects the runtime's attention: it is causal *per sequence*
 // with positions restarting at 0 in each sequence, so two examples packed into one
@@ -46,9 +46,9 @@ struct Example {
 
 /// A loaded data set, before packing.
 struct Dataset {
-  std::vector<Example> examples;    ///< supervised examples, one sequence each
-  std::vector<int32_t> text_stream; ///< plain text, every document followed by eos
-  size_t num_documents = 0;         ///< documents in text_stream
+  std::vector<Example> examples;     ///< supervised examples, one sequence each
+  std::vector<int32_t> text_stream;  ///< plain text, every document followed by eos
+  size_t num_documents = 0;          ///< documents in text_stream
 };
 
 /// One record of a data file and where it is, for error messages: "<path>:<line>" (JSON
@@ -138,8 +138,8 @@ Dataset load_dataset(const std::string& path, const Tokenizer& tok, const ChatFo
 /// memory holds the packed sequences and one record, never every tokenised example. With
 /// max_examples > 0 only the first k supervised examples are packed (the others are still
 /// read and checked). Throws as load_dataset, and as SequencePacker::add_example.
-void load_dataset_into(const std::string& path, const Tokenizer& tok, const ChatFormat& chat, SequencePacker& packer,
-                       size_t max_examples = 0);
+void load_dataset_into(const std::string& path, const Tokenizer& tok, const ChatFormat& chat,
+                       SequencePacker& packer, size_t max_examples = 0);
 
 /// Fixed-length training sequences, row-major [size(), seq_len].
 struct PackedSequences {
@@ -150,7 +150,7 @@ struct PackedSequences {
   /// restarting at 0 where an example begins (padding counts as one more example); empty
   /// otherwise.
   std::vector<int32_t> positions;
-  size_t dropped_examples = 0;   ///< supervised examples with no target left after truncation
+  size_t dropped_examples = 0;  ///< supervised examples with no target left after truncation
   /// Supervised examples longer than a sequence holds (seq_len + 1 tokens: seq_len inputs and
   /// the last one's target), whose tail was cut; dropped ones included.
   size_t truncated_examples = 0;

@@ -29,7 +29,10 @@ std::string_view known_kind(std::string_view h) {
       {"\x1f\x8b", "a gzip archive: decompress it first"},
       {"\x28\xb5\x2f\xfd", "a zstd archive: decompress it first"},
       {"BZh91AY&SY", "a bzip2 archive: decompress it first"},
-      {{"\xfd" "7zXZ\0", 6}, "an xz archive: decompress it first"},
+      {{"\xfd"
+        "7zXZ\0",
+        6},
+       "an xz archive: decompress it first"},
       {"PK\x03\x04", "a zip archive: unpack it first"},
       {"\xff\xfe", "UTF-16 text: convert it to UTF-8"},
       {"\xfe\xff", "UTF-16 text: convert it to UTF-8"},
@@ -55,10 +58,10 @@ std::string binary_file_error(const std::string& path, std::string_view head) {
   std::string hex;
   for (size_t i = 0; i < std::min<size_t>(head.size(), 16); ++i)
     hex += fmt::format("{}{:02x}", i ? " " : "", static_cast<unsigned char>(head[i]));
-  return fmt::format("{}: not text: its first bytes are {}{}{}; expected JSON lines, a JSON array, Parquet, Arrow IPC "
-                     "or UTF-8 text",
-                     path, hex, head.size() > 16 ? " ..." : "",
-                     kind.empty() ? std::string() : fmt::format(" ({})", kind));
+  return fmt::format(
+      "{}: not text: its first bytes are {}{}{}; expected JSON lines, a JSON array, Parquet, Arrow IPC "
+      "or UTF-8 text",
+      path, hex, head.size() > 16 ? " ..." : "", kind.empty() ? std::string() : fmt::format(" ({})", kind));
 }
 
 }  // namespace rp

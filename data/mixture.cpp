@@ -8,16 +8,19 @@
 namespace rp {
 
 MixtureStream::MixtureStream(std::vector<MixtureSource> sources, uint64_t seed, bool shuffle) : seed_(seed) {
-  if (sources.empty()) throw std::invalid_argument("data: an empty list (expected files, or {\"path\", \"weight\"} objects)");
+  if (sources.empty())
+    throw std::invalid_argument("data: an empty list (expected files, or {\"path\", \"weight\"} objects)");
   double total = 0;
   for (size_t i = 0; i < sources.size(); ++i) {
     const auto& s = sources[i];
     if (!(std::isfinite(s.weight) && s.weight > 0))
-      throw std::invalid_argument(fmt::format("data[{}] ({}): weight must be > 0, got {}", i, s.name, s.weight));
-    if (s.seqs.size() == 0) throw std::invalid_argument(fmt::format("data[{}] ({}): no sequences", i, s.name));
+      throw std::invalid_argument(
+          fmt::format("data[{}] ({}): weight must be > 0, got {}", i, s.name, s.weight));
+    if (s.seqs.size() == 0)
+      throw std::invalid_argument(fmt::format("data[{}] ({}): no sequences", i, s.name));
     if (s.seqs.seq_len != sources[0].seqs.seq_len)
-      throw std::invalid_argument(fmt::format("data[{}] ({}): sequences of {} tokens, data[0]'s have {}", i, s.name,
-                                              s.seqs.seq_len, sources[0].seqs.seq_len));
+      throw std::invalid_argument(fmt::format("data[{}] ({}): sequences of {} tokens, data[0]'s have {}", i,
+                                              s.name, s.seqs.seq_len, sources[0].seqs.seq_len));
     total += s.weight;
   }
   double run = 0;
@@ -34,7 +37,8 @@ MixtureStream::MixtureStream(std::vector<MixtureSource> sources, uint64_t seed, 
 
 size_t MixtureStream::source_at(int64_t p) const {
   // 53 random bits as a double in [0, 1)
-  const double u = double(splitmix64(seed_ ^ splitmix64(uint64_t(p) + 0x6D69787475726500ull)) >> 11) * 0x1.0p-53;
+  const double u =
+      double(splitmix64(seed_ ^ splitmix64(uint64_t(p) + 0x6D69787475726500ull)) >> 11) * 0x1.0p-53;
   size_t i = 0;
   while (i + 1 < cumulative_.size() && u >= cumulative_[i]) ++i;
   return i;
@@ -49,7 +53,8 @@ void MixtureStream::seek(int64_t position) {
 }
 
 TokenBatch MixtureStream::next(int64_t n_seq) {
-  if (n_seq < 1) throw std::invalid_argument(fmt::format("MixtureStream::next: n_seq must be >= 1, got {}", n_seq));
+  if (n_seq < 1)
+    throw std::invalid_argument(fmt::format("MixtureStream::next: n_seq must be >= 1, got {}", n_seq));
   TokenBatch b;
   for (int64_t r = 0; r < n_seq; ++r) {
     const size_t s = source_at(pos_++);

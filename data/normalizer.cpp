@@ -30,7 +30,8 @@ bool starts_piece(utf8proc_int32_t cp) {
 }  // namespace
 
 bool nfc_normalize(std::string_view in, std::string& out, std::vector<NormalizedRun>& runs) {
-  if (std::all_of(in.begin(), in.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; })) return false;
+  if (std::all_of(in.begin(), in.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; }))
+    return false;
   // Cut `in` into pieces: valid stretches split before starters, and single invalid bytes.
   struct Cut {
     size_t begin, end;

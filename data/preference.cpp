@@ -22,13 +22,19 @@ Json with_prompt(const Json& j, const std::string& where) {
   if (j.contains("prompt")) return j;
   const Json &c = j.at("chosen"), &r = j.at("rejected");
   if (!c.is_array() || !r.is_array())
-    fail(where, "missing key \"prompt\" (only conversations, lists of messages at \"chosen\" and \"rejected\", carry "
-                "their prompt)");
+    fail(
+        where,
+        "missing key \"prompt\" (only conversations, lists of messages at \"chosen\" and \"rejected\", carry "
+        "their prompt)");
   size_t n = 0;
   while (n < c.size() && n < r.size() && c[n] == r[n]) ++n;
-  if (n == 0) fail(where, "\"chosen\" and \"rejected\" share no leading message (no implicit prompt); give a \"prompt\"");
+  if (n == 0)
+    fail(where,
+         "\"chosen\" and \"rejected\" share no leading message (no implicit prompt); give a \"prompt\"");
   if (n == c.size() || n == r.size())
-    fail(where, "\"chosen\" and \"rejected\" differ only after one of them ends (an empty completion); give a \"prompt\"");
+    fail(where,
+         "\"chosen\" and \"rejected\" differ only after one of them ends (an empty completion); give a "
+         "\"prompt\"");
   Json out = j;
   out["prompt"] = Json(c.begin(), c.begin() + long(n));
   out["chosen"] = Json(c.begin() + long(n), c.end());
@@ -36,18 +42,22 @@ Json with_prompt(const Json& j, const std::string& where) {
   return out;
 }
 
-PreferencePair pair_of(const Json& j, const std::string& where, const Tokenizer& tok, const ChatFormat& chat) {
+PreferencePair pair_of(const Json& j, const std::string& where, const Tokenizer& tok,
+                       const ChatFormat& chat) {
   if (!j.is_object()) fail(where, fmt::format("expected a JSON object, got {}", j.type_name()));
   if (!j.contains("chosen") || !j.contains("rejected"))
-    fail(where, fmt::format("expected the keys \"prompt\", \"chosen\" and \"rejected\" of preference data (missing "
-                            "\"{}\")",
-                            j.contains("chosen") ? "rejected" : "chosen"));
+    fail(where,
+         fmt::format("expected the keys \"prompt\", \"chosen\" and \"rejected\" of preference data (missing "
+                     "\"{}\")",
+                     j.contains("chosen") ? "rejected" : "chosen"));
   const Json rec = with_prompt(j, where);
-  if (rec.at("chosen") == rec.at("rejected")) fail(where, "\"chosen\" and \"rejected\" are the same (nothing to prefer)");
+  if (rec.at("chosen") == rec.at("rejected"))
+    fail(where, "\"chosen\" and \"rejected\" are the same (nothing to prefer)");
   PreferencePair p;
   p.chosen = prompt_completion_example(rec, "chosen", where, tok, chat);
   p.rejected = prompt_completion_example(rec, "rejected", where, tok, chat);
-  for (const auto& [ex, key] : {std::pair<const Example*, const char*>{&p.chosen, "chosen"}, {&p.rejected, "rejected"}})
+  for (const auto& [ex, key] :
+       {std::pair<const Example*, const char*>{&p.chosen, "chosen"}, {&p.rejected, "rejected"}})
     if (std::find(ex->loss_mask.begin(), ex->loss_mask.end(), 1) == ex->loss_mask.end())
       fail(where, fmt::format("\"{}\" gives no token to train on", key));
   const auto& a = p.chosen.ids;

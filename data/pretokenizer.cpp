@@ -22,20 +22,29 @@ size_t valid_utf8_prefix(std::string_view s) {
   size_t i = 0, n = s.size();
   while (i < n) {
     unsigned c = p[i];
-    if (c < 0x80) { ++i; continue; }
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
     size_t len;
     uint32_t cp;
-    if ((c & 0xE0) == 0xC0) { len = 2; cp = c & 0x1F; }
-    else if ((c & 0xF0) == 0xE0) { len = 3; cp = c & 0x0F; }
-    else if ((c & 0xF8) == 0xF0) { len = 4; cp = c & 0x07; }
-    else return i;
+    if ((c & 0xE0) == 0xC0) {
+      len = 2;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4;
+      cp = c & 0x07;
+    } else return i;
     if (i + len > n) return i;
     for (size_t k = 1; k < len; ++k) {
       if ((p[i + k] & 0xC0) != 0x80) return i;
       cp = (cp << 6) | (p[i + k] & 0x3F);
     }
-    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
-        cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10FFFF ||
+        (cp >= 0xD800 && cp <= 0xDFFF))
       return i;
     i += len;
   }
@@ -56,7 +65,10 @@ struct ByteTable {
       uint32_t cp = printable ? uint32_t(b) : uint32_t(256 + n++);
       std::string s;
       if (cp < 0x80) s.push_back(char(cp));
-      else { s.push_back(char(0xC0 | (cp >> 6))); s.push_back(char(0x80 | (cp & 0x3F))); }
+      else {
+        s.push_back(char(0xC0 | (cp >> 6)));
+        s.push_back(char(0x80 | (cp & 0x3F)));
+      }
       to_str[b] = s;
       from_cp[cp] = int16_t(b);
     }
@@ -100,10 +112,11 @@ Regex::Regex(const std::string& pattern, bool literal) {
   int err = 0;
   PCRE2_SIZE erroff = 0;
   uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
-  pcre2_code* c = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), opts,
-                                &err, &erroff, nullptr);
+  pcre2_code* c = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), opts, &err,
+                                &erroff, nullptr);
   if (!c)
-    throw std::runtime_error(fmt::format("regex /{}/: {} at offset {}", excerpt(pattern), pcre2_message(err), erroff));
+    throw std::runtime_error(
+        fmt::format("regex /{}/: {} at offset {}", excerpt(pattern), pcre2_message(err), erroff));
   pcre2_jit_compile(c, PCRE2_JIT_COMPLETE);  // falls back to the interpreter on failure
   code_ = c;
   pattern_ = pattern;
@@ -131,13 +144,16 @@ void Regex::find_all(std::string_view text, std::vector<std::pair<size_t, size_t
       spent += limit;
       if (rc != PCRE2_ERROR_MATCHLIMIT && rc != PCRE2_ERROR_DEPTHLIMIT) break;
       if (spent >= budget)
-        throw RegexWorkExceeded(fmt::format(
-            "pre-tokenizer regex /{}/ needs more than {} matching steps (PCRE2's match limit) for {} bytes of text "
-            "(stopped at byte {}): the pattern backtracks catastrophically on this text",
-            excerpt(pattern_), budget, text.size(), pos));
+        throw RegexWorkExceeded(
+            fmt::format("pre-tokenizer regex /{}/ needs more than {} matching steps (PCRE2's match limit) "
+                        "for {} bytes of text "
+                        "(stopped at byte {}): the pattern backtracks catastrophically on this text",
+                        excerpt(pattern_), budget, text.size(), pos));
     }
     if (rc == PCRE2_ERROR_NOMATCH) break;
-    if (rc < 0) throw std::runtime_error(fmt::format("pre-tokenizer regex /{}/: {}", excerpt(pattern_), pcre2_message(rc)));
+    if (rc < 0)
+      throw std::runtime_error(
+          fmt::format("pre-tokenizer regex /{}/: {}", excerpt(pattern_), pcre2_message(rc)));
     PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
     size_t b = ov[0], e = ov[1];
     if (e > b) {
@@ -188,7 +204,8 @@ PreTokenizer PreTokenizer::from_json(const nlohmann::json& j, const std::string&
       Step s;
       const auto& pat = n.at("pattern");
       if (pat.contains("Regex")) s.re = std::make_shared<Regex>(pat.at("Regex").get<std::string>());
-      else if (pat.contains("String")) s.re = std::make_shared<Regex>(pat.at("String").get<std::string>(), true);
+      else if (pat.contains("String"))
+        s.re = std::make_shared<Regex>(pat.at("String").get<std::string>(), true);
       else throw std::runtime_error(where + ": Split pattern must be {\"Regex\": ...} or {\"String\": ...}");
       s.behavior = parse_behavior(n.value("behavior", std::string("Isolated")), where);
       s.invert = n.value("invert", false);
@@ -206,13 +223,16 @@ PreTokenizer PreTokenizer::from_json(const nlohmann::json& j, const std::string&
       pt.steps_.push_back(std::move(s));
     } else {
       throw std::runtime_error(fmt::format(
-          "{}: unsupported pre_tokenizer type \"{}\" (supported: Sequence, Split, ByteLevel, Digits)", where, type));
+          "{}: unsupported pre_tokenizer type \"{}\" (supported: Sequence, Split, ByteLevel, Digits)", where,
+          type));
     }
   };
-  if (j.is_null()) throw std::runtime_error(where + ": pre_tokenizer is null; only byte-level BPE is supported");
+  if (j.is_null())
+    throw std::runtime_error(where + ": pre_tokenizer is null; only byte-level BPE is supported");
   add(add, j);
   if (!byte_level)
-    throw std::runtime_error(where + ": pre_tokenizer has no ByteLevel step; only byte-level BPE is supported");
+    throw std::runtime_error(where +
+                             ": pre_tokenizer has no ByteLevel step; only byte-level BPE is supported");
   return pt;
 }
 
@@ -314,7 +334,8 @@ void PreTokenizer::split(std::string_view text, size_t base, std::vector<Piece>&
       next.clear();
       for (const auto& p : cur) {
         Piece q = p;
-        if (st.add_prefix_space && !q.prefix_space && (q.len == 0 || run[q.off] != ' ')) q.prefix_space = true;
+        if (st.add_prefix_space && !q.prefix_space && (q.len == 0 || run[q.off] != ' '))
+          q.prefix_space = true;
         if (st.re) apply_split(*st.re, st.behavior, st.invert, run, q, next, ranges, segs);
         else next.push_back(q);
       }

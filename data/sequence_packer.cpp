@@ -13,9 +13,10 @@ size_t bytes_per_token(bool pack) { return (pack ? 3 : 2) * sizeof(int32_t); }
 
 std::string too_big(size_t rows, size_t L, bool pack, size_t max_bytes) {
   return fmt::format(
-      "packing {} sequences of {} tokens needs {:.1f} GiB of host memory (ids, targets{}), {:.1f} GiB are available",
-      rows, L, double(rows) * double(L) * double(bytes_per_token(pack)) / double(1ull << 30), pack ? ", positions" : "",
-      double(max_bytes) / double(1ull << 30));
+      "packing {} sequences of {} tokens needs {:.1f} GiB of host memory (ids, targets{}), {:.1f} GiB are "
+      "available",
+      rows, L, double(rows) * double(L) * double(bytes_per_token(pack)) / double(1ull << 30),
+      pack ? ", positions" : "", double(max_bytes) / double(1ull << 30));
 }
 
 /// Whether example ids[0..n) has a target: a masked token after the first.
@@ -27,9 +28,15 @@ bool has_target(const Example& ex, size_t n) {
 }  // namespace
 
 SequencePacker::SequencePacker(int64_t seq_len, int32_t pad_id, bool pack, size_t max_bytes)
-    : L_(size_t(seq_len)), pad_(pad_id), pack_(pack), max_bytes_(max_bytes), per_token_(bytes_per_token(pack)) {
-  if (seq_len < 1) throw std::invalid_argument(fmt::format("pack_sequences: seq_len must be >= 1, got {}", seq_len));
-  if (pad_id < 0) throw std::invalid_argument(fmt::format("pack_sequences: pad_id must be >= 0, got {}", pad_id));
+    : L_(size_t(seq_len)),
+      pad_(pad_id),
+      pack_(pack),
+      max_bytes_(max_bytes),
+      per_token_(bytes_per_token(pack)) {
+  if (seq_len < 1)
+    throw std::invalid_argument(fmt::format("pack_sequences: seq_len must be >= 1, got {}", seq_len));
+  if (pad_id < 0)
+    throw std::invalid_argument(fmt::format("pack_sequences: pad_id must be >= 0, got {}", pad_id));
   rows_.seq_len = text_.seq_len = seq_len;
   fill_ = L_;
 }
@@ -37,7 +44,8 @@ SequencePacker::SequencePacker(int64_t seq_len, int32_t pad_id, bool pack, size_
 void SequencePacker::reserve(size_t example_rows, size_t text_rows) {
   // never more than max_bytes' worth (nor past size_t)
   const size_t cap = max_bytes_ > 0 ? max_bytes_ / per_token_ / L_ : SIZE_MAX / per_token_ / L_;
-  for (auto [p, n] : {std::pair{&rows_, std::min(example_rows, cap)}, std::pair{&text_, std::min(text_rows, cap)}}) {
+  for (auto [p, n] :
+       {std::pair{&rows_, std::min(example_rows, cap)}, std::pair{&text_, std::min(text_rows, cap)}}) {
     p->ids.reserve(n * L_);
     p->targets.reserve(n * L_);
     if (pack_) p->positions.reserve(n * L_);
@@ -47,8 +55,9 @@ void SequencePacker::reserve(size_t example_rows, size_t text_rows) {
 /// A fresh row of `into` (positions 0..L-1), or SIZE_MAX when past max_bytes (only counted).
 size_t SequencePacker::new_row(PackedSequences& into) {
   size_t bytes = 0;
-  if (!over_ && (__builtin_mul_overflow(total_rows_ + 1, L_, &bytes) ||
-                 __builtin_mul_overflow(bytes, per_token_, &bytes) || (max_bytes_ > 0 && bytes > max_bytes_))) {
+  if (!over_ &&
+      (__builtin_mul_overflow(total_rows_ + 1, L_, &bytes) ||
+       __builtin_mul_overflow(bytes, per_token_, &bytes) || (max_bytes_ > 0 && bytes > max_bytes_))) {
     over_ = true;  // nothing more is stored: what is held goes back now
     rows_ = PackedSequences{};
     text_ = PackedSequences{};
@@ -133,7 +142,8 @@ PackedSequences SequencePacker::finish() {
   return p;
 }
 
-PackedSequences pack_sequences(const Dataset& data, int64_t seq_len, int32_t pad_id, bool pack, size_t max_bytes) {
+PackedSequences pack_sequences(const Dataset& data, int64_t seq_len, int32_t pad_id, bool pack,
+                               size_t max_bytes) {
   SequencePacker packer(seq_len, pad_id, pack, max_bytes);
   // the rows and their bytes first (packing needs at most as many rows as one example per
   // row): nothing is allocated for an impossible seq_len

@@ -47,11 +47,11 @@ class SequencePacker {
   bool pack_;
   size_t max_bytes_;
   size_t per_token_;
-  PackedSequences rows_;   ///< example rows
-  PackedSequences text_;   ///< text windows
-  size_t total_rows_ = 0;  ///< rows of both, counted on past max_bytes
-  bool over_ = false;      ///< past max_bytes: counting only
-  size_t row_ = 0, fill_;  ///< the packed row being filled and its tokens used
+  PackedSequences rows_;          ///< example rows
+  PackedSequences text_;          ///< text windows
+  size_t total_rows_ = 0;         ///< rows of both, counted on past max_bytes
+  bool over_ = false;             ///< past max_bytes: counting only
+  size_t row_ = 0, fill_;         ///< the packed row being filled and its tokens used
   std::vector<int32_t> pending_;  ///< text stream tokens not yet in a full window
   size_t examples_ = 0, text_tokens_ = 0;
 };

@@ -14,9 +14,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "base/error_text.hpp"
 #include "data/normalizer.hpp"
 #include "data/pretokenizer.hpp"
-#include "base/error_text.hpp"
 
 namespace rp {
 
@@ -52,14 +52,16 @@ std::string read_text_file(const std::string& path) {
 /// vocab_size = max id + 1 must fit too). Anything else (a float, a boolean, a negative id,
 /// one at or above 2^31 - 1, which nlohmann would wrap) throws one line naming the file,
 /// the token and the value.
-int32_t token_id_of(const nlohmann::json& v, const std::string& where, const char* what, const std::string& token) {
+int32_t token_id_of(const nlohmann::json& v, const std::string& where, const char* what,
+                    const std::string& token) {
   constexpr int64_t kLimit = std::numeric_limits<int32_t>::max();
   const bool integer = v.is_number_integer();
-  const bool in_range = integer && (v.is_number_unsigned() ? v.get<uint64_t>() < uint64_t(kLimit)
-                                                           : v.get<int64_t>() >= 0 && v.get<int64_t>() < kLimit);
+  const bool in_range =
+      integer && (v.is_number_unsigned() ? v.get<uint64_t>() < uint64_t(kLimit)
+                                         : v.get<int64_t>() >= 0 && v.get<int64_t>() < kLimit);
   if (!in_range)
-    throw std::runtime_error(fmt::format("{}: {} \"{}\" has id {}: expected an integer in [0, {})", where, what,
-                                         excerpt(token), excerpt(v.dump()), kLimit));
+    throw std::runtime_error(fmt::format("{}: {} \"{}\" has id {}: expected an integer in [0, {})", where,
+                                         what, excerpt(token), excerpt(v.dump()), kLimit));
   return int32_t(v.get<int64_t>());
 }
 
@@ -68,7 +70,8 @@ std::string config_token(const nlohmann::json& cfg, const char* key) {
   if (!cfg.contains(key)) return {};
   const auto& v = cfg.at(key);
   if (v.is_string()) return v.get<std::string>();
-  if (v.is_object() && v.contains("content") && v.at("content").is_string()) return v.at("content").get<std::string>();
+  if (v.is_object() && v.contains("content") && v.at("content").is_string())
+    return v.at("content").get<std::string>();
   return {};
 }
 }  // namespace
@@ -205,7 +208,8 @@ void Tokenizer::Impl::encode(std::string_view text, bool allow_special, std::vec
       const size_t first = offsets ? offsets->size() : 0;
       for (const auto& p : pieces) encode_piece(norm, p, ids, offsets, word);
       if (offsets)
-        for (size_t k = first; k < offsets->size(); ++k) (*offsets)[k] = b + original_offset(runs, (*offsets)[k]);
+        for (size_t k = first; k < offsets->size(); ++k)
+          (*offsets)[k] = b + original_offset(runs, (*offsets)[k]);
       return;
     }
     split(seg, b, pieces);
@@ -241,12 +245,14 @@ void Tokenizer::Impl::encode(std::string_view text, bool allow_special, std::vec
 // Sequence "A"), BertProcessing / RobertaProcessing (cls before, sep after), ByteLevel
 // (offsets only: nothing), Sequence of these.
 static void read_post_processor(const nlohmann::json& p, const Tokenizer& t, const std::string& where,
-                         std::vector<int32_t>& prefix, std::vector<int32_t>& suffix) {
+                                std::vector<int32_t>& prefix, std::vector<int32_t>& suffix) {
   if (p.is_null()) return;
   const std::string type = p.value("type", std::string());
   auto id_of = [&](const std::string& tok) {
     const int32_t id = t.token_id(tok);
-    if (id < 0) throw std::runtime_error(fmt::format("{}: post_processor names token \"{}\", which is not in the vocab", where, tok));
+    if (id < 0)
+      throw std::runtime_error(
+          fmt::format("{}: post_processor names token \"{}\", which is not in the vocab", where, tok));
     return id;
   };
   if (type == "ByteLevel") return;
@@ -258,12 +264,15 @@ static void read_post_processor(const nlohmann::json& p, const Tokenizer& t, con
     const auto& cls = p.at("cls");
     const auto& sep = p.at("sep");
     prefix.push_back(token_id_of(cls.at(1), where, "post_processor.cls token", cls.at(0).dump()));
-    suffix.insert(suffix.begin(), token_id_of(sep.at(1), where, "post_processor.sep token", sep.at(0).dump()));
+    suffix.insert(suffix.begin(),
+                  token_id_of(sep.at(1), where, "post_processor.sep token", sep.at(0).dump()));
     return;
   }
   if (type != "TemplateProcessing")
-    throw std::runtime_error(fmt::format("{}: unsupported post_processor type \"{}\" (expected TemplateProcessing, "
-                                         "ByteLevel, BertProcessing, RobertaProcessing or Sequence)", where, type));
+    throw std::runtime_error(
+        fmt::format("{}: unsupported post_processor type \"{}\" (expected TemplateProcessing, "
+                    "ByteLevel, BertProcessing, RobertaProcessing or Sequence)",
+                    where, type));
   std::vector<int32_t> before, after;
   bool seen = false;
   for (const auto& item : p.at("single")) {
@@ -338,7 +347,8 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j, const std::string& where
         for (const auto& c : n.at("normalizers")) fine = fine && ok(c);
       }
       if (!fine)
-        throw std::runtime_error(fmt::format("{}: unsupported normalizer {} (only null or NFC)", where, n.dump()));
+        throw std::runtime_error(
+            fmt::format("{}: unsupported normalizer {} (only null or NFC)", where, n.dump()));
     }
 
     int32_t max_id = -1;
@@ -353,8 +363,10 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j, const std::string& where
     if (j.contains("added_tokens"))
       for (const auto& a : j.at("added_tokens")) {
         const std::string content = a.at("content").get<std::string>();
-        AddedToken at{content, token_id_of(a.at("id"), where, "added_tokens entry", content), a.value("special", false)};
-        if (at.content.empty()) throw std::runtime_error(where + ": invalid added token " + excerpt(a.dump()));
+        AddedToken at{content, token_id_of(a.at("id"), where, "added_tokens entry", content),
+                      a.value("special", false)};
+        if (at.content.empty())
+          throw std::runtime_error(where + ": invalid added token " + excerpt(a.dump()));
         max_id = std::max(max_id, at.id);
         added.push_back(std::move(at));
       }
@@ -386,8 +398,9 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j, const std::string& where
       m.added_by_first_byte[static_cast<unsigned char>(a.content[0])].push_back(a);
     }
     for (auto& bucket : m.added_by_first_byte)
-      std::stable_sort(bucket.begin(), bucket.end(),
-                       [](const AddedToken& x, const AddedToken& y) { return x.content.size() > y.content.size(); });
+      std::stable_sort(bucket.begin(), bucket.end(), [](const AddedToken& x, const AddedToken& y) {
+        return x.content.size() > y.content.size();
+      });
     for (int b = 0; b < 256; ++b) {
       auto it = m.vocab.find(byte_to_unicode(uint8_t(b)));
       m.byte_ids[b] = it == m.vocab.end() ? -1 : it->second;
@@ -401,7 +414,8 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j, const std::string& where
       if (mg.is_string()) {
         const auto& s = mg.get_ref<const std::string&>();
         size_t sp = s.find(' ', 1);
-        if (sp == std::string::npos) throw std::runtime_error(fmt::format("{}: merge \"{}\" is not \"a b\"", where, s));
+        if (sp == std::string::npos)
+          throw std::runtime_error(fmt::format("{}: merge \"{}\" is not \"a b\"", where, s));
         a = s.substr(0, sp);
         b = s.substr(sp + 1);
       } else if (mg.is_array() && mg.size() == 2) {
@@ -412,14 +426,16 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j, const std::string& where
       }
       auto ia = m.vocab.find(a), ib = m.vocab.find(b), im = m.vocab.find(a + b);
       if (ia == m.vocab.end() || ib == m.vocab.end() || im == m.vocab.end())
-        throw std::runtime_error(fmt::format("{}: merge #{} (\"{}\" \"{}\") uses a token not in the vocab", where,
-                                             rank, a, b));
+        throw std::runtime_error(
+            fmt::format("{}: merge #{} (\"{}\" \"{}\") uses a token not in the vocab", where, rank, a, b));
       m.merges.emplace(pair_key(ia->second, ib->second), MergeInfo{rank, im->second});
       ++rank;
     }
 
-    m.pre = PreTokenizer::from_json(j.contains("pre_tokenizer") ? j.at("pre_tokenizer") : nlohmann::json(), where);
-    if (j.contains("post_processor")) read_post_processor(j.at("post_processor"), t, where, m.prefix, m.suffix);
+    m.pre = PreTokenizer::from_json(j.contains("pre_tokenizer") ? j.at("pre_tokenizer") : nlohmann::json(),
+                                    where);
+    if (j.contains("post_processor"))
+      read_post_processor(j.at("post_processor"), t, where, m.prefix, m.suffix);
   } catch (const nlohmann::json::exception& e) {
     throw std::runtime_error(fmt::format("{}: malformed tokenizer.json: {}", where, e.what()));
   }

@@ -1,4 +1,5 @@
-// rp::launched_by_mpi, launcher_rank, the failure line for signal handlers, and the stand-ins of a build without MPI (roundpipe/replicas.hpp).
+// rp::launched_by_mpi, launcher_rank, the failure line for signal handlers, and the stand-ins of a build
+// without MPI (roundpipe/replicas.hpp).
 #include <unistd.h>
 
 #include <algorithm>
@@ -63,7 +64,8 @@ int rank_in(const std::string& env) {
   for (const char* v : {"OMPI_COMM_WORLD_RANK=", "PMI_RANK=", "PMIX_RANK="}) {
     const std::string key = std::string(1, '\0') + v;
     const std::string padded = std::string(1, '\0') + env;
-    if (const auto at = padded.find(key); at != std::string::npos) return std::atoi(padded.c_str() + at + key.size());
+    if (const auto at = padded.find(key); at != std::string::npos)
+      return std::atoi(padded.c_str() + at + key.size());
   }
   return -1;
 }
@@ -83,7 +85,8 @@ std::vector<LocalReplica> local_replicas() {
     if (const int rank = rank_in(slurp_proc("/proc/" + name + "/environ")); rank >= 0)
       out.push_back({rank, std::atoi(name.c_str())});
   }
-  std::sort(out.begin(), out.end(), [](const LocalReplica& a, const LocalReplica& b) { return a.rank < b.rank; });
+  std::sort(out.begin(), out.end(),
+            [](const LocalReplica& a, const LocalReplica& b) { return a.rank < b.rank; });
   return out;
 }
 

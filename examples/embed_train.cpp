@@ -33,8 +33,8 @@ void save(rp::Session& s, const rp::LoadedModel& lm, const rp::TokenStream& data
   rp::save_hf_checkpoint(dir, s.layout(), ptrs, lm.tokenizer_json, lm.chat_template, rp::DType::f32,
                          [&](const std::string& tmp) {
                            s.save_optimizer_state(tmp + "/optimizer.bin", /*include_master=*/false);
-                           std::ofstream(tmp + "/example_state.json")
-                               << nlohmann::json{{"step", s.steps_closed()}, {"data_position", data.position()}};
+                           std::ofstream(tmp + "/example_state.json") << nlohmann::json{
+                               {"step", s.steps_closed()}, {"data_position", data.position()}};
                          });
 }
 
@@ -42,7 +42,8 @@ void save(rp::Session& s, const rp::LoadedModel& lm, const rp::TokenStream& data
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    std::fprintf(stderr, "usage: %s MODEL(.gguf|dir) DATA(.jsonl|.txt) OUT_DIR STEPS [RESUME_DIR]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s MODEL(.gguf|dir) DATA(.jsonl|.txt) OUT_DIR STEPS [RESUME_DIR]\n",
+                 argv[0]);
     return 2;
   }
   try {
@@ -61,13 +62,13 @@ int main(int argc, char** argv) {
 
     rp::SessionOptions opt;
     opt.backend = "cpu";
-    opt.workers = 2;              // two virtual GPUs
-    opt.micro_batches = 2;        // M micro-batches per pass
-    opt.micro = {1, kSeqLen};     // one sequence of kSeqLen tokens per micro-batch
+    opt.workers = 2;           // two virtual GPUs
+    opt.micro_batches = 2;     // M micro-batches per pass
+    opt.micro = {1, kSeqLen};  // one sequence of kSeqLen tokens per micro-batch
     opt.adam.lr = kLr;
     rp::Session session(layout, std::move(weights), opt);
 
-    rp::LrSchedule lr;            // warm up for one step, then cosine decay to 10 %
+    rp::LrSchedule lr;  // warm up for one step, then cosine decay to 10 %
     lr.kind = "cosine";
     lr.lr = kLr;
     lr.min_lr = kLr / 10;
@@ -83,7 +84,8 @@ int main(int argc, char** argv) {
     }
     auto report = [&](int64_t t) {
       const rp::StepResult r = session.wait(t);
-      std::printf("step %lld loss %.6f lr %.4e\n", static_cast<long long>(t + 1), r.loss_sum / r.tokens, lr.at(t));
+      std::printf("step %lld loss %.6f lr %.4e\n", static_cast<long long>(t + 1), r.loss_sum / r.tokens,
+                  lr.at(t));
     };
     for (int64_t t = start; t < steps; ++t) {
       const rp::TokenBatch b = data.next(opt.micro_batches * opt.micro.n_seq);

@@ -135,14 +135,30 @@ class DeviceBuffer {
   DeviceBuffer() = default;
   DeviceBuffer(Device& d, size_t bytes) : dev_(&d), p_(d.alloc(bytes)), bytes_(bytes) {}
   DeviceBuffer(DeviceBuffer&& o) noexcept { swap(o); }
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept { reset(); swap(o); return *this; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    reset();
+    swap(o);
+    return *this;
+  }
   ~DeviceBuffer() { reset(); }
-  void reset() { if (p_) dev_->free(p_); p_ = nullptr; bytes_ = 0; }
+  void reset() {
+    if (p_) dev_->free(p_);
+    p_ = nullptr;
+    bytes_ = 0;
+  }
   void* get() const { return p_; }
   size_t bytes() const { return bytes_; }
-  template <class T> T* as() const { return static_cast<T*>(p_); }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+
  private:
-  void swap(DeviceBuffer& o) { std::swap(dev_, o.dev_); std::swap(p_, o.p_); std::swap(bytes_, o.bytes_); }
+  void swap(DeviceBuffer& o) {
+    std::swap(dev_, o.dev_);
+    std::swap(p_, o.p_);
+    std::swap(bytes_, o.bytes_);
+  }
   Device* dev_ = nullptr;
   void* p_ = nullptr;
   size_t bytes_ = 0;

@@ -9,8 +9,8 @@ namespace rp {
 namespace {
 
 struct ArchEntry {
-  int cc = 0;        // x10: 80, 90, 120
-  char suffix = 0;   // 'a' (arch-specific), 'f' (family) or 0
+  int cc = 0;       // x10: 80, 90, 120
+  char suffix = 0;  // 'a' (arch-specific), 'f' (family) or 0
   bool cubin = true;
   bool ptx = true;
 };

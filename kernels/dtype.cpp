@@ -47,7 +47,10 @@ float f16_to_f32(uint16_t h) {
       u = sign;
     } else {  // subnormal: renormalise
       int e = -1;
-      do { ++e; man <<= 1; } while (!(man & 0x400u));
+      do {
+        ++e;
+        man <<= 1;
+      } while (!(man & 0x400u));
       u = sign | uint32_t(127 - 15 - e) << 23 | (man & 0x3ffu) << 13;
     }
   } else if (exp == 31) {
@@ -65,9 +68,9 @@ uint16_t f32_to_f16(float f) {
   std::memcpy(&u, &f, 4);
   uint32_t sign = (u >> 16) & 0x8000u;
   uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return uint16_t(sign | 0x7e00u);            // NaN
-  if (a >= 0x477ff000u) return uint16_t(sign | 0x7c00u);           // overflow -> inf
-  if (a < 0x38800000u) {                                            // subnormal or zero
+  if (a > 0x7f800000u) return uint16_t(sign | 0x7e00u);   // NaN
+  if (a >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // overflow -> inf
+  if (a < 0x38800000u) {                                  // subnormal or zero
     if (a < 0x33000000u) return uint16_t(sign);
     uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u;
     uint32_t shift = 126 - e;  // 14 + (113 - e) - 1

@@ -145,19 +145,18 @@ class Ops {
 
   // ---- linear: y = x W^T, W [N, K] row-major ([out, in], as HF stores nn.Linear) --
   /// y[M,N] = x[M,K] W[N,K]^T.
-  virtual void linear_fwd(const void* x, const void* w, void* y, int64_t M, int64_t K,
-                          int64_t N) = 0;
+  virtual void linear_fwd(const void* x, const void* w, void* y, int64_t M, int64_t K, int64_t N) = 0;
   /// dx[M,K] = dy[M,N] W[N,K]  (dx += ... when accumulate).
-  virtual void linear_bwd_input(const void* dy, const void* w, void* dx, int64_t M,
-                                int64_t K, int64_t N, bool accumulate) = 0;
+  virtual void linear_bwd_input(const void* dy, const void* w, void* dx, int64_t M, int64_t K, int64_t N,
+                                bool accumulate) = 0;
   /// dw[N,K] += dy[M,N]^T x[M,K]   (dw in grad_dtype()).
-  virtual void linear_bwd_weight(const void* dy, const void* x, void* dw, int64_t M,
-                                 int64_t K, int64_t N) = 0;
+  virtual void linear_bwd_weight(const void* dy, const void* x, void* dw, int64_t M, int64_t K,
+                                 int64_t N) = 0;
   /// y[M,N] += alpha * x[M,K] W[N,K]^T (products summed in fp32, then added to y, which is
   /// read and written in dtype()). The low-rank update of a LoRA adapter (model/lora_linear.hpp)
   /// and, into a zeroed y, a scaled linear.
-  virtual void linear_fwd_add(const void* x, const void* w, void* y, int64_t M, int64_t K,
-                              int64_t N, float alpha) = 0;
+  virtual void linear_fwd_add(const void* x, const void* w, void* y, int64_t M, int64_t K, int64_t N,
+                              float alpha) = 0;
 
   // ---- dropout with a counter-based mask (Srivastava et al. 2014, inverted dropout) ----
   /// y[r,c] = keep ? x[r,c] / (1 - p) : 0 for r < rows, c < cols (row-major, dtype()), where
@@ -165,31 +164,29 @@ class Ops {
   /// a pure function of (seed, row0 + r, c), identical on every backend, so a recompute
   /// (or the backward: the same call on the output gradient) regenerates it exactly.
   /// y may alias x. p in [0, 1), else std::invalid_argument.
-  virtual void dropout(const void* x, void* y, int64_t rows, int64_t cols, float p,
-                       uint64_t seed, int64_t row0) = 0;
+  virtual void dropout(const void* x, void* y, int64_t rows, int64_t cols, float p, uint64_t seed,
+                       int64_t row0) = 0;
 
   // ---- embedding ----------------------------------------------------------------
   /// y[t,:] = table[ids[t],:], table [V,H]. ids must lie in [0, V).
-  virtual void embedding_fwd(const int32_t* ids, const void* table, void* y, int64_t T,
-                             int64_t H, int64_t V) = 0;
+  virtual void embedding_fwd(const int32_t* ids, const void* table, void* y, int64_t T, int64_t H,
+                             int64_t V) = 0;
   /// dtable[ids[t],:] += dy[t,:] (scatter-add; repeated ids accumulate), dtable in
   /// grad_dtype().
-  virtual void embedding_bwd(const int32_t* ids, const void* dy, void* dtable, int64_t T,
-                             int64_t H, int64_t V) = 0;
+  virtual void embedding_bwd(const int32_t* ids, const void* dy, void* dtable, int64_t T, int64_t H,
+                             int64_t V) = 0;
 
   // ---- RMSNorm (Zhang & Sennrich 2019; HF LlamaRMSNorm, computed in fp32) ----------
   /// y[r,:] = x[r,:] * rsqrt(mean_j x[r,j]^2 + eps) * w   for rows r < R of n columns.
   /// Qwen3 q_norm/k_norm = this with R = T*heads, n = D. (HF rounds x*rsqrt(..) to the
   /// storage dtype before the multiply by w; 16-bit backends should do the same.)
-  virtual void rmsnorm_fwd(const void* x, const void* w, void* y, int64_t R, int64_t n,
-                           float eps) = 0;
+  virtual void rmsnorm_fwd(const void* x, const void* w, void* y, int64_t R, int64_t n, float eps) = 0;
   /// With r = rsqrt(mean(x^2)+eps), xh = x*r, g = dy*w:
   /// dx = r * (g - xh * mean_j(g*xh))   (dx += ... when accumulate_dx), and
   /// dw[j] += sum_r dy[r,j]*xh[r,j] (dw in grad_dtype(); dw null: not computed, a frozen
   /// weight). Recomputes r from x.
-  virtual void rmsnorm_bwd(const void* x, const void* w, const void* dy, void* dx,
-                           void* dw, int64_t R, int64_t n, float eps,
-                           bool accumulate_dx) = 0;
+  virtual void rmsnorm_bwd(const void* x, const void* w, const void* dy, void* dx, void* dw, int64_t R,
+                           int64_t n, float eps, bool accumulate_dx) = 0;
 
   // ---- RoPE (Su et al. 2021, RoFormer; rotate-half layout of HF LLaMA/Qwen3) --------
   /// In place on x [n_seq*seq_len, heads, D]; token t has position p = t % seq_len.
@@ -210,23 +207,21 @@ class Ops {
   /// log-sum-exp of each row of scaled scores (may be null when no backward follows).
   /// scratch: attention_scratch_bytes() bytes (CPU: the sequence/head pairs are
   /// processed one at a time, 64 query rows at a time: [64, L] fp32 scores).
-  virtual void attention_fwd(const void* q, const void* k, const void* v, void* o,
-                             float* lse, int64_t n_seq, int64_t seq_len, int64_t nq,
-                             int64_t nkv, int64_t D, float scale, void* scratch) = 0;
+  virtual void attention_fwd(const void* q, const void* k, const void* v, void* o, float* lse, int64_t n_seq,
+                             int64_t seq_len, int64_t nq, int64_t nkv, int64_t D, float scale,
+                             void* scratch) = 0;
   /// Backward of attention_fwd given its o and lse (FlashAttention-2 recurrences,
   /// Dao 2023, Alg. 2): P = exp(S - lse), Di = rowsum(do*o), dv = P^T do,
   /// dS = P*(do v^T - Di), dq = scale*dS k, dk = scale*dS^T q. Writes dq [T,nq,D]
   /// and dk, dv [T,nkv,D] (overwritten; summed over the query heads of a group).
-  virtual void attention_bwd(const void* q, const void* k, const void* v, const void* o,
-                             const float* lse, const void* dout, void* dq, void* dk,
-                             void* dv, int64_t n_seq, int64_t seq_len, int64_t nq,
-                             int64_t nkv, int64_t D, float scale, void* scratch) = 0;
+  virtual void attention_bwd(const void* q, const void* k, const void* v, const void* o, const float* lse,
+                             const void* dout, void* dq, void* dk, void* dv, int64_t n_seq, int64_t seq_len,
+                             int64_t nq, int64_t nkv, int64_t D, float scale, void* scratch) = 0;
   /// Scratch bytes attention_fwd / attention_bwd may use, on every backend (a static
   /// contract so layers can size scratch without a device): fp32 room for
   /// 2*min(64,L)*L scores (the CPU uses only these) plus n_seq*L*(nq + nq*D + 2*nkv*D)
   /// (row statistics and fp32 dq/dk/dv accumulators of a GPU backward).
-  static size_t attention_scratch_bytes(int64_t n_seq, int64_t seq_len, int64_t nq,
-                                        int64_t nkv, int64_t D) {
+  static size_t attention_scratch_bytes(int64_t n_seq, int64_t seq_len, int64_t nq, int64_t nkv, int64_t D) {
     const int64_t blk = seq_len < 64 ? seq_len : 64;
     return size_t(2 * blk * seq_len + n_seq * seq_len * (nq + nq * D + 2 * nkv * D)) * 4;
   }
@@ -247,23 +242,20 @@ class Ops {
   /// 0 <= p <= t (CPU: std::invalid_argument; CUDA: p is clamped into range). Same
   /// shapes, lse layout and scratch contract as attention_fwd; with pos[s*L+t] = t it
   /// equals attention_fwd.
-  virtual void attention_fwd_packed(const void* q, const void* k, const void* v, void* o,
-                                    float* lse, const int32_t* pos, int64_t n_seq,
-                                    int64_t seq_len, int64_t nq, int64_t nkv, int64_t D,
-                                    float scale, void* scratch) = 0;
+  virtual void attention_fwd_packed(const void* q, const void* k, const void* v, void* o, float* lse,
+                                    const int32_t* pos, int64_t n_seq, int64_t seq_len, int64_t nq,
+                                    int64_t nkv, int64_t D, float scale, void* scratch) = 0;
   /// Backward of attention_fwd_packed (the recurrences of attention_bwd over the same keys).
   virtual void attention_bwd_packed(const void* q, const void* k, const void* v, const void* o,
-                                    const float* lse, const void* dout, const int32_t* pos,
-                                    void* dq, void* dk, void* dv, int64_t n_seq, int64_t seq_len,
-                                    int64_t nq, int64_t nkv, int64_t D, float scale,
-                                    void* scratch) = 0;
+                                    const float* lse, const void* dout, const int32_t* pos, void* dq,
+                                    void* dk, void* dv, int64_t n_seq, int64_t seq_len, int64_t nq,
+                                    int64_t nkv, int64_t D, float scale, void* scratch) = 0;
   /// Attention over a KV cache, for generation (one sequence): query row i of q [n, nq, D]
   /// is token past+i and attends to rows 0..past+i of k_cache, v_cache ([>= past+n, nkv, D],
   /// rows past..past+n-1 already holding this call's keys and values):
   /// o[i] = softmax(q_i K^T * scale) V over those rows. o [n, nq, D]; no scratch, no lse.
   virtual void attention_decode(const void* q, const void* k_cache, const void* v_cache, void* o,
-                                int64_t past, int64_t n, int64_t nq, int64_t nkv, int64_t D,
-                                float scale) = 0;
+                                int64_t past, int64_t n, int64_t nq, int64_t nkv, int64_t D, float scale) = 0;
 
   // ---- attention variants (GPT-OSS: sliding window, attention sinks) ---------------
   // GPT-OSS (HF GptOssAttention) alternates layers whose queries see only the last
@@ -293,10 +285,10 @@ class Ops {
                                float scale, const AttentionVariant& var, void* scratch) = 0;
   /// Backward of attention_fwd_v (the recurrences of attention_bwd over the same keys; lse
   /// from attention_fwd_v); dq, dk, dv overwritten, dsinks accumulated.
-  virtual void attention_bwd_v(const void* q, const void* k, const void* v, const void* o,
-                               const float* lse, const void* dout, void* dq, void* dk, void* dv,
-                               int64_t n_seq, int64_t seq_len, int64_t nq, int64_t nkv, int64_t D,
-                               float scale, const AttentionVariant& var, void* scratch) = 0;
+  virtual void attention_bwd_v(const void* q, const void* k, const void* v, const void* o, const float* lse,
+                               const void* dout, void* dq, void* dk, void* dv, int64_t n_seq, int64_t seq_len,
+                               int64_t nq, int64_t nkv, int64_t D, float scale, const AttentionVariant& var,
+                               void* scratch) = 0;
   /// attention_decode with var's window and sinks (var.pos and var.dsinks must be null):
   /// query row i (token past+i) sees cache rows j with past+i - window < j <= past+i.
   virtual void attention_decode_v(const void* q, const void* k_cache, const void* v_cache, void* o,
@@ -316,8 +308,7 @@ class Ops {
   /// h = silu(g) * u, silu(z) = z * sigmoid(z), n elements.
   virtual void swiglu_fwd(const void* g, const void* u, void* h, int64_t n) = 0;
   /// dg = dh * u * sigmoid(g) * (1 + g*(1-sigmoid(g))),  du = dh * silu(g).
-  virtual void swiglu_bwd(const void* g, const void* u, const void* dh, void* dg, void* du,
-                          int64_t n) = 0;
+  virtual void swiglu_bwd(const void* g, const void* u, const void* dh, void* dg, void* du, int64_t n) = 0;
 
   /// GPT-OSS's clamped SwiGLU (HF GptOssExperts): gc = min(g, limit),
   /// uc = clamp(u, -limit, limit), h = (uc + 1) * gc * sigmoid(alpha * gc), n elements.
@@ -328,8 +319,8 @@ class Ops {
   /// torch.clamp's backward does (torch 2.x gives 0 at x == max and at x == min):
   ///   s = sigmoid(alpha*gc), dg = [g < limit] * dh * (uc+1) * (s + alpha*gc*s*(1-s)),
   ///   du = [-limit < u < limit] * dh * gc * s.
-  virtual void swiglu_clamped_bwd(const void* g, const void* u, const void* dh, void* dg, void* du,
-                                  int64_t n, float alpha, float limit) = 0;
+  virtual void swiglu_clamped_bwd(const void* g, const void* u, const void* dh, void* dg, void* du, int64_t n,
+                                  float alpha, float limit) = 0;
 
   // ---- mixture of experts (Shazeer et al. 2017; HF Qwen3MoeSparseMoeBlock) -------------
   // A sparse MLP block routes each of T tokens to k of E experts: the router's logits
@@ -383,8 +374,8 @@ class Ops {
                               bool accumulate) = 0;
   /// Grouped linear: for each expert e, rows r in [offsets_host[e], offsets_host[e+1]) of x
   /// [R,K]: y[r,:] = x[r,:] W_e^T with W_e = w + e*N*K ([N,K] row-major). R = offsets_host[E].
-  virtual void grouped_linear_fwd(const void* x, const void* w, void* y, const int32_t* offsets_host, int64_t E,
-                                  int64_t K, int64_t N) = 0;
+  virtual void grouped_linear_fwd(const void* x, const void* w, void* y, const int32_t* offsets_host,
+                                  int64_t E, int64_t K, int64_t N) = 0;
   /// The same product added in: y[r,:] += alpha * x[r,:] W_e^T (one rounding of the sum to
   /// the storage dtype; a LoRA adapter's s * a B^T added onto the frozen projection's output).
   virtual void grouped_linear_fwd_add(const void* x, const void* w, void* y, const int32_t* offsets_host,
@@ -420,7 +411,8 @@ class Ops {
   }
   /// swiglu_fwd(g, u, h, n), then scale[0] as fp8_scale(h, n, f, scale) (fused on CUDA, as
   /// rmsnorm_fwd_fp8_scale).
-  virtual void swiglu_fwd_fp8_scale(const void* g, const void* u, void* h, int64_t n, Fp8Format f, float* scale) {
+  virtual void swiglu_fwd_fp8_scale(const void* g, const void* u, void* h, int64_t n, Fp8Format f,
+                                    float* scale) {
     swiglu_fwd(g, u, h, n);
     fp8_scale(h, n, f, scale);
   }
@@ -432,8 +424,8 @@ class Ops {
   /// q[c,r] = fp8::quantize(f, x[r,c], scale[0]) for x [rows, cols]: the codes of x^T
   /// ([cols, rows], rows contiguous). The FP8 GEMM needs K contiguous in both operands, so a
   /// linear's input gradient dx = dy W takes its weight as W^T [in, out] codes.
-  virtual void fp8_quantize_transposed(const void* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols,
-                                       Fp8Format f) = 0;
+  virtual void fp8_quantize_transposed(const void* x, const float* scale, uint8_t* q, int64_t rows,
+                                       int64_t cols, Fp8Format f) = 0;
   /// d[M,N] (+)= (scale_a[0] * scale_b[0]) * A[M,K] B[N,K]^T with A, B FP8 codes (formats fa,
   /// fb; row-major, K contiguous in both: a linear's activations and its [out, in] weight) and
   /// d in dtype() (read when accumulate, then rounded once). Products and sums are fp32; the
@@ -461,9 +453,8 @@ class Ops {
   /// The scale multiplies the products in fp32 (the dlogits are never scaled in storage), so
   /// an overflow shows up as inf in dh (16-bit) or dw. Throws std::invalid_argument for a
   /// non-finite or non-positive loss_scale.
-  virtual void lm_head_cross_entropy(const void* h, const void* w, const int32_t* targets,
-                                     int64_t T, int64_t H, int64_t V, float* loss,
-                                     void* dh, void* dw, void* scratch,
+  virtual void lm_head_cross_entropy(const void* h, const void* w, const int32_t* targets, int64_t T,
+                                     int64_t H, int64_t V, float* loss, void* dh, void* dw, void* scratch,
                                      float loss_scale = 1.0f) = 0;
   /// Scratch bytes lm_head_cross_entropy may use, on every backend (static contract):
   /// R*(V + 2*H) fp32 (logits / dlogits of one chunk, gathered h and dh rows) + R int32

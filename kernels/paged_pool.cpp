@@ -12,7 +12,8 @@ namespace rp {
 PagedPool::PagedPool(PageBackend& backend, size_t capacity, size_t granule, std::string name, size_t va_bytes)
     : be_(backend), cap_(capacity), gran_(granule), name_(std::move(name)) {
   if (gran_ < 256 || (gran_ & (gran_ - 1)) != 0)
-    throw std::invalid_argument(fmt::format("{}: page granule {} is not a power of two >= 256", name_, gran_));
+    throw std::invalid_argument(
+        fmt::format("{}: page granule {} is not a power of two >= 256", name_, gran_));
   va_chunk_ = std::max(va_bytes / gran_ * gran_, gran_);
 }
 
@@ -21,12 +22,23 @@ PagedPool::~PagedPool() {
   auto quietly = [](auto&& f) {
     try {
       f();
-    } catch (...) {
-    }
+    } catch (...) {}
   };
-  for (auto& [va, m] : live_) quietly([&] { be_.unmap(va, m.bytes); be_.release(m.handle); });
-  for (auto& [size, e] : cache_) quietly([&] { be_.unmap(e.first, size); be_.release(e.second); });
-  for (auto& [va, m] : pages_) quietly([&] { be_.unmap(va, m.bytes); be_.release(m.handle); });
+  for (auto& [va, m] : live_)
+    quietly([&] {
+      be_.unmap(va, m.bytes);
+      be_.release(m.handle);
+    });
+  for (auto& [size, e] : cache_)
+    quietly([&] {
+      be_.unmap(e.first, size);
+      be_.release(e.second);
+    });
+  for (auto& [va, m] : pages_)
+    quietly([&] {
+      be_.unmap(va, m.bytes);
+      be_.release(m.handle);
+    });
   for (auto& [va, n] : reservations_) quietly([&] { be_.unreserve(va, n); });
 }
 
@@ -48,9 +60,9 @@ int64_t PagedPool::driver_calls() const {
 }
 
 void PagedPool::out_of_memory(size_t sz, size_t requested, const std::string& why) const {
-  throw DeviceOutOfMemory(fmt::format("{}: cannot allocate {:.1f} MiB ({} bytes): {:.1f} MiB of {:.1f} MiB capacity in use{}",
-                                      name_, double(sz) / 1048576.0, requested, double(used_) / 1048576.0,
-                                      double(cap_) / 1048576.0, why));
+  throw DeviceOutOfMemory(fmt::format(
+      "{}: cannot allocate {:.1f} MiB ({} bytes): {:.1f} MiB of {:.1f} MiB capacity in use{}", name_,
+      double(sz) / 1048576.0, requested, double(used_) / 1048576.0, double(cap_) / 1048576.0, why));
 }
 
 void* PagedPool::alloc(size_t bytes) {
@@ -75,7 +87,8 @@ void* PagedPool::alloc(size_t bytes) {
       uint64_t h = 0;
       try {
         h = be_.create(sz);
-      } catch (const DeviceOutOfMemory&) {  // the device itself is full: give back every cached page and retry
+      } catch (
+          const DeviceOutOfMemory&) {  // the device itself is full: give back every cached page and retry
         for (auto& [size, e] : cache_) unmap_release(e.first, Mapping{size, e.second});
         cache_.clear();
         cached_ = 0;
@@ -83,8 +96,9 @@ void* PagedPool::alloc(size_t bytes) {
         try {
           h = be_.create(sz);
         } catch (const DeviceOutOfMemory&) {
-          out_of_memory(sz, bytes, fmt::format(", and the GPU itself has only {:.1f} MiB free",
-                                               double(be_.device_free_bytes()) / 1048576.0));
+          out_of_memory(sz, bytes,
+                        fmt::format(", and the GPU itself has only {:.1f} MiB free",
+                                    double(be_.device_free_bytes()) / 1048576.0));
         }
       }
       ++calls_;
@@ -172,7 +186,8 @@ void PagedPool::give_va(uintptr_t va, size_t bytes) {
   // coalesce with free neighbours inside the same reservation (a mapping never spans two)
   auto res = std::upper_bound(reservations_.begin(), reservations_.end(), std::make_pair(va, ~size_t(0)));
   const uintptr_t lo = res == reservations_.begin() ? va : std::prev(res)->first;
-  const uintptr_t hi = res == reservations_.begin() ? va + bytes : std::prev(res)->first + std::prev(res)->second;
+  const uintptr_t hi =
+      res == reservations_.begin() ? va + bytes : std::prev(res)->first + std::prev(res)->second;
   uintptr_t start = va;
   size_t size = bytes;
   auto next = va_free_.lower_bound(va);
@@ -236,7 +251,8 @@ void PagedPool::free_small(std::map<uintptr_t, Block>::iterator it) {
   }
   if (it != blocks_.begin()) {
     auto prev = std::prev(it);
-    if (prev->second.free && prev->second.page == it->second.page && prev->first + prev->second.size == it->first) {
+    if (prev->second.free && prev->second.page == it->second.page &&
+        prev->first + prev->second.size == it->first) {
       small_free_.erase({prev->second.size, prev->first});
       prev->second.size += it->second.size;
       blocks_.erase(it);

@@ -78,9 +78,9 @@ class PagedPool {
     bool free;
     uintptr_t page;
   };
-  uintptr_t map_new(size_t bytes);       // physical + virtual, mapped (mu_ held)
+  uintptr_t map_new(size_t bytes);  // physical + virtual, mapped (mu_ held)
   void unmap_release(uintptr_t va, const Mapping& m);
-  void make_room(size_t bytes);          // unmaps cached allocations until bytes fit (mu_ held)
+  void make_room(size_t bytes);  // unmaps cached allocations until bytes fit (mu_ held)
   uintptr_t take_va(size_t bytes);
   void give_va(uintptr_t va, size_t bytes);
   void* alloc_small(size_t sz);
@@ -96,12 +96,12 @@ class PagedPool {
   size_t used_ = 0, peak_ = 0, cached_ = 0;
   int64_t calls_ = 0;
   std::vector<std::pair<uintptr_t, size_t>> reservations_;
-  std::map<uintptr_t, size_t> va_free_;           // start -> size
+  std::map<uintptr_t, size_t> va_free_;  // start -> size
   std::set<std::pair<size_t, uintptr_t>> va_by_size_;
-  std::map<uintptr_t, Mapping> live_;             // large allocations in use
+  std::map<uintptr_t, Mapping> live_;                            // large allocations in use
   std::multimap<size_t, std::pair<uintptr_t, uint64_t>> cache_;  // size -> (va, handle)
-  std::map<uintptr_t, Mapping> pages_;            // small pages
-  std::map<uintptr_t, Block> blocks_;             // small blocks by address
+  std::map<uintptr_t, Mapping> pages_;                           // small pages
+  std::map<uintptr_t, Block> blocks_;                            // small blocks by address
   std::set<std::pair<size_t, uintptr_t>> small_free_;
 };
 

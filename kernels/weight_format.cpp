@@ -31,7 +31,8 @@ const float kNf4[16] = {-1.0f,
                         0.7229568362236023f,
                         1.0f};
 
-const float kMxfp4[16] = {0.f, 1.f, 2.f, 3.f, 4.f, 6.f, 8.f, 12.f, 0.f, -1.f, -2.f, -3.f, -4.f, -6.f, -8.f, -12.f};
+const float kMxfp4[16] = {0.f, 1.f,  2.f,  3.f,  4.f,  6.f,  8.f,  12.f,
+                          0.f, -1.f, -2.f, -3.f, -4.f, -6.f, -8.f, -12.f};
 
 float mxfp4_scale(uint8_t e) { return std::ldexp(1.0f, int(e) - 128); }
 
@@ -122,7 +123,8 @@ void quantize_mxfp4_block(const float* x, uint8_t* out) {
   const int e = amax > 0 ? std::clamp(int(std::floor(std::log2(amax))) - 2 + 127, 0, 254) : 0;
   out[0] = uint8_t(e);
   const float d = mxfp4_scale(uint8_t(e));
-  for (int i = 0; i < 16; ++i) out[1 + i] = uint8_t(nearest_mxfp4(x[i], d) | (nearest_mxfp4(x[i + 16], d) << 4));
+  for (int i = 0; i < 16; ++i)
+    out[1 + i] = uint8_t(nearest_mxfp4(x[i], d) | (nearest_mxfp4(x[i + 16], d) << 4));
 }
 
 }  // namespace
@@ -133,7 +135,9 @@ void quantize_weights(WeightFormat f, const float* src, void* dst, int64_t n) {
   switch (f) {
     case WeightFormat::f32: std::memcpy(dst, src, size_t(n) * 4); return;
     case WeightFormat::bf16:
-    case WeightFormat::f16: cast_f32_to(src, dst, n, f == WeightFormat::bf16 ? DType::bf16 : DType::f16); return;
+    case WeightFormat::f16:
+      cast_f32_to(src, dst, n, f == WeightFormat::bf16 ? DType::bf16 : DType::f16);
+      return;
     case WeightFormat::q8_0:
       for (int64_t b = 0; b < n / 32; ++b, src += 32, out += 34) {
         float amax = 0;
@@ -151,7 +155,8 @@ void quantize_weights(WeightFormat f, const float* src, void* dst, int64_t n) {
         const float d = mx / -8.f, id = d != 0 ? 1.f / d : 0.f;
         put_f16(out, d);
         for (int i = 0; i < 16; ++i) {
-          const int q0 = std::min(15, int(src[i] * id + 8.5f)), q1 = std::min(15, int(src[i + 16] * id + 8.5f));
+          const int q0 = std::min(15, int(src[i] * id + 8.5f)),
+                    q1 = std::min(15, int(src[i + 16] * id + 8.5f));
           out[2 + i] = uint8_t(std::max(q0, 0) | (std::max(q1, 0) << 4));
         }
       }
@@ -226,7 +231,8 @@ void dequantize_weights(WeightFormat f, const void* src, float* dst, int64_t n) 
 
 void mxfp4_from_hf(const uint8_t* blocks, const uint8_t* scales, int64_t rows, int64_t groups, void* dst) {
   if (rows < 0 || groups < 0)
-    throw std::invalid_argument(fmt::format("mxfp4_from_hf: negative size (rows {}, groups {})", rows, groups));
+    throw std::invalid_argument(
+        fmt::format("mxfp4_from_hf: negative size (rows {}, groups {})", rows, groups));
   const int64_t nb = rows * groups;
   if (nb > 0 && (blocks == nullptr || scales == nullptr || dst == nullptr))
     throw std::invalid_argument("mxfp4_from_hf: null blocks, scales or destination");

@@ -44,7 +44,8 @@ int64_t weight_format_block(WeightFormat f);
 size_t weight_format_bytes(WeightFormat f, int64_t n);
 /// True for q8_0, q4_0, nf4, mxfp4.
 inline bool weight_format_quantized(WeightFormat f) {
-  return f == WeightFormat::q8_0 || f == WeightFormat::q4_0 || f == WeightFormat::nf4 || f == WeightFormat::mxfp4;
+  return f == WeightFormat::q8_0 || f == WeightFormat::q4_0 || f == WeightFormat::nf4 ||
+         f == WeightFormat::mxfp4;
 }
 
 /// The 16 NF4 code values (normal quantiles scaled to [-1, 1], with an exact 0).

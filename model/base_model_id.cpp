@@ -22,11 +22,12 @@ bool is_hub_model_id(const std::string& s) {
   if (slash == std::string::npos || s.find('/', slash + 1) != std::string::npos) return false;
   if (s.size() > 96 || s.find("..") != std::string::npos || s.find("--") != std::string::npos) return false;
   for (const std::string& part : {s.substr(0, slash), s.substr(slash + 1)}) {
-    if (part.empty() || part.front() == '.' || part.front() == '-' || part.back() == '.' || part.back() == '-')
+    if (part.empty() || part.front() == '.' || part.front() == '-' || part.back() == '.' ||
+        part.back() == '-')
       return false;
     for (const char c : part)
-      if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
-            c == '.'))
+      if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+            c == '_' || c == '.'))
         return false;
   }
   return true;
@@ -53,8 +54,9 @@ std::string hub_id_of_gguf(const std::string& path) {
     return f.has(key) && f.get(key).is_string() ? f.get(key).get<std::string>() : std::string();
   };
   // llama.cpp's convert_hf_to_gguf.py: the repository it converted, then the first base model
-  for (const std::string& id : {text("general.source.huggingface.repository"), hub_id_of_url(text("general.source.url")),
-                                hub_id_of_url(text("general.base_model.0.repo_url"))})
+  for (const std::string& id :
+       {text("general.source.huggingface.repository"), hub_id_of_url(text("general.source.url")),
+        hub_id_of_url(text("general.base_model.0.repo_url"))})
     if (is_hub_model_id(id)) return id;
   return "";
 }
@@ -99,7 +101,8 @@ void write_adapter_base_record(const std::string& dir, const BaseModelRef& base)
   const json j = {{"written_by", "roundpipe"},
                   {"base_model_id", base.id.empty() ? json(nullptr) : json(base.id)},
                   {"base_model_path", base.path}};
-  write_file_atomically((fs::path(dir) / kAdapterBaseFile).string(), [&](std::ostream& os) { os << j.dump(2) << "\n"; });
+  write_file_atomically((fs::path(dir) / kAdapterBaseFile).string(),
+                        [&](std::ostream& os) { os << j.dump(2) << "\n"; });
 }
 
 std::string adapter_base_path(const std::string& adapter_dir) {

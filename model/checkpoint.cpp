@@ -1,13 +1,12 @@
 #include "model/checkpoint.hpp"
 #include "model/error_text.hpp"
 
-
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <optional>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -15,14 +14,14 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "base/atomic_file.hpp"
+#include "base/output_folder.hpp"
 #include "model/config.hpp"
 #include "model/gguf.hpp"
 #include "model/gpt_oss_hf.hpp"
 #include "model/phi3_hf.hpp"
 #include "model/safetensors.hpp"
 #include "model/tokenizer_export.hpp"
-#include "base/atomic_file.hpp"
-#include "base/output_folder.hpp"
 
 namespace rp {
 
@@ -30,7 +29,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
 
 [[noreturn]] void fail(const std::string& where, const std::string& what) {
   throw std::runtime_error(one_line(fmt::format("{}: {}", where, what)));
@@ -72,9 +70,9 @@ void fill_groups(const LoadedModel& m, const ModelLayout& layout,
 }
 
 void save_hf_checkpoint(const std::string& dir_in, const ModelLayout& layout,
-                        const std::vector<const float*>& group_data,
-                        const nlohmann::json& tokenizer_json, const std::string& chat_template,
-                        DType dtype, const std::function<void(const std::string& tmp_dir)>& extra) {
+                        const std::vector<const float*>& group_data, const nlohmann::json& tokenizer_json,
+                        const std::string& chat_template, DType dtype,
+                        const std::function<void(const std::string& tmp_dir)>& extra) {
   if (group_data.size() != layout.groups.size())
     throw std::invalid_argument(fmt::format("save_hf_checkpoint: {} group buffers for {} groups",
                                             group_data.size(), layout.groups.size()));
@@ -115,12 +113,14 @@ void save_hf_checkpoint(const std::string& dir_in, const ModelLayout& layout,
 void check_model_output_folder(const std::string& out_dir, const std::vector<std::string>& inputs) {
   if (const std::string why = unsafe_output_folder(out_dir); !why.empty())
     throw std::invalid_argument(one_line(fmt::format(
-        "{}: OUT_DIR {}, which a model folder would replace as a whole; expected a folder of its own", out_dir, why)));
+        "{}: OUT_DIR {}, which a model folder would replace as a whole; expected a folder of its own",
+        out_dir, why)));
   if (const std::string in = overlapping_input(out_dir, inputs); !in.empty())
-    throw std::invalid_argument(one_line(fmt::format(
-        "{}: the output folder is, contains or lies inside the input {} (writing it would replace the input); "
-        "expected a separate folder",
-        out_dir, in)));
+    throw std::invalid_argument(
+        one_line(fmt::format("{}: the output folder is, contains or lies inside the input {} (writing it "
+                             "would replace the input); "
+                             "expected a separate folder",
+                             out_dir, in)));
   const fs::path out = resolved_path(out_dir);
   std::error_code ec;
   if (fs::exists(out, ec) && !fs::is_directory(out, ec))
@@ -137,7 +137,8 @@ void check_model_output_folder(const std::string& out_dir, const std::vector<std
                                                      : "files and folders";
   throw std::invalid_argument(one_line(fmt::format(
       "{}: OUT_DIR holds {} roundpipe did not write there ({}), and writing the folder would delete {}; "
-      "expected a new or empty folder, or one an earlier convert, merge or run wrote (its roundpipe_manifest.json "
+      "expected a new or empty folder, or one an earlier convert, merge or run wrote (its "
+      "roundpipe_manifest.json "
       "lists every file)",
       out_dir, what, name_list(foreign), one ? "it" : "them")));
 }
@@ -153,21 +154,22 @@ std::vector<std::string> clean_model_folder_leftovers(const std::string& out_dir
       for (std::string* name : {&s.path, &s.target})
         if (name->rfind("./", 0) == 0) name->erase(0, 2);
     if (s.left_alone)
-      lines.push_back(fmt::format("left alone {} (named like a killed writer's leftover, but no roundpipe writer "
-                                  "marked it as its own)",
-                                  s.path));
+      lines.push_back(
+          fmt::format("left alone {} (named like a killed writer's leftover, but no roundpipe writer "
+                      "marked it as its own)",
+                      s.path));
     else if (s.restored)
-      lines.push_back(fmt::format("restored {} from {} (an earlier roundpipe write was killed while replacing it)",
-                                  s.target, s.path));
-    else
-      lines.push_back(fmt::format("removed {} left by an interrupted roundpipe write", s.path));
+      lines.push_back(
+          fmt::format("restored {} from {} (an earlier roundpipe write was killed while replacing it)",
+                      s.target, s.path));
+    else lines.push_back(fmt::format("removed {} left by an interrupted roundpipe write", s.path));
   }
   return lines;
 }
 
-void save_model_folder(const std::string& out_dir, const ModelLayout& layout, const std::vector<const float*>& groups,
-                       const nlohmann::json& tokenizer_json, const std::string& chat_template, DType dtype,
-                       const std::string& command) {
+void save_model_folder(const std::string& out_dir, const ModelLayout& layout,
+                       const std::vector<const float*>& groups, const nlohmann::json& tokenizer_json,
+                       const std::string& chat_template, DType dtype, const std::string& command) {
   save_hf_checkpoint(out_dir, layout, groups, tokenizer_json, chat_template, dtype,
                      [&](const std::string& tmp) { write_manifest(tmp, command); });
 }

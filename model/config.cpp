@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <optional>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -40,12 +40,13 @@ json val(const json& j, const std::string& key) {
 /// A required key that is absent (or null).
 [[noreturn]] void missing(const std::string& where, const std::string& key, const std::string& expected,
                           const std::string& why) {
-  throw std::runtime_error(fmt::format("{}: key '{}': expected {}{}, got nothing", where, key, expected, why));
+  throw std::runtime_error(
+      fmt::format("{}: key '{}': expected {}{}, got nothing", where, key, expected, why));
 }
 
 /// Reads an optional integer key; `required` keys must be present. Returns `def` when absent/null.
-int64_t get_int(const json& j, const std::string& key, const std::string& where, bool required,
-                int64_t def, int64_t min_value) {
+int64_t get_int(const json& j, const std::string& key, const std::string& where, bool required, int64_t def,
+                int64_t min_value) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) {
     if (required)
@@ -68,8 +69,7 @@ int64_t get_int(const json& j, const std::string& key, const std::string& where,
   return v;
 }
 
-double get_num(const json& j, const std::string& key, const std::string& where, double def,
-               bool positive) {
+double get_num(const json& j, const std::string& key, const std::string& where, double def, bool positive) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return def;
   const char* expected = positive ? "a positive number" : "a number";
@@ -134,15 +134,15 @@ void parse_rope(const json& r, const std::string& key, const std::string& where,
   auto num = [&](const char* k, double def, bool positive) {
     auto it = r.find(k);
     if (it == r.end() || it->is_null()) return def;
-    if (!it->is_number() || !std::isfinite(it->get<double>()) ||
-        (positive && !(it->get<double>() > 0)))
+    if (!it->is_number() || !std::isfinite(it->get<double>()) || (positive && !(it->get<double>() > 0)))
       bad(where, key + "." + k, positive ? "a positive number" : "a number", *it);
     return it->get<double>();
   };
   auto integer = [&](const char* k, bool required) -> int64_t {
     auto it = r.find(k);
     if (it == r.end() || it->is_null()) {
-      if (required) missing(where, key + "." + k, "an integer >= 1", fmt::format(" (rope_type {} needs it)", type));
+      if (required)
+        missing(where, key + "." + k, "an integer >= 1", fmt::format(" (rope_type {} needs it)", type));
       return 0;
     }
     if (!it->is_number() || it->get<double>() < 1 || it->get<double>() != std::floor(it->get<double>()))
@@ -174,7 +174,8 @@ void parse_rope(const json& r, const std::string& key, const std::string& where,
 void parse_moe(const json& j, const std::string& where, ModelConfig& c) {
   // transformers 5 writes num_local_experts, earlier releases and the published checkpoints
   // num_experts
-  const char* ne = j.contains("num_experts") && !j["num_experts"].is_null() ? "num_experts" : "num_local_experts";
+  const char* ne =
+      j.contains("num_experts") && !j["num_experts"].is_null() ? "num_experts" : "num_local_experts";
   c.num_experts = get_int(j, ne, where, true, 0, 1);
   c.num_experts_per_tok = get_int(j, "num_experts_per_tok", where, true, 0, 1);
   if (c.num_experts_per_tok > c.num_experts)
@@ -202,7 +203,7 @@ void parse_moe(const json& j, const std::string& where, ModelConfig& c) {
 // the experts' width.
 void parse_gpt_oss(const json& j, const std::string& where, ModelConfig& c) {
   const char* ne = j.contains("num_local_experts") && !j["num_local_experts"].is_null() ? "num_local_experts"
-                                                                                         : "num_experts";
+                                                                                        : "num_experts";
   c.num_experts = get_int(j, ne, where, true, 0, 1);
   c.num_experts_per_tok = get_int(j, "num_experts_per_tok", where, true, 0, 1);
   if (c.num_experts_per_tok > c.num_experts)
@@ -232,7 +233,8 @@ void parse_layer_types(const json& j, const std::string& where, ModelConfig& c) 
   const int64_t L = c.num_hidden_layers;
   auto it = j.find("layer_types");
   if (it == j.end() || it->is_null()) {
-    for (int64_t i = 0; i < L; ++i) c.layer_types.push_back(i % 2 == 0 ? "sliding_attention" : "full_attention");
+    for (int64_t i = 0; i < L; ++i)
+      c.layer_types.push_back(i % 2 == 0 ? "sliding_attention" : "full_attention");
   } else {
     const std::string expected = fmt::format(
         "a list of num_hidden_layers = {} entries \"sliding_attention\" or \"full_attention\"", L);
@@ -244,15 +246,17 @@ void parse_layer_types(const json& j, const std::string& where, ModelConfig& c) 
   }
   for (const auto& t : c.layer_types)
     if (t == "sliding_attention" && c.sliding_window <= 0)
-      bad(where, "sliding_window", "an integer >= 1 (layer_types has sliding layers)", val(j, "sliding_window"));
+      bad(where, "sliding_window", "an integer >= 1 (layer_types has sliding layers)",
+          val(j, "sliding_window"));
 }
 
 constexpr const char* kModelTypes =
-    "\"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"qwen3_moe\", \"gpt_oss\", \"olmo2\", \"granite\" or \"phi3\"";
+    "\"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"qwen3_moe\", \"gpt_oss\", \"olmo2\", \"granite\" or "
+    "\"phi3\"";
 
 bool known_model_type(const std::string& t) {
-  return t == "llama" || t == "mistral" || t == "qwen2" || t == "qwen3" || t == "qwen3_moe" || t == "gpt_oss" ||
-         t == "olmo2" || t == "granite" || t == "phi3";
+  return t == "llama" || t == "mistral" || t == "qwen2" || t == "qwen3" || t == "qwen3_moe" ||
+         t == "gpt_oss" || t == "olmo2" || t == "granite" || t == "phi3";
 }
 
 // transformers' class for each model_type (config.json's "architectures")
@@ -303,9 +307,10 @@ std::optional<int64_t> count_parameters(const ModelConfig& c, bool active) {
   constexpr int64_t kMax = int64_t(1) << 48;
   // every term below is a product of two or three sizes: compute each in 128 bits
   using W = __int128;
-  const W attention = W(2) * H + W(H) * nq * D + W(2) * H * nkv * D + W(nq) * D * H + (c.qk_norm ? (c.qk_norm_whole ? W(nq + nkv) * D : W(2) * D) : 0) +
-                      (c.has_qkv_bias() ? W(nq) * D + W(2) * nkv * D : 0) +
-                      (c.attention_bias ? H : 0) + (c.attention_sinks ? nq : 0);
+  const W attention = W(2) * H + W(H) * nq * D + W(2) * H * nkv * D + W(nq) * D * H +
+                      (c.qk_norm ? (c.qk_norm_whole ? W(nq + nkv) * D : W(2) * D) : 0) +
+                      (c.has_qkv_bias() ? W(nq) * D + W(2) * nkv * D : 0) + (c.attention_bias ? H : 0) +
+                      (c.attention_sinks ? nq : 0);
   const W dense = W(3) * H * F;
   // a GPT-OSS block adds the router's bias and each expert's three biases (2 Fe + H)
   const W expert = W(3) * H * Fe + (c.gpt_oss() ? W(2) * Fe + H : 0);
@@ -339,7 +344,8 @@ void ModelConfig::validate() const {
       fail("swiglu_limit", fmt::format("must be a finite number > 0, got {}", swiglu_limit));
     if (!(swiglu_alpha > 0) || !std::isfinite(swiglu_alpha))
       fail("swiglu_alpha", fmt::format("must be a finite number > 0, got {}", swiglu_alpha));
-  } else if (attention_sinks || (!layer_types.empty() && architecture != "mistral" && architecture != "phi3")) {
+  } else if (attention_sinks ||
+             (!layer_types.empty() && architecture != "mistral" && architecture != "phi3")) {
     fail(attention_sinks ? "attention_sinks" : "layer_types",
          "only GPT-OSS (model_type gpt_oss), Mistral and Phi-3 (layer_types) have them");
   }
@@ -348,7 +354,8 @@ void ModelConfig::validate() const {
                                     layer_types.size()));
   for (const auto& t : layer_types) {
     if (t != "sliding_attention" && t != "full_attention")
-      fail("layer_types", fmt::format("entries \"sliding_attention\" or \"full_attention\" expected, got \"{}\"", t));
+      fail("layer_types",
+           fmt::format("entries \"sliding_attention\" or \"full_attention\" expected, got \"{}\"", t));
     if (t == "sliding_attention" && sliding_window <= 0)
       fail("sliding_window", fmt::format("must be > 0 for sliding layers, got {}", sliding_window));
   }
@@ -362,7 +369,8 @@ void ModelConfig::validate() const {
       fail("moe_intermediate_size", fmt::format("must be > 0, got {}", moe_intermediate_size));
     if (decoder_sparse_step <= 0)
       fail("decoder_sparse_step", fmt::format("must be > 0, got {}", decoder_sparse_step));
-    if (num_experts > (int64_t(1) << 20)) fail("num_experts", fmt::format("must be <= 2^20, got {}", num_experts));
+    if (num_experts > (int64_t(1) << 20))
+      fail("num_experts", fmt::format("must be <= 2^20, got {}", num_experts));
     if (!(router_aux_loss_coef >= 0) || !std::isfinite(router_aux_loss_coef))
       fail("router_aux_loss_coef", fmt::format("must be a finite number >= 0, got {}", router_aux_loss_coef));
   }
@@ -398,7 +406,8 @@ void ModelConfig::validate() const {
       fail("rope_scaling.high_freq_factor", "must be > low_freq_factor");
   }
   if (attention_bias && !gpt_oss()) fail("attention_bias", "only false is supported (biases: GPT-OSS only)");
-  if (qkv_bias && architecture != "qwen2") fail("qkv_bias", "only Qwen2 (model_type qwen2) has q/k/v-only biases");
+  if (qkv_bias && architecture != "qwen2")
+    fail("qkv_bias", "only Qwen2 (model_type qwen2) has q/k/v-only biases");
   config_families::validate_family_keys(*this);
   // sizes multiply into tensor shapes and byte counts: refuse a product beyond 2^48 before
   // anything is allocated from it (a layer count of 2^32 used to be allocated layer by layer)
@@ -408,7 +417,8 @@ void ModelConfig::validate() const {
                      "FFN, {} heads x {}), got more",
                      vocab_size, hidden_size, num_hidden_layers, hidden_size, intermediate_size,
                      num_attention_heads, head_dim));
-  for (auto [k, v] : {std::pair{"bos_token_id", bos_token_id}, {"eos_token_id", eos_token_id},
+  for (auto [k, v] : {std::pair{"bos_token_id", bos_token_id},
+                      {"eos_token_id", eos_token_id},
                       {"pad_token_id", pad_token_id}})
     if (v >= vocab_size) fail(k, fmt::format("must be < vocab_size ({}), got {}", vocab_size, v));
 }
@@ -422,7 +432,8 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& where) 
   c.architecture = mt->get<std::string>();
   if (!known_model_type(c.architecture)) bad(where, "model_type", kModelTypes, *mt);
   // Phi-3 slides as Mistral does: every layer, when sliding_window is set
-  const bool oss = c.architecture == "gpt_oss", mistral = c.architecture == "mistral" || c.architecture == "phi3";
+  const bool oss = c.architecture == "gpt_oss",
+             mistral = c.architecture == "mistral" || c.architecture == "phi3";
   const bool qwen2 = c.architecture == "qwen2";
   if (auto a = j.find("architectures"); a != j.end() && !a->is_null()) {
     const std::string want = hf_class(c.architecture);
@@ -440,8 +451,7 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& where) 
   c.num_hidden_layers = get_int(j, "num_hidden_layers", where, true, 0, 1);
   if (oss) parse_layer_types(j, where, c);
   c.num_attention_heads = get_int(j, "num_attention_heads", where, true, 0, 1);
-  c.num_key_value_heads =
-      get_int(j, "num_key_value_heads", where, false, c.num_attention_heads, 1);
+  c.num_key_value_heads = get_int(j, "num_key_value_heads", where, false, c.num_attention_heads, 1);
   if (c.num_attention_heads % c.num_key_value_heads != 0)
     bad(where, "num_key_value_heads",
         fmt::format("a divisor of num_attention_heads ({})", c.num_attention_heads),
@@ -450,8 +460,7 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& where) 
   c.head_dim = get_int(j, "head_dim", where, false, 0, 1);
   if (c.head_dim == 0) {
     if (c.hidden_size % c.num_attention_heads != 0)
-      bad(where, "head_dim",
-          "an integer (hidden_size is not a multiple of num_attention_heads)", json());
+      bad(where, "head_dim", "an integer (hidden_size is not a multiple of num_attention_heads)", json());
     c.head_dim = hd_default;
   }
   if (c.head_dim % 2 != 0) bad(where, "head_dim", "an even integer", val(j, "head_dim"));
@@ -616,10 +625,10 @@ void check_host_memory_to_load(const ModelConfig& c, const std::string& where) {
   const double need = n ? double(*n) * 8.0 : INFINITY;
   const size_t avail = host_available_bytes();
   if (avail > 0 && !(need <= double(avail)))
-    throw std::runtime_error(fmt::format(
-        "{}: loading {} parameters as fp32 needs about {} of host memory, {} is available", where,
-        n ? fmt::format("{}", *n) : std::string("more than 2^48"), byte_text(need),
-        byte_text(double(avail))));
+    throw std::runtime_error(
+        fmt::format("{}: loading {} parameters as fp32 needs about {} of host memory, {} is available", where,
+                    n ? fmt::format("{}", *n) : std::string("more than 2^48"), byte_text(need),
+                    byte_text(double(avail))));
 }
 
 }  // namespace rp

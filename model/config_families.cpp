@@ -54,7 +54,8 @@ void validate_family_keys(const ModelConfig& c) {
   };
   const bool olmo2 = c.architecture == "olmo2", granite = c.architecture == "granite";
   if (c.post_norms != olmo2) fail("post_norms", "OLMo 2 (model_type olmo2) and only it has post-norms");
-  if (c.qk_norm_whole != olmo2) fail("qk_norm_whole", "OLMo 2 (model_type olmo2) and only it normalizes whole q/k");
+  if (c.qk_norm_whole != olmo2)
+    fail("qk_norm_whole", "OLMo 2 (model_type olmo2) and only it normalizes whole q/k");
   if (olmo2 && !c.qk_norm) fail("qk_norm", "OLMo 2 has q/k norms");
   if ((c.post_norms || c.qk_norm_whole) && c.num_experts > 0) fail("num_experts", "OLMo 2 is dense");
   const std::pair<const char*, double> mult[] = {{"embedding_multiplier", c.embedding_multiplier},

@@ -20,10 +20,11 @@ nlohmann::json val(const nlohmann::json& j, const std::string& key);
 [[noreturn]] void missing(const std::string& where, const std::string& key, const std::string& expected,
                           const std::string& why);
 /// An integer >= min_value; absent/null: `def`, or a refusal when `required`.
-int64_t get_int(const nlohmann::json& j, const std::string& key, const std::string& where, bool required, int64_t def,
-                int64_t min_value);
+int64_t get_int(const nlohmann::json& j, const std::string& key, const std::string& where, bool required,
+                int64_t def, int64_t min_value);
 /// A finite number (> 0 when `positive`); absent/null: `def`.
-double get_num(const nlohmann::json& j, const std::string& key, const std::string& where, double def, bool positive);
+double get_num(const nlohmann::json& j, const std::string& key, const std::string& where, double def,
+               bool positive);
 /// true or false; absent/null: `def`.
 bool get_bool(const nlohmann::json& j, const std::string& key, const std::string& where, bool def);
 /// A token id: an integer >= 0, a list of them (the first is used) or null (-1).

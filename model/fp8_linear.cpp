@@ -5,7 +5,8 @@
 
 namespace rp {
 
-void fp8_quantize_weight(Ops& ops, const void* w, int64_t out, int64_t in, uint8_t* wq, uint8_t* wtq, float* scale) {
+void fp8_quantize_weight(Ops& ops, const void* w, int64_t out, int64_t in, uint8_t* wq, uint8_t* wtq,
+                         float* scale) {
   ops.fp8_scale(w, out * in, kFp8ActFormat, scale);
   ops.fp8_quantize(w, scale, wq, out * in, kFp8ActFormat);
   if (wtq) ops.fp8_quantize_transposed(w, scale, wtq, out, in, kFp8ActFormat);
@@ -15,8 +16,8 @@ namespace {
 
 // The codes of a [rows, cols] tensor and its scale in the call's scratch (the scale there
 // already when `scaled`).
-const uint8_t* quantize_act(Ops& ops, const Fp8ActScratch& s, const void* x, int64_t rows, int64_t cols, Fp8Format f,
-                            bool scaled = false) {
+const uint8_t* quantize_act(Ops& ops, const Fp8ActScratch& s, const void* x, int64_t rows, int64_t cols,
+                            Fp8Format f, bool scaled = false) {
   if (!s.codes || !s.scale) throw std::invalid_argument("fp8 linear: no activation scratch");
   if (!scaled) ops.fp8_scale(x, rows * cols, f, s.scale);
   ops.fp8_quantize(x, s.scale, s.codes, rows * cols, f);
@@ -28,17 +29,20 @@ const uint8_t* quantize_act(Ops& ops, const Fp8ActScratch& s, const void* x, int
 void fp8_linear_fwd(Ops& ops, const Fp8Linear& f, const void* x, void* y, int64_t n, int64_t in, int64_t out,
                     bool accumulate) {
   if (n <= 0) return;
-  if (!f.weight.w || !f.weight.scale) throw std::invalid_argument("fp8 linear: the weight's codes are missing");
+  if (!f.weight.w || !f.weight.scale)
+    throw std::invalid_argument("fp8 linear: the weight's codes are missing");
   const uint8_t* xq =
       f.input_quantized ? f.act.codes : quantize_act(ops, f.act, x, n, in, kFp8ActFormat, f.input_scaled);
-  ops.gemm_fp8(xq, kFp8ActFormat, f.act.scale, f.weight.w, kFp8ActFormat, f.weight.scale, y, n, in, out, accumulate);
+  ops.gemm_fp8(xq, kFp8ActFormat, f.act.scale, f.weight.w, kFp8ActFormat, f.weight.scale, y, n, in, out,
+               accumulate);
 }
 
 void fp8_linear_bwd_input(Ops& ops, const Fp8Linear& f, const void* dy, void* dx, int64_t n, int64_t in,
                           int64_t out, bool accumulate) {
   if (n <= 0) return;
   if (!f.weight.wt || !f.weight.scale)
-    throw std::invalid_argument("fp8 linear: the input gradient needs the codes of W^T (a backward weight cache)");
+    throw std::invalid_argument(
+        "fp8 linear: the input gradient needs the codes of W^T (a backward weight cache)");
   const uint8_t* dyq = quantize_act(ops, f.act, dy, n, out, f.grad_format);
   ops.gemm_fp8(dyq, f.grad_format, f.act.scale, f.weight.wt, kFp8ActFormat, f.weight.scale, dx, n, out, in,
                accumulate);

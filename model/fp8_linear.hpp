@@ -62,7 +62,8 @@ struct Fp8Linear {
 
 /// scale[0] = scale of W [out, in] (compute dtype), wq = its e4m3 codes, and when wtq is not
 /// null the codes of W^T [in, out].
-void fp8_quantize_weight(Ops& ops, const void* w, int64_t out, int64_t in, uint8_t* wq, uint8_t* wtq, float* scale);
+void fp8_quantize_weight(Ops& ops, const void* w, int64_t out, int64_t in, uint8_t* wq, uint8_t* wtq,
+                         float* scale);
 
 /// y [n, out] (+)= x W^T through the FP8 GEMM (x [n, in] in the compute dtype; y read when
 /// `accumulate`).

@@ -16,9 +16,9 @@
 #include <fmt/format.h>
 
 #include "kernels/device.hpp"
-#include "model/moe_block.hpp"
 #include "kernels/ops.hpp"
 #include "model/layers.hpp"
+#include "model/moe_block.hpp"
 
 namespace rp {
 
@@ -28,13 +28,15 @@ int32_t pick_token(const std::vector<float>& logits, const GenerateOptions& o, d
   // HF's warpers: temperature, top-k, top-p; then a draw from the softmax of what is left
   std::vector<int32_t> idx(logits.size());
   std::iota(idx.begin(), idx.end(), 0);
-  std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return logits[size_t(a)] > logits[size_t(b)]; });
+  std::stable_sort(idx.begin(), idx.end(),
+                   [&](int32_t a, int32_t b) { return logits[size_t(a)] > logits[size_t(b)]; });
   size_t keep = idx.size();
   if (o.top_k > 0) keep = std::min(keep, size_t(o.top_k));
   std::vector<double> p(keep);
   const double m = double(logits[size_t(idx[0])]) / o.temperature;
   double sum = 0;
-  for (size_t i = 0; i < keep; ++i) sum += p[i] = std::exp(double(logits[size_t(idx[i])]) / o.temperature - m);
+  for (size_t i = 0; i < keep; ++i)
+    sum += p[i] = std::exp(double(logits[size_t(idx[i])]) / o.temperature - m);
   if (o.top_p < 1) {  // the smallest prefix whose probability reaches top_p (at least one token)
     double c = 0;
     size_t n = 0;
@@ -53,10 +55,10 @@ int32_t pick_token(const std::vector<float>& logits, const GenerateOptions& o, d
 struct Generator::Impl {
   ModelConfig c;
   std::unique_ptr<Device> dev;
-  std::vector<DeviceBuffer> groups;        // the weights, one buffer per layout group
-  std::map<std::string, const void*> w;    // HF tensor name -> device pointer
-  std::vector<DeviceBuffer> kc, vc;        // per decoder layer [C, nkv, D]
-  int64_t C = 0;                           // cache rows
+  std::vector<DeviceBuffer> groups;      // the weights, one buffer per layout group
+  std::map<std::string, const void*> w;  // HF tensor name -> device pointer
+  std::vector<DeviceBuffer> kc, vc;      // per decoder layer [C, nkv, D]
+  int64_t C = 0;                         // cache rows
   RopeTable rope;
   // activations for up to `rows` tokens
   int64_t rows = 0;
@@ -75,7 +77,9 @@ struct Generator::Impl {
     if (it == w.end()) throw std::invalid_argument("Generator: the model has no tensor " + name);
     return it->second;
   }
-  void* at(const DeviceBuffer& b, int64_t elems) const { return static_cast<char*>(b.get()) + elems * int64_t(esz()); }
+  void* at(const DeviceBuffer& b, int64_t elems) const {
+    return static_cast<char*>(b.get()) + elems * int64_t(esz());
+  }
 
   void init(const ModelLayout& layout, const std::vector<const float*>& data, const GeneratorOptions& opt);
   void ensure_rows(int64_t n);
@@ -88,8 +92,8 @@ void Generator::Impl::init(const ModelLayout& layout, const std::vector<const fl
                            const GeneratorOptions& opt) {
   c = layout.config;
   if (data.size() != layout.groups.size())
-    throw std::invalid_argument(fmt::format("Generator: {} parameter groups given, the model has {}", data.size(),
-                                            layout.groups.size()));
+    throw std::invalid_argument(fmt::format("Generator: {} parameter groups given, the model has {}",
+                                            data.size(), layout.groups.size()));
   std::string backend = opt.backend;
   if (backend == "auto") backend = cuda_device_count() > 0 ? "cuda" : "cpu";
   DeviceOptions d;
@@ -97,11 +101,14 @@ void Generator::Impl::init(const ModelLayout& layout, const std::vector<const fl
   d.capacity_bytes = size_t(1) << 40;  // one device, no emulated cap
   if (backend == "cpu") {
     dev = make_cpu_device(0, d);
-    dev->ops().set_num_threads(int(std::max(1u, std::thread::hardware_concurrency())));  // one device: every core
-  }
-  else if (backend == "cuda") dev = make_cuda_device(0, d);
-  else throw std::invalid_argument("Generator: unknown backend '" + backend + "' (expected cpu, cuda or auto)");
-  C = opt.max_context > 0 ? opt.max_context : std::min<int64_t>(c.max_position_embeddings > 0 ? c.max_position_embeddings : 4096, 4096);
+    dev->ops().set_num_threads(
+        int(std::max(1u, std::thread::hardware_concurrency())));  // one device: every core
+  } else if (backend == "cuda") dev = make_cuda_device(0, d);
+  else
+    throw std::invalid_argument("Generator: unknown backend '" + backend + "' (expected cpu, cuda or auto)");
+  C = opt.max_context > 0
+          ? opt.max_context
+          : std::min<int64_t>(c.max_position_embeddings > 0 ? c.max_position_embeddings : 4096, 4096);
   rope = rope_frequencies(rope_params(c));
   Stream& s = dev->stream(StreamKind::compute);
   const DType dt = dev->compute_dtype();
@@ -132,8 +139,8 @@ void Generator::Impl::init(const ModelLayout& layout, const std::vector<const fl
 void Generator::Impl::ensure_rows(int64_t n) {
   if (n <= rows) return;
   rows = std::max<int64_t>(n, 16);
-  const int64_t H = c.hidden_size, F = std::max<int64_t>(c.intermediate_size, 1), QD = c.num_attention_heads * c.head_dim,
-                KD = c.num_key_value_heads * c.head_dim;
+  const int64_t H = c.hidden_size, F = std::max<int64_t>(c.intermediate_size, 1),
+                QD = c.num_attention_heads * c.head_dim, KD = c.num_key_value_heads * c.head_dim;
   auto buf = [&](int64_t elems, size_t sz) { return DeviceBuffer(*dev, size_t(rows * elems) * sz); };
   x = buf(H, esz()), xn = buf(H, esz()), h1 = buf(H, esz()), hn = buf(H, esz()), y = buf(H, esz());
   q = buf(QD, esz()), qr = buf(QD, esz()), o = buf(QD, esz()), kr = buf(KD, esz());
@@ -166,7 +173,8 @@ void Generator::Impl::forward(const std::vector<int32_t>& tok, int64_t past) {
     const float branch = float(c.residual_multiplier);  // Granite's (1 elsewhere)
     const int32_t* pp = pos.as<int32_t>();
     ops.embedding_fwd(ids.as<int32_t>(), t("model.embed_tokens.weight"), x.get(), n, H, c.vocab_size);
-    if (c.embedding_multiplier != 1.0) scale_activation(ops, x.get(), x.get(), n * H, float(c.embedding_multiplier));
+    if (c.embedding_multiplier != 1.0)
+      scale_activation(ops, x.get(), x.get(), n * H, float(c.embedding_multiplier));
     // q/k norms per head, or (OLMo 2) over a token's whole q and k
     const int64_t qn_rows = c.qk_norm_whole ? n : n * nq, kn_rows = c.qk_norm_whole ? n : n * nkv;
     const int64_t qn_cols = c.qk_norm_whole ? nq * D : D, kn_cols = c.qk_norm_whole ? nkv * D : D;
@@ -196,18 +204,21 @@ void Generator::Impl::forward(const std::vector<int32_t>& tok, int64_t past) {
         Ops::AttentionVariant var;
         var.window = c.attention_window(l);
         if (c.attention_sinks) var.sinks = t(pre + "self_attn.sinks");
-        ops.attention_decode_v(q.get(), kc[size_t(l)].get(), vc[size_t(l)].get(), o.get(), past, n, nq, nkv, D,
-                               scale, var);
+        ops.attention_decode_v(q.get(), kc[size_t(l)].get(), vc[size_t(l)].get(), o.get(), past, n, nq, nkv,
+                               D, scale, var);
       } else {
-        ops.attention_decode(q.get(), kc[size_t(l)].get(), vc[size_t(l)].get(), o.get(), past, n, nq, nkv, D, scale);
+        ops.attention_decode(q.get(), kc[size_t(l)].get(), vc[size_t(l)].get(), o.get(), past, n, nq, nkv, D,
+                             scale);
       }
       void* attn = c.post_norms ? xn.get() : h1.get();
       ops.linear_fwd(o.get(), t(pre + "self_attn.o_proj.weight"), attn, n, nq * D, H);
       if (c.attention_bias) ops.grouped_bias_fwd(attn, t(pre + "self_attn.o_proj.bias"), rows, 1, H);
-      if (c.post_norms) ops.rmsnorm_fwd(attn, t(pre + "post_attention_layernorm.weight"), h1.get(), n, H, eps);
+      if (c.post_norms)
+        ops.rmsnorm_fwd(attn, t(pre + "post_attention_layernorm.weight"), h1.get(), n, H, eps);
       if (branch != 1.0f) scale_activation(ops, h1.get(), h1.get(), n * H, branch);
       ops.add(x.get(), h1.get(), h1.get(), n * H);
-      if (!c.post_norms) ops.rmsnorm_fwd(h1.get(), t(pre + "post_attention_layernorm.weight"), hn.get(), n, H, eps);
+      if (!c.post_norms)
+        ops.rmsnorm_fwd(h1.get(), t(pre + "post_attention_layernorm.weight"), hn.get(), n, H, eps);
       if (const MoeBlock* b = moe[size_t(l)].get()) {  // x = h1 + the routed experts
         b->forward(ops, groups[size_t(l) + 1].get(), hn.get(), h1.get(), x.get(), n, moe_bufs, nullptr);
         continue;
@@ -217,7 +228,8 @@ void Generator::Impl::forward(const std::vector<int32_t>& tok, int64_t past) {
       ops.linear_fwd(in, t(pre + "mlp.up_proj.weight"), u.get(), n, H, F);
       ops.swiglu_fwd(g.get(), u.get(), m.get(), n * F);
       ops.linear_fwd(m.get(), t(pre + "mlp.down_proj.weight"), c.post_norms ? hn.get() : y.get(), n, F, H);
-      if (c.post_norms) ops.rmsnorm_fwd(hn.get(), t(pre + "post_feedforward_layernorm.weight"), y.get(), n, H, eps);
+      if (c.post_norms)
+        ops.rmsnorm_fwd(hn.get(), t(pre + "post_feedforward_layernorm.weight"), y.get(), n, H, eps);
       if (branch != 1.0f) scale_activation(ops, y.get(), y.get(), n * H, branch);
       ops.add(h1.get(), y.get(), x.get(), n * H);
     }
@@ -234,7 +246,8 @@ std::vector<float> Generator::Impl::head(int64_t first, int64_t n) {
     Ops& ops = dev->ops();
     ops.rmsnorm_fwd(at(x, first * H), t("model.norm.weight"), hn.get(), n, H, float(c.rms_norm_eps));
     ops.linear_fwd(hn.get(), t("lm_head.weight"), lg.get(), n, H, V);
-    if (c.logits_scaling != 1.0) scale_activation(ops, lg.get(), lg.get(), n * V, float(1.0 / c.logits_scaling));
+    if (c.logits_scaling != 1.0)
+      scale_activation(ops, lg.get(), lg.get(), n * V, float(1.0 / c.logits_scaling));
     ops.cast(DType::f32, lg32.get(), dev->compute_dtype(), lg.get(), n * V);
   });
   std::vector<float> out(need);
@@ -247,7 +260,8 @@ std::vector<float> Generator::Impl::head(int64_t first, int64_t n) {
   return out;
 }
 
-Generator::Generator(const LoadedModel& model, const GeneratorOptions& opt) : impl_(std::make_unique<Impl>()) {
+Generator::Generator(const LoadedModel& model, const GeneratorOptions& opt)
+    : impl_(std::make_unique<Impl>()) {
   const ModelLayout layout = make_layout(model.config);
   std::vector<std::vector<float>> data;
   fill_groups(model, layout, data);
@@ -256,7 +270,8 @@ Generator::Generator(const LoadedModel& model, const GeneratorOptions& opt) : im
   impl_->init(layout, ptrs, opt);
 }
 
-Generator::Generator(const ModelLayout& layout, const std::vector<const float*>& groups, const GeneratorOptions& opt)
+Generator::Generator(const ModelLayout& layout, const std::vector<const float*>& groups,
+                     const GeneratorOptions& opt)
     : impl_(std::make_unique<Impl>()) {
   impl_->init(layout, groups, opt);
 }
@@ -271,10 +286,12 @@ namespace {
 void check_ids(const std::vector<int32_t>& ids, int64_t vocab, int64_t cap) {
   if (ids.empty()) throw std::invalid_argument("generate: the prompt is empty");
   if (int64_t(ids.size()) > cap)
-    throw std::invalid_argument(fmt::format("generate: the prompt has {} tokens, the KV cache holds {}", ids.size(), cap));
+    throw std::invalid_argument(
+        fmt::format("generate: the prompt has {} tokens, the KV cache holds {}", ids.size(), cap));
   for (int32_t id : ids)
     if (id < 0 || id >= vocab)
-      throw std::invalid_argument(fmt::format("generate: token id {} is outside the vocabulary [0, {})", id, vocab));
+      throw std::invalid_argument(
+          fmt::format("generate: token id {} is outside the vocabulary [0, {})", id, vocab));
 }
 }  // namespace
 

@@ -9,8 +9,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
-#include <cstdlib>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <unordered_set>
@@ -34,16 +34,16 @@ struct TypeInfo {
 };
 
 constexpr TypeInfo kTypes[] = {
-    {GgmlType::F32, "F32", 1, 4},        {GgmlType::F16, "F16", 1, 2},
-    {GgmlType::BF16, "BF16", 1, 2},      {GgmlType::Q4_0, "Q4_0", 32, 18},
-    {GgmlType::Q4_1, "Q4_1", 32, 20},    {GgmlType::Q5_0, "Q5_0", 32, 22},
-    {GgmlType::Q5_1, "Q5_1", 32, 24},    {GgmlType::Q8_0, "Q8_0", 32, 34},
-    {GgmlType::Q8_1, "Q8_1", 32, 36},    {GgmlType::Q2_K, "Q2_K", 256, 84},
-    {GgmlType::Q3_K, "Q3_K", 256, 110},  {GgmlType::Q4_K, "Q4_K", 256, 144},
-    {GgmlType::Q5_K, "Q5_K", 256, 176},  {GgmlType::Q6_K, "Q6_K", 256, 210},
-    {GgmlType::Q8_K, "Q8_K", 256, 292},  {GgmlType::I8, "I8", 1, 1},
-    {GgmlType::I16, "I16", 1, 2},        {GgmlType::I32, "I32", 1, 4},
-    {GgmlType::I64, "I64", 1, 8},        {GgmlType::F64, "F64", 1, 8},
+    {GgmlType::F32, "F32", 1, 4},       {GgmlType::F16, "F16", 1, 2},
+    {GgmlType::BF16, "BF16", 1, 2},     {GgmlType::Q4_0, "Q4_0", 32, 18},
+    {GgmlType::Q4_1, "Q4_1", 32, 20},   {GgmlType::Q5_0, "Q5_0", 32, 22},
+    {GgmlType::Q5_1, "Q5_1", 32, 24},   {GgmlType::Q8_0, "Q8_0", 32, 34},
+    {GgmlType::Q8_1, "Q8_1", 32, 36},   {GgmlType::Q2_K, "Q2_K", 256, 84},
+    {GgmlType::Q3_K, "Q3_K", 256, 110}, {GgmlType::Q4_K, "Q4_K", 256, 144},
+    {GgmlType::Q5_K, "Q5_K", 256, 176}, {GgmlType::Q6_K, "Q6_K", 256, 210},
+    {GgmlType::Q8_K, "Q8_K", 256, 292}, {GgmlType::I8, "I8", 1, 1},
+    {GgmlType::I16, "I16", 1, 2},       {GgmlType::I32, "I32", 1, 4},
+    {GgmlType::I64, "I64", 1, 8},       {GgmlType::F64, "F64", 1, 8},
     {GgmlType::MXFP4, "MXFP4", 32, 17},
 };
 
@@ -70,12 +70,19 @@ bool ggml_type_block(uint32_t type, int64_t& be, int64_t& bb) {
 
 bool ggml_can_dequantize(uint32_t type) {
   switch (GgmlType(type)) {
-    case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: case GgmlType::Q4_0:
-    case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::Q8_0:
-    case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K: case GgmlType::MXFP4:
-      return true;
-    default:
-      return false;
+    case GgmlType::F32:
+    case GgmlType::F16:
+    case GgmlType::BF16:
+    case GgmlType::Q4_0:
+    case GgmlType::Q4_1:
+    case GgmlType::Q5_0:
+    case GgmlType::Q5_1:
+    case GgmlType::Q8_0:
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
+    case GgmlType::Q6_K:
+    case GgmlType::MXFP4: return true;
+    default: return false;
   }
 }
 
@@ -112,14 +119,14 @@ void dequantize_ggml(uint32_t type, const void* src_v, float* y, int64_t n) {
     throw std::invalid_argument(
         fmt::format("dequantize_ggml: type {} is not supported", ggml_type_name(type)));
   if (n < 0 || n % be != 0)
-    throw std::invalid_argument(fmt::format("dequantize_ggml: {} elements is not a multiple of "
-                                            "the {} block size {}", n, ggml_type_name(type), be));
+    throw std::invalid_argument(
+        fmt::format("dequantize_ggml: {} elements is not a multiple of "
+                    "the {} block size {}",
+                    n, ggml_type_name(type), be));
   const uint8_t* s = static_cast<const uint8_t*>(src_v);
   const int64_t nb = n / be;
   switch (GgmlType(type)) {
-    case GgmlType::F32:
-      std::memcpy(y, s, size_t(n) * 4);
-      return;
+    case GgmlType::F32: std::memcpy(y, s, size_t(n) * 4); return;
     case GgmlType::F16:
       for (int64_t i = 0; i < n; ++i) y[i] = half(s + 2 * i);
       return;
@@ -196,10 +203,8 @@ void dequantize_ggml(uint32_t type, const void* src_v, float* y, int64_t n) {
           const float d1 = d * scv, m1 = dmin * mv;
           scale_min_k4(is + 1, sc, scv, mv);
           const float d2 = d * scv, m2 = dmin * mv;
-          for (int l = 0; l < 32; ++l)
-            *y++ = d1 * float((q[l] & 0xF) + (five && (qh[l] & u1) ? 16 : 0)) - m1;
-          for (int l = 0; l < 32; ++l)
-            *y++ = d2 * float((q[l] >> 4) + (five && (qh[l] & u2) ? 16 : 0)) - m2;
+          for (int l = 0; l < 32; ++l) *y++ = d1 * float((q[l] & 0xF) + (five && (qh[l] & u1) ? 16 : 0)) - m1;
+          for (int l = 0; l < 32; ++l) *y++ = d2 * float((q[l] >> 4) + (five && (qh[l] & u2) ? 16 : 0)) - m2;
           u1 <<= 2;
           u2 <<= 2;
         }
@@ -230,8 +235,7 @@ void dequantize_ggml(uint32_t type, const void* src_v, float* y, int64_t n) {
     case GgmlType::MXFP4:  // ggml's block_mxfp4 is WeightFormat::mxfp4 (kernels/weight_format.hpp)
       dequantize_weights(WeightFormat::mxfp4, s, y, n);
       return;
-    default:
-      break;
+    default: break;
   }
 }
 
@@ -249,10 +253,20 @@ std::vector<int64_t> GgufTensorInfo::shape() const { return {ne.rbegin(), ne.ren
 namespace {
 
 enum GgufValueType : uint32_t {
-  T_U8 = 0, T_I8 = 1, T_U16 = 2, T_I16 = 3, T_U32 = 4, T_I32 = 5, T_F32 = 6, T_BOOL = 7,
-  T_STRING = 8, T_ARRAY = 9, T_U64 = 10, T_I64 = 11, T_F64 = 12,
+  T_U8 = 0,
+  T_I8 = 1,
+  T_U16 = 2,
+  T_I16 = 3,
+  T_U32 = 4,
+  T_I32 = 5,
+  T_F32 = 6,
+  T_BOOL = 7,
+  T_STRING = 8,
+  T_ARRAY = 9,
+  T_U64 = 10,
+  T_I64 = 11,
+  T_F64 = 12,
 };
-
 
 /// Bounds-checked little-endian cursor over the mapping.
 struct Reader {
@@ -311,20 +325,20 @@ struct Reader {
         if (depth > 4) fail(fmt::format("metadata '{}': arrays nested too deeply", excerpt(key)));
         uint32_t et = get<uint32_t>(key.c_str());
         uint64_t n = get<uint64_t>(key.c_str());
-        uint64_t min_elem = et == T_U8 || et == T_I8 || et == T_BOOL ? 1
-                            : et == T_U16 || et == T_I16             ? 2
+        uint64_t min_elem = et == T_U8 || et == T_I8 || et == T_BOOL    ? 1
+                            : et == T_U16 || et == T_I16                ? 2
                             : et == T_U32 || et == T_I32 || et == T_F32 ? 4
-                                                                      : 8;  // strings: length
+                                                                        : 8;  // strings: length
         if (et > T_F64) fail(fmt::format("metadata '{}': unknown array element type {}", excerpt(key), et));
         if (n > (size - pos) / min_elem)
-          fail(fmt::format("truncated file: metadata '{}' array of {} elements does not fit", excerpt(key), n));
+          fail(fmt::format("truncated file: metadata '{}' array of {} elements does not fit", excerpt(key),
+                           n));
         json a = json::array();
         a.get_ref<json::array_t&>().reserve(size_t(n));
         for (uint64_t i = 0; i < n; ++i) a.push_back(value(et, key, depth + 1));
         return a;
       }
-      default:
-        fail(fmt::format("metadata '{}': unknown value type {}", excerpt(key), type));
+      default: fail(fmt::format("metadata '{}': unknown value type {}", excerpt(key), type));
     }
   }
 };
@@ -347,7 +361,8 @@ GgufFile::GgufFile(const std::string& path) : path_(path) {
   }
   void* m = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
-  if (m == MAP_FAILED) throw std::runtime_error(fmt::format("{}: mmap failed: {}", path, std::strerror(errno)));
+  if (m == MAP_FAILED)
+    throw std::runtime_error(fmt::format("{}: mmap failed: {}", path, std::strerror(errno)));
   map_ = static_cast<const uint8_t*>(m);
   try {
     Reader r{map_, size_, 0, path_, 0};
@@ -381,7 +396,8 @@ GgufFile::GgufFile(const std::string& path) : path_(path) {
       GgufTensorInfo t;
       t.name = r.str("tensor name");
       uint32_t nd = r.get<uint32_t>("tensor dims");
-      if (nd < 1 || nd > 4) r.fail(fmt::format("tensor '{}': {} dimensions (1..4 allowed)", excerpt(t.name), nd));
+      if (nd < 1 || nd > 4)
+        r.fail(fmt::format("tensor '{}': {} dimensions (1..4 allowed)", excerpt(t.name), nd));
       int64_t numel = 1;
       for (uint32_t d = 0; d < nd; ++d) {
         uint64_t v = r.get<uint64_t>("tensor dim");
@@ -395,24 +411,27 @@ GgufFile::GgufFile(const std::string& path) : path_(path) {
       if (!ggml_type_block(t.type, be, bb))
         r.fail(fmt::format("tensor '{}': unknown ggml type {}", excerpt(t.name), t.type));
       if (t.ne[0] % be != 0)
-        r.fail(fmt::format("tensor '{}': ne[0]={} is not a multiple of the {} block size {}",
-                           excerpt(t.name), t.ne[0], ggml_type_name(t.type), be));
+        r.fail(fmt::format("tensor '{}': ne[0]={} is not a multiple of the {} block size {}", excerpt(t.name),
+                           t.ne[0], ggml_type_name(t.type), be));
       t.nbytes = uint64_t(numel / be) * uint64_t(bb);
       t.offset = r.get<uint64_t>("tensor offset");
       if (t.offset % alignment_ != 0)
-        r.fail(fmt::format("tensor '{}': offset {} is not aligned to {}", excerpt(t.name), t.offset, alignment_));
+        r.fail(fmt::format("tensor '{}': offset {} is not aligned to {}", excerpt(t.name), t.offset,
+                           alignment_));
       if (!names.insert(t.name).second) r.fail(fmt::format("duplicate tensor '{}'", excerpt(t.name)));
       tensors_.push_back(std::move(t));
     }
     data_offset_ = (r.pos + alignment_ - 1) / alignment_ * alignment_;
     if (data_offset_ > size_ && !tensors_.empty())
-      r.fail(fmt::format("truncated file: tensor data would start at {}, file has {} bytes",
-                         data_offset_, size_));
+      r.fail(fmt::format("truncated file: tensor data would start at {}, file has {} bytes", data_offset_,
+                         size_));
     const uint64_t avail = size_ > data_offset_ ? size_ - data_offset_ : 0;
     for (const auto& t : tensors_)
       if (t.offset > avail || t.nbytes > avail - t.offset)
-        r.fail(fmt::format("truncated file: tensor '{}' ({} bytes at data offset {}) extends past "
-                           "the end of the file ({} bytes)", excerpt(t.name), t.nbytes, t.offset, size_));
+        r.fail(
+            fmt::format("truncated file: tensor '{}' ({} bytes at data offset {}) extends past "
+                        "the end of the file ({} bytes)",
+                        excerpt(t.name), t.nbytes, t.offset, size_));
     // two tensors sharing bytes would read each other's data as weights
     std::vector<const GgufTensorInfo*> by_offset;
     for (const auto& t : tensors_) by_offset.push_back(&t);
@@ -444,7 +463,8 @@ const nlohmann::json& GgufFile::get(const std::string& key) const {
 int64_t GgufFile::get_int(const std::string& key) const {
   const auto& v = get(key);
   if (!v.is_number_integer())
-    throw std::runtime_error(fmt::format("{}: metadata '{}': expected an integer, got {}", path_, key, v.type_name()));
+    throw std::runtime_error(
+        fmt::format("{}: metadata '{}': expected an integer, got {}", path_, key, v.type_name()));
   if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX))
     throw std::runtime_error(fmt::format("{}: metadata '{}': value too large", path_, key));
   return v.get<int64_t>();
@@ -453,14 +473,16 @@ int64_t GgufFile::get_int(const std::string& key) const {
 double GgufFile::get_float(const std::string& key) const {
   const auto& v = get(key);
   if (!v.is_number())
-    throw std::runtime_error(fmt::format("{}: metadata '{}': expected a number, got {}", path_, key, v.type_name()));
+    throw std::runtime_error(
+        fmt::format("{}: metadata '{}': expected a number, got {}", path_, key, v.type_name()));
   return v.get<double>();
 }
 
 std::string GgufFile::get_string(const std::string& key) const {
   const auto& v = get(key);
   if (!v.is_string())
-    throw std::runtime_error(fmt::format("{}: metadata '{}': expected a string, got {}", path_, key, v.type_name()));
+    throw std::runtime_error(
+        fmt::format("{}: metadata '{}': expected a string, got {}", path_, key, v.type_name()));
   return v.get<std::string>();
 }
 
@@ -470,14 +492,12 @@ const GgufTensorInfo* GgufFile::find(const std::string& name) const {
   return nullptr;
 }
 
-const uint8_t* GgufFile::tensor_data(const GgufTensorInfo& t) const {
-  return map_ + data_offset_ + t.offset;
-}
+const uint8_t* GgufFile::tensor_data(const GgufTensorInfo& t) const { return map_ + data_offset_ + t.offset; }
 
 void GgufFile::check_dequantizable(const GgufTensorInfo& t) const {
   if (!ggml_can_dequantize(t.type))
-    throw std::runtime_error(one_line(fmt::format("{}: tensor '{}': cannot dequantize type {}",
-                                                  path_, t.name, ggml_type_name(t.type))));
+    throw std::runtime_error(one_line(
+        fmt::format("{}: tensor '{}': cannot dequantize type {}", path_, t.name, ggml_type_name(t.type))));
 }
 
 void GgufFile::release(const GgufTensorInfo& t) const {
@@ -485,7 +505,8 @@ void GgufFile::release(const GgufTensorInfo& t) const {
   const uintptr_t p = uintptr_t(tensor_data(t));
   const uintptr_t lo = p / page * page;
   const uintptr_t hi = std::min(uintptr_t(map_ + size_), (p + t.nbytes + page - 1) / page * page);
-  if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);  // advisory: failure changes nothing
+  if (hi > lo)
+    ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);  // advisory: failure changes nothing
 }
 
 std::vector<float> GgufFile::dequantize(const GgufTensorInfo& t) const {

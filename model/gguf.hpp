@@ -21,9 +21,26 @@ namespace rp {
 
 /// ggml tensor types (values of enum ggml_type). Only those listed are dequantized.
 enum class GgmlType : uint32_t {
-  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q8_1 = 9,
-  Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q8_K = 15,
-  I8 = 24, I16 = 25, I32 = 26, I64 = 27, F64 = 28, BF16 = 30,
+  F32 = 0,
+  F16 = 1,
+  Q4_0 = 2,
+  Q4_1 = 3,
+  Q5_0 = 6,
+  Q5_1 = 7,
+  Q8_0 = 8,
+  Q8_1 = 9,
+  Q2_K = 10,
+  Q3_K = 11,
+  Q4_K = 12,
+  Q5_K = 13,
+  Q6_K = 14,
+  Q8_K = 15,
+  I8 = 24,
+  I16 = 25,
+  I32 = 26,
+  I64 = 27,
+  F64 = 28,
+  BF16 = 30,
   MXFP4 = 39,  ///< block_mxfp4 {u8 e; u8 qs[16]}: the layout of WeightFormat::mxfp4
 };
 
@@ -73,7 +90,7 @@ class GgufFile {
   const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
   /// Tensor named `name`, or nullptr.
   const GgufTensorInfo* find(const std::string& name) const;
-  uint64_t alignment() const { return alignment_; }  ///< general.alignment, default 32
+  uint64_t alignment() const { return alignment_; }      ///< general.alignment, default 32
   uint64_t data_offset() const { return data_offset_; }  ///< bytes from file start
   uint64_t file_size() const { return size_; }
   /// Raw bytes of tensor `t` (inside the mapping, valid while this object lives).
@@ -113,7 +130,8 @@ class GgufFile {
 /// norm_topk_prob is true (llama.cpp always renormalises the top-k weights of this
 /// architecture). rope.scaling.type "yarn" reads factor, original_context_length,
 /// yarn_beta_fast / yarn_beta_slow (default 32 / 1) and yarn_attn_factor (transformers'
-/// attention_factor, which convert_hf_to_gguf.py copies there; default: derived). Throws std::runtime_error("<file>: <what>"), naming the metadata key.
+/// attention_factor, which convert_hf_to_gguf.py copies there; default: derived). Throws
+/// std::runtime_error("<file>: <what>"), naming the metadata key.
 ModelConfig config_from_gguf(const GgufFile& f);
 
 /// The GPT-OSS part of config_from_gguf for a "gpt-oss" file (llama.cpp's LLM_ARCH_OPENAI_MOE,

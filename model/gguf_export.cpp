@@ -52,7 +52,8 @@ class GgufHeader {
     ++n_kv_;
   }
   void u32(const std::string& k, int64_t v) {
-    if (v < 0 || v > int64_t(UINT32_MAX)) throw std::invalid_argument(fmt::format("metadata '{}': {} is out of range", k, v));
+    if (v < 0 || v > int64_t(UINT32_MAX))
+      throw std::invalid_argument(fmt::format("metadata '{}': {} is out of range", k, v));
     key(k, kU32), put<uint32_t>(uint32_t(v));
   }
   void f32(const std::string& k, double v) { key(k, kF32), put<float>(float(v)); }
@@ -80,7 +81,7 @@ struct OutTensor {
   std::vector<int64_t> shape;
   GgmlType type = GgmlType::F32;
   const float* data = nullptr;
-  std::vector<float> own;     ///< the values when computed here (rope_freqs, permuted q/k)
+  std::vector<float> own;  ///< the values when computed here (rope_freqs, permuted q/k)
   uint64_t offset = 0, nbytes = 0;
   int64_t numel() const {
     int64_t n = 1;
@@ -106,14 +107,15 @@ int64_t file_type_of(GgufExportType t) {
 /// convert_hf_to_gguf.py's permute(): GGUF row h*hd + 2i + j = Hugging Face row h*hd + j*hd/2 + i.
 std::vector<float> permute_qk_rows(const float* w, int64_t rows, int64_t cols, int64_t n_head) {
   if (n_head <= 0 || rows % (2 * n_head) != 0)
-    throw std::invalid_argument(fmt::format("q/k permutation: {} rows is not a multiple of 2*n_head ({})", rows, 2 * n_head));
+    throw std::invalid_argument(
+        fmt::format("q/k permutation: {} rows is not a multiple of 2*n_head ({})", rows, 2 * n_head));
   const int64_t hd = rows / n_head, half = hd / 2;
   std::vector<float> out(size_t(rows * cols));
   for (int64_t h = 0; h < n_head; ++h)
     for (int64_t i = 0; i < half; ++i)
       for (int64_t j = 0; j < 2; ++j)
-        std::memcpy(out.data() + size_t((h * hd + 2 * i + j) * cols), w + size_t((h * hd + j * half + i) * cols),
-                    size_t(cols) * sizeof(float));
+        std::memcpy(out.data() + size_t((h * hd + 2 * i + j) * cols),
+                    w + size_t((h * hd + j * half + i) * cols), size_t(cols) * sizeof(float));
   return out;
 }
 
@@ -142,18 +144,22 @@ std::vector<float> llama3_rope_factors(const ModelConfig& c) {
 /// general.architecture of `c`, or a one-line refusal naming what is not exported.
 std::string gguf_architecture(const ModelConfig& c, const std::string& in) {
   auto refuse = [&](const std::string& why) {
-    throw std::invalid_argument(one_line(fmt::format("{}: {}; export-gguf writes dense llama, qwen2 and qwen3 models", in, why)));
+    throw std::invalid_argument(
+        one_line(fmt::format("{}: {}; export-gguf writes dense llama, qwen2 and qwen3 models", in, why)));
   };
-  if (c.num_experts > 0) refuse(fmt::format("a mixture-of-experts model ({}) is not exported", c.architecture));
+  if (c.num_experts > 0)
+    refuse(fmt::format("a mixture-of-experts model ({}) is not exported", c.architecture));
   if (c.architecture != "llama" && c.architecture != "qwen2" && c.architecture != "qwen3")
     refuse(fmt::format("model_type '{}' is not exported", c.architecture));
-  if (c.attention_bias || c.sliding_window > 0 || c.attention_sinks) refuse("attention biases / sliding windows / sinks");
+  if (c.attention_bias || c.sliding_window > 0 || c.attention_sinks)
+    refuse("attention biases / sliding windows / sinks");
   if (c.qk_norm != (c.architecture == "qwen3")) refuse("q/k norms only in qwen3");
   if (c.qkv_bias != (c.architecture == "qwen2")) refuse("q/k/v biases only in qwen2");
   const RopeScaling& rs = c.rope_scaling;
-  if (rs.type == "llama3" && (c.architecture != "llama" || rs.low_freq_factor != 1.0 || rs.high_freq_factor != 4.0 ||
-                              rs.original_max_position_embeddings != 8192))
-    refuse("llama3 RoPE scaling other than LLaMA 3.1's (low/high frequency factors 1/4, original context 8192)");
+  if (rs.type == "llama3" && (c.architecture != "llama" || rs.low_freq_factor != 1.0 ||
+                              rs.high_freq_factor != 4.0 || rs.original_max_position_embeddings != 8192))
+    refuse(
+        "llama3 RoPE scaling other than LLaMA 3.1's (low/high frequency factors 1/4, original context 8192)");
   if (rs.type != "default" && rs.type != "linear" && rs.type != "yarn" && rs.type != "llama3")
     refuse(fmt::format("rope_scaling type '{}'", rs.type));
   return c.architecture;
@@ -203,21 +209,26 @@ void tokenizer_metadata(GgufHeader& h, const LoadedModel& m, const std::string& 
   };
   if (!tj.is_object()) refuse("missing (export-gguf needs the model's tokenizer)");
   const json& model = tj.value("model", json::object());
-  if (!model.is_object() || model.value("type", "") != "BPE" || !model.contains("vocab") || !model["vocab"].is_object())
+  if (!model.is_object() || model.value("type", "") != "BPE" || !model.contains("vocab") ||
+      !model["vocab"].is_object())
     refuse("key 'model': expected a byte-level BPE model with a vocab");
   const std::string pre = gguf_pre_of_tokenizer_json(tj);
   if (pre.empty())
-    refuse("key 'pre_tokenizer': expected the byte-level pre-tokenizer of GPT-2, SmolLM2, Qwen2/Qwen3 or LLaMA 3");
+    refuse(
+        "key 'pre_tokenizer': expected the byte-level pre-tokenizer of GPT-2, SmolLM2, Qwen2/Qwen3 or LLaMA "
+        "3");
   std::vector<std::string> tokens(size_t(c.vocab_size));
   std::vector<int32_t> types(size_t(c.vocab_size), 5);  // unused until a token names the id
   auto place = [&](int64_t id, const std::string& text, int32_t type) {
     if (id < 0 || id >= c.vocab_size)
-      refuse(fmt::format("token '{}' has id {}, outside the model's vocab_size {}", one_line(text), id, c.vocab_size));
+      refuse(fmt::format("token '{}' has id {}, outside the model's vocab_size {}", one_line(text), id,
+                         c.vocab_size));
     tokens[size_t(id)] = text;
     types[size_t(id)] = type;
   };
   for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
-    if (!it->is_number_integer()) refuse(fmt::format("model.vocab['{}']: expected an integer id", one_line(it.key())));
+    if (!it->is_number_integer())
+      refuse(fmt::format("model.vocab['{}']: expected an integer id", one_line(it.key())));
     const int64_t id = it->get<int64_t>();
     // convert_hf_to_gguf.py's filler of ids the vocabulary lacks (a GGUF read back keeps them)
     place(id, it.key(), it.key() == fmt::format("[PAD{}]", id) ? 5 : 1);
@@ -249,7 +260,8 @@ void tokenizer_metadata(GgufHeader& h, const LoadedModel& m, const std::string& 
   bool add_bos = false;  // the post-processor puts the BOS token first
   if (post.is_object() && post.value("type", "") == "TemplateProcessing" && post.contains("single") &&
       post["single"].is_array() && !post["single"].empty() && post["single"][0].contains("SpecialToken"))
-    add_bos = c.bos_token_id >= 0 && post["single"][0]["SpecialToken"].value("id", "") == tokens[size_t(c.bos_token_id)];
+    add_bos = c.bos_token_id >= 0 &&
+              post["single"][0]["SpecialToken"].value("id", "") == tokens[size_t(c.bos_token_id)];
   h.boolean("tokenizer.ggml.add_bos_token", add_bos);
   if (!m.chat_template.empty()) h.str("tokenizer.chat_template", m.chat_template);
 }
@@ -257,7 +269,7 @@ void tokenizer_metadata(GgufHeader& h, const LoadedModel& m, const std::string& 
 /// The tensors of `m` under their GGUF names, in llama.cpp's order.
 std::vector<OutTensor> plan_tensors(const LoadedModel& m, const std::string& arch, GgufExportType type) {
   const ModelConfig& c = m.config;
-  const GgmlType matrix = type == GgufExportType::f16 ? GgmlType::F16
+  const GgmlType matrix = type == GgufExportType::f16    ? GgmlType::F16
                           : type == GgufExportType::bf16 ? GgmlType::BF16
                                                          : GgmlType::Q8_0;
   std::vector<OutTensor> out;
@@ -322,7 +334,9 @@ void pad(std::ostream& os, uint64_t written) {
 
 /// Refuses an output the export would replace at a loss (see export_gguf).
 void check_output(const std::string& out, const std::vector<std::string>& inputs, bool force) {
-  auto refuse = [&](const std::string& why) { throw std::invalid_argument(one_line(fmt::format("{}: {}", out, why))); };
+  auto refuse = [&](const std::string& why) {
+    throw std::invalid_argument(one_line(fmt::format("{}: {}", out, why)));
+  };
   if (const std::string in = overlapping_input(out, inputs); !in.empty())
     refuse(fmt::format("is or lies inside the input {}; write the GGUF file elsewhere", in));
   std::error_code ec;
@@ -337,7 +351,8 @@ void check_output(const std::string& out, const std::vector<std::string>& inputs
   } catch (const std::exception&) {
     ours = false;
   }
-  if (!ours) refuse(fmt::format("exists and was not written by {}; --force replaces only such files", kWrittenBy));
+  if (!ours)
+    refuse(fmt::format("exists and was not written by {}; --force replaces only such files", kWrittenBy));
 }
 
 }  // namespace
@@ -352,7 +367,8 @@ GgufExportType parse_gguf_export_type(const std::string& s) {
 int64_t export_gguf(const std::string& in_dir, const std::string& out, GgufExportType type, bool force) {
   std::error_code ec;
   if (!fs::is_directory(in_dir, ec))
-    throw std::invalid_argument(one_line(fmt::format("{}: not a folder (expected a Hugging Face model folder)", in_dir)));
+    throw std::invalid_argument(
+        one_line(fmt::format("{}: not a folder (expected a Hugging Face model folder)", in_dir)));
   check_output(out, {in_dir, adapter_base_path(in_dir)}, force);
   const LoadedModel m = load_model_or_adapter(in_dir);
   const std::string arch = gguf_architecture(m.config, in_dir);
@@ -366,7 +382,8 @@ int64_t export_gguf(const std::string& in_dir, const std::string& out, GgufExpor
   for (const OutTensor& t : tensors) {
     info.put_str(t.name);
     info.put<uint32_t>(uint32_t(t.shape.size()));
-    for (auto d = t.shape.rbegin(); d != t.shape.rend(); ++d) info.put<uint64_t>(uint64_t(*d));  // ne[0] innermost
+    for (auto d = t.shape.rbegin(); d != t.shape.rend(); ++d)
+      info.put<uint64_t>(uint64_t(*d));  // ne[0] innermost
     info.put<uint32_t>(uint32_t(t.type));
     info.put<uint64_t>(t.offset);
   }
@@ -376,7 +393,9 @@ int64_t export_gguf(const std::string& in_dir, const std::string& out, GgufExpor
     head.put<uint32_t>(3);
     head.put<uint64_t>(tensors.size());
     head.put<uint64_t>(kv.n_kv());
-    auto write = [&](const std::vector<uint8_t>& b) { os.write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size())); };
+    auto write = [&](const std::vector<uint8_t>& b) {
+      os.write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
+    };
     write(head.bytes());
     write(kv.bytes());
     write(info.bytes());

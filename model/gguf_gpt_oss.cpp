@@ -4,8 +4,8 @@
 // attention.sliding_window, rope.scaling.* from rope_parameters) and src/llama-model.cpp
 // (LLM_ARCH_OPENAI_MOE: swa pattern 2, i.e. layers 0, 2, 4, ... slide; the clamped SwiGLU with
 // alpha 1.702 and limit 7; softmax over the selected logits).
-#include "model/gguf.hpp"
 #include "model/error_text.hpp"
+#include "model/gguf.hpp"
 
 #include <stdexcept>
 

@@ -1,8 +1,8 @@
 // GGUF -> Hugging Face: tensor names, llama.cpp's q/k row permutation and the ModelConfig of
 // "llama", "qwen2", "qwen3", "qwen3moe" and "gpt-oss" files (GPT-OSS's own keys:
 // model/gguf_gpt_oss.cpp; the container itself is read by model/gguf.cpp).
-#include "model/gguf.hpp"
 #include "model/error_text.hpp"
+#include "model/gguf.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -186,7 +186,8 @@ void moe_config_from_gguf(const GgufFile& f, const std::string& p, ModelConfig& 
     fail("expert_feed_forward_length", "missing (and no feed_forward_length to derive it from)");
   }
   if (c.moe_intermediate_size < 1)
-    fail("expert_feed_forward_length", fmt::format("expected an integer >= 1, got {}", c.moe_intermediate_size));
+    fail("expert_feed_forward_length",
+         fmt::format("expected an integer >= 1, got {}", c.moe_intermediate_size));
   // llama.cpp's qwen3moe graph calls build_moe_ffn with softmax gating and norm_w = true: the
   // top-k probabilities are always renormalised to sum 1, whatever norm_topk_prob the Hugging
   // Face config had (Qwen3-MoE releases set it true). Keys that would say otherwise are refused.
@@ -194,7 +195,8 @@ void moe_config_from_gguf(const GgufFile& f, const std::string& p, ModelConfig& 
   if (f.has(p + "expert_weights_norm") && f.get(p + "expert_weights_norm") != true)
     fail("expert_weights_norm", "qwen3moe always renormalises the top-k expert weights; expected true");
   if (f.has(p + "expert_gating_func") && f.get_int(p + "expert_gating_func") != 1)
-    fail("expert_gating_func", fmt::format("expected 1 (softmax), got {}", f.get_int(p + "expert_gating_func")));
+    fail("expert_gating_func",
+         fmt::format("expected 1 (softmax), got {}", f.get_int(p + "expert_gating_func")));
   if (f.has(p + "expert_weights_scale")) {
     const double s = f.get_float(p + "expert_weights_scale");
     if (s != 0.0 && s != 1.0) fail("expert_weights_scale", fmt::format("expected 1 (no scaling), got {}", s));
@@ -218,7 +220,8 @@ ModelConfig config_from_gguf(const GgufFile& f) {
   ModelConfig c;
   const std::string arch = f.get_string("general.architecture");
   if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "qwen3moe" && arch != "gpt-oss")
-    fail(fmt::format("general.architecture '{}' is not supported (llama, qwen2, qwen3, qwen3moe, gpt-oss)", arch));
+    fail(fmt::format("general.architecture '{}' is not supported (llama, qwen2, qwen3, qwen3moe, gpt-oss)",
+                     arch));
   const bool moe = arch == "qwen3moe", oss = arch == "gpt-oss";
   c.architecture = moe ? "qwen3_moe" : oss ? "gpt_oss" : arch;
   const std::string p = arch + ".";
@@ -255,8 +258,7 @@ ModelConfig config_from_gguf(const GgufFile& f) {
   if (st == "linear" || st == "yarn") {
     c.rope_scaling.type = st;
     c.rope_scaling.factor = f.get_float(p + "rope.scaling.factor");
-    c.rope_scaling.original_max_position_embeddings =
-        opt_int(p + "rope.scaling.original_context_length", 0);
+    c.rope_scaling.original_max_position_embeddings = opt_int(p + "rope.scaling.original_context_length", 0);
     if (st == "yarn") {
       c.rope_scaling.beta_fast = opt_float(p + "rope.scaling.yarn_beta_fast", 32.0);
       c.rope_scaling.beta_slow = opt_float(p + "rope.scaling.yarn_beta_slow", 1.0);
@@ -292,8 +294,10 @@ ModelConfig config_from_gguf(const GgufFile& f) {
         want = 1.0 / ((1 - smooth) / rs.factor + smooth);
       }
       if (std::fabs(want - v[size_t(i)]) > 1e-3 * want)
-        fail(fmt::format("tensor 'rope_freqs.weight' does not match llama3 RoPE scaling with "
-                         "factor {} and low/high freq factors 1/4, original context 8192", rs.factor));
+        fail(
+            fmt::format("tensor 'rope_freqs.weight' does not match llama3 RoPE scaling with "
+                        "factor {} and low/high freq factors 1/4, original context 8192",
+                        rs.factor));
     }
     c.rope_scaling = rs;
   }

@@ -24,7 +24,8 @@ namespace {
 constexpr float kFp4[16] = {+0.0f, +0.5f, +1.0f, +1.5f, +2.0f, +3.0f, +4.0f, +6.0f,
                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
-HostTensor take(LoadedModel& m, const std::string& name, const std::vector<int64_t>& shape, const std::string& where) {
+HostTensor take(LoadedModel& m, const std::string& name, const std::vector<int64_t>& shape,
+                const std::string& where) {
   auto it = m.tensors.find(name);
   if (it == m.tensors.end())
     fail(where, fmt::format("missing tensor '{}' (expected shape [{}])", name, fmt::join(shape, ", ")));
@@ -43,7 +44,8 @@ std::vector<float> expert_weights(LoadedModel& m, const std::string& name, int64
                                   const std::string& where) {
   std::vector<float> w(size_t(E * out * in));
   if (m.tensors.count(name + "_blocks")) {
-    if (in % 32 != 0) fail(where, fmt::format("tensor '{}_blocks': input size {} is not a multiple of 32", name, in));
+    if (in % 32 != 0)
+      fail(where, fmt::format("tensor '{}_blocks': input size {} is not a multiple of 32", name, in));
     const int64_t G = in / 32;
     const HostTensor blocks = take(m, name + "_blocks", {E, out, G, 16}, where);
     const HostTensor scales = take(m, name + "_scales", {E, out, G}, where);
@@ -53,7 +55,8 @@ std::vector<float> expert_weights(LoadedModel& m, const std::string& name, int64
       const int exponent = int(s) - 127;
       for (int64_t b = 0; b < 16; ++b) {
         const float byte = blocks.data[size_t(r * 16 + b)];
-        if (!(byte >= 0 && byte <= 255)) fail(where, fmt::format("tensor '{}_blocks': expected bytes (U8)", name));
+        if (!(byte >= 0 && byte <= 255))
+          fail(where, fmt::format("tensor '{}_blocks': expected bytes (U8)", name));
         const unsigned v = unsigned(byte);
         w[size_t(r * 32 + 2 * b)] = std::ldexp(kFp4[v & 15u], exponent);
         w[size_t(r * 32 + 2 * b + 1)] = std::ldexp(kFp4[v >> 4], exponent);
@@ -64,7 +67,8 @@ std::vector<float> expert_weights(LoadedModel& m, const std::string& name, int64
   const HostTensor t = take(m, name, {E, in, out}, where);
   for (int64_t e = 0; e < E; ++e)
     for (int64_t i = 0; i < in; ++i)
-      for (int64_t o = 0; o < out; ++o) w[size_t((e * out + o) * in + i)] = t.data[size_t((e * in + i) * out + o)];
+      for (int64_t o = 0; o < out; ++o)
+        w[size_t((e * out + o) * in + i)] = t.data[size_t((e * in + i) * out + o)];
   return w;
 }
 
@@ -117,7 +121,8 @@ void gpt_oss_experts_from_hf(LoadedModel& m, const std::string& where) {
   }
 }
 
-GptOssHfExperts gpt_oss_experts_to_hf(const ModelLayout& layout, const std::vector<const float*>& group_data) {
+GptOssHfExperts gpt_oss_experts_to_hf(const ModelLayout& layout,
+                                      const std::vector<const float*>& group_data) {
   const ModelConfig& c = layout.config;
   const int64_t E = c.num_experts, H = c.hidden_size, F = c.moe_intermediate_size;
   GptOssHfExperts out;
@@ -128,7 +133,8 @@ GptOssHfExperts gpt_oss_experts_to_hf(const ModelLayout& layout, const std::vect
     auto tensor = [&](int64_t e, const char* what) {
       const std::string n = fmt::format("{}{}.{}", p, e, what);
       const int i = g.find(n);
-      if (i < 0) throw std::invalid_argument(fmt::format("gpt_oss_experts_to_hf: '{}' not in group '{}'", n, g.name));
+      if (i < 0)
+        throw std::invalid_argument(fmt::format("gpt_oss_experts_to_hf: '{}' not in group '{}'", n, g.name));
       return base ? base + g.tensors[size_t(i)].offset : nullptr;
     };
     std::vector<float> gu(size_t(E * H * 2 * F)), gub(size_t(E * 2 * F)), down(size_t(E * F * H)),
@@ -161,7 +167,8 @@ GptOssHfExperts gpt_oss_experts_to_hf(const ModelLayout& layout, const std::vect
         {p + "down_proj", {E, F, H}},
         {p + "down_proj_bias", {E, H}}};
     for (size_t i = 0; i < specs.size(); ++i)
-      out.tensors.push_back({specs[i].first, specs[i].second, have ? out.storage[first + i].data() : nullptr});
+      out.tensors.push_back(
+          {specs[i].first, specs[i].second, have ? out.storage[first + i].data() : nullptr});
   }
   return out;
 }

@@ -27,7 +27,7 @@ void gpt_oss_experts_from_hf(LoadedModel& m, const std::string& where);
 /// The HF expert tensors of a gpt_oss layout, built from the groups' fp32 data
 /// (group_data[g] null: the tensors of that group get null data).
 struct GptOssHfExperts {
-  std::vector<TensorRef> tensors;            ///< 4 per layer, pointing into storage
+  std::vector<TensorRef> tensors;  ///< 4 per layer, pointing into storage
   std::vector<std::vector<float>> storage;
 };
 GptOssHfExperts gpt_oss_experts_to_hf(const ModelLayout& layout, const std::vector<const float*>& group_data);

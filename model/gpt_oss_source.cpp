@@ -127,7 +127,7 @@ void gpt_oss_hf_expert_slices(ModelSource::Impl& s, const std::string& where) {
       int part;
       std::vector<int64_t> shape;
     };
-    const Out outs[] = {{&gu, "gate_proj.weight", 0, {F, H}}, {&gu, "up_proj.weight", 1, {F, H}},
+    const Out outs[] = {{&gu, "gate_proj.weight", 0, {F, H}},   {&gu, "up_proj.weight", 1, {F, H}},
                         {&down, "down_proj.weight", 2, {H, F}}, {&gub, "gate_proj.bias", 0, {F}},
                         {&gub, "up_proj.bias", 1, {F}},         {&db, "down_proj.bias", 2, {H}}};
     for (const Source* src : std::initializer_list<const Source*>{&gu, &down, &gub, &db})
@@ -135,7 +135,8 @@ void gpt_oss_hf_expert_slices(ModelSource::Impl& s, const std::string& where) {
     for (const Out& o : outs)
       for (int64_t e = 0; e < E; ++e) {
         const std::string name = fmt::format("{}{}.{}", p, e, o.suffix);
-        if (s.tensors.count(name)) fail(where, fmt::format("tensor '{}' appears twice (per-expert and stacked)", name));
+        if (s.tensors.count(name))
+          fail(where, fmt::format("tensor '{}' appears twice (per-expert and stacked)", name));
         Loc loc;
         loc.shape = o.shape;
         loc.oss = o.src->proto;

@@ -31,7 +31,7 @@ class Ops;
 
 /// Everything one layer call reads and writes. Unused fields stay null.
 struct LayerArgs {
-  Ops* ops = nullptr;                 ///< the device's ops (compute stream)
+  Ops* ops = nullptr;  ///< the device's ops (compute stream)
   MicroBatchShape shape;
   /// Device copies of the groups in ModelLayout::groups_of(layer), same order.
   std::vector<const void*> params;
@@ -40,23 +40,23 @@ struct LayerArgs {
   /// entry of a frozen group (ParamGroup::frozen) is nullptr: backward() computes no weight
   /// gradient for it (no dW GEMM, no norm-weight or embedding gradient) and still produces dx.
   std::vector<void*> grads;
-  const int32_t* ids = nullptr;       ///< embedding input [T]
-  const int32_t* targets = nullptr;   ///< tail: next-token targets [T], < 0 = ignore
+  const int32_t* ids = nullptr;      ///< embedding input [T]
+  const int32_t* targets = nullptr;  ///< tail: next-token targets [T], < 0 = ignore
   /// Decoders, packed sequences (several examples per sequence): the RoPE position of each
   /// token [T] i32 (device), restarting at 0 where an example begins; attention then stays
   /// within each example (Ops::attention_fwd_packed). Null: positions t % seq_len, attention
   /// causal over the whole sequence.
   const int32_t* positions = nullptr;
-  const void* x = nullptr;            ///< layer input [T, hidden]
-  void* y = nullptr;                  ///< forward output [T, hidden]
-  const void* dy = nullptr;           ///< gradient w.r.t. y [T, hidden]
-  void* dx = nullptr;                 ///< backward output: gradient w.r.t. x [T, hidden] (not aliasing dy or x)
+  const void* x = nullptr;   ///< layer input [T, hidden]
+  void* y = nullptr;         ///< forward output [T, hidden]
+  const void* dy = nullptr;  ///< gradient w.r.t. y [T, hidden]
+  void* dx = nullptr;        ///< backward output: gradient w.r.t. x [T, hidden] (not aliasing dy or x)
   /// Tail only: device float[2], receives {sum of token losses, number of target tokens}.
   float* loss = nullptr;
   /// Tail backward only: the gradients are those of loss_scale * loss sum (fp16 dynamic
   /// loss scaling; unitless, finite, > 0). The reported loss stays unscaled.
   float loss_scale = 1.0f;
-  void* scratch = nullptr;            ///< device scratch of at least scratch_bytes()
+  void* scratch = nullptr;  ///< device scratch of at least scratch_bytes()
   size_t scratch_bytes = 0;
   /// Decoders built with LayerOptions::save_attention: the attention output o [T, nq*D]
   /// (compute dtype) and its log-sum-exp lse [n_seq, nq, seq_len] (fp32). forward() writes
@@ -106,7 +106,8 @@ class Layer {
   /// activations in `dt` (Device::compute_dtype(); f32 is the worst case): backward() (the
   /// default, the larger) or forward() only (`backward` false). model/layer_memory.hpp
   /// computes the same numbers without a layer object.
-  virtual size_t scratch_bytes(const MicroBatchShape& s, DType dt = DType::f32, bool backward = true) const = 0;
+  virtual size_t scratch_bytes(const MicroBatchShape& s, DType dt = DType::f32,
+                               bool backward = true) const = 0;
   /// Device bytes of the FP8 weight cache a call needs (LayerArgs::fp8_weights): 0 but for
   /// decoders built with LayerOptions::fp8; `backward` adds the codes of W^T.
   virtual size_t fp8_weight_bytes(bool /*backward*/) const { return 0; }

@@ -16,24 +16,23 @@ namespace rp::layer_args {
 inline int64_t offset_of(const ParamGroup& g, const std::string& name) {
   int i = g.find(name);
   if (i < 0)
-    throw std::invalid_argument(fmt::format("make_layer: tensor '{}' not in group '{}'", name,
-                                            g.name));
+    throw std::invalid_argument(fmt::format("make_layer: tensor '{}' not in group '{}'", name, g.name));
   return g.tensors[size_t(i)].offset;
 }
 
 // Checks shared by all layers; returns the ops.
 inline Ops& check_args(const LayerArgs& a, size_t n_groups, size_t need_scratch, const char* who,
-                bool backward) {
+                       bool backward) {
   if (!a.ops) throw std::invalid_argument(fmt::format("{}: args.ops is null", who));
   if (a.params.size() != n_groups || (backward && a.grads.size() != n_groups))
-    throw std::invalid_argument(fmt::format("{}: expected {} parameter/gradient groups, got {}/{}",
-                                            who, n_groups, a.params.size(), a.grads.size()));
+    throw std::invalid_argument(fmt::format("{}: expected {} parameter/gradient groups, got {}/{}", who,
+                                            n_groups, a.params.size(), a.grads.size()));
   if (a.shape.n_seq < 1 || a.shape.seq_len < 1)
-    throw std::invalid_argument(fmt::format("{}: empty micro-batch shape {}x{}", who,
-                                            a.shape.n_seq, a.shape.seq_len));
+    throw std::invalid_argument(
+        fmt::format("{}: empty micro-batch shape {}x{}", who, a.shape.n_seq, a.shape.seq_len));
   if (a.scratch_bytes < need_scratch || (need_scratch && !a.scratch))
-    throw std::invalid_argument(fmt::format("{}: scratch of {} bytes, need {}", who,
-                                            a.scratch_bytes, need_scratch));
+    throw std::invalid_argument(
+        fmt::format("{}: scratch of {} bytes, need {}", who, a.scratch_bytes, need_scratch));
   return *a.ops;
 }
 

@@ -75,16 +75,17 @@ struct DecoderDims {
   bool lora_dropout = false;     ///< LoraConfig::dropout > 0
   bool frozen_base = false;      ///< the base group is frozen (no weight gradients; no scratch of its own)
   bool expert_lora = false;      ///< the sparse block's experts carry adapters of rank lora_rank
-  bool fp8 = false;              ///< dense linears in FP8 (LayerOptions::fp8): activation codes in the scratch
+  bool fp8 = false;  ///< dense linears in FP8 (LayerOptions::fp8): activation codes in the scratch
   /// Sparse MLP block: experts (0: a dense SwiGLU MLP of ffn), experts per token, expert FFN.
   int64_t experts = 0, experts_per_tok = 0, expert_ffn = 0;
 };
 
 /// The sparse MLP block's buffers for one chunk of C tokens (R = C*k rows).
 struct MoeBufs {
-  void* logits = nullptr;                      // [C, E] compute dtype
-  float *probs = nullptr, *topk_w = nullptr;   // [C, E], [C, k]
-  int32_t *topk_idx = nullptr, *offsets = nullptr, *row = nullptr, *token = nullptr;  // [C,k], [E+1], [R], [R]
+  void* logits = nullptr;                     // [C, E] compute dtype
+  float *probs = nullptr, *topk_w = nullptr;  // [C, E], [C, k]
+  int32_t *topk_idx = nullptr, *offsets = nullptr, *row = nullptr,
+          *token = nullptr;                           // [C,k], [E+1], [R], [R]
   void *xs = nullptr, *ys = nullptr, *dys = nullptr;  // [R, H]
   void *g = nullptr, *u = nullptr, *m = nullptr;      // [R, Fe]
   void *dg = nullptr, *du = nullptr;                  // [R, Fe], backward
@@ -99,24 +100,26 @@ struct MoeBufs {
 inline size_t attention_output_bytes(const DecoderDims& d, int64_t tokens, size_t es) {
   return size_t(tokens * d.heads * d.head_dim) * es;
 }
-inline size_t attention_lse_bytes(const DecoderDims& d, int64_t tokens) { return size_t(tokens * d.heads) * 4; }
+inline size_t attention_lse_bytes(const DecoderDims& d, int64_t tokens) {
+  return size_t(tokens * d.heads) * 4;
+}
 
 /// The decoder's scratch buffers (null where a mode has none; see the file comment).
 struct DecoderBufs {
-  void *xn = nullptr, *h1 = nullptr;                           // [T, H]
-  void *q = nullptr, *o = nullptr, *qr = nullptr;              // [T, Q]
-  void *k = nullptr, *v = nullptr, *kr = nullptr;              // [T, K]
+  void *xn = nullptr, *h1 = nullptr;                                  // [T, H]
+  void *q = nullptr, *o = nullptr, *qr = nullptr;                     // [T, Q]
+  void *k = nullptr, *v = nullptr, *kr = nullptr;                     // [T, K]
   void *dout = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;  // backward
-  void *hn = nullptr, *dhn = nullptr;                          // [C, H]
-  void *g = nullptr, *u = nullptr, *m = nullptr;               // [C, F]
-  void *dm = nullptr, *dg = nullptr, *du = nullptr;            // [C, F], backward
-  float* lse = nullptr;                                        // [n_seq, nq, L], backward
-  void *lora_ax = nullptr, *lora_g = nullptr;                 // [T, r] (lora_g: backward)
+  void *hn = nullptr, *dhn = nullptr;                                 // [C, H]
+  void *g = nullptr, *u = nullptr, *m = nullptr;                      // [C, F]
+  void *dm = nullptr, *dg = nullptr, *du = nullptr;                   // [C, F], backward
+  float* lse = nullptr;                                               // [n_seq, nq, L], backward
+  void *lora_ax = nullptr, *lora_g = nullptr;                         // [T, r] (lora_g: backward)
   void* lora_u = nullptr;  // backward: [kAdaptedLinears, T, r], each linear's u from the recompute
-  void* lora_x = nullptr;                                      // dropout input, [T or C, max in]
-  void* attn = nullptr;                                        // Ops::attention_scratch_bytes
-  MoeBufs moe;                                                 // sparse MLP block only
-  int64_t chunk = 0;                                           // C
+  void* lora_x = nullptr;  // dropout input, [T or C, max in]
+  void* attn = nullptr;    // Ops::attention_scratch_bytes
+  MoeBufs moe;             // sparse MLP block only
+  int64_t chunk = 0;       // C
   // FP8 linears (DecoderDims::fp8): the e4m3 codes of one linear's input (or output gradient)
   // at a time, [T, max(H,Q)] or for the MLP [C, max(H,F)], and their scale
   uint8_t* fp8_codes = nullptr;
@@ -126,7 +129,8 @@ struct DecoderBufs {
 /// Carves a sparse block's buffers for chunks of C tokens.
 inline void carve_moe_scratch(const DecoderDims& d, size_t C, size_t es, bool backward, ScratchCarver& sc,
                               MoeBufs& b) {
-  const size_t E = size_t(d.experts), k = size_t(d.experts_per_tok), H = size_t(d.hidden), Fe = size_t(d.expert_ffn);
+  const size_t E = size_t(d.experts), k = size_t(d.experts_per_tok), H = size_t(d.hidden),
+               Fe = size_t(d.expert_ffn);
   const size_t R = C * k;
   b.logits = sc.take(C * E * es);
   b.probs = static_cast<float*>(sc.take(C * E * 4));
@@ -160,8 +164,8 @@ inline int64_t mlp_chunk_rows(int64_t tokens, int64_t chunk_tokens) {
 }
 
 /// Carves the decoder's buffers for a micro-batch of n_seq x seq_len tokens out of `sc`.
-inline void carve_decoder_scratch(const DecoderDims& d, int64_t n_seq, int64_t seq_len, size_t es, bool backward,
-                                  int64_t chunk_tokens, ScratchCarver& sc, DecoderBufs& b) {
+inline void carve_decoder_scratch(const DecoderDims& d, int64_t n_seq, int64_t seq_len, size_t es,
+                                  bool backward, int64_t chunk_tokens, ScratchCarver& sc, DecoderBufs& b) {
   const size_t T = size_t(n_seq * seq_len), H = size_t(d.hidden), F = size_t(d.ffn);
   const size_t Q = size_t(d.heads * d.head_dim), K = size_t(d.kv_heads * d.head_dim);
   b = DecoderBufs{};
@@ -210,8 +214,8 @@ inline void carve_decoder_scratch(const DecoderDims& d, int64_t n_seq, int64_t s
 }
 
 /// Scratch bytes of a decoder layer call (forward only, or recompute + backward).
-inline size_t decoder_scratch_bytes(const DecoderDims& d, int64_t n_seq, int64_t seq_len, size_t es, bool backward,
-                                    int64_t chunk_tokens) {
+inline size_t decoder_scratch_bytes(const DecoderDims& d, int64_t n_seq, int64_t seq_len, size_t es,
+                                    bool backward, int64_t chunk_tokens) {
   ScratchCarver sc(nullptr);
   DecoderBufs b;
   carve_decoder_scratch(d, n_seq, seq_len, es, backward, chunk_tokens, sc, b);
@@ -228,9 +232,9 @@ struct Fp8WeightBufs {
   /// Floats between two linears' scales: cuBLASLt's FP8 GEMM refuses (CUBLAS_STATUS_NOT_SUPPORTED)
   /// a scale pointer that is not 16-byte aligned, so each scale gets its own 16 bytes.
   static constexpr size_t kScaleStride = 4;
-  float* scale = nullptr;                     // [kAdaptedLinears x kScaleStride] fp32; linear i's at i x kScaleStride
-  uint8_t* w[kAdaptedLinears] = {};           // W codes, null for a linear without FP8
-  uint8_t* wt[kAdaptedLinears] = {};          // W^T codes, null without `transposed`
+  float* scale = nullptr;             // [kAdaptedLinears x kScaleStride] fp32; linear i's at i x kScaleStride
+  uint8_t* w[kAdaptedLinears] = {};   // W codes, null for a linear without FP8
+  uint8_t* wt[kAdaptedLinears] = {};  // W^T codes, null without `transposed`
   int64_t out[kAdaptedLinears] = {}, in[kAdaptedLinears] = {};  // W's shape (0: no FP8)
 };
 inline void carve_fp8_weights(const DecoderDims& d, bool transposed, ScratchCarver& sc, Fp8WeightBufs& b) {

@@ -86,10 +86,8 @@ struct Fp8Set {
 // separate pass over y).
 void norm_fwd(Ops& ops, const void* x, const void* w, void* y, int64_t R, int64_t n, float eps,
               const Fp8Linear* next) {
-  if (next)
-    ops.rmsnorm_fwd_fp8_scale(x, w, y, R, n, eps, kFp8ActFormat, next->act.scale);
-  else
-    ops.rmsnorm_fwd(x, w, y, R, n, eps);
+  if (next) ops.rmsnorm_fwd_fp8_scale(x, w, y, R, n, eps, kFp8ActFormat, next->act.scale);
+  else ops.rmsnorm_fwd(x, w, y, R, n, eps);
 }
 
 // ---------------------------------------------------------------------------------
@@ -97,7 +95,10 @@ void norm_fwd(Ops& ops, const void* x, const void* w, void* y, int64_t R, int64_
 class DecoderLayer final : public Layer {
  public:
   DecoderLayer(const ModelLayout& m, int layer, const LayerOptions& opt)
-      : c_(m.config), chunk_tokens_(opt.mlp_chunk_tokens), saved_attention_(opt.save_attention), fp8_(opt.fp8) {
+      : c_(m.config),
+        chunk_tokens_(opt.mlp_chunk_tokens),
+        saved_attention_(opt.save_attention),
+        fp8_(opt.fp8) {
     const ParamGroup& g = m.groups[size_t(layer)];
     const std::string p = fmt::format("model.layers.{}.", layer - 1);
     w_in_ = offset_if(g, p + "input_layernorm.weight", !c_.post_norms);
@@ -135,9 +136,9 @@ class DecoderLayer final : public Layer {
       lora_seed_ = m.lora->seed;
     }
     layer_ = layer;
-    dims_ = DecoderDims{c_.hidden_size, c_.intermediate_size, c_.num_attention_heads, c_.num_key_value_heads,
-                        c_.head_dim, c_.qk_norm, opt.save_attention, adapted ? m.lora->r : 0,
-                        adapted && dropout_ > 0.f, g.frozen};
+    dims_ = DecoderDims{
+        c_.hidden_size, c_.intermediate_size, c_.num_attention_heads,  c_.num_key_value_heads,    c_.head_dim,
+        c_.qk_norm,     opt.save_attention,   adapted ? m.lora->r : 0, adapted && dropout_ > 0.f, g.frozen};
     dims_.fp8 = fp8_;
     if (moe_) {
       dims_.experts = c_.num_experts;
@@ -171,8 +172,8 @@ class DecoderLayer final : public Layer {
   DecoderBufs carve(const LayerArgs& a, const Ops& ops, bool backward) const {
     DecoderBufs b;
     ScratchCarver sc(a.scratch);
-    carve_decoder_scratch(dims_, a.shape.n_seq, a.shape.seq_len, dtype_size(ops.dtype()), backward, chunk_tokens_,
-                          sc, b);
+    carve_decoder_scratch(dims_, a.shape.n_seq, a.shape.seq_len, dtype_size(ops.dtype()), backward,
+                          chunk_tokens_, sc, b);
     return b;
   }
   // Row r of a [T, cols] activation in the compute dtype.
@@ -217,7 +218,8 @@ class DecoderLayer final : public Layer {
   void use_saved_attention(const LayerArgs& a, DecoderBufs& b, const char* who) const {
     if (!saved_attention_) return;
     if (!a.attn_o || !a.attn_lse)
-      throw std::invalid_argument(fmt::format("{}: a decoder with a saved attention needs attn_o and attn_lse", who));
+      throw std::invalid_argument(
+          fmt::format("{}: a decoder with a saved attention needs attn_o and attn_lse", who));
     b.o = a.attn_o;
     b.lse = a.attn_lse;
   }
@@ -231,10 +233,11 @@ class DecoderLayer final : public Layer {
   // Rows [r0, r0+n) of the MLP backward from dy, recomputing the chunk's forward; writes
   // dh1 = dy + d(RMSNorm(h1))/dh1 into those rows of a.dx and adds the MLP's weight
   // gradients.
-  void mlp_backward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc, const Fp8Set& f8, int64_t r0,
-                    int64_t n) const;
+  void mlp_backward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc, const Fp8Set& f8,
+                    int64_t r0, int64_t n) const;
   // From dh1 (in a.dx): the attention half's weight gradients and dx += d/dx.
-  void attention_backward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc, const Fp8Set& f8) const;
+  void attention_backward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc,
+                          const Fp8Set& f8) const;
 
   ModelConfig c_;
   int64_t chunk_tokens_;
@@ -275,13 +278,15 @@ class DecoderLayer final : public Layer {
   int layer_ = 0;
 };
 
-Fp8Set DecoderLayer::fp8_linears(const LayerArgs& a, const DecoderBufs& b, bool backward, const char* who) const {
+Fp8Set DecoderLayer::fp8_linears(const LayerArgs& a, const DecoderBufs& b, bool backward,
+                                 const char* who) const {
   Fp8Set s;
   if (!fp8_) return s;
   const size_t need = fp8_weight_bytes(backward);
   if (!a.fp8_weights || a.fp8_weights_bytes < need)
-    throw std::invalid_argument(fmt::format("{}: an FP8 decoder needs LayerArgs::fp8_weights of {} bytes, got {}", who,
-                                            need, a.fp8_weights ? a.fp8_weights_bytes : 0));
+    throw std::invalid_argument(
+        fmt::format("{}: an FP8 decoder needs LayerArgs::fp8_weights of {} bytes, got {}", who, need,
+                    a.fp8_weights ? a.fp8_weights_bytes : 0));
   ScratchCarver sc(a.fp8_weights);
   Fp8WeightBufs wb;
   carve_fp8_weights(dims_, backward, sc, wb);
@@ -292,7 +297,8 @@ Fp8Set DecoderLayer::fp8_linears(const LayerArgs& a, const DecoderBufs& b, bool 
     if (a.fp8_fill_weights)
       fp8_quantize_weight(*a.ops, param(a, 0, w_off[i]), wb.out[i], wb.in[i], wb.w[i], wb.wt[i],
                           wb.scale + i * Fp8WeightBufs::kScaleStride);
-    s.lin[i] = Fp8Linear{{wb.w[i], wb.wt[i], wb.scale + i * Fp8WeightBufs::kScaleStride}, {b.fp8_codes, b.fp8_scale}, false};
+    s.lin[i] = Fp8Linear{
+        {wb.w[i], wb.wt[i], wb.scale + i * Fp8WeightBufs::kScaleStride}, {b.fp8_codes, b.fp8_scale}, false};
     s.same_input[i] = s.lin[i];
     s.same_input[i].input_quantized = true;
     s.prescaled[i] = s.lin[i];
@@ -301,8 +307,8 @@ Fp8Set DecoderLayer::fp8_linears(const LayerArgs& a, const DecoderBufs& b, bool 
   return s;
 }
 
-void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc, const Fp8Set& f8,
-                                     bool with_lse, bool reuse) const {
+void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc,
+                                     const Fp8Set& f8, bool with_lse, bool reuse) const {
   Ops& ops = *a.ops;
   const int64_t T = a.shape.tokens(), H = c_.hidden_size;
   const int64_t nq = c_.num_attention_heads, nkv = c_.num_key_value_heads, D = c_.head_dim;
@@ -342,12 +348,13 @@ void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, c
     ops.rope_fwd_at(b.q, a.positions, T, nq, D, rope_.inv_freq.data(), rope_.attention_scaling);
     ops.rope_fwd_at(b.k, a.positions, T, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling);
     if (!reuse)
-      ops.attention_fwd_packed(b.q, b.k, b.v, b.o, with_lse ? b.lse : nullptr, a.positions, S, L, nq, nkv, D, scale,
-                               b.attn);
+      ops.attention_fwd_packed(b.q, b.k, b.v, b.o, with_lse ? b.lse : nullptr, a.positions, S, L, nq, nkv, D,
+                               scale, b.attn);
   } else {
     ops.rope_fwd(b.q, S, L, nq, D, rope_.inv_freq.data(), rope_.attention_scaling);
     ops.rope_fwd(b.k, S, L, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling);
-    if (!reuse) ops.attention_fwd(b.q, b.k, b.v, b.o, with_lse ? b.lse : nullptr, S, L, nq, nkv, D, scale, b.attn);
+    if (!reuse)
+      ops.attention_fwd(b.q, b.k, b.v, b.o, with_lse ? b.lse : nullptr, S, L, nq, nkv, D, scale, b.attn);
   }
   // OLMo 2: o_proj's output (in xn, unused without a pre-norm) is normalized into h1
   void* attn = c_.post_norms ? b.xn : b.h1;
@@ -360,15 +367,17 @@ void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, c
 }
 
 void DecoderLayer::mlp_forward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc, const Fp8Set& f8,
-                              int64_t r0, int64_t n) const {
+                               int64_t r0, int64_t n) const {
   Ops& ops = *a.ops;
   const int64_t H = c_.hidden_size, F = c_.intermediate_size;
   const void* h1 = row(ops, b.h1, r0, H);
   void* y = row(ops, a.y, r0, H);
   const bool pre_norm = !c_.post_norms;  // OLMo 2: no pre-norm
   if (pre_norm)
-    norm_fwd(ops, h1, param(a, 0, w_post_), b.hn, n, H, float(c_.rms_norm_eps), moe_ ? nullptr : f8(LoraModule::gate));
-  if (moe_) return moe_->forward(ops, a.params[0], b.hn, h1, y, n, b.moe, a.moe_stats, moe_adapters(a, false));
+    norm_fwd(ops, h1, param(a, 0, w_post_), b.hn, n, H, float(c_.rms_norm_eps),
+             moe_ ? nullptr : f8(LoraModule::gate));
+  if (moe_)
+    return moe_->forward(ops, a.params[0], b.hn, h1, y, n, b.moe, a.moe_stats, moe_adapters(a, false));
   const void* in = pre_norm ? b.hn : h1;
   adapted_linear_fwd(ops, lc, lora(LoraModule::gate), in, param(a, 0, wg_), b.g, n, H, F, r0,
                      pre_norm ? f8.scaled(LoraModule::gate) : f8(LoraModule::gate));
@@ -376,8 +385,7 @@ void DecoderLayer::mlp_forward(const LayerArgs& a, const DecoderBufs& b, const L
                      f8.reuse(LoraModule::up, LoraModule::gate));
   if (const Fp8Linear* down = f8(LoraModule::down))
     ops.swiglu_fwd_fp8_scale(b.g, b.u, b.m, n * F, kFp8ActFormat, down->act.scale);
-  else
-    ops.swiglu_fwd(b.g, b.u, b.m, n * F);
+  else ops.swiglu_fwd(b.g, b.u, b.m, n * F);
   // OLMo 2: down's output (in hn, unused without a pre-norm) is normalized into y
   void* out = c_.post_norms ? b.hn : y;
   adapted_linear_fwd(ops, lc, lora(LoraModule::down), b.m, param(a, 0, wd_), out, n, F, H, r0,
@@ -387,8 +395,8 @@ void DecoderLayer::mlp_forward(const LayerArgs& a, const DecoderBufs& b, const L
   ops.add(h1, y, y, n * H);
 }
 
-void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc, const Fp8Set& f8,
-                               int64_t r0, int64_t n) const {
+void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc,
+                                const Fp8Set& f8, int64_t r0, int64_t n) const {
   Ops& ops = *a.ops;
   const int64_t H = c_.hidden_size, F = c_.intermediate_size;
   const float eps = float(c_.rms_norm_eps);
@@ -397,13 +405,15 @@ void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const 
   void* dh1 = row(ops, a.dx, r0, H);
   // recompute the chunk's forward up to m
   const bool pre_norm = !c_.post_norms;  // OLMo 2: no pre-norm
-  if (pre_norm) norm_fwd(ops, h1, param(a, 0, w_post_), b.hn, n, H, eps, moe_ ? nullptr : f8(LoraModule::gate));
+  if (pre_norm)
+    norm_fwd(ops, h1, param(a, 0, w_post_), b.hn, n, H, eps, moe_ ? nullptr : f8(LoraModule::gate));
   if (moe_) {
     const bool aux = a.moe_stats && a.moe_aux_scale != 0.0f;
     const double rows = double(moe_layers_) * double(a.shape.tokens());
-    const float aux_coef = aux ? float(double(a.moe_aux_scale) * double(moe_->experts()) / (rows * rows)) : 0.0f;
-    moe_->backward(ops, a.params[0], a.grads[0], b.hn, dy, b.dhn, n, b.moe, aux ? a.moe_stats : nullptr, aux_coef,
-                   moe_adapters(a, true));
+    const float aux_coef =
+        aux ? float(double(a.moe_aux_scale) * double(moe_->experts()) / (rows * rows)) : 0.0f;
+    moe_->backward(ops, a.params[0], a.grads[0], b.hn, dy, b.dhn, n, b.moe, aux ? a.moe_stats : nullptr,
+                   aux_coef, moe_adapters(a, true));
     ops.copy(ops.dtype(), dh1, dy, n * H);  // residual path
     ops.rmsnorm_bwd(h1, param(a, 0, w_post_), b.dhn, dh1, grad(a, 0, w_post_), n, H, eps, true);
     return;
@@ -428,8 +438,8 @@ void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const 
   }
   // down's adapter has its u from the recompute only when down's forward ran again
   weight_grad(ops, dout, b.m, grad(a, 0, wd_), n, F, H);
-  adapted_linear_bwd_input(ops, lc, lora(LoraModule::down), b.m, dout, param(a, 0, wd_), b.dm, n, F, H, false, r0,
-                           c_.post_norms, f8(LoraModule::down));
+  adapted_linear_bwd_input(ops, lc, lora(LoraModule::down), b.m, dout, param(a, 0, wd_), b.dm, n, F, H, false,
+                           r0, c_.post_norms, f8(LoraModule::down));
   ops.swiglu_bwd(b.g, b.u, b.dm, b.dg, b.du, n * F);
   weight_grad(ops, b.dg, in, grad(a, 0, wg_), n, H, F);
   weight_grad(ops, b.du, in, grad(a, 0, wu_), n, H, F);
@@ -465,8 +475,8 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
   }
   weight_grad(ops, dattn, b.o, grad(a, 0, wo_), T, nq * D, H);
   bias_bwd(ops, a, bo_, dattn, T, H);
-  adapted_linear_bwd_input(ops, lc, lora(LoraModule::o), b.o, dattn, param(a, 0, wo_), b.dout, T, nq * D, H, false,
-                           0, true, f8(LoraModule::o));
+  adapted_linear_bwd_input(ops, lc, lora(LoraModule::o), b.o, dattn, param(a, 0, wo_), b.dout, T, nq * D, H,
+                           false, 0, true, f8(LoraModule::o));
   const float scale = c_.attention_scale();
   if (variant()) {
     ops.attention_bwd_v(b.q, b.k, b.v, b.o, b.lse, b.dout, b.dq, b.dk, b.dv, S, L, nq, nkv, D, scale,
@@ -479,8 +489,8 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
       ops.rope_bwd(b.dk, S, L, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling);
     }
   } else if (a.positions) {
-    ops.attention_bwd_packed(b.q, b.k, b.v, b.o, b.lse, b.dout, a.positions, b.dq, b.dk, b.dv, S, L, nq, nkv, D,
-                             scale, b.attn);
+    ops.attention_bwd_packed(b.q, b.k, b.v, b.o, b.lse, b.dout, a.positions, b.dq, b.dk, b.dv, S, L, nq, nkv,
+                             D, scale, b.attn);
     ops.rope_bwd_at(b.dq, a.positions, T, nq, D, rope_.inv_freq.data(), rope_.attention_scaling);
     ops.rope_bwd_at(b.dk, a.positions, T, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling);
   } else {
@@ -491,10 +501,10 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
   void* dq_lin = b.dq;
   void* dk_lin = b.dk;
   if (c_.qk_norm) {  // dout and v are no longer read: they take the norms' input gradients
-    ops.rmsnorm_bwd(b.qr, param(a, 0, wqn_), b.dq, b.dout, grad(a, 0, wqn_), qk_norm_rows(T, nq), qk_norm_cols(nq),
-                    eps, false);
-    ops.rmsnorm_bwd(b.kr, param(a, 0, wkn_), b.dk, b.v, grad(a, 0, wkn_), qk_norm_rows(T, nkv), qk_norm_cols(nkv),
-                    eps, false);
+    ops.rmsnorm_bwd(b.qr, param(a, 0, wqn_), b.dq, b.dout, grad(a, 0, wqn_), qk_norm_rows(T, nq),
+                    qk_norm_cols(nq), eps, false);
+    ops.rmsnorm_bwd(b.kr, param(a, 0, wkn_), b.dk, b.v, grad(a, 0, wkn_), qk_norm_rows(T, nkv),
+                    qk_norm_cols(nkv), eps, false);
     dq_lin = b.dout;
     dk_lin = b.v;
   }
@@ -509,10 +519,10 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
   void* dxn = c_.post_norms ? a.dx : b.h1;
   adapted_linear_bwd_input(ops, lc, lora(LoraModule::q), xin, dq_lin, param(a, 0, wq_), dxn, T, H, nq * D,
                            c_.post_norms, 0, true, f8(LoraModule::q));
-  adapted_linear_bwd_input(ops, lc, lora(LoraModule::k), xin, dk_lin, param(a, 0, wk_), dxn, T, H, nkv * D, true, 0,
-                           true, f8(LoraModule::k));
-  adapted_linear_bwd_input(ops, lc, lora(LoraModule::v), xin, b.dv, param(a, 0, wv_), dxn, T, H, nkv * D, true, 0,
-                           true, f8(LoraModule::v));
+  adapted_linear_bwd_input(ops, lc, lora(LoraModule::k), xin, dk_lin, param(a, 0, wk_), dxn, T, H, nkv * D,
+                           true, 0, true, f8(LoraModule::k));
+  adapted_linear_bwd_input(ops, lc, lora(LoraModule::v), xin, b.dv, param(a, 0, wv_), dxn, T, H, nkv * D,
+                           true, 0, true, f8(LoraModule::v));
   if (!c_.post_norms) ops.rmsnorm_bwd(a.x, param(a, 0, w_in_), dxn, a.dx, grad(a, 0, w_in_), T, H, eps, true);
 }
 
@@ -521,7 +531,8 @@ void DecoderLayer::backward(const LayerArgs& a) const {
   if (!a.x || !a.dy || !a.dx) throw std::invalid_argument("decoder.backward: x/dy/dx null");
   if (a.dx == a.dy || a.dx == a.x) throw std::invalid_argument("decoder.backward: dx aliases x or dy");
   if (dropout_ > 0.f && a.dropout_id < 0)
-    throw std::invalid_argument("decoder.backward: LoRA dropout needs LayerArgs::dropout_id (>= 0, the forward's)");
+    throw std::invalid_argument(
+        "decoder.backward: LoRA dropout needs LayerArgs::dropout_id (>= 0, the forward's)");
   DecoderBufs b = carve(a, ops, true);
   use_saved_attention(a, b, "decoder.backward");
   const LoraCall lc = lora_call(a, b, true);
@@ -539,8 +550,7 @@ void DecoderLayer::backward(const LayerArgs& a) const {
 
 std::unique_ptr<Layer> make_layer(const ModelLayout& m, int layer, const LayerOptions& opt) {
   if (layer < 0 || layer >= m.num_layers())
-    throw std::out_of_range(fmt::format("make_layer: layer {} outside [0, {})", layer,
-                                        m.num_layers()));
+    throw std::out_of_range(fmt::format("make_layer: layer {} outside [0, {})", layer, m.num_layers()));
   switch (m.kind(layer)) {
     case LayerKind::embedding: return make_embedding_layer(m);
     case LayerKind::decoder: return std::make_unique<DecoderLayer>(m, layer, opt);

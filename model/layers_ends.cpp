@@ -21,8 +21,10 @@ using namespace layer_args;
 class EmbeddingLayer final : public Layer {
  public:
   explicit EmbeddingLayer(const ModelLayout& m)
-      : H_(m.config.hidden_size), V_(m.config.vocab_size),
-        off_(offset_of(m.groups[0], "model.embed_tokens.weight")), mult_(float(m.config.embedding_multiplier)) {}
+      : H_(m.config.hidden_size),
+        V_(m.config.vocab_size),
+        off_(offset_of(m.groups[0], "model.embed_tokens.weight")),
+        mult_(float(m.config.embedding_multiplier)) {}
   LayerKind kind() const override { return LayerKind::embedding; }
   // Granite's multiplier: the backward scales dy into scratch [T, H]
   size_t scratch_bytes(const MicroBatchShape& s, DType dt = DType::f32, bool backward = true) const override {
@@ -35,8 +37,8 @@ class EmbeddingLayer final : public Layer {
     if (mult_ != 1.0f) scale_activation(ops, a.y, a.y, a.shape.tokens() * H_, mult_);
   }
   void backward(const LayerArgs& a) const override {
-    Ops& ops = check_args(a, 1, scratch_bytes(a.shape, a.ops ? a.ops->dtype() : DType::f32), "embedding.backward",
-                          true);
+    Ops& ops = check_args(a, 1, scratch_bytes(a.shape, a.ops ? a.ops->dtype() : DType::f32),
+                          "embedding.backward", true);
     if (!a.ids || !a.dy) throw std::invalid_argument("embedding.backward: ids/dy null");
     void* dw = grad(a, 0, off_);
     if (!dw) return;  // frozen: nothing
@@ -77,8 +79,8 @@ class TailLayer final : public Layer {
  private:
   void run(const LayerArgs& a, bool backward) const {
     const char* who = backward ? "tail.backward" : "tail.forward";
-    Ops& ops = check_args(a, n_groups_, scratch_bytes(a.shape, a.ops ? a.ops->dtype() : DType::f32), who,
-                          backward);
+    Ops& ops =
+        check_args(a, n_groups_, scratch_bytes(a.shape, a.ops ? a.ops->dtype() : DType::f32), who, backward);
     if (!a.x || !a.targets || !a.loss || (backward && !a.dx))
       throw std::invalid_argument(fmt::format("{}: x/targets/loss/dx null", who));
     ScratchCarver sc(a.scratch);
@@ -96,11 +98,10 @@ class TailLayer final : public Layer {
       ops.lm_head_cross_entropy(hn, w, a.targets, T, H, V, a.loss, nullptr, nullptr, ce);
       return;
     }
-    ops.lm_head_cross_entropy(hn, w, a.targets, T, H, V, a.loss, dhn,
-                              grad(a, size_t(lm_group_), w_lm_), ce, a.loss_scale);
+    ops.lm_head_cross_entropy(hn, w, a.targets, T, H, V, a.loss, dhn, grad(a, size_t(lm_group_), w_lm_), ce,
+                              a.loss_scale);
     if (c_.logits_scaling != 1.0) scale_activation(ops, dhn, dhn, T * H, inv_logits_scaling);
-    ops.rmsnorm_bwd(a.x, param(a, 0, w_norm_), dhn, a.dx, grad(a, 0, w_norm_), T, H, eps,
-                    false);
+    ops.rmsnorm_bwd(a.x, param(a, 0, w_norm_), dhn, a.dx, grad(a, 0, w_norm_), T, H, eps, false);
   }
 
   ModelConfig c_;
@@ -111,7 +112,9 @@ class TailLayer final : public Layer {
 
 }  // namespace
 
-std::unique_ptr<Layer> make_embedding_layer(const ModelLayout& m) { return std::make_unique<EmbeddingLayer>(m); }
+std::unique_ptr<Layer> make_embedding_layer(const ModelLayout& m) {
+  return std::make_unique<EmbeddingLayer>(m);
+}
 std::unique_ptr<Layer> make_tail_layer(const ModelLayout& m) { return std::make_unique<TailLayer>(m); }
 
 }  // namespace rp

@@ -73,9 +73,7 @@ int ModelLayout::adapter_group(int layer) const {
   return int(config.num_hidden_layers) + 1 + layer;
 }
 
-double LoraConfig::scaling() const {
-  return use_rslora ? alpha / std::sqrt(double(r)) : alpha / double(r);
-}
+double LoraConfig::scaling() const { return use_rslora ? alpha / std::sqrt(double(r)) : alpha / double(r); }
 
 void freeze_group(ModelLayout& m, int g, WeightFormat base) {
   if (g < 0 || size_t(g) >= m.groups.size())

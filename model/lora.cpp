@@ -37,7 +37,8 @@ std::array<int64_t, 2> lora_module_dims(const ModelConfig& c, LoraModule m) {
   return {0, 0};
 }
 
-const std::array<const char*, kExpertProjs> kExpertProjNames = {"mlp.experts.gate_up_proj", "mlp.experts.down_proj"};
+const std::array<const char*, kExpertProjs> kExpertProjNames = {"mlp.experts.gate_up_proj",
+                                                                "mlp.experts.down_proj"};
 
 namespace {
 bool is_module_name(const std::string& s) {
@@ -66,7 +67,8 @@ bool lora_has_expert_targets(const LoraConfig& l) {
 void check_lora_expert_targets(const ModelConfig& c, const LoraConfig& lora) {
   if (lora_has_expert_targets(lora) && c.num_moe_layers() == 0)
     throw std::invalid_argument(
-        "lora.target_parameters: the model has no mixture-of-experts layer whose experts could take adapters");
+        "lora.target_parameters: the model has no mixture-of-experts layer whose experts could take "
+        "adapters");
 }
 
 void set_lora_targets(LoraConfig& l, const std::vector<std::string>& entries) {
@@ -84,8 +86,9 @@ void set_lora_targets(LoraConfig& l, const std::vector<std::string>& entries) {
   }
 }
 
-std::vector<std::pair<std::string, std::vector<int64_t>>> expert_lora_tensors(const ModelConfig& c, int64_t decoder,
-                                                                              ExpertProj p, int64_t r) {
+std::vector<std::pair<std::string, std::vector<int64_t>>> expert_lora_tensors(const ModelConfig& c,
+                                                                              int64_t decoder, ExpertProj p,
+                                                                              int64_t r) {
   const int64_t E = c.num_experts, H = c.hidden_size, Fe = c.moe_intermediate_size;
   const std::string s = fmt::format("model.layers.{}.mlp.experts.", decoder);
   if (p == ExpertProj::gate_up)
@@ -98,8 +101,10 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> expert_lora_tensors(co
 void validate_lora(const LoraConfig& l) {
   auto fail = [](const std::string& what) { throw std::invalid_argument(what); };
   if (l.r < 1) fail(fmt::format("lora.r: expected >= 1, got {}", l.r));
-  if (!(l.alpha > 0) || !std::isfinite(l.alpha)) fail(fmt::format("lora.alpha: expected a finite value > 0, got {}", l.alpha));
-  if (!(l.dropout >= 0 && l.dropout < 1)) fail(fmt::format("lora.dropout: expected 0 <= dropout < 1, got {}", l.dropout));
+  if (!(l.alpha > 0) || !std::isfinite(l.alpha))
+    fail(fmt::format("lora.alpha: expected a finite value > 0, got {}", l.alpha));
+  if (!(l.dropout >= 0 && l.dropout < 1))
+    fail(fmt::format("lora.dropout: expected 0 <= dropout < 1, got {}", l.dropout));
   if (l.target_modules.empty() && l.target_parameters.empty())
     fail("lora.target_modules: expected at least one module (or \"all-linear\"), got none");
   for (const std::string& t : l.target_parameters)
@@ -107,16 +112,18 @@ void validate_lora(const LoraConfig& l) {
       fail(fmt::format("lora.target_parameters: unknown parameter '{}' (expected {})", one_line(t),
                        fmt::join(kExpertProjNames, " or ")));
   if (!l.target_parameters.empty() && l.dropout != 0)
-    fail(fmt::format("lora.dropout: expected 0 with lora.target_parameters (expert adapters take no dropout, as "
-                     "PEFT's ParamWrapper), got {}",
-                     l.dropout));
+    fail(fmt::format(
+        "lora.dropout: expected 0 with lora.target_parameters (expert adapters take no dropout, as "
+        "PEFT's ParamWrapper), got {}",
+        l.dropout));
   for (const std::string& t : l.target_modules)
     if (t != "all-linear" && !is_module_name(t))
       fail(fmt::format("lora.target_modules: unknown module '{}' (expected {} or all-linear)", one_line(t),
                        fmt::join(kLoraModuleNames, ", ")));
   for (const std::string& t : l.modules_to_save)
     if (t != "embed_tokens" && t != "lm_head")
-      fail(fmt::format("lora.modules_to_save: unknown module '{}' (expected embed_tokens or lm_head)", one_line(t)));
+      fail(fmt::format("lora.modules_to_save: unknown module '{}' (expected embed_tokens or lm_head)",
+                       one_line(t)));
 }
 
 bool lora_module_exists(const ModelConfig& c, int64_t decoder, LoraModule m) {
@@ -166,26 +173,31 @@ ModelLayout make_layout(const ModelConfig& c, const LoraConfig& lora) {
       if (t == kLoraModuleNames[size_t(k)])
         for (int64_t i = 0; i < L && !found; ++i) found = lora_module_exists(c, i, LoraModule(k));
     if (!found)
-      throw std::invalid_argument(fmt::format(
-          "lora.target_modules: '{}' matches no linear of this model (every layer is a mixture-of-experts layer, "
-          "whose experts take adapters through lora.target_parameters; target attention modules, all-linear or "
-          "the experts)",
-          one_line(t)));
+      throw std::invalid_argument(
+          fmt::format("lora.target_modules: '{}' matches no linear of this model (every layer is a "
+                      "mixture-of-experts layer, "
+                      "whose experts take adapters through lora.target_parameters; target attention modules, "
+                      "all-linear or "
+                      "the experts)",
+                      one_line(t)));
   }
   check_lora_expert_targets(c, lora);
   // Phi-3 (model/phi3_hf.hpp): PEFT sees one module for q/k/v and one for gate/up
   for (const FusedProjection& f : fused_projections(c)) {
     int adapted = 0;
     for (const std::string& m : f.part_modules)
-      for (int k = 0; k < kLoraModules; ++k) adapted += m == kLoraModuleNames[size_t(k)] && lora_targets(lora, LoraModule(k));
+      for (int k = 0; k < kLoraModules; ++k)
+        adapted += m == kLoraModuleNames[size_t(k)] && lora_targets(lora, LoraModule(k));
     if (adapted != 0 && adapted != int(f.part_modules.size()))
-      throw std::invalid_argument(fmt::format(
-          "lora.target_modules: Phi-3 fuses {} into {} in its checkpoints and adapters; target all of them or none",
-          fmt::join(f.part_modules, ", "), f.module));
+      throw std::invalid_argument(
+          fmt::format("lora.target_modules: Phi-3 fuses {} into {} in its checkpoints and adapters; target "
+                      "all of them or none",
+                      fmt::join(f.part_modules, ", "), f.module));
   }
   // the base: frozen, but for modules_to_save (lm_head with tied embeddings is group 0)
   auto saved = [&](const char* name) {
-    return std::find(lora.modules_to_save.begin(), lora.modules_to_save.end(), name) != lora.modules_to_save.end();
+    return std::find(lora.modules_to_save.begin(), lora.modules_to_save.end(), name) !=
+           lora.modules_to_save.end();
   };
   const int head = int(L) + 1;
   std::vector<char> trainable(size_t(head) + 1, 0);
@@ -200,14 +212,15 @@ std::vector<float> lora_initial_group(const ModelLayout& m, int g) {
   if (!m.lora) throw std::invalid_argument("lora_initial_group: the layout has no LoRA adapters");
   const int L = int(m.config.num_hidden_layers);
   if (g < L + 2 || g > 2 * L + 1)
-    throw std::invalid_argument(fmt::format("lora_initial_group: group {} is not an adapter group (expected {}..{})", g,
-                                            L + 2, 2 * L + 1));
+    throw std::invalid_argument(fmt::format(
+        "lora_initial_group: group {} is not an adapter group (expected {}..{})", g, L + 2, 2 * L + 1));
   const ParamGroup& grp = m.groups[size_t(g)];
   std::vector<float> w(size_t(grp.numel), 0.0f);
   const uint64_t stream = mix64(m.lora->seed ^ mix64(0x4c6f5241u + uint64_t(g)));  // "LoRA"
   for (size_t ti = 0; ti < grp.tensors.size(); ++ti) {
     const TensorSpec& t = grp.tensors[ti];
-    if (t.name.size() < 13 || t.name.compare(t.name.size() - 13, 13, "lora_A.weight") != 0) continue;  // B = 0
+    if (t.name.size() < 13 || t.name.compare(t.name.size() - 13, 13, "lora_A.weight") != 0)
+      continue;                                                          // B = 0
     const float bound = float(1.0 / std::sqrt(double(t.shape.back())));  // 1/sqrt(in), experts' too
     for (int64_t i = 0; i < t.numel(); ++i)
       w[size_t(t.offset + i)] = bound * (2.0f * dropout_uniform(stream, ti, uint64_t(i)) - 1.0f);

@@ -67,8 +67,9 @@ void set_lora_targets(LoraConfig& lora, const std::vector<std::string>& entries)
 ///            so each is a stacked [E, Fe, r] the grouped linears take);
 ///   down   : down_proj.lora_A [E, r, Fe], down_proj.lora_B [E, H, r].
 /// Per expert e the update is W_e += s * B_e A_e (PEFT's get_delta_weight, "o r e, e r i -> e o i").
-std::vector<std::pair<std::string, std::vector<int64_t>>> expert_lora_tensors(const ModelConfig& c, int64_t decoder,
-                                                                              ExpertProj p, int64_t r);
+std::vector<std::pair<std::string, std::vector<int64_t>>> expert_lora_tensors(const ModelConfig& c,
+                                                                              int64_t decoder, ExpertProj p,
+                                                                              int64_t r);
 
 /// Initial values of adapter group g of m (numel floats), as PEFT's LoraLayer.reset_lora_
 /// parameters with init_lora_weights=True: lora_A ~ U(-1/sqrt(in), 1/sqrt(in)) (torch's
@@ -78,6 +79,5 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> expert_lora_tensors(co
 /// deterministic for a seed, independent of the order groups are filled. Throws
 /// std::invalid_argument when m has no LoRA or g is not one of its adapter groups.
 std::vector<float> lora_initial_group(const ModelLayout& m, int g);
-
 
 }  // namespace rp

@@ -30,11 +30,12 @@ std::array<LoraLinear, kLoraModules> lora_linears(const ModelLayout& m, int laye
     const std::string p = fmt::format("model.layers.{}.{}.", layer - 1, lora_module_path(mod));
     const int ia = g.find(p + "lora_A.weight"), ib = g.find(p + "lora_B.weight");
     if (ia < 0 || ib < 0)
-      throw std::invalid_argument(fmt::format("make_layer: adapter group '{}' lacks {}lora_A/B.weight", g.name, p));
+      throw std::invalid_argument(
+          fmt::format("make_layer: adapter group '{}' lacks {}lora_A/B.weight", g.name, p));
     const TensorSpec &ta = g.tensors[size_t(ia)], &tb = g.tensors[size_t(ib)];
     if (ta.shape != std::vector<int64_t>{l.r, in} || tb.shape != std::vector<int64_t>{o, l.r})
-      throw std::invalid_argument(fmt::format("make_layer: {}lora_A/B.weight: expected [{}, {}] and [{}, {}]", p, l.r,
-                                              in, o, l.r));
+      throw std::invalid_argument(
+          fmt::format("make_layer: {}lora_A/B.weight: expected [{}, {}] and [{}, {}]", p, l.r, in, o, l.r));
     l.a_off = ta.offset;
     l.b_off = tb.offset;
   }
@@ -89,24 +90,25 @@ void base_fwd(Ops& ops, const Fp8Linear* f8, const void* x, const void* w, void*
   ops.linear_fwd(x, w, y, n, in, out);
 }
 // The base GEMM dx (+)= dy W: in FP8 with f8, else in the compute dtype.
-void base_bwd_input(Ops& ops, const Fp8Linear* f8, const void* dy, const void* w, void* dx, int64_t n, int64_t in,
-                    int64_t out, bool accumulate) {
+void base_bwd_input(Ops& ops, const Fp8Linear* f8, const void* dy, const void* w, void* dx, int64_t n,
+                    int64_t in, int64_t out, bool accumulate) {
   if (f8) return fp8_linear_bwd_input(ops, *f8, dy, dx, n, in, out, accumulate);
   ops.linear_bwd_input(dy, w, dx, n, in, out, accumulate);
 }
 
 }  // namespace
 
-void adapted_linear_fwd(Ops& ops, const LoraCall& c, const LoraLinear& l, const void* x, const void* w, void* y,
-                        int64_t n, int64_t in, int64_t out, int64_t row0, const Fp8Linear* f8) {
+void adapted_linear_fwd(Ops& ops, const LoraCall& c, const LoraLinear& l, const void* x, const void* w,
+                        void* y, int64_t n, int64_t in, int64_t out, int64_t row0, const Fp8Linear* f8) {
   if (!l.on() || n <= 0) return base_fwd(ops, f8, x, w, y, n, in, out, false);
   if (l.in != in || l.out != out)
-    throw std::invalid_argument(fmt::format("lora: adapter of [{}, {}] on a linear of [{}, {}]", l.out, l.in, out, in));
+    throw std::invalid_argument(
+        fmt::format("lora: adapter of [{}, {}] on a linear of [{}, {}]", l.out, l.in, out, in));
   void* kept = kept_u(c, l, n);
   void* u = kept ? kept : c.ax;
   low_rank_input(c, l, adapter_input(c, l, x, n, row0), u, n);
   ops.linear_fwd(u, param_at(c, l.b_off), y, n, l.r, l.out);  // y = u B^T
-  base_fwd(ops, f8, x, w, y, n, in, out, true);                // y += x W^T
+  base_fwd(ops, f8, x, w, y, n, in, out, true);               // y += x W^T
 }
 
 void lora_backward(const LoraCall& c, const LoraLinear& l, const void* x, const void* dy, void* dx, int64_t n,
@@ -121,9 +123,9 @@ void lora_backward(const LoraCall& c, const LoraLinear& l, const void* x, const 
     low_rank_input(c, l, xd, u, n);
   }
   if (c.grads) o.linear_bwd_weight(dy, u, grad_at(c, l.b_off), n, l.r, l.out);  // dB += dy^T u
-  o.linear_bwd_input(dy, param_at(c, l.b_off), c.g, n, l.r, l.out, false);     // dy B
+  o.linear_bwd_input(dy, param_at(c, l.b_off), c.g, n, l.r, l.out, false);      // dy B
   o.fill(dt, c.ax, n * l.r, 0.f);
-  o.add_into(dt, c.ax, dt, c.g, n * l.r, c.scaling);                           // g = s dy B
+  o.add_into(dt, c.ax, dt, c.g, n * l.r, c.scaling);                              // g = s dy B
   if (c.grads) o.linear_bwd_weight(c.ax, xd, grad_at(c, l.a_off), n, l.in, l.r);  // dA += g^T xd
   if (c.dropout > 0.f) {  // xd is read no more: its buffer takes g A, masked like the forward
     o.linear_bwd_input(c.ax, param_at(c, l.a_off), c.xbuf, n, l.in, l.r, false);

@@ -7,9 +7,9 @@
 //   forward : y += u B^T
 //   backward: dB += dy^T u,  dA += g^T xd,  dx += drop'(g A)   (drop' = the same mask)
 // adapted_linear_fwd / adapted_linear_bwd_input also run the base GEMMs x W^T and dy W (in FP8
-// when the call passes an Fp8Linear, model/fp8_linear.hpp); the caller does dW. All tensors are in the device's
-// compute dtype but for the gradient accumulators (grad dtype); the [n, r] intermediates and
-// the dropped-out input live in the decoder's scratch (model/layer_memory.hpp).
+// when the call passes an Fp8Linear, model/fp8_linear.hpp); the caller does dW. All tensors are in the
+// device's compute dtype but for the gradient accumulators (grad dtype); the [n, r] intermediates and the
+// dropped-out input live in the decoder's scratch (model/layer_memory.hpp).
 #pragma once
 #include <array>
 #include <cstdint>
@@ -64,8 +64,9 @@ uint64_t lora_dropout_seed(uint64_t lora_seed, int64_t dropout_id, int layer);
 /// With c.u_keep, u is left in the module's slot for lora_backward (the backward's recompute).
 /// With f8 the base GEMM runs in FP8 (model/fp8_linear.hpp; w is then not read), the adapter's
 /// stay in the compute dtype.
-void adapted_linear_fwd(Ops& ops, const LoraCall& c, const LoraLinear& l, const void* x, const void* w, void* y,
-                        int64_t n, int64_t in, int64_t out, int64_t row0, const Fp8Linear* f8 = nullptr);
+void adapted_linear_fwd(Ops& ops, const LoraCall& c, const LoraLinear& l, const void* x, const void* w,
+                        void* y, int64_t n, int64_t in, int64_t out, int64_t row0,
+                        const Fp8Linear* f8 = nullptr);
 /// Given x [n, in] (the base linear's input) and dy [n, out]: dA, dB += (into c.grads) and the
 /// adapter's input gradient written into dx [n, in] (added to it when `accumulate`). No-op when
 /// the module has no adapter. `reuse_u`: u is the one adapted_linear_fwd left in c.u_keep in this

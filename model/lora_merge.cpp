@@ -13,10 +13,10 @@
 #include <fmt/ranges.h>
 
 #include "model/checkpoint.hpp"
-#include "model/phi3_hf.hpp"
 #include "model/error_text.hpp"
 #include "model/lora.hpp"
 #include "model/peft_experts.hpp"
+#include "model/phi3_hf.hpp"
 #include "roundpipe/adapter.hpp"
 
 namespace rp {
@@ -94,14 +94,15 @@ void fold_decoder_adapters(const ModelLayout& layout, int l, const float* adapte
       *layout.lora, layout.config, l - 1, s,
       [&](const std::string& name, const std::vector<int64_t>&) {
         const int i = ad.find(name);
-        if (i < 0) throw std::invalid_argument(fmt::format("merge_adapters: group '{}' lacks '{}'", ad.name, name));
+        if (i < 0)
+          throw std::invalid_argument(fmt::format("merge_adapters: group '{}' lacks '{}'", ad.name, name));
         return adapters + ad.tensors[size_t(i)].offset;
       },
       [&](const std::string& name, int64_t out, int64_t in) {
         const int i = base.find(name);
         if (i < 0 || base.tensors[size_t(i)].shape != std::vector<int64_t>{out, in})
-          throw std::invalid_argument(fmt::format("merge_adapters: group '{}' lacks '{}' [{}, {}]", base.name, name,
-                                                  out, in));
+          throw std::invalid_argument(
+              fmt::format("merge_adapters: group '{}' lacks '{}' [{}, {}]", base.name, name, out, in));
         return base_data + base.tensors[size_t(i)].offset;
       });
   for (const TensorSpec& ta : ad.tensors) {
@@ -109,13 +110,15 @@ void fold_decoder_adapters(const ModelLayout& layout, int l, const float* adapte
     const std::string mod = module_of(ta.name);
     const int ib = ad.find(mod + kSuffixB), iw = base.find(mod + ".weight");
     if (ib < 0 || iw < 0)
-      throw std::invalid_argument(fmt::format("merge_adapters: group '{}': '{}' has no lora_B or base weight", ad.name, ta.name));
+      throw std::invalid_argument(
+          fmt::format("merge_adapters: group '{}': '{}' has no lora_B or base weight", ad.name, ta.name));
     const TensorSpec& tb = ad.tensors[size_t(ib)];
     const TensorSpec& tw = base.tensors[size_t(iw)];
     const int64_t r = ta.shape.at(0), in = ta.shape.at(1), out = tb.shape.at(0);
     if (tw.shape != std::vector<int64_t>{out, in} || tb.shape.at(1) != r)
       throw std::invalid_argument(fmt::format("merge_adapters: '{}': shapes [{}], [{}] do not fit [{}]", mod,
-                                              fmt::join(ta.shape, ", "), fmt::join(tb.shape, ", "), fmt::join(tw.shape, ", ")));
+                                              fmt::join(ta.shape, ", "), fmt::join(tb.shape, ", "),
+                                              fmt::join(tw.shape, ", ")));
     fold_lora(base_data + tw.offset, adapters + ta.offset, adapters + tb.offset, out, in, r, s);
   }
 }
@@ -123,20 +126,22 @@ void fold_decoder_adapters(const ModelLayout& layout, int l, const float* adapte
 MergedWeights merge_adapters(const ModelLayout& layout, const std::vector<const float*>& group_data) {
   if (!layout.lora) throw std::invalid_argument("merge_adapters: the layout has no LoRA adapters");
   if (group_data.size() != layout.groups.size())
-    throw std::invalid_argument(
-        fmt::format("merge_adapters: {} group buffers for {} groups", group_data.size(), layout.groups.size()));
+    throw std::invalid_argument(fmt::format("merge_adapters: {} group buffers for {} groups",
+                                            group_data.size(), layout.groups.size()));
   MergedWeights m;
   m.layout = make_layout(layout.config);
   m.groups.resize(m.layout.groups.size());
   for (size_t g = 0; g < m.layout.groups.size(); ++g) {
     const ParamGroup& dst = m.layout.groups[g];
     const ParamGroup& src = layout.groups[g];
-    if (!group_data[g]) throw std::invalid_argument(fmt::format("merge_adapters: no data for group '{}'", src.name));
+    if (!group_data[g])
+      throw std::invalid_argument(fmt::format("merge_adapters: no data for group '{}'", src.name));
     m.groups[g].assign(size_t(dst.numel), 0.0f);
     for (const TensorSpec& t : dst.tensors) {
       const int i = src.find(t.name);
       if (i < 0 || src.tensors[size_t(i)].numel() != t.numel())
-        throw std::invalid_argument(fmt::format("merge_adapters: group '{}' lacks tensor '{}'", src.name, t.name));
+        throw std::invalid_argument(
+            fmt::format("merge_adapters: group '{}' lacks tensor '{}'", src.name, t.name));
       std::memcpy(m.groups[g].data() + t.offset, group_data[g] + src.tensors[size_t(i)].offset,
                   size_t(t.numel()) * sizeof(float));
     }
@@ -144,14 +149,17 @@ MergedWeights merge_adapters(const ModelLayout& layout, const std::vector<const 
   for (int l = 1; l <= int(layout.config.num_hidden_layers); ++l) {
     const int ga = layout.adapter_group(l);
     if (!group_data[size_t(ga)])
-      throw std::invalid_argument(fmt::format("merge_adapters: no data for group '{}'", layout.groups.at(size_t(ga)).name));
-    fold_decoder_adapters(layout, l, group_data[size_t(ga)], m.layout.groups[size_t(l)], m.groups[size_t(l)].data());
+      throw std::invalid_argument(
+          fmt::format("merge_adapters: no data for group '{}'", layout.groups.at(size_t(ga)).name));
+    fold_decoder_adapters(layout, l, group_data[size_t(ga)], m.layout.groups[size_t(l)],
+                          m.groups[size_t(l)].data());
   }
   return m;
 }
 
-void save_merged_checkpoint(const std::string& dir, const ModelLayout& layout, const std::vector<const float*>& group_data,
-                            const nlohmann::json& tokenizer_json, const std::string& chat_template, DType dtype) {
+void save_merged_checkpoint(const std::string& dir, const ModelLayout& layout,
+                            const std::vector<const float*>& group_data, const nlohmann::json& tokenizer_json,
+                            const std::string& chat_template, DType dtype) {
   const MergedWeights m = merge_adapters(layout, group_data);
   std::vector<const float*> ptrs;
   for (const auto& g : m.groups) ptrs.push_back(g.data());
@@ -187,30 +195,34 @@ void merge_peft_adapter(LoadedModel& m, const PeftAdapter& a) {
           return it->second.data.data();
         });
   // Phi-3: the fused modules' adapters, one per part (model/phi3_hf.hpp)
-  const std::map<std::string, HostTensor> parts = split_fused_adapters(a.tensors, m.config, a.lora.r, st_path);
+  const std::map<std::string, HostTensor> parts =
+      split_fused_adapters(a.tensors, m.config, a.lora.r, st_path);
   for (const auto& [name, ta] : parts) {
     // lora_B (with its A), modules_to_save tensors, the experts' (above)
     if (!ends_with(name, kSuffixA) || is_expert_tensor(name)) continue;
     const std::string mod = module_of(name);
     const auto ib = parts.find(mod + kSuffixB);
-    if (ib == parts.end()) fail(st_path, fmt::format("key '{}': missing (the pair of '{}')",
-                                                         peft_tensor_key(mod + kSuffixB), peft_tensor_key(name)));
+    if (ib == parts.end())
+      fail(st_path, fmt::format("key '{}': missing (the pair of '{}')", peft_tensor_key(mod + kSuffixB),
+                                peft_tensor_key(name)));
     const HostTensor& tb = ib->second;
     const auto iw = m.tensors.find(mod + ".weight");
     if (iw == m.tensors.end())
-      fail(st_path, fmt::format("key '{}': the base model {} has no '{}.weight'", peft_tensor_key(name), m.source, mod));
+      fail(st_path, fmt::format("key '{}': the base model {} has no '{}.weight'", peft_tensor_key(name),
+                                m.source, mod));
     HostTensor& w = iw->second;
     const int64_t r = a.lora.r;
     if (w.shape.size() != 2 || ta.shape != std::vector<int64_t>{r, w.shape[1]})
       fail(st_path, fmt::format("key '{}': expected shape [{}, {}], got [{}]", peft_tensor_key(name), r,
                                 w.shape.size() == 2 ? w.shape[1] : -1, fmt::join(ta.shape, ", ")));
     if (tb.shape != std::vector<int64_t>{w.shape[0], r})
-      fail(st_path, fmt::format("key '{}': expected shape [{}, {}], got [{}]", peft_tensor_key(mod + kSuffixB),
-                                w.shape[0], r, fmt::join(tb.shape, ", ")));
+      fail(st_path, fmt::format("key '{}': expected shape [{}, {}], got [{}]",
+                                peft_tensor_key(mod + kSuffixB), w.shape[0], r, fmt::join(tb.shape, ", ")));
     fold_lora(w.data.data(), ta.data.data(), tb.data.data(), w.shape[0], w.shape[1], r, s);
   }
   for (const auto& [name, t] : a.tensors)
-    if (ends_with(name, kSuffixB) && !is_expert_tensor(name) && !a.tensors.count(name.substr(0, name.size() - std::strlen(kSuffixB)) + kSuffixA))
+    if (ends_with(name, kSuffixB) && !is_expert_tensor(name) &&
+        !a.tensors.count(name.substr(0, name.size() - std::strlen(kSuffixB)) + kSuffixA))
       fail(st_path, fmt::format("key '{}': its lora_A is missing", peft_tensor_key(name)));
   for (const char* name : {kEmbed, kLmHead, "model.norm.weight"}) {
     const auto it = a.tensors.find(name);
@@ -219,35 +231,44 @@ void merge_peft_adapter(LoadedModel& m, const PeftAdapter& a) {
     const std::string dst = m.config.tie_word_embeddings && std::string(name) == kLmHead ? kEmbed : name;
     const auto iw = m.tensors.find(dst);
     if (iw == m.tensors.end() || iw->second.shape != it->second.shape)
-      fail(st_path, fmt::format("key '{}': expected shape [{}] of the base model's '{}', got [{}]", peft_tensor_key(name),
-                                iw == m.tensors.end() ? std::string("?") : fmt::format("{}", fmt::join(iw->second.shape, ", ")),
+      fail(st_path, fmt::format("key '{}': expected shape [{}] of the base model's '{}', got [{}]",
+                                peft_tensor_key(name),
+                                iw == m.tensors.end() ? std::string("?")
+                                                      : fmt::format("{}", fmt::join(iw->second.shape, ", ")),
                                 dst, fmt::join(it->second.shape, ", ")));
     iw->second.data = it->second.data;
   }
 }
 
-LoadedModel load_merged_adapter(const std::string& adapter_dir, const std::string& base, std::string* base_path) {
+LoadedModel load_merged_adapter(const std::string& adapter_dir, const std::string& base,
+                                std::string* base_path) {
   const PeftAdapter a = read_peft_adapter(adapter_dir);
   std::string path = base;
   if (path.empty()) {
     const std::string cfg = (fs::path(adapter_dir) / kAdapterConfigFile).string();
     if (a.base_model_name_or_path.empty())
-      fail(cfg, "key 'base_model_name_or_path': expected the base model, got nothing; pass the base model explicitly "
-                "(--base of roundpipe generate / merge)");
+      fail(cfg,
+           "key 'base_model_name_or_path': expected the base model, got nothing; pass the base model "
+           "explicitly "
+           "(--base of roundpipe generate / merge)");
     std::error_code ec;
     path = a.base_model_name_or_path;
     // a run's adapter names a portable model id; the local file it trained on is recorded beside it
-    if (const std::string local = adapter_base_path(adapter_dir); !local.empty() && fs::exists(local, ec)) path = local;
+    if (const std::string local = adapter_base_path(adapter_dir); !local.empty() && fs::exists(local, ec))
+      path = local;
     if (!fs::exists(path, ec) && fs::path(path).is_relative() && fs::exists(fs::path(adapter_dir) / path, ec))
       path = (fs::path(adapter_dir) / path).lexically_normal().string();
     if (!fs::exists(path, ec))
-      fail(cfg, fmt::format("key 'base_model_name_or_path': '{}' is not a local model (a .gguf file or a Hugging Face "
-                            "folder, as given or relative to the adapter folder{}); pass the base model explicitly (--base "
-                            "of roundpipe generate / merge)",
-                            a.base_model_name_or_path,
-                            adapter_base_path(adapter_dir).empty()
-                                ? std::string()
-                                : fmt::format(", nor is {}'s '{}'", kAdapterBaseFile, adapter_base_path(adapter_dir))));
+      fail(
+          cfg,
+          fmt::format(
+              "key 'base_model_name_or_path': '{}' is not a local model (a .gguf file or a Hugging Face "
+              "folder, as given or relative to the adapter folder{}); pass the base model explicitly (--base "
+              "of roundpipe generate / merge)",
+              a.base_model_name_or_path,
+              adapter_base_path(adapter_dir).empty()
+                  ? std::string()
+                  : fmt::format(", nor is {}'s '{}'", kAdapterBaseFile, adapter_base_path(adapter_dir))));
   }
   LoadedModel m = load_model(path);
   merge_peft_adapter(m, a);
@@ -265,8 +286,8 @@ LoadedModel load_model_or_adapter(const std::string& path, const std::string& ba
   return load_model(path);
 }
 
-std::string merge_peft_folder(const std::string& adapter_dir, const std::string& out_dir, const std::string& base,
-                              DType dtype) {
+std::string merge_peft_folder(const std::string& adapter_dir, const std::string& out_dir,
+                              const std::string& base, DType dtype) {
   check_model_output_folder(out_dir, {adapter_dir, base});
   std::string path;
   LoadedModel m = load_merged_adapter(adapter_dir, base, &path);

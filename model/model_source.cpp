@@ -2,13 +2,13 @@
 // mapped files, and load_model (roundpipe/checkpoint.hpp) as "open, then read every tensor".
 #include "roundpipe/model_source.hpp"
 
-#include <tuple>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
 #include <stdexcept>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -78,7 +78,8 @@ HostTensor read_loc(const ModelSource::Impl& s, const Loc& l) {
 bool same_values(const ModelSource::Impl& s, const Loc& a, const Loc& b) {
   if (a.shape != b.shape) return false;
   if (a.st && b.st && a.entry->dtype == b.entry->dtype) {
-    const bool same = std::memcmp(a.st->data(*a.entry), b.st->data(*b.entry), a.entry->end - a.entry->begin) == 0;
+    const bool same =
+        std::memcmp(a.st->data(*a.entry), b.st->data(*b.entry), a.entry->end - a.entry->begin) == 0;
     a.st->release(*a.entry);
     b.st->release(*b.entry);
     return same;
@@ -107,18 +108,20 @@ void check_tensors(ModelSource::Impl& s, const std::string& where) {
       expected.insert(t.name);
       auto it = s.tensors.find(t.name);
       if (it == s.tensors.end())
-        fail(where, fmt::format("missing tensor '{}' (expected shape [{}]){}", t.name, fmt::join(t.shape, ", "),
-                                stored_as(t.name, nullptr)));
+        fail(where, fmt::format("missing tensor '{}' (expected shape [{}]){}", t.name,
+                                fmt::join(t.shape, ", "), stored_as(t.name, nullptr)));
       if (it->second.shape != t.shape)
-        fail(where, fmt::format("tensor '{}': expected shape [{}], got [{}]{}", t.name, fmt::join(t.shape, ", "),
-                                fmt::join(it->second.shape, ", "), stored_as(t.name, &it->second)));
+        fail(where,
+             fmt::format("tensor '{}': expected shape [{}], got [{}]{}", t.name, fmt::join(t.shape, ", "),
+                         fmt::join(it->second.shape, ", "), stored_as(t.name, &it->second)));
     }
   if (s.header.config.tie_word_embeddings) {
     auto lm = s.tensors.find("lm_head.weight");
     if (lm != s.tensors.end()) {
       if (!same_values(s, lm->second, s.tensors.at("model.embed_tokens.weight")))
-        fail(where, "tensor 'lm_head.weight' differs from 'model.embed_tokens.weight' but "
-                    "tie_word_embeddings is true");
+        fail(where,
+             "tensor 'lm_head.weight' differs from 'model.embed_tokens.weight' but "
+             "tie_word_embeddings is true");
       s.tensors.erase(lm);
     }
   }
@@ -146,7 +149,8 @@ std::pair<std::string, std::string> chat_template_of(const fs::path& dir) {
       if (t.is_string()) return {t.get<std::string>(), name};
       if (t.is_array()) {  // [{"name": ..., "template": ...}]: "default", else the first
         for (const auto& e : t)
-          if (e.is_object() && e.value("name", "") == "default" && e.contains("template") && e["template"].is_string())
+          if (e.is_object() && e.value("name", "") == "default" && e.contains("template") &&
+              e["template"].is_string())
             return {e["template"].get<std::string>(), name};
         if (!t.empty() && t[0].is_object() && t[0].contains("template") && t[0]["template"].is_string())
           return {t[0]["template"].get<std::string>(), name};
@@ -180,9 +184,10 @@ void check_tokenizer_ids(const LoadedModel& h) {
       if (t.is_object() && t.contains("id") && t.contains("content") && t["content"].is_string())
         consider(t["id"], t["content"].get<std::string>());
   if (top < V) return;
-  fail(tokenizer_origin(h), fmt::format("token \"{}\" has id {}, not below the model's vocab_size {}: the embedding has "
-                                        "no row for it; the tokenizer does not belong to this model",
-                                        excerpt(top_token), top, V));
+  fail(tokenizer_origin(h),
+       fmt::format("token \"{}\" has id {}, not below the model's vocab_size {}: the embedding has "
+                   "no row for it; the tokenizer does not belong to this model",
+                   excerpt(top_token), top, V));
 }
 
 }  // namespace
@@ -197,8 +202,8 @@ void split_fused_projections(ModelSource::Impl& s, const std::string& where) {
                               fmt::join(f.part_modules, ", ")));
     const SafetensorsEntry& e = *it->second.entry;
     if (e.shape != std::vector<int64_t>{rows, f.cols})
-      fail(where, fmt::format("tensor '{}': expected shape [{}, {}] ({} fused), got [{}]", f.name, rows, f.cols,
-                              fmt::join(f.part_modules, ", "), fmt::join(e.shape, ", ")));
+      fail(where, fmt::format("tensor '{}': expected shape [{}, {}] ({} fused), got [{}]", f.name, rows,
+                              f.cols, fmt::join(f.part_modules, ", "), fmt::join(e.shape, ", ")));
     const uint64_t row_bytes = (e.end - e.begin) / uint64_t(rows);
     int64_t row0 = 0;
     for (size_t k = 0; k < f.parts.size(); ++k) {
@@ -229,7 +234,8 @@ void open_hf_dir(const std::string& path, ModelSource::Impl& s) {
     for (const auto& e : fs::directory_iterator(dir, ec))
       if (e.path().extension() == ".safetensors") bytes += e.file_size(ec);
     if (bytes > 0)  // none: open_safetensors names the missing file
-      check_weights_fit_files(s.header.config, bytes, s.header.config.gpt_oss() ? 0.5 : 2.0,  // MXFP4: 4.25 bits
+      check_weights_fit_files(s.header.config, bytes,
+                              s.header.config.gpt_oss() ? 0.5 : 2.0,  // MXFP4: 4.25 bits
                               (dir / "config.json").string(), "num_hidden_layers");
   }
   std::string where = (dir / "model.safetensors.index.json").string();
@@ -278,9 +284,10 @@ ModelSource ModelSource::open(const std::string& path) {
   if (ec || !fs::exists(st)) {
     std::error_code cwd_ec;
     const auto cwd = fs::current_path(cwd_ec);
-    fail(path, fs::path(path).is_relative() && !cwd_ec
-                   ? fmt::format("no such file or directory (relative to the working directory {})", cwd.string())
-                   : std::string("no such file or directory"));
+    fail(path,
+         fs::path(path).is_relative() && !cwd_ec
+             ? fmt::format("no such file or directory (relative to the working directory {})", cwd.string())
+             : std::string("no such file or directory"));
   }
   auto s = std::make_unique<Impl>();
   s->header.source = path;
@@ -294,12 +301,12 @@ ModelSource ModelSource::open(const std::string& path) {
       const ModelConfig& c = s->header.config;
       for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
         const std::string p = fmt::format("model.layers.{}.self_attn.", l);
-        for (auto [name, heads] : {std::pair{"q_proj.weight", c.num_attention_heads},
-                                   {"k_proj.weight", c.num_key_value_heads}}) {
+        for (auto [name, heads] :
+             {std::pair{"q_proj.weight", c.num_attention_heads}, {"k_proj.weight", c.num_key_value_heads}}) {
           Loc& w = s->tensors.at(p + name);
           if (heads <= 0 || w.shape[0] % (2 * heads) != 0)
-            throw std::invalid_argument(fmt::format("unpermute_qk_rows: {} rows is not a multiple of 2*n_head ({})",
-                                                    w.shape[0], 2 * heads));
+            throw std::invalid_argument(fmt::format(
+                "unpermute_qk_rows: {} rows is not a multiple of 2*n_head ({})", w.shape[0], 2 * heads));
           w.permute_heads = heads;
         }
       }
@@ -376,7 +383,8 @@ LoadedModel ModelSource::read_all() const {
 }
 
 int64_t read_base_groups(const ModelSource& src, const ModelLayout& layout,
-                         std::vector<std::vector<float>>& trainable, std::vector<std::vector<uint8_t>>& frozen) {
+                         std::vector<std::vector<float>>& trainable,
+                         std::vector<std::vector<uint8_t>>& frozen) {
   const std::string& where = src.header().source;
   trainable.resize(layout.groups.size());
   frozen.resize(layout.groups.size());

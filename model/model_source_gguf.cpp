@@ -1,8 +1,8 @@
 // The GGUF side of rp::ModelSource (model/model_source_impl.hpp): llama.cpp's tensor names and
 // stacked experts mapped to Hugging Face tensors, read one at a time, and ggml blocks that
 // already are a storage form copied as they are.
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -26,8 +26,8 @@ namespace {
 /// [num_experts, rows]; see gguf_expert_stack_name) as the num_experts Hugging Face tensors
 /// prefix<e>suffix [rows, cols] / [rows]; a fused gate/up stack as prefix<e>.gate_proj.* (the
 /// first rows / 2 rows of slice e) and prefix<e>.up_proj.* (the others).
-void add_expert_stack(const GgufFile& f, const GgufTensorInfo& t, ModelSource::Impl& s, const std::string& prefix,
-                      const std::string& suffix) {
+void add_expert_stack(const GgufFile& f, const GgufTensorInfo& t, ModelSource::Impl& s,
+                      const std::string& prefix, const std::string& suffix) {
   const std::vector<int64_t> shape = t.shape();
   const int64_t E = s.header.config.num_experts;
   const bool bias = suffix.size() >= 5 && suffix.compare(suffix.size() - 5, 5, ".bias") == 0;
@@ -39,7 +39,8 @@ void add_expert_stack(const GgufFile& f, const GgufTensorInfo& t, ModelSource::I
   f.check_dequantizable(t);
   const std::string kind = bias ? ".bias" : ".weight";
   const std::vector<std::pair<std::string, int64_t>> parts =
-      fused ? std::vector<std::pair<std::string, int64_t>>{{".gate_proj" + kind, 0}, {".up_proj" + kind, shape[1] / 2}}
+      fused ? std::vector<std::pair<std::string, int64_t>>{{".gate_proj" + kind, 0},
+                                                           {".up_proj" + kind, shape[1] / 2}}
             : std::vector<std::pair<std::string, int64_t>>{{suffix, 0}};
   for (int64_t e = 0; e < E; ++e)
     for (const auto& [suf, row0] : parts) {
@@ -104,10 +105,10 @@ void open_gguf_source(const std::string& path, ModelSource::Impl& s) {
     s.header.tokenizer_json = tokenizer_json_from_gguf(f);
     s.header.tokenizer_source = path + " (its tokenizer.ggml.* metadata)";
   }
-  if (f.has("tokenizer.chat_template") && f.get("tokenizer.chat_template").is_string())
-  {
+  if (f.has("tokenizer.chat_template") && f.get("tokenizer.chat_template").is_string()) {
     s.header.chat_template = f.get_string("tokenizer.chat_template");
-    s.header.chat_template_source = std::filesystem::path(path).filename().string() + " key 'tokenizer.chat_template'";
+    s.header.chat_template_source =
+        std::filesystem::path(path).filename().string() + " key 'tokenizer.chat_template'";
   }
 }
 
@@ -149,7 +150,8 @@ bool gguf_read_stored(const GgufFile& f, const Loc& l, WeightFormat fmt, void* d
   std::memcpy(dst, p, bytes);
   f.release(*l.gguf);
   if (l.permute_heads)
-    unpermute_qk_row_bytes(static_cast<uint8_t*>(dst), l.shape[0], size_t(cols / be) * size_t(bb), l.permute_heads);
+    unpermute_qk_row_bytes(static_cast<uint8_t*>(dst), l.shape[0], size_t(cols / be) * size_t(bb),
+                           l.permute_heads);
   return true;
 }
 

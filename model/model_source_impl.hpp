@@ -34,9 +34,9 @@ struct ModelSource::Impl {
     const SafetensorsFile* st = nullptr;
     const SafetensorsEntry* entry = nullptr;
     const GgufTensorInfo* gguf = nullptr;
-    int64_t expert = -1;         ///< GGUF stacked experts: the slice [expert] of a 3-D tensor
-    int64_t row0 = 0;            ///< GGUF fused gate/up stack: first row of the part in the slice
-    int64_t permute_heads = 0;   ///< GGUF LLaMA q/k: llama.cpp's row permutation to undo
+    int64_t expert = -1;        ///< GGUF stacked experts: the slice [expert] of a 3-D tensor
+    int64_t row0 = 0;           ///< GGUF fused gate/up stack: first row of the part in the slice
+    int64_t permute_heads = 0;  ///< GGUF LLaMA q/k: llama.cpp's row permutation to undo
     const HostTensor* mem = nullptr;
     std::optional<OssSlice> oss;
   };
@@ -65,8 +65,8 @@ std::vector<float> gpt_oss_read_f32(const ModelSource::Impl::OssSlice& o, const 
 /// MXFP4 slice `o` copied into mxfp4 storage at `dst` (mxfp4_from_hf, row by row: the
 /// checkpoint's codes and exponents, no fp32 copy); false (nothing written) for another
 /// format or a slice that is not MXFP4.
-bool gpt_oss_read_stored(const ModelSource::Impl::OssSlice& o, const std::vector<int64_t>& shape, WeightFormat fmt,
-                         void* dst);
+bool gpt_oss_read_stored(const ModelSource::Impl::OssSlice& o, const std::vector<int64_t>& shape,
+                         WeightFormat fmt, void* dst);
 
 /// Replaces each fused projection of a Hugging Face Phi-3 checkpoint in `s.tensors`
 /// (model/phi3_hf.hpp) by the layout's tensors, row ranges of its entry; nothing is read.

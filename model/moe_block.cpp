@@ -17,16 +17,18 @@ namespace rp {
 namespace {
 int64_t tensor_offset(const ParamGroup& g, const std::string& name) {
   const int i = g.find(name);
-  if (i < 0) throw std::invalid_argument(fmt::format("make_layer: tensor '{}' not in group '{}'", name, g.name));
+  if (i < 0)
+    throw std::invalid_argument(fmt::format("make_layer: tensor '{}' not in group '{}'", name, g.name));
   return g.tensors[size_t(i)].offset;
 }
 // Offset of projection `proj` of expert 0, after checking that experts 1..E-1 follow it
 // contiguously ([E, rows, cols] stacked).
-int64_t stacked(const ParamGroup& g, const std::string& prefix, const char* proj, int64_t E, int64_t per_expert,
-                const char* kind = "weight") {
+int64_t stacked(const ParamGroup& g, const std::string& prefix, const char* proj, int64_t E,
+                int64_t per_expert, const char* kind = "weight") {
   const int64_t base = tensor_offset(g, fmt::format("{}mlp.experts.0.{}.{}", prefix, proj, kind));
   for (int64_t e = 1; e < E; ++e)
-    if (tensor_offset(g, fmt::format("{}mlp.experts.{}.{}.{}", prefix, e, proj, kind)) != base + e * per_expert)
+    if (tensor_offset(g, fmt::format("{}mlp.experts.{}.{}.{}", prefix, e, proj, kind)) !=
+        base + e * per_expert)
       throw std::invalid_argument(
           fmt::format("make_layer: group '{}': the experts' {} are not stacked contiguously", g.name, proj));
   return base;
@@ -97,7 +99,8 @@ void MoeBlock::route(Ops& ops, const void* w, const void* hn, int64_t n, const M
 }
 
 void MoeBlock::experts_forward(Ops& ops, const void* w, const void* hn, int64_t n, const MoeBufs& b,
-                               const int32_t* off, const MoeAdapterArgs& la, void* ax_gu, void* ax_down) const {
+                               const int32_t* off, const MoeAdapterArgs& la, void* ax_gu,
+                               void* ax_down) const {
   const int64_t R = n * k_;
   ops.gather_rows(hn, b.token, b.xs, R, H_);
   ops.grouped_linear_fwd(b.xs, at(ops, w, w_gate_), b.g, off, E_, H_, Fe_);
@@ -122,18 +125,21 @@ void MoeBlock::experts_forward(Ops& ops, const void* w, const void* hn, int64_t 
   }
 }
 
-void MoeBlock::down_adapter_backward(Ops& ops, const MoeAdapterArgs& la, const MoeBufs& b, const int32_t* off) const {
+void MoeBlock::down_adapter_backward(Ops& ops, const MoeAdapterArgs& la, const MoeBufs& b,
+                                     const int32_t* off) const {
   const int64_t R = int64_t(off[E_]);
   const DType dt = ops.dtype();
   // s a = s m Ad^T (in ax; a is the recompute's, in g); dBd += dys^T (s a)
   ops.fill(dt, b.lora_ax, R * r_, 0.f);
   ops.add_into(dt, b.lora_ax, dt, b.lora_g, R * r_, scaling_);
-  if (void* g = grad_at(ops, la.grads, b_down_)) ops.grouped_linear_bwd_weight(b.dys, b.lora_ax, g, off, E_, r_, H_);
+  if (void* g = grad_at(ops, la.grads, b_down_))
+    ops.grouped_linear_bwd_weight(b.dys, b.lora_ax, g, off, E_, r_, H_);
   // g_a = s dys Bd (in ax); dAd += g_a^T m. The caller adds g_a Ad to dm once m is overwritten.
   ops.grouped_linear_bwd_input(b.dys, at(ops, la.params, b_down_), b.lora_g, off, E_, r_, H_, false);
   ops.fill(dt, b.lora_ax, R * r_, 0.f);
   ops.add_into(dt, b.lora_ax, dt, b.lora_g, R * r_, scaling_);
-  if (void* g = grad_at(ops, la.grads, a_down_)) ops.grouped_linear_bwd_weight(b.lora_ax, b.m, g, off, E_, Fe_, r_);
+  if (void* g = grad_at(ops, la.grads, a_down_))
+    ops.grouped_linear_bwd_weight(b.lora_ax, b.m, g, off, E_, Fe_, r_);
 }
 
 void MoeBlock::gate_up_adapter_backward(Ops& ops, const MoeAdapterArgs& la, const MoeBufs& b,
@@ -143,14 +149,17 @@ void MoeBlock::gate_up_adapter_backward(Ops& ops, const MoeAdapterArgs& la, cons
   // s a = s xs A^T (in ax; a is the recompute's); dBg += dg^T (s a), dBu += du^T (s a)
   ops.fill(dt, b.lora_ax, R * r_, 0.f);
   ops.add_into(dt, b.lora_ax, dt, b.lora_a_gu, R * r_, scaling_);
-  if (void* g = grad_at(ops, la.grads, b_gate_)) ops.grouped_linear_bwd_weight(b.dg, b.lora_ax, g, off, E_, r_, Fe_);
-  if (void* g = grad_at(ops, la.grads, b_up_)) ops.grouped_linear_bwd_weight(b.du, b.lora_ax, g, off, E_, r_, Fe_);
+  if (void* g = grad_at(ops, la.grads, b_gate_))
+    ops.grouped_linear_bwd_weight(b.dg, b.lora_ax, g, off, E_, r_, Fe_);
+  if (void* g = grad_at(ops, la.grads, b_up_))
+    ops.grouped_linear_bwd_weight(b.du, b.lora_ax, g, off, E_, r_, Fe_);
   // g_a = s (dg Bg + du Bu); dA += g_a^T xs; dxs (in ys) += g_a A
   ops.grouped_linear_bwd_input(b.dg, at(ops, la.params, b_gate_), b.lora_g, off, E_, r_, Fe_, false);
   ops.grouped_linear_bwd_input(b.du, at(ops, la.params, b_up_), b.lora_g, off, E_, r_, Fe_, true);
   ops.fill(dt, b.lora_ax, R * r_, 0.f);
   ops.add_into(dt, b.lora_ax, dt, b.lora_g, R * r_, scaling_);
-  if (void* g = grad_at(ops, la.grads, a_gu_)) ops.grouped_linear_bwd_weight(b.lora_ax, b.xs, g, off, E_, H_, r_);
+  if (void* g = grad_at(ops, la.grads, a_gu_))
+    ops.grouped_linear_bwd_weight(b.lora_ax, b.xs, g, off, E_, H_, r_);
   ops.grouped_linear_bwd_input(b.lora_ax, at(ops, la.params, a_gu_), b.ys, off, E_, H_, r_, true);
 }
 
@@ -165,8 +174,9 @@ void MoeBlock::forward(Ops& ops, const void* w, const void* hn, const void* h1, 
   ops.moe_combine(b.ys, b.topk_w, b.row, y, n, k_, H_, true);
 }
 
-void MoeBlock::backward(Ops& ops, const void* w, void* dw, const void* hn, const void* dy, void* dhn, int64_t n,
-                        const MoeBufs& b, const float* counts, float aux_coef, const MoeAdapterArgs& la) const {
+void MoeBlock::backward(Ops& ops, const void* w, void* dw, const void* hn, const void* dy, void* dhn,
+                        int64_t n, const MoeBufs& b, const float* counts, float aux_coef,
+                        const MoeAdapterArgs& la) const {
   if (adapted() && (!la.params || !b.lora_ax || !b.lora_g || !b.lora_a_gu))
     throw std::invalid_argument("MoeBlock.backward: expert adapters without their parameters or scratch");
   const int64_t R = n * k_;
@@ -177,17 +187,19 @@ void MoeBlock::backward(Ops& ops, const void* w, void* dw, const void* hn, const
   ops.moe_combine_bwd(dy, b.ys, b.topk_w, b.row, b.dys, b.dw, n, k_, H_);
   // ys = down(m): dW_down from m, then dm into m's buffer
   if (lora_down_) down_adapter_backward(ops, la, b, off.data());
-  if (void* g = grad_at(ops, dw, w_down_)) ops.grouped_linear_bwd_weight(b.dys, b.m, g, off.data(), E_, Fe_, H_);
-  if (void* g = gpt_oss_ ? grad_at(ops, dw, bias_down_) : nullptr) ops.grouped_bias_bwd(b.dys, g, off.data(), E_, H_);
+  if (void* g = grad_at(ops, dw, w_down_))
+    ops.grouped_linear_bwd_weight(b.dys, b.m, g, off.data(), E_, Fe_, H_);
+  if (void* g = gpt_oss_ ? grad_at(ops, dw, bias_down_) : nullptr)
+    ops.grouped_bias_bwd(b.dys, g, off.data(), E_, H_);
   ops.grouped_linear_bwd_input(b.dys, at(ops, w, w_down_), b.m, off.data(), E_, Fe_, H_, false);
   if (lora_down_)  // dm += g_a Ad (g_a left in ax by the down adapter's backward)
     ops.grouped_linear_bwd_input(b.lora_ax, at(ops, la.params, a_down_), b.m, off.data(), E_, Fe_, r_, true);
-  if (gpt_oss_)
-    ops.swiglu_clamped_bwd(b.g, b.u, b.m, b.dg, b.du, R * Fe_, alpha_, limit_);
-  else
-    ops.swiglu_bwd(b.g, b.u, b.m, b.dg, b.du, R * Fe_);
-  if (void* g = grad_at(ops, dw, w_gate_)) ops.grouped_linear_bwd_weight(b.dg, b.xs, g, off.data(), E_, H_, Fe_);
-  if (void* g = grad_at(ops, dw, w_up_)) ops.grouped_linear_bwd_weight(b.du, b.xs, g, off.data(), E_, H_, Fe_);
+  if (gpt_oss_) ops.swiglu_clamped_bwd(b.g, b.u, b.m, b.dg, b.du, R * Fe_, alpha_, limit_);
+  else ops.swiglu_bwd(b.g, b.u, b.m, b.dg, b.du, R * Fe_);
+  if (void* g = grad_at(ops, dw, w_gate_))
+    ops.grouped_linear_bwd_weight(b.dg, b.xs, g, off.data(), E_, H_, Fe_);
+  if (void* g = grad_at(ops, dw, w_up_))
+    ops.grouped_linear_bwd_weight(b.du, b.xs, g, off.data(), E_, H_, Fe_);
   if (gpt_oss_ && dw) {
     ops.grouped_bias_bwd(b.dg, grad_at(ops, dw, bias_gate_), off.data(), E_, Fe_);
     ops.grouped_bias_bwd(b.du, grad_at(ops, dw, bias_up_), off.data(), E_, Fe_);

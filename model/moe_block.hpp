@@ -74,18 +74,20 @@ class MoeBlock {
   // xs, g, u, m and ys of the chunk (adapters included). The adapters' unscaled A products
   // land in ax_gu = xs A^T and ax_down = m Ad^T ([R, r]; the same buffer in a forward, two
   // kept buffers in a backward's recompute, which the adapters' backward reads again).
-  void experts_forward(Ops& ops, const void* w, const void* hn, int64_t n, const MoeBufs& b, const int32_t* off,
-                       const MoeAdapterArgs& la, void* ax_gu, void* ax_down) const;
+  void experts_forward(Ops& ops, const void* w, const void* hn, int64_t n, const MoeBufs& b,
+                       const int32_t* off, const MoeAdapterArgs& la, void* ax_gu, void* ax_down) const;
   // the adapters' backward, from the recompute's A products (ax_down in MoeBufs::lora_g,
   // ax_gu in lora_a_gu): down before dm overwrites m, gate/up once dg, du exist
   void down_adapter_backward(Ops& ops, const MoeAdapterArgs& la, const MoeBufs& b, const int32_t* off) const;
-  void gate_up_adapter_backward(Ops& ops, const MoeAdapterArgs& la, const MoeBufs& b, const int32_t* off) const;
+  void gate_up_adapter_backward(Ops& ops, const MoeAdapterArgs& la, const MoeBufs& b,
+                                const int32_t* off) const;
   int64_t H_, E_, k_, Fe_;
   bool norm_topk_;
   int64_t w_router_, w_gate_, w_up_, w_down_;  // element offsets in the group
   bool gpt_oss_ = false;
-  int64_t bias_router_ = -1, bias_gate_ = -1, bias_up_ = -1, bias_down_ = -1;  // GPT-OSS biases ([E], [E, out] stacks)
-  float alpha_ = 0, limit_ = 0;                                     // GPT-OSS clamped SwiGLU
+  int64_t bias_router_ = -1, bias_gate_ = -1, bias_up_ = -1,
+          bias_down_ = -1;       // GPT-OSS biases ([E], [E, out] stacks)
+  float alpha_ = 0, limit_ = 0;  // GPT-OSS clamped SwiGLU
   // expert adapters: element offsets in the adapter group (model/lora.hpp expert_lora_tensors)
   bool lora_gu_ = false, lora_down_ = false;
   int64_t r_ = 0;

@@ -100,12 +100,15 @@ void write_optimizer_state(const std::string& path, const OptimizerStateView& v)
 
 // ---- reading ----------------------------------------------------------------------------
 
-OptimizerStateReader::OptimizerStateReader(const std::string& path) : path_(path), is_(path, std::ios::binary) {
+OptimizerStateReader::OptimizerStateReader(const std::string& path)
+    : path_(path), is_(path, std::ios::binary) {
   if (!is_) fail(fmt::format("cannot open the optimizer state ({})", std::strerror(errno)));
   read_header();
 }
 
-void OptimizerStateReader::fail(const std::string& what) const { throw std::runtime_error(path_ + ": " + what); }
+void OptimizerStateReader::fail(const std::string& what) const {
+  throw std::runtime_error(path_ + ": " + what);
+}
 
 void OptimizerStateReader::bytes(void* p, size_t n, const char* what) {
   if (!is_.read(static_cast<char*>(p), std::streamsize(n)))
@@ -115,7 +118,8 @@ void OptimizerStateReader::bytes(void* p, size_t n, const char* what) {
 
 std::string OptimizerStateReader::str(const char* what, uint32_t max_len) {
   const auto n = pod<uint32_t>(what);
-  if (n > max_len) fail(fmt::format("corrupted optimizer state: {} is {} bytes long (at most {})", what, n, max_len));
+  if (n > max_len)
+    fail(fmt::format("corrupted optimizer state: {} is {} bytes long (at most {})", what, n, max_len));
   std::string s(n, '\0');
   bytes(s.data(), n, what);
   return s;
@@ -135,14 +139,18 @@ void OptimizerStateReader::read_header() {
     fail("not a RoundPipe optimizer state (expected the magic \"RPOPTST1\" at the start)");
   const auto version = pod<uint32_t>("the header");
   if (version == 1)
-    fail(fmt::format("optimizer state format version 1 (FNV-1a checksums, written by an earlier RoundPipe); this "
-                     "build reads version {}: resume from a checkpoint written by this build, or start a new run",
-                     kOptimizerStateVersion));
+    fail(fmt::format(
+        "optimizer state format version 1 (FNV-1a checksums, written by an earlier RoundPipe); this "
+        "build reads version {}: resume from a checkpoint written by this build, or start a new run",
+        kOptimizerStateVersion));
   if (version != kOptimizerStateVersion)
-    fail(fmt::format("optimizer state format version {}, this build reads {}", version, kOptimizerStateVersion));
+    fail(fmt::format("optimizer state format version {}, this build reads {}", version,
+                     kOptimizerStateVersion));
   const auto flags = pod<uint32_t>("the header");
-  if (flags & ~(kAsync | kMaster | kLowp | kScaler)) fail(fmt::format("corrupted optimizer state: unknown flags 0x{:x}", flags));
-  h_.async = flags & kAsync, h_.has_master = flags & kMaster, h_.has_lowp = flags & kLowp, h_.has_scaler = flags & kScaler;
+  if (flags & ~(kAsync | kMaster | kLowp | kScaler))
+    fail(fmt::format("corrupted optimizer state: unknown flags 0x{:x}", flags));
+  h_.async = flags & kAsync, h_.has_master = flags & kMaster, h_.has_lowp = flags & kLowp,
+  h_.has_scaler = flags & kScaler;
   h_.steps = pod<int64_t>("the header");
   if (h_.steps < 0) fail(fmt::format("corrupted optimizer state: negative step count {}", h_.steps));
   const std::string dname = str("the dtype name", 16);
@@ -175,15 +183,17 @@ void OptimizerStateReader::check_groups(const ModelLayout& layout) const {
     if (!grp.frozen) trainable.push_back(&grp);
   const size_t G = trainable.size();
   if (h_.groups.size() != G)
-    fail(fmt::format("the state has {} parameter groups, the model has {} trainable ones (saved for another model, "
-                     "or with other groups frozen?)",
-                     h_.groups.size(), G));
+    fail(fmt::format(
+        "the state has {} parameter groups, the model has {} trainable ones (saved for another model, "
+        "or with other groups frozen?)",
+        h_.groups.size(), G));
   for (size_t g = 0; g < G; ++g) {
     const auto& want = *trainable[g];
     if (h_.groups[g].first != want.name || h_.groups[g].second != want.numel)
-      fail(fmt::format("group {} is '{}' with {} parameters in the state, the model expects '{}' with {} (saved for "
-                       "another model?)",
-                       g, h_.groups[g].first, h_.groups[g].second, want.name, want.numel));
+      fail(fmt::format(
+          "group {} is '{}' with {} parameters in the state, the model expects '{}' with {} (saved for "
+          "another model?)",
+          g, h_.groups[g].first, h_.groups[g].second, want.name, want.numel));
   }
 }
 
@@ -193,12 +203,13 @@ void OptimizerStateReader::read_adam(const ParamGroup& g, AdamWState& st, AdamWO
   const auto pos = is_.tellg();
   char head[32];  // magic, version, flags, step, n (optimizer/adamw.hpp save_state)
   if (!is_.read(head, sizeof head))
-    fail(fmt::format("truncated optimizer state: the file ends inside the AdamW state of group '{}'", g.name));
+    fail(
+        fmt::format("truncated optimizer state: the file ends inside the AdamW state of group '{}'", g.name));
   int64_t n = 0;
   std::memcpy(&n, head + 24, 8);
   if (n != 0 && n != g.numel)
-    fail(fmt::format("group '{}': AdamW moments of {} parameters, expected {} (corrupted optimizer state)", g.name, n,
-                     g.numel));
+    fail(fmt::format("group '{}': AdamW moments of {} parameters, expected {} (corrupted optimizer state)",
+                     g.name, n, g.numel));
   is_.seekg(pos);
   bool has_opts = false;
   try {
@@ -247,7 +258,8 @@ void OptimizerStateReader::finish() {
   char end[8];
   if (!is_.read(end, 8) || std::memcmp(end, kEnd, 8) != 0)
     fail("corrupted optimizer state: the end marker \"RPOPTEND\" is missing");
-  if (is_.peek() != std::char_traits<char>::eof()) fail("corrupted optimizer state: trailing bytes after the end marker");
+  if (is_.peek() != std::char_traits<char>::eof())
+    fail("corrupted optimizer state: trailing bytes after the end marker");
 }
 
 }  // namespace rp

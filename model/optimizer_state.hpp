@@ -38,11 +38,11 @@ namespace rp {
 inline constexpr uint32_t kOptimizerStateVersion = 2;
 
 struct OptimizerStateHeader {
-  int64_t steps = 0;          ///< steps closed N
-  bool async = true;          ///< saved by a staleness-1 run
-  bool has_master = false;    ///< fp32 master weights per group
-  bool has_lowp = false;      ///< low-precision copy per group
-  bool has_scaler = false;    ///< a LossScaler record
+  int64_t steps = 0;        ///< steps closed N
+  bool async = true;        ///< saved by a staleness-1 run
+  bool has_master = false;  ///< fp32 master weights per group
+  bool has_lowp = false;    ///< low-precision copy per group
+  bool has_scaler = false;  ///< a LossScaler record
   DType lowp_dtype = DType::f32;
   std::vector<std::pair<std::string, int64_t>> groups;  ///< (name, numel) in layout order
   std::vector<float> loss_scales;                       ///< scales of steps N..N+staleness
@@ -53,11 +53,11 @@ struct OptimizerStateHeader {
 struct OptimizerStateView {
   OptimizerStateHeader header;
   const ModelLayout* layout = nullptr;
-  const std::vector<AdamWState>* adam = nullptr;       ///< one per group (frozen groups' unused)
-  const AdamWOptions* adam_options = nullptr;          ///< recorded with each group's state
+  const std::vector<AdamWState>* adam = nullptr;            ///< one per group (frozen groups' unused)
+  const AdamWOptions* adam_options = nullptr;               ///< recorded with each group's state
   const std::vector<std::vector<float>>* master = nullptr;  ///< with header.has_master
-  std::vector<const void*> lowp;                        ///< with header.has_lowp: numel elements of lowp_dtype per group
-  const LossScaler* scaler = nullptr;                   ///< with header.has_scaler
+  std::vector<const void*> lowp;       ///< with header.has_lowp: numel elements of lowp_dtype per group
+  const LossScaler* scaler = nullptr;  ///< with header.has_scaler
 };
 
 /// Writes `v` to `path` atomically (base/atomic_file.hpp). Throws std::runtime_error

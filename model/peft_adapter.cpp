@@ -34,7 +34,8 @@ constexpr const char* kPrefix = "base_model.model.";
 constexpr const char* kEmbed = "model.embed_tokens.weight";
 constexpr const char* kLmHead = "lm_head.weight";
 constexpr const char* kNorm = "model.norm.weight";
-const std::vector<std::string> kLinears = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+const std::vector<std::string> kLinears = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                           "gate_proj", "up_proj", "down_proj"};
 
 [[noreturn]] void fail(const std::string& where, const std::string& what) {
   throw std::runtime_error(one_line(fmt::format("{}: {}", where, what)));
@@ -91,7 +92,8 @@ void read_lora_fields(const JsonFields& f, PeftAdapter& a) {
   LoraConfig& l = a.lora;
   if (!f.has("peft_type") || f.at("peft_type") != "LORA") f.fail("peft_type", "\"LORA\"");
   l.r = f.integer("r");
-  if (l.r < 1 || l.r > LoraConfig::kMaxRank) f.fail("r", fmt::format("an integer in 1..{}", LoraConfig::kMaxRank));
+  if (l.r < 1 || l.r > LoraConfig::kMaxRank)
+    f.fail("r", fmt::format("an integer in 1..{}", LoraConfig::kMaxRank));
   if (f.has("lora_alpha")) l.alpha = f.number("lora_alpha");
   else l.alpha = 8;  // PEFT's default
   if (!(l.alpha > 0) || !std::isfinite(l.alpha)) f.fail("lora_alpha", "a finite number > 0");
@@ -115,15 +117,18 @@ void read_lora_fields(const JsonFields& f, PeftAdapter& a) {
         if (s == n || s == tail || ends_with(s, "." + tail)) found = p;
       }
       if (found < 0) f.fail("target_parameters", tp_expected);
-      if (!lora_targets_experts(l, ExpertProj(found))) l.target_parameters.push_back(kExpertProjNames[size_t(found)]);
+      if (!lora_targets_experts(l, ExpertProj(found)))
+        l.target_parameters.push_back(kExpertProjNames[size_t(found)]);
     }
-    std::sort(l.target_parameters.begin(), l.target_parameters.end(), [](const std::string& a, const std::string& b) {
-      return a.find("gate_up") != std::string::npos && b.find("gate_up") == std::string::npos;
-    });
+    std::sort(l.target_parameters.begin(), l.target_parameters.end(),
+              [](const std::string& a, const std::string& b) {
+                return a.find("gate_up") != std::string::npos && b.find("gate_up") == std::string::npos;
+              });
   }
   const json& tm = f.at("target_modules");
-  const char* tm_expected = "a list of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (Phi-3: qkv_proj, "
-                            "gate_up_proj), or \"all-linear\"";
+  const char* tm_expected =
+      "a list of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (Phi-3: qkv_proj, "
+      "gate_up_proj), or \"all-linear\"";
   l.target_modules.clear();
   if (tm.is_null() && !l.target_parameters.empty()) {
     // only the experts' parameters are adapted
@@ -143,7 +148,8 @@ void read_lora_fields(const JsonFields& f, PeftAdapter& a) {
           seen.insert(part);
         continue;
       }
-      if (std::find(kLinears.begin(), kLinears.end(), m) == kLinears.end()) f.fail("target_modules", tm_expected);
+      if (std::find(kLinears.begin(), kLinears.end(), m) == kLinears.end())
+        f.fail("target_modules", tm_expected);
       seen.insert(m);
     }
     for (const auto& m : kLinears)
@@ -153,11 +159,13 @@ void read_lora_fields(const JsonFields& f, PeftAdapter& a) {
   }
   l.modules_to_save.clear();
   if (const json& ms = f.at("modules_to_save"); !ms.is_null()) {
-    if (!ms.is_array()) f.fail("modules_to_save", "null or a list of \"embed_tokens\", \"lm_head\", \"model.norm\"");
+    if (!ms.is_array())
+      f.fail("modules_to_save", "null or a list of \"embed_tokens\", \"lm_head\", \"model.norm\"");
     std::set<std::string> seen;
     for (const auto& e : ms) {
       const std::string n = e.is_string() ? module_to_save_name(e.get<std::string>()) : "";
-      if (n.empty()) f.fail("modules_to_save", "null or a list of \"embed_tokens\", \"lm_head\", \"model.norm\"");
+      if (n.empty())
+        f.fail("modules_to_save", "null or a list of \"embed_tokens\", \"lm_head\", \"model.norm\"");
       if (n == "norm") a.final_norm = true;
       else if (seen.insert(n).second) l.modules_to_save.push_back(n);
     }
@@ -178,21 +186,26 @@ void refuse_unsupported(const JsonFields& f) {
       f.fail(key, "null (every decoder layer, whole modules)");
   must("use_qalora", false, "false (LoRA variants are not supported)");
   must("use_bdlora", false, "false (LoRA variants are not supported)");
-  for (const char* key : {"alora_invocation_tokens", "arrow_config", "monteclora_config", "velora_config", "kasa_config"})
+  for (const char* key :
+       {"alora_invocation_tokens", "arrow_config", "monteclora_config", "velora_config", "kasa_config"})
     if (f.has(key) && !f.at(key).is_null()) f.fail(key, "null (LoRA variants are not supported)");
   // PiSSA, OLoRA, LoftQ and CorDA adapters belong to base weights their initialisation changed
-  if (const json& init = f.at("init_lora_weights"); !init.is_null() && !init.is_boolean() && init != "gaussian")
-    f.fail("init_lora_weights", "true, false or \"gaussian\" (adapters of PiSSA, OLoRA, LoftQ or CorDA need the base "
-                                "weights their initialisation changed)");
+  if (const json& init = f.at("init_lora_weights");
+      !init.is_null() && !init.is_boolean() && init != "gaussian")
+    f.fail("init_lora_weights",
+           "true, false or \"gaussian\" (adapters of PiSSA, OLoRA, LoftQ or CorDA need the base "
+           "weights their initialisation changed)");
 }
 
 /// rank_pattern / alpha_pattern: empty, or (Phi-3, as roundpipe writes them: model/phi3_hf.hpp)
 /// a rank n r and an alpha that keep the scaling of r and lora_alpha for qkv_proj / gate_up_proj.
 /// Returns each fused module's rank.
 std::map<std::string, int64_t> fused_ranks(const JsonFields& f, const LoraConfig& l) {
-  const char* rank_expected = "{} (one rank for every module), or qkv_proj / gate_up_proj at a multiple n of r";
-  const char* alpha_expected = "{} (one alpha for every module), or qkv_proj / gate_up_proj at n lora_alpha (sqrt(n) "
-                               "lora_alpha with use_rslora) for rank n r";
+  const char* rank_expected =
+      "{} (one rank for every module), or qkv_proj / gate_up_proj at a multiple n of r";
+  const char* alpha_expected =
+      "{} (one alpha for every module), or qkv_proj / gate_up_proj at n lora_alpha (sqrt(n) "
+      "lora_alpha with use_rslora) for rank n r";
   std::map<std::string, int64_t> ranks;
   const json none = json::object();
   const json& rp = f.has("rank_pattern") && !f.at("rank_pattern").is_null() ? f.at("rank_pattern") : none;
@@ -241,10 +254,11 @@ std::vector<std::string> lora_target_list(const LoraConfig& lora) {
     } else if (std::find(kLinears.begin(), kLinears.end(), m) != kLinears.end()) {
       want.insert(m);
     } else {
-      throw std::invalid_argument(fmt::format(
-          "lora.target_modules: expected q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj or all-linear, "
-          "got \"{}\"",
-          one_line(m)));
+      throw std::invalid_argument(
+          fmt::format("lora.target_modules: expected q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+                      "down_proj or all-linear, "
+                      "got \"{}\"",
+                      one_line(m)));
     }
   }
   std::vector<std::string> out;
@@ -272,7 +286,8 @@ TrainedBase trained_base(const ModelLayout& layout) {
   if (layout.config.tie_word_embeddings) {
     // PEFT's ensure_weight_tying ties either name to the embedding (roundpipe/adapter.hpp)
     const auto named = normalised_modules_to_save(*layout.lora);
-    if (t.embed && (named.count("embed_tokens") || named.empty())) t.modules_to_save.push_back("embed_tokens");
+    if (t.embed && (named.count("embed_tokens") || named.empty()))
+      t.modules_to_save.push_back("embed_tokens");
     if (t.embed && named.count("lm_head")) t.modules_to_save.push_back("lm_head");
   } else {
     if (t.embed) t.modules_to_save.push_back("embed_tokens");
@@ -326,9 +341,11 @@ json peft_adapter_config(const ModelLayout& layout, const std::string& base_mode
   json j = json::object();
   j["peft_type"] = "LORA";
   j["task_type"] = "CAUSAL_LM";
-  j["base_model_name_or_path"] = base_model_name_or_path.empty() ? json(nullptr) : json(base_model_name_or_path);
+  j["base_model_name_or_path"] =
+      base_model_name_or_path.empty() ? json(nullptr) : json(base_model_name_or_path);
   j["r"] = lora.r;
-  if (lora.alpha == std::floor(lora.alpha) && std::abs(lora.alpha) < 1e15) j["lora_alpha"] = int64_t(lora.alpha);
+  if (lora.alpha == std::floor(lora.alpha) && std::abs(lora.alpha) < 1e15)
+    j["lora_alpha"] = int64_t(lora.alpha);
   else j["lora_alpha"] = lora.alpha;
   j["lora_dropout"] = lora.dropout;
   j["target_modules"] = target_modules_json(layout);
@@ -357,19 +374,21 @@ json peft_adapter_config(const ModelLayout& layout, const std::string& base_mode
   return j;
 }
 
-void write_peft_adapter(const std::string& dir, const ModelLayout& layout, const std::vector<const float*>& group_data,
+void write_peft_adapter(const std::string& dir, const ModelLayout& layout,
+                        const std::vector<const float*>& group_data,
                         const std::string& base_model_name_or_path, DType dtype) {
   if (!layout.lora) throw std::invalid_argument("write_peft_adapter: the layout has no LoRA adapters");
   if (group_data.size() != layout.groups.size())
-    throw std::invalid_argument(fmt::format("write_peft_adapter: {} group buffers for {} groups", group_data.size(),
-                                            layout.groups.size()));
+    throw std::invalid_argument(fmt::format("write_peft_adapter: {} group buffers for {} groups",
+                                            group_data.size(), layout.groups.size()));
   const ModelConfig& c = layout.config;
   std::vector<TensorRef> refs;
   auto add = [&](const std::string& name, const std::string& stored_as) {
     const auto [g, t] = find_tensor(layout, stored_as);
     if (!t) throw std::invalid_argument(fmt::format("write_peft_adapter: the layout has no {}", stored_as));
     if (!group_data[size_t(g)])
-      throw std::invalid_argument(fmt::format("write_peft_adapter: no data for group '{}'", layout.groups[size_t(g)].name));
+      throw std::invalid_argument(
+          fmt::format("write_peft_adapter: no data for group '{}'", layout.groups[size_t(g)].name));
     refs.push_back({peft_tensor_key(name), t->shape, group_data[size_t(g)] + t->offset});
   };
   // Phi-3: q/k/v (gate/up) as one adapter of PEFT's fused module (model/phi3_hf.hpp)
@@ -383,7 +402,8 @@ void write_peft_adapter(const std::string& dir, const ModelLayout& layout, const
     const int g = layout.adapter_group(int(i) + 1);
     if (!group_data[size_t(g)] || !c.is_moe_layer(i) || !lora_has_expert_targets(*layout.lora)) continue;
     experts.push_back(peft_expert_tensors(layout, i, group_data[size_t(g)]));
-    for (const auto& [name, t] : experts.back()) refs.push_back({peft_tensor_key(name), t.shape, t.data.data()});
+    for (const auto& [name, t] : experts.back())
+      refs.push_back({peft_tensor_key(name), t.shape, t.data.data()});
   }
   const TrainedBase tb = trained_base(layout);
   if (tb.embed) add(kEmbed, kEmbed);
@@ -397,7 +417,8 @@ void write_peft_adapter(const std::string& dir, const ModelLayout& layout, const
   write_file_atomically(cfg_path, [&](std::ostream& os) { os << text; });
 }
 
-void save_peft_adapter(const std::string& dir, const ModelLayout& layout, const std::vector<const float*>& group_data,
+void save_peft_adapter(const std::string& dir, const ModelLayout& layout,
+                       const std::vector<const float*>& group_data,
                        const std::string& base_model_name_or_path, DType dtype,
                        const std::function<void(const std::string& tmp_dir)>& extra) {
   replace_folder(dir, [&](const std::string& tmp) {
@@ -424,7 +445,8 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
   const std::string cfg_path = (d / kAdapterConfigFile).string();
   const std::string st_path = (d / kAdapterWeightsFile).string();
   std::error_code ec;
-  if (!fs::is_directory(d, ec)) fail(dir, "not a folder (expected a PEFT adapter folder with adapter_config.json)");
+  if (!fs::is_directory(d, ec))
+    fail(dir, "not a folder (expected a PEFT adapter folder with adapter_config.json)");
   if (!fs::exists(cfg_path, ec)) fail(cfg_path, "missing (not a PEFT adapter folder)");
   json cfg;
   {
@@ -440,7 +462,8 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
   }
   PeftAdapter a = peft_adapter_from_config(cfg, cfg_path);
   a.dir = dir;
-  const std::map<std::string, int64_t> ranks = fused_ranks(JsonFields(cfg, cfg_path, "", JsonFields::Error::runtime_error), a.lora);
+  const std::map<std::string, int64_t> ranks =
+      fused_ranks(JsonFields(cfg, cfg_path, "", JsonFields::Error::runtime_error), a.lora);
   if (!fs::exists(st_path, ec)) {
     if (fs::exists(d / "adapter_model.bin", ec))
       fail((d / "adapter_model.bin").string(),
@@ -456,7 +479,8 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
     auto bad = [&](const std::string& what) { fail(st_path, fmt::format("key '{}': {}", e.name, what)); };
     if (name.empty()) bad("expected a name starting with 'base_model.model.'");
     if (name == kNorm) {
-      if (!a.final_norm) bad(fmt::format("modules_to_save of {} does not name 'model.norm'", kAdapterConfigFile));
+      if (!a.final_norm)
+        bad(fmt::format("modules_to_save of {} does not name 'model.norm'", kAdapterConfigFile));
     } else if (name == kEmbed || name == kLmHead) {
       const std::string module = name == kEmbed ? "embed_tokens" : "lm_head";
       // with ensure_weight_tying PEFT saves both ends of a tied pair whichever one is named
@@ -472,14 +496,16 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
             "(DoRA magnitudes, biases and other adapter types are not supported)");
       // Phi-3's fused modules: in target_modules as their parts, at their rank_pattern's rank
       const std::string part = m == "qkv_proj" ? "q_proj" : m == "gate_up_proj" ? "gate_proj" : m;
-      if (!targets.count(part)) bad(fmt::format("module '{}' is not in target_modules of {}", m, kAdapterConfigFile));
+      if (!targets.count(part))
+        bad(fmt::format("module '{}' is not in target_modules of {}", m, kAdapterConfigFile));
       const int64_t rank = ranks.count(m) ? ranks.at(m) : a.lora.r;
       const bool is_a = ends_with(name, ".lora_A.weight");
       if (part != m && (e.shape.size() != 2 || e.shape[is_a ? 0 : 1] != rank))
         bad(fmt::format("expected rank {} ({} of {}), got shape [{}]", rank,
                         ranks.count(m) ? "rank_pattern" : "r", kAdapterConfigFile, fmt::join(e.shape, ", ")));
     }
-    if (e.dtype != "F32" && e.dtype != "F16" && e.dtype != "BF16") bad(fmt::format("expected F32, F16 or BF16, got {}", e.dtype));
+    if (e.dtype != "F32" && e.dtype != "F16" && e.dtype != "BF16")
+      bad(fmt::format("expected F32, F16 or BF16, got {}", e.dtype));
     a.tensors[name] = f.read_f32(e);
   }
   expert_tensors_from_peft(a.lora, a.tensors, st_path);
@@ -501,19 +527,22 @@ void untie_embeddings(LoadedModel& m) {
   m.tensors[kLmHead] = m.tensors.at(kEmbed);
 }
 
-void load_peft_adapter(const PeftAdapter& a, const ModelLayout& layout, std::vector<std::vector<float>>& group_data) {
+void load_peft_adapter(const PeftAdapter& a, const ModelLayout& layout,
+                       std::vector<std::vector<float>>& group_data) {
   if (!layout.lora) throw std::invalid_argument("load_peft_adapter: the layout has no LoRA adapters");
   if (group_data.size() != layout.groups.size())
-    throw std::invalid_argument(fmt::format("load_peft_adapter: {} group buffers for {} groups", group_data.size(),
-                                            layout.groups.size()));
+    throw std::invalid_argument(fmt::format("load_peft_adapter: {} group buffers for {} groups",
+                                            group_data.size(), layout.groups.size()));
   const std::string cfg_path = (fs::path(a.dir) / kAdapterConfigFile).string();
   const std::string st_path = (fs::path(a.dir) / kAdapterWeightsFile).string();
   const LoraConfig& want = *layout.lora;
   const ModelConfig& c = layout.config;
-  if (a.lora.r != want.r) fail(cfg_path, fmt::format("key 'r': expected {} (the run's lora.r), got {}", want.r, a.lora.r));
+  if (a.lora.r != want.r)
+    fail(cfg_path, fmt::format("key 'r': expected {} (the run's lora.r), got {}", want.r, a.lora.r));
   if (a.lora.target_modules != adapted_modules(layout))
-    fail(cfg_path, fmt::format("key 'target_modules': expected [{}] (the run's lora.target_modules), got [{}]",
-                               fmt::join(adapted_modules(layout), ", "), fmt::join(a.lora.target_modules, ", ")));
+    fail(cfg_path,
+         fmt::format("key 'target_modules': expected [{}] (the run's lora.target_modules), got [{}]",
+                     fmt::join(adapted_modules(layout), ", "), fmt::join(a.lora.target_modules, ", ")));
   {
     std::vector<std::string> want_p, got_p;
     for (int p = 0; p < kExpertProjs; ++p) {
@@ -521,21 +550,24 @@ void load_peft_adapter(const PeftAdapter& a, const ModelLayout& layout, std::vec
       if (lora_targets_experts(a.lora, ExpertProj(p))) got_p.push_back(kExpertProjNames[size_t(p)]);
     }
     if (want_p != got_p)
-      fail(cfg_path, fmt::format("key 'target_parameters': expected [{}] (the run's lora.target_parameters), got [{}]",
-                                 fmt::join(want_p, ", "), fmt::join(got_p, ", ")));
+      fail(cfg_path,
+           fmt::format("key 'target_parameters': expected [{}] (the run's lora.target_parameters), got [{}]",
+                       fmt::join(want_p, ", "), fmt::join(got_p, ", ")));
   }
   const TrainedBase tb = trained_base(layout);
   const std::set<std::string> got(a.lora.modules_to_save.begin(), a.lora.modules_to_save.end());
   // a tied model trains its one matrix for either name (roundpipe/adapter.hpp)
-  const bool same = c.tie_word_embeddings
-                        ? tb.embed == !got.empty()
-                        : tb.embed == bool(got.count("embed_tokens")) && tb.head == bool(got.count("lm_head"));
+  const bool same = c.tie_word_embeddings ? tb.embed == !got.empty()
+                                          : tb.embed == bool(got.count("embed_tokens")) &&
+                                                tb.head == bool(got.count("lm_head"));
   if (!same) {
     std::vector<std::string> want_names;
     for (const auto& m : tb.modules_to_save)
       if (m != "model.norm") want_names.push_back(m);
-    fail(cfg_path, fmt::format("key 'modules_to_save': expected [{}] (what the run trains besides the adapters), got [{}]",
-                               fmt::join(want_names, ", "), fmt::join(a.lora.modules_to_save, ", ")));
+    fail(cfg_path,
+         fmt::format(
+             "key 'modules_to_save': expected [{}] (what the run trains besides the adapters), got [{}]",
+             fmt::join(want_names, ", "), fmt::join(a.lora.modules_to_save, ", ")));
   }
   std::set<std::string> used;
   const std::map<std::string, HostTensor> regrouped = gpt_oss_gate_up(a.tensors, c);
@@ -546,23 +578,27 @@ void load_peft_adapter(const PeftAdapter& a, const ModelLayout& layout, std::vec
     if (const auto it = regrouped.find(name); it != regrouped.end()) src = &it->second;
     else if (const auto jt = parts.find(name); jt != parts.end()) src = &jt->second;
     if (!src)
-      fail(st_path, fmt::format("key '{}': missing (expected shape [{}])", peft_tensor_key(name), fmt::join(t.shape, ", ")));
+      fail(st_path, fmt::format("key '{}': missing (expected shape [{}])", peft_tensor_key(name),
+                                fmt::join(t.shape, ", ")));
     if (src->shape != t.shape)
-      fail(st_path, fmt::format("key '{}': expected shape [{}], got [{}]", peft_tensor_key(name), fmt::join(t.shape, ", "),
-                                fmt::join(src->shape, ", ")));
+      fail(st_path, fmt::format("key '{}': expected shape [{}], got [{}]", peft_tensor_key(name),
+                                fmt::join(t.shape, ", "), fmt::join(src->shape, ", ")));
     auto& buf = group_data[size_t(g)];
     if (int64_t(buf.size()) != layout.groups[size_t(g)].numel)
       throw std::invalid_argument(fmt::format("load_peft_adapter: group '{}' holds {} values, expected {}",
-                                              layout.groups[size_t(g)].name, buf.size(), layout.groups[size_t(g)].numel));
+                                              layout.groups[size_t(g)].name, buf.size(),
+                                              layout.groups[size_t(g)].numel));
     std::memcpy(buf.data() + t.offset, src->data.data(), size_t(t.numel()) * sizeof(float));
     used.insert(name);
   };
   for (const auto& [g, t] : adapter_tensors(layout)) copy(t->name, g, *t);
   if (c.tie_word_embeddings && peft_adapter_unties(a, c))
-    fail(st_path, fmt::format("trains '{}' apart from '{}' of a model with tied embeddings (PEFT without "
-                              "ensure_weight_tying unties them); build the run from untie_embeddings of the base model",
-                              a.tensors.count(kLmHead) ? "lm_head" : "embed_tokens",
-                              a.tensors.count(kLmHead) ? "embed_tokens" : "lm_head"));
+    fail(
+        st_path,
+        fmt::format("trains '{}' apart from '{}' of a model with tied embeddings (PEFT without "
+                    "ensure_weight_tying unties them); build the run from untie_embeddings of the base model",
+                    a.tensors.count(kLmHead) ? "lm_head" : "embed_tokens",
+                    a.tensors.count(kLmHead) ? "embed_tokens" : "lm_head"));
   auto copy_named = [&](const std::string& file_name, const std::string& layout_name) {
     const auto [g, t] = find_tensor(layout, layout_name);
     if (!t) throw std::invalid_argument(fmt::format("load_peft_adapter: the layout has no {}", layout_name));
@@ -571,9 +607,10 @@ void load_peft_adapter(const PeftAdapter& a, const ModelLayout& layout, std::vec
   if (tb.embed && c.tie_word_embeddings) {
     const auto e = a.tensors.find(kEmbed), h = a.tensors.find(kLmHead);
     if (e != a.tensors.end() && h != a.tensors.end() && e->second.data != h->second.data)
-      fail(st_path, fmt::format("keys '{}' and '{}' differ but the model ties its embeddings (build the run from "
-                                "untie_embeddings of the base model)",
-                                peft_tensor_key(kEmbed), peft_tensor_key(kLmHead)));
+      fail(st_path,
+           fmt::format("keys '{}' and '{}' differ but the model ties its embeddings (build the run from "
+                       "untie_embeddings of the base model)",
+                       peft_tensor_key(kEmbed), peft_tensor_key(kLmHead)));
     copy_named(e != a.tensors.end() ? kEmbed : kLmHead, kEmbed);
     used.insert(kEmbed);
     used.insert(kLmHead);

@@ -28,7 +28,8 @@ namespace rp {
 /// The expert adapters of one decoder layer in PEFT's names (without "base_model.model.") and
 /// layout, from the adapter group's fp32 values `group` of `layout`. Empty for a layer
 /// without expert adapters.
-std::map<std::string, HostTensor> peft_expert_tensors(const ModelLayout& layout, int64_t decoder, const float* group);
+std::map<std::string, HostTensor> peft_expert_tensors(const ModelLayout& layout, int64_t decoder,
+                                                      const float* group);
 
 /// Replaces PEFT's expert adapter tensors in `tensors` ("model.layers.<i>.mlp.experts[.base_layer]
 /// .lora_A/B.weight") by ours, for an adapter of rank `lora.r` whose target_parameters are

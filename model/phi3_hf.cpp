@@ -20,19 +20,26 @@ std::vector<FusedProjection> fused_projections(const ModelConfig& c) {
   if (!hf_fuses_projections(c)) return out;
   const int64_t H = c.hidden_size, D = c.head_dim, F = c.intermediate_size;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const std::string a = fmt::format("model.layers.{}.self_attn.", l), m = fmt::format("model.layers.{}.mlp.", l);
-    out.push_back({a + "qkv_proj.weight", "qkv_proj",
+    const std::string a = fmt::format("model.layers.{}.self_attn.", l),
+                      m = fmt::format("model.layers.{}.mlp.", l);
+    out.push_back({a + "qkv_proj.weight",
+                   "qkv_proj",
                    {a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"},
                    {"q_proj", "k_proj", "v_proj"},
                    {c.num_attention_heads * D, c.num_key_value_heads * D, c.num_key_value_heads * D},
                    H});
-    out.push_back({m + "gate_up_proj.weight", "gate_up_proj", {m + "gate_proj.weight", m + "up_proj.weight"},
-                   {"gate_proj", "up_proj"}, {F, F}, H});
+    out.push_back({m + "gate_up_proj.weight",
+                   "gate_up_proj",
+                   {m + "gate_proj.weight", m + "up_proj.weight"},
+                   {"gate_proj", "up_proj"},
+                   {F, F},
+                   H});
   }
   return out;
 }
 
-std::vector<TensorRef> hf_tensor_refs(const ModelLayout& layout, const std::vector<const float*>& group_data) {
+std::vector<TensorRef> hf_tensor_refs(const ModelLayout& layout,
+                                      const std::vector<const float*>& group_data) {
   std::map<std::string, const FusedProjection*> first_part;
   std::set<std::string> parts;
   const std::vector<FusedProjection> fused = fused_projections(layout.config);
@@ -56,8 +63,8 @@ std::vector<TensorRef> hf_tensor_refs(const ModelLayout& layout, const std::vect
       for (size_t k = 0; k < f->second->parts.size(); ++k) {
         const TensorSpec& p = grp.tensors.at(i + k);
         if (p.name != f->second->parts[k] || p.offset != t.offset + rows * f->second->cols)
-          throw std::logic_error(fmt::format("hf_tensor_refs: '{}' does not follow '{}' in group '{}'", p.name,
-                                             t.name, grp.name));
+          throw std::logic_error(fmt::format("hf_tensor_refs: '{}' does not follow '{}' in group '{}'",
+                                             p.name, t.name, grp.name));
         rows += p.shape[0];
       }
       refs.push_back({f->second->name, {rows, f->second->cols}, data});
@@ -75,7 +82,9 @@ std::string peft_module_name(const ModelConfig& c, const std::string& m) {
 
 namespace {
 // "model.layers.N.self_attn.q_proj.weight" -> "model.layers.N.self_attn.q_proj"
-std::string stem(const std::string& weight) { return weight.substr(0, weight.size() - std::string(".weight").size()); }
+std::string stem(const std::string& weight) {
+  return weight.substr(0, weight.size() - std::string(".weight").size());
+}
 }  // namespace
 
 FusedAdapters fused_adapters(const ModelLayout& layout, const std::vector<const float*>& group_data) {
@@ -99,8 +108,8 @@ FusedAdapters fused_adapters(const ModelLayout& layout, const std::vector<const 
     }
     if (a.empty()) continue;
     if (a.size() != f.parts.size())
-      throw std::invalid_argument(fmt::format("fused_adapters: {} of {} parts of {} adapted (all or none)", a.size(),
-                                              f.parts.size(), f.name));
+      throw std::invalid_argument(fmt::format("fused_adapters: {} of {} parts of {} adapted (all or none)",
+                                              a.size(), f.parts.size(), f.name));
     const int64_t n = int64_t(a.size()), R = n * r, H = f.cols;
     // PEFT's scaling alpha' / r' (or / sqrt(r') with rsLoRA) at r' = n r equals ours
     out.rank_pattern[f.module] = R;
@@ -108,7 +117,8 @@ FusedAdapters fused_adapters(const ModelLayout& layout, const std::vector<const 
     if (!with_data) continue;
     int64_t rows = 0;
     for (int64_t k : f.rows) rows += k;
-    HostTensor A{{R, H}, std::vector<float>(size_t(R * H))}, B{{rows, R}, std::vector<float>(size_t(rows * R), 0.0f)};
+    HostTensor A{{R, H}, std::vector<float>(size_t(R * H))},
+        B{{rows, R}, std::vector<float>(size_t(rows * R), 0.0f)};
     int64_t row0 = 0;
     for (int64_t k = 0; k < n; ++k) {
       const float* pa = group_data[size_t(a[size_t(k)].first)] + a[size_t(k)].second->offset;
@@ -127,29 +137,32 @@ FusedAdapters fused_adapters(const ModelLayout& layout, const std::vector<const 
 }
 
 std::map<std::string, HostTensor> split_fused_adapters(const std::map<std::string, HostTensor>& tensors,
-                                                       const ModelConfig& c, int64_t r, const std::string& where) {
+                                                       const ModelConfig& c, int64_t r,
+                                                       const std::string& where) {
   std::map<std::string, HostTensor> out = tensors;
   for (const FusedProjection& f : fused_projections(c)) {
     const std::string ka = stem(f.name) + ".lora_A.weight", kb = stem(f.name) + ".lora_B.weight";
     const auto ia = tensors.find(ka), ib = tensors.find(kb);
     if (ia == tensors.end() && ib == tensors.end()) continue;
     if (ia == tensors.end() || ib == tensors.end())
-      throw std::runtime_error(one_line(fmt::format("{}: key 'base_model.model.{}': missing (its lora_{} is there)",
-                                                    where, ia == tensors.end() ? ka : kb,
-                                                    ia == tensors.end() ? "B" : "A")));
+      throw std::runtime_error(
+          one_line(fmt::format("{}: key 'base_model.model.{}': missing (its lora_{} is there)", where,
+                               ia == tensors.end() ? ka : kb, ia == tensors.end() ? "B" : "A")));
     const HostTensor &A = ia->second, &B = ib->second;
     const int64_t n = int64_t(f.parts.size()), H = f.cols;
     int64_t rows = 0;
     for (int64_t k : f.rows) rows += k;
     const int64_t R = A.shape.size() == 2 ? A.shape[0] : -1;
     if (A.shape.size() != 2 || A.shape[1] != H || (R != r && R != n * r))
-      throw std::runtime_error(one_line(fmt::format(
-          "{}: key 'base_model.model.{}': expected shape [{}, {}] (PEFT's, lora_A shared by the {} parts) or [{}, {}] "
-          "(roundpipe's, one block per part), got [{}]",
-          where, ka, r, H, n, n * r, H, fmt::join(A.shape, ", "))));
+      throw std::runtime_error(
+          one_line(fmt::format("{}: key 'base_model.model.{}': expected shape [{}, {}] (PEFT's, lora_A "
+                               "shared by the {} parts) or [{}, {}] "
+                               "(roundpipe's, one block per part), got [{}]",
+                               where, ka, r, H, n, n * r, H, fmt::join(A.shape, ", "))));
     if (B.shape != std::vector<int64_t>{rows, R})
-      throw std::runtime_error(one_line(fmt::format("{}: key 'base_model.model.{}': expected shape [{}, {}], got [{}]",
-                                                    where, kb, rows, R, fmt::join(B.shape, ", "))));
+      throw std::runtime_error(
+          one_line(fmt::format("{}: key 'base_model.model.{}': expected shape [{}, {}], got [{}]", where, kb,
+                               rows, R, fmt::join(B.shape, ", "))));
     const bool blocks = R == n * r && n * r != r;
     int64_t row0 = 0;
     for (int64_t k = 0; k < n; ++k) {
@@ -161,10 +174,11 @@ std::map<std::string, HostTensor> split_fused_adapters(const std::map<std::strin
           const float v = B.data[size_t((row0 + o) * R + q)];
           if (q >= c0 && q < c0 + r) b.data[size_t(o * r + q - c0)] = v;
           else if (v != 0.0f)  // an off-block value: not an adapter per part
-            throw std::runtime_error(one_line(fmt::format(
-                "{}: key 'base_model.model.{}': rank {} = {} x lora.r but not block diagonal (row {}, column {} is "
-                "{}); expected one block of {} columns per part ({})",
-                where, kb, R, n, row0 + o, q, v, r, fmt::join(f.part_modules, ", "))));
+            throw std::runtime_error(
+                one_line(fmt::format("{}: key 'base_model.model.{}': rank {} = {} x lora.r but not block "
+                                     "diagonal (row {}, column {} is "
+                                     "{}); expected one block of {} columns per part ({})",
+                                     where, kb, R, n, row0 + o, q, v, r, fmt::join(f.part_modules, ", "))));
         }
       out[stem(f.parts[size_t(k)]) + ".lora_A.weight"] = std::move(a);
       out[stem(f.parts[size_t(k)]) + ".lora_B.weight"] = std::move(b);

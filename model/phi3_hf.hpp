@@ -24,11 +24,11 @@ bool hf_fuses_projections(const ModelConfig& c);
 /// A fused tensor of layer `layer`: its name, and the layout tensors it holds in order with
 /// their rows.
 struct FusedProjection {
-  std::string name;                ///< "model.layers.N.self_attn.qkv_proj.weight"
-  std::string module;              ///< "qkv_proj" / "gate_up_proj"
-  std::vector<std::string> parts;  ///< "model.layers.N.self_attn.q_proj.weight", ...
+  std::string name;                       ///< "model.layers.N.self_attn.qkv_proj.weight"
+  std::string module;                     ///< "qkv_proj" / "gate_up_proj"
+  std::vector<std::string> parts;         ///< "model.layers.N.self_attn.q_proj.weight", ...
   std::vector<std::string> part_modules;  ///< "q_proj", "k_proj", "v_proj"
-  std::vector<int64_t> rows;       ///< rows of each part
+  std::vector<int64_t> rows;              ///< rows of each part
   int64_t cols = 0;
 };
 /// The two fused tensors of every layer of `c` (none unless hf_fuses_projections).
@@ -60,6 +60,7 @@ FusedAdapters fused_adapters(const ModelLayout& layout, const std::vector<const 
 /// shape. Tensors other than fused adapters pass through.
 /// `r`: the adapter's lora.r; `c`: the base model's config (nothing to split unless Phi-3).
 std::map<std::string, HostTensor> split_fused_adapters(const std::map<std::string, HostTensor>& tensors,
-                                                       const ModelConfig& c, int64_t r, const std::string& where);
+                                                       const ModelConfig& c, int64_t r,
+                                                       const std::string& where);
 
 }  // namespace rp

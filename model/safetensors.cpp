@@ -1,6 +1,6 @@
 #include "model/safetensors.hpp"
-#include "model/error_text.hpp"
 #include "base/atomic_file.hpp"
+#include "model/error_text.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -38,7 +38,6 @@ int64_t SafetensorsEntry::numel() const {
 }
 
 namespace {
-
 
 /// Bytes per element of a safetensors dtype, 0 when unknown.
 uint64_t st_dtype_size(const std::string& d) {
@@ -123,15 +122,16 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       e.end = (*off)[1].get<uint64_t>();
       if (e.begin > e.end) bad(fmt::format("data_offsets [{}, {}] are reversed", e.begin, e.end));
       if (e.end - e.begin != numel * es)
-        bad(fmt::format("data_offsets [{}, {}] hold {} bytes, shape {} of {} needs {}", e.begin,
-                        e.end, e.end - e.begin, excerpt(sh->dump()), e.dtype, numel * es));
+        bad(fmt::format("data_offsets [{}, {}] hold {} bytes, shape {} of {} needs {}", e.begin, e.end,
+                        e.end - e.begin, excerpt(sh->dump()), e.dtype, numel * es));
       if (e.end > data_size)
         fail(fmt::format("truncated file: tensor '{}' ends at data offset {}, only {} data bytes",
                          excerpt(name), e.end, data_size));
       entries_.push_back(std::move(e));
     }
-    std::sort(entries_.begin(), entries_.end(),
-              [](const auto& a, const auto& b) { return a.begin < b.begin || (a.begin == b.begin && a.end < b.end); });
+    std::sort(entries_.begin(), entries_.end(), [](const auto& a, const auto& b) {
+      return a.begin < b.begin || (a.begin == b.begin && a.end < b.end);
+    });
     for (size_t i = 1; i < entries_.size(); ++i)
       if (entries_[i].begin < entries_[i - 1].end)
         fail(fmt::format("corrupt header: tensors '{}' and '{}' overlap", excerpt(entries_[i - 1].name),
@@ -153,9 +153,7 @@ const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
   return nullptr;
 }
 
-const uint8_t* SafetensorsFile::data(const SafetensorsEntry& e) const {
-  return map_ + data_start_ + e.begin;
-}
+const uint8_t* SafetensorsFile::data(const SafetensorsEntry& e) const { return map_ + data_start_ + e.begin; }
 
 void SafetensorsFile::check_float_dtype(const SafetensorsEntry& e) const {
   SafetensorsEntry empty = e;  // read_f32's dtype dispatch on no elements: its error, or nothing
@@ -166,8 +164,10 @@ void SafetensorsFile::check_float_dtype(const SafetensorsEntry& e) const {
 void SafetensorsFile::release(const SafetensorsEntry& e) const {
   const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
   const uintptr_t lo = uintptr_t(data(e)) / page * page;
-  const uintptr_t hi = std::min(uintptr_t(map_ + size_), (uintptr_t(data(e)) + (e.end - e.begin) + page - 1) / page * page);
-  if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);  // advisory: failure changes nothing
+  const uintptr_t hi =
+      std::min(uintptr_t(map_ + size_), (uintptr_t(data(e)) + (e.end - e.begin) + page - 1) / page * page);
+  if (hi > lo)
+    ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);  // advisory: failure changes nothing
 }
 
 HostTensor SafetensorsFile::read_f32(const SafetensorsEntry& e) const {
@@ -188,8 +188,10 @@ HostTensor SafetensorsFile::read_f32(const SafetensorsEntry& e) const {
   } else if (e.dtype == "U8") {  // MXFP4 blocks and scales (model/gpt_oss_hf.hpp): bytes, exact in fp32
     for (size_t i = 0; i < n; ++i) t.data[i] = float(p[i]);
   } else {
-    throw std::runtime_error(fmt::format("{}: tensor '{}': dtype {} cannot be read as floats (F32, "
-                                         "F16, BF16, U8 only)", path_, e.name, e.dtype));
+    throw std::runtime_error(
+        fmt::format("{}: tensor '{}': dtype {} cannot be read as floats (F32, "
+                    "F16, BF16, U8 only)",
+                    path_, e.name, e.dtype));
   }
   return t;
 }
@@ -217,10 +219,12 @@ void open_index(const std::string& index_path, SafetensorsSet& out) {
   std::map<std::string, std::vector<std::string>> by_shard;
   for (auto it = wm->begin(); it != wm->end(); ++it) {
     if (!it->is_string())
-      throw std::runtime_error(fmt::format("{}: key 'weight_map.{}': expected a file name", index_path, excerpt(it.key())));
+      throw std::runtime_error(
+          fmt::format("{}: key 'weight_map.{}': expected a file name", index_path, excerpt(it.key())));
     const std::string shard = it->get<std::string>();
     if (shard.empty() || shard.find('/') != std::string::npos || shard == "..")
-      throw std::runtime_error(fmt::format("{}: key 'weight_map.{}': bad shard name '{}'", index_path, excerpt(it.key()), excerpt(shard)));
+      throw std::runtime_error(fmt::format("{}: key 'weight_map.{}': bad shard name '{}'", index_path,
+                                           excerpt(it.key()), excerpt(shard)));
     by_shard[shard].push_back(it.key());
   }
   const fs::path base = fs::path(index_path).parent_path();
@@ -230,8 +234,8 @@ void open_index(const std::string& index_path, SafetensorsSet& out) {
     for (const auto& name : names) {
       const SafetensorsEntry* e = f.find(name);
       if (!e)
-        throw std::runtime_error(fmt::format("{}: tensor '{}' (listed in {}) is missing", f.path(),
-                                             excerpt(name), index_path));
+        throw std::runtime_error(
+            fmt::format("{}: tensor '{}' (listed in {}) is missing", f.path(), excerpt(name), index_path));
       f.check_float_dtype(*e);
       out.tensors[name] = {&f, e};
     }
@@ -251,8 +255,7 @@ SafetensorsSet open_safetensors(const std::string& path) {
     } else if (fs::exists(d / "model.safetensors", ec)) {
       p = (d / "model.safetensors").string();
     } else {
-      throw std::runtime_error(
-          fmt::format("{}: no model.safetensors or model.safetensors.index.json", path));
+      throw std::runtime_error(fmt::format("{}: no model.safetensors or model.safetensors.index.json", path));
     }
   }
   if (p.size() >= 5 && p.compare(p.size() - 5, 5, ".json") == 0) {
@@ -278,7 +281,9 @@ std::map<std::string, HostTensor> load_safetensors(const std::string& path) {
 namespace {
 
 struct FileCloser {
-  void operator()(std::FILE* f) const { if (f) std::fclose(f); }
+  void operator()(std::FILE* f) const {
+    if (f) std::fclose(f);
+  }
 };
 
 }  // namespace
@@ -286,9 +291,7 @@ struct FileCloser {
 void save_safetensors(const std::string& path, const std::vector<TensorRef>& tensors, DType dtype,
                       const nlohmann::json& metadata) {
   if (dtype == DType::i32) throw std::invalid_argument("save_safetensors: dtype i32 is not supported");
-  auto fail = [&](const std::string& what) {
-    throw std::runtime_error(fmt::format("{}: {}", path, what));
-  };
+  auto fail = [&](const std::string& what) { throw std::runtime_error(fmt::format("{}: {}", path, what)); };
   const char* st_dtype = dtype == DType::f32 ? "F32" : dtype == DType::bf16 ? "BF16" : "F16";
   const uint64_t es = dtype_size(dtype);
   nlohmann::ordered_json h = nlohmann::ordered_json::object();
@@ -320,7 +323,8 @@ void save_safetensors(const std::string& path, const std::vector<TensorRef>& ten
     std::unique_ptr<std::FILE, FileCloser> f(std::fopen(tmp.c_str(), "wb"));
     if (!f) fail(fmt::format("cannot create {}: {}", tmp, std::strerror(errno)));
     auto put = [&](const void* p, size_t n) {
-      if (n && std::fwrite(p, 1, n, f.get()) != n) fail(fmt::format("write failed: {}", std::strerror(errno)));
+      if (n && std::fwrite(p, 1, n, f.get()) != n)
+        fail(fmt::format("write failed: {}", std::strerror(errno)));
     };
     const uint64_t hn = header.size();
     put(&hn, 8);
@@ -349,8 +353,8 @@ void save_safetensors(const std::string& path, const std::vector<TensorRef>& ten
 }
 
 std::vector<std::string> save_safetensors_sharded(const std::string& dir,
-                                                  const std::vector<TensorRef>& tensors,
-                                                  DType dtype, uint64_t max_shard_bytes) {
+                                                  const std::vector<TensorRef>& tensors, DType dtype,
+                                                  uint64_t max_shard_bytes) {
   const uint64_t es = dtype_size(dtype);
   std::vector<std::vector<TensorRef>> shards(1);
   uint64_t cur = 0, total = 0;

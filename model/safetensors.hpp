@@ -107,7 +107,7 @@ void save_safetensors(const std::string& path, const std::vector<TensorRef>& ten
 /// With one shard the file is named model.safetensors and no index is written.
 /// `dir` must exist. Returns the file names written (relative to `dir`).
 std::vector<std::string> save_safetensors_sharded(const std::string& dir,
-                                                  const std::vector<TensorRef>& tensors,
-                                                  DType dtype, uint64_t max_shard_bytes);
+                                                  const std::vector<TensorRef>& tensors, DType dtype,
+                                                  uint64_t max_shard_bytes);
 
 }  // namespace rp

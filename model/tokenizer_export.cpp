@@ -11,7 +11,6 @@ using nlohmann::json;
 
 namespace {
 
-
 // Pre-tokenizer regexes, as HF tokenizer.json files of these families spell them.
 const char* kQwen2Regex =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
@@ -25,15 +24,13 @@ const char* kGpt4oRegex =
     R"(|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 json byte_level(bool use_regex) {
-  return {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
-          {"use_regex", use_regex}};
+  return {
+      {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", use_regex}};
 }
 
 json split_then_bytes(const char* regex) {
-  json split = {{"type", "Split"},
-                {"pattern", {{"Regex", regex}}},
-                {"behavior", "Isolated"},
-                {"invert", false}};
+  json split = {
+      {"type", "Split"}, {"pattern", {{"Regex", regex}}}, {"behavior", "Isolated"}, {"invert", false}};
   return {{"type", "Sequence"}, {"pretokenizers", json::array({split, byte_level(false)})}};
 }
 
@@ -62,7 +59,8 @@ nlohmann::json tokenizer_json_from_gguf(const GgufFile& f) {
     if (!vocab.contains(tok)) vocab[tok] = id;
     int64_t type = 1;
     if (!types.empty()) {
-      if (!types[size_t(id)].is_number_integer()) fail(fmt::format("tokenizer.ggml.token_type[{}] is not an integer", id));
+      if (!types[size_t(id)].is_number_integer())
+        fail(fmt::format("tokenizer.ggml.token_type[{}] is not an integer", id));
       type = types[size_t(id)].get<int64_t>();
     }
     if (type == 3 || type == 4)
@@ -109,18 +107,22 @@ nlohmann::json tokenizer_json_from_gguf(const GgufFile& f) {
   }
 
   json post = nullptr;
-  const bool add_bos = f.has("tokenizer.ggml.add_bos_token") && f.get("tokenizer.ggml.add_bos_token").is_boolean() &&
+  const bool add_bos = f.has("tokenizer.ggml.add_bos_token") &&
+                       f.get("tokenizer.ggml.add_bos_token").is_boolean() &&
                        f.get("tokenizer.ggml.add_bos_token").get<bool>();
   if (add_bos && f.has("tokenizer.ggml.bos_token_id")) {
     const int64_t bos = f.get_int("tokenizer.ggml.bos_token_id");
     if (bos < 0 || bos >= n) fail(fmt::format("tokenizer.ggml.bos_token_id {} is out of range", bos));
     const std::string b = tokens[size_t(bos)].get<std::string>();
     auto special = [&](int type_id) { return json{{"SpecialToken", {{"id", b}, {"type_id", type_id}}}}; };
-    auto seq = [&](const char* s, int type_id) { return json{{"Sequence", {{"id", s}, {"type_id", type_id}}}}; };
-    post = {{"type", "TemplateProcessing"},
-            {"single", json::array({special(0), seq("A", 0)})},
-            {"pair", json::array({special(0), seq("A", 0), special(1), seq("B", 1)})},
-            {"special_tokens", {{b, {{"id", b}, {"ids", json::array({bos})}, {"tokens", json::array({b})}}}}}};
+    auto seq = [&](const char* s, int type_id) {
+      return json{{"Sequence", {{"id", s}, {"type_id", type_id}}}};
+    };
+    post = {
+        {"type", "TemplateProcessing"},
+        {"single", json::array({special(0), seq("A", 0)})},
+        {"pair", json::array({special(0), seq("A", 0), special(1), seq("B", 1)})},
+        {"special_tokens", {{b, {{"id", b}, {"ids", json::array({bos})}, {"tokens", json::array({b})}}}}}};
   }
 
   json j = json::object();
@@ -131,8 +133,8 @@ nlohmann::json tokenizer_json_from_gguf(const GgufFile& f) {
   j["normalizer"] = nullptr;
   j["pre_tokenizer"] = std::move(pre_tok);
   j["post_processor"] = std::move(post);
-  j["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true},
-                  {"use_regex", true}};
+  j["decoder"] = {
+      {"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
   j["model"] = {{"type", "BPE"},
                 {"dropout", nullptr},
                 {"unk_token", nullptr},
@@ -150,7 +152,9 @@ std::string gguf_pre_of_tokenizer_json(const nlohmann::json& tj) {
   if (!tj.is_object() || !tj.contains("pre_tokenizer")) return "";
   const json& p = tj["pre_tokenizer"];
   auto is = [](const json& j, const char* type) { return j.is_object() && j.value("type", "") == type; };
-  auto byte_level_with = [&](const json& j, bool regex) { return is(j, "ByteLevel") && j.value("use_regex", true) == regex; };
+  auto byte_level_with = [&](const json& j, bool regex) {
+    return is(j, "ByteLevel") && j.value("use_regex", true) == regex;
+  };
   if (byte_level_with(p, true)) return "gpt2";
   if (!is(p, "Sequence") || !p.contains("pretokenizers") || !p["pretokenizers"].is_array() ||
       p["pretokenizers"].size() != 2)
@@ -158,7 +162,8 @@ std::string gguf_pre_of_tokenizer_json(const nlohmann::json& tj) {
   const json& a = p["pretokenizers"][0];
   const json& b = p["pretokenizers"][1];
   if (is(a, "Digits") && a.value("individual_digits", false) && byte_level_with(b, true)) return "smollm";
-  if (!is(a, "Split") || !byte_level_with(b, false) || !a.contains("pattern") || !a["pattern"].is_object()) return "";
+  if (!is(a, "Split") || !byte_level_with(b, false) || !a.contains("pattern") || !a["pattern"].is_object())
+    return "";
   const std::string re = a["pattern"].value("Regex", "");
   if (re == kQwen2Regex) return "qwen2";
   if (re == kLlama3Regex) return "llama-bpe";
@@ -170,7 +175,8 @@ std::string token_content(const nlohmann::json& tj, int64_t id) {
   if (id < 0 || !tj.is_object()) return "";
   if (auto a = tj.find("added_tokens"); a != tj.end() && a->is_array())
     for (const auto& t : *a)
-      if (t.is_object() && t.value("id", int64_t(-1)) == id && t.contains("content") && t["content"].is_string())
+      if (t.is_object() && t.value("id", int64_t(-1)) == id && t.contains("content") &&
+          t["content"].is_string())
         return t["content"].get<std::string>();
   auto m = tj.find("model");
   if (m == tj.end() || !m->is_object()) return "";
@@ -181,9 +187,8 @@ std::string token_content(const nlohmann::json& tj, int64_t id) {
   return "";
 }
 
-nlohmann::json tokenizer_config_json(const nlohmann::json& tj, int64_t bos_id, int64_t eos_id,
-                                     int64_t pad_id, const std::string& chat_template,
-                                     int64_t model_max_length) {
+nlohmann::json tokenizer_config_json(const nlohmann::json& tj, int64_t bos_id, int64_t eos_id, int64_t pad_id,
+                                     const std::string& chat_template, int64_t model_max_length) {
   json c = json::object();
   c["tokenizer_class"] = "PreTrainedTokenizerFast";
   c["clean_up_tokenization_spaces"] = false;

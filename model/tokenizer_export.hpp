@@ -36,8 +36,8 @@ std::string token_content(const nlohmann::json& tokenizer_json, int64_t id);
 /// HF tokenizer_config.json: tokenizer_class PreTrainedTokenizerFast, bos/eos/pad tokens (from
 /// the ids, looked up in `tokenizer_json`; omitted when < 0 or unknown), chat_template (when
 /// non-empty), model_max_length, clean_up_tokenization_spaces false.
-nlohmann::json tokenizer_config_json(const nlohmann::json& tokenizer_json, int64_t bos_id,
-                                     int64_t eos_id, int64_t pad_id,
-                                     const std::string& chat_template, int64_t model_max_length);
+nlohmann::json tokenizer_config_json(const nlohmann::json& tokenizer_json, int64_t bos_id, int64_t eos_id,
+                                     int64_t pad_id, const std::string& chat_template,
+                                     int64_t model_max_length);
 
 }  // namespace rp

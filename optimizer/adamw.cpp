@@ -152,8 +152,8 @@ constexpr int64_t kGrain = 1024;  // piece boundaries: 4 KiB of fp32 (a page)
 void check_state_vec(const FloatVec& vec, int64_t n, const char* name) {
   if (vec.empty() && n > 0) return;  // sized by the caller once all checks passed
   if (int64_t(vec.size()) != n)
-    throw std::invalid_argument(fmt::format(
-        "adamw_update: state.{} has {} elements, parameter group has {}", name, vec.size(), n));
+    throw std::invalid_argument(
+        fmt::format("adamw_update: state.{} has {} elements, parameter group has {}", name, vec.size(), n));
 }
 
 // ---- serialisation -------------------------------------------------------------------
@@ -223,8 +223,8 @@ void validate(const AdamWOptions& o) {
 namespace {
 
 void adamw_impl(float* w, AdamWState& st, const float* grad, int64_t n, float grad_scale,
-                const AdamWOptions& o, double lr, void* lowp_out, DType lowp_dtype,
-                ThreadPool* pool, int max_parts) {
+                const AdamWOptions& o, double lr, void* lowp_out, DType lowp_dtype, ThreadPool* pool,
+                int max_parts) {
   validate(o);
   if (n < 0) throw std::invalid_argument(fmt::format("adamw_update: n = {} is negative", n));
   if (n > 0 && (!w || !grad))
@@ -232,8 +232,7 @@ void adamw_impl(float* w, AdamWState& st, const float* grad, int64_t n, float gr
   if (!(lr >= 0) || !std::isfinite(lr))
     throw std::invalid_argument(fmt::format("adamw_update: lr = {} (need finite, >= 0)", lr));
   if (!std::isfinite(grad_scale))
-    throw std::invalid_argument(fmt::format("adamw_update: grad_scale = {} is not finite",
-                                            grad_scale));
+    throw std::invalid_argument(fmt::format("adamw_update: grad_scale = {} is not finite", grad_scale));
   if (max_parts < 1)
     throw std::invalid_argument(fmt::format("adamw_update: threads = {} (need >= 1)", max_parts));
   Out out = Out::none;
@@ -244,8 +243,7 @@ void adamw_impl(float* w, AdamWState& st, const float* grad, int64_t n, float gr
       case DType::f16: out = Out::f16; break;
       default:
         throw std::invalid_argument(fmt::format(
-            "adamw_update: low-precision copy dtype #{} unsupported (f32, bf16 or f16)",
-            int(lowp_dtype)));
+            "adamw_update: low-precision copy dtype #{} unsupported (f32, bf16 or f16)", int(lowp_dtype)));
     }
   }
   check_state_vec(st.m, n, "m");
@@ -273,8 +271,8 @@ void adamw_impl(float* w, AdamWState& st, const float* grad, int64_t n, float gr
   c.step_size = float(lr / (1.0 - std::pow(o.beta1, double(t))));
   const bool l2 = !o.decoupled && o.weight_decay != 0.0;
   const detail::AdamRangeFn fn = detail::adam_kernel(adamw_isa(), l2, o.amsgrad, out);
-  const detail::AdamPtrs ptrs{w, st.m.data(), st.v.data(), o.amsgrad ? st.vmax.data() : nullptr, grad,
-                              lowp_out};
+  const detail::AdamPtrs ptrs{w,    st.m.data(), st.v.data(), o.amsgrad ? st.vmax.data() : nullptr,
+                              grad, lowp_out};
 
   int parts = 1;
   if (pool) {
@@ -301,15 +299,13 @@ void adamw_impl(float* w, AdamWState& st, const float* grad, int64_t n, float gr
 }  // namespace
 
 void adamw_update(float* w, AdamWState& st, const float* grad, int64_t n, float grad_scale,
-                  const AdamWOptions& o, double lr, void* lowp_out, DType lowp_dtype,
-                  int threads) {
+                  const AdamWOptions& o, double lr, void* lowp_out, DType lowp_dtype, int threads) {
   ThreadPool* pool = threads > 1 && n >= 2 * kMinElemsPerThread ? &shared_pool(threads) : nullptr;
   adamw_impl(w, st, grad, n, grad_scale, o, lr, lowp_out, lowp_dtype, pool, threads);
 }
 
 void adamw_update(float* w, AdamWState& st, const float* grad, int64_t n, float grad_scale,
-                  const AdamWOptions& o, double lr, void* lowp_out, DType lowp_dtype,
-                  ThreadPool& pool) {
+                  const AdamWOptions& o, double lr, void* lowp_out, DType lowp_dtype, ThreadPool& pool) {
   adamw_impl(w, st, grad, n, grad_scale, o, lr, lowp_out, lowp_dtype, &pool, pool.size());
 }
 
@@ -341,8 +337,8 @@ void write_lowp_copy(const float* w, void* out, int64_t n, DType dt, ThreadPool*
 void save_state(std::ostream& os, const AdamWState& st, const AdamWOptions* opts) {
   const int64_t n = int64_t(st.m.size());
   if (st.v.size() != st.m.size() || (!st.vmax.empty() && st.vmax.size() != st.m.size()))
-    throw std::runtime_error(fmt::format("save_state: inconsistent state (m {}, v {}, vmax {})",
-                                         st.m.size(), st.v.size(), st.vmax.size()));
+    throw std::runtime_error(fmt::format("save_state: inconsistent state (m {}, v {}, vmax {})", st.m.size(),
+                                         st.v.size(), st.vmax.size()));
   os.write(kMagic, sizeof kMagic);
   put(os, kVersion);
   put(os, uint32_t(st.vmax.empty() ? 0u : 1u) | uint32_t(opts ? 2u : 0u));
@@ -364,8 +360,7 @@ void save_state(std::ostream& os, const AdamWState& st, const AdamWOptions* opts
   if (!os) throw std::runtime_error("save_state: write to the output stream failed");
 }
 
-void load_state(std::istream& is, AdamWState& st, int64_t expected_n, AdamWOptions* opts,
-                bool* has_opts) {
+void load_state(std::istream& is, AdamWState& st, int64_t expected_n, AdamWOptions* opts, bool* has_opts) {
   char magic[sizeof kMagic];
   if (!is.read(magic, sizeof magic))
     throw std::runtime_error("load_state: truncated stream while reading the magic");
@@ -376,15 +371,14 @@ void load_state(std::istream& is, AdamWState& st, int64_t expected_n, AdamWOptio
     throw std::runtime_error(
         fmt::format("load_state: unsupported version {} (this build reads {})", version, kVersion));
   const auto flags = get<uint32_t>(is, "the flags");
-  if (flags & ~3u)
-    throw std::runtime_error(fmt::format("load_state: unknown flags 0x{:x}", flags));
+  if (flags & ~3u) throw std::runtime_error(fmt::format("load_state: unknown flags 0x{:x}", flags));
   const auto step = get<int64_t>(is, "the step");
   const auto n = get<int64_t>(is, "the parameter count");
   if (step < 0) throw std::runtime_error(fmt::format("load_state: negative step {}", step));
   if (n < 0) throw std::runtime_error(fmt::format("load_state: negative parameter count {}", n));
   if (expected_n >= 0 && n != expected_n)
-    throw std::runtime_error(fmt::format(
-        "load_state: size mismatch: expected {} parameters, file has {}", expected_n, n));
+    throw std::runtime_error(
+        fmt::format("load_state: size mismatch: expected {} parameters, file has {}", expected_n, n));
   Checksum sum;
   unsigned char ob[kOptsBytes];
   if (flags & 2u) {

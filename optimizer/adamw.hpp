@@ -62,7 +62,9 @@ struct DefaultInitAllocator : std::allocator<T> {
     ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
   }
   template <class U>
-  bool operator==(const DefaultInitAllocator<U>&) const noexcept { return true; }
+  bool operator==(const DefaultInitAllocator<U>&) const noexcept {
+    return true;
+  }
 };
 
 /// fp32 buffer whose resize() does not write the new elements.
@@ -100,8 +102,8 @@ struct AdamWState {
 /// bad options (see validate), lr < 0 or non-finite grad_scale; nothing is written then.
 /// n == 0 still increments st.step (torch increments it for empty tensors too).
 void adamw_update(float* w, AdamWState& st, const float* grad, int64_t n, float grad_scale,
-                  const AdamWOptions& o, double lr, void* lowp_out = nullptr,
-                  DType lowp_dtype = DType::bf16, int threads = 1);
+                  const AdamWOptions& o, double lr, void* lowp_out = nullptr, DType lowp_dtype = DType::bf16,
+                  int threads = 1);
 
 /// The same step on the workers of `pool` (what an optimizer shard uses: its own pool,
 /// pinned to its cores). The range [0, n) is split into min(pool.size(), ceil(n / 32768))
@@ -109,8 +111,7 @@ void adamw_update(float* w, AdamWState& st, const float* grad, int64_t n, float 
 /// page, is the same on every call for a given n and pool. Tensors under 32768 elements run
 /// on the calling thread. Same contract as above otherwise.
 void adamw_update(float* w, AdamWState& st, const float* grad, int64_t n, float grad_scale,
-                  const AdamWOptions& o, double lr, void* lowp_out, DType lowp_dtype,
-                  ThreadPool& pool);
+                  const AdamWOptions& o, double lr, void* lowp_out, DType lowp_dtype, ThreadPool& pool);
 
 /// Writes the low-precision copy of n fp32 weights, alone (what a shard does when the
 /// protocol defers publishing a version): the same bits as adamw_update's fused copy
@@ -140,7 +141,7 @@ void save_state(std::ostream& os, const AdamWState& st, const AdamWOptions* opts
 /// negative step, a truncated stream or a checksum mismatch; `st` is unchanged then.
 /// When the file holds hyper-parameters and `opts` is not null, *opts receives them (a file
 /// without them leaves *opts unchanged; `has_opts`, if given, says which happened).
-void load_state(std::istream& is, AdamWState& st, int64_t expected_n = -1,
-                AdamWOptions* opts = nullptr, bool* has_opts = nullptr);
+void load_state(std::istream& is, AdamWState& st, int64_t expected_n = -1, AdamWOptions* opts = nullptr,
+                bool* has_opts = nullptr);
 
 }  // namespace rp

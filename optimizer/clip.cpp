@@ -85,8 +85,7 @@ double clip_coefficient(double global_norm, double max_norm) {
         fmt::format("clip_coefficient: max_norm = {} (need a finite value > 0)", max_norm));
   if (std::isnan(global_norm)) return global_norm;
   if (global_norm < 0)
-    throw std::invalid_argument(
-        fmt::format("clip_coefficient: global_norm = {} is negative", global_norm));
+    throw std::invalid_argument(fmt::format("clip_coefficient: global_norm = {} is negative", global_norm));
   const double c = max_norm / (global_norm + 1e-6);
   return c < 1.0 ? c : 1.0;
 }

@@ -28,12 +28,12 @@ enum class Out : int { none = 0, f32 = 1, bf16 = 2, f16 = 3 };
 
 /// Scalar constants of one step, computed in double and rounded to float once.
 struct StepConsts {
-  float gs;         // grad_scale, negated for maximize
-  float l2;         // weight_decay when !decoupled, else 0 (unused)
-  float decay;      // 1 - lr * weight_decay when decoupled, else 1
-  float omb1;       // 1 - beta1
-  float b2, omb2;   // beta2, 1 - beta2
-  float bc2_sqrt;   // sqrt(1 - beta2^t)
+  float gs;        // grad_scale, negated for maximize
+  float l2;        // weight_decay when !decoupled, else 0 (unused)
+  float decay;     // 1 - lr * weight_decay when decoupled, else 1
+  float omb1;      // 1 - beta1
+  float b2, omb2;  // beta2, 1 - beta2
+  float bc2_sqrt;  // sqrt(1 - beta2^t)
   float eps;
   float step_size;  // lr / (1 - beta1^t)
 };
@@ -42,9 +42,9 @@ struct AdamPtrs {
   float* w;
   float* m;
   float* v;
-  float* vmax;      // amsgrad only
+  float* vmax;  // amsgrad only
   const float* g;
-  void* out;        // low-precision copy (Out), or null
+  void* out;  // low-precision copy (Out), or null
 };
 
 /// Updates elements [lo, hi) (any lo, hi). Streaming (non-temporal) stores may be used for

@@ -6,8 +6,8 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-#include <cstdint>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #pragma GCC push_options
@@ -49,8 +49,8 @@ inline __attribute__((always_inline)) __m128i to_f16_8(__m256 w) {
 template <bool L2, bool Ams, Out O, bool Stream>
 inline __attribute__((always_inline)) void body(float* __restrict w_, float* __restrict m_,
                                                 float* __restrict v_, float* __restrict vmax_,
-                                                const float* __restrict g_, void* __restrict out,
-                                                int64_t i, const C8& c) {
+                                                const float* __restrict g_, void* __restrict out, int64_t i,
+                                                const C8& c) {
   const __m256 w = _mm256_loadu_ps(w_ + i), g = _mm256_loadu_ps(g_ + i), m = _mm256_loadu_ps(m_ + i),
                v = _mm256_loadu_ps(v_ + i);
   const __m256 gsi = _mm256_mul_ps(g, c.gs);
@@ -107,15 +107,14 @@ void run_block(const AdamPtrs& p, int64_t i, int64_t n, const C8& c) {  // n < 8
   std::memcpy(p.m + i, m, b);
   std::memcpy(p.v + i, v, b);
   if constexpr (Ams) std::memcpy(p.vmax + i, vm, b);
-  if constexpr (O != Out::none)
-    std::memcpy(static_cast<char*>(p.out) + size_t(i) * es, out, size_t(n) * es);
+  if constexpr (O != Out::none) std::memcpy(static_cast<char*>(p.out) + size_t(i) * es, out, size_t(n) * es);
 }
 
 template <bool L2, bool Ams, Out O>
 void range(const AdamPtrs& p, int64_t lo, int64_t hi, const StepConsts& s) {
-  const C8 c{_mm256_set1_ps(s.gs),   _mm256_set1_ps(s.l2),       _mm256_set1_ps(s.decay),
-             _mm256_set1_ps(s.omb1), _mm256_set1_ps(s.b2),       _mm256_set1_ps(s.omb2),
-             _mm256_set1_ps(s.bc2_sqrt), _mm256_set1_ps(s.eps),  _mm256_set1_ps(s.step_size)};
+  const C8 c{_mm256_set1_ps(s.gs),       _mm256_set1_ps(s.l2),  _mm256_set1_ps(s.decay),
+             _mm256_set1_ps(s.omb1),     _mm256_set1_ps(s.b2),  _mm256_set1_ps(s.omb2),
+             _mm256_set1_ps(s.bc2_sqrt), _mm256_set1_ps(s.eps), _mm256_set1_ps(s.step_size)};
   int64_t i = lo;
   bool stream = false;
   if constexpr (O != Out::none) {

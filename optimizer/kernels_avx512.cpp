@@ -34,8 +34,8 @@ inline __attribute__((always_inline)) __m256i to_f16_16(__m512 w) {
   __m256i h = _mm512_cvtps_ph(w, _MM_FROUND_TO_NEAREST_INT);
   // NaN: sign | 0x7e00 (the hardware keeps the payload; the scalar path does not)
   const __mmask16 nan = _mm512_cmp_ps_mask(w, w, _CMP_UNORD_Q);
-  const __m512i sgn = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(w), 16),
-                                       _mm512_set1_epi32(0x8000));
+  const __m512i sgn =
+      _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(w), 16), _mm512_set1_epi32(0x8000));
   const __m256i q = _mm512_cvtepi32_epi16(_mm512_or_si512(sgn, _mm512_set1_epi32(0x7e00)));
   return _mm256_mask_blend_epi16(nan, h, q);
 }
@@ -94,8 +94,8 @@ inline __mmask16 first_lanes(int64_t r) { return __mmask16((1u << r) - 1u); }
 
 template <bool L2, bool Ams, Out O>
 void range(const AdamPtrs& p, int64_t lo, int64_t hi, const StepConsts& s) {
-  const C16 c{_mm512_set1_ps(s.gs),   _mm512_set1_ps(s.l2),   _mm512_set1_ps(s.decay),
-              _mm512_set1_ps(s.omb1), _mm512_set1_ps(s.b2),   _mm512_set1_ps(s.omb2),
+  const C16 c{_mm512_set1_ps(s.gs),       _mm512_set1_ps(s.l2),  _mm512_set1_ps(s.decay),
+              _mm512_set1_ps(s.omb1),     _mm512_set1_ps(s.b2),  _mm512_set1_ps(s.omb2),
               _mm512_set1_ps(s.bc2_sqrt), _mm512_set1_ps(s.eps), _mm512_set1_ps(s.step_size)};
   int64_t i = lo;
   bool stream = false;

@@ -49,9 +49,12 @@ void LossScalerOptions::validate() const {
   auto bad = [](const char* f, double x, const char* want) {
     throw std::invalid_argument(fmt::format("LossScalerOptions.{} = {} is invalid ({})", f, x, want));
   };
-  if (!(init_scale > 0) || !std::isfinite(init_scale)) bad("init_scale", init_scale, "need a finite value > 0");
-  if (!(growth_factor > 1) || !std::isfinite(growth_factor)) bad("growth_factor", growth_factor, "need a finite value > 1");
-  if (!(backoff_factor > 0 && backoff_factor < 1)) bad("backoff_factor", backoff_factor, "need 0 < backoff_factor < 1");
+  if (!(init_scale > 0) || !std::isfinite(init_scale))
+    bad("init_scale", init_scale, "need a finite value > 0");
+  if (!(growth_factor > 1) || !std::isfinite(growth_factor))
+    bad("growth_factor", growth_factor, "need a finite value > 1");
+  if (!(backoff_factor > 0 && backoff_factor < 1))
+    bad("backoff_factor", backoff_factor, "need 0 < backoff_factor < 1");
   if (growth_interval < 1) bad("growth_interval", double(growth_interval), "need >= 1");
   if (!(min_scale > 0) || !std::isfinite(min_scale) || min_scale > init_scale)
     bad("min_scale", min_scale, "need a finite value > 0 and <= init_scale");
@@ -95,7 +98,8 @@ void LossScaler::save(std::ostream& os) const {
 
 void LossScaler::load(std::istream& is) {
   char magic[8];
-  if (!is.read(magic, 8)) throw std::runtime_error("LossScaler::load: truncated stream while reading the magic");
+  if (!is.read(magic, 8))
+    throw std::runtime_error("LossScaler::load: truncated stream while reading the magic");
   if (std::memcmp(magic, kMagic, 8) != 0)
     throw std::runtime_error("LossScaler::load: not a loss scaler state (bad magic, expected \"RPLSCAL2\")");
   unsigned char b[kRecordBytes];
@@ -140,7 +144,8 @@ StepDecision decide_step(double total_sumsq, double base_scale, double max_norm,
   if (!(scale_used > 0) || !std::isfinite(scale_used))
     throw std::invalid_argument(fmt::format("decide_step: scale_used = {} (need finite, > 0)", scale_used));
   if (!scaler && scale_used != 1.f)
-    throw std::invalid_argument(fmt::format("decide_step: scale_used = {} without a loss scaler", scale_used));
+    throw std::invalid_argument(
+        fmt::format("decide_step: scale_used = {} without a loss scaler", scale_used));
   StepDecision d;
   d.loss_scale = scale_used;
   const double unscale = base_scale / double(scale_used);
@@ -169,7 +174,8 @@ bool StepNormReducer::add(int64_t step, int group, double sumsq) {
   Partial& p = steps_[step];
   if (p.v.empty()) p.v.assign(size_t(n_), 0.0), p.have.assign(size_t(n_), 0);
   if (p.have[size_t(group)])
-    throw std::invalid_argument(fmt::format("StepNormReducer: group {} reported twice for step {}", group, step));
+    throw std::invalid_argument(
+        fmt::format("StepNormReducer: group {} reported twice for step {}", group, step));
   p.have[size_t(group)] = 1;
   p.v[size_t(group)] = sumsq;
   return ++p.count == n_;

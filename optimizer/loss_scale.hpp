@@ -67,11 +67,11 @@ class LossScaler {
 
 /// What one optimizer step does, decided once all partial sums of squares are in.
 struct StepDecision {
-  bool skip = false;        ///< inf/NaN in the gradients: no group is updated
-  double grad_norm = 0;     ///< L2 norm of the true (unscaled) gradients; non-finite if skip
-  double clip_coef = 1;     ///< min(1, max_norm / (grad_norm + 1e-6)); 1 without clipping
-  float grad_scale = 0;     ///< multiplies the raw gradients in adamw_update (0 if skip)
-  float loss_scale = 1;     ///< the loss scale the step's backward used
+  bool skip = false;     ///< inf/NaN in the gradients: no group is updated
+  double grad_norm = 0;  ///< L2 norm of the true (unscaled) gradients; non-finite if skip
+  double clip_coef = 1;  ///< min(1, max_norm / (grad_norm + 1e-6)); 1 without clipping
+  float grad_scale = 0;  ///< multiplies the raw gradients in adamw_update (0 if skip)
+  float loss_scale = 1;  ///< the loss scale the step's backward used
 };
 
 /// total_sumsq: sum of sum_of_squares over every raw gradient of the step (as written by
@@ -81,8 +81,8 @@ struct StepDecision {
 /// loss scaling (then scale_used must be 1); otherwise it is updated (see LossScaler).
 /// grad_scale = base_scale / scale_used * clip_coef, computed in double, rounded once.
 /// Throws std::invalid_argument for base_scale <= 0 / non-finite, or scale_used <= 0.
-StepDecision decide_step(double total_sumsq, double base_scale, double max_norm,
-                         LossScaler* scaler, float scale_used);
+StepDecision decide_step(double total_sumsq, double base_scale, double max_norm, LossScaler* scaler,
+                         float scale_used);
 
 /// Collects the per-group partial sums of squares of each step and adds them in group
 /// order, so the total (and every grad_scale derived from it) does not depend on the order

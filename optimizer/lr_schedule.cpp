@@ -44,13 +44,12 @@ LrSchedule LrSchedule::from_json(const nlohmann::json& j, const std::string& whe
     throw std::invalid_argument(fmt::format("{}.{}: {}", where, key, msg));
   };
   if (!j.is_object())
-    throw std::invalid_argument(
-        fmt::format("{}: expected an object with kind, lr, min_lr, warmup_steps, total_steps, got {}",
-                    where, j.dump()));
+    throw std::invalid_argument(fmt::format(
+        "{}: expected an object with kind, lr, min_lr, warmup_steps, total_steps, got {}", where, j.dump()));
   static const char* const keys[] = {"kind", "lr", "min_lr", "warmup_steps", "total_steps"};
   for (auto it = j.begin(); it != j.end(); ++it)
-    if (std::find_if(std::begin(keys), std::end(keys),
-                     [&](const char* k) { return it.key() == k; }) == std::end(keys))
+    if (std::find_if(std::begin(keys), std::end(keys), [&](const char* k) { return it.key() == k; }) ==
+        std::end(keys))
       fail(it.key(), "unknown key (valid: kind, lr, min_lr, warmup_steps, total_steps)");
   auto number = [&](const char* key) {
     const auto& v = j.at(key);

@@ -40,9 +40,9 @@ std::vector<std::vector<int>> cpus_for_pools(int pools, int threads_total = 0);
 class ThreadPool {
  public:
   struct Options {
-    int threads = 1;          ///< worker threads, 1..65534
-    std::vector<int> cpus;    ///< worker i is pinned to cpus[i % cpus.size()]; empty: not pinned
-    int spin_us = 50;         ///< busy-wait this long for the next job before sleeping (futex)
+    int threads = 1;              ///< worker threads, 1..65534
+    std::vector<int> cpus;        ///< worker i is pinned to cpus[i % cpus.size()]; empty: not pinned
+    int spin_us = 50;             ///< busy-wait this long for the next job before sleeping (futex)
     std::string name = "rp-opt";  ///< thread name prefix (pthread_setname_np, 15 chars max)
   };
 

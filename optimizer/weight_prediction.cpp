@@ -38,8 +38,9 @@ void begin_update(const float* w, LastUpdate& last, int64_t n, ThreadPool* pool)
 
 void end_update(const float* w, LastUpdate& last, int64_t n, int64_t step, ThreadPool* pool) {
   if (int64_t(last.delta.size()) != n)
-    throw std::invalid_argument(fmt::format(
-        "end_update: the copy has {} elements, the group {} (begin_update was not called)", last.delta.size(), n));
+    throw std::invalid_argument(
+        fmt::format("end_update: the copy has {} elements, the group {} (begin_update was not called)",
+                    last.delta.size(), n));
   float* __restrict d = last.delta.data();
   for_pieces(n, pool, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) d[i] = w[i] - d[i];
@@ -47,8 +48,8 @@ void end_update(const float* w, LastUpdate& last, int64_t n, int64_t step, Threa
   last.step = step;
 }
 
-void write_predicted_copy(const float* w, const LastUpdate& last, int64_t version, void* out, int64_t n, DType dtype,
-                          ThreadPool* pool) {
+void write_predicted_copy(const float* w, const LastUpdate& last, int64_t version, void* out, int64_t n,
+                          DType dtype, ThreadPool* pool) {
   if (last.step != version || int64_t(last.delta.size()) != n) return write_lowp_copy(w, out, n, dtype, pool);
   if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16)
     return write_lowp_copy(w, out, n, dtype, pool);  // throws, naming the dtype

@@ -38,7 +38,7 @@ void end_update(const float* w, LastUpdate& last, int64_t n, int64_t step, Threa
 /// rounding of write_lowp_copy) when last.step == version (the last update is the one that made
 /// this version); a plain copy of w otherwise (the first version, or a version a skipped step
 /// left unchanged). out: n elements of dtype (f32, bf16, f16). Throws as write_lowp_copy.
-void write_predicted_copy(const float* w, const LastUpdate& last, int64_t version, void* out, int64_t n, DType dtype,
-                          ThreadPool* pool = nullptr);
+void write_predicted_copy(const float* w, const LastUpdate& last, int64_t version, void* out, int64_t n,
+                          DType dtype, ThreadPool* pool = nullptr);
 
 }  // namespace rp

@@ -12,7 +12,8 @@ namespace py = pybind11;
 PYBIND11_MODULE(_roundpipe, m) {
   m.doc() = "RoundPipe's C++ runtime (wrapped by the roundpipe package; use that)";
   // std::invalid_argument -> ValueError and std::runtime_error -> RuntimeError are pybind11's
-  // own translations (made one line here); the runtime's failures get classes of their own, subclasses of those.
+  // own translations (made one line here); the runtime's failures get classes of their own, subclasses of
+  // those.
   static py::exception<rp::RuntimeFailure> runtime_failure(m, "RuntimeFailure", PyExc_RuntimeError);
   static py::exception<rp::TrainingDiverged> diverged(m, "TrainingDiverged", PyExc_RuntimeError);
   static py::exception<rp::DeviceOutOfMemory> oom(m, "DeviceOutOfMemory", PyExc_RuntimeError);

@@ -114,11 +114,14 @@ std::string plan(const py::dict& kwargs) {
 
 /// generate(): `prompt` (plain text), `messages` (chat, list of (role, content)) or `tokens`.
 py::dict generate(const std::string& model, const std::string& base, const std::string& prompt,
-                  const std::vector<std::pair<std::string, std::string>>& messages, const std::vector<int32_t>& tokens,
-                  const SampleRequest& defaults, const std::string& backend, const std::string& dtype,
-                  int64_t context, const py::object& on_text) {
+                  const std::vector<std::pair<std::string, std::string>>& messages,
+                  const std::vector<int32_t>& tokens, const SampleRequest& defaults,
+                  const std::string& backend, const std::string& dtype, int64_t context,
+                  const py::object& on_text) {
   const int given = !prompt.empty() + !messages.empty() + !tokens.empty();
-  if (given != 1) throw std::invalid_argument("generate: give one of prompt=TEXT, chat=TEXT / messages=[...] or tokens=[ids]");
+  if (given != 1)
+    throw std::invalid_argument(
+        "generate: give one of prompt=TEXT, chat=TEXT / messages=[...] or tokens=[ids]");
   SampleRequest r = defaults;
   r.text = prompt;
   for (const auto& [role, content] : messages) r.messages.push_back({role, content, {}});
@@ -129,7 +132,8 @@ py::dict generate(const std::string& model, const std::string& base, const std::
   std::exception_ptr python_error;
   SampleResult res;
   py::object decoder;  // on_text: a character split across two pieces is decoded once whole
-  if (!on_text.is_none()) decoder = py::module_::import("codecs").attr("getincrementaldecoder")("utf-8")("replace");
+  if (!on_text.is_none())
+    decoder = py::module_::import("codecs").attr("getincrementaldecoder")("utf-8")("replace");
   {
     py::gil_scoped_release nogil;
     const LoadedModel lm = load_model_or_adapter(model, base);
@@ -155,7 +159,8 @@ py::dict generate(const std::string& model, const std::string& base, const std::
       if (decoder) {
         py::gil_scoped_acquire gil;
         try {
-          if (py::str rest = decoder.attr("decode")(py::bytes(), true); !python_error && py::len(rest) > 0) on_text(rest);
+          if (py::str rest = decoder.attr("decode")(py::bytes(), true); !python_error && py::len(rest) > 0)
+            on_text(rest);
         } catch (py::error_already_set&) {
           python_error = std::current_exception();
         }
@@ -196,11 +201,12 @@ void bind_tools(py::module_& m) {
       },
       py::arg("model"), py::arg("base"), py::arg("prompt"), py::arg("messages"), py::arg("tokens"),
       py::arg("max_tokens"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("seed"),
-      py::arg("stop"), py::arg("chat_template"), py::arg("enable_thinking"), py::arg("backend"), py::arg("dtype"),
-      py::arg("context"), py::arg("on_text"));
+      py::arg("stop"), py::arg("chat_template"), py::arg("enable_thinking"), py::arg("backend"),
+      py::arg("dtype"), py::arg("context"), py::arg("on_text"));
   m.def(
       "_merge",
-      [](const std::string& adapter, const std::string& out, const std::string& base, const std::string& dtype) {
+      [](const std::string& adapter, const std::string& out, const std::string& base,
+         const std::string& dtype) {
         py::gil_scoped_release nogil;
         std::vector<std::string> notes = clean_model_folder_leftovers(out);
         const std::string base_path = merge_peft_folder(adapter, out, base, parse_dtype(dtype));

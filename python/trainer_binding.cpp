@@ -121,9 +121,12 @@ void on_sigint(int) {
   if (RunState* st = g_sigint_run.load()) {
     st->interrupted = true;
     if (st->stop.request_stop())
-      write_err("\nroundpipe: interrupted: stopping after the steps in flight and saving them as a checkpoint\n");
+      write_err(
+          "\nroundpipe: interrupted: stopping after the steps in flight and saving them as a checkpoint\n");
     else
-      write_err("\nroundpipe: already stopping (waiting at most the spec's stop_timeout_s for the steps in flight)\n");
+      write_err(
+          "\nroundpipe: already stopping (waiting at most the spec's stop_timeout_s for the steps in "
+          "flight)\n");
   }
   errno = saved_errno;
 }
@@ -168,7 +171,9 @@ class PyTrainer {
       return;
     }
     nlohmann::json j = nlohmann::json::parse(json_text);
-    if (!j.is_object()) throw std::invalid_argument(source + ": expected a JSON object (a spec), got " + json_text.substr(0, 80));
+    if (!j.is_object())
+      throw std::invalid_argument(source + ": expected a JSON object (a spec), got " +
+                                  json_text.substr(0, 80));
     apply_spec_settings(j, s);
     spec_ = spec_from_json(j, source);
   }
@@ -234,7 +239,8 @@ class PyTrainer {
 
 void bind_trainer(py::module_& m) {
   py::class_<PyTrainer>(m, "_Trainer")
-      .def(py::init<const std::string&, const std::string&, const std::vector<std::pair<std::string, std::string>>&>(),
+      .def(py::init<const std::string&, const std::string&,
+                    const std::vector<std::pair<std::string, std::string>>&>(),
            py::arg("source"), py::arg("json_text"), py::arg("settings"))
       .def("run", &PyTrainer::run, py::arg("on_ready"), py::arg("on_step"), py::arg("on_eval"),
            py::arg("on_checkpoint"), py::arg("handle_sigint"))

@@ -12,14 +12,18 @@ std::vector<Chunk> split_chunks(size_t bytes, size_t chunk_bytes) {
   if (bytes == 0) return out;
   if (chunk_bytes == 0 || chunk_bytes >= bytes) return {Chunk{0, bytes}};
   out.reserve((bytes + chunk_bytes - 1) / chunk_bytes);
-  for (size_t off = 0; off < bytes; off += chunk_bytes) out.push_back(Chunk{off, std::min(chunk_bytes, bytes - off)});
+  for (size_t off = 0; off < bytes; off += chunk_bytes)
+    out.push_back(Chunk{off, std::min(chunk_bytes, bytes - off)});
   return out;
 }
 
-double WindowPacking::makespan() const { return load.empty() ? 0.0 : *std::max_element(load.begin(), load.end()); }
+double WindowPacking::makespan() const {
+  return load.empty() ? 0.0 : *std::max_element(load.begin(), load.end());
+}
 
 WindowPacking lpt_pack(const std::vector<double>& sizes, int windows) {
-  if (windows < 1) throw std::invalid_argument("lpt_pack: windows must be >= 1, got " + std::to_string(windows));
+  if (windows < 1)
+    throw std::invalid_argument("lpt_pack: windows must be >= 1, got " + std::to_string(windows));
   WindowPacking p;
   p.window_of.assign(sizes.size(), 0);
   p.load.assign(size_t(windows), 0.0);

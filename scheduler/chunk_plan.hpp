@@ -22,8 +22,8 @@ std::vector<Chunk> split_chunks(size_t bytes, size_t chunk_bytes);
 
 /// The result of packing items into windows.
 struct WindowPacking {
-  std::vector<int> window_of;   ///< per item (input order): its window, in [0, windows)
-  std::vector<double> load;     ///< per window: the sum of its items' sizes
+  std::vector<int> window_of;  ///< per item (input order): its window, in [0, windows)
+  std::vector<double> load;    ///< per window: the sum of its items' sizes
   /// Largest window load (the makespan of the packing).
   double makespan() const;
 };

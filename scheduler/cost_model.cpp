@@ -35,16 +35,18 @@ void ModelShape::validate(const std::string& where) const {
   pos("num_key_value_heads", num_kv_heads);
   pos("head_dim", head_dim);
   if (num_heads % num_kv_heads != 0)
-    throw std::invalid_argument(fmt::format("{}: num_attention_heads {} is not a multiple of num_key_value_heads {}",
-                                            where, num_heads, num_kv_heads));
+    throw std::invalid_argument(
+        fmt::format("{}: num_attention_heads {} is not a multiple of num_key_value_heads {}", where,
+                    num_heads, num_kv_heads));
   if (num_experts < 0) pos("num_experts", num_experts);
   if (num_experts > 0) {
     pos("num_experts_per_tok", experts_per_token);
     pos("moe_intermediate_size", moe_intermediate_size);
     pos("decoder_sparse_step", decoder_sparse_step);
     if (experts_per_token > num_experts)
-      throw std::invalid_argument(fmt::format("{}: num_experts_per_tok: expected at most num_experts = {}, got {}",
-                                              where, num_experts, experts_per_token));
+      throw std::invalid_argument(
+          fmt::format("{}: num_experts_per_tok: expected at most num_experts = {}, got {}", where,
+                      num_experts, experts_per_token));
   }
   if (num_moe_layers() < num_layers) pos("intermediate_size", intermediate_size);  // some decoder is dense
 }
@@ -57,8 +59,8 @@ ModelShape model_shape_from_config(const ModelConfig& c) {
   m.num_layers = c.num_hidden_layers;
   m.num_heads = c.num_attention_heads;
   m.num_kv_heads = c.num_key_value_heads;
-  m.head_dim = c.head_dim > 0 ? c.head_dim
-                              : (c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0);
+  m.head_dim =
+      c.head_dim > 0 ? c.head_dim : (c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0);
   m.tie_word_embeddings = c.tie_word_embeddings;
   m.qk_norm = c.qk_norm;
   m.qk_norm_whole = c.qk_norm_whole;
@@ -96,24 +98,25 @@ ModelShape model_shape_from_hf_json(const nlohmann::json& j, const std::string& 
 int64_t layer_parameters(const ModelShape& m, int layer, bool active) {
   const int64_t H = m.hidden_size, V = m.vocab_size;
   if (layer < 0 || layer > m.num_layers + 1)
-    throw std::invalid_argument(fmt::format("layer_parameters: layer {} out of range [0, {}]", layer,
-                                            m.num_layers + 1));
+    throw std::invalid_argument(
+        fmt::format("layer_parameters: layer {} out of range [0, {}]", layer, m.num_layers + 1));
   if (layer == 0) return V * H;
   if (layer == m.num_layers + 1) return V * H + H;
   const int64_t Q = m.num_heads * m.head_dim, K = m.num_kv_heads * m.head_dim;
-  int64_t n = 2 * H + H * Q + 2 * H * K + Q * H + (m.qk_norm ? (m.qk_norm_whole ? Q + K : 2 * m.head_dim) : 0) +
-              (m.qkv_bias ? Q + 2 * K : 0) + (m.o_proj_bias ? H : 0);
+  int64_t n = 2 * H + H * Q + 2 * H * K + Q * H +
+              (m.qk_norm ? (m.qk_norm_whole ? Q + K : 2 * m.head_dim) : 0) + (m.qkv_bias ? Q + 2 * K : 0) +
+              (m.o_proj_bias ? H : 0);
   if (m.is_moe_layer(layer - 1))  // router [E, H] and the experts' gate, up [Fe, H], down [H, Fe]
     n += H * m.num_experts + (active ? m.experts_per_token : m.num_experts) * 3 * H * m.moe_intermediate_size;
-  else
-    n += 3 * H * m.intermediate_size;
+  else n += 3 * H * m.intermediate_size;
   return n;
 }
 
 int64_t model_parameters(const ModelShape& m, bool active) {
   int64_t n = 0;
   for (int l = 0; l <= m.num_layers; ++l) n += layer_parameters(m, l, active);
-  return n + m.hidden_size + (m.tie_word_embeddings ? 0 : m.vocab_size * m.hidden_size);  // final norm, LM head
+  return n + m.hidden_size +
+         (m.tie_word_embeddings ? 0 : m.vocab_size * m.hidden_size);  // final norm, LM head
 }
 
 namespace {
@@ -170,13 +173,12 @@ struct Acc {
   }
 };
 
-
 struct Dims {
   double T, S, nseq, H, Q, K, F, V, nq, D, E, k, Fe;
   double W = 0;  ///< sliding window of the current decoder (0: full causal attention)
   bool qk_norm, moe;
-  bool frozen = false;  ///< frozen base weights: the backward computes no weight gradient
-  double r = 0;         ///< LoRA rank of the experts' adapters
+  bool frozen = false;                      ///< frozen base weights: the backward computes no weight gradient
+  double r = 0;                             ///< LoRA rank of the experts' adapters
   bool lora_gu = false, lora_down = false;  ///< which expert projections carry adapters
 };
 
@@ -203,14 +205,14 @@ void expert_lora_forward(Acc& a, const Dims& x) {
 void expert_lora_backward(Acc& a, const Dims& x) {
   const double es = a.es(), R = x.T * x.k;
   auto proj = [&](double in, double outs, int n_b) {
-    a.grouped(R, x.r, in, x.E);                          // a
-    a.elementwise(4 * R * x.r * es);                     // scaled copies of a and g
+    a.grouped(R, x.r, in, x.E);       // a
+    a.elementwise(4 * R * x.r * es);  // scaled copies of a and g
     for (int i = 0; i < n_b; ++i) {
-      a.grouped(R, x.r, outs, x.E, true);                // dB
-      a.grouped(R, x.r, outs, x.E);                      // g += dy B
+      a.grouped(R, x.r, outs, x.E, true);  // dB
+      a.grouped(R, x.r, outs, x.E);        // g += dy B
     }
-    a.grouped(R, in, x.r, x.E, true);                    // dA
-    a.grouped(R, in, x.r, x.E);                          // dx += g A
+    a.grouped(R, in, x.r, x.E, true);  // dA
+    a.grouped(R, in, x.r, x.E);        // dx += g A
   };
   if (x.lora_down) proj(x.Fe, x.H, 1);
   if (x.lora_gu) proj(x.H, x.Fe, 2);
@@ -221,15 +223,15 @@ void expert_lora_backward(Acc& a, const Dims& x) {
 // down GEMMs, SwiGLU, weighted combine back into [T,H].
 void moe_forward(Acc& a, const Dims& x) {
   const double es = a.es(), R = x.T * x.k;
-  a.gemm(x.T, x.E, x.H);                              // router logits
+  a.gemm(x.T, x.E, x.H);                                // router logits
   a.elementwise(x.T * x.E * (es + 4) + x.T * x.k * 8);  // softmax (fp32 probs), top-k index + weight
-  a.elementwise(2 * R * x.H * es);                    // gather xs [R,H]
-  a.grouped(R, x.Fe, x.H, x.E);                       // gate
-  a.grouped(R, x.Fe, x.H, x.E);                       // up
-  a.elementwise(3 * R * x.Fe * es);                   // SwiGLU
-  a.grouped(R, x.H, x.Fe, x.E);                       // down
+  a.elementwise(2 * R * x.H * es);                      // gather xs [R,H]
+  a.grouped(R, x.Fe, x.H, x.E);                         // gate
+  a.grouped(R, x.Fe, x.H, x.E);                         // up
+  a.elementwise(3 * R * x.Fe * es);                     // SwiGLU
+  a.grouped(R, x.H, x.Fe, x.E);                         // down
   expert_lora_forward(a, x);
-  a.elementwise((R + x.T) * x.H * es);                // weighted combine
+  a.elementwise((R + x.T) * x.H * es);  // weighted combine
 }
 
 // Backward of a sparse block (after moe_forward's recompute): combine, the experts' input
@@ -245,10 +247,10 @@ void moe_backward(Acc& a, const Dims& x) {
     if (!x.frozen) a.grouped(R, x.Fe, x.H, x.E, true);
   }
   expert_lora_backward(a, x);
-  a.elementwise((R + x.T) * x.H * es);                // scatter-add dxs into dhn
-  a.elementwise(2 * x.T * x.E * (es + 4));            // softmax / top-k backward: dlogits
-  a.gemm(x.T, x.H, x.E);                              // dhn += dlogits W_router
-  if (!x.frozen) a.gemm(x.E, x.H, x.T, true);         // dW_router
+  a.elementwise((R + x.T) * x.H * es);         // scatter-add dxs into dhn
+  a.elementwise(2 * x.T * x.E * (es + 4));     // softmax / top-k backward: dlogits
+  a.gemm(x.T, x.H, x.E);                       // dhn += dlogits W_router
+  if (!x.frozen) a.gemm(x.E, x.H, x.T, true);  // dW_router
 }
 
 // Forward of one decoder layer (optionally followed by its backward: `bwd`); with
@@ -256,40 +258,40 @@ void moe_backward(Acc& a, const Dims& x) {
 void decoder_pass(Acc& a, const Dims& x, bool bwd, bool reuse_attention = false) {
   const double es = a.es();
   // forward (also the recompute of a backward)
-  a.elementwise(2 * x.T * x.H * es);                  // input RMSNorm
+  a.elementwise(2 * x.T * x.H * es);  // input RMSNorm
   using Q = Acc::Quant;
-  a.linear(x.T, x.Q, x.H, Q::scaled);                 // q_proj (the norm computed the scale)
-  a.linear(x.T, x.K, x.H, Q::reused);                 // k_proj (q's codes)
-  a.linear(x.T, x.K, x.H, Q::reused);                 // v_proj
+  a.linear(x.T, x.Q, x.H, Q::scaled);  // q_proj (the norm computed the scale)
+  a.linear(x.T, x.K, x.H, Q::reused);  // k_proj (q's codes)
+  a.linear(x.T, x.K, x.H, Q::reused);  // v_proj
   if (x.qk_norm) a.elementwise(2 * x.T * (x.Q + x.K) * es);
-  a.elementwise(2 * x.T * (x.Q + x.K) * es);          // RoPE
+  a.elementwise(2 * x.T * (x.Q + x.K) * es);                                // RoPE
   const double att_f = 4 * x.nseq * x.nq * x.D * attended_pairs(x.S, x.W);  // QK^T and PV: 2 GEMMs
   if (!reuse_attention) a.attention(att_f, (2 * x.T * x.Q + 2 * x.T * x.K) * es);
-  a.linear(x.T, x.H, x.Q);                            // o_proj
-  a.elementwise(3 * x.T * x.H * es);                  // residual
-  a.elementwise(2 * x.T * x.H * es);                  // post-attention RMSNorm
+  a.linear(x.T, x.H, x.Q);            // o_proj
+  a.elementwise(3 * x.T * x.H * es);  // residual
+  a.elementwise(2 * x.T * x.H * es);  // post-attention RMSNorm
   if (x.moe) {
     moe_forward(a, x);
   } else {
-    a.linear(x.T, x.F, x.H, Q::scaled);               // gate (the norm computed the scale)
-    a.linear(x.T, x.F, x.H, Q::reused);               // up (gate's codes)
-    a.elementwise(3 * x.T * x.F * es);                // SwiGLU (and the scale of its output)
-    a.linear(x.T, x.H, x.F, Q::scaled);               // down
+    a.linear(x.T, x.F, x.H, Q::scaled);  // gate (the norm computed the scale)
+    a.linear(x.T, x.F, x.H, Q::reused);  // up (gate's codes)
+    a.elementwise(3 * x.T * x.F * es);   // SwiGLU (and the scale of its output)
+    a.linear(x.T, x.H, x.F, Q::scaled);  // down
   }
-  a.elementwise(3 * x.T * x.H * es);                  // residual
+  a.elementwise(3 * x.T * x.H * es);  // residual
   if (!bwd) return;
   // backward: each GEMM C=AB costs dA = dC B^T and dB = A^T dC (accumulated into grads)
   auto gemm_bwd = [&](double m, double n, double k) {
     a.linear(m, k, n);
     if (!x.frozen) a.gemm(k, n, m, true);
   };
-  a.elementwise(2 * 2 * x.T * x.H * es);              // RMSNorm backward x2 (read x, dy; write dx)
+  a.elementwise(2 * 2 * x.T * x.H * es);  // RMSNorm backward x2 (read x, dy; write dx)
   a.elementwise(2 * 3 * x.T * x.H * es);
   gemm_bwd(x.T, x.Q, x.H);
   gemm_bwd(x.T, x.K, x.H);
   gemm_bwd(x.T, x.K, x.H);
   if (x.qk_norm) a.elementwise(3 * x.T * (x.Q + x.K) * es);
-  a.elementwise(2 * x.T * (x.Q + x.K) * es);          // RoPE backward
+  a.elementwise(2 * x.T * (x.Q + x.K) * es);                       // RoPE backward
   a.attention(2.5 * att_f, (4 * x.T * x.Q + 4 * x.T * x.K) * es);  // FlashAttention-2 backward
   gemm_bwd(x.T, x.H, x.Q);
   if (x.moe) {
@@ -305,14 +307,14 @@ void decoder_pass(Acc& a, const Dims& x, bool bwd, bool reuse_attention = false)
 // Forward of the tail (final norm + LM head + CE); `bwd` adds the fused backward.
 void tail_pass(Acc& a, const Dims& x, bool bwd) {
   const double es = a.es();
-  a.elementwise(2 * x.T * x.H * es);                  // final RMSNorm
-  a.gemm(x.T, x.V, x.H);                              // logits, fp32 chunks
-  a.elementwise(2 * x.T * x.V * 4);                   // logsumexp: write + read fp32 logits
+  a.elementwise(2 * x.T * x.H * es);  // final RMSNorm
+  a.gemm(x.T, x.V, x.H);              // logits, fp32 chunks
+  a.elementwise(2 * x.T * x.V * 4);   // logsumexp: write + read fp32 logits
   if (!bwd) return;
-  a.elementwise(2 * x.T * x.V * 4);                   // dlogits = softmax - onehot
-  a.gemm(x.T, x.H, x.V);                              // dh = dlogits W
-  a.gemm(x.V, x.H, x.T, true);                        // dW += dlogits^T h
-  a.elementwise(4 * x.T * x.H * es);                  // RMSNorm backward
+  a.elementwise(2 * x.T * x.V * 4);   // dlogits = softmax - onehot
+  a.gemm(x.T, x.H, x.V);              // dh = dlogits W
+  a.gemm(x.V, x.H, x.T, true);        // dW += dlogits^T h
+  a.elementwise(4 * x.T * x.H * es);  // RMSNorm backward
 }
 
 }  // namespace
@@ -321,14 +323,16 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, i
                                            const DeviceModel& d) {
   m.validate("model");
   if (n_seq < 1 || seq_len < 1)
-    throw std::invalid_argument(fmt::format("micro-batch shape must be positive, got {} x {}", n_seq, seq_len));
+    throw std::invalid_argument(
+        fmt::format("micro-batch shape must be positive, got {} x {}", n_seq, seq_len));
   if (!(d.peak_flops > 0) || !(d.mem_bandwidth > 0) || !(d.attention_efficiency > 0) || d.elem_bytes < 1 ||
       d.grad_elem_bytes < 1 || d.scratch_elem_bytes < 1 || d.pcie_bandwidth < 0 ||
       !(d.grouped_gemm_efficiency > 0) || !(d.grouped_wgrad_efficiency > 0) || !(d.fp8_flops >= 0) ||
       !(d.fp8_quant_efficiency > 0))
-    throw std::invalid_argument("device model: peak_flops, mem_bandwidth, the attention, grouped GEMM and FP8 "
-                                "quantization efficiencies and element sizes must be positive, pcie_bandwidth and "
-                                "fp8_flops >= 0");
+    throw std::invalid_argument(
+        "device model: peak_flops, mem_bandwidth, the attention, grouped GEMM and FP8 "
+        "quantization efficiencies and element sizes must be positive, pcie_bandwidth and "
+        "fp8_flops >= 0");
   Dims x{};
   x.nseq = double(n_seq);
   x.S = double(seq_len);
@@ -366,7 +370,7 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, i
     if (l == 0) {
       e.name = "embedding";
       c.io_bytes = ids;
-      f.elementwise(double(ids) + 2.0 * double(act));  // gather rows
+      f.elementwise(double(ids) + 2.0 * double(act));                                      // gather rows
       b.elementwise(double(ids) + double(act) + 2.0 * double(T * H * d.grad_elem_bytes));  // scatter-add
     } else if (l == n - 1) {
       e.name = "tail";
@@ -383,7 +387,8 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, i
       decoder_pass(b, x, true, d.saved_attention);
       // the decoder's own buffers (model/layer_memory.hpp), with the DecoderDims the layer
       // builds (model/layers.cpp): ffn is intermediate_size also in a sparse layer
-      DecoderDims dd{H, m.intermediate_size, m.num_heads, m.num_kv_heads, m.head_dim, m.qk_norm, d.saved_attention};
+      DecoderDims dd{H,          m.intermediate_size, m.num_heads,      m.num_kv_heads,
+                     m.head_dim, m.qk_norm,           d.saved_attention};
       dd.lora_rank = d.lora_rank;
       dd.lora_dropout = d.lora_dropout;
       dd.frozen_base = d.frozen_base;
@@ -399,8 +404,10 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, i
         c.attn_o_bytes = int64_t(attention_output_bytes(dd, T, size_t(d.elem_bytes)));
         c.attn_lse_bytes = int64_t(attention_lse_bytes(dd, T));
       }
-      c.scratch_bytes = int64_t(decoder_scratch_bytes(dd, n_seq, seq_len, size_t(se), true, d.mlp_chunk_tokens));
-      c.scratch_fwd_bytes = int64_t(decoder_scratch_bytes(dd, n_seq, seq_len, size_t(se), false, d.mlp_chunk_tokens));
+      c.scratch_bytes =
+          int64_t(decoder_scratch_bytes(dd, n_seq, seq_len, size_t(se), true, d.mlp_chunk_tokens));
+      c.scratch_fwd_bytes =
+          int64_t(decoder_scratch_bytes(dd, n_seq, seq_len, size_t(se), false, d.mlp_chunk_tokens));
       c.fp8_fwd_bytes = int64_t(fp8_weight_bytes(dd, false));
       c.fp8_bwd_bytes = int64_t(fp8_weight_bytes(dd, true));
     }
@@ -410,10 +417,8 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, i
     e.bwd_bytes = b.bytes;
     c.fwd = f.seconds;
     c.bwd = b.seconds;
-    if (l == n - 1)
-      c.tail = b.seconds;  // fused forward + loss + backward, nothing recomputed
-    else
-      c.tail = d.tail_recomputes ? f.seconds + b.seconds : b.seconds;
+    if (l == n - 1) c.tail = b.seconds;  // fused forward + loss + backward, nothing recomputed
+    else c.tail = d.tail_recomputes ? f.seconds + b.seconds : b.seconds;
     out.push_back(std::move(e));
   }
   return out;
@@ -445,11 +450,12 @@ void apply_frozen_groups(std::vector<LayerCost>& costs, const ModelLayout& m, DT
                          int64_t grad_elem_bytes) {
   const auto elem_bytes = int64_t(dtype_size(compute));
   if (int(costs.size()) != m.num_layers())
-    throw std::invalid_argument(
-        fmt::format("apply_frozen_groups: {} layer costs for a model of {} layers", costs.size(), m.num_layers()));
+    throw std::invalid_argument(fmt::format("apply_frozen_groups: {} layer costs for a model of {} layers",
+                                            costs.size(), m.num_layers()));
   for (int l = 0; l < m.num_layers(); ++l) {
     const std::vector<int> groups = m.groups_of(l);
-    if (std::none_of(groups.begin(), groups.end(), [&](int g) { return m.groups[size_t(g)].frozen; })) continue;
+    if (std::none_of(groups.begin(), groups.end(), [&](int g) { return m.groups[size_t(g)].frozen; }))
+      continue;
     LayerCost& c = costs[size_t(l)];
     c.weight_bytes = c.grad_bytes = c.frozen_weight_bytes = c.staging_bytes = 0;
     for (int g : groups) {

@@ -27,15 +27,15 @@ namespace rp {
 /// What the partitioner and the simulator need to know about one compute layer.
 /// Times are seconds for ONE micro-batch; bytes are device bytes.
 struct LayerCost {
-  double fwd = 0;   ///< forward (as run in a forward stage)
-  double bwd = 0;   ///< backward including the recompute of its forward (backward stage)
-  double tail = 0;  ///< cost inside the fused tail stage (forward + loss + backward)
-  int64_t weight_bytes = 0;   ///< device copy of the parameters the layer reads
-  int64_t grad_bytes = 0;     ///< device gradient accumulators of those parameters (trainable ones)
-  int64_t act_bytes = 0;      ///< one [tokens, hidden] activation (its output / saved input)
+  double fwd = 0;                 ///< forward (as run in a forward stage)
+  double bwd = 0;                 ///< backward including the recompute of its forward (backward stage)
+  double tail = 0;                ///< cost inside the fused tail stage (forward + loss + backward)
+  int64_t weight_bytes = 0;       ///< device copy of the parameters the layer reads
+  int64_t grad_bytes = 0;         ///< device gradient accumulators of those parameters (trainable ones)
+  int64_t act_bytes = 0;          ///< one [tokens, hidden] activation (its output / saved input)
   int64_t scratch_bytes = 0;      ///< scratch of a backward call (recompute + backward; stages take the max)
   int64_t scratch_fwd_bytes = 0;  ///< scratch of a forward call (forward stages take the max)
-  int64_t io_bytes = 0;       ///< token ids (embedding) or targets (tail) per micro-batch
+  int64_t io_bytes = 0;           ///< token ids (embedding) or targets (tail) per micro-batch
   /// Saved attention (decoders, DeviceModel::saved_attention): the attention output and its
   /// log-sum-exp per micro-batch, downloaded by forward stages and uploaded by backward ones.
   int64_t attn_o_bytes = 0, attn_lse_bytes = 0;
@@ -74,13 +74,13 @@ struct ModelShape {
   int64_t num_heads = 0, num_kv_heads = 0, head_dim = 0;
   bool tie_word_embeddings = false;
   bool qk_norm = false;
-  bool qk_norm_whole = false;  ///< the q/k norms span a token's whole q and k (OLMo 2), not a head
-  bool qkv_bias = false;     ///< q/k/v projections carry biases (Qwen2, GPT-OSS)
-  bool o_proj_bias = false;  ///< o_proj carries a bias (GPT-OSS)
-  int64_t num_experts = 0;            ///< routed experts E of a sparse layer (0: a dense model)
-  int64_t experts_per_token = 0;      ///< top-k
-  int64_t moe_intermediate_size = 0;  ///< FFN width of one expert
-  int64_t decoder_sparse_step = 1;    ///< every step-th decoder is sparse
+  bool qk_norm_whole = false;            ///< the q/k norms span a token's whole q and k (OLMo 2), not a head
+  bool qkv_bias = false;                 ///< q/k/v projections carry biases (Qwen2, GPT-OSS)
+  bool o_proj_bias = false;              ///< o_proj carries a bias (GPT-OSS)
+  int64_t num_experts = 0;               ///< routed experts E of a sparse layer (0: a dense model)
+  int64_t experts_per_token = 0;         ///< top-k
+  int64_t moe_intermediate_size = 0;     ///< FFN width of one expert
+  int64_t decoder_sparse_step = 1;       ///< every step-th decoder is sparse
   std::vector<int64_t> mlp_only_layers;  ///< decoders (0-based) with a dense MLP regardless
   /// Sliding-window attention: decoder i (0-based) attends to at most attention_windows[i]
   /// keys (its own position and the window - 1 before it); 0, or i past the end, is full
@@ -109,7 +109,7 @@ ModelShape model_shape_from_hf_json(const nlohmann::json& j, const std::string& 
 
 /// Device and precision assumptions of the estimate.
 struct DeviceModel {
-  double peak_flops = 790e12;      ///< achievable dense GEMM FLOP/s at the compute dtype
+  double peak_flops = 790e12;  ///< achievable dense GEMM FLOP/s at the compute dtype
   /// FP8 linears (LayerOptions::fp8): the e4m3 GEMM FLOP/s of the dense decoder linears'
   /// forward, recompute and input gradient (their weight gradients stay at peak_flops). 0:
   /// every GEMM runs at peak_flops in the compute dtype.
@@ -129,15 +129,17 @@ struct DeviceModel {
   /// Other shapes and GPUs differ; a measured profile replaces them layer by layer.
   double grouped_gemm_efficiency = 0.33;
   double grouped_wgrad_efficiency = 0.12;
-  double mem_bandwidth = 4.3e12;   ///< device memory bytes/s (element-wise ops, GEMM operands)
-  double pcie_bandwidth = 55e9;    ///< host<->device bytes/s per direction (0: transfers free)
-  int64_t elem_bytes = 2;          ///< compute dtype: weights and activations on the device
-  int64_t grad_elem_bytes = 4;     ///< gradient accumulator element
-  int64_t scratch_elem_bytes = 2;  ///< element size of layer scratch (the compute dtype, as Layer::scratch_bytes)
-  int64_t mlp_chunk_tokens = 0;    ///< decoders' MLP chunk (LayerOptions::mlp_chunk_tokens; <= 0: default)
-  bool saved_attention = false;    ///< decoders keep the forward's attention output (LayerOptions::save_attention)
-  bool tail_recomputes = true;     ///< decoder layers in the tail stage run forward then
-                                   ///< backward-with-recompute (true for the current Layer API)
+  double mem_bandwidth = 4.3e12;  ///< device memory bytes/s (element-wise ops, GEMM operands)
+  double pcie_bandwidth = 55e9;   ///< host<->device bytes/s per direction (0: transfers free)
+  int64_t elem_bytes = 2;         ///< compute dtype: weights and activations on the device
+  int64_t grad_elem_bytes = 4;    ///< gradient accumulator element
+  int64_t scratch_elem_bytes =
+      2;  ///< element size of layer scratch (the compute dtype, as Layer::scratch_bytes)
+  int64_t mlp_chunk_tokens = 0;  ///< decoders' MLP chunk (LayerOptions::mlp_chunk_tokens; <= 0: default)
+  bool saved_attention =
+      false;  ///< decoders keep the forward's attention output (LayerOptions::save_attention)
+  bool tail_recomputes = true;  ///< decoder layers in the tail stage run forward then
+                                ///< backward-with-recompute (true for the current Layer API)
   /// LoRA (set from a layout by lora_device_model): the decoders' adapter rank (their [T, r]
   /// scratch), whether adapter dropout keeps a dropped-out input, and whether the decoders'
   /// base weights are frozen (their backward computes no weight gradient).
@@ -156,7 +158,7 @@ void lora_device_model(DeviceModel& d, const ModelLayout& m);
 
 /// FLOPs / bytes / seconds of one layer for one micro-batch.
 struct LayerEstimate {
-  std::string name;  ///< "embedding", "layer.<i>" (decoder i, 0-based), "tail"
+  std::string name;                     ///< "embedding", "layer.<i>" (decoder i, 0-based), "tail"
   double fwd_flops = 0, fwd_bytes = 0;  ///< forward
   double bwd_flops = 0, bwd_bytes = 0;  ///< backward with recompute (tail: fused fwd+loss+bwd)
   LayerCost cost;

@@ -100,8 +100,8 @@ GpuRates achievable_rates(const GpuPreset& p) {
   r.tflops = r.measured ? p.measured_tflops : p.bf16_tflops * kComputeEfficiency;
   r.fp8_tflops = p.measured_fp8_tflops > 0 ? p.measured_fp8_tflops : p.fp8_tflops * kComputeEfficiency;
   r.memory_gbps = p.measured_memory_gbps > 0 ? p.measured_memory_gbps : p.memory_gbps * kMemoryEfficiency;
-  r.pcie_gbps =
-      p.measured_pcie_gbps > 0 ? p.measured_pcie_gbps : pcie_link_gbps(p.pcie_gen, p.pcie_lanes) * link_efficiency();
+  r.pcie_gbps = p.measured_pcie_gbps > 0 ? p.measured_pcie_gbps
+                                         : pcie_link_gbps(p.pcie_gen, p.pcie_lanes) * link_efficiency();
   r.memory_bytes = p.memory_gb * double(int64_t(1) << 30);
   return r;
 }

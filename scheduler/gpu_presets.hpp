@@ -24,11 +24,11 @@ namespace rp {
 /// rate; data-centre parts run both at the same rate, and acc16 equals the fp32 figure).
 /// 0 marks a rate the GPU does not have (fp8 before Ada / Hopper).
 struct GpuPreset {
-  const char* name;     ///< "RTX 4090"
-  const char* aliases;  ///< comma-separated other names, matched like the name ("4090,rtx4090")
-  const char* source;   ///< the data sheet or whitepaper the figures come from
-  double bf16_tflops;   ///< bf16 inputs, fp32 accumulation
-  double fp16_tflops;   ///< fp16 inputs, fp32 accumulation
+  const char* name;          ///< "RTX 4090"
+  const char* aliases;       ///< comma-separated other names, matched like the name ("4090,rtx4090")
+  const char* source;        ///< the data sheet or whitepaper the figures come from
+  double bf16_tflops;        ///< bf16 inputs, fp32 accumulation
+  double fp16_tflops;        ///< fp16 inputs, fp32 accumulation
   double fp16_acc16_tflops;  ///< fp16 inputs, fp16 accumulation
   double fp8_tflops;         ///< fp8 inputs, fp32 accumulation (0: none)
   double fp8_acc16_tflops;   ///< fp8 inputs, fp16 accumulation (0: none)
@@ -65,9 +65,9 @@ constexpr double kH200MeasuredPcieGbps = 55.0;
 /// --sustained: 1.1-1.2 PFLOP/s, ~1.7x the bf16 rate; docs/gpu.md, "FP8 compute").
 constexpr double kH200MeasuredFp8Tflops = 1110.0;
 /// Their ratio, what `roundpipe plan --fp8` assumes on a GPU without a preset.
-constexpr double kFp8SpeedupH200 = kH200MeasuredFp8Tflops / kH200MeasuredTflops;  // 1.69
-constexpr double kComputeEfficiency = kH200MeasuredTflops / kH200DatasheetTflops;          // 0.662
-constexpr double kMemoryEfficiency = kH200MeasuredMemoryGbps / kH200DatasheetMemoryGbps;   // 0.883
+constexpr double kFp8SpeedupH200 = kH200MeasuredFp8Tflops / kH200MeasuredTflops;          // 1.69
+constexpr double kComputeEfficiency = kH200MeasuredTflops / kH200DatasheetTflops;         // 0.662
+constexpr double kMemoryEfficiency = kH200MeasuredMemoryGbps / kH200DatasheetMemoryGbps;  // 0.883
 /// Of PCIe 5.0 x16's 63.0 GB/s (pcie_link_gbps(5, 16)); computed in achievable_rates.
 double link_efficiency();
 

@@ -24,7 +24,8 @@ void count_per_pass(const ModelLayout& m, const IterationPlan& plan, std::vector
 }
 
 std::vector<int> assign_shards(const ModelLayout& m, int shards) {
-  if (shards < 1) throw std::invalid_argument(fmt::format("assign_shards: {} shards, need at least 1", shards));
+  if (shards < 1)
+    throw std::invalid_argument(fmt::format("assign_shards: {} shards, need at least 1", shards));
   std::vector<int> order;  // the trainable groups; frozen ones have no shard (-1)
   int64_t total = 0;
   for (size_t g = 0; g < m.groups.size(); ++g)
@@ -32,7 +33,8 @@ std::vector<int> assign_shards(const ModelLayout& m, int shards) {
       order.push_back(int(g));
       total += m.groups[g].numel;
     }
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return m.groups[a].numel > m.groups[b].numel; });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return m.groups[a].numel > m.groups[b].numel; });
   const int64_t share = total / shards;
   std::vector<int64_t> load(size_t(shards), 0);
   std::vector<char> exclusive(size_t(shards), 0);

@@ -40,10 +40,11 @@ HostMemoryNeed host_memory_need(const ModelLayout& m, const HostRun& run) {
   const ModelConfig& c = m.config;
   if (run.seq_len < 1 || run.sequences_per_micro < 1 || run.micro_batches < 1 || run.workers < 1 ||
       run.pass_slots < 1 || run.elem_bytes < 1)
-    throw std::invalid_argument(fmt::format(
-        "host memory: expected a positive shape, got seq {} x {} sequences x {} micro-batches, {} workers, {} "
-        "pass slots",
-        run.seq_len, run.sequences_per_micro, run.micro_batches, run.workers, run.pass_slots));
+    throw std::invalid_argument(
+        fmt::format("host memory: expected a positive shape, got seq {} x {} sequences x {} micro-batches, "
+                    "{} workers, {} "
+                    "pass slots",
+                    run.seq_len, run.sequences_per_micro, run.micro_batches, run.workers, run.pass_slots));
   HostMemoryNeed n;
   for (const ParamGroup& g : m.groups) {
     if (g.frozen) {
@@ -129,8 +130,8 @@ std::vector<HostMemoryChange> host_memory_alternatives(const ModelConfig& c, con
     r.frozen = WeightFormat::nf4;
     add(fmt::format("LoRA r={} on a 4-bit (nf4) base{}", r.lora_r,
                     run.lora_r > 0 ? "" : " instead of full fine-tuning"),
-        fmt::format("plan --lora-r {} --frozen nf4; spec: \"lora\": {{\"r\": {}, \"base_format\": \"nf4\"}}", r.lora_r,
-                    r.lora_r),
+        fmt::format("plan --lora-r {} --frozen nf4; spec: \"lora\": {{\"r\": {}, \"base_format\": \"nf4\"}}",
+                    r.lora_r, r.lora_r),
         r);
     all.lora_r = r.lora_r;
     all.frozen = WeightFormat::nf4;
@@ -143,13 +144,15 @@ std::vector<HostMemoryChange> host_memory_alternatives(const ModelConfig& c, con
       r.sequences_per_micro = std::max<int64_t>(1, seqs / r.micro_batches);
       return r;
     };
-    const int64_t seqs = largest_fitting(1, per_pass - 1, [&](int64_t s) { return need_of(with(run, s)) <= cap; });
+    const int64_t seqs =
+        largest_fitting(1, per_pass - 1, [&](int64_t s) { return need_of(with(run, s)) <= cap; });
     const HostRun r = with(run, seqs);
     add(fmt::format("{} sequences per pass instead of {} (keep the batch with more accumulation)",
                     r.micro_batches * r.sequences_per_micro, per_pass),
-        fmt::format("plan --micro {} --sequences-per-micro {}; spec: micro_batches {} and sequences_per_step / "
-                    "accumulation = {}",
-                    r.micro_batches, r.sequences_per_micro, r.micro_batches, r.micro_batches * r.sequences_per_micro),
+        fmt::format(
+            "plan --micro {} --sequences-per-micro {}; spec: micro_batches {} and sequences_per_step / "
+            "accumulation = {}",
+            r.micro_batches, r.sequences_per_micro, r.micro_batches, r.micro_batches * r.sequences_per_micro),
         r);
     all.micro_batches = r.micro_batches;
     all.sequences_per_micro = r.sequences_per_micro;

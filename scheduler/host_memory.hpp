@@ -23,13 +23,13 @@ struct HostRun {
   int64_t lora_r = 0;
   std::vector<std::string> lora_targets = {"all-linear"};
   std::optional<WeightFormat> frozen;
-  int64_t seq_len = 8192;          ///< tokens per sequence
-  int64_t sequences_per_micro = 1; ///< sequences per micro-batch
-  int64_t micro_batches = 16;      ///< micro-batches per pass (M)
-  int workers = 8;                 ///< GPUs; one worker shares one pass slot's activations
-  int pass_slots = 2;              ///< passes in flight (SessionOptions::pass_slots)
-  bool saved_attention = true;     ///< decoders keep the forward's attention output
-  int64_t elem_bytes = 2;          ///< compute dtype of the low-precision copy and activations
+  int64_t seq_len = 8192;           ///< tokens per sequence
+  int64_t sequences_per_micro = 1;  ///< sequences per micro-batch
+  int64_t micro_batches = 16;       ///< micro-batches per pass (M)
+  int workers = 8;                  ///< GPUs; one worker shares one pass slot's activations
+  int pass_slots = 2;               ///< passes in flight (SessionOptions::pass_slots)
+  bool saved_attention = true;      ///< decoders keep the forward's attention output
+  int64_t elem_bytes = 2;           ///< compute dtype of the low-precision copy and activations
   bool operator==(const HostRun&) const = default;
 };
 

@@ -28,30 +28,32 @@ constexpr int kInf = std::numeric_limits<int>::max() / 4;
 struct Sums {
   double compute = 0;
   int64_t w = 0, g = 0, act = 0, scratch = 0;
-  int64_t up = 0;  // weight bytes uploaded (frozen groups: their storage form)
+  int64_t up = 0;                  // weight bytes uploaded (frozen groups: their storage form)
   int64_t attn = 0, attn_raw = 0;  // saved attention outputs: as charged, and their bytes
-  bool sparse = false;  // runs a sparse decoder: router statistics per slot
-  int64_t fp8 = 0;      // the layers' FP8 weight caches (forward or backward form), as charged
+  bool sparse = false;             // runs a sparse decoder: router statistics per slot
+  int64_t fp8 = 0;                 // the layers' FP8 weight caches (forward or backward form), as charged
 };
 
 // Constants of one problem.
 struct Ctx {
   const PartitionOptions& opt;
-  int n = 0;             // compute layers
-  int64_t A = 0;         // boundary activation (max act_bytes over layers)
-  int64_t ids = 0;       // token ids per micro-batch (layer 0's io_bytes)
-  int64_t targets = 0;   // targets per micro-batch (last layer's io_bytes)
-  int64_t act0 = 0;      // layer 0's activation (a backward stage uploads ids instead)
-  int64_t w0 = 0;        // layer 0's weights as charged (a backward stage uploads none of them)
-  int64_t up0 = 0;       // layer 0's weight bytes uploaded
-  int64_t stats = 0;     // a sparse decoder's router statistics per micro-batch (LayerCost::router_stats_bytes)
+  int n = 0;            // compute layers
+  int64_t A = 0;        // boundary activation (max act_bytes over layers)
+  int64_t ids = 0;      // token ids per micro-batch (layer 0's io_bytes)
+  int64_t targets = 0;  // targets per micro-batch (last layer's io_bytes)
+  int64_t act0 = 0;     // layer 0's activation (a backward stage uploads ids instead)
+  int64_t w0 = 0;       // layer 0's weights as charged (a backward stage uploads none of them)
+  int64_t up0 = 0;      // layer 0's weight bytes uploaded
+  int64_t stats = 0;  // a sparse decoder's router statistics per micro-batch (LayerCost::router_stats_bytes)
   // a layer's saved attention output and log-sum-exp buffers, as charged
   int64_t saved(const LayerCost& l) const {
     return l.attn_o_bytes > 0 ? P(l.attn_o_bytes) + P(l.attn_lse_bytes) : 0;
   }
   // a layer's weights on the device, as charged: its compute-dtype copy and, for frozen
   // groups, the staging buffer their storage form is uploaded into
-  int64_t weights(const LayerCost& l) const { return P(l.weight_bytes) + (l.staging_bytes > 0 ? P(l.staging_bytes) : 0); }
+  int64_t weights(const LayerCost& l) const {
+    return P(l.weight_bytes) + (l.staging_bytes > 0 ? P(l.staging_bytes) : 0);
+  }
   // bytes uploaded: the trainable weights (as charged, as the planner always counted them)
   // and the frozen groups' storage form
   int64_t uploaded(const LayerCost& l) const {
@@ -66,7 +68,8 @@ struct Ctx {
     return b > 0 ? P(b) : 0;
   }
   int64_t P(int64_t bytes) const {
-    return opt.alloc_granule <= 1 ? bytes : int64_t(pool_allocation_bytes(size_t(bytes), size_t(opt.alloc_granule)));
+    return opt.alloc_granule <= 1 ? bytes
+                                  : int64_t(pool_allocation_bytes(size_t(bytes), size_t(opt.alloc_granule)));
   }
 };
 
@@ -88,13 +91,14 @@ StageEstimate assemble(const Ctx& c, StageKind kind, int first, int last, const 
   // tail stage keeps its decoders' on the device
   slot_bytes += s.attn;
   if (s.sparse) slot_bytes += 2 * c.P(c.stats);  // router statistics: the uploaded copy and the summed one
-  if (s.sparse && kind != StageKind::backward) kept += c.P(c.stats);  // the summed copy: forward and tail download it
+  if (s.sparse && kind != StageKind::backward)
+    kept += c.P(c.stats);  // the summed copy: forward and tail download it
   switch (kind) {
     case StageKind::forward:
       e.act_up_bytes = first == 0 ? c.ids : c.A;
       e.act_down_bytes = s.act + s.attn_raw;
       slot_bytes += s.act + (first > 0 ? c.P(c.A) : 0);  // outputs + the uploaded input
-      kept += s.act + s.attn;                              // every output and saved attention
+      kept += s.act + s.attn;                            // every output and saved attention
       break;
     case StageKind::backward:
       // dy, every saved input except the embedding's (which reads the ids), dx
@@ -119,7 +123,8 @@ StageEstimate assemble(const Ctx& c, StageKind kind, int first, int last, const 
   e.retained_bytes = e.grad_bytes + (slots > 0 ? kept : 0);
   e.compute_seconds = double(M) * s.compute;
   if (o.pcie_bandwidth > 0) {
-    e.upload_seconds = (double(e.weight_upload_bytes) + double(M) * double(e.act_up_bytes)) / o.pcie_bandwidth;
+    e.upload_seconds =
+        (double(e.weight_upload_bytes) + double(M) * double(e.act_up_bytes)) / o.pcie_bandwidth;
     e.download_seconds = (double(e.grad_bytes) + double(M) * double(e.act_down_bytes)) / o.pcie_bandwidth;
   }
   e.seconds = std::max({e.compute_seconds, e.upload_seconds, e.download_seconds});
@@ -132,13 +137,16 @@ double cost_of(const LayerCost& l, StageKind k) {
 
 void check_inputs(const std::vector<LayerCost>& costs, const PartitionOptions& o) {
   if (costs.size() < 3)
-    throw std::invalid_argument(fmt::format("partition: a model needs at least 3 compute layers, got {}", costs.size()));
+    throw std::invalid_argument(
+        fmt::format("partition: a model needs at least 3 compute layers, got {}", costs.size()));
   if (o.gpus < 1) throw std::invalid_argument(fmt::format("partition: gpus must be >= 1, got {}", o.gpus));
   if (o.micro_batches < 1)
-    throw std::invalid_argument(fmt::format("partition: micro_batches must be >= 1, got {}", o.micro_batches));
+    throw std::invalid_argument(
+        fmt::format("partition: micro_batches must be >= 1, got {}", o.micro_batches));
   if (o.memory_cap < 0 || !(o.pcie_bandwidth >= 0) || o.weight_buffers < 1 || o.act_slots < 1)
-    throw std::invalid_argument("partition: memory_cap and pcie_bandwidth must be >= 0, weight_buffers and "
-                                "act_slots >= 1");
+    throw std::invalid_argument(
+        "partition: memory_cap and pcie_bandwidth must be >= 0, weight_buffers and "
+        "act_slots >= 1");
   for (size_t i = 0; i < costs.size(); ++i) {
     const LayerCost& l = costs[i];
     for (double t : {l.fwd, l.bwd, l.tail})
@@ -170,10 +178,10 @@ std::string layer_name(int l, int n) {
 }
 
 std::string memory_breakdown(const StageEstimate& e, const PartitionOptions& o) {
-  return fmt::format("weights {}{}, gradients {}, scratch and activations {}", format_bytes(double(e.weight_bytes)),
-                     o.weight_buffers > 1 ? fmt::format(" (+{} for the next stage's)", o.weight_buffers - 1) : "",
-                     format_bytes(double(e.grad_bytes)),
-                     format_bytes(double(e.work_bytes - e.weight_bytes - e.grad_bytes)));
+  return fmt::format(
+      "weights {}{}, gradients {}, scratch and activations {}", format_bytes(double(e.weight_bytes)),
+      o.weight_buffers > 1 ? fmt::format(" (+{} for the next stage's)", o.weight_buffers - 1) : "",
+      format_bytes(double(e.grad_bytes)), format_bytes(double(e.work_bytes - e.weight_bytes - e.grad_bytes)));
 }
 
 // Prefix sums, so that any stage is evaluated in O(1).
@@ -181,13 +189,14 @@ struct Prefix {
   const Ctx& c;
   std::vector<double> cf, cb, ct;
   std::vector<int64_t> w, g, act, attn, attn_raw, up;
-  std::vector<int64_t> fp8[2];  // FP8 weight caches: backward / tail form, forward form
-  std::vector<int> sparse;  // sparse decoders (router_stats_bytes > 0) before each layer
+  std::vector<int64_t> fp8[2];               // FP8 weight caches: backward / tail form, forward form
+  std::vector<int> sparse;                   // sparse decoders (router_stats_bytes > 0) before each layer
   std::vector<std::vector<int64_t>> scr[2];  // sparse tables of scratch maxima: backward, forward
   Prefix(const Ctx& ctx, const std::vector<LayerCost>& costs) : c(ctx) {
     const size_t n = costs.size();
     cf.assign(n + 1, 0), cb.assign(n + 1, 0), ct.assign(n + 1, 0);
-    w.assign(n + 1, 0), g.assign(n + 1, 0), up.assign(n + 1, 0), act.assign(n + 1, 0), attn.assign(n + 1, 0), attn_raw.assign(n + 1, 0);
+    w.assign(n + 1, 0), g.assign(n + 1, 0), up.assign(n + 1, 0), act.assign(n + 1, 0), attn.assign(n + 1, 0),
+        attn_raw.assign(n + 1, 0);
     sparse.assign(n + 1, 0);
     fp8[0].assign(n + 1, 0), fp8[1].assign(n + 1, 0);
     for (size_t i = 0; i < n; ++i) {
@@ -309,25 +318,26 @@ Eval evaluate(const Prefix& p, double T, int64_t cap, int64_t& counter) {
   for (int t = n - 1; t >= 1 && fits(p.eval(StageKind::tail, t, n - 1), inf, o.memory_cap); --t) a = t;
   if (a < 0) {
     StageEstimate e = p.eval(StageKind::tail, n - 1, n - 1);
-    throw std::runtime_error(fmt::format("{} needs {} as the tail stage on its own ({}), over the memory cap {}",
-                                         layer_name(n - 1, n), format_bytes(double(e.memory_bytes)),
-                                         memory_breakdown(e, o), format_bytes(double(o.memory_cap))));
+    throw std::runtime_error(fmt::format(
+        "{} needs {} as the tail stage on its own ({}), over the memory cap {}", layer_name(n - 1, n),
+        format_bytes(double(e.memory_bytes)), memory_breakdown(e, o), format_bytes(double(o.memory_cap))));
   }
   for (int l = 0; l < a; ++l)
     for (StageKind k : {StageKind::forward, StageKind::backward}) {
       StageEstimate e = p.eval(k, l, l);
       if (!fits(e, inf, o.memory_cap))
-        throw std::runtime_error(fmt::format("{} needs {} as a {} stage on its own ({}), over the memory cap {}",
-                                             layer_name(l, n), format_bytes(double(e.memory_bytes)),
-                                             stage_kind_name(k), memory_breakdown(e, o),
-                                             format_bytes(double(o.memory_cap))));
+        throw std::runtime_error(
+            fmt::format("{} needs {} as a {} stage on its own ({}), over the memory cap {}", layer_name(l, n),
+                        format_bytes(double(e.memory_bytes)), stage_kind_name(k), memory_breakdown(e, o),
+                        format_bytes(double(o.memory_cap))));
     }
   throw std::runtime_error("partition: no plan fits the memory cap");  // not reached
 }
 
 }  // namespace
 
-StageEstimate estimate_stage(const std::vector<LayerCost>& costs, const Stage& st, const PartitionOptions& opt) {
+StageEstimate estimate_stage(const std::vector<LayerCost>& costs, const Stage& st,
+                             const PartitionOptions& opt) {
   const int n = int(costs.size());
   if (st.first < 0 || st.last >= n || st.first > st.last)
     throw std::invalid_argument(fmt::format("stage {}-{} outside layers 0..{}", st.first, st.last, n - 1));
@@ -353,17 +363,17 @@ std::vector<StageEstimate> check_plan(const std::vector<LayerCost>& costs, const
                                       const PartitionOptions& opt, const std::string& where) {
   validate_plan(plan, where);
   if (plan.num_layers != int(costs.size()))
-    throw std::invalid_argument(fmt::format("{}: the plan has {} layers, the model {}", where, plan.num_layers,
-                                            costs.size()));
+    throw std::invalid_argument(
+        fmt::format("{}: the plan has {} layers, the model {}", where, plan.num_layers, costs.size()));
   std::vector<StageEstimate> out;
   for (size_t i = 0; i < plan.stages.size(); ++i) {
     const Stage& s = plan.stages[i];
     StageEstimate e = estimate_stage(costs, s, opt);
     if (opt.memory_cap > 0 && e.work_bytes > opt.memory_cap)
-      throw std::invalid_argument(fmt::format("{}: {} stage {} (layers {}-{}) needs {} ({}), over the memory cap {}",
-                                              where, stage_kind_name(s.kind), i, s.first, s.last,
-                                              format_bytes(double(e.work_bytes)), memory_breakdown(e, opt),
-                                              format_bytes(double(opt.memory_cap))));
+      throw std::invalid_argument(
+          fmt::format("{}: {} stage {} (layers {}-{}) needs {} ({}), over the memory cap {}", where,
+                      stage_kind_name(s.kind), i, s.first, s.last, format_bytes(double(e.work_bytes)),
+                      memory_breakdown(e, opt), format_bytes(double(opt.memory_cap))));
     out.push_back(e);
   }
   return out;
@@ -428,7 +438,7 @@ PartitionResult partition_once(const std::vector<LayerCost>& costs, const Partit
     const double obj = double(std::max(e.stages, G)) * e.tmax;
     if (obj < best * (1 - 1e-12)) best = obj, best_i = lo;
     if (lo == 0 || at(lo - 1).stages >= kInf) break;
-    hi = lo - 1;  // more stages, smaller tmax
+    hi = lo - 1;                                                      // more stages, smaller tmax
     if (double(std::max(at(hi).stages, G)) * cand[0] >= best) break;  // cannot win any more
   }
 

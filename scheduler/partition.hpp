@@ -50,12 +50,12 @@
 namespace rp {
 
 struct PartitionOptions {
-  int gpus = 1;                  ///< G: GPUs in the pool
-  int64_t micro_batches = 1;     ///< M: micro-batches per iteration
-  int64_t memory_cap = 0;        ///< per-GPU bytes a stage may use (0: unlimited)
-  double pcie_bandwidth = 0;     ///< host<->device bytes/s per direction (0: transfers free)
-  int weight_buffers = 2;        ///< device copies of a stage's weights (2: prefetch)
-  int act_slots = 2;             ///< micro-batch slots in flight per stage (upload one early)
+  int gpus = 1;               ///< G: GPUs in the pool
+  int64_t micro_batches = 1;  ///< M: micro-batches per iteration
+  int64_t memory_cap = 0;     ///< per-GPU bytes a stage may use (0: unlimited)
+  double pcie_bandwidth = 0;  ///< host<->device bytes/s per direction (0: transfers free)
+  int weight_buffers = 2;     ///< device copies of a stage's weights (2: prefetch)
+  int act_slots = 2;          ///< micro-batch slots in flight per stage (upload one early)
   /// Allocation granule of the device pool (kernels/device.hpp pool_allocation_bytes): 256 for
   /// the CPU backend's arenas, kCudaPoolGranule for a GPU; <= 1 charges bytes as given.
   int64_t alloc_granule = 1;
@@ -64,18 +64,18 @@ struct PartitionOptions {
 /// Predicted time and memory of one stage.
 struct StageEstimate {
   Stage stage;
-  double compute_seconds = 0;   ///< M * sum of the layers' costs for this stage kind
-  double upload_seconds = 0;    ///< (weights + M * activation uploads) / pcie
-  double download_seconds = 0;  ///< (gradients + M * activation downloads) / pcie
-  double seconds = 0;           ///< tau: max of the three
-  int64_t weight_bytes = 0;     ///< one copy of the stage's weights (with frozen groups' staging buffers)
+  double compute_seconds = 0;       ///< M * sum of the layers' costs for this stage kind
+  double upload_seconds = 0;        ///< (weights + M * activation uploads) / pcie
+  double download_seconds = 0;      ///< (gradients + M * activation downloads) / pcie
+  double seconds = 0;               ///< tau: max of the three
+  int64_t weight_bytes = 0;         ///< one copy of the stage's weights (with frozen groups' staging buffers)
   int64_t weight_upload_bytes = 0;  ///< weight bytes uploaded per stage (frozen groups: their storage form)
-  int64_t grad_bytes = 0;       ///< gradient accumulators (0 for forward stages)
-  int64_t act_up_bytes = 0;     ///< uploaded per micro-batch (ids, inputs, saved activations, dy)
-  int64_t act_down_bytes = 0;   ///< downloaded per micro-batch (saved activations, dx, loss)
-  int64_t work_bytes = 0;       ///< device bytes a worker allocates to run the stage (file comment)
-  int64_t memory_bytes = 0;     ///< work_bytes plus room for the next stage's weights (file comment)
-  int64_t slot_bytes = 0;       ///< one micro-batch slot of work_bytes (as charged)
+  int64_t grad_bytes = 0;           ///< gradient accumulators (0 for forward stages)
+  int64_t act_up_bytes = 0;         ///< uploaded per micro-batch (ids, inputs, saved activations, dy)
+  int64_t act_down_bytes = 0;       ///< downloaded per micro-batch (saved activations, dx, loss)
+  int64_t work_bytes = 0;           ///< device bytes a worker allocates to run the stage (file comment)
+  int64_t memory_bytes = 0;         ///< work_bytes plus room for the next stage's weights (file comment)
+  int64_t slot_bytes = 0;           ///< one micro-batch slot of work_bytes (as charged)
   /// What a retired task still holds while the next task on its GPU starts (actors/worker.cpp,
   /// maybe_finish; release_retired_inputs in actors/stage_task.hpp): its gradient accumulators
   /// until they are on the host, and in its last slot the outputs still downloading (a forward

@@ -43,10 +43,8 @@ std::string IterationPlan::summary() const {
   for (auto& s : stages) {
     if (!out.empty()) out += ' ';
     char c = s.kind == StageKind::forward ? 'F' : s.kind == StageKind::tail ? 'T' : 'B';
-    if (s.kind == StageKind::backward)
-      out += fmt::format("{}[{}-{}]", c, s.last, s.first);
-    else
-      out += fmt::format("{}[{}-{}]", c, s.first, s.last);
+    if (s.kind == StageKind::backward) out += fmt::format("{}[{}-{}]", c, s.last, s.first);
+    else out += fmt::format("{}[{}-{}]", c, s.first, s.last);
   }
   return out;
 }
@@ -59,8 +57,8 @@ void validate_plan(const IterationPlan& p, const std::string& where) {
   for (; i < p.stages.size() && p.stages[i].kind == StageKind::forward; ++i) {
     const Stage& s = p.stages[i];
     if (s.first != next || s.last < s.first)
-      fail(fmt::format("forward stage {} covers layers {}-{}, expected to start at layer {}", i + 1,
-                       s.first, s.last, next));
+      fail(fmt::format("forward stage {} covers layers {}-{}, expected to start at layer {}", i + 1, s.first,
+                       s.last, next));
     next = s.last + 1;
   }
   if (i >= p.stages.size() || p.stages[i].kind != StageKind::tail)
@@ -75,20 +73,21 @@ void validate_plan(const IterationPlan& p, const std::string& where) {
     const Stage& s = p.stages[i];
     if (s.kind != StageKind::backward) fail("only backward stages may follow the tail stage");
     if (s.last != expect || s.first > s.last)
-      fail(fmt::format("backward stage covers layers {}-{}, expected to start at layer {}", s.last,
-                       s.first, expect));
+      fail(fmt::format("backward stage covers layers {}-{}, expected to start at layer {}", s.last, s.first,
+                       expect));
     expect = s.first - 1;
   }
-  if (expect != -1) fail(fmt::format("backward stages stop at layer {}, expected to reach layer 0", expect + 1));
+  if (expect != -1)
+    fail(fmt::format("backward stages stop at layer {}, expected to reach layer 0", expect + 1));
 }
 
 IterationPlan make_uniform_plan(int num_layers, int fwd_layers, int bwd_layers, int tail_decoders) {
   if (fwd_layers < 1 || bwd_layers < 1)
-    throw std::invalid_argument(fmt::format(
-        "layers per stage must be >= 1 (forward {}, backward {})", fwd_layers, bwd_layers));
+    throw std::invalid_argument(
+        fmt::format("layers per stage must be >= 1 (forward {}, backward {})", fwd_layers, bwd_layers));
   if (tail_decoders < 0 || tail_decoders > num_layers - 2)
-    throw std::invalid_argument(fmt::format("tail_decoders must be in [0, {}], got {}", num_layers - 2,
-                                            tail_decoders));
+    throw std::invalid_argument(
+        fmt::format("tail_decoders must be in [0, {}], got {}", num_layers - 2, tail_decoders));
   IterationPlan p;
   p.num_layers = num_layers;
   int tail_first = num_layers - 1 - tail_decoders;
@@ -102,8 +101,7 @@ IterationPlan make_uniform_plan(int num_layers, int fwd_layers, int bwd_layers, 
 }
 
 IterationPlan make_default_plan(int num_layers, int num_workers) {
-  if (num_workers < 1)
-    throw std::invalid_argument(fmt::format("workers must be >= 1, got {}", num_workers));
+  if (num_workers < 1) throw std::invalid_argument(fmt::format("workers must be >= 1, got {}", num_workers));
   int body = num_layers - 1;  // layers before the tail
   int bwd = std::max(1, body / std::max(1, 2 * num_workers));
   bwd = std::min(bwd, 4);
@@ -134,20 +132,21 @@ IterationPlan plan_from_json(const nlohmann::json& j, int num_layers, int num_wo
                              const std::string& where) {
   if (j.is_null()) return make_default_plan(num_layers, num_workers);
   if (!j.is_object()) throw std::invalid_argument(where + ": expected an object");
-  static const char* known[] = {"forward_layers", "backward_layers", "tail_decoders", "forward", "tail",
-                                "backward"};
+  static const char* known[] = {"forward_layers", "backward_layers", "tail_decoders", "forward",
+                                "tail",           "backward"};
   for (auto it = j.begin(); it != j.end(); ++it)
     if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return it.key() == k; }) ==
         std::end(known))
-      throw std::invalid_argument(fmt::format(
-          "{}: unknown key '{}' (expected forward_layers, backward_layers, tail_decoders, or "
-          "forward/tail/backward)",
-          where, it.key()));
+      throw std::invalid_argument(
+          fmt::format("{}: unknown key '{}' (expected forward_layers, backward_layers, tail_decoders, or "
+                      "forward/tail/backward)",
+                      where, it.key()));
   if (j.contains("forward") || j.contains("tail") || j.contains("backward")) {
     for (const char* k : {"forward_layers", "backward_layers", "tail_decoders"})
       if (j.contains(k))
         throw std::invalid_argument(fmt::format(
-            "{}: key '{}' does not go with explicit forward/tail/backward stages (give one or the other)", where, k));
+            "{}: key '{}' does not go with explicit forward/tail/backward stages (give one or the other)",
+            where, k));
     IterationPlan p;
     p.num_layers = num_layers;
     for (const char* k : {"forward", "tail", "backward"})

@@ -25,9 +25,11 @@ const char* profile_kind_name(ProfileKind k) {
 }
 
 ProfileKind profile_kind_from_name(const std::string& s) {
-  for (ProfileKind k : {ProfileKind::forward, ProfileKind::recompute, ProfileKind::backward, ProfileKind::tail})
+  for (ProfileKind k :
+       {ProfileKind::forward, ProfileKind::recompute, ProfileKind::backward, ProfileKind::tail})
     if (s == profile_kind_name(k)) return k;
-  throw std::invalid_argument(fmt::format("unknown profile kind '{}' (forward, recompute, backward, tail)", s));
+  throw std::invalid_argument(
+      fmt::format("unknown profile kind '{}' (forward, recompute, backward, tail)", s));
 }
 
 // ---- SmoothedTime ----------------------------------------------------------------
@@ -84,10 +86,13 @@ const SmoothedTime& LayerProfile::series(ProfileKind k) const {
 Profile::Profile(int num_layers, int64_t n_seq, int64_t seq_len, double beta)
     : n_seq_(n_seq), seq_len_(seq_len), beta_(beta) {
   if (num_layers < 3)
-    throw std::invalid_argument(fmt::format("profile: a model has at least 3 compute layers, got {}", num_layers));
+    throw std::invalid_argument(
+        fmt::format("profile: a model has at least 3 compute layers, got {}", num_layers));
   if (n_seq < 1 || seq_len < 1)
-    throw std::invalid_argument(fmt::format("profile: micro-batch shape must be positive, got {} x {}", n_seq, seq_len));
-  if (!(beta >= 0 && beta < 1)) throw std::invalid_argument(fmt::format("profile: beta must be in [0, 1), got {}", beta));
+    throw std::invalid_argument(
+        fmt::format("profile: micro-batch shape must be positive, got {} x {}", n_seq, seq_len));
+  if (!(beta >= 0 && beta < 1))
+    throw std::invalid_argument(fmt::format("profile: beta must be in [0, 1), got {}", beta));
   layers_.assign(size_t(num_layers), LayerProfile(beta));
 }
 
@@ -95,8 +100,9 @@ void Profile::record(int layer, ProfileKind kind, double seconds) {
   if (layer < 0 || layer >= num_layers())
     throw std::invalid_argument(fmt::format("profile: layer {} out of range [0, {})", layer, num_layers()));
   if (!std::isfinite(seconds) || seconds < 0)
-    throw std::invalid_argument(fmt::format("profile: layer {}: {} time {} is not a finite non-negative number",
-                                            layer, profile_kind_name(kind), seconds));
+    throw std::invalid_argument(
+        fmt::format("profile: layer {}: {} time {} is not a finite non-negative number", layer,
+                    profile_kind_name(kind), seconds));
   layers_[size_t(layer)].series(kind).add(seconds);
 }
 
@@ -128,7 +134,8 @@ bool Profile::settled(double rel_tol, int64_t min_samples) const {
 
 std::vector<LayerCost> Profile::apply(const std::vector<LayerCost>& analytic) const {
   if (int(analytic.size()) != num_layers())
-    throw std::invalid_argument(fmt::format("profile has {} layers, the model {}", num_layers(), analytic.size()));
+    throw std::invalid_argument(
+        fmt::format("profile has {} layers, the model {}", num_layers(), analytic.size()));
   const int n = num_layers();
   auto is_dec = [n](int l) { return l > 0 && l < n - 1; };
   auto bwd_of = [](const LayerProfile& p) { return p.bwd.value() + p.recompute.value(); };
@@ -167,16 +174,16 @@ nlohmann::json Profile::to_json() const {
   for (int l = 0; l < num_layers(); ++l) {
     const auto& p = layers_[size_t(l)];
     nlohmann::json o = {{"layer", l}};
-    for (ProfileKind k : {ProfileKind::forward, ProfileKind::recompute, ProfileKind::backward, ProfileKind::tail})
+    for (ProfileKind k :
+         {ProfileKind::forward, ProfileKind::recompute, ProfileKind::backward, ProfileKind::tail})
       if (p.series(k).seen() > 0) o[profile_kind_name(k)] = p.series(k).to_json();
     if (p.weight_bytes >= 0) o["weight_bytes"] = p.weight_bytes;
     if (p.grad_bytes >= 0) o["grad_bytes"] = p.grad_bytes;
     if (p.scratch_peak_bytes >= 0) o["scratch_peak_bytes"] = p.scratch_peak_bytes;
     layers.push_back(std::move(o));
   }
-  return {{"format", "roundpipe-profile"}, {"version", 1},     {"device", device},
-          {"n_seq", n_seq_},               {"seq_len", seq_len_}, {"beta", beta_},
-          {"layers", std::move(layers)}};
+  return {{"format", "roundpipe-profile"}, {"version", 1},  {"device", device},           {"n_seq", n_seq_},
+          {"seq_len", seq_len_},           {"beta", beta_}, {"layers", std::move(layers)}};
 }
 
 Profile Profile::from_json(const nlohmann::json& j, const std::string& where) {
@@ -200,9 +207,11 @@ Profile Profile::from_json(const nlohmann::json& j, const std::string& where) {
     if (!o.is_object() || !o.contains("layer") || o["layer"] != l)
       throw std::invalid_argument(w + ": expected an object with \"layer\": " + std::to_string(l));
     auto& lp = p.layers_[size_t(l)];
-    for (ProfileKind k : {ProfileKind::forward, ProfileKind::recompute, ProfileKind::backward, ProfileKind::tail})
+    for (ProfileKind k :
+         {ProfileKind::forward, ProfileKind::recompute, ProfileKind::backward, ProfileKind::tail})
       if (o.contains(profile_kind_name(k)))
-        lp.series(k) = SmoothedTime::from_json(o[profile_kind_name(k)], p.beta_, w + "." + profile_kind_name(k));
+        lp.series(k) =
+            SmoothedTime::from_json(o[profile_kind_name(k)], p.beta_, w + "." + profile_kind_name(k));
     const JsonFields lf(o, w);
     auto bytes = [&](const char* k, int64_t& dst) {
       if (lf.has(k)) dst = lf.integer(k, 0);

@@ -10,27 +10,34 @@ namespace rp {
 std::string ReplanDecision::line() const {
   auto ms = [](double s) { return fmt::format("{:.2f} ms", s * 1e3); };
   if (!error.empty())
-    return fmt::format("re-plan at pass {} ({}): keeping {} ({} predicted); the measured costs could not be "
-                       "partitioned: {}",
-                       pass, why, old_plan.summary(), ms(old_seconds), error);
+    return fmt::format(
+        "re-plan at pass {} ({}): keeping {} ({} predicted); the measured costs could not be "
+        "partitioned: {}",
+        pass, why, old_plan.summary(), ms(old_seconds), error);
   if (!changed)
-    return fmt::format("re-plan at pass {} ({}): keeping {} ({} predicted per iteration; the measured partition {} "
-                       "predicts {})",
-                       pass, why, old_plan.summary(), ms(old_seconds), new_plan.summary(), ms(new_seconds));
-  return fmt::format("re-plan at pass {} ({}): {} ({} predicted per iteration) -> {} ({} predicted)", pass, why,
-                     old_plan.summary(), ms(old_seconds), new_plan.summary(), ms(new_seconds));
+    return fmt::format(
+        "re-plan at pass {} ({}): keeping {} ({} predicted per iteration; the measured partition {} "
+        "predicts {})",
+        pass, why, old_plan.summary(), ms(old_seconds), new_plan.summary(), ms(new_seconds));
+  return fmt::format("re-plan at pass {} ({}): {} ({} predicted per iteration) -> {} ({} predicted)", pass,
+                     why, old_plan.summary(), ms(old_seconds), new_plan.summary(), ms(new_seconds));
 }
 
 Replanner::Replanner(Profile profile, std::vector<LayerCost> analytic, PartitionOptions part, SimOptions sim,
                      ReplanOptions opt)
-    : profile_(std::move(profile)), analytic_(std::move(analytic)), part_(part), sim_(std::move(sim)), opt_(opt) {
+    : profile_(std::move(profile)),
+      analytic_(std::move(analytic)),
+      part_(part),
+      sim_(std::move(sim)),
+      opt_(opt) {
   if (int(analytic_.size()) != profile_.num_layers())
     throw std::invalid_argument(fmt::format("replanner: {} analytic layer costs for a profile of {} layers",
                                             analytic_.size(), profile_.num_layers()));
 }
 
 double Replanner::predict(const IterationPlan& plan, const std::vector<LayerCost>& costs) const {
-  return predict_iteration_seconds(plan, stage_costs(costs, plan, part_), part_.gpus, part_.micro_batches, sim_);
+  return predict_iteration_seconds(plan, stage_costs(costs, plan, part_), part_.gpus, part_.micro_batches,
+                                   sim_);
 }
 
 std::optional<ReplanDecision> Replanner::poll(const IterationPlan& current, int64_t pass) {

@@ -22,24 +22,24 @@
 namespace rp {
 
 struct ReplanOptions {
-  bool automatic = true;          ///< false: the plan is explicit, poll() never changes it
-  double settle_rel_tol = 0.05;   ///< Profile::settled(rel_tol, min_samples)
+  bool automatic = true;         ///< false: the plan is explicit, poll() never changes it
+  double settle_rel_tol = 0.05;  ///< Profile::settled(rel_tol, min_samples)
   int64_t settle_min_samples = 3;
   /// Decide anyway once every needed series has this many kept samples (timings on a busy
   /// host may never vary by less than settle_rel_tol); 0: wait for settle_rel_tol forever.
   int64_t settle_max_samples = 16;
-  double min_gain = 0.02;         ///< switch only when the predicted iteration time drops by more than this fraction
+  double min_gain = 0.02;  ///< switch only when the predicted iteration time drops by more than this fraction
 };
 
 /// The outcome of the one re-planning decision.
 struct ReplanDecision {
-  int64_t pass = 0;                ///< first pass that runs new_plan (the pass being dealt)
+  int64_t pass = 0;  ///< first pass that runs new_plan (the pass being dealt)
   IterationPlan old_plan, new_plan;
-  double old_seconds = 0;          ///< predicted steady-state seconds per iteration of old_plan (measured costs)
-  double new_seconds = 0;          ///< same for new_plan
-  bool changed = false;            ///< new_plan replaces old_plan from `pass` on
-  std::string error;               ///< non-empty: partitioning the measured costs failed, plan kept
-  std::string why;                 ///< "profile settled" or "N samples per series"
+  double old_seconds = 0;  ///< predicted steady-state seconds per iteration of old_plan (measured costs)
+  double new_seconds = 0;  ///< same for new_plan
+  bool changed = false;    ///< new_plan replaces old_plan from `pass` on
+  std::string error;       ///< non-empty: partitioning the measured costs failed, plan kept
+  std::string why;         ///< "profile settled" or "N samples per series"
   /// One log line, e.g. "re-plan at pass 4 (profile settled): F[0-3] T[4-5] B[3-0] (12.1 ms
   /// predicted) -> F[0-1] F[2-3] T[4-5] B[3-2] B[1-0] (9.8 ms predicted)".
   std::string line() const;

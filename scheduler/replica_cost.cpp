@@ -7,11 +7,12 @@
 namespace rp {
 
 ReductionEstimate estimate_reduction(const std::vector<LayerCost>& costs, int64_t grad_elem_bytes, int nodes,
-                                     double net_bytes_per_s, double latency_s, double iteration_s, int64_t passes,
-                                     bool tied) {
+                                     double net_bytes_per_s, double latency_s, double iteration_s,
+                                     int64_t passes, bool tied) {
   if (nodes < 1 || !(net_bytes_per_s > 0) || !(latency_s >= 0) || !(iteration_s > 0) || passes < 1 ||
       grad_elem_bytes < 1)
-    throw std::invalid_argument("estimate_reduction: nodes, passes >= 1 and bandwidth, iteration time > 0 expected");
+    throw std::invalid_argument(
+        "estimate_reduction: nodes, passes >= 1 and bandwidth, iteration time > 0 expected");
   ReductionEstimate e;
   const double step = iteration_s * double(passes);
   e.step_sync_s = e.step_async_s = step;
@@ -47,7 +48,8 @@ ReductionEstimate estimate_reduction(const std::vector<LayerCost>& costs, int64_
   e.exposed_async_s = std::max(0.0, std::max(e.link_s, worst_wait) - step);
   e.step_sync_s = step + e.exposed_sync_s;
   e.step_async_s = step + e.exposed_async_s;
-  e.passes_to_hide = std::max<int64_t>(1, int64_t(std::ceil(std::max(e.link_s, worst_wait) / iteration_s - 1e-9)));
+  e.passes_to_hide =
+      std::max<int64_t>(1, int64_t(std::ceil(std::max(e.link_s, worst_wait) / iteration_s - 1e-9)));
   return e;
 }
 

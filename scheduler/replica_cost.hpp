@@ -24,11 +24,11 @@
 namespace rp {
 
 struct ReductionEstimate {
-  double values = 0;          ///< gradient values summed per step (trainable parameters)
-  double bytes_per_node = 0;  ///< sent by each node per step (as many received)
-  double link_s = 0;          ///< time the link is busy per step
-  double exposed_sync_s = 0;  ///< synchronous optimizer: link time after the step's last gradient
-  double exposed_async_s = 0; ///< staleness 1: step time added because the link cannot keep up
+  double values = 0;           ///< gradient values summed per step (trainable parameters)
+  double bytes_per_node = 0;   ///< sent by each node per step (as many received)
+  double link_s = 0;           ///< time the link is busy per step
+  double exposed_sync_s = 0;   ///< synchronous optimizer: link time after the step's last gradient
+  double exposed_async_s = 0;  ///< staleness 1: step time added because the link cannot keep up
   double step_sync_s = 0, step_async_s = 0;  ///< predicted step times
   int64_t passes_to_hide = 1;  ///< staleness 1: the fewest iterations per step whose compute covers link_s
 };
@@ -40,7 +40,7 @@ struct ReductionEstimate {
 /// (a tied LM head): that group is one host gradient, summed once, when the embedding's
 /// backward completes it. std::invalid_argument for non-positive sizes.
 ReductionEstimate estimate_reduction(const std::vector<LayerCost>& costs, int64_t grad_elem_bytes, int nodes,
-                                     double net_bytes_per_s, double latency_s, double iteration_s, int64_t passes,
-                                     bool tied = false);
+                                     double net_bytes_per_s, double latency_s, double iteration_s,
+                                     int64_t passes, bool tied = false);
 
 }  // namespace rp

@@ -29,10 +29,10 @@ DeviceModel backend_device_model(const std::string& backend, double cpu_link_byt
 
 /// What the run's host memory is checked against (the Session's checks).
 struct HostBudget {
-  int pass_slots = 2;                    ///< SessionOptions::pass_slots (one worker: one shared slot)
-  bool weight_prediction = false;        ///< async weight prediction: one more fp32 per trainable parameter
-  size_t available_bytes = 0;            ///< what the run may use, its handed-over weights included; 0: unknown
-  bool device_arenas_on_host = false;    ///< the CPU backend: every worker's device memory is host memory too
+  int pass_slots = 2;                  ///< SessionOptions::pass_slots (one worker: one shared slot)
+  bool weight_prediction = false;      ///< async weight prediction: one more fp32 per trainable parameter
+  size_t available_bytes = 0;          ///< what the run may use, its handed-over weights included; 0: unknown
+  bool device_arenas_on_host = false;  ///< the CPU backend: every worker's device memory is host memory too
 };
 
 struct RunPlanInputs {
@@ -44,10 +44,10 @@ struct RunPlanInputs {
   /// The analytic device numbers (backend_device_model or a caller's); plan_run sets its
   /// saved_attention, mlp_chunk_tokens and LoRA fields.
   DeviceModel device;
-  int64_t mlp_chunk_tokens = 0;         ///< decoders' MLP chunk (0: the layers' default)
-  int64_t device_capacity = 0;          ///< bytes per worker a stage may use (0: unlimited)
-  int64_t alloc_granule = 1;            ///< the device pool's granule (Device::allocation_granule)
-  std::optional<IterationPlan> plan;    ///< explicit plan; else automatic
+  int64_t mlp_chunk_tokens = 0;       ///< decoders' MLP chunk (0: the layers' default)
+  int64_t device_capacity = 0;        ///< bytes per worker a stage may use (0: unlimited)
+  int64_t alloc_granule = 1;          ///< the device pool's granule (Device::allocation_granule)
+  std::optional<IterationPlan> plan;  ///< explicit plan; else automatic
   /// When no automatic plan fits under device_capacity: start from the uniform plan and say
   /// so in RunPlan::log_line (the Session, whose profile may find one later), or throw the
   /// partitioner's std::runtime_error (false: `roundpipe plan`, bench_throughput).
@@ -64,7 +64,7 @@ struct RunPlanInputs {
 };
 
 struct RunPlan {
-  bool saved_attention = false;         ///< the decoders keep their attention output
+  bool saved_attention = false;  ///< the decoders keep their attention output
   /// Host bytes the session allocates: AdamW moments, low-precision copy and gradient slot
   /// per trainable parameter (and the weight prediction's fp32), frozen storage, pass slots
   /// (with saved attention when on). That is host_memory_need(layout, run).total() less the
@@ -74,13 +74,13 @@ struct RunPlan {
   /// The CPU backend (HostBudget::device_arenas_on_host): the virtual GPUs' host bytes, each
   /// worker's largest stage under the cap; 0 otherwise.
   size_t device_arena_bytes = 0;
-  DeviceModel device;                   ///< the inputs' with its fields set as the layers run
-  std::vector<LayerCost> analytic;      ///< analytic costs, frozen groups applied (L + 2 layers)
-  std::vector<LayerCost> costs;         ///< what the plan was made from: analytic, or the profile's
-  PartitionOptions partition;           ///< as the plan was made (weight_buffers 1 when prefetch did not fit)
-  IterationPlan plan;                   ///< validated, of the layout's layer count
+  DeviceModel device;               ///< the inputs' with its fields set as the layers run
+  std::vector<LayerCost> analytic;  ///< analytic costs, frozen groups applied (L + 2 layers)
+  std::vector<LayerCost> costs;     ///< what the plan was made from: analytic, or the profile's
+  PartitionOptions partition;       ///< as the plan was made (weight_buffers 1 when prefetch did not fit)
+  IterationPlan plan;               ///< validated, of the layout's layer count
   std::optional<PartitionResult> automatic;  ///< the partitioner's result when the plan is automatic
-  std::string log_line;                 ///< the uniform fallback's line; empty otherwise
+  std::string log_line;                      ///< the uniform fallback's line; empty otherwise
 };
 
 /// The run plan of `in`. Throws std::invalid_argument for a missing layout or non-positive

@@ -43,8 +43,8 @@ namespace {
 void check(const IterationPlan& plan, const std::vector<StageCost>& costs, const SimOptions& o) {
   validate_plan(plan, "simulate");
   if (costs.size() != plan.stages.size())
-    throw std::invalid_argument(fmt::format("simulate: {} stage costs for a plan of {} stages", costs.size(),
-                                            plan.stages.size()));
+    throw std::invalid_argument(
+        fmt::format("simulate: {} stage costs for a plan of {} stages", costs.size(), plan.stages.size()));
   auto opt = [](const char* k, bool ok) {
     if (!ok) throw std::invalid_argument(fmt::format("simulate: option '{}' out of range", k));
   };
@@ -336,7 +336,8 @@ SimResult simulate(const IterationPlan& plan, const std::vector<StageCost>& cost
   for (auto& c : costs) work += double(M) * c.compute;
   r.bubble_ratio = r.makespan > 0 ? 1 - busy / (double(G) * r.makespan) : 0;
   // clamp rounding noise: whole deal cycles cannot take less than the work divided by G
-  r.steady_bubble_ratio = r.iteration_seconds > 0 ? std::max(0.0, 1 - work / (double(G) * r.iteration_seconds)) : 0;
+  r.steady_bubble_ratio =
+      r.iteration_seconds > 0 ? std::max(0.0, 1 - work / (double(G) * r.iteration_seconds)) : 0;
   return r;
 }
 
@@ -357,7 +358,10 @@ nlohmann::json sim_trace_json(const SimResult& r, const IterationPlan& plan) {
     const char c = st.kind == StageKind::forward ? 'F' : st.kind == StageKind::tail ? 'T' : 'B';
     std::string name = fmt::format("{}{} L{}-{}", c, i.stage, st.first, st.last);
     if (i.micro >= 0) name += fmt::format(" mb{}", i.micro);
-    iv.push_back({fmt::format("gpu{}.{}", i.gpu, stream_name[int(i.stream)]), std::move(name), i.start, i.end,
+    iv.push_back({fmt::format("gpu{}.{}", i.gpu, stream_name[int(i.stream)]),
+                  std::move(name),
+                  i.start,
+                  i.end,
                   {{"iteration", i.iteration}, {"stage", i.stage}, {"micro_batch", double(i.micro)}}});
   }
   return chrome_trace_json(iv);

@@ -60,18 +60,18 @@ struct StreamBandwidths {
 };
 
 struct SimOptions {
-  int gpus = 1;                   ///< G
-  int64_t micro_batches = 1;      ///< M
-  int iterations = 0;             ///< iterations simulated (0: max(4, 2 * cycle + 2), where
-                                  ///< cycle = G / gcd(S, G) iterations repeat the deal)
-  StreamBandwidths bandwidth;     ///< copy streams
-  int staleness = 1;              ///< 1: asynchronous optimizer, 0: synchronous
+  int gpus = 1;                           ///< G
+  int64_t micro_batches = 1;              ///< M
+  int iterations = 0;                     ///< iterations simulated (0: max(4, 2 * cycle + 2), where
+                                          ///< cycle = G / gcd(S, G) iterations repeat the deal)
+  StreamBandwidths bandwidth;             ///< copy streams
+  int staleness = 1;                      ///< 1: asynchronous optimizer, 0: synchronous
   std::vector<double> optimizer_seconds;  ///< per compute layer, or empty (0)
-  int passes_in_flight = 2;       ///< iterations admitted at once (0: unlimited)
-  int weight_buffers = 2;         ///< parameter buffers per GPU (1: no prefetch)
-  int act_slots = 2;              ///< micro-batch slots per GPU
-  int64_t pointer = 0;            ///< deal pointer before the first iteration
-  bool record_timeline = false;   ///< keep every interval (for write_sim_trace)
+  int passes_in_flight = 2;               ///< iterations admitted at once (0: unlimited)
+  int weight_buffers = 2;                 ///< parameter buffers per GPU (1: no prefetch)
+  int act_slots = 2;                      ///< micro-batch slots per GPU
+  int64_t pointer = 0;                    ///< deal pointer before the first iteration
+  bool record_timeline = false;           ///< keep every interval (for write_sim_trace)
 };
 
 /// One busy interval of one stream.
@@ -86,17 +86,17 @@ struct SimInterval {
 };
 
 struct SimResult {
-  double iteration_seconds = 0;   ///< steady state: mean gap between the ends of the
-                                  ///< iterations of the second half, over whole deal cycles
-                                  ///< when possible (the makespan when iterations == 1)
+  double iteration_seconds = 0;        ///< steady state: mean gap between the ends of the
+                                       ///< iterations of the second half, over whole deal cycles
+                                       ///< when possible (the makespan when iterations == 1)
   double first_iteration_seconds = 0;  ///< end of iteration 0 (includes the pipeline fill)
-  double makespan = 0;            ///< end of the last iteration
-  double bubble_ratio = 0;        ///< 1 - compute busy / (G * makespan), whole run
-  double steady_bubble_ratio = 0; ///< 1 - compute per iteration / (G * iteration_seconds)
-  std::vector<double> iteration_end;  ///< per iteration, seconds
-  std::vector<double> gpu_busy;   ///< compute seconds per GPU over the run
-  std::vector<double> gpu_idle;   ///< makespan - gpu_busy
-  std::vector<SimInterval> timeline;  ///< when record_timeline
+  double makespan = 0;                 ///< end of the last iteration
+  double bubble_ratio = 0;             ///< 1 - compute busy / (G * makespan), whole run
+  double steady_bubble_ratio = 0;      ///< 1 - compute per iteration / (G * iteration_seconds)
+  std::vector<double> iteration_end;   ///< per iteration, seconds
+  std::vector<double> gpu_busy;        ///< compute seconds per GPU over the run
+  std::vector<double> gpu_idle;        ///< makespan - gpu_busy
+  std::vector<SimInterval> timeline;   ///< when record_timeline
 };
 
 /// Stage costs of `plan` from layer costs (the same formulas as estimate_stage).

@@ -19,8 +19,10 @@ PeakEstimate predict_peak(const std::vector<StageEstimate>& stages, const Partit
     const StageEstimate& cur = at(s);
     const StageEstimate& next = at(s + G);
     const int64_t work = cur.work_bytes, retained = at(s - G).retained_bytes;
-    // the next task's weights, or (a weightless next task) its working set and the weights of the one after it
-    const int64_t ahead = next.weight_bytes > 0 ? next.weight_bytes : next.work_bytes + at(s + 2 * G).weight_bytes;
+    // the next task's weights, or (a weightless next task) its working set and the weights of the one after
+    // it
+    const int64_t ahead =
+        next.weight_bytes > 0 ? next.weight_bytes : next.work_bytes + at(s + 2 * G).weight_bytes;
     const int64_t full = retained + work + ahead;
     // early start: the current task's last micro-batch computes while its other slot is the next task's
     const int64_t early = opt.micro_batches >= 2 && next.weight_bytes > 0

@@ -7,12 +7,15 @@
 
 namespace rp {
 
-UploadWindows::UploadWindows(const std::vector<std::pair<int, size_t>>& groups, size_t chunk_bytes, int windows)
+UploadWindows::UploadWindows(const std::vector<std::pair<int, size_t>>& groups, size_t chunk_bytes,
+                             int windows)
     : windows_(windows) {
-  if (windows < 1) throw std::invalid_argument("UploadWindows: windows must be >= 1, got " + std::to_string(windows));
+  if (windows < 1)
+    throw std::invalid_argument("UploadWindows: windows must be >= 1, got " + std::to_string(windows));
   std::vector<Piece> all;
   for (auto& [g, bytes] : groups) {
-    if (remaining_.count(g)) throw std::invalid_argument("UploadWindows: group " + std::to_string(g) + " given twice");
+    if (remaining_.count(g))
+      throw std::invalid_argument("UploadWindows: group " + std::to_string(g) + " given twice");
     std::vector<Chunk> cs = split_chunks(bytes, chunk_bytes);
     if (cs.empty()) cs.push_back(Chunk{0, 0});
     remaining_[g] = int(cs.size());

@@ -43,8 +43,8 @@ struct TraceInterval {
 nlohmann::json chrome_trace_json(const std::vector<TraceInterval>& intervals,
                                  const std::map<std::string, std::string>& info = {});
 
-/// Writes `j` to `path` through a temporary file and a rename (base/atomic_file.hpp), so readers never see a partial
-/// file. Throws std::runtime_error("<path>: ...").
+/// Writes `j` to `path` through a temporary file and a rename (base/atomic_file.hpp), so readers never see a
+/// partial file. Throws std::runtime_error("<path>: ...").
 void write_trace_file(const std::string& path, const nlohmann::json& j);
 
 /// Reads and parses a JSON file (a trace). Throws std::runtime_error("<path>: ...") when the

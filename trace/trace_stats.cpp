@@ -23,8 +23,7 @@ std::vector<Iv> merge(std::vector<Iv> v) {
     if (iv.second <= iv.first) continue;
     if (!out.empty() && iv.first <= out.back().second)
       out.back().second = std::max(out.back().second, iv.second);
-    else
-      out.push_back(iv);
+    else out.push_back(iv);
   }
   return out;
 }
@@ -42,10 +41,8 @@ double overlap(const std::vector<Iv>& a, const std::vector<Iv>& b) {
   while (i < a.size() && j < b.size()) {
     const double lo = std::max(a[i].first, b[j].first), hi = std::min(a[i].second, b[j].second);
     if (hi > lo) s += hi - lo;
-    if (a[i].second < b[j].second)
-      ++i;
-    else
-      ++j;
+    if (a[i].second < b[j].second) ++i;
+    else ++j;
   }
   return s;
 }
@@ -124,7 +121,9 @@ Distribution distribution(std::vector<double> xs) {
   d.n = xs.size();
   if (xs.empty()) return d;
   std::sort(xs.begin(), xs.end());
-  auto rank = [&](double p) { return xs[size_t(std::max(1.0, std::ceil(p / 100.0 * double(xs.size())))) - 1]; };
+  auto rank = [&](double p) {
+    return xs[size_t(std::max(1.0, std::ceil(p / 100.0 * double(xs.size())))) - 1];
+  };
   d.max = xs.back();
   d.p50 = rank(50);
   d.p99 = rank(99);
@@ -254,7 +253,8 @@ std::vector<WorkerStats> trace_stats(const Trace& t, const TraceStatsOptions& o)
     ws.worker = fmt::format("worker{}", w);
     ws.wall_s = win.w1 - win.w0;
     busy_times(streams, win, ws);
-    ws.h2d_bytes_per_s = o.h2d_bytes_per_s > 0 ? o.h2d_bytes_per_s : estimate_bandwidth(streams, "param_up", "act_up");
+    ws.h2d_bytes_per_s =
+        o.h2d_bytes_per_s > 0 ? o.h2d_bytes_per_s : estimate_bandwidth(streams, "param_up", "act_up");
     ws.d2h_bytes_per_s =
         o.d2h_bytes_per_s > 0 ? o.d2h_bytes_per_s : estimate_bandwidth(streams, "grad_down", "act_down");
     ws.chunk_bytes = reference_chunk(t, streams, o);
@@ -266,7 +266,8 @@ std::vector<WorkerStats> trace_stats(const Trace& t, const TraceStatsOptions& o)
     ws.act_up_wait = distribution(up);
     for (double x : up)
       if (x > ws.chunk_s) ws.act_up_waits_over_chunk++;
-    ws.act_down_wait = distribution(copy_waits(streams, "act_down", ws.d2h_bytes_per_s, win.w0, nullptr, nullptr));
+    ws.act_down_wait =
+        distribution(copy_waits(streams, "act_down", ws.d2h_bytes_per_s, win.w0, nullptr, nullptr));
     out.push_back(std::move(ws));
   }
   return out;
@@ -274,7 +275,8 @@ std::vector<WorkerStats> trace_stats(const Trace& t, const TraceStatsOptions& o)
 
 namespace {
 std::string ms(const Distribution& d) {
-  return fmt::format("n {:5}  max {:8.3f}  p50 {:8.3f}  p99 {:8.3f} ms", d.n, d.max * 1e3, d.p50 * 1e3, d.p99 * 1e3);
+  return fmt::format("n {:5}  max {:8.3f}  p50 {:8.3f}  p99 {:8.3f} ms", d.n, d.max * 1e3, d.p50 * 1e3,
+                     d.p99 * 1e3);
 }
 nlohmann::json dist_json(const Distribution& d) {
   return {{"n", d.n}, {"max_s", d.max}, {"p50_s", d.p50}, {"p99_s", d.p99}, {"mean_s", d.mean}};
@@ -289,8 +291,8 @@ std::string format_trace_stats(const Trace& t, const std::vector<WorkerStats>& s
     out += "\n";
   }
   for (auto& w : s) {
-    out += fmt::format("{}: window {:.3f} s, compute busy {:.3f} s, utilisation {:.1f}%\n", w.worker, w.wall_s,
-                       w.compute_busy_s, 100 * w.utilisation);
+    out += fmt::format("{}: window {:.3f} s, compute busy {:.3f} s, utilisation {:.1f}%\n", w.worker,
+                       w.wall_s, w.compute_busy_s, 100 * w.utilisation);
     out += fmt::format("  copies: busy {:.3f} s, hidden under compute {:.3f} s = {:.1f}%\n", w.copy_busy_s,
                        w.copy_hidden_s, 100 * w.hidden_share);
     for (auto& [k, st] : w.streams)
@@ -313,7 +315,10 @@ nlohmann::json trace_stats_json(const Trace& t, const std::vector<WorkerStats>& 
   for (auto& w : s) {
     nlohmann::json streams = nlohmann::json::object();
     for (auto& [k, st] : w.streams)
-      streams[k] = {{"copies", st.copies}, {"bytes", st.bytes}, {"busy_s", st.busy_s}, {"hidden_share", st.hidden_share}};
+      streams[k] = {{"copies", st.copies},
+                    {"bytes", st.bytes},
+                    {"busy_s", st.busy_s},
+                    {"hidden_share", st.hidden_share}};
     ws.push_back({{"worker", w.worker},
                   {"wall_s", w.wall_s},
                   {"compute_busy_s", w.compute_busy_s},

@@ -54,24 +54,24 @@ struct StreamStats {
 };
 
 struct WorkerStats {
-  std::string worker;           ///< "worker0"
-  double wall_s = 0;            ///< the analysed window (same for all workers)
-  double compute_busy_s = 0;    ///< union of compute slices in the window
-  double utilisation = 0;       ///< compute_busy_s / wall_s
+  std::string worker;                          ///< "worker0"
+  double wall_s = 0;                           ///< the analysed window (same for all workers)
+  double compute_busy_s = 0;                   ///< union of compute slices in the window
+  double utilisation = 0;                      ///< compute_busy_s / wall_s
   std::map<std::string, StreamStats> streams;  ///< by stream name (copy streams only)
-  double copy_busy_s = 0;       ///< union of all copy slices
-  double copy_hidden_s = 0;     ///< of which overlapped with compute busy time
-  double hidden_share = 0;      ///< copy_hidden_s / copy_busy_s
-  double h2d_bytes_per_s = 0;   ///< link bandwidth used to compute waits (given or estimated)
+  double copy_busy_s = 0;                      ///< union of all copy slices
+  double copy_hidden_s = 0;                    ///< of which overlapped with compute busy time
+  double hidden_share = 0;                     ///< copy_hidden_s / copy_busy_s
+  double h2d_bytes_per_s = 0;                  ///< link bandwidth used to compute waits (given or estimated)
   double d2h_bytes_per_s = 0;
-  double chunk_bytes = 0;       ///< the reference chunk (TraceStatsOptions::chunk_bytes)
-  double chunk_s = 0;           ///< its time at h2d_bytes_per_s
+  double chunk_bytes = 0;  ///< the reference chunk (TraceStatsOptions::chunk_bytes)
+  double chunk_s = 0;      ///< its time at h2d_bytes_per_s
   /// Activation uploads: latency = enqueue to completion (queued + in flight); queued = time
   /// in the transfer actor's queue; wait = time lost to other traffic = completion - max(enqueue,
   /// completion of the stream's previous activation copy) - own transfer time bytes /
   /// h2d_bytes_per_s, at least 0 (queueing behind the stream's own activations is not counted).
   Distribution act_up_latency, act_up_queued, act_up_wait;
-  Distribution act_down_wait;   ///< the same for activation downloads, at d2h_bytes_per_s
+  Distribution act_down_wait;          ///< the same for activation downloads, at d2h_bytes_per_s
   size_t act_up_waits_over_chunk = 0;  ///< activation uploads that waited longer than chunk_s
 };
 

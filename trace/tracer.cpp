@@ -34,7 +34,8 @@ std::vector<std::pair<std::string, double>> args_of(const Tracer::MessageKey& ke
 }
 }  // namespace
 
-void Tracer::sent(const std::string& from, const std::string& to, const std::string& type, const MessageKey& key) {
+void Tracer::sent(const std::string& from, const std::string& to, const std::string& type,
+                  const MessageKey& key) {
   const double t = now();
   std::lock_guard lk(mu_);
   const int64_t id = next_flow_++;

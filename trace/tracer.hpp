@@ -8,8 +8,8 @@
 #pragma once
 #include <chrono>
 #include <cstdint>
-#include <mutex>
 #include <map>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,9 +22,7 @@ class Tracer {
  public:
   Tracer() : t0_(std::chrono::steady_clock::now()) {}
   /// Seconds since the tracer was created.
-  double now() const {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
-  }
+  double now() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }
   /// Records [t_begin, t_end] seconds on track `track` (e.g. "vgpu0.compute").
   void interval(const std::string& track, std::string label, double t_begin, double t_end);
   /// The same with numeric arguments shown on the slice (Chrome trace "args"), e.g. a copy's
@@ -44,7 +42,8 @@ class Tracer {
   /// to that side).
   using MessageKey = std::vector<std::pair<std::string, int64_t>>;
   void sent(const std::string& from, const std::string& to, const std::string& type, const MessageKey& key);
-  void received(const std::string& to, const std::string& from, const std::string& type, const MessageKey& key);
+  void received(const std::string& to, const std::string& from, const std::string& type,
+                const MessageKey& key);
   /// Sent messages not (yet) received.
   size_t messages_in_flight() const;
 

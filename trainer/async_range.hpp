@@ -17,16 +17,17 @@ namespace rp {
 /// these numbers live: bench/async_lr_sweep.sh measures them, docs/fidelity.md shows where each
 /// came from and why the held-out loss is the measure.
 struct AsyncLrRange {
-  const char* run_kind;   ///< "full fine-tuning" or "LoRA"
-  double max_peak_lr;     ///< async within kAsyncLossGap of sync at peak lr <= this
-  const char* measured;   ///< where the number comes from (printed in the warning)
+  const char* run_kind;  ///< "full fine-tuning" or "LoRA"
+  double max_peak_lr;    ///< async within kAsyncLossGap of sync at peak lr <= this
+  const char* measured;  ///< where the number comes from (printed in the warning)
 };
 
 /// The relative gap of the held-out eval loss, async vs sync, that "matches" means.
 inline constexpr double kAsyncLossGap = 0.02;
 
 inline constexpr AsyncLrRange kAsyncLrFullFineTuning{
-    "full fine-tuning", 2e-4, "default job, SmolLM2-135M, 20 steps, H200: eval loss +0.4% at 2e-4, +4.5% at 3e-4"};
+    "full fine-tuning", 2e-4,
+    "default job, SmolLM2-135M, 20 steps, H200: eval loss +0.4% at 2e-4, +4.5% at 3e-4"};
 inline constexpr AsyncLrRange kAsyncLrLora{
     "LoRA", 1e-3, "LoRA job, r16 all linears, 20 steps, H200: eval loss +1.4% at 1e-3, +2.3% at 2e-3"};
 

@@ -47,9 +47,8 @@ std::string weights_checksum(const std::string& dir) {
   return fmt::format("{:016x}", c.digest());
 }
 
-
-void save_checkpoint_bundle(Session& session, const std::string& dir, const LoadedModel& model, DType save_dtype,
-                            const TrainerState& state, const BaseModelRef& base,
+void save_checkpoint_bundle(Session& session, const std::string& dir, const LoadedModel& model,
+                            DType save_dtype, const TrainerState& state, const BaseModelRef& base,
                             const std::function<void(const std::string& tmp_dir)>& extra) {
   session.synchronize();
   std::vector<const float*> ptrs;
@@ -66,7 +65,8 @@ void save_checkpoint_bundle(Session& session, const std::string& dir, const Load
     // before its state is replaced (the pair stays whole)
     std::error_code ec;
     if (fs::is_directory(dir, ec))
-      if (const auto c = keep_conflict(dir, weights_tmp)) throw folder_conflict(dir, *c, "the save of " + dir);
+      if (const auto c = keep_conflict(dir, weights_tmp))
+        throw folder_conflict(dir, *c, "the save of " + dir);
     TrainerState st = state;
     st.weights_xxh3 = weights_checksum(weights_tmp);  // the files keep their bytes through the rename
     st.model_config = architecture_of(model.config);
@@ -98,10 +98,14 @@ namespace {
 /// (its manifest lists it, unchanged; every regular file of a folder without one), but not the
 /// card when `dst` holds a README.md of the user's, which the copy keeps.
 std::vector<std::string> names_to_copy(const std::string& src, const std::string& dst) {
-  const std::vector<std::string> foreign = manifest_files(src) ? foreign_names(src) : std::vector<std::string>{};
+  const std::vector<std::string> foreign =
+      manifest_files(src) ? foreign_names(src) : std::vector<std::string>{};
   std::error_code ec;
-  const std::vector<std::string> users = fs::is_directory(dst, ec) ? foreign_names(dst) : std::vector<std::string>{};
-  auto has = [](const std::vector<std::string>& v, const std::string& n) { return std::find(v.begin(), v.end(), n) != v.end(); };
+  const std::vector<std::string> users =
+      fs::is_directory(dst, ec) ? foreign_names(dst) : std::vector<std::string>{};
+  auto has = [](const std::vector<std::string>& v, const std::string& n) {
+    return std::find(v.begin(), v.end(), n) != v.end();
+  };
   std::vector<std::string> out;
   for (const auto& name : entries_of(src)) {
     if (!fs::is_regular_file(fs::symlink_status(fs::path(src) / name, ec)) || has(foreign, name)) continue;
@@ -129,7 +133,8 @@ void copy_folder(const std::string& src, const std::string& dst) {
 
 void copy_checkpoint_bundle(const std::string& from, const std::string& to) {
   if (!resumable_checkpoint(from))
-    throw std::runtime_error(fmt::format("{}: not a complete checkpoint (its weights or trainer state are missing)", from));
+    throw std::runtime_error(
+        fmt::format("{}: not a complete checkpoint (its weights or trainer state are missing)", from));
   // the weights folder's conflicts are found before the state is replaced (the pair stays whole)
   std::error_code ec;
   const std::vector<std::string> weights = names_to_copy(from, to);
@@ -155,7 +160,8 @@ bool resumable_checkpoint(const std::string& dir) {
   const std::string sd = state_dir_of(dir);
   if (fs::exists(fs::path(dir) / "trainer_state.json", ec))  // earlier releases: the state inside
     return fs::exists(fs::path(dir) / "optimizer.bin", ec);
-  if (!fs::exists(sd + "/" + kRunStateFile, ec) || !fs::exists(sd + "/" + kOptimizerStateFile, ec)) return false;
+  if (!fs::exists(sd + "/" + kRunStateFile, ec) || !fs::exists(sd + "/" + kOptimizerStateFile, ec))
+    return false;
   try {
     const TrainerState saved = read_trainer_state(sd + "/" + kRunStateFile);
     return saved.weights_xxh3.empty() || saved.weights_xxh3 == weights_checksum(dir);
@@ -175,7 +181,8 @@ int64_t checkpoint_number(const std::string& name) {
 std::vector<std::string> checkpoints_in(const std::string& dir) {
   std::vector<std::string> out;
   std::error_code ec;
-  if (fs::path(dir).lexically_normal().filename() == "state") return out;  // the trainer's state, not checkpoints
+  if (fs::path(dir).lexically_normal().filename() == "state")
+    return out;  // the trainer's state, not checkpoints
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (it->is_directory(ec) && (name == "final" || checkpoint_number(name) >= 0)) out.push_back(name);
@@ -216,37 +223,42 @@ std::optional<ResumePoint> check_resume(const TrainSpec& spec) {
     r.saved = read_trainer_state(sd + "/" + kRunStateFile);
     r.optimizer_file = sd + "/" + kOptimizerStateFile;
     if (!r.saved.weights_xxh3.empty() && r.saved.weights_xxh3 != weights_checksum(r.dir))
-      throw std::runtime_error(fmt::format("{}/{}: belongs to other weights than {}/model.safetensors (a save was "
-                                           "interrupted between the two); resume from another checkpoint",
-                                           sd, kRunStateFile, r.dir));
+      throw std::runtime_error(
+          fmt::format("{}/{}: belongs to other weights than {}/model.safetensors (a save was "
+                      "interrupted between the two); resume from another checkpoint",
+                      sd, kRunStateFile, r.dir));
   } else if (fs::exists(r.dir + "/trainer_state.json", ec)) {  // earlier releases: the state inside
     r.saved = read_trainer_state(r.dir + "/trainer_state.json");
     r.optimizer_file = r.dir + "/optimizer.bin";
   } else if (const fs::path p(r.dir); p.parent_path().filename() == "state" &&
-                                       fs::is_directory(p.parent_path().parent_path() / p.filename(), ec)) {
+                                      fs::is_directory(p.parent_path().parent_path() / p.filename(), ec)) {
     const std::string ckpt = (p.parent_path().parent_path() / p.filename()).string();
     throw std::invalid_argument(
         fmt::format("{}: the trainer state of checkpoint {}; resume from {}", r.dir, ckpt, ckpt));
   } else if (const auto inside = checkpoints_in(r.dir); !inside.empty()) {
     const std::string n = newest_resumable_checkpoint(r.dir, inside);
     throw std::invalid_argument(
-        n.empty() ? fmt::format("{}: a run's output folder, not a checkpoint, and none of its checkpoints ({}) can be "
-                                "resumed (their trainer state is missing or belongs to other weights)",
-                                r.dir, fmt::join(inside, ", "))
-                  : fmt::format("{}: a run's output folder, not a checkpoint; resume from {}/{}", r.dir, r.dir, n));
+        n.empty()
+            ? fmt::format(
+                  "{}: a run's output folder, not a checkpoint, and none of its checkpoints ({}) can be "
+                  "resumed (their trainer state is missing or belongs to other weights)",
+                  r.dir, fmt::join(inside, ", "))
+            : fmt::format("{}: a run's output folder, not a checkpoint; resume from {}/{}", r.dir, r.dir, n));
   } else {
-    throw std::runtime_error(fmt::format(
-        "{}/{}: missing; {} is not a resumable checkpoint (roundpipe train keeps the state of <out>/<checkpoint> "
-        "in <out>/state/<checkpoint>)",
-        sd, kRunStateFile, r.dir));
+    throw std::runtime_error(
+        fmt::format("{}/{}: missing; {} is not a resumable checkpoint (roundpipe train keeps the state of "
+                    "<out>/<checkpoint> "
+                    "in <out>/state/<checkpoint>)",
+                    sd, kRunStateFile, r.dir));
   }
   if (!fs::exists(r.optimizer_file, ec))
-    throw std::runtime_error(fmt::format("{}: missing (expected the optimizer state next to {})", r.optimizer_file,
-                                         kRunStateFile));
+    throw std::runtime_error(fmt::format("{}: missing (expected the optimizer state next to {})",
+                                         r.optimizer_file, kRunStateFile));
   if (!spec.epochs && r.saved.step >= spec.steps)  // with epochs the run checks once the data gives its steps
-    throw std::invalid_argument(fmt::format("{}: the checkpoint is at step {} and the spec trains {} steps; nothing "
-                                            "is left to do (raise 'steps' or pass --steps)",
-                                            r.dir, r.saved.step, spec.steps));
+    throw std::invalid_argument(
+        fmt::format("{}: the checkpoint is at step {} and the spec trains {} steps; nothing "
+                    "is left to do (raise 'steps' or pass --steps)",
+                    r.dir, r.saved.step, spec.steps));
   return r;
 }
 
@@ -257,22 +269,25 @@ void check_resume_model(const ResumePoint& r, const TrainSpec& spec, const Model
     saved = architecture_of(load_config_file(r.dir + "/config.json"));
   const std::string diff = architecture_difference(saved, architecture_of(model));
   if (!diff.empty())
-    throw std::invalid_argument(fmt::format(
-        "{}: key 'model': {} is not the architecture of checkpoint {}: {}; resume with the model it was trained "
-        "from",
-        spec.source, spec.model, r.dir, diff));
+    throw std::invalid_argument(
+        fmt::format("{}: key 'model': {} is not the architecture of checkpoint {}: {}; resume with the model "
+                    "it was trained "
+                    "from",
+                    spec.source, spec.model, r.dir, diff));
 }
 
 int64_t restore_checkpoint(const ResumePoint& r, const TrainSpec& spec, Session& session, TokenStream& data) {
   const std::string& state = r.optimizer_file;
   const OptimizerStateInfo info = session.load_optimizer_state(state);
   if (info.steps != r.saved.step)
-    throw std::runtime_error(fmt::format("{}: holds the state after step {}, roundpipe_state.json says step {}", state,
-                                         info.steps, r.saved.step));
+    throw std::runtime_error(
+        fmt::format("{}: holds the state after step {}, roundpipe_state.json says step {}", state, info.steps,
+                    r.saved.step));
   if (!info.has_master && r.saved.save_dtype != "f32")
-    throw std::runtime_error(fmt::format("{}: holds no fp32 master weights and model.safetensors is {} (expected "
-                                         "the master in one of them)",
-                                         state, r.saved.save_dtype));
+    throw std::runtime_error(
+        fmt::format("{}: holds no fp32 master weights and model.safetensors is {} (expected "
+                    "the master in one of them)",
+                    state, r.saved.save_dtype));
   for (const auto& d : resume_differences(r.saved, spec))
     spdlog::warn("resuming with {}; the run will not reproduce an uninterrupted one", d);
   data.seek(r.saved.data_position);
@@ -359,12 +374,12 @@ std::vector<std::string> mend_interrupted_saves(const std::string& output_dir) {
     const std::string have = checksum_or_empty(out / name);
     if (have.empty() || recorded_weights(s) != have || recorded_weights(state / name) == have) continue;
     if (put_in_place(s, state / name))
-      mended.push_back(fmt::format("put back the trainer state of {} (a save was interrupted before its new weights "
-                                   "were complete)",
-                                   (out / name).string()));
+      mended.push_back(
+          fmt::format("put back the trainer state of {} (a save was interrupted before its new weights "
+                      "were complete)",
+                      (out / name).string()));
   }
   return mended;
 }
 
 }  // namespace rp
-

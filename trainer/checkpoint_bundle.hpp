@@ -63,8 +63,8 @@ std::string weights_checksum(const std::string& dir);
 /// failure keeps any previous one. A LoRA run's adapter folder names `base.portable()` as
 /// base_model_name_or_path and records `base` in kAdapterBaseFile (roundpipe/adapter.hpp).
 /// `extra` (optional) adds files to the new folder before it is put in place (the model card).
-void save_checkpoint_bundle(Session& session, const std::string& dir, const LoadedModel& model, DType save_dtype,
-                            const TrainerState& state, const BaseModelRef& base,
+void save_checkpoint_bundle(Session& session, const std::string& dir, const LoadedModel& model,
+                            DType save_dtype, const TrainerState& state, const BaseModelRef& base,
                             const std::function<void(const std::string& tmp_dir)>& extra = {});
 
 /// Writes checkpoint folder `to` (and its state folder) as a byte-for-byte copy of checkpoint

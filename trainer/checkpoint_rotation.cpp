@@ -28,10 +28,8 @@ bool metric_better(double a, double b, bool greater_is_better) { return greater_
 bool early_stopping_update(EarlyStopState& st, double value, const TrainSpec::EarlyStopping& es,
                            bool greater_is_better) {
   const bool better = st.best && metric_better(value, *st.best, greater_is_better);
-  if (!st.best || (better && std::abs(value - *st.best) > es.threshold))
-    st.bad_evals = 0;
-  else
-    ++st.bad_evals;
+  if (!st.best || (better && std::abs(value - *st.best) > es.threshold)) st.bad_evals = 0;
+  else ++st.bad_evals;
   if (!st.best || better) st.best = value;
   return st.bad_evals >= es.patience;
 }
@@ -86,15 +84,18 @@ std::string remove_series_checkpoint(const std::string& output_dir, const SavedC
   const fs::path dir = fs::path(output_dir) / c.name;
   const fs::path sd = state_dir_of(dir.string());
   std::error_code ec;
-  const bool weights = fs::exists(fs::symlink_status(dir, ec)), state = fs::exists(fs::symlink_status(sd, ec));
+  const bool weights = fs::exists(fs::symlink_status(dir, ec)),
+             state = fs::exists(fs::symlink_status(sd, ec));
   if (!weights && !state) return "";
   if (weights) {
-    if (fs::symlink_status(dir, ec).type() != fs::file_type::directory) return fmt::format("{} is not a folder", dir.string());
+    if (fs::symlink_status(dir, ec).type() != fs::file_type::directory)
+      return fmt::format("{} is not a folder", dir.string());
     if (folder_files(dir.string()) != c.files)
       return fmt::format("{} holds other files than the run saved there", dir.string());
   }
   if (state) {
-    if (fs::symlink_status(sd, ec).type() != fs::file_type::directory) return fmt::format("{} is not a folder", sd.string());
+    if (fs::symlink_status(sd, ec).type() != fs::file_type::directory)
+      return fmt::format("{} is not a folder", sd.string());
     for (const auto& [name, bytes] : folder_files(sd.string()))
       if ((name != kRunStateFile && name != kOptimizerStateFile && name != kManifestFile) ||
           bytes == std::numeric_limits<uint64_t>::max())
@@ -110,8 +111,7 @@ std::string remove_series_checkpoint(const std::string& output_dir, const SavedC
     std::string have;
     try {
       have = weights_checksum(dir.string());
-    } catch (const std::exception&) {
-    }
+    } catch (const std::exception&) {}
     if (c.weights_xxh3.empty() || have != c.weights_xxh3)
       return fmt::format("{} has no state and other weights than the run recorded", dir.string());
   }
@@ -127,9 +127,10 @@ std::string RunSeriesTracker::resume(const std::string& dir, const TrainerState&
   if (resolved_path(dir).parent_path() != resolved_path(spec_.output_dir)) {
     return saved.series.checkpoints.empty() && !saved.series.best
                ? std::string()
-               : fmt::format("{} lies outside output_dir {}: its run's checkpoints are not rotated or ranked by this "
-                             "run (early stopping continues)",
-                             dir, spec_.output_dir);
+               : fmt::format(
+                     "{} lies outside output_dir {}: its run's checkpoints are not rotated or ranked by this "
+                     "run (early stopping continues)",
+                     dir, spec_.output_dir);
   }
   series_.checkpoints = saved.series.checkpoints;
   series_.best = saved.series.best;
@@ -163,8 +164,8 @@ RunSeries RunSeriesTracker::series_for(const std::string& name, int64_t step) co
   return r;
 }
 
-std::vector<std::string> RunSeriesTracker::saved(const std::string& output_dir, const std::string& name, int64_t step,
-                                                 bool write) {
+std::vector<std::string> RunSeriesTracker::saved(const std::string& output_dir, const std::string& name,
+                                                 int64_t step, bool write) {
   const RunSeries now = series_for(name, step);
   series_.best = now.best;
   std::vector<std::string> lines;
@@ -177,10 +178,11 @@ std::vector<std::string> RunSeriesTracker::saved(const std::string& output_dir, 
                                  [&](const SavedCheckpoint& c) { return c.name == old; });
     const std::string why = remove_series_checkpoint(output_dir, *it);
     if (why.empty())
-      lines.push_back(fmt::format("save_total_limit {}: removed {}/{}", spec_.save_total_limit, output_dir, old));
+      lines.push_back(
+          fmt::format("save_total_limit {}: removed {}/{}", spec_.save_total_limit, output_dir, old));
     else
-      lines.push_back(fmt::format("save_total_limit {}: left {}/{} alone: {}", spec_.save_total_limit, output_dir,
-                                  old, why));
+      lines.push_back(fmt::format("save_total_limit {}: left {}/{} alone: {}", spec_.save_total_limit,
+                                  output_dir, old, why));
     series_.checkpoints.erase(it);  // either way no longer the series' to remove
   }
   return lines;
@@ -188,7 +190,8 @@ std::vector<std::string> RunSeriesTracker::saved(const std::string& output_dir, 
 
 std::string RunSeriesTracker::best_for_final(int64_t step) const {
   // a best "final" (a run resumed from final/) is the folder this save replaces
-  if (!spec_.load_best_model_at_end || !series_.best || series_.best->step == step || series_.best->name == "final")
+  if (!spec_.load_best_model_at_end || !series_.best || series_.best->step == step ||
+      series_.best->name == "final")
     return "";
   const auto m = metric_at(step);
   if (m && !metric_better(series_.best->value, *m, spec_.greater_is_better)) return "";

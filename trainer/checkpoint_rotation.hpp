@@ -86,7 +86,8 @@ class RunSeriesTracker {
   /// Checkpoint `name` was saved after `step` steps: the best is updated; with `write` (the
   /// replica that writes files) a checkpoint-<n> is recorded and save_total_limit applied
   /// (remove_series_checkpoint). Returns one line per checkpoint removed or left alone.
-  std::vector<std::string> saved(const std::string& output_dir, const std::string& name, int64_t step, bool write);
+  std::vector<std::string> saved(const std::string& output_dir, const std::string& name, int64_t step,
+                                 bool write);
 
   /// load_best_model_at_end: the checkpoint final/ should copy instead of saving the weights
   /// after `step` steps (whose evaluation is metric_at(step)): the best checkpoint when it beats

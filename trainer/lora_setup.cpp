@@ -22,10 +22,10 @@ void check_host_memory(const ModelLayout& layout, const std::string& where) {
   for (const auto& g : layout.groups) need += g.frozen ? double(g.storage_bytes) : 4.0 * double(g.numel);
   const size_t avail = host_available_bytes();
   if (avail > 0 && !(need <= double(avail)))
-    throw std::runtime_error(fmt::format("{}: the LoRA run's weights (frozen base in {}) need about {} of host "
-                                         "memory, {} is available",
-                                         where, weight_format_name(layout.lora->base_format), byte_text(need),
-                                         byte_text(double(avail))));
+    throw std::runtime_error(fmt::format(
+        "{}: the LoRA run's weights (frozen base in {}) need about {} of host "
+        "memory, {} is available",
+        where, weight_format_name(layout.lora->base_format), byte_text(need), byte_text(double(avail))));
 }
 
 }  // namespace
@@ -36,19 +36,22 @@ WeightFormat base_format_of_model(const ModelSource& base, std::string& why) {
   for (const ParamGroup& g : make_layout(base.config()).groups)
     for (const TensorSpec& t : g.tensors) {
       if (t.shape.size() < 2) continue;  // 1-D weights stay f32 in any base_format
-      const std::string name =
-          t.name == "lm_head.weight" && base.config().tie_word_embeddings ? "model.embed_tokens.weight" : t.name;
+      const std::string name = t.name == "lm_head.weight" && base.config().tie_word_embeddings
+                                   ? "model.embed_tokens.weight"
+                                   : t.name;
       const std::optional<WeightFormat> f = base.float_format(name);
       if (!f || (common && *common != *f)) mixed = true;
       if (f && !common) common = f;
     }
   if (common && !mixed) {
-    why = fmt::format("the base's own {} (base_format follows a f32, f16 or bf16 base unless lora.base_format is set)",
-                      weight_format_name(*common));
+    why = fmt::format(
+        "the base's own {} (base_format follows a f32, f16 or bf16 base unless lora.base_format is set)",
+        weight_format_name(*common));
     return *common;
   }
-  why = "bf16: the base's matrices are not all f32, f16 or bf16 (base_format follows only such a base; "
-        "lora.base_format sets it)";
+  why =
+      "bf16: the base's matrices are not all f32, f16 or bf16 (base_format follows only such a base; "
+      "lora.base_format sets it)";
   return WeightFormat::bf16;
 }
 
@@ -60,11 +63,12 @@ RunWeights lora_run_weights(const TrainSpec& spec, ModelSource& base, const std:
     lora = *spec.lora;
     // the spec's settings win; a scaling other than the adapter's changes what its weights do
     if (adapter && adapter->lora.scaling() != lora.scaling())
-      spdlog::warn("{}: the adapter was trained with lora_alpha {:g}{} (scaling {:g}); {} sets alpha {:g}{} "
-                   "(scaling {:g}), so its adapters start out with another effect",
-                   adapter_dir, adapter->lora.alpha, adapter->lora.use_rslora ? ", rsLoRA" : "",
-                   adapter->lora.scaling(), spec.source, lora.alpha, lora.use_rslora ? ", rsLoRA" : "",
-                   lora.scaling());
+      spdlog::warn(
+          "{}: the adapter was trained with lora_alpha {:g}{} (scaling {:g}); {} sets alpha {:g}{} "
+          "(scaling {:g}), so its adapters start out with another effect",
+          adapter_dir, adapter->lora.alpha, adapter->lora.use_rslora ? ", rsLoRA" : "",
+          adapter->lora.scaling(), spec.source, lora.alpha, lora.use_rslora ? ", rsLoRA" : "",
+          lora.scaling());
   } else {
     lora = adapter->lora;
     lora.seed = spec.seed;
@@ -78,8 +82,9 @@ RunWeights lora_run_weights(const TrainSpec& spec, ModelSource& base, const std:
   if (!spec.lora || spec.lora_base_format_from_model) lora.base_format = base_format_of_model(base, follows);
   if (lora.base_format == WeightFormat::mxfp4 && base.config().num_experts == 0) {
     // mxfp4 is the experts' form only (model/layout.cpp): a model without experts is a bf16 base
-    spdlog::warn("{}: base_format mxfp4 applies to experts, and this model has none: its weights are frozen in bf16",
-                 spec.source);
+    spdlog::warn(
+        "{}: base_format mxfp4 applies to experts, and this model has none: its weights are frozen in bf16",
+        spec.source);
     lora.base_format = WeightFormat::bf16;
   }
   RunWeights w;
@@ -101,9 +106,10 @@ RunWeights lora_run_weights(const TrainSpec& spec, ModelSource& base, const std:
   for (const auto& g : w.layout.groups) g.frozen ? frozen_bytes += g.storage_bytes : trainable += g.numel;
   std::string form = weight_format_name(lora.base_format);
   if (lora.base_format == WeightFormat::mxfp4) form = "mxfp4 (experts; the other weights bf16)";
-  spdlog::info("LoRA r {} (alpha {:g}{}), base weights frozen in {} ({:.1f} MB){}, {:.2f} M trainable parameters",
-               lora.r, lora.alpha, lora.use_rslora ? ", rsLoRA" : "", form, double(frozen_bytes) / 1e6,
-               follows.empty() ? std::string() : fmt::format(" [{}]", follows), double(trainable) / 1e6);
+  spdlog::info(
+      "LoRA r {} (alpha {:g}{}), base weights frozen in {} ({:.1f} MB){}, {:.2f} M trainable parameters",
+      lora.r, lora.alpha, lora.use_rslora ? ", rsLoRA" : "", form, double(frozen_bytes) / 1e6,
+      follows.empty() ? std::string() : fmt::format(" [{}]", follows), double(trainable) / 1e6);
   return w;
 }
 
@@ -129,7 +135,8 @@ PlainModel merged_model(const Session& session) {
     for (const TensorSpec& t : dst.tensors) {
       const int i = src.find(t.name);
       if (i < 0 || src.tensors[size_t(i)].offset != t.offset || src.tensors[size_t(i)].shape != t.shape)
-        throw std::invalid_argument(fmt::format("merged_model: group '{}' holds '{}' elsewhere", src.name, t.name));
+        throw std::invalid_argument(
+            fmt::format("merged_model: group '{}' holds '{}' elsewhere", src.name, t.name));
     }
     m.groups[g] = session.group_weights_f32(int(g));
     m.groups[g].resize(size_t(dst.numel));

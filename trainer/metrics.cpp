@@ -24,19 +24,20 @@ MetricsFile::MetricsFile(const std::string& path, int64_t resume_step, bool repl
     csv_ << header;
     csv_.flush();
     if (!csv_)
-      throw std::runtime_error(
-          fmt::format("{}: cannot write the header: {}", path, errno ? std::strerror(errno) : "write failed"));
+      throw std::runtime_error(fmt::format("{}: cannot write the header: {}", path,
+                                           errno ? std::strerror(errno) : "write failed"));
   }
 }
 
 void MetricsFile::write(const StepReport& r) {
   errno = 0;
-  csv_ << fmt::format("{},{:.6f},{},{:.1f},{:.6g},{:.3f},{:.6g},{:.6g},{},{},{},{:.4f}{}\n", r.step, r.loss, r.target_tokens,
-                      r.tokens_per_s, r.lr, r.elapsed_s, r.grad_norm, r.loss_scale, r.skipped ? 1 : 0,
-                      r.evaluated ? fmt::format("{:.6f},{:.6g}", r.eval_loss, r.eval_perplexity) : std::string(","),
-                      r.experts > 0 ? fmt::format("{:.6g},{:.4f},{:.4f}", r.aux_loss, r.expert_load_min, r.expert_load_max)
-                                    : std::string(",,"),
-                      r.epoch, replicas_ ? fmt::format(",{:.4f}", r.reduce_wait_s) : std::string());
+  csv_ << fmt::format(
+      "{},{:.6f},{},{:.1f},{:.6g},{:.3f},{:.6g},{:.6g},{},{},{},{:.4f}{}\n", r.step, r.loss, r.target_tokens,
+      r.tokens_per_s, r.lr, r.elapsed_s, r.grad_norm, r.loss_scale, r.skipped ? 1 : 0,
+      r.evaluated ? fmt::format("{:.6f},{:.6g}", r.eval_loss, r.eval_perplexity) : std::string(","),
+      r.experts > 0 ? fmt::format("{:.6g},{:.4f},{:.4f}", r.aux_loss, r.expert_load_min, r.expert_load_max)
+                    : std::string(",,"),
+      r.epoch, replicas_ ? fmt::format(",{:.4f}", r.reduce_wait_s) : std::string());
   csv_.flush();
   // a failed row is reported at once: a full disk would fail every later save too
   if (!csv_)

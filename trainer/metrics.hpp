@@ -14,7 +14,8 @@ namespace rp {
 class MetricsFile {
  public:
   static constexpr const char* kHeader =
-      "step,loss,target_tokens,tokens_per_s,lr,elapsed_s,grad_norm,loss_scale,skipped,eval_loss,eval_perplexity,aux_loss,expert_load_min,expert_load_max,epoch\n";
+      "step,loss,target_tokens,tokens_per_s,lr,elapsed_s,grad_norm,loss_scale,skipped,eval_loss,eval_"
+      "perplexity,aux_loss,expert_load_min,expert_load_max,epoch\n";
   /// The last column of a run of data-parallel replicas (StepReport::reduce_wait_s).
   static constexpr const char* kReplicaColumn = "reduce_wait_s";
 

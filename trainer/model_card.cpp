@@ -24,7 +24,9 @@ namespace {
 
 constexpr const char* kOwnerLine = "<!-- roundpipe model card, xxh3 ";
 
-std::string xxh3_hex(const std::string& text) { return fmt::format("{:016x}", checksum64(text.data(), text.size())); }
+std::string xxh3_hex(const std::string& text) {
+  return fmt::format("{:016x}", checksum64(text.data(), text.size()));
+}
 
 /// A YAML scalar: double-quoted, with '\\' and '"' escaped and control bytes dropped.
 std::string yaml_quoted(const std::string& s) {
@@ -53,7 +55,8 @@ std::string data_line(const std::string& path) {
     return fmt::format("{} (folder: {} files, {} bytes)", code(path), files, bytes);
   }
   const auto bytes = fs::file_size(path, ec);
-  return ec ? fmt::format("{} (not readable now)", code(path)) : fmt::format("{} ({} bytes)", code(path), bytes);
+  return ec ? fmt::format("{} (not readable now)", code(path))
+            : fmt::format("{} ({} bytes)", code(path), bytes);
 }
 
 std::string number(double x) { return fmt::format("{:g}", x); }
@@ -75,32 +78,33 @@ void training_section(std::ostringstream& o, const ModelCardFacts& f) {
   o << "## Training\n\n";
   o << fmt::format("- steps: {} of {} ({} epochs of {} training sequences)\n", f.steps_done, s.steps,
                    number(std::round(f.epochs * 1000) / 1000), f.train_sequences);
-  o << fmt::format("- batch: {} sequences of {} tokens per step ({} micro-batches, {} accumulation pass{}), "
-                   "packing {}, {} worker{} ({} backend)\n",
-                   s.sequences_per_step, s.seq_len, s.micro_batches, s.accumulation, s.accumulation == 1 ? "" : "es",
-                   s.packing ? "on" : "off", s.workers, s.workers == 1 ? "" : "s", s.backend);
-  o << fmt::format("- optimizer: {} lr {}, betas ({}, {}), eps {}, weight decay {}, gradient clipping {}; {}\n",
-                   s.adam.decoupled ? "AdamW" : "Adam", number(s.adam.lr), number(s.adam.beta1), number(s.adam.beta2),
-                   number(s.adam.eps), number(s.adam.weight_decay),
-                   s.max_grad_norm > 0 ? "at norm " + number(s.max_grad_norm) : std::string("off"),
-                   s.async ? "staleness-1 (asynchronous) updates" : "synchronous updates");
+  o << fmt::format(
+      "- batch: {} sequences of {} tokens per step ({} micro-batches, {} accumulation pass{}), "
+      "packing {}, {} worker{} ({} backend)\n",
+      s.sequences_per_step, s.seq_len, s.micro_batches, s.accumulation, s.accumulation == 1 ? "" : "es",
+      s.packing ? "on" : "off", s.workers, s.workers == 1 ? "" : "s", s.backend);
+  o << fmt::format(
+      "- optimizer: {} lr {}, betas ({}, {}), eps {}, weight decay {}, gradient clipping {}; {}\n",
+      s.adam.decoupled ? "AdamW" : "Adam", number(s.adam.lr), number(s.adam.beta1), number(s.adam.beta2),
+      number(s.adam.eps), number(s.adam.weight_decay),
+      s.max_grad_norm > 0 ? "at norm " + number(s.max_grad_norm) : std::string("off"),
+      s.async ? "staleness-1 (asynchronous) updates" : "synchronous updates");
   const LrSchedule& lr = s.lr_schedule;
   o << fmt::format("- learning-rate schedule: {}, warmup {} steps, min lr {}\n", lr.kind, lr.warmup_steps,
                    number(lr.min_lr));
   if (s.lora)
-    o << fmt::format("- LoRA: rank {}, alpha {}, dropout {}, rsLoRA {}, targets [{}]{}, frozen base stored as {}\n",
-                     s.lora->r, number(s.lora->alpha), number(s.lora->dropout), s.lora->use_rslora ? "on" : "off",
-                     fmt::join(s.lora->target_modules, ", "),
-                     s.lora->modules_to_save.empty()
-                         ? std::string()
-                         : fmt::format(", modules_to_save [{}]", fmt::join(s.lora->modules_to_save, ", ")),
-                     weight_format_name(s.lora->base_format));
-  else if (!s.adapter.empty())
-    o << fmt::format("- LoRA: continued from the adapter {}\n", code(s.adapter));
-  else
-    o << "- full fine-tuning (every weight trained)\n";
-  o << fmt::format("- precision: compute {}, weights saved as {}; chat template {}; data seed {}\n\n", s.compute_dtype,
-                   s.save_dtype, s.chat_template, s.seed);
+    o << fmt::format(
+        "- LoRA: rank {}, alpha {}, dropout {}, rsLoRA {}, targets [{}]{}, frozen base stored as {}\n",
+        s.lora->r, number(s.lora->alpha), number(s.lora->dropout), s.lora->use_rslora ? "on" : "off",
+        fmt::join(s.lora->target_modules, ", "),
+        s.lora->modules_to_save.empty()
+            ? std::string()
+            : fmt::format(", modules_to_save [{}]", fmt::join(s.lora->modules_to_save, ", ")),
+        weight_format_name(s.lora->base_format));
+  else if (!s.adapter.empty()) o << fmt::format("- LoRA: continued from the adapter {}\n", code(s.adapter));
+  else o << "- full fine-tuning (every weight trained)\n";
+  o << fmt::format("- precision: compute {}, weights saved as {}; chat template {}; data seed {}\n\n",
+                   s.compute_dtype, s.save_dtype, s.chat_template, s.seed);
 }
 
 }  // namespace
@@ -111,17 +115,20 @@ std::string model_card_text(const ModelCardFacts& f) {
   std::ostringstream o;
   front_matter(o, f);
   o << "# " << fs::path(f.folder).lexically_normal().string() << "\n\n";
-  const char* what = f.kind == ModelCardFacts::Kind::adapter  ? "A LoRA adapter (PEFT folder)"
-                     : f.kind == ModelCardFacts::Kind::merged ? "The base model with the run's LoRA adapters merged in"
-                                                              : "A fine-tuned model";
+  const char* what = f.kind == ModelCardFacts::Kind::adapter ? "A LoRA adapter (PEFT folder)"
+                     : f.kind == ModelCardFacts::Kind::merged
+                         ? "The base model with the run's LoRA adapters merged in"
+                         : "A fine-tuned model";
   o << what << ", trained by `roundpipe train` (RoundPipe C++ " << f.version << ").\n\n";
   o << "## Base model\n\n";
-  o << "- id: " << (f.base.id.empty() ? std::string("none known (set the spec's base_model_id)") : code(f.base.id))
+  o << "- id: "
+    << (f.base.id.empty() ? std::string("none known (set the spec's base_model_id)") : code(f.base.id))
     << (f.base.id_from.empty() ? "" : " (from " + f.base.id_from + ")") << "\n";
   o << "- local file: " << code(f.base.path) << "\n\n";
   o << "## Data\n\n";
   if (s.data_mixture.empty()) o << "- training: " << data_line(s.data) << "\n";
-  for (const auto& d : s.data_mixture) o << "- training: " << data_line(d.path) << fmt::format(", weight {:g}\n", d.weight);
+  for (const auto& d : s.data_mixture)
+    o << "- training: " << data_line(d.path) << fmt::format(", weight {:g}\n", d.weight);
   for (const auto& p : eval_data_paths(s)) o << "- evaluation: " << data_line(p) << "\n";
   if (s.eval_data.empty() && s.eval_fraction > 0)
     o << fmt::format("- evaluation: {} held-out sequences ({}% of the training file's)\n", f.eval_sequences,
@@ -131,16 +138,18 @@ std::string model_card_text(const ModelCardFacts& f) {
   training_section(o, f);
   o << "## Results\n\n| | loss |\n|---|---|\n";
   o << "| train (step " << f.steps_done << ") | "
-    << (f.train_loss ? fmt::format("{:.4f}", *f.train_loss) : std::string("not measured in this run")) << " |\n";
+    << (f.train_loss ? fmt::format("{:.4f}", *f.train_loss) : std::string("not measured in this run"))
+    << " |\n";
   if (f.eval_loss)
     o << fmt::format("| eval (after step {}) | {:.4f} (perplexity {:.2f}) |\n", f.eval_step, *f.eval_loss,
                      std::exp(*f.eval_loss));
-  else
-    o << "| eval | not evaluated |\n";
+  else o << "| eval | not evaluated |\n";
   o << "\n";
   if (f.kind == ModelCardFacts::Kind::adapter)
-    o << "Load it with PEFT (`AutoPeftModelForCausalLM.from_pretrained(folder)` when the base id above is set) "
-         "or `roundpipe generate " << fs::path(f.folder).lexically_normal().string() << "`.\n\n";
+    o << "Load it with PEFT (`AutoPeftModelForCausalLM.from_pretrained(folder)` when the base id above is "
+         "set) "
+         "or `roundpipe generate "
+      << fs::path(f.folder).lexically_normal().string() << "`.\n\n";
   const std::string body = o.str();
   return body + kOwnerLine + xxh3_hex(body) + " -->\n";
 }

@@ -24,13 +24,13 @@ inline constexpr const char* kModelCardFile = "README.md";
 struct ModelCardFacts {
   enum class Kind { full, adapter, merged };
   Kind kind = Kind::full;
-  std::string folder;        ///< the folder the card describes, as the run names it ("runs/x/final")
-  BaseModelRef base;         ///< the base model (id and local file)
+  std::string folder;  ///< the folder the card describes, as the run names it ("runs/x/final")
+  BaseModelRef base;   ///< the base model (id and local file)
   const TrainSpec* spec = nullptr;
-  int64_t steps_done = 0;    ///< optimizer steps in the weights
-  double epochs = 0;         ///< passes over the training sequences (sequences consumed / per epoch)
-  int64_t train_sequences = 0;  ///< training sequences of one epoch
-  int64_t eval_sequences = 0;   ///< held-out sequences (0: none)
+  int64_t steps_done = 0;            ///< optimizer steps in the weights
+  double epochs = 0;                 ///< passes over the training sequences (sequences consumed / per epoch)
+  int64_t train_sequences = 0;       ///< training sequences of one epoch
+  int64_t eval_sequences = 0;        ///< held-out sequences (0: none)
   std::optional<double> train_loss;  ///< the last step's mean loss (none: no step in this run)
   std::optional<double> eval_loss;   ///< the last evaluation's loss (none: not evaluated)
   int64_t eval_step = 0;             ///< the step after which eval_loss was measured

@@ -41,8 +41,8 @@ class ProgressClock {
 
  private:
   int64_t start_, total_;
-  double first_ = -1;           ///< seconds per step of the first report of this run
-  std::deque<double> recent_;   ///< seconds per step of the later reports (the last kWindow)
+  double first_ = -1;          ///< seconds per step of the first report of this run
+  std::deque<double> recent_;  ///< seconds per step of the later reports (the last kWindow)
   double eval_sum_ = 0;
   int64_t evals_ = 0;
 };

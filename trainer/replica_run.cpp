@@ -13,7 +13,8 @@ std::shared_ptr<Replicas> replicas_for(const TrainSpec& spec) {
   if (!mpi_available()) {
     const char* n = std::getenv("OMPI_COMM_WORLD_SIZE");
     throw std::invalid_argument(fmt::format(
-        "{}: key 'mpi': {} but this roundpipe was built without MPI (install libopenmpi-dev and openmpi-bin, as "
+        "{}: key 'mpi': {} but this roundpipe was built without MPI (install libopenmpi-dev and openmpi-bin, "
+        "as "
         "scripts/setup.sh does, and configure again), or set \"mpi\": \"off\"",
         spec.source,
         spec.mpi == "on" ? std::string("\"on\" asks for MPI")
@@ -22,7 +23,8 @@ std::shared_ptr<Replicas> replicas_for(const TrainSpec& spec) {
   std::shared_ptr<Replicas> r = mpi_replicas(spec.replica_timeout_s);
   if (spec.accumulation % r->size() != 0)
     throw std::invalid_argument(fmt::format(
-        "{}: key 'accumulation': {} pass{} per step cannot be split over {} replicas (each runs accumulation / "
+        "{}: key 'accumulation': {} pass{} per step cannot be split over {} replicas (each runs accumulation "
+        "/ "
         "replicas of them): expected a multiple of {}",
         spec.source, spec.accumulation, spec.accumulation == 1 ? "" : "es", r->size(), r->size()));
   return r;

@@ -12,8 +12,8 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
-#include <utility>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -23,10 +23,10 @@
 
 #include "base/atomic_file.hpp"
 #include "base/counted.hpp"
-#include "base/host_resources.hpp"
-#include "scheduler/host_memory.hpp"
 #include "base/error_text.hpp"
+#include "base/host_resources.hpp"
 #include "base/output_folder.hpp"
+#include "scheduler/host_memory.hpp"
 #include "trainer/checkpoint_bundle.hpp"
 
 namespace fs = std::filesystem;
@@ -35,17 +35,18 @@ namespace rp {
 
 OutputDirLock::OutputDirLock(const TrainSpec& spec) {
   std::error_code ec;
-  if (fs::exists(spec.output_dir, ec) && !fs::is_directory(spec.output_dir, ec)) return;  // prepare_output_dir says
+  if (fs::exists(spec.output_dir, ec) && !fs::is_directory(spec.output_dir, ec))
+    return;  // prepare_output_dir says
   created_ = fs::create_directories(spec.output_dir, ec);
   if (ec)
-    throw std::invalid_argument(
-        fmt::format("{}: key 'output_dir': cannot create '{}': {}", spec.source, spec.output_dir, ec.message()));
+    throw std::invalid_argument(fmt::format("{}: key 'output_dir': cannot create '{}': {}", spec.source,
+                                            spec.output_dir, ec.message()));
   fd_ = ::open(spec.output_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd_ < 0) {
     const int err = errno;
     if (created_) fs::remove(spec.output_dir, ec);
-    throw std::invalid_argument(
-        fmt::format("{}: key 'output_dir': cannot open '{}': {}", spec.source, spec.output_dir, std::strerror(err)));
+    throw std::invalid_argument(fmt::format("{}: key 'output_dir': cannot open '{}': {}", spec.source,
+                                            spec.output_dir, std::strerror(err)));
   }
   if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return;
   const int err = errno;
@@ -80,8 +81,9 @@ OutputDirLock& OutputDirLock::operator=(OutputDirLock&& o) noexcept {
 namespace {
 
 /// The names a run writes directly in its output folder (besides checkpoint-<n>).
-constexpr const char* kRunOutputNames[] = {"metrics.csv", "metrics.jsonl", "profile.json", "tensorboard", "state",          "final",
-                                           "final-merged", "trace.json",   "stop_status.txt", kRunMarkerFile};
+constexpr const char* kRunOutputNames[] = {"metrics.csv",     "metrics.jsonl", "profile.json", "tensorboard",
+                                           "state",           "final",         "final-merged", "trace.json",
+                                           "stop_status.txt", kRunMarkerFile};
 
 bool is_run_output(const std::string& name) {
   for (const char* n : kRunOutputNames)
@@ -120,12 +122,14 @@ void log_leftovers(const std::vector<StaleTemporary>& stale) {
   std::vector<std::string> foreign;
   for (const auto& s : stale) {
     if (s.left_alone) foreign.push_back(s.path);
-    else if (s.restored) spdlog::warn("restored {} from {} (a run was killed while replacing it)", s.target, s.path);
+    else if (s.restored)
+      spdlog::warn("restored {} from {} (a run was killed while replacing it)", s.target, s.path);
     else spdlog::info("removed {} left by an interrupted run", s.path);
   }
   if (!foreign.empty())
-    spdlog::warn("left alone {} (named like a killed writer's leftover, but no roundpipe run marked {} as its own)",
-                 fmt::join(foreign, ", "), foreign.size() == 1 ? "it" : "them");
+    spdlog::warn(
+        "left alone {} (named like a killed writer's leftover, but no roundpipe run marked {} as its own)",
+        fmt::join(foreign, ", "), foreign.size() == 1 ? "it" : "them");
 }
 
 }  // namespace
@@ -136,9 +140,10 @@ void check_output_file(const TrainSpec& spec, const std::string& file, const std
   for (const auto& p : data_paths(spec)) inputs.push_back(p);
   for (const auto& p : eval_data_paths(spec)) inputs.push_back(p);
   if (const std::string in = overlapping_input(file, inputs); !in.empty())
-    throw std::invalid_argument(one_line(fmt::format(
-        "{}: '{}' is or lies inside the run's input '{}', which writing it would destroy; choose another file",
-        what, file, in)));
+    throw std::invalid_argument(
+        one_line(fmt::format("{}: '{}' is or lies inside the run's input '{}', which writing it would "
+                             "destroy; choose another file",
+                             what, file, in)));
 }
 
 void check_output_dir(const TrainSpec& spec) {
@@ -149,26 +154,29 @@ void check_output_dir(const TrainSpec& spec) {
     throw std::invalid_argument(fmt::format(
         "{}: key 'output_dir': '{}' {}; a run's outputs need a folder of their own", spec.source, out, why));
   const std::vector<std::string> data = data_paths(spec), eval = eval_data_paths(spec);
-  std::vector<std::pair<const char*, const std::string*>> inputs = {{"model", &spec.model}, {"adapter", &spec.adapter}};
+  std::vector<std::pair<const char*, const std::string*>> inputs = {{"model", &spec.model},
+                                                                    {"adapter", &spec.adapter}};
   for (const auto& p : data) inputs.push_back({"data", &p});
   for (const auto& p : eval) inputs.push_back({"eval_data", &p});
   // a resumed full fine-tuning run reads its weights from the checkpoint, not from "model"
   const bool reads_model = spec.resume_from.empty() || spec.lora || !spec.adapter.empty();
   for (const auto& [key, path] : inputs)
     if ((path != &spec.model || reads_model) && !overlapping_input(out, {*path}).empty())
-      throw std::invalid_argument(fmt::format(
-          "{}: key 'output_dir': '{}' is, holds or lies inside the input '{}' (key '{}'), which the run's outputs "
-          "could replace; choose a separate output_dir",
-          spec.source, out, *path, key));
+      throw std::invalid_argument(
+          fmt::format("{}: key 'output_dir': '{}' is, holds or lies inside the input '{}' (key '{}'), which "
+                      "the run's outputs "
+                      "could replace; choose a separate output_dir",
+                      spec.source, out, *path, key));
   // a resume_from that is no checkpoint at all gets check_resume's more useful line
   if (spec.resume_from.empty() || !looks_like_checkpoint(spec.resume_from)) return;
   const fs::path o = resolved_path(out), r = resolved_path(spec.resume_from);
   // resuming a checkpoint of the run in output_dir is the one input allowed inside it
   if (path_within(o, r) || (path_within(r, o) && r.parent_path() != o))
-    throw std::invalid_argument(fmt::format(
-        "{}: key 'output_dir': '{}' is, holds or lies inside the checkpoint '{}' the run resumes from (--resume), "
-        "which the run's outputs could replace; choose a separate output_dir",
-        spec.source, out, spec.resume_from));
+    throw std::invalid_argument(
+        fmt::format("{}: key 'output_dir': '{}' is, holds or lies inside the checkpoint '{}' the run resumes "
+                    "from (--resume), "
+                    "which the run's outputs could replace; choose a separate output_dir",
+                    spec.source, out, spec.resume_from));
 }
 
 void prepare_output_dir(const TrainSpec& spec) {
@@ -178,8 +186,8 @@ void prepare_output_dir(const TrainSpec& spec) {
                                             spec.source, spec.output_dir));
   const fs::path fin = fs::path(spec.output_dir) / "final";
   if (fs::exists(fin, ec) && !fs::is_directory(fin, ec))
-    throw std::invalid_argument(fmt::format("{}: key 'output_dir': '{}' exists and is not a checkpoint folder",
-                                            spec.source, fin.string()));
+    throw std::invalid_argument(fmt::format(
+        "{}: key 'output_dir': '{}' exists and is not a checkpoint folder", spec.source, fin.string()));
   // a save killed between its state and its weights: made whole before the leftovers go
   for (const std::string& line : mend_interrupted_saves(spec.output_dir)) spdlog::warn("{}", line);
   std::vector<StaleTemporary> stale = clean_stale_temporaries(spec.output_dir);
@@ -187,37 +195,43 @@ void prepare_output_dir(const TrainSpec& spec) {
   log_leftovers(stale);
   const fs::path record = fs::path(spec.output_dir) / kRunMarkerFile;
   if (fs::exists(fs::symlink_status(record, ec)) && !has_run_record(spec.output_dir))
-    throw std::invalid_argument(fmt::format(
-        "{}: key 'output_dir': {} is not a run record roundpipe wrote (expected a small JSON file with \"written_by\": "
-        "\"roundpipe train\"), so nothing proves the folder's run outputs roundpipe's; move it away or choose another "
-        "output_dir",
-        spec.source, record.string()));
+    throw std::invalid_argument(
+        fmt::format("{}: key 'output_dir': {} is not a run record roundpipe wrote (expected a small JSON "
+                    "file with \"written_by\": "
+                    "\"roundpipe train\"), so nothing proves the folder's run outputs roundpipe's; move it "
+                    "away or choose another "
+                    "output_dir",
+                    spec.source, record.string()));
   // no run makes a link: one named like a run output would be replaced (or written through)
   for (fs::directory_iterator it(spec.output_dir, ec), end; !ec && it != end; it.increment(ec))
     if (is_run_output(it->path().filename().string()) && it->is_symlink(ec))
-      throw std::invalid_argument(fmt::format(
-          "{}: key 'output_dir': {} is a symbolic link, where the run writes {} of its own; move it away or choose "
-          "another output_dir",
-          spec.source, it->path().string(), it->is_directory(ec) ? "a folder" : "a file"));
+      throw std::invalid_argument(
+          fmt::format("{}: key 'output_dir': {} is a symbolic link, where the run writes {} of its own; move "
+                      "it away or choose "
+                      "another output_dir",
+                      spec.source, it->path().string(), it->is_directory(ec) ? "a folder" : "a file"));
   if (const auto foreign = unrecorded_outputs(spec.output_dir); !foreign.empty())
-    throw std::invalid_argument(fmt::format(
-        "{}: key 'output_dir': '{}' holds {} that no roundpipe run recorded as its own (no {}), and the run would "
-        "replace {}; move {} away or choose another output_dir",
-        spec.source, spec.output_dir, fmt::join(foreign, ", "), kRunMarkerFile,
-        foreign.size() == 1 ? "it" : "them", foreign.size() == 1 ? "it" : "them"));
+    throw std::invalid_argument(
+        fmt::format("{}: key 'output_dir': '{}' holds {} that no roundpipe run recorded as its own (no {}), "
+                    "and the run would "
+                    "replace {}; move {} away or choose another output_dir",
+                    spec.source, spec.output_dir, fmt::join(foreign, ", "), kRunMarkerFile,
+                    foreign.size() == 1 ? "it" : "them", foreign.size() == 1 ? "it" : "them"));
   if (!spec.resume_from.empty() || spec.overwrite_output_dir) return;
   // a fresh run would replace an earlier run's checkpoints and metrics
   const std::vector<std::string> found = checkpoints_in(spec.output_dir);
   if (found.empty()) return;
   const std::string resume = newest_resumable_checkpoint(spec.output_dir, found);
   const std::string advice =
-      resume.empty() ? std::string("none of them can be resumed (their trainer state is missing or belongs to other "
-                                   "weights); start over")
+      resume.empty() ? std::string(
+                           "none of them can be resumed (their trainer state is missing or belongs to other "
+                           "weights); start over")
                      : fmt::format("continue it with --resume {}/{}, start over", spec.output_dir, resume);
-  throw std::invalid_argument(fmt::format(
-      "{}: key 'output_dir': '{}' holds an earlier run's checkpoints ({}); {} there with --overwrite-output-dir "
-      "(\"overwrite_output_dir\": true), or choose another output_dir",
-      spec.source, spec.output_dir, fmt::join(found, ", "), advice));
+  throw std::invalid_argument(
+      fmt::format("{}: key 'output_dir': '{}' holds an earlier run's checkpoints ({}); {} there with "
+                  "--overwrite-output-dir "
+                  "(\"overwrite_output_dir\": true), or choose another output_dir",
+                  spec.source, spec.output_dir, fmt::join(found, ", "), advice));
 }
 
 namespace {
@@ -243,7 +257,7 @@ void remove_written(const fs::path& dir, std::vector<std::string>& kept) {
     else if (name != kManifestFile) fs::remove(e, ec);
   }
   if (manifest) fs::remove(dir / kManifestFile, ec);  // last: a kill before leaves the rest provable
-  fs::remove(dir, ec);  // only when empty
+  fs::remove(dir, ec);                                // only when empty
 }
 }  // namespace
 
@@ -256,8 +270,8 @@ std::string clear_earlier_run(const TrainSpec& spec) {
     const std::string name = p.filename().string();
     if (!is_run_output(name) || name == kRunMarkerFile) continue;
     // no run makes a link, nor a file where it makes a folder: the user's, never followed
-    const bool folder_name = name == "state" || name == "tensorboard" || name == "final" || name == "final-merged" ||
-                             checkpoint_number(name) >= 0;
+    const bool folder_name = name == "state" || name == "tensorboard" || name == "final" ||
+                             name == "final-merged" || checkpoint_number(name) >= 0;
     if (fs::is_symlink(p, ec) || (folder_name && !fs::is_directory(p, ec))) {
       kept.push_back(p.string());
       continue;
@@ -269,10 +283,10 @@ std::string clear_earlier_run(const TrainSpec& spec) {
       fs::remove(p, ec);  // only when empty
     } else if (name == "tensorboard") {
       for (const fs::path& e : entries_in(p))
-        if (e.filename().string().rfind("events.out.tfevents.", 0) == 0 && fs::is_regular_file(fs::symlink_status(e, ec)))
+        if (e.filename().string().rfind("events.out.tfevents.", 0) == 0 &&
+            fs::is_regular_file(fs::symlink_status(e, ec)))
           fs::remove(e, ec);
-        else
-          kept.push_back(e.string());
+        else kept.push_back(e.string());
       fs::remove(p, ec);
     } else if (fs::is_directory(fs::symlink_status(p, ec))) {
       remove_written(p, kept);
@@ -282,9 +296,9 @@ std::string clear_earlier_run(const TrainSpec& spec) {
     removed.push_back(name);
   }
   if (removed.empty()) return "";
-  return fmt::format("overwrite: removed the earlier run's {} from {}{}", fmt::join(removed, ", "), spec.output_dir,
-                     kept.empty() ? std::string()
-                                  : fmt::format(" (kept {}: not written by roundpipe)", name_list(kept)));
+  return fmt::format(
+      "overwrite: removed the earlier run's {} from {}{}", fmt::join(removed, ", "), spec.output_dir,
+      kept.empty() ? std::string() : fmt::format(" (kept {}: not written by roundpipe)", name_list(kept)));
 }
 
 bool mark_output_dir(const TrainSpec& spec) {
@@ -292,8 +306,10 @@ bool mark_output_dir(const TrainSpec& spec) {
   std::error_code ec;
   if (fs::exists(fs::symlink_status(marker, ec))) return false;  // prepare_output_dir checked it
   const std::string text =
-      "{\"written_by\": \"roundpipe train\", \"note\": \"this folder's metrics.csv, profile.json, tensorboard/, "
-      "trace.json, stop_status.txt, checkpoint-<n>/, final/, final-merged/ and state/ are roundpipe's: a later "
+      "{\"written_by\": \"roundpipe train\", \"note\": \"this folder's metrics.csv, profile.json, "
+      "tensorboard/, "
+      "trace.json, stop_status.txt, checkpoint-<n>/, final/, final-merged/ and state/ are roundpipe's: a "
+      "later "
       "run may replace them\"}\n";
   write_file_atomically(marker, [&](std::ostream& os) { os << text; });
   return true;
@@ -327,8 +343,8 @@ void check_compute_dtype(const TrainSpec& spec) {
   const bool cuda = spec.backend == "cuda" || (spec.backend == "auto" && cuda_device_count() > 0);
   if (!cuda)
     throw std::invalid_argument(fmt::format(
-        "{}: key 'compute_dtype': \"f16\" needs the cuda backend (the cpu backend computes in f32){}", spec.source,
-        spec.backend == "auto" ? "; no CUDA device is visible" : ""));
+        "{}: key 'compute_dtype': \"f16\" needs the cuda backend (the cpu backend computes in f32){}",
+        spec.source, spec.backend == "auto" ? "; no CUDA device is visible" : ""));
 }
 
 void require_tokenizer(const LoadedModel& model) {
@@ -340,13 +356,14 @@ namespace {
 
 void log_model(const ModelConfig& c) {
   if (c.num_moe_layers() > 0)
-    spdlog::info("model: {} layers ({} sparse: {} experts, top-{}, expert ffn {}; load-balancing loss {}), hidden {}, "
-                 "{} heads ({} kv), vocab {}, {:.1f} M parameters ({:.1f} M active per token){}",
-                 c.num_hidden_layers, c.num_moe_layers(), c.num_experts, c.num_experts_per_tok,
-                 c.moe_intermediate_size,
-                 c.aux_loss_coef() > 0 ? fmt::format("x {}", c.aux_loss_coef()) : std::string("off"), c.hidden_size,
-                 c.num_attention_heads, c.num_key_value_heads, c.vocab_size, c.num_parameters() / 1e6,
-                 c.num_active_parameters() / 1e6, c.tie_word_embeddings ? ", tied embeddings" : "");
+    spdlog::info(
+        "model: {} layers ({} sparse: {} experts, top-{}, expert ffn {}; load-balancing loss {}), hidden {}, "
+        "{} heads ({} kv), vocab {}, {:.1f} M parameters ({:.1f} M active per token){}",
+        c.num_hidden_layers, c.num_moe_layers(), c.num_experts, c.num_experts_per_tok,
+        c.moe_intermediate_size,
+        c.aux_loss_coef() > 0 ? fmt::format("x {}", c.aux_loss_coef()) : std::string("off"), c.hidden_size,
+        c.num_attention_heads, c.num_key_value_heads, c.vocab_size, c.num_parameters() / 1e6,
+        c.num_active_parameters() / 1e6, c.tie_word_embeddings ? ", tied embeddings" : "");
   else
     spdlog::info("model: {} layers, hidden {}, {} heads ({} kv), ffn {}, vocab {}, {:.1f} M parameters{}",
                  c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads,
@@ -374,12 +391,15 @@ ModelSource open_model_for_training(const std::string& path) {
 
 std::string optimizer_line(const TrainSpec& spec) {
   const AdamWOptions& a = spec.adam;
-  const std::string kind = std::string(a.decoupled ? "AdamW" : "Adam with L2 weight decay") + (a.amsgrad ? " (AMSGrad)" : "");
-  const std::string clip = spec.max_grad_norm > 0 ? fmt::format("clipping at {:g}", spec.max_grad_norm) : "clipping off";
+  const std::string kind =
+      std::string(a.decoupled ? "AdamW" : "Adam with L2 weight decay") + (a.amsgrad ? " (AMSGrad)" : "");
+  const std::string clip =
+      spec.max_grad_norm > 0 ? fmt::format("clipping at {:g}", spec.max_grad_norm) : "clipping off";
   return fmt::format("optimizer: {} (lr {:g}, weight decay {:g}, {}), {}", kind, a.lr, a.weight_decay, clip,
-                     spec.async ? "staleness 1 (async, the default; \"async\": false for a synchronous step)"
-                                : "synchronous (staleness 0, \"async\": false; the default \"async\": true overlaps "
-                                  "each update with the next step)");
+                     spec.async
+                         ? "staleness 1 (async, the default; \"async\": false for a synchronous step)"
+                         : "synchronous (staleness 0, \"async\": false; the default \"async\": true overlaps "
+                           "each update with the next step)");
 }
 
 namespace {
@@ -387,7 +407,8 @@ namespace {
 void warn_truncated(const std::string& file, const TokenStreamStats& st, int64_t seq_len) {
   if (st.truncated_examples == 0) return;
   spdlog::warn("{}: {} of {} truncated to {} (raise seq_len to keep {} whole)", file, st.truncated_examples,
-               counted(st.examples, "example"), counted(seq_len, "token"), st.truncated_examples == 1 ? "it" : "them");
+               counted(st.examples, "example"), counted(seq_len, "token"),
+               st.truncated_examples == 1 ? "it" : "them");
 }
 }  // namespace
 
@@ -409,13 +430,14 @@ TokenStream load_data_for_training(const TrainSpec& spec, const LoadedModel& mod
   }
   TokenStream& data = *loaded;
   const TokenStreamStats& st = data.stats();
-  spdlog::info("data: {}{} -> {} of {}{}",
-               st.examples == 0 ? std::string() : counted(st.examples, "example"),
-               st.text_tokens == 0 ? std::string()
-                                   : fmt::format("{}{}", st.examples == 0 ? "" : ", ", counted(st.text_tokens, "text token")),
+  spdlog::info("data: {}{} -> {} of {}{}", st.examples == 0 ? std::string() : counted(st.examples, "example"),
+               st.text_tokens == 0
+                   ? std::string()
+                   : fmt::format("{}{}", st.examples == 0 ? "" : ", ", counted(st.text_tokens, "text token")),
                counted(st.sequences, "sequence"), counted(spec.seq_len, "token"),
-               st.dropped_examples ? fmt::format(" ({} dropped: no target left)", counted(st.dropped_examples, "example"))
-                                   : std::string());
+               st.dropped_examples
+                   ? fmt::format(" ({} dropped: no target left)", counted(st.dropped_examples, "example"))
+                   : std::string());
   warn_truncated(spec.data, st, spec.seq_len);
   if (o.eval_fraction > 0 && (st.eval_sequences == 0 || st.sequences == 0))
     throw std::invalid_argument(fmt::format(
@@ -441,7 +463,8 @@ TokenStream load_data_for_training(const TrainSpec& spec, const LoadedModel& mod
   return std::move(data);
 }
 
-std::vector<TokenBatch> load_eval_batches(const TrainSpec& spec, const LoadedModel& model, const TokenStream& train) {
+std::vector<TokenBatch> load_eval_batches(const TrainSpec& spec, const LoadedModel& model,
+                                          const TokenStream& train) {
   const int64_t per_pass = spec.sequences_per_step / spec.accumulation;
   if (spec.eval_data.empty()) {
     if (train.stats().eval_sequences == 0) return {};
@@ -459,8 +482,9 @@ std::vector<TokenBatch> load_eval_batches(const TrainSpec& spec, const LoadedMod
     spdlog::info("eval: {} of {}", counted(ev.stats().eval_sequences, "sequence"), path);
     warn_truncated(path, ev.stats(), spec.seq_len);
     if (ev.stats().eval_sequences == 0)
-      throw std::invalid_argument(fmt::format("{}: key 'eval_data': {} holds no sequence with a target at seq_len {}",
-                                              spec.source, path, spec.seq_len));
+      throw std::invalid_argument(
+          fmt::format("{}: key 'eval_data': {} holds no sequence with a target at seq_len {}", spec.source,
+                      path, spec.seq_len));
     for (auto& b : ev.evaluation_batches(per_pass)) batches.push_back(std::move(b));
   }
   return batches;
@@ -473,8 +497,8 @@ std::string resolve_epochs(TrainSpec& spec, int64_t training_sequences) {
   // a hair above the integer it should be (0.1 x 30 / 3 = 1.0000000000000002) stays that integer
   const double steps = std::max(1.0, std::ceil(exact - 1e-9));
   if (!(steps < double(int64_t(1) << 52)))
-    throw std::invalid_argument(fmt::format("{}: key 'epochs': {:g} epochs of {} sequences are too many steps",
-                                            spec.source, *spec.epochs, n));
+    throw std::invalid_argument(fmt::format(
+        "{}: key 'epochs': {:g} epochs of {} sequences are too many steps", spec.source, *spec.epochs, n));
   spec.steps = int64_t(steps);
   const bool follows = spec.lr_schedule.total_steps == 0;
   if (follows) spec.lr_schedule.total_steps = spec.steps;
@@ -483,8 +507,8 @@ std::string resolve_epochs(TrainSpec& spec, int64_t training_sequences) {
         "{}: key 'epochs': {:g} epochs of {} training sequences are {} steps of {} sequences, fewer than "
         "lr_schedule.warmup_steps {}",
         spec.source, *spec.epochs, n, spec.steps, per_step, spec.lr_schedule.warmup_steps));
-  return fmt::format("epochs: {:g} x {} training sequences / {} per step = {} steps{}", *spec.epochs, n, per_step,
-                     spec.steps,
+  return fmt::format("epochs: {:g} x {} training sequences / {} per step = {} steps{}", *spec.epochs, n,
+                     per_step, spec.steps,
                      follows && spec.lr_schedule.kind != "constant"
                          ? fmt::format(" (the {} schedule decays over them)", spec.lr_schedule.kind)
                          : std::string());
@@ -551,8 +575,8 @@ std::string warn_host_memory(const TrainSpec& spec, const ModelLayout& layout) {
   const auto changes = host_memory_alternatives(layout.config, run, total);
   if (!changes.empty()) text += "; changes that lower it:";
   for (const HostMemoryChange& ch : changes)
-    text += fmt::format("\n  - {}: needs {} ({}){}", ch.what, byte_text(ch.need), ch.fits ? "fits" : "still over",
-                        ch.how.empty() ? "" : "; " + ch.how);
+    text += fmt::format("\n  - {}: needs {} ({}){}", ch.what, byte_text(ch.need),
+                        ch.fits ? "fits" : "still over", ch.how.empty() ? "" : "; " + ch.how);
   spdlog::warn("{}", text);
   return text;
 }

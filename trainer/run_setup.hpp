@@ -47,8 +47,8 @@ void check_output_file(const TrainSpec& spec, const std::string& file, const std
 /// Checks where a run may write, before the folder is created or locked: output_dir must not
 /// be the root folder, $HOME, the working directory or a folder holding it, nor be, hold or
 /// lie inside an input (model, data, eval_data, adapter; a resume_from that is a checkpoint,
-/// unless it lies directly in output_dir: the run being continued). Throws std::invalid_argument("<spec.source>: key
-/// 'output_dir': ..."), one line naming the input's key.
+/// unless it lies directly in output_dir: the run being continued). Throws
+/// std::invalid_argument("<spec.source>: key 'output_dir': ..."), one line naming the input's key.
 void check_output_dir(const TrainSpec& spec);
 
 /// The output folder must be a folder (or not exist) and its final/ a checkpoint folder;
@@ -111,7 +111,8 @@ TokenStream load_data_for_training(const TrainSpec& spec, const LoadedModel& mod
 
 /// The evaluation batches of a spec (its eval_data file, or the sequences eval_fraction
 /// held out of `train`), n_seq sequences each; empty without evaluation. Logs "eval: ...".
-std::vector<TokenBatch> load_eval_batches(const TrainSpec& spec, const LoadedModel& model, const TokenStream& train);
+std::vector<TokenBatch> load_eval_batches(const TrainSpec& spec, const LoadedModel& model,
+                                          const TokenStream& train);
 
 /// "epochs": sets spec.steps to ceil(epochs x training_sequences / sequences_per_step) (at
 /// least 1) and a decaying schedule's total_steps, when 0, to it; returns the line the run logs

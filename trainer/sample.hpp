@@ -17,14 +17,15 @@ struct SampleRequest {
   std::vector<ChatMessage> messages;  ///< chat: rendered with the chat template (+ generation prompt)
   std::string text;                   ///< or plain text (used when messages is empty), with the
                                       ///< post-processor's special tokens (BOS) like HF tokenizer(text)
-  std::string chat_template = "auto"; ///< auto (the model's) | chatml | qwen3 | qwen3-no-think | smollm2 | llama3
-  bool enable_thinking = true;        ///< qwen3: false ends the generation prompt with an empty think block
-  GenerateOptions generate;           ///< stop_ids are added to: eos and the template's end-of-turn token
-  std::vector<std::string> stop;      ///< also stop once the text contains one of these (cut before it)
+  std::string chat_template =
+      "auto";                     ///< auto (the model's) | chatml | qwen3 | qwen3-no-think | smollm2 | llama3
+  bool enable_thinking = true;    ///< qwen3: false ends the generation prompt with an empty think block
+  GenerateOptions generate;       ///< stop_ids are added to: eos and the template's end-of-turn token
+  std::vector<std::string> stop;  ///< also stop once the text contains one of these (cut before it)
 };
 
 struct SampleResult {
-  std::string text;                   ///< the generated text (stop strings and end tokens cut)
+  std::string text;                      ///< the generated text (stop strings and end tokens cut)
   std::vector<int32_t> prompt_ids, ids;  ///< the prompt and the generated tokens
   double seconds = 0;
 };

@@ -22,8 +22,9 @@ bool save_may_write(SavedFolder kind, const std::string& name) {
     case SavedFolder::hf_weights: {
       const bool shard = name.rfind("model-", 0) == 0 && name.size() > 18 &&
                          name.compare(name.size() - 12, 12, ".safetensors") == 0;
-      return shard || name == "config.json" || name == "generation_config.json" || name == "model.safetensors" ||
-             name == "model.safetensors.index.json" || name == "tokenizer.json" || name == "tokenizer_config.json";
+      return shard || name == "config.json" || name == "generation_config.json" ||
+             name == "model.safetensors" || name == "model.safetensors.index.json" ||
+             name == "tokenizer.json" || name == "tokenizer_config.json";
     }
   }
   return false;
@@ -37,18 +38,21 @@ void check_target(const fs::path& dir, SavedFolder kind) {
   const auto st = fs::symlink_status(dir, ec);
   if (!fs::exists(st)) return;
   if (fs::is_symlink(st))
-    throw FolderConflict(fmt::format("{}: is a symbolic link, and the run saves a folder of its own there; move it "
-                                     "away or choose another output_dir (nothing was trained)",
-                                     dir.string()));
+    throw FolderConflict(
+        fmt::format("{}: is a symbolic link, and the run saves a folder of its own there; move it "
+                    "away or choose another output_dir (nothing was trained)",
+                    dir.string()));
   if (!fs::is_directory(st))
-    throw FolderConflict(fmt::format("{}: exists and is not a folder, and the run saves a folder there; move it "
-                                     "away or choose another output_dir (nothing was trained)",
-                                     dir.string()));
+    throw FolderConflict(
+        fmt::format("{}: exists and is not a folder, and the run saves a folder there; move it "
+                    "away or choose another output_dir (nothing was trained)",
+                    dir.string()));
   for (const ForeignEntry& e : foreign_entries(dir))
     if (save_may_write(kind, e.name))
-      throw FolderConflict(fmt::format("{}: {}, and the run's save of {} would replace it; move it away or choose "
-                                       "another output_dir (nothing was trained)",
-                                       (dir / e.name).string(), e.why, dir.string()));
+      throw FolderConflict(
+          fmt::format("{}: {}, and the run's save of {} would replace it; move it away or choose "
+                      "another output_dir (nothing was trained)",
+                      (dir / e.name).string(), e.why, dir.string()));
 }
 
 }  // namespace
@@ -58,10 +62,10 @@ void check_save_targets(const TrainSpec& spec, bool lora, int64_t start) {
   std::error_code ec;
   const auto state = fs::symlink_status(out / "state", ec);
   if (fs::exists(state) && !fs::is_directory(state))
-    throw FolderConflict(fmt::format("{}: is {}, and the run keeps its checkpoints' trainer state in a folder of its "
-                                     "own there; move it away or choose another output_dir (nothing was trained)",
-                                     (out / "state").string(),
-                                     fs::is_symlink(state) ? "a symbolic link" : "not a folder"));
+    throw FolderConflict(
+        fmt::format("{}: is {}, and the run keeps its checkpoints' trainer state in a folder of its "
+                    "own there; move it away or choose another output_dir (nothing was trained)",
+                    (out / "state").string(), fs::is_symlink(state) ? "a symbolic link" : "not a folder"));
   const SavedFolder weights = lora ? SavedFolder::adapter : SavedFolder::hf_weights;
   std::vector<std::string> names = {"final"};
   if (spec.save_every > 0)

@@ -11,10 +11,10 @@
 
 #include "base/checked_math.hpp"
 #include "base/json_fields.hpp"
-#include "trainer/spec_data.hpp"
-#include "roundpipe/adapter.hpp"
 #include "data/chat_template.hpp"
 #include "kernels/weight_format.hpp"
+#include "roundpipe/adapter.hpp"
+#include "trainer/spec_data.hpp"
 
 namespace rp {
 
@@ -25,12 +25,15 @@ void check_gemm_accumulate(const JsonFields& f, const TrainSpec& s) {
   if (s.gemm_accumulate != "f32" && s.gemm_accumulate != "f16")
     f.fail("gemm_accumulate", "\"f32\" or \"f16\"", s.gemm_accumulate);
   if (s.gemm_accumulate == "f16" && s.compute_dtype != "f16")
-    f.fail_with("key 'gemm_accumulate': \"f16\" needs \"compute_dtype\": \"f16\" (bf16 tensor cores accumulate in fp32 only)");
+    f.fail_with(
+        "key 'gemm_accumulate': \"f16\" needs \"compute_dtype\": \"f16\" (bf16 tensor cores accumulate in "
+        "fp32 only)");
 }
 
 void check_base_model_id(const JsonFields& f, const TrainSpec& s) {
   if (!s.base_model_id.empty() && !is_hub_model_id(s.base_model_id))
-    f.fail("base_model_id", "a Hugging Face model id \"owner/name\" (letters, digits, '-', '_', '.')", s.base_model_id);
+    f.fail("base_model_id", "a Hugging Face model id \"owner/name\" (letters, digits, '-', '_', '.')",
+           s.base_model_id);
 }
 
 void read_scalars(const JsonFields& f, TrainSpec& s) {
@@ -45,7 +48,8 @@ void read_scalars(const JsonFields& f, TrainSpec& s) {
   f.optional("overwrite_output_dir", s.overwrite_output_dir);
   read_eval_data_key(f, s);
   f.optional("eval_fraction", s.eval_fraction);
-  if (!(s.eval_fraction >= 0 && s.eval_fraction < 1)) f.fail("eval_fraction", "a number in [0, 1)", s.eval_fraction);
+  if (!(s.eval_fraction >= 0 && s.eval_fraction < 1))
+    f.fail("eval_fraction", "a number in [0, 1)", s.eval_fraction);
   if (!s.eval_data.empty() && s.eval_fraction > 0)
     f.fail_with("keys 'eval_data' and 'eval_fraction': give one or the other");
   f.optional("eval_every", s.eval_every);
@@ -80,7 +84,8 @@ void read_scalars(const JsonFields& f, TrainSpec& s) {
   f.optional("greater_is_better", s.greater_is_better);
   f.optional("load_best_model_at_end", s.load_best_model_at_end);
   if (f.has("early_stopping")) {
-    if (!f.at("early_stopping").is_object()) f.fail("early_stopping", "an object {\"patience\": N, \"threshold\": t}");
+    if (!f.at("early_stopping").is_object())
+      f.fail("early_stopping", "an object {\"patience\": N, \"threshold\": t}");
     const JsonFields e = f.nested("early_stopping");
     e.allow_only({"patience", "threshold"});
     TrainSpec::EarlyStopping es;
@@ -102,19 +107,23 @@ void read_scalars(const JsonFields& f, TrainSpec& s) {
   f.optional("seed", s.seed);
   f.optional("log_every", s.log_every);
   f.optional("compute_dtype", s.compute_dtype);
-  if (s.compute_dtype != "bf16" && s.compute_dtype != "f16") f.fail("compute_dtype", "\"bf16\" or \"f16\"", s.compute_dtype);
+  if (s.compute_dtype != "bf16" && s.compute_dtype != "f16")
+    f.fail("compute_dtype", "\"bf16\" or \"f16\"", s.compute_dtype);
   f.optional("gemm_accumulate", s.gemm_accumulate);
   check_gemm_accumulate(f, s);
   f.optional("fp8", s.fp8);
   if (s.fp8 && s.compute_dtype != "bf16")
-    f.fail_with("key 'fp8': needs \"compute_dtype\": \"bf16\" (the FP8 linears quantize bf16 activations; f16 is not supported)");
+    f.fail_with(
+        "key 'fp8': needs \"compute_dtype\": \"bf16\" (the FP8 linears quantize bf16 activations; f16 is not "
+        "supported)");
   if (s.fp8 && s.gemm_accumulate != "f32")
     f.fail_with("key 'fp8': the FP8 GEMMs accumulate in fp32; drop \"gemm_accumulate\": \"f16\"");
   f.optional("resume_from", s.resume_from);
   f.optional("watchdog_s", s.watchdog_s);
   f.optional("stop_timeout_s", s.stop_timeout_s);
   f.optional("nonfinite", s.nonfinite);
-  if (s.nonfinite != "stop" && s.nonfinite != "skip") f.fail("nonfinite", "\"stop\" or \"skip\"", s.nonfinite);
+  if (s.nonfinite != "stop" && s.nonfinite != "skip")
+    f.fail("nonfinite", "\"stop\" or \"skip\"", s.nonfinite);
   f.optional("max_skipped_steps", s.max_skipped_steps);
   f.optional("mpi", s.mpi);
   f.optional("replica_timeout_s", s.replica_timeout_s);
@@ -144,12 +153,14 @@ void read_loss_scaling(const JsonFields& f, TrainSpec& s) {
     }
     s.loss_scaling = o;
   } else {
-    f.fail("loss_scaling",
-           "true, false or an object {init_scale, growth_factor, backoff_factor, growth_interval, min_scale}");
+    f.fail(
+        "loss_scaling",
+        "true, false or an object {init_scale, growth_factor, backoff_factor, growth_interval, min_scale}");
   }
   if (s.loss_scaling && s.compute_dtype != "f16")
     f.fail_with(
-        "key 'loss_scaling': needs \"compute_dtype\": \"f16\" (bf16 and the CPU backend's f32 do not overflow)");
+        "key 'loss_scaling': needs \"compute_dtype\": \"f16\" (bf16 and the CPU backend's f32 do not "
+        "overflow)");
 }
 
 void read_optimizer(const JsonFields& f, TrainSpec& s) {
@@ -180,7 +191,10 @@ void read_optimizer(const JsonFields& f, TrainSpec& s) {
   if (!own_lr) sched["lr"] = s.adam.lr;
   // with epochs the steps are known once the data is: total_steps 0 follows them (a stand-in
   // passes the schedule's checks here; the run checks the derived steps against warmup_steps)
-  if (!own_total) sched["total_steps"] = s.epochs ? nlohmann::json(std::max<int64_t>(1, sched.value("warmup_steps", int64_t(0)))) : nlohmann::json(s.steps);
+  if (!own_total)
+    sched["total_steps"] = s.epochs
+                               ? nlohmann::json(std::max<int64_t>(1, sched.value("warmup_steps", int64_t(0))))
+                               : nlohmann::json(s.steps);
   try {
     s.lr_schedule = LrSchedule::from_json(sched, "lr_schedule");
   } catch (const std::invalid_argument& e) {
@@ -212,13 +226,14 @@ void check_lora(const JsonFields& f, const LoraConfig& l) {
   if (l.target_modules.empty() && l.target_parameters.empty())
     f.fail("target_modules", kTargetsExpected, l.target_modules);
   for (const auto& p : l.target_parameters)
-    if (p != "mlp.experts.gate_up_proj" && p != "mlp.experts.down_proj" && p != "gate_up_proj" && p != "down_proj")
+    if (p != "mlp.experts.gate_up_proj" && p != "mlp.experts.down_proj" && p != "gate_up_proj" &&
+        p != "down_proj")
       f.fail("target_parameters", kParametersExpected, l.target_parameters);
   if (!l.target_parameters.empty() && l.dropout != 0)
     f.fail("dropout", "0 with target_parameters (expert adapters take no dropout, as PEFT's)", l.dropout);
   for (const auto& m : l.target_modules) {
-    const bool known = m == "all-linear" || m == "q_proj" || m == "k_proj" || m == "v_proj" || m == "o_proj" ||
-                       m == "gate_proj" || m == "up_proj" || m == "down_proj";
+    const bool known = m == "all-linear" || m == "q_proj" || m == "k_proj" || m == "v_proj" ||
+                       m == "o_proj" || m == "gate_proj" || m == "up_proj" || m == "down_proj";
     if (!known || (m == "all-linear" && l.target_modules.size() != 1))
       f.fail("target_modules", kTargetsExpected, l.target_modules);
   }
@@ -233,8 +248,8 @@ void read_lora(const JsonFields& f, TrainSpec& s) {
   f.optional("merge_adapters", s.merge_adapters);
   if (f.has("lora")) {
     const JsonFields l = f.nested("lora");
-    l.allow_only({"r", "alpha", "dropout", "target_modules", "target_parameters", "use_rslora", "modules_to_save",
-                  "seed", "base_format"});
+    l.allow_only({"r", "alpha", "dropout", "target_modules", "target_parameters", "use_rslora",
+                  "modules_to_save", "seed", "base_format"});
     LoraConfig c;
     c.seed = s.seed;
     l.optional("r", c.r);
@@ -289,8 +304,8 @@ void read_lora(const JsonFields& f, TrainSpec& s) {
     s.lora_base_format_from_model = true;  // the adapter's settings: its base keeps its own dtype
   }
   if (s.merge_adapters && !s.lora && s.adapter.empty())
-    f.fail("merge_adapters", "false without \"lora\" or \"adapter\" (a full fine-tuning's final/ is already merged)",
-           true);
+    f.fail("merge_adapters",
+           "false without \"lora\" or \"adapter\" (a full fine-tuning's final/ is already merged)", true);
 }
 
 /// Every product of counts the runtime forms is checked before it is formed: a product that
@@ -300,7 +315,8 @@ void check_products(const JsonFields& f, const TrainSpec& s) {
   if (!per_step || s.sequences_per_step % *per_step != 0)
     f.fail_with(fmt::format(
         "key 'sequences_per_step': {} is not divisible by micro_batches x accumulation = {} x {}{}",
-        s.sequences_per_step, s.micro_batches, s.accumulation, per_step ? fmt::format(" = {}", *per_step) : ""));
+        s.sequences_per_step, s.micro_batches, s.accumulation,
+        per_step ? fmt::format(" = {}", *per_step) : ""));
   // tokens of a step (and of any pass or micro-batch, which are smaller): 2^40 leaves room for
   // the byte counts of its activations, which the host-memory check computes
   if (!checked_product({s.sequences_per_step, s.seq_len}, int64_t(1) << 40))
@@ -318,7 +334,8 @@ void check_products(const JsonFields& f, const TrainSpec& s) {
 void check_run_management(const JsonFields& f, const TrainSpec& s) {
   if (s.epochs && !(*s.epochs > 0 && *s.epochs <= 1e6))
     f.fail("epochs", "a number > 0 and <= 1000000 (passes over the training data)", *s.epochs);
-  if (s.save_total_limit < 0) f.fail("save_total_limit", "an integer >= 0 (0 = keep every checkpoint)", s.save_total_limit);
+  if (s.save_total_limit < 0)
+    f.fail("save_total_limit", "an integer >= 0 (0 = keep every checkpoint)", s.save_total_limit);
   const std::string& m = s.metric_for_best_model;
   if (m != "eval_loss" && m != "eval_perplexity" && m != "loss" && m != "perplexity")
     f.fail("metric_for_best_model", "\"eval_loss\" or \"eval_perplexity\" (or \"loss\", \"perplexity\")", m);
@@ -327,12 +344,14 @@ void check_run_management(const JsonFields& f, const TrainSpec& s) {
   const bool eval = !s.eval_data.empty() || s.eval_fraction > 0;
   if (s.load_best_model_at_end) {
     if (!eval)
-      f.fail_with("key 'load_best_model_at_end': needs evaluation data (\"eval_data\" or \"eval_fraction\") to "
-                  "rank the checkpoints");
+      f.fail_with(
+          "key 'load_best_model_at_end': needs evaluation data (\"eval_data\" or \"eval_fraction\") to "
+          "rank the checkpoints");
     if (s.save_every <= 0 || s.eval_every <= 0 || s.save_every % s.eval_every != 0)
-      f.fail_with(fmt::format("key 'load_best_model_at_end': needs an evaluation at every save: save_every ({}) a "
-                              "multiple of eval_every ({}), both > 0",
-                              s.save_every, s.eval_every));
+      f.fail_with(
+          fmt::format("key 'load_best_model_at_end': needs an evaluation at every save: save_every ({}) a "
+                      "multiple of eval_every ({}), both > 0",
+                      s.save_every, s.eval_every));
   }
   if (s.early_stopping) {
     static const nlohmann::json none = nlohmann::json::object();
@@ -340,12 +359,14 @@ void check_run_management(const JsonFields& f, const TrainSpec& s) {
     if (s.early_stopping->patience < 1)
       e.fail("patience", "an integer >= 1 (evaluations without improvement)", s.early_stopping->patience);
     if (!(s.early_stopping->threshold >= 0) || !std::isfinite(s.early_stopping->threshold))
-      e.fail("threshold", "a finite number >= 0 (the least improvement that counts)", s.early_stopping->threshold);
+      e.fail("threshold", "a finite number >= 0 (the least improvement that counts)",
+             s.early_stopping->threshold);
     if (!eval)
       f.fail_with("key 'early_stopping': needs evaluation data (\"eval_data\" or \"eval_fraction\")");
     if (s.eval_every <= 0)
-      f.fail_with("key 'early_stopping': needs eval_every > 0 (it decides at each evaluation; 0 evaluates after "
-                  "the last step only)");
+      f.fail_with(
+          "key 'early_stopping': needs eval_every > 0 (it decides at each evaluation; 0 evaluates after "
+          "the last step only)");
   }
 }
 
@@ -356,7 +377,8 @@ void check_ranges(const JsonFields& f, const TrainSpec& s) {
   if (s.async_compensation != "none" && s.async_compensation != "predict")
     f.fail("async_compensation", "\"none\" or \"predict\"", s.async_compensation);
   if (s.async_compensation == "predict" && !s.async)
-    f.fail("async_compensation", "\"none\" with \"async\": false (it compensates the async optimizer's staleness)",
+    f.fail("async_compensation",
+           "\"none\" with \"async\": false (it compensates the async optimizer's staleness)",
            s.async_compensation);
   positive("seq_len", s.seq_len);
   positive("sequences_per_step", s.sequences_per_step);
@@ -364,7 +386,8 @@ void check_ranges(const JsonFields& f, const TrainSpec& s) {
   positive("accumulation", s.accumulation);
   positive("steps", s.steps);
   // GPUs of one process (more machines are replicas under mpirun); far beyond any host
-  if (s.workers < 1 || s.workers > kMaxWorkers) f.fail("workers", fmt::format("an integer in 1..{}", kMaxWorkers), s.workers);
+  if (s.workers < 1 || s.workers > kMaxWorkers)
+    f.fail("workers", fmt::format("an integer in 1..{}", kMaxWorkers), s.workers);
   positive("log_every", s.log_every);
   positive("max_skipped_steps", s.max_skipped_steps);
   if (s.seq_len < 2) f.fail("seq_len", "an integer >= 2", s.seq_len);
@@ -377,7 +400,8 @@ void check_ranges(const JsonFields& f, const TrainSpec& s) {
   // 2^20 GiB (1 PiB) per device: beyond any GPU or host, and its bytes still fit a size_t
   if (!(s.device_memory_gib > 0) || !(s.device_memory_gib <= double(1 << 20)))
     f.fail("device_memory_gib", "a number > 0 and <= 1048576 (GiB per device)", s.device_memory_gib);
-  if (!(s.pcie_gbps >= 0) || !std::isfinite(s.pcie_gbps)) f.fail("pcie_gbps", "a finite number >= 0", s.pcie_gbps);
+  if (!(s.pcie_gbps >= 0) || !std::isfinite(s.pcie_gbps))
+    f.fail("pcie_gbps", "a finite number >= 0", s.pcie_gbps);
   if (s.pin_budget_gib && !(*s.pin_budget_gib >= 0 && *s.pin_budget_gib <= double(1 << 20)))
     f.fail("pin_budget_gib", "a number >= 0 and <= 1048576 (GiB)", *s.pin_budget_gib);
   if (s.transfer_chunk_bytes != 0 && s.transfer_chunk_bytes < (int64_t(1) << 16))
@@ -408,17 +432,70 @@ void check_ranges(const JsonFields& f, const TrainSpec& s) {
 TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
   if (!j.is_object()) throw std::invalid_argument(where + ": expected a JSON object at the top level");
   const JsonFields f(j, where);
-  f.allow_only({"model", "base_model_id", "data", "lora", "adapter", "merge_adapters", "chat_template", "seq_len", "sequences_per_step", "micro_batches", "accumulation",
-                "steps", "max_examples", "packing", "eval_data", "eval_fraction", "eval_every", "optimizer", "lr_schedule", "backend", "workers", "async", "async_compensation", "plan",
-                "device_memory_gib", "pcie_gbps", "transfer_priorities", "transfer_chunk_bytes", "save_attention",
-                "mlp_chunk_tokens", "pin_budget_gib", "output_dir", "overwrite_output_dir",
-                "save_every", "save_dtype", "trace", "trace_messages", "tensorboard", "metrics_jsonl", "sample_prompt", "seed",
-                "log_every", "compute_dtype", "gemm_accumulate", "fp8", "loss_scaling", "resume_from", "watchdog_s", "stop_timeout_s",
-                "nonfinite", "max_skipped_steps", "mpi", "replica_timeout_s", "comment", "epochs",
-                "save_total_limit", "metric_for_best_model", "greater_is_better", "load_best_model_at_end",
+  f.allow_only({"model",
+                "base_model_id",
+                "data",
+                "lora",
+                "adapter",
+                "merge_adapters",
+                "chat_template",
+                "seq_len",
+                "sequences_per_step",
+                "micro_batches",
+                "accumulation",
+                "steps",
+                "max_examples",
+                "packing",
+                "eval_data",
+                "eval_fraction",
+                "eval_every",
+                "optimizer",
+                "lr_schedule",
+                "backend",
+                "workers",
+                "async",
+                "async_compensation",
+                "plan",
+                "device_memory_gib",
+                "pcie_gbps",
+                "transfer_priorities",
+                "transfer_chunk_bytes",
+                "save_attention",
+                "mlp_chunk_tokens",
+                "pin_budget_gib",
+                "output_dir",
+                "overwrite_output_dir",
+                "save_every",
+                "save_dtype",
+                "trace",
+                "trace_messages",
+                "tensorboard",
+                "metrics_jsonl",
+                "sample_prompt",
+                "seed",
+                "log_every",
+                "compute_dtype",
+                "gemm_accumulate",
+                "fp8",
+                "loss_scaling",
+                "resume_from",
+                "watchdog_s",
+                "stop_timeout_s",
+                "nonfinite",
+                "max_skipped_steps",
+                "mpi",
+                "replica_timeout_s",
+                "comment",
+                "epochs",
+                "save_total_limit",
+                "metric_for_best_model",
+                "greater_is_better",
+                "load_best_model_at_end",
                 "early_stopping"});
-  if (!f.has("model")) throw std::invalid_argument(where + ": missing key 'model' (a .gguf file or HF directory)");
-  if (!f.has("data")) throw std::invalid_argument(where + ": missing key 'data' (a .jsonl or .txt file, or a directory)");
+  if (!f.has("model"))
+    throw std::invalid_argument(where + ": missing key 'model' (a .gguf file or HF directory)");
+  if (!f.has("data"))
+    throw std::invalid_argument(where + ": missing key 'data' (a .jsonl or .txt file, or a directory)");
   TrainSpec s;
   s.source = where;
   read_scalars(f, s);
@@ -435,7 +512,8 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
 void validate_spec(const TrainSpec& s) {
   const nlohmann::json none = nlohmann::json::object();
   const JsonFields f(none, s.source);
-  if (s.nonfinite != "stop" && s.nonfinite != "skip") f.fail("nonfinite", "\"stop\" or \"skip\"", s.nonfinite);
+  if (s.nonfinite != "stop" && s.nonfinite != "skip")
+    f.fail("nonfinite", "\"stop\" or \"skip\"", s.nonfinite);
   if (s.compute_dtype != "bf16" && s.compute_dtype != "f16")
     f.fail("compute_dtype", "\"bf16\" or \"f16\"", s.compute_dtype);
   check_gemm_accumulate(f, s);
@@ -484,7 +562,8 @@ nlohmann::json read_spec_json(const std::string& path) {
     const size_t line = 1 + size_t(std::count(text.begin(), text.begin() + long(pos), '\n'));
     const size_t nl = text.rfind('\n', pos ? pos - 1 : 0);
     const size_t col = pos - (nl == std::string::npos || nl >= pos ? 0 : nl + 1) + 1;
-    throw std::invalid_argument(fmt::format("{}:{}:{}: invalid JSON: {}", path, line, col, json_parse_reason(e)));
+    throw std::invalid_argument(
+        fmt::format("{}:{}:{}: invalid JSON: {}", path, line, col, json_parse_reason(e)));
   }
 }
 
@@ -494,7 +573,8 @@ nlohmann::json read_spec_json(const std::string& path) {
 const SpecSetting* setting_named_by(const std::string& msg, const std::vector<SpecSetting>& settings) {
   for (auto it = settings.rbegin(); it != settings.rend(); ++it) {
     const std::string& k = it->key;
-    if (msg.find("'" + k + "'") != std::string::npos || msg.find("'" + k + ".") != std::string::npos) return &*it;
+    if (msg.find("'" + k + "'") != std::string::npos || msg.find("'" + k + ".") != std::string::npos)
+      return &*it;
     // a value set inside an object the file gave another type ("key 'lora': expected an object")
     for (size_t dot = k.find('.'); dot != std::string::npos; dot = k.find('.', dot + 1))
       if (msg.find("'" + k.substr(0, dot) + "'") != std::string::npos) return &*it;
@@ -530,7 +610,8 @@ void apply_spec_settings(nlohmann::json& spec, const std::vector<SpecSetting>& s
       const size_t dot = s.key.find('.', from);
       const std::string part = s.key.substr(from, dot == std::string::npos ? std::string::npos : dot - from);
       if (part.empty())
-        throw std::invalid_argument(fmt::format("{}: expected a key like seq_len or lora.r, got '{}'", s.origin, s.key));
+        throw std::invalid_argument(
+            fmt::format("{}: expected a key like seq_len or lora.r, got '{}'", s.origin, s.key));
       if (dot == std::string::npos) {
         (*at)[part] = value;
         break;

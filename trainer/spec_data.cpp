@@ -29,7 +29,8 @@ void read_data_key(const JsonFields& f, TrainSpec& s) {
     return;
   }
   const nlohmann::json& list = f.at("data");
-  if (list.empty()) f.fail("data", "a file, or a non-empty list of files or {\"path\", \"weight\"} objects", list);
+  if (list.empty())
+    f.fail("data", "a file, or a non-empty list of files or {\"path\", \"weight\"} objects", list);
   std::vector<DataSource> sources;
   for (size_t i = 0; i < list.size(); ++i) {
     const nlohmann::json& e = list[i];
@@ -53,7 +54,8 @@ void read_data_key(const JsonFields& f, TrainSpec& s) {
     return;
   }
   s.data.clear();
-  for (const auto& d : sources) s.data += fmt::format("{}{} (weight {:g})", s.data.empty() ? "" : " + ", d.path, d.weight);
+  for (const auto& d : sources)
+    s.data += fmt::format("{}{} (weight {:g})", s.data.empty() ? "" : " + ", d.path, d.weight);
   s.data_mixture = std::move(sources);
 }
 
@@ -75,7 +77,8 @@ void read_eval_data_key(const JsonFields& f, TrainSpec& s) {
     } else if (e.is_object()) {
       const JsonFields o(e, f.where(), fmt::format("eval_data[{}].", i));
       if (o.has("weight"))
-        o.fail("weight", "nothing: every evaluation file is evaluated whole (weights mix training data only)", o.at("weight"));
+        o.fail("weight", "nothing: every evaluation file is evaluated whole (weights mix training data only)",
+               o.at("weight"));
       o.allow_only({"path"});
       path = o.string("path");
     }

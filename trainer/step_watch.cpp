@@ -70,8 +70,8 @@ std::vector<std::string> StepWatch::check(const StepReport& r, const std::string
   }
   if (in_a_row_ >= max_in_a_row_)
     throw TrainingDiverged(
-        fmt::format("step {}: {} in a row {} skipped ({}; max_skipped_steps is {}); stopped ({})",
-                    r.step, counted(in_a_row_, "step"), in_a_row_ == 1 ? "was" : "were",
+        fmt::format("step {}: {} in a row {} skipped ({}; max_skipped_steps is {}); stopped ({})", r.step,
+                    counted(in_a_row_, "step"), in_a_row_ == 1 ? "was" : "were",
                     r.target_tokens == 0 ? "no target tokens"
                     : scaling_           ? fmt::format("overflowing gradients, loss scale {:g}", r.loss_scale)
                                          : std::string("non-finite loss or gradients"),

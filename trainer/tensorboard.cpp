@@ -85,7 +85,8 @@ std::string version_event(double wall_time) {
 TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  if (ec) throw std::runtime_error(fmt::format("{}: cannot create the TensorBoard folder ({})", dir, ec.message()));
+  if (ec)
+    throw std::runtime_error(fmt::format("{}: cannot create the TensorBoard folder ({})", dir, ec.message()));
   char host[256] = "localhost";
   ::gethostname(host, sizeof host - 1);
   const double t = now_s();

@@ -6,9 +6,9 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "base/host_resources.hpp"
 #include "base/counted.hpp"
 #include "base/error_text.hpp"
+#include "base/host_resources.hpp"
 #include "data/chat_jinja.hpp"
 #include "data/chat_template.hpp"
 #include "data/dataset.hpp"
@@ -31,19 +31,22 @@ ChatFormat format_for(const LoadedModel& model, const std::string& requested, co
   if (requested != "auto" && requested != "jinja") return parse_chat_template_name(requested);
   if (model.chat_template.empty()) {
     if (requested == "jinja")
-      throw std::invalid_argument(fmt::format("chat_template 'jinja': {} has no chat template (tokenizer_config.json "
-                                              "chat_template or chat_template.jinja)",
-                                              model.source));
+      throw std::invalid_argument(
+          fmt::format("chat_template 'jinja': {} has no chat template (tokenizer_config.json "
+                      "chat_template or chat_template.jinja)",
+                      model.source));
     return ChatTemplate::chatml;
   }
   try {
     const auto [bos, eos] = tok ? template_special_tokens(*tok) : std::pair<std::string, std::string>();
-    return ChatFormat(std::make_shared<const JinjaChat>(model.chat_template, bos, eos, template_file_name(model)));
+    return ChatFormat(
+        std::make_shared<const JinjaChat>(model.chat_template, bos, eos, template_file_name(model)));
   } catch (const jinja::TemplateError& e) {
     if (requested == "jinja") throw std::invalid_argument(fmt::format("{}: {}", model.source, e.what()));
     const ChatTemplate family = detect_chat_template(model.chat_template);
-    spdlog::warn("the chat template of {} cannot be interpreted ({}); using the hand-written {} renderer instead",
-                 model.source, e.what(), chat_template_name(family));
+    spdlog::warn(
+        "the chat template of {} cannot be interpreted ({}); using the hand-written {} renderer instead",
+        model.source, e.what(), chat_template_name(family));
     return family;
   }
 }
@@ -59,10 +62,11 @@ void check_ids_fit_the_model(const LoadedModel& model, const std::string& data_p
   for (const int32_t id : packed.ids) top = std::max(top, id);
   if (top < V) return;
   const std::string text = tok.has_token(top) ? tok.token_text(top) : std::string();
-  throw std::invalid_argument(fmt::format(
-      "{}: token id {}{} from {} is not below the model's vocab_size {} (config.json): the "
-      "embedding has no row for it; the tokenizer does not belong to this model",
-      data_path, top, text.empty() ? std::string() : fmt::format(" (\"{}\")", excerpt(text)), tokenizer_origin(model), V));
+  throw std::invalid_argument(
+      fmt::format("{}: token id {}{} from {} is not below the model's vocab_size {} (config.json): the "
+                  "embedding has no row for it; the tokenizer does not belong to this model",
+                  data_path, top, text.empty() ? std::string() : fmt::format(" (\"{}\")", excerpt(text)),
+                  tokenizer_origin(model), V));
 }
 
 }  // namespace
@@ -71,7 +75,7 @@ struct TokenStream::Impl {
   TokenStreamStats stats;
   PackedSequences held_out;  ///< evaluation sequences
   int32_t pad = 0;
-  std::optional<BatchStream> stream;  ///< one file; none without sequences
+  std::optional<BatchStream> stream;     ///< one file; none without sequences
   std::optional<MixtureStream> mixture;  ///< a weighted mixture of files
   void require_sequences() const {
     if (!stream && !mixture)
@@ -88,8 +92,8 @@ struct LoadedFile {
   PackedSequences train, held;
 };
 
-LoadedFile load_file(const LoadedModel& model, const Tokenizer& tok, const ChatFormat& chat, const std::string& path,
-                     const TokenStreamOptions& o, TokenStreamStats& st) {
+LoadedFile load_file(const LoadedModel& model, const Tokenizer& tok, const ChatFormat& chat,
+                     const std::string& path, const TokenStreamOptions& o, TokenStreamStats& st) {
   // record by record into the packed sequences: memory holds them, not every example too
   SequencePacker packer(o.seq_len, tok.eos_id(), o.packing, host_available_bytes());
   load_dataset_into(path, tok, chat, packer, o.max_examples > 0 ? size_t(o.max_examples) : 0);
@@ -114,7 +118,8 @@ Tokenizer tokenizer_of(const LoadedModel& model) {
 }
 }  // namespace
 
-TokenStream::TokenStream(const LoadedModel& model, const std::string& data_path, const TokenStreamOptions& o) {
+TokenStream::TokenStream(const LoadedModel& model, const std::string& data_path,
+                         const TokenStreamOptions& o) {
   const Tokenizer tok = tokenizer_of(model);
   const ChatFormat chat = format_for(model, o.chat_template, &tok);
   impl_ = std::make_unique<Impl>();
@@ -141,8 +146,8 @@ TokenStream::TokenStream(const LoadedModel& model, const std::vector<DataSource>
     held.positions.insert(held.positions.end(), f.held.positions.begin(), f.held.positions.end());
     if (f.train.size() == 0)
       throw std::invalid_argument(one_line(fmt::format(
-          "{}: no training sequence at seq_len {} (every example's prompt is longer, or all are held out)", src.path,
-          o.seq_len)));
+          "{}: no training sequence at seq_len {} (every example's prompt is longer, or all are held out)",
+          src.path, o.seq_len)));
     mix.push_back({src.path, std::move(f.train), src.weight});
   }
   impl_->stats.chat_template = chat.name();
@@ -171,11 +176,14 @@ void TokenStream::seek(int64_t position) {
   if (impl_->mixture) impl_->mixture->seek(position);
   else impl_->stream->seek(position);
 }
-std::string TokenStream::mixture_proportions() const { return impl_->mixture ? impl_->mixture->proportions() : ""; }
+std::string TokenStream::mixture_proportions() const {
+  return impl_->mixture ? impl_->mixture->proportions() : "";
+}
 const TokenStreamStats& TokenStream::stats() const { return impl_->stats; }
 
 std::vector<TokenBatch> TokenStream::evaluation_batches(int64_t n_seq) const {
-  if (n_seq < 1) throw std::invalid_argument(fmt::format("evaluation_batches: n_seq must be >= 1, got {}", n_seq));
+  if (n_seq < 1)
+    throw std::invalid_argument(fmt::format("evaluation_batches: n_seq must be >= 1, got {}", n_seq));
   const PackedSequences& h = impl_->held_out;
   const size_t L = size_t(h.seq_len);
   std::vector<TokenBatch> out;

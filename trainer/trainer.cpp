@@ -13,12 +13,14 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
-#include "roundpipe/adapter.hpp"
-#include "roundpipe/checkpoint.hpp"
-#include "roundpipe/session.hpp"
 #include "base/atomic_file.hpp"
 #include "base/counted.hpp"
 #include "base/host_resources.hpp"
+#include "model/model_flops.hpp"
+#include "roundpipe/adapter.hpp"
+#include "roundpipe/checkpoint.hpp"
+#include "roundpipe/session.hpp"
+#include "scheduler/cost_model.hpp"
 #include "trainer/async_range.hpp"
 #include "trainer/checkpoint_bundle.hpp"
 #include "trainer/checkpoint_rotation.hpp"
@@ -31,10 +33,8 @@
 #include "trainer/run_setup.hpp"
 #include "trainer/sample.hpp"
 #include "trainer/save_targets.hpp"
-#include "trainer/tensorboard.hpp"
-#include "model/model_flops.hpp"
-#include "scheduler/cost_model.hpp"
 #include "trainer/step_watch.hpp"
+#include "trainer/tensorboard.hpp"
 
 namespace rp {
 namespace {
@@ -43,7 +43,12 @@ namespace {
 class Run {
  public:
   Run(const TrainSpec& spec, const TrainerCallbacks& cb, const StopToken& stop)
-      : spec_(spec), cb_(cb), stop_(stop), t0_(std::chrono::steady_clock::now()), watch_(spec_), series_(spec_) {}
+      : spec_(spec),
+        cb_(cb),
+        stop_(stop),
+        t0_(std::chrono::steady_clock::now()),
+        watch_(spec_),
+        series_(spec_) {}
   TrainResult execute();
 
  private:
@@ -81,9 +86,10 @@ class Run {
   std::optional<double> last_loss_, last_eval_loss_;  // of the last reported step / evaluation
   int64_t last_eval_step_ = 0;
   /// Writes the model card of folder `dir` into the new folder about to replace it.
-  std::function<void(const std::string&)> card_writer(const std::string& dir, ModelCardFacts::Kind kind) const;
+  std::function<void(const std::string&)> card_writer(const std::string& dir,
+                                                      ModelCardFacts::Kind kind) const;
   std::optional<TokenStream> data_;
-  std::vector<TokenBatch> eval_batches_;               ///< the evaluation set (empty: no evaluation)
+  std::vector<TokenBatch> eval_batches_;                  ///< the evaluation set (empty: no evaluation)
   std::map<int64_t, std::vector<int64_t>> pending_eval_;  ///< steps done -> evaluation passes in flight
   void submit_eval(int64_t steps_done);
   bool collect_eval(int64_t steps_done, StepReport& into, bool drop_at_stop);
@@ -97,14 +103,14 @@ class Run {
   std::unique_ptr<TensorBoardWriter> tb_;
   double mfu_per_token_per_s_ = 0;  // MFU of one token per second (CUDA backend), else 0
   void log_scalars(const StepReport& s);
-  int64_t start_ = 0;     // steps done before this run
+  int64_t start_ = 0;                // steps done before this run
   bool created_output_dir_ = false;  // the output folder did not exist before this run
   bool wrote_run_marker_ = false;    // this run wrote the folder's roundpipe_run.json
   void drop_lone_run_marker();
-  OutputDirLock output_lock_;         // the leader's, for the whole run
-  int64_t reported_ = -1; // last step reported
-  double last_report_ = 0;  // elapsed() when the step timer last started (the loop, then each report)
-  double paused_ = 0;       // seconds since then that belong to no step: evaluations, checkpoints
+  OutputDirLock output_lock_;  // the leader's, for the whole run
+  int64_t reported_ = -1;      // last step reported
+  double last_report_ = 0;     // elapsed() when the step timer last started (the loop, then each report)
+  double paused_ = 0;          // seconds since then that belong to no step: evaluations, checkpoints
   std::optional<ProgressClock> clock_;  // tokens/s and ETA from the steps' own times
   int64_t evals_after(int64_t steps_done) const;
   std::string last_checkpoint_;
@@ -116,7 +122,8 @@ class Run {
   /// A single process: sets stop_deadline_ (spec.stop_timeout_s on) when the StopToken's
   /// request is first seen. Replicas: the agreement sets it (stop_agreed).
   void arm_stop_deadline() {
-    if (!replicas_ && stop_.stop_requested() && !stop_deadline_) stop_deadline_ = Clock::now() + stop_budget();
+    if (!replicas_ && stop_.stop_requested() && !stop_deadline_)
+      stop_deadline_ = Clock::now() + stop_budget();
   }
   /// At most 0.1 s, and not past the stop deadline when there is one.
   double wait_slice() const {
@@ -137,7 +144,7 @@ class Run {
   /// replica saw the same exchange say stop, so they all close, report and save the same steps).
   bool stopping() const { return replicas_ ? stop_agreed_ : stop_.stop_requested(); }
   bool stop_agreed_ = false;
-  std::vector<int> stop_ranks_;  // replicas: the ranks whose StopToken asked for the stop
+  std::vector<int> stop_ranks_;   // replicas: the ranks whose StopToken asked for the stop
   double reduce_wait_total_ = 0;  // replicas: StepReport::reduce_wait_s over the reported steps
   TrainResult execute_steps();
   void derive_epochs();
@@ -151,14 +158,14 @@ class Run {
 };
 
 void Run::setup() {
-  validate_spec(spec_);       // a spec built in code gets the checks of a spec file
-  check_data_paths(spec_);    // seconds, before a model load of minutes
+  validate_spec(spec_);     // a spec built in code gets the checks of a spec file
+  check_data_paths(spec_);  // seconds, before a model load of minutes
   spdlog::info("{}", optimizer_line(spec_));
-  check_output_dir(spec_);    // never a folder that holds the user's other work or the run's inputs
+  check_output_dir(spec_);  // never a folder that holds the user's other work or the run's inputs
   replicas_ = replicas_for(spec_);
   if (replicas_ && replicas_->rank() > 0 && spdlog::get_level() < spdlog::level::warn)
     spdlog::set_level(spdlog::level::warn);  // replica 0 tells the story; the others warn and fail
-  if (leader()) {  // before anything is loaded or written
+  if (leader()) {                            // before anything is loaded or written
     output_lock_ = OutputDirLock(spec_);
     created_output_dir_ = output_lock_.created();
     prepare_output_dir(spec_);
@@ -176,7 +183,8 @@ void Run::setup() {
     ModelSource base = open_model_for_training(spec_.model);
     if (resume_) check_resume_model(*resume_, spec_, base.config());
     w = lora_run_weights(spec_, base, resume_ ? resume_->dir : spec_.adapter);
-    if (spec_.lora) spec_.lora->base_format = w.layout.lora->base_format;  // the form in use (the state records it)
+    if (spec_.lora)
+      spec_.lora->base_format = w.layout.lora->base_format;  // the form in use (the state records it)
     model_ = base.header();
   } else {
     // a resumed run takes weights, config and tokenizer from the checkpoint; spec.model must be
@@ -192,8 +200,9 @@ void Run::setup() {
   base_ = base_model_ref(spec_.model, spec_.base_model_id);
   if (trains_lora(spec_))
     spdlog::info("adapter base: {}{}", base_.portable(),
-                 base_.id.empty() ? " (the local path: no base_model_id in the spec and none in the model's metadata)"
-                                  : fmt::format(" (from {}; local file {})", base_.id_from, base_.path));
+                 base_.id.empty()
+                     ? " (the local path: no base_model_id in the spec and none in the model's metadata)"
+                     : fmt::format(" (from {}; local file {})", base_.id_from, base_.path));
   const ModelLayout& layout = w.layout;
   warn_host_memory(spec_, layout);  // before the data and the session's buffers: what to change
   data_.emplace(load_data_for_training(spec_, model_));
@@ -216,8 +225,9 @@ void Run::setup() {
     wrote_run_marker_ = mark_output_dir(spec_);
     metrics_ = std::make_unique<MetricsFile>(path("metrics.csv"), start_, replica_count() > 1);
     if (spec_.metrics_jsonl)
-      jsonl_ = std::make_unique<MetricsJsonl>(spec_.metrics_jsonl->empty() ? path("metrics.jsonl") : *spec_.metrics_jsonl,
-                                              start_, replica_count() > 1);
+      jsonl_ = std::make_unique<MetricsJsonl>(
+          spec_.metrics_jsonl->empty() ? path("metrics.jsonl") : *spec_.metrics_jsonl, start_,
+          replica_count() > 1);
   }
   if (spec_.tensorboard && leader()) tb_ = std::make_unique<TensorBoardWriter>(path("tensorboard"));
   if (session_->device_name().rfind("cuda", 0) == 0) {
@@ -241,9 +251,10 @@ void Run::start_session(const ModelLayout& layout, std::vector<std::vector<float
   const IterationPlan& plan = session_->initial_plan();
   if (replicas_)
     spdlog::info("replicas: {} (MPI), each {} of every step's {}; gradients summed in rank order",
-                 replicas_->size(), spec_.accumulation / replicas_->size(), counted(spec_.accumulation, "pass", "passes"));
-  spdlog::info("runtime: {} x {}, {} optimizer, {} plan {} ({}), {} of {} x {}",
-               spec_.workers, session_->device_name(), spec_.async ? "staleness-1 async" : "synchronous",
+                 replicas_->size(), spec_.accumulation / replicas_->size(),
+                 counted(spec_.accumulation, "pass", "passes"));
+  spdlog::info("runtime: {} x {}, {} optimizer, {} plan {} ({}), {} of {} x {}", spec_.workers,
+               session_->device_name(), spec_.async ? "staleness-1 async" : "synchronous",
                opt.plan ? "explicit" : "automatic", plan.summary(), counted(plan.stages.size(), "stage"),
                counted(spec_.micro_batches, "micro-batch", "micro-batches"), opt.micro.n_seq,
                counted(spec_.seq_len, "token"));
@@ -327,12 +338,12 @@ bool Run::report(int64_t t) {
     agree_eval(s);  // replicas: replica 0's evaluation, so that all rank and stop alike
     const double waited = elapsed() - e0;
     paused_ += waited;
-    if (finished)
-      clock_->evaluation(waited);
+    if (finished) clock_->evaluation(waited);
     else
-      spdlog::warn("stop: the evaluation after step {} did not finish within {:g} s of the stop request; step {} is "
-                   "reported without it",
-                   t + 1, spec_.stop_timeout_s, t + 1);
+      spdlog::warn(
+          "stop: the evaluation after step {} did not finish within {:g} s of the stop request; step {} is "
+          "reported without it",
+          t + 1, spec_.stop_timeout_s, t + 1);
   }
   last_loss_ = s.loss;
   if (s.evaluated) last_eval_loss_ = s.eval_loss, last_eval_step_ = s.step;
@@ -340,7 +351,8 @@ bool Run::report(int64_t t) {
     const EarlyStopState& es = series_.series().early_stopping;
     early_stop_at_ = t + 1;
     early_stop_reason_ = fmt::format(
-        "early stopping at step {}: {} did not improve on its best {:.6g} by more than {:g} in {} evaluation(s) in "
+        "early stopping at step {}: {} did not improve on its best {:.6g} by more than {:g} in {} "
+        "evaluation(s) in "
         "a row (patience {})",
         t + 1, series_.metric(), es.best.value_or(0), spec_.early_stopping->threshold, es.bad_evals,
         spec_.early_stopping->patience);
@@ -440,8 +452,8 @@ void Run::evaluate_before_training() {
     return;
   }
   clock_->evaluation(elapsed() - e0);  // the pipeline was empty: the set's own time
-  spdlog::info("eval before training: loss {:.4f} (ppl {:.2f}) over {} tokens", r.eval_loss, r.eval_perplexity,
-               r.eval_tokens);
+  spdlog::info("eval before training: loss {:.4f} (ppl {:.2f}) over {} tokens", r.eval_loss,
+               r.eval_perplexity, r.eval_tokens);
   if (jsonl_) jsonl_->eval_before_training(r.eval_loss, r.eval_perplexity);
   last_eval_loss_ = r.eval_loss;
   last_eval_step_ = 0;
@@ -494,8 +506,8 @@ bool Run::report_through(int64_t t) {
 /// abandoned some: they did not finish within spec.stop_timeout_s of it.
 bool Run::drain(int64_t t) {
   if (stopping() && reported_ < t - 1)
-    spdlog::info("stop requested: finishing {} in flight (at most {:g} s)", counted(t - 1 - reported_, "step"),
-                 spec_.stop_timeout_s);
+    spdlog::info("stop requested: finishing {} in flight (at most {:g} s)",
+                 counted(t - 1 - reported_, "step"), spec_.stop_timeout_s);
   return report_through(t - 1);
 }
 
@@ -507,15 +519,16 @@ void Run::save_merged() {
   for (const auto& g : m.groups) ptrs.push_back(g.data());
   const std::string dir = path("final-merged");
   const auto card = card_writer(dir, ModelCardFacts::Kind::merged);
-  save_hf_checkpoint(dir, m.layout, ptrs, model_.tokenizer_json, model_.chat_template, parse_dtype(spec_.save_dtype),
-                     [&](const std::string& tmp) {
+  save_hf_checkpoint(dir, m.layout, ptrs, model_.tokenizer_json, model_.chat_template,
+                     parse_dtype(spec_.save_dtype), [&](const std::string& tmp) {
                        card(tmp);
                        write_manifest(tmp, "train");  // what the run wrote: a re-save or merge keeps the rest
                      });
   spdlog::info("saved the merged model {}", dir);
 }
 
-std::function<void(const std::string&)> Run::card_writer(const std::string& dir, ModelCardFacts::Kind kind) const {
+std::function<void(const std::string&)> Run::card_writer(const std::string& dir,
+                                                         ModelCardFacts::Kind kind) const {
   ModelCardFacts f;
   f.kind = kind;
   f.folder = dir;
@@ -532,7 +545,8 @@ std::function<void(const std::string&)> Run::card_writer(const std::string& dir,
   f.version = RP_VERSION;
   return [dir, text = model_card_text(f)](const std::string& tmp) {
     if (!place_model_card(tmp, dir, text))
-      spdlog::info("kept the README.md in {} (not a model card roundpipe wrote; the run's card is not written)", dir);
+      spdlog::info(
+          "kept the README.md in {} (not a model card roundpipe wrote; the run's card is not written)", dir);
   };
 }
 
@@ -586,17 +600,19 @@ void Run::save(const std::string& name) {
   const int64_t steps = session_->steps_closed();
   // never replace a good checkpoint with non-finite weights
   if (const int64_t g = first_nonfinite_group(session_->master_weights()); g >= 0)
-    throw TrainingDiverged(fmt::format(
-        "step {}: parameter group '{}' holds inf/NaN values; refusing to write {} ({}). Lower optimizer.lr or "
-        "set optimizer.max_grad_norm",
-        steps, session_->layout().groups[size_t(g)].name, dir,
-        kept_checkpoint().empty() ? std::string("no checkpoint was written") : kept_checkpoint() + " is kept"));
+    throw TrainingDiverged(
+        fmt::format("step {}: parameter group '{}' holds inf/NaN values; refusing to write {} ({}). Lower "
+                    "optimizer.lr or "
+                    "set optimizer.max_grad_norm",
+                    steps, session_->layout().groups[size_t(g)].name, dir,
+                    kept_checkpoint().empty() ? std::string("no checkpoint was written")
+                                              : kept_checkpoint() + " is kept"));
   require_disk_space(spec_.output_dir, checkpoint_bytes_, fmt::format("checkpoint {}", dir));
   TrainerState state = trainer_state_of(spec_, steps, data_->position());
   state.series = series_.series_for(name, steps);
-  save_checkpoint_bundle(*session_, dir, model_, parse_dtype(spec_.save_dtype), state, base_,
-                         card_writer(dir, session_->layout().lora ? ModelCardFacts::Kind::adapter
-                                                                  : ModelCardFacts::Kind::full));
+  save_checkpoint_bundle(
+      *session_, dir, model_, parse_dtype(spec_.save_dtype), state, base_,
+      card_writer(dir, session_->layout().lora ? ModelCardFacts::Kind::adapter : ModelCardFacts::Kind::full));
   const double seconds = elapsed() - t0;
   spdlog::info("saved checkpoint {} in {:.1f} s", dir, seconds);
   if (const std::string mix = data_->mixture_proportions(); !mix.empty())
@@ -697,7 +713,8 @@ TrainResult Run::abandon(int64_t t) {
       "stop: step {}/{} did not finish within {:g} s of the stop request; {} not saved (a checkpoint "
       "holds only completed steps); waiting for (steps counted from 0): {}{}",
       done + 1, spec_.steps, spec_.stop_timeout_s,
-      t > done + 1 ? fmt::format("steps {}..{} are", done + 1, t) : fmt::format("step {} is", t), shown, where);
+      t > done + 1 ? fmt::format("steps {}..{} are", done + 1, t) : fmt::format("step {} is", t), shown,
+      where);
   try {
     save_profile();  // what the stuck steps waited for, even when none finished
   } catch (const std::exception& e) {
@@ -774,8 +791,9 @@ void Run::finish_final(TrainResult& res, int64_t t) {
   }
   std::string best = series_.best_for_final(t);
   if (!best.empty() && leader() && !resumable_checkpoint(path(best))) {
-    spdlog::warn("load_best_model_at_end: the best checkpoint {} is gone or incomplete; final/ holds the last step {}",
-                 path(best), t);
+    spdlog::warn(
+        "load_best_model_at_end: the best checkpoint {} is gone or incomplete; final/ holds the last step {}",
+        path(best), t);
     best.clear();
   }
   res.final_step = t;
@@ -787,10 +805,11 @@ void Run::finish_final(TrainResult& res, int64_t t) {
       const double t0 = elapsed();
       require_disk_space(spec_.output_dir, checkpoint_bytes_, fmt::format("checkpoint {}", path("final")));
       copy_checkpoint_bundle(path(best), path("final"));
-      spdlog::info("load_best_model_at_end: final/ holds {} (step {}, {} {:.6g}), the best checkpoint; the last step "
-                   "{} ({} {:.6g}) is not kept ({:.1f} s)",
-                   best, b.step, b.metric, b.value, t, series_.metric(), series_.metric_at(t).value_or(NAN),
-                   elapsed() - t0);
+      spdlog::info(
+          "load_best_model_at_end: final/ holds {} (step {}, {} {:.6g}), the best checkpoint; the last step "
+          "{} ({} {:.6g}) is not kept ({:.1f} s)",
+          best, b.step, b.metric, b.value, t, series_.metric(), series_.metric_at(t).value_or(NAN),
+          elapsed() - t0);
       save_profile();
       if (cb_.on_checkpoint) cb_.on_checkpoint(CheckpointReport{path("final"), b.step, elapsed() - t0});
     }
@@ -804,7 +823,8 @@ void Run::finish_final(TrainResult& res, int64_t t) {
     // a file of the user's appeared in final/ during the run: the steps are kept all the same
     const std::string kept = fmt::format("checkpoint-{}", t);
     save(kept);
-    throw std::runtime_error(fmt::format("{}; the last step {} is saved in {} instead", e.what(), t, path(kept)));
+    throw std::runtime_error(
+        fmt::format("{}; the last step {} is saved in {} instead", e.what(), t, path(kept)));
   }
   res.checkpoint = last_checkpoint_;
   if (spec_.load_best_model_at_end)
@@ -818,9 +838,10 @@ void Run::derive_epochs() {
   if (!spec_.epochs) return;
   spdlog::info("{}", resolve_epochs(spec_, data_->stats().sequences));
   if (resume_ && resume_->saved.step >= spec_.steps)
-    throw std::invalid_argument(fmt::format("{}: the checkpoint is at step {} and {:g} epochs are {} steps; nothing "
-                                            "is left to do (raise 'epochs')",
-                                            resume_->dir, resume_->saved.step, *spec_.epochs, spec_.steps));
+    throw std::invalid_argument(
+        fmt::format("{}: the checkpoint is at step {} and {:g} epochs are {} steps; nothing "
+                    "is left to do (raise 'epochs')",
+                    resume_->dir, resume_->saved.step, *spec_.epochs, spec_.steps));
 }
 
 /// Passes over the training sequences after `steps_done` steps.
@@ -853,10 +874,11 @@ TrainResult Run::execute_steps() {
   if (replicas_ && res.steps_done > start_) {
     const ReplicaStats st = replicas_->stats();
     const double steps = double(res.steps_done - start_);
-    spdlog::info("replicas: {} gradient sums, {:.1f} MB summed per step, {:.1f} MB sent per step by each replica, "
-                 "{:.3f} s per step with a sum in flight, {:.3f} s per step waiting for one (not hidden by compute)",
-                 st.reductions, st.bytes_reduced / steps / 1e6, st.bytes_sent / steps / 1e6, st.busy_s / steps,
-                 reduce_wait_total_ / steps);
+    spdlog::info(
+        "replicas: {} gradient sums, {:.1f} MB summed per step, {:.1f} MB sent per step by each replica, "
+        "{:.3f} s per step with a sum in flight, {:.3f} s per step waiting for one (not hidden by compute)",
+        st.reductions, st.bytes_reduced / steps / 1e6, st.bytes_sent / steps / 1e6, st.busy_s / steps,
+        reduce_wait_total_ / steps);
   }
   res.replica = replicas_ ? replicas_->rank() : 0;
   res.replicas = replica_count();
@@ -891,8 +913,8 @@ bool Run::stop_agreed() {
   stop_agreed_ = true;
   stop_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                       std::chrono::duration<double>(spec_.stop_timeout_s));
-  spdlog::info("stop requested on replica {}: all {} replicas stop after step {}", fmt::join(stop_ranks_, ", "),
-               replica_count(), session_->steps_closed());
+  spdlog::info("stop requested on replica {}: all {} replicas stop after step {}",
+               fmt::join(stop_ranks_, ", "), replica_count(), session_->steps_closed());
   return true;
 }
 

@@ -32,13 +32,15 @@ nlohmann::json series_json(const RunSeries& r) {
   for (const SavedCheckpoint& c : r.checkpoints) {
     nlohmann::json files = nlohmann::json::object();
     for (const auto& [name, bytes] : c.files) files[name] = bytes;
-    nlohmann::json e = {{"name", c.name}, {"step", c.step}, {"weights_xxh3", c.weights_xxh3}, {"files", files}};
+    nlohmann::json e = {
+        {"name", c.name}, {"step", c.step}, {"weights_xxh3", c.weights_xxh3}, {"files", files}};
     if (c.metric) e["metric"] = *c.metric;
     cks.push_back(e);
   }
   nlohmann::json j = {{"checkpoints", cks}};
   if (r.best)
-    j["best"] = {{"name", r.best->name}, {"step", r.best->step}, {"metric", r.best->metric}, {"value", r.best->value}};
+    j["best"] = {
+        {"name", r.best->name}, {"step", r.best->step}, {"metric", r.best->metric}, {"value", r.best->value}};
   nlohmann::json es = {{"bad_evals", r.early_stopping.bad_evals}};
   if (r.early_stopping.best) es["best"] = *r.early_stopping.best;
   j["early_stopping"] = es;
@@ -67,8 +69,8 @@ RunSeries read_series(const JsonFields& f) {
       k.weights_xxh3 = c.string("weights_xxh3");
       const nlohmann::json files = c.object("files");
       for (const auto& [name, bytes] : files.items()) {
-        if (!bytes.is_number_unsigned() || name.empty() || name.find('/') != std::string::npos || name == "." ||
-            name == "..")
+        if (!bytes.is_number_unsigned() || name.empty() || name.find('/') != std::string::npos ||
+            name == "." || name == "..")
           c.fail("files", "file names with their sizes in bytes");
         k.files[name] = bytes.get<uint64_t>();
       }
@@ -173,10 +175,11 @@ TrainerState read_trainer_state(const std::string& path) {
   std::ifstream in(path);
   if (!in) {
     const std::string dir = std::filesystem::path(path).parent_path().string();
-    throw std::runtime_error(fmt::format(
-        "{}: missing; {} is not a resumable checkpoint (resume from a checkpoint-<k>/ or final/ folder written by "
-        "roundpipe train)",
-        path, dir.empty() ? std::string(".") : dir));
+    throw std::runtime_error(
+        fmt::format("{}: missing; {} is not a resumable checkpoint (resume from a checkpoint-<k>/ or final/ "
+                    "folder written by "
+                    "roundpipe train)",
+                    path, dir.empty() ? std::string(".") : dir));
   }
   std::stringstream ss;
   ss << in.rdbuf();
@@ -211,7 +214,8 @@ TrainerState read_trainer_state(const std::string& path) {
   if (f.has("packing")) s.packing = f.boolean("packing");  // absent in earlier releases' files
   if (f.has("eval_fraction")) s.eval_fraction = f.number("eval_fraction");
   if (f.has("base_format")) s.base_format = f.string("base_format");
-  if (f.has("max_examples")) s.max_examples = f.integer("max_examples", 0);  // absent in earlier releases' files
+  if (f.has("max_examples"))
+    s.max_examples = f.integer("max_examples", 0);  // absent in earlier releases' files
   if (f.has("chat_template")) s.chat_template = f.string("chat_template");
   if (f.has("model_config") && !f.at("model_config").is_null()) s.model_config = f.object("model_config");
   if (f.has("run_series")) s.series = read_series(f);  // absent in earlier releases' files
@@ -224,20 +228,22 @@ std::vector<std::string> resume_differences(const TrainerState& saved, const Tra
   if (saved.seed != now.seed)
     out.push_back(fmt::format("seed {} (saved run {}): the data order differs", now.seed, saved.seed));
   if (saved.sequences_per_step != now.sequences_per_step)
-    out.push_back(fmt::format("sequences_per_step {} (saved run {})", now.sequences_per_step, saved.sequences_per_step));
+    out.push_back(fmt::format("sequences_per_step {} (saved run {})", now.sequences_per_step,
+                              saved.sequences_per_step));
   if (saved.seq_len != now.seq_len)
     out.push_back(fmt::format("seq_len {} (saved run {}): the sequences differ", now.seq_len, saved.seq_len));
   if (saved.async != now.async)
     out.push_back(fmt::format("the {} optimizer (saved run: {})", now.async ? "async" : "sync",
                               saved.async ? "async" : "sync"));
   if (saved.lr_schedule != now.lr_schedule)
-    out.push_back(fmt::format("lr_schedule {} (saved run {})", now.lr_schedule.dump(), saved.lr_schedule.dump()));
+    out.push_back(
+        fmt::format("lr_schedule {} (saved run {})", now.lr_schedule.dump(), saved.lr_schedule.dump()));
   if (saved.data != now.data) out.push_back(fmt::format("data '{}' (saved run '{}')", now.data, saved.data));
   if (saved.packing != now.packing)
     out.push_back(fmt::format("packing {} (saved run {}): the sequences differ", now.packing, saved.packing));
   if (saved.eval_fraction != now.eval_fraction)
-    out.push_back(fmt::format("eval_fraction {} (saved run {}): the training sequences differ", now.eval_fraction,
-                              saved.eval_fraction));
+    out.push_back(fmt::format("eval_fraction {} (saved run {}): the training sequences differ",
+                              now.eval_fraction, saved.eval_fraction));
   if (saved.max_examples && saved.max_examples != now.max_examples)
     out.push_back(fmt::format("max_examples {} (saved run {}): other examples are drawn", *now.max_examples,
                               *saved.max_examples));

@@ -29,7 +29,7 @@ struct SavedCheckpoint {
 
 /// The best checkpoint of a run series by metric_for_best_model.
 struct BestCheckpoint {
-  std::string name;    ///< "checkpoint-<n>" or "final"
+  std::string name;  ///< "checkpoint-<n>" or "final"
   int64_t step = 0;
   std::string metric;  ///< "eval_loss" or "eval_perplexity"
   double value = 0;
@@ -59,19 +59,20 @@ struct TrainerState {
   uint64_t seed = 0;               ///< data order seed (the order depends only on seed and position)
   int64_t sequences_per_step = 0;  ///< spec values the data position was counted with
   int64_t seq_len = 0;
-  bool async = true;               ///< optimizer mode of the run that saved it
-  std::string save_dtype;          ///< dtype of model.safetensors ("f32": it holds the fp32 master)
-  std::string compute_dtype;       ///< the spec's compute_dtype
-  std::string model, data;         ///< the spec's model and data paths (informational)
-  nlohmann::json lr_schedule;      ///< {kind, lr, min_lr, warmup_steps, total_steps}
-  bool packing = false;            ///< the spec's packing (the sequences differ with it)
-  double eval_fraction = 0;        ///< the spec's held-out fraction (the training sequences differ with it)
-  std::string weights_xxh3;        ///< XXH3-64 (hex) of the checkpoint's *.safetensors ("" = not recorded)
-  std::string base_format;         ///< LoRA: the storage form of the frozen base ("" = full fine-tuning or not recorded)
-  std::optional<int64_t> max_examples;      ///< the spec's max_examples (none: not recorded)
-  std::optional<std::string> chat_template; ///< the spec's chat_template (none: not recorded)
-  nlohmann::json model_config;     ///< architecture_of the trained model (null = not recorded)
-  RunSeries series;                ///< checkpoints, best checkpoint, early stopping (empty when not recorded)
+  bool async = true;           ///< optimizer mode of the run that saved it
+  std::string save_dtype;      ///< dtype of model.safetensors ("f32": it holds the fp32 master)
+  std::string compute_dtype;   ///< the spec's compute_dtype
+  std::string model, data;     ///< the spec's model and data paths (informational)
+  nlohmann::json lr_schedule;  ///< {kind, lr, min_lr, warmup_steps, total_steps}
+  bool packing = false;        ///< the spec's packing (the sequences differ with it)
+  double eval_fraction = 0;    ///< the spec's held-out fraction (the training sequences differ with it)
+  std::string weights_xxh3;    ///< XXH3-64 (hex) of the checkpoint's *.safetensors ("" = not recorded)
+  std::string
+      base_format;  ///< LoRA: the storage form of the frozen base ("" = full fine-tuning or not recorded)
+  std::optional<int64_t> max_examples;       ///< the spec's max_examples (none: not recorded)
+  std::optional<std::string> chat_template;  ///< the spec's chat_template (none: not recorded)
+  nlohmann::json model_config;               ///< architecture_of the trained model (null = not recorded)
+  RunSeries series;  ///< checkpoints, best checkpoint, early stopping (empty when not recorded)
 };
 
 /// The fields of `c` that fix its architecture, as JSON (model_type, vocab_size, hidden_size,
@@ -91,9 +92,9 @@ TrainerState trainer_state_of(const TrainSpec& spec, int64_t step, int64_t data_
 /// Writes `s` as JSON to `path`. Throws std::runtime_error("<path>: ...").
 void write_trainer_state(const std::string& path, const TrainerState& s);
 
-/// Reads roundpipe_state.json (or an earlier release's trainer_state.json). Throws std::runtime_error with one line naming `path` and the
-/// key for a missing file ("not a resumable checkpoint"), invalid JSON, a missing key or a
-/// value of the wrong type or range.
+/// Reads roundpipe_state.json (or an earlier release's trainer_state.json). Throws std::runtime_error with
+/// one line naming `path` and the key for a missing file ("not a resumable checkpoint"), invalid JSON, a
+/// missing key or a value of the wrong type or range.
 TrainerState read_trainer_state(const std::string& path);
 
 /// Differences between the saved run and `spec` that change what a resumed run computes

@@ -16,7 +16,8 @@ namespace {
 
 [[noreturn]] void type_error(const std::string& what) { throw std::invalid_argument(what); }
 
-Value arg(const Args& a, size_t i, const char* name, const Value& fallback) {  // by value: fallbacks are often temporaries
+Value arg(const Args& a, size_t i, const char* name,
+          const Value& fallback) {  // by value: fallbacks are often temporaries
   if (i < a.pos.size()) return a.pos[i];
   if (const Value* v = a.kwarg(name)) return *v;
   return fallback;
@@ -61,18 +62,21 @@ Value dict_method(const Value& d, const std::string& name) {
 }
 
 Value string_method(const Value& s, const std::string& name) {
-  static const char* names[] = {"startswith", "endswith", "strip", "lstrip", "rstrip", "split", "rsplit",
-                                "replace", "upper", "lower", "title", "capitalize", "find", "count",
-                                "splitlines", "join", "isdigit", "isalpha", "isspace", "isupper", "islower"};
+  static const char* names[] = {"startswith", "endswith", "strip",      "lstrip", "rstrip",  "split",
+                                "rsplit",     "replace",  "upper",      "lower",  "title",   "capitalize",
+                                "find",       "count",    "splitlines", "join",   "isdigit", "isalpha",
+                                "isspace",    "isupper",  "islower"};
   if (std::find(std::begin(names), std::end(names), name) == std::end(names)) return Value(Undefined{});
-  return method(s, name, [name](const Value& self, const Args& a) { return call_string_method(self.str(), name, a); });
+  return method(s, name,
+                [name](const Value& self, const Args& a) { return call_string_method(self.str(), name, a); });
 }
 
 }  // namespace
 
 void limit_string(size_t bytes, const std::string& construct) {
   if (bytes > kMaxBuiltValue)
-    type_error(fmt::format("{} makes a string over the size limit ({} MiB)", construct, kMaxBuiltValue >> 20));
+    type_error(
+        fmt::format("{} makes a string over the size limit ({} MiB)", construct, kMaxBuiltValue >> 20));
 }
 
 void limit_items(size_t items, const std::string& construct) {
@@ -140,7 +144,8 @@ Value get_item(const Value& obj, const Value& key) {
 Value get_slice(const Value& obj, const Value& start, const Value& stop, const Value& step) {
   auto as_opt = [](const Value& v, const char* what) -> std::optional<int64_t> {
     if (v.is_undefined() || v.is_none()) return std::nullopt;
-    if (!v.is_int()) type_error(fmt::format("slice {} must be an integer or None, not {}", what, type_name(v)));
+    if (!v.is_int())
+      type_error(fmt::format("slice {} must be an integer or None, not {}", what, type_name(v)));
     return v.as_int();
   };
   const int64_t st = as_opt(step, "step").value_or(1);
@@ -190,7 +195,8 @@ std::vector<Value> iterate(const Value& v) {
     limit_items(utf8_length(v.str()), "iterating over a string");
     std::vector<Value> chars;
     const auto off = utf8_offsets(v.str());
-    for (size_t i = 0; i + 1 < off.size(); ++i) chars.push_back(Value(v.str().substr(off[i], off[i + 1] - off[i])));
+    for (size_t i = 0; i + 1 < off.size(); ++i)
+      chars.push_back(Value(v.str().substr(off[i], off[i + 1] - off[i])));
     return chars;
   }
   type_error(fmt::format("'{}' object is not iterable", type_name(v)));
@@ -198,7 +204,8 @@ std::vector<Value> iterate(const Value& v) {
 
 bool contains(const Value& h, const Value& n) {
   if (h.is_string()) {
-    if (!n.is_string()) type_error(fmt::format("'in <string>' requires string as left operand, not {}", type_name(n)));
+    if (!n.is_string())
+      type_error(fmt::format("'in <string>' requires string as left operand, not {}", type_name(n)));
     return h.str().find(n.str()) != std::string::npos;
   }
   if (h.is_dict()) return n.is_string() && h.dict().find(n.str()) != nullptr;
@@ -215,8 +222,10 @@ namespace {
 
 [[noreturn]] void bad_operands(const std::string& op, const Value& a, const Value& b) {
   if (a.is_undefined() || b.is_undefined())
-    type_error(fmt::format("'{}' is undefined (operand of '{}')", (a.is_undefined() ? a : b).undefined().what, op));
-  type_error(fmt::format("unsupported operand type(s) for {}: '{}' and '{}'", op, type_name(a), type_name(b)));
+    type_error(
+        fmt::format("'{}' is undefined (operand of '{}')", (a.is_undefined() ? a : b).undefined().what, op));
+  type_error(
+      fmt::format("unsupported operand type(s) for {}: '{}' and '{}'", op, type_name(a), type_name(b)));
 }
 
 bool numeric(const Value& v) { return v.is_int() || v.is_float() || v.is_bool(); }
@@ -226,7 +235,8 @@ Value repeat(const Value& seq, int64_t n) {
   if (n < 0) n = 0;
   const size_t k = size_t(n);
   if (seq.is_string()) {
-    if (k > 0 && seq.str().size() > kMaxBuiltValue / k) limit_string(kMaxBuiltValue + 1, "string repetition '*'");
+    if (k > 0 && seq.str().size() > kMaxBuiltValue / k)
+      limit_string(kMaxBuiltValue + 1, "string repetition '*'");
     std::string out;
     out.reserve(seq.str().size() * k);
     for (size_t i = 0; i < k; ++i) out += seq.str();
@@ -318,7 +328,8 @@ bool apply_test(const std::string& name, const Value& v, const Args& a) {
   if (name == "string") return v.is_string();
   if (name == "mapping") return v.is_dict();
   // Jinja's Undefined iterates as empty and has a length, so both tests accept it
-  if (name == "iterable" || name == "sequence") return v.is_list() || v.is_dict() || v.is_string() || v.is_undefined();
+  if (name == "iterable" || name == "sequence")
+    return v.is_list() || v.is_dict() || v.is_string() || v.is_undefined();
   if (name == "number") return v.is_int() || v.is_float() || v.is_bool();
   if (name == "integer") return v.is_int();
   if (name == "float") return v.is_float();

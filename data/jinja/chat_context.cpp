@@ -38,10 +38,12 @@ Dict chat_variables(const nlohmann::ordered_json& messages, const nlohmann::orde
   if (!messages.is_array()) throw std::invalid_argument("messages: expected an array");
   List msgs;
   for (size_t i = 0; i < messages.size(); ++i) {
-    if (!messages[i].is_object()) throw std::invalid_argument(fmt::format("messages[{}]: expected an object", i));
+    if (!messages[i].is_object())
+      throw std::invalid_argument(fmt::format("messages[{}]: expected an object", i));
     msgs.push_back(message_value(messages[i]));
   }
-  if (!extra.is_null() && !extra.is_object()) throw std::invalid_argument("template variables: expected an object");
+  if (!extra.is_null() && !extra.is_object())
+    throw std::invalid_argument("template variables: expected an object");
   Dict vars;
   vars.set("messages", Value(std::move(msgs)));
   vars.set("tools", from_json(tools));

@@ -19,7 +19,8 @@ namespace {
 const Value kUndef{};
 const Value kNone{None{}};
 
-Value arg(const Args& a, size_t i, const char* name, const Value& fallback) {  // by value: fallbacks are often temporaries
+Value arg(const Args& a, size_t i, const char* name,
+          const Value& fallback) {  // by value: fallbacks are often temporaries
   if (i < a.pos.size()) return a.pos[i];
   if (const Value* v = a.kwarg(name)) return *v;
   return fallback;
@@ -147,7 +148,8 @@ Value indent_filter(const Value& v, const Args& a) {
   const std::string ind = w.is_string() ? w.str() : std::string(size_t(width), ' ');
   const bool first = truthy(arg(a, 1, "first", kUndef)), blank = truthy(arg(a, 2, "blank", kUndef));
   s += "\n";
-  const size_t breaks = size_t(std::count(s.begin(), s.end(), '\n')) + size_t(std::count(s.begin(), s.end(), '\r'));
+  const size_t breaks =
+      size_t(std::count(s.begin(), s.end(), '\n')) + size_t(std::count(s.begin(), s.end(), '\r'));
   if (!ind.empty() && breaks + 1 > (kMaxBuiltValue - std::min(s.size(), kMaxBuiltValue)) / ind.size())
     limit_string(kMaxBuiltValue + 1, "filter 'indent'");
   std::vector<std::string> lines;
@@ -164,7 +166,8 @@ Value indent_filter(const Value& v, const Args& a) {
 Value round_filter(const Value& v, const Args& a) {
   const int64_t prec = need_int(arg(a, 0, "precision", Value(int64_t(0))), "round precision");
   const Value m = arg(a, 1, "method", Value("common"));
-  if (!v.is_int() && !v.is_float() && !v.is_bool()) fail(fmt::format("filter 'round' needs a number, got {}", type_name(v)));
+  if (!v.is_int() && !v.is_float() && !v.is_bool())
+    fail(fmt::format("filter 'round' needs a number, got {}", type_name(v)));
   const double scale = std::pow(10.0, double(prec));
   const double x = v.as_number() * scale;
   double r;
@@ -190,8 +193,7 @@ Value number_filter(const Value& v, const Args& a, bool to_int) {
       }
       const double d = std::stod(t, &used);
       if (used == t.size()) return to_int ? Value(int64_t(std::trunc(d))) : Value(d);
-    } catch (const std::exception&) {
-    }
+    } catch (const std::exception&) {}
   }
   return dflt;
 }
@@ -199,10 +201,11 @@ Value number_filter(const Value& v, const Args& a, bool to_int) {
 Value escape_filter(const Value& v) {
   std::string out;
   const std::string in = to_str(v);
-  limit_string(in.size() + 4 * size_t(std::count_if(in.begin(), in.end(), [](char c) {
-                 return c == '&' || c == '<' || c == '>' || c == '"' || c == '\'';
-               })),
-               "filter 'escape'");
+  limit_string(
+      in.size() + 4 * size_t(std::count_if(
+                          in.begin(), in.end(),
+                          [](char c) { return c == '&' || c == '<' || c == '>' || c == '"' || c == '\''; })),
+      "filter 'escape'");
   for (char c : in) {
     switch (c) {
       case '&': out += "&amp;"; break;
@@ -222,8 +225,9 @@ Value tojson_filter(const Value& v, const Args& a) {
   const Value indent = arg(a, 1, "indent", kNone);
   if (!arg(a, 2, "separators", kNone).is_none()) fail("tojson(separators=...) is not supported");
   const bool sort_keys = truthy(arg(a, 3, "sort_keys", kUndef));
-  return Value(to_json(v, indent.is_none() ? -1 : int(std::clamp<int64_t>(need_int(indent, "tojson indent"), 0, 64)),
-                       sort_keys));
+  return Value(
+      to_json(v, indent.is_none() ? -1 : int(std::clamp<int64_t>(need_int(indent, "tojson indent"), 0, 64)),
+              sort_keys));
 }
 
 Value length_of(const Value& v) {
@@ -241,7 +245,8 @@ Value join_filter(const Value& v, const Args& a) {
   std::string out;
   bool first = true;
   for (const auto& x : iterate(v)) {
-    const std::string part = (first ? "" : to_str(d)) + to_str(attr.is_string() ? attr_path(x, attr.str()) : x);
+    const std::string part =
+        (first ? "" : to_str(d)) + to_str(attr.is_string() ? attr_path(x, attr.str()) : x);
     limit_string(out.size() + part.size(), "filter 'join'");
     out += part;
     first = false;
@@ -266,7 +271,8 @@ Value minmax(const Value& v, const Args& a, bool max) {
 Value sum_filter(const Value& v, const Args& a) {
   const Value attr = arg(a, 0, "attribute", kNone);
   Value total = arg(a, 1, "start", Value(int64_t(0)));
-  for (const auto& x : iterate(v)) total = binary_op("+", total, attr.is_string() ? attr_path(x, attr.str()) : x);
+  for (const auto& x : iterate(v))
+    total = binary_op("+", total, attr.is_string() ? attr_path(x, attr.str()) : x);
   return total;
 }
 
@@ -313,31 +319,39 @@ using FilterFn = Value (*)(const Value&, const Args&);
 
 const std::map<std::string, FilterFn>& filters() {
   static const std::map<std::string, FilterFn> f = {
-      {"trim", [](const Value& v, const Args& a) { return Value(py_strip(to_str(v), arg(a, 0, "chars", kNone), true, true)); }},
+      {"trim",
+       [](const Value& v, const Args& a) {
+         return Value(py_strip(to_str(v), arg(a, 0, "chars", kNone), true, true));
+       }},
       {"upper", [](const Value& v, const Args&) { return Value(py_upper(to_str(v))); }},
       {"lower", [](const Value& v, const Args&) { return Value(py_lower(to_str(v))); }},
       {"title", [](const Value& v, const Args&) { return Value(py_title(to_str(v))); }},
       {"capitalize", [](const Value& v, const Args&) { return Value(py_capitalize(to_str(v))); }},
       {"length", [](const Value& v, const Args&) { return length_of(v); }},
       {"count", [](const Value& v, const Args&) { return length_of(v); }},
-      {"first", [](const Value& v, const Args&) {
+      {"first",
+       [](const Value& v, const Args&) {
          List l = as_list(v);
          return l.empty() ? Value(Undefined{"first of an empty sequence"}) : l.front();
        }},
-      {"last", [](const Value& v, const Args&) {
+      {"last",
+       [](const Value& v, const Args&) {
          List l = as_list(v);
          return l.empty() ? Value(Undefined{"last of an empty sequence"}) : l.back();
        }},
       {"join", join_filter},
-      {"replace", [](const Value& v, const Args& a) {
+      {"replace",
+       [](const Value& v, const Args& a) {
          return Value(py_replace(to_str(v), need_string(arg(a, 0, "old", kUndef), "replace"),
-                                 to_str(arg(a, 1, "new", kUndef)), need_int(arg(a, 2, "count", Value(int64_t(-1))), "count")));
+                                 to_str(arg(a, 1, "new", kUndef)),
+                                 need_int(arg(a, 2, "count", Value(int64_t(-1))), "count")));
        }},
       {"tojson", tojson_filter},
       {"string", [](const Value& v, const Args&) { return Value(to_str(v)); }},
       {"int", [](const Value& v, const Args& a) { return number_filter(v, a, true); }},
       {"float", [](const Value& v, const Args& a) { return number_filter(v, a, false); }},
-      {"default", [](const Value& v, const Args& a) {
+      {"default",
+       [](const Value& v, const Args& a) {
          const bool boolean = truthy(arg(a, 1, "boolean", kUndef));
          return (v.is_undefined() || (boolean && !truthy(v))) ? arg(a, 0, "default_value", Value("")) : v;
        }},
@@ -356,7 +370,8 @@ const std::map<std::string, FilterFn>& filters() {
       {"reverse", [](const Value& v, const Args&) { return reverse_filter(v); }},
       {"sort", sort_filter},
       {"round", round_filter},
-      {"abs", [](const Value& v, const Args&) {
+      {"abs",
+       [](const Value& v, const Args&) {
          if (v.is_int()) return Value(v.as_int() < 0 ? -v.as_int() : v.as_int());
          if (v.is_float()) return Value(std::fabs(v.as_float()));
          fail(fmt::format("bad operand type for abs(): '{}'", type_name(v)));
@@ -365,7 +380,8 @@ const std::map<std::string, FilterFn>& filters() {
       {"min", [](const Value& v, const Args& a) { return minmax(v, a, false); }},
       {"max", [](const Value& v, const Args& a) { return minmax(v, a, true); }},
       {"sum", sum_filter},
-      {"attr", [](const Value& v, const Args& a) { return get_attr(v, need_string(arg(a, 0, "name", kUndef), "attr")); }},
+      {"attr", [](const Value& v,
+                  const Args& a) { return get_attr(v, need_string(arg(a, 0, "name", kUndef), "attr")); }},
   };
   return f;
 }

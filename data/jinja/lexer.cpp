@@ -33,7 +33,8 @@ void append_utf8(std::string& out, uint32_t cp) {
 
 class Lexer {
  public:
-  Lexer(const std::string& src, const std::string& name, const LexOptions& o) : src_(src), name_(name), o_(o) {
+  Lexer(const std::string& src, const std::string& name, const LexOptions& o)
+      : src_(src), name_(name), o_(o) {
     if (!src_.empty() && src_.back() == '\n') {  // keep_trailing_newline = False
       src_.pop_back();
       if (!src_.empty() && src_.back() == '\r') src_.pop_back();
@@ -47,7 +48,8 @@ class Lexer {
       std::string text = src_.substr(pos, (tag == std::string::npos ? src_.size() : tag) - pos);
       if (tag != std::string::npos) text = strip_before(text, tag, pos);
       if (!text.empty()) out_.push_back({Tok::text, text, line_});
-      line_ += int(std::count(src_.begin() + long(pos), src_.begin() + long(tag == std::string::npos ? src_.size() : tag), '\n'));
+      line_ += int(std::count(src_.begin() + long(pos),
+                              src_.begin() + long(tag == std::string::npos ? src_.size() : tag), '\n'));
       if (tag == std::string::npos) break;
       pos = tag_body(tag);
     }
@@ -139,8 +141,8 @@ class Lexer {
 
   bool is_raw(size_t p) const {
     while (p < src_.size() && is_space(src_[p])) ++p;
-    return src_.compare(p, 3, "raw") == 0 && p + 3 < src_.size() && !std::isalnum(static_cast<unsigned char>(src_[p + 3])) &&
-           src_[p + 3] != '_';
+    return src_.compare(p, 3, "raw") == 0 && p + 3 < src_.size() &&
+           !std::isalnum(static_cast<unsigned char>(src_[p + 3])) && src_[p + 3] != '_';
   }
 
   size_t raw(size_t tag, size_t p) {
@@ -240,7 +242,9 @@ class Lexer {
         case '\'': v += '\''; break;
         case '"': v += '"'; break;
         case '\n': ++line_; break;
-        case 'x': case 'u': case 'U': {
+        case 'x':
+        case 'u':
+        case 'U': {
           const size_t n = e == 'x' ? 2 : e == 'u' ? 4 : 8;
           if (i + n >= src_.size()) fail(line_, "truncated escape in a string");
           uint32_t cp = uint32_t(std::stoul(src_.substr(i + 1, n), nullptr, 16));

@@ -104,7 +104,8 @@ class Parser {
   }
 
   std::unique_ptr<Node> statement() {
-    if (++depth_ > kMaxDepth) fail(fmt::format("expressions and statements nested deeper than {}", kMaxDepth));
+    if (++depth_ > kMaxDepth)
+      fail(fmt::format("expressions and statements nested deeper than {}", kMaxDepth));
     struct Depth {
       int& d;
       ~Depth() { --d; }
@@ -413,7 +414,8 @@ class Parser {
 
   ExprPtr unary(bool with_filter) {
     const int line = cur().line;
-    if (++depth_ > kMaxDepth) fail(fmt::format("expressions and statements nested deeper than {}", kMaxDepth));
+    if (++depth_ > kMaxDepth)
+      fail(fmt::format("expressions and statements nested deeper than {}", kMaxDepth));
     struct Depth {
       int& d;
       ~Depth() { --d; }
@@ -446,9 +448,7 @@ class Parser {
         while (cur().type == Tok::string) e->value = Value(e->value.str() + t_[i_++].text);  // "a" "b"
         return e;
       }
-      case Tok::integer:
-        try {
-          return lit(Value(int64_t(std::stoll(t.text))));
+      case Tok::integer: try { return lit(Value(int64_t(std::stoll(t.text))));
         } catch (const std::out_of_range&) {
           return lit(Value(std::stod(t.text)));
         }
@@ -626,8 +626,8 @@ class Parser {
           call_args(*t);
         } else if ((cur().type == Tok::name || cur().type == Tok::string || cur().type == Tok::integer ||
                     cur().type == Tok::real || is_op("[") || is_op("{")) &&
-                   !is_name("else") && !is_name("or") && !is_name("and") && !is_name("if") && !is_name("in") &&
-                   !is_name("not") && !is_name("is")) {
+                   !is_name("else") && !is_name("or") && !is_name("and") && !is_name("if") &&
+                   !is_name("in") && !is_name("not") && !is_name("is")) {
           t->kids.push_back(postfix(primary()));
         }
         e = std::move(t);

@@ -61,7 +61,8 @@ std::string map_code_points(const std::string& s, F&& f) {
   size_t i = 0;
   while (i < s.size()) {
     utf8proc_int32_t cp = 0;
-    const auto n = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(s.data() + i), utf8proc_ssize_t(s.size() - i), &cp);
+    const auto n = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(s.data() + i),
+                                    utf8proc_ssize_t(s.size() - i), &cp);
     if (n <= 0) {
       out += s[i++];
       continue;
@@ -90,9 +91,13 @@ std::string ascii_upper(std::string s) {
   return s;
 }
 
-std::string py_lower(const std::string& s) { return map_code_points(s, [](utf8proc_int32_t c) { return utf8proc_tolower(c); }); }
+std::string py_lower(const std::string& s) {
+  return map_code_points(s, [](utf8proc_int32_t c) { return utf8proc_tolower(c); });
+}
 
-std::string py_upper(const std::string& s) { return map_code_points(s, [](utf8proc_int32_t c) { return utf8proc_toupper(c); }); }
+std::string py_upper(const std::string& s) {
+  return map_code_points(s, [](utf8proc_int32_t c) { return utf8proc_toupper(c); });
+}
 
 std::string py_title(const std::string& s) {
   bool prev_letter = false;
@@ -115,7 +120,8 @@ std::string py_capitalize(const std::string& s) {
 
 std::string py_strip(const std::string& s, const Value& chars, bool left, bool right) {
   if (!chars.is_string()) {
-    if (!chars.is_none() && !chars.is_undefined()) throw std::invalid_argument("strip chars must be a string or None");
+    if (!chars.is_none() && !chars.is_undefined())
+      throw std::invalid_argument("strip chars must be a string or None");
     size_t b = 0, e = s.size();
     while (left && b < e && ws(s[b])) ++b;
     while (right && e > b && ws(s[e - 1])) --e;
@@ -200,7 +206,8 @@ std::string py_replace(const std::string& s, const std::string& from, const std:
     limit_string(kMaxBuiltValue + 1, "replace");
   size_t i = 0;
   int64_t n = 0;
-  for (size_t j; (count < 0 || n < count) && (j = s.find(from, i)) != std::string::npos; i = j + from.size(), ++n) {
+  for (size_t j; (count < 0 || n < count) && (j = s.find(from, i)) != std::string::npos;
+       i = j + from.size(), ++n) {
     out.append(s, i, j - i);
     out += to;
   }
@@ -227,7 +234,8 @@ Value call_string_method(const std::string& s, const std::string& name, const Ar
     for (auto& p : parts) out.push_back(Value(std::move(p)));
     return Value(std::move(out));
   }
-  if (name == "replace") return Value(py_replace(s, str_arg(a, 0, "replace"), str_arg(a, 1, "replace"), int_arg(a, 2, -1)));
+  if (name == "replace")
+    return Value(py_replace(s, str_arg(a, 0, "replace"), str_arg(a, 1, "replace"), int_arg(a, 2, -1)));
   if (name == "upper") return Value(py_upper(s));
   if (name == "lower") return Value(py_lower(s));
   if (name == "title") return Value(py_title(s));
@@ -270,7 +278,8 @@ Value call_string_method(const std::string& s, const std::string& name, const Ar
     return Value(std::move(out));
   }
   auto all = [&](int (*pred)(int)) {
-    return Value(!s.empty() && std::all_of(s.begin(), s.end(), [&](char c) { return pred(static_cast<unsigned char>(c)) != 0; }));
+    return Value(!s.empty() && std::all_of(s.begin(), s.end(),
+                                           [&](char c) { return pred(static_cast<unsigned char>(c)) != 0; }));
   };
   if (name == "isdigit") return all(&isdigit);
   if (name == "isalpha") return all(&isalpha);

@@ -19,7 +19,8 @@ struct RaiseSignal {
 
 class Renderer {
  public:
-  Renderer(const std::string& name, const Dict& vars, const RenderOptions& o) : name_(name), vars_(vars), o_(o) {
+  Renderer(const std::string& name, const Dict& vars, const RenderOptions& o)
+      : name_(name), vars_(vars), o_(o) {
     frames_.emplace_back();
     add_globals();
   }
@@ -58,8 +59,9 @@ class Renderer {
     else if (v.is_dict()) bytes = v.dict().items.size() * sizeof(std::pair<std::string, Value>);
     built_ += bytes;
     if (built_ > o_.limits.max_built_bytes)
-      fail(line, fmt::format("{}: the values this template built add up to more than {} MiB (a runaway template?)",
-                             construct, o_.limits.max_built_bytes >> 20));
+      fail(line,
+           fmt::format("{}: the values this template built add up to more than {} MiB (a runaway template?)",
+                       construct, o_.limits.max_built_bytes >> 20));
   }
 
   // ---- globals ----
@@ -76,7 +78,8 @@ class Renderer {
                    throw RaiseSignal{a.pos.empty() ? std::string() : to_str(a.pos[0])};
                  }));
     globals_.set("strftime_now", builtin("strftime_now", [this](const Args& a) {
-                   if (a.pos.empty() || !a.pos[0].is_string()) throw std::invalid_argument("strftime_now(format) needs a string");
+                   if (a.pos.empty() || !a.pos[0].is_string())
+                     throw std::invalid_argument("strftime_now(format) needs a string");
                    std::tm tm{};
                    if (o_.now) tm = *o_.now;
                    else {
@@ -118,7 +121,8 @@ class Renderer {
                    }
                    if (st == 0) throw std::invalid_argument("range() step must not be zero");
                    const double n = std::max(0.0, std::ceil((double(hi) - double(lo)) / double(st)));
-                   if (n > double(kMaxBuiltValue / sizeof(Value))) throw std::invalid_argument("range() too long");
+                   if (n > double(kMaxBuiltValue / sizeof(Value)))
+                     throw std::invalid_argument("range() too long");
                    List out;
                    for (int64_t i = lo; st > 0 ? i < hi : i > hi; i += st) out.push_back(Value(i));
                    return Value(std::move(out));
@@ -143,8 +147,8 @@ class Renderer {
     }
     const Value obj = lookup(target.substr(0, dot));
     if (!obj.is_namespace())
-      fail(line, fmt::format("cannot assign attribute '{}' on a {} (only on a namespace())", target.substr(dot + 1),
-                             type_name(obj)));
+      fail(line, fmt::format("cannot assign attribute '{}' on a {} (only on a namespace())",
+                             target.substr(dot + 1), type_name(obj)));
     obj.ns().attrs.set(target.substr(dot + 1), std::move(v));
   }
 
@@ -211,7 +215,9 @@ class Renderer {
         return Flow::normal;
       case Node::Kind::for_: return exec_for(n);
       case Node::Kind::set: assign_all(n.targets, eval(*n.expr), n.line); return Flow::normal;
-      case Node::Kind::set_block: assign(n.targets[0], Value(capture(n.body, n.line)), n.line); return Flow::normal;
+      case Node::Kind::set_block:
+        assign(n.targets[0], Value(capture(n.body, n.line)), n.line);
+        return Flow::normal;
       case Node::Kind::macro: frames_.back().set(n.text, make_macro(n, n.text)); return Flow::normal;
       case Node::Kind::call_block: {
         const Expr& call = *n.expr;
@@ -304,7 +310,8 @@ class Renderer {
       ~Depth() { --d; }
     } guard{depth_};
     if (a.pos.size() > m.params.size())
-      throw std::invalid_argument(fmt::format("macro '{}' takes {} arguments, got {}", m.text, m.params.size(), a.pos.size()));
+      throw std::invalid_argument(
+          fmt::format("macro '{}' takes {} arguments, got {}", m.text, m.params.size(), a.pos.size()));
     std::vector<Dict> saved = std::move(frames_);
     frames_ = {saved.front(), Dict{}};
     struct Restore {
@@ -320,9 +327,11 @@ class Renderer {
       else frames_.back().set(pname, dflt ? eval(*dflt) : Value(Undefined{pname}));
     }
     for (const auto& [k, v] : a.kw) {
-      const bool known = std::any_of(m.params.begin(), m.params.end(), [&](const auto& p) { return p.first == k; });
+      const bool known =
+          std::any_of(m.params.begin(), m.params.end(), [&](const auto& p) { return p.first == k; });
       if (known) continue;
-      if (k != "caller") throw std::invalid_argument(fmt::format("macro '{}' has no argument '{}'", m.text, k));
+      if (k != "caller")
+        throw std::invalid_argument(fmt::format("macro '{}' has no argument '{}'", m.text, k));
       frames_.back().set(k, v);
     }
     return Value(capture(m.body, m.line));
@@ -330,8 +339,11 @@ class Renderer {
 
   Value invoke(const Value& fn, const Args& args, int line) {
     step(line);
-    if (fn.is_undefined()) throw std::invalid_argument(fmt::format("'{}' is undefined (called as a function)", fn.undefined().what));
-    if (!fn.is_callable()) throw std::invalid_argument(fmt::format("'{}' object is not callable", type_name(fn)));
+    if (fn.is_undefined())
+      throw std::invalid_argument(
+          fmt::format("'{}' is undefined (called as a function)", fn.undefined().what));
+    if (!fn.is_callable())
+      throw std::invalid_argument(fmt::format("'{}' object is not callable", type_name(fn)));
     return fn.callable().fn(args);
   }
 
@@ -349,7 +361,9 @@ class Renderer {
       Value v = eval_inner(e);
       using K = Expr::Kind;
       switch (e.kind) {  // what builds a new value (names, attributes and items read existing ones)
-        case K::list: case K::tuple: case K::dict: charge(v, e.line, "a literal"); break;
+        case K::list:
+        case K::tuple:
+        case K::dict: charge(v, e.line, "a literal"); break;
         case K::binary: charge(v, e.line, fmt::format("operator '{}'", e.name).c_str()); break;
         case K::filter: charge(v, e.line, fmt::format("filter '{}'", e.name).c_str()); break;
         case K::call: charge(v, e.line, "a call"); break;

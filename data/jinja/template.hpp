@@ -34,7 +34,7 @@ struct RaisedException : TemplateError {
 struct RenderLimits {
   size_t max_output_bytes = size_t(64) << 20;  ///< rendered text
   uint64_t max_steps = 2'000'000;  ///< statements run + loop iterations + calls (a long chat needs ~100k)
-  int max_call_depth = 64;                      ///< nested macro calls
+  int max_call_depth = 64;         ///< nested macro calls
   /// Bytes of strings, lists and dicts the template builds, all of them added up (operators,
   /// filters, calls, literals, captured blocks; text the template outputs counts under
   /// max_output_bytes, held by every open capture together): a template that keeps building,

@@ -41,8 +41,8 @@ bool truthy(const Value& v) {
 }
 
 const char* type_name(const Value& v) {
-  static const char* names[] = {"undefined", "NoneType", "bool", "int", "float", "str", "list", "dict",
-                                "namespace", "function"};
+  static const char* names[] = {"undefined", "NoneType", "bool", "int",       "float",
+                                "str",       "list",     "dict", "namespace", "function"};
   return names[v.v.index()];
 }
 
@@ -113,7 +113,8 @@ constexpr int kMaxNesting = 512;
 
 void check_text(const std::string& out, const char* what) {
   if (out.size() > kMaxTextBytes)
-    throw std::invalid_argument(fmt::format("{} makes a string over the size limit ({} MiB)", what, kMaxTextBytes >> 20));
+    throw std::invalid_argument(
+        fmt::format("{} makes a string over the size limit ({} MiB)", what, kMaxTextBytes >> 20));
 }
 
 void json_into(std::string& out, const Value& v, int indent, bool sort_keys, int depth) {
@@ -154,7 +155,8 @@ void json_into(std::string& out, const Value& v, int indent, bool sort_keys, int
     }
     std::vector<const std::pair<std::string, Value>*> items;
     for (const auto& kv : d.items) items.push_back(&kv);
-    if (sort_keys) std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) { return a->first < b->first; });
+    if (sort_keys)
+      std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) { return a->first < b->first; });
     out += '{';
     for (size_t i = 0; i < items.size(); ++i) {
       if (i) out += comma;

@@ -35,8 +35,7 @@ struct None {};
 
 struct Value {
   std::variant<Undefined, None, bool, int64_t, double, std::shared_ptr<const std::string>, ListPtr, DictPtr,
-               std::shared_ptr<Namespace>,
-               std::shared_ptr<const Callable>>
+               std::shared_ptr<Namespace>, std::shared_ptr<const Callable>>
       v;
   bool tuple = false;  ///< a list that prints as a Python tuple: (1, 2) (items(), tuple literals)
 
@@ -59,7 +58,9 @@ struct Value {
   bool is_bool() const { return v.index() == 2; }
   bool is_int() const { return v.index() == 3; }
   bool is_float() const { return v.index() == 4; }
-  bool is_number() const { return is_int() || is_float(); }  ///< bool excluded (Jinja's `number` test includes it; see tests)
+  bool is_number() const {
+    return is_int() || is_float();
+  }  ///< bool excluded (Jinja's `number` test includes it; see tests)
   bool is_string() const { return v.index() == 5; }
   bool is_list() const { return v.index() == 6; }
   bool is_dict() const { return v.index() == 7; }
@@ -69,7 +70,9 @@ struct Value {
   bool as_bool() const { return std::get<bool>(v); }
   int64_t as_int() const { return std::get<int64_t>(v); }
   double as_float() const { return std::get<double>(v); }
-  double as_number() const { return is_int() ? double(as_int()) : is_bool() ? double(as_bool()) : as_float(); }
+  double as_number() const {
+    return is_int() ? double(as_int()) : is_bool() ? double(as_bool()) : as_float();
+  }
   const std::string& str() const { return *std::get<std::shared_ptr<const std::string>>(v); }
   const List& list() const { return *std::get<ListPtr>(v); }
   const Dict& dict() const { return *std::get<DictPtr>(v); }

@@ -196,14 +196,16 @@ std::string MpiReplicas::init() {
   MPI_Comm_size(comm_, &size_);
   const size_t N = size_t(size_);
   hb_in_.assign(N, 0), bye_in_.assign(N, 0), abort_in_.assign(N, std::vector<char>(kAbortChars, 0));
-  hb_req_.assign(N, MPI_REQUEST_NULL), bye_req_.assign(N, MPI_REQUEST_NULL), abort_req_.assign(N, MPI_REQUEST_NULL);
+  hb_req_.assign(N, MPI_REQUEST_NULL), bye_req_.assign(N, MPI_REQUEST_NULL),
+      abort_req_.assign(N, MPI_REQUEST_NULL);
   last_seen_.assign(N, Clock::now());
   said_bye_.assign(N, false);
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
     MPI_Irecv(&hb_in_[size_t(p)], 1, MPI_INT, p, kTagHeartbeat, comm_, &hb_req_[size_t(p)]);
     MPI_Irecv(&bye_in_[size_t(p)], 1, MPI_INT, p, kTagBye, comm_, &bye_req_[size_t(p)]);
-    MPI_Irecv(abort_in_[size_t(p)].data(), kAbortChars, MPI_CHAR, p, kTagAbort, comm_, &abort_req_[size_t(p)]);
+    MPI_Irecv(abort_in_[size_t(p)].data(), kAbortChars, MPI_CHAR, p, kTagAbort, comm_,
+              &abort_req_[size_t(p)]);
   }
   last_hb_ = Clock::now() - std::chrono::hours(1);
   return "";
@@ -222,7 +224,8 @@ void MpiReplicas::run() {
                             : std::chrono::microseconds(100);
       cv_.wait_for(lk, wait);
       while (!incoming_.empty()) active_.push_back(std::move(incoming_.front())), incoming_.pop_front();
-      while (!gathers_in_.empty()) gathers_.push_back(std::move(gathers_in_.front())), gathers_in_.pop_front();
+      while (!gathers_in_.empty())
+        gathers_.push_back(std::move(gathers_in_.front())), gathers_in_.pop_front();
       stopping = stop_;
       if (abort_text_ && failed_.empty()) {
         const std::string text = *abort_text_;
@@ -232,7 +235,7 @@ void MpiReplicas::run() {
       }
     }
     if (!failure().empty()) {
-      fail(failure());  // fails what arrived since
+      fail(failure());       // fails what arrived since
       if (stopping) return;  // peers may be gone: no MPI_Finalize (mpirun reports the exit)
       continue;
     }
@@ -273,7 +276,8 @@ void MpiReplicas::poll() {
 
 void MpiReplicas::start(SumOp& op) {
   const int me = rank_;
-  if (len(op.n, 0) + 1 >= INT_MAX) return fail(fmt::format("{}: {} values are too many for one message", op.what, op.n));
+  if (len(op.n, 0) + 1 >= INT_MAX)
+    return fail(fmt::format("{}: {} values are too many for one message", op.what, op.n));
   op.phase = 0;
   op.inbox.assign(size_t(size_), {});
   for (int q = 0; q < size_; ++q) {
@@ -355,14 +359,16 @@ void MpiReplicas::heartbeats() {
     if (p == rank_) continue;
     const size_t i = size_t(p);
     int flag = 0;
-    while (hb_req_[i] != MPI_REQUEST_NULL && MPI_Test(&hb_req_[i], &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag) {
+    while (hb_req_[i] != MPI_REQUEST_NULL && MPI_Test(&hb_req_[i], &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS &&
+           flag) {
       last_seen_[i] = Clock::now();
       MPI_Irecv(&hb_in_[i], 1, MPI_INT, p, kTagHeartbeat, comm_, &hb_req_[i]);
     }
-    if (bye_req_[i] != MPI_REQUEST_NULL && MPI_Test(&bye_req_[i], &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag)
+    if (bye_req_[i] != MPI_REQUEST_NULL && MPI_Test(&bye_req_[i], &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS &&
+        flag)
       said_bye_[i] = true;
-    if (abort_req_[i] != MPI_REQUEST_NULL && MPI_Test(&abort_req_[i], &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS &&
-        flag) {
+    if (abort_req_[i] != MPI_REQUEST_NULL &&
+        MPI_Test(&abort_req_[i], &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag) {
       abort_in_[i].back() = 0;
       return fail(fmt::format("replica {} failed: {}", p, abort_in_[i].data()));
     }
@@ -380,7 +386,8 @@ void MpiReplicas::heartbeats() {
   for (auto it = sends_.begin(); it != sends_.end();) {
     int flag = 0;
     const int rc = MPI_Test(&*it, &flag, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) return fail(fmt::format("replica {}: MPI failed sending a heartbeat: {}", rank_, mpi_error_text(rc)));
+    if (rc != MPI_SUCCESS)
+      return fail(fmt::format("replica {}: MPI failed sending a heartbeat: {}", rank_, mpi_error_text(rc)));
     it = flag ? sends_.erase(it) : it + 1;
   }
 }
@@ -393,9 +400,10 @@ void MpiReplicas::check_peers() {
     std::string doing = "while idle";
     if (!active_.empty()) doing = "while summing " + active_.front()->what;
     else if (!gathers_.empty()) doing = "during an exchange of step results";
-    return fail(fmt::format("replica {} sent nothing for {:.1f} s {} (it died, hangs or its network is down; "
-                            "replica_timeout_s is {:g})",
-                            p, silent, doing, timeout_s_));
+    return fail(
+        fmt::format("replica {} sent nothing for {:.1f} s {} (it died, hangs or its network is down; "
+                    "replica_timeout_s is {:g})",
+                    p, silent, doing, timeout_s_));
   }
 }
 
@@ -424,8 +432,8 @@ void MpiReplicas::send_abort(const std::string& text) {
   }
   const auto t0 = Clock::now();
   int flag = 0;
-  while (!reqs.empty() && since(t0) < 3 && MPI_Testall(int(reqs.size()), reqs.data(), &flag, MPI_STATUSES_IGNORE) ==
-                                               MPI_SUCCESS && !flag)
+  while (!reqs.empty() && since(t0) < 3 &&
+         MPI_Testall(int(reqs.size()), reqs.data(), &flag, MPI_STATUSES_IGNORE) == MPI_SUCCESS && !flag)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   fail(fmt::format("replica {} failed: {}", rank_, text));
 }

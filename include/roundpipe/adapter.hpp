@@ -29,8 +29,8 @@
 // untie_embeddings(base) (lm_head.weight = a copy of the embedding, tie_word_embeddings false),
 // after which the merged checkpoint holds both matrices and tie_word_embeddings false.
 #pragma once
-#include <map>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -58,9 +58,9 @@ std::vector<std::string> lora_target_list(const LoraConfig& lora);
 /// adapter_config.json for the LoRA `layout` (see the file comment): target_modules as the
 /// explicit list of lora_target_list (in a model with mixture-of-experts layers the MLP names
 /// as the full paths of the dense layers' modules, so PEFT does not take them for the experts;
-/// null when only experts are adapted), target_parameters when experts carry adapters, modules_to_save as trained (plus "model.norm" when the
-/// head group, which holds the final norm beside lm_head, is trainable), ensure_weight_tying
-/// true when the model ties its embeddings and trains them, base_model_name_or_path (null
+/// null when only experts are adapted), target_parameters when experts carry adapters, modules_to_save as
+/// trained (plus "model.norm" when the head group, which holds the final norm beside lm_head, is trainable),
+/// ensure_weight_tying true when the model ties its embeddings and trains them, base_model_name_or_path (null
 /// when ""). Throws std::invalid_argument when layout.lora is empty.
 nlohmann::json peft_adapter_config(const ModelLayout& layout, const std::string& base_model_name_or_path);
 
@@ -92,9 +92,10 @@ void save_peft_adapter(const std::string& dir, const ModelLayout& layout,
 /// a Hugging Face model id ("HuggingFaceTB/SmolLM2-135M"), not the local file a run read. The
 /// local path goes into kAdapterBaseFile beside it, which roundpipe generate / merge read first.
 struct BaseModelRef {
-  std::string id;       ///< "owner/name" ("" when none is known: then the adapter names `path`)
-  std::string path;     ///< the local .gguf or folder, absolute when it exists
-  std::string id_from;  ///< where `id` came from: "base_model_id", "config.json _name_or_path", "GGUF metadata"
+  std::string id;    ///< "owner/name" ("" when none is known: then the adapter names `path`)
+  std::string path;  ///< the local .gguf or folder, absolute when it exists
+  std::string
+      id_from;  ///< where `id` came from: "base_model_id", "config.json _name_or_path", "GGUF metadata"
   /// What base_model_name_or_path records: `id`, else `path`.
   const std::string& portable() const { return id.empty() ? path : id; }
 };
@@ -175,9 +176,9 @@ void untie_embeddings(LoadedModel& m);
 /// group.numel floats (frozen groups: unused here). Checks, with one line naming the file and
 /// the key: r and the target modules equal the layout's, every adapter tensor of the layout
 /// present with its shape (a final norm in the file needs the head group trainable; a
-/// trainable head group without one in the file keeps the base norm) ("<dir>/adapter_model.safetensors: key '<peft key>': expected shape
-/// [4, 64], got [8, 64]"), no tensor the layout lacks, modules_to_save the same set, tied
-/// embeddings with both matrices equal (else peft_adapter_unties: untie first). Throws
+/// trainable head group without one in the file keeps the base norm) ("<dir>/adapter_model.safetensors: key
+/// '<peft key>': expected shape [4, 64], got [8, 64]"), no tensor the layout lacks, modules_to_save the same
+/// set, tied embeddings with both matrices equal (else peft_adapter_unties: untie first). Throws
 /// std::invalid_argument when layout.lora is empty, std::runtime_error for the file checks.
 void load_peft_adapter(const PeftAdapter& a, const ModelLayout& layout,
                        std::vector<std::vector<float>>& group_data);
@@ -208,9 +209,8 @@ MergedWeights merge_adapters(const ModelLayout& layout, const std::vector<const 
 /// merge_adapters + save_hf_checkpoint: a plain Hugging Face folder (config.json,
 /// model.safetensors, tokenizer files) with no adapter file, replacing `dir` atomically.
 void save_merged_checkpoint(const std::string& dir, const ModelLayout& layout,
-                            const std::vector<const float*>& group_data,
-                            const nlohmann::json& tokenizer_json, const std::string& chat_template,
-                            DType dtype);
+                            const std::vector<const float*>& group_data, const nlohmann::json& tokenizer_json,
+                            const std::string& chat_template, DType dtype);
 
 /// Folds the PEFT adapter `a` into the base model `m` in place (tensor by tensor, no runtime
 /// layout needed): untie_embeddings first when peft_adapter_unties, then W += scaling B A for
@@ -226,7 +226,8 @@ void merge_peft_adapter(LoadedModel& m, const PeftAdapter& a);
 /// null, receives the base model's path. Throws std::runtime_error naming the file and key
 /// ("<dir>/adapter_config.json: key 'base_model_name_or_path': ... pass the base model
 /// explicitly" when it is no local model).
-LoadedModel load_merged_adapter(const std::string& adapter_dir, const std::string& base, std::string* base_path);
+LoadedModel load_merged_adapter(const std::string& adapter_dir, const std::string& base,
+                                std::string* base_path);
 /// load_model(path), or, for a PEFT adapter folder (it holds adapter_config.json: what a LoRA
 /// run's checkpoints and final/ are), load_merged_adapter(path, base, nullptr). A non-empty
 /// `base` for anything but an adapter folder throws std::invalid_argument ("--base: only for a
@@ -234,14 +235,13 @@ LoadedModel load_merged_adapter(const std::string& adapter_dir, const std::strin
 LoadedModel load_model_or_adapter(const std::string& path, const std::string& base = "");
 /// `roundpipe merge`: reads the PEFT adapter folder `adapter_dir`, loads its base model
 /// (`base`, or else the local path of kAdapterBaseFile, or else the adapter's
-/// base_model_name_or_path: as given, or relative to the adapter folder), folds the adapter in (merge_peft_adapter) and writes `out_dir`, a plain
-/// Hugging Face folder in `dtype` with the base model's tokenizer and no adapter file,
-/// replacing it atomically; `out_dir` is checked against the adapter and the base first
-/// (check_model_output_folder: std::invalid_argument, nothing written). Returns the base
-/// model's path. Throws std::runtime_error naming
-/// the file and key ("<dir>/adapter_config.json: key 'base_model_name_or_path': ... pass the
-/// base model explicitly" when it is no local model).
-std::string merge_peft_folder(const std::string& adapter_dir, const std::string& out_dir, const std::string& base,
-                              DType dtype);
+/// base_model_name_or_path: as given, or relative to the adapter folder), folds the adapter in
+/// (merge_peft_adapter) and writes `out_dir`, a plain Hugging Face folder in `dtype` with the base model's
+/// tokenizer and no adapter file, replacing it atomically; `out_dir` is checked against the adapter and the
+/// base first (check_model_output_folder: std::invalid_argument, nothing written). Returns the base model's
+/// path. Throws std::runtime_error naming the file and key ("<dir>/adapter_config.json: key
+/// 'base_model_name_or_path': ... pass the base model explicitly" when it is no local model).
+std::string merge_peft_folder(const std::string& adapter_dir, const std::string& out_dir,
+                              const std::string& base, DType dtype);
 
 }  // namespace rp

@@ -32,12 +32,12 @@ struct LoadedModel {
   /// "<file>.gguf (its tokenizer.ggml.* metadata)"; "" when unknown (tokenizer_origin says
   /// "<source> tokenizer" then).
   std::string tokenizer_source;
-  std::string chat_template;      ///< Jinja chat template, or ""
+  std::string chat_template;  ///< Jinja chat template, or ""
   /// Where chat_template came from, as template errors name it ("<file>:<line>: ..."):
   /// "chat_template.jinja", "tokenizer_config.json key 'chat_template'" or "<file>.gguf key
   /// 'tokenizer.chat_template'"; "" when unknown (errors say chat_template.jinja then).
   std::string chat_template_source;
-  std::string source;             ///< the path it was loaded from
+  std::string source;  ///< the path it was loaded from
 };
 
 /// The name template errors give `m`'s chat template: m.chat_template_source, else
@@ -85,9 +85,8 @@ void fill_groups(const LoadedModel& m, const ModelLayout& layout,
 /// the checkpoint (the trainer's optimizer state); an exception from it aborts the save like
 /// any other failure.
 void save_hf_checkpoint(const std::string& dir, const ModelLayout& layout,
-                        const std::vector<const float*>& group_data,
-                        const nlohmann::json& tokenizer_json, const std::string& chat_template,
-                        DType dtype,
+                        const std::vector<const float*>& group_data, const nlohmann::json& tokenizer_json,
+                        const std::string& chat_template, DType dtype,
                         const std::function<void(const std::string& tmp_dir)>& extra = {});
 
 /// The file convert and merge leave in the model folders they write, listing every file they
@@ -114,13 +113,12 @@ std::vector<std::string> clean_model_folder_leftovers(const std::string& out_dir
 
 /// save_hf_checkpoint plus kModelManifestFile naming every file written, by `command`
 /// ("convert", "merge"), so that the folder may later be replaced by another such write.
-void save_model_folder(const std::string& out_dir, const ModelLayout& layout, const std::vector<const float*>& groups,
-                       const nlohmann::json& tokenizer_json, const std::string& chat_template, DType dtype,
-                       const std::string& command);
+void save_model_folder(const std::string& out_dir, const ModelLayout& layout,
+                       const std::vector<const float*>& groups, const nlohmann::json& tokenizer_json,
+                       const std::string& chat_template, DType dtype, const std::string& command);
 
 /// load_model(gguf) + save_hf_checkpoint(out_dir, ...) in `dtype` (default fp32: dequantized
 /// GGUF values are exact in fp32); out_dir is checked first (check_model_output_folder).
-void convert_gguf_to_hf(const std::string& gguf, const std::string& out_dir,
-                        DType dtype = DType::f32);
+void convert_gguf_to_hf(const std::string& gguf, const std::string& out_dir, DType dtype = DType::f32);
 
 }  // namespace rp

@@ -6,11 +6,10 @@
 // {"prompt", "completion"}, {"messages": [...]}, ShareGPT {"conversations": [...]} or alpaca
 // {"instruction", "input", "output"} records (docs/spec.md, "Data files"), the same records as
 // the rows of a Parquet or Arrow IPC file (with Arrow C++ built in), a .txt file or a folder of
-// .txt files; any other binary file is refused. Supervised examples get one sequence each (truncated, padded with
-// eos; loss on the completion / assistant tokens only), or share sequences with `packing`
-// (positions restarting per example, attention within each); plain text
-// is concatenated and cut into windows. For each sequence ids[t] = token t and
-// targets[t] = token t+1, or -100 where there is no loss.
+// .txt files; any other binary file is refused. Supervised examples get one sequence each (truncated, padded
+// with eos; loss on the completion / assistant tokens only), or share sequences with `packing` (positions
+// restarting per example, attention within each); plain text is concatenated and cut into windows. For each
+// sequence ids[t] = token t and targets[t] = token t+1, or -100 where there is no loss.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -39,10 +38,12 @@ struct TokenBatch {
 };
 
 struct TokenStreamOptions {
-  int64_t seq_len = 128;              ///< tokens per sequence (>= 2)
-  std::string chat_template = "auto"; ///< auto (the model's own template, rendered by the Jinja interpreter; chatml when it has none) | jinja | chatml | qwen3 | qwen3-no-think | smollm2 | llama3
-  int64_t max_examples = 0;           ///< use only the first k supervised examples (0 = all)
-  uint64_t seed = 0;                  ///< shuffling seed: the order depends only on it and the position
+  int64_t seq_len = 128;  ///< tokens per sequence (>= 2)
+  std::string chat_template =
+      "auto";  ///< auto (the model's own template, rendered by the Jinja interpreter; chatml when it has
+               ///< none) | jinja | chatml | qwen3 | qwen3-no-think | smollm2 | llama3
+  int64_t max_examples = 0;  ///< use only the first k supervised examples (0 = all)
+  uint64_t seed = 0;         ///< shuffling seed: the order depends only on it and the position
   /// Pack supervised examples several to a sequence (positions restart per example; the
   /// batches carry them) instead of one padded example per sequence.
   bool packing = false;
@@ -56,10 +57,13 @@ struct TokenStreamStats {
   size_t examples = 0;          ///< supervised examples (after max_examples)
   size_t text_tokens = 0;       ///< tokens of plain text
   size_t dropped_examples = 0;  ///< examples whose prompt left no target within seq_len
-  size_t truncated_examples = 0;  ///< examples longer than a sequence (seq_len + 1 tokens), cut (dropped ones included)
-  int64_t sequences = 0;        ///< packed training sequences (one epoch); 0 when every prompt is longer than seq_len
-  int64_t eval_sequences = 0;   ///< sequences held out for evaluation (TokenStreamOptions::eval_fraction)
-  std::string chat_template;    ///< the template used for {"messages"} lines: "jinja" (the model's own) or a hand-written family
+  size_t truncated_examples =
+      0;  ///< examples longer than a sequence (seq_len + 1 tokens), cut (dropped ones included)
+  int64_t sequences =
+      0;  ///< packed training sequences (one epoch); 0 when every prompt is longer than seq_len
+  int64_t eval_sequences = 0;  ///< sequences held out for evaluation (TokenStreamOptions::eval_fraction)
+  std::string chat_template;   ///< the template used for {"messages"} lines: "jinja" (the model's own) or a
+                               ///< hand-written family
 };
 
 /// Endless deterministic iteration over the packed sequences of a data set. Epoch e visits
@@ -79,7 +83,8 @@ class TokenStream {
   /// stream exactly; evaluation_batches() serves every file's held-out sequences. stats() sum
   /// over the files. Throws as above, and std::invalid_argument with one line for a weight
   /// that is not > 0 or a file with no training sequence.
-  TokenStream(const LoadedModel& model, const std::vector<DataSource>& sources, const TokenStreamOptions& options);
+  TokenStream(const LoadedModel& model, const std::vector<DataSource>& sources,
+              const TokenStreamOptions& options);
   ~TokenStream();
   TokenStream(TokenStream&&) noexcept;
   TokenStream& operator=(TokenStream&&) noexcept;

@@ -10,10 +10,11 @@ namespace rp {
 /// Options common to both backends.
 struct DeviceOptions {
   size_t capacity_bytes = size_t(24) << 30;  ///< pool cap (emulates a 24 GiB card by default)
-  double pcie_bytes_per_s = 0;               ///< CPU backend: a shared link of this bandwidth per direction (0 = memcpy speed)
-  size_t pcie_chunk_bytes = size_t(1) << 20; ///< CPU backend: the link is re-arbitrated after each chunk
-  bool pcie_priorities = true;               ///< CPU backend: activation streams first (false: first come, first served)
-  DType dtype = DType::bf16;                 ///< CUDA backend: storage dtype, bf16 or f16 (the CPU backend is f32)
+  double pcie_bytes_per_s =
+      0;  ///< CPU backend: a shared link of this bandwidth per direction (0 = memcpy speed)
+  size_t pcie_chunk_bytes = size_t(1) << 20;  ///< CPU backend: the link is re-arbitrated after each chunk
+  bool pcie_priorities = true;  ///< CPU backend: activation streams first (false: first come, first served)
+  DType dtype = DType::bf16;    ///< CUDA backend: storage dtype, bf16 or f16 (the CPU backend is f32)
   /// fp16 accumulation of the dense linears' forward and input-gradient GEMMs (CUDA: needs
   /// dtype f16, else opening the device throws std::invalid_argument; CPU: emulated, slow).
   bool f16_accumulation = false;

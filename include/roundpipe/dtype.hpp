@@ -10,9 +10,7 @@ namespace rp {
 enum class DType : uint8_t { f32, bf16, f16, i32 };
 
 /// Bytes per element of `t`.
-constexpr size_t dtype_size(DType t) {
-  return t == DType::f32 || t == DType::i32 ? 4 : 2;
-}
+constexpr size_t dtype_size(DType t) { return t == DType::f32 || t == DType::i32 ? 4 : 2; }
 /// "f32", "bf16", "f16" or "i32".
 const char* dtype_name(DType t);
 /// Parses "f32"/"fp32"/"float32", "bf16"/"bfloat16", "f16"/"fp16"/"float16";

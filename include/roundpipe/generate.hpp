@@ -26,18 +26,18 @@ namespace rp {
 struct GeneratorOptions {
   std::string backend = "cpu";  ///< cpu | cuda | auto
   DType dtype = DType::bf16;    ///< CUDA storage dtype (bf16 or f16); the CPU computes in f32
-  int64_t max_context = 0;      ///< KV-cache rows (prompt + new tokens); 0: max_position_embeddings, at most 4096
+  int64_t max_context = 0;  ///< KV-cache rows (prompt + new tokens); 0: max_position_embeddings, at most 4096
 };
 
 /// Decoding (as Hugging Face's generate: greedy when temperature is 0, else sampling with
 /// its logits warpers in the order temperature, top-k, top-p).
 struct GenerateOptions {
   int64_t max_new_tokens = 128;
-  double temperature = 0;        ///< 0: greedy (argmax, the first maximum on ties); > 0: sample
-  int64_t top_k = 0;             ///< keep the k most likely tokens (0: all)
-  double top_p = 1;              ///< keep the smallest set whose probability reaches top_p (1: all)
-  uint64_t seed = 0;             ///< sampling: std::mt19937_64 seed
-  std::vector<int32_t> stop_ids; ///< stop after generating one of these (it is returned)
+  double temperature = 0;         ///< 0: greedy (argmax, the first maximum on ties); > 0: sample
+  int64_t top_k = 0;              ///< keep the k most likely tokens (0: all)
+  double top_p = 1;               ///< keep the smallest set whose probability reaches top_p (1: all)
+  uint64_t seed = 0;              ///< sampling: std::mt19937_64 seed
+  std::vector<int32_t> stop_ids;  ///< stop after generating one of these (it is returned)
 };
 
 class Generator {
@@ -48,15 +48,16 @@ class Generator {
   Generator(const LoadedModel& model, const GeneratorOptions& options = {});
   /// The same from parameter groups (fp32, one pointer per layout group, e.g. a Session's
   /// master weights).
-  Generator(const ModelLayout& layout, const std::vector<const float*>& groups, const GeneratorOptions& options = {});
+  Generator(const ModelLayout& layout, const std::vector<const float*>& groups,
+            const GeneratorOptions& options = {});
   ~Generator();
   Generator(Generator&&) noexcept;
   Generator& operator=(Generator&&) noexcept;
 
   /// Generates after `prompt` (token ids, at least one): at most max_new_tokens, stopping
   /// after a stop id or when the KV cache is full. `on_token` (optional) sees each new id as
-  /// it comes; returning false stops after that id. Returns the new ids. Throws std::invalid_argument for an empty prompt, an id
-  /// outside the vocabulary or a prompt longer than the cache.
+  /// it comes; returning false stops after that id. Returns the new ids. Throws std::invalid_argument for an
+  /// empty prompt, an id outside the vocabulary or a prompt longer than the cache.
   std::vector<int32_t> generate(const std::vector<int32_t>& prompt, const GenerateOptions& options,
                                 const std::function<bool(int32_t)>& on_token = {});
   /// The fp32 logits [ids.size(), vocab] of running `ids` from position 0 (no cache kept).

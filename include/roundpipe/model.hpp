@@ -73,7 +73,8 @@ struct ModelConfig {
   // and MLP output) times residual_multiplier, attention scores times attention_multiplier
   // (instead of 1/sqrt(head_dim)), logits divided by logits_scaling. 1, 1, 0 (= 1/sqrt(head_dim)), 1
   // for every other family.
-  double embedding_multiplier = 1.0, residual_multiplier = 1.0, attention_multiplier = 0.0, logits_scaling = 1.0;
+  double embedding_multiplier = 1.0, residual_multiplier = 1.0, attention_multiplier = 0.0,
+         logits_scaling = 1.0;
   /// The attention's score scale: attention_multiplier, or 1/sqrt(head_dim) when it is 0.
   float attention_scale() const;
   /// q/k/v/o projections with biases ("self_attn.<q|k|v|o>_proj.bias"); GPT-OSS only

@@ -12,14 +12,14 @@ namespace rp {
 /// (Loshchilov & Hutter 2019, "Decoupled Weight Decay Regularization", Alg. 2; Adam: Kingma
 /// & Ba 2015, Alg. 1; AMSGrad: Reddi et al. 2018).
 struct AdamWOptions {
-  double lr = 1e-4;            ///< base learning rate (the per-step value is passed separately)
-  double beta1 = 0.9;          ///< first-moment decay, in [0, 1)
-  double beta2 = 0.999;        ///< second-moment decay, in [0, 1)
-  double eps = 1e-8;           ///< added to sqrt(v_hat), >= 0
-  double weight_decay = 0.0;   ///< >= 0; decoupled (AdamW) or L2 (Adam), see `decoupled`
-  bool decoupled = true;       ///< true: AdamW (Loshchilov & Hutter); false: L2 added to the gradient
-  bool amsgrad = false;        ///< keep the running max of v and normalise by it
-  bool maximize = false;       ///< ascend: the gradient is negated
+  double lr = 1e-4;           ///< base learning rate (the per-step value is passed separately)
+  double beta1 = 0.9;         ///< first-moment decay, in [0, 1)
+  double beta2 = 0.999;       ///< second-moment decay, in [0, 1)
+  double eps = 1e-8;          ///< added to sqrt(v_hat), >= 0
+  double weight_decay = 0.0;  ///< >= 0; decoupled (AdamW) or L2 (Adam), see `decoupled`
+  bool decoupled = true;      ///< true: AdamW (Loshchilov & Hutter); false: L2 added to the gradient
+  bool amsgrad = false;       ///< keep the running max of v and normalise by it
+  bool maximize = false;      ///< ascend: the gradient is negated
 };
 
 /// Throws std::invalid_argument (one line, naming the field) when an option is out of
@@ -28,10 +28,10 @@ void validate(const AdamWOptions& o);
 
 /// torch.amp.GradScaler's knobs and defaults (fp16 dynamic loss scaling).
 struct LossScalerOptions {
-  float init_scale = 65536.f;     ///< 2^16, > 0 and finite
-  float growth_factor = 2.f;      ///< > 1
-  float backoff_factor = 0.5f;    ///< in (0, 1)
-  int64_t growth_interval = 2000; ///< consecutive clean steps before growing, >= 1
+  float init_scale = 65536.f;      ///< 2^16, > 0 and finite
+  float growth_factor = 2.f;       ///< > 1
+  float backoff_factor = 0.5f;     ///< in (0, 1)
+  int64_t growth_interval = 2000;  ///< consecutive clean steps before growing, >= 1
   /// Floor of the scale: a backoff never goes below it (Megatron-LM's and DeepSpeed's
   /// min_loss_scale; torch has none). > 0, finite, <= init_scale. A run whose scale reaches it
   /// keeps overflowing at the smallest useful scale: the trainer stops it (docs/spec.md).

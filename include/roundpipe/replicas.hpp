@@ -26,10 +26,10 @@ namespace rp {
 
 /// Counters of the communication since start (for benchmarks and the log).
 struct ReplicaStats {
-  int64_t reductions = 0;       ///< gradient reductions completed
-  double bytes_reduced = 0;     ///< sum of their gradients' sizes (n * 4 bytes each)
-  double bytes_sent = 0;        ///< bytes this rank sent for them (2 (N-1)/N of bytes_reduced)
-  double busy_s = 0;            ///< wall time with at least one reduction in flight
+  int64_t reductions = 0;    ///< gradient reductions completed
+  double bytes_reduced = 0;  ///< sum of their gradients' sizes (n * 4 bytes each)
+  double bytes_sent = 0;     ///< bytes this rank sent for them (2 (N-1)/N of bytes_reduced)
+  double busy_s = 0;         ///< wall time with at least one reduction in flight
 };
 
 class Replicas {

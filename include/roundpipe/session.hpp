@@ -43,35 +43,35 @@ namespace rp {
 /// an explicit plan the runtime starts from the partition of the analytic costs and re-plans
 /// once the measured profile settles.
 struct ProfilingOptions {
-  bool enabled = true;            ///< time every layer call (steady clocks / CUDA events) into the profile
+  bool enabled = true;  ///< time every layer call (steady clocks / CUDA events) into the profile
   /// Automatic plans only (SessionOptions::plan empty): once the profile settles, switch to
   /// the partition of the measured costs when the simulator predicts it is faster.
   bool replan = true;
-  double settle_rel_tol = 0.05;   ///< a series is settled when its last relative change is at most this
-  int64_t settle_min_samples = 3; ///< ... and it has at least this many samples
+  double settle_rel_tol = 0.05;     ///< a series is settled when its last relative change is at most this
+  int64_t settle_min_samples = 3;   ///< ... and it has at least this many samples
   int64_t settle_max_samples = 16;  ///< decide anyway with this many samples per series (noisy hosts)
-  double min_gain = 0.02;         ///< switch only when the predicted iteration time drops by more than this
+  double min_gain = 0.02;           ///< switch only when the predicted iteration time drops by more than this
   /// Receives the one-line re-planning message (default: the runtime's log, spdlog::info).
   std::function<void(const std::string&)> log;
 };
 
 struct SessionOptions {
-  std::string backend = "cpu";   ///< "cpu" (virtual GPUs), "cuda", or "auto" (cuda if a GPU is visible)
-  int workers = 1;               ///< GPUs / virtual GPUs in the pool
-  int64_t micro_batches = 1;     ///< M: micro-batches per pass
-  MicroBatchShape micro;         ///< sequences per micro-batch and sequence length (tokens)
-  bool async = true;             ///< staleness-1 optimizer (false: synchronous, staleness 0)
+  std::string backend = "cpu";  ///< "cpu" (virtual GPUs), "cuda", or "auto" (cuda if a GPU is visible)
+  int workers = 1;              ///< GPUs / virtual GPUs in the pool
+  int64_t micro_batches = 1;    ///< M: micro-batches per pass
+  MicroBatchShape micro;        ///< sequences per micro-batch and sequence length (tokens)
+  bool async = true;            ///< staleness-1 optimizer (false: synchronous, staleness 0)
   /// With async: the devices compute with each version of the weights extrapolated by its last
   /// update, w_k + (w_k - w_{k-1}), an estimate of the version the gradient is applied to
   /// (spec "async_compensation": "predict"; docs/fidelity.md). Costs 4 bytes of host memory per
   /// trainable parameter. Ignored without async.
   bool async_weight_prediction = false;
   AdamWOptions adam;
-  int shards = 0;                ///< optimizer shard actors (0: min(4, cores/2, groups), at least 1)
-  int optimizer_threads = 0;     ///< optimizer threads over all shards (0: half the allowed cores)
+  int shards = 0;                     ///< optimizer shard actors (0: min(4, cores/2, groups), at least 1)
+  int optimizer_threads = 0;          ///< optimizer threads over all shards (0: half the allowed cores)
   bool pin_optimizer_threads = true;  ///< pin them (each shard to its own cores, NUMA-grouped)
-  double max_grad_norm = 0;      ///< > 0: clip the global gradient norm (torch clip_grad_norm_)
-  bool skip_nonfinite = false;   ///< skip steps whose gradients hold inf/NaN (implied by loss_scaling)
+  double max_grad_norm = 0;           ///< > 0: clip the global gradient norm (torch clip_grad_norm_)
+  bool skip_nonfinite = false;        ///< skip steps whose gradients hold inf/NaN (implied by loss_scaling)
   /// fp16 dynamic loss scaling (torch GradScaler rules): the tail multiplies the loss
   /// gradient by the scale, the optimizer divides it out (fused into the AdamW gradient
   /// factor) before clipping; a step whose gradients hold inf/NaN is skipped (weights,
@@ -80,12 +80,12 @@ struct SessionOptions {
   /// (sync) or t-2 (async: the step whose weights it computes with), so results never depend
   /// on timing. Needs the f16 compute dtype (std::invalid_argument otherwise).
   std::optional<LossScalerOptions> loss_scaling;
-  DeviceOptions device;          ///< per-device memory cap, CPU-backend PCIe throttle, CUDA storage dtype
+  DeviceOptions device;  ///< per-device memory cap, CPU-backend PCIe throttle, CUDA storage dtype
   /// Explicit plan, never changed. Default (empty): automatic, the partition of the analytic
   /// costs (FLOPs and bytes per layer) until the profile settles, then possibly the
   /// partition of the measured costs (profiling.replan).
   std::optional<IterationPlan> plan;
-  int pass_slots = 2;            ///< passes in flight (each holds its activations in host memory)
+  int pass_slots = 2;  ///< passes in flight (each holds its activations in host memory)
   /// Decoders run their MLP over chunks of at most this many tokens (<= 0: 8192), so the
   /// [tokens, ffn] intermediates exist for one chunk at a time (long sequences).
   int64_t mlp_chunk_tokens = 0;
@@ -94,7 +94,7 @@ struct SessionOptions {
   /// stages download them and backward stages upload them instead of recomputing the
   /// attention. Empty: on when everything fits 90% of the available host memory.
   std::optional<bool> save_attention;
-  bool trace = false;            ///< record stream and task intervals (write_trace)
+  bool trace = false;  ///< record stream and task intervals (write_trace)
   /// With trace: also record every protocol message between the actors (scheduler, workers,
   /// optimizer shards: RunStage, ActReady, AcquireWeights / WeightsGranted / ReleaseWeights,
   /// AcquireGradSlot / GradGrant / GradWritten, StageDone, CloseStep, GradSumSq, StepScale,
@@ -144,7 +144,8 @@ struct SessionOptions {
 /// What one closed step did (Session::wait).
 struct StepResult {
   int64_t step = 0;
-  double loss_sum = 0, tokens = 0;  ///< summed token losses (nats) and target tokens: loss = loss_sum / tokens
+  double loss_sum = 0,
+         tokens = 0;   ///< summed token losses (nats) and target tokens: loss = loss_sum / tokens
   double seconds = 0;  ///< from the step's first pass submission to its last group update
   std::string error;   ///< non-empty if the runtime failed (wait() throws RuntimeFailure then)
   /// Global L2 norm of the true gradients, before clipping (every step: guarded steps sum the
@@ -170,8 +171,9 @@ struct StepResult {
 /// The loss of one evaluation pass (Session::evaluate).
 struct EvalResult {
   int64_t id = 0;
-  double loss_sum = 0, tokens = 0;  ///< summed token losses (nats) and target tokens: loss = loss_sum / tokens
-  std::string error;                ///< non-empty if the runtime failed (wait_eval() throws RuntimeFailure then)
+  double loss_sum = 0,
+         tokens = 0;  ///< summed token losses (nats) and target tokens: loss = loss_sum / tokens
+  std::string error;  ///< non-empty if the runtime failed (wait_eval() throws RuntimeFailure then)
 };
 
 /// Device-memory pressure seen so far, over all workers (Session::memory_events). Diagnostic:
@@ -357,7 +359,8 @@ class Session {
   Session(const ModelLayout& layout, std::vector<std::vector<float>> group_weights, SessionOptions opt,
           const SessionInternals& internals);
   Session(const ModelLayout& layout, std::vector<std::vector<float>> group_weights,
-          std::vector<std::vector<uint8_t>> frozen_storage, SessionOptions opt, const SessionInternals& internals);
+          std::vector<std::vector<uint8_t>> frozen_storage, SessionOptions opt,
+          const SessionInternals& internals);
   Impl& impl() { return *impl_; }
   const Impl& impl() const { return *impl_; }
 

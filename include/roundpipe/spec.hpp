@@ -31,35 +31,37 @@ std::vector<std::string> data_paths(const TrainSpec& spec);
 std::vector<std::string> eval_data_paths(const TrainSpec& spec);
 
 struct TrainSpec {
-  std::string source = "spec";       ///< the spec file (error messages name it)
-  std::string model;                 ///< .gguf file or HF directory
+  std::string source = "spec";  ///< the spec file (error messages name it)
+  std::string model;            ///< .gguf file or HF directory
   /// The Hugging Face model id of `model` ("HuggingFaceTB/SmolLM2-135M"): what a LoRA run's
   /// adapter_config.json names as base_model_name_or_path and the model card's base_model.
   /// "": the id `model` names for itself (config.json _name_or_path, GGUF general.source.*),
   /// else the local path (roundpipe/adapter.hpp, base_model_ref).
   std::string base_model_id;
-  std::string data;                  ///< JSON lines / JSON array file, .txt file or directory of .txt files
+  std::string data;  ///< JSON lines / JSON array file, .txt file or directory of .txt files
   /// "data" given as a list: the files of a weighted mixture (docs/spec.md "Data mixtures"),
   /// `data` then names them all ("a.jsonl (weight 3) + b.parquet (weight 1)") for the log;
   /// empty for one file.
   std::vector<DataSource> data_mixture;
-  std::string chat_template = "auto";  ///< auto (the model's own template through the Jinja interpreter; chatml when it has none) | jinja (the model's, or an error) | chatml | qwen3 | qwen3-no-think | smollm2 | llama3 (hand-written)
-  int64_t seq_len = 128;             ///< tokens per sequence
-  int64_t max_examples = 0;          ///< use only the first k supervised examples (0 = all)
-  bool packing = false;              ///< several supervised examples per sequence (attention stays within each)
+  std::string chat_template = "auto";  ///< auto (the model's own template through the Jinja interpreter;
+                                       ///< chatml when it has none) | jinja (the model's, or an error) |
+                                       ///< chatml | qwen3 | qwen3-no-think | smollm2 | llama3 (hand-written)
+  int64_t seq_len = 128;               ///< tokens per sequence
+  int64_t max_examples = 0;            ///< use only the first k supervised examples (0 = all)
+  bool packing = false;  ///< several supervised examples per sequence (attention stays within each)
   /// A fresh run (no resume_from) into an output_dir that holds an earlier run's checkpoints
   /// (final/, checkpoint-<n>/) is refused unless this is set, so a finished run is never
   /// replaced by mistake; set, the new run writes over them.
   bool overwrite_output_dir = false;
-  std::string eval_data;             ///< evaluation data file ("" = none; or eval_fraction)
+  std::string eval_data;  ///< evaluation data file ("" = none; or eval_fraction)
   /// "eval_data" given as a list of files: every one evaluated whole (eval_data then names
   /// them all, "a.jsonl + b.parquet"); empty for one file.
   std::vector<std::string> eval_files;
-  double eval_fraction = 0;          ///< hold out this fraction of `data`'s sequences for evaluation
-  int64_t eval_every = 0;            ///< evaluate every k steps (and after the last); 0 = after the last only
-  int64_t sequences_per_step = 4;    ///< global batch, in sequences
-  int64_t micro_batches = 2;         ///< M per pass; sequences_per_step / (M * accumulation) per micro-batch
-  int64_t accumulation = 1;          ///< forward_backward passes per optimizer step
+  double eval_fraction = 0;        ///< hold out this fraction of `data`'s sequences for evaluation
+  int64_t eval_every = 0;          ///< evaluate every k steps (and after the last); 0 = after the last only
+  int64_t sequences_per_step = 4;  ///< global batch, in sequences
+  int64_t micro_batches = 2;       ///< M per pass; sequences_per_step / (M * accumulation) per micro-batch
+  int64_t accumulation = 1;        ///< forward_backward passes per optimizer step
   /// Optimizer steps. With `epochs` set (a spec gives one of the two) the run derives it from
   /// the data once loaded and this value is not used.
   int64_t steps = 20;
@@ -68,29 +70,30 @@ struct TrainSpec {
   /// ceil(epochs * training sequences / sequences_per_step), at least 1, known once the data
   /// is loaded; a decaying lr_schedule whose total_steps is 0 follows them. nullopt: `steps`.
   std::optional<double> epochs;
-  AdamWOptions adam;                 ///< "optimizer": {lr, betas, eps, weight_decay, amsgrad}
-  double max_grad_norm = 0;          ///< "optimizer.max_grad_norm": clip the global norm (0 = off)
-  LrSchedule lr_schedule;            ///< "lr_schedule": {kind, warmup_steps, min_lr}; lr from optimizer.lr
-  std::string backend = "auto";      ///< auto | cpu | cuda
+  AdamWOptions adam;             ///< "optimizer": {lr, betas, eps, weight_decay, amsgrad}
+  double max_grad_norm = 0;      ///< "optimizer.max_grad_norm": clip the global norm (0 = off)
+  LrSchedule lr_schedule;        ///< "lr_schedule": {kind, warmup_steps, min_lr}; lr from optimizer.lr
+  std::string backend = "auto";  ///< auto | cpu | cuda
   int workers = 1;
   bool async = true;
   /// "async_compensation": "none" (default) or "predict" (needs async: weight prediction,
   /// SessionOptions::async_weight_prediction)
   std::string async_compensation = "none";
-  nlohmann::json plan;               ///< null = automatic plan; else plan_from_json's object (roundpipe/plan.hpp)
-  double device_memory_gib = 24;     ///< per-device pool cap
-  double pcie_gbps = 0;              ///< CPU backend: emulate a PCIe link (GB/s), 0 = off
-  bool transfer_priorities = true;   ///< activation copies before parameter/gradient chunks
+  nlohmann::json plan;  ///< null = automatic plan; else plan_from_json's object (roundpipe/plan.hpp)
+  double device_memory_gib = 24;            ///< per-device pool cap
+  double pcie_gbps = 0;                     ///< CPU backend: emulate a PCIe link (GB/s), 0 = off
+  bool transfer_priorities = true;          ///< activation copies before parameter/gradient chunks
   int64_t transfer_chunk_bytes = 32 << 20;  ///< parameter/gradient copies cut into chunks of this (0 = none)
   /// "save_attention": keep each decoder's attention output for backward (true/false; absent:
   /// automatic, on when host memory allows; SessionOptions::save_attention)
   std::optional<bool> save_attention;
-  int64_t mlp_chunk_tokens = 0;      ///< decoders' MLP chunk in tokens (0: 8192; SessionOptions::mlp_chunk_tokens)
+  int64_t mlp_chunk_tokens =
+      0;  ///< decoders' MLP chunk in tokens (0: 8192; SessionOptions::mlp_chunk_tokens)
   /// "pin_budget_gib": host GiB the runtime may page-lock for fast copies (absent: three
   /// quarters of the host's memory; SessionOptions::pin_budget_bytes)
   std::optional<double> pin_budget_gib;
   std::string output_dir = "runs/default";
-  int64_t save_every = 0;            ///< also checkpoint every k steps (0 = final only)
+  int64_t save_every = 0;  ///< also checkpoint every k steps (0 = final only)
   /// "save_total_limit": after each save of checkpoint-<n>, remove the oldest checkpoint-<k>
   /// folders (and their state/) this run series wrote beyond this many, never the best one
   /// (metric_for_best_model) nor the newest; only folders whose files the series recorded
@@ -111,13 +114,13 @@ struct TrainSpec {
   /// normal end) once N evaluations in a row did not improve metric_for_best_model on its best
   /// value so far by more than t. Needs evaluation data and eval_every > 0.
   struct EarlyStopping {
-    int64_t patience = 1;   ///< evaluations without improvement that stop the run, >= 1
-    double threshold = 0;   ///< the least improvement that counts, >= 0 (metric units)
+    int64_t patience = 1;  ///< evaluations without improvement that stop the run, >= 1
+    double threshold = 0;  ///< the least improvement that counts, >= 0 (metric units)
   };
   std::optional<EarlyStopping> early_stopping;
-  std::string save_dtype = "bf16";   ///< f32 | bf16 | f16
-  bool trace = false;                ///< write output_dir/trace.json
-  bool trace_messages = false;       ///< also record the actors' protocol messages as flow arrows (implies trace)
+  std::string save_dtype = "bf16";  ///< f32 | bf16 | f16
+  bool trace = false;               ///< write output_dir/trace.json
+  bool trace_messages = false;  ///< also record the actors' protocol messages as flow arrows (implies trace)
   bool tensorboard = true;
   /// "metrics_jsonl": also write every metrics.csv row as one JSON object per line, flushed as
   /// written, for a tracker to tail. nullopt: off (false); "": output_dir/metrics.jsonl (true);
@@ -125,8 +128,8 @@ struct TrainSpec {
   std::optional<std::string> metrics_jsonl;
   /// A user message the run answers (greedy, at most 64 tokens, the training chat template)
   /// before training and after the last step, to show what fine-tuning changed ("" = none).
-  std::string sample_prompt;           ///< write TensorBoard scalar event files into output_dir/tensorboard/
-  uint64_t seed = 0;                 ///< data order
+  std::string sample_prompt;  ///< write TensorBoard scalar event files into output_dir/tensorboard/
+  uint64_t seed = 0;          ///< data order
   int64_t log_every = 1;
   std::string compute_dtype = "bf16";  ///< CUDA backend: bf16 | f16 (the CPU backend computes in f32)
   /// Accumulation of the dense linears' forward and input-gradient GEMMs: "f32" | "f16" (twice
@@ -139,7 +142,7 @@ struct TrainSpec {
   /// fp16 dynamic loss scaling ("loss_scaling": true/false or {init_scale, growth_factor,
   /// backoff_factor, growth_interval}); default: on iff compute_dtype is f16.
   std::optional<LossScalerOptions> loss_scaling;
-  std::string resume_from;           ///< checkpoint folder to resume from ("" = a fresh run)
+  std::string resume_from;  ///< checkpoint folder to resume from ("" = a fresh run)
   /// Watchdog: log what the run waits for after this many seconds without progress (0 = off).
   double watchdog_s = 60;
   /// After a stop request, wait at most this many seconds for the steps in flight; steps still
@@ -149,7 +152,7 @@ struct TrainSpec {
   /// checkpoint of non-finite weights is written), "skip" skips the step (weights and moments
   /// untouched) and counts it. With loss scaling, overflowing steps are always skipped.
   std::string nonfinite = "stop";
-  int64_t max_skipped_steps = 20;    ///< this many skipped steps in a row stop the run
+  int64_t max_skipped_steps = 20;  ///< this many skipped steps in a row stop the run
   /// "lora": train low-rank adapters (and modules_to_save) on the frozen base weights instead of
   /// every weight; {r, alpha, dropout, target_modules, use_rslora, modules_to_save, seed,
   /// base_format} (LoraConfig; seed defaults to the spec's "seed"). nullopt: full fine-tuning.
@@ -192,10 +195,10 @@ TrainSpec load_spec(const std::string& path);
 /// One command-line setting of a spec key (`roundpipe train --set KEY=VALUE`, or a shorthand
 /// such as `--lr 1e-4` for optimizer.lr).
 struct SpecSetting {
-  std::string key;        ///< the key as the spec nests it, dotted: "seq_len", "lora.r", "optimizer.lr"
-  std::string value;      ///< JSON text (8, true, [1, 2], "x"), else taken as a plain string
-  bool as_string = false; ///< always a string (paths: --data 123 is the file "123")
-  std::string origin;     ///< how errors name it: "--set lora.r=8", "--lr 1e-4"
+  std::string key;         ///< the key as the spec nests it, dotted: "seq_len", "lora.r", "optimizer.lr"
+  std::string value;       ///< JSON text (8, true, [1, 2], "x"), else taken as a plain string
+  bool as_string = false;  ///< always a string (paths: --data 123 is the file "123")
+  std::string origin;      ///< how errors name it: "--set lora.r=8", "--lr 1e-4"
 };
 /// "KEY=VALUE" -> SpecSetting (origin "--set KEY=VALUE"). Throws std::invalid_argument
 /// "--set X: expected KEY=VALUE ..." without an '=' or with an empty key.

@@ -51,8 +51,8 @@ class StopToken {
 /// One optimizer step, reported once it is applied (one step behind the pipeline: with the
 /// staleness-1 optimizer the next step's passes are already running).
 struct StepReport {
-  int64_t step = 0;           ///< steps done including this one (1-based)
-  int64_t total_steps = 0;    ///< the run ends after this many steps (spec.steps, or what spec.epochs derives)
+  int64_t step = 0;         ///< steps done including this one (1-based)
+  int64_t total_steps = 0;  ///< the run ends after this many steps (spec.steps, or what spec.epochs derives)
   /// Passes over the training sequences after this step: sequences consumed / training
   /// sequences (1.25: a quarter into the second pass).
   double epoch = 0;
@@ -64,14 +64,14 @@ struct StepReport {
   /// that report (for the first step: since the loop started, not the model load) less the
   /// evaluations and checkpoints in between.
   double tokens_per_s = 0;
-  double lr = 0;              ///< the learning rate the step used
+  double lr = 0;  ///< the learning rate the step used
   /// Global L2 norm of the step's true gradient (before clipping), over every trainable
   /// parameter (and every replica's passes). Always computed: without clipping, loss scaling
   /// or skipping each update job also sums its gradient's squares (the weights are the same).
   double grad_norm = 0;
-  double loss_scale = 1;      ///< fp16 loss scale the step's backward used (1 without loss scaling)
-  bool skipped = false;       ///< inf/NaN gradients: the step changed nothing
-  double elapsed_s = 0;       ///< since run() started
+  double loss_scale = 1;  ///< fp16 loss scale the step's backward used (1 without loss scaling)
+  bool skipped = false;   ///< inf/NaN gradients: the step changed nothing
+  double elapsed_s = 0;   ///< since run() started
   /// Estimated seconds until the last step: the steady seconds per step (the median of the
   /// recent steps after this run's first, excluding evaluations and checkpoints) times the
   /// steps left, plus the mean measured evaluation time times the evaluations left.
@@ -107,17 +107,17 @@ struct StepReport {
 
 /// A checkpoint folder the run wrote.
 struct CheckpointReport {
-  std::string dir;      ///< "<output_dir>/checkpoint-<n>" or "<output_dir>/final"
-  int64_t step = 0;     ///< steps it holds
-  double seconds = 0;   ///< time the save took
+  std::string dir;     ///< "<output_dir>/checkpoint-<n>" or "<output_dir>/final"
+  int64_t step = 0;    ///< steps it holds
+  double seconds = 0;  ///< time the save took
 };
 
 /// The state between two steps, handed to TrainerCallbacks::on_eval: every closed step is
 /// applied and nothing is in flight, so the weights belong to exactly `step` steps.
 struct EvalContext {
-  int64_t step = 0;                                    ///< steps done
+  int64_t step = 0;  ///< steps done
   const ModelLayout& layout;
-  const std::vector<std::vector<float>>& weights;      ///< fp32 master weights per parameter group
+  const std::vector<std::vector<float>>& weights;  ///< fp32 master weights per parameter group
 };
 
 /// Callbacks of a run, all optional, called on the thread that called run(). An exception
@@ -140,31 +140,32 @@ struct TrainerCallbacks {
 
 /// How a run ended.
 struct TrainResult {
-  int64_t first_step = 0;       ///< steps done before this run (resume), else 0
-  int64_t steps_done = 0;       ///< steps done in all, including first_step
-  bool stopped = false;         ///< a StopToken ended the run before spec.steps
+  int64_t first_step = 0;  ///< steps done before this run (resume), else 0
+  int64_t steps_done = 0;  ///< steps done in all, including first_step
+  bool stopped = false;    ///< a StopToken ended the run before spec.steps
   /// Stopped: closed steps that did not finish within spec.stop_timeout_s of the request.
   /// They are not saved (a checkpoint holds only completed steps, never a half-applied one);
   /// steps_done counts the steps that completed before them.
   int64_t steps_abandoned = 0;
-  int64_t skipped_steps = 0;    ///< steps of this run skipped (inf/NaN gradients, no target tokens)
-  std::string checkpoint;       ///< the last checkpoint written by this run ("" when stopped
-                                ///< with no new step since the last one, or with steps
-                                ///< abandoned: earlier checkpoints are kept)
+  int64_t skipped_steps = 0;  ///< steps of this run skipped (inf/NaN gradients, no target tokens)
+  std::string checkpoint;     ///< the last checkpoint written by this run ("" when stopped
+                              ///< with no new step since the last one, or with steps
+                              ///< abandoned: earlier checkpoints are kept)
   /// Stopped: the newest finished checkpoint to resume from: this run's last one, else the one
   /// it resumed from ("" when there is none).
   std::string latest_checkpoint;
-  std::string metrics;          ///< path of metrics.csv
-  double seconds = 0;           ///< wall time of run()
-  size_t peak_device_bytes = 0; ///< per worker
-  std::string plan;             ///< summary of the plan at the end (it may change once by re-planning)
-  std::string sample_before, sample_after;  ///< spec.sample_prompt's answers ("" without one; before: fresh runs only)
-  int replica = 0;    ///< this process's rank among data-parallel replicas (0 without them)
-  int replicas = 1;   ///< replicas of the run (1: a single process)
+  std::string metrics;           ///< path of metrics.csv
+  double seconds = 0;            ///< wall time of run()
+  size_t peak_device_bytes = 0;  ///< per worker
+  std::string plan;              ///< summary of the plan at the end (it may change once by re-planning)
+  std::string sample_before,
+      sample_after;  ///< spec.sample_prompt's answers ("" without one; before: fresh runs only)
+  int replica = 0;   ///< this process's rank among data-parallel replicas (0 without them)
+  int replicas = 1;  ///< replicas of the run (1: a single process)
   /// Stopped with replicas: the ranks whose StopToken asked for the stop (a signal may reach
   /// only one of them); every replica stopped after the same step all the same.
   std::vector<int> stopped_by;
-  int64_t total_steps = 0;      ///< the steps the run was to train (spec.steps, or derived from spec.epochs)
+  int64_t total_steps = 0;  ///< the steps the run was to train (spec.steps, or derived from spec.epochs)
   /// Early stopping (spec.early_stopping) ended the run after steps_done steps; final/ was saved
   /// as at a normal end (stopped stays false). early_stop_reason says why, in one line.
   bool early_stopped = false;

@@ -26,8 +26,8 @@ const float* F(const void* p) { return static_cast<const float*>(p); }
 float* F(void* p) { return static_cast<float*>(p); }
 
 // cos/sin tables [L, D/2] for positions 0..L-1, both multiplied by `scale`.
-void rope_tables(int64_t L, int64_t half, const float* inv_freq, float scale,
-                 std::vector<float>& c, std::vector<float>& s) {
+void rope_tables(int64_t L, int64_t half, const float* inv_freq, float scale, std::vector<float>& c,
+                 std::vector<float>& s) {
   c.resize(size_t(L * half));
   s.resize(size_t(L * half));
   for (int64_t p = 0; p < L; ++p)
@@ -38,8 +38,8 @@ void rope_tables(int64_t L, int64_t half, const float* inv_freq, float scale,
     }
 }
 
-void rope_apply(float* x, int64_t n_seq, int64_t L, int64_t heads, int64_t D,
-                const float* inv_freq, float scale, bool transpose) {
+void rope_apply(float* x, int64_t n_seq, int64_t L, int64_t heads, int64_t D, const float* inv_freq,
+                float scale, bool transpose) {
   require(n_seq >= 0 && L >= 0 && heads >= 0, "rope", "negative dimension");
   require(D > 0 && D % 2 == 0, "rope", "head_dim must be even and positive");
   const int64_t half = D / 2;
@@ -61,8 +61,7 @@ void rope_apply(float* x, int64_t n_seq, int64_t L, int64_t heads, int64_t D,
   }
 }
 
-void check_attn(int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D, void* scratch,
-                const char* op) {
+void check_attn(int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D, void* scratch, const char* op) {
   require(n_seq >= 0 && L >= 0 && D > 0, op, "bad dimensions");
   require(nq > 0 && nkv > 0 && nq % nkv == 0, op, "nq must be a positive multiple of nkv");
   require(scratch != nullptr || n_seq * L == 0, op, "scratch is null");
@@ -84,9 +83,8 @@ void CpuOps::rope_bwd(void* dx, int64_t n_seq, int64_t seq_len, int64_t heads, i
 
 // ---- attention -----------------------------------------------------------------
 
-void CpuOps::attention_fwd(const void* q, const void* k, const void* v, void* o, float* lse,
-                           int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D,
-                           float scale, void* scratch) {
+void CpuOps::attention_fwd(const void* q, const void* k, const void* v, void* o, float* lse, int64_t n_seq,
+                           int64_t L, int64_t nq, int64_t nkv, int64_t D, float scale, void* scratch) {
   check_attn(n_seq, L, nq, nkv, D, scratch, "attention_fwd");
   const int64_t rep = nq / nkv, ldq = nq * D, ldk = nkv * D;
   float* S = F(scratch);
@@ -117,10 +115,9 @@ void CpuOps::attention_fwd(const void* q, const void* k, const void* v, void* o,
     }
 }
 
-void CpuOps::attention_bwd(const void* q, const void* k, const void* v, const void* o,
-                           const float* lse, const void* dout, void* dq, void* dk, void* dv,
-                           int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D,
-                           float scale, void* scratch) {
+void CpuOps::attention_bwd(const void* q, const void* k, const void* v, const void* o, const float* lse,
+                           const void* dout, void* dq, void* dk, void* dv, int64_t n_seq, int64_t L,
+                           int64_t nq, int64_t nkv, int64_t D, float scale, void* scratch) {
   check_attn(n_seq, L, nq, nkv, D, scratch, "attention_bwd");
   require(lse != nullptr, "attention_bwd", "lse is null");
   const int64_t rep = nq / nkv, ldq = nq * D, ldk = nkv * D;
@@ -167,16 +164,15 @@ void CpuOps::attention_bwd(const void* q, const void* k, const void* v, const vo
 
 // ---- LM head + cross-entropy ---------------------------------------------------
 
-void CpuOps::lm_head_cross_entropy(const void* h, const void* w, const int32_t* targets,
-                                   int64_t T, int64_t H, int64_t V, float* loss, void* dh,
-                                   void* dw, void* scratch, float loss_scale) {
+void CpuOps::lm_head_cross_entropy(const void* h, const void* w, const int32_t* targets, int64_t T, int64_t H,
+                                   int64_t V, float* loss, void* dh, void* dw, void* scratch,
+                                   float loss_scale) {
   const char* op = "lm_head_cross_entropy";
   Ops::check_lm_head_ce_args(T, H, V, loss, scratch, loss_scale);
   for (int64_t t = 0; t < T; ++t)
     if (targets[t] >= V)
-      throw std::out_of_range(std::string(op) + ": target " + std::to_string(targets[t]) +
-                              " at position " + std::to_string(t) + " >= vocab " +
-                              std::to_string(V));
+      throw std::out_of_range(std::string(op) + ": target " + std::to_string(targets[t]) + " at position " +
+                              std::to_string(t) + " >= vocab " + std::to_string(V));
   const bool grad = dh != nullptr || dw != nullptr;
   float* Z = F(scratch);
   float* hb = Z + kCeChunk * V;
@@ -205,7 +201,7 @@ void CpuOps::lm_head_cross_entropy(const void* h, const void* w, const int32_t* 
         z = (z - m).exp();
         sum = z.sum();
         z *= 1.0f / sum;
-        z[tg] -= 1.0f;  // dlogits = softmax - onehot
+        z[tg] -= 1.0f;                            // dlogits = softmax - onehot
         if (loss_scale != 1.0f) z *= loss_scale;  // d(loss_scale * loss) / dlogits (fp32)
       } else {
         sum = (z - m).exp().sum();

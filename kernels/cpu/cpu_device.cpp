@@ -48,7 +48,8 @@ class CpuTimingMark final : public TimingMark {
   double seconds_since(const TimingMark& earlier) const override {
     auto* e = dynamic_cast<const CpuTimingMark*>(&earlier);
     if (!e) throw DeviceError("TimingMark::seconds_since: the earlier mark is not a CPU-backend mark");
-    if (!done() || !e->done()) throw DeviceError("TimingMark::seconds_since: a mark was read before its stream reached it");
+    if (!done() || !e->done())
+      throw DeviceError("TimingMark::seconds_since: a mark was read before its stream reached it");
     return std::chrono::duration<double>(st_->t - e->st_->t).count();
   }
 
@@ -77,11 +78,13 @@ class CpuStream final : public Stream {
   void copy_h2d(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes, 0); }
   void copy_d2h(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes, 1); }
   void then(std::function<void(const std::string&)> cb) override {
-    push([this, cb = std::move(cb)] {
-      std::string e;
-      std::swap(e, error_);
-      cb(e);
-    }, /*always=*/true);
+    push(
+        [this, cb = std::move(cb)] {
+          std::string e;
+          std::swap(e, error_);
+          cb(e);
+        },
+        /*always=*/true);
   }
   void synchronize() override {
     std::unique_lock lk(mu_);

@@ -44,10 +44,8 @@ void gemm_f16_accumulate(int threads, int64_t M, int64_t N, int64_t K, const flo
     MMap out(C + m0 * ldc, rows, N, Strided(ldc));
     // cuBLAS with an fp16 scale type: D = alpha * acc + beta * C, each step in fp16
     if (alpha != 1.0f) acc = (acc * round_f16(alpha)).unaryExpr(round);
-    if (accumulate)
-      out = (out.unaryExpr(round) + acc).unaryExpr(round);
-    else
-      out = acc;
+    if (accumulate) out = (out.unaryExpr(round) + acc).unaryExpr(round);
+    else out = acc;
   });
 }
 

@@ -60,8 +60,8 @@ void CpuOps::fp8_quantize_rows(const void* x, const float* scale, uint8_t* q, in
     for (int64_t c = 0; c < cols; ++c) q[r * cols + c] = fp8::quantize(f, F(x)[r * cols + c], scale[r]);
 }
 
-void CpuOps::fp8_quantize_transposed(const void* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols,
-                                     Fp8Format f) {
+void CpuOps::fp8_quantize_transposed(const void* x, const float* scale, uint8_t* q, int64_t rows,
+                                     int64_t cols, Fp8Format f) {
   require(rows >= 0 && cols >= 0, "fp8_quantize_transposed", "negative dimension");
   if (rows == 0 || cols == 0) return;
   const float s = scale[0];

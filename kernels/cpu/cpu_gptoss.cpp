@@ -22,8 +22,8 @@ float* F(void* p) { return static_cast<float*>(p); }
 
 bool is_plain(const Ops::AttentionVariant& var) { return var.window == 0 && var.sinks == nullptr; }
 
-void check_variant(int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D, const Ops::AttentionVariant& var,
-                   const char* op) {
+void check_variant(int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D,
+                   const Ops::AttentionVariant& var, const char* op) {
   require(n_seq >= 0 && L >= 0 && D > 0, op, "bad dimensions");
   require(nq > 0 && nkv > 0 && nq % nkv == 0, op, "nq must be a positive multiple of nkv");
   require(var.window >= 0, op, "negative window");
@@ -61,8 +61,8 @@ float softmax_row(const float* q, const float* k, int64_t ldk, int64_t lo, int64
 }  // namespace
 
 void CpuOps::attention_fwd_v(const void* q, const void* k, const void* v, void* o, float* lse, int64_t n_seq,
-                             int64_t L, int64_t nq, int64_t nkv, int64_t D, float scale, const AttentionVariant& var,
-                             void* scratch) {
+                             int64_t L, int64_t nq, int64_t nkv, int64_t D, float scale,
+                             const AttentionVariant& var, void* scratch) {
   const char* op = "attention_fwd_v";
   check_variant(n_seq, L, nq, nkv, D, var, op);
   if (is_plain(var)) {
@@ -78,8 +78,8 @@ void CpuOps::attention_fwd_v(const void* q, const void* k, const void* v, void* 
       for (int64_t h = 0; h < nq; ++h) {
         const float* kb = F(k) + s * L * ldk + (h / rep) * D;
         const float* vb = F(v) + s * L * ldk + (h / rep) * D;
-        const float l = softmax_row(F(q) + (s * L + t) * ldq + h * D, kb, ldk, lo, t, D, scale, sinks != nullptr,
-                                    sinks ? sinks[h] : 0.f, p);
+        const float l = softmax_row(F(q) + (s * L + t) * ldq + h * D, kb, ldk, lo, t, D, scale,
+                                    sinks != nullptr, sinks ? sinks[h] : 0.f, p);
         MVec out(F(o) + (s * L + t) * ldq + h * D, D);
         out.setZero();
         for (int64_t j = lo; j <= t; ++j) out += p[size_t(j - lo)] * Vec(vb + j * ldk, D);
@@ -89,15 +89,17 @@ void CpuOps::attention_fwd_v(const void* q, const void* k, const void* v, void* 
 }
 
 void CpuOps::attention_bwd_v(const void* q, const void* k, const void* v, const void* o, const float* lse,
-                             const void* dout, void* dq, void* dk, void* dv, int64_t n_seq, int64_t L, int64_t nq,
-                             int64_t nkv, int64_t D, float scale, const AttentionVariant& var, void* scratch) {
+                             const void* dout, void* dq, void* dk, void* dv, int64_t n_seq, int64_t L,
+                             int64_t nq, int64_t nkv, int64_t D, float scale, const AttentionVariant& var,
+                             void* scratch) {
   const char* op = "attention_bwd_v";
   check_variant(n_seq, L, nq, nkv, D, var, op);
   require(n_seq * L == 0 || lse != nullptr, op, "lse is null");
   require(var.dsinks == nullptr || var.sinks != nullptr, op, "dsinks without sinks");
   if (is_plain(var)) {
     if (var.pos)
-      return attention_bwd_packed(q, k, v, o, lse, dout, var.pos, dq, dk, dv, n_seq, L, nq, nkv, D, scale, scratch);
+      return attention_bwd_packed(q, k, v, o, lse, dout, var.pos, dq, dk, dv, n_seq, L, nq, nkv, D, scale,
+                                  scratch);
     return attention_bwd(q, k, v, o, lse, dout, dq, dk, dv, n_seq, L, nq, nkv, D, scale, scratch);
   }
   const int64_t rep = nq / nkv, ldq = nq * D, ldk = nkv * D;
@@ -131,8 +133,8 @@ void CpuOps::attention_bwd_v(const void* q, const void* k, const void* v, const 
     for (int64_t h = 0; h < nq; ++h) dsinks[h] += float(dsink[size_t(h)]);
 }
 
-void CpuOps::attention_decode_v(const void* q, const void* k_cache, const void* v_cache, void* o, int64_t past,
-                                int64_t n, int64_t nq, int64_t nkv, int64_t D, float scale,
+void CpuOps::attention_decode_v(const void* q, const void* k_cache, const void* v_cache, void* o,
+                                int64_t past, int64_t n, int64_t nq, int64_t nkv, int64_t D, float scale,
                                 const AttentionVariant& var) {
   const char* op = "attention_decode_v";
   check_variant(1, n, nq, nkv, D, var, op);
@@ -146,7 +148,8 @@ void CpuOps::attention_decode_v(const void* q, const void* k_cache, const void* 
     for (int64_t h = 0; h < nq; ++h) {
       const float* kb = F(k_cache) + (h / rep) * D;
       const float* vb = F(v_cache) + (h / rep) * D;
-      softmax_row(F(q) + i * ldq + h * D, kb, ldk, lo, t, D, scale, sinks != nullptr, sinks ? sinks[h] : 0.f, p);
+      softmax_row(F(q) + i * ldq + h * D, kb, ldk, lo, t, D, scale, sinks != nullptr, sinks ? sinks[h] : 0.f,
+                  p);
       MVec out(F(o) + i * ldq + h * D, D);
       out.setZero();
       for (int64_t j = lo; j <= t; ++j) out += p[size_t(j - lo)] * Vec(vb + j * ldk, D);

@@ -152,8 +152,8 @@ void CpuOps::moe_gather_bwd(const void* dxs, const int32_t* row, void* dx, int64
   }
 }
 
-void CpuOps::grouped_linear_fwd(const void* x, const void* w, void* y, const int32_t* off, int64_t E, int64_t K,
-                                int64_t N) {
+void CpuOps::grouped_linear_fwd(const void* x, const void* w, void* y, const int32_t* off, int64_t E,
+                                int64_t K, int64_t N) {
   check_offsets(off, E, "grouped_linear_fwd");
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = off[e], n = off[e + 1] - off[e];

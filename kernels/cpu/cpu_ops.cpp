@@ -9,9 +9,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 #include <string>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -27,8 +27,7 @@ void require(bool cond, const char* op, const char* what) {
   if (!cond) throw std::invalid_argument(std::string(op) + ": " + what);
 }
 
-void parallel_for(int threads, int64_t n, int64_t grain,
-                  const std::function<void(int64_t, int64_t)>& fn) {
+void parallel_for(int threads, int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
   if (grain < 1) grain = 1;
   int64_t parts = std::min<int64_t>(threads, (n + grain - 1) / grain);
@@ -48,16 +47,15 @@ void parallel_for(int threads, int64_t n, int64_t grain,
       if (!err) err = std::current_exception();
     }
   };
-  for (int64_t p = 1; p < parts; ++p)
-    pool.emplace_back(run, n * p / parts, n * (p + 1) / parts);
+  for (int64_t p = 1; p < parts; ++p) pool.emplace_back(run, n * p / parts, n * (p + 1) / parts);
   run(0, n / parts);
   for (auto& t : pool) t.join();
   if (err) std::rethrow_exception(err);
 }
 
 // Splits along the larger output dimension; each part is one Eigen GEMM.
-void gemm_nt(int threads, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
-             const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+void gemm_nt(int threads, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+             int64_t ldb, float* C, int64_t ldc, bool accumulate) {
   auto part = [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
     CMat a(A + m0 * lda, m1 - m0, K, Eigen::OuterStride<>(lda));
     CMat b(B + n0 * ldb, n1 - n0, K, Eigen::OuterStride<>(ldb));
@@ -69,8 +67,8 @@ void gemm_nt(int threads, int64_t M, int64_t N, int64_t K, const float* A, int64
   else parallel_for(threads, N, 64, [&](int64_t b, int64_t e) { part(0, M, b, e); });
 }
 
-void gemm_nn(int threads, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
-             const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+void gemm_nn(int threads, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+             int64_t ldb, float* C, int64_t ldc, bool accumulate) {
   auto part = [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
     CMat a(A + m0 * lda, m1 - m0, K, Eigen::OuterStride<>(lda));
     CMat b(B + n0, K, n1 - n0, Eigen::OuterStride<>(ldb));
@@ -82,8 +80,8 @@ void gemm_nn(int threads, int64_t M, int64_t N, int64_t K, const float* A, int64
   else parallel_for(threads, N, 64, [&](int64_t b, int64_t e) { part(0, M, b, e); });
 }
 
-void gemm_tn(int threads, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
-             const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+void gemm_tn(int threads, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+             int64_t ldb, float* C, int64_t ldc, bool accumulate) {
   auto part = [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
     CMat a(A + m0, K, m1 - m0, Eigen::OuterStride<>(lda));
     CMat b(B + n0, K, n1 - n0, Eigen::OuterStride<>(ldb));
@@ -150,15 +148,13 @@ void CpuOps::dequantize(WeightFormat f, const void* src, void* dst, int64_t n) {
   dequantize_weights(f, src, F(dst), n);  // the compute dtype is f32
 }
 
-void CpuOps::add_into(DType dst_t, void* dst, DType src_t, const void* src, int64_t n,
-                      float alpha) {
+void CpuOps::add_into(DType dst_t, void* dst, DType src_t, const void* src, int64_t n, float alpha) {
   check_n(n, "add_into");
   if (dst_t == DType::f32 && src_t == DType::f32) {
     MVec(F(dst), n) += alpha * CVec(F(src), n);
     return;
   }
-  for (int64_t i = 0; i < n; ++i)
-    store(dst_t, dst, i, load(dst_t, dst, i) + alpha * load(src_t, src, i));
+  for (int64_t i = 0; i < n; ++i) store(dst_t, dst, i, load(dst_t, dst, i) + alpha * load(src_t, src, i));
 }
 
 void CpuOps::add(const void* a, const void* b, void* y, int64_t n) {
@@ -170,8 +166,7 @@ void CpuOps::add(const void* a, const void* b, void* y, int64_t n) {
 
 // ---- linear --------------------------------------------------------------------
 
-void CpuOps::linear_fwd(const void* x, const void* w, void* y, int64_t M, int64_t K,
-                        int64_t N) {
+void CpuOps::linear_fwd(const void* x, const void* w, void* y, int64_t M, int64_t K, int64_t N) {
   require(M >= 0 && K >= 0 && N >= 0, "linear_fwd", "negative dimension");
   if (M == 0 || N == 0) return;
   if (K == 0) return fill(DType::f32, y, M * N, 0.f);
@@ -179,20 +174,20 @@ void CpuOps::linear_fwd(const void* x, const void* w, void* y, int64_t M, int64_
   gemm_nt(threads_, M, N, K, F(x), K, F(w), K, F(y), N, false);
 }
 
-void CpuOps::linear_bwd_input(const void* dy, const void* w, void* dx, int64_t M, int64_t K,
-                              int64_t N, bool accumulate) {
+void CpuOps::linear_bwd_input(const void* dy, const void* w, void* dx, int64_t M, int64_t K, int64_t N,
+                              bool accumulate) {
   require(M >= 0 && K >= 0 && N >= 0, "linear_bwd_input", "negative dimension");
   if (M == 0 || K == 0) return;
   if (N == 0) {
     if (!accumulate) fill(DType::f32, dx, M * K, 0.f);
     return;
   }
-  if (f16_accum_) return gemm_f16_accumulate(threads_, M, K, N, F(dy), N, F(w), K, false, F(dx), K, 1.f, accumulate);
+  if (f16_accum_)
+    return gemm_f16_accumulate(threads_, M, K, N, F(dy), N, F(w), K, false, F(dx), K, 1.f, accumulate);
   gemm_nn(threads_, M, K, N, F(dy), N, F(w), K, F(dx), K, accumulate);
 }
 
-void CpuOps::linear_bwd_weight(const void* dy, const void* x, void* dw, int64_t M, int64_t K,
-                               int64_t N) {
+void CpuOps::linear_bwd_weight(const void* dy, const void* x, void* dw, int64_t M, int64_t K, int64_t N) {
   require(M >= 0 && K >= 0 && N >= 0, "linear_bwd_weight", "negative dimension");
   if (M == 0 || N == 0 || K == 0) return;
   gemm_tn(threads_, N, K, M, F(dy), N, F(x), K, F(dw), K, true);
@@ -204,32 +199,27 @@ namespace {
 void check_ids(const int32_t* ids, int64_t T, int64_t V, const char* op) {
   for (int64_t t = 0; t < T; ++t)
     if (ids[t] < 0 || ids[t] >= V)
-      throw std::out_of_range(std::string(op) + ": token id " + std::to_string(ids[t]) +
-                              " at position " + std::to_string(t) + " outside [0, " +
-                              std::to_string(V) + ")");
+      throw std::out_of_range(std::string(op) + ": token id " + std::to_string(ids[t]) + " at position " +
+                              std::to_string(t) + " outside [0, " + std::to_string(V) + ")");
 }
 }  // namespace
 
-void CpuOps::embedding_fwd(const int32_t* ids, const void* table, void* y, int64_t T,
-                           int64_t H, int64_t V) {
+void CpuOps::embedding_fwd(const int32_t* ids, const void* table, void* y, int64_t T, int64_t H, int64_t V) {
   require(T >= 0 && H >= 0 && V >= 0, "embedding_fwd", "negative dimension");
   check_ids(ids, T, V, "embedding_fwd");
-  for (int64_t t = 0; t < T; ++t)
-    std::memcpy(F(y) + t * H, F(table) + int64_t(ids[t]) * H, size_t(H) * 4);
+  for (int64_t t = 0; t < T; ++t) std::memcpy(F(y) + t * H, F(table) + int64_t(ids[t]) * H, size_t(H) * 4);
 }
 
-void CpuOps::embedding_bwd(const int32_t* ids, const void* dy, void* dtable, int64_t T,
-                           int64_t H, int64_t V) {
+void CpuOps::embedding_bwd(const int32_t* ids, const void* dy, void* dtable, int64_t T, int64_t H,
+                           int64_t V) {
   require(T >= 0 && H >= 0 && V >= 0, "embedding_bwd", "negative dimension");
   check_ids(ids, T, V, "embedding_bwd");
-  for (int64_t t = 0; t < T; ++t)
-    MVec(F(dtable) + int64_t(ids[t]) * H, H) += CVec(F(dy) + t * H, H);
+  for (int64_t t = 0; t < T; ++t) MVec(F(dtable) + int64_t(ids[t]) * H, H) += CVec(F(dy) + t * H, H);
 }
 
 // ---- RMSNorm -------------------------------------------------------------------
 
-void CpuOps::rmsnorm_fwd(const void* x, const void* w, void* y, int64_t R, int64_t n,
-                         float eps) {
+void CpuOps::rmsnorm_fwd(const void* x, const void* w, void* y, int64_t R, int64_t n, float eps) {
   require(R >= 0 && n > 0, "rmsnorm_fwd", "need R >= 0 rows of n > 0 columns");
   CVec wv(F(w), n);
   for (int64_t r = 0; r < R; ++r) {
@@ -239,8 +229,8 @@ void CpuOps::rmsnorm_fwd(const void* x, const void* w, void* y, int64_t R, int64
   }
 }
 
-void CpuOps::rmsnorm_bwd(const void* x, const void* w, const void* dy, void* dx, void* dw,
-                         int64_t R, int64_t n, float eps, bool accumulate_dx) {
+void CpuOps::rmsnorm_bwd(const void* x, const void* w, const void* dy, void* dx, void* dw, int64_t R,
+                         int64_t n, float eps, bool accumulate_dx) {
   require(R >= 0 && n > 0, "rmsnorm_bwd", "need R >= 0 rows of n > 0 columns");
   CVec wv(F(w), n);
   auto rsqrt_row = [&](const CVec& xr) { return 1.0f / std::sqrt(xr.square().sum() / float(n) + eps); };
@@ -271,8 +261,7 @@ void CpuOps::swiglu_fwd(const void* g, const void* u, void* h, int64_t n) {
   MVec(F(h), n) = gv / (1.0f + (-gv).exp()) * uv;
 }
 
-void CpuOps::swiglu_bwd(const void* g, const void* u, const void* dh, void* dg, void* du,
-                        int64_t n) {
+void CpuOps::swiglu_bwd(const void* g, const void* u, const void* dh, void* dg, void* du, int64_t n) {
   check_n(n, "swiglu_bwd");
   const float *pg = F(g), *pu = F(u), *pdh = F(dh);
   float *pdg = F(dg), *pdu = F(du);
@@ -291,7 +280,5 @@ void CpuOps::swiglu_bwd(const void* g, const void* u, const void* dh, void* dg, 
 }  // namespace rp::cpu
 
 namespace rp {
-std::unique_ptr<Ops> make_cpu_ops(int num_threads) {
-  return std::make_unique<cpu::CpuOps>(num_threads);
-}
+std::unique_ptr<Ops> make_cpu_ops(int num_threads) { return std::make_unique<cpu::CpuOps>(num_threads); }
 }  // namespace rp

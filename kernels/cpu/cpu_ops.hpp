@@ -9,18 +9,17 @@ namespace rp::cpu {
 
 /// Runs fn(begin, end) over [0, n) split into at most `threads` contiguous parts
 /// (parts smaller than `grain` are not split further); inline when threads <= 1.
-void parallel_for(int threads, int64_t n, int64_t grain,
-                  const std::function<void(int64_t, int64_t)>& fn);
+void parallel_for(int threads, int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
 /// C[M,N] (+)= A[M,K] * B[N,K]^T   (row-major, leading dims lda/ldb/ldc).
-void gemm_nt(int threads, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
-             const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate);
+void gemm_nt(int threads, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+             int64_t ldb, float* C, int64_t ldc, bool accumulate);
 /// C[M,N] (+)= A[M,K] * B[K,N].
-void gemm_nn(int threads, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
-             const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate);
+void gemm_nn(int threads, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+             int64_t ldb, float* C, int64_t ldc, bool accumulate);
 /// C[M,N] (+)= A[K,M]^T * B[K,N].
-void gemm_tn(int threads, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
-             const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate);
+void gemm_tn(int threads, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+             int64_t ldb, float* C, int64_t ldc, bool accumulate);
 
 /// C[M,N] (+)= alpha * A[M,K] * op(B) (op(B) = B[N,K]^T when b_transposed, else B[K,N]) with
 /// fp16 accumulation emulated (kernels/cpu/cpu_f16_accum.cpp): the CPU twin of the CUDA
@@ -44,16 +43,13 @@ class CpuOps final : public Ops {
   void copy(DType t, void* dst, const void* src, int64_t n) override;
   void cast(DType dst_t, void* dst, DType src_t, const void* src, int64_t n) override;
   void dequantize(WeightFormat f, const void* src, void* dst, int64_t n) override;
-  void add_into(DType dst_t, void* dst, DType src_t, const void* src, int64_t n,
-                float alpha) override;
+  void add_into(DType dst_t, void* dst, DType src_t, const void* src, int64_t n, float alpha) override;
   void add(const void* a, const void* b, void* y, int64_t n) override;
 
-  void linear_fwd(const void* x, const void* w, void* y, int64_t M, int64_t K,
-                  int64_t N) override;
-  void linear_bwd_input(const void* dy, const void* w, void* dx, int64_t M, int64_t K,
-                        int64_t N, bool accumulate) override;
-  void linear_bwd_weight(const void* dy, const void* x, void* dw, int64_t M, int64_t K,
-                         int64_t N) override;
+  void linear_fwd(const void* x, const void* w, void* y, int64_t M, int64_t K, int64_t N) override;
+  void linear_bwd_input(const void* dy, const void* w, void* dx, int64_t M, int64_t K, int64_t N,
+                        bool accumulate) override;
+  void linear_bwd_weight(const void* dy, const void* x, void* dw, int64_t M, int64_t K, int64_t N) override;
   void linear_fwd_add(const void* x, const void* w, void* y, int64_t M, int64_t K, int64_t N,
                       float alpha) override;
   void dropout(const void* x, void* y, int64_t rows, int64_t cols, float p, uint64_t seed,
@@ -64,83 +60,82 @@ class CpuOps final : public Ops {
   void embedding_bwd(const int32_t* ids, const void* dy, void* dtable, int64_t T, int64_t H,
                      int64_t V) override;
 
-  void rmsnorm_fwd(const void* x, const void* w, void* y, int64_t R, int64_t n,
-                   float eps) override;
-  void rmsnorm_bwd(const void* x, const void* w, const void* dy, void* dx, void* dw,
-                   int64_t R, int64_t n, float eps, bool accumulate_dx) override;
+  void rmsnorm_fwd(const void* x, const void* w, void* y, int64_t R, int64_t n, float eps) override;
+  void rmsnorm_bwd(const void* x, const void* w, const void* dy, void* dx, void* dw, int64_t R, int64_t n,
+                   float eps, bool accumulate_dx) override;
 
-  void rope_fwd(void* x, int64_t n_seq, int64_t seq_len, int64_t heads, int64_t D,
-                const float* inv_freq, float scale) override;
-  void rope_bwd(void* dx, int64_t n_seq, int64_t seq_len, int64_t heads, int64_t D,
-                const float* inv_freq, float scale) override;
+  void rope_fwd(void* x, int64_t n_seq, int64_t seq_len, int64_t heads, int64_t D, const float* inv_freq,
+                float scale) override;
+  void rope_bwd(void* dx, int64_t n_seq, int64_t seq_len, int64_t heads, int64_t D, const float* inv_freq,
+                float scale) override;
 
-  void attention_fwd(const void* q, const void* k, const void* v, void* o, float* lse,
-                     int64_t n_seq, int64_t seq_len, int64_t nq, int64_t nkv, int64_t D,
-                     float scale, void* scratch) override;
-  void attention_bwd(const void* q, const void* k, const void* v, const void* o,
-                     const float* lse, const void* dout, void* dq, void* dk, void* dv,
-                     int64_t n_seq, int64_t seq_len, int64_t nq, int64_t nkv, int64_t D,
-                     float scale, void* scratch) override;
+  void attention_fwd(const void* q, const void* k, const void* v, void* o, float* lse, int64_t n_seq,
+                     int64_t seq_len, int64_t nq, int64_t nkv, int64_t D, float scale,
+                     void* scratch) override;
+  void attention_bwd(const void* q, const void* k, const void* v, const void* o, const float* lse,
+                     const void* dout, void* dq, void* dk, void* dv, int64_t n_seq, int64_t seq_len,
+                     int64_t nq, int64_t nkv, int64_t D, float scale, void* scratch) override;
 
   void rope_fwd_at(void* x, const int32_t* pos, int64_t T, int64_t heads, int64_t D, const float* inv_freq,
                    float scale) override;
   void rope_bwd_at(void* dx, const int32_t* pos, int64_t T, int64_t heads, int64_t D, const float* inv_freq,
                    float scale) override;
-  void attention_fwd_packed(const void* q, const void* k, const void* v, void* o, float* lse, const int32_t* pos,
-                            int64_t n_seq, int64_t seq_len, int64_t nq, int64_t nkv, int64_t D, float scale,
-                            void* scratch) override;
+  void attention_fwd_packed(const void* q, const void* k, const void* v, void* o, float* lse,
+                            const int32_t* pos, int64_t n_seq, int64_t seq_len, int64_t nq, int64_t nkv,
+                            int64_t D, float scale, void* scratch) override;
   void attention_bwd_packed(const void* q, const void* k, const void* v, const void* o, const float* lse,
                             const void* dout, const int32_t* pos, void* dq, void* dk, void* dv, int64_t n_seq,
                             int64_t seq_len, int64_t nq, int64_t nkv, int64_t D, float scale,
                             void* scratch) override;
-  void attention_decode(const void* q, const void* k_cache, const void* v_cache, void* o, int64_t past, int64_t n,
-                        int64_t nq, int64_t nkv, int64_t D, float scale) override;
+  void attention_decode(const void* q, const void* k_cache, const void* v_cache, void* o, int64_t past,
+                        int64_t n, int64_t nq, int64_t nkv, int64_t D, float scale) override;
 
   // GPT-OSS (attention variants, per-expert bias, clamped SwiGLU)
   void attention_fwd_v(const void* q, const void* k, const void* v, void* o, float* lse, int64_t n_seq,
-                       int64_t seq_len, int64_t nq, int64_t nkv, int64_t D, float scale, const AttentionVariant& var,
-                       void* scratch) override;
+                       int64_t seq_len, int64_t nq, int64_t nkv, int64_t D, float scale,
+                       const AttentionVariant& var, void* scratch) override;
   void attention_bwd_v(const void* q, const void* k, const void* v, const void* o, const float* lse,
-                       const void* dout, void* dq, void* dk, void* dv, int64_t n_seq, int64_t seq_len, int64_t nq,
-                       int64_t nkv, int64_t D, float scale, const AttentionVariant& var, void* scratch) override;
+                       const void* dout, void* dq, void* dk, void* dv, int64_t n_seq, int64_t seq_len,
+                       int64_t nq, int64_t nkv, int64_t D, float scale, const AttentionVariant& var,
+                       void* scratch) override;
   void attention_decode_v(const void* q, const void* k_cache, const void* v_cache, void* o, int64_t past,
                           int64_t n, int64_t nq, int64_t nkv, int64_t D, float scale,
                           const AttentionVariant& var) override;
   void grouped_bias_fwd(void* y, const void* b, const int32_t* offsets_host, int64_t E, int64_t N) override;
   void grouped_bias_bwd(const void* dy, void* db, const int32_t* offsets_host, int64_t E, int64_t N) override;
-  void swiglu_clamped_fwd(const void* g, const void* u, void* h, int64_t n, float alpha, float limit) override;
-  void swiglu_clamped_bwd(const void* g, const void* u, const void* dh, void* dg, void* du, int64_t n, float alpha,
+  void swiglu_clamped_fwd(const void* g, const void* u, void* h, int64_t n, float alpha,
                           float limit) override;
+  void swiglu_clamped_bwd(const void* g, const void* u, const void* dh, void* dg, void* du, int64_t n,
+                          float alpha, float limit) override;
 
   void swiglu_fwd(const void* g, const void* u, void* h, int64_t n) override;
-  void swiglu_bwd(const void* g, const void* u, const void* dh, void* dg, void* du,
-                  int64_t n) override;
+  void swiglu_bwd(const void* g, const void* u, const void* dh, void* dg, void* du, int64_t n) override;
 
   void moe_route(const void* logits, float* probs, int32_t* topk_idx, float* topk_w, float* stats, int64_t T,
                  int64_t E, int64_t k, bool norm_topk) override;
   void moe_route_bwd(const float* probs, const int32_t* topk_idx, const float* dw, const float* counts,
                      float aux_coef, void* dlogits, int64_t T, int64_t E, int64_t k, bool norm_topk) override;
-  void moe_sort(const int32_t* topk_idx, int32_t* offsets, int32_t* offsets_host, int32_t* row, int32_t* token,
-                int64_t T, int64_t E, int64_t k) override;
+  void moe_sort(const int32_t* topk_idx, int32_t* offsets, int32_t* offsets_host, int32_t* row,
+                int32_t* token, int64_t T, int64_t E, int64_t k) override;
   void gather_rows(const void* x, const int32_t* token, void* xs, int64_t R, int64_t H) override;
-  void moe_combine(const void* ys, const float* w, const int32_t* row, void* y, int64_t T, int64_t k, int64_t H,
-                   bool accumulate) override;
-  void moe_combine_bwd(const void* dy, const void* ys, const float* w, const int32_t* row, void* dys, float* dw,
-                       int64_t T, int64_t k, int64_t H) override;
+  void moe_combine(const void* ys, const float* w, const int32_t* row, void* y, int64_t T, int64_t k,
+                   int64_t H, bool accumulate) override;
+  void moe_combine_bwd(const void* dy, const void* ys, const float* w, const int32_t* row, void* dys,
+                       float* dw, int64_t T, int64_t k, int64_t H) override;
   void moe_gather_bwd(const void* dxs, const int32_t* row, void* dx, int64_t T, int64_t k, int64_t H,
                       bool accumulate) override;
   void grouped_linear_fwd_add(const void* x, const void* w, void* y, const int32_t* offsets_host, int64_t E,
                               int64_t K, int64_t N, float alpha) override;
-  void grouped_linear_fwd(const void* x, const void* w, void* y, const int32_t* offsets_host, int64_t E, int64_t K,
-                          int64_t N) override;
-  void grouped_linear_bwd_input(const void* dy, const void* w, void* dx, const int32_t* offsets_host, int64_t E,
-                                int64_t K, int64_t N, bool accumulate) override;
-  void grouped_linear_bwd_weight(const void* dy, const void* x, void* dw, const int32_t* offsets_host, int64_t E,
-                                 int64_t K, int64_t N) override;
+  void grouped_linear_fwd(const void* x, const void* w, void* y, const int32_t* offsets_host, int64_t E,
+                          int64_t K, int64_t N) override;
+  void grouped_linear_bwd_input(const void* dy, const void* w, void* dx, const int32_t* offsets_host,
+                                int64_t E, int64_t K, int64_t N, bool accumulate) override;
+  void grouped_linear_bwd_weight(const void* dy, const void* x, void* dw, const int32_t* offsets_host,
+                                 int64_t E, int64_t K, int64_t N) override;
 
-  void lm_head_cross_entropy(const void* h, const void* w, const int32_t* targets, int64_t T,
-                             int64_t H, int64_t V, float* loss, void* dh, void* dw,
-                             void* scratch, float loss_scale = 1.0f) override;
+  void lm_head_cross_entropy(const void* h, const void* w, const int32_t* targets, int64_t T, int64_t H,
+                             int64_t V, float* loss, void* dh, void* dw, void* scratch,
+                             float loss_scale = 1.0f) override;
 
   // FP8 (cpu_fp8.cpp)
   void fp8_scale(const void* x, int64_t n, Fp8Format f, float* scale) override;

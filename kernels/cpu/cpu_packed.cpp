@@ -73,19 +73,19 @@ float softmax_row(const float* q, const float* k, int64_t ldk, int64_t lo, int64
 
 }  // namespace
 
-void CpuOps::rope_fwd_at(void* x, const int32_t* pos, int64_t T, int64_t heads, int64_t D, const float* inv_freq,
-                         float scale) {
+void CpuOps::rope_fwd_at(void* x, const int32_t* pos, int64_t T, int64_t heads, int64_t D,
+                         const float* inv_freq, float scale) {
   rope_at(F(x), pos, T, heads, D, inv_freq, scale, false);
 }
 
-void CpuOps::rope_bwd_at(void* dx, const int32_t* pos, int64_t T, int64_t heads, int64_t D, const float* inv_freq,
-                         float scale) {
+void CpuOps::rope_bwd_at(void* dx, const int32_t* pos, int64_t T, int64_t heads, int64_t D,
+                         const float* inv_freq, float scale) {
   rope_at(F(dx), pos, T, heads, D, inv_freq, scale, true);
 }
 
 void CpuOps::attention_fwd_packed(const void* q, const void* k, const void* v, void* o, float* lse,
-                                  const int32_t* pos, int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D,
-                                  float scale, void*) {
+                                  const int32_t* pos, int64_t n_seq, int64_t L, int64_t nq, int64_t nkv,
+                                  int64_t D, float scale, void*) {
   const char* op = "attention_fwd_packed";
   check_shape(n_seq, L, nq, nkv, D, op);
   require(n_seq * L == 0 || pos != nullptr, op, "pos is null");
@@ -106,9 +106,10 @@ void CpuOps::attention_fwd_packed(const void* q, const void* k, const void* v, v
     }
 }
 
-void CpuOps::attention_bwd_packed(const void* q, const void* k, const void* v, const void* o, const float* lse,
-                                  const void* dout, const int32_t* pos, void* dq, void* dk, void* dv, int64_t n_seq,
-                                  int64_t L, int64_t nq, int64_t nkv, int64_t D, float scale, void*) {
+void CpuOps::attention_bwd_packed(const void* q, const void* k, const void* v, const void* o,
+                                  const float* lse, const void* dout, const int32_t* pos, void* dq, void* dk,
+                                  void* dv, int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D,
+                                  float scale, void*) {
   const char* op = "attention_bwd_packed";
   check_shape(n_seq, L, nq, nkv, D, op);
   require(n_seq * L == 0 || (pos != nullptr && lse != nullptr), op, "pos or lse is null");

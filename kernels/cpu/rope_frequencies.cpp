@@ -11,9 +11,7 @@
 namespace rp {
 
 namespace {
-[[noreturn]] void bad(const std::string& what) {
-  throw std::invalid_argument("rope_frequencies: " + what);
-}
+[[noreturn]] void bad(const std::string& what) { throw std::invalid_argument("rope_frequencies: " + what); }
 }  // namespace
 
 RopeTable rope_frequencies(const RopeParams& p) {
@@ -32,15 +30,14 @@ RopeTable rope_frequencies(const RopeParams& p) {
     for (auto& f : inv) f /= p.factor;
   } else if (p.type == "llama3") {
     if (!(p.factor > 0)) bad("llama3: factor must be > 0");
-    if (p.original_max_position_embeddings <= 0)
-      bad("llama3: original_max_position_embeddings must be > 0");
+    if (p.original_max_position_embeddings <= 0) bad("llama3: original_max_position_embeddings must be > 0");
     if (!(p.high_freq_factor > p.low_freq_factor)) bad("llama3: need high_freq_factor > low_freq_factor");
     const double old_ctx = double(p.original_max_position_embeddings);
     const double low_wl = old_ctx / p.low_freq_factor, high_wl = old_ctx / p.high_freq_factor;
     for (auto& f : inv) {
       const double wl = 2 * pi / f;
       if (wl > low_wl) {
-        f = f / p.factor;  // low frequency: interpolate
+        f = f / p.factor;          // low frequency: interpolate
       } else if (wl >= high_wl) {  // medium: smooth blend
         const double s = (old_ctx / wl - p.low_freq_factor) / (p.high_freq_factor - p.low_freq_factor);
         f = (1 - s) * f / p.factor + s * f;
@@ -48,9 +45,8 @@ RopeTable rope_frequencies(const RopeParams& p) {
     }
   } else if (p.type == "yarn") {
     if (!(p.factor > 0)) bad("yarn: factor must be > 0");
-    const double orig = double(p.original_max_position_embeddings > 0
-                                   ? p.original_max_position_embeddings
-                                   : p.max_position_embeddings);
+    const double orig = double(p.original_max_position_embeddings > 0 ? p.original_max_position_embeddings
+                                                                      : p.max_position_embeddings);
     if (!(orig > 0)) bad("yarn: need original_max_position_embeddings or max_position_embeddings");
     auto corr_dim = [&](double rot) {
       return double(D) * std::log(orig / (rot * 2 * pi)) / (2 * std::log(p.theta));

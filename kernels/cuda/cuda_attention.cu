@@ -41,9 +41,8 @@ void check_shape(int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D, c
 
 }  // namespace
 
-void k_attention_fwd(DType t, const void* q, const void* k, const void* v, void* o, float* lse,
-                     int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D, float scale,
-                     int impl, cudaStream_t st) {
+void k_attention_fwd(DType t, const void* q, const void* k, const void* v, void* o, float* lse, int64_t n_seq,
+                     int64_t L, int64_t nq, int64_t nkv, int64_t D, float scale, int impl, cudaStream_t st) {
   check_shape(n_seq, L, nq, nkv, D, "attention_fwd");
   if (n_seq * L == 0) return;
   if (!flash::usable(impl, D, {q, k, v, o})) {
@@ -51,14 +50,14 @@ void k_attention_fwd(DType t, const void* q, const void* k, const void* v, void*
     return;
   }
   const bool wide = (impl == 0 ? kDefaultImpl : impl) == 3;
-  RP_DISPATCH_16("attention_fwd", t, T,
-                 launch_fwd_dim<T>(int(D), wide, q, k, v, o, lse, int(n_seq), int(L), int(nq), int(nkv), scale, st));
+  RP_DISPATCH_16(
+      "attention_fwd", t, T,
+      launch_fwd_dim<T>(int(D), wide, q, k, v, o, lse, int(n_seq), int(L), int(nq), int(nkv), scale, st));
 }
 
-void k_attention_bwd(DType t, const void* q, const void* k, const void* v, const void* o,
-                     const float* lse, const void* dout, void* dq, void* dk, void* dv,
-                     int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D, float scale,
-                     void* scratch, int impl, cudaStream_t st) {
+void k_attention_bwd(DType t, const void* q, const void* k, const void* v, const void* o, const float* lse,
+                     const void* dout, void* dq, void* dk, void* dv, int64_t n_seq, int64_t L, int64_t nq,
+                     int64_t nkv, int64_t D, float scale, void* scratch, int impl, cudaStream_t st) {
   check_shape(n_seq, L, nq, nkv, D, "attention_bwd");
   if (n_seq * L == 0) return;
   // scratch: dq accumulator [T, nq, D] fp32, then Di [n_seq, nq, L] fp32
@@ -74,8 +73,8 @@ void k_attention_bwd(DType t, const void* q, const void* k, const void* v, const
   RP_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, size_t(rows * D) * sizeof(float), st));
   const bool pipe = (impl == 0 ? kDefaultImpl : impl) == 3;
   RP_DISPATCH_16("attention_bwd", t, T,
-                 launch_bwd_dim<T>(int(D), pipe, q, k, v, dout, lse, di, dq_acc, dk, dv, int(n_seq), int(L), int(nq),
-                                   int(nkv), scale, st));
+                 launch_bwd_dim<T>(int(D), pipe, q, k, v, dout, lse, di, dq_acc, dk, dv, int(n_seq), int(L),
+                                   int(nq), int(nkv), scale, st));
   k_cast(t, dq, DType::f32, dq_acc, rows * D, st);
 }
 

@@ -46,10 +46,9 @@ __device__ __forceinline__ int first_key(const int32_t* pos, int64_t row, int t,
 
 // q, o [n_seq*Lq, nq, D]; k, v rows of sequence sq at (sq*Lk + j); lse [n_seq, nq, Lq].
 template <typename T, bool kWindow, bool kSinks>
-__global__ void __launch_bounds__(128) rows_fwd_kernel(const T* q, const T* k, const T* v, T* o, float* lse,
-                                                       const int32_t* pos, const T* sinks, int window, int n_seq,
-                                                       int Lq, int Lk, int past, int nq, int nkv, int D,
-                                                       float scale) {
+__global__ void __launch_bounds__(128)
+    rows_fwd_kernel(const T* q, const T* k, const T* v, T* o, float* lse, const int32_t* pos, const T* sinks,
+                    int window, int n_seq, int Lq, int Lk, int past, int nq, int nkv, int D, float scale) {
   const int64_t w = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;  // (s, t, h)
   if (w >= int64_t(n_seq) * Lq * nq) return;
   const int lane = threadIdx.x % 32;
@@ -85,8 +84,8 @@ __global__ void __launch_bounds__(128) rows_fwd_kernel(const T* q, const T* k, c
 
 // Di = rowsum(dO * O) per (row, head), fp32 [n_seq, nq, L]; one warp per row, any D.
 template <typename T>
-__global__ void __launch_bounds__(256) di_kernel(const T* o, const T* dout, float* di, int64_t rows, int L, int nq,
-                                                 int D) {
+__global__ void __launch_bounds__(256)
+    di_kernel(const T* o, const T* dout, float* di, int64_t rows, int L, int nq, int D) {
   const int64_t r = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
   if (r >= rows) return;
   const int lane = threadIdx.x % 32;
@@ -103,10 +102,10 @@ __global__ void __launch_bounds__(256) di_kernel(const T* o, const T* dout, floa
 }
 
 template <typename T, bool kWindow>
-__global__ void __launch_bounds__(128) rows_bwd_dq_kernel(const T* q, const T* k, const T* v, const float* lse,
-                                                          const float* di, const T* dout, const int32_t* pos, T* dq,
-                                                          int window, int n_seq, int L, int nq, int nkv, int D,
-                                                          float scale) {
+__global__ void __launch_bounds__(128)
+    rows_bwd_dq_kernel(const T* q, const T* k, const T* v, const float* lse, const float* di, const T* dout,
+                       const int32_t* pos, T* dq, int window, int n_seq, int L, int nq, int nkv, int D,
+                       float scale) {
   const int64_t w = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
   if (w >= int64_t(n_seq) * L * nq) return;
   const int lane = threadIdx.x % 32;
@@ -139,8 +138,8 @@ __global__ void __launch_bounds__(128) rows_bwd_dq_kernel(const T* q, const T* k
 /// One (query row, head) term of key row kv/vv's dV and dK sums (x, y: scratch rows).
 template <typename T>
 __device__ __forceinline__ void dkdv_step(const T* qr, const T* gr, float ls, float dd, const float (&kv)[kE],
-                                          const float (&vv)[kE], float (&ak)[kE], float (&av)[kE], float (&x)[kE],
-                                          float (&y)[kE], int D, int lane, float scale) {
+                                          const float (&vv)[kE], float (&ak)[kE], float (&av)[kE],
+                                          float (&x)[kE], float (&y)[kE], int D, int lane, float scale) {
   load_row(qr, D, lane, x);
   load_row(gr, D, lane, y);
   const float p = expf(dot_row(x, kv) * scale - ls);
@@ -157,10 +156,10 @@ __device__ __forceinline__ void dkdv_step(const T* qr, const T* gr, float ls, fl
 // row by row, each row's query heads in turn. kHeadsOuter (no pos, no window: every t >= j)
 // sums head by head instead, the order of the plain attention's simple path.
 template <typename T, bool kWindow, bool kHeadsOuter>
-__global__ void __launch_bounds__(128) rows_bwd_dkdv_kernel(const T* q, const T* k, const T* v, const float* lse,
-                                                            const float* di, const T* dout, const int32_t* pos,
-                                                            T* dk, T* dv, int window, int n_seq, int L, int nq,
-                                                            int nkv, int D, float scale) {
+__global__ void __launch_bounds__(128)
+    rows_bwd_dkdv_kernel(const T* q, const T* k, const T* v, const float* lse, const float* di, const T* dout,
+                         const int32_t* pos, T* dk, T* dv, int window, int n_seq, int L, int nq, int nkv,
+                         int D, float scale) {
   const int64_t w = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;  // (s, j, kh)
   if (w >= int64_t(n_seq) * L * nkv) return;
   const int lane = threadIdx.x % 32;
@@ -222,9 +221,9 @@ void k_attention_rows_fwd_v(DType t, const void* q, const void* k, const void* v
   RP_DISPATCH_16("attention_fwd (rows)", t, T, {
     auto launch = [&](auto kernel) {
       kernel<<<unsigned((warps + 3) / 4), 128, 0, st>>>(
-          static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<T*>(o), lse,
-          pos, static_cast<const T*>(sinks), win, int(n_seq), int(Lq), int(Lk), int(past), int(nq), int(nkv),
-          int(D), scale);
+          static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<T*>(o),
+          lse, pos, static_cast<const T*>(sinks), win, int(n_seq), int(Lq), int(Lk), int(past), int(nq),
+          int(nkv), int(D), scale);
     };
     if (win > 0 && sinks) launch(rows_fwd_kernel<T, true, true>);
     else if (win > 0) launch(rows_fwd_kernel<T, true, false>);
@@ -239,16 +238,16 @@ void k_attention_di(DType t, const void* o, const void* dout, float* di, int64_t
   const int64_t rows = n_seq * L * nq;
   if (rows == 0) return;
   RP_DISPATCH_16("attention Di", t, T, {
-    di_kernel<T><<<unsigned((rows + 7) / 8), 256, 0, st>>>(static_cast<const T*>(o), static_cast<const T*>(dout), di,
-                                                           rows, int(L), int(nq), int(D));
+    di_kernel<T><<<unsigned((rows + 7) / 8), 256, 0, st>>>(
+        static_cast<const T*>(o), static_cast<const T*>(dout), di, rows, int(L), int(nq), int(D));
   });
   RP_CUDA_LAUNCH_CHECK("attention Di");
 }
 
 void k_attention_rows_bwd_v(DType t, const void* q, const void* k, const void* v, const float* lse,
-                            const float* di, const void* dout, const int32_t* pos, void* dq, void* dk, void* dv,
-                            int64_t window, int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D,
-                            float scale, cudaStream_t st, bool heads_outer) {
+                            const float* di, const void* dout, const int32_t* pos, void* dq, void* dk,
+                            void* dv, int64_t window, int64_t n_seq, int64_t L, int64_t nq, int64_t nkv,
+                            int64_t D, float scale, cudaStream_t st, bool heads_outer) {
   check(n_seq, L, nq, nkv, D, "attention_bwd (rows)");
   if (heads_outer && (pos != nullptr || window > 0))
     throw std::invalid_argument("attention_bwd (rows): heads_outer needs pos null and window 0");
@@ -259,8 +258,8 @@ void k_attention_rows_bwd_v(DType t, const void* q, const void* k, const void* v
     auto dq_kernel = win > 0 ? rows_bwd_dq_kernel<T, true> : rows_bwd_dq_kernel<T, false>;
     dq_kernel<<<unsigned((rows + 3) / 4), 128, 0, st>>>(
         static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), lse, di,
-        static_cast<const T*>(dout), pos, static_cast<T*>(dq), win, int(n_seq), int(L), int(nq), int(nkv), int(D),
-        scale);
+        static_cast<const T*>(dout), pos, static_cast<T*>(dq), win, int(n_seq), int(L), int(nq), int(nkv),
+        int(D), scale);
     const int64_t kr = n_seq * L * nkv;
     auto dkdv_kernel = heads_outer ? rows_bwd_dkdv_kernel<T, false, true>
                        : win > 0   ? rows_bwd_dkdv_kernel<T, true, false>

@@ -42,15 +42,16 @@ bool k_attention_flash_fwd_v(DType t, const void* q, const void* k, const void* 
   check_shape(n_seq, L, nq, "attention_fwd_v");
   const flash::Variant var = variant(pos, sinks, window);
   const int n = int(n_seq), l = int(L), a = int(nq), b = int(nkv);
-  RP_DISPATCH_16("attention_fwd_v", t, T,
-                 flash::launch_fwd_dim<T, true>(int(D), impl != 2, q, k, v, o, lse, n, l, a, b, scale, st, var));
+  RP_DISPATCH_16(
+      "attention_fwd_v", t, T,
+      flash::launch_fwd_dim<T, true>(int(D), impl != 2, q, k, v, o, lse, n, l, a, b, scale, st, var));
   return true;
 }
 
 bool k_attention_flash_bwd_v(DType t, const void* q, const void* k, const void* v, const float* lse,
-                             const float* di, const void* dout, const int32_t* pos, void* dq, void* dk, void* dv,
-                             float* dq_acc, int64_t window, int64_t n_seq, int64_t L, int64_t nq, int64_t nkv,
-                             int64_t D, float scale, int impl, cudaStream_t st) {
+                             const float* di, const void* dout, const int32_t* pos, void* dq, void* dk,
+                             void* dv, float* dq_acc, int64_t window, int64_t n_seq, int64_t L, int64_t nq,
+                             int64_t nkv, int64_t D, float scale, int impl, cudaStream_t st) {
   if (!flash::usable(impl, D, {q, k, v, dout, dq, dk, dv})) return false;
   check_shape(n_seq, L, nq, "attention_bwd_v");
   const flash::Variant var = variant(pos, nullptr, window);
@@ -58,8 +59,8 @@ bool k_attention_flash_bwd_v(DType t, const void* q, const void* k, const void* 
   RP_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, size_t(rows * D) * sizeof(float), st));
   const int n = int(n_seq), l = int(L), a = int(nq), b = int(nkv);
   RP_DISPATCH_16("attention_bwd_v", t, T,
-                 flash::launch_bwd_dim<T, true>(int(D), impl != 2, q, k, v, dout, lse, di, dq_acc, dk, dv, n, l, a, b,
-                                                scale, st, var));
+                 flash::launch_bwd_dim<T, true>(int(D), impl != 2, q, k, v, dout, lse, di, dq_acc, dk, dv, n,
+                                                l, a, b, scale, st, var));
   k_cast(t, dq, DType::f32, dq_acc, rows * D, st);
   return true;
 }

@@ -88,11 +88,10 @@ int64_t attention_bwd_passes(Ops& ops);
 /// ke[t, i, :] = k[t, (h0 + i) / r, :] (ve from v, compute dtype) for i < hc, and
 /// out[t, g, :] (+)= sum_{j<m} in[t, g*m + j, :] for g < G (fp32 sums; in [T, G*m, D] of in_t,
 /// out rows of out_row elements of out_t; dtypes bf16, f16 or f32).
-void gqa_expand_kv(Ops& ops, const void* k, const void* v, void* ke, void* ve, int64_t T,
-                   int64_t nkv, int64_t h0, int64_t hc, int64_t r, int64_t D);
-void gqa_group_sum(Ops& ops, DType in_t, const void* in_k, const void* in_v, DType out_t,
-                   void* out_k, void* out_v, int64_t out_row, int64_t T, int64_t G, int64_t m,
-                   int64_t D, bool accumulate);
+void gqa_expand_kv(Ops& ops, const void* k, const void* v, void* ke, void* ve, int64_t T, int64_t nkv,
+                   int64_t h0, int64_t hc, int64_t r, int64_t D);
+void gqa_group_sum(Ops& ops, DType in_t, const void* in_k, const void* in_v, DType out_t, void* out_k,
+                   void* out_v, int64_t out_row, int64_t T, int64_t G, int64_t m, int64_t D, bool accumulate);
 
 /// Ops::dequantize on the ops' compute stream with the output in out_t (f32, bf16 or f16)
 /// instead of the compute dtype (CUDA ops are bf16 or f16; tests and benchmarks reach the

@@ -18,8 +18,7 @@
 namespace rp::cuda {
 
 [[noreturn]] void throw_cuda_error(cudaError_t e, const char* what, const char* file, int line);
-[[noreturn]] void throw_cublas_error(cublasStatus_t s, const char* what, const char* file,
-                                     int line);
+[[noreturn]] void throw_cublas_error(cublasStatus_t s, const char* what, const char* file, int line);
 
 inline void check(cudaError_t e, const char* what, const char* file, int line) {
   if (e != cudaSuccess) throw_cuda_error(e, what, file, line);

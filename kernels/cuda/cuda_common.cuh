@@ -21,11 +21,24 @@ __device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float to_f(f16 x) { return __half2float(x); }
 __device__ __forceinline__ float to_f(int32_t x) { return float(x); }
 
-template <typename T> __device__ __forceinline__ T from_f(float v);
-template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
-template <> __device__ __forceinline__ bf16 from_f<bf16>(float v) { return __float2bfloat16_rn(v); }
-template <> __device__ __forceinline__ f16 from_f<f16>(float v) { return __float2half_rn(v); }
-template <> __device__ __forceinline__ int32_t from_f<int32_t>(float v) { return int32_t(v); }
+template <typename T>
+__device__ __forceinline__ T from_f(float v);
+template <>
+__device__ __forceinline__ float from_f<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ bf16 from_f<bf16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ f16 from_f<f16>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ int32_t from_f<int32_t>(float v) {
+  return int32_t(v);
+}
 
 /// Loads N consecutive elements of p as floats; with VEC the address must be 16-byte
 /// aligned and N*sizeof(T) a multiple of 16 (then 16-byte loads are used).
@@ -99,27 +112,43 @@ inline unsigned grid_for(int64_t work, int64_t per_block, int64_t cap = 65536) {
 }  // namespace rp::cuda
 
 /// Runs the statement list with `T` bound to the 16-bit storage type of dtype `t`.
-#define RP_DISPATCH_16(op, t, T, ...)                                      \
-  do {                                                                     \
-    if ((t) == ::rp::DType::bf16) {                                        \
-      using T = ::rp::cuda::bf16;                                          \
-      __VA_ARGS__;                                                         \
-    } else if ((t) == ::rp::DType::f16) {                                  \
-      using T = ::rp::cuda::f16;                                           \
-      __VA_ARGS__;                                                         \
-    } else {                                                               \
-      ::rp::cuda::bad_dtype(op, t);                                        \
-    }                                                                      \
+#define RP_DISPATCH_16(op, t, T, ...)     \
+  do {                                    \
+    if ((t) == ::rp::DType::bf16) {       \
+      using T = ::rp::cuda::bf16;         \
+      __VA_ARGS__;                        \
+    } else if ((t) == ::rp::DType::f16) { \
+      using T = ::rp::cuda::f16;          \
+      __VA_ARGS__;                        \
+    } else {                              \
+      ::rp::cuda::bad_dtype(op, t);       \
+    }                                     \
   } while (0)
 
 /// Same for any of the four storage types.
-#define RP_DISPATCH_ANY(op, t, T, ...)                                     \
-  do {                                                                     \
-    switch (t) {                                                           \
-      case ::rp::DType::f32: { using T = float; __VA_ARGS__; break; }      \
-      case ::rp::DType::bf16: { using T = ::rp::cuda::bf16; __VA_ARGS__; break; } \
-      case ::rp::DType::f16: { using T = ::rp::cuda::f16; __VA_ARGS__; break; }   \
-      case ::rp::DType::i32: { using T = int32_t; __VA_ARGS__; break; }    \
-      default: ::rp::cuda::bad_dtype(op, t);                               \
-    }                                                                      \
+#define RP_DISPATCH_ANY(op, t, T, ...)       \
+  do {                                       \
+    switch (t) {                             \
+      case ::rp::DType::f32: {               \
+        using T = float;                     \
+        __VA_ARGS__;                         \
+        break;                               \
+      }                                      \
+      case ::rp::DType::bf16: {              \
+        using T = ::rp::cuda::bf16;          \
+        __VA_ARGS__;                         \
+        break;                               \
+      }                                      \
+      case ::rp::DType::f16: {               \
+        using T = ::rp::cuda::f16;           \
+        __VA_ARGS__;                         \
+        break;                               \
+      }                                      \
+      case ::rp::DType::i32: {               \
+        using T = int32_t;                   \
+        __VA_ARGS__;                         \
+        break;                               \
+      }                                      \
+      default: ::rp::cuda::bad_dtype(op, t); \
+    }                                        \
   } while (0)

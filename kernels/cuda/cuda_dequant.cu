@@ -19,8 +19,8 @@ namespace rp::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kPer = 8;    // outputs per thread and step
-constexpr int kSteps = 4;  // steps per tile
+constexpr int kPer = 8;                          // outputs per thread and step
+constexpr int kSteps = 4;                        // steps per tile
 constexpr int kTile = kThreads * kPer * kSteps;  // 8192 outputs per tile
 
 // The 16 code values of a 4-bit format (kNf4 or kMxfp4), staged in shared memory.
@@ -100,8 +100,8 @@ __device__ __forceinline__ int stage_bytes(const uint8_t* g, int len, uint8_t* s
 }
 
 template <class F, typename T, bool VEC>
-__global__ void __launch_bounds__(kThreads) dequant_blocks_kernel(const uint8_t* src, T* dst,
-                                                                  int64_t nblocks, Nf4Table tab) {
+__global__ void __launch_bounds__(kThreads)
+    dequant_blocks_kernel(const uint8_t* src, T* dst, int64_t nblocks, Nf4Table tab) {
   constexpr int kBlocksPerTile = kTile / F::kVals;
   constexpr int kParts = F::kVals / kPer;
   constexpr int kTileBytes = kBlocksPerTile * F::kBytes;
@@ -139,10 +139,8 @@ void launch_blocks(const void* src, T* dst, int64_t n, cudaStream_t st) {
   const int64_t nblocks = n / F::kVals;
   const unsigned grid = grid_for(nblocks, kTile / F::kVals);
   const auto* s = static_cast<const uint8_t*>(src);
-  if (aligned16(dst))
-    dequant_blocks_kernel<F, T, true><<<grid, kThreads, 0, st>>>(s, dst, nblocks, tab);
-  else
-    dequant_blocks_kernel<F, T, false><<<grid, kThreads, 0, st>>>(s, dst, nblocks, tab);
+  if (aligned16(dst)) dequant_blocks_kernel<F, T, true><<<grid, kThreads, 0, st>>>(s, dst, nblocks, tab);
+  else dequant_blocks_kernel<F, T, false><<<grid, kThreads, 0, st>>>(s, dst, nblocks, tab);
   RP_CUDA_LAUNCH_CHECK("dequantize");
 }
 
@@ -160,7 +158,8 @@ __device__ __forceinline__ float plain_at(const uint8_t* p) {
 }
 
 template <typename S, typename T>
-__global__ void __launch_bounds__(kThreads) dequant_plain_bytes_kernel(const uint8_t* src, T* dst, int64_t n) {
+__global__ void __launch_bounds__(kThreads)
+    dequant_plain_bytes_kernel(const uint8_t* src, T* dst, int64_t n) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
     dst[i] = from_f<T>(plain_at<S>(src + i * int64_t(sizeof(S))));

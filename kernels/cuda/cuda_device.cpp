@@ -132,9 +132,10 @@ class CudaTimingMark final : public TimingMark {
     const cudaError_t r = cudaEventElapsedTime(&ms, e->ev_, ev_);
     if (r != cudaSuccess) {
       cudaGetLastError();
-      throw DeviceError(r == cudaErrorNotReady
-                            ? std::string("TimingMark::seconds_since: a mark was read before its stream reached it")
-                            : "TimingMark::seconds_since: " + err_text(r, "cudaEventElapsedTime"));
+      throw DeviceError(
+          r == cudaErrorNotReady
+              ? std::string("TimingMark::seconds_since: a mark was read before its stream reached it")
+              : "TimingMark::seconds_since: " + err_text(r, "cudaEventElapsedTime"));
     }
     return double(ms) * 1e-3;
   }
@@ -382,8 +383,10 @@ void check_cu(CUresult r, const char* what) {
   driver().get_error_name(r, &name);
   driver().get_error_string(r, &text);
   if (r == CUDA_ERROR_OUT_OF_MEMORY)
-    throw DeviceOutOfMemory(fmt::format("CUDA driver error {} ({}) in {}", name ? name : "?", text ? text : "?", what));
-  throw DeviceError(fmt::format("CUDA driver error {} ({}) in {}", name ? name : "?", text ? text : "?", what));
+    throw DeviceOutOfMemory(
+        fmt::format("CUDA driver error {} ({}) in {}", name ? name : "?", text ? text : "?", what));
+  throw DeviceError(
+      fmt::format("CUDA driver error {} ({}) in {}", name ? name : "?", text ? text : "?", what));
 }
 
 /// Physical pages and address ranges of one GPU through the driver's virtual memory management.
@@ -395,16 +398,21 @@ class CudaPages final : public PageBackend {
     CUdevice dev = 0;
     check_cu(driver().device_get(&dev, index_), "cuDeviceGet");
     int vmm = 0;
-    check_cu(driver().device_get_attribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev),
-             "cuDeviceGetAttribute");
-    if (!vmm) throw DeviceError(fmt::format("cuda:{}: the driver does not support virtual memory management", index_));
+    check_cu(
+        driver().device_get_attribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev),
+        "cuDeviceGetAttribute");
+    if (!vmm)
+      throw DeviceError(
+          fmt::format("cuda:{}: the driver does not support virtual memory management", index_));
     prop_.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop_.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop_.location.id = dev;
     size_t g = 0;
-    check_cu(driver().granularity(&g, &prop_, CU_MEM_ALLOC_GRANULARITY_MINIMUM), "cuMemGetAllocationGranularity");
+    check_cu(driver().granularity(&g, &prop_, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+             "cuMemGetAllocationGranularity");
     if (g == 0 || kCudaPoolGranule % g != 0)
-      throw DeviceError(fmt::format("cuda:{}: allocation granularity {} does not divide {}", index_, g, kCudaPoolGranule));
+      throw DeviceError(
+          fmt::format("cuda:{}: allocation granularity {} does not divide {}", index_, g, kCudaPoolGranule));
     access_.location = prop_.location;
     access_.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   }
@@ -421,7 +429,9 @@ class CudaPages final : public PageBackend {
     check_cu(driver().create(&h, bytes, &prop_, 0), "cuMemCreate");
     return uint64_t(h);
   }
-  void release(uint64_t h) override { check_cu(driver().release(CUmemGenericAllocationHandle(h)), "cuMemRelease"); }
+  void release(uint64_t h) override {
+    check_cu(driver().release(CUmemGenericAllocationHandle(h)), "cuMemRelease");
+  }
   void map(uintptr_t va, size_t bytes, uint64_t h) override {
     set_device(index_);
     check_cu(driver().map(CUdeviceptr(va), bytes, 0, CUmemGenericAllocationHandle(h), 0), "cuMemMap");
@@ -453,7 +463,8 @@ class CudaDevice final : public Device {
     set_device(index_);
     RP_CUDA_CHECK(cudaGetDeviceProperties(&prop_, index_));
     void* h = nullptr;
-    RP_CUDA_CHECK(cudaHostAlloc(&h, kErrSlots * sizeof(unsigned), cudaHostAllocMapped | cudaHostAllocPortable));
+    RP_CUDA_CHECK(
+        cudaHostAlloc(&h, kErrSlots * sizeof(unsigned), cudaHostAllocMapped | cudaHostAllocPortable));
     err_host_ = static_cast<unsigned*>(h);
     for (int i = 0; i < kErrSlots; ++i) err_host_[i] = 0;
     void* d = nullptr;
@@ -464,9 +475,8 @@ class CudaDevice final : public Device {
       const StreamKind sk = StreamKind(k);
       // activations are on the critical path: their copy streams get the top priority
       const int prio = (sk == StreamKind::act_up || sk == StreamKind::act_down) ? greatest : least;
-      streams_[k] = std::make_unique<CudaStream>(
-          index_, fmt::format("cuda{}.{}", index_, stream_name(sk)), prio,
-          sk == StreamKind::compute ? err_host_ : nullptr);
+      streams_[k] = std::make_unique<CudaStream>(index_, fmt::format("cuda{}.{}", index_, stream_name(sk)),
+                                                 prio, sk == StreamKind::compute ? err_host_ : nullptr);
     }
     ops_ = std::make_unique<CudaOps>(index_, streams_[0]->handle(), opt.dtype, static_cast<unsigned*>(d));
     ops_->set_f16_accumulation(opt.f16_accumulation);
@@ -575,8 +585,8 @@ std::unique_ptr<Device> make_cuda_device(int index, const DeviceOptions& opt) {
   const int n = cuda_device_count();
   if (index < 0 || index >= n) {
     const char* vis = std::getenv("CUDA_VISIBLE_DEVICES");
-    throw DeviceError(fmt::format("no CUDA device {}: {} visible (CUDA_VISIBLE_DEVICES={})", index,
-                                  n, vis ? vis : "<unset>"));
+    throw DeviceError(fmt::format("no CUDA device {}: {} visible (CUDA_VISIBLE_DEVICES={})", index, n,
+                                  vis ? vis : "<unset>"));
   }
   if (opt.f16_accumulation && opt.dtype != DType::f16)
     throw std::invalid_argument("fp16 accumulation needs the f16 compute dtype (DeviceOptions::dtype)");
@@ -586,7 +596,8 @@ std::unique_ptr<Device> make_cuda_device(int index, const DeviceOptions& opt) {
       throw std::invalid_argument("FP8 linears need the bf16 compute dtype (DeviceOptions::dtype)");
     cudaDeviceProp prop{};
     RP_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
-    const std::string no = fp8_refusal_line(fmt::format("cuda:{} ({})", index, prop.name), prop.major, prop.minor);
+    const std::string no =
+        fp8_refusal_line(fmt::format("cuda:{} ({})", index, prop.name), prop.major, prop.minor);
     if (!no.empty()) throw DeviceError(no);
   }
   return std::make_unique<cuda::CudaDevice>(index, opt);

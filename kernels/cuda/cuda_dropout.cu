@@ -10,10 +10,11 @@ namespace rp::cuda {
 namespace {
 
 template <typename T>
-__global__ void dropout_kernel(const T* x, T* y, int64_t rows, int64_t cols, float p, float inv, uint64_t seed,
-                               int64_t row0) {
+__global__ void dropout_kernel(const T* x, T* y, int64_t rows, int64_t cols, float p, float inv,
+                               uint64_t seed, int64_t row0) {
   const int64_t n = rows * cols;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / cols, c = i - r * cols;
     const bool keep = dropout_uniform(seed, uint64_t(row0 + r), uint64_t(c)) >= p;
     y[i] = from_f<T>(keep ? to_f(x[i]) * inv : 0.0f);
@@ -22,8 +23,8 @@ __global__ void dropout_kernel(const T* x, T* y, int64_t rows, int64_t cols, flo
 
 }  // namespace
 
-void k_dropout(DType t, const void* x, void* y, int64_t rows, int64_t cols, float p, uint64_t seed, int64_t row0,
-               cudaStream_t st) {
+void k_dropout(DType t, const void* x, void* y, int64_t rows, int64_t cols, float p, uint64_t seed,
+               int64_t row0, cudaStream_t st) {
   const int64_t n = rows * cols;
   if (n <= 0) return;
   constexpr int kThreads = 256;

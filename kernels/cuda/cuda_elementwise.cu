@@ -74,7 +74,8 @@ template <typename T>
 struct FillF {
   T* x;
   float v;
-  template <int N, bool V> __device__ void apply(int64_t i) const {
+  template <int N, bool V>
+  __device__ void apply(int64_t i) const {
     float a[N];
 #pragma unroll
     for (int j = 0; j < N; ++j) a[j] = v;
@@ -86,7 +87,8 @@ template <typename D, typename S>
 struct CastF {
   D* dst;
   const S* src;
-  template <int N, bool V> __device__ void apply(int64_t i) const {
+  template <int N, bool V>
+  __device__ void apply(int64_t i) const {
     float a[N];
     load_n<N, V>(src + i, a);
     store_n<N, V>(dst + i, a);
@@ -98,7 +100,8 @@ struct AddIntoF {
   D* dst;
   const S* src;
   float alpha;
-  template <int N, bool V> __device__ void apply(int64_t i) const {
+  template <int N, bool V>
+  __device__ void apply(int64_t i) const {
     float a[N], b[N];
     load_n<N, V>(dst + i, a);
     load_n<N, V>(src + i, b);
@@ -112,7 +115,8 @@ template <typename T>
 struct AddF {
   const T *a, *b;
   T* y;
-  template <int N, bool V> __device__ void apply(int64_t i) const {
+  template <int N, bool V>
+  __device__ void apply(int64_t i) const {
     float x[N], z[N];
     load_n<N, V>(a + i, x);
     load_n<N, V>(b + i, z);
@@ -127,7 +131,8 @@ struct SwigluFwdF {
   const T *g, *u;
   T* h;
   // stores h[i, i+N) and returns the largest |h| stored (as rounded to T; fp32 bits)
-  template <int N, bool V> __device__ unsigned apply_amax(int64_t i) const {
+  template <int N, bool V>
+  __device__ unsigned apply_amax(int64_t i) const {
     float a[N], b[N];
     load_n<N, V>(g + i, a);
     load_n<N, V>(u + i, b);
@@ -140,14 +145,18 @@ struct SwigluFwdF {
     store_n<N, V>(h + i, a);
     return m;
   }
-  template <int N, bool V> __device__ void apply(int64_t i) const { apply_amax<N, V>(i); }
+  template <int N, bool V>
+  __device__ void apply(int64_t i) const {
+    apply_amax<N, V>(i);
+  }
 };
 
 template <typename T>
 struct SwigluBwdF {
   const T *g, *u, *dh;
   T *dg, *du;
-  template <int N, bool V> __device__ void apply(int64_t i) const {
+  template <int N, bool V>
+  __device__ void apply(int64_t i) const {
     float a[N], b[N], d[N], rg[N], ru[N];
     load_n<N, V>(g + i, a);
     load_n<N, V>(u + i, b);
@@ -166,9 +175,9 @@ struct SwigluBwdF {
 // ---- embedding ----------------------------------------------------------------------
 
 template <typename T, bool VEC>
-__global__ void __launch_bounds__(kThreads) embedding_fwd_kernel(const int32_t* ids, const T* table,
-                                                                 T* y, int64_t H, int64_t V,
-                                                                 volatile unsigned* err) {
+__global__ void __launch_bounds__(kThreads)
+    embedding_fwd_kernel(const int32_t* ids, const T* table, T* y, int64_t H, int64_t V,
+                         volatile unsigned* err) {
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
   T* yr = y + t * H;
@@ -189,9 +198,9 @@ __global__ void __launch_bounds__(kThreads) embedding_fwd_kernel(const int32_t* 
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) embedding_bwd_kernel(const int32_t* ids, const T* dy,
-                                                                 float* dtable, int64_t H,
-                                                                 int64_t V, volatile unsigned* err) {
+__global__ void __launch_bounds__(kThreads)
+    embedding_bwd_kernel(const int32_t* ids, const T* dy, float* dtable, int64_t H, int64_t V,
+                         volatile unsigned* err) {
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
   if (id < 0 || id >= V) {
@@ -207,9 +216,8 @@ __global__ void __launch_bounds__(kThreads) embedding_bwd_kernel(const int32_t* 
 
 // AMAX: also max-es the largest |y| stored (fp32 bits) into *amax, one atomic per block.
 template <typename T, bool VEC, bool AMAX>
-__global__ void __launch_bounds__(kThreads) rmsnorm_fwd_kernel(const T* x, const T* w, T* y,
-                                                               int64_t R, int64_t n, float eps,
-                                                               unsigned* amax) {
+__global__ void __launch_bounds__(kThreads)
+    rmsnorm_fwd_kernel(const T* x, const T* w, T* y, int64_t R, int64_t n, float eps, unsigned* amax) {
   constexpr int N = VEC ? kVec : 1;
   const int lane = threadIdx.x & 31;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
@@ -245,10 +253,9 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_fwd_kernel(const T* x, const
 // n floats per warp (PER_WARP: plain adds, each lane owns its columns) or one row shared
 // by the block's warps (shared-memory atomics; for long rows).
 template <typename T, bool VEC, bool PER_WARP>
-__global__ void __launch_bounds__(kThreads) rmsnorm_bwd_kernel(const T* x, const T* w,
-                                                               const T* dy, T* dx, float* dw,
-                                                               int64_t R, int64_t n, float eps,
-                                                               bool acc) {
+__global__ void __launch_bounds__(kThreads)
+    rmsnorm_bwd_kernel(const T* x, const T* w, const T* dy, T* dx, float* dw, int64_t R, int64_t n, float eps,
+                       bool acc) {
   extern __shared__ float s_all[];
   constexpr int N = VEC ? kVec : 1;
   constexpr int kWarps = kThreads / 32;
@@ -315,9 +322,9 @@ struct RopeFreq {
 // One thread per (token, pair i, i+1 of frequencies): sincos once, applied to every head
 // with 4-byte loads (half must be even and x 4-byte aligned).
 template <typename T>
-__global__ void __launch_bounds__(kThreads) rope_pairs_kernel(T* x, int64_t tokens, int64_t L,
-                                                              int64_t heads, int half, RopeFreq fr,
-                                                              float scale, float sign) {
+__global__ void __launch_bounds__(kThreads)
+    rope_pairs_kernel(T* x, int64_t tokens, int64_t L, int64_t heads, int half, RopeFreq fr, float scale,
+                      float sign) {
   const int hp = half / 2;
   const int64_t total = tokens * hp;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
@@ -351,9 +358,8 @@ __global__ void __launch_bounds__(kThreads) rope_pairs_kernel(T* x, int64_t toke
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) rope_kernel(T* x, int64_t total, int64_t L,
-                                                        int64_t heads, int half, RopeFreq fr,
-                                                        float scale, float sign) {
+__global__ void __launch_bounds__(kThreads) rope_kernel(T* x, int64_t total, int64_t L, int64_t heads,
+                                                        int half, RopeFreq fr, float scale, float sign) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
     const int i = int(idx % half);
@@ -383,9 +389,9 @@ __device__ __forceinline__ void online_merge(float& m, float& s, float m2, float
 }
 
 template <typename T, bool VEC>
-__global__ void __launch_bounds__(kCeThreads) ce_rows_kernel(T* z, const int32_t* targets,
-                                                             int64_t V, float* row_loss,
-                                                             bool grad, volatile unsigned* err) {
+__global__ void __launch_bounds__(kCeThreads)
+    ce_rows_kernel(T* z, const int32_t* targets, int64_t V, float* row_loss, bool grad,
+                   volatile unsigned* err) {
   constexpr int N = VEC ? kVec : 1;
   __shared__ float sm[32], ss[32];
   __shared__ float s_lse;
@@ -454,9 +460,8 @@ __global__ void __launch_bounds__(kCeThreads) ce_rows_kernel(T* z, const int32_t
   }
 }
 
-__global__ void __launch_bounds__(1024) ce_reduce_kernel(const float* row_loss,
-                                                         const int32_t* targets, int64_t n,
-                                                         int64_t V, float* loss) {
+__global__ void __launch_bounds__(1024)
+    ce_reduce_kernel(const float* row_loss, const int32_t* targets, int64_t n, int64_t V, float* loss) {
   __shared__ float s1[1024], s2[1024];
   float a = 0.f, c = 0.f;
   for (int64_t r = threadIdx.x; r < n; r += blockDim.x) {
@@ -489,32 +494,30 @@ void k_fill(DType t, void* x, int64_t n, float v, cudaStream_t st) {
 
 void k_cast(DType dst_t, void* dst, DType src_t, const void* src, int64_t n, cudaStream_t st) {
   const bool vec = aligned16(dst) && aligned16(src);
-  RP_DISPATCH_ANY("cast", dst_t, D,
-                  RP_DISPATCH_ANY("cast", src_t, S,
-                                  launch_ew("cast", n, vec,
-                                            CastF<D, S>{static_cast<D*>(dst),
-                                                        static_cast<const S*>(src)},
-                                            st)));
+  RP_DISPATCH_ANY(
+      "cast", dst_t, D,
+      RP_DISPATCH_ANY(
+          "cast", src_t, S,
+          launch_ew("cast", n, vec, CastF<D, S>{static_cast<D*>(dst), static_cast<const S*>(src)}, st)));
 }
 
 void k_add_into(DType dst_t, void* dst, DType src_t, const void* src, int64_t n, float alpha,
                 cudaStream_t st) {
   const bool vec = aligned16(dst) && aligned16(src);
-  RP_DISPATCH_ANY("add_into", dst_t, D,
-                  RP_DISPATCH_ANY("add_into", src_t, S,
-                                  launch_ew("add_into", n, vec,
-                                            AddIntoF<D, S>{static_cast<D*>(dst),
-                                                           static_cast<const S*>(src), alpha},
-                                            st)));
+  RP_DISPATCH_ANY(
+      "add_into", dst_t, D,
+      RP_DISPATCH_ANY(
+          "add_into", src_t, S,
+          launch_ew("add_into", n, vec,
+                    AddIntoF<D, S>{static_cast<D*>(dst), static_cast<const S*>(src), alpha}, st)));
 }
 
 void k_add(DType t, const void* a, const void* b, void* y, int64_t n, cudaStream_t st) {
   const bool vec = aligned16(a) && aligned16(b) && aligned16(y);
-  RP_DISPATCH_16("add", t, T,
-                 launch_ew("add", n, vec,
-                           AddF<T>{static_cast<const T*>(a), static_cast<const T*>(b),
-                                   static_cast<T*>(y)},
-                           st));
+  RP_DISPATCH_16(
+      "add", t, T,
+      launch_ew("add", n, vec,
+                AddF<T>{static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(y)}, st));
 }
 
 void k_swiglu_fwd(DType t, const void* g, const void* u, void* h, int64_t n, cudaStream_t st,
@@ -522,50 +525,47 @@ void k_swiglu_fwd(DType t, const void* g, const void* u, void* h, int64_t n, cud
   const bool vec = aligned16(g) && aligned16(u) && aligned16(h);
   RP_DISPATCH_16("swiglu_fwd", t, T, {
     const SwigluFwdF<T> f{static_cast<const T*>(g), static_cast<const T*>(u), static_cast<T*>(h)};
-    if (amax)
-      launch_ew_amax("swiglu_fwd", n, vec, f, amax, st);
-    else
-      launch_ew("swiglu_fwd", n, vec, f, st);
+    if (amax) launch_ew_amax("swiglu_fwd", n, vec, f, amax, st);
+    else launch_ew("swiglu_fwd", n, vec, f, st);
   });
 }
 
-void k_swiglu_bwd(DType t, const void* g, const void* u, const void* dh, void* dg, void* du,
-                  int64_t n, cudaStream_t st) {
+void k_swiglu_bwd(DType t, const void* g, const void* u, const void* dh, void* dg, void* du, int64_t n,
+                  cudaStream_t st) {
   const bool vec = aligned16(g) && aligned16(u) && aligned16(dh) && aligned16(dg) && aligned16(du);
   RP_DISPATCH_16("swiglu_bwd", t, T,
                  launch_ew("swiglu_bwd", n, vec,
                            SwigluBwdF<T>{static_cast<const T*>(g), static_cast<const T*>(u),
-                                         static_cast<const T*>(dh), static_cast<T*>(dg),
-                                         static_cast<T*>(du)},
+                                         static_cast<const T*>(dh), static_cast<T*>(dg), static_cast<T*>(du)},
                            st));
 }
 
-void k_embedding_fwd(DType t, const int32_t* ids, const void* table, void* y, int64_t T_,
-                     int64_t H, int64_t V, unsigned* err, cudaStream_t st) {
+void k_embedding_fwd(DType t, const int32_t* ids, const void* table, void* y, int64_t T_, int64_t H,
+                     int64_t V, unsigned* err, cudaStream_t st) {
   if (T_ <= 0 || H <= 0) return;
   const bool vec = H % kVec == 0 && aligned16(table) && aligned16(y);
   RP_DISPATCH_16("embedding_fwd", t, T, {
     if (vec)
-      embedding_fwd_kernel<T, true><<<unsigned(T_), kThreads, 0, st>>>(
-          ids, static_cast<const T*>(table), static_cast<T*>(y), H, V, err);
+      embedding_fwd_kernel<T, true><<<unsigned(T_), kThreads, 0, st>>>(ids, static_cast<const T*>(table),
+                                                                       static_cast<T*>(y), H, V, err);
     else
-      embedding_fwd_kernel<T, false><<<unsigned(T_), kThreads, 0, st>>>(
-          ids, static_cast<const T*>(table), static_cast<T*>(y), H, V, err);
+      embedding_fwd_kernel<T, false><<<unsigned(T_), kThreads, 0, st>>>(ids, static_cast<const T*>(table),
+                                                                        static_cast<T*>(y), H, V, err);
   });
   RP_CUDA_LAUNCH_CHECK("embedding_fwd");
 }
 
-void k_embedding_bwd(DType t, const int32_t* ids, const void* dy, float* dtable, int64_t T_,
-                     int64_t H, int64_t V, unsigned* err, cudaStream_t st) {
+void k_embedding_bwd(DType t, const int32_t* ids, const void* dy, float* dtable, int64_t T_, int64_t H,
+                     int64_t V, unsigned* err, cudaStream_t st) {
   if (T_ <= 0 || H <= 0) return;
   RP_DISPATCH_16("embedding_bwd", t, T,
-                 embedding_bwd_kernel<T><<<unsigned(T_), kThreads, 0, st>>>(
-                     ids, static_cast<const T*>(dy), dtable, H, V, err));
+                 embedding_bwd_kernel<T>
+                 <<<unsigned(T_), kThreads, 0, st>>>(ids, static_cast<const T*>(dy), dtable, H, V, err));
   RP_CUDA_LAUNCH_CHECK("embedding_bwd");
 }
 
-void k_rmsnorm_fwd(DType t, const void* x, const void* w, void* y, int64_t R, int64_t n,
-                   float eps, cudaStream_t st, unsigned* amax) {
+void k_rmsnorm_fwd(DType t, const void* x, const void* w, void* y, int64_t R, int64_t n, float eps,
+                   cudaStream_t st, unsigned* amax) {
   if (R <= 0) return;
   const bool vec = n % kVec == 0 && aligned16(x) && aligned16(w) && aligned16(y);
   const unsigned grid = grid_for(R, kThreads / 32, int64_t(num_sms()) * 16);
@@ -577,16 +577,14 @@ void k_rmsnorm_fwd(DType t, const void* x, const void* w, void* y, int64_t R, in
       rmsnorm_fwd_kernel<T, true, true><<<grid, kThreads, 0, st>>>(xt, wt, yt, R, n, eps, amax);
     else if (vec)
       rmsnorm_fwd_kernel<T, true, false><<<grid, kThreads, 0, st>>>(xt, wt, yt, R, n, eps, nullptr);
-    else if (amax)
-      rmsnorm_fwd_kernel<T, false, true><<<grid, kThreads, 0, st>>>(xt, wt, yt, R, n, eps, amax);
-    else
-      rmsnorm_fwd_kernel<T, false, false><<<grid, kThreads, 0, st>>>(xt, wt, yt, R, n, eps, nullptr);
+    else if (amax) rmsnorm_fwd_kernel<T, false, true><<<grid, kThreads, 0, st>>>(xt, wt, yt, R, n, eps, amax);
+    else rmsnorm_fwd_kernel<T, false, false><<<grid, kThreads, 0, st>>>(xt, wt, yt, R, n, eps, nullptr);
   });
   RP_CUDA_LAUNCH_CHECK("rmsnorm_fwd");
 }
 
-void k_rmsnorm_bwd(DType t, const void* x, const void* w, const void* dy, void* dx, float* dw,
-                   int64_t R, int64_t n, float eps, bool accumulate_dx, cudaStream_t st) {
+void k_rmsnorm_bwd(DType t, const void* x, const void* w, const void* dy, void* dx, float* dw, int64_t R,
+                   int64_t n, float eps, bool accumulate_dx, cudaStream_t st) {
   if (R <= 0) return;
   const bool vec = n % kVec == 0 && aligned16(x) && aligned16(w) && aligned16(dy) && aligned16(dx);
   const bool per_warp = size_t(n) * sizeof(float) * (kThreads / 32) <= size_t(96) << 10;
@@ -604,18 +602,19 @@ void k_rmsnorm_bwd(DType t, const void* x, const void* w, const void* dy, void* 
     // columns) leaves a last wave that runs a fraction of the chip
     thread_local std::map<std::pair<const void*, size_t>, int> fits;  // (kernel, smem) -> blocks per SM
     auto [it, fresh] = fits.try_emplace({reinterpret_cast<const void*>(kern), smem}, 0);
-    if (fresh) RP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&it->second, kern, kThreads, smem));
+    if (fresh)
+      RP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&it->second, kern, kThreads, smem));
     const int per_sm = it->second;
     const unsigned grid = grid_for(R, kThreads / 32, int64_t(num_sms()) * std::max(per_sm, 1));
     kern<<<grid, kThreads, smem, st>>>(static_cast<const T*>(x), static_cast<const T*>(w),
-                                       static_cast<const T*>(dy), static_cast<T*>(dx), dw, R, n,
-                                       eps, accumulate_dx);
+                                       static_cast<const T*>(dy), static_cast<T*>(dx), dw, R, n, eps,
+                                       accumulate_dx);
   });
   RP_CUDA_LAUNCH_CHECK("rmsnorm_bwd");
 }
 
-void k_rope(DType t, void* x, int64_t n_seq, int64_t L, int64_t heads, int64_t D,
-            const float* inv_freq, float scale, bool transpose, cudaStream_t st) {
+void k_rope(DType t, void* x, int64_t n_seq, int64_t L, int64_t heads, int64_t D, const float* inv_freq,
+            float scale, bool transpose, cudaStream_t st) {
   const int64_t half = D / 2;
   if (half > 256) throw std::invalid_argument("rope: head_dim > 512 is not supported on CUDA");
   const int64_t total = n_seq * L * heads * half;
@@ -626,7 +625,8 @@ void k_rope(DType t, void* x, int64_t n_seq, int64_t L, int64_t heads, int64_t D
   if (half % 2 == 0 && (reinterpret_cast<uintptr_t>(x) & 3u) == 0) {
     const int64_t work = n_seq * L * (half / 2);
     RP_DISPATCH_16("rope", t, T,
-                   rope_pairs_kernel<T><<<grid_for(work, kThreads, int64_t(num_sms()) * 32), kThreads, 0, st>>>(
+                   rope_pairs_kernel<T>
+                   <<<grid_for(work, kThreads, int64_t(num_sms()) * 32), kThreads, 0, st>>>(
                        static_cast<T*>(x), n_seq * L, L, heads, int(half), fr, scale, sign));
   } else {
     RP_DISPATCH_16("rope", t, T,
@@ -636,23 +636,23 @@ void k_rope(DType t, void* x, int64_t n_seq, int64_t L, int64_t heads, int64_t D
   RP_CUDA_LAUNCH_CHECK("rope");
 }
 
-void k_ce_rows(DType t, void* z, const int32_t* targets, int64_t n, int64_t V, float* row_loss,
-               bool grad, unsigned* err, cudaStream_t st) {
+void k_ce_rows(DType t, void* z, const int32_t* targets, int64_t n, int64_t V, float* row_loss, bool grad,
+               unsigned* err, cudaStream_t st) {
   if (n <= 0) return;
   const bool vec = V % kVec == 0 && aligned16(z);
   RP_DISPATCH_16("lm_head_cross_entropy", t, T, {
     if (vec)
-      ce_rows_kernel<T, true><<<unsigned(n), kCeThreads, 0, st>>>(static_cast<T*>(z), targets, V,
-                                                                  row_loss, grad, err);
+      ce_rows_kernel<T, true>
+          <<<unsigned(n), kCeThreads, 0, st>>>(static_cast<T*>(z), targets, V, row_loss, grad, err);
     else
-      ce_rows_kernel<T, false><<<unsigned(n), kCeThreads, 0, st>>>(static_cast<T*>(z), targets, V,
-                                                                   row_loss, grad, err);
+      ce_rows_kernel<T, false>
+          <<<unsigned(n), kCeThreads, 0, st>>>(static_cast<T*>(z), targets, V, row_loss, grad, err);
   });
   RP_CUDA_LAUNCH_CHECK("ce_rows");
 }
 
-void k_ce_reduce(const float* row_loss, const int32_t* targets, int64_t n, int64_t V,
-                 float* loss, cudaStream_t st) {
+void k_ce_reduce(const float* row_loss, const int32_t* targets, int64_t n, int64_t V, float* loss,
+                 cudaStream_t st) {
   if (n <= 0) return;
   ce_reduce_kernel<<<1, 1024, 0, st>>>(row_loss, targets, n, V, loss);
   RP_CUDA_LAUNCH_CHECK("ce_reduce");

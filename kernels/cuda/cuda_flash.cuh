@@ -37,8 +37,7 @@ constexpr int kB = 64;  // rows of every tile (queries and keys)
 // ---- PTX wrappers -----------------------------------------------------------------------
 
 template <typename T>
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   if constexpr (std::is_same_v<T, bf16>) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
@@ -116,21 +115,22 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, int64_t ld, int row0
 // W warps per block, 16 query rows each (Br = 16*W); key tiles of 64.
 
 template <typename T, int D, int W>
-constexpr int fwd_smem() { return (16 * W + 4 * kB) * (D + 8) * int(sizeof(T)); }
+constexpr int fwd_smem() {
+  return (16 * W + 4 * kB) * (D + 8) * int(sizeof(T));
+}
 
 // VAR: only the key tiles from the block's first visible key on are loaded, a warp skips the
 // tiles before its rows' first keys, and the sink enters as the initial running max / sum.
 template <typename T, int D, int W, bool VAR = false>
-__global__ void __launch_bounds__(32 * W) flash_fwd_kernel(const T* __restrict__ q,
-                                                           const T* __restrict__ k,
-                                                           const T* __restrict__ v, T* __restrict__ o,
-                                                           float* __restrict__ lse, int L, int nq,
-                                                           int nkv, float scale_log2, Variant var = {}) {
+__global__ void __launch_bounds__(32 * W)
+    flash_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                     T* __restrict__ o, float* __restrict__ lse, int L, int nq, int nkv, float scale_log2,
+                     Variant var = {}) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   constexpr int S = D + 8, BR = 16 * W, NT = 32 * W;
   T* sQ = reinterpret_cast<T*>(smem_raw);
-  T* sK = sQ + BR * S;      // [2][kB*S]
-  T* sV = sK + 2 * kB * S;  // [2][kB*S]
+  T* sK = sQ + BR * S;                                  // [2][kB*S]
+  T* sV = sK + 2 * kB * S;                              // [2][kB*S]
   const int qb = int(gridDim.x) - 1 - int(blockIdx.x);  // heavy (late) blocks first
   const int h = blockIdx.y, sq = blockIdx.z;
   const int kh = h / (nq / nkv);
@@ -140,10 +140,10 @@ __global__ void __launch_bounds__(32 * W) flash_fwd_kernel(const T* __restrict__
   const T* vg = v + (int64_t(sq) * L * nkv + kh) * D;
   const int q0 = qb * BR;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
-  const int wq0 = q0 + warp * 16;  // first query row of this warp
+  const int wq0 = q0 + warp * 16;       // first query row of this warp
   const int ra = wq0 + g, rc = ra + 8;  // this thread's absolute query rows
-  int j0 = 0;                  // first key tile of the block
-  int lo_a = 0, lo_c = 0, wlo = 0;  // VAR: first keys of rows ra, rc and of the warp's rows
+  int j0 = 0;                           // first key tile of the block
+  int lo_a = 0, lo_c = 0, wlo = 0;      // VAR: first keys of rows ra, rc and of the warp's rows
   if constexpr (VAR) {
     __shared__ int s_lo;
     if (threadIdx.x == 0) s_lo = L;
@@ -283,9 +283,11 @@ __global__ void __launch_bounds__(32 * W) flash_fwd_kernel(const T* __restrict__
   for (int nt = 0; nt < D / 8; ++nt) {
     const int d = nt * 8 + tq * 2;
     if (ra < L)
-      *reinterpret_cast<uint32_t*>(og + int64_t(ra) * ldq + d) = pack2<T>(oacc[nt][0] * inv0, oacc[nt][1] * inv0);
+      *reinterpret_cast<uint32_t*>(og + int64_t(ra) * ldq + d) =
+          pack2<T>(oacc[nt][0] * inv0, oacc[nt][1] * inv0);
     if (rc < L)
-      *reinterpret_cast<uint32_t*>(og + int64_t(rc) * ldq + d) = pack2<T>(oacc[nt][2] * inv1, oacc[nt][3] * inv1);
+      *reinterpret_cast<uint32_t*>(og + int64_t(rc) * ldq + d) =
+          pack2<T>(oacc[nt][2] * inv1, oacc[nt][3] * inv1);
   }
   if (lse && tq == 0) {
     float* lr = lse + (int64_t(sq) * nq + h) * L;
@@ -313,23 +315,23 @@ constexpr int bwd_smem() {
 // all start after the block's keys (later packed examples) are skipped after their load.
 // The sinks enter through lse only (dsinks: a kernel of its own).
 template <typename T, int D, bool PIPE, bool VAR = false>
-__global__ void __launch_bounds__(256) flash_bwd_kernel(
-    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-    const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ di,
-    float* __restrict__ dq_acc, T* __restrict__ dk, T* __restrict__ dv, int L, int nq, int nkv,
-    float scale, float scale_log2, Variant var = {}) {
+__global__ void __launch_bounds__(256)
+    flash_bwd_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                     const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ di,
+                     float* __restrict__ dq_acc, T* __restrict__ dk, T* __restrict__ dv, int L, int nq,
+                     int nkv, float scale, float scale_log2, Variant var = {}) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   constexpr int S = D + 8;
   constexpr int NB = PIPE ? 2 : 1;
   T* sK = reinterpret_cast<T*>(smem_raw);
   T* sV = sK + kB * S;
-  T* sQb = sV + kB * S;        // [NB][kB*S]
-  T* sdOb = sQb + NB * kB * S;  // [NB][kB*S]
-  T* sP = sdOb + NB * kB * S;   // P^T  [key][query]
-  T* sdS = sP + kB * kSP;       // dS^T [key][query]
+  T* sQb = sV + kB * S;                                      // [NB][kB*S]
+  T* sdOb = sQb + NB * kB * S;                               // [NB][kB*S]
+  T* sP = sdOb + NB * kB * S;                                // P^T  [key][query]
+  T* sdS = sP + kB * kSP;                                    // dS^T [key][query]
   float* s_lseb = reinterpret_cast<float*>(sdS + kB * kSP);  // [NB][kB]
-  float* s_dib = s_lseb + NB * kB;                            // [NB][kB]
-  int* s_lob = reinterpret_cast<int*>(s_dib + NB * kB);       // VAR: [NB][kB]
+  float* s_dib = s_lseb + NB * kB;                           // [NB][kB]
+  int* s_lob = reinterpret_cast<int*>(s_dib + NB * kB);      // VAR: [NB][kB]
 
   const int kb = blockIdx.x, kh = blockIdx.y, sq = blockIdx.z;
   const int rep = nq / nkv;
@@ -408,7 +410,8 @@ __global__ void __launch_bounds__(256) flash_bwd_kernel(
     if constexpr (VAR) {
       // a tile none of whose rows sees a key of this block (examples packed after it) is
       // skipped; the barrier also decides that for the whole block
-      const bool some = threadIdx.x < kB && q0 + int(threadIdx.x) < L && s_lob[b * kB + threadIdx.x] <= k0 + kB - 1;
+      const bool some =
+          threadIdx.x < kB && q0 + int(threadIdx.x) < L && s_lob[b * kB + threadIdx.x] <= k0 + kB - 1;
       if (!__syncthreads_or(some)) {
         if (PIPE && threadIdx.x < kB && it + 1 < n_it) {
           s_lseb[(b ^ 1) * kB + threadIdx.x] = nls;
@@ -501,7 +504,8 @@ __global__ void __launch_bounds__(256) flash_bwd_kernel(
 #pragma unroll
           for (int dp = 0; dp < D / 32; ++dp) {
             uint32_t b[4];
-            ldsm_x4_t(b, sK + (kt * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * S + dh0 + dp * 16 + (lane / 16) * 8);
+            ldsm_x4_t(
+                b, sK + (kt * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * S + dh0 + dp * 16 + (lane / 16) * 8);
             mma16816<T>(dqa[2 * dp], a, b[0], b[1]);
             mma16816<T>(dqa[2 * dp + 1], a, b[2], b[3]);
           }
@@ -529,11 +533,13 @@ __global__ void __launch_bounds__(256) flash_bwd_kernel(
   for (int nt = 0; nt < D / 16; ++nt) {
     const int d = dh0 + nt * 8 + tq * 2;
     if (ka < L) {
-      *reinterpret_cast<uint32_t*>(dkg + int64_t(ka) * ldk + d) = pack2<T>(dka[nt][0] * scale, dka[nt][1] * scale);
+      *reinterpret_cast<uint32_t*>(dkg + int64_t(ka) * ldk + d) =
+          pack2<T>(dka[nt][0] * scale, dka[nt][1] * scale);
       *reinterpret_cast<uint32_t*>(dvg + int64_t(ka) * ldk + d) = pack2<T>(dva[nt][0], dva[nt][1]);
     }
     if (kc < L) {
-      *reinterpret_cast<uint32_t*>(dkg + int64_t(kc) * ldk + d) = pack2<T>(dka[nt][2] * scale, dka[nt][3] * scale);
+      *reinterpret_cast<uint32_t*>(dkg + int64_t(kc) * ldk + d) =
+          pack2<T>(dka[nt][2] * scale, dka[nt][3] * scale);
       *reinterpret_cast<uint32_t*>(dvg + int64_t(kc) * ldk + d) = pack2<T>(dva[nt][2], dva[nt][3]);
     }
   }
@@ -542,31 +548,31 @@ __global__ void __launch_bounds__(256) flash_bwd_kernel(
 // ---- launch helpers ----------------------------------------------------------------------------
 
 template <typename T, int D, int W, bool VAR = false>
-void launch_fwd(const void* q, const void* k, const void* v, void* o, float* lse, int n_seq,
-                int L, int nq, int nkv, float scale, cudaStream_t st, Variant var = {}) {
+void launch_fwd(const void* q, const void* k, const void* v, void* o, float* lse, int n_seq, int L, int nq,
+                int nkv, float scale, cudaStream_t st, Variant var = {}) {
   constexpr int smem = fwd_smem<T, D, W>();
   // per device (the attribute belongs to the current device's context); cheap
   RP_CUDA_CHECK(cudaFuncSetAttribute(flash_fwd_kernel<T, D, W, VAR>,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   dim3 grid(unsigned((L + 16 * W - 1) / (16 * W)), unsigned(nq), unsigned(n_seq));
   flash_fwd_kernel<T, D, W, VAR><<<grid, 32 * W, smem, st>>>(
-      static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
-      static_cast<T*>(o), lse, L, nq, nkv, scale * kLog2e, var);
+      static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<T*>(o), lse,
+      L, nq, nkv, scale * kLog2e, var);
   RP_CUDA_LAUNCH_CHECK("flash_fwd");
 }
 
 template <typename T, int D, bool PIPE, bool VAR = false>
 void launch_bwd(const void* q, const void* k, const void* v, const void* dout, const float* lse,
-                const float* di, float* dq_acc, void* dk, void* dv, int n_seq, int L, int nq,
-                int nkv, float scale, cudaStream_t st, Variant var = {}) {
+                const float* di, float* dq_acc, void* dk, void* dv, int n_seq, int L, int nq, int nkv,
+                float scale, cudaStream_t st, Variant var = {}) {
   constexpr int smem = bwd_smem<T, D, PIPE, VAR>();
   RP_CUDA_CHECK(cudaFuncSetAttribute(flash_bwd_kernel<T, D, PIPE, VAR>,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   dim3 grid(unsigned((L + kB - 1) / kB), unsigned(nkv), unsigned(n_seq));
-  flash_bwd_kernel<T, D, PIPE, VAR><<<grid, 256, smem, st>>>(
-      static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
-      static_cast<const T*>(dout), lse, di, dq_acc, static_cast<T*>(dk), static_cast<T*>(dv), L,
-      nq, nkv, scale, scale * kLog2e, var);
+  flash_bwd_kernel<T, D, PIPE, VAR>
+      <<<grid, 256, smem, st>>>(static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+                                static_cast<const T*>(dout), lse, di, dq_acc, static_cast<T*>(dk),
+                                static_cast<T*>(dv), L, nq, nkv, scale, scale * kLog2e, var);
   RP_CUDA_LAUNCH_CHECK("flash_bwd");
 }
 
@@ -593,33 +599,30 @@ inline bool wide_fits(int D) {
   if (wide <= limit) return true;
   static std::atomic<bool> said{false};
   if (!said.exchange(true))
-    std::fprintf(stderr,
-                 "roundpipe: this GPU allows %d KiB of shared memory per block, the 8-warp flash attention blocks "
-                 "need %d KiB at head_dim %d: using 4-warp forward blocks and the unpipelined backward\n",
-                 limit >> 10, (wide + 1023) >> 10, D);
+    std::fprintf(
+        stderr,
+        "roundpipe: this GPU allows %d KiB of shared memory per block, the 8-warp flash attention blocks "
+        "need %d KiB at head_dim %d: using 4-warp forward blocks and the unpipelined backward\n",
+        limit >> 10, (wide + 1023) >> 10, D);
   return false;
 }
 
 /// launch_fwd for head_dim D (64 or 128) with W = 8 (wide) or 4 warps.
 template <typename T, bool VAR = false>
-void launch_fwd_dim(int D, bool wide, const void* q, const void* k, const void* v, void* o, float* lse, int n_seq,
-                    int L, int nq, int nkv, float scale, cudaStream_t st, Variant var = {}) {
+void launch_fwd_dim(int D, bool wide, const void* q, const void* k, const void* v, void* o, float* lse,
+                    int n_seq, int L, int nq, int nkv, float scale, cudaStream_t st, Variant var = {}) {
   wide = wide && wide_fits(D);
-  if (D == 128 && wide)
-    launch_fwd<T, 128, 8, VAR>(q, k, v, o, lse, n_seq, L, nq, nkv, scale, st, var);
-  else if (D == 128)
-    launch_fwd<T, 128, 4, VAR>(q, k, v, o, lse, n_seq, L, nq, nkv, scale, st, var);
-  else if (wide)
-    launch_fwd<T, 64, 8, VAR>(q, k, v, o, lse, n_seq, L, nq, nkv, scale, st, var);
-  else
-    launch_fwd<T, 64, 4, VAR>(q, k, v, o, lse, n_seq, L, nq, nkv, scale, st, var);
+  if (D == 128 && wide) launch_fwd<T, 128, 8, VAR>(q, k, v, o, lse, n_seq, L, nq, nkv, scale, st, var);
+  else if (D == 128) launch_fwd<T, 128, 4, VAR>(q, k, v, o, lse, n_seq, L, nq, nkv, scale, st, var);
+  else if (wide) launch_fwd<T, 64, 8, VAR>(q, k, v, o, lse, n_seq, L, nq, nkv, scale, st, var);
+  else launch_fwd<T, 64, 4, VAR>(q, k, v, o, lse, n_seq, L, nq, nkv, scale, st, var);
 }
 
 /// launch_bwd for head_dim D (64 or 128), pipelined (pipe) or not.
 template <typename T, bool VAR = false>
 void launch_bwd_dim(int D, bool pipe, const void* q, const void* k, const void* v, const void* dout,
-                    const float* lse, const float* di, float* dq_acc, void* dk, void* dv, int n_seq, int L, int nq,
-                    int nkv, float scale, cudaStream_t st, Variant var = {}) {
+                    const float* lse, const float* di, float* dq_acc, void* dk, void* dv, int n_seq, int L,
+                    int nq, int nkv, float scale, cudaStream_t st, Variant var = {}) {
   pipe = pipe && wide_fits(D);
   if (D == 128 && pipe)
     launch_bwd<T, 128, true, VAR>(q, k, v, dout, lse, di, dq_acc, dk, dv, n_seq, L, nq, nkv, scale, st, var);

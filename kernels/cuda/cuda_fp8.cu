@@ -47,7 +47,8 @@ __device__ unsigned thread_amax(const T* x, int64_t begin, int64_t end, int64_t 
 
 template <bool VEC, typename T>
 __global__ void amax_kernel(const T* x, int64_t n, unsigned* out) {
-  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x,
+                stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t bulk = VEC ? n / kVec * kVec : n;
   unsigned m = thread_amax<VEC>(x, 0, bulk, tid, stride);
   m = max(m, thread_amax<false>(x, bulk, n, tid, stride));  // the tail (VEC)
@@ -63,7 +64,8 @@ __global__ void scale_from_amax_kernel(float* scale, Fp8Format f) {
 template <bool VEC, typename T>
 __global__ void amax_rows_kernel(const T* x, int64_t rows, int64_t cols, Fp8Format f, float* scale) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const unsigned m = block_max_u<kThreads>(thread_amax<VEC>(x + r * cols, 0, cols, threadIdx.x, blockDim.x));
+    const unsigned m =
+        block_max_u<kThreads>(thread_amax<VEC>(x + r * cols, 0, cols, threadIdx.x, blockDim.x));
     if (threadIdx.x == 0) scale[r] = fp8::scale_from_amax(fp8::float_of(m), f);
   }
 }
@@ -72,7 +74,8 @@ __global__ void amax_rows_kernel(const T* x, int64_t rows, int64_t cols, Fp8Form
 // aligned, groups of kQuant never span two rows (cols a multiple of kQuant).
 template <Fp8Format F, bool ROWS, bool VEC, typename T>
 __global__ void quantize_kernel(const T* x, const float* scale, uint8_t* q, int64_t n, int64_t cols) {
-  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x,
+                stride = int64_t(gridDim.x) * blockDim.x;
   int64_t done = 0;
   if constexpr (VEC) {
     const int64_t groups = n / kQuant;
@@ -88,11 +91,13 @@ __global__ void quantize_kernel(const T* x, const float* scale, uint8_t* q, int6
     }
     done = groups * kQuant;
   }
-  for (int64_t i = done + tid; i < n; i += stride) q[i] = fp8::encode<F>(to_f(x[i]) / scale[ROWS ? i / cols : 0]);
+  for (int64_t i = done + tid; i < n; i += stride)
+    q[i] = fp8::encode<F>(to_f(x[i]) / scale[ROWS ? i / cols : 0]);
 }
 
 unsigned blocks_for(int64_t items) {
-  return unsigned(std::max<int64_t>(1, std::min<int64_t>((items + kThreads - 1) / kThreads, int64_t(num_sms()) * 8)));
+  return unsigned(
+      std::max<int64_t>(1, std::min<int64_t>((items + kThreads - 1) / kThreads, int64_t(num_sms()) * 8)));
 }
 
 template <Fp8Format F, bool ROWS, typename T>
@@ -100,8 +105,7 @@ void launch_quantize(const T* x, const float* scale, uint8_t* q, int64_t n, int6
   const bool vec = aligned16(x) && aligned16(q) && (!ROWS || cols % kQuant == 0);
   if (vec)
     quantize_kernel<F, ROWS, true><<<blocks_for(n / kQuant + 1), kThreads, 0, st>>>(x, scale, q, n, cols);
-  else
-    quantize_kernel<F, ROWS, false><<<blocks_for(n), kThreads, 0, st>>>(x, scale, q, n, cols);
+  else quantize_kernel<F, ROWS, false><<<blocks_for(n), kThreads, 0, st>>>(x, scale, q, n, cols);
 }
 
 // q[c, r] = encode(x[r, c] / scale[0]) for x [rows, cols]: 64 x 64 tiles through shared
@@ -110,7 +114,8 @@ void launch_quantize(const T* x, const float* scale, uint8_t* q, int64_t n, int6
 // 16-byte aligned.
 constexpr int kTile = 64;
 template <Fp8Format F, typename T>
-__global__ void quantize_transposed_tiles(const T* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols) {
+__global__ void quantize_transposed_tiles(const T* x, const float* scale, uint8_t* q, int64_t rows,
+                                          int64_t cols) {
   __shared__ __align__(16) uint8_t tile[kTile][kTile + 16];  // tile[c][r]
   const float s = scale[0];
   const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
@@ -118,14 +123,16 @@ __global__ void quantize_transposed_tiles(const T* x, const float* scale, uint8_
   float v[16];
   load_n<16, true>(x + (r0 + lr) * cols + c0 + lc, v);
 #pragma unroll
-  for (int j = 0; j < 16; j += 2) encode_pair<F>(v[j] / s, v[j + 1] / s, tile[lc + j][lr], tile[lc + j + 1][lr]);
+  for (int j = 0; j < 16; j += 2)
+    encode_pair<F>(v[j] / s, v[j + 1] / s, tile[lc + j][lr], tile[lc + j + 1][lr]);
   __syncthreads();
   *reinterpret_cast<uint4*>(q + (c0 + lr) * rows + r0 + lc) = *reinterpret_cast<const uint4*>(&tile[lr][lc]);
 }
 
 // The same, one element per thread (any shape and alignment).
 template <Fp8Format F, typename T>
-__global__ void quantize_transposed_scalar(const T* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols) {
+__global__ void quantize_transposed_scalar(const T* x, const float* scale, uint8_t* q, int64_t rows,
+                                           int64_t cols) {
   const int64_t n = rows * cols, stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const int64_t c = i / rows, r = i - c * rows;  // consecutive threads write consecutive codes
@@ -134,12 +141,12 @@ __global__ void quantize_transposed_scalar(const T* x, const float* scale, uint8
 }
 
 template <Fp8Format F, typename T>
-void launch_transposed(const T* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols, cudaStream_t st) {
+void launch_transposed(const T* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols,
+                       cudaStream_t st) {
   if (rows % kTile == 0 && cols % kTile == 0 && aligned16(x) && aligned16(q) && rows / kTile <= 65535)
-    quantize_transposed_tiles<F><<<dim3(unsigned(cols / kTile), unsigned(rows / kTile)), kThreads, 0, st>>>(
-        x, scale, q, rows, cols);
-  else
-    quantize_transposed_scalar<F><<<blocks_for(rows * cols), kThreads, 0, st>>>(x, scale, q, rows, cols);
+    quantize_transposed_tiles<F>
+        <<<dim3(unsigned(cols / kTile), unsigned(rows / kTile)), kThreads, 0, st>>>(x, scale, q, rows, cols);
+  else quantize_transposed_scalar<F><<<blocks_for(rows * cols), kThreads, 0, st>>>(x, scale, q, rows, cols);
 }
 
 // ---- the check against the hardware conversion -------------------------------------------
@@ -196,9 +203,9 @@ void k_fp8_scale(DType t, const void* x, int64_t n, Fp8Format f, float* scale, c
     RP_DISPATCH_ANY("fp8_scale", t, T, {
       const T* xt = static_cast<const T*>(x);
       if (aligned16(x))
-        amax_kernel<true><<<blocks_for(n / kVec + 1), kThreads, 0, st>>>(xt, n, reinterpret_cast<unsigned*>(scale));
-      else
-        amax_kernel<false><<<blocks_for(n), kThreads, 0, st>>>(xt, n, reinterpret_cast<unsigned*>(scale));
+        amax_kernel<true>
+            <<<blocks_for(n / kVec + 1), kThreads, 0, st>>>(xt, n, reinterpret_cast<unsigned*>(scale));
+      else amax_kernel<false><<<blocks_for(n), kThreads, 0, st>>>(xt, n, reinterpret_cast<unsigned*>(scale));
     });
     RP_CUDA_LAUNCH_CHECK("fp8 amax");
   }
@@ -221,14 +228,13 @@ void k_fp8_scale_rows(DType t, const void* x, int64_t rows, int64_t cols, Fp8For
     const T* xt = static_cast<const T*>(x);
     if (aligned16(x) && cols % kVec == 0)
       amax_rows_kernel<true><<<grid, kThreads, 0, st>>>(xt, rows, cols, f, scale);
-    else
-      amax_rows_kernel<false><<<grid, kThreads, 0, st>>>(xt, rows, cols, f, scale);
+    else amax_rows_kernel<false><<<grid, kThreads, 0, st>>>(xt, rows, cols, f, scale);
   });
   RP_CUDA_LAUNCH_CHECK("fp8 amax rows");
 }
 
-void k_fp8_quantize(DType t, const void* x, const float* scale, uint8_t* q, int64_t n, int64_t cols, bool rows,
-                    Fp8Format f, cudaStream_t st) {
+void k_fp8_quantize(DType t, const void* x, const float* scale, uint8_t* q, int64_t n, int64_t cols,
+                    bool rows, Fp8Format f, cudaStream_t st) {
   if (n <= 0) return;
   RP_DISPATCH_ANY("fp8_quantize", t, T, {
     const T* xt = static_cast<const T*>(x);
@@ -242,15 +248,13 @@ void k_fp8_quantize(DType t, const void* x, const float* scale, uint8_t* q, int6
   RP_CUDA_LAUNCH_CHECK("fp8 quantize");
 }
 
-void k_fp8_quantize_transposed(DType t, const void* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols,
-                               Fp8Format f, cudaStream_t st) {
+void k_fp8_quantize_transposed(DType t, const void* x, const float* scale, uint8_t* q, int64_t rows,
+                               int64_t cols, Fp8Format f, cudaStream_t st) {
   if (rows <= 0 || cols <= 0) return;
   RP_DISPATCH_ANY("fp8_quantize_transposed", t, T, {
     const T* xt = static_cast<const T*>(x);
-    if (f == Fp8Format::e4m3)
-      launch_transposed<Fp8Format::e4m3>(xt, scale, q, rows, cols, st);
-    else
-      launch_transposed<Fp8Format::e5m2>(xt, scale, q, rows, cols, st);
+    if (f == Fp8Format::e4m3) launch_transposed<Fp8Format::e4m3>(xt, scale, q, rows, cols, st);
+    else launch_transposed<Fp8Format::e5m2>(xt, scale, q, rows, cols, st);
   });
   RP_CUDA_LAUNCH_CHECK("fp8 quantize transposed");
 }

@@ -29,8 +29,8 @@ void k_fp8_quantize(DType t, const void* x, const float* scale, uint8_t* q, int6
 /// Ops::fp8_quantize_transposed: 64 x 64 tiles through shared memory (16-byte loads and
 /// stores) when rows and cols are multiples of 64 and x, q 16-byte aligned, else one element
 /// per thread.
-void k_fp8_quantize_transposed(DType t, const void* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols,
-                               Fp8Format f, cudaStream_t st);
+void k_fp8_quantize_transposed(DType t, const void* x, const float* scale, uint8_t* q, int64_t rows,
+                               int64_t cols, Fp8Format f, cudaStream_t st);
 /// cuda_backend.hpp's check_fp8_conversions (waits for st).
 Fp8ConversionCheck k_fp8_check_conversions(Fp8Format f, cudaStream_t st);
 

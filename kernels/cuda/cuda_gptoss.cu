@@ -17,8 +17,9 @@ namespace {
 // rows i, i + 256, ... in order, then a fixed tree over the threads (deterministic).
 constexpr int kSinkThreads = 256;
 template <typename T>
-__global__ void __launch_bounds__(kSinkThreads) dsinks_kernel(const T* sinks, const float* lse, const float* di,
-                                                              float* dsinks, int n_seq, int L, int nq) {
+__global__ void __launch_bounds__(kSinkThreads)
+    dsinks_kernel(const T* sinks, const float* lse, const float* di, float* dsinks, int n_seq, int L,
+                  int nq) {
   __shared__ float part[kSinkThreads];
   const int h = blockIdx.x;
   const float sk = to_f(sinks[h]);
@@ -48,7 +49,8 @@ struct GroupOffsets {
 template <typename T>
 __global__ void bias_fwd_kernel(T* y, const T* b, GroupOffsets go, int ng, int64_t N) {
   const int64_t r0 = go.off[0], total = (int64_t(go.off[ng]) - r0) * N;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = r0 + i / N, c = i % N;
     int lo = 0, hi = ng - 1;  // the last group whose first row <= r
     while (lo < hi) {
@@ -66,8 +68,8 @@ __global__ void bias_fwd_kernel(T* y, const T* b, GroupOffsets go, int ng, int64
 // then the lanes are added in a fixed order (deterministic, no atomics).
 constexpr int kRowLanes = 16;
 template <typename T>
-__global__ void __launch_bounds__(32 * kRowLanes) bias_bwd_kernel(const T* dy, float* db, GroupOffsets go,
-                                                                  int64_t N) {
+__global__ void __launch_bounds__(32 * kRowLanes)
+    bias_bwd_kernel(const T* dy, float* db, GroupOffsets go, int64_t N) {
   __shared__ float part[kRowLanes][33];
   const int g = blockIdx.y, cx = threadIdx.x % 32, lane = threadIdx.x / 32;
   const int64_t c = int64_t(blockIdx.x) * 32 + cx;
@@ -87,7 +89,8 @@ __global__ void __launch_bounds__(32 * kRowLanes) bias_bwd_kernel(const T* dy, f
 
 template <typename T>
 __global__ void swiglu_clamped_fwd_kernel(const T* g, const T* u, T* h, int64_t n, float alpha, float limit) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
     const float gc = fminf(to_f(g[i]), limit), uc = fminf(fmaxf(to_f(u[i]), -limit), limit);
     const float s = 1.f / (1.f + expf(-alpha * gc));
     h[i] = from_f<T>((uc + 1.f) * (gc * s));
@@ -95,9 +98,10 @@ __global__ void swiglu_clamped_fwd_kernel(const T* g, const T* u, T* h, int64_t 
 }
 
 template <typename T>
-__global__ void swiglu_clamped_bwd_kernel(const T* g, const T* u, const T* dh, T* dg, T* du, int64_t n, float alpha,
-                                          float limit) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+__global__ void swiglu_clamped_bwd_kernel(const T* g, const T* u, const T* dh, T* dg, T* du, int64_t n,
+                                          float alpha, float limit) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
     const float gi = to_f(g[i]), ui = to_f(u[i]), d = to_f(dh[i]);
     const float gc = fminf(gi, limit), uc = fminf(fmaxf(ui, -limit), limit);
     const float s = 1.f / (1.f + expf(-alpha * gc));
@@ -119,8 +123,8 @@ void for_group_chunks(const int32_t* offsets_host, int64_t E, Fn&& fn) {
 
 }  // namespace
 
-void k_attention_dsinks(DType t, const void* sinks, const float* lse, const float* di, float* dsinks, int64_t n_seq,
-                        int64_t L, int64_t nq, cudaStream_t st) {
+void k_attention_dsinks(DType t, const void* sinks, const float* lse, const float* di, float* dsinks,
+                        int64_t n_seq, int64_t L, int64_t nq, cudaStream_t st) {
   if (n_seq * L == 0 || nq == 0) return;
   RP_DISPATCH_16("attention_bwd_v dsinks", t, T, {
     dsinks_kernel<T><<<unsigned(nq), kSinkThreads, 0, st>>>(static_cast<const T*>(sinks), lse, di, dsinks,
@@ -165,8 +169,8 @@ void k_swiglu_clamped_fwd(DType t, const void* g, const void* u, void* h, int64_
   RP_CUDA_LAUNCH_CHECK("swiglu_clamped_fwd");
 }
 
-void k_swiglu_clamped_bwd(DType t, const void* g, const void* u, const void* dh, void* dg, void* du, int64_t n,
-                          float alpha, float limit, cudaStream_t st) {
+void k_swiglu_clamped_bwd(DType t, const void* g, const void* u, const void* dh, void* dg, void* du,
+                          int64_t n, float alpha, float limit, cudaStream_t st) {
   if (n <= 0) return;
   RP_DISPATCH_16("swiglu_clamped_bwd", t, T, {
     swiglu_clamped_bwd_kernel<T><<<grid_for(n, 256), 256, 0, st>>>(

@@ -18,8 +18,8 @@ constexpr int kThreads = 256;
 template <typename U>
 __global__ void __launch_bounds__(kThreads)
     gqa_expand_kernel(const U* __restrict__ k, const U* __restrict__ v, U* __restrict__ ke,
-                      U* __restrict__ ve, int64_t T, int64_t nkv, int64_t h0, int64_t hc,
-                      int64_t r, int64_t D) {
+                      U* __restrict__ ve, int64_t T, int64_t nkv, int64_t h0, int64_t hc, int64_t r,
+                      int64_t D) {
   const U* src = blockIdx.y == 0 ? k : v;
   U* dst = blockIdx.y == 0 ? ke : ve;
   const int64_t row = hc * D;  // units per token of the pass
@@ -36,9 +36,9 @@ __global__ void __launch_bounds__(kThreads)
 // (dK, dV) pair. N elements per thread (8 with 16-byte-multiple vectors).
 template <typename TI, typename TO, int N, bool VEC>
 __global__ void __launch_bounds__(kThreads)
-    gqa_group_sum_kernel(const TI* __restrict__ in_k, const TI* __restrict__ in_v,
-                         TO* __restrict__ out_k, TO* __restrict__ out_v, int64_t out_row,
-                         int64_t T, int64_t G, int64_t m, int64_t D, bool accumulate) {
+    gqa_group_sum_kernel(const TI* __restrict__ in_k, const TI* __restrict__ in_v, TO* __restrict__ out_k,
+                         TO* __restrict__ out_v, int64_t out_row, int64_t T, int64_t G, int64_t m, int64_t D,
+                         bool accumulate) {
   const TI* src = blockIdx.y == 0 ? in_k : in_v;
   TO* dst = blockIdx.y == 0 ? out_k : out_v;
   const int64_t row = G * D / N;  // N-element groups per token
@@ -76,9 +76,8 @@ bool all_aligned16(std::initializer_list<const void*> ps) {
 }
 
 template <typename TI, typename TO>
-void launch_group_sum(const void* in_k, const void* in_v, void* out_k, void* out_v,
-                      int64_t out_row, int64_t T, int64_t G, int64_t m, int64_t D,
-                      bool accumulate, cudaStream_t st) {
+void launch_group_sum(const void* in_k, const void* in_v, void* out_k, void* out_v, int64_t out_row,
+                      int64_t T, int64_t G, int64_t m, int64_t D, bool accumulate, cudaStream_t st) {
   const TI* a = static_cast<const TI*>(in_k);
   const TI* b = static_cast<const TI*>(in_v);
   TO* x = static_cast<TO*>(out_k);
@@ -97,9 +96,8 @@ void launch_group_sum(const void* in_k, const void* in_v, void* out_k, void* out
 
 }  // namespace
 
-void k_gqa_expand_kv(DType t, const void* k, const void* v, void* ke, void* ve, int64_t T,
-                     int64_t nkv, int64_t h0, int64_t hc, int64_t r, int64_t D,
-                     cudaStream_t st) {
+void k_gqa_expand_kv(DType t, const void* k, const void* v, void* ke, void* ve, int64_t T, int64_t nkv,
+                     int64_t h0, int64_t hc, int64_t r, int64_t D, cudaStream_t st) {
   if (T < 0 || nkv <= 0 || r <= 0 || D <= 0 || h0 < 0 || hc <= 0 || h0 + hc > nkv * r)
     bad_heads("gqa_expand_kv", "need T >= 0 and 0 <= h0 < h0 + hc <= nkv * r");
   if (t != DType::bf16 && t != DType::f16) bad_dtype("gqa_expand_kv", t);
@@ -108,21 +106,21 @@ void k_gqa_expand_kv(DType t, const void* k, const void* v, void* ke, void* ve, 
   if ((D * 2) % 16 == 0 && all_aligned16({k, v, ke, ve})) {
     const int64_t Du = D * 2 / 16;
     const dim3 grid(grid_for(T * hc * Du, kThreads, cap), 2);
-    gqa_expand_kernel<uint4><<<grid, kThreads, 0, st>>>(
-        static_cast<const uint4*>(k), static_cast<const uint4*>(v), static_cast<uint4*>(ke),
-        static_cast<uint4*>(ve), T, nkv, h0, hc, r, Du);
+    gqa_expand_kernel<uint4><<<grid, kThreads, 0, st>>>(static_cast<const uint4*>(k),
+                                                        static_cast<const uint4*>(v), static_cast<uint4*>(ke),
+                                                        static_cast<uint4*>(ve), T, nkv, h0, hc, r, Du);
   } else {
     const dim3 grid(grid_for(T * hc * D, kThreads, cap), 2);
     gqa_expand_kernel<uint16_t><<<grid, kThreads, 0, st>>>(
-        static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(v),
-        static_cast<uint16_t*>(ke), static_cast<uint16_t*>(ve), T, nkv, h0, hc, r, D);
+        static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(v), static_cast<uint16_t*>(ke),
+        static_cast<uint16_t*>(ve), T, nkv, h0, hc, r, D);
   }
   RP_CUDA_LAUNCH_CHECK("gqa_expand_kv");
 }
 
-void k_gqa_group_sum(DType in_t, const void* in_k, const void* in_v, DType out_t, void* out_k,
-                     void* out_v, int64_t out_row, int64_t T, int64_t G, int64_t m, int64_t D,
-                     bool accumulate, cudaStream_t st) {
+void k_gqa_group_sum(DType in_t, const void* in_k, const void* in_v, DType out_t, void* out_k, void* out_v,
+                     int64_t out_row, int64_t T, int64_t G, int64_t m, int64_t D, bool accumulate,
+                     cudaStream_t st) {
   if (T < 0 || G <= 0 || m <= 0 || D <= 0 || out_row < G * D)
     bad_heads("gqa_group_sum", "need T >= 0, G > 0, m > 0, D > 0 and out_row >= G * D");
   if (in_t == DType::i32) bad_dtype("gqa_group_sum", in_t);

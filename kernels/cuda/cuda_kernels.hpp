@@ -37,52 +37,49 @@ void k_dropout(DType t, const void* x, void* y, int64_t rows, int64_t cols, floa
 void k_dequantize(WeightFormat f, DType dst_t, const void* src, void* dst, int64_t n, cudaStream_t st);
 
 // ---- embedding / RMSNorm / RoPE / SwiGLU -------------------------------------------
-void k_embedding_fwd(DType t, const int32_t* ids, const void* table, void* y, int64_t T,
-                     int64_t H, int64_t V, unsigned* err, cudaStream_t st);
+void k_embedding_fwd(DType t, const int32_t* ids, const void* table, void* y, int64_t T, int64_t H, int64_t V,
+                     unsigned* err, cudaStream_t st);
 /// dtable (f32) += scatter(dy).
-void k_embedding_bwd(DType t, const int32_t* ids, const void* dy, float* dtable, int64_t T,
-                     int64_t H, int64_t V, unsigned* err, cudaStream_t st);
+void k_embedding_bwd(DType t, const int32_t* ids, const void* dy, float* dtable, int64_t T, int64_t H,
+                     int64_t V, unsigned* err, cudaStream_t st);
 /// amax (optional): the fp32 bits of max |y| over the stored (rounded) y are atomically
 /// max-ed into *amax (cuda_fp8.hpp's k_fp8_amax_begin / end around the call).
-void k_rmsnorm_fwd(DType t, const void* x, const void* w, void* y, int64_t R, int64_t n,
-                   float eps, cudaStream_t st, unsigned* amax = nullptr);
+void k_rmsnorm_fwd(DType t, const void* x, const void* w, void* y, int64_t R, int64_t n, float eps,
+                   cudaStream_t st, unsigned* amax = nullptr);
 /// dw (f32) += ..., dx (compute dtype) = or += ...
-void k_rmsnorm_bwd(DType t, const void* x, const void* w, const void* dy, void* dx, float* dw,
-                   int64_t R, int64_t n, float eps, bool accumulate_dx, cudaStream_t st);
+void k_rmsnorm_bwd(DType t, const void* x, const void* w, const void* dy, void* dx, float* dw, int64_t R,
+                   int64_t n, float eps, bool accumulate_dx, cudaStream_t st);
 /// inv_freq: host array of D/2 floats (copied into the kernel's parameters). D <= 512.
-void k_rope(DType t, void* x, int64_t n_seq, int64_t L, int64_t heads, int64_t D,
-            const float* inv_freq, float scale, bool transpose, cudaStream_t st);
+void k_rope(DType t, void* x, int64_t n_seq, int64_t L, int64_t heads, int64_t D, const float* inv_freq,
+            float scale, bool transpose, cudaStream_t st);
 /// amax (optional): as k_rmsnorm_fwd's, over the stored h.
 void k_swiglu_fwd(DType t, const void* g, const void* u, void* h, int64_t n, cudaStream_t st,
                   unsigned* amax = nullptr);
-void k_swiglu_bwd(DType t, const void* g, const void* u, const void* dh, void* dg, void* du,
-                  int64_t n, cudaStream_t st);
+void k_swiglu_bwd(DType t, const void* g, const void* u, const void* dh, void* dg, void* du, int64_t n,
+                  cudaStream_t st);
 
 // ---- cross-entropy over one chunk of logits -----------------------------------------
 /// z: [n, V] logits in dtype t (ld V). For each row r with 0 <= targets[r] < V:
 /// row_loss[r] = logsumexp(z_r) - z_r[target]; when grad, z_r is overwritten in place
 /// with softmax(z_r) - onehot. Rows with targets < 0 get loss 0 and (grad) zeros;
 /// targets >= V set err[kErrTarget] and are treated as ignored.
-void k_ce_rows(DType t, void* z, const int32_t* targets, int64_t n, int64_t V, float* row_loss,
-               bool grad, unsigned* err, cudaStream_t st);
+void k_ce_rows(DType t, void* z, const int32_t* targets, int64_t n, int64_t V, float* row_loss, bool grad,
+               unsigned* err, cudaStream_t st);
 /// loss[0] += sum(row_loss[0..n)), loss[1] += #rows with 0 <= target < V (one block,
 /// fixed order: deterministic).
-void k_ce_reduce(const float* row_loss, const int32_t* targets, int64_t n, int64_t V,
-                 float* loss, cudaStream_t st);
+void k_ce_reduce(const float* row_loss, const int32_t* targets, int64_t n, int64_t V, float* loss,
+                 cudaStream_t st);
 
 // ---- attention ----------------------------------------------------------------------
 /// impl: 0 = automatic (tensor-core flash kernels when D is 64 or 128 and pointers are
 /// 16-byte aligned, else the simple kernels), 1 = always the simple kernels, 2 / 3 = the
 /// two flash configurations (see cuda_attention.cu; 0 picks the faster one).
-void k_attention_fwd(DType t, const void* q, const void* k, const void* v, void* o, float* lse,
-                     int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D, float scale,
-                     int impl, cudaStream_t st);
+void k_attention_fwd(DType t, const void* q, const void* k, const void* v, void* o, float* lse, int64_t n_seq,
+                     int64_t L, int64_t nq, int64_t nkv, int64_t D, float scale, int impl, cudaStream_t st);
 /// scratch: at least n_seq*L*nq*(D+1) floats (dq accumulator + row statistics).
-void k_attention_bwd(DType t, const void* q, const void* k, const void* v, const void* o,
-                     const float* lse, const void* dout, void* dq, void* dk, void* dv,
-                     int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D, float scale,
-                     void* scratch, int impl, cudaStream_t st);
-
+void k_attention_bwd(DType t, const void* q, const void* k, const void* v, const void* o, const float* lse,
+                     const void* dout, void* dq, void* dk, void* dv, int64_t n_seq, int64_t L, int64_t nq,
+                     int64_t nkv, int64_t D, float scale, void* scratch, int impl, cudaStream_t st);
 
 // ---- expanded GQA backward (cudnn_attention.cpp; CPU twins in tests/kernels/ref_ops.hpp) ---
 // A pass covers the query heads [h0, h0 + hc) of q [T, nq, D] (T = n_seq * L tokens);
@@ -92,22 +89,21 @@ void k_attention_bwd(DType t, const void* q, const void* k, const void* v, const
 // addresses, one element per thread otherwise.
 /// ke[t, i, :] = k[t, (h0 + i) / r, :] and ve likewise from v, for i < hc (bit copies of
 /// the bf16 / f16 rows).
-void k_gqa_expand_kv(DType t, const void* k, const void* v, void* ke, void* ve, int64_t T,
-                     int64_t nkv, int64_t h0, int64_t hc, int64_t r, int64_t D,
-                     cudaStream_t st);
+void k_gqa_expand_kv(DType t, const void* k, const void* v, void* ke, void* ve, int64_t T, int64_t nkv,
+                     int64_t h0, int64_t hc, int64_t r, int64_t D, cudaStream_t st);
 /// For g < G: out[t, g, :] = sum_{j<m} in[t, g*m + j, :] (+ out[t, g, :] when accumulate),
 /// summed in fp32 in order j = 0..m-1 and rounded once to out_t. in: [T, G*m, D] of in_t;
 /// out: rows of out_row elements of out_t, pointing at the first head written (dk + g0*D
 /// with out_row = nkv*D; other heads are untouched). in_t / out_t: bf16, f16 or f32.
 /// out_k/out_v receive the sums of in_k/in_v (dK and dV in one launch).
-void k_gqa_group_sum(DType in_t, const void* in_k, const void* in_v, DType out_t, void* out_k,
-                     void* out_v, int64_t out_row, int64_t T, int64_t G, int64_t m, int64_t D,
-                     bool accumulate, cudaStream_t st);
+void k_gqa_group_sum(DType in_t, const void* in_k, const void* in_v, DType out_t, void* out_k, void* out_v,
+                     int64_t out_row, int64_t T, int64_t G, int64_t m, int64_t D, bool accumulate,
+                     cudaStream_t st);
 
 // ---- packed sequences and KV-cache decoding (cuda_packed.cu; CPU twins in cpu_packed.cpp) ---
 /// x [T, heads, D] rotated at positions pos[t] (device int32, clamped at 0).
-void k_rope_at(DType t, void* x, const int32_t* pos, int64_t T, int64_t heads, int64_t D, const float* inv_freq,
-               float scale, bool transpose, cudaStream_t st);
+void k_rope_at(DType t, void* x, const int32_t* pos, int64_t T, int64_t heads, int64_t D,
+               const float* inv_freq, float scale, bool transpose, cudaStream_t st);
 
 // ---- attention on rows (cuda_attention_rows.cu; CPU twins in cpu_attention.cpp, cpu_packed.cpp,
 // cpu_gptoss.cpp): the plain attention's simple path, packed sequences, KV-cache decoding and
@@ -130,14 +126,14 @@ void k_attention_di(DType t, const void* o, const void* dout, float* di, int64_t
 /// window 0 only) sums a key's dK/dV terms head by head rather than row by row: the same
 /// terms in the order of the plain attention's simple path, so its results keep their bits.
 void k_attention_rows_bwd_v(DType t, const void* q, const void* k, const void* v, const float* lse,
-                            const float* di, const void* dout, const int32_t* pos, void* dq, void* dk, void* dv,
-                            int64_t window, int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D,
-                            float scale, cudaStream_t st, bool heads_outer = false);
+                            const float* di, const void* dout, const int32_t* pos, void* dq, void* dk,
+                            void* dv, int64_t window, int64_t n_seq, int64_t L, int64_t nq, int64_t nkv,
+                            int64_t D, float scale, cudaStream_t st, bool heads_outer = false);
 
 // ---- GPT-OSS (cuda_gptoss.cu; CPU twin kernels/cpu/cpu_gptoss.cpp) ---------------------
 /// dsinks[h] (fp32) += -sum_{s,t} exp(sinks[h] - lse[s,h,t]) * di[s,h,t] (deterministic).
-void k_attention_dsinks(DType t, const void* sinks, const float* lse, const float* di, float* dsinks, int64_t n_seq,
-                        int64_t L, int64_t nq, cudaStream_t st);
+void k_attention_dsinks(DType t, const void* sinks, const float* lse, const float* di, float* dsinks,
+                        int64_t n_seq, int64_t L, int64_t nq, cudaStream_t st);
 /// Tensor-core attention with a window / sinks / packed positions (cuda_attention_variant.cu):
 /// false (nothing enqueued) when the shape or alignment needs the row kernels (head_dim not
 /// 64 or 128, tensors not 16-byte aligned, impl 1 = simple). The backward takes di
@@ -146,9 +142,9 @@ bool k_attention_flash_fwd_v(DType t, const void* q, const void* k, const void* 
                              const int32_t* pos, const void* sinks, int64_t window, int64_t n_seq, int64_t L,
                              int64_t nq, int64_t nkv, int64_t D, float scale, int impl, cudaStream_t st);
 bool k_attention_flash_bwd_v(DType t, const void* q, const void* k, const void* v, const float* lse,
-                             const float* di, const void* dout, const int32_t* pos, void* dq, void* dk, void* dv,
-                             float* dq_acc, int64_t window, int64_t n_seq, int64_t L, int64_t nq, int64_t nkv,
-                             int64_t D, float scale, int impl, cudaStream_t st);
+                             const float* di, const void* dout, const int32_t* pos, void* dq, void* dk,
+                             void* dv, float* dq_acc, int64_t window, int64_t n_seq, int64_t L, int64_t nq,
+                             int64_t nkv, int64_t D, float scale, int impl, cudaStream_t st);
 /// Ops::grouped_bias_fwd / grouped_bias_bwd (db fp32; deterministic column sums).
 void k_grouped_bias_fwd(DType t, void* y, const void* b, const int32_t* offsets_host, int64_t E, int64_t N,
                         cudaStream_t st);
@@ -157,8 +153,8 @@ void k_grouped_bias_bwd(DType t, const void* dy, float* db, const int32_t* offse
 /// Ops::swiglu_clamped_fwd / swiglu_clamped_bwd.
 void k_swiglu_clamped_fwd(DType t, const void* g, const void* u, void* h, int64_t n, float alpha, float limit,
                           cudaStream_t st);
-void k_swiglu_clamped_bwd(DType t, const void* g, const void* u, const void* dh, void* dg, void* du, int64_t n,
-                          float alpha, float limit, cudaStream_t st);
+void k_swiglu_clamped_bwd(DType t, const void* g, const void* u, const void* dh, void* dg, void* du,
+                          int64_t n, float alpha, float limit, cudaStream_t st);
 
 // ---- mixture of experts (cuda_moe.cu; CPU twin kernels/cpu/cpu_moe.cpp) ----------------
 // Shapes and formulas as Ops documents them (kernels/ops.hpp, "mixture of experts"); `t` is
@@ -169,10 +165,11 @@ void k_moe_route(DType t, const void* logits, float* probs, int32_t* topk_idx, f
                  int64_t E, int64_t k, bool norm, cudaStream_t st);
 /// stats[e] += #{a < T*k : topk_idx[a] == e}, stats[E+e] += sum_t probs[t,e] (tokens in a
 /// fixed order; counts exact while below 2^24).
-void k_moe_route_stats(const float* probs, const int32_t* topk_idx, float* stats, int64_t T, int64_t E, int64_t k,
-                       cudaStream_t st);
-void k_moe_route_bwd(DType t, const float* probs, const int32_t* topk_idx, const float* dw, const float* counts,
-                     float aux_coef, void* dlogits, int64_t T, int64_t E, int64_t k, bool norm, cudaStream_t st);
+void k_moe_route_stats(const float* probs, const int32_t* topk_idx, float* stats, int64_t T, int64_t E,
+                       int64_t k, cudaStream_t st);
+void k_moe_route_bwd(DType t, const float* probs, const int32_t* topk_idx, const float* dw,
+                     const float* counts, float aux_coef, void* dlogits, int64_t T, int64_t E, int64_t k,
+                     bool norm, cudaStream_t st);
 /// Chunking of moe_sort's R = T*k assignments: `chunks` chunks of `chunk` assignments;
 /// the sort needs hist_ints int32 of device scratch.
 struct MoeSortPlan {
@@ -187,7 +184,8 @@ MoeSortPlan moe_sort_plan(int64_t R, int64_t E);
 void k_moe_sort(const int32_t* topk_idx, int32_t* offsets, int32_t* row, int32_t* token, int64_t T, int64_t E,
                 int64_t k, int32_t* hist, unsigned* err, cudaStream_t st);
 /// xs[r,:] = x[token[r],:] (rows of H elements of t, bit copies).
-void k_gather_rows(DType t, const void* x, const int32_t* token, void* xs, int64_t R, int64_t H, cudaStream_t st);
+void k_gather_rows(DType t, const void* x, const int32_t* token, void* xs, int64_t R, int64_t H,
+                   cudaStream_t st);
 /// y[t,:] (+)= sum_j w[t,j] ys[row[t*k+j],:], w null meaning all weights 1 (moe_gather_bwd).
 void k_moe_combine(DType t, const void* ys, const float* w, const int32_t* row, void* y, int64_t T, int64_t k,
                    int64_t H, bool accumulate, cudaStream_t st);

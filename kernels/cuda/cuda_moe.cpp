@@ -262,7 +262,8 @@ void CudaOps::grouped_gemms(int which, const void* a, const void* b, void* c, co
   for (int64_t e = 0; e < E; ++e) {
     if (off[e + 1] == off[e]) continue;
     const int i = g++ % kMoeStreams;
-    expert_gemm(which, a, b, c, e, off[e], off[e + 1] - off[e], K, N, beta, moe_streams_[i], moe_ws_[i], alpha);
+    expert_gemm(which, a, b, c, e, off[e], off[e + 1] - off[e], K, N, beta, moe_streams_[i], moe_ws_[i],
+                alpha);
   }
   for (int i = 0; i < used; ++i) {
     RP_CUDA_CHECK(cudaEventRecord(moe_join_[i], moe_streams_[i]));
@@ -286,7 +287,8 @@ bool CudaOps::group_table(const int32_t* off, int64_t E, MoeGroupTable& tab) {
 // Whether a grouped product with inner dimension `inner` runs as k_grouped_lowrank (then
 // `tab` is filled): mode 1, the kernel on, a 16-bit dtype, inner <= 64.
 bool CudaOps::lowrank_call(int64_t inner, const int32_t* off, int64_t E, MoeGroupTable& tab) const {
-  return grouped_mode_ == 1 && lowrank_kernel_ && dtype_ != DType::f32 && inner <= 64 && group_table(off, E, tab);
+  return grouped_mode_ == 1 && lowrank_kernel_ && dtype_ != DType::f32 && inner <= 64 &&
+         group_table(off, E, tab);
 }
 
 void CudaOps::grouped_linear_fwd(const void* x, const void* w, void* y, const int32_t* off, int64_t E,
@@ -297,7 +299,8 @@ void CudaOps::grouped_linear_fwd(const void* x, const void* w, void* y, const in
   if (R == 0 || N == 0) return;
   if (K == 0) return fill(dtype_, y, R * N, 0.f);
   MoeGroupTable tab;
-  if (lowrank_call(K, off, E, tab)) return k_grouped_lowrank(dtype_, x, w, y, tab, R, K, N, true, 1.f, 0.f, st_);
+  if (lowrank_call(K, off, E, tab))
+    return k_grouped_lowrank(dtype_, x, w, y, tab, R, K, N, true, 1.f, 0.f, st_);
   grouped_gemms(0, w, x, y, off, E, K, N, 0.f);
 }
 
@@ -307,7 +310,8 @@ void CudaOps::grouped_linear_fwd_add(const void* x, const void* w, void* y, cons
   set_device(dev_);
   if (off[E] == 0 || N == 0 || K == 0 || alpha == 0.f) return;
   MoeGroupTable tab;
-  if (lowrank_call(K, off, E, tab)) return k_grouped_lowrank(dtype_, x, w, y, tab, off[E], K, N, true, alpha, 1.f, st_);
+  if (lowrank_call(K, off, E, tab))
+    return k_grouped_lowrank(dtype_, x, w, y, tab, off[E], K, N, true, alpha, 1.f, st_);
   grouped_gemms(0, w, x, y, off, E, K, N, 1.f, alpha);
 }
 
@@ -333,7 +337,8 @@ void CudaOps::grouped_linear_bwd_weight(const void* dy, const void* x, void* dw,
   set_device(dev_);
   if (off[E] == 0 || K == 0 || N == 0) return;
   MoeGroupTable tab;
-  if (grouped_mode_ == 1 && std::min(K, N) <= wgrad_kernel_max_ && dtype_ != DType::f32 && group_table(off, E, tab))
+  if (grouped_mode_ == 1 && std::min(K, N) <= wgrad_kernel_max_ && dtype_ != DType::f32 &&
+      group_table(off, E, tab))
     return k_grouped_wgrad(dtype_, dy, x, static_cast<float*>(dw), tab, off[E], K, N, st_);
   grouped_gemms(2, x, dy, dw, off, E, K, N, 1.f);
 }

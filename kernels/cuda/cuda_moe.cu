@@ -352,7 +352,7 @@ void k_moe_route_stats(const float* probs, const int32_t* topk_idx, float* stats
                        int64_t k, cudaStream_t st) {
   if (T <= 0) return;
   moe_route_stats_kernel<<<unsigned((E + 31) / 32), kStatsThreads, 0, st>>>(probs, topk_idx, stats, T, int(E),
-                                                                       T * k);
+                                                                            T * k);
   RP_CUDA_LAUNCH_CHECK("moe_route_stats_kernel");
 }
 

@@ -34,8 +34,9 @@ __device__ __forceinline__ bool on16(const void* p) { return (reinterpret_cast<u
 // gradient). M is staged as [rp][kCols] row-major either way.
 template <typename T>
 __global__ void __launch_bounds__(kLowRankThreads)
-    grouped_lowrank_kernel(const T* __restrict__ a, const T* __restrict__ w, T* __restrict__ out, MoeGroupTable tab,
-                           int64_t R, int r, int64_t C, bool m_cr, float alpha, float beta, bool vec) {
+    grouped_lowrank_kernel(const T* __restrict__ a, const T* __restrict__ w, T* __restrict__ out,
+                           MoeGroupTable tab, int64_t R, int r, int64_t C, bool m_cr, float alpha, float beta,
+                           bool vec) {
   using namespace nvcuda;
   constexpr size_t kStageBytes = (size_t(kRows) * kLdA + size_t(kMaxRank) * kLdM) * sizeof(T);
   constexpr size_t kOutBytes = size_t(kRows) * kLdOut * sizeof(float);
@@ -60,8 +61,9 @@ __global__ void __launch_bounds__(kLowRankThreads)
     for (int q = 0; q < kPer; ++q) {
       const int i = int(threadIdx.x) + q * kLowRankThreads;
       const int row = i / (kCols / 8), col = (i % (kCols / 8)) * 8;
-      prev[q] = row < rows && c0 + col < C ? *reinterpret_cast<const uint4*>(out + (row0 + row) * C + c0 + col)
-                                           : make_uint4(0, 0, 0, 0);
+      prev[q] = row < rows && c0 + col < C
+                    ? *reinterpret_cast<const uint4*>(out + (row0 + row) * C + c0 + col)
+                    : make_uint4(0, 0, 0, 0);
     }
   }
   if (r % 8 == 0 && on16(a)) {  // 8 elements per load: rows of a are r * 2 bytes apart
@@ -122,7 +124,8 @@ __global__ void __launch_bounds__(kLowRankThreads)
   __syncthreads();  // the staged operands become s_out
   for (int i = 0; i < 2; ++i)
     for (int j = 0; j < 4; ++j)
-      wmma::store_matrix_sync(s_out + (wr + 16 * i) * kLdOut + wc + 16 * j, acc[i][j], kLdOut, wmma::mem_row_major);
+      wmma::store_matrix_sync(s_out + (wr + 16 * i) * kLdOut + wc + 16 * j, acc[i][j], kLdOut,
+                              wmma::mem_row_major);
   __syncthreads();
   if (vec) {  // C a multiple of 8, 16-byte aligned out: 8 elements per access
 #pragma unroll
@@ -149,8 +152,8 @@ __global__ void __launch_bounds__(kLowRankThreads)
 }
 
 template <typename T>
-void launch_lowrank(const void* a, const void* w, void* out, const MoeGroupTable& tab, int64_t R, int r, int64_t C,
-                    bool m_cr, float alpha, float beta, cudaStream_t st) {
+void launch_lowrank(const void* a, const void* w, void* out, const MoeGroupTable& tab, int64_t R, int r,
+                    int64_t C, bool m_cr, float alpha, float beta, cudaStream_t st) {
   int64_t most = 0;  // the largest group's rows set the grid's row tiles
   for (int g = 0; g < tab.n; ++g) {
     const int64_t end = g + 1 < tab.n ? tab.row0[g + 1] : R;
@@ -159,9 +162,9 @@ void launch_lowrank(const void* a, const void* w, void* out, const MoeGroupTable
   if (most == 0) return;
   const dim3 grid(unsigned((C + kCols - 1) / kCols), unsigned((most + kRows - 1) / kRows), unsigned(tab.n));
   const bool vec = C % 8 == 0 && aligned16(out);
-  grouped_lowrank_kernel<T><<<grid, kLowRankThreads, 0, st>>>(static_cast<const T*>(a), static_cast<const T*>(w),
-                                                               static_cast<T*>(out), tab, R, r, C, m_cr, alpha,
-                                                               beta, vec);
+  grouped_lowrank_kernel<T><<<grid, kLowRankThreads, 0, st>>>(static_cast<const T*>(a),
+                                                              static_cast<const T*>(w), static_cast<T*>(out),
+                                                              tab, R, r, C, m_cr, alpha, beta, vec);
   RP_CUDA_LAUNCH_CHECK("grouped_lowrank_kernel");
 }
 

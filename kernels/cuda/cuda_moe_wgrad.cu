@@ -39,8 +39,7 @@ __device__ __forceinline__ void stage(T* dst, const T* src, int64_t r, int64_t r
       T* d = dst + row * kLd + col;
       if (r + row < rows_end && c0 + col < cols)
         __pipeline_memcpy_async(d, src + (r + row) * cols + c0 + col, 16);
-      else
-        *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+      else *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
     }
   } else {
     for (int i = threadIdx.x; i < kChunk * W; i += kWgradThreads) {
@@ -66,9 +65,9 @@ __global__ void __launch_bounds__(kWgradThreads)
   constexpr size_t kStageBytes = 2 * size_t(kChunk) * (kLdN + kLdK) * sizeof(T);
   constexpr size_t kOutBytes = size_t(TN) * kLdOut * sizeof(float);
   __shared__ __align__(16) unsigned char smem[kStageBytes > kOutBytes ? kStageBytes : kOutBytes];
-  T* s_dy = reinterpret_cast<T*>(smem);              // [2][kChunk][kLdN]
-  T* s_x = s_dy + 2 * kChunk * kLdN;                 // [2][kChunk][kLdK]
-  float* s_out = reinterpret_cast<float*>(smem);     // [TN][kLdOut], after the last chunk
+  T* s_dy = reinterpret_cast<T*>(smem);           // [2][kChunk][kLdN]
+  T* s_x = s_dy + 2 * kChunk * kLdN;              // [2][kChunk][kLdK]
+  float* s_out = reinterpret_cast<float*>(smem);  // [TN][kLdOut], after the last chunk
   const int g = int(blockIdx.z);
   const int64_t k0 = int64_t(blockIdx.x) * TK, n0 = int64_t(blockIdx.y) * TN;
   const int64_t row0 = tab.row0[g], row_end = g + 1 < tab.n ? tab.row0[g + 1] : R;
@@ -109,7 +108,8 @@ __global__ void __launch_bounds__(kWgradThreads)
   if (active)
     for (int i = 0; i < 2; ++i)
       for (int j = 0; j < 2; ++j)
-        wmma::store_matrix_sync(s_out + (wn + 16 * i) * kLdOut + wk + 16 * j, acc[i][j], kLdOut, wmma::mem_row_major);
+        wmma::store_matrix_sync(s_out + (wn + 16 * i) * kLdOut + wk + 16 * j, acc[i][j], kLdOut,
+                                wmma::mem_row_major);
   __syncthreads();
   float* out = dw + int64_t(tab.expert[g]) * N * K;
   for (int i = threadIdx.x; i < TN * TK; i += kWgradThreads) {

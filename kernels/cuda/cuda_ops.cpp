@@ -6,8 +6,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cmath>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -49,8 +49,8 @@ constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLASLt workspace (Hop
 CudaOps::CudaOps(int device, cudaStream_t stream, DType dtype, unsigned* err)
     : dev_(device), st_(stream), dtype_(dtype), err_(err) {
   if (dtype != DType::bf16 && dtype != DType::f16)
-    throw std::invalid_argument(fmt::format("CUDA ops: compute dtype must be bf16 or f16, not {}",
-                                            dtype_name(dtype)));
+    throw std::invalid_argument(
+        fmt::format("CUDA ops: compute dtype must be bf16 or f16, not {}", dtype_name(dtype)));
   set_device(dev_);
   RP_CUBLAS_CHECK(cublasLtCreate(&lt_));
   RP_CUDA_CHECK(cudaMalloc(&ws_, kWorkspaceBytes));
@@ -77,7 +77,8 @@ CudaOps::~CudaOps() {
 
 CudaOps::Plan& CudaOps::plan_for(const Key& key, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
                                  int64_t lda, int64_t ldb, int64_t ldc, DType c_t, unsigned align_a,
-                                 unsigned align_b, unsigned align_c, const Fp8Operands* fp8, bool f16_compute) {
+                                 unsigned align_b, unsigned align_c, const Fp8Operands* fp8,
+                                 bool f16_compute) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
   Plan p;
@@ -85,8 +86,7 @@ CudaOps::Plan& CudaOps::plan_for(const Key& key, bool ta, bool tb, int64_t m, in
   const cudaDataType_t at = fp8 ? fp8->a_type : cuda_type(dtype_), bt = fp8 ? fp8->b_type : cuda_type(dtype_);
   if (f16_compute)  // GeForce tensor cores: twice the rate of fp32 accumulation
     RP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_16F, CUDA_R_16F));
-  else
-    RP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  else RP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   RP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
   RP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
@@ -114,28 +114,44 @@ CudaOps::Plan& CudaOps::plan_for(const Key& key, bool ta, bool tb, int64_t m, in
     cublasLtMatrixLayoutDestroy(p.c);
     throw DeviceError(fmt::format(
         "cuBLASLt: no algorithm for {}{} GEMM m={} n={} k={} lda={} ldb={} ldc={} ({} -> {}{}): {}",
-        ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, lda, ldb, ldc, fp8 ? "fp8" : dtype_name(dtype_), dtype_name(c_t),
-        f16_compute ? ", fp16 accumulation" : "", s == CUBLAS_STATUS_SUCCESS ? "none found" : cublasLtGetStatusString(s)));
+        ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, lda, ldb, ldc, fp8 ? "fp8" : dtype_name(dtype_),
+        dtype_name(c_t), f16_compute ? ", fp16 accumulation" : "",
+        s == CUBLAS_STATUS_SUCCESS ? "none found" : cublasLtGetStatusString(s)));
   }
   p.algo = res.algo;
   return plans_.emplace(key, p).first->second;
 }
 
-void CudaOps::gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A,
-                   int64_t lda, const void* B, int64_t ldb, void* C, DType c_t, int64_t ldc,
-                   float beta, float alpha, bool f16_compute) {
+void CudaOps::gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A, int64_t lda,
+                   const void* B, int64_t ldb, void* C, DType c_t, int64_t ldc, float beta, float alpha,
+                   bool f16_compute) {
   gemm_on(st_, ws_, ta, tb, m, n, k, A, lda, B, ldb, C, c_t, ldc, beta, alpha, f16_compute);
 }
 
 void CudaOps::gemm_on(cudaStream_t st, void* ws, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
-                      const void* A, int64_t lda, const void* B, int64_t ldb, void* C, DType c_t,
-                      int64_t ldc, float beta, float alpha, bool f16_compute) {
+                      const void* A, int64_t lda, const void* B, int64_t ldb, void* C, DType c_t, int64_t ldc,
+                      float beta, float alpha, bool f16_compute) {
   if (f16_compute && (dtype_ != DType::f16 || c_t != DType::f16))
     throw std::invalid_argument("gemm: fp16 accumulation needs f16 operands and output");
   set_device(dev_);
   const unsigned aa = alignment_of(A), ab = alignment_of(B), ac = alignment_of(C);
-  const Key key{ta, tb, m, n, k, lda, ldb, ldc, int64_t(c_t), int64_t(aa), int64_t(ab),
-                int64_t(ac), beta != 0.f, int64_t(dtype_), 0, 0, f16_compute};  // 0, 0: not FP8
+  const Key key{ta,
+                tb,
+                m,
+                n,
+                k,
+                lda,
+                ldb,
+                ldc,
+                int64_t(c_t),
+                int64_t(aa),
+                int64_t(ab),
+                int64_t(ac),
+                beta != 0.f,
+                int64_t(dtype_),
+                0,
+                0,
+                f16_compute};  // 0, 0: not FP8
   std::lock_guard lk(mu_);
   Plan& p = plan_for(key, ta, tb, m, n, k, lda, ldb, ldc, c_t, aa, ab, ac, nullptr, f16_compute);
   // alpha is read from host memory at the call (CUBLASLT_POINTER_MODE_HOST, the default);
@@ -144,8 +160,8 @@ void CudaOps::gemm_on(cudaStream_t st, void* ws, bool ta, bool tb, int64_t m, in
   const uint16_t alpha16 = f32_to_f16(alpha), beta16 = f32_to_f16(beta);
   const void* pa = f16_compute ? static_cast<const void*>(&alpha16) : &alpha;
   const void* pb = f16_compute ? static_cast<const void*>(&beta16) : &beta;
-  RP_CUBLAS_CHECK(cublasLtMatmul(lt_, p.op, pa, A, p.a, B, p.b, pb, C, p.c, C, p.c,
-                                 &p.algo, ws, ws_bytes_, st));
+  RP_CUBLAS_CHECK(
+      cublasLtMatmul(lt_, p.op, pa, A, p.a, B, p.b, pb, C, p.c, C, p.c, &p.algo, ws, ws_bytes_, st));
 }
 
 // ---- memory helpers ---------------------------------------------------------------------
@@ -170,7 +186,8 @@ void CudaOps::dequantize(WeightFormat f, const void* src, void* dst, int64_t n) 
 void CudaOps::dequantize_to(WeightFormat f, DType out_t, const void* src, void* dst, int64_t n) {
   check_n(n, "dequantize");
   require(int(f) <= int(WeightFormat::mxfp4), "dequantize",
-          fmt::format("unknown weight format {} (expected f32, bf16, f16, q8_0, q4_0, nf4 or mxfp4)", int(f)).c_str());
+          fmt::format("unknown weight format {} (expected f32, bf16, f16, q8_0, q4_0, nf4 or mxfp4)", int(f))
+              .c_str());
   require(out_t == DType::f32 || out_t == DType::bf16 || out_t == DType::f16, "dequantize",
           fmt::format("output dtype {} (expected f32, bf16 or f16)", dtype_name(out_t)).c_str());
   weight_format_bytes(f, n);  // throws std::invalid_argument unless n is a multiple of the block
@@ -187,8 +204,7 @@ void CudaOps::cast(DType dst_t, void* dst, DType src_t, const void* src, int64_t
   k_cast(dst_t, dst, src_t, src, n, st_);
 }
 
-void CudaOps::add_into(DType dst_t, void* dst, DType src_t, const void* src, int64_t n,
-                       float alpha) {
+void CudaOps::add_into(DType dst_t, void* dst, DType src_t, const void* src, int64_t n, float alpha) {
   check_n(n, "add_into");
   set_device(dev_);
   k_add_into(dst_t, dst, src_t, src, n, alpha, st_);
@@ -209,8 +225,8 @@ void CudaOps::linear_fwd(const void* x, const void* w, void* y, int64_t M, int64
   gemm(true, false, N, M, K, w, K, x, K, y, dtype_, N, 0.f, 1.f, f16_accum_);
 }
 
-void CudaOps::linear_bwd_input(const void* dy, const void* w, void* dx, int64_t M, int64_t K,
-                               int64_t N, bool accumulate) {
+void CudaOps::linear_bwd_input(const void* dy, const void* w, void* dx, int64_t M, int64_t K, int64_t N,
+                               bool accumulate) {
   require(M >= 0 && K >= 0 && N >= 0, "linear_bwd_input", "negative dimension");
   if (M == 0 || K == 0) return;
   if (N == 0) {
@@ -220,8 +236,7 @@ void CudaOps::linear_bwd_input(const void* dy, const void* w, void* dx, int64_t 
   gemm(false, false, K, M, N, w, K, dy, N, dx, dtype_, K, accumulate ? 1.f : 0.f, 1.f, f16_accum_);
 }
 
-void CudaOps::linear_bwd_weight(const void* dy, const void* x, void* dw, int64_t M, int64_t K,
-                                int64_t N) {
+void CudaOps::linear_bwd_weight(const void* dy, const void* x, void* dw, int64_t M, int64_t K, int64_t N) {
   require(M >= 0 && K >= 0 && N >= 0, "linear_bwd_weight", "negative dimension");
   if (M == 0 || N == 0 || K == 0) return;
   gemm(false, true, K, N, M, x, K, dy, N, dw, DType::f32, K, 1.f);
@@ -229,15 +244,14 @@ void CudaOps::linear_bwd_weight(const void* dy, const void* x, void* dw, int64_t
 
 // ---- embedding / norms / rope / swiglu ----------------------------------------------------
 
-void CudaOps::embedding_fwd(const int32_t* ids, const void* table, void* y, int64_t T, int64_t H,
-                            int64_t V) {
+void CudaOps::embedding_fwd(const int32_t* ids, const void* table, void* y, int64_t T, int64_t H, int64_t V) {
   require(T >= 0 && H >= 0 && V >= 0, "embedding_fwd", "negative dimension");
   set_device(dev_);
   k_embedding_fwd(dtype_, ids, table, y, T, H, V, err_, st_);
 }
 
-void CudaOps::embedding_bwd(const int32_t* ids, const void* dy, void* dtable, int64_t T,
-                            int64_t H, int64_t V) {
+void CudaOps::embedding_bwd(const int32_t* ids, const void* dy, void* dtable, int64_t T, int64_t H,
+                            int64_t V) {
   require(T >= 0 && H >= 0 && V >= 0, "embedding_bwd", "negative dimension");
   set_device(dev_);
   k_embedding_bwd(dtype_, ids, dy, static_cast<float*>(dtable), T, H, V, err_, st_);
@@ -249,23 +263,23 @@ void CudaOps::rmsnorm_fwd(const void* x, const void* w, void* y, int64_t R, int6
   k_rmsnorm_fwd(dtype_, x, w, y, R, n, eps, st_);
 }
 
-void CudaOps::rmsnorm_bwd(const void* x, const void* w, const void* dy, void* dx, void* dw,
-                          int64_t R, int64_t n, float eps, bool accumulate_dx) {
+void CudaOps::rmsnorm_bwd(const void* x, const void* w, const void* dy, void* dx, void* dw, int64_t R,
+                          int64_t n, float eps, bool accumulate_dx) {
   require(R >= 0 && n > 0, "rmsnorm_bwd", "need R >= 0 rows of n > 0 columns");
   set_device(dev_);
   k_rmsnorm_bwd(dtype_, x, w, dy, dx, static_cast<float*>(dw), R, n, eps, accumulate_dx, st_);
 }
 
-void CudaOps::rope_fwd(void* x, int64_t n_seq, int64_t L, int64_t heads, int64_t D,
-                       const float* inv_freq, float scale) {
+void CudaOps::rope_fwd(void* x, int64_t n_seq, int64_t L, int64_t heads, int64_t D, const float* inv_freq,
+                       float scale) {
   require(n_seq >= 0 && L >= 0 && heads >= 0, "rope", "negative dimension");
   require(D > 0 && D % 2 == 0, "rope", "head_dim must be even and positive");
   set_device(dev_);
   k_rope(dtype_, x, n_seq, L, heads, D, inv_freq, scale, false, st_);
 }
 
-void CudaOps::rope_bwd(void* dx, int64_t n_seq, int64_t L, int64_t heads, int64_t D,
-                       const float* inv_freq, float scale) {
+void CudaOps::rope_bwd(void* dx, int64_t n_seq, int64_t L, int64_t heads, int64_t D, const float* inv_freq,
+                       float scale) {
   require(n_seq >= 0 && L >= 0 && heads >= 0, "rope", "negative dimension");
   require(D > 0 && D % 2 == 0, "rope", "head_dim must be even and positive");
   set_device(dev_);
@@ -278,8 +292,7 @@ void CudaOps::swiglu_fwd(const void* g, const void* u, void* h, int64_t n) {
   k_swiglu_fwd(dtype_, g, u, h, n, st_);
 }
 
-void CudaOps::swiglu_bwd(const void* g, const void* u, const void* dh, void* dg, void* du,
-                         int64_t n) {
+void CudaOps::swiglu_bwd(const void* g, const void* u, const void* dh, void* dg, void* du, int64_t n) {
   check_n(n, "swiglu_bwd");
   set_device(dev_);
   k_swiglu_bwd(dtype_, g, u, dh, dg, du, n, st_);
@@ -296,9 +309,8 @@ void check_attn(int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D, co
 }
 }  // namespace
 
-void CudaOps::attention_fwd(const void* q, const void* k, const void* v, void* o, float* lse,
-                            int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D,
-                            float scale, void* scratch) {
+void CudaOps::attention_fwd(const void* q, const void* k, const void* v, void* o, float* lse, int64_t n_seq,
+                            int64_t L, int64_t nq, int64_t nkv, int64_t D, float scale, void* scratch) {
   check_attn(n_seq, L, nq, nkv, D, scratch, "attention_fwd");
   set_device(dev_);
   const size_t ws = attention_ws(n_seq, L, nq, nkv, D);
@@ -309,29 +321,27 @@ void CudaOps::attention_fwd(const void* q, const void* k, const void* v, void* o
   k_attention_fwd(dtype_, q, k, v, o, lse, n_seq, L, nq, nkv, D, scale, attn_impl_, st_);
 }
 
-void CudaOps::attention_bwd(const void* q, const void* k, const void* v, const void* o,
-                            const float* lse, const void* dout, void* dq, void* dk, void* dv,
-                            int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D,
-                            float scale, void* scratch) {
+void CudaOps::attention_bwd(const void* q, const void* k, const void* v, const void* o, const float* lse,
+                            const void* dout, void* dq, void* dk, void* dv, int64_t n_seq, int64_t L,
+                            int64_t nq, int64_t nkv, int64_t D, float scale, void* scratch) {
   check_attn(n_seq, L, nq, nkv, D, scratch, "attention_bwd");
   require(lse != nullptr, "attention_bwd", "lse is null");
   set_device(dev_);
   const size_t ws = attention_ws(n_seq, L, nq, nkv, D);
   last_bwd_passes_ = 0;
   if (try_cudnn(true, [&](std::string* why) {
-        return cudnn_->bwd(dtype_, q, k, v, o, lse, dout, dq, dk, dv, n_seq, L, nq, nkv, D, scale,
-                           scratch, ws, why);
+        return cudnn_->bwd(dtype_, q, k, v, o, lse, dout, dq, dk, dv, n_seq, L, nq, nkv, D, scale, scratch,
+                           ws, why);
       })) {
     last_bwd_passes_ = cudnn_->last_bwd_passes();
     return;
   }
-  k_attention_bwd(dtype_, q, k, v, o, lse, dout, dq, dk, dv, n_seq, L, nq, nkv, D, scale, scratch,
-                  attn_impl_, st_);
+  k_attention_bwd(dtype_, q, k, v, o, lse, dout, dq, dk, dv, n_seq, L, nq, nkv, D, scale, scratch, attn_impl_,
+                  st_);
 }
 
 size_t CudaOps::attention_ws(int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D) const {
-  return attn_scratch_bytes_ > 0 ? attn_scratch_bytes_
-                                 : Ops::attention_scratch_bytes(n_seq, L, nq, nkv, D);
+  return attn_scratch_bytes_ > 0 ? attn_scratch_bytes_ : Ops::attention_scratch_bytes(n_seq, L, nq, nkv, D);
 }
 
 void CudaOps::set_attention_gqa(int mode) {
@@ -339,15 +349,15 @@ void CudaOps::set_attention_gqa(int mode) {
   if (cudnn_) cudnn_->set_gqa_backward(CudnnAttention::GqaBackward(mode));
 }
 
-void CudaOps::gqa_expand_kv(const void* k, const void* v, void* ke, void* ve, int64_t T,
-                            int64_t nkv, int64_t h0, int64_t hc, int64_t r, int64_t D) {
+void CudaOps::gqa_expand_kv(const void* k, const void* v, void* ke, void* ve, int64_t T, int64_t nkv,
+                            int64_t h0, int64_t hc, int64_t r, int64_t D) {
   set_device(dev_);
   k_gqa_expand_kv(dtype_, k, v, ke, ve, T, nkv, h0, hc, r, D, st_);
 }
 
-void CudaOps::gqa_group_sum(DType in_t, const void* in_k, const void* in_v, DType out_t,
-                            void* out_k, void* out_v, int64_t out_row, int64_t T, int64_t G,
-                            int64_t m, int64_t D, bool accumulate) {
+void CudaOps::gqa_group_sum(DType in_t, const void* in_k, const void* in_v, DType out_t, void* out_k,
+                            void* out_v, int64_t out_row, int64_t T, int64_t G, int64_t m, int64_t D,
+                            bool accumulate) {
   set_device(dev_);
   k_gqa_group_sum(in_t, in_k, in_v, out_t, out_k, out_v, out_row, T, G, m, D, accumulate, st_);
 }
@@ -364,12 +374,10 @@ bool CudaOps::try_cudnn(bool backward, const std::function<bool(std::string*)>& 
   std::string why;
   if (call(&why)) return true;
   if (attn_impl_ == 4)
-    throw DeviceError(fmt::format("attention {}: cuDNN refused: {}",
-                                  backward ? "backward" : "forward", why));
+    throw DeviceError(fmt::format("attention {}: cuDNN refused: {}", backward ? "backward" : "forward", why));
   if (!cudnn_refusal_logged_) {  // automatic mode: fall back to our kernels, say so once
     cudnn_refusal_logged_ = true;
-    fmt::print(stderr, "roundpipe: cuDNN attention not used ({}); using the built-in kernels\n",
-               why);
+    fmt::print(stderr, "roundpipe: cuDNN attention not used ({}); using the built-in kernels\n", why);
   }
   return false;
 }
@@ -384,9 +392,9 @@ bool CudaOps::try_cudnn(bool backward, const std::function<bool(std::string*)>& 
 // overflow); loss_scale is the fp32 alpha of the dh and dW GEMMs, so a scale too large
 // overflows where fp16 training must see it: in the fp16 dh rounded from the fp32 product.
 
-void CudaOps::lm_head_cross_entropy(const void* h, const void* w, const int32_t* targets,
-                                    int64_t T, int64_t H, int64_t V, float* loss, void* dh,
-                                    void* dw, void* scratch, float loss_scale) {
+void CudaOps::lm_head_cross_entropy(const void* h, const void* w, const int32_t* targets, int64_t T,
+                                    int64_t H, int64_t V, float* loss, void* dh, void* dw, void* scratch,
+                                    float loss_scale) {
   Ops::check_lm_head_ce_args(T, H, V, loss, scratch, loss_scale);
   set_device(dev_);
   const size_t avail = Ops::lm_head_ce_scratch_bytes(T, H, V);
@@ -409,8 +417,9 @@ void CudaOps::lm_head_cross_entropy(const void* h, const void* w, const int32_t*
     gemm(true, false, V, n, H, w, H, hc, H, Z, dtype_, V, 0.f);  // logits [n, V]
     k_ce_rows(dtype_, Z, targets + t0, n, V, row_loss, grad, err_, st_);
     k_ce_reduce(row_loss, targets + t0, n, V, loss, st_);
-    if (dh) gemm(false, false, H, n, V, w, H, Z, V, static_cast<char*>(dh) + size_t(t0 * H) * es,
-                 dtype_, H, 0.f, loss_scale);
+    if (dh)
+      gemm(false, false, H, n, V, w, H, Z, V, static_cast<char*>(dh) + size_t(t0 * H) * es, dtype_, H, 0.f,
+           loss_scale);
     if (dw) gemm(false, true, H, V, n, hc, H, Z, V, dw, DType::f32, H, 1.f, loss_scale);
   }
 }
@@ -427,8 +436,8 @@ int parse_attention_impl(const char* text) {
   if (t == "flash") return 2;
   if (t == "flash8") return 3;
   if (t == "cudnn") return 4;
-  throw std::invalid_argument(fmt::format(
-      "RP_CUDA_ATTENTION='{}': expected auto, simple, flash, flash8 or cudnn", t));
+  throw std::invalid_argument(
+      fmt::format("RP_CUDA_ATTENTION='{}': expected auto, simple, flash, flash8 or cudnn", t));
 }
 
 int parse_attention_gqa(const char* text) {
@@ -437,8 +446,7 @@ int parse_attention_gqa(const char* text) {
   if (t == "auto") return 0;
   if (t == "native") return 1;
   if (t == "expand") return 2;
-  throw std::invalid_argument(fmt::format(
-      "RP_CUDA_ATTENTION_GQA='{}': expected auto, native or expand", t));
+  throw std::invalid_argument(fmt::format("RP_CUDA_ATTENTION_GQA='{}': expected auto, native or expand", t));
 }
 
 int parse_grouped_gemm(const char* text) {
@@ -498,14 +506,14 @@ void dequantize_to(Ops& ops, WeightFormat f, DType out_t, const void* src, void*
   cuda_ops(ops, "dequantize_to").dequantize_to(f, out_t, src, dst, n);
 }
 
-void gqa_expand_kv(Ops& ops, const void* k, const void* v, void* ke, void* ve, int64_t T,
-                   int64_t nkv, int64_t h0, int64_t hc, int64_t r, int64_t D) {
+void gqa_expand_kv(Ops& ops, const void* k, const void* v, void* ke, void* ve, int64_t T, int64_t nkv,
+                   int64_t h0, int64_t hc, int64_t r, int64_t D) {
   cuda_ops(ops, "gqa_expand_kv").gqa_expand_kv(k, v, ke, ve, T, nkv, h0, hc, r, D);
 }
 
-void gqa_group_sum(Ops& ops, DType in_t, const void* in_k, const void* in_v, DType out_t,
-                   void* out_k, void* out_v, int64_t out_row, int64_t T, int64_t G, int64_t m,
-                   int64_t D, bool accumulate) {
+void gqa_group_sum(Ops& ops, DType in_t, const void* in_k, const void* in_v, DType out_t, void* out_k,
+                   void* out_v, int64_t out_row, int64_t T, int64_t G, int64_t m, int64_t D,
+                   bool accumulate) {
   cuda_ops(ops, "gqa_group_sum")
       .gqa_group_sum(in_t, in_k, in_v, out_t, out_k, out_v, out_row, T, G, m, D, accumulate);
 }

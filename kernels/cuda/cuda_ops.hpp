@@ -7,10 +7,10 @@
 
 #include <array>
 #include <functional>
-#include <memory>
-#include <string>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <string>
 #include <tuple>
 
 #include "kernels/cuda/cuda_backend.hpp"
@@ -40,16 +40,13 @@ class CudaOps final : public Ops {
   void dequantize(WeightFormat f, const void* src, void* dst, int64_t n) override;
   /// dequantize() into out_t (f32, bf16 or f16) instead of dtype() (cuda_backend.hpp).
   void dequantize_to(WeightFormat f, DType out_t, const void* src, void* dst, int64_t n);
-  void add_into(DType dst_t, void* dst, DType src_t, const void* src, int64_t n,
-                float alpha) override;
+  void add_into(DType dst_t, void* dst, DType src_t, const void* src, int64_t n, float alpha) override;
   void add(const void* a, const void* b, void* y, int64_t n) override;
 
-  void linear_fwd(const void* x, const void* w, void* y, int64_t M, int64_t K,
-                  int64_t N) override;
-  void linear_bwd_input(const void* dy, const void* w, void* dx, int64_t M, int64_t K,
-                        int64_t N, bool accumulate) override;
-  void linear_bwd_weight(const void* dy, const void* x, void* dw, int64_t M, int64_t K,
-                         int64_t N) override;
+  void linear_fwd(const void* x, const void* w, void* y, int64_t M, int64_t K, int64_t N) override;
+  void linear_bwd_input(const void* dy, const void* w, void* dx, int64_t M, int64_t K, int64_t N,
+                        bool accumulate) override;
+  void linear_bwd_weight(const void* dy, const void* x, void* dw, int64_t M, int64_t K, int64_t N) override;
   void linear_fwd_add(const void* x, const void* w, void* y, int64_t M, int64_t K, int64_t N,
                       float alpha) override;
   void dropout(const void* x, void* y, int64_t rows, int64_t cols, float p, uint64_t seed,
@@ -60,64 +57,64 @@ class CudaOps final : public Ops {
   void embedding_bwd(const int32_t* ids, const void* dy, void* dtable, int64_t T, int64_t H,
                      int64_t V) override;
 
-  void rmsnorm_fwd(const void* x, const void* w, void* y, int64_t R, int64_t n,
-                   float eps) override;
-  void rmsnorm_bwd(const void* x, const void* w, const void* dy, void* dx, void* dw,
-                   int64_t R, int64_t n, float eps, bool accumulate_dx) override;
+  void rmsnorm_fwd(const void* x, const void* w, void* y, int64_t R, int64_t n, float eps) override;
+  void rmsnorm_bwd(const void* x, const void* w, const void* dy, void* dx, void* dw, int64_t R, int64_t n,
+                   float eps, bool accumulate_dx) override;
 
-  void rope_fwd(void* x, int64_t n_seq, int64_t seq_len, int64_t heads, int64_t D,
-                const float* inv_freq, float scale) override;
-  void rope_bwd(void* dx, int64_t n_seq, int64_t seq_len, int64_t heads, int64_t D,
-                const float* inv_freq, float scale) override;
+  void rope_fwd(void* x, int64_t n_seq, int64_t seq_len, int64_t heads, int64_t D, const float* inv_freq,
+                float scale) override;
+  void rope_bwd(void* dx, int64_t n_seq, int64_t seq_len, int64_t heads, int64_t D, const float* inv_freq,
+                float scale) override;
 
-  void attention_fwd(const void* q, const void* k, const void* v, void* o, float* lse,
-                     int64_t n_seq, int64_t seq_len, int64_t nq, int64_t nkv, int64_t D,
-                     float scale, void* scratch) override;
-  void attention_bwd(const void* q, const void* k, const void* v, const void* o,
-                     const float* lse, const void* dout, void* dq, void* dk, void* dv,
-                     int64_t n_seq, int64_t seq_len, int64_t nq, int64_t nkv, int64_t D,
-                     float scale, void* scratch) override;
+  void attention_fwd(const void* q, const void* k, const void* v, void* o, float* lse, int64_t n_seq,
+                     int64_t seq_len, int64_t nq, int64_t nkv, int64_t D, float scale,
+                     void* scratch) override;
+  void attention_bwd(const void* q, const void* k, const void* v, const void* o, const float* lse,
+                     const void* dout, void* dq, void* dk, void* dv, int64_t n_seq, int64_t seq_len,
+                     int64_t nq, int64_t nkv, int64_t D, float scale, void* scratch) override;
 
   void rope_fwd_at(void* x, const int32_t* pos, int64_t T, int64_t heads, int64_t D, const float* inv_freq,
                    float scale) override;
   void rope_bwd_at(void* dx, const int32_t* pos, int64_t T, int64_t heads, int64_t D, const float* inv_freq,
                    float scale) override;
-  void attention_fwd_packed(const void* q, const void* k, const void* v, void* o, float* lse, const int32_t* pos,
-                            int64_t n_seq, int64_t seq_len, int64_t nq, int64_t nkv, int64_t D, float scale,
-                            void* scratch) override;
+  void attention_fwd_packed(const void* q, const void* k, const void* v, void* o, float* lse,
+                            const int32_t* pos, int64_t n_seq, int64_t seq_len, int64_t nq, int64_t nkv,
+                            int64_t D, float scale, void* scratch) override;
   void attention_bwd_packed(const void* q, const void* k, const void* v, const void* o, const float* lse,
                             const void* dout, const int32_t* pos, void* dq, void* dk, void* dv, int64_t n_seq,
                             int64_t seq_len, int64_t nq, int64_t nkv, int64_t D, float scale,
                             void* scratch) override;
-  void attention_decode(const void* q, const void* k_cache, const void* v_cache, void* o, int64_t past, int64_t n,
-                        int64_t nq, int64_t nkv, int64_t D, float scale) override;
+  void attention_decode(const void* q, const void* k_cache, const void* v_cache, void* o, int64_t past,
+                        int64_t n, int64_t nq, int64_t nkv, int64_t D, float scale) override;
 
   // GPT-OSS (attention variants, per-expert bias, clamped SwiGLU)
   void attention_fwd_v(const void* q, const void* k, const void* v, void* o, float* lse, int64_t n_seq,
-                       int64_t seq_len, int64_t nq, int64_t nkv, int64_t D, float scale, const AttentionVariant& var,
-                       void* scratch) override;
+                       int64_t seq_len, int64_t nq, int64_t nkv, int64_t D, float scale,
+                       const AttentionVariant& var, void* scratch) override;
   void attention_bwd_v(const void* q, const void* k, const void* v, const void* o, const float* lse,
-                       const void* dout, void* dq, void* dk, void* dv, int64_t n_seq, int64_t seq_len, int64_t nq,
-                       int64_t nkv, int64_t D, float scale, const AttentionVariant& var, void* scratch) override;
+                       const void* dout, void* dq, void* dk, void* dv, int64_t n_seq, int64_t seq_len,
+                       int64_t nq, int64_t nkv, int64_t D, float scale, const AttentionVariant& var,
+                       void* scratch) override;
   void attention_decode_v(const void* q, const void* k_cache, const void* v_cache, void* o, int64_t past,
                           int64_t n, int64_t nq, int64_t nkv, int64_t D, float scale,
                           const AttentionVariant& var) override;
   void grouped_bias_fwd(void* y, const void* b, const int32_t* offsets_host, int64_t E, int64_t N) override;
   void grouped_bias_bwd(const void* dy, void* db, const int32_t* offsets_host, int64_t E, int64_t N) override;
-  void swiglu_clamped_fwd(const void* g, const void* u, void* h, int64_t n, float alpha, float limit) override;
-  void swiglu_clamped_bwd(const void* g, const void* u, const void* dh, void* dg, void* du, int64_t n, float alpha,
+  void swiglu_clamped_fwd(const void* g, const void* u, void* h, int64_t n, float alpha,
                           float limit) override;
+  void swiglu_clamped_bwd(const void* g, const void* u, const void* dh, void* dg, void* du, int64_t n,
+                          float alpha, float limit) override;
 
   void swiglu_fwd(const void* g, const void* u, void* h, int64_t n) override;
-  void swiglu_bwd(const void* g, const void* u, const void* dh, void* dg, void* du,
-                  int64_t n) override;
+  void swiglu_bwd(const void* g, const void* u, const void* dh, void* dg, void* du, int64_t n) override;
 
   // FP8 (cuda_ops_fp8.cpp, kernels in cuda_fp8.cu)
   void fp8_scale(const void* x, int64_t n, Fp8Format f, float* scale) override;
   void fp8_scale_rows(const void* x, int64_t rows, int64_t cols, Fp8Format f, float* scale) override;
-  void rmsnorm_fwd_fp8_scale(const void* x, const void* w, void* y, int64_t R, int64_t n, float eps, Fp8Format f,
-                             float* scale) override;
-  void swiglu_fwd_fp8_scale(const void* g, const void* u, void* h, int64_t n, Fp8Format f, float* scale) override;
+  void rmsnorm_fwd_fp8_scale(const void* x, const void* w, void* y, int64_t R, int64_t n, float eps,
+                             Fp8Format f, float* scale) override;
+  void swiglu_fwd_fp8_scale(const void* g, const void* u, void* h, int64_t n, Fp8Format f,
+                            float* scale) override;
   void fp8_quantize(const void* x, const float* scale, uint8_t* q, int64_t n, Fp8Format f) override;
   void fp8_quantize_rows(const void* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols,
                          Fp8Format f) override;
@@ -129,31 +126,31 @@ class CudaOps final : public Ops {
   void set_fp8_fast_accum(bool on) { fp8_fast_accum_ = on; }
   Fp8ConversionCheck check_fp8_conversions(Fp8Format f);
 
-  void lm_head_cross_entropy(const void* h, const void* w, const int32_t* targets, int64_t T,
-                             int64_t H, int64_t V, float* loss, void* dh, void* dw,
-                             void* scratch, float loss_scale = 1.0f) override;
+  void lm_head_cross_entropy(const void* h, const void* w, const int32_t* targets, int64_t T, int64_t H,
+                             int64_t V, float* loss, void* dh, void* dw, void* scratch,
+                             float loss_scale = 1.0f) override;
 
   void moe_route(const void* logits, float* probs, int32_t* topk_idx, float* topk_w, float* stats, int64_t T,
                  int64_t E, int64_t k, bool norm_topk) override;
   void moe_route_bwd(const float* probs, const int32_t* topk_idx, const float* dw, const float* counts,
                      float aux_coef, void* dlogits, int64_t T, int64_t E, int64_t k, bool norm_topk) override;
-  void moe_sort(const int32_t* topk_idx, int32_t* offsets, int32_t* offsets_host, int32_t* row, int32_t* token,
-                int64_t T, int64_t E, int64_t k) override;
+  void moe_sort(const int32_t* topk_idx, int32_t* offsets, int32_t* offsets_host, int32_t* row,
+                int32_t* token, int64_t T, int64_t E, int64_t k) override;
   void gather_rows(const void* x, const int32_t* token, void* xs, int64_t R, int64_t H) override;
-  void moe_combine(const void* ys, const float* w, const int32_t* row, void* y, int64_t T, int64_t k, int64_t H,
-                   bool accumulate) override;
-  void moe_combine_bwd(const void* dy, const void* ys, const float* w, const int32_t* row, void* dys, float* dw,
-                       int64_t T, int64_t k, int64_t H) override;
+  void moe_combine(const void* ys, const float* w, const int32_t* row, void* y, int64_t T, int64_t k,
+                   int64_t H, bool accumulate) override;
+  void moe_combine_bwd(const void* dy, const void* ys, const float* w, const int32_t* row, void* dys,
+                       float* dw, int64_t T, int64_t k, int64_t H) override;
   void moe_gather_bwd(const void* dxs, const int32_t* row, void* dx, int64_t T, int64_t k, int64_t H,
                       bool accumulate) override;
   void grouped_linear_fwd_add(const void* x, const void* w, void* y, const int32_t* offsets_host, int64_t E,
                               int64_t K, int64_t N, float alpha) override;
-  void grouped_linear_fwd(const void* x, const void* w, void* y, const int32_t* offsets_host, int64_t E, int64_t K,
-                          int64_t N) override;
-  void grouped_linear_bwd_input(const void* dy, const void* w, void* dx, const int32_t* offsets_host, int64_t E,
-                                int64_t K, int64_t N, bool accumulate) override;
-  void grouped_linear_bwd_weight(const void* dy, const void* x, void* dw, const int32_t* offsets_host, int64_t E,
-                                 int64_t K, int64_t N) override;
+  void grouped_linear_fwd(const void* x, const void* w, void* y, const int32_t* offsets_host, int64_t E,
+                          int64_t K, int64_t N) override;
+  void grouped_linear_bwd_input(const void* dy, const void* w, void* dx, const int32_t* offsets_host,
+                                int64_t E, int64_t K, int64_t N, bool accumulate) override;
+  void grouped_linear_bwd_weight(const void* dy, const void* x, void* dw, const int32_t* offsets_host,
+                                 int64_t E, int64_t K, int64_t N) override;
 
   /// Grouped linears (cuda_backend.hpp, set_grouped_gemm): 0 = one cuBLASLt GEMM per
   /// non-empty expert on the compute stream, 1 = one cublasGemmGroupedBatchedEx call for
@@ -172,18 +169,17 @@ class CudaOps final : public Ops {
   /// cuDNN backward executions of the last attention_bwd (0: our kernels ran it).
   int64_t last_attention_bwd_passes() const { return last_bwd_passes_; }
   /// Enqueue the expanded-GQA helper kernels (cuda_kernels.hpp) on the compute stream.
-  void gqa_expand_kv(const void* k, const void* v, void* ke, void* ve, int64_t T, int64_t nkv,
-                     int64_t h0, int64_t hc, int64_t r, int64_t D);
-  void gqa_group_sum(DType in_t, const void* in_k, const void* in_v, DType out_t, void* out_k,
-                     void* out_v, int64_t out_row, int64_t T, int64_t G, int64_t m, int64_t D,
-                     bool accumulate);
+  void gqa_expand_kv(const void* k, const void* v, void* ke, void* ve, int64_t T, int64_t nkv, int64_t h0,
+                     int64_t hc, int64_t r, int64_t D);
+  void gqa_group_sum(DType in_t, const void* in_k, const void* in_v, DType out_t, void* out_k, void* out_v,
+                     int64_t out_row, int64_t T, int64_t G, int64_t m, int64_t D, bool accumulate);
 
   /// C[m,n] (col-major) = alpha op(A) op(B) + beta C through cuBLASLt, A/B in dtype(),
   /// C in c_t (dtype() or f32), fp32 compute; f16_compute: fp16 compute and scale type
   /// (CUBLAS_COMPUTE_16F, dtype() and c_t f16). Public for the benchmark.
-  void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* A,
-            int64_t lda, const void* B, int64_t ldb, void* C, DType c_t, int64_t ldc,
-            float beta, float alpha = 1.0f, bool f16_compute = false);
+  void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* A, int64_t lda,
+            const void* B, int64_t ldb, void* C, DType c_t, int64_t ldc, float beta, float alpha = 1.0f,
+            bool f16_compute = false);
 
  private:
   struct Plan {
@@ -218,14 +214,14 @@ class CudaOps final : public Ops {
   std::mutex mu_;
   std::map<Key, Plan> plans_;
   int attn_impl_ = 0;
-  bool fp8_fast_accum_ = false;     // set_fp8_fast_accum
-  int compute_capability_ = -1;     // major * 10 + minor, queried at the first gemm_fp8
-  int attn_gqa_ = 0;                // RP_CUDA_ATTENTION_GQA
-  size_t attn_scratch_bytes_ = 0;   // 0: Ops::attention_scratch_bytes of the shape
+  bool fp8_fast_accum_ = false;    // set_fp8_fast_accum
+  int compute_capability_ = -1;    // major * 10 + minor, queried at the first gemm_fp8
+  int attn_gqa_ = 0;               // RP_CUDA_ATTENTION_GQA
+  size_t attn_scratch_bytes_ = 0;  // 0: Ops::attention_scratch_bytes of the shape
   int64_t last_bwd_passes_ = 0;
   // mixture of experts (cuda_moe.cpp): scratch of moe_sort, the cuBLAS handle and pointer
   // arrays of the grouped GEMM; released by release_moe()
-  int grouped_mode_ = 1;            // RP_CUDA_GROUPED_GEMM (0 loop, 1 grouped, 2 streams)
+  int grouped_mode_ = 1;  // RP_CUDA_GROUPED_GEMM (0 loop, 1 grouped, 2 streams)
   static constexpr int kMoeStreams = 4;
   cudaStream_t moe_streams_[kMoeStreams] = {};  // side streams of mode 2, each with a workspace
   void* moe_ws_[kMoeStreams] = {};
@@ -236,8 +232,8 @@ class CudaOps final : public Ops {
   std::mutex moe_mu_;
   void* moe_hist_ = nullptr;
   size_t moe_hist_bytes_ = 0;
-  void* blas_ = nullptr;            // cublasHandle_t, created at the first grouped call
-  void** group_ptrs_ = nullptr;     // device, 3 * kMoeMaxGroups pointers
+  void* blas_ = nullptr;         // cublasHandle_t, created at the first grouped call
+  void** group_ptrs_ = nullptr;  // device, 3 * kMoeMaxGroups pointers
   void release_moe();
   // One grouped linear through cublasGemmGroupedBatchedEx; false (no GEMM enqueued) when
   // cuBLAS refuses the shape or types, so the caller runs the per-expert loop instead.
@@ -247,8 +243,8 @@ class CudaOps final : public Ops {
                          int64_t E, int64_t K, int64_t N, float beta, float alpha = 1.f);
   // The GEMMs of one grouped linear in the current mode (which: 0 forward, 1 input
   // gradient, 2 weight gradient; operands as grouped_gemm_call).
-  void grouped_gemms(int which, const void* a, const void* b, void* c, const int32_t* offsets_host,
-                     int64_t E, int64_t K, int64_t N, float beta, float alpha = 1.f);
+  void grouped_gemms(int which, const void* a, const void* b, void* c, const int32_t* offsets_host, int64_t E,
+                     int64_t K, int64_t N, float beta, float alpha = 1.f);
   // Expert e's GEMM (rows r0 .. r0+n-1) of a grouped linear on stream st with workspace ws.
   void expert_gemm(int which, const void* a, const void* b, void* c, int64_t e, int64_t r0, int64_t n,
                    int64_t K, int64_t N, float beta, cudaStream_t st, void* ws, float alpha = 1.f);

@@ -4,10 +4,10 @@
 //
 // cuBLASLt's FP8 GEMM on Hopper needs the "TN" layout (A transposed, B not, column-major
 // terms: both operands with K contiguous), fp32 compute and scale type, leading dimensions
-// that are multiples of 16 bytes, and 16-byte aligned operands and scale pointers. Row-major D[M,N] = A[M,K] B[N,K]^T is
-// column-major D^T[N,M] = B^T(T) A^T(N): cuBLASLt's A is our B (op T, ld K), its B our A
-// (op N, ld K), its D ours with ld N; its A/B scale pointers are our scale_b/scale_a. The
-// scales (device fp32) multiply the fp32 sum: D = scale_a*scale_b*sum (+ C when beta = 1).
+// that are multiples of 16 bytes, and 16-byte aligned operands and scale pointers. Row-major D[M,N] = A[M,K]
+// B[N,K]^T is column-major D^T[N,M] = B^T(T) A^T(N): cuBLASLt's A is our B (op T, ld K), its B our A (op N,
+// ld K), its D ours with ld N; its A/B scale pointers are our scale_b/scale_a. The scales (device fp32)
+// multiply the fp32 sum: D = scale_a*scale_b*sum (+ C when beta = 1).
 #include <fmt/format.h>
 
 #include <stdexcept>
@@ -52,7 +52,8 @@ void CudaOps::rmsnorm_fwd_fp8_scale(const void* x, const void* w, void* y, int64
   k_fp8_amax_end(scale, f, st_);
 }
 
-void CudaOps::swiglu_fwd_fp8_scale(const void* g, const void* u, void* h, int64_t n, Fp8Format f, float* scale) {
+void CudaOps::swiglu_fwd_fp8_scale(const void* g, const void* u, void* h, int64_t n, Fp8Format f,
+                                   float* scale) {
   require(n >= 0, "swiglu_fwd", "negative element count");
   require(scale != nullptr, "swiglu_fwd_fp8_scale", "null scale");
   set_device(dev_);
@@ -74,8 +75,8 @@ void CudaOps::fp8_quantize_rows(const void* x, const float* scale, uint8_t* q, i
   k_fp8_quantize(dtype_, x, scale, q, rows * cols, cols, true, f, st_);
 }
 
-void CudaOps::fp8_quantize_transposed(const void* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols,
-                                      Fp8Format f) {
+void CudaOps::fp8_quantize_transposed(const void* x, const float* scale, uint8_t* q, int64_t rows,
+                                      int64_t cols, Fp8Format f) {
   require(rows >= 0 && cols >= 0, "fp8_quantize_transposed", "negative dimension");
   set_device(dev_);
   k_fp8_quantize_transposed(dtype_, x, scale, q, rows, cols, f, st_);
@@ -123,8 +124,22 @@ void CudaOps::gemm_fp8(const uint8_t* a, Fp8Format fa, const float* scale_a, con
   const Fp8Operands f8{fp8_type(fb), fp8_type(fa), scale_a, scale_b, fp8_fast_accum_};
   const unsigned al = 16;  // checked above; cuBLASLt may assume no more
   // the plan key of gemm_on's fields (TN, m = N, n = M, ...), then the operand types and fast accumulation
-  const Key key{1, 0, N, M, K, K, K, N, int64_t(dtype_), al, al, al, accumulate, int64_t(dtype_),
-                int64_t(f8.a_type) * 256 + int64_t(f8.b_type), f8.fast_accum ? 1 : 0};
+  const Key key{1,
+                0,
+                N,
+                M,
+                K,
+                K,
+                K,
+                N,
+                int64_t(dtype_),
+                al,
+                al,
+                al,
+                accumulate,
+                int64_t(dtype_),
+                int64_t(f8.a_type) * 256 + int64_t(f8.b_type),
+                f8.fast_accum ? 1 : 0};
   const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
   std::lock_guard lk(mu_);
   Plan& p = plan_for(key, true, false, N, M, K, K, K, N, dtype_, al, al, al, &f8);

@@ -16,8 +16,8 @@ void require(bool cond, const char* op, const char* what) {
   if (!cond) throw std::invalid_argument(std::string(op) + ": " + what);
 }
 
-void check_variant(int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D, const Ops::AttentionVariant& var,
-                   const char* op) {
+void check_variant(int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D,
+                   const Ops::AttentionVariant& var, const char* op) {
   require(n_seq >= 0 && L >= 0 && D > 0 && D % 2 == 0, op, "bad dimensions");
   require(nq > 0 && nkv > 0 && nq % nkv == 0, op, "nq must be a positive multiple of nkv");
   require(var.window >= 0, op, "negative window");
@@ -44,18 +44,21 @@ void CudaOps::attention_fwd_v(const void* q, const void* k, const void* v, void*
   if (k_attention_flash_fwd_v(dtype_, q, k, v, o, lse, var.pos, var.sinks, win, n_seq, L, nq, nkv, D, scale,
                               attn_impl_, st_))
     return;
-  k_attention_rows_fwd_v(dtype_, q, k, v, o, lse, var.pos, var.sinks, win, n_seq, L, L, 0, nq, nkv, D, scale, st_);
+  k_attention_rows_fwd_v(dtype_, q, k, v, o, lse, var.pos, var.sinks, win, n_seq, L, L, 0, nq, nkv, D, scale,
+                         st_);
 }
 
 void CudaOps::attention_bwd_v(const void* q, const void* k, const void* v, const void* o, const float* lse,
-                              const void* dout, void* dq, void* dk, void* dv, int64_t n_seq, int64_t L, int64_t nq,
-                              int64_t nkv, int64_t D, float scale, const AttentionVariant& var, void* scratch) {
+                              const void* dout, void* dq, void* dk, void* dv, int64_t n_seq, int64_t L,
+                              int64_t nq, int64_t nkv, int64_t D, float scale, const AttentionVariant& var,
+                              void* scratch) {
   const char* op = "attention_bwd_v";
   check_variant(n_seq, L, nq, nkv, D, var, op);
   require(var.dsinks == nullptr || var.sinks != nullptr, op, "dsinks without sinks");
   if (plain(var, L)) {
     if (var.pos)
-      return attention_bwd_packed(q, k, v, o, lse, dout, var.pos, dq, dk, dv, n_seq, L, nq, nkv, D, scale, scratch);
+      return attention_bwd_packed(q, k, v, o, lse, dout, var.pos, dq, dk, dv, n_seq, L, nq, nkv, D, scale,
+                                  scratch);
     return attention_bwd(q, k, v, o, lse, dout, dq, dk, dv, n_seq, L, nq, nkv, D, scale, scratch);
   }
   if (n_seq * L == 0) return;
@@ -69,14 +72,15 @@ void CudaOps::attention_bwd_v(const void* q, const void* k, const void* v, const
   if (var.dsinks)
     k_attention_dsinks(dtype_, var.sinks, lse, di, static_cast<float*>(var.dsinks), n_seq, L, nq, st_);
   const int64_t win = var.window >= L ? 0 : var.window;
-  if (k_attention_flash_bwd_v(dtype_, q, k, v, lse, di, dout, var.pos, dq, dk, dv, dq_acc, win, n_seq, L, nq, nkv, D,
-                              scale, attn_impl_, st_))
+  if (k_attention_flash_bwd_v(dtype_, q, k, v, lse, di, dout, var.pos, dq, dk, dv, dq_acc, win, n_seq, L, nq,
+                              nkv, D, scale, attn_impl_, st_))
     return;
-  k_attention_rows_bwd_v(dtype_, q, k, v, lse, di, dout, var.pos, dq, dk, dv, win, n_seq, L, nq, nkv, D, scale, st_);
+  k_attention_rows_bwd_v(dtype_, q, k, v, lse, di, dout, var.pos, dq, dk, dv, win, n_seq, L, nq, nkv, D,
+                         scale, st_);
 }
 
-void CudaOps::attention_decode_v(const void* q, const void* k_cache, const void* v_cache, void* o, int64_t past,
-                                 int64_t n, int64_t nq, int64_t nkv, int64_t D, float scale,
+void CudaOps::attention_decode_v(const void* q, const void* k_cache, const void* v_cache, void* o,
+                                 int64_t past, int64_t n, int64_t nq, int64_t nkv, int64_t D, float scale,
                                  const AttentionVariant& var) {
   const char* op = "attention_decode_v";
   check_variant(1, n, nq, nkv, D, var, op);
@@ -84,8 +88,8 @@ void CudaOps::attention_decode_v(const void* q, const void* k_cache, const void*
   require(var.pos == nullptr && var.dsinks == nullptr, op, "pos and dsinks must be null");
   set_device(dev_);
   const int64_t win = var.window >= past + n ? 0 : var.window;
-  k_attention_rows_fwd_v(dtype_, q, k_cache, v_cache, o, nullptr, nullptr, var.sinks, win, 1, n, past + n, past, nq,
-                         nkv, D, scale, st_);
+  k_attention_rows_fwd_v(dtype_, q, k_cache, v_cache, o, nullptr, nullptr, var.sinks, win, 1, n, past + n,
+                         past, nq, nkv, D, scale, st_);
 }
 
 void CudaOps::grouped_bias_fwd(void* y, const void* b, const int32_t* off, int64_t E, int64_t N) {

@@ -15,16 +15,16 @@ void require(bool cond, const char* op, const char* what) {
 }
 }  // namespace
 
-void CudaOps::rope_fwd_at(void* x, const int32_t* pos, int64_t T, int64_t heads, int64_t D, const float* inv_freq,
-                          float scale) {
+void CudaOps::rope_fwd_at(void* x, const int32_t* pos, int64_t T, int64_t heads, int64_t D,
+                          const float* inv_freq, float scale) {
   require(T >= 0 && heads >= 0 && D > 0 && D % 2 == 0, "rope_at", "bad dimensions");
   require(T == 0 || pos != nullptr, "rope_at", "pos is null");
   set_device(dev_);
   k_rope_at(dtype_, x, pos, T, heads, D, inv_freq, scale, false, st_);
 }
 
-void CudaOps::rope_bwd_at(void* dx, const int32_t* pos, int64_t T, int64_t heads, int64_t D, const float* inv_freq,
-                          float scale) {
+void CudaOps::rope_bwd_at(void* dx, const int32_t* pos, int64_t T, int64_t heads, int64_t D,
+                          const float* inv_freq, float scale) {
   require(T >= 0 && heads >= 0 && D > 0 && D % 2 == 0, "rope_at", "bad dimensions");
   require(T == 0 || pos != nullptr, "rope_at", "pos is null");
   set_device(dev_);
@@ -32,30 +32,32 @@ void CudaOps::rope_bwd_at(void* dx, const int32_t* pos, int64_t T, int64_t heads
 }
 
 void CudaOps::attention_fwd_packed(const void* q, const void* k, const void* v, void* o, float* lse,
-                                   const int32_t* pos, int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D,
-                                   float scale, void*) {
+                                   const int32_t* pos, int64_t n_seq, int64_t L, int64_t nq, int64_t nkv,
+                                   int64_t D, float scale, void*) {
   require(n_seq * L == 0 || pos != nullptr, "attention_fwd_packed", "pos is null");
   set_device(dev_);
   k_attention_rows_fwd_v(dtype_, q, k, v, o, lse, pos, nullptr, 0, n_seq, L, L, 0, nq, nkv, D, scale, st_);
 }
 
-void CudaOps::attention_bwd_packed(const void* q, const void* k, const void* v, const void* o, const float* lse,
-                                   const void* dout, const int32_t* pos, void* dq, void* dk, void* dv, int64_t n_seq,
-                                   int64_t L, int64_t nq, int64_t nkv, int64_t D, float scale, void* scratch) {
+void CudaOps::attention_bwd_packed(const void* q, const void* k, const void* v, const void* o,
+                                   const float* lse, const void* dout, const int32_t* pos, void* dq, void* dk,
+                                   void* dv, int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D,
+                                   float scale, void* scratch) {
   require(n_seq * L == 0 || (pos != nullptr && lse != nullptr && scratch != nullptr), "attention_bwd_packed",
           "pos, lse or scratch is null");
   set_device(dev_);
   float* di = static_cast<float*>(scratch);  // [n_seq, nq, L], within the attention scratch contract
   k_attention_di(dtype_, o, dout, di, n_seq, L, nq, D, st_);
-  k_attention_rows_bwd_v(dtype_, q, k, v, lse, di, dout, pos, dq, dk, dv, 0, n_seq, L, nq, nkv, D, scale, st_);
+  k_attention_rows_bwd_v(dtype_, q, k, v, lse, di, dout, pos, dq, dk, dv, 0, n_seq, L, nq, nkv, D, scale,
+                         st_);
 }
 
 void CudaOps::attention_decode(const void* q, const void* k_cache, const void* v_cache, void* o, int64_t past,
                                int64_t n, int64_t nq, int64_t nkv, int64_t D, float scale) {
   require(past >= 0 && n >= 0, "attention_decode", "negative past or row count");
   set_device(dev_);
-  k_attention_rows_fwd_v(dtype_, q, k_cache, v_cache, o, nullptr, nullptr, nullptr, 0, 1, n, past + n, past, nq, nkv,
-                         D, scale, st_);
+  k_attention_rows_fwd_v(dtype_, q, k_cache, v_cache, o, nullptr, nullptr, nullptr, 0, 1, n, past + n, past,
+                         nq, nkv, D, scale, st_);
 }
 
 }  // namespace rp::cuda

@@ -14,9 +14,10 @@ struct Freq {
 };
 
 template <typename T>
-__global__ void rope_at_kernel(T* x, const int32_t* pos, int64_t total, int heads, int half, Freq fr, float scale,
-                               float sign) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+__global__ void rope_at_kernel(T* x, const int32_t* pos, int64_t total, int heads, int half, Freq fr,
+                               float scale, float sign) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
     const int d = int(i % half);
     const int64_t th = i / half;  // (token, head)
     const int64_t t = th / heads;
@@ -31,17 +32,18 @@ __global__ void rope_at_kernel(T* x, const int32_t* pos, int64_t total, int head
 
 }  // namespace
 
-void k_rope_at(DType t, void* x, const int32_t* pos, int64_t T, int64_t heads, int64_t D, const float* inv_freq,
-               float scale, bool transpose, cudaStream_t st) {
+void k_rope_at(DType t, void* x, const int32_t* pos, int64_t T, int64_t heads, int64_t D,
+               const float* inv_freq, float scale, bool transpose, cudaStream_t st) {
   const int64_t half = D / 2;
   if (half > 256) throw std::invalid_argument("rope_at: head_dim > 512 is not supported on CUDA");
   const int64_t total = T * heads * half;
   if (total <= 0) return;
   Freq fr{};
   for (int64_t i = 0; i < half; ++i) fr.f[i] = inv_freq[i];
-  RP_DISPATCH_16("rope_at", t, T_,
-                 rope_at_kernel<T_><<<grid_for(total, kThreadsRope), kThreadsRope, 0, st>>>(
-                     static_cast<T_*>(x), pos, total, int(heads), int(half), fr, scale, transpose ? -1.f : 1.f));
+  RP_DISPATCH_16(
+      "rope_at", t, T_,
+      rope_at_kernel<T_><<<grid_for(total, kThreadsRope), kThreadsRope, 0, st>>>(
+          static_cast<T_*>(x), pos, total, int(heads), int(half), fr, scale, transpose ? -1.f : 1.f));
   RP_CUDA_LAUNCH_CHECK("rope_at");
 }
 

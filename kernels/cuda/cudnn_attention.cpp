@@ -51,14 +51,14 @@ int64_t bits_of(float x) {
 
 using Key = std::array<int64_t, 12>;
 Key key_of(const Shape& s) {
-  return {s.backward, s.stats, s.deterministic, int64_t(s.t), s.n_seq, s.L,
-          s.hq,       s.hk,    s.D,             s.q_row,      s.kv_row, bits_of(s.scale)};
+  return {s.backward, s.stats, s.deterministic, int64_t(s.t), s.n_seq,         s.L, s.hq,
+          s.hk,       s.D,     s.q_row,         s.kv_row,     bits_of(s.scale)};
 }
 
 struct Entry {
   std::shared_ptr<fe::graph::Graph> graph;  // null: cuDNN refused this configuration
   int64_t workspace = 0;
-  std::string why;                          // refusal reason (for the log line)
+  std::string why;  // refusal reason (for the log line)
 };
 
 // Expanded-backward plan of one shape and scratch size: query heads per pass (0: none fits).
@@ -125,9 +125,11 @@ struct CudnnAttention::Impl {
     };
     auto Q = tensor("Q", kQ, s.hq, s.q_row), K = tensor("K", kK, s.hk, s.kv_row),
          V = tensor("V", kV, s.hk, s.kv_row);
-    auto set_out = [&](const std::shared_ptr<fe::graph::Tensor_attributes>& x, int64_t uid,
-                       int64_t h, int64_t row) {
-      x->set_output(true).set_uid(uid).set_dim({s.n_seq, h, s.L, s.D})
+    auto set_out = [&](const std::shared_ptr<fe::graph::Tensor_attributes>& x, int64_t uid, int64_t h,
+                       int64_t row) {
+      x->set_output(true)
+          .set_uid(uid)
+          .set_dim({s.n_seq, h, s.L, s.D})
           .set_stride(bshd_strides(row, s.L, s.D));
     };
     const std::vector<int64_t> stats_dim{s.n_seq, s.hq, s.L, 1}, stats_stride{s.hq * s.L, s.L, 1, 1};
@@ -140,8 +142,11 @@ struct CudnnAttention::Impl {
       auto [O, Stats] = g->sdpa(Q, K, V, opt);
       set_out(O, kO, s.hq, s.q_row);
       if (s.stats)
-        Stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT)
-            .set_dim(stats_dim).set_stride(stats_stride);
+        Stats->set_output(true)
+            .set_uid(kStats)
+            .set_data_type(fe::DataType_t::FLOAT)
+            .set_dim(stats_dim)
+            .set_stride(stats_stride);
     } else {
       auto O = tensor("O", kO, s.hq, s.q_row), dO = tensor("dO", kDO, s.hq, s.q_row);
       auto Stats = g->tensor(fe::graph::Tensor_attributes()
@@ -166,14 +171,12 @@ struct CudnnAttention::Impl {
       return e;
     };
     if (auto st = g->validate(); !st.is_good()) return refuse("validate", st);
-    if (auto st = g->build_operation_graph(handle); !st.is_good())
-      return refuse("build_operation_graph", st);
+    if (auto st = g->build_operation_graph(handle); !st.is_good()) return refuse("build_operation_graph", st);
     if (auto st = g->create_execution_plans({fe::HeurMode_t::A}); !st.is_good())
       return refuse("create_execution_plans", st);
     if (auto st = g->check_support(handle); !st.is_good()) return refuse("check_support", st);
     if (auto st = g->build_plans(handle); !st.is_good()) return refuse("build_plans", st);
-    if (auto st = g->get_workspace_size(e.workspace); !st.is_good())
-      return refuse("get_workspace_size", st);
+    if (auto st = g->get_workspace_size(e.workspace); !st.is_good()) return refuse("get_workspace_size", st);
     e.graph = std::move(g);
     return e;
   }
@@ -199,8 +202,8 @@ struct CudnnAttention::Impl {
       return nullptr;
     }
     if (size_t(e.workspace) > ws_bytes) {
-      if (why) *why = fmt::format("workspace of {} bytes exceeds the {} bytes of scratch",
-                                  e.workspace, ws_bytes);
+      if (why)
+        *why = fmt::format("workspace of {} bytes exceeds the {} bytes of scratch", e.workspace, ws_bytes);
       return nullptr;
     }
     return &e;
@@ -249,7 +252,7 @@ struct CudnnAttention::Impl {
 
   // Query heads per pass for `x` in ws_bytes of scratch (cached; the caller holds mu).
   const Plan& plan(const Expanded& x, size_t ws_bytes) {
-    const PlanKey key{int64_t(x.t), x.n_seq, x.L, x.nq, x.nkv, x.D, bits_of(x.scale),
+    const PlanKey key{int64_t(x.t),  x.n_seq,          x.L, x.nq, x.nkv, x.D, bits_of(x.scale),
                       deterministic, int64_t(ws_bytes)};
     if (auto it = plans.find(key); it != plans.end()) return it->second;
     std::string refused;
@@ -263,14 +266,15 @@ struct CudnnAttention::Impl {
     };
     // per query head: expanded K, V, dK, dV; statistics; cuDNN's fp32 dQ accumulator and
     // softmax sums (the workspace of its non-deterministic backward)
-    const size_t per_head =
-        size_t(x.T()) * (4 * size_t(x.D) * dtype_size(x.t) + 4 + 4 * size_t(x.D + 1));
+    const size_t per_head = size_t(x.T()) * (4 * size_t(x.D) * dtype_size(x.t) + 4 + 4 * size_t(x.D + 1));
     Plan p;
     p.heads = plan_gqa_pass(x.nkv, x.r(), ws_bytes, per_head, need);
     if (p.heads == 0) {
       const std::optional<size_t> one = need(1);
-      p.why = one ? fmt::format("expanded GQA backward: a pass of one query head needs {} bytes "
-                                "of scratch, {} given", *one, ws_bytes)
+      p.why = one ? fmt::format(
+                        "expanded GQA backward: a pass of one query head needs {} bytes "
+                        "of scratch, {} given",
+                        *one, ws_bytes)
                   : "expanded GQA backward: " + refused;
     }
     return plans.emplace(key, std::move(p)).first->second;
@@ -285,30 +289,29 @@ struct CudnnAttention::Impl {
 
   // One pass: expand K/V for query heads [h0, h0 + hc), cuDNN's multi-head backward on them
   // (dq written in place, per-head dK/dV into the scratch).
-  void run_pass(const Expanded& x, const Ptrs& p, const Entry& e, const PassLayout& c, int64_t h0,
-                int64_t hc, char* base) {
+  void run_pass(const Expanded& x, const Ptrs& p, const Entry& e, const PassLayout& c, int64_t h0, int64_t hc,
+                char* base) {
     const size_t es = dtype_size(x.t);
     auto at = [&](const void* ptr, int64_t h) {  // query head h of a [T, nq, D] tensor
       return static_cast<void*>(static_cast<char*>(const_cast<void*>(ptr)) + size_t(h * x.D) * es);
     };
-    k_gqa_expand_kv(x.t, p.k, p.v, base + c.kv_at(0), base + c.kv_at(1), x.T(), x.nkv, h0, hc,
-                    x.r(), x.D, stream);
+    k_gqa_expand_kv(x.t, p.k, p.v, base + c.kv_at(0), base + c.kv_at(1), x.T(), x.nkv, h0, hc, x.r(), x.D,
+                    stream);
     void* stats = const_cast<float*>(p.lse);
     if (c.stats) {  // one row of hc*L floats per sequence, nq*L floats apart
       stats = base + c.stats_at();
-      RP_CUDA_CHECK(cudaMemcpy2DAsync(stats, size_t(hc * x.L) * 4, p.lse + h0 * x.L,
-                                      size_t(x.nq * x.L) * 4, size_t(hc * x.L) * 4,
-                                      size_t(x.n_seq), cudaMemcpyDeviceToDevice, stream));
+      RP_CUDA_CHECK(cudaMemcpy2DAsync(stats, size_t(hc * x.L) * 4, p.lse + h0 * x.L, size_t(x.nq * x.L) * 4,
+                                      size_t(hc * x.L) * 4, size_t(x.n_seq), cudaMemcpyDeviceToDevice,
+                                      stream));
     }
     std::unordered_map<int64_t, void*> pack{
         {kQ, at(p.q, h0)},   {kK, base + c.kv_at(0)},  {kV, base + c.kv_at(1)},
-        {kO, at(p.o, h0)},   {kStats, stats},           {kDO, at(p.dout, h0)},
-        {kDQ, at(p.dq, h0)}, {kDK, base + c.kv_at(2)},  {kDV, base + c.kv_at(3)}};
+        {kO, at(p.o, h0)},   {kStats, stats},          {kDO, at(p.dout, h0)},
+        {kDQ, at(p.dq, h0)}, {kDK, base + c.kv_at(2)}, {kDV, base + c.kv_at(3)}};
     run(e, pack, base + c.ws_at(), "sdpa backward execute (expanded GQA pass)");
   }
 
-  bool bwd_expanded(const Expanded& x, const Ptrs& p, void* ws, size_t ws_bytes,
-                    std::string* why) {
+  bool bwd_expanded(const Expanded& x, const Ptrs& p, void* ws, size_t ws_bytes, std::string* why) {
     const Entry *full = nullptr, *last = nullptr;
     int64_t hc = 0, tail = 0;
     {
@@ -323,8 +326,11 @@ struct CudnnAttention::Impl {
       if (tail = x.tail(hc); tail != 0) {
         last = &lookup(x.shape(tail, deterministic));
         if (!last->graph || x.layout(tail, *last, hc < x.r()).total() > ws_bytes) {
-          if (why) *why = fmt::format("expanded GQA backward: the last pass of {} query heads "
-                                      "does not run in {} bytes: {}", tail, ws_bytes, last->why);
+          if (why)
+            *why = fmt::format(
+                "expanded GQA backward: the last pass of {} query heads "
+                "does not run in {} bytes: {}",
+                tail, ws_bytes, last->why);
           return false;
         }
       }
@@ -351,11 +357,11 @@ struct CudnnAttention::Impl {
           const Entry& e = n == hc ? *full : *last;
           c = x.layout(n, e, true);
           run_pass(x, p, e, c, g * r + s, n, base);
-          k_gqa_group_sum(x.t, base + c.kv_at(2), base + c.kv_at(3), DType::f32,
-                          base + c.acc_at(0), base + c.acc_at(1), D, T, 1, n, D, s > 0, stream);
+          k_gqa_group_sum(x.t, base + c.kv_at(2), base + c.kv_at(3), DType::f32, base + c.acc_at(0),
+                          base + c.acc_at(1), D, T, 1, n, D, s > 0, stream);
         }
-        k_gqa_group_sum(DType::f32, base + c.acc_at(0), base + c.acc_at(1), x.t, head(p.dk, g),
-                        head(p.dv, g), x.nkv * D, T, 1, 1, D, false, stream);
+        k_gqa_group_sum(DType::f32, base + c.acc_at(0), base + c.acc_at(1), x.t, head(p.dk, g), head(p.dv, g),
+                        x.nkv * D, T, 1, 1, D, false, stream);
       }
     }
     last_passes = passes;
@@ -386,10 +392,9 @@ CudnnAttention::GqaBackward CudnnAttention::gqa_backward() const { return impl_-
 void CudnnAttention::set_deterministic(bool on) { impl_->deterministic = on; }
 int64_t CudnnAttention::last_bwd_passes() const { return impl_->last_passes; }
 
-bool CudnnAttention::fwd(DType t, const void* q, const void* k, const void* v, void* o,
-                         float* lse, int64_t n_seq, int64_t L, int64_t nq, int64_t nkv,
-                         int64_t D, float scale, void* ws, size_t ws_bytes,
-                         std::string* why) {
+bool CudnnAttention::fwd(DType t, const void* q, const void* k, const void* v, void* o, float* lse,
+                         int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D, float scale, void* ws,
+                         size_t ws_bytes, std::string* why) {
   if (!supported_dtype(t) || n_seq * L == 0) {
     if (why) *why = "needs bf16/f16 storage and at least one token";
     return false;
@@ -401,22 +406,22 @@ bool CudnnAttention::fwd(DType t, const void* q, const void* k, const void* v, v
   s.scale = scale;
   const Entry* e = impl_->find(s, ws_bytes, why);
   if (!e) return false;
-  std::unordered_map<int64_t, void*> pack{{kQ, const_cast<void*>(q)},
-                                          {kK, const_cast<void*>(k)},
-                                          {kV, const_cast<void*>(v)},
-                                          {kO, o}};
+  std::unordered_map<int64_t, void*> pack{
+      {kQ, const_cast<void*>(q)}, {kK, const_cast<void*>(k)}, {kV, const_cast<void*>(v)}, {kO, o}};
   if (lse) pack.emplace(kStats, lse);
   impl_->run(*e, pack, ws, "sdpa forward execute");
   return true;
 }
 
 bool CudnnAttention::bwd(DType t, const void* q, const void* k, const void* v, const void* o,
-                         const float* lse, const void* dout, void* dq, void* dk, void* dv,
-                         int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D,
-                         float scale, void* ws, size_t ws_bytes, std::string* why) {
+                         const float* lse, const void* dout, void* dq, void* dk, void* dv, int64_t n_seq,
+                         int64_t L, int64_t nq, int64_t nkv, int64_t D, float scale, void* ws,
+                         size_t ws_bytes, std::string* why) {
   if (!supported_dtype(t) || n_seq * L == 0 || !lse || nkv <= 0 || nq % nkv != 0) {
-    if (why) *why = "needs bf16/f16 storage, at least one token, the forward's stats and nq a "
-                    "multiple of nkv";
+    if (why)
+      *why =
+          "needs bf16/f16 storage, at least one token, the forward's stats and nq a "
+          "multiple of nkv";
     return false;
   }
   const int64_t r = nq / nkv;
@@ -433,12 +438,15 @@ bool CudnnAttention::bwd(DType t, const void* q, const void* k, const void* v, c
   s.scale = scale;
   const Entry* e = impl_->find(s, ws_bytes, why);
   if (!e) return false;
-  std::unordered_map<int64_t, void*> pack{
-      {kQ, const_cast<void*>(q)},     {kK, const_cast<void*>(k)},
-      {kV, const_cast<void*>(v)},     {kO, const_cast<void*>(o)},
-      {kStats, const_cast<float*>(lse)}, {kDO, const_cast<void*>(dout)},
-      {kDQ, dq},                      {kDK, dk},
-      {kDV, dv}};
+  std::unordered_map<int64_t, void*> pack{{kQ, const_cast<void*>(q)},
+                                          {kK, const_cast<void*>(k)},
+                                          {kV, const_cast<void*>(v)},
+                                          {kO, const_cast<void*>(o)},
+                                          {kStats, const_cast<float*>(lse)},
+                                          {kDO, const_cast<void*>(dout)},
+                                          {kDQ, dq},
+                                          {kDK, dk},
+                                          {kDV, dv}};
   impl_->run(*e, pack, ws, "sdpa backward execute");
   impl_->last_passes = 1;
   return true;
@@ -451,14 +459,14 @@ CudnnAttention::CudnnAttention(int, cudaStream_t) {}
 CudnnAttention::~CudnnAttention() = default;
 bool CudnnAttention::available() { return false; }
 long CudnnAttention::version() { return 0; }
-bool CudnnAttention::fwd(DType, const void*, const void*, const void*, void*, float*, int64_t,
-                         int64_t, int64_t, int64_t, int64_t, float, void*, size_t, std::string* why) {
+bool CudnnAttention::fwd(DType, const void*, const void*, const void*, void*, float*, int64_t, int64_t,
+                         int64_t, int64_t, int64_t, float, void*, size_t, std::string* why) {
   if (why) *why = "this build has no cuDNN";
   return false;
 }
-bool CudnnAttention::bwd(DType, const void*, const void*, const void*, const void*, const float*,
-                         const void*, void*, void*, void*, int64_t, int64_t, int64_t, int64_t,
-                         int64_t, float, void*, size_t, std::string* why) {
+bool CudnnAttention::bwd(DType, const void*, const void*, const void*, const void*, const float*, const void*,
+                         void*, void*, void*, int64_t, int64_t, int64_t, int64_t, int64_t, float, void*,
+                         size_t, std::string* why) {
   if (why) *why = "this build has no cuDNN";
   return false;
 }

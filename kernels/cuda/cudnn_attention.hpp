@@ -57,9 +57,9 @@ class CudnnAttention {
   /// run this configuration; throws DeviceError naming the cuDNN call when an execution
   /// it accepted fails.
   /// When false is returned and `why` is not null, *why says what cuDNN refused.
-  bool fwd(DType t, const void* q, const void* k, const void* v, void* o, float* lse,
-           int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D, float scale, void* ws,
-           size_t ws_bytes, std::string* why = nullptr);
+  bool fwd(DType t, const void* q, const void* k, const void* v, void* o, float* lse, int64_t n_seq,
+           int64_t L, int64_t nq, int64_t nkv, int64_t D, float scale, void* ws, size_t ws_bytes,
+           std::string* why = nullptr);
   /// Backward given o and lse of fwd(): writes dq, dk, dv (overwritten; dk/dv summed over
   /// the query heads of a group). `ws`/`ws_bytes`: device scratch (16-byte aligned) for
   /// cuDNN's workspace and, on the expand path, the expanded tensors; the expand path
@@ -67,9 +67,8 @@ class CudnnAttention {
   /// query head needs) when not even that fits. Same return/throw rules as
   /// fwd(); when false is returned nothing has been written.
   bool bwd(DType t, const void* q, const void* k, const void* v, const void* o, const float* lse,
-           const void* dout, void* dq, void* dk, void* dv, int64_t n_seq, int64_t L, int64_t nq,
-           int64_t nkv, int64_t D, float scale, void* ws, size_t ws_bytes,
-           std::string* why = nullptr);
+           const void* dout, void* dq, void* dk, void* dv, int64_t n_seq, int64_t L, int64_t nq, int64_t nkv,
+           int64_t D, float scale, void* ws, size_t ws_bytes, std::string* why = nullptr);
 
   /// How bwd() treats nq > nkv (see the file comment). automatic: native for
   /// nq <= 2*nkv, expand above; native: always one graph; expand: always expand.

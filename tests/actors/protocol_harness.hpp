@@ -52,7 +52,7 @@ namespace rp::test::proto {
 struct RunTask {  // fake scheduler -> fake worker
   int64_t pass = 0;
   int stage = 0;
-  caf::actor next;  ///< worker of stage + 1, null for the last stage
+  caf::actor next;    ///< worker of stage + 1, null for the last stage
   int64_t step = -1;  ///< the step the pass belongs to (-1: step = pass, a training pass)
   bool eval = false;  ///< an evaluation pass: forward stages and the tail, weights read, no gradient
 };
@@ -70,14 +70,24 @@ struct CopyGrad {  // worker -> its grad copy actor
   uint64_t token = 0;
   caf::actor reply_to;
 };
-struct CopyHalf { uint64_t id = 0; };  // copy actor -> itself: do the second half
-struct CopyAck {                       // copy actor -> worker
+struct CopyHalf {
+  uint64_t id = 0;
+};                // copy actor -> itself: do the second half
+struct CopyAck {  // copy actor -> worker
   uint64_t token = 0;
   std::shared_ptr<const std::vector<uint16_t>> read;  ///< uploads: the bytes read
 };
-struct Computed { int64_t pass = 0; int stage = 0; int64_t mb = 0; };  // worker -> itself
-struct FireEvent { bool close = false; int64_t step = 0; int eval = -1; };  // driver -> scheduler (eval >= 0: the
-                                                                          // step's eval-th evaluation pass)
+struct Computed {
+  int64_t pass = 0;
+  int stage = 0;
+  int64_t mb = 0;
+};  // worker -> itself
+struct FireEvent {
+  bool close = false;
+  int64_t step = 0;
+  int eval = -1;
+};  // driver -> scheduler (eval >= 0: the
+    // step's eval-th evaluation pass)
 }  // namespace rp::test::proto
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::test::proto::RunTask)
@@ -100,14 +110,18 @@ auto set_cooperative(O& o, int) -> decltype(o.detached = false, true) {
   return true;
 }
 template <class O>
-bool set_cooperative(O&, long) { return false; }
+bool set_cooperative(O&, long) {
+  return false;
+}
 template <class O>
 auto set_disable_rule(O& o, int r, int) -> decltype(o.disable_rule = r, true) {
   o.disable_rule = r;
   return true;
 }
 template <class O>
-bool set_disable_rule(O&, int r, long) { return r == 0; }
+bool set_disable_rule(O&, int r, long) {
+  return r == 0;
+}
 
 inline bool shard_is_testable() {
   ShardOptions o;
@@ -138,7 +152,8 @@ struct Pipeline {
   // F(0,1) F(2,3) T(4 + tied 0) B(2,3) B(0,1): group 0 is read by three stages of a pass
   // and gets two gradient contributions (overwrite, then accumulate). With 5 stages on 3
   // workers, stage s of pass t runs on the worker right after stage s+2 of pass t-1.
-  std::vector<StageSpec> stages = {{false, {0, 1}}, {false, {2, 3}}, {true, {4, 0}}, {true, {2, 3}}, {true, {0, 1}}};
+  std::vector<StageSpec> stages = {
+      {false, {0, 1}}, {false, {2, 3}}, {true, {4, 0}}, {true, {2, 3}}, {true, {0, 1}}};
 
   /// The same 5 groups in 3 stages F(0-3) T(4 + tied 0) B(0-3): one stage per worker, so
   /// pass t+1 runs entirely alongside pass t (more overlap between steps).
@@ -168,7 +183,8 @@ struct Pipeline {
   }
   int eval_uploads(int g) const {
     int n = 0;
-    for (int s = 0; s < eval_stages(); ++s) n += std::count(stages[s].groups.begin(), stages[s].groups.end(), g) > 0;
+    for (int s = 0; s < eval_stages(); ++s)
+      n += std::count(stages[s].groups.begin(), stages[s].groups.end(), g) > 0;
     return n;
   }
   /// Uploads of group g per step: the training pass and the evaluation passes.
@@ -194,7 +210,8 @@ struct Pipeline {
 inline std::vector<float> contribution(const std::vector<uint16_t>& read, int64_t step, int stage, int g) {
   std::vector<float> c(read.size());
   for (size_t i = 0; i < c.size(); ++i)
-    c[i] = 0.5f * bf16_to_f32(read[i]) + 0.01f * float(int((step * 7 + stage * 3 + g * 5 + int64_t(i)) % 11) - 5);
+    c[i] = 0.5f * bf16_to_f32(read[i]) +
+           0.01f * float(int((step * 7 + stage * 3 + g * 5 + int64_t(i)) % 11) - 5);
   return c;
 }
 
@@ -301,16 +318,21 @@ class Monitor {
     auto& gs = g_[g];
     gs.uploads_in_flight--;
     if (iter >= 0 && iter < p_.iterations) gs.uploads_done[iter]++;
-    const int64_t a = ref_.version_of(g, buf.data(), 0, half()), b = ref_.version_of(g, buf.data(), half(), n);
+    const int64_t a = ref_.version_of(g, buf.data(), 0, half()),
+                  b = ref_.version_of(g, buf.data(), half(), n);
     const int64_t want = p_.version_for(iter);
     if (a == -2 || b == -2)
-      violate(0, fmt::format("upload of group {} for iteration {} read values of no reference version (halves: "
-                             "version {} and {}; -2 = none): an earlier write went wrong", g, iter, a, b));
+      violate(0,
+              fmt::format("upload of group {} for iteration {} read values of no reference version (halves: "
+                          "version {} and {}; -2 = none): an earlier write went wrong",
+                          g, iter, a, b));
     else if (a != b)
-      violate(2, fmt::format("upload of group {} for iteration {} read a torn copy (halves of versions {} and {})",
-                             g, iter, a, b));
+      violate(2, fmt::format(
+                     "upload of group {} for iteration {} read a torn copy (halves of versions {} and {})", g,
+                     iter, a, b));
     else if (a != want)
-      violate(1, fmt::format("upload of group {} for iteration {} read version {}, expected {}", g, iter, a, want));
+      violate(1, fmt::format("upload of group {} for iteration {} read version {}, expected {}", g, iter, a,
+                             want));
   }
 
   // -- gradient writes (grad copy actor): first half in one job, second half later
@@ -319,14 +341,17 @@ class Monitor {
     if (gs.writers_in_flight > 0)
       violate(2, fmt::format("two gradient writes in flight to group {}'s slot (step {})", g, step));
     if (adam_[g].step < step)
-      violate(3, fmt::format("gradient write of group {} for step {} before step {} consumed the slot", g, step,
-                             step - 1));
+      violate(3, fmt::format("gradient write of group {} for step {} before step {} consumed the slot", g,
+                             step, step - 1));
     if (overwrite && gs.slot_step >= 0 && !gs.consumed)
-      violate(3, fmt::format("gradient write of group {} for step {} overwrites {} unconsumed contribution(s) of "
-                             "step {}", g, step, gs.slot_count, gs.slot_step));
+      violate(
+          3, fmt::format("gradient write of group {} for step {} overwrites {} unconsumed contribution(s) of "
+                         "step {}",
+                         g, step, gs.slot_count, gs.slot_step));
     if (!overwrite && (gs.slot_step != step || gs.consumed))
-      violate(3, fmt::format("gradient write of group {} for step {} accumulates onto a slot holding step {}{}", g,
-                             step, gs.slot_step, gs.consumed ? " (already consumed)" : ""));
+      violate(3,
+              fmt::format("gradient write of group {} for step {} accumulates onto a slot holding step {}{}",
+                          g, step, gs.slot_step, gs.consumed ? " (already consumed)" : ""));
     if (overwrite) {
       gs.slot_step = step;
       gs.slot_count = 0;
@@ -346,8 +371,8 @@ class Monitor {
   void group_updated(int64_t k, int g) {
     auto& gs = g_[g];
     if (k != gs.last_group_updated + 1)
-      violate(4, fmt::format("GroupUpdated(step {}, group {}) after step {}: not each step once, in order", k, g,
-                             gs.last_group_updated));
+      violate(4, fmt::format("GroupUpdated(step {}, group {}) after step {}: not each step once, in order", k,
+                             g, gs.last_group_updated));
     gs.last_group_updated = std::max(gs.last_group_updated, k);
     group_updated_count++;
   }
@@ -369,7 +394,8 @@ class Monitor {
     ++jobs;
     if (pending_grad_ && pending_grad_->step >= 0 && pending_grad_->step < p_.iterations)
       grads_seen_by_shard_[pending_grad_->group][pending_grad_->step]++;
-    if (pending_close_ >= 0 && pending_close_ < p_.iterations) closed_at_shard_[pending_shard_][pending_close_] = 1;
+    if (pending_close_ >= 0 && pending_close_ < p_.iterations)
+      closed_at_shard_[pending_shard_][pending_close_] = 1;
     for (int g = 0; g < p_.groups; ++g) {
       check_publish(g);
       check_updates(g);
@@ -389,7 +415,7 @@ class Monitor {
  private:
   struct GroupWatch {
     std::vector<uint16_t> last_lowp;
-    int64_t published = -1;       ///< version in the low-precision copy
+    int64_t published = -1;  ///< version in the low-precision copy
     int uploads_in_flight = 0;
     std::vector<int> uploads_done;  ///< finished uploads per iteration
     int writers_in_flight = 0;
@@ -421,13 +447,15 @@ class Monitor {
     if (k <= gs.published)
       violate(4, fmt::format("group {} published version {} after version {}", g, k, gs.published));
     if (gs.uploads_in_flight > 0)
-      violate(2, fmt::format("group {}'s version {} was published while {} upload(s) of it were in flight", g, k,
-                             gs.uploads_in_flight));
+      violate(2, fmt::format("group {}'s version {} was published while {} upload(s) of it were in flight", g,
+                             k, gs.uploads_in_flight));
     for (int64_t i = 0; i <= k + p_.staleness; ++i) {
       const int done = i < p_.iterations ? gs.uploads_done[i] : 0;
       if (done < expected_uploads(g)) {
-        violate(5, fmt::format("group {}'s version {} was published before the uploads of iteration {} finished "
-                               "({} of {})", g, k, i, done, expected_uploads(g)));
+        violate(5,
+                fmt::format("group {}'s version {} was published before the uploads of iteration {} finished "
+                            "({} of {})",
+                            g, k, i, done, expected_uploads(g)));
         break;
       }
     }
@@ -439,23 +467,29 @@ class Monitor {
     const int64_t now = adam_[g].step;
     if (now == gs.updates) return;
     if (now != gs.updates + 1)
-      violate(4, fmt::format("group {}: {} updates in one job (steps {}..{})", g, now - gs.updates, gs.updates,
-                             now - 1));
+      violate(4, fmt::format("group {}: {} updates in one job (steps {}..{})", g, now - gs.updates,
+                             gs.updates, now - 1));
     for (int64_t k = gs.updates; k < now; ++k) {
       const int want = p_.grads_per_pass(g);
       if (gs.slot_step != k || gs.consumed || gs.slot_count < want || gs.writers_in_flight > 0)
-        violate(4, fmt::format("group {}'s update of step {} read an incomplete gradient (slot holds step {}, {} of {} "
-                               "contributions, {} write(s) in flight{})", g, k, gs.slot_step, gs.slot_count, want,
-                               gs.writers_in_flight, gs.consumed ? ", already consumed" : ""));
+        violate(4,
+                fmt::format(
+                    "group {}'s update of step {} read an incomplete gradient (slot holds step {}, {} of {} "
+                    "contributions, {} write(s) in flight{})",
+                    g, k, gs.slot_step, gs.slot_count, want, gs.writers_in_flight,
+                    gs.consumed ? ", already consumed" : ""));
       if (gs.published < k - 1)
-        violate(5, fmt::format("group {}'s update of step {} ran while version {} was unpublished (more than one "
-                               "outstanding step)", g, k, k - 1));
+        violate(
+            5, fmt::format("group {}'s update of step {} ran while version {} was unpublished (more than one "
+                           "outstanding step)",
+                           g, k, k - 1));
       gs.consumed = true;
     }
     gs.updates = now;
     if (now <= p_.iterations &&
         std::memcmp(master_[g].data(), ref_.master[size_t(now)][g].data(), size_t(p_.numel) * 4) != 0)
-      violate(0, fmt::format("group {}'s fp32 weights after step {} differ from the sequential reference", g, now - 1));
+      violate(0, fmt::format("group {}'s fp32 weights after step {} differ from the sequential reference", g,
+                             now - 1));
   }
 
   // Rule 4, "as soon as": once the shard has processed step k's CloseStep and every
@@ -467,7 +501,8 @@ class Monitor {
     if (k >= p_.iterations) return;
     if (closed_at_shard_[p_.shard_of(g)][k] && grads_seen_by_shard_[g][k] >= p_.grads_per_pass(g) &&
         gs.published >= k - 1)
-      violate(4, fmt::format("group {}'s update of step {} did not run as soon as its gradient was complete", g, k));
+      violate(4, fmt::format("group {}'s update of step {} did not run as soon as its gradient was complete",
+                             g, k));
   }
 
   const Pipeline& p_;
@@ -503,7 +538,8 @@ inline double eval_term(int g, const std::vector<uint16_t>& w) {
 }
 
 inline void reject_unexpected(caf::scheduled_actor* self, Shared* sh, const char* who) {
-  self->set_default_handler([sh, who](caf::scheduled_actor*, caf::message_view& x) -> caf::result<caf::message> {
+  self->set_default_handler([sh, who](caf::scheduled_actor*,
+                                      caf::message_view& x) -> caf::result<caf::message> {
     sh->mon->violate(0, fmt::format("{} received an unexpected message {}", who, x.content().stringify()));
     return caf::sec::unexpected_message;
   });
@@ -609,15 +645,18 @@ inline caf::behavior fake_worker(caf::stateful_actor<WorkerState>* self, Shared*
               [=](GradGrant& gr) {
                 sh->outstanding_requests--;
                 if (gr.group != g || gr.step != step)
-                  sh->mon->violate(0, fmt::format("GradGrant({}, {}) answers AcquireGradSlot({}, {})", gr.group,
-                                                  gr.step, g, step));
-                if (!self->state.task || self->state.task->rt.pass != pass || self->state.task->rt.stage != stage)
+                  sh->mon->violate(0, fmt::format("GradGrant({}, {}) answers AcquireGradSlot({}, {})",
+                                                  gr.group, gr.step, g, step));
+                if (!self->state.task || self->state.task->rt.pass != pass ||
+                    self->state.task->rt.stage != stage)
                   return sh->mon->violate(0, "gradient grant for a finished task");
                 auto& tk = *self->state.task;
-                auto data = std::make_shared<const std::vector<float>>(contribution(*tk.read.at(g), step, stage, g));
+                auto data =
+                    std::make_shared<const std::vector<float>>(contribution(*tk.read.at(g), step, stage, g));
                 uint64_t tok = self->state.next_token++;
                 self->state.tokens[tok] = {true, g};
-                self->send(grad_copy, CopyGrad{g, step, gr.overwrite, data, tok, caf::actor_cast<caf::actor>(self)});
+                self->send(grad_copy,
+                           CopyGrad{g, step, gr.overwrite, data, tok, caf::actor_cast<caf::actor>(self)});
               },
               [=](caf::error& e) {
                 sh->outstanding_requests--;
@@ -651,8 +690,8 @@ inline caf::behavior fake_worker(caf::stateful_actor<WorkerState>* self, Shared*
               [=](WeightsGranted& w) {
                 sh->outstanding_requests--;
                 if (w.group != g || w.step != step)
-                  sh->mon->violate(0, fmt::format("WeightsGranted({}, {}) answers AcquireWeights({}, {})", w.group,
-                                                  w.step, g, step));
+                  sh->mon->violate(0, fmt::format("WeightsGranted({}, {}) answers AcquireWeights({}, {})",
+                                                  w.group, w.step, g, step));
                 uint64_t tok = self->state.next_token++;
                 self->state.tokens[tok] = {false, g};
                 self->send(param_copy, CopyParam{g, step, tok, caf::actor_cast<caf::actor>(self)});
@@ -682,14 +721,13 @@ inline caf::behavior fake_worker(caf::stateful_actor<WorkerState>* self, Shared*
         if (t.rt.next) self->send(t.rt.next, ActReady{c.pass, c.stage + 1, c.mb});
         t.next_mb++;
         if (t.next_mb < p.micro_batches) return (*pump)();
-        if (p.stages[t.rt.stage].backward && !t.rt.eval)
-          start_grads();
-        else
-          finish();
+        if (p.stages[t.rt.stage].backward && !t.rt.eval) start_grads();
+        else finish();
       },
       [=](CopyAck& a) {
         auto it = self->state.tokens.find(a.token);
-        if (it == self->state.tokens.end() || !self->state.task) return sh->mon->violate(0, "stray copy completion");
+        if (it == self->state.tokens.end() || !self->state.task)
+          return sh->mon->violate(0, "stray copy completion");
         auto [grad, g] = it->second;
         self->state.tokens.erase(it);
         auto& t = *self->state.task;
@@ -830,9 +868,7 @@ class Harness {
     sched_->run();
     base_running_ = sys_->registry().running();
   }
-  ~Harness() {
-    sys_.reset();
-  }
+  ~Harness() { sys_.reset(); }
 
   const Pipeline& pipeline() const { return p_; }
   const Reference& reference() const { return ref_; }
@@ -867,7 +903,8 @@ class Harness {
     for (int s = 0; s < p.shards; ++s) {
       std::vector<ShardGroup> owned;
       for (int g = 0; g < p.groups; ++g)
-        if (p.shard_of(g) == s) owned.push_back(ShardGroup{g, &master[g], &adam[g], p.uploads_per_pass(g), p.grads_per_pass(g)});
+        if (p.shard_of(g) == s)
+          owned.push_back(ShardGroup{g, &master[g], &adam[g], p.uploads_per_pass(g), p.grads_per_pass(g)});
       ShardOptions so;
       so.staleness = p.staleness;
       so.adam = p.adam();
@@ -976,10 +1013,12 @@ class Harness {
     out.completed = !events_left() && sh.stage_done == stages &&
                     mon.group_updated_count == p.groups * p.iterations && sh.outstanding_requests == 0;
     if (!out.completed && !out.job_cap_hit)
-      mon.violate(0, fmt::format("deadlock: no message left to deliver, but {} of {} stage tasks done, {} of {} group "
-                                 "updates, {} request(s) unanswered",
-                                 sh.stage_done, stages, mon.group_updated_count, p.groups * p.iterations,
-                                 sh.outstanding_requests));
+      mon.violate(
+          0,
+          fmt::format("deadlock: no message left to deliver, but {} of {} stage tasks done, {} of {} group "
+                      "updates, {} request(s) unanswered",
+                      sh.stage_done, stages, mon.group_updated_count, p.groups * p.iterations,
+                      sh.outstanding_requests));
     out.mailboxes_empty = true;
     for (int r = 0; r < roles.count(); ++r) {
       auto* sa = dynamic_cast<caf::scheduled_actor*>(caf::actor_cast<caf::abstract_actor*>(by_role[r]));
@@ -998,7 +1037,8 @@ class Harness {
       // the newest version rule 5 lets out is published (version T-1-s)
       const int64_t want = p.iterations - 1 - p.staleness;
       if (out.completed && mon.published(g) != want)
-        mon.violate(5, fmt::format("group {} ends with version {} published, expected {}", g, mon.published(g), want));
+        mon.violate(5, fmt::format("group {} ends with version {} published, expected {}", g,
+                                   mon.published(g), want));
     }
     // evaluation passes: each one's loss is that of the weights its step reads (version
     // max(t-1-s, -1)), so the evaluations of one step agree bit for bit
@@ -1011,8 +1051,10 @@ class Harness {
       for (int e = 0; e < p.evals_per_step; ++e) {
         const double got = sh.eval_loss[p.eval_pass(t, e)];
         if (got != want)
-          mon.violate(1, fmt::format("evaluation {} of step {}: loss {} differs from that of the weights of step {} ({})",
-                                     e, t, got, t, want));
+          mon.violate(
+              1, fmt::format(
+                     "evaluation {} of step {}: loss {} differs from that of the weights of step {} ({})", e,
+                     t, got, t, want));
       }
     }
     out.violations = mon.violations;

@@ -103,7 +103,8 @@ inline std::vector<std::vector<float>> random_weights(const ModelLayout& m, uint
 /// The weights the devices compute with: a frozen group's values go through its storage form
 /// (quantize_weights then dequantize_weights per tensor, the host twins of what the Session
 /// stores and the devices dequantize); trainable groups are returned as given.
-inline std::vector<std::vector<float>> computed_weights(const ModelLayout& m, std::vector<std::vector<float>> w) {
+inline std::vector<std::vector<float>> computed_weights(const ModelLayout& m,
+                                                        std::vector<std::vector<float>> w) {
   for (size_t g = 0; g < m.groups.size(); ++g) {
     if (!m.groups[g].frozen) continue;
     for (const TensorSpec& t : m.groups[g].tensors) {
@@ -208,7 +209,8 @@ inline void sequential_forward_backward(const ModelLayout& m, const std::vector<
     if (E > 0) {
       const double rows = double(m.config.num_moe_layers()) * double(T);
       double aux = 0;
-      for (int64_t e = 0; e < E; ++e) aux += double(stats[size_t(e)]) / rows * (double(stats[size_t(E + e)]) / rows);
+      for (int64_t e = 0; e < E; ++e)
+        aux += double(stats[size_t(e)]) / rows * (double(stats[size_t(E + e)]) / rows);
       loss += m.config.aux_loss_coef() * double(E) * aux * n_targets;
       if (expert_tokens) {
         expert_tokens->resize(size_t(E), 0.0);

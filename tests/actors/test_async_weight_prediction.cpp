@@ -39,7 +39,8 @@ TrainedRun train(bool async, bool predict, double lr, int steps) {
   o.shards = 2;
   TestSession s(m, random_weights(m, 11), o);
   std::vector<std::vector<int32_t>> ids(kBatches), tg(kBatches);
-  for (int b = 0; b < kBatches; ++b) random_tokens(m.config.vocab_size, kM * kNSeq * kSeqLen, 500 + b, ids[b], tg[b]);
+  for (int b = 0; b < kBatches; ++b)
+    random_tokens(m.config.vocab_size, kM * kNSeq * kSeqLen, 500 + b, ids[b], tg[b]);
   TrainedRun r;
   auto take = [&](int64_t t) {
     const StepResult x = s.wait(t);
@@ -67,9 +68,11 @@ TEST(AsyncWeightPrediction, EndsCloserToSyncThanPlainAsyncAtHighLr) {
     const double sync = tail_mean(train(false, false, lr, kSteps).losses);
     const double plain = tail_mean(train(true, false, lr, kSteps).losses);
     const double pred = tail_mean(train(true, true, lr, kSteps).losses);
-    std::printf("[async] lr %g: final-20 loss sync %.4f, async %.4f (%+.1f%%), async + prediction %.4f (%+.1f%%)\n", lr,
-                sync, plain, (plain / sync - 1) * 100, pred, (pred / sync - 1) * 100);
-    EXPECT_GT(plain / sync - 1, 0.05) << "lr " << lr << ": plain async must show the gap for the test to mean anything";
+    std::printf(
+        "[async] lr %g: final-20 loss sync %.4f, async %.4f (%+.1f%%), async + prediction %.4f (%+.1f%%)\n",
+        lr, sync, plain, (plain / sync - 1) * 100, pred, (pred / sync - 1) * 100);
+    EXPECT_GT(plain / sync - 1, 0.05)
+        << "lr " << lr << ": plain async must show the gap for the test to mean anything";
     EXPECT_LT(std::fabs(pred / sync - 1), 0.5 * std::fabs(plain / sync - 1)) << "lr " << lr;
   }
 }
@@ -87,8 +90,8 @@ TEST(AsyncWeightPrediction, SweepPrintsFinalLosses) {
     const double sync = tail_mean(train(false, false, lr, kSteps).losses);
     const double plain = tail_mean(train(true, false, lr, kSteps).losses);
     const double pred = tail_mean(train(true, true, lr, kSteps).losses);
-    std::printf("[async] | %g | %.4f | %.4f (%+.1f%%) | %.4f (%+.1f%%) |\n", lr, sync, plain, (plain / sync - 1) * 100,
-                pred, (pred / sync - 1) * 100);
+    std::printf("[async] | %g | %.4f | %.4f (%+.1f%%) | %.4f (%+.1f%%) |\n", lr, sync, plain,
+                (plain / sync - 1) * 100, pred, (pred / sync - 1) * 100);
     std::fflush(stdout);
   }
 }

@@ -145,8 +145,8 @@ TEST(FrozenGroups, TrainLikeTheReferenceAndStayBitIdentical) {
   for (const FrozenCase& fc : cases())
     for (bool async : {true, false})
       for (double clip : {0.0, 0.05}) {
-        SCOPED_TRACE(fmt::format("{} {}, {}, clip {}", fc.qwen3 ? "qwen3" : "llama", fc.tied ? "tied" : "untied",
-                                 async ? "async" : "sync", clip));
+        SCOPED_TRACE(fmt::format("{} {}, {}, clip {}", fc.qwen3 ? "qwen3" : "llama",
+                                 fc.tied ? "tied" : "untied", async ? "async" : "sync", clip));
         const ModelLayout m = frozen_layout(fc);
         const Result ref = run_reference(m, async, 3, clip);
         TestSessionOptions o = options(async, 2, clip);
@@ -220,8 +220,8 @@ TEST(FrozenGroups, NoProtocolTrafficAndStorageSizedUploads) {
       const std::string name = track[{e["pid"], e["tid"]}];
       if (e.contains("args") && e["args"].contains("group")) {
         ++messages_with_group;
-        EXPECT_FALSE(frozen.count(e["args"]["group"].get<int>())) << e["name"] << " names frozen group "
-                                                                   << e["args"]["group"];
+        EXPECT_FALSE(frozen.count(e["args"]["group"].get<int>()))
+            << e["name"] << " names frozen group " << e["args"]["group"];
       }
       if (!e.contains("args") || !e["args"].contains("bytes")) continue;
       if (name.find("param_up") != std::string::npos) param_bytes += e["args"]["bytes"].get<double>();
@@ -282,7 +282,8 @@ TEST(FrozenGroups, StorageFormConstructorAndExactResume) {
     EXPECT_EQ(info.steps, 2);
     const Result rest = run_session(resumed, 2, 2);
     for (size_t g = 0; g < m.groups.size(); ++g)
-      EXPECT_EQ(std::memcmp(rest.weights[g].data(), straight.weights[g].data(), rest.weights[g].size() * 4), 0)
+      EXPECT_EQ(std::memcmp(rest.weights[g].data(), straight.weights[g].data(), rest.weights[g].size() * 4),
+                0)
           << "group " << g;
     for (int t = 0; t < 2; ++t) EXPECT_EQ(rest.losses[size_t(t)], straight.losses[size_t(t) + 2]);
     // the file lists the trainable groups only: a layout with other groups frozen is refused
@@ -352,7 +353,8 @@ TEST(FrozenGroups, PinBudgetPinsPassBuffersThenTrainableStateThenFrozenWeights) 
   EXPECT_EQ(none.pinned_bytes, 0u);
   EXPECT_EQ(none.pageable_bytes, all.pinned_bytes);
   for (size_t g = 0; g < m.groups.size(); ++g)
-    EXPECT_EQ(std::memcmp(none_pinned.weights[g].data(), all_pinned.weights[g].data(), none_pinned.weights[g].size() * 4),
+    EXPECT_EQ(std::memcmp(none_pinned.weights[g].data(), all_pinned.weights[g].data(),
+                          none_pinned.weights[g].size() * 4),
               0)
         << "group " << g;
   EXPECT_EQ(none_pinned.losses, all_pinned.losses);

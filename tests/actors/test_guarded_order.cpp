@@ -42,7 +42,8 @@ Observed drive(int staleness, const std::vector<int>& completion, bool skip) {
     ShardActor shard = spawn_optimizer_shard(sys, groups, &store, so, caf::actor_cast<SchedulerActor>(self));
     self->send(shard, CloseStep{0, 1, 0.01f, 1e-2});
     for (int g : completion) {
-      self->request(shard, caf::infinite, AcquireGradSlot{g, 0}).receive([](GradGrant&) {}, [](caf::error&) {});
+      self->request(shard, caf::infinite, AcquireGradSlot{g, 0})
+          .receive([](GradGrant&) {}, [](caf::error&) {});
       float* grad = store.grad[size_t(g)].as<float>();
       for (int64_t i = 0; i < m.groups[size_t(g)].numel; ++i) grad[i] = 0.01f * float(i % 7) - 0.02f;
       self->send(shard, GradWritten{g, 0});

@@ -17,7 +17,6 @@ namespace {
 
 constexpr int64_t kM = 2, kNSeq = 2, kSeqLen = 5;
 
-
 struct TrainRun {
   std::vector<StepResult> results;
   std::vector<std::vector<float>> weights;
@@ -27,7 +26,8 @@ struct TrainRun {
 
 /// Trains one step per entry of `batches` (the data seed of the step and the index of its
 /// learning rate); loss scaling forced on the f32 CPU backend when `ls` is given.
-TrainRun train(bool async, std::optional<LossScalerOptions> ls, const std::vector<int>& batches, double max_norm = 0) {
+TrainRun train(bool async, std::optional<LossScalerOptions> ls, const std::vector<int>& batches,
+               double max_norm = 0) {
   ModelLayout m = make_layout(tiny_config(false, true));
   TestSessionOptions o;
   o.workers = 2;
@@ -55,11 +55,11 @@ TrainRun train(bool async, std::optional<LossScalerOptions> ls, const std::vecto
   return r;
 }
 
-
 bool bitwise_equal(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
   if (a.size() != b.size()) return false;
   for (size_t g = 0; g < a.size(); ++g)
-    if (a[g].size() != b[g].size() || std::memcmp(a[g].data(), b[g].data(), a[g].size() * 4) != 0) return false;
+    if (a[g].size() != b[g].size() || std::memcmp(a[g].data(), b[g].data(), a[g].size() * 4) != 0)
+      return false;
   return true;
 }
 
@@ -120,7 +120,9 @@ TEST(LossScaling, ScaledBackwardGivesTheUnscaledResult) {
 // A scale of 2^127 overflows fp32 in the LM-head gradient (|dlogit| ~ 2^127 times |h| > 2):
 // the step is skipped, nothing changes (weights, moments, step counters), and the scale backs
 // off (backoff 2^-100: to 2^27); after growth_interval = 2 clean steps it doubles.
-LossScalerOptions overflow_then_clean() { return scaler(std::ldexp(1.f, 127), 2.f, std::ldexp(1.f, -100), 2); }
+LossScalerOptions overflow_then_clean() {
+  return scaler(std::ldexp(1.f, 127), 2.f, std::ldexp(1.f, -100), 2);
+}
 
 TEST(LossScaling, OverflowSkipsOnlyThatStepAndLeavesEverythingUntouched) {
   ModelLayout m = make_layout(tiny_config(false, true));
@@ -160,8 +162,8 @@ TEST(LossScaling, TrainingContinuesAfterAnOverflowLikeAnUnscaledRunWithoutThatSt
     const TrainRun r = train(async, overflow_then_clean(), steps);
     // the scale each step's backward used, and which steps were skipped (see the scaler rules)
     const float S27 = std::ldexp(1.f, 27), S28 = std::ldexp(1.f, 28), S127 = std::ldexp(1.f, 127);
-    const std::vector<float> want_scale = async ? std::vector<float>{S127, S127, S27, S27, S27, S28}
-                                                : std::vector<float>{S127, S27, S27, S28};
+    const std::vector<float> want_scale =
+        async ? std::vector<float>{S127, S127, S27, S27, S27, S28} : std::vector<float>{S127, S27, S27, S28};
     const int skipped = async ? 2 : 1;
     for (int t = 0; t < n; ++t) {
       EXPECT_EQ(r.results[size_t(t)].loss_scale, want_scale[size_t(t)]) << what << " step " << t;
@@ -182,7 +184,8 @@ TEST(LossScaling, TrainingContinuesAfterAnOverflowLikeAnUnscaledRunWithoutThatSt
     std::vector<int> applied(steps.begin() + skipped, steps.end());
     const TrainRun ref = train(async, std::nullopt, applied);
     for (size_t i = 0; i < applied.size(); ++i)
-      EXPECT_EQ(r.results[size_t(skipped) + i].loss_sum, ref.results[i].loss_sum) << what << " applied step " << i;
+      EXPECT_EQ(r.results[size_t(skipped) + i].loss_sum, ref.results[i].loss_sum)
+          << what << " applied step " << i;
     for (size_t g = 0; g < ref.weights.size(); ++g) {
       EXPECT_LT(rel_err(r.weights[g], ref.weights[g]), 1e-6) << what << " group " << g;
       EXPECT_EQ(r.states[g].step, ref.states[g].step) << what << " group " << g;

@@ -64,14 +64,16 @@ F16Run train_f16(bool async, const LossScalerOptions& ls, const std::vector<int>
 bool same_bits(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
   if (a.size() != b.size()) return false;
   for (size_t g = 0; g < a.size(); ++g)
-    if (a[g].size() != b[g].size() || std::memcmp(a[g].data(), b[g].data(), a[g].size() * 4) != 0) return false;
+    if (a[g].size() != b[g].size() || std::memcmp(a[g].data(), b[g].data(), a[g].size() * 4) != 0)
+      return false;
   return true;
 }
 
 const float kHuge = std::ldexp(1.f, 40), kBackedOff = std::ldexp(1.f, 10);
 
 TEST(LossScalingCuda, F16OverflowSkipsTheStepAndLeavesEverythingUntouched) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible: fp16 loss scaling needs the CUDA backend";
+  if (cuda_device_count() == 0)
+    GTEST_SKIP() << "no CUDA device visible: fp16 loss scaling needs the CUDA backend";
   const auto w0 = random_weights(make_layout(tiny_config(false, true, 2)), 7);
   for (bool async : {false, true}) {
     const std::string what = async ? "async" : "sync";
@@ -84,7 +86,8 @@ TEST(LossScalingCuda, F16OverflowSkipsTheStepAndLeavesEverythingUntouched) {
       const StepResult& s = r.results[size_t(t)];
       EXPECT_TRUE(s.skipped) << what << " step " << t;
       EXPECT_EQ(s.loss_scale, kHuge) << what << " step " << t;
-      EXPECT_FALSE(std::isfinite(s.grad_norm)) << what << " step " << t << ": the f16 gradients must overflow";
+      EXPECT_FALSE(std::isfinite(s.grad_norm))
+          << what << " step " << t << ": the f16 gradients must overflow";
       EXPECT_TRUE(std::isfinite(s.loss_sum) && s.loss_sum > 0) << what << ": the loss itself is not scaled";
     }
     EXPECT_TRUE(same_bits(r.weights, w0)) << what << ": a skipped step changed the weights";
@@ -99,7 +102,8 @@ TEST(LossScalingCuda, F16OverflowSkipsTheStepAndLeavesEverythingUntouched) {
 }
 
 TEST(LossScalingCuda, F16TrainingGoesOnAfterTheOverflowLikeARunWithoutThoseSteps) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible: fp16 loss scaling needs the CUDA backend";
+  if (cuda_device_count() == 0)
+    GTEST_SKIP() << "no CUDA device visible: fp16 loss scaling needs the CUDA backend";
   for (bool async : {false, true}) {
     const std::string what = async ? "async" : "sync";
     const int skipped = async ? 2 : 1, n = skipped + 4;
@@ -118,7 +122,8 @@ TEST(LossScalingCuda, F16TrainingGoesOnAfterTheOverflowLikeARunWithoutThoseSteps
     const F16Run ref = train_f16(async, scaler(kBackedOff, 0.5f), applied);
     for (size_t i = 0; i < applied.size(); ++i) {
       EXPECT_FALSE(ref.results[i].skipped) << what;
-      EXPECT_NEAR(r.results[size_t(skipped) + i].loss_sum, ref.results[i].loss_sum, 1e-3 * ref.results[i].loss_sum)
+      EXPECT_NEAR(r.results[size_t(skipped) + i].loss_sum, ref.results[i].loss_sum,
+                  1e-3 * ref.results[i].loss_sum)
           << what << " applied step " << i;
     }
     for (size_t g = 0; g < ref.weights.size(); ++g) {

@@ -45,15 +45,19 @@ nlohmann::json traced_run(bool messages, const std::string& path) {
 TEST(MessageTrace, EveryProtocolMessageIsAFlowBetweenTwoSlices) {
   const std::string path = (std::filesystem::temp_directory_path() / "rp_message_trace.json").string();
   const nlohmann::json j = traced_run(true, path);
-  std::map<int64_t, std::string> thread;  // tid -> track
+  std::map<int64_t, std::string> thread;                                    // tid -> track
   std::map<std::tuple<int64_t, int64_t, double>, nlohmann::json> slice_at;  // (pid, tid, ts) -> X event
   std::map<int64_t, nlohmann::json> starts, ends;
   for (const auto& e : j["traceEvents"]) {
     const std::string ph = e["ph"];
     if (ph == "M" && e["name"] == "thread_name") thread[e["tid"]] = e["args"]["name"];
     if (ph == "X") slice_at[{e["pid"], e["tid"], e["ts"]}] = e;
-    if (ph == "s") { ASSERT_TRUE(starts.emplace(e["id"], e).second) << "two starts of flow " << e["id"]; }
-    if (ph == "f") { ASSERT_TRUE(ends.emplace(e["id"], e).second) << "two ends of flow " << e["id"]; }
+    if (ph == "s") {
+      ASSERT_TRUE(starts.emplace(e["id"], e).second) << "two starts of flow " << e["id"];
+    }
+    if (ph == "f") {
+      ASSERT_TRUE(ends.emplace(e["id"], e).second) << "two ends of flow " << e["id"];
+    }
   }
   ASSERT_GT(starts.size(), 100u);
   EXPECT_EQ(starts.size(), ends.size()) << "every message sent was received";
@@ -74,12 +78,19 @@ TEST(MessageTrace, EveryProtocolMessageIsAFlowBetweenTwoSlices) {
     types.insert(s["name"]);
     // who talks to whom
     const std::string from = base_track(thread.at(s["tid"])), to = base_track(thread.at(f["tid"]));
-    if (s["name"] == "RunStage") { EXPECT_TRUE(from == "scheduler.messages" && to.rfind("worker", 0) == 0) << from << to; }
-    if (s["name"] == "WeightsGranted") { EXPECT_TRUE(from.rfind("shard", 0) == 0 && to.rfind("worker", 0) == 0); }
-    if (s["name"] == "GroupUpdated") { EXPECT_TRUE(from.rfind("shard", 0) == 0 && to == "scheduler.messages"); }
+    if (s["name"] == "RunStage") {
+      EXPECT_TRUE(from == "scheduler.messages" && to.rfind("worker", 0) == 0) << from << to;
+    }
+    if (s["name"] == "WeightsGranted") {
+      EXPECT_TRUE(from.rfind("shard", 0) == 0 && to.rfind("worker", 0) == 0);
+    }
+    if (s["name"] == "GroupUpdated") {
+      EXPECT_TRUE(from.rfind("shard", 0) == 0 && to == "scheduler.messages");
+    }
   }
-  for (const char* t : {"RunStage", "ActReady", "AcquireWeights", "WeightsGranted", "ReleaseWeights", "AcquireGradSlot",
-                        "GradGrant", "GradWritten", "StageDone", "CloseStep", "GradSumSq", "StepScale", "GroupUpdated"})
+  for (const char* t :
+       {"RunStage", "ActReady", "AcquireWeights", "WeightsGranted", "ReleaseWeights", "AcquireGradSlot",
+        "GradGrant", "GradWritten", "StageDone", "CloseStep", "GradSumSq", "StepScale", "GroupUpdated"})
     EXPECT_TRUE(types.count(t)) << t << " never traced";
   EXPECT_EQ(check_trace_nesting(j).overlapping_pairs, 0);
   // off by default

@@ -30,8 +30,11 @@ ModelConfig tiny_moe(bool aux) {
 IterationPlan spread_plan() {
   IterationPlan p;
   p.num_layers = 6;
-  p.stages = {{StageKind::forward, 0, 1},  {StageKind::forward, 2, 3}, {StageKind::tail, 4, 5},
-              {StageKind::backward, 2, 3}, {StageKind::backward, 0, 1}};
+  p.stages = {{StageKind::forward, 0, 1},
+              {StageKind::forward, 2, 3},
+              {StageKind::tail, 4, 5},
+              {StageKind::backward, 2, 3},
+              {StageKind::backward, 0, 1}};
   validate_plan(p, "spread plan");
   return p;
 }
@@ -111,7 +114,8 @@ void expect_same(const ModelLayout& m, const MoeRun& got, const MoeRun& ref, con
     double total = 0;
     for (double x : got.expert_tokens[t]) total += x;
     // every token of every micro-batch routed to k experts in each sparse layer
-    EXPECT_EQ(total, double(kM * kNSeq * kSeqLen * m.config.num_experts_per_tok * m.config.num_moe_layers())) << what;
+    EXPECT_EQ(total, double(kM * kNSeq * kSeqLen * m.config.num_experts_per_tok * m.config.num_moe_layers()))
+        << what;
   }
   for (size_t g = 0; g < m.groups.size(); ++g)
     EXPECT_LT(rel_err(got.weights[g], ref.weights[g]), 2e-5) << what << " group " << m.groups[g].name;
@@ -120,7 +124,8 @@ void expect_same(const ModelLayout& m, const MoeRun& got, const MoeRun& ref, con
 TEST(MoeRuntime, RouterStatisticsTravelWithTheMicroBatchAndTrainLikeTheLoop) {
   for (bool aux : {true, false})
     for (bool async : {true, false}) {
-      const std::string what = fmt::format("{}, {}", aux ? "load-balancing loss" : "no aux loss", async ? "async" : "sync");
+      const std::string what =
+          fmt::format("{}, {}", aux ? "load-balancing loss" : "no aux loss", async ? "async" : "sync");
       const ModelLayout m = make_layout(tiny_moe(aux));
       const auto w0 = random_weights(m, 11);
       const MoeRun ref = reference(m, w0, async, 3);
@@ -151,7 +156,8 @@ TEST(MoeRuntime, LoraOnAFrozenMoeBaseTrainsLikeTheLoop) {
     }
   EXPECT_EQ(dense_mlp_adapters, 6);  // gate, up and down of the dense layer, A and B each
   auto w0 = random_weights(m, 5);
-  for (int g = int(m.config.num_hidden_layers) + 2; g < int(m.groups.size()); ++g) w0[size_t(g)] = lora_initial_group(m, g);
+  for (int g = int(m.config.num_hidden_layers) + 2; g < int(m.groups.size()); ++g)
+    w0[size_t(g)] = lora_initial_group(m, g);
   for (bool async : {true, false}) {
     const MoeRun ref = reference(m, w0, async, 3);
     const MoeRun got = runtime(m, w0, async, 3);
@@ -171,7 +177,8 @@ TEST(MoeRuntime, LoraOnAFrozenMoeBaseTrainsLikeTheLoop) {
     make_layout(sparse, l);
     ADD_FAILURE() << "gate_proj on an all-sparse model was accepted";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("lora.target_modules: 'gate_proj' matches no linear"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("lora.target_modules: 'gate_proj' matches no linear"),
+              std::string::npos)
         << e.what();
   }
 }
@@ -183,7 +190,8 @@ TEST(MoeRuntime, GptOssTrainsLikeTheLoop) {
   const ModelLayout m = make_layout(tiny_gpt_oss_config());
   const auto w0 = random_weights(m, 13);
   for (bool async : {true, false})
-    expect_same(m, runtime(m, w0, async, 3), reference(m, w0, async, 3), async ? "gpt-oss async" : "gpt-oss sync");
+    expect_same(m, runtime(m, w0, async, 3), reference(m, w0, async, 3),
+                async ? "gpt-oss async" : "gpt-oss sync");
   LoraConfig l;
   l.r = 4;
   l.alpha = 8;
@@ -192,16 +200,20 @@ TEST(MoeRuntime, GptOssTrainsLikeTheLoop) {
   const ModelLayout lm = make_layout(tiny_gpt_oss_config(), l);
   int adapters = 0;
   for (const auto& g : lm.groups)
-    for (const auto& t : g.tensors) adapters += t.name.find("self_attn.") != std::string::npos && t.name.find("lora_A") != std::string::npos;
+    for (const auto& t : g.tensors)
+      adapters +=
+          t.name.find("self_attn.") != std::string::npos && t.name.find("lora_A") != std::string::npos;
   EXPECT_EQ(adapters, 4 * 4);
   auto w1 = random_weights(lm, 7);
-  for (int g = int(lm.config.num_hidden_layers) + 2; g < int(lm.groups.size()); ++g) w1[size_t(g)] = lora_initial_group(lm, g);
+  for (int g = int(lm.config.num_hidden_layers) + 2; g < int(lm.groups.size()); ++g)
+    w1[size_t(g)] = lora_initial_group(lm, g);
   expect_same(lm, runtime(lm, w1, true, 3), reference(lm, w1, true, 3), "gpt-oss lora");
   // the checkpoint's own format: experts in mxfp4, the other matrices bf16
   l.base_format = WeightFormat::mxfp4;
   const ModelLayout qm = make_layout(tiny_gpt_oss_config(), l);
-  EXPECT_EQ(qm.groups[1].tensors[size_t(qm.groups[1].find("model.layers.0.mlp.experts.1.up_proj.weight"))].format,
-            WeightFormat::mxfp4);
+  EXPECT_EQ(
+      qm.groups[1].tensors[size_t(qm.groups[1].find("model.layers.0.mlp.experts.1.up_proj.weight"))].format,
+      WeightFormat::mxfp4);
   EXPECT_EQ(qm.groups[1].tensors[size_t(qm.groups[1].find("model.layers.0.self_attn.q_proj.weight"))].format,
             WeightFormat::bf16);
   expect_same(qm, runtime(qm, w1, false, 2), reference(qm, w1, false, 2), "gpt-oss lora, mxfp4 experts");
@@ -230,7 +242,8 @@ TEST(MoeRuntime, ExpertLoraOnEveryFrozenFormatTrainsLikeTheLoop) {
     const ParamGroup& g = m.groups[size_t(ag)];
     const TensorSpec& b = g.tensors[size_t(g.find("model.layers.0.mlp.experts.down_proj.lora_B.weight"))];
     double moved = 0;
-    for (int64_t i = 0; i < b.numel(); ++i) moved = std::max(moved, double(std::abs(got.weights[size_t(ag)][size_t(b.offset + i)])));
+    for (int64_t i = 0; i < b.numel(); ++i)
+      moved = std::max(moved, double(std::abs(got.weights[size_t(ag)][size_t(b.offset + i)])));
     EXPECT_GT(moved, 0.0) << what;
   }
 }

@@ -57,10 +57,12 @@ TEST(Packing, PackedSequencesTrainAsTheExamplesOneByOne) {
     const Trained a = train(m, packed, 2), b = train(m, padded, 3);
     for (int t = 0; t < 2; ++t) {
       EXPECT_EQ(a.steps[size_t(t)].tokens, b.steps[size_t(t)].tokens);
-      EXPECT_NEAR(a.steps[size_t(t)].loss_sum, b.steps[size_t(t)].loss_sum, 1e-5 * b.steps[size_t(t)].loss_sum)
+      EXPECT_NEAR(a.steps[size_t(t)].loss_sum, b.steps[size_t(t)].loss_sum,
+                  1e-5 * b.steps[size_t(t)].loss_sum)
           << "step " << t << (qwen3 ? " qwen3" : " llama");
     }
-    for (size_t g = 0; g < a.weights.size(); ++g) EXPECT_LT(rel_err(a.weights[g], b.weights[g]), 1e-5) << "group " << g;
+    for (size_t g = 0; g < a.weights.size(); ++g)
+      EXPECT_LT(rel_err(a.weights[g], b.weights[g]), 1e-5) << "group " << g;
     // and the packing matters: without its positions the packed batch computes something else
     PackedSequences unpos = packed;
     unpos.positions.clear();

@@ -22,8 +22,8 @@ struct TrainResult {
 constexpr int kL = 6;
 IterationPlan test_plan() { return make_uniform_plan(kL, 2, 2, 1); }
 
-TrainResult train(const ModelLayout& m, const std::string& backend, int steps, int64_t M, MicroBatchShape shape,
-          std::optional<IterationPlan> plan) {
+TrainResult train(const ModelLayout& m, const std::string& backend, int steps, int64_t M,
+                  MicroBatchShape shape, std::optional<IterationPlan> plan) {
   SessionOptions o;
   o.backend = backend;
   o.workers = 2;
@@ -70,7 +70,8 @@ void expect_structure(const Profile& p, const ModelLayout& m, int64_t samples, M
     // only decoders recompute (the embedding's backward is a scatter-add)
     EXPECT_EQ(lp.recompute.seen(), l >= 1 && l <= 3 ? samples : 0) << what << " layer " << l;
     EXPECT_EQ(lp.tail.seen(), in_tail ? samples : 0) << what << " layer " << l;
-    for (ProfileKind k : {ProfileKind::forward, ProfileKind::recompute, ProfileKind::backward, ProfileKind::tail}) {
+    for (ProfileKind k :
+         {ProfileKind::forward, ProfileKind::recompute, ProfileKind::backward, ProfileKind::tail}) {
       const SmoothedTime& st = lp.series(k);
       if (st.seen() == 0) continue;
       EXPECT_EQ(st.kept(), samples - 1) << what << " layer " << l << " " << profile_kind_name(k);
@@ -100,8 +101,8 @@ TEST(Profiler, EveryLayerCallReachesTheProfileOnTheCpuBackend) {
   for (int l = 1; l <= 3; ++l) {
     const LayerProfile& lp = r.profile.layer(l);
     const double b = lp.bwd.value() + lp.recompute.value();
-    std::printf("decoder %d: forward %.3f ms, recompute %.3f ms, backward %.3f ms\n", l - 1, lp.fwd.value() * 1e3,
-                lp.recompute.value() * 1e3, lp.bwd.value() * 1e3);
+    std::printf("decoder %d: forward %.3f ms, recompute %.3f ms, backward %.3f ms\n", l - 1,
+                lp.fwd.value() * 1e3, lp.recompute.value() * 1e3, lp.bwd.value() * 1e3);
     EXPECT_GT(b, lp.fwd.value()) << "decoder " << l - 1;
     fwd += lp.fwd.value();
     bwd += b;
@@ -128,7 +129,8 @@ TEST(Profiler, ProfilingOffLeavesTheProfileEmpty) {
   const Profile p = s.profile();
   ASSERT_EQ(p.num_layers(), kL);
   for (int l = 0; l < kL; ++l)
-    for (ProfileKind k : {ProfileKind::forward, ProfileKind::recompute, ProfileKind::backward, ProfileKind::tail})
+    for (ProfileKind k :
+         {ProfileKind::forward, ProfileKind::recompute, ProfileKind::backward, ProfileKind::tail})
       EXPECT_EQ(p.layer(l).series(k).seen(), 0) << l;
   EXPECT_TRUE(s.replan_log().empty());
 }
@@ -145,8 +147,8 @@ TEST(ProfilerCuda, EventTimesReachTheProfile) {
   EXPECT_NE(r.profile.device.find("cuda"), std::string::npos) << r.profile.device;
   for (int l = 1; l <= 3; ++l) {
     const LayerProfile& lp = r.profile.layer(l);
-    std::printf("decoder %d: forward %.1f us, recompute %.1f us, backward %.1f us\n", l - 1, lp.fwd.value() * 1e6,
-                lp.recompute.value() * 1e6, lp.bwd.value() * 1e6);
+    std::printf("decoder %d: forward %.1f us, recompute %.1f us, backward %.1f us\n", l - 1,
+                lp.fwd.value() * 1e6, lp.recompute.value() * 1e6, lp.bwd.value() * 1e6);
     EXPECT_GT(lp.bwd.value() + lp.recompute.value(), lp.fwd.value()) << "decoder " << l - 1;
     EXPECT_LT(lp.fwd.value(), 1.0) << "event times are seconds";
   }

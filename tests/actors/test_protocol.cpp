@@ -17,8 +17,8 @@ namespace {
 
 using namespace proto;
 
-#define RP_REQUIRE_TESTABLE_SHARD()                                                                     \
-  if (!shard_is_testable())                                                                          \
+#define RP_REQUIRE_TESTABLE_SHARD()                                                                   \
+  if (!shard_is_testable())                                                                           \
   GTEST_SKIP() << "ShardOptions has no 'detached' switch: the shard runs on its own thread, outside " \
                   "the test coordinator (apply the patch in docs/protocol.md)"
 
@@ -42,8 +42,9 @@ Exploration explore(Harness& h, const std::vector<Order>& orders) {
     e.orders.insert(out.order_hash);
     if (!out.ok()) {
       if (e.failures++ == 0)
-        e.first_failure = fmt::format("policy {} events {} session_order {} seed {} actor {}: {}", int(o.policy),
-                                      int(o.events), o.session_order, o.seed, o.actor, out.describe());
+        e.first_failure =
+            fmt::format("policy {} events {} session_order {} seed {} actor {}: {}", int(o.policy),
+                        int(o.events), o.session_order, o.seed, o.actor, out.describe());
     }
   }
   return e;
@@ -87,19 +88,20 @@ std::vector<Order> adversarial_orders(const Pipeline& p, int seeds) {
 // versions published around it.
 TEST(ProtocolHarness, VersionsAreDistinguishableByContent) {
   for (int s : {0, 1})
-  for (bool coarse : {false, true}) {
-    Pipeline p = pipeline(s, coarse);
-    Reference ref(p);
-    ASSERT_EQ(ref.lowp.size(), size_t(p.iterations + 1));
-    const size_t n = size_t(p.numel), h = n / 2;
-    for (int g = 0; g < p.groups; ++g)
-      for (size_t a = 0; a < ref.lowp.size(); ++a)
-        for (size_t b = a + 1; b < ref.lowp.size(); ++b) {
-          EXPECT_NE(std::memcmp(ref.lowp[a][g].data(), ref.lowp[b][g].data(), h * 2), 0) << g << " " << a << " " << b;
-          EXPECT_NE(std::memcmp(ref.lowp[a][g].data() + h, ref.lowp[b][g].data() + h, (n - h) * 2), 0)
-              << g << " " << a << " " << b;
-        }
-  }
+    for (bool coarse : {false, true}) {
+      Pipeline p = pipeline(s, coarse);
+      Reference ref(p);
+      ASSERT_EQ(ref.lowp.size(), size_t(p.iterations + 1));
+      const size_t n = size_t(p.numel), h = n / 2;
+      for (int g = 0; g < p.groups; ++g)
+        for (size_t a = 0; a < ref.lowp.size(); ++a)
+          for (size_t b = a + 1; b < ref.lowp.size(); ++b) {
+            EXPECT_NE(std::memcmp(ref.lowp[a][g].data(), ref.lowp[b][g].data(), h * 2), 0)
+                << g << " " << a << " " << b;
+            EXPECT_NE(std::memcmp(ref.lowp[a][g].data() + h, ref.lowp[b][g].data() + h, (n - h) * 2), 0)
+                << g << " " << a << " " << b;
+          }
+    }
   // Staleness changes the result: the async reference is not the sync one.
   Reference a(pipeline(1)), b(pipeline(0));
   EXPECT_NE(a.master.back(), b.master.back());
@@ -118,7 +120,8 @@ TEST(ProtocolMonitor, CatchesOverlapsTornReadsAndLateUpdates) {
   ParamStore store(layout, DType::bf16);
   auto master = initial_weights(p);
   std::vector<AdamWState> adam(size_t(p.groups));
-  for (int g = 0; g < p.groups; ++g) cast_f32_to(master[g].data(), store.lowp[g].data(), p.numel, DType::bf16);
+  for (int g = 0; g < p.groups; ++g)
+    cast_f32_to(master[g].data(), store.lowp[g].data(), p.numel, DType::bf16);
   {
     Monitor mon(p, ref, store, master, adam);
     mon.after_job();
@@ -192,7 +195,8 @@ TEST_P(ProtocolOrders, RandomOrdersKeepEveryRule) {
   EXPECT_GE(e.orders.size(), size_t(n * 99 / 100)) << "seeds did not give distinct orders";
   RecordProperty("orders", int(e.orders.size()));
   std::printf("[ protocol ] %s staleness %d: %d random orders (%zu distinct), %.0f jobs/order, %.2f s\n",
-              sh.coarse ? "coarse" : "fine", sh.staleness, e.runs, e.orders.size(), double(e.jobs) / e.runs, sec);
+              sh.coarse ? "coarse" : "fine", sh.staleness, e.runs, e.orders.size(), double(e.jobs) / e.runs,
+              sec);
 }
 
 TEST_P(ProtocolOrders, AdversarialOrdersKeepEveryRule) {
@@ -207,7 +211,8 @@ TEST_P(ProtocolOrders, AdversarialOrdersKeepEveryRule) {
   EXPECT_EQ(e.runs, int(orders.size()));
   RecordProperty("orders", int(e.orders.size()));
   std::printf("[ protocol ] %s staleness %d: %d adversarial orders (%zu distinct), %.0f jobs/order, %.2f s\n",
-              sh.coarse ? "coarse" : "fine", sh.staleness, e.runs, e.orders.size(), double(e.jobs) / e.runs, sec);
+              sh.coarse ? "coarse" : "fine", sh.staleness, e.runs, e.orders.size(), double(e.jobs) / e.runs,
+              sec);
 }
 
 INSTANTIATE_TEST_SUITE_P(Pipelines, ProtocolOrders,

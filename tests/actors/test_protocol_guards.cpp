@@ -85,10 +85,11 @@ TEST_P(ProtocolGuards, RemovingTheGuardIsCaught) {
       ASSERT_TRUE(out.ok()) << "order " << i << " fails with every guard on: " << out.describe();
     }
     caught_total += caught;
-    std::printf("[ protocol ] guard %d off, %s, staleness %d: rule %d violated in %d of %d orders (first: order "
-                "%d), %d fail in some way; e.g. \"%s\"\n",
-                c.rule, coarse ? "3 stages" : "5 stages", c.staleness, c.rule, caught, n, first, failed,
-                example.c_str());
+    std::printf(
+        "[ protocol ] guard %d off, %s, staleness %d: rule %d violated in %d of %d orders (first: order "
+        "%d), %d fail in some way; e.g. \"%s\"\n",
+        c.rule, coarse ? "3 stages" : "5 stages", c.staleness, c.rule, caught, n, first, failed,
+        example.c_str());
   }
   EXPECT_GT(caught_total, 0) << "with rule " << c.rule << "'s guard off, none of " << 2 * n
                              << " orders violated rule " << c.rule;
@@ -96,7 +97,8 @@ TEST_P(ProtocolGuards, RemovingTheGuardIsCaught) {
 
 INSTANTIATE_TEST_SUITE_P(Guards, ProtocolGuards,
                          ::testing::Values(GuardCase{1, 1}, GuardCase{1, 0}, GuardCase{2, 1}, GuardCase{2, 0},
-                                           GuardCase{3, 1}, GuardCase{4, 1}, GuardCase{4, 0}, GuardCase{5, 1}),
+                                           GuardCase{3, 1}, GuardCase{4, 1}, GuardCase{4, 0},
+                                           GuardCase{5, 1}),
                          case_name);
 
 }  // namespace

@@ -11,8 +11,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <limits>
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <thread>
 
@@ -23,7 +23,6 @@
 
 namespace rp::test {
 namespace {
-
 
 struct Scenario {
   bool qwen3 = false, tied = true, async = true;
@@ -38,12 +37,12 @@ struct Scenario {
   bool transfer_priorities = true;
   size_t transfer_chunk_bytes = size_t(32) << 20;
   double pcie_bytes_per_s = 0;
-  size_t capacity_bytes = 0;  // > 0: per-device memory cap (else the default)
+  size_t capacity_bytes = 0;           // > 0: per-device memory cap (else the default)
   std::optional<bool> save_attention;  // SessionOptions::save_attention (empty: automatic)
 };
 
 struct Outcome {
-  std::vector<double> losses;  // mean loss per step
+  std::vector<double> losses;      // mean loss per step
   std::vector<double> grad_norms;  // guarded runs: global norm before clipping
   std::vector<std::vector<float>> weights;
   IterationPlan initial_plan, final_plan;
@@ -53,7 +52,6 @@ struct Outcome {
 };
 
 constexpr int64_t kNSeq = 2, kSeqLen = 5;
-
 
 Outcome run_runtime(const Scenario& sc) {
   ModelLayout m = make_layout(tiny_config(sc.qwen3, sc.tied));
@@ -236,7 +234,8 @@ TEST(Runtime, NonFiniteGradientsSkipTheStep) {
     for (int t = 0; t < 4; ++t) EXPECT_TRUE(s.wait(t).skipped) << "step " << t;
     s.synchronize();
     for (size_t g = 0; g < w0.size(); ++g) {
-      ASSERT_EQ(0, std::memcmp(s.master_weights()[g].data(), w0[g].data(), w0[g].size() * 4)) << "group " << g;
+      ASSERT_EQ(0, std::memcmp(s.master_weights()[g].data(), w0[g].data(), w0[g].size() * 4))
+          << "group " << g;
       EXPECT_EQ(s.optimizer_states()[g].step, 0) << "group " << g;
     }
   }
@@ -262,8 +261,8 @@ TEST(Runtime, UntiedQwen3MatchesSequential) {
 
 TEST(Runtime, PlansDoNotChangeTheResult) {
   const int L = 6;  // 4 decoders + embedding + tail
-  for (auto plan : {make_uniform_plan(L, 1, 1, 0), make_uniform_plan(L, 3, 1, 2), make_uniform_plan(L, 2, 4, 1),
-                    make_uniform_plan(L, 5, 5, 0)}) {
+  for (auto plan : {make_uniform_plan(L, 1, 1, 0), make_uniform_plan(L, 3, 1, 2),
+                    make_uniform_plan(L, 2, 4, 1), make_uniform_plan(L, 5, 5, 0)}) {
     Scenario sc;
     sc.workers = 2;
     sc.plan = plan;
@@ -301,9 +300,10 @@ TEST(Runtime, ReplanningMidTrainingEqualsSequential) {
       probe.micro = {kNSeq, kSeqLen};
       probe.profiling.enabled = false;
       Session s(m, random_weights(m, 7), probe);
-      forced = s.initial_plan().stages[size_t(s.initial_plan().num_forward())] == a.stages[size_t(a.num_forward())]
-                   ? b
-                   : a;
+      forced =
+          s.initial_plan().stages[size_t(s.initial_plan().num_forward())] == a.stages[size_t(a.num_forward())]
+              ? b
+              : a;
     }
     const std::string what = std::string(async ? "async" : "sync");
     Outcome got = run_runtime(sc);
@@ -361,11 +361,13 @@ TEST(Runtime, TransferSettingsDoNotChangeTheResult) {
   sc.pcie_bytes_per_s = 2e8;
   Outcome ref = run_reference(sc);
   std::vector<Outcome> runs;
-  for (auto [prio, chunk] : {std::pair{true, size_t(1024)}, {false, size_t(1024)}, {false, size_t(0)}, {true, size_t(0)}}) {
+  for (auto [prio, chunk] :
+       {std::pair{true, size_t(1024)}, {false, size_t(1024)}, {false, size_t(0)}, {true, size_t(0)}}) {
     sc.transfer_priorities = prio;
     sc.transfer_chunk_bytes = chunk;
     runs.push_back(run_runtime(sc));
-    expect_same(runs.back(), ref, 1e-5, "priorities " + std::to_string(prio) + " chunk " + std::to_string(chunk));
+    expect_same(runs.back(), ref, 1e-5,
+                "priorities " + std::to_string(prio) + " chunk " + std::to_string(chunk));
   }
   for (size_t i = 1; i < runs.size(); ++i) {
     EXPECT_EQ(runs[i].losses, runs[0].losses) << "settings " << i;
@@ -480,7 +482,9 @@ IterationPlan work_bound_plan() { return make_uniform_plan(6, 4, 2, 1); }
 IterationPlan weight_bound_plan() {
   IterationPlan p;
   p.num_layers = 6;
-  p.stages = {{StageKind::forward, 0, 4}, {StageKind::tail, 5, 5}, {StageKind::backward, 3, 4},
+  p.stages = {{StageKind::forward, 0, 4},
+              {StageKind::tail, 5, 5},
+              {StageKind::backward, 3, 4},
               {StageKind::backward, 0, 2}};
   validate_plan(p, "weight-bound plan");
   return p;
@@ -494,7 +498,9 @@ IterationPlan weight_bound_plan() {
 // start waits for the drain and retries; without the wait the run fails with the device's
 // "cannot allocate". The result equals the sequential loop, async and sync.
 TEST(RuntimeMemoryCap, StartRefusedByTheCapWaitsForDrainingGradients) {
-  for (auto [plan, workers] : {std::pair{work_bound_plan(), 1}, {work_bound_plan(), 2}, {weight_bound_plan(), 1},
+  for (auto [plan, workers] : {std::pair{work_bound_plan(), 1},
+                               {work_bound_plan(), 2},
+                               {weight_bound_plan(), 1},
                                {weight_bound_plan(), 2}})
     for (bool async : {true, false}) {
       Scenario sc;
@@ -502,7 +508,8 @@ TEST(RuntimeMemoryCap, StartRefusedByTheCapWaitsForDrainingGradients) {
       sc.async = async;
       sc.workers = workers;
       sc.pcie_bytes_per_s = 5e7;  // a 31 KB decoder gradient takes 0.6 ms to drain
-      const std::string what = plan.summary() + (async ? " async" : " sync") + " workers=" + std::to_string(workers);
+      const std::string what =
+          plan.summary() + (async ? " async" : " sync") + " workers=" + std::to_string(workers);
       const Outcome uncapped = bounded(what, [&] { return run_runtime(sc); });
       EXPECT_EQ(uncapped.memory.start_waits, 0) << what;
       EXPECT_EQ(uncapped.memory.prefetch_refusals, 0) << what;
@@ -510,10 +517,12 @@ TEST(RuntimeMemoryCap, StartRefusedByTheCapWaitsForDrainingGradients) {
       ASSERT_LT(sc.capacity_bytes, uncapped.peak_bytes) << what << ": the cap must bind";
       const std::optional<Outcome> got = run_capped(sc, what);
       if (!got) continue;
-      std::printf("%s: cap %zu bytes (uncapped peak %zu): %lld start waits, %lld prefetches refused\n", what.c_str(),
-                  sc.capacity_bytes, uncapped.peak_bytes, static_cast<long long>(got->memory.start_waits),
+      std::printf("%s: cap %zu bytes (uncapped peak %zu): %lld start waits, %lld prefetches refused\n",
+                  what.c_str(), sc.capacity_bytes, uncapped.peak_bytes,
+                  static_cast<long long>(got->memory.start_waits),
                   static_cast<long long>(got->memory.prefetch_refusals));
-      EXPECT_GT(got->memory.start_waits, 0) << what << ": no start waited, so this cap does not test the wait";
+      EXPECT_GT(got->memory.start_waits, 0)
+          << what << ": no start waited, so this cap does not test the wait";
       EXPECT_EQ(got->peak_bytes, sc.capacity_bytes) << what;
       expect_same(*got, run_reference(sc), 1e-5, what + " capped");
     }
@@ -524,7 +533,8 @@ TEST(RuntimeMemoryCap, StartRefusedByTheCapWaitsForDrainingGradients) {
 // only the largest does not (it waits for the drains ahead of it, then fails); a wait with
 // nothing left to drain would hang, so every run is bounded.
 TEST(RuntimeMemoryCap, StageLargerThanTheCapFailsWithATypedErrorAndNeverHangs) {
-  for (auto [plan, workers] : {std::pair{work_bound_plan(), 1}, {work_bound_plan(), 2}, {weight_bound_plan(), 1}}) {
+  for (auto [plan, workers] :
+       {std::pair{work_bound_plan(), 1}, {work_bound_plan(), 2}, {weight_bound_plan(), 1}}) {
     Scenario sc;
     sc.plan = plan;
     sc.workers = workers;
@@ -601,7 +611,8 @@ TEST(Runtime, TraceRecordsStreamsAndTasks) {
   s.synchronize();
   auto path = std::filesystem::temp_directory_path() / "rp_trace_test.json";
   s.write_trace(path.string());
-  EXPECT_TRUE(check_trace_nesting_file(path.string()).ok()) << check_trace_nesting_file(path.string()).summary();
+  EXPECT_TRUE(check_trace_nesting_file(path.string()).ok())
+      << check_trace_nesting_file(path.string()).summary();
   std::ifstream f(path);
   std::string text((std::istreambuf_iterator<char>(f)), {});
   EXPECT_NE(text.find("worker0.compute"), std::string::npos);

@@ -42,8 +42,8 @@ TEST(RuntimeCuda, WorkersSharingOneGpuMatchSequentialFp32) {
         std::vector<std::vector<double>> g(m.groups.size());
         for (size_t k = 0; k < g.size(); ++k) g[k].assign(w[k].size(), 0.0);
         double loss = 0, count = 0;
-        sequential_forward_backward(m, versions[std::max(0, t - (async ? 1 : 0))], ids, tg, M, {n_seq, seq_len}, g,
-                                    loss, count);
+        sequential_forward_backward(m, versions[std::max(0, t - (async ? 1 : 0))], ids, tg, M,
+                                    {n_seq, seq_len}, g, loss, count);
         for (size_t k = 0; k < g.size(); ++k) {
           for (auto& x : g[k]) x /= count;
           opt[k].step(w[k], g[k], adam, lr);

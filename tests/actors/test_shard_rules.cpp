@@ -107,7 +107,8 @@ TEST(ShardRules, UploadsOfAPublishedVersionGoOutWhileAnUpdateThatDoesNotPublishR
   s.rules.request_weights(0, 1, 4);  // iteration 1 reads version -1
   EXPECT_EQ(s.pump(0), (V{"job AdamW update of step 0 g0"}));
   ASSERT_TRUE(s.rules.busy(0));
-  EXPECT_EQ(s.pump(0), (V{"grant weights g0 t1 #4"})) << "the running update leaves the low-precision copy alone";
+  EXPECT_EQ(s.pump(0), (V{"grant weights g0 t1 #4"}))
+      << "the running update leaves the low-precision copy alone";
   s.rules.request_grad_slot(0, 1, 5);
   EXPECT_EQ(s.pump(0), V{}) << "the update still reads the gradient slot";
   EXPECT_EQ(s.done(0), (V{"updated g0 t0", "grant slot g0 t1 #5 overwrite"}));

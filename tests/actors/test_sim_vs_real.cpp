@@ -59,7 +59,8 @@ std::pair<double, double> measure_and_predict() {
     s.step(1e-4);
     if (t >= 1) {
       s.wait(t - 1);
-      done.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count());
+      done.push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count());
     }
   }
   s.wait(steps - 1);
@@ -69,7 +70,8 @@ std::pair<double, double> measure_and_predict() {
   const double measured = median(gaps);
 
   // Per-stage compute seconds per micro-batch from the trace ("F3 L.. mb.. (pass ..)").
-  auto path = std::filesystem::temp_directory_path() / ("rp_sim_vs_real_" + std::to_string(::getpid()) + ".json");
+  auto path =
+      std::filesystem::temp_directory_path() / ("rp_sim_vs_real_" + std::to_string(::getpid()) + ".json");
   s.write_trace(path.string());
   auto j = nlohmann::json::parse(std::ifstream(path));
   std::filesystem::remove(path);

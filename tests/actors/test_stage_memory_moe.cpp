@@ -79,8 +79,8 @@ TEST(StageMemoryMoe, WorkerAllocatesThePlannersWorkingSet) {
                                 Stage{StageKind::forward, 3, 4}, Stage{StageKind::tail, 5, 5},
                                 Stage{StageKind::tail, 2, 5}, Stage{StageKind::backward, 0, 2},
                                 Stage{StageKind::backward, 2, 2}, Stage{StageKind::backward, 1, 4}}) {
-          SCOPED_TRACE(fmt::format("{} stage {}-{}, LoRA {}, tied {}, saved attention {}", stage_kind_name(st.kind),
-                                   st.first, st.last, lora, tied, saved));
+          SCOPED_TRACE(fmt::format("{} stage {}-{}, LoRA {}, tied {}, saved attention {}",
+                                   stage_kind_name(st.kind), st.first, st.last, lora, tied, saved));
           const size_t before = dev->used_bytes();
           {
             Task t;  // as Worker::prepare builds it
@@ -115,9 +115,10 @@ TEST(StageMemoryMoe, PlansRunUnderACapJustAboveTheirPredictedPeak) {
   for (bool lora : {false, true}) {
     const ModelLayout m = moe_layout(true, lora);
     const MicroBatchShape shape{2, 6};
-    const IterationPlan plan = plan_from_json(
-        nlohmann::json::parse(R"({"forward": [[0, 1], [2, 2]], "tail": [3, 5], "backward": [[2, 2], [1, 0]]})"),
-        m.num_layers(), 2, "p");
+    const IterationPlan plan =
+        plan_from_json(nlohmann::json::parse(
+                           R"({"forward": [[0, 1], [2, 2]], "tail": [3, 5], "backward": [[2, 2], [1, 0]]})"),
+                       m.num_layers(), 2, "p");
     SCOPED_TRACE(plan.summary() + (lora ? ", LoRA on nf4" : ""));
     const auto costs = planned_costs(m, shape, true);
     PartitionOptions po;

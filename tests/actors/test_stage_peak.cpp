@@ -65,7 +65,8 @@ TEST(StagePeak, RetiredTaskKeepsWhatThePlannerCountsAsRetained) {
         ctx.layout = &m;
         ctx.layers = &layers;
         ctx.saved_attention = saved;
-        auto pb = std::make_shared<PassBuffers>(m, make_default_plan(m.num_layers(), 1), M, shape, DType::f32);
+        auto pb =
+            std::make_shared<PassBuffers>(m, make_default_plan(m.num_layers(), 1), M, shape, DType::f32);
         const auto costs = planned_costs(m, shape, saved);
         PartitionOptions po;
         po.micro_batches = M;
@@ -73,8 +74,8 @@ TEST(StagePeak, RetiredTaskKeepsWhatThePlannerCountsAsRetained) {
         for (const Stage& st : {Stage{StageKind::forward, 0, 2}, Stage{StageKind::forward, 1, 3},
                                 Stage{StageKind::tail, 5, 5}, Stage{StageKind::tail, 3, 5},
                                 Stage{StageKind::backward, 0, 2}, Stage{StageKind::backward, 2, 3}}) {
-          SCOPED_TRACE(fmt::format("{} stage {}-{}, tied {}, M {}, saved attention {}", stage_kind_name(st.kind),
-                                   st.first, st.last, tied, M, saved));
+          SCOPED_TRACE(fmt::format("{} stage {}-{}, tied {}, M {}, saved attention {}",
+                                   stage_kind_name(st.kind), st.first, st.last, tied, M, saved));
           const size_t before = dev->used_bytes();
           {
             Task t;  // as Worker::prepare builds it
@@ -120,7 +121,8 @@ TEST(StagePeak, RunPeaksWithinThePredictedSwitchPeak) {
     const ModelLayout m = lora_layout(true);
     const MicroBatchShape shape{1, 32};
     const IterationPlan plan = plan_from_json(
-        nlohmann::json::parse(R"({"forward": [[0, 1], [2, 3]], "tail": [4, 5], "backward": [[3, 3], [2, 1], [0, 0]]})"),
+        nlohmann::json::parse(
+            R"({"forward": [[0, 1], [2, 3]], "tail": [4, 5], "backward": [[3, 3], [2, 1], [0, 0]]})"),
         m.num_layers(), 1, "p");
     SCOPED_TRACE(plan.summary() + (saved ? ", saved attention" : ""));
     const auto costs = planned_costs(m, shape, saved);

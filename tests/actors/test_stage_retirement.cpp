@@ -40,7 +40,8 @@ TEST(StageGroups, BackwardStagesLeaveOutTheEmbeddingWeights) {
     EXPECT_EQ(m.groups_uploaded({4, tail}, false), tail_groups);
     // a whole-model tail runs the embedding's forward
     EXPECT_EQ(m.groups_uploaded({0, 1, 2, 3, 4, tail}, false), (std::vector<int>{0, 1, 2, 3, 4, tail}));
-    EXPECT_EQ(m.groups_of(std::vector<int>{tail, 0, 3}), tied ? (std::vector<int>{0, 3, tail}) : (std::vector<int>{0, 3, tail}));
+    EXPECT_EQ(m.groups_of(std::vector<int>{tail, 0, 3}),
+              tied ? (std::vector<int>{0, 3, tail}) : (std::vector<int>{0, 3, tail}));
   }
 }
 
@@ -50,7 +51,8 @@ struct Interval {
 
 /// The session's recorded trace (Session::write_trace), parsed.
 nlohmann::json trace_of(const Session& s) {
-  const auto path = std::filesystem::temp_directory_path() / ("rp_stage_trace_" + std::to_string(::getpid()) + ".json");
+  const auto path =
+      std::filesystem::temp_directory_path() / ("rp_stage_trace_" + std::to_string(::getpid()) + ".json");
   s.write_trace(path.string());
   std::ifstream f(path);
   nlohmann::json t = nlohmann::json::parse(f);
@@ -113,7 +115,7 @@ TEST(StageRetirement, NextPassPrefetchesBehindTheEmbeddingsBackwardStage) {
   ModelLayout m = make_layout(tiny_config(false, true));
   IterationPlan plan;
   plan.num_layers = m.num_layers();
-  plan.stages = {{StageKind::forward, 0, 1}, {StageKind::forward, 2, 3}, {StageKind::tail, 4, 5},
+  plan.stages = {{StageKind::forward, 0, 1},  {StageKind::forward, 2, 3},  {StageKind::tail, 4, 5},
                  {StageKind::backward, 2, 3}, {StageKind::backward, 1, 1}, {StageKind::backward, 0, 0}};
   validate_plan(plan, "test");
   SessionOptions o;
@@ -155,8 +157,8 @@ TEST(StageRetirement, NextPassPrefetchesBehindTheEmbeddingsBackwardStage) {
   ASSERT_GE(embed_up.size(), 3u);
   ASSERT_GE(weightless_current, 0) << "no task interval for B[0-0] of pass 0";
   EXPECT_LT(embed_up[2], weightless_current)
-      << "pass 1's first forward stage uploaded its weights only "
-      << (embed_up[2] - weightless_current) / 1e3 << " ms after B[0-0] of pass 0 became current";
+      << "pass 1's first forward stage uploaded its weights only " << (embed_up[2] - weightless_current) / 1e3
+      << " ms after B[0-0] of pass 0 became current";
 }
 
 }  // namespace

@@ -26,8 +26,8 @@
 
 #include "actors/link_arbiter.hpp"
 #include "actors/messages.hpp"
-#include "actors/transfer.hpp"
 #include "actors/session_testing.hpp"
+#include "actors/transfer.hpp"
 #include "tests/actors/runtime_reference.hpp"
 #include "trace/trace_check.hpp"
 #include "trace/trace_stats.hpp"
@@ -114,7 +114,8 @@ double activation_latency_behind_upload(bool priorities) {
           latency = std::chrono::duration<double>(Clock::now() - t0).count();
       });
     EXPECT_EQ(tagged, 2) << "a completion does not carry its request's tag";
-    for (auto& x : {w.act_up, w.act_down, w.param_up, w.grad_down}) self->send_exit(x, caf::exit_reason::user_shutdown);
+    for (auto& x : {w.act_up, w.act_down, w.param_up, w.grad_down})
+      self->send_exit(x, caf::exit_reason::user_shutdown);
   }
   EXPECT_EQ(std::memcmp(dbig.get(), hbig.data(), big), 0) << "the chunked upload is not byte-exact";
   EXPECT_EQ(static_cast<char*>(dsmall.get())[small - 1], 2);
@@ -133,8 +134,9 @@ TEST(TransferActors, ActivationWaitsAtMostOneChunkBehindAParameterUpload) {
   for (int i = 0; i < 2 && on >= 0.030; ++i) on = std::min(on, activation_latency_behind_upload(true));
   double off = activation_latency_behind_upload(false);
   for (int i = 0; i < 2 && off <= 0.040; ++i) off = std::max(off, activation_latency_behind_upload(false));
-  std::printf("1 MiB activation upload behind a 64 MiB parameter upload: %.1f ms with priorities, %.1f ms without\n",
-              on * 1e3, off * 1e3);
+  std::printf(
+      "1 MiB activation upload behind a 64 MiB parameter upload: %.1f ms with priorities, %.1f ms without\n",
+      on * 1e3, off * 1e3);
   // own 2 ms + at most one 1 MiB chunk (2 ms) ahead of it
   EXPECT_LT(on, 0.030);
   // first come, first served: the rest of the upload (~75 ms of link time) goes first
@@ -201,7 +203,8 @@ Burst burst_behind_chunks(bool with_arbiter) {
   }
   auto path = std::filesystem::temp_directory_path() / "rp_burst_trace.json";
   tracer.write(path.string());
-  EXPECT_TRUE(check_trace_nesting_file(path.string()).ok()) << check_trace_nesting_file(path.string()).summary();
+  EXPECT_TRUE(check_trace_nesting_file(path.string()).ok())
+      << check_trace_nesting_file(path.string()).summary();
   Trace t = read_trace(path.string());
   std::filesystem::remove(path);
   for (auto& c : t.slices) {
@@ -225,13 +228,16 @@ TEST(TransferActors, NoChunkStartsWhileActivationsArePendingWithTheArbiter) {
     if (r.slipped < on.slipped || (r.slipped == on.slipped && r.last_done < on.last_done)) on = r;
   }
   Burst off = burst_behind_chunks(false);
-  for (int i = 0; i < 2 && off.slipped == 0; ++i) off = burst_behind_chunks(false);  // timing could hide it once
-  std::printf("16 x 128 KiB activation uploads behind 4 MiB chunks: last done after %.1f ms with the arbiter "
-              "(%d chunks slipped in), %.1f ms without (%d)\n",
-              on.last_done * 1e3, on.slipped, off.last_done * 1e3, off.slipped);
+  for (int i = 0; i < 2 && off.slipped == 0; ++i)
+    off = burst_behind_chunks(false);  // timing could hide it once
+  std::printf(
+      "16 x 128 KiB activation uploads behind 4 MiB chunks: last done after %.1f ms with the arbiter "
+      "(%d chunks slipped in), %.1f ms without (%d)\n",
+      on.last_done * 1e3, on.slipped, off.last_done * 1e3, off.slipped);
   EXPECT_EQ(on.slipped, 0);
   EXPECT_LT(on.last_done, 0.025);  // 4.2 ms of own transfers + at most one 8.4 ms chunk
-  EXPECT_GE(off.slipped, 1) << "without the arbiter chunks start mid-burst (the test would not see a missing guard)";
+  EXPECT_GE(off.slipped, 1)
+      << "without the arbiter chunks start mid-burst (the test would not see a missing guard)";
 }
 
 // ---- the whole runtime ----------------------------------------------------------------
@@ -274,7 +280,8 @@ Measured run_session(bool priorities, int64_t ffn) {
   auto path = std::filesystem::temp_directory_path() /
               ("rp_prio_" + std::to_string(priorities) + "_" + std::to_string(ffn) + ".json");
   s.write_trace(path.string());
-  EXPECT_TRUE(check_trace_nesting_file(path.string()).ok()) << check_trace_nesting_file(path.string()).summary();
+  EXPECT_TRUE(check_trace_nesting_file(path.string()).ok())
+      << check_trace_nesting_file(path.string()).summary();
   Trace tr = read_trace(path.string());
   std::filesystem::remove(path);
   EXPECT_EQ(tr.info.at("transfer_priorities"), priorities ? "on" : "off");
@@ -300,16 +307,18 @@ TEST(TransferPriorityRuntime, ActivationWaitsDoNotGrowWithParameterTrafficWithPr
   const Measured on_light = best_of(true, light), on_heavy = best_of(true, heavy);
   const Measured off_light = best_of(false, light), off_heavy = run_session(false, heavy);
   auto show = [](const char* what, const Measured& r) {
-    std::printf("%-28s act_up waits: n %zu max %6.1f ms p50 %5.2f ms | param_up %6.1f MiB\n", what,
-                r.stats.act_up_wait.n, r.stats.act_up_wait.max * 1e3, r.stats.act_up_wait.p50 * 1e3,
-                r.stats.streams.count("param_up") ? r.stats.streams.at("param_up").bytes / double(1 << 20) : 0.0);
+    std::printf(
+        "%-28s act_up waits: n %zu max %6.1f ms p50 %5.2f ms | param_up %6.1f MiB\n", what,
+        r.stats.act_up_wait.n, r.stats.act_up_wait.max * 1e3, r.stats.act_up_wait.p50 * 1e3,
+        r.stats.streams.count("param_up") ? r.stats.streams.at("param_up").bytes / double(1 << 20) : 0.0);
   };
   show("priorities on, light params", on_light);
   show("priorities on, heavy params", on_heavy);
   show("priorities off, light params", off_light);
   show("priorities off, heavy params", off_heavy);
   ASSERT_GT(on_heavy.stats.act_up_wait.n, 10u);
-  ASSERT_GT(on_heavy.stats.streams.at("param_up").bytes, 30e6) << "the heavy run must move real parameter traffic";
+  ASSERT_GT(on_heavy.stats.streams.at("param_up").bytes, 30e6)
+      << "the heavy run must move real parameter traffic";
   // On: an activation upload waits at most one 2.6 ms chunk, however much else is on the link.
   EXPECT_LT(on_heavy.stats.act_up_wait.max, 0.025);
   EXPECT_LT(on_heavy.stats.act_up_wait.max, on_light.stats.act_up_wait.max + 0.020);

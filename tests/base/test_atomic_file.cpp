@@ -83,7 +83,8 @@ TEST(AtomicFile, AFailedWriteKeepsThePreviousFile) {
 TEST(AtomicFile, ReplacesAFolderAndKeepsTheOldOneOnFailure) {
   const auto d = scratch();
   const auto ck = d / "final";
-  rp::replace_folder(ck.string() + "/", [](const std::string& tmp) { std::ofstream(tmp + "/a.txt") << "one"; });
+  rp::replace_folder(ck.string() + "/",
+                     [](const std::string& tmp) { std::ofstream(tmp + "/a.txt") << "one"; });
   EXPECT_EQ(slurp(ck / "a.txt"), "one");
   rp::replace_folder(ck.string(), [](const std::string& tmp) { std::ofstream(tmp + "/b.txt") << "two"; });
   EXPECT_FALSE(fs::exists(ck / "a.txt"));  // replaced as a whole
@@ -107,11 +108,11 @@ TEST(AtomicFile, ReplacesAFolderAndKeepsTheOldOneOnFailure) {
 }
 
 /// The marker a roundpipe writer leaves beside "<target>.<kind>-<pid>" (base/atomic_file.hpp).
-void mark(const fs::path& leftover, const std::string& kind, const std::string& target, const std::string& pid,
-          const std::string& start = "1") {
+void mark(const fs::path& leftover, const std::string& kind, const std::string& target,
+          const std::string& pid, const std::string& start = "1") {
   std::ofstream(rp::owner_marker_path(leftover.string()))
-      << "roundpipe leftover v1\npid=" << pid << "\nstart=" << start << "\nkind=" << kind << "\ntarget=" << target
-      << "\n";
+      << "roundpipe leftover v1\npid=" << pid << "\nstart=" << start << "\nkind=" << kind
+      << "\ntarget=" << target << "\n";
 }
 
 TEST(AtomicFile, LeftoversOfDeadWritersAreRemovedOrRestored) {
@@ -129,8 +130,8 @@ TEST(AtomicFile, LeftoversOfDeadWritersAreRemovedOrRestored) {
   mark(d / ("checkpoint-4.old-" + dead), "old", "checkpoint-4", dead);
   mark(d / ("gone.tmp-" + dead), "tmp", "gone", dead);  // killed after the rename: only the marker
   fs::create_directories(d / ("mine.tmp-" + std::to_string(::getpid())));  // this process: a live writer
-  fs::create_directories(d / "other.tmp-1");                                 // pid 1 is alive
-  fs::create_directories(d / "notes.tmp-abc");                               // not a pid
+  fs::create_directories(d / "other.tmp-1");                               // pid 1 is alive
+  fs::create_directories(d / "notes.tmp-abc");                             // not a pid
   auto done = rp::clean_stale_temporaries(d.string());
   EXPECT_EQ(done.size(), 4u);
   EXPECT_FALSE(fs::exists(d / ("final.tmp-" + dead)));
@@ -218,9 +219,10 @@ TEST(AtomicFile, AWriteNeverReusesAForeignTemporaryName) {
   std::ofstream(d / "g" / "w") << "old";
   fs::create_directories(d / ("g.old-" + self));
   std::ofstream(d / ("g.old-" + self) / "keep") << "mine";
-  EXPECT_THROW(rp::replace_folder((d / "g").string(),
-                                  [](const std::string& tmp) { std::ofstream(fs::path(tmp) / "w") << "new"; }),
-               std::runtime_error);
+  EXPECT_THROW(
+      rp::replace_folder((d / "g").string(),
+                         [](const std::string& tmp) { std::ofstream(fs::path(tmp) / "w") << "new"; }),
+      std::runtime_error);
   EXPECT_EQ(slurp(d / "g" / "w"), "old");
   EXPECT_EQ(slurp(d / ("g.old-" + self) / "keep"), "mine");
   EXPECT_FALSE(fs::exists(d / ("g.tmp-" + self))) << "the failed write's own temporary went";
@@ -290,8 +292,9 @@ TEST(AtomicFile, ARewriteKeepsWhatTheManifestDoesNotList) {
   EXPECT_EQ(slurp(ck / "notes.txt"), "mine");
   EXPECT_EQ(slurp(ck / "sub/x.txt"), "mine too");
   put(ck / "a.bin", "changed by the user");
-  EXPECT_THROW(rp::replace_folder(ck.string(), [](const std::string& tmp) { put(fs::path(tmp) / "a.bin", "x"); }),
-               std::runtime_error);
+  EXPECT_THROW(
+      rp::replace_folder(ck.string(), [](const std::string& tmp) { put(fs::path(tmp) / "a.bin", "x"); }),
+      std::runtime_error);
   EXPECT_EQ(slurp(ck / "a.bin"), "changed by the user");
   EXPECT_EQ(entries(d), 1u) << "no temporary left";
   fs::remove(ck / "roundpipe_manifest.json");  // nothing proves what is ours: replaced as a whole

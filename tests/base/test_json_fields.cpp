@@ -43,7 +43,8 @@ TEST(JsonFields, OptionalFieldsCheckTypesAndRanges) {
   EXPECT_EQ(error_of([&] { r.optional("ns", n); }), "spec.json: key 'ns': expected an integer, got \"3\"");
   EXPECT_EQ(error_of([&] { r.optional("big", small); }),
             "spec.json: key 'big': expected an integer <= 2147483647, got 3000000000");
-  EXPECT_EQ(error_of([&] { r.optional("neg", u); }), "spec.json: key 'neg': expected an integer >= 0, got -5");
+  EXPECT_EQ(error_of([&] { r.optional("neg", u); }),
+            "spec.json: key 'neg': expected an integer >= 0, got -5");
   EXPECT_EQ(u, 7u);
   EXPECT_EQ(error_of([&] { r.optional("s", b); }), "spec.json: key 's': expected true or false, got \"x\"");
   EXPECT_EQ(error_of([&] { r.optional("b", s); }), "spec.json: key 'b': expected a string, got true");
@@ -67,7 +68,9 @@ TEST(JsonFields, RequiredFieldsSayNothingWhenMissing) {
   double lr = 0;
   EXPECT_EQ(error_of<std::runtime_error>([&] { o.optional("lr", lr); }),
             "state.json: key 'o.lr': expected a number, got \"high\"");
-  EXPECT_EQ(error_of<std::runtime_error>([&] { o.allow_only({"betas", "eps"}); }),
+  EXPECT_EQ(error_of<std::runtime_error>([&] {
+              o.allow_only({"betas", "eps"});
+            }),
             "state.json: unknown key 'o.lr' (known keys: betas, eps)");
   EXPECT_EQ(error_of<std::runtime_error>([&] { r.nested("step"); }),
             "state.json: key 'step': expected an object, got 0");

@@ -33,8 +33,10 @@ TEST(OutputFolder, TheRootHomeWorkingDirectoryItsParentsAndATildeAreRefused) {
     EXPECT_EQ(rp::unsafe_output_folder("sub"), "");
     EXPECT_EQ(rp::unsafe_output_folder("new/run"), "");
     EXPECT_EQ(rp::unsafe_output_folder((d / "home/runs").string()), "");
-    EXPECT_EQ(rp::unsafe_output_folder("~"), "starts with '~', which only a shell expands (write the full path)");
-    EXPECT_EQ(rp::unsafe_output_folder("~/runs/x"), "starts with '~', which only a shell expands (write the full path)");
+    EXPECT_EQ(rp::unsafe_output_folder("~"),
+              "starts with '~', which only a shell expands (write the full path)");
+    EXPECT_EQ(rp::unsafe_output_folder("~/runs/x"),
+              "starts with '~', which only a shell expands (write the full path)");
     EXPECT_EQ(rp::unsafe_output_folder("runs/~x"), "");
   }
   fs::remove_all(d);
@@ -49,7 +51,8 @@ TEST(OutputFolder, AnOutputThatIsHoldsOrLiesInsideAnInputIsNamed) {
   EXPECT_EQ(rp::overlapping_input((d / "runs/x/final/sub").string(), {model}), model);
   EXPECT_EQ(rp::overlapping_input(d.string(), {data}), data);
   EXPECT_EQ(rp::overlapping_input((d / "runs/y").string(), {model, data}), "");
-  EXPECT_EQ(rp::overlapping_input((d / "runs/x/fin").string(), {model}), "") << "a prefix of a name is not inside";
+  EXPECT_EQ(rp::overlapping_input((d / "runs/x/fin").string(), {model}), "")
+      << "a prefix of a name is not inside";
   fs::remove_all(d);
 }
 

@@ -42,8 +42,8 @@ inline std::string slurp(const fs::path& p) {
 }
 
 inline CliRun roundpipe(const std::string& args, const fs::path& dir) {
-  std::string cmd = std::string(RP_BUILD_DIR) + "/roundpipe " + args + " > " + (dir / "out.txt").string() + " 2> " +
-                    (dir / "err.txt").string() + " < /dev/null";
+  std::string cmd = std::string(RP_BUILD_DIR) + "/roundpipe " + args + " > " + (dir / "out.txt").string() +
+                    " 2> " + (dir / "err.txt").string() + " < /dev/null";
   int rc = std::system(cmd.c_str());
   return {WEXITSTATUS(rc), slurp(dir / "out.txt"), slurp(dir / "err.txt")};
 }
@@ -51,8 +51,9 @@ inline CliRun roundpipe(const std::string& args, const fs::path& dir) {
 /// roundpipe(args, dir) run in working directory `cwd`, with `env` ("NAME=value ...") set.
 inline CliRun roundpipe_in(const fs::path& cwd, const std::string& args, const fs::path& dir,
                            const std::string& env = "") {
-  std::string cmd = "cd '" + cwd.string() + "' && " + env + " " + std::string(RP_BUILD_DIR) + "/roundpipe " + args +
-                    " > " + (dir / "out.txt").string() + " 2> " + (dir / "err.txt").string() + " < /dev/null";
+  std::string cmd = "cd '" + cwd.string() + "' && " + env + " " + std::string(RP_BUILD_DIR) + "/roundpipe " +
+                    args + " > " + (dir / "out.txt").string() + " 2> " + (dir / "err.txt").string() +
+                    " < /dev/null";
   int rc = std::system(cmd.c_str());
   return {WEXITSTATUS(rc), slurp(dir / "out.txt"), slurp(dir / "err.txt")};
 }
@@ -61,7 +62,8 @@ inline void write(const fs::path& p, const std::string& s) { std::ofstream(p) <<
 
 /// The marker a roundpipe writer leaves beside "<target>.<kind>-<pid>" (base/atomic_file.hpp),
 /// as a writer with that pid, since killed, left it.
-inline void mark(const fs::path& leftover, const std::string& kind, const std::string& target, const std::string& pid) {
+inline void mark(const fs::path& leftover, const std::string& kind, const std::string& target,
+                 const std::string& pid) {
   write(fs::path(leftover.string() + ".roundpipe-owner"),
         "roundpipe leftover v1\npid=" + pid + "\nstart=1\nkind=" + kind + "\ntarget=" + target + "\n");
 }
@@ -137,18 +139,24 @@ inline fs::path tiny_model(const fs::path& dir, bool moe = false, bool gpt_oss =
     vocab[u] = 1 + bs[i];
   }
   added.push_back({{"id", 0}, {"content", "<|endoftext|>"}, {"special", true}});
-  nlohmann::json tok = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}},
-                        {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
-                        {"added_tokens", added}, {"normalizer", nullptr}, {"decoder", {{"type", "ByteLevel"}}}};
+  nlohmann::json tok = {
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"added_tokens", added},
+      {"normalizer", nullptr},
+      {"decoder", {{"type", "ByteLevel"}}}};
   fs::path out = dir / (gpt_oss ? "tiny-gpt-oss" : moe ? "tiny-moe" : "tiny");
   rp::save_hf_checkpoint(out.string(), m, ptrs, tok, "", rp::DType::f32);
   return out;
 }
 
-inline std::string spec_for(const fs::path& model, const fs::path& data, const fs::path& out, const std::string& extra = "") {
+inline std::string spec_for(const fs::path& model, const fs::path& data, const fs::path& out,
+                            const std::string& extra = "") {
   return "{\"model\": \"" + model.string() + "\", \"data\": \"" + data.string() + "\", \"output_dir\": \"" +
-         out.string() + "\", \"seq_len\": 16, \"sequences_per_step\": 2, \"micro_batches\": 2, \"steps\": 2, "
-         "\"backend\": \"cpu\", \"workers\": 2" + extra + "}";
+         out.string() +
+         "\", \"seq_len\": 16, \"sequences_per_step\": 2, \"micro_batches\": 2, \"steps\": 2, "
+         "\"backend\": \"cpu\", \"workers\": 2" +
+         extra + "}";
 }
 
 inline void expect_one_line_error(const CliRun& r, const std::string& must_contain) {

@@ -12,8 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "model/checkpoint.hpp"
-#include "tests/cli/cli_util.hpp"
 #include "scheduler/profile.hpp"
+#include "tests/cli/cli_util.hpp"
 #include "trace/trace_check.hpp"
 
 namespace fs = std::filesystem;
@@ -25,8 +25,9 @@ using namespace rp::clitest;
 TEST(Cli, TrainsTinyModelAndWritesLoadableCheckpoint) {
   auto d = tmpdir();
   auto model = tiny_model(d);
-  write(d / "data.jsonl", "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n"
-                          "{\"prompt\": \"Say hi\", \"completion\": \" hi there\"}\n");
+  write(d / "data.jsonl",
+        "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n"
+        "{\"prompt\": \"Say hi\", \"completion\": \" hi there\"}\n");
   write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
   CliRun r = roundpipe("train " + (d / "spec.json").string(), d);
   ASSERT_EQ(r.code, 0) << r.err << r.out;
@@ -66,7 +67,8 @@ TEST(Cli, MoeProgressLineShowsTheExperts) {
   std::stringstream ss(row);
   for (std::string c; std::getline(ss, c, ',');) cols.push_back(c);
   ASSERT_GE(cols.size(), 12u) << row;
-  EXPECT_NE(line.find(fmt::format("aux {:.3f}", std::stod(cols[11]))), std::string::npos) << line << " / " << row;
+  EXPECT_NE(line.find(fmt::format("aux {:.3f}", std::stod(cols[11]))), std::string::npos)
+      << line << " / " << row;
   fs::remove_all(d);
 }
 
@@ -75,14 +77,19 @@ TEST(Cli, DumpBatchWritesTheFirstBatchOrSaysWhyNot) {
   auto model = tiny_model(d);
   write(d / "data.jsonl", "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n");
   write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
-  CliRun ok = roundpipe("train " + (d / "spec.json").string() + " --dump-batch " + (d / "batch.json").string(), d);
+  CliRun ok =
+      roundpipe("train " + (d / "spec.json").string() + " --dump-batch " + (d / "batch.json").string(), d);
   ASSERT_EQ(ok.code, 0) << ok.err;
   EXPECT_NE(ok.out.find("the first batch of step 1 (2 sequences of 16 tokens,"), std::string::npos) << ok.out;
   // one sequence is singular ("1 sequences" before)
-  const CliRun one = roundpipe("train " + (d / "spec.json").string() + " --set sequences_per_step=1 --set "
-                               "micro_batches=1 --dump-batch " + (d / "one.json").string(), d);
+  const CliRun one = roundpipe("train " + (d / "spec.json").string() +
+                                   " --set sequences_per_step=1 --set "
+                                   "micro_batches=1 --dump-batch " +
+                                   (d / "one.json").string(),
+                               d);
   ASSERT_EQ(one.code, 0) << one.err;
-  EXPECT_NE(one.out.find("the first batch of step 1 (1 sequence of 16 tokens,"), std::string::npos) << one.out;
+  EXPECT_NE(one.out.find("the first batch of step 1 (1 sequence of 16 tokens,"), std::string::npos)
+      << one.out;
   const auto b = nlohmann::json::parse(slurp(d / "batch.json"));
   EXPECT_EQ(b["ids"].size(), size_t(b["n_seq"].get<int>() * b["seq_len"].get<int>()));
   // a folder that does not exist: one line naming the option and the path, exit 1 (it used
@@ -135,8 +142,9 @@ TEST(Cli, TransferSettingsFromTheSpecReachTheTrace) {
   auto d = tmpdir();
   auto model = tiny_model(d);
   write(d / "data.jsonl", "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n");
-  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run",
-                                  ", \"trace\": true, \"transfer_priorities\": false, \"transfer_chunk_bytes\": 65536"));
+  write(d / "spec.json",
+        spec_for(model, d / "data.jsonl", d / "run",
+                 ", \"trace\": true, \"transfer_priorities\": false, \"transfer_chunk_bytes\": 65536"));
   CliRun r = roundpipe("train " + (d / "spec.json").string(), d);
   ASSERT_EQ(r.code, 0) << r.err << r.out;
   std::ifstream f(d / "run/trace.json");
@@ -172,15 +180,18 @@ TEST(Cli, BadSpecsGiveOneLineNamingTheKey) {
       {", \"plan\": {\"forward\": [[0,1]], \"tail\": [3,3], \"backward\": [[1,0]]}", "tail stage"},
       {", \"watchdog_s\": -1", "key 'watchdog_s': expected a number of seconds >= 0 (0 = off), got -1"},
       {", \"stop_timeout_s\": \"soon\"", "key 'stop_timeout_s'"},
-      {", \"pin_budget_gib\": -2", "key 'pin_budget_gib': expected a number >= 0 and <= 1048576 (GiB), got -2"},
+      {", \"pin_budget_gib\": -2",
+       "key 'pin_budget_gib': expected a number >= 0 and <= 1048576 (GiB), got -2"},
       // values the learning-rate schedule inherits are named by the key the spec wrote
       {", \"steps\": -5", "spec.json: key 'steps': expected an integer >= 1, got -5"},
-      {", \"optimizer\": {\"lr\": -0.001}", "spec.json: key 'optimizer.lr': expected a finite number >= 0, got -0.001"},
+      {", \"optimizer\": {\"lr\": -0.001}",
+       "spec.json: key 'optimizer.lr': expected a finite number >= 0, got -0.001"},
       {", \"lr_schedule\": {\"kind\": \"exp\"}",
        "spec.json: key 'lr_schedule.kind': unknown schedule 'exp' (valid: constant, linear, cosine)"},
       {", \"lr_schedule\": {\"kind\": \"cosine\", \"warmup_steps\": 5}",
        "spec.json: key 'steps': 2 is less than warmup_steps 5"},
-      {", \"lr_schedule\": {\"lr\": \"fast\"}", "spec.json: key 'lr_schedule.lr': expected a finite number >= 0"},
+      {", \"lr_schedule\": {\"lr\": \"fast\"}",
+       "spec.json: key 'lr_schedule.lr': expected a finite number >= 0"},
   };
   for (auto& c : cases) {
     write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run", c.extra));
@@ -198,13 +209,15 @@ TEST(Cli, BadSpecsGiveOneLineNamingTheKey) {
   EXPECT_FALSE(fs::exists(d / "runs")) << "the spec's default output folder";
   // the data files are checked before the model is loaded, naming the key and the OS reason
   write(d / "spec.json", spec_for(model, d / "nowhere.jsonl", d / "run"));
-  expect_one_line_error(roundpipe("train " + (d / "spec.json").string(), d),
-                        "spec.json: key 'data': " + (d / "nowhere.jsonl").string() + ": No such file or directory");
+  expect_one_line_error(
+      roundpipe("train " + (d / "spec.json").string(), d),
+      "spec.json: key 'data': " + (d / "nowhere.jsonl").string() + ": No such file or directory");
   EXPECT_FALSE(fs::exists(d / "run"));
   write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run",
                                   ", \"eval_data\": \"" + (d / "no-eval.jsonl").string() + "\""));
-  expect_one_line_error(roundpipe("train " + (d / "spec.json").string(), d),
-                        "spec.json: key 'eval_data': " + (d / "no-eval.jsonl").string() + ": No such file or directory");
+  expect_one_line_error(
+      roundpipe("train " + (d / "spec.json").string(), d),
+      "spec.json: key 'eval_data': " + (d / "no-eval.jsonl").string() + ": No such file or directory");
   EXPECT_FALSE(fs::exists(d / "run"));
   write(d / "broken.json", "{\"model\": \"x\",\n \"data\": }");
   expect_one_line_error(roundpipe("train " + (d / "broken.json").string(), d), "broken.json:2:");
@@ -234,9 +247,10 @@ TEST(Cli, LeftoversOfAKilledCheckpointSwapAreRestoredOrRemoved) {
   const CliRun refused = roundpipe("train " + (d / "spec.json").string() + " --steps 1", d);
   EXPECT_EQ(refused.code, 1) << refused.err;
   EXPECT_NE(refused.err.find("roundpipe: error: "), std::string::npos) << refused.err;
-  EXPECT_NE(refused.err.find("holds an earlier run's checkpoints (checkpoint-5, checkpoint-7); none of them can be "
-                             "resumed"),
-            std::string::npos)
+  EXPECT_NE(
+      refused.err.find("holds an earlier run's checkpoints (checkpoint-5, checkpoint-7); none of them can be "
+                       "resumed"),
+      std::string::npos)
       << refused.err;
   EXPECT_EQ(refused.err.find("--resume"), std::string::npos) << refused.err;
   EXPECT_TRUE(fs::exists(d / "run/checkpoint-7/marker"));
@@ -249,7 +263,8 @@ TEST(Cli, LeftoversOfAKilledCheckpointSwapAreRestoredOrRemoved) {
   EXPECT_FALSE(fs::exists(d / "run/checkpoint-7.old-999999999"));
   EXPECT_FALSE(fs::exists(d / "run/checkpoint-5"));
   EXPECT_FALSE(fs::exists(d / "run/checkpoint-5.old-999999999"));
-  EXPECT_NE(r.out.find("overwrite: removed the earlier run's checkpoint-5, checkpoint-7"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("overwrite: removed the earlier run's checkpoint-5, checkpoint-7"), std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("checkpoint-7/marker: not written by roundpipe"), std::string::npos) << r.out;
   fs::remove_all(d);
 }
@@ -293,8 +308,9 @@ TEST(Cli, BadModelAndDataFilesAreNamed) {
   write(d / "data.jsonl", "{\"text\": \"hello\"}\n");
   // missing model: named with the spec's key, before anything is loaded
   write(d / "spec.json", spec_for(d / "nope.gguf", d / "data.jsonl", d / "run"));
-  expect_one_line_error(roundpipe("train " + (d / "spec.json").string(), d),
-                        "spec.json: key 'model': " + (d / "nope.gguf").string() + ": No such file or directory");
+  expect_one_line_error(
+      roundpipe("train " + (d / "spec.json").string(), d),
+      "spec.json: key 'model': " + (d / "nope.gguf").string() + ": No such file or directory");
   // truncated safetensors
   auto st = model / "model.safetensors";
   auto size = fs::file_size(st);
@@ -314,8 +330,10 @@ TEST(Cli, BadModelAndDataFilesAreNamed) {
 
 TEST(Cli, DefaultJobLossFallsOver20Steps) {
   const fs::path root = RP_SOURCE_DIR;
-  if (!fs::exists(root / "assets/SmolLM2-135M-Instruct.Q4_1.gguf") || !fs::exists(root / "assets/kjv_instruct.jsonl"))
-    GTEST_SKIP() << "default assets missing: run scripts/setup.sh (downloads SmolLM2 and builds the KJV data)";
+  if (!fs::exists(root / "assets/SmolLM2-135M-Instruct.Q4_1.gguf") ||
+      !fs::exists(root / "assets/kjv_instruct.jsonl"))
+    GTEST_SKIP()
+        << "default assets missing: run scripts/setup.sh (downloads SmolLM2 and builds the KJV data)";
   auto d = tmpdir();
   CliRun r{0, "", ""};
   {
@@ -347,7 +365,8 @@ TEST(Cli, DefaultJobLossFallsOver20Steps) {
   EXPECT_LT(last, first - 0.2) << "first-5 mean " << first << ", last-5 mean " << last;
   // the held-out passages: evaluated at steps 5, 10, 15, 20, and the loss on them falls too
   ASSERT_EQ(eval.size(), 4u);
-  EXPECT_LT(eval.back(), eval.front() - 0.1) << "eval loss at step 5: " << eval.front() << ", at 20: " << eval.back();
+  EXPECT_LT(eval.back(), eval.front() - 0.1)
+      << "eval loss at step 5: " << eval.front() << ", at 20: " << eval.back();
   EXPECT_NE(r.out.find("eval loss"), std::string::npos);
   EXPECT_NE((r.out + r.err).find("eval before training"), std::string::npos) << r.out;
   auto lm = rp::load_model((d / "run/final").string());
@@ -367,16 +386,21 @@ namespace {
 TEST(Cli, MaxSeqWithoutWaitingIsNotABisection) {
   auto d = tmpdir();
   const fs::path cfg = fs::path(RP_SOURCE_DIR) / "examples/configs/qwen3-30b-a3b.json";
-  CliRun run = roundpipe("plan --model " + cfg.string() + " --gpus 1 --micro 1 --memory-cap 24GiB --max-seq --lora-r 32 "
-                         "--lora-targets q_proj,k_proj,v_proj,o_proj", d);
+  CliRun run = roundpipe("plan --model " + cfg.string() +
+                             " --gpus 1 --micro 1 --memory-cap 24GiB --max-seq --lora-r 32 "
+                             "--lora-targets q_proj,k_proj,v_proj,o_proj",
+                         d);
   ASSERT_EQ(run.code, 0) << run.err;
   // "longest   N tokens per sequence fit ... (1 micro-batch of 1 sequence); M without waiting ..."
   const auto at = run.out.find("); ", run.out.find("longest"));
   ASSERT_NE(at, std::string::npos) << run.out;
   const int64_t no_wait = std::stoll(run.out.substr(at + 3));
   EXPECT_GE(no_wait, 65536) << run.out;
-  CliRun fit = roundpipe("plan --model " + cfg.string() + " --gpus 1 --micro 1 --memory-cap 24GiB --lora-r 32 "
-                         "--lora-targets q_proj,k_proj,v_proj,o_proj --seq " + std::to_string(no_wait), d);
+  CliRun fit = roundpipe("plan --model " + cfg.string() +
+                             " --gpus 1 --micro 1 --memory-cap 24GiB --lora-r 32 "
+                             "--lora-targets q_proj,k_proj,v_proj,o_proj --seq " +
+                             std::to_string(no_wait),
+                         d);
   EXPECT_EQ(fit.code, 0) << fit.err;
   EXPECT_EQ(fit.out.find("makes the worker wait"), std::string::npos) << fit.out;
   fs::remove_all(d);
@@ -389,9 +413,9 @@ TEST(Cli, PlanPartitionsAConfigWithoutWeights) {
             "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
             "rope_theta": 1000000, "rms_norm_eps": 1e-6, "tie_word_embeddings": true,
             "max_position_embeddings": 40960})");
-  CliRun r = roundpipe("plan --model " + (d / "config.json").string() + " --gpus 8 --seq 8192 --micro 16 --trace " +
-                        (d / "sim.json").string(),
-                    d);
+  CliRun r = roundpipe("plan --model " + (d / "config.json").string() +
+                           " --gpus 8 --seq 8192 --micro 16 --trace " + (d / "sim.json").string(),
+                       d);
   ASSERT_EQ(r.code, 0) << r.err;
   for (const char* needle : {"28", "forward", "tail", "backward", "tokens/s", "bubble"})
     EXPECT_NE(r.out.find(needle), std::string::npos) << needle << "\n" << r.out;
@@ -408,8 +432,8 @@ TEST(Cli, PlanPartitionsAConfigWithoutWeights) {
   EXPECT_NE(r.err.find("layer"), std::string::npos) << r.err;
   // --frozen: weights in a 4-bit storage form and no gradients leave room for longer sequences
   auto longest = [&](const std::string& extra) {
-    CliRun run = roundpipe("plan --model " + (d / "config.json").string() + " --gpus 8 --memory-cap 6GiB --max-seq" +
-                               extra, d);
+    CliRun run = roundpipe(
+        "plan --model " + (d / "config.json").string() + " --gpus 8 --memory-cap 6GiB --max-seq" + extra, d);
     EXPECT_EQ(run.code, 0) << run.err;
     const auto at = run.out.find("longest");
     return at == std::string::npos ? int64_t(-1) : int64_t(std::stoll(run.out.substr(at + 7)));
@@ -420,7 +444,8 @@ TEST(Cli, PlanPartitionsAConfigWithoutWeights) {
   // --max-seq also names the longest whose peak across stage switches fits (no stage waits for
   // the one before it to drain): no longer than the longest that fits at all; the plan prints its peak
   {
-    CliRun run = roundpipe("plan --model " + (d / "config.json").string() + " --gpus 8 --memory-cap 6GiB --max-seq", d);
+    CliRun run = roundpipe(
+        "plan --model " + (d / "config.json").string() + " --gpus 8 --memory-cap 6GiB --max-seq", d);
     const auto at = run.out.find("); ", run.out.find("longest "));  // "(16 micro-batches of 1 sequence); N"
     ASSERT_NE(at, std::string::npos) << run.out;
     const int64_t no_wait = std::stoll(run.out.substr(at + 3));
@@ -428,8 +453,9 @@ TEST(Cli, PlanPartitionsAConfigWithoutWeights) {
     EXPECT_LE(no_wait, trainable);
     EXPECT_NE(run.out.find("\npeak      "), std::string::npos) << run.out;
     // and a run of that length is planned with switches that fit: no stage waits
-    CliRun fit = roundpipe("plan --model " + (d / "config.json").string() + " --gpus 8 --memory-cap 6GiB --seq " +
-                              std::to_string(no_wait), d);
+    CliRun fit = roundpipe("plan --model " + (d / "config.json").string() +
+                               " --gpus 8 --memory-cap 6GiB --seq " + std::to_string(no_wait),
+                           d);
     EXPECT_EQ(fit.code, 0) << fit.err;
     EXPECT_NE(fit.out.find("\npeak      "), std::string::npos) << fit.out;
     EXPECT_EQ(fit.out.find("makes the worker wait"), std::string::npos) << fit.out;
@@ -452,12 +478,13 @@ namespace {
 
 TEST(Cli, UsageErrorsAreOneLine) {
   auto d = tmpdir();
-  for (const char* args : {"", "frobnicate", "train", "train x.json --steps 0", "train x.json --workers two",
-                           "train x.json --backend tpu", "train x.json --train", "convert a b --dtype q4", "train x.json --replica-timeout -1",
-                           "plan --model x.json --gpus -8", "plan --model x.json --nodes 0",
-                           "plan --model x.json --net-gbps -100", "plan --model x.json --net-gbps 100",
-                           "plan --model x.json --accumulation 4", "plan --model x.json --frozen q5_0",
-                           "plan --model x.json --memory-cap 24XB", "plan --model x.json --max-seq"}) {
+  for (const char* args :
+       {"", "frobnicate", "train", "train x.json --steps 0", "train x.json --workers two",
+        "train x.json --backend tpu", "train x.json --train", "convert a b --dtype q4",
+        "train x.json --replica-timeout -1", "plan --model x.json --gpus -8", "plan --model x.json --nodes 0",
+        "plan --model x.json --net-gbps -100", "plan --model x.json --net-gbps 100",
+        "plan --model x.json --accumulation 4", "plan --model x.json --frozen q5_0",
+        "plan --model x.json --memory-cap 24XB", "plan --model x.json --max-seq"}) {
     CliRun r = roundpipe(args, d);
     EXPECT_EQ(r.code, 2) << args << ": " << r.err;
     EXPECT_EQ(r.err.find("roundpipe: error: "), 0u) << args << ": " << r.err;
@@ -468,7 +495,8 @@ TEST(Cli, UsageErrorsAreOneLine) {
   EXPECT_NE(r.err.find("expected a finite number of seconds > 0, got -1"), std::string::npos) << r.err;
   EXPECT_LT(r.err.size(), 200u) << r.err;
   r = roundpipe("plan --model x.json --net-gbps 100", d);
-  EXPECT_NE(r.err.find("--net-gbps 100: predicts the gradient sum over nodes; give --nodes N"), std::string::npos)
+  EXPECT_NE(r.err.find("--net-gbps 100: predicts the gradient sum over nodes; give --nodes N"),
+            std::string::npos)
       << r.err;
   fs::remove_all(d);
 }

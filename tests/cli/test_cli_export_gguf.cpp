@@ -22,11 +22,13 @@ TEST(CliExportGguf, WritesAGgufAndReplacesOnlyItsOwnWithForce) {
   expect_one_line_error(roundpipe("export-gguf " + model.string() + " " + out, d), "exists; pass --force");
   EXPECT_EQ(roundpipe("export-gguf " + model.string() + " " + out + " --force", d).code, 0);
   write(d / "notes.gguf", "mine");
-  expect_one_line_error(roundpipe("export-gguf " + model.string() + " " + (d / "notes.gguf").string() + " --force", d),
-                        "was not written by roundpipe export-gguf");
+  expect_one_line_error(
+      roundpipe("export-gguf " + model.string() + " " + (d / "notes.gguf").string() + " --force", d),
+      "was not written by roundpipe export-gguf");
   EXPECT_EQ(roundpipe("export-gguf " + model.string() + " " + out + " --type q4_k", d).code, 2);
-  expect_one_line_error(roundpipe("export-gguf " + (d / "missing").string() + " " + (d / "m.gguf").string(), d),
-                        "not a folder");
+  expect_one_line_error(
+      roundpipe("export-gguf " + (d / "missing").string() + " " + (d / "m.gguf").string(), d),
+      "not a folder");
   fs::remove_all(d);
 }
 

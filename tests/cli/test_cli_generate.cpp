@@ -12,8 +12,9 @@ using namespace rp::clitest;
 
 TEST(CliGenerate, GeneratesFromATrainedCheckpoint) {
   auto d = tmpdir();
-  write(d / "data.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", "
-                          "\"content\": \"hello there\"}]}\n{\"text\": \"some plain words\"}\n");
+  write(d / "data.jsonl",
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", "
+        "\"content\": \"hello there\"}]}\n{\"text\": \"some plain words\"}\n");
   write(d / "spec.json", spec_for(tiny_model(d), d / "data.jsonl", d / "run"));
   ASSERT_EQ(roundpipe("train " + (d / "spec.json").string(), d).code, 0);
   const std::string final_dir = (d / "run/final").string();
@@ -25,17 +26,23 @@ TEST(CliGenerate, GeneratesFromATrainedCheckpoint) {
   // the command's greedy text is the Generator's on the chat prompt
   CliRun p = roundpipe("generate " + final_dir + " --prompt 'some plain' --max-tokens 5", d);
   ASSERT_EQ(p.code, 0) << p.err;
-  CliRun s1 = roundpipe("generate " + final_dir + " --prompt some --temperature 1.5 --top-k 20 --seed 7 --max-tokens 8", d);
-  CliRun s2 = roundpipe("generate " + final_dir + " --prompt some --temperature 1.5 --top-k 20 --seed 7 --max-tokens 8", d);
+  CliRun s1 = roundpipe(
+      "generate " + final_dir + " --prompt some --temperature 1.5 --top-k 20 --seed 7 --max-tokens 8", d);
+  CliRun s2 = roundpipe(
+      "generate " + final_dir + " --prompt some --temperature 1.5 --top-k 20 --seed 7 --max-tokens 8", d);
   ASSERT_EQ(s1.code, 0) << s1.err;
   EXPECT_EQ(s1.out, s2.out);
-  write(d / "msgs.json", "[{\"role\": \"system\", \"content\": \"be brief\"}, {\"role\": \"user\", \"content\": \"hi\"}]");
-  EXPECT_EQ(roundpipe("generate " + final_dir + " --messages " + (d / "msgs.json").string() + " --max-tokens 3", d).code,
-            0);
+  write(d / "msgs.json",
+        "[{\"role\": \"system\", \"content\": \"be brief\"}, {\"role\": \"user\", \"content\": \"hi\"}]");
+  EXPECT_EQ(
+      roundpipe("generate " + final_dir + " --messages " + (d / "msgs.json").string() + " --max-tokens 3", d)
+          .code,
+      0);
   // errors: one line each
   CliRun none = roundpipe("generate " + final_dir, d);
   EXPECT_EQ(none.code, 2) << none.err;  // a usage error
-  EXPECT_NE(none.err.find("give one of --prompt TEXT, --chat TEXT or --messages FILE"), std::string::npos) << none.err;
+  EXPECT_NE(none.err.find("give one of --prompt TEXT, --chat TEXT or --messages FILE"), std::string::npos)
+      << none.err;
   // a run's output folder instead of its checkpoint: the error names the one to use
   const std::string run_dir = fs::path(final_dir).parent_path().string();
   expect_one_line_error(roundpipe("generate " + run_dir + " --chat hi", d),
@@ -44,7 +51,8 @@ TEST(CliGenerate, GeneratesFromATrainedCheckpoint) {
   expect_one_line_error(roundpipe("generate " + final_dir + " --messages " + (d / "bad.json").string(), d),
                         "bad.json: expected a JSON array");
   expect_one_line_error(roundpipe("generate " + (d / "nowhere").string() + " --chat hi", d), "nowhere");
-  expect_one_line_error(roundpipe("generate " + final_dir + " --chat hi --chat-template mistral", d), "mistral");
+  expect_one_line_error(roundpipe("generate " + final_dir + " --chat hi --chat-template mistral", d),
+                        "mistral");
   fs::remove_all(d);
 }
 
@@ -59,14 +67,16 @@ TEST(CliGenerate, AdapterFolderTakesItsBaseFromBase) {
   expect_one_line_error(roundpipe("generate " + adapter + " --prompt hi --max-tokens 2", d),
                         "pass the base model explicitly (--base of roundpipe generate / merge)");
   expect_one_line_error(
-      roundpipe("generate " + adapter + " --base " + (d / "nobase").string() + " --prompt hi --max-tokens 2", d),
+      roundpipe("generate " + adapter + " --base " + (d / "nobase").string() + " --prompt hi --max-tokens 2",
+                d),
       "nobase: no such file or directory");
   // the fixture's base loads and takes the adapter; it carries no tokenizer, which is where
   // generation stops
   expect_one_line_error(roundpipe("generate " + adapter + " --base " + peft + "base_untied --prompt hi", d),
                         "base_untied: the model carries no tokenizer");
-  expect_one_line_error(roundpipe("generate " + peft + "base_untied --base " + peft + "base_untied --prompt hi", d),
-                        "--base: only for a LoRA adapter folder");
+  expect_one_line_error(
+      roundpipe("generate " + peft + "base_untied --base " + peft + "base_untied --prompt hi", d),
+      "--base: only for a LoRA adapter folder");
   fs::remove_all(d);
 }
 

@@ -18,7 +18,8 @@ const std::string kPeft = std::string(RP_FIXTURES_DIR) + "/peft/";
 
 TEST(CliMerge, WritesPeftsMergeAsAPlainFolderUntiedWhenPeftUntied) {
   auto d = tmpdir();
-  const CliRun r = roundpipe("merge " + kPeft + "tied_untie/adapter " + (d / "out").string() + " --dtype f32", d);
+  const CliRun r =
+      roundpipe("merge " + kPeft + "tied_untie/adapter " + (d / "out").string() + " --dtype f32", d);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("merged"), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(d / "out/adapter_config.json"));
@@ -30,7 +31,8 @@ TEST(CliMerge, WritesPeftsMergeAsAPlainFolderUntiedWhenPeftUntied) {
     const rp::HostTensor& got = m.tensors.at(e.name);
     ASSERT_EQ(got.shape, ref.shape) << e.name;
     double diff = 0;
-    for (size_t i = 0; i < ref.data.size(); ++i) diff = std::max(diff, double(std::abs(got.data[i] - ref.data[i])));
+    for (size_t i = 0; i < ref.data.size(); ++i)
+      diff = std::max(diff, double(std::abs(got.data[i] - ref.data[i])));
     EXPECT_LE(diff, 1e-6) << e.name;
   }
   fs::remove_all(d);
@@ -38,12 +40,14 @@ TEST(CliMerge, WritesPeftsMergeAsAPlainFolderUntiedWhenPeftUntied) {
 
 TEST(CliMerge, ErrorsAreOneLine) {
   auto d = tmpdir();
-  expect_one_line_error(roundpipe("merge " + (d / "none").string() + " " + (d / "out").string(), d), "not a folder");
+  expect_one_line_error(roundpipe("merge " + (d / "none").string() + " " + (d / "out").string(), d),
+                        "not a folder");
   expect_one_line_error(roundpipe("merge " + kPeft + "base_tied " + (d / "out").string(), d),
                         "base_tied/adapter_config.json: missing (not a PEFT adapter folder)");
-  expect_one_line_error(
-      roundpipe("merge " + kPeft + "untied_all/adapter " + (d / "out").string() + " --base " + (d / "nobase").string(), d),
-      "nobase: no such file or directory");
+  expect_one_line_error(roundpipe("merge " + kPeft + "untied_all/adapter " + (d / "out").string() +
+                                      " --base " + (d / "nobase").string(),
+                                  d),
+                        "nobase: no such file or directory");
   EXPECT_FALSE(fs::exists(d / "out"));
   fs::remove_all(d);
 }
@@ -64,9 +68,12 @@ TEST(CliMerge, RefusesAnOutputThatWouldReplaceAnInputOrUserFiles) {
   fs::copy(kPeft + "base_untied", d / "base");
   const std::string adapter = (d / "adapter").string(), base = " --base " + (d / "base").string();
   const auto adapter_files = listing(d / "adapter"), base_files = listing(d / "base");
-  expect_one_line_error(roundpipe("merge " + adapter + " " + adapter + base, d), "is, contains or lies inside the input");
-  expect_one_line_error(roundpipe("merge " + adapter + " " + adapter + "/ " + base, d), "lies inside the input");
-  expect_one_line_error(roundpipe("merge " + adapter + " " + (d / "adapter/sub").string() + base, d), "the input");
+  expect_one_line_error(roundpipe("merge " + adapter + " " + adapter + base, d),
+                        "is, contains or lies inside the input");
+  expect_one_line_error(roundpipe("merge " + adapter + " " + adapter + "/ " + base, d),
+                        "lies inside the input");
+  expect_one_line_error(roundpipe("merge " + adapter + " " + (d / "adapter/sub").string() + base, d),
+                        "the input");
   expect_one_line_error(roundpipe("merge " + adapter + " " + (d / "base").string() + base, d), "the input");
   expect_one_line_error(roundpipe("merge " + adapter + " " + d.string() + base, d), "contains");
   fs::create_directories(d / "notes");
@@ -99,12 +106,14 @@ TEST(CliMerge, ConvertRefusesAnOutputThatWouldReplaceItsInputOrUserFiles) {
   write(d / "m/notes.txt", "mine");
   expect_one_line_error(roundpipe("convert " + (d / "m/model.gguf").string() + " " + (d / "m").string(), d),
                         "contains");
-  expect_one_line_error(roundpipe("convert " + (d / "m/model.gguf").string() + " " + (d / "m/model.gguf").string(), d),
-                        "the input");
+  expect_one_line_error(
+      roundpipe("convert " + (d / "m/model.gguf").string() + " " + (d / "m/model.gguf").string(), d),
+      "the input");
   fs::create_directories(d / "notes");
   write(d / "notes/notes.txt", "mine");
-  expect_one_line_error(roundpipe("convert " + (d / "m/model.gguf").string() + " " + (d / "notes").string(), d),
-                        "holds a file roundpipe did not write there (notes.txt)");
+  expect_one_line_error(
+      roundpipe("convert " + (d / "m/model.gguf").string() + " " + (d / "notes").string(), d),
+      "holds a file roundpipe did not write there (notes.txt)");
   EXPECT_TRUE(fs::exists(d / "m/model.gguf"));
   EXPECT_TRUE(fs::exists(d / "m/notes.txt"));
   EXPECT_TRUE(fs::exists(d / "notes/notes.txt"));
@@ -150,7 +159,8 @@ TEST(CliMerge, AKilledConvertsLeftoversAreCleanedByTheNextOne) {
   mark(d / "out.tmp-999999999", "tmp", "out", "999999999");
   fs::create_directories(d / "out.tmp-999999998");  // a look-alike nobody marked
   write(d / "out.tmp-999999998/mine.txt", "mine");
-  fs::create_directories(d / "other.tmp-999999999");  // another folder's leftover: not this convert's business
+  fs::create_directories(d /
+                         "other.tmp-999999999");  // another folder's leftover: not this convert's business
   mark(d / "other.tmp-999999999", "tmp", "other", "999999999");
   const CliRun r = roundpipe("convert " + gguf + " " + (d / "out").string(), d);
   ASSERT_EQ(r.code, 0) << r.err;
@@ -177,7 +187,8 @@ TEST(CliMerge, ConvertTrustsOnlyAManifestWhoseFilesHaveTheirRecordedSizes) {
   fs::create_directories(d / "t/sub");
   write(d / "t/notes.txt", "keep");
   write(d / "t/sub/inner.txt", "keep");
-  write(d / "t/roundpipe_manifest.json", R"({"files": ["notes.txt", "sub"], "written_by": "roundpipe convert"})");
+  write(d / "t/roundpipe_manifest.json",
+        R"({"files": ["notes.txt", "sub"], "written_by": "roundpipe convert"})");
   const auto before = listing(d / "t");
   expect_one_line_error(roundpipe("convert " + gguf + " " + (d / "t").string(), d), "notes.txt");
   EXPECT_EQ(listing(d / "t"), before);
@@ -203,9 +214,11 @@ TEST(CliMerge, ConvertAndMergeRefuseTheRootHomeAndWorkingDirectory) {
                         "..: OUT_DIR is the home folder ($HOME)");
   expect_one_line_error(roundpipe_in(d / "home/work", "convert " + gguf + " " + d.string(), d, home),
                         "OUT_DIR contains the working directory");
-  expect_one_line_error(roundpipe_in(d / "home/work", "convert " + gguf + " /", d, home), "OUT_DIR is the root folder");
+  expect_one_line_error(roundpipe_in(d / "home/work", "convert " + gguf + " /", d, home),
+                        "OUT_DIR is the root folder");
   expect_one_line_error(
-      roundpipe_in(d / "home/work", "merge " + kPeft + "untied_all/adapter . --base " + kPeft + "base_untied", d, home),
+      roundpipe_in(d / "home/work", "merge " + kPeft + "untied_all/adapter . --base " + kPeft + "base_untied",
+                   d, home),
       "OUT_DIR is the working directory");
   EXPECT_TRUE(fs::is_empty(d / "home/work"));
   EXPECT_EQ(std::distance(fs::directory_iterator(d / "home"), {}), 1);
@@ -218,10 +231,13 @@ TEST(CliMerge, RefusesExpertAdaptersOnADenseBase) {
   auto d = tmpdir();
   const std::string adapter = std::string(RP_FIXTURES_DIR) + "/hf_lora/tiny_qwen3_moe_lora/adapter";
   const std::string dense = std::string(RP_FIXTURES_DIR) + "/hf_lora/tiny_qwen3_lora";
-  const char* what = "tiny_qwen3_moe_lora/adapter: lora.target_parameters: the model has no mixture-of-experts layer";
-  expect_one_line_error(roundpipe("merge " + adapter + " " + (d / "out").string() + " --base " + dense, d), what);
+  const char* what =
+      "tiny_qwen3_moe_lora/adapter: lora.target_parameters: the model has no mixture-of-experts layer";
+  expect_one_line_error(roundpipe("merge " + adapter + " " + (d / "out").string() + " --base " + dense, d),
+                        what);
   EXPECT_FALSE(fs::exists(d / "out"));
-  expect_one_line_error(roundpipe("generate " + adapter + " --base " + dense + " --prompt hi --max-tokens 2", d), what);
+  expect_one_line_error(
+      roundpipe("generate " + adapter + " --base " + dense + " --prompt hi --max-tokens 2", d), what);
   fs::remove_all(d);
 }
 

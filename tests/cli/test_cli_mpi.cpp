@@ -48,19 +48,24 @@ std::string mpirun_options(int n) {
 std::string mpirun(int n) { return mpirun_options(n) + std::string(RP_BUILD_DIR) + "/roundpipe "; }
 
 CliRun run_cmd(const std::string& cmd, const fs::path& dir) {
-  const std::string full = cmd + " > " + (dir / "out.txt").string() + " 2> " + (dir / "err.txt").string() + " < /dev/null";
+  const std::string full =
+      cmd + " > " + (dir / "out.txt").string() + " 2> " + (dir / "err.txt").string() + " < /dev/null";
   const int rc = std::system(full.c_str());
   return {WEXITSTATUS(rc), slurp(dir / "out.txt"), slurp(dir / "err.txt")};
 }
 
 /// Six passes of two sequences per step (a multiple of 1, 2 and 3 replicas), clipping on
 /// (the global norm must agree), staleness-1 async, one virtual GPU per replica.
-std::string spec_json(const fs::path& d, int steps, const std::string& extra = "", const std::string& model = "tiny") {
+std::string spec_json(const fs::path& d, int steps, const std::string& extra = "",
+                      const std::string& model = "tiny") {
   return "{\"model\": \"" + (d / model).string() + "\", \"data\": \"" + (d / "data.jsonl").string() +
          "\", \"seq_len\": 16, \"sequences_per_step\": 12, \"micro_batches\": 2, \"accumulation\": 6, "
-         "\"steps\": " + std::to_string(steps) +
-         ", \"backend\": \"cpu\", \"workers\": 1, \"save_dtype\": \"f32\", \"tensorboard\": false, \"seed\": 5, "
-         "\"optimizer\": {\"lr\": 0.02, \"max_grad_norm\": 0.5, \"weight_decay\": 0.1}" + extra + "}";
+         "\"steps\": " +
+         std::to_string(steps) +
+         ", \"backend\": \"cpu\", \"workers\": 1, \"save_dtype\": \"f32\", \"tensorboard\": false, \"seed\": "
+         "5, "
+         "\"optimizer\": {\"lr\": 0.02, \"max_grad_norm\": 0.5, \"weight_decay\": 0.1}" +
+         extra + "}";
 }
 
 /// metrics.csv: column `col` (1 loss, 2 target tokens, 6 grad norm) per step.
@@ -114,7 +119,8 @@ TEST(CliMpi, TwoAndThreeReplicasEqualOneProcess) {
   EXPECT_NE(l1[0], l1[2]);
   for (int n : {2, 3}) {
     const fs::path out = d / ("np" + std::to_string(n));
-    CliRun r = run_cmd(mpirun(n) + "train " + (d / "spec.json").string() + " --output-dir " + out.string(), d);
+    CliRun r =
+        run_cmd(mpirun(n) + "train " + (d / "spec.json").string() + " --output-dir " + out.string(), d);
     ASSERT_EQ(r.code, 0) << r.err << r.out;
     EXPECT_NE(r.out.find("on " + std::to_string(n) + " replicas"), std::string::npos) << r.out;
     const std::vector<double> ln = losses(out / "metrics.csv");  // written once, by replica 0
@@ -125,7 +131,8 @@ TEST(CliMpi, TwoAndThreeReplicasEqualOneProcess) {
       EXPECT_GE(w, 0.0) << n;
       EXPECT_LT(w, 30.0) << n;
     }
-    for (size_t t = 0; t < l1.size(); ++t) EXPECT_NEAR(ln[t], l1[t], 2e-5 * std::fabs(l1[t]) + 1e-6) << n << " step " << t;
+    for (size_t t = 0; t < l1.size(); ++t)
+      EXPECT_NEAR(ln[t], l1[t], 2e-5 * std::fabs(l1[t]) + 1e-6) << n << " step " << t;
     // the global batch's target tokens and gradient norm (before clipping): the gradient is the
     // sum over every replica's passes divided by the global token count
     EXPECT_EQ(column(out / "metrics.csv", 2), column(d / "one/metrics.csv", 2)) << n;
@@ -139,10 +146,11 @@ TEST(CliMpi, TwoAndThreeReplicasEqualOneProcess) {
   }
   // the 2-replica checkpoint resumes on 3 replicas and on one process alike
   write(d / "spec5.json", spec_json(d, 5, ", \"save_every\": 3"));
-  CliRun a = run_cmd(mpirun(2) + "train " + (d / "spec5.json").string() + " --output-dir " + (d / "a").string(), d);
+  CliRun a =
+      run_cmd(mpirun(2) + "train " + (d / "spec5.json").string() + " --output-dir " + (d / "a").string(), d);
   ASSERT_EQ(a.code, 0) << a.err << a.out;
-  CliRun b = run_cmd(mpirun(3) + "train " + (d / "spec5.json").string() + " --output-dir " + (d / "b").string() +
-                         " --resume " + (d / "a/checkpoint-3").string(),
+  CliRun b = run_cmd(mpirun(3) + "train " + (d / "spec5.json").string() + " --output-dir " +
+                         (d / "b").string() + " --resume " + (d / "a/checkpoint-3").string(),
                      d);
   ASSERT_EQ(b.code, 0) << b.err << b.out;
   expect_close_weights(d / "a/final", d / "b/final");
@@ -158,10 +166,12 @@ TEST(CliMpi, TwoReplicasStopEarlyAndRotateAsOneProcess) {
   auto d = tmpdir();
   tiny_model(d);
   write(d / "data.jsonl", kData);
-  write(d / "spec.json", spec_json(d, 6,
-                                   ", \"eval_fraction\": 0.25, \"eval_every\": 1, \"save_every\": 1, "
-                                   "\"save_total_limit\": 1, \"early_stopping\": {\"patience\": 2, \"threshold\": 10}"));
-  const CliRun one = roundpipe("train " + (d / "spec.json").string() + " --output-dir " + (d / "one").string(), d);
+  write(d / "spec.json",
+        spec_json(d, 6,
+                  ", \"eval_fraction\": 0.25, \"eval_every\": 1, \"save_every\": 1, "
+                  "\"save_total_limit\": 1, \"early_stopping\": {\"patience\": 2, \"threshold\": 10}"));
+  const CliRun one =
+      roundpipe("train " + (d / "spec.json").string() + " --output-dir " + (d / "one").string(), d);
   ASSERT_EQ(one.code, 0) << one.err << one.out;
   const CliRun two =
       run_cmd(mpirun(2) + "train " + (d / "spec.json").string() + " --output-dir " + (d / "two").string(), d);
@@ -200,10 +210,13 @@ TEST(CliMpi, TwoReplicasReportTheRouterStatisticsOfOneProcess) {
   auto d = tmpdir();
   tiny_model(d, /*moe=*/true);
   write(d / "data.jsonl", kData);
-  write(d / "spec.json", spec_json(d, 3, ", \"eval_every\": 1, \"eval_data\": \"" + (d / "data.jsonl").string() + "\"", "tiny-moe"));
+  write(d / "spec.json",
+        spec_json(d, 3, ", \"eval_every\": 1, \"eval_data\": \"" + (d / "data.jsonl").string() + "\"",
+                  "tiny-moe"));
   CliRun one = roundpipe("train " + (d / "spec.json").string() + " --output-dir " + (d / "one").string(), d);
   ASSERT_EQ(one.code, 0) << one.err << one.out;
-  CliRun two = run_cmd(mpirun(2) + "train " + (d / "spec.json").string() + " --output-dir " + (d / "two").string(), d);
+  CliRun two =
+      run_cmd(mpirun(2) + "train " + (d / "spec.json").string() + " --output-dir " + (d / "two").string(), d);
   ASSERT_EQ(two.code, 0) << two.err << two.out;
   const fs::path m1 = d / "one/metrics.csv", m2 = d / "two/metrics.csv";
   // metrics.csv columns: 1 loss (the load-balancing term included), 9 eval loss (every step),
@@ -235,9 +248,11 @@ TEST(CliMpi, AccumulationNotAMultipleOfTheReplicasIsOneLine) {
   tiny_model(d);
   write(d / "data.jsonl", kData);
   write(d / "spec.json", spec_json(d, 1));
-  CliRun r = run_cmd(mpirun(4) + "train " + (d / "spec.json").string() + " --output-dir " + (d / "o").string(), d);
+  CliRun r =
+      run_cmd(mpirun(4) + "train " + (d / "spec.json").string() + " --output-dir " + (d / "o").string(), d);
   EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.err.find("key 'accumulation': 6 passes per step cannot be split over 4 replicas"), std::string::npos)
+  EXPECT_NE(r.err.find("key 'accumulation': 6 passes per step cannot be split over 4 replicas"),
+            std::string::npos)
       << r.err;
   fs::remove_all(d);
 }
@@ -248,9 +263,11 @@ TEST(CliMpi, OnePassPerStepOverTwoReplicasIsOneLine) {
   tiny_model(d);
   write(d / "data.jsonl", kData);
   write(d / "spec.json", spec_json(d, 1, ", \"accumulation\": 1, \"sequences_per_step\": 2"));
-  CliRun r = run_cmd(mpirun(2) + "train " + (d / "spec.json").string() + " --output-dir " + (d / "o").string(), d);
+  CliRun r =
+      run_cmd(mpirun(2) + "train " + (d / "spec.json").string() + " --output-dir " + (d / "o").string(), d);
   EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.err.find("key 'accumulation': 1 pass per step cannot be split over 2 replicas"), std::string::npos)
+  EXPECT_NE(r.err.find("key 'accumulation': 1 pass per step cannot be split over 2 replicas"),
+            std::string::npos)
       << r.err;
   fs::remove_all(d);
 }
@@ -259,11 +276,15 @@ TEST(CliMpi, OnePassPerStepOverTwoReplicasIsOneLine) {
 TEST(CliMpi, ExampleTwoReplicaSpecTrains) {
   if (const std::string why = mpi_missing(); !why.empty()) GTEST_SKIP() << why;
   const fs::path root = RP_SOURCE_DIR;
-  if (!fs::exists(root / "assets/SmolLM2-135M-Instruct.Q4_1.gguf") || !fs::exists(root / "assets/kjv_instruct.jsonl"))
-    GTEST_SKIP() << "default assets missing: run scripts/setup.sh (downloads SmolLM2 and builds the KJV data)";
+  if (!fs::exists(root / "assets/SmolLM2-135M-Instruct.Q4_1.gguf") ||
+      !fs::exists(root / "assets/kjv_instruct.jsonl"))
+    GTEST_SKIP()
+        << "default assets missing: run scripts/setup.sh (downloads SmolLM2 and builds the KJV data)";
   auto d = tmpdir();
-  CliRun r = run_cmd("cd " + root.string() + " && " + mpirun(2) + "train examples/specs/replicas2.json --steps 2 " +
-                         "--output-dir " + (d / "o").string(), d);
+  CliRun r =
+      run_cmd("cd " + root.string() + " && " + mpirun(2) + "train examples/specs/replicas2.json --steps 2 " +
+                  "--output-dir " + (d / "o").string(),
+              d);
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(losses(d / "o/metrics.csv").size(), 2u) << r.err;
   fs::remove_all(d);
@@ -276,7 +297,8 @@ TEST(CliMpi, AskingForMpiWithoutItIsOneLine) {
   tiny_model(d);
   write(d / "data.jsonl", kData);
   write(d / "spec.json", spec_json(d, 2));
-  CliRun r = roundpipe("train " + (d / "spec.json").string() + " --mpi on --output-dir " + (d / "o").string(), d);
+  CliRun r =
+      roundpipe("train " + (d / "spec.json").string() + " --mpi on --output-dir " + (d / "o").string(), d);
   if (rp::mpi_available()) {
     EXPECT_EQ(r.code, 0) << r.err;
     EXPECT_EQ(losses(d / "o/metrics.csv").size(), 2u);
@@ -295,7 +317,8 @@ pid_t replica_pid(int rank, const fs::path& out) {
     std::string cmd = slurp(e.path() / "cmdline"), env = slurp(e.path() / "environ");
     std::replace(cmd.begin(), cmd.end(), '\0', ' ');
     // roundpipe itself, not mpirun or a shell around it
-    if (cmd.rfind(std::string(RP_BUILD_DIR) + "/roundpipe train", 0) != 0 || cmd.find(out.string()) == std::string::npos)
+    if (cmd.rfind(std::string(RP_BUILD_DIR) + "/roundpipe train", 0) != 0 ||
+        cmd.find(out.string()) == std::string::npos)
       continue;
     if (env.find(std::string("OMPI_COMM_WORLD_RANK=") + std::to_string(rank) + '\0') != std::string::npos)
       return pid_t(std::stoi(name));
@@ -312,9 +335,10 @@ double disrupt_replica(const fs::path& d, int sig, CliRun& r, const std::string&
   write(d / "data.jsonl", kData);
   write(d / "spec.json", spec_json(d, 100000, ", \"replica_timeout_s\": 5"));
   const fs::path out = d / "o";
-  const std::string cmd = "(" + mpirun_options(2) + launcher_flags + " " + std::string(RP_BUILD_DIR) + "/roundpipe train " + (d / "spec.json").string() + " --output-dir " + out.string() +
-                          " > " + (d / "out.txt").string() + " 2> " + (d / "err.txt").string() + " < /dev/null; echo $? > " +
-                          (d / "rc.txt").string() + ") &";
+  const std::string cmd = "(" + mpirun_options(2) + launcher_flags + " " + std::string(RP_BUILD_DIR) +
+                          "/roundpipe train " + (d / "spec.json").string() + " --output-dir " + out.string() +
+                          " > " + (d / "out.txt").string() + " 2> " + (d / "err.txt").string() +
+                          " < /dev/null; echo $? > " + (d / "rc.txt").string() + ") &";
   EXPECT_EQ(std::system(cmd.c_str()), 0);
   const auto t0 = Clock::now();
   while (losses(out / "metrics.csv").size() < 2 && Clock::now() - t0 < std::chrono::seconds(120))
@@ -341,7 +365,8 @@ TEST(CliMpi, KilledReplicaEndsTheJobWithOneErrorInBoundedTime) {
   EXPECT_LT(s, 30) << r.err;
   EXPECT_NE(r.code, 0) << r.err;
   // mpirun reports the dead rank; a survivor that got there first names it too
-  const bool named = r.err.find("rank 1") != std::string::npos || r.err.find("replica 1") != std::string::npos;
+  const bool named =
+      r.err.find("rank 1") != std::string::npos || r.err.find("replica 1") != std::string::npos;
   EXPECT_TRUE(named) << r.err;
   // mpirun's SIGTERM to the survivor must not promise a checkpoint it cannot agree on
   EXPECT_EQ(r.err.find("then saving a checkpoint"), std::string::npos) << r.err;
@@ -361,10 +386,12 @@ TEST(CliMpi, AKilledReplicaIsNamedInOneLineByTheSurvivor) {
   EXPECT_NE(r.code, 0) << r.err;
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
-  const std::string line = "roundpipe: replica 1 (" + std::string(host) + ", pid " + std::to_string(victim) +
-                           ") ended unexpectedly; mpirun is ending the job, so replica 0 stops without saving";
+  const std::string line =
+      "roundpipe: replica 1 (" + std::string(host) + ", pid " + std::to_string(victim) +
+      ") ended unexpectedly; mpirun is ending the job, so replica 0 stops without saving";
   EXPECT_NE(r.err.find(line), std::string::npos) << r.err;
-  EXPECT_EQ(r.err.find("-----"), std::string::npos) << "Open MPI's report was not suppressed by -q: " << r.err;
+  EXPECT_EQ(r.err.find("-----"), std::string::npos)
+      << "Open MPI's report was not suppressed by -q: " << r.err;
   EXPECT_EQ(r.err.find("then saving a checkpoint"), std::string::npos) << r.err;
   fs::remove_all(d);
 }
@@ -408,13 +435,15 @@ Stopped stop_job(const fs::path& d, StopBy how) {
   write(d / "spec.json", spec_json(d, 100000, ", \"replica_timeout_s\": 10, \"save_every\": 50"));
   // the trap keeps the shell alive through the signal (the process group gets it) so that it
   // records roundpipe's status
-  write(d / "rank.sh", "trap : TERM INT USR1\n\"$@\"\nrc=$?\necho \"replica $OMPI_COMM_WORLD_RANK exit $rc\" >> "
-                       "\"$RP_EXIT_CODES\"\nexit $rc\n");
+  write(d / "rank.sh",
+        "trap : TERM INT USR1\n\"$@\"\nrc=$?\necho \"replica $OMPI_COMM_WORLD_RANK exit $rc\" >> "
+        "\"$RP_EXIT_CODES\"\nexit $rc\n");
   const fs::path out = d / "o";
-  const std::string cmd = "exec " + mpirun_options(2) + "--mca odls_base_sigkill_timeout 8 -x RP_EXIT_CODES=" +
-                          (d / "codes.txt").string() + " sh " + (d / "rank.sh").string() + " " + RP_BUILD_DIR +
-                          "/roundpipe train " + (d / "spec.json").string() + " --output-dir " + out.string() +
-                          " > " + (d / "out.txt").string() + " 2> " + (d / "err.txt").string() + " < /dev/null";
+  const std::string cmd = "exec " + mpirun_options(2) +
+                          "--mca odls_base_sigkill_timeout 8 -x RP_EXIT_CODES=" + (d / "codes.txt").string() +
+                          " sh " + (d / "rank.sh").string() + " " + RP_BUILD_DIR + "/roundpipe train " +
+                          (d / "spec.json").string() + " --output-dir " + out.string() + " > " +
+                          (d / "out.txt").string() + " 2> " + (d / "err.txt").string() + " < /dev/null";
   // the test's own child: its pid is mpirun's (exec), waited for with waitpid
   const pid_t job = ::fork();
   if (job == 0) {
@@ -446,7 +475,8 @@ Stopped stop_job(const fs::path& d, StopBy how) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   s.seconds = std::chrono::duration<double>(Clock::now() - t1).count();
-  s.r = {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), slurp(d / "out.txt"), slurp(d / "err.txt")};
+  s.r = {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), slurp(d / "out.txt"),
+         slurp(d / "err.txt")};
   s.codes = slurp(d / "codes.txt");
   return s;
 }
@@ -479,9 +509,10 @@ void expect_stopped_together(const fs::path& d, const Stopped& s, bool lines) {
     EXPECT_TRUE(fs::exists(e.path() / "config.json")) << name;
   }
   EXPECT_EQ(checkpoints, n / 50 + (n % 50 != 0)) << "the periodic ones and the stop's";
-  CliRun res = roundpipe("train " + (d / "spec.json").string() + " --mpi off --steps " + std::to_string(n + 2) +
-                             " --output-dir " + (d / "resumed").string() + " --resume " + last.string(),
-                         d);
+  CliRun res =
+      roundpipe("train " + (d / "spec.json").string() + " --mpi off --steps " + std::to_string(n + 2) +
+                    " --output-dir " + (d / "resumed").string() + " --resume " + last.string(),
+                d);
   ASSERT_EQ(res.code, 0) << res.err;
   EXPECT_EQ(losses(d / "resumed/metrics.csv").size(), 2u) << "steps " << n + 1 << " and " << n + 2;
   EXPECT_TRUE(fs::exists(d / "resumed/final/model.safetensors"));

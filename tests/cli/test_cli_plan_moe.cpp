@@ -20,7 +20,8 @@ using namespace rp::clitest;
 std::string moe_config(const std::string& experts_key, const std::string& top_k = "8") {
   return R"({"model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
              "num_hidden_layers": 8, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
-             ")" + experts_key + R"(": 128, "num_experts_per_tok": )" + top_k + R"(, "moe_intermediate_size": 768,
+             ")" +
+         experts_key + R"(": 128, "num_experts_per_tok": )" + top_k + R"(, "moe_intermediate_size": 768,
              "decoder_sparse_step": 1, "mlp_only_layers": [3], "norm_topk_prob": true, "rope_theta": 1000000,
              "rms_norm_eps": 1e-6, "tie_word_embeddings": false, "max_position_embeddings": 40960})";
 }
@@ -30,11 +31,12 @@ TEST(CliPlanMoe, PlansAMoeConfigWithEitherExpertKey) {
   for (const char* key : {"num_experts", "num_local_experts"}) {
     SCOPED_TRACE(key);
     write(d / "config.json", moe_config(key));
-    CliRun r = roundpipe("plan --model " + (d / "config.json").string() + " --gpus 4 --seq 4096 --micro 8", d);
+    CliRun r =
+        roundpipe("plan --model " + (d / "config.json").string() + " --gpus 4 --seq 4096 --micro 8", d);
     ASSERT_EQ(r.code, 0) << r.err;
     // 7 sparse layers (layer 3 is dense by mlp_only_layers)
-    for (const char* needle : {"128 experts top-8", "in 7 sparse layers", "B active per token", "forward", "tail",
-                               "backward", "tokens/s", "bubble"})
+    for (const char* needle : {"128 experts top-8", "in 7 sparse layers", "B active per token", "forward",
+                               "tail", "backward", "tokens/s", "bubble"})
       EXPECT_NE(r.out.find(needle), std::string::npos) << needle << "\n" << r.out;
   }
   // LoRA on an nf4 base: adapters trainable, the base (all experts) stored in 4 bits
@@ -56,7 +58,8 @@ TEST(CliPlanMoe, PlansAMoeConfigWithEitherExpertKey) {
   ASSERT_EQ(e.code, 0) << e.err;
   EXPECT_NE(e.out.find("lora      r=16 on all-linear,experts, "), std::string::npos) << e.out;
   EXPECT_GT(trainable(e.out), 10 * trainable(r.out)) << e.out;
-  r = roundpipe("plan --model " + (d / "config.json").string() + " --lora-r 4 --lora-targets q_proj,wrong", d);
+  r = roundpipe("plan --model " + (d / "config.json").string() + " --lora-r 4 --lora-targets q_proj,wrong",
+                d);
   EXPECT_EQ(r.code, 2) << r.err;  // a usage error, naming the target and what the flag takes
   EXPECT_NE(r.err.find("unknown module 'wrong'"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("experts.down_proj"), std::string::npos) << r.err;
@@ -64,7 +67,9 @@ TEST(CliPlanMoe, PlansAMoeConfigWithEitherExpertKey) {
   // a rank whose parameter counts would wrap around int64_t is refused before any is formed
   r = roundpipe("plan --model " + (d / "config.json").string() + " --lora-r 9223372036854775807", d);
   EXPECT_EQ(r.code, 2) << r.err;  // a usage error
-  EXPECT_EQ(r.err, "roundpipe: error: --lora-r: expected 0 (none) or an integer in 1..65536, got 9223372036854775807\n");
+  EXPECT_EQ(
+      r.err,
+      "roundpipe: error: --lora-r: expected 0 (none) or an integer in 1..65536, got 9223372036854775807\n");
   fs::remove_all(d);
 }
 
@@ -73,8 +78,9 @@ TEST(CliPlanMoe, ExampleConfigsPlan) {
   for (const char* name : {"qwen3-30b-a3b", "qwen3-235b-a22b"}) {
     SCOPED_TRACE(name);
     const std::string cfg = std::string(RP_SOURCE_DIR) + "/examples/configs/" + name + ".json";
-    CliRun r = roundpipe("plan --model " + cfg + " --gpus 8 --seq 4096 --micro 8 --memory-cap 24GiB --frozen nf4 "
-                                                 "--lora-r 32",
+    CliRun r = roundpipe("plan --model " + cfg +
+                             " --gpus 8 --seq 4096 --micro 8 --memory-cap 24GiB --frozen nf4 "
+                             "--lora-r 32",
                          d);
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_NE(r.out.find("B active per token"), std::string::npos) << r.out;

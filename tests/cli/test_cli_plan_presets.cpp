@@ -99,8 +99,8 @@ TEST(CliPlanPresets, HostMemoryNeedAndAdviceComeFromTheHostModel) {
   EXPECT_NE(r.out.find("the run needs " + rp::byte_text(need)), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("over 90% of 64.0 GiB"), std::string::npos) << r.out;
   for (const rp::HostMemoryChange& ch : rp::host_memory_alternatives(c, run, 64.0 * (1 << 30))) {
-    const std::string want = fmt::format("- {}: needs {} ({})", ch.what, rp::byte_text(ch.need),
-                                         ch.fits ? "fits" : "still over");
+    const std::string want =
+        fmt::format("- {}: needs {} ({})", ch.what, rp::byte_text(ch.need), ch.fits ? "fits" : "still over");
     EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
   }
   EXPECT_NE(r.out.find("--lora-r 16 --frozen nf4"), std::string::npos) << r.out;

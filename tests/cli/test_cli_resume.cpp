@@ -40,19 +40,21 @@ const char* kData =
     "{\"text\": \"And God said, Let there be light: and there was light.\"}\n";
 
 // 5 steps with a cosine schedule after one warmup step, clipping and a checkpoint every 2 steps.
-std::string resume_spec(const fs::path& model, const fs::path& data, const fs::path& out, const std::string& dtype) {
-  return spec_for(model, data, out,
-                  ", \"steps\": 5, \"save_every\": 2, \"save_dtype\": \"" + dtype +
-                      "\", \"seed\": 3, \"optimizer\": {\"lr\": 0.01, \"max_grad_norm\": 1.0, \"weight_decay\": 0.1},"
-                      " \"lr_schedule\": {\"kind\": \"cosine\", \"warmup_steps\": 1}");
+std::string resume_spec(const fs::path& model, const fs::path& data, const fs::path& out,
+                        const std::string& dtype) {
+  return spec_for(
+      model, data, out,
+      ", \"steps\": 5, \"save_every\": 2, \"save_dtype\": \"" + dtype +
+          "\", \"seed\": 3, \"optimizer\": {\"lr\": 0.01, \"max_grad_norm\": 1.0, \"weight_decay\": 0.1},"
+          " \"lr_schedule\": {\"kind\": \"cosine\", \"warmup_steps\": 1}");
 }
 
 // The state folder of checkpoint folder `ck`: <out>/state/<name>.
 fs::path state_of(const fs::path& ck) { return ck.parent_path() / "state" / ck.filename(); }
 
 void expect_same_checkpoint(const fs::path& a, const fs::path& b) {
-  for (const fs::path& f : {a / "model.safetensors", b / "model.safetensors", state_of(a) / "optimizer_state.bin",
-                            state_of(b) / "optimizer_state.bin"})
+  for (const fs::path& f : {a / "model.safetensors", b / "model.safetensors",
+                            state_of(a) / "optimizer_state.bin", state_of(b) / "optimizer_state.bin"})
     ASSERT_TRUE(fs::exists(f)) << f;
   EXPECT_TRUE(bytes_of(a / "model.safetensors") == bytes_of(b / "model.safetensors")) << a << " vs " << b;
   EXPECT_TRUE(bytes_of(state_of(a) / "optimizer_state.bin") == bytes_of(state_of(b) / "optimizer_state.bin"))
@@ -64,14 +66,16 @@ void expect_same_checkpoint(const fs::path& a, const fs::path& b) {
 }
 
 TEST(CliResume, ResumedRunIsBitIdenticalToTheUninterruptedOne) {
-  for (std::string dtype : {"f32", "bf16"}) {  // f32: the master is model.safetensors; bf16: in optimizer_state.bin
+  for (std::string dtype :
+       {"f32", "bf16"}) {  // f32: the master is model.safetensors; bf16: in optimizer_state.bin
     auto d = tmpdir();
     auto model = tiny_model(d);
     write(d / "data.jsonl", kData);
     write(d / "spec.json", resume_spec(model, d / "data.jsonl", d / "a", dtype));
     CliRun a = roundpipe("train " + (d / "spec.json").string(), d);
     ASSERT_EQ(a.code, 0) << a.err << a.out;
-    for (const char* f : {"model.safetensors", "config.json"}) EXPECT_TRUE(fs::exists(d / "a/checkpoint-2" / f)) << f;
+    for (const char* f : {"model.safetensors", "config.json"})
+      EXPECT_TRUE(fs::exists(d / "a/checkpoint-2" / f)) << f;
     for (const char* f : {"optimizer_state.bin", "roundpipe_state.json"})
       EXPECT_TRUE(fs::exists(d / "a/state/checkpoint-2" / f)) << f;
     auto ts = nlohmann::json::parse(bytes_of(d / "a/state/checkpoint-2/roundpipe_state.json"));
@@ -82,8 +86,8 @@ TEST(CliResume, ResumedRunIsBitIdenticalToTheUninterruptedOne) {
     EXPECT_NE(la.at(3), la.at(5)) << "the run must train";
 
     // resume from checkpoint-2 into another folder
-    CliRun b = roundpipe("train " + (d / "spec.json").string() + " --resume " + (d / "a/checkpoint-2").string() +
-                             " --output-dir " + (d / "b").string(),
+    CliRun b = roundpipe("train " + (d / "spec.json").string() + " --resume " +
+                             (d / "a/checkpoint-2").string() + " --output-dir " + (d / "b").string(),
                          d);
     ASSERT_EQ(b.code, 0) << b.err << b.out;
     EXPECT_NE(b.out.find("step     5/5"), std::string::npos) << b.out;
@@ -114,7 +118,8 @@ TEST(CliResume, SigtermSavesTheStepsDoneAndTheRunContinuesFromThem) {
   auto model = tiny_model(d);
   write(d / "data.jsonl", kData);
   write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "a", ", \"steps\": 1000000, \"seed\": 3"));
-  const std::string cmd = "cd " + d.string() + " && (" + std::string(RP_BUILD_DIR) + "/roundpipe train spec.json" +
+  const std::string cmd = "cd " + d.string() + " && (" + std::string(RP_BUILD_DIR) +
+                          "/roundpipe train spec.json" +
                           " > out.txt 2> err.txt < /dev/null & pid=$!; sleep 3; kill -TERM $pid; wait $pid;" +
                           " echo $? > rc.txt)";
   ASSERT_EQ(std::system(cmd.c_str()), 0);
@@ -252,12 +257,13 @@ TEST(CliResume, CheckpointsArePlainHuggingFaceFoldersWithTheStateBeside) {
   };
   // README.md: the model card (trainer/model_card.hpp), which Hugging Face folders carry too,
   // and roundpipe_manifest.json, the files the run wrote there (a re-save keeps any other)
-  const std::set<std::string> hf = {"README.md",         "config.json",          "generation_config.json",
-                                    "model.safetensors", "tokenizer.json",       "tokenizer_config.json",
-                                    "roundpipe_manifest.json"};
+  const std::set<std::string> hf = {
+      "README.md",      "config.json",           "generation_config.json", "model.safetensors",
+      "tokenizer.json", "tokenizer_config.json", "roundpipe_manifest.json"};
   EXPECT_EQ(names(d / "a/final"), hf);
   EXPECT_EQ(names(d / "a/checkpoint-2"), hf);
-  EXPECT_EQ(names(d / "a/state/final"), (std::set<std::string>{"optimizer_state.bin", "roundpipe_state.json", "roundpipe_manifest.json"}));
+  EXPECT_EQ(names(d / "a/state/final"), (std::set<std::string>{"optimizer_state.bin", "roundpipe_state.json",
+                                                               "roundpipe_manifest.json"}));
   EXPECT_EQ(names(d / "a/state"), (std::set<std::string>{"checkpoint-2", "final"}));
   // an earlier release's layout: the state inside the checkpoint folder
   fs::copy(d / "a/checkpoint-2", d / "old", fs::copy_options::recursive);
@@ -281,7 +287,8 @@ TEST(CliResume, LossScalingKeysAreChecked) {
       {", \"compute_dtype\": \"f8\"", "key 'compute_dtype'"},
       {", \"loss_scaling\": true", "needs \"compute_dtype\": \"f16\""},
       {", \"compute_dtype\": \"f16\", \"loss_scaling\": {\"init_scale\": -1}", "init_scale"},
-      {", \"compute_dtype\": \"f16\", \"loss_scaling\": {\"growth\": 2}", "unknown key 'loss_scaling.growth'"},
+      {", \"compute_dtype\": \"f16\", \"loss_scaling\": {\"growth\": 2}",
+       "unknown key 'loss_scaling.growth'"},
       {", \"compute_dtype\": \"f16\", \"loss_scaling\": 3", "key 'loss_scaling'"},
       // the CPU backend computes in f32: f16 (and so loss scaling) is refused, naming why
       {", \"compute_dtype\": \"f16\"", "f16"},

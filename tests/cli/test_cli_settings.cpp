@@ -8,8 +8,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "roundpipe/data.hpp"
 #include "roundpipe/checkpoint.hpp"
+#include "roundpipe/data.hpp"
 
 #include "tests/cli/cli_util.hpp"
 
@@ -35,14 +35,18 @@ TEST(CliSettings, SetAndShorthandsReachTheSpecAndErrorsNameThem) {
   r = roundpipe("train " + spec + " --seq-len 12 --dump-batch " + (d / "b.json").string(), d);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(nlohmann::json::parse(slurp(d / "b.json"))["seq_len"], 12);
-  r = roundpipe("train " + spec + " --data " + (d / "other.jsonl").string() + " --dump-batch " + (d / "c.json").string(), d);
+  r = roundpipe("train " + spec + " --data " + (d / "other.jsonl").string() + " --dump-batch " +
+                    (d / "c.json").string(),
+                d);
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(nlohmann::json::parse(slurp(d / "c.json"))["ids"], nlohmann::json::parse(slurp(d / "b.json"))["ids"]);
+  EXPECT_NE(nlohmann::json::parse(slurp(d / "c.json"))["ids"],
+            nlohmann::json::parse(slurp(d / "b.json"))["ids"]);
   expect_one_line_error(roundpipe("train " + spec + " --set lora.r=0", d),
                         "--set lora.r=0: key 'lora.r': expected an integer in 1..65536, got 0");
   expect_one_line_error(roundpipe("train " + spec + " --lr fast", d),
                         "--lr fast: key 'optimizer.lr': expected a number, got \"fast\"");
-  expect_one_line_error(roundpipe("train " + spec + " --set wokers=2", d), "--set wokers=2: unknown key 'wokers'");
+  expect_one_line_error(roundpipe("train " + spec + " --set wokers=2", d),
+                        "--set wokers=2: unknown key 'wokers'");
   expect_one_line_error(roundpipe("train " + spec + " --set steps", d), "--set steps: expected KEY=VALUE");
   // a usage error: exit 2 like the other command-line usage errors (it used to exit 1)
   const CliRun alone = roundpipe("train " + spec + " --train", d);
@@ -56,8 +60,9 @@ TEST(CliSettings, SetAndShorthandsReachTheSpecAndErrorsNameThem) {
 TEST(CliSettings, DumpBatchWithTrainTrainsOnTheSameBatch) {
   auto d = tmpdir();
   auto model = tiny_model(d);
-  write(d / "data.jsonl", "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n"
-                          "{\"prompt\": \"Say hi\", \"completion\": \" hi there\"}\n");
+  write(d / "data.jsonl",
+        "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n"
+        "{\"prompt\": \"Say hi\", \"completion\": \" hi there\"}\n");
   write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run", ", \"seed\": 5"));
   const std::string spec = (d / "spec.json").string();
   ASSERT_EQ(roundpipe("train " + spec + " --dump-batch " + (d / "alone.json").string(), d).code, 0);
@@ -75,10 +80,13 @@ TEST(CliSettings, DumpBatchNeverReplacesAnInputAndErrorsStayShort) {
   auto model = tiny_model(d);
   write(d / "data.jsonl", "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n");
   write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
-  const std::string spec = (d / "spec.json").string(), data = slurp(d / "data.jsonl"), spec_text = slurp(spec);
-  expect_one_line_error(roundpipe("train " + spec + " --dump-batch " + (d / "data.jsonl").string(), d),
-                        "--dump-batch: '" + (d / "data.jsonl").string() + "' is or lies inside the run's input");
-  expect_one_line_error(roundpipe("train " + spec + " --dump-batch " + spec, d), "is or lies inside the run's input");
+  const std::string spec = (d / "spec.json").string(), data = slurp(d / "data.jsonl"),
+                    spec_text = slurp(spec);
+  expect_one_line_error(
+      roundpipe("train " + spec + " --dump-batch " + (d / "data.jsonl").string(), d),
+      "--dump-batch: '" + (d / "data.jsonl").string() + "' is or lies inside the run's input");
+  expect_one_line_error(roundpipe("train " + spec + " --dump-batch " + spec, d),
+                        "is or lies inside the run's input");
   EXPECT_EQ(slurp(d / "data.jsonl"), data);
   EXPECT_EQ(slurp(spec), spec_text);
   const CliRun r = roundpipe("train " + spec + " --set steps=" + std::string(20000, 'x'), d);
@@ -97,8 +105,8 @@ TEST(CliSettings, VersionSaysHowTheBinaryWasBuilt) {
     EXPECT_NE(r.out.find(field), std::string::npos) << field << " in " << r.out;
   const size_t at = r.out.find("commit: ") + 8;
   const std::string commit = r.out.substr(at, r.out.find('\n', at) - at);
-  EXPECT_TRUE(commit == "unknown" || (commit.size() == 12 && commit.find_first_not_of("0123456789abcdef") ==
-                                                                std::string::npos))
+  EXPECT_TRUE(commit == "unknown" ||
+              (commit.size() == 12 && commit.find_first_not_of("0123456789abcdef") == std::string::npos))
       << commit;
   fs::remove_all(d);
 }
@@ -109,21 +117,28 @@ TEST(CliSettings, ARunSaysItsOptimizerTruncationsAndGradNorm) {
   auto d = tmpdir();
   auto model = tiny_model(d);
   const std::string long_text(80, 'a');
-  write(d / "data.jsonl", "{\"prompt\": \"Say hi\", \"completion\": \" hi there\"}\n"
-                          "{\"prompt\": \"Say\", \"completion\": \"" + long_text + "\"}\n"
-                          "{\"prompt\": \"Go\", \"completion\": \" on\"}\n");
+  write(d / "data.jsonl",
+        "{\"prompt\": \"Say hi\", \"completion\": \" hi there\"}\n"
+        "{\"prompt\": \"Say\", \"completion\": \"" +
+            long_text +
+            "\"}\n"
+            "{\"prompt\": \"Go\", \"completion\": \" on\"}\n");
   write(d / "eval.jsonl", "{\"prompt\": \"Say\", \"completion\": \"" + long_text + "\"}\n");
   write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
-  CliRun r = roundpipe("train " + (d / "spec.json").string() + " --eval-data " + (d / "eval.jsonl").string(), d);
+  CliRun r =
+      roundpipe("train " + (d / "spec.json").string() + " --eval-data " + (d / "eval.jsonl").string(), d);
   ASSERT_EQ(r.code, 0) << r.err << r.out;
   const std::string all = r.out + r.err;
-  const size_t opt = all.find("optimizer: AdamW (lr 0.0001, weight decay 0, clipping off), staleness 1 (async, the "
-                              "default; \"async\": false for a synchronous step)");
+  const size_t opt = all.find(
+      "optimizer: AdamW (lr 0.0001, weight decay 0, clipping off), staleness 1 (async, the "
+      "default; \"async\": false for a synchronous step)");
   EXPECT_NE(opt, std::string::npos) << all;
   EXPECT_LT(opt, all.find("loading model")) << "before the model loads";
-  EXPECT_NE(all.find((d / "data.jsonl").string() + ": 1 of 3 examples truncated to 16 tokens"), std::string::npos)
+  EXPECT_NE(all.find((d / "data.jsonl").string() + ": 1 of 3 examples truncated to 16 tokens"),
+            std::string::npos)
       << all;
-  EXPECT_NE(all.find((d / "eval.jsonl").string() + ": 1 of 1 example truncated to 16 tokens"), std::string::npos)
+  EXPECT_NE(all.find((d / "eval.jsonl").string() + ": 1 of 1 example truncated to 16 tokens"),
+            std::string::npos)
       << all;
   // a count of one is singular in every line ("1 sequences" was printed before)
   EXPECT_NE(all.find("eval: 1 sequence of " + (d / "eval.jsonl").string()), std::string::npos) << all;
@@ -151,8 +166,9 @@ TEST(CliSettings, ARunSaysItsOptimizerTruncationsAndGradNorm) {
 TEST(CliSettings, EpochsFromTheCommandLineDeriveTheStepsAndShowTheEpoch) {
   auto d = tmpdir();
   auto model = tiny_model(d);
-  write(d / "data.jsonl", "{\"text\": \"In the beginning God created the heaven and the earth. And the earth was "
-                          "without form, and void.\"}\n");
+  write(d / "data.jsonl",
+        "{\"text\": \"In the beginning God created the heaven and the earth. And the earth was "
+        "without form, and void.\"}\n");
   // the spec without "steps": spec_for writes "steps": 2, which this replaces by nothing
   nlohmann::json j = nlohmann::json::parse(spec_for(model, d / "data.jsonl", d / "run"));
   j.erase("steps");
@@ -171,7 +187,8 @@ TEST(CliSettings, EpochsFromTheCommandLineDeriveTheStepsAndShowTheEpoch) {
     const size_t at = r.out.find(head);
     ASSERT_NE(at, std::string::npos) << head << "\n" << r.out;
     const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
-    EXPECT_NE(line.find(fmt::format(" | epoch {:.2f} | ", double(2 * s) / double(n))), std::string::npos) << line;
+    EXPECT_NE(line.find(fmt::format(" | epoch {:.2f} | ", double(2 * s) / double(n))), std::string::npos)
+        << line;
   }
   EXPECT_NE(r.out.find(fmt::format("done: {} steps", steps)), std::string::npos) << r.out;
   write(d / "spec2.json", spec_for(model, d / "data.jsonl", d / "run2"));

@@ -4,8 +4,8 @@
 #include <fstream>
 #include <sstream>
 #include <string>
-#include <vector>
 #include <unistd.h>
+#include <vector>
 
 #include "data/chat_template.hpp"
 #include "data/tokenizer.hpp"
@@ -50,14 +50,20 @@ struct TempDir {
            ("rp_data_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
     std::filesystem::create_directories(path);
   }
-  ~TempDir() { std::error_code ec; std::filesystem::remove_all(path, ec); }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
   std::string write(const std::string& name, const std::string& content) const {
     auto p = path / name;
     std::filesystem::create_directories(p.parent_path());
     std::ofstream(p, std::ios::binary) << content;
     return p.string();
   }
-  static int& counter() { static int c = 0; return c; }
+  static int& counter() {
+    static int c = 0;
+    return c;
+  }
 };
 
 }  // namespace rp::test

@@ -67,7 +67,8 @@ TEST(ChatJinja, Qwen3TemplateMatchesTheHandWrittenRenderer) {
   EXPECT_EQ(jinja.ids, hand.ids);
   EXPECT_EQ(jinja.loss_mask, hand.loss_mask);
   EXPECT_EQ(masked_runs(qwen(), jinja),
-            (std::vector<std::string>{"Yes.<|im_end|>", "<think>\n21 = 3 * 7.\n</think>\n\nNo, 21 = 3 x 7.<|im_end|>"}));
+            (std::vector<std::string>{"Yes.<|im_end|>",
+                                      "<think>\n21 = 3 * 7.\n</think>\n\nNo, 21 = 3 x 7.<|im_end|>"}));
 }
 
 TEST(ChatJinja, ToolCallsToolMessagesAndToolsReachTheTemplate) {
@@ -79,9 +80,14 @@ TEST(ChatJinja, ToolCallsToolMessagesAndToolsReachTheTemplate) {
   const auto runs = masked_runs(qwen(), r);
   ASSERT_EQ(runs.size(), 2u);
   // the tool-calling turn: both calls with their arguments as written, then the end of turn
-  EXPECT_EQ(runs[0].rfind("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"celsius\"}}", 0), 0u)
+  EXPECT_EQ(runs[0].rfind("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", "
+                          "\"unit\": \"celsius\"}}",
+                          0),
+            0u)
       << runs[0];
-  EXPECT_NE(runs[0].find("{\"name\": \"add\", \"arguments\": {\"a\": 1.5, \"b\": 2}}\n</tool_call><|im_end|>"), std::string::npos)
+  EXPECT_NE(
+      runs[0].find("{\"name\": \"add\", \"arguments\": {\"a\": 1.5, \"b\": 2}}\n</tool_call><|im_end|>"),
+      std::string::npos)
       << runs[0];
   EXPECT_EQ(runs[1], "<think>\n\n</think>\n\nIt is 21 °C and clear in Paris; 1.5 + 2 = 3.5.<|im_end|>");
   // tool results, the tools list, the system and user turns are not trained on
@@ -108,33 +114,41 @@ TEST(ChatJinja, DatasetPassesToolRecordsThrough) {
     load_dataset(path, qwen(), ChatTemplate::qwen3);
     ADD_FAILURE() << "loaded";
   } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("tools.jsonl:1: messages[3]: unknown role \"tool\""), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("tools.jsonl:1: messages[3]: unknown role \"tool\""),
+              std::string::npos)
+        << e.what();
   }
 }
 
 TEST(ChatJinja, TemplateRefusalsNameTheRecordAndTheTemplateLine) {
   test::TempDir dir;
-  const std::string path = dir.write(
-      "d.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"yo\"}]}\n"
-                 "{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}, {\"role\": \"user\", \"content\": \"hi\"}, "
-                 "{\"role\": \"assistant\", \"content\": \"yo\"}]}\n");
+  const std::string path = dir.write("d.jsonl",
+                                     "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": "
+                                     "\"assistant\", \"content\": \"yo\"}]}\n"
+                                     "{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}, {\"role\": "
+                                     "\"user\", \"content\": \"hi\"}, "
+                                     "{\"role\": \"assistant\", \"content\": \"yo\"}]}\n");
   const std::string gemma = read_file(fixture("chat_templates/google-gemma-2-2b-it.jinja"));
   const ChatFormat format(std::make_shared<const JinjaChat>(gemma, "<bos>", "<eos>"));
   try {
     load_dataset(path, qwen(), format);
     ADD_FAILURE() << "loaded";
   } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("d.jsonl:2: chat_template.jinja:1: System role not supported"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("d.jsonl:2: chat_template.jinja:1: System role not supported"),
+              std::string::npos)
         << e.what();
   }
   // no assistant turn: nothing to train on
-  const std::string none = dir.write("n.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n");
+  const std::string none =
+      dir.write("n.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n");
   EXPECT_THROW(load_dataset(none, qwen(), format), std::runtime_error);
 }
 
 TEST(ChatJinja, NullKeysAreDroppedAndReasoningIsAliasedAsTransformersDoes) {
   const JinjaChat chat(
-      "{% for m in messages %}{{ m.content is defined }} {{ m.thinking }}|{{ m.reasoning_content }};{% endfor %}", "", "");
+      "{% for m in messages %}{{ m.content is defined }} {{ m.thinking }}|{{ m.reasoning_content }};{% "
+      "endfor %}",
+      "", "");
   const ojson msgs = ojson::parse(
       R"([{"role": "assistant", "content": null, "tool_calls": []}, {"role": "assistant", "content": "a", "reasoning": "r"}])");
   EXPECT_EQ(chat.render(msgs, nullptr, false), "False |;True r|r;");
@@ -151,7 +165,8 @@ TEST(ChatJinja, MasksCoverAssistantTurnsOfEveryGoldenTemplate) {
       const ojson& v = c["variables"][key];
       return v.is_string() ? v.get<std::string>() : std::string();
     };
-    const JinjaChat chat(read_file(fixture("chat_templates/" + file)), token("bos_token"), token("eos_token"), file);
+    const JinjaChat chat(read_file(fixture("chat_templates/" + file)), token("bos_token"), token("eos_token"),
+                         file);
     const std::string full = chat.render(c["messages"], c["tools"], false, c["variables"]);
     const auto spans = chat.assistant_spans(c["messages"], c["tools"], full);
     std::string trained, untrained = full;
@@ -181,7 +196,8 @@ TEST(ChatJinja, SmolLM2TemplateTrainsExactlyAsTheHandWrittenRenderer) {
   // the default run's data (assets/kjv_instruct.jsonl, SmolLM2's own template): the same
   // tokens and loss mask as the hand-written smollm2 renderer, record for record
   const std::string data = std::string(RP_SOURCE_DIR) + "/assets/kjv_instruct.jsonl";
-  if (!std::filesystem::exists(data)) GTEST_SKIP() << data << " is absent (assets/ holds the default run's data)";
+  if (!std::filesystem::exists(data))
+    GTEST_SKIP() << data << " is absent (assets/ holds the default run's data)";
   const Tokenizer smol = Tokenizer::from_file(fixture("smollm2-tokenizer/tokenizer.json"));
   std::ifstream in(data);
   std::string lines, line;
@@ -190,7 +206,8 @@ TEST(ChatJinja, SmolLM2TemplateTrainsExactlyAsTheHandWrittenRenderer) {
   const std::string path = dir.write("kjv.jsonl", lines);
   const std::string tmpl = read_file(fixture("chat_templates/HuggingFaceTB-SmolLM2-135M-Instruct.jinja"));
   const auto [bos, eos] = template_special_tokens(smol);
-  const Dataset jinja = load_dataset(path, smol, ChatFormat(std::make_shared<const JinjaChat>(tmpl, bos, eos)));
+  const Dataset jinja =
+      load_dataset(path, smol, ChatFormat(std::make_shared<const JinjaChat>(tmpl, bos, eos)));
   const Dataset hand = load_dataset(path, smol, ChatTemplate::smollm2);
   ASSERT_EQ(jinja.examples.size(), 300u);
   ASSERT_EQ(hand.examples.size(), 300u);

@@ -28,8 +28,11 @@ const Tokenizer& qwen_with_llama_tokens() {
 }  // namespace
 
 TEST(ChatTemplate, ChatMLTextAndMask) {
-  std::vector<ChatMessage> msgs = {{"system", "You are terse."}, {"user", "Hi"}, {"assistant", "Hello there!"},
-                                   {"user", "2+2?"}, {"assistant", " 4\n"}};
+  std::vector<ChatMessage> msgs = {{"system", "You are terse."},
+                                   {"user", "Hi"},
+                                   {"assistant", "Hello there!"},
+                                   {"user", "2+2?"},
+                                   {"assistant", " 4\n"}};
   const std::string want =
       "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
       "<|im_start|>assistant\nHello there!<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
@@ -52,17 +55,18 @@ TEST(ChatTemplate, ChatMLTextAndMask) {
 
 TEST(ChatTemplate, SmolLM2DefaultSystemPrompt) {
   std::vector<ChatMessage> msgs = {{"user", "Hi"}, {"assistant", "Hey"}};
-  EXPECT_EQ(render_chat_text(ChatTemplate::smollm2, msgs),
-            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
-            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHey<|im_end|>\n");
+  EXPECT_EQ(
+      render_chat_text(ChatTemplate::smollm2, msgs),
+      "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+      "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHey<|im_end|>\n");
   std::vector<ChatMessage> with_sys = {{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hey"}};
   EXPECT_EQ(render_chat_text(ChatTemplate::smollm2, with_sys),
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
             "<|im_start|>assistant\nHey<|im_end|>\n");
   auto r = render_chat(qwen(), ChatTemplate::smollm2, msgs);
   EXPECT_EQ(masked_runs(qwen(), r), (std::vector<std::string>{"Hey<|im_end|>"}));
-  EXPECT_EQ(render_chat_text(ChatTemplate::smollm2, msgs, nullptr, true).substr(
-                render_chat_text(ChatTemplate::smollm2, msgs).size()),
+  EXPECT_EQ(render_chat_text(ChatTemplate::smollm2, msgs, nullptr, true)
+                .substr(render_chat_text(ChatTemplate::smollm2, msgs).size()),
             "<|im_start|>assistant\n");
 }
 
@@ -106,13 +110,15 @@ TEST(ChatTemplate, NamesAndDetection) {
     FAIL() << "no throw";
   } catch (const std::invalid_argument& e) {
     std::string w = e.what();
-    for (const char* n : {"alpaca", "chatml", "smollm2", "llama3"}) EXPECT_NE(w.find(n), std::string::npos) << w;
+    for (const char* n : {"alpaca", "chatml", "smollm2", "llama3"})
+      EXPECT_NE(w.find(n), std::string::npos) << w;
   }
   EXPECT_EQ(detect_chat_template(qwen().chat_template()), ChatTemplate::qwen3);
   EXPECT_EQ(detect_chat_template("{{ '<|im_start|>' + message['role'] + '\n' }}"), ChatTemplate::chatml);
-  EXPECT_EQ(detect_chat_template("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' "
-                                 "%}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
-                                 "Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] }}"),
+  EXPECT_EQ(detect_chat_template(
+                "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' "
+                "%}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
+                "Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] }}"),
             ChatTemplate::smollm2);
   EXPECT_EQ(detect_chat_template("{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' }}"),
             ChatTemplate::llama3);
@@ -127,23 +133,26 @@ TEST(ChatTemplate, Qwen3ThinkBlocksAsItsOwnTemplate) {
   using M = std::vector<ChatMessage>;
   EXPECT_EQ(render_chat_text(ChatTemplate::qwen3, M{{"user", "Q"}, {"assistant", "A"}}),
             "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nA<|im_end|>\n");
-  EXPECT_EQ(render_chat_text(ChatTemplate::qwen3, M{{"system", "S"},
-                                                    {"user", "Q1"},
-                                                    {"assistant", "<think>\nr1\n</think>\n\nA1"},
-                                                    {"user", "Q2"},
-                                                    {"assistant", "A2"}}),
-            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ1<|im_end|>\n<|im_start|>assistant\nA1<|im_end|>\n"
-            "<|im_start|>user\nQ2<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nA2<|im_end|>\n");
+  EXPECT_EQ(
+      render_chat_text(ChatTemplate::qwen3, M{{"system", "S"},
+                                              {"user", "Q1"},
+                                              {"assistant", "<think>\nr1\n</think>\n\nA1"},
+                                              {"user", "Q2"},
+                                              {"assistant", "A2"}}),
+      "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ1<|im_end|>\n<|im_start|>assistant\nA1<|im_end|>\n"
+      "<|im_start|>user\nQ2<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nA2<|im_end|>\n");
   EXPECT_EQ(render_chat_text(ChatTemplate::qwen3, M{{"user", "Q"}, {"assistant", "A", "why"}}),
             "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\nwhy\n</think>\n\nA<|im_end|>\n");
-  EXPECT_EQ(render_chat_text(ChatTemplate::qwen3, M{{"user", "Q"}, {"assistant", "A1", "w1"}, {"assistant", "A2"}}),
-            "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\nw1\n</think>\n\nA1<|im_end|>\n"
-            "<|im_start|>assistant\n<think>\n\n</think>\n\nA2<|im_end|>\n");
+  EXPECT_EQ(
+      render_chat_text(ChatTemplate::qwen3, M{{"user", "Q"}, {"assistant", "A1", "w1"}, {"assistant", "A2"}}),
+      "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\nw1\n</think>\n\nA1<|im_end|>\n"
+      "<|im_start|>assistant\n<think>\n\n</think>\n\nA2<|im_end|>\n");
   EXPECT_EQ(render_chat_text(ChatTemplate::qwen3, M{{"user", "Q"}}, nullptr, true, false),
             "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
   // without the think block (chatml, alias qwen3-no-think)
-  EXPECT_EQ(render_chat_text(parse_chat_template_name("qwen3-no-think"), M{{"user", "Q"}, {"assistant", "A"}}),
-            "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\nA<|im_end|>\n");
+  EXPECT_EQ(
+      render_chat_text(parse_chat_template_name("qwen3-no-think"), M{{"user", "Q"}, {"assistant", "A"}}),
+      "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\nA<|im_end|>\n");
   // the think block is trained on with the answer
   auto r = render_chat(qwen(), ChatTemplate::qwen3, M{{"user", "Q"}, {"assistant", "A"}});
   EXPECT_EQ(masked_runs(qwen(), r), (std::vector<std::string>{"<think>\n\n</think>\n\nA<|im_end|>"}));

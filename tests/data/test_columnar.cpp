@@ -24,8 +24,8 @@ namespace {
 const char* const kTwins[] = {".parquet", ".arrow", ".arrows"};
 
 ChatFormat qwen3_jinja() {
-  return ChatFormat(std::make_shared<const JinjaChat>(read_file(fixture("chat_templates/Qwen-Qwen3-0.6B.jinja")), "",
-                                                      "<|im_end|>"));
+  return ChatFormat(std::make_shared<const JinjaChat>(
+      read_file(fixture("chat_templates/Qwen-Qwen3-0.6B.jinja")), "", "<|im_end|>"));
 }
 
 std::string columnar(const std::string& name) { return fixture("columnar/" + name); }
@@ -50,8 +50,8 @@ void expect_same(const Dataset& a, const Dataset& b, const std::string& what) {
   EXPECT_EQ(a.num_documents, b.num_documents) << what;
 }
 
-#define SKIP_WITHOUT_ARROW()                                                                       \
-  if (!arrow_input_built())                                                                        \
+#define SKIP_WITHOUT_ARROW() \
+  if (!arrow_input_built())  \
   GTEST_SKIP() << "this build has no Arrow C++ (run scripts/setup.sh, or configure with -DRP_ARROW_DIR)"
 }  // namespace
 
@@ -93,19 +93,23 @@ TEST(Columnar, SameRowsAsJsonLinesGiveTheSameTokens) {
   std::vector<int32_t> trained;
   for (size_t i = 0; i < tools.examples[0].ids.size(); ++i)
     if (tools.examples[0].loss_mask[i]) trained.push_back(tools.examples[0].ids[i]);
-  EXPECT_NE(qwen().decode(trained).find("\"name\": \"get_weather\""), std::string::npos) << qwen().decode(trained);
+  EXPECT_NE(qwen().decode(trained).find("\"name\": \"get_weather\""), std::string::npos)
+      << qwen().decode(trained);
 }
 
 TEST(Columnar, ABadRowNamesTheFileAndRow) {
   SKIP_WITHOUT_ARROW();
-  EXPECT_NE(load_error(columnar("missing_completion.jsonl")).find("missing_completion.jsonl:2: missing key \"completion\""),
+  EXPECT_NE(load_error(columnar("missing_completion.jsonl"))
+                .find("missing_completion.jsonl:2: missing key \"completion\""),
             std::string::npos);
   for (const char* ext : kTwins) {
     const std::string path = columnar(std::string("missing_completion") + ext);
-    EXPECT_NE(load_error(path).find(path + ": row 2: missing key \"completion\""), std::string::npos) << load_error(path);
+    EXPECT_NE(load_error(path).find(path + ": row 2: missing key \"completion\""), std::string::npos)
+        << load_error(path);
   }
   const std::string bad = columnar("unsupported_type.parquet");
-  EXPECT_NE(load_error(bad).find(bad + ": column \"blob\": Arrow type binary has no JSON counterpart"), std::string::npos)
+  EXPECT_NE(load_error(bad).find(bad + ": column \"blob\": Arrow type binary has no JSON counterpart"),
+            std::string::npos)
       << load_error(bad);
 }
 
@@ -125,9 +129,10 @@ TEST(Columnar, ADamagedFileIsOneLineNamingIt) {
 TEST(Columnar, WithoutArrowTheFileIsRefusedSayingHowToEnableIt) {
   if (arrow_input_built()) GTEST_SKIP() << "this build reads Arrow (the refusal is for builds without it)";
   const std::string path = columnar("text.parquet");
-  EXPECT_NE(load_error(path).find(path + ": a Parquet file, and this roundpipe was built without Arrow C++: run "
-                                         "scripts/setup.sh"),
-            std::string::npos);
+  EXPECT_NE(
+      load_error(path).find(path + ": a Parquet file, and this roundpipe was built without Arrow C++: run "
+                                   "scripts/setup.sh"),
+      std::string::npos);
 }
 
 // Any other binary file is refused naming it and its first bytes, instead of being trained on
@@ -135,16 +140,19 @@ TEST(Columnar, WithoutArrowTheFileIsRefusedSayingHowToEnableIt) {
 TEST(BinaryFiles, AreRefusedWithTheirFirstBytes) {
   TempDir dir;
   const std::string nul = dir.write("data.jsonl", std::string("{\"text\": \"a\0b\"}\n", 16));
-  EXPECT_NE(load_error(nul).find(nul + ": not text: its first bytes are 7b 22 74 65 78 74 22 3a 20 22 61 00 62 22 7d 0a;"),
+  EXPECT_NE(load_error(nul).find(
+                nul + ": not text: its first bytes are 7b 22 74 65 78 74 22 3a 20 22 61 00 62 22 7d 0a;"),
             std::string::npos)
       << load_error(nul);
   const std::string gz = dir.write("data.txt", std::string("\x1f\x8b\x08\x00\x00\x00\x00\x00", 8));
-  EXPECT_NE(load_error(gz).find(gz + ": not text: its first bytes are 1f 8b 08 00 00 00 00 00 (a gzip archive"),
-            std::string::npos)
+  EXPECT_NE(
+      load_error(gz).find(gz + ": not text: its first bytes are 1f 8b 08 00 00 00 00 00 (a gzip archive"),
+      std::string::npos)
       << load_error(gz);
   const std::string latin1 = dir.write("corpus/a.txt", "caf\xe9 au lait");
-  EXPECT_NE(load_error(dir.path.string() + "/corpus").find(latin1 + ": not text: its first bytes are 63 61 66 e9"),
-            std::string::npos);
+  EXPECT_NE(
+      load_error(dir.path.string() + "/corpus").find(latin1 + ": not text: its first bytes are 63 61 66 e9"),
+      std::string::npos);
   // a UTF-8 character cut by the 1 KiB sniffed is still text
   const std::string cut = dir.write("cut.txt", std::string(kSniffBytes - 1, 'a') + "\xc3\xa9 end");
   EXPECT_EQ(binary_file_error(cut, read_file(cut)), "");
@@ -188,20 +196,24 @@ TEST(PromptCompletion, PlainTextIsTokenizedJoinedAsTrlDoes) {
 // rendered with its generation prompt, so the loss covers the assistant turn, its end-of-turn
 // token and the newline the template writes after it; the ids are the conversation's.
 TEST(PromptCompletion, ConversationalTrainsOnTheCompletionAfterTheGenerationPrompt) {
-  const std::string prompt = R"([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])";
+  const std::string prompt =
+      R"([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])";
   const std::string completion = R"([{"role": "assistant", "content": "Hello there."}])";
   for (const ChatFormat& chat : {ChatFormat(ChatTemplate::chatml), qwen3_jinja()}) {
-    const Example ex = one_example(R"({"prompt": )" + prompt + R"(, "completion": )" + completion + "}", chat);
-    const Example conv = one_example(R"({"messages": )" + prompt.substr(0, prompt.size() - 1) + ", " +
-                                         completion.substr(1) + "}",
-                                     chat);
+    const Example ex =
+        one_example(R"({"prompt": )" + prompt + R"(, "completion": )" + completion + "}", chat);
+    const Example conv = one_example(
+        R"({"messages": )" + prompt.substr(0, prompt.size() - 1) + ", " + completion.substr(1) + "}", chat);
     EXPECT_EQ(ex.ids, conv.ids) << chat.name();
-    EXPECT_EQ(trained_text(conv), chat.jinja ? "<think>\n\n</think>\n\nHello there.<|im_end|>" : "Hello there.<|im_end|>");
-    EXPECT_EQ(trained_text(ex), chat.jinja ? "<think>\n\n</think>\n\nHello there.<|im_end|>\n" : "Hello there.<|im_end|>\n")
+    EXPECT_EQ(trained_text(conv),
+              chat.jinja ? "<think>\n\n</think>\n\nHello there.<|im_end|>" : "Hello there.<|im_end|>");
+    EXPECT_EQ(trained_text(ex),
+              chat.jinja ? "<think>\n\n</think>\n\nHello there.<|im_end|>\n" : "Hello there.<|im_end|>\n")
         << chat.name();
     // the untrained tokens are exactly the prompt with its generation prompt
-    EXPECT_EQ(qwen().decode(std::vector<int32_t>(ex.ids.begin(), ex.ids.begin() + long(untrained_prefix(ex)))),
-              "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+    EXPECT_EQ(
+        qwen().decode(std::vector<int32_t>(ex.ids.begin(), ex.ids.begin() + long(untrained_prefix(ex)))),
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
         << chat.name();
   }
 }
@@ -209,12 +221,14 @@ TEST(PromptCompletion, ConversationalTrainsOnTheCompletionAfterTheGenerationProm
 TEST(PromptCompletion, MismatchedShapesAreOneLine) {
   TempDir dir;
   const auto err = [&](const std::string& line) { return load_error(dir.write("pc.jsonl", line + "\n")); };
-  EXPECT_NE(err(R"({"prompt": [{"role": "user", "content": "Hi"}], "completion": "Hello"})")
-                .find("pc.jsonl:1: expected a list of messages at key \"completion\" (as \"prompt\"), got string"),
-            std::string::npos);
-  EXPECT_NE(err(R"({"prompt": [{"role": "user", "content": "Hi"}], "completion": [{"role": "user", "content": "x"}]})")
-                .find("pc.jsonl:1: expected an assistant message in \"completion\""),
-            std::string::npos);
+  EXPECT_NE(
+      err(R"({"prompt": [{"role": "user", "content": "Hi"}], "completion": "Hello"})")
+          .find("pc.jsonl:1: expected a list of messages at key \"completion\" (as \"prompt\"), got string"),
+      std::string::npos);
+  EXPECT_NE(
+      err(R"({"prompt": [{"role": "user", "content": "Hi"}], "completion": [{"role": "user", "content": "x"}]})")
+          .find("pc.jsonl:1: expected an assistant message in \"completion\""),
+      std::string::npos);
   EXPECT_NE(err(R"({"prompt": [{"role": "user", "content": "Hi"}], "completion": [{"content": "x"}]})")
                 .find("pc.jsonl:1: completion[0]: missing key \"role\""),
             std::string::npos);

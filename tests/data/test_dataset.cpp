@@ -49,21 +49,24 @@ TEST(Jsonl, ErrorsNameFileLineAndExpectation) {
                "3: expected a string at key \"completion\", got number");
   expect_error("{\"prompt\":\"p\"}\n", "1: missing key \"completion\"");
   expect_error("{\"completion\":\"c\"}\n", "1: missing key \"prompt\"");
-  expect_error("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"bot\",\"content\":\"y\"}]}\n",
-               "1: messages[1]: unknown role \"bot\" (expected system, user or assistant)");
+  expect_error(
+      "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"bot\",\"content\":\"y\"}]}\n",
+      "1: messages[1]: unknown role \"bot\" (expected system, user or assistant)");
   expect_error("{\"messages\":[{\"role\":\"user\"}]}\n", "1: messages[0]: missing key \"content\"");
   expect_error("{\"messages\":{\"role\":\"user\"}}\n", "1: expected an array at key \"messages\"");
   expect_error("{\"messages\":[{\"role\":\"user\",\"content\":\"only a question\"}]}\n",
                "1: expected at least one assistant message");
   expect_error("[1, 2]\n", " element 1 of 2: expected a JSON object, got number");
   expect_error("[{\"text\": \"a\"}, 2]\n", " element 2 of 2: expected a JSON object, got number");
-  expect_error("{\"text\": \"a\"}\n{\"foo\": 1}\n",
-               "2: expected a key \"text\", \"prompt\"+\"completion\", \"messages\", \"conversations\" (ShareGPT) or "
-               "\"instruction\"+\"output\" (alpaca)");
+  expect_error(
+      "{\"text\": \"a\"}\n{\"foo\": 1}\n",
+      "2: expected a key \"text\", \"prompt\"+\"completion\", \"messages\", \"conversations\" (ShareGPT) or "
+      "\"instruction\"+\"output\" (alpaca)");
   expect_error("{\"text\": \"a\"}\n{\"text\": 1}\n[1]\n", "2: expected a string at key \"text\", got number");
   expect_error("{\"conversations\": [{\"from\": \"robot\", \"value\": \"x\"}]}\n",
                "1: conversations[0]: unknown \"from\" \"robot\" (expected human, gpt or system)");
-  expect_error("{\"instruction\": \"do\", \"output\": 3}\n", "1: expected a string at key \"output\", got number");
+  expect_error("{\"instruction\": \"do\", \"output\": 3}\n",
+               "1: expected a string at key \"output\", got number");
   expect_error("[{\"text\": \"a\"},\n {\"text\": }]\n", "2: invalid JSON");
   expect_error("{\"text\": null}\n", "1: expected a string at key \"text\", got null");
   EXPECT_NE(jsonl_error("\n  \n").find(": no examples"), std::string::npos);
@@ -100,11 +103,12 @@ TEST(Jsonl, ArraysAndLinesAreRecognisedByContent) {
   TempDir dir;
   const std::string r1 = "{\"prompt\": \"Q?\", \"completion\": \" A.\"}";
   const std::string r2 = "{\"text\": \"Some words.\"}";
-  const Dataset lines = load_json_records(dir.write("a.jsonl", r1 + "\n" + r2 + "\n"), qwen(), ChatTemplate::chatml);
+  const Dataset lines =
+      load_json_records(dir.write("a.jsonl", r1 + "\n" + r2 + "\n"), qwen(), ChatTemplate::chatml);
   ASSERT_EQ(lines.examples.size(), 1u);
   ASSERT_EQ(lines.num_documents, 1u);
   for (const auto& [name, content] : std::vector<std::pair<std::string, std::string>>{
-           {"lines.json", r1 + "\n" + r2 + "\n"},           // what datasets' to_json writes by default
+           {"lines.json", r1 + "\n" + r2 + "\n"},  // what datasets' to_json writes by default
            {"array.json", "[\n  " + r1 + ",\n  " + r2 + "\n]\n"},
            {"array.jsonl", "\xEF\xBB\xBF [" + r1 + "," + r2 + "]"},
            {"noext", r1 + "\n\n" + r2}}) {
@@ -116,9 +120,11 @@ TEST(Jsonl, ArraysAndLinesAreRecognisedByContent) {
   }
   for (const auto& [name, content, what] : std::vector<std::tuple<std::string, std::string, std::string>>{
            {"prose.json", "Once upon a time {there was} a file.\n",
-            "expected JSON lines (one object per line) or a JSON array of objects, but the file starts with 'O'"},
+            "expected JSON lines (one object per line) or a JSON array of objects, but the file starts with "
+            "'O'"},
            {"pretty.json", "{\n  \"text\": \"a\"\n}\n", "one JSON object over several lines"},
-           {"random.json", std::string("\x8f\x01{\"text\"", 9), "not text: its first bytes are 8f 01 7b 22 74 65 78 74 22;"},
+           {"random.json", std::string("\x8f\x01{\"text\"", 9),
+            "not text: its first bytes are 8f 01 7b 22 74 65 78 74 22;"},
            {"object.json", "{\"data\": [1]}", "expected a key \"text\""}}) {
     const std::string path = dir.write(name, content);
     try {
@@ -132,7 +138,8 @@ TEST(Jsonl, ArraysAndLinesAreRecognisedByContent) {
     }
   }
   // plain text stays plain text (a .txt file, or another file whose content is not JSON)
-  const Dataset txt = load_dataset(dir.write("notes.txt", "{not json} just text"), qwen(), ChatTemplate::chatml);
+  const Dataset txt =
+      load_dataset(dir.write("notes.txt", "{not json} just text"), qwen(), ChatTemplate::chatml);
   EXPECT_EQ(txt.num_documents, 1u);
   EXPECT_EQ(load_dataset(dir.write("notes", "just text"), qwen(), ChatTemplate::chatml).num_documents, 1u);
 }
@@ -145,8 +152,10 @@ TEST(Jsonl, AlpacaAndShareGptShapes) {
       "{\"instruction\": \"Translate\", \"input\": \"chat\", \"output\": \"cat\"}\n"
       "{\"instruction\": \"Say hi\", \"input\": \"\", \"output\": \"hi\", \"system\": \"Be brief.\", "
       "\"history\": [[\"q0\", \"a0\"]]}\n"
-      "{\"conversations\": [{\"from\": \"human\", \"value\": \"Hello\"}, {\"from\": \"gpt\", \"value\": \"Hi!\"}, "
-      "{\"from\": \"human\", \"value\": \"Bye\"}, {\"from\": \"gpt\", \"value\": \"Bye!\"}], \"system\": \"S\"}\n");
+      "{\"conversations\": [{\"from\": \"human\", \"value\": \"Hello\"}, {\"from\": \"gpt\", \"value\": "
+      "\"Hi!\"}, "
+      "{\"from\": \"human\", \"value\": \"Bye\"}, {\"from\": \"gpt\", \"value\": \"Bye!\"}], \"system\": "
+      "\"S\"}\n");
   const Dataset d = load_json_records(path, qwen(), ChatTemplate::chatml);
   const std::vector<std::vector<ChatMessage>> want = {
       {{"user", "Translate\nchat"}, {"assistant", "cat"}},
@@ -162,13 +171,13 @@ TEST(Jsonl, AlpacaAndShareGptShapes) {
 
 TEST(Jsonl, ThreeShapes) {
   TempDir dir;
-  std::string path = dir.write(
-      "d.jsonl",
-      "{\"prompt\": \"Capital of France?\", \"completion\": \" Paris.\"}\r\n"
-      "\n"
-      "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", \"content\": \"Hello!\"}]}\n"
-      "{\"text\": \"Plain words.\"}\n"
-      "{\"text\": \"More words.\"}");  // no final newline
+  std::string path = dir.write("d.jsonl",
+                               "{\"prompt\": \"Capital of France?\", \"completion\": \" Paris.\"}\r\n"
+                               "\n"
+                               "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": "
+                               "\"assistant\", \"content\": \"Hello!\"}]}\n"
+                               "{\"text\": \"Plain words.\"}\n"
+                               "{\"text\": \"More words.\"}");  // no final newline
   Dataset d = load_json_records(path, qwen(), ChatTemplate::chatml);
   ASSERT_EQ(d.examples.size(), 2u);
   const int32_t eos = qwen().eos_id();
@@ -214,10 +223,10 @@ TEST(TextCorpus, DirectoryOfTxtFiles) {
 
 TEST(Packing, ExamplesPaddedOnePerSequence) {
   Dataset d;
-  d.examples.push_back({{10, 11, 12, 13}, {0, 0, 1, 1}});                 // fits, padded
+  d.examples.push_back({{10, 11, 12, 13}, {0, 0, 1, 1}});                                // fits, padded
   d.examples.push_back({{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, std::vector<uint8_t>(10, 1)});  // truncated
-  d.examples.push_back({{1, 2, 3, 4, 5, 6, 7}, {0, 0, 0, 0, 0, 0, 1}});   // no target left: dropped
-  d.examples.push_back({{20, 21, 22, 23, 24}, {0, 0, 0, 0, 1}});           // exactly seq_len + 1 tokens
+  d.examples.push_back({{1, 2, 3, 4, 5, 6, 7}, {0, 0, 0, 0, 0, 0, 1}});  // no target left: dropped
+  d.examples.push_back({{20, 21, 22, 23, 24}, {0, 0, 0, 0, 1}});         // exactly seq_len + 1 tokens
   PackedSequences p = pack_sequences(d, 4, /*pad_id=*/0);
   EXPECT_EQ(p.seq_len, 4);
   ASSERT_EQ(p.size(), 3);
@@ -346,14 +355,15 @@ TEST(Jsonl, BosFollowsThePostProcessor) {
   for (const char* s : {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"})
     j["added_tokens"].push_back({{"id", id++}, {"content", s}, {"special", true}});
   j["post_processor"] = {{"type", "TemplateProcessing"},
-                         {"single", {{{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}},
-                                     {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}}};
+                         {"single",
+                          {{{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}},
+                           {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}}};
   const Tokenizer t = Tokenizer::from_json(j, "llama3-like");
   TempDir dir;
-  const std::string path = dir.write(
-      "d.jsonl",
-      "{\"prompt\": \"Q?\", \"completion\": \" A.\"}\n{\"text\": \"Words.\"}\n"
-      "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", \"content\": \"Yo\"}]}\n");
+  const std::string path = dir.write("d.jsonl",
+                                     "{\"prompt\": \"Q?\", \"completion\": \" A.\"}\n{\"text\": \"Words.\"}\n"
+                                     "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": "
+                                     "\"assistant\", \"content\": \"Yo\"}]}\n");
   const Dataset d = load_json_records(path, t, ChatTemplate::llama3);
   ASSERT_EQ(d.examples.size(), 2u);
   EXPECT_EQ(d.examples[0].ids.front(), begin);
@@ -369,20 +379,21 @@ TEST(Jsonl, BosFollowsThePostProcessor) {
 // per example (and for the padding), the last token's target only for a cut example.
 TEST(Packing, ExamplesShareSequencesWithRestartingPositions) {
   Dataset d;
-  d.examples.push_back({{10, 11, 12}, {0, 1, 1}});                   // 3 tokens
-  d.examples.push_back({{20, 21}, {0, 1}});                          // 2: fits after it
-  d.examples.push_back({{30, 31, 32}, {0, 0, 1}});                   // 3: does not fit (5 + 3 > 6)
-  d.examples.push_back({{40, 41, 42}, {0, 0, 0}});                   // no target: dropped
+  d.examples.push_back({{10, 11, 12}, {0, 1, 1}});  // 3 tokens
+  d.examples.push_back({{20, 21}, {0, 1}});         // 2: fits after it
+  d.examples.push_back({{30, 31, 32}, {0, 0, 1}});  // 3: does not fit (5 + 3 > 6)
+  d.examples.push_back({{40, 41, 42}, {0, 0, 0}});  // no target: dropped
   d.examples.push_back({{50, 51, 52, 53, 54, 55, 56, 57}, std::vector<uint8_t>(8, 1)});  // cut to 6
   d.text_stream = {1, 2, 3};
   PackedSequences p = pack_sequences(d, 6, /*pad_id=*/0, /*pack=*/true);
   ASSERT_EQ(p.size(), 4);
   EXPECT_EQ(p.dropped_examples, 1u);
-  EXPECT_EQ(p.ids, (Ids{10, 11, 12, 20, 21, 0, /**/ 30, 31, 32, 0, 0, 0, /**/ 50, 51, 52, 53, 54, 55,
-                        /**/ 1, 2, 3, 0, 0, 0}));
-  EXPECT_EQ(p.targets, (Ids{11, 12, X, 21, X, X, /**/ X, 32, X, X, X, X, /**/ 51, 52, 53, 54, 55, 56,
-                            /**/ 2, 3, X, X, X, X}));
-  EXPECT_EQ(p.positions, (Ids{0, 1, 2, 0, 1, 0, /**/ 0, 1, 2, 0, 1, 2, /**/ 0, 1, 2, 3, 4, 5, /**/ 0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(p.ids, (Ids{10,     11, 12, 20, 21, 0, /**/ 30, 31, 32, 0, 0, 0, /**/ 50, 51, 52, 53, 54, 55,
+                        /**/ 1, 2,  3,  0,  0,  0}));
+  EXPECT_EQ(p.targets, (Ids{11,     12, X, 21, X, X, /**/ X, 32, X, X, X, X, /**/ 51, 52, 53, 54, 55, 56,
+                            /**/ 2, 3,  X, X,  X, X}));
+  EXPECT_EQ(p.positions,
+            (Ids{0, 1, 2, 0, 1, 0, /**/ 0, 1, 2, 0, 1, 2, /**/ 0, 1, 2, 3, 4, 5, /**/ 0, 1, 2, 3, 4, 5}));
   // unpacked: no positions, one example per sequence
   EXPECT_TRUE(pack_sequences(d, 6, 0).positions.empty());
   EXPECT_EQ(pack_sequences(d, 6, 0).size(), 5);

@@ -9,24 +9,26 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common.hpp"
 #include "data/jinja/chat_context.hpp"
 #include "data/jinja/template.hpp"
-#include "common.hpp"
 
 namespace rp::jinja {
 namespace {
 
 using ojson = nlohmann::ordered_json;
 
-ojson load(const std::string& file) { return ojson::parse(test::read_file(test::fixture("chat_templates/" + file))); }
+ojson load(const std::string& file) {
+  return ojson::parse(test::read_file(test::fixture("chat_templates/" + file)));
+}
 
 RenderOptions fixed_clock(const ojson& doc) {
   // the generator pins strftime_now to this local time
   RenderOptions o;
   std::tm tm{};
   const std::string iso = doc.at("strftime_now");
-  EXPECT_EQ(sscanf(iso.c_str(), "%d-%d-%dT%d:%d:%d", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour, &tm.tm_min,
-                   &tm.tm_sec),
+  EXPECT_EQ(sscanf(iso.c_str(), "%d-%d-%dT%d:%d:%d", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour,
+                   &tm.tm_min, &tm.tm_sec),
             6);
   tm.tm_year -= 1900;
   tm.tm_mon -= 1;
@@ -48,7 +50,8 @@ std::string check(const Template& t, const Dict& vars, const ojson& c, const Ren
   } catch (const TemplateError& e) {
     if (!c.contains("error")) return std::string("unexpected error: ") + e.what();
     if (!c["error"].get<std::string>().empty())
-      return std::string("failed with '") + e.what() + "', transformers raised '" + c["error"].get<std::string>() + "'";
+      return std::string("failed with '") + e.what() + "', transformers raised '" +
+             c["error"].get<std::string>() + "'";
     return "";
   }
   if (c.contains("error")) return "rendered, but transformers failed: " + c.dump();
@@ -69,7 +72,8 @@ TEST(JinjaGolden, RealChatTemplatesMatchTransformers) {
     const std::string file = c.at("template");
     auto& t = templates[file];
     if (!t) t = std::make_unique<Template>(test::read_file(test::fixture("chat_templates/" + file)), file);
-    const Dict vars = chat_variables(c.at("messages"), c.at("tools"), c.at("add_generation_prompt"), c.at("variables"));
+    const Dict vars =
+        chat_variables(c.at("messages"), c.at("tools"), c.at("add_generation_prompt"), c.at("variables"));
     const std::string diff = check(*t, vars, c, o);
     EXPECT_EQ(diff, "") << file << " / " << c.at("case").get<std::string>();
     (c.contains("error") ? refused : rendered) += 1;

@@ -31,7 +31,8 @@ TEST(JinjaErrors, NameTheFileLineAndConstruct) {
   EXPECT_EQ(error_of("{{ 'open"), "t.jinja:1: unclosed string literal");
   EXPECT_EQ(error_of("line1\n{{ 1 +"), "t.jinja:2: unclosed '{{'");
   EXPECT_EQ(error_of("{# never closed"), "t.jinja:1: unclosed comment");
-  EXPECT_EQ(error_of("{% set x = 1 %}{% set x.a = 2 %}"), "t.jinja:1: cannot assign attribute 'a' on a int (only on a namespace())");
+  EXPECT_EQ(error_of("{% set x = 1 %}{% set x.a = 2 %}"),
+            "t.jinja:1: cannot assign attribute 'a' on a int (only on a namespace())");
   EXPECT_EQ(error_of("\n\n{{ raise_exception('bad role') }}"), "t.jinja:3: bad role");
   EXPECT_EQ(error_of("{{ 'a' + 1 }}"), "t.jinja:1: unsupported operand type(s) for +: 'str' and 'int'");
   EXPECT_EQ(error_of("{{ m.content + 'x' }}", {}, Dict{{{"m", Value(Dict{})}}}),
@@ -39,7 +40,9 @@ TEST(JinjaErrors, NameTheFileLineAndConstruct) {
 }
 
 TEST(JinjaErrors, RaiseExceptionKeepsTheTemplatesMessage) {
-  Template t("{% if messages[0].role == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}", "g.jinja");
+  Template t(
+      "{% if messages[0].role == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}",
+      "g.jinja");
   Dict vars;
   vars.set("messages", Value(List{Value(Dict{{{"role", Value("system")}}})}));
   try {
@@ -55,7 +58,8 @@ TEST(JinjaLimits, RunawayLoopsStopAtTheStepLimit) {
   RenderOptions o;
   o.limits.max_steps = 100000;
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string e = error_of("{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}", o);
+  const std::string e =
+      error_of("{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}", o);
   EXPECT_NE(e.find("t.jinja:1: rendering took more than 100000 steps"), std::string::npos) << e;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
   // the default limit holds too (2M steps: a few seconds at most)
@@ -67,13 +71,15 @@ TEST(JinjaLimits, RunawayLoopsStopAtTheStepLimit) {
 TEST(JinjaLimits, OutputAndValuesAreBounded) {
   RenderOptions o;
   o.limits.max_output_bytes = 1 << 20;
-  EXPECT_EQ(error_of("{% for a in range(1000) %}{{ 'x' * 10000 }}{% endfor %}", o), "t.jinja:1: output over 1048576 bytes");
+  EXPECT_EQ(error_of("{% for a in range(1000) %}{{ 'x' * 10000 }}{% endfor %}", o),
+            "t.jinja:1: output over 1048576 bytes");
   EXPECT_EQ(error_of("{{ 'x' * 1000000000000 }}"),
             "t.jinja:1: string repetition '*' makes a string over the size limit (64 MiB)");
   EXPECT_EQ(error_of("{{ 'xx' * 9223372036854775807 }}"),  // size x n overflows 64 bits
             "t.jinja:1: string repetition '*' makes a string over the size limit (64 MiB)");
   EXPECT_EQ(error_of("{{ range(1000000000000) | length }}"), "t.jinja:1: range() too long");
-  EXPECT_EQ(error_of("{% set s = namespace(v='xxxxxxxxxxxxxxxx') %}{% for i in range(40) %}{% set s.v = s.v ~ s.v %}{% endfor %}"),
+  EXPECT_EQ(error_of("{% set s = namespace(v='xxxxxxxxxxxxxxxx') %}{% for i in range(40) %}{% set s.v = s.v "
+                     "~ s.v %}{% endfor %}"),
             "t.jinja:1: string concatenation '~' makes a string over the size limit (64 MiB)");
 }
 
@@ -82,7 +88,8 @@ TEST(JinjaLimits, OutputAndValuesAreBounded) {
 // lists made from strings, and what printing a list that holds itself many times would write.
 TEST(JinjaLimits, ListsDictsAndStringsCannotGrowPastTheLimit) {
   const std::string items = std::to_string(kMaxBuiltItems);
-  EXPECT_EQ(error_of("{% set ns = namespace(a=[1]) %}\n{% for i in range(40) %}{% set ns.a = ns.a + ns.a %}{% endfor %}"),
+  EXPECT_EQ(error_of("{% set ns = namespace(a=[1]) %}\n{% for i in range(40) %}{% set ns.a = ns.a + ns.a "
+                     "%}{% endfor %}"),
             "t.jinja:2: list concatenation '+' makes a list over the size limit (" + items + " items)");
   EXPECT_EQ(error_of("{{ [1, 2] * 9223372036854775807 }}"),
             "t.jinja:1: list repetition '*' makes a list over the size limit (" + items + " items)");
@@ -90,19 +97,25 @@ TEST(JinjaLimits, ListsDictsAndStringsCannotGrowPastTheLimit) {
             "t.jinja:1: str.split() makes a list over the size limit (" + items + " items)");
   EXPECT_EQ(error_of("{{ ('a' * 3000000) | list | length }}"),
             "t.jinja:1: iterating over a string makes a list over the size limit (" + items + " items)");
-  EXPECT_EQ(error_of("{{ ('x' * 1000000).replace('x', 'yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy') }}"),
+  EXPECT_EQ(error_of("{{ ('x' * 1000000).replace('x', "
+                     "'yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy') }}"),
             "t.jinja:1: replace makes a string over the size limit (64 MiB)");
-  EXPECT_EQ(error_of("{{ ('x' * 1000000) | replace('', 'abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrst') }}"),
+  EXPECT_EQ(error_of("{{ ('x' * 1000000) | replace('', "
+                     "'abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrst') }}"),
             "t.jinja:1: replace makes a string over the size limit (64 MiB)");
   EXPECT_EQ(error_of("{{ ('\\n' * 1000000) | indent(100) }}"),
             "t.jinja:1: filter 'indent' makes a string over the size limit (64 MiB)");
   EXPECT_EQ(error_of("{{ 'a' | indent(1000000000000) }}"),
             "t.jinja:1: filter 'indent' makes a string over the size limit (64 MiB)");
-  EXPECT_EQ(error_of("{{ ('<' * 20000000) | e }}"), "t.jinja:1: filter 'escape' makes a string over the size limit (64 MiB)");
+  EXPECT_EQ(error_of("{{ ('<' * 20000000) | e }}"),
+            "t.jinja:1: filter 'escape' makes a string over the size limit (64 MiB)");
   // a list holding one list twice, 40 levels deep: 2^40 leaves to print
-  const std::string dag = "{% set ns = namespace(a=[1]) %}{% for i in range(40) %}{% set ns.a = [ns.a, ns.a] %}{% endfor %}";
-  EXPECT_EQ(error_of(dag + "{{ ns.a }}"), "t.jinja:1: printing a value makes a string over the size limit (64 MiB)");
-  EXPECT_EQ(error_of(dag + "{{ ns.a | tojson }}"), "t.jinja:1: tojson makes a string over the size limit (64 MiB)");
+  const std::string dag =
+      "{% set ns = namespace(a=[1]) %}{% for i in range(40) %}{% set ns.a = [ns.a, ns.a] %}{% endfor %}";
+  EXPECT_EQ(error_of(dag + "{{ ns.a }}"),
+            "t.jinja:1: printing a value makes a string over the size limit (64 MiB)");
+  EXPECT_EQ(error_of(dag + "{{ ns.a | tojson }}"),
+            "t.jinja:1: tojson makes a string over the size limit (64 MiB)");
   EXPECT_EQ(error_of(dag + "{{ ns.a == ns.a }}"), "");  // one shared list: equal at once
   // a namespace that holds itself
   EXPECT_EQ(error_of("{% set ns = namespace() %}{% set ns.me = ns %}{{ ns }}"),
@@ -114,34 +127,43 @@ TEST(JinjaLimits, ListsDictsAndStringsCannotGrowPastTheLimit) {
 TEST(JinjaLimits, WhatATemplateBuildsAddsUpToALimit) {
   RenderOptions o;
   o.limits.max_built_bytes = 1 << 20;
-  EXPECT_EQ(error_of("{% set ns = namespace(l=[]) %}{% for i in range(1000) %}{% set ns.l = ns.l + ['x' * 10000 ~ i] %}"
-                     "{% endfor %}",
-                     o)
-                .find("t.jinja:1: "),
-            0u);
-  EXPECT_NE(error_of("{% set ns = namespace(l=[]) %}{% for i in range(1000) %}{% set ns.l = ns.l + ['x' * 10000 ~ i] %}"
-                     "{% endfor %}",
-                     o)
-                .find("the values this template built add up to more than 1 MiB"),
-            std::string::npos);
-  EXPECT_EQ(error_of("{% for i in range(100) %}{{ 'x' * 1000 }}{% endfor %}", o), "") << "output is not a built value";
+  EXPECT_EQ(
+      error_of(
+          "{% set ns = namespace(l=[]) %}{% for i in range(1000) %}{% set ns.l = ns.l + ['x' * 10000 ~ i] %}"
+          "{% endfor %}",
+          o)
+          .find("t.jinja:1: "),
+      0u);
+  EXPECT_NE(
+      error_of(
+          "{% set ns = namespace(l=[]) %}{% for i in range(1000) %}{% set ns.l = ns.l + ['x' * 10000 ~ i] %}"
+          "{% endfor %}",
+          o)
+          .find("the values this template built add up to more than 1 MiB"),
+      std::string::npos);
+  EXPECT_EQ(error_of("{% for i in range(100) %}{{ 'x' * 1000 }}{% endfor %}", o), "")
+      << "output is not a built value";
   RenderOptions small;
   small.limits.max_output_bytes = 1 << 20;
   // each level holds 600 kB while it calls the next: the second level is over the limit
-  EXPECT_EQ(error_of("{% macro f(n) %}{{ 'x' * 600000 }}{% if n == 0 %}{{ raise_exception('reached') }}{% endif %}"
-                     "{{ f(n - 1) if n > 0 }}{% endmacro %}{{ f(3) }}",
-                     small),
-            "t.jinja:1: output over 1048576 bytes");
+  EXPECT_EQ(
+      error_of("{% macro f(n) %}{{ 'x' * 600000 }}{% if n == 0 %}{{ raise_exception('reached') }}{% endif %}"
+               "{{ f(n - 1) if n > 0 }}{% endmacro %}{{ f(3) }}",
+               small),
+      "t.jinja:1: output over 1048576 bytes");
 }
 
 TEST(JinjaLimits, RecursionAndNestingAreBounded) {
-  EXPECT_EQ(error_of("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}"), "t.jinja:1: macro calls nested deeper than 64");
+  EXPECT_EQ(error_of("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}"),
+            "t.jinja:1: macro calls nested deeper than 64");
   const std::string nested = "expressions and statements nested deeper than 256";
-  EXPECT_EQ(error_of("{{ " + std::string(100000, '(') + "1" + std::string(100000, ')') + " }}"), "t.jinja:1: " + nested);
+  EXPECT_EQ(error_of("{{ " + std::string(100000, '(') + "1" + std::string(100000, ')') + " }}"),
+            "t.jinja:1: " + nested);
   std::string deep;
   for (int i = 0; i < 1000; ++i) deep += "{% if true %}";
   EXPECT_EQ(error_of(deep), "t.jinja:1: " + nested);
-  EXPECT_EQ(error_of("{{ " + std::string(100000, '[') + std::string(100000, ']') + " }}"), "t.jinja:1: " + nested);
+  EXPECT_EQ(error_of("{{ " + std::string(100000, '[') + std::string(100000, ']') + " }}"),
+            "t.jinja:1: " + nested);
 }
 
 }  // namespace

@@ -87,15 +87,18 @@ TEST(Mixture, BadSourcesAreOneLine) {
     }
     return std::string("<no exception>");
   };
-  EXPECT_NE(err({{"a", rows_of(1, 2), 1}, {"b", rows_of(2, 2), 0}}).find("data[1] (b): weight must be > 0, got 0"),
-            std::string::npos);
-  EXPECT_NE(err({{"a", rows_of(1, 2), std::numeric_limits<double>::quiet_NaN()}}).find("data[0] (a): weight must be > 0"),
+  EXPECT_NE(
+      err({{"a", rows_of(1, 2), 1}, {"b", rows_of(2, 2), 0}}).find("data[1] (b): weight must be > 0, got 0"),
+      std::string::npos);
+  EXPECT_NE(err({{"a", rows_of(1, 2), std::numeric_limits<double>::quiet_NaN()}})
+                .find("data[0] (a): weight must be > 0"),
             std::string::npos);
   EXPECT_NE(err({{"a", rows_of(1, 2), 1}, {"b", PackedSequences{}, 1}}).find("data[1] (b): no sequences"),
             std::string::npos);
   PackedSequences longer = rows_of(2, 1);
   longer.seq_len = 1;
-  EXPECT_NE(err({{"a", rows_of(1, 2), 1}, {"b", longer, 1}}).find("data[1] (b): sequences of 1 tokens, data[0]'s have 2"),
+  EXPECT_NE(err({{"a", rows_of(1, 2), 1}, {"b", longer, 1}})
+                .find("data[1] (b): sequences of 1 tokens, data[0]'s have 2"),
             std::string::npos);
   EXPECT_NE(err({}).find("data: an empty list"), std::string::npos);
 }

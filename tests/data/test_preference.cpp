@@ -32,8 +32,11 @@ Example as_prompt_completion(const std::string& line) {
 
 // Each side is exactly the prompt / completion record with that completion.
 TEST(Preference, SidesAreTheirPromptCompletionExamples) {
-  const auto pairs = load(R"({"prompt": "Is the sky blue?", "chosen": " Yes.", "rejected": " No, green."})" "\n"
-                          R"({"prompt": [{"role": "user", "content": "Hi"}], "chosen": [{"role": "assistant", "content": "Hello!"}], "rejected": [{"role": "assistant", "content": "Go away."}]})" "\n");
+  const auto pairs = load(
+      R"({"prompt": "Is the sky blue?", "chosen": " Yes.", "rejected": " No, green."})"
+      "\n"
+      R"({"prompt": [{"role": "user", "content": "Hi"}], "chosen": [{"role": "assistant", "content": "Hello!"}], "rejected": [{"role": "assistant", "content": "Go away."}]})"
+      "\n");
   ASSERT_EQ(pairs.size(), 2u);
   const Example c0 = as_prompt_completion(R"({"prompt": "Is the sky blue?", "completion": " Yes."})");
   const Example r0 = as_prompt_completion(R"({"prompt": "Is the sky blue?", "completion": " No, green."})");
@@ -53,9 +56,12 @@ TEST(Preference, SidesAreTheirPromptCompletionExamples) {
 // prompt), so the pair equals the explicit one.
 TEST(Preference, ImplicitPromptIsTheSharedLeadingMessages) {
   const std::string user = R"({"role": "user", "content": "Hi"})";
-  const std::string a = R"({"role": "assistant", "content": "Hello!"})", b = R"({"role": "assistant", "content": "Bye."})";
-  const auto implicit = load("{\"chosen\": [" + user + ", " + a + "], \"rejected\": [" + user + ", " + b + "]}\n");
-  const auto explicit_ = load("{\"prompt\": [" + user + "], \"chosen\": [" + a + "], \"rejected\": [" + b + "]}\n");
+  const std::string a = R"({"role": "assistant", "content": "Hello!"})",
+                    b = R"({"role": "assistant", "content": "Bye."})";
+  const auto implicit =
+      load("{\"chosen\": [" + user + ", " + a + "], \"rejected\": [" + user + ", " + b + "]}\n");
+  const auto explicit_ =
+      load("{\"prompt\": [" + user + "], \"chosen\": [" + a + "], \"rejected\": [" + b + "]}\n");
   ASSERT_EQ(implicit.size(), 1u);
   EXPECT_EQ(implicit[0].chosen.ids, explicit_[0].chosen.ids);
   EXPECT_EQ(implicit[0].chosen.loss_mask, explicit_[0].chosen.loss_mask);
@@ -66,17 +72,30 @@ TEST(Preference, BadRecordsAreOneLineNamingTheLine) {
   const auto has = [](const std::string& got, const std::string& want) {
     EXPECT_NE(got.find(want), std::string::npos) << got;
   };
-  has(error_of(R"({"prompt": "a", "chosen": "b", "rejected": "c"})" "\n" R"({"text": "x"})" "\n"),
-      "pref.jsonl:2: expected the keys \"prompt\", \"chosen\" and \"rejected\" of preference data (missing \"chosen\")");
-  has(error_of(R"({"prompt": "a", "chosen": "b"})" "\n"), "pref.jsonl:1: expected the keys");
-  has(error_of(R"({"prompt": "a", "chosen": "b", "rejected": 3})" "\n"),
+  has(error_of(R"({"prompt": "a", "chosen": "b", "rejected": "c"})"
+               "\n"
+               R"({"text": "x"})"
+               "\n"),
+      "pref.jsonl:2: expected the keys \"prompt\", \"chosen\" and \"rejected\" of preference data (missing "
+      "\"chosen\")");
+  has(error_of(R"({"prompt": "a", "chosen": "b"})"
+               "\n"),
+      "pref.jsonl:1: expected the keys");
+  has(error_of(R"({"prompt": "a", "chosen": "b", "rejected": 3})"
+               "\n"),
       "pref.jsonl:1: expected a string at key \"rejected\", got number");
-  has(error_of(R"({"prompt": "a", "chosen": " b", "rejected": " b"})" "\n"),
+  has(error_of(R"({"prompt": "a", "chosen": " b", "rejected": " b"})"
+               "\n"),
       "pref.jsonl:1: \"chosen\" and \"rejected\" are the same (nothing to prefer)");
-  has(error_of(R"({"chosen": "a b", "rejected": "a c"})" "\n"), "pref.jsonl:1: missing key \"prompt\"");
-  has(error_of(R"({"prompt": [{"role": "user", "content": "Hi"}], "chosen": "x", "rejected": "y"})" "\n"),
+  has(error_of(R"({"chosen": "a b", "rejected": "a c"})"
+               "\n"),
+      "pref.jsonl:1: missing key \"prompt\"");
+  has(error_of(R"({"prompt": [{"role": "user", "content": "Hi"}], "chosen": "x", "rejected": "y"})"
+               "\n"),
       "pref.jsonl:1: expected a list of messages at key \"chosen\"");
-  has(error_of(R"({"chosen": [{"role": "user", "content": "a"}], "rejected": [{"role": "user", "content": "b"}]})" "\n"),
+  has(error_of(
+          R"({"chosen": [{"role": "user", "content": "a"}], "rejected": [{"role": "user", "content": "b"}]})"
+          "\n"),
       "pref.jsonl:1: \"chosen\" and \"rejected\" share no leading message");
   has(error_of("\n"), "pref.jsonl: no preference pairs");
 }

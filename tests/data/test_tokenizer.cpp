@@ -122,7 +122,9 @@ TEST(Tokenizer, RoundTripSotuExcerptAndOddBytes) {
     EXPECT_LT(ids.size(), text.size() / 3) << "English prose should be > 3 bytes/token";
     EXPECT_EQ(t.decode(ids), text) << e.path();
   }
-  std::string odd = "\xff\xfe" "abc\xc3 \xe2\x82 end\x80";  // invalid UTF-8
+  std::string odd =
+      "\xff\xfe"
+      "abc\xc3 \xe2\x82 end\x80";  // invalid UTF-8
   EXPECT_EQ(t.decode(t.encode(odd)), odd);
   std::string ws(5000, ' ');
   ws += "x\n\n\t\t  \r\n";
@@ -131,7 +133,8 @@ TEST(Tokenizer, RoundTripSotuExcerptAndOddBytes) {
 
 namespace {
 // A tiny byte-level tokenizer: 256 byte tokens plus the given merges.
-nlohmann::json tiny_tokenizer(const nlohmann::json& pre, const std::vector<std::pair<std::string, std::string>>& merges) {
+nlohmann::json tiny_tokenizer(const nlohmann::json& pre,
+                              const std::vector<std::pair<std::string, std::string>>& merges) {
   nlohmann::json vocab = nlohmann::json::object();
   for (int b = 0; b < 256; ++b) vocab[byte_to_unicode(uint8_t(b))] = b;
   nlohmann::json jm = nlohmann::json::array();
@@ -166,13 +169,14 @@ TEST(Tokenizer, DigitsThenByteLevelLikeSmolLM) {
 
 TEST(Tokenizer, MergesAsPairsAndPrefixSpace) {
   auto j = tiny_tokenizer(kByteLevel, {{"Ġ", "h"}, {"Ġh", "i"}});
-  j["model"]["merges"] = nlohmann::json::array({nlohmann::json::array({"Ġ", "h"}), nlohmann::json::array({"Ġh", "i"})});
+  j["model"]["merges"] =
+      nlohmann::json::array({nlohmann::json::array({"Ġ", "h"}), nlohmann::json::array({"Ġh", "i"})});
   j["pre_tokenizer"]["add_prefix_space"] = true;
   auto t = Tokenizer::from_json(j, "tiny-pairs");
   int32_t shi = t.token_id("Ġhi");
   ASSERT_GE(shi, 0);
-  EXPECT_EQ(t.encode("hi"), std::vector<int32_t>{shi});    // prefix space added
-  EXPECT_EQ(t.encode(" hi"), std::vector<int32_t>{shi});   // already there: not doubled
+  EXPECT_EQ(t.encode("hi"), std::vector<int32_t>{shi});   // prefix space added
+  EXPECT_EQ(t.encode(" hi"), std::vector<int32_t>{shi});  // already there: not doubled
   EXPECT_EQ(t.decode(t.encode("hi")), " hi");
 }
 
@@ -231,10 +235,10 @@ TEST(Tokenizer, IdsThatAreNotIntegersInRangeAreRefusedNamingTheToken) {
 // instead of taking tens of seconds (28.7 s on a 23 KB line before the bound), while ordinary
 // patterns on long runs (a megabyte of spaces, letters) still encode.
 TEST(Tokenizer, ACatastrophicallyBacktrackingRegexFailsFastNamingTheFile) {
-  nlohmann::json seq = {{"type", "Sequence"},
-                        {"pretokenizers",
-                         {{{"type", "Split"}, {"pattern", {{"Regex", "(a+)+b|."}}}, {"behavior", "Isolated"}},
-                          kByteLevel}}};
+  nlohmann::json seq = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       {{{"type", "Split"}, {"pattern", {{"Regex", "(a+)+b|."}}}, {"behavior", "Isolated"}}, kByteLevel}}};
   const Tokenizer t = Tokenizer::from_json(tiny_tokenizer(seq, {}), "evil/tokenizer.json");
   EXPECT_EQ(t.encode("aab").size(), 3u);  // short text: fine
   std::string line;
@@ -259,10 +263,11 @@ TEST(Tokenizer, ACatastrophicallyBacktrackingRegexFailsFastNamingTheFile) {
 
 namespace {
 std::vector<std::string> split_with(const std::string& behavior, const std::string& text) {
-  nlohmann::json seq = {{"type", "Sequence"},
-                        {"pretokenizers",
-                         {{{"type", "Split"}, {"pattern", {{"String", "-"}}}, {"behavior", behavior}, {"invert", false}},
-                          {{"type", "ByteLevel"}, {"use_regex", false}}}}};
+  nlohmann::json seq = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       {{{"type", "Split"}, {"pattern", {{"String", "-"}}}, {"behavior", behavior}, {"invert", false}},
+        {{"type", "ByteLevel"}, {"use_regex", false}}}}};
   auto pt = PreTokenizer::from_json(seq, "test");
   std::vector<Piece> pieces;
   pt.split(text, 0, pieces);
@@ -286,8 +291,8 @@ TEST(PreTokenizer, SplitBehaviours) {
 TEST(PreTokenizer, Utf8Validation) {
   EXPECT_EQ(valid_utf8_prefix("abc"), 3u);
   EXPECT_EQ(valid_utf8_prefix("a\xc3\xa9z"), 4u);
-  EXPECT_EQ(valid_utf8_prefix("a\xc0\xafz"), 1u);        // overlong
-  EXPECT_EQ(valid_utf8_prefix("a\xed\xa0\x80"), 1u);     // surrogate
+  EXPECT_EQ(valid_utf8_prefix("a\xc0\xafz"), 1u);         // overlong
+  EXPECT_EQ(valid_utf8_prefix("a\xed\xa0\x80"), 1u);      // surrogate
   EXPECT_EQ(valid_utf8_prefix("\xf0\x9f\x9a\x80!"), 5u);  // rocket
   EXPECT_EQ(byte_to_unicode(' '), "Ġ");
   EXPECT_EQ(byte_to_unicode('\n'), "Ċ");
@@ -348,7 +353,9 @@ TEST(Tokenizer, NfcOffsetsPointIntoTheInput) {
   }
   EXPECT_TRUE(std::is_sorted(off.begin(), off.end()));
   // invalid UTF-8 next to decomposed text: bytes kept, the valid part normalised
-  const std::string bad = "e\xCC\x81\xFF" "e\xCC\x81";
+  const std::string bad =
+      "e\xCC\x81\xFF"
+      "e\xCC\x81";
   EXPECT_EQ(qwen().decode(qwen().encode(bad)), "\xC3\xA9\xFF\xC3\xA9");
 }
 
@@ -364,11 +371,13 @@ TEST(Tokenizer, PostProcessorSpecialTokens) {
       {"processors",
        {{{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}, {"use_regex", true}},
         {{"type", "TemplateProcessing"},
-         {"single", {{{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}},
-                     {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+         {"single",
+          {{{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}},
+           {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
          {"pair", nlohmann::json::array()},
          {"special_tokens",
-          {{"<|begin_of_text|>", {{"id", "<|begin_of_text|>"}, {"ids", {bos}}, {"tokens", {"<|begin_of_text|>"}}}}}}}}}};
+          {{"<|begin_of_text|>",
+            {{"id", "<|begin_of_text|>"}, {"ids", {bos}}, {"tokens", {"<|begin_of_text|>"}}}}}}}}}};
   const Tokenizer t = Tokenizer::from_json(j, "llama3-like");
   std::vector<int32_t> want = {bos};
   for (int32_t id : t.encode("Hello world")) want.push_back(id);
@@ -377,7 +386,8 @@ TEST(Tokenizer, PostProcessorSpecialTokens) {
   EXPECT_EQ(t.prefix_tokens(), std::vector<int32_t>{bos});
   EXPECT_TRUE(t.suffix_tokens().empty());
 
-  j["post_processor"] = {{"type", "BertProcessing"}, {"cls", {"<|im_start|>", 1}}, {"sep", {"<|im_end|>", 2}}};
+  j["post_processor"] = {
+      {"type", "BertProcessing"}, {"cls", {"<|im_start|>", 1}}, {"sep", {"<|im_end|>", 2}}};
   const Tokenizer b = Tokenizer::from_json(j, "bert-like");
   EXPECT_EQ(b.prefix_tokens(), std::vector<int32_t>{1});
   EXPECT_EQ(b.suffix_tokens(), std::vector<int32_t>{2});
@@ -390,7 +400,8 @@ TEST(Tokenizer, PostProcessorSpecialTokens) {
     Tokenizer::from_json(j, "odd-post");
     FAIL() << "no throw";
   } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("odd-post: unsupported post_processor type \"Whatever\""), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("odd-post: unsupported post_processor type \"Whatever\""),
+              std::string::npos)
         << e.what();
   }
   j["post_processor"] = nullptr;

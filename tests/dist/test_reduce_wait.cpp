@@ -29,9 +29,9 @@ TEST(ReduceWait, CountsFromTheFirstWaitingRequestToTheSumsEndMergedOverGroups) {
   m.blocked(0, 3, t0 + ms(10));
   m.blocked(0, 3, t0 + ms(30));  // a later request of the same group: the first one counts
   m.blocked(1, 3, t0 + ms(20));
-  m.done(0, 3, t0 + ms(50));  // [10, 50)
-  m.done(1, 3, t0 + ms(60));  // [20, 60): overlaps, the union is [10, 60)
-  m.done(2, 3, t0 + ms(100)); // nothing waited: hidden
+  m.done(0, 3, t0 + ms(50));      // [10, 50)
+  m.done(1, 3, t0 + ms(60));      // [20, 60): overlaps, the union is [10, 60)
+  m.done(2, 3, t0 + ms(100));     // nothing waited: hidden
   m.blocked(2, 3, t0 + ms(110));  // after its end: nothing to wait for
   m.started(3, 3, t0 + ms(200));
   m.blocked(3, 3, t0 + ms(190));  // waiting already when the sum started: counts from the start

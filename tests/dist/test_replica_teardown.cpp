@@ -32,7 +32,8 @@ class StuckReplicas final : public Replicas {
   explicit StuckReplicas(bool confirm) : confirm_(confirm) {}
   int rank() const override { return 0; }
   int size() const override { return 2; }
-  void sum_async(int, float* data, int64_t n, std::string, std::function<void(const std::string&)> done) override {
+  void sum_async(int, float* data, int64_t n, std::string,
+                 std::function<void(const std::string&)> done) override {
     std::lock_guard lk(mu_);
     held_.push_back({data, n, std::move(done)});
   }
@@ -79,7 +80,8 @@ class StuckReplicas final : public Replicas {
 struct StepZero {
   ModelLayout m = make_layout(tiny_config(false, true, 2));
   TestSession s;
-  explicit StepZero(const std::shared_ptr<StuckReplicas>& replicas) : s(m, random_weights(m, 5), options(replicas)) {
+  explicit StepZero(const std::shared_ptr<StuckReplicas>& replicas)
+      : s(m, random_weights(m, 5), options(replicas)) {
     std::vector<int32_t> ids, tg;
     random_tokens(m.config.vocab_size, 2 * 6, 40, ids, tg);
     s.forward_backward(ids, tg);

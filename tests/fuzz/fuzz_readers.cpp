@@ -1,12 +1,12 @@
 // A mutation fuzzer over every reader of user files: GGUF, safetensors, config.json, experiment
-// specs, JSONL, Parquet and Arrow IPC data, optimizer.bin and trainer_state.json. Each target starts from a valid seed
-// file written here, mutates it (bit flips, interesting integers and numbers, inserted,
-// deleted, duplicated and truncated ranges) and feeds it to the reader. A reader may accept
-// the input or throw a std::exception; anything else is a failure: a crash or a sanitizer
-// report (CI builds this program with AddressSanitizer and UBSan, scripts/fuzz.sh), a case
-// running longer than --timeout-s (a hang: the program reports the case and exits 1), or an
-// allocation beyond the sanitizer's limit (unbounded: ASAN_OPTIONS max_allocation_size_mb).
-// The cases are deterministic in --seed, so a failure reproduces with --only and --from.
+// specs, JSONL, Parquet and Arrow IPC data, optimizer.bin and trainer_state.json. Each target starts from a
+// valid seed file written here, mutates it (bit flips, interesting integers and numbers, inserted, deleted,
+// duplicated and truncated ranges) and feeds it to the reader. A reader may accept the input or throw a
+// std::exception; anything else is a failure: a crash or a sanitizer report (CI builds this program with
+// AddressSanitizer and UBSan, scripts/fuzz.sh), a case running longer than --timeout-s (a hang: the program
+// reports the case and exits 1), or an allocation beyond the sanitizer's limit (unbounded: ASAN_OPTIONS
+// max_allocation_size_mb). The cases are deterministic in --seed, so a failure reproduces with --only and
+// --from.
 //
 //   fuzz_readers [--cases N] [--seed S] [--timeout-s T] [--only TARGET] [--from K] [--work DIR]
 #include <signal.h>
@@ -357,20 +357,27 @@ int main(int argc, char** argv) {
          if (!m.tokenizer_json.is_null()) (void)rp::Tokenizer::from_json(m.tokenizer_json, "fuzz");
        }},
       // Qwen3-MoE: stacked Q8_0 expert tensors split into per-expert matrices
-      {"gguf_moe", false, "model.gguf",
+      {"gguf_moe",
+       false,
+       "model.gguf",
        [] { return read_file(fs::path(RP_FIXTURES_DIR) / "gguf_moe/tiny_qwen3_moe.q8_0.gguf"); },
        {},
        [](const fs::path& f) { rp::load_model(f.string()); }},
       // GPT-OSS: MXFP4 expert stacks with llama.cpp's fused gate/up, sliced per expert
-      {"gguf_gpt_oss", false, "model.gguf",
+      {"gguf_gpt_oss",
+       false,
+       "model.gguf",
        [] { return read_file(fs::path(RP_FIXTURES_DIR) / "gguf_gpt_oss/tiny_gpt_oss.mxfp4_fused.gguf"); },
        {},
        [](const fs::path& f) { rp::load_model(f.string()); }},
       // GPT-OSS checkpoint: MXFP4 _blocks / _scales and interleaved biases, sliced per expert
       {"safetensors_gpt_oss", false, "model.safetensors",
-       [] { return read_file(fs::path(RP_FIXTURES_DIR) / "hf_gpt_oss/tiny_gpt_oss_mxfp4/model.safetensors"); },
+       [] {
+         return read_file(fs::path(RP_FIXTURES_DIR) / "hf_gpt_oss/tiny_gpt_oss_mxfp4/model.safetensors");
+       },
        [](const fs::path& dir) {
-         fs::copy_file(fs::path(RP_FIXTURES_DIR) / "hf_gpt_oss/tiny_gpt_oss_mxfp4/config.json", dir / "config.json");
+         fs::copy_file(fs::path(RP_FIXTURES_DIR) / "hf_gpt_oss/tiny_gpt_oss_mxfp4/config.json",
+                       dir / "config.json");
        },
        [](const fs::path& f) { rp::load_model(f.parent_path().string()); }},
       {"safetensors", false, "model.safetensors",
@@ -422,7 +429,8 @@ int main(int argc, char** argv) {
       {"adapter_weights", false, "adapter_model.safetensors",
        [&] { return read_file(fs::path(fixtures) / "peft/untied_all/adapter/adapter_model.safetensors"); },
        [&](const fs::path& dir) {
-         fs::copy_file(fs::path(fixtures) / "peft/untied_all/adapter/adapter_config.json", dir / "adapter_config.json");
+         fs::copy_file(fs::path(fixtures) / "peft/untied_all/adapter/adapter_config.json",
+                       dir / "adapter_config.json");
        },
        [&](const fs::path& f) { read_and_merge_adapter(f.parent_path(), fixtures); }},
       {"trainer_state",
@@ -436,7 +444,9 @@ int main(int argc, char** argv) {
   // build reads them: pyarrow-written seeds with messages as list<struct>
   if (rp::arrow_input_built())
     for (const char* name : {"chat.parquet", "chat.arrow", "chat.arrows"})
-      targets.push_back({name, false, std::string("data") + fs::path(name).extension().string(),
+      targets.push_back({name,
+                         false,
+                         std::string("data") + fs::path(name).extension().string(),
                          [name, &fixtures] { return read_file(fs::path(fixtures) / "columnar" / name); },
                          {},
                          [&](const fs::path& f) {
@@ -485,7 +495,8 @@ int main(int argc, char** argv) {
         // what an error quotes of the input is bounded (base/error_text.hpp): a megabyte key or
         // value must not come back whole
         if (std::strlen(e.what()) > kMaxErrorBytes) {
-          std::fprintf(stderr, "fuzz_readers: target %s case %ld: an error of %zu bytes (at most %zu): %.300s...\n",
+          std::fprintf(stderr,
+                       "fuzz_readers: target %s case %ld: an error of %zu bytes (at most %zu): %.300s...\n",
                        t.name, k, std::strlen(e.what()), kMaxErrorBytes, e.what());
           return 1;
         }

@@ -64,8 +64,8 @@ inline VecD rmsnorm(const VecD& x, const VecD& w, int64_t R, int64_t n, double e
 
 /// HF apply_rotary_pos_emb: x*cos + rotate_half(x)*sin, cos/sin = cat(f, f) * scale,
 /// f = position * inv_freq (position restarts per sequence).
-inline VecD rope(const VecD& x, int64_t n_seq, int64_t L, int64_t heads, int64_t D,
-                 const VecF& inv_freq, double scale) {
+inline VecD rope(const VecD& x, int64_t n_seq, int64_t L, int64_t heads, int64_t D, const VecF& inv_freq,
+                 double scale) {
   VecD y(x.size());
   const int64_t h = D / 2;
   for (int64_t s = 0; s < n_seq; ++s)
@@ -83,8 +83,8 @@ inline VecD rope(const VecD& x, int64_t n_seq, int64_t L, int64_t heads, int64_t
 }
 
 /// Causal GQA attention; returns o and fills lse [n_seq, nq, L] if given.
-inline VecD attention(const VecD& q, const VecD& k, const VecD& v, int64_t n_seq, int64_t L,
-                      int64_t nq, int64_t nkv, int64_t D, double scale, VecD* lse = nullptr) {
+inline VecD attention(const VecD& q, const VecD& k, const VecD& v, int64_t n_seq, int64_t L, int64_t nq,
+                      int64_t nkv, int64_t D, double scale, VecD* lse = nullptr) {
   VecD o(q.size(), 0.0);
   if (lse) lse->assign(size_t(n_seq * nq * L), 0.0);
   const int64_t rep = nq / nkv;
@@ -119,8 +119,7 @@ inline VecD attention(const VecD& q, const VecD& k, const VecD& v, int64_t n_seq
 
 /// The KV head of each query head [h0, h0+hc): out[t, i, :] = x[t, (h0 + i) / r, :] for
 /// x [T, nkv, D]; out [T, hc, D].
-inline VecF gqa_expand(const VecF& x, int64_t T, int64_t nkv, int64_t h0, int64_t hc, int64_t r,
-                       int64_t D) {
+inline VecF gqa_expand(const VecF& x, int64_t T, int64_t nkv, int64_t h0, int64_t hc, int64_t r, int64_t D) {
   VecF out(size_t(T * hc * D));
   for (int64_t t = 0; t < T; ++t)
     for (int64_t i = 0; i < hc; ++i)
@@ -148,9 +147,8 @@ inline VecD swiglu(const VecD& g, const VecD& u) {
 }
 
 /// Unchunked: full logits [T, V], summed CE over targets >= 0; returns {sum, count}.
-inline std::pair<double, int64_t> cross_entropy(const VecD& h, const VecD& w,
-                                                const std::vector<int32_t>& tg, int64_t T,
-                                                int64_t H, int64_t V) {
+inline std::pair<double, int64_t> cross_entropy(const VecD& h, const VecD& w, const std::vector<int32_t>& tg,
+                                                int64_t T, int64_t H, int64_t V) {
   VecD z = linear(h, w, T, H, V);
   double sum = 0;
   int64_t cnt = 0;
@@ -171,9 +169,8 @@ inline std::pair<double, int64_t> cross_entropy(const VecD& h, const VecD& w,
 /// Central differences of f at x (double), at `samples` random coordinates (all when
 /// samples >= x.size()); compares with `analytic` (d f / d x from the op under test).
 /// Fails the test when the relative error of the sampled vectors exceeds tol.
-inline void check_grad(const std::function<double(const VecD&)>& f, VecD x,
-                       const VecF& analytic, size_t samples, double tol, const char* what,
-                       uint32_t seed = 7) {
+inline void check_grad(const std::function<double(const VecD&)>& f, VecD x, const VecF& analytic,
+                       size_t samples, double tol, const char* what, uint32_t seed = 7) {
   ASSERT_EQ(x.size(), analytic.size()) << what;
   std::vector<size_t> idx;
   if (samples >= x.size()) {

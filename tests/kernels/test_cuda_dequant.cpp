@@ -85,30 +85,33 @@ class CudaDequant : public CudaTest, public ::testing::WithParamInterface<DType>
       if (bits(got[size_t(at) + i]) != bits(round_to(out(), ref[i])) && bad++ == 0) first = int64_t(i);
     if (bad)
       return ::testing::AssertionFailure()
-             << what << ": " << bad << " of " << ref.size() << " values differ, first at " << first << ": got "
-             << got[size_t(at + first)] << " expected " << round_to(out(), ref[size_t(first)]) << " (host fp32 "
-             << ref[size_t(first)] << ")";
+             << what << ": " << bad << " of " << ref.size() << " values differ, first at " << first
+             << ": got " << got[size_t(at + first)] << " expected " << round_to(out(), ref[size_t(first)])
+             << " (host fp32 " << ref[size_t(first)] << ")";
     for (size_t i = 0; i < got.size(); ++i)
       if ((int64_t(i) < at || int64_t(i) >= at + int64_t(ref.size())) && !std::isnan(got[i]))
-        return ::testing::AssertionFailure() << what << ": element " << i << " outside the output was written";
+        return ::testing::AssertionFailure()
+               << what << ": element " << i << " outside the output was written";
     return ::testing::AssertionSuccess();
   }
 
   /// Quantizes n random values (normal, `scale`) on the host, places the storage at byte
   /// src_off of a device buffer, dequantizes into element dst_off of a poisoned buffer
   /// (with 3 more poisoned elements after it) and compares with dequantize_weights().
-  void check_case(WeightFormat f, int64_t n, size_t src_off, int64_t dst_off, uint32_t seed, float scale = 1.f) {
+  void check_case(WeightFormat f, int64_t n, size_t src_off, int64_t dst_off, uint32_t seed,
+                  float scale = 1.f) {
     const VecF v = ref::randn(size_t(n), seed, scale);
     const std::vector<uint8_t> q = quantized(f, v);
     DeviceBuffer src = upload_at(q, src_off, src_off + q.size() + 16);
     DT dst = poisoned(dst_off + n + 3, out());
-    dequant(f, static_cast<char*>(src.get()) + src_off, static_cast<char*>(dst.get()) + dst_off * dtype_size(out()),
-            n);
+    dequant(f, static_cast<char*>(src.get()) + src_off,
+            static_cast<char*>(dst.get()) + dst_off * dtype_size(out()), n);
     VecF want(static_cast<size_t>(n));
     dequantize_weights(f, q.data(), want.data(), n);
     EXPECT_TRUE(matches(download(dst), dst_off, want,
-                        std::string(weight_format_name(f)) + " -> " + dtype_name(out()) + " n=" + std::to_string(n) +
-                            " src offset " + std::to_string(src_off) + " dst offset " + std::to_string(dst_off)));
+                        std::string(weight_format_name(f)) + " -> " + dtype_name(out()) +
+                            " n=" + std::to_string(n) + " src offset " + std::to_string(src_off) +
+                            " dst offset " + std::to_string(dst_off)));
   }
 };
 
@@ -137,7 +140,8 @@ TEST_P(CudaDequant, SourceAtEveryByteOffset) {
     const int64_t b = weight_format_block(f);
     for (size_t off = 0; off < 18; ++off) {
       check_case(f, 37 * b, off, 0, seed++);
-      const int64_t across_tiles = weight_format_quantized(f) ? (2 * kTileValues / b + 1) * b : 3 * kTileValues + 5;
+      const int64_t across_tiles =
+          weight_format_quantized(f) ? (2 * kTileValues / b + 1) * b : 3 * kTileValues + 5;
       if (off % 5 == 1) check_case(f, across_tiles, off, 2, seed++);
     }
   }
@@ -186,8 +190,9 @@ TEST_P(CudaDequant, ArbitraryBlockBytes) {
 TEST_P(CudaDequant, TensorsOfAFrozenGroup) {
   for (WeightFormat f : kFormats) {
     const int64_t b = weight_format_block(f);
-    const std::vector<std::pair<WeightFormat, int64_t>> tensors = {
-        {WeightFormat::f32, 3}, {f, 33 * b}, {WeightFormat::f32, 96}, {f, 5 * b}, {WeightFormat::f32, 1}, {f, 129 * b}};
+    const std::vector<std::pair<WeightFormat, int64_t>> tensors = {{WeightFormat::f32, 3},  {f, 33 * b},
+                                                                   {WeightFormat::f32, 96}, {f, 5 * b},
+                                                                   {WeightFormat::f32, 1},  {f, 129 * b}};
     std::vector<uint8_t> storage;
     VecF want;
     std::vector<std::pair<size_t, int64_t>> at;  // byte offset, element offset
@@ -253,7 +258,9 @@ TEST_P(CudaDequant, RejectsBadArgumentsBeforeWriting) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Out, CudaDequant, ::testing::Values(DType::bf16, DType::f16, DType::f32),
-                         [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
+                         [](const ::testing::TestParamInfo<DType>& i) {
+                           return std::string(dtype_name(i.param));
+                         });
 
 }  // namespace
 }  // namespace rp

@@ -92,8 +92,10 @@ TEST_F(CudaDeviceTest, StreamOrderAndCallbacks) {
 
 TEST_F(CudaDeviceTest, CallbackMayIssueWorkOnAnotherStream) {
   const int64_t n = 1 << 20;  // page-aligned blocks, as the runtime's host buffers
-  std::unique_ptr<float, void (*)(void*)> srcp(static_cast<float*>(std::aligned_alloc(4096, size_t(n) * 4)), std::free);
-  std::unique_ptr<float, void (*)(void*)> dstp(static_cast<float*>(std::aligned_alloc(4096, size_t(n) * 4)), std::free);
+  std::unique_ptr<float, void (*)(void*)> srcp(static_cast<float*>(std::aligned_alloc(4096, size_t(n) * 4)),
+                                               std::free);
+  std::unique_ptr<float, void (*)(void*)> dstp(static_cast<float*>(std::aligned_alloc(4096, size_t(n) * 4)),
+                                               std::free);
   float* src = srcp.get();
   float* dst = dstp.get();
   for (int64_t i = 0; i < n; ++i) {

@@ -32,9 +32,9 @@ class CudaOpsTest : public CudaTest {
 class CudaAttentionTest : public CudaOpsTest {
  protected:
   struct Run {
-    VecF q, k, v, dout;     // host inputs (rounded to bf16 by the upload)
-    DT o, lse, dq, dk, dv;  // GPU results
-    int64_t bwd_passes = 0; // cuda::attention_bwd_passes after the backward
+    VecF q, k, v, dout;      // host inputs (rounded to bf16 by the upload)
+    DT o, lse, dq, dk, dv;   // GPU results
+    int64_t bwd_passes = 0;  // cuda::attention_bwd_passes after the backward
   };
   // Applied to the ops before each run (CUDA builds); -1 / 0 leave the device's setting
   // (RP_CUDA_ATTENTION_GQA) and the contract's scratch size.

@@ -5,8 +5,8 @@
 // within the bound of its accumulation otherwise). Skipped, saying so, without a GPU.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -155,8 +155,8 @@ TEST_F(CudaFp8, TransposedCodesEqualTheCpuTwin) {
       cpu_->fp8_quantize_transposed(x.data() + sh.offset, &cs_, cq.data(), sh.rows, sh.cols, f);
       const Codes gq = download_bytes(q.get(), n + 1);
       for (int64_t i = 0; i < n; ++i)
-        ASSERT_EQ(int(gq[size_t(i)]), int(cq[size_t(i)])) << fp8_format_name(f) << " " << sh.rows << "x" << sh.cols
-                                                          << " +" << sh.offset << " element " << i;
+        ASSERT_EQ(int(gq[size_t(i)]), int(cq[size_t(i)])) << fp8_format_name(f) << " " << sh.rows << "x"
+                                                          << sh.cols << " +" << sh.offset << " element " << i;
       EXPECT_EQ(int(gq[size_t(n)]), 0xab) << "wrote past the end";
     }
 }
@@ -204,7 +204,8 @@ TEST_F(CudaFp8, FusedProducerScalesEqualTheSeparatePass) {
   for (const Shape& sh : shapes)
     for (int poison = 0; poison < 3; ++poison) {  // 0 random, 1 all zero, 2 one NaN
       const int64_t n = sh.rows * sh.cols;
-      VecF x = fp8ref::normal_with_outliers(size_t(n), uint32_t(n + poison)), u = fp8ref::normal_with_outliers(size_t(n), 7);
+      VecF x = fp8ref::normal_with_outliers(size_t(n), uint32_t(n + poison)),
+           u = fp8ref::normal_with_outliers(size_t(n), 7);
       VecF w = fp8ref::normal_with_outliers(size_t(sh.cols), 9);
       if (poison == 1) std::fill(x.begin(), x.end(), 0.f);
       if (poison == 2) x[size_t(n / 2)] = nan;
@@ -221,7 +222,8 @@ TEST_F(CudaFp8, FusedProducerScalesEqualTheSeparatePass) {
         o.swiglu_fwd(xd.get(), ud.get(), h2.get(), n);
         o.fp8_scale(h2.get(), n, f, t2.as<float>());
       });
-      const std::string what = std::to_string(sh.rows) + "x" + std::to_string(sh.cols) + " input " + std::to_string(poison);
+      const std::string what =
+          std::to_string(sh.rows) + "x" + std::to_string(sh.cols) + " input " + std::to_string(poison);
       const VecF gy1 = download(y1), gy2 = download(y2), gh1 = download(h1), gh2 = download(h2);
       for (size_t i = 0; i < gy1.size(); ++i) {
         ASSERT_TRUE(same_scale(gy1[i], gy2[i])) << what << ": y differs at " << i;
@@ -309,7 +311,8 @@ TEST_F(CudaFp8, GemmWithinItsAccumulationBound) {
                      acc);
       const VecF got = download(dd);
       const double s = double(s_a) * s_b;
-      const double rel_bound = double(K) * std::ldexp(1.0, -24) + double((K + 127) / 128) * std::ldexp(1.0, -12);
+      const double rel_bound =
+          double(K) * std::ldexp(1.0, -24) + double((K + 127) / 128) * std::ldexp(1.0, -12);
       double worst = 0;
       int64_t exact = 0;
       for (int64_t m = 0; m < M; ++m)

@@ -51,8 +51,9 @@ std::vector<int32_t> packed_positions(int64_t S, int64_t L, bool long_examples =
   }
   const double e = std::sqrt(num) / std::max(std::sqrt(den), floor_norm);
   if (nan == 0 && e <= tol) return ::testing::AssertionSuccess() << what << " err " << e;
-  return ::testing::AssertionFailure() << what << ": err " << e << " > " << tol << " (|ref| " << std::sqrt(den)
-                                       << ", floor " << floor_norm << ", " << nan << " NaN of " << got.size() << ")";
+  return ::testing::AssertionFailure()
+         << what << ": err " << e << " > " << tol << " (|ref| " << std::sqrt(den) << ", floor " << floor_norm
+         << ", " << nan << " NaN of " << got.size() << ")";
 }
 
 double l2_norm(const VecF& x) {
@@ -87,13 +88,14 @@ class CudaGptOss : public CudaTest, public ::testing::WithParamInterface<DType> 
   // CPU backward starts from the GPU's o).
   void check_attention(const Case& c) {
     const auto [S, L, nq, nkv, D, window, with_sinks, packed, impl] = c;
-    SCOPED_TRACE(::testing::Message() << dtype_name(ct()) << " S " << S << " L " << L << " nq " << nq << " nkv "
-                                      << nkv << " D " << D << " window " << window << " sinks " << with_sinks
-                                      << " packed " << packed << " impl " << impl);
+    SCOPED_TRACE(::testing::Message() << dtype_name(ct()) << " S " << S << " L " << L << " nq " << nq
+                                      << " nkv " << nkv << " D " << D << " window " << window << " sinks "
+                                      << with_sinks << " packed " << packed << " impl " << impl);
     const DType t = ct();
     const float scale = float(1.0 / std::sqrt(double(D)));
     const int64_t T = S * L;
-    VecF q = randn(size_t(T * nq * D), 61), k = randn(size_t(T * nkv * D), 62), v = randn(size_t(T * nkv * D), 63);
+    VecF q = randn(size_t(T * nq * D), 61), k = randn(size_t(T * nkv * D), 62),
+         v = randn(size_t(T * nkv * D), 63);
     VecF dout = randn(size_t(T * nq * D), 64), sinks = randn(size_t(nq), 65, 2.f);
     const auto pos = packed_positions(S, L, packed == 2);
     DT qd = upload(q, t), kd = upload(k, t), vd = upload(v, t), dod = upload(dout, t), sd = upload(sinks, t);
@@ -112,8 +114,8 @@ class CudaGptOss : public CudaTest, public ::testing::WithParamInterface<DType> 
       set_impl(op, impl);
       op.attention_fwd_v(qd.get(), kd.get(), vd.get(), o.get(), lse.as<float>(), S, L, nq, nkv, D, scale, gv,
                          scratch.get());
-      op.attention_bwd_v(qd.get(), kd.get(), vd.get(), o.get(), lse.as<float>(), dod.get(), dq.get(), dk.get(),
-                         dv.get(), S, L, nq, nkv, D, scale, gv, scratch.get());
+      op.attention_bwd_v(qd.get(), kd.get(), vd.get(), o.get(), lse.as<float>(), dod.get(), dq.get(),
+                         dk.get(), dv.get(), S, L, nq, nkv, D, scale, gv, scratch.get());
       set_impl(op, 0);
     });
     Ops::AttentionVariant cv = gv;
@@ -123,10 +125,11 @@ class CudaGptOss : public CudaTest, public ::testing::WithParamInterface<DType> 
     cv.pos = packed ? pos.data() : nullptr;
     VecF ro(q.size()), rl(size_t(S * nq * L)), rdq(q.size()), rdk(k.size()), rdv(v.size());
     std::vector<char> cs(Ops::attention_scratch_bytes(S, L, nq, nkv, D));
-    cpu_->attention_fwd_v(q.data(), k.data(), v.data(), ro.data(), rl.data(), S, L, nq, nkv, D, scale, cv, cs.data());
+    cpu_->attention_fwd_v(q.data(), k.data(), v.data(), ro.data(), rl.data(), S, L, nq, nkv, D, scale, cv,
+                          cs.data());
     VecF go = download(o);
-    cpu_->attention_bwd_v(q.data(), k.data(), v.data(), go.data(), rl.data(), dout.data(), rdq.data(), rdk.data(),
-                          rdv.data(), S, L, nq, nkv, D, scale, cv, cs.data());
+    cpu_->attention_bwd_v(q.data(), k.data(), v.data(), go.data(), rl.data(), dout.data(), rdq.data(),
+                          rdk.data(), rdv.data(), S, L, nq, nkv, D, scale, cv, cs.data());
     EXPECT_TRUE(close(go, ro, 1e-2, "o"));
     EXPECT_TRUE(close(download(lse), rl, 1e-4, "lse"));
     // dq and dk against 1% of dv's norm at least (close_floor: zero for a window of 1)
@@ -196,21 +199,22 @@ TEST_P(CudaGptOss, DefaultVariantEqualsThePlainOps) {
       var.pos = packed ? pd.as<int32_t>() : nullptr;
       run([&](Ops& op) {
         if (packed) {
-          op.attention_fwd_packed(qd.get(), kd.get(), vd.get(), o[0].get(), lse[0].as<float>(), pd.as<int32_t>(), S,
-                                  L, nq, nkv, D, scale, scratch.get());
+          op.attention_fwd_packed(qd.get(), kd.get(), vd.get(), o[0].get(), lse[0].as<float>(),
+                                  pd.as<int32_t>(), S, L, nq, nkv, D, scale, scratch.get());
           op.attention_bwd_packed(qd.get(), kd.get(), vd.get(), o[0].get(), lse[0].as<float>(), dod.get(),
-                                  pd.as<int32_t>(), dq[0].get(), dk[0].get(), dv[0].get(), S, L, nq, nkv, D, scale,
-                                  scratch.get());
+                                  pd.as<int32_t>(), dq[0].get(), dk[0].get(), dv[0].get(), S, L, nq, nkv, D,
+                                  scale, scratch.get());
         } else {
-          op.attention_fwd(qd.get(), kd.get(), vd.get(), o[0].get(), lse[0].as<float>(), S, L, nq, nkv, D, scale,
-                           scratch.get());
-          op.attention_bwd(qd.get(), kd.get(), vd.get(), o[0].get(), lse[0].as<float>(), dod.get(), dq[0].get(),
-                           dk[0].get(), dv[0].get(), S, L, nq, nkv, D, scale, scratch.get());
+          op.attention_fwd(qd.get(), kd.get(), vd.get(), o[0].get(), lse[0].as<float>(), S, L, nq, nkv, D,
+                           scale, scratch.get());
+          op.attention_bwd(qd.get(), kd.get(), vd.get(), o[0].get(), lse[0].as<float>(), dod.get(),
+                           dq[0].get(), dk[0].get(), dv[0].get(), S, L, nq, nkv, D, scale, scratch.get());
         }
-        op.attention_fwd_v(qd.get(), kd.get(), vd.get(), o[1].get(), lse[1].as<float>(), S, L, nq, nkv, D, scale, var,
+        op.attention_fwd_v(qd.get(), kd.get(), vd.get(), o[1].get(), lse[1].as<float>(), S, L, nq, nkv, D,
+                           scale, var, scratch.get());
+        op.attention_bwd_v(qd.get(), kd.get(), vd.get(), o[1].get(), lse[1].as<float>(), dod.get(),
+                           dq[1].get(), dk[1].get(), dv[1].get(), S, L, nq, nkv, D, scale, var,
                            scratch.get());
-        op.attention_bwd_v(qd.get(), kd.get(), vd.get(), o[1].get(), lse[1].as<float>(), dod.get(), dq[1].get(),
-                           dk[1].get(), dv[1].get(), S, L, nq, nkv, D, scale, var, scratch.get());
       });
       EXPECT_EQ(download(o[0]), download(o[1]));
       EXPECT_EQ(download(lse[0]), download(lse[1]));
@@ -232,7 +236,8 @@ TEST_P(CudaGptOss, DefaultVariantEqualsThePlainOps) {
 TEST_P(CudaGptOss, DecodeWithWindowAndSinksMatchesCpu) {
   const DType t = ct();
   const int64_t past = 70, n = 5, nq = 8, nkv = 2, D = 64, C = 128;  // a cache of 128 rows
-  VecF q = randn(size_t(n * nq * D), 81), k = randn(size_t(C * nkv * D), 82), v = randn(size_t(C * nkv * D), 83);
+  VecF q = randn(size_t(n * nq * D), 81), k = randn(size_t(C * nkv * D), 82),
+       v = randn(size_t(C * nkv * D), 83);
   VecF sinks = randn(size_t(nq), 84, 2.f);
   DT qd = upload(q, t), kd = upload(k, t), vd = upload(v, t), sd = upload(sinks, t);
   for (int64_t window : {1, 16, 128})
@@ -242,7 +247,9 @@ TEST_P(CudaGptOss, DecodeWithWindowAndSinksMatchesCpu) {
       gv.window = cv.window = window;
       gv.sinks = with_sinks ? sd.get() : nullptr;
       cv.sinks = with_sinks ? sinks.data() : nullptr;
-      run([&](Ops& op) { op.attention_decode_v(qd.get(), kd.get(), vd.get(), o.get(), past, n, nq, nkv, D, 0.125f, gv); });
+      run([&](Ops& op) {
+        op.attention_decode_v(qd.get(), kd.get(), vd.get(), o.get(), past, n, nq, nkv, D, 0.125f, gv);
+      });
       VecF r(q.size());
       cpu_->attention_decode_v(q.data(), k.data(), v.data(), r.data(), past, n, nq, nkv, D, 0.125f, cv);
       EXPECT_TRUE(close(download(o), r, 1e-2, ("decode window " + std::to_string(window)).c_str()));
@@ -255,7 +262,8 @@ TEST_P(CudaGptOss, GroupedBiasMatchesCpu) {
   const DType t = ct();
   for (auto [E, N] : std::vector<std::array<int64_t, 2>>{{5, 77}, {300, 40}, {1, 2880}}) {
     std::vector<int32_t> off(size_t(E + 1), 0);
-    for (int64_t e = 0; e < E; ++e) off[size_t(e + 1)] = off[size_t(e)] + int32_t(e % 3 == 1 ? 0 : (e * 5) % 17 + 1);
+    for (int64_t e = 0; e < E; ++e)
+      off[size_t(e + 1)] = off[size_t(e)] + int32_t(e % 3 == 1 ? 0 : (e * 5) % 17 + 1);
     if (E == 1) off[1] = 700;
     const int64_t R = off[size_t(E)];
     VecF y = randn(size_t(R * N), 91), b = randn(size_t(E * N), 92), dy = randn(size_t(R * N), 93);
@@ -304,6 +312,8 @@ TEST_P(CudaGptOss, ClampedSwigluMatchesCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtype, CudaGptOss, ::testing::Values(DType::bf16, DType::f16),
-                         [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
+                         [](const ::testing::TestParamInfo<DType>& i) {
+                           return std::string(dtype_name(i.param));
+                         });
 
 }  // namespace rp::cudatest

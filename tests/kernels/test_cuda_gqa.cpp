@@ -43,14 +43,13 @@ class CudaGqaExpand : public CudaOpsTest, public ::testing::WithParamInterface<E
 };
 TEST_P(CudaGqaExpand, MatchesCpuTwinBf16) { check(DType::bf16); }
 TEST_P(CudaGqaExpand, MatchesCpuTwinF16) { check(DType::f16); }
-INSTANTIATE_TEST_SUITE_P(
-    Passes, CudaGqaExpand,
-    ::testing::Values(ExpandCase{37, 4, 4, 6, 3, 128, 0},     // straddles KV heads 1..3
-                      ExpandCase{50, 2, 0, 16, 8, 64, 0},     // every head, ratio 8
-                      ExpandCase{9, 8, 120, 8, 16, 128, 0},   // part of the last KV head
-                      ExpandCase{33, 3, 1, 4, 4, 6, 0},       // D*2 = 12 bytes: one element
-                      ExpandCase{21, 4, 2, 5, 2, 128, 1},     // unaligned pointers
-                      ExpandCase{0, 4, 0, 16, 4, 128, 0}));   // no tokens
+INSTANTIATE_TEST_SUITE_P(Passes, CudaGqaExpand,
+                         ::testing::Values(ExpandCase{37, 4, 4, 6, 3, 128, 0},    // straddles KV heads 1..3
+                                           ExpandCase{50, 2, 0, 16, 8, 64, 0},    // every head, ratio 8
+                                           ExpandCase{9, 8, 120, 8, 16, 128, 0},  // part of the last KV head
+                                           ExpandCase{33, 3, 1, 4, 4, 6, 0},    // D*2 = 12 bytes: one element
+                                           ExpandCase{21, 4, 2, 5, 2, 128, 1},  // unaligned pointers
+                                           ExpandCase{0, 4, 0, 16, 4, 128, 0}));  // no tokens
 
 struct SumCase {
   int64_t T, G, m, D;
@@ -78,7 +77,8 @@ TEST_P(CudaGqaGroupSum, MatchesCpuTwin) {
   });
   const double tol = out_t == DType::f32 ? 1e-6 : 4e-3;
   for (int pass = 0; pass < 2; ++pass) {
-    const VecF got = download(pass == 0 ? okd : ovd), &in = pass == 0 ? ik : iv, &init = pass == 0 ? ok0 : ov0;
+    const VecF got = download(pass == 0 ? okd : ovd), &in = pass == 0 ? ik : iv,
+               &init = pass == 0 ? ok0 : ov0;
     const ref::VecD sum = ref::gqa_group_sum(VecF(in.begin() + off, in.end()), T, G, m, D);
     VecF got_in, want_in;
     size_t outside = 0, unchanged = 0;
@@ -148,21 +148,16 @@ TEST_P(CudaGqaAttention, ForcedCudnnMatchesCpu) {
 }
 INSTANTIATE_TEST_SUITE_P(
     Ratios, CudaGqaAttention,
-    ::testing::Values(GqaShape{1, 256, 4, 4, 128},     // ratio 1
-                      GqaShape{2, 200, 2, 2, 64},
-                      GqaShape{2, 200, 4, 2, 128},     // ratio 2: native graph
+    ::testing::Values(GqaShape{1, 256, 4, 4, 128},                              // ratio 1
+                      GqaShape{2, 200, 2, 2, 64}, GqaShape{2, 200, 4, 2, 128},  // ratio 2: native graph
                       GqaShape{1, 333, 4, 2, 64},
                       GqaShape{2, 200, 4, 2, 128, 2},  // ratio 2 through the expanded path
                       GqaShape{1, 256, 8, 2, 128},     // ratio 4: expanded path
-                      GqaShape{2, 200, 4, 1, 128},
-                      GqaShape{2, 333, 8, 2, 64},
-                      GqaShape{1, 100, 4, 1, 64},
-                      GqaShape{1, 384, 8, 1, 128},     // ratio 8
-                      GqaShape{2, 200, 16, 2, 128},
-                      GqaShape{1, 333, 8, 1, 64},
-                      GqaShape{1, 256, 16, 1, 128},    // ratio 16
-                      GqaShape{2, 200, 32, 2, 64},
-                      GqaShape{1, 777, 16, 1, 128}));
+                      GqaShape{2, 200, 4, 1, 128}, GqaShape{2, 333, 8, 2, 64}, GqaShape{1, 100, 4, 1, 64},
+                      GqaShape{1, 384, 8, 1, 128},  // ratio 8
+                      GqaShape{2, 200, 16, 2, 128}, GqaShape{1, 333, 8, 1, 64},
+                      GqaShape{1, 256, 16, 1, 128},  // ratio 16
+                      GqaShape{2, 200, 32, 2, 64}, GqaShape{1, 777, 16, 1, 128}));
 
 // A smaller scratch means more, smaller passes: 5 KV heads of 4 query heads give passes of
 // 20, 12 (+8), 8 (+8+4), 4, then parts of one KV head (2 + 2, then 1 each) with fp32

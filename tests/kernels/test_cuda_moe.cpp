@@ -229,15 +229,16 @@ TEST_P(CudaMoe, LowRankWeightGradientsMatchCpuInOneLaunch) {
   struct Shape {
     int64_t K, N, kernel_max;
   };
-  const Shape shapes[] = {{c.H, 8, 64},  {8, c.F, 64},  {c.F, 32, 64},  {32, c.H, 64},
+  const Shape shapes[] = {{c.H, 8, 64},  {8, c.F, 64},  {c.F, 32, 64},         {32, c.H, 64},
                           {c.H, 12, 64}, {13, c.F, 64}, {c.H, c.F, INT64_MAX}, {c.F, c.H, INT64_MAX}};
   for (const Shape& s : shapes) {
     const std::string m = "K=" + std::to_string(s.K) + " N=" + std::to_string(s.N);
-    VecF x = randn(size_t(R * s.K), 24), dy = randn(size_t(R * s.N), 25), dw0 = randn(size_t(E * s.N * s.K), 26);
+    VecF x = randn(size_t(R * s.K), 24), dy = randn(size_t(R * s.N), 25),
+         dw0 = randn(size_t(E * s.N * s.K), 26);
     DT xd = upload(x, c.dt), dyd = upload(dy, c.dt);
     VecF rdw = dw0;
-    cpu_->grouped_linear_bwd_weight(download(dyd).data(), download(xd).data(), rdw.data(), r.off.data(), E, s.K,
-                                    s.N);
+    cpu_->grouped_linear_bwd_weight(download(dyd).data(), download(xd).data(), rdw.data(), r.off.data(), E,
+                                    s.K, s.N);
     std::vector<VecF> got;
     for (int rep = 0; rep < 2; ++rep) {
       DT dw = upload(dw0, DType::f32);
@@ -250,9 +251,11 @@ TEST_P(CudaMoe, LowRankWeightGradientsMatchCpuInOneLaunch) {
       got.push_back(download(dw));
     }
     EXPECT_TRUE(close(got[0], rdw, 1e-4, ("dw += " + m).c_str()));
-    EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(float)), 0) << "rerun differs: " << m;
+    EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(float)), 0)
+        << "rerun differs: " << m;
     for (int64_t i = 3 * s.N * s.K; i < 4 * s.N * s.K; ++i)
-      ASSERT_EQ(got[0][size_t(i)], dw0[size_t(i)]) << "expert 3 has no rows: its dw must not change (" << m << ")";
+      ASSERT_EQ(got[0][size_t(i)], dw0[size_t(i)])
+          << "expert 3 has no rows: its dw must not change (" << m << ")";
   }
 #else
   GTEST_SKIP() << "built without CUDA";
@@ -270,7 +273,8 @@ TEST_P(CudaMoe, LowRankProductsMatchCpuInOneLaunch) {
   const auto c = GetParam();
   Cpu r = cpu_route(logits(27), false, VecF(size_t(2 * c.E), 0.f));
   const int64_t R = c.T * c.k, E = c.E;
-  const std::pair<int64_t, int64_t> shapes[] = {{8, c.F}, {13, c.F}, {32, c.H}, {c.H, 8}, {c.F, 32}, {c.H, 12}};
+  const std::pair<int64_t, int64_t> shapes[] = {{8, c.F}, {13, c.F}, {32, c.H},
+                                                {c.H, 8}, {c.F, 32}, {c.H, 12}};
   for (auto [K, N] : shapes) {
     const std::string m = "K=" + std::to_string(K) + " N=" + std::to_string(N);
     VecF x = randn(size_t(R * K), 28), w = randn(size_t(E * N * K), 29, 0.2f), dy = randn(size_t(R * N), 30);
@@ -286,7 +290,8 @@ TEST_P(CudaMoe, LowRankProductsMatchCpuInOneLaunch) {
     cpu_->grouped_linear_bwd_input(dyr.data(), wr.data(), rdxa.data(), r.off.data(), E, K, N, true);
     std::vector<std::array<VecF, 4>> got;
     for (bool kernel : {true, true, false}) {  // the kernel twice, then cuBLAS's grouped call
-      DT y = poisoned(R * N, c.dt), ya = upload(y0, c.dt), dx = poisoned(R * K, c.dt), dxa = upload(dx0, c.dt);
+      DT y = poisoned(R * N, c.dt), ya = upload(y0, c.dt), dx = poisoned(R * K, c.dt),
+         dxa = upload(dx0, c.dt);
       run([&](Ops& o) {
         set_mode(o, 1);
         cuda::set_grouped_lowrank_kernel(o, kernel);
@@ -303,7 +308,8 @@ TEST_P(CudaMoe, LowRankProductsMatchCpuInOneLaunch) {
     for (int i = 0; i < 4; ++i) {
       EXPECT_TRUE(close(got[0][size_t(i)], *ref[i], tol(), (std::string(what[i]) + " kernel " + m).c_str()));
       EXPECT_TRUE(close(got[2][size_t(i)], *ref[i], tol(), (std::string(what[i]) + " cuBLAS " + m).c_str()));
-      EXPECT_EQ(std::memcmp(got[0][size_t(i)].data(), got[1][size_t(i)].data(), got[0][size_t(i)].size() * 4), 0)
+      EXPECT_EQ(std::memcmp(got[0][size_t(i)].data(), got[1][size_t(i)].data(), got[0][size_t(i)].size() * 4),
+                0)
           << "rerun differs: " << what[i] << " " << m;
     }
   }
@@ -384,9 +390,9 @@ TEST_P(CudaMoe, BadExpertIndexIsReported) {
 }
 
 #ifdef RP_HAVE_CUDA
-TEST(CudaMoeKnobs, GroupedGemmVariable) {  // needs no device
+TEST(CudaMoeKnobs, GroupedGemmVariable) {           // needs no device
   EXPECT_EQ(cuda::parse_grouped_gemm(nullptr), 1);  // the default: grouped
-  EXPECT_EQ(cuda::parse_grouped_gemm(""), 1);  // the default: grouped
+  EXPECT_EQ(cuda::parse_grouped_gemm(""), 1);       // the default: grouped
   EXPECT_EQ(cuda::parse_grouped_gemm("streams"), 2);
   EXPECT_EQ(cuda::parse_grouped_gemm("grouped"), 1);
   EXPECT_EQ(cuda::parse_grouped_gemm("loop"), 0);

@@ -102,8 +102,8 @@ TEST_P(CudaLinear, MatchesCpu) {
   EXPECT_TRUE(close(download(dw), rdw, 1e-4, "dw +="));  // fp32 accumulator, exact products
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaLinear,
-                         ::testing::Values(LinShape{37, 72, 50}, LinShape{256, 512, 384},
-                                           LinShape{1, 8, 3}, LinShape{300, 2048, 1024}));
+                         ::testing::Values(LinShape{37, 72, 50}, LinShape{256, 512, 384}, LinShape{1, 8, 3},
+                                           LinShape{300, 2048, 1024}));
 
 TEST_F(CudaOpsTest, Embedding) {
   const int64_t T = 257, H = 96, V = 50;
@@ -242,35 +242,30 @@ TEST_P(CudaAttention, MatchesCpu) {
   Run g = run_attention(S, L, nq, nkv, D, 61, impl, bwd_impl);
   expect_matches_cpu(g, S, L, nq, nkv, D);
 }
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, CudaAttention,
-    ::testing::Values(AttnShape{2, 200, 4, 2, 128, 0},   // flash, GQA 2, ragged last tile
-                      AttnShape{1, 130, 2, 1, 64, 0},    // flash D=64
-                      AttnShape{1, 64, 2, 2, 128, 0},    // one tile exactly
-                      AttnShape{3, 17, 4, 1, 128, 0},    // shorter than a tile
-                      AttnShape{1, 1024, 2, 1, 128, 0},  // many tiles
-                      AttnShape{2, 200, 4, 2, 128, 1},   // simple kernels
-                      AttnShape{2, 77, 6, 2, 32, 0},     // D=32 -> simple kernels
-                      AttnShape{1, 50, 3, 3, 48, 0},     // D=48, MHA
-                      AttnShape{2, 200, 4, 2, 128, 2},   // flash config 2 (4-warp fwd)
-                      AttnShape{1, 130, 2, 1, 64, 2},
-                      AttnShape{1, 1024, 2, 1, 128, 2},
-                      AttnShape{3, 17, 4, 1, 128, 2},
-                      AttnShape{2, 330, 8, 2, 128, 3},   // flash config 3, GQA 4
-                      AttnShape{1, 257, 2, 2, 64, 3},
-                      AttnShape{2, 200, 4, 2, 128, 4},   // cuDNN flash attention (forced)
-                      AttnShape{1, 130, 2, 1, 64, 4},
-                      AttnShape{1, 64, 2, 2, 128, 4},
-                      AttnShape{3, 17, 4, 2, 128, 4},
-                      AttnShape{1, 1024, 2, 1, 128, 4},
-                      AttnShape{2, 330, 8, 4, 128, 4},
-                      AttnShape{2, 330, 8, 2, 128, 4, 3},  // cuDNN forward, our backward
-                      AttnShape{2, 330, 8, 4, 128, 3, 4},  // our forward, cuDNN backward
-                      AttnShape{1, 200, 4, 2, 128, 4, 1},
-                      // automatic with 4 query heads per KV head: cuDNN forward, cuDNN's
-                      // expanded GQA backward (test_cuda_gqa.cpp covers every ratio)
-                      AttnShape{3, 17, 4, 1, 128, 0},
-                      AttnShape{2, 330, 8, 2, 128, 0}));
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttention,
+                         ::testing::Values(AttnShape{2, 200, 4, 2, 128, 0},  // flash, GQA 2, ragged last tile
+                                           AttnShape{1, 130, 2, 1, 64, 0},   // flash D=64
+                                           AttnShape{1, 64, 2, 2, 128, 0},   // one tile exactly
+                                           AttnShape{3, 17, 4, 1, 128, 0},   // shorter than a tile
+                                           AttnShape{1, 1024, 2, 1, 128, 0},  // many tiles
+                                           AttnShape{2, 200, 4, 2, 128, 1},   // simple kernels
+                                           AttnShape{2, 77, 6, 2, 32, 0},     // D=32 -> simple kernels
+                                           AttnShape{1, 50, 3, 3, 48, 0},     // D=48, MHA
+                                           AttnShape{2, 200, 4, 2, 128, 2},   // flash config 2 (4-warp fwd)
+                                           AttnShape{1, 130, 2, 1, 64, 2}, AttnShape{1, 1024, 2, 1, 128, 2},
+                                           AttnShape{3, 17, 4, 1, 128, 2},
+                                           AttnShape{2, 330, 8, 2, 128, 3},  // flash config 3, GQA 4
+                                           AttnShape{1, 257, 2, 2, 64, 3},
+                                           AttnShape{2, 200, 4, 2, 128, 4},  // cuDNN flash attention (forced)
+                                           AttnShape{1, 130, 2, 1, 64, 4}, AttnShape{1, 64, 2, 2, 128, 4},
+                                           AttnShape{3, 17, 4, 2, 128, 4}, AttnShape{1, 1024, 2, 1, 128, 4},
+                                           AttnShape{2, 330, 8, 4, 128, 4},
+                                           AttnShape{2, 330, 8, 2, 128, 4, 3},  // cuDNN forward, our backward
+                                           AttnShape{2, 330, 8, 4, 128, 3, 4},  // our forward, cuDNN backward
+                                           AttnShape{1, 200, 4, 2, 128, 4, 1},
+                                           // automatic with 4 query heads per KV head: cuDNN forward, cuDNN's
+                                           // expanded GQA backward (test_cuda_gqa.cpp covers every ratio)
+                                           AttnShape{3, 17, 4, 1, 128, 0}, AttnShape{2, 330, 8, 2, 128, 0}));
 
 // Forcing cuDNN (impl 4) on a shape it refuses is a DeviceError that says why, not a
 // silent fallback: head_dim 36 (cuDNN needs a multiple of 8), and an expanded GQA backward
@@ -401,7 +396,8 @@ class CudaLmHead : public CudaOpsTest, public ::testing::WithParamInterface<CeSh
 
 TEST_P(CudaLmHead, MatchesCpu) {
   const auto [T, H, V] = GetParam();
-  VecF h = randn(size_t(T * H), 81), w = randn(size_t(V * H), 82, 0.1f), dw0 = randn(size_t(V * H), 83, 0.01f);
+  VecF h = randn(size_t(T * H), 81), w = randn(size_t(V * H), 82, 0.1f),
+       dw0 = randn(size_t(V * H), 83, 0.01f);
   std::vector<int32_t> tg(size_t(T), {});
   for (int64_t t = 0; t < T; ++t) tg[size_t(t)] = (t % 7 == 3) ? -100 : int32_t((t * 131 + 7) % V);
   DT hd = upload(h, DType::bf16), wd = upload(w, DType::bf16), tgd = upload_i32(tg);
@@ -416,8 +412,8 @@ TEST_P(CudaLmHead, MatchesCpu) {
   });
   VecF rloss(2), rdh(size_t(T * H), {}), rdw = dw0;
   std::vector<char> cs(Ops::lm_head_ce_scratch_bytes(T, H, V));
-  cpu_->lm_head_cross_entropy(h.data(), w.data(), tg.data(), T, H, V, rloss.data(), rdh.data(),
-                              rdw.data(), cs.data());
+  cpu_->lm_head_cross_entropy(h.data(), w.data(), tg.data(), T, H, V, rloss.data(), rdh.data(), rdw.data(),
+                              cs.data());
   VecF gl = download(loss), gl2 = download(loss2);
   EXPECT_EQ(gl[1], rloss[1]);
   EXPECT_EQ(gl2[1], rloss[1]);
@@ -433,10 +429,10 @@ TEST_P(CudaLmHead, MatchesCpu) {
   EXPECT_TRUE(close(inc, rinc, kTol, "dw increment"));
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaLmHead,
-                         ::testing::Values(CeShape{300, 64, 1000},   // 2 chunks, vector path
-                                           CeShape{37, 48, 1001},    // odd vocab: scalar path
-                                           CeShape{1100, 256, 4096}, // several chunks
-                                           CeShape{0, 16, 32}));     // no tokens
+                         ::testing::Values(CeShape{300, 64, 1000},    // 2 chunks, vector path
+                                           CeShape{37, 48, 1001},     // odd vocab: scalar path
+                                           CeShape{1100, 256, 4096},  // several chunks
+                                           CeShape{0, 16, 32}));      // no tokens
 
 // Loss scaling on the device: the scale is the fp32 alpha of the dh / dW GEMMs, so with a power
 // of two dh (bf16) and dW (fp32) are exactly S times the unscaled ones and the loss is unscaled.
@@ -451,10 +447,10 @@ TEST_F(CudaOpsTest, LmHeadLossScaleMultipliesOnlyTheGradients) {
   DT dw1 = upload(zero, DType::f32), dwS = upload(zero, DType::f32);
   DeviceBuffer scratch(dev(), Ops::lm_head_ce_scratch_bytes(T, H, V));
   run([&](Ops& o) {
-    o.lm_head_cross_entropy(hd.get(), wd.get(), tgd.as<int32_t>(), T, H, V, l1.as<float>(), dh1.get(), dw1.get(),
-                            scratch.get());
-    o.lm_head_cross_entropy(hd.get(), wd.get(), tgd.as<int32_t>(), T, H, V, lS.as<float>(), dhS.get(), dwS.get(),
-                            scratch.get(), 1024.f);
+    o.lm_head_cross_entropy(hd.get(), wd.get(), tgd.as<int32_t>(), T, H, V, l1.as<float>(), dh1.get(),
+                            dw1.get(), scratch.get());
+    o.lm_head_cross_entropy(hd.get(), wd.get(), tgd.as<int32_t>(), T, H, V, lS.as<float>(), dhS.get(),
+                            dwS.get(), scratch.get(), 1024.f);
   });
   VecF a = download(l1), b = download(lS);
   EXPECT_EQ(a[0], b[0]);
@@ -463,8 +459,8 @@ TEST_F(CudaOpsTest, LmHeadLossScaleMultipliesOnlyTheGradients) {
   for (size_t i = 0; i < g1.size(); ++i) ASSERT_EQ(gS[i], 1024.f * g1[i]) << "dh " << i;
   for (size_t i = 0; i < w1.size(); ++i) ASSERT_EQ(wS[i], 1024.f * w1[i]) << "dw " << i;
   float loss[2];
-  EXPECT_THROW(ops().lm_head_cross_entropy(hd.get(), wd.get(), tgd.as<int32_t>(), T, H, V, loss, nullptr, nullptr,
-                                           scratch.get(), 0.f),
+  EXPECT_THROW(ops().lm_head_cross_entropy(hd.get(), wd.get(), tgd.as<int32_t>(), T, H, V, loss, nullptr,
+                                           nullptr, scratch.get(), 0.f),
                std::invalid_argument);
 }
 
@@ -485,12 +481,12 @@ TEST_F(CudaF16Test, LmHeadLossScaleOverflowsOnlyWhenTooLarge) {
   DT dw = upload(zero, DType::f32);
   DeviceBuffer scratch(dev(), Ops::lm_head_ce_scratch_bytes(T, H, V));
   run([&](Ops& o) {
-    o.lm_head_cross_entropy(hd.get(), wd.get(), tgd.as<int32_t>(), T, H, V, loss.as<float>(), dh1.get(), nullptr,
-                            scratch.get(), 1.f);
-    o.lm_head_cross_entropy(hd.get(), wd.get(), tgd.as<int32_t>(), T, H, V, loss.as<float>(), dh8.get(), nullptr,
-                            scratch.get(), 8.f);
-    o.lm_head_cross_entropy(hd.get(), wd.get(), tgd.as<int32_t>(), T, H, V, loss.as<float>(), dhbig.get(), dw.get(),
-                            scratch.get(), 1e9f);
+    o.lm_head_cross_entropy(hd.get(), wd.get(), tgd.as<int32_t>(), T, H, V, loss.as<float>(), dh1.get(),
+                            nullptr, scratch.get(), 1.f);
+    o.lm_head_cross_entropy(hd.get(), wd.get(), tgd.as<int32_t>(), T, H, V, loss.as<float>(), dh8.get(),
+                            nullptr, scratch.get(), 8.f);
+    o.lm_head_cross_entropy(hd.get(), wd.get(), tgd.as<int32_t>(), T, H, V, loss.as<float>(), dhbig.get(),
+                            dw.get(), scratch.get(), 1e9f);
   });
   VecF g1 = download(dh1), g8 = download(dh8), gb = download(dhbig);
   size_t inf = 0;
@@ -540,12 +536,15 @@ TEST_F(CudaOpsF16, LinearAttentionLmHead) {
   const float scale = float(1.0 / std::sqrt(double(D)));
   VecF q = randn(size_t(L * nq * D), 103), k = randn(size_t(L * D), 104), v = randn(size_t(L * D), 105);
   VecF dout = randn(size_t(L * nq * D), 106);
-  DT qd = upload(q, DType::f16), kd = upload(k, DType::f16), vd = upload(v, DType::f16), dod = upload(dout, DType::f16);
+  DT qd = upload(q, DType::f16), kd = upload(k, DType::f16), vd = upload(v, DType::f16),
+     dod = upload(dout, DType::f16);
   DT o = poisoned(L * nq * D, DType::f16), lse = poisoned(nq * L, DType::f32);
-  DT dq = poisoned(L * nq * D, DType::f16), dk = poisoned(L * D, DType::f16), dv = poisoned(L * D, DType::f16);
+  DT dq = poisoned(L * nq * D, DType::f16), dk = poisoned(L * D, DType::f16),
+     dv = poisoned(L * D, DType::f16);
   DeviceBuffer scratch(dev(), Ops::attention_scratch_bytes(S, L, nq, nkv, D));
   run([&](Ops& op) {
-    op.attention_fwd(qd.get(), kd.get(), vd.get(), o.get(), lse.as<float>(), S, L, nq, nkv, D, scale, scratch.get());
+    op.attention_fwd(qd.get(), kd.get(), vd.get(), o.get(), lse.as<float>(), S, L, nq, nkv, D, scale,
+                     scratch.get());
     op.attention_bwd(qd.get(), kd.get(), vd.get(), o.get(), lse.as<float>(), dod.get(), dq.get(), dk.get(),
                      dv.get(), S, L, nq, nkv, D, scale, scratch.get());
   });

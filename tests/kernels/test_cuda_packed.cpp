@@ -39,7 +39,8 @@ TEST_F(CudaOpsTest, RopeAtPositions) {
 }
 
 TEST_F(CudaOpsTest, PackedAttentionMatchesCpu) {
-  for (auto [S, L, nq, nkv, D] : std::vector<std::array<int64_t, 5>>{{2, 96, 4, 2, 64}, {1, 200, 8, 8, 128}}) {
+  for (auto [S, L, nq, nkv, D] :
+       std::vector<std::array<int64_t, 5>>{{2, 96, 4, 2, 64}, {1, 200, 8, 8, 128}}) {
     const float scale = float(1.0 / std::sqrt(double(D)));
     const auto pos = packed_positions(S, L);
     VecF q = randn(size_t(S * L * nq * D), 41), k = randn(size_t(S * L * nkv * D), 42);
@@ -51,15 +52,16 @@ TEST_F(CudaOpsTest, PackedAttentionMatchesCpu) {
     DT dv = poisoned(S * L * nkv * D, DType::bf16);
     DeviceBuffer scratch(dev(), Ops::attention_scratch_bytes(S, L, nq, nkv, D));
     run([&](Ops& op) {
-      op.attention_fwd_packed(qd.get(), kd.get(), vd.get(), o.get(), lse.as<float>(), pd.as<int32_t>(), S, L, nq, nkv,
-                              D, scale, scratch.get());
-      op.attention_bwd_packed(qd.get(), kd.get(), vd.get(), o.get(), lse.as<float>(), dod.get(), pd.as<int32_t>(),
-                              dq.get(), dk.get(), dv.get(), S, L, nq, nkv, D, scale, scratch.get());
+      op.attention_fwd_packed(qd.get(), kd.get(), vd.get(), o.get(), lse.as<float>(), pd.as<int32_t>(), S, L,
+                              nq, nkv, D, scale, scratch.get());
+      op.attention_bwd_packed(qd.get(), kd.get(), vd.get(), o.get(), lse.as<float>(), dod.get(),
+                              pd.as<int32_t>(), dq.get(), dk.get(), dv.get(), S, L, nq, nkv, D, scale,
+                              scratch.get());
     });
     VecF ro(q.size()), rl(size_t(S * nq * L)), rdq(q.size()), rdk(k.size()), rdv(v.size());
     std::vector<char> cs(Ops::attention_scratch_bytes(S, L, nq, nkv, D));
-    cpu_->attention_fwd_packed(q.data(), k.data(), v.data(), ro.data(), rl.data(), pos.data(), S, L, nq, nkv, D,
-                               scale, cs.data());
+    cpu_->attention_fwd_packed(q.data(), k.data(), v.data(), ro.data(), rl.data(), pos.data(), S, L, nq, nkv,
+                               D, scale, cs.data());
     VecF go = download(o);  // the backward starts from the device's rounded o
     cpu_->attention_bwd_packed(q.data(), k.data(), v.data(), go.data(), rl.data(), dout.data(), pos.data(),
                                rdq.data(), rdk.data(), rdv.data(), S, L, nq, nkv, D, scale, cs.data());
@@ -73,10 +75,13 @@ TEST_F(CudaOpsTest, PackedAttentionMatchesCpu) {
 
 TEST_F(CudaOpsTest, AttentionDecodeMatchesCpu) {
   const int64_t past = 70, n = 5, nq = 8, nkv = 2, D = 64, C = 128;  // a cache of 128 rows
-  VecF q = randn(size_t(n * nq * D), 51), k = randn(size_t(C * nkv * D), 52), v = randn(size_t(C * nkv * D), 53);
+  VecF q = randn(size_t(n * nq * D), 51), k = randn(size_t(C * nkv * D), 52),
+       v = randn(size_t(C * nkv * D), 53);
   DT qd = upload(q, DType::bf16), kd = upload(k, DType::bf16), vd = upload(v, DType::bf16);
   DT o = poisoned(n * nq * D, DType::bf16);
-  run([&](Ops& op) { op.attention_decode(qd.get(), kd.get(), vd.get(), o.get(), past, n, nq, nkv, D, 0.125f); });
+  run([&](Ops& op) {
+    op.attention_decode(qd.get(), kd.get(), vd.get(), o.get(), past, n, nq, nkv, D, 0.125f);
+  });
   VecF r(q.size());
   cpu_->attention_decode(q.data(), k.data(), v.data(), r.data(), past, n, nq, nkv, D, 0.125f);
   EXPECT_TRUE(close(download(o), r, kTol, "decode"));

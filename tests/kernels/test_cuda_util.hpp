@@ -41,7 +41,10 @@ struct DT {
   int64_t n = 0;
   DType t = DType::f32;
   void* get() const { return buf.get(); }
-  template <class T> T* as() const { return buf.as<T>(); }
+  template <class T>
+  T* as() const {
+    return buf.as<T>();
+  }
 };
 
 class CudaTest : public ::testing::Test {
@@ -126,9 +129,20 @@ class CudaTest : public ::testing::Test {
       uint16_t h;
       switch (d.t) {
         case DType::f32: std::memcpy(&out[size_t(i)], p, 4); break;
-        case DType::i32: { int32_t x; std::memcpy(&x, p, 4); out[size_t(i)] = float(x); break; }
-        case DType::bf16: std::memcpy(&h, p, 2); out[size_t(i)] = bf16_to_f32(h); break;
-        case DType::f16: std::memcpy(&h, p, 2); out[size_t(i)] = f16_to_f32(h); break;
+        case DType::i32: {
+          int32_t x;
+          std::memcpy(&x, p, 4);
+          out[size_t(i)] = float(x);
+          break;
+        }
+        case DType::bf16:
+          std::memcpy(&h, p, 2);
+          out[size_t(i)] = bf16_to_f32(h);
+          break;
+        case DType::f16:
+          std::memcpy(&h, p, 2);
+          out[size_t(i)] = f16_to_f32(h);
+          break;
       }
     }
     return out;
@@ -138,16 +152,15 @@ class CudaTest : public ::testing::Test {
 };
 
 /// Relative error with a readable failure (NaN counts as infinite error).
-inline ::testing::AssertionResult close(const VecF& got, const VecF& ref, double tol,
-                                        const char* what = "") {
+inline ::testing::AssertionResult close(const VecF& got, const VecF& ref, double tol, const char* what = "") {
   if (got.size() != ref.size())
     return ::testing::AssertionFailure() << what << ": size " << got.size() << " vs " << ref.size();
   size_t nan = 0;
   for (float x : got) nan += std::isnan(x) ? 1 : 0;
   const double e = ref::rel_err(got, ref);
   if (nan == 0 && e <= tol) return ::testing::AssertionSuccess() << what << " rel err " << e;
-  return ::testing::AssertionFailure() << what << ": rel err " << e << " > " << tol << " ("
-                                       << nan << " NaN of " << got.size() << ")";
+  return ::testing::AssertionFailure()
+         << what << ": rel err " << e << " > " << tol << " (" << nan << " NaN of " << got.size() << ")";
 }
 
 }  // namespace rp::cudatest

@@ -5,9 +5,9 @@
 
 #include "kernels/device_arch.hpp"
 #ifdef RP_HAVE_CUDA
+#include <cuda_runtime.h>
 #include "kernels/cuda/cuda_arch.hpp"
 #include "roundpipe/device.hpp"
-#include <cuda_runtime.h>
 #endif
 
 namespace rp {
@@ -17,8 +17,8 @@ struct Gpu {
   const char* name;
   int major, minor;
 };
-constexpr Gpu kGpus[] = {{"A100", 8, 0}, {"RTX 3090", 8, 6}, {"RTX 4090", 8, 9}, {"H200", 9, 0},
-                         {"B200", 10, 0}, {"RTX 5090", 12, 0}};
+constexpr Gpu kGpus[] = {{"A100", 8, 0}, {"RTX 3090", 8, 6}, {"RTX 4090", 8, 9},
+                         {"H200", 9, 0}, {"B200", 10, 0},    {"RTX 5090", 12, 0}};
 
 TEST(DeviceArch, TheDefaultListCoversEveryGpuFromAmpereOn) {
   for (const char* list : {"80-real;90-real;100-real;120", "80-real,86-real,89-real,90-real,100-real,120"})
@@ -32,8 +32,8 @@ TEST(DeviceArch, TheDefaultListCoversEveryGpuFromAmpereOn) {
 }
 
 TEST(DeviceArch, CubinsRunWithinTheirMajorOnlyAndPtxOnEveryNewerGpu) {
-  EXPECT_FALSE(arch_list_runs_on("90", 8, 9));   // sm_90 cubin + compute_90 PTX: not on Ada
-  EXPECT_TRUE(arch_list_runs_on("90", 10, 0));    // ... but its PTX JIT-compiles on Blackwell
+  EXPECT_FALSE(arch_list_runs_on("90", 8, 9));  // sm_90 cubin + compute_90 PTX: not on Ada
+  EXPECT_TRUE(arch_list_runs_on("90", 10, 0));  // ... but its PTX JIT-compiles on Blackwell
   EXPECT_FALSE(arch_list_runs_on("90-real", 10, 0));
   EXPECT_FALSE(arch_list_runs_on("90-real", 12, 0));
   EXPECT_TRUE(arch_list_runs_on("80-real", 8, 9));
@@ -44,7 +44,7 @@ TEST(DeviceArch, CubinsRunWithinTheirMajorOnlyAndPtxOnEveryNewerGpu) {
   EXPECT_FALSE(arch_list_runs_on("89-virtual", 8, 6));
   EXPECT_TRUE(arch_list_runs_on("90a-real", 9, 0));
   EXPECT_FALSE(arch_list_runs_on("90a-real", 10, 0));
-  EXPECT_FALSE(arch_list_runs_on("90a", 10, 0));   // arch-specific PTX does not JIT forward
+  EXPECT_FALSE(arch_list_runs_on("90a", 10, 0));  // arch-specific PTX does not JIT forward
   EXPECT_TRUE(arch_list_runs_on("100f-real", 10, 3));
   EXPECT_FALSE(arch_list_runs_on("100a-real", 10, 3));
   EXPECT_TRUE(arch_list_runs_on(" 80-real , 90-real ", 9, 0));
@@ -62,7 +62,8 @@ TEST(DeviceArch, TheRefusalIsOneLineWithTheRebuildCommand) {
   EXPECT_NE(s.find("RTX 4090"), std::string::npos) << s;
   EXPECT_NE(s.find("8.9"), std::string::npos) << s;
   EXPECT_NE(s.find("90-real"), std::string::npos) << s;
-  EXPECT_NE(s.find("cmake -S . -B build -DCMAKE_CUDA_ARCHITECTURES=89 && cmake --build build"), std::string::npos)
+  EXPECT_NE(s.find("cmake -S . -B build -DCMAKE_CUDA_ARCHITECTURES=89 && cmake --build build"),
+            std::string::npos)
       << s;
   const std::string old = arch_too_old_line("cuda:1 (Tesla T4)", 7, 5);
   EXPECT_EQ(old.find('\n'), std::string::npos);

@@ -137,8 +137,8 @@ TEST_F(CudaF16Accumulation, MatchesTheCpuTwinWithinTheBound) {
   const Err eg = error(got, exact), et = error(twin, exact);
   EXPECT_LT(eg.rms, kRmsBound);
   EXPECT_LT(eg.max, kMaxBound);
-  std::printf("[ info ] K=%lld: RMS error / RMS output, cuBLASLt fp16 acc %.2e, CPU twin %.2e\n", (long long)kK,
-              eg.rms, et.rms);
+  std::printf("[ info ] K=%lld: RMS error / RMS output, cuBLASLt fp16 acc %.2e, CPU twin %.2e\n",
+              (long long)kK, eg.rms, et.rms);
   // the overflow case overflows on the GPU too
   const int64_t K = 256;
   VecF xo(static_cast<size_t>(K)), wo(static_cast<size_t>(8 * K), 1.f);

@@ -210,7 +210,8 @@ TEST_F(CpuFp8Ops, ScalesFromTheLargestMagnitude) {
 // plain op's and the scale is the largest |output| over the format's largest finite value.
 TEST_F(CpuFp8Ops, ProducersScaleTheirOwnOutput) {
   const int64_t rows = 7, cols = 96, n = rows * cols;
-  const std::vector<float> x = fp8ref::normal_with_outliers(size_t(n), 11), u = fp8ref::normal_with_outliers(size_t(n), 12);
+  const std::vector<float> x = fp8ref::normal_with_outliers(size_t(n), 11),
+                           u = fp8ref::normal_with_outliers(size_t(n), 12);
   std::vector<float> w(static_cast<size_t>(cols), 0.5f), y(static_cast<size_t>(n)), y0(y), h(y), h0(y);
   for (Fp8Format f : {Fp8Format::e4m3, Fp8Format::e5m2}) {
     float s = std::numeric_limits<float>::quiet_NaN(), t = s;
@@ -269,10 +270,12 @@ TEST_F(CpuFp8Ops, TransposedCodesFeedTheInputGradient) {
   ops->fp8_quantize_transposed(w.data(), &sw, wt.data(), rows, cols, Fp8Format::e4m3);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c)
-      ASSERT_EQ(int(wt[size_t(c * rows + r)]), int(fp8ref::ref_encode(Fp8Format::e4m3, w[size_t(r * cols + c)] / sw, pos)));
+      ASSERT_EQ(int(wt[size_t(c * rows + r)]),
+                int(fp8ref::ref_encode(Fp8Format::e4m3, w[size_t(r * cols + c)] / sw, pos)));
   ops->fp8_quantize(dy.data(), &sd, qd.data(), M * rows, Fp8Format::e5m2);
   std::vector<float> dx(size_t(M * cols), std::numeric_limits<float>::quiet_NaN());
-  ops->gemm_fp8(qd.data(), Fp8Format::e5m2, &sd, wt.data(), Fp8Format::e4m3, &sw, dx.data(), M, rows, cols, false);
+  ops->gemm_fp8(qd.data(), Fp8Format::e5m2, &sd, wt.data(), Fp8Format::e4m3, &sw, dx.data(), M, rows, cols,
+                false);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t c = 0; c < cols; ++c) {
       double sum = 0, mag = 0;

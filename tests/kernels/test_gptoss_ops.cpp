@@ -152,20 +152,20 @@ TEST(GptOssOps, DefaultVariantEqualsThePlainOps) {
       VecF o1(q.size()), o2(q.size()), l1(size_t(S * nq * L)), l2(l1.size());
       VecF dq1(q.size()), dq2(q.size()), dk1(k.size()), dk2(k.size()), dv1(v.size()), dv2(v.size());
       if (packed) {
-        ops->attention_fwd_packed(q.data(), k.data(), v.data(), o1.data(), l1.data(), pos.data(), S, L, nq, nkv, D,
-                                  0.3f, scratch.data());
+        ops->attention_fwd_packed(q.data(), k.data(), v.data(), o1.data(), l1.data(), pos.data(), S, L, nq,
+                                  nkv, D, 0.3f, scratch.data());
         ops->attention_bwd_packed(q.data(), k.data(), v.data(), o1.data(), l1.data(), dout.data(), pos.data(),
                                   dq1.data(), dk1.data(), dv1.data(), S, L, nq, nkv, D, 0.3f, scratch.data());
       } else {
         ops->attention_fwd(q.data(), k.data(), v.data(), o1.data(), l1.data(), S, L, nq, nkv, D, 0.3f,
                            scratch.data());
-        ops->attention_bwd(q.data(), k.data(), v.data(), o1.data(), l1.data(), dout.data(), dq1.data(), dk1.data(),
-                           dv1.data(), S, L, nq, nkv, D, 0.3f, scratch.data());
+        ops->attention_bwd(q.data(), k.data(), v.data(), o1.data(), l1.data(), dout.data(), dq1.data(),
+                           dk1.data(), dv1.data(), S, L, nq, nkv, D, 0.3f, scratch.data());
       }
       ops->attention_fwd_v(q.data(), k.data(), v.data(), o2.data(), l2.data(), S, L, nq, nkv, D, 0.3f, var,
                            scratch.data());
-      ops->attention_bwd_v(q.data(), k.data(), v.data(), o2.data(), l2.data(), dout.data(), dq2.data(), dk2.data(),
-                           dv2.data(), S, L, nq, nkv, D, 0.3f, var, scratch.data());
+      ops->attention_bwd_v(q.data(), k.data(), v.data(), o2.data(), l2.data(), dout.data(), dq2.data(),
+                           dk2.data(), dv2.data(), S, L, nq, nkv, D, 0.3f, var, scratch.data());
       const double tol = window == 0 ? 0.0 : 1e-5;
       EXPECT_LE(ref::rel_err(o2, o1), tol);
       EXPECT_LE(ref::rel_err(l2, l1), tol);
@@ -202,8 +202,9 @@ TEST(GptOssOps, DecodeWithWindowAndSinksEqualsTheLastRowsOfTheFullPass) {
   const VecI some_pos(size_t(n), 0);
   Ops::AttentionVariant bad;
   bad.pos = some_pos.data();
-  EXPECT_THROW(ops->attention_decode_v(q.data(), k.data(), v.data(), q.data(), past, n, nq, nkv, D, 0.3f, bad),
-               std::invalid_argument);
+  EXPECT_THROW(
+      ops->attention_decode_v(q.data(), k.data(), v.data(), q.data(), past, n, nq, nkv, D, 0.3f, bad),
+      std::invalid_argument);
 }
 
 TEST(GptOssOps, GroupedBiasAddsEachGroupsRowAndSumsItsGradient) {
@@ -216,7 +217,8 @@ TEST(GptOssOps, GroupedBiasAddsEachGroupsRowAndSumsItsGradient) {
   for (int64_t r = 0; r < R; ++r) {
     int64_t e = 0;
     while (!(r >= off[size_t(e)] && r < off[size_t(e + 1)])) ++e;
-    for (int64_t c = 0; c < N; ++c) ASSERT_FLOAT_EQ(y[size_t(r * N + c)], y0[size_t(r * N + c)] + b[size_t(e * N + c)]);
+    for (int64_t c = 0; c < N; ++c)
+      ASSERT_FLOAT_EQ(y[size_t(r * N + c)], y0[size_t(r * N + c)] + b[size_t(e * N + c)]);
   }
   VecF dy = ref::randn(size_t(R * N), 63), db(size_t(E * N), 1.0f);
   ops->grouped_bias_bwd(dy.data(), db.data(), off.data(), E, N);
@@ -250,7 +252,8 @@ TEST(GptOssOps, ClampedSwigluMatchesHfAndTorchClampGradients) {
     const double gc = std::min(gi, double(limit)), uc = std::max(-double(limit), std::min(ui, double(limit)));
     return (uc + 1) * gc / (1 + std::exp(-alpha * gc));
   };
-  for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(h[size_t(i)], f(g[size_t(i)], u[size_t(i)]), 1e-5 * (1 + std::abs(h[size_t(i)])));
+  for (int64_t i = 0; i < n; ++i)
+    EXPECT_NEAR(h[size_t(i)], f(g[size_t(i)], u[size_t(i)]), 1e-5 * (1 + std::abs(h[size_t(i)])));
   VecF dh = ref::randn(64, 73), dg = ref::nan_vec(64), du = ref::nan_vec(64);
   ops->swiglu_clamped_bwd(g.data(), u.data(), dh.data(), dg.data(), du.data(), n, alpha, limit);
   // torch.clamp passes no gradient at the bound: g == limit, u == +-limit

@@ -57,7 +57,8 @@ TEST(GqaChunking, PassSizes) {
 }
 
 TEST(GqaChunking, MatchesTheOracleForEveryScratchSize) {
-  for (auto [nkv, r] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {2, 16}, {3, 4}, {5, 4}, {8, 4}, {8, 5}, {32, 1}}) {
+  for (auto [nkv, r] :
+       std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {2, 16}, {3, 4}, {5, 4}, {8, 4}, {8, 5}, {32, 1}}) {
     const size_t a = 1000, b = 64;  // bytes per query head, fixed bytes
     int calls = 0;
     const Need affine = [&](int64_t hc) -> std::optional<size_t> {

@@ -20,7 +20,8 @@ using ref::VecF;
 TEST(LoraOps, LinearFwdAddAccumulatesScaledProduct) {
   auto ops = make_cpu_ops(2);
   for (auto [M, K, N] : {std::array<int64_t, 3>{37, 19, 5}, {5, 64, 70}, {1, 4, 1}}) {
-    VecF x = ref::randn(size_t(M * K), 1), w = ref::randn(size_t(N * K), 2), y0 = ref::randn(size_t(M * N), 3);
+    VecF x = ref::randn(size_t(M * K), 1), w = ref::randn(size_t(N * K), 2),
+         y0 = ref::randn(size_t(M * N), 3);
     const float alpha = -1.75f;
     VecF y = y0;
     ops->linear_fwd_add(x.data(), w.data(), y.data(), M, K, N, alpha);
@@ -100,7 +101,8 @@ using cudatest::CudaOpsTest;
 
 TEST_F(CudaOpsTest, LoraLinearFwdAddMatchesCpu) {
   for (auto [M, K, N] : {std::array<int64_t, 3>{300, 64, 8}, {300, 8, 96}, {7, 5, 3}}) {
-    VecF x = ref::randn(size_t(M * K), 11), w = ref::randn(size_t(N * K), 12), y = ref::randn(size_t(M * N), 13);
+    VecF x = ref::randn(size_t(M * K), 11), w = ref::randn(size_t(N * K), 12),
+         y = ref::randn(size_t(M * N), 13);
     cudatest::DT xd = upload(x, DType::bf16), wd = upload(w, DType::bf16), yd = upload(y, DType::bf16);
     run([&](Ops& o) { o.linear_fwd_add(xd.get(), wd.get(), yd.get(), M, K, N, 0.625f); });
     cpu_->linear_fwd_add(x.data(), w.data(), y.data(), M, K, N, 0.625f);

@@ -48,18 +48,23 @@ TEST(CpuOps, MemoryHelpers) {
   }
   ops->cast(DType::f16, h.data(), DType::f32, a.data(), n);
   ops->cast(DType::f32, back.data(), DType::f16, h.data(), n);
-  for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(back[size_t(i)], a[size_t(i)], std::abs(a[size_t(i)]) * 1e-3 + 1e-4);
+  for (int64_t i = 0; i < n; ++i)
+    ASSERT_NEAR(back[size_t(i)], a[size_t(i)], std::abs(a[size_t(i)]) * 1e-3 + 1e-4);
   // add_into a bf16 source into an f32 accumulator
   VecF acc2(size_t(n), 1.0f);
   ops->add_into(DType::f32, acc2.data(), DType::f16, h.data(), n);
-  for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(acc2[size_t(i)], 1.0f + a[size_t(i)], 2e-3 + std::abs(a[size_t(i)]) * 1e-3);
+  for (int64_t i = 0; i < n; ++i)
+    ASSERT_NEAR(acc2[size_t(i)], 1.0f + a[size_t(i)], 2e-3 + std::abs(a[size_t(i)]) * 1e-3);
   std::vector<int32_t> ids(10, -7);
   ops->fill(DType::i32, ids.data(), 10, 3.0f);
   for (int v : ids) EXPECT_EQ(v, 3);
   EXPECT_THROW(ops->fill(DType::f32, y.data(), -1, 0.f), std::invalid_argument);
 }
 
-struct LinDims { int64_t M, K, N; int threads; };
+struct LinDims {
+  int64_t M, K, N;
+  int threads;
+};
 class LinearTest : public ::testing::TestWithParam<LinDims> {};
 
 TEST_P(LinearTest, MatchesNaive) {
@@ -153,11 +158,12 @@ TEST(CpuOps, RoPE) {
   xx.insert(xx.end(), x.begin(), x.end());
   ops->rope_fwd(xx.data(), 2, L, heads, D, tab.inv_freq.data(), 1.0f);
   for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(xx[i], xx[i + x.size()]);
-  EXPECT_THROW(ops->rope_fwd(xx.data(), 1, L, heads, 15, tab.inv_freq.data(), 1.f),
-               std::invalid_argument);
+  EXPECT_THROW(ops->rope_fwd(xx.data(), 1, L, heads, 15, tab.inv_freq.data(), 1.f), std::invalid_argument);
 }
 
-struct AttnDims { int64_t S, L, nq, nkv, D; };
+struct AttnDims {
+  int64_t S, L, nq, nkv, D;
+};
 class AttentionTest : public ::testing::TestWithParam<AttnDims> {};
 
 TEST_P(AttentionTest, ForwardMatchesNaive) {
@@ -169,8 +175,8 @@ TEST_P(AttentionTest, ForwardMatchesNaive) {
   const float scale = 1.0f / std::sqrt(float(D));
   VecF o = nan_vec(q.size()), lse = nan_vec(size_t(S * nq * L));
   std::vector<char> scratch(Ops::attention_scratch_bytes(S, L, nq, nkv, D));
-  ops->attention_fwd(q.data(), k.data(), v.data(), o.data(), lse.data(), S, L, nq, nkv, D,
-                     scale, scratch.data());
+  ops->attention_fwd(q.data(), k.data(), v.data(), o.data(), lse.data(), S, L, nq, nkv, D, scale,
+                     scratch.data());
   VecD lse_ref;
   VecD o_ref = attention(to_d(q), to_d(k), to_d(v), S, L, nq, nkv, D, scale, &lse_ref);
   EXPECT_LT(rel_err(o, o_ref), 2e-6);
@@ -214,8 +220,8 @@ TEST(CpuOps, ChunkedCrossEntropyEqualsUnchunked) {
     // with gradients: same loss; dh rows of ignored tokens are 0; dw accumulates
     VecF dh = nan_vec(size_t(T * H)), dw0 = randn(size_t(V * H), 74), dw = dw0;
     float loss2[2] = {NAN, NAN};
-    ops->lm_head_cross_entropy(h.data(), w.data(), tg.data(), T, H, V, loss2, dh.data(),
-                               dw.data(), scratch.data());
+    ops->lm_head_cross_entropy(h.data(), w.data(), tg.data(), T, H, V, loss2, dh.data(), dw.data(),
+                               scratch.data());
     EXPECT_NEAR(loss2[0], sum_ref, 1e-5 * std::abs(sum_ref));
     EXPECT_EQ(loss2[1], float(cnt_ref));
     // naive gradients: dz = softmax - onehot; dh = dz W; dw = dz^T h
@@ -298,16 +304,15 @@ TEST(CpuOps, CrossEntropyEdgeCases) {
   EXPECT_EQ(loss[1], 0.0f);
   for (float d : dh) EXPECT_EQ(d, 0.0f);
   tg[2] = int32_t(V);
-  EXPECT_THROW(ops->lm_head_cross_entropy(h.data(), w.data(), tg.data(), T, H, V, loss, nullptr,
-                                          nullptr, scratch.data()),
+  EXPECT_THROW(ops->lm_head_cross_entropy(h.data(), w.data(), tg.data(), T, H, V, loss, nullptr, nullptr,
+                                          scratch.data()),
                std::out_of_range);
   // large logits do not overflow (max subtraction)
   VecF hb(size_t(H), 100.0f), wb(size_t(V * H));
   for (int64_t j = 0; j < V; ++j)
     for (int64_t e = 0; e < H; ++e) wb[size_t(j * H + e)] = float(j);
   int32_t t1 = 0;
-  ops->lm_head_cross_entropy(hb.data(), wb.data(), &t1, 1, H, V, loss, nullptr, nullptr,
-                             scratch.data());
+  ops->lm_head_cross_entropy(hb.data(), wb.data(), &t1, 1, H, V, loss, nullptr, nullptr, scratch.data());
   EXPECT_TRUE(std::isfinite(loss[0]));
   EXPECT_NEAR(loss[0], 1200.0, 1e-2);  // logits 0,300,..,1200: lse ~ 1200, target 0
 }

@@ -28,10 +28,10 @@ TEST(CpuOpsGrad, Linear) {
   VecF dx = nan_vec(x.size()), dw0 = randn(w.size(), 4), dw = dw0;
   ops->linear_bwd_input(r.data(), w.data(), dx.data(), M, K, N, false);
   ops->linear_bwd_weight(r.data(), x.data(), dw.data(), M, K, N);
-  check_grad([&](const VecD& xx) { return dot(linear(xx, to_d(w), M, K, N), r); }, to_d(x), dx,
-             1000, kTol, "linear dx");
-  check_grad([&](const VecD& ww) { return dot(linear(to_d(x), ww, M, K, N), r); }, to_d(w),
-             minus(dw, dw0), 1000, kTol, "linear dw");
+  check_grad([&](const VecD& xx) { return dot(linear(xx, to_d(w), M, K, N), r); }, to_d(x), dx, 1000, kTol,
+             "linear dx");
+  check_grad([&](const VecD& ww) { return dot(linear(to_d(x), ww, M, K, N), r); }, to_d(w), minus(dw, dw0),
+             1000, kTol, "linear dw");
 }
 
 TEST(CpuOpsGrad, Embedding) {
@@ -57,10 +57,10 @@ TEST(CpuOpsGrad, RMSNorm) {
   VecF x = randn(size_t(R * n), 7, 2.0f), w = randn(size_t(n), 8), r = randn(size_t(R * n), 9);
   VecF dx = nan_vec(x.size()), dw0 = randn(w.size(), 10), dw = dw0;
   ops->rmsnorm_bwd(x.data(), w.data(), r.data(), dx.data(), dw.data(), R, n, eps, false);
-  check_grad([&](const VecD& xx) { return dot(rmsnorm(xx, to_d(w), R, n, eps), r); }, to_d(x),
-             dx, 1000, kTol, "rmsnorm dx");
-  check_grad([&](const VecD& ww) { return dot(rmsnorm(to_d(x), ww, R, n, eps), r); }, to_d(w),
-             minus(dw, dw0), 1000, kTol, "rmsnorm dw");
+  check_grad([&](const VecD& xx) { return dot(rmsnorm(xx, to_d(w), R, n, eps), r); }, to_d(x), dx, 1000, kTol,
+             "rmsnorm dx");
+  check_grad([&](const VecD& ww) { return dot(rmsnorm(to_d(x), ww, R, n, eps), r); }, to_d(w), minus(dw, dw0),
+             1000, kTol, "rmsnorm dw");
   // accumulate_dx adds onto what is there
   VecF base = randn(x.size(), 11), dxa = base, dw2 = dw0;
   ops->rmsnorm_bwd(x.data(), w.data(), r.data(), dxa.data(), dw2.data(), R, n, eps, true);
@@ -91,8 +91,8 @@ TEST(CpuOpsGrad, RoPE) {
   const float scale = 1.2f;
   VecF x = randn(size_t(S * L * heads * D), 12), r = randn(x.size(), 13), dx = r;
   ops->rope_bwd(dx.data(), S, L, heads, D, tab.inv_freq.data(), scale);
-  check_grad([&](const VecD& xx) { return dot(rope(xx, S, L, heads, D, tab.inv_freq, scale), r); },
-             to_d(x), dx, 1000, kTol, "rope dx");
+  check_grad([&](const VecD& xx) { return dot(rope(xx, S, L, heads, D, tab.inv_freq, scale), r); }, to_d(x),
+             dx, 1000, kTol, "rope dx");
 }
 
 TEST(CpuOpsGrad, SwiGLU) {
@@ -107,7 +107,9 @@ TEST(CpuOpsGrad, SwiGLU) {
              "swiglu du");
 }
 
-struct AttnDims { int64_t S, L, nq, nkv, D; };
+struct AttnDims {
+  int64_t S, L, nq, nkv, D;
+};
 class AttentionGrad : public ::testing::TestWithParam<AttnDims> {};
 
 TEST_P(AttentionGrad, MatchesFiniteDifferences) {
@@ -122,8 +124,8 @@ TEST_P(AttentionGrad, MatchesFiniteDifferences) {
   ops->attention_fwd(q.data(), k.data(), v.data(), o.data(), lse.data(), S, L, nq, nkv, D, scale,
                      scratch.data());
   VecF dq = nan_vec(q.size()), dk = nan_vec(k.size()), dv = nan_vec(v.size());
-  ops->attention_bwd(q.data(), k.data(), v.data(), o.data(), lse.data(), r.data(), dq.data(),
-                     dk.data(), dv.data(), S, L, nq, nkv, D, scale, scratch.data());
+  ops->attention_bwd(q.data(), k.data(), v.data(), o.data(), lse.data(), r.data(), dq.data(), dk.data(),
+                     dv.data(), S, L, nq, nkv, D, scale, scratch.data());
   auto f = [&](const VecD& qq, const VecD& kk, const VecD& vv) {
     return dot(attention(qq, kk, vv, S, L, nq, nkv, D, scale), r);
   };
@@ -147,8 +149,8 @@ TEST(CpuOpsGrad, LmHeadCrossEntropy) {
   float loss[2];
   ops->lm_head_cross_entropy(h.data(), w.data(), tg.data(), T, H, V, loss, dh.data(), dw.data(),
                              scratch.data());
-  check_grad([&](const VecD& x) { return cross_entropy(x, to_d(w), tg, T, H, V).first; }, to_d(h),
-             dh, 1000, kTol, "ce dh");
+  check_grad([&](const VecD& x) { return cross_entropy(x, to_d(w), tg, T, H, V).first; }, to_d(h), dh, 1000,
+             kTol, "ce dh");
   check_grad([&](const VecD& x) { return cross_entropy(to_d(h), x, tg, T, H, V).first; }, to_d(w),
              minus(dw, dw0), 1000, kTol, "ce dw");
 }

@@ -48,7 +48,8 @@ TEST(PackedOps, RopeAtPositionsEqualsRopeOfEachSequence) {
   ops->rope_bwd_at(y.data(), pos.data(), S * L, heads, D, kInv.data(), 1.5f);
   EXPECT_EQ(x, y);
   pos[3] = -1;
-  EXPECT_THROW(ops->rope_fwd_at(y.data(), pos.data(), S * L, heads, D, kInv.data(), 1.f), std::invalid_argument);
+  EXPECT_THROW(ops->rope_fwd_at(y.data(), pos.data(), S * L, heads, D, kInv.data(), 1.f),
+               std::invalid_argument);
 }
 
 // Three examples (5, 7, 4 tokens) packed into one sequence of 16 with their positions give
@@ -63,19 +64,20 @@ TEST(PackedOps, PackedAttentionEqualsEachExampleAlone) {
   VecF v = ref::randn(size_t(L * nkv * D), 13), dout = ref::randn(size_t(L * nq * D), 14);
   VecF o(q.size()), lse(size_t(nq * L)), dq(q.size()), dk(k.size()), dv(v.size());
   std::vector<char> scratch(Ops::attention_scratch_bytes(1, L, nq, nkv, D));
-  ops->attention_fwd_packed(q.data(), k.data(), v.data(), o.data(), lse.data(), pos.data(), 1, L, nq, nkv, D, scale,
-                            scratch.data());
-  ops->attention_bwd_packed(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), pos.data(), dq.data(),
-                            dk.data(), dv.data(), 1, L, nq, nkv, D, scale, scratch.data());
+  ops->attention_fwd_packed(q.data(), k.data(), v.data(), o.data(), lse.data(), pos.data(), 1, L, nq, nkv, D,
+                            scale, scratch.data());
+  ops->attention_bwd_packed(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), pos.data(),
+                            dq.data(), dk.data(), dv.data(), 1, L, nq, nkv, D, scale, scratch.data());
   int64_t r0 = 0;
   for (int64_t n : lens) {
     VecF eq = rows(q, r0, n, nq * D), ek = rows(k, r0, n, nkv * D), ev = rows(v, r0, n, nkv * D);
     VecF edo = rows(dout, r0, n, nq * D);
     VecF eo(eq.size()), elo(size_t(nq * n)), edq(eq.size()), edk(ek.size()), edv(ev.size());
     std::vector<char> es(Ops::attention_scratch_bytes(1, n, nq, nkv, D));
-    ops->attention_fwd(eq.data(), ek.data(), ev.data(), eo.data(), elo.data(), 1, n, nq, nkv, D, scale, es.data());
-    ops->attention_bwd(eq.data(), ek.data(), ev.data(), eo.data(), elo.data(), edo.data(), edq.data(), edk.data(),
-                       edv.data(), 1, n, nq, nkv, D, scale, es.data());
+    ops->attention_fwd(eq.data(), ek.data(), ev.data(), eo.data(), elo.data(), 1, n, nq, nkv, D, scale,
+                       es.data());
+    ops->attention_bwd(eq.data(), ek.data(), ev.data(), eo.data(), elo.data(), edo.data(), edq.data(),
+                       edk.data(), edv.data(), 1, n, nq, nkv, D, scale, es.data());
     expect_near(rows(o, r0, n, nq * D), eo, 1e-5f, "o");
     for (int64_t h = 0; h < nq; ++h)
       for (int64_t t = 0; t < n; ++t) ASSERT_NEAR(lse[size_t(h * L + r0 + t)], elo[size_t(h * n + t)], 1e-5f);
@@ -88,13 +90,14 @@ TEST(PackedOps, PackedAttentionEqualsEachExampleAlone) {
   std::vector<int32_t> causal(static_cast<size_t>(L));
   std::iota(causal.begin(), causal.end(), 0);
   VecF o2(o.size()), o3(o.size());
-  ops->attention_fwd_packed(q.data(), k.data(), v.data(), o2.data(), nullptr, causal.data(), 1, L, nq, nkv, D, scale,
-                            scratch.data());
-  ops->attention_fwd(q.data(), k.data(), v.data(), o3.data(), nullptr, 1, L, nq, nkv, D, scale, scratch.data());
+  ops->attention_fwd_packed(q.data(), k.data(), v.data(), o2.data(), nullptr, causal.data(), 1, L, nq, nkv, D,
+                            scale, scratch.data());
+  ops->attention_fwd(q.data(), k.data(), v.data(), o3.data(), nullptr, 1, L, nq, nkv, D, scale,
+                     scratch.data());
   expect_near(o2, o3, 1e-5f, "causal");
   causal[4] = 5;  // a position beyond its index
-  EXPECT_THROW(ops->attention_fwd_packed(q.data(), k.data(), v.data(), o2.data(), nullptr, causal.data(), 1, L, nq,
-                                         nkv, D, scale, scratch.data()),
+  EXPECT_THROW(ops->attention_fwd_packed(q.data(), k.data(), v.data(), o2.data(), nullptr, causal.data(), 1,
+                                         L, nq, nkv, D, scale, scratch.data()),
                std::invalid_argument);
 }
 

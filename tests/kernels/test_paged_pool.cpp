@@ -52,8 +52,12 @@ class FakePages final : public PageBackend {
     EXPECT_LE(va + bytes, r->first + r->second) << "a mapping spans two reservations";
     // overlapping no other mapping
     auto n = maps_.lower_bound(va);
-    if (n != maps_.end()) { EXPECT_LE(va + bytes, n->first); }
-    if (n != maps_.begin()) { EXPECT_LE(std::prev(n)->first + std::prev(n)->second, va); }
+    if (n != maps_.end()) {
+      EXPECT_LE(va + bytes, n->first);
+    }
+    if (n != maps_.begin()) {
+      EXPECT_LE(std::prev(n)->first + std::prev(n)->second, va);
+    }
     maps_[va] = bytes;
     ++maps;
   }
@@ -101,7 +105,8 @@ TEST(PagedPool, NeverFailsWhileTheChargedBytesFit) {
     for (int op = 0; op < 600; ++op) {
       const bool grow = live.empty() || rng() % 100 < 55;
       if (grow) {
-        size_t b = rng() % 4 == 0 ? 1 + rng() % (size_t(64) << 10) : (size_t(1) << 20) + rng() % (size_t(96) << 20);
+        size_t b =
+            rng() % 4 == 0 ? 1 + rng() % (size_t(64) << 10) : (size_t(1) << 20) + rng() % (size_t(96) << 20);
         if (used + charged(b) > cap) {
           EXPECT_THROW(pool.alloc(b), DeviceOutOfMemory);
           continue;
@@ -112,8 +117,12 @@ TEST(PagedPool, NeverFailsWhileTheChargedBytesFit) {
         const auto a = reinterpret_cast<uintptr_t>(p);
         EXPECT_EQ(a % 256, 0u);
         auto n = live.lower_bound(a);
-        if (n != live.end()) { EXPECT_LE(a + b, n->first); }
-        if (n != live.begin()) { EXPECT_LE(std::prev(n)->first + std::prev(n)->second, a); }
+        if (n != live.end()) {
+          EXPECT_LE(a + b, n->first);
+        }
+        if (n != live.begin()) {
+          EXPECT_LE(std::prev(n)->first + std::prev(n)->second, a);
+        }
         live[a] = b;
         used += charged(b);
       } else {
@@ -136,7 +145,8 @@ TEST(PagedPool, NeverFailsWhileTheChargedBytesFit) {
 TEST(PagedPool, RepeatedSizesReuseTheirPagesWithoutDriverCalls) {
   FakePages pages(size_t(8) << 30);
   PagedPool pool(pages, size_t(4) << 30, kGran, "fake");
-  const std::vector<size_t> stage = {size_t(300) << 20, size_t(96) << 20, size_t(96) << 20, 4096, size_t(33) << 20};
+  const std::vector<size_t> stage = {size_t(300) << 20, size_t(96) << 20, size_t(96) << 20, 4096,
+                                     size_t(33) << 20};
   auto pass = [&] {
     std::vector<void*> ps;
     for (size_t b : stage) ps.push_back(pool.alloc(b));
@@ -186,7 +196,7 @@ TEST(PagedPool, ADeviceOutOfPagesEmptiesTheCacheFirst) {
   FakePages pages(size_t(64) << 20);
   PagedPool pool(pages, size_t(1) << 30, kGran, "fake");
   void* a = pool.alloc(size_t(40) << 20);
-  pool.free(a);  // cached: 40 MiB of the device's 64 are mapped
+  pool.free(a);                            // cached: 40 MiB of the device's 64 are mapped
   void* b = pool.alloc(size_t(50) << 20);  // needs the cache released
   EXPECT_NE(b, nullptr);
   try {

@@ -6,8 +6,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdio>
 #include <chrono>
+#include <cstdio>
 #include <thread>
 #include <vector>
 
@@ -73,15 +73,17 @@ TEST(PcieLink, ActivationsOvertakeParameterTrafficWithPriorities) {
     if (again.activation < on.activation) on = again;
   }
   const Latency off = activation_latency(false);
-  std::printf("activation upload latency behind a 100 MB parameter upload: %.1f ms with priorities (upload done "
-              "after %.1f ms), %.1f ms without (upload done after %.1f ms)\n",
-              on.activation * 1e3, on.parameters * 1e3, off.activation * 1e3, off.parameters * 1e3);
+  std::printf(
+      "activation upload latency behind a 100 MB parameter upload: %.1f ms with priorities (upload done "
+      "after %.1f ms), %.1f ms without (upload done after %.1f ms)\n",
+      on.activation * 1e3, on.parameters * 1e3, off.activation * 1e3, off.parameters * 1e3);
   // 2 MB alone: 4 ms; one 1 MB chunk of the upload ahead: +2 ms.
   EXPECT_LT(on.activation, 0.040) << "with priorities the activation waits at most one chunk";
   EXPECT_LT(on.activation, on.parameters) << "with priorities the activation overtakes the upload";
   // Without priorities it waits for the rest of the upload: first come, first served (10 ms for
   // the two completion callbacks, which run on different threads).
-  EXPECT_GE(off.activation, off.parameters - 0.010) << "first come, first served: the activation waits behind the upload";
+  EXPECT_GE(off.activation, off.parameters - 0.010)
+      << "first come, first served: the activation waits behind the upload";
 }
 
 TEST(PcieLink, ThrottlesToTheConfiguredBandwidth) {

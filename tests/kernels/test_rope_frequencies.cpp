@@ -11,7 +11,9 @@ namespace {
 
 const double kPi = 3.14159265358979323846;
 
-double base_inv(double theta, int64_t D, int64_t i) { return 1.0 / std::pow(theta, double(2 * i) / double(D)); }
+double base_inv(double theta, int64_t D, int64_t i) {
+  return 1.0 / std::pow(theta, double(2 * i) / double(D));
+}
 
 TEST(RopeFrequencies, Default) {
   RopeParams p;

@@ -127,8 +127,8 @@ TEST(WeightFormat, Nf4Block) {
   float amax;
   std::memcpy(&amax, q.data(), 4);
   EXPECT_EQ(amax, 2.f);
-  EXPECT_EQ(q[4], 0xF0);   // codes 15 (1.0), 0 (-1.0)
-  EXPECT_EQ(q[5], 0x7C);   // codes 7 (0), 12 (0.5 is nearer 0.4407 than 0.5626)
+  EXPECT_EQ(q[4], 0xF0);  // codes 15 (1.0), 0 (-1.0)
+  EXPECT_EQ(q[5], 0x7C);  // codes 7 (0), 12 (0.5 is nearer 0.4407 than 0.5626)
   EXPECT_EQ(q[6], 0x77);
   EXPECT_EQ(q[35], 0x75);  // codes 7 (0), 5 (-0.37 / 2 = -0.185 is nearest -0.1848)
   const auto y = dequant(WeightFormat::nf4, q, 64);
@@ -142,12 +142,12 @@ TEST(WeightFormat, Nf4Block) {
 // sign (ties to the first code, saturating at 12); values 0..15 low nibbles, 16..31 high.
 TEST(WeightFormat, Mxfp4BlockLayout) {
   std::vector<float> x(32, 0.f);
-  x[0] = 6.f;      // 12 * d: code 7
-  x[16] = -0.5f;   // -1 * d: code 9
-  x[1] = 2.6f;     // 5.2 d -> 6 d: code 5
-  x[17] = -7.5f;   // saturates at -12 d: code 15
-  x[2] = 1.25f;    // 2.5 d, a tie of 2 and 3: code 2
-  x[18] = 0.1f;    // 0.2 d -> 0: code 0
+  x[0] = 6.f;     // 12 * d: code 7
+  x[16] = -0.5f;  // -1 * d: code 9
+  x[1] = 2.6f;    // 5.2 d -> 6 d: code 5
+  x[17] = -7.5f;  // saturates at -12 d: code 15
+  x[2] = 1.25f;   // 2.5 d, a tie of 2 and 3: code 2
+  x[18] = 0.1f;   // 0.2 d -> 0: code 0
   const auto q = quant(WeightFormat::mxfp4, x);
   ASSERT_EQ(q.size(), size_t(17));
   EXPECT_EQ(q[0], 127);

@@ -20,7 +20,7 @@ struct DeviceRun {
   std::vector<std::vector<float>> grads;  ///< per parameter group, fp32
   std::vector<float> logits;              ///< [T, vocab]
   std::vector<float> moe_stats;           ///< sparse models: [2E] counts and probability sums over the pass
-  double aux_loss = 0;                    ///< sparse models: the load-balancing loss (without its coefficient)
+  double aux_loss = 0;  ///< sparse models: the load-balancing loss (without its coefficient)
 };
 
 inline std::vector<float> to_f32(const std::vector<uint8_t>& raw, DType t) {
@@ -37,7 +37,8 @@ inline std::vector<float> to_f32(const std::vector<uint8_t>& raw, DType t) {
   return out;
 }
 
-inline DeviceRun device_forward_backward(Device& d, const ModelLayout& m, const std::vector<std::vector<float>>& w,
+inline DeviceRun device_forward_backward(Device& d, const ModelLayout& m,
+                                         const std::vector<std::vector<float>>& w,
                                          const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
                                          MicroBatchShape s, int64_t dropout_id = -1) {
   const DType dt = d.compute_dtype(), gt = d.ops().grad_dtype();
@@ -143,7 +144,8 @@ inline DeviceRun device_forward_backward(Device& d, const ModelLayout& m, const 
   out.logits = to_f32(lraw, dt);
   if (E > 0) {
     const double rows = double(m.config.num_moe_layers()) * double(T);
-    for (int64_t e = 0; e < E; ++e) out.aux_loss += double(stats[size_t(e)]) / rows * (double(stats[size_t(E + e)]) / rows);
+    for (int64_t e = 0; e < E; ++e)
+      out.aux_loss += double(stats[size_t(e)]) / rows * (double(stats[size_t(E + e)]) / rows);
     out.aux_loss *= double(E);
     out.moe_stats = std::move(stats);
   }

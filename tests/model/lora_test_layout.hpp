@@ -52,13 +52,15 @@ inline ModelLayout lora_test_layout(const ModelConfig& c, const LoraConfig& lora
 }
 
 /// Copies `tensors` (HF names) into the base groups 0..L+1; other groups are sized and zero.
-inline std::vector<std::vector<float>> base_groups(const ModelLayout& m, const std::map<std::string, HostTensor>& tensors) {
+inline std::vector<std::vector<float>> base_groups(const ModelLayout& m,
+                                                   const std::map<std::string, HostTensor>& tensors) {
   std::vector<std::vector<float>> g(m.groups.size());
   for (size_t i = 0; i < m.groups.size(); ++i) {
     g[i].assign(size_t(m.groups[i].numel), 0.0f);
     for (const TensorSpec& t : m.groups[i].tensors) {
       auto it = tensors.find(t.name);
-      if (it != tensors.end()) std::memcpy(g[i].data() + t.offset, it->second.data.data(), size_t(t.numel()) * 4);
+      if (it != tensors.end())
+        std::memcpy(g[i].data() + t.offset, it->second.data.data(), size_t(t.numel()) * 4);
     }
   }
   return g;

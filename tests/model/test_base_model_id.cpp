@@ -18,10 +18,11 @@ using namespace rp;
 using namespace rp::test;
 
 TEST(BaseModelId, HubIdsAreOwnerSlashName) {
-  for (const char* ok : {"HuggingFaceTB/SmolLM2-135M", "Qwen/Qwen3-0.6B", "meta-llama/Llama-3.1-8B", "a/b", "o_1/n.2"})
+  for (const char* ok :
+       {"HuggingFaceTB/SmolLM2-135M", "Qwen/Qwen3-0.6B", "meta-llama/Llama-3.1-8B", "a/b", "o_1/n.2"})
     EXPECT_TRUE(is_hub_model_id(ok)) << ok;
-  for (const char* bad : {"", "SmolLM2", "/abs/model.gguf", "./a/b", "a/b/c", "a//b", "../x", "a/..", "a/.b", "a/b-",
-                          "a b/c", "a/b\n", "runs/lora/final/", "a--b/c", "C:\\x/y"})
+  for (const char* bad : {"", "SmolLM2", "/abs/model.gguf", "./a/b", "a/b/c", "a//b", "../x", "a/..", "a/.b",
+                          "a/b-", "a b/c", "a/b\n", "runs/lora/final/", "a--b/c", "C:\\x/y"})
     EXPECT_FALSE(is_hub_model_id(bad)) << bad;
 }
 
@@ -51,7 +52,9 @@ TEST(BaseModelId, AGgufNamesItsIdThroughItsSourceMetadata) {
   EXPECT_EQ(gguf([](GgufBuilder&) {}), "");
   EXPECT_EQ(gguf([](GgufBuilder& b) { b.str("general.source.huggingface.repository", "Qwen/Qwen3-0.6B"); }),
             "Qwen/Qwen3-0.6B");
-  EXPECT_EQ(gguf([](GgufBuilder& b) { b.str("general.source.url", "https://huggingface.co/Qwen/Qwen3-0.6B/tree/main"); }),
+  EXPECT_EQ(gguf([](GgufBuilder& b) {
+              b.str("general.source.url", "https://huggingface.co/Qwen/Qwen3-0.6B/tree/main");
+            }),
             "Qwen/Qwen3-0.6B");
   EXPECT_EQ(gguf([](GgufBuilder& b) {
               b.u32("general.base_model.count", 1);

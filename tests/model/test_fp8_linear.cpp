@@ -71,11 +71,12 @@ TEST(Fp8Linear, ForwardAndInputGradientMatchTheQuantizeDequantizeReference) {
   const int64_t n = 7, in = 48, out = 24;
   VecF x = ref::randn(size_t(n * in), 1), w = ref::randn(size_t(out * in), 2, 0.2f);
   VecF dy = ref::randn(size_t(n * out), 3, 1e-3f);  // gradients are small: the scale brings them into range
-  x[5] = 40.f;     // an outlier sets the tensor's scale, small values lose precision
-  x[9] = 1e-4f;    // below the smallest e4m3 code at that scale: becomes 0
+  x[5] = 40.f;   // an outlier sets the tensor's scale, small values lose precision
+  x[9] = 1e-4f;  // below the smallest e4m3 code at that scale: becomes 0
   HostFp8Weight hw(*ops, w, out, in, n);
   const Fp8Linear f = hw.linear();
-  const RefQuant qw = ref_quantize(w, kFp8ActFormat), qwt = ref_quantize(transpose(w, out, in), kFp8ActFormat);
+  const RefQuant qw = ref_quantize(w, kFp8ActFormat),
+                 qwt = ref_quantize(transpose(w, out, in), kFp8ActFormat);
   EXPECT_EQ(hw.scale, float(qw.scale));
 
   VecF y = ref::nan_vec(size_t(n * out));
@@ -120,8 +121,8 @@ TEST(Fp8Linear, GradientFormatE4m3IsTheCloser) {
       fp8_linear_bwd_input(*ops, f, dy.data(), dx.data(), n, in, out, false);
       err[k] = ref::rel_err(dx, exact);
     }
-    std::printf("dy %s: dx relative error e4m3 %.4f, e5m2 %.4f\n", heavy ? "heavy-tailed" : "Gaussian", err[0],
-                err[1]);
+    std::printf("dy %s: dx relative error e4m3 %.4f, e5m2 %.4f\n", heavy ? "heavy-tailed" : "Gaussian",
+                err[0], err[1]);
     EXPECT_LT(err[0], err[1]) << (heavy ? "heavy-tailed" : "Gaussian");
   }
 }
@@ -233,8 +234,8 @@ TEST(Fp8Decoder, BackwardCloseToTheComputeDtypeDecoder) {
   std::printf("FP8 decoder backward: dx relative error %.4f\n", edx);
   EXPECT_GT(edx, 1e-4) << "the FP8 path is not taken";
   EXPECT_LT(edx, kBackwardBound);
-  for (const char* t : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "gate_proj.weight",
-                        "up_proj.weight", "down_proj.weight"}) {
+  for (const char* t : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight",
+                        "gate_proj.weight", "up_proj.weight", "down_proj.weight"}) {
     const TensorSpec& ts = d.m.tensor(1, t);
     VecF a(f.grads.begin() + ts.offset, f.grads.begin() + ts.offset + ts.numel());
     VecF b(plain.grads.begin() + ts.offset, plain.grads.begin() + ts.offset + ts.numel());

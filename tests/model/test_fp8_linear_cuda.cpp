@@ -10,8 +10,8 @@
 
 #include <cstring>
 
-#include "roundpipe/errors.hpp"
 #include "model/fp8_linear.hpp"
+#include "roundpipe/errors.hpp"
 #include "tests/kernels/test_cuda_util.hpp"
 #include "tests/model/test_layer_util.hpp"
 
@@ -58,7 +58,8 @@ TEST_F(CudaFp8, LinearCodesEqualAndProductsClose) {
   DT y = poisoned(n * out, DType::bf16), dxo = poisoned(n * in, DType::bf16);
   run([&](Ops& o) {
     fp8_quantize_weight(o, dw.get(), out, in, wq.as<uint8_t>(), wtq.as<uint8_t>(), ws.as<float>());
-    const Fp8Linear f{{wq.as<uint8_t>(), wtq.as<uint8_t>(), ws.as<float>()}, {aq.as<uint8_t>(), as.as<float>()}};
+    const Fp8Linear f{{wq.as<uint8_t>(), wtq.as<uint8_t>(), ws.as<float>()},
+                      {aq.as<uint8_t>(), as.as<float>()}};
     fp8_linear_fwd(o, f, dx_.get(), y.get(), n, in, out, false);
     fp8_linear_bwd_input(o, f, ddy.get(), dxo.get(), n, in, out, false);
   });
@@ -137,7 +138,8 @@ TEST_F(CudaFp8, DecoderForwardBackwardCloseToTheCpuBackend) {
   std::printf("decoder: y relative error %.2e, dx %.2e (bound %.0e)\n", ey, edx, kDecoderBound);
   EXPECT_LT(ey, kDecoderBound);
   EXPECT_LT(edx, kDecoderBound);
-  for (const char* t : {"q_proj.weight", "k_proj.weight", "o_proj.weight", "gate_proj.weight", "down_proj.weight"}) {
+  for (const char* t :
+       {"q_proj.weight", "k_proj.weight", "o_proj.weight", "gate_proj.weight", "down_proj.weight"}) {
     const TensorSpec& ts = m.tensor(1, t);
     VecF a1(g.begin() + ts.offset, g.begin() + ts.offset + ts.numel());
     VecF b1(cgrad.begin() + ts.offset, cgrad.begin() + ts.offset + ts.numel());

@@ -50,7 +50,8 @@ TEST(Generate, PrefillLogitsMatchHuggingFace) {
                            "hf_gpt_oss/tiny_gpt_oss", "tiny_olmo2", "tiny_granite", "tiny_phi3"}) {
     const LoadedModel lm = load_model(golden_dir(name));
     SafetensorsFile golden(golden_dir(name) + "/golden.safetensors");
-    const HostTensor ids = golden.read_f32(*golden.find("ids")), logits = golden.read_f32(*golden.find("logits"));
+    const HostTensor ids = golden.read_f32(*golden.find("ids")),
+                     logits = golden.read_f32(*golden.find("logits"));
     const int64_t L = ids.shape[1], V = lm.config.vocab_size;
     Generator gen(lm, {.backend = "cpu"});
     for (int64_t s = 0; s < ids.shape[0]; ++s) {
@@ -77,7 +78,8 @@ TEST(Generate, PrefillLogitsMatchHuggingFace) {
 // argmax of a full recomputation of every prefix; stop ids end it; the cache limit is kept.
 TEST(Generate, CachedDecodingEqualsRecomputingEveryPrefix) {
   // GPT-OSS: one token at a time through a sliding window of 3 must equal the full recompute
-  for (const char* name : {"tiny_llama", "tiny_qwen3", "hf_gpt_oss/tiny_gpt_oss", "tiny_olmo2", "tiny_phi3"}) {
+  for (const char* name :
+       {"tiny_llama", "tiny_qwen3", "hf_gpt_oss/tiny_gpt_oss", "tiny_olmo2", "tiny_phi3"}) {
     const LoadedModel lm = load_model(golden_dir(name));
     Generator gen(lm, {.backend = "cpu", .max_context = 64});
     const int32_t V = int32_t(lm.config.vocab_size);
@@ -94,12 +96,15 @@ TEST(Generate, CachedDecodingEqualsRecomputingEveryPrefix) {
     std::vector<int32_t> seq = prompt;
     for (int32_t id : out) {
       const auto lg = gen.logits(seq);
-      EXPECT_EQ(argmax_row(lg, int64_t(seq.size()) - 1, lm.config.vocab_size), id) << name << " at " << seq.size();
+      EXPECT_EQ(argmax_row(lg, int64_t(seq.size()) - 1, lm.config.vocab_size), id)
+          << name << " at " << seq.size();
       seq.push_back(id);
     }
     o.stop_ids = {out[3]};
     const auto stopped = gen.generate(prompt, o);
-    EXPECT_EQ(stopped, std::vector<int32_t>(out.begin(), out.begin() + 1 + (std::find(out.begin(), out.end(), out[3]) - out.begin())));
+    EXPECT_EQ(stopped,
+              std::vector<int32_t>(
+                  out.begin(), out.begin() + 1 + (std::find(out.begin(), out.end(), out[3]) - out.begin())));
     o.stop_ids.clear();
     o.max_new_tokens = 1000;
     EXPECT_EQ(int64_t(gen.generate(prompt, o).size()), 64 - int64_t(prompt.size()) + 1);  // cache full
@@ -136,7 +141,8 @@ TEST(Generate, GreedySmolLM2EqualsTransformers) {
   const auto model = root / "assets/SmolLM2-135M-Instruct.Q4_1.gguf";
   if (!std::filesystem::exists(model)) GTEST_SKIP() << "default model missing: run scripts/setup.sh";
   if (!std::filesystem::exists(fixture))
-    GTEST_SKIP() << "no " << fixture << ": run scripts/make_generate_fixture.py where transformers and torch are "
+    GTEST_SKIP() << "no " << fixture
+                 << ": run scripts/make_generate_fixture.py where transformers and torch are "
                     "installed (the lent GPU machine) and commit its output";
   const auto j = nlohmann::json::parse(std::ifstream(fixture));
   const LoadedModel lm = load_model(model.string());
@@ -151,7 +157,8 @@ TEST(Generate, GreedySmolLM2EqualsTransformers) {
     if (c.at("prompt").contains("messages")) {
       std::vector<ChatMessage> msgs;
       for (const auto& m : c.at("prompt").at("messages")) msgs.push_back({m.at("role"), m.at("content"), {}});
-      EXPECT_EQ(tok.encode(render_chat_text(detect_chat_template(lm.chat_template), msgs, nullptr, true)), prompt);
+      EXPECT_EQ(tok.encode(render_chat_text(detect_chat_template(lm.chat_template), msgs, nullptr, true)),
+                prompt);
     } else {
       EXPECT_EQ(tok.encode_with_special_tokens(c.at("prompt").at("text").get<std::string>()), prompt);
     }
@@ -186,9 +193,9 @@ TEST(Generate, GreedySmolLM2EqualsTransformers) {
     const std::vector<float> lg = gen.logits(prefix);
     const float* last = lg.data() + (prefix.size() - 1) * size_t(lm.config.vocab_size);
     const float best = *std::max_element(last, last + lm.config.vocab_size);
-    EXPECT_GE(last[got[i]], best - kTie) << "bf16 on " << cu.device_name() << " parts at token " << i << " with "
-                                         << got[i] << " (fp32 logit " << last[got[i]] << ", best " << best
-                                         << "): " << c.at("prompt");
+    EXPECT_GE(last[got[i]], best - kTie)
+        << "bf16 on " << cu.device_name() << " parts at token " << i << " with " << got[i] << " (fp32 logit "
+        << last[got[i]] << ", best " << best << "): " << c.at("prompt");
     EXPECT_GE(last[want[i]], best - kTie) << "transformers' token " << want[i] << " at " << i;
   }
   // most tokens agree (a test that compared nothing would pass)

@@ -16,10 +16,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "kernels/weight_format.hpp"
 #include "model/checkpoint.hpp"
 #include "model/gguf.hpp"
 #include "model/gguf_export.hpp"
-#include "kernels/weight_format.hpp"
 #include "roundpipe/generate.hpp"
 #include "test_io_util.hpp"
 
@@ -38,15 +38,27 @@ json tiny_tokenizer(int64_t n_vocab) {
   for (int64_t i : {n_vocab - 2, n_vocab - 1}) {
     const std::string s = i == n_vocab - 2 ? "<|im_start|>" : "<|im_end|>";
     vocab[s] = i;
-    added.push_back({{"id", i}, {"content", s}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
-                     {"normalized", false}, {"special", true}});
+    added.push_back({{"id", i},
+                     {"content", s},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", true}});
   }
   json pre = {{"type", "Sequence"},
               {"pretokenizers", json::array({{{"type", "Digits"}, {"individual_digits", true}},
-                                             {{"type", "ByteLevel"}, {"add_prefix_space", false},
-                                              {"trim_offsets", true}, {"use_regex", true}}})}};
-  return {{"version", "1.0"}, {"added_tokens", added}, {"pre_tokenizer", pre}, {"post_processor", nullptr},
-          {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array({json::array({"t1", "t2"}), "t3 t4"})}}}};
+                                             {{"type", "ByteLevel"},
+                                              {"add_prefix_space", false},
+                                              {"trim_offsets", true},
+                                              {"use_regex", true}}})}};
+  return {
+      {"version", "1.0"},
+      {"added_tokens", added},
+      {"pre_tokenizer", pre},
+      {"post_processor", nullptr},
+      {"model",
+       {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array({json::array({"t1", "t2"}), "t3 t4"})}}}};
 }
 
 ModelConfig tiny_config(const std::string& arch, bool tied) {
@@ -127,7 +139,9 @@ TEST_P(GgufExportRoundTrip, KeepsWeightsConfigTokenizerAndLogits) {
     EXPECT_EQ(m->tokenizer_json["model"]["vocab"]["t5"], 5);
   }
   // weights: once rounded to the type, then exactly kept
-  const float tol = k.type == GgufExportType::f16 ? 1.0f / 1024 : k.type == GgufExportType::bf16 ? 1.0f / 128 : 0;
+  const float tol = k.type == GgufExportType::f16    ? 1.0f / 1024
+                    : k.type == GgufExportType::bf16 ? 1.0f / 128
+                                                     : 0;
   ASSERT_EQ(m1.tensors.size(), m0.tensors.size());
   for (const auto& [name, t0] : m0.tensors) {
     const HostTensor& t1 = m1.tensors.at(name);
@@ -141,9 +155,11 @@ TEST_P(GgufExportRoundTrip, KeepsWeightsConfigTokenizerAndLogits) {
     const bool f16_fallback = k.type == GgufExportType::q8_0 && t0.shape.size() == 2 && !q8;
     for (size_t i = 0; i < t0.data.size(); ++i) {
       const float x = t0.data[i], err = std::fabs(t1.data[i] - x);
-      if (t0.shape.size() == 1) ASSERT_EQ(t1.data[i], x) << name << "[" << i << "]: norms and biases stay f32";
+      if (t0.shape.size() == 1)
+        ASSERT_EQ(t1.data[i], x) << name << "[" << i << "]: norms and biases stay f32";
       else if (q8) ASSERT_LE(err, (0.5f + 127.0f / 2048) * step) << name << "[" << i << "]";
-      else ASSERT_LE(err, (f16_fallback ? 1.0f / 1024 : tol) * std::fabs(x) + 1e-7f) << name << "[" << i << "]";
+      else
+        ASSERT_LE(err, (f16_fallback ? 1.0f / 1024 : tol) * std::fabs(x) + 1e-7f) << name << "[" << i << "]";
     }
   }
   // a forward pass: the GGUF gives the logits of the folder it reads back as; the original's
@@ -154,19 +170,26 @@ TEST_P(GgufExportRoundTrip, KeepsWeightsConfigTokenizerAndLogits) {
   const std::vector<float> l0 = Generator(m0).logits(ids);
   float worst = 0;
   for (size_t i = 0; i < lg.size(); ++i) worst = std::max(worst, std::fabs(lg[i] - l0[i]));
-  const float allowed = (k.type == GgufExportType::q8_0 ? 5e-2f : k.type == GgufExportType::bf16 ? 3e-2f : 4e-3f) *
+  const float allowed = (k.type == GgufExportType::q8_0   ? 5e-2f
+                         : k.type == GgufExportType::bf16 ? 3e-2f
+                                                          : 4e-3f) *
                         std::max(1.0f, max_abs(l0));
   EXPECT_LE(worst, allowed) << k.arch << " " << k.type_name;
   EXPECT_GT(worst, 0.0f) << "rounding to " << k.type_name << " changed nothing: the comparison proves little";
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Archs, GgufExportRoundTrip,
-    ::testing::Values(Case{"llama", false, GgufExportType::f16, "f16"}, Case{"llama", true, GgufExportType::q8_0, "q8_0"},
-                      Case{"llama", false, GgufExportType::bf16, "bf16"}, Case{"qwen2", true, GgufExportType::bf16, "bf16"},
-                      Case{"qwen2", false, GgufExportType::q8_0, "q8_0"}, Case{"qwen3", true, GgufExportType::f16, "f16"},
-                      Case{"qwen3", false, GgufExportType::q8_0, "q8_0"}),
-    [](const auto& info) { return std::string(info.param.arch) + "_" + info.param.type_name + (info.param.tied ? "_tied" : ""); });
+INSTANTIATE_TEST_SUITE_P(Archs, GgufExportRoundTrip,
+                         ::testing::Values(Case{"llama", false, GgufExportType::f16, "f16"},
+                                           Case{"llama", true, GgufExportType::q8_0, "q8_0"},
+                                           Case{"llama", false, GgufExportType::bf16, "bf16"},
+                                           Case{"qwen2", true, GgufExportType::bf16, "bf16"},
+                                           Case{"qwen2", false, GgufExportType::q8_0, "q8_0"},
+                                           Case{"qwen3", true, GgufExportType::f16, "f16"},
+                                           Case{"qwen3", false, GgufExportType::q8_0, "q8_0"}),
+                         [](const auto& info) {
+                           return std::string(info.param.arch) + "_" + info.param.type_name +
+                                  (info.param.tied ? "_tied" : "");
+                         });
 
 // An F16 LLaMA GGUF written byte by byte (q/k rows permuted as convert_hf_to_gguf.py does),
 // converted to a folder and exported again, gives back every tensor's bytes.
@@ -237,8 +260,9 @@ TEST(GgufExport, RefusesWhatItWouldReplaceAtALoss) {
   const std::string out = d / "m.gguf";
   // a user's file is never replaced, --force or not
   { std::ofstream(out) << "my notes"; }
-  EXPECT_NE(error_of([&] { export_gguf(d / "hf", out, GgufExportType::f16, false); }).find("exists; pass --force"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { export_gguf(d / "hf", out, GgufExportType::f16, false); }).find("exists; pass --force"),
+      std::string::npos);
   const std::string e = error_of([&] { export_gguf(d / "hf", out, GgufExportType::f16, true); });
   EXPECT_NE(e.find("was not written by roundpipe export-gguf"), std::string::npos) << e;
   EXPECT_EQ(e.find('\n'), std::string::npos) << e;
@@ -247,14 +271,18 @@ TEST(GgufExport, RefusesWhatItWouldReplaceAtALoss) {
   // its own file: only with --force
   fs::remove(out);
   export_gguf(d / "hf", out, GgufExportType::f16, false);
-  EXPECT_NE(error_of([&] { export_gguf(d / "hf", out, GgufExportType::q8_0, false); }).find("--force"), std::string::npos);
+  EXPECT_NE(error_of([&] { export_gguf(d / "hf", out, GgufExportType::q8_0, false); }).find("--force"),
+            std::string::npos);
   export_gguf(d / "hf", out, GgufExportType::q8_0, true);
   EXPECT_EQ(GgufFile(out).get_int("general.file_type"), 7);
   // never inside the input; other models refused with one line; nothing left behind
-  EXPECT_NE(error_of([&] { export_gguf(d / "hf", d / "hf/m.gguf", GgufExportType::f16, false); }).find("inside the input"),
+  EXPECT_NE(error_of([&] {
+              export_gguf(d / "hf", d / "hf/m.gguf", GgufExportType::f16, false);
+            }).find("inside the input"),
             std::string::npos);
   const std::string moe = std::string(RP_FIXTURES_DIR) + "/hf_moe/tiny_qwen3_moe";
-  const std::string moe_error = error_of([&] { export_gguf(moe, d / "moe.gguf", GgufExportType::f16, false); });
+  const std::string moe_error =
+      error_of([&] { export_gguf(moe, d / "moe.gguf", GgufExportType::f16, false); });
   EXPECT_NE(moe_error.find("mixture-of-experts"), std::string::npos) << moe_error;
   EXPECT_FALSE(fs::exists(d / "moe.gguf"));
   EXPECT_FALSE(fs::exists(d / "hf/m.gguf"));
@@ -278,8 +306,9 @@ std::string gguf_python() {
 TEST(GgufExport, TheGgufPackageReadsItAsOurReaderDoes) {
   const std::string py = gguf_python();
   if (py.empty())
-    GTEST_SKIP() << "Python's gguf package is not installed (scripts/setup.sh installs it; or set RP_GGUF_PYTHON to a "
-                    "Python that has it): llama.cpp's reader is not run; our own reader's round trips still are";
+    GTEST_SKIP()
+        << "Python's gguf package is not installed (scripts/setup.sh installs it; or set RP_GGUF_PYTHON to a "
+           "Python that has it): llama.cpp's reader is not run; our own reader's round trips still are";
   TempDir d("gguf_export_py");
   for (const char* arch : {"llama", "qwen2", "qwen3"}) {
     write_tiny_model(d / arch, arch, std::string(arch) == "qwen3", 21);
@@ -295,8 +324,8 @@ TEST(GgufExport, TheGgufPackageReadsItAsOurReaderDoes) {
         o.write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * 4));
       }
       o.close();
-      const std::string cmd = py + " " + RP_FIXTURES_DIR + "/gguf_export/check_gguf.py " + g + " " + dump + " " + arch +
-                              " " + type + " 2>&1";
+      const std::string cmd = py + " " + RP_FIXTURES_DIR + "/gguf_export/check_gguf.py " + g + " " + dump +
+                              " " + arch + " " + type + " 2>&1";
       FILE* p = popen(cmd.c_str(), "r");
       ASSERT_NE(p, nullptr);
       std::string text;

@@ -36,7 +36,8 @@ struct Golden {
 // `name`: a fixture folder under tests/fixtures ("hf_golden/tiny_llama", "hf_moe/...").
 Golden load_golden(const std::string& name) {
   const std::string dir = std::string(RP_FIXTURES_DIR) + "/" + name;
-  Golden g{load_model(dir), {}, {}, {}, {}, {}, std::make_unique<SafetensorsFile>(dir + "/golden.safetensors")};
+  Golden g{
+      load_model(dir), {}, {}, {}, {}, {}, std::make_unique<SafetensorsFile>(dir + "/golden.safetensors")};
   g.layout = make_layout(g.model.config);
   fill_groups(g.model, g.layout, g.weights);
   HostTensor ids = g.get("ids"), tg = g.get("targets");
@@ -55,7 +56,8 @@ HostTensor golden_grad(const Golden& g, const std::string& name) {
       if (f.parts[k] == name) {
         const HostTensor all = g.get("grad." + f.name);
         return {{f.rows[k], f.cols},
-                std::vector<float>(all.data.begin() + row0 * f.cols, all.data.begin() + (row0 + f.rows[k]) * f.cols)};
+                std::vector<float>(all.data.begin() + row0 * f.cols,
+                                   all.data.begin() + (row0 + f.rows[k]) * f.cols)};
       }
       row0 += f.rows[k];
     }

@@ -125,7 +125,7 @@ TEST(IoConfig, ParsesQwen2) {
   EXPECT_TRUE(c.qkv_bias);
   EXPECT_FALSE(c.attention_bias);  // no o_proj bias
   EXPECT_EQ(c.head_dim, 64);
-  EXPECT_EQ(c.attention_window(0), 0);  // use_sliding_window false
+  EXPECT_EQ(c.attention_window(0), 0);       // use_sliding_window false
   EXPECT_EQ(c.num_parameters(), 494032768);  // Qwen2.5-0.5B
   const ModelLayout layout = make_layout(c);
   EXPECT_EQ(layout.total_numel(), c.num_parameters());
@@ -157,7 +157,8 @@ TEST(IoConfig, ParsesOlmo2) {
   EXPECT_LT(g.find("model.layers.0.input_layernorm.weight"), 0);  // no pre-norm
   ASSERT_GE(g.find("model.layers.0.post_feedforward_layernorm.weight"), 0);
   ASSERT_GE(g.find("model.layers.0.self_attn.q_norm.weight"), 0);
-  EXPECT_EQ(g.tensors[size_t(g.find("model.layers.0.self_attn.q_norm.weight"))].shape, std::vector<int64_t>{4096});
+  EXPECT_EQ(g.tensors[size_t(g.find("model.layers.0.self_attn.q_norm.weight"))].shape,
+            std::vector<int64_t>{4096});
   json j = json::parse(std::ifstream(std::string(RP_SOURCE_DIR) + "/examples/configs/olmo-2-1124-7b.json"));
   j["attention_bias"] = true;  // OLMo 2's optional biases are not supported
   EXPECT_NE(error_of(j).find("key 'attention_bias'"), std::string::npos) << error_of(j);
@@ -190,8 +191,11 @@ TEST(IoConfig, ParsesGranite) {
 
 TEST(IoConfig, RopeScalingVariants) {
   json j = llama_json();
-  j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 32.0}, {"low_freq_factor", 1.0},
-                       {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  j["rope_scaling"] = {{"rope_type", "llama3"},
+                       {"factor", 32.0},
+                       {"low_freq_factor", 1.0},
+                       {"high_freq_factor", 4.0},
+                       {"original_max_position_embeddings", 8192}};
   j["eos_token_id"] = {2, 1, 0};
   ModelConfig c = config_from_json(j, "cfg.json");
   EXPECT_EQ(c.rope_scaling.type, "llama3");
@@ -225,8 +229,10 @@ TEST(IoConfig, ErrorsNameFileAndKey) {
   };
   json j = llama_json();
   j["model_type"] = "gemma2";
-  expect(j, "key 'model_type': expected \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"qwen3_moe\", \"gpt_oss\", "
-            "\"olmo2\", \"granite\" or \"phi3\", got string \"gemma2\"");
+  expect(
+      j,
+      "key 'model_type': expected \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"qwen3_moe\", \"gpt_oss\", "
+      "\"olmo2\", \"granite\" or \"phi3\", got string \"gemma2\"");
   j = llama_json();
   j.erase("hidden_size");
   expect(j, "key 'hidden_size': expected an integer >= 1, got nothing");
@@ -243,16 +249,21 @@ TEST(IoConfig, ErrorsNameFileAndKey) {
   j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
   expect(j, "key 'rope_scaling.original_max_position_embeddings'");
   // a missing key is named as missing (it used to read "got null null")
-  expect(j, "key 'rope_scaling.original_max_position_embeddings': expected an integer >= 1 (rope_type llama3 needs "
-            "it), got nothing");
+  expect(
+      j,
+      "key 'rope_scaling.original_max_position_embeddings': expected an integer >= 1 (rope_type llama3 needs "
+      "it), got nothing");
   EXPECT_EQ(error_of(j).find("null null"), std::string::npos) << error_of(j);
   j = llama_json();
   j.erase("rope_scaling");
-  j["rope_parameters"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"original_max_position_embeddings", nullptr}};
-  expect(j, "key 'rope_parameters.original_max_position_embeddings': expected an integer >= 1 (rope_type llama3 "
-            "needs it), got nothing");
+  j["rope_parameters"] = {
+      {"rope_type", "llama3"}, {"factor", 8.0}, {"original_max_position_embeddings", nullptr}};
+  expect(j,
+         "key 'rope_parameters.original_max_position_embeddings': expected an integer >= 1 (rope_type llama3 "
+         "needs it), got nothing");
   j["rope_parameters"] = {{"rope_type", "llama3"}};
-  expect(j, "key 'rope_parameters.factor': expected a positive number (rope_type llama3 needs it), got nothing");
+  expect(j,
+         "key 'rope_parameters.factor': expected a positive number (rope_type llama3 needs it), got nothing");
   j = llama_json();
   j["rope_scaling"] = {{"rope_type", "linear"}};
   expect(j, "key 'rope_scaling.factor'");

@@ -32,8 +32,8 @@ TEST(IoGguf, DequantQ4_0Block) {
   std::vector<float> y(32);
   dequantize_ggml(uint32_t(GgmlType::Q4_0), b.data(), y.data(), 32);
   for (int j = 0; j < 16; ++j) {
-    EXPECT_EQ(y[j], (j - 8) * 2.0f);             // low nibbles -> first half
-    EXPECT_EQ(y[j + 16], (15 - j - 8) * 2.0f);   // high nibbles -> second half
+    EXPECT_EQ(y[j], (j - 8) * 2.0f);            // low nibbles -> first half
+    EXPECT_EQ(y[j + 16], (15 - j - 8) * 2.0f);  // high nibbles -> second half
   }
 }
 
@@ -55,8 +55,8 @@ TEST(IoGguf, DequantQ4_1Block) {
 }
 
 TEST(IoGguf, DequantQ5_0Block) {
-  std::vector<uint8_t> b = le16(0x3C00);     // d = 1
-  append(b, {0xFF, 0xFF, 0x00, 0x00});       // qh: bit j set for elements 0..15 only
+  std::vector<uint8_t> b = le16(0x3C00);  // d = 1
+  append(b, {0xFF, 0xFF, 0x00, 0x00});    // qh: bit j set for elements 0..15 only
   for (int j = 0; j < 16; ++j) b.push_back(uint8_t(j | ((15 - j) << 4)));
   std::vector<float> y(32);
   dequantize_ggml(uint32_t(GgmlType::Q5_0), b.data(), y.data(), 32);
@@ -100,11 +100,11 @@ TEST(IoGguf, DequantF16AndBF16) {
 
 TEST(IoGguf, DequantQ4_KAndQ5_KBlocks) {
   // 8 sub-blocks of 32 values, 6-bit scale/min each: value = d*sc*q - dmin*m.
-  std::vector<uint8_t> b = le16(0x3C00);  // d = 1
-  append(b, le16(0x3C00));                // dmin = 1
+  std::vector<uint8_t> b = le16(0x3C00);                        // d = 1
+  append(b, le16(0x3C00));                                      // dmin = 1
   append(b, {1, 2, 3, 4, 3, 0, 0, 0, 0x05, 0x06, 0x07, 0x08});  // sc 1..8, m0 = 3
   std::vector<uint8_t> q5 = b;
-  for (int i = 0; i < 128; ++i) b.push_back(0x21);                 // low nibble 1, high 2
+  for (int i = 0; i < 128; ++i) b.push_back(0x21);  // low nibble 1, high 2
   std::vector<float> y(256);
   dequantize_ggml(uint32_t(GgmlType::Q4_K), b.data(), y.data(), 256);
   for (int e = 0; e < 256; ++e) {
@@ -124,10 +124,10 @@ TEST(IoGguf, DequantQ4_KAndQ5_KBlocks) {
 
 TEST(IoGguf, DequantQ6_KBlock) {
   // 16 sub-blocks of 16 values with int8 scales; q = 6 bits - 32.
-  std::vector<uint8_t> b(128, 0x00);               // ql = 0
-  b.insert(b.end(), 64, 0xFF);                     // qh = 3 in every 2-bit field -> q = 48-32
+  std::vector<uint8_t> b(128, 0x00);  // ql = 0
+  b.insert(b.end(), 64, 0xFF);        // qh = 3 in every 2-bit field -> q = 48-32
   for (int k = 0; k < 16; ++k) b.push_back(uint8_t(int8_t(k % 2 ? -(k + 1) : k + 1)));
-  append(b, le16(0x3800));                         // d = 0.5
+  append(b, le16(0x3800));  // d = 0.5
   std::vector<float> y(256);
   dequantize_ggml(uint32_t(GgmlType::Q6_K), b.data(), y.data(), 256);
   for (int e = 0; e < 256; ++e) {
@@ -160,7 +160,7 @@ std::vector<uint8_t> small_file(uint32_t version = 3) {
   g.str_array("strs", {"a", "", "Ġhello"});
   g.i32_array("ints", {1, -2, 3});
   // nested: array of 2 arrays of u8
-  g.raw("nested", 9, {9, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0,  //
+  g.raw("nested", 9, {9, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0,     //
                       0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 5,  //
                       0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 6, 7});
   std::vector<uint8_t> q8 = le16(0x3C00);
@@ -250,7 +250,10 @@ TEST(IoGguf, TruncatedFilesThrowCleanly) {
   TempDir dir("gguf");
   const auto bytes = small_file();
   const std::string path = dir / "cut.gguf";
-  GgufFile full([&] { test::write_bytes(path, bytes); return path; }());
+  GgufFile full([&] {
+    test::write_bytes(path, bytes);
+    return path;
+  }());
   const uint64_t need = full.data_offset() + full.find("t.f32")->offset + 16;
   for (size_t len = 0; len < need; ++len) {
     test::write_bytes(path, {bytes.begin(), bytes.begin() + len});
@@ -310,9 +313,9 @@ TEST(IoGguf, AMegabyteKeyIsQuotedShort) {
   for (int c = 0; c < 4; ++c) {
     GgufBuilder g;
     g.str("general.architecture", "llama");
-    if (c == 0) g.raw(key, 99, {});         // unknown value type
-    if (c == 1) g.raw(key, 7, {5});         // bool byte 5
-    if (c == 2) g.u32(key, 1), g.u32(key, 2);  // duplicate key
+    if (c == 0) g.raw(key, 99, {});             // unknown value type
+    if (c == 1) g.raw(key, 7, {5});             // bool byte 5
+    if (c == 2) g.u32(key, 1), g.u32(key, 2);   // duplicate key
     if (c == 3) g.tensor_f32(key, {1, 0}, {});  // a tensor of dimension 0
     test::write_bytes(path, g.build(3));
     try {

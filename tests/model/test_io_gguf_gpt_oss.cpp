@@ -13,13 +13,13 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "data/pretokenizer.hpp"
 #include "kernels/weight_format.hpp"
 #include "model/checkpoint.hpp"
 #include "model/gguf.hpp"
 #include "model/gpt_oss_hf.hpp"
 #include "model/safetensors.hpp"
 #include "model/tokenizer_export.hpp"
-#include "data/pretokenizer.hpp"
 #include "roundpipe/model_source.hpp"
 #include "test_io_util.hpp"
 
@@ -36,14 +36,21 @@ const std::string kHfMxfp4 = std::string(RP_FIXTURES_DIR) + "/hf_gpt_oss/tiny_gp
 void expect_same_config(const ModelConfig& g, const ModelConfig& h) {
   EXPECT_EQ(g.architecture, "gpt_oss");
   EXPECT_EQ(g.architecture, h.architecture);
-  for (auto [a, b] : {std::pair{g.num_hidden_layers, h.num_hidden_layers}, {g.hidden_size, h.hidden_size},
-                      {g.intermediate_size, h.intermediate_size}, {g.num_attention_heads, h.num_attention_heads},
-                      {g.num_key_value_heads, h.num_key_value_heads}, {g.head_dim, h.head_dim},
-                      {g.vocab_size, h.vocab_size}, {g.max_position_embeddings, h.max_position_embeddings},
-                      {g.num_experts, h.num_experts}, {g.num_experts_per_tok, h.num_experts_per_tok},
+  for (auto [a, b] : {std::pair{g.num_hidden_layers, h.num_hidden_layers},
+                      {g.hidden_size, h.hidden_size},
+                      {g.intermediate_size, h.intermediate_size},
+                      {g.num_attention_heads, h.num_attention_heads},
+                      {g.num_key_value_heads, h.num_key_value_heads},
+                      {g.head_dim, h.head_dim},
+                      {g.vocab_size, h.vocab_size},
+                      {g.max_position_embeddings, h.max_position_embeddings},
+                      {g.num_experts, h.num_experts},
+                      {g.num_experts_per_tok, h.num_experts_per_tok},
                       {g.moe_intermediate_size, h.moe_intermediate_size},
-                      {g.decoder_sparse_step, h.decoder_sparse_step}, {g.sliding_window, h.sliding_window},
-                      {g.bos_token_id, h.bos_token_id}, {g.eos_token_id, h.eos_token_id},
+                      {g.decoder_sparse_step, h.decoder_sparse_step},
+                      {g.sliding_window, h.sliding_window},
+                      {g.bos_token_id, h.bos_token_id},
+                      {g.eos_token_id, h.eos_token_id},
                       {g.pad_token_id, h.pad_token_id}})
     EXPECT_EQ(a, b);
   EXPECT_EQ(g.rope_theta, h.rope_theta);
@@ -164,7 +171,8 @@ TEST(IoGgufGptOss, FrozenMxfp4ExpertsAreTheFileBlocks) {
     ASSERT_TRUE(grp.frozen);
     EXPECT_EQ(g[size_t(l + 1)], h[size_t(l + 1)]) << grp.name;
     // expert 3's down_proj is the last quarter of the GGUF stack's bytes
-    const TensorSpec& t = grp.tensors[size_t(grp.find(fmt::format("model.layers.{}.mlp.experts.3.down_proj.weight", l)))];
+    const TensorSpec& t =
+        grp.tensors[size_t(grp.find(fmt::format("model.layers.{}.mlp.experts.3.down_proj.weight", l)))];
     ASSERT_EQ(t.format, WeightFormat::mxfp4);
     const GgufTensorInfo* st = f.find(fmt::format("blk.{}.ffn_down_exps.weight", l));
     const uint8_t* want = f.tensor_data(*st) + st->nbytes / 4 * 3;
@@ -194,7 +202,8 @@ TEST(IoGgufGptOss, FusedGateUpStacksEqualTheSplitOnes) {
   expect_same_config(g.config, hf.config);
   expect_same_tensors(g, hf);
   int64_t fused = 0, split = 0;
-  EXPECT_EQ(frozen_storage(kFused, WeightFormat::mxfp4, fused), frozen_storage(kMxfp4, WeightFormat::mxfp4, split));
+  EXPECT_EQ(frozen_storage(kFused, WeightFormat::mxfp4, fused),
+            frozen_storage(kMxfp4, WeightFormat::mxfp4, split));
   EXPECT_EQ(fused, split);
   std::string pre, suf;
   ASSERT_TRUE(gguf_expert_stack_name("blk.2.ffn_gate_up_exps.bias", pre, suf));
@@ -276,29 +285,34 @@ std::string load_error(const std::string& path) {
 
 TEST(IoGgufGptOss, MissingOrMisshapenTensorsAreNamedAsStored) {
   test::TempDir dir("gguf_oss");
-  EXPECT_EQ(load_model(rewrite(dir, "same.gguf", "")).config.num_experts, 4);  // the rewriter keeps a loadable file
-  for (const char* t : {"blk.1.ffn_up_exps.weight", "blk.0.attn_sinks.weight", "blk.2.ffn_gate_inp.bias",
-                        "blk.0.ffn_down_exps.bias", "blk.1.post_attention_norm.weight", "blk.2.attn_v.bias"}) {
+  EXPECT_EQ(load_model(rewrite(dir, "same.gguf", "")).config.num_experts,
+            4);  // the rewriter keeps a loadable file
+  for (const char* t :
+       {"blk.1.ffn_up_exps.weight", "blk.0.attn_sinks.weight", "blk.2.ffn_gate_inp.bias",
+        "blk.0.ffn_down_exps.bias", "blk.1.post_attention_norm.weight", "blk.2.attn_v.bias"}) {
     const std::string m = load_error(rewrite(dir, std::string(t) + ".gguf", t));
     EXPECT_NE(m.find("missing tensor"), std::string::npos) << m;
     EXPECT_NE(m.find(std::string("GGUF tensor '") + t + "'"), std::string::npos) << m;
   }
   // [E, H, F] stored as [E, F, H]: same bytes, the wrong shape
   std::string m = load_error(rewrite(dir, "down.gguf", "", {{"blk.0.ffn_down_exps.weight", {64, 32, 4}}}));
-  EXPECT_NE(m.find("expected shape [64, 32], got [32, 64] (GGUF tensor 'blk.0.ffn_down_exps.weight' [4, 32, 64], "
-                   "expert 0)"),
-            std::string::npos)
+  EXPECT_NE(
+      m.find("expected shape [64, 32], got [32, 64] (GGUF tensor 'blk.0.ffn_down_exps.weight' [4, 32, 64], "
+             "expert 0)"),
+      std::string::npos)
       << m;
   m = load_error(rewrite(dir, "k.gguf", "", {{"blk.2.attn_k.weight", {32, 64}}}));
   EXPECT_NE(m.find("GGUF tensor 'blk.2.attn_k.weight' [64, 32]"), std::string::npos) << m;
   m = load_error(rewrite(dir, "bias.gguf", "", {{"blk.1.ffn_gate_exps.bias", {32, 2, 2}}}));
-  EXPECT_NE(m.find("tensor 'blk.1.ffn_gate_exps.bias': expected 2-D [num_experts = 4, n]"), std::string::npos) << m;
+  EXPECT_NE(m.find("tensor 'blk.1.ffn_gate_exps.bias': expected 2-D [num_experts = 4, n]"), std::string::npos)
+      << m;
 }
 
 TEST(IoGgufGptOss, ConfigKeysAndErrors) {
   test::TempDir dir("gguf_oss_cfg");
   const ModelConfig c = load_model(kMxfp4).config;
-  EXPECT_EQ(c.layer_types, (std::vector<std::string>{"sliding_attention", "full_attention", "sliding_attention"}));
+  EXPECT_EQ(c.layer_types,
+            (std::vector<std::string>{"sliding_attention", "full_attention", "sliding_attention"}));
   EXPECT_EQ(c.attention_window(0), 3);
   EXPECT_EQ(c.attention_window(1), 0);
   EXPECT_FALSE(c.rope_scaling.truncate);
@@ -361,7 +375,8 @@ TEST(IoGgufGptOss, NameMapping) {
   std::string pre, suf;
   ASSERT_TRUE(gguf_expert_stack_name("blk.1.ffn_up_exps.bias", pre, suf));
   EXPECT_EQ(pre + "3" + suf, "model.layers.1.mlp.experts.3.up_proj.bias");
-  EXPECT_EQ(hf_to_gguf_name("model.layers.1.mlp.experts.3.up_proj.bias", "gpt-oss"), "blk.1.ffn_up_exps.bias");
+  EXPECT_EQ(hf_to_gguf_name("model.layers.1.mlp.experts.3.up_proj.bias", "gpt-oss"),
+            "blk.1.ffn_up_exps.bias");
   EXPECT_EQ(hf_to_gguf_name("model.layers.4.mlp.router.weight", "gpt-oss"), "blk.4.ffn_gate_inp.weight");
   EXPECT_EQ(hf_to_gguf_name("model.layers.4.mlp.gate.weight", "qwen3moe"), "blk.4.ffn_gate_inp.weight");
   EXPECT_EQ(hf_to_gguf_name("lm_head.weight"), "output.weight");

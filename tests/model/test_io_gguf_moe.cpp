@@ -13,8 +13,8 @@
 
 #include "model/checkpoint.hpp"
 #include "model/gguf.hpp"
-#include "tests/model/device_reference.hpp"
 #include "test_io_util.hpp"
+#include "tests/model/device_reference.hpp"
 
 namespace rp {
 namespace {
@@ -76,8 +76,10 @@ TEST(IoGgufMoe, F32FileEqualsHfFolderBitForBit) {
   }
   EXPECT_EQ(experts, 2 * 4 * 3);  // 2 layers, 4 experts, gate/up/down each
   // F != H, so a transposed expert matrix would have the wrong shape
-  EXPECT_EQ(g.tensors.at("model.layers.1.mlp.experts.3.down_proj.weight").shape, (std::vector<int64_t>{32, 64}));
-  EXPECT_EQ(g.tensors.at("model.layers.1.mlp.experts.3.up_proj.weight").shape, (std::vector<int64_t>{64, 32}));
+  EXPECT_EQ(g.tensors.at("model.layers.1.mlp.experts.3.down_proj.weight").shape,
+            (std::vector<int64_t>{32, 64}));
+  EXPECT_EQ(g.tensors.at("model.layers.1.mlp.experts.3.up_proj.weight").shape,
+            (std::vector<int64_t>{64, 32}));
   EXPECT_EQ(g.tensors.at("model.layers.0.mlp.gate.weight").shape, (std::vector<int64_t>{4, 32}));
 }
 
@@ -101,7 +103,7 @@ TEST(IoGgufMoe, Q8_0FileMatchesHfFolderWithinQuantizationError) {
     const GgufTensorInfo* down = f.find("blk.1.ffn_down_exps.weight");
     ASSERT_NE(down, nullptr);
     EXPECT_EQ(down->type, uint32_t(GgmlType::Q8_0));
-    EXPECT_EQ(down->shape(), (std::vector<int64_t>{4, 32, 64}));  // [E, H, F]
+    EXPECT_EQ(down->shape(), (std::vector<int64_t>{4, 32, 64}));                                  // [E, H, F]
     EXPECT_EQ(f.find("blk.1.ffn_gate_exps.weight")->shape(), (std::vector<int64_t>{4, 64, 32}));  // [E, F, H]
     EXPECT_EQ(f.find("blk.0.ffn_gate_inp.weight")->type, uint32_t(GgmlType::F32));
   }
@@ -162,8 +164,8 @@ TEST(IoGgufMoe, ForwardLogitsEqualHfFolders) {
 
 // The F32 fixture rewritten with metadata changed (a null value drops the key) and tensors
 // dropped, to check the errors of malformed files.
-std::string rewrite(const test::TempDir& dir, const std::string& name, const std::map<std::string, nlohmann::json>& meta,
-                    const std::string& drop_tensor = "") {
+std::string rewrite(const test::TempDir& dir, const std::string& name,
+                    const std::map<std::string, nlohmann::json>& meta, const std::string& drop_tensor = "") {
   GgufFile src(kF32);
   test::GgufBuilder b;
   auto put = [&](const std::string& k, const nlohmann::json& v) {
@@ -207,10 +209,13 @@ TEST(IoGgufMoe, MalformedFilesGiveOneLineErrorsNamingTheKey) {
   }
   expect_load_error(rewrite(dir, "a.gguf", {{"qwen3moe.expert_count", nullptr}}),
                     "missing metadata key 'qwen3moe.expert_count'");
-  expect_load_error(rewrite(dir, "b.gguf", {{"qwen3moe.expert_used_count", 5u}}),
-                    "metadata 'qwen3moe.expert_used_count': expected an integer in [1, expert_count = 4], got 5");
-  expect_load_error(rewrite(dir, "c.gguf", {{"qwen3moe.expert_used_count", 0u}}), "qwen3moe.expert_used_count");
-  expect_load_error(rewrite(dir, "d.gguf", {{"qwen3moe.expert_count", 0u}}), "metadata 'qwen3moe.expert_count'");
+  expect_load_error(
+      rewrite(dir, "b.gguf", {{"qwen3moe.expert_used_count", 5u}}),
+      "metadata 'qwen3moe.expert_used_count': expected an integer in [1, expert_count = 4], got 5");
+  expect_load_error(rewrite(dir, "c.gguf", {{"qwen3moe.expert_used_count", 0u}}),
+                    "qwen3moe.expert_used_count");
+  expect_load_error(rewrite(dir, "d.gguf", {{"qwen3moe.expert_count", 0u}}),
+                    "metadata 'qwen3moe.expert_count'");
   expect_load_error(rewrite(dir, "e.gguf", {{"qwen3moe.expert_count", "four"}}),
                     "metadata 'qwen3moe.expert_count': expected an integer");
   expect_load_error(rewrite(dir, "f.gguf", {{"qwen3moe.expert_weights_norm", false}}),
@@ -218,18 +223,22 @@ TEST(IoGgufMoe, MalformedFilesGiveOneLineErrorsNamingTheKey) {
   expect_load_error(rewrite(dir, "g.gguf", {{"qwen3moe.expert_gating_func", 2u}}),
                     "metadata 'qwen3moe.expert_gating_func': expected 1 (softmax), got 2");
   expect_load_error(
-      rewrite(dir, "h.gguf", {{"qwen3moe.expert_feed_forward_length", nullptr}, {"qwen3moe.feed_forward_length", nullptr}}),
+      rewrite(dir, "h.gguf",
+              {{"qwen3moe.expert_feed_forward_length", nullptr}, {"qwen3moe.feed_forward_length", nullptr}}),
       "metadata 'qwen3moe.expert_feed_forward_length': missing");
   // without the key, llama.cpp's fallback feed_forward_length / expert_used_count = 48 / 2
   // disagrees with the tensors
-  expect_load_error(rewrite(dir, "i.gguf", {{"qwen3moe.expert_feed_forward_length", nullptr}}),
-                    "tensor 'model.layers.0.mlp.experts.0.gate_proj.weight': expected shape [24, 32], got [64, 32]");
+  expect_load_error(
+      rewrite(dir, "i.gguf", {{"qwen3moe.expert_feed_forward_length", nullptr}}),
+      "tensor 'model.layers.0.mlp.experts.0.gate_proj.weight': expected shape [24, 32], got [64, 32]");
   // three experts in the metadata, four in the stacks
-  expect_load_error(rewrite(dir, "j.gguf", {{"qwen3moe.expert_count", 3u}}),
-                    "tensor 'blk.0.ffn_gate_exps.weight': expected 3-D [num_experts = 3, rows, cols], got [4, 64, 32]");
+  expect_load_error(
+      rewrite(dir, "j.gguf", {{"qwen3moe.expert_count", 3u}}),
+      "tensor 'blk.0.ffn_gate_exps.weight': expected 3-D [num_experts = 3, rows, cols], got [4, 64, 32]");
   expect_load_error(rewrite(dir, "k.gguf", {}, "blk.1.ffn_up_exps.weight"),
                     "missing tensor 'model.layers.1.mlp.experts.0.up_proj.weight'");
-  expect_load_error(rewrite(dir, "l.gguf", {}, "blk.0.ffn_gate_inp.weight"), "missing tensor 'model.layers.0.mlp.gate.weight'");
+  expect_load_error(rewrite(dir, "l.gguf", {}, "blk.0.ffn_gate_inp.weight"),
+                    "missing tensor 'model.layers.0.mlp.gate.weight'");
   // the dense width of an all-sparse model is not needed
   const LoadedModel m = load_model(rewrite(dir, "m.gguf", {{"qwen3moe.feed_forward_length", nullptr}}));
   EXPECT_EQ(m.config.intermediate_size, 0);

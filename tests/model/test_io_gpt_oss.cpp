@@ -8,11 +8,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kernels/weight_format.hpp"
 #include "model/checkpoint.hpp"
 #include "model/config.hpp"
 #include "model/layout.hpp"
 #include "model/safetensors.hpp"
-#include "kernels/weight_format.hpp"
 #include "tests/model/test_io_util.hpp"
 
 namespace rp::test {
@@ -69,7 +69,8 @@ TEST(IoGptOss, ConfigKeys) {
   j.erase("layer_types");
   j.erase("rope_parameters");
   const ModelConfig e = config_from_json(j, "config.json");
-  EXPECT_EQ(e.layer_types, (std::vector<std::string>{"sliding_attention", "full_attention", "sliding_attention"}));
+  EXPECT_EQ(e.layer_types,
+            (std::vector<std::string>{"sliding_attention", "full_attention", "sliding_attention"}));
   EXPECT_EQ(e.rope_scaling.type, "yarn");
   EXPECT_DOUBLE_EQ(e.rope_scaling.factor, 32.0);
   EXPECT_EQ(e.rope_scaling.original_max_position_embeddings, 4096);
@@ -117,8 +118,9 @@ TEST(IoGptOss, ConfigErrorsNameTheKey) {
   EXPECT_NE(error_of(j).find("key 'rope_parameters.truncate'"), std::string::npos) << error_of(j);
   for (const std::string& e : {error_of(j)}) EXPECT_EQ(e.find('\n'), std::string::npos);
   // biases stay GPT-OSS only
-  json q = {{"model_type", "qwen3"}, {"vocab_size", 16}, {"hidden_size", 8},     {"intermediate_size", 8},
-            {"num_hidden_layers", 1}, {"num_attention_heads", 2}, {"attention_bias", true}};
+  json q = {{"model_type", "qwen3"},  {"vocab_size", 16},       {"hidden_size", 8},
+            {"intermediate_size", 8}, {"num_hidden_layers", 1}, {"num_attention_heads", 2},
+            {"attention_bias", true}};
   EXPECT_NE(error_of(q).find("key 'attention_bias'"), std::string::npos) << error_of(q);
 }
 
@@ -228,8 +230,9 @@ TEST(IoGptOss, ExportRoundTripsThroughHfNames) {
   EXPECT_EQ(f.find("model.layers.2.mlp.experts.0.gate_proj.weight"), nullptr);
   // the exported stack equals the fixture's (bf16 values, exact in fp32)
   SafetensorsFile src(kDir + "tiny_gpt_oss/model.safetensors");
-  for (const char* n : {"model.layers.2.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.gate_up_proj_bias",
-                        "model.layers.1.mlp.experts.down_proj", "model.layers.1.mlp.experts.down_proj_bias"}) {
+  for (const char* n :
+       {"model.layers.2.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.gate_up_proj_bias",
+        "model.layers.1.mlp.experts.down_proj", "model.layers.1.mlp.experts.down_proj_bias"}) {
     const HostTensor x = f.read_f32(*f.find(n)), y = src.read_f32(*src.find(n));
     ASSERT_EQ(x.shape, y.shape) << n;
     EXPECT_EQ(0, std::memcmp(x.data.data(), y.data.data(), x.data.size() * 4)) << n;

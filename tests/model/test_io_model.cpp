@@ -70,7 +70,8 @@ std::map<std::string, std::vector<float>> write_tiny_gguf(const TinySpec& s, con
     add(b + "attn_v.weight", p + "self_attn.v_proj.weight", {s.nkv * s.D, s.H});
     if (s.arch == "qwen2")
       for (const char* m : {"q", "k", "v"})
-        add(b + "attn_" + m + ".bias", p + "self_attn." + m + "_proj.bias", {(*m == 'q' ? s.nq : s.nkv) * s.D});
+        add(b + "attn_" + m + ".bias", p + "self_attn." + m + "_proj.bias",
+            {(*m == 'q' ? s.nq : s.nkv) * s.D});
     if (s.arch == "qwen3") {
       add(b + "attn_q_norm.weight", p + "self_attn.q_norm.weight", {s.D});
       add(b + "attn_k_norm.weight", p + "self_attn.k_norm.weight", {s.D});
@@ -115,7 +116,8 @@ TEST(IoModel, LoadsTinyLlamaGgufAndUnpermutesQK) {
   std::vector<std::vector<float>> groups;
   const ModelLayout layout = make_layout(m.config);
   fill_groups(m, layout, groups);
-  const auto& spec = layout.groups[1].tensors[size_t(layout.groups[1].find("model.layers.0.self_attn.k_proj.weight"))];
+  const auto& spec =
+      layout.groups[1].tensors[size_t(layout.groups[1].find("model.layers.0.self_attn.k_proj.weight"))];
   EXPECT_TRUE(std::equal(hf[spec.name].begin(), hf[spec.name].end(), groups[1].begin() + spec.offset));
 }
 
@@ -181,7 +183,8 @@ TEST(IoModel, GgufModelErrorsNameFileAndTensor) {
   expect_error(dir / "c.gguf", "general.architecture 'gpt2' is not supported");
   // a missing path; a relative one names the working directory it was looked up from
   expect_error(dir / "nope.gguf", "no such file or directory");
-  expect_error("no_such_model_dir/x.gguf", "relative to the working directory " + fs::current_path().string());
+  expect_error("no_such_model_dir/x.gguf",
+               "relative to the working directory " + fs::current_path().string());
   // every truncation of a model file fails cleanly through load_model too
   const auto bytes = test::read_bytes(dir / "a.gguf");
   for (size_t len = 0; len < bytes.size(); len += 61) {
@@ -196,7 +199,8 @@ TEST(IoTokenizer, ExportsByteLevelBpe) {
     GgufBuilder g;
     g.str("tokenizer.ggml.model", "gpt2");
     if (!pre.empty()) g.str("tokenizer.ggml.pre", pre);
-    g.str_array("tokenizer.ggml.tokens", {"<|endoftext|>", "<|im_start|>", "a", "b", "ab", "Ġ", "Ġab", "<tool>"});
+    g.str_array("tokenizer.ggml.tokens",
+                {"<|endoftext|>", "<|im_start|>", "a", "b", "ab", "Ġ", "Ġab", "<tool>"});
     g.i32_array("tokenizer.ggml.token_type", {3, 3, 1, 1, 1, 1, 1, 4});
     g.str_array("tokenizer.ggml.merges", {"a b", "Ġ ab"});
     g.u32("tokenizer.ggml.bos_token_id", 1);
@@ -223,12 +227,14 @@ TEST(IoTokenizer, ExportsByteLevelBpe) {
 
   j = make("qwen2", false);
   EXPECT_EQ(j["pre_tokenizer"]["pretokenizers"][0]["type"], "Split");
-  EXPECT_EQ(j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"],
-            R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)");
+  EXPECT_EQ(
+      j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"],
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)");
   EXPECT_EQ(j["pre_tokenizer"]["pretokenizers"][1]["use_regex"], false);
   j = make("llama-bpe", true);
-  EXPECT_NE(j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"].get<std::string>().find(R"(\p{N}{1,3})"),
-            std::string::npos);
+  EXPECT_NE(
+      j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"].get<std::string>().find(R"(\p{N}{1,3})"),
+      std::string::npos);
   EXPECT_EQ(j["post_processor"]["type"], "TemplateProcessing");
   EXPECT_EQ(j["post_processor"]["single"][0]["SpecialToken"]["id"], "<|im_start|>");
   j = make("", false);
@@ -372,9 +378,10 @@ TEST(IoModel, RealDefaultModel) {
   // "The capital of France is" -> " Paris" and predicts a repetitive text well; with q/k left
   // in GGUF's permuted order the RoPE pairs are wrong and the loss is clearly worse.
   std::vector<int64_t> ids;
-  for (auto w : {"The", "Ġcapital", "Ġof", "ĠFrance", "Ġis", "ĠParis", ".", "ĠThe", "Ġcapital",
-                 "Ġof", "ĠGermany", "Ġis", "ĠBerlin", ".", "ĠThe", "Ġcapital", "Ġof", "ĠItaly",
-                 "Ġis", "ĠRome", ".", "ĠThe", "Ġcapital", "Ġof", "ĠSpain", "Ġis", "ĠMadrid", "."})
+  for (auto w : {"The",  "Ġcapital", "Ġof", "ĠFrance",  "Ġis", "ĠParis",  ".",
+                 "ĠThe", "Ġcapital", "Ġof", "ĠGermany", "Ġis", "ĠBerlin", ".",
+                 "ĠThe", "Ġcapital", "Ġof", "ĠItaly",   "Ġis", "ĠRome",   ".",
+                 "ĠThe", "Ġcapital", "Ġof", "ĠSpain",   "Ġis", "ĠMadrid", "."})
     ids.push_back(vocab.at(w).get<int64_t>());
   const int64_t V = c.vocab_size, T = int64_t(ids.size());
   auto mean_nll = [&](const std::vector<float>& lg) {

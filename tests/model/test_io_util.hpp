@@ -88,8 +88,7 @@ class GgufBuilder {
     kv_.insert(kv_.end(), bytes.begin(), bytes.end());
   }
   /// `ne` in GGUF order (ne[0] innermost); `data` already in the type's block layout.
-  void tensor(const std::string& name, std::vector<uint64_t> ne, uint32_t type,
-              std::vector<uint8_t> data) {
+  void tensor(const std::string& name, std::vector<uint64_t> ne, uint32_t type, std::vector<uint8_t> data) {
     tensors_.push_back({name, std::move(ne), type, std::move(data)});
   }
   void tensor_f32(const std::string& name, std::vector<uint64_t> ne, const std::vector<float>& v) {

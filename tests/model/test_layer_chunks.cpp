@@ -65,7 +65,8 @@ TEST_P(LayerChunks, AnyChunkSizeMatchesTheWholeMicroBatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, LayerChunks,
-                         ::testing::Values(TinyOpts{false, false, "default"}, TinyOpts{true, true, "default"}),
+                         ::testing::Values(TinyOpts{false, false, "default"},
+                                           TinyOpts{true, true, "default"}),
                          [](const auto& info) { return opts_name(info.param); });
 
 // Beyond one chunk, the scratch grows with the sequence by the same bytes per token whatever

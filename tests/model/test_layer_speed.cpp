@@ -34,7 +34,8 @@ double best_ms(F&& f, int reps) {
   for (int i = 0; i < reps; ++i) {
     auto t0 = std::chrono::steady_clock::now();
     f();
-    best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best,
+                    std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   return best;
 }
@@ -67,8 +68,9 @@ TEST(DISABLED_LayerSpeed, SmolLM2DecoderAndTail) {
     a.scratch_bytes = scratch.size();
     double f = best_ms([&] { dec->forward(a); }, 5);
     double b = best_ms([&] { dec->backward(a); }, 5);
-    std::printf("threads %d  decoder fwd %.1f ms  bwd(+recompute) %.1f ms  fwd+bwd %.1f ms  (scratch %.1f MiB)\n",
-                threads, f, b, f + b, double(scratch.size()) / (1 << 20));
+    std::printf(
+        "threads %d  decoder fwd %.1f ms  bwd(+recompute) %.1f ms  fwd+bwd %.1f ms  (scratch %.1f MiB)\n",
+        threads, f, b, f + b, double(scratch.size()) / (1 << 20));
 
     auto tail = make_layer(m, 2);
     std::vector<char> ts(tail->scratch_bytes(s));
@@ -87,8 +89,8 @@ TEST(DISABLED_LayerSpeed, SmolLM2DecoderAndTail) {
     t.scratch_bytes = ts.size();
     double tf = best_ms([&] { tail->forward(t); }, 2);
     double tb = best_ms([&] { tail->backward(t); }, 2);
-    std::printf("threads %d  tail fwd %.1f ms  fused fwd+bwd %.1f ms  (scratch %.1f MiB)\n", threads, tf,
-                tb, double(ts.size()) / (1 << 20));
+    std::printf("threads %d  tail fwd %.1f ms  fused fwd+bwd %.1f ms  (scratch %.1f MiB)\n", threads, tf, tb,
+                double(ts.size()) / (1 << 20));
     // GEMM throughput of the biggest decoder linear (gate_proj: 256x576 -> 1536)
     ref::VecF gx = ref::randn(size_t(T * H), 4), gw = ref::randn(size_t(1536 * H), 5), gy(size_t(T * 1536));
     double g = best_ms([&] { ops->linear_fwd(gx.data(), gw.data(), gy.data(), T, H, 1536); }, 10);

@@ -74,8 +74,7 @@ struct TinyModel {
       for (auto& t : grp.tensors) {
         const bool norm = t.shape.size() == 1;
         const float sd = norm ? 0.1f : 1.0f / std::sqrt(float(t.shape[1]));
-        for (int64_t i = 0; i < t.numel(); ++i)
-          p[size_t(t.offset + i)] = norm ? 1.0f + sd * n(g) : sd * n(g);
+        for (int64_t i = 0; i < t.numel(); ++i) p[size_t(t.offset + i)] = norm ? 1.0f + sd * n(g) : sd * n(g);
       }
       params.push_back(std::move(p));
     }
@@ -90,8 +89,7 @@ struct TinyModel {
   }
   /// LayerArgs for `layer` reading params (and grads if given); scratch sized and
   /// poisoned with NaN.
-  LayerArgs args(int layer, MicroBatchShape s, std::vector<VecF>* grads,
-                 std::vector<float>& scratch) {
+  LayerArgs args(int layer, MicroBatchShape s, std::vector<VecF>* grads, std::vector<float>& scratch) {
     LayerArgs a;
     a.ops = ops.get();
     a.shape = s;
@@ -130,9 +128,8 @@ inline double dotf(const VecF& a, const VecF& b) {
 /// Central differences in fp32 of f at sampled coordinates of `x` (perturbed in place,
 /// restored), vs analytic gradient `g` (same indexing, offset `g_off`). Relative error
 /// of the sampled vectors must stay below tol.
-inline void fd_check(const std::function<double()>& f, float* x, int64_t n, const float* g,
-                     int samples, double tol, const std::string& what, uint32_t seed = 3,
-                     float h = 1e-2f) {
+inline void fd_check(const std::function<double()>& f, float* x, int64_t n, const float* g, int samples,
+                     double tol, const std::string& what, uint32_t seed = 3, float h = 1e-2f) {
   std::mt19937 gen(seed);
   std::uniform_int_distribution<int64_t> d(0, n - 1);
   VecF a;

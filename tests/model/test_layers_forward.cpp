@@ -76,7 +76,8 @@ TEST_P(LayerForward, EmbeddingAndTailMatchReference) {
   e.y = y.data();
   m.layers[0]->forward(e);
   for (int64_t t = 0; t < T; ++t)
-    for (int64_t j = 0; j < H; ++j) ASSERT_EQ(y[size_t(t * H + j)], m.params[0][size_t(ids[size_t(t)] * H + j)]);
+    for (int64_t j = 0; j < H; ++j)
+      ASSERT_EQ(y[size_t(t * H + j)], m.params[0][size_t(ids[size_t(t)] * H + j)]);
 
   auto tg = random_ids(T, V, 23);
   tg[2] = -100;
@@ -88,8 +89,8 @@ TEST_P(LayerForward, EmbeddingAndTailMatchReference) {
   ta.loss = loss;
   m.layers[size_t(tl)]->forward(ta);
   const int head = int(m.layout.groups.size()) - 1;
-  VecD hn = ref::rmsnorm(ref::to_d(y), slice(m.params[size_t(head)], m.tensor(head, "model.norm.weight")),
-                         T, H, c.rms_norm_eps);
+  VecD hn = ref::rmsnorm(ref::to_d(y), slice(m.params[size_t(head)], m.tensor(head, "model.norm.weight")), T,
+                         H, c.rms_norm_eps);
   VecD w = c.tie_word_embeddings ? slice(m.params[0], m.tensor(0, "embed_tokens.weight"))
                                  : slice(m.params[size_t(head)], m.tensor(head, "lm_head.weight"));
   auto [sum, cnt] = ref::cross_entropy(hn, w, tg, T, H, V);
@@ -143,7 +144,8 @@ TEST_P(LayerForward, AttentionIsCausalPerSequence) {
   compare_seq(y0, y2, 0, L, H, L);
   for (int64_t t = 0; t < L; ++t) {
     double d = 0;
-    for (int64_t j = 0; j < H; ++j) d = std::max(d, double(std::abs(y0[size_t((L + t) * H + j)] - y2[size_t((L + t) * H + j)])));
+    for (int64_t j = 0; j < H; ++j)
+      d = std::max(d, double(std::abs(y0[size_t((L + t) * H + j)] - y2[size_t((L + t) * H + j)])));
     EXPECT_GT(d, 1e-4) << "token " << t << " of sequence 1 must see token 0";
   }
 }
@@ -162,10 +164,8 @@ TEST_P(LayerForward, PositionsRestartPerSequence) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, LayerForward,
-                         ::testing::Values(TinyOpts{false, false, "default"},
-                                           TinyOpts{false, true, "llama3"},
-                                           TinyOpts{true, false, "yarn"},
-                                           TinyOpts{true, true, "linear"}),
+                         ::testing::Values(TinyOpts{false, false, "default"}, TinyOpts{false, true, "llama3"},
+                                           TinyOpts{true, false, "yarn"}, TinyOpts{true, true, "linear"}),
                          [](const auto& info) { return opts_name(info.param); });
 
 }  // namespace

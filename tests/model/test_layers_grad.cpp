@@ -66,10 +66,9 @@ TEST_P(LayerGrad, Embedding) {
   };
   // sample only rows that are used, plus the whole table at a few random points
   for (int64_t t = 0; t < T; ++t)
-    fd_check(f, m.params[0].data() + ids[size_t(t)] * H, H, grads[0].data() + ids[size_t(t)] * H,
-             4, kTol, "embedding row");
-  fd_check(f, m.params[0].data(), int64_t(m.params[0].size()), grads[0].data(), 30, kTol,
-           "embedding table");
+    fd_check(f, m.params[0].data() + ids[size_t(t)] * H, H, grads[0].data() + ids[size_t(t)] * H, 4, kTol,
+             "embedding row");
+  fd_check(f, m.params[0].data(), int64_t(m.params[0].size()), grads[0].data(), 30, kTol, "embedding table");
 }
 
 TEST_P(LayerGrad, Tail) {
@@ -106,8 +105,8 @@ TEST_P(LayerGrad, Tail) {
   fd_check(f, x.data(), T * H, dx.data(), 40, kTol, "tail dx");
   for (int gi : m.layout.groups_of(tl))
     for (auto& t : m.layout.groups[size_t(gi)].tensors)
-      fd_check(f, m.params[size_t(gi)].data() + t.offset, t.numel(),
-               grads[size_t(gi)].data() + t.offset, 30, kTol, t.name);
+      fd_check(f, m.params[size_t(gi)].data() + t.offset, t.numel(), grads[size_t(gi)].data() + t.offset, 30,
+               kTol, t.name);
 }
 
 // Whole model: embedding -> decoders -> tail (fused loss + backward) -> decoders
@@ -195,8 +194,8 @@ TEST_P(LayerGrad, FullModelLoss) {
         const int64_t H = m.layout.config.hidden_size;
         for (int k = 0; k < 4; ++k) {
           int64_t row = run.ids[size_t(k * 3)];
-          fd_check([&] { return run.loss(); }, m.params[0].data() + row * H, H,
-                   grads[0].data() + row * H, 8, kTol, "embed row");
+          fd_check([&] { return run.loss(); }, m.params[0].data() + row * H, H, grads[0].data() + row * H, 8,
+                   kTol, "embed row");
         }
       }
       fd_check([&] { return run.loss(); }, m.params[gi].data() + t.offset, t.numel(),
@@ -276,10 +275,8 @@ TEST_P(LayerGrad, FrozenGroupHasNoGradientAndTheSameDx) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, LayerGrad,
-                         ::testing::Values(TinyOpts{false, false, "default"},
-                                           TinyOpts{false, true, "llama3"},
-                                           TinyOpts{true, false, "yarn"},
-                                           TinyOpts{true, true, "default"}),
+                         ::testing::Values(TinyOpts{false, false, "default"}, TinyOpts{false, true, "llama3"},
+                                           TinyOpts{true, false, "yarn"}, TinyOpts{true, true, "default"}),
                          [](const auto& info) { return opts_name(info.param); });
 
 TEST(LayerScratch, TooSmallScratchThrows) {
@@ -290,7 +287,8 @@ TEST(LayerScratch, TooSmallScratchThrows) {
   LayerArgs a = m.args(1, kShape, nullptr, scratch);
   a.x = x.data();
   a.y = y.data();
-  a.scratch_bytes = m.layers[1]->scratch_bytes(kShape, DType::f32, false) - 1;  // forward needs less than backward
+  a.scratch_bytes =
+      m.layers[1]->scratch_bytes(kShape, DType::f32, false) - 1;  // forward needs less than backward
   EXPECT_THROW(m.layers[1]->forward(a), std::invalid_argument);
   a.scratch_bytes += 1;
   EXPECT_NO_THROW(m.layers[1]->forward(a));

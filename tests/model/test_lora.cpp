@@ -9,8 +9,8 @@
 #include <cmath>
 #include <set>
 
-#include "roundpipe/adapter.hpp"
 #include "model/lora_linear.hpp"
+#include "roundpipe/adapter.hpp"
 #include "tests/model/test_lora_util.hpp"
 
 namespace rp {
@@ -120,7 +120,7 @@ TEST(LoraLayout, SixteenBitBaseStartsWithItsComputeCopy) {
   EXPECT_EQ(o.groups[2].storage_bytes, o.groups[2].numel * 4);  // nothing staged
   EXPECT_EQ(o.groups[2].direct_bytes(DType::bf16), 0);
   EXPECT_EQ(m.groups[0].direct_bytes(DType::f32), 0);  // trainable
-  ParamGroup moved = m.groups[1];  // a 16-bit tensor out of its compute slot: no prefix
+  ParamGroup moved = m.groups[1];                      // a 16-bit tensor out of its compute slot: no prefix
   for (TensorSpec& t : moved.tensors)
     if (t.shape.size() == 2) {
       t.byte_offset += 2;
@@ -240,10 +240,10 @@ TEST(LoraInit, KaimingUniformAAndZeroBDeterministicFromSeed) {
     EXPECT_NEAR(s / n, 0.0, 4 * bound / std::sqrt(3 * n)) << t.name;
     EXPECT_NEAR(s2 / n, bound * bound / 3, 0.25 * bound * bound / 3) << t.name;  // U(-b, b): variance b^2/3
   }
-  EXPECT_EQ(lora_initial_group(m, g), w);                       // deterministic
-  EXPECT_NE(lora_initial_group(m, m.adapter_group(2)), w);     // layers differ
+  EXPECT_EQ(lora_initial_group(m, g), w);                   // deterministic
+  EXPECT_NE(lora_initial_group(m, m.adapter_group(2)), w);  // layers differ
   l.seed = 6;
-  EXPECT_NE(lora_initial_group(make_layout(c, l), g), w);      // seeds differ
+  EXPECT_NE(lora_initial_group(make_layout(c, l), g), w);  // seeds differ
   EXPECT_THROW(lora_initial_group(m, 1), std::invalid_argument);
   EXPECT_THROW(lora_initial_group(make_layout(c), 1), std::invalid_argument);
 }
@@ -357,12 +357,13 @@ TEST_P(LoraLayer, BackwardMatchesMergedWeights) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, LoraLayer,
-                         ::testing::Values(Case{{false, false, "default"}, all_linear(), "llama_all_linear"},
-                                           Case{{true, true, "default"}, all_linear(0, true), "qwen3_all_rslora"},
-                                           Case{{false, true, "llama3"}, some_modules(), "llama_some"},
-                                           Case{{true, false, "default"}, some_modules(), "qwen3_some"}),
-                         [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(
+    Configs, LoraLayer,
+    ::testing::Values(Case{{false, false, "default"}, all_linear(), "llama_all_linear"},
+                      Case{{true, true, "default"}, all_linear(0, true), "qwen3_all_rslora"},
+                      Case{{false, true, "llama3"}, some_modules(), "llama_some"},
+                      Case{{true, false, "default"}, some_modules(), "qwen3_some"}),
+    [](const auto& info) { return info.param.name; });
 
 // ---- dropout ------------------------------------------------------------------------
 
@@ -405,8 +406,8 @@ struct DropoutRun {
 TEST(LoraDropout, MasksFollowTheIdAndEvaluationHasNone) {
   DropoutRun d;
   const VecF y7 = d.forward(7);
-  EXPECT_EQ(d.forward(7), y7);   // the same id draws the same masks
-  EXPECT_NE(d.forward(8), y7);   // another micro-batch, other masks
+  EXPECT_EQ(d.forward(7), y7);  // the same id draws the same masks
+  EXPECT_NE(d.forward(8), y7);  // another micro-batch, other masks
   // without an id (evaluation) the adapters see x: equal to a model without dropout
   DropoutRun plain({}, 0.0);
   EXPECT_LT(ref::rel_err(d.forward(-1), plain.forward(-1)), 1e-7);
@@ -424,8 +425,8 @@ TEST(LoraDropout, GradientsMatchFiniteDifferencesWithTheMaskFixed) {
   fd_check(f, d.x.data(), int64_t(d.x.size()), dx.data(), 40, 2e-2, "dx with dropout");
   const int ag = d.t.lay.adapter_group(d.layer);
   for (auto& t : d.t.lay.groups[size_t(ag)].tensors)
-    fd_check(f, d.t.params[size_t(ag)].data() + t.offset, t.numel(), g[size_t(ag)].data() + t.offset, 12, 2e-2,
-             t.name);
+    fd_check(f, d.t.params[size_t(ag)].data() + t.offset, t.numel(), g[size_t(ag)].data() + t.offset, 12,
+             2e-2, t.name);
 }
 
 TEST(LoraDropout, MlpChunksDrawTheSameMasks) {
@@ -443,7 +444,8 @@ TEST(LoraLayer, ScratchAccountsTheAdapters) {
   auto bytes = [&](const ModelLayout& m, bool backward) {
     return make_layer(m, 1)->scratch_bytes({2, 8}, DType::f32, backward);
   };
-  const ModelLayout plain = make_layout(c), lora = make_layout(c, all_linear()), drop = make_layout(c, all_linear(0.1));
+  const ModelLayout plain = make_layout(c), lora = make_layout(c, all_linear()),
+                    drop = make_layout(c, all_linear(0.1));
   for (bool bw : {false, true}) {
     EXPECT_GT(bytes(lora, bw), bytes(plain, bw));
     EXPECT_GT(bytes(drop, bw), bytes(lora, bw));

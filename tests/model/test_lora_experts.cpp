@@ -277,13 +277,11 @@ TEST_P(LoraExpertLayer, BackwardMatchesMergedExperts) {
   for (float v : g2[1]) ASSERT_EQ(v, 0.f);
 }
 
-INSTANTIATE_TEST_SUITE_P(Targets, LoraExpertLayer,
-                         ::testing::Values(std::vector<std::string>{"mlp.experts.gate_up_proj", "mlp.experts.down_proj"},
-                                           std::vector<std::string>{"gate_up_proj"},
-                                           std::vector<std::string>{"down_proj"}),
-                         [](const auto& info) {
-                           return info.param.size() == 2 ? std::string("both") : info.param[0];
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Targets, LoraExpertLayer,
+    ::testing::Values(std::vector<std::string>{"mlp.experts.gate_up_proj", "mlp.experts.down_proj"},
+                      std::vector<std::string>{"gate_up_proj"}, std::vector<std::string>{"down_proj"}),
+    [](const auto& info) { return info.param.size() == 2 ? std::string("both") : info.param[0]; });
 
 }  // namespace
 }  // namespace rp

@@ -229,7 +229,8 @@ TEST(LoraExpertsPeft, AllLinearOnAnAllSparseModelReadsBack) {
   const PeftAdapter a = read_peft_adapter(d.string());
   EXPECT_EQ(a.lora.target_modules, (std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj"}));
   std::vector<std::vector<float>> back = w;
-  for (size_t gi = size_t(layout.num_layers()); gi < back.size(); ++gi) std::fill(back[gi].begin(), back[gi].end(), 0.f);
+  for (size_t gi = size_t(layout.num_layers()); gi < back.size(); ++gi)
+    std::fill(back[gi].begin(), back[gi].end(), 0.f);
   EXPECT_NO_THROW(load_peft_adapter(a, layout, back));
   EXPECT_EQ(back, w);
   fs::remove_all(d);
@@ -257,7 +258,8 @@ std::string peft_python() {
 // logits and wraps nothing the files do not hold (tests/fixtures/peft/check_export.py).
 TEST(LoraExpertsPeft, PeftLoadsOurExportWithTheLogitsOfOurMerge) {
   const std::string py = peft_python();
-  if (py.empty()) GTEST_SKIP() << "no Python with torch, transformers and peft (set RP_PYTHON=/path/to/python)";
+  if (py.empty())
+    GTEST_SKIP() << "no Python with torch, transformers and peft (set RP_PYTHON=/path/to/python)";
   Golden g = load_golden();
   LoraConfig attn = *g.layout.lora;
   attn.target_parameters.clear();
@@ -276,7 +278,8 @@ TEST(LoraExpertsPeft, PeftLoadsOurExportWithTheLogitsOfOurMerge) {
   int i = 0;
   using Run = std::pair<const ModelLayout*, const std::vector<std::vector<float>>*>;
   for (auto [layout, w] : {Run{&g.layout, &g.weights}, Run{&attn_layout, &attn_w}}) {
-    const std::string a = (d / fmt::format("adapter{}", i)).string(), m = (d / fmt::format("merged{}", i)).string();
+    const std::string a = (d / fmt::format("adapter{}", i)).string(),
+                      m = (d / fmt::format("merged{}", i)).string();
     save_peft_adapter(a, *layout, pointers(*w), kDir);
     save_merged_checkpoint(m, *layout, pointers(*w), nullptr, "", DType::f32);
     cmd += " " + kDir + " " + a + " " + m;
@@ -324,22 +327,27 @@ TEST(LoraExpertsPeft, GptOssGateUpRowsInterleaveAsTheParameter) {
   const int ag = layout.adapter_group(1);
   const ParamGroup& g = layout.groups[size_t(ag)];
   const int64_t E = c.num_experts, Fe = c.moe_intermediate_size, r = lc.r;
-  const float* gate = w[size_t(ag)].data() + g.tensors[size_t(g.find("model.layers.0.mlp.experts.gate_proj.lora_B.weight"))].offset;
-  const float* up = w[size_t(ag)].data() + g.tensors[size_t(g.find("model.layers.0.mlp.experts.up_proj.lora_B.weight"))].offset;
+  const float* gate = w[size_t(ag)].data() +
+                      g.tensors[size_t(g.find("model.layers.0.mlp.experts.gate_proj.lora_B.weight"))].offset;
+  const float* up = w[size_t(ag)].data() +
+                    g.tensors[size_t(g.find("model.layers.0.mlp.experts.up_proj.lora_B.weight"))].offset;
   const auto peft = peft_expert_tensors(layout, 0, w[size_t(ag)].data());
   const HostTensor& b = peft.at("model.layers.0.mlp.experts.base_layer.lora_B.weight");
   ASSERT_EQ(b.shape, (std::vector<int64_t>{2 * Fe, r * E}));
   for (int64_t e = 0; e < E; ++e)
     for (int64_t f = 0; f < Fe; ++f)
       for (int64_t q = 0; q < r; ++q) {
-        ASSERT_EQ(b.data[size_t((2 * f) * r * E + q * E + e)], gate[(e * Fe + f) * r + q]) << e << " " << f << " " << q;
-        ASSERT_EQ(b.data[size_t((2 * f + 1) * r * E + q * E + e)], up[(e * Fe + f) * r + q]) << e << " " << f << " " << q;
+        ASSERT_EQ(b.data[size_t((2 * f) * r * E + q * E + e)], gate[(e * Fe + f) * r + q])
+            << e << " " << f << " " << q;
+        ASSERT_EQ(b.data[size_t((2 * f + 1) * r * E + q * E + e)], up[(e * Fe + f) * r + q])
+            << e << " " << f << " " << q;
       }
   const fs::path d = fs::temp_directory_path() / fmt::format("rp_gpt_oss_peft_{}", ::getpid());
   const std::string a = (d / "adapter").string(), m = (d / "merged").string();
   save_peft_adapter(a, layout, pointers(w), base_dir);
   std::vector<std::vector<float>> back = w;
-  for (size_t gi = size_t(layout.num_layers()); gi < back.size(); ++gi) std::fill(back[gi].begin(), back[gi].end(), 0.f);
+  for (size_t gi = size_t(layout.num_layers()); gi < back.size(); ++gi)
+    std::fill(back[gi].begin(), back[gi].end(), 0.f);
   load_peft_adapter(read_peft_adapter(a), layout, back);
   EXPECT_EQ(back, w);
   const MergedWeights merged = merge_adapters(layout, pointers(w));
@@ -352,7 +360,8 @@ TEST(LoraExpertsPeft, GptOssGateUpRowsInterleaveAsTheParameter) {
   const std::string py = peft_python();
   if (!py.empty()) {
     save_merged_checkpoint(m, layout, pointers(w), nullptr, "", DType::f32);
-    const std::string cmd = py + " " + RP_FIXTURES_DIR + "/peft/check_export.py " + base_dir + " " + a + " " + m;
+    const std::string cmd =
+        py + " " + RP_FIXTURES_DIR + "/peft/check_export.py " + base_dir + " " + a + " " + m;
     int rc = -1;
     const std::string out = command_output(cmd, rc);
     EXPECT_EQ(rc, 0) << out;

@@ -128,7 +128,8 @@ TEST(LoraPeft, DropoutRunsEqualAcrossBackends) {
   auto cpu = make_cpu_device(0, {});
   const DeviceRun none = device_forward_backward(*cpu, g.layout, g.weights, g.ids, g.targets, g.shape);
   const DeviceRun ref = device_forward_backward(*cpu, with_dropout, g.weights, g.ids, g.targets, g.shape, 11);
-  const DeviceRun other = device_forward_backward(*cpu, with_dropout, g.weights, g.ids, g.targets, g.shape, 12);
+  const DeviceRun other =
+      device_forward_backward(*cpu, with_dropout, g.weights, g.ids, g.targets, g.shape, 12);
   EXPECT_GT(rel(ref.logits.data(), none.logits.data(), ref.logits.size()), 1e-3);
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
   auto cuda = make_cuda_device(0, {});
@@ -145,8 +146,8 @@ TEST(LoraPeft, DropoutRunsEqualAcrossBackends) {
     const std::string& name = g.layout.groups[size_t(gi)].name;
     EXPECT_LT(same, 0.5 * masks_differ) << name;
     EXPECT_LT(same, 4 * bf16) << name << ": bf16 alone gives " << bf16;
-    std::printf("[dropout] %s: CUDA vs CPU, same masks %.4f, other masks %.4f, no dropout %.4f\n", name.c_str(), same,
-                masks_differ, bf16);
+    std::printf("[dropout] %s: CUDA vs CPU, same masks %.4f, other masks %.4f, no dropout %.4f\n",
+                name.c_str(), same, masks_differ, bf16);
   }
 }
 

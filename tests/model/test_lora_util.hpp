@@ -15,8 +15,8 @@ namespace rp::test {
 struct LoraTiny {
   ModelConfig c;
   LoraConfig lc;
-  ModelLayout lay, plain;           // with adapters; without (same base groups)
-  std::vector<VecF> params;         // per group of lay
+  ModelLayout lay, plain;    // with adapters; without (same base groups)
+  std::vector<VecF> params;  // per group of lay
   std::unique_ptr<Ops> ops = make_cpu_ops();
 
   LoraTiny(const TinyOpts& o, const LoraConfig& l, uint32_t seed = 1)
@@ -37,7 +37,8 @@ struct LoraTiny {
   /// The tensor of group gi named "...<suffix>".
   const TensorSpec& tensor(int gi, const std::string& suffix) const {
     for (auto& t : lay.groups[size_t(gi)].tensors)
-      if (t.name.size() >= suffix.size() && t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      if (t.name.size() >= suffix.size() &&
+          t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) == 0)
         return t;
     throw std::runtime_error("no tensor " + suffix);
   }

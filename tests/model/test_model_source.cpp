@@ -81,7 +81,9 @@ std::map<std::string, std::vector<float>> write_hf(const ModelConfig& c, const s
   for (const auto& g : layout.groups) groups.push_back(test::random_values(size_t(g.numel), seed++, 0.5f));
   for (size_t g = 0; g < groups.size(); ++g) {
     for (float& x : groups[g])
-      x = dtype == DType::bf16 ? bf16_to_f32(f32_to_bf16(x)) : dtype == DType::f16 ? f16_to_f32(f32_to_f16(x)) : x;
+      x = dtype == DType::bf16  ? bf16_to_f32(f32_to_bf16(x))
+          : dtype == DType::f16 ? f16_to_f32(f32_to_f16(x))
+                                : x;
     ptrs.push_back(groups[g].data());
     for (const auto& t : layout.groups[g].tensors)
       ref[t.name].assign(groups[g].begin() + t.offset, groups[g].begin() + t.offset + t.numel());
@@ -200,14 +202,14 @@ std::vector<uint8_t> random_blocks(GgmlType type, int64_t n, std::mt19937& g) {
         for (int i = 0; i < 16; ++i) b.push_back(uint8_t(byte(g)));
       }
       break;
-    default:
-      ADD_FAILURE() << "no generator for type " << int(type);
+    default: ADD_FAILURE() << "no generator for type " << int(type);
   }
   return b;
 }
 
 /// Rows of `row_bytes` bytes each permuted as convert_hf_to_gguf.py permutes LLaMA q/k rows.
-std::vector<uint8_t> permute_rows(const std::vector<uint8_t>& w, int64_t rows, size_t row_bytes, int64_t heads) {
+std::vector<uint8_t> permute_rows(const std::vector<uint8_t>& w, int64_t rows, size_t row_bytes,
+                                  int64_t heads) {
   std::vector<float> idx(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) idx[size_t(r)] = float(r);
   const std::vector<float> p = test::llama_permute(idx, rows, 1, heads);  // file row -> HF row
@@ -220,7 +222,7 @@ std::vector<uint8_t> permute_rows(const std::vector<uint8_t>& w, int64_t rows, s
 struct GgufModel {
   std::map<std::string, std::vector<uint8_t>> hf_blocks;  ///< HF row order, file type
   std::map<std::string, GgmlType> type;
-  std::map<std::string, std::vector<float>> ref;          ///< dequantized, HF order
+  std::map<std::string, std::vector<float>> ref;  ///< dequantized, HF order
 };
 
 /// A llama (permuted q/k) or qwen3 GGUF whose matrices are of mixed ggml types.
@@ -275,9 +277,9 @@ GgufModel write_gguf(const std::string& arch, const std::string& path) {
 }
 
 bool copies(GgmlType t, WeightFormat f) {
-  return (t == GgmlType::Q8_0 && f == WeightFormat::q8_0) || (t == GgmlType::Q4_0 && f == WeightFormat::q4_0) ||
-         (t == GgmlType::F32 && f == WeightFormat::f32) || (t == GgmlType::F16 && f == WeightFormat::f16) ||
-         (t == GgmlType::BF16 && f == WeightFormat::bf16);
+  return (t == GgmlType::Q8_0 && f == WeightFormat::q8_0) ||
+         (t == GgmlType::Q4_0 && f == WeightFormat::q4_0) || (t == GgmlType::F32 && f == WeightFormat::f32) ||
+         (t == GgmlType::F16 && f == WeightFormat::f16) || (t == GgmlType::BF16 && f == WeightFormat::bf16);
 }
 
 void check_gguf(const std::string& arch) {
@@ -290,8 +292,8 @@ void check_gguf(const std::string& arch) {
     EXPECT_EQ(src.read_f32(name).data, v) << name;  // q/k back in HF row order
     EXPECT_EQ(eager.tensors.at(name).data, v) << name;
   }
-  for (WeightFormat f : {WeightFormat::q8_0, WeightFormat::q4_0, WeightFormat::nf4, WeightFormat::bf16,
-                         WeightFormat::f16}) {
+  for (WeightFormat f :
+       {WeightFormat::q8_0, WeightFormat::q4_0, WeightFormat::nf4, WeightFormat::bf16, WeightFormat::f16}) {
     const ModelLayout layout = make_layout(src.config(), lora_with(f));
     std::vector<std::vector<float>> tr, want_tr;
     std::vector<std::vector<uint8_t>> fr, want_fr;
@@ -304,12 +306,14 @@ void check_gguf(const std::string& arch) {
       for (const TensorSpec& t : grp.tensors) {
         if (!grp.frozen) continue;
         const size_t nb = weight_format_bytes(t.format, t.numel());
-        const std::vector<uint8_t> got(fr[g].begin() + t.byte_offset, fr[g].begin() + t.byte_offset + ptrdiff_t(nb));
+        const std::vector<uint8_t> got(fr[g].begin() + t.byte_offset,
+                                       fr[g].begin() + t.byte_offset + ptrdiff_t(nb));
         const std::vector<uint8_t> conv(want_fr[g].begin() + t.byte_offset,
                                         want_fr[g].begin() + t.byte_offset + ptrdiff_t(nb));
         if (copies(m.type.at(t.name), t.format)) {
           ++want_stored;
-          EXPECT_EQ(got, m.hf_blocks.at(t.name)) << t.name << " " << weight_format_name(f);  // the file's blocks
+          EXPECT_EQ(got, m.hf_blocks.at(t.name))
+              << t.name << " " << weight_format_name(f);  // the file's blocks
         } else {
           EXPECT_EQ(got, conv) << t.name << " " << weight_format_name(f);  // eager dequantize + quantize
         }
@@ -359,7 +363,8 @@ TEST(ModelSource, Q8ExpertStacksAreCopiedAsTheirBlocks) {
       EXPECT_TRUE(src.read_as(name, WeightFormat::q8_0, got.data())) << name;
       const uint8_t* blocks = f.tensor_data(t) + size_t(e) * per_bytes;
       EXPECT_EQ(got, std::vector<uint8_t>(blocks, blocks + per_bytes)) << name;
-      const std::vector<float> want(all.begin() + ptrdiff_t(size_t(e) * per), all.begin() + ptrdiff_t(size_t(e + 1) * per));
+      const std::vector<float> want(all.begin() + ptrdiff_t(size_t(e) * per),
+                                    all.begin() + ptrdiff_t(size_t(e + 1) * per));
       EXPECT_EQ(src.read_f32(name).data, want) << name;
       std::vector<uint8_t> nf4(weight_format_bytes(WeightFormat::nf4, int64_t(per))), nf4_want(nf4.size());
       EXPECT_FALSE(src.read_as(name, WeightFormat::nf4, nf4.data())) << name;
@@ -404,25 +409,37 @@ TEST(ModelSource, BadFilesGiveLoadModelsOneLineErrors) {
     save_safetensors(dir / (sub + "/model.safetensors"), refs, dtype);
     return dir / sub;
   };
-  const std::string missing = "model.layers.1.post_attention_layernorm.weight";  // small: the files still fit the config
-  expect_same(rewrite("a", [&](auto& r) { std::erase_if(r, [&](const TensorRef& t) { return t.name == missing; }); }),
-              "missing tensor '" + missing + "'");
+  const std::string missing =
+      "model.layers.1.post_attention_layernorm.weight";  // small: the files still fit the config
+  expect_same(
+      rewrite("a", [&](auto& r) { std::erase_if(r, [&](const TensorRef& t) { return t.name == missing; }); }),
+      "missing tensor '" + missing + "'");
   const std::vector<float> extra(64, 1.0f);
-  expect_same(rewrite("b", [&](auto& r) { r.push_back({"model.layers.0.mlp.bias", {64}, extra.data()}); }),
+  expect_same(rewrite("b",
+                      [&](auto& r) {
+                        r.push_back({"model.layers.0.mlp.bias", {64}, extra.data()});
+                      }),
               "unexpected tensor 'model.layers.0.mlp.bias'");
-  expect_same(rewrite("c", [&](auto& r) {
-                for (auto& t : r)
-                  if (t.name == "model.norm.weight") t.shape = {8, 8};
-              }),
+  expect_same(rewrite("c",
+                      [&](auto& r) {
+                        for (auto& t : r)
+                          if (t.name == "model.norm.weight") t.shape = {8, 8};
+                      }),
               "tensor 'model.norm.weight': expected shape [64], got [8, 8]");
   const std::vector<float> other(size_t(96 * 64), 0.25f);
-  expect_same(rewrite("d", [&](auto& r) { r.push_back({"lm_head.weight", {96, 64}, other.data()}); }),
+  expect_same(rewrite("d",
+                      [&](auto& r) {
+                        r.push_back({"lm_head.weight", {96, 64}, other.data()});
+                      }),
               "tensor 'lm_head.weight' differs from 'model.embed_tokens.weight'");
   // an equal tied head is accepted and dropped
   {
-    const auto d = rewrite("e", [&](auto& r) {
-      r.push_back({"lm_head.weight", {96, 64}, m.tensors.at("model.embed_tokens.weight").data.data()});
-    }, DType::f32);
+    const auto d = rewrite(
+        "e",
+        [&](auto& r) {
+          r.push_back({"lm_head.weight", {96, 64}, m.tensors.at("model.embed_tokens.weight").data.data()});
+        },
+        DType::f32);
     const ModelSource s = ModelSource::open(d);
     EXPECT_THROW(s.shape("lm_head.weight"), std::runtime_error);
   }
@@ -435,7 +452,8 @@ TEST(ModelSource, BadFilesGiveLoadModelsOneLineErrors) {
     b.u32("qwen3.feed_forward_length", 128);
     b.u32("qwen3.attention.head_count", 4);
     b.tensor("token_embd.weight", {64, 96}, uint32_t(GgmlType::I8), std::vector<uint8_t>(96 * 64, 1));
-    b.tensor_f32("blk.0.ffn_up.weight", {64, 128}, std::vector<float>(64 * 128, 0.5f));  // the file's size fits
+    b.tensor_f32("blk.0.ffn_up.weight", {64, 128},
+                 std::vector<float>(64 * 128, 0.5f));  // the file's size fits
     test::write_bytes(dir / "q.gguf", b.build());
     expect_same(dir / "q.gguf", "tensor 'token_embd.weight': cannot dequantize type I8");
   }

@@ -7,8 +7,8 @@
 #include <gtest/gtest.h>
 #include <malloc.h>
 
-#include <cstdio>
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -17,9 +17,9 @@
 
 #include "kernels/weight_format.hpp"
 #include "model/config.hpp"
+#include "model/layout.hpp"
 #include "roundpipe/checkpoint.hpp"
 #include "roundpipe/model_source.hpp"
-#include "model/layout.hpp"
 #include "test_io_util.hpp"
 
 namespace rp {
@@ -133,7 +133,8 @@ TEST(ModelSourceMemory, FrozenBaseNeedsAboutItsStorageForm) {
   ASSERT_GT(fp32, 200e6);
 
   malloc_trim(0);
-  if (!reset_peak() || status_bytes("VmHWM") < 0) GTEST_SKIP() << "/proc/self/clear_refs cannot reset VmHWM here";
+  if (!reset_peak() || status_bytes("VmHWM") < 0)
+    GTEST_SKIP() << "/proc/self/clear_refs cannot reset VmHWM here";
   double lazy = 0;
   {
     const LazyRead r = lazy_read(dir.path.string(), layout);
@@ -260,7 +261,8 @@ TEST(ModelSourceMemory, GptOssMxfp4ExpertsNeedNoFp32Copy) {
   ASSERT_GT(fp32_experts, 200e6);
 
   malloc_trim(0);
-  if (!reset_peak() || status_bytes("VmHWM") < 0) GTEST_SKIP() << "/proc/self/clear_refs cannot reset VmHWM here";
+  if (!reset_peak() || status_bytes("VmHWM") < 0)
+    GTEST_SKIP() << "/proc/self/clear_refs cannot reset VmHWM here";
   double lazy = 0;
   {
     const LazyRead r = lazy_read(dir.path.string(), layout);

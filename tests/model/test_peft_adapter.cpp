@@ -12,10 +12,10 @@
 #include <nlohmann/json.hpp>
 
 #include "lora_test_layout.hpp"
-#include "test_io_util.hpp"
 #include "model/checkpoint.hpp"
 #include "model/safetensors.hpp"
 #include "roundpipe/adapter.hpp"
+#include "test_io_util.hpp"
 
 namespace {
 
@@ -36,8 +36,14 @@ struct Case {
 };
 
 const std::vector<Case> kCases = {
-    {"untied_all", "base_untied", 4, 8, {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"},
-     false, {"lm_head"}, false},
+    {"untied_all",
+     "base_untied",
+     4,
+     8,
+     {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"},
+     false,
+     {"lm_head"},
+     false},
     {"tied_rslora", "base_tied", 4, 6, {"q_proj", "v_proj", "down_proj"}, true, {"embed_tokens"}, false},
     {"tied_untie", "base_tied", 3, 5, {"k_proj", "o_proj", "up_proj"}, false, {"lm_head"}, true},
 };
@@ -61,13 +67,15 @@ void expect_equals_peft_merge(const ModelLayout& layout, const std::vector<std::
   for (size_t g = 0; g < layout.groups.size(); ++g)
     for (const TensorSpec& t : layout.groups[g].tensors) {
       std::vector<std::string> names = {t.name};
-      if (t.name == "model.embed_tokens.weight" && layout.config.tie_word_embeddings) names.push_back("lm_head.weight");
+      if (t.name == "model.embed_tokens.weight" && layout.config.tie_word_embeddings)
+        names.push_back("lm_head.weight");
       for (const auto& n : names) {
         const SafetensorsEntry* e = peft.find(n);
         ASSERT_NE(e, nullptr) << what << ": " << n;
         const HostTensor ref = peft.read_f32(*e);
         ASSERT_EQ(ref.shape, t.shape) << what << ": " << n;
-        EXPECT_LE(rel_diff(groups[g].data() + t.offset, ref.data.data(), t.numel()), 1e-6) << what << ": " << n;
+        EXPECT_LE(rel_diff(groups[g].data() + t.offset, ref.data.data(), t.numel()), 1e-6)
+            << what << ": " << n;
         ++compared;
       }
     }
@@ -112,7 +120,8 @@ TEST_P(PeftFixture, ImportFillsEveryTensorOfTheFile) {
       const TensorSpec& t = layout.groups[g].tensors[size_t(i)];
       const HostTensor ref = file.read_f32(e);
       ASSERT_EQ(ref.shape, t.shape) << e.name;
-      EXPECT_EQ(0, std::memcmp(groups[g].data() + t.offset, ref.data.data(), size_t(t.numel()) * 4)) << e.name;
+      EXPECT_EQ(0, std::memcmp(groups[g].data() + t.offset, ref.data.data(), size_t(t.numel()) * 4))
+          << e.name;
       found = true;
     }
     EXPECT_TRUE(found) << e.name;
@@ -135,7 +144,8 @@ TEST_P(PeftFixture, MergeOfTheGroupsEqualsPeftsMergeAndUnload) {
   const int iq = m.layout.groups[1].find("model.layers.0.self_attn.q_proj.weight");
   const auto& wq = base.tensors.at("model.layers.0.self_attn.q_proj.weight").data;
   const bool q_targeted = std::find(c.targets.begin(), c.targets.end(), "q_proj") != c.targets.end();
-  EXPECT_EQ(rel_diff(m.groups[1].data() + m.layout.groups[1].tensors[size_t(iq)].offset, wq.data(), int64_t(wq.size())) > 1e-4,
+  EXPECT_EQ(rel_diff(m.groups[1].data() + m.layout.groups[1].tensors[size_t(iq)].offset, wq.data(),
+                     int64_t(wq.size())) > 1e-4,
             q_targeted);
 }
 
@@ -205,7 +215,8 @@ TEST(PeftMergeFolder, ABaseModelThatIsNotLocalIsNamed) {
   } catch (const std::exception& ex) {
     e = ex.what();
   }
-  EXPECT_NE(e.find("adapter_config.json: key 'base_model_name_or_path': 'meta-llama/Llama-3.2-1B' is not a local model"),
+  EXPECT_NE(e.find("adapter_config.json: key 'base_model_name_or_path': 'meta-llama/Llama-3.2-1B' is not a "
+                   "local model"),
             std::string::npos)
       << e;
   EXPECT_FALSE(fs::exists(d / "out"));

@@ -72,7 +72,8 @@ TEST(PeftExport, KeysFollowPeft) {
   EXPECT_EQ(peft_tensor_key("model.layers.3.mlp.up_proj.lora_B.weight"),
             "base_model.model.model.layers.3.mlp.up_proj.lora_B.weight");
   EXPECT_EQ(peft_tensor_key("lm_head.weight"), "base_model.model.lm_head.weight");
-  EXPECT_EQ(tensor_name_of_peft_key("base_model.model.model.embed_tokens.weight"), "model.embed_tokens.weight");
+  EXPECT_EQ(tensor_name_of_peft_key("base_model.model.model.embed_tokens.weight"),
+            "model.embed_tokens.weight");
   EXPECT_EQ(tensor_name_of_peft_key("model.embed_tokens.weight"), "");
   LoraConfig l;
   l.target_modules = {"down_proj", "q_proj"};
@@ -133,7 +134,8 @@ const std::vector<RoundTrip>& round_trips() {
       // OLMo 2 (no pre-norm: the adapted q/k/v and gate/up read the residual stream) and Granite
       // (tied, its multipliers in the merged folder's config.json)
       {"../hf_golden/tiny_olmo2", lora_of(4, {"all-linear"}, {"lm_head"})},
-      {"../hf_golden/tiny_granite", lora_of(2, {"q_proj", "v_proj", "o_proj", "down_proj"}, {"embed_tokens"})},
+      {"../hf_golden/tiny_granite",
+       lora_of(2, {"q_proj", "v_proj", "o_proj", "down_proj"}, {"embed_tokens"})},
       // Phi-3: PEFT's qkv_proj / gate_up_proj adapters at rank 3r / 2r, block diagonal
       {"../hf_golden/tiny_phi3", lora_of(3, {"all-linear"}, {"lm_head"})},
       {"../hf_golden/tiny_phi3", lora_of(2, {"q_proj", "k_proj", "v_proj", "down_proj"}, {})},
@@ -155,8 +157,7 @@ TEST_P(PeftRoundTrip, ExportThenImportEqualsBitForBit) {
   const LoadedModel base = load_model(kDir + rt.base);
   auto back = base_groups(t.layout, base.tensors);
   load_peft_adapter(a, t.layout, back);
-  for (size_t g = 0; g < t.groups.size(); ++g)
-    EXPECT_EQ(back[g], t.groups[g]) << t.layout.groups[g].name;
+  for (size_t g = 0; g < t.groups.size(); ++g) EXPECT_EQ(back[g], t.groups[g]) << t.layout.groups[g].name;
   // the folder holds the two adapter files and nothing else
   std::vector<std::string> files;
   for (const auto& e : fs::directory_iterator(d / "adapter")) files.push_back(e.path().filename().string());
@@ -178,7 +179,8 @@ TEST(PeftExport, Bf16ExportRoundsEveryValueOnce) {
   for (size_t g = 0; g < t.groups.size(); ++g) {
     if (t.layout.groups[g].frozen) continue;
     for (size_t i = 0; i < t.groups[g].size(); ++i)
-      ASSERT_LE(std::abs(back[g][i] - t.groups[g][i]), std::abs(t.groups[g][i]) * (1.0f / 256)) << g << " " << i;
+      ASSERT_LE(std::abs(back[g][i] - t.groups[g][i]), std::abs(t.groups[g][i]) * (1.0f / 256))
+          << g << " " << i;
   }
 }
 
@@ -211,37 +213,51 @@ TEST(PeftImport, RefusesWhatItDoesNotComputeNamingFileAndKey) {
     const std::string dir = edited_fixture(d, edit);
     return error_of([&] { read_peft_adapter(dir); });
   };
-  EXPECT_NE(err([](json& j) { j["r"] = 0; }).find("adapter_config.json: key 'r': expected an integer in 1..65536, got 0"),
+  EXPECT_NE(err([](json& j) {
+              j["r"] = 0;
+            }).find("adapter_config.json: key 'r': expected an integer in 1..65536, got 0"),
             std::string::npos);
   // a rank whose adapter sizes would wrap around int64_t
-  EXPECT_NE(err([](json& j) { j["r"] = int64_t(1) << 62; })
-                .find("adapter_config.json: key 'r': expected an integer in 1..65536, got 4611686018427387904"),
+  EXPECT_NE(err([](json& j) {
+              j["r"] = int64_t(1) << 62;
+            }).find("adapter_config.json: key 'r': expected an integer in 1..65536, got 4611686018427387904"),
             std::string::npos);
-  EXPECT_NE(err([](json& j) { j["peft_type"] = "IA3"; }).find("key 'peft_type': expected \"LORA\", got \"IA3\""),
+  EXPECT_NE(
+      err([](json& j) { j["peft_type"] = "IA3"; }).find("key 'peft_type': expected \"LORA\", got \"IA3\""),
+      std::string::npos);
+  EXPECT_NE(
+      err([](json& j) { j["target_modules"] = ".*proj"; }).find("key 'target_modules': expected a list"),
+      std::string::npos);
+  EXPECT_NE(err([](json& j) { j["use_dora"] = true; }).find("key 'use_dora': expected false"),
             std::string::npos);
-  EXPECT_NE(err([](json& j) { j["target_modules"] = ".*proj"; }).find("key 'target_modules': expected a list"),
-            std::string::npos);
-  EXPECT_NE(err([](json& j) { j["use_dora"] = true; }).find("key 'use_dora': expected false"), std::string::npos);
   EXPECT_NE(err([](json& j) { j["bias"] = "all"; }).find("key 'bias'"), std::string::npos);
-  EXPECT_NE(err([](json& j) { j["init_lora_weights"] = "pissa"; }).find("key 'init_lora_weights': expected true"),
+  EXPECT_NE(
+      err([](json& j) { j["init_lora_weights"] = "pissa"; }).find("key 'init_lora_weights': expected true"),
+      std::string::npos);
+  EXPECT_NE(err([](json& j) { j["layers_to_transform"] = {0}; }).find("key 'layers_to_transform'"),
             std::string::npos);
-  EXPECT_NE(err([](json& j) { j["layers_to_transform"] = {0}; }).find("key 'layers_to_transform'"), std::string::npos);
-  EXPECT_NE(err([](json& j) { j["modules_to_save"] = {"input_layernorm"}; }).find("key 'modules_to_save'"), std::string::npos);
+  EXPECT_NE(err([](json& j) { j["modules_to_save"] = {"input_layernorm"}; }).find("key 'modules_to_save'"),
+            std::string::npos);
   // lm_head in the file but not in modules_to_save
-  EXPECT_NE(err([](json& j) { j["modules_to_save"] = nullptr; })
-                .find("adapter_model.safetensors: key 'base_model.model.lm_head.weight': modules_to_save"),
+  EXPECT_NE(err([](json& j) {
+              j["modules_to_save"] = nullptr;
+            }).find("adapter_model.safetensors: key 'base_model.model.lm_head.weight': modules_to_save"),
             std::string::npos);
   // a target module dropped from the config while its tensors stay in the file
-  EXPECT_NE(err([](json& j) { j["target_modules"] = {"q_proj", "k_proj"}; }).find("is not in target_modules"),
+  EXPECT_NE(err([](json& j) {
+              j["target_modules"] = {"q_proj", "k_proj"};
+            }).find("is not in target_modules"),
             std::string::npos);
 }
 
 TEST(PeftImport, MissingFilesAndPickleAdapters) {
   TempDir d("peft_files");
   fs::create_directories(d / "a");
-  EXPECT_NE(error_of([&] { read_peft_adapter(d / "a"); }).find("adapter_config.json: missing"), std::string::npos);
+  EXPECT_NE(error_of([&] { read_peft_adapter(d / "a"); }).find("adapter_config.json: missing"),
+            std::string::npos);
   fs::copy(kDir + "untied_all/adapter/adapter_config.json", d / "a/adapter_config.json");
-  EXPECT_NE(error_of([&] { read_peft_adapter(d / "a"); }).find("adapter_model.safetensors: missing"), std::string::npos);
+  EXPECT_NE(error_of([&] { read_peft_adapter(d / "a"); }).find("adapter_model.safetensors: missing"),
+            std::string::npos);
   write_text(d / "a/adapter_model.bin", "pickle");
   const std::string e = error_of([&] { read_peft_adapter(d / "a"); });
   EXPECT_NE(e.find("adapter_model.bin: PyTorch pickle adapters are not read"), std::string::npos) << e;
@@ -256,16 +272,18 @@ TEST(PeftImport, ChecksRankShapesAndKeysAgainstTheLayout) {
     l.r = 8;
     const ModelLayout layout = lora_test_layout(base.config, l);
     auto g = base_groups(layout, base.tensors);
-    EXPECT_NE(error_of([&] { load_peft_adapter(a, layout, g); }).find("adapter_config.json: key 'r': expected 8"),
-              std::string::npos);
+    EXPECT_NE(
+        error_of([&] { load_peft_adapter(a, layout, g); }).find("adapter_config.json: key 'r': expected 8"),
+        std::string::npos);
   }
   {  // other targets
     LoraConfig l = a.lora;
     l.target_modules = {"q_proj"};
     const ModelLayout layout = lora_test_layout(base.config, l);
     auto g = base_groups(layout, base.tensors);
-    EXPECT_NE(error_of([&] { load_peft_adapter(a, layout, g); }).find("key 'target_modules': expected [q_proj]"),
-              std::string::npos);
+    EXPECT_NE(
+        error_of([&] { load_peft_adapter(a, layout, g); }).find("key 'target_modules': expected [q_proj]"),
+        std::string::npos);
   }
   {  // a tensor of the wrong shape, and a missing one
     PeftAdapter bad = a;
@@ -274,12 +292,15 @@ TEST(PeftImport, ChecksRankShapesAndKeysAgainstTheLayout) {
     t.data.resize(64);
     const ModelLayout layout = lora_test_layout(base.config, a.lora);
     auto g = base_groups(layout, base.tensors);
-    EXPECT_NE(error_of([&] { load_peft_adapter(bad, layout, g); })
-                  .find("adapter_model.safetensors: key 'base_model.model.model.layers.1.mlp.up_proj.lora_A.weight': "
-                        "expected shape [4, 32], got [4, 16]"),
-              std::string::npos);
+    EXPECT_NE(
+        error_of([&] { load_peft_adapter(bad, layout, g); })
+            .find(
+                "adapter_model.safetensors: key 'base_model.model.model.layers.1.mlp.up_proj.lora_A.weight': "
+                "expected shape [4, 32], got [4, 16]"),
+        std::string::npos);
     bad.tensors.erase("model.layers.1.mlp.up_proj.lora_A.weight");
-    EXPECT_NE(error_of([&] { load_peft_adapter(bad, layout, g); }).find("lora_A.weight': missing"), std::string::npos);
+    EXPECT_NE(error_of([&] { load_peft_adapter(bad, layout, g); }).find("lora_A.weight': missing"),
+              std::string::npos);
   }
   {  // a tied model given an adapter that trains lm_head apart from the embedding
     const PeftAdapter u = read_peft_adapter(kDir + "tied_untie/adapter");
@@ -343,7 +364,8 @@ TEST(PeftExport, PeftLoadsOurExportWithTheLogitsOfOurMerge) {
 // warn about keys it does not know.
 TEST(PeftExport, PeftReadsThePortableBaseId) {
   const std::string py = peft_python();
-  if (py.empty()) GTEST_SKIP() << "no Python with torch, transformers and peft (set RP_PYTHON=/path/to/python)";
+  if (py.empty())
+    GTEST_SKIP() << "no Python with torch, transformers and peft (set RP_PYTHON=/path/to/python)";
   TempDir d("peft_id");
   const RoundTrip& rt = round_trips()[0];
   const Trained t = trained(rt.base, rt.lora, 7u);
@@ -351,10 +373,11 @@ TEST(PeftExport, PeftReadsThePortableBaseId) {
   const std::string a = d / "adapter";
   save_peft_adapter(a, t.layout, pointers(t.groups), base.portable(), DType::f32,
                     [&](const std::string& tmp) { write_adapter_base_record(tmp, base); });
-  const std::string cmd = "HF_HUB_OFFLINE=1 " + py +
-                          " -W error::UserWarning -c 'import sys; from peft import PeftConfig; "
-                          "c = PeftConfig.from_pretrained(sys.argv[1]); print(\"base=\" + c.base_model_name_or_path)' " +
-                          a + " 2>&1";
+  const std::string cmd =
+      "HF_HUB_OFFLINE=1 " + py +
+      " -W error::UserWarning -c 'import sys; from peft import PeftConfig; "
+      "c = PeftConfig.from_pretrained(sys.argv[1]); print(\"base=\" + c.base_model_name_or_path)' " +
+      a + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);
   std::string out;

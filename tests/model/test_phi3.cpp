@@ -75,9 +75,10 @@ TEST(Phi3, RefusesAMisshapenFusedTensorInOneLine) {
   }
   save_safetensors(d / "m/model.safetensors", refs, DType::f32);
   const std::string e = error_of([&] { load_model(d / "m"); });
-  EXPECT_NE(e.find("tensor 'model.layers.0.mlp.gate_up_proj.weight': expected shape [96, 32] (gate_proj, up_proj "
-                   "fused), got [48, 64]"),
-            std::string::npos)
+  EXPECT_NE(
+      e.find("tensor 'model.layers.0.mlp.gate_up_proj.weight': expected shape [96, 32] (gate_proj, up_proj "
+             "fused), got [48, 64]"),
+      std::string::npos)
       << e;
   EXPECT_EQ(e.find('\n'), std::string::npos);
 }
@@ -94,15 +95,18 @@ TEST(Phi3, PeftFusedAdaptersSplitIntoOursExactly) {
   EXPECT_FALSE(parts.count(p + "qkv_proj.lora_A.weight"));
   EXPECT_EQ(parts.at(p + "v_proj.lora_A.weight").data, t[p + "qkv_proj.lora_A.weight"].data);
   const auto& b = t[p + "qkv_proj.lora_B.weight"].data;
-  EXPECT_EQ(parts.at(p + "k_proj.lora_B.weight").data, std::vector<float>(b.begin() + 32 * r, b.begin() + 48 * r));
+  EXPECT_EQ(parts.at(p + "k_proj.lora_B.weight").data,
+            std::vector<float>(b.begin() + 32 * r, b.begin() + 48 * r));
   // rank 3r that is not block diagonal is not ours: refused, naming the key and the place
   t[p + "qkv_proj.lora_A.weight"] = {{3 * r, H}, random_values(size_t(3 * r * H), 3)};
   t[p + "qkv_proj.lora_B.weight"] = {{rows, 3 * r}, random_values(size_t(rows * 3 * r), 4)};
   const std::string e = error_of([&] { split_fused_adapters(t, c, r, "a.safetensors"); });
-  EXPECT_EQ(e.rfind("a.safetensors: key 'base_model.model.model.layers.0.self_attn.qkv_proj.lora_B.weight': rank 6 = "
-                    "3 x lora.r but not block diagonal",
-                    0),
-            0u)
+  EXPECT_EQ(
+      e.rfind(
+          "a.safetensors: key 'base_model.model.model.layers.0.self_attn.qkv_proj.lora_B.weight': rank 6 = "
+          "3 x lora.r but not block diagonal",
+          0),
+      0u)
       << e;
   // another rank altogether
   t[p + "qkv_proj.lora_A.weight"] = {{5, H}, random_values(size_t(5 * H), 3)};
@@ -116,10 +120,12 @@ TEST(Phi3, LoraTargetsAllPartsOfAFusedModuleOrNone) {
   l.r = 2;
   l.target_modules = {"q_proj", "v_proj"};
   EXPECT_EQ(error_of([&] { make_layout(c, l); }),
-            "lora.target_modules: Phi-3 fuses q_proj, k_proj, v_proj into qkv_proj in its checkpoints and adapters; "
+            "lora.target_modules: Phi-3 fuses q_proj, k_proj, v_proj into qkv_proj in its checkpoints and "
+            "adapters; "
             "target all of them or none");
   l.target_modules = {"q_proj", "k_proj", "v_proj", "gate_proj"};
-  EXPECT_NE(error_of([&] { make_layout(c, l); }).find("gate_proj, up_proj into gate_up_proj"), std::string::npos);
+  EXPECT_NE(error_of([&] { make_layout(c, l); }).find("gate_proj, up_proj into gate_up_proj"),
+            std::string::npos);
   l.target_modules = {"all-linear"};
   EXPECT_NO_THROW(make_layout(c, l));
 }
@@ -142,8 +148,9 @@ TEST(Phi3, ConfigWindowParametersAndRefusals) {
   EXPECT_NE(err(j).find("got string \"longrope\""), std::string::npos) << err(j);
   j = phi3_mini();
   j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 0.75}};
-  EXPECT_EQ(err(j), "config.json: key 'rope_parameters.partial_rotary_factor': expected 1.0 (partial rotary "
-                    "embeddings are not supported), got number 0.75");
+  EXPECT_EQ(err(j),
+            "config.json: key 'rope_parameters.partial_rotary_factor': expected 1.0 (partial rotary "
+            "embeddings are not supported), got number 0.75");
   j = phi3_mini();
   j["architectures"] = {"MistralForCausalLM"};
   EXPECT_NE(err(j).find("key 'architectures': expected [\"Phi3ForCausalLM\"]"), std::string::npos) << err(j);

@@ -19,8 +19,13 @@ struct Ref {
   int64_t t = 0;
 
   explicit Ref(const std::vector<float>& w0)
-      : w(w0.begin(), w0.end()), m(w0.size()), v(w0.size()), vmax(w0.size()), wabs(w0.size()),
-        mabs(w0.size()), vabs(w0.size()) {
+      : w(w0.begin(), w0.end()),
+        m(w0.size()),
+        v(w0.size()),
+        vmax(w0.size()),
+        wabs(w0.size()),
+        mabs(w0.size()),
+        vabs(w0.size()) {
     for (size_t i = 0; i < w0.size(); ++i) wabs[i] = std::fabs(w[i]);
   }
 
@@ -62,14 +67,16 @@ constexpr double kDenorm = std::numeric_limits<float>::denorm_min();
 
 /// Element-wise check of (w, st) against the reference; "" when every element is within
 /// relative 1e-6 (of the sum of |terms|), else a description of the first failure.
-inline std::string compare(const float* w, const rp::AdamWState& st, const Ref& r, const rp::AdamWOptions& o) {
+inline std::string compare(const float* w, const rp::AdamWState& st, const Ref& r,
+                           const rp::AdamWOptions& o) {
   if (st.step != r.t) return "step " + std::to_string(st.step) + " != " + std::to_string(r.t);
   for (size_t i = 0; i < r.w.size(); ++i) {
     auto fail = [&](const char* what, double got, double want) {
       return std::string(what) + "[" + std::to_string(i) + "] = " + std::to_string(got) + ", reference " +
              std::to_string(want);
     };
-    if (!(std::fabs(w[i] - r.w[i]) <= kRel * (std::fabs(r.w[i]) + r.wabs[i]) + 1e-30)) return fail("w", w[i], r.w[i]);
+    if (!(std::fabs(w[i] - r.w[i]) <= kRel * (std::fabs(r.w[i]) + r.wabs[i]) + 1e-30))
+      return fail("w", w[i], r.w[i]);
     if (!(std::fabs(st.m[i] - r.m[i]) <= kRel * (std::fabs(r.m[i]) + r.mabs[i]) + 1e-38))
       return fail("m", st.m[i], r.m[i]);
     if (!(std::fabs(st.v[i] - r.v[i]) <= kRel * r.vabs[i] + 64 * kDenorm)) return fail("v", st.v[i], r.v[i]);

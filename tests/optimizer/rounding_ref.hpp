@@ -37,9 +37,9 @@ inline uint16_t f16_bits(float f) {
   if (std::isinf(r)) return uint16_t(sign | 0x7c00);
   if (r == 0) return sign;
   int e;
-  double fr = std::frexp(r, &e);  // r = fr * 2^e
+  double fr = std::frexp(r, &e);                                                // r = fr * 2^e
   if (e - 1 < -14) return uint16_t(sign | uint16_t(r / std::ldexp(1.0, -24)));  // subnormal
-  uint16_t mant = uint16_t(fr * 2048 - 1024);  // 10 explicit bits
+  uint16_t mant = uint16_t(fr * 2048 - 1024);                                   // 10 explicit bits
   return uint16_t(sign | uint16_t((e - 1 + 15) << 10) | mant);
 }
 

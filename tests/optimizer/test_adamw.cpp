@@ -8,8 +8,8 @@
 #include <random>
 #include <vector>
 
-#include "optimizer/adamw.hpp"
 #include "adam_ref.hpp"
+#include "optimizer/adamw.hpp"
 #include "rounding_ref.hpp"
 
 namespace {
@@ -24,8 +24,8 @@ using adam_ref::Ref;
 constexpr double kRel = 1e-6;
 constexpr double kDenorm = std::numeric_limits<float>::denorm_min();
 
-void expect_close(const std::vector<float>& w, const AdamWState& st, const Ref& r,
-                  const AdamWOptions& o, const char* ctx) {
+void expect_close(const std::vector<float>& w, const AdamWState& st, const Ref& r, const AdamWOptions& o,
+                  const char* ctx) {
   ASSERT_EQ(st.step, r.t);
   for (size_t i = 0; i < w.size(); ++i) {
     ASSERT_LE(std::fabs(w[i] - r.w[i]), kRel * (std::fabs(r.w[i]) + r.wabs[i]) + 1e-30)
@@ -34,11 +34,9 @@ void expect_close(const std::vector<float>& w, const AdamWState& st, const Ref& 
         << ctx << " m[" << i << "]";
     // v can sit in fp32's subnormal range for tiny gradients: allow a few subnormal ulps;
     // with L2, g = grad + wd * w may cancel, so v is relative to the sum of |terms|^2
-    ASSERT_LE(std::fabs(st.v[i] - r.v[i]), kRel * r.vabs[i] + 64 * kDenorm)
-        << ctx << " v[" << i << "]";
+    ASSERT_LE(std::fabs(st.v[i] - r.v[i]), kRel * r.vabs[i] + 64 * kDenorm) << ctx << " v[" << i << "]";
     if (o.amsgrad) {
-      ASSERT_LE(std::fabs(st.vmax[i] - r.vmax[i]), kRel * r.vmax[i] + 64 * kDenorm +
-                                                       kRel * r.vabs[i])
+      ASSERT_LE(std::fabs(st.vmax[i] - r.vmax[i]), kRel * r.vmax[i] + 64 * kDenorm + kRel * r.vabs[i])
           << ctx << " vmax[" << i << "]";
     }
   }
@@ -65,8 +63,7 @@ std::string name(const AdamWOptions& o) {
 
 /// Runs `steps` updates of length n for option set o against the reference; every step
 /// also writes the low-precision copy in `dt` and checks it is exactly RNE(w).
-void run_case(int64_t n, const AdamWOptions& o, int steps, double grad_mag, DType dt,
-              uint32_t seed) {
+void run_case(int64_t n, const AdamWOptions& o, int steps, double grad_mag, DType dt, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> uw(-1.f, 1.f), ug(-1.f, 1.f);
   std::vector<float> w(static_cast<size_t>(n)), g(static_cast<size_t>(n));
@@ -92,8 +89,7 @@ void run_case(int64_t n, const AdamWOptions& o, int steps, double grad_mag, DTyp
         ASSERT_EQ(std::bit_cast<uint32_t>(out32[i]), std::bit_cast<uint32_t>(w[i])) << ctx;
       else if (dt == DType::bf16)
         ASSERT_EQ(out16[i], ref_round::bf16_bits(w[i])) << ctx << " i=" << i << " w=" << w[i];
-      else
-        ASSERT_EQ(out16[i], ref_round::f16_bits(w[i])) << ctx << " i=" << i << " w=" << w[i];
+      else ASSERT_EQ(out16[i], ref_round::f16_bits(w[i])) << ctx << " i=" << i << " w=" << w[i];
     }
   }
 }
@@ -208,14 +204,12 @@ TEST(AdamW, RejectsBadArguments) {
     call(o, 1e-3, 1.f, DType::bf16, nullptr, 1);
     FAIL() << "size mismatch accepted";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("state.m has 7 elements, parameter group has 8"),
-              std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("state.m has 7 elements, parameter group has 8"), std::string::npos)
         << e.what();
   }
   EXPECT_EQ(st.step, 0);
   EXPECT_EQ(w, std::vector<float>(8, 1.f));
-  EXPECT_THROW(rp::adamw_update(w.data(), st, g.data(), -1, 1.f, o, 1e-3),
-               std::invalid_argument);
+  EXPECT_THROW(rp::adamw_update(w.data(), st, g.data(), -1, 1.f, o, 1e-3), std::invalid_argument);
 }
 
 // Throughput: run with --gtest_also_run_disabled_tests --gtest_filter='*Throughput*'
@@ -230,11 +224,10 @@ TEST(AdamW, DISABLED_Throughput50M) {
   for (DType dt : {DType::bf16, DType::f16}) {
     const int reps = 5;
     auto t0 = std::chrono::steady_clock::now();
-    for (int r = 0; r < reps; ++r)
-      rp::adamw_update(w.data(), st, g.data(), n, 1.f, o, 1e-4, out.data(), dt);
+    for (int r = 0; r < reps; ++r) rp::adamw_update(w.data(), st, g.data(), n, 1.f, o, 1e-4, out.data(), dt);
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("AdamW n=%lld 1 thread, %s copy: %.1f ms/step, %.3g params/s\n",
-                (long long)n, dt == DType::bf16 ? "bf16" : "f16", 1e3 * s / reps, double(n) * reps / s);
+    std::printf("AdamW n=%lld 1 thread, %s copy: %.1f ms/step, %.3g params/s\n", (long long)n,
+                dt == DType::bf16 ? "bf16" : "f16", 1e3 * s / reps, double(n) * reps / s);
   }
 }
 

@@ -21,7 +21,9 @@ TEST(Clip, NormOfShardsEqualsNormOfConcatenation) {
   std::normal_distribution<float> nd(0.f, 3.f);
   std::vector<std::vector<float>> shards;
   for (int64_t n : {0, 1, 15, 16, 17, 1000, 65537, 3})
-    shards.emplace_back(static_cast<size_t>(n)), [&] { for (auto& x : shards.back()) x = nd(rng); }();
+    shards.emplace_back(static_cast<size_t>(n)), [&] {
+      for (auto& x : shards.back()) x = nd(rng);
+    }();
   std::vector<float> all;
   for (auto& s : shards) all.insert(all.end(), s.begin(), s.end());
   double partial = 0;
@@ -29,8 +31,7 @@ TEST(Clip, NormOfShardsEqualsNormOfConcatenation) {
   long double naive = 0;
   for (float x : all) naive += (long double)x * x;
   EXPECT_NEAR(std::sqrt(partial), std::sqrt(double(naive)), 1e-12 * std::sqrt(double(naive)));
-  EXPECT_NEAR(rp::sum_of_squares(all.data(), int64_t(all.size())), double(naive),
-              1e-12 * double(naive));
+  EXPECT_NEAR(rp::sum_of_squares(all.data(), int64_t(all.size())), double(naive), 1e-12 * double(naive));
   EXPECT_EQ(rp::sum_of_squares(nullptr, 0), 0.0);
   const float tiny[3] = {1e-30f, 3e-30f, 0.f};  // squares underflow fp32, not double
   const double t0 = tiny[0], t1 = tiny[1];
@@ -132,7 +133,7 @@ TEST(LrSchedule, CosineMatchesHf) {
   auto s = sched("cosine", 1e-3, 0, 10, 110);
   EXPECT_EQ(s.at(0), 0.0);
   EXPECT_DOUBLE_EQ(s.at(10), 1e-3);
-  EXPECT_DOUBLE_EQ(s.at(60), 5e-4);  // midpoint: half of peak
+  EXPECT_DOUBLE_EQ(s.at(60), 5e-4);                                 // midpoint: half of peak
   EXPECT_NEAR(s.at(35), 1e-3 * 0.5 * (1 + std::sqrt(0.5)), 1e-18);  // quarter: 8.5355e-4
   EXPECT_NEAR(s.at(110), 0.0, 1e-18);
   EXPECT_NEAR(s.at(1000), 0.0, 1e-18);  // held at the floor (HF would rise again)
@@ -182,7 +183,8 @@ TEST(LrSchedule, FromJsonErrors) {
   expect_json_error(R"({"kind":"linear"})", "spec.schedule.lr: missing");
   expect_json_error(R"({"lr":"big"})", "spec.schedule.lr: expected a finite number >= 0");
   expect_json_error(R"({"lr":-1})", "spec.schedule.lr");
-  expect_json_error(R"({"lr":1,"warmup_steps":-3})", "spec.schedule.warmup_steps: expected a non-negative integer");
+  expect_json_error(R"({"lr":1,"warmup_steps":-3})",
+                    "spec.schedule.warmup_steps: expected a non-negative integer");
   expect_json_error(R"({"lr":1,"warmup_steps":2.5})", "spec.schedule.warmup_steps");
   expect_json_error(R"({"lr":1,"warmup":5})", "spec.schedule.warmup: unknown key (valid: kind, lr");
   expect_json_error(R"({"kind":"cosine","lr":1})", "spec.schedule.total_steps");

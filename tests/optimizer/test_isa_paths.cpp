@@ -56,10 +56,8 @@ struct Lane {
     if (k == OutKind::bf16) o16.resize(w.size()), out = o16.data(), dt = DType::bf16;
     if (k == OutKind::f16) o16.resize(w.size()), out = o16.data(), dt = DType::f16;
     if (n == 0) out = nullptr;
-    if (pool)
-      rp::adamw_update(w.data(), st, g.data(), n, scale, o, lr, out, dt, *pool);
-    else
-      rp::adamw_update(w.data(), st, g.data(), n, scale, o, lr, out, dt);
+    if (pool) rp::adamw_update(w.data(), st, g.data(), n, scale, o, lr, out, dt, *pool);
+    else rp::adamw_update(w.data(), st, g.data(), n, scale, o, lr, out, dt);
   }
 };
 
@@ -70,11 +68,13 @@ std::string same_bits(const V1& a, const V2& b, const char* what) {
   if (a.size() != b.size()) return std::string(what) + ": sizes differ";
   for (size_t i = 0; i < a.size(); ++i) {
     if (std::isnan(a[i]) || std::isnan(b[i])) {
-      if (std::isnan(a[i]) != std::isnan(b[i])) return std::string(what) + "[" + std::to_string(i) + "]: NaN on one side";
+      if (std::isnan(a[i]) != std::isnan(b[i]))
+        return std::string(what) + "[" + std::to_string(i) + "]: NaN on one side";
       continue;
     }
     if (std::bit_cast<uint32_t>(a[i]) != std::bit_cast<uint32_t>(b[i]))
-      return std::string(what) + "[" + std::to_string(i) + "] " + std::to_string(a[i]) + " vs " + std::to_string(b[i]);
+      return std::string(what) + "[" + std::to_string(i) + "] " + std::to_string(a[i]) + " vs " +
+             std::to_string(b[i]);
   }
   return "";
 }
@@ -103,7 +103,8 @@ std::string compare_lanes(const Lane& a, const Lane& b, OutKind k) {
   if (k == OutKind::f32) return same_bits(a.o32, b.o32, "f32 copy");
   if ((k == OutKind::bf16 || k == OutKind::f16) && a.o16 != b.o16) {
     for (size_t i = 0; i < a.o16.size(); ++i)
-      if (a.o16[i] != b.o16[i] && !std::isnan(a.w[i])) return "16-bit copy [" + std::to_string(i) + "] differs";
+      if (a.o16[i] != b.o16[i] && !std::isnan(a.w[i]))
+        return "16-bit copy [" + std::to_string(i) + "] differs";
   }
   return "";
 }
@@ -159,9 +160,10 @@ TEST(IsaPaths, ReportsWhatThisMachineRuns) {
 #if defined(__x86_64__)
   // the dispatch must not depend on -march: the vector paths exist in every x86-64 build
   __builtin_cpu_init();
-  EXPECT_EQ(rp::isa_supported(Isa::avx2), bool(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")));
-  EXPECT_EQ(rp::isa_supported(Isa::avx512), bool(__builtin_cpu_supports("avx512f") &&
-                                                  __builtin_cpu_supports("avx512bw")));
+  EXPECT_EQ(rp::isa_supported(Isa::avx2),
+            bool(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")));
+  EXPECT_EQ(rp::isa_supported(Isa::avx512),
+            bool(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")));
 #endif
   for (Isa i : {Isa::scalar, Isa::avx2, Isa::avx512})
     if (!rp::isa_supported(i)) {
@@ -280,7 +282,8 @@ TEST(IsaPaths, MisalignedBuffers) {
           // the copy, plus the untouched guard bytes around it
           out_bytes.emplace_back(obuf);
           for (size_t b = 0; b < size_t(off) * es; ++b) ASSERT_EQ(obuf[b], 0xAB) << "wrote before the copy";
-          for (size_t b = size_t(off + n) * es; b < obuf.size(); ++b) ASSERT_EQ(obuf[b], 0xAB) << "wrote past the copy";
+          for (size_t b = size_t(off + n) * es; b < obuf.size(); ++b)
+            ASSERT_EQ(obuf[b], 0xAB) << "wrote past the copy";
         }
         for (size_t i = 1; i < outs.size(); ++i) {
           ASSERT_EQ(same_bits(outs[0], outs[i], "w"), "") << "n=" << n << " offset " << off;
@@ -307,7 +310,8 @@ TEST(IsaPaths, NonFiniteGradientsAgreeAcrossPaths) {
       g[size_t(200 + s)] = NAN;
       for (auto& L : lanes) L.step(g, 1.f, o, 1e-3, OutKind::bf16);
       for (size_t i = 1; i < lanes.size(); ++i)
-        ASSERT_EQ(compare_lanes(lanes[0], lanes[i], OutKind::bf16), "") << adam_ref::name(o) << " " << lanes[i].label;
+        ASSERT_EQ(compare_lanes(lanes[0], lanes[i], OutKind::bf16), "")
+            << adam_ref::name(o) << " " << lanes[i].label;
     }
   }
 }
@@ -325,7 +329,7 @@ TEST(IsaPaths, LowPrecisionCopyRoundsToNearestEvenEveryPath) {
   std::uniform_real_distribution<float> u(-70000.f, 70000.f);
   for (int i = 0; i < 100000; ++i) w.push_back(u(rng));
   for (int i = 0; i < 50000; ++i) w.push_back(std::ldexp(u(rng), -30));  // f16 subnormals
-  for (uint32_t hi : {0x3f80u, 0x3f81u, 0xc2f7u, 0x0001u, 0x7f7fu})  // bf16 ties
+  for (uint32_t hi : {0x3f80u, 0x3f81u, 0xc2f7u, 0x0001u, 0x7f7fu})      // bf16 ties
     for (uint32_t lo : {0x8000u, 0x7fffu, 0x8001u}) w.push_back(std::bit_cast<float>(hi << 16 | lo));
   for (float f : {65504.f, 65519.99f, 65520.f, INFINITY, -INFINITY, 0.f, -0.f, std::ldexp(1.f, -25),
                   std::ldexp(1.5f, -24), std::ldexp(3.f, -25)})
@@ -341,8 +345,8 @@ TEST(IsaPaths, LowPrecisionCopyRoundsToNearestEvenEveryPath) {
       for (size_t i = 0; i < w.size(); ++i) {
         ASSERT_EQ(std::bit_cast<uint32_t>(ww[i]), std::bit_cast<uint32_t>(w[i])) << rp::isa_name(isa);
         const uint16_t want = dt == DType::bf16 ? ref_round::bf16_bits(w[i]) : ref_round::f16_bits(w[i]);
-        ASSERT_EQ(out[i], want) << rp::isa_name(isa) << (dt == DType::bf16 ? " bf16" : " f16") << " w=" << w[i]
-                                << " bits " << std::hex << std::bit_cast<uint32_t>(w[i]);
+        ASSERT_EQ(out[i], want) << rp::isa_name(isa) << (dt == DType::bf16 ? " bf16" : " f16")
+                                << " w=" << w[i] << " bits " << std::hex << std::bit_cast<uint32_t>(w[i]);
       }
     }
     // NaN stays NaN with the scalar path's encoding (sign | 0x7e00 for f16)
@@ -365,7 +369,9 @@ TEST(IsaPaths, SumOfSquaresEveryPathAndPool) {
   std::normal_distribution<float> nd(0.f, 2.f);
   std::vector<std::vector<float>> shards;
   for (int64_t n : {0, 1, 15, 16, 17, 1000, 65535, 65536, 65537, 200003, 1 << 20})
-    shards.emplace_back(static_cast<size_t>(n)), [&] { for (auto& x : shards.back()) x = nd(rng); }();
+    shards.emplace_back(static_cast<size_t>(n)), [&] {
+      for (auto& x : shards.back()) x = nd(rng);
+    }();
   std::vector<float> all;
   for (auto& s : shards) all.insert(all.end(), s.begin(), s.end());
   long double naive = 0;
@@ -381,7 +387,8 @@ TEST(IsaPaths, SumOfSquaresEveryPathAndPool) {
       const auto& s = shards[i];
       const int64_t n = int64_t(s.size());
       const double a = rp::sum_of_squares(s.data(), n);
-      EXPECT_EQ(std::bit_cast<uint64_t>(a), std::bit_cast<uint64_t>(want[i])) << rp::isa_name(isa) << " n=" << n;
+      EXPECT_EQ(std::bit_cast<uint64_t>(a), std::bit_cast<uint64_t>(want[i]))
+          << rp::isa_name(isa) << " n=" << n;
       for (rp::ThreadPool* p : {&p2, &p3, &p7})
         EXPECT_EQ(std::bit_cast<uint64_t>(rp::sum_of_squares(s.data(), n, *p)), std::bit_cast<uint64_t>(a))
             << rp::isa_name(isa) << " n=" << n << " pool " << p->size();

@@ -25,8 +25,7 @@ std::vector<uint16_t> convert(std::vector<float>& w, DType dt) {
   std::vector<uint16_t> out(w.size());
   AdamWState st;
   auto before = w;
-  rp::adamw_update(w.data(), st, g.data(), int64_t(w.size()), 1.f, AdamWOptions{}, 1e-3,
-                   out.data(), dt);
+  rp::adamw_update(w.data(), st, g.data(), int64_t(w.size()), 1.f, AdamWOptions{}, 1e-3, out.data(), dt);
   for (size_t i = 0; i < w.size(); ++i) {
     if (!std::isnan(before[i])) {
       EXPECT_EQ(std::bit_cast<uint32_t>(before[i]), std::bit_cast<uint32_t>(w[i])) << i;
@@ -36,17 +35,32 @@ std::vector<uint16_t> convert(std::vector<float>& w, DType dt) {
 }
 
 std::vector<float> special_values() {
-  std::vector<float> v = {0.f, -0.f, 1.f, -1.f, INFINITY, -INFINITY,
-                          std::numeric_limits<float>::max(), -std::numeric_limits<float>::max(),
-                          std::numeric_limits<float>::min(), std::numeric_limits<float>::denorm_min(),
-                          65504.f, 65519.99f, 65520.f, 65536.f, 1e10f, -7e4f,
-                          std::ldexp(1.f, -14), std::ldexp(1.f, -24), std::ldexp(1.f, -25),
-                          std::ldexp(1.5f, -25), std::ldexp(1.f, -26), std::ldexp(3.f, -25),
+  std::vector<float> v = {0.f,
+                          -0.f,
+                          1.f,
+                          -1.f,
+                          INFINITY,
+                          -INFINITY,
+                          std::numeric_limits<float>::max(),
+                          -std::numeric_limits<float>::max(),
+                          std::numeric_limits<float>::min(),
+                          std::numeric_limits<float>::denorm_min(),
+                          65504.f,
+                          65519.99f,
+                          65520.f,
+                          65536.f,
+                          1e10f,
+                          -7e4f,
+                          std::ldexp(1.f, -14),
+                          std::ldexp(1.f, -24),
+                          std::ldexp(1.f, -25),
+                          std::ldexp(1.5f, -25),
+                          std::ldexp(1.f, -26),
+                          std::ldexp(3.f, -25),
                           std::ldexp(1.f, -15) * 1.0009765625f};
   // bf16 ties: lower 16 bits exactly 0x8000 with even and odd kept parts, and +-1 around
   for (uint32_t hi : {0x3f80u, 0x3f81u, 0x4049u, 0xc2f7u, 0x0001u, 0x7f7fu, 0x0080u})
-    for (uint32_t lo : {0x8000u, 0x7fffu, 0x8001u, 0x0000u, 0xffffu})
-      v.push_back(from_bits(hi << 16 | lo));
+    for (uint32_t lo : {0x8000u, 0x7fffu, 0x8001u, 0x0000u, 0xffffu}) v.push_back(from_bits(hi << 16 | lo));
   // f16 ties: dropped 13 bits exactly half, even and odd kept mantissa, normal and subnormal
   for (float base : {1.f, 1.0009765625f, 3.14f, 1000.f, 60000.f}) {
     uint32_t u = std::bit_cast<uint32_t>(base) & ~0x1fffu;
@@ -77,8 +91,7 @@ TEST(LowPrecisionCopy, F16SpecialsAndTies) {
     EXPECT_EQ(out[i], ref_round::f16_bits(w[i])) << "w=" << w[i] << " i=" << i;
   // hand-checked: 65504 max, 65520 is a tie that rounds to even = inf, 2^-25 ties to 0,
   // 1.5 * 2^-24 ties to 2 * 2^-24 (even)
-  std::vector<float> t = {65504.f, 65520.f, std::ldexp(1.f, -25), std::ldexp(1.5f, -24),
-                          -0.f, 1.f};
+  std::vector<float> t = {65504.f, 65520.f, std::ldexp(1.f, -25), std::ldexp(1.5f, -24), -0.f, 1.f};
   auto o = convert(t, DType::f16);
   EXPECT_EQ(o[0], 0x7bff);
   EXPECT_EQ(o[1], 0x7c00);
@@ -89,8 +102,7 @@ TEST(LowPrecisionCopy, F16SpecialsAndTies) {
 }
 
 TEST(LowPrecisionCopy, NaNStaysNaN) {
-  std::vector<float> w = {std::numeric_limits<float>::quiet_NaN(),
-                          -std::numeric_limits<float>::quiet_NaN()};
+  std::vector<float> w = {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN()};
   auto b = convert(w, DType::bf16);
   auto h = convert(w, DType::f16);
   for (int i = 0; i < 2; ++i) {

@@ -207,7 +207,8 @@ TEST(DecideStep, ClipsToTheNormOfTheConcatenatedGradients) {
   }
   const double norm_true = std::sqrt(double(sumsq_true));
   rp::StepNormReducer red(3);
-  for (int g : {2, 0, 1}) red.add(0, g, rp::sum_of_squares(raw[size_t(g)].data(), int64_t(raw[size_t(g)].size())));
+  for (int g : {2, 0, 1})
+    red.add(0, g, rp::sum_of_squares(raw[size_t(g)].data(), int64_t(raw[size_t(g)].size())));
   const double total = red.take(0);
   LossScaler scaler(LossScalerOptions{1024.f, 2.f, 0.5f, 100});
   const double max_norm = 0.5;
@@ -416,9 +417,10 @@ TEST(StepLoop, ResumeAtStepKIsBitIdenticalAcrossPathsAndPools) {
     std::stringstream ck;
     for (auto& s : first.state) rp::save_state(ck, s, &first.opt);
     first.scaler.save(ck);
-    for (auto& m : first.master) ck.write(reinterpret_cast<const char*>(m.data()), std::streamsize(m.size() * 4));
+    for (auto& m : first.master)
+      ck.write(reinterpret_cast<const char*>(m.data()), std::streamsize(m.size() * 4));
 
-    MiniRun resumed;  // fresh objects; different ISA and pool
+    MiniRun resumed;               // fresh objects; different ISA and pool
     resumed.opt = AdamWOptions{};  // must come back from the checkpoint
     for (size_t g = 0; g < resumed.sizes.size(); ++g) {
       bool has = false;

@@ -39,7 +39,11 @@ TEST(ThreadPool, RunsEveryPartOnceAndReusesThreads) {
 
 TEST(ThreadPool, PropagatesExceptionsAndStaysUsable) {
   rp::ThreadPool pool(3);
-  EXPECT_THROW(pool.run(3, [](int p) { if (p == 1) throw std::runtime_error("boom"); }), std::runtime_error);
+  EXPECT_THROW(pool.run(3,
+                        [](int p) {
+                          if (p == 1) throw std::runtime_error("boom");
+                        }),
+               std::runtime_error);
   std::atomic<int> n{0};
   pool.run(3, [&](int) { n++; });
   EXPECT_EQ(n.load(), 3);

@@ -16,7 +16,7 @@ namespace {
 using rp::LastUpdate;
 
 TEST(WeightPrediction, PublishesTheWeightsExtrapolatedByTheirLastUpdate) {
-  const std::vector<float> w_prev = {0.5f, -1.25f, 2.f, 0.f};   // version k-1
+  const std::vector<float> w_prev = {0.5f, -1.25f, 2.f, 0.f};    // version k-1
   const std::vector<float> w_now = {0.75f, -1.5f, 2.f, 0.125f};  // version k (after step k)
   LastUpdate last;
   std::vector<float> w(w_prev);

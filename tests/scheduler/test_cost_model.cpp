@@ -31,7 +31,8 @@ ModelShape qwen3_1_7b() {
 // builds them (7,298,617,344, 8,170,848,256 and 3,821,079,552), and each layer's count equal to
 // what the layout allocates for it.
 TEST(CostModel, Olmo2GraniteAndPhi3CountTheirCheckpointsParameters) {
-  for (auto [name, params] : {std::pair{"olmo-2-1124-7b", int64_t(7298617344)}, {"granite-3.1-8b", int64_t(8170848256)},
+  for (auto [name, params] : {std::pair{"olmo-2-1124-7b", int64_t(7298617344)},
+                              {"granite-3.1-8b", int64_t(8170848256)},
                               {"phi-3-mini-4k-instruct", int64_t(3821079552)}}) {
     SCOPED_TRACE(name);
     const std::string path = std::string(RP_SOURCE_DIR) + "/examples/configs/" + name + ".json";
@@ -46,7 +47,8 @@ TEST(CostModel, Olmo2GraniteAndPhi3CountTheirCheckpointsParameters) {
 }
 
 TEST(CostModel, MistralAndQwen2CountTheirCheckpointsParameters) {
-  for (auto [name, params] : {std::pair{"mistral-7b-v0.1", int64_t(7241732096)}, {"qwen2.5-7b", int64_t(7615616512)}}) {
+  for (auto [name, params] :
+       {std::pair{"mistral-7b-v0.1", int64_t(7241732096)}, {"qwen2.5-7b", int64_t(7615616512)}}) {
     SCOPED_TRACE(name);
     const std::string path = std::string(RP_SOURCE_DIR) + "/examples/configs/" + name + ".json";
     const ModelConfig c = load_config_file(path);
@@ -175,7 +177,8 @@ TEST(CostModel, MemoryTerms) {
   // lse fp32 [nq, T]; attention scratch. Forward: no lse, dout, dq, dk, dv, dhn, dm, dg, du.
   const int64_t T = 8192, H = 2048, Q = 2048, K = 1024, F = 6144;
   const int64_t attn = (2 * 64 * 8192 + 8192 * (16 + Q + 2 * K)) * 4;
-  EXPECT_EQ(c.scratch_bytes, (2 * T * H + 5 * T * Q + 5 * T * K + 2 * T * H + 6 * T * F) * 2 + T * 16 * 4 + attn);
+  EXPECT_EQ(c.scratch_bytes,
+            (2 * T * H + 5 * T * Q + 5 * T * K + 2 * T * H + 6 * T * F) * 2 + T * 16 * 4 + attn);
   EXPECT_EQ(c.scratch_fwd_bytes, (2 * T * H + 3 * T * Q + 3 * T * K + T * H + 3 * T * F) * 2 + attn);
   // with 4096-token MLP chunks the [C, *] buffers halve
   d.mlp_chunk_tokens = 4096;
@@ -184,10 +187,18 @@ TEST(CostModel, MemoryTerms) {
 }
 
 TEST(CostModel, MoeShapeFromConfigJson) {
-  nlohmann::json j = {{"model_type", "qwen3_moe"},  {"vocab_size", 151936},       {"hidden_size", 4096},
-                      {"num_hidden_layers", 94},     {"num_attention_heads", 64},  {"num_key_value_heads", 4},
-                      {"head_dim", 128},             {"num_experts", 128},         {"num_experts_per_tok", 8},
-                      {"moe_intermediate_size", 1536}, {"intermediate_size", 12288}, {"tie_word_embeddings", false}};
+  nlohmann::json j = {{"model_type", "qwen3_moe"},
+                      {"vocab_size", 151936},
+                      {"hidden_size", 4096},
+                      {"num_hidden_layers", 94},
+                      {"num_attention_heads", 64},
+                      {"num_key_value_heads", 4},
+                      {"head_dim", 128},
+                      {"num_experts", 128},
+                      {"num_experts_per_tok", 8},
+                      {"moe_intermediate_size", 1536},
+                      {"intermediate_size", 12288},
+                      {"tie_word_embeddings", false}};
   ModelShape m = model_shape_from_hf_json(j, "config.json");
   EXPECT_EQ(m.num_experts, 128);
   EXPECT_TRUE(m.qk_norm);
@@ -238,10 +249,18 @@ double counted_pairs(int64_t S, int64_t W) {
 }
 
 nlohmann::json gpt_oss_20b_json() {
-  return {{"model_type", "gpt_oss"},       {"vocab_size", 201088},       {"hidden_size", 2880},
-          {"num_hidden_layers", 4},        {"num_attention_heads", 64},  {"num_key_value_heads", 8},
-          {"head_dim", 64},                {"num_local_experts", 32},    {"num_experts_per_tok", 4},
-          {"intermediate_size", 2880},     {"sliding_window", 128},      {"tie_word_embeddings", false}};
+  return {{"model_type", "gpt_oss"},
+          {"vocab_size", 201088},
+          {"hidden_size", 2880},
+          {"num_hidden_layers", 4},
+          {"num_attention_heads", 64},
+          {"num_key_value_heads", 8},
+          {"head_dim", 64},
+          {"num_local_experts", 32},
+          {"num_experts_per_tok", 4},
+          {"intermediate_size", 2880},
+          {"sliding_window", 128},
+          {"tie_word_embeddings", false}};
 }
 
 TEST(CostModel, SlidingWindowLayersCountOnlyTheBand) {
@@ -276,9 +295,10 @@ TEST(CostModel, LayerTypesChooseTheSlidingLayers) {
   ModelShape c = model_shape_from_config(load_config_file(dir + "/config.json"));
   EXPECT_EQ(c.attention_windows, m.attention_windows);
   // Qwen3 writes a sliding_window it does not use: no sliding layers, no windows
-  nlohmann::json q = {{"model_type", "qwen3"},  {"vocab_size", 1000},         {"hidden_size", 64},
-                      {"num_hidden_layers", 2}, {"num_attention_heads", 4},   {"intermediate_size", 128},
-                      {"sliding_window", 4096}, {"layer_types", {"full_attention", "full_attention"}}};
+  nlohmann::json q = {{"model_type", "qwen3"},    {"vocab_size", 1000},
+                      {"hidden_size", 64},        {"num_hidden_layers", 2},
+                      {"num_attention_heads", 4}, {"intermediate_size", 128},
+                      {"sliding_window", 4096},   {"layer_types", {"full_attention", "full_attention"}}};
   EXPECT_TRUE(model_shape_from_hf_json(q, "config.json").attention_windows.empty());
   // sliding layers need a window; a wrong-length layer_types names the key
   j.erase("sliding_window");

@@ -9,11 +9,11 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "kernels/device.hpp"
 #include "model/config.hpp"
 #include "model/layer.hpp"
 #include "model/layout.hpp"
 #include "scheduler/cost_model.hpp"
-#include "kernels/device.hpp"
 #include "scheduler/partition.hpp"
 
 namespace rp {
@@ -50,7 +50,8 @@ TEST(CostModelMoe, SparseLayerFlopsCountTopKExpertsBytesCountAllExperts) {
   }
   EXPECT_NEAR(e[2].fwd_flops, 2 * T * dense_gemm + attn, 1e-9 * e[2].fwd_flops);  // mlp_only layer 1
   // weights and gradients: the router and all 16 experts, norms included
-  const int64_t sparse_params = 2 * 256 + 256 * 256 * 2 + 2 * 256 * 128 + 2 * 64 + 16 * 256 + 16 * 3 * 256 * 128;
+  const int64_t sparse_params =
+      2 * 256 + 256 * 256 * 2 + 2 * 256 * 128 + 2 * 64 + 16 * 256 + 16 * 3 * 256 * 128;
   EXPECT_EQ(layer_parameters(m, 1), sparse_params);
   EXPECT_EQ(e[1].cost.weight_bytes, sparse_params * 2);
   EXPECT_EQ(e[1].cost.grad_bytes, sparse_params * 4);
@@ -87,8 +88,8 @@ TEST(CostModelMoe, GroupedGemmsRunAtTheirEfficiency) {
   EXPECT_DOUBLE_EQ(b[2].cost.fwd, a[2].cost.fwd);  // the dense layer has no grouped GEMMs
   d.grouped_wgrad_efficiency = 0.1;
   auto c = estimate_layers(m, 1, T, d);
-  EXPECT_NEAR(c[1].cost.bwd - b[1].cost.bwd, expert_flops / (d.peak_flops * 0.1) - expert_flops / (d.peak_flops * 0.2),
-              1e-9);
+  EXPECT_NEAR(c[1].cost.bwd - b[1].cost.bwd,
+              expert_flops / (d.peak_flops * 0.1) - expert_flops / (d.peak_flops * 0.2), 1e-9);
   EXPECT_DOUBLE_EQ(c[1].cost.fwd, b[1].cost.fwd);
   d.grouped_gemm_efficiency = 0;
   EXPECT_THROW(estimate_layers(m, 1, T, d), std::invalid_argument);
@@ -184,8 +185,10 @@ TEST(CostModelMoe, PlannedScratchEqualsTheLayersScratch) {
         lo.save_attention = saved;
         for (int l = 1; l <= int(c.num_hidden_layers); ++l) {
           auto layer = make_layer(m, l, lo);
-          EXPECT_EQ(e[size_t(l)].cost.scratch_bytes, int64_t(layer->scratch_bytes(s, DType::bf16, true))) << l;
-          EXPECT_EQ(e[size_t(l)].cost.scratch_fwd_bytes, int64_t(layer->scratch_bytes(s, DType::bf16, false))) << l;
+          EXPECT_EQ(e[size_t(l)].cost.scratch_bytes, int64_t(layer->scratch_bytes(s, DType::bf16, true)))
+              << l;
+          EXPECT_EQ(e[size_t(l)].cost.scratch_fwd_bytes, int64_t(layer->scratch_bytes(s, DType::bf16, false)))
+              << l;
         }
         // a sparse decoder's scratch differs from the dense one's (the test can see a mix-up)
         EXPECT_NE(e[1].cost.scratch_bytes, e[2].cost.scratch_bytes);
@@ -254,8 +257,8 @@ TEST(CostModelMoe, SparseStagesHoldRouterStatisticsPerSlot) {
   PartitionOptions po;
   po.micro_batches = 4;  // two slots
   po.alloc_granule = 512;
-  for (const Stage& st : {Stage{StageKind::forward, 0, 1}, Stage{StageKind::backward, 1, 3},
-                          Stage{StageKind::tail, 4, 5}}) {
+  for (const Stage& st :
+       {Stage{StageKind::forward, 0, 1}, Stage{StageKind::backward, 1, 3}, Stage{StageKind::tail, 4, 5}}) {
     SCOPED_TRACE(fmt::format("{} {}-{}", stage_kind_name(st.kind), st.first, st.last));
     // 2 slots x 2 buffers of 128 bytes, each charged as the pool charges a small allocation
     EXPECT_EQ(estimate_stage(costs, st, po).work_bytes - estimate_stage(without, st, po).work_bytes,
@@ -285,7 +288,7 @@ TEST(CostModelMoe, Fp8WeightCacheIsPlannedAsTheLayersAllocateIt) {
     EXPECT_GT(e[size_t(l)].cost.fp8_bwd_bytes, e[size_t(l)].cost.fp8_fwd_bytes) << l;
   }
   EXPECT_NE(e[1].cost.fp8_fwd_bytes, e[2].cost.fp8_fwd_bytes);  // sparse vs dense
-  EXPECT_EQ(e[0].cost.fp8_fwd_bytes, 0);                          // the embedding
+  EXPECT_EQ(e[0].cost.fp8_fwd_bytes, 0);                        // the embedding
   d.fp8_flops = 0;
   EXPECT_EQ(estimate_layers(model_shape_from_config(c), 2, 32, d)[1].cost.fp8_bwd_bytes, 0);
 

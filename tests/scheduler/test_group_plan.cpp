@@ -43,7 +43,8 @@ TEST(ShardAssignment, ALargeGroupKeepsItsShardAndTheRestIsBalanced) {
   for (int shards : {2, 3, 4}) {
     const std::vector<int> owner = assign_shards(m, shards);
     ASSERT_EQ(owner.size(), m.groups.size());
-    for (size_t g = 1; g < owner.size(); ++g) EXPECT_NE(owner[g], owner[0]) << "group " << g << ", " << shards << " shards";
+    for (size_t g = 1; g < owner.size(); ++g)
+      EXPECT_NE(owner[g], owner[0]) << "group " << g << ", " << shards << " shards";
     std::vector<int64_t> load(size_t(shards), 0);
     for (size_t g = 0; g < owner.size(); ++g) load[size_t(owner[g])] += m.groups[g].numel;
     int64_t lo = INT64_MAX, hi = 0, largest = 0;

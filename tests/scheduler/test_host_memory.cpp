@@ -49,11 +49,12 @@ TEST(HostMemory, LoraAndAFourBitBaseShrinkTheWeights) {
   lora.lora_r = 16;
   HostRun nf4 = lora;
   nf4.frozen = WeightFormat::nf4;
-  const HostMemoryNeed f = host_memory_need(c, full), l = host_memory_need(c, lora), q = host_memory_need(c, nf4);
+  const HostMemoryNeed f = host_memory_need(c, full), l = host_memory_need(c, lora),
+                       q = host_memory_need(c, nf4);
   EXPECT_EQ(l.frozen_params, c.num_parameters());  // the whole base, the adapters on top
   EXPECT_LT(l.trainable_params, c.num_parameters() / 50);
   EXPECT_NEAR(l.frozen, 2.0 * double(c.num_parameters()), 0.01 * double(c.num_parameters()));  // bf16 base
-  EXPECT_LT(q.frozen, 0.3 * l.frozen);                                                          // 0.5625 B/value
+  EXPECT_LT(q.frozen, 0.3 * l.frozen);  // 0.5625 B/value
   EXPECT_LT(q.total(), l.total());
   EXPECT_LT(l.total(), f.total());
   EXPECT_EQ(l.activations, f.activations);

@@ -3,8 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <cstdio>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <map>
 #include <random>
@@ -49,8 +49,8 @@ Instance random_instance(uint32_t seed) {
   in.opt.weight_buffers = ival(1, 2);
   in.opt.act_slots = ival(1, 2);
   switch (seed % 4) {
-    case 0: in.opt.memory_cap = 0; break;                  // unlimited
-    case 1: in.opt.memory_cap = ival(1500, 6000); break;   // binding, sometimes infeasible
+    case 0: in.opt.memory_cap = 0; break;                 // unlimited
+    case 1: in.opt.memory_cap = ival(1500, 6000); break;  // binding, sometimes infeasible
     default: in.opt.memory_cap = ival(3000, 12000); break;
   }
   // PCIe: free, comparable to compute, or dominant
@@ -230,15 +230,18 @@ TEST(Partition, InvalidExplicitPlansAreRejectedWithTheReason) {
   expect_reason({{"backward_layers", 7}, {"tail_decoders", 2}}, "key 'backward_layers': expected 1..5");
   EXPECT_THROW(make_default_plan(8, -1), std::invalid_argument);  // negative workers used to plan as 1
   // integers beyond int used to wrap around (4294967300 -> 4, 4294967298 -> 2)
-  expect_reason({{"forward", {{0, 4294967300LL}}}, {"tail", {6, 7}}, {"backward", {{5, 0}}}}, "pair of layer indices");
+  expect_reason({{"forward", {{0, 4294967300LL}}}, {"tail", {6, 7}}, {"backward", {{5, 0}}}},
+                "pair of layer indices");
   expect_reason({{"forward_layers", 4294967298LL}}, "key 'forward_layers': expected an integer");
   // a uniform-plan key next to explicit stages used to be ignored
   expect_reason({{"forward_layers", 2}, {"forward", {{0, 5}}}, {"tail", {6, 7}}, {"backward", {{5, 0}}}},
                 "key 'forward_layers' does not go with explicit");
-  expect_reason({{"forward", {{-4294967296LL, 5}}}, {"tail", {6, 7}}, {"backward", {{5, 0}}}}, "pair of layer indices");
+  expect_reason({{"forward", {{-4294967296LL, 5}}}, {"tail", {6, 7}}, {"backward", {{5, 0}}}},
+                "pair of layer indices");
   // well-formed but over the memory cap: the stage and the cap are named
   o.memory_cap = 600;  // the forward stage's working set: 600 B of weights and 6 outputs of 10 B
-  expect_reason({{"forward", {{0, 5}}}, {"tail", {6, 7}}, {"backward", {{5, 0}}}}, "forward stage 0 (layers 0-5)");
+  expect_reason({{"forward", {{0, 5}}}, {"tail", {6, 7}}, {"backward", {{5, 0}}}},
+                "forward stage 0 (layers 0-5)");
   // a plan for another model
   o.memory_cap = 0;
   IterationPlan p = make_uniform_plan(10, 2, 1);
@@ -294,8 +297,9 @@ TEST(Partition, BackwardStagesUploadNoEmbeddingWeights) {
             estimate_stage(costs, {StageKind::forward, 0, 0}, o).memory_bytes);
   const double act_up_s = double(o.micro_batches) * double(b0.act_up_bytes) / o.pcie_bandwidth;
   EXPECT_DOUBLE_EQ(b0.upload_seconds, act_up_s);
-  EXPECT_DOUBLE_EQ(with0.upload_seconds - without0.upload_seconds,
-                   double(o.micro_batches) * double(with0.act_up_bytes - without0.act_up_bytes) / o.pcie_bandwidth);
+  EXPECT_DOUBLE_EQ(
+      with0.upload_seconds - without0.upload_seconds,
+      double(o.micro_batches) * double(with0.act_up_bytes - without0.act_up_bytes) / o.pcie_bandwidth);
   // the forward stage and a whole-model tail run the embedding's forward: they upload it
   EXPECT_EQ(estimate_stage(costs, {StageKind::forward, 0, 3}, o).weight_bytes, w13 + 5000);
   EXPECT_GE(estimate_stage(costs, {StageKind::tail, 0, 5}, o).weight_bytes, w13 + 5000);

@@ -86,7 +86,7 @@ TEST(Profile, ApplyReplacesAndCalibrates) {
   p.record_memory(1, -1, -1, 50);  // scratch keeps the max
   auto c = p.apply(analytic);
   EXPECT_DOUBLE_EQ(c[1].fwd, 2.0);
-  EXPECT_DOUBLE_EQ(c[1].bwd, 6.0);              // backward + recompute
+  EXPECT_DOUBLE_EQ(c[1].bwd, 6.0);               // backward + recompute
   EXPECT_DOUBLE_EQ(c[1].tail, 4.0 * 8.0 / 4.0);  // scaled like fwd + bwd
   EXPECT_EQ(c[1].weight_bytes, 11);
   EXPECT_EQ(c[1].grad_bytes, 22);

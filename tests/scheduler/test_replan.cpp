@@ -111,11 +111,13 @@ TEST(Replanner, NoisyTimingsDecideAfterMaxSamples) {
   int i = 0;
   auto noisy = [&](double base) { return (i % 2 ? 3 : 1) * base; };
   for (; i < 12; ++i) {
-    feed(r.profile(), 1, [&](int) { return noisy(1e-3); }, [&](int) { return noisy(3e-3); }, noisy(5e-3));
+    feed(
+        r.profile(), 1, [&](int) { return noisy(1e-3); }, [&](int) { return noisy(3e-3); }, noisy(5e-3));
     EXPECT_FALSE(r.poll(initial, i).has_value()) << "decided after " << i + 1 << " samples";
   }
   EXPECT_FALSE(r.profile().settled(ro.settle_rel_tol, ro.settle_min_samples));
-  feed(r.profile(), 1, [&](int) { return noisy(1e-3); }, [&](int) { return noisy(3e-3); }, noisy(5e-3));
+  feed(
+      r.profile(), 1, [&](int) { return noisy(1e-3); }, [&](int) { return noisy(3e-3); }, noisy(5e-3));
   auto d = r.poll(initial, 12);  // 13 samples seen, 12 kept
   ASSERT_TRUE(d.has_value());
   EXPECT_NE(d->line().find("12 samples per series"), std::string::npos) << d->line();
@@ -127,8 +129,9 @@ TEST(Replanner, KeepsThePlanWhenMeasurementsConfirmTheEstimate) {
   const IterationPlan initial = automatic_partition(analytic, po).plan;
   Replanner r = make(true, initial);
   // measured = 2x analytic everywhere: same ratios, same best plan
-  feed(r.profile(), 5, [&](int l) { return 2 * analytic[size_t(l)].fwd; },
-       [&](int l) { return 2 * analytic[size_t(l)].bwd; }, 2 * analytic.back().tail);
+  feed(
+      r.profile(), 5, [&](int l) { return 2 * analytic[size_t(l)].fwd; },
+      [&](int l) { return 2 * analytic[size_t(l)].bwd; }, 2 * analytic.back().tail);
   auto d = r.poll(initial, 3);
   ASSERT_TRUE(d.has_value());
   EXPECT_FALSE(d->changed);
@@ -144,7 +147,8 @@ TEST(Replanner, ExplicitPlansAreNeverChanged) {
     called = true;
     return make_uniform_plan(kLayers, 3, 2, 1);
   });
-  feed(r.profile(), 6, [](int) { return 1e-3; }, [](int) { return 3e-3; }, 5e-3);
+  feed(
+      r.profile(), 6, [](int) { return 1e-3; }, [](int) { return 3e-3; }, 5e-3);
   ASSERT_TRUE(r.profile().settled());
   EXPECT_FALSE(r.poll(explicit_plan, 5).has_value());
   EXPECT_FALSE(called);
@@ -155,7 +159,8 @@ TEST(Replanner, APlannerHookIsValidatedAndAFailureKeepsThePlan) {
   const IterationPlan initial = make_uniform_plan(kLayers, 2, 1, 0);
   Replanner r = make(true, initial);
   r.set_planner([](const std::vector<LayerCost>&) { return make_uniform_plan(kLayers + 1, 2, 1, 0); });
-  feed(r.profile(), 5, [](int) { return 1e-3; }, [](int) { return 3e-3; }, 5e-3);
+  feed(
+      r.profile(), 5, [](int) { return 1e-3; }, [](int) { return 3e-3; }, 5e-3);
   auto d = r.poll(initial, 2);
   ASSERT_TRUE(d.has_value());
   EXPECT_FALSE(d->changed);
@@ -166,7 +171,8 @@ TEST(Replanner, APlannerHookIsValidatedAndAFailureKeepsThePlan) {
   Replanner r2 = make(true, initial);
   const IterationPlan forced = make_uniform_plan(kLayers, 3, 2, 1);
   r2.set_planner([&](const std::vector<LayerCost>&) { return forced; });
-  feed(r2.profile(), 5, [](int) { return 1e-3; }, [](int) { return 3e-3; }, 5e-3);
+  feed(
+      r2.profile(), 5, [](int) { return 1e-3; }, [](int) { return 3e-3; }, 5e-3);
   auto d2 = r2.poll(initial, 2);
   ASSERT_TRUE(d2.has_value());
   EXPECT_TRUE(d2->changed);
@@ -191,13 +197,15 @@ TEST(AutomaticPartition, FallsBackToSingleBufferedWeights) {
     for (StageKind k : {StageKind::forward, StageKind::backward}) {
       if (l == kLayers - 1) k = StageKind::tail;
       PartitionOptions o = po;
-      need2 = std::max(need2, estimate_stage(costs, Stage{k, l, k == StageKind::tail ? kLayers - 1 : l}, o).memory_bytes);
+      need2 = std::max(
+          need2, estimate_stage(costs, Stage{k, l, k == StageKind::tail ? kLayers - 1 : l}, o).memory_bytes);
     }
   PartitionOptions tight = po;
   tight.memory_cap = need2 - (1 << 20) / 2;  // half a layer's weights short
   const PartitionResult one = automatic_partition(costs, tight);
   EXPECT_EQ(tight.weight_buffers, 1);
-  for (auto& s : one.stages) EXPECT_LE(s.memory_bytes, tight.memory_cap) << s.stage.first << "-" << s.stage.last;
+  for (auto& s : one.stages)
+    EXPECT_LE(s.memory_bytes, tight.memory_cap) << s.stage.first << "-" << s.stage.last;
   PartitionOptions impossible = po;
   impossible.memory_cap = 1 << 16;
   EXPECT_THROW(automatic_partition(costs, impossible), std::runtime_error);

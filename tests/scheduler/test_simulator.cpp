@@ -149,7 +149,9 @@ TEST(Simulator, TimelineFollowsTheWorkersPerMicroBatchRules) {
       for (int64_t m = 0; m < M; ++m) {
         const auto up = get(t, s, m, SimInterval::act_up), comp = get(t, s, m, SimInterval::compute);
         EXPECT_GE(comp.first, up.second - 1e-12);
-        if (s > 0) { EXPECT_GE(up.first, get(t, s - 1, m, SimInterval::act_down).second - 1e-12); }
+        if (s > 0) {
+          EXPECT_GE(up.first, get(t, s - 1, m, SimInterval::act_down).second - 1e-12);
+        }
         if (m >= 2) {
           EXPECT_GE(up.first, get(t, s, m - 2, SimInterval::compute).second - 1e-12);
           EXPECT_GE(comp.first, get(t, s, m - 2, SimInterval::act_down).second - 1e-12);
@@ -179,7 +181,7 @@ TEST(Simulator, ParameterPrefetchFillsGaps) {
   o.bandwidth = StreamBandwidths::uniform(100);
   const double prefetch = simulate(plan_with_stages(S), costs, o).iteration_seconds;
   EXPECT_NEAR(prefetch, 4.0 * S / N, 1e-9);  // 2 s uploads hide behind 4 s tasks
-  o.weight_buffers = 1;  // upload only after the previous task finished
+  o.weight_buffers = 1;                      // upload only after the previous task finished
   const double serial = simulate(plan_with_stages(S), costs, o).iteration_seconds;
   EXPECT_GT(serial, prefetch + 1.0);
 }
@@ -208,7 +210,8 @@ TEST(Simulator, PredictionAndTrace) {
   o.iterations = 5;
   o.gpus = 3;
   o.micro_batches = 6;
-  EXPECT_DOUBLE_EQ(predict_iteration_seconds(plan, costs, 3, 6, o), simulate(plan, costs, o).iteration_seconds);
+  EXPECT_DOUBLE_EQ(predict_iteration_seconds(plan, costs, 3, 6, o),
+                   simulate(plan, costs, o).iteration_seconds);
   o.record_timeline = true;
   o.iterations = 2;
   SimResult r = simulate(plan, costs, o);

@@ -20,7 +20,8 @@ StageEstimate stage(int64_t work, int64_t weights, int64_t retained, int64_t slo
 }
 
 TEST(StagePeak, AddsTheRetiredOutputsAndTheNextWeights) {
-  // F T B B: stage 3 (B) follows stage 2 (retains 40) and precedes stage 0 of the next iteration (weights 300)
+  // F T B B: stage 3 (B) follows stage 2 (retains 40) and precedes stage 0 of the next iteration (weights
+  // 300)
   const std::vector<StageEstimate> s = {stage(500, 100, 200), stage(400, 50, 10), stage(900, 20, 40),
                                         stage(950, 30, 0)};
   PartitionOptions o;
@@ -63,7 +64,8 @@ TEST(StagePeak, WeightlessNextTaskIsAllocatedAheadWithTheWeightsAfterIt) {
 
 TEST(StagePeak, EarlyStartHandsASlotToTheNextTask) {
   // M = 2: stage 0 computes its last micro-batch with one slot (150) the next task's (400)
-  const std::vector<StageEstimate> s = {stage(1000, 100, 0, 150), stage(600, 50, 0, 400), stage(300, 10, 0, 50)};
+  const std::vector<StageEstimate> s = {stage(1000, 100, 0, 150), stage(600, 50, 0, 400),
+                                        stage(300, 10, 0, 50)};
   PartitionOptions o;
   o.gpus = 1;
   o.micro_batches = 2;

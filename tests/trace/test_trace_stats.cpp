@@ -29,8 +29,8 @@ json copy(double bytes, double queued_ms) { return {{"bytes", bytes}, {"queued_u
 // 1 ms; grad_down [81,91] 5 MB. worker1: compute [20,70]. A task slice spans [0,100].
 json synthetic() {
   json ev = json::array();
-  const char* tracks[] = {"worker0.compute", "worker0.act_up", "worker0.param_up", "worker0.act_down",
-                          "worker0.grad_down", "worker0.tasks", "worker1.compute"};
+  const char* tracks[] = {"worker0.compute",   "worker0.act_up", "worker0.param_up", "worker0.act_down",
+                          "worker0.grad_down", "worker0.tasks",  "worker1.compute"};
   for (int i = 0; i < 7; ++i) ev.push_back(meta(i + 1, tracks[i]));
   ev.push_back(X(6, "forward stage 0 (pass 0)", 0, 100));
   ev.push_back(X(1, "F0 L0-1 mb0 (pass 0)", 10, 30));
@@ -104,16 +104,16 @@ TEST(TraceStats, SkippingPassesAndGivenBandwidths) {
   EXPECT_EQ(s[0].streams.at("grad_down").copies, 1u);
   EXPECT_EQ(s[0].streams.at("param_up").copies, 0u);
   EXPECT_NEAR(s[0].streams.at("param_up").busy_s, 0.0, 1e-12);
-  EXPECT_NEAR(s[0].chunk_s, 0.004, 1e-9);   // 4 MB at the given 1 GB/s
+  EXPECT_NEAR(s[0].chunk_s, 0.004, 1e-9);         // 4 MB at the given 1 GB/s
   EXPECT_NEAR(s[1].compute_busy_s, 0.010, 1e-9);  // [60,70]
   // a given reference chunk replaces the largest parameter copy; waits are counted against it
   o.skip_passes = 0;
   o.h2d_bytes_per_s = 0;
   o.chunk_bytes = 2e6;
   s = trace_stats(t, o);
-  EXPECT_NEAR(s[0].chunk_s, 0.004, 1e-9);  // 2 MB at the estimated 0.5 GB/s
+  EXPECT_NEAR(s[0].chunk_s, 0.004, 1e-9);       // 2 MB at the estimated 0.5 GB/s
   EXPECT_EQ(s[0].act_up_waits_over_chunk, 1u);  // 9 ms > 4 ms; the zero waits are not
-  o.chunk_bytes = 5e6;  // 10 ms: the 9 ms wait is within one chunk
+  o.chunk_bytes = 5e6;                          // 10 ms: the 9 ms wait is within one chunk
   EXPECT_EQ(trace_stats(t, o)[0].act_up_waits_over_chunk, 0u);
 }
 
@@ -142,7 +142,8 @@ TEST(TraceStats, ReadsWhatTheTracerWrites) {
   tr.interval("worker0.act_up", "copy 100 B", 1.0, 1.25, {{"bytes", 100}, {"queued_us", 250000}});
   auto path = std::filesystem::temp_directory_path() / "rp_trace_stats_roundtrip.json";
   tr.write(path.string());
-  EXPECT_TRUE(check_trace_nesting_file(path.string()).ok()) << check_trace_nesting_file(path.string()).summary();
+  EXPECT_TRUE(check_trace_nesting_file(path.string()).ok())
+      << check_trace_nesting_file(path.string()).summary();
   Trace t = read_trace(path.string());
   std::filesystem::remove(path);
   ASSERT_EQ(t.slices.size(), 2u);

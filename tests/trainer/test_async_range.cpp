@@ -21,7 +21,7 @@ std::string lr_key(double lr) { return ", \"optimizer\": {\"lr\": " + nlohmann::
 
 TEST(AsyncLrRange, WarnsOnceAboveTheFullFineTuningRange) {
   const double max_lr = rp::kAsyncLrFullFineTuning.max_peak_lr;
-  EXPECT_FALSE(rp::async_lr_warning(parse(lr_key(max_lr))));         // the edge is inside
+  EXPECT_FALSE(rp::async_lr_warning(parse(lr_key(max_lr))));  // the edge is inside
   EXPECT_FALSE(rp::async_lr_warning(parse(lr_key(max_lr * 0.1))));
   const auto w = rp::async_lr_warning(parse(lr_key(max_lr * 3.34)));
   ASSERT_TRUE(w);
@@ -42,7 +42,8 @@ TEST(AsyncLrRange, ThePeakOfTheScheduleCountsNotItsFloor) {
   const double max_lr = rp::kAsyncLrFullFineTuning.max_peak_lr;
   // the schedule's own lr is the peak; optimizer.lr is then ignored by the run
   const std::string sched = ", \"lr_schedule\": {\"kind\": \"cosine\", \"warmup_steps\": 5, \"lr\": " +
-                            nlohmann::json(max_lr * 10).dump() + ", \"min_lr\": " + nlohmann::json(max_lr / 10).dump() + "}";
+                            nlohmann::json(max_lr * 10).dump() +
+                            ", \"min_lr\": " + nlohmann::json(max_lr / 10).dump() + "}";
   EXPECT_TRUE(rp::async_lr_warning(parse(lr_key(max_lr / 10) + sched)));
 }
 
@@ -76,9 +77,10 @@ TEST(AsyncCompensation, SpecKeyIsReadAndChecked) {
   EXPECT_EQ(parse(", \"async_compensation\": \"predict\"").async_compensation, "predict");
   EXPECT_EQ(spec_error(", \"async_compensation\": \"delay\""),
             "s.json: key 'async_compensation': expected \"none\" or \"predict\", got \"delay\"");
-  EXPECT_EQ(spec_error(", \"async\": false, \"async_compensation\": \"predict\""),
-            "s.json: key 'async_compensation': expected \"none\" with \"async\": false (it compensates the async "
-            "optimizer's staleness), got \"predict\"");
+  EXPECT_EQ(
+      spec_error(", \"async\": false, \"async_compensation\": \"predict\""),
+      "s.json: key 'async_compensation': expected \"none\" with \"async\": false (it compensates the async "
+      "optimizer's staleness), got \"predict\"");
   EXPECT_EQ(spec_error(", \"async\": false, \"async_compensation\": \"none\""), "ok");
   // a spec built in code gets the same check
   rp::TrainSpec s = parse("");

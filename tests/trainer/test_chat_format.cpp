@@ -2,8 +2,8 @@
 // hand-written family as fallback or when named, and tool conversations reaching the data.
 #include <gtest/gtest.h>
 
-#include "roundpipe/data.hpp"
 #include "roundpipe/checkpoint.hpp"
+#include "roundpipe/data.hpp"
 #include "tests/cli/cli_util.hpp"
 
 using namespace rp::clitest;
@@ -12,7 +12,8 @@ namespace {
 
 // SmolLM2-Instruct's template (tests/fixtures/chat_templates), which renders any role
 const char* kChatML =
-    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ "
+    "'<|im_start|>system\n"
     "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}"
     "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
@@ -35,8 +36,7 @@ TEST(ChatFormat, TheModelsOwnTemplateByDefaultHandWrittenAsFallback) {
     rp::TokenStream::chat_template_for(lm, "jinja");
     ADD_FAILURE() << "accepted";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("unsupported statement 'include'"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("unsupported statement 'include'"), std::string::npos) << e.what();
   }
   fs::remove_all(d);
 }
@@ -46,9 +46,12 @@ TEST(ChatFormat, ToolConversationsTrainThroughTheModelsTemplate) {
   rp::LoadedModel lm = rp::load_model(tiny_model(d).string());
   lm.chat_template = kChatML;
   write(d / "tools.jsonl",
-        "{\"messages\": [{\"role\": \"user\", \"content\": \"weather?\"}, {\"role\": \"assistant\", \"content\": "
-        "\"call\", \"tool_calls\": [{\"type\": \"function\", \"function\": {\"name\": \"w\", \"arguments\": {}}}]}, "
-        "{\"role\": \"tool\", \"content\": \"sunny\"}, {\"role\": \"assistant\", \"content\": \"It is sunny.\"}], "
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"weather?\"}, {\"role\": \"assistant\", "
+        "\"content\": "
+        "\"call\", \"tool_calls\": [{\"type\": \"function\", \"function\": {\"name\": \"w\", \"arguments\": "
+        "{}}}]}, "
+        "{\"role\": \"tool\", \"content\": \"sunny\"}, {\"role\": \"assistant\", \"content\": \"It is "
+        "sunny.\"}], "
         "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"w\"}}]}\n");
   rp::TokenStreamOptions o;
   o.seq_len = 512;
@@ -84,12 +87,15 @@ TEST(JinjaTemplateFile, ErrorsNameTheFileTheTemplateCameFrom) {
     }
     return std::string("accepted");
   };
-  EXPECT_NE(error_of().find("tokenizer_config.json key 'chat_template'" + at + "unsupported statement 'include'"),
-            std::string::npos)
+  EXPECT_NE(
+      error_of().find("tokenizer_config.json key 'chat_template'" + at + "unsupported statement 'include'"),
+      std::string::npos)
       << error_of();
   tc.erase("chat_template");
   write(model / "tokenizer_config.json", tc.dump());
   write(model / "chat_template.jinja", bad);
-  EXPECT_NE(error_of().find("chat_template.jinja" + at + "unsupported statement 'include'"), std::string::npos) << error_of();
+  EXPECT_NE(error_of().find("chat_template.jinja" + at + "unsupported statement 'include'"),
+            std::string::npos)
+      << error_of();
   fs::remove_all(d);
 }

@@ -37,7 +37,8 @@ rp::TrainSpec spec_with(const std::string& data) {
 void write_lines(const fs::path& f, const std::string& word, int n) {
   std::string text;
   for (int i = 0; i < n; ++i)
-    text += "{\"prompt\": \"q" + std::to_string(i) + "\", \"completion\": \" " + word + std::to_string(i) + "\"}\n";
+    text += "{\"prompt\": \"q" + std::to_string(i) + "\", \"completion\": \" " + word + std::to_string(i) +
+            "\"}\n";
   write(f, text);
 }
 }  // namespace
@@ -54,9 +55,11 @@ TEST(DataMixture, SpecListsFilesAndWeights) {
   const rp::TrainSpec one = spec_with(R"([{"path": "a.jsonl", "weight": 2}])");
   EXPECT_TRUE(one.data_mixture.empty());
   EXPECT_EQ(one.data, "a.jsonl");
-  EXPECT_NE(spec_error(R"(["a.jsonl", {"path": "b", "weight": 0}])").find("key 'data[1].weight': expected a number > 0"),
+  EXPECT_NE(spec_error(R"(["a.jsonl", {"path": "b", "weight": 0}])")
+                .find("key 'data[1].weight': expected a number > 0"),
             std::string::npos);
-  EXPECT_NE(spec_error(R"(["a.jsonl", 3])").find("key 'data[1]': expected a file name or a {\"path\", \"weight\"} object"),
+  EXPECT_NE(spec_error(R"(["a.jsonl", 3])")
+                .find("key 'data[1]': expected a file name or a {\"path\", \"weight\"} object"),
             std::string::npos);
   EXPECT_NE(spec_error(R"([{"path": "a", "wieght": 2}])").find("data[0].wieght"), std::string::npos);
   EXPECT_NE(spec_error("[]").find("key 'data'"), std::string::npos);
@@ -77,9 +80,10 @@ TEST(DataMixture, EvalDataListsFilesWithoutWeights) {
     rp::load_spec(p.string());
     ADD_FAILURE() << "a weight on an evaluation file was accepted";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("key 'eval_data[0].weight': expected nothing: every evaluation file is "
-                                         "evaluated whole"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("key 'eval_data[0].weight': expected nothing: every evaluation file is "
+                                   "evaluated whole"),
+        std::string::npos)
         << e.what();
   }
   fs::remove(p);

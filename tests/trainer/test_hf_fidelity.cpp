@@ -174,21 +174,22 @@ TEST(HfFidelity, SyncTrainingTracksTransformersAndTorchAdamW) {
     // step to an absolute bound.
     for (int64_t t = 0; t < f.steps; ++t) {
       const double ref = f.losses[size_t(t)];
-      if (t < kExactSteps)
-        EXPECT_NEAR(sync[size_t(t)], ref, 0.005 * ref) << "step " << t + 1;
-      else
-        EXPECT_NEAR(sync[size_t(t)], ref, 0.03) << "step " << t + 1;
+      if (t < kExactSteps) EXPECT_NEAR(sync[size_t(t)], ref, 0.005 * ref) << "step " << t + 1;
+      else EXPECT_NEAR(sync[size_t(t)], ref, 0.03) << "step " << t + 1;
     }
     for (int64_t w0 = kExactSteps; w0 + kWindow <= f.steps; w0 += kWindow) {
       double a = 0, b = 0;
       for (int64_t t = w0; t < w0 + kWindow; ++t) a += sync[size_t(t)], b += f.losses[size_t(t)];
-      EXPECT_NEAR(a / kWindow, b / kWindow, 0.05 * b / kWindow) << "mean loss of steps " << w0 + 1 << "-" << w0 + kWindow;
+      EXPECT_NEAR(a / kWindow, b / kWindow, 0.05 * b / kWindow)
+          << "mean loss of steps " << w0 + 1 << "-" << w0 + kWindow;
     }
     const Gap g = gap(sync, f.losses);
-    std::printf("[fidelity] sync vs transformers over %lld steps: largest gap %.3f%% (step %lld), largest absolute gap "
-                "%.4f nats (step %lld), final loss %.4f vs %.4f\n",
-                (long long)f.steps, 100 * g.max_rel, (long long)g.worst_step, g.max_abs, (long long)g.worst_abs_step,
-                sync.back(), f.losses.back());
+    std::printf(
+        "[fidelity] sync vs transformers over %lld steps: largest gap %.3f%% (step %lld), largest absolute "
+        "gap "
+        "%.4f nats (step %lld), final loss %.4f vs %.4f\n",
+        (long long)f.steps, 100 * g.max_rel, (long long)g.worst_step, g.max_abs, (long long)g.worst_abs_step,
+        sync.back(), f.losses.back());
   }
   if (measure_async) {
     const std::vector<double> async = train(lm, f, true);

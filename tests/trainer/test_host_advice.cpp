@@ -31,7 +31,8 @@ TEST(HostAdvice, TrainWarnsWithThePlannersNumbersWhenTheRunIsOverTheMachine) {
   HostRun run;
   run.seq_len = 1024, run.micro_batches = 2, run.workers = 8, run.saved_attention = false;
   const double small = host_memory_need(layout, run).total();
-  if (small > kHostHeadroom * total) GTEST_SKIP() << "this machine has less than " << byte_text(small / kHostHeadroom);
+  if (small > kHostHeadroom * total)
+    GTEST_SKIP() << "this machine has less than " << byte_text(small / kHostHeadroom);
   EXPECT_EQ(warn_host_memory(spec, layout), "");
   // the same model with as many 64K-token sequences per pass as it takes to be over the machine
   spec.seq_len = run.seq_len = 65536;
@@ -46,7 +47,8 @@ TEST(HostAdvice, TrainWarnsWithThePlannersNumbersWhenTheRunIsOverTheMachine) {
   const auto changes = host_memory_alternatives(c, run, total);
   ASSERT_FALSE(changes.empty());
   for (const HostMemoryChange& ch : changes)
-    EXPECT_NE(text.find(ch.what + ": needs " + byte_text(ch.need)), std::string::npos) << ch.what << "\n" << text;
+    EXPECT_NE(text.find(ch.what + ": needs " + byte_text(ch.need)), std::string::npos) << ch.what << "\n"
+                                                                                       << text;
 }
 
 }  // namespace

@@ -25,7 +25,8 @@ void check_run_weights(bool moe, rp::WeightFormat f) {
   rp::LoraConfig l;
   l.r = 4;
   // a MoE layer's experts take no adapters
-  l.target_modules = moe ? std::vector<std::string>{"q_proj", "o_proj"} : std::vector<std::string>{"q_proj", "down_proj"};
+  l.target_modules =
+      moe ? std::vector<std::string>{"q_proj", "o_proj"} : std::vector<std::string>{"q_proj", "down_proj"};
   l.modules_to_save = {"lm_head"};  // tied: the embedding group trains in fp32
   l.base_format = f;
   l.seed = 3;
@@ -58,7 +59,8 @@ void check_run_weights(bool moe, rp::WeightFormat f) {
 }
 
 TEST(LoraSetup, DenseBaseMatchesEagerLoad) {
-  for (auto f : {rp::WeightFormat::bf16, rp::WeightFormat::f32, rp::WeightFormat::q8_0, rp::WeightFormat::nf4})
+  for (auto f :
+       {rp::WeightFormat::bf16, rp::WeightFormat::f32, rp::WeightFormat::q8_0, rp::WeightFormat::nf4})
     check_run_weights(false, f);
 }
 

@@ -29,14 +29,16 @@ const char* kData =
     "void; and darkness was upon the face of the deep.\"}\n"
     "{\"prompt\": \"Say hi\", \"completion\": \" hi there\"}\n";
 
-rp::TrainSpec f16_spec(const fs::path& d, int64_t steps, const std::string& loss_scaling, const std::string& extra = "") {
+rp::TrainSpec f16_spec(const fs::path& d, int64_t steps, const std::string& loss_scaling,
+                       const std::string& extra = "") {
   write(d / "data.jsonl", kData);
-  const std::string s = "{\"model\": \"" + tiny_model(d).string() + "\", \"data\": \"" + (d / "data.jsonl").string() +
-                        "\", \"output_dir\": \"" + (d / "run").string() +
-                        "\", \"seq_len\": 16, \"sequences_per_step\": 2, \"micro_batches\": 2, \"steps\": " +
-                        std::to_string(steps) +
-                        ", \"backend\": \"cuda\", \"workers\": 2, \"compute_dtype\": \"f16\", \"loss_scaling\": " +
-                        loss_scaling + extra + "}";
+  const std::string s =
+      "{\"model\": \"" + tiny_model(d).string() + "\", \"data\": \"" + (d / "data.jsonl").string() +
+      "\", \"output_dir\": \"" + (d / "run").string() +
+      "\", \"seq_len\": 16, \"sequences_per_step\": 2, \"micro_batches\": 2, \"steps\": " +
+      std::to_string(steps) +
+      ", \"backend\": \"cuda\", \"workers\": 2, \"compute_dtype\": \"f16\", \"loss_scaling\": " +
+      loss_scaling + extra + "}";
   return rp::spec_from_json(nlohmann::json::parse(s), "f16.json");
 }
 
@@ -86,13 +88,15 @@ TEST(LossScalingCudaTrainer, TooManyOverflowsInARowStopTheRun) {
                                      std::string(", \"max_skipped_steps\": 3, \"async\": ") + async);
     std::vector<rp::StepReport> seen;
     const std::string e = diverged(s, &seen);
-    EXPECT_NE(e.find("step 3: 3 steps in a row were skipped (overflowing gradients, loss scale"), std::string::npos)
+    EXPECT_NE(e.find("step 3: 3 steps in a row were skipped (overflowing gradients, loss scale"),
+              std::string::npos)
         << async << ": " << e;
     ASSERT_EQ(seen.size(), 3u) << async;
     for (size_t k = 0; k < seen.size(); ++k) {
       EXPECT_TRUE(seen[k].skipped) << async << " step " << k + 1;
       EXPECT_FALSE(std::isfinite(seen[k].grad_norm)) << async << " step " << k + 1;
-      if (k > 0) EXPECT_LE(seen[k].loss_scale, seen[k - 1].loss_scale) << async << ": the scale only backs off";
+      if (k > 0)
+        EXPECT_LE(seen[k].loss_scale, seen[k - 1].loss_scale) << async << ": the scale only backs off";
     }
     // each overflow halves the scale; a step uses the scale decided one step (sync) or two
     // steps (async) before it
@@ -104,8 +108,9 @@ TEST(LossScalingCudaTrainer, TooManyOverflowsInARowStopTheRun) {
 TEST(LossScalingCudaTrainer, OverflowingStepsAreSkippedAndTheRunFinishes) {
   if (rp::cuda_device_count() == 0) GTEST_SKIP() << kNoGpu;
   auto d = tmpdir();
-  const rp::TrainSpec s = f16_spec(d, 8, "{\"init_scale\": 1099511627776, \"backoff_factor\": 9.313225746154785e-10}",
-                                   ", \"max_skipped_steps\": 3");  // async: the first 2 steps overflow
+  const rp::TrainSpec s =
+      f16_spec(d, 8, "{\"init_scale\": 1099511627776, \"backoff_factor\": 9.313225746154785e-10}",
+               ", \"max_skipped_steps\": 3");  // async: the first 2 steps overflow
   std::vector<rp::StepReport> seen;
   rp::TrainerCallbacks cb;
   cb.on_step = [&](const rp::StepReport& r) { seen.push_back(r); };

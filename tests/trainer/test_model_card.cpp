@@ -4,8 +4,8 @@
 
 #include <fstream>
 
-#include "tests/cli/cli_util.hpp"
 #include "base/output_folder.hpp"
+#include "tests/cli/cli_util.hpp"
 #include "trainer/model_card.hpp"
 
 namespace {
@@ -48,11 +48,13 @@ TEST(ModelCard, NamesTheBaseDataHyperparametersAndLosses) {
   l.target_modules = {"q_proj", "v_proj"};
   spec.lora = l;
   const std::string card = rp::model_card_text(facts(spec));
-  EXPECT_EQ(card.rfind("---\nlibrary_name: peft\nbase_model: \"HuggingFaceTB/SmolLM2-135M\"\n", 0), 0u) << card;
-  for (const char* want : {"- lora\n", "`/models/smol.gguf`", "(18 bytes)", "lr 0.002", "cosine, warmup 3 steps",
-                           "rank 16, alpha 32", "targets [q_proj, v_proj]", "| train (step 20) | 0.8231 |",
-                           "| eval (after step 20) | 2.2500 (perplexity 9.49) |", "RoundPipe C++ 9.9.9",
-                           "steps: 20 of 20 (0.5 epochs of 160 training sequences)"})
+  EXPECT_EQ(card.rfind("---\nlibrary_name: peft\nbase_model: \"HuggingFaceTB/SmolLM2-135M\"\n", 0), 0u)
+      << card;
+  for (const char* want :
+       {"- lora\n", "`/models/smol.gguf`", "(18 bytes)", "lr 0.002", "cosine, warmup 3 steps",
+        "rank 16, alpha 32", "targets [q_proj, v_proj]", "| train (step 20) | 0.8231 |",
+        "| eval (after step 20) | 2.2500 (perplexity 9.49) |", "RoundPipe C++ 9.9.9",
+        "steps: 20 of 20 (0.5 epochs of 160 training sequences)"})
     EXPECT_NE(card.find(want), std::string::npos) << want << "\n" << card;
   EXPECT_EQ(card.find("http"), std::string::npos) << "the card links outside: " << card;
   // no id known: no base_model key (the hub needs an id there), the local file still named
@@ -86,7 +88,8 @@ TEST(ModelCard, OnlyAnUneditedCardOfOursIsReplaced) {
   EXPECT_EQ(read(d / "new2/README.md"), card + "x");
   // an edited card, a user's own README, or any README no manifest proves ours is not written
   // over: the card is left out (replace_folder keeps the user's file, unlisted)
-  for (const std::string& user : {card.substr(0, 10) + "my words" + card.substr(10), std::string("# my model\n")}) {
+  for (const std::string& user :
+       {card.substr(0, 10) + "my words" + card.substr(10), std::string("# my model\n")}) {
     write(d / "old/README.md", user);
     EXPECT_FALSE(rp::is_roundpipe_model_card((d / "old/README.md").string()));
     fs::remove_all(d / "new3");

@@ -73,8 +73,9 @@ TEST(OutputSafety, AnOutputFolderHoldingOrInsideAnInputIsRefused) {
   rp::TrainSpec again = spec_into(d, d / "runs/x", 1);
   again.model = (d / "runs/x/final").string();
   again.overwrite_output_dir = true;
-  expect_refused(again, "key 'output_dir': '" + (d / "runs/x").string() + "' is, holds or lies inside the input '" +
-                            (d / "runs/x/final").string() + "' (key 'model')");
+  expect_refused(again, "key 'output_dir': '" + (d / "runs/x").string() +
+                            "' is, holds or lies inside the input '" + (d / "runs/x/final").string() +
+                            "' (key 'model')");
   EXPECT_EQ(slurp(d / "runs/x/final/model.safetensors"), weights);
   rp::TrainSpec inside = spec_into(d, d / "runs/x/final/sub", 1);
   inside.model = (d / "runs/x/final").string();
@@ -223,8 +224,9 @@ TEST(OutputSafety, ACheckpointSavesItsStateFirstAndItsWeightsLast) {
 namespace {
 /// Makes `leftover` look like what a killed roundpipe writer (pid 999999, long gone) left.
 void mark_dead_leftover(const fs::path& leftover, const char* kind, const std::string& target) {
-  write(fs::path(rp::owner_marker_path(leftover.string())),
-        std::string("roundpipe leftover v1\npid=999999\nstart=1\nkind=") + kind + "\ntarget=" + target + "\n");
+  write(
+      fs::path(rp::owner_marker_path(leftover.string())),
+      std::string("roundpipe leftover v1\npid=999999\nstart=1\nkind=") + kind + "\ntarget=" + target + "\n");
 }
 }  // namespace
 
@@ -303,13 +305,15 @@ TEST(OutputSafety, AReSaveKeepsTheUsersFilesInACheckpoint) {
     rp::Trainer(spec).run();
     ADD_FAILURE() << "replaced the user's generation_config.json";
   } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find((fin / "generation_config.json").string() + ": changed since roundpipe wrote it"),
+    EXPECT_NE(std::string(e.what()).find((fin / "generation_config.json").string() +
+                                         ": changed since roundpipe wrote it"),
               std::string::npos)
         << e.what();
   }
   EXPECT_EQ(slurp(fin / "generation_config.json"), edited);
   EXPECT_TRUE(rp::resumable_checkpoint(fin.string()));
-  EXPECT_EQ(slurp(out / "state/final/roundpipe_state.json"), state) << "the state was replaced without its weights";
+  EXPECT_EQ(slurp(out / "state/final/roundpipe_state.json"), state)
+      << "the state was replaced without its weights";
   EXPECT_EQ(slurp(fin / "notes.txt"), "mine");
   fs::remove_all(d);
 }
@@ -323,7 +327,8 @@ TEST(OutputSafety, OverwriteRemovesTheEarlierRunsCheckpointsAndKeepsTheUsers) {
   rp::TrainSpec spec = spec_into(d, out, 3);
   spec.save_every = 1;
   ASSERT_EQ(rp::Trainer(spec).run().steps_done, 3);
-  ASSERT_EQ(rp::checkpoints_in(out.string()), (std::vector<std::string>{"checkpoint-1", "checkpoint-2", "final"}));
+  ASSERT_EQ(rp::checkpoints_in(out.string()),
+            (std::vector<std::string>{"checkpoint-1", "checkpoint-2", "final"}));
   write(out / "checkpoint-1/notes.txt", "mine");
   write(out / "notes.txt", "mine");
   rp::TrainSpec again = spec_into(d, out, 1);

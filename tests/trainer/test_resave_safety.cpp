@@ -21,10 +21,11 @@ namespace {
 
 using namespace rp::clitest;
 
-rp::TrainSpec spec_into(const fs::path& d, const fs::path& out, int64_t steps, const std::string& extra = "") {
+rp::TrainSpec spec_into(const fs::path& d, const fs::path& out, int64_t steps,
+                        const std::string& extra = "") {
   write(d / "data.jsonl", "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n");
-  rp::TrainSpec s =
-      rp::spec_from_json(nlohmann::json::parse(spec_for(tiny_model(d), d / "data.jsonl", out, extra)), "test spec");
+  rp::TrainSpec s = rp::spec_from_json(
+      nlohmann::json::parse(spec_for(tiny_model(d), d / "data.jsonl", out, extra)), "test spec");
   s.steps = steps;
   s.save_dtype = "f32";
   return s;
@@ -59,13 +60,15 @@ TEST(OutputSafety, OverwriteThenReSaveKeepsTheUsersFilesInEverySavedFolder) {
   rp::TrainSpec spec = spec_into(d, out, 2);
   spec.save_every = 1;
   ASSERT_EQ(rp::Trainer(spec).run().steps_done, 2);
-  for (const char* f : {"final/user.txt", "state/final/user.txt", "checkpoint-1/user.txt", "state/checkpoint-1/user.txt"})
+  for (const char* f :
+       {"final/user.txt", "state/final/user.txt", "checkpoint-1/user.txt", "state/checkpoint-1/user.txt"})
     write(out / f, std::string("mine: ") + f);
   rp::TrainSpec again = spec_into(d, out, 2);
   again.save_every = 1;
   again.overwrite_output_dir = true;
   ASSERT_EQ(rp::Trainer(again).run().steps_done, 2);
-  for (const char* f : {"final/user.txt", "state/final/user.txt", "checkpoint-1/user.txt", "state/checkpoint-1/user.txt"})
+  for (const char* f :
+       {"final/user.txt", "state/final/user.txt", "checkpoint-1/user.txt", "state/checkpoint-1/user.txt"})
     EXPECT_EQ(slurp(out / f), std::string("mine: ") + f) << f;
   EXPECT_TRUE(rp::resumable_checkpoint((out / "final").string()));
   EXPECT_FALSE(listed(out / "final", "user.txt"));
@@ -109,7 +112,7 @@ TEST(OutputSafety, AnEditedFileTheSaveWouldReplaceIsRefusedBeforeTraining) {
   const std::string original = s;
   ASSERT_NE(s.find("\"step\": 1"), std::string::npos) << s;
   s.replace(s.find("\"step\": 1"), 9, "\"step\":  1");  // one byte more
-  s.pop_back();                                      // one byte less: the same size
+  s.pop_back();                                         // one byte less: the same size
   ASSERT_EQ(s.size(), original.size());
   write(state, s);
   expect_refused_before_training(spec, state);
@@ -143,8 +146,10 @@ TEST(OutputSafety, AConflictDuringTheRunKeepsTheLastStepInACheckpoint) {
     ADD_FAILURE() << "replaced the user's tokenizer_config.json";
   } catch (const std::runtime_error& e) {
     const std::string m = e.what();
-    EXPECT_EQ(m.find((fin / "tokenizer_config.json").string() + ": changed since roundpipe wrote it"), 0u) << m;
-    EXPECT_NE(m.find("the last step 3 is saved in " + (out / "checkpoint-3").string() + " instead"), std::string::npos)
+    EXPECT_EQ(m.find((fin / "tokenizer_config.json").string() + ": changed since roundpipe wrote it"), 0u)
+        << m;
+    EXPECT_NE(m.find("the last step 3 is saved in " + (out / "checkpoint-3").string() + " instead"),
+              std::string::npos)
         << m;
   }
   EXPECT_EQ(slurp(fin / "tokenizer_config.json"), "{\"mine\": true}");
@@ -198,7 +203,8 @@ TEST(OutputSafety, FinalMergedCarriesAManifestAndKeepsTheUsersFiles) {
     rp::merge_peft_folder((out / "final").string(), merged.string(), "", rp::DType::f32);
     ADD_FAILURE() << "merged over the user's file";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("holds a file roundpipe did not write there (user.txt)"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("holds a file roundpipe did not write there (user.txt)"),
+              std::string::npos)
         << e.what();
   }
   fs::remove(merged / "user.txt");

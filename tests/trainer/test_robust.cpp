@@ -146,9 +146,10 @@ TEST(GemmAccumulate, SpecKeyIsChecked) {
   };
   EXPECT_EQ(parse(""), "ok f32");
   EXPECT_EQ(parse(", \"compute_dtype\": \"f16\", \"gemm_accumulate\": \"f16\""), "ok f16");
-  EXPECT_EQ(parse(", \"gemm_accumulate\": \"f16\""),
-            "s.json: key 'gemm_accumulate': \"f16\" needs \"compute_dtype\": \"f16\" (bf16 tensor cores accumulate "
-            "in fp32 only)");
+  EXPECT_EQ(
+      parse(", \"gemm_accumulate\": \"f16\""),
+      "s.json: key 'gemm_accumulate': \"f16\" needs \"compute_dtype\": \"f16\" (bf16 tensor cores accumulate "
+      "in fp32 only)");
   EXPECT_EQ(parse(", \"compute_dtype\": \"f16\", \"gemm_accumulate\": \"fp16\""),
             "s.json: key 'gemm_accumulate': expected \"f32\" or \"f16\", got \"fp16\"");
 }

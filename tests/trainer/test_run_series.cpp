@@ -40,13 +40,15 @@ const char* kData =
     "good: and God divided the light from the darkness.\"}\n"
     "{\"prompt\": \"Count\", \"completion\": \" one two three four five six seven\"}\n";
 
-rp::TrainSpec series_spec(const fs::path& d, const std::string& out, int64_t steps, const std::string& extra = "") {
+rp::TrainSpec series_spec(const fs::path& d, const std::string& out, int64_t steps,
+                          const std::string& extra = "") {
   write(d / "data.jsonl", kData);
   if (!fs::exists(d / "tiny")) tiny_model(d);
-  rp::TrainSpec s = rp::spec_from_json(
-      nlohmann::json::parse(spec_for(d / "tiny", d / "data.jsonl", d / out,
-                                     ", \"eval_fraction\": 0.25, \"eval_every\": 1, \"tensorboard\": false" + extra)),
-      "test spec");
+  rp::TrainSpec s =
+      rp::spec_from_json(nlohmann::json::parse(spec_for(
+                             d / "tiny", d / "data.jsonl", d / out,
+                             ", \"eval_fraction\": 0.25, \"eval_every\": 1, \"tensorboard\": false" + extra)),
+                         "test spec");
   s.steps = steps;
   s.seed = 3;
   s.save_dtype = "f32";
@@ -77,7 +79,8 @@ std::vector<std::string> column(const fs::path& csv, const std::string& name) {
 /// eval_loss of each step (1-based index; nullopt where the step has none).
 std::vector<std::optional<double>> eval_losses(const fs::path& csv) {
   std::vector<std::optional<double>> out{std::nullopt};  // step 0
-  for (const auto& v : column(csv, "eval_loss")) out.push_back(v.empty() ? std::nullopt : std::optional(std::stod(v)));
+  for (const auto& v : column(csv, "eval_loss"))
+    out.push_back(v.empty() ? std::nullopt : std::optional(std::stod(v)));
   return out;
 }
 
@@ -91,14 +94,15 @@ std::set<std::string> checkpoint_folders(const fs::path& dir) {
 /// The survivors of save_total_limit as Hugging Face's rotation defines them, computed from the
 /// saves and the evaluations: the newest `limit` of `saves`, the best (lowest eval loss, the
 /// earliest on a tie) always among them, the newest always kept.
-std::set<std::string> expected_survivors(const std::vector<int64_t>& saves, const std::vector<std::optional<double>>& ev,
-                                         size_t limit) {
+std::set<std::string> expected_survivors(const std::vector<int64_t>& saves,
+                                         const std::vector<std::optional<double>>& ev, size_t limit) {
   int64_t best = -1;
   for (int64_t s : saves)
     if (ev.at(size_t(s)) && (best < 0 || *ev[size_t(s)] < *ev[size_t(best)])) best = s;
   std::vector<int64_t> keep = saves;
   while (keep.size() > limit) {
-    auto it = std::find_if(keep.begin(), keep.end(), [&](int64_t s) { return s != best && s != keep.back(); });
+    auto it =
+        std::find_if(keep.begin(), keep.end(), [&](int64_t s) { return s != best && s != keep.back(); });
     if (it == keep.end()) break;
     keep.erase(it);
   }
@@ -118,7 +122,8 @@ TEST(RunSeries, RotationRemovesTheOldestButNeverTheBestOrTheNewest) {
   auto ck = [](int64_t n) { return rp::SavedCheckpoint{"checkpoint-" + std::to_string(n), n, "", {}, {}}; };
   const std::vector<rp::SavedCheckpoint> four = {ck(2), ck(4), ck(6), ck(8)};
   EXPECT_TRUE(rp::checkpoints_beyond_limit(four, 0, "").empty());  // 0 keeps all
-  EXPECT_EQ(rp::checkpoints_beyond_limit(four, 2, ""), (std::vector<std::string>{"checkpoint-2", "checkpoint-4"}));
+  EXPECT_EQ(rp::checkpoints_beyond_limit(four, 2, ""),
+            (std::vector<std::string>{"checkpoint-2", "checkpoint-4"}));
   EXPECT_EQ(rp::checkpoints_beyond_limit(four, 2, "checkpoint-2"),
             (std::vector<std::string>{"checkpoint-4", "checkpoint-6"}));
   // limit 1 with an older best keeps two: the best and the newest
@@ -132,11 +137,11 @@ TEST(RunSeries, RotationRemovesTheOldestButNeverTheBestOrTheNewest) {
 TEST(RunSeries, EarlyStoppingCountsEvaluationsWithoutAnImprovementAboveTheThreshold) {
   rp::EarlyStopState st;
   const rp::TrainSpec::EarlyStopping es{2, 0.1};
-  EXPECT_FALSE(rp::early_stopping_update(st, 3.0, es, false));  // the first sets the best
-  EXPECT_FALSE(rp::early_stopping_update(st, 2.5, es, false));  // 0.5 better
-  EXPECT_FALSE(rp::early_stopping_update(st, 2.45, es, false)); // better, but by 0.05 only: 1
+  EXPECT_FALSE(rp::early_stopping_update(st, 3.0, es, false));   // the first sets the best
+  EXPECT_FALSE(rp::early_stopping_update(st, 2.5, es, false));   // 0.5 better
+  EXPECT_FALSE(rp::early_stopping_update(st, 2.45, es, false));  // better, but by 0.05 only: 1
   EXPECT_EQ(*st.best, 2.45);                                     // still the best value
-  EXPECT_TRUE(rp::early_stopping_update(st, 2.6, es, false));   // worse: 2 = patience
+  EXPECT_TRUE(rp::early_stopping_update(st, 2.6, es, false));    // worse: 2 = patience
   rp::EarlyStopState up;
   EXPECT_FALSE(rp::early_stopping_update(up, 1.0, {1, 0}, true));
   EXPECT_FALSE(rp::early_stopping_update(up, 1.5, {1, 0}, true));
@@ -157,10 +162,10 @@ TEST(RunSeries, EpochsArithmetic) {
     if (kind != "constant") EXPECT_EQ(s.lr_schedule.total_steps, s.steps);
     return s.steps;
   };
-  EXPECT_EQ(steps(2.5, 9, 3), 8);     // 7.5 steps of data: the last one partly a fourth pass
-  EXPECT_EQ(steps(1, 9, 3), 3);       // whole passes divide exactly
-  EXPECT_EQ(steps(0.1, 30, 3), 1);    // 1.0000000000000002 in floating point is still one step
-  EXPECT_EQ(steps(0.01, 5, 4), 1);    // at least one step
+  EXPECT_EQ(steps(2.5, 9, 3), 8);   // 7.5 steps of data: the last one partly a fourth pass
+  EXPECT_EQ(steps(1, 9, 3), 3);     // whole passes divide exactly
+  EXPECT_EQ(steps(0.1, 30, 3), 1);  // 1.0000000000000002 in floating point is still one step
+  EXPECT_EQ(steps(0.01, 5, 4), 1);  // at least one step
   EXPECT_EQ(steps(3, 10, 4, "cosine", 2), 8);
   rp::TrainSpec s;
   s.source = "spec.json";
@@ -173,8 +178,9 @@ TEST(RunSeries, EpochsArithmetic) {
     rp::resolve_epochs(s, 8);
     ADD_FAILURE() << "2 steps with 5 warmup steps accepted";
   } catch (const std::invalid_argument& e) {
-    EXPECT_EQ(std::string(e.what()), "spec.json: key 'epochs': 1 epochs of 8 training sequences are 2 steps of 4 "
-                                     "sequences, fewer than lr_schedule.warmup_steps 5");
+    EXPECT_EQ(std::string(e.what()),
+              "spec.json: key 'epochs': 1 epochs of 8 training sequences are 2 steps of 4 "
+              "sequences, fewer than lr_schedule.warmup_steps 5");
   }
   rp::TrainSpec none;
   EXPECT_EQ(rp::resolve_epochs(none, 8), "");
@@ -187,8 +193,9 @@ TEST(RunSeries, TheRecordReadsBackAndNamesOnlyCheckpointFolders) {
   auto d = tmpdir();
   rp::TrainSpec spec;
   rp::TrainerState st = rp::trainer_state_of(spec, 6, 24);
-  st.series.checkpoints = {{"checkpoint-2", 2, "00ff", {{"model.safetensors", 1234}, {"config.json", 56}}, 2.5},
-                           {"checkpoint-4", 4, "00aa", {{"model.safetensors", 1234}}, std::nullopt}};
+  st.series.checkpoints = {
+      {"checkpoint-2", 2, "00ff", {{"model.safetensors", 1234}, {"config.json", 56}}, 2.5},
+      {"checkpoint-4", 4, "00aa", {{"model.safetensors", 1234}}, std::nullopt}};
   st.series.best = rp::BestCheckpoint{"checkpoint-2", 2, "eval_loss", 2.5};
   st.series.early_stopping = {2.25, 1};
   const std::string file = (d / "state.json").string();
@@ -334,7 +341,8 @@ TEST(RunSeries, LoadBestModelAtEndPutsTheBestCheckpointInFinal) {
   EXPECT_EQ(res.final_step, best);
   if (best != 8) {
     const std::string name = "checkpoint-" + std::to_string(best);
-    EXPECT_TRUE(bytes_of(d / "run/final/model.safetensors") == bytes_of(d / "run" / name / "model.safetensors"));
+    EXPECT_TRUE(bytes_of(d / "run/final/model.safetensors") ==
+                bytes_of(d / "run" / name / "model.safetensors"));
     EXPECT_TRUE(rp::resumable_checkpoint((d / "run/final").string()));
   }
   fs::remove_all(d);
@@ -377,7 +385,8 @@ TEST(RunSeries, ResumeKnowsTheBestCheckpoint) {
   EXPECT_EQ(done.best_step, whole.best_step);
   EXPECT_EQ(done.best_metric, whole.best_metric);
   EXPECT_TRUE(bytes_of(d / "whole/final/model.safetensors") == bytes_of(d / "part/final/model.safetensors"));
-  EXPECT_EQ(rp::read_trainer_state((d / "part/state/final/roundpipe_state.json").string()).step, whole.final_step);
+  EXPECT_EQ(rp::read_trainer_state((d / "part/state/final/roundpipe_state.json").string()).step,
+            whole.final_step);
   fs::remove_all(d);
 }
 
@@ -389,7 +398,7 @@ int64_t hf_early_stop_step(const std::vector<std::optional<double>>& ev, int64_t
   for (size_t s = 1; s < ev.size(); ++s) {
     if (!ev[s]) continue;
     const double v = *ev[s];
-    if (!best || (v < *best && *best - v > threshold)) bad = 0;
+    if (!best || (v<*best&& * best - v> threshold)) bad = 0;
     else ++bad;
     if (!best || v < *best) best = v;
     if (bad >= patience) return int64_t(s);
@@ -429,7 +438,8 @@ TEST(RunSeries, EarlyStoppingEndsAtTheEvaluationItsRuleNames) {
   EXPECT_TRUE(res.early_stopped);
   EXPECT_FALSE(res.stopped);
   EXPECT_EQ(res.steps_done, want) << "threshold " << threshold << ", evaluations" << trajectory;
-  EXPECT_NE(res.early_stop_reason.find(fmt::format("at step {}", want)), std::string::npos) << res.early_stop_reason;
+  EXPECT_NE(res.early_stop_reason.find(fmt::format("at step {}", want)), std::string::npos)
+      << res.early_stop_reason;
   const auto got = eval_losses(d / "stopped/metrics.csv");
   ASSERT_EQ(got.size(), size_t(want + 1));
   for (int64_t s = 1; s <= want; ++s) EXPECT_EQ(got[size_t(s)], ev[size_t(s)]) << "step " << s;
@@ -492,18 +502,23 @@ TEST(RunSeries, BadKeysAreOneLineErrors) {
     }
     return std::string("accepted");
   };
-  EXPECT_EQ(error(", \"steps\": 5, \"epochs\": 2"), "spec.json: keys 'steps' and 'epochs': give one or the other");
+  EXPECT_EQ(error(", \"steps\": 5, \"epochs\": 2"),
+            "spec.json: keys 'steps' and 'epochs': give one or the other");
   EXPECT_NE(error(", \"epochs\": 0").find("key 'epochs': expected a number > 0"), std::string::npos);
   EXPECT_NE(error(", \"save_total_limit\": -1").find("key 'save_total_limit': expected an integer >= 0"),
             std::string::npos);
-  EXPECT_NE(error(", \"metric_for_best_model\": \"accuracy\"").find("key 'metric_for_best_model'"), std::string::npos);
-  EXPECT_NE(error(", \"greater_is_better\": true").find("key 'greater_is_better': expected false"), std::string::npos);
-  EXPECT_NE(error(", \"load_best_model_at_end\": true, \"save_every\": 3")
-                .find("key 'load_best_model_at_end': needs an evaluation at every save: save_every (3) a multiple "
-                      "of eval_every (2)"),
+  EXPECT_NE(error(", \"metric_for_best_model\": \"accuracy\"").find("key 'metric_for_best_model'"),
             std::string::npos);
+  EXPECT_NE(error(", \"greater_is_better\": true").find("key 'greater_is_better': expected false"),
+            std::string::npos);
+  EXPECT_NE(
+      error(", \"load_best_model_at_end\": true, \"save_every\": 3")
+          .find("key 'load_best_model_at_end': needs an evaluation at every save: save_every (3) a multiple "
+                "of eval_every (2)"),
+      std::string::npos);
   EXPECT_EQ(error(", \"load_best_model_at_end\": true, \"save_every\": 4"), "accepted");
-  EXPECT_NE(error(", \"early_stopping\": {\"patience\": 0}").find("key 'early_stopping.patience'"), std::string::npos);
+  EXPECT_NE(error(", \"early_stopping\": {\"patience\": 0}").find("key 'early_stopping.patience'"),
+            std::string::npos);
   EXPECT_NE(error(", \"early_stopping\": {\"patience\": 2, \"wait\": 1}").find("early_stopping.wait"),
             std::string::npos);
   EXPECT_NE(error(", \"early_stopping\": 3").find("key 'early_stopping'"), std::string::npos);
@@ -518,9 +533,11 @@ TEST(RunSeries, BadKeysAreOneLineErrors) {
     return std::string("accepted");
   };
   EXPECT_EQ(error2(", \"load_best_model_at_end\": true"),
-            "spec.json: key 'load_best_model_at_end': needs evaluation data (\"eval_data\" or \"eval_fraction\") to "
+            "spec.json: key 'load_best_model_at_end': needs evaluation data (\"eval_data\" or "
+            "\"eval_fraction\") to "
             "rank the checkpoints");
-  EXPECT_NE(error2(", \"early_stopping\": {}").find("key 'early_stopping': needs evaluation data"), std::string::npos);
+  EXPECT_NE(error2(", \"early_stopping\": {}").find("key 'early_stopping': needs evaluation data"),
+            std::string::npos);
   // every message is one line
   for (const auto& m : {error(", \"epochs\": -1"), error2(", \"early_stopping\": {}")})
     EXPECT_EQ(m.find('\n'), std::string::npos) << m;
@@ -543,27 +560,31 @@ TEST(RunSeries, LoraBaseFormatFollowsTheBaseDtype) {
   rp::fill_groups(m, layout, w);
   std::vector<const float*> ptrs;
   for (auto& g : w) ptrs.push_back(g.data());
-  for (const auto& [dt, want] : {std::pair{rp::DType::f32, "f32"}, {rp::DType::f16, "f16"}, {rp::DType::bf16, "bf16"}}) {
+  for (const auto& [dt, want] :
+       {std::pair{rp::DType::f32, "f32"}, {rp::DType::f16, "f16"}, {rp::DType::bf16, "bf16"}}) {
     const fs::path base = d / fmt::format("base-{}", want);
     rp::save_hf_checkpoint(base.string(), layout, ptrs, m.tokenizer_json, m.chat_template, dt);
     std::string why;
-    EXPECT_EQ(rp::weight_format_name(rp::base_format_of_model(rp::ModelSource::open(base.string()), why)), want);
+    EXPECT_EQ(rp::weight_format_name(rp::base_format_of_model(rp::ModelSource::open(base.string()), why)),
+              want);
     EXPECT_NE(why.find(want), std::string::npos) << why;
     // through a run: the state records the form the base was kept in
     write(d / "data.jsonl", kData);
     const std::string out = fmt::format("run-{}", want);
-    rp::TrainSpec s = rp::spec_from_json(
-        nlohmann::json::parse(spec_for(base, d / "data.jsonl", d / out, ", \"lora\": {\"r\": 2}, \"steps\": 1")),
-        "spec.json");
+    rp::TrainSpec s =
+        rp::spec_from_json(nlohmann::json::parse(spec_for(base, d / "data.jsonl", d / out,
+                                                          ", \"lora\": {\"r\": 2}, \"steps\": 1")),
+                           "spec.json");
     EXPECT_TRUE(s.lora_base_format_from_model);
     rp::Trainer(s).run();
-    EXPECT_EQ(rp::read_trainer_state((d / out / "state/final/roundpipe_state.json").string()).base_format, want);
+    EXPECT_EQ(rp::read_trainer_state((d / out / "state/final/roundpipe_state.json").string()).base_format,
+              want);
   }
   // set in the spec: kept
-  const rp::TrainSpec q = rp::spec_from_json(
-      nlohmann::json::parse(spec_for(d / "base-f32", d / "data.jsonl", d / "q",
-                                     ", \"lora\": {\"r\": 2, \"base_format\": \"q8_0\"}")),
-      "spec.json");
+  const rp::TrainSpec q =
+      rp::spec_from_json(nlohmann::json::parse(spec_for(d / "base-f32", d / "data.jsonl", d / "q",
+                                                        ", \"lora\": {\"r\": 2, \"base_format\": \"q8_0\"}")),
+                         "spec.json");
   EXPECT_FALSE(q.lora_base_format_from_model);
   // a quantized GGUF base: bf16
   const fs::path gguf = fs::path(RP_SOURCE_DIR) / "assets/SmolLM2-135M-Instruct.Q4_1.gguf";

@@ -37,7 +37,8 @@ TEST(SpecLora, AbsentMeansFullFineTuning) {
 
 TEST(SpecLora, EveryKeyIsRead) {
   const rp::TrainSpec s = parse(
-      ", \"lora\": {\"r\": 16, \"alpha\": 32, \"dropout\": 0.05, \"target_modules\": [\"q_proj\", \"down_proj\"], "
+      ", \"lora\": {\"r\": 16, \"alpha\": 32, \"dropout\": 0.05, \"target_modules\": [\"q_proj\", "
+      "\"down_proj\"], "
       "\"use_rslora\": true, \"modules_to_save\": [\"lm_head\"], \"seed\": 3, \"base_format\": \"nf4\"}, "
       "\"adapter\": \"runs/a/final\", \"merge_adapters\": true");
   ASSERT_TRUE(s.lora);
@@ -67,7 +68,8 @@ TEST(SpecLora, DefaultsFollowPeftAndTheSpecSeed) {
   const rp::TrainSpec t = parse(", \"lora\": {}");
   EXPECT_EQ(t.lora->target_modules, (std::vector<std::string>{"q_proj", "v_proj"}));
   // expert parameters alone leave no module adapters; an empty list of them changes nothing
-  EXPECT_TRUE(parse(", \"lora\": {\"target_parameters\": [\"mlp.experts.down_proj\"]}").lora->target_modules.empty());
+  EXPECT_TRUE(
+      parse(", \"lora\": {\"target_parameters\": [\"mlp.experts.down_proj\"]}").lora->target_modules.empty());
   EXPECT_EQ(parse(", \"lora\": {\"target_parameters\": []}").lora->target_modules,
             (std::vector<std::string>{"q_proj", "v_proj"}));
   for (const char* f : {"f32", "f16", "bf16", "q8_0", "q4_0", "nf4"})
@@ -75,28 +77,36 @@ TEST(SpecLora, DefaultsFollowPeftAndTheSpecSeed) {
 }
 
 TEST(SpecLora, WrongValuesNameTheNestedKey) {
-  EXPECT_EQ(error_of(", \"lora\": {\"r\": 0}"), "s.json: key 'lora.r': expected an integer in 1..65536, got 0");
+  EXPECT_EQ(error_of(", \"lora\": {\"r\": 0}"),
+            "s.json: key 'lora.r': expected an integer in 1..65536, got 0");
   EXPECT_EQ(error_of(", \"lora\": {\"r\": \"8\"}"), "s.json: key 'lora.r': expected an integer, got \"8\"");
-  EXPECT_EQ(error_of(", \"lora\": {\"alpha\": 0}"), "s.json: key 'lora.alpha': expected a finite number > 0, got 0.0");
-  EXPECT_EQ(error_of(", \"lora\": {\"dropout\": 1}"), "s.json: key 'lora.dropout': expected a number in [0, 1), got 1.0");
+  EXPECT_EQ(error_of(", \"lora\": {\"alpha\": 0}"),
+            "s.json: key 'lora.alpha': expected a finite number > 0, got 0.0");
+  EXPECT_EQ(error_of(", \"lora\": {\"dropout\": 1}"),
+            "s.json: key 'lora.dropout': expected a number in [0, 1), got 1.0");
   EXPECT_NE(error_of(", \"lora\": {\"target_modules\": [\"lm_head\"]}")
                 .find("s.json: key 'lora.target_modules': expected a non-empty list of q_proj"),
             std::string::npos);
-  EXPECT_NE(error_of(", \"lora\": {\"target_modules\": []}").find("key 'lora.target_modules'"), std::string::npos);
+  EXPECT_NE(error_of(", \"lora\": {\"target_modules\": []}").find("key 'lora.target_modules'"),
+            std::string::npos);
   EXPECT_NE(error_of(", \"lora\": {\"target_modules\": \".*proj\"}").find("key 'lora.target_modules'"),
             std::string::npos);
-  EXPECT_EQ(error_of(", \"lora\": {\"modules_to_save\": [\"norm\"]}"),
-            "s.json: key 'lora.modules_to_save': expected a list of \"embed_tokens\", \"lm_head\", got [\"norm\"]");
-  EXPECT_EQ(error_of(", \"lora\": {\"base_format\": \"q5_k\"}"),
-            "s.json: key 'lora.base_format': expected \"bf16\", \"f16\", \"f32\", \"q8_0\", \"q4_0\", \"nf4\" or "
-            "\"mxfp4\", got "
-            "\"q5_k\"");
+  EXPECT_EQ(
+      error_of(", \"lora\": {\"modules_to_save\": [\"norm\"]}"),
+      "s.json: key 'lora.modules_to_save': expected a list of \"embed_tokens\", \"lm_head\", got [\"norm\"]");
+  EXPECT_EQ(
+      error_of(", \"lora\": {\"base_format\": \"q5_k\"}"),
+      "s.json: key 'lora.base_format': expected \"bf16\", \"f16\", \"f32\", \"q8_0\", \"q4_0\", \"nf4\" or "
+      "\"mxfp4\", got "
+      "\"q5_k\"");
   EXPECT_NE(error_of(", \"lora\": {\"rank\": 8}").find("s.json: unknown key 'lora.rank' (known keys:"),
             std::string::npos);
   EXPECT_EQ(error_of(", \"lora\": 8"), "s.json: key 'lora': expected an object, got 8");
-  EXPECT_EQ(error_of(", \"adapter\": \"\""), "s.json: key 'adapter': expected a PEFT adapter folder, got \"\"");
-  EXPECT_NE(error_of(", \"merge_adapters\": true").find("s.json: key 'merge_adapters': expected false without"),
-            std::string::npos);
+  EXPECT_EQ(error_of(", \"adapter\": \"\""),
+            "s.json: key 'adapter': expected a PEFT adapter folder, got \"\"");
+  EXPECT_NE(
+      error_of(", \"merge_adapters\": true").find("s.json: key 'merge_adapters': expected false without"),
+      std::string::npos);
   EXPECT_EQ(error_of(", \"adapter\": \"a\", \"merge_adapters\": true"), "ok");
 }
 
@@ -105,7 +115,8 @@ TEST(SpecLora, WrongValuesNameTheNestedKey) {
 TEST(SpecLora, AHugeRankIsRefusedNamingTheKey) {
   EXPECT_EQ(error_of(", \"lora\": {\"r\": 4611686018427387904}"),
             "s.json: key 'lora.r': expected an integer in 1..65536, got 4611686018427387904");
-  EXPECT_EQ(error_of(", \"lora\": {\"r\": 65537}"), "s.json: key 'lora.r': expected an integer in 1..65536, got 65537");
+  EXPECT_EQ(error_of(", \"lora\": {\"r\": 65537}"),
+            "s.json: key 'lora.r': expected an integer in 1..65536, got 65537");
   EXPECT_EQ(error_of(", \"lora\": {\"r\": 65536}"), "ok");
   rp::TrainSpec s = parse("");
   s.lora = rp::LoraConfig{};
@@ -138,9 +149,10 @@ TEST(SpecLora, ASpecBuiltInCodeIsCheckedLikeAFile) {
 TEST(SpecLora, ALoraRunWithoutItsBaseModelNamesIt) {
   auto d = rp::clitest::tmpdir();
   rp::clitest::write(d / "data.jsonl", kSpecData);
-  rp::TrainSpec s = rp::spec_from_json(
-      nlohmann::json::parse(rp::clitest::spec_for(d / "no-model", d / "data.jsonl", d / "run", ", \"lora\": {\"r\": 4}")),
-      "s.json");
+  rp::TrainSpec s =
+      rp::spec_from_json(nlohmann::json::parse(rp::clitest::spec_for(d / "no-model", d / "data.jsonl",
+                                                                     d / "run", ", \"lora\": {\"r\": 4}")),
+                         "s.json");
   std::string e;
   try {
     rp::Trainer(s).run({});

@@ -35,12 +35,15 @@ std::string error_of(const std::string& text, const std::vector<rp::SpecSetting>
 
 TEST(SpecSettings, NestedKeysJsonValuesAndStrings) {
   const fs::path p = spec_file(kSpec);
-  const rp::TrainSpec s = rp::load_spec(
-      p.string(), {rp::parse_set_option("seq_len=64"), rp::parse_set_option("lora.r=4"),
-                   rp::parse_set_option("lora.target_modules=[\"q_proj\",\"o_proj\"]"),
-                   rp::parse_set_option("optimizer.lr=2e-5"), rp::parse_set_option("chat_template=chatml"),
-                   rp::parse_set_option("async=false"), rp::parse_set_option("seq_len=32"),
-                   {"data", "123", true, "--data 123"}});
+  const rp::TrainSpec s =
+      rp::load_spec(p.string(), {rp::parse_set_option("seq_len=64"),
+                                 rp::parse_set_option("lora.r=4"),
+                                 rp::parse_set_option("lora.target_modules=[\"q_proj\",\"o_proj\"]"),
+                                 rp::parse_set_option("optimizer.lr=2e-5"),
+                                 rp::parse_set_option("chat_template=chatml"),
+                                 rp::parse_set_option("async=false"),
+                                 rp::parse_set_option("seq_len=32"),
+                                 {"data", "123", true, "--data 123"}});
   fs::remove(p);
   EXPECT_EQ(s.seq_len, 32) << "a later setting wins";
   ASSERT_TRUE(s.lora.has_value()) << "lora.r created the object";
@@ -65,7 +68,8 @@ TEST(SpecSettings, ErrorsNameTheSetting) {
   EXPECT_NE(error_of(kSpec, {rp::parse_set_option("lora..r=1")}).find("--set lora..r=1: expected a key"),
             std::string::npos);
   // the file's own errors still name the file
-  const std::string own = error_of(R"({"model": "m", "data": "d", "steps": 0})", {rp::parse_set_option("seq_len=8")});
+  const std::string own =
+      error_of(R"({"model": "m", "data": "d", "steps": 0})", {rp::parse_set_option("seq_len=8")});
   EXPECT_NE(own.find(".json: key 'steps'"), std::string::npos) << own;
   EXPECT_THROW(rp::parse_set_option("seq_len"), std::invalid_argument);
   EXPECT_THROW(rp::parse_set_option("=3"), std::invalid_argument);
@@ -73,7 +77,8 @@ TEST(SpecSettings, ErrorsNameTheSetting) {
 
 TEST(SpecSettings, InvalidJsonNamesLineColumnAndReason) {
   const std::string e = error_of("{\"model\": \"x\",\n \"data\": }", {});
-  EXPECT_NE(e.find(".json:2:10: invalid JSON: syntax error while parsing value - unexpected '}'"), std::string::npos)
+  EXPECT_NE(e.find(".json:2:10: invalid JSON: syntax error while parsing value - unexpected '}'"),
+            std::string::npos)
       << e;
 }
 

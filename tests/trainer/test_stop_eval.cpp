@@ -24,8 +24,8 @@ TEST(StopDuringEval, AStopWhileAnEvaluationRunsSavesTheFinishedSteps) {
   for (int i = 0; i < 40; ++i)
     data += "{\"text\": \"Verse " + std::to_string(i) + ": and God saw the light, that it was good.\"}\n";
   write(d / "data.jsonl", data);
-  rp::TrainSpec spec =
-      rp::spec_from_json(nlohmann::json::parse(spec_for(tiny_model(d), d / "data.jsonl", d / "out")), "test spec");
+  rp::TrainSpec spec = rp::spec_from_json(
+      nlohmann::json::parse(spec_for(tiny_model(d), d / "data.jsonl", d / "out")), "test spec");
   spec.steps = 4;
   spec.save_dtype = "f32";
   spec.eval_fraction = 0.5;  // dozens of evaluation passes, each far shorter than stop_timeout_s

@@ -99,8 +99,8 @@ TEST(TensorBoard, TensorboardReadsTheRunsEventFile) {
   write(d / "data.jsonl",
         "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n"
         "{\"prompt\": \"Say hi\", \"completion\": \" hi there\"}\n{\"text\": \"Let there be light.\"}\n");
-  rp::TrainSpec s = rp::spec_from_json(nlohmann::json::parse(spec_for(tiny_model(d), d / "data.jsonl", d / "run")),
-                                       "test spec");
+  rp::TrainSpec s = rp::spec_from_json(
+      nlohmann::json::parse(spec_for(tiny_model(d), d / "data.jsonl", d / "run")), "test spec");
   s.steps = 3;
   s.eval_fraction = 0.5;
   std::vector<rp::StepReport> reports;

@@ -8,16 +8,16 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cctype>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cmath>
-#include <set>
-#include <cstring>
-#include <thread>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
+#include <set>
+#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -41,8 +41,8 @@ const char* kData =
 
 rp::TrainSpec tiny_spec(const fs::path& d, const std::string& out, int64_t steps) {
   write(d / "data.jsonl", kData);
-  rp::TrainSpec s = rp::spec_from_json(nlohmann::json::parse(spec_for(tiny_model(d), d / "data.jsonl", d / out)),
-                                       "test spec");
+  rp::TrainSpec s = rp::spec_from_json(
+      nlohmann::json::parse(spec_for(tiny_model(d), d / "data.jsonl", d / out)), "test spec");
   s.steps = steps;
   s.seed = 3;
   s.save_dtype = "f32";
@@ -96,16 +96,33 @@ TEST(Trainer, CallbacksFollowTheStepsAndMatchTheMetrics) {
   EXPECT_EQ(res.steps_done, 5);
   EXPECT_EQ(res.checkpoint, (d / "run/final").string());
   // step k is reported once its update is applied: one behind the passes, drained before a checkpoint
-  const std::vector<std::string> want = {
-      "ready",     "batch 0.0", "batch 0.1", "batch 1.0", "batch 1.1", "step 1",       "step 2",
-      "checkpoint checkpoint-2 2", "batch 2.0", "batch 2.1", "batch 3.0", "batch 3.1", "step 3", "step 4",
-      "checkpoint checkpoint-4 4", "batch 4.0", "batch 4.1", "step 5", "checkpoint final 5"};
+  const std::vector<std::string> want = {"ready",
+                                         "batch 0.0",
+                                         "batch 0.1",
+                                         "batch 1.0",
+                                         "batch 1.1",
+                                         "step 1",
+                                         "step 2",
+                                         "checkpoint checkpoint-2 2",
+                                         "batch 2.0",
+                                         "batch 2.1",
+                                         "batch 3.0",
+                                         "batch 3.1",
+                                         "step 3",
+                                         "step 4",
+                                         "checkpoint checkpoint-4 4",
+                                         "batch 4.0",
+                                         "batch 4.1",
+                                         "step 5",
+                                         "checkpoint final 5"};
   EXPECT_EQ(events, want);
   // metrics.csv holds what on_step saw
   std::ifstream csv(res.metrics);
   std::string line;
   std::getline(csv, line);
-  EXPECT_EQ(line, "step,loss,target_tokens,tokens_per_s,lr,elapsed_s,grad_norm,loss_scale,skipped,eval_loss,eval_perplexity,aux_loss,expert_load_min,expert_load_max,epoch");
+  EXPECT_EQ(line,
+            "step,loss,target_tokens,tokens_per_s,lr,elapsed_s,grad_norm,loss_scale,skipped,eval_loss,eval_"
+            "perplexity,aux_loss,expert_load_min,expert_load_max,epoch");
   for (const auto& r : steps) {
     ASSERT_TRUE(std::getline(csv, line));
     EXPECT_EQ(line.substr(0, line.find(',', line.find(',') + 1)), fmt::format("{},{:.6f}", r.step, r.loss));
@@ -130,7 +147,8 @@ TEST(Trainer, EvaluationSeesTheWeightsOfItsStep) {
   ASSERT_EQ(seen.size(), 2u);  // after steps 2 and 4, not after the last one
   for (const auto& [step, weights] : seen) {
     // checkpoint-<step> holds the fp32 master of the same step (save_dtype f32)
-    rp::SafetensorsFile f((d / "run" / ("checkpoint-" + std::to_string(step)) / "model.safetensors").string());
+    rp::SafetensorsFile f(
+        (d / "run" / ("checkpoint-" + std::to_string(step)) / "model.safetensors").string());
     const rp::ModelLayout layout = rp::make_layout(rp::load_model((d / "tiny").string()).config);
     for (size_t g = 0; g < layout.groups.size(); ++g)
       for (const auto& t : layout.groups[g].tensors) {
@@ -282,8 +300,9 @@ TEST(Trainer, AFreshRunIntoAFolderWithCheckpointsIsRefusedUnlessTold) {
     rp::Trainer(from_folder).run();
     ADD_FAILURE() << "resumed from a run's output folder";
   } catch (const std::invalid_argument& e) {
-    EXPECT_EQ(std::string(e.what()), out.string() + ": a run's output folder, not a checkpoint; resume from " +
-                                         out.string() + "/final");
+    EXPECT_EQ(
+        std::string(e.what()),
+        out.string() + ": a run's output folder, not a checkpoint; resume from " + out.string() + "/final");
   }
   // and from a checkpoint's trainer state (state/final) names the checkpoint itself
   from_folder.resume_from = (out / "state" / "final").string();
@@ -291,8 +310,9 @@ TEST(Trainer, AFreshRunIntoAFolderWithCheckpointsIsRefusedUnlessTold) {
     rp::Trainer(from_folder).run();
     ADD_FAILURE() << "resumed from a state folder";
   } catch (const std::invalid_argument& e) {
-    EXPECT_EQ(std::string(e.what()), (out / "state" / "final").string() + ": the trainer state of checkpoint " +
-                                         (out / "final").string() + "; resume from " + (out / "final").string());
+    EXPECT_EQ(std::string(e.what()), (out / "state" / "final").string() +
+                                         ": the trainer state of checkpoint " + (out / "final").string() +
+                                         "; resume from " + (out / "final").string());
   }
   EXPECT_TRUE(rp::checkpoints_in((out / "state").string()).empty()) << "state/ holds no checkpoints";
   again.overwrite_output_dir = true;
@@ -435,7 +455,8 @@ TEST(Trainer, StopDuringTheEvaluationBeforeTrainingEndsInBoundedTime) {
   EXPECT_EQ(res.steps_done, 0);
   EXPECT_EQ(res.checkpoint, "");
   EXPECT_LT(after_stop, 10.0) << "the stop took " << after_stop << " s (stop_timeout_s 0.5)";
-  EXPECT_FALSE(fs::exists(d / "stuck-eval")) << "a run stopped before its first step leaves no folder it made";
+  EXPECT_FALSE(fs::exists(d / "stuck-eval"))
+      << "a run stopped before its first step leaves no folder it made";
   fs::remove_all(d);
 }
 
@@ -454,7 +475,8 @@ TEST(Trainer, BadSpecsAreRefusedBeforeAnythingIsWritten) {
   EXPECT_THROW(rp::Trainer(spec).run(), std::invalid_argument);
   EXPECT_FALSE(fs::exists(d / "fresh"));
   try {
-    rp::Trainer::from_json(nlohmann::json::parse("{\"model\": \"m\", \"data\": \"d\", \"stepz\": 3}"), "inline");
+    rp::Trainer::from_json(nlohmann::json::parse("{\"model\": \"m\", \"data\": \"d\", \"stepz\": 3}"),
+                           "inline");
     ADD_FAILURE() << "expected an error";
   } catch (const std::invalid_argument& e) {
     EXPECT_EQ(std::string(e.what()).rfind("inline: unknown key 'stepz'", 0), 0u) << e.what();
@@ -498,7 +520,8 @@ TEST(Trainer, AnEvalFractionThatHoldsOutNothingIsRefusedWithTheCounts) {
 TEST(Trainer, ResumingWithAnotherArchitectureIsRefusedNamingTheField) {
   auto d = tmpdir();
   const rp::TrainResult first = rp::Trainer(tiny_spec(d, "first", 2)).run();
-  const rp::TrainerState saved = rp::read_trainer_state((d / "first/state/final/roundpipe_state.json").string());
+  const rp::TrainerState saved =
+      rp::read_trainer_state((d / "first/state/final/roundpipe_state.json").string());
   EXPECT_EQ(saved.model_config.at("hidden_size"), 16);
   EXPECT_EQ(saved.model_config.at("model_type"), "llama");
   rp::TrainSpec spec = tiny_spec(d, "first", 4);
@@ -518,7 +541,8 @@ TEST(Trainer, ResumingWithAnotherArchitectureIsRefusedNamingTheField) {
   rp::TrainSpec fewer = tiny_spec(d, "first", 2);
   fewer.max_examples = 1;
   bool named = false;
-  for (const auto& s : rp::resume_differences(saved, fewer)) named |= s.find("max_examples 1 (saved run 0)") == 0;
+  for (const auto& s : rp::resume_differences(saved, fewer))
+    named |= s.find("max_examples 1 (saved run 0)") == 0;
   EXPECT_TRUE(named);
   EXPECT_TRUE(rp::resume_differences(saved, tiny_spec(d, "first", 2)).empty());
   fs::remove_all(d);
@@ -570,7 +594,9 @@ TEST(Trainer, TheHostMemoryRefusalAdvisesOnlySpecKeys) {
     try {
       rp::spec_from_json(spec, "advice");
     } catch (const std::invalid_argument& e) {
-      EXPECT_EQ(std::string(e.what()).find("unknown key"), std::string::npos) << key << ": " << e.what() << "\n" << m;
+      EXPECT_EQ(std::string(e.what()).find("unknown key"), std::string::npos)
+          << key << ": " << e.what() << "\n"
+          << m;
     }
   }
 }

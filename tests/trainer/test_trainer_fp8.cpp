@@ -44,7 +44,8 @@ fs::path varied_tiny_model(const fs::path& d) {
     for (const auto& t : g.tensors)
       for (int64_t i = 0; i < t.numel(); ++i)
         w.back()[size_t(t.offset + i)] =
-            t.shape.size() == 1 ? 1.0f : 0.3f * float(std::sin(0.7 * double(i) + 0.3 * double(t.offset % 97)));
+            t.shape.size() == 1 ? 1.0f
+                                : 0.3f * float(std::sin(0.7 * double(i) + 0.3 * double(t.offset % 97)));
     ptrs.push_back(w.back().data());
   }
   std::ifstream tf(base / "tokenizer.json");
@@ -56,7 +57,8 @@ std::vector<double> loss_curve(const fs::path& d, const std::string& out, bool f
                                const fs::path& model = {}) {
   const fs::path m = model.empty() ? varied_tiny_model(d) : model;
   rp::TrainSpec s = rp::spec_from_json(
-      nlohmann::json::parse(spec_for(m, d / "data.jsonl", d / out, fp8 ? ", \"fp8\": true" : "")), "test spec");
+      nlohmann::json::parse(spec_for(m, d / "data.jsonl", d / out, fp8 ? ", \"fp8\": true" : "")),
+      "test spec");
   s.steps = steps;
   s.seed = 5;
   s.adam.lr = 0.003;
@@ -131,10 +133,12 @@ TEST(TrainerFp8, SpecKeyIsChecked) {
   EXPECT_EQ(parse(""), "ok");
   EXPECT_EQ(parse(", \"fp8\": true"), "ok fp8");
   EXPECT_EQ(parse(", \"fp8\": false"), "ok");
-  EXPECT_EQ(parse(", \"compute_dtype\": \"f16\", \"fp8\": true"),
-            "s.json: key 'fp8': needs \"compute_dtype\": \"bf16\" (the FP8 linears quantize bf16 activations; f16 "
-            "is not supported)");
-  EXPECT_EQ(parse(", \"compute_dtype\": \"f16\", \"gemm_accumulate\": \"f16\", \"fp8\": true").find("s.json: key 'fp8'"),
+  EXPECT_EQ(
+      parse(", \"compute_dtype\": \"f16\", \"fp8\": true"),
+      "s.json: key 'fp8': needs \"compute_dtype\": \"bf16\" (the FP8 linears quantize bf16 activations; f16 "
+      "is not supported)");
+  EXPECT_EQ(parse(", \"compute_dtype\": \"f16\", \"gemm_accumulate\": \"f16\", \"fp8\": true")
+                .find("s.json: key 'fp8'"),
             0u);
   EXPECT_NE(parse(", \"fp8\": \"yes\"").find("fp8"), std::string::npos);
   fs::remove_all(d);

@@ -126,10 +126,13 @@ TEST(TrainerLora, AdapterNamesTheSpecsBaseModelIdAndKeepsTheLocalPath) {
   rp::load_merged_adapter((d / "run/final").string(), "", &found);
   EXPECT_TRUE(fs::equivalent(found, spec.model)) << found;
   // final/ and final-merged/ carry model cards naming the id; a user's README.md survives a rerun
-  const std::string card = bytes_of(d / "run/final/README.md"), merged = bytes_of(d / "run/final-merged/README.md");
-  EXPECT_NE(card.find("library_name: peft\nbase_model: \"HuggingFaceTB/SmolLM2-135M\""), std::string::npos) << card;
+  const std::string card = bytes_of(d / "run/final/README.md"),
+                    merged = bytes_of(d / "run/final-merged/README.md");
+  EXPECT_NE(card.find("library_name: peft\nbase_model: \"HuggingFaceTB/SmolLM2-135M\""), std::string::npos)
+      << card;
   EXPECT_NE(card.find("| train (step 1) | "), std::string::npos) << card;
-  EXPECT_NE(merged.find("library_name: transformers\nbase_model: \"HuggingFaceTB/SmolLM2-135M\""), std::string::npos)
+  EXPECT_NE(merged.find("library_name: transformers\nbase_model: \"HuggingFaceTB/SmolLM2-135M\""),
+            std::string::npos)
       << merged;
   { std::ofstream(d / "run/final/README.md") << "# my notes\n"; }
   spec.overwrite_output_dir = true;

@@ -58,7 +58,8 @@ TEST(TrainerLoraExperts, ExpertAdaptersTrainExportMergeAndResume) {
   rp::Trainer(whole).run();
   const fs::path fin = d / "whole/final";
   const nlohmann::json cfg = nlohmann::json::parse(std::ifstream(fin / rp::kAdapterConfigFile));
-  EXPECT_EQ(cfg.at("target_parameters"), nlohmann::json({"mlp.experts.gate_up_proj", "mlp.experts.down_proj"}));
+  EXPECT_EQ(cfg.at("target_parameters"),
+            nlohmann::json({"mlp.experts.gate_up_proj", "mlp.experts.down_proj"}));
   EXPECT_EQ(cfg.at("target_modules"), nlohmann::json({"q_proj", "o_proj"}));
   const rp::PeftAdapter a = rp::read_peft_adapter(fin.string());
   double expert_b = 0;
@@ -83,7 +84,8 @@ TEST(TrainerLoraExperts, ExpertAdaptersTrainExportMergeAndResume) {
     ASSERT_EQ(m.data.size(), t.data.size()) << name;
     for (size_t i = 0; i < t.data.size(); ++i)
       ASSERT_NEAR(m.data[i], t.data[i], 1e-5 * (1 + std::fabs(t.data[i]))) << name << "[" << i << "]";
-    if (name.find(".mlp.experts.") != std::string::npos && plain.tensors.at(name).data != t.data) ++changed_experts;
+    if (name.find(".mlp.experts.") != std::string::npos && plain.tensors.at(name).data != t.data)
+      ++changed_experts;
   }
   EXPECT_GT(changed_experts, 0) << "the merge folded no expert adapter";
   // resume from checkpoint-2: the same final adapter, byte for byte

@@ -37,7 +37,8 @@ TEST(TrainerMoe, ReportsExpertUtilisationAndSavesALoadableCheckpoint) {
   auto d = tmpdir();
   write(d / "data.jsonl", kMoeData);
   const fs::path model = tiny_model(d, true);
-  rp::TrainSpec s = rp::spec_from_json(nlohmann::json::parse(spec_for(model, d / "data.jsonl", d / "run")), "spec");
+  rp::TrainSpec s =
+      rp::spec_from_json(nlohmann::json::parse(spec_for(model, d / "data.jsonl", d / "run")), "spec");
   s.steps = 6;
   s.seed = 5;
   s.save_dtype = "f32";
@@ -86,7 +87,8 @@ TEST(TrainerMoe, GptOssTrainsFullyAndWithLoraOnAnMxfp4Base) {
   write(d / "data.jsonl", kMoeData);
   const fs::path model = tiny_model(d, true, true);
   {
-    rp::TrainSpec s = rp::spec_from_json(nlohmann::json::parse(spec_for(model, d / "data.jsonl", d / "full")), "spec");
+    rp::TrainSpec s =
+        rp::spec_from_json(nlohmann::json::parse(spec_for(model, d / "data.jsonl", d / "full")), "spec");
     s.steps = 4;
     s.save_dtype = "f32";
     const rp::TrainResult res = rp::Trainer(s).run({});
@@ -99,11 +101,12 @@ TEST(TrainerMoe, GptOssTrainsFullyAndWithLoraOnAnMxfp4Base) {
     EXPECT_EQ(j["model_type"], "gpt_oss");
     EXPECT_EQ(j["num_local_experts"], 4);
   }
-  rp::TrainSpec s = rp::spec_from_json(
-      nlohmann::json::parse(spec_for(model, d / "data.jsonl", d / "lora",
-                                     ", \"lora\": {\"r\": 4, \"alpha\": 8, \"target_modules\": \"all-linear\", "
-                                     "\"base_format\": \"mxfp4\"}")),
-      "spec");
+  rp::TrainSpec s =
+      rp::spec_from_json(nlohmann::json::parse(spec_for(
+                             model, d / "data.jsonl", d / "lora",
+                             ", \"lora\": {\"r\": 4, \"alpha\": 8, \"target_modules\": \"all-linear\", "
+                             "\"base_format\": \"mxfp4\"}")),
+                         "spec");
   s.steps = 8;
   s.seed = 3;
   s.adam.lr = 0.02;
