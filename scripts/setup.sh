@@ -18,6 +18,7 @@ pkgs=(build-essential cmake ninja-build pkg-config python3 python3-pip python3-v
       libcaf-dev libeigen3-dev nlohmann-json3-dev libboost-dev libgtest-dev
       libcli11-dev libspdlog-dev libfmt-dev libpcre2-dev libxxhash-dev libutf8proc-dev
       libopenmpi-dev openmpi-bin  # MPI: data-parallel replicas (README "Several machines")
+      clang-format-14             # scripts/check_format.sh (CI): one formatter version for every system
       pybind11-dev python3-dev)   # the Python module (docs/python.md): 2.10 on Debian 12, 2.11 / 2.9 on Ubuntu 24.04 / 22.04
 [ "${RP_SKIP_ASSETS:-0}" = 1 ] || pkgs+=(bibledit-data)
 os_id=unknown os_version=unknown
