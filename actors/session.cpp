@@ -16,6 +16,7 @@
 #include "actors/worker.hpp"
 #include "base/counted.hpp"
 #include "base/host_resources.hpp"
+#include "scheduler/gpu_presets.hpp"
 #include "scheduler/group_plan.hpp"
 #include "scheduler/run_plan.hpp"
 
@@ -50,6 +51,11 @@ RunPlanInputs session_plan_inputs(const ModelLayout& layout, const SessionOption
   in.compute = dev.compute_dtype();
   in.device = internals.device_model.value_or(
       backend_device_model(opt.backend, opt.device.pcie_bytes_per_s, in.compute));
+  // FP8 linears: their weight caches and scratch in each stage's memory, their GEMMs at the
+  // H200's measured FP8-over-bf16 rate
+  if (opt.device.fp8 && !(in.device.fp8_flops > 0))
+    in.device.fp8_flops = kFp8SpeedupH200 * in.device.peak_flops;
+  in.device.fp8_weight_gradients = opt.device.fp8 && opt.device.fp8_weight_gradients;
   in.mlp_chunk_tokens = opt.mlp_chunk_tokens;
   in.device_capacity = int64_t(dev.capacity_bytes());
   in.alloc_granule = int64_t(dev.allocation_granule());
@@ -156,6 +162,7 @@ void Session::Impl::take_weights_and_layers(std::vector<std::vector<float>> w,
   lo.mlp_chunk_tokens = opt.mlp_chunk_tokens;
   lo.save_attention = saved_attention;
   lo.fp8 = opt.device.fp8;
+  lo.fp8_weight_gradients = opt.device.fp8_weight_gradients;
   for (int l = 0; l < layout.num_layers(); ++l) layers.push_back(make_layer(layout, l, lo));
 }
 

@@ -139,7 +139,7 @@ int run(int argc, char** argv) {
   int workers = 1, layers = 28, steps = 6, warmup = 2;
   int64_t hidden = 2048, heads = 16, kv = 8, hd = 128, ffn = 6144, vocab = 151936, seq = 8192, seqs = 8,
           micro = 8;
-  bool sync = false, qwen3 = true, no_prio = false, fp8 = false;
+  bool sync = false, qwen3 = true, no_prio = false, fp8 = false, fp8_wgrad = false;
   int64_t chunk_bytes = 32 << 20;
   int bulk_inflight = 1;
   int64_t mlp_chunk = 0;
@@ -161,6 +161,7 @@ int run(int argc, char** argv) {
   app.add_option("--warmup", warmup);
   app.add_flag("--sync", sync);
   app.add_flag("--fp8", fp8, "dense decoder linears in FP8 e4m3 (forward, recompute, input gradient)");
+  app.add_flag("--fp8-wgrad", fp8_wgrad, "with --fp8: their weight gradients in FP8 too");
   app.add_option("--cap-gib", cap, "device memory cap per worker");
   app.add_option("--trace", trace);
   app.add_option("--results", results, "append a markdown row here");
@@ -309,6 +310,7 @@ int run(int argc, char** argv) {
   o.device.dtype = dtype == "f16" ? rp::DType::f16 : rp::DType::bf16;
   if (dtype == "f16") o.loss_scaling = rp::LossScalerOptions{};  // fp16 needs dynamic loss scaling
   o.device.fp8 = fp8;
+  o.device.fp8_weight_gradients = fp8 && fp8_wgrad;
   o.trace = !trace.empty();
   if (!plan_json.empty())
     o.plan = rp::plan_from_json(nlohmann::json::parse(plan_json), int(m.num_layers()), workers, "--plan");
@@ -431,7 +433,8 @@ int run(int argc, char** argv) {
   std::string row = fmt::format(
       "| roundpipe ({} x {}, {}, {}, attention {}, {}, {}; {}) | {:.0f} | {:.3f} | {:.2f} | {:.1f} | {:.2f} "
       "|",
-      workers, backend, sync ? "sync" : "async", fp8 ? dtype + " + fp8 linears" : dtype,
+      workers, backend, sync ? "sync" : "async",
+      fp8 ? dtype + (fp8_wgrad ? " + fp8 linears and weight gradients" : " + fp8 linears") : dtype,
       attn && *attn ? attn : "auto", xfer, chunks, shape, tps, mfu, peak, rss, dt);
   predicted_prefetch = std::min(predicted_prefetch, int64_t(o.device.capacity_bytes));
   std::printf(

@@ -161,6 +161,7 @@ DeviceModel device_model(const PlanCommandOptions& o, const std::optional<ModelL
   DeviceModel d;
   d.peak_flops = o.peak_tflops * 1e12;
   if (o.fp8) d.fp8_flops = (o.fp8_tflops > 0 ? o.fp8_tflops : kFp8SpeedupH200 * o.peak_tflops) * 1e12;
+  d.fp8_weight_gradients = o.fp8 && o.fp8_wgrad;
   d.mem_bandwidth = o.hbm_gbps * 1e9;
   d.pcie_bandwidth = o.pcie_gbps * 1e9;
   d.mlp_chunk_tokens = o.mlp_chunk_tokens;
@@ -580,6 +581,8 @@ void add_plan_command(CLI::App& app) {
       "--fp8", o->fp8,
       "plan a run with \"fp8\": true: the dense decoder linears' forward, recompute and input gradient "
       "at --fp8-tflops");
+  c->add_flag("--fp8-wgrad", o->fp8_wgrad,
+              "with --fp8: \"fp8_weight_gradients\": true, the linears' weight gradients in FP8 as well");
   c->add_option(
        "--fp8-tflops", o->fp8_tflops,
        "--fp8: achievable e4m3 GEMM TFLOP/s (0: the --gpu preset's, else 1.7 x --peak-tflops as measured "

@@ -426,6 +426,12 @@ class Ops {
   /// linear's input gradient dx = dy W takes its weight as W^T [in, out] codes.
   virtual void fp8_quantize_transposed(const void* x, const float* scale, uint8_t* q, int64_t rows,
                                        int64_t cols, Fp8Format f) = 0;
+  /// The same with q's columns ld >= rows codes apart: q[c * ld + r] for r < rows, and code 0
+  /// (+0) for rows <= r < ld. A weight gradient's GEMM sums over tokens, so its operands are
+  /// the codes of dy^T and x^T with the token count padded to the FP8 GEMM's multiple of 16
+  /// (the zero codes add nothing).
+  virtual void fp8_quantize_transposed_padded(const void* x, const float* scale, uint8_t* q, int64_t rows,
+                                              int64_t cols, int64_t ld, Fp8Format f) = 0;
   /// d[M,N] (+)= (scale_a[0] * scale_b[0]) * A[M,K] B[N,K]^T with A, B FP8 codes (formats fa,
   /// fb; row-major, K contiguous in both: a linear's activations and its [out, in] weight) and
   /// d in dtype() (read when accumulate, then rounded once). Products and sums are fp32; the
@@ -438,6 +444,13 @@ class Ops {
   /// or formats, rp::DeviceError on a GPU without FP8 tensor cores.
   virtual void gemm_fp8(const uint8_t* a, Fp8Format fa, const float* scale_a, const uint8_t* b, Fp8Format fb,
                         const float* scale_b, void* d, int64_t M, int64_t K, int64_t N, bool accumulate) = 0;
+  /// d[M,N] += (scale_a[0] * scale_b[0]) * A[M,K] B[N,K]^T into fp32 d (grad_dtype()): a
+  /// weight gradient dW [out, in] += dy^T x from the codes of dy^T [out, K] and x^T [in, K]
+  /// (Ops::fp8_quantize_transposed_padded, K the padded token count). The same operand rules,
+  /// sums and errors as gemm_fp8; only d's type differs.
+  virtual void gemm_fp8_accumulate_f32(const uint8_t* a, Fp8Format fa, const float* scale_a, const uint8_t* b,
+                                       Fp8Format fb, const float* scale_b, float* d, int64_t M, int64_t K,
+                                       int64_t N) = 0;
 
   // ---- chunked LM head + cross-entropy ------------------------------------------
   /// For tokens t with targets[t] >= 0 (targets[t] < V required):

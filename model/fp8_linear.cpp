@@ -48,4 +48,21 @@ void fp8_linear_bwd_input(Ops& ops, const Fp8Linear& f, const void* dy, void* dx
                accumulate);
 }
 
+void fp8_linear_bwd_weight(Ops& ops, const Fp8WgradScratch& s, const void* dy, const void* x, float* dw,
+                           int64_t n, int64_t in, int64_t out, Fp8Format grad_format, bool x_quantized) {
+  if (n <= 0) return;
+  if (!s.dyt || !s.xt || !s.dy_scale || !s.x_scale)
+    throw std::invalid_argument("fp8 weight gradient: no scratch for the codes of dy^T and x^T");
+  if (in % 16 != 0)
+    throw std::invalid_argument("fp8 weight gradient: the input width must be a multiple of 16");
+  const int64_t K = fp8_padded_tokens(n);
+  if (!x_quantized) {
+    ops.fp8_scale(x, n * in, kFp8ActFormat, s.x_scale);
+    ops.fp8_quantize_transposed_padded(x, s.x_scale, s.xt, n, in, K, kFp8ActFormat);
+  }
+  ops.fp8_scale(dy, n * out, grad_format, s.dy_scale);
+  ops.fp8_quantize_transposed_padded(dy, s.dy_scale, s.dyt, n, out, K, grad_format);
+  ops.gemm_fp8_accumulate_f32(s.dyt, grad_format, s.dy_scale, s.xt, kFp8ActFormat, s.x_scale, dw, out, K, in);
+}
+
 }  // namespace rp

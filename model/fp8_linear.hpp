@@ -12,7 +12,12 @@
 // per-row scales would need a separate pass over the output. A NaN or inf in x, dy or W makes
 // its scale non-finite and so the whole product: the step's loss or gradients turn non-finite
 // and the run's non-finite-step handling (SessionOptions::skip_nonfinite) takes over.
-// Weight gradients (dW += dy^T x) and LoRA adapters' low-rank GEMMs stay in the compute dtype.
+// Weight gradients dW += dy^T x stay in the compute dtype unless LayerOptions::
+// fp8_weight_gradients: then (fp8_linear_bwd_weight)
+//   dW += (s_dy s_x) * q(dy^T) q(x^T)^T   into the fp32 gradient, the token sum in the GEMM's K
+// with dy^T [out, n] and x^T [in, n] quantized transposed (the FP8 GEMM wants K contiguous)
+// and the token count padded to 16 with zero codes. LoRA adapters' low-rank GEMMs stay in the
+// compute dtype.
 #pragma once
 #include <cstdint>
 
@@ -60,6 +65,19 @@ struct Fp8Linear {
   Fp8Format grad_format = kFp8GradFormat;
 };
 
+/// Where a weight gradient's FP8 GEMM quantizes dy^T and x^T (DecoderBufs::fp8_dyt / fp8_xt):
+/// codes of at least out * fp8_padded_tokens(n) and in * fp8_padded_tokens(n) bytes, and one
+/// 16-byte aligned fp32 scale each.
+struct Fp8WgradScratch {
+  uint8_t* dyt = nullptr;
+  uint8_t* xt = nullptr;
+  float* dy_scale = nullptr;
+  float* x_scale = nullptr;
+};
+
+/// Tokens of a weight gradient's FP8 GEMM: n rounded up to the GEMM's multiple of 16.
+constexpr int64_t fp8_padded_tokens(int64_t n) { return (n + 15) / 16 * 16; }
+
 /// scale[0] = scale of W [out, in] (compute dtype), wq = its e4m3 codes, and when wtq is not
 /// null the codes of W^T [in, out].
 void fp8_quantize_weight(Ops& ops, const void* w, int64_t out, int64_t in, uint8_t* wq, uint8_t* wtq,
@@ -73,5 +91,13 @@ void fp8_linear_fwd(Ops& ops, const Fp8Linear& f, const void* x, void* y, int64_
 /// std::invalid_argument without it.
 void fp8_linear_bwd_input(Ops& ops, const Fp8Linear& f, const void* dy, void* dx, int64_t n, int64_t in,
                           int64_t out, bool accumulate);
+
+/// dw [out, in] (fp32) += dy^T x through the FP8 GEMM (dy [n, out], x [n, in] in the compute
+/// dtype; dy's codes in `grad_format`, x's e4m3). `x_quantized`: s.xt and s.x_scale already
+/// hold x^T's codes from the previous call with the same x and n (k and v after q, up after
+/// gate). Needs in % 16 == 0 (the GEMM's N); throws std::invalid_argument otherwise or
+/// without scratch.
+void fp8_linear_bwd_weight(Ops& ops, const Fp8WgradScratch& s, const void* dy, const void* x, float* dw,
+                           int64_t n, int64_t in, int64_t out, Fp8Format grad_format, bool x_quantized);
 
 }  // namespace rp

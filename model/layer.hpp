@@ -136,6 +136,10 @@ struct LayerOptions {
   /// accumulation (model/fp8_linear.hpp); weight gradients and LoRA adapters stay in the
   /// compute dtype. Changes the result (FP8 rounding) and needs LayerArgs::fp8_weights.
   bool fp8 = false;
+  /// With fp8: the dense linears' weight gradients dW += dy^T x as FP8 GEMMs too (the codes
+  /// of dy^T and x^T, e4m3, scales from each tensor's amax; model/fp8_linear.hpp), where the
+  /// linear's input width is a multiple of 16; otherwise in the compute dtype.
+  bool fp8_weight_gradients = false;
 };
 
 /// Builds compute layer `layer` (0 = embedding, 1..L decoders, L+1 tail) of `m`.

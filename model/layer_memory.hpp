@@ -75,7 +75,8 @@ struct DecoderDims {
   bool lora_dropout = false;     ///< LoraConfig::dropout > 0
   bool frozen_base = false;      ///< the base group is frozen (no weight gradients; no scratch of its own)
   bool expert_lora = false;      ///< the sparse block's experts carry adapters of rank lora_rank
-  bool fp8 = false;  ///< dense linears in FP8 (LayerOptions::fp8): activation codes in the scratch
+  bool fp8 = false;        ///< dense linears in FP8 (LayerOptions::fp8): activation codes in the scratch
+  bool fp8_wgrad = false;  ///< and their weight gradients (LayerOptions::fp8_weight_gradients)
   /// Sparse MLP block: experts (0: a dense SwiGLU MLP of ffn), experts per token, expert FFN.
   int64_t experts = 0, experts_per_tok = 0, expert_ffn = 0;
 };
@@ -124,6 +125,10 @@ struct DecoderBufs {
   // at a time, [T, max(H,Q)] or for the MLP [C, max(H,F)], and their scale
   uint8_t* fp8_codes = nullptr;
   float* fp8_scale = nullptr;
+  // FP8 weight gradients (DecoderDims::fp8_wgrad, backward): the codes of dy^T and x^T of one
+  // linear at a time, tokens padded to 16 (model/fp8_linear.hpp, Fp8WgradScratch)
+  uint8_t *fp8_dyt = nullptr, *fp8_xt = nullptr;
+  float *fp8_dyt_scale = nullptr, *fp8_xt_scale = nullptr;
 };
 
 /// Carves a sparse block's buffers for chunks of C tokens.
@@ -201,6 +206,14 @@ inline void carve_decoder_scratch(const DecoderDims& d, int64_t n_seq, int64_t s
     b.fp8_scale = static_cast<float*>(sc.take(sizeof(float)));
   }
   if (!backward) return;
+  if (d.fp8 && d.fp8_wgrad && !d.frozen_base) {
+    const auto pad16 = [](size_t n) { return (n + 15) / 16 * 16; };
+    const size_t codes = std::max(pad16(T) * std::max({H, Q, K}), pad16(C) * std::max(H, F));
+    b.fp8_dyt = static_cast<uint8_t*>(sc.take(codes));
+    b.fp8_xt = static_cast<uint8_t*>(sc.take(codes));
+    b.fp8_dyt_scale = static_cast<float*>(sc.take(sizeof(float)));
+    b.fp8_xt_scale = static_cast<float*>(sc.take(sizeof(float)));
+  }
   if (!d.saved_attention) b.lse = static_cast<float*>(sc.take(T * size_t(d.heads) * 4));
   b.dout = sc.take(T * Q * es);
   b.dq = sc.take(T * Q * es);

@@ -40,10 +40,6 @@ namespace {
 
 using namespace layer_args;
 
-// dw += dy^T x (Ops::linear_bwd_weight) unless dw is a frozen group's (null).
-void weight_grad(Ops& ops, const void* dy, const void* x, void* dw, int64_t M, int64_t K, int64_t N) {
-  if (dw) ops.linear_bwd_weight(dy, x, dw, M, K, N);
-}
 // y[r,:] += b for the M rows of y [M,N] (a linear's bias; offset < 0: no bias).
 void bias_fwd(Ops& ops, const LayerArgs& a, int64_t off, void* y, int64_t M, int64_t N) {
   if (off < 0) return;
@@ -79,7 +75,27 @@ struct Fp8Set {
     if (!(*this)(m) || !(*this)(previous)) return (*this)(m);
     return &same_input[size_t(m)];
   }
+  // Weight gradients in FP8 (LayerOptions::fp8_weight_gradients, backward calls): the codes'
+  // scratch; null codes: in the compute dtype.
+  Fp8WgradScratch wgrad;
+  bool wgrad_fp8(LoraModule m, int64_t in) const { return (*this)(m) && wgrad.dyt && in % 16 == 0; }
 };
+
+// dw += dy^T x (M tokens, x [M,K], dy [M,N]) unless dw is a frozen group's (null): through
+// the FP8 GEMM when the call runs linear m's weight gradient in FP8 (`x_same`: x^T's codes are
+// the previous call's, which had the same x), else Ops::linear_bwd_weight. Returns whether
+// x^T's codes are now in the scratch, for the next linear reading the same x.
+bool weight_grad(Ops& ops, const Fp8Set& f8, LoraModule m, const void* dy, const void* x, void* dw, int64_t M,
+                 int64_t K, int64_t N, bool x_same = false) {
+  if (!dw) return false;
+  if (!f8.wgrad_fp8(m, K)) {
+    ops.linear_bwd_weight(dy, x, dw, M, K, N);
+    return false;
+  }
+  fp8_linear_bwd_weight(ops, f8.wgrad, dy, x, static_cast<float*>(dw), M, K, N, f8.lin[size_t(m)].grad_format,
+                        x_same);
+  return true;
+}
 
 // y = RMSNorm(x) w over R rows of n; when `next` (the FP8 linear that reads y) is given, the
 // norm also writes y's scale into that linear's scratch (its Fp8Set::scaled form skips the
@@ -140,6 +156,7 @@ class DecoderLayer final : public Layer {
         c_.hidden_size, c_.intermediate_size, c_.num_attention_heads,  c_.num_key_value_heads,    c_.head_dim,
         c_.qk_norm,     opt.save_attention,   adapted ? m.lora->r : 0, adapted && dropout_ > 0.f, g.frozen};
     dims_.fp8 = fp8_;
+    dims_.fp8_wgrad = fp8_ && opt.fp8_weight_gradients;
     if (moe_) {
       dims_.experts = c_.num_experts;
       dims_.experts_per_tok = c_.num_experts_per_tok;
@@ -304,6 +321,7 @@ Fp8Set DecoderLayer::fp8_linears(const LayerArgs& a, const DecoderBufs& b, bool 
     s.prescaled[i] = s.lin[i];
     s.prescaled[i].input_scaled = true;
   }
+  if (backward) s.wgrad = {b.fp8_dyt, b.fp8_xt, b.fp8_dyt_scale, b.fp8_xt_scale};
   return s;
 }
 
@@ -437,12 +455,12 @@ void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const 
     dout = b.dhn;
   }
   // down's adapter has its u from the recompute only when down's forward ran again
-  weight_grad(ops, dout, b.m, grad(a, 0, wd_), n, F, H);
+  weight_grad(ops, f8, LoraModule::down, dout, b.m, grad(a, 0, wd_), n, F, H);
   adapted_linear_bwd_input(ops, lc, lora(LoraModule::down), b.m, dout, param(a, 0, wd_), b.dm, n, F, H, false,
                            r0, c_.post_norms, f8(LoraModule::down));
   ops.swiglu_bwd(b.g, b.u, b.dm, b.dg, b.du, n * F);
-  weight_grad(ops, b.dg, in, grad(a, 0, wg_), n, H, F);
-  weight_grad(ops, b.du, in, grad(a, 0, wu_), n, H, F);
+  const bool in_codes = weight_grad(ops, f8, LoraModule::gate, b.dg, in, grad(a, 0, wg_), n, H, F);
+  weight_grad(ops, f8, LoraModule::up, b.du, in, grad(a, 0, wu_), n, H, F, in_codes);
   // without a pre-norm the input gradients add straight onto the residual path's
   void* din = c_.post_norms ? dh1 : b.dhn;
   if (c_.post_norms) ops.copy(ops.dtype(), dh1, dy, n * H);  // residual path
@@ -473,7 +491,7 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
     scale_activation(ops, a.dx, b.h1, T * H, float(c_.residual_multiplier));
     dattn = b.h1;
   }
-  weight_grad(ops, dattn, b.o, grad(a, 0, wo_), T, nq * D, H);
+  weight_grad(ops, f8, LoraModule::o, dattn, b.o, grad(a, 0, wo_), T, nq * D, H);
   bias_bwd(ops, a, bo_, dattn, T, H);
   adapted_linear_bwd_input(ops, lc, lora(LoraModule::o), b.o, dattn, param(a, 0, wo_), b.dout, T, nq * D, H,
                            false, 0, true, f8(LoraModule::o));
@@ -509,9 +527,9 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
     dk_lin = b.v;
   }
   const void* xin = attention_input(a, b);
-  weight_grad(ops, dq_lin, xin, grad(a, 0, wq_), T, H, nq * D);
-  weight_grad(ops, dk_lin, xin, grad(a, 0, wk_), T, H, nkv * D);
-  weight_grad(ops, b.dv, xin, grad(a, 0, wv_), T, H, nkv * D);
+  const bool x_codes = weight_grad(ops, f8, LoraModule::q, dq_lin, xin, grad(a, 0, wq_), T, H, nq * D);
+  weight_grad(ops, f8, LoraModule::k, dk_lin, xin, grad(a, 0, wk_), T, H, nkv * D, x_codes);
+  weight_grad(ops, f8, LoraModule::v, b.dv, xin, grad(a, 0, wv_), T, H, nkv * D, x_codes);
   bias_bwd(ops, a, bq_, dq_lin, T, nq * D);
   bias_bwd(ops, a, bk_, dk_lin, T, nkv * D);
   bias_bwd(ops, a, bv_, b.dv, T, nkv * D);

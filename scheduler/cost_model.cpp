@@ -163,6 +163,16 @@ struct Acc {
     }
     add(2 * m * n * k, m * k + k * n + es() * m * n, d.fp8_flops);
   }
+  // A dense linear's weight gradient dW[k,n] += A^T dC over m rows: with FP8 weight gradients
+  // an e4m3 GEMM into the grad-dtype gradient after the amax and transposed quantization of dC
+  // and of A (none for A when `a_reused`: the previous linear read the same A); else gemm's
+  // accumulating form.
+  void linear_wgrad(double k, double n, double m, bool a_reused) {
+    if (!(d.fp8_flops > 0) || !d.fp8_weight_gradients) return gemm(k, n, m, true);
+    if (m <= 0 || n <= 0 || k <= 0) return;
+    add(0, (2 * es() + 1) * m * (n + (a_reused ? 0 : k)), d.peak_flops, d.fp8_quant_efficiency);
+    add(2 * m * n * k, m * (k + n) + 2.0 * double(d.grad_elem_bytes) * k * n, d.fp8_flops);
+  }
   void elementwise(double b) { add(0, b, d.peak_flops); }
   void attention(double f, double b) { add(f, b, d.peak_flops * d.attention_efficiency); }
   // bandwidth_share: of mem_bandwidth, what the op's kernels reach
@@ -281,15 +291,16 @@ void decoder_pass(Acc& a, const Dims& x, bool bwd, bool reuse_attention = false)
   a.elementwise(3 * x.T * x.H * es);  // residual
   if (!bwd) return;
   // backward: each GEMM C=AB costs dA = dC B^T and dB = A^T dC (accumulated into grads)
-  auto gemm_bwd = [&](double m, double n, double k) {
+  // a_reused: the weight gradient's A was quantized by the previous linear's (model/layers.cpp)
+  auto gemm_bwd = [&](double m, double n, double k, bool a_reused = false) {
     a.linear(m, k, n);
-    if (!x.frozen) a.gemm(k, n, m, true);
+    if (!x.frozen) a.linear_wgrad(k, n, m, a_reused);
   };
   a.elementwise(2 * 2 * x.T * x.H * es);  // RMSNorm backward x2 (read x, dy; write dx)
   a.elementwise(2 * 3 * x.T * x.H * es);
   gemm_bwd(x.T, x.Q, x.H);
-  gemm_bwd(x.T, x.K, x.H);
-  gemm_bwd(x.T, x.K, x.H);
+  gemm_bwd(x.T, x.K, x.H, true);
+  gemm_bwd(x.T, x.K, x.H, true);
   if (x.qk_norm) a.elementwise(3 * x.T * (x.Q + x.K) * es);
   a.elementwise(2 * x.T * (x.Q + x.K) * es);                       // RoPE backward
   a.attention(2.5 * att_f, (4 * x.T * x.Q + 4 * x.T * x.K) * es);  // FlashAttention-2 backward
@@ -298,7 +309,7 @@ void decoder_pass(Acc& a, const Dims& x, bool bwd, bool reuse_attention = false)
     moe_backward(a, x);
   } else {
     gemm_bwd(x.T, x.F, x.H);
-    gemm_bwd(x.T, x.F, x.H);
+    gemm_bwd(x.T, x.F, x.H, true);  // up: gate's input codes
     a.elementwise(5 * x.T * x.F * es);
     gemm_bwd(x.T, x.H, x.F);
   }
@@ -393,6 +404,7 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, i
       dd.lora_dropout = d.lora_dropout;
       dd.frozen_base = d.frozen_base;
       dd.fp8 = d.fp8_flops > 0;
+      dd.fp8_wgrad = dd.fp8 && d.fp8_weight_gradients;
       if (x.moe) {
         c.router_stats_bytes = 2 * m.num_experts * 4;
         dd.experts = m.num_experts;

@@ -114,6 +114,10 @@ struct DeviceModel {
   /// forward, recompute and input gradient (their weight gradients stay at peak_flops). 0:
   /// every GEMM runs at peak_flops in the compute dtype.
   double fp8_flops = 0;
+  /// With fp8_flops: the dense linears' weight gradients run as e4m3 GEMMs too
+  /// (LayerOptions::fp8_weight_gradients), after the amax and transposed quantization of the
+  /// output gradient and of the input (k, v, up reuse the input codes of q, gate).
+  bool fp8_weight_gradients = false;
   /// The FP8 quantization kernels' share of mem_bandwidth (amax and quantize passes over an
   /// activation or a gradient, bf16 in, codes out): 0.56, as measured on the H200
   /// (bench_fp8_ops_bench: 2.4 TB/s of a 4.25 TB/s copy at [8192, 2048], launch and tail

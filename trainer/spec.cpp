@@ -118,6 +118,11 @@ void read_scalars(const JsonFields& f, TrainSpec& s) {
         "supported)");
   if (s.fp8 && s.gemm_accumulate != "f32")
     f.fail_with("key 'fp8': the FP8 GEMMs accumulate in fp32; drop \"gemm_accumulate\": \"f16\"");
+  f.optional("fp8_weight_gradients", s.fp8_weight_gradients);
+  if (s.fp8_weight_gradients && !s.fp8)
+    f.fail_with(
+        "key 'fp8_weight_gradients': needs \"fp8\": true (it moves the FP8 linears' weight gradients "
+        "to FP8 as well)");
   f.optional("resume_from", s.resume_from);
   f.optional("watchdog_s", s.watchdog_s);
   f.optional("stop_timeout_s", s.stop_timeout_s);
@@ -477,6 +482,7 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
                 "compute_dtype",
                 "gemm_accumulate",
                 "fp8",
+                "fp8_weight_gradients",
                 "loss_scaling",
                 "resume_from",
                 "watchdog_s",

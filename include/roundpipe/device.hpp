@@ -24,6 +24,11 @@ struct DeviceOptions {
   /// rp::DeviceError) and dtype bf16 (else std::invalid_argument). CPU: emulated bit for bit
   /// in the FP8 rounding (the GEMM's sum in fp32), slow.
   bool fp8 = false;
+  /// With fp8: the dense decoder linears' weight gradients dW += dy^T x as FP8 GEMMs as well
+  /// (spec key "fp8_weight_gradients"; LayerOptions::fp8_weight_gradients): dy^T and x^T
+  /// quantized to e4m3 with scales from their amax, summed in fp32 into the fp32 gradient.
+  /// Ignored without fp8.
+  bool fp8_weight_gradients = false;
 };
 
 /// Number of CUDA devices visible (0 when the build has no CUDA or no driver/GPU).

@@ -139,6 +139,9 @@ struct TrainSpec {
   /// fp32 accumulation (DeviceOptions::fp8; docs/gpu.md "FP8 linears"). Needs compute_dtype
   /// bf16; on the CUDA backend a GPU of compute capability 8.9+.
   bool fp8 = false;
+  /// With fp8: the dense decoder linears' weight gradients in FP8 too
+  /// (DeviceOptions::fp8_weight_gradients; docs/gpu.md "FP8 linears"). Needs fp8.
+  bool fp8_weight_gradients = false;
   /// fp16 dynamic loss scaling ("loss_scaling": true/false or {init_scale, growth_factor,
   /// backoff_factor, growth_interval}); default: on iff compute_dtype is f16.
   std::optional<LossScalerOptions> loss_scaling;

@@ -69,6 +69,18 @@ void CpuOps::fp8_quantize_transposed(const void* x, const float* scale, uint8_t*
     for (int64_t c = 0; c < cols; ++c) q[c * rows + r] = fp8::quantize(f, F(x)[r * cols + c], s);
 }
 
+void CpuOps::fp8_quantize_transposed_padded(const void* x, const float* scale, uint8_t* q, int64_t rows,
+                                            int64_t cols, int64_t ld, Fp8Format f) {
+  require(rows >= 0 && cols >= 0 && ld >= rows, "fp8_quantize_transposed_padded",
+          "negative dimension or ld < rows");
+  if (rows == 0 || cols == 0) return;
+  const float s = scale[0];
+  for (int64_t c = 0; c < cols; ++c) {
+    for (int64_t r = 0; r < rows; ++r) q[c * ld + r] = fp8::quantize(f, F(x)[r * cols + c], s);
+    std::fill(q + c * ld + rows, q + (c + 1) * ld, uint8_t(0));
+  }
+}
+
 // Each product of two FP8 values is exact in fp32 (at most 4 x 4 significant bits); Eigen sums
 // them in fp32 in its own order, and the scale product multiplies each sum once.
 void CpuOps::gemm_fp8(const uint8_t* a, Fp8Format fa, const float* scale_a, const uint8_t* b, Fp8Format fb,
@@ -84,6 +96,13 @@ void CpuOps::gemm_fp8(const uint8_t* a, Fp8Format fa, const float* scale_a, cons
   const float s = scale_a[0] * scale_b[0];
   float* y = static_cast<float*>(d);
   for (int64_t i = 0; i < M * N; ++i) y[i] = accumulate ? y[i] + acc[size_t(i)] * s : acc[size_t(i)] * s;
+}
+
+// The weight gradient's form: the same fp32 sums (d is grad_dtype() = fp32 on the CPU as well).
+void CpuOps::gemm_fp8_accumulate_f32(const uint8_t* a, Fp8Format fa, const float* scale_a, const uint8_t* b,
+                                     Fp8Format fb, const float* scale_b, float* d, int64_t M, int64_t K,
+                                     int64_t N) {
+  gemm_fp8(a, fa, scale_a, b, fb, scale_b, d, M, K, N, true);
 }
 
 }  // namespace rp::cpu

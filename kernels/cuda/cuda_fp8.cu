@@ -108,14 +108,14 @@ void launch_quantize(const T* x, const float* scale, uint8_t* q, int64_t n, int6
   else quantize_kernel<F, ROWS, false><<<blocks_for(n), kThreads, 0, st>>>(x, scale, q, n, cols);
 }
 
-// q[c, r] = encode(x[r, c] / scale[0]) for x [rows, cols]: 64 x 64 tiles through shared
+// q[c * ld + r] = encode(x[r, c] / scale[0]) for x [rows, cols]: 64 x 64 tiles through shared
 // memory, each thread reading 16 consecutive values of a row (two 16-byte loads) and writing
-// 16 consecutive codes of a column (one 16-byte store). rows and cols multiples of 64, x and q
-// 16-byte aligned.
+// 16 consecutive codes of a column (one 16-byte store). rows and cols multiples of 64, ld a
+// multiple of 16, x and q 16-byte aligned.
 constexpr int kTile = 64;
 template <Fp8Format F, typename T>
 __global__ void quantize_transposed_tiles(const T* x, const float* scale, uint8_t* q, int64_t rows,
-                                          int64_t cols) {
+                                          int64_t cols, int64_t ld) {
   __shared__ __align__(16) uint8_t tile[kTile][kTile + 16];  // tile[c][r]
   const float s = scale[0];
   const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
@@ -126,27 +126,29 @@ __global__ void quantize_transposed_tiles(const T* x, const float* scale, uint8_
   for (int j = 0; j < 16; j += 2)
     encode_pair<F>(v[j] / s, v[j + 1] / s, tile[lc + j][lr], tile[lc + j + 1][lr]);
   __syncthreads();
-  *reinterpret_cast<uint4*>(q + (c0 + lr) * rows + r0 + lc) = *reinterpret_cast<const uint4*>(&tile[lr][lc]);
+  *reinterpret_cast<uint4*>(q + (c0 + lr) * ld + r0 + lc) = *reinterpret_cast<const uint4*>(&tile[lr][lc]);
 }
 
 // The same, one element per thread (any shape and alignment).
 template <Fp8Format F, typename T>
 __global__ void quantize_transposed_scalar(const T* x, const float* scale, uint8_t* q, int64_t rows,
-                                           int64_t cols) {
+                                           int64_t cols, int64_t ld) {
   const int64_t n = rows * cols, stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const int64_t c = i / rows, r = i - c * rows;  // consecutive threads write consecutive codes
-    q[i] = fp8::encode<F>(to_f(x[r * cols + c]) / scale[0]);
+    q[c * ld + r] = fp8::encode<F>(to_f(x[r * cols + c]) / scale[0]);
   }
 }
 
 template <Fp8Format F, typename T>
-void launch_transposed(const T* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols,
+void launch_transposed(const T* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols, int64_t ld,
                        cudaStream_t st) {
-  if (rows % kTile == 0 && cols % kTile == 0 && aligned16(x) && aligned16(q) && rows / kTile <= 65535)
-    quantize_transposed_tiles<F>
-        <<<dim3(unsigned(cols / kTile), unsigned(rows / kTile)), kThreads, 0, st>>>(x, scale, q, rows, cols);
-  else quantize_transposed_scalar<F><<<blocks_for(rows * cols), kThreads, 0, st>>>(x, scale, q, rows, cols);
+  if (rows % kTile == 0 && cols % kTile == 0 && ld % 16 == 0 && aligned16(x) && aligned16(q) &&
+      rows / kTile <= 65535)
+    quantize_transposed_tiles<F><<<dim3(unsigned(cols / kTile), unsigned(rows / kTile)), kThreads, 0, st>>>(
+        x, scale, q, rows, cols, ld);
+  else
+    quantize_transposed_scalar<F><<<blocks_for(rows * cols), kThreads, 0, st>>>(x, scale, q, rows, cols, ld);
 }
 
 // ---- the check against the hardware conversion -------------------------------------------
@@ -249,12 +251,14 @@ void k_fp8_quantize(DType t, const void* x, const float* scale, uint8_t* q, int6
 }
 
 void k_fp8_quantize_transposed(DType t, const void* x, const float* scale, uint8_t* q, int64_t rows,
-                               int64_t cols, Fp8Format f, cudaStream_t st) {
+                               int64_t cols, int64_t ld, Fp8Format f, cudaStream_t st) {
   if (rows <= 0 || cols <= 0) return;
+  if (ld > rows)  // the padding codes (0 = +0 in both formats) of every column
+    RP_CUDA_CHECK(cudaMemset2DAsync(q + rows, size_t(ld), 0, size_t(ld - rows), size_t(cols), st));
   RP_DISPATCH_ANY("fp8_quantize_transposed", t, T, {
     const T* xt = static_cast<const T*>(x);
-    if (f == Fp8Format::e4m3) launch_transposed<Fp8Format::e4m3>(xt, scale, q, rows, cols, st);
-    else launch_transposed<Fp8Format::e5m2>(xt, scale, q, rows, cols, st);
+    if (f == Fp8Format::e4m3) launch_transposed<Fp8Format::e4m3>(xt, scale, q, rows, cols, ld, st);
+    else launch_transposed<Fp8Format::e5m2>(xt, scale, q, rows, cols, ld, st);
   });
   RP_CUDA_LAUNCH_CHECK("fp8 quantize transposed");
 }

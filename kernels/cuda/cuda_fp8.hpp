@@ -26,11 +26,12 @@ void k_fp8_scale_rows(DType t, const void* x, int64_t rows, int64_t cols, Fp8For
 /// Ops::fp8_quantize (rows false: scale[0]) or fp8_quantize_rows (rows true: scale[i / cols]).
 void k_fp8_quantize(DType t, const void* x, const float* scale, uint8_t* q, int64_t n, int64_t cols,
                     bool rows, Fp8Format f, cudaStream_t st);
-/// Ops::fp8_quantize_transposed: 64 x 64 tiles through shared memory (16-byte loads and
-/// stores) when rows and cols are multiples of 64 and x, q 16-byte aligned, else one element
-/// per thread.
+/// Ops::fp8_quantize_transposed(_padded): q's columns ld codes apart (ld >= rows; the codes
+/// past rows set to 0). 64 x 64 tiles through shared memory (16-byte loads and stores) when
+/// rows and cols are multiples of 64, ld of 16 and x, q 16-byte aligned, else one element per
+/// thread.
 void k_fp8_quantize_transposed(DType t, const void* x, const float* scale, uint8_t* q, int64_t rows,
-                               int64_t cols, Fp8Format f, cudaStream_t st);
+                               int64_t cols, int64_t ld, Fp8Format f, cudaStream_t st);
 /// cuda_backend.hpp's check_fp8_conversions (waits for st).
 Fp8ConversionCheck k_fp8_check_conversions(Fp8Format f, cudaStream_t st);
 

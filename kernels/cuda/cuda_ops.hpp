@@ -120,6 +120,11 @@ class CudaOps final : public Ops {
                          Fp8Format f) override;
   void fp8_quantize_transposed(const void* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols,
                                Fp8Format f) override;
+  void fp8_quantize_transposed_padded(const void* x, const float* scale, uint8_t* q, int64_t rows,
+                                      int64_t cols, int64_t ld, Fp8Format f) override;
+  void gemm_fp8_accumulate_f32(const uint8_t* a, Fp8Format fa, const float* scale_a, const uint8_t* b,
+                               Fp8Format fb, const float* scale_b, float* d, int64_t M, int64_t K,
+                               int64_t N) override;
   void gemm_fp8(const uint8_t* a, Fp8Format fa, const float* scale_a, const uint8_t* b, Fp8Format fb,
                 const float* scale_b, void* d, int64_t M, int64_t K, int64_t N, bool accumulate) override;
   /// cuda_backend.hpp's set_fp8_fast_accum / check_fp8_conversions.
@@ -196,6 +201,9 @@ class CudaOps final : public Ops {
     bool fast_accum;
   };
   static void set_fp8_attributes(cublasLtMatmulDesc_t op, const Fp8Operands& f);
+  void gemm_fp8_to(const uint8_t* a, Fp8Format fa, const float* scale_a, const uint8_t* b, Fp8Format fb,
+                   const float* scale_b, void* d, DType d_type, int64_t M, int64_t K, int64_t N,
+                   bool accumulate, const char* op);
   // gemm() on stream st with workspace ws (ws_bytes_ bytes, used by no other stream meanwhile).
   void gemm_on(cudaStream_t st, void* ws, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                const void* A, int64_t lda, const void* B, int64_t ldb, void* C, DType c_t, int64_t ldc,

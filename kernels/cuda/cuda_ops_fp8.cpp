@@ -79,7 +79,15 @@ void CudaOps::fp8_quantize_transposed(const void* x, const float* scale, uint8_t
                                       int64_t cols, Fp8Format f) {
   require(rows >= 0 && cols >= 0, "fp8_quantize_transposed", "negative dimension");
   set_device(dev_);
-  k_fp8_quantize_transposed(dtype_, x, scale, q, rows, cols, f, st_);
+  k_fp8_quantize_transposed(dtype_, x, scale, q, rows, cols, rows, f, st_);
+}
+
+void CudaOps::fp8_quantize_transposed_padded(const void* x, const float* scale, uint8_t* q, int64_t rows,
+                                             int64_t cols, int64_t ld, Fp8Format f) {
+  require(rows >= 0 && cols >= 0 && ld >= rows, "fp8_quantize_transposed_padded",
+          "negative dimension or ld < rows");
+  set_device(dev_);
+  k_fp8_quantize_transposed(dtype_, x, scale, q, rows, cols, ld, f, st_);
 }
 
 void CudaOps::set_fp8_attributes(cublasLtMatmulDesc_t op, const Fp8Operands& f) {
@@ -94,7 +102,19 @@ void CudaOps::set_fp8_attributes(cublasLtMatmulDesc_t op, const Fp8Operands& f) 
 
 void CudaOps::gemm_fp8(const uint8_t* a, Fp8Format fa, const float* scale_a, const uint8_t* b, Fp8Format fb,
                        const float* scale_b, void* d, int64_t M, int64_t K, int64_t N, bool accumulate) {
-  const char* op = "gemm_fp8";
+  gemm_fp8_to(a, fa, scale_a, b, fb, scale_b, d, dtype_, M, K, N, accumulate, "gemm_fp8");
+}
+
+void CudaOps::gemm_fp8_accumulate_f32(const uint8_t* a, Fp8Format fa, const float* scale_a, const uint8_t* b,
+                                      Fp8Format fb, const float* scale_b, float* d, int64_t M, int64_t K,
+                                      int64_t N) {
+  gemm_fp8_to(a, fa, scale_a, b, fb, scale_b, d, DType::f32, M, K, N, true, "gemm_fp8_accumulate_f32");
+}
+
+// d (d_type: dtype() or f32) (+)= scale_a scale_b A B^T: gemm_fp8's checks and cuBLASLt call.
+void CudaOps::gemm_fp8_to(const uint8_t* a, Fp8Format fa, const float* scale_a, const uint8_t* b,
+                          Fp8Format fb, const float* scale_b, void* d, DType d_type, int64_t M, int64_t K,
+                          int64_t N, bool accumulate, const char* op) {
   require(M >= 0 && K >= 0 && N >= 0, op, "negative dimension");
   require(!(fa == Fp8Format::e5m2 && fb == Fp8Format::e5m2), op,
           "both operands e5m2 (cuBLASLt has no e5m2 x e5m2 GEMM; quantize one of them to e4m3)");
@@ -118,7 +138,7 @@ void CudaOps::gemm_fp8(const uint8_t* a, Fp8Format fa, const float* scale_a, con
   // 16-byte aligned (measured on an H200 with cuBLASLt 13.1: a scale at +4 bytes was refused)
   require(aligned16(scale_a) && aligned16(scale_b), op, "scale pointers must be 16-byte aligned");
   if (K == 0) {  // cuBLASLt has no k = 0 GEMM: the sum is empty
-    if (!accumulate) fill(dtype_, d, M * N, 0.f);
+    if (!accumulate) fill(d_type, d, M * N, 0.f);
     return;
   }
   const Fp8Operands f8{fp8_type(fb), fp8_type(fa), scale_a, scale_b, fp8_fast_accum_};
@@ -132,7 +152,7 @@ void CudaOps::gemm_fp8(const uint8_t* a, Fp8Format fa, const float* scale_a, con
                 K,
                 K,
                 N,
-                int64_t(dtype_),
+                int64_t(d_type),
                 al,
                 al,
                 al,
@@ -142,7 +162,7 @@ void CudaOps::gemm_fp8(const uint8_t* a, Fp8Format fa, const float* scale_a, con
                 f8.fast_accum ? 1 : 0};
   const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
   std::lock_guard lk(mu_);
-  Plan& p = plan_for(key, true, false, N, M, K, K, K, N, dtype_, al, al, al, &f8);
+  Plan& p = plan_for(key, true, false, N, M, K, K, K, N, d_type, al, al, al, &f8);
   set_fp8_attributes(p.op, f8);  // this call's scale pointers
   RP_CUBLAS_CHECK(
       cublasLtMatmul(lt_, p.op, &alpha, b, p.a, a, p.b, &beta, d, p.c, d, p.c, &p.algo, ws_, ws_bytes_, st_));

@@ -161,6 +161,35 @@ TEST_F(CudaFp8, TransposedCodesEqualTheCpuTwin) {
     }
 }
 
+// The padded form (a weight gradient's operands): the same codes ld apart, zero codes in the
+// padding, nothing written past cols * ld; tile and scalar paths (ld a multiple of 16 or not).
+TEST_F(CudaFp8, PaddedTransposedCodesEqualTheCpuTwin) {
+  struct Shape {
+    int64_t rows, cols, ld;
+  } shapes[] = {{128, 192, 128}, {128, 64, 144}, {100, 48, 112}, {33, 50, 40}, {2048, 256, 2064}};
+  for (const Shape& sh : shapes)
+    for (Fp8Format f : {Fp8Format::e4m3, Fp8Format::e5m2}) {
+      const int64_t n = sh.rows * sh.cols, m = sh.cols * sh.ld;
+      VecF x = fp8ref::normal_with_outliers(size_t(n), uint32_t(n + 7));
+      DT xd = upload(x, ct());
+      DT s = poisoned(1, DType::f32), q = bytes(m + 1, 0xab);
+      run([&](Ops& o) {
+        o.fp8_scale(xd.get(), n, f, s.as<float>());
+        o.fp8_quantize_transposed_padded(xd.get(), s.as<float>(), q.as<uint8_t>(), sh.rows, sh.cols, sh.ld,
+                                         f);
+      });
+      float cs_ = 0;
+      Codes cq(static_cast<size_t>(m), 0xcd);
+      cpu_->fp8_scale(x.data(), n, f, &cs_);
+      cpu_->fp8_quantize_transposed_padded(x.data(), &cs_, cq.data(), sh.rows, sh.cols, sh.ld, f);
+      const Codes gq = download_bytes(q.get(), m + 1);
+      for (int64_t i = 0; i < m; ++i)
+        ASSERT_EQ(int(gq[size_t(i)]), int(cq[size_t(i)]))
+            << fp8_format_name(f) << " " << sh.rows << "x" << sh.cols << " ld " << sh.ld << " element " << i;
+      EXPECT_EQ(int(gq[size_t(m)]), 0xab) << "wrote past the end";
+    }
+}
+
 // Zeros give scale 1, an inf an inf scale, a NaN a NaN scale, on both backends alike; the
 // codes under those scales agree too (all NaN codes under a NaN scale).
 TEST_F(CudaFp8, NonFiniteAndZeroTensors) {
@@ -267,6 +296,37 @@ TEST_F(CudaFp8, GemmIsExactOnSmallIntegers) {
                    acc);
     EXPECT_EQ(download(dd), want) << (acc ? "accumulate" : "overwrite");
   }
+}
+
+// The weight gradient's GEMM adds into an fp32 d: exact on integer-valued operands (as above),
+// with a K that is a padded token count (zero codes at the end of each row).
+TEST_F(CudaFp8, WeightGradientGemmAddsExactlyIntoFp32) {
+  if (!fp8_capable()) GTEST_SKIP() << "no FP8 tensor cores on " << dev().name();
+  const int64_t M = 64, K = 112, N = 48, tokens = 100;
+  std::mt19937 g(11);
+  std::uniform_int_distribution<int> v(-3, 3), cv(-1000, 1000);
+  Codes a(size_t(M * K), 0), b(size_t(N * K), 0);
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t k = 0; k < tokens; ++k) a[size_t(r * K + k)] = fp8::encode(Fp8Format::e4m3, float(v(g)));
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t k = 0; k < tokens; ++k) b[size_t(r * K + k)] = fp8::encode(Fp8Format::e4m3, float(v(g)));
+  VecF d0(size_t(M * N));
+  for (auto& x : d0) x = float(cv(g)) * 0.25f;
+  DT ad = upload_bytes(a), bd = upload_bytes(b), sa = upload_scale(0.5f), sb = upload_scale(2.f);
+  DT dd = upload(d0, DType::f32);
+  run([&](Ops& o) {
+    o.gemm_fp8_accumulate_f32(ad.as<uint8_t>(), Fp8Format::e4m3, sa.as<float>(), bd.as<uint8_t>(),
+                              Fp8Format::e4m3, sb.as<float>(), dd.as<float>(), M, K, N);
+  });
+  const float s_a = 0.5f, s_b = 2.f;
+  VecF want = d0;
+  cpu_->gemm_fp8_accumulate_f32(a.data(), Fp8Format::e4m3, &s_a, b.data(), Fp8Format::e4m3, &s_b, want.data(),
+                                M, K, N);
+  // every partial sum is an integer below 2^24 / 4: exact in fp32 in any order
+  EXPECT_EQ(download(dd), want);
+  int changed = 0;
+  for (size_t i = 0; i < want.size(); ++i) changed += want[i] != d0[i];
+  EXPECT_GT(changed, int(want.size()) / 2) << "the GEMM added nothing";
 }
 
 // Random activations with outliers and weights, quantized on the GPU, multiplied there and on

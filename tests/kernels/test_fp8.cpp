@@ -289,6 +289,45 @@ TEST_F(CpuFp8Ops, TransposedCodesFeedTheInputGradient) {
     }
 }
 
+// A weight gradient dW [out, in] += dy^T x from the padded transposed codes of dy [n, out] and
+// x [n, in]: the padding holds zero codes, every real code is x's own, and the sum added to
+// the fp32 gradient is the decoded product over the n real tokens only.
+TEST_F(CpuFp8Ops, PaddedTransposedCodesFeedTheWeightGradient) {
+  const int64_t n = 37, in = 32, out = 24, ld = 48;  // n padded to a multiple of 16
+  const std::vector<float> x = fp8ref::normal_with_outliers(size_t(n * in), 31);
+  const std::vector<float> dy = fp8ref::normal_with_outliers(size_t(n * out), 32);
+  const std::vector<double> pos = fp8ref::positive_values(Fp8Format::e4m3);
+  float sx = 0, sd = 0;
+  ops->fp8_scale(x.data(), n * in, Fp8Format::e4m3, &sx);
+  ops->fp8_scale(dy.data(), n * out, Fp8Format::e4m3, &sd);
+  std::vector<uint8_t> xt(size_t(in * ld), 0xab), dyt(size_t(out * ld), 0xab);
+  ops->fp8_quantize_transposed_padded(x.data(), &sx, xt.data(), n, in, ld, Fp8Format::e4m3);
+  ops->fp8_quantize_transposed_padded(dy.data(), &sd, dyt.data(), n, out, ld, Fp8Format::e4m3);
+  for (int64_t c = 0; c < in; ++c)
+    for (int64_t r = 0; r < ld; ++r)
+      ASSERT_EQ(int(xt[size_t(c * ld + r)]),
+                r < n ? int(fp8ref::ref_encode(Fp8Format::e4m3, x[size_t(r * in + c)] / sx, pos)) : 0)
+          << c << "," << r;
+  std::vector<float> dw(size_t(out * in));
+  for (size_t i = 0; i < dw.size(); ++i) dw[i] = float(i % 7) - 3.f;  // the gradient so far
+  const std::vector<float> dw0 = dw;
+  ops->gemm_fp8_accumulate_f32(dyt.data(), Fp8Format::e4m3, &sd, xt.data(), Fp8Format::e4m3, &sx, dw.data(),
+                               out, ld, in);
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t c = 0; c < in; ++c) {
+      double sum = 0, mag = 0;
+      for (int64_t t = 0; t < n; ++t) {
+        const double p = spec_value(Fp8Format::e4m3, dyt[size_t(o * ld + t)]) * sd *
+                         spec_value(Fp8Format::e4m3, xt[size_t(c * ld + t)]) * sx;
+        sum += p;
+        mag += std::fabs(p);
+      }
+      ASSERT_NEAR(dw[size_t(o * in + c)], dw0[size_t(o * in + c)] + sum, 1e-5 * (mag + 3)) << o << "," << c;
+    }
+  EXPECT_THROW(ops->fp8_quantize_transposed_padded(x.data(), &sx, xt.data(), n, in, n - 1, Fp8Format::e4m3),
+               std::invalid_argument);
+}
+
 // The CPU GEMM against a double-precision sum of the decoded codes; its error is fp32
 // summation only (each product is exact in fp32): at most K * 2^-24 of sum |a b|.
 TEST_F(CpuFp8Ops, GemmMatchesTheDecodedProduct) {

@@ -98,6 +98,48 @@ TEST(Fp8Linear, ForwardAndInputGradientMatchTheQuantizeDequantizeReference) {
   EXPECT_LT(ref::rel_err(dx, ref_gemm(ref_quantize(dy, kFp8GradFormat), qwt, n, out, in)), 1e-6);
 }
 
+// The weight gradient dW [out, in] += dy^T x from the codes of dy^T and x^T (per-tensor scales:
+// a transposition keeps the amax) against the quantize-dequantize reference, added to what
+// the gradient held; with x_quantized the second linear reading the same x reuses x^T's codes
+// (x itself is not read: a poisoned x changes nothing).
+TEST(Fp8Linear, WeightGradientMatchesTheQuantizeDequantizeReference) {
+  auto ops = make_cpu_ops();
+  const int64_t n = 21, in = 32, out = 24, K = fp8_padded_tokens(n);
+  ASSERT_EQ(K, 32);
+  VecF x = ref::randn(size_t(n * in), 5), dy = ref::randn(size_t(n * out), 6, 1e-3f);
+  x[3] = 25.f;
+  std::vector<uint8_t> dyt(size_t(out * K)), xt(size_t(in * K));
+  alignas(16) float scales[8] = {};
+  const Fp8WgradScratch s{dyt.data(), xt.data(), &scales[0], &scales[4]};
+  VecF dw(size_t(out * in), 0.f);
+  fp8_linear_bwd_weight(*ops, s, dy.data(), x.data(), dw.data(), n, in, out, kFp8GradFormat, false);
+  const VecD want = ref_gemm(ref_quantize(transpose(dy, n, out), kFp8GradFormat),
+                             ref_quantize(transpose(x, n, in), kFp8ActFormat), out, n, in);
+  EXPECT_LT(ref::rel_err(dw, want), 1e-5);
+  EXPECT_GT(ref::rel_err(dw, ref::linear(ref::to_d(transpose(dy, n, out)), ref::to_d(transpose(x, n, in)),
+                                         out, n, in)),
+            1e-3)
+      << "the quantization is not visible";
+  // it adds onto the gradient so far
+  const VecF dw0 = ref::randn(size_t(out * in), 7, 0.01f);
+  VecF acc = dw0;
+  fp8_linear_bwd_weight(*ops, s, dy.data(), x.data(), acc.data(), n, in, out, kFp8GradFormat, false);
+  VecD want_acc = want;
+  for (size_t i = 0; i < want_acc.size(); ++i) want_acc[i] += dw0[i];
+  EXPECT_LT(ref::rel_err(acc, want_acc), 1e-5);
+  // reuse: a poisoned x with x_quantized gives the same sum again
+  const VecF poisoned = ref::nan_vec(x.size());
+  VecF dw2(size_t(out * in), 0.f);
+  fp8_linear_bwd_weight(*ops, s, dy.data(), poisoned.data(), dw2.data(), n, in, out, kFp8GradFormat, true);
+  EXPECT_EQ(dw2, dw);
+  EXPECT_THROW(
+      fp8_linear_bwd_weight(*ops, s, dy.data(), x.data(), dw.data(), n, 24, out, kFp8GradFormat, false),
+      std::invalid_argument);
+  EXPECT_THROW(fp8_linear_bwd_weight(*ops, Fp8WgradScratch{}, dy.data(), x.data(), dw.data(), n, in, out,
+                                     kFp8GradFormat, false),
+               std::invalid_argument);
+}
+
 // The choice of kFp8GradFormat: dx = dy W against the exact product, dy's codes in e4m3 or
 // e5m2, for Gaussian output gradients and for heavy-tailed ones (a Gaussian times e^(2 g'),
 // magnitudes over ~6 decades, as gradients of a few tokens dominate).
@@ -170,6 +212,12 @@ struct Fp8Decoder {
   std::unique_ptr<Layer> fp8 = [this] {
     LayerOptions lo;
     lo.fp8 = true;
+    return make_layer(m.layout, 1, lo);
+  }();
+  std::unique_ptr<Layer> fp8_wgrad = [this] {
+    LayerOptions lo;
+    lo.fp8 = true;
+    lo.fp8_weight_gradients = true;
     return make_layer(m.layout, 1, lo);
   }();
   std::vector<uint8_t> cache = std::vector<uint8_t>(fp8->fp8_weight_bytes(true) + 256);
@@ -246,6 +294,34 @@ TEST(Fp8Decoder, BackwardCloseToTheComputeDtypeDecoder) {
   // a second backward reading the cache the first filled gives the same result
   const auto again = d.backward(*d.fp8, false);
   EXPECT_EQ(ref::rel_err(again.dx, f.dx), 0.0);
+}
+
+// FP8 weight gradients change the weight gradients only: dx is bit for bit the FP8 decoder's;
+// every weight gradient differs from it (the FP8 path is taken) and stays close to the
+// compute-dtype decoder's. The norms' gradients are not GEMMs and stay as they were.
+TEST(Fp8Decoder, WeightGradientsInFp8ChangeOnlyTheWeightGradients) {
+  Fp8Decoder d;
+  EXPECT_GT(d.fp8_wgrad->scratch_bytes(d.s), d.fp8->scratch_bytes(d.s));
+  const auto plain = d.backward(*d.m.layers[1], false);
+  const auto f = d.backward(*d.fp8, true);
+  const auto w = d.backward(*d.fp8_wgrad, true);
+  EXPECT_EQ(ref::rel_err(w.dx, f.dx), 0.0);
+  for (const char* t : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight",
+                        "gate_proj.weight", "up_proj.weight", "down_proj.weight"}) {
+    const TensorSpec& ts = d.m.tensor(1, t);
+    const auto part = [&](const VecF& g) {
+      return VecF(g.begin() + ts.offset, g.begin() + ts.offset + ts.numel());
+    };
+    const double e = ref::rel_err(part(w.grads), part(plain.grads));
+    std::printf("FP8 weight gradients: d%s relative error %.4f (bf16 weight gradient %.4f)\n", t, e,
+                ref::rel_err(part(f.grads), part(plain.grads)));
+    EXPECT_GT(ref::rel_err(part(w.grads), part(f.grads)), 1e-4)
+        << t << ": the FP8 weight gradient is not taken";
+    EXPECT_LT(e, kBackwardBound) << t;
+  }
+  const TensorSpec& norm = d.m.tensor(1, "input_layernorm.weight");
+  EXPECT_EQ(VecF(w.grads.begin() + norm.offset, w.grads.begin() + norm.offset + norm.numel()),
+            VecF(f.grads.begin() + norm.offset, f.grads.begin() + norm.offset + norm.numel()));
 }
 
 TEST(Fp8Decoder, RefusesAMissingOrForwardOnlyCache) {

@@ -150,6 +150,55 @@ TEST(CostModel, Fp8QuantizationPassesFollowTheDecodersCodeReuse) {
   EXPECT_THROW(estimate_layers(m, 1, 8192, d), std::invalid_argument);
 }
 
+// FP8 weight gradients (DeviceModel::fp8_weight_gradients): the backward's FLOPs unchanged, its
+// GEMM time lower (the seven weight-gradient GEMMs at the FP8 rate: seen with quantization
+// made free), the forward unchanged; each
+// weight gradient quantizes dy^T and (but for k, v, up) x^T: halving the quantization kernels'
+// bandwidth adds exactly those bytes' time again beyond what the FP8 input gradients add. The
+// scratch holds two more code buffers (dy^T, x^T) of [max(H, Q, K, F), T] and two scales.
+// Ignored without fp8_flops.
+TEST(CostModel, Fp8WeightGradientsRunAtTheFp8Rate) {
+  ModelShape m = qwen3_1_7b();
+  DeviceModel d;
+  d.fp8_flops = 1110e12;
+  d.fp8_quant_efficiency = 1e6;
+  const auto f = estimate_layers(m, 1, 8192, d);
+  d.fp8_weight_gradients = true;
+  const auto w = estimate_layers(m, 1, 8192, d);
+  EXPECT_DOUBLE_EQ(w[1].bwd_flops, f[1].bwd_flops);
+  EXPECT_DOUBLE_EQ(w[1].cost.fwd, f[1].cost.fwd);
+  EXPECT_LT(w[1].cost.bwd, 0.95 * f[1].cost.bwd);
+  const int64_t T = 8192, F = 6144;
+  EXPECT_EQ(w[1].cost.scratch_bytes - f[1].cost.scratch_bytes, 2 * T * F + 2 * 256)
+      << "two code buffers of [F, T] and two 256-byte aligned scales";
+  EXPECT_EQ(w[1].cost.scratch_fwd_bytes, f[1].cost.scratch_fwd_bytes);
+
+  const double H = double(m.hidden_size), Q = double(m.num_heads * m.head_dim),
+               K = double(m.num_kv_heads * m.head_dim), Fd = double(F), Td = double(T);
+  d.fp8_quant_efficiency = 0.5;
+  const auto a = estimate_layers(m, 1, 8192, d);
+  d.fp8_quant_efficiency = 0.25;
+  const auto b = estimate_layers(m, 1, 8192, d);
+  d.fp8_weight_gradients = false;
+  const auto a0 = [&] {
+    d.fp8_quant_efficiency = 0.5;
+    return estimate_layers(m, 1, 8192, d);
+  }();
+  const auto b0 = [&] {
+    d.fp8_quant_efficiency = 0.25;
+    return estimate_layers(m, 1, 8192, d);
+  }();
+  // dy^T of q, k, v, o, gate, up, down; x^T of q (k, v reuse), o, gate (up reuses), down: an amax
+  // and a transposed quantize each (two bf16 reads, one byte of codes)
+  const double bytes = 5 * Td * (Q + K + K + H + Fd + Fd + H) + 5 * Td * (H + Q + H + Fd);
+  const double want = bytes / (d.mem_bandwidth * 0.25) - bytes / (d.mem_bandwidth * 0.5);
+  EXPECT_NEAR((b[1].cost.bwd - a[1].cost.bwd) - (b0[1].cost.bwd - a0[1].cost.bwd), want, want * 1e-6);
+  d.fp8_flops = 0;
+  d.fp8_weight_gradients = true;
+  EXPECT_DOUBLE_EQ(estimate_layers(m, 1, 8192, d)[1].cost.bwd,
+                   estimate_layers(m, 1, 8192, DeviceModel{})[1].cost.bwd);
+}
+
 TEST(CostModel, AttentionGrowsWithTheSquareOfTheSequence) {
   ModelShape m = qwen3_1_7b();
   DeviceModel d;

@@ -53,12 +53,12 @@ fs::path varied_tiny_model(const fs::path& d) {
   return out;
 }
 
-std::vector<double> loss_curve(const fs::path& d, const std::string& out, bool fp8, int64_t steps = kSteps,
-                               const fs::path& model = {}) {
+// extra: spec keys added (", \"fp8\": true", ...)
+std::vector<double> loss_curve(const fs::path& d, const std::string& out, const std::string& extra,
+                               int64_t steps = kSteps, const fs::path& model = {}) {
   const fs::path m = model.empty() ? varied_tiny_model(d) : model;
-  rp::TrainSpec s = rp::spec_from_json(
-      nlohmann::json::parse(spec_for(m, d / "data.jsonl", d / out, fp8 ? ", \"fp8\": true" : "")),
-      "test spec");
+  rp::TrainSpec s =
+      rp::spec_from_json(nlohmann::json::parse(spec_for(m, d / "data.jsonl", d / out, extra)), "test spec");
   s.steps = steps;
   s.seed = 5;
   s.adam.lr = 0.003;
@@ -72,10 +72,11 @@ std::vector<double> loss_curve(const fs::path& d, const std::string& out, bool f
   return loss;
 }
 
-TEST(TrainerFp8, LossCurveFollowsTheComputeDtypeRun) {
-  auto d = tmpdir();
-  write(d / "data.jsonl", kData);
-  const std::vector<double> plain = loss_curve(d, "plain", false), fp8 = loss_curve(d, "fp8", true);
+const char* kFp8 = ", \"fp8\": true";
+const char* kFp8Wgrad = ", \"fp8\": true, \"fp8_weight_gradients\": true";
+
+// The windows of two loss curves within kFp8LossBar of each other, and some loss different.
+void expect_windows_within_the_bar(const std::vector<double>& plain, const std::vector<double>& fp8) {
   ASSERT_EQ(plain.size(), size_t(kSteps));
   ASSERT_EQ(fp8.size(), size_t(kSteps));
   EXPECT_LT(plain.back(), 0.9 * plain.front()) << "the run does not learn: the comparison would be empty";
@@ -93,6 +94,25 @@ TEST(TrainerFp8, LossCurveFollowsTheComputeDtypeRun) {
     EXPECT_LT(rel, kFp8LossBar) << "window " << w;
   }
   EXPECT_TRUE(differs) << "the FP8 run's losses equal the other's: its linears did not run in FP8";
+}
+
+// With FP8 weight gradients as well: the same bar against the compute-dtype run, and a curve
+// of its own (not the FP8 run's with bf16 weight gradients).
+TEST(TrainerFp8, WeightGradientsInFp8StayWithinTheBar) {
+  auto d = tmpdir();
+  write(d / "data.jsonl", kData);
+  const std::vector<double> plain = loss_curve(d, "plain", ""), fp8 = loss_curve(d, "fp8", kFp8),
+                            wgrad = loss_curve(d, "wgrad", kFp8Wgrad);
+  expect_windows_within_the_bar(plain, wgrad);
+  EXPECT_NE(wgrad, fp8) << "fp8_weight_gradients changed nothing";
+  fs::remove_all(d);
+}
+
+TEST(TrainerFp8, LossCurveFollowsTheComputeDtypeRun) {
+  auto d = tmpdir();
+  write(d / "data.jsonl", kData);
+  const std::vector<double> plain = loss_curve(d, "plain", ""), fp8 = loss_curve(d, "fp8", kFp8);
+  expect_windows_within_the_bar(plain, fp8);
   fs::remove_all(d);
 }
 
@@ -102,8 +122,8 @@ TEST(TrainerFp8, MixtureOfExpertsTrainsWithItsAttentionInFp8) {
   auto d = tmpdir();
   write(d / "data.jsonl", kData);
   const fs::path moe = tiny_model(d, true);
-  const std::vector<double> plain = loss_curve(d, "plain", false, kWindow, moe),
-                            fp8 = loss_curve(d, "fp8", true, kWindow, moe);
+  const std::vector<double> plain = loss_curve(d, "plain", "", kWindow, moe),
+                            fp8 = loss_curve(d, "fp8", kFp8, kWindow, moe);
   ASSERT_EQ(fp8.size(), size_t(kWindow));
   double a = 0, b = 0;
   bool differs = false;
@@ -141,6 +161,10 @@ TEST(TrainerFp8, SpecKeyIsChecked) {
                 .find("s.json: key 'fp8'"),
             0u);
   EXPECT_NE(parse(", \"fp8\": \"yes\"").find("fp8"), std::string::npos);
+  EXPECT_EQ(parse(", \"fp8\": true, \"fp8_weight_gradients\": true"), "ok fp8");
+  EXPECT_EQ(parse(", \"fp8_weight_gradients\": true"),
+            "s.json: key 'fp8_weight_gradients': needs \"fp8\": true (it moves the FP8 linears' weight "
+            "gradients to FP8 as well)");
   fs::remove_all(d);
 }
 
