@@ -180,13 +180,16 @@ class Ops {
   /// y[r,:] = x[r,:] * rsqrt(mean_j x[r,j]^2 + eps) * w   for rows r < R of n columns.
   /// Qwen3 q_norm/k_norm = this with R = T*heads, n = D. (HF rounds x*rsqrt(..) to the
   /// storage dtype before the multiply by w; 16-bit backends should do the same.)
-  virtual void rmsnorm_fwd(const void* x, const void* w, void* y, int64_t R, int64_t n, float eps) = 0;
-  /// With r = rsqrt(mean(x^2)+eps), xh = x*r, g = dy*w:
+  /// w_offset != 0 (Gemma's RMSNorm, 1): y = x * rsqrt(..) * (w + w_offset), the whole product
+  /// in fp32 and rounded once, as HF GemmaRMSNorm does.
+  virtual void rmsnorm_fwd(const void* x, const void* w, void* y, int64_t R, int64_t n, float eps,
+                           float w_offset = 0.0f) = 0;
+  /// With r = rsqrt(mean(x^2)+eps), xh = x*r, g = dy*(w + w_offset):
   /// dx = r * (g - xh * mean_j(g*xh))   (dx += ... when accumulate_dx), and
   /// dw[j] += sum_r dy[r,j]*xh[r,j] (dw in grad_dtype(); dw null: not computed, a frozen
   /// weight). Recomputes r from x.
   virtual void rmsnorm_bwd(const void* x, const void* w, const void* dy, void* dx, void* dw, int64_t R,
-                           int64_t n, float eps, bool accumulate_dx) = 0;
+                           int64_t n, float eps, bool accumulate_dx, float w_offset = 0.0f) = 0;
 
   // ---- RoPE (Su et al. 2021, RoFormer; rotate-half layout of HF LLaMA/Qwen3) --------
   /// In place on x [n_seq*seq_len, heads, D]; token t has position p = t % seq_len.
@@ -310,6 +313,14 @@ class Ops {
   /// dg = dh * u * sigmoid(g) * (1 + g*(1-sigmoid(g))),  du = dh * silu(g).
   virtual void swiglu_bwd(const void* g, const void* u, const void* dh, void* dg, void* du, int64_t n) = 0;
 
+  // ---- GeGLU MLP activation (Shazeer 2020; HF GemmaMLP with gelu_pytorch_tanh) -------
+  /// h = gelu_tanh(g) * u, n elements, gelu_tanh(z) = 0.5 z (1 + tanh(k (z + 0.044715 z^3))),
+  /// k = sqrt(2/pi) (torch's gelu(approximate="tanh")), computed in fp32.
+  virtual void geglu_fwd(const void* g, const void* u, void* h, int64_t n) = 0;
+  /// With t = tanh(k (g + 0.044715 g^3)):  du = dh * gelu_tanh(g),
+  /// dg = dh * u * (0.5 (1 + t) + 0.5 g (1 - t^2) k (1 + 3 * 0.044715 g^2));  dg, du overwritten.
+  virtual void geglu_bwd(const void* g, const void* u, const void* dh, void* dg, void* du, int64_t n) = 0;
+
   /// GPT-OSS's clamped SwiGLU (HF GptOssExperts): gc = min(g, limit),
   /// uc = clamp(u, -limit, limit), h = (uc + 1) * gc * sigmoid(alpha * gc), n elements.
   virtual void swiglu_clamped_fwd(const void* g, const void* u, void* h, int64_t n, float alpha,
@@ -405,8 +416,8 @@ class Ops {
   /// norm's own pass (no second read of y); the default is the two calls, so both backends
   /// give the same y and the same scale bits.
   virtual void rmsnorm_fwd_fp8_scale(const void* x, const void* w, void* y, int64_t R, int64_t n, float eps,
-                                     Fp8Format f, float* scale) {
-    rmsnorm_fwd(x, w, y, R, n, eps);
+                                     Fp8Format f, float* scale, float w_offset = 0.0f) {
+    rmsnorm_fwd(x, w, y, R, n, eps, w_offset);
     fp8_scale(y, R * n, f, scale);
   }
   /// swiglu_fwd(g, u, h, n), then scale[0] as fp8_scale(h, n, f, scale) (fused on CUDA, as

@@ -170,6 +170,22 @@ void parse_rope(const json& r, const std::string& key, const std::string& where,
   }
 }
 
+// transformers 5's rope_parameters per layer type (Gemma 3): "full_attention" is rope_theta and
+// rope_scaling, "sliding_attention" (default RoPE, no scaling) rope_local_theta.
+void parse_rope_per_layer_type(const json& rp, const std::string& where, ModelConfig& c) {
+  if (c.architecture != "gemma3_text")
+    bad(where, "rope_parameters", "one RoPE (per layer type: Gemma 3 only)", rp);
+  const json full = val(rp, "full_attention"), sliding = val(rp, "sliding_attention");
+  parse_rope(full, "rope_parameters.full_attention", where, c.rope_scaling);
+  c.rope_theta = get_num(full, "rope_theta", where, c.rope_theta, true);
+  if (sliding.is_null()) return;
+  RopeScaling local;
+  parse_rope(sliding, "rope_parameters.sliding_attention", where, local);
+  if (local.type != "default")
+    bad(where, "rope_parameters.sliding_attention.rope_type", "\"default\"", json(local.type));
+  c.rope_local_theta = get_num(sliding, "rope_theta", where, c.rope_local_theta, true);
+}
+
 // The sparse-block keys of a "qwen3_moe" config.json (transformers' Qwen3MoeConfig names).
 void parse_moe(const json& j, const std::string& where, ModelConfig& c) {
   // transformers 5 writes num_local_experts, earlier releases and the published checkpoints
@@ -226,15 +242,18 @@ void parse_gpt_oss(const json& j, const std::string& where, ModelConfig& c) {
   }
 }
 
-// layer_types of a gpt_oss config (after num_hidden_layers is read): one of
+// layer_types of a gpt_oss or Gemma config (after num_hidden_layers is read): one of
 // "sliding_attention" / "full_attention" per layer; absent: transformers' default, sliding
-// on even layers (0, 2, ...). A sliding layer needs sliding_window.
+// on even layers (0, 2, ...), for Gemma 3 every layer but each sliding_window_pattern-th
+// (default 6). A sliding layer needs sliding_window.
 void parse_layer_types(const json& j, const std::string& where, ModelConfig& c) {
   const int64_t L = c.num_hidden_layers;
   auto it = j.find("layer_types");
   if (it == j.end() || it->is_null()) {
+    const int64_t every =
+        c.architecture == "gemma3_text" ? get_int(j, "sliding_window_pattern", where, false, 6, 1) : 2;
     for (int64_t i = 0; i < L; ++i)
-      c.layer_types.push_back(i % 2 == 0 ? "sliding_attention" : "full_attention");
+      c.layer_types.push_back((i + 1) % every != 0 ? "sliding_attention" : "full_attention");
   } else {
     const std::string expected = fmt::format(
         "a list of num_hidden_layers = {} entries \"sliding_attention\" or \"full_attention\"", L);
@@ -251,25 +270,28 @@ void parse_layer_types(const json& j, const std::string& where, ModelConfig& c) 
 }
 
 constexpr const char* kModelTypes =
-    "\"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"qwen3_moe\", \"gpt_oss\", \"olmo2\", \"granite\" or "
-    "\"phi3\"";
+    "\"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"qwen3_moe\", \"gpt_oss\", \"olmo2\", \"granite\", "
+    "\"phi3\", \"gemma2\" or \"gemma3_text\"";
 
 bool known_model_type(const std::string& t) {
   return t == "llama" || t == "mistral" || t == "qwen2" || t == "qwen3" || t == "qwen3_moe" ||
-         t == "gpt_oss" || t == "olmo2" || t == "granite" || t == "phi3";
+         t == "gpt_oss" || t == "olmo2" || t == "granite" || t == "phi3" || t == "gemma2" ||
+         t == "gemma3_text";
 }
 
 // transformers' class for each model_type (config.json's "architectures")
 const char* hf_class(const std::string& t) {
-  return t == "llama"     ? "LlamaForCausalLM"
-         : t == "mistral" ? "MistralForCausalLM"
-         : t == "qwen2"   ? "Qwen2ForCausalLM"
-         : t == "qwen3"   ? "Qwen3ForCausalLM"
-         : t == "gpt_oss" ? "GptOssForCausalLM"
-         : t == "olmo2"   ? "Olmo2ForCausalLM"
-         : t == "granite" ? "GraniteForCausalLM"
-         : t == "phi3"    ? "Phi3ForCausalLM"
-                          : "Qwen3MoeForCausalLM";
+  return t == "llama"         ? "LlamaForCausalLM"
+         : t == "mistral"     ? "MistralForCausalLM"
+         : t == "qwen2"       ? "Qwen2ForCausalLM"
+         : t == "qwen3"       ? "Qwen3ForCausalLM"
+         : t == "gpt_oss"     ? "GptOssForCausalLM"
+         : t == "olmo2"       ? "Olmo2ForCausalLM"
+         : t == "granite"     ? "GraniteForCausalLM"
+         : t == "phi3"        ? "Phi3ForCausalLM"
+         : t == "gemma2"      ? "Gemma2ForCausalLM"
+         : t == "gemma3_text" ? "Gemma3ForCausalLM"
+                              : "Qwen3MoeForCausalLM";
 }
 
 }  // namespace
@@ -307,7 +329,8 @@ std::optional<int64_t> count_parameters(const ModelConfig& c, bool active) {
   constexpr int64_t kMax = int64_t(1) << 48;
   // every term below is a product of two or three sizes: compute each in 128 bits
   using W = __int128;
-  const W attention = W(2) * H + W(H) * nq * D + W(2) * H * nkv * D + W(nq) * D * H +
+  // Gemma: pre_feedforward_layernorm and post_feedforward_layernorm besides the two others
+  const W attention = W(c.gemma() ? 4 : 2) * H + W(H) * nq * D + W(2) * H * nkv * D + W(nq) * D * H +
                       (c.qk_norm ? (c.qk_norm_whole ? W(nq + nkv) * D : W(2) * D) : 0) +
                       (c.has_qkv_bias() ? W(nq) * D + W(2) * nkv * D : 0) + (c.attention_bias ? H : 0) +
                       (c.attention_sinks ? nq : 0);
@@ -345,9 +368,9 @@ void ModelConfig::validate() const {
     if (!(swiglu_alpha > 0) || !std::isfinite(swiglu_alpha))
       fail("swiglu_alpha", fmt::format("must be a finite number > 0, got {}", swiglu_alpha));
   } else if (attention_sinks ||
-             (!layer_types.empty() && architecture != "mistral" && architecture != "phi3")) {
+             (!layer_types.empty() && architecture != "mistral" && architecture != "phi3" && !gemma())) {
     fail(attention_sinks ? "attention_sinks" : "layer_types",
-         "only GPT-OSS (model_type gpt_oss), Mistral and Phi-3 (layer_types) have them");
+         "only GPT-OSS (model_type gpt_oss), Mistral, Phi-3 and Gemma (layer_types) have them");
   }
   if (!layer_types.empty() && int64_t(layer_types.size()) != num_hidden_layers)
     fail("layer_types", fmt::format("must have num_hidden_layers = {} entries, got {}", num_hidden_layers,
@@ -430,7 +453,11 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& where) 
   auto mt = j.find("model_type");
   if (mt == j.end() || !mt->is_string()) bad(where, "model_type", kModelTypes, mt == j.end() ? json() : *mt);
   c.architecture = mt->get<std::string>();
+  if (c.architecture == "gemma3")  // Gemma3ForConditionalGeneration: text_config + vision tower
+    bad(where, "model_type",
+        "\"gemma3_text\" (Gemma 3's multimodal checkpoints are not supported: use the text-only one)", *mt);
   if (!known_model_type(c.architecture)) bad(where, "model_type", kModelTypes, *mt);
+  const bool gemma = c.gemma();
   // Phi-3 slides as Mistral does: every layer, when sliding_window is set
   const bool oss = c.architecture == "gpt_oss",
              mistral = c.architecture == "mistral" || c.architecture == "phi3";
@@ -440,7 +467,7 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& where) 
     if (!a->is_array() || a->size() != 1 || (*a)[0] != want)
       bad(where, "architectures", fmt::format("[\"{}\"]", want), *a);
   }
-  if (auto h = j.find("hidden_act"); h != j.end() && !h->is_null() && *h != "silu")
+  if (auto h = j.find("hidden_act"); !gemma && h != j.end() && !h->is_null() && *h != "silu")
     bad(where, "hidden_act", "\"silu\"", *h);
   c.vocab_size = get_int(j, "vocab_size", where, true, 0, 1);
   c.hidden_size = get_int(j, "hidden_size", where, true, 0, 1);
@@ -449,7 +476,8 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& where) 
   if (moe) parse_moe(j, where, c);
   if (oss) parse_gpt_oss(j, where, c);
   c.num_hidden_layers = get_int(j, "num_hidden_layers", where, true, 0, 1);
-  if (oss) parse_layer_types(j, where, c);
+  if (gemma) c.sliding_window = get_int(j, "sliding_window", where, false, 4096, 1);
+  if (oss || gemma) parse_layer_types(j, where, c);
   c.num_attention_heads = get_int(j, "num_attention_heads", where, true, 0, 1);
   c.num_key_value_heads = get_int(j, "num_key_value_heads", where, false, c.num_attention_heads, 1);
   if (c.num_attention_heads % c.num_key_value_heads != 0)
@@ -466,7 +494,7 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& where) 
   if (c.head_dim % 2 != 0) bad(where, "head_dim", "an even integer", val(j, "head_dim"));
   c.rms_norm_eps = get_num(j, "rms_norm_eps", where, oss || c.architecture == "olmo2" ? 1e-5 : 1e-6, true);
   c.max_position_embeddings = get_int(j, "max_position_embeddings", where, false, 2048, 1);
-  c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", where, false);
+  c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", where, gemma);
   // Qwen2's q/k/v always carry biases (its config has no key for them), its o_proj none
   c.qkv_bias = qwen2;
   c.attention_bias = !qwen2 && get_bool(j, "attention_bias", where, oss);
@@ -499,8 +527,12 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& where) 
   if (auto rs = j.find("rope_scaling"); rs != j.end() && !rs->is_null())
     parse_rope(*rs, "rope_scaling", where, c.rope_scaling);
   if (auto rp = j.find("rope_parameters"); rp != j.end() && !rp->is_null()) {
-    parse_rope(*rp, "rope_parameters", where, c.rope_scaling);
-    if (rp->contains("rope_theta")) c.rope_theta = get_num(*rp, "rope_theta", where, 10000.0, true);
+    if (rp->is_object() && rp->contains("full_attention")) {  // per layer type (Gemma 3)
+      parse_rope_per_layer_type(*rp, where, c);
+    } else {
+      parse_rope(*rp, "rope_parameters", where, c.rope_scaling);
+      if (rp->contains("rope_theta")) c.rope_theta = get_num(*rp, "rope_theta", where, 10000.0, true);
+    }
   }
   try {
     c.validate();

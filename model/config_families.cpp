@@ -1,6 +1,8 @@
 // The config.json keys of the families that extend LLaMA's decoder with their own knobs:
 // OLMo 2 (transformers' Olmo2Config), Granite (GraniteConfig) and Phi-3 (Phi3Config: its window
-// is Mistral's, read by config_from_json). See roundpipe/model.hpp.
+// is Mistral's, read by config_from_json), Gemma 2 and Gemma 3 text (Gemma2Config,
+// Gemma3TextConfig: the window and layer_types are read by config_from_json). See
+// roundpipe/model.hpp.
 #include <cmath>
 #include <stdexcept>
 
@@ -11,16 +13,55 @@
 namespace rp {
 
 float ModelConfig::attention_scale() const {
-  return attention_multiplier > 0 ? float(attention_multiplier) : float(1.0 / std::sqrt(double(head_dim)));
+  if (attention_multiplier > 0) return float(attention_multiplier);
+  return float(1.0 / std::sqrt(query_pre_attn_scalar > 0 ? query_pre_attn_scalar : double(head_dim)));
+}
+
+double ModelConfig::embedding_scale() const {
+  return gemma() ? std::sqrt(double(hidden_size)) : embedding_multiplier;
 }
 
 namespace config_families {
 
+using config_keys::bad;
 using config_keys::get_num;
+using config_keys::val;
 using nlohmann::json;
 
+namespace {
+
+// Gemma 2 / Gemma 3 text: what differs from LLaMA's keys; the settings roundpipe does not run
+// (soft-capping, bidirectional attention, another activation) are refused, not ignored.
+void parse_gemma(const json& j, const std::string& where, ModelConfig& c) {
+  const bool g2 = c.architecture == "gemma2";
+  for (const char* k : {"hidden_activation", "hidden_act"}) {
+    const json a = val(j, k);
+    if (!a.is_null() && a != "gelu_pytorch_tanh") bad(where, k, "\"gelu_pytorch_tanh\"", a);
+  }
+  c.query_pre_attn_scalar = get_num(j, "query_pre_attn_scalar", where, 256.0, true);
+  // Gemma2Config's defaults are 50 and 30: absent means soft-capping there
+  for (const char* k : {"attn_logit_softcapping", "final_logit_softcapping"}) {
+    auto it = j.find(k);
+    const bool capped = it == j.end() ? g2 : !it->is_null();
+    if (capped)
+      bad(where, k, "null (logit soft-capping is not supported; Gemma 3 has none)",
+          it == j.end() ? json(std::string(k) == "attn_logit_softcapping" ? 50.0 : 30.0) : *it);
+  }
+  if (config_keys::get_bool(j, "use_bidirectional_attention", where, false))
+    bad(where, "use_bidirectional_attention", "false or null (causal attention)",
+        val(j, "use_bidirectional_attention"));
+  if (!g2) {  // q/k norms per head; the sliding layers' own RoPE base (a per-type rope_parameters wins)
+    c.qk_norm = true;
+    c.rope_local_theta = get_num(j, "rope_local_base_freq", where, 10000.0, true);
+  }
+}
+
+}  // namespace
+
 void parse_family_keys(const json& j, const std::string& where, ModelConfig& c) {
-  if (c.architecture == "olmo2") {  // q/k norms over the whole q and k, norms after each branch
+  if (c.gemma()) {
+    parse_gemma(j, where, c);
+  } else if (c.architecture == "olmo2") {  // q/k norms over the whole q and k, norms after each branch
     c.qk_norm = c.qk_norm_whole = c.post_norms = true;
   } else if (c.architecture == "granite") {
     c.embedding_multiplier = get_num(j, "embedding_multiplier", where, 1.0, true);
@@ -40,6 +81,29 @@ void parse_family_keys(const json& j, const std::string& where, ModelConfig& c) 
 }
 
 void family_keys_to_json(const ModelConfig& c, json& j) {
+  if (c.gemma()) {
+    j.erase("hidden_act");
+    j.erase("mlp_bias");
+    j.erase("pretraining_tp");
+    j["hidden_activation"] = "gelu_pytorch_tanh";
+    // an integer in transformers' configs (its typed config refuses 256.0)
+    const double q = c.query_pre_attn_scalar;
+    j["query_pre_attn_scalar"] = q == std::floor(q) && q < 1e15 ? json(int64_t(q)) : json(q);
+    j["attn_logit_softcapping"] = nullptr;
+    j["final_logit_softcapping"] = nullptr;
+    j["sliding_window"] = c.sliding_window;
+    j["layer_types"] = c.layer_types;
+    if (c.architecture == "gemma3_text") {  // transformers 5's RoPE per layer type
+      json full = j["rope_scaling"].is_null() ? json{{"rope_type", "default"}} : j["rope_scaling"];
+      full["rope_theta"] = c.rope_theta;
+      j["rope_parameters"] = {
+          {"full_attention", full},
+          {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", c.rope_local_theta}}}};
+      j.erase("rope_scaling");
+      j.erase("rope_theta");
+    }
+    return;
+  }
   if (c.architecture != "granite") return;
   j["embedding_multiplier"] = c.embedding_multiplier;
   j["residual_multiplier"] = c.residual_multiplier;
@@ -69,6 +133,15 @@ void validate_family_keys(const ModelConfig& c) {
     fail("attention_multiplier", fmt::format("must be a finite number > 0, got {}", c.attention_multiplier));
   if (!granite && c.attention_multiplier != 0)
     fail("attention_multiplier", "only Granite (model_type granite) has it (0: 1/sqrt(head_dim) elsewhere)");
+  const bool gemma3 = c.architecture == "gemma3_text";
+  if (c.gemma() ? !(c.query_pre_attn_scalar > 0) || !std::isfinite(c.query_pre_attn_scalar)
+                : c.query_pre_attn_scalar != 0)
+    fail("query_pre_attn_scalar",
+         "Gemma (model_type gemma2, gemma3_text) and only it has it, a finite number > 0");
+  if (gemma3 ? !(c.rope_local_theta > 0) || !std::isfinite(c.rope_local_theta) : c.rope_local_theta != 0)
+    fail("rope_local_base_freq", "Gemma 3 (model_type gemma3_text) and only it has it, a finite number > 0");
+  if (c.gemma() && c.qk_norm != gemma3) fail("qk_norm", "Gemma 3 has q/k norms per head, Gemma 2 none");
+  if (c.gemma() && c.num_experts > 0) fail("num_experts", "Gemma is dense");
 }
 
 }  // namespace config_families

@@ -34,7 +34,8 @@ int64_t get_token_id(const nlohmann::json& j, const std::string& key, const std:
 
 namespace rp::config_families {
 
-/// The keys only OLMo 2 ("olmo2"), Granite ("granite") and Phi-3 ("phi3") have, read into `c`
+/// The keys only OLMo 2 ("olmo2"), Granite ("granite"), Phi-3 ("phi3") and Gemma ("gemma2",
+/// "gemma3_text") have, read into `c`
 /// after the common ones (model/config_families.cpp); nothing for the other families.
 void parse_family_keys(const nlohmann::json& j, const std::string& where, ModelConfig& c);
 /// Those keys of `c` written into a config.json object `j` (config_to_json).

@@ -59,7 +59,7 @@ struct Generator::Impl {
   std::map<std::string, const void*> w;  // HF tensor name -> device pointer
   std::vector<DeviceBuffer> kc, vc;      // per decoder layer [C, nkv, D]
   int64_t C = 0;                         // cache rows
-  RopeTable rope;
+  std::vector<RopeTable> ropes;          // per decoder layer (Gemma 3's sliding layers have their own base)
   // activations for up to `rows` tokens
   int64_t rows = 0;
   DeviceBuffer x, xn, q, qr, kr, o, h1, hn, g, u, m, y, ids, pos, lg, lg32;
@@ -109,7 +109,7 @@ void Generator::Impl::init(const ModelLayout& layout, const std::vector<const fl
   C = opt.max_context > 0
           ? opt.max_context
           : std::min<int64_t>(c.max_position_embeddings > 0 ? c.max_position_embeddings : 4096, 4096);
-  rope = rope_frequencies(rope_params(c));
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) ropes.push_back(rope_frequencies(rope_params(c, l)));
   Stream& s = dev->stream(StreamKind::compute);
   const DType dt = dev->compute_dtype();
   std::vector<std::vector<char>> staging;
@@ -171,10 +171,13 @@ void Generator::Impl::forward(const std::vector<int32_t>& tok, int64_t past) {
                   nkv = c.num_key_value_heads, D = c.head_dim;
     const float eps = float(c.rms_norm_eps), scale = c.attention_scale();
     const float branch = float(c.residual_multiplier);  // Granite's (1 elsewhere)
+    const float off = c.norm_weight_offset();           // Gemma's norms: 1 + w
+    // an RMSNorm ends each residual branch: OLMo 2 (instead of pre-norms), Gemma (besides them)
+    const bool post = c.post_norms || c.gemma();
     const int32_t* pp = pos.as<int32_t>();
     ops.embedding_fwd(ids.as<int32_t>(), t("model.embed_tokens.weight"), x.get(), n, H, c.vocab_size);
-    if (c.embedding_multiplier != 1.0)
-      scale_activation(ops, x.get(), x.get(), n * H, float(c.embedding_multiplier));
+    if (c.embedding_scale() != 1.0)
+      scale_activation(ops, x.get(), x.get(), n * H, in_dtype(ops, float(c.embedding_scale())));
     // q/k norms per head, or (OLMo 2) over a token's whole q and k
     const int64_t qn_rows = c.qk_norm_whole ? n : n * nq, kn_rows = c.qk_norm_whole ? n : n * nkv;
     const int64_t qn_cols = c.qk_norm_whole ? nq * D : D, kn_cols = c.qk_norm_whole ? nkv * D : D;
@@ -184,7 +187,8 @@ void Generator::Impl::forward(const std::vector<int32_t>& tok, int64_t past) {
       void* vrow = at(vc[size_t(l)], past * nkv * D);
       // OLMo 2 (post_norms): no pre-norm, xn then takes o_proj's output for its norm
       const void* xin = c.post_norms ? x.get() : xn.get();
-      if (!c.post_norms) ops.rmsnorm_fwd(x.get(), t(pre + "input_layernorm.weight"), xn.get(), n, H, eps);
+      if (!c.post_norms)
+        ops.rmsnorm_fwd(x.get(), t(pre + "input_layernorm.weight"), xn.get(), n, H, eps, off);
       ops.linear_fwd(xin, t(pre + "self_attn.q_proj.weight"), c.qk_norm ? qr.get() : q.get(), n, H, nq * D);
       ops.linear_fwd(xin, t(pre + "self_attn.k_proj.weight"), c.qk_norm ? kr.get() : krow, n, H, nkv * D);
       ops.linear_fwd(xin, t(pre + "self_attn.v_proj.weight"), vrow, n, H, nkv * D);
@@ -195,9 +199,10 @@ void Generator::Impl::forward(const std::vector<int32_t>& tok, int64_t past) {
         ops.grouped_bias_fwd(vrow, t(pre + "self_attn.v_proj.bias"), rows, 1, nkv * D);
       }
       if (c.qk_norm) {
-        ops.rmsnorm_fwd(qr.get(), t(pre + "self_attn.q_norm.weight"), q.get(), qn_rows, qn_cols, eps);
-        ops.rmsnorm_fwd(kr.get(), t(pre + "self_attn.k_norm.weight"), krow, kn_rows, kn_cols, eps);
+        ops.rmsnorm_fwd(qr.get(), t(pre + "self_attn.q_norm.weight"), q.get(), qn_rows, qn_cols, eps, off);
+        ops.rmsnorm_fwd(kr.get(), t(pre + "self_attn.k_norm.weight"), krow, kn_rows, kn_cols, eps, off);
       }
+      const RopeTable& rope = ropes[size_t(l)];
       ops.rope_fwd_at(q.get(), pp, n, nq, D, rope.inv_freq.data(), rope.attention_scaling);
       ops.rope_fwd_at(krow, pp, n, nkv, D, rope.inv_freq.data(), rope.attention_scaling);
       if (c.attention_sinks || c.attention_window(l) > 0) {  // GPT-OSS: sliding window, sinks
@@ -210,15 +215,17 @@ void Generator::Impl::forward(const std::vector<int32_t>& tok, int64_t past) {
         ops.attention_decode(q.get(), kc[size_t(l)].get(), vc[size_t(l)].get(), o.get(), past, n, nq, nkv, D,
                              scale);
       }
-      void* attn = c.post_norms ? xn.get() : h1.get();
+      void* attn = post ? xn.get() : h1.get();
       ops.linear_fwd(o.get(), t(pre + "self_attn.o_proj.weight"), attn, n, nq * D, H);
       if (c.attention_bias) ops.grouped_bias_fwd(attn, t(pre + "self_attn.o_proj.bias"), rows, 1, H);
-      if (c.post_norms)
-        ops.rmsnorm_fwd(attn, t(pre + "post_attention_layernorm.weight"), h1.get(), n, H, eps);
+      if (post) ops.rmsnorm_fwd(attn, t(pre + "post_attention_layernorm.weight"), h1.get(), n, H, eps, off);
       if (branch != 1.0f) scale_activation(ops, h1.get(), h1.get(), n * H, branch);
       ops.add(x.get(), h1.get(), h1.get(), n * H);
-      if (!c.post_norms)
-        ops.rmsnorm_fwd(h1.get(), t(pre + "post_attention_layernorm.weight"), hn.get(), n, H, eps);
+      if (!c.post_norms)  // the norm before the MLP
+        ops.rmsnorm_fwd(
+            h1.get(),
+            t(pre + (c.gemma() ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight")),
+            hn.get(), n, H, eps, off);
       if (const MoeBlock* b = moe[size_t(l)].get()) {  // x = h1 + the routed experts
         b->forward(ops, groups[size_t(l) + 1].get(), hn.get(), h1.get(), x.get(), n, moe_bufs, nullptr);
         continue;
@@ -226,10 +233,11 @@ void Generator::Impl::forward(const std::vector<int32_t>& tok, int64_t past) {
       const void* in = c.post_norms ? h1.get() : hn.get();
       ops.linear_fwd(in, t(pre + "mlp.gate_proj.weight"), g.get(), n, H, F);
       ops.linear_fwd(in, t(pre + "mlp.up_proj.weight"), u.get(), n, H, F);
-      ops.swiglu_fwd(g.get(), u.get(), m.get(), n * F);
-      ops.linear_fwd(m.get(), t(pre + "mlp.down_proj.weight"), c.post_norms ? hn.get() : y.get(), n, F, H);
-      if (c.post_norms)
-        ops.rmsnorm_fwd(hn.get(), t(pre + "post_feedforward_layernorm.weight"), y.get(), n, H, eps);
+      if (c.gemma()) ops.geglu_fwd(g.get(), u.get(), m.get(), n * F);
+      else ops.swiglu_fwd(g.get(), u.get(), m.get(), n * F);
+      ops.linear_fwd(m.get(), t(pre + "mlp.down_proj.weight"), post ? hn.get() : y.get(), n, F, H);
+      if (post)
+        ops.rmsnorm_fwd(hn.get(), t(pre + "post_feedforward_layernorm.weight"), y.get(), n, H, eps, off);
       if (branch != 1.0f) scale_activation(ops, y.get(), y.get(), n * H, branch);
       ops.add(h1.get(), y.get(), x.get(), n * H);
     }
@@ -244,7 +252,8 @@ std::vector<float> Generator::Impl::head(int64_t first, int64_t n) {
   Stream& s = dev->stream(StreamKind::compute);
   s.launch([this, first, n, H, V] {
     Ops& ops = dev->ops();
-    ops.rmsnorm_fwd(at(x, first * H), t("model.norm.weight"), hn.get(), n, H, float(c.rms_norm_eps));
+    ops.rmsnorm_fwd(at(x, first * H), t("model.norm.weight"), hn.get(), n, H, float(c.rms_norm_eps),
+                    c.norm_weight_offset());
     ops.linear_fwd(hn.get(), t("lm_head.weight"), lg.get(), n, H, V);
     if (c.logits_scaling != 1.0)
       scale_activation(ops, lg.get(), lg.get(), n * V, float(1.0 / c.logits_scaling));

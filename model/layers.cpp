@@ -2,7 +2,9 @@
 // embedding and tail layers: model/layers_ends.cpp).
 // Reference: transformers' modeling_llama.py / modeling_qwen3.py (LlamaDecoderLayer,
 // LlamaAttention with repeat_kv, LlamaMLP, LlamaRMSNorm, Qwen3Attention q_norm/k_norm) and
-// modeling_gpt_oss.py (GptOssAttention: biased projections, sinks, sliding window).
+// modeling_gpt_oss.py (GptOssAttention: biased projections, sinks, sliding window),
+// modeling_gemma2.py / modeling_gemma3.py (Gemma2DecoderLayer's four norms, GemmaRMSNorm's
+// 1 + w, the GeGLU MLP, Gemma3's sliding layers' own RoPE base).
 #include "model/layers.hpp"
 
 #include "model/fp8_linear.hpp"
@@ -19,8 +21,14 @@
 
 namespace rp {
 
-RopeParams rope_params(const ModelConfig& c) {
+RopeParams rope_params(const ModelConfig& c, int64_t layer) {
   RopeParams p;
+  if (c.rope_local_theta > 0 && c.attention_window(layer) > 0) {  // Gemma 3's sliding layers
+    p.theta = c.rope_local_theta;
+    p.head_dim = c.head_dim;
+    p.max_position_embeddings = c.max_position_embeddings;
+    return p;
+  }
   p.type = c.rope_scaling.type;
   p.theta = c.rope_theta;
   p.head_dim = c.head_dim;
@@ -100,10 +108,11 @@ bool weight_grad(Ops& ops, const Fp8Set& f8, LoraModule m, const void* dy, const
 // y = RMSNorm(x) w over R rows of n; when `next` (the FP8 linear that reads y) is given, the
 // norm also writes y's scale into that linear's scratch (its Fp8Set::scaled form skips the
 // separate pass over y).
+// w_offset: Gemma's 1 (ModelConfig::norm_weight_offset).
 void norm_fwd(Ops& ops, const void* x, const void* w, void* y, int64_t R, int64_t n, float eps,
-              const Fp8Linear* next) {
-  if (next) ops.rmsnorm_fwd_fp8_scale(x, w, y, R, n, eps, kFp8ActFormat, next->act.scale);
-  else ops.rmsnorm_fwd(x, w, y, R, n, eps);
+              float w_offset, const Fp8Linear* next) {
+  if (next) ops.rmsnorm_fwd_fp8_scale(x, w, y, R, n, eps, kFp8ActFormat, next->act.scale, w_offset);
+  else ops.rmsnorm_fwd(x, w, y, R, n, eps, w_offset);
 }
 
 // ---------------------------------------------------------------------------------
@@ -133,7 +142,12 @@ class DecoderLayer final : public Layer {
     sinks_ = offset_if(g, p + "self_attn.sinks", c_.attention_sinks);
     window_ = c_.attention_window(layer - 1);
     w_post_ = offset_of(g, p + "post_attention_layernorm.weight");
-    w_post_ff_ = offset_if(g, p + "post_feedforward_layernorm.weight", c_.post_norms);
+    w_post_ff_ = offset_if(g, p + "post_feedforward_layernorm.weight", post_norm_branches());
+    // the norm before the MLP: LLaMA's post_attention_layernorm, Gemma's pre_feedforward_layernorm
+    w_mlp_in_ = c_.gemma()      ? offset_of(g, p + "pre_feedforward_layernorm.weight")
+                : c_.post_norms ? -1
+                                : w_post_;
+    off_ = c_.norm_weight_offset();
     if (c_.is_moe_layer(layer - 1)) {
       moe_ = std::make_unique<MoeBlock>(m, layer);
       moe_layers_ = c_.num_moe_layers();
@@ -142,7 +156,7 @@ class DecoderLayer final : public Layer {
       wu_ = offset_of(g, p + "mlp.up_proj.weight");
       wd_ = offset_of(g, p + "mlp.down_proj.weight");
     }
-    rope_ = rope_frequencies(rope_params(c_));
+    rope_ = rope_frequencies(rope_params(c_, layer - 1));
     lora_ = lora_linears(m, layer);
     const bool adapted = m.adapter_group(layer) >= 0;
     n_groups_ = adapted ? 2 : 1;
@@ -261,10 +275,19 @@ class DecoderLayer final : public Layer {
   bool saved_attention_;
   bool fp8_;  // LayerOptions::fp8
   DecoderDims dims_;
-  // w_post_: the norm before the MLP, or (post_norms, OLMo 2) the one after the attention;
-  // w_post_ff_ the one after the MLP (OLMo 2; -1: none) and w_in_ -1 without a pre-norm
+  // w_post_: post_attention_layernorm, the norm before the MLP (LLaMA) or after the attention
+  // (OLMo 2, Gemma: post_norm_branches()); w_mlp_in_ the norm before the MLP (-1: none, OLMo 2),
+  // w_post_ff_ the one after it (OLMo 2, Gemma; -1: none) and w_in_ -1 without a pre-norm
   int64_t w_in_, wq_, wk_, wv_, wqn_ = -1, wkn_ = -1, wo_, w_post_, wg_ = -1, wu_ = -1, wd_ = -1;
-  int64_t w_post_ff_ = -1;
+  int64_t w_post_ff_ = -1, w_mlp_in_ = -1;
+  float off_ = 0.0f;  // the norms' weight offset (Gemma: 1 + w)
+  // an RMSNorm ends each residual branch (OLMo 2 without pre-norms, Gemma with them)
+  bool post_norm_branches() const { return c_.post_norms || c_.gemma(); }
+  // the MLP's activation: SwiGLU, or Gemma's GeGLU
+  void act_fwd(Ops& ops, const void* g, const void* u, void* m, int64_t n) const {
+    if (c_.gemma()) ops.geglu_fwd(g, u, m, n);
+    else ops.swiglu_fwd(g, u, m, n);
+  }
   // q/k norms: rows and width per token (per head, or OLMo 2's whole q and k)
   int64_t qk_norm_rows(int64_t T, int64_t heads) const { return c_.qk_norm_whole ? T : T * heads; }
   int64_t qk_norm_cols(int64_t heads) const { return c_.qk_norm_whole ? heads * c_.head_dim : c_.head_dim; }
@@ -334,7 +357,7 @@ void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, c
   const int64_t S = a.shape.n_seq, L = a.shape.seq_len;
   const void* xin = attention_input(a, b);
   const bool pre_norm = !c_.post_norms;  // OLMo 2 normalizes after the attention instead
-  if (pre_norm) norm_fwd(ops, a.x, param(a, 0, w_in_), b.xn, T, H, eps, f8(LoraModule::q));
+  if (pre_norm) norm_fwd(ops, a.x, param(a, 0, w_in_), b.xn, T, H, eps, off_, f8(LoraModule::q));
   void* q_lin = c_.qk_norm ? b.qr : b.q;
   void* k_lin = c_.qk_norm ? b.kr : b.k;
   adapted_linear_fwd(ops, lc, lora(LoraModule::q), xin, param(a, 0, wq_), q_lin, T, H, nq * D, 0,
@@ -347,8 +370,8 @@ void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, c
   bias_fwd(ops, a, bk_, k_lin, T, nkv * D);
   bias_fwd(ops, a, bv_, b.v, T, nkv * D);
   if (c_.qk_norm) {
-    ops.rmsnorm_fwd(b.qr, param(a, 0, wqn_), b.q, qk_norm_rows(T, nq), qk_norm_cols(nq), eps);
-    ops.rmsnorm_fwd(b.kr, param(a, 0, wkn_), b.k, qk_norm_rows(T, nkv), qk_norm_cols(nkv), eps);
+    ops.rmsnorm_fwd(b.qr, param(a, 0, wqn_), b.q, qk_norm_rows(T, nq), qk_norm_cols(nq), eps, off_);
+    ops.rmsnorm_fwd(b.kr, param(a, 0, wkn_), b.k, qk_norm_rows(T, nkv), qk_norm_cols(nkv), eps, off_);
   }
   const float scale = c_.attention_scale();
   if (variant()) {  // GPT-OSS: sliding window and sinks (packed positions through the variant)
@@ -374,12 +397,12 @@ void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, c
     if (!reuse)
       ops.attention_fwd(b.q, b.k, b.v, b.o, with_lse ? b.lse : nullptr, S, L, nq, nkv, D, scale, b.attn);
   }
-  // OLMo 2: o_proj's output (in xn, unused without a pre-norm) is normalized into h1
-  void* attn = c_.post_norms ? b.xn : b.h1;
+  // OLMo 2, Gemma: o_proj's output (in xn, unused now) is normalized into h1
+  void* attn = post_norm_branches() ? b.xn : b.h1;
   adapted_linear_fwd(ops, lc, lora(LoraModule::o), b.o, param(a, 0, wo_), attn, T, nq * D, H, 0,
                      f8(LoraModule::o));
   bias_fwd(ops, a, bo_, attn, T, H);
-  if (c_.post_norms) ops.rmsnorm_fwd(attn, param(a, 0, w_post_), b.h1, T, H, eps);
+  if (post_norm_branches()) ops.rmsnorm_fwd(attn, param(a, 0, w_post_), b.h1, T, H, eps, off_);
   if (branch_scaled()) scale_activation(ops, b.h1, b.h1, T * H, float(c_.residual_multiplier));
   ops.add(a.x, b.h1, b.h1, T * H);  // h1 = x + attn
 }
@@ -390,9 +413,9 @@ void DecoderLayer::mlp_forward(const LayerArgs& a, const DecoderBufs& b, const L
   const int64_t H = c_.hidden_size, F = c_.intermediate_size;
   const void* h1 = row(ops, b.h1, r0, H);
   void* y = row(ops, a.y, r0, H);
-  const bool pre_norm = !c_.post_norms;  // OLMo 2: no pre-norm
+  const bool pre_norm = w_mlp_in_ >= 0;  // OLMo 2: no pre-norm
   if (pre_norm)
-    norm_fwd(ops, h1, param(a, 0, w_post_), b.hn, n, H, float(c_.rms_norm_eps),
+    norm_fwd(ops, h1, param(a, 0, w_mlp_in_), b.hn, n, H, float(c_.rms_norm_eps), off_,
              moe_ ? nullptr : f8(LoraModule::gate));
   if (moe_)
     return moe_->forward(ops, a.params[0], b.hn, h1, y, n, b.moe, a.moe_stats, moe_adapters(a, false));
@@ -401,14 +424,20 @@ void DecoderLayer::mlp_forward(const LayerArgs& a, const DecoderBufs& b, const L
                      pre_norm ? f8.scaled(LoraModule::gate) : f8(LoraModule::gate));
   adapted_linear_fwd(ops, lc, lora(LoraModule::up), in, param(a, 0, wu_), b.u, n, H, F, r0,
                      f8.reuse(LoraModule::up, LoraModule::gate));
-  if (const Fp8Linear* down = f8(LoraModule::down))
+  const Fp8Linear* down_f8 = f8.scaled(LoraModule::down);
+  if (c_.gemma()) {  // GeGLU: down quantizes its input in its own pass
+    ops.geglu_fwd(b.g, b.u, b.m, n * F);
+    down_f8 = f8(LoraModule::down);
+  } else if (const Fp8Linear* down = f8(LoraModule::down)) {
     ops.swiglu_fwd_fp8_scale(b.g, b.u, b.m, n * F, kFp8ActFormat, down->act.scale);
-  else ops.swiglu_fwd(b.g, b.u, b.m, n * F);
-  // OLMo 2: down's output (in hn, unused without a pre-norm) is normalized into y
-  void* out = c_.post_norms ? b.hn : y;
-  adapted_linear_fwd(ops, lc, lora(LoraModule::down), b.m, param(a, 0, wd_), out, n, F, H, r0,
-                     f8.scaled(LoraModule::down));
-  if (c_.post_norms) ops.rmsnorm_fwd(out, param(a, 0, w_post_ff_), y, n, H, float(c_.rms_norm_eps));
+  } else {
+    ops.swiglu_fwd(b.g, b.u, b.m, n * F);
+  }
+  // OLMo 2, Gemma: down's output (in hn, no longer read) is normalized into y
+  void* out = post_norm_branches() ? b.hn : y;
+  adapted_linear_fwd(ops, lc, lora(LoraModule::down), b.m, param(a, 0, wd_), out, n, F, H, r0, down_f8);
+  if (post_norm_branches())
+    ops.rmsnorm_fwd(out, param(a, 0, w_post_ff_), y, n, H, float(c_.rms_norm_eps), off_);
   if (branch_scaled()) scale_activation(ops, y, y, n * H, float(c_.residual_multiplier));
   ops.add(h1, y, y, n * H);
 }
@@ -422,9 +451,9 @@ void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const 
   const void* dy = row(ops, a.dy, r0, H);
   void* dh1 = row(ops, a.dx, r0, H);
   // recompute the chunk's forward up to m
-  const bool pre_norm = !c_.post_norms;  // OLMo 2: no pre-norm
+  const bool pre_norm = w_mlp_in_ >= 0;  // OLMo 2: no pre-norm
   if (pre_norm)
-    norm_fwd(ops, h1, param(a, 0, w_post_), b.hn, n, H, eps, moe_ ? nullptr : f8(LoraModule::gate));
+    norm_fwd(ops, h1, param(a, 0, w_mlp_in_), b.hn, n, H, eps, off_, moe_ ? nullptr : f8(LoraModule::gate));
   if (moe_) {
     const bool aux = a.moe_stats && a.moe_aux_scale != 0.0f;
     const double rows = double(moe_layers_) * double(a.shape.tokens());
@@ -441,14 +470,16 @@ void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const 
                      pre_norm ? f8.scaled(LoraModule::gate) : f8(LoraModule::gate));
   adapted_linear_fwd(ops, lc, lora(LoraModule::up), in, param(a, 0, wu_), b.u, n, H, F, r0,
                      f8.reuse(LoraModule::up, LoraModule::gate));
-  ops.swiglu_fwd(b.g, b.u, b.m, n * F);
+  act_fwd(ops, b.g, b.u, b.m, n * F);
   // y = h1 + r * post_norm(down(m)): dout, the gradient at down's output, is dy itself for
-  // LLaMA; OLMo 2 recomputes down's output (into hn) for its norm's backward, Granite scales dy
+  // LLaMA; OLMo 2 and Gemma recompute down's output (into hn) for its norm's backward (Gemma
+  // then normalizes h1 into hn again), Granite scales dy
   const void* dout = dy;
-  if (c_.post_norms) {
+  if (post_norm_branches()) {
     adapted_linear_fwd(ops, lc, lora(LoraModule::down), b.m, param(a, 0, wd_), b.hn, n, F, H, r0,
                        f8(LoraModule::down));
-    ops.rmsnorm_bwd(b.hn, param(a, 0, w_post_ff_), dy, b.dhn, grad(a, 0, w_post_ff_), n, H, eps, false);
+    ops.rmsnorm_bwd(b.hn, param(a, 0, w_post_ff_), dy, b.dhn, grad(a, 0, w_post_ff_), n, H, eps, false, off_);
+    if (pre_norm) ops.rmsnorm_fwd(h1, param(a, 0, w_mlp_in_), b.hn, n, H, eps, off_);
     dout = b.dhn;
   } else if (branch_scaled()) {
     scale_activation(ops, dy, b.dhn, n * H, float(c_.residual_multiplier));
@@ -457,20 +488,21 @@ void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const 
   // down's adapter has its u from the recompute only when down's forward ran again
   weight_grad(ops, f8, LoraModule::down, dout, b.m, grad(a, 0, wd_), n, F, H);
   adapted_linear_bwd_input(ops, lc, lora(LoraModule::down), b.m, dout, param(a, 0, wd_), b.dm, n, F, H, false,
-                           r0, c_.post_norms, f8(LoraModule::down));
-  ops.swiglu_bwd(b.g, b.u, b.dm, b.dg, b.du, n * F);
+                           r0, post_norm_branches(), f8(LoraModule::down));
+  if (c_.gemma()) ops.geglu_bwd(b.g, b.u, b.dm, b.dg, b.du, n * F);
+  else ops.swiglu_bwd(b.g, b.u, b.dm, b.dg, b.du, n * F);
   const bool in_codes = weight_grad(ops, f8, LoraModule::gate, b.dg, in, grad(a, 0, wg_), n, H, F);
   weight_grad(ops, f8, LoraModule::up, b.du, in, grad(a, 0, wu_), n, H, F, in_codes);
   // without a pre-norm the input gradients add straight onto the residual path's
-  void* din = c_.post_norms ? dh1 : b.dhn;
-  if (c_.post_norms) ops.copy(ops.dtype(), dh1, dy, n * H);  // residual path
+  void* din = pre_norm ? b.dhn : dh1;
+  if (!pre_norm) ops.copy(ops.dtype(), dh1, dy, n * H);  // residual path
   adapted_linear_bwd_input(ops, lc, lora(LoraModule::gate), in, b.dg, param(a, 0, wg_), din, n, H, F,
-                           c_.post_norms, r0, true, f8(LoraModule::gate));
+                           !pre_norm, r0, true, f8(LoraModule::gate));
   adapted_linear_bwd_input(ops, lc, lora(LoraModule::up), in, b.du, param(a, 0, wu_), din, n, H, F, true, r0,
                            true, f8(LoraModule::up));
-  if (c_.post_norms) return;
+  if (!pre_norm) return;
   ops.copy(ops.dtype(), dh1, dy, n * H);  // residual path
-  ops.rmsnorm_bwd(h1, param(a, 0, w_post_), b.dhn, dh1, grad(a, 0, w_post_), n, H, eps, true);
+  ops.rmsnorm_bwd(h1, param(a, 0, w_mlp_in_), b.dhn, dh1, grad(a, 0, w_mlp_in_), n, H, eps, true, off_);
 }
 
 void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc,
@@ -484,8 +516,10 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
   // LLaMA, through OLMo 2's norm (its input, o_proj's output, is in xn) or scaled for Granite;
   // into h1, which is no longer read
   const void* dattn = a.dx;
-  if (c_.post_norms) {
-    ops.rmsnorm_bwd(b.xn, param(a, 0, w_post_), a.dx, b.h1, grad(a, 0, w_post_), T, H, eps, false);
+  if (post_norm_branches()) {
+    ops.rmsnorm_bwd(b.xn, param(a, 0, w_post_), a.dx, b.h1, grad(a, 0, w_post_), T, H, eps, false, off_);
+    // Gemma: xn is the q/k/v input again
+    if (!c_.post_norms) ops.rmsnorm_fwd(a.x, param(a, 0, w_in_), b.xn, T, H, eps, off_);
     dattn = b.h1;
   } else if (branch_scaled()) {
     scale_activation(ops, a.dx, b.h1, T * H, float(c_.residual_multiplier));
@@ -520,9 +554,9 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
   void* dk_lin = b.dk;
   if (c_.qk_norm) {  // dout and v are no longer read: they take the norms' input gradients
     ops.rmsnorm_bwd(b.qr, param(a, 0, wqn_), b.dq, b.dout, grad(a, 0, wqn_), qk_norm_rows(T, nq),
-                    qk_norm_cols(nq), eps, false);
+                    qk_norm_cols(nq), eps, false, off_);
     ops.rmsnorm_bwd(b.kr, param(a, 0, wkn_), b.dk, b.v, grad(a, 0, wkn_), qk_norm_rows(T, nkv),
-                    qk_norm_cols(nkv), eps, false);
+                    qk_norm_cols(nkv), eps, false, off_);
     dq_lin = b.dout;
     dk_lin = b.v;
   }
@@ -541,7 +575,8 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
                            true, 0, true, f8(LoraModule::k));
   adapted_linear_bwd_input(ops, lc, lora(LoraModule::v), xin, b.dv, param(a, 0, wv_), dxn, T, H, nkv * D,
                            true, 0, true, f8(LoraModule::v));
-  if (!c_.post_norms) ops.rmsnorm_bwd(a.x, param(a, 0, w_in_), dxn, a.dx, grad(a, 0, w_in_), T, H, eps, true);
+  if (!c_.post_norms)
+    ops.rmsnorm_bwd(a.x, param(a, 0, w_in_), dxn, a.dx, grad(a, 0, w_in_), T, H, eps, true, off_);
 }
 
 void DecoderLayer::backward(const LayerArgs& a) const {

@@ -30,13 +30,17 @@
 
 namespace rp {
 
-/// RoPE parameters of `c` (rope_theta, head_dim, rope_scaling, max_position_embeddings)
-/// for rope_frequencies().
-RopeParams rope_params(const ModelConfig& c);
+/// RoPE parameters of decoder layer `layer` (0-based) of `c` (rope_theta, head_dim,
+/// rope_scaling, max_position_embeddings) for rope_frequencies(); Gemma 3's sliding layers
+/// take rope_local_theta without scaling.
+RopeParams rope_params(const ModelConfig& c, int64_t layer);
 
 /// y[i] = alpha * x[i] for i < n in ops.dtype(), the product in fp32; y may be x. Granite's
 /// embedding, residual and logit multipliers and their backward, through Ops::add_into (in
 /// place: y += (alpha - 1) y; else y = 0, then y += alpha x).
 void scale_activation(Ops& ops, const void* x, void* y, int64_t n, float alpha);
+/// v rounded to ops.dtype() (bf16, f16; f32 unchanged): Gemma's embedding normalizer, which
+/// transformers makes a tensor of the activations' dtype.
+float in_dtype(const Ops& ops, float v);
 
 }  // namespace rp

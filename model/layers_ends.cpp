@@ -1,10 +1,13 @@
 // The embedding and tail layers with explicit forward/backward (model/layers.hpp): the
-// lookup (times Granite's embedding_multiplier) and the final norm, LM head and cross-entropy
-// (the logits divided by Granite's logits_scaling).
+// lookup (times Granite's embedding_multiplier or Gemma's sqrt(hidden_size)) and the final
+// norm (Gemma's 1 + w), LM head and cross-entropy (the logits divided by Granite's
+// logits_scaling).
 #include "model/layers.hpp"
 
 #include "model/layer_args.hpp"
 #include "model/layer_memory.hpp"
+
+#include "kernels/dtype.hpp"
 
 namespace rp {
 
@@ -12,6 +15,12 @@ void scale_activation(Ops& ops, const void* x, void* y, int64_t n, float alpha) 
   if (x == y) return ops.add_into(ops.dtype(), y, ops.dtype(), x, n, alpha - 1.0f);
   ops.fill(ops.dtype(), y, n, 0.0f);
   ops.add_into(ops.dtype(), y, ops.dtype(), x, n, alpha);
+}
+
+float in_dtype(const Ops& ops, float v) {
+  if (ops.dtype() == DType::bf16) return bf16_to_f32(f32_to_bf16(v));
+  if (ops.dtype() == DType::f16) return f16_to_f32(f32_to_f16(v));
+  return v;
 }
 
 namespace {
@@ -24,7 +33,7 @@ class EmbeddingLayer final : public Layer {
       : H_(m.config.hidden_size),
         V_(m.config.vocab_size),
         off_(offset_of(m.groups[0], "model.embed_tokens.weight")),
-        mult_(float(m.config.embedding_multiplier)) {}
+        mult_(float(m.config.embedding_scale())) {}
   LayerKind kind() const override { return LayerKind::embedding; }
   // Granite's multiplier: the backward scales dy into scratch [T, H]
   size_t scratch_bytes(const MicroBatchShape& s, DType dt = DType::f32, bool backward = true) const override {
@@ -34,7 +43,7 @@ class EmbeddingLayer final : public Layer {
     Ops& ops = check_args(a, 1, 0, "embedding.forward", false);
     if (!a.ids || !a.y) throw std::invalid_argument("embedding.forward: ids/y null");
     ops.embedding_fwd(a.ids, param(a, 0, off_), a.y, a.shape.tokens(), H_, V_);
-    if (mult_ != 1.0f) scale_activation(ops, a.y, a.y, a.shape.tokens() * H_, mult_);
+    if (mult_ != 1.0f) scale_activation(ops, a.y, a.y, a.shape.tokens() * H_, in_dtype(ops, mult_));
   }
   void backward(const LayerArgs& a) const override {
     Ops& ops = check_args(a, 1, scratch_bytes(a.shape, a.ops ? a.ops->dtype() : DType::f32),
@@ -44,7 +53,7 @@ class EmbeddingLayer final : public Layer {
     if (!dw) return;  // frozen: nothing
     const void* dy = a.dy;
     if (mult_ != 1.0f) {
-      scale_activation(ops, a.dy, a.scratch, a.shape.tokens() * H_, mult_);
+      scale_activation(ops, a.dy, a.scratch, a.shape.tokens() * H_, in_dtype(ops, mult_));
       dy = a.scratch;
     }
     ops.embedding_bwd(a.ids, dy, dw, a.shape.tokens(), H_, V_);
@@ -52,7 +61,7 @@ class EmbeddingLayer final : public Layer {
 
  private:
   int64_t H_, V_, off_;
-  float mult_;  // Granite's embedding_multiplier (1 elsewhere)
+  float mult_;  // Granite's embedding_multiplier, Gemma's sqrt(hidden_size) (1 elsewhere)
 };
 
 class TailLayer final : public Layer {
@@ -89,7 +98,8 @@ class TailLayer final : public Layer {
     void *hn = tb.hn, *dhn = tb.dhn, *ce = tb.ce;
     const int64_t T = a.shape.tokens(), H = c_.hidden_size, V = c_.vocab_size;
     const float eps = float(c_.rms_norm_eps);
-    ops.rmsnorm_fwd(a.x, param(a, 0, w_norm_), hn, T, H, eps);
+    const float off = c_.norm_weight_offset();  // Gemma: 1 + w
+    ops.rmsnorm_fwd(a.x, param(a, 0, w_norm_), hn, T, H, eps, off);
     // Granite: logits = lm_head(hn) / logits_scaling = lm_head(hn / logits_scaling)
     const float inv_logits_scaling = float(1.0 / c_.logits_scaling);
     if (c_.logits_scaling != 1.0) scale_activation(ops, hn, hn, T * H, inv_logits_scaling);
@@ -101,7 +111,7 @@ class TailLayer final : public Layer {
     ops.lm_head_cross_entropy(hn, w, a.targets, T, H, V, a.loss, dhn, grad(a, size_t(lm_group_), w_lm_), ce,
                               a.loss_scale);
     if (c_.logits_scaling != 1.0) scale_activation(ops, dhn, dhn, T * H, inv_logits_scaling);
-    ops.rmsnorm_bwd(a.x, param(a, 0, w_norm_), dhn, a.dx, grad(a, 0, w_norm_), T, H, eps, false);
+    ops.rmsnorm_bwd(a.x, param(a, 0, w_norm_), dhn, a.dx, grad(a, 0, w_norm_), T, H, eps, false, off);
   }
 
   ModelConfig c_;

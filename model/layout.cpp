@@ -158,6 +158,7 @@ ModelLayout make_layout(const ModelConfig& c) {
     linear("o_proj", H, nq * D);
     if (c.attention_sinks) add(g, p + "self_attn.sinks", {nq});
     add(g, p + "post_attention_layernorm.weight", {H});
+    if (c.gemma()) add(g, p + "pre_feedforward_layernorm.weight", {H});  // Gemma's norm before the MLP
     if (c.is_moe_layer(i)) {
       // sparse block: the router, then each projection of every expert, expert by expert, so
       // one projection of all experts is a stacked [E, out, in] tensor (the grouped linears');
@@ -181,7 +182,8 @@ ModelLayout make_layout(const ModelConfig& c) {
     add(g, p + "mlp.gate_proj.weight", {F, H});
     add(g, p + "mlp.up_proj.weight", {F, H});
     add(g, p + "mlp.down_proj.weight", {H, F});
-    if (c.post_norms) add(g, p + "post_feedforward_layernorm.weight", {H});  // OLMo 2's norm after the MLP
+    // OLMo 2's and Gemma's norm after the MLP
+    if (c.post_norms || c.gemma()) add(g, p + "post_feedforward_layernorm.weight", {H});
     m.groups.push_back(std::move(g));
   }
   ParamGroup head{"head", {}, 0};

@@ -64,6 +64,7 @@ ModelShape model_shape_from_config(const ModelConfig& c) {
   m.tie_word_embeddings = c.tie_word_embeddings;
   m.qk_norm = c.qk_norm;
   m.qk_norm_whole = c.qk_norm_whole;
+  m.sandwich_norms = c.gemma();
   m.qkv_bias = c.has_qkv_bias();
   m.o_proj_bias = c.attention_bias;
   m.num_experts = c.num_experts;
@@ -103,7 +104,7 @@ int64_t layer_parameters(const ModelShape& m, int layer, bool active) {
   if (layer == 0) return V * H;
   if (layer == m.num_layers + 1) return V * H + H;
   const int64_t Q = m.num_heads * m.head_dim, K = m.num_kv_heads * m.head_dim;
-  int64_t n = 2 * H + H * Q + 2 * H * K + Q * H +
+  int64_t n = (m.sandwich_norms ? 4 : 2) * H + H * Q + 2 * H * K + Q * H +
               (m.qk_norm ? (m.qk_norm_whole ? Q + K : 2 * m.head_dim) : 0) + (m.qkv_bias ? Q + 2 * K : 0) +
               (m.o_proj_bias ? H : 0);
   if (m.is_moe_layer(layer - 1))  // router [E, H] and the experts' gate, up [Fe, H], down [H, Fe]

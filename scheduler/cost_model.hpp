@@ -74,6 +74,7 @@ struct ModelShape {
   int64_t num_heads = 0, num_kv_heads = 0, head_dim = 0;
   bool tie_word_embeddings = false;
   bool qk_norm = false;
+  bool sandwich_norms = false;           ///< Gemma: two more norms per layer (before and after the MLP)
   bool qk_norm_whole = false;            ///< the q/k norms span a token's whole q and k (OLMo 2), not a head
   bool qkv_bias = false;                 ///< q/k/v projections carry biases (Qwen2, GPT-OSS)
   bool o_proj_bias = false;              ///< o_proj carries a bias (GPT-OSS)

@@ -45,9 +45,14 @@ struct RopeScaling {
 /// logits; Phi-3 is LLaMA's decoder (with Mistral's window when set) whose checkpoints fuse
 /// q/k/v into "self_attn.qkv_proj" and gate/up into "mlp.gate_up_proj": the layout keeps them
 /// apart, the readers and writers of folders and adapters split and fuse them (model/phi3_hf.hpp).
+/// Gemma 2 and Gemma 3 (text) are LLaMA's decoder with Gemma's changes (gemma()): RMSNorms of
+/// weight 1 + w, a norm before and after both the attention and the MLP, a GeGLU MLP, the
+/// embeddings times sqrt(hidden_size), scores times query_pre_attn_scalar^-0.5, sliding and
+/// global layers (layer_types) and, for Gemma 3, q/k norms per head and its own RoPE base on the
+/// sliding layers (rope_local_theta).
 struct ModelConfig {
-  /// "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "olmo2", "granite" or "phi3"
-  /// (model_type)
+  /// "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "olmo2", "granite", "phi3",
+  /// "gemma2" or "gemma3_text" (model_type)
   std::string architecture = "llama";
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
@@ -75,8 +80,26 @@ struct ModelConfig {
   // for every other family.
   double embedding_multiplier = 1.0, residual_multiplier = 1.0, attention_multiplier = 0.0,
          logits_scaling = 1.0;
-  /// The attention's score scale: attention_multiplier, or 1/sqrt(head_dim) when it is 0.
+  /// The attention's score scale: attention_multiplier, or query_pre_attn_scalar^-0.5 when
+  /// that is set (Gemma), or 1/sqrt(head_dim).
   float attention_scale() const;
+  /// Gemma ("gemma2", "gemma3_text"): every RMSNorm (the layers', q/k's, the final one)
+  /// multiplies by 1 + weight (norm_weight_offset() 1); the decoder is
+  ///   h = x + post_attention_layernorm(attn(input_layernorm(x))),
+  ///   y = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)))   (sandwich norms),
+  /// mlp(h) = down(gelu_tanh(gate(h)) * up(h)) (hidden_activation gelu_pytorch_tanh), and the
+  /// embeddings are multiplied by sqrt(hidden_size) rounded to the compute dtype.
+  bool gemma() const { return architecture == "gemma2" || architecture == "gemma3_text"; }
+  /// 1 for Gemma's RMSNorm (x * r * (1 + w)), 0 elsewhere (Ops::rmsnorm_fwd's w_offset).
+  float norm_weight_offset() const { return gemma() ? 1.0f : 0.0f; }
+  /// Gemma: the attention's scores times query_pre_attn_scalar^-0.5 (0: not set).
+  double query_pre_attn_scalar = 0.0;
+  /// Gemma 3: RoPE base of the "sliding_attention" layers (rope_local_base_freq, or
+  /// rope_parameters.sliding_attention.rope_theta; no scaling there); rope_theta and
+  /// rope_scaling are the full-attention layers'. 0: every layer uses rope_theta.
+  double rope_local_theta = 0.0;
+  /// The multiplier of the embeddings: Granite's embedding_multiplier, Gemma's sqrt(hidden_size).
+  double embedding_scale() const;
   /// q/k/v/o projections with biases ("self_attn.<q|k|v|o>_proj.bias"); GPT-OSS only
   bool attention_bias = false;
   /// q/k/v projections (not o) with biases ("self_attn.<q|k|v>_proj.bias"); Qwen2 only

@@ -219,9 +219,10 @@ void CpuOps::embedding_bwd(const int32_t* ids, const void* dy, void* dtable, int
 
 // ---- RMSNorm -------------------------------------------------------------------
 
-void CpuOps::rmsnorm_fwd(const void* x, const void* w, void* y, int64_t R, int64_t n, float eps) {
+void CpuOps::rmsnorm_fwd(const void* x, const void* w, void* y, int64_t R, int64_t n, float eps,
+                         float w_offset) {
   require(R >= 0 && n > 0, "rmsnorm_fwd", "need R >= 0 rows of n > 0 columns");
-  CVec wv(F(w), n);
+  const Eigen::ArrayXf wv = CVec(F(w), n) + w_offset;  // Gemma: 1 + w
   for (int64_t r = 0; r < R; ++r) {
     CVec xr(F(x) + r * n, n);
     float rs = 1.0f / std::sqrt(xr.square().sum() / float(n) + eps);
@@ -230,9 +231,9 @@ void CpuOps::rmsnorm_fwd(const void* x, const void* w, void* y, int64_t R, int64
 }
 
 void CpuOps::rmsnorm_bwd(const void* x, const void* w, const void* dy, void* dx, void* dw, int64_t R,
-                         int64_t n, float eps, bool accumulate_dx) {
+                         int64_t n, float eps, bool accumulate_dx, float w_offset) {
   require(R >= 0 && n > 0, "rmsnorm_bwd", "need R >= 0 rows of n > 0 columns");
-  CVec wv(F(w), n);
+  const Eigen::ArrayXf wv = CVec(F(w), n) + w_offset;  // Gemma: 1 + w
   auto rsqrt_row = [&](const CVec& xr) { return 1.0f / std::sqrt(xr.square().sum() / float(n) + eps); };
   for (int64_t r = 0; r < R; ++r) {
     CVec xr(F(x) + r * n, n), dyr(F(dy) + r * n, n);
@@ -274,6 +275,37 @@ void CpuOps::swiglu_bwd(const void* g, const void* u, const void* dh, void* dg, 
     s = 1.0f / (1.0f + (-gv).exp());
     MVec(pdu + i0, m) = dhv * gv * s;
     MVec(pdg + i0, m) = dhv * uv * s * (1.0f + gv * (1.0f - s));
+  }
+}
+
+// ---- GeGLU ---------------------------------------------------------------------
+
+namespace {
+constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr float kGeluC = 0.044715f;
+}  // namespace
+
+void CpuOps::geglu_fwd(const void* g, const void* u, void* h, int64_t n) {
+  check_n(n, "geglu_fwd");
+  CVec gv(F(g), n), uv(F(u), n);
+  MVec(F(h), n) = 0.5f * gv * (1.0f + (kGeluK * (gv + kGeluC * gv.cube())).tanh()) * uv;
+}
+
+void CpuOps::geglu_bwd(const void* g, const void* u, const void* dh, void* dg, void* du, int64_t n) {
+  check_n(n, "geglu_bwd");
+  const float *pg = F(g), *pu = F(u), *pdh = F(dh);
+  float *pdg = F(dg), *pdu = F(du);
+  constexpr int64_t B = 1024;  // blockwise so Eigen vectorises tanh
+  float th[B];
+  for (int64_t i0 = 0; i0 < n; i0 += B) {
+    int64_t m = std::min(B, n - i0);
+    CVec gv(pg + i0, m), uv(pu + i0, m), dhv(pdh + i0, m);
+    Eigen::Map<Eigen::ArrayXf> t(th, m);
+    t = (kGeluK * (gv + kGeluC * gv.cube())).tanh();
+    MVec(pdu + i0, m) = dhv * 0.5f * gv * (1.0f + t);
+    MVec(pdg + i0, m) =
+        dhv * uv *
+        (0.5f * (1.0f + t) + 0.5f * gv * (1.0f - t * t) * kGeluK * (1.0f + 3.0f * kGeluC * gv.square()));
   }
 }
 

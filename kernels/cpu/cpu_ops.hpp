@@ -60,9 +60,10 @@ class CpuOps final : public Ops {
   void embedding_bwd(const int32_t* ids, const void* dy, void* dtable, int64_t T, int64_t H,
                      int64_t V) override;
 
-  void rmsnorm_fwd(const void* x, const void* w, void* y, int64_t R, int64_t n, float eps) override;
+  void rmsnorm_fwd(const void* x, const void* w, void* y, int64_t R, int64_t n, float eps,
+                   float w_offset = 0.0f) override;
   void rmsnorm_bwd(const void* x, const void* w, const void* dy, void* dx, void* dw, int64_t R, int64_t n,
-                   float eps, bool accumulate_dx) override;
+                   float eps, bool accumulate_dx, float w_offset = 0.0f) override;
 
   void rope_fwd(void* x, int64_t n_seq, int64_t seq_len, int64_t heads, int64_t D, const float* inv_freq,
                 float scale) override;
@@ -110,6 +111,8 @@ class CpuOps final : public Ops {
 
   void swiglu_fwd(const void* g, const void* u, void* h, int64_t n) override;
   void swiglu_bwd(const void* g, const void* u, const void* dh, void* dg, void* du, int64_t n) override;
+  void geglu_fwd(const void* g, const void* u, void* h, int64_t n) override;
+  void geglu_bwd(const void* g, const void* u, const void* dh, void* dg, void* du, int64_t n) override;
 
   void moe_route(const void* logits, float* probs, int32_t* topk_idx, float* topk_w, float* stats, int64_t T,
                  int64_t E, int64_t k, bool norm_topk) override;

@@ -172,6 +172,49 @@ struct SwigluBwdF {
   }
 };
 
+// GeGLU (Gemma's MLP): h = gelu_tanh(g) * u, as CpuOps::geglu_fwd / geglu_bwd
+__device__ __forceinline__ float gelu_tanh_t(float z) {
+  return tanhf(0.7978845608028654f * (z + 0.044715f * z * z * z));
+}
+
+template <typename T>
+struct GegluFwdF {
+  const T *g, *u;
+  T* h;
+  template <int N, bool V>
+  __device__ void apply(int64_t i) const {
+    float a[N], b[N];
+    load_n<N, V>(g + i, a);
+    load_n<N, V>(u + i, b);
+#pragma unroll
+    for (int j = 0; j < N; ++j) a[j] = 0.5f * a[j] * (1.0f + gelu_tanh_t(a[j])) * b[j];
+    store_n<N, V>(h + i, a);
+  }
+};
+
+template <typename T>
+struct GegluBwdF {
+  const T *g, *u, *dh;
+  T *dg, *du;
+  template <int N, bool V>
+  __device__ void apply(int64_t i) const {
+    float a[N], b[N], d[N], rg[N], ru[N];
+    load_n<N, V>(g + i, a);
+    load_n<N, V>(u + i, b);
+    load_n<N, V>(dh + i, d);
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const float t = gelu_tanh_t(a[j]);
+      ru[j] = d[j] * 0.5f * a[j] * (1.0f + t);
+      rg[j] = d[j] * b[j] *
+              (0.5f * (1.0f + t) +
+               0.5f * a[j] * (1.0f - t * t) * 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * a[j] * a[j]));
+    }
+    store_n<N, V>(du + i, ru);
+    store_n<N, V>(dg + i, rg);
+  }
+};
+
 // ---- embedding ----------------------------------------------------------------------
 
 template <typename T, bool VEC>
@@ -217,7 +260,8 @@ __global__ void __launch_bounds__(kThreads)
 // AMAX: also max-es the largest |y| stored (fp32 bits) into *amax, one atomic per block.
 template <typename T, bool VEC, bool AMAX>
 __global__ void __launch_bounds__(kThreads)
-    rmsnorm_fwd_kernel(const T* x, const T* w, T* y, int64_t R, int64_t n, float eps, unsigned* amax) {
+    rmsnorm_fwd_kernel(const T* x, const T* w, T* y, int64_t R, int64_t n, float eps, float w_off,
+                       unsigned* amax) {
   constexpr int N = VEC ? kVec : 1;
   const int lane = threadIdx.x & 31;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
@@ -240,7 +284,8 @@ __global__ void __launch_bounds__(kThreads)
       load_n<N, VEC>(w + j, b);
 #pragma unroll
       for (int e = 0; e < N; ++e) {
-        a[e] = to_f(from_f<T>(a[e] * rs)) * b[e];  // as HF: round x*r first
+        // as HF: LLaMA rounds x*r first, Gemma (w_off 1) rounds the fp32 x*r*(1+w) once
+        a[e] = w_off != 0.f ? a[e] * rs * (b[e] + w_off) : to_f(from_f<T>(a[e] * rs)) * b[e];
         if constexpr (AMAX) m = max(m, abs_bits(to_f(from_f<T>(a[e]))));
       }
       store_n<N, VEC>(yr + j, a);
@@ -255,7 +300,7 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T, bool VEC, bool PER_WARP>
 __global__ void __launch_bounds__(kThreads)
     rmsnorm_bwd_kernel(const T* x, const T* w, const T* dy, T* dx, float* dw, int64_t R, int64_t n, float eps,
-                       bool acc) {
+                       bool acc, float w_off) {
   extern __shared__ float s_all[];
   constexpr int N = VEC ? kVec : 1;
   constexpr int kWarps = kThreads / 32;
@@ -278,7 +323,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < N; ++e) {
         ss += a[e] * a[e];
-        gx += d[e] * b[e] * a[e];
+        gx += d[e] * (b[e] + w_off) * a[e];
       }
     }
     ss = warp_sum(ss);
@@ -294,7 +339,7 @@ __global__ void __launch_bounds__(kThreads)
       if (acc) load_n<N, VEC>(dxr + j, o);
 #pragma unroll
       for (int e = 0; e < N; ++e) {
-        const float v = rs * (d[e] * b[e] - a[e] * (rs * c));
+        const float v = rs * (d[e] * (b[e] + w_off) - a[e] * (rs * c));
         o[e] = acc ? o[e] + v : v;
         if (!want_dw) continue;
         if constexpr (PER_WARP) s_dw[j + e] += d[e] * a[e] * rs;
@@ -540,6 +585,24 @@ void k_swiglu_bwd(DType t, const void* g, const void* u, const void* dh, void* d
                            st));
 }
 
+void k_geglu_fwd(DType t, const void* g, const void* u, void* h, int64_t n, cudaStream_t st) {
+  const bool vec = aligned16(g) && aligned16(u) && aligned16(h);
+  RP_DISPATCH_16(
+      "geglu_fwd", t, T,
+      launch_ew("geglu_fwd", n, vec,
+                GegluFwdF<T>{static_cast<const T*>(g), static_cast<const T*>(u), static_cast<T*>(h)}, st));
+}
+
+void k_geglu_bwd(DType t, const void* g, const void* u, const void* dh, void* dg, void* du, int64_t n,
+                 cudaStream_t st) {
+  const bool vec = aligned16(g) && aligned16(u) && aligned16(dh) && aligned16(dg) && aligned16(du);
+  RP_DISPATCH_16("geglu_bwd", t, T,
+                 launch_ew("geglu_bwd", n, vec,
+                           GegluBwdF<T>{static_cast<const T*>(g), static_cast<const T*>(u),
+                                        static_cast<const T*>(dh), static_cast<T*>(dg), static_cast<T*>(du)},
+                           st));
+}
+
 void k_embedding_fwd(DType t, const int32_t* ids, const void* table, void* y, int64_t T_, int64_t H,
                      int64_t V, unsigned* err, cudaStream_t st) {
   if (T_ <= 0 || H <= 0) return;
@@ -565,7 +628,7 @@ void k_embedding_bwd(DType t, const int32_t* ids, const void* dy, float* dtable,
 }
 
 void k_rmsnorm_fwd(DType t, const void* x, const void* w, void* y, int64_t R, int64_t n, float eps,
-                   cudaStream_t st, unsigned* amax) {
+                   float w_off, cudaStream_t st, unsigned* amax) {
   if (R <= 0) return;
   const bool vec = n % kVec == 0 && aligned16(x) && aligned16(w) && aligned16(y);
   const unsigned grid = grid_for(R, kThreads / 32, int64_t(num_sms()) * 16);
@@ -574,17 +637,19 @@ void k_rmsnorm_fwd(DType t, const void* x, const void* w, void* y, int64_t R, in
     const T* wt = static_cast<const T*>(w);
     T* yt = static_cast<T*>(y);
     if (vec && amax)
-      rmsnorm_fwd_kernel<T, true, true><<<grid, kThreads, 0, st>>>(xt, wt, yt, R, n, eps, amax);
+      rmsnorm_fwd_kernel<T, true, true><<<grid, kThreads, 0, st>>>(xt, wt, yt, R, n, eps, w_off, amax);
     else if (vec)
-      rmsnorm_fwd_kernel<T, true, false><<<grid, kThreads, 0, st>>>(xt, wt, yt, R, n, eps, nullptr);
-    else if (amax) rmsnorm_fwd_kernel<T, false, true><<<grid, kThreads, 0, st>>>(xt, wt, yt, R, n, eps, amax);
-    else rmsnorm_fwd_kernel<T, false, false><<<grid, kThreads, 0, st>>>(xt, wt, yt, R, n, eps, nullptr);
+      rmsnorm_fwd_kernel<T, true, false><<<grid, kThreads, 0, st>>>(xt, wt, yt, R, n, eps, w_off, nullptr);
+    else if (amax)
+      rmsnorm_fwd_kernel<T, false, true><<<grid, kThreads, 0, st>>>(xt, wt, yt, R, n, eps, w_off, amax);
+    else
+      rmsnorm_fwd_kernel<T, false, false><<<grid, kThreads, 0, st>>>(xt, wt, yt, R, n, eps, w_off, nullptr);
   });
   RP_CUDA_LAUNCH_CHECK("rmsnorm_fwd");
 }
 
 void k_rmsnorm_bwd(DType t, const void* x, const void* w, const void* dy, void* dx, float* dw, int64_t R,
-                   int64_t n, float eps, bool accumulate_dx, cudaStream_t st) {
+                   int64_t n, float eps, bool accumulate_dx, float w_off, cudaStream_t st) {
   if (R <= 0) return;
   const bool vec = n % kVec == 0 && aligned16(x) && aligned16(w) && aligned16(dy) && aligned16(dx);
   const bool per_warp = size_t(n) * sizeof(float) * (kThreads / 32) <= size_t(96) << 10;
@@ -608,7 +673,7 @@ void k_rmsnorm_bwd(DType t, const void* x, const void* w, const void* dy, void* 
     const unsigned grid = grid_for(R, kThreads / 32, int64_t(num_sms()) * std::max(per_sm, 1));
     kern<<<grid, kThreads, smem, st>>>(static_cast<const T*>(x), static_cast<const T*>(w),
                                        static_cast<const T*>(dy), static_cast<T*>(dx), dw, R, n, eps,
-                                       accumulate_dx);
+                                       accumulate_dx, w_off);
   });
   RP_CUDA_LAUNCH_CHECK("rmsnorm_bwd");
 }

@@ -44,11 +44,12 @@ void k_embedding_bwd(DType t, const int32_t* ids, const void* dy, float* dtable,
                      int64_t V, unsigned* err, cudaStream_t st);
 /// amax (optional): the fp32 bits of max |y| over the stored (rounded) y are atomically
 /// max-ed into *amax (cuda_fp8.hpp's k_fp8_amax_begin / end around the call).
+/// w_offset: Ops::rmsnorm_fwd's (Gemma's 1; 0 elsewhere).
 void k_rmsnorm_fwd(DType t, const void* x, const void* w, void* y, int64_t R, int64_t n, float eps,
-                   cudaStream_t st, unsigned* amax = nullptr);
+                   float w_offset, cudaStream_t st, unsigned* amax = nullptr);
 /// dw (f32) += ..., dx (compute dtype) = or += ...
 void k_rmsnorm_bwd(DType t, const void* x, const void* w, const void* dy, void* dx, float* dw, int64_t R,
-                   int64_t n, float eps, bool accumulate_dx, cudaStream_t st);
+                   int64_t n, float eps, bool accumulate_dx, float w_offset, cudaStream_t st);
 /// inv_freq: host array of D/2 floats (copied into the kernel's parameters). D <= 512.
 void k_rope(DType t, void* x, int64_t n_seq, int64_t L, int64_t heads, int64_t D, const float* inv_freq,
             float scale, bool transpose, cudaStream_t st);
@@ -57,6 +58,10 @@ void k_swiglu_fwd(DType t, const void* g, const void* u, void* h, int64_t n, cud
                   unsigned* amax = nullptr);
 void k_swiglu_bwd(DType t, const void* g, const void* u, const void* dh, void* dg, void* du, int64_t n,
                   cudaStream_t st);
+/// Ops::geglu_fwd / geglu_bwd.
+void k_geglu_fwd(DType t, const void* g, const void* u, void* h, int64_t n, cudaStream_t st);
+void k_geglu_bwd(DType t, const void* g, const void* u, const void* dh, void* dg, void* du, int64_t n,
+                 cudaStream_t st);
 
 // ---- cross-entropy over one chunk of logits -----------------------------------------
 /// z: [n, V] logits in dtype t (ld V). For each row r with 0 <= targets[r] < V:

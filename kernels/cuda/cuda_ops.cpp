@@ -257,17 +257,18 @@ void CudaOps::embedding_bwd(const int32_t* ids, const void* dy, void* dtable, in
   k_embedding_bwd(dtype_, ids, dy, static_cast<float*>(dtable), T, H, V, err_, st_);
 }
 
-void CudaOps::rmsnorm_fwd(const void* x, const void* w, void* y, int64_t R, int64_t n, float eps) {
+void CudaOps::rmsnorm_fwd(const void* x, const void* w, void* y, int64_t R, int64_t n, float eps,
+                          float w_offset) {
   require(R >= 0 && n > 0, "rmsnorm_fwd", "need R >= 0 rows of n > 0 columns");
   set_device(dev_);
-  k_rmsnorm_fwd(dtype_, x, w, y, R, n, eps, st_);
+  k_rmsnorm_fwd(dtype_, x, w, y, R, n, eps, w_offset, st_);
 }
 
 void CudaOps::rmsnorm_bwd(const void* x, const void* w, const void* dy, void* dx, void* dw, int64_t R,
-                          int64_t n, float eps, bool accumulate_dx) {
+                          int64_t n, float eps, bool accumulate_dx, float w_offset) {
   require(R >= 0 && n > 0, "rmsnorm_bwd", "need R >= 0 rows of n > 0 columns");
   set_device(dev_);
-  k_rmsnorm_bwd(dtype_, x, w, dy, dx, static_cast<float*>(dw), R, n, eps, accumulate_dx, st_);
+  k_rmsnorm_bwd(dtype_, x, w, dy, dx, static_cast<float*>(dw), R, n, eps, accumulate_dx, w_offset, st_);
 }
 
 void CudaOps::rope_fwd(void* x, int64_t n_seq, int64_t L, int64_t heads, int64_t D, const float* inv_freq,
@@ -296,6 +297,18 @@ void CudaOps::swiglu_bwd(const void* g, const void* u, const void* dh, void* dg,
   check_n(n, "swiglu_bwd");
   set_device(dev_);
   k_swiglu_bwd(dtype_, g, u, dh, dg, du, n, st_);
+}
+
+void CudaOps::geglu_fwd(const void* g, const void* u, void* h, int64_t n) {
+  check_n(n, "geglu_fwd");
+  set_device(dev_);
+  k_geglu_fwd(dtype_, g, u, h, n, st_);
+}
+
+void CudaOps::geglu_bwd(const void* g, const void* u, const void* dh, void* dg, void* du, int64_t n) {
+  check_n(n, "geglu_bwd");
+  set_device(dev_);
+  k_geglu_bwd(dtype_, g, u, dh, dg, du, n, st_);
 }
 
 // ---- attention --------------------------------------------------------------------------------

@@ -57,9 +57,10 @@ class CudaOps final : public Ops {
   void embedding_bwd(const int32_t* ids, const void* dy, void* dtable, int64_t T, int64_t H,
                      int64_t V) override;
 
-  void rmsnorm_fwd(const void* x, const void* w, void* y, int64_t R, int64_t n, float eps) override;
+  void rmsnorm_fwd(const void* x, const void* w, void* y, int64_t R, int64_t n, float eps,
+                   float w_offset = 0.0f) override;
   void rmsnorm_bwd(const void* x, const void* w, const void* dy, void* dx, void* dw, int64_t R, int64_t n,
-                   float eps, bool accumulate_dx) override;
+                   float eps, bool accumulate_dx, float w_offset = 0.0f) override;
 
   void rope_fwd(void* x, int64_t n_seq, int64_t seq_len, int64_t heads, int64_t D, const float* inv_freq,
                 float scale) override;
@@ -107,12 +108,14 @@ class CudaOps final : public Ops {
 
   void swiglu_fwd(const void* g, const void* u, void* h, int64_t n) override;
   void swiglu_bwd(const void* g, const void* u, const void* dh, void* dg, void* du, int64_t n) override;
+  void geglu_fwd(const void* g, const void* u, void* h, int64_t n) override;
+  void geglu_bwd(const void* g, const void* u, const void* dh, void* dg, void* du, int64_t n) override;
 
   // FP8 (cuda_ops_fp8.cpp, kernels in cuda_fp8.cu)
   void fp8_scale(const void* x, int64_t n, Fp8Format f, float* scale) override;
   void fp8_scale_rows(const void* x, int64_t rows, int64_t cols, Fp8Format f, float* scale) override;
   void rmsnorm_fwd_fp8_scale(const void* x, const void* w, void* y, int64_t R, int64_t n, float eps,
-                             Fp8Format f, float* scale) override;
+                             Fp8Format f, float* scale, float w_offset = 0.0f) override;
   void swiglu_fwd_fp8_scale(const void* g, const void* u, void* h, int64_t n, Fp8Format f,
                             float* scale) override;
   void fp8_quantize(const void* x, const float* scale, uint8_t* q, int64_t n, Fp8Format f) override;

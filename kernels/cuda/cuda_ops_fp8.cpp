@@ -43,12 +43,12 @@ void CudaOps::fp8_scale_rows(const void* x, int64_t rows, int64_t cols, Fp8Forma
 }
 
 void CudaOps::rmsnorm_fwd_fp8_scale(const void* x, const void* w, void* y, int64_t R, int64_t n, float eps,
-                                    Fp8Format f, float* scale) {
+                                    Fp8Format f, float* scale, float w_offset) {
   require(R >= 0 && n > 0, "rmsnorm_fwd", "need R >= 0 rows of n > 0 columns");
   require(scale != nullptr, "rmsnorm_fwd_fp8_scale", "null scale");
   set_device(dev_);
   k_fp8_amax_begin(scale, st_);
-  k_rmsnorm_fwd(dtype_, x, w, y, R, n, eps, st_, reinterpret_cast<unsigned*>(scale));
+  k_rmsnorm_fwd(dtype_, x, w, y, R, n, eps, w_offset, st_, reinterpret_cast<unsigned*>(scale));
   k_fp8_amax_end(scale, f, st_);
 }
 

@@ -140,6 +140,15 @@ inline VecD gqa_group_sum(const VecF& in, int64_t T, int64_t G, int64_t m, int64
   return out;
 }
 
+/// gelu(g, approximate="tanh") * u (HF GemmaMLP with gelu_pytorch_tanh).
+inline VecD geglu(const VecD& g, const VecD& u) {
+  VecD h(g.size());
+  const double k = std::sqrt(2.0 / 3.14159265358979323846);
+  for (size_t i = 0; i < g.size(); ++i)
+    h[i] = 0.5 * g[i] * (1.0 + std::tanh(k * (g[i] + 0.044715 * g[i] * g[i] * g[i]))) * u[i];
+  return h;
+}
+
 inline VecD swiglu(const VecD& g, const VecD& u) {
   VecD h(g.size());
   for (size_t i = 0; i < g.size(); ++i) h[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];

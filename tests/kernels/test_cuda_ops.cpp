@@ -167,6 +167,25 @@ TEST_P(CudaRMSNorm, MatchesCpu) {
   cpu_->rmsnorm_bwd(x.data(), w.data(), dy.data(), rdxf.data(), nullptr, R, n, eps, false);
   EXPECT_TRUE(close(download(dxf), rdxf, kTol, "dx without dw"));
 }
+// Gemma's RMSNorm (w_offset 1, one rounding of x * r * (1 + w)) against the CPU twin.
+TEST_P(CudaRMSNorm, WeightOffsetMatchesCpu) {
+  const auto [R, n] = GetParam();
+  const float eps = 1e-6f;
+  VecF x = randn(size_t(R * n), 36, 2.0f), w = randn(size_t(n), 37, 0.3f), dy = randn(size_t(R * n), 38);
+  VecF dw0 = randn(size_t(n), 39);
+  DT xd = upload(x, DType::bf16), wd = upload(w, DType::bf16), dyd = upload(dy, DType::bf16);
+  DT y = poisoned(R * n, DType::bf16), dx = poisoned(R * n, DType::bf16), dw = upload(dw0, DType::f32);
+  run([&](Ops& o) {
+    o.rmsnorm_fwd(xd.get(), wd.get(), y.get(), R, n, eps, 1.0f);
+    o.rmsnorm_bwd(xd.get(), wd.get(), dyd.get(), dx.get(), dw.get(), R, n, eps, false, 1.0f);
+  });
+  VecF ry(size_t(R * n), {}), rdx(size_t(R * n), {}), rdw = dw0;
+  cpu_->rmsnorm_fwd(x.data(), w.data(), ry.data(), R, n, eps, 1.0f);
+  cpu_->rmsnorm_bwd(x.data(), w.data(), dy.data(), rdx.data(), rdw.data(), R, n, eps, false, 1.0f);
+  EXPECT_TRUE(close(download(y), ry, kTol, "y"));
+  EXPECT_TRUE(close(download(dx), rdx, kTol, "dx"));
+  EXPECT_TRUE(close(download(dw), rdw, 1e-4, "dw"));
+}
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaRMSNorm,
                          ::testing::Values(NormShape{64, 2048}, NormShape{1000, 128}, NormShape{40, 5120},
                                            NormShape{33, 100}, NormShape{5, 7}));
@@ -221,6 +240,23 @@ TEST_F(CudaOpsTest, SwiGLU) {
   VecF rh(size_t(n), {}), rdg(size_t(n), {}), rdu(size_t(n), {});
   cpu_->swiglu_fwd(g.data(), u.data(), rh.data(), n);
   cpu_->swiglu_bwd(g.data(), u.data(), dh.data(), rdg.data(), rdu.data(), n);
+  EXPECT_TRUE(close(download(h), rh, kTol, "h"));
+  EXPECT_TRUE(close(download(dg), rdg, kTol, "dg"));
+  EXPECT_TRUE(close(download(du), rdu, kTol, "du"));
+}
+
+TEST_F(CudaOpsTest, GeGLU) {
+  const int64_t n = 6144 * 3 + 5;
+  VecF g = randn(size_t(n), 54, 2.0f), u = randn(size_t(n), 55), dh = randn(size_t(n), 56);
+  DT gd = upload(g, DType::bf16), ud = upload(u, DType::bf16), dhd = upload(dh, DType::bf16);
+  DT h = poisoned(n, DType::bf16), dg = poisoned(n, DType::bf16), du = poisoned(n, DType::bf16);
+  run([&](Ops& o) {
+    o.geglu_fwd(gd.get(), ud.get(), h.get(), n);
+    o.geglu_bwd(gd.get(), ud.get(), dhd.get(), dg.get(), du.get(), n);
+  });
+  VecF rh(size_t(n), {}), rdg(size_t(n), {}), rdu(size_t(n), {});
+  cpu_->geglu_fwd(g.data(), u.data(), rh.data(), n);
+  cpu_->geglu_bwd(g.data(), u.data(), dh.data(), rdg.data(), rdu.data(), n);
   EXPECT_TRUE(close(download(h), rh, kTol, "h"));
   EXPECT_TRUE(close(download(dg), rdg, kTol, "dg"));
   EXPECT_TRUE(close(download(du), rdu, kTol, "du"));

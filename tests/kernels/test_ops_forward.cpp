@@ -141,6 +141,18 @@ TEST(CpuOps, RMSNorm) {
   EXPECT_NEAR(ys[0], 1e-3 / std::sqrt(1e-6 + 1e-6), 1e-5);
 }
 
+// Gemma's RMSNorm: x * rsqrt(..) * (1 + w) = LLaMA's with the weight 1 + w.
+TEST(CpuOps, RMSNormWeightOffset) {
+  auto ops = make_cpu_ops();
+  const int64_t R = 7, n = 40;
+  VecF x = randn(size_t(R * n), 33, 3.0f), w = randn(size_t(n), 34, 0.2f), y = nan_vec(size_t(R * n));
+  VecD w1 = to_d(w);
+  for (auto& v : w1) v += 1.0;
+  ops->rmsnorm_fwd(x.data(), w.data(), y.data(), R, n, 1e-6f, 1.0f);
+  EXPECT_LT(rel_err(y, rmsnorm(to_d(x), w1, R, n, 1e-6)), 1e-6);
+  EXPECT_GT(rel_err(y, rmsnorm(to_d(x), to_d(w), R, n, 1e-6)), 0.5);  // the offset is applied
+}
+
 TEST(CpuOps, RoPE) {
   auto ops = make_cpu_ops();
   const int64_t S = 2, L = 19, heads = 3, D = 16;
@@ -198,6 +210,14 @@ TEST(CpuOps, SwiGLU) {
   VecF g = randn(size_t(n), 61, 3.0f), u = randn(size_t(n), 62), h = nan_vec(size_t(n));
   ops->swiglu_fwd(g.data(), u.data(), h.data(), n);
   EXPECT_LT(rel_err(h, swiglu(to_d(g), to_d(u))), 1e-6);
+}
+
+TEST(CpuOps, GeGLU) {
+  auto ops = make_cpu_ops();
+  const int64_t n = 3000;
+  VecF g = randn(size_t(n), 63, 3.0f), u = randn(size_t(n), 64), h = nan_vec(size_t(n));
+  ops->geglu_fwd(g.data(), u.data(), h.data(), n);
+  EXPECT_LT(rel_err(h, geglu(to_d(g), to_d(u))), 1e-6);
 }
 
 TEST(CpuOps, ChunkedCrossEntropyEqualsUnchunked) {

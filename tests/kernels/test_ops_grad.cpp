@@ -107,6 +107,34 @@ TEST(CpuOpsGrad, SwiGLU) {
              "swiglu du");
 }
 
+TEST(CpuOpsGrad, GeGLU) {
+  auto ops = make_cpu_ops();
+  const int64_t n = 50;
+  VecF g = randn(size_t(n), 17, 3.0f), u = randn(size_t(n), 18), r = randn(size_t(n), 19);
+  VecF dg = nan_vec(size_t(n)), du = nan_vec(size_t(n));
+  ops->geglu_bwd(g.data(), u.data(), r.data(), dg.data(), du.data(), n);
+  check_grad([&](const VecD& gg) { return dot(geglu(gg, to_d(u)), r); }, to_d(g), dg, 1000, kTol, "geglu dg");
+  check_grad([&](const VecD& uu) { return dot(geglu(to_d(g), uu), r); }, to_d(u), du, 1000, kTol, "geglu du");
+}
+
+// Gemma's RMSNorm (w_offset 1): the gradients of x * rsqrt(..) * (1 + w).
+TEST(CpuOpsGrad, RMSNormWeightOffset) {
+  auto ops = make_cpu_ops();
+  const int64_t R = 4, n = 9;
+  const float eps = 1e-6f;
+  VecF x = randn(size_t(R * n), 26, 2.0f), w = randn(size_t(n), 27, 0.3f), r = randn(size_t(R * n), 28);
+  VecF dx = nan_vec(x.size()), dw0 = randn(w.size(), 29), dw = dw0;
+  ops->rmsnorm_bwd(x.data(), w.data(), r.data(), dx.data(), dw.data(), R, n, eps, false, 1.0f);
+  auto plus1 = [](VecD v) {
+    for (auto& e : v) e += 1.0;
+    return v;
+  };
+  check_grad([&](const VecD& xx) { return dot(rmsnorm(xx, plus1(to_d(w)), R, n, eps), r); }, to_d(x), dx,
+             1000, kTol, "gemma rmsnorm dx");
+  check_grad([&](const VecD& ww) { return dot(rmsnorm(to_d(x), plus1(ww), R, n, eps), r); }, to_d(w),
+             minus(dw, dw0), 1000, kTol, "gemma rmsnorm dw");
+}
+
 struct AttnDims {
   int64_t S, L, nq, nkv, D;
 };

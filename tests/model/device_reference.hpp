@@ -102,7 +102,8 @@ inline DeviceRun device_forward_backward(Device& d, const ModelLayout& m,
       a.y = x[l + 1].get();
       layers[l]->forward(a);
     }
-    ops.rmsnorm_fwd(x[L - 1].get(), norm_w, d_norm.get(), T, H, float(m.config.rms_norm_eps));
+    ops.rmsnorm_fwd(x[L - 1].get(), norm_w, d_norm.get(), T, H, float(m.config.rms_norm_eps),
+                    m.config.norm_weight_offset());  // Gemma: 1 + w
     ops.linear_fwd(d_norm.get(), lm_w, d_logits.get(), T, H, V);
     if (m.config.logits_scaling != 1.0)  // Granite divides its logits
       scale_activation(ops, d_logits.get(), d_logits.get(), T * V, float(1.0 / m.config.logits_scaling));

@@ -1,8 +1,10 @@
 // Parity with Hugging Face transformers: tiny LLaMA (untied, llama3 RoPE scaling), tiny
 // Qwen3 (tied, q/k norm, head_dim != hidden/heads), tiny Mistral (head_dim != hidden/heads;
 // and with a 5-token sliding window on every layer), tiny Qwen2 (tied, q/k/v biases), tiny
-// OLMo 2 (post-norms, whole-q/k norms), tiny Granite (its four multipliers) and tiny Phi-3
-// (fused projections, sliding window) with
+// OLMo 2 (post-norms, whole-q/k norms), tiny Granite (its four multipliers), tiny Phi-3
+// (fused projections, sliding window), tiny Gemma 2 and Gemma 3 (1 + w norms before and after
+// each branch, GeGLU, scaled embeddings, sliding and global layers; Gemma 3's q/k norms and
+// per-layer RoPE base) with
 // random weights; golden logits, loss
 // and every parameter gradient made by tests/fixtures/hf_golden/make_golden.py (fp32, eager
 // attention). The CPU backend must match at fp32 tolerance, the CUDA backend (bf16
@@ -113,8 +115,11 @@ const char* const kGptOss = "hf_gpt_oss/tiny_gpt_oss";
 // tiny OLMo 2 (post-norms, q/k norms over all heads, untied), tiny Granite (embedding,
 // residual, attention and logit multipliers far from 1; tied) and tiny Phi-3 (fused qkv_proj /
 // gate_up_proj split as loaded, a 7-token window on every layer), at the fp32 tolerance on the
-// gradients too
-const char* const kFamilies[] = {"hf_golden/tiny_olmo2", "hf_golden/tiny_granite", "hf_golden/tiny_phi3"};
+// gradients too; tiny Gemma 2 and Gemma 3 (query_pre_attn_scalar != head_dim, head_dim * heads
+// != hidden, a 7-token window on layer 0, layer 1 global; Gemma 3's on another RoPE base with
+// linear scaling)
+const char* const kFamilies[] = {"hf_golden/tiny_olmo2", "hf_golden/tiny_granite", "hf_golden/tiny_phi3",
+                                 "hf_golden/tiny_gemma2", "hf_golden/tiny_gemma3"};
 
 TEST(HfParity, CpuBackendMatchesTransformersFp32) {
   auto dev = make_cpu_device(0, {});

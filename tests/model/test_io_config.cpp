@@ -228,11 +228,11 @@ TEST(IoConfig, ErrorsNameFileAndKey) {
     EXPECT_EQ(e.find('\n'), std::string::npos) << e;
   };
   json j = llama_json();
-  j["model_type"] = "gemma2";
+  j["model_type"] = "falcon";
   expect(
       j,
       "key 'model_type': expected \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"qwen3_moe\", \"gpt_oss\", "
-      "\"olmo2\", \"granite\" or \"phi3\", got string \"gemma2\"");
+      "\"olmo2\", \"granite\", \"phi3\", \"gemma2\" or \"gemma3_text\", got string \"falcon\"");
   j = llama_json();
   j.erase("hidden_size");
   expect(j, "key 'hidden_size': expected an integer >= 1, got nothing");

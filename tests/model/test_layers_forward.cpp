@@ -34,7 +34,7 @@ VecD reference_decoder(const TinyModel& m, int layer, const VecF& x, MicroBatchS
     q = ref::rmsnorm(q, W("q_norm.weight"), T * nq, D, c.rms_norm_eps);
     k = ref::rmsnorm(k, W("k_norm.weight"), T * nkv, D, c.rms_norm_eps);
   }
-  RopeTable rt = rope_frequencies(rope_params(c));
+  RopeTable rt = rope_frequencies(rope_params(c, 0));
   q = ref::rope(q, s.n_seq, s.seq_len, nq, D, rt.inv_freq, rt.attention_scaling);
   k = ref::rope(k, s.n_seq, s.seq_len, nkv, D, rt.inv_freq, rt.attention_scaling);
   VecD o = ref::attention(q, k, v, s.n_seq, s.seq_len, nq, nkv, D, 1.0 / std::sqrt(double(D)));

@@ -139,6 +139,10 @@ const std::vector<RoundTrip>& round_trips() {
       // Phi-3: PEFT's qkv_proj / gate_up_proj adapters at rank 3r / 2r, block diagonal
       {"../hf_golden/tiny_phi3", lora_of(3, {"all-linear"}, {"lm_head"})},
       {"../hf_golden/tiny_phi3", lora_of(2, {"q_proj", "k_proj", "v_proj", "down_proj"}, {})},
+      // Gemma 2 and Gemma 3 (tied; four norms of 1 + w a layer, GeGLU, scaled embeddings)
+      {"../hf_golden/tiny_gemma2", lora_of(4, {"all-linear"}, {})},
+      {"../hf_golden/tiny_gemma3",
+       lora_of(2, {"q_proj", "v_proj", "gate_proj", "down_proj"}, {"embed_tokens"})},
   };
   return v;
 }
@@ -165,7 +169,7 @@ TEST_P(PeftRoundTrip, ExportThenImportEqualsBitForBit) {
   EXPECT_EQ(files, (std::vector<std::string>{"adapter_config.json", "adapter_model.safetensors"}));
 }
 
-INSTANTIATE_TEST_SUITE_P(Peft, PeftRoundTrip, ::testing::Range(0, 10));
+INSTANTIATE_TEST_SUITE_P(Peft, PeftRoundTrip, ::testing::Range(0, 12));
 
 TEST(PeftExport, Bf16ExportRoundsEveryValueOnce) {
   const Trained t = trained("base_untied", lora_of(4, {"all-linear"}, {"lm_head"}), 5);

@@ -46,6 +46,28 @@ TEST(CostModel, Olmo2GraniteAndPhi3CountTheirCheckpointsParameters) {
   }
 }
 
+// Gemma-2-2B and Gemma-3-1B-pt (two more norms a layer, tied; Gemma 3's q/k norms per head),
+// counted as transformers builds them (2,614,341,888 and 999,885,952), each layer's count equal
+// to what the layout allocates, and the sliding layers' windows (Gemma 2 from layer 0 every
+// second one, Gemma 3 all but every sixth).
+TEST(CostModel, GemmaCountsItsCheckpointsParameters) {
+  for (auto [name, params] :
+       {std::pair{"gemma-2-2b", int64_t(2614341888)}, {"gemma-3-1b-pt", int64_t(999885952)}}) {
+    SCOPED_TRACE(name);
+    const std::string path = std::string(RP_SOURCE_DIR) + "/examples/configs/" + name + ".json";
+    const ModelConfig c = load_config_file(path);
+    const ModelShape m = model_shape_from_config(c);
+    EXPECT_EQ(model_parameters(m), params);
+    EXPECT_TRUE(m.sandwich_norms);
+    const ModelLayout layout = make_layout(c);
+    for (int l = 1; l <= 3; ++l) EXPECT_EQ(layer_parameters(m, l), layout.groups[size_t(l)].numel) << l;
+    const bool g3 = c.architecture == "gemma3_text";
+    EXPECT_EQ(m.attention_window(0), g3 ? 512 : 4096);
+    EXPECT_EQ(m.attention_window(1), g3 ? 512 : 0);
+    EXPECT_EQ(m.attention_window(5), 0);
+  }
+}
+
 TEST(CostModel, MistralAndQwen2CountTheirCheckpointsParameters) {
   for (auto [name, params] :
        {std::pair{"mistral-7b-v0.1", int64_t(7241732096)}, {"qwen2.5-7b", int64_t(7615616512)}}) {
