@@ -13,26 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "model/fused_projections.hpp"  // FusedProjection, fused_projections
 #include "model/layout.hpp"
 #include "model/safetensors.hpp"  // TensorRef, HostTensor
 
 namespace rp {
-
-/// The checkpoint fuses q/k/v and gate/up (model_type phi3).
-bool hf_fuses_projections(const ModelConfig& c);
-
-/// A fused tensor of layer `layer`: its name, and the layout tensors it holds in order with
-/// their rows.
-struct FusedProjection {
-  std::string name;                       ///< "model.layers.N.self_attn.qkv_proj.weight"
-  std::string module;                     ///< "qkv_proj" / "gate_up_proj"
-  std::vector<std::string> parts;         ///< "model.layers.N.self_attn.q_proj.weight", ...
-  std::vector<std::string> part_modules;  ///< "q_proj", "k_proj", "v_proj"
-  std::vector<int64_t> rows;              ///< rows of each part
-  int64_t cols = 0;
-};
-/// The two fused tensors of every layer of `c` (none unless hf_fuses_projections).
-std::vector<FusedProjection> fused_projections(const ModelConfig& c);
 
 /// The tensors a Hugging Face folder of `layout` holds: the layout's, with each fused
 /// projection's parts replaced by one tensor over their (consecutive) data. group_data[g]
