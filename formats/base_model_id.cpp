@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/atomic_file.hpp"
-#include "model/gguf.hpp"
+#include "formats/gguf.hpp"
 #include "roundpipe/adapter.hpp"
 
 namespace rp {

@@ -1,4 +1,4 @@
-#include "model/checkpoint.hpp"
+#include "formats/checkpoint.hpp"
 #include "model/error_text.hpp"
 
 #include <algorithm>
@@ -16,12 +16,12 @@
 
 #include "base/atomic_file.hpp"
 #include "base/output_folder.hpp"
+#include "formats/gguf.hpp"
+#include "formats/gpt_oss_hf.hpp"
+#include "formats/phi3_hf.hpp"
+#include "formats/safetensors.hpp"
+#include "formats/tokenizer_export.hpp"
 #include "model/config.hpp"
-#include "model/gguf.hpp"
-#include "model/gpt_oss_hf.hpp"
-#include "model/phi3_hf.hpp"
-#include "model/safetensors.hpp"
-#include "model/tokenizer_export.hpp"
 
 namespace rp {
 
@@ -51,23 +51,6 @@ std::string dump_json(const json& j, const fs::path& p) {
 }
 
 }  // namespace
-
-void fill_groups(const LoadedModel& m, const ModelLayout& layout,
-                 std::vector<std::vector<float>>& group_data) {
-  group_data.resize(layout.groups.size());
-  for (size_t g = 0; g < layout.groups.size(); ++g) {
-    const auto& grp = layout.groups[g];
-    group_data[g].assign(size_t(grp.numel), 0.0f);
-    for (const auto& t : grp.tensors) {
-      auto it = m.tensors.find(t.name);
-      if (it == m.tensors.end()) fail(m.source, fmt::format("missing tensor '{}'", t.name));
-      if (int64_t(it->second.data.size()) != t.numel())
-        fail(m.source, fmt::format("tensor '{}': {} values, the layout expects {}", t.name,
-                                   it->second.data.size(), t.numel()));
-      std::memcpy(group_data[g].data() + t.offset, it->second.data.data(), size_t(t.numel()) * sizeof(float));
-    }
-  }
-}
 
 void save_hf_checkpoint(const std::string& dir_in, const ModelLayout& layout,
                         const std::vector<const float*>& group_data, const nlohmann::json& tokenizer_json,

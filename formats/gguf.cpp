@@ -1,4 +1,4 @@
-#include "model/gguf.hpp"
+#include "formats/gguf.hpp"
 #include "model/error_text.hpp"
 
 #include <fcntl.h>

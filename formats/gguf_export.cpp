@@ -1,5 +1,5 @@
-// roundpipe export-gguf: a Hugging Face folder as a GGUF file (model/gguf_export.hpp).
-#include "model/gguf_export.hpp"
+// roundpipe export-gguf: a Hugging Face folder as a GGUF file (formats/gguf_export.hpp).
+#include "formats/gguf_export.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -14,10 +14,10 @@
 
 #include "base/atomic_file.hpp"
 #include "base/output_folder.hpp"
+#include "formats/gguf.hpp"
+#include "formats/tokenizer_export.hpp"
 #include "kernels/weight_format.hpp"
 #include "model/error_text.hpp"
-#include "model/gguf.hpp"
-#include "model/tokenizer_export.hpp"
 #include "roundpipe/adapter.hpp"
 
 namespace rp {

@@ -1,5 +1,5 @@
 // Hugging Face folder -> GGUF (`roundpipe export-gguf`): the inverse of the GGUF reader
-// (model/gguf.hpp) for dense "llama", "qwen2" and "qwen3" models, written as llama.cpp's
+// (formats/gguf.hpp) for dense "llama", "qwen2" and "qwen3" models, written as llama.cpp's
 // convert_hf_to_gguf.py writes them, so that llama.cpp and our own reader both load the file.
 //
 //   container   GGUF v3, little-endian, general.alignment 32 (not written: the default);

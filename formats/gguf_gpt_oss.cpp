@@ -1,11 +1,11 @@
-// The GPT-OSS keys of a "gpt-oss" GGUF (model/gguf.hpp, gpt_oss_config_from_gguf). Sources:
+// The GPT-OSS keys of a "gpt-oss" GGUF (formats/gguf.hpp, gpt_oss_config_from_gguf). Sources:
 // llama.cpp's convert_hf_to_gguf.py (GptOssModel.set_gguf_parameters on top of TextModel's:
 // expert_count, expert_used_count, expert_feed_forward_length = intermediate_size,
 // attention.sliding_window, rope.scaling.* from rope_parameters) and src/llama-model.cpp
 // (LLM_ARCH_OPENAI_MOE: swa pattern 2, i.e. layers 0, 2, 4, ... slide; the clamped SwiGLU with
 // alpha 1.702 and limit 7; softmax over the selected logits).
+#include "formats/gguf.hpp"
 #include "model/error_text.hpp"
-#include "model/gguf.hpp"
 
 #include <stdexcept>
 

@@ -1,8 +1,8 @@
 // GGUF -> Hugging Face: tensor names, llama.cpp's q/k row permutation and the ModelConfig of
 // "llama", "qwen2", "qwen3", "qwen3moe" and "gpt-oss" files (GPT-OSS's own keys:
-// model/gguf_gpt_oss.cpp; the container itself is read by model/gguf.cpp).
+// formats/gguf_gpt_oss.cpp; the container itself is read by formats/gguf.cpp).
+#include "formats/gguf.hpp"
 #include "model/error_text.hpp"
-#include "model/gguf.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -1,9 +1,9 @@
-// GPT-OSS expert tensors between Hugging Face's form and the layout's (model/gpt_oss_hf.hpp).
+// GPT-OSS expert tensors between Hugging Face's form and the layout's (formats/gpt_oss_hf.hpp).
 // Reference: transformers' modeling_gpt_oss.py (GptOssExperts: gate = gate_up[..., ::2],
 // up = gate_up[..., 1::2], x @ W with W [in, out]) and integrations/mxfp4.py
 // (_convert_moe_packed_tensors: FP4_VALUES, low nibble first, ldexp by scale - 127, blocks of
 // 32 values along the input dimension of a [E, out, in / 32, 16] byte tensor).
-#include "model/gpt_oss_hf.hpp"
+#include "formats/gpt_oss_hf.hpp"
 
 #include <cmath>
 #include <cstring>

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "model/safetensors.hpp"  // TensorRef
+#include "formats/safetensors.hpp"  // TensorRef
 #include "roundpipe/checkpoint.hpp"
 #include "roundpipe/model.hpp"
 
@@ -19,7 +19,7 @@ namespace rp {
 
 /// Replaces the HF expert tensors of every layer of a gpt_oss model `m` (plain or MXFP4,
 /// dequantized exactly to fp32) by the layout's per-expert tensors: the reference conversion.
-/// ModelSource (model/gpt_oss_source.cpp) gives the same values one expert tensor at a time
+/// ModelSource (formats/gpt_oss_source.cpp) gives the same values one expert tensor at a time
 /// without holding the stacks in fp32. Throws
 /// std::runtime_error("<where>: ...") naming a missing or misshapen tensor.
 void gpt_oss_experts_from_hf(LoadedModel& m, const std::string& where);

@@ -1,8 +1,8 @@
-// A Hugging Face GPT-OSS checkpoint's expert tensors in rp::ModelSource (model/model_source_impl.hpp):
+// A Hugging Face GPT-OSS checkpoint's expert tensors in rp::ModelSource (formats/model_source_impl.hpp):
 // each layout tensor "model.layers.N.mlp.experts.<e>.{gate,up,down}_proj.{weight,bias}" is a
 // slice of the checkpoint's stacked tensor, cut when it is read, so opening a model reads
 // nothing and reading holds one expert's tensor at a time. The values are those of
-// gpt_oss_experts_from_hf (model/gpt_oss_hf.cpp, the reference for the conversion), and an
+// gpt_oss_experts_from_hf (formats/gpt_oss_hf.cpp, the reference for the conversion), and an
 // MXFP4 slice is copied into mxfp4 storage as its codes and exponents (mxfp4_from_hf).
 #include <cmath>
 #include <cstring>
@@ -12,10 +12,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "formats/model_source_impl.hpp"
 #include "kernels/dtype.hpp"
 #include "kernels/weight_format.hpp"
 #include "model/error_text.hpp"
-#include "model/model_source_impl.hpp"
 
 namespace rp {
 

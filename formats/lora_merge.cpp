@@ -12,11 +12,11 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "model/checkpoint.hpp"
+#include "formats/checkpoint.hpp"
+#include "formats/peft_experts.hpp"
+#include "formats/phi3_hf.hpp"
 #include "model/error_text.hpp"
 #include "model/lora.hpp"
-#include "model/peft_experts.hpp"
-#include "model/phi3_hf.hpp"
 #include "roundpipe/adapter.hpp"
 
 namespace rp {
@@ -194,7 +194,7 @@ void merge_peft_adapter(LoadedModel& m, const PeftAdapter& a) {
             fail(st_path, fmt::format("the base model {} has no '{}' [{}, {}]", m.source, name, out, in));
           return it->second.data.data();
         });
-  // Phi-3: the fused modules' adapters, one per part (model/phi3_hf.hpp)
+  // Phi-3: the fused modules' adapters, one per part (formats/phi3_hf.hpp)
   const std::map<std::string, HostTensor> parts =
       split_fused_adapters(a.tensors, m.config, a.lora.r, st_path);
   for (const auto& [name, ta] : parts) {

@@ -13,13 +13,13 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "formats/gguf.hpp"
+#include "formats/model_source_impl.hpp"
+#include "formats/phi3_hf.hpp"
 #include "kernels/weight_format.hpp"
 #include "model/config.hpp"
 #include "model/error_text.hpp"
-#include "model/gguf.hpp"
 #include "model/layout.hpp"
-#include "model/model_source_impl.hpp"
-#include "model/phi3_hf.hpp"
 
 namespace rp {
 

@@ -1,4 +1,4 @@
-// The GGUF side of rp::ModelSource (model/model_source_impl.hpp): llama.cpp's tensor names and
+// The GGUF side of rp::ModelSource (formats/model_source_impl.hpp): llama.cpp's tensor names and
 // stacked experts mapped to Hugging Face tensors, read one at a time, and ggml blocks that
 // already are a storage form copied as they are.
 #include <cstring>
@@ -8,9 +8,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "formats/model_source_impl.hpp"
+#include "formats/tokenizer_export.hpp"
 #include "model/error_text.hpp"
-#include "model/model_source_impl.hpp"
-#include "model/tokenizer_export.hpp"
 
 namespace rp {
 

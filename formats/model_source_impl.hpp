@@ -1,6 +1,6 @@
 // Internals of rp::ModelSource (roundpipe/model_source.hpp): where each tensor of an opened
-// model lies. model/model_source.cpp holds the format-independent part and the safetensors
-// and in-memory sources; model/model_source_gguf.cpp the GGUF one.
+// model lies. formats/model_source.cpp holds the format-independent part and the safetensors
+// and in-memory sources; formats/model_source_gguf.cpp the GGUF one.
 #pragma once
 #include <deque>
 #include <map>
@@ -9,15 +9,15 @@
 #include <string>
 #include <vector>
 
-#include "model/gguf.hpp"
-#include "model/safetensors.hpp"
+#include "formats/gguf.hpp"
+#include "formats/safetensors.hpp"
 #include "roundpipe/model_source.hpp"
 
 namespace rp {
 
 struct ModelSource::Impl {
-  /// Hugging Face GPT-OSS: one layout tensor of one expert (model/gpt_oss_hf.hpp), cut from a
-  /// checkpoint's stacked tensor as it is read (model/gpt_oss_source.cpp).
+  /// Hugging Face GPT-OSS: one layout tensor of one expert (formats/gpt_oss_hf.hpp), cut from a
+  /// checkpoint's stacked tensor as it is read (formats/gpt_oss_source.cpp).
   struct OssSlice {
     const SafetensorsFile* file = nullptr;
     /// gate_up_proj [E, H, 2F] / down_proj [E, F, H] (x @ W), their MXFP4 "_blocks"
@@ -69,7 +69,7 @@ bool gpt_oss_read_stored(const ModelSource::Impl::OssSlice& o, const std::vector
                          WeightFormat fmt, void* dst);
 
 /// Replaces each fused projection of a Hugging Face Phi-3 checkpoint in `s.tensors`
-/// (model/phi3_hf.hpp) by the layout's tensors, row ranges of its entry; nothing is read.
+/// (formats/phi3_hf.hpp) by the layout's tensors, row ranges of its entry; nothing is read.
 /// Throws std::runtime_error("<where>: ...") naming a missing or misshapen fused tensor.
 void split_fused_projections(ModelSource::Impl& s, const std::string& where);
 

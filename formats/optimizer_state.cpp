@@ -1,4 +1,4 @@
-#include "model/optimizer_state.hpp"
+#include "formats/optimizer_state.hpp"
 
 #include <cerrno>
 #include <cmath>

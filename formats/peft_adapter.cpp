@@ -17,11 +17,11 @@
 
 #include "base/atomic_file.hpp"
 #include "base/json_fields.hpp"
+#include "formats/peft_experts.hpp"
+#include "formats/phi3_hf.hpp"
+#include "formats/safetensors.hpp"
 #include "model/error_text.hpp"
 #include "model/lora.hpp"
-#include "model/peft_experts.hpp"
-#include "model/phi3_hf.hpp"
-#include "model/safetensors.hpp"
 
 namespace rp {
 
@@ -142,7 +142,8 @@ void read_lora_fields(const JsonFields& f, PeftAdapter& a) {
       // tensors, which load_peft_adapter names)
       const std::string s = e.is_string() ? e.get<std::string>() : "";
       const std::string m = s.substr(s.rfind('.') == std::string::npos ? 0 : s.rfind('.') + 1);
-      if (m == "qkv_proj" || m == "gate_up_proj") {  // Phi-3's fused modules: their parts (model/phi3_hf.hpp)
+      if (m == "qkv_proj" ||
+          m == "gate_up_proj") {  // Phi-3's fused modules: their parts (formats/phi3_hf.hpp)
         for (const char* part : m == "qkv_proj" ? std::vector<const char*>{"q_proj", "k_proj", "v_proj"}
                                                 : std::vector<const char*>{"gate_proj", "up_proj"})
           seen.insert(part);
@@ -197,7 +198,7 @@ void refuse_unsupported(const JsonFields& f) {
            "weights their initialisation changed)");
 }
 
-/// rank_pattern / alpha_pattern: empty, or (Phi-3, as roundpipe writes them: model/phi3_hf.hpp)
+/// rank_pattern / alpha_pattern: empty, or (Phi-3, as roundpipe writes them: formats/phi3_hf.hpp)
 /// a rank n r and an alpha that keep the scaling of r and lora_alpha for qkv_proj / gate_up_proj.
 /// Returns each fused module's rank.
 std::map<std::string, int64_t> fused_ranks(const JsonFields& f, const LoraConfig& l) {
@@ -349,7 +350,8 @@ json peft_adapter_config(const ModelLayout& layout, const std::string& base_mode
   else j["lora_alpha"] = lora.alpha;
   j["lora_dropout"] = lora.dropout;
   j["target_modules"] = target_modules_json(layout);
-  if (lora_has_expert_targets(lora)) {  // PEFT's ParamWrapper on the stacked experts (model/peft_experts.hpp)
+  if (lora_has_expert_targets(
+          lora)) {  // PEFT's ParamWrapper on the stacked experts (formats/peft_experts.hpp)
     json tp = json::array();
     for (int p = 0; p < kExpertProjs; ++p)
       if (lora_targets_experts(lora, ExpertProj(p))) tp.push_back(kExpertProjNames[size_t(p)]);
@@ -391,7 +393,7 @@ void write_peft_adapter(const std::string& dir, const ModelLayout& layout,
           fmt::format("write_peft_adapter: no data for group '{}'", layout.groups[size_t(g)].name));
     refs.push_back({peft_tensor_key(name), t->shape, group_data[size_t(g)] + t->offset});
   };
-  // Phi-3: q/k/v (gate/up) as one adapter of PEFT's fused module (model/phi3_hf.hpp)
+  // Phi-3: q/k/v (gate/up) as one adapter of PEFT's fused module (formats/phi3_hf.hpp)
   const FusedAdapters fused = fused_adapters(layout, group_data);
   const std::set<std::string> replaced(fused.replaced.begin(), fused.replaced.end());
   for (const auto& [g, t] : adapter_tensors(layout))
@@ -571,7 +573,7 @@ void load_peft_adapter(const PeftAdapter& a, const ModelLayout& layout,
   }
   std::set<std::string> used;
   const std::map<std::string, HostTensor> regrouped = gpt_oss_gate_up(a.tensors, c);
-  // Phi-3: the fused modules' adapters as ours, one per part (model/phi3_hf.hpp)
+  // Phi-3: the fused modules' adapters as ours, one per part (formats/phi3_hf.hpp)
   const std::map<std::string, HostTensor> parts = split_fused_adapters(a.tensors, c, want.r, st_path);
   auto copy = [&](const std::string& name, int g, const TensorSpec& t) {
     const HostTensor* src = nullptr;

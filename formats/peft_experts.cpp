@@ -1,5 +1,5 @@
-// The experts' LoRA adapters in PEFT's form (model/peft_experts.hpp).
-#include "model/peft_experts.hpp"
+// The experts' LoRA adapters in PEFT's form (formats/peft_experts.hpp).
+#include "formats/peft_experts.hpp"
 
 #include <algorithm>
 #include <regex>
@@ -125,7 +125,7 @@ void expert_tensors_from_peft(const LoraConfig& l, std::map<std::string, HostTen
     const bool inner = m[2].matched, is_a = m[3] == "A";
     const bool gu = lora_targets_experts(l, ExpertProj::gate_up),
                down = lora_targets_experts(l, ExpertProj::down);
-    // the nesting of PEFT's wrappers (model/peft_experts.hpp)
+    // the nesting of PEFT's wrappers (formats/peft_experts.hpp)
     ExpertProj p;
     if (inner) {
       if (!(gu && down))

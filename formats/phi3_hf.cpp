@@ -1,5 +1,5 @@
-// Phi-3's fused q/k/v and gate/up projections (model/phi3_hf.hpp).
-#include "model/phi3_hf.hpp"
+// Phi-3's fused q/k/v and gate/up projections (formats/phi3_hf.hpp).
+#include "formats/phi3_hf.hpp"
 
 #include <cmath>
 #include <cstring>

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "formats/safetensors.hpp"      // TensorRef, HostTensor
 #include "model/fused_projections.hpp"  // FusedProjection, fused_projections
 #include "model/layout.hpp"
-#include "model/safetensors.hpp"  // TensorRef, HostTensor
 
 namespace rp {
 

@@ -1,4 +1,4 @@
-#include "model/safetensors.hpp"
+#include "formats/safetensors.hpp"
 #include "base/atomic_file.hpp"
 #include "model/error_text.hpp"
 
@@ -185,7 +185,7 @@ HostTensor SafetensorsFile::read_f32(const SafetensorsEntry& e) const {
       std::memcpy(&h, p + 2 * i, 2);
       t.data[i] = bf ? bf16_to_f32(h) : f16_to_f32(h);
     }
-  } else if (e.dtype == "U8") {  // MXFP4 blocks and scales (model/gpt_oss_hf.hpp): bytes, exact in fp32
+  } else if (e.dtype == "U8") {  // MXFP4 blocks and scales (formats/gpt_oss_hf.hpp): bytes, exact in fp32
     for (size_t i = 0; i < n; ++i) t.data[i] = float(p[i]);
   } else {
     throw std::runtime_error(

@@ -1,4 +1,4 @@
-#include "model/tokenizer_export.hpp"
+#include "formats/tokenizer_export.hpp"
 #include "model/error_text.hpp"
 
 #include <stdexcept>

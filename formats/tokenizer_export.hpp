@@ -4,7 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/gguf.hpp"
+#include "formats/gguf.hpp"
 
 namespace rp {
 

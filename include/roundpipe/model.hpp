@@ -44,7 +44,7 @@ struct RopeScaling {
 /// whole q and k (qk_norm_whole); Granite scales embeddings, residual branches, attention and
 /// logits; Phi-3 is LLaMA's decoder (with Mistral's window when set) whose checkpoints fuse
 /// q/k/v into "self_attn.qkv_proj" and gate/up into "mlp.gate_up_proj": the layout keeps them
-/// apart, the readers and writers of folders and adapters split and fuse them (model/phi3_hf.hpp).
+/// apart, the readers and writers of folders and adapters split and fuse them (formats/phi3_hf.hpp).
 struct ModelConfig {
   /// "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "olmo2", "granite" or "phi3"
   /// (model_type)

@@ -1,4 +1,4 @@
-// roundpipe export-gguf (model/gguf_export.hpp): Hugging Face folder -> GGUF -> folder -> GGUF
+// roundpipe export-gguf (formats/gguf_export.hpp): Hugging Face folder -> GGUF -> folder -> GGUF
 // -> folder keeps the weights (exactly once rounded to the type; q8_0 within its block error),
 // the config and the tokenizer; the logits of the exported file equal those of the folder it
 // reads back as; an independent GGUF written byte by byte comes back byte for byte; the output
@@ -16,10 +16,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "formats/checkpoint.hpp"
+#include "formats/gguf.hpp"
+#include "formats/gguf_export.hpp"
 #include "kernels/weight_format.hpp"
-#include "model/checkpoint.hpp"
-#include "model/gguf.hpp"
-#include "model/gguf_export.hpp"
 #include "roundpipe/generate.hpp"
 #include "test_io_util.hpp"
 

@@ -3,7 +3,7 @@
 
 #include <cmath>
 
-#include "model/gguf.hpp"
+#include "formats/gguf.hpp"
 #include "test_io_util.hpp"
 
 namespace rp {

@@ -14,12 +14,12 @@
 #include <nlohmann/json.hpp>
 
 #include "data/pretokenizer.hpp"
+#include "formats/checkpoint.hpp"
+#include "formats/gguf.hpp"
+#include "formats/gpt_oss_hf.hpp"
+#include "formats/safetensors.hpp"
+#include "formats/tokenizer_export.hpp"
 #include "kernels/weight_format.hpp"
-#include "model/checkpoint.hpp"
-#include "model/gguf.hpp"
-#include "model/gpt_oss_hf.hpp"
-#include "model/safetensors.hpp"
-#include "model/tokenizer_export.hpp"
 #include "roundpipe/model_source.hpp"
 #include "test_io_util.hpp"
 

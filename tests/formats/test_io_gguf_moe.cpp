@@ -11,8 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/checkpoint.hpp"
-#include "model/gguf.hpp"
+#include "formats/checkpoint.hpp"
+#include "formats/gguf.hpp"
 #include "test_io_util.hpp"
 #include "tests/model/device_reference.hpp"
 

@@ -8,12 +8,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "formats/checkpoint.hpp"
+#include "formats/safetensors.hpp"
 #include "kernels/weight_format.hpp"
-#include "model/checkpoint.hpp"
 #include "model/config.hpp"
 #include "model/layout.hpp"
-#include "model/safetensors.hpp"
-#include "tests/model/test_io_util.hpp"
+#include "tests/formats/test_io_util.hpp"
 
 namespace rp::test {
 namespace {

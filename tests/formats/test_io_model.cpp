@@ -6,9 +6,9 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "model/checkpoint.hpp"
-#include "model/gguf.hpp"
-#include "model/tokenizer_export.hpp"
+#include "formats/checkpoint.hpp"
+#include "formats/gguf.hpp"
+#include "formats/tokenizer_export.hpp"
 #include "test_io_util.hpp"
 
 namespace rp {

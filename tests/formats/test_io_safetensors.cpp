@@ -4,8 +4,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "model/checkpoint.hpp"
-#include "model/safetensors.hpp"
+#include "formats/checkpoint.hpp"
+#include "formats/safetensors.hpp"
 #include "test_io_util.hpp"
 
 namespace rp {

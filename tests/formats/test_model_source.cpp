@@ -10,10 +10,10 @@
 #include <map>
 #include <random>
 
+#include "formats/checkpoint.hpp"
+#include "formats/gguf.hpp"
 #include "kernels/dtype.hpp"
 #include "kernels/weight_format.hpp"
-#include "model/checkpoint.hpp"
-#include "model/gguf.hpp"
 #include "roundpipe/model_source.hpp"
 #include "test_io_util.hpp"
 

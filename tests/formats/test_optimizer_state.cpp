@@ -1,4 +1,4 @@
-// model/optimizer_state: the optimizer.bin format on its own (the Session's use of it is
+// formats/optimizer_state: the optimizer.bin format on its own (the Session's use of it is
 // tested in tests/actors/test_resume.cpp): every section round-trips, a low-precision copy
 // saved by another backend is converted, and damaged or old-version files are one line
 // naming the file.
@@ -8,10 +8,10 @@
 #include <fstream>
 #include <sstream>
 
+#include "formats/optimizer_state.hpp"
 #include "kernels/dtype.hpp"
 #include "model/layout.hpp"
-#include "model/optimizer_state.hpp"
-#include "tests/model/test_io_util.hpp"
+#include "tests/formats/test_io_util.hpp"
 
 namespace rp::test {
 namespace {

@@ -12,9 +12,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "formats/checkpoint.hpp"
+#include "formats/safetensors.hpp"
 #include "lora_test_layout.hpp"
-#include "model/checkpoint.hpp"
-#include "model/safetensors.hpp"
 #include "roundpipe/adapter.hpp"
 #include "test_io_util.hpp"
 

@@ -1,4 +1,4 @@
-// Phi-3's fused projections (model/phi3_hf.hpp): a checkpoint's qkv_proj / gate_up_proj are split
+// Phi-3's fused projections (formats/phi3_hf.hpp): a checkpoint's qkv_proj / gate_up_proj are split
 // as it loads and fused again as a folder is saved; PEFT's fused adapters of rank r (lora_A
 // shared by the parts) and ours of rank n r (block diagonal) both come apart into our per-part
 // adapters; what cannot be computed is refused in one line.
@@ -9,12 +9,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "formats/checkpoint.hpp"
+#include "formats/phi3_hf.hpp"
+#include "formats/safetensors.hpp"
 #include "lora_test_layout.hpp"
-#include "model/checkpoint.hpp"
 #include "model/config.hpp"
 #include "model/lora.hpp"
-#include "model/phi3_hf.hpp"
-#include "model/safetensors.hpp"
 #include "test_io_util.hpp"
 
 namespace {

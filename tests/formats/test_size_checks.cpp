@@ -8,9 +8,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/checkpoint.hpp"
+#include "formats/checkpoint.hpp"
+#include "formats/gguf.hpp"
 #include "model/config.hpp"
-#include "model/gguf.hpp"
 #include "test_io_util.hpp"
 
 namespace rp {
