@@ -1,12 +1,12 @@
 // Optimizer state files of rp::Session: save_optimizer_state / load_optimizer_state. The
-// file format is model/optimizer_state.hpp's; this is the runtime's side: which buffers are
+// file format is formats/optimizer_state.hpp's; this is the runtime's side: which buffers are
 // saved, the checks against the session, and continuing at the loaded step.
 #include <cstring>
 
 #include <fmt/format.h>
 
 #include "actors/session_impl.hpp"
-#include "model/optimizer_state.hpp"
+#include "formats/optimizer_state.hpp"
 
 namespace rp {
 namespace {

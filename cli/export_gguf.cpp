@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 
 #include "cli/command.hpp"
-#include "model/gguf_export.hpp"
+#include "formats/gguf_export.hpp"
 
 namespace rp {
 

@@ -1,6 +1,6 @@
 // `roundpipe export-gguf IN_DIR OUT.gguf [--type f16|bf16|q8_0] [--force]`: a Hugging Face
 // folder (a run's final/ or final-merged/, a convert output; a LoRA adapter folder is merged
-// into its base first) as a GGUF file llama.cpp loads (model/gguf_export.hpp).
+// into its base first) as a GGUF file llama.cpp loads (formats/gguf_export.hpp).
 #pragma once
 
 namespace CLI {

@@ -11,7 +11,7 @@
 
 #include "kernels/dropout_hash.hpp"
 #include "model/error_text.hpp"
-#include "model/phi3_hf.hpp"
+#include "model/fused_projections.hpp"
 
 namespace rp {
 
@@ -182,7 +182,7 @@ ModelLayout make_layout(const ModelConfig& c, const LoraConfig& lora) {
                       one_line(t)));
   }
   check_lora_expert_targets(c, lora);
-  // Phi-3 (model/phi3_hf.hpp): PEFT sees one module for q/k/v and one for gate/up
+  // Phi-3 (model/fused_projections.hpp): PEFT sees one module for q/k/v and one for gate/up
   for (const FusedProjection& f : fused_projections(c)) {
     int adapted = 0;
     for (const std::string& m : f.part_modules)

@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 
 #include "cli/plan.hpp"
-#include "model/gguf_export.hpp"
+#include "formats/gguf_export.hpp"
 #include "python/bindings.hpp"
 #include "roundpipe/adapter.hpp"
 #include "roundpipe/checkpoint.hpp"

@@ -133,7 +133,7 @@ if ! python3 -c 'import tensorboard' >/dev/null 2>&1; then
   python3 -m pip install -q tensorboard >/dev/null 2>&1 || echo "[setup] warning: could not install tensorboard; its test will skip"
 fi
 # llama.cpp's own GGUF reader (PyPI gguf) checks the files `roundpipe export-gguf` writes
-# (tests/model/test_gguf_export.cpp); optional likewise: without it that one test skips.
+# (tests/formats/test_gguf_export.cpp); optional likewise: without it that one test skips.
 if ! python3 -c 'import gguf' >/dev/null 2>&1; then
   echo "[setup] installing the gguf Python package (PyPI) for the export-gguf test"
   python3 -m pip install -q gguf >/dev/null 2>&1 || echo "[setup] warning: could not install gguf; its test will skip"

@@ -25,8 +25,8 @@ import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FOLDERS = ["base", "kernels", "model", "optimizer", "scheduler", "trace", "data", "dist", "actors", "trainer",
-           "cli", "include", "python"]
+FOLDERS = ["base", "kernels", "model", "formats", "optimizer", "scheduler", "trace", "data", "dist", "actors",
+           "trainer", "cli", "include", "python"]
 EXTS = (".cpp", ".hpp", ".cu", ".cuh", ".h")
 BEGIN, END = "<!-- structure:begin -->", "<!-- structure:end -->"
 CONTROL = {"if", "for", "while", "switch", "catch", "do", "else", "return", "sizeof", "decltype", "alignas"}

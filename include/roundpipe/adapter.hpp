@@ -15,7 +15,7 @@
 //     base_model.model.lm_head.weight            [vocab, hidden]  modules_to_save "lm_head"
 //     base_model.model.model.layers.<i>.mlp.experts[.base_layer].lora_A.weight [E*r, in] and
 //     ...lora_B.weight [out, r*E]: per-expert adapters (target_parameters, PEFT's ParamWrapper;
-//     the layout and the nesting in model/peft_experts.hpp)
+//     the layout and the nesting in formats/peft_experts.hpp)
 // (PEFT stores a modules_to_save copy under the module's own name, without the
 // ".modules_to_save.default" of its wrapper.)
 //

@@ -44,7 +44,7 @@ struct RopeScaling {
 /// whole q and k (qk_norm_whole); Granite scales embeddings, residual branches, attention and
 /// logits; Phi-3 is LLaMA's decoder (with Mistral's window when set) whose checkpoints fuse
 /// q/k/v into "self_attn.qkv_proj" and gate/up into "mlp.gate_up_proj": the layout keeps them
-/// apart, the readers and writers of folders and adapters split and fuse them (model/phi3_hf.hpp).
+/// apart, the readers and writers of folders and adapters split and fuse them (formats/phi3_hf.hpp).
 /// Gemma 2 and Gemma 3 (text) are LLaMA's decoder with Gemma's changes (gemma()): RMSNorms of
 /// weight 1 + w, a norm before and after both the attention and the MLP, a GeGLU MLP, the
 /// embeddings times sqrt(hidden_size), scores times query_pre_attn_scalar^-0.5, sliding and

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "model/checkpoint.hpp"
+#include "formats/checkpoint.hpp"
 
 namespace fs = std::filesystem;
 

@@ -11,7 +11,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "model/checkpoint.hpp"
+#include "formats/checkpoint.hpp"
 #include "scheduler/profile.hpp"
 #include "tests/cli/cli_util.hpp"
 #include "trace/trace_check.hpp"

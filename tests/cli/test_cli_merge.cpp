@@ -6,8 +6,8 @@
 #include <cmath>
 #include <map>
 
-#include "model/checkpoint.hpp"
-#include "model/safetensors.hpp"
+#include "formats/checkpoint.hpp"
+#include "formats/safetensors.hpp"
 #include "tests/cli/cli_util.hpp"
 
 namespace {

@@ -14,7 +14,7 @@
 #include <cstdio>
 #include <thread>
 
-#include "model/safetensors.hpp"
+#include "formats/safetensors.hpp"
 #include "roundpipe/replicas.hpp"
 #include "tests/cli/cli_util.hpp"
 

@@ -14,7 +14,7 @@
 
 #include "data/chat_template.hpp"
 #include "data/tokenizer.hpp"
-#include "model/safetensors.hpp"
+#include "formats/safetensors.hpp"
 #include "roundpipe/checkpoint.hpp"
 #include "roundpipe/device.hpp"
 #include "roundpipe/generate.hpp"

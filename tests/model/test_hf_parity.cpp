@@ -13,9 +13,9 @@
 
 #include <cmath>
 
-#include "model/checkpoint.hpp"
-#include "model/phi3_hf.hpp"
-#include "model/safetensors.hpp"
+#include "formats/checkpoint.hpp"
+#include "formats/phi3_hf.hpp"
+#include "formats/safetensors.hpp"
 #include "tests/model/device_reference.hpp"
 
 namespace rp::test {

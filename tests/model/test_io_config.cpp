@@ -7,7 +7,7 @@
 
 #include "model/config.hpp"
 #include "model/layout.hpp"
-#include "test_io_util.hpp"
+#include "tests/formats/test_io_util.hpp"
 
 namespace rp {
 namespace {

@@ -17,10 +17,10 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
-#include "model/checkpoint.hpp"
+#include "formats/checkpoint.hpp"
+#include "formats/peft_experts.hpp"
+#include "formats/safetensors.hpp"
 #include "model/lora.hpp"
-#include "model/peft_experts.hpp"
-#include "model/safetensors.hpp"
 #include "roundpipe/adapter.hpp"
 #include "tests/model/device_reference.hpp"
 

@@ -12,9 +12,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/checkpoint.hpp"
+#include "formats/checkpoint.hpp"
+#include "formats/safetensors.hpp"
 #include "model/lora.hpp"
-#include "model/safetensors.hpp"
 #include "tests/model/device_reference.hpp"
 
 namespace rp::test {

@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/checkpoint.hpp"
+#include "formats/checkpoint.hpp"
 #include "roundpipe/errors.hpp"
 #include "roundpipe/trainer.hpp"
 #include "tests/cli/cli_util.hpp"

@@ -23,7 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/session_testing.hpp"
-#include "model/safetensors.hpp"
+#include "formats/safetensors.hpp"
 #include "roundpipe/trainer.hpp"
 #include "tests/cli/cli_util.hpp"
 #include "trainer/checkpoint_bundle.hpp"

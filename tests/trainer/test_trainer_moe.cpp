@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/checkpoint.hpp"
+#include "formats/checkpoint.hpp"
 #include "roundpipe/trainer.hpp"
 #include "tests/cli/cli_util.hpp"
 

@@ -1,0 +1,426 @@
+// rp::ModelSource (roundpipe/model_source.hpp): a model's tensors read one at a time from its
+// mapped files, and load_model (roundpipe/checkpoint.hpp) as "open, then read every tensor".
+#include "roundpipe/model_source.hpp"
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <tuple>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "formats/gguf.hpp"
+#include "formats/model_source_impl.hpp"
+#include "formats/phi3_hf.hpp"
+#include "kernels/weight_format.hpp"
+#include "model/config.hpp"
+#include "model/error_text.hpp"
+#include "model/layout.hpp"
+
+namespace rp {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Loc = ModelSource::Impl::Loc;
+
+namespace {
+
+[[noreturn]] void fail(const std::string& where, const std::string& what) {
+  throw std::runtime_error(one_line(fmt::format("{}: {}", where, what)));
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail(path, "cannot open");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+json read_json(const std::string& path) {
+  try {
+    return json::parse(read_text(path));
+  } catch (const json::exception& e) {
+    fail(path, fmt::format("invalid JSON: {}", e.what()));
+  }
+}
+
+bool ends_with(const std::string& s, const std::string& suf) {
+  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
+}
+
+HostTensor read_loc(const ModelSource::Impl& s, const Loc& l) {
+  if (l.mem) return *l.mem;
+  if (l.oss) {
+    HostTensor t;
+    t.shape = l.shape;
+    t.data = gpt_oss_read_f32(*l.oss, l.shape);
+    return t;
+  }
+  if (l.st) {
+    HostTensor t = l.st->read_f32(*l.entry);
+    l.st->release(*l.entry);
+    return t;
+  }
+  HostTensor t;
+  t.shape = l.shape;
+  t.data = gguf_read_f32(*s.gguf, l);
+  return t;
+}
+
+/// True when tensors a and b hold the same fp32 values (compared bit for bit, as load_model
+/// always did). Same safetensors dtype: the stored bytes (the conversions to fp32 are
+/// one-to-one), else both read as fp32.
+bool same_values(const ModelSource::Impl& s, const Loc& a, const Loc& b) {
+  if (a.shape != b.shape) return false;
+  if (a.st && b.st && a.entry->dtype == b.entry->dtype) {
+    const bool same =
+        std::memcmp(a.st->data(*a.entry), b.st->data(*b.entry), a.entry->end - a.entry->begin) == 0;
+    a.st->release(*a.entry);
+    b.st->release(*b.entry);
+    return same;
+  }
+  const HostTensor x = read_loc(s, a), y = read_loc(s, b);
+  return std::memcmp(x.data.data(), y.data.data(), x.data.size() * sizeof(float)) == 0;
+}
+
+/// Checks s.tensors against make_layout(config): all present, right shapes, a tied lm_head
+/// equal to the embedding (then dropped), rotary inv_freq buffers dropped, nothing else.
+void check_tensors(ModelSource::Impl& s, const std::string& where) {
+  const ModelLayout layout = make_layout(s.header.config);
+  // a GGUF's tensors are named as stored too
+  const std::string arch = s.gguf ? s.gguf->get_string("general.architecture") : "";
+  auto stored_as = [&](const std::string& hf, const Loc* l) -> std::string {
+    if (!s.gguf) return "";
+    const std::string g = l && l->gguf ? l->gguf->name : hf_to_gguf_name(hf, arch);
+    if (g.empty()) return "";
+    if (!l || !l->gguf) return fmt::format(" (GGUF tensor '{}')", g);
+    return fmt::format(" (GGUF tensor '{}' [{}]{})", g, fmt::join(l->gguf->shape(), ", "),
+                       l->expert >= 0 ? fmt::format(", expert {}", l->expert) : "");
+  };
+  std::set<std::string> expected;
+  for (const auto& g : layout.groups)
+    for (const auto& t : g.tensors) {
+      expected.insert(t.name);
+      auto it = s.tensors.find(t.name);
+      if (it == s.tensors.end())
+        fail(where, fmt::format("missing tensor '{}' (expected shape [{}]){}", t.name,
+                                fmt::join(t.shape, ", "), stored_as(t.name, nullptr)));
+      if (it->second.shape != t.shape)
+        fail(where,
+             fmt::format("tensor '{}': expected shape [{}], got [{}]{}", t.name, fmt::join(t.shape, ", "),
+                         fmt::join(it->second.shape, ", "), stored_as(t.name, &it->second)));
+    }
+  if (s.header.config.tie_word_embeddings) {
+    auto lm = s.tensors.find("lm_head.weight");
+    if (lm != s.tensors.end()) {
+      if (!same_values(s, lm->second, s.tensors.at("model.embed_tokens.weight")))
+        fail(where,
+             "tensor 'lm_head.weight' differs from 'model.embed_tokens.weight' but "
+             "tie_word_embeddings is true");
+      s.tensors.erase(lm);
+    }
+  }
+  for (auto it = s.tensors.begin(); it != s.tensors.end();) {
+    if (expected.count(it->first)) {
+      ++it;
+    } else if (ends_with(it->first, "rotary_emb.inv_freq")) {
+      it = s.tensors.erase(it);
+    } else {
+      fail(where, fmt::format("unexpected tensor '{}' (not part of a {} model with this config){}", it->first,
+                              s.header.config.architecture, stored_as(it->first, &it->second)));
+    }
+  }
+}
+
+/// The chat template of model folder `dir` and the name its errors give the file it came from.
+std::pair<std::string, std::string> chat_template_of(const fs::path& dir) {
+  const fs::path tc = dir / "tokenizer_config.json";
+  std::error_code ec;
+  if (fs::exists(tc, ec)) {
+    json j = read_json(tc.string());
+    if (j.is_object() && j.contains("chat_template")) {
+      const json& t = j["chat_template"];
+      const std::string name = "tokenizer_config.json key 'chat_template'";
+      if (t.is_string()) return {t.get<std::string>(), name};
+      if (t.is_array()) {  // [{"name": ..., "template": ...}]: "default", else the first
+        for (const auto& e : t)
+          if (e.is_object() && e.value("name", "") == "default" && e.contains("template") &&
+              e["template"].is_string())
+            return {e["template"].get<std::string>(), name};
+        if (!t.empty() && t[0].is_object() && t[0].contains("template") && t[0]["template"].is_string())
+          return {t[0]["template"].get<std::string>(), name};
+      }
+      if (!t.is_null()) fail(tc.string(), "key 'chat_template': expected a string or a list of templates");
+    }
+  }
+  const fs::path jinja = dir / "chat_template.jinja";
+  if (fs::exists(jinja, ec)) return {read_text(jinja.string()), "chat_template.jinja"};
+  return {};
+}
+
+/// Every token id of the tokenizer (its vocab and added tokens) must have a row in the model's
+/// embedding; a tokenizer of another model fails here, at load, naming the file, the token,
+/// its id and vocab_size, not later inside a step or a generation. Ids that are no integer are
+/// left to the tokenizer's own checks.
+void check_tokenizer_ids(const LoadedModel& h) {
+  const int64_t V = h.config.vocab_size;
+  const nlohmann::json& tj = h.tokenizer_json;
+  if (V <= 0 || !tj.is_object()) return;
+  int64_t top = -1;
+  std::string top_token;
+  auto consider = [&](const nlohmann::json& id, const std::string& token) {
+    if (id.is_number_integer() && id.get<int64_t>() > top) top = id.get<int64_t>(), top_token = token;
+  };
+  if (const auto m = tj.find("model"); m != tj.end() && m->is_object())
+    if (const auto v = m->find("vocab"); v != m->end() && v->is_object())
+      for (const auto& [token, id] : v->items()) consider(id, token);
+  if (const auto a = tj.find("added_tokens"); a != tj.end() && a->is_array())
+    for (const auto& t : *a)
+      if (t.is_object() && t.contains("id") && t.contains("content") && t["content"].is_string())
+        consider(t["id"], t["content"].get<std::string>());
+  if (top < V) return;
+  fail(tokenizer_origin(h),
+       fmt::format("token \"{}\" has id {}, not below the model's vocab_size {}: the embedding has "
+                   "no row for it; the tokenizer does not belong to this model",
+                   excerpt(top_token), top, V));
+}
+
+}  // namespace
+
+void split_fused_projections(ModelSource::Impl& s, const std::string& where) {
+  for (const FusedProjection& f : fused_projections(s.header.config)) {
+    int64_t rows = 0;
+    for (int64_t k : f.rows) rows += k;
+    const auto it = s.tensors.find(f.name);
+    if (it == s.tensors.end() || !it->second.st)
+      fail(where, fmt::format("missing tensor '{}' (expected shape [{}, {}]: {} fused)", f.name, rows, f.cols,
+                              fmt::join(f.part_modules, ", ")));
+    const SafetensorsEntry& e = *it->second.entry;
+    if (e.shape != std::vector<int64_t>{rows, f.cols})
+      fail(where, fmt::format("tensor '{}': expected shape [{}, {}] ({} fused), got [{}]", f.name, rows,
+                              f.cols, fmt::join(f.part_modules, ", "), fmt::join(e.shape, ", ")));
+    const uint64_t row_bytes = (e.end - e.begin) / uint64_t(rows);
+    int64_t row0 = 0;
+    for (size_t k = 0; k < f.parts.size(); ++k) {
+      SafetensorsEntry part = e;  // rows [row0, row0 + rows_k) of the row-major tensor
+      part.name = f.parts[k];
+      part.shape = {f.rows[k], f.cols};
+      part.begin = e.begin + uint64_t(row0) * row_bytes;
+      part.end = part.begin + uint64_t(f.rows[k]) * row_bytes;
+      s.slices.push_back(std::move(part));
+      Loc l = it->second;
+      l.shape = s.slices.back().shape;
+      l.entry = &s.slices.back();
+      s.tensors[f.parts[k]] = l;
+      row0 += f.rows[k];
+    }
+    s.tensors.erase(it);
+  }
+}
+
+namespace {
+
+void open_hf_dir(const std::string& path, ModelSource::Impl& s) {
+  const fs::path dir(path);
+  s.header.config = load_config_file((dir / "config.json").string());
+  std::error_code ec;
+  {  // the config's sizes against the weight files, before anything is allocated from them
+    uint64_t bytes = 0;
+    for (const auto& e : fs::directory_iterator(dir, ec))
+      if (e.path().extension() == ".safetensors") bytes += e.file_size(ec);
+    if (bytes > 0)  // none: open_safetensors names the missing file
+      check_weights_fit_files(s.header.config, bytes,
+                              s.header.config.gpt_oss() ? 0.5 : 2.0,  // MXFP4: 4.25 bits
+                              (dir / "config.json").string(), "num_hidden_layers");
+  }
+  std::string where = (dir / "model.safetensors.index.json").string();
+  if (!fs::exists(where, ec)) where = (dir / "model.safetensors").string();
+  s.safetensors = open_safetensors(path);
+  for (const auto& [name, w] : s.safetensors.tensors) {
+    Loc l;
+    l.shape = w.entry->shape;
+    l.st = w.file;
+    l.entry = w.entry;
+    s.tensors.emplace(name, std::move(l));
+  }
+  if (s.header.config.gpt_oss()) gpt_oss_hf_expert_slices(s, where);
+  split_fused_projections(s, where);
+  check_tensors(s, where);
+  const fs::path tj = dir / "tokenizer.json";
+  if (fs::exists(tj, ec)) {
+    s.header.tokenizer_json = read_json(tj.string());
+    s.header.tokenizer_source = tj.string();
+  }
+  std::tie(s.header.chat_template, s.header.chat_template_source) = chat_template_of(dir);
+}
+
+/// Element size and storage form of a safetensors dtype that a storage form copies as is.
+bool st_matches(const std::string& dtype, WeightFormat f) {
+  return (dtype == "BF16" && f == WeightFormat::bf16) || (dtype == "F16" && f == WeightFormat::f16) ||
+         (dtype == "F32" && f == WeightFormat::f32);
+}
+
+}  // namespace
+
+const Loc& ModelSource::Impl::at(const std::string& name) const {
+  auto it = tensors.find(name);
+  if (it == tensors.end()) fail(header.source, fmt::format("tensor '{}' is not part of the model", name));
+  return it->second;
+}
+
+ModelSource::ModelSource(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ModelSource::ModelSource(ModelSource&&) noexcept = default;
+ModelSource& ModelSource::operator=(ModelSource&&) noexcept = default;
+ModelSource::~ModelSource() = default;
+
+ModelSource ModelSource::open(const std::string& path) {
+  std::error_code ec;
+  const auto st = fs::status(path, ec);
+  if (ec || !fs::exists(st)) {
+    std::error_code cwd_ec;
+    const auto cwd = fs::current_path(cwd_ec);
+    fail(path,
+         fs::path(path).is_relative() && !cwd_ec
+             ? fmt::format("no such file or directory (relative to the working directory {})", cwd.string())
+             : std::string("no such file or directory"));
+  }
+  auto s = std::make_unique<Impl>();
+  s->header.source = path;
+  if (fs::is_directory(st)) {
+    open_hf_dir(path, *s);
+  } else {
+    open_gguf_source(path, *s);
+    check_tensors(*s, path);
+    if (s->header.config.architecture == "llama") {
+      // convert_hf_to_gguf.py's LlamaModel.permute() of q_proj / k_proj rows, undone as read
+      const ModelConfig& c = s->header.config;
+      for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+        const std::string p = fmt::format("model.layers.{}.self_attn.", l);
+        for (auto [name, heads] :
+             {std::pair{"q_proj.weight", c.num_attention_heads}, {"k_proj.weight", c.num_key_value_heads}}) {
+          Loc& w = s->tensors.at(p + name);
+          if (heads <= 0 || w.shape[0] % (2 * heads) != 0)
+            throw std::invalid_argument(fmt::format(
+                "unpermute_qk_rows: {} rows is not a multiple of 2*n_head ({})", w.shape[0], 2 * heads));
+          w.permute_heads = heads;
+        }
+      }
+    }
+  }
+  check_tokenizer_ids(s->header);
+  return ModelSource(std::move(s));
+}
+
+ModelSource ModelSource::from_loaded(LoadedModel m) {
+  auto s = std::make_unique<Impl>();
+  s->mem = std::move(m.tensors);
+  m.tensors.clear();
+  s->header = std::move(m);
+  for (const auto& [name, t] : s->mem) {
+    Loc l;
+    l.shape = t.shape;
+    l.mem = &t;
+    s->tensors.emplace(name, std::move(l));
+  }
+  return ModelSource(std::move(s));
+}
+
+const ModelConfig& ModelSource::config() const { return impl_->header.config; }
+const LoadedModel& ModelSource::header() const { return impl_->header; }
+std::vector<int64_t> ModelSource::shape(const std::string& name) const { return impl_->at(name).shape; }
+HostTensor ModelSource::read_f32(const std::string& name) const { return read_loc(*impl_, impl_->at(name)); }
+
+bool ModelSource::read_as(const std::string& name, WeightFormat f, void* dst) const {
+  const Loc& l = impl_->at(name);
+  int64_t n = 1;
+  for (auto d : l.shape) n *= d;
+  const size_t bytes = weight_format_bytes(f, n);  // throws for a bad block multiple
+  if (l.st && st_matches(l.entry->dtype, f)) {
+    std::memcpy(dst, l.st->data(*l.entry), bytes);
+    l.st->release(*l.entry);
+    return true;
+  }
+  if (l.gguf && gguf_read_stored(*impl_->gguf, l, f, dst)) return true;
+  if (l.oss && gpt_oss_read_stored(*l.oss, l.shape, f, dst)) return true;
+  const HostTensor t = read_loc(*impl_, l);
+  quantize_weights(f, t.data.data(), dst, n);
+  return false;
+}
+
+std::optional<WeightFormat> ModelSource::float_format(const std::string& name) const {
+  const Loc& l = impl_->at(name);
+  if (l.st) {
+    const std::string& d = l.entry->dtype;
+    if (d == "F32") return WeightFormat::f32;
+    if (d == "F16") return WeightFormat::f16;
+    if (d == "BF16") return WeightFormat::bf16;
+  } else if (l.gguf) {
+    switch (GgmlType(l.gguf->type)) {
+      case GgmlType::F32: return WeightFormat::f32;
+      case GgmlType::F16: return WeightFormat::f16;
+      case GgmlType::BF16: return WeightFormat::bf16;
+      default: break;
+    }
+  }
+  return std::nullopt;
+}
+
+void ModelSource::untie_embeddings() {
+  if (!impl_->header.config.tie_word_embeddings) return;
+  impl_->header.config.tie_word_embeddings = false;
+  impl_->tensors["lm_head.weight"] = impl_->at("model.embed_tokens.weight");
+}
+
+LoadedModel ModelSource::read_all() const {
+  LoadedModel m = impl_->header;
+  for (const auto& [name, l] : impl_->tensors) m.tensors.emplace(name, read_loc(*impl_, l));
+  return m;
+}
+
+int64_t read_base_groups(const ModelSource& src, const ModelLayout& layout,
+                         std::vector<std::vector<float>>& trainable,
+                         std::vector<std::vector<uint8_t>>& frozen) {
+  const std::string& where = src.header().source;
+  trainable.resize(layout.groups.size());
+  frozen.resize(layout.groups.size());
+  int64_t stored = 0;
+  for (size_t g = 0; g < size_t(layout.num_layers()); ++g) {
+    const ParamGroup& grp = layout.groups[g];
+    std::vector<float> f32;
+    std::vector<uint8_t> st;
+    if (grp.frozen) st.resize(size_t(grp.storage_bytes));
+    else f32.resize(size_t(grp.numel));
+    for (const TensorSpec& t : grp.tensors) {
+      std::string name = t.name;
+      if (name == "lm_head.weight" && src.config().tie_word_embeddings) name = "model.embed_tokens.weight";
+      int64_t n = 1;
+      for (auto d : src.shape(name)) n *= d;
+      if (n != t.numel())
+        fail(where, fmt::format("tensor '{}' has {} values, the model config says {}", t.name, n, t.numel()));
+      if (grp.frozen) {
+        stored += src.read_as(name, t.format, st.data() + t.byte_offset) ? 1 : 0;
+      } else {
+        const HostTensor h = src.read_f32(name);
+        std::copy(h.data.begin(), h.data.end(), f32.begin() + t.offset);
+      }
+    }
+    trainable[g] = std::move(f32);
+    frozen[g] = std::move(st);
+  }
+  return stored;
+}
+
+LoadedModel load_model(const std::string& path) {
+  const ModelSource src = ModelSource::open(path);
+  std::error_code ec;
+  check_host_memory_to_load(src.config(),
+                            fs::is_directory(path, ec) ? (fs::path(path) / "config.json").string() : path);
+  return src.read_all();
+}
+
+}  // namespace rp

@@ -1,0 +1,396 @@
+#include "formats/safetensors.hpp"
+#include "base/atomic_file.hpp"
+#include "model/error_text.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+namespace rp {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+int64_t HostTensor::numel() const {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+int64_t SafetensorsEntry::numel() const {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+namespace {
+
+/// Bytes per element of a safetensors dtype, 0 when unknown.
+uint64_t st_dtype_size(const std::string& d) {
+  if (d == "F32" || d == "I32" || d == "U32") return 4;
+  if (d == "F16" || d == "BF16" || d == "I16" || d == "U16") return 2;
+  if (d == "F64" || d == "I64" || d == "U64") return 8;
+  if (d == "BOOL" || d == "U8" || d == "I8" || d == "F8_E4M3" || d == "F8_E5M2") return 1;
+  return 0;
+}
+
+}  // namespace
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  auto fail = [&](const std::string& what) {
+    throw std::runtime_error(one_line(fmt::format("{}: {}", path_, what)));
+  };
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(fmt::format("cannot open: {}", std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail("not a regular file");
+  }
+  size_ = uint64_t(st.st_size);
+  if (size_ < 8) {
+    ::close(fd);
+    fail(fmt::format("truncated file: {} bytes, a safetensors header needs at least 8", size_));
+  }
+  void* m = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (m == MAP_FAILED) fail(fmt::format("mmap failed: {}", std::strerror(errno)));
+  map_ = static_cast<const uint8_t*>(m);
+  try {
+    uint64_t n;
+    std::memcpy(&n, map_, 8);
+    if (n > size_ - 8)
+      fail(fmt::format("truncated file: header of {} bytes does not fit in {} bytes", n, size_));
+    if (n > (uint64_t(100) << 20)) fail(fmt::format("header of {} bytes is too large", n));
+    data_start_ = 8 + n;
+    const uint64_t data_size = size_ - data_start_;
+    json h;
+    try {
+      h = json::parse(reinterpret_cast<const char*>(map_ + 8), reinterpret_cast<const char*>(map_ + 8 + n));
+    } catch (const json::exception& e) {
+      fail(fmt::format("corrupt header: invalid JSON ({})", e.what()));
+    }
+    if (!h.is_object()) fail("corrupt header: not a JSON object");
+    metadata_ = json::object();
+    for (auto it = h.begin(); it != h.end(); ++it) {
+      const std::string& name = it.key();
+      const json& v = it.value();
+      if (name == "__metadata__") {
+        if (!v.is_object()) fail("corrupt header: __metadata__ is not an object");
+        metadata_ = v;
+        continue;
+      }
+      auto bad = [&](const std::string& what) { fail(fmt::format("tensor '{}': {}", excerpt(name), what)); };
+      if (!v.is_object()) bad("header entry is not an object");
+      SafetensorsEntry e;
+      e.name = name;
+      auto dt = v.find("dtype");
+      if (dt == v.end() || !dt->is_string()) bad("missing dtype");
+      e.dtype = dt->get<std::string>();
+      const uint64_t es = st_dtype_size(e.dtype);
+      if (es == 0) bad(fmt::format("unknown dtype '{}'", excerpt(e.dtype)));
+      auto sh = v.find("shape");
+      if (sh == v.end() || !sh->is_array()) bad("missing shape");
+      uint64_t numel = 1;
+      for (const auto& d : *sh) {
+        if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t(1) << 40))
+          bad(fmt::format("invalid shape {}", excerpt(sh->dump())));
+        e.shape.push_back(d.get<int64_t>());
+        if (d.get<uint64_t>() != 0 && numel > (uint64_t(1) << 50) / d.get<uint64_t>())
+          bad(fmt::format("shape {} is too large", excerpt(sh->dump())));
+        numel *= d.get<uint64_t>();
+      }
+      auto off = v.find("data_offsets");
+      if (off == v.end() || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
+          !(*off)[1].is_number_unsigned())
+        bad("missing or invalid data_offsets");
+      e.begin = (*off)[0].get<uint64_t>();
+      e.end = (*off)[1].get<uint64_t>();
+      if (e.begin > e.end) bad(fmt::format("data_offsets [{}, {}] are reversed", e.begin, e.end));
+      if (e.end - e.begin != numel * es)
+        bad(fmt::format("data_offsets [{}, {}] hold {} bytes, shape {} of {} needs {}", e.begin, e.end,
+                        e.end - e.begin, excerpt(sh->dump()), e.dtype, numel * es));
+      if (e.end > data_size)
+        fail(fmt::format("truncated file: tensor '{}' ends at data offset {}, only {} data bytes",
+                         excerpt(name), e.end, data_size));
+      entries_.push_back(std::move(e));
+    }
+    std::sort(entries_.begin(), entries_.end(), [](const auto& a, const auto& b) {
+      return a.begin < b.begin || (a.begin == b.begin && a.end < b.end);
+    });
+    for (size_t i = 1; i < entries_.size(); ++i)
+      if (entries_[i].begin < entries_[i - 1].end)
+        fail(fmt::format("corrupt header: tensors '{}' and '{}' overlap", excerpt(entries_[i - 1].name),
+                         excerpt(entries_[i].name)));
+  } catch (...) {
+    ::munmap(const_cast<uint8_t*>(map_), size_);
+    map_ = nullptr;
+    throw;
+  }
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_) ::munmap(const_cast<uint8_t*>(map_), size_);
+}
+
+const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
+  for (const auto& e : entries_)
+    if (e.name == name) return &e;
+  return nullptr;
+}
+
+const uint8_t* SafetensorsFile::data(const SafetensorsEntry& e) const { return map_ + data_start_ + e.begin; }
+
+void SafetensorsFile::check_float_dtype(const SafetensorsEntry& e) const {
+  SafetensorsEntry empty = e;  // read_f32's dtype dispatch on no elements: its error, or nothing
+  empty.shape = {0};
+  read_f32(empty);
+}
+
+void SafetensorsFile::release(const SafetensorsEntry& e) const {
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = uintptr_t(data(e)) / page * page;
+  const uintptr_t hi =
+      std::min(uintptr_t(map_ + size_), (uintptr_t(data(e)) + (e.end - e.begin) + page - 1) / page * page);
+  if (hi > lo)
+    ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);  // advisory: failure changes nothing
+}
+
+HostTensor SafetensorsFile::read_f32(const SafetensorsEntry& e) const {
+  HostTensor t;
+  t.shape = e.shape;
+  const size_t n = size_t(e.numel());
+  t.data.resize(n);
+  const uint8_t* p = data(e);
+  if (e.dtype == "F32") {
+    if (n > 0) std::memcpy(t.data.data(), p, n * 4);  // an empty vector's data() may be null
+  } else if (e.dtype == "BF16" || e.dtype == "F16") {
+    const bool bf = e.dtype == "BF16";
+    for (size_t i = 0; i < n; ++i) {
+      uint16_t h;
+      std::memcpy(&h, p + 2 * i, 2);
+      t.data[i] = bf ? bf16_to_f32(h) : f16_to_f32(h);
+    }
+  } else if (e.dtype == "U8") {  // MXFP4 blocks and scales (formats/gpt_oss_hf.hpp): bytes, exact in fp32
+    for (size_t i = 0; i < n; ++i) t.data[i] = float(p[i]);
+  } else {
+    throw std::runtime_error(
+        fmt::format("{}: tensor '{}': dtype {} cannot be read as floats (F32, "
+                    "F16, BF16, U8 only)",
+                    path_, e.name, e.dtype));
+  }
+  return t;
+}
+
+namespace {
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw std::runtime_error(fmt::format("{}: cannot open", path));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+void open_index(const std::string& index_path, SafetensorsSet& out) {
+  json idx;
+  try {
+    idx = json::parse(read_text(index_path));
+  } catch (const json::exception& e) {
+    throw std::runtime_error(fmt::format("{}: invalid JSON: {}", index_path, e.what()));
+  }
+  auto wm = idx.is_object() ? idx.find("weight_map") : idx.end();
+  if (!idx.is_object() || wm == idx.end() || !wm->is_object())
+    throw std::runtime_error(fmt::format("{}: key 'weight_map': expected an object", index_path));
+  std::map<std::string, std::vector<std::string>> by_shard;
+  for (auto it = wm->begin(); it != wm->end(); ++it) {
+    if (!it->is_string())
+      throw std::runtime_error(
+          fmt::format("{}: key 'weight_map.{}': expected a file name", index_path, excerpt(it.key())));
+    const std::string shard = it->get<std::string>();
+    if (shard.empty() || shard.find('/') != std::string::npos || shard == "..")
+      throw std::runtime_error(fmt::format("{}: key 'weight_map.{}': bad shard name '{}'", index_path,
+                                           excerpt(it.key()), excerpt(shard)));
+    by_shard[shard].push_back(it.key());
+  }
+  const fs::path base = fs::path(index_path).parent_path();
+  for (const auto& [shard, names] : by_shard) {
+    out.files.push_back(std::make_unique<SafetensorsFile>((base / shard).string()));
+    const SafetensorsFile& f = *out.files.back();
+    for (const auto& name : names) {
+      const SafetensorsEntry* e = f.find(name);
+      if (!e)
+        throw std::runtime_error(
+            fmt::format("{}: tensor '{}' (listed in {}) is missing", f.path(), excerpt(name), index_path));
+      f.check_float_dtype(*e);
+      out.tensors[name] = {&f, e};
+    }
+  }
+}
+
+}  // namespace
+
+SafetensorsSet open_safetensors(const std::string& path) {
+  SafetensorsSet out;
+  std::error_code ec;
+  std::string p = path;
+  if (fs::is_directory(p, ec)) {
+    const fs::path d(p);
+    if (fs::exists(d / "model.safetensors.index.json", ec)) {
+      p = (d / "model.safetensors.index.json").string();
+    } else if (fs::exists(d / "model.safetensors", ec)) {
+      p = (d / "model.safetensors").string();
+    } else {
+      throw std::runtime_error(fmt::format("{}: no model.safetensors or model.safetensors.index.json", path));
+    }
+  }
+  if (p.size() >= 5 && p.compare(p.size() - 5, 5, ".json") == 0) {
+    open_index(p, out);
+    return out;
+  }
+  out.files.push_back(std::make_unique<SafetensorsFile>(p));
+  const SafetensorsFile& f = *out.files.back();
+  for (const auto& e : f.entries()) {
+    f.check_float_dtype(e);
+    out.tensors[e.name] = {&f, &e};
+  }
+  return out;
+}
+
+std::map<std::string, HostTensor> load_safetensors(const std::string& path) {
+  const SafetensorsSet set = open_safetensors(path);
+  std::map<std::string, HostTensor> out;
+  for (const auto& [name, w] : set.tensors) out[name] = w.file->read_f32(*w.entry);
+  return out;
+}
+
+namespace {
+
+struct FileCloser {
+  void operator()(std::FILE* f) const {
+    if (f) std::fclose(f);
+  }
+};
+
+}  // namespace
+
+void save_safetensors(const std::string& path, const std::vector<TensorRef>& tensors, DType dtype,
+                      const nlohmann::json& metadata) {
+  if (dtype == DType::i32) throw std::invalid_argument("save_safetensors: dtype i32 is not supported");
+  auto fail = [&](const std::string& what) { throw std::runtime_error(fmt::format("{}: {}", path, what)); };
+  const char* st_dtype = dtype == DType::f32 ? "F32" : dtype == DType::bf16 ? "BF16" : "F16";
+  const uint64_t es = dtype_size(dtype);
+  nlohmann::ordered_json h = nlohmann::ordered_json::object();
+  nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+  if (metadata.is_object())
+    for (auto it = metadata.begin(); it != metadata.end(); ++it) {
+      if (!it->is_string()) fail(fmt::format("metadata '{}' is not a string", it.key()));
+      meta[it.key()] = it->get<std::string>();
+    }
+  if (!meta.contains("format")) meta["format"] = "pt";
+  h["__metadata__"] = meta;
+  uint64_t off = 0;
+  std::set<std::string> names;
+  for (const auto& t : tensors) {
+    if (!names.insert(t.name).second) fail(fmt::format("duplicate tensor '{}'", t.name));
+    if (t.name == "__metadata__") fail("a tensor may not be named __metadata__");
+    uint64_t n = 1;
+    for (auto d : t.shape) {
+      if (d < 0) fail(fmt::format("tensor '{}': negative dimension", t.name));
+      n *= uint64_t(d);
+    }
+    h[t.name] = {{"dtype", st_dtype}, {"shape", t.shape}, {"data_offsets", {off, off + n * es}}};
+    off += n * es;
+  }
+  std::string header = h.dump();
+  while (header.size() % 8 != 0) header.push_back(' ');
+
+  replace_file(path, [&](const std::string& tmp) {
+    std::unique_ptr<std::FILE, FileCloser> f(std::fopen(tmp.c_str(), "wb"));
+    if (!f) fail(fmt::format("cannot create {}: {}", tmp, std::strerror(errno)));
+    auto put = [&](const void* p, size_t n) {
+      if (n && std::fwrite(p, 1, n, f.get()) != n)
+        fail(fmt::format("write failed: {}", std::strerror(errno)));
+    };
+    const uint64_t hn = header.size();
+    put(&hn, 8);
+    put(header.data(), header.size());
+    std::vector<uint16_t> buf;
+    for (const auto& t : tensors) {
+      uint64_t n = 1;
+      for (auto d : t.shape) n *= uint64_t(d);
+      if (n && !t.data) fail(fmt::format("tensor '{}': null data", t.name));
+      if (dtype == DType::f32) {
+        put(t.data, size_t(n) * 4);
+        continue;
+      }
+      const uint64_t chunk = 1 << 20;
+      for (uint64_t b = 0; b < n; b += chunk) {
+        const uint64_t m = std::min(chunk, n - b);
+        buf.resize(size_t(m));
+        for (uint64_t i = 0; i < m; ++i)
+          buf[i] = dtype == DType::bf16 ? f32_to_bf16(t.data[b + i]) : f32_to_f16(t.data[b + i]);
+        put(buf.data(), size_t(m) * 2);
+      }
+    }
+    if (std::fflush(f.get()) != 0) fail(fmt::format("write failed: {}", std::strerror(errno)));
+    if (std::fclose(f.release()) != 0) fail(fmt::format("close failed: {}", std::strerror(errno)));
+  });
+}
+
+std::vector<std::string> save_safetensors_sharded(const std::string& dir,
+                                                  const std::vector<TensorRef>& tensors, DType dtype,
+                                                  uint64_t max_shard_bytes) {
+  const uint64_t es = dtype_size(dtype);
+  std::vector<std::vector<TensorRef>> shards(1);
+  uint64_t cur = 0, total = 0;
+  for (const auto& t : tensors) {
+    uint64_t n = 1;
+    for (auto d : t.shape) n *= uint64_t(std::max<int64_t>(d, 0));
+    const uint64_t b = n * es;
+    if (!shards.back().empty() && cur + b > max_shard_bytes) {
+      shards.emplace_back();
+      cur = 0;
+    }
+    shards.back().push_back(t);
+    cur += b;
+    total += b;
+  }
+  std::vector<std::string> files;
+  if (shards.size() == 1) {
+    save_safetensors((fs::path(dir) / "model.safetensors").string(), tensors, dtype);
+    files.push_back("model.safetensors");
+    return files;
+  }
+  json wm = json::object();
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const std::string name = fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, shards.size());
+    save_safetensors((fs::path(dir) / name).string(), shards[i], dtype);
+    for (const auto& t : shards[i]) wm[t.name] = name;
+    files.push_back(name);
+  }
+  json idx = {{"metadata", {{"total_size", total}}}, {"weight_map", wm}};
+  const std::string ip = (fs::path(dir) / "model.safetensors.index.json").string();
+  std::ofstream o(ip, std::ios::binary);
+  o << idx.dump(2) << "\n";
+  o.close();
+  if (!o) throw std::runtime_error(fmt::format("{}: write failed", ip));
+  files.push_back("model.safetensors.index.json");
+  return files;
+}
+
+}  // namespace rp
