@@ -62,8 +62,14 @@ void fill_store(const ModelLayout& layout, std::vector<std::vector<float>>& w,
       std::memcpy(dst, frozen_storage[g].data(), frozen_storage[g].size());
       std::vector<uint8_t>().swap(frozen_storage[g]);
     } else {
-      for (const TensorSpec& t : grp.tensors)
-        quantize_weights(t.format, w[g].data() + t.offset, dst + t.byte_offset, t.numel());
+      for (const TensorSpec& t : grp.tensors) {
+        try {
+          quantize_weights(t.format, w[g].data() + t.offset, dst + t.byte_offset, t.numel(),
+                           weight_format_cols(t.shape));
+        } catch (const std::invalid_argument& e) {
+          throw std::invalid_argument(fmt::format("frozen tensor '{}': {}", t.name, e.what()));
+        }
+      }
     }
     std::vector<float>().swap(w[g]);  // no fp32 master for a frozen group
   }
@@ -73,7 +79,8 @@ std::vector<float> dequantize_group(const ParamGroup& g, const void* storage) {
   std::vector<float> out(size_t(g.numel));
   const char* src = static_cast<const char*>(storage);
   for (const TensorSpec& t : g.tensors)
-    dequantize_weights(t.format, src + t.byte_offset, out.data() + t.offset, t.numel());
+    dequantize_weights(t.format, src + t.byte_offset, out.data() + t.offset, t.numel(),
+                       weight_format_cols(t.shape));
   return out;
 }
 

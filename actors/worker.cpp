@@ -18,6 +18,7 @@
 #include "actors/transfer.hpp"
 #include "actors/worker_status.hpp"
 #include "kernels/ops.hpp"
+#include "kernels/weight_format.hpp"
 #include "scheduler/upload_windows.hpp"
 #include "trace/tracer.hpp"
 
@@ -414,14 +415,14 @@ class Worker : public WorkerActor::base {
     const char* stage = t.dstage.at(g).as<char>();  // holds the storage from `direct` on
     char* dst = t.dparam.at(g).as<char>();
     const size_t esz = dtype_size(d.compute_dtype());
-    std::vector<std::tuple<WeightFormat, const void*, void*, int64_t>> parts;
+    std::vector<std::tuple<WeightFormat, const void*, void*, int64_t, int64_t>> parts;
     for (const TensorSpec& ts : grp.tensors)
       if (ts.byte_offset >= direct)
         parts.emplace_back(ts.format, stage + (ts.byte_offset - direct), dst + size_t(ts.offset) * esz,
-                           ts.numel());
+                           ts.numel(), weight_format_cols(ts.shape));
     auto& stream = d.stream(StreamKind::compute);
     stream.launch([&d, parts = std::move(parts)] {
-      for (const auto& [f, s, o, n] : parts) d.ops().dequantize(f, s, o, n);
+      for (const auto& [f, s, o, n, cols] : parts) d.ops().dequantize(f, s, o, n, cols);
     });
     t.dequant_order.push_back(g);
     WorkerActor me{this};

@@ -100,7 +100,8 @@ void random_weights(const rp::ModelLayout& m, std::vector<std::vector<float>>& w
         for (auto& t : g.tensors) {
           v.resize(size_t(t.numel()));
           fill(t, v.data());
-          rp::quantize_weights(t.format, v.data(), st.data() + t.byte_offset, t.numel());
+          rp::quantize_weights(t.format, v.data(), st.data() + t.byte_offset, t.numel(),
+                               rp::weight_format_cols(t.shape));
         }
         frozen[gi] = std::move(st);
       }
@@ -219,7 +220,7 @@ int run(int argc, char** argv) {
       "comma-separated modules or all-linear; \"experts\" (or experts.gate_up_proj, experts.down_proj) "
       "adds per-expert adapters to the sparse layers");
   app.add_option("--base-format", base_format, "storage of the frozen base weights (LoRA)")
-      ->check(CLI::IsMember({"f32", "bf16", "f16", "q8_0", "q4_0", "nf4", "mxfp4"}));
+      ->check(CLI::IsMember({"f32", "bf16", "f16", "q8_0", "q4_0", "nf4", "mxfp4", "fp8"}));
   CLI11_PARSE(app, argc, argv);
   bool tied = true;
   double rope_theta = 1e6;

@@ -196,7 +196,7 @@ WeightFormat frozen_format(const PlanCommandOptions& o) {
     return parse_weight_format(o.frozen);
   } catch (const std::invalid_argument&) {
     throw UsageError(
-        fmt::format("--frozen: expected f32, bf16, f16, q8_0, q4_0, nf4 or mxfp4, got '{}'", o.frozen));
+        fmt::format("--frozen: expected f32, bf16, f16, q8_0, q4_0, nf4, mxfp4 or fp8, got '{}'", o.frozen));
   }
 }
 
@@ -603,7 +603,7 @@ void add_plan_command(CLI::App& app) {
   c->add_option(
       "--frozen", o->frozen,
       "plan a run whose weights are all frozen in this storage form (f32, bf16, f16, q8_0, q4_0, nf4, "
-      "mxfp4), as a LoRA base");
+      "mxfp4, fp8), as a LoRA base");
   c->add_option(
        "--lora-r", o->lora_r,
        "plan a LoRA run of this rank on a frozen base (stored as --frozen says, default bf16; 0: none)")

@@ -339,7 +339,8 @@ bool ModelSource::read_as(const std::string& name, WeightFormat f, void* dst) co
   const Loc& l = impl_->at(name);
   int64_t n = 1;
   for (auto d : l.shape) n *= d;
-  const size_t bytes = weight_format_bytes(f, n);  // throws for a bad block multiple
+  const int64_t cols = weight_format_cols(l.shape);
+  const size_t bytes = weight_format_bytes(f, n, cols);  // throws for a bad block multiple
   if (l.st && st_matches(l.entry->dtype, f)) {
     std::memcpy(dst, l.st->data(*l.entry), bytes);
     l.st->release(*l.entry);
@@ -348,7 +349,11 @@ bool ModelSource::read_as(const std::string& name, WeightFormat f, void* dst) co
   if (l.gguf && gguf_read_stored(*impl_->gguf, l, f, dst)) return true;
   if (l.oss && gpt_oss_read_stored(*l.oss, l.shape, f, dst)) return true;
   const HostTensor t = read_loc(*impl_, l);
-  quantize_weights(f, t.data.data(), dst, n);
+  try {
+    quantize_weights(f, t.data.data(), dst, n, cols);
+  } catch (const std::invalid_argument& e) {  // fp8: a row without a finite scale
+    throw std::invalid_argument(fmt::format("{}: tensor '{}': {}", impl_->header.source, name, e.what()));
+  }
   return false;
 }
 

@@ -134,8 +134,9 @@ class Ops {
   /// dst[i] = the i-th value of n values stored in format f at src (kernels/weight_format.hpp),
   /// written in this device's compute dtype (dtype()). The host twin is
   /// dequantize_weights(); quantized formats need n to be a multiple of the block and src
-  /// to start at a block. Throws std::invalid_argument otherwise.
-  virtual void dequantize(WeightFormat f, const void* src, void* dst, int64_t n) = 0;
+  /// to start at a block, fp8 the row length `cols` (> 0, dividing n; other formats ignore
+  /// it). Throws std::invalid_argument otherwise.
+  virtual void dequantize(WeightFormat f, const void* src, void* dst, int64_t n, int64_t cols = 0) = 0;
   /// dst[i] += alpha * src[i], computed in fp32 (gradient accumulation).
   virtual void add_into(DType dst_t, void* dst, DType src_t, const void* src, int64_t n,
                         float alpha = 1.0f) = 0;

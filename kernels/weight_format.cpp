@@ -7,10 +7,13 @@
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
+#include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "kernels/dtype.hpp"
+#include "kernels/fp8.hpp"
 
 namespace rp {
 
@@ -45,6 +48,7 @@ const char* weight_format_name(WeightFormat f) {
     case WeightFormat::q4_0: return "q4_0";
     case WeightFormat::nf4: return "nf4";
     case WeightFormat::mxfp4: return "mxfp4";
+    case WeightFormat::fp8: return "fp8";
   }
   return "?";
 }
@@ -53,10 +57,10 @@ WeightFormat parse_weight_format(const std::string& s) {
   std::string t;
   for (char c : s) t += char(std::tolower(static_cast<unsigned char>(c)));
   for (WeightFormat f : {WeightFormat::f32, WeightFormat::bf16, WeightFormat::f16, WeightFormat::q8_0,
-                         WeightFormat::q4_0, WeightFormat::nf4, WeightFormat::mxfp4})
+                         WeightFormat::q4_0, WeightFormat::nf4, WeightFormat::mxfp4, WeightFormat::fp8})
     if (t == weight_format_name(f)) return f;
   throw std::invalid_argument(
-      fmt::format("'{}' is not a weight format (expected f32, bf16, f16, q8_0, q4_0, nf4 or mxfp4)", s));
+      fmt::format("'{}' is not a weight format (expected f32, bf16, f16, q8_0, q4_0, nf4, mxfp4 or fp8)", s));
 }
 
 int64_t weight_format_block(WeightFormat f) {
@@ -69,7 +73,15 @@ int64_t weight_format_block(WeightFormat f) {
   }
 }
 
-size_t weight_format_bytes(WeightFormat f, int64_t n) {
+int64_t weight_format_cols(const std::vector<int64_t>& shape) { return shape.empty() ? 0 : shape.back(); }
+
+size_t weight_format_bytes(WeightFormat f, int64_t n, int64_t cols) {
+  if (f == WeightFormat::fp8) {
+    if (n < 0 || cols <= 0 || n % cols != 0)
+      throw std::invalid_argument(fmt::format(
+          "fp8 weights: {} values are not whole rows of {} (a matrix's rows, one scale each)", n, cols));
+    return size_t(n) + size_t(n / cols) * 4;
+  }
   const int64_t b = weight_format_block(f);
   if (n < 0 || n % b != 0)
     throw std::invalid_argument(fmt::format("{} weights: {} values are not a multiple of its {}-value block",
@@ -82,9 +94,10 @@ size_t weight_format_bytes(WeightFormat f, int64_t n) {
     case WeightFormat::q4_0: return size_t(n / 32) * 18;
     case WeightFormat::nf4: return size_t(n / 64) * 36;
     case WeightFormat::mxfp4: return size_t(n / 32) * 17;
+    case WeightFormat::fp8: break;  // above
   }
-  throw std::invalid_argument(
-      fmt::format("weight format {} is unknown (expected f32, bf16, f16, q8_0, q4_0, nf4 or mxfp4)", int(f)));
+  throw std::invalid_argument(fmt::format(
+      "weight format {} is unknown (expected f32, bf16, f16, q8_0, q4_0, nf4, mxfp4 or fp8)", int(f)));
 }
 
 namespace {
@@ -127,10 +140,52 @@ void quantize_mxfp4_block(const float* x, uint8_t* out) {
     out[1 + i] = uint8_t(nearest_mxfp4(x[i], d) | (nearest_mxfp4(x[i + 16], d) << 4));
 }
 
+// fp8 rows [r0, r1) of `cols` values: scales at out (fp32 each), codes after all `rows` scales.
+// Returns the first row holding a NaN or an infinity (r1 when none); that row and the ones
+// after it are left unwritten.
+int64_t quantize_fp8_rows(const float* src, uint8_t* out, int64_t rows, int64_t cols, int64_t r0,
+                          int64_t r1) {
+  uint8_t* codes = out + rows * 4;
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* x = src + r * cols;
+    float amax = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      if (!std::isfinite(x[c])) return r;
+      amax = std::max(amax, std::fabs(x[c]));
+    }
+    const float s = fp8::scale_from_amax(amax, Fp8Format::e4m3);
+    std::memcpy(out + r * 4, &s, 4);
+    for (int64_t c = 0; c < cols; ++c) codes[r * cols + c] = fp8::quantize(Fp8Format::e4m3, x[c], s);
+  }
+  return r1;
+}
+
+void quantize_fp8(const float* src, uint8_t* out, int64_t n, int64_t cols) {
+  const int64_t rows = cols > 0 ? n / cols : 0;
+  // threads only pay off for a large matrix (a decoder linear is 10^7 values and more)
+  const int64_t want =
+      n >= (int64_t(1) << 20) ? int64_t(std::max(1u, std::thread::hardware_concurrency())) : 1;
+  const int64_t parts = std::min(want, std::max<int64_t>(rows, 1));
+  std::vector<int64_t> bad(size_t(parts), 0);
+  std::vector<std::thread> pool;
+  for (int64_t p = 0; p < parts; ++p) {
+    const int64_t r0 = rows * p / parts, r1 = rows * (p + 1) / parts;
+    auto run = [=, &bad] { bad[size_t(p)] = quantize_fp8_rows(src, out, rows, cols, r0, r1) - r1; };
+    if (p + 1 < parts) pool.emplace_back(run);
+    else run();
+  }
+  for (auto& t : pool) t.join();
+  for (int64_t p = 0; p < parts; ++p)
+    if (bad[size_t(p)] < 0)
+      throw std::invalid_argument(
+          fmt::format("fp8 weights: row {} holds a NaN or an infinity (no finite scale)",
+                      rows * (p + 1) / parts + bad[size_t(p)]));
+}
+
 }  // namespace
 
-void quantize_weights(WeightFormat f, const float* src, void* dst, int64_t n) {
-  weight_format_bytes(f, n);  // checks the block multiple
+void quantize_weights(WeightFormat f, const float* src, void* dst, int64_t n, int64_t cols) {
+  weight_format_bytes(f, n, cols);  // checks the block multiple
   auto* out = static_cast<uint8_t*>(dst);
   switch (f) {
     case WeightFormat::f32: std::memcpy(dst, src, size_t(n) * 4); return;
@@ -174,11 +229,12 @@ void quantize_weights(WeightFormat f, const float* src, void* dst, int64_t n) {
     case WeightFormat::mxfp4:
       for (int64_t b = 0; b < n / 32; ++b, src += 32, out += 17) quantize_mxfp4_block(src, out);
       return;
+    case WeightFormat::fp8: return quantize_fp8(src, out, n, cols);
   }
 }
 
-void dequantize_weights(WeightFormat f, const void* src, float* dst, int64_t n) {
-  weight_format_bytes(f, n);
+void dequantize_weights(WeightFormat f, const void* src, float* dst, int64_t n, int64_t cols) {
+  weight_format_bytes(f, n, cols);
   const auto* in = static_cast<const uint8_t*>(src);
   switch (f) {
     case WeightFormat::f32: std::memcpy(dst, src, size_t(n) * 4); return;
@@ -226,6 +282,17 @@ void dequantize_weights(WeightFormat f, const void* src, float* dst, int64_t n) 
         }
       }
       return;
+    case WeightFormat::fp8: {
+      const int64_t rows = n / cols;
+      const uint8_t* codes = in + rows * 4;
+      for (int64_t r = 0; r < rows; ++r) {
+        float s;
+        std::memcpy(&s, in + r * 4, 4);
+        for (int64_t c = 0; c < cols; ++c)
+          dst[r * cols + c] = fp8::decode<Fp8Format::e4m3>(codes[r * cols + c]) * s;
+      }
+      return;
+    }
   }
 }
 

@@ -23,30 +23,46 @@
 //                    e = floor(log2(absmax)) - 2 + 127 (0 for an all-zero block, clamped to
 //                    [0, 254]), q the code nearest to x / 2^(e-128) (first on ties; values
 //                    beyond 12 * 2^(e-128) saturate) (17 bytes per 32 values).
-// Quantized formats need the element count to be a multiple of the block.
+//   fp8            : a matrix's rows (of `cols` values each: the input features of a linear's
+//                    W [out, in]) in OCP FP8 E4M3 (kernels/fp8.hpp) with one fp32 scale per
+//                    row: rows * 4 bytes of little-endian fp32 scales, then the rows * cols
+//                    codes row after row (1 byte per value plus 4 per row). Row r's scale is
+//                    s = fp8::scale_from_amax(max|x_r|, e4m3) = amax / 448 (1 for an all-zero
+//                    row, the smallest fp32 subnormal when amax / 448 underflows), its codes
+//                    fp8::quantize(e4m3, x, s) (round to nearest even, saturating), and
+//                    x = decode(code) * s. A row holding a NaN or an infinity is refused.
+//                    The per-row scale is what lets an FP8 GEMM use the codes as they are:
+//                    Y = X W^T scales output column r by s_r.
+// Quantized formats need the element count to be a multiple of the block; fp8 needs the row
+// length (`cols`, ignored by the other formats) to divide it.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "roundpipe/dtype.hpp"  // WeightFormat
 
 namespace rp {
 
-/// "f32", "bf16", "f16", "q8_0", "q4_0", "nf4", "mxfp4".
+/// "f32", "bf16", "f16", "q8_0", "q4_0", "nf4", "mxfp4", "fp8".
 const char* weight_format_name(WeightFormat f);
 /// Parses the names above (case-insensitive); throws std::invalid_argument naming the text.
 WeightFormat parse_weight_format(const std::string& s);
 /// Values per block (1 for plain formats).
 int64_t weight_format_block(WeightFormat f);
-/// Bytes of n values in format f; throws std::invalid_argument when n is negative or not a
-/// multiple of the block, or f is none of the formats above.
-size_t weight_format_bytes(WeightFormat f, int64_t n);
-/// True for q8_0, q4_0, nf4, mxfp4.
+/// Bytes of n values in format f (rows of `cols` values for fp8); throws
+/// std::invalid_argument when n is negative or not a multiple of the block, for fp8 when cols
+/// is not positive or does not divide n, or when f is none of the formats above.
+size_t weight_format_bytes(WeightFormat f, int64_t n, int64_t cols = 0);
+/// True for q8_0, q4_0, nf4, mxfp4, fp8.
 inline bool weight_format_quantized(WeightFormat f) {
   return f == WeightFormat::q8_0 || f == WeightFormat::q4_0 || f == WeightFormat::nf4 ||
-         f == WeightFormat::mxfp4;
+         f == WeightFormat::mxfp4 || f == WeightFormat::fp8;
 }
+/// The row length the storage of a tensor of this shape uses (its last dimension; 0 for a
+/// scalar): the `cols` of the functions here.
+int64_t weight_format_cols(const std::vector<int64_t>& shape);
 
 /// The 16 NF4 code values (normal quantiles scaled to [-1, 1], with an exact 0).
 extern const float kNf4[16];
@@ -56,11 +72,13 @@ extern const float kMxfp4[16];
 /// 2^(e-128) as fp32 (exact, subnormal for e < 2): the factor of an mxfp4 block's codes.
 float mxfp4_scale(uint8_t e);
 
-/// Host: n fp32 values into format f at dst (weight_format_bytes(f, n) bytes). Throws
-/// std::invalid_argument for n not a multiple of the block.
-void quantize_weights(WeightFormat f, const float* src, void* dst, int64_t n);
+/// Host: n fp32 values into format f at dst (weight_format_bytes(f, n, cols) bytes). Throws
+/// std::invalid_argument for n not a multiple of the block (fp8: of cols), and for fp8 when a
+/// row holds a NaN or an infinity (the message names the row). fp8 runs its rows on several
+/// threads when n is large.
+void quantize_weights(WeightFormat f, const float* src, void* dst, int64_t n, int64_t cols = 0);
 /// Host reference of Ops::dequantize: n values of format f into fp32.
-void dequantize_weights(WeightFormat f, const void* src, float* dst, int64_t n);
+void dequantize_weights(WeightFormat f, const void* src, float* dst, int64_t n, int64_t cols = 0);
 
 /// Converts Hugging Face GPT-OSS MXFP4 tensors (transformers/integrations/mxfp4.py, the
 /// checkpoint's `*_blocks` and `*_scales`) into mxfp4 storage, exactly (same codes, same

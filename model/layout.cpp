@@ -108,7 +108,7 @@ void freeze_group(ModelLayout& m, int g, WeightFormat base) {
       continue;
     }
     t.byte_offset = bytes;
-    bytes += int64_t(weight_format_bytes(t.format, t.numel()));
+    bytes += int64_t(weight_format_bytes(t.format, t.numel(), weight_format_cols(t.shape)));
   }
   grp.frozen = true;
   grp.storage_bytes = bytes;

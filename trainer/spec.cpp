@@ -300,7 +300,8 @@ void read_lora(const JsonFields& f, TrainSpec& s) {
       try {
         c.base_format = parse_weight_format(fmt_name);
       } catch (const std::exception&) {
-        l.fail("base_format", "\"bf16\", \"f16\", \"f32\", \"q8_0\", \"q4_0\", \"nf4\" or \"mxfp4\"");
+        l.fail("base_format",
+               "\"bf16\", \"f16\", \"f32\", \"q8_0\", \"q4_0\", \"nf4\", \"mxfp4\" or \"fp8\"");
       }
     }
     check_lora(l, c);

@@ -25,7 +25,9 @@ DType parse_dtype(const std::string& s);
 ///   q4_0           : GGUF Q4_0, blocks of 32 values (0.5625 bytes per value);
 ///   nf4            : QLoRA NF4, blocks of 64 values with an fp32 absmax (0.5625 bytes per value);
 ///   mxfp4          : OCP MXFP4 as ggml's block_mxfp4 (GPT-OSS's expert weights), blocks of 32
-///                    FP4 E2M1 values with a shared E8M0 exponent (0.53125 bytes per value).
-enum class WeightFormat : uint8_t { f32, bf16, f16, q8_0, q4_0, nf4, mxfp4 };
+///                    FP4 E2M1 values with a shared E8M0 exponent (0.53125 bytes per value);
+///   fp8            : OCP FP8 E4M3 codes with one fp32 scale per row (output feature) of a
+///                    matrix (1 byte per value plus 4 per row).
+enum class WeightFormat : uint8_t { f32, bf16, f16, q8_0, q4_0, nf4, mxfp4, fp8 };
 
 }  // namespace rp

@@ -1,7 +1,7 @@
 // A model file opened for reading its tensors one at a time (GGUF file or Hugging Face folder).
 //
 // load_model (roundpipe/checkpoint.hpp) materialises every tensor as fp32: 4 bytes per
-// parameter. A LoRA run keeps its frozen base in a storage form (bf16, f16, q8_0, q4_0, nf4, mxfp4;
+// parameter. A LoRA run keeps its frozen base in a storage form (bf16, f16, q8_0, q4_0, nf4, mxfp4, fp8;
 // LoraConfig::base_format), so it opens the model as a ModelSource instead and converts one
 // tensor at a time: the peak host memory of starting it is the storage form plus one tensor's
 // fp32 copy. The files stay memory-mapped (the kernel's page cache holds their pages; each

@@ -143,9 +143,9 @@ void CpuOps::cast(DType dst_t, void* dst, DType src_t, const void* src, int64_t 
   for (int64_t i = 0; i < n; ++i) store(dst_t, dst, i, load(src_t, src, i));
 }
 
-void CpuOps::dequantize(WeightFormat f, const void* src, void* dst, int64_t n) {
+void CpuOps::dequantize(WeightFormat f, const void* src, void* dst, int64_t n, int64_t cols) {
   check_n(n, "dequantize");
-  dequantize_weights(f, src, F(dst), n);  // the compute dtype is f32
+  dequantize_weights(f, src, F(dst), n, cols);  // the compute dtype is f32
 }
 
 void CpuOps::add_into(DType dst_t, void* dst, DType src_t, const void* src, int64_t n, float alpha) {

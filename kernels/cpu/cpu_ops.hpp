@@ -42,7 +42,7 @@ class CpuOps final : public Ops {
   void fill(DType t, void* x, int64_t n, float value) override;
   void copy(DType t, void* dst, const void* src, int64_t n) override;
   void cast(DType dst_t, void* dst, DType src_t, const void* src, int64_t n) override;
-  void dequantize(WeightFormat f, const void* src, void* dst, int64_t n) override;
+  void dequantize(WeightFormat f, const void* src, void* dst, int64_t n, int64_t cols = 0) override;
   void add_into(DType dst_t, void* dst, DType src_t, const void* src, int64_t n, float alpha) override;
   void add(const void* a, const void* b, void* y, int64_t n) override;
 

@@ -97,8 +97,9 @@ void gqa_group_sum(Ops& ops, DType in_t, const void* in_k, const void* in_v, DTy
 /// instead of the compute dtype (CUDA ops are bf16 or f16; tests and benchmarks reach the
 /// f32 output this way): dst[i] = dequantize_weights()'s value i rounded once to out_t.
 /// Throws std::invalid_argument for non-CUDA ops, another out_t, an unknown format or n
-/// not a multiple of the format's block.
-void dequantize_to(Ops& ops, WeightFormat f, DType out_t, const void* src, void* dst, int64_t n);
+/// not a multiple of the format's block (fp8: of the row length cols).
+void dequantize_to(Ops& ops, WeightFormat f, DType out_t, const void* src, void* dst, int64_t n,
+                   int64_t cols = 0);
 
 /// Ops::gemm_fp8 with cuBLASLt's fast FP8 accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM):
 /// false (default) has cuBLASLt add each k-block's tensor-core sum into fp32 accumulators;

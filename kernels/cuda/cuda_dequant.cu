@@ -9,10 +9,13 @@
 // at any byte offset of its group's storage); then each thread turns 8 consecutive values
 // of one block into one 16-byte store (bf16/f16; two for f32). Plain formats are casts
 // (k_cast) or copies; a source not aligned to its element size is read byte by byte.
+// fp8 (e4m3 codes after one fp32 scale per row): one thread per output, the row's scale read
+// byte by byte.
 #include <type_traits>
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.hpp"
+#include "kernels/fp8.hpp"
 #include "kernels/weight_format.hpp"
 
 namespace rp::cuda {
@@ -201,9 +204,35 @@ void dequant_plain(WeightFormat f, DType dst_t, const void* src, void* dst, int6
   }
 }
 
+// fp8 rows (kernels/weight_format.hpp): rows * 4 bytes of fp32 scales, then the e4m3 codes.
+// One thread per output, grid-stride; the scale is read byte by byte (the tensor may start at
+// any byte offset of its group's storage). x = decode(code) * scale, as the host twin.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    dequant_fp8_rows_kernel(const uint8_t* src, T* dst, int64_t n, int64_t cols) {
+  const uint8_t* codes = src + (n / cols) * 4;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const float s = f32_at(src + (i / cols) * 4);
+    dst[i] = from_f<T>(fp8::decode<Fp8Format::e4m3>(codes[i]) * s);
+  }
+}
+
+void dequant_fp8(DType dst_t, const void* src, void* dst, int64_t n, int64_t cols, cudaStream_t st) {
+  if (cols <= 0 || n % cols != 0)
+    throw std::invalid_argument("dequantize: fp8 needs a row length dividing the value count");
+  with_type(dst_t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    dequant_fp8_rows_kernel<T><<<grid_for(n, kThreads), kThreads, 0, st>>>(static_cast<const uint8_t*>(src),
+                                                                           static_cast<T*>(dst), n, cols);
+    RP_CUDA_LAUNCH_CHECK("dequantize (fp8)");
+  });
+}
+
 }  // namespace
 
-void k_dequantize(WeightFormat f, DType dst_t, const void* src, void* dst, int64_t n, cudaStream_t st) {
+void k_dequantize(WeightFormat f, DType dst_t, const void* src, void* dst, int64_t n, int64_t cols,
+                  cudaStream_t st) {
   if (dst_t != DType::f32 && dst_t != DType::bf16 && dst_t != DType::f16) bad_dtype("dequantize", dst_t);
   if (n <= 0) return;
   auto blocks = [&](auto* fmt) {
@@ -218,6 +247,7 @@ void k_dequantize(WeightFormat f, DType dst_t, const void* src, void* dst, int64
     case WeightFormat::q4_0: return blocks(static_cast<Q4_0*>(nullptr));
     case WeightFormat::nf4: return blocks(static_cast<Nf4*>(nullptr));
     case WeightFormat::mxfp4: return blocks(static_cast<Mxfp4*>(nullptr));
+    case WeightFormat::fp8: return dequant_fp8(dst_t, src, dst, n, cols, st);
   }
   throw std::invalid_argument("dequantize: unknown weight format " + std::to_string(int(f)));
 }

@@ -34,7 +34,9 @@ void k_dropout(DType t, const void* x, void* y, int64_t rows, int64_t cols, floa
 /// be at any byte address (a tensor inside a frozen group's storage); n must be a multiple
 /// of the format's block (the caller checks). Throws std::invalid_argument for another
 /// dst_t or an unknown format.
-void k_dequantize(WeightFormat f, DType dst_t, const void* src, void* dst, int64_t n, cudaStream_t st);
+/// cols: the row length of fp8 storage (ignored by the other formats).
+void k_dequantize(WeightFormat f, DType dst_t, const void* src, void* dst, int64_t n, int64_t cols,
+                  cudaStream_t st);
 
 // ---- embedding / RMSNorm / RoPE / SwiGLU -------------------------------------------
 void k_embedding_fwd(DType t, const int32_t* ids, const void* table, void* y, int64_t T, int64_t H, int64_t V,

@@ -179,22 +179,24 @@ void CudaOps::copy(DType t, void* dst, const void* src, int64_t n) {
   RP_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(n) * dtype_size(t), cudaMemcpyDeviceToDevice, st_));
 }
 
-void CudaOps::dequantize(WeightFormat f, const void* src, void* dst, int64_t n) {
-  dequantize_to(f, dtype_, src, dst, n);
+void CudaOps::dequantize(WeightFormat f, const void* src, void* dst, int64_t n, int64_t cols) {
+  dequantize_to(f, dtype_, src, dst, n, cols);
 }
 
-void CudaOps::dequantize_to(WeightFormat f, DType out_t, const void* src, void* dst, int64_t n) {
+void CudaOps::dequantize_to(WeightFormat f, DType out_t, const void* src, void* dst, int64_t n,
+                            int64_t cols) {
   check_n(n, "dequantize");
-  require(int(f) <= int(WeightFormat::mxfp4), "dequantize",
-          fmt::format("unknown weight format {} (expected f32, bf16, f16, q8_0, q4_0, nf4 or mxfp4)", int(f))
-              .c_str());
+  require(
+      int(f) <= int(WeightFormat::fp8), "dequantize",
+      fmt::format("unknown weight format {} (expected f32, bf16, f16, q8_0, q4_0, nf4, mxfp4 or fp8)", int(f))
+          .c_str());
   require(out_t == DType::f32 || out_t == DType::bf16 || out_t == DType::f16, "dequantize",
           fmt::format("output dtype {} (expected f32, bf16 or f16)", dtype_name(out_t)).c_str());
-  weight_format_bytes(f, n);  // throws std::invalid_argument unless n is a multiple of the block
+  weight_format_bytes(f, n, cols);  // throws std::invalid_argument unless n is a multiple of the block
   if (n == 0) return;
   require(src != nullptr && dst != nullptr, "dequantize", "null source or destination");
   set_device(dev_);
-  k_dequantize(f, out_t, src, dst, n, st_);
+  k_dequantize(f, out_t, src, dst, n, cols, st_);
 }
 
 void CudaOps::cast(DType dst_t, void* dst, DType src_t, const void* src, int64_t n) {
@@ -515,8 +517,9 @@ int64_t attention_bwd_passes(Ops& ops) {
   return cuda_ops(ops, "attention_bwd_passes").last_attention_bwd_passes();
 }
 
-void dequantize_to(Ops& ops, WeightFormat f, DType out_t, const void* src, void* dst, int64_t n) {
-  cuda_ops(ops, "dequantize_to").dequantize_to(f, out_t, src, dst, n);
+void dequantize_to(Ops& ops, WeightFormat f, DType out_t, const void* src, void* dst, int64_t n,
+                   int64_t cols) {
+  cuda_ops(ops, "dequantize_to").dequantize_to(f, out_t, src, dst, n, cols);
 }
 
 void gqa_expand_kv(Ops& ops, const void* k, const void* v, void* ke, void* ve, int64_t T, int64_t nkv,

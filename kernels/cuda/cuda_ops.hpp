@@ -37,9 +37,9 @@ class CudaOps final : public Ops {
   void fill(DType t, void* x, int64_t n, float value) override;
   void copy(DType t, void* dst, const void* src, int64_t n) override;
   void cast(DType dst_t, void* dst, DType src_t, const void* src, int64_t n) override;
-  void dequantize(WeightFormat f, const void* src, void* dst, int64_t n) override;
+  void dequantize(WeightFormat f, const void* src, void* dst, int64_t n, int64_t cols = 0) override;
   /// dequantize() into out_t (f32, bf16 or f16) instead of dtype() (cuda_backend.hpp).
-  void dequantize_to(WeightFormat f, DType out_t, const void* src, void* dst, int64_t n);
+  void dequantize_to(WeightFormat f, DType out_t, const void* src, void* dst, int64_t n, int64_t cols = 0);
   void add_into(DType dst_t, void* dst, DType src_t, const void* src, int64_t n, float alpha) override;
   void add(const void* a, const void* b, void* y, int64_t n) override;
 

@@ -108,9 +108,10 @@ inline std::vector<std::vector<float>> computed_weights(const ModelLayout& m,
   for (size_t g = 0; g < m.groups.size(); ++g) {
     if (!m.groups[g].frozen) continue;
     for (const TensorSpec& t : m.groups[g].tensors) {
-      std::vector<unsigned char> q(weight_format_bytes(t.format, t.numel()));
-      quantize_weights(t.format, w[g].data() + t.offset, q.data(), t.numel());
-      dequantize_weights(t.format, q.data(), w[g].data() + t.offset, t.numel());
+      const int64_t cols = weight_format_cols(t.shape);
+      std::vector<unsigned char> q(weight_format_bytes(t.format, t.numel(), cols));
+      quantize_weights(t.format, w[g].data() + t.offset, q.data(), t.numel(), cols);
+      dequantize_weights(t.format, q.data(), w[g].data() + t.offset, t.numel(), cols);
     }
   }
   return w;

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <random>
 
@@ -64,7 +65,9 @@ void eager_groups(const std::map<std::string, std::vector<float>>& ref, const Mo
     else tr[g].resize(size_t(grp.numel));
     for (const TensorSpec& t : grp.tensors) {
       const std::vector<float>& v = ref.at(t.name);
-      if (grp.frozen) quantize_weights(t.format, v.data(), fr[g].data() + t.byte_offset, t.numel());
+      if (grp.frozen)
+        quantize_weights(t.format, v.data(), fr[g].data() + t.byte_offset, t.numel(),
+                         weight_format_cols(t.shape));
       else std::copy(v.begin(), v.end(), tr[g].begin() + t.offset);
     }
   }
@@ -107,7 +110,7 @@ void check_hf_model(DType dtype, bool tied) {
     EXPECT_EQ(eager.tensors.at(name).data, v) << name;
   }
   for (WeightFormat f : {WeightFormat::bf16, WeightFormat::f16, WeightFormat::f32, WeightFormat::q8_0,
-                         WeightFormat::q4_0, WeightFormat::nf4}) {
+                         WeightFormat::q4_0, WeightFormat::nf4, WeightFormat::fp8}) {
     const ModelLayout layout = make_layout(c, lora_with(f));
     std::vector<std::vector<float>> tr, want_tr;
     std::vector<std::vector<uint8_t>> fr, want_fr;
@@ -127,6 +130,33 @@ void check_hf_model(DType dtype, bool tied) {
 
 TEST(ModelSource, SafetensorsBf16MatchesEagerLoad) { check_hf_model(DType::bf16, false); }
 TEST(ModelSource, SafetensorsF32TiedMatchesEagerLoad) { check_hf_model(DType::f32, true); }
+
+// An fp8 base needs a finite scale per row: a base whose matrix holds an infinity or a NaN is
+// refused in one line naming the tensor (the other forms keep such values as they are).
+TEST(ModelSource, Fp8BaseRefusesANonFiniteRowNamingTheTensor) {
+  TempDir dir("msrc");
+  const ModelConfig c = small_config("llama", false);
+  write_hf(c, dir / "m", DType::f32, 3);
+  for (float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+    LoadedModel m = load_model(dir / "m");
+    m.tensors.at("model.layers.1.mlp.up_proj.weight").data[5] = bad;
+    const ModelSource src = ModelSource::from_loaded(std::move(m));
+    std::vector<std::vector<float>> tr;
+    std::vector<std::vector<uint8_t>> fr;
+    EXPECT_NO_THROW(read_base_groups(src, make_layout(c, lora_with(WeightFormat::q8_0)), tr, fr));
+    try {
+      read_base_groups(src, make_layout(c, lora_with(WeightFormat::fp8)), tr, fr);
+      ADD_FAILURE() << "a base with " << bad << " was stored in fp8";
+    } catch (const std::invalid_argument& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("tensor 'model.layers.1.mlp.up_proj.weight': fp8 weights: row 0 holds a NaN or an "
+                          "infinity"),
+                std::string::npos)
+          << what;
+      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    }
+  }
+}
 
 TEST(ModelSource, ShardedSafetensorsAndUntie) {
   TempDir dir("msrc");

@@ -77,6 +77,34 @@ class CudaDequant : public CudaTest, public ::testing::WithParamInterface<DType>
     });
   }
 
+  /// The fp8 twin of check_case: `rows` rows of `cols` values (row r scaled by scale * 4^(r % 5 - 2),
+  /// so rows get different scales; every 7th row all zeros), storage at byte src_off.
+  void check_fp8_case(int64_t rows, int64_t cols, size_t src_off, int64_t dst_off, uint32_t seed,
+                      float scale = 1.f) {
+    const int64_t n = rows * cols;
+    VecF v = ref::randn(size_t(n), seed, scale);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        v[size_t(r * cols + c)] *= r % 7 == 3 ? 0.f : std::ldexp(1.f, 2 * int(r % 5) - 4);
+    std::vector<uint8_t> q(weight_format_bytes(WeightFormat::fp8, n, cols));
+    quantize_weights(WeightFormat::fp8, v.data(), q.data(), n, cols);
+    DeviceBuffer src = upload_at(q, src_off, src_off + q.size() + 16);
+    DT dst = poisoned(dst_off + n + 3, out());
+    void* d = static_cast<char*>(dst.get()) + dst_off * dtype_size(out());
+    const void* s = static_cast<char*>(src.get()) + src_off;
+    run([&](Ops& o) {
+#ifdef RP_HAVE_CUDA
+      if (out() == DType::f32) return cuda::dequantize_to(o, WeightFormat::fp8, DType::f32, s, d, n, cols);
+#endif
+      o.dequantize(WeightFormat::fp8, s, d, n, cols);
+    });
+    VecF want(static_cast<size_t>(n));
+    dequantize_weights(WeightFormat::fp8, q.data(), want.data(), n, cols);
+    EXPECT_TRUE(matches(download(dst), dst_off, want,
+                        std::string("fp8 -> ") + dtype_name(out()) + " " + std::to_string(rows) + " x " +
+                            std::to_string(cols) + " src offset " + std::to_string(src_off)));
+  }
+
   /// got (downloaded, out() dtype) holds at [at, at + ref.size()) the host values rounded
   /// to out() bit for bit; the rest of got must still be NaN.
   ::testing::AssertionResult matches(const VecF& got, int64_t at, const VecF& ref, const std::string& what) {
@@ -223,6 +251,29 @@ TEST_P(CudaDequant, TensorsOfAFrozenGroup) {
     });
     EXPECT_TRUE(matches(download(dst), 1, want, std::string("group of ") + weight_format_name(f)));
   }
+}
+
+// fp8 rows (one fp32 scale per row ahead of the codes): shapes from one value to a
+// million, odd row lengths, every source byte offset modulo 8 (the scales are read byte by
+// byte), tiny and large rows.
+TEST_P(CudaDequant, Fp8RowsMatchTheHostBitForBit) {
+  uint32_t seed = 500;
+  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 1}, {3, 7}, {64, 33}, {37, 1000}, {1024, 1027}, {4096, 256}})
+    for (size_t off : {size_t(0), size_t(1), size_t(6)}) check_fp8_case(rows, cols, off, off % 2, seed++);
+  for (float scale : {1e-30f, 3e-6f, 3e4f}) check_fp8_case(41, 64, 3, 0, seed++, scale);
+}
+
+// fp8 needs its row length: none, one that does not divide n, or a negative one is refused
+// before anything is enqueued.
+TEST_P(CudaDequant, Fp8RejectsAMissingRowLength) {
+  DT dst = poisoned(256, out());
+  DeviceBuffer src(dev(), 4096);
+  EXPECT_THROW(ops().dequantize(WeightFormat::fp8, src.get(), dst.get(), 64), std::invalid_argument);
+  EXPECT_THROW(ops().dequantize(WeightFormat::fp8, src.get(), dst.get(), 64, 24), std::invalid_argument);
+  EXPECT_THROW(ops().dequantize(WeightFormat::fp8, src.get(), dst.get(), 64, -8), std::invalid_argument);
+  sync_ok();
+  for (float x : download(dst)) ASSERT_TRUE(std::isnan(x));
 }
 
 // Bad arguments throw std::invalid_argument before anything is enqueued; the output stays

@@ -151,6 +151,34 @@ TEST(LoraLayout, GroupsOfUploadsAndAdapterGroup) {
   EXPECT_EQ(all.size(), m.groups.size());
 }
 
+// An fp8 base: every frozen matrix in fp8 at 1 byte per weight plus a 4-byte scale per row
+// (output feature), 1-D weights f32, tensors packed back to back; what the host keeps, the
+// stages upload and the planner counts (storage_bytes).
+TEST(LoraLayout, Fp8BaseIsOneBytePerWeightPlusRowScales) {
+  LoraConfig l = all_linear();
+  l.base_format = WeightFormat::fp8;
+  const ModelLayout m = make_layout(tiny_config({true, false, "default"}), l);
+  int frozen = 0;
+  for (const ParamGroup& g : m.groups) {
+    if (!g.frozen) continue;
+    ++frozen;
+    int64_t bytes = 0;
+    for (const TensorSpec& t : g.tensors) {
+      EXPECT_EQ(t.byte_offset, bytes) << t.name;
+      if (t.shape.size() == 2) {
+        EXPECT_EQ(t.format, WeightFormat::fp8) << t.name;
+        bytes += t.numel() + 4 * t.shape[0];
+      } else {
+        EXPECT_EQ(t.format, WeightFormat::f32) << t.name;
+        bytes += 4 * t.numel();
+      }
+    }
+    EXPECT_EQ(g.storage_bytes, bytes) << g.name;
+    EXPECT_EQ(g.direct_bytes(DType::bf16), 0) << g.name;  // all of it staged and dequantized
+  }
+  EXPECT_EQ(frozen, int(m.config.num_hidden_layers) + 2);  // embedding, decoders, tail
+}
+
 TEST(LoraLayout, ModulesToSaveStayTrainable) {
   const int L = 2;
   for (bool tied : {false, true}) {

@@ -72,7 +72,7 @@ TEST(SpecLora, DefaultsFollowPeftAndTheSpecSeed) {
       parse(", \"lora\": {\"target_parameters\": [\"mlp.experts.down_proj\"]}").lora->target_modules.empty());
   EXPECT_EQ(parse(", \"lora\": {\"target_parameters\": []}").lora->target_modules,
             (std::vector<std::string>{"q_proj", "v_proj"}));
-  for (const char* f : {"f32", "f16", "bf16", "q8_0", "q4_0", "nf4"})
+  for (const char* f : {"f32", "f16", "bf16", "q8_0", "q4_0", "nf4", "fp8"})
     EXPECT_EQ(error_of(std::string(", \"lora\": {\"base_format\": \"") + f + "\"}"), "ok") << f;
 }
 
@@ -96,9 +96,16 @@ TEST(SpecLora, WrongValuesNameTheNestedKey) {
       "s.json: key 'lora.modules_to_save': expected a list of \"embed_tokens\", \"lm_head\", got [\"norm\"]");
   EXPECT_EQ(
       error_of(", \"lora\": {\"base_format\": \"q5_k\"}"),
-      "s.json: key 'lora.base_format': expected \"bf16\", \"f16\", \"f32\", \"q8_0\", \"q4_0\", \"nf4\" or "
-      "\"mxfp4\", got "
-      "\"q5_k\"");
+      "s.json: key 'lora.base_format': expected \"bf16\", \"f16\", \"f32\", \"q8_0\", \"q4_0\", \"nf4\", "
+      "\"mxfp4\" or \"fp8\", got \"q5_k\"");
+  // base_format is a LoRA setting: an fp8 base without a "lora" block is an unknown key, in one line
+  const std::string outside = error_of(", \"base_format\": \"fp8\"");
+  EXPECT_NE(outside.find("s.json: unknown key 'base_format'"), std::string::npos) << outside;
+  EXPECT_EQ(outside.find('\n'), std::string::npos) << outside;
+  EXPECT_EQ(
+      error_of(", \"lora\": {\"base_format\": \"e4m3\"}"),
+      "s.json: key 'lora.base_format': expected \"bf16\", \"f16\", \"f32\", \"q8_0\", \"q4_0\", \"nf4\", "
+      "\"mxfp4\" or \"fp8\", got \"e4m3\"");
   EXPECT_NE(error_of(", \"lora\": {\"rank\": 8}").find("s.json: unknown key 'lora.rank' (known keys:"),
             std::string::npos);
   EXPECT_EQ(error_of(", \"lora\": 8"), "s.json: key 'lora': expected an object, got 8");
