@@ -3,7 +3,10 @@
 // with no flush), hands a pass a free set of host activation buffers, closes steps
 // towards the optimizer shards, and answers WaitStep once every parameter group's
 // update for that step is in the fp32 master. It is not on the per-micro-batch path:
-// workers and shards signal each other point to point.
+// workers and shards signal each other point to point. The bookkeeping of steps, passes and
+// evaluations (what to deal next, when a step closes or is done, its gradient divisor and
+// loss scale) is the plain class StepLedger (scheduler/step_ledger.hpp); the actor feeds it
+// the messages and sends what it returns.
 //
 // Profiler and re-planning (scheduler/replan.hpp): the scheduler owns the Profile, fed by
 // the workers' LayerTimings messages. Each pass is dealt with the plan current when it
