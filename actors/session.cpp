@@ -16,7 +16,6 @@
 #include "actors/worker.hpp"
 #include "base/counted.hpp"
 #include "base/host_resources.hpp"
-#include "scheduler/gpu_presets.hpp"
 #include "scheduler/group_plan.hpp"
 #include "scheduler/run_plan.hpp"
 
@@ -49,13 +48,8 @@ RunPlanInputs session_plan_inputs(const ModelLayout& layout, const SessionOption
   in.micro_batches = opt.micro_batches;
   in.workers = opt.workers;
   in.compute = dev.compute_dtype();
-  in.device = internals.device_model.value_or(
-      backend_device_model(opt.backend, opt.device.pcie_bytes_per_s, in.compute));
-  // FP8 linears: their weight caches and scratch in each stage's memory, their GEMMs at the
-  // H200's measured FP8-over-bf16 rate
-  if (opt.device.fp8 && !(in.device.fp8_flops > 0))
-    in.device.fp8_flops = kFp8SpeedupH200 * in.device.peak_flops;
-  in.device.fp8_weight_gradients = opt.device.fp8 && opt.device.fp8_weight_gradients;
+  in.device = internals.device_model.value_or(backend_device_model(
+      opt.backend, opt.device.pcie_bytes_per_s, in.compute, opt.device.fp8, opt.device.fp8_weight_gradients));
   in.mlp_chunk_tokens = opt.mlp_chunk_tokens;
   in.device_capacity = int64_t(dev.capacity_bytes());
   in.alloc_granule = int64_t(dev.allocation_granule());

@@ -331,7 +331,8 @@ int run(int argc, char** argv) {
   rin.micro_batches = micro;
   rin.workers = workers;
   rin.compute = on_cpu ? rp::DType::f32 : o.device.dtype;
-  rin.device = rp::backend_device_model(backend, o.device.pcie_bytes_per_s, rin.compute);
+  rin.device = rp::backend_device_model(backend, o.device.pcie_bytes_per_s, rin.compute, o.device.fp8,
+                                        o.device.fp8_weight_gradients);
   rin.mlp_chunk_tokens = mlp_chunk;
   rin.device_capacity = int64_t(o.device.capacity_bytes);
   rin.alloc_granule = on_cpu ? 256 : int64_t(rp::kCudaPoolGranule);

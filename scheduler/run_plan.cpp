@@ -8,12 +8,14 @@
 #include "base/checked_math.hpp"
 #include "base/counted.hpp"
 #include "base/host_resources.hpp"
+#include "scheduler/gpu_presets.hpp"
 #include "scheduler/profile.hpp"
 #include "scheduler/replan.hpp"
 
 namespace rp {
 
-DeviceModel backend_device_model(const std::string& backend, double cpu_link_bytes_per_s, DType compute) {
+DeviceModel backend_device_model(const std::string& backend, double cpu_link_bytes_per_s, DType compute,
+                                 bool fp8, bool fp8_wgrad) {
   DeviceModel m;  // CUDA: the H200-like defaults of scheduler/cost_model.hpp
   if (backend == "cpu") {
     m.peak_flops = 50e9;  // a few cores of Eigen fp32 GEMM
@@ -23,6 +25,8 @@ DeviceModel backend_device_model(const std::string& backend, double cpu_link_byt
   }
   m.elem_bytes = int64_t(dtype_size(compute));
   m.scratch_elem_bytes = int64_t(dtype_size(compute));
+  if (fp8) m.fp8_flops = kFp8SpeedupH200 * m.peak_flops;
+  m.fp8_weight_gradients = fp8 && fp8_wgrad;
   return m;
 }
 

@@ -24,8 +24,12 @@ class Profile;
 /// `compute`: CUDA the H200-like defaults of DeviceModel; the CPU backend a few cores of
 /// Eigen fp32 GEMM (50 GFLOP/s, 10 GB/s) and its emulated link of `cpu_link_bytes_per_s`
 /// (DeviceOptions::pcie_bytes_per_s; 0: unthrottled, transfers free). Element sizes are the
-/// compute dtype's.
-DeviceModel backend_device_model(const std::string& backend, double cpu_link_bytes_per_s, DType compute);
+/// compute dtype's. `fp8` (DeviceOptions::fp8): the FP8 linears' GEMMs at kFp8SpeedupH200 x
+/// peak_flops, their weight caches and scratch in each stage's memory; `fp8_wgrad`
+/// (DeviceOptions::fp8_weight_gradients) their weight gradients too. The Session and
+/// bench_throughput both plan with this, so the plan a benchmark prints is the one its run uses.
+DeviceModel backend_device_model(const std::string& backend, double cpu_link_bytes_per_s, DType compute,
+                                 bool fp8 = false, bool fp8_wgrad = false);
 
 /// What the run's host memory is checked against (the Session's checks).
 struct HostBudget {

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 
 #include "formats/checkpoint.hpp"
 #include "formats/phi3_hf.hpp"
@@ -159,10 +160,20 @@ TEST(HfParity, CpuBackendMatchesTransformersFamiliesFp32) {
   for (const char* n : kFamilies) check(*dev, n, 1e-5, 1e-5);
 }
 
+// The bf16 bounds are bf16's own noise: transformers itself in bf16 against its fp32 result on
+// the same fixtures (measured on the H200, eager attention, relative L2 of the logits / the
+// largest of every gradient's) is at 0.010 / 0.016 for Phi-3 and 0.012 / 0.031 for Gemma 2,
+// but 0.025 / 0.086 for Gemma 3 (its q/k norms per head, four (1 + w) norms per layer and
+// sqrt(hidden)-scaled embeddings round more), so Gemma 3 is held to that measured floor and
+// the others to 2e-2 / 5e-2. A wrong formula errs by O(1) (the CPU fp32 parity above holds
+// every family to 1e-5).
 TEST(HfParity, CudaBackendMatchesTransformersFamiliesBf16) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
   auto dev = make_cuda_device(0, {});
-  for (const char* n : kFamilies) check(*dev, n, 2e-2, 5e-2);
+  for (const char* n : kFamilies) {
+    const bool gemma3 = std::string(n) == "hf_golden/tiny_gemma3";
+    check(*dev, n, gemma3 ? 3e-2 : 2e-2, gemma3 ? 1e-1 : 5e-2);
+  }
 }
 
 }  // namespace

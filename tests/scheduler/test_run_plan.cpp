@@ -8,6 +8,7 @@
 
 #include "kernels/device.hpp"
 #include "model/config.hpp"
+#include "scheduler/gpu_presets.hpp"
 #include "scheduler/host_memory.hpp"
 #include "scheduler/replan.hpp"
 #include "scheduler/run_plan.hpp"
@@ -198,6 +199,14 @@ TEST(RunPlan, BackendDeviceModels) {
   EXPECT_EQ(cpu.elem_bytes, 4);
   EXPECT_EQ(cpu.scratch_elem_bytes, 4);
   EXPECT_LT(cpu.peak_flops, cuda.peak_flops);
+  // FP8 linears: planned at the measured FP8 rate (their caches and scratch in stage memory);
+  // weight gradients only with fp8
+  EXPECT_EQ(cuda.fp8_flops, 0);
+  const DeviceModel f8 = backend_device_model("cuda", 0, DType::bf16, true);
+  EXPECT_DOUBLE_EQ(f8.fp8_flops, kFp8SpeedupH200 * f8.peak_flops);
+  EXPECT_FALSE(f8.fp8_weight_gradients);
+  EXPECT_TRUE(backend_device_model("cuda", 0, DType::bf16, true, true).fp8_weight_gradients);
+  EXPECT_FALSE(backend_device_model("cuda", 0, DType::bf16, false, true).fp8_weight_gradients);
 }
 
 }  // namespace
