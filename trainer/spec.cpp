@@ -532,6 +532,11 @@ void validate_spec(const TrainSpec& s) {
   if (s.lora) check_lora(JsonFields(none, s.source, "lora."), *s.lora);
   if (s.merge_adapters && !s.lora && s.adapter.empty())
     f.fail("merge_adapters", "false without \"lora\" or \"adapter\"", true);
+  if (s.fp8_weight_gradients && (s.lora || !s.adapter.empty()))
+    f.fail("fp8_weight_gradients",
+           "false with \"lora\" or \"adapter\" (a frozen base computes no weight gradient; the adapters' "
+           "stay bf16)",
+           true);
   try {
     LrSchedule sched = s.lr_schedule;  // with epochs, total_steps 0 follows the derived steps
     if (s.epochs && sched.total_steps == 0) sched.total_steps = std::max<int64_t>(1, sched.warmup_steps);

@@ -253,11 +253,14 @@ void Run::start_session(const ModelLayout& layout, std::vector<std::vector<float
     spdlog::info("replicas: {} (MPI), each {} of every step's {}; gradients summed in rank order",
                  replicas_->size(), spec_.accumulation / replicas_->size(),
                  counted(spec_.accumulation, "pass", "passes"));
-  spdlog::info("runtime: {} x {}, {} optimizer, {} plan {} ({}), {} of {} x {}", spec_.workers,
+  spdlog::info("runtime: {} x {}, {} optimizer, {} plan {} ({}), {} of {} x {}{}", spec_.workers,
                session_->device_name(), spec_.async ? "staleness-1 async" : "synchronous",
                opt.plan ? "explicit" : "automatic", plan.summary(), counted(plan.stages.size(), "stage"),
                counted(spec_.micro_batches, "micro-batch", "micro-batches"), opt.micro.n_seq,
-               counted(spec_.seq_len, "token"));
+               counted(spec_.seq_len, "token"),
+               !spec_.fp8                   ? ""
+               : spec_.fp8_weight_gradients ? "; FP8 e4m3 linears and weight gradients"
+                                            : "; FP8 e4m3 linears");
 }
 
 /// Waits for step t, watching the stop token: nullopt once a stop was requested and step t
