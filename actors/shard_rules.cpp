@@ -245,6 +245,11 @@ const ShardJob* ShardRules::running_job(int g) const {
   return st.busy ? &st.job : nullptr;
 }
 
+const ShardJob* ShardRules::running_replica_sum(int g) const {
+  const ShardJob* j = running_job(g);
+  return j && j->kind == ShardJob::Kind::reduce ? j : nullptr;
+}
+
 std::string ShardRules::describe() const {
   std::vector<std::string> parts;
   for (auto& [g, st] : groups_) {

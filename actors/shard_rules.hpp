@@ -132,6 +132,9 @@ class ShardRules {
   bool busy(int g) const;
   /// The job g runs (run_job announced it, job_done not called yet), or null.
   const ShardJob* running_job(int g) const;
+  /// The replica sum g runs (its running job when that is a reduce), or null: a request of g
+  /// that this call does not grant waits for that sum (the shard's ReduceWaitMeter counts it).
+  const ShardJob* running_replica_sum(int g) const;
   /// Whether a weights upload or a gradient slot of g waits (was requested, not granted).
   bool has_waiters(int g) const;
   /// What the groups wait for, for a watchdog line ("group 3: AdamW update of step 2

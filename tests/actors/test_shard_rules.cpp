@@ -226,6 +226,54 @@ TEST(ShardRules, ReplicasSumTheCompleteGradientBeforeTheSumOfSquaresAndTheUpdate
   EXPECT_EQ(n.pump(0), (V{"job AdamW update of step 0 g0 +publish"}));
 }
 
+// Which running job is a replica sum (the shard charges the wait of a request it could not
+// grant to that sum) along one step of each configuration; a slot request of the next step
+// waits throughout, and has_waiters says so until the update grants it.
+TEST(ShardRules, OnlyTheReduceJobIsARunningReplicaSum) {
+  struct Row {
+    bool guard, reduce;
+    V jobs;  ///< each job the group runs, in order; "*": running_replica_sum returned it
+  };
+  const Row rows[] = {
+      {false, false, {"AdamW update of step 0"}},
+      {true, false, {"sum of squares of step 0", "AdamW update of step 0"}},
+      {false, true, {"sum over the replicas of step 0 *", "AdamW update of step 0"}},
+      {true,
+       true,
+       {"sum over the replicas of step 0 *", "sum of squares of step 0", "AdamW update of step 0"}},
+  };
+  for (const Row& r : rows) {
+    SCOPED_TRACE(fmt::format("guard {} reduce {}", r.guard, r.reduce));
+    Shard s({{0, 1, 1}}, 1, r.guard, 0, r.reduce);
+    s.rules.close_step(0, one_pass());
+    s.rules.weights_released(0, 0);
+    s.rules.request_grad_slot(0, 0, 1);
+    s.pump(0);
+    EXPECT_EQ(s.rules.running_replica_sum(0), nullptr) << "no job runs";
+    EXPECT_FALSE(s.rules.has_waiters(0)) << "the slot was granted";
+    s.rules.grad_written(0, 0);
+    s.rules.request_grad_slot(0, 1, 2);  // waits for step 0's update (rule 3)
+    s.pump(0);
+    V seen;
+    while (const ShardJob* j = s.rules.running_job(0)) {
+      const ShardJob* sum = s.rules.running_replica_sum(0);
+      if (sum) EXPECT_EQ(sum, j);
+      seen.push_back(describe(*j) + (sum ? " *" : ""));
+      EXPECT_TRUE(s.rules.has_waiters(0));
+      s.done(0, 1.0);
+      if (r.guard && !s.rules.busy(0) && s.rules.updated(0) < 0) {
+        s.rules.scale_arrived(0, false, 0.5f);
+        s.pump(0);
+      }
+    }
+    EXPECT_EQ(seen, r.jobs);
+    EXPECT_EQ(s.rules.updated(0), 0);
+    EXPECT_EQ(s.rules.running_replica_sum(0), nullptr);
+    EXPECT_FALSE(s.rules.has_waiters(0)) << "the update granted step 1's slot";
+  }
+  EXPECT_THROW(Shard({{0, 1, 1}}, 1).rules.running_replica_sum(3), std::logic_error);
+}
+
 // The guard-removal switches of the protocol tests: with rule 1 off an upload of a future
 // iteration is granted at once; with rule 2 off two writers get the slot.
 TEST(ShardRules, DisabledGuardsLetViolationsThrough) {
