@@ -184,7 +184,7 @@ void model_metadata(GgufHeader& h, const ModelConfig& c, const std::string& arch
   h.u32(p + "attention.value_length", c.head_dim);
   h.f32(p + "attention.layer_norm_rms_epsilon", c.rms_norm_eps);
   h.f32(p + "rope.freq_base", c.rope_theta);
-  h.u32(p + "rope.dimension_count", c.head_dim);
+  h.u32(p + "rope.dimension_count", c.rotary_dim());
   h.u32(p + "vocab_size", c.vocab_size);
   const RopeScaling& rs = c.rope_scaling;
   if (rs.type == "linear" || rs.type == "yarn") {

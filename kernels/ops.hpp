@@ -41,7 +41,9 @@ namespace rp {
 struct RopeParams {
   std::string type = "default";  ///< default | linear | llama3 | yarn
   double theta = 10000.0;        ///< rope_theta (the base)
-  int64_t head_dim = 0;          ///< D (rotary dim; partial rotary is not supported)
+  /// the rotary dimension: D, or the rotary_dim of a partial rotary (the table then has
+  /// rotary_dim/2 frequencies over rotary_dim, as transformers' `dim = head_dim*partial_rotary_factor`)
+  int64_t head_dim = 0;
   double factor = 1.0;           ///< linear / llama3 / yarn scaling factor
   // llama3 (Llama 3.1 "_compute_llama3_parameters")
   double low_freq_factor = 1.0, high_freq_factor = 4.0;
@@ -81,6 +83,17 @@ struct RopeTable {
 /// Computed in double, rounded to float. Throws std::invalid_argument for an unknown
 /// type, odd/zero head_dim, factor <= 0, llama3 without original_max_position_embeddings.
 RopeTable rope_frequencies(const RopeParams& p);
+
+/// Half the rotary dimension of a RoPE op on heads of D features (rotary_dim 0 = D), after
+/// checking D and rotary_dim are even with 0 < rotary_dim <= D; std::invalid_argument
+/// "<op>: ..." otherwise. Shared by every backend so they refuse the same shapes.
+inline int64_t rope_half(int64_t D, int64_t rotary_dim, const char* op) {
+  const int64_t R = rotary_dim == 0 ? D : rotary_dim;
+  if (!(D > 0 && D % 2 == 0)) throw std::invalid_argument(std::string(op) + ": head_dim must be even and positive");
+  if (!(R > 0 && R % 2 == 0 && R <= D))
+    throw std::invalid_argument(std::string(op) + ": rotary_dim must be even, positive and <= head_dim");
+  return R / 2;
+}
 
 // ---------------------------------------------------------------------------------
 // Ops
@@ -194,15 +207,19 @@ class Ops {
 
   // ---- RoPE (Su et al. 2021, RoFormer; rotate-half layout of HF LLaMA/Qwen3) --------
   /// In place on x [n_seq*seq_len, heads, D]; token t has position p = t % seq_len.
-  /// With a_i = float(p)*inv_freq[i], c = cos(a_i)*scale, s = sin(a_i)*scale, h = D/2:
+  /// Only the first R = rotary_dim features of each head rotate (0: R = D; partial rotary,
+  /// Phi-4-mini's R = 0.75*D, as transformers' apply_rotary_pos_emb with cos of width R);
+  /// features R..D-1 pass through unchanged. With a_i = float(p)*inv_freq[i],
+  /// c = cos(a_i)*scale, s = sin(a_i)*scale, h = R/2:
   ///   x'[i]   = x[i]*c - x[i+h]*s,   x'[i+h] = x[i+h]*c + x[i]*s     (i < h).
-  /// inv_freq: host array of D/2 floats (RopeTable::inv_freq), read during the call.
+  /// inv_freq: host array of R/2 floats (RopeTable::inv_freq), read during the call.
+  /// Throws std::invalid_argument unless D and R are even, 0 < R <= D.
   virtual void rope_fwd(void* x, int64_t n_seq, int64_t seq_len, int64_t heads, int64_t D,
-                        const float* inv_freq, float scale) = 0;
+                        const float* inv_freq, float scale, int64_t rotary_dim = 0) = 0;
   /// In place on dx (gradient of x'): the transposed rotation
-  ///   dx[i] = dx'[i]*c + dx'[i+h]*s,  dx[i+h] = dx'[i+h]*c - dx'[i]*s.
+  ///   dx[i] = dx'[i]*c + dx'[i+h]*s,  dx[i+h] = dx'[i+h]*c - dx'[i]*s   (features >= R: dx').
   virtual void rope_bwd(void* dx, int64_t n_seq, int64_t seq_len, int64_t heads, int64_t D,
-                        const float* inv_freq, float scale) = 0;
+                        const float* inv_freq, float scale, int64_t rotary_dim = 0) = 0;
 
   // ---- causal GQA attention (Vaswani et al. 2017; GQA: Ainslie et al. 2023) ---------
   /// Per sequence s (tokens s*L .. s*L+L-1, L = seq_len) and query head h (kv head
@@ -236,11 +253,11 @@ class Ops {
   // attention mask, so causal attention never crosses examples (HF's position_ids of a
   // padding-free batch, from which flash-attention derives cu_seqlens).
   /// rope_fwd / rope_bwd with token t (t < T) at position pos[t] (>= 0) instead of
-  /// t % seq_len; same formula.
+  /// t % seq_len; same formula and rotary_dim.
   virtual void rope_fwd_at(void* x, const int32_t* pos, int64_t T, int64_t heads, int64_t D,
-                           const float* inv_freq, float scale) = 0;
+                           const float* inv_freq, float scale, int64_t rotary_dim = 0) = 0;
   virtual void rope_bwd_at(void* dx, const int32_t* pos, int64_t T, int64_t heads, int64_t D,
-                           const float* inv_freq, float scale) = 0;
+                           const float* inv_freq, float scale, int64_t rotary_dim = 0) = 0;
   /// attention_fwd where query t of sequence s attends to the keys j of s with
   /// t - p <= j <= t, p = pos[s*L + t] (the example's own earlier tokens). Requires
   /// 0 <= p <= t (CPU: std::invalid_argument; CUDA: p is clamped into range). Same

@@ -69,14 +69,21 @@ void parse_family_keys(const json& j, const std::string& where, ModelConfig& c) 
     c.attention_multiplier = get_num(j, "attention_multiplier", where, 1.0, true);
     c.logits_scaling = get_num(j, "logits_scaling", where, 1.0, true);
   }
-  // RoPE on part of each head (Phi-4-mini's 0.75, in rope_parameters with transformers 5)
+  // RoPE on part of each head (Phi-4-mini's 0.75, in rope_parameters with transformers 5,
+  // which wins as it does there); only Phi-3's attention slices q/k for it
   const json rp = config_keys::val(j, "rope_parameters");
   for (const json* o : {&j, &rp}) {
     if (!o->is_object()) continue;
     const std::string key = o == &j ? "partial_rotary_factor" : "rope_parameters.partial_rotary_factor";
-    if (get_num(*o, "partial_rotary_factor", where, 1.0, true) != 1.0)
-      config_keys::bad(where, key, "1.0 (partial rotary embeddings are not supported)",
+    const double f = get_num(*o, "partial_rotary_factor", where, c.partial_rotary_factor, true);
+    const int64_t R = int64_t(double(c.head_dim) * f);
+    if (f != 1.0 && c.architecture != "phi3")
+      config_keys::bad(where, key, "1.0 (partial rotary embeddings: model_type phi3 only)",
                        config_keys::val(*o, "partial_rotary_factor"));
+    if (!(f > 0 && f <= 1) || R <= 0 || R % 2 != 0)
+      config_keys::bad(where, key, "a number in (0, 1] making int(head_dim * it) even and > 0",
+                       config_keys::val(*o, "partial_rotary_factor"));
+    c.partial_rotary_factor = f;
   }
 }
 
@@ -104,6 +111,7 @@ void family_keys_to_json(const ModelConfig& c, json& j) {
     }
     return;
   }
+  if (c.partial_rotary_factor != 1.0) j["partial_rotary_factor"] = c.partial_rotary_factor;
   if (c.architecture != "granite") return;
   j["embedding_multiplier"] = c.embedding_multiplier;
   j["residual_multiplier"] = c.residual_multiplier;
@@ -117,6 +125,14 @@ void validate_family_keys(const ModelConfig& c) {
     throw std::invalid_argument(fmt::format("{}: {}", key, what));
   };
   const bool olmo2 = c.architecture == "olmo2", granite = c.architecture == "granite";
+  const int64_t R = c.rotary_dim();
+  if (c.architecture == "phi3" && c.rope_scaling.type == "yarn")  // transformers' Phi3Config renames it
+    fail("rope_scaling.rope_type", "not \"yarn\" for phi3 (read as longrope there, which is not supported)");
+  if (c.partial_rotary_factor != 1.0 && c.architecture != "phi3")
+    fail("partial_rotary_factor", "1 unless model_type phi3 (partial rotary embeddings)");
+  if (!(c.partial_rotary_factor > 0 && c.partial_rotary_factor <= 1) || R <= 0 || R % 2 != 0)
+    fail("partial_rotary_factor",
+         fmt::format("must be in (0, 1] with int(head_dim * it) even and > 0, got {}", c.partial_rotary_factor));
   if (c.post_norms != olmo2) fail("post_norms", "OLMo 2 (model_type olmo2) and only it has post-norms");
   if (c.qk_norm_whole != olmo2)
     fail("qk_norm_whole", "OLMo 2 (model_type olmo2) and only it normalizes whole q/k");

@@ -203,8 +203,8 @@ void Generator::Impl::forward(const std::vector<int32_t>& tok, int64_t past) {
         ops.rmsnorm_fwd(kr.get(), t(pre + "self_attn.k_norm.weight"), krow, kn_rows, kn_cols, eps, off);
       }
       const RopeTable& rope = ropes[size_t(l)];
-      ops.rope_fwd_at(q.get(), pp, n, nq, D, rope.inv_freq.data(), rope.attention_scaling);
-      ops.rope_fwd_at(krow, pp, n, nkv, D, rope.inv_freq.data(), rope.attention_scaling);
+      ops.rope_fwd_at(q.get(), pp, n, nq, D, rope.inv_freq.data(), rope.attention_scaling, c.rotary_dim());
+      ops.rope_fwd_at(krow, pp, n, nkv, D, rope.inv_freq.data(), rope.attention_scaling, c.rotary_dim());
       if (c.attention_sinks || c.attention_window(l) > 0) {  // GPT-OSS: sliding window, sinks
         Ops::AttentionVariant var;
         var.window = c.attention_window(l);

@@ -25,13 +25,13 @@ RopeParams rope_params(const ModelConfig& c, int64_t layer) {
   RopeParams p;
   if (c.rope_local_theta > 0 && c.attention_window(layer) > 0) {  // Gemma 3's sliding layers
     p.theta = c.rope_local_theta;
-    p.head_dim = c.head_dim;
+    p.head_dim = c.rotary_dim();
     p.max_position_embeddings = c.max_position_embeddings;
     return p;
   }
   p.type = c.rope_scaling.type;
   p.theta = c.rope_theta;
-  p.head_dim = c.head_dim;
+  p.head_dim = c.rotary_dim();  // transformers' dim = head_dim * partial_rotary_factor
   p.factor = c.rope_scaling.factor;
   p.low_freq_factor = c.rope_scaling.low_freq_factor;
   p.high_freq_factor = c.rope_scaling.high_freq_factor;
@@ -352,7 +352,8 @@ void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, c
                                      const Fp8Set& f8, bool with_lse, bool reuse) const {
   Ops& ops = *a.ops;
   const int64_t T = a.shape.tokens(), H = c_.hidden_size;
-  const int64_t nq = c_.num_attention_heads, nkv = c_.num_key_value_heads, D = c_.head_dim;
+  const int64_t nq = c_.num_attention_heads, nkv = c_.num_key_value_heads, D = c_.head_dim,
+                R = c_.rotary_dim();
   const float eps = float(c_.rms_norm_eps);
   const int64_t S = a.shape.n_seq, L = a.shape.seq_len;
   const void* xin = attention_input(a, b);
@@ -376,24 +377,24 @@ void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, c
   const float scale = c_.attention_scale();
   if (variant()) {  // GPT-OSS: sliding window and sinks (packed positions through the variant)
     if (a.positions) {
-      ops.rope_fwd_at(b.q, a.positions, T, nq, D, rope_.inv_freq.data(), rope_.attention_scaling);
-      ops.rope_fwd_at(b.k, a.positions, T, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling);
+      ops.rope_fwd_at(b.q, a.positions, T, nq, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
+      ops.rope_fwd_at(b.k, a.positions, T, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
     } else {
-      ops.rope_fwd(b.q, S, L, nq, D, rope_.inv_freq.data(), rope_.attention_scaling);
-      ops.rope_fwd(b.k, S, L, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling);
+      ops.rope_fwd(b.q, S, L, nq, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
+      ops.rope_fwd(b.k, S, L, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
     }
     if (!reuse)
       ops.attention_fwd_v(b.q, b.k, b.v, b.o, with_lse ? b.lse : nullptr, S, L, nq, nkv, D, scale,
                           attention_variant(a, false), b.attn);
   } else if (a.positions) {  // packed sequences: positions and attention restart per example
-    ops.rope_fwd_at(b.q, a.positions, T, nq, D, rope_.inv_freq.data(), rope_.attention_scaling);
-    ops.rope_fwd_at(b.k, a.positions, T, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling);
+    ops.rope_fwd_at(b.q, a.positions, T, nq, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
+    ops.rope_fwd_at(b.k, a.positions, T, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
     if (!reuse)
       ops.attention_fwd_packed(b.q, b.k, b.v, b.o, with_lse ? b.lse : nullptr, a.positions, S, L, nq, nkv, D,
                                scale, b.attn);
   } else {
-    ops.rope_fwd(b.q, S, L, nq, D, rope_.inv_freq.data(), rope_.attention_scaling);
-    ops.rope_fwd(b.k, S, L, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling);
+    ops.rope_fwd(b.q, S, L, nq, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
+    ops.rope_fwd(b.k, S, L, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
     if (!reuse)
       ops.attention_fwd(b.q, b.k, b.v, b.o, with_lse ? b.lse : nullptr, S, L, nq, nkv, D, scale, b.attn);
   }
@@ -509,7 +510,8 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
                                       const Fp8Set& f8) const {
   Ops& ops = *a.ops;
   const int64_t T = a.shape.tokens(), H = c_.hidden_size;
-  const int64_t nq = c_.num_attention_heads, nkv = c_.num_key_value_heads, D = c_.head_dim;
+  const int64_t nq = c_.num_attention_heads, nkv = c_.num_key_value_heads, D = c_.head_dim,
+                R = c_.rotary_dim();
   const float eps = float(c_.rms_norm_eps);
   const int64_t S = a.shape.n_seq, L = a.shape.seq_len;
   // h1 = x + r * post_norm(o_proj(o)): dattn, the gradient at o_proj's output, is dh1 for
@@ -534,21 +536,21 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
     ops.attention_bwd_v(b.q, b.k, b.v, b.o, b.lse, b.dout, b.dq, b.dk, b.dv, S, L, nq, nkv, D, scale,
                         attention_variant(a, true), b.attn);
     if (a.positions) {
-      ops.rope_bwd_at(b.dq, a.positions, T, nq, D, rope_.inv_freq.data(), rope_.attention_scaling);
-      ops.rope_bwd_at(b.dk, a.positions, T, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling);
+      ops.rope_bwd_at(b.dq, a.positions, T, nq, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
+      ops.rope_bwd_at(b.dk, a.positions, T, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
     } else {
-      ops.rope_bwd(b.dq, S, L, nq, D, rope_.inv_freq.data(), rope_.attention_scaling);
-      ops.rope_bwd(b.dk, S, L, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling);
+      ops.rope_bwd(b.dq, S, L, nq, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
+      ops.rope_bwd(b.dk, S, L, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
     }
   } else if (a.positions) {
     ops.attention_bwd_packed(b.q, b.k, b.v, b.o, b.lse, b.dout, a.positions, b.dq, b.dk, b.dv, S, L, nq, nkv,
                              D, scale, b.attn);
-    ops.rope_bwd_at(b.dq, a.positions, T, nq, D, rope_.inv_freq.data(), rope_.attention_scaling);
-    ops.rope_bwd_at(b.dk, a.positions, T, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling);
+    ops.rope_bwd_at(b.dq, a.positions, T, nq, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
+    ops.rope_bwd_at(b.dk, a.positions, T, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
   } else {
     ops.attention_bwd(b.q, b.k, b.v, b.o, b.lse, b.dout, b.dq, b.dk, b.dv, S, L, nq, nkv, D, scale, b.attn);
-    ops.rope_bwd(b.dq, S, L, nq, D, rope_.inv_freq.data(), rope_.attention_scaling);
-    ops.rope_bwd(b.dk, S, L, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling);
+    ops.rope_bwd(b.dq, S, L, nq, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
+    ops.rope_bwd(b.dk, S, L, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
   }
   void* dq_lin = b.dq;
   void* dk_lin = b.dk;

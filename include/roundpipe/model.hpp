@@ -64,6 +64,11 @@ struct ModelConfig {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
+  /// Phi-3 family (Phi-4-mini 0.75): RoPE rotates the first rotary_dim() features of each
+  /// head only (frequencies over rotary_dim()), the rest pass through; 1 everywhere else.
+  double partial_rotary_factor = 1.0;
+  /// int(head_dim * partial_rotary_factor), as transformers' `dim`; head_dim when 1.
+  int64_t rotary_dim() const { return int64_t(double(head_dim) * partial_rotary_factor); }
   int64_t max_position_embeddings = 2048;
   bool tie_word_embeddings = false;
   bool qk_norm = false;  ///< Qwen3: RMSNorm over head_dim on q and k before RoPE

@@ -39,10 +39,9 @@ void rope_tables(int64_t L, int64_t half, const float* inv_freq, float scale, st
 }
 
 void rope_apply(float* x, int64_t n_seq, int64_t L, int64_t heads, int64_t D, const float* inv_freq,
-                float scale, bool transpose) {
+                float scale, bool transpose, int64_t rotary_dim) {
   require(n_seq >= 0 && L >= 0 && heads >= 0, "rope", "negative dimension");
-  require(D > 0 && D % 2 == 0, "rope", "head_dim must be even and positive");
-  const int64_t half = D / 2;
+  const int64_t half = rope_half(D, rotary_dim, "rope");
   std::vector<float> c, s;
   rope_tables(L, half, inv_freq, scale, c, s);
   const float sign = transpose ? -1.f : 1.f;
@@ -72,13 +71,13 @@ void check_attn(int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D, vo
 // ---- RoPE ----------------------------------------------------------------------
 
 void CpuOps::rope_fwd(void* x, int64_t n_seq, int64_t seq_len, int64_t heads, int64_t D,
-                      const float* inv_freq, float scale) {
-  rope_apply(F(x), n_seq, seq_len, heads, D, inv_freq, scale, false);
+                      const float* inv_freq, float scale, int64_t rotary_dim) {
+  rope_apply(F(x), n_seq, seq_len, heads, D, inv_freq, scale, false, rotary_dim);
 }
 
 void CpuOps::rope_bwd(void* dx, int64_t n_seq, int64_t seq_len, int64_t heads, int64_t D,
-                      const float* inv_freq, float scale) {
-  rope_apply(F(dx), n_seq, seq_len, heads, D, inv_freq, scale, true);
+                      const float* inv_freq, float scale, int64_t rotary_dim) {
+  rope_apply(F(dx), n_seq, seq_len, heads, D, inv_freq, scale, true, rotary_dim);
 }
 
 // ---- attention -----------------------------------------------------------------

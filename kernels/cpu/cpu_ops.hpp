@@ -66,9 +66,9 @@ class CpuOps final : public Ops {
                    float eps, bool accumulate_dx, float w_offset = 0.0f) override;
 
   void rope_fwd(void* x, int64_t n_seq, int64_t seq_len, int64_t heads, int64_t D, const float* inv_freq,
-                float scale) override;
+                float scale, int64_t rotary_dim = 0) override;
   void rope_bwd(void* dx, int64_t n_seq, int64_t seq_len, int64_t heads, int64_t D, const float* inv_freq,
-                float scale) override;
+                float scale, int64_t rotary_dim = 0) override;
 
   void attention_fwd(const void* q, const void* k, const void* v, void* o, float* lse, int64_t n_seq,
                      int64_t seq_len, int64_t nq, int64_t nkv, int64_t D, float scale,
@@ -78,9 +78,9 @@ class CpuOps final : public Ops {
                      int64_t nq, int64_t nkv, int64_t D, float scale, void* scratch) override;
 
   void rope_fwd_at(void* x, const int32_t* pos, int64_t T, int64_t heads, int64_t D, const float* inv_freq,
-                   float scale) override;
+                   float scale, int64_t rotary_dim = 0) override;
   void rope_bwd_at(void* dx, const int32_t* pos, int64_t T, int64_t heads, int64_t D, const float* inv_freq,
-                   float scale) override;
+                   float scale, int64_t rotary_dim = 0) override;
   void attention_fwd_packed(const void* q, const void* k, const void* v, void* o, float* lse,
                             const int32_t* pos, int64_t n_seq, int64_t seq_len, int64_t nq, int64_t nkv,
                             int64_t D, float scale, void* scratch) override;

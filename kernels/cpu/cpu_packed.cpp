@@ -18,11 +18,10 @@ const float* F(const void* p) { return static_cast<const float*>(p); }
 float* F(void* p) { return static_cast<float*>(p); }
 
 void rope_at(float* x, const int32_t* pos, int64_t T, int64_t heads, int64_t D, const float* inv_freq,
-             float scale, bool transpose) {
+             float scale, bool transpose, int64_t rotary_dim) {
   require(T >= 0 && heads >= 0, "rope_at", "negative dimension");
-  require(D > 0 && D % 2 == 0, "rope_at", "head_dim must be even and positive");
+  const int64_t half = rope_half(D, rotary_dim, "rope_at");
   require(T == 0 || pos != nullptr, "rope_at", "pos is null");
-  const int64_t half = D / 2;
   const float sign = transpose ? -1.f : 1.f;
   std::vector<float> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
   for (int64_t t = 0; t < T; ++t) {
@@ -74,13 +73,13 @@ float softmax_row(const float* q, const float* k, int64_t ldk, int64_t lo, int64
 }  // namespace
 
 void CpuOps::rope_fwd_at(void* x, const int32_t* pos, int64_t T, int64_t heads, int64_t D,
-                         const float* inv_freq, float scale) {
-  rope_at(F(x), pos, T, heads, D, inv_freq, scale, false);
+                         const float* inv_freq, float scale, int64_t rotary_dim) {
+  rope_at(F(x), pos, T, heads, D, inv_freq, scale, false, rotary_dim);
 }
 
 void CpuOps::rope_bwd_at(void* dx, const int32_t* pos, int64_t T, int64_t heads, int64_t D,
-                         const float* inv_freq, float scale) {
-  rope_at(F(dx), pos, T, heads, D, inv_freq, scale, true);
+                         const float* inv_freq, float scale, int64_t rotary_dim) {
+  rope_at(F(dx), pos, T, heads, D, inv_freq, scale, true, rotary_dim);
 }
 
 void CpuOps::attention_fwd_packed(const void* q, const void* k, const void* v, void* o, float* lse,

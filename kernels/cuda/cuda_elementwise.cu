@@ -365,11 +365,12 @@ struct RopeFreq {
 };
 
 // One thread per (token, pair i, i+1 of frequencies): sincos once, applied to every head
-// with 4-byte loads (half must be even and x 4-byte aligned).
+// with 4-byte loads (half and D must be even and x 4-byte aligned). Heads are D apart; the
+// first 2*half features of each rotate (partial rotary when 2*half < D).
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    rope_pairs_kernel(T* x, int64_t tokens, int64_t L, int64_t heads, int half, RopeFreq fr, float scale,
-                      float sign) {
+    rope_pairs_kernel(T* x, int64_t tokens, int64_t L, int64_t heads, int64_t D, int half, RopeFreq fr,
+                      float scale, float sign) {
   const int hp = half / 2;
   const int64_t total = tokens * hp;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
@@ -384,9 +385,9 @@ __global__ void __launch_bounds__(kThreads)
     c1 *= scale;
     s0 *= scale * sign;
     s1 *= scale * sign;
-    T* base = x + t * heads * int64_t(2 * half);
+    T* base = x + t * heads * D;
     for (int64_t hd = 0; hd < heads; ++hd) {
-      T* r = base + hd * int64_t(2 * half);
+      T* r = base + hd * D;
       alignas(4) T lo2[2];
       alignas(4) T hi2[2];
       *reinterpret_cast<uint32_t*>(lo2) = *reinterpret_cast<const uint32_t*>(r + i);
@@ -404,7 +405,8 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) rope_kernel(T* x, int64_t total, int64_t L, int64_t heads,
-                                                        int half, RopeFreq fr, float scale, float sign) {
+                                                        int64_t D, int half, RopeFreq fr, float scale,
+                                                        float sign) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
     const int i = int(idx % half);
@@ -415,7 +417,7 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(T* x, int64_t total, int
     sincosf(a, &s, &c);
     c *= scale;
     s *= scale * sign;
-    T* p = x + row * int64_t(2 * half);
+    T* p = x + row * D;
     const float x0 = to_f(p[i]), x1 = to_f(p[i + half]);
     p[i] = from_f<T>(x0 * c - x1 * s);
     p[i + half] = from_f<T>(x1 * c + x0 * s);
@@ -678,10 +680,10 @@ void k_rmsnorm_bwd(DType t, const void* x, const void* w, const void* dy, void* 
   RP_CUDA_LAUNCH_CHECK("rmsnorm_bwd");
 }
 
-void k_rope(DType t, void* x, int64_t n_seq, int64_t L, int64_t heads, int64_t D, const float* inv_freq,
-            float scale, bool transpose, cudaStream_t st) {
-  const int64_t half = D / 2;
-  if (half > 256) throw std::invalid_argument("rope: head_dim > 512 is not supported on CUDA");
+void k_rope(DType t, void* x, int64_t n_seq, int64_t L, int64_t heads, int64_t D, int64_t R,
+            const float* inv_freq, float scale, bool transpose, cudaStream_t st) {
+  const int64_t half = R / 2;
+  if (half > 256) throw std::invalid_argument("rope: rotary_dim > 512 is not supported on CUDA");
   const int64_t total = n_seq * L * heads * half;
   if (total <= 0) return;
   RopeFreq fr{};
@@ -692,11 +694,11 @@ void k_rope(DType t, void* x, int64_t n_seq, int64_t L, int64_t heads, int64_t D
     RP_DISPATCH_16("rope", t, T,
                    rope_pairs_kernel<T>
                    <<<grid_for(work, kThreads, int64_t(num_sms()) * 32), kThreads, 0, st>>>(
-                       static_cast<T*>(x), n_seq * L, L, heads, int(half), fr, scale, sign));
+                       static_cast<T*>(x), n_seq * L, L, heads, D, int(half), fr, scale, sign));
   } else {
     RP_DISPATCH_16("rope", t, T,
                    rope_kernel<T><<<grid_for(total, kThreads, int64_t(num_sms()) * 32), kThreads, 0, st>>>(
-                       static_cast<T*>(x), total, L, heads, int(half), fr, scale, sign));
+                       static_cast<T*>(x), total, L, heads, D, int(half), fr, scale, sign));
   }
   RP_CUDA_LAUNCH_CHECK("rope");
 }

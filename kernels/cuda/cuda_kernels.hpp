@@ -52,9 +52,10 @@ void k_rmsnorm_fwd(DType t, const void* x, const void* w, void* y, int64_t R, in
 /// dw (f32) += ..., dx (compute dtype) = or += ...
 void k_rmsnorm_bwd(DType t, const void* x, const void* w, const void* dy, void* dx, float* dw, int64_t R,
                    int64_t n, float eps, bool accumulate_dx, float w_offset, cudaStream_t st);
-/// inv_freq: host array of D/2 floats (copied into the kernel's parameters). D <= 512.
-void k_rope(DType t, void* x, int64_t n_seq, int64_t L, int64_t heads, int64_t D, const float* inv_freq,
-            float scale, bool transpose, cudaStream_t st);
+/// Rotates the first R (even, <= D) of the D features of each head; inv_freq: host array of
+/// R/2 floats (copied into the kernel's parameters). R <= 512.
+void k_rope(DType t, void* x, int64_t n_seq, int64_t L, int64_t heads, int64_t D, int64_t R,
+            const float* inv_freq, float scale, bool transpose, cudaStream_t st);
 /// amax (optional): as k_rmsnorm_fwd's, over the stored h.
 void k_swiglu_fwd(DType t, const void* g, const void* u, void* h, int64_t n, cudaStream_t st,
                   unsigned* amax = nullptr);
@@ -108,8 +109,9 @@ void k_gqa_group_sum(DType in_t, const void* in_k, const void* in_v, DType out_t
                      cudaStream_t st);
 
 // ---- packed sequences and KV-cache decoding (cuda_packed.cu; CPU twins in cpu_packed.cpp) ---
-/// x [T, heads, D] rotated at positions pos[t] (device int32, clamped at 0).
-void k_rope_at(DType t, void* x, const int32_t* pos, int64_t T, int64_t heads, int64_t D,
+/// x [T, heads, D] rotated at positions pos[t] (device int32, clamped at 0); the first R
+/// features of each head rotate, as k_rope.
+void k_rope_at(DType t, void* x, const int32_t* pos, int64_t T, int64_t heads, int64_t D, int64_t R,
                const float* inv_freq, float scale, bool transpose, cudaStream_t st);
 
 // ---- attention on rows (cuda_attention_rows.cu; CPU twins in cpu_attention.cpp, cpu_packed.cpp,

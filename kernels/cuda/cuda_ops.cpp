@@ -274,19 +274,19 @@ void CudaOps::rmsnorm_bwd(const void* x, const void* w, const void* dy, void* dx
 }
 
 void CudaOps::rope_fwd(void* x, int64_t n_seq, int64_t L, int64_t heads, int64_t D, const float* inv_freq,
-                       float scale) {
+                       float scale, int64_t rotary_dim) {
   require(n_seq >= 0 && L >= 0 && heads >= 0, "rope", "negative dimension");
-  require(D > 0 && D % 2 == 0, "rope", "head_dim must be even and positive");
+  const int64_t half = rope_half(D, rotary_dim, "rope");
   set_device(dev_);
-  k_rope(dtype_, x, n_seq, L, heads, D, inv_freq, scale, false, st_);
+  k_rope(dtype_, x, n_seq, L, heads, D, 2 * half, inv_freq, scale, false, st_);
 }
 
 void CudaOps::rope_bwd(void* dx, int64_t n_seq, int64_t L, int64_t heads, int64_t D, const float* inv_freq,
-                       float scale) {
+                       float scale, int64_t rotary_dim) {
   require(n_seq >= 0 && L >= 0 && heads >= 0, "rope", "negative dimension");
-  require(D > 0 && D % 2 == 0, "rope", "head_dim must be even and positive");
+  const int64_t half = rope_half(D, rotary_dim, "rope");
   set_device(dev_);
-  k_rope(dtype_, dx, n_seq, L, heads, D, inv_freq, scale, true, st_);
+  k_rope(dtype_, dx, n_seq, L, heads, D, 2 * half, inv_freq, scale, true, st_);
 }
 
 void CudaOps::swiglu_fwd(const void* g, const void* u, void* h, int64_t n) {

@@ -16,19 +16,21 @@ void require(bool cond, const char* op, const char* what) {
 }  // namespace
 
 void CudaOps::rope_fwd_at(void* x, const int32_t* pos, int64_t T, int64_t heads, int64_t D,
-                          const float* inv_freq, float scale) {
-  require(T >= 0 && heads >= 0 && D > 0 && D % 2 == 0, "rope_at", "bad dimensions");
+                          const float* inv_freq, float scale, int64_t rotary_dim) {
+  require(T >= 0 && heads >= 0, "rope_at", "bad dimensions");
+  const int64_t half = rope_half(D, rotary_dim, "rope_at");
   require(T == 0 || pos != nullptr, "rope_at", "pos is null");
   set_device(dev_);
-  k_rope_at(dtype_, x, pos, T, heads, D, inv_freq, scale, false, st_);
+  k_rope_at(dtype_, x, pos, T, heads, D, 2 * half, inv_freq, scale, false, st_);
 }
 
 void CudaOps::rope_bwd_at(void* dx, const int32_t* pos, int64_t T, int64_t heads, int64_t D,
-                          const float* inv_freq, float scale) {
-  require(T >= 0 && heads >= 0 && D > 0 && D % 2 == 0, "rope_at", "bad dimensions");
+                          const float* inv_freq, float scale, int64_t rotary_dim) {
+  require(T >= 0 && heads >= 0, "rope_at", "bad dimensions");
+  const int64_t half = rope_half(D, rotary_dim, "rope_at");
   require(T == 0 || pos != nullptr, "rope_at", "pos is null");
   set_device(dev_);
-  k_rope_at(dtype_, dx, pos, T, heads, D, inv_freq, scale, true, st_);
+  k_rope_at(dtype_, dx, pos, T, heads, D, 2 * half, inv_freq, scale, true, st_);
 }
 
 void CudaOps::attention_fwd_packed(const void* q, const void* k, const void* v, void* o, float* lse,

@@ -14,8 +14,8 @@ struct Freq {
 };
 
 template <typename T>
-__global__ void rope_at_kernel(T* x, const int32_t* pos, int64_t total, int heads, int half, Freq fr,
-                               float scale, float sign) {
+__global__ void rope_at_kernel(T* x, const int32_t* pos, int64_t total, int heads, int64_t D, int half,
+                               Freq fr, float scale, float sign) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int d = int(i % half);
@@ -23,7 +23,7 @@ __global__ void rope_at_kernel(T* x, const int32_t* pos, int64_t total, int head
     const int64_t t = th / heads;
     const float a = float(max(pos[t], 0)) * fr.f[d];
     const float c = cosf(a) * scale, s = sign * sinf(a) * scale;
-    T* x0 = x + th * 2 * half;
+    T* x0 = x + th * D;
     const float u = to_f(x0[d]), w = to_f(x0[d + half]);
     x0[d] = from_f<T>(u * c - w * s);
     x0[d + half] = from_f<T>(w * c + u * s);
@@ -32,10 +32,10 @@ __global__ void rope_at_kernel(T* x, const int32_t* pos, int64_t total, int head
 
 }  // namespace
 
-void k_rope_at(DType t, void* x, const int32_t* pos, int64_t T, int64_t heads, int64_t D,
+void k_rope_at(DType t, void* x, const int32_t* pos, int64_t T, int64_t heads, int64_t D, int64_t R,
                const float* inv_freq, float scale, bool transpose, cudaStream_t st) {
-  const int64_t half = D / 2;
-  if (half > 256) throw std::invalid_argument("rope_at: head_dim > 512 is not supported on CUDA");
+  const int64_t half = R / 2;
+  if (half > 256) throw std::invalid_argument("rope_at: rotary_dim > 512 is not supported on CUDA");
   const int64_t total = T * heads * half;
   if (total <= 0) return;
   Freq fr{};
@@ -43,7 +43,7 @@ void k_rope_at(DType t, void* x, const int32_t* pos, int64_t T, int64_t heads, i
   RP_DISPATCH_16(
       "rope_at", t, T_,
       rope_at_kernel<T_><<<grid_for(total, kThreadsRope), kThreadsRope, 0, st>>>(
-          static_cast<T_*>(x), pos, total, int(heads), int(half), fr, scale, transpose ? -1.f : 1.f));
+          static_cast<T_*>(x), pos, total, int(heads), D, int(half), fr, scale, transpose ? -1.f : 1.f));
   RP_CUDA_LAUNCH_CHECK("rope_at");
 }
 

@@ -147,13 +147,43 @@ TEST(Phi3, ConfigWindowParametersAndRefusals) {
   EXPECT_EQ(err(j).rfind("config.json: key 'rope_scaling.rope_type': expected one of", 0), 0u) << err(j);
   EXPECT_NE(err(j).find("got string \"longrope\""), std::string::npos) << err(j);
   j = phi3_mini();
-  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 0.75}};
-  EXPECT_EQ(err(j),
-            "config.json: key 'rope_parameters.partial_rotary_factor': expected 1.0 (partial rotary "
-            "embeddings are not supported), got number 0.75");
+  j["rope_scaling"] = {{"type", "yarn"}, {"factor", 2.0}};  // Phi3Config reads it as longrope
+  EXPECT_NE(err(j).find("not \"yarn\" for phi3"), std::string::npos) << err(j);
   j = phi3_mini();
   j["architectures"] = {"MistralForCausalLM"};
   EXPECT_NE(err(j).find("key 'architectures': expected [\"Phi3ForCausalLM\"]"), std::string::npos) << err(j);
+}
+
+// Phi-4-mini: partial rotary (96 of 128 features), read at the top level or (transformers 5)
+// in rope_parameters, written back; refused off phi3 and where int(head_dim * f) is odd.
+TEST(Phi3, Phi4MiniPartialRotaryConfig) {
+  std::ifstream f(std::string(RP_SOURCE_DIR) + "/examples/configs/phi-4-mini-instruct.json");
+  const json j4 = json::parse(f);
+  const ModelConfig c = config_from_json(j4, "config.json");
+  EXPECT_EQ(c.num_parameters(), 3836021760);  // transformers' Phi3ForCausalLM of this config
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.rotary_dim(), 96);
+  EXPECT_EQ(config_from_json(config_to_json(c), "config.json").rotary_dim(), 96);
+  auto err = [](const json& j) { return error_of([&] { config_from_json(j, "config.json"); }); };
+  json j = phi3_mini();
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 0.5}};
+  EXPECT_EQ(config_from_json(j, "config.json").rotary_dim(), 48);
+  j["rope_parameters"]["partial_rotary_factor"] = 0.7;  // int(96 * 0.7) = 67: odd
+  EXPECT_EQ(err(j).rfind("config.json: key 'rope_parameters.partial_rotary_factor': expected a number in (0, 1]", 0),
+            0u)
+      << err(j);
+  j = j4;
+  j["partial_rotary_factor"] = 1.5;
+  EXPECT_NE(err(j).find("key 'partial_rotary_factor': expected a number in (0, 1]"), std::string::npos) << err(j);
+  j = j4;
+  j["rope_scaling"] = {{"type", "longrope"}, {"long_factor", {1.0}}, {"short_factor", {1.0}}};
+  EXPECT_NE(err(j).find("got string \"longrope\""), std::string::npos) << err(j);
+  json l = j4;
+  l["model_type"] = "llama";
+  l["architectures"] = {"LlamaForCausalLM"};
+  EXPECT_NE(err(l).find("key 'partial_rotary_factor': expected 1.0 (partial rotary embeddings: model_type phi3 only)"),
+            std::string::npos)
+      << err(l);
 }
 
 }  // namespace

@@ -63,17 +63,20 @@ inline VecD rmsnorm(const VecD& x, const VecD& w, int64_t R, int64_t n, double e
 }
 
 /// HF apply_rotary_pos_emb: x*cos + rotate_half(x)*sin, cos/sin = cat(f, f) * scale,
-/// f = position * inv_freq (position restarts per sequence).
+/// f = position * inv_freq (position restarts per sequence). Partial rotary (Phi3's
+/// apply_rotary_pos_emb, rotary_dim R = cos width): x[..., :R] rotates that way,
+/// x[..., R:] is concatenated unchanged. R 0: D.
 inline VecD rope(const VecD& x, int64_t n_seq, int64_t L, int64_t heads, int64_t D, const VecF& inv_freq,
-                 double scale) {
-  VecD y(x.size());
-  const int64_t h = D / 2;
+                 double scale, int64_t R = 0) {
+  VecD y(x);
+  if (R == 0) R = D;
+  const int64_t h = R / 2;
   for (int64_t s = 0; s < n_seq; ++s)
     for (int64_t p = 0; p < L; ++p)
       for (int64_t hd = 0; hd < heads; ++hd) {
         const double* xi = x.data() + ((s * L + p) * heads + hd) * D;
         double* yi = y.data() + ((s * L + p) * heads + hd) * D;
-        for (int64_t j = 0; j < D; ++j) {
+        for (int64_t j = 0; j < R; ++j) {
           double ang = double(p) * double(inv_freq[size_t(j % h)]);
           double rot = j < h ? -xi[j + h] : xi[j - h];  // rotate_half
           yi[j] = xi[j] * std::cos(ang) * scale + rot * std::sin(ang) * scale;

@@ -214,6 +214,39 @@ TEST_F(CudaOpsTest, RoPE) {
   }
 }
 
+// Partial rotary (Phi-4-mini's 96 of 128; 6 of 16 on the one-element path): fwd/bwd and
+// the positioned twins against the CPU, the pass-through features included.
+TEST_F(CudaOpsTest, RoPEPartialRotary) {
+  for (auto [D, R] : {std::pair<int64_t, int64_t>{128, 96}, {16, 6}}) {
+    RopeParams p;
+    p.theta = 10000;
+    p.head_dim = R;
+    const RopeTable tab = rope_frequencies(p);
+    const int64_t S = 2, L = 67, heads = 3, n = S * L * heads * D;
+    const std::string what = "D=" + std::to_string(D) + " R=" + std::to_string(R);
+    VecF x = randn(size_t(n), 45);
+    std::vector<int32_t> pos;
+    for (int64_t t = 0; t < S * L; ++t) pos.push_back(int32_t((t * 7) % 31));
+    DT xd = upload(x, DType::bf16), gd = upload(x, DType::bf16), ad = upload(x, DType::bf16),
+       bd = upload(x, DType::bf16), pd = upload_i32(pos);
+    VecF rx = x, rg = x, ra = x, rb = x;
+    run([&](Ops& o) {
+      o.rope_fwd(xd.get(), S, L, heads, D, tab.inv_freq.data(), 1.2f, R);
+      o.rope_bwd(gd.get(), S, L, heads, D, tab.inv_freq.data(), 1.2f, R);
+      o.rope_fwd_at(ad.get(), pd.as<int32_t>(), S * L, heads, D, tab.inv_freq.data(), 1.2f, R);
+      o.rope_bwd_at(bd.get(), pd.as<int32_t>(), S * L, heads, D, tab.inv_freq.data(), 1.2f, R);
+    });
+    cpu_->rope_fwd(rx.data(), S, L, heads, D, tab.inv_freq.data(), 1.2f, R);
+    cpu_->rope_bwd(rg.data(), S, L, heads, D, tab.inv_freq.data(), 1.2f, R);
+    cpu_->rope_fwd_at(ra.data(), pos.data(), S * L, heads, D, tab.inv_freq.data(), 1.2f, R);
+    cpu_->rope_bwd_at(rb.data(), pos.data(), S * L, heads, D, tab.inv_freq.data(), 1.2f, R);
+    EXPECT_TRUE(close(download(xd), rx, kTol, (what + " fwd").c_str()));
+    EXPECT_TRUE(close(download(gd), rg, kTol, (what + " bwd").c_str()));
+    EXPECT_TRUE(close(download(ad), ra, kTol, (what + " fwd_at").c_str()));
+    EXPECT_TRUE(close(download(bd), rb, kTol, (what + " bwd_at").c_str()));
+  }
+}
+
 TEST_F(CudaOpsTest, RoPEOddHalf) {  // D/2 odd: the one-element-per-thread path
   RopeParams p;
   p.theta = 10000;

@@ -173,6 +173,42 @@ TEST(CpuOps, RoPE) {
   EXPECT_THROW(ops->rope_fwd(xx.data(), 1, L, heads, 15, tab.inv_freq.data(), 1.f), std::invalid_argument);
 }
 
+// Partial rotary (Phi-4-mini): only the first R features of each head rotate, with the
+// frequencies of an R-wide rotary; the others stay bit for bit. R/2 even and odd.
+TEST(CpuOps, RoPEPartialRotary) {
+  auto ops = make_cpu_ops();
+  const int64_t S = 2, L = 13, heads = 3, D = 16;
+  for (int64_t R : {12, 6}) {
+    RopeParams p;
+    p.head_dim = R;
+    p.theta = 10000.0;
+    const RopeTable tab = rope_frequencies(p);
+    ASSERT_EQ(tab.inv_freq.size(), size_t(R / 2));
+    const VecF x = randn(size_t(S * L * heads * D), 43);
+    VecF y = x;
+    ops->rope_fwd(y.data(), S, L, heads, D, tab.inv_freq.data(), 1.1f, R);
+    EXPECT_LT(rel_err(y, rope(to_d(x), S, L, heads, D, tab.inv_freq, 1.1, R)), 2e-6) << R;
+    for (int64_t r = 0; r < S * L * heads; ++r)
+      for (int64_t j = R; j < D; ++j) ASSERT_EQ(y[size_t(r * D + j)], x[size_t(r * D + j)]) << R;
+    EXPECT_GT(rel_err(y, x), 0.1);  // the first R did rotate
+    // the same positions through rope_fwd_at, then the transpose undoes it (scale 1)
+    std::vector<int32_t> pos;
+    for (int64_t t = 0; t < S * L; ++t) pos.push_back(int32_t(t % L));
+    VecF z = x, u = x;
+    ops->rope_fwd_at(z.data(), pos.data(), S * L, heads, D, tab.inv_freq.data(), 1.1f, R);
+    EXPECT_EQ(z, y);
+    ops->rope_fwd(u.data(), S, L, heads, D, tab.inv_freq.data(), 1.f, R);
+    ops->rope_bwd(u.data(), S, L, heads, D, tab.inv_freq.data(), 1.f, R);
+    EXPECT_LT(rel_err(u, x), 1e-6);
+  }
+  VecF x = randn(size_t(L * heads * D), 44);
+  const VecF inv(8, 0.5f);
+  for (int64_t R : {7, 18, -2})
+    EXPECT_THROW(ops->rope_fwd(x.data(), 1, L, heads, D, inv.data(), 1.f, R), std::invalid_argument) << R;
+  const int32_t pos[1] = {0};
+  EXPECT_THROW(ops->rope_bwd_at(x.data(), pos, 1, heads, D, inv.data(), 1.f, 18), std::invalid_argument);
+}
+
 struct AttnDims {
   int64_t S, L, nq, nkv, D;
 };

@@ -95,6 +95,19 @@ TEST(CpuOpsGrad, RoPE) {
              dx, 1000, kTol, "rope dx");
 }
 
+TEST(CpuOpsGrad, RoPEPartialRotary) {  // rotary_dim 6 of 10: the pass-through gets dx' as is
+  auto ops = make_cpu_ops();
+  const int64_t S = 2, L = 5, heads = 2, D = 10, R = 6;
+  RopeParams p;
+  p.head_dim = R;
+  RopeTable tab = rope_frequencies(p);
+  const float scale = 0.9f;
+  VecF x = randn(size_t(S * L * heads * D), 14), r = randn(x.size(), 15), dx = r;
+  ops->rope_bwd(dx.data(), S, L, heads, D, tab.inv_freq.data(), scale, R);
+  check_grad([&](const VecD& xx) { return dot(rope(xx, S, L, heads, D, tab.inv_freq, scale, R), r); },
+             to_d(x), dx, 1000, kTol, "partial rope dx");
+}
+
 TEST(CpuOpsGrad, SwiGLU) {
   auto ops = make_cpu_ops();
   const int64_t n = 50;

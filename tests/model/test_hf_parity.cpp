@@ -118,9 +118,9 @@ const char* const kGptOss = "hf_gpt_oss/tiny_gpt_oss";
 // gate_up_proj split as loaded, a 7-token window on every layer), at the fp32 tolerance on the
 // gradients too; tiny Gemma 2 and Gemma 3 (query_pre_attn_scalar != head_dim, head_dim * heads
 // != hidden, a 7-token window on layer 0, layer 1 global; Gemma 3's on another RoPE base with
-// linear scaling)
-const char* const kFamilies[] = {"hf_golden/tiny_olmo2", "hf_golden/tiny_granite", "hf_golden/tiny_phi3",
-                                 "hf_golden/tiny_gemma2", "hf_golden/tiny_gemma3"};
+// linear scaling); tiny Phi-4-mini (Phi-3 with RoPE on 12 of 16 features, tied)
+const char* const kFamilies[] = {"hf_golden/tiny_olmo2",  "hf_golden/tiny_granite", "hf_golden/tiny_phi3",
+                                 "hf_golden/tiny_gemma2", "hf_golden/tiny_gemma3",  "hf_golden/tiny_phi4"};
 
 TEST(HfParity, CpuBackendMatchesTransformersFp32) {
   auto dev = make_cpu_device(0, {});
