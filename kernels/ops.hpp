@@ -44,7 +44,7 @@ struct RopeParams {
   /// the rotary dimension: D, or the rotary_dim of a partial rotary (the table then has
   /// rotary_dim/2 frequencies over rotary_dim, as transformers' `dim = head_dim*partial_rotary_factor`)
   int64_t head_dim = 0;
-  double factor = 1.0;           ///< linear / llama3 / yarn scaling factor
+  double factor = 1.0;  ///< linear / llama3 / yarn scaling factor
   // llama3 (Llama 3.1 "_compute_llama3_parameters")
   double low_freq_factor = 1.0, high_freq_factor = 4.0;
   /// llama3: required (> 0). yarn: the pre-training context; 0 = use
@@ -89,7 +89,8 @@ RopeTable rope_frequencies(const RopeParams& p);
 /// "<op>: ..." otherwise. Shared by every backend so they refuse the same shapes.
 inline int64_t rope_half(int64_t D, int64_t rotary_dim, const char* op) {
   const int64_t R = rotary_dim == 0 ? D : rotary_dim;
-  if (!(D > 0 && D % 2 == 0)) throw std::invalid_argument(std::string(op) + ": head_dim must be even and positive");
+  if (!(D > 0 && D % 2 == 0))
+    throw std::invalid_argument(std::string(op) + ": head_dim must be even and positive");
   if (!(R > 0 && R % 2 == 0 && R <= D))
     throw std::invalid_argument(std::string(op) + ": rotary_dim must be even, positive and <= head_dim");
   return R / 2;

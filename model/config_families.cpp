@@ -132,7 +132,8 @@ void validate_family_keys(const ModelConfig& c) {
     fail("partial_rotary_factor", "1 unless model_type phi3 (partial rotary embeddings)");
   if (!(c.partial_rotary_factor > 0 && c.partial_rotary_factor <= 1) || R <= 0 || R % 2 != 0)
     fail("partial_rotary_factor",
-         fmt::format("must be in (0, 1] with int(head_dim * it) even and > 0, got {}", c.partial_rotary_factor));
+         fmt::format("must be in (0, 1] with int(head_dim * it) even and > 0, got {}",
+                     c.partial_rotary_factor));
   if (c.post_norms != olmo2) fail("post_norms", "OLMo 2 (model_type olmo2) and only it has post-norms");
   if (c.qk_norm_whole != olmo2)
     fail("qk_norm_whole", "OLMo 2 (model_type olmo2) and only it normalizes whole q/k");

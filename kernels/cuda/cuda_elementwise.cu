@@ -404,9 +404,9 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) rope_kernel(T* x, int64_t total, int64_t L, int64_t heads,
-                                                        int64_t D, int half, RopeFreq fr, float scale,
-                                                        float sign) {
+__global__ void __launch_bounds__(kThreads)
+    rope_kernel(T* x, int64_t total, int64_t L, int64_t heads, int64_t D, int half, RopeFreq fr, float scale,
+                float sign) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
     const int i = int(idx % half);

@@ -169,20 +169,24 @@ TEST(Phi3, Phi4MiniPartialRotaryConfig) {
   j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 0.5}};
   EXPECT_EQ(config_from_json(j, "config.json").rotary_dim(), 48);
   j["rope_parameters"]["partial_rotary_factor"] = 0.7;  // int(96 * 0.7) = 67: odd
-  EXPECT_EQ(err(j).rfind("config.json: key 'rope_parameters.partial_rotary_factor': expected a number in (0, 1]", 0),
+  EXPECT_EQ(err(j).rfind(
+                "config.json: key 'rope_parameters.partial_rotary_factor': expected a number in (0, 1]", 0),
             0u)
       << err(j);
   j = j4;
   j["partial_rotary_factor"] = 1.5;
-  EXPECT_NE(err(j).find("key 'partial_rotary_factor': expected a number in (0, 1]"), std::string::npos) << err(j);
+  EXPECT_NE(err(j).find("key 'partial_rotary_factor': expected a number in (0, 1]"), std::string::npos)
+      << err(j);
   j = j4;
   j["rope_scaling"] = {{"type", "longrope"}, {"long_factor", {1.0}}, {"short_factor", {1.0}}};
   EXPECT_NE(err(j).find("got string \"longrope\""), std::string::npos) << err(j);
   json l = j4;
   l["model_type"] = "llama";
   l["architectures"] = {"LlamaForCausalLM"};
-  EXPECT_NE(err(l).find("key 'partial_rotary_factor': expected 1.0 (partial rotary embeddings: model_type phi3 only)"),
-            std::string::npos)
+  EXPECT_NE(
+      err(l).find(
+          "key 'partial_rotary_factor': expected 1.0 (partial rotary embeddings: model_type phi3 only)"),
+      std::string::npos)
       << err(l);
 }
 
