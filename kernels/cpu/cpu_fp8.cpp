@@ -63,10 +63,7 @@ void CpuOps::fp8_quantize_rows(const void* x, const float* scale, uint8_t* q, in
 void CpuOps::fp8_quantize_transposed(const void* x, const float* scale, uint8_t* q, int64_t rows,
                                      int64_t cols, Fp8Format f) {
   require(rows >= 0 && cols >= 0, "fp8_quantize_transposed", "negative dimension");
-  if (rows == 0 || cols == 0) return;
-  const float s = scale[0];
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) q[c * rows + r] = fp8::quantize(f, F(x)[r * cols + c], s);
+  fp8_quantize_transposed_padded(x, scale, q, rows, cols, rows, f);  // no padding
 }
 
 void CpuOps::fp8_quantize_transposed_padded(const void* x, const float* scale, uint8_t* q, int64_t rows,
@@ -75,10 +72,9 @@ void CpuOps::fp8_quantize_transposed_padded(const void* x, const float* scale, u
           "negative dimension or ld < rows");
   if (rows == 0 || cols == 0) return;
   const float s = scale[0];
-  for (int64_t c = 0; c < cols; ++c) {
-    for (int64_t r = 0; r < rows; ++r) q[c * ld + r] = fp8::quantize(f, F(x)[r * cols + c], s);
-    std::fill(q + c * ld + rows, q + (c + 1) * ld, uint8_t(0));
-  }
+  for (int64_t r = 0; r < rows; ++r)  // x read in its row-major order
+    for (int64_t c = 0; c < cols; ++c) q[c * ld + r] = fp8::quantize(f, F(x)[r * cols + c], s);
+  for (int64_t c = 0; c < cols; ++c) std::fill(q + c * ld + rows, q + (c + 1) * ld, uint8_t(0));
 }
 
 // Each product of two FP8 values is exact in fp32 (at most 4 x 4 significant bits); Eigen sums
