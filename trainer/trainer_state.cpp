@@ -116,6 +116,7 @@ TrainerState trainer_state_of(const TrainSpec& spec, int64_t step, int64_t data_
   if (spec.lora) s.base_format = weight_format_name(spec.lora->base_format);
   s.max_examples = spec.max_examples;
   s.chat_template = spec.chat_template;
+  s.linear_compute = !spec.fp8 ? "bf16" : spec.fp8_weight_gradients ? "fp8+wgrad" : "fp8";
   return s;
 }
 
@@ -161,6 +162,7 @@ void write_trainer_state(const std::string& path, const TrainerState& s) {
                             {"base_format", s.base_format},
                             {"max_examples", s.max_examples.value_or(0)},
                             {"chat_template", s.chat_template.value_or("auto")},
+                            {"linear_compute", s.linear_compute.value_or("bf16")},
                             {"model_config", s.model_config},
                             {"run_series", series_json(s.series)},
                             {"optimizer_state", "optimizer_state.bin"}};
@@ -217,6 +219,11 @@ TrainerState read_trainer_state(const std::string& path) {
   if (f.has("max_examples"))
     s.max_examples = f.integer("max_examples", 0);  // absent in earlier releases' files
   if (f.has("chat_template")) s.chat_template = f.string("chat_template");
+  if (f.has("linear_compute")) {  // absent in earlier releases' files
+    s.linear_compute = f.string("linear_compute");
+    if (*s.linear_compute != "bf16" && *s.linear_compute != "fp8" && *s.linear_compute != "fp8+wgrad")
+      f.fail("linear_compute", "\"bf16\", \"fp8\" or \"fp8+wgrad\"");
+  }
   if (f.has("model_config") && !f.at("model_config").is_null()) s.model_config = f.object("model_config");
   if (f.has("run_series")) s.series = read_series(f);  // absent in earlier releases' files
   return s;
@@ -254,6 +261,9 @@ std::vector<std::string> resume_differences(const TrainerState& saved, const Tra
     out.push_back(fmt::format("base_format {} (saved run {}): the adapters continue on other frozen weights",
                               now.base_format.empty() ? "none (full fine-tuning)" : now.base_format,
                               saved.base_format));
+  if (saved.linear_compute && saved.linear_compute != now.linear_compute)
+    out.push_back(fmt::format("linear layers in {} (saved run {}): the GEMMs round differently from here on",
+                              *now.linear_compute, *saved.linear_compute));
   if (saved.compute_dtype != now.compute_dtype)
     out.push_back(fmt::format("compute_dtype {} (saved run {})", now.compute_dtype, saved.compute_dtype));
   return out;

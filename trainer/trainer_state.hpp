@@ -71,8 +71,11 @@ struct TrainerState {
       base_format;  ///< LoRA: the storage form of the frozen base ("" = full fine-tuning or not recorded)
   std::optional<int64_t> max_examples;       ///< the spec's max_examples (none: not recorded)
   std::optional<std::string> chat_template;  ///< the spec's chat_template (none: not recorded)
-  nlohmann::json model_config;               ///< architecture_of the trained model (null = not recorded)
-  RunSeries series;  ///< checkpoints, best checkpoint, early stopping (empty when not recorded)
+  /// the spec's linear-layer compute: "bf16", "fp8" or "fp8+wgrad" (FP8 weight gradients too);
+  /// none: not recorded (files of earlier releases)
+  std::optional<std::string> linear_compute;
+  nlohmann::json model_config;  ///< architecture_of the trained model (null = not recorded)
+  RunSeries series;             ///< checkpoints, best checkpoint, early stopping (empty when not recorded)
 };
 
 /// The fields of `c` that fix its architecture, as JSON (model_type, vocab_size, hidden_size,

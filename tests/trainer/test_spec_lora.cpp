@@ -1,7 +1,9 @@
 // The spec's LoRA keys ("lora", "adapter", "merge_adapters"; docs/spec.md, "LoRA"): parsed
 // into LoraConfig with the one-line "file: key 'k': expected ..., got ..." errors, the same
 // rules for a spec built in code, and a run that refuses LoRA until the trainer trains it.
+#include <fstream>
 #include <gtest/gtest.h>
+#include <iterator>
 
 #include <nlohmann/json.hpp>
 
@@ -200,3 +202,46 @@ TEST(SpecLora, ResumingOnAnotherBaseFormatIsNamed) {
 }
 
 }  // namespace
+
+// A checkpoint records whether its linear layers ran in FP8 (and their weight gradients);
+// resuming with the other compute is named among the differences the run warns about, and a
+// file of an earlier release (no record) or the same compute says nothing about it.
+TEST(SpecLora, ResumingWithOtherLinearComputeIsNamed) {
+  auto d = rp::clitest::tmpdir();
+  const std::string file = (d / "state.json").string();
+  const rp::TrainSpec bf16 = parse("");
+  const rp::TrainSpec fp8 = parse(R"(, "compute_dtype": "bf16", "fp8": true)");
+  const rp::TrainSpec fp8w = parse(R"(, "compute_dtype": "bf16", "fp8": true, "fp8_weight_gradients": true)");
+  rp::write_trainer_state(file, rp::trainer_state_of(fp8, 3, 12));
+  const rp::TrainerState saved = rp::read_trainer_state(file);
+  ASSERT_TRUE(saved.linear_compute.has_value());
+  EXPECT_EQ(*saved.linear_compute, "fp8");
+  auto named = [](const std::vector<std::string>& diffs, const std::string& what) {
+    for (const auto& s : diffs)
+      if (s.find(what) != std::string::npos) return true;
+    return false;
+  };
+  EXPECT_FALSE(named(rp::resume_differences(saved, fp8), "linear layers"));
+  EXPECT_TRUE(named(rp::resume_differences(saved, bf16), "linear layers in bf16 (saved run fp8)"));
+  EXPECT_TRUE(named(rp::resume_differences(saved, fp8w), "linear layers in fp8+wgrad (saved run fp8)"));
+  rp::TrainerState old = saved;  // an earlier release's file: not recorded
+  old.linear_compute.reset();
+  EXPECT_FALSE(named(rp::resume_differences(old, bf16), "linear layers"));
+  // a damaged record is refused naming the key
+  std::string text;
+  {
+    std::ifstream in(file);
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const auto at = text.find("\"fp8\"", text.find("\"linear_compute\""));
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, 5, "\"fp4\"");
+  std::ofstream(file, std::ios::trunc) << text;
+  try {
+    rp::read_trainer_state(file);
+    ADD_FAILURE() << "a linear_compute of fp4 was accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("linear_compute"), std::string::npos) << e.what();
+  }
+  fs::remove_all(d);
+}
