@@ -49,6 +49,11 @@ SPECIAL = {
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
     "openai-gpt-oss-120b": ("<|startoftext|>", "<|return|>"),
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use": ("<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>"),
+    "google-gemma-3-1b-it": ("<bos>", "<eos>"),
+    "microsoft-Phi-4-mini-instruct": ("<|endoftext|>", "<|endoftext|>"),
+    "microsoft-phi-4": ("<|endoftext|>", "<|im_end|>"),
+    "allenai-OLMo-2-1124-7B-Instruct": ("<|endoftext|>", "<|endoftext|>"),
+    "mistralai-Mistral-7B-Instruct-v0.3": ("<s>", "</s>"),
 }
 
 TOOLS = [
@@ -90,6 +95,12 @@ SINGLE_TOOL_TURNS = [  # Llama 3.x refuses more than one call per message
     TOOL_TURNS[2],
     TOOL_TURNS[4],
 ]
+PART_TURNS = [
+    {"role": "system", "content": [{"type": "text", "text": "Describe images briefly."}]},
+    {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "  What is this?  "}]},
+    {"role": "assistant", "content": [{"type": "text", "text": "A cat."}]},
+    {"role": "user", "content": [{"type": "text", "text": "And its colour?"}]},
+]
 THINK_TURNS = [
     {"role": "user", "content": "Is 17 prime?"},
     {"role": "assistant", "content": "Yes.", "reasoning_content": "17 has no divisor between 2 and 4."},
@@ -117,6 +128,11 @@ def cases_for(name):
         ]
     if name == "openai-gpt-oss-120b":
         out += [("reasoning_high_agp", [SYSTEM] + TURNS, TOOLS, True, {"reasoning_effort": "high"})]
+    if name == "google-gemma-3-1b-it":  # content as a list of parts, as the Gemma 3 processor passes it
+        out += [("content_parts_agp", PART_TURNS, None, True, {})]
+    if name == "microsoft-Phi-4-mini-instruct":  # Phi-4-mini takes its tools as a string on the system message
+        out += [("system_tools_agp", [dict(SYSTEM, tools=json.dumps([t["function"] for t in TOOLS]))] + TURNS[:1],
+                 None, True, {})]
     return out
 
 
