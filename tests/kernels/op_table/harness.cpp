@@ -1,0 +1,299 @@
+// The op table's harness: seeded fills, guard-banded allocations, one run of a case on a
+// device, and the NMSE comparison of two runs (op_table.hpp).
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <future>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+
+#include "tests/kernels/op_table/op_table.hpp"
+
+namespace rp::optable {
+
+namespace {
+
+// xorshift64 uniforms in [0, 1), seeded through a multiplicative hash so nearby seeds differ.
+class Uniform {
+ public:
+  explicit Uniform(uint64_t seed) : s_(seed * 0x9E3779B97F4A7C15ull + 1) {}
+  double operator()() {
+    s_ ^= s_ << 13;
+    s_ ^= s_ >> 7;
+    s_ ^= s_ << 17;
+    return double(s_ >> 11) * (1.0 / 9007199254740992.0);
+  }
+
+ private:
+  uint64_t s_;
+};
+
+float round_to(DType t, float v) {
+  switch (t) {
+    case DType::bf16: return bf16_to_f32(f32_to_bf16(v));
+    case DType::f16: return f16_to_f32(f32_to_f16(v));
+    default: return v;
+  }
+}
+
+DType storage(Kind k, DType ct) {
+  switch (k) {
+    case Kind::compute: return ct;
+    case Kind::f32: return DType::f32;
+    case Kind::i32: return DType::i32;
+    case Kind::u8: break;
+  }
+  return DType::i32;  // unused for u8
+}
+
+bool is_output(Role r) { return r == Role::out || r == Role::inout; }
+
+// Host bytes of n values of kind k (compute kind in dtype ct).
+void encode(Kind k, DType ct, const std::vector<float>& v, std::vector<uint8_t>& out, size_t at) {
+  const size_t n = v.size();
+  if (k == Kind::u8) {
+    for (size_t i = 0; i < n; ++i) out[at + i] = uint8_t(v[i]);
+  } else if (k == Kind::i32) {
+    for (size_t i = 0; i < n; ++i) {
+      const int32_t x = int32_t(v[i]);
+      std::memcpy(out.data() + at + 4 * i, &x, 4);
+    }
+  } else {
+    cast_f32_to(v.data(), out.data() + at, int64_t(n), storage(k, ct));
+  }
+}
+
+// Values of n elements of kind k at p, as float (u8 decoded as FP8 codes of format f).
+std::vector<float> decode(Kind k, DType ct, Fp8Format f, const uint8_t* p, int64_t n) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    float& x = v[size_t(i)];
+    if (k == Kind::u8) {
+      x = fp8::decode(f, p[i]);
+      continue;
+    }
+    const DType t = storage(k, ct);
+    const uint8_t* e = p + size_t(i) * dtype_size(t);
+    uint16_t h;
+    int32_t j;
+    switch (t) {
+      case DType::f32: std::memcpy(&x, e, 4); break;
+      case DType::i32:
+        std::memcpy(&j, e, 4);
+        x = float(j);
+        break;
+      case DType::bf16:
+        std::memcpy(&h, e, 2);
+        x = bf16_to_f32(h);
+        break;
+      case DType::f16:
+        std::memcpy(&h, e, 2);
+        x = f16_to_f32(h);
+        break;
+    }
+  }
+  return v;
+}
+
+// Bytes a poisoned output starts with: NaN in its type, 0x7f codes (FP8 NaN), 0x7f7f7f7f i32.
+void poison(Kind k, DType ct, int64_t n, std::vector<uint8_t>& out, size_t at) {
+  if (k == Kind::u8 || k == Kind::i32) {
+    std::memset(out.data() + at, 0x7f, size_t(n) * kind_bytes(k, ct));
+    return;
+  }
+  encode(k, ct, std::vector<float>(size_t(n), std::numeric_limits<float>::quiet_NaN()), out, at);
+}
+
+// Waits for the compute stream; the error text of then() ("" when none).
+std::string wait(Stream& cs) {
+  auto pr = std::make_shared<std::promise<std::string>>();
+  auto fut = pr->get_future();
+  cs.then([pr](const std::string& e) { pr->set_value(e); });
+  if (fut.wait_for(std::chrono::seconds(600)) != std::future_status::ready)
+    return "timed out waiting for the compute stream";
+  return fut.get();
+}
+
+}  // namespace
+
+Fill normal(float scale) {
+  return [scale](std::vector<float>& v, uint64_t seed) {
+    Uniform u(seed);
+    for (auto& x : v) x = scale * float((u() + u() + u() + u() - 2.0) * std::sqrt(3.0));
+  };
+}
+
+Fill ints(int64_t lo, int64_t hi) {
+  return [lo, hi](std::vector<float>& v, uint64_t seed) {
+    Uniform u(seed);
+    const double span = double(hi - lo + 1);
+    for (auto& x : v) x = float(lo + std::min<int64_t>(int64_t(u() * span), hi - lo));
+  };
+}
+
+Fill constant(float c) {
+  return [c](std::vector<float>& v, uint64_t) { std::fill(v.begin(), v.end(), c); };
+}
+
+size_t kind_bytes(Kind k, DType ct) { return k == Kind::u8 ? 1 : dtype_size(storage(k, ct)); }
+
+double derived_bytes(const OpCase& c, DType ct) {
+  double b = 0;
+  for (const Tensor& t : c.tensors) {
+    if (t.place != Place::device || t.role == Role::scratch) continue;
+    b += double(t.n) * double(kind_bytes(t.kind, ct)) * (t.role == Role::inout ? 2 : 1);
+  }
+  return b;
+}
+
+double case_bytes(const OpCase& c, DType ct) { return c.bytes >= 0 ? c.bytes : derived_bytes(c, ct); }
+
+uint64_t tensor_seed(const std::string& case_name, size_t i) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : case_name) h = (h ^ ch) * 1099511628211ull;
+  return h ^ (uint64_t(i + 1) * 0x9E3779B97F4A7C15ull);
+}
+
+std::vector<std::vector<float>> make_inputs(const OpCase& c, DType round_to_t) {
+  std::vector<std::vector<float>> in(c.tensors.size());
+  for (size_t i = 0; i < c.tensors.size(); ++i) {
+    const Tensor& t = c.tensors[i];
+    if (t.role != Role::in && t.role != Role::inout) continue;
+    in[i].assign(size_t(t.n), 0.f);
+    if (t.fill) t.fill(in[i], tensor_seed(c.name, i));
+    if (t.kind == Kind::compute)
+      for (auto& x : in[i]) x = round_to(round_to_t, x);
+  }
+  return in;
+}
+
+Outcome run_case(Device& dev, const OpCase& c, const std::vector<std::vector<float>>& inputs, bool cuda) {
+  Outcome oc;
+  const DType ct = dev.ops().dtype();
+  Stream& cs = dev.stream(StreamKind::compute);
+  const size_t nt = c.tensors.size();
+  std::vector<DeviceBuffer> dbuf(nt);
+  std::vector<std::vector<uint8_t>> host(nt);  // staging (device) or the tensor itself (host)
+  std::vector<void*> ptr(nt);
+  try {
+    for (size_t i = 0; i < nt; ++i) {
+      const Tensor& t = c.tensors[i];
+      const size_t bytes = size_t(t.n) * kind_bytes(t.kind, ct);
+      host[i].assign(bytes + 2 * kGuardBytes, kGuardByte);
+      if (t.role == Role::in || t.role == Role::inout) encode(t.kind, ct, inputs.at(i), host[i], kGuardBytes);
+      else if (t.role == Role::out) poison(t.kind, ct, t.n, host[i], kGuardBytes);
+      if (t.place == Place::host) {
+        ptr[i] = host[i].data() + kGuardBytes;
+        continue;
+      }
+      dbuf[i] = DeviceBuffer(dev, host[i].size());
+      ptr[i] = static_cast<uint8_t*>(dbuf[i].get()) + kGuardBytes;
+      cs.copy_h2d(dbuf[i].get(), host[i].data(), host[i].size());
+    }
+    cs.synchronize();
+  } catch (const std::exception& e) {
+    oc.problems.push_back(c.name + ": allocation / upload: " + e.what());
+    return oc;
+  }
+  const Buffers b(ptr);
+  std::string thrown;
+  cs.launch([&] {
+    Ops& ops = dev.ops();
+    try {
+      if (cuda && c.cuda_on) c.cuda_on(ops);
+      if (c.prepare) c.prepare(ops, b);
+      c.run(ops, b);
+      if (cuda && c.cuda_off) c.cuda_off(ops);
+    } catch (const std::exception& e) {
+      thrown = e.what();
+      if (cuda && c.cuda_off) c.cuda_off(ops);
+    }
+  });
+  std::string err = wait(cs);
+  if (!thrown.empty()) oc.problems.push_back(c.name + ": threw: " + thrown);
+  if (!err.empty()) oc.problems.push_back(c.name + ": device error: " + err);
+  if (!oc.problems.empty()) return oc;
+  for (size_t i = 0; i < nt; ++i)
+    if (c.tensors[i].place == Place::device && c.tensors[i].role != Role::scratch)
+      cs.copy_d2h(host[i].data(), dbuf[i].get(), host[i].size());
+  cs.synchronize();
+  oc.outputs.resize(nt);
+  for (size_t i = 0; i < nt; ++i) {
+    const Tensor& t = c.tensors[i];
+    if (!is_output(t.role)) continue;
+    const std::vector<uint8_t>& h = host[i];
+    const size_t bytes = h.size() - 2 * kGuardBytes;
+    for (size_t g = 0; g < kGuardBytes; ++g) {
+      if (h[g] != kGuardByte) {
+        oc.problems.push_back(t.name + ": guard band before the output overwritten (byte " +
+                              std::to_string(g - kGuardBytes) + ")");
+        break;
+      }
+    }
+    for (size_t g = 0; g < kGuardBytes; ++g) {
+      if (h[kGuardBytes + bytes + g] != kGuardByte) {
+        oc.problems.push_back(t.name + ": guard band after the output overwritten (byte +" +
+                              std::to_string(g) + ")");
+        break;
+      }
+    }
+    oc.outputs[i] = decode(t.kind, ct, t.codes, h.data() + kGuardBytes, t.n);
+    if (!t.finite || t.kind == Kind::i32) continue;
+    int64_t bad = 0, first = -1;
+    for (int64_t j = 0; j < t.n; ++j)
+      if (!std::isfinite(oc.outputs[i][size_t(j)])) {
+        if (first < 0) first = j;
+        ++bad;
+      }
+    if (bad)
+      oc.problems.push_back(t.name + ": " + std::to_string(bad) + " of " + std::to_string(t.n) +
+                            " values NaN or inf (first at " + std::to_string(first) + ")");
+  }
+  return oc;
+}
+
+double nmse(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return std::numeric_limits<double>::infinity();
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = double(a[i]) - double(b[i]);
+    num += d * d;
+    den += double(b[i]) * double(b[i]);
+  }
+  if (std::isnan(num) || std::isnan(den)) return std::numeric_limits<double>::infinity();
+  if (num == 0) return 0;
+  return den > 0 ? num / den : std::numeric_limits<double>::infinity();
+}
+
+std::vector<std::string> compare(const OpCase& c, const Outcome& a, const Outcome& b) {
+  std::vector<std::string> bad;
+  for (size_t i = 0; i < c.tensors.size(); ++i) {
+    const Tensor& t = c.tensors[i];
+    if (!is_output(t.role) || !t.compare) continue;
+    if (i >= a.outputs.size() || i >= b.outputs.size()) {
+      bad.push_back(t.name + ": missing output");
+      continue;
+    }
+    const double bound = t.nmse >= 0 ? t.nmse : c.nmse;
+    const double e = nmse(a.outputs[i], b.outputs[i]);
+    if (!(e <= bound)) {
+      std::ostringstream s;
+      s << t.name << ": NMSE " << e << " > " << bound;
+      bad.push_back(s.str());
+    }
+  }
+  return bad;
+}
+
+std::vector<OpCase> op_table(Size s) {
+  std::vector<OpCase> v;
+  add_dense_cases(v, s);
+  add_elementwise_cases(v, s);
+  add_attention_cases(v, s);
+  add_moe_cases(v, s);
+  add_fp8_cases(v, s);
+  return v;
+}
+
+}  // namespace rp::optable
