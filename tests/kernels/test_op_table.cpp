@@ -9,8 +9,8 @@
 #include <cctype>
 #include <cmath>
 #include <limits>
-#include <stdexcept>
 #include <set>
+#include <stdexcept>
 #include <string>
 
 #include "tests/kernels/op_table/op_table.hpp"
@@ -67,7 +67,9 @@ std::vector<size_t> all_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(OpTable, OpTableTest, ::testing::ValuesIn(all_cases()),
-                         [](const ::testing::TestParamInfo<size_t>& i) { return test_table()[i.param].name; });
+                         [](const ::testing::TestParamInfo<size_t>& i) {
+                           return test_table()[i.param].name;
+                         });
 
 const OpCase& find(const std::string& name) {
   for (const OpCase& c : test_table())
@@ -165,8 +167,9 @@ TEST(OpTableHarness, SizesShareNamesAndWork) {
     EXPECT_EQ(big[i].op, small[i].op) << big[i].name;
     EXPECT_TRUE(names.insert(big[i].name).second) << "duplicate case " << big[i].name;
     const std::string& n = big[i].name;
-    EXPECT_TRUE(std::all_of(n.begin(), n.end(), [](char ch) { return std::isalnum((unsigned char)ch) || ch == '_'; }))
-        << n;
+    EXPECT_TRUE(std::all_of(n.begin(), n.end(), [](char ch) {
+      return std::isalnum((unsigned char)ch) || ch == '_';
+    })) << n;
     EXPECT_TRUE(big[i].run) << n;
     EXPECT_GT(big[i].flops + case_bytes(big[i], DType::bf16), 0.0) << n;
     if (big[i].bound != Bound::memory) {
@@ -182,16 +185,53 @@ TEST(OpTableHarness, CoversTheBenchmarkedOps) {
     for (size_t q; (q = c.op.find('+', p)) != std::string::npos; p = q + 1) ops.insert(c.op.substr(p, q - p));
     ops.insert(c.op.substr(p));
   }
-  for (const char* op :
-       {"linear_fwd", "linear_bwd_input", "linear_bwd_weight", "linear_fwd_add", "embedding_fwd", "embedding_bwd",
-        "lm_head_cross_entropy", "rmsnorm_fwd", "rmsnorm_bwd", "rope_fwd", "rope_bwd", "swiglu_fwd", "swiglu_bwd",
-        "geglu_fwd", "geglu_bwd", "add", "copy", "cast", "add_into", "fill", "dropout", "dequantize",
-        "attention_fwd", "attention_bwd", "attention_fwd_v", "attention_bwd_v", "moe_route", "moe_route_bwd",
-        "moe_sort", "gather_rows", "moe_combine", "moe_combine_bwd", "moe_gather_bwd", "grouped_linear_fwd",
-        "grouped_linear_fwd_add", "grouped_linear_bwd_input", "grouped_linear_bwd_weight", "fp8_scale",
-        "fp8_scale_rows", "fp8_quantize", "fp8_quantize_rows", "fp8_quantize_transposed",
-        "fp8_quantize_transposed_padded", "rmsnorm_fwd_fp8_scale", "swiglu_fwd_fp8_scale", "gemm_fp8",
-        "gemm_fp8_accumulate_f32"})
+  for (const char* op : {"linear_fwd",
+                         "linear_bwd_input",
+                         "linear_bwd_weight",
+                         "linear_fwd_add",
+                         "embedding_fwd",
+                         "embedding_bwd",
+                         "lm_head_cross_entropy",
+                         "rmsnorm_fwd",
+                         "rmsnorm_bwd",
+                         "rope_fwd",
+                         "rope_bwd",
+                         "swiglu_fwd",
+                         "swiglu_bwd",
+                         "geglu_fwd",
+                         "geglu_bwd",
+                         "add",
+                         "copy",
+                         "cast",
+                         "add_into",
+                         "fill",
+                         "dropout",
+                         "dequantize",
+                         "attention_fwd",
+                         "attention_bwd",
+                         "attention_fwd_v",
+                         "attention_bwd_v",
+                         "moe_route",
+                         "moe_route_bwd",
+                         "moe_sort",
+                         "gather_rows",
+                         "moe_combine",
+                         "moe_combine_bwd",
+                         "moe_gather_bwd",
+                         "grouped_linear_fwd",
+                         "grouped_linear_fwd_add",
+                         "grouped_linear_bwd_input",
+                         "grouped_linear_bwd_weight",
+                         "fp8_scale",
+                         "fp8_scale_rows",
+                         "fp8_quantize",
+                         "fp8_quantize_rows",
+                         "fp8_quantize_transposed",
+                         "fp8_quantize_transposed_padded",
+                         "rmsnorm_fwd_fp8_scale",
+                         "swiglu_fwd_fp8_scale",
+                         "gemm_fp8",
+                         "gemm_fp8_accumulate_f32"})
     EXPECT_TRUE(ops.count(op)) << "no op-table case runs " << op;
 }
 

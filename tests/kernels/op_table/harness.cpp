@@ -1,5 +1,6 @@
 // The op table's harness: seeded fills, guard-banded allocations, one run of a case on a
 // device, and the NMSE comparison of two runs (op_table.hpp).
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -251,6 +252,36 @@ Outcome run_case(Device& dev, const OpCase& c, const std::vector<std::vector<flo
                             " values NaN or inf (first at " + std::to_string(first) + ")");
   }
   return oc;
+}
+
+Allocation allocate(Device& dev, const OpCase& c, const std::vector<std::vector<float>>& inputs) {
+  const DType ct = dev.ops().dtype();
+  Stream& cs = dev.stream(StreamKind::compute);
+  Allocation a;
+  const size_t nt = c.tensors.size();
+  a.dev.resize(nt);
+  a.host.resize(nt);
+  a.ptr.resize(nt);
+  std::vector<uint8_t> staging;
+  for (size_t i = 0; i < nt; ++i) {
+    const Tensor& t = c.tensors[i];
+    const size_t bytes = std::max<size_t>(size_t(t.n) * kind_bytes(t.kind, ct), 1);
+    const bool has_input = t.role == Role::in || t.role == Role::inout;
+    if (t.place == Place::host) {
+      a.host[i].assign(bytes, 0);
+      if (has_input) encode(t.kind, ct, inputs.at(i), a.host[i], 0);
+      a.ptr[i] = a.host[i].data();
+      continue;
+    }
+    a.dev[i] = DeviceBuffer(dev, bytes);
+    a.ptr[i] = a.dev[i].get();
+    if (!has_input || t.n == 0) continue;
+    staging.assign(bytes, 0);
+    encode(t.kind, ct, inputs.at(i), staging, 0);
+    cs.copy_h2d(a.ptr[i], staging.data(), bytes);
+    cs.synchronize();
+  }
+  return a;
 }
 
 double nmse(const std::vector<float>& a, const std::vector<float>& b) {

@@ -70,18 +70,19 @@ void add_att(std::vector<OpCase>& v, const std::string& prefix, const Att& a, co
   const double fl = 4.0 * double(a.D) * double(a.nq) * double(a.S) * visible_keys(a);
   // 0 q, 1 k, 2 v, 3 dout, 4 sinks, 5 o, 6 lse, 7 dq, 8 dk, 9 dv, 10 dsinks, 11 scratch
   auto tensors = [&](bool bwd) {
-    std::vector<Tensor> t = {input("q", C, T * a.nq * a.D),
-                             input("k", C, T * a.nkv * a.D),
-                             input("v", C, T * a.nkv * a.D),
-                             input("dout", C, T * a.nq * a.D),
-                             input("sinks", C, a.nq),
-                             bwd ? derived("o", C, T * a.nq * a.D) : output("o", C, T * a.nq * a.D),
-                             bwd ? derived("lse", F32, a.S * a.nq * a.L) : output("lse", F32, a.S * a.nq * a.L),
-                             output("dq", C, T * a.nq * a.D),
-                             output("dk", C, T * a.nkv * a.D),
-                             output("dv", C, T * a.nkv * a.D),
-                             inout("dsinks", F32, a.nq, constant(0.f)),
-                             scratch("scratch", sb)};
+    std::vector<Tensor> t = {
+        input("q", C, T * a.nq * a.D),
+        input("k", C, T * a.nkv * a.D),
+        input("v", C, T * a.nkv * a.D),
+        input("dout", C, T * a.nq * a.D),
+        input("sinks", C, a.nq),
+        bwd ? derived("o", C, T * a.nq * a.D) : output("o", C, T * a.nq * a.D),
+        bwd ? derived("lse", F32, a.S * a.nq * a.L) : output("lse", F32, a.S * a.nq * a.L),
+        output("dq", C, T * a.nq * a.D),
+        output("dk", C, T * a.nkv * a.D),
+        output("dv", C, T * a.nkv * a.D),
+        inout("dsinks", F32, a.nq, constant(0.f)),
+        scratch("scratch", sb)};
     if (!bwd) t[3].n = t[7].n = t[8].n = t[9].n = 0;  // unused by the forward
     if (!bwd || !a.sinks) t[10].n = 0;
     if (!a.sinks) t[4].n = 0;
@@ -95,7 +96,8 @@ void add_att(std::vector<OpCase>& v, const std::string& prefix, const Att& a, co
     return x;
   };
   auto fwd = [=](Ops& o, const Buffers& b) {
-    if (variant) o.attention_fwd_v(b[0], b[1], b[2], b[5], b.f(6), a.S, a.L, a.nq, a.nkv, a.D, scale, var(b), b[11]);
+    if (variant)
+      o.attention_fwd_v(b[0], b[1], b[2], b[5], b.f(6), a.S, a.L, a.nq, a.nkv, a.D, scale, var(b), b[11]);
     else o.attention_fwd(b[0], b[1], b[2], b[5], b.f(6), a.S, a.L, a.nq, a.nkv, a.D, scale, b[11]);
   };
   if (only != "bwd") {
@@ -114,11 +116,11 @@ void add_att(std::vector<OpCase>& v, const std::string& prefix, const Att& a, co
     bw.prepare = fwd;
     bw.run = [=](Ops& o, const Buffers& b) {
       if (variant)
-        o.attention_bwd_v(b[0], b[1], b[2], b[5], b.f(6), b[3], b[7], b[8], b[9], a.S, a.L, a.nq, a.nkv, a.D, scale,
-                          var(b), b[11]);
+        o.attention_bwd_v(b[0], b[1], b[2], b[5], b.f(6), b[3], b[7], b[8], b[9], a.S, a.L, a.nq, a.nkv, a.D,
+                          scale, var(b), b[11]);
       else
-        o.attention_bwd(b[0], b[1], b[2], b[5], b.f(6), b[3], b[7], b[8], b[9], a.S, a.L, a.nq, a.nkv, a.D, scale,
-                        b[11]);
+        o.attention_bwd(b[0], b[1], b[2], b[5], b.f(6), b[3], b[7], b[8], b[9], a.S, a.L, a.nq, a.nkv, a.D,
+                        scale, b[11]);
     };
     bw.flops = 2.5 * fl;
     bw.bound = Bound::gemm_bf16;
@@ -140,11 +142,11 @@ void add_attention_cases(std::vector<OpCase>& v, Size s) {
     int impl;
   } impls[] = {{"auto", 0}, {"cfg2", 2}, {"cfg3", 3}, {"cudnn", 4}};
   for (const auto& im : impls) {
-    add_att(v, std::string("attention_L8k_") + im.tag, Att{1, big ? 8192 : 96, nq, nkv, D}, Knobs{im.impl}, "",
-            big ? 10 : 1);
+    add_att(v, std::string("attention_L8k_") + im.tag, Att{1, big ? 8192 : 96, nq, nkv, D}, Knobs{im.impl},
+            "", big ? 10 : 1);
     if (im.impl != 2)  // configuration 2 at 64K tokens: too slow to matter
-      add_att(v, std::string("attention_L64k_") + im.tag, Att{1, big ? 65536 : 160, nq, nkv, D}, Knobs{im.impl}, "",
-              1);
+      add_att(v, std::string("attention_L64k_") + im.tag, Att{1, big ? 65536 : 160, nq, nkv, D},
+              Knobs{im.impl}, "", 1);
   }
   // 32 (test: 16) query heads at r = 1, 2, 4, 8, 16 query heads per KV head
   const int64_t gq = big ? 32 : 16;

@@ -96,12 +96,13 @@ void add_lora(std::vector<OpCase>& v, const LoraShape& m) {
     }
     v.push_back(c);
   };
-  add("base_fwd", "linear_fwd", base, {x, w}, {y}, [=](Ops& o, const Buffers& b) { o.linear_fwd(b[x], b[w], b[y], T, in, out); });
+  add("base_fwd", "linear_fwd", base, {x, w}, {y},
+      [=](Ops& o, const Buffers& b) { o.linear_fwd(b[x], b[w], b[y], T, in, out); });
   add("base_bwd_input_acc", "linear_bwd_input", base, {dy, w, dx}, {dx},
       [=](Ops& o, const Buffers& b) { o.linear_bwd_input(b[dy], b[w], b[dx], T, in, out, true); });
   // the order before the adapted linears: base GEMM, then u and a read-modify-write y += u B^T
-  add("fwd_base_then_adapter", "linear_fwd+fill+linear_fwd_add", base + low_in + low_out, {x, w, A, B, u, y}, {y, u},
-      [=](Ops& o, const Buffers& b) {
+  add("fwd_base_then_adapter", "linear_fwd+fill+linear_fwd_add", base + low_in + low_out, {x, w, A, B, u, y},
+      {y, u}, [=](Ops& o, const Buffers& b) {
         o.linear_fwd(b[x], b[w], b[y], T, in, out);
         o.fill(o.dtype(), b[u], T * r, 0.f);
         o.linear_fwd_add(b[x], b[A], b[u], T, in, r, s);
@@ -136,7 +137,8 @@ void add_lora(std::vector<OpCase>& v, const LoraShape& m) {
     o.fill(o.dtype(), b[y], T * out, 0.f);
     o.linear_fwd_add(b[u], b[B], b[y], T, r, out, 1.f);
   });
-  add("y_uB", "linear_fwd", low_out, {u, B}, {y}, [=](Ops& o, const Buffers& b) { o.linear_fwd(b[u], b[B], b[y], T, r, out); });
+  add("y_uB", "linear_fwd", low_out, {u, B}, {y},
+      [=](Ops& o, const Buffers& b) { o.linear_fwd(b[u], b[B], b[y], T, r, out); });
   add("dB", "linear_bwd_weight", low_out, {dy, u, dB}, {dB},
       [=](Ops& o, const Buffers& b) { o.linear_bwd_weight(b[dy], b[u], b[dB], T, r, out); });
   add("g_dyB", "linear_bwd_input", low_out, {dy, B}, {g},
@@ -151,12 +153,14 @@ void add_embedding_and_head(std::vector<OpCase>& v, bool big) {
   const int64_t T = big ? 8192 : 48, H = big ? 2048 : 64, V = big ? 151936 : 300;
   const std::string sh = "T=" + std::to_string(T) + " H=" + std::to_string(H) + " V=" + std::to_string(V);
   OpCase ef{"embedding_fwd", "embedding_fwd", sh};
-  ef.tensors = {input("ids", I32, T, ints(0, V - 1)), input("table", C, V * H, normal(0.02f)), output("y", C, T * H)};
+  ef.tensors = {input("ids", I32, T, ints(0, V - 1)), input("table", C, V * H, normal(0.02f)),
+                output("y", C, T * H)};
   ef.run = [=](Ops& o, const Buffers& b) { o.embedding_fwd(b.i(0), b[1], b[2], T, H, V); };
   ef.bytes = double(T) * 4 + 2.0 * double(T * H) * 2;  // the T rows read, not the table
   v.push_back(ef);
   OpCase eb{"embedding_bwd", "embedding_bwd", sh + " dtable f32 +="};
-  eb.tensors = {input("ids", I32, T, ints(0, V - 1)), input("dy", C, T * H), inout("dtable", F32, V * H, constant(0.f))};
+  eb.tensors = {input("ids", I32, T, ints(0, V - 1)), input("dy", C, T * H),
+                inout("dtable", F32, V * H, constant(0.f))};
   eb.run = [=](Ops& o, const Buffers& b) { o.embedding_bwd(b.i(0), b[1], b[2], T, H, V); };
   eb.bytes = double(T) * 4 + double(T * H) * 2 + 2.0 * double(T * H) * 4;  // rows touched, read and written
   v.push_back(eb);
@@ -165,17 +169,20 @@ void add_embedding_and_head(std::vector<OpCase>& v, bool big) {
   for (bool grads : {false, true}) {
     OpCase c{grads ? "lm_head_ce_grads" : "lm_head_ce_loss", "lm_head_cross_entropy",
              sh + (grads ? " +dh, dW" : " loss only")};
-    c.tensors = {input("h", C, T * H), input("w", C, V * H, normal(0.02f)),
+    c.tensors = {input("h", C, T * H),
+                 input("w", C, V * H, normal(0.02f)),
                  input("targets", I32, T, ints(-1, V - 1)),  // about 1 in V ignored (-1)
-                 output("loss", F32, 2), output("dh", C, T * H), inout("dw", F32, V * H, constant(0.f)),
+                 output("loss", F32, 2),
+                 output("dh", C, T * H),
+                 inout("dw", F32, V * H, constant(0.f)),
                  scratch("scratch", sb)};
     if (!grads) {
       c.tensors[4].role = c.tensors[5].role = Role::in;
       c.tensors[4].compare = c.tensors[5].compare = false;
     }
     c.run = [=](Ops& o, const Buffers& b) {
-      o.lm_head_cross_entropy(b[0], b[1], b.i(2), T, H, V, b.f(3), grads ? b[4] : nullptr, grads ? b[5] : nullptr,
-                              b[6]);
+      o.lm_head_cross_entropy(b[0], b[1], b.i(2), T, H, V, b.f(3), grads ? b[4] : nullptr,
+                              grads ? b[5] : nullptr, b[6]);
     };
     if (!grads) c.bytes = double(T * H + V * H) * 2 + double(T) * 4 + 8;  // h, W, targets read; loss
     c.flops = grads ? 3 * fl : fl;

@@ -27,19 +27,23 @@ void add_rmsnorm(std::vector<OpCase>& v, const std::string& tag, int64_t R, int6
   OpCase bw{"rmsnorm_bwd_" + tag, "rmsnorm_bwd", sh + " dx +=, dw f32 +="};
   bw.tensors = {input("x", C, R * n), input("w", C, n, wf), input("dy", C, R * n), inout("dx", C, R * n),
                 inout("dw", F32, n, normal(0.1f))};
-  bw.run = [=](Ops& o, const Buffers& b) { o.rmsnorm_bwd(b[0], b[1], b[2], b[3], b[4], R, n, 1e-6f, true, w_offset); };
+  bw.run = [=](Ops& o, const Buffers& b) {
+    o.rmsnorm_bwd(b[0], b[1], b[2], b[3], b[4], R, n, 1e-6f, true, w_offset);
+  };
   v.push_back(bw);
 }
 
 // In place on x [T, heads, D], rotating the first R features (theta 1e6, Qwen3's).
-void add_rope(std::vector<OpCase>& v, const std::string& tag, int64_t T, int64_t heads, int64_t D, int64_t R) {
+void add_rope(std::vector<OpCase>& v, const std::string& tag, int64_t T, int64_t heads, int64_t D,
+              int64_t R) {
   auto inv = std::make_shared<std::vector<float>>(size_t(R / 2));
   for (int64_t i = 0; i < R / 2; ++i) (*inv)[size_t(i)] = float(std::pow(1e6, -2.0 * double(i) / double(R)));
   const std::string sh = "[" + std::to_string(T) + ", " + std::to_string(heads) + ", " + std::to_string(D) +
                          "]" + (R != D ? " rotary_dim=" + std::to_string(R) : "");
   const int64_t rd = R == D ? 0 : R;
   for (bool bwd : {false, true}) {
-    OpCase c{std::string(bwd ? "rope_bwd_" : "rope_fwd_") + tag, bwd ? "rope_bwd" : "rope_fwd", sh + " in place"};
+    OpCase c{std::string(bwd ? "rope_bwd_" : "rope_fwd_") + tag, bwd ? "rope_bwd" : "rope_fwd",
+             sh + " in place"};
     c.tensors = {inout("x", C, T * heads * D)};
     c.run = [=](Ops& o, const Buffers& b) {
       if (bwd) o.rope_bwd(b[0], 1, T, heads, D, inv->data(), 1.f, rd);
@@ -60,7 +64,8 @@ void add_glu(std::vector<OpCase>& v, const std::string& kind, int64_t n, const s
   };
   v.push_back(f);
   OpCase bw{kind + "_bwd", kind + "_bwd", sh};
-  bw.tensors = {input("g", C, n), input("u", C, n), input("dh", C, n), output("dg", C, n), output("du", C, n)};
+  bw.tensors = {input("g", C, n), input("u", C, n), input("dh", C, n), output("dg", C, n),
+                output("du", C, n)};
   bw.run = [=](Ops& o, const Buffers& b) {
     if (geglu) o.geglu_bwd(b[0], b[1], b[2], b[3], b[4], n);
     else o.swiglu_bwd(b[0], b[1], b[2], b[3], b[4], n);
@@ -68,7 +73,8 @@ void add_glu(std::vector<OpCase>& v, const std::string& kind, int64_t n, const s
   v.push_back(bw);
 }
 
-void add_helpers(std::vector<OpCase>& v, int64_t TH, int64_t TF, const std::string& sth, const std::string& stf) {
+void add_helpers(std::vector<OpCase>& v, int64_t TH, int64_t TF, const std::string& sth,
+                 const std::string& stf) {
   OpCase a{"add_residual", "add", sth};
   a.tensors = {input("a", C, TH), input("b", C, TH), output("y", C, TH)};
   a.run = [=](Ops& o, const Buffers& b) { o.add(b[0], b[1], b[2], TH); };

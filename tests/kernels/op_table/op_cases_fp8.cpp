@@ -55,13 +55,16 @@ void add_quantize(std::vector<OpCase>& v, int64_t rows, int64_t cols) {
     c.run = std::move(run);
     v.push_back(c);
   };
-  quant("fp8_quantize", n, [=](Ops& o, const Buffers& b) { o.fp8_quantize(b[0], b.f(1), b.u(2), n, E4); }, false);
+  quant(
+      "fp8_quantize", n, [=](Ops& o, const Buffers& b) { o.fp8_quantize(b[0], b.f(1), b.u(2), n, E4); },
+      false);
   quant(
       "fp8_quantize_rows", n,
       [=](Ops& o, const Buffers& b) { o.fp8_quantize_rows(b[0], b.f(1), b.u(2), rows, cols, E4); }, true);
   quant(
       "fp8_quantize_transposed", n,
-      [=](Ops& o, const Buffers& b) { o.fp8_quantize_transposed(b[0], b.f(1), b.u(2), rows, cols, E4); }, false);
+      [=](Ops& o, const Buffers& b) { o.fp8_quantize_transposed(b[0], b.f(1), b.u(2), rows, cols, E4); },
+      false);
   quant(
       "fp8_quantize_transposed_padded", cols * ld,
       [=](Ops& o, const Buffers& b) {
@@ -74,10 +77,13 @@ void add_quantize(std::vector<OpCase>& v, int64_t rows, int64_t cols) {
 void add_fused(std::vector<OpCase>& v, int64_t T, int64_t H, int64_t F) {
   OpCase r{"rmsnorm_fwd_fp8_scale", "rmsnorm_fwd_fp8_scale", mat(T, H) + " e4m3"};
   r.tensors = {input("x", C, T * H), input("w", C, H), output("y", C, T * H), output("scale", F32, 1)};
-  r.run = [=](Ops& o, const Buffers& b) { o.rmsnorm_fwd_fp8_scale(b[0], b[1], b[2], T, H, 1e-6f, E4, b.f(3)); };
+  r.run = [=](Ops& o, const Buffers& b) {
+    o.rmsnorm_fwd_fp8_scale(b[0], b[1], b[2], T, H, 1e-6f, E4, b.f(3));
+  };
   v.push_back(r);
   OpCase ro{"rmsnorm_fwd_fp8_scale_offset", "rmsnorm_fwd_fp8_scale", mat(T, H) + " e4m3 w_offset=1"};
-  ro.tensors = {input("x", C, T * H), input("w", C, H, normal(0.1f)), output("y", C, T * H), output("scale", F32, 1)};
+  ro.tensors = {input("x", C, T * H), input("w", C, H, normal(0.1f)), output("y", C, T * H),
+                output("scale", F32, 1)};
   ro.run = [=](Ops& o, const Buffers& b) {
     o.rmsnorm_fwd_fp8_scale(b[0], b[1], b[2], T, H, 1e-6f, E4, b.f(3), 1.f);
   };
@@ -97,10 +103,14 @@ void add_gemm(std::vector<OpCase>& v, const std::string& tag, int64_t M, int64_t
     const char* name;
     Fp8Format fa;
     int into;  // 0 compute, 1 compute +=, 2 fp32 +=
-  } gs[] = {{"gemm_fp8_", E4, 0}, {"gemm_fp8_e5m2_", E5, 0}, {"gemm_fp8_acc_", E4, 1}, {"gemm_fp8_f32_", E4, 2}};
+  } gs[] = {
+      {"gemm_fp8_", E4, 0}, {"gemm_fp8_e5m2_", E5, 0}, {"gemm_fp8_acc_", E4, 1}, {"gemm_fp8_f32_", E4, 2}};
   for (const G& g : gs) {
     OpCase c{g.name + tag, g.into == 2 ? "gemm_fp8_accumulate_f32" : "gemm_fp8",
-             sh + " " + fp8_format_name(g.fa) + " x e4m3" + (g.into == 2 ? " -> f32 +=" : g.into ? " +=" : "")};
+             sh + " " + fp8_format_name(g.fa) + " x e4m3" +
+                 (g.into == 2 ? " -> f32 +="
+                  : g.into    ? " +="
+                              : "")};
     const Fp8Format fa = g.fa;
     const int into = g.into;
     c.tensors = {input("a", U8, M * K, codes(fa)), input("scale_a", F32, 1, constant(code_scale(fa))),

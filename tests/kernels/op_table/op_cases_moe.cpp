@@ -52,13 +52,18 @@ void add_routing(std::vector<OpCase>& v, const Moe& m, const std::string& sh) {
   OpCase rt{"moe_route", "moe_route", sh + " +stats"};
   rt.tensors = {input("logits", C, T * E), output("probs", F32, T * E), output("topk_idx", I32, R, 0),
                 output("topk_w", F32, R), inout("stats", F32, 2 * E, constant(0.f))};
-  rt.run = [=](Ops& o, const Buffers& b) { o.moe_route(b[0], b.f(1), b.i(2), b.f(3), b.f(4), T, E, k, true); };
+  rt.run = [=](Ops& o, const Buffers& b) {
+    o.moe_route(b[0], b.f(1), b.i(2), b.f(3), b.f(4), T, E, k, true);
+  };
   v.push_back(rt);
   OpCase rb{"moe_route_bwd", "moe_route_bwd", sh};
-  rb.tensors = {input("logits", C, T * E), derived("probs", F32, T * E), derived("topk_idx", I32, R),
-                derived("topk_w", F32, R),     input("dw", F32, R),          input("counts", F32, E, ints(0, 64)),
+  rb.tensors = {input("logits", C, T * E),   derived("probs", F32, T * E),
+                derived("topk_idx", I32, R), derived("topk_w", F32, R),
+                input("dw", F32, R),         input("counts", F32, E, ints(0, 64)),
                 output("dlogits", C, T * E)};
-  rb.prepare = [=](Ops& o, const Buffers& b) { o.moe_route(b[0], b.f(1), b.i(2), b.f(3), nullptr, T, E, k, true); };
+  rb.prepare = [=](Ops& o, const Buffers& b) {
+    o.moe_route(b[0], b.f(1), b.i(2), b.f(3), nullptr, T, E, k, true);
+  };
   rb.run = [=](Ops& o, const Buffers& b) {
     o.moe_route_bwd(b.f(1), b.i(2), b.f(4), b.f(5), 0.01f, b[6], T, E, k, true);
   };
@@ -76,13 +81,17 @@ void add_routing(std::vector<OpCase>& v, const Moe& m, const std::string& sh) {
   g.bytes = 2.0 * double(R * H) * 2 + double(R) * 4;
   v.push_back(g);
   OpCase cb{"moe_combine", "moe_combine", sr};
-  cb.tensors = {input("ys", C, R * H), input("w", F32, R), input("row", I32, R, permutation()), output("y", C, T * H)};
+  cb.tensors = {input("ys", C, R * H), input("w", F32, R), input("row", I32, R, permutation()),
+                output("y", C, T * H)};
   cb.run = [=](Ops& o, const Buffers& b) { o.moe_combine(b[0], b.f(1), b.i(2), b[3], T, k, H, false); };
   v.push_back(cb);
   OpCase cbb{"moe_combine_bwd", "moe_combine_bwd", sr};
-  cbb.tensors = {input("dy", C, T * H),  input("ys", C, R * H),  input("w", F32, R), input("row", I32, R, permutation()),
+  cbb.tensors = {input("dy", C, T * H),   input("ys", C, R * H),
+                 input("w", F32, R),      input("row", I32, R, permutation()),
                  output("dys", C, R * H), output("dw", F32, R)};
-  cbb.run = [=](Ops& o, const Buffers& b) { o.moe_combine_bwd(b[0], b[1], b.f(2), b.i(3), b[4], b.f(5), T, k, H); };
+  cbb.run = [=](Ops& o, const Buffers& b) {
+    o.moe_combine_bwd(b[0], b[1], b.f(2), b.i(3), b[4], b.f(5), T, k, H);
+  };
   v.push_back(cbb);
   OpCase gb{"moe_gather_bwd", "moe_gather_bwd", sr};
   gb.tensors = {input("dxs", C, R * H), input("row", I32, R, permutation()), output("dx", C, T * H)};
@@ -120,8 +129,8 @@ void apply(OpCase& c, const Mode& md) {
 void add_grouped(std::vector<OpCase>& v, const Moe& m, const char* proj, int64_t K, int64_t N, bool lowrank) {
   const int64_t E = m.E, R = m.T * m.k;
   const double fl = 2.0 * double(R) * double(K) * double(N);
-  const std::string sh = std::string(proj) + " R=" + std::to_string(R) + " K=" + std::to_string(K) +
-                         " N=" + std::to_string(N);
+  const std::string sh =
+      std::string(proj) + " R=" + std::to_string(R) + " K=" + std::to_string(K) + " N=" + std::to_string(N);
   const std::string p = std::string("moe_") + proj;
   OpCase d{p + "_dense_ceiling", "linear_fwd", sh + " (all rows, one weight)"};
   d.tensors = {input("x", C, R * K), input("w", C, N * K, normal(0.02f)), output("y", C, R * N)};
@@ -176,7 +185,9 @@ void add_grouped(std::vector<OpCase>& v, const Moe& m, const char* proj, int64_t
       OpCase bw = make("bwd_weight", "grouped_linear_bwd_weight");
       bw.tensors[2].n = 0;
       keep(bw, {6});
-      bw.run = [=](Ops& o, const Buffers& b) { o.grouped_linear_bwd_weight(b[4], b[1], b[6], b.i(0), E, K, N); };
+      bw.run = [=](Ops& o, const Buffers& b) {
+        o.grouped_linear_bwd_weight(b[4], b[1], b[6], b.i(0), E, K, N);
+      };
       v.push_back(bw);
     }
   }
@@ -187,7 +198,8 @@ void add_grouped(std::vector<OpCase>& v, const Moe& m, const char* proj, int64_t
 void add_moe_cases(std::vector<OpCase>& v, Size s) {
   const bool big = s == Size::bench;
   const Moe m = big ? Moe{4096, 128, 8, 2048, 768} : Moe{32, 8, 2, 32, 24};
-  const std::string sh = "T=" + std::to_string(m.T) + " E=" + std::to_string(m.E) + " k=" + std::to_string(m.k);
+  const std::string sh =
+      "T=" + std::to_string(m.T) + " E=" + std::to_string(m.E) + " k=" + std::to_string(m.k);
   add_routing(v, m, sh);
   const int64_t r = big ? 32 : 8;
   add_grouped(v, m, "gateup", m.H, m.F, false);
@@ -203,7 +215,9 @@ void add_moe_cases(std::vector<OpCase>& v, Size s) {
     c.tensors = {input("offsets_host", I32, E + 1, offsets(R, E)), input("x", C, R * K),
                  input("w", C, E * N * K, normal(0.02f)), inout("y", C, R * N)};
     c.tensors[0].place = Place::host;
-    c.run = [=](Ops& o, const Buffers& b) { o.grouped_linear_fwd_add(b[1], b[2], b[3], b.i(0), E, K, N, 2.f); };
+    c.run = [=](Ops& o, const Buffers& b) {
+      o.grouped_linear_fwd_add(b[1], b[2], b[3], b.i(0), E, K, N, 2.f);
+    };
     c.flops = 2.0 * double(R) * double(K) * double(N);
     c.bound = Bound::gemm_bf16;
     v.push_back(c);

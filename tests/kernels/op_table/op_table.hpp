@@ -57,12 +57,12 @@ struct Tensor {
   Kind kind = Kind::compute;
   int64_t n = 0;
   Role role = Role::in;
-  Fill fill;                            ///< in / inout (null: zeros)
+  Fill fill;  ///< in / inout (null: zeros)
   Place place = Place::device;
-  Fp8Format codes = Fp8Format::e4m3;    ///< u8 outputs: decoded in this format for checks
-  double nmse = -1;                     ///< compared outputs: bound (< 0: the case's)
-  bool compare = true;                  ///< out / inout: compared between backends
-  bool finite = true;                   ///< out / inout: NaN / inf is an error
+  Fp8Format codes = Fp8Format::e4m3;  ///< u8 outputs: decoded in this format for checks
+  double nmse = -1;                   ///< compared outputs: bound (< 0: the case's)
+  bool compare = true;                ///< out / inout: compared between backends
+  bool finite = true;                 ///< out / inout: NaN / inf is an error
 };
 
 /// The pointers of one allocation of a case's tensors, in the order of OpCase::tensors.
@@ -86,9 +86,9 @@ struct OpCase {
   std::string shape;  ///< human-readable shape and dtype
   std::vector<Tensor> tensors;
   RunFn run;
-  RunFn prepare;                      ///< optional, once per allocation before run
-  std::function<void(Ops&)> cuda_on;  ///< optional CUDA-only setting, applied before
-  std::function<void(Ops&)> cuda_off; ///< ... and undone after (both inside a launch)
+  RunFn prepare;                       ///< optional, once per allocation before run
+  std::function<void(Ops&)> cuda_on;   ///< optional CUDA-only setting, applied before
+  std::function<void(Ops&)> cuda_off;  ///< ... and undone after (both inside a launch)
   /// optional: why this CUDA variant cannot run on the device at hand ("" = it can), e.g. cuDNN
   /// attention in a build without cuDNN; such a case is skipped on the GPU, saying why.
   std::function<std::string()> cuda_unavailable;
@@ -135,7 +135,9 @@ inline Tensor scratch(std::string name, size_t bytes) {
   return Tensor{std::move(name), Kind::u8, int64_t(bytes), Role::scratch};
 }
 /// Filled on each backend by the case's prepare step.
-inline Tensor derived(std::string name, Kind k, int64_t n) { return Tensor{std::move(name), k, n, Role::derived}; }
+inline Tensor derived(std::string name, Kind k, int64_t n) {
+  return Tensor{std::move(name), k, n, Role::derived};
+}
 
 /// Bytes per element of kind k on a backend whose compute dtype is ct.
 size_t kind_bytes(Kind k, DType ct);
@@ -163,6 +165,16 @@ struct Outcome {
 /// (with cuda_on / cuda_off when cuda), wait, download outputs, check guards and finiteness.
 /// Never throws for the case's own errors (they become problems).
 Outcome run_case(Device& dev, const OpCase& c, const std::vector<std::vector<float>>& inputs, bool cuda);
+
+/// One allocation of c's tensors on dev as the benchmark uses them: no guard bands, inputs
+/// uploaded (outputs and scratch left as allocated), host tensors kept in `host`. Throws what
+/// the allocation or the upload throws.
+struct Allocation {
+  std::vector<DeviceBuffer> dev;
+  std::vector<std::vector<uint8_t>> host;
+  std::vector<void*> ptr;
+};
+Allocation allocate(Device& dev, const OpCase& c, const std::vector<std::vector<float>>& inputs);
 
 /// NMSE of a against b (0 when both are all zero; infinite for a size mismatch or NaN).
 double nmse(const std::vector<float>& a, const std::vector<float>& b);
