@@ -101,10 +101,11 @@ bool parse(int argc, char** argv, Args& a) {
         else a.sustained_s = d;
       }
     } else {
-      std::fprintf(stderr,
-                   "bench_ops: unknown argument '%s' (expected --filter P, --list, --quick, --cpu, --trials N, "
-                   "--out F, --sustained S)\n",
-                   x.c_str());
+      std::fprintf(
+          stderr,
+          "bench_ops: unknown argument '%s' (expected --filter P, --list, --quick, --cpu, --trials N, "
+          "--out F, --sustained S)\n",
+          x.c_str());
       return false;
     }
   }
@@ -152,6 +153,7 @@ Timed time_case(Device& dev, const OpCase& c, const Args& a) {
   std::vector<Buffers> bufs;
   for (const Allocation& x : al) bufs.emplace_back(x.ptr);
   const int reps = std::max(1, a.quick ? c.reps / 3 : c.reps);
+  const RunFn& run = a.cpu && c.twin ? c.twin : c.run;
   struct Knob {  // the case's CUDA setting, undone even when a call throws
     const OpCase& c;
     Ops& o;
@@ -166,14 +168,14 @@ Timed time_case(Device& dev, const OpCase& c, const Args& a) {
     if (!a.cpu && c.cuda_on) c.cuda_on(ops);
     for (const Buffers& b : bufs)
       if (c.prepare) c.prepare(ops, b);
-    for (int w = 0; w < 2; ++w) c.run(ops, bufs[size_t(w) % bufs.size()]);
+    for (int w = 0; w < 2; ++w) run(ops, bufs[size_t(w) % bufs.size()]);
   });
   std::vector<double> per_call;
   for (int trial = 0; trial < (a.quick ? 3 : a.trials); ++trial) {
     std::unique_ptr<TimingMark> m0, m1;
     launch_checked(cs, [&] {
       m0 = cs.mark_time();
-      for (int r = 0; r < reps; ++r) c.run(ops, bufs[size_t(r) % bufs.size()]);
+      for (int r = 0; r < reps; ++r) run(ops, bufs[size_t(r) % bufs.size()]);
       m1 = cs.mark_time();
     });
     per_call.push_back(m1->seconds_since(*m0) / reps);
@@ -194,8 +196,9 @@ std::string fmt_line(const OpCase& c, DType ct, double sec, int sets) {
   } else {
     const double tf = c.flops / sec / 1e12;
     const double ceil = c.bound == Bound::gemm_fp8 ? k.fp8_gemm_burst_tflops : k.bf16_gemm_burst_tflops;
-    std::snprintf(buf, sizeof buf, "%-44s %-40s %9.4f ms %7.1f TFLOP/s %5.1f%% of %s %8.1f GB/s", c.name.c_str(),
-                  c.shape.c_str(), sec * 1e3, tf, 100 * tf / ceil, c.bound == Bound::gemm_fp8 ? "FP8" : "bf16", gbs);
+    std::snprintf(buf, sizeof buf, "%-44s %-40s %9.4f ms %7.1f TFLOP/s %5.1f%% of %s %8.1f GB/s",
+                  c.name.c_str(), c.shape.c_str(), sec * 1e3, tf, 100 * tf / ceil,
+                  c.bound == Bound::gemm_fp8 ? "FP8" : "bf16", gbs);
   }
   return buf;
 }
@@ -236,9 +239,10 @@ int sustained(Device& dev, const std::vector<OpCase>& cases, const Args& a) {
   }
   std::vector<double> tail(rates.begin() + long(rates.size() / 2), rates.end());
   std::sort(tail.begin(), tail.end());
-  std::printf("sustained (median of the second half): %.1f TFLOP/s; ceilings bf16 %.0f burst / %.0f sustained\n",
-              tail[tail.size() / 2], rp::bench::kH200.bf16_gemm_burst_tflops,
-              rp::bench::kH200.bf16_gemm_sustained_tflops);
+  std::printf(
+      "sustained (median of the second half): %.1f TFLOP/s; ceilings bf16 %.0f burst / %.0f sustained\n",
+      tail[tail.size() / 2], rp::bench::kH200.bf16_gemm_burst_tflops,
+      rp::bench::kH200.bf16_gemm_sustained_tflops);
   return 0;
 }
 
@@ -253,13 +257,13 @@ int run_all(const std::vector<OpCase>& cases, const Args& a) {
   const std::time_t now = std::time(nullptr);
   char date[64];
   std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
-  std::snprintf(head, sizeof head,
-                "# bench_ops\n\n- command: `%s`\n- commit: %s (%s build, CUDA architectures %s)\n- machine: %s\n"
-                "- date: %s\n- ceilings (bench/ceilings.hpp): bf16 GEMM %.0f TFLOP/s burst, %.0f sustained; FP8 "
-                "GEMM %.0f; HBM %.0f GB/s (copy measured %.0f)\n\n```\n",
-                a.command.c_str(), rp::kGitCommit, rp::kBuildType, rp::kCudaArchitectures, machine(*dev).c_str(),
-                date, k.bf16_gemm_burst_tflops, k.bf16_gemm_sustained_tflops, k.fp8_gemm_burst_tflops, k.hbm_gbs,
-                k.copy_gbs);
+  std::snprintf(
+      head, sizeof head,
+      "# bench_ops\n\n- command: `%s`\n- commit: %s (%s build, CUDA architectures %s)\n- machine: %s\n"
+      "- date: %s\n- ceilings (bench/ceilings.hpp): bf16 GEMM %.0f TFLOP/s burst, %.0f sustained; FP8 "
+      "GEMM %.0f; HBM %.0f GB/s (copy measured %.0f)\n\n```\n",
+      a.command.c_str(), rp::kGitCommit, rp::kBuildType, rp::kCudaArchitectures, machine(*dev).c_str(), date,
+      k.bf16_gemm_burst_tflops, k.bf16_gemm_sustained_tflops, k.fp8_gemm_burst_tflops, k.hbm_gbs, k.copy_gbs);
   std::fputs(head, stdout);
   md << head;
   int failed = 0;
@@ -304,8 +308,9 @@ int main(int argc, char** argv) {
     for (OpCase& c : op_table(a.cpu ? Size::test : Size::bench))
       if (selected(a, c.name)) cases.push_back(std::move(c));
     if (a.sustained_s > 0 && a.patterns.empty()) {
-      cases.erase(std::remove_if(cases.begin(), cases.end(), [](const OpCase& c) { return c.name != "gemm_square"; }),
-                  cases.end());
+      cases.erase(
+          std::remove_if(cases.begin(), cases.end(), [](const OpCase& c) { return c.name != "gemm_square"; }),
+          cases.end());
     }
     if (cases.empty()) {
       std::fprintf(stderr, "bench_ops: no case matches the filter (--list shows the names)\n");

@@ -31,6 +31,32 @@ std::unique_ptr<Device> cpu_device() {
   return d;
 }
 
+// One CPU and one CUDA device for all cases (opening a GPU costs more than most cases), closed
+// when the tests end.
+class Devices : public ::testing::Environment {
+ public:
+  static Device& cpu() {
+    if (!cpu_) cpu_ = cpu_device();
+    return *cpu_;
+  }
+  static Device& cuda() {
+    if (!cuda_) {
+      DeviceOptions o;
+      o.capacity_bytes = size_t(24) << 30;
+      cuda_ = make_cuda_device(0, o);
+    }
+    return *cuda_;
+  }
+  void TearDown() override {
+    cuda_.reset();
+    cpu_.reset();
+  }
+
+ private:
+  static inline std::unique_ptr<Device> cpu_, cuda_;
+};
+[[maybe_unused]] ::testing::Environment* const kDevices = ::testing::AddGlobalTestEnvironment(new Devices);
+
 std::string joined(const std::vector<std::string>& v) {
   std::string s;
   for (const auto& x : v) s += "\n  " + x;
@@ -43,18 +69,14 @@ TEST_P(OpTableTest, CudaMatchesCpuTwin) {
   const OpCase& c = test_table()[GetParam()];
   // inputs rounded to bf16, the CUDA backend's storage, so both backends read the same values
   const auto inputs = make_inputs(c, DType::bf16);
-  auto cpu = cpu_device();
-  const Outcome ref = run_case(*cpu, c, inputs, false);
+  const Outcome ref = run_case(Devices::cpu(), c, inputs, false);
   ASSERT_TRUE(ref.problems.empty()) << c.name << " on the CPU backend:" << joined(ref.problems);
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
-  DeviceOptions o;
-  o.capacity_bytes = size_t(24) << 30;
-  auto gpu = make_cuda_device(0, o);
   if (c.cuda_unavailable) {
     const std::string why = c.cuda_unavailable();
     if (!why.empty()) GTEST_SKIP() << why;
   }
-  const Outcome got = run_case(*gpu, c, inputs, true);
+  const Outcome got = run_case(Devices::cuda(), c, inputs, true);
   ASSERT_TRUE(got.problems.empty()) << c.name << " on the CUDA backend:" << joined(got.problems);
   const auto bad = compare(c, got, ref);
   EXPECT_TRUE(bad.empty()) << c.name << " (" << c.shape << "), CUDA against the CPU twin:" << joined(bad);

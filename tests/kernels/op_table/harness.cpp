@@ -8,6 +8,7 @@
 #include <limits>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 #include "tests/kernels/op_table/op_table.hpp"
 
@@ -116,20 +117,40 @@ std::string wait(Stream& cs) {
   return fut.get();
 }
 
+// Fills v in blocks of 2^20 values, block j from its own stream seeded by (seed, j), on up to
+// 16 threads for large tensors (the values do not depend on the thread count).
+void fill_blocks(std::vector<float>& v, uint64_t seed,
+                 const std::function<void(float*, size_t, Uniform&)>& fn) {
+  const size_t block = size_t(1) << 20, nb = (v.size() + block - 1) / block;
+  auto work = [&](size_t first, size_t step) {
+    for (size_t j = first; j < nb; j += step) {
+      Uniform u(seed ^ (uint64_t(j) * 0xD1B54A32D192ED03ull));
+      fn(v.data() + j * block, std::min(block, v.size() - j * block), u);
+    }
+  };
+  const size_t nt = std::min<size_t>({nb, 16, std::max(1u, std::thread::hardware_concurrency())});
+  if (nt <= 1) return work(0, 1);
+  std::vector<std::thread> th;
+  for (size_t t = 0; t < nt; ++t) th.emplace_back(work, t, nt);
+  for (auto& x : th) x.join();
+}
+
 }  // namespace
 
 Fill normal(float scale) {
   return [scale](std::vector<float>& v, uint64_t seed) {
-    Uniform u(seed);
-    for (auto& x : v) x = scale * float((u() + u() + u() + u() - 2.0) * std::sqrt(3.0));
+    fill_blocks(v, seed, [scale](float* p, size_t n, Uniform& u) {
+      for (size_t i = 0; i < n; ++i) p[i] = scale * float((u() + u() + u() + u() - 2.0) * std::sqrt(3.0));
+    });
   };
 }
 
 Fill ints(int64_t lo, int64_t hi) {
   return [lo, hi](std::vector<float>& v, uint64_t seed) {
-    Uniform u(seed);
     const double span = double(hi - lo + 1);
-    for (auto& x : v) x = float(lo + std::min<int64_t>(int64_t(u() * span), hi - lo));
+    fill_blocks(v, seed, [=](float* p, size_t n, Uniform& u) {
+      for (size_t i = 0; i < n; ++i) p[i] = float(lo + std::min<int64_t>(int64_t(u() * span), hi - lo));
+    });
   };
 }
 
@@ -204,7 +225,7 @@ Outcome run_case(Device& dev, const OpCase& c, const std::vector<std::vector<flo
     try {
       if (cuda && c.cuda_on) c.cuda_on(ops);
       if (c.prepare) c.prepare(ops, b);
-      c.run(ops, b);
+      (!cuda && c.twin ? c.twin : c.run)(ops, b);
       if (cuda && c.cuda_off) c.cuda_off(ops);
     } catch (const std::exception& e) {
       thrown = e.what();

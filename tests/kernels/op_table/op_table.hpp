@@ -86,7 +86,10 @@ struct OpCase {
   std::string shape;  ///< human-readable shape and dtype
   std::vector<Tensor> tensors;
   RunFn run;
-  RunFn prepare;                       ///< optional, once per allocation before run
+  RunFn prepare;  ///< optional, once per allocation before run
+  /// optional: what the CPU backend runs instead of run, for a CUDA-only helper (the same result
+  /// built from primitive ops, the helper's CPU twin)
+  RunFn twin;
   std::function<void(Ops&)> cuda_on;   ///< optional CUDA-only setting, applied before
   std::function<void(Ops&)> cuda_off;  ///< ... and undone after (both inside a launch)
   /// optional: why this CUDA variant cannot run on the device at hand ("" = it can), e.g. cuDNN
