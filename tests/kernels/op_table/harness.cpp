@@ -190,6 +190,38 @@ std::vector<std::vector<float>> make_inputs(const OpCase& c, DType round_to_t) {
   return in;
 }
 
+// Reads output t back from h (its bytes with the guard bands) into out, reporting a touched
+// guard band and NaN / inf values.
+static void check_output(const Tensor& t, DType ct, const std::vector<uint8_t>& h, std::vector<float>& out,
+                         std::vector<std::string>& problems) {
+  const size_t bytes = h.size() - 2 * kGuardBytes;
+  for (size_t g = 0; g < kGuardBytes; ++g) {
+    if (h[g] != kGuardByte) {
+      problems.push_back(t.name + ": guard band before the output overwritten (byte " +
+                         std::to_string(int64_t(g) - int64_t(kGuardBytes)) + ")");
+      break;
+    }
+  }
+  for (size_t g = 0; g < kGuardBytes; ++g) {
+    if (h[kGuardBytes + bytes + g] != kGuardByte) {
+      problems.push_back(t.name + ": guard band after the output overwritten (byte +" + std::to_string(g) +
+                         ")");
+      break;
+    }
+  }
+  out = decode(t.kind, ct, t.codes, h.data() + kGuardBytes, t.n);
+  if (!t.finite || t.kind == Kind::i32) return;
+  int64_t bad = 0, first = -1;
+  for (int64_t j = 0; j < t.n; ++j)
+    if (!std::isfinite(out[size_t(j)])) {
+      if (first < 0) first = j;
+      ++bad;
+    }
+  if (bad)
+    problems.push_back(t.name + ": " + std::to_string(bad) + " of " + std::to_string(t.n) +
+                       " values NaN or inf (first at " + std::to_string(first) + ")");
+}
+
 Outcome run_case(Device& dev, const OpCase& c, const std::vector<std::vector<float>>& inputs, bool cuda) {
   Outcome oc;
   const DType ct = dev.ops().dtype();
@@ -244,33 +276,7 @@ Outcome run_case(Device& dev, const OpCase& c, const std::vector<std::vector<flo
   for (size_t i = 0; i < nt; ++i) {
     const Tensor& t = c.tensors[i];
     if (!is_output(t.role)) continue;
-    const std::vector<uint8_t>& h = host[i];
-    const size_t bytes = h.size() - 2 * kGuardBytes;
-    for (size_t g = 0; g < kGuardBytes; ++g) {
-      if (h[g] != kGuardByte) {
-        oc.problems.push_back(t.name + ": guard band before the output overwritten (byte " +
-                              std::to_string(g - kGuardBytes) + ")");
-        break;
-      }
-    }
-    for (size_t g = 0; g < kGuardBytes; ++g) {
-      if (h[kGuardBytes + bytes + g] != kGuardByte) {
-        oc.problems.push_back(t.name + ": guard band after the output overwritten (byte +" +
-                              std::to_string(g) + ")");
-        break;
-      }
-    }
-    oc.outputs[i] = decode(t.kind, ct, t.codes, h.data() + kGuardBytes, t.n);
-    if (!t.finite || t.kind == Kind::i32) continue;
-    int64_t bad = 0, first = -1;
-    for (int64_t j = 0; j < t.n; ++j)
-      if (!std::isfinite(oc.outputs[i][size_t(j)])) {
-        if (first < 0) first = j;
-        ++bad;
-      }
-    if (bad)
-      oc.problems.push_back(t.name + ": " + std::to_string(bad) + " of " + std::to_string(t.n) +
-                            " values NaN or inf (first at " + std::to_string(first) + ")");
+    check_output(t, ct, host[i], oc.outputs[i], oc.problems);
   }
   return oc;
 }

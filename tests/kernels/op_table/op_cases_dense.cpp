@@ -69,33 +69,50 @@ OpCase lora_case(const LoraShape& m, const std::string& what, const std::string&
   return c;
 }
 
-void add_lora(std::vector<OpCase>& v, const LoraShape& m) {
-  const int64_t T = m.T, in = m.in, out = m.out, r = m.r;
-  const float s = 2.f;
-  const double base = 2.0 * double(T) * double(in) * double(out), low_in = 2.0 * double(T) * in * r,
-               low_out = 2.0 * double(T) * out * r;
-  enum { x, w, dy, A, B, y, dx, u, g, dA, dB, ax };
-  // Tensors a case neither reads nor writes stay unread inputs (not compared, no traffic);
-  // bytes: those read once, those written once (in-out twice).
-  auto add = [&](const std::string& what, const std::string& op, double fl, std::initializer_list<int> reads,
-                 std::initializer_list<int> written, RunFn run) {
-    OpCase c = lora_case(m, what, op);
-    c.run = std::move(run);
-    c.flops = fl;
-    c.bytes = 0;
-    for (size_t i = 0; i < c.tensors.size(); ++i) {
-      Tensor& t = c.tensors[i];
-      const bool rd = std::find(reads.begin(), reads.end(), int(i)) != reads.end();
-      const bool wr = std::find(written.begin(), written.end(), int(i)) != written.end();
-      const double tb = double(t.n) * double(kind_bytes(t.kind, DType::bf16));
-      c.bytes += (rd ? tb : 0) + (wr ? tb : 0);
-      if (!wr) {
-        t.role = Role::in;
-        t.compare = false;
-      }
+enum LoraTensor { x, w, dy, A, B, y, dx, u, g, dA, dB, ax };  // lora_case's order
+
+// Adds lora_case(m, what, op) running `run`. Tensors it neither reads nor writes stay unread
+// inputs (not compared, no traffic); bytes: those read once, those written once.
+void lora_add(std::vector<OpCase>& v, const LoraShape& m, const std::string& what, const std::string& op,
+              double fl, std::initializer_list<int> reads, std::initializer_list<int> written, RunFn run) {
+  OpCase c = lora_case(m, what, op);
+  c.run = std::move(run);
+  c.flops = fl;
+  c.bytes = 0;
+  for (size_t i = 0; i < c.tensors.size(); ++i) {
+    Tensor& t = c.tensors[i];
+    const bool rd = std::find(reads.begin(), reads.end(), int(i)) != reads.end();
+    const bool wr = std::find(written.begin(), written.end(), int(i)) != written.end();
+    const double tb = double(t.n) * double(kind_bytes(t.kind, DType::bf16));
+    c.bytes += (rd ? tb : 0) + (wr ? tb : 0);
+    if (!wr) {
+      t.role = Role::in;
+      t.compare = false;
     }
-    v.push_back(c);
-  };
+  }
+  v.push_back(c);
+}
+
+// The adapter's FLOPs: the base GEMM, and the low-rank products on the input / output side.
+struct LoraFlops {
+  double base, low_in, low_out;
+  explicit LoraFlops(const LoraShape& m)
+      : base(2.0 * double(m.T) * double(m.in) * double(m.out)),
+        low_in(2.0 * double(m.T) * double(m.in) * double(m.r)),
+        low_out(2.0 * double(m.T) * double(m.out) * double(m.r)) {}
+};
+
+constexpr float kLoraScaling = 2.f;
+
+// The base GEMMs and the two call orders of a whole adapted linear, forward and backward.
+void add_lora_sequences(std::vector<OpCase>& v, const LoraShape& m) {
+  const int64_t T = m.T, in = m.in, out = m.out, r = m.r;
+  const float s = kLoraScaling;
+  const LoraFlops f(m);
+  const double base = f.base, low_in = f.low_in, low_out = f.low_out;
+  auto add = [&](const std::string& what, const std::string& op, double fl, std::initializer_list<int> reads,
+                 std::initializer_list<int> written,
+                 RunFn run) { lora_add(v, m, what, op, fl, reads, written, std::move(run)); };
   add("base_fwd", "linear_fwd", base, {x, w}, {y},
       [=](Ops& o, const Buffers& b) { o.linear_fwd(b[x], b[w], b[y], T, in, out); });
   add("base_bwd_input_acc", "linear_bwd_input", base, {dy, w, dx}, {dx},
@@ -129,6 +146,32 @@ void add_lora(std::vector<OpCase>& v, const LoraShape& m) {
         o.linear_bwd_input(b[ax], b[A], b[dx], T, in, r, false);
         o.linear_bwd_input(b[dy], b[w], b[dx], T, in, out, true);
       });
+  // the order before: the base dx = dy W, then the adapter with u computed again and dx += g A
+  add("bwd_base_then_adapter", "linear_bwd_input+fill+linear_fwd_add+linear_bwd_weight+add_into",
+      base + 3 * low_in + 2 * low_out, {x, w, dy, A, B, dA, dB}, {dx, u, g, dA, dB, ax},
+      [=](Ops& o, const Buffers& b) {
+        const DType dt = o.dtype();
+        o.linear_bwd_input(b[dy], b[w], b[dx], T, in, out, false);
+        o.fill(dt, b[u], T * r, 0.f);
+        o.linear_fwd_add(b[x], b[A], b[u], T, in, r, s);
+        o.linear_bwd_weight(b[dy], b[u], b[dB], T, r, out);
+        o.linear_bwd_input(b[dy], b[B], b[g], T, r, out, false);
+        o.fill(dt, b[ax], T * r, 0.f);
+        o.add_into(dt, b[ax], dt, b[g], T * r, s);
+        o.linear_bwd_weight(b[ax], b[x], b[dA], T, in, r);
+        o.linear_bwd_input(b[ax], b[A], b[dx], T, in, r, true);
+      });
+}
+
+// The adapter's primitives one by one.
+void add_lora_primitives(std::vector<OpCase>& v, const LoraShape& m) {
+  const int64_t T = m.T, in = m.in, out = m.out, r = m.r;
+  const float s = kLoraScaling;
+  const LoraFlops f(m);
+  const double low_in = f.low_in, low_out = f.low_out;
+  auto add = [&](const std::string& what, const std::string& op, double fl, std::initializer_list<int> reads,
+                 std::initializer_list<int> written,
+                 RunFn run) { lora_add(v, m, what, op, fl, reads, written, std::move(run)); };
   add("u_fill_fwd_add", "fill+linear_fwd_add", low_in, {x, A, u}, {u}, [=](Ops& o, const Buffers& b) {
     o.fill(o.dtype(), b[u], T * r, 0.f);
     o.linear_fwd_add(b[x], b[A], b[u], T, in, r, s);
@@ -177,8 +220,9 @@ void add_embedding_and_head(std::vector<OpCase>& v, bool big) {
                  inout("dw", F32, V * H, constant(0.f)),
                  scratch("scratch", sb)};
     if (!grads) {
-      c.tensors[4].role = c.tensors[5].role = Role::in;
+      c.tensors[4].role = c.tensors[5].role = Role::in;  // not passed: no room needed
       c.tensors[4].compare = c.tensors[5].compare = false;
+      c.tensors[4].n = c.tensors[5].n = 0;
     }
     c.run = [=](Ops& o, const Buffers& b) {
       o.lm_head_cross_entropy(b[0], b[1], b.i(2), T, H, V, b.f(3), grads ? b[4] : nullptr,
@@ -216,7 +260,10 @@ void add_dense_cases(std::vector<OpCase>& v, Size s) {
                           {"k", LT, big ? 4096 : 64, big ? 1024 : 32, r},
                           {"gate", LT, big ? 4096 : 64, big ? 14336 : 112, r},
                           {"down", LT, big ? 14336 : 112, big ? 4096 : 64, r}};
-  for (const LoraShape& m : ls) add_lora(v, m);
+  for (const LoraShape& m : ls) {
+    add_lora_sequences(v, m);
+    add_lora_primitives(v, m);
+  }
   add_embedding_and_head(v, big);
 }
 
