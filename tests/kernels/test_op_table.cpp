@@ -114,7 +114,8 @@ TEST(OpTableHarness, WrongTwinIsDetected) {
   ASSERT_TRUE(good.problems.empty()) << joined(good.problems);
   EXPECT_TRUE(compare(c, good, good).empty());
   // a twin computing geglu instead of swiglu: finite, in range, and wrong
-  const OpCase wrong = with_run(c, [](Ops& o, const Buffers& b) { o.geglu_fwd(b[0], b[1], b[2], 48 * 96); });
+  const int64_t n = c.tensors[2].n;
+  const OpCase wrong = with_run(c, [n](Ops& o, const Buffers& b) { o.geglu_fwd(b[0], b[1], b[2], n); });
   const Outcome bad = run_case(*cpu, wrong, in, false);
   ASSERT_TRUE(bad.problems.empty()) << joined(bad.problems);
   const auto diff = compare(c, bad, good);
