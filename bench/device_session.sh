@@ -28,7 +28,7 @@ if [ "${DO_TESTS:-1}" = 1 ]; then
 fi
 if [ "${DO_OPS:-0}" = 1 ]; then
   step per-op benchmark
-  .device/bin/bench_cuda_ops_bench ${OPS_ARGS:-} > "$OUT/cuda_ops.md" 2>&1; tail -40 "$OUT/cuda_ops.md"
+  .device/bin/bench_ops --out "$OUT/ops.md" ${OPS_ARGS:-} > "$OUT/ops.txt" 2>&1; tail -40 "$OUT/ops.txt"
 fi
 if [ "${DO_BENCH:-1}" = 1 ]; then
   res=$OUT/throughput.md
@@ -92,7 +92,7 @@ if [ "${DO_GQA:-0}" = 1 ]; then
   step "cuDNN GQA probe"
   timeout 240 .device/bin/bench_cudnn_gqa_probe ${PROBE_ARGS:---quick} > "$OUT/gqa_probe.txt" 2>&1; tail -40 "$OUT/gqa_probe.txt"
   step "attention op benchmark"
-  timeout 300 .device/bin/bench_cuda_ops_bench ${OPS_ARGS:-} > "$OUT/cuda_ops.md" 2>&1; grep -A40 "by query heads" "$OUT/cuda_ops.md"
+  timeout 300 .device/bin/bench_ops --filter attention_gqa_,gqa_ --out "$OUT/ops_gqa.md" ${OPS_ARGS:-} 2>&1 | tail -40
 fi
 if [ "${DO_MODELS:-0}" = 1 ]; then
   # MODEL_CASES: "preset:cap_gib[:extra bench flags with commas for spaces]" rows of the

@@ -7,7 +7,7 @@
 //   bench_fp8_ops_bench [--quick] [--sustained S]   (--sustained: the 8192^3 FP8 GEMM back to
 //                                                     back for S seconds, its rate per half second)
 //
-// Timing as bench_cuda_ops_bench (bench/ops_timing.hpp): median of 5 trials of R calls issued
+// Timing (bench/ops_timing.hpp): median of 5 trials of R calls issued
 // back to back; memory-bound ops rotate over 4 input sets so the L2 does not serve them.
 // FLOPs 2*M*N*K; bytes: inputs read once plus outputs written once (bf16 2, codes 1 per value).
 #include <algorithm>
@@ -183,7 +183,7 @@ void quantize_rows(Env& e, int R) {
   }
 }
 
-// The 8192^3 e4m3 GEMM back to back for `seconds` (as bench_cuda_ops_bench --sustained for
+// The 8192^3 e4m3 GEMM back to back for `seconds` (as bench_ops --sustained for
 // bf16): the rate a GPU at its power limit holds.
 void sustained(Env& e, double seconds) {
   Ops& ops = *e.ops;

@@ -1,7 +1,8 @@
 // Helpers shared by the kernel benchmarks: device buffers with random contents, the median
 // time of an op issued back to back on the compute stream, and one result line against the
-// ceilings measured on the same GPU (bench_cuda_ops_bench, bench_lora_ops_bench); the random
-// values also feed bench_cudnn_gqa_probe.
+// ceilings measured on the same GPU (bench_fp8_ops_bench); the random values also feed
+// bench_cudnn_gqa_probe. The op table's benchmark (bench_ops) has its own harness
+// (tests/kernels/op_table) and fixed ceilings (bench/ceilings.hpp).
 #pragma once
 
 #include <algorithm>
