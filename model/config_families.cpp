@@ -2,8 +2,7 @@
 // OLMo 2 (transformers' Olmo2Config), Granite (GraniteConfig) and Phi-3 (Phi3Config: its window
 // is Mistral's, read by config_from_json), Gemma 2 and Gemma 3 text (Gemma2Config,
 // Gemma3TextConfig: the window and layer_types are read by config_from_json; Gemma 2's logit
-// soft-capping). See
-// roundpipe/model.hpp.
+// soft-capping). See roundpipe/model.hpp.
 #include <cmath>
 #include <stdexcept>
 #include <string>

@@ -3,8 +3,9 @@
 // Streaming Language Models with Attention Sinks"; HF eager_attention_forward concatenates
 // the sink as one more logit column, softmaxes, and drops that column), per-expert biases,
 // and the clamped SwiGLU of GptOssExperts; and Gemma 2's soft-capped scores (HF Gemma2
-// eager_attention_forward: cap * tanh(s / cap) before the mask). Row by row, fp32: the reference twin of
-// kernels/cuda/cuda_attention_variant.cu and the GPT-OSS kernels of cuda_elementwise.
+// eager_attention_forward: cap * tanh(s / cap) before the mask). Row by row, fp32: the
+// reference twin of kernels/cuda/cuda_attention_variant.cu and the GPT-OSS kernels of
+// cuda_elementwise.
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
