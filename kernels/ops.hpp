@@ -294,13 +294,27 @@ class Ops {
   /// dsinks (backward only): [nq] in grad_dtype(), += d loss / d sinks[h] =
   ///   -sum_i exp(sinks[h] - lse_i) * rowsum(do_i * o_i); null: not computed.
   /// pos: packed positions as attention_fwd_packed (device int32 [T]), or null.
+  /// softcap > 0 (Gemma 2's attn_logit_softcapping; HF Gemma2 eager_attention_forward): each
+  ///   score is soft-capped before the mask and the softmax,
+  ///     s = cap * tanh(s_raw / cap),   s_raw = q k^T * scale,
+  ///   so |s| < cap; lse is that of the capped scores (the sink logit is not capped). The
+  ///   backward chains the softmax's dS through the tanh:
+  ///     dS_raw = dS * (1 - tanh^2(s_raw / cap)),   dq = scale * dS_raw k, dk = scale * dS_raw^T q.
+  ///   0: no capping. Negative or non-finite: std::invalid_argument.
   struct AttentionVariant {
     int64_t window = 0;
     const void* sinks = nullptr;
     void* dsinks = nullptr;
     const int32_t* pos = nullptr;
+    float softcap = 0.0f;
   };
-  /// attention_fwd (or attention_fwd_packed when var.pos) with var's window and sinks.
+  /// Throws std::invalid_argument "<op>: ..." unless softcap is 0 or a finite number > 0 (shared
+  /// by every backend's attention variants and cross-entropy).
+  static void check_softcap(float softcap, const char* op) {
+    if (!(softcap >= 0.f) || !std::isfinite(softcap))
+      throw std::invalid_argument(std::string(op) + ": softcap must be 0 (none) or a finite number > 0");
+  }
+  /// attention_fwd (or attention_fwd_packed when var.pos) with var's window, sinks and softcap.
   /// Same shapes, lse layout and scratch contract (attention_scratch_bytes).
   virtual void attention_fwd_v(const void* q, const void* k, const void* v, void* o, float* lse,
                                int64_t n_seq, int64_t seq_len, int64_t nq, int64_t nkv, int64_t D,
@@ -311,7 +325,7 @@ class Ops {
                                const void* dout, void* dq, void* dk, void* dv, int64_t n_seq, int64_t seq_len,
                                int64_t nq, int64_t nkv, int64_t D, float scale, const AttentionVariant& var,
                                void* scratch) = 0;
-  /// attention_decode with var's window and sinks (var.pos and var.dsinks must be null):
+  /// attention_decode with var's window, sinks and softcap (var.pos and var.dsinks must be null):
   /// query row i (token past+i) sees cache rows j with past+i - window < j <= past+i.
   virtual void attention_decode_v(const void* q, const void* k_cache, const void* v_cache, void* o,
                                   int64_t past, int64_t n, int64_t nq, int64_t nkv, int64_t D, float scale,
@@ -496,9 +510,18 @@ class Ops {
   /// The scale multiplies the products in fp32 (the dlogits are never scaled in storage), so
   /// an overflow shows up as inf in dh (16-bit) or dw. Throws std::invalid_argument for a
   /// non-finite or non-positive loss_scale.
+  /// softcap > 0 (Gemma's final_logit_softcapping; HF Gemma2ForCausalLM.forward): the loss is
+  /// that of the capped logits zc = soft_cap(z, softcap) = softcap * tanh(z / softcap) (in fp32
+  /// from the stored z), and the gradient goes through the tanh:
+  ///   dlogits = (softmax(zc) - onehot) * (1 - tanh^2(z / softcap)).
+  /// 0: no capping; negative or non-finite: std::invalid_argument.
   virtual void lm_head_cross_entropy(const void* h, const void* w, const int32_t* targets, int64_t T,
                                      int64_t H, int64_t V, float* loss, void* dh, void* dw, void* scratch,
-                                     float loss_scale = 1.0f) = 0;
+                                     float loss_scale = 1.0f, float softcap = 0.0f) = 0;
+  /// cap * tanh(x / cap) in fp32 (cap > 0), x itself for cap 0: the logit soft-capping of Gemma
+  /// 2 (attention scores and final logits) on the host; the CUDA kernels' twin is
+  /// rp::cuda::soft_cap (cuda_common.cuh).
+  static float soft_cap(float x, float cap) { return cap > 0.f ? cap * std::tanh(x / cap) : x; }
   /// Scratch bytes lm_head_cross_entropy may use, on every backend (static contract):
   /// R*(V + 2*H) fp32 (logits / dlogits of one chunk, gathered h and dh rows) + R int32
   /// (token indices), R = clamp(T, kCeChunk, kCeMaxRows). The CPU backend uses kCeChunk
@@ -509,7 +532,7 @@ class Ops {
   /// anything: throws std::invalid_argument naming the op for bad dimensions, a null loss
   /// or scratch, or a non-finite / non-positive loss_scale.
   static void check_lm_head_ce_args(int64_t T, int64_t H, int64_t V, const float* loss, const void* scratch,
-                                    float loss_scale) {
+                                    float loss_scale, float softcap = 0.0f) {
     auto require = [](bool ok, const char* what) {
       if (!ok) throw std::invalid_argument(std::string("lm_head_cross_entropy: ") + what);
     };
@@ -517,6 +540,7 @@ class Ops {
     require(loss != nullptr, "loss is null");
     require(scratch != nullptr, "scratch is null");
     require(std::isfinite(loss_scale) && loss_scale > 0.f, "loss_scale must be finite and > 0");
+    check_softcap(softcap, "lm_head_cross_entropy");
   }
   static size_t lm_head_ce_scratch_bytes(int64_t T, int64_t H, int64_t V) {
     const int64_t R = std::clamp<int64_t>(T, kCeChunk, kCeMaxRows);

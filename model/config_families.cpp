@@ -1,10 +1,12 @@
 // The config.json keys of the families that extend LLaMA's decoder with their own knobs:
 // OLMo 2 (transformers' Olmo2Config), Granite (GraniteConfig) and Phi-3 (Phi3Config: its window
 // is Mistral's, read by config_from_json), Gemma 2 and Gemma 3 text (Gemma2Config,
-// Gemma3TextConfig: the window and layer_types are read by config_from_json). See
-// roundpipe/model.hpp.
+// Gemma3TextConfig: the window and layer_types are read by config_from_json; Gemma 2's logit
+// soft-capping). See roundpipe/model.hpp.
 #include <cmath>
 #include <stdexcept>
+#include <string>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -30,8 +32,17 @@ using nlohmann::json;
 
 namespace {
 
+// A soft-capping key: a number > 0, null (0: none), or `def` when absent (Gemma2Config's 50 / 30).
+double softcap_key(const json& j, const char* key, const std::string& where, double def) {
+  auto it = j.find(key);
+  if (it == j.end()) return def;
+  if (it->is_null()) return 0.0;
+  return get_num(j, key, where, 0.0, true);
+}
+
 // Gemma 2 / Gemma 3 text: what differs from LLaMA's keys; the settings roundpipe does not run
-// (soft-capping, bidirectional attention, another activation) are refused, not ignored.
+// (bidirectional attention, another activation; Gemma 3's attn_logit_softcapping, which
+// transformers' Gemma3 attention does not apply) are refused, not ignored.
 void parse_gemma(const json& j, const std::string& where, ModelConfig& c) {
   const bool g2 = c.architecture == "gemma2";
   for (const char* k : {"hidden_activation", "hidden_act"}) {
@@ -39,13 +50,14 @@ void parse_gemma(const json& j, const std::string& where, ModelConfig& c) {
     if (!a.is_null() && a != "gelu_pytorch_tanh") bad(where, k, "\"gelu_pytorch_tanh\"", a);
   }
   c.query_pre_attn_scalar = get_num(j, "query_pre_attn_scalar", where, 256.0, true);
-  // Gemma2Config's defaults are 50 and 30: absent means soft-capping there
-  for (const char* k : {"attn_logit_softcapping", "final_logit_softcapping"}) {
-    auto it = j.find(k);
-    const bool capped = it == j.end() ? g2 : !it->is_null();
-    if (capped)
-      bad(where, k, "null (logit soft-capping is not supported; Gemma 3 has none)",
-          it == j.end() ? json(std::string(k) == "attn_logit_softcapping" ? 50.0 : 30.0) : *it);
+  // Gemma2Config's defaults are 50 and 30 (absent means soft-capping there); Gemma3TextConfig's
+  // are null, and its attention never soft-caps (only the final logits do)
+  c.final_logit_softcapping = softcap_key(j, "final_logit_softcapping", where, g2 ? 30.0 : 0.0);
+  if (g2) {
+    c.attn_logit_softcapping = softcap_key(j, "attn_logit_softcapping", where, 50.0);
+  } else if (!val(j, "attn_logit_softcapping").is_null()) {
+    bad(where, "attn_logit_softcapping", "null (Gemma 3's attention does not soft-cap its scores)",
+        val(j, "attn_logit_softcapping"));
   }
   if (config_keys::get_bool(j, "use_bidirectional_attention", where, false))
     bad(where, "use_bidirectional_attention", "false or null (causal attention)",
@@ -96,8 +108,9 @@ void family_keys_to_json(const ModelConfig& c, json& j) {
     // an integer in transformers' configs (its typed config refuses 256.0)
     const double q = c.query_pre_attn_scalar;
     j["query_pre_attn_scalar"] = q == std::floor(q) && q < 1e15 ? json(int64_t(q)) : json(q);
-    j["attn_logit_softcapping"] = nullptr;
-    j["final_logit_softcapping"] = nullptr;
+    auto cap = [](double v) { return v > 0 ? json(v) : json(); };  // 0: null (none)
+    j["attn_logit_softcapping"] = cap(c.attn_logit_softcapping);
+    j["final_logit_softcapping"] = cap(c.final_logit_softcapping);
     j["sliding_window"] = c.sliding_window;
     j["layer_types"] = c.layer_types;
     if (c.architecture == "gemma3_text") {  // transformers 5's RoPE per layer type
@@ -159,6 +172,18 @@ void validate_family_keys(const ModelConfig& c) {
     fail("rope_local_base_freq", "Gemma 3 (model_type gemma3_text) and only it has it, a finite number > 0");
   if (c.gemma() && c.qk_norm != gemma3) fail("qk_norm", "Gemma 3 has q/k norms per head, Gemma 2 none");
   if (c.gemma() && c.num_experts > 0) fail("num_experts", "Gemma is dense");
+  const std::pair<const char*, double> caps[] = {{"attn_logit_softcapping", c.attn_logit_softcapping},
+                                                 {"final_logit_softcapping", c.final_logit_softcapping}};
+  for (auto [key, v] : caps) {
+    if (!(v >= 0) || !std::isfinite(v))
+      fail(key, fmt::format("must be 0 (none) or a finite number > 0, got {}", v));
+    const bool allowed =
+        std::string(key) == "attn_logit_softcapping" ? c.architecture == "gemma2" : c.gemma();
+    if (v != 0 && !allowed)
+      fail(key, std::string(key) == "attn_logit_softcapping"
+                    ? "only Gemma 2 (model_type gemma2) soft-caps attention scores (0 elsewhere)"
+                    : "only Gemma (model_type gemma2, gemma3_text) soft-caps the final logits (0 elsewhere)");
+  }
 }
 
 }  // namespace config_families

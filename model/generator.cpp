@@ -205,9 +205,11 @@ void Generator::Impl::forward(const std::vector<int32_t>& tok, int64_t past) {
       const RopeTable& rope = ropes[size_t(l)];
       ops.rope_fwd_at(q.get(), pp, n, nq, D, rope.inv_freq.data(), rope.attention_scaling, c.rotary_dim());
       ops.rope_fwd_at(krow, pp, n, nkv, D, rope.inv_freq.data(), rope.attention_scaling, c.rotary_dim());
-      if (c.attention_sinks || c.attention_window(l) > 0) {  // GPT-OSS: sliding window, sinks
+      // sliding window, sinks (GPT-OSS), soft-capped scores (Gemma 2)
+      if (c.attention_sinks || c.attention_window(l) > 0 || c.attn_logit_softcapping > 0) {
         Ops::AttentionVariant var;
         var.window = c.attention_window(l);
+        var.softcap = float(c.attn_logit_softcapping);
         if (c.attention_sinks) var.sinks = t(pre + "self_attn.sinks");
         ops.attention_decode_v(q.get(), kc[size_t(l)].get(), vc[size_t(l)].get(), o.get(), past, n, nq, nkv,
                                D, scale, var);
@@ -266,6 +268,9 @@ std::vector<float> Generator::Impl::head(int64_t first, int64_t n) {
   s.then([done](const std::string& e) { done->set_value(e); });
   const std::string err = fut.get();  // the ops' first failure since the previous call, if any
   if (!err.empty()) throw DeviceError("generate: " + err);
+  // Gemma's final_logit_softcapping: cap * tanh(z / cap), in fp32 from the stored logits
+  if (const float cap = float(c.final_logit_softcapping); cap > 0)
+    for (float& z : out) z = Ops::soft_cap(z, cap);
   return out;
 }
 

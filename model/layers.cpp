@@ -296,11 +296,13 @@ class DecoderLayer final : public Layer {
   // projection biases (GPT-OSS; Qwen2: q/k/v), per-head sinks (-1: none) and the sliding
   // window (GPT-OSS, Mistral; 0: none)
   int64_t bq_ = -1, bk_ = -1, bv_ = -1, bo_ = -1, sinks_ = -1, window_ = 0;
-  // the attention variant of a GPT-OSS layer (window, sinks; dsinks when `backward`)
-  bool variant() const { return window_ > 0 || sinks_ >= 0; }
+  // the attention variant of a GPT-OSS layer (window, sinks; dsinks when `backward`) or a
+  // Gemma 2 layer (window, soft-capped scores)
+  bool variant() const { return window_ > 0 || sinks_ >= 0 || c_.attn_logit_softcapping > 0; }
   Ops::AttentionVariant attention_variant(const LayerArgs& a, bool backward) const {
     Ops::AttentionVariant v;
     v.window = window_;
+    v.softcap = float(c_.attn_logit_softcapping);
     if (sinks_ >= 0) {
       v.sinks = param(a, 0, sinks_);
       if (backward) v.dsinks = grad(a, 0, sinks_);
@@ -375,7 +377,7 @@ void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, c
     ops.rmsnorm_fwd(b.kr, param(a, 0, wkn_), b.k, qk_norm_rows(T, nkv), qk_norm_cols(nkv), eps, off_);
   }
   const float scale = c_.attention_scale();
-  if (variant()) {  // GPT-OSS: sliding window and sinks (packed positions through the variant)
+  if (variant()) {  // sliding window, sinks, soft-capping (packed positions through the variant)
     if (a.positions) {
       ops.rope_fwd_at(b.q, a.positions, T, nq, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
       ops.rope_fwd_at(b.k, a.positions, T, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling, R);

@@ -16,7 +16,8 @@
 //    grads[0] (frozen base) computes no base weight gradient, only dx and the adapters'.
 //  - TailLayer     : loss = CE(lm_head(RMSNorm(x; model.norm)) / logits_scaling, targets),
 //    summed (logits_scaling: Granite's, 1 elsewhere; the embedding likewise times
-//    embedding_multiplier). Embedding and tail: model/layers_ends.cpp.
+//    embedding_multiplier; Gemma's final_logit_softcapping caps the logits first). Embedding and tail:
+//    model/layers_ends.cpp.
 // backward() recomputes the layer's forward into scratch, then back-propagates; a decoder
 // recomputes its attention half first and its MLP half chunk by chunk inside the backward
 // (model/layer_memory.hpp lists the buffers).

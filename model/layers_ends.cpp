@@ -1,7 +1,7 @@
 // The embedding and tail layers with explicit forward/backward (model/layers.hpp): the
 // lookup (times Granite's embedding_multiplier or Gemma's sqrt(hidden_size)) and the final
 // norm (Gemma's 1 + w), LM head and cross-entropy (the logits divided by Granite's
-// logits_scaling).
+// logits_scaling, soft-capped by Gemma's final_logit_softcapping).
 #include "model/layers.hpp"
 
 #include "model/layer_args.hpp"
@@ -104,12 +104,13 @@ class TailLayer final : public Layer {
     const float inv_logits_scaling = float(1.0 / c_.logits_scaling);
     if (c_.logits_scaling != 1.0) scale_activation(ops, hn, hn, T * H, inv_logits_scaling);
     const void* w = param(a, size_t(lm_group_), w_lm_);
+    const float softcap = float(c_.final_logit_softcapping);  // Gemma's (0: none)
     if (!backward) {
-      ops.lm_head_cross_entropy(hn, w, a.targets, T, H, V, a.loss, nullptr, nullptr, ce);
+      ops.lm_head_cross_entropy(hn, w, a.targets, T, H, V, a.loss, nullptr, nullptr, ce, 1.0f, softcap);
       return;
     }
     ops.lm_head_cross_entropy(hn, w, a.targets, T, H, V, a.loss, dhn, grad(a, size_t(lm_group_), w_lm_), ce,
-                              a.loss_scale);
+                              a.loss_scale, softcap);
     if (c_.logits_scaling != 1.0) scale_activation(ops, dhn, dhn, T * H, inv_logits_scaling);
     ops.rmsnorm_bwd(a.x, param(a, 0, w_norm_), dhn, a.dx, grad(a, 0, w_norm_), T, H, eps, false, off);
   }

@@ -60,7 +60,8 @@ class Generator {
   /// empty prompt, an id outside the vocabulary or a prompt longer than the cache.
   std::vector<int32_t> generate(const std::vector<int32_t>& prompt, const GenerateOptions& options,
                                 const std::function<bool(int32_t)>& on_token = {});
-  /// The fp32 logits [ids.size(), vocab] of running `ids` from position 0 (no cache kept).
+  /// The fp32 logits [ids.size(), vocab] of running `ids` from position 0 (no cache kept), as
+  /// transformers returns them (Granite's logits_scaling, Gemma's final_logit_softcapping applied).
   std::vector<float> logits(const std::vector<int32_t>& ids);
   int64_t max_context() const;
   std::string device_name() const;

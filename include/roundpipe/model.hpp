@@ -48,8 +48,8 @@ struct RopeScaling {
 /// Gemma 2 and Gemma 3 (text) are LLaMA's decoder with Gemma's changes (gemma()): RMSNorms of
 /// weight 1 + w, a norm before and after both the attention and the MLP, a GeGLU MLP, the
 /// embeddings times sqrt(hidden_size), scores times query_pre_attn_scalar^-0.5, sliding and
-/// global layers (layer_types) and, for Gemma 3, q/k norms per head and its own RoPE base on the
-/// sliding layers (rope_local_theta).
+/// global layers (layer_types), Gemma 2's logit soft-capping and, for Gemma 3, q/k norms per
+/// head and its own RoPE base on the sliding layers (rope_local_theta).
 struct ModelConfig {
   /// "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "olmo2", "granite", "phi3",
   /// "gemma2" or "gemma3_text" (model_type)
@@ -99,6 +99,13 @@ struct ModelConfig {
   float norm_weight_offset() const { return gemma() ? 1.0f : 0.0f; }
   /// Gemma: the attention's scores times query_pre_attn_scalar^-0.5 (0: not set).
   double query_pre_attn_scalar = 0.0;
+  /// Gemma 2's logit soft-capping (transformers' Gemma2Config; 0: none): every attention score
+  /// s = q k^T * scale becomes attn_logit_softcapping * tanh(s / attn_logit_softcapping) before
+  /// the mask and softmax, and the final logits z become final_logit_softcapping *
+  /// tanh(z / final_logit_softcapping) before the loss and sampling. Gemma2Config's defaults
+  /// are 50 and 30 (a null key: 0). Gemma 3 applies only the final one (its attention ignores
+  /// attn_logit_softcapping, which must be null there); other families have neither.
+  double attn_logit_softcapping = 0.0, final_logit_softcapping = 0.0;
   /// Gemma 3: RoPE base of the "sliding_attention" layers (rope_local_base_freq, or
   /// rope_parameters.sliding_attention.rope_theta; no scaling there); rope_theta and
   /// rope_scaling are the full-attention layers'. 0: every layer uses rope_theta.

@@ -165,9 +165,9 @@ void CpuOps::attention_bwd(const void* q, const void* k, const void* v, const vo
 
 void CpuOps::lm_head_cross_entropy(const void* h, const void* w, const int32_t* targets, int64_t T, int64_t H,
                                    int64_t V, float* loss, void* dh, void* dw, void* scratch,
-                                   float loss_scale) {
+                                   float loss_scale, float softcap) {
   const char* op = "lm_head_cross_entropy";
-  Ops::check_lm_head_ce_args(T, H, V, loss, scratch, loss_scale);
+  Ops::check_lm_head_ce_args(T, H, V, loss, scratch, loss_scale, softcap);
   for (int64_t t = 0; t < T; ++t)
     if (targets[t] >= V)
       throw std::out_of_range(std::string(op) + ": target " + std::to_string(targets[t]) + " at position " +
@@ -180,6 +180,7 @@ void CpuOps::lm_head_cross_entropy(const void* h, const void* w, const int32_t* 
   if (dh) fill(DType::f32, dh, T * H, 0.f);
   double total = 0;
   int64_t count = 0;
+  std::vector<float> th(softcap > 0.f ? size_t(V) : 0);  // tanh(z / softcap) of one row
   for (int64_t t = 0; t < T;) {
     int64_t n = 0;
     for (; t < T && n < kCeChunk; ++t) {
@@ -192,6 +193,11 @@ void CpuOps::lm_head_cross_entropy(const void* h, const void* w, const int32_t* 
     gemm_nt(threads_, n, V, H, hb, H, F(w), H, Z, V, false);  // logits [n, V]
     for (int64_t i = 0; i < n; ++i) {
       MVec z(Z + i * V, V);
+      if (softcap > 0.f) {  // zc = softcap * tanh(z / softcap); the softmax below is of zc
+        MVec tv(th.data(), V);
+        for (int64_t j = 0; j < V; ++j) tv[j] = std::tanh(z[j] / softcap);
+        z = tv * softcap;
+      }
       const int32_t tg = targets[idx[i]];
       const float zt = z[tg];
       const float m = z.maxCoeff();
@@ -200,8 +206,9 @@ void CpuOps::lm_head_cross_entropy(const void* h, const void* w, const int32_t* 
         z = (z - m).exp();
         sum = z.sum();
         z *= 1.0f / sum;
-        z[tg] -= 1.0f;                            // dlogits = softmax - onehot
-        if (loss_scale != 1.0f) z *= loss_scale;  // d(loss_scale * loss) / dlogits (fp32)
+        z[tg] -= 1.0f;                                               // dlogits = softmax - onehot
+        if (softcap > 0.f) z *= 1.0f - MVec(th.data(), V).square();  // through the tanh
+        if (loss_scale != 1.0f) z *= loss_scale;                     // d(loss_scale * loss) / dlogits (fp32)
       } else {
         sum = (z - m).exp().sum();
       }

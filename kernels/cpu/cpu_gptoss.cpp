@@ -2,8 +2,10 @@
 // attention with a sliding window and per-head sink logits (Xiao et al. 2023, "Efficient
 // Streaming Language Models with Attention Sinks"; HF eager_attention_forward concatenates
 // the sink as one more logit column, softmaxes, and drops that column), per-expert biases,
-// and the clamped SwiGLU of GptOssExperts. Row by row, fp32: the reference twin of
-// kernels/cuda/cuda_attention_variant.cu and the GPT-OSS kernels of cuda_elementwise.
+// and the clamped SwiGLU of GptOssExperts; and Gemma 2's soft-capped scores (HF Gemma2
+// eager_attention_forward: cap * tanh(s / cap) before the mask). Row by row, fp32: the
+// reference twin of kernels/cuda/cuda_attention_variant.cu and the GPT-OSS kernels of
+// cuda_elementwise.
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
@@ -20,13 +22,16 @@ using MVec = Eigen::Map<Eigen::VectorXf>;
 const float* F(const void* p) { return static_cast<const float*>(p); }
 float* F(void* p) { return static_cast<float*>(p); }
 
-bool is_plain(const Ops::AttentionVariant& var) { return var.window == 0 && var.sinks == nullptr; }
+bool is_plain(const Ops::AttentionVariant& var) {
+  return var.window == 0 && var.sinks == nullptr && var.softcap == 0.f;
+}
 
 void check_variant(int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D,
                    const Ops::AttentionVariant& var, const char* op) {
   require(n_seq >= 0 && L >= 0 && D > 0, op, "bad dimensions");
   require(nq > 0 && nkv > 0 && nq % nkv == 0, op, "nq must be a positive multiple of nkv");
   require(var.window >= 0, op, "negative window");
+  Ops::check_softcap(var.softcap, op);
 }
 
 /// First key query t of a sequence may see: the example's start (t - pos[t]) when packed,
@@ -41,15 +46,15 @@ int64_t first_key(const Ops::AttentionVariant& var, const int32_t* pos, int64_t 
   return lo;
 }
 
-/// p[j-lo] = exp(q.k_j*scale - lse) over keys [lo, hi]; returns lse, which includes the sink
-/// logit exp(sink) when has_sink.
+/// p[j-lo] = exp(s_j - lse) over keys [lo, hi], s_j = soft_cap(q.k_j*scale, cap); returns lse,
+/// which includes the sink logit exp(sink) when has_sink.
 float softmax_row(const float* q, const float* k, int64_t ldk, int64_t lo, int64_t hi, int64_t D, float scale,
-                  bool has_sink, float sink, std::vector<float>& p) {
+                  float cap, bool has_sink, float sink, std::vector<float>& p) {
   p.resize(size_t(hi - lo + 1));
   const Vec qv(q, D);
   float m = has_sink ? sink : -INFINITY;
   for (int64_t j = lo; j <= hi; ++j) {
-    p[size_t(j - lo)] = qv.dot(Vec(k + j * ldk, D)) * scale;
+    p[size_t(j - lo)] = Ops::soft_cap(qv.dot(Vec(k + j * ldk, D)) * scale, cap);
     m = std::max(m, p[size_t(j - lo)]);
   }
   float sum = has_sink ? std::exp(sink - m) : 0.f;
@@ -78,7 +83,7 @@ void CpuOps::attention_fwd_v(const void* q, const void* k, const void* v, void* 
       for (int64_t h = 0; h < nq; ++h) {
         const float* kb = F(k) + s * L * ldk + (h / rep) * D;
         const float* vb = F(v) + s * L * ldk + (h / rep) * D;
-        const float l = softmax_row(F(q) + (s * L + t) * ldq + h * D, kb, ldk, lo, t, D, scale,
+        const float l = softmax_row(F(q) + (s * L + t) * ldq + h * D, kb, ldk, lo, t, D, scale, var.softcap,
                                     sinks != nullptr, sinks ? sinks[h] : 0.f, p);
         MVec out(F(o) + (s * L + t) * ldq + h * D, D);
         out.setZero();
@@ -121,8 +126,11 @@ void CpuOps::attention_bwd_v(const void* q, const void* k, const void* v, const 
         dqv.setZero();
         for (int64_t j = lo; j <= t; ++j) {
           const Vec kj(F(k) + ko + j * ldk, D), vj(F(v) + ko + j * ldk, D);
-          const float pj = std::exp(qv.dot(kj) * scale - l);
-          const float ds = pj * (dov.dot(vj) - Di) * scale;
+          const float raw = qv.dot(kj) * scale, cap = var.softcap;
+          // soft-capping: s = cap * tanh(raw / cap), ds/draw = 1 - tanh^2
+          const float th = cap > 0.f ? std::tanh(raw / cap) : 0.f;
+          const float pj = std::exp((cap > 0.f ? cap * th : raw) - l);
+          const float ds = pj * (dov.dot(vj) - Di) * (cap > 0.f ? 1.f - th * th : 1.f) * scale;
           MVec(F(dv) + ko + j * ldk, D) += pj * dov;
           MVec(F(dk) + ko + j * ldk, D) += ds * qv;
           dqv += ds * kj;
@@ -148,8 +156,8 @@ void CpuOps::attention_decode_v(const void* q, const void* k_cache, const void* 
     for (int64_t h = 0; h < nq; ++h) {
       const float* kb = F(k_cache) + (h / rep) * D;
       const float* vb = F(v_cache) + (h / rep) * D;
-      softmax_row(F(q) + i * ldq + h * D, kb, ldk, lo, t, D, scale, sinks != nullptr, sinks ? sinks[h] : 0.f,
-                  p);
+      softmax_row(F(q) + i * ldq + h * D, kb, ldk, lo, t, D, scale, var.softcap, sinks != nullptr,
+                  sinks ? sinks[h] : 0.f, p);
       MVec out(F(o) + i * ldq + h * D, D);
       out.setZero();
       for (int64_t j = lo; j <= t; ++j) out += p[size_t(j - lo)] * Vec(vb + j * ldk, D);

@@ -138,7 +138,7 @@ class CpuOps final : public Ops {
 
   void lm_head_cross_entropy(const void* h, const void* w, const int32_t* targets, int64_t T, int64_t H,
                              int64_t V, float* loss, void* dh, void* dw, void* scratch,
-                             float loss_scale = 1.0f) override;
+                             float loss_scale = 1.0f, float softcap = 0.0f) override;
 
   // FP8 (cpu_fp8.cpp)
   void fp8_scale(const void* x, int64_t n, Fp8Format f, float* scale) override;

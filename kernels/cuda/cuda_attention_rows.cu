@@ -11,7 +11,8 @@
 // sees keys j with lo(t) <= j <= past + t, lo = max(first key of its example
 // (t - pos[s*Lq + t], clamped into [0, t]; 0 without pos), past + t - window + 1 (window > 0)).
 // A sink joins the softmax as one more logit sinks[h] without a value row. The window and the
-// sinks are template flags, so the plain instantiations carry no code for them.
+// sinks are template flags, so the plain instantiations carry no code for them. cap > 0 soft-caps
+// every score (Gemma 2: s = cap * tanh(s / cap) before the softmax; 0: none).
 #include <algorithm>
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -36,6 +37,17 @@ __device__ __forceinline__ float dot_row(const float (&a)[kE], const float (&b)[
   for (int e = 0; e < kE; ++e) s += a[e] * b[e];
   return warp_sum(s);
 }
+/// exp(soft_cap(raw, cap) - ls), and in dcap the derivative of the cap at raw (1 - tanh^2; 1
+/// without a cap): the backward's P and its dS factor.
+__device__ __forceinline__ float capped_p(float raw, float cap, float ls, float& dcap) {
+  if (cap > 0.f) {
+    const float th = tanhf(raw / cap);
+    dcap = 1.f - th * th;
+    return expf(cap * th - ls);
+  }
+  dcap = 1.f;
+  return expf(raw - ls);
+}
 /// First visible key of query row t (token index `row` of pos) at absolute position past + t.
 template <bool kWindow>
 __device__ __forceinline__ int first_key(const int32_t* pos, int64_t row, int t, int past, int window) {
@@ -48,7 +60,8 @@ __device__ __forceinline__ int first_key(const int32_t* pos, int64_t row, int t,
 template <typename T, bool kWindow, bool kSinks>
 __global__ void __launch_bounds__(128)
     rows_fwd_kernel(const T* q, const T* k, const T* v, T* o, float* lse, const int32_t* pos, const T* sinks,
-                    int window, int n_seq, int Lq, int Lk, int past, int nq, int nkv, int D, float scale) {
+                    int window, int n_seq, int Lq, int Lk, int past, int nq, int nkv, int D, float scale,
+                    float cap) {
   const int64_t w = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;  // (s, t, h)
   if (w >= int64_t(n_seq) * Lq * nq) return;
   const int lane = threadIdx.x % 32;
@@ -66,7 +79,7 @@ __global__ void __launch_bounds__(128)
   for (int j = first_key<kWindow>(pos, tok, t, past, window); j <= past + t; ++j) {
     const int64_t kr = (int64_t(sq) * Lk + j) * nkv + kh;
     load_row(k + kr * D, D, lane, x);
-    const float s = dot_row(qv, x) * scale;
+    const float s = soft_cap(dot_row(qv, x) * scale, cap);
     const float mn = fmaxf(m, s), c = expf(m - mn), p = expf(s - mn);
     l = l * c + p;
     m = mn;
@@ -105,7 +118,7 @@ template <typename T, bool kWindow>
 __global__ void __launch_bounds__(128)
     rows_bwd_dq_kernel(const T* q, const T* k, const T* v, const float* lse, const float* di, const T* dout,
                        const int32_t* pos, T* dq, int window, int n_seq, int L, int nq, int nkv, int D,
-                       float scale) {
+                       float scale, float cap) {
   const int64_t w = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
   if (w >= int64_t(n_seq) * L * nq) return;
   const int lane = threadIdx.x % 32;
@@ -122,9 +135,10 @@ __global__ void __launch_bounds__(128)
   for (int j = first_key<kWindow>(pos, tok, t, 0, window); j <= t; ++j) {
     const int64_t kr = (int64_t(sq) * L + j) * nkv + kh;
     load_row(k + kr * D, D, lane, x);
-    const float p = expf(dot_row(qv, x) * scale - ls);
+    float dcap;
+    const float p = capped_p(dot_row(qv, x) * scale, cap, ls, dcap);
     load_row(v + kr * D, D, lane, y);
-    const float ds = p * (dot_row(gv, y) - dd);
+    const float ds = p * (dot_row(gv, y) - dd) * dcap;
 #pragma unroll
     for (int e = 0; e < kE; ++e) acc[e] += ds * x[e];
   }
@@ -139,11 +153,13 @@ __global__ void __launch_bounds__(128)
 template <typename T>
 __device__ __forceinline__ void dkdv_step(const T* qr, const T* gr, float ls, float dd, const float (&kv)[kE],
                                           const float (&vv)[kE], float (&ak)[kE], float (&av)[kE],
-                                          float (&x)[kE], float (&y)[kE], int D, int lane, float scale) {
+                                          float (&x)[kE], float (&y)[kE], int D, int lane, float scale,
+                                          float cap) {
   load_row(qr, D, lane, x);
   load_row(gr, D, lane, y);
-  const float p = expf(dot_row(x, kv) * scale - ls);
-  const float ds = p * (dot_row(y, vv) - dd);
+  float dcap;
+  const float p = capped_p(dot_row(x, kv) * scale, cap, ls, dcap);
+  const float ds = p * (dot_row(y, vv) - dd) * dcap;
 #pragma unroll
   for (int e = 0; e < kE; ++e) {
     av[e] += p * y[e];
@@ -159,7 +175,7 @@ template <typename T, bool kWindow, bool kHeadsOuter>
 __global__ void __launch_bounds__(128)
     rows_bwd_dkdv_kernel(const T* q, const T* k, const T* v, const float* lse, const float* di, const T* dout,
                          const int32_t* pos, T* dk, T* dv, int window, int n_seq, int L, int nq, int nkv,
-                         int D, float scale) {
+                         int D, float scale, float cap) {
   const int64_t w = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;  // (s, j, kh)
   if (w >= int64_t(n_seq) * L * nkv) return;
   const int lane = threadIdx.x % 32;
@@ -178,7 +194,7 @@ __global__ void __launch_bounds__(128)
       const float* dr = di + (int64_t(sq) * nq + h) * L;
       for (int t = j; t < L; ++t) {
         const int64_t qrw = (int64_t(sq) * L + t) * nq + h;
-        dkdv_step(q + qrw * D, dout + qrw * D, lr[t], dr[t], kv, vv, ak, av, x, y, D, lane, scale);
+        dkdv_step(q + qrw * D, dout + qrw * D, lr[t], dr[t], kv, vv, ak, av, x, y, D, lane, scale, cap);
       }
     }
   } else {
@@ -187,7 +203,7 @@ __global__ void __launch_bounds__(128)
       for (int h = kh * rep; h < (kh + 1) * rep; ++h) {
         const int64_t qrw = (int64_t(sq) * L + t) * nq + h;
         const int64_t sr = (int64_t(sq) * nq + h) * L + t;
-        dkdv_step(q + qrw * D, dout + qrw * D, lse[sr], di[sr], kv, vv, ak, av, x, y, D, lane, scale);
+        dkdv_step(q + qrw * D, dout + qrw * D, lse[sr], di[sr], kv, vv, ak, av, x, y, D, lane, scale, cap);
       }
     }
   }
@@ -213,7 +229,7 @@ void check(int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D, const c
 void k_attention_rows_fwd_v(DType t, const void* q, const void* k, const void* v, void* o, float* lse,
                             const int32_t* pos, const void* sinks, int64_t window, int64_t n_seq, int64_t Lq,
                             int64_t Lk, int64_t past, int64_t nq, int64_t nkv, int64_t D, float scale,
-                            cudaStream_t st) {
+                            cudaStream_t st, float softcap) {
   check(n_seq, Lq, nq, nkv, D, "attention_fwd (rows)");
   const int64_t warps = n_seq * Lq * nq;
   if (warps == 0) return;
@@ -223,7 +239,7 @@ void k_attention_rows_fwd_v(DType t, const void* q, const void* k, const void* v
       kernel<<<unsigned((warps + 3) / 4), 128, 0, st>>>(
           static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<T*>(o),
           lse, pos, static_cast<const T*>(sinks), win, int(n_seq), int(Lq), int(Lk), int(past), int(nq),
-          int(nkv), int(D), scale);
+          int(nkv), int(D), scale, softcap);
     };
     if (win > 0 && sinks) launch(rows_fwd_kernel<T, true, true>);
     else if (win > 0) launch(rows_fwd_kernel<T, true, false>);
@@ -247,7 +263,7 @@ void k_attention_di(DType t, const void* o, const void* dout, float* di, int64_t
 void k_attention_rows_bwd_v(DType t, const void* q, const void* k, const void* v, const float* lse,
                             const float* di, const void* dout, const int32_t* pos, void* dq, void* dk,
                             void* dv, int64_t window, int64_t n_seq, int64_t L, int64_t nq, int64_t nkv,
-                            int64_t D, float scale, cudaStream_t st, bool heads_outer) {
+                            int64_t D, float scale, cudaStream_t st, bool heads_outer, float softcap) {
   check(n_seq, L, nq, nkv, D, "attention_bwd (rows)");
   if (heads_outer && (pos != nullptr || window > 0))
     throw std::invalid_argument("attention_bwd (rows): heads_outer needs pos null and window 0");
@@ -259,7 +275,7 @@ void k_attention_rows_bwd_v(DType t, const void* q, const void* k, const void* v
     dq_kernel<<<unsigned((rows + 3) / 4), 128, 0, st>>>(
         static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), lse, di,
         static_cast<const T*>(dout), pos, static_cast<T*>(dq), win, int(n_seq), int(L), int(nq), int(nkv),
-        int(D), scale);
+        int(D), scale, softcap);
     const int64_t kr = n_seq * L * nkv;
     auto dkdv_kernel = heads_outer ? rows_bwd_dkdv_kernel<T, false, true>
                        : win > 0   ? rows_bwd_dkdv_kernel<T, true, false>
@@ -267,7 +283,7 @@ void k_attention_rows_bwd_v(DType t, const void* q, const void* k, const void* v
     dkdv_kernel<<<unsigned((kr + 3) / 4), 128, 0, st>>>(
         static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), lse, di,
         static_cast<const T*>(dout), pos, static_cast<T*>(dk), static_cast<T*>(dv), win, int(n_seq), int(L),
-        int(nq), int(nkv), int(D), scale);
+        int(nq), int(nkv), int(D), scale, softcap);
   });
   RP_CUDA_LAUNCH_CHECK("attention_bwd (rows)");
 }

@@ -21,6 +21,10 @@ __device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float to_f(f16 x) { return __half2float(x); }
 __device__ __forceinline__ float to_f(int32_t x) { return float(x); }
 
+/// Logit soft-capping (Ops::soft_cap's device twin; kernels/ops.hpp): cap * tanh(x / cap),
+/// x for cap 0.
+__device__ __forceinline__ float soft_cap(float x, float cap) { return cap > 0.f ? cap * tanhf(x / cap) : x; }
+
 template <typename T>
 __device__ __forceinline__ T from_f(float v);
 template <>

@@ -437,7 +437,7 @@ __device__ __forceinline__ void online_merge(float& m, float& s, float m2, float
 
 template <typename T, bool VEC>
 __global__ void __launch_bounds__(kCeThreads)
-    ce_rows_kernel(T* z, const int32_t* targets, int64_t V, float* row_loss, bool grad,
+    ce_rows_kernel(T* z, const int32_t* targets, int64_t V, float* row_loss, bool grad, float cap,
                    volatile unsigned* err) {
   constexpr int N = VEC ? kVec : 1;
   __shared__ float sm[32], ss[32];
@@ -461,6 +461,8 @@ __global__ void __launch_bounds__(kCeThreads)
   for (int64_t j = int64_t(threadIdx.x) * N; j < V; j += int64_t(blockDim.x) * N) {
     float a[N];
     load_n<N, VEC>(zr + j, a);
+#pragma unroll
+    for (int e = 0; e < N; ++e) a[e] = soft_cap(a[e], cap);
     float lm = a[0];
 #pragma unroll
     for (int e = 1; e < N; ++e) lm = fmaxf(lm, a[e]);
@@ -492,7 +494,7 @@ __global__ void __launch_bounds__(kCeThreads)
     if (lane == 0) {
       const float lse = m + logf(s);
       s_lse = lse;
-      row_loss[r] = lse - to_f(zr[tg]);
+      row_loss[r] = lse - soft_cap(to_f(zr[tg]), cap);
     }
   }
   __syncthreads();
@@ -502,7 +504,12 @@ __global__ void __launch_bounds__(kCeThreads)
     float a[N];
     load_n<N, VEC>(zr + j, a);
 #pragma unroll
-    for (int e = 0; e < N; ++e) a[e] = expf(a[e] - lse) - (j + e == tg ? 1.0f : 0.0f);
+    for (int e = 0; e < N; ++e) {
+      // soft-capped: d/dz of cap * tanh(z / cap) is 1 - tanh^2
+      const float th = cap > 0.f ? tanhf(a[e] / cap) : 0.f;
+      const float zc = cap > 0.f ? cap * th : a[e];
+      a[e] = (expf(zc - lse) - (j + e == tg ? 1.0f : 0.0f)) * (cap > 0.f ? 1.f - th * th : 1.f);
+    }
     store_n<N, VEC>(zr + j, a);
   }
 }
@@ -704,16 +711,16 @@ void k_rope(DType t, void* x, int64_t n_seq, int64_t L, int64_t heads, int64_t D
 }
 
 void k_ce_rows(DType t, void* z, const int32_t* targets, int64_t n, int64_t V, float* row_loss, bool grad,
-               unsigned* err, cudaStream_t st) {
+               unsigned* err, cudaStream_t st, float softcap) {
   if (n <= 0) return;
   const bool vec = V % kVec == 0 && aligned16(z);
   RP_DISPATCH_16("lm_head_cross_entropy", t, T, {
     if (vec)
       ce_rows_kernel<T, true>
-          <<<unsigned(n), kCeThreads, 0, st>>>(static_cast<T*>(z), targets, V, row_loss, grad, err);
+          <<<unsigned(n), kCeThreads, 0, st>>>(static_cast<T*>(z), targets, V, row_loss, grad, softcap, err);
     else
       ce_rows_kernel<T, false>
-          <<<unsigned(n), kCeThreads, 0, st>>>(static_cast<T*>(z), targets, V, row_loss, grad, err);
+          <<<unsigned(n), kCeThreads, 0, st>>>(static_cast<T*>(z), targets, V, row_loss, grad, softcap, err);
   });
   RP_CUDA_LAUNCH_CHECK("ce_rows");
 }

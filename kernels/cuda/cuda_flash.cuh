@@ -1,8 +1,9 @@
 // FlashAttention-2 style causal GQA attention kernels on mma.sync (Dao 2023, Alg. 1 and 2),
 // shared by the plain attention of cuda_attention.cu (VAR = false) and GPT-OSS's variant of
-// cuda_attention_variant.cu (VAR = true: a sliding window, per-head sink logits and packed
-// positions, kernels/ops.hpp "attention variants"). The VAR code sits behind `if constexpr`, so
-// the plain instantiations are the kernels as they were. Internal to kernels/cuda.
+// cuda_attention_variant.cu (VAR = true: a sliding window, per-head sink logits, packed
+// positions and Gemma 2's score soft-capping, kernels/ops.hpp "attention variants"). The VAR
+// code sits behind `if constexpr`, so the plain instantiations are the kernels as they were.
+// Internal to kernels/cuda.
 #pragma once
 #include <algorithm>
 #include <atomic>
@@ -17,10 +18,12 @@ namespace rp::cuda::flash {
 /// The variant's arguments (VAR = true). Query row r of sequence s sees keys j with
 /// lo(r) <= j <= r, lo(r) = max(r - clamp(pos[s*L + r], 0, r) (0 without pos),
 /// r - window + 1 (window > 0)); sinks [nq] in T (or null) join every row's softmax.
+/// cap > 0: every score s = q.k * scale becomes cap * tanh(s / cap) (cap_in = scale / cap).
 struct Variant {
   const int32_t* pos = nullptr;
   const void* sinks = nullptr;
   int window = 0;
+  float cap = 0.f, cap_in = 0.f;
 };
 
 /// lo(r) of Variant for a row r < L of sequence sq.
@@ -218,6 +221,9 @@ __global__ void __launch_bounds__(32 * W)
           const int key = k0 + nt * 8 + tq * 2 + (e & 1);
           const int row = e < 2 ? ra : rc;
           float x = sacc[nt][e] * scale_log2;
+          if constexpr (VAR) {  // soft-capping, in log2 units: cap * log2(e) * tanh(s / cap)
+            if (var.cap > 0.f) x = var.cap * kLog2e * tanhf(sacc[nt][e] * var.cap_in);
+          }
           if (mask && (key > row || (VAR && key < (e < 2 ? lo_a : lo_c)))) x = -INFINITY;
           sacc[nt][e] = x;
         }
@@ -462,9 +468,17 @@ __global__ void __launch_bounds__(256)
           const int ql = qw + nt * 8 + tq * 2 + (e & 1);
           const int qq = q0 + ql;
           const bool seen = key <= qq && qq < L && (!VAR || key >= s_lo[ql]);
-          const float p = seen ? exp2f(st[nt][e] * scale_log2 - s_lse[ql]) : 0.f;
+          float x = st[nt][e] * scale_log2, dcap = 1.f;
+          if constexpr (VAR) {  // soft-capping: P of the capped score, dS through the tanh
+            if (var.cap > 0.f) {
+              const float th = tanhf(st[nt][e] * var.cap_in);
+              x = var.cap * kLog2e * th;
+              dcap = 1.f - th * th;
+            }
+          }
+          const float p = seen ? exp2f(x - s_lse[ql]) : 0.f;
           st[nt][e] = p;
-          dpt[nt][e] = p * (dpt[nt][e] - s_di[ql]);
+          dpt[nt][e] = p * (dpt[nt][e] - s_di[ql]) * dcap;
         }
         const int c = qw + nt * 8 + tq * 2;
         *reinterpret_cast<uint32_t*>(sP + (kw + g) * kSP + c) = pack2<T>(st[nt][0], st[nt][1]);

@@ -70,9 +70,11 @@ void k_geglu_bwd(DType t, const void* g, const void* u, const void* dh, void* dg
 /// z: [n, V] logits in dtype t (ld V). For each row r with 0 <= targets[r] < V:
 /// row_loss[r] = logsumexp(z_r) - z_r[target]; when grad, z_r is overwritten in place
 /// with softmax(z_r) - onehot. Rows with targets < 0 get loss 0 and (grad) zeros;
-/// targets >= V set err[kErrTarget] and are treated as ignored.
+/// targets >= V set err[kErrTarget] and are treated as ignored. softcap > 0: the loss and
+/// softmax are those of soft_cap(z, softcap) and the gradient is chained through the tanh
+/// (Ops::lm_head_cross_entropy).
 void k_ce_rows(DType t, void* z, const int32_t* targets, int64_t n, int64_t V, float* row_loss, bool grad,
-               unsigned* err, cudaStream_t st);
+               unsigned* err, cudaStream_t st, float softcap = 0.0f);
 /// loss[0] += sum(row_loss[0..n)), loss[1] += #rows with 0 <= target < V (one block,
 /// fixed order: deterministic).
 void k_ce_reduce(const float* row_loss, const int32_t* targets, int64_t n, int64_t V, float* loss,
@@ -126,7 +128,7 @@ void k_rope_at(DType t, void* x, const int32_t* pos, int64_t T, int64_t heads, i
 void k_attention_rows_fwd_v(DType t, const void* q, const void* k, const void* v, void* o, float* lse,
                             const int32_t* pos, const void* sinks, int64_t window, int64_t n_seq, int64_t Lq,
                             int64_t Lk, int64_t past, int64_t nq, int64_t nkv, int64_t D, float scale,
-                            cudaStream_t st);
+                            cudaStream_t st, float softcap = 0.0f);
 /// di [n_seq, nq, L] fp32 = rowsum(dout * o) per (row, head) (o, dout [n_seq*L, nq, D]; any D).
 void k_attention_di(DType t, const void* o, const void* dout, float* di, int64_t n_seq, int64_t L, int64_t nq,
                     int64_t D, cudaStream_t st);
@@ -134,10 +136,12 @@ void k_attention_di(DType t, const void* o, const void* dout, float* di, int64_t
 /// dq, dk, dv overwritten. The sinks only enter through lse. heads_outer (pos null and
 /// window 0 only) sums a key's dK/dV terms head by head rather than row by row: the same
 /// terms in the order of the plain attention's simple path, so its results keep their bits.
+/// softcap: Ops::AttentionVariant::softcap (0: none), in the forward as well.
 void k_attention_rows_bwd_v(DType t, const void* q, const void* k, const void* v, const float* lse,
                             const float* di, const void* dout, const int32_t* pos, void* dq, void* dk,
                             void* dv, int64_t window, int64_t n_seq, int64_t L, int64_t nq, int64_t nkv,
-                            int64_t D, float scale, cudaStream_t st, bool heads_outer = false);
+                            int64_t D, float scale, cudaStream_t st, bool heads_outer = false,
+                            float softcap = 0.0f);
 
 // ---- GPT-OSS (cuda_gptoss.cu; CPU twin kernels/cpu/cpu_gptoss.cpp) ---------------------
 /// dsinks[h] (fp32) += -sum_{s,t} exp(sinks[h] - lse[s,h,t]) * di[s,h,t] (deterministic).
@@ -149,11 +153,13 @@ void k_attention_dsinks(DType t, const void* sinks, const float* lse, const floa
 /// (k_attention_di) and dq_acc, [n_seq*L, nq, D] fp32 scratch; dsinks are not computed here.
 bool k_attention_flash_fwd_v(DType t, const void* q, const void* k, const void* v, void* o, float* lse,
                              const int32_t* pos, const void* sinks, int64_t window, int64_t n_seq, int64_t L,
-                             int64_t nq, int64_t nkv, int64_t D, float scale, int impl, cudaStream_t st);
+                             int64_t nq, int64_t nkv, int64_t D, float scale, int impl, cudaStream_t st,
+                             float softcap = 0.0f);
 bool k_attention_flash_bwd_v(DType t, const void* q, const void* k, const void* v, const float* lse,
                              const float* di, const void* dout, const int32_t* pos, void* dq, void* dk,
                              void* dv, float* dq_acc, int64_t window, int64_t n_seq, int64_t L, int64_t nq,
-                             int64_t nkv, int64_t D, float scale, int impl, cudaStream_t st);
+                             int64_t nkv, int64_t D, float scale, int impl, cudaStream_t st,
+                             float softcap = 0.0f);
 /// Ops::grouped_bias_fwd / grouped_bias_bwd (db fp32; deterministic column sums).
 void k_grouped_bias_fwd(DType t, void* y, const void* b, const int32_t* offsets_host, int64_t E, int64_t N,
                         cudaStream_t st);

@@ -409,8 +409,8 @@ bool CudaOps::try_cudnn(bool backward, const std::function<bool(std::string*)>& 
 
 void CudaOps::lm_head_cross_entropy(const void* h, const void* w, const int32_t* targets, int64_t T,
                                     int64_t H, int64_t V, float* loss, void* dh, void* dw, void* scratch,
-                                    float loss_scale) {
-  Ops::check_lm_head_ce_args(T, H, V, loss, scratch, loss_scale);
+                                    float loss_scale, float softcap) {
+  Ops::check_lm_head_ce_args(T, H, V, loss, scratch, loss_scale, softcap);
   set_device(dev_);
   const size_t avail = Ops::lm_head_ce_scratch_bytes(T, H, V);
   const size_t es = dtype_size(dtype_);
@@ -430,7 +430,7 @@ void CudaOps::lm_head_cross_entropy(const void* h, const void* w, const int32_t*
     const int64_t n = std::min(chunk, T - t0);
     const void* hc = hp + size_t(t0 * H) * es;
     gemm(true, false, V, n, H, w, H, hc, H, Z, dtype_, V, 0.f);  // logits [n, V]
-    k_ce_rows(dtype_, Z, targets + t0, n, V, row_loss, grad, err_, st_);
+    k_ce_rows(dtype_, Z, targets + t0, n, V, row_loss, grad, err_, st_, softcap);
     k_ce_reduce(row_loss, targets + t0, n, V, loss, st_);
     if (dh)
       gemm(false, false, H, n, V, w, H, Z, V, static_cast<char*>(dh) + size_t(t0 * H) * es, dtype_, H, 0.f,

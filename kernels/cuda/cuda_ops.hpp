@@ -136,7 +136,7 @@ class CudaOps final : public Ops {
 
   void lm_head_cross_entropy(const void* h, const void* w, const int32_t* targets, int64_t T, int64_t H,
                              int64_t V, float* loss, void* dh, void* dw, void* scratch,
-                             float loss_scale = 1.0f) override;
+                             float loss_scale = 1.0f, float softcap = 0.0f) override;
 
   void moe_route(const void* logits, float* probs, int32_t* topk_idx, float* topk_w, float* stats, int64_t T,
                  int64_t E, int64_t k, bool norm_topk) override;

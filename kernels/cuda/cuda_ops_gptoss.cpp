@@ -1,8 +1,9 @@
 // CudaOps: the ops GPT-OSS adds (kernels/ops.hpp: attention variants, per-expert bias,
 // clamped SwiGLU). Kernels: cuda_gptoss.cu (rows, bias, SwiGLU, dsinks) and
 // cuda_attention_variant.cu (tensor-core attention with a window and sinks).
-// A default variant (no window, no sinks; or a window >= L without sinks) runs the plain ops,
-// cuDNN included, so it equals them exactly.
+// A default variant (no window, no sinks, no soft-cap; or a window >= L without sinks) runs the
+// plain ops, cuDNN included, so it equals them exactly. Soft-capped scores (Gemma 2) always run
+// on our kernels (tensor-core flash for head_dim 64 / 128, the row kernels otherwise), never cuDNN.
 #include <stdexcept>
 #include <string>
 
@@ -21,11 +22,12 @@ void check_variant(int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D,
   require(n_seq >= 0 && L >= 0 && D > 0 && D % 2 == 0, op, "bad dimensions");
   require(nq > 0 && nkv > 0 && nq % nkv == 0, op, "nq must be a positive multiple of nkv");
   require(var.window >= 0, op, "negative window");
+  Ops::check_softcap(var.softcap, op);
 }
 
-/// The plain op computes this variant: no sinks and no key outside the window.
+/// The plain op computes this variant: no sinks, no soft-cap and no key outside the window.
 bool plain(const Ops::AttentionVariant& var, int64_t L) {
-  return var.sinks == nullptr && (var.window == 0 || var.window >= L);
+  return var.sinks == nullptr && var.softcap == 0.f && (var.window == 0 || var.window >= L);
 }
 }  // namespace
 
@@ -42,10 +44,10 @@ void CudaOps::attention_fwd_v(const void* q, const void* k, const void* v, void*
   set_device(dev_);
   const int64_t win = var.window >= L ? 0 : var.window;  // a window >= L restricts nothing
   if (k_attention_flash_fwd_v(dtype_, q, k, v, o, lse, var.pos, var.sinks, win, n_seq, L, nq, nkv, D, scale,
-                              attn_impl_, st_))
+                              attn_impl_, st_, var.softcap))
     return;
   k_attention_rows_fwd_v(dtype_, q, k, v, o, lse, var.pos, var.sinks, win, n_seq, L, L, 0, nq, nkv, D, scale,
-                         st_);
+                         st_, var.softcap);
 }
 
 void CudaOps::attention_bwd_v(const void* q, const void* k, const void* v, const void* o, const float* lse,
@@ -73,10 +75,10 @@ void CudaOps::attention_bwd_v(const void* q, const void* k, const void* v, const
     k_attention_dsinks(dtype_, var.sinks, lse, di, static_cast<float*>(var.dsinks), n_seq, L, nq, st_);
   const int64_t win = var.window >= L ? 0 : var.window;
   if (k_attention_flash_bwd_v(dtype_, q, k, v, lse, di, dout, var.pos, dq, dk, dv, dq_acc, win, n_seq, L, nq,
-                              nkv, D, scale, attn_impl_, st_))
+                              nkv, D, scale, attn_impl_, st_, var.softcap))
     return;
   k_attention_rows_bwd_v(dtype_, q, k, v, lse, di, dout, var.pos, dq, dk, dv, win, n_seq, L, nq, nkv, D,
-                         scale, st_);
+                         scale, st_, false, var.softcap);
 }
 
 void CudaOps::attention_decode_v(const void* q, const void* k_cache, const void* v_cache, void* o,
@@ -89,7 +91,7 @@ void CudaOps::attention_decode_v(const void* q, const void* k_cache, const void*
   set_device(dev_);
   const int64_t win = var.window >= past + n ? 0 : var.window;
   k_attention_rows_fwd_v(dtype_, q, k_cache, v_cache, o, nullptr, nullptr, var.sinks, win, 1, n, past + n,
-                         past, nq, nkv, D, scale, st_);
+                         past, nq, nkv, D, scale, st_, var.softcap);
 }
 
 void CudaOps::grouped_bias_fwd(void* y, const void* b, const int32_t* off, int64_t E, int64_t N) {

@@ -143,6 +143,8 @@ inline DeviceRun device_forward_backward(Device& d, const ModelLayout& m,
   out.count = loss[1];
   for (auto& g : graw) out.grads.push_back(to_f32(g, gt));
   out.logits = to_f32(lraw, dt);
+  if (const float cap = float(m.config.final_logit_softcapping); cap > 0)  // Gemma's, as transformers
+    for (float& z : out.logits) z = Ops::soft_cap(z, cap);
   if (E > 0) {
     const double rows = double(m.config.num_moe_layers()) * double(T);
     for (int64_t e = 0; e < E; ++e)

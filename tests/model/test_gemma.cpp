@@ -1,7 +1,8 @@
 // Gemma 2 / Gemma 3 text config.json (model/config_families.cpp): the keys read, transformers'
 // defaults for the absent ones, the layer types and per-type RoPE, the settings refused in one
-// line (soft-capping, the multimodal gemma3, another activation), and the round trip through
-// config_to_json. The numerics are golden-tested in test_hf_parity.cpp.
+// line (Gemma 3's attention soft-capping, the multimodal gemma3, another activation), Gemma 2's
+// logit soft-capping (values, defaults, null), and the round trip through config_to_json. The numerics are
+// golden-tested in test_hf_parity.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -32,14 +33,14 @@ json gemma3_json() {
     "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0, "cache_implementation": "hybrid"})");
 }
 
-// google/gemma-2-2b's config.json with its soft-capping off (roundpipe refuses it on)
+// google/gemma-2-2b's config.json
 json gemma2_json() {
   return json::parse(R"({
     "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "vocab_size": 256000,
     "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26, "num_attention_heads": 8,
     "num_key_value_heads": 4, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
     "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 224,
-    "attn_logit_softcapping": null, "final_logit_softcapping": null, "rms_norm_eps": 1e-06,
+    "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "rms_norm_eps": 1e-06,
     "rope_theta": 10000.0, "sliding_window": 4096, "max_position_embeddings": 8192,
     "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0})");
 }
@@ -117,6 +118,48 @@ TEST(Gemma, ParsesGemma2) {
   EXPECT_EQ(config_to_json(back), config_to_json(c));
   EXPECT_EQ(config_to_json(c)["hidden_activation"], "gelu_pytorch_tanh");
   EXPECT_FALSE(config_to_json(c).contains("hidden_act"));
+  EXPECT_DOUBLE_EQ(c.attn_logit_softcapping, 50.0);
+  EXPECT_DOUBLE_EQ(c.final_logit_softcapping, 30.0);
+  EXPECT_EQ(config_to_json(c)["attn_logit_softcapping"], 50.0);
+  EXPECT_EQ(config_to_json(c)["final_logit_softcapping"], 30.0);
+}
+
+// Gemma2Config's defaults (50, 30) when the keys are absent; null turns each off; Gemma 3
+// applies only the final cap (Gemma3ForCausalLM.forward), default none; other families none.
+TEST(Gemma, SoftcappingKeys) {
+  json j = gemma2_json();
+  j.erase("attn_logit_softcapping");
+  j.erase("final_logit_softcapping");
+  ModelConfig c = config_from_json(j, "cfg.json");
+  EXPECT_DOUBLE_EQ(c.attn_logit_softcapping, 50.0);
+  EXPECT_DOUBLE_EQ(c.final_logit_softcapping, 30.0);
+  j["attn_logit_softcapping"] = nullptr;
+  j["final_logit_softcapping"] = 12.5;
+  c = config_from_json(j, "cfg.json");
+  EXPECT_EQ(c.attn_logit_softcapping, 0.0);
+  EXPECT_DOUBLE_EQ(c.final_logit_softcapping, 12.5);
+  const json out = config_to_json(c);
+  EXPECT_TRUE(out["attn_logit_softcapping"].is_null());
+  EXPECT_EQ(out["final_logit_softcapping"], 12.5);
+  EXPECT_EQ(config_to_json(config_from_json(out, "saved.json")), out);
+  c = config_from_json(gemma3_json(), "cfg.json");
+  EXPECT_EQ(c.attn_logit_softcapping, 0.0);
+  EXPECT_EQ(c.final_logit_softcapping, 0.0);
+  j = gemma3_json();
+  j["final_logit_softcapping"] = 30.0;
+  c = config_from_json(j, "cfg.json");
+  EXPECT_DOUBLE_EQ(c.final_logit_softcapping, 30.0);
+  EXPECT_EQ(config_to_json(c)["final_logit_softcapping"], 30.0);
+  EXPECT_TRUE(config_to_json(c)["attn_logit_softcapping"].is_null());
+  c.attn_logit_softcapping = 50.0;  // validate: Gemma 2 only
+  EXPECT_THROW(c.validate(), std::invalid_argument);
+  ModelConfig llama = config_from_json(json::parse(R"({"model_type": "llama", "vocab_size": 64,
+      "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1, "num_attention_heads": 4,
+      "num_key_value_heads": 2})"),
+                                       "cfg.json");
+  EXPECT_EQ(llama.final_logit_softcapping, 0.0);
+  llama.final_logit_softcapping = 30.0;
+  EXPECT_THROW(llama.validate(), std::invalid_argument);
 }
 
 TEST(Gemma, RefusalsNameTheKey) {
@@ -126,14 +169,17 @@ TEST(Gemma, RefusalsNameTheKey) {
     EXPECT_NE(e.find(want), std::string::npos) << e;
     EXPECT_EQ(e.find('\n'), std::string::npos) << e;
   };
-  json j = gemma2_json();
+  json j = gemma3_json();  // transformers' Gemma3 attention ignores it: refused, not ignored
   j["attn_logit_softcapping"] = 50.0;
-  expect(j, "key 'attn_logit_softcapping': expected null (logit soft-capping is not supported");
+  expect(j, "key 'attn_logit_softcapping': expected null (Gemma 3's attention does not soft-cap");
   j = gemma2_json();
-  j.erase("final_logit_softcapping");  // Gemma2Config's default is 30
-  expect(j, "key 'final_logit_softcapping': expected null");
-  j = gemma3_json();
-  j["final_logit_softcapping"] = 30.0;
+  j["attn_logit_softcapping"] = -1.0;
+  expect(j, "key 'attn_logit_softcapping'");
+  j = gemma2_json();
+  j["final_logit_softcapping"] = "30";
+  expect(j, "key 'final_logit_softcapping'");
+  j = gemma2_json();
+  j["final_logit_softcapping"] = 0;
   expect(j, "key 'final_logit_softcapping'");
   j = gemma3_json();
   j["hidden_activation"] = "gelu";

@@ -46,10 +46,11 @@ TEST(Generate, PrefillLogitsMatchHuggingFace) {
   // the Qwen3-MoE and GPT-OSS goldens route through the same sparse block as training; GPT-OSS's
   // prompt rows attend through attention_decode_v (window 3, sinks); OLMo 2's post-norms,
   // Granite's multipliers, Phi-3's window (7) and Gemma's norms, GeGLU, sliding / global layers
-  // (Gemma 3: per-layer RoPE base), Phi-4-mini's partial rotary through the same generator
+  // (Gemma 3: per-layer RoPE base), Phi-4-mini's partial rotary, Gemma 2's soft-capped scores
+  // and logits through the same generator
   for (const char* name : {"tiny_llama", "tiny_qwen3", "hf_moe/tiny_qwen3_moe", "hf_moe/tiny_qwen3_moe_tied",
                            "hf_gpt_oss/tiny_gpt_oss", "tiny_olmo2", "tiny_granite", "tiny_phi3",
-                           "tiny_gemma2", "tiny_gemma3", "tiny_phi4"}) {
+                           "tiny_gemma2", "tiny_gemma3", "tiny_phi4", "tiny_gemma2_softcap"}) {
     const LoadedModel lm = load_model(golden_dir(name));
     SafetensorsFile golden(golden_dir(name) + "/golden.safetensors");
     const HostTensor ids = golden.read_f32(*golden.find("ids")),
@@ -79,9 +80,10 @@ TEST(Generate, PrefillLogitsMatchHuggingFace) {
 // Greedy decoding through the cache (prefill, then one token at a time) equals taking the
 // argmax of a full recomputation of every prefix; stop ids end it; the cache limit is kept.
 TEST(Generate, CachedDecodingEqualsRecomputingEveryPrefix) {
-  // GPT-OSS: one token at a time through a sliding window of 3 must equal the full recompute
+  // GPT-OSS: one token at a time through a sliding window of 3 must equal the full recompute;
+  // Gemma 2 with soft-capping: the capped scores of the cached rows as well
   for (const char* name : {"tiny_llama", "tiny_qwen3", "hf_gpt_oss/tiny_gpt_oss", "tiny_olmo2", "tiny_phi3",
-                           "tiny_gemma3", "tiny_phi4"}) {
+                           "tiny_gemma3", "tiny_phi4", "tiny_gemma2_softcap"}) {
     const LoadedModel lm = load_model(golden_dir(name));
     Generator gen(lm, {.backend = "cpu", .max_context = 64});
     const int32_t V = int32_t(lm.config.vocab_size);
