@@ -21,13 +21,13 @@ struct LongRopeFactors {
 /// exceeds original_max_position_embeddings, `short_table` otherwise; one table (short_table)
 /// for every other type.
 struct RopeTables {
-  RopeTable short_table;  ///< every type's table; longrope's from short_factor
-  RopeTable long_table;   ///< longrope only (empty otherwise): from long_factor
+  RopeTable short_table;                         ///< every type's table; longrope's from short_factor
+  RopeTable long_table;                          ///< longrope only (empty otherwise): from long_factor
   int64_t original_max_position_embeddings = 0;  ///< longrope: the longest pass on short_table
   /// The table of a forward pass whose largest position + 1 is `length` (> 0).
   const RopeTable& pick(int64_t length) const {
     return !long_table.inv_freq.empty() && length > original_max_position_embeddings ? long_table
-                                                                                      : short_table;
+                                                                                     : short_table;
   }
   bool longrope() const { return !long_table.inv_freq.empty(); }
 };

@@ -74,7 +74,8 @@ TEST(LongRope, TablesMatchTransformers) {
   std::ifstream f(std::string(RP_SOURCE_DIR) + "/examples/configs/phi-4-mini-instruct.json");
   const ModelConfig c4 = config_from_json(json::parse(f), "config.json");
   const RopeTables t4 = layer_rope_tables(c4, 0);
-  expect_table(t4.long_table, all["phi4_mini"]["long_inv_freq"], all["phi4_mini"]["attention_scaling"], "example");
+  expect_table(t4.long_table, all["phi4_mini"]["long_inv_freq"], all["phi4_mini"]["attention_scaling"],
+               "example");
   // other types keep one table
   ModelConfig plain = c4;
   plain.rope_scaling = RopeScaling{};
@@ -87,10 +88,11 @@ TEST(LongRope, BadKeysAreRefusedNamingThem) {
   const json base = cases()["factor_only"]["config"];  // 4 heads of 16: 8 factors each
   json j = base;
   j["rope_scaling"]["short_factor"] = {1.0, 2.0};
-  EXPECT_EQ(error_of(j).rfind("config.json: key 'rope_scaling.short_factor': expected a list of rotary_dim/2 = 8 "
-                              "positive finite numbers",
-                              0),
-            0u)
+  EXPECT_EQ(
+      error_of(j).rfind("config.json: key 'rope_scaling.short_factor': expected a list of rotary_dim/2 = 8 "
+                        "positive finite numbers",
+                        0),
+      0u)
       << error_of(j);
   j = base;
   j["rope_scaling"]["long_factor"][3] = -1.0;
@@ -145,8 +147,8 @@ TEST(LongRope, BadKeysAreRefusedNamingThem) {
 
 // forward of decoder layer 1 of `m` over `ids` as n_seq sequences of seq_len; with `pos`
 // (packed) and `rope_length`
-VecF decoder_forward(TinyModel& m, const std::vector<float>& x, MicroBatchShape s, const std::vector<int32_t>* pos,
-                     int64_t rope_length) {
+VecF decoder_forward(TinyModel& m, const std::vector<float>& x, MicroBatchShape s,
+                     const std::vector<int32_t>* pos, int64_t rope_length) {
   std::vector<float> scratch;
   LayerArgs a = m.args(1, s, nullptr, scratch);
   VecF y(x.size());
@@ -187,7 +189,8 @@ TEST(LongRope, DecoderPicksTheTableByTheLargestPosition) {
   // one 20-token example: positions 0..19 with rope_length 20 equal the unpacked sequence
   std::vector<int32_t> whole(static_cast<size_t>(L));
   for (int64_t t = 0; t < L; ++t) whole[size_t(t)] = int32_t(t);
-  EXPECT_LT(max_diff(decoder_forward(m, x, {1, L}, &whole, L), decoder_forward(m, x, {1, L}, nullptr, 0)), 1e-5);
+  EXPECT_LT(max_diff(decoder_forward(m, x, {1, L}, &whole, L), decoder_forward(m, x, {1, L}, nullptr, 0)),
+            1e-5);
   // backward: dx of the packed pass equals the two examples' alone
   auto dx_of = [&](MicroBatchShape s, const std::vector<int32_t>* p, int64_t len) {
     std::vector<VecF> grads = m.zero_grads();
