@@ -160,8 +160,10 @@ void validate_family_keys(const ModelConfig& c) {
   };
   const bool olmo2 = c.architecture == "olmo2", granite = c.architecture == "granite";
   const int64_t R = c.rotary_dim();
-  if (c.architecture == "phi3" && c.rope_scaling.type == "yarn")  // transformers' Phi3Config renames it
-    fail("rope_scaling.rope_type", "not \"yarn\" for phi3 (transformers reads it as longrope)");
+  // transformers' Phi3Config refuses the other types (and reads "su" and "yarn" as longrope)
+  if (c.architecture == "phi3" && c.rope_scaling.type != "default" && c.rope_scaling.type != "longrope")
+    fail("rope_scaling.rope_type",
+         fmt::format("\"default\" or \"longrope\" for phi3, got \"{}\"", c.rope_scaling.type));
   if (c.rope_scaling.type == "longrope") validate_longrope(c);
   if (c.partial_rotary_factor != 1.0 && c.architecture != "phi3")
     fail("partial_rotary_factor", "1 unless model_type phi3 (partial rotary embeddings)");

@@ -156,6 +156,11 @@ TEST(Phi3, ConfigWindowParametersAndRefusals) {
                   "numbers (rope_type longrope needs it)"),
       std::string::npos)
       << err(j);
+  j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};  // Phi3Config refuses the other types
+  EXPECT_NE(err(j).find("key 'rope_scaling.rope_type': expected \"default\" or \"longrope\" for phi3, got "
+                        "\"linear\""),
+            std::string::npos)
+      << err(j);
   j = phi3_mini();
   j["architectures"] = {"MistralForCausalLM"};
   EXPECT_NE(err(j).find("key 'architectures': expected [\"Phi3ForCausalLM\"]"), std::string::npos) << err(j);
