@@ -48,6 +48,11 @@ void validate_longrope(const ModelConfig& c) {
   }
   if (rs.original_max_position_embeddings <= 0)
     fail("original_max_position_embeddings", "must be > 0 for longrope");
+  const double orig = double(rs.original_max_position_embeddings);
+  const double factor = rs.factor > 0 ? rs.factor : double(c.max_position_embeddings) / orig;
+  if (rs.attention_factor == 0 && factor > 1 && orig < 2)  // transformers divides by ln(1) there
+    fail("original_max_position_embeddings",
+         "must be > 1 for longrope when attention_factor is derived (it divides by its logarithm)");
   if (!(rs.factor >= 0) || !std::isfinite(rs.factor))
     fail("rope_scaling.factor", fmt::format("must be > 0 (0: derived) for longrope, got {}", rs.factor));
   if (!(rs.attention_factor >= 0) || !std::isfinite(rs.attention_factor))

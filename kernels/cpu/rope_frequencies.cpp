@@ -96,6 +96,8 @@ RopeTable longrope_table(const RopeParams& p, const std::vector<double>& ext, co
   const double orig = double(p.original_max_position_embeddings);
   const double factor = p.factor > 0 ? p.factor : double(p.max_position_embeddings) / orig;
   double af = p.attention_factor;
+  if (af == 0 && factor > 1 && orig < 2)
+    bad("longrope: deriving attention_factor needs original_max_position_embeddings > 1");
   if (af == 0) af = factor <= 1 ? 1.0 : std::sqrt(1 + std::log(factor) / std::log(orig));
   t.attention_scaling = float(af);
   return t;
