@@ -76,6 +76,7 @@ PassBuffers::PassBuffers(const ModelLayout& m, const IterationPlan& p, int64_t M
   experts = m.config.num_moe_layers() > 0 ? m.config.num_experts : 0;
   moe_stats.assign(size_t(2 * experts * M), 0.f);
   target_tokens.assign(size_t(M), 0.f);
+  rope_length.assign(size_t(M), 0);
 }
 
 void PassBuffers::ensure_boundaries(const IterationPlan& p, const std::function<void(HostBytes&)>& on_new) {

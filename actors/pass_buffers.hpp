@@ -97,6 +97,8 @@ struct PassBuffers {
   size_t act_bytes;                     ///< one [T, hidden] activation
   std::vector<HostBytes> ids, targets;  ///< [M] of i32[T]
   std::vector<HostBytes> positions;     ///< [M] of i32[T]: a packed pass's RoPE positions (RunStage::packed)
+  /// [M]: a packed pass's largest position + 1 per micro-batch (LayerArgs::rope_length; set when dealt)
+  std::vector<int64_t> rope_length;
   std::shared_ptr<PassActivations> activations;
   std::vector<std::vector<HostBytes>>& x;   ///< activations->x
   std::vector<std::vector<HostBytes>>& dx;  ///< activations->dx (the two sets)

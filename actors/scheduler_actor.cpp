@@ -116,7 +116,11 @@ void fill_pass_buffers(PassBuffers& pb, const SubmitPass& sp) {
   for (int64_t m = 0; m < pb.micro_batches; ++m) {
     std::memcpy(pb.ids[m].data(), sp.ids->data() + m * T, T * 4);
     std::memcpy(pb.targets[m].data(), sp.targets->data() + m * T, T * 4);
-    if (sp.positions) std::memcpy(pb.positions[m].data(), sp.positions->data() + m * T, T * 4);
+    if (sp.positions) {
+      std::memcpy(pb.positions[m].data(), sp.positions->data() + m * T, T * 4);
+      const auto* p0 = sp.positions->data() + m * T;
+      pb.rope_length[size_t(m)] = T == 0 ? 0 : int64_t(*std::max_element(p0, p0 + T)) + 1;
+    }
     pb.target_tokens[size_t(m)] = float(std::count_if(
         sp.targets->data() + m * T, sp.targets->data() + (m + 1) * T, [](int32_t t) { return t >= 0; }));
   }

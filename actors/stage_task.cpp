@@ -109,7 +109,10 @@ LayerArgs layer_args(const WorkerContext& ctx, const Task& t, int layer, int64_t
     a.attn_o = s.attn_o[i].get();
     a.attn_lse = s.attn_lse[i].as<float>();
   }
-  if (s.pos.get()) a.positions = s.pos.as<int32_t>();
+  if (s.pos.get()) {
+    a.positions = s.pos.as<int32_t>();
+    a.rope_length = t.rs.buffers->rope_length[size_t(m)];
+  }
   // FP8 decoders: the weights are quantized once per upload, by micro-batch 0's calls (the
   // first in stream order; a tail stage's backward call adds W^T after its forward call's W)
   if (auto f = t.dfp8.find(layer); f != t.dfp8.end()) {

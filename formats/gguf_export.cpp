@@ -160,6 +160,8 @@ std::string gguf_architecture(const ModelConfig& c, const std::string& in) {
                               rs.high_freq_factor != 4.0 || rs.original_max_position_embeddings != 8192))
     refuse(
         "llama3 RoPE scaling other than LLaMA 3.1's (low/high frequency factors 1/4, original context 8192)");
+  if (rs.type == "longrope")  // llama.cpp keeps them as rope_factors_long / rope_factors_short tensors
+    refuse("LongRoPE scaling (its short and long factor tensors are not written)");
   if (rs.type != "default" && rs.type != "linear" && rs.type != "yarn" && rs.type != "llama3")
     refuse(fmt::format("rope_scaling type '{}'", rs.type));
   return c.architecture;

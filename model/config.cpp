@@ -113,8 +113,10 @@ using nlohmann::json;
 
 namespace {
 
-/// Parses a rope_scaling (legacy) or rope_parameters (transformers 5) object into `rs`.
-void parse_rope(const json& r, const std::string& key, const std::string& where, RopeScaling& rs) {
+/// Parses a rope_scaling (legacy) or rope_parameters (transformers 5) object into `rs`; `c`:
+/// the config read so far (model_type, the rotary dimension).
+void parse_rope(const json& r, const std::string& key, const std::string& where, const ModelConfig& c,
+                RopeScaling& rs) {
   if (!r.is_object()) bad(where, key, "null or an object", r);
   std::string type;
   for (const char* k : {"rope_type", "type"}) {
@@ -126,9 +128,11 @@ void parse_rope(const json& r, const std::string& key, const std::string& where,
     }
   }
   if (type.empty()) type = "default";
+  // transformers' Phi3Config reads the earlier names of LongRoPE ("su", "yarn") as longrope
+  if (c.architecture == "phi3" && (type == "su" || type == "yarn")) type = "longrope";
   const std::string kt = key + ".rope_type";
-  if (type != "default" && type != "linear" && type != "llama3" && type != "yarn")
-    bad(where, kt, "one of \"default\", \"linear\", \"llama3\", \"yarn\"", json(type));
+  if (type != "default" && type != "linear" && type != "llama3" && type != "yarn" && type != "longrope")
+    bad(where, kt, "one of \"default\", \"linear\", \"llama3\", \"yarn\", \"longrope\"", json(type));
   rs = RopeScaling{};
   rs.type = type;
   auto num = [&](const char* k, double def, bool positive) {
@@ -150,6 +154,7 @@ void parse_rope(const json& r, const std::string& key, const std::string& where,
     return int64_t(it->get<double>());
   };
   if (type == "default") return;
+  if (type == "longrope") return config_families::parse_longrope(r, key, where, c.rotary_dim(), rs);
   auto fit = r.find("factor");
   if (fit == r.end() || fit->is_null())
     missing(where, key + ".factor", "a positive number", fmt::format(" (rope_type {} needs it)", type));
@@ -176,11 +181,11 @@ void parse_rope_per_layer_type(const json& rp, const std::string& where, ModelCo
   if (c.architecture != "gemma3_text")
     bad(where, "rope_parameters", "one RoPE (per layer type: Gemma 3 only)", rp);
   const json full = val(rp, "full_attention"), sliding = val(rp, "sliding_attention");
-  parse_rope(full, "rope_parameters.full_attention", where, c.rope_scaling);
+  parse_rope(full, "rope_parameters.full_attention", where, c, c.rope_scaling);
   c.rope_theta = get_num(full, "rope_theta", where, c.rope_theta, true);
   if (sliding.is_null()) return;
   RopeScaling local;
-  parse_rope(sliding, "rope_parameters.sliding_attention", where, local);
+  parse_rope(sliding, "rope_parameters.sliding_attention", where, c, local);
   if (local.type != "default")
     bad(where, "rope_parameters.sliding_attention.rope_type", "\"default\"", json(local.type));
   c.rope_local_theta = get_num(sliding, "rope_theta", where, c.rope_local_theta, true);
@@ -417,10 +422,11 @@ void ModelConfig::validate() const {
   if (!(rope_theta > 0) || !std::isfinite(rope_theta))
     fail("rope_theta", fmt::format("must be > 0, got {}", rope_theta));
   const auto& rs = rope_scaling;
-  if (rs.type != "default" && rs.type != "linear" && rs.type != "llama3" && rs.type != "yarn")
+  if (rs.type != "default" && rs.type != "linear" && rs.type != "llama3" && rs.type != "yarn" &&
+      rs.type != "longrope")
     fail("rope_scaling.rope_type",
-         fmt::format("default, linear, llama3 or yarn expected, got \"{}\"", rs.type));
-  if (rs.type != "default" && !(rs.factor > 0))
+         fmt::format("default, linear, llama3, yarn or longrope expected, got \"{}\"", rs.type));
+  if (rs.type != "default" && rs.type != "longrope" && !(rs.factor > 0))
     fail("rope_scaling.factor", fmt::format("must be > 0, got {}", rs.factor));
   if (rs.type == "llama3") {
     if (rs.original_max_position_embeddings <= 0)
@@ -525,15 +531,16 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& where) 
   // transformers 5 stores rope_theta and the scaling in "rope_parameters"; legacy files in
   // "rope_theta" + "rope_scaling". Both are accepted; rope_parameters wins when present.
   if (auto rs = j.find("rope_scaling"); rs != j.end() && !rs->is_null())
-    parse_rope(*rs, "rope_scaling", where, c.rope_scaling);
+    parse_rope(*rs, "rope_scaling", where, c, c.rope_scaling);
   if (auto rp = j.find("rope_parameters"); rp != j.end() && !rp->is_null()) {
     if (rp->is_object() && rp->contains("full_attention")) {  // per layer type (Gemma 3)
       parse_rope_per_layer_type(*rp, where, c);
     } else {
-      parse_rope(*rp, "rope_parameters", where, c.rope_scaling);
+      parse_rope(*rp, "rope_parameters", where, c, c.rope_scaling);
       if (rp->contains("rope_theta")) c.rope_theta = get_num(*rp, "rope_theta", where, 10000.0, true);
     }
   }
+  if (c.rope_scaling.type == "longrope") config_families::longrope_original_context(j, where, c);
   try {
     c.validate();
   } catch (const std::invalid_argument& e) {

@@ -2,7 +2,8 @@
 // OLMo 2 (transformers' Olmo2Config), Granite (GraniteConfig) and Phi-3 (Phi3Config: its window
 // is Mistral's, read by config_from_json), Gemma 2 and Gemma 3 text (Gemma2Config,
 // Gemma3TextConfig: the window and layer_types are read by config_from_json; Gemma 2's logit
-// soft-capping). See roundpipe/model.hpp.
+// soft-capping), and LongRoPE's keys (Phi-3-mini-128k, Phi-3.5-mini, Phi-4-mini; transformers'
+// _compute_longrope_parameters and Phi3Config). See roundpipe/model.hpp.
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -39,6 +40,36 @@ double softcap_key(const json& j, const char* key, const std::string& where, dou
   if (it->is_null()) return 0.0;
   return get_num(j, key, where, 0.0, true);
 }
+
+// LongRoPE's settings of a config built in code (config.json's are checked as they are read).
+void validate_longrope(const ModelConfig& c) {
+  auto fail = [](const std::string& key, const std::string& what) {
+    throw std::invalid_argument(fmt::format("{}: {}", key, what));
+  };
+  const RopeScaling& rs = c.rope_scaling;
+  const size_t half = size_t(c.rotary_dim() / 2);
+  for (auto [key, f] : {std::pair{"rope_scaling.short_factor", &rs.short_factor},
+                        std::pair{"rope_scaling.long_factor", &rs.long_factor}}) {
+    bool ok = f->size() == half;
+    for (double v : *f) ok = ok && v > 0 && std::isfinite(v);
+    if (!ok)
+      fail(key, fmt::format("a list of rotary_dim/2 = {} positive finite numbers, got {} numbers", half,
+                            f->size()));
+  }
+  if (rs.original_max_position_embeddings <= 0)
+    fail("original_max_position_embeddings", "must be > 0 for longrope");
+  const double orig = double(rs.original_max_position_embeddings);
+  const double factor = rs.factor > 0 ? rs.factor : double(c.max_position_embeddings) / orig;
+  if (rs.attention_factor == 0 && factor > 1 && orig < 2)  // transformers divides by ln(1) there
+    fail("original_max_position_embeddings",
+         "must be > 1 for longrope when attention_factor is derived (it divides by its logarithm)");
+  if (!(rs.factor >= 0) || !std::isfinite(rs.factor))
+    fail("rope_scaling.factor", fmt::format("must be > 0 (0: derived) for longrope, got {}", rs.factor));
+  if (!(rs.attention_factor >= 0) || !std::isfinite(rs.attention_factor))
+    fail("rope_scaling.attention_factor",
+         fmt::format("must be > 0 (0: derived) for longrope, got {}", rs.attention_factor));
+}
+
 
 // Gemma 2 / Gemma 3 text: what differs from LLaMA's keys; the settings roundpipe does not run
 // (bidirectional attention, another activation; Gemma 3's attn_logit_softcapping, which
@@ -100,6 +131,15 @@ void parse_family_keys(const json& j, const std::string& where, ModelConfig& c) 
 }
 
 void family_keys_to_json(const ModelConfig& c, json& j) {
+  if (const RopeScaling& r = c.rope_scaling; r.type == "longrope") {
+    json rs = {{"rope_type", "longrope"}, {"short_factor", r.short_factor}, {"long_factor", r.long_factor}};
+    if (r.factor > 0) rs["factor"] = r.factor;
+    if (r.attention_factor > 0) rs["attention_factor"] = r.attention_factor;
+    rs["original_max_position_embeddings"] = r.original_max_position_embeddings;
+    j["rope_scaling"] = rs;
+    // where transformers reads it first (Phi3Config's own default, 4096, would win otherwise)
+    j["original_max_position_embeddings"] = r.original_max_position_embeddings;
+  }
   if (c.gemma()) {
     j.erase("hidden_act");
     j.erase("mlp_bias");
@@ -139,8 +179,11 @@ void validate_family_keys(const ModelConfig& c) {
   };
   const bool olmo2 = c.architecture == "olmo2", granite = c.architecture == "granite";
   const int64_t R = c.rotary_dim();
-  if (c.architecture == "phi3" && c.rope_scaling.type == "yarn")  // transformers' Phi3Config renames it
-    fail("rope_scaling.rope_type", "not \"yarn\" for phi3 (read as longrope there, which is not supported)");
+  // transformers' Phi3Config refuses the other types (and reads "su" and "yarn" as longrope)
+  if (c.architecture == "phi3" && c.rope_scaling.type != "default" && c.rope_scaling.type != "longrope")
+    fail("rope_scaling.rope_type",
+         fmt::format("\"default\" or \"longrope\" for phi3, got \"{}\"", c.rope_scaling.type));
+  if (c.rope_scaling.type == "longrope") validate_longrope(c);
   if (c.partial_rotary_factor != 1.0 && c.architecture != "phi3")
     fail("partial_rotary_factor", "1 unless model_type phi3 (partial rotary embeddings)");
   if (!(c.partial_rotary_factor > 0 && c.partial_rotary_factor <= 1) || R <= 0 || R % 2 != 0)
@@ -184,6 +227,40 @@ void validate_family_keys(const ModelConfig& c) {
                     ? "only Gemma 2 (model_type gemma2) soft-caps attention scores (0 elsewhere)"
                     : "only Gemma (model_type gemma2, gemma3_text) soft-caps the final logits (0 elsewhere)");
   }
+}
+
+void parse_longrope(const json& r, const std::string& key, const std::string& where, int64_t rotary_dim,
+                    RopeScaling& rs) {
+  // the keys read with their object's name (rope_scaling.factor, rope_parameters.factor)
+  json named;
+  for (const char* k : {"factor", "attention_factor", "original_max_position_embeddings"})
+    named[key + "." + k] = val(r, k);
+  rs.factor = get_num(named, key + ".factor", where, 0.0, true);
+  rs.attention_factor = get_num(named, key + ".attention_factor", where, 0.0, true);
+  rs.original_max_position_embeddings =
+      config_keys::get_int(named, key + ".original_max_position_embeddings", where, false, 0, 1);
+  for (auto [name, f] :
+       {std::pair{"short_factor", &rs.short_factor}, std::pair{"long_factor", &rs.long_factor}}) {
+    const json v = val(r, name);
+    const std::string k = key + "." + name,
+                      expected =
+                          fmt::format("a list of rotary_dim/2 = {} positive finite numbers", rotary_dim / 2);
+    if (v.is_null()) config_keys::missing(where, k, expected, " (rope_type longrope needs it)");
+    if (!v.is_array() || int64_t(v.size()) != rotary_dim / 2) bad(where, k, expected, v);
+    for (const json& e : v) {
+      if (!e.is_number() || !(e.get<double>() > 0) || !std::isfinite(e.get<double>()))
+        bad(where, k, expected, v);
+      f->push_back(e.get<double>());
+    }
+  }
+}
+
+void longrope_original_context(const json& j, const std::string& where, ModelConfig& c) {
+  int64_t& orig = c.rope_scaling.original_max_position_embeddings;
+  if (!val(j, "original_max_position_embeddings").is_null())
+    orig = config_keys::get_int(j, "original_max_position_embeddings", where, true, 0, 1);
+  else if (c.architecture == "phi3") orig = 4096;
+  else if (orig == 0) orig = c.max_position_embeddings;
 }
 
 }  // namespace config_families

@@ -43,5 +43,15 @@ void family_keys_to_json(const ModelConfig& c, nlohmann::json& j);
 /// ModelConfig::validate's share: std::invalid_argument("<key>: <what>") when a family's field
 /// is set on another family or out of range.
 void validate_family_keys(const ModelConfig& c);
+/// rope_type "longrope" of rope_scaling / rope_parameters object `r` (`key` names it) into `rs`:
+/// short_factor and long_factor (required: `rotary_dim`/2 positive finite numbers each),
+/// factor, attention_factor (optional, > 0; absent: 0, derived) and
+/// original_max_position_embeddings (optional; see longrope_original_context).
+void parse_longrope(const nlohmann::json& r, const std::string& key, const std::string& where,
+                    int64_t rotary_dim, RopeScaling& rs);
+/// LongRoPE's pre-training context as transformers 5 settles it (standardize_rope_params):
+/// config.json's top-level original_max_position_embeddings wins, then Phi3Config's default
+/// 4096 (model_type phi3), then rope_scaling's own, then max_position_embeddings.
+void longrope_original_context(const nlohmann::json& j, const std::string& where, ModelConfig& c);
 
 }  // namespace rp::config_families

@@ -59,7 +59,9 @@ struct Generator::Impl {
   std::map<std::string, const void*> w;  // HF tensor name -> device pointer
   std::vector<DeviceBuffer> kc, vc;      // per decoder layer [C, nkv, D]
   int64_t C = 0;                         // cache rows
-  std::vector<RopeTable> ropes;          // per decoder layer (Gemma 3's sliding layers have their own base)
+  // per decoder layer (Gemma 3's sliding layers have their own base); longrope: a call takes
+  // the table of its largest position + 1, as transformers does per forward pass
+  std::vector<RopeTables> ropes;
   // activations for up to `rows` tokens
   int64_t rows = 0;
   DeviceBuffer x, xn, q, qr, kr, o, h1, hn, g, u, m, y, ids, pos, lg, lg32;
@@ -86,6 +88,12 @@ struct Generator::Impl {
   // runs tokens ids[0..n) at positions past.. through every layer; x holds the final hidden states
   void forward(const std::vector<int32_t>& tok, int64_t past);
   std::vector<float> head(int64_t first_row, int64_t n);  // fp32 logits of rows [first_row, first_row+n)
+  // longrope: whether decoding one token after `past` cached ones crosses into the long table
+  // while the cache holds keys of the short one. Phi3ForCausalLM.prepare_inputs_for_generation
+  // then drops its cache and recomputes the whole sequence (so every key takes the long table).
+  bool switches_table(int64_t past) const {
+    return c.rope_scaling.type == "longrope" && past == c.rope_scaling.original_max_position_embeddings;
+  }
 };
 
 void Generator::Impl::init(const ModelLayout& layout, const std::vector<const float*>& data,
@@ -109,7 +117,7 @@ void Generator::Impl::init(const ModelLayout& layout, const std::vector<const fl
   C = opt.max_context > 0
           ? opt.max_context
           : std::min<int64_t>(c.max_position_embeddings > 0 ? c.max_position_embeddings : 4096, 4096);
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) ropes.push_back(rope_frequencies(rope_params(c, l)));
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) ropes.push_back(layer_rope_tables(c, l));
   Stream& s = dev->stream(StreamKind::compute);
   const DType dt = dev->compute_dtype();
   std::vector<std::vector<char>> staging;
@@ -202,7 +210,7 @@ void Generator::Impl::forward(const std::vector<int32_t>& tok, int64_t past) {
         ops.rmsnorm_fwd(qr.get(), t(pre + "self_attn.q_norm.weight"), q.get(), qn_rows, qn_cols, eps, off);
         ops.rmsnorm_fwd(kr.get(), t(pre + "self_attn.k_norm.weight"), krow, kn_rows, kn_cols, eps, off);
       }
-      const RopeTable& rope = ropes[size_t(l)];
+      const RopeTable& rope = ropes[size_t(l)].pick(past + n);
       ops.rope_fwd_at(q.get(), pp, n, nq, D, rope.inv_freq.data(), rope.attention_scaling, c.rotary_dim());
       ops.rope_fwd_at(krow, pp, n, nkv, D, rope.inv_freq.data(), rope.attention_scaling, c.rotary_dim());
       // sliding window, sinks (GPT-OSS), soft-capped scores (Gemma 2)
@@ -324,7 +332,7 @@ std::vector<int32_t> Generator::generate(const std::vector<int32_t>& prompt, con
     throw std::invalid_argument("generate: expected temperature >= 0, top_k >= 0 and 0 < top_p <= 1");
   std::mt19937_64 rng(o.seed);
   std::uniform_real_distribution<double> unif(0.0, 1.0);
-  std::vector<int32_t> out;
+  std::vector<int32_t> out, seq = prompt;
   I.forward(prompt, 0);
   int64_t past = int64_t(prompt.size());
   std::vector<float> lg = I.head(past - 1, 1);
@@ -334,9 +342,15 @@ std::vector<int32_t> Generator::generate(const std::vector<int32_t>& prompt, con
     if (on_token && !on_token(next)) break;
     if (std::find(o.stop_ids.begin(), o.stop_ids.end(), next) != o.stop_ids.end() || past >= I.C) break;
     if (int64_t(out.size()) == o.max_new_tokens) break;
-    I.forward({next}, past);
+    seq.push_back(next);
+    if (I.switches_table(past)) {  // recompute every key with the long table
+      I.forward(seq, 0);
+      lg = I.head(past, 1);
+    } else {
+      I.forward({next}, past);
+      lg = I.head(0, 1);
+    }
     ++past;
-    lg = I.head(0, 1);
   }
   return out;
 }

@@ -47,6 +47,11 @@ struct LayerArgs {
   /// within each example (Ops::attention_fwd_packed). Null: positions t % seq_len, attention
   /// causal over the whole sequence.
   const int32_t* positions = nullptr;
+  /// Decoders with positions: the largest of them + 1 (host), by which a longrope layer picks
+  /// its short or long RoPE table for the whole call, as transformers does by
+  /// max(position_ids) + 1 (model/layers.hpp's rope_length). 0: not given, which a longrope
+  /// layer with positions refuses; without positions it is seq_len.
+  int64_t rope_length = 0;
   const void* x = nullptr;   ///< layer input [T, hidden]
   void* y = nullptr;         ///< forward output [T, hidden]
   const void* dy = nullptr;  ///< gradient w.r.t. y [T, hidden]

@@ -44,6 +44,19 @@ RopeParams rope_params(const ModelConfig& c, int64_t layer) {
   return p;
 }
 
+RopeTables layer_rope_tables(const ModelConfig& c, int64_t layer) {
+  return rope_tables(rope_params(c, layer), {c.rope_scaling.short_factor, c.rope_scaling.long_factor});
+}
+
+int64_t rope_length(const LayerArgs& a, bool needed) {
+  if (!a.positions) return a.shape.seq_len;
+  if (a.rope_length <= 0 && needed)
+    throw std::invalid_argument(
+        "decoder: a longrope layer with LayerArgs::positions needs LayerArgs::rope_length (largest position "
+        "+ 1)");
+  return a.rope_length;
+}
+
 namespace {
 
 using namespace layer_args;
@@ -156,7 +169,7 @@ class DecoderLayer final : public Layer {
       wu_ = offset_of(g, p + "mlp.up_proj.weight");
       wd_ = offset_of(g, p + "mlp.down_proj.weight");
     }
-    rope_ = rope_frequencies(rope_params(c_, layer - 1));
+    ropes_ = layer_rope_tables(c_, layer - 1);
     lora_ = lora_linears(m, layer);
     const bool adapted = m.adapter_group(layer) >= 0;
     n_groups_ = adapted ? 2 : 1;
@@ -312,7 +325,7 @@ class DecoderLayer final : public Layer {
   }
   std::unique_ptr<MoeBlock> moe_;  // a sparse MLP block instead of the dense MLP
   int64_t moe_layers_ = 0;         // sparse layers of the model (load-balancing loss)
-  RopeTable rope_;
+  RopeTables ropes_;               // longrope: a call takes the short or the long table by its rope_length
   std::array<LoraLinear, kLoraModules> lora_{};
   size_t n_groups_ = 1;  // 2 with LoRA: params[1] / grads[1] are the adapter group
   float scaling_ = 1.0f, dropout_ = 0.0f;
@@ -358,6 +371,8 @@ void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, c
                 R = c_.rotary_dim();
   const float eps = float(c_.rms_norm_eps);
   const int64_t S = a.shape.n_seq, L = a.shape.seq_len;
+  // this call's RoPE table (longrope: by the call's length; a backward's as its forward's)
+  const RopeTable& rope_ = ropes_.pick(rope_length(a, ropes_.longrope()));
   const void* xin = attention_input(a, b);
   const bool pre_norm = !c_.post_norms;  // OLMo 2 normalizes after the attention instead
   if (pre_norm) norm_fwd(ops, a.x, param(a, 0, w_in_), b.xn, T, H, eps, off_, f8(LoraModule::q));
@@ -516,6 +531,8 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
                 R = c_.rotary_dim();
   const float eps = float(c_.rms_norm_eps);
   const int64_t S = a.shape.n_seq, L = a.shape.seq_len;
+  // this call's RoPE table (longrope: by the call's length; a backward's as its forward's)
+  const RopeTable& rope_ = ropes_.pick(rope_length(a, ropes_.longrope()));
   // h1 = x + r * post_norm(o_proj(o)): dattn, the gradient at o_proj's output, is dh1 for
   // LLaMA, through OLMo 2's norm (its input, o_proj's output, is in xn) or scaled for Granite;
   // into h1, which is no longer read

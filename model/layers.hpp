@@ -25,6 +25,7 @@
 #include <cstddef>
 
 #include "kernels/ops.hpp"
+#include "kernels/rope_tables.hpp"
 #include "model/config.hpp"
 #include "model/layer.hpp"
 #include "model/layer_memory.hpp"
@@ -35,6 +36,14 @@ namespace rp {
 /// rope_scaling, max_position_embeddings) for rope_frequencies(); Gemma 3's sliding layers
 /// take rope_local_theta without scaling.
 RopeParams rope_params(const ModelConfig& c, int64_t layer);
+/// The RoPE table(s) of decoder layer `layer`: rope_tables() of rope_params() and, for
+/// longrope, rope_scaling's short and long factors.
+RopeTables layer_rope_tables(const ModelConfig& c, int64_t layer);
+/// The largest RoPE position + 1 of a decoder call (longrope picks its table by it):
+/// LayerArgs::rope_length, or seq_len when the call has no positions. Throws
+/// std::invalid_argument when the call has positions but no rope_length (<= 0) and `needed`
+/// (a longrope layer).
+int64_t rope_length(const LayerArgs& a, bool needed);
 
 /// y[i] = alpha * x[i] for i < n in ops.dtype(), the product in fp32; y may be x. Granite's
 /// embedding, residual and logit multipliers and their backward, through Ops::add_into (in

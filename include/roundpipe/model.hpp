@@ -23,17 +23,28 @@ namespace rp {
 
 /// rope_scaling of HF config.json. type "default" means no scaling.
 struct RopeScaling {
-  std::string type = "default";  ///< default | linear | llama3 | yarn
+  std::string type = "default";  ///< default | linear | llama3 | yarn | longrope
+  /// longrope: 0 when config.json has none (max_position_embeddings /
+  /// original_max_position_embeddings then, as transformers derives it)
   double factor = 1.0;
   // llama3
   double low_freq_factor = 1.0, high_freq_factor = 4.0;
+  /// llama3, yarn, longrope (the pre-training context). longrope: config.json's top-level key
+  /// wins over rope_scaling's (Phi3Config's default 4096 for model_type phi3), as in transformers
   int64_t original_max_position_embeddings = 0;
   // yarn
   double beta_fast = 32.0, beta_slow = 1.0;
-  double attention_factor = 0.0;  ///< 0 = derive (0.1*ln(factor)+1), as transformers does
+  /// yarn, longrope: 0 = derive (yarn: 0.1*ln(factor)+1; longrope:
+  /// sqrt(1 + ln(factor)/ln(original_max_position_embeddings))), as transformers does
+  double attention_factor = 0.0;
   /// yarn: round the correction range to whole dimensions (transformers' "truncate", default
   /// true; GPT-OSS checkpoints ship false)
   bool truncate = true;
+  /// longrope (LongRoPE, Ding et al. 2024, arXiv 2402.13753; Phi-3-mini-128k, Phi-3.5-mini,
+  /// Phi-4-mini): rotary_dim()/2 divisors of the inverse frequencies each, short_factor for a
+  /// forward pass whose largest position + 1 is at most original_max_position_embeddings,
+  /// long_factor beyond
+  std::vector<double> short_factor, long_factor;
 };
 
 /// A LLaMA / Mistral / Qwen2 / Qwen3 / Qwen3-MoE / GPT-OSS / OLMo 2 / Granite / Phi-3 decoder.

@@ -3,6 +3,7 @@
 // per sequence (losses and weights after two steps; CPU backend, fp32).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 
 #include "data/dataset.hpp"
@@ -69,6 +70,49 @@ TEST(Packing, PackedSequencesTrainAsTheExamplesOneByOne) {
     const Trained c = train(m, unpos, 2);
     EXPECT_GT(std::abs(c.steps[0].loss_sum - b.steps[0].loss_sum), 1e-4 * b.steps[0].loss_sum);
   }
+}
+
+// LongRoPE (original context 14, sequences of 16): a packed micro-batch takes the short or the
+// long table by its largest position + 1 (its padding, positions restarting at 0, counted), so
+// the packed rows [5 9], [3 7 6] and [2] (its padding at 0..13) keep the short one and
+// [16 of 20] takes the long one, as each example alone (padded, its padding a
+// position-restarting tail) does; a row's length alone would put every row on the long table.
+TEST(Packing, LongRopePicksEachMicroBatchsTableByItsPositions) {
+  ModelConfig c = tiny_config(false, true);
+  c.rope_scaling.type = "longrope";
+  c.rope_scaling.original_max_position_embeddings = 14;
+  c.rope_scaling.short_factor = {1.0, 1.4, 2.0, 3.0};
+  c.rope_scaling.long_factor = {1.5, 3.0, 7.0, 12.0};
+  const ModelLayout m = make_layout(c);
+  Dataset d;
+  std::mt19937_64 rng(5);
+  for (int64_t n : {5, 9, 3, 7, 6, 2, 20}) {
+    Example ex;
+    for (int64_t i = 0; i < n; ++i) {
+      ex.ids.push_back(int32_t(1 + rng() % 66));  // 0 only as padding
+      ex.loss_mask.push_back(i > 0 && rng() % 5 != 0);
+    }
+    d.examples.push_back(ex);
+  }
+  const PackedSequences packed = pack_sequences(d, 16, 0, true);
+  PackedSequences padded = pack_sequences(d, 16, 0, false);
+  ASSERT_EQ(padded.size(), 7);
+  padded.positions.resize(padded.ids.size());
+  for (int64_t r = 0; r < padded.size(); ++r) {
+    const auto row = padded.ids.begin() + r * 16;
+    const int64_t n = std::find(row, row + 16, 0) - row;  // the example, then its padding
+    for (int64_t t = 0; t < 16; ++t) padded.positions[size_t(r * 16 + t)] = int32_t(t < n ? t : t - n);
+  }
+  const Trained a = train(m, packed, 2), b = train(m, padded, 3);
+  for (int t = 0; t < 2; ++t)
+    EXPECT_NEAR(a.steps[size_t(t)].loss_sum, b.steps[size_t(t)].loss_sum, 1e-5 * b.steps[size_t(t)].loss_sum)
+        << "step " << t;
+  for (size_t g = 0; g < a.weights.size(); ++g)
+    EXPECT_LT(rel_err(a.weights[g], b.weights[g]), 1e-5) << "group " << g;
+  // the padded rows without positions go by their length, 16: all on the long table
+  padded.positions.clear();
+  const Trained l = train(m, padded, 3);
+  EXPECT_GT(std::abs(l.steps[0].loss_sum - b.steps[0].loss_sum), 1e-4 * b.steps[0].loss_sum);
 }
 
 TEST(Packing, BadPositionsAreRefused) {

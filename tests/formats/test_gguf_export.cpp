@@ -285,6 +285,17 @@ TEST(GgufExport, RefusesWhatItWouldReplaceAtALoss) {
       error_of([&] { export_gguf(moe, d / "moe.gguf", GgufExportType::f16, false); });
   EXPECT_NE(moe_error.find("mixture-of-experts"), std::string::npos) << moe_error;
   EXPECT_FALSE(fs::exists(d / "moe.gguf"));
+  // LongRoPE: llama.cpp's rope_factors_long / rope_factors_short tensors are not written
+  write_tiny_model(d / "longrope", "llama", false, 6);
+  nlohmann::json cj = nlohmann::json::parse(std::ifstream(d / "longrope/config.json"));
+  const std::vector<double> ones(size_t(cj["head_dim"].get<int64_t>() / 2), 1.0);
+  cj["rope_scaling"] = {{"rope_type", "longrope"}, {"short_factor", ones}, {"long_factor", ones}};
+  std::ofstream(d / "longrope/config.json") << cj.dump();
+  const std::string lr_error =
+      error_of([&] { export_gguf(d / "longrope", d / "longrope.gguf", GgufExportType::f16, false); });
+  EXPECT_NE(lr_error.find("LongRoPE scaling"), std::string::npos) << lr_error;
+  EXPECT_EQ(lr_error.find('\n'), std::string::npos) << lr_error;
+  EXPECT_FALSE(fs::exists(d / "longrope.gguf"));
   EXPECT_FALSE(fs::exists(d / "hf/m.gguf"));
   for (const auto& e2 : fs::directory_iterator(d.path))
     EXPECT_EQ(e2.path().filename().string().find(".tmp-"), std::string::npos) << e2.path();

@@ -144,11 +144,23 @@ TEST(Phi3, ConfigWindowParametersAndRefusals) {
   auto err = [](const json& j) { return error_of([&] { config_from_json(j, "config.json"); }); };
   json j = phi3_mini();
   j["rope_scaling"] = {{"type", "longrope"}, {"long_factor", {1.0}}, {"short_factor", {1.0}}};
-  EXPECT_EQ(err(j).rfind("config.json: key 'rope_scaling.rope_type': expected one of", 0), 0u) << err(j);
-  EXPECT_NE(err(j).find("got string \"longrope\""), std::string::npos) << err(j);
+  EXPECT_EQ(err(j).rfind("config.json: key 'rope_scaling.short_factor': expected a list of rotary_dim/2 = 48 "
+                         "positive finite numbers",
+                         0),
+            0u)
+      << err(j);
   j = phi3_mini();
   j["rope_scaling"] = {{"type", "yarn"}, {"factor", 2.0}};  // Phi3Config reads it as longrope
-  EXPECT_NE(err(j).find("not \"yarn\" for phi3"), std::string::npos) << err(j);
+  EXPECT_NE(
+      err(j).find("key 'rope_scaling.short_factor': expected a list of rotary_dim/2 = 48 positive finite "
+                  "numbers (rope_type longrope needs it)"),
+      std::string::npos)
+      << err(j);
+  j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};  // Phi3Config refuses the other types
+  EXPECT_NE(err(j).find("key 'rope_scaling.rope_type': expected \"default\" or \"longrope\" for phi3, got "
+                        "\"linear\""),
+            std::string::npos)
+      << err(j);
   j = phi3_mini();
   j["architectures"] = {"MistralForCausalLM"};
   EXPECT_NE(err(j).find("key 'architectures': expected [\"Phi3ForCausalLM\"]"), std::string::npos) << err(j);
@@ -177,9 +189,14 @@ TEST(Phi3, Phi4MiniPartialRotaryConfig) {
   j["partial_rotary_factor"] = 1.5;
   EXPECT_NE(err(j).find("key 'partial_rotary_factor': expected a number in (0, 1]"), std::string::npos)
       << err(j);
-  j = j4;
-  j["rope_scaling"] = {{"type", "longrope"}, {"long_factor", {1.0}}, {"short_factor", {1.0}}};
-  EXPECT_NE(err(j).find("got string \"longrope\""), std::string::npos) << err(j);
+  j = j4;  // the published LongRoPE: 48 factors each (96 rotary features)
+  EXPECT_EQ(c.rope_scaling.type, "longrope");
+  EXPECT_EQ(c.rope_scaling.long_factor.size(), 48u);
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 4096);
+  j["rope_scaling"]["long_factor"] = {1.0};
+  EXPECT_NE(err(j).find("key 'rope_scaling.long_factor': expected a list of rotary_dim/2 = 48"),
+            std::string::npos)
+      << err(j);
   json l = j4;
   l["model_type"] = "llama";
   l["architectures"] = {"LlamaForCausalLM"};

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "kernels/ops.hpp"
+#include "kernels/rope_tables.hpp"
 
 namespace rp {
 namespace {
@@ -116,6 +117,50 @@ TEST(RopeFrequencies, Yarn) {
   q.original_max_position_embeddings = 0;
   q.max_position_embeddings = 32768;
   EXPECT_EQ(rope_frequencies(q).inv_freq, rope_frequencies(p).inv_freq);
+}
+
+// LongRoPE (Ding et al. 2024, arXiv 2402.13753, as Phi-3 ships it): each frequency divided by
+// its factor, short ones up to the original context, long ones beyond; attention scaling
+// sqrt(1 + ln(s) / ln(L_orig)) with s = L_max / L_orig when no factor is given (values from
+// transformers: tests/model/test_longrope.cpp).
+TEST(RopeFrequencies, LongRope) {
+  RopeParams p;
+  p.type = "longrope";
+  p.head_dim = 8;
+  p.theta = 10000.0;
+  p.factor = 0;  // derived: 256 / 16
+  p.original_max_position_embeddings = 16;
+  p.max_position_embeddings = 256;
+  const LongRopeFactors lr{{1.0, 2.0, 3.0, 4.0}, {5.0, 6.0, 7.0, 8.0}};
+  const RopeTables t = rope_tables(p, lr);
+  ASSERT_TRUE(t.longrope());
+  const double s = std::sqrt(1 + std::log(16.0) / std::log(16.0));
+  for (int64_t i = 0; i < 4; ++i) {
+    EXPECT_NEAR(t.short_table.inv_freq[size_t(i)], base_inv(1e4, 8, i) / lr.short_factor[size_t(i)], 1e-7);
+    EXPECT_NEAR(t.long_table.inv_freq[size_t(i)], base_inv(1e4, 8, i) / lr.long_factor[size_t(i)], 1e-7);
+  }
+  EXPECT_NEAR(t.short_table.attention_scaling, s, 1e-6);
+  EXPECT_NEAR(t.long_table.attention_scaling, s, 1e-6);
+  EXPECT_EQ(&t.pick(16), &t.short_table);
+  EXPECT_EQ(&t.pick(17), &t.long_table);
+  p.factor = 1.0;  // no extension: scaling 1
+  EXPECT_EQ(rope_tables(p, lr).short_table.attention_scaling, 1.0f);
+  p.attention_factor = 1.25;  // given: taken as is
+  EXPECT_EQ(rope_tables(p, lr).long_table.attention_scaling, 1.25f);
+  // one table for every other type
+  RopeParams d;
+  d.head_dim = 8;
+  const RopeTables td = rope_tables(d);
+  EXPECT_FALSE(td.longrope());
+  EXPECT_EQ(td.short_table.inv_freq, rope_frequencies(d).inv_freq);
+  EXPECT_EQ(&td.pick(1 << 30), &td.short_table);
+  // refusals: the factor lists' length and values, the original context, rope_frequencies
+  EXPECT_THROW(rope_tables(p, {{1.0, 2.0, 3.0}, lr.long_factor}), std::invalid_argument);
+  EXPECT_THROW(rope_tables(p, {lr.short_factor, {1.0, 0.0, 1.0, 1.0}}), std::invalid_argument);
+  EXPECT_THROW(rope_tables(p, {lr.short_factor, {1.0, NAN, 1.0, 1.0}}), std::invalid_argument);
+  p.original_max_position_embeddings = 0;
+  EXPECT_THROW(rope_tables(p, lr), std::invalid_argument);
+  EXPECT_THROW(rope_frequencies(p), std::invalid_argument);
 }
 
 TEST(RopeFrequencies, Errors) {

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 #include <nlohmann/json.hpp>
 
@@ -47,12 +48,20 @@ TEST(Generate, PrefillLogitsMatchHuggingFace) {
   // prompt rows attend through attention_decode_v (window 3, sinks); OLMo 2's post-norms,
   // Granite's multipliers, Phi-3's window (7) and Gemma's norms, GeGLU, sliding / global layers
   // (Gemma 3: per-layer RoPE base), Phi-4-mini's partial rotary, Gemma 2's soft-capped scores
-  // and logits through the same generator
-  for (const char* name : {"tiny_llama", "tiny_qwen3", "hf_moe/tiny_qwen3_moe", "hf_moe/tiny_qwen3_moe_tied",
-                           "hf_gpt_oss/tiny_gpt_oss", "tiny_olmo2", "tiny_granite", "tiny_phi3",
-                           "tiny_gemma2", "tiny_gemma3", "tiny_phi4", "tiny_gemma2_softcap"}) {
-    const LoadedModel lm = load_model(golden_dir(name));
-    SafetensorsFile golden(golden_dir(name) + "/golden.safetensors");
+  // and logits through the same generator; LongRoPE's long table (24-token prompts over a
+  // 16-token original context) and short one (golden_short's 12-token prompts)
+  for (const char* name :
+       {"tiny_llama", "tiny_qwen3", "hf_moe/tiny_qwen3_moe", "hf_moe/tiny_qwen3_moe_tied",
+        "hf_gpt_oss/tiny_gpt_oss", "tiny_olmo2", "tiny_granite", "tiny_phi3", "tiny_gemma2", "tiny_gemma3",
+        "tiny_phi4", "tiny_gemma2_softcap", "tiny_phi3_longrope", "tiny_phi3_longrope/short"}) {
+    std::string n = name, file = "/golden.safetensors";
+    if (n.size() > 6 && n.compare(n.size() - 6, 6, "/short") == 0) {  // the fixture's second golden file
+      n.resize(n.size() - 6);
+      file = "/golden_short.safetensors";
+    }
+    const std::string dir = golden_dir(n);
+    const LoadedModel lm = load_model(dir);
+    SafetensorsFile golden(dir + file);
     const HostTensor ids = golden.read_f32(*golden.find("ids")),
                      logits = golden.read_f32(*golden.find("logits"));
     const int64_t L = ids.shape[1], V = lm.config.vocab_size;
@@ -81,9 +90,11 @@ TEST(Generate, PrefillLogitsMatchHuggingFace) {
 // argmax of a full recomputation of every prefix; stop ids end it; the cache limit is kept.
 TEST(Generate, CachedDecodingEqualsRecomputingEveryPrefix) {
   // GPT-OSS: one token at a time through a sliding window of 3 must equal the full recompute;
-  // Gemma 2 with soft-capping: the capped scores of the cached rows as well
+  // Gemma 2 with soft-capping: the capped scores of the cached rows as well. LongRoPE (original
+  // context 16): the 5-token prompt decodes on the short table up to 16 tokens, then (as
+  // transformers' Phi-3 recomputes its cache there) on the long one
   for (const char* name : {"tiny_llama", "tiny_qwen3", "hf_gpt_oss/tiny_gpt_oss", "tiny_olmo2", "tiny_phi3",
-                           "tiny_gemma3", "tiny_phi4", "tiny_gemma2_softcap"}) {
+                           "tiny_gemma3", "tiny_phi4", "tiny_gemma2_softcap", "tiny_phi3_longrope"}) {
     const LoadedModel lm = load_model(golden_dir(name));
     Generator gen(lm, {.backend = "cpu", .max_context = 64});
     const int32_t V = int32_t(lm.config.vocab_size);
@@ -114,6 +125,35 @@ TEST(Generate, CachedDecodingEqualsRecomputingEveryPrefix) {
     EXPECT_EQ(int64_t(gen.generate(prompt, o).size()), 64 - int64_t(prompt.size()) + 1);  // cache full
     EXPECT_THROW(gen.generate({}, o), std::invalid_argument);
     EXPECT_THROW(gen.generate({int32_t(lm.config.vocab_size)}, o), std::invalid_argument);
+  }
+}
+
+// LongRoPE (original context 16): sampling through the cache equals sampling from a full
+// recomputation of every prefix (the same draws), which takes the long table for every key once
+// the sequence passes 16 tokens; the cached keys of the short table are recomputed there, as
+// transformers' Phi-3 generation drops its cache. Sampling, unlike the argmax, follows every
+// change of the probabilities, and eight seeds make a kept short-table cache show.
+TEST(Generate, LongRopeDecodingRecomputesTheCacheAtTheSwitch) {
+  const LoadedModel lm = load_model(golden_dir("tiny_phi3_longrope"));
+  Generator gen(lm, {.backend = "cpu", .max_context = 64});
+  const int64_t V = lm.config.vocab_size;
+  const std::vector<int32_t> prompt = {5, 77, 3, 100, 9};
+  GenerateOptions o;
+  o.max_new_tokens = 24;
+  o.temperature = 1.0;
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    o.seed = seed;
+    const std::vector<int32_t> out = gen.generate(prompt, o);
+    ASSERT_EQ(out.size(), 24u);
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<double> unif(0.0, 1.0);
+    std::vector<int32_t> seq = prompt;
+    for (int32_t id : out) {
+      const std::vector<float> lg = gen.logits(seq);
+      const std::vector<float> last(lg.end() - V, lg.end());
+      ASSERT_EQ(pick_token(last, o, unif(rng)), id) << "seed " << seed << " at " << seq.size();
+      seq.push_back(id);
+    }
   }
 }
 

@@ -4,7 +4,8 @@
 // OLMo 2 (post-norms, whole-q/k norms), tiny Granite (its four multipliers), tiny Phi-3
 // (fused projections, sliding window), tiny Gemma 2 and Gemma 3 (1 + w norms before and after
 // each branch, GeGLU, scaled embeddings, sliding and global layers; Gemma 3's q/k norms and
-// per-layer RoPE base; Gemma 2's logit soft-capping) with
+// per-layer RoPE base; Gemma 2's logit soft-capping), tiny Phi-3 with LongRoPE (its long and its
+// short table) with
 // random weights; golden logits, loss
 // and every parameter gradient made by tests/fixtures/hf_golden/make_golden.py (fp32, eager
 // attention). The CPU backend must match at fp32 tolerance, the CUDA backend (bf16
@@ -36,11 +37,11 @@ struct Golden {
   }
 };
 
-// `name`: a fixture folder under tests/fixtures ("hf_golden/tiny_llama", "hf_moe/...").
-Golden load_golden(const std::string& name) {
+// `name`: a fixture folder under tests/fixtures ("hf_golden/tiny_llama", "hf_moe/..."); `file`:
+// its golden file.
+Golden load_golden(const std::string& name, const std::string& file) {
   const std::string dir = std::string(RP_FIXTURES_DIR) + "/" + name;
-  Golden g{
-      load_model(dir), {}, {}, {}, {}, {}, std::make_unique<SafetensorsFile>(dir + "/golden.safetensors")};
+  Golden g{load_model(dir), {}, {}, {}, {}, {}, std::make_unique<SafetensorsFile>(dir + "/" + file)};
   g.layout = make_layout(g.model.config);
   fill_groups(g.model, g.layout, g.weights);
   HostTensor ids = g.get("ids"), tg = g.get("targets");
@@ -78,11 +79,12 @@ double rel(const float* a, const float* ref, size_t n) {
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
-void check(Device& dev, const std::string& name, double tol_out, double tol_grad) {
-  Golden g = load_golden(name);
+void check(Device& dev, const std::string& name, double tol_out, double tol_grad,
+           const std::string& file = "golden.safetensors") {
+  Golden g = load_golden(name, file);
   DeviceRun r = device_forward_backward(dev, g.layout, g.weights, g.ids, g.targets, g.shape);
   HostTensor loss = g.get("loss"), logits = g.get("logits");
-  EXPECT_NEAR(r.count, loss.data[1], 0.5) << name;
+  EXPECT_NEAR(r.count, loss.data[1], 0.5) << name << " " << file;
   EXPECT_NEAR(r.loss_sum, loss.data[0], tol_out * std::abs(loss.data[0])) << name;
   if (g.layout.config.num_experts > 0) {  // the load-balancing loss of the same forward pass
     const float aux = g.get("aux_loss").data[0];
@@ -120,11 +122,14 @@ const char* const kGptOss = "hf_gpt_oss/tiny_gpt_oss";
 // != hidden, a 7-token window on layer 0, layer 1 global; Gemma 3's on another RoPE base with
 // linear scaling); tiny Phi-4-mini (Phi-3 with RoPE on 12 of 16 features, tied); tiny Gemma 2
 // with logit soft-capping on (attention scores capped at 0.5, final logits at 1.5: both bite,
-// each changes the logits by about 60%)
-const char* const kFamilies[] = {"hf_golden/tiny_olmo2",         "hf_golden/tiny_granite",
-                                 "hf_golden/tiny_phi3",          "hf_golden/tiny_gemma2",
-                                 "hf_golden/tiny_gemma3",        "hf_golden/tiny_phi4",
-                                 "hf_golden/tiny_gemma2_softcap"};
+// each changes the logits by about 60%); tiny Phi-3 with LongRoPE over a 16-token original
+// context: its 24-token golden passes take long_factor, the 12-token ones of kLongropeShort
+// short_factor
+const char* const kFamilies[] = {
+    "hf_golden/tiny_olmo2",  "hf_golden/tiny_granite", "hf_golden/tiny_phi3",         "hf_golden/tiny_gemma2",
+    "hf_golden/tiny_gemma3", "hf_golden/tiny_phi4",    "hf_golden/tiny_gemma2_softcap", "hf_golden/tiny_phi3_longrope"};
+const char* const kLongrope = "hf_golden/tiny_phi3_longrope";
+const char* const kLongropeShort = "golden_short.safetensors";
 
 TEST(HfParity, CpuBackendMatchesTransformersFp32) {
   auto dev = make_cpu_device(0, {});
@@ -162,6 +167,7 @@ TEST(HfParity, CudaBackendMatchesTransformersGptOssBf16) {
 TEST(HfParity, CpuBackendMatchesTransformersFamiliesFp32) {
   auto dev = make_cpu_device(0, {});
   for (const char* n : kFamilies) check(*dev, n, 1e-5, 1e-5);
+  check(*dev, kLongrope, 1e-5, 1e-5, kLongropeShort);
 }
 
 // The bf16 bounds are bf16's own noise: transformers itself in bf16 against its fp32 result on
@@ -179,6 +185,7 @@ TEST(HfParity, CudaBackendMatchesTransformersFamiliesBf16) {
     const bool gemma3 = std::string(n) == "hf_golden/tiny_gemma3";
     check(*dev, n, gemma3 ? 3e-2 : 2e-2, gemma3 ? 1e-1 : 5e-2);
   }
+  check(*dev, kLongrope, 2e-2, 5e-2, kLongropeShort);
 }
 
 }  // namespace

@@ -55,6 +55,11 @@ inline ModelConfig tiny_config(const TinyOpts& o) {
     c.rope_scaling.original_max_position_embeddings = 16;
   } else if (o.rope == "linear") {
     c.rope_scaling.factor = 2.0;
+  } else if (o.rope == "longrope") {  // factor derived: 64 / 16
+    c.rope_scaling.factor = 0.0;
+    c.rope_scaling.original_max_position_embeddings = 16;
+    c.rope_scaling.short_factor = {1.0, 1.5, 2.5, 4.0};
+    c.rope_scaling.long_factor = {1.5, 3.0, 6.0, 11.0};
   }
   return c;
 }
