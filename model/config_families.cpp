@@ -70,7 +70,6 @@ void validate_longrope(const ModelConfig& c) {
          fmt::format("must be > 0 (0: derived) for longrope, got {}", rs.attention_factor));
 }
 
-
 // Gemma 2 / Gemma 3 text: what differs from LLaMA's keys; the settings roundpipe does not run
 // (bidirectional attention, another activation; Gemma 3's attn_logit_softcapping, which
 // transformers' Gemma3 attention does not apply) are refused, not ignored.

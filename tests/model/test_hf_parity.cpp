@@ -125,9 +125,10 @@ const char* const kGptOss = "hf_gpt_oss/tiny_gpt_oss";
 // each changes the logits by about 60%); tiny Phi-3 with LongRoPE over a 16-token original
 // context: its 24-token golden passes take long_factor, the 12-token ones of kLongropeShort
 // short_factor
-const char* const kFamilies[] = {
-    "hf_golden/tiny_olmo2",  "hf_golden/tiny_granite", "hf_golden/tiny_phi3",         "hf_golden/tiny_gemma2",
-    "hf_golden/tiny_gemma3", "hf_golden/tiny_phi4",    "hf_golden/tiny_gemma2_softcap", "hf_golden/tiny_phi3_longrope"};
+const char* const kFamilies[] = {"hf_golden/tiny_olmo2",          "hf_golden/tiny_granite",
+                                 "hf_golden/tiny_phi3",           "hf_golden/tiny_gemma2",
+                                 "hf_golden/tiny_gemma3",         "hf_golden/tiny_phi4",
+                                 "hf_golden/tiny_gemma2_softcap", "hf_golden/tiny_phi3_longrope"};
 const char* const kLongrope = "hf_golden/tiny_phi3_longrope";
 const char* const kLongropeShort = "golden_short.safetensors";
 
