@@ -206,7 +206,10 @@ void add_attention_cases(std::vector<OpCase>& v, Size s) {
     if (r > 1) {
       add_gqa_helpers(v, a.L, gq, a.D, r);
       add_att(v, p + "_cudnn_expand4x", a, Knobs{4, 2, 4}, "bwd", big ? 10 : 1);
-      add_att(v, p + "_cudnn_native", a, Knobs{4, 1}, "bwd", big ? 10 : 1);
+      // cuDNN's native GQA backward asks for more workspace than the scratch contract (on the
+      // H200 1,052,928 bytes at 64 tokens against 627-823 KB, 269 MB at 8192 against 156-207 MB):
+      // it runs with twice the contract
+      add_att(v, p + "_cudnn_native", a, Knobs{4, 1, 2}, "bwd", big ? 10 : 1);
     }
   }
   // GPT-OSS: window 128 (test: 24), sinks, tensor-core (0) and row (1) kernels
