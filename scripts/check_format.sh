@@ -6,6 +6,10 @@
 #   scripts/check_format.sh --fix    # reformat in place (only the files listed by git)
 # Exit 77 (CTest: skipped) with the reason when clang-format 14 or git is missing.
 set -euo pipefail
+case "$#:${1:-}" in
+  0: | 1:--fix) ;;
+  *) echo "check_format: unknown arguments '$*' (expected none, or --fix)" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 cf=""
 for c in clang-format-14 clang-format; do
