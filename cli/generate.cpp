@@ -57,7 +57,9 @@ std::vector<ChatMessage> read_messages(const std::string& path) {
 
 void run_generate(const GenerateCommandOptions& c) {
   const int given = !c.prompt.empty() + !c.chat.empty() + !c.messages.empty();
-  if (given != 1) throw UsageError("give one of --prompt TEXT, --chat TEXT or --messages FILE");
+  if (given != 1)
+    throw UsageError(given == 0 ? "give one of --prompt TEXT, --chat TEXT or --messages FILE, not empty"
+                                : "give only one of --prompt TEXT, --chat TEXT or --messages FILE");
   SampleRequest r;
   if (!c.messages.empty()) r.messages = read_messages(c.messages);
   if (!c.chat.empty()) {
@@ -96,6 +98,12 @@ void run_generate(const GenerateCommandOptions& c) {
   fmt::print(stderr, "{} tokens after a prompt of {} in {:.2f} s ({:.1f} tokens/s) on {}\n", res.ids.size(),
              res.prompt_ids.size(), res.seconds, res.seconds > 0 ? double(res.ids.size()) / res.seconds : 0.0,
              gen.device_name());
+  if (int64_t(res.ids.size()) < c.max_tokens &&
+      int64_t(res.prompt_ids.size() + res.ids.size()) >= gen.max_context())
+    fmt::print(stderr,
+               "stopped at the context of {} positions before --max-tokens {} (--context sets it, up to the "
+               "model's max_position_embeddings)\n",
+               gen.max_context(), c.max_tokens);
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 // line naming what was expected.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include "roundpipe/checkpoint.hpp"
 #include "roundpipe/generate.hpp"
 #include "tests/cli/cli_util.hpp"
@@ -43,6 +45,29 @@ TEST(CliGenerate, GeneratesFromATrainedCheckpoint) {
   EXPECT_EQ(none.code, 2) << none.err;  // a usage error
   EXPECT_NE(none.err.find("give one of --prompt TEXT, --chat TEXT or --messages FILE"), std::string::npos)
       << none.err;
+  CliRun empty = roundpipe("generate " + final_dir + " --prompt ''", d);  // names the emptiness
+  EXPECT_EQ(empty.code, 2) << empty.err;
+  EXPECT_NE(empty.err.find("not empty"), std::string::npos) << empty.err;
+  CliRun two = roundpipe("generate " + final_dir + " --prompt a --chat b", d);
+  EXPECT_EQ(two.code, 2) << two.err;
+  EXPECT_NE(two.err.find("give only one of"), std::string::npos) << two.err;
+  // a context shorter than prompt + --max-tokens: generation stops there and says so (a run
+  // that ends on its end-of-sequence token before that says nothing); some of six seeds reach it
+  int reached = 0;
+  for (int seed = 1; seed <= 6; ++seed) {
+    CliRun ctx = roundpipe("generate " + final_dir + " --prompt some --temperature 1.5 --top-k 20 --seed " +
+                               std::to_string(seed) + " --context 8 --max-tokens 20",
+                           d);
+    ASSERT_EQ(ctx.code, 0) << ctx.err;
+    long n = 0, prompt = 0;
+    ASSERT_EQ(std::sscanf(ctx.err.c_str(), "%ld tokens after a prompt of %ld", &n, &prompt), 2) << ctx.err;
+    const bool said =
+        ctx.err.find("stopped at the context of 8 positions before --max-tokens 20") != std::string::npos;
+    EXPECT_EQ(said, n + prompt >= 8) << ctx.err;
+    reached += said;
+  }
+  EXPECT_GT(reached, 0);
+  EXPECT_EQ(p.err.find("stopped at the context"), std::string::npos) << p.err;
   // a run's output folder instead of its checkpoint: the error names the one to use
   const std::string run_dir = fs::path(final_dir).parent_path().string();
   expect_one_line_error(roundpipe("generate " + run_dir + " --chat hi", d),
