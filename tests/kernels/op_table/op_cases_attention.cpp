@@ -22,6 +22,7 @@ constexpr Kind C = Kind::compute, F32 = Kind::f32;
 struct Att {
   int64_t S, L, nq, nkv, D, window = 0;
   bool sinks = false;
+  float softcap = 0;  ///< attention logit soft-cap (Gemma 2), 0: none
 };
 
 // CUDA knobs of one variant (-1: leave): implementation, GQA backward mode, scratch multiple.
@@ -62,10 +63,11 @@ void add_att(std::vector<OpCase>& v, const std::string& prefix, const Att& a, co
              const std::string& only, int reps) {
   const int64_t T = a.S * a.L;
   const float scale = float(1.0 / std::sqrt(double(a.D)));
-  const bool variant = a.window > 0 || a.sinks;
+  const bool variant = a.window > 0 || a.sinks || a.softcap > 0;
   const std::string sh = std::to_string(a.S) + "x" + std::to_string(a.L) + " " + std::to_string(a.nq) + "/" +
                          std::to_string(a.nkv) + " heads D=" + std::to_string(a.D) +
-                         (a.window ? " window=" + std::to_string(a.window) : "") + (a.sinks ? " +sinks" : "");
+                         (a.window ? " window=" + std::to_string(a.window) : "") + (a.sinks ? " +sinks" : "") +
+                         (a.softcap > 0 ? " softcap=" + std::to_string(int(a.softcap)) : "");
   const size_t sb = size_t(k.scratch_x) * Ops::attention_scratch_bytes(a.S, a.L, a.nq, a.nkv, a.D);
   const double fl = 4.0 * double(a.D) * double(a.nq) * double(a.S) * visible_keys(a);
   // 0 q, 1 k, 2 v, 3 dout, 4 sinks, 5 o, 6 lse, 7 dq, 8 dk, 9 dv, 10 dsinks, 11 scratch
@@ -93,6 +95,7 @@ void add_att(std::vector<OpCase>& v, const std::string& prefix, const Att& a, co
     x.window = a.window;
     x.sinks = a.sinks ? b[4] : nullptr;
     x.dsinks = a.sinks ? b[10] : nullptr;
+    x.softcap = a.softcap;
     return x;
   };
   auto fwd = [=](Ops& o, const Buffers& b) {
@@ -222,6 +225,15 @@ void add_attention_cases(std::vector<OpCase>& v, Size s) {
                               (sinks ? "_sinks" : "") + (impl == 1 ? "_rows" : "");
         add_att(v, p, a, Knobs{impl}, "", big ? 10 : 1);
       }
+  // Gemma 2: attention logits soft-capped at 50; Gemma-2-2B's heads (8 / 4, head_dim 256, which
+  // only the row kernels take) on the sliding layers' 4096-token window and the global layers,
+  // and head_dim 128 (the tensor-core kernels) for comparison. Test size: 96 tokens, window 24.
+  for (int64_t D : {int64_t(256), int64_t(128)})
+    for (int64_t window : {int64_t(big ? 4096 : 24), int64_t(0)}) {
+      Att a{1, big ? 8192 : 96, 8, 4, D, window, false, 50.f};
+      add_att(v, "attention_gemma2_softcap_D" + std::to_string(D) + (window ? "_window" : "_global"), a,
+              Knobs{}, "", big ? 3 : 1);
+    }
 }
 
 }  // namespace rp::optable
