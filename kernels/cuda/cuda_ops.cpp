@@ -397,6 +397,16 @@ bool CudaOps::try_cudnn(bool backward, const std::function<bool(std::string*)>& 
   return false;
 }
 
+bool CudaOps::try_cudnn_variant(const std::function<bool(std::string*)>& call) {
+  if ((attn_impl_ != 0 && attn_impl_ != 4) || !CudnnAttention::available()) return false;
+  if (!cudnn_) {
+    cudnn_ = std::make_unique<CudnnAttention>(dev_, st_);
+    cudnn_->set_gqa_backward(CudnnAttention::GqaBackward(attn_gqa_));
+  }
+  std::string why;
+  return call(&why);
+}
+
 // ---- LM head + cross-entropy ----------------------------------------------------------------
 // The scratch contract (Ops::lm_head_ce_scratch_bytes) holds kCeChunk rows of fp32 logits;
 // here logits are stored in the compute dtype (as transformers' bf16 lm_head produces

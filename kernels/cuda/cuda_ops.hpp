@@ -263,6 +263,10 @@ class CudaOps final : public Ops {
   bool cudnn_refusal_logged_ = false;
   // Runs attention through cuDNN when impl allows (0: if it accepts, 4: must accept).
   bool try_cudnn(bool backward, const std::function<bool(std::string*)>& call);
+  /// cuDNN for an attention variant it can run (a sliding window without sinks or soft-cap):
+  /// when the implementation is automatic or cuDNN; a refusal falls back to our kernels
+  /// quietly (the plain calls' cuDNN rules are those of try_cudnn).
+  bool try_cudnn_variant(const std::function<bool(std::string*)>& call);
   // Scratch bytes the cuDNN paths may use for this shape (the contract unless overridden).
   size_t attention_ws(int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D) const;
 };

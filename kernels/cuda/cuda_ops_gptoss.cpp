@@ -2,8 +2,11 @@
 // clamped SwiGLU). Kernels: cuda_gptoss.cu (rows, bias, SwiGLU, dsinks) and
 // cuda_attention_variant.cu (tensor-core attention with a window and sinks).
 // A default variant (no window, no sinks, no soft-cap; or a window >= L without sinks) runs the
-// plain ops, cuDNN included, so it equals them exactly. Soft-capped scores (Gemma 2) always run
-// on our kernels (tensor-core flash for head_dim 64 / 128, the row kernels otherwise), never cuDNN.
+// plain ops, cuDNN included, so it equals them exactly. A sliding window alone (Mistral, Phi-3,
+// Gemma 3's sliding layers; not packed) runs on cuDNN's diagonal band when cuDNN takes it (any
+// head_dim up to 256; our tensor-core kernels take 64 and 128 only), else on our kernels.
+// Soft-capped scores (Gemma 2) always run on our kernels (tensor-core flash for head_dim 64 /
+// 128, the row kernels otherwise), never cuDNN.
 #include <stdexcept>
 #include <string>
 
@@ -29,6 +32,11 @@ void check_variant(int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D,
 bool plain(const Ops::AttentionVariant& var, int64_t L) {
   return var.sinks == nullptr && var.softcap == 0.f && (var.window == 0 || var.window >= L);
 }
+
+/// cuDNN's sliding-window graph computes this (non-plain) variant: a window alone, not packed.
+bool window_only(const Ops::AttentionVariant& var) {
+  return var.sinks == nullptr && var.softcap == 0.f && var.pos == nullptr && var.window > 0;
+}
 }  // namespace
 
 void CudaOps::attention_fwd_v(const void* q, const void* k, const void* v, void* o, float* lse, int64_t n_seq,
@@ -43,6 +51,11 @@ void CudaOps::attention_fwd_v(const void* q, const void* k, const void* v, void*
   if (n_seq * L == 0) return;
   set_device(dev_);
   const int64_t win = var.window >= L ? 0 : var.window;  // a window >= L restricts nothing
+  if (window_only(var) && try_cudnn_variant([&](std::string* why) {
+        return cudnn_->fwd(dtype_, q, k, v, o, lse, n_seq, L, nq, nkv, D, scale, scratch,
+                           attention_ws(n_seq, L, nq, nkv, D), why, win);
+      }))
+    return;
   if (k_attention_flash_fwd_v(dtype_, q, k, v, o, lse, var.pos, var.sinks, win, n_seq, L, nq, nkv, D, scale,
                               attn_impl_, st_, var.softcap))
     return;
@@ -66,6 +79,12 @@ void CudaOps::attention_bwd_v(const void* q, const void* k, const void* v, const
   if (n_seq * L == 0) return;
   require(lse != nullptr && scratch != nullptr, op, "lse or scratch is null");
   set_device(dev_);
+  const int64_t win = var.window >= L ? 0 : var.window;
+  if (window_only(var) && try_cudnn_variant([&](std::string* why) {
+        return cudnn_->bwd(dtype_, q, k, v, o, lse, dout, dq, dk, dv, n_seq, L, nq, nkv, D, scale, scratch,
+                           attention_ws(n_seq, L, nq, nkv, D), why, win);
+      }))
+    return;
   // scratch (Ops::attention_scratch_bytes): the tensor-core path's fp32 dq accumulator
   // [T, nq, D] (8-byte aligned for its float2 atomics), then Di [n_seq, nq, L] fp32
   float* dq_acc = static_cast<float*>(scratch);
@@ -73,7 +92,6 @@ void CudaOps::attention_bwd_v(const void* q, const void* k, const void* v, const
   k_attention_di(dtype_, o, dout, di, n_seq, L, nq, D, st_);
   if (var.dsinks)
     k_attention_dsinks(dtype_, var.sinks, lse, di, static_cast<float*>(var.dsinks), n_seq, L, nq, st_);
-  const int64_t win = var.window >= L ? 0 : var.window;
   if (k_attention_flash_bwd_v(dtype_, q, k, v, lse, di, dout, var.pos, dq, dk, dv, dq_acc, win, n_seq, L, nq,
                               nkv, D, scale, attn_impl_, st_, var.softcap))
     return;

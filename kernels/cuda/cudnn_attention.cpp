@@ -40,6 +40,7 @@ struct Shape {
   DType t = DType::bf16;
   int64_t n_seq = 0, L = 0, hq = 0, hk = 0, D = 0, q_row = 0, kv_row = 0;
   float scale = 1.f;
+  int64_t window = 0;  ///< > 0: query t sees keys t - window < j <= t (cuDNN's diagonal band)
 };
 
 int64_t bits_of(float x) {
@@ -49,10 +50,10 @@ int64_t bits_of(float x) {
   return b;
 }
 
-using Key = std::array<int64_t, 12>;
+using Key = std::array<int64_t, 13>;
 Key key_of(const Shape& s) {
-  return {s.backward, s.stats, s.deterministic, int64_t(s.t), s.n_seq,         s.L, s.hq,
-          s.hk,       s.D,     s.q_row,         s.kv_row,     bits_of(s.scale)};
+  return {s.backward, s.stats, s.deterministic, int64_t(s.t), s.n_seq,          s.L,     s.hq,
+          s.hk,       s.D,     s.q_row,         s.kv_row,     bits_of(s.scale), s.window};
 }
 
 struct Entry {
@@ -66,7 +67,7 @@ struct Plan {
   int64_t heads = 0;
   std::string why;
 };
-using PlanKey = std::array<int64_t, 9>;  // dtype, n_seq, L, nq, nkv, D, scale, deterministic, bytes
+using PlanKey = std::array<int64_t, 10>;  // dtype, n_seq, L, nq, nkv, D, scale, deterministic, bytes, window
 
 std::vector<int64_t> bshd_strides(int64_t row, int64_t s, int64_t d) { return {s * row, d, row, 1}; }
 
@@ -139,6 +140,8 @@ struct CudnnAttention::Impl {
                      .set_generate_stats(s.stats)
                      .set_causal_mask(true)
                      .set_attn_scale(s.scale);
+      // the band's left bound keeps keys with col + window > row: the last `window` keys
+      if (s.window > 0) opt.set_diagonal_band_left_bound(int(s.window));
       auto [O, Stats] = g->sdpa(Q, K, V, opt);
       set_out(O, kO, s.hq, s.q_row);
       if (s.stats)
@@ -160,6 +163,7 @@ struct CudnnAttention::Impl {
                      .set_causal_mask(true)
                      .set_attn_scale(s.scale)
                      .set_deterministic_algorithm(s.deterministic);
+      if (s.window > 0) opt.set_diagonal_band_left_bound(int(s.window));
       auto [dQ, dK, dV] = g->sdpa_backward(Q, K, V, O, dO, Stats, opt);
       set_out(dQ, kDQ, s.hq, s.q_row);
       set_out(dK, kDK, s.hk, s.kv_row);
@@ -221,6 +225,7 @@ struct CudnnAttention::Impl {
     DType t;
     int64_t n_seq, L, nq, nkv, D;
     float scale;
+    int64_t window;
     int64_t r() const { return nq / nkv; }
     int64_t T() const { return n_seq * L; }
     // the multi-head graph of a pass of hc query heads
@@ -231,6 +236,7 @@ struct CudnnAttention::Impl {
       s.t = t;
       s.n_seq = n_seq, s.L = L, s.hq = s.hk = hc, s.D = D;
       s.q_row = nq * D, s.kv_row = hc * D, s.scale = scale;
+      s.window = window;
       return s;
     }
     // split: the plan's passes cover parts of KV heads (fp32 accumulators needed)
@@ -252,8 +258,8 @@ struct CudnnAttention::Impl {
 
   // Query heads per pass for `x` in ws_bytes of scratch (cached; the caller holds mu).
   const Plan& plan(const Expanded& x, size_t ws_bytes) {
-    const PlanKey key{int64_t(x.t),  x.n_seq,          x.L, x.nq, x.nkv, x.D, bits_of(x.scale),
-                      deterministic, int64_t(ws_bytes)};
+    const PlanKey key{int64_t(x.t),  x.n_seq,           x.L,     x.nq, x.nkv, x.D, bits_of(x.scale),
+                      deterministic, int64_t(ws_bytes), x.window};
     if (auto it = plans.find(key); it != plans.end()) return it->second;
     std::string refused;
     auto need = [&](int64_t hc) -> std::optional<size_t> {
@@ -394,7 +400,7 @@ int64_t CudnnAttention::last_bwd_passes() const { return impl_->last_passes; }
 
 bool CudnnAttention::fwd(DType t, const void* q, const void* k, const void* v, void* o, float* lse,
                          int64_t n_seq, int64_t L, int64_t nq, int64_t nkv, int64_t D, float scale, void* ws,
-                         size_t ws_bytes, std::string* why) {
+                         size_t ws_bytes, std::string* why, int64_t window) {
   if (!supported_dtype(t) || n_seq * L == 0) {
     if (why) *why = "needs bf16/f16 storage and at least one token";
     return false;
@@ -404,6 +410,7 @@ bool CudnnAttention::fwd(DType t, const void* q, const void* k, const void* v, v
   s.t = t;
   s.n_seq = n_seq, s.L = L, s.hq = nq, s.hk = nkv, s.D = D, s.q_row = nq * D, s.kv_row = nkv * D;
   s.scale = scale;
+  s.window = window >= L ? 0 : window;
   const Entry* e = impl_->find(s, ws_bytes, why);
   if (!e) return false;
   std::unordered_map<int64_t, void*> pack{
@@ -416,7 +423,8 @@ bool CudnnAttention::fwd(DType t, const void* q, const void* k, const void* v, v
 bool CudnnAttention::bwd(DType t, const void* q, const void* k, const void* v, const void* o,
                          const float* lse, const void* dout, void* dq, void* dk, void* dv, int64_t n_seq,
                          int64_t L, int64_t nq, int64_t nkv, int64_t D, float scale, void* ws,
-                         size_t ws_bytes, std::string* why) {
+                         size_t ws_bytes, std::string* why, int64_t window) {
+  if (window >= L) window = 0;
   if (!supported_dtype(t) || n_seq * L == 0 || !lse || nkv <= 0 || nq % nkv != 0) {
     if (why)
       *why =
@@ -428,7 +436,7 @@ bool CudnnAttention::bwd(DType t, const void* q, const void* k, const void* v, c
   const GqaBackward m = impl_->gqa;
   const bool expand = r > 1 && (m == GqaBackward::expand || (m == GqaBackward::automatic && r > 2));
   if (expand)
-    return impl_->bwd_expanded(Impl::Expanded{t, n_seq, L, nq, nkv, D, scale},
+    return impl_->bwd_expanded(Impl::Expanded{t, n_seq, L, nq, nkv, D, scale, window},
                                Impl::Ptrs{q, k, v, o, lse, dout, dq, dk, dv}, ws, ws_bytes, why);
   Shape s;
   s.backward = s.stats = true;
@@ -436,6 +444,7 @@ bool CudnnAttention::bwd(DType t, const void* q, const void* k, const void* v, c
   s.t = t;
   s.n_seq = n_seq, s.L = L, s.hq = nq, s.hk = nkv, s.D = D, s.q_row = nq * D, s.kv_row = nkv * D;
   s.scale = scale;
+  s.window = window;
   const Entry* e = impl_->find(s, ws_bytes, why);
   if (!e) return false;
   std::unordered_map<int64_t, void*> pack{{kQ, const_cast<void*>(q)},
@@ -460,13 +469,13 @@ CudnnAttention::~CudnnAttention() = default;
 bool CudnnAttention::available() { return false; }
 long CudnnAttention::version() { return 0; }
 bool CudnnAttention::fwd(DType, const void*, const void*, const void*, void*, float*, int64_t, int64_t,
-                         int64_t, int64_t, int64_t, float, void*, size_t, std::string* why) {
+                         int64_t, int64_t, int64_t, float, void*, size_t, std::string* why, int64_t) {
   if (why) *why = "this build has no cuDNN";
   return false;
 }
 bool CudnnAttention::bwd(DType, const void*, const void*, const void*, const void*, const float*, const void*,
                          void*, void*, void*, int64_t, int64_t, int64_t, int64_t, int64_t, float, void*,
-                         size_t, std::string* why) {
+                         size_t, std::string* why, int64_t) {
   if (why) *why = "this build has no cuDNN";
   return false;
 }

@@ -57,9 +57,11 @@ class CudnnAttention {
   /// run this configuration; throws DeviceError naming the cuDNN call when an execution
   /// it accepted fails.
   /// When false is returned and `why` is not null, *why says what cuDNN refused.
+  /// `window` > 0 (and < L): sliding-window attention, query t sees the keys j with
+  /// t - window < j <= t (Ops::AttentionVariant::window; cuDNN's diagonal band left bound).
   bool fwd(DType t, const void* q, const void* k, const void* v, void* o, float* lse, int64_t n_seq,
            int64_t L, int64_t nq, int64_t nkv, int64_t D, float scale, void* ws, size_t ws_bytes,
-           std::string* why = nullptr);
+           std::string* why = nullptr, int64_t window = 0);
   /// Backward given o and lse of fwd(): writes dq, dk, dv (overwritten; dk/dv summed over
   /// the query heads of a group). `ws`/`ws_bytes`: device scratch (16-byte aligned) for
   /// cuDNN's workspace and, on the expand path, the expanded tensors; the expand path
@@ -68,7 +70,7 @@ class CudnnAttention {
   /// fwd(); when false is returned nothing has been written.
   bool bwd(DType t, const void* q, const void* k, const void* v, const void* o, const float* lse,
            const void* dout, void* dq, void* dk, void* dv, int64_t n_seq, int64_t L, int64_t nq, int64_t nkv,
-           int64_t D, float scale, void* ws, size_t ws_bytes, std::string* why = nullptr);
+           int64_t D, float scale, void* ws, size_t ws_bytes, std::string* why = nullptr, int64_t window = 0);
 
   /// How bwd() treats nq > nkv (see the file comment). automatic: native for
   /// nq <= 2*nkv, expand above; native: always one graph; expand: always expand.

@@ -66,7 +66,8 @@ void add_att(std::vector<OpCase>& v, const std::string& prefix, const Att& a, co
   const bool variant = a.window > 0 || a.sinks || a.softcap > 0;
   const std::string sh = std::to_string(a.S) + "x" + std::to_string(a.L) + " " + std::to_string(a.nq) + "/" +
                          std::to_string(a.nkv) + " heads D=" + std::to_string(a.D) +
-                         (a.window ? " window=" + std::to_string(a.window) : "") + (a.sinks ? " +sinks" : "") +
+                         (a.window ? " window=" + std::to_string(a.window) : "") +
+                         (a.sinks ? " +sinks" : "") +
                          (a.softcap > 0 ? " softcap=" + std::to_string(int(a.softcap)) : "");
   const size_t sb = size_t(k.scratch_x) * Ops::attention_scratch_bytes(a.S, a.L, a.nq, a.nkv, a.D);
   const double fl = 4.0 * double(a.D) * double(a.nq) * double(a.S) * visible_keys(a);
@@ -234,6 +235,10 @@ void add_attention_cases(std::vector<OpCase>& v, Size s) {
       add_att(v, "attention_gemma2_softcap_D" + std::to_string(D) + (window ? "_window" : "_global"), a,
               Knobs{}, "", big ? 3 : 1);
     }
+  // Gemma 3's sliding layers: a 1024-token window (test: 24) at head_dim 256 without a cap, which
+  // cuDNN's diagonal band takes (implementation 0: the default choice)
+  add_att(v, "attention_gemma3_window_D256", Att{1, big ? 8192 : 96, 8, 4, 256, big ? 1024 : 24}, Knobs{0},
+          "", big ? 10 : 1);
 }
 
 }  // namespace rp::optable
