@@ -30,6 +30,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <future>
 #include <sstream>
@@ -48,7 +49,7 @@ namespace {
 
 struct Args {
   std::vector<std::string> patterns;
-  bool list = false, quick = false, cpu = false;
+  bool list = false, quick = false, cpu = false, help = false, force = false;
   int trials = 5;
   std::string out;
   double sustained_s = 0;
@@ -75,7 +76,11 @@ bool parse(int argc, char** argv, Args& a) {
   for (int i = 1; i < argc; ++i) {
     const std::string x = argv[i];
     auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
-    if (x == "--list") a.list = true;
+    if (x == "--help" || x == "-h") {
+      a.help = true;
+      return true;
+    } else if (x == "--list") a.list = true;
+    else if (x == "--force") a.force = true;
     else if (x == "--quick") a.quick = true;
     else if (x == "--cpu") a.cpu = true;
     else if (x == "--filter" || x == "--trials" || x == "--out" || x == "--sustained") {
@@ -104,7 +109,7 @@ bool parse(int argc, char** argv, Args& a) {
       std::fprintf(
           stderr,
           "bench_ops: unknown argument '%s' (expected --filter P, --list, --quick, --cpu, --trials N, "
-          "--out F, --sustained S)\n",
+          "--out F [--force], --sustained S, --help)\n",
           x.c_str());
       return false;
     }
@@ -290,6 +295,7 @@ int run_all(const std::vector<OpCase>& cases, const Args& a) {
     md << line << "\n";
   }
   md << "```\n";
+  std::printf("```\n");
   if (failed) std::printf("%d of %zu cases failed\n", failed, cases.size());
   if (!a.out.empty()) {
     std::ofstream f(a.out);
@@ -308,6 +314,26 @@ int main(int argc, char** argv) {
   try {
     Args a;
     if (!parse(argc, argv, a)) return 2;
+    if (a.help) {
+      std::printf(
+          "bench_ops: times the op table's cases (tests/kernels/op_table) on the GPU against the ceilings "
+          "of\n"
+          "bench/ceilings.hpp.\n"
+          "  --filter P[,P...]  cases whose names match a pattern (* wildcards); --list: names, FLOPs, "
+          "bytes\n"
+          "  --quick            fewer trials; --trials N: trials per case (median reported, default 5)\n"
+          "  --cpu              the CPU backend at the test sizes (no GPU needed)\n"
+          "  --sustained S      the 8192^3 bf16 GEMM back to back for S seconds\n"
+          "  --out F [--force]  also write a Markdown report (command, commit, machine) to F; an existing F\n"
+          "                     is kept unless --force\n");
+      return 0;
+    }
+    if (!a.out.empty() && !a.force && std::filesystem::exists(a.out)) {
+      std::fprintf(stderr,
+                   "bench_ops: --out %s: the file exists (remove it, choose another name or pass --force)\n",
+                   a.out.c_str());
+      return 2;
+    }
     std::vector<OpCase> cases;
     for (OpCase& c : op_table(a.cpu ? Size::test : Size::bench))
       if (selected(a, c.name)) cases.push_back(std::move(c));
@@ -327,8 +353,9 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (!a.cpu && cuda_device_count() == 0) {
-      std::printf("no CUDA device visible: nothing to measure\n");
-      return 0;
+      std::fprintf(stderr,
+                   "bench_ops: no CUDA device visible: nothing to measure (--cpu times the CPU backend)\n");
+      return 1;
     }
     return run_all(cases, a);
   } catch (const std::exception& e) {

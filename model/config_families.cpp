@@ -5,6 +5,7 @@
 // soft-capping), and LongRoPE's keys (Phi-3-mini-128k, Phi-3.5-mini, Phi-4-mini; transformers'
 // _compute_longrope_parameters and Phi3Config). See roundpipe/model.hpp.
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -38,7 +39,12 @@ double softcap_key(const json& j, const char* key, const std::string& where, dou
   auto it = j.find(key);
   if (it == j.end()) return def;
   if (it->is_null()) return 0.0;
-  return get_num(j, key, where, 0.0, true);
+  const double v = get_num(j, key, where, 0.0, true);
+  // the kernels take the cap as a float32 and divide by it: a cap float32 cannot hold (or whose
+  // reciprocal it cannot) would overflow or vanish there
+  if (!(v >= double(std::numeric_limits<float>::min()) && v <= 1e30))
+    bad(where, key, "a positive number between 1.2e-38 and 1e30 (float32)", *it);
+  return v;
 }
 
 // LongRoPE's settings of a config built in code (config.json's are checked as they are read).

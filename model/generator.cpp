@@ -90,9 +90,12 @@ struct Generator::Impl {
   std::vector<float> head(int64_t first_row, int64_t n);  // fp32 logits of rows [first_row, first_row+n)
   // longrope: whether decoding one token after `past` cached ones crosses into the long table
   // while the cache holds keys of the short one. Phi3ForCausalLM.prepare_inputs_for_generation
-  // then drops its cache and recomputes the whole sequence (so every key takes the long table).
+  // then drops its cache and recomputes the whole sequence (so every key takes the long table);
+  // other families' longrope (transformers' dynamic update alone) keep their cache: new tokens
+  // take the long table, the cached keys keep the short one, as here without the recompute.
   bool switches_table(int64_t past) const {
-    return c.rope_scaling.type == "longrope" && past == c.rope_scaling.original_max_position_embeddings;
+    return c.architecture == "phi3" && c.rope_scaling.type == "longrope" &&
+           past == c.rope_scaling.original_max_position_embeddings;
   }
 };
 

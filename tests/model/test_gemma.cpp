@@ -142,6 +142,18 @@ TEST(Gemma, SoftcappingKeys) {
   EXPECT_TRUE(out["attn_logit_softcapping"].is_null());
   EXPECT_EQ(out["final_logit_softcapping"], 12.5);
   EXPECT_EQ(config_to_json(config_from_json(out, "saved.json")), out);
+  // caps float32 cannot carry (the kernels divide by them) are refused naming the key
+  for (double cap : {1e300, 1e31, 1e-50}) {
+    json k = gemma2_json();
+    k["final_logit_softcapping"] = cap;
+    try {
+      config_from_json(k, "cfg.json");
+      ADD_FAILURE() << "a cap of " << cap << " was accepted";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("cfg.json"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("final_logit_softcapping"), std::string::npos) << e.what();
+    }
+  }
   c = config_from_json(gemma3_json(), "cfg.json");
   EXPECT_EQ(c.attn_logit_softcapping, 0.0);
   EXPECT_EQ(c.final_logit_softcapping, 0.0);
