@@ -43,7 +43,14 @@ ChatFormat format_for(const LoadedModel& model, const std::string& requested, co
         std::make_shared<const JinjaChat>(model.chat_template, bos, eos, template_file_name(model)));
   } catch (const jinja::TemplateError& e) {
     if (requested == "jinja") throw std::invalid_argument(fmt::format("{}: {}", model.source, e.what()));
-    const ChatTemplate family = detect_chat_template(model.chat_template);
+    ChatTemplate family;
+    try {
+      family = detect_chat_template(model.chat_template);
+    } catch (const std::invalid_argument&) {  // no family to fall back to: the parse error itself
+      throw std::invalid_argument(
+          fmt::format("{}: {} (and it resembles no hand-written template: chatml, smollm2, llama3)",
+                      model.source, e.what()));
+    }
     spdlog::warn(
         "the chat template of {} cannot be interpreted ({}); using the hand-written {} renderer instead",
         model.source, e.what(), chat_template_name(family));

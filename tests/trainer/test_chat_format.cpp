@@ -38,6 +38,16 @@ TEST(ChatFormat, TheModelsOwnTemplateByDefaultHandWrittenAsFallback) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("unsupported statement 'include'"), std::string::npos) << e.what();
   }
+  // one that resembles no family either: "auto" names the model and the parse error too
+  lm.chat_template = "{% for m in messages %}{{ m.content";
+  try {
+    rp::TokenStream::chat_template_for(lm, "auto");
+    ADD_FAILURE() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(lm.source), std::string::npos) << what;
+    EXPECT_NE(what.find("unclosed"), std::string::npos) << what;
+  }
   fs::remove_all(d);
 }
 
