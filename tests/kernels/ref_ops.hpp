@@ -3,6 +3,7 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -115,6 +116,47 @@ inline VecD attention(const VecD& q, const VecD& k, const VecD& v, int64_t n_seq
         }
       }
   return o;
+}
+
+/// The attention variants of kernels/ops.hpp (AttentionVariant), densely: the causal scores
+/// s = q k^T * scale, soft-capped to cap * tanh(s / cap) when cap > 0 (Gemma 2), masked to the
+/// last `window` keys when window > 0 and to the packed example of `pos` (query t of sequence
+/// s sees keys j >= t - pos[s*L+t]) when given, and the sink logit sinks[h] (unscaled) as one
+/// more softmax column when given (GPT-OSS). o [n_seq*L, nq, D], lse [n_seq, nq, L] (natural
+/// log, the sink included).
+struct VariantOut {
+  VecD o, lse;
+};
+inline VariantOut attention_variant(const VecD& q, const VecD& k, const VecD& v, int64_t n_seq, int64_t L,
+                                    int64_t nq, int64_t nkv, int64_t D, double scale, int64_t window,
+                                    const std::vector<int32_t>* pos, const VecD* sinks, double cap) {
+  VariantOut r{VecD(size_t(n_seq * L * nq * D), 0.0), VecD(size_t(n_seq * nq * L), 0.0)};
+  const double ninf = -std::numeric_limits<double>::infinity();
+  for (int64_t s = 0; s < n_seq; ++s)
+    for (int64_t h = 0; h < nq; ++h) {
+      const int64_t kh = h / (nq / nkv);
+      for (int64_t t = 0; t < L; ++t) {
+        VecD z(size_t(L + 1), ninf);  // the keys, then the sink
+        for (int64_t j = 0; j <= t; ++j) {
+          if (window > 0 && j <= t - window) continue;
+          if (pos && j < t - (*pos)[size_t(s * L + t)]) continue;
+          double dotp = 0;
+          for (int64_t d = 0; d < D; ++d)
+            dotp += q[size_t(((s * L + t) * nq + h) * D + d)] * k[size_t(((s * L + j) * nkv + kh) * D + d)];
+          z[size_t(j)] = cap > 0 ? cap * std::tanh(dotp * scale / cap) : dotp * scale;
+        }
+        if (sinks) z[size_t(L)] = (*sinks)[size_t(h)];
+        const double m = *std::max_element(z.begin(), z.end());
+        double sum = 0;
+        for (double& x : z) sum += (x = std::exp(x - m));
+        r.lse[size_t((s * nq + h) * L + t)] = m + std::log(sum);
+        for (int64_t j = 0; j < L; ++j)
+          for (int64_t d = 0; d < D; ++d)
+            r.o[size_t(((s * L + t) * nq + h) * D + d)] +=
+                z[size_t(j)] / sum * v[size_t(((s * L + j) * nkv + kh) * D + d)];
+      }
+    }
+  return r;
 }
 
 // ---- expanded GQA backward helpers (CPU twins of kernels/cuda's k_gqa_expand_kv and

@@ -27,43 +27,13 @@ struct Shape {
   int64_t S, L, nq, nkv, D;
 };
 
-// Dense reference: for each sequence/head a [L, L+1] logit matrix (key columns, then the
-// sink), -inf where masked, softmax over the row. o [T,nq,D], lse [S,nq,L].
-struct RefOut {
-  VecD o, lse;
-};
+// Dense reference (ref::attention_variant): for each sequence/head a [L, L+1] logit matrix (key
+// columns, then the sink), -inf where masked, softmax over the row. o [T,nq,D], lse [S,nq,L].
+using RefOut = ref::VariantOut;
 RefOut ref_attention(const VecD& q, const VecD& k, const VecD& v, const VecD* sinks, const Shape& sh,
                      int64_t window, const VecI* pos, double scale) {
   const auto [S, L, nq, nkv, D] = sh;
-  RefOut r{VecD(size_t(S * L * nq * D), 0.0), VecD(size_t(S * nq * L), 0.0)};
-  const double ninf = -std::numeric_limits<double>::infinity();
-  for (int64_t s = 0; s < S; ++s)
-    for (int64_t h = 0; h < nq; ++h) {
-      const int64_t kh = h / (nq / nkv);
-      for (int64_t t = 0; t < L; ++t) {
-        VecD z(size_t(L + 1), ninf);
-        for (int64_t j = 0; j < L; ++j) {
-          bool visible = j <= t;
-          if (window > 0 && j <= t - window) visible = false;
-          if (pos && j < t - (*pos)[size_t(s * L + t)]) visible = false;
-          if (!visible) continue;
-          double dotp = 0;
-          for (int64_t d = 0; d < D; ++d)
-            dotp += q[size_t(((s * L + t) * nq + h) * D + d)] * k[size_t(((s * L + j) * nkv + kh) * D + d)];
-          z[size_t(j)] = dotp * scale;
-        }
-        if (sinks) z[size_t(L)] = (*sinks)[size_t(h)];
-        const double m = *std::max_element(z.begin(), z.end());
-        double sum = 0;
-        for (double& x : z) sum += (x = std::exp(x - m));
-        r.lse[size_t((s * nq + h) * L + t)] = m + std::log(sum);
-        for (int64_t j = 0; j < L; ++j)
-          for (int64_t d = 0; d < D; ++d)
-            r.o[size_t(((s * L + t) * nq + h) * D + d)] +=
-                z[size_t(j)] / sum * v[size_t(((s * L + j) * nkv + kh) * D + d)];
-      }
-    }
-  return r;
+  return ref::attention_variant(q, k, v, S, L, nq, nkv, D, scale, window, pos, sinks, 0.0);
 }
 
 VecI packed_positions(const std::vector<int64_t>& lens, int64_t S) {
