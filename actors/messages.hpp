@@ -11,6 +11,9 @@
 // Who sends what (the per-layer protocol as message ordering, docs/protocol.md):
 //   session   -> scheduler SetPeers            the workers and shards (once, before any pass)
 //   session   -> scheduler SubmitPass          a pass of the current step
+//   scheduler -> filler    FillPass            (request) copy a dealt pass's ids, targets and
+//                                              positions into its slot's host buffers (the
+//                                              filler's own thread); answered with PassFilled
 //   session   -> scheduler CloseStepRequest    the step is closed, with its learning rate
 //   session   -> scheduler WaitStep            (request) the step's result once it is applied
 //   scheduler -> worker    RunStage            a stage task of one pass
@@ -88,6 +91,8 @@ struct StepScale;
 struct LayerTimings;
 struct Failure;
 struct SubmitPass;
+struct FillPass;
+struct PassFilled;
 struct CloseStepRequest;
 struct WaitStep;
 struct WaitEval;
@@ -133,6 +138,11 @@ using SchedulerActor =
                      caf::replies_to<GetRuntimeInfo>::with<RuntimeInfo>, caf::replies_to<ResumeAt>::with<Ack>,
                      caf::replies_to<LossScalesFrom>::with<LossScales>,
                      caf::replies_to<GetStatus>::with<StatusReport>, caf::reacts_to<Shutdown>>;
+
+/// The scheduler's pass filler: a helper actor of its own (detached in a run) that copies a
+/// dealt pass's ids, targets and positions into its slot's host buffers, so that this per-pass
+/// host work never runs on the scheduler's thread (actors/scheduler_actor.hpp).
+using PassFillerActor = caf::typed_actor<caf::replies_to<FillPass>::with<PassFilled>>;
 
 // ---- scheduler <-> worker ------------------------------------------------------------------
 struct RunStage {
@@ -341,6 +351,22 @@ struct SubmitPass {
       positions;      ///< packed sequences: the same shape; null: not packed
   int64_t eval = -1;  ///< >= 0: a forward-only evaluation pass with this id (answered by WaitEval), tagged
                       ///< with `step` so its uploads read the weights that step's passes read
+  /// The targets >= 0, counted by the sender (the scheduler makes no pass over the data on its
+  /// own thread). A training pass with a negative count fails the run.
+  double target_tokens = -1;
+};
+/// Scheduler -> pass filler (request): pass `pass` was dealt into `buffers` (its slot, which
+/// no stage reads until the scheduler has the answer); copy `data`'s ids, targets and positions
+/// in, per micro-batch, with each micro-batch's target tokens and (packed passes) rope length.
+struct FillPass {
+  int64_t pass = 0;
+  SubmitPass data;
+  std::shared_ptr<PassBuffers> buffers;
+};
+/// Pass filler -> scheduler: the answer to FillPass; `error` non-empty when the copy failed.
+struct PassFilled {
+  int64_t pass = 0;
+  std::string error;
 };
 /// Close step `step` with its learning rate (passes are counted by the scheduler; the
 /// gradient scale is 1 / target tokens of all its passes).
@@ -458,6 +484,8 @@ RP_MESSAGE_TYPE(rp::LossScalesFrom)
 RP_MESSAGE_TYPE(rp::LossScales)
 RP_MESSAGE_TYPE(rp::WaitEval)
 RP_MESSAGE_TYPE(rp::EvalResult)
+RP_MESSAGE_TYPE(rp::FillPass)
+RP_MESSAGE_TYPE(rp::PassFilled)
 CAF_END_TYPE_ID_BLOCK(roundpipe)
 
 #undef RP_MESSAGE_TYPE

@@ -8,6 +8,15 @@
 // loss scale) is the plain class StepLedger (scheduler/step_ledger.hpp); the actor feeds it
 // the messages and sends what it returns.
 //
+// Dealing a pass takes two phases, so that no per-pass host work runs on the scheduler's
+// thread: the scheduler picks the pass's slot and plan, asks its pass filler (a helper actor,
+// detached in a run) to copy the pass's ids, targets and positions into the slot's host
+// buffers (FillPass), and only when the filler answers (PassFilled) records the pass with the
+// ledger and sends its RunStage messages. One pass is filled at a time, so the workers receive
+// their stage tasks in pass order; a failure or a Shutdown that arrives meanwhile drops the
+// fill's answer (nothing of that pass is dealt). The Session counts each pass's target tokens
+// on its own thread (SubmitPass::target_tokens).
+//
 // Profiler and re-planning (scheduler/replan.hpp): the scheduler owns the Profile, fed by
 // the workers' LayerTimings messages. Each pass is dealt with the plan current when it
 // starts (when it gets a pass slot); between passes the Replanner may swap the plan once the
@@ -78,7 +87,16 @@ struct SchedulerConfig {
   RunProgress* progress = nullptr;
   FaultInjection faults;     ///< testing only (fault_injection.hpp)
   Tracer* tracer = nullptr;  ///< records the protocol messages when its messages() is on
+  /// Spawn the pass filler on its own thread (production). Tests that drive the scheduler with
+  /// CAF's deterministic test coordinator set false, so the coordinator also orders the fills.
+  bool detached_filler = true;
 };
+
+/// The pass filler's work (FillPass): copies a pass's ids, targets and positions into its
+/// slot's host buffers, sets each micro-batch's target tokens and (packed passes) rope length
+/// (largest position + 1), and zeroes the slot's MoE statistics. Throws std::invalid_argument
+/// when the pass's data is not micro_batches x the slot's tokens long.
+void fill_pass_buffers(PassBuffers& pb, const SubmitPass& sp);
 
 /// Spawns the scheduler. Wire workers and shards with SetPeers before submitting.
 SchedulerActor spawn_scheduler(caf::actor_system& sys, SchedulerConfig cfg);

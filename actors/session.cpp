@@ -434,6 +434,7 @@ void Session::Impl::submit(const char* call, const std::vector<int32_t>& ids,
     sp.positions = std::make_shared<const std::vector<int32_t>>(*positions);
   }
   sp.eval = eval;
+  sp.target_tokens = double(std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t >= 0; }));
   caf::anon_send(I.scheduler, std::move(sp));
   if (eval >= 0) I.next_eval++;
   else I.passes_in_step++;
