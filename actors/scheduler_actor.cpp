@@ -77,6 +77,8 @@ class Scheduler : public SchedulerActor::base {
     last_change_ = Clock::now();
   }
 
+  const char* name() const override { return "scheduler"; }
+
   // Drop every handle on exit: detached shards' threads end only once their last reference
   // is gone. The filler goes with the scheduler.
   void on_exit() override {

@@ -56,9 +56,9 @@ PassData pass_data(int64_t k) {
 
 struct Record {
   std::vector<std::string> violations;
-  std::set<int64_t> passes_received;           ///< passes any worker got a RunStage of
-  std::map<int64_t, StepResult> steps;         ///< WaitStep answers
-  std::map<int64_t, EvalResult> evals;         ///< WaitEval answers
+  std::set<int64_t> passes_received;    ///< passes any worker got a RunStage of
+  std::map<int64_t, StepResult> steps;  ///< WaitStep answers
+  std::map<int64_t, EvalResult> evals;  ///< WaitEval answers
   int64_t stage_done = 0;
   void violate(std::string s) { violations.push_back(std::move(s)); }
 };
@@ -109,8 +109,8 @@ WorkerActor::behavior_type fake_worker(WorkerActor::stateful_pointer<FakeWorkerS
         auto& st = self->state;
         rec->passes_received.insert(rs.pass);
         if (std::string bad = check_filled(rs); !bad.empty())
-          rec->violate(fmt::format("worker {}: RunStage of pass {} stage {} before its fill: {}", index, rs.pass,
-                                   rs.stage_index, bad));
+          rec->violate(fmt::format("worker {}: RunStage of pass {} stage {} before its fill: {}", index,
+                                   rs.pass, rs.stage_index, bad));
         if (rs.pass < st.last_pass || (rs.pass == st.last_pass && rs.stage_index <= st.last_stage))
           rec->violate(fmt::format("worker {}: pass {} stage {} after pass {} stage {}", index, rs.pass,
                                    rs.stage_index, st.last_pass, st.last_stage));
@@ -134,7 +134,8 @@ WorkerActor::behavior_type fake_worker(WorkerActor::stateful_pointer<FakeWorkerS
         sd.worker = index;
         if (rs.stage.kind == StageKind::tail)
           for (int64_t m = 0; m < kMicro; ++m) {
-            for (int64_t i = 0; i < kShape.tokens(); ++i) sd.loss_sum += rs.buffers->ids[size_t(m)].as<int32_t>()[i];
+            for (int64_t i = 0; i < kShape.tokens(); ++i)
+              sd.loss_sum += rs.buffers->ids[size_t(m)].as<int32_t>()[i];
             sd.loss_count += rs.buffers->target_tokens[size_t(m)];
           }
         rec->stage_done++;
@@ -146,11 +147,16 @@ WorkerActor::behavior_type fake_worker(WorkerActor::stateful_pointer<FakeWorkerS
 }
 
 /// Reports every owned group updated as soon as a step is closed.
-ShardActor::behavior_type fake_shard(ShardActor::pointer self, std::vector<int> groups, SchedulerActor scheduler) {
+ShardActor::behavior_type fake_shard(ShardActor::pointer self, std::vector<int> groups,
+                                     SchedulerActor scheduler) {
   return {
-      [=](AcquireWeights& a) -> WeightsGranted { return {a.group, a.step}; },
+      [=](AcquireWeights& a) -> WeightsGranted {
+        return {a.group, a.step};
+      },
       [=](ReleaseWeights&) {},
-      [=](AcquireGradSlot& a) -> GradGrant { return {a.group, a.step, false}; },
+      [=](AcquireGradSlot& a) -> GradGrant {
+        return {a.group, a.step, false};
+      },
       [=](GradWritten&) {},
       [=](CloseStep& c) {
         for (int g : groups) self->send(scheduler, GroupUpdated{c.step, g, 0.0});
@@ -415,8 +421,7 @@ TEST(SchedulerDeal, AFailureBetweenDealAndFillDealsNothingMore) {
   caf::anon_send(rig.scheduler(), Failure{"worker 2: injected"});
   // the scheduler hears of the failure before the filler answers
   std::mt19937_64 rng(2);
-  while (rig.step_once(Policy::filler_last, rng)) {
-  }
+  while (rig.step_once(Policy::filler_last, rng)) {}
   EXPECT_TRUE(rig.record().passes_received.empty()) << "a pass was dealt after the run failed";
   ASSERT_TRUE(rig.record().steps.count(0));
   EXPECT_EQ(rig.record().steps.at(0).error, "worker 2: injected");
