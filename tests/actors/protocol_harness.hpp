@@ -3,15 +3,19 @@
 // deterministic test coordinator, in chosen message delivery orders.
 //
 // The real shards (actors/optimizer_shard.cpp) are spawned cooperatively scheduled
-// (ShardOptions::detached = false) next to fake workers, fake copy actors and a fake
-// scheduler written here, which play the other side of the protocol for a small pipeline
+// (ShardOptions::detached = false) next to fake workers and fake copy actors written here and
+// a typed scheduler whose bookkeeping is the runtime's StepLedger, which play the other side
+// of the protocol for a small pipeline
 // (3 workers, 5 parameter groups, 4 micro-batches per pass, one pass per step, 3 steps):
 //   worker:  AcquireWeights -> upload (param copy actor reads the host low-precision
 //            copy, half in one job and half in a later one) -> ReleaseWeights; waits for
 //            ActReady per micro-batch; after the last micro-batch AcquireGradSlot ->
 //            gradient write (grad copy actor, also in two halves) -> GradWritten -> StageDone.
-//   scheduler: deals the passes' stages round-robin (pointer carried across passes),
-//            closes steps (CloseStep) at moments the driver chooses, counts GroupUpdated.
+//   scheduler: takes the driver's SubmitPass and CloseStepRequest (at moments the driver
+//            chooses) to the ledger, deals the passes' stages round-robin when it says
+//            (pointer carried across passes; two pass slots), closes steps (CloseStep with
+//            the ledger's totals, gradient scale and learning rate), feeds it StageDone and
+//            GroupUpdated; every step must end done by the ledger.
 // The gradient a stage writes is a deterministic function of the weights its upload
 // actually read, so reading a wrong version also changes the final weights.
 //
@@ -45,6 +49,7 @@
 #include "actors/pass_buffers.hpp"
 #include "kernels/dtype.hpp"
 #include "optimizer/adamw.hpp"
+#include "scheduler/step_ledger.hpp"
 #include "tests/actors/runtime_reference.hpp"
 
 // ---- messages private to the harness -------------------------------------------------
@@ -82,12 +87,6 @@ struct Computed {
   int stage = 0;
   int64_t mb = 0;
 };  // worker -> itself
-struct FireEvent {
-  bool close = false;
-  int64_t step = 0;
-  int eval = -1;
-};  // driver -> scheduler (eval >= 0: the
-    // step's eval-th evaluation pass)
 }  // namespace rp::test::proto
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::test::proto::RunTask)
@@ -96,7 +95,6 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::test::proto::CopyGrad)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::test::proto::CopyHalf)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::test::proto::CopyAck)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::test::proto::Computed)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rp::test::proto::FireEvent)
 
 namespace rp::test::proto {
 
@@ -200,7 +198,8 @@ struct Pipeline {
   int64_t version_for(int64_t t) const { return std::max<int64_t>(t - 1 - staleness, -1); }
   /// Worker of stage s of pass p: round-robin with the pointer carried across passes.
   int worker_of(int64_t pass, int s) const { return int((pass * int64_t(stages.size()) + s) % workers); }
-  float grad_scale(int64_t k) const { return 1.f / float(8 + k); }
+  /// 1 / the step's target tokens (8 + k), rounded as the step ledger does.
+  float grad_scale(int64_t k) const { return float(1.0 / double(8 + k)); }
   double lr(int64_t k) const { return 0.05 * (1.0 + 0.5 * double(k)); }
   AdamWOptions adam() const { return adam_opts(); }  // the runtime tests' settings
 };
@@ -524,6 +523,7 @@ struct Shared {  // what every fake actor of one run sees (single-threaded: the 
   Monitor* mon = nullptr;
   std::vector<caf::actor> shards, workers;
   int stage_done = 0;
+  int steps_done = 0;  ///< steps the scheduler's ledger reported done
   int outstanding_requests = 0;
   /// Per evaluation pass: a function of every weight byte its stages read (its "loss").
   std::map<int64_t, double> eval_loss;
@@ -745,43 +745,118 @@ inline caf::behavior fake_worker(caf::stateful_actor<WorkerState>* self, Shared*
   };
 }
 
-/// The scheduler side: deals passes, closes steps, counts StageDone and GroupUpdated.
-inline caf::behavior fake_scheduler(caf::event_based_actor* self, Shared* sh) {
+/// The scheduler side, a typed SchedulerActor whose bookkeeping is the runtime's own StepLedger
+/// (scheduler/step_ledger.hpp): the driver's SubmitPass and CloseStepRequest go to the ledger,
+/// which decides when each pass is dealt (two pass slots) and when and with which per-group
+/// totals, gradient scale and learning rate each step closes (CloseStep); StageDone and
+/// GroupUpdated go to it too, and it says when each step is done. The harness names passes
+/// its own way (training pass t = t, evaluation passes after them: Pipeline::eval_pass); the
+/// ledger numbers them in dealing order.
+struct LedgerSchedulerState {
+  std::unique_ptr<StepLedger> ledger;
+  std::deque<SubmitPass> queued;         ///< submitted, not dealt (the ledger's queue order)
+  std::map<int64_t, int64_t> ledger_of;  ///< harness pass -> ledger pass
+};
+
+inline SchedulerActor::behavior_type fake_scheduler(
+    SchedulerActor::stateful_pointer<LedgerSchedulerState> self, Shared* sh) {
   reject_unexpected(self, sh, "scheduler");
   const Pipeline& p = *sh->p;
-  return {
-      [=](FireEvent& e) {
-        if (e.close) {
-          CloseStep c{e.step, 1, p.grad_scale(e.step), p.lr(e.step)};
-          if (p.evals_per_step > 0) {  // the totals count the evaluation passes' uploads (the Session's way)
-            auto up = std::make_shared<std::vector<int>>(), gr = std::make_shared<std::vector<int>>();
-            for (int g = 0; g < p.groups; ++g) {
-              up->push_back(sh->uncounted_evals ? p.uploads_per_pass(g) : p.uploads_per_step(g));
-              gr->push_back(p.grads_per_pass(g));
-            }
+  StepLedger::Options o;
+  o.num_groups = p.groups;
+  o.pass_slots = 2;
+  o.staleness = p.staleness;
+  o.clock = [] { return 0.0; };
+  self->state.ledger = std::make_unique<StepLedger>(o);
+  auto carry_out = std::make_shared<std::function<void(std::vector<LedgerAction>&)>>();
+  // deals what the ledger allows: the harness's RunTasks, round-robin as Pipeline::worker_of
+  auto deal = [=] {
+    auto& st = self->state;
+    while (auto d = st.ledger->next_deal()) {
+      SubmitPass sp = std::move(st.queued.front());
+      st.queued.pop_front();
+      const bool eval = sp.eval >= 0;
+      const int64_t pass = eval ? p.eval_pass(sp.step, int(sp.eval)) : sp.step;
+      const int S = eval ? p.eval_stages() : int(p.stages.size());
+      std::vector<int> up, gr;
+      for (int g = 0; g < p.groups; ++g) {
+        up.push_back(eval ? p.eval_uploads(g) : p.uploads_per_pass(g));
+        gr.push_back(eval ? 0 : p.grads_per_pass(g));
+      }
+      std::vector<LedgerAction> after;
+      st.ledger->dealt(*d, S, up, gr, after);
+      st.ledger_of[pass] = d->pass;
+      for (int s = 0; s < S; ++s) {
+        caf::actor next = s + 1 < S ? sh->workers[p.worker_of(pass, s + 1)] : caf::actor{};
+        // the fake workers are untyped: a typed actor reaches them anonymously
+        caf::anon_send(sh->workers[p.worker_of(pass, s)], RunTask{pass, s, next, sp.step, eval});
+      }
+      (*carry_out)(after);
+    }
+  };
+  *carry_out = [=](std::vector<LedgerAction>& actions) {
+    for (auto& a : actions) {
+      switch (a.kind) {
+        case LedgerAction::Kind::close_step: {
+          CloseStep c{a.step, a.passes, a.grad_scale, a.lr, a.uploads, a.grads};
+          if (sh->uncounted_evals) {  // a broken scheduler: the evaluation passes' uploads left out
+            auto up = std::make_shared<std::vector<int>>();
+            for (int g = 0; g < p.groups; ++g) up->push_back(p.uploads_per_pass(g));
             c.uploads = up;
-            c.grads = gr;
           }
-          for (auto& s : sh->shards) self->send(s, c);
-          return;
+          for (auto& s : sh->shards) self->send(caf::actor_cast<ShardActor>(s), c);
+          break;
         }
-        if (e.eval >= 0) {
-          const int64_t pass = p.eval_pass(e.step, e.eval);
-          const int S = p.eval_stages();
-          for (int s = 0; s < S; ++s) {
-            caf::actor next = s + 1 < S ? sh->workers[p.worker_of(pass, s + 1)] : caf::actor{};
-            self->send(sh->workers[p.worker_of(pass, s)], RunTask{pass, s, next, e.step, true});
-          }
-          return;
-        }
-        const int S = int(p.stages.size());
-        for (int s = 0; s < S; ++s) {
-          caf::actor next = s + 1 < S ? sh->workers[p.worker_of(e.step, s + 1)] : caf::actor{};
-          self->send(sh->workers[p.worker_of(e.step, s)], RunTask{e.step, s, next});
-        }
+        case LedgerAction::Kind::step_done: sh->steps_done++; break;
+        case LedgerAction::Kind::deal: deal(); break;
+        case LedgerAction::Kind::step_scale:
+        case LedgerAction::Kind::eval_done: break;
+      }
+    }
+  };
+  auto unused = [sh](const char* what) {
+    sh->mon->violate(0, fmt::format("the scheduler received {}", what));
+  };
+  return {
+      [=](SetPeers&) { unused("SetPeers"); },
+      [=](SubmitPass& sp) {
+        // the step's gradient is divided by its target tokens: 8 + step (Pipeline::grad_scale)
+        self->state.ledger->submit_pass(sp.step, sp.eval, double(8 + sp.step));
+        self->state.queued.push_back(std::move(sp));
+        deal();
       },
-      [=](StageDone&) { sh->stage_done++; },
-      [=](GroupUpdated& u) { sh->mon->group_updated(u.step, u.group); },
+      [=](CloseStepRequest& c) {
+        std::vector<LedgerAction> out;
+        self->state.ledger->close_requested(c.step, c.lr, c.tokens, out);
+        (*carry_out)(out);
+      },
+      [=](StageDone& d) {
+        sh->stage_done++;
+        std::vector<LedgerAction> out;
+        self->state.ledger->stage_done(self->state.ledger_of.at(d.pass), StageReport{}, out);
+        (*carry_out)(out);
+      },
+      [=](GradSumSq&) { unused("GradSumSq"); },
+      [=](LayerTimings&) { unused("LayerTimings"); },
+      [=](GroupUpdated& u) {
+        sh->mon->group_updated(u.step, u.group);
+        std::vector<LedgerAction> out;
+        self->state.ledger->group_updated(u.step, u.group, u.sumsq, out);
+        (*carry_out)(out);
+      },
+      [=](Failure& f) { sh->mon->violate(0, "failure: " + f.what); },
+      [=](WatchdogTick) {},
+      [=](WaitStep&) -> caf::result<StepResult> { return caf::make_error(caf::sec::unexpected_message); },
+      [=](WaitEval&) -> caf::result<EvalResult> { return caf::make_error(caf::sec::unexpected_message); },
+      [=](GetRuntimeInfo) -> caf::result<RuntimeInfo> {
+        return caf::make_error(caf::sec::unexpected_message);
+      },
+      [=](ResumeAt&) -> caf::result<Ack> { return caf::make_error(caf::sec::unexpected_message); },
+      [=](LossScalesFrom&) -> caf::result<LossScales> {
+        return caf::make_error(caf::sec::unexpected_message);
+      },
+      [=](GetStatus) -> caf::result<StatusReport> { return StatusReport{self->state.ledger->describe()}; },
+      [=](Shutdown) { self->quit(); },
   };
 }
 
@@ -898,8 +973,8 @@ class Harness {
 
     // actors
     std::vector<caf::actor> by_role(size_t(roles.count()));
-    auto scheduler = sys_->spawn(fake_scheduler, &sh);
-    by_role[roles.scheduler()] = scheduler;
+    SchedulerActor scheduler = sys_->spawn(fake_scheduler, &sh);
+    by_role[roles.scheduler()] = caf::actor_cast<caf::actor>(scheduler);
     for (int s = 0; s < p.shards; ++s) {
       std::vector<ShardGroup> owned;
       for (int g = 0; g < p.groups; ++g)
@@ -911,15 +986,15 @@ class Harness {
       set_cooperative(so, 0);
       set_disable_rule(so, disable_rule, 0);
       // the fake scheduler plays the real one's part of the typed interface
-      sh.shards.push_back(caf::actor_cast<caf::actor>(spawn_optimizer_shard(
-          *sys_, std::move(owned), &store, so, caf::actor_cast<SchedulerActor>(scheduler))));
+      sh.shards.push_back(
+          caf::actor_cast<caf::actor>(spawn_optimizer_shard(*sys_, std::move(owned), &store, so, scheduler)));
       by_role[roles.shard(s)] = sh.shards.back();
     }
     std::vector<caf::actor> workers;
     for (int w = 0; w < p.workers; ++w) {
       auto pc = sys_->spawn(copy_actor, &sh);
       auto gc = sys_->spawn(copy_actor, &sh);
-      workers.push_back(sys_->spawn(fake_worker, &sh, w, pc, gc, scheduler));
+      workers.push_back(sys_->spawn(fake_worker, &sh, w, pc, gc, caf::actor_cast<caf::actor>(scheduler)));
       by_role[roles.worker(w)] = workers.back();
       by_role[roles.param_copy(w)] = pc;
       by_role[roles.grad_copy(w)] = gc;
@@ -949,11 +1024,16 @@ class Harness {
       const bool can_close = next_close < steps_dealt;
       bool close = can_close;
       if (can_dispatch && can_close) close = order.events == Events::early ? false : bool(rng() & 1);
-      if (close) return caf::anon_send(scheduler, FireEvent{true, next_close++});
+      if (close) {
+        const int64_t k = next_close++;
+        return caf::anon_send(scheduler, CloseStepRequest{k, p.lr(k)});
+      }
       const int64_t t = next_dispatch / per_step;
       const int j = int(next_dispatch++ % per_step);
-      const int e = j < train_at[size_t(t)] ? j : j - 1;
-      caf::anon_send(scheduler, j == train_at[size_t(t)] ? FireEvent{false, t} : FireEvent{false, t, e});
+      SubmitPass sp;
+      sp.step = t;
+      if (j != train_at[size_t(t)]) sp.eval = j < train_at[size_t(t)] ? j : j - 1;
+      caf::anon_send(scheduler, std::move(sp));
     };
     Outcome out;
     uint64_t h = 1469598103934665603ull;
@@ -1011,7 +1091,8 @@ class Harness {
     // end of run: everything happened, nothing left, the weights are the reference's
     const int stages = (int(p.stages.size()) + p.evals_per_step * p.eval_stages()) * p.iterations;
     out.completed = !events_left() && sh.stage_done == stages &&
-                    mon.group_updated_count == p.groups * p.iterations && sh.outstanding_requests == 0;
+                    mon.group_updated_count == p.groups * p.iterations && sh.outstanding_requests == 0 &&
+                    sh.steps_done == p.iterations;
     if (!out.completed && !out.job_cap_hit)
       mon.violate(
           0,
