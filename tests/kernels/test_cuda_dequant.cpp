@@ -262,6 +262,13 @@ TEST_P(CudaDequant, Fp8RowsMatchTheHostBitForBit) {
            {1, 1}, {3, 7}, {64, 33}, {37, 1000}, {1024, 1027}, {4096, 256}})
     for (size_t off : {size_t(0), size_t(1), size_t(6)}) check_fp8_case(rows, cols, off, off % 2, seed++);
   for (float scale : {1e-30f, 3e-6f, 3e4f}) check_fp8_case(41, 64, 3, 0, seed++, scale);
+  // the 16-byte path (codes on a 16-byte boundary: rows * 4 + offset, row length a multiple of
+  // 16, the output aligned) and its near misses (offset 4 or 8 bytes, output 2 elements off)
+  for (auto [rows, cols] :
+       std::vector<std::pair<int64_t, int64_t>>{{4, 16}, {20, 48}, {128, 2048}, {36, 768}})
+    for (auto [off, dst_off] :
+         std::vector<std::pair<size_t, int64_t>>{{0, 0}, {16, 8}, {4, 0}, {8, 8}, {0, 2}})
+      check_fp8_case(rows, cols, off, dst_off, seed++);
 }
 
 // fp8 needs its row length: none, one that does not divide n, or a negative one is refused
