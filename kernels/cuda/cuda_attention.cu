@@ -1,6 +1,6 @@
 // Causal grouped-query attention for the CUDA backend, memory linear in sequence length.
 //
-// Tensor-core path (head_dim 64 or 128, 16-byte aligned tensors): FlashAttention-2
+// Tensor-core path (head_dim 64, 128 or 256, 16-byte aligned tensors): FlashAttention-2
 // style kernels (Dao 2023, "FlashAttention-2", Alg. 1 and 2) on mma.sync m16n8k16 with
 // bf16/f16 operands and fp32 accumulation:
 //  - forward: one block of W warps (16 query rows each) per (16*W query rows, query

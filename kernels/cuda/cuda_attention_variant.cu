@@ -5,7 +5,7 @@
 // window of w keys costs O(L * (w + 64)) instead of O(L^2 / 2); the backward visits, per key
 // tile, only the query tiles whose windows reach it. The sink is the running max / sum's
 // initial value in the forward (so lse includes it) and enters the backward through lse;
-// dsinks is a reduction of its own (cuda_gptoss.cu). Head_dim 64 or 128 and 16-byte aligned
+// dsinks is a reduction of its own (cuda_gptoss.cu). Head_dim 64, 128 or 256 and 16-byte aligned
 // tensors; anything else returns false and runs on the row kernels.
 #include <algorithm>
 #include <string>

@@ -590,14 +590,21 @@ void launch_bwd(const void* q, const void* k, const void* v, const void* dout, c
   RP_CUDA_LAUNCH_CHECK("flash_bwd");
 }
 
-/// Whether the kernels apply: head_dim 64 or 128, every tensor 16-byte aligned (null counts as
-/// aligned), impl not 1 (the row kernels forced), and the narrow configuration's shared memory
-/// (4-warp forward, unpipelined backward: 85 / 87 KiB at D = 128) within the device's limit.
+/// Shared memory of head_dim D's narrow configuration (4-warp forward, unpipelined backward):
+/// 85 / 87 KiB at D = 128, 165 / 151 KiB at D = 256.
+inline int narrow_smem(int64_t D) {
+  if (D == 256) return std::max(fwd_smem<bf16, 256, 4>(), bwd_smem<bf16, 256, false, true>());
+  if (D == 128) return std::max(fwd_smem<bf16, 128, 4>(), bwd_smem<bf16, 128, false, true>());
+  return std::max(fwd_smem<bf16, 64, 4>(), bwd_smem<bf16, 64, false, true>());
+}
+
+/// Whether the kernels apply: head_dim 64, 128 or 256 (Gemma's; only in the narrow configuration,
+/// which fits a 227 KiB block of Hopper or Blackwell, not a 99 KiB consumer GPU or an A100's 163),
+/// every tensor 16-byte aligned (null counts as aligned), impl not 1 (the row kernels forced), and
+/// the narrow configuration's shared memory within the device's limit.
 inline bool usable(int impl, int64_t D, std::initializer_list<const void*> ptrs) {
-  if (impl == 1 || (D != 64 && D != 128)) return false;
-  const int narrow = D == 128 ? std::max(fwd_smem<bf16, 128, 4>(), bwd_smem<bf16, 128, false, true>())
-                              : std::max(fwd_smem<bf16, 64, 4>(), bwd_smem<bf16, 64, false, true>());
-  if (narrow > max_dynamic_smem()) return false;
+  if (impl == 1 || (D != 64 && D != 128 && D != 256)) return false;
+  if (narrow_smem(D) > max_dynamic_smem()) return false;
   for (const void* p : ptrs)
     if (!aligned16(p)) return false;
   return true;
@@ -607,6 +614,7 @@ inline bool usable(int impl, int64_t D, std::initializer_list<const void*> ptrs)
 /// current device's shared memory per block. It does not on GPUs with 99 KiB (RTX 30xx, 40xx,
 /// 50xx, L40S) at D = 128 (102 / 121 KiB): they run the narrow one, which the log says once.
 inline bool wide_fits(int D) {
+  if (D == 256) return false;  // its accumulators fill the registers of a 4-warp block already
   const int wide = D == 128 ? std::max(fwd_smem<bf16, 128, 8>(), bwd_smem<bf16, 128, true, true>())
                             : std::max(fwd_smem<bf16, 64, 8>(), bwd_smem<bf16, 64, true, true>());
   const int limit = max_dynamic_smem();
@@ -621,24 +629,27 @@ inline bool wide_fits(int D) {
   return false;
 }
 
-/// launch_fwd for head_dim D (64 or 128) with W = 8 (wide) or 4 warps.
+/// launch_fwd for head_dim D (64, 128 or 256) with W = 8 (wide) or 4 warps (256: always 4).
 template <typename T, bool VAR = false>
 void launch_fwd_dim(int D, bool wide, const void* q, const void* k, const void* v, void* o, float* lse,
                     int n_seq, int L, int nq, int nkv, float scale, cudaStream_t st, Variant var = {}) {
   wide = wide && wide_fits(D);
-  if (D == 128 && wide) launch_fwd<T, 128, 8, VAR>(q, k, v, o, lse, n_seq, L, nq, nkv, scale, st, var);
+  if (D == 256) launch_fwd<T, 256, 4, VAR>(q, k, v, o, lse, n_seq, L, nq, nkv, scale, st, var);
+  else if (D == 128 && wide) launch_fwd<T, 128, 8, VAR>(q, k, v, o, lse, n_seq, L, nq, nkv, scale, st, var);
   else if (D == 128) launch_fwd<T, 128, 4, VAR>(q, k, v, o, lse, n_seq, L, nq, nkv, scale, st, var);
   else if (wide) launch_fwd<T, 64, 8, VAR>(q, k, v, o, lse, n_seq, L, nq, nkv, scale, st, var);
   else launch_fwd<T, 64, 4, VAR>(q, k, v, o, lse, n_seq, L, nq, nkv, scale, st, var);
 }
 
-/// launch_bwd for head_dim D (64 or 128), pipelined (pipe) or not.
+/// launch_bwd for head_dim D (64, 128 or 256), pipelined (pipe) or not (256: never).
 template <typename T, bool VAR = false>
 void launch_bwd_dim(int D, bool pipe, const void* q, const void* k, const void* v, const void* dout,
                     const float* lse, const float* di, float* dq_acc, void* dk, void* dv, int n_seq, int L,
                     int nq, int nkv, float scale, cudaStream_t st, Variant var = {}) {
   pipe = pipe && wide_fits(D);
-  if (D == 128 && pipe)
+  if (D == 256)
+    launch_bwd<T, 256, false, VAR>(q, k, v, dout, lse, di, dq_acc, dk, dv, n_seq, L, nq, nkv, scale, st, var);
+  else if (D == 128 && pipe)
     launch_bwd<T, 128, true, VAR>(q, k, v, dout, lse, di, dq_acc, dk, dv, n_seq, L, nq, nkv, scale, st, var);
   else if (D == 128)
     launch_bwd<T, 128, false, VAR>(q, k, v, dout, lse, di, dq_acc, dk, dv, n_seq, L, nq, nkv, scale, st, var);

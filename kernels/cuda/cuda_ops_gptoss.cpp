@@ -4,9 +4,9 @@
 // A default variant (no window, no sinks, no soft-cap; or a window >= L without sinks) runs the
 // plain ops, cuDNN included, so it equals them exactly. A sliding window alone (Mistral, Phi-3,
 // Gemma 3's sliding layers; not packed) runs on cuDNN's diagonal band when cuDNN takes it (any
-// head_dim up to 256; our tensor-core kernels take 64 and 128 only), else on our kernels.
+// head_dim up to 256), else on our kernels.
 // Soft-capped scores (Gemma 2) always run on our kernels (tensor-core flash for head_dim 64 /
-// 128, the row kernels otherwise), never cuDNN.
+// 128 / 256 where its shared memory fits, the row kernels otherwise), never cuDNN.
 #include <stdexcept>
 #include <string>
 

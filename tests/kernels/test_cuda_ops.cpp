@@ -324,7 +324,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttention,
                                            AttnShape{1, 130, 2, 1, 64, 2}, AttnShape{1, 1024, 2, 1, 128, 2},
                                            AttnShape{3, 17, 4, 1, 128, 2},
                                            AttnShape{2, 330, 8, 2, 128, 3},  // flash config 3, GQA 4
-                                           AttnShape{1, 257, 2, 2, 64, 3},
+                                           AttnShape{2, 150, 4, 2, 256, 3},  // flash D=256 (narrow only)
+                                           AttnShape{1, 70, 2, 1, 256, 2}, AttnShape{1, 257, 2, 2, 64, 3},
                                            AttnShape{2, 200, 4, 2, 128, 4},  // cuDNN flash attention (forced)
                                            AttnShape{1, 130, 2, 1, 64, 4}, AttnShape{1, 64, 2, 2, 128, 4},
                                            AttnShape{3, 17, 4, 2, 128, 4}, AttnShape{1, 1024, 2, 1, 128, 4},

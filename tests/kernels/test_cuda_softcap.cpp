@@ -1,6 +1,6 @@
 // Gemma 2's logit soft-capping on the CUDA backend against the CPU twins (themselves checked
 // against double-precision references in test_softcap_ops.cpp), in bf16 and f16: attention with
-// soft-capped scores on the tensor-core path (head_dim 64 / 128; with a window, packed
+// soft-capped scores on the tensor-core path (head_dim 64 / 128 / 256; with a window, packed
 // positions, GQA, the 4-warp forward with the unpipelined backward), on the row kernels (head_dim
 // 40 and Gemma's 256; impl 1 forcing them), KV-cache decoding, and the fused LM head +
 // cross-entropy with a final cap (vectorised and not). Inputs are rounded to the device dtype by
@@ -96,8 +96,13 @@ class CudaSoftcap : public CudaTest, public ::testing::WithParamInterface<DType>
 }  // namespace
 
 // Tensor-core path: several 64-row tiles with a partial last one, windows inside and past a
-// tile, packed examples, GQA 1 to 4, the narrow configuration (impl 2), head_dim 128.
+// tile, packed examples, GQA 1 to 4, the narrow configuration (impl 2), head_dims 128 and
+// Gemma's 256 (the latter only where a block may hold its 165 KiB of shared memory; elsewhere
+// the same calls run on the row kernels and must match as well).
 TEST_P(CudaSoftcap, AttentionMatchesCpuTensorCores) {
+  check_attention({1, 200, 8, 4, 256, 0, false, 50.0f});
+  check_attention({2, 150, 4, 2, 256, 70, false, 2.0f});
+  check_attention({2, 130, 4, 1, 256, 0, true, 2.0f});
   for (float cap : {2.0f, 50.0f}) check_attention({2, 200, 8, 2, 64, 0, false, cap});
   check_attention({2, 200, 8, 2, 64, 65, false, 2.0f});
   check_attention({2, 150, 8, 4, 64, 0, true, 2.0f});
@@ -106,13 +111,13 @@ TEST_P(CudaSoftcap, AttentionMatchesCpuTensorCores) {
   check_attention({1, 130, 4, 2, 128, 70, true, 2.0f, 2});
 }
 
-// The row kernels: head_dim 40 and Gemma 2's 256 (which the tensor-core kernels do not take),
-// and impl 1 forcing them at 64.
+// The row kernels: head_dim 40 (which the tensor-core kernels do not take), and impl 1
+// forcing them at 256 and 64.
 TEST_P(CudaSoftcap, AttentionMatchesCpuRows) {
   check_attention({2, 100, 4, 2, 40, 0, false, 2.0f});
   check_attention({2, 100, 4, 2, 40, 7, true, 2.0f});
-  check_attention({1, 70, 4, 2, 256, 0, false, 2.0f});
-  check_attention({1, 70, 4, 2, 256, 16, false, 2.0f});
+  check_attention({1, 70, 4, 2, 256, 0, false, 2.0f, 1});
+  check_attention({1, 70, 4, 2, 256, 16, false, 2.0f, 1});
   check_attention({2, 90, 8, 1, 64, 5, true, 2.0f, 1});
 }
 
