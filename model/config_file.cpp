@@ -23,7 +23,8 @@ namespace {
 json parse_config_text(const std::string& text, const std::string& path) {
   std::vector<std::string> keys;  // per open object or list: the key being read ("" in a list)
   const json::parser_callback_t track = [&](int, json::parse_event_t ev, json& v) {
-    if (ev == json::parse_event_t::object_start || ev == json::parse_event_t::array_start) keys.emplace_back();
+    if (ev == json::parse_event_t::object_start || ev == json::parse_event_t::array_start)
+      keys.emplace_back();
     if ((ev == json::parse_event_t::object_end || ev == json::parse_event_t::array_end) && !keys.empty())
       keys.pop_back();
     if (ev == json::parse_event_t::key && !keys.empty()) keys.back() = v.get<std::string>();
@@ -39,9 +40,10 @@ json parse_config_text(const std::string& text, const std::string& path) {
     const auto from = what.find("parsing '"), to = what.rfind('\'');
     if (key.empty() || from == std::string::npos || to <= from + 9)
       throw std::runtime_error(fmt::format("{}: invalid JSON: {}", path, what));
-    throw std::runtime_error(fmt::format("{}: key '{}': expected a number within a double's range (about "
-                                         "1.8e308), got {}",
-                                         path, key, what.substr(from + 9, to - from - 9)));
+    throw std::runtime_error(
+        fmt::format("{}: key '{}': expected a number within a double's range (about "
+                    "1.8e308), got {}",
+                    path, key, what.substr(from + 9, to - from - 9)));
   } catch (const json::exception& e) {
     throw std::runtime_error(fmt::format("{}: invalid JSON: {}", path, e.what()));
   }

@@ -18,7 +18,8 @@ TEST(CliIntegerOptions, NoIntegerOrOutOfRangeIsOneShortLineNamingTheOption) {
   write(d / "t.json", "{}");
   const std::string t = (d / "t.json").string();
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"generate m --context abc", "--context: expected an integer >= 0 (0: the model's max positions), got abc"},
+      {"generate m --context abc",
+       "--context: expected an integer >= 0 (0: the model's max positions), got abc"},
       {"generate m --context -1", "--context: expected an integer >= 0"},
       {"generate m --context 2.5", "--context: expected an integer >= 0"},
       {"generate m --top-k abc", "--top-k: expected an integer >= 0 (0: all), got abc"},

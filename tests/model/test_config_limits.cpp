@@ -149,17 +149,19 @@ TEST(ConfigLimits, ANumberBeyondADoubleNamesTheFileAndTheKey) {
 TEST(ConfigLimits, Phi3RopeTypeIsNamedUnderTheKeyGiven) {
   json j = phi3_longrope_json();
   j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
-  EXPECT_NE(error_of(j).find("cfg.json: key 'rope_scaling.rope_type': expected \"default\" or \"longrope\" for "
-                             "phi3, got \"linear\""),
-            std::string::npos)
+  EXPECT_NE(
+      error_of(j).find("cfg.json: key 'rope_scaling.rope_type': expected \"default\" or \"longrope\" for "
+                       "phi3, got \"linear\""),
+      std::string::npos)
       << error_of(j);
   j = phi3_longrope_json();
   j.erase("rope_scaling");
   j["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 2.0}, {"rope_theta", 10000.0}};
-  EXPECT_EQ(error_of(j).rfind("cfg.json: key 'rope_parameters.rope_type': expected \"default\" or \"longrope\" "
-                              "for phi3, got \"linear\"",
-                              0),
-            0u)
+  EXPECT_EQ(
+      error_of(j).rfind("cfg.json: key 'rope_parameters.rope_type': expected \"default\" or \"longrope\" "
+                        "for phi3, got \"linear\"",
+                        0),
+      0u)
       << error_of(j);
   j["rope_parameters"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"original_max_position_embeddings", 16}};
   EXPECT_EQ(error_of(j).rfind("cfg.json: key 'rope_parameters.rope_type'", 0), 0u) << error_of(j);

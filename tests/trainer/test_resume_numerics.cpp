@@ -24,8 +24,8 @@ rp::TrainSpec spec_of(const fs::path& d, const fs::path& model, const std::strin
   write(d / "data.jsonl",
         "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n"
         "{\"text\": \"And God said, Let there be light: and there was light.\"}\n");
-  rp::TrainSpec s = rp::spec_from_json(nlohmann::json::parse(spec_for(model, d / "data.jsonl", d / out)),
-                                       "test spec");
+  rp::TrainSpec s =
+      rp::spec_from_json(nlohmann::json::parse(spec_for(model, d / "data.jsonl", d / out)), "test spec");
   s.steps = steps;
   s.save_dtype = "f32";
   return s;
