@@ -1,9 +1,11 @@
 // Shared by the `roundpipe` subcommands that run from their CLI11 callback.
 #pragma once
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -35,6 +37,27 @@ inline CLI::Validator finite_number_check(bool zero_ok, const std::string& unit 
         return ok ? std::string() : fmt::format("expected {}, got {}", what, text);
       },
       zero_ok ? "NONNEGATIVE" : "POSITIVE");
+}
+
+/// A CLI11 check of an integer option with a short message ("expected an integer from 1 to
+/// 1024, got two"; `note` follows the bound of an option without an upper one: "expected an
+/// integer >= 0 (0: all), got -1") instead of CLI::NonNegativeNumber's range of 309 digits or
+/// CLI::Range's "Value two not in range". The text must be a whole decimal integer.
+template <typename Int>
+CLI::Validator integer_check(Int lo, Int hi = std::numeric_limits<Int>::max(), const std::string& note = "") {
+  const std::string what = hi == std::numeric_limits<Int>::max()
+                               ? fmt::format("an integer >= {}{}", lo, note)
+                               : fmt::format("an integer from {} to {}{}", lo, hi, note);
+  return CLI::Validator(
+      [what, lo, hi](std::string& text) -> std::string {
+        Int v{};
+        const char* end = text.data() + text.size();
+        const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+        const bool ok = !text.empty() && ec == std::errc() && ptr == end && v >= lo && v <= hi;
+        return ok ? std::string() : fmt::format("expected {}, got {}", what, text);
+      },
+      hi == std::numeric_limits<Int>::max() ? fmt::format("INT >= {}", lo)
+                                            : fmt::format("INT in [{} - {}]", lo, hi));
 }
 
 /// A subcommand callback running `body`: an exception it throws becomes one line

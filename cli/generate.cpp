@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <sstream>
 
@@ -133,14 +134,14 @@ void add_generate_command(CLI::App& app) {
       "--no-think", c->no_think,
       "enable_thinking = false for the template (Qwen3: an empty think block ends the generation prompt)");
   g->add_option("--max-tokens", c->max_tokens, "most new tokens (default 128)")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+      ->check(integer_check(int64_t(1), int64_t(1) << 20));
   g->add_option("--temperature", c->temperature, "0: greedy (default); > 0: sample")
       ->check(CLI::Range(0.0, 100.0));
   g->add_option("--top-k", c->top_k, "sample among the k most likely tokens (0: all)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_check(int64_t(0), std::numeric_limits<int64_t>::max(), " (0: all)"));
   g->add_option("--top-p", c->top_p, "sample among the smallest set of probability >= p (1: all)")
       ->check(CLI::Range(1e-6, 1.0));
-  g->add_option("--seed", c->seed, "sampling seed");
+  g->add_option("--seed", c->seed, "sampling seed")->check(integer_check(uint64_t(0)));
   g->add_option("--stop", c->stop,
                 "stop once the text contains this (repeatable); eos and end of turn always stop");
   g->add_option("--backend", c->backend, "cpu (default), cuda or auto")
@@ -148,7 +149,8 @@ void add_generate_command(CLI::App& app) {
   g->add_option("--dtype", c->dtype, "CUDA storage dtype: bf16 (default) or f16")
       ->check(CLI::IsMember({"bf16", "f16"}));
   g->add_option("--context", c->context, "KV-cache rows (0: the model's max positions, at most 4096)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(
+          integer_check(int64_t(0), std::numeric_limits<int64_t>::max(), " (0: the model's max positions)"));
   g->callback(reporting_errors([c] { run_generate(*c); }));
 }
 

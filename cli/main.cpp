@@ -29,9 +29,9 @@ int main(int argc, char** argv) {
   auto* train = app.add_subcommand("train", "run a JSON experiment spec (see docs/spec.md)");
   train->add_option("spec", spec_path, "experiment spec (JSON)")->required();
   train->add_option("--steps", ov.steps, "override the spec's number of steps (replaces its \"epochs\")")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
+      ->check(rp::integer_check(int64_t(1), int64_t(1) << 40));
   train->add_option("--workers", ov.workers, "override the number of workers (GPUs or virtual GPUs)")
-      ->check(CLI::Range(1, rp::kMaxWorkers));
+      ->check(rp::integer_check(1, rp::kMaxWorkers));
   train->add_option("--backend", ov.backend, "override the backend (auto, cpu, cuda)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   auto* output_opt = train->add_option("--output-dir", ov.output_dir, "override the output directory");

@@ -60,16 +60,16 @@ void add_trace_command(CLI::App& app) {
   c->add_option("files", o->files, "trace JSON files")->required();
   c->add_option("--skip-passes", o->skip_passes,
                 "start the window at the first slice of this pass (warm-up out)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_check(0));
   c->add_option("--chunk-bytes", o->chunk_bytes,
                 "compare activation waits with this chunk (0: the trace's transfer_chunk_bytes, else its "
                 "largest parameter copy)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(finite_number_check(true));
   c->add_option("--h2d-gbps", o->h2d_gbps,
                 "host-to-device GB/s for the waits (0: estimate from the bulk copies)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(finite_number_check(true));
   c->add_option("--d2h-gbps", o->d2h_gbps, "device-to-host GB/s (0: estimate)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(finite_number_check(true));
   c->add_option("--json", o->json_out, "also write the statistics of every trace as JSON");
   c->callback(reporting_errors([o] { run_trace(*o, stdout); }));
 }

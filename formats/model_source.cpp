@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -137,6 +138,30 @@ void check_tensors(ModelSource::Impl& s, const std::string& where) {
   }
 }
 
+/// The "default" entry of a chat_template list [{"name": ..., "template": ...}] of file `file`, as
+/// transformers takes it (get_chat_template without a template name or tools): a list without
+/// one is refused, whatever its length, naming the templates it has (sorted, as transformers
+/// does).
+std::string default_template(const json& list, const std::string& file) {
+  std::map<std::string, std::string> by_name;  // later entries win, as in transformers' dict
+  for (const auto& e : list) {
+    if (!e.is_object() || !e.contains("name") || !e["name"].is_string() || !e.contains("template") ||
+        !e["template"].is_string())
+      fail(file,
+           fmt::format("key 'chat_template': expected a string or a list of {{\"name\" and \"template\": "
+                       "strings}}, got an entry {}",
+                       excerpt(e.dump(-1, ' ', false, json::error_handler_t::replace))));
+    by_name[e["name"].get<std::string>()] = e["template"].get<std::string>();
+  }
+  if (const auto d = by_name.find("default"); d != by_name.end()) return d->second;
+  std::string names;
+  for (const auto& [n, _] : by_name) names += fmt::format("{}\"{}\"", names.empty() ? "" : ", ", excerpt(n));
+  fail(file, fmt::format("key 'chat_template': a list of templates with no entry named \"default\" "
+                         "(templates: {}); transformers refuses it too: add a \"default\" entry or give "
+                         "chat_template one template",
+                         names.empty() ? "none" : names));
+}
+
 /// The chat template of model folder `dir` and the name its errors give the file it came from.
 std::pair<std::string, std::string> chat_template_of(const fs::path& dir) {
   const fs::path tc = dir / "tokenizer_config.json";
@@ -147,14 +172,7 @@ std::pair<std::string, std::string> chat_template_of(const fs::path& dir) {
       const json& t = j["chat_template"];
       const std::string name = "tokenizer_config.json key 'chat_template'";
       if (t.is_string()) return {t.get<std::string>(), name};
-      if (t.is_array()) {  // [{"name": ..., "template": ...}]: "default", else the first
-        for (const auto& e : t)
-          if (e.is_object() && e.value("name", "") == "default" && e.contains("template") &&
-              e["template"].is_string())
-            return {e["template"].get<std::string>(), name};
-        if (!t.empty() && t[0].is_object() && t[0].contains("template") && t[0]["template"].is_string())
-          return {t[0]["template"].get<std::string>(), name};
-      }
+      if (t.is_array()) return {default_template(t, tc.string()), name};
       if (!t.is_null()) fail(tc.string(), "key 'chat_template': expected a string or a list of templates");
     }
   }

@@ -187,9 +187,10 @@ class Ops {
   virtual void embedding_fwd(const int32_t* ids, const void* table, void* y, int64_t T, int64_t H,
                              int64_t V) = 0;
   /// dtable[ids[t],:] += dy[t,:] (scatter-add; repeated ids accumulate), dtable in
-  /// grad_dtype().
+  /// grad_dtype(), except for ids equal to `padding_idx` (>= 0; -1: none), whose row gets
+  /// nothing, as torch's nn.Embedding(padding_idx=...) (every id is still range-checked).
   virtual void embedding_bwd(const int32_t* ids, const void* dy, void* dtable, int64_t T, int64_t H,
-                             int64_t V) = 0;
+                             int64_t V, int64_t padding_idx) = 0;
 
   // ---- RMSNorm (Zhang & Sennrich 2019; HF LlamaRMSNorm, computed in fp32) ----------
   /// y[r,:] = x[r,:] * rsqrt(mean_j x[r,j]^2 + eps) * w   for rows r < R of n columns.

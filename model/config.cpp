@@ -5,9 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
+#include <limits>
 #include <optional>
-#include <sstream>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -79,6 +78,21 @@ double get_num(const json& j, const std::string& key, const std::string& where, 
   return v;
 }
 
+double float32_value(const json& v, const std::string& key, const std::string& where) {
+  // what the kernels take as a float32 (RoPE tables, their attention scaling): a value float32
+  // cannot hold would overflow to inf or vanish to 0 there
+  if (!v.is_number() || !(v.get<double>() >= double(std::numeric_limits<float>::min())) ||
+      !(v.get<double>() <= double(std::numeric_limits<float>::max())))
+    bad(where, key, "a positive number between 1.2e-38 and 3.4e38 (float32)", v);
+  return v.get<double>();
+}
+
+double get_float32(const json& j, const std::string& key, const std::string& where, double def) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return def;
+  return float32_value(*it, key, where);
+}
+
 bool get_bool(const json& j, const std::string& key, const std::string& where, bool def) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return def;
@@ -133,14 +147,17 @@ void parse_rope(const json& r, const std::string& key, const std::string& where,
   const std::string kt = key + ".rope_type";
   if (type != "default" && type != "linear" && type != "llama3" && type != "yarn" && type != "longrope")
     bad(where, kt, "one of \"default\", \"linear\", \"llama3\", \"yarn\", \"longrope\"", json(type));
+  // transformers' Phi3Config refuses the other types (named under the key the file gave)
+  if (c.architecture == "phi3" && type != "default" && type != "longrope")
+    throw std::runtime_error(fmt::format(
+        "{}: key '{}': expected \"default\" or \"longrope\" for phi3, got \"{}\"", where, kt, type));
   rs = RopeScaling{};
   rs.type = type;
-  auto num = [&](const char* k, double def, bool positive) {
+  // every scaling number is positive and feeds float32 tables (absent: `def`)
+  auto num = [&](const char* k, double def) {
     auto it = r.find(k);
     if (it == r.end() || it->is_null()) return def;
-    if (!it->is_number() || !std::isfinite(it->get<double>()) || (positive && !(it->get<double>() > 0)))
-      bad(where, key + "." + k, positive ? "a positive number" : "a number", *it);
-    return it->get<double>();
+    return config_keys::float32_value(*it, key + "." + k, where);
   };
   auto integer = [&](const char* k, bool required) -> int64_t {
     auto it = r.find(k);
@@ -158,15 +175,16 @@ void parse_rope(const json& r, const std::string& key, const std::string& where,
   auto fit = r.find("factor");
   if (fit == r.end() || fit->is_null())
     missing(where, key + ".factor", "a positive number", fmt::format(" (rope_type {} needs it)", type));
-  rs.factor = num("factor", 1.0, true);
+  rs.factor = num("factor", 1.0);
   if (type == "llama3") {
-    rs.low_freq_factor = num("low_freq_factor", 1.0, true);
-    rs.high_freq_factor = num("high_freq_factor", 4.0, true);
+    rs.low_freq_factor = num("low_freq_factor", 1.0);
+    rs.high_freq_factor = num("high_freq_factor", 4.0);
     rs.original_max_position_embeddings = integer("original_max_position_embeddings", true);
   } else if (type == "yarn") {
-    rs.beta_fast = num("beta_fast", 32.0, true);
-    rs.beta_slow = num("beta_slow", 1.0, true);
-    rs.attention_factor = num("attention_factor", 0.0, false);
+    rs.beta_fast = num("beta_fast", 32.0);
+    rs.beta_slow = num("beta_slow", 1.0);
+    // it scales the cos/sin tables: 0 (transformers takes it as given) would zero them
+    rs.attention_factor = num("attention_factor", 0.0);
     rs.original_max_position_embeddings = integer("original_max_position_embeddings", false);
     if (auto t = r.find("truncate"); t != r.end() && !t->is_null()) {
       if (!t->is_boolean()) bad(where, key + ".truncate", "true or false", *t);
@@ -550,20 +568,6 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& where) 
                                          msg.substr(colon == std::string::npos ? 0 : colon + 2)));
   }
   return c;
-}
-
-ModelConfig load_config_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw std::runtime_error(fmt::format("{}: cannot open", path));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  json j;
-  try {
-    j = json::parse(ss.str());
-  } catch (const json::parse_error& e) {
-    throw std::runtime_error(fmt::format("{}: invalid JSON: {}", path, e.what()));
-  }
-  return config_from_json(j, path);
 }
 
 nlohmann::json config_to_json(const ModelConfig& c) {

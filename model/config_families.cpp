@@ -240,8 +240,8 @@ void parse_longrope(const json& r, const std::string& key, const std::string& wh
   json named;
   for (const char* k : {"factor", "attention_factor", "original_max_position_embeddings"})
     named[key + "." + k] = val(r, k);
-  rs.factor = get_num(named, key + ".factor", where, 0.0, true);
-  rs.attention_factor = get_num(named, key + ".attention_factor", where, 0.0, true);
+  rs.factor = config_keys::get_float32(named, key + ".factor", where, 0.0);
+  rs.attention_factor = config_keys::get_float32(named, key + ".attention_factor", where, 0.0);
   rs.original_max_position_embeddings =
       config_keys::get_int(named, key + ".original_max_position_embeddings", where, false, 0, 1);
   for (auto [name, f] :
@@ -255,7 +255,8 @@ void parse_longrope(const json& r, const std::string& key, const std::string& wh
     for (const json& e : v) {
       if (!e.is_number() || !(e.get<double>() > 0) || !std::isfinite(e.get<double>()))
         bad(where, k, expected, v);
-      f->push_back(e.get<double>());
+      // divisors of the inverse frequencies, stored as float32
+      f->push_back(config_keys::float32_value(e, fmt::format("{}[{}]", k, f->size()), where));
     }
   }
 }

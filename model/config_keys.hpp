@@ -25,6 +25,10 @@ int64_t get_int(const nlohmann::json& j, const std::string& key, const std::stri
 /// A finite number (> 0 when `positive`); absent/null: `def`.
 double get_num(const nlohmann::json& j, const std::string& key, const std::string& where, double def,
                bool positive);
+/// `v` as a positive number float32 holds (1.2e-38 to 3.4e38): the refusal of `key` otherwise.
+double float32_value(const nlohmann::json& v, const std::string& key, const std::string& where);
+/// A positive number float32 holds; absent/null: `def`.
+double get_float32(const nlohmann::json& j, const std::string& key, const std::string& where, double def);
 /// true or false; absent/null: `def`.
 bool get_bool(const nlohmann::json& j, const std::string& key, const std::string& where, bool def);
 /// A token id: an integer >= 0, a list of them (the first is used) or null (-1).

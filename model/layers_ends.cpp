@@ -33,6 +33,10 @@ class EmbeddingLayer final : public Layer {
       : H_(m.config.hidden_size),
         V_(m.config.vocab_size),
         off_(offset_of(m.groups[0], "model.embed_tokens.weight")),
+        // every family's transformers module (LLaMA, Mistral, Qwen2/3, Qwen3-MoE, GPT-OSS, OLMo 2,
+        // Granite, Phi-3, Gemma 2/3) builds nn.Embedding(..., padding_idx=config.pad_token_id):
+        // the lookup gives the pad row no gradient (a tied LM head still does)
+        pad_(m.config.pad_token_id),
         mult_(float(m.config.embedding_scale())) {}
   LayerKind kind() const override { return LayerKind::embedding; }
   // Granite's multiplier: the backward scales dy into scratch [T, H]
@@ -56,12 +60,13 @@ class EmbeddingLayer final : public Layer {
       scale_activation(ops, a.dy, a.scratch, a.shape.tokens() * H_, in_dtype(ops, mult_));
       dy = a.scratch;
     }
-    ops.embedding_bwd(a.ids, dy, dw, a.shape.tokens(), H_, V_);
+    ops.embedding_bwd(a.ids, dy, dw, a.shape.tokens(), H_, V_, pad_);
   }
 
  private:
   int64_t H_, V_, off_;
-  float mult_;  // Granite's embedding_multiplier, Gemma's sqrt(hidden_size) (1 elsewhere)
+  int64_t pad_;  // pad_token_id, -1: none
+  float mult_;   // Granite's embedding_multiplier, Gemma's sqrt(hidden_size) (1 elsewhere)
 };
 
 class TailLayer final : public Layer {

@@ -70,6 +70,7 @@ void save_checkpoint_bundle(Session& session, const std::string& dir, const Load
     TrainerState st = state;
     st.weights_xxh3 = weights_checksum(weights_tmp);  // the files keep their bytes through the rename
     st.model_config = architecture_of(model.config);
+    st.model_numerics = numerics_of(model.config);
     fs::create_directories(fs::path(sd).parent_path());
     replace_folder(sd, [&](const std::string& tmp) {
       // model.safetensors holds the fp32 master exactly only when saved in f32
@@ -274,6 +275,15 @@ void check_resume_model(const ResumePoint& r, const TrainSpec& spec, const Model
                     "it was trained "
                     "from",
                     spec.source, spec.model, r.dir, diff));
+  // LoRA trains on spec.model's base; a full fine-tuning resume on the checkpoint's own config
+  const bool base_from_model = spec.lora || !spec.adapter.empty();
+  for (const auto& d : numerics_differences(r.saved.model_numerics, numerics_of(model)))
+    if (base_from_model)
+      spdlog::warn("resuming with {}: model '{}' computes differently from the run that saved {}", d,
+                   spec.model, r.dir);
+    else
+      spdlog::warn("model '{}' has {}; the resumed run keeps the checkpoint's value (its config.json)",
+                   spec.model, d);
 }
 
 int64_t restore_checkpoint(const ResumePoint& r, const TrainSpec& spec, Session& session, TokenStream& data) {

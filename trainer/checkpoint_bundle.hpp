@@ -94,7 +94,9 @@ std::optional<ResumePoint> check_resume(const TrainSpec& spec);
 /// <dir>: <field> <value> (the checkpoint's <value>); ...", naming the first differing field
 /// of architecture_of. `model` is the config of the model the run trains on (spec.model; for
 /// LoRA its base). The checkpoint's architecture is the one roundpipe_state.json records, or
-/// else (full fine-tuning) its config.json; a checkpoint with neither is not checked.
+/// else (full fine-tuning) its config.json; a checkpoint with neither is not checked. A
+/// `model` whose numerics_of differ from the recorded ones gets one warning per value naming
+/// both (none when the state records none).
 void check_resume_model(const ResumePoint& r, const TrainSpec& spec, const ModelConfig& model);
 
 /// Loads the checkpoint's optimizer state into `session` (a new one, built from the

@@ -142,6 +142,31 @@ std::string architecture_difference(const nlohmann::json& saved, const nlohmann:
   return {};
 }
 
+nlohmann::json numerics_of(const ModelConfig& c) {
+  return {{"rope_theta", c.rope_theta},
+          {"rms_norm_eps", c.rms_norm_eps},
+          {"attn_logit_softcapping", c.attn_logit_softcapping},
+          {"final_logit_softcapping", c.final_logit_softcapping}};
+}
+
+std::vector<std::string> numerics_differences(const nlohmann::json& saved, const nlohmann::json& now) {
+  std::vector<std::string> out;
+  if (!saved.is_object()) return out;
+  auto text = [](const std::string& key, const nlohmann::json& v) {
+    if (!v.is_number()) return excerpt(v.dump());
+    const double d = v.get<double>();
+    return d == 0 && key.find("softcapping") != std::string::npos ? std::string("none")
+                                                                  : fmt::format("{}", d);
+  };
+  for (const char* key :
+       {"rope_theta", "rms_norm_eps", "attn_logit_softcapping", "final_logit_softcapping"}) {
+    if (!saved.contains(key) || !now.contains(key) || saved.at(key) == now.at(key)) continue;
+    out.push_back(
+        fmt::format("{} {} (the checkpoint's {})", key, text(key, now.at(key)), text(key, saved.at(key))));
+  }
+  return out;
+}
+
 void write_trainer_state(const std::string& path, const TrainerState& s) {
   const nlohmann::json j = {{"format", kFormat},
                             {"version", kVersion},
@@ -164,6 +189,7 @@ void write_trainer_state(const std::string& path, const TrainerState& s) {
                             {"chat_template", s.chat_template.value_or("auto")},
                             {"linear_compute", s.linear_compute.value_or("bf16")},
                             {"model_config", s.model_config},
+                            {"model_numerics", s.model_numerics},
                             {"run_series", series_json(s.series)},
                             {"optimizer_state", "optimizer_state.bin"}};
   std::ofstream f(path, std::ios::trunc);
@@ -225,6 +251,8 @@ TrainerState read_trainer_state(const std::string& path) {
       f.fail("linear_compute", "\"bf16\", \"fp8\" or \"fp8+wgrad\"");
   }
   if (f.has("model_config") && !f.at("model_config").is_null()) s.model_config = f.object("model_config");
+  if (f.has("model_numerics") && !f.at("model_numerics").is_null())  // absent in earlier releases' files
+    s.model_numerics = f.object("model_numerics");
   if (f.has("run_series")) s.series = read_series(f);  // absent in earlier releases' files
   return s;
 }

@@ -74,8 +74,9 @@ struct TrainerState {
   /// the spec's linear-layer compute: "bf16", "fp8" or "fp8+wgrad" (FP8 weight gradients too);
   /// none: not recorded (files of earlier releases)
   std::optional<std::string> linear_compute;
-  nlohmann::json model_config;  ///< architecture_of the trained model (null = not recorded)
-  RunSeries series;             ///< checkpoints, best checkpoint, early stopping (empty when not recorded)
+  nlohmann::json model_config;    ///< architecture_of the trained model (null = not recorded)
+  nlohmann::json model_numerics;  ///< numerics_of the trained model (null = not recorded)
+  RunSeries series;               ///< checkpoints, best checkpoint, early stopping (empty when not recorded)
 };
 
 /// The fields of `c` that fix its architecture, as JSON (model_type, vocab_size, hidden_size,
@@ -88,6 +89,16 @@ nlohmann::json architecture_of(const ModelConfig& c);
 /// resumed run trains) differ, as "<field> <now> (the checkpoint's <saved>)"; "" when none
 /// (a field `saved` does not record is not compared).
 std::string architecture_difference(const nlohmann::json& saved, const nlohmann::json& now);
+
+/// The numbers of `c` that its forward pass uses but its architecture does not fix, as JSON
+/// (rope_theta, rms_norm_eps, attn_logit_softcapping, final_logit_softcapping; 0: no cap): a
+/// checkpoint continues on a model that differs in them, computing differently from there on.
+nlohmann::json numerics_of(const ModelConfig& c);
+
+/// One line per value of numerics_of where `saved` (a checkpoint's) and `now` differ, as
+/// "<key> <now> (the checkpoint's <saved>)", a cap of 0 reading "none"; a key `saved` does not
+/// record is not compared (an earlier release's checkpoint: nothing).
+std::vector<std::string> numerics_differences(const nlohmann::json& saved, const nlohmann::json& now);
 
 /// The run's state after `step` steps with the data stream at `data_position`.
 TrainerState trainer_state_of(const TrainSpec& spec, int64_t step, int64_t data_position);

@@ -210,11 +210,14 @@ void CpuOps::embedding_fwd(const int32_t* ids, const void* table, void* y, int64
   for (int64_t t = 0; t < T; ++t) std::memcpy(F(y) + t * H, F(table) + int64_t(ids[t]) * H, size_t(H) * 4);
 }
 
-void CpuOps::embedding_bwd(const int32_t* ids, const void* dy, void* dtable, int64_t T, int64_t H,
-                           int64_t V) {
+void CpuOps::embedding_bwd(const int32_t* ids, const void* dy, void* dtable, int64_t T, int64_t H, int64_t V,
+                           int64_t padding_idx) {
   require(T >= 0 && H >= 0 && V >= 0, "embedding_bwd", "negative dimension");
+  require(padding_idx == -1 || (padding_idx >= 0 && padding_idx < V), "embedding_bwd",
+          "padding_idx must be -1 (none) or an id below V");
   check_ids(ids, T, V, "embedding_bwd");
-  for (int64_t t = 0; t < T; ++t) MVec(F(dtable) + int64_t(ids[t]) * H, H) += CVec(F(dy) + t * H, H);
+  for (int64_t t = 0; t < T; ++t)
+    if (ids[t] != padding_idx) MVec(F(dtable) + int64_t(ids[t]) * H, H) += CVec(F(dy) + t * H, H);
 }
 
 // ---- RMSNorm -------------------------------------------------------------------

@@ -243,13 +243,14 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     embedding_bwd_kernel(const int32_t* ids, const T* dy, float* dtable, int64_t H, int64_t V,
-                         volatile unsigned* err) {
+                         int64_t padding_idx, volatile unsigned* err) {
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
   if (id < 0 || id >= V) {
     if (threadIdx.x == 0) err[kErrEmbeddingId] = 1u;
     return;
   }
+  if (id == padding_idx) return;  // nn.Embedding(padding_idx=...): that row gets no gradient
   const T* dr = dy + t * H;
   float* out = dtable + int64_t(id) * H;
   for (int64_t j = threadIdx.x; j < H; j += blockDim.x) atomicAdd(out + j, to_f(dr[j]));
@@ -628,11 +629,11 @@ void k_embedding_fwd(DType t, const int32_t* ids, const void* table, void* y, in
 }
 
 void k_embedding_bwd(DType t, const int32_t* ids, const void* dy, float* dtable, int64_t T_, int64_t H,
-                     int64_t V, unsigned* err, cudaStream_t st) {
+                     int64_t V, int64_t padding_idx, unsigned* err, cudaStream_t st) {
   if (T_ <= 0 || H <= 0) return;
   RP_DISPATCH_16("embedding_bwd", t, T,
-                 embedding_bwd_kernel<T>
-                 <<<unsigned(T_), kThreads, 0, st>>>(ids, static_cast<const T*>(dy), dtable, H, V, err));
+                 embedding_bwd_kernel<T><<<unsigned(T_), kThreads, 0, st>>>(ids, static_cast<const T*>(dy),
+                                                                            dtable, H, V, padding_idx, err));
   RP_CUDA_LAUNCH_CHECK("embedding_bwd");
 }
 

@@ -41,9 +41,9 @@ void k_dequantize(WeightFormat f, DType dst_t, const void* src, void* dst, int64
 // ---- embedding / RMSNorm / RoPE / SwiGLU -------------------------------------------
 void k_embedding_fwd(DType t, const int32_t* ids, const void* table, void* y, int64_t T, int64_t H, int64_t V,
                      unsigned* err, cudaStream_t st);
-/// dtable (f32) += scatter(dy).
+/// dtable (f32) += scatter(dy), ids equal to padding_idx (-1: none) left out.
 void k_embedding_bwd(DType t, const int32_t* ids, const void* dy, float* dtable, int64_t T, int64_t H,
-                     int64_t V, unsigned* err, cudaStream_t st);
+                     int64_t V, int64_t padding_idx, unsigned* err, cudaStream_t st);
 /// amax (optional): the fp32 bits of max |y| over the stored (rounded) y are atomically
 /// max-ed into *amax (cuda_fp8.hpp's k_fp8_amax_begin / end around the call).
 /// w_offset: Ops::rmsnorm_fwd's (Gemma's 1; 0 elsewhere).

@@ -252,11 +252,13 @@ void CudaOps::embedding_fwd(const int32_t* ids, const void* table, void* y, int6
   k_embedding_fwd(dtype_, ids, table, y, T, H, V, err_, st_);
 }
 
-void CudaOps::embedding_bwd(const int32_t* ids, const void* dy, void* dtable, int64_t T, int64_t H,
-                            int64_t V) {
+void CudaOps::embedding_bwd(const int32_t* ids, const void* dy, void* dtable, int64_t T, int64_t H, int64_t V,
+                            int64_t padding_idx) {
   require(T >= 0 && H >= 0 && V >= 0, "embedding_bwd", "negative dimension");
+  require(padding_idx == -1 || (padding_idx >= 0 && padding_idx < V), "embedding_bwd",
+          "padding_idx must be -1 (none) or an id below V");
   set_device(dev_);
-  k_embedding_bwd(dtype_, ids, dy, static_cast<float*>(dtable), T, H, V, err_, st_);
+  k_embedding_bwd(dtype_, ids, dy, static_cast<float*>(dtable), T, H, V, padding_idx, err_, st_);
 }
 
 void CudaOps::rmsnorm_fwd(const void* x, const void* w, void* y, int64_t R, int64_t n, float eps,

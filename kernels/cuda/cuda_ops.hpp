@@ -54,8 +54,8 @@ class CudaOps final : public Ops {
 
   void embedding_fwd(const int32_t* ids, const void* table, void* y, int64_t T, int64_t H,
                      int64_t V) override;
-  void embedding_bwd(const int32_t* ids, const void* dy, void* dtable, int64_t T, int64_t H,
-                     int64_t V) override;
+  void embedding_bwd(const int32_t* ids, const void* dy, void* dtable, int64_t T, int64_t H, int64_t V,
+                     int64_t padding_idx) override;
 
   void rmsnorm_fwd(const void* x, const void* w, void* y, int64_t R, int64_t n, float eps,
                    float w_offset = 0.0f) override;

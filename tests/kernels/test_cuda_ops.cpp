@@ -114,13 +114,22 @@ TEST_F(CudaOpsTest, Embedding) {
   DT y = poisoned(T * H, DType::bf16), dtab = upload(dt0, DType::f32);
   run([&](Ops& o) {
     o.embedding_fwd(idd.as<int32_t>(), tab.get(), y.get(), T, H, V);
-    o.embedding_bwd(idd.as<int32_t>(), dyd.get(), dtab.get(), T, H, V);
+    o.embedding_bwd(idd.as<int32_t>(), dyd.get(), dtab.get(), T, H, V, -1);
   });
   VecF ry(size_t(T * H), {}), rdt = dt0;
   cpu_->embedding_fwd(ids.data(), table.data(), ry.data(), T, H, V);
-  cpu_->embedding_bwd(ids.data(), dy.data(), rdt.data(), T, H, V);
+  cpu_->embedding_bwd(ids.data(), dy.data(), rdt.data(), T, H, V, -1);
   EXPECT_EQ(download(y), ry);
   EXPECT_TRUE(close(download(dtab), rdt, 1e-6, "dtable"));
+  // a padding row (pad == eos in the data) gets nothing, as on the CPU
+  const int32_t pad = ids[10];
+  DT dpad = upload(dt0, DType::f32);
+  run([&](Ops& o) { o.embedding_bwd(idd.as<int32_t>(), dyd.get(), dpad.get(), T, H, V, pad); });
+  VecF rpad = dt0;
+  cpu_->embedding_bwd(ids.data(), dy.data(), rpad.data(), T, H, V, pad);
+  EXPECT_TRUE(close(download(dpad), rpad, 1e-6, "dtable with a padding row"));
+  const VecF padded = download(dpad);
+  for (int64_t j = 0; j < H; ++j) ASSERT_EQ(padded[size_t(pad * H + j)], dt0[size_t(pad * H + j)]) << j;
   // an id out of range is reported by the next then() and its row is zero
   ids[5] = int32_t(V);
   DT bad = upload_i32(ids);

@@ -117,7 +117,7 @@ TEST(CpuOps, Embedding) {
   for (int64_t t = 0; t < T; ++t)
     for (int64_t j = 0; j < H; ++j) ASSERT_EQ(y[size_t(t * H + j)], table[size_t(ids[size_t(t)] * H + j)]);
   VecF g0 = randn(size_t(V * H), 23), g = g0;
-  ops->embedding_bwd(ids.data(), dy.data(), g.data(), T, H, V);
+  ops->embedding_bwd(ids.data(), dy.data(), g.data(), T, H, V, -1);
   VecD ref = to_d(g0);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t j = 0; j < H; ++j) ref[size_t(ids[size_t(t)] * H + j)] += dy[size_t(t * H + j)];
@@ -125,7 +125,35 @@ TEST(CpuOps, Embedding) {
   ids[3] = int32_t(V);
   EXPECT_THROW(ops->embedding_fwd(ids.data(), table.data(), y.data(), T, H, V), std::out_of_range);
   ids[3] = -1;
-  EXPECT_THROW(ops->embedding_bwd(ids.data(), dy.data(), g.data(), T, H, V), std::out_of_range);
+  EXPECT_THROW(ops->embedding_bwd(ids.data(), dy.data(), g.data(), T, H, V, -1), std::out_of_range);
+}
+
+// nn.Embedding(padding_idx=p): the lookup of id p adds nothing to row p; every other id
+// scatters as before, and ids are range-checked whatever padding_idx is.
+TEST(CpuOps, EmbeddingBackwardSkipsThePaddingRow) {
+  auto ops = make_cpu_ops();
+  const int64_t T = 19, H = 7, V = 10, pad = 4;
+  VecF dy = randn(size_t(T * H), 41);
+  std::vector<int32_t> ids(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) ids[size_t(t)] = int32_t((t * 3) % V);
+  ids[0] = ids[5] = ids[18] = int32_t(pad);  // pad == eos in the data: first, inside, last
+  VecF g0 = randn(size_t(V * H), 42), g = g0;
+  ops->embedding_bwd(ids.data(), dy.data(), g.data(), T, H, V, pad);
+  VecD ref = to_d(g0);
+  for (int64_t t = 0; t < T; ++t)
+    if (ids[size_t(t)] != pad)
+      for (int64_t j = 0; j < H; ++j) ref[size_t(ids[size_t(t)] * H + j)] += dy[size_t(t * H + j)];
+  EXPECT_LT(rel_err(g, ref), 1e-6);
+  for (int64_t j = 0; j < H; ++j) ASSERT_EQ(g[size_t(pad * H + j)], g0[size_t(pad * H + j)]) << j;
+  // -1: no padding row; the pad id scatters like any other
+  VecF all = g0;
+  ops->embedding_bwd(ids.data(), dy.data(), all.data(), T, H, V, -1);
+  EXPECT_NE(VecF(all.begin() + pad * H, all.begin() + (pad + 1) * H),
+            VecF(g0.begin() + pad * H, g0.begin() + (pad + 1) * H));
+  ids[7] = int32_t(V);
+  EXPECT_THROW(ops->embedding_bwd(ids.data(), dy.data(), g.data(), T, H, V, pad), std::out_of_range);
+  ids[7] = 1;
+  EXPECT_THROW(ops->embedding_bwd(ids.data(), dy.data(), g.data(), T, H, V, V), std::exception);
 }
 
 TEST(CpuOps, RMSNorm) {

@@ -40,7 +40,7 @@ TEST(CpuOpsGrad, Embedding) {
   std::vector<int32_t> ids = {0, 3, 3, 5, 1, 0, 3, 2, 5};
   VecF table = randn(size_t(V * H), 5), r = randn(size_t(T * H), 6), g = nan_vec(table.size());
   ops->fill(DType::f32, g.data(), V * H, 0.f);
-  ops->embedding_bwd(ids.data(), r.data(), g.data(), T, H, V);
+  ops->embedding_bwd(ids.data(), r.data(), g.data(), T, H, V, -1);
   auto f = [&](const VecD& tb) {
     double s = 0;
     for (int64_t t = 0; t < T; ++t)

@@ -24,6 +24,7 @@ struct TinyOpts {
   bool qwen3 = false;
   bool tied = false;
   std::string rope = "default";
+  int64_t pad_token_id = -1;  ///< config.json's pad_token_id (-1: none)
 };
 
 inline std::string opts_name(const TinyOpts& o) {
@@ -44,6 +45,7 @@ inline ModelConfig tiny_config(const TinyOpts& o) {
   c.rms_norm_eps = 1e-5;
   c.rope_theta = 100.0;  // small base: positions 0..7 rotate noticeably
   c.tie_word_embeddings = o.tied;
+  c.pad_token_id = o.pad_token_id;
   c.qk_norm = o.qwen3;
   c.max_position_embeddings = 64;
   c.rope_scaling.type = o.rope;

@@ -204,7 +204,7 @@ void add_embedding_and_head(std::vector<OpCase>& v, bool big) {
   OpCase eb{"embedding_bwd", "embedding_bwd", sh + " dtable f32 +="};
   eb.tensors = {input("ids", I32, T, ints(0, V - 1)), input("dy", C, T * H),
                 inout("dtable", F32, V * H, constant(0.f))};
-  eb.run = [=](Ops& o, const Buffers& b) { o.embedding_bwd(b.i(0), b[1], b[2], T, H, V); };
+  eb.run = [=](Ops& o, const Buffers& b) { o.embedding_bwd(b.i(0), b[1], b[2], T, H, V, -1); };
   eb.bytes = double(T) * 4 + double(T * H) * 2 + 2.0 * double(T * H) * 4;  // rows touched, read and written
   v.push_back(eb);
   const size_t sb = Ops::lm_head_ce_scratch_bytes(T, H, V);
