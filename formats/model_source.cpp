@@ -138,11 +138,19 @@ void check_tensors(ModelSource::Impl& s, const std::string& where) {
   }
 }
 
+/// A model folder's chat template, the name its errors give the file it came from, and why it
+/// cannot be used when the file names templates but none as the default.
+struct FolderTemplate {
+  std::string text, source, error;
+};
+
 /// The "default" entry of a chat_template list [{"name": ..., "template": ...}] of file `file`, as
-/// transformers takes it (get_chat_template without a template name or tools): a list without
-/// one is refused, whatever its length, naming the templates it has (sorted, as transformers
-/// does).
-std::string default_template(const json& list, const std::string& file) {
+/// transformers takes it (get_chat_template without a template name or tools). A list without
+/// one (whatever its length) leaves the model without a usable template: `error` says so, naming
+/// the templates it has (sorted, as transformers does), and chat formatting refuses with it
+/// (transformers refuses when the template is applied too); raw-text training is unaffected.
+/// Entries that are not {name, template} strings are refused at once.
+FolderTemplate default_template(const json& list, const std::string& file, const std::string& source) {
   std::map<std::string, std::string> by_name;  // later entries win, as in transformers' dict
   for (const auto& e : list) {
     if (!e.is_object() || !e.contains("name") || !e["name"].is_string() || !e.contains("template") ||
@@ -153,17 +161,19 @@ std::string default_template(const json& list, const std::string& file) {
                        excerpt(e.dump(-1, ' ', false, json::error_handler_t::replace))));
     by_name[e["name"].get<std::string>()] = e["template"].get<std::string>();
   }
-  if (const auto d = by_name.find("default"); d != by_name.end()) return d->second;
+  if (const auto d = by_name.find("default"); d != by_name.end()) return {d->second, source, {}};
   std::string names;
   for (const auto& [n, _] : by_name) names += fmt::format("{}\"{}\"", names.empty() ? "" : ", ", excerpt(n));
-  fail(file, fmt::format("key 'chat_template': a list of templates with no entry named \"default\" "
-                         "(templates: {}); transformers refuses it too: add a \"default\" entry or give "
-                         "chat_template one template",
-                         names.empty() ? "none" : names));
+  return {{},
+          source,
+          fmt::format("{}: key 'chat_template': a list of templates with no entry named \"default\" "
+                      "(templates: {}); transformers refuses it too: add a \"default\" entry, give "
+                      "chat_template one template, or name a hand-written template in the spec",
+                      file, names.empty() ? "none" : names)};
 }
 
-/// The chat template of model folder `dir` and the name its errors give the file it came from.
-std::pair<std::string, std::string> chat_template_of(const fs::path& dir) {
+/// The chat template of model folder `dir`.
+FolderTemplate chat_template_of(const fs::path& dir) {
   const fs::path tc = dir / "tokenizer_config.json";
   std::error_code ec;
   if (fs::exists(tc, ec)) {
@@ -171,13 +181,13 @@ std::pair<std::string, std::string> chat_template_of(const fs::path& dir) {
     if (j.is_object() && j.contains("chat_template")) {
       const json& t = j["chat_template"];
       const std::string name = "tokenizer_config.json key 'chat_template'";
-      if (t.is_string()) return {t.get<std::string>(), name};
-      if (t.is_array()) return {default_template(t, tc.string()), name};
+      if (t.is_string()) return {t.get<std::string>(), name, {}};
+      if (t.is_array()) return default_template(t, tc.string(), name);
       if (!t.is_null()) fail(tc.string(), "key 'chat_template': expected a string or a list of templates");
     }
   }
   const fs::path jinja = dir / "chat_template.jinja";
-  if (fs::exists(jinja, ec)) return {read_text(jinja.string()), "chat_template.jinja"};
+  if (fs::exists(jinja, ec)) return {read_text(jinja.string()), "chat_template.jinja", {}};
   return {};
 }
 
@@ -274,7 +284,10 @@ void open_hf_dir(const std::string& path, ModelSource::Impl& s) {
     s.header.tokenizer_json = read_json(tj.string());
     s.header.tokenizer_source = tj.string();
   }
-  std::tie(s.header.chat_template, s.header.chat_template_source) = chat_template_of(dir);
+  FolderTemplate t = chat_template_of(dir);
+  s.header.chat_template = std::move(t.text);
+  s.header.chat_template_source = std::move(t.source);
+  s.header.chat_template_error = std::move(t.error);
 }
 
 /// Element size and storage form of a safetensors dtype that a storage form copies as is.

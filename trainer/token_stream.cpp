@@ -30,6 +30,7 @@ namespace {
 ChatFormat format_for(const LoadedModel& model, const std::string& requested, const Tokenizer* tok) {
   if (requested != "auto" && requested != "jinja") return parse_chat_template_name(requested);
   if (model.chat_template.empty()) {
+    if (!model.chat_template_error.empty()) throw std::invalid_argument(model.chat_template_error);
     if (requested == "jinja")
       throw std::invalid_argument(
           fmt::format("chat_template 'jinja': {} has no chat template (tokenizer_config.json "

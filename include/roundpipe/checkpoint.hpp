@@ -37,6 +37,11 @@ struct LoadedModel {
   /// "chat_template.jinja", "tokenizer_config.json key 'chat_template'" or "<file>.gguf key
   /// 'tokenizer.chat_template'"; "" when unknown (errors say chat_template.jinja then).
   std::string chat_template_source;
+  /// Why the model's own chat template cannot be used although its files name some (a
+  /// tokenizer_config.json list of templates without a "default" entry, as transformers refuses
+  /// it); chat_template is "" then. Chat formatting with the model's template ("auto" or
+  /// "jinja") throws std::invalid_argument with this text; raw-text data is unaffected.
+  std::string chat_template_error;
   std::string source;  ///< the path it was loaded from
 };
 

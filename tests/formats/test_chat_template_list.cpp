@@ -1,7 +1,9 @@
 // tokenizer_config.json's chat_template given as a list of {"name", "template"} entries, as
 // transformers reads it (PreTrainedTokenizerBase: a dict by name; get_chat_template takes
 // "default" and refuses a list without one, whatever its length): the "default" entry is the
-// template; a list without one is refused at load in one line naming the file and the names.
+// template; a list without one loads with no template and chat_template_error, one line naming
+// the file and the names, which chat formatting refuses with (tests/trainer/test_chat_format.cpp);
+// malformed entries are refused at load.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -66,24 +68,29 @@ TEST(ChatTemplateList, TheDefaultEntryIsTheTemplate) {
   EXPECT_EQ(loaded.chat_template_source, "tokenizer_config.json key 'chat_template'");
 }
 
-TEST(ChatTemplateList, AListWithoutADefaultIsRefusedNamingTheTemplates) {
+TEST(ChatTemplateList, AListWithoutADefaultLeavesNoTemplateAndSaysWhy) {
   TempDir dir("chat_list");
   const std::string m = tiny_folder(dir);
   const std::string file = m + "/tokenizer_config.json";
   // one entry: transformers does not take it for the default either
   set_templates(m, json::array({{{"name", "rag"}, {"template", "{{ 'rag' }}"}}}));
-  std::string e = load_error(m);
+  LoadedModel loaded = load_model(m);
+  EXPECT_EQ(loaded.chat_template, "");
+  std::string e = loaded.chat_template_error;
   EXPECT_EQ(e.rfind(file + ": key 'chat_template': ", 0), 0u) << e;
   EXPECT_NE(e.find("no entry named \"default\" (templates: \"rag\")"), std::string::npos) << e;
   EXPECT_EQ(e.find('\n'), std::string::npos) << e;
   // several: sorted by name, as transformers lists them
   set_templates(m, json::array({{{"name", "tool_use"}, {"template", "{{ 'tools' }}"}},
                                 {{"name", "rag"}, {"template", "{{ 'rag' }}"}}}));
-  e = load_error(m);
+  e = load_model(m).chat_template_error;
   EXPECT_NE(e.find("(templates: \"rag\", \"tool_use\")"), std::string::npos) << e;
+  // with a default there is no error
+  set_templates(m, json::array({{{"name", "default"}, {"template", "{{ 'chat' }}"}}}));
+  EXPECT_EQ(load_model(m).chat_template_error, "");
   // entries that are not {"name", "template"} strings are refused as such
   set_templates(m, json::array({{{"name", "default"}, {"template", 3}}}));
-  e = load_error(m);
+  e = load_error(m);  // malformed: refused at load
   EXPECT_EQ(e.rfind(file + ": key 'chat_template'", 0), 0u) << e;
   EXPECT_NE(e.find("\"name\" and \"template\""), std::string::npos) << e;
 }

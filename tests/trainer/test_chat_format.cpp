@@ -51,6 +51,26 @@ TEST(ChatFormat, TheModelsOwnTemplateByDefaultHandWrittenAsFallback) {
   fs::remove_all(d);
 }
 
+// A model whose tokenizer_config.json lists templates without a "default" (LoadedModel::
+// chat_template_error): its own template is refused with that line ("auto" and "jinja" alike,
+// not a silent ChatML), while a named hand-written template still works.
+TEST(ChatFormat, AListOfTemplatesWithoutADefaultIsRefusedWhenFormatting) {
+  const auto d = tmpdir();
+  rp::LoadedModel lm = rp::load_model(tiny_model(d).string());
+  lm.chat_template.clear();
+  lm.chat_template_error = "tokenizer_config.json: key 'chat_template': a list of templates with no entry";
+  for (const char* requested : {"auto", "jinja"}) {
+    try {
+      rp::TokenStream::chat_template_for(lm, requested);
+      ADD_FAILURE() << requested << " accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()), lm.chat_template_error);
+    }
+  }
+  EXPECT_EQ(rp::TokenStream::chat_template_for(lm, "chatml"), "chatml");
+  fs::remove_all(d);
+}
+
 TEST(ChatFormat, ToolConversationsTrainThroughTheModelsTemplate) {
   const auto d = tmpdir();
   rp::LoadedModel lm = rp::load_model(tiny_model(d).string());
