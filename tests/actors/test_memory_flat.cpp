@@ -1,13 +1,22 @@
-// Memory stays flat over a long run: after warm-up, the process's resident memory (CPU
-// backend: the virtual GPUs' arenas are host memory) and the GPU's used memory (CUDA backend)
-// may not grow by more than 2% over a few hundred steps. Per-step buffers must be reused; on
+// Memory stays flat over a long run: after warm-up, the GPU's used memory (CUDA backend) may not
+// grow by more than 2% over a few hundred steps, and the process's resident memory (CPU
+// backend: the virtual GPUs' arenas are host memory) may not grow step after step: its growth
+// between samples, the largest single rise left out, stays within 1%, and that one rise within
+// 3%. Resident memory is a high-water mark: on the 2-core CI machine it rises once by ~7 MiB
+// (2.05% of the run's 356 MiB) at a moment that depends on timing (step 60, 160, 200 or never in
+// four runs), then stays; a leak rises in every interval. Per-step buffers must be reused; on
 // the CPU backend, glibc's per-thread arenas used to keep the freed stage buffers (~50 MB per
 // step on the default job). The model is sized so that its stage buffers fall in the range
 // malloc serves from its arenas (64 KiB - 32 MiB).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
 
 #ifdef RP_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -42,6 +51,7 @@ size_t device_used_bytes() {
 
 struct Usage {
   size_t warm = 0, end = 0, peak = 0;
+  std::vector<size_t> samples;  ///< after `warmup` steps and every 20 steps after that
 };
 
 /// Trains `steps` steps of a mid-sized random model; samples `measure()` after `warmup`
@@ -75,8 +85,9 @@ Usage train_and_measure(const std::string& backend, int steps, int warmup, F mea
     // flight at the moment of sampling do not count
     if (t + 1 >= warmup && (t + 1 - warmup) % 20 == 0) {
       s.synchronize();
-      if (t + 1 == warmup) u.warm = measure();
-      else u.peak = std::max(u.peak, measure());
+      u.samples.push_back(measure());
+      if (t + 1 == warmup) u.warm = u.samples.back();
+      else u.peak = std::max(u.peak, u.samples.back());
     }
   }
   s.synchronize();
@@ -85,14 +96,30 @@ Usage train_and_measure(const std::string& backend, int steps, int warmup, F mea
   return u;
 }
 
-TEST(MemoryFlat, HostResidentMemoryStaysWithinTwoPercentOnTheCpuBackend) {
+/// The rule for resident memory above, on u's samples; `what` names the run.
+void expect_no_creep(const Usage& u, const char* what) {
+  std::string series;
+  double rises = 0, largest = 0;
+  for (size_t i = 0; i < u.samples.size(); ++i) {
+    series += fmt::format(" {:.1f}", u.samples[i] / 1048576.0);
+    if (i == 0) continue;
+    const double d = std::max(0.0, double(u.samples[i]) - double(u.samples[i - 1]));
+    rises += d;
+    largest = std::max(largest, d);
+  }
+  std::printf("[memory] %s, every 20 steps from step 40 (MiB):%s\n", what, series.c_str());
+  EXPECT_LE(rises - largest, 0.01 * double(u.warm)) << what << ": resident memory grows step after step";
+  EXPECT_LE(largest, 0.03 * double(u.warm)) << what << ": resident memory rose by more than 3% at once";
+}
+
+TEST(MemoryFlat, HostResidentMemoryDoesNotCreepOnTheCpuBackend) {
   const Usage u = train_and_measure("cpu", 300, 40, resident_bytes);
   ASSERT_GT(u.warm, 0u) << "/proc/self/status has no VmRSS";
   std::printf(
       "[memory] cpu backend, 300 steps: resident %.1f MiB after 40 steps, peak %.1f MiB, %.1f MiB at the "
       "end\n",
       u.warm / 1048576.0, u.peak / 1048576.0, u.end / 1048576.0);
-  EXPECT_LE(double(u.peak), 1.02 * double(u.warm)) << "resident memory grew after warm-up";
+  expect_no_creep(u, "cpu backend");
 }
 
 TEST(MemoryFlat, DeviceMemoryStaysWithinTwoPercentOnTheGpu) {
@@ -105,7 +132,7 @@ TEST(MemoryFlat, DeviceMemoryStaysWithinTwoPercentOnTheGpu) {
   const Usage h = train_and_measure("cuda", 300, 40, resident_bytes);
   std::printf("[memory] cuda backend, 300 steps: host resident %.1f MiB after 40 steps, peak %.1f MiB\n",
               h.warm / 1048576.0, h.peak / 1048576.0);
-  EXPECT_LE(double(h.peak), 1.02 * double(h.warm)) << "host memory grew after warm-up";
+  expect_no_creep(h, "cuda backend, host");
 }
 
 }  // namespace
