@@ -4,11 +4,13 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -83,12 +85,29 @@ void find_local_peers(int rank) {
                     p.rank, host, p.pid, rank));
 }
 
+/// CLOCK_MONOTONIC of the first stop signal in ns (0: none yet); lock-free, so the handler may
+/// use it.
+std::atomic<int64_t> g_first_signal_ns{0};
+
 // First Ctrl-C or SIGTERM: stop after the steps in flight and save them as a checkpoint (steps
-// still unfinished after the spec's stop_timeout_s are abandoned, unsaved). Second: leave now (an unfinished
-// checkpoint stays in a *.tmp-<pid> folder, removed by the next run; finished ones are kept).
+// still unfinished after the spec's stop_timeout_s are abandoned, unsaved). Second, a second or
+// more after the first: leave now (an unfinished checkpoint stays in a *.tmp-<pid> folder, removed
+// by the next run; finished ones are kept).
 void on_signal(int) {
   const int saved_errno = errno;
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);  // async-signal-safe
+  const int64_t now = int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+  int64_t none = 0;
+  g_first_signal_ns.compare_exchange_strong(none, now);
   if (!g_stop->request_stop()) {
+    // One keypress can arrive twice: a terminal signals the whole foreground process group, and
+    // a wrapper in it (timeout, a shell script, a launcher) passes its own copy on. Only a second
+    // signal at least a second after the first means "now".
+    if (now - g_first_signal_ns.load() < 1000000000) {
+      errno = saved_errno;
+      return;
+    }
     static const char msg[] = "\nroundpipe: interrupted twice, exiting now\n";
     write_err(msg, sizeof msg - 1);
     std::_Exit(130);

@@ -144,6 +144,40 @@ TEST(CliResume, SigtermSavesTheStepsDoneAndTheRunContinuesFromThem) {
   fs::remove_all(d);
 }
 
+// One keypress can reach the run twice (a terminal signals the foreground process group, and a
+// wrapper in it such as timeout passes its own copy on): two signals within a second stop once,
+// saving the steps done; a second signal a second or more later still exits at once.
+TEST(CliResume, TwoSignalsWithinASecondStopOnceAndSave) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  write(d / "data.jsonl", kData);
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "a", ", \"steps\": 1000000, \"seed\": 3"));
+  const std::string run = "cd " + d.string() + " && (" + std::string(RP_BUILD_DIR) +
+                          "/roundpipe train spec.json > out.txt 2> err.txt < /dev/null & pid=$!; sleep 3; ";
+  ASSERT_EQ(std::system((run + "kill -INT $pid; kill -TERM $pid; wait $pid; echo $? > rc.txt)").c_str()), 0);
+  std::string err = slurp(d / "err.txt");
+  EXPECT_EQ(slurp(d / "rc.txt"), "130\n") << err;
+  EXPECT_EQ(err.find("interrupted twice"), std::string::npos) << err;
+  EXPECT_NE(err.find("checkpoint-"), std::string::npos) << err;
+  // a run whose stop waits (a step stuck on a 1 KB/s emulated link, stop_timeout_s 60): a second
+  // signal 1.5 s after the first ends it at once
+  write(d / "slow.json", spec_for(model, d / "data.jsonl", d / "b",
+                                  ", \"steps\": 100, \"backend\": \"cpu\", \"pcie_gbps\": 1e-6, "
+                                  "\"stop_timeout_s\": 60"));
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string slow = "cd " + d.string() + " && (timeout --foreground -s KILL 60 " +
+                           std::string(RP_BUILD_DIR) +
+                           "/roundpipe train slow.json > out.txt 2> err.txt < /dev/null & pid=$!; sleep 3; "
+                           "kill -INT $pid; sleep 1.5; kill -INT $pid; wait $pid; echo $? > rc.txt)";
+  ASSERT_EQ(std::system(slow.c_str()), 0);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  err = slurp(d / "err.txt");
+  EXPECT_EQ(slurp(d / "rc.txt"), "130\n") << err;
+  EXPECT_NE(err.find("interrupted twice, exiting now"), std::string::npos) << err;
+  EXPECT_LT(seconds, 20.0) << err;
+  fs::remove_all(d);
+}
+
 // A run stuck on a 1 KB/s emulated link (pcie_gbps 1e-6: a weight copy takes minutes) says
 // what it waits for (the watchdog), and one SIGTERM ends it within stop_timeout_s plus the
 // teardown: exit code 130, no checkpoint of the unfinished steps, and a closing line that says so.
