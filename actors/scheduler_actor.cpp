@@ -47,16 +47,18 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 /// The pass filler: answers each FillPass once its copies are done (an exception becomes the
-/// answer's error, never the filler's end).
-PassFillerActor::behavior_type pass_filler() {
+/// answer's error, never the filler's end). Its messages go to `tracer`'s "filler" track.
+PassFillerActor::behavior_type pass_filler(PassFillerActor::pointer, Tracer* tracer) {
   return {
-      [](FillPass& f) -> PassFilled {
+      [tracer](FillPass& f) -> PassFilled {
+        trace_received(tracer, "filler", "scheduler", "FillPass", {{"pass", f.pass}});
         PassFilled out{f.pass, {}};
         try {
           fill_pass_buffers(*f.buffers, f.data);
         } catch (const std::exception& e) {
           out.error = e.what();
         }
+        trace_sent(tracer, "filler", "scheduler", "PassFilled", {{"pass", f.pass}});
         return out;
       },
   };
@@ -90,7 +92,8 @@ class Scheduler : public SchedulerActor::base {
   }
 
   behavior_type make_behavior() override {
-    filler_ = cfg_.detached_filler ? spawn<caf::detached>(pass_filler) : spawn(pass_filler);
+    filler_ = cfg_.detached_filler ? spawn<caf::detached>(pass_filler, cfg_.tracer)
+                                   : spawn(pass_filler, cfg_.tracer);
     monitor(filler_);
     if (cfg_.watchdog_s > 0) send(caf::actor_cast<SchedulerActor>(this), WatchdogTick{});
     watch_failures();
@@ -282,6 +285,7 @@ class Scheduler : public SchedulerActor::base {
       return fail(std::string("scheduler: host buffers for the new plan: ") + e.what());
     }
     filling_ = std::move(f);
+    trace_sent(cfg_.tracer, "scheduler", "filler", "FillPass", {{"pass", d.pass}});
     request(filler_, caf::infinite, FillPass{d.pass, std::move(sp), pb})
         .then([this](PassFilled& r) { filled(r); },
               [this](caf::error& e) { fail("the pass filler failed: " + error_text(e)); });
@@ -289,6 +293,7 @@ class Scheduler : public SchedulerActor::base {
 
   /// Phase two: the pass's buffers are filled; record it and send its stage tasks.
   void filled(const PassFilled& r) {
+    trace_received(cfg_.tracer, "scheduler", "filler", "PassFilled", {{"pass", r.pass}});
     if (!filling_ || filling_->deal.pass != r.pass)
       return fail(fmt::format("scheduler: an answer for pass {} it did not fill", r.pass));
     Filling f = std::move(*filling_);

@@ -84,13 +84,19 @@ TEST(MessageTrace, EveryProtocolMessageIsAFlowBetweenTwoSlices) {
     if (s["name"] == "WeightsGranted") {
       EXPECT_TRUE(from.rfind("shard", 0) == 0 && to.rfind("worker", 0) == 0);
     }
+    if (s["name"] == "FillPass") {
+      EXPECT_TRUE(from == "scheduler.messages" && to == "filler.messages") << from << to;
+    }
+    if (s["name"] == "PassFilled") {
+      EXPECT_TRUE(from == "filler.messages" && to == "scheduler.messages") << from << to;
+    }
     if (s["name"] == "GroupUpdated") {
       EXPECT_TRUE(from.rfind("shard", 0) == 0 && to == "scheduler.messages");
     }
   }
-  for (const char* t :
-       {"RunStage", "ActReady", "AcquireWeights", "WeightsGranted", "ReleaseWeights", "AcquireGradSlot",
-        "GradGrant", "GradWritten", "StageDone", "CloseStep", "GradSumSq", "StepScale", "GroupUpdated"})
+  for (const char* t : {"RunStage", "ActReady", "AcquireWeights", "WeightsGranted", "ReleaseWeights",
+                        "AcquireGradSlot", "GradGrant", "GradWritten", "StageDone", "CloseStep", "GradSumSq",
+                        "StepScale", "GroupUpdated", "FillPass", "PassFilled"})
     EXPECT_TRUE(types.count(t)) << t << " never traced";
   EXPECT_EQ(check_trace_nesting(j).overlapping_pairs, 0);
   // off by default
