@@ -413,6 +413,11 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
                "without waiting at stage switches (peak below); the plan for it:\n\n",
                best, format_bytes(double(cap)), counted(o.micro_batches, "micro-batch", "micro-batches"),
                counted(o.sequences_per_micro, "sequence"), longest_sequence(o, cap, true));
+    if (const int64_t max_pos = plan_layout(o).config.max_position_embeddings; max_pos > 0 && best > max_pos)
+      fmt::print(out,
+                 "note      that is past the model's max_position_embeddings {}: memory allows it, the "
+                 "model was not trained for it (train warns; plan with --seq {} to stay within it)\n\n",
+                 max_pos, max_pos);
     oo.seq_len = best;
   }
   const ModelLayout planned = plan_layout(o);

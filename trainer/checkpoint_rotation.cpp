@@ -129,8 +129,8 @@ std::string RunSeriesTracker::resume(const std::string& dir, const TrainerState&
                ? std::string()
                : fmt::format(
                      "{} lies outside output_dir {}: its run's checkpoints are not rotated or ranked by this "
-                     "run (early stopping continues)",
-                     dir, spec_.output_dir);
+                     "run{}",
+                     dir, spec_.output_dir, spec_.early_stopping ? " (early stopping continues)" : "");
   }
   series_.checkpoints = saved.series.checkpoints;
   series_.best = saved.series.best;

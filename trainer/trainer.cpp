@@ -758,9 +758,9 @@ TrainResult Run::finish(int64_t t) {
   if (stopping() && t < spec_.steps) {
     // the steps done become a checkpoint like a periodic one
     const bool fresh = t > start_ && !(spec_.save_every > 0 && t % spec_.save_every == 0);
+    // (a stop right on a periodic save: that save wrote the checkpoint and the profile already)
     if (fresh) save(fmt::format("checkpoint-{}", t));
-    else if (t > start_) save_profile();
-    else if (leader()) discard_unstarted_outputs();
+    else if (t == start_ && leader()) discard_unstarted_outputs();
     res.stopped = true;
     res.stopped_by = stop_ranks_;
     res.checkpoint = fresh ? last_checkpoint_ : std::string();

@@ -460,6 +460,18 @@ TEST(Cli, PlanPartitionsAConfigWithoutWeights) {
     EXPECT_NE(fit.out.find("\npeak      "), std::string::npos) << fit.out;
     EXPECT_EQ(fit.out.find("makes the worker wait"), std::string::npos) << fit.out;
   }
+  // a length past the model's context is said to be so (memory allows it, the model was not
+  // trained for it); within it, nothing is said
+  for (const int64_t max_pos : {int64_t(1024), int64_t(1) << 30}) {
+    nlohmann::json cfg = nlohmann::json::parse(slurp(d / "config.json"));
+    cfg["max_position_embeddings"] = max_pos;
+    write(d / "ctx.json", cfg.dump());
+    CliRun run =
+        roundpipe("plan --model " + (d / "ctx.json").string() + " --gpus 8 --memory-cap 6GiB --max-seq", d);
+    EXPECT_EQ(run.code, 0) << run.err;
+    const bool noted = run.out.find("past the model's max_position_embeddings 1024") != std::string::npos;
+    EXPECT_EQ(noted, max_pos == 1024) << run.out;
+  }
   // mxfp4 is the experts' form: a model without experts is planned (and run) as a bf16 base
   EXPECT_EQ(longest(" --frozen mxfp4"), longest(" --frozen bf16"));
   r = roundpipe("plan --model " + (d / "config.json").string() + " --frozen mxfp4", d);
