@@ -1,5 +1,5 @@
-// Readers of single config.json keys (model/config.cpp), shared by the per-family parsers
-// (model/config_families.cpp). Each throws std::runtime_error
+// Readers of single config.json keys (defined in model/config_keys.cpp), shared by model/config.cpp and the
+// per-family parsers (model/config_families.cpp). Each throws std::runtime_error
 // "<where>: key '<key>': expected <...>, got <type> <value>" on a bad value.
 #pragma once
 #include <cstdint>
