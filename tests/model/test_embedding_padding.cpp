@@ -22,43 +22,9 @@ struct Grads {
 
 Grads backward(TinyModel& m, const MicroBatchShape& s, const std::vector<int32_t>& ids,
                const std::vector<int32_t>& targets) {
-  const int64_t T = s.tokens(), H = m.layout.config.hidden_size;
-  const int L = m.tail();
-  std::vector<VecF> acts(size_t(L), VecF(size_t(T * H)));  // input of layer l+1
-  std::vector<float> scratch;
-  LayerArgs e = m.args(0, s, nullptr, scratch);
-  e.ids = ids.data();
-  e.y = acts[0].data();
-  m.layers[0]->forward(e);
-  for (int l = 1; l < L; ++l) {
-    LayerArgs d = m.args(l, s, nullptr, scratch);
-    d.x = acts[size_t(l - 1)].data();
-    d.y = acts[size_t(l)].data();
-    m.layers[size_t(l)]->forward(d);
-  }
   std::vector<VecF> grads = m.zero_grads();
-  VecF g(size_t(T * H)), g2(size_t(T * H));
-  float lo[2];
-  LayerArgs t = m.args(L, s, &grads, scratch);
-  t.x = acts[size_t(L - 1)].data();
-  t.targets = targets.data();
-  t.loss = lo;
-  t.dx = g.data();
-  m.layers[size_t(L)]->backward(t);
-  for (int l = L - 1; l >= 1; --l) {
-    LayerArgs d = m.args(l, s, &grads, scratch);
-    d.x = acts[size_t(l - 1)].data();
-    d.dy = g.data();
-    d.dx = g2.data();
-    m.layers[size_t(l)]->backward(d);
-    std::swap(g, g2);
-  }
   Grads out;
-  out.before_embedding = grads;
-  LayerArgs eb = m.args(0, s, &grads, scratch);
-  eb.ids = ids.data();
-  eb.dy = g.data();
-  m.layers[0]->backward(eb);
+  m.backward(s, ids, targets, grads, [&] { out.before_embedding = grads; });
   out.after = std::move(grads);
   return out;
 }

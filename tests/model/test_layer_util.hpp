@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -109,6 +110,49 @@ struct TinyModel {
     a.scratch = scratch.data();
     a.scratch_bytes = bytes;
     return a;
+  }
+  /// The whole model's forward and backward over `ids` and `targets` (-100: none), adding every
+  /// gradient into `grads` (one buffer per group); `before_embedding`, when given, runs once the
+  /// backward has reached the embedding and before the embedding's own backward. Returns the
+  /// loss sum.
+  float backward(MicroBatchShape s, const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
+                 std::vector<VecF>& grads, const std::function<void()>& before_embedding = {}) {
+    const int64_t T = s.tokens(), H = layout.config.hidden_size;
+    const int L = tail();
+    std::vector<VecF> acts(size_t(L), VecF(size_t(T * H)));  // input of layer l+1
+    std::vector<float> scratch;
+    LayerArgs e = args(0, s, nullptr, scratch);
+    e.ids = ids.data();
+    e.y = acts[0].data();
+    layers[0]->forward(e);
+    for (int l = 1; l < L; ++l) {
+      LayerArgs d = args(l, s, nullptr, scratch);
+      d.x = acts[size_t(l - 1)].data();
+      d.y = acts[size_t(l)].data();
+      layers[size_t(l)]->forward(d);
+    }
+    VecF g(size_t(T * H)), g2(size_t(T * H));
+    float lo[2];
+    LayerArgs t = args(L, s, &grads, scratch);
+    t.x = acts[size_t(L - 1)].data();
+    t.targets = targets.data();
+    t.loss = lo;
+    t.dx = g.data();
+    layers[size_t(L)]->backward(t);
+    for (int l = L - 1; l >= 1; --l) {
+      LayerArgs d = args(l, s, &grads, scratch);
+      d.x = acts[size_t(l - 1)].data();
+      d.dy = g.data();
+      d.dx = g2.data();
+      layers[size_t(l)]->backward(d);
+      std::swap(g, g2);
+    }
+    if (before_embedding) before_embedding();
+    LayerArgs eb = args(0, s, &grads, scratch);
+    eb.ids = ids.data();
+    eb.dy = g.data();
+    layers[0]->backward(eb);
+    return lo[0];
   }
   const TensorSpec& tensor(int group, const std::string& suffix) const {
     for (auto& t : layout.groups[size_t(group)].tensors)

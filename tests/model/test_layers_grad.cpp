@@ -140,43 +140,7 @@ struct FullRun {
     return lo[0];
   }
 
-  float backward(std::vector<VecF>& grads) {
-    const int64_t T = s.tokens(), H = m.layout.config.hidden_size;
-    const int L = m.tail();
-    std::vector<VecF> acts(size_t(L), VecF(size_t(T * H)));  // input of layer l+1
-    std::vector<float> scratch;
-    LayerArgs e = m.args(0, s, nullptr, scratch);
-    e.ids = ids.data();
-    e.y = acts[0].data();
-    m.layers[0]->forward(e);
-    for (int l = 1; l < L; ++l) {
-      LayerArgs d = m.args(l, s, nullptr, scratch);
-      d.x = acts[size_t(l - 1)].data();
-      d.y = acts[size_t(l)].data();
-      m.layers[size_t(l)]->forward(d);
-    }
-    VecF g(size_t(T * H)), g2(size_t(T * H));
-    float lo[2];
-    LayerArgs t = m.args(L, s, &grads, scratch);
-    t.x = acts[size_t(L - 1)].data();
-    t.targets = tg.data();
-    t.loss = lo;
-    t.dx = g.data();
-    m.layers[size_t(L)]->backward(t);
-    for (int l = L - 1; l >= 1; --l) {
-      LayerArgs d = m.args(l, s, &grads, scratch);
-      d.x = acts[size_t(l - 1)].data();
-      d.dy = g.data();
-      d.dx = g2.data();
-      m.layers[size_t(l)]->backward(d);
-      std::swap(g, g2);
-    }
-    LayerArgs eb = m.args(0, s, &grads, scratch);
-    eb.ids = ids.data();
-    eb.dy = g.data();
-    m.layers[0]->backward(eb);
-    return lo[0];
-  }
+  float backward(std::vector<VecF>& grads) { return m.backward(s, ids, tg, grads); }
 };
 
 TEST_P(LayerGrad, FullModelLoss) {
