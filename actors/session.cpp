@@ -409,7 +409,9 @@ void Session::Impl::submit(const char* call, const std::vector<int32_t>& ids,
         "{}: expected {} ids and targets (micro_batches {} x n_seq {} x seq_len {}), got {} and {}", call, n,
         I.opt.micro_batches, I.opt.micro.n_seq, I.opt.micro.seq_len, ids.size(), targets.size()));
   const int64_t V = I.layout.config.vocab_size;
+  int64_t target_tokens = 0;  // counted here, on the caller's thread (SubmitPass::target_tokens)
   for (size_t i = 0; i < n; ++i) {
+    target_tokens += targets[i] >= 0;
     if (ids[i] < 0 || ids[i] >= V)
       throw std::invalid_argument(
           fmt::format("{}: token id {} at position {} is outside [0, {})", call, ids[i], i, V));
@@ -434,7 +436,7 @@ void Session::Impl::submit(const char* call, const std::vector<int32_t>& ids,
     sp.positions = std::make_shared<const std::vector<int32_t>>(*positions);
   }
   sp.eval = eval;
-  sp.target_tokens = double(std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t >= 0; }));
+  sp.target_tokens = double(target_tokens);
   caf::anon_send(I.scheduler, std::move(sp));
   if (eval >= 0) I.next_eval++;
   else I.passes_in_step++;
