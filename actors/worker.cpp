@@ -415,15 +415,14 @@ class Worker : public WorkerActor::base {
     const char* stage = t.dstage.at(g).as<char>();  // holds the storage from `direct` on
     char* dst = t.dparam.at(g).as<char>();
     const size_t esz = dtype_size(d.compute_dtype());
-    std::vector<std::tuple<WeightFormat, const void*, void*, int64_t, int64_t>> parts;
+    std::vector<DequantPart> parts;
     for (const TensorSpec& ts : grp.tensors)
       if (ts.byte_offset >= direct)
-        parts.emplace_back(ts.format, stage + (ts.byte_offset - direct), dst + size_t(ts.offset) * esz,
-                           ts.numel(), weight_format_cols(ts.shape));
+        parts.push_back({ts.format, stage + (ts.byte_offset - direct), dst + size_t(ts.offset) * esz,
+                         ts.numel(), weight_format_cols(ts.shape)});
     auto& stream = d.stream(StreamKind::compute);
-    stream.launch([&d, parts = std::move(parts)] {
-      for (const auto& [f, s, o, n, cols] : parts) d.ops().dequantize(f, s, o, n, cols);
-    });
+    stream.launch(
+        [&d, parts = std::move(parts)] { d.ops().dequantize_many(parts.data(), int64_t(parts.size())); });
     t.dequant_order.push_back(g);
     WorkerActor me{this};
     stream.then([me, id = t.id](const std::string& err) {

@@ -29,6 +29,7 @@
 
 #include "kernels/dtype.hpp"
 #include "kernels/fp8.hpp"
+#include "kernels/weight_format.hpp"
 
 namespace rp {
 
@@ -151,6 +152,15 @@ class Ops {
   /// to start at a block, fp8 the row length `cols` (> 0, dividing n; other formats ignore
   /// it). Throws std::invalid_argument otherwise.
   virtual void dequantize(WeightFormat f, const void* src, void* dst, int64_t n, int64_t cols = 0) = 0;
+  /// dequantize() of each of the `count` parts (kernels/weight_format.hpp; outputs must not overlap), with
+  /// the same values bit for bit. CUDA checks every part before it enqueues anything (the default loop throws
+  /// at the first bad part, after the earlier ones) and runs consecutive parts of one format in one launch
+  /// per up to 32 of them: a mixture-of-experts layer stores each expert's matrices as tensors of ~1M values,
+  /// and one launch each (hundreds per layer and upload) left the GPU idle between the short kernels.
+  virtual void dequantize_many(const DequantPart* parts, int64_t count) {
+    for (int64_t i = 0; i < count; ++i)
+      dequantize(parts[i].format, parts[i].src, parts[i].dst, parts[i].n, parts[i].cols);
+  }
   /// dst[i] += alpha * src[i], computed in fp32 (gradient accumulation).
   virtual void add_into(DType dst_t, void* dst, DType src_t, const void* src, int64_t n,
                         float alpha = 1.0f) = 0;

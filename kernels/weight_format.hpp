@@ -80,6 +80,16 @@ void quantize_weights(WeightFormat f, const float* src, void* dst, int64_t n, in
 /// Host reference of Ops::dequantize: n values of format f into fp32.
 void dequantize_weights(WeightFormat f, const void* src, float* dst, int64_t n, int64_t cols = 0);
 
+/// One tensor of a batched device dequantization (Ops::dequantize_many): `n` values stored in
+/// `format` at `src` (fp8: rows of `cols` values), written to `dst` in the device's dtype.
+struct DequantPart {
+  WeightFormat format = WeightFormat::bf16;
+  const void* src = nullptr;
+  void* dst = nullptr;
+  int64_t n = 0;
+  int64_t cols = 0;
+};
+
 /// Converts Hugging Face GPT-OSS MXFP4 tensors (transformers/integrations/mxfp4.py, the
 /// checkpoint's `*_blocks` and `*_scales`) into mxfp4 storage, exactly (same codes, same
 /// exponents; only the nibble order differs):

@@ -104,36 +104,46 @@ __device__ __forceinline__ int stage_bytes(const uint8_t* g, int len, uint8_t* s
   return mis;
 }
 
+// Tile `tile` of a tensor of nblocks blocks at src into dst (s: the block's shared staging,
+// lut: its 16 codes); every thread of the block calls it.
+template <class F, typename T, bool VEC>
+__device__ __forceinline__ void dequant_tile(const uint8_t* src, T* dst, int64_t nblocks, int64_t tile,
+                                             uint8_t* s, const float* lut) {
+  constexpr int kBlocksPerTile = kTile / F::kVals;
+  constexpr int kParts = F::kVals / kPer;
+  const int64_t b0 = tile * kBlocksPerTile;
+  const int nb = int(min(int64_t(kBlocksPerTile), nblocks - b0));
+  const int mis = stage_bytes(src + b0 * F::kBytes, nb * F::kBytes, s);
+  __syncthreads();
+  const uint8_t* t = s + mis;
+  T* out = dst + b0 * F::kVals;
+#pragma unroll
+  for (int u = 0; u < kSteps; ++u) {
+    const int idx = int(threadIdx.x) + u * kThreads;  // group of kPer outputs in the tile
+    const int blk = idx / kParts;
+    if (blk < nb) {
+      float v[kPer];
+      F::decode(t + blk * F::kBytes, idx % kParts, lut, v);
+      store_n<kPer, VEC>(out + int64_t(idx) * kPer, v);
+    }
+  }
+  __syncthreads();  // the next tile overwrites s
+}
+
+template <class F>
+__host__ __device__ constexpr int tile_stage_words() {
+  return (kTile / F::kVals * F::kBytes + 31) / 16;  // 16-byte aligned staging of one tile
+}
+
 template <class F, typename T, bool VEC>
 __global__ void __launch_bounds__(kThreads)
     dequant_blocks_kernel(const uint8_t* src, T* dst, int64_t nblocks, Nf4Table tab) {
-  constexpr int kBlocksPerTile = kTile / F::kVals;
-  constexpr int kParts = F::kVals / kPer;
-  constexpr int kTileBytes = kBlocksPerTile * F::kBytes;
-  __shared__ uint4 s16[(kTileBytes + 31) / 16];  // 16-byte aligned staging of one tile
-  uint8_t* s = reinterpret_cast<uint8_t*>(s16);
+  __shared__ uint4 s16[tile_stage_words<F>()];
   __shared__ float lut[16];
   if (threadIdx.x < 16) lut[threadIdx.x] = tab.v[threadIdx.x];
-  const int64_t ntiles = (nblocks + kBlocksPerTile - 1) / kBlocksPerTile;
-  for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
-    const int64_t b0 = tile * kBlocksPerTile;
-    const int nb = int(min(int64_t(kBlocksPerTile), nblocks - b0));
-    const int mis = stage_bytes(src + b0 * F::kBytes, nb * F::kBytes, s);
-    __syncthreads();
-    const uint8_t* t = s + mis;
-    T* out = dst + b0 * F::kVals;
-#pragma unroll
-    for (int u = 0; u < kSteps; ++u) {
-      const int idx = int(threadIdx.x) + u * kThreads;  // group of kPer outputs in the tile
-      const int blk = idx / kParts;
-      if (blk < nb) {
-        float v[kPer];
-        F::decode(t + blk * F::kBytes, idx % kParts, lut, v);
-        store_n<kPer, VEC>(out + int64_t(idx) * kPer, v);
-      }
-    }
-    __syncthreads();  // the next tile overwrites s
-  }
+  const int64_t ntiles = (nblocks + kTile / F::kVals - 1) / (kTile / F::kVals);
+  for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x)
+    dequant_tile<F, T, VEC>(src, dst, nblocks, tile, reinterpret_cast<uint8_t*>(s16), lut);
 }
 
 template <class F, typename T>
@@ -220,30 +230,39 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The aligned case: thread c of the grid-stride loop turns codes [16c, 16c + 16), one row's
-// (cols % 16 == 0), into outputs with the same products as the kernel above.
+// The aligned case: chunk c turns codes [16c, 16c + 16), one row's (cols % 16 == 0), into
+// outputs with the same products as the kernel above.
+template <typename T>
+__device__ __forceinline__ void fp8_chunk16(const uint8_t* src, T* dst, int64_t n, int64_t cols, int64_t c) {
+  const uint8_t* codes = src + (n / cols) * 4;
+  const float s = f32_at(src + (c / (cols / 16)) * 4);
+  alignas(16) uint8_t q[16];
+  *reinterpret_cast<uint4*>(q) = reinterpret_cast<const uint4*>(codes)[c];
+  float v[16];
+#pragma unroll
+  for (int k = 0; k < 16; ++k) v[k] = fp8::decode<Fp8Format::e4m3>(q[k]) * s;
+  store_n<16, true>(dst + c * 16, v);
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     dequant_fp8_rows16_kernel(const uint8_t* src, T* dst, int64_t n, int64_t cols) {
-  const uint8_t* codes = src + (n / cols) * 4;
-  const int64_t chunks = n / 16, per_row = cols / 16;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < chunks; c += stride) {
-    const float s = f32_at(src + (c / per_row) * 4);
-    alignas(16) uint8_t q[16];
-    *reinterpret_cast<uint4*>(q) = reinterpret_cast<const uint4*>(codes)[c];
-    float v[16];
-#pragma unroll
-    for (int k = 0; k < 16; ++k) v[k] = fp8::decode<Fp8Format::e4m3>(q[k]) * s;
-    store_n<16, true>(dst + c * 16, v);
-  }
+  for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < n / 16; c += stride)
+    fp8_chunk16(src, dst, n, cols, c);
+}
+
+// Whether fp8 rows take the 16-byte path: codes on a 16-byte boundary, rows of a multiple of
+// 16 values, the output 16-byte aligned.
+bool fp8_vec(const void* src, const void* dst, int64_t n, int64_t cols) {
+  return cols % 16 == 0 && aligned16(static_cast<const uint8_t*>(src) + (n / cols) * 4) && aligned16(dst);
 }
 
 void dequant_fp8(DType dst_t, const void* src, void* dst, int64_t n, int64_t cols, cudaStream_t st) {
   if (cols <= 0 || n % cols != 0)
     throw std::invalid_argument("dequantize: fp8 needs a row length dividing the value count");
   const auto* s8 = static_cast<const uint8_t*>(src);
-  const bool vec = cols % 16 == 0 && (uintptr_t(s8 + (n / cols) * 4) & 15) == 0 && (uintptr_t(dst) & 15) == 0;
+  const bool vec = fp8_vec(src, dst, n, cols);
   with_type(dst_t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     if (vec)
@@ -277,6 +296,128 @@ void k_dequantize(WeightFormat f, DType dst_t, const void* src, void* dst, int64
     case WeightFormat::fp8: return dequant_fp8(dst_t, src, dst, n, cols, st);
   }
   throw std::invalid_argument("dequantize: unknown weight format " + std::to_string(int(f)));
+}
+
+// ---- batches: one launch for up to kMaxBatch tensors of one format -------------------------
+// The tensors' work units (fp8: 16-value chunks; block formats: tiles) are numbered one after
+// another (start[] the prefix sums); a unit finds its tensor by binary search. The table is a
+// __grid_constant__ parameter, read in place (no per-thread copy).
+namespace {
+
+constexpr int kMaxBatch = 32;
+
+struct BatchTable {
+  const uint8_t* src[kMaxBatch];
+  void* dst[kMaxBatch];
+  int64_t n[kMaxBatch];     // fp8: values; block formats: blocks
+  int64_t cols[kMaxBatch];  // fp8 only
+  int64_t start[kMaxBatch + 1];
+  int count;
+};
+
+__device__ __forceinline__ int part_of(const BatchTable& t, int64_t unit) {
+  int lo = 0, hi = t.count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (t.start[mid] <= unit) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    dequant_fp8_rows16_batch_kernel(const __grid_constant__ BatchTable t) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x, total = t.start[t.count];
+  for (int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; u < total; u += stride) {
+    const int p = part_of(t, u);
+    fp8_chunk16(t.src[p], static_cast<T*>(t.dst[p]), t.n[p], t.cols[p], u - t.start[p]);
+  }
+}
+
+template <class F, typename T>
+__global__ void __launch_bounds__(kThreads)
+    dequant_blocks_batch_kernel(const __grid_constant__ BatchTable t, Nf4Table tab) {
+  __shared__ uint4 s16[tile_stage_words<F>()];
+  __shared__ float lut[16];
+  if (threadIdx.x < 16) lut[threadIdx.x] = tab.v[threadIdx.x];
+  for (int64_t u = blockIdx.x; u < t.start[t.count]; u += gridDim.x) {
+    const int p = part_of(t, u);
+    dequant_tile<F, T, true>(t.src[p], static_cast<T*>(t.dst[p]), t.n[p], u - t.start[p],
+                             reinterpret_cast<uint8_t*>(s16), lut);
+  }
+}
+
+template <class F, typename T>
+void launch_blocks_batch(const BatchTable& t, cudaStream_t st) {
+  Nf4Table tab;
+  const float* codes = std::is_same_v<F, Mxfp4> ? kMxfp4 : kNf4;
+  for (int i = 0; i < 16; ++i) tab.v[i] = codes[i];
+  dequant_blocks_batch_kernel<F, T><<<grid_for(t.start[t.count], 1), kThreads, 0, st>>>(t, tab);
+  RP_CUDA_LAUNCH_CHECK("dequantize (batch)");
+}
+
+// Work units of a batchable part (0: not batchable, dequantized on its own): fp8 on the
+// 16-byte path, block formats with a 16-byte aligned output.
+int64_t batch_units(const DequantPart& p) {
+  if (p.n <= 0) return 0;
+  switch (p.format) {
+    case WeightFormat::fp8: return fp8_vec(p.src, p.dst, p.n, p.cols) ? p.n / 16 : 0;
+    case WeightFormat::q8_0:
+    case WeightFormat::q4_0:
+    case WeightFormat::nf4:
+    case WeightFormat::mxfp4: {
+      if (!aligned16(p.dst)) return 0;
+      const int64_t per_tile = kTile / weight_format_block(p.format);
+      return (p.n / weight_format_block(p.format) + per_tile - 1) / per_tile;
+    }
+    default: return 0;
+  }
+}
+
+void launch_batch(WeightFormat f, DType dst_t, const BatchTable& t, cudaStream_t st) {
+  with_type(dst_t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    switch (f) {
+      case WeightFormat::fp8:
+        dequant_fp8_rows16_batch_kernel<T><<<grid_for(t.start[t.count], kThreads), kThreads, 0, st>>>(t);
+        RP_CUDA_LAUNCH_CHECK("dequantize (fp8 batch)");
+        return;
+      case WeightFormat::q8_0: return launch_blocks_batch<Q8_0, T>(t, st);
+      case WeightFormat::q4_0: return launch_blocks_batch<Q4_0, T>(t, st);
+      case WeightFormat::nf4: return launch_blocks_batch<Nf4, T>(t, st);
+      case WeightFormat::mxfp4: return launch_blocks_batch<Mxfp4, T>(t, st);
+      default: throw std::invalid_argument("dequantize: no batch kernel for this format");
+    }
+  });
+}
+
+}  // namespace
+
+void k_dequantize_many(DType dst_t, const DequantPart* parts, int64_t count, cudaStream_t st) {
+  BatchTable t{};
+  WeightFormat f = WeightFormat::bf16;
+  auto flush = [&] {
+    if (t.count > 0) launch_batch(f, dst_t, t, st);
+    t.count = 0;
+  };
+  for (int64_t i = 0; i < count; ++i) {
+    const DequantPart& p = parts[i];
+    const int64_t units = batch_units(p);
+    if (units == 0) {  // on its own (in order: the outputs do not overlap, so order is free)
+      if (p.n > 0) k_dequantize(p.format, dst_t, p.src, p.dst, p.n, p.cols, st);
+      continue;
+    }
+    if (t.count == kMaxBatch || (t.count > 0 && p.format != f)) flush();
+    f = p.format;
+    const int k = t.count++;
+    t.src[k] = static_cast<const uint8_t*>(p.src);
+    t.dst[k] = p.dst;
+    t.n[k] = p.format == WeightFormat::fp8 ? p.n : p.n / weight_format_block(p.format);
+    t.cols[k] = p.cols;
+    t.start[k + 1] = t.start[k] + units;
+  }
+  flush();
 }
 
 }  // namespace rp::cuda

@@ -10,6 +10,10 @@
 
 #include "kernels/dtype.hpp"
 
+namespace rp {
+struct DequantPart;  // kernels/weight_format.hpp
+}  // namespace rp
+
 namespace rp::cuda {
 
 /// Slots of the device error words (mapped host memory, kErrSlots unsigned) that kernels
@@ -37,6 +41,10 @@ void k_dropout(DType t, const void* x, void* y, int64_t rows, int64_t cols, floa
 /// cols: the row length of fp8 storage (ignored by the other formats).
 void k_dequantize(WeightFormat f, DType dst_t, const void* src, void* dst, int64_t n, int64_t cols,
                   cudaStream_t st);
+/// k_dequantize of each of `count` parts (Ops::dequantize_many; checked by the caller), the
+/// consecutive fp8 parts on the 16-byte path, and consecutive parts of one block format with a
+/// 16-byte aligned output, in one launch per up to 32 of them; the rest one by one.
+void k_dequantize_many(DType dst_t, const DequantPart* parts, int64_t count, cudaStream_t st);
 
 // ---- embedding / RMSNorm / RoPE / SwiGLU -------------------------------------------
 void k_embedding_fwd(DType t, const int32_t* ids, const void* table, void* y, int64_t T, int64_t H, int64_t V,
@@ -196,8 +204,11 @@ MoeSortPlan moe_sort_plan(int64_t R, int64_t E);
 /// offsets (device, E+1), row and token of Ops::moe_sort: histogram per chunk, one scan,
 /// stable placement per chunk. hist: moe_sort_plan(T*k, E).hist_ints int32. An expert index
 /// outside [0, E) sets err[kErrMoeExpert] and is placed as the nearest valid expert.
+/// offsets_mapped (may be null): the device address of mapped pinned host memory that gets
+/// the same E+1 offsets, written by the scan kernel itself: no copy-engine transfer, which
+/// would queue behind the activation and gradient copies in flight.
 void k_moe_sort(const int32_t* topk_idx, int32_t* offsets, int32_t* row, int32_t* token, int64_t T, int64_t E,
-                int64_t k, int32_t* hist, unsigned* err, cudaStream_t st);
+                int64_t k, int32_t* hist, unsigned* err, cudaStream_t st, int32_t* offsets_mapped = nullptr);
 /// xs[r,:] = x[token[r],:] (rows of H elements of t, bit copies).
 void k_gather_rows(DType t, const void* x, const int32_t* token, void* xs, int64_t R, int64_t H,
                    cudaStream_t st);

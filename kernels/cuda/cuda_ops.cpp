@@ -183,8 +183,9 @@ void CudaOps::dequantize(WeightFormat f, const void* src, void* dst, int64_t n, 
   dequantize_to(f, dtype_, src, dst, n, cols);
 }
 
-void CudaOps::dequantize_to(WeightFormat f, DType out_t, const void* src, void* dst, int64_t n,
-                            int64_t cols) {
+// dequantize_to's argument checks; false when there is nothing to do (n == 0).
+bool CudaOps::check_dequantize(WeightFormat f, DType out_t, const void* src, const void* dst, int64_t n,
+                               int64_t cols) const {
   check_n(n, "dequantize");
   require(
       int(f) <= int(WeightFormat::fp8), "dequantize",
@@ -193,10 +194,24 @@ void CudaOps::dequantize_to(WeightFormat f, DType out_t, const void* src, void* 
   require(out_t == DType::f32 || out_t == DType::bf16 || out_t == DType::f16, "dequantize",
           fmt::format("output dtype {} (expected f32, bf16 or f16)", dtype_name(out_t)).c_str());
   weight_format_bytes(f, n, cols);  // throws std::invalid_argument unless n is a multiple of the block
-  if (n == 0) return;
+  if (n == 0) return false;
   require(src != nullptr && dst != nullptr, "dequantize", "null source or destination");
+  return true;
+}
+
+void CudaOps::dequantize_to(WeightFormat f, DType out_t, const void* src, void* dst, int64_t n,
+                            int64_t cols) {
+  if (!check_dequantize(f, out_t, src, dst, n, cols)) return;
   set_device(dev_);
   k_dequantize(f, out_t, src, dst, n, cols, st_);
+}
+
+void CudaOps::dequantize_many(const DequantPart* parts, int64_t count) {
+  require(count >= 0 && (count == 0 || parts != nullptr), "dequantize_many", "null parts or negative count");
+  for (int64_t i = 0; i < count; ++i)
+    check_dequantize(parts[i].format, dtype_, parts[i].src, parts[i].dst, parts[i].n, parts[i].cols);
+  set_device(dev_);
+  k_dequantize_many(dtype_, parts, count, st_);
 }
 
 void CudaOps::cast(DType dst_t, void* dst, DType src_t, const void* src, int64_t n) {

@@ -38,8 +38,12 @@ class CudaOps final : public Ops {
   void copy(DType t, void* dst, const void* src, int64_t n) override;
   void cast(DType dst_t, void* dst, DType src_t, const void* src, int64_t n) override;
   void dequantize(WeightFormat f, const void* src, void* dst, int64_t n, int64_t cols = 0) override;
+  void dequantize_many(const DequantPart* parts, int64_t count) override;
   /// dequantize() into out_t (f32, bf16 or f16) instead of dtype() (cuda_backend.hpp).
   void dequantize_to(WeightFormat f, DType out_t, const void* src, void* dst, int64_t n, int64_t cols = 0);
+  /// dequantize_to's argument checks (std::invalid_argument); false when n == 0.
+  bool check_dequantize(WeightFormat f, DType out_t, const void* src, const void* dst, int64_t n,
+                        int64_t cols) const;
   void add_into(DType dst_t, void* dst, DType src_t, const void* src, int64_t n, float alpha) override;
   void add(const void* a, const void* b, void* y, int64_t n) override;
 
@@ -243,6 +247,11 @@ class CudaOps final : public Ops {
   std::mutex moe_mu_;
   void* moe_hist_ = nullptr;
   size_t moe_hist_bytes_ = 0;
+  // moe_sort's offsets land here first (mapped pinned memory the scan kernel writes; its
+  // device address moe_off_mapped_), then are copied into the caller's vector
+  int32_t* moe_off_pinned_ = nullptr;
+  int32_t* moe_off_mapped_ = nullptr;
+  int64_t moe_off_pinned_n_ = 0;
   void* blas_ = nullptr;         // cublasHandle_t, created at the first grouped call
   void** group_ptrs_ = nullptr;  // device, 3 * kMoeMaxGroups pointers
   void release_moe();

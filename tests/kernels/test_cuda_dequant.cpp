@@ -315,6 +315,86 @@ TEST_P(CudaDequant, RejectsBadArgumentsBeforeWriting) {
   for (float x : download(dst)) ASSERT_TRUE(std::isnan(x));
 }
 
+// dequantize_many over the tensors of a mixture-of-experts-like group: 40 fp8 experts on the
+// 16-byte path (more than one launch's 32), block-format tensors with aligned outputs (batched
+// per format run), and the parts that go one by one (fp8 rows of 33 values, an output 2
+// elements off a 16-byte boundary, a plain bf16 tensor). Every value must equal the host's, bit
+// for bit, and the poisoned elements between the outputs must stay NaN.
+TEST_P(CudaDequant, ManyPartsMatchTheHostBitForBit) {
+  if (out() != dtype()) GTEST_SKIP() << "dequantize_many writes the compute dtype";
+  struct Spec {
+    WeightFormat f;
+    int64_t rows, cols;  // cols: fp8's row length (0: a flat tensor of rows values)
+    int64_t dst_skew;    // elements past the 8-element (16-byte) boundary of the output
+  };
+  std::vector<Spec> specs;
+  for (int e = 0; e < 40; ++e) specs.push_back({WeightFormat::fp8, 3 + 7 * (e % 6), 16 * (1 + e % 5), 0});
+  specs.push_back({WeightFormat::fp8, 5, 33, 0});
+  specs.push_back({WeightFormat::q4_0, 33 * 32, 0, 0});
+  specs.push_back({WeightFormat::q4_0, 300 * 32, 0, 0});
+  specs.push_back({WeightFormat::q4_0, 5 * 32, 0, 2});
+  specs.push_back({WeightFormat::nf4, 129 * 64, 0, 0});
+  specs.push_back({WeightFormat::bf16, 77, 0, 0});
+  specs.push_back({WeightFormat::q8_0, 7 * 32, 0, 0});
+  specs.push_back({WeightFormat::mxfp4, 260 * 32, 0, 0});
+  specs.push_back({WeightFormat::fp8, 36, 768, 0});
+  std::vector<uint8_t> storage;
+  std::vector<size_t> src_at;
+  std::vector<int64_t> dst_at, count;
+  VecF want;
+  int64_t out_len = 0;
+  uint32_t seed = 900;
+  for (const Spec& sp : specs) {
+    const int64_t n = sp.cols > 0 ? sp.rows * sp.cols : sp.rows;
+    const VecF v = ref::randn(size_t(n), seed++);
+    std::vector<uint8_t> q(weight_format_bytes(sp.f, n, sp.cols));
+    quantize_weights(sp.f, v.data(), q.data(), n, sp.cols);
+    size_t at = storage.size();
+    if (sp.f == WeightFormat::fp8)  // codes (after rows * 4 bytes of scales) on a 16-byte boundary
+      while ((at + size_t(sp.rows) * 4) % 16 != 0) ++at;
+    storage.resize(at, 0xA5);
+    storage.insert(storage.end(), q.begin(), q.end());
+    src_at.push_back(at);
+    out_len = (out_len + 8 + 7) / 8 * 8 + sp.dst_skew;  // at least 8 poisoned elements apart
+    dst_at.push_back(out_len);
+    count.push_back(n);
+    want.resize(size_t(out_len + n), std::numeric_limits<float>::quiet_NaN());
+    dequantize_weights(sp.f, q.data(), want.data() + out_len, n, sp.cols);
+    out_len += n;
+  }
+  want.resize(size_t(out_len + 5), std::numeric_limits<float>::quiet_NaN());
+  DeviceBuffer src = upload_at(storage, 0, storage.size());
+  DT dst = poisoned(int64_t(want.size()), out());
+  std::vector<DequantPart> parts;
+  for (size_t i = 0; i < specs.size(); ++i)
+    parts.push_back({specs[i].f, static_cast<const char*>(src.get()) + src_at[i],
+                     static_cast<char*>(dst.get()) + size_t(dst_at[i]) * dtype_size(out()), count[i],
+                     specs[i].cols});
+  run([&](Ops& o) { o.dequantize_many(parts.data(), int64_t(parts.size())); });
+  const VecF got = download(dst);
+  int64_t bad = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const bool ok = std::isnan(want[i]) ? std::isnan(got[i]) : bits(got[i]) == bits(round_to(out(), want[i]));
+    if (!ok && bad++ < 3) ADD_FAILURE() << "element " << i << ": got " << got[i] << " expected " << want[i];
+  }
+  EXPECT_EQ(bad, 0) << "of " << want.size() << " elements";
+}
+
+// A bad part anywhere in the list throws before any part is enqueued.
+TEST_P(CudaDequant, ManyPartsCheckEveryPartFirst) {
+  if (out() != dtype()) GTEST_SKIP() << "dequantize_many writes the compute dtype";
+  DT dst = poisoned(512, out());
+  DeviceBuffer src(dev(), 8192);
+  std::vector<DequantPart> parts = {
+      {WeightFormat::q4_0, src.get(), dst.get(), 64, 0},
+      {WeightFormat::nf4, src.get(), static_cast<char*>(dst.get()) + 256, 100, 0}};
+  EXPECT_THROW(ops().dequantize_many(parts.data(), 2), std::invalid_argument);
+  parts[1] = {WeightFormat::fp8, src.get(), static_cast<char*>(dst.get()) + 256, 64, 24};
+  EXPECT_THROW(ops().dequantize_many(parts.data(), 2), std::invalid_argument);
+  sync_ok();
+  for (float x : download(dst)) ASSERT_TRUE(std::isnan(x));
+}
+
 INSTANTIATE_TEST_SUITE_P(Out, CudaDequant, ::testing::Values(DType::bf16, DType::f16, DType::f32),
                          [](const ::testing::TestParamInfo<DType>& i) {
                            return std::string(dtype_name(i.param));
