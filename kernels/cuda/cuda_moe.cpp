@@ -49,7 +49,10 @@ void CudaOps::release_moe() {
   if (blas_) cublasDestroy(static_cast<cublasHandle_t>(blas_));
   if (group_ptrs_) cudaFree(group_ptrs_);
   if (moe_hist_) cudaFree(moe_hist_);
-  blas_ = nullptr, group_ptrs_ = nullptr, moe_hist_ = nullptr;
+  if (moe_off_pinned_) cudaFreeHost(moe_off_pinned_);
+  blas_ = nullptr, group_ptrs_ = nullptr, moe_hist_ = nullptr, moe_off_pinned_ = nullptr,
+  moe_off_mapped_ = nullptr;
+  moe_off_pinned_n_ = 0;
   for (int i = 0; i < kMoeStreams; ++i) {
     if (moe_streams_[i]) cudaStreamDestroy(moe_streams_[i]);
     if (moe_ws_[i]) cudaFree(moe_ws_[i]);
@@ -101,10 +104,20 @@ void CudaOps::moe_sort(const int32_t* topk_idx, int32_t* offsets, int32_t* offse
     RP_CUDA_CHECK(cudaMalloc(&moe_hist_, bytes));
     moe_hist_bytes_ = bytes;
   }
-  k_moe_sort(topk_idx, offsets, row, token, T, E, k, static_cast<int32_t*>(moe_hist_), err_, st_);
-  RP_CUDA_CHECK(
-      cudaMemcpyAsync(offsets_host, offsets, size_t(E + 1) * sizeof(int32_t), cudaMemcpyDeviceToHost, st_));
+  if (E + 1 > moe_off_pinned_n_) {  // the stream is idle here: every moe_sort ends with a wait
+    if (moe_off_pinned_) RP_CUDA_CHECK(cudaFreeHost(moe_off_pinned_));
+    moe_off_pinned_ = nullptr, moe_off_pinned_n_ = 0;
+    RP_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&moe_off_pinned_), size_t(E + 1) * sizeof(int32_t),
+                                cudaHostAllocMapped | cudaHostAllocPortable));
+    RP_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&moe_off_mapped_), moe_off_pinned_, 0));
+    moe_off_pinned_n_ = E + 1;
+  }
+  // The scan kernel writes the offsets into mapped host memory as well: visible here once the
+  // stream is done, without a device-to-host copy waiting behind the copies in flight
+  k_moe_sort(topk_idx, offsets, row, token, T, E, k, static_cast<int32_t*>(moe_hist_), err_, st_,
+             moe_off_mapped_);
   RP_CUDA_CHECK(cudaStreamSynchronize(st_));  // the documented host round trip
+  std::copy(moe_off_pinned_, moe_off_pinned_ + E + 1, offsets_host);
 }
 
 // ---- gathers and combines --------------------------------------------------------------------

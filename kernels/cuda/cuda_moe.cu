@@ -188,7 +188,8 @@ __global__ void __launch_bounds__(kThreads)
 // (e, chunk 0), offsets[E] = R.
 constexpr int kScanThreads = 1024;
 __global__ void __launch_bounds__(kScanThreads)
-    moe_scan_kernel(int32_t* hist, int64_t n, int32_t* offsets, int E, int nc, int64_t R) {
+    moe_scan_kernel(int32_t* hist, int64_t n, int32_t* offsets, int32_t* offsets_mapped, int E, int nc,
+                    int64_t R) {
   __shared__ int32_t sums[kScanThreads];
   const int64_t per = (n + kScanThreads - 1) / kScanThreads;
   const int64_t i0 = min(n, int64_t(threadIdx.x) * per), i1 = min(n, i0 + per);
@@ -209,8 +210,13 @@ __global__ void __launch_bounds__(kScanThreads)
     run += h;
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < E; e += kScanThreads) offsets[e] = hist[int64_t(e) * nc];
+  for (int e = threadIdx.x; e < E; e += kScanThreads) {
+    const int32_t v = hist[int64_t(e) * nc];
+    offsets[e] = v;
+    if (offsets_mapped) offsets_mapped[e] = v;
+  }
   if (threadIdx.x == 0) offsets[E] = int32_t(R);
+  if (threadIdx.x == 0 && offsets_mapped) offsets_mapped[E] = int32_t(R);
 }
 
 // One warp per chunk, 32 assignments at a time in order: lanes with the same expert rank
@@ -379,7 +385,7 @@ MoeSortPlan moe_sort_plan(int64_t R, int64_t E) {
 }
 
 void k_moe_sort(const int32_t* topk_idx, int32_t* offsets, int32_t* row, int32_t* token, int64_t T, int64_t E,
-                int64_t k, int32_t* hist, unsigned* err, cudaStream_t st) {
+                int64_t k, int32_t* hist, unsigned* err, cudaStream_t st, int32_t* offsets_mapped) {
   const int64_t R = T * k;
   const MoeSortPlan p = moe_sort_plan(R, E);
   if (p.chunks == 0) return;
@@ -393,7 +399,8 @@ void k_moe_sort(const int32_t* topk_idx, int32_t* offsets, int32_t* row, int32_t
   moe_hist_kernel<<<unsigned(p.chunks), kThreads, smem, st>>>(topk_idx, hist, R, int(E), p.chunk, p.chunks,
                                                               err);
   RP_CUDA_LAUNCH_CHECK("moe_hist_kernel");
-  moe_scan_kernel<<<1, kScanThreads, 0, st>>>(hist, p.hist_ints, offsets, int(E), p.chunks, R);
+  moe_scan_kernel<<<1, kScanThreads, 0, st>>>(hist, p.hist_ints, offsets, offsets_mapped, int(E), p.chunks,
+                                              R);
   RP_CUDA_LAUNCH_CHECK("moe_scan_kernel");
   moe_place_kernel<<<unsigned(p.chunks), 32, smem, st>>>(topk_idx, hist, row, token, R, int(E), p.chunk,
                                                          p.chunks, int(k), err);
