@@ -60,10 +60,17 @@ Layout plan_layout(const std::string& key, const std::vector<CacheEntrySpec>& sp
     l.header_used += 4 + s.name.size() + 24;
   }
   l.header_bytes = align_up(l.header_used);
+  if (l.header_bytes > kMaxHeaderBytes)
+    throw std::invalid_argument(
+        fmt::format("tier cache: a header of {} bytes (the names and the key), at most {}", l.header_bytes,
+                    kMaxHeaderBytes));
   uint64_t at = l.header_bytes;
   for (const auto& s : specs) {
     l.entries.push_back({s.name, at, s.bytes, 0});
     at += align_up(s.bytes);
+    if (at > kMaxFileBytes)
+      throw std::invalid_argument(
+          fmt::format("tier cache: the entries up to '{}' need more than 2^56 bytes", excerpt(s.name)));
   }
   l.file_bytes = at;
   return l;
@@ -114,6 +121,10 @@ std::string decode_entries(const std::byte* p, const Preamble& pre, std::string&
   key.assign(reinterpret_cast<const char*>(p + at), pre.key_bytes);
   at += pre.key_bytes;
   entries.clear();
+  if (pre.file_bytes % kDirectAlign != 0 || pre.file_bytes > kMaxFileBytes ||
+      pre.file_bytes < pre.header_bytes)
+    return fmt::format("a file size of {} bytes is not a multiple of {} from {} to 2^56", pre.file_bytes,
+                       kDirectAlign, pre.header_bytes);
   uint64_t next = pre.header_bytes;  // entries follow each other, in order, padded
   for (uint32_t i = 0; i < pre.entry_count; ++i) {
     if (end - at < 4) return fmt::format("entry {} runs past the header", i);

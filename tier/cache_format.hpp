@@ -15,8 +15,11 @@ inline constexpr char kMagic[8] = {'R', 'P', 'T', 'I', 'E', 'R', 'C', '\n'};
 inline constexpr size_t kPreambleBytes = 44;
 inline constexpr size_t kMaxNameBytes = 4096;
 inline constexpr size_t kMaxKeyBytes = size_t(1) << 20;
-/// A header larger than this is damaged, whatever it says (about 4 GiB of names would fit).
-inline constexpr uint64_t kMaxHeaderBytes = uint64_t(1) << 32;
+/// A header larger than this is damaged, whatever it says (open reads the header into memory;
+/// 256 MiB holds over 60,000 entries of the longest names).
+inline constexpr uint64_t kMaxHeaderBytes = uint64_t(256) << 20;
+/// The largest file the format describes (offsets stay far from overflowing).
+inline constexpr uint64_t kMaxFileBytes = uint64_t(1) << 56;
 
 /// Where everything goes: the entries with their offsets (checksums 0), the header's size
 /// (used and padded) and the file's. Throws std::invalid_argument for bad specs.

@@ -93,7 +93,9 @@ class DirectReader {
   /// unaligned offset or buffer, a range past the entry, a buffer too small; one line naming
   /// the file and the entry) and std::logic_error after shutdown().
   uint64_t submit(const ReadRequest& request);
-  /// The oldest request's result, waiting for it; nullopt when none is outstanding.
+  /// The oldest request's result, waiting for it; nullopt when none is outstanding. Throws
+  /// std::runtime_error only when the engine itself fails (io_uring_wait_cqe returning an
+  /// error), not for a failed read.
   std::optional<ReadResult> next();
   /// The oldest request's result if it is done, else nullopt (never waits).
   std::optional<ReadResult> try_next();

@@ -118,6 +118,21 @@ TEST(CacheBuild, BufferedWritesGiveTheSameFile) {
   EXPECT_NO_THROW(o.file->verify_all());
 }
 
+TEST(CacheBuild, AnODirectWriteRefusedSwitchesToBufferedWrites) {
+  Scratch s;
+  auto opt = small_chunks();
+  int refused = 0;
+  opt.write_fault = [&](uint64_t offset, size_t) { return offset == 4096 && refused++ == 0 ? EINVAL : 0; };
+  const auto rep = build_cache(s.path("w.cache"), "key-a", odd_specs(), pattern_fill(), opt);
+  if (refused == 1 && rep.buffered_reason == "O_DIRECT: Invalid argument")
+    GTEST_SKIP() << "this file system refuses O_DIRECT at open: the write fallback is not reached";
+  EXPECT_FALSE(rep.direct);
+  EXPECT_EQ(rep.buffered_reason, "O_DIRECT write: Invalid argument");
+  const auto o = CacheFile::open(s.path("w.cache"), "key-a");
+  ASSERT_EQ(o.state, CacheState::valid);
+  EXPECT_NO_THROW(o.file->verify_all());  // the refused write was written again, buffered
+}
+
 TEST(CacheBuild, AKilledBuildersTemporaryIsCleanedByTheNextBuild) {
   Scratch s;
   const pid_t child = ::fork();
@@ -178,6 +193,42 @@ TEST(CacheBuild, TwoBuildersAtOnceBuildOnce) {
   rb.file->read_entry(4, buf);
   EXPECT_EQ(first_mismatch(buf.data(), 4, 0, 12305), 12305u);
   EXPECT_EQ(s.names(), (std::vector<std::string>{"w.cache", "w.cache.lock"}));
+}
+
+TEST(CacheBuild, TwoProcessesAtOnceBuildOnce) {
+  Scratch s;
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // the first run: builds, slowly
+    ::close(ready[0]);
+    bool told = false;
+    const auto r = ensure_cache(
+        s.path("w.cache"), "key-a", odd_specs(),
+        [&](size_t e, uint64_t off, std::span<std::byte> out) {
+          if (!told) {
+            told = ::write(ready[1], "x", 1) == 1;
+            std::this_thread::sleep_for(150ms);
+          }
+          pattern_fill()(e, off, out);
+        },
+        small_chunks());
+    ::_exit(r.built ? 0 : 1);
+  }
+  ::close(ready[1]);
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);  // the child holds the lock and is filling
+  ::close(ready[0]);
+  int fills = 0;
+  const auto r = ensure_cache(s.path("w.cache"), "key-a", odd_specs(),
+                              [&](size_t, uint64_t, std::span<std::byte>) { ++fills; });
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);  // the child built
+  EXPECT_FALSE(r.built);                                       // this run waited and reused it
+  EXPECT_EQ(fills, 0);
+  EXPECT_NO_THROW(r.file->verify_all());
 }
 
 TEST(CacheBuild, AReaderOfTheOldFileReadsItDuringARebuild) {

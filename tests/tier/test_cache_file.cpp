@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <stdexcept>
 #include <vector>
 
@@ -171,6 +172,37 @@ TEST(CacheFile, AFlippedEntryByteIsNamedWithItsOffset) {
   } catch (const std::runtime_error& e) {
     EXPECT_HAS(e.what(), "entry 'lm_head' at offset 20480");
   }
+}
+
+TEST(CacheFile, EveryFlippedHeaderByteAndEveryTruncationIsCaught) {
+  Scratch s;
+  const auto path = s.path("w.cache");
+  build_and_open(s);
+  const std::string good = slurp(path);
+  // the header proper: preamble 44 + key 5 + entries (4 + name + 24 each) + checksum 8
+  size_t used = 44 + 5 + 8;
+  for (const auto& e : odd_specs()) used += 4 + e.name.size() + 24;
+  for (size_t at = 0; at < used; ++at) {
+    flip_byte(path, at);
+    const auto o = CacheFile::open(path, "key-a");
+    EXPECT_NE(o.state, CacheState::valid) << "byte " << at;
+    EXPECT_EQ(o.state, at >= 8 && at < 12 ? CacheState::stale : CacheState::damaged) << "byte " << at;
+    EXPECT_EQ(o.foreign, at < 8) << "byte " << at;  // only a bad magic makes it someone else's
+    EXPECT_EQ(o.reason.find('\n'), std::string::npos);
+    flip_byte(path, at);
+  }
+  flip_byte(path, used + 10);  // the header's zero padding: not covered, harmless
+  EXPECT_EQ(CacheFile::open(path, "key-a").state, CacheState::valid);
+  for (uint64_t size : {1, 7, 8, 43, 44, 100, 4095, 4096, 4097, 16384, 36863}) {
+    std::filesystem::resize_file(path, size);
+    const auto o = CacheFile::open(path, "key-a");
+    EXPECT_EQ(o.state, CacheState::damaged) << size;
+    EXPECT_FALSE(o.foreign) << size;
+    EXPECT_HAS(o.reason, path + ": truncated");
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << good;
+  }
+  std::ofstream(path, std::ios::binary | std::ios::app) << "x";  // longer than the header says
+  EXPECT_EQ(CacheFile::open(path, "key-a").reason, path + ": 36865 bytes, the header says 36864");
 }
 
 }  // namespace
