@@ -132,7 +132,7 @@ void write_cache(CacheWriter& w, const std::string& key, format::Layout& l, cons
   AlignedBuffer buf = aligned_buffer(chunk);
   for (size_t i = 0; i < l.entries.size(); ++i) {
     auto& e = l.entries[i];
-    Checksum sum;
+    format::EntryChecksums sum(l.block_bytes);
     for (uint64_t off = 0; off < e.bytes; off += chunk) {
       const size_t n = size_t(std::min<uint64_t>(chunk, e.bytes - off));
       fill(i, off, std::span<std::byte>(buf.get(), n));
@@ -140,7 +140,7 @@ void write_cache(CacheWriter& w, const std::string& key, format::Layout& l, cons
       std::memset(buf.get() + n, 0, align_up(n) - n);
       w.write(buf.get(), align_up(n), e.offset + off);
     }
-    e.checksum = sum.digest();
+    e.checksum = sum.finish(e.block_checksums);
   }
   const std::vector<std::byte> header = format::encode_header(key, l);
   AlignedBuffer h = aligned_buffer(header.size());
@@ -150,8 +150,9 @@ void write_cache(CacheWriter& w, const std::string& key, format::Layout& l, cons
 
 }  // namespace
 
-uint64_t cache_file_bytes(const std::string& source_key, const std::vector<CacheEntrySpec>& specs) {
-  return format::plan_layout(source_key, specs).file_bytes;
+uint64_t cache_file_bytes(const std::string& source_key, const std::vector<CacheEntrySpec>& specs,
+                          uint64_t checksum_block_bytes) {
+  return format::plan_layout(source_key, specs, checksum_block_bytes).file_bytes;
 }
 
 std::string cache_lock_path(const std::string& path) { return path + ".lock"; }
@@ -159,7 +160,7 @@ std::string cache_lock_path(const std::string& path) { return path + ".lock"; }
 CacheBuildReport build_cache(const std::string& path, const std::string& source_key,
                              const std::vector<CacheEntrySpec>& specs, const CacheFill& fill,
                              const CacheBuildOptions& options) {
-  format::Layout l = format::plan_layout(source_key, specs);
+  format::Layout l = format::plan_layout(source_key, specs, options.checksum_block_bytes);
   if (!fill) throw std::invalid_argument(fmt::format("{}: build_cache without a fill", path));
   if (options.chunk_bytes < kDirectAlign || options.chunk_bytes % kDirectAlign != 0)
     throw std::invalid_argument(fmt::format("{}: chunk of {} bytes, expected a multiple of {}", path,

@@ -79,6 +79,7 @@ CacheState check_header(int fd, uint64_t size, const std::string& key, format::P
                        : fmt::format("{} bytes, the header says {}", size, pre.file_bytes));
   f.file_bytes = pre.file_bytes;
   f.header_bytes = pre.header_bytes;
+  f.block_bytes = pre.block_bytes;
   if (f.key != key) {
     why = fmt::format("built for source key '{}', wanted '{}'", excerpt(f.key), excerpt(key));
     return CacheState::stale;
@@ -120,6 +121,7 @@ CacheOpenResult CacheFile::open(const std::string& path, const std::string& sour
   f->entries_ = std::move(parts.entries);
   f->file_bytes_ = parts.file_bytes;
   f->header_bytes_ = parts.header_bytes;
+  f->block_bytes_ = parts.block_bytes;
   f->fd_ = fd.release();
   // the same inode again, with O_DIRECT: a rename over `path` since cannot change what we read
   const int d = ::open(fmt::format("/proc/self/fd/{}", f->fd_).c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
@@ -180,7 +182,7 @@ void CacheFile::verify_all() const {
   std::vector<std::byte> buf(size_t(8) << 20);
   for (size_t i = 0; i < entries_.size(); ++i) {
     const auto& e = entries_[i];
-    Checksum sum;
+    format::EntryChecksums sums(block_bytes_);
     for (uint64_t done = 0; done < e.bytes;) {
       const size_t want = size_t(std::min<uint64_t>(buf.size(), e.bytes - done));
       const int64_t n = pread_full(fd_, buf.data(), want, e.offset + done);
@@ -189,12 +191,41 @@ void CacheFile::verify_all() const {
                                              e.offset,
                                              n < 0 ? fmt::format("read failed ({})", std::strerror(int(-n)))
                                                    : std::string("short read (truncated?)")));
-      sum.update(buf.data(), want);
+      sums.update(buf.data(), want);
       done += want;
     }
-    if (const uint64_t got = sum.digest(); got != e.checksum)
+    std::vector<uint64_t> blocks;
+    if (const uint64_t got = sums.finish(blocks); got != e.checksum)
       throw std::runtime_error(checksum_mismatch(i, got));
+    for (uint64_t k = 0; k < blocks.size(); ++k)
+      if (blocks[k] != e.block_checksums[k]) throw std::runtime_error(block_mismatch(i, k, blocks[k]));
   }
+}
+
+std::string CacheFile::block_mismatch(size_t i, uint64_t block, uint64_t got) const {
+  const auto& e = entry(i);
+  const uint64_t from = block * block_bytes_, to = std::min(e.bytes, from + block_bytes_);
+  const uint64_t stored = block < e.block_checksums.size() ? e.block_checksums[block] : 0;
+  return fmt::format(
+      "{}: entry '{}' at offset {}: block {} (bytes {}..{} of the entry): checksum mismatch (stored {:016x}, "
+      "read "
+      "{:016x})",
+      path_, excerpt(e.name), e.offset, block, from, to, stored, got);
+}
+
+std::string CacheFile::check_blocks(size_t i, uint64_t offset, const std::byte* data, uint64_t bytes) const {
+  const auto& e = entry(i);
+  if (offset % block_bytes_ != 0 || bytes > e.bytes - offset ||
+      ((offset + bytes) % block_bytes_ != 0 && offset + bytes != e.bytes))
+    throw std::invalid_argument(
+        fmt::format("{}: entry '{}': bytes {}..{} are not whole checksum blocks of {}", path_,
+                    excerpt(e.name), offset, offset + bytes, block_bytes_));
+  for (uint64_t at = 0; at < bytes; at += block_bytes_) {
+    const uint64_t k = (offset + at) / block_bytes_;
+    const uint64_t got = checksum64(data + at, size_t(std::min(block_bytes_, bytes - at)));
+    if (got != e.block_checksums[k]) return block_mismatch(i, k, got);
+  }
+  return "";
 }
 
 }  // namespace rp::tier

@@ -9,10 +9,13 @@
 //   16  u64 header bytes: where the first entry starts (a multiple of 4096)
 //   24  u64 file bytes: the whole file's size (a multiple of 4096)
 //   32  u64 header used: the bytes of the header proper, its checksum included
-//   40  u32 source key length, then the source key (the caller's string naming the source
+//   40  u64 checksum block bytes B (a multiple of 4096)
+//   48  u32 source key length, then the source key (the caller's string naming the source
 //       weights, their storage format and layout: a file for another key is stale)
 //       per entry: u32 name length, name, u64 offset, u64 bytes, u64 checksum (checksum64,
-//       XXH3-64, of the entry's bytes, padding excluded)
+//       XXH3-64, of the entry's bytes, padding excluded), then ceil(bytes / B) u64 block
+//       checksums (checksum64 of the entry's bytes [k B, min((k + 1) B, bytes)): a range read
+//       of whole blocks is verified too)
 //       u64 header checksum: checksum64 of the header from byte 0 up to this field
 //       zero padding up to header bytes
 //   then each entry at its offset, zero-padded to a multiple of 4096.
@@ -46,6 +49,8 @@
 namespace rp::tier {
 
 inline constexpr uint32_t kCacheFormatVersion = 1;
+/// The default size of the blocks an entry's block checksums cover (8 bytes of header each).
+inline constexpr uint64_t kDefaultChecksumBlockBytes = uint64_t(4) << 20;
 
 /// What the caller asks to store: an entry's name (unique, non-empty, at most 4096 bytes) and
 /// its size in bytes (may be 0).
@@ -60,6 +65,8 @@ struct CacheEntry {
   uint64_t offset = 0;    ///< bytes from the file's start, a multiple of 4096
   uint64_t bytes = 0;     ///< the entry's own bytes (padding excluded)
   uint64_t checksum = 0;  ///< checksum64 (XXH3-64) of those bytes
+  /// checksum64 of each block of CacheFile::checksum_block_bytes() (the last one shorter)
+  std::vector<uint64_t> block_checksums;
   /// The bytes an O_DIRECT read of the whole entry covers (and the buffer it needs).
   uint64_t padded_bytes() const { return align_up(bytes); }
 };
@@ -104,6 +111,8 @@ class CacheFile {
   std::optional<size_t> find(std::string_view name) const;
   uint64_t file_bytes() const { return file_bytes_; }
   uint64_t header_bytes() const { return header_bytes_; }
+  /// The size of the blocks each entry's block_checksums cover.
+  uint64_t checksum_block_bytes() const { return block_bytes_; }
   /// Whether the entries are exactly `specs` (names and sizes, in order).
   bool matches(const std::vector<CacheEntrySpec>& specs) const;
 
@@ -118,17 +127,24 @@ class CacheFile {
   /// its checksum. Throws std::runtime_error: a short read ("<path>: entry '<name>' at offset
   /// N: short read ...") or a mismatch (checksum_mismatch).
   void read_entry(size_t i, std::span<std::byte> dst) const;
-  /// Reads every entry and verifies its checksum (buffered, one entry's bytes at a time);
-  /// throws as read_entry at the first bad one.
+  /// Reads every entry and verifies its checksum and its block checksums (buffered, 8 MiB at a
+  /// time); throws as read_entry at the first bad one.
   void verify_all() const;
   /// "<path>: entry '<name>' at offset N (B bytes): checksum mismatch (stored X, read Y)".
   std::string checksum_mismatch(size_t i, uint64_t got) const;
+  /// "<path>: entry '<name>' at offset N: block k (bytes a..b of the entry): checksum mismatch
+  /// (stored X, read Y)".
+  std::string block_mismatch(size_t i, uint64_t block, uint64_t got) const;
+  /// The first block of `data` (bytes [offset, offset + bytes) of entry i, offset a multiple of
+  /// the block size) whose checksum differs, as block_mismatch's line; "" when all match. The
+  /// range must end at a block boundary or at the entry's end.
+  std::string check_blocks(size_t i, uint64_t offset, const std::byte* data, uint64_t bytes) const;
 
  private:
   CacheFile() = default;
   std::string path_, key_;
   std::vector<CacheEntry> entries_;
-  uint64_t file_bytes_ = 0, header_bytes_ = 0;
+  uint64_t file_bytes_ = 0, header_bytes_ = 0, block_bytes_ = 0;
   int fd_ = -1, direct_fd_ = -1;
   std::string direct_refused_;
 };
@@ -144,6 +160,8 @@ struct CacheBuildOptions {
   std::function<uint64_t(const std::string& dir)> free_bytes;
   /// The fill's chunk (a multiple of 4096, at least 4096): the host memory a build uses.
   size_t chunk_bytes = size_t(8) << 20;
+  /// The blocks each entry's block checksums cover (a multiple of 4096 up to 1 GiB).
+  uint64_t checksum_block_bytes = kDefaultChecksumBlockBytes;
   /// Write with O_DIRECT where the file system allows it (else buffered + fdatasync +
   /// posix_fadvise(DONTNEED) per chunk, so a build never fills the page cache).
   bool direct = true;
@@ -154,8 +172,9 @@ struct CacheBuildOptions {
 
 /// The size a cache file of `specs` with `source_key` has (header plus padded entries).
 /// Throws std::invalid_argument for bad specs (an empty or duplicate name, a name over 4096
-/// bytes, a key over 1 MiB).
-uint64_t cache_file_bytes(const std::string& source_key, const std::vector<CacheEntrySpec>& specs);
+/// bytes, a key over 1 MiB, a bad block size).
+uint64_t cache_file_bytes(const std::string& source_key, const std::vector<CacheEntrySpec>& specs,
+                          uint64_t checksum_block_bytes = kDefaultChecksumBlockBytes);
 
 /// How a build wrote: with O_DIRECT, or buffered and why ("O_DIRECT: Invalid argument").
 struct CacheBuildReport {
@@ -184,7 +203,8 @@ struct EnsureResult {
 };
 
 /// The valid cache file for (`source_key`, `specs`) at `path`: takes the builders' lock
-/// (waits for another builder), reuses a valid file whose entries match `specs`, else builds
+/// (waits for another builder), reuses a valid file whose entries match `specs` (whatever its
+/// checksum block size and however it was written: options only shape a new build), else builds
 /// one with build_cache and opens it. Before building it removes the leftovers of dead
 /// builders of `path` (base/atomic_file.hpp clean_stale_temporaries: marked ones only). Throws
 /// as build_cache, or std::runtime_error when the folder or the lock cannot be made, when

@@ -121,14 +121,20 @@ ReadResult DirectReader::pop_front() {
   const CacheEntry& e = file_->entry(r.req.entry);
   ReadResult out{r.ticket,  r.req.tag, r.req.entry,  r.req.offset,      r.req.bytes,
                  r.req.dst, false,     r.error_code, std::move(r.error)};
-  if (out.ok() && opt_.verify && r.req.offset == 0 && r.req.bytes == e.bytes) {
-    const uint64_t got = checksum64(r.req.dst, e.bytes);
-    if (got != e.checksum) {
+  if (!out.ok() || !opt_.verify) return out;
+  if (r.req.offset == 0 && r.req.bytes == e.bytes) {
+    if (const uint64_t got = checksum64(r.req.dst, e.bytes); got != e.checksum) {
       out.error_code = EBADMSG;
       out.error = file_->checksum_mismatch(r.req.entry, got);
     } else {
       out.verified = true;
     }
+  } else if (const uint64_t block = file_->checksum_block_bytes();
+             r.req.offset % block == 0 &&
+             ((r.req.offset + r.req.bytes) % block == 0 || r.req.offset + r.req.bytes == e.bytes)) {
+    out.error = file_->check_blocks(r.req.entry, r.req.offset, r.req.dst, r.req.bytes);
+    out.error_code = out.error.empty() ? 0 : EBADMSG;
+    out.verified = out.error.empty();
   }
   return out;
 }

@@ -9,7 +9,9 @@
 //
 // A request is split into reads of at most max_io_bytes; at most queue_depth of them are in
 // flight over all requests. Each completed whole-entry request is checked against the entry's
-// checksum (Options::verify). Failures are results, not exceptions: a read error (EIO), a short
+// checksum, and a range of whole checksum blocks (CacheFile::checksum_block_bytes(); the last
+// block may end at the entry's end) against its block checksums (Options::verify); other
+// ranges are returned unverified. Failures are results, not exceptions: a read error (EIO), a short
 // read (the file was truncated after it was opened) or a checksum mismatch ends that request
 // with error set to one line naming the file, the entry and its offset; the request's buffer is
 // no longer written to once its result is returned, and the reader stays usable.
@@ -57,7 +59,7 @@ struct ReadResult {
   size_t entry = 0;
   uint64_t offset = 0, bytes = 0;  ///< the range read (bytes resolved from kToEntryEnd)
   std::byte* dst = nullptr;
-  bool verified = false;  ///< a whole entry whose checksum was checked and matched
+  bool verified = false;  ///< a whole entry or whole checksum blocks whose checksums matched
   int error_code = 0;  ///< errno of a failed read, EBADMSG for a checksum mismatch, ENODATA for a short read
   std::string error;   ///< one line; empty when ok
   bool ok() const { return error.empty(); }

@@ -63,7 +63,10 @@ TEST(CacheFile, LayoutIsTheDocumentedOne) {
   for (size_t i = 0; i < offsets.size(); ++i) EXPECT_EQ(f->entry(i).offset, offsets[i]) << i;
   EXPECT_EQ(f->header_bytes(), 4096u);
   EXPECT_EQ(f->file_bytes(), 36864u);
-  EXPECT_EQ(cache_file_bytes("key-a", odd_specs()), 36864u);
+  EXPECT_EQ(cache_file_bytes("key-a", odd_specs(), 8192), 36864u);
+  EXPECT_EQ(f->checksum_block_bytes(), 8192u);
+  const std::vector<size_t> blocks{1, 1, 0, 1, 2};  // ceil(bytes / 8192)
+  for (size_t i = 0; i < blocks.size(); ++i) EXPECT_EQ(f->entry(i).block_checksums.size(), blocks[i]) << i;
   const std::string raw = slurp(s.path("w.cache"));
   ASSERT_EQ(raw.size(), 36864u);
   EXPECT_EQ(raw.substr(0, 8), std::string("RPTIERC\n"));
@@ -72,7 +75,10 @@ TEST(CacheFile, LayoutIsTheDocumentedOne) {
   std::memcpy(&count, raw.data() + 12, 4);
   EXPECT_EQ(version, kCacheFormatVersion);
   EXPECT_EQ(count, 5u);
-  EXPECT_EQ(raw.substr(44, 5), "key-a");  // after the u32 key length at 40
+  uint64_t block = 0;
+  std::memcpy(&block, raw.data() + 40, 8);
+  EXPECT_EQ(block, 8192u);
+  EXPECT_EQ(raw.substr(52, 5), "key-a");  // after the u32 key length at 48
   // an entry's bytes sit at its offset, its padding is zeros
   EXPECT_EQ(std::byte(raw[4096 + 4999]), pattern(0, 4999));
   EXPECT_EQ(std::byte(raw[20480]), pattern(4, 0));
@@ -141,11 +147,11 @@ TEST(CacheFile, MissingTruncatedAndForeignFiles) {
 TEST(CacheFile, AFlippedHeaderByteIsDamaged) {
   Scratch s;
   build_and_open(s);
-  flip_byte(s.path("w.cache"), 44 + 5 + 4 + 3);  // inside the first entry's name
+  flip_byte(s.path("w.cache"), 52 + 5 + 4 + 3);  // inside the first entry's name
   const auto o = CacheFile::open(s.path("w.cache"), "key-a");
   EXPECT_EQ(o.state, CacheState::damaged);
   EXPECT_HAS(o.reason, s.path("w.cache") + ": header checksum mismatch");
-  flip_byte(s.path("w.cache"), 44 + 5 + 4 + 3);  // flipped back: valid again
+  flip_byte(s.path("w.cache"), 52 + 5 + 4 + 3);  // flipped back: valid again
   EXPECT_EQ(CacheFile::open(s.path("w.cache"), "key-a").state, CacheState::valid);
   flip_byte(s.path("w.cache"), 8);  // the version
   EXPECT_EQ(CacheFile::open(s.path("w.cache"), "key-a").state, CacheState::stale);
@@ -174,14 +180,38 @@ TEST(CacheFile, AFlippedEntryByteIsNamedWithItsOffset) {
   }
 }
 
+TEST(CacheFile, BlockChecksumsDoNotDependOnTheFillChunks) {
+  Scratch s;
+  const std::vector<CacheEntrySpec> specs{{"a", 30000}, {"b", 12288}, {"c", 5}};
+  CacheBuildOptions small, large;
+  small.chunk_bytes = 4096, small.checksum_block_bytes = 12288;   // blocks span chunks
+  large.chunk_bytes = 16384, large.checksum_block_bytes = 12288;  // chunks span blocks
+  build_cache(s.path("small.cache"), "k", specs, pattern_fill(), small);
+  build_cache(s.path("large.cache"), "k", specs, pattern_fill(), large);
+  EXPECT_EQ(slurp(s.path("small.cache")), slurp(s.path("large.cache")));
+  const auto o = CacheFile::open(s.path("small.cache"), "k");
+  ASSERT_EQ(o.state, CacheState::valid);
+  EXPECT_NO_THROW(o.file->verify_all());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    std::vector<std::byte> want(specs[i].bytes);
+    for (size_t k = 0; k < want.size(); ++k) want[k] = pattern(i, k);
+    EXPECT_EQ(o.file->entry(i).block_checksums.size(), (specs[i].bytes + 12287) / 12288);
+    for (uint64_t at = 0; at < want.size(); at += 12288)  // each block against its own checksum
+      EXPECT_EQ(o.file->check_blocks(i, at, want.data() + at, std::min<uint64_t>(12288, want.size() - at)),
+                "")
+          << specs[i].name << " block " << at / 12288;
+  }
+}
+
 TEST(CacheFile, EveryFlippedHeaderByteAndEveryTruncationIsCaught) {
   Scratch s;
   const auto path = s.path("w.cache");
   build_and_open(s);
   const std::string good = slurp(path);
-  // the header proper: preamble 44 + key 5 + entries (4 + name + 24 each) + checksum 8
-  size_t used = 44 + 5 + 8;
-  for (const auto& e : odd_specs()) used += 4 + e.name.size() + 24;
+  // the header proper: preamble 52 + key 5 + entries (4 + name + 24 + 8 per 8192-byte block)
+  // + checksum 8
+  size_t used = 52 + 5 + 8;
+  for (const auto& e : odd_specs()) used += 4 + e.name.size() + 24 + 8 * ((e.bytes + 8191) / 8192);
   for (size_t at = 0; at < used; ++at) {
     flip_byte(path, at);
     const auto o = CacheFile::open(path, "key-a");
@@ -193,7 +223,7 @@ TEST(CacheFile, EveryFlippedHeaderByteAndEveryTruncationIsCaught) {
   }
   flip_byte(path, used + 10);  // the header's zero padding: not covered, harmless
   EXPECT_EQ(CacheFile::open(path, "key-a").state, CacheState::valid);
-  for (uint64_t size : {1, 7, 8, 43, 44, 100, 4095, 4096, 4097, 16384, 36863}) {
+  for (uint64_t size : {1, 7, 8, 43, 51, 52, 100, 4095, 4096, 4097, 16384, 36863}) {
     std::filesystem::resize_file(path, size);
     const auto o = CacheFile::open(path, "key-a");
     EXPECT_EQ(o.state, CacheState::damaged) << size;

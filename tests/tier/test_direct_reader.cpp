@@ -170,6 +170,32 @@ TEST(DirectReader, AFlippedByteIsNamedWithTheEntryAndItsOffset) {
   EXPECT_EQ(first_mismatch(a, 4, 0, 12305), 12000u);
 }
 
+TEST(DirectReader, RangesOfWholeBlocksAreVerifiedBlockByBlock) {
+  Scratch s;
+  const auto f = make_cache(s);
+  flip_byte(s.path("w.cache"), 20480 + 9000);  // lm_head's block 1 (bytes 8192..12305)
+  DirectReader r(f);
+  alignas(4096) static std::byte buf[16384];
+  r.submit({.entry = 4, .offset = 0, .bytes = 8192, .dst = buf, .capacity = 8192});
+  r.submit({.entry = 4, .offset = 8192, .dst = buf + 8192, .capacity = 8192});
+  const auto first = r.next(), second = r.next();
+  ASSERT_TRUE(first && first->ok()) << first->error;
+  EXPECT_TRUE(first->verified);
+  ASSERT_TRUE(second);
+  EXPECT_EQ(second->error_code, EBADMSG);
+  EXPECT_HAS(second->error, s.path("w.cache") +
+                                ": entry 'lm_head' at offset 20480: block 1 (bytes 8192..12305 of "
+                                "the entry): checksum mismatch");
+  EXPECT_EQ(f->check_blocks(4, 0, buf, 8192), "");  // block 0 still matches
+  EXPECT_THROW(f->check_blocks(4, 4096, buf, 4096), std::invalid_argument);
+  try {
+    f->verify_all();
+    FAIL() << "expected a mismatch";
+  } catch (const std::runtime_error& e) {
+    EXPECT_HAS(e.what(), "entry 'lm_head' at offset 20480");
+  }
+}
+
 TEST(DirectReader, ByteRangesAndBadRequests) {
   Scratch s;
   DirectReader r(make_cache(s));
@@ -179,7 +205,8 @@ TEST(DirectReader, ByteRangesAndBadRequests) {
   auto a = r.next(), b = r.next();
   ASSERT_TRUE(a && a->ok() && b && b->ok());
   EXPECT_EQ(a->bytes, 4113u);
-  EXPECT_FALSE(a->verified);  // a range is not a whole entry
+  EXPECT_TRUE(a->verified);   // lm_head's last checksum block, whole
+  EXPECT_FALSE(b->verified);  // part of a block: returned unverified
   EXPECT_EQ(first_mismatch(buf, 4, 8192, 4113), 4113u);
   EXPECT_EQ(first_mismatch(buf + 8192, 0, 4096, 100), 100u);
   const auto expect_bad = [&](ReadRequest q, const std::string& part) {

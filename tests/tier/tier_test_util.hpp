@@ -68,10 +68,12 @@ inline std::vector<CacheEntrySpec> odd_specs() {
           {"lm_head", 12305}};
 }
 
-/// Small chunks so that an entry takes several fill calls.
+/// Small chunks so that an entry takes several fill calls, and checksum blocks of 8192 bytes
+/// (lm_head has two: bytes 0..8192 and 8192..12305).
 inline CacheBuildOptions small_chunks() {
   CacheBuildOptions o;
   o.chunk_bytes = 8192;
+  o.checksum_block_bytes = 8192;
   return o;
 }
 
