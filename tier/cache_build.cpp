@@ -210,6 +210,12 @@ EnsureResult ensure_cache(const std::string& path, const std::string& source_key
                     "path (nothing "
                     "was written)",
                     path, found.reason));
+  if (fs::is_symlink(path, ec))
+    throw std::runtime_error(
+        fmt::format("{}: is a symbolic link, which a rebuild of the tier cache would replace with a file "
+                    "({}); point the cache "
+                    "path at its target (nothing was written)",
+                    path, found.reason));
   std::string why = found.state == CacheState::valid
                         ? fmt::format("{}: its entries are not the ones asked for", path)
                         : found.reason;

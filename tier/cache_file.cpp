@@ -87,6 +87,24 @@ CacheState check_header(int fd, uint64_t size, const std::string& key, format::P
   return CacheState::valid;
 }
 
+/// The inode of `fd` opened again with O_DIRECT (through /proc/self/fd, so a rename over
+/// `path` since cannot change what is read; without /proc, `path` itself when it is still the
+/// same inode), or -1 with `why` set.
+int reopen_direct(const std::string& path, int fd, const struct stat& st, std::string& why) {
+  int d = ::open(fmt::format("/proc/self/fd/{}", fd).c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+  if (d < 0 && errno == ENOENT) {  // no /proc
+    d = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    struct stat again {};
+    if (d >= 0 && (::fstat(d, &again) != 0 || again.st_dev != st.st_dev || again.st_ino != st.st_ino)) {
+      ::close(d);
+      why = "O_DIRECT: the file was replaced while it was opened";
+      return -1;
+    }
+  }
+  if (d < 0) why = fmt::format("O_DIRECT: {}", std::strerror(errno));
+  return d;
+}
+
 }  // namespace
 
 CacheOpenResult CacheFile::open(const std::string& path, const std::string& source_key) {
@@ -123,10 +141,7 @@ CacheOpenResult CacheFile::open(const std::string& path, const std::string& sour
   f->header_bytes_ = parts.header_bytes;
   f->block_bytes_ = parts.block_bytes;
   f->fd_ = fd.release();
-  // the same inode again, with O_DIRECT: a rename over `path` since cannot change what we read
-  const int d = ::open(fmt::format("/proc/self/fd/{}", f->fd_).c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
-  if (d < 0) f->direct_refused_ = fmt::format("O_DIRECT: {}", std::strerror(errno));
-  f->direct_fd_ = d;
+  f->direct_fd_ = reopen_direct(path, f->fd_, st, f->direct_refused_);
   r.file = std::move(f);
   return r;
 }

@@ -209,7 +209,8 @@ struct EnsureResult {
 /// builders of `path` (base/atomic_file.hpp clean_stale_temporaries: marked ones only). Throws
 /// as build_cache, or std::runtime_error when the folder or the lock cannot be made, when
 /// `path` holds a file that is not a tier cache ("<path>: exists and is not a roundpipe tier
-/// cache; ..."; it is left alone), or when the new file does not open as valid.
+/// cache; ..."; it is left alone) or is a symbolic link to a cache that needs a rebuild (a
+/// valid one is reused through it), or when the new file does not open as valid.
 EnsureResult ensure_cache(const std::string& path, const std::string& source_key,
                           const std::vector<CacheEntrySpec>& specs, const CacheFill& fill,
                           const CacheBuildOptions& options = {});

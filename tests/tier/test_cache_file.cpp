@@ -142,6 +142,18 @@ TEST(CacheFile, MissingTruncatedAndForeignFiles) {
     EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
   }
   EXPECT_EQ(slurp(other), "the user's notes, not a cache");
+
+  // a symbolic link: a valid cache is reused through it, a rebuild is refused
+  std::filesystem::create_symlink(path, s.path("link.cache"));
+  EXPECT_FALSE(ensure_cache(s.path("link.cache"), "key-a", odd_specs(), pattern_fill()).built);
+  try {
+    ensure_cache(s.path("link.cache"), "key-b", odd_specs(), pattern_fill());
+    FAIL() << "expected a refusal";
+  } catch (const std::runtime_error& e) {
+    EXPECT_HAS(e.what(), s.path("link.cache") + ": is a symbolic link");
+  }
+  EXPECT_TRUE(std::filesystem::is_symlink(s.path("link.cache")));
+  EXPECT_EQ(CacheFile::open(path, "key-a").state, CacheState::valid);
 }
 
 TEST(CacheFile, AFlippedHeaderByteIsDamaged) {
