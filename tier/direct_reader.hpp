@@ -72,9 +72,9 @@ using ReadFault = std::function<int(uint64_t read_index, uint64_t file_offset, s
 ReadFault fail_nth_read(uint64_t n, int err);
 
 struct DirectReaderOptions {
-  unsigned queue_depth = 8;                       ///< reads in flight at most (1..4096)
-  size_t max_io_bytes = size_t(1) << 20;          ///< one read's size at most (a multiple of 4096)
-  bool verify = true;                             ///< check whole entries against their checksums
+  unsigned queue_depth = 8;               ///< reads in flight at most (1..4096)
+  size_t max_io_bytes = size_t(1) << 20;  ///< one read's size at most (a multiple of 4096)
+  bool verify = true;                     ///< check whole entries and whole blocks against their checksums
   IoEngineKind engine = IoEngineKind::automatic;  ///< pread_pool forces the fallback
   unsigned pread_threads = 4;
   bool direct = true;  ///< false: buffered reads even where O_DIRECT works
@@ -91,9 +91,9 @@ class DirectReader {
   DirectReader& operator=(const DirectReader&) = delete;
 
   /// Queues a read and starts what the queue depth allows; returns its ticket (1, 2, ...).
-  /// Never blocks. Throws std::invalid_argument for a bad request (entry out of range, an
-  /// unaligned offset or buffer, a range past the entry, a buffer too small; one line naming
-  /// the file and the entry) and std::logic_error after shutdown().
+  /// Never blocks. Throws std::out_of_range for an entry past the table, std::invalid_argument
+  /// for a bad request (an unaligned offset or buffer, a range past the entry, a buffer too
+  /// small; one line naming the file and the entry) and std::logic_error after shutdown().
   uint64_t submit(const ReadRequest& request);
   /// The oldest request's result, waiting for it; nullopt when none is outstanding. Throws
   /// std::runtime_error only when the engine itself fails (io_uring_wait_cqe returning an
