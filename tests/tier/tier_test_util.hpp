@@ -24,8 +24,10 @@ struct Scratch {
   fs::path dir;
   Scratch() {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir = fs::path(RP_BUILD_DIR) / "tier_tests" /
-          (std::to_string(::getpid()) + "_" + info->test_suite_name() + "_" + info->name());
+    std::string name = std::to_string(::getpid()) + "_" + info->test_suite_name() + "_" + info->name();
+    std::replace(name.begin(), name.end(), '/',
+                 '_');  // parameterised tests: "Engines/ByEngine", ".../io_uring"
+    dir = fs::path(RP_BUILD_DIR) / "tier_tests" / name;
     fs::remove_all(dir);
     fs::create_directories(dir);
   }
