@@ -17,6 +17,7 @@ SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 pkgs=(build-essential cmake ninja-build pkg-config python3 python3-pip python3-venv
       libcaf-dev libeigen3-dev nlohmann-json3-dev libboost-dev libgtest-dev
       libcli11-dev libspdlog-dev libfmt-dev libpcre2-dev libxxhash-dev libutf8proc-dev
+      liburing-dev                # the disk tier's O_DIRECT reads (tier/): 2.3 on Debian 12, 2.1 on Ubuntu 22.04
       libopenmpi-dev openmpi-bin  # MPI: data-parallel replicas (README "Several machines")
       clang-format-14             # scripts/check_format.sh (CI): one formatter version for every system
       pybind11-dev python3-dev)   # the Python module (docs/python.md): 2.10 on Debian 12, 2.11 / 2.9 on Ubuntu 24.04 / 22.04

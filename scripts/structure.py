@@ -25,7 +25,7 @@ import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FOLDERS = ["base", "kernels", "model", "formats", "optimizer", "scheduler", "trace", "data", "dist", "actors",
+FOLDERS = ["base", "kernels", "model", "formats", "optimizer", "scheduler", "trace", "data", "dist", "actors", "tier",
            "trainer", "cli", "include", "python"]
 EXTS = (".cpp", ".hpp", ".cu", ".cuh", ".h")
 BEGIN, END = "<!-- structure:begin -->", "<!-- structure:end -->"

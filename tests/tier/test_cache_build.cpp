@@ -1,0 +1,258 @@
+// tier/cache_file: building the cache (free-space check, failures leave nothing behind,
+// O_DIRECT or buffered writes) and two runs sharing one cache file.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <future>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "tier/cache_file.hpp"
+#include "tier/direct_reader.hpp"
+#include "tier_test_util.hpp"
+
+using namespace std::chrono_literals;
+using namespace rp::tier;
+using namespace rp::tier::testing;
+
+namespace {
+
+#define EXPECT_HAS(s, part) \
+  EXPECT_NE(std::string(s).find(part), std::string::npos) << (s) << "\n  should contain: " << (part)
+
+TEST(CacheBuild, TooLittleDiskSpaceIsOneLineAndWritesNothing) {
+  Scratch s;
+  auto opt = small_chunks();
+  std::string asked_dir;
+  opt.free_bytes = [&](const std::string& dir) {
+    asked_dir = dir;
+    return uint64_t(36863);  // one byte short of the 36864 the file needs
+  };
+  int fills = 0;
+  try {
+    build_cache(
+        s.path("w.cache"), "key-a", odd_specs(), [&](size_t, uint64_t, std::span<std::byte>) { ++fills; },
+        opt);
+    FAIL() << "expected a refusal";
+  } catch (const std::runtime_error& e) {
+    const std::string m = e.what();
+    EXPECT_HAS(m, s.path("w.cache") + ": not enough disk space for the tier cache: needs 36864 bytes");
+    EXPECT_HAS(m, s.dir.string() + " has 36863 bytes");
+    EXPECT_EQ(m.find('\n'), std::string::npos);
+  }
+  EXPECT_EQ(asked_dir, s.dir.string());
+  EXPECT_EQ(fills, 0);
+  EXPECT_TRUE(s.names().empty());
+  opt.free_bytes = [](const std::string&) { return uint64_t(36864); };  // exactly enough
+  EXPECT_NO_THROW(build_cache(s.path("w.cache"), "key-a", odd_specs(), pattern_fill(), opt));
+  EXPECT_EQ(CacheFile::open(s.path("w.cache"), "key-a").state, CacheState::valid);
+}
+
+TEST(CacheBuild, AFillThrowingMidwayLeavesNoFileAndKeepsThePreviousOne) {
+  Scratch s;
+  auto fill_failing_at = [](size_t bad) {
+    return [bad](size_t e, uint64_t off, std::span<std::byte> out) {
+      if (e == bad) throw std::domain_error("tensor 'lm_head' could not be read");
+      pattern_fill()(e, off, out);
+    };
+  };
+  try {
+    build_cache(s.path("w.cache"), "key-a", odd_specs(), fill_failing_at(4), small_chunks());
+    FAIL() << "expected the fill's exception";
+  } catch (const std::domain_error& e) {  // propagates unchanged
+    EXPECT_STREQ(e.what(), "tensor 'lm_head' could not be read");
+  }
+  EXPECT_TRUE(s.names().empty());  // no cache, no temporary, no owner marker
+  // over a valid cache: the old one stays as it was
+  ensure_cache(s.path("w.cache"), "key-a", odd_specs(), pattern_fill(), small_chunks());
+  EXPECT_THROW(ensure_cache(s.path("w.cache"), "key-b", odd_specs(), fill_failing_at(3), small_chunks()),
+               std::domain_error);
+  EXPECT_EQ(s.names(), (std::vector<std::string>{"w.cache", "w.cache.lock"}));
+  const auto o = CacheFile::open(s.path("w.cache"), "key-a");
+  ASSERT_EQ(o.state, CacheState::valid);
+  EXPECT_NO_THROW(o.file->verify_all());
+}
+
+TEST(CacheBuild, AWriteFailureLeavesNoFile) {
+  Scratch s;
+  for (const auto& [at, err] : std::vector<std::pair<uint64_t, int>>{{12288, ENOSPC}, {0, EIO}}) {
+    auto opt = small_chunks();
+    std::vector<uint64_t> writes;
+    opt.write_fault = [&, at = at, err = err](uint64_t offset, size_t) {
+      writes.push_back(offset);
+      return offset == at ? err : 0;
+    };
+    try {
+      build_cache(s.path("w.cache"), "key-a", odd_specs(), pattern_fill(), opt);
+      FAIL() << "expected a write failure at " << at;
+    } catch (const std::runtime_error& e) {
+      EXPECT_HAS(e.what(), s.path("w.cache") + ": writing 4096 bytes at offset " + std::to_string(at) +
+                               " failed: " + std::strerror(err));
+    }
+    EXPECT_EQ(writes.back(), at);
+    EXPECT_TRUE(s.names().empty()) << "after a failure at " << at;
+  }
+}
+
+TEST(CacheBuild, BufferedWritesGiveTheSameFile) {
+  Scratch s;
+  auto opt = small_chunks();
+  const auto direct = build_cache(s.path("a.cache"), "key-a", odd_specs(), pattern_fill(), opt);
+  if (!direct.direct) {
+    EXPECT_FALSE(direct.buffered_reason.empty());  // a file system without O_DIRECT says why
+  }
+  opt.direct = false;
+  const auto buffered = build_cache(s.path("b.cache"), "key-a", odd_specs(), pattern_fill(), opt);
+  EXPECT_FALSE(buffered.direct);
+  EXPECT_EQ(buffered.bytes, 36864u);
+  EXPECT_EQ(slurp(s.path("a.cache")), slurp(s.path("b.cache")));
+  const auto o = CacheFile::open(s.path("b.cache"), "key-a");
+  ASSERT_EQ(o.state, CacheState::valid);
+  EXPECT_NO_THROW(o.file->verify_all());
+}
+
+TEST(CacheBuild, AnODirectWriteRefusedSwitchesToBufferedWrites) {
+  Scratch s;
+  auto opt = small_chunks();
+  int refused = 0;
+  opt.write_fault = [&](uint64_t offset, size_t) { return offset == 4096 && refused++ == 0 ? EINVAL : 0; };
+  const auto rep = build_cache(s.path("w.cache"), "key-a", odd_specs(), pattern_fill(), opt);
+  if (refused == 1 && rep.buffered_reason == "O_DIRECT: Invalid argument")
+    GTEST_SKIP() << "this file system refuses O_DIRECT at open: the write fallback is not reached";
+  EXPECT_FALSE(rep.direct);
+  EXPECT_EQ(rep.buffered_reason, "O_DIRECT write: Invalid argument");
+  const auto o = CacheFile::open(s.path("w.cache"), "key-a");
+  ASSERT_EQ(o.state, CacheState::valid);
+  EXPECT_NO_THROW(o.file->verify_all());  // the refused write was written again, buffered
+}
+
+TEST(CacheBuild, AKilledBuildersTemporaryIsCleanedByTheNextBuild) {
+  Scratch s;
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // a builder killed midway: its temporary and owner marker stay behind
+    build_cache(
+        s.path("w.cache"), "key-a", odd_specs(),
+        [](size_t e, uint64_t, std::span<std::byte>) {
+          if (e == 3) ::_exit(0);
+        },
+        small_chunks());
+    ::_exit(1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  const std::string tmp = "w.cache.tmp-" + std::to_string(child);
+  ASSERT_EQ(s.names(), (std::vector<std::string>{tmp, tmp + ".roundpipe-owner"}));
+  // a name of that form with a dead pid but without our marker is not provably ours: left alone
+  { std::ofstream(s.path("w.cache.tmp-999999999")) << "not ours"; }
+  const auto r = ensure_cache(s.path("w.cache"), "key-a", odd_specs(), pattern_fill(), small_chunks());
+  EXPECT_TRUE(r.built);
+  EXPECT_EQ(s.names(), (std::vector<std::string>{"w.cache", "w.cache.lock", "w.cache.tmp-999999999"}));
+}
+
+TEST(CacheBuild, TwoBuildersAtOnceBuildOnce) {
+  Scratch s;
+  std::atomic<int> fills_a{0}, fills_b{0};
+  std::promise<void> a_filling;
+  auto a = std::async(std::launch::async, [&] {
+    return ensure_cache(
+        s.path("w.cache"), "key-a", odd_specs(),
+        [&](size_t e, uint64_t off, std::span<std::byte> out) {
+          if (fills_a++ == 0) {
+            a_filling.set_value();
+            std::this_thread::sleep_for(150ms);  // builder b arrives meanwhile
+          }
+          pattern_fill()(e, off, out);
+        },
+        small_chunks());
+  });
+  a_filling.get_future().wait();
+  auto b = std::async(std::launch::async, [&] {
+    return ensure_cache(
+        s.path("w.cache"), "key-a", odd_specs(),
+        [&](size_t e, uint64_t off, std::span<std::byte> out) {
+          ++fills_b;
+          pattern_fill()(e, off, out);
+        },
+        small_chunks());
+  });
+  const auto ra = a.get(), rb = b.get();
+  EXPECT_TRUE(ra.built);
+  EXPECT_FALSE(rb.built);  // waited for a's lock, then found a's valid file
+  EXPECT_EQ(fills_b.load(), 0);
+  EXPECT_GT(fills_a.load(), 0);
+  std::vector<std::byte> buf(12305);
+  rb.file->read_entry(4, buf);
+  EXPECT_EQ(first_mismatch(buf.data(), 4, 0, 12305), 12305u);
+  EXPECT_EQ(s.names(), (std::vector<std::string>{"w.cache", "w.cache.lock"}));
+}
+
+TEST(CacheBuild, TwoProcessesAtOnceBuildOnce) {
+  Scratch s;
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // the first run: builds, slowly
+    ::close(ready[0]);
+    bool told = false;
+    const auto r = ensure_cache(
+        s.path("w.cache"), "key-a", odd_specs(),
+        [&](size_t e, uint64_t off, std::span<std::byte> out) {
+          if (!told) {
+            told = ::write(ready[1], "x", 1) == 1;
+            std::this_thread::sleep_for(150ms);
+          }
+          pattern_fill()(e, off, out);
+        },
+        small_chunks());
+    ::_exit(r.built ? 0 : 1);
+  }
+  ::close(ready[1]);
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);  // the child holds the lock and is filling
+  ::close(ready[0]);
+  int fills = 0;
+  const auto r = ensure_cache(s.path("w.cache"), "key-a", odd_specs(),
+                              [&](size_t, uint64_t, std::span<std::byte>) { ++fills; });
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);  // the child built
+  EXPECT_FALSE(r.built);                                       // this run waited and reused it
+  EXPECT_EQ(fills, 0);
+  EXPECT_NO_THROW(r.file->verify_all());
+}
+
+TEST(CacheBuild, AReaderOfTheOldFileReadsItDuringARebuild) {
+  Scratch s;
+  const auto old =
+      ensure_cache(s.path("w.cache"), "key-a", odd_specs(), pattern_fill(1), small_chunks()).file;
+  DirectReader reader(old);
+  alignas(4096) static std::byte buf[16384];
+  // a rebuild for another key renames a new file (other bytes) over the path
+  const auto fresh = ensure_cache(s.path("w.cache"), "key-b", odd_specs(), pattern_fill(7), small_chunks());
+  ASSERT_TRUE(fresh.built);
+  EXPECT_EQ(CacheFile::open(s.path("w.cache"), "key-a").state, CacheState::stale);
+  // the old handle still reads the old bytes, checksums and all, buffered and O_DIRECT
+  std::vector<std::byte> e4(12305);
+  old->read_entry(4, e4);
+  EXPECT_EQ(first_mismatch(e4.data(), 4, 0, 12305, 1), 12305u);
+  reader.submit({.entry = 4, .dst = buf, .capacity = sizeof(buf)});
+  const auto r = reader.next();
+  ASSERT_TRUE(r && r->ok()) << (r ? r->error : "no result");
+  EXPECT_TRUE(r->verified);
+  EXPECT_EQ(first_mismatch(buf, 4, 0, 12305, 1), 12305u);
+  // the new file has the new bytes
+  fresh.file->read_entry(4, e4);
+  EXPECT_EQ(first_mismatch(e4.data(), 4, 0, 12305, 7), 12305u);
+}
+
+}  // namespace

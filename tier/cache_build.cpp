@@ -1,0 +1,231 @@
+// Writing the tier cache file (build_cache) and the builders' lock (ensure_cache).
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "base/atomic_file.hpp"
+#include "base/checksum.hpp"
+#include "tier/cache_file.hpp"
+#include "tier/cache_format.hpp"
+#include "tier/file_io.hpp"
+
+namespace fs = std::filesystem;
+
+namespace rp::tier {
+namespace {
+
+/// Bytes written buffered between two fdatasync + posix_fadvise(DONTNEED).
+constexpr uint64_t kBufferedFlushBytes = uint64_t(64) << 20;
+
+std::string folder_of(const std::string& path) {
+  const fs::path p = fs::path(path).parent_path();
+  return p.empty() ? std::string(".") : p.string();
+}
+
+double gib(uint64_t b) { return double(b) / double(uint64_t(1) << 30); }
+
+uint64_t statvfs_free_bytes(const std::string& dir) {
+  struct statvfs v {};
+  if (::statvfs(dir.c_str(), &v) != 0)
+    throw std::runtime_error(
+        fmt::format("{}: cannot ask for its free space ({})", dir, std::strerror(errno)));
+  return uint64_t(v.f_bavail) * uint64_t(v.f_frsize);
+}
+
+struct AlignedFree {
+  void operator()(std::byte* p) const { std::free(p); }
+};
+using AlignedBuffer = std::unique_ptr<std::byte, AlignedFree>;
+
+AlignedBuffer aligned_buffer(size_t bytes) {
+  auto* p = static_cast<std::byte*>(std::aligned_alloc(kDirectAlign, align_up(bytes)));
+  if (!p) throw std::bad_alloc();
+  return AlignedBuffer(p);
+}
+
+/// The temporary being written: O_DIRECT when the file system takes it, else buffered with
+/// the page cache dropped behind the writes.
+class CacheWriter {
+ public:
+  CacheWriter(const std::string& tmp, const std::string& path, const CacheBuildOptions& opt,
+              CacheBuildReport& rep)
+      : path_(path), opt_(opt), rep_(rep) {
+    const int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
+    if (opt.direct) {
+      fd_.reset(::open(tmp.c_str(), flags | O_DIRECT, 0644));
+      if (fd_.get() < 0 && errno != EINVAL) fail_open();
+      if (fd_.get() < 0) rep_.buffered_reason = "O_DIRECT: Invalid argument";
+    } else {
+      rep_.buffered_reason = "O_DIRECT not asked for";
+    }
+    if (fd_.get() < 0) fd_.reset(::open(tmp.c_str(), flags, 0644));
+    if (fd_.get() < 0) fail_open();
+    rep_.direct = rep_.buffered_reason.empty();
+  }
+
+  /// Reserves the whole file up front where the file system can (a full disk fails here).
+  void reserve(uint64_t bytes) {
+    if (bytes == 0) return;
+    // fallocate, not posix_fallocate: glibc's emulation would write every block through the page cache
+    const int rc = ::fallocate(fd_.get(), 0, 0, off_t(bytes)) == 0 ? 0 : errno;
+    if (rc == ENOSPC || rc == EDQUOT || rc == EFBIG)
+      throw std::runtime_error(
+          fmt::format("{}: cannot reserve {} bytes for the tier cache: {}", path_, bytes, std::strerror(rc)));
+    // EOPNOTSUPP / EINVAL: the file system does not reserve; the writes find out
+  }
+
+  /// Writes `bytes` (a multiple of 4096) from the aligned `src` at `offset`.
+  void write(const std::byte* src, size_t bytes, uint64_t offset) {
+    int err = opt_.write_fault ? opt_.write_fault(offset, bytes) : 0;
+    if (err == 0) err = pwrite_full(fd_.get(), src, bytes, offset);
+    if (err == EINVAL && rep_.direct) {  // O_DIRECT accepted at open, refused at write
+      ::fcntl(fd_.get(), F_SETFL, ::fcntl(fd_.get(), F_GETFL) & ~O_DIRECT);
+      rep_.direct = false;
+      rep_.buffered_reason = "O_DIRECT write: Invalid argument";
+      err = pwrite_full(fd_.get(), src, bytes, offset);
+    }
+    if (err != 0)
+      throw std::runtime_error(fmt::format("{}: writing {} bytes at offset {} failed: {}{}", path_, bytes,
+                                           offset, std::strerror(err), err == ENOSPC ? " (disk full)" : ""));
+    if (!rep_.direct && (unflushed_ += bytes) >= kBufferedFlushBytes) flush();
+  }
+
+  void finish() {
+    if (!rep_.direct) flush();
+    if (::close(fd_.release()) != 0)
+      throw std::runtime_error(
+          fmt::format("{}: closing the tier cache failed: {}", path_, std::strerror(errno)));
+  }
+
+ private:
+  [[noreturn]] void fail_open() {
+    throw std::runtime_error(
+        fmt::format("{}: cannot create the tier cache ({})", path_, std::strerror(errno)));
+  }
+  /// Buffered writes: make them durable, then drop them from the page cache.
+  void flush() {
+    if (::fdatasync(fd_.get()) != 0)
+      throw std::runtime_error(fmt::format("{}: fdatasync failed: {}", path_, std::strerror(errno)));
+    ::posix_fadvise(fd_.get(), 0, 0, POSIX_FADV_DONTNEED);
+    unflushed_ = 0;
+  }
+  Fd fd_;
+  const std::string& path_;
+  const CacheBuildOptions& opt_;
+  CacheBuildReport& rep_;
+  uint64_t unflushed_ = 0;
+};
+
+/// Fills and writes every entry (their checksums into `l`), then the header.
+void write_cache(CacheWriter& w, const std::string& key, format::Layout& l, const CacheFill& fill,
+                 size_t chunk) {
+  AlignedBuffer buf = aligned_buffer(chunk);
+  for (size_t i = 0; i < l.entries.size(); ++i) {
+    auto& e = l.entries[i];
+    format::EntryChecksums sum(l.block_bytes);
+    for (uint64_t off = 0; off < e.bytes; off += chunk) {
+      const size_t n = size_t(std::min<uint64_t>(chunk, e.bytes - off));
+      fill(i, off, std::span<std::byte>(buf.get(), n));
+      sum.update(buf.get(), n);
+      std::memset(buf.get() + n, 0, align_up(n) - n);
+      w.write(buf.get(), align_up(n), e.offset + off);
+    }
+    e.checksum = sum.finish(e.block_checksums);
+  }
+  const std::vector<std::byte> header = format::encode_header(key, l);
+  AlignedBuffer h = aligned_buffer(header.size());
+  std::memcpy(h.get(), header.data(), header.size());
+  w.write(h.get(), header.size(), 0);  // last: a file cut short has no valid header
+}
+
+}  // namespace
+
+uint64_t cache_file_bytes(const std::string& source_key, const std::vector<CacheEntrySpec>& specs,
+                          uint64_t checksum_block_bytes) {
+  return format::plan_layout(source_key, specs, checksum_block_bytes).file_bytes;
+}
+
+std::string cache_lock_path(const std::string& path) { return path + ".lock"; }
+
+CacheBuildReport build_cache(const std::string& path, const std::string& source_key,
+                             const std::vector<CacheEntrySpec>& specs, const CacheFill& fill,
+                             const CacheBuildOptions& options) {
+  format::Layout l = format::plan_layout(source_key, specs, options.checksum_block_bytes);
+  if (!fill) throw std::invalid_argument(fmt::format("{}: build_cache without a fill", path));
+  if (options.chunk_bytes < kDirectAlign || options.chunk_bytes % kDirectAlign != 0)
+    throw std::invalid_argument(fmt::format("{}: chunk of {} bytes, expected a multiple of {}", path,
+                                            options.chunk_bytes, kDirectAlign));
+  const std::string dir = folder_of(path);
+  const uint64_t avail = options.free_bytes ? options.free_bytes(dir) : statvfs_free_bytes(dir);
+  if (avail < l.file_bytes)
+    throw std::runtime_error(
+        fmt::format("{}: not enough disk space for the tier cache: needs {} bytes ({:.2f} GiB), {} has {} "
+                    "bytes ({:.2f} GiB) free",
+                    path, l.file_bytes, gib(l.file_bytes), dir, avail, gib(avail)));
+  CacheBuildReport rep;
+  rep.bytes = l.file_bytes;
+  replace_file(path, [&](const std::string& tmp) {
+    CacheWriter w(tmp, path, options, rep);
+    w.reserve(l.file_bytes);
+    write_cache(w, source_key, l, fill, options.chunk_bytes);
+    w.finish();
+  });
+  return rep;
+}
+
+EnsureResult ensure_cache(const std::string& path, const std::string& source_key,
+                          const std::vector<CacheEntrySpec>& specs, const CacheFill& fill,
+                          const CacheBuildOptions& options) {
+  const std::string dir = folder_of(path);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw std::runtime_error(fmt::format("{}: cannot create the folder ({})", dir, ec.message()));
+  const std::string lock_path = cache_lock_path(path);
+  Fd lock(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  if (lock.get() < 0)
+    throw std::runtime_error(
+        fmt::format("{}: cannot open the builders' lock ({})", lock_path, std::strerror(errno)));
+  int rc;
+  do rc = ::flock(lock.get(), LOCK_EX);
+  while (rc != 0 && errno == EINTR);
+  if (rc != 0)
+    throw std::runtime_error(
+        fmt::format("{}: cannot take the builders' lock ({})", lock_path, std::strerror(errno)));
+  // the lock is held until `lock` closes, on return or on a throw
+  CacheOpenResult found = CacheFile::open(path, source_key);
+  if (found.state == CacheState::valid && found.file->matches(specs)) return {found.file, false, ""};
+  if (found.foreign)
+    throw std::runtime_error(
+        fmt::format("{}: exists and is not a roundpipe tier cache ({}); move it away or choose another cache "
+                    "path (nothing "
+                    "was written)",
+                    path, found.reason));
+  if (fs::is_symlink(path, ec))
+    throw std::runtime_error(
+        fmt::format("{}: is a symbolic link, which a rebuild of the tier cache would replace with a file "
+                    "({}); point the cache "
+                    "path at its target (nothing was written)",
+                    path, found.reason));
+  std::string why = found.state == CacheState::valid
+                        ? fmt::format("{}: its entries are not the ones asked for", path)
+                        : found.reason;
+  found = {};  // let go of the old file before writing the new one
+  clean_stale_temporaries(dir, fs::path(path).filename().string());
+  build_cache(path, source_key, specs, fill, options);
+  CacheOpenResult built = CacheFile::open(path, source_key);
+  if (built.state != CacheState::valid)
+    throw std::runtime_error(fmt::format("{} (right after it was built)", built.reason));
+  return {built.file, true, std::move(why)};
+}
+
+}  // namespace rp::tier
