@@ -18,6 +18,7 @@
 #include "base/checked_math.hpp"
 #include "base/counted.hpp"
 #include "cli/command.hpp"
+#include "cli/plan_disk.hpp"
 #include "formats/gguf.hpp"
 #include "kernels/device.hpp"
 #include "kernels/weight_format.hpp"
@@ -397,6 +398,7 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
   if (!o.memory_cap.empty())
     parse_byte_size(o.memory_cap, "--memory-cap");  // bad values before the model loads
   frozen_format(o);
+  disk_tier_of(o);  // the disk tier's flags, before the model loads
   std::string desc;
   const ModelShape m = load_model_shape(o.model, &desc);
   const std::optional<ModelLayout> layout = run_layout(o);
@@ -433,6 +435,12 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
       source += fmt::format("; warning: measured at {} x {} tokens", profile->n_seq(), profile->seq_len());
   }
   const int64_t cap = o.memory_cap.empty() ? 0 : parse_byte_size(o.memory_cap, "--memory-cap");
+
+  RunPlanInputs rin = plan_inputs(planned, oo, oo.seq_len, cap);
+  rin.profile = profile ? &*profile : nullptr;
+  const auto t0 = std::chrono::steady_clock::now();
+  // --disk-gbps: planned before printing, so that a budget too small is the only line
+  const std::optional<DiskRun> disk = plan_with_disk(o, planned, rin);
 
   const int64_t tokens = o.micro_batches * o.sequences_per_micro * oo.seq_len;
   fmt::print(out, "model     {}\n", desc);
@@ -478,10 +486,7 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
                counted(m.num_moe_layers(), "sparse layer"), m.experts_per_token, d.grouped_gemm_efficiency,
                m.num_experts);
 
-  const auto t0 = std::chrono::steady_clock::now();
-  RunPlanInputs rin = plan_inputs(planned, oo, oo.seq_len, cap);
-  rin.profile = profile ? &*profile : nullptr;
-  const RunPlan run = plan_run(rin);  // the automatic plan (no explicit plan here)
+  const RunPlan run = disk ? disk->run : plan_run(rin);  // the automatic plan (no explicit plan here)
   const PartitionResult& pr = *run.automatic;
   const PartitionOptions& po = run.partition;
   const std::vector<LayerCost>& costs = run.costs;
@@ -502,7 +507,9 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
                stage_kind_name(e.stage.kind), layers_text(e.stage, pr.plan.num_layers), ms(e.compute_seconds),
                ms(e.upload_seconds), ms(e.download_seconds), ms(e.seconds),
                format_bytes(double(po.weight_buffers > 1 ? e.memory_bytes : e.work_bytes)),
-               e.transfer_bound() ? "  transfer-bound" : "");
+               !e.transfer_bound()                                 ? ""
+               : e.disk_seconds > 0 && e.disk_seconds >= e.seconds ? "  disk-bound"
+                                                                   : "  transfer-bound");
   }
 
   const PeakEstimate peak = predict_peak(pr.stages, po);
@@ -517,7 +524,9 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
 
   SimOptions so = sim_options(o, d);
   so.record_timeline = !o.trace.empty();
-  SimResult r = simulate(pr.plan, stage_costs(costs, pr.plan, po), so);
+  const SimOptions without_disk = so;
+  SimResult r = disk ? simulate(pr.plan, disk_stage_costs(*disk, so), so)
+                     : simulate(pr.plan, stage_costs(costs, pr.plan, po), so);
   fmt::print(out, "\nslowest stage {}, objective max(S, G) x tmax = {}\n", ms(pr.tmax), ms(pr.objective));
   fmt::print(out, "iteration {} ({} steady state, first iteration {}), {:.0f} tokens/s\n",
              ms(r.iteration_seconds), o.sync ? "synchronous" : "asynchronous", ms(r.first_iteration_seconds),
@@ -528,6 +537,8 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
   for (size_t g = 0; g < r.gpu_idle.size(); ++g)
     idle += fmt::format("{}GPU{} {}", g ? ", " : "", g, ms(r.gpu_idle[g]));
   fmt::print(out, "idle      {} (over {})\n", idle, ms(r.makespan));
+  if (disk)
+    print_disk_tier(out, *disk, r, simulate(pr.plan, stage_costs(costs, pr.plan, po), without_disk), tokens);
   if (o.nodes > 1) print_nodes(out, o, costs, d, m.tie_word_embeddings, r.iteration_seconds, tokens);
   print_host_memory(out, oo, plan_config(o),
                     [](const PlanCommandOptions& x) { return predicted_tokens_per_s(x); });
@@ -573,6 +584,7 @@ void add_plan_command(CLI::App& app) {
        "when over, what to change")
       ->check(finite_number_check(true));
   c->add_option("--gpus", o->gpus, "GPUs in the pool")->capture_default_str();
+  add_disk_options(*c, *o);
   c->add_option("--seq", o->seq_len, "tokens per sequence")->capture_default_str();
   c->add_option("--micro", o->micro_batches, "micro-batches per iteration (M)")->capture_default_str();
   c->add_option("--sequences-per-micro", o->sequences_per_micro, "sequences per micro-batch")
