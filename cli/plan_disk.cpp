@@ -33,7 +33,8 @@ void add_disk_options(CLI::App& c, PlanCommandOptions& o) {
                "disk tier: the host disk's read GB/s for frozen weights and spilled activations the host "
                "budget cannot hold (0: none; a prediction, training does not stream from a disk yet)")
       ->capture_default_str();
-  c.add_option("--disk-write-gbps", o.disk_write_gbps, "disk tier: write GB/s for spilled activations (0: the read rate)")
+  c.add_option("--disk-write-gbps", o.disk_write_gbps,
+               "disk tier: write GB/s for spilled activations (0: the read rate)")
       ->capture_default_str();
   c.add_option("--host-budget-gib", o.host_budget_gib,
                "disk tier: host memory the run may fill, GiB (0: 90% of --host-gib or of this machine's)")
@@ -46,13 +47,16 @@ DiskTier disk_tier_of(const PlanCommandOptions& o, std::string* budget_source) {
   if (!(o.disk_gbps >= 0) || !std::isfinite(o.disk_gbps))
     throw UsageError(fmt::format("--disk-gbps: expected a rate >= 0 in GB/s, got {}", o.disk_gbps));
   if (!(o.disk_write_gbps >= 0) || !std::isfinite(o.disk_write_gbps))
-    throw UsageError(fmt::format("--disk-write-gbps: expected a rate >= 0 in GB/s, got {}", o.disk_write_gbps));
+    throw UsageError(
+        fmt::format("--disk-write-gbps: expected a rate >= 0 in GB/s, got {}", o.disk_write_gbps));
   if (!(o.host_budget_gib >= 0) || !std::isfinite(o.host_budget_gib))
     throw UsageError(fmt::format("--host-budget-gib: expected >= 0, got {}", o.host_budget_gib));
   if (o.disk_ring < 1) throw UsageError(fmt::format("--disk-ring: expected >= 1, got {}", o.disk_ring));
   if (o.disk_gbps == 0) {
-    if (o.disk_write_gbps > 0) throw UsageError("--disk-write-gbps: describes the disk tier; give --disk-gbps with it");
-    if (o.host_budget_gib > 0) throw UsageError("--host-budget-gib: sizes the disk tier; give --disk-gbps with it");
+    if (o.disk_write_gbps > 0)
+      throw UsageError("--disk-write-gbps: describes the disk tier; give --disk-gbps with it");
+    if (o.host_budget_gib > 0)
+      throw UsageError("--host-budget-gib: sizes the disk tier; give --disk-gbps with it");
   }
   DiskTier t;
   t.read_bandwidth = o.disk_gbps * 1e9;
@@ -143,21 +147,23 @@ void print_disk_tier(std::FILE* out, const DiskRun& r, const SimResult& with_dis
   const DiskPlan& d = r.disk;
   const DiskTier& t = r.tier;
   const int G = r.run.partition.gpus;
-  fmt::print(out,
-             "\ndisk      {:.4g} GB/s read, {:.4g} GB/s write, shared by {}; host budget {} ({}): trainable "
-             "state {}, read ring {}, activations {}, frozen base {} of which {} resident\n",
-             t.read_bandwidth / 1e9, t.write_rate() / 1e9, G == 1 ? std::string("1 GPU") : fmt::format("{} GPUs", G),
-             byte_text(t.host_budget), r.budget_source, byte_text(d.trainable_bytes),
-             d.ring_bytes > 0 ? fmt::format("{} x {}", t.ring_buffers, byte_text(d.ring_bytes / t.ring_buffers))
-                              : std::string("none (everything fits)"),
-             byte_text(d.activation_bytes), byte_text(d.frozen_bytes), byte_text(d.resident_bytes));
+  fmt::print(
+      out,
+      "\ndisk      {:.4g} GB/s read, {:.4g} GB/s write, shared by {}; host budget {} ({}): trainable "
+      "state {}, read ring {}, activations {}, frozen base {} of which {} resident\n",
+      t.read_bandwidth / 1e9, t.write_rate() / 1e9, G == 1 ? std::string("1 GPU") : fmt::format("{} GPUs", G),
+      byte_text(t.host_budget), r.budget_source, byte_text(d.trainable_bytes),
+      d.ring_bytes > 0 ? fmt::format("{} x {}", t.ring_buffers, byte_text(d.ring_bytes / t.ring_buffers))
+                       : std::string("none (everything fits)"),
+      byte_text(d.activation_bytes), byte_text(d.frozen_bytes), byte_text(d.resident_bytes));
   if (d.attention_dropped)
     fmt::print(out, "          saved attention dropped to fit the budget (backward recomputes it)\n");
   if (d.spill_bytes > 0)
-    fmt::print(out,
-               "          activations spilled: {} per iteration, each micro-batch's written after its forward "
-               "stage and read back ahead of its backward stage\n",
-               byte_text(d.spill_bytes));
+    fmt::print(
+        out,
+        "          activations spilled: {} per iteration, each micro-batch's written after its forward "
+        "stage and read back ahead of its backward stage\n",
+        byte_text(d.spill_bytes));
   double compute = 0, up = 0, down = 0, stream = 0;
   for (const StageEstimate& e : r.run.automatic->stages) {
     compute += e.compute_seconds;
@@ -185,8 +191,8 @@ void print_disk_tier(std::FILE* out, const DiskRun& r, const SimResult& with_dis
                  : std::string());
   const double per_token = compute * G / double(tokens), spill = d.spill_bytes / double(tokens);
   const double here = tokens_to_hide(stream, spill, per_token, G, t.read_bandwidth, t.write_rate());
-  const double nvme = tokens_to_hide(stream, spill, per_token, G, kReferenceNvmeBytesPerSecond,
-                                     kReferenceNvmeBytesPerSecond);
+  const double nvme =
+      tokens_to_hide(stream, spill, per_token, G, kReferenceNvmeBytesPerSecond, kReferenceNvmeBytesPerSecond);
   if (d.read_bytes > 0)
     fmt::print(out, "          hidden {} at this disk, {} at a 7 GB/s NVMe; this run has {}\n",
                hidden_text(here), hidden_text(nvme), tokens);

@@ -107,7 +107,8 @@ DiskPlan plan_disk_tier(const ModelLayout& m, const HostRun& run, const DiskTier
   return d;
 }
 
-void apply_disk_reads(std::vector<LayerCost>& costs, const ModelLayout& m, const std::vector<char>& streamed) {
+void apply_disk_reads(std::vector<LayerCost>& costs, const ModelLayout& m,
+                      const std::vector<char>& streamed) {
   if (int(costs.size()) != m.num_layers())
     throw std::invalid_argument(
         fmt::format("disk tier: {} layer costs, the model has {} layers", costs.size(), m.num_layers()));

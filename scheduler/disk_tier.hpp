@@ -56,22 +56,22 @@ constexpr double kReferenceNvmeBytesPerSecond = 7e9;
 
 /// What the budget keeps, what streams and what the disk does per iteration.
 struct DiskPlan {
-  bool fits = true;               ///< host_budget >= minimum_budget
-  double minimum_budget = 0;      ///< trainable + ring: less cannot run with this tier
-  double trainable_bytes = 0;     ///< master, moments, low-precision copy, gradients
-  double ring_bytes = 0;          ///< ring_buffers x the largest stage read (0: nothing streams)
-  double frozen_bytes = 0;        ///< every frozen group's storage
-  double resident_bytes = 0;      ///< of frozen_bytes, kept in host memory
-  double activation_bytes = 0;    ///< saved activations kept in host memory (all pass slots)
-  bool saved_attention = true;    ///< the decoders keep their attention output
-  bool attention_dropped = false; ///< saved attention was asked for and dropped to fit
-  double spill_bytes = 0;         ///< activations written and read back per iteration
-  std::vector<char> streamed;     ///< per group of the layout: read from the disk
+  bool fits = true;                  ///< host_budget >= minimum_budget
+  double minimum_budget = 0;         ///< trainable + ring: less cannot run with this tier
+  double trainable_bytes = 0;        ///< master, moments, low-precision copy, gradients
+  double ring_bytes = 0;             ///< ring_buffers x the largest stage read (0: nothing streams)
+  double frozen_bytes = 0;           ///< every frozen group's storage
+  double resident_bytes = 0;         ///< of frozen_bytes, kept in host memory
+  double activation_bytes = 0;       ///< saved activations kept in host memory (all pass slots)
+  bool saved_attention = true;       ///< the decoders keep their attention output
+  bool attention_dropped = false;    ///< saved attention was asked for and dropped to fit
+  double spill_bytes = 0;            ///< activations written and read back per iteration
+  std::vector<char> streamed;        ///< per group of the layout: read from the disk
   std::vector<int64_t> stage_reads;  ///< per plan stage: streamed frozen bytes it reads
-  double read_bytes = 0;          ///< per iteration: stage reads + spill
-  double write_bytes = 0;         ///< per iteration: spill
-  double seconds = 0;             ///< per iteration, at the tier's bandwidths
-  int64_t micro_batches = 1;      ///< of the run (the spill's split per micro-batch)
+  double read_bytes = 0;             ///< per iteration: stage reads + spill
+  double write_bytes = 0;            ///< per iteration: spill
+  double seconds = 0;                ///< per iteration, at the tier's bandwidths
+  int64_t micro_batches = 1;         ///< of the run (the spill's split per micro-batch)
 };
 
 /// The frozen storage bytes each stage of `plan` uploads (ModelLayout::groups_uploaded) of
@@ -82,7 +82,8 @@ std::vector<int64_t> stage_frozen_reads(const ModelLayout& m, const IterationPla
 /// The disk plan of `run` on `m` under `tier` for `plan` (the file comment's rules). With
 /// !tier.enabled() everything is resident and nothing is read. Throws std::invalid_argument
 /// for a plan of another layer count or host_memory_need's errors.
-DiskPlan plan_disk_tier(const ModelLayout& m, const HostRun& run, const DiskTier& tier, const IterationPlan& plan);
+DiskPlan plan_disk_tier(const ModelLayout& m, const HostRun& run, const DiskTier& tier,
+                        const IterationPlan& plan);
 
 /// Sets every layer's LayerCost::disk_bytes: the storage of its streamed groups (groups_of).
 void apply_disk_reads(std::vector<LayerCost>& costs, const ModelLayout& m, const std::vector<char>& streamed);
