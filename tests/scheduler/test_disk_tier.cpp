@@ -32,7 +32,8 @@ ModelLayout llama_lora() {
   lc.alpha = 16;
   set_lora_targets(lc, {"all-linear"});
   lc.base_format = WeightFormat::bf16;
-  return make_layout(load_config_file(std::string(RP_SOURCE_DIR) + "/examples/configs/llama-3.1-8b.json"), lc);
+  return make_layout(load_config_file(std::string(RP_SOURCE_DIR) + "/examples/configs/llama-3.1-8b.json"),
+                     lc);
 }
 
 // F[0-16] T[17-33] B[16-9] B[8-0] over the 34 compute layers.
@@ -62,7 +63,7 @@ TEST(DiskTier, StageReadsAreTheFrozenGroupsEachStageUploads) {
   EXPECT_EQ(double(reads[0]), kEmbedding + 16 * kDecoder);  // the embedding and decoders 0..15
   EXPECT_EQ(double(reads[1]), 16 * kDecoder + kTail);       // decoders 16..31 and the tail
   EXPECT_EQ(double(reads[2]), 8 * kDecoder);                // decoders 8..15, read again
-  EXPECT_EQ(double(reads[3]), 8 * kDecoder);                // decoders 0..7; the embedding's backward reads none
+  EXPECT_EQ(double(reads[3]), 8 * kDecoder);  // decoders 0..7; the embedding's backward reads none
 }
 
 TEST(DiskTier, ASmallBudgetStreamsEveryFrozenGroupOncePerStage) {
@@ -121,7 +122,7 @@ TEST(DiskTier, SavedAttentionIsDroppedFirstThenActivationsSpillAtTheBudgetsEdges
   t.read_bandwidth = 7e9;
   t.ring_buffers = 1;
   const double fixed = need.master + need.moments + need.weights + need.gradients + 16 * kDecoder +
-                       kTail;  // trainable state and the ring
+                       kTail;                                 // trainable state and the ring
   t.host_budget = fixed + need.activations + need.attention;  // exactly both
   DiskPlan d = plan_disk_tier(m, run, t, llama_plan());
   EXPECT_TRUE(d.saved_attention);
@@ -152,8 +153,8 @@ TEST(DiskTier, ABudgetBelowTheTrainableStateAndTheRingDoesNotFit) {
   const HostMemoryNeed need = host_memory_need(m, run);
   DiskTier t;
   t.read_bandwidth = 7e9;
-  const double minimum = need.master + need.moments + need.weights + need.gradients +
-                         2 * (16 * kDecoder + kTail);
+  const double minimum =
+      need.master + need.moments + need.weights + need.gradients + 2 * (16 * kDecoder + kTail);
   t.host_budget = minimum;
   DiskPlan d = plan_disk_tier(m, run, t, llama_plan());
   EXPECT_TRUE(d.fits);
@@ -227,8 +228,8 @@ TEST(DiskTierSimulator, AFasterDiskIsNeverPredictedSlower) {
     std::vector<StageCost> c(static_cast<size_t>(S));
     for (int s = 0; s < S; ++s) {
       const StageKind k = p.stages[size_t(s)].kind;
-      c[size_t(s)] = {1e-3 * (0.2 + u(rng)), int64_t(1e6 * u(rng)), int64_t(1e6 * u(rng)), int64_t(1e8 * u(rng)),
-                      k == StageKind::forward ? 0 : int64_t(1e8 * u(rng))};
+      c[size_t(s)] = {1e-3 * (0.2 + u(rng)), int64_t(1e6 * u(rng)), int64_t(1e6 * u(rng)),
+                      int64_t(1e8 * u(rng)), k == StageKind::forward ? 0 : int64_t(1e8 * u(rng))};
       c[size_t(s)].disk_read_bytes = int64_t(1e8 * u(rng));
       if (k == StageKind::forward && u(rng) < 0.5) c[size_t(s)].spill_write_bytes = int64_t(1e7 * u(rng));
       if (k == StageKind::backward && u(rng) < 0.5) c[size_t(s)].spill_read_bytes = int64_t(1e7 * u(rng));
