@@ -1,10 +1,8 @@
 #include "cli/plan.hpp"
 
 #include <algorithm>
-#include <cctype>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -292,7 +290,8 @@ static void print_nodes(std::FILE* out, const PlanCommandOptions& o, const std::
                e.passes_to_hide, e.passes_to_hide);
 }
 
-void run_plan(const PlanCommandOptions& o, std::FILE* out) {
+/// The flags' values, before the model loads: a UsageError naming the first one out of range.
+static void check_plan_options(const PlanCommandOptions& o) {
   if (o.gpus < 1 || o.gpus > kMaxWorkers)
     throw UsageError(fmt::format("--gpus: expected an integer in 1..{}, got {}", kMaxWorkers, o.gpus));
   if (o.seq_len < 1) throw UsageError(fmt::format("--seq: expected >= 1, got {}", o.seq_len));
@@ -326,30 +325,37 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
   if (!o.memory_cap.empty())
     parse_byte_size(o.memory_cap, "--memory-cap");  // bad values before the model loads
   frozen_format(o);
-  disk_tier_of(o);  // the disk tier's flags, before the model loads
+  disk_tier_of(o);  // the disk tier's flags
+}
+
+/// --max-seq: the longest sequence that fits --memory-cap, printed with its notes.
+static int64_t print_longest_sequence(const PlanCommandOptions& o, std::FILE* out) {
+  const int64_t cap = parse_byte_size(o.memory_cap, "--memory-cap");
+  const int64_t best = longest_sequence(o, cap);
+  if (best == 0)
+    throw std::runtime_error(
+        fmt::format("no plan fits {} per GPU even at 1024 tokens per sequence", format_bytes(double(cap))));
+  fmt::print(out,
+             "longest   {} tokens per sequence fit {} per GPU ({} of {}); {} "
+             "without waiting at stage switches (peak below); the plan for it:\n\n",
+             best, format_bytes(double(cap)), counted(o.micro_batches, "micro-batch", "micro-batches"),
+             counted(o.sequences_per_micro, "sequence"), longest_sequence(o, cap, true));
+  if (const int64_t max_pos = plan_layout(o).config.max_position_embeddings; max_pos > 0 && best > max_pos)
+    fmt::print(out,
+               "note      that is past the model's max_position_embeddings {}: memory allows it, the "
+               "model was not trained for it (train warns; plan with --seq {} to stay within it)\n\n",
+               max_pos, max_pos);
+  return best;
+}
+
+void run_plan(const PlanCommandOptions& o, std::FILE* out) {
+  check_plan_options(o);
   std::string desc;
   const ModelShape m = load_model_shape(o.model, &desc);
   const std::optional<ModelLayout> layout = run_layout(o);
   const DeviceModel d = device_model(o, layout);
   PlanCommandOptions oo = o;
-  if (o.max_seq) {
-    const int64_t cap = parse_byte_size(o.memory_cap, "--memory-cap");
-    const int64_t best = longest_sequence(o, cap);
-    if (best == 0)
-      throw std::runtime_error(
-          fmt::format("no plan fits {} per GPU even at 1024 tokens per sequence", format_bytes(double(cap))));
-    fmt::print(out,
-               "longest   {} tokens per sequence fit {} per GPU ({} of {}); {} "
-               "without waiting at stage switches (peak below); the plan for it:\n\n",
-               best, format_bytes(double(cap)), counted(o.micro_batches, "micro-batch", "micro-batches"),
-               counted(o.sequences_per_micro, "sequence"), longest_sequence(o, cap, true));
-    if (const int64_t max_pos = plan_layout(o).config.max_position_embeddings; max_pos > 0 && best > max_pos)
-      fmt::print(out,
-                 "note      that is past the model's max_position_embeddings {}: memory allows it, the "
-                 "model was not trained for it (train warns; plan with --seq {} to stay within it)\n\n",
-                 max_pos, max_pos);
-    oo.seq_len = best;
-  }
+  if (o.max_seq) oo.seq_len = print_longest_sequence(o, out);
   const ModelLayout planned = plan_layout(o);
   std::string source = "analytic (FLOPs and bytes per layer)";
   std::optional<Profile> profile;

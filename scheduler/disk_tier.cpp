@@ -78,15 +78,14 @@ DiskPlan plan_disk_tier(const ModelLayout& m, const HostRun& run, const DiskTier
   d.frozen_bytes = need.frozen;
   d.streamed.assign(m.groups.size(), 0);
   d.saved_attention = run.saved_attention;
+  const int64_t largest = all_reads.empty() ? 0 : *std::max_element(all_reads.begin(), all_reads.end());
   if (!tier.enabled() || need.total() <= tier.host_budget) {  // everything stays in host memory
     d.resident_bytes = d.frozen_bytes;
     d.activation_bytes = need.activations + need.attention;
-    d.minimum_budget = need.total();
-    d.fits = !tier.enabled() || need.total() <= tier.host_budget;
+    d.minimum_budget = d.trainable_bytes + double(tier.ring_buffers) * double(largest);
     d.stage_reads.assign(plan.stages.size(), 0);
     return d;
   }
-  const int64_t largest = all_reads.empty() ? 0 : *std::max_element(all_reads.begin(), all_reads.end());
   d.ring_bytes = double(tier.ring_buffers) * double(largest);
   d.minimum_budget = d.trainable_bytes + d.ring_bytes;
   d.fits = tier.host_budget >= d.minimum_budget;

@@ -56,7 +56,7 @@ constexpr double kReferenceNvmeBytesPerSecond = 7e9;
 
 /// What the budget keeps, what streams and what the disk does per iteration.
 struct DiskPlan {
-  bool fits = true;                  ///< host_budget >= minimum_budget
+  bool fits = true;                  ///< the budget holds everything, or at least minimum_budget
   double minimum_budget = 0;         ///< trainable + ring: less cannot run with this tier
   double trainable_bytes = 0;        ///< master, moments, low-precision copy, gradients
   double ring_bytes = 0;             ///< ring_buffers x the largest stage read (0: nothing streams)
