@@ -1,10 +1,8 @@
 #include "cli/plan.hpp"
 
 #include <algorithm>
-#include <cctype>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -18,6 +16,7 @@
 #include "base/checked_math.hpp"
 #include "base/counted.hpp"
 #include "cli/command.hpp"
+#include "cli/plan_disk.hpp"
 #include "formats/gguf.hpp"
 #include "kernels/device.hpp"
 #include "kernels/weight_format.hpp"
@@ -37,78 +36,6 @@
 namespace fs = std::filesystem;
 
 namespace rp {
-
-int64_t parse_byte_size(const std::string& text, const std::string& what) {
-  std::string s;
-  for (char c : text)
-    if (!std::isspace(static_cast<unsigned char>(c))) s += c;
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(s, &used);
-  } catch (const std::exception&) {
-    throw UsageError(fmt::format("{}: '{}' is not a byte size (e.g. 24GiB)", what, text));
-  }
-  std::string unit = s.substr(used);
-  for (auto& c : unit) c = char(std::tolower(static_cast<unsigned char>(c)));
-  double mul = 0;
-  const char* prefixes = "kmgt";
-  if (unit.empty() || unit == "b") {
-    mul = 1;
-  } else if (const char* p = std::strchr(prefixes, unit[0]); p && *p) {
-    const int e = int(p - prefixes) + 1;
-    const std::string rest = unit.substr(1);
-    if (rest == "ib" || rest.empty()) mul = std::pow(1024.0, e);
-    else if (rest == "b") mul = std::pow(1000.0, e);
-  }
-  if (mul == 0 || !(v >= 0) || !std::isfinite(v * mul) || v * mul > 9e18)
-    throw UsageError(fmt::format("{}: '{}' is not a byte size (e.g. 24GiB, 512MB, 1e10)", what, text));
-  return int64_t(std::llround(v * mul));
-}
-
-ModelShape load_model_shape(const std::string& path, std::string* description) {
-  std::error_code ec;
-  std::string file = path;
-  if (fs::is_directory(path, ec)) file = (fs::path(path) / "config.json").string();
-  if (!fs::exists(file, ec)) throw std::runtime_error(file + ": no such file");
-  // the model's one description (ModelConfig), read by its own parsers; the shape is a view of it
-  ModelConfig c;
-  std::string kind;
-  if (fs::path(file).extension() == ".gguf") {
-    GgufFile g(file);
-    c = config_from_gguf(g);
-    kind = "gguf " + g.get_string("general.architecture");
-  } else {
-    try {
-      c = load_config_file(file);  // dense, Qwen3-MoE ("qwen3_moe"), GPT-OSS, ...
-    } catch (const std::invalid_argument& e) {
-      throw std::runtime_error(e.what());
-    }
-    kind = c.architecture;
-  }
-  ModelShape m = model_shape_from_config(c);
-  m.validate(file);
-  // The partitioner searches every contiguous range of layers (O(L^2) candidates, each
-  // memoised): 1024 decoder layers is 8x the deepest released dense model (126).
-  if (m.num_layers > kMaxPlanLayers)
-    throw std::runtime_error(
-        fmt::format("{}: num_hidden_layers {} exceeds the {} decoder layers the planner "
-                    "handles",
-                    file, m.num_layers, kMaxPlanLayers));
-  if (description) {
-    const double total = double(c.num_parameters()), active = double(c.num_active_parameters());
-    *description = fmt::format(
-        "{} ({}): {} layers, hidden {}, {} q / {} kv heads x {}, {}vocab {}, "
-        "{:.2f} B parameters",
-        path, kind, m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim,
-        m.num_experts > 0 ? fmt::format("{} experts top-{} x FFN {} in {} sparse layers, ", m.num_experts,
-                                        m.experts_per_token, m.moe_intermediate_size, m.num_moe_layers())
-                          : fmt::format("FFN {}, ", m.intermediate_size),
-        m.vocab_size, total / 1e9);
-    if (m.num_experts > 0) *description += fmt::format(" in total, {:.2f} B active per token", active / 1e9);
-  }
-  return m;
-}
 
 namespace {
 
@@ -363,7 +290,8 @@ static void print_nodes(std::FILE* out, const PlanCommandOptions& o, const std::
                e.passes_to_hide, e.passes_to_hide);
 }
 
-void run_plan(const PlanCommandOptions& o, std::FILE* out) {
+/// The flags' values, before the model loads: a UsageError naming the first one out of range.
+static void check_plan_options(const PlanCommandOptions& o) {
   if (o.gpus < 1 || o.gpus > kMaxWorkers)
     throw UsageError(fmt::format("--gpus: expected an integer in 1..{}, got {}", kMaxWorkers, o.gpus));
   if (o.seq_len < 1) throw UsageError(fmt::format("--seq: expected >= 1, got {}", o.seq_len));
@@ -397,29 +325,37 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
   if (!o.memory_cap.empty())
     parse_byte_size(o.memory_cap, "--memory-cap");  // bad values before the model loads
   frozen_format(o);
+  disk_tier_of(o);  // the disk tier's flags
+}
+
+/// --max-seq: the longest sequence that fits --memory-cap, printed with its notes.
+static int64_t print_longest_sequence(const PlanCommandOptions& o, std::FILE* out) {
+  const int64_t cap = parse_byte_size(o.memory_cap, "--memory-cap");
+  const int64_t best = longest_sequence(o, cap);
+  if (best == 0)
+    throw std::runtime_error(
+        fmt::format("no plan fits {} per GPU even at 1024 tokens per sequence", format_bytes(double(cap))));
+  fmt::print(out,
+             "longest   {} tokens per sequence fit {} per GPU ({} of {}); {} "
+             "without waiting at stage switches (peak below); the plan for it:\n\n",
+             best, format_bytes(double(cap)), counted(o.micro_batches, "micro-batch", "micro-batches"),
+             counted(o.sequences_per_micro, "sequence"), longest_sequence(o, cap, true));
+  if (const int64_t max_pos = plan_layout(o).config.max_position_embeddings; max_pos > 0 && best > max_pos)
+    fmt::print(out,
+               "note      that is past the model's max_position_embeddings {}: memory allows it, the "
+               "model was not trained for it (train warns; plan with --seq {} to stay within it)\n\n",
+               max_pos, max_pos);
+  return best;
+}
+
+void run_plan(const PlanCommandOptions& o, std::FILE* out) {
+  check_plan_options(o);
   std::string desc;
   const ModelShape m = load_model_shape(o.model, &desc);
   const std::optional<ModelLayout> layout = run_layout(o);
   const DeviceModel d = device_model(o, layout);
   PlanCommandOptions oo = o;
-  if (o.max_seq) {
-    const int64_t cap = parse_byte_size(o.memory_cap, "--memory-cap");
-    const int64_t best = longest_sequence(o, cap);
-    if (best == 0)
-      throw std::runtime_error(
-          fmt::format("no plan fits {} per GPU even at 1024 tokens per sequence", format_bytes(double(cap))));
-    fmt::print(out,
-               "longest   {} tokens per sequence fit {} per GPU ({} of {}); {} "
-               "without waiting at stage switches (peak below); the plan for it:\n\n",
-               best, format_bytes(double(cap)), counted(o.micro_batches, "micro-batch", "micro-batches"),
-               counted(o.sequences_per_micro, "sequence"), longest_sequence(o, cap, true));
-    if (const int64_t max_pos = plan_layout(o).config.max_position_embeddings; max_pos > 0 && best > max_pos)
-      fmt::print(out,
-                 "note      that is past the model's max_position_embeddings {}: memory allows it, the "
-                 "model was not trained for it (train warns; plan with --seq {} to stay within it)\n\n",
-                 max_pos, max_pos);
-    oo.seq_len = best;
-  }
+  if (o.max_seq) oo.seq_len = print_longest_sequence(o, out);
   const ModelLayout planned = plan_layout(o);
   std::string source = "analytic (FLOPs and bytes per layer)";
   std::optional<Profile> profile;
@@ -433,6 +369,12 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
       source += fmt::format("; warning: measured at {} x {} tokens", profile->n_seq(), profile->seq_len());
   }
   const int64_t cap = o.memory_cap.empty() ? 0 : parse_byte_size(o.memory_cap, "--memory-cap");
+
+  RunPlanInputs rin = plan_inputs(planned, oo, oo.seq_len, cap);
+  rin.profile = profile ? &*profile : nullptr;
+  const auto t0 = std::chrono::steady_clock::now();
+  // --disk-gbps: planned before printing, so that a budget too small is the only line
+  const std::optional<DiskRun> disk = plan_with_disk(o, planned, rin);
 
   const int64_t tokens = o.micro_batches * o.sequences_per_micro * oo.seq_len;
   fmt::print(out, "model     {}\n", desc);
@@ -478,10 +420,7 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
                counted(m.num_moe_layers(), "sparse layer"), m.experts_per_token, d.grouped_gemm_efficiency,
                m.num_experts);
 
-  const auto t0 = std::chrono::steady_clock::now();
-  RunPlanInputs rin = plan_inputs(planned, oo, oo.seq_len, cap);
-  rin.profile = profile ? &*profile : nullptr;
-  const RunPlan run = plan_run(rin);  // the automatic plan (no explicit plan here)
+  const RunPlan run = disk ? disk->run : plan_run(rin);  // the automatic plan (no explicit plan here)
   const PartitionResult& pr = *run.automatic;
   const PartitionOptions& po = run.partition;
   const std::vector<LayerCost>& costs = run.costs;
@@ -502,7 +441,9 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
                stage_kind_name(e.stage.kind), layers_text(e.stage, pr.plan.num_layers), ms(e.compute_seconds),
                ms(e.upload_seconds), ms(e.download_seconds), ms(e.seconds),
                format_bytes(double(po.weight_buffers > 1 ? e.memory_bytes : e.work_bytes)),
-               e.transfer_bound() ? "  transfer-bound" : "");
+               !e.transfer_bound()                                 ? ""
+               : e.disk_seconds > 0 && e.disk_seconds >= e.seconds ? "  disk-bound"
+                                                                   : "  transfer-bound");
   }
 
   const PeakEstimate peak = predict_peak(pr.stages, po);
@@ -517,7 +458,9 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
 
   SimOptions so = sim_options(o, d);
   so.record_timeline = !o.trace.empty();
-  SimResult r = simulate(pr.plan, stage_costs(costs, pr.plan, po), so);
+  const SimOptions without_disk = so;
+  SimResult r = disk ? simulate(pr.plan, disk_stage_costs(*disk, so), so)
+                     : simulate(pr.plan, stage_costs(costs, pr.plan, po), so);
   fmt::print(out, "\nslowest stage {}, objective max(S, G) x tmax = {}\n", ms(pr.tmax), ms(pr.objective));
   fmt::print(out, "iteration {} ({} steady state, first iteration {}), {:.0f} tokens/s\n",
              ms(r.iteration_seconds), o.sync ? "synchronous" : "asynchronous", ms(r.first_iteration_seconds),
@@ -528,6 +471,8 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
   for (size_t g = 0; g < r.gpu_idle.size(); ++g)
     idle += fmt::format("{}GPU{} {}", g ? ", " : "", g, ms(r.gpu_idle[g]));
   fmt::print(out, "idle      {} (over {})\n", idle, ms(r.makespan));
+  if (disk)
+    print_disk_tier(out, *disk, r, simulate(pr.plan, stage_costs(costs, pr.plan, po), without_disk), tokens);
   if (o.nodes > 1) print_nodes(out, o, costs, d, m.tie_word_embeddings, r.iteration_seconds, tokens);
   print_host_memory(out, oo, plan_config(o),
                     [](const PlanCommandOptions& x) { return predicted_tokens_per_s(x); });
@@ -573,6 +518,7 @@ void add_plan_command(CLI::App& app) {
        "when over, what to change")
       ->check(finite_number_check(true));
   c->add_option("--gpus", o->gpus, "GPUs in the pool")->capture_default_str();
+  add_disk_options(*c, *o);
   c->add_option("--seq", o->seq_len, "tokens per sequence")->capture_default_str();
   c->add_option("--micro", o->micro_batches, "micro-batches per iteration (M)")->capture_default_str();
   c->add_option("--sequences-per-micro", o->sequences_per_micro, "sequences per micro-batch")

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "scheduler/cost_model.hpp"
+#include "scheduler/host_memory.hpp"
 #include "scheduler/run_plan.hpp"
 
 namespace CLI {
@@ -71,6 +72,11 @@ struct PlanCommandOptions {
   /// Host memory the run may use, GiB (0: this machine's, host_total_bytes); the plan
   /// prints the run's host need against it and, when over, what to change.
   double host_gib = 0;
+  /// Disk tier (scheduler/disk_tier.hpp, cli/plan_disk.hpp): the host disk's read and write
+  /// GB/s (0: no tier; write 0: the read rate), the host bytes the run may fill, GiB (0:
+  /// kHostHeadroom x host_gib or this machine's memory), and the read ring's buffers.
+  double disk_gbps = 0, disk_write_gbps = 0, host_budget_gib = 0;
+  int disk_ring = 2;
 };
 
 /// Fills the fields of o that preset o.gpu sets (peak_tflops, fp8_tflops, hbm_gbps, pcie_gbps
@@ -101,6 +107,13 @@ void print_gpu_presets(std::FILE* out);
 /// fits the GPUs' memory), its predicted speed.
 void print_host_memory(std::FILE* out, const PlanCommandOptions& o, const ModelConfig& c,
                        const std::function<std::optional<double>(const PlanCommandOptions&)>& tokens_per_s);
+
+/// What o's run keeps in host memory (scheduler/host_memory.hpp): its LoRA, frozen form, batch
+/// shape, GPUs and saved attention.
+HostRun host_run_of(const PlanCommandOptions& o);
+
+/// Registers --disk-gbps, --disk-write-gbps, --host-budget-gib and --disk-ring on `plan`.
+void add_disk_options(CLI::App& plan, PlanCommandOptions& o);
 
 /// Registers the `plan` subcommand on `app`; it runs from its callback, prints errors as
 /// one line "roundpipe: error: ..." and then exits with code 1 (CLI::RuntimeError).

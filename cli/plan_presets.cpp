@@ -69,9 +69,7 @@ void print_gpu_presets(std::FILE* out) {
   for (const GpuPreset& p : gpu_presets()) fmt::print(out, "  {:<10} {}\n", p.name, p.source);
 }
 
-namespace {
-
-HostRun host_run(const PlanCommandOptions& o) {
+HostRun host_run_of(const PlanCommandOptions& o) {
   HostRun r;
   r.lora_r = o.lora_r;
   r.lora_targets.clear();
@@ -92,6 +90,8 @@ HostRun host_run(const PlanCommandOptions& o) {
   return r;
 }
 
+namespace {
+
 PlanCommandOptions with_run(PlanCommandOptions o, const HostRun& r) {
   o.lora_r = r.lora_r;
   o.frozen = r.frozen ? weight_format_name(*r.frozen) : "";
@@ -107,7 +107,7 @@ PlanCommandOptions with_run(PlanCommandOptions o, const HostRun& r) {
 
 void print_host_memory(std::FILE* out, const PlanCommandOptions& o, const ModelConfig& c,
                        const std::function<std::optional<double>(const PlanCommandOptions&)>& tokens_per_s) {
-  const HostRun run = host_run(o);
+  const HostRun run = host_run_of(o);
   const HostMemoryNeed need = host_memory_need(c, run);
   const double budget = o.host_gib > 0 ? o.host_gib * double(int64_t(1) << 30) : double(host_total_bytes());
   fmt::print(out, "\nhost      the run needs {} of host memory{}\n", host_memory_text(need),

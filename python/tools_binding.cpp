@@ -65,6 +65,10 @@ const std::map<std::string, PlanKeyword>& plan_keywords() {
       {"net_latency_us", {"--net-latency-us", setter(&O::net_latency_us)}},
       {"accumulation", {"--accumulation", setter(&O::accumulation)}},
       {"grouped_gemm_efficiency", {"--grouped-gemm-efficiency", setter(&O::grouped_gemm_efficiency)}},
+      {"disk_gbps", {"--disk-gbps", setter(&O::disk_gbps)}},
+      {"disk_write_gbps", {"--disk-write-gbps", setter(&O::disk_write_gbps)}},
+      {"host_budget_gib", {"--host-budget-gib", setter(&O::host_budget_gib)}},
+      {"disk_ring", {"--disk-ring", setter(&O::disk_ring)}},
   };
   return k;
 }

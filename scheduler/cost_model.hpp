@@ -57,6 +57,10 @@ struct LayerCost {
   /// allocates one per layer): W's codes in a forward call, W's and W^T's in a backward or tail
   /// call. Stages sum them over their layers.
   int64_t fp8_fwd_bytes = 0, fp8_bwd_bytes = 0;
+  /// Disk tier (scheduler/disk_tier.hpp, apply_disk_reads): the storage bytes of the layer's
+  /// frozen groups that are not resident in host memory, read from the disk into the host's
+  /// read ring before each stage that uploads them. 0 without a disk tier.
+  int64_t disk_bytes = 0;
   bool operator==(const LayerCost&) const = default;
 };
 

@@ -32,6 +32,7 @@ struct Sums {
   int64_t attn = 0, attn_raw = 0;  // saved attention outputs: as charged, and their bytes
   bool sparse = false;             // runs a sparse decoder: router statistics per slot
   int64_t fp8 = 0;                 // the layers' FP8 weight caches (forward or backward form), as charged
+  int64_t disk = 0;                // frozen bytes read from the disk tier (LayerCost::disk_bytes)
 };
 
 // Constants of one problem.
@@ -44,6 +45,7 @@ struct Ctx {
   int64_t act0 = 0;     // layer 0's activation (a backward stage uploads ids instead)
   int64_t w0 = 0;       // layer 0's weights as charged (a backward stage uploads none of them)
   int64_t up0 = 0;      // layer 0's weight bytes uploaded
+  int64_t disk0 = 0;    // layer 0's disk reads (a backward stage reads none of them)
   int64_t stats = 0;  // a sparse decoder's router statistics per micro-batch (LayerCost::router_stats_bytes)
   // a layer's saved attention output and log-sum-exp buffers, as charged
   int64_t saved(const LayerCost& l) const {
@@ -85,6 +87,7 @@ StageEstimate assemble(const Ctx& c, StageKind kind, int first, int last, const 
   e.weight_bytes = kind == StageKind::backward && first == 0 ? s.w - c.w0 : s.w;
   e.weight_upload_bytes = kind == StageKind::backward && first == 0 ? s.up - c.up0 : s.up;
   e.grad_bytes = kind == StageKind::forward ? 0 : s.g;
+  e.disk_read_bytes = kind == StageKind::backward && first == 0 ? s.disk - c.disk0 : s.disk;
   int64_t slot_bytes = 0, kept = 0;  // kept: the slot's outputs a retired task still downloads
   if (first == 0) slot_bytes += c.P(c.ids);
   // a saved attention: forward stages write and download it, backward stages upload it, the
@@ -127,7 +130,8 @@ StageEstimate assemble(const Ctx& c, StageKind kind, int first, int last, const 
         (double(e.weight_upload_bytes) + double(M) * double(e.act_up_bytes)) / o.pcie_bandwidth;
     e.download_seconds = (double(e.grad_bytes) + double(M) * double(e.act_down_bytes)) / o.pcie_bandwidth;
   }
-  e.seconds = std::max({e.compute_seconds, e.upload_seconds, e.download_seconds});
+  if (o.disk_bandwidth > 0) e.disk_seconds = double(e.disk_read_bytes) / o.disk_bandwidth;
+  e.seconds = std::max({e.compute_seconds, e.upload_seconds, e.download_seconds, e.disk_seconds});
   return e;
 }
 
@@ -143,9 +147,10 @@ void check_inputs(const std::vector<LayerCost>& costs, const PartitionOptions& o
   if (o.micro_batches < 1)
     throw std::invalid_argument(
         fmt::format("partition: micro_batches must be >= 1, got {}", o.micro_batches));
-  if (o.memory_cap < 0 || !(o.pcie_bandwidth >= 0) || o.weight_buffers < 1 || o.act_slots < 1)
+  if (o.memory_cap < 0 || !(o.pcie_bandwidth >= 0) || !(o.disk_bandwidth >= 0) || o.weight_buffers < 1 ||
+      o.act_slots < 1)
     throw std::invalid_argument(
-        "partition: memory_cap and pcie_bandwidth must be >= 0, weight_buffers and "
+        "partition: memory_cap, pcie_bandwidth and disk_bandwidth must be >= 0, weight_buffers and "
         "act_slots >= 1");
   for (size_t i = 0; i < costs.size(); ++i) {
     const LayerCost& l = costs[i];
@@ -153,7 +158,7 @@ void check_inputs(const std::vector<LayerCost>& costs, const PartitionOptions& o
       if (!std::isfinite(t) || t < 0)
         throw std::invalid_argument(fmt::format("partition: layer {}: times must be finite and >= 0", i));
     if (l.weight_bytes < 0 || l.grad_bytes < 0 || l.act_bytes < 0 || l.scratch_bytes < 0 || l.io_bytes < 0 ||
-        l.router_stats_bytes < 0)
+        l.router_stats_bytes < 0 || l.disk_bytes < 0)
       throw std::invalid_argument(fmt::format("partition: layer {}: byte counts must be >= 0", i));
   }
 }
@@ -167,6 +172,7 @@ Ctx make_ctx(const std::vector<LayerCost>& costs, const PartitionOptions& o) {
   c.act0 = costs.front().act_bytes;
   c.w0 = c.weights(costs.front());
   c.up0 = c.uploaded(costs.front());
+  c.disk0 = costs.front().disk_bytes;
   for (auto& l : costs) c.stats = std::max(c.stats, l.router_stats_bytes);
   return c;
 }
@@ -188,7 +194,7 @@ std::string memory_breakdown(const StageEstimate& e, const PartitionOptions& o) 
 struct Prefix {
   const Ctx& c;
   std::vector<double> cf, cb, ct;
-  std::vector<int64_t> w, g, act, attn, attn_raw, up;
+  std::vector<int64_t> w, g, act, attn, attn_raw, up, disk;
   std::vector<int64_t> fp8[2];               // FP8 weight caches: backward / tail form, forward form
   std::vector<int> sparse;                   // sparse decoders (router_stats_bytes > 0) before each layer
   std::vector<std::vector<int64_t>> scr[2];  // sparse tables of scratch maxima: backward, forward
@@ -196,7 +202,7 @@ struct Prefix {
     const size_t n = costs.size();
     cf.assign(n + 1, 0), cb.assign(n + 1, 0), ct.assign(n + 1, 0);
     w.assign(n + 1, 0), g.assign(n + 1, 0), up.assign(n + 1, 0), act.assign(n + 1, 0), attn.assign(n + 1, 0),
-        attn_raw.assign(n + 1, 0);
+        attn_raw.assign(n + 1, 0), disk.assign(n + 1, 0);
     sparse.assign(n + 1, 0);
     fp8[0].assign(n + 1, 0), fp8[1].assign(n + 1, 0);
     for (size_t i = 0; i < n; ++i) {
@@ -212,6 +218,7 @@ struct Prefix {
       attn[i + 1] = attn[i] + c.saved(costs[i]);
       attn_raw[i + 1] = attn_raw[i] + costs[i].attn_o_bytes + costs[i].attn_lse_bytes;
       sparse[i + 1] = sparse[i] + (costs[i].router_stats_bytes > 0);
+      disk[i + 1] = disk[i] + costs[i].disk_bytes;
     }
     for (int fwd = 0; fwd < 2; ++fwd) {
       auto& t = scr[fwd];
@@ -243,6 +250,7 @@ struct Prefix {
     s.sparse = sparse[size_t(b) + 1] > sparse[size_t(a)];
     const auto& f8 = fp8[k == StageKind::forward ? 1 : 0];
     s.fp8 = f8[size_t(b) + 1] - f8[size_t(a)];
+    s.disk = disk[size_t(b) + 1] - disk[size_t(a)];
     return assemble(c, k, a, b, s);
   }
 };
@@ -355,6 +363,7 @@ StageEstimate estimate_stage(const std::vector<LayerCost>& costs, const Stage& s
     s.scratch = std::max(s.scratch, st.kind == StageKind::forward ? x.scratch_fwd_bytes : x.scratch_bytes);
     s.sparse = s.sparse || x.router_stats_bytes > 0;
     s.fp8 += c.fp8(x, st.kind);
+    s.disk += x.disk_bytes;
   }
   return assemble(c, st.kind, st.first, st.last, s);
 }

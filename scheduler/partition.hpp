@@ -8,7 +8,9 @@
 //                     (W + M * up) / pcie,        W = weights uploaded once per stage (frozen
 //                                                     groups: storage bytes)
 //                                                     (a backward stage: not the embedding's)
-//                     (G + M * down) / pcie )     G = gradients downloaded once per stage
+//                     (G + M * down) / pcie,      G = gradients downloaded once per stage
+//                     D / disk )                  D = frozen bytes read from a disk tier
+//                                                     (disk: the stage's share of its bandwidth)
 //
 // so a stage whose PCIe traffic exceeds its compute window is charged its transfer time.
 // The objective is the published one, max(S, G_gpus) * tmax with tmax = max tau (RoundPipe,
@@ -59,6 +61,11 @@ struct PartitionOptions {
   /// Allocation granule of the device pool (kernels/device.hpp pool_allocation_bytes): 256 for
   /// the CPU backend's arenas, kCudaPoolGranule for a GPU; <= 1 charges bytes as given.
   int64_t alloc_granule = 1;
+  /// Disk tier (scheduler/disk_tier.hpp): the disk read bytes/s one stage can count on, the
+  /// host disk's read bandwidth shared by the GPUs reading at once (disk_stage_bandwidth).
+  /// A stage's LayerCost::disk_bytes are read at this rate, and that time is charged against
+  /// its compute window as PCIe time is. 0: no disk reads (or a free disk).
+  double disk_bandwidth = 0;
 };
 
 /// Predicted time and memory of one stage.
@@ -82,6 +89,9 @@ struct StageEstimate {
   /// stage's layer outputs and saved attention, a backward or tail stage's dx and loss), its
   /// inputs already given back. scheduler/stage_peak.hpp adds it to the next task's working set.
   int64_t retained_bytes = 0;
+  int64_t disk_read_bytes =
+      0;                    ///< frozen bytes read from the disk tier before the stage (LayerCost::disk_bytes)
+  double disk_seconds = 0;  ///< disk_read_bytes / disk_bandwidth (0 without one)
   bool transfer_bound() const { return seconds > compute_seconds; }
 };
 

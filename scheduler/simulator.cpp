@@ -58,11 +58,15 @@ void check(const IterationPlan& plan, const std::vector<StageCost>& costs, const
   opt("pointer", o.pointer >= 0);
   opt("bandwidth", o.bandwidth.act_up >= 0 && o.bandwidth.act_down >= 0 && o.bandwidth.param_up >= 0 &&
                        o.bandwidth.grad_down >= 0);
+  opt("disk_read_bandwidth", o.disk_read_bandwidth >= 0);
+  opt("disk_write_bandwidth", o.disk_write_bandwidth >= 0);
+  opt("disk_ring", o.disk_ring >= 1);
   opt("optimizer_seconds", o.optimizer_seconds.empty() || int(o.optimizer_seconds.size()) == plan.num_layers);
   for (size_t i = 0; i < costs.size(); ++i) {
     const StageCost& c = costs[i];
     if (!std::isfinite(c.compute) || c.compute < 0 || c.act_up_bytes < 0 || c.act_down_bytes < 0 ||
-        c.param_bytes < 0 || c.grad_bytes < 0)
+        c.param_bytes < 0 || c.grad_bytes < 0 || c.disk_read_bytes < 0 || c.spill_write_bytes < 0 ||
+        c.spill_read_bytes < 0)
       throw std::invalid_argument(fmt::format("simulate: stage {}: costs must be finite and >= 0", i));
   }
 }
@@ -82,12 +86,15 @@ class Replay {
       tk.k = gpus_[size_t(tk.gpu)].order.size();
       tk.prog = StageProgress(o.micro_batches, o.act_slots);
       tk.input.assign(size_t(o.micro_batches), 0);
+      queue_reads(tk, q);
       gpus_[size_t(tk.gpu)].order.push_back(q);
       tasks_.push_back(std::move(tk));
     }
     published_.assign(size_t(T_), std::vector<char>(size_t(plan.num_layers), 0));
     remaining_.assign(size_t(T_), S_);
     admitted_.assign(size_t(T_), 0);
+    spill_written_.assign(size_t(T_), std::vector<int>(size_t(o.micro_batches), 0));
+    for (int s = 0; s < S_ && disk_on(); ++s) spill_writers_ += costs[size_t(s)].spill_write_bytes > 0;
     r_.iteration_end.assign(size_t(T_), 0.0);
   }
 
@@ -116,6 +123,9 @@ class Replay {
     StageProgress prog;
     std::vector<char> input;  ///< the previous stage's output of micro-batch m is on the host
     bool params_issued = false, params_done = false, grads_done = false;
+    bool disk_done = false;   ///< its weights' disk read finished (or it reads none)
+    std::vector<char> spill;  ///< micro-batch m's spilled activations are back from the disk (or none)
+    int64_t spill_next = 0;   ///< the next micro-batch whose spill read to issue
     bool work_ready = false;  ///< became current: holds every slot early start did not give it
     double retired = -1, finish = -1;
   };
@@ -125,7 +135,7 @@ class Replay {
     double free[5] = {0, 0, 0, 0, 0};
     double busy = 0;
   };
-  enum class Kind : uint8_t { upload, compute, download, params, grads, publish };
+  enum class Kind : uint8_t { upload, compute, download, params, grads, publish, disk_read, disk_write };
   struct Event {
     double time;
     uint64_t seq;
@@ -148,6 +158,64 @@ class Replay {
     return b;
   }
 
+  bool disk_on() const { return o_.disk_read_bandwidth > 0; }
+
+  /// Issues `seconds` on the host's disk (FIFO, shared by every GPU) at `now`: task q's
+  /// weights (m = -1) or micro-batch m's spill.
+  void issue_disk(double now, double seconds, int q, int64_t m, Kind done) {
+    const double a = std::max(now, disk_free_), b = a + seconds;
+    disk_free_ = b;
+    r_.disk_busy += seconds;
+    if (o_.record_timeline && b > a)
+      r_.timeline.push_back({-1, SimInterval::disk, tasks_[size_t(q)].t, tasks_[size_t(q)].s, m, a, b});
+    events_.push({b, seq_++, done, q, m});
+  }
+
+  /// Queues task q's weight read behind every earlier task's; notes its spill reads.
+  void queue_reads(Task& tk, int q) {
+    const StageCost& c = costs_[size_t(tk.s)];
+    tk.disk_done = !disk_on() || c.disk_read_bytes == 0;
+    if (!tk.disk_done) weight_reads_.push_back(q);
+    const bool spill = disk_on() && c.spill_read_bytes > 0;
+    tk.spill.assign(size_t(o_.micro_batches), spill ? 0 : 1);
+    if (spill) spill_tasks_.push_back(q);
+  }
+
+  /// Issues the disk reads that may start at `now`. Weights in task order, each once its pass
+  /// is dealt and the weight read disk_ring back has its parameters on the GPU (its ring
+  /// buffer is free again). Spilled activations of a backward task's micro-batch m once the
+  /// task is its GPU's current or next, m is at most 2 x act_slots micro-batches ahead of its
+  /// compute, and every forward stage of its iteration wrote m. Returns whether one started.
+  bool advance_disk(double now) {
+    bool moved = false;
+    const size_t ring = size_t(o_.disk_ring);
+    for (; next_read_ < weight_reads_.size(); ++next_read_) {
+      const int q = weight_reads_[next_read_];
+      if (!dealt(tasks_[size_t(q)])) break;
+      if (next_read_ >= ring && !tasks_[size_t(weight_reads_[next_read_ - ring])].params_done) break;
+      issue_disk(now, xfer(costs_[size_t(tasks_[size_t(q)].s)].disk_read_bytes, o_.disk_read_bandwidth), q,
+                 -1, Kind::disk_read);
+      moved = true;
+    }
+    while (spill_first_ < spill_tasks_.size() &&
+           tasks_[size_t(spill_tasks_[spill_first_])].spill_next >= o_.micro_batches)
+      ++spill_first_;
+    for (size_t i = spill_first_; i < spill_tasks_.size(); ++i) {
+      const int q = spill_tasks_[i];
+      Task& tk = tasks_[size_t(q)];
+      if (!dealt(tk)) break;
+      if (tk.k > gpus_[size_t(tk.gpu)].cur + 1) continue;
+      const int64_t ahead = tk.prog.next_compute() + 2 * int64_t(o_.act_slots);
+      while (tk.spill_next < o_.micro_batches && tk.spill_next < ahead &&
+             spill_written_[size_t(tk.t)][size_t(tk.spill_next)] >= spill_writers_) {
+        issue_disk(now, xfer(costs_[size_t(tk.s)].spill_read_bytes, o_.disk_read_bandwidth), q,
+                   tk.spill_next++, Kind::disk_read);
+        moved = true;
+      }
+    }
+    return moved;
+  }
+
   void admit(int t) { admitted_[size_t(t)] = 1; }
   bool dealt(const Task& tk) const { return admitted_[size_t(tk.t)] != 0; }
 
@@ -155,7 +223,7 @@ class Replay {
   /// weight_buffers back retired; with one buffer the previous task finished), and the
   /// updates it must contain (rule 1: iteration t - 1 - staleness) are published.
   bool params_may_upload(const Task& tk) const {
-    if (tk.params_issued || !dealt(tk)) return false;
+    if (tk.params_issued || !dealt(tk) || !tk.disk_done) return false;
     const GpuState& gp = gpus_[size_t(tk.gpu)];
     const size_t wb = size_t(o_.weight_buffers);
     if (tk.k >= wb) {
@@ -172,7 +240,7 @@ class Replay {
   }
 
   bool input_ready(const Task& tk, int64_t m) const {
-    return m < o_.micro_batches && (tk.s == 0 ? dealt(tk) : tk.input[size_t(m)] != 0);
+    return m < o_.micro_batches && (tk.s == 0 ? dealt(tk) : tk.input[size_t(m)] != 0) && tk.spill[size_t(m)];
   }
 
   void uploads(int q, double now) {
@@ -239,6 +307,7 @@ class Replay {
   void advance_all(double now) {
     for (bool moved = true; moved;) {
       moved = false;
+      moved |= advance_disk(now);
       for (int g = 0; g < o_.gpus; ++g) moved |= advance(g, now);
     }
   }
@@ -255,6 +324,13 @@ class Replay {
   void handle(const Event& e) {
     if (e.kind == Kind::publish) {
       published_[size_t(e.q)][size_t(e.m)] = 1;
+      return;
+    }
+    if (e.kind == Kind::disk_read || e.kind == Kind::disk_write) {
+      Task& tk = tasks_[size_t(e.q)];
+      if (e.kind == Kind::disk_write) spill_written_[size_t(tk.t)][size_t(e.m)]++;
+      else if (e.m < 0) tk.disk_done = true;
+      else tk.spill[size_t(e.m)] = 1;
       return;
     }
     Task& tk = tasks_[size_t(e.q)];
@@ -276,6 +352,8 @@ class Replay {
         break;
       case Kind::download:
         tk.prog.download_copy_done(e.m);
+        if (disk_on() && c.spill_write_bytes > 0)  // its spilled share goes to the disk
+          issue_disk(e.time, xfer(c.spill_write_bytes, o_.disk_write_bandwidth), e.q, e.m, Kind::disk_write);
         if (tk.s + 1 < S_) tasks_[size_t(e.q + 1)].input[size_t(e.m)] = 1;
         maybe_finish(e.q, e.time);
         break;
@@ -287,7 +365,9 @@ class Replay {
                         seq_++, Kind::publish, tk.t, l});
         maybe_finish(e.q, e.time);
         break;
-      case Kind::publish: break;
+      case Kind::publish:
+      case Kind::disk_read:
+      case Kind::disk_write: break;
     }
   }
 
@@ -297,9 +377,16 @@ class Replay {
   const int S_, T_;
   std::vector<Task> tasks_;  ///< q = t * S + s
   std::vector<GpuState> gpus_;
-  std::vector<std::vector<char>> published_;  ///< [iteration][layer]: its update is on the host
-  std::vector<int> remaining_;                ///< per iteration: tasks not finished
-  std::vector<char> admitted_;                ///< per iteration: its pass is dealt
+  std::vector<std::vector<char>> published_;     ///< [iteration][layer]: its update is on the host
+  std::vector<int> remaining_;                   ///< per iteration: tasks not finished
+  std::vector<char> admitted_;                   ///< per iteration: its pass is dealt
+  std::vector<int> weight_reads_;                ///< tasks with a weight read, in task order
+  size_t next_read_ = 0;                         ///< the next of weight_reads_ to start
+  std::vector<int> spill_tasks_;                 ///< tasks that read spilled activations, in task order
+  size_t spill_first_ = 0;                       ///< the first of spill_tasks_ with reads left
+  std::vector<std::vector<int>> spill_written_;  ///< [iteration][micro-batch]: forward stages that wrote it
+  int spill_writers_ = 0;                        ///< forward stages that spill
+  double disk_free_ = 0;                         ///< when the host's disk is next free
   std::priority_queue<Event> events_;
   uint64_t seq_ = 0;
   SimResult r_;
@@ -328,6 +415,9 @@ SimResult simulate(const IterationPlan& plan, const std::vector<StageCost>& cost
     r.iteration_seconds =
         (r.iteration_end[size_t(n - 1)] - r.iteration_end[size_t(n - 1 - span)]) / double(span);
   }
+  // the host's one disk does its work of every iteration in turn: a finite replay's last
+  // iterations, with no next iteration's reads queued behind them, must not count as faster
+  if (o.disk_read_bandwidth > 0) r.iteration_seconds = std::max(r.iteration_seconds, r.disk_busy / double(n));
   double busy = 0, work = 0;
   for (double b : r.gpu_busy) {
     r.gpu_idle.push_back(r.makespan - b);
@@ -350,7 +440,7 @@ double predict_iteration_seconds(const IterationPlan& plan, const std::vector<St
 }
 
 nlohmann::json sim_trace_json(const SimResult& r, const IterationPlan& plan) {
-  static const char* stream_name[] = {"compute", "act_up", "act_down", "param_up", "grad_down"};
+  static const char* stream_name[] = {"compute", "act_up", "act_down", "param_up", "grad_down", "disk"};
   std::vector<TraceInterval> iv;
   iv.reserve(r.timeline.size());
   for (auto& i : r.timeline) {
@@ -358,11 +448,12 @@ nlohmann::json sim_trace_json(const SimResult& r, const IterationPlan& plan) {
     const char c = st.kind == StageKind::forward ? 'F' : st.kind == StageKind::tail ? 'T' : 'B';
     std::string name = fmt::format("{}{} L{}-{}", c, i.stage, st.first, st.last);
     if (i.micro >= 0) name += fmt::format(" mb{}", i.micro);
-    iv.push_back({fmt::format("gpu{}.{}", i.gpu, stream_name[int(i.stream)]),
-                  std::move(name),
-                  i.start,
-                  i.end,
-                  {{"iteration", i.iteration}, {"stage", i.stage}, {"micro_batch", double(i.micro)}}});
+    iv.push_back(
+        {i.gpu < 0 ? std::string("host.disk") : fmt::format("gpu{}.{}", i.gpu, stream_name[int(i.stream)]),
+         std::move(name),
+         i.start,
+         i.end,
+         {{"iteration", i.iteration}, {"stage", i.stage}, {"micro_batch", double(i.micro)}}});
   }
   return chrome_trace_json(iv);
 }

@@ -26,6 +26,13 @@
 //    (gradient download + optimizer_seconds[l]);
 //  - a task finishes once its outputs and gradients are down; at most passes_in_flight
 //    iterations are admitted at once (host activation slots).
+//  - a disk tier (disk_read_bandwidth > 0): the host's one disk (FIFO) reads each task's
+//    weights (disk_read_bytes) in task order, at most disk_ring weight reads ahead of the oldest
+//    whose parameters are not on their GPU yet (the ring of pinned buffers); the parameter
+//    upload waits for that read. A forward stage writes each micro-batch's spill after its
+//    download; a backward task that is its GPU's current or next reads micro-batch m's spill
+//    back once every forward stage of its iteration wrote it and m is at most 2 x act_slots
+//    ahead of its compute; m's upload waits for that read.
 // Not modelled: the memory cap, chunked and priority-arbitrated copies on one shared link
 // (the four streams are independent), the worker's prefetch behind a weightless stage.
 // Bubble of one isolated uniform iteration: N(N-1) / (M*S + N(N-1)) stage-units (fill/drain).
@@ -48,6 +55,11 @@ struct StageCost {
   int64_t act_down_bytes = 0;  ///< activation download per micro-batch
   int64_t param_bytes = 0;     ///< parameter upload, once per task
   int64_t grad_bytes = 0;      ///< gradient download, once per task (0 for forward stages)
+  /// Disk tier (scheduler/disk_tier.hpp): bytes read from the host's disk before the task's
+  /// parameters upload (its streamed frozen weights), once per task; per micro-batch, spilled
+  /// activations written after its download (forward stages) and read back before its upload
+  /// (backward stages).
+  int64_t disk_read_bytes = 0, spill_write_bytes = 0, spill_read_bytes = 0;
 };
 
 /// Bandwidths of the four copy streams, bytes/s; 0 means instantaneous.
@@ -72,12 +84,17 @@ struct SimOptions {
   int act_slots = 2;                      ///< micro-batch slots per GPU
   int64_t pointer = 0;                    ///< deal pointer before the first iteration
   bool record_timeline = false;           ///< keep every interval (for write_sim_trace)
+  /// The host's disk (one for all GPUs): read and write bytes/s (0: no disk traffic is timed).
+  /// Reads run in task order, one at a time, weight reads at most disk_ring ahead of the oldest
+  /// whose parameters have not finished uploading (the bounded ring of pinned read buffers).
+  double disk_read_bandwidth = 0, disk_write_bandwidth = 0;
+  int disk_ring = 2;
 };
 
 /// One busy interval of one stream.
 struct SimInterval {
-  enum Stream : uint8_t { compute, act_up, act_down, param_up, grad_down };
-  int gpu = 0;
+  enum Stream : uint8_t { compute, act_up, act_down, param_up, grad_down, disk };
+  int gpu = 0;  ///< -1 for the host's disk
   Stream stream = compute;
   int iteration = 0;
   int stage = 0;
@@ -89,6 +106,8 @@ struct SimResult {
   double iteration_seconds = 0;        ///< steady state: mean gap between the ends of the
                                        ///< iterations of the second half, over whole deal cycles
                                        ///< when possible (the makespan when iterations == 1)
+                                       ///< and, with a disk tier, at least the disk's busy
+                                       ///< time per iteration
   double first_iteration_seconds = 0;  ///< end of iteration 0 (includes the pipeline fill)
   double makespan = 0;                 ///< end of the last iteration
   double bubble_ratio = 0;             ///< 1 - compute busy / (G * makespan), whole run
@@ -97,6 +116,7 @@ struct SimResult {
   std::vector<double> gpu_busy;        ///< compute seconds per GPU over the run
   std::vector<double> gpu_idle;        ///< makespan - gpu_busy
   std::vector<SimInterval> timeline;   ///< when record_timeline
+  double disk_busy = 0;                ///< seconds the host's disk read or wrote over the run
 };
 
 /// Stage costs of `plan` from layer costs (the same formulas as estimate_stage).

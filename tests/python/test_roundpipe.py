@@ -268,6 +268,9 @@ class ToolsTest(unittest.TestCase):
              dict(gpus=2, seq=64, micro=4, host_gib=16)),
             (["--gpu", "H200", "--gpus", "4", "--seq", "1024", "--lora-r", "8", "--host-gib", "64"],
              dict(gpu="H200", gpus=4, seq=1024, lora_r=8, host_gib=64)),
+            (["--gpus", "2", "--seq", "64", "--lora-r", "8", "--disk-gbps", "7", "--disk-write-gbps", "3",
+              "--host-budget-gib", "8", "--disk-ring", "3"],
+             dict(gpus=2, seq=64, lora_r=8, disk_gbps=7, disk_write_gbps=3, host_budget_gib=8, disk_ring=3)),
         ]:
             want = cli("plan", "--model", model, *flags)
             got = roundpipe.plan(model, **kwargs)

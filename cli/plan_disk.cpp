@@ -1,0 +1,204 @@
+#include "cli/plan_disk.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "base/host_resources.hpp"
+#include "cli/command.hpp"
+#include "scheduler/host_memory.hpp"
+#include "scheduler/replan.hpp"
+
+namespace rp {
+
+namespace {
+
+constexpr double kGiB = double(int64_t(1) << 30);
+
+std::string ms(double s) { return fmt::format("{:.2f} ms", s * 1e3); }
+
+// "from 41484 tokens per iteration", or "never" when the spill alone outpaces the compute
+std::string hidden_text(double n) {
+  return std::isfinite(n) ? fmt::format("from {:.0f} tokens per iteration", n)
+                          : std::string("never (the spill alone outpaces the compute)");
+}
+
+}  // namespace
+
+void add_disk_options(CLI::App& c, PlanCommandOptions& o) {
+  c.add_option("--disk-gbps", o.disk_gbps,
+               "disk tier: the host disk's read GB/s for frozen weights and spilled activations the host "
+               "budget cannot hold (0: none; a prediction, training does not stream from a disk yet)")
+      ->capture_default_str();
+  c.add_option("--disk-write-gbps", o.disk_write_gbps,
+               "disk tier: write GB/s for spilled activations (0: the read rate)")
+      ->capture_default_str();
+  c.add_option("--host-budget-gib", o.host_budget_gib,
+               "disk tier: host memory the run may fill, GiB (0: 90% of --host-gib or of this machine's)")
+      ->capture_default_str();
+  c.add_option("--disk-ring", o.disk_ring, "disk tier: pinned read buffers, each the largest stage read")
+      ->capture_default_str();
+}
+
+DiskTier disk_tier_of(const PlanCommandOptions& o, std::string* budget_source) {
+  if (!(o.disk_gbps >= 0) || !std::isfinite(o.disk_gbps))
+    throw UsageError(fmt::format("--disk-gbps: expected a rate >= 0 in GB/s, got {}", o.disk_gbps));
+  if (!(o.disk_write_gbps >= 0) || !std::isfinite(o.disk_write_gbps))
+    throw UsageError(
+        fmt::format("--disk-write-gbps: expected a rate >= 0 in GB/s, got {}", o.disk_write_gbps));
+  if (!(o.host_budget_gib >= 0) || !std::isfinite(o.host_budget_gib))
+    throw UsageError(fmt::format("--host-budget-gib: expected >= 0, got {}", o.host_budget_gib));
+  if (o.disk_ring < 1) throw UsageError(fmt::format("--disk-ring: expected >= 1, got {}", o.disk_ring));
+  if (o.disk_gbps == 0) {
+    if (o.disk_write_gbps > 0)
+      throw UsageError("--disk-write-gbps: describes the disk tier; give --disk-gbps with it");
+    if (o.host_budget_gib > 0)
+      throw UsageError("--host-budget-gib: sizes the disk tier; give --disk-gbps with it");
+  }
+  DiskTier t;
+  t.read_bandwidth = o.disk_gbps * 1e9;
+  t.write_bandwidth = o.disk_write_gbps * 1e9;
+  t.ring_buffers = o.disk_ring;
+  std::string source;
+  if (o.host_budget_gib > 0) {
+    t.host_budget = o.host_budget_gib * kGiB;
+    source = "--host-budget-gib";
+  } else if (o.host_gib > 0) {
+    t.host_budget = kHostHeadroom * o.host_gib * kGiB;
+    source = fmt::format("--host-budget-gib, default {:.0f}% of --host-gib", 100 * kHostHeadroom);
+  } else {
+    t.host_budget = kHostHeadroom * double(host_total_bytes());
+    source = fmt::format("--host-budget-gib, default {:.0f}% of this machine's memory", 100 * kHostHeadroom);
+  }
+  if (budget_source) *budget_source = source;
+  return t;
+}
+
+namespace {
+
+DiskPlan checked_disk_plan(const DiskRun& r, const ModelLayout& layout, const HostRun& hr) {
+  DiskPlan d = plan_disk_tier(layout, hr, r.tier, r.run.plan);
+  if (!d.fits)
+    throw UsageError(fmt::format(
+        "{}: the disk tier needs at least {} of host memory (trainable state {} + read ring {} x {}), {} "
+        "given",
+        r.budget_source.substr(0, r.budget_source.find(',')), byte_text(d.minimum_budget),
+        byte_text(d.trainable_bytes), r.tier.ring_buffers, byte_text(d.ring_bytes / r.tier.ring_buffers),
+        byte_text(r.tier.host_budget)));
+  return d;
+}
+
+}  // namespace
+
+std::optional<DiskRun> plan_with_disk(const PlanCommandOptions& o, const ModelLayout& layout,
+                                      const RunPlanInputs& in) {
+  DiskRun r;
+  r.tier = disk_tier_of(o, &r.budget_source);
+  if (!r.tier.enabled()) return std::nullopt;
+  RunPlanInputs rin = in;
+  HostRun hr = host_run_of(o);
+  r.run = plan_run(rin);
+  r.disk = checked_disk_plan(r, layout, hr);
+  const bool dropped = r.disk.attention_dropped;
+  if (dropped) {  // the decoders recompute their attention: plan that run
+    rin.save_attention = false;
+    hr.saved_attention = false;
+    r.run = plan_run(rin);
+    r.disk = checked_disk_plan(r, layout, hr);
+  }
+  // charge each stage its disk reads at its share of the disk, and partition again
+  apply_disk_reads(r.run.costs, layout, r.disk.streamed);
+  r.run.partition.disk_bandwidth = disk_stage_bandwidth(r.tier, o.gpus);
+  r.run.partition.weight_buffers = 2;
+  r.run.automatic = automatic_partition(r.run.costs, r.run.partition);
+  r.run.plan = r.run.automatic->plan;
+  DiskPlan d = checked_disk_plan(r, layout, hr);
+  if (d.streamed != r.disk.streamed) {  // the new stages change the ring: keep the charged layers in step
+    apply_disk_reads(r.run.costs, layout, d.streamed);
+    r.run.automatic = automatic_partition(r.run.costs, r.run.partition);
+    r.run.plan = r.run.automatic->plan;
+    d = checked_disk_plan(r, layout, hr);
+    apply_disk_reads(r.run.costs, layout, d.streamed);
+    r.run.automatic->stages = check_plan(r.run.costs, r.run.plan, r.run.partition, "disk plan");
+  }
+  r.disk = d;
+  r.disk.attention_dropped = r.disk.attention_dropped || dropped;
+  return r;
+}
+
+std::vector<StageCost> disk_stage_costs(const DiskRun& r, SimOptions& so) {
+  std::vector<StageCost> c = stage_costs(r.run.costs, r.run.plan, r.run.partition);
+  add_disk_costs(c, r.run.plan, r.disk);
+  so.disk_read_bandwidth = r.tier.read_bandwidth;
+  so.disk_write_bandwidth = r.tier.write_rate();
+  so.disk_ring = r.tier.ring_buffers;
+  if (so.iterations == 0) {  // a queue on the disk settles slower than the GPUs: four times the default
+    const int S = int(r.run.plan.stages.size()), cycle = so.gpus / std::gcd(S, so.gpus);
+    so.iterations = 4 * std::max(4, 2 * cycle + 2);
+  }
+  return c;
+}
+
+void print_disk_tier(std::FILE* out, const DiskRun& r, const SimResult& with_disk, const SimResult& without,
+                     int64_t tokens) {
+  const DiskPlan& d = r.disk;
+  const DiskTier& t = r.tier;
+  const int G = r.run.partition.gpus;
+  fmt::print(
+      out,
+      "\ndisk      {:.4g} GB/s read, {:.4g} GB/s write, shared by {}; host budget {} ({}): trainable "
+      "state {}, read ring {}, activations {}, frozen base {} of which {} resident\n",
+      t.read_bandwidth / 1e9, t.write_rate() / 1e9, G == 1 ? std::string("1 GPU") : fmt::format("{} GPUs", G),
+      byte_text(t.host_budget), r.budget_source, byte_text(d.trainable_bytes),
+      d.ring_bytes > 0 ? fmt::format("{} x {}", t.ring_buffers, byte_text(d.ring_bytes / t.ring_buffers))
+                       : std::string("none (everything fits)"),
+      byte_text(d.activation_bytes), byte_text(d.frozen_bytes), byte_text(d.resident_bytes));
+  if (d.attention_dropped)
+    fmt::print(out, "          saved attention dropped to fit the budget (backward recomputes it)\n");
+  if (d.spill_bytes > 0)
+    fmt::print(
+        out,
+        "          activations spilled: {} per iteration, each micro-batch's written after its forward "
+        "stage and read back ahead of its backward stage\n",
+        byte_text(d.spill_bytes));
+  double compute = 0, up = 0, down = 0, stream = 0;
+  for (const StageEstimate& e : r.run.automatic->stages) {
+    compute += e.compute_seconds;
+    up += e.upload_seconds;
+    down += e.download_seconds;
+  }
+  for (int64_t b : d.stage_reads) stream += double(b);
+  compute /= G;
+  const double pcie = std::max(up, down) / G;
+  fmt::print(out, "          per iteration: {} read, {} written, {} on the disk\n", byte_text(d.read_bytes),
+             byte_text(d.write_bytes), ms(d.seconds));
+  const bool disk_bound = d.seconds > std::max(compute, pcie);
+  fmt::print(out, "          bound     disk {} against compute {} and PCIe {} per GPU: {}\n", ms(d.seconds),
+             ms(compute), ms(pcie),
+             disk_bound ? "the disk bounds the step"
+                        : (compute >= pcie ? "compute bounds the step" : "PCIe bounds the step"));
+  const double exposed = with_disk.iteration_seconds - without.iteration_seconds;
+  fmt::print(out, "          iteration {} with the disk, {:.0f} tokens/s ({} without it{})\n",
+             ms(with_disk.iteration_seconds), double(tokens) / with_disk.iteration_seconds,
+             ms(without.iteration_seconds),
+             !disk_bound && exposed > 0.01 * without.iteration_seconds
+                 ? fmt::format("; {} exposed: reads keep stage order, and a spill is read back only after "
+                               "it was written",
+                               ms(exposed))
+                 : std::string());
+  const double per_token = compute * G / double(tokens), spill = d.spill_bytes / double(tokens);
+  const double here = tokens_to_hide(stream, spill, per_token, G, t.read_bandwidth, t.write_rate());
+  const double nvme =
+      tokens_to_hide(stream, spill, per_token, G, kReferenceNvmeBytesPerSecond, kReferenceNvmeBytesPerSecond);
+  if (d.read_bytes > 0)
+    fmt::print(out, "          hidden {} at this disk, {} at a 7 GB/s NVMe; this run has {}\n",
+               hidden_text(here), hidden_text(nvme), tokens);
+  fmt::print(out,
+             "          (a prediction: training does not stream from a disk yet, the planner models the "
+             "coming tier)\n");
+}
+
+}  // namespace rp

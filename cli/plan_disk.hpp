@@ -1,0 +1,51 @@
+// `roundpipe plan --disk-gbps`: the plan with a disk tier for frozen weights and spilled
+// activations (scheduler/disk_tier.hpp): the disk-aware partition, the simulator's disk
+// stream, and the plan's disk section (bytes, seconds, the bound, tokens to hide the disk).
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cli/plan.hpp"
+#include "scheduler/disk_tier.hpp"
+#include "scheduler/run_plan.hpp"
+#include "scheduler/simulator.hpp"
+
+namespace rp {
+
+/// A run plan made with the disk tier, and that tier's plan.
+struct DiskRun {
+  DiskTier tier;
+  std::string budget_source;  ///< which option set tier.host_budget ("--host-budget-gib", ...)
+  RunPlan run;                ///< partitioned with each stage's disk reads charged
+  DiskPlan disk;
+};
+
+/// The disk tier of o: --disk-gbps, --disk-write-gbps and the host budget (--host-budget-gib,
+/// else kHostHeadroom x --host-gib, else kHostHeadroom x this machine's memory). Throws
+/// UsageError for a negative rate or budget, or --disk-write-gbps / --host-budget-gib
+/// without --disk-gbps.
+DiskTier disk_tier_of(const PlanCommandOptions& o, std::string* budget_source = nullptr);
+
+/// The plan of `in` (plan_run) under o's disk tier: the disk plan of the first partition;
+/// when it drops the saved attention, planned again without it; then the layers' streamed
+/// bytes are charged to their stages (LayerCost::disk_bytes at disk_stage_bandwidth) and the
+/// partition made again, and the disk plan of that partition is the one returned. nullopt
+/// without --disk-gbps. Throws UsageError naming the budget's option, what the tier needs and
+/// what was given when the budget cannot hold the trainable state and the read ring.
+std::optional<DiskRun> plan_with_disk(const PlanCommandOptions& o, const ModelLayout& layout,
+                                      const RunPlanInputs& in);
+
+/// The simulator's stage costs of `r`'s plan with the disk traffic, and the disk's rates set in `so`.
+std::vector<StageCost> disk_stage_costs(const DiskRun& r, SimOptions& so);
+
+/// The plan's disk section: the budget and what it keeps, the dropped attention or the spill,
+/// per-iteration bytes and seconds, what bounds the step, the prediction with the disk
+/// (`with_disk`) and without it, and the tokens per iteration from which the disk hides (at
+/// its rate and at a 7 GB/s NVMe).
+void print_disk_tier(std::FILE* out, const DiskRun& r, const SimResult& with_disk, const SimResult& without,
+                     int64_t tokens);
+
+}  // namespace rp

@@ -1,0 +1,162 @@
+#include "scheduler/disk_tier.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+namespace rp {
+
+std::vector<int64_t> stage_frozen_reads(const ModelLayout& m, const IterationPlan& plan,
+                                        const std::vector<char>& streamed) {
+  if (plan.num_layers != m.num_layers())
+    throw std::invalid_argument(
+        fmt::format("disk tier: the plan has {} layers, the model {}", plan.num_layers, m.num_layers()));
+  std::vector<int64_t> out;
+  for (const Stage& s : plan.stages) {
+    std::vector<int> layers(size_t(s.last - s.first + 1));
+    std::iota(layers.begin(), layers.end(), s.first);
+    int64_t bytes = 0;
+    for (int g : m.groups_uploaded(layers, s.kind == StageKind::backward)) {
+      const ParamGroup& pg = m.groups[size_t(g)];
+      if (pg.frozen && (streamed.empty() || streamed[size_t(g)])) bytes += pg.storage_bytes;
+    }
+    out.push_back(bytes);
+  }
+  return out;
+}
+
+namespace {
+
+// Frozen groups in the order they stay resident: the decoders' (read by two stages) first.
+std::vector<int> residency_order(const ModelLayout& m) {
+  std::vector<int> decoders, others;
+  for (int g = 0; g < int(m.groups.size()); ++g) {
+    if (!m.groups[size_t(g)].frozen) continue;
+    bool decoder = false;
+    for (int l = 1; l + 1 < m.num_layers() && !decoder; ++l) {
+      const std::vector<int> gs = m.groups_of(l);
+      decoder = std::find(gs.begin(), gs.end(), g) != gs.end();
+    }
+    (decoder ? decoders : others).push_back(g);
+  }
+  decoders.insert(decoders.end(), others.begin(), others.end());
+  return decoders;
+}
+
+// Keeps the activations in `room` (dropping the attention, then spilling); returns the room left.
+double place_activations(const HostMemoryNeed& need, const HostRun& run, double room, DiskPlan& d) {
+  const double slots = run.workers == 1 ? 1.0 : double(run.pass_slots);
+  d.saved_attention = run.saved_attention;
+  if (need.activations + need.attention <= room) {
+    d.activation_bytes = need.activations + need.attention;
+    return room - d.activation_bytes;
+  }
+  d.attention_dropped = run.saved_attention;
+  d.saved_attention = false;
+  if (need.activations <= room) {
+    d.activation_bytes = need.activations;
+    return room - d.activation_bytes;
+  }
+  d.activation_bytes = std::max(0.0, room);
+  d.spill_bytes = (need.activations - d.activation_bytes) / slots;
+  return 0;
+}
+
+}  // namespace
+
+DiskPlan plan_disk_tier(const ModelLayout& m, const HostRun& run, const DiskTier& tier,
+                        const IterationPlan& plan) {
+  const HostMemoryNeed need = host_memory_need(m, run);
+  const std::vector<int64_t> all_reads = stage_frozen_reads(m, plan);
+  DiskPlan d;
+  d.micro_batches = run.micro_batches;
+  d.trainable_bytes = need.master + need.moments + need.weights + need.gradients;
+  d.frozen_bytes = need.frozen;
+  d.streamed.assign(m.groups.size(), 0);
+  d.saved_attention = run.saved_attention;
+  const int64_t largest = all_reads.empty() ? 0 : *std::max_element(all_reads.begin(), all_reads.end());
+  if (!tier.enabled() || need.total() <= tier.host_budget) {  // everything stays in host memory
+    d.resident_bytes = d.frozen_bytes;
+    d.activation_bytes = need.activations + need.attention;
+    d.minimum_budget = d.trainable_bytes + double(tier.ring_buffers) * double(largest);
+    d.stage_reads.assign(plan.stages.size(), 0);
+    return d;
+  }
+  d.ring_bytes = double(tier.ring_buffers) * double(largest);
+  d.minimum_budget = d.trainable_bytes + d.ring_bytes;
+  d.fits = tier.host_budget >= d.minimum_budget;
+  double room = place_activations(need, run, tier.host_budget - d.minimum_budget, d);
+  for (int g : residency_order(m)) {
+    const double b = double(m.groups[size_t(g)].storage_bytes);
+    if (b <= room) {
+      room -= b;
+      d.resident_bytes += b;
+    } else {
+      d.streamed[size_t(g)] = 1;
+    }
+  }
+  d.stage_reads = stage_frozen_reads(m, plan, d.streamed);
+  d.read_bytes = std::accumulate(d.stage_reads.begin(), d.stage_reads.end(), 0.0) + d.spill_bytes;
+  d.write_bytes = d.spill_bytes;
+  d.seconds = d.read_bytes / tier.read_bandwidth + d.write_bytes / tier.write_rate();
+  return d;
+}
+
+void apply_disk_reads(std::vector<LayerCost>& costs, const ModelLayout& m,
+                      const std::vector<char>& streamed) {
+  if (int(costs.size()) != m.num_layers())
+    throw std::invalid_argument(
+        fmt::format("disk tier: {} layer costs, the model has {} layers", costs.size(), m.num_layers()));
+  for (int l = 0; l < m.num_layers(); ++l) {
+    int64_t bytes = 0;
+    for (int g : m.groups_of(l))
+      if (m.groups[size_t(g)].frozen && size_t(g) < streamed.size() && streamed[size_t(g)])
+        bytes += m.groups[size_t(g)].storage_bytes;
+    costs[size_t(l)].disk_bytes = bytes;
+  }
+}
+
+double disk_stage_bandwidth(const DiskTier& tier, int gpus) {
+  return tier.enabled() ? tier.read_bandwidth / double(std::max(1, gpus)) : 0.0;
+}
+
+void add_disk_costs(std::vector<StageCost>& costs, const IterationPlan& plan, const DiskPlan& d) {
+  if (costs.size() != plan.stages.size() || d.stage_reads.size() != plan.stages.size())
+    throw std::invalid_argument(fmt::format("disk tier: {} stage costs and {} stage reads for {} stages",
+                                            costs.size(), d.stage_reads.size(), plan.stages.size()));
+  double down = 0, up = 0;  // saved activations per micro-batch: forward downloads, backward uploads
+  for (size_t i = 0; i < costs.size(); ++i) {
+    const StageKind k = plan.stages[i].kind;
+    if (k == StageKind::forward) down += double(costs[i].act_down_bytes);
+    if (k == StageKind::backward) up += double(costs[i].act_up_bytes);
+  }
+  // the spill of one iteration, per micro-batch, in each stage's share of that traffic
+  const double per_micro = d.spill_bytes / double(std::max<int64_t>(1, d.micro_batches));
+  for (size_t i = 0; i < costs.size(); ++i) {
+    StageCost& c = costs[i];
+    c.disk_read_bytes = d.stage_reads[i];
+    if (per_micro <= 0) continue;
+    const StageKind k = plan.stages[i].kind;
+    if (k == StageKind::forward && down > 0)
+      c.spill_write_bytes = int64_t(std::llround(per_micro * double(c.act_down_bytes) / down));
+    if (k == StageKind::backward && up > 0)
+      c.spill_read_bytes = int64_t(std::llround(per_micro * double(c.act_up_bytes) / up));
+  }
+}
+
+double tokens_to_hide(double stream_bytes, double spill_per_token, double compute_per_token, int gpus,
+                      double read_bandwidth, double write_bandwidth) {
+  if (stream_bytes <= 0 && spill_per_token <= 0) return 0;
+  if (!(read_bandwidth > 0)) return std::numeric_limits<double>::infinity();
+  const double write = write_bandwidth > 0 ? write_bandwidth : read_bandwidth;
+  const double margin =
+      compute_per_token / double(std::max(1, gpus)) - spill_per_token * (1 / read_bandwidth + 1 / write);
+  if (margin <= 0) return std::numeric_limits<double>::infinity();
+  return std::ceil(stream_bytes / read_bandwidth / margin);
+}
+
+}  // namespace rp

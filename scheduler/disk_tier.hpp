@@ -1,0 +1,110 @@
+// The disk tier of a plan: frozen weights and saved activations that do not fit the host
+// memory budget, kept on a local disk (NVMe) instead.
+//
+// A LoRA or frozen-base run may keep its frozen base weights in a cache file on a local disk:
+// each pipeline stage reads its layers' storage form into a bounded ring of pinned host
+// buffers (O_DIRECT), and the transfer engine uploads them from there. A ring does not keep a
+// stage's weights between its forward and its backward stage, so every streamed group is read
+// once per stage that uploads it. When the host budget cannot hold a pass's saved activations
+// either, the plan first drops the saved attention (backward recomputes it); when that is not
+// enough, it drops the attention and spills the activations that do not fit: written after
+// the forward stage, read back ahead of the backward stage, once each per iteration.
+//
+// What is resident, per iteration (B the budget, all in bytes):
+//   trainable  = master + moments + low-precision copy + gradients (host_memory_need)
+//   ring       = ring_buffers x the largest stage read of the plan (every frozen group streamed)
+//   needs B >= trainable + ring, else DiskPlan::fits is false (minimum_budget says how much)
+//   room       = B - trainable - ring
+//   activations: kept when activations + attention <= room; else, with saved attention,
+//                attention dropped when activations alone <= room; else attention dropped and
+//                spill = (activations - room) / slots written and read per iteration
+//   frozen groups: resident while they fit the room left, decoders' groups first (they are
+//                read twice, by their forward and backward stages), the others after; the
+//                rest stream: read bytes = sum over stages of their streamed groups' storage
+//   disk seconds = (reads + spill) / read bandwidth + spill / write bandwidth
+// When the budget holds everything (host_memory_need's total), nothing streams and no ring is
+// allocated. The disk is the host's one device, shared by all its GPUs.
+//
+// Training does not stream from a disk yet: this models the coming runtime tier, so that
+// `roundpipe plan` can say whether the disk would bound a step before it exists.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "roundpipe/model.hpp"
+#include "scheduler/cost_model.hpp"
+#include "scheduler/host_memory.hpp"
+#include "scheduler/partition.hpp"
+#include "scheduler/plan.hpp"
+#include "scheduler/simulator.hpp"
+
+namespace rp {
+
+/// The host's disk and the host memory budget it backs.
+struct DiskTier {
+  double read_bandwidth = 0;   ///< bytes/s (0: no disk tier)
+  double write_bandwidth = 0;  ///< bytes/s (0: read_bandwidth)
+  double host_budget = 0;      ///< host bytes the run may fill
+  int ring_buffers = 2;        ///< pinned read buffers, each the largest stage read
+  bool enabled() const { return read_bandwidth > 0; }
+  double write_rate() const { return write_bandwidth > 0 ? write_bandwidth : read_bandwidth; }
+};
+
+/// A 7 GB/s NVMe drive (PCIe 4.0 x4 sequential reads), the reference of the tokens-to-hide figure.
+constexpr double kReferenceNvmeBytesPerSecond = 7e9;
+
+/// What the budget keeps, what streams and what the disk does per iteration.
+struct DiskPlan {
+  bool fits = true;                  ///< the budget holds everything, or at least minimum_budget
+  double minimum_budget = 0;         ///< trainable + ring: less cannot run with this tier
+  double trainable_bytes = 0;        ///< master, moments, low-precision copy, gradients
+  double ring_bytes = 0;             ///< ring_buffers x the largest stage read (0: nothing streams)
+  double frozen_bytes = 0;           ///< every frozen group's storage
+  double resident_bytes = 0;         ///< of frozen_bytes, kept in host memory
+  double activation_bytes = 0;       ///< saved activations kept in host memory (all pass slots)
+  bool saved_attention = true;       ///< the decoders keep their attention output
+  bool attention_dropped = false;    ///< saved attention was asked for and dropped to fit
+  double spill_bytes = 0;            ///< activations written and read back per iteration
+  std::vector<char> streamed;        ///< per group of the layout: read from the disk
+  std::vector<int64_t> stage_reads;  ///< per plan stage: streamed frozen bytes it reads
+  double read_bytes = 0;             ///< per iteration: stage reads + spill
+  double write_bytes = 0;            ///< per iteration: spill
+  double seconds = 0;                ///< per iteration, at the tier's bandwidths
+  int64_t micro_batches = 1;         ///< of the run (the spill's split per micro-batch)
+};
+
+/// The frozen storage bytes each stage of `plan` uploads (ModelLayout::groups_uploaded) of
+/// the groups with streamed[g] (all frozen groups when `streamed` is empty).
+std::vector<int64_t> stage_frozen_reads(const ModelLayout& m, const IterationPlan& plan,
+                                        const std::vector<char>& streamed = {});
+
+/// The disk plan of `run` on `m` under `tier` for `plan` (the file comment's rules). With
+/// !tier.enabled() everything is resident and nothing is read. Throws std::invalid_argument
+/// for a plan of another layer count or host_memory_need's errors.
+DiskPlan plan_disk_tier(const ModelLayout& m, const HostRun& run, const DiskTier& tier,
+                        const IterationPlan& plan);
+
+/// Sets every layer's LayerCost::disk_bytes: the storage of its streamed groups (groups_of).
+void apply_disk_reads(std::vector<LayerCost>& costs, const ModelLayout& m, const std::vector<char>& streamed);
+
+/// The read bandwidth one stage can count on when `gpus` GPUs share the host's disk: read / G
+/// (PartitionOptions::disk_bandwidth).
+double disk_stage_bandwidth(const DiskTier& tier, int gpus);
+
+/// Adds the disk traffic of `d` to the simulator's stage costs of `plan`: each stage's
+/// streamed frozen read, and per micro-batch the spill (d.spill_bytes / M), written by the
+/// forward stages and read back by the backward stages in proportion to the activation bytes
+/// each downloads / uploads per micro-batch.
+void add_disk_costs(std::vector<StageCost>& costs, const IterationPlan& plan, const DiskPlan& d);
+
+/// Tokens per iteration from which the disk hides under the compute of `gpus` GPUs: N with
+/// N x compute_per_token / gpus = stream / read + N x spill_per_token x (1 / read + 1 / write),
+/// rounded up; 0 when nothing is read; infinity when the spill alone outpaces the compute.
+/// `stream_bytes` is the frozen bytes read per iteration (independent of N),
+/// `spill_per_token` the spilled bytes per token, `compute_per_token` the compute seconds of
+/// all stages per token.
+double tokens_to_hide(double stream_bytes, double spill_per_token, double compute_per_token, int gpus,
+                      double read_bandwidth, double write_bandwidth);
+
+}  // namespace rp

@@ -1,0 +1,158 @@
+// `roundpipe plan --disk-gbps`: the disk tier's section (cli/plan_disk.hpp). A slow disk bounds
+// the predicted step and a fast one hides under the compute; a faster disk never predicts
+// fewer tokens/s; the tokens that hide the disk follow LLaMA-3.1-8B's shapes; the attention
+// drop and the spill appear as the budget shrinks; a budget below the trainable state and the
+// read ring is one line naming the option; without the options the plan is unchanged.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <regex>
+#include <string>
+
+#include "tests/cli/cli_util.hpp"
+
+namespace {
+
+using namespace rp::clitest;
+
+const std::string kLlama = std::string(RP_SOURCE_DIR) + "/examples/configs/llama-3.1-8b.json";
+// LLaMA-3.1-8B with LoRA r=16 on 8 H200s, 8 micro-batches of 4096 tokens
+const std::string kRun = "plan --model " + kLlama + " --gpus 8 --seq 4096 --micro 8 --lora-r 16 --gpu h200";
+
+// The number after `key` in `out` (e.g. "with the disk, " -> its tokens/s), or NaN.
+double number_after(const std::string& out, const std::string& key) {
+  const auto at = out.find(key);
+  if (at == std::string::npos) return NAN;
+  return std::stod(out.substr(at + key.size()));
+}
+
+// The plan's output less the line that times the search ("found in 0.08 ms").
+std::string untimed(const std::string& out) {
+  return std::regex_replace(out, std::regex("found in [0-9.]+ ms"), "found in");
+}
+
+TEST(CliPlanDisk, WithoutTheOptionsThePlanIsUnchanged) {
+  auto d = tmpdir();
+  const CliRun plain = roundpipe(kRun, d);
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  EXPECT_EQ(plain.out.find("\ndisk "), std::string::npos);
+  EXPECT_EQ(plain.out.find("disk-bound"), std::string::npos);
+  const CliRun zero = roundpipe(kRun + " --disk-gbps 0", d);
+  ASSERT_EQ(zero.code, 0) << zero.err;
+  EXPECT_EQ(untimed(zero.out), untimed(plain.out));
+  const CliRun with = roundpipe(kRun + " --disk-gbps 7 --host-budget-gib 40", d);
+  ASSERT_EQ(with.code, 0) << with.err;
+  EXPECT_NE(with.out.find("\ndisk "), std::string::npos) << with.out;
+  EXPECT_NE(with.out.find("training does not stream from a disk yet"), std::string::npos);
+  fs::remove_all(d);
+}
+
+TEST(CliPlanDisk, ASlowDiskBoundsTheStepAndAFastOneHidesUnderTheCompute) {
+  auto d = tmpdir();
+  CliRun r = roundpipe(kRun + " --disk-gbps 1 --host-budget-gib 48", d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("the disk bounds the step"), std::string::npos) << r.out;
+  const double disk_ms = number_after(r.out, "bound     disk ");
+  const double step_ms = number_after(r.out, "          iteration ");
+  EXPECT_GT(disk_ms, 5 * number_after(r.out, "against compute "));
+  EXPECT_NEAR(step_ms, disk_ms, 0.01 * disk_ms);  // the step follows the disk
+  EXPECT_NEAR(number_after(r.out, "with the disk, "), 8 * 4096 / (step_ms / 1e3), 1.0);
+  // the plan's own iteration line is the disk-bound one too
+  EXPECT_NEAR(number_after(r.out, "\niteration "), step_ms, 0.01);
+  r = roundpipe(kRun + " --disk-gbps 200 --host-budget-gib 48", d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("compute bounds the step"), std::string::npos) << r.out;
+  const double with = number_after(r.out, "          iteration ");
+  const double without = number_after(r.out, "tokens/s (");
+  EXPECT_NEAR(with, without, 0.01 * without);  // hidden: the step without the disk
+  EXPECT_LT(number_after(r.out, "bound     disk "), number_after(r.out, "against compute "));
+  fs::remove_all(d);
+}
+
+TEST(CliPlanDisk, AFasterDiskIsNeverPredictedSlower) {
+  auto d = tmpdir();
+  double last = 0;
+  for (const char* gbps : {"0.5", "1", "2", "3.5", "7", "14", "28", "56", "200"}) {
+    const CliRun r = roundpipe(kRun + " --disk-gbps " + gbps + " --host-budget-gib 30", d);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const double tps = number_after(r.out, "with the disk, ");
+    EXPECT_GE(tps, last) << gbps << " GB/s";
+    last = tps;
+  }
+  fs::remove_all(d);
+}
+
+TEST(CliPlanDisk, TokensToHideTheDiskFollowTheModelsShapes) {
+  auto d = tmpdir();
+  // without saved attention, 41.6 GiB hold the LoRA state, the ring and the activations but no
+  // decoder of the base: every frozen group streams, nothing spills
+  const CliRun r = roundpipe(kRun + " --no-save-attention --disk-gbps 3 --host-budget-gib 41.6", d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_NE(r.out.find("of which 0 bytes resident"), std::string::npos) << r.out;
+  ASSERT_EQ(r.out.find("activations spilled"), std::string::npos) << r.out;
+  // H 4096, FFN 14336, 8 kv heads x 128, vocab 128256: a decoder's bf16 matrices and its two
+  // f32 norms after a bf16 prefix of the group; the embedding; the final norm and LM head
+  const double H = 4096, F = 14336, KV = 1024, V = 128256;
+  const double decoder = 2 * (2 * H * H + 2 * H * KV + 3 * H * F + 2 * H) + 4 * 2 * H;
+  const double embedding = 2 * V * H, tail = 2 * (V * H + H) + 4 * H;
+  // forward stages and the tail read every group once; the backward stages read the decoders
+  // before the tail stage again (decoders 0..a-2 for a tail from layer a), not the embedding
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex(" T\\[([0-9]+)-33\\]"))) << r.out;
+  const double a = std::stod(m[1]);
+  const double stream = embedding + tail + (32 + a - 1) * decoder;
+  // 32768 tokens an iteration on 8 GPUs, compute per GPU as printed
+  const double per_token = number_after(r.out, "against compute ") / 1e3 / 32768;
+  const double at7 = std::ceil(stream / 7e9 / per_token);
+  const double at3 = std::ceil(stream / 3e9 / per_token);
+  const double got3 = number_after(r.out, "hidden from ");
+  const double got7 = number_after(r.out, "at this disk, from ");
+  EXPECT_NEAR(got3, at3, 1e-4 * at3) << r.out;  // the compute is printed to 0.01 ms
+  EXPECT_NEAR(got7, at7, 1e-4 * at7) << r.out;
+  fs::remove_all(d);
+}
+
+TEST(CliPlanDisk, TheAttentionGoesFirstThenActivationsSpillAsTheBudgetShrinks) {
+  auto d = tmpdir();
+  // 34.0 GiB of activations and 16.2 GiB of saved attention over two pass slots, 0.7 GiB of
+  // LoRA state and a read ring of a few GiB
+  CliRun r = roundpipe(kRun + " --disk-gbps 7 --host-budget-gib 60", d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.find("saved attention dropped"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("activations spilled"), std::string::npos) << r.out;
+  r = roundpipe(kRun + " --disk-gbps 7 --host-budget-gib 48", d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("saved attention dropped"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("activations spilled"), std::string::npos) << r.out;
+  r = roundpipe(kRun + " --disk-gbps 7 --host-budget-gib 30", d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("saved attention dropped"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("activations spilled"), std::string::npos) << r.out;
+  fs::remove_all(d);
+}
+
+TEST(CliPlanDisk, ABudgetTooSmallForTheRingIsOneLineNamingTheOption) {
+  auto d = tmpdir();
+  CliRun r = roundpipe(kRun + " --disk-gbps 7 --host-budget-gib 2", d);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_NE(r.err.find("--host-budget-gib: the disk tier needs at least "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("trainable state "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("2.0 GiB given"), std::string::npos) << r.err;
+  // the default budget is 90% of --host-gib, and the line says so
+  r = roundpipe(kRun + " --disk-gbps 7 --host-gib 2", d);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--host-budget-gib:"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("1.8 GiB given"), std::string::npos) << r.err;
+  // the tier's options without the tier change nothing: a usage error
+  r = roundpipe(kRun + " --host-budget-gib 40", d);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--host-budget-gib"), std::string::npos) << r.err;
+  r = roundpipe(kRun + " --disk-gbps -1", d);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--disk-gbps"), std::string::npos) << r.err;
+  fs::remove_all(d);
+}
+
+}  // namespace
