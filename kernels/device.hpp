@@ -6,10 +6,12 @@
 //    parameter upload, gradient download (one copy stream per kind of traffic),
 //  - the numeric ops (Ops) bound to its compute stream.
 // Work is *issued* on a stream with launch(): on the CPU backend the function runs
-// on the stream's own thread, in issue order; on the CUDA backend it runs at once
-// on the caller's thread and enqueues kernels/copies on the CUDA stream. Either
-// way the work of one stream completes in issue order, and then(cb) runs cb on a
-// host thread once everything issued before it has completed. No caller ever
+// on the stream's own thread, in issue order; on the CUDA backend the compute stream's
+// work runs on that stream's own issuing thread too, in issue order, and enqueues kernels
+// there (an op that waits for the device, as moe_sort's host round trip, holds that
+// thread, not the caller), while the copy streams' work runs at once on the caller's
+// thread. Either way the work of one stream completes in issue order, and then(cb) runs
+// cb on a host thread once everything issued before it has completed. No caller ever
 // blocks on a device.
 #pragma once
 #include <cstddef>

@@ -149,15 +149,27 @@ class CudaTimingMark final : public TimingMark {
 
 class CudaStream final : public Stream {
  public:
-  CudaStream(int dev, std::string name, int priority, volatile unsigned* err_words)
+  /// issuer: launch() work runs on the stream's own issuing thread, in issue order (the
+  /// compute stream: an op that waits for the device, as moe_sort's host round trip, then
+  /// holds that thread, not the actor that issued the work); else at once on the caller's.
+  CudaStream(int dev, std::string name, int priority, volatile unsigned* err_words, bool issuer = false)
       : dev_(dev), name_(std::move(name)), err_words_(err_words) {
     set_device(dev_);
     RP_CUDA_CHECK(cudaStreamCreateWithPriority(&s_, cudaStreamNonBlocking, priority));
     timing_ = std::make_shared<TimingEventPool>(dev_);
     poller_ = std::thread([this] { poll_loop(); });
+    if (issuer) issuer_ = std::thread([this] { issue_loop(); });
   }
   ~CudaStream() override {
     synchronize();
+    if (issuer_.joinable()) {
+      {
+        std::lock_guard lk(imu_);
+        istop_ = true;
+      }
+      icv_.notify_all();
+      issuer_.join();
+    }
     {
       std::lock_guard lk(mu_);
       stop_ = true;
@@ -171,21 +183,64 @@ class CudaStream final : public Stream {
   cudaStream_t handle() const { return s_; }
 
   void launch(std::function<void()> work) override {
-    if (has_error()) return;
-    try {
-      set_device(dev_);
-      work();
-    } catch (const std::exception& e) {
-      note_error(e.what());
-    }
+    issue([this, work = std::move(work)] {
+      if (has_error()) return;
+      try {
+        set_device(dev_);
+        work();
+      } catch (const std::exception& e) {
+        note_error(e.what());
+      }
+    });
   }
   void copy_h2d(void* dst, const void* src, size_t bytes) override {
-    copy(dst, src, bytes, cudaMemcpyHostToDevice, "cudaMemcpyAsync host->device");
+    issue([=, this] { copy(dst, src, bytes, cudaMemcpyHostToDevice, "cudaMemcpyAsync host->device"); });
   }
   void copy_d2h(void* dst, const void* src, size_t bytes) override {
-    copy(dst, src, bytes, cudaMemcpyDeviceToHost, "cudaMemcpyAsync device->host");
+    issue([=, this] { copy(dst, src, bytes, cudaMemcpyDeviceToHost, "cudaMemcpyAsync device->host"); });
   }
   void then(std::function<void(const std::string&)> cb) override {
+    issue([this, cb = std::move(cb)]() mutable { then_now(std::move(cb)); });
+  }
+
+ private:
+  // Runs f now on a stream without an issuing thread (or on that thread itself), else queues
+  // it there behind the work issued before.
+  void issue(std::function<void()> f) {
+    if (!issuer_.joinable() || std::this_thread::get_id() == issuer_.get_id()) return f();
+    {
+      std::lock_guard lk(imu_);
+      iq_.push_back(std::move(f));
+    }
+    icv_.notify_all();
+  }
+  void issue_loop() {
+    cudaSetDevice(dev_);
+    for (;;) {
+      std::function<void()> f;
+      {
+        std::unique_lock lk(imu_);
+        icv_.wait(lk, [this] { return istop_ || !iq_.empty(); });
+        if (iq_.empty()) return;  // istop_ and drained
+        f = std::move(iq_.front());
+        iq_.pop_front();
+        ibusy_ = true;
+      }
+      f();  // launch() and then() keep their exceptions (the stream's error)
+      {
+        std::lock_guard lk(imu_);
+        ibusy_ = false;
+      }
+      iidle_cv_.notify_all();
+    }
+  }
+  // Waits until everything queued for the issuing thread has been issued to the device.
+  void wait_issued() {
+    if (!issuer_.joinable() || std::this_thread::get_id() == issuer_.get_id()) return;
+    std::unique_lock lk(imu_);
+    iidle_cv_.wait(lk, [this] { return iq_.empty() && !ibusy_; });
+  }
+  void then_now(std::function<void(const std::string&)> cb) {
     Item it;
     it.cb = std::move(cb);
     {
@@ -207,13 +262,17 @@ class CudaStream final : public Stream {
     }
     cv_.notify_all();
   }
+
+ public:
   void synchronize() override {
+    wait_issued();
     cudaSetDevice(dev_);
     cudaStreamSynchronize(s_);  // errors reach then() callbacks; shutdown must not throw
     std::unique_lock lk(mu_);
     idle_cv_.wait(lk, [this] { return q_.empty() && !busy_; });
   }
   std::unique_ptr<TimingMark> mark_time() override {
+    wait_issued();  // outside launch() work: the mark goes after everything issued so far
     set_device(dev_);
     cudaEvent_t e = timing_->get();
     auto m = std::make_unique<CudaTimingMark>(timing_, e);  // returns e to the pool on failure
@@ -325,6 +384,12 @@ class CudaStream final : public Stream {
   std::vector<cudaEvent_t> free_events_;
   std::shared_ptr<TimingEventPool> timing_;
   std::thread poller_;
+  // the issuing thread (issuer_ joinable only for a stream made with `issuer`) and its queue
+  std::mutex imu_;
+  std::condition_variable icv_, iidle_cv_;
+  std::deque<std::function<void()>> iq_;
+  bool istop_ = false, ibusy_ = false;
+  std::thread issuer_;
 };
 
 // ---- device ------------------------------------------------------------------------------
@@ -475,8 +540,9 @@ class CudaDevice final : public Device {
       const StreamKind sk = StreamKind(k);
       // activations are on the critical path: their copy streams get the top priority
       const int prio = (sk == StreamKind::act_up || sk == StreamKind::act_down) ? greatest : least;
+      const bool compute = sk == StreamKind::compute;
       streams_[k] = std::make_unique<CudaStream>(index_, fmt::format("cuda{}.{}", index_, stream_name(sk)),
-                                                 prio, sk == StreamKind::compute ? err_host_ : nullptr);
+                                                 prio, compute ? err_host_ : nullptr, /*issuer=*/compute);
     }
     ops_ = std::make_unique<CudaOps>(index_, streams_[0]->handle(), opt.dtype, static_cast<unsigned*>(d));
     ops_->set_f16_accumulation(opt.f16_accumulation);
