@@ -58,7 +58,7 @@ std::vector<ApiRec> apis;
 std::unordered_map<std::string, uint32_t> name_ids;
 std::vector<std::string> names;
 constexpr size_t kBufBytes = 8u << 20;
-std::vector<std::string> watched;                 // RP_KPROF_CALLERS
+std::vector<std::string> watched;                // RP_KPROF_CALLERS
 std::map<std::vector<void*>, uint64_t> callers;  // call stack (frames 2..7) -> count
 
 uint32_t name_id(const char* mangled) {
@@ -133,7 +133,9 @@ void report_kernels(FILE* f, const std::vector<KernelRec>& ks, uint64_t window) 
   for (const auto& k : ks) per[k.name].first++, per[k.name].second += k.end - k.start;
   std::vector<std::pair<uint32_t, std::pair<uint64_t, uint64_t>>> v(per.begin(), per.end());
   std::sort(v.begin(), v.end(), [](auto& a, auto& b) { return a.second.second > b.second.second; });
-  std::fprintf(f, "\n## Kernels by total time (top 45)\n| kernel | count | total ms | mean us | %% of window |\n|---|---|---|---|---|\n");
+  std::fprintf(f,
+               "\n## Kernels by total time (top 45)\n| kernel | count | total ms | mean us | %% of window "
+               "|\n|---|---|---|---|---|\n");
   for (size_t i = 0; i < v.size() && i < 45; ++i)
     std::fprintf(f, "| %s | %llu | %.1f | %.1f | %.1f |\n", names[v[i].first].c_str(),
                  (unsigned long long)v[i].second.first, ms(v[i].second.second),
@@ -161,34 +163,45 @@ void report_gaps(FILE* f, const std::vector<KernelRec>& ks, uint32_t stream) {
     }
     if (s[i].end >= last_end) last_end = s[i].end, last_name = s[i].name;
   }
-  std::fprintf(f, "\n## Idle gaps of stream %u (the busiest)\n| gap | count | total ms |\n|---|---|---|\n", stream);
-  for (int b = 0; b < 6; ++b) std::fprintf(f, "| %s | %llu | %.1f |\n", labels[b], (unsigned long long)cnt[b], ms(tot[b]));
-  std::vector<std::pair<std::pair<uint32_t, uint32_t>, std::pair<uint64_t, uint64_t>>> v(pairs.begin(), pairs.end());
+  std::fprintf(f, "\n## Idle gaps of stream %u (the busiest)\n| gap | count | total ms |\n|---|---|---|\n",
+               stream);
+  for (int b = 0; b < 6; ++b)
+    std::fprintf(f, "| %s | %llu | %.1f |\n", labels[b], (unsigned long long)cnt[b], ms(tot[b]));
+  std::vector<std::pair<std::pair<uint32_t, uint32_t>, std::pair<uint64_t, uint64_t>>> v(pairs.begin(),
+                                                                                         pairs.end());
   std::sort(v.begin(), v.end(), [](auto& a, auto& b) { return a.second.second > b.second.second; });
-  std::fprintf(f, "\n### Gaps of 10 us or more by the kernels around them (top 20)\n| after | before | count | total ms |\n|---|---|---|---|\n");
+  std::fprintf(f,
+               "\n### Gaps of 10 us or more by the kernels around them (top 20)\n| after | before | count | "
+               "total ms |\n|---|---|---|---|\n");
   for (size_t i = 0; i < v.size() && i < 20; ++i)
-    std::fprintf(f, "| %s | %s | %llu | %.1f |\n", names[v[i].first.first].c_str(), names[v[i].first.second].c_str(),
-                 (unsigned long long)v[i].second.first, ms(v[i].second.second));
+    std::fprintf(f, "| %s | %s | %llu | %.1f |\n", names[v[i].first.first].c_str(),
+                 names[v[i].first.second].c_str(), (unsigned long long)v[i].second.first,
+                 ms(v[i].second.second));
 }
 
 void report_copies_and_apis(FILE* f, uint64_t lo, uint64_t hi) {
-  const char* kinds[] = {"unknown", "HtoD", "DtoH", "HtoA", "AtoH", "AtoA", "AtoD", "DtoA", "DtoD", "HtoH", "PtoP"};
+  const char* kinds[] = {"unknown", "HtoD", "DtoH", "HtoA", "AtoH", "AtoA",
+                         "AtoD",    "DtoA", "DtoD", "HtoH", "PtoP"};
   std::map<int, std::array<uint64_t, 3>> per;  // kind -> count, bytes, ns
   for (const auto& c : copies)
     if (c.start >= lo && c.start < hi) {
       auto& p = per[c.kind];
       p[0]++, p[1] += c.bytes, p[2] += c.end - c.start;
     }
-  std::fprintf(f, "\n## Memory copies\n| kind | count | GB | ms | GB/s while copying |\n|---|---|---|---|---|\n");
+  std::fprintf(
+      f, "\n## Memory copies\n| kind | count | GB | ms | GB/s while copying |\n|---|---|---|---|---|\n");
   for (auto& [k, p] : per)
-    std::fprintf(f, "| %s | %llu | %.2f | %.1f | %.1f |\n", k >= 0 && k <= 10 ? kinds[k] : "?", (unsigned long long)p[0],
-                 double(p[1]) / 1e9, ms(p[2]), p[2] ? double(p[1]) / double(p[2]) : 0.0);
+    std::fprintf(f, "| %s | %llu | %.2f | %.1f | %.1f |\n", k >= 0 && k <= 10 ? kinds[k] : "?",
+                 (unsigned long long)p[0], double(p[1]) / 1e9, ms(p[2]),
+                 p[2] ? double(p[1]) / double(p[2]) : 0.0);
   std::map<uint32_t, std::pair<uint64_t, uint64_t>> api;
   for (const auto& a : apis)
     if (a.start >= lo && a.start < hi) api[a.cbid].first++, api[a.cbid].second += a.end - a.start;
   std::vector<std::pair<uint32_t, std::pair<uint64_t, uint64_t>>> v(api.begin(), api.end());
   std::sort(v.begin(), v.end(), [](auto& a, auto& b) { return a.second.second > b.second.second; });
-  std::fprintf(f, "\n## Runtime API calls by host time (all threads, top 15)\n| call | count | total ms | mean us |\n|---|---|---|---|\n");
+  std::fprintf(f,
+               "\n## Runtime API calls by host time (all threads, top 15)\n| call | count | total ms | mean "
+               "us |\n|---|---|---|---|\n");
   for (size_t i = 0; i < v.size() && i < 15; ++i) {
     const char* n = nullptr;
     cuptiGetCallbackName(CUPTI_CB_DOMAIN_RUNTIME_API, v[i].first, &n);
@@ -215,7 +228,8 @@ std::string symbol(void* a) {
   if (!dladdr(a, &i)) return "?";
   if (!i.dli_sname) {  // a static symbol: module + offset, for addr2line -f -C -e <module> <offset>
     char buf[64];
-    std::snprintf(buf, sizeof buf, "+0x%lx", (unsigned long)(static_cast<char*>(a) - static_cast<char*>(i.dli_fbase)));
+    std::snprintf(buf, sizeof buf, "+0x%lx",
+                  (unsigned long)(static_cast<char*>(a) - static_cast<char*>(i.dli_fbase)));
     const std::string m = i.dli_fname ? i.dli_fname : "?";
     return m.substr(m.rfind('/') + 1) + buf;
   }
@@ -276,8 +290,8 @@ void write_report() {
   const uint64_t window = w_end - ks.front().start;
   std::map<uint32_t, std::vector<KernelRec>> per_stream;
   for (const auto& k : ks) per_stream[k.stream].push_back(k);
-  std::fprintf(f, "# Kernel profile\nwindow %.1f ms, %zu kernels; all streams busy %.1f%%\n\n", ms(window), ks.size(),
-               100.0 * double(union_length(ks.begin(), ks.end())) / double(window));
+  std::fprintf(f, "# Kernel profile\nwindow %.1f ms, %zu kernels; all streams busy %.1f%%\n\n", ms(window),
+               ks.size(), 100.0 * double(union_length(ks.begin(), ks.end())) / double(window));
   std::fprintf(f, "| stream | kernels | busy ms | busy %% |\n|---|---|---|---|\n");
   uint32_t busiest = 0;
   uint64_t busiest_ns = 0;
