@@ -24,6 +24,9 @@ namespace rp {
 /// Decoder layers `roundpipe plan` partitions at most (load_model_shape refuses more).
 constexpr int64_t kMaxPlanLayers = 1024;
 
+/// Default read-ring buffers of the disk tier (`--disk-ring`).
+constexpr int kDefaultDiskRing = 2;
+
 struct PlanCommandOptions {
   std::string model;                ///< folder with config.json, a config.json, or a .gguf
   int gpus = 8;                     ///< G
@@ -76,7 +79,7 @@ struct PlanCommandOptions {
   /// GB/s (0: no tier; write 0: the read rate), the host bytes the run may fill, GiB (0:
   /// kHostHeadroom x host_gib or this machine's memory), and the read ring's buffers.
   double disk_gbps = 0, disk_write_gbps = 0, host_budget_gib = 0;
-  int disk_ring = 2;
+  int disk_ring = kDefaultDiskRing;
 };
 
 /// Fills the fields of o that preset o.gpu sets (peak_tflops, fp8_tflops, hbm_gbps, pcie_gbps

@@ -44,20 +44,30 @@ void add_disk_options(CLI::App& c, PlanCommandOptions& o) {
 }
 
 DiskTier disk_tier_of(const PlanCommandOptions& o, std::string* budget_source) {
-  if (!(o.disk_gbps >= 0) || !std::isfinite(o.disk_gbps))
-    throw UsageError(fmt::format("--disk-gbps: expected a rate >= 0 in GB/s, got {}", o.disk_gbps));
-  if (!(o.disk_write_gbps >= 0) || !std::isfinite(o.disk_write_gbps))
-    throw UsageError(
-        fmt::format("--disk-write-gbps: expected a rate >= 0 in GB/s, got {}", o.disk_write_gbps));
-  if (!(o.host_budget_gib >= 0) || !std::isfinite(o.host_budget_gib))
-    throw UsageError(fmt::format("--host-budget-gib: expected >= 0, got {}", o.host_budget_gib));
+  // rates in [1 MB/s, 1 PB/s] and budgets up to 1 PiB: beyond them the seconds and bytes printed
+  // overflow or round to nothing
+  auto rate = [](double v, const char* flag) {
+    if (!std::isfinite(v) || !(v == 0 || (v >= 1e-3 && v <= 1e6)))
+      throw UsageError(fmt::format("{}: expected 0 (off) or a rate from 0.001 to 1e6 GB/s, got {}", flag, v));
+  };
+  rate(o.disk_gbps, "--disk-gbps");
+  rate(o.disk_write_gbps, "--disk-write-gbps");
+  if (!std::isfinite(o.host_budget_gib) ||
+      !(o.host_budget_gib == 0 || (o.host_budget_gib >= 1e-3 && o.host_budget_gib <= 1048576)))
+    throw UsageError(fmt::format("--host-budget-gib: expected 0 (default) or 0.001 to 1048576 GiB, got {}",
+                                 o.host_budget_gib));
   if (o.disk_ring < 1) throw UsageError(fmt::format("--disk-ring: expected >= 1, got {}", o.disk_ring));
   if (o.disk_gbps == 0) {
     if (o.disk_write_gbps > 0)
       throw UsageError("--disk-write-gbps: describes the disk tier; give --disk-gbps with it");
     if (o.host_budget_gib > 0)
       throw UsageError("--host-budget-gib: sizes the disk tier; give --disk-gbps with it");
+    if (o.disk_ring != kDefaultDiskRing)
+      throw UsageError("--disk-ring: sizes the disk tier's read ring; give --disk-gbps with it");
   }
+  if (o.host_gib > 0 && o.host_budget_gib > o.host_gib)
+    throw UsageError(fmt::format("--host-budget-gib: {} GiB is more than the host's --host-gib {} GiB",
+                                 o.host_budget_gib, o.host_gib));
   DiskTier t;
   t.read_bandwidth = o.disk_gbps * 1e9;
   t.write_bandwidth = o.disk_write_gbps * 1e9;
@@ -153,8 +163,10 @@ void print_disk_tier(std::FILE* out, const DiskRun& r, const SimResult& with_dis
       "state {}, read ring {}, activations {}, frozen base {} of which {} resident\n",
       t.read_bandwidth / 1e9, t.write_rate() / 1e9, G == 1 ? std::string("1 GPU") : fmt::format("{} GPUs", G),
       byte_text(t.host_budget), r.budget_source, byte_text(d.trainable_bytes),
-      d.ring_bytes > 0 ? fmt::format("{} x {}", t.ring_buffers, byte_text(d.ring_bytes / t.ring_buffers))
-                       : std::string("none (everything fits)"),
+      d.ring_bytes > 0      ? fmt::format("{} x {}", t.ring_buffers, byte_text(d.ring_bytes / t.ring_buffers))
+      : d.frozen_bytes == 0 ? std::string("none (no frozen weights to stream)")
+      : d.spill_bytes > 0   ? std::string("none (the frozen base stays in memory)")
+                            : std::string("none (everything fits)"),
       byte_text(d.activation_bytes), byte_text(d.frozen_bytes), byte_text(d.resident_bytes));
   if (d.attention_dropped)
     fmt::print(out, "          saved attention dropped to fit the budget (backward recomputes it)\n");
@@ -175,13 +187,18 @@ void print_disk_tier(std::FILE* out, const DiskRun& r, const SimResult& with_dis
   const double pcie = std::max(up, down) / G;
   fmt::print(out, "          per iteration: {} read, {} written, {} on the disk\n", byte_text(d.read_bytes),
              byte_text(d.write_bytes), ms(d.seconds));
-  const bool disk_bound = d.seconds > std::max(compute, pcie);
+  // the disk bounds the step when the simulated step is longer with it, not merely when its time
+  // exceeds the compute's (reads overlap the compute of other stages)
+  const double exposed = with_disk.iteration_seconds - without.iteration_seconds;
+  const bool disk_bound = d.seconds > std::max(compute, pcie) && exposed > 0.01 * without.iteration_seconds;
   fmt::print(out, "          bound     disk {} against compute {} and PCIe {} per GPU: {}\n", ms(d.seconds),
              ms(compute), ms(pcie),
              disk_bound ? "the disk bounds the step"
-                        : (compute >= pcie ? "compute bounds the step" : "PCIe bounds the step"));
-  const double exposed = with_disk.iteration_seconds - without.iteration_seconds;
-  fmt::print(out, "          iteration {} with the disk, {:.0f} tokens/s ({} without it{})\n",
+             : d.seconds > std::max(compute, pcie)
+                 ? "the disk's time is hidden behind the pipeline"
+                 : (compute >= pcie ? "compute bounds the step" : "PCIe bounds the step"));
+  fmt::print(out,
+             "          iteration {} with the disk, {:.0f} tokens/s ({} for the same stages without it{})\n",
              ms(with_disk.iteration_seconds), double(tokens) / with_disk.iteration_seconds,
              ms(without.iteration_seconds),
              !disk_bound && exposed > 0.01 * without.iteration_seconds

@@ -5,6 +5,7 @@
 // read ring is one line naming the option; without the options the plan is unchanged.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <regex>
 #include <string>
@@ -152,6 +153,59 @@ TEST(CliPlanDisk, ABudgetTooSmallForTheRingIsOneLineNamingTheOption) {
   r = roundpipe(kRun + " --disk-gbps -1", d);
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--disk-gbps"), std::string::npos) << r.err;
+  fs::remove_all(d);
+}
+
+// Rates past what the output can print (1 MB/s to 1 PB/s), budgets past 1 PiB, --disk-ring
+// without a tier and a budget above --host-gib: one line naming the option, exit 2.
+TEST(CliPlanDisk, OutOfRangeAndOrphanOptionsAreOneLineNamingTheOption) {
+  auto d = tmpdir();
+  for (const std::string& bad :
+       {std::string(" --disk-gbps 1e-300"), std::string(" --disk-gbps 4.9e-324"),
+        std::string(" --disk-gbps 1e300"), std::string(" --disk-gbps 7 --disk-write-gbps 1e-9"),
+        std::string(" --disk-gbps 7 --host-budget-gib 1e300"), std::string(" --disk-ring 5"),
+        std::string(" --disk-gbps 7 --host-gib 30 --host-budget-gib 48")}) {
+    const CliRun r = roundpipe(kRun + bad, d);
+    EXPECT_EQ(r.code, 2) << bad << ": " << r.out;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << bad << ": " << r.err;
+    const std::string flag = bad.substr(bad.rfind(" --") + 1, bad.rfind(' ') - bad.rfind(" --") - 1);
+    EXPECT_NE(r.err.find(flag), std::string::npos) << bad << ": " << r.err;
+  }
+  fs::remove_all(d);
+}
+
+// --max-seq plans the disk for the length it found, as a run given that length with --seq.
+TEST(CliPlanDisk, MaxSeqPlansTheDiskForTheLengthItFound) {
+  auto d = tmpdir();
+  const std::string run = "plan --model " + kLlama + " --gpus 8 --micro 8 --lora-r 16 --gpu rtx4090";
+  const CliRun found = roundpipe(run + " --max-seq --disk-gbps 7 --host-budget-gib 48", d);
+  ASSERT_EQ(found.code, 0) << found.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(found.out, m, std::regex("of [0-9]+ x ([0-9,]+) tokens"))) << found.out;
+  std::string len = m[1];
+  len.erase(std::remove(len.begin(), len.end(), ','), len.end());
+  const CliRun given = roundpipe(run + " --seq " + len + " --disk-gbps 7 --host-budget-gib 48", d);
+  ASSERT_EQ(given.code, 0) << given.err;
+  const std::string key = "per iteration: ";
+  ASSERT_NE(found.out.find(key), std::string::npos) << found.out;
+  const auto line = [&](const std::string& out) {
+    const auto at = out.find(key);
+    return out.substr(at, out.find('\n', at) - at);
+  };
+  EXPECT_EQ(line(found.out), line(given.out));
+  fs::remove_all(d);
+}
+
+// Full fine-tuning has no frozen weights: the ring line says so rather than "everything fits".
+TEST(CliPlanDisk, FullFineTuningSaysThereIsNothingToStream) {
+  auto d = tmpdir();
+  const CliRun r = roundpipe("plan --model " + kLlama +
+                                 " --gpus 8 --seq 4096 --micro 8 --gpu h200 --disk-gbps 7 "
+                                 "--host-budget-gib 150",
+                             d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("none (no frozen weights to stream)"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("everything fits"), std::string::npos) << r.out;
   fs::remove_all(d);
 }
 
