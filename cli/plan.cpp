@@ -374,7 +374,7 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
   rin.profile = profile ? &*profile : nullptr;
   const auto t0 = std::chrono::steady_clock::now();
   // --disk-gbps: planned before printing, so that a budget too small is the only line
-  const std::optional<DiskRun> disk = plan_with_disk(oo, planned, rin);  // oo: --max-seq's length
+  const std::optional<DiskRun> disk = plan_with_disk(oo, planned, rin, sim_options(o, d));  // oo: --max-seq's
 
   const int64_t tokens = o.micro_batches * o.sequences_per_micro * oo.seq_len;
   fmt::print(out, "model     {}\n", desc);

@@ -103,40 +103,77 @@ DiskPlan checked_disk_plan(const DiskRun& r, const ModelLayout& layout, const Ho
 
 }  // namespace
 
-std::optional<DiskRun> plan_with_disk(const PlanCommandOptions& o, const ModelLayout& layout,
-                                      const RunPlanInputs& in) {
-  DiskRun r;
-  r.tier = disk_tier_of(o, &r.budget_source);
-  if (!r.tier.enabled()) return std::nullopt;
-  RunPlanInputs rin = in;
-  HostRun hr = host_run_of(o);
-  r.run = plan_run(rin);
-  r.disk = checked_disk_plan(r, layout, hr);
-  const bool dropped = r.disk.attention_dropped;
-  if (dropped) {  // the decoders recompute their attention: plan that run
+namespace {
+
+// The fastest disk plan of `in` (simulated with the disk, `so`): the partition made without the
+// disk with each stage charged its reads, and the partitions made again with the reads charged
+// at the disk's share and at smaller ones. Larger stages can need a larger read ring and leave
+// less of the base resident, which the partitioner's stage times do not see, so the simulator
+// picks; a faster disk or a larger budget then does not predict a slower step than a slower one.
+std::pair<DiskRun, double> fastest_disk_plan(const PlanCommandOptions& o, const ModelLayout& layout,
+                                             const DiskRun& tier, RunPlanInputs rin, HostRun hr,
+                                             bool drop_attention, const SimOptions& so) {
+  DiskRun r = tier;
+  if (drop_attention) {
     rin.save_attention = false;
     hr.saved_attention = false;
-    r.run = plan_run(rin);
-    r.disk = checked_disk_plan(r, layout, hr);
   }
-  // charge each stage its disk reads at its share of the disk, and partition again
-  apply_disk_reads(r.run.costs, layout, r.disk.streamed);
-  r.run.partition.disk_bandwidth = disk_stage_bandwidth(r.tier, o.gpus);
-  r.run.partition.weight_buffers = 2;
-  r.run.automatic = automatic_partition(r.run.costs, r.run.partition);
-  r.run.plan = r.run.automatic->plan;
-  DiskPlan d = checked_disk_plan(r, layout, hr);
-  if (d.streamed != r.disk.streamed) {  // the new stages change the ring: keep the charged layers in step
-    apply_disk_reads(r.run.costs, layout, d.streamed);
-    r.run.automatic = automatic_partition(r.run.costs, r.run.partition);
-    r.run.plan = r.run.automatic->plan;
-    d = checked_disk_plan(r, layout, hr);
-    apply_disk_reads(r.run.costs, layout, d.streamed);
-    r.run.automatic->stages = check_plan(r.run.costs, r.run.plan, r.run.partition, "disk plan");
+  r.run = plan_run(rin);
+  r.disk = checked_disk_plan(r, layout, hr);
+  r.disk.attention_dropped = r.disk.attention_dropped || drop_attention;
+  const double share_bw = disk_stage_bandwidth(r.tier, o.gpus);
+  // c with its own disk plan charged to its stages, and its simulated iteration
+  auto finish = [&](DiskRun c) {
+    c.disk = checked_disk_plan(c, layout, hr);
+    c.disk.attention_dropped = c.disk.attention_dropped || drop_attention;
+    apply_disk_reads(c.run.costs, layout, c.disk.streamed);
+    c.run.partition.disk_bandwidth = share_bw;  // the real share, for the stage table
+    c.run.automatic->stages = check_plan(c.run.costs, c.run.plan, c.run.partition, "disk plan");
+    SimOptions s = so;
+    const double t = simulate(c.run.plan, disk_stage_costs(c, s), s).iteration_seconds;
+    return std::pair<DiskRun, double>(std::move(c), t);
+  };
+  std::pair<DiskRun, double> best = finish(r);  // the plain partition
+  for (double share : {1.0, 0.8, 0.6, 0.4, 0.25}) {
+    // partitioned with the reads charged; the new stages change the ring and so what streams:
+    // each partition of the sequence is a candidate
+    DiskRun c = r;
+    std::vector<char> streamed = r.disk.streamed;
+    for (int pass = 0; pass < 3; ++pass) {
+      apply_disk_reads(c.run.costs, layout, streamed);
+      c.run.partition.disk_bandwidth = share * share_bw;
+      c.run.partition.weight_buffers = 2;
+      c.run.automatic = automatic_partition(c.run.costs, c.run.partition);
+      c.run.plan = c.run.automatic->plan;
+      auto cand = finish(c);
+      const bool same = cand.first.disk.streamed == streamed;
+      streamed = cand.first.disk.streamed;
+      if (cand.second < best.second) best = std::move(cand);
+      if (same) break;
+    }
   }
-  r.disk = d;
-  r.disk.attention_dropped = r.disk.attention_dropped || dropped;
-  return r;
+  return best;
+}
+
+}  // namespace
+
+std::optional<DiskRun> plan_with_disk(const PlanCommandOptions& o, const ModelLayout& layout,
+                                      const RunPlanInputs& in, const SimOptions& so) {
+  DiskRun tier;
+  tier.tier = disk_tier_of(o, &tier.budget_source);
+  if (!tier.tier.enabled()) return std::nullopt;
+  const HostRun hr = host_run_of(o);
+  tier.run = plan_run(in);
+  const bool needed = checked_disk_plan(tier, layout, hr).attention_dropped;
+  auto best = fastest_disk_plan(o, layout, tier, in, hr, needed, so);
+  if (!needed && in.save_attention) {  // dropping it anyway frees memory for the base: faster?
+    auto dropped = fastest_disk_plan(o, layout, tier, in, hr, true, so);
+    if (dropped.second < best.second) {
+      best = std::move(dropped);
+      best.first.attention_dropped_to_save_reads = true;
+    }
+  }
+  return std::move(best.first);
 }
 
 std::vector<StageCost> disk_stage_costs(const DiskRun& r, SimOptions& so) {
@@ -169,7 +206,9 @@ void print_disk_tier(std::FILE* out, const DiskRun& r, const SimResult& with_dis
                             : std::string("none (everything fits)"),
       byte_text(d.activation_bytes), byte_text(d.frozen_bytes), byte_text(d.resident_bytes));
   if (d.attention_dropped)
-    fmt::print(out, "          saved attention dropped to fit the budget (backward recomputes it)\n");
+    fmt::print(out, "          saved attention dropped {} (backward recomputes it)\n",
+               r.attention_dropped_to_save_reads ? "though it fits: the simulated step is shorter without it"
+                                                 : "to fit the budget");
   if (d.spill_bytes > 0)
     fmt::print(
         out,

@@ -21,6 +21,10 @@ struct DiskRun {
   std::string budget_source;  ///< which option set tier.host_budget ("--host-budget-gib", ...)
   RunPlan run;                ///< partitioned with each stage's disk reads charged
   DiskPlan disk;
+  /// The saved attention fits the budget but was dropped: the simulated step is shorter
+  /// without it (the memory it frees keeps more of the base resident, or the recompute costs
+  /// less than its transfers).
+  bool attention_dropped_to_save_reads = false;
 };
 
 /// The disk tier of o: --disk-gbps, --disk-write-gbps and the host budget (--host-budget-gib,
@@ -29,14 +33,16 @@ struct DiskRun {
 /// without --disk-gbps.
 DiskTier disk_tier_of(const PlanCommandOptions& o, std::string* budget_source = nullptr);
 
-/// The plan of `in` (plan_run) under o's disk tier: the disk plan of the first partition;
-/// when it drops the saved attention, planned again without it; then the layers' streamed
-/// bytes are charged to their stages (LayerCost::disk_bytes at disk_stage_bandwidth) and the
-/// partition made again, and the disk plan of that partition is the one returned. nullopt
-/// without --disk-gbps. Throws UsageError naming the budget's option, what the tier needs and
-/// what was given when the budget cannot hold the trainable state and the read ring.
+/// The plan of `in` (plan_run) under o's disk tier. Candidates: the plain partition with each
+/// stage charged its streamed bytes (LayerCost::disk_bytes at disk_stage_bandwidth), and the
+/// partitions made again with the reads charged at 1, 0.8, 0.6, 0.4 and 0.25 of that share
+/// (their disk plans recomputed); with the saved attention kept when the budget holds it, and
+/// dropped. The one the simulator (`so`, with the disk) gives the shortest iteration is
+/// returned. nullopt without --disk-gbps. Throws UsageError naming the budget's option, what
+/// the tier needs and what was given when the budget cannot hold the trainable state and the
+/// read ring.
 std::optional<DiskRun> plan_with_disk(const PlanCommandOptions& o, const ModelLayout& layout,
-                                      const RunPlanInputs& in);
+                                      const RunPlanInputs& in, const SimOptions& so);
 
 /// The simulator's stage costs of `r`'s plan with the disk traffic, and the disk's rates set in `so`.
 std::vector<StageCost> disk_stage_costs(const DiskRun& r, SimOptions& so);
