@@ -173,7 +173,9 @@ def plan(model, **options):
     memory_cap ("24GiB"), host_gib, sequences_per_micro, profile, trace, peak_tflops, fp8,
     fp8_tflops, hbm_gbps, pcie_gbps, iterations, sync, max_seq, mlp_chunk, save_attention
     (False: --no-save-attention), frozen, lora_r, lora_targets, nodes, net_gbps,
-    net_latency_us, accumulation, grouped_gemm_efficiency. Nothing needs a GPU or weights
+    net_latency_us, accumulation, grouped_gemm_efficiency, and the disk tier's disk_gbps,
+    disk_write_gbps, host_budget_gib, disk_ring (a prediction: training does not stream from a
+    disk yet). Nothing needs a GPU or weights
     (a config.json is enough). Raises ValueError naming an unknown or bad option.
     """
     options["model"] = os.fspath(model)
