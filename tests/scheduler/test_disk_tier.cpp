@@ -14,6 +14,7 @@
 #include "scheduler/disk_tier.hpp"
 #include "scheduler/partition.hpp"
 #include "scheduler/simulator.hpp"
+#include "tests/scheduler/stage_plans.hpp"
 
 namespace rp {
 namespace {
@@ -164,27 +165,6 @@ TEST(DiskTier, ABudgetBelowTheTrainableStateAndTheRingDoesNotFit) {
   EXPECT_FALSE(plan_disk_tier(m, run, t, llama_plan()).fits);
   t.ring_buffers = 1;  // one buffer less
   EXPECT_TRUE(plan_disk_tier(m, run, t, llama_plan()).fits);
-}
-
-// A valid plan with exactly S stages (S >= 3), one layer a stage but the last of each pass.
-IterationPlan plan_with_stages(int S) {
-  const int f = (S - 1) / 2, b = S - 1 - f, a = std::max(f, b);
-  IterationPlan p;
-  p.num_layers = a + 2;
-  auto split = [&](int parts, StageKind k, std::vector<Stage>& out) {
-    for (int i = 0, first = 0; i < parts; ++i) {
-      const int last = i + 1 == parts ? a - 1 : first;
-      out.push_back({k, first, last});
-      first = last + 1;
-    }
-  };
-  std::vector<Stage> fw, bw;
-  split(f, StageKind::forward, fw);
-  split(b, StageKind::backward, bw);
-  p.stages = fw;
-  p.stages.push_back({StageKind::tail, a, a + 1});
-  p.stages.insert(p.stages.end(), bw.rbegin(), bw.rend());
-  return p;
 }
 
 SimOptions disk_options(int gpus, double bw) {

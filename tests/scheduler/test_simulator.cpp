@@ -12,34 +12,11 @@
 #include "scheduler/cost_model.hpp"
 #include "scheduler/partition.hpp"
 #include "scheduler/simulator.hpp"
+#include "tests/scheduler/stage_plans.hpp"
 #include "trace/trace_check.hpp"
 
 namespace rp {
 namespace {
-
-// A valid plan with exactly S stages (S >= 3): f forward stages, the tail, b backward.
-IterationPlan plan_with_stages(int S) {
-  const int f = (S - 1) / 2, b = S - 1 - f;
-  const int a = std::max(f, b);  // layers before the tail
-  IterationPlan p;
-  p.num_layers = a + 2;
-  auto split = [&](int parts, StageKind k, std::vector<Stage>& out) {
-    int first = 0;
-    for (int i = 0; i < parts; ++i) {
-      int last = i + 1 == parts ? a - 1 : first;
-      out.push_back({k, first, last});
-      first = last + 1;
-    }
-  };
-  std::vector<Stage> fw, bw;
-  split(f, StageKind::forward, fw);
-  split(b, StageKind::backward, bw);
-  p.stages = fw;
-  p.stages.push_back({StageKind::tail, a, a + 1});
-  p.stages.insert(p.stages.end(), bw.rbegin(), bw.rend());
-  validate_plan(p, "test plan");
-  return p;
-}
 
 std::vector<StageCost> uniform(int S, double c) {
   return std::vector<StageCost>(size_t(S), StageCost{c, 0, 0, 0, 0});

@@ -24,9 +24,6 @@ using namespace rp::tier::testing;
 
 namespace {
 
-#define EXPECT_HAS(s, part) \
-  EXPECT_NE(std::string(s).find(part), std::string::npos) << (s) << "\n  should contain: " << (part)
-
 TEST(CacheBuild, TooLittleDiskSpaceIsOneLineAndWritesNothing) {
   Scratch s;
   auto opt = small_chunks();

@@ -17,11 +17,6 @@ using namespace rp::tier::testing;
 
 namespace {
 
-std::string contains_msg(const std::string& s, const std::string& part) {
-  return s + "\n  should contain: " + part;
-}
-#define EXPECT_HAS(s, part) EXPECT_NE(std::string(s).find(part), std::string::npos) << contains_msg(s, part)
-
 std::shared_ptr<const CacheFile> build_and_open(const Scratch& s, const std::string& key = "key-a") {
   const auto r = ensure_cache(s.path("w.cache"), key, odd_specs(), pattern_fill(), small_chunks());
   EXPECT_TRUE(r.built);

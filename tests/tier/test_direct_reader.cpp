@@ -21,9 +21,6 @@ using namespace rp::tier::testing;
 
 namespace {
 
-#define EXPECT_HAS(s, part) \
-  EXPECT_NE(std::string(s).find(part), std::string::npos) << (s) << "\n  should contain: " << (part)
-
 std::shared_ptr<const CacheFile> make_cache(const Scratch& s) {
   return ensure_cache(s.path("w.cache"), "key-a", odd_specs(), pattern_fill(), small_chunks()).file;
 }

@@ -15,6 +15,10 @@
 
 #include "tier/cache_file.hpp"
 
+/// EXPECT that string s contains `part`, printing both when it does not.
+#define EXPECT_HAS(s, part) \
+  EXPECT_NE(std::string(s).find(part), std::string::npos) << (s) << "\n  should contain: " << (part)
+
 namespace rp::tier::testing {
 
 namespace fs = std::filesystem;
