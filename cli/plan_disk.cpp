@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numeric>
 
 #include <CLI/CLI.hpp>
@@ -123,15 +124,20 @@ std::pair<DiskRun, double> fastest_disk_plan(const PlanCommandOptions& o, const 
   r.disk.attention_dropped = r.disk.attention_dropped || drop_attention;
   const double share_bw = disk_stage_bandwidth(r.tier, o.gpus);
   // c with its own disk plan charged to its stages, and its simulated iteration
+  // (the shares often give the same partition: each distinct one is simulated once)
+  std::map<std::string, double> simulated;
   auto finish = [&](DiskRun c) {
     c.disk = checked_disk_plan(c, layout, hr);
     c.disk.attention_dropped = c.disk.attention_dropped || drop_attention;
     apply_disk_reads(c.run.costs, layout, c.disk.streamed);
     c.run.partition.disk_bandwidth = share_bw;  // the real share, for the stage table
     c.run.automatic->stages = check_plan(c.run.costs, c.run.plan, c.run.partition, "disk plan");
-    SimOptions s = so;
-    const double t = simulate(c.run.plan, disk_stage_costs(c, s), s).iteration_seconds;
-    return std::pair<DiskRun, double>(std::move(c), t);
+    auto [it, fresh] = simulated.try_emplace(c.run.plan.summary(), 0.0);
+    if (fresh) {
+      SimOptions s = so;
+      it->second = simulate(c.run.plan, disk_stage_costs(c, s), s).iteration_seconds;
+    }
+    return std::pair<DiskRun, double>(std::move(c), it->second);
   };
   std::pair<DiskRun, double> best = finish(r);  // the plain partition
   for (double share : {1.0, 0.8, 0.6, 0.4, 0.25}) {
