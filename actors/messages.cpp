@@ -10,6 +10,8 @@ std::string describe(const CopyTag& t) {
     case CopyKind::output: return fmt::format("output of micro-batch {} (task {})", t.micro_batch, t.task);
     case CopyKind::weights: return fmt::format("weights of group {} (task {})", t.group, t.task);
     case CopyKind::gradient: return fmt::format("gradient of group {} (task {})", t.group, t.task);
+    case CopyKind::staged_gradient:
+      return fmt::format("staged gradient contribution of group {} (task {})", t.group, t.task);
   }
   return "?";
 }

@@ -20,6 +20,8 @@
 //   worker    -> worker    ActReady            micro-batch m of a stage's output is on the host
 //   worker    -> transfer  CopyRequest         a copy on that transfer actor's stream, tagged
 //   transfer  -> worker    CopyDone            the copy completed; carries the request's tag
+//   job       -> worker    CopyDone            (the worker's host job thread) a staged gradient
+//                                              contribution was added into its slot (kind gradient)
 //   stream    -> transfer  StreamDone          (the actor's own stream callback) a chunk landed
 //   arbiter   -> transfer  LinkIdle            a refused bulk actor may issue again
 //   stream    -> worker    ComputeDone         (the worker's compute-stream callback) a
@@ -218,7 +220,11 @@ enum class CopyKind : uint8_t {
   input,     ///< an input of micro-batch `micro_batch` (host to device)
   output,    ///< an output of micro-batch `micro_batch` (device to host)
   weights,   ///< a chunk of parameter group `group`'s weights (host to device)
-  gradient,  ///< parameter group `group`'s gradient (device to host)
+  gradient,  ///< parameter group `group`'s gradient is in its host slot
+  /// a later contribution to group `group`'s gradient in one step (tied embeddings) landed in
+  /// the worker's staging buffer (device to host); the worker then adds it into the slot on
+  /// its host job thread, which reports CopyKind::gradient when done
+  staged_gradient,
 };
 struct CopyTag {
   CopyKind kind = CopyKind::input;
@@ -231,22 +237,14 @@ std::string describe(const CopyTag& t);
 inline bool operator<(const CopyTag& a, const CopyTag& b) {
   return std::tie(a.kind, a.task, a.micro_batch, a.group) < std::tie(b.kind, b.task, b.micro_batch, b.group);
 }
-/// Host work after a copy completed and before CopyDone: dst[i] += src[i] for i < n (a later
-/// gradient contribution of one step, tied embeddings: the staging buffer into the slot).
-struct HostAccumulate {
-  float* dst = nullptr;
-  const float* src = nullptr;
-  int64_t n = 0;  ///< 0: none
-};
 struct CopyRequest {
   CopyDir dir = CopyDir::h2d;
   void* dst = nullptr;
   const void* src = nullptr;
   size_t bytes = 0;
-  int priority = 0;           ///< lower is more urgent
-  int64_t order = 0;          ///< tie-break within a priority (e.g. micro-batch index)
-  CopyTag what;               ///< echoed in CopyDone
-  HostAccumulate accumulate;  ///< optional host work after the copy
+  int priority = 0;   ///< lower is more urgent
+  int64_t order = 0;  ///< tie-break within a priority (e.g. micro-batch index)
+  CopyTag what;       ///< echoed in CopyDone
   WorkerActor reply_to;
 };
 struct CopyDone {

@@ -1,11 +1,9 @@
 #include "actors/transfer.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <map>
 #include <optional>
 #include <queue>
-#include <thread>
 
 #include <fmt/format.h>
 
@@ -36,7 +34,6 @@ struct Job {
   int inflight = 0;    ///< chunks issued, not completed
   double t_ready = 0;  ///< when the next chunk became ready (enqueue, then last completion)
   std::string error;
-  std::shared_ptr<std::atomic<bool>> failed = std::make_shared<std::atomic<bool>>(false);
 };
 
 struct TransferState {
@@ -48,19 +45,6 @@ struct TransferState {
   uint64_t seq = 0;
   static inline const char* name = "transfer";
 };
-
-/// dst[i] += src[i] over a few host threads (the tied embedding's gradient slot is ~1 GiB).
-void parallel_add(float* dst, const float* src, int64_t n) {
-  const int nt = int(std::clamp<int64_t>(n >> 22, 1, std::max(1u, std::thread::hardware_concurrency() / 2)));
-  auto work = [=](int i) {
-    const int64_t a = n * i / nt, b = n * (i + 1) / nt;
-    for (int64_t j = a; j < b; ++j) dst[j] += src[j];
-  };
-  std::vector<std::thread> ts;
-  for (int i = 1; i < nt; ++i) ts.emplace_back(work, i);
-  work(0);
-  for (auto& th : ts) th.join();
-}
 
 using TransferPointer = TransferActor::stateful_pointer<TransferState>;
 
@@ -145,11 +129,8 @@ class Transfer {
                         c.bytes);
     }
     const double t_issue = now();
-    const bool last = k + 1 == j.chunks.size();
     const size_t n = j.chunks.size();
     auto me = caf::actor_cast<TransferActor>(self_);
-    const HostAccumulate acc = last ? r.accumulate : HostAccumulate{};
-    auto failed = j.failed;
     auto arb = opt_.arbiter;
     const bool bulk = opt_.bulk;
     Tracer* tr = opt_.tracer;
@@ -161,8 +142,6 @@ class Transfer {
       std::string e = err;
       double t_done = 0.0;
       try {
-        if (!e.empty()) failed->store(true);
-        if (e.empty() && acc.n > 0 && !failed->load()) parallel_add(acc.dst, acc.src, acc.n);
         t_done = tr ? tr->now() : 0.0;
         if (tr) {
           std::vector<std::pair<std::string, double>> args{{"bytes", double(c.bytes)},

@@ -67,8 +67,9 @@ struct TransferOptions {
 
 /// Spawns the transfer actor for `stream` (owned by the worker's Device, which must
 /// outlive the actor), tracing on track `name`. Handles CopyRequest; answers CopyDone (with
-/// the request's tag) to request.reply_to once the whole copy completed and its host
-/// accumulation ran (CopyDone::error names the stream error or the exception it threw).
+/// the request's tag) to request.reply_to once the whole copy completed (CopyDone::error
+/// names the stream error). The completion callbacks do no host work of their own, so one
+/// copy's completion never waits for another's consumer.
 /// An exception in one of its handlers ends the actor with that error (its monitor, the
 /// worker, fails the run).
 TransferActor spawn_transfer_actor(caf::actor_system& sys, Stream& stream, std::string name,

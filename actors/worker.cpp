@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "actors/host_jobs.hpp"
 #include "actors/layer_timer.hpp"
 #include "actors/message_trace.hpp"
 #include "actors/messages.hpp"
@@ -62,6 +63,7 @@ class Worker : public WorkerActor::base {
     after_.reset();
     draining_.clear();
     outstanding_.clear();
+    host_jobs_.drain();  // an addition may still read a staging buffer
     if (ctx_.device)
       for (auto& [g, b] : staging_) ctx_.device->unpin_host(b.data());
     staging_.clear();
@@ -137,9 +139,9 @@ class Worker : public WorkerActor::base {
 
   /// Issues a copy on `via`'s stream; its CopyDone (tagged `what`) comes back to on_copy_done.
   void copy(const TransferActor& via, CopyDir dir, void* dst, const void* src, size_t bytes, int prio,
-            int64_t order, const CopyTag& what, HostAccumulate acc = {}) {
+            int64_t order, const CopyTag& what) {
     outstanding_[what]++;
-    send(via, CopyRequest{dir, dst, src, bytes, prio, order, what, acc, WorkerActor{this}});
+    send(via, CopyRequest{dir, dst, src, bytes, prio, order, what, WorkerActor{this}});
   }
 
   /// A copy completed: what it completed is in its tag.
@@ -155,6 +157,7 @@ class Worker : public WorkerActor::base {
       case CopyKind::output: return output_landed(t.task, t.micro_batch);
       case CopyKind::weights: return weights_landed(t.task, t.group);
       case CopyKind::gradient: return gradient_landed(t.task, t.group);
+      case CopyKind::staged_gradient: return gradient_staged(t.task, t.group);
     }
   }
 
@@ -682,13 +685,39 @@ class Worker : public WorkerActor::base {
     const CopyTag what{CopyKind::gradient, id, -1, g};
     if (overwrite) {
       copy(grad_down_, CopyDir::d2h, slot, buf.get(), buf.bytes(), kPrioGrad, g, what);
-    } else {  // a later contribution of the same step (tied embeddings): accumulate
+    } else {  // a later contribution of the same step (tied embeddings): stage, then add
       auto [it, fresh] = staging_.try_emplace(g, buf.bytes());
       if (fresh) ctx_.device->pin_host(it->second.data(), it->second.size());
-      float* sp = it->second.as<float>();
-      copy(grad_down_, CopyDir::d2h, sp, buf.get(), buf.bytes(), kPrioGrad, g, what,
-           HostAccumulate{slot, sp, n});
+      copy(grad_down_, CopyDir::d2h, it->second.data(), buf.get(), buf.bytes(), kPrioGrad, g,
+           CopyTag{CopyKind::staged_gradient, id, -1, g});
     }
+  }
+
+  /// A later contribution to group g's gradient landed in the staging buffer: the device buffer
+  /// goes back at once (a start waiting for memory may go on), and the host job thread adds the
+  /// contribution into the slot, then reports the gradient written (CopyKind::gradient). The
+  /// shard grants the group's next writer only after that report, so the staging buffer is
+  /// not overwritten while the addition reads it.
+  void gradient_staged(uint64_t id, int g) {
+    Task* tk = live(id);
+    if (!tk) return;
+    tk->dgrad.erase(g);
+    retry_memory_wait();
+    float* slot = ctx_.store->grad[g].as<float>();
+    const float* sp = staging_.at(g).as<float>();
+    const int64_t n = ctx_.store->numel[g];
+    const CopyTag done{CopyKind::gradient, id, -1, g};
+    outstanding_[done]++;
+    WorkerActor me{this};
+    host_jobs_.post([me, slot, sp, n, done] {
+      std::string err;
+      try {
+        parallel_add(slot, sp, n);
+      } catch (const std::exception& e) {
+        err = std::string("adding a gradient contribution on the host: ") + e.what();
+      }
+      caf::anon_send(me, CopyDone{done, std::move(err)});
+    });
   }
 
   /// Group g's gradient of task `id` is in the host slot.
@@ -769,6 +798,7 @@ class Worker : public WorkerActor::base {
   /// Pinned host staging per parameter group for accumulated gradient contributions
   /// (tied embeddings); one writer per group at a time (rule 3) makes reuse safe.
   std::map<int, HostBytes> staging_;
+  HostJobs host_jobs_;  ///< adds staged contributions into the slots (declared after staging_)
   std::set<Key> ready_;
   std::map<CopyTag, int> outstanding_;  ///< copies issued and not completed, by tag
   int64_t param_order_ = 0;             ///< parameter chunks leave in the order they are sent
