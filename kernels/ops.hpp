@@ -386,8 +386,9 @@ class Ops {
   // linear). Expert weights of one linear are stacked [E, N, K] (expert e at e*N*K).
   //
   // The grouped linears need each expert's row count when they are launched: moe_sort
-  // returns the group offsets in host memory as well (on a GPU: one device-to-host copy and
-  // a wait for the stream per call, the only host round trip of the block).
+  // returns the group offsets in host memory as well (on a GPU: a wait for the stream per
+  // call, the only host round trip of the block; moe_sort_launch / moe_sort_wait let the
+  // gather of the sorted rows run on the GPU while the host waits).
   /// Router: for t < T, p[t,:] = softmax(logits[t,:]) computed in fp32 (logits in dtype()),
   /// written to probs [T,E] fp32; topk_idx [T,k] i32 = the k experts of largest p in
   /// descending order (ties: lower index first); topk_w [T,k] fp32 = their p, divided by
@@ -413,6 +414,20 @@ class Ops {
   /// outside [0, E) throws on the CPU and is reported as a device error on a GPU.
   virtual void moe_sort(const int32_t* topk_idx, int32_t* offsets, int32_t* offsets_host, int32_t* row,
                         int32_t* token, int64_t T, int64_t E, int64_t k) = 0;
+  /// moe_sort in two halves, so that stream-ordered work that needs only the device results
+  /// (gather_rows of the sorted rows) is queued before the host waits: moe_sort_launch does what
+  /// moe_sort does but offsets_host is valid only after moe_sort_wait(offsets_host, E) returns.
+  /// No other moe_sort or moe_sort_launch may run on this Ops in between. The default runs
+  /// moe_sort at once (its wait does nothing): the CPU backend is synchronous anyway.
+  virtual void moe_sort_launch(const int32_t* topk_idx, int32_t* offsets, int32_t* offsets_host, int32_t* row,
+                               int32_t* token, int64_t T, int64_t E, int64_t k) {
+    moe_sort(topk_idx, offsets, offsets_host, row, token, T, E, k);
+  }
+  /// Makes the offsets_host of the last moe_sort_launch valid (E as given there).
+  virtual void moe_sort_wait(int32_t* offsets_host, int64_t E) {
+    (void)offsets_host;
+    (void)E;
+  }
   /// xs[r,:] = x[token[r],:] for r < R (rows of H elements, dtype()).
   virtual void gather_rows(const void* x, const int32_t* token, void* xs, int64_t R, int64_t H) = 0;
   /// y[t,:] (+)= sum_{j<k} w[t,j] * ys[row[t*k+j],:] (fp32 sum over j in order, then one

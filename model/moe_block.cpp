@@ -95,14 +95,14 @@ void MoeBlock::route(Ops& ops, const void* w, const void* hn, int64_t n, const M
     ops.grouped_bias_fwd(b.logits, at(ops, w, bias_router_), rows, 1, E_);
   }
   ops.moe_route(b.logits, b.probs, b.topk_idx, b.topk_w, stats, n, E_, k_, norm_topk_);
-  ops.moe_sort(b.topk_idx, b.offsets, off, b.row, b.token, n, E_, k_);
+  ops.moe_sort_launch(b.topk_idx, b.offsets, off, b.row, b.token, n, E_, k_);  // experts_forward waits
 }
 
 void MoeBlock::experts_forward(Ops& ops, const void* w, const void* hn, int64_t n, const MoeBufs& b,
-                               const int32_t* off, const MoeAdapterArgs& la, void* ax_gu,
-                               void* ax_down) const {
+                               int32_t* off, const MoeAdapterArgs& la, void* ax_gu, void* ax_down) const {
   const int64_t R = n * k_;
-  ops.gather_rows(hn, b.token, b.xs, R, H_);
+  ops.gather_rows(hn, b.token, b.xs, R, H_);  // needs only the device's sorted rows
+  ops.moe_sort_wait(off, E_);                 // the grouped linears need the host offsets
   ops.grouped_linear_fwd(b.xs, at(ops, w, w_gate_), b.g, off, E_, H_, Fe_);
   ops.grouped_linear_fwd(b.xs, at(ops, w, w_up_), b.u, off, E_, H_, Fe_);
   if (lora_gu_) {  // a = xs A^T; g += s a Bg^T, u += s a Bu^T, added in by the GEMMs themselves

@@ -68,14 +68,16 @@ class MoeBlock {
   bool adapted() const { return lora_gu_ || lora_down_; }
 
  private:
-  // logits, routing and grouping of the chunk; returns the host offsets in `off`
+  // logits, routing and grouping of the chunk; launches the grouping, whose host offsets
+  // land in `off` once experts_forward has waited for them (Ops::moe_sort_wait)
   void route(Ops& ops, const void* w, const void* hn, int64_t n, const MoeBufs& b, float* stats,
              int32_t* off) const;
-  // xs, g, u, m and ys of the chunk (adapters included). The adapters' unscaled A products
+  // xs, g, u, m and ys of the chunk (adapters included); gathers xs, then waits for the
+  // route's host offsets in `off`. The adapters' unscaled A products
   // land in ax_gu = xs A^T and ax_down = m Ad^T ([R, r]; the same buffer in a forward, two
   // kept buffers in a backward's recompute, which the adapters' backward reads again).
-  void experts_forward(Ops& ops, const void* w, const void* hn, int64_t n, const MoeBufs& b,
-                       const int32_t* off, const MoeAdapterArgs& la, void* ax_gu, void* ax_down) const;
+  void experts_forward(Ops& ops, const void* w, const void* hn, int64_t n, const MoeBufs& b, int32_t* off,
+                       const MoeAdapterArgs& la, void* ax_gu, void* ax_down) const;
   // the adapters' backward, from the recompute's A products (ax_down in MoeBufs::lora_g,
   // ax_gu in lora_a_gu): down before dm overwrites m, gate/up once dg, du exist
   void down_adapter_backward(Ops& ops, const MoeAdapterArgs& la, const MoeBufs& b, const int32_t* off) const;

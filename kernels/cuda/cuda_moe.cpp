@@ -50,6 +50,8 @@ void CudaOps::release_moe() {
   if (group_ptrs_) cudaFree(group_ptrs_);
   if (moe_hist_) cudaFree(moe_hist_);
   if (moe_off_pinned_) cudaFreeHost(moe_off_pinned_);
+  if (moe_sort_done_) cudaEventDestroy(moe_sort_done_);
+  moe_sort_done_ = nullptr;
   blas_ = nullptr, group_ptrs_ = nullptr, moe_hist_ = nullptr, moe_off_pinned_ = nullptr,
   moe_off_mapped_ = nullptr;
   moe_off_pinned_n_ = 0;
@@ -81,14 +83,22 @@ void CudaOps::moe_route_bwd(const float* probs, const int32_t* topk_idx, const f
 }
 
 // The histogram scratch grows on demand; the stream is idle whenever it is replaced (every
-// moe_sort ends with a wait for the stream), and cudaFree waits for the device anyway.
+// moe_sort_launch is followed by its wait for the stream before the next one), and cudaFree
+// waits for the device anyway.
 void CudaOps::moe_sort(const int32_t* topk_idx, int32_t* offsets, int32_t* offsets_host, int32_t* row,
                        int32_t* token, int64_t T, int64_t E, int64_t k) {
+  moe_sort_launch(topk_idx, offsets, offsets_host, row, token, T, E, k);
+  moe_sort_wait(offsets_host, E);
+}
+
+void CudaOps::moe_sort_launch(const int32_t* topk_idx, int32_t* offsets, int32_t* offsets_host, int32_t* row,
+                              int32_t* token, int64_t T, int64_t E, int64_t k) {
   require(T >= 0 && E >= 1 && k >= 1, "moe_sort", "need T >= 0, E >= 1 and k >= 1");
   check_rows(T, k, 0, "moe_sort");
   require(E <= 16384, "moe_sort", "at most 16384 experts (one int per expert in shared memory)");
   set_device(dev_);
   const int64_t R = T * k;
+  moe_sort_empty_ = R == 0;
   if (R == 0) {
     RP_CUDA_CHECK(cudaMemsetAsync(offsets, 0, size_t(E + 1) * sizeof(int32_t), st_));
     std::fill(offsets_host, offsets_host + E + 1, 0);
@@ -104,7 +114,7 @@ void CudaOps::moe_sort(const int32_t* topk_idx, int32_t* offsets, int32_t* offse
     RP_CUDA_CHECK(cudaMalloc(&moe_hist_, bytes));
     moe_hist_bytes_ = bytes;
   }
-  if (E + 1 > moe_off_pinned_n_) {  // the stream is idle here: every moe_sort ends with a wait
+  if (E + 1 > moe_off_pinned_n_) {  // the stream is idle here: every launch was waited for
     if (moe_off_pinned_) RP_CUDA_CHECK(cudaFreeHost(moe_off_pinned_));
     moe_off_pinned_ = nullptr, moe_off_pinned_n_ = 0;
     RP_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&moe_off_pinned_), size_t(E + 1) * sizeof(int32_t),
@@ -112,11 +122,19 @@ void CudaOps::moe_sort(const int32_t* topk_idx, int32_t* offsets, int32_t* offse
     RP_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&moe_off_mapped_), moe_off_pinned_, 0));
     moe_off_pinned_n_ = E + 1;
   }
-  // The scan kernel writes the offsets into mapped host memory as well: visible here once the
-  // stream is done, without a device-to-host copy waiting behind the copies in flight
+  // The scan kernel writes the offsets into mapped host memory as well: visible on the host
+  // once the stream is past it, without a device-to-host copy waiting behind the copies in flight
   k_moe_sort(topk_idx, offsets, row, token, T, E, k, static_cast<int32_t*>(moe_hist_), err_, st_,
              moe_off_mapped_);
-  RP_CUDA_CHECK(cudaStreamSynchronize(st_));  // the documented host round trip
+  if (!moe_sort_done_) RP_CUDA_CHECK(cudaEventCreateWithFlags(&moe_sort_done_, cudaEventDisableTiming));
+  RP_CUDA_CHECK(cudaEventRecord(moe_sort_done_, st_));
+}
+
+void CudaOps::moe_sort_wait(int32_t* offsets_host, int64_t E) {
+  if (moe_sort_empty_) return;  // filled by the launch
+  require(moe_sort_done_ && E + 1 <= moe_off_pinned_n_, "moe_sort_wait",
+          "no moe_sort_launch of E experts to wait for");
+  RP_CUDA_CHECK(cudaEventSynchronize(moe_sort_done_));  // the documented host round trip
   std::copy(moe_off_pinned_, moe_off_pinned_ + E + 1, offsets_host);
 }
 

@@ -148,6 +148,9 @@ class CudaOps final : public Ops {
                      float aux_coef, void* dlogits, int64_t T, int64_t E, int64_t k, bool norm_topk) override;
   void moe_sort(const int32_t* topk_idx, int32_t* offsets, int32_t* offsets_host, int32_t* row,
                 int32_t* token, int64_t T, int64_t E, int64_t k) override;
+  void moe_sort_launch(const int32_t* topk_idx, int32_t* offsets, int32_t* offsets_host, int32_t* row,
+                       int32_t* token, int64_t T, int64_t E, int64_t k) override;
+  void moe_sort_wait(int32_t* offsets_host, int64_t E) override;
   void gather_rows(const void* x, const int32_t* token, void* xs, int64_t R, int64_t H) override;
   void moe_combine(const void* ys, const float* w, const int32_t* row, void* y, int64_t T, int64_t k,
                    int64_t H, bool accumulate) override;
@@ -252,8 +255,10 @@ class CudaOps final : public Ops {
   int32_t* moe_off_pinned_ = nullptr;
   int32_t* moe_off_mapped_ = nullptr;
   int64_t moe_off_pinned_n_ = 0;
-  void* blas_ = nullptr;         // cublasHandle_t, created at the first grouped call
-  void** group_ptrs_ = nullptr;  // device, 3 * kMoeMaxGroups pointers
+  cudaEvent_t moe_sort_done_ = nullptr;  ///< recorded after the last moe_sort_launch's scan
+  bool moe_sort_empty_ = false;          ///< the last launch had no rows (offsets all zero)
+  void* blas_ = nullptr;                 // cublasHandle_t, created at the first grouped call
+  void** group_ptrs_ = nullptr;          // device, 3 * kMoeMaxGroups pointers
   void release_moe();
   // One grouped linear through cublasGemmGroupedBatchedEx; false (no GEMM enqueued) when
   // cuBLAS refuses the shape or types, so the caller runs the per-expert loop instead.

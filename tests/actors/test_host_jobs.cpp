@@ -72,8 +72,7 @@ TEST(ParallelAdd, AddsEveryElementOnceForSizesAroundTheThreadSplit) {
     }
     parallel_add(dst.data(), src.data(), n);
     int64_t bad = 0;
-    for (int64_t i = 0; i < n; ++i)
-      bad += dst[size_t(i)] != float(i % 1000) + (float((i * 7) % 13) - 6.f);
+    for (int64_t i = 0; i < n; ++i) bad += dst[size_t(i)] != float(i % 1000) + (float((i * 7) % 13) - 6.f);
     EXPECT_EQ(bad, 0) << "n = " << n;
   }
 }

@@ -106,6 +106,39 @@ TEST_P(CudaMoe, RouteSortMatchCpu) {
   }
 }
 
+// The sort in two halves with the gather of the sorted rows queued between them (as MoeBlock
+// runs it): the host offsets after the wait, the device results and the gathered rows equal
+// the CPU twin's, run after run (the mapped offsets are rewritten each time).
+TEST_P(CudaMoe, SortLaunchGatherWaitMatchesCpu) {
+  const auto c = GetParam();
+  const int64_t R = c.T * c.k, H = c.H;
+  for (uint32_t seed : {21u, 22u}) {
+    VecF z = logits(seed);
+    DT zd = upload(z, c.dt);
+    Cpu r = cpu_route(z, true, VecF(size_t(2 * c.E), 0.f));
+    VecF x = randn(size_t(c.T * H), seed + 100);
+    DT xd = upload(x, c.dt), xs = poisoned(R * H, c.dt);
+    DT probs = poisoned(c.T * c.E, DType::f32), w = poisoned(R, DType::f32), idx = poisoned(R, DType::i32);
+    DT off = poisoned(c.E + 1, DType::i32), row = poisoned(R, DType::i32), token = poisoned(R, DType::i32);
+    VecI off_h(size_t(c.E + 1), -1);
+    run([&](Ops& o) {
+      o.moe_route(zd.get(), probs.as<float>(), idx.as<int32_t>(), w.as<float>(), nullptr, c.T, c.E, c.k,
+                  true);
+      o.moe_sort_launch(idx.as<int32_t>(), off.as<int32_t>(), off_h.data(), row.as<int32_t>(),
+                        token.as<int32_t>(), c.T, c.E, c.k);
+      o.gather_rows(xd.get(), token.as<int32_t>(), xs.get(), R, H);
+      o.moe_sort_wait(off_h.data(), c.E);
+      EXPECT_EQ(off_h, r.off) << "host offsets after the wait, seed " << seed;
+    });
+    VecF rxs(size_t(R * H));
+    cpu_->gather_rows(x.data(), r.token.data(), rxs.data(), R, H);
+    EXPECT_EQ(ints(off), r.off);
+    EXPECT_EQ(ints(row), r.row);
+    EXPECT_EQ(ints(token), r.token);
+    EXPECT_EQ(download(xs), rxs) << "rows gathered between launch and wait";
+  }
+}
+
 TEST_P(CudaMoe, RouteBackwardMatchesCpu) {
   const auto c = GetParam();
   VecF z = logits(4);
