@@ -209,8 +209,9 @@ bool CudaOps::gemm_fp8_rows_supported() {
   return fp8_rows_ok_ == 1;
 }
 
-// One small outer-vector GEMM run for real (64 x 64 x 64, zero codes, unit scales): a missing
-// algorithm (plan_for's DeviceError) or a refused launch (CUBLAS_STATUS_NOT_SUPPORTED) means no.
+// Small outer-vector GEMMs run for real (64 x 64 x 64, e4m3 x e4m3, zero codes, unit scales,
+// into dtype(), overwriting and accumulating, as the layers call it): a missing algorithm
+// (plan_for's DeviceError) or a refused launch (CUBLAS_STATUS_NOT_SUPPORTED) means no.
 bool CudaOps::probe_fp8_rows() {
   set_device(dev_);
   if (compute_capability() < 89) return false;
@@ -223,9 +224,10 @@ bool CudaOps::probe_fp8_rows() {
     auto* s = reinterpret_cast<float*>(buf + 2 * codes);
     RP_CUDA_CHECK(cudaMemsetAsync(buf, 0, 2 * codes, st_));
     fill(DType::f32, s, 2 * n, 1.f);
-    gemm_fp8_to(reinterpret_cast<uint8_t*>(buf), Fp8Format::e4m3, s, reinterpret_cast<uint8_t*>(buf) + codes,
-                Fp8Format::e4m3, s + n, buf + 2 * codes + 2 * n * sizeof(float), dtype_, n, n, n, false,
-                "gemm_fp8_rows probe", true);
+    for (bool acc : {false, true})
+      gemm_fp8_to(reinterpret_cast<uint8_t*>(buf), Fp8Format::e4m3, s,
+                  reinterpret_cast<uint8_t*>(buf) + codes, Fp8Format::e4m3, s + n,
+                  buf + 2 * codes + 2 * n * sizeof(float), dtype_, n, n, n, acc, "gemm_fp8_rows probe", true);
     RP_CUDA_CHECK(cudaStreamSynchronize(st_));
     ok = true;
   } catch (const DeviceError&) {
