@@ -63,8 +63,8 @@ TEST_F(CudaFp8Rows, GemmIsExactOnSmallIntegers) {
     DT ad = upload_bytes(a), bd = upload_bytes(b), sad = upload(sa, DType::f32), sbd = upload(sb, DType::f32);
     DT dd = acc ? upload(d0, ct()) : poisoned(M * N, ct());
     run([&](Ops& o) {
-      o.gemm_fp8_rows(ad.as<uint8_t>(), E4, sad.as<float>(), bd.as<uint8_t>(), E4, sbd.as<float>(), dd.get(), M,
-                      K, N, acc);
+      o.gemm_fp8_rows(ad.as<uint8_t>(), E4, sad.as<float>(), bd.as<uint8_t>(), E4, sbd.as<float>(), dd.get(),
+                      M, K, N, acc);
     });
     VecF want = d0;
     cpu_->gemm_fp8_rows(a.data(), E4, sa.data(), b.data(), E4, sb.data(), want.data(), M, K, N, acc);
@@ -91,8 +91,8 @@ TEST_F(CudaFp8Rows, GemmWithinItsAccumulationBound) {
   DT ad = upload_bytes(a), bd = upload_bytes(b), sad = upload(sa, DType::f32), sbd = upload(sb, DType::f32);
   DT dd = poisoned(M * N, ct());
   run([&](Ops& o) {
-    o.gemm_fp8_rows(ad.as<uint8_t>(), E4, sad.as<float>(), bd.as<uint8_t>(), E4, sbd.as<float>(), dd.get(), M, K,
-                    N, false);
+    o.gemm_fp8_rows(ad.as<uint8_t>(), E4, sad.as<float>(), bd.as<uint8_t>(), E4, sbd.as<float>(), dd.get(), M,
+                    K, N, false);
   });
   VecF c(size_t(M * N));
   cpu_->gemm_fp8_rows(a.data(), E4, sa.data(), b.data(), E4, sb.data(), c.data(), M, K, N, false);
@@ -102,12 +102,13 @@ TEST_F(CudaFp8Rows, GemmWithinItsAccumulationBound) {
     for (int64_t n = 0; n < N; ++n) {
       double mag = 0;
       for (int64_t k = 0; k < K; ++k)
-        mag += std::fabs(double(fp8::decode(E4, a[size_t(m * K + k)])) * fp8::decode(E4, b[size_t(n * K + k)]));
+        mag +=
+            std::fabs(double(fp8::decode(E4, a[size_t(m * K + k)])) * fp8::decode(E4, b[size_t(n * K + k)]));
       const double e_ = rel * mag * double(sa[size_t(m)]) * double(sb[size_t(n)]);
       const float ci = c[size_t(m * N + n)], gi = got[size_t(m * N + n)];
       const float lo = round_to(ct(), float(ci - e_)), hi = round_to(ct(), float(ci + e_));
-      ASSERT_TRUE(gi >= lo && gi <= hi) << "(" << m << "," << n << "): GPU " << gi << ", CPU " << ci << ", allowed ["
-                                        << lo << ", " << hi << "]";
+      ASSERT_TRUE(gi >= lo && gi <= hi) << "(" << m << "," << n << "): GPU " << gi << ", CPU " << ci
+                                        << ", allowed [" << lo << ", " << hi << "]";
     }
 }
 
@@ -115,7 +116,8 @@ TEST_F(CudaFp8Rows, GemmWithinItsAccumulationBound) {
 // (odd widths, a zero row).
 TEST_F(CudaFp8Rows, ColumnScaledRowCodesEqualTheCpuTwin) {
   for (auto [rows, cols] : {std::pair<int64_t, int64_t>{7, 1000}, {33, 48}, {64, 2048}, {1, 5}}) {
-    VecF x = fp8ref::normal_with_outliers(size_t(rows * cols), uint32_t(rows * cols)), colsc(static_cast<size_t>(cols));
+    VecF x = fp8ref::normal_with_outliers(size_t(rows * cols), uint32_t(rows * cols)),
+         colsc(static_cast<size_t>(cols));
     for (int64_t c = 0; c < cols; ++c) colsc[size_t(c)] = std::exp2(float(c % 11) - 8.f) * 1.3f;
     if (rows > 2)
       for (int64_t c = 0; c < cols; ++c) x[size_t(cols + c)] = 0.f;
@@ -133,7 +135,8 @@ TEST_F(CudaFp8Rows, ColumnScaledRowCodesEqualTheCpuTwin) {
     const Codes gq = download_bytes(qd.get(), rows * cols);
     const std::string what = std::to_string(rows) + "x" + std::to_string(cols);
     for (int64_t r = 0; r < rows; ++r) ASSERT_EQ(gs[size_t(r)], cs_[size_t(r)]) << what << " row " << r;
-    for (int64_t i = 0; i < rows * cols; ++i) ASSERT_EQ(int(gq[size_t(i)]), int(cq[size_t(i)])) << what << " " << i;
+    for (int64_t i = 0; i < rows * cols; ++i)
+      ASSERT_EQ(int(gq[size_t(i)]), int(cq[size_t(i)])) << what << " " << i;
   }
 }
 

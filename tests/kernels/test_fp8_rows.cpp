@@ -49,7 +49,8 @@ TEST(Fp8Rows, GemmMatchesTheFp64ProductOfTheDequantizedOperands) {
   for (const Shape sh : {Shape{5, 48, 7}, Shape{33, 256, 17}, Shape{1, 16, 1}})
     for (bool acc : {false, true}) {
       const int64_t M = sh.M, K = sh.K, N = sh.N;
-      const Codes a = random_codes(size_t(M * K), uint32_t(M + K)), b = random_codes(size_t(N * K), uint32_t(N));
+      const Codes a = random_codes(size_t(M * K), uint32_t(M + K)),
+                  b = random_codes(size_t(N * K), uint32_t(N));
       const std::vector<float> sa = random_scales(size_t(M), 3), sb = random_scales(size_t(N), 4);
       std::vector<float> y(size_t(M * N), 0.25f);
       ops->gemm_fp8_rows(a.data(), E4, sa.data(), b.data(), E4, sb.data(), y.data(), M, K, N, acc);
@@ -58,13 +59,15 @@ TEST(Fp8Rows, GemmMatchesTheFp64ProductOfTheDequantizedOperands) {
         for (int64_t n = 0; n < N; ++n) {
           double sum = 0, mag = 0;
           for (int64_t k = 0; k < K; ++k) {
-            const double p = fp8ref::spec_value(E4, a[size_t(m * K + k)]) * fp8ref::spec_value(E4, b[size_t(n * K + k)]);
+            const double p =
+                fp8ref::spec_value(E4, a[size_t(m * K + k)]) * fp8ref::spec_value(E4, b[size_t(n * K + k)]);
             sum += p;
             mag += std::fabs(p);
           }
           const double s = double(sa[size_t(m)]) * double(sb[size_t(n)]);
           const double want = sum * s + (acc ? 0.25 : 0.0);
-          const double e = double(K) * std::ldexp(1.0, -24) * mag * s + std::ldexp(1.0, -22) * std::fabs(want);
+          const double e =
+              double(K) * std::ldexp(1.0, -24) * mag * s + std::ldexp(1.0, -22) * std::fabs(want);
           ASSERT_NEAR(double(y[size_t(m * N + n)]), want, e)
               << M << "x" << K << "x" << N << (acc ? " +C" : "") << " at (" << m << "," << n << ")";
           nonzero += sum != 0;
@@ -106,7 +109,8 @@ TEST(Fp8Rows, LinearFromStoredCodesWithinTheE4m3RoundingBound) {
         const double ex = std::max(std::ldexp(std::fabs(xv), -4), std::ldexp(double(sx[size_t(t)]), -10));
         const double ew = std::max(std::ldexp(std::fabs(wv), -4), std::ldexp(double(sw[o]), -10));
         want += xv * wv;
-        bound += ex * std::fabs(wv) + ew * std::fabs(xv) + ex * ew + double(in) * std::ldexp(std::fabs(xv * wv), -23);
+        bound += ex * std::fabs(wv) + ew * std::fabs(xv) + ex * ew +
+                 double(in) * std::ldexp(std::fabs(xv * wv), -23);
       }
       ASSERT_NEAR(double(y[size_t(t * out + o)]), want, bound) << "token " << t << ", output " << o;
     }
@@ -120,14 +124,15 @@ TEST(Fp8Rows, ColumnScaledRowCodesMatchTheSpec) {
   std::vector<float> x = fp8ref::normal_with_outliers(size_t(rows * cols), 5), cs(static_cast<size_t>(cols));
   for (int64_t c = 0; c < cols; ++c) cs[size_t(c)] = std::exp2(float(c % 9) - 6.f) * 1.1f;
   for (int64_t c = 0; c < cols; ++c) x[size_t(2 * cols + c)] = 0.f;  // row 2: zero
-  x[size_t(4 * cols + 3)] = std::nanf("");                             // row 4: NaN
+  x[size_t(4 * cols + 3)] = std::nanf("");                           // row 4: NaN
   Codes q(size_t(rows * cols), 0xab);
   std::vector<float> s(size_t(rows), -1.f);
   ops->fp8_quantize_rows_col_scaled(x.data(), cs.data(), q.data(), s.data(), rows, cols, E4);
   const std::vector<double> pos = fp8ref::positive_values(E4);
   for (int64_t r = 0; r < rows; ++r) {
     float amax = 0;
-    for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(x[size_t(r * cols + c)] * cs[size_t(c)]));
+    for (int64_t c = 0; c < cols; ++c)
+      amax = std::max(amax, std::fabs(x[size_t(r * cols + c)] * cs[size_t(c)]));
     if (r == 4) {
       EXPECT_TRUE(std::isnan(s[size_t(r)])) << "a NaN row's scale";
       continue;

@@ -41,7 +41,8 @@ struct Fp8StoredBase {
     for (const TensorSpec& ts : g.tensors) {
       const int64_t cols = weight_format_cols(ts.shape);
       quantize_weights(ts.format, p.data() + ts.offset, storage.data() + ts.byte_offset, ts.numel(), cols);
-      dequantize_weights(ts.format, storage.data() + ts.byte_offset, deq.data() + ts.offset, ts.numel(), cols);
+      dequantize_weights(ts.format, storage.data() + ts.byte_offset, deq.data() + ts.offset, ts.numel(),
+                         cols);
     }
   }
   /// The base group's compute-dtype buffer (es bytes per element, `values` there already) with

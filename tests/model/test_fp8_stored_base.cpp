@@ -39,7 +39,8 @@ Outputs run_layer(Fp8StoredBase& f, const Layer& layer, std::vector<uint8_t> bas
   const MicroBatchShape s{2, 8};
   const int64_t T = s.tokens(), H = f.t.c.hidden_size;
   VecF x = ref::randn(size_t(T * H), 31), dy = ref::randn(size_t(T * H), 32, 0.1f);
-  Outputs r{ref::nan_vec(size_t(T * H)), ref::nan_vec(size_t(T * H)), VecF(f.t.params[size_t(f.ag)].size(), 0.f)};
+  Outputs r{ref::nan_vec(size_t(T * H)), ref::nan_vec(size_t(T * H)),
+            VecF(f.t.params[size_t(f.ag)].size(), 0.f)};
   std::vector<float> scratch(layer.scratch_bytes(s) / 4 + 1, std::nanf(""));
   std::vector<uint8_t> cache(layer.fp8_weight_bytes(true) + 16);
   LayerArgs a;
@@ -78,8 +79,8 @@ std::unique_ptr<Layer> fp8_layer(const ModelLayout& m, bool fp8) {
 TEST(Fp8StoredBase, ListsItsDenseLinears) {
   Fp8StoredBase f;
   std::vector<int64_t> want;
-  for (const char* n : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "gate_proj.weight",
-                        "up_proj.weight", "down_proj.weight"})
+  for (const char* n : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight",
+                        "gate_proj.weight", "up_proj.weight", "down_proj.weight"})
     want.push_back(f.t.tensor(Fp8StoredBase::kLayer, n).offset);
   EXPECT_EQ(fp8_layer(f.t.lay, true)->fp8_stored_tensors(), want);
   EXPECT_TRUE(fp8_layer(f.t.lay, false)->fp8_stored_tensors().empty()) << "FP8 linears off";
@@ -89,7 +90,8 @@ TEST(Fp8StoredBase, ListsItsDenseLinears) {
   // the storage form fits in the compute-dtype slot the uploader copies it into (2 bytes a weight)
   for (const TensorSpec& ts : f.t.lay.groups[size_t(Fp8StoredBase::kLayer)].tensors)
     if (ts.format == WeightFormat::fp8)
-      EXPECT_LE(weight_format_bytes(ts.format, ts.numel(), weight_format_cols(ts.shape)), size_t(ts.numel()) * 2);
+      EXPECT_LE(weight_format_bytes(ts.format, ts.numel(), weight_format_cols(ts.shape)),
+                size_t(ts.numel()) * 2);
 }
 
 TEST(Fp8StoredBase, DirectPathCloseToTheOldAndAtLeastAsCloseToFp32) {
@@ -110,8 +112,8 @@ TEST(Fp8StoredBase, DirectPathCloseToTheOldAndAtLeastAsCloseToFp32) {
                        Part{"adapter gradients", &Outputs::dadapter, kBackwardBound, kApartBackward}}) {
     const double e_old = ref::rel_err(old.*p.v, fp32.*p.v), e_direct = ref::rel_err(direct.*p.v, fp32.*p.v);
     const double apart = ref::rel_err(direct.*p.v, old.*p.v);
-    std::printf("[ info ] fp8-stored base, %s: relative error to fp32 old %.4f, direct %.4f; apart %.4f\n", p.name,
-                e_old, e_direct, apart);
+    std::printf("[ info ] fp8-stored base, %s: relative error to fp32 old %.4f, direct %.4f; apart %.4f\n",
+                p.name, e_old, e_direct, apart);
     EXPECT_GT(apart, 1e-5) << p.name << ": the direct path is not taken";
     EXPECT_LT(apart, p.apart_bound) << p.name;
     EXPECT_LT(e_direct, p.bound) << p.name;

@@ -66,7 +66,8 @@ TEST_F(CudaFp8Stored, DirectPathCloseToTheCpuBackend) {
   cs().synchronize();
   DT dad = upload(ad, DType::bf16), dx_in = upload(x, DType::bf16), ddy = upload(dy, DType::bf16);
   const DType gt = ops().grad_dtype();
-  DT dgrad = alloc(int64_t(ad.size()), gt), dcache = alloc(int64_t(layer->fp8_weight_bytes(true)), DType::i32);
+  DT dgrad = alloc(int64_t(ad.size()), gt),
+     dcache = alloc(int64_t(layer->fp8_weight_bytes(true)), DType::i32);
   DT dscratch = alloc(int64_t(layer->scratch_bytes(s, DType::bf16)), DType::i32);
   DT y = poisoned(T * H, DType::bf16), dx = poisoned(T * H, DType::bf16);
   run([&](Ops& o) { o.fill(gt, dgrad.get(), dgrad.n, 0.f); });
@@ -92,8 +93,8 @@ TEST_F(CudaFp8Stored, DirectPathCloseToTheCpuBackend) {
     layer->backward(a);
   };
   run([&](Ops& o) {
-    call(o, dbase.get(), dad.get(), dgrad.get(), dcache.get(), dscratch.get(), dscratch.buf.bytes(), dx_in.get(),
-         y.get(), ddy.get(), dx.get());
+    call(o, dbase.get(), dad.get(), dgrad.get(), dcache.get(), dscratch.get(), dscratch.buf.bytes(),
+         dx_in.get(), y.get(), ddy.get(), dx.get());
   });
   auto cpu = make_cpu_ops();
   std::vector<uint8_t> host32(base.size() * 4);
@@ -102,12 +103,13 @@ TEST_F(CudaFp8Stored, DirectPathCloseToTheCpuBackend) {
   VecF cgrad(ad.size(), 0.f), cy(size_t(T * H)), cdx(size_t(T * H));
   std::vector<uint8_t> ccache(layer->fp8_weight_bytes(true));
   std::vector<float> cscratch(layer->scratch_bytes(s) / 4 + 1);
-  call(*cpu, host32.data(), ad.data(), cgrad.data(), ccache.data(), cscratch.data(), cscratch.size() * 4, x.data(),
-       cy.data(), dy.data(), cdx.data());
+  call(*cpu, host32.data(), ad.data(), cgrad.data(), ccache.data(), cscratch.data(), cscratch.size() * 4,
+       x.data(), cy.data(), dy.data(), cdx.data());
   const double ey = ref::rel_err(download(y), cy), edx = ref::rel_err(download(dx), cdx);
   const double eg = ref::rel_err(download(dgrad), cgrad);
-  std::printf("[ info ] fp8-stored decoder, GPU vs CPU: y %.2e, dx %.2e, adapter gradients %.2e (bound %.0e)\n", ey,
-              edx, eg, kDecoderBound);
+  std::printf(
+      "[ info ] fp8-stored decoder, GPU vs CPU: y %.2e, dx %.2e, adapter gradients %.2e (bound %.0e)\n", ey,
+      edx, eg, kDecoderBound);
   EXPECT_LT(ey, kDecoderBound);
   EXPECT_LT(edx, kDecoderBound);
   EXPECT_LT(eg, kDecoderBound);
