@@ -5,13 +5,17 @@
 // and against the fp32 decoder on the dequantized weights: the two FP8 paths are close, and
 // the direct one is at least as close to the fp32 reference in the output, the input gradient
 // and the adapters' gradients (its weights are rounded once, when stored; the old path rounds
-// them again onto a tensor-wide grid).
+// them again onto a tensor-wide grid). One linear from stored codes, forward and input
+// gradient, within the e4m3 rounding bound of the fp64 product with the dequantized weight.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <vector>
 
+#include "model/fp8_linear.hpp"
 #include "model/layer_memory.hpp"
 #include "tests/model/fp8_stored_util.hpp"
 
@@ -74,6 +78,60 @@ std::unique_ptr<Layer> fp8_layer(const ModelLayout& m, bool fp8) {
   LayerOptions lo;
   lo.fp8 = fp8;
   return make_layer(m, Fp8StoredBase::kLayer, lo);
+}
+
+// e4m3 rounding of v under scale s moves it by at most half a step: 2^-4 of |v| (3 mantissa
+// bits) or, below the normal range, 2^-10 of s; the fp32 product v = a * b and the division
+// by s add a few 2^-24 of |v| (2^-22 here).
+double rounding(double v, double s) {
+  return std::max(std::ldexp(std::fabs(v), -4), std::ldexp(s, -10)) + std::ldexp(std::fabs(v), -22);
+}
+
+// y = x W^T and dx = dy W for W [out, in] stored as fp8 (W = diag(s_w) C exactly): each term's
+// error is its activation's (x's, or dy s_w's) rounding times |C| s_w or |C|; the fp32 sums add
+// K 2^-24 of sum |terms|.
+TEST(Fp8StoredBase, LinearFromStoredCodesWithinTheRoundingBound) {
+  auto ops = make_cpu_ops();
+  const int64_t n = 6, in = 48, out = 32;
+  VecF w = ref::randn(size_t(out * in), 51, 0.05f), x = ref::randn(size_t(n * in), 52),
+       dy = ref::randn(size_t(n * out), 53, 0.01f);
+  for (int64_t r = 0; r < out; ++r)
+    for (int64_t c = 0; c < in; ++c) w[size_t(r * in + c)] *= std::ldexp(1.f, int(r % 6) - 3);
+  std::vector<uint8_t> stored(weight_format_bytes(WeightFormat::fp8, out * in, in));
+  quantize_weights(WeightFormat::fp8, w.data(), stored.data(), out * in, in);
+  VecF deq(w.size());
+  dequantize_weights(WeightFormat::fp8, stored.data(), deq.data(), out * in, in);
+  std::vector<uint8_t> wq(size_t(out * in)), wtq(size_t(out * in)), codes(size_t(n * std::max(in, out)));
+  VecF row_scale(static_cast<size_t>(out)), ones(static_cast<size_t>(in), 1.f), act(static_cast<size_t>(n));
+  fp8_stored_weight(*ops, stored.data(), out, in, wq.data(), wtq.data(), row_scale.data());
+  const Fp8Linear f{{wq.data(), wtq.data(), nullptr, row_scale.data(), ones.data()},
+                    {codes.data(), act.data()}};
+  VecF y = ref::nan_vec(size_t(n * out)), dx = ref::nan_vec(size_t(n * in));
+  fp8_linear_fwd(*ops, f, x.data(), y.data(), n, in, out, false);
+  VecF sx = act;  // the per-token scales of x
+  fp8_linear_bwd_input(*ops, f, dy.data(), dx.data(), n, in, out, false);
+  const VecF sd = act;  // of dy s_w
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t o = 0; o < out; ++o) {
+      double want = 0, e = 0;
+      for (int64_t i = 0; i < in; ++i) {
+        const double wv = deq[size_t(o * in + i)], xv = x[size_t(t * in + i)];
+        want += xv * wv;
+        e += rounding(xv, sx[size_t(t)]) * std::fabs(wv) + double(in) * std::ldexp(std::fabs(xv * wv), -23);
+      }
+      ASSERT_NEAR(y[size_t(t * out + o)], want, e) << "y token " << t << ", output " << o;
+    }
+    for (int64_t i = 0; i < in; ++i) {
+      double want = 0, e = 0;
+      for (int64_t o = 0; o < out; ++o) {
+        const double c = deq[size_t(o * in + i)] / row_scale[size_t(o)],
+                     v = dy[size_t(t * out + o)] * double(row_scale[size_t(o)]);
+        want += dy[size_t(t * out + o)] * double(deq[size_t(o * in + i)]);
+        e += rounding(v, sd[size_t(t)]) * std::fabs(c) + double(out) * std::ldexp(std::fabs(v * c), -23);
+      }
+      ASSERT_NEAR(dx[size_t(t * in + i)], want, e) << "dx token " << t << ", input " << i;
+    }
+  }
 }
 
 TEST(Fp8StoredBase, ListsItsDenseLinears) {
