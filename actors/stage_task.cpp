@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "kernels/ops.hpp"
+#include "kernels/weight_format.hpp"
 #include "scheduler/stage_memory.hpp"
 
 namespace rp {
@@ -119,6 +120,7 @@ LayerArgs layer_args(const WorkerContext& ctx, const Task& t, int layer, int64_t
     a.fp8_weights = f->second.get();
     a.fp8_weights_bytes = f->second.bytes();
     a.fp8_fill_weights = m == 0;
+    a.fp8_stored_base = !(*ctx.layers)[layer]->fp8_stored_tensors().empty();
   }
   // LoRA dropout masks: the same in the micro-batch's forward, tail and backward stages
   a.dropout_id = t.rs.dropout_pass < 0 ? -1 : t.rs.dropout_pass * t.M + m;
@@ -129,6 +131,22 @@ LayerArgs layer_args(const WorkerContext& ctx, const Task& t, int layer, int64_t
     a.moe_aux_scale = float(double(t.rs.loss_scale) * ctx.layout->config.aux_loss_coef() *
                             double(t.rs.buffers->target_tokens[size_t(m)]));
   return a;
+}
+
+std::vector<int64_t> fp8_stored_offsets(const WorkerContext& ctx, const Task& t, int g) {
+  for (int l : t.layers)  // only FP8 decoders list any (and get LayerArgs::fp8_stored_base)
+    if (ctx.layout->groups_of(l).front() == g) return (*ctx.layers)[l]->fp8_stored_tensors();
+  return {};
+}
+
+void dequantize_frozen(Ops& ops, std::vector<DequantPart>& parts, const std::vector<DequantPart>& stored) {
+  if (!stored.empty() && ops.gemm_fp8_rows_supported()) {
+    for (const DequantPart& p : stored)  // row scales then codes: an even byte count (sides of 16)
+      ops.copy(DType::bf16, p.dst, p.src, int64_t(weight_format_bytes(p.format, p.n, p.cols) / 2));
+  } else {
+    parts.insert(parts.end(), stored.begin(), stored.end());
+  }
+  ops.dequantize_many(parts.data(), int64_t(parts.size()));
 }
 
 void build_layer_calls(const WorkerContext& ctx, Task& t, int64_t m, LayerCalls& fwd, LayerCalls& bwd) {

@@ -14,6 +14,7 @@
 #include "actors/messages.hpp"
 #include "actors/worker.hpp"
 #include "kernels/device.hpp"
+#include "kernels/weight_format.hpp"
 #include "scheduler/stage_progress.hpp"
 #include "scheduler/upload_windows.hpp"
 
@@ -98,6 +99,17 @@ void release_retired_inputs(Task& t, int j);
 /// LoRA dropout id (RunStage::dropout_pass). Activations are left
 /// for the caller.
 LayerArgs layer_args(const WorkerContext& ctx, const Task& t, int layer, int64_t m);
+
+/// Element offsets in frozen group g of the fp8-stored linears that the FP8 decoder of t whose
+/// base group is g runs from their codes (Layer::fp8_stored_tensors; LayerArgs::
+/// fp8_stored_base): the uploader copies those as they are where the device has the per-row-
+/// scale FP8 GEMM. Empty when no layer of t has g as its base group.
+std::vector<int64_t> fp8_stored_offsets(const WorkerContext& ctx, const Task& t, int g);
+
+/// On the compute stream: dequantizes `parts` (Ops::dequantize_many) and copies the `stored`
+/// parts (fp8 storage of the fp8_stored_offsets tensors) as they are where
+/// ops.gemm_fp8_rows_supported(), else dequantizes them too.
+void dequantize_frozen(Ops& ops, std::vector<DequantPart>& parts, const std::vector<DequantPart>& stored);
 
 /// A training pass's tail stage is done: adds to `sd` the load-balancing loss of each
 /// micro-batch from its router statistics (PassBuffers::moe_stats, then those of the whole

@@ -418,14 +418,21 @@ class Worker : public WorkerActor::base {
     const char* stage = t.dstage.at(g).as<char>();  // holds the storage from `direct` on
     char* dst = t.dparam.at(g).as<char>();
     const size_t esz = dtype_size(d.compute_dtype());
-    std::vector<DequantPart> parts;
+    // an FP8 decoder's fp8-stored linears stay in their storage form where the device runs them
+    // from their codes (LayerArgs::fp8_stored_base; decided on the compute stream, as the layer does)
+    const std::vector<int64_t> keep = fp8_stored_offsets(ctx_, t, g);
+    std::vector<DequantPart> parts, stored;
     for (const TensorSpec& ts : grp.tensors)
-      if (ts.byte_offset >= direct)
-        parts.push_back({ts.format, stage + (ts.byte_offset - direct), dst + size_t(ts.offset) * esz,
-                         ts.numel(), weight_format_cols(ts.shape)});
+      if (ts.byte_offset >= direct) {
+        const DequantPart p{ts.format, stage + (ts.byte_offset - direct), dst + size_t(ts.offset) * esz,
+                            ts.numel(), weight_format_cols(ts.shape)};
+        const bool as_is = ts.format == WeightFormat::fp8 && std::count(keep.begin(), keep.end(), ts.offset);
+        (as_is ? stored : parts).push_back(p);
+      }
     auto& stream = d.stream(StreamKind::compute);
-    stream.launch(
-        [&d, parts = std::move(parts)] { d.ops().dequantize_many(parts.data(), int64_t(parts.size())); });
+    stream.launch([&d, parts = std::move(parts), stored = std::move(stored)]() mutable {
+      dequantize_frozen(d.ops(), parts, stored);
+    });
     t.dequant_order.push_back(g);
     WorkerActor me{this};
     stream.then([me, id = t.id](const std::string& err) {

@@ -68,6 +68,51 @@ float* scalar(Env& e, float v) {
   return p;
 }
 
+// A linear whose weight runs from its fp8 storage (one scale per output row): the per-row-scale
+// GEMM alone, the forward with per-token activation scales, and the byte transpose that gives
+// the input gradient W^T's codes. Nothing where cuBLASLt refuses outer-vector scales.
+void stored_weight_rows(Env& e, const Linear& l, void* x, void* y, uint8_t* qx, uint8_t* qw, int R) {
+  Ops& ops = *e.ops;
+  const int64_t T = 8192;
+  const Fp8Format e4 = Fp8Format::e4m3;
+  Stream& cs = e.dev->stream(StreamKind::compute);
+  bool ok = false;
+  cs.launch([&] { ok = ops.gemm_fp8_rows_supported(); });
+  cs.synchronize();
+  if (!ok) {
+    std::printf("  gemm_fp8_rows: cuBLASLt offers no outer-vector scales here (the layers fall back)\n");
+    return;
+  }
+  auto* sxr = static_cast<float*>(buffer(e, T, DType::f32));
+  auto* swr = static_cast<float*>(buffer(e, l.N, DType::f32));
+  auto* qwt = static_cast<uint8_t*>(buffer(e, (l.N * l.K + 3) / 4, DType::i32));
+  cs.launch([&] {
+    ops.fill(DType::f32, swr, l.N, 1e-3f);
+    ops.fp8_scale_rows(x, T, l.K, e4, sxr);
+  });
+  cs.synchronize();
+  const double fl = 2.0 * double(T) * double(l.N) * double(l.K);
+  const std::string shape = std::string(l.model) + " K=" + std::to_string(l.K) + " N=" + std::to_string(l.N);
+  line(e, "  gemm_fp8_rows e4m3 (per-row scales)", shape,
+       time_op(
+           e, [&](int) { ops.gemm_fp8_rows(qx, e4, sxr, qw, e4, swr, y, T, l.K, l.N, false); }, R),
+       fl, 0);
+  line(e, "  fp8 linear fwd, stored W (scale_rows+quant_rows+gemm_rows)", shape,
+       time_op(
+           e,
+           [&](int) {
+             ops.fp8_scale_rows(x, T, l.K, e4, sxr);
+             ops.fp8_quantize_rows(x, sxr, qx, T, l.K, e4);
+             ops.gemm_fp8_rows(qx, e4, sxr, qw, e4, swr, y, T, l.K, l.N, false);
+           },
+           R),
+       fl, 0);
+  line(e, "  transpose_bytes W (stored W^T codes)", shape,
+       time_op(
+           e, [&](int) { ops.transpose_bytes(qw, qwt, l.N, l.K); }, R),
+       0, 2.0 * double(l.N) * double(l.K));
+}
+
 void gemm_rows(Env& e, int R) {
   Ops& ops = *e.ops;
   const DType bf = DType::bf16;
@@ -116,6 +161,7 @@ void gemm_rows(Env& e, int R) {
              },
              R),
          fl, 0);
+    stored_weight_rows(e, l, x, y, qx, qw, R);
     e.keep.clear();
   }
 }

@@ -521,6 +521,31 @@ class Ops {
   virtual void gemm_fp8_accumulate_f32(const uint8_t* a, Fp8Format fa, const float* scale_a, const uint8_t* b,
                                        Fp8Format fb, const float* scale_b, float* d, int64_t M, int64_t K,
                                        int64_t N) = 0;
+  /// d[M,N] (+)= (scale_a[m] * scale_b[n]) * A[M,K] B[N,K]^T: gemm_fp8 with one fp32 scale per
+  /// row of each operand (scale_a [M], scale_b [N], device fp32, 16-byte aligned): a linear's
+  /// output y = x W^T from per-token activation scales and a weight stored with one scale per
+  /// output row (kernels/weight_format.hpp, fp8), whose codes are used as they are. The same
+  /// operand rules, sums and errors as gemm_fp8; the scale product multiplies each fp32 sum.
+  /// CUDA: cuBLASLt's outer-vector scale mode (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F on
+  /// both operands); throws rp::DeviceError where gemm_fp8_rows_supported() is false.
+  virtual void gemm_fp8_rows(const uint8_t* a, Fp8Format fa, const float* scale_a, const uint8_t* b,
+                             Fp8Format fb, const float* scale_b, void* d, int64_t M, int64_t K, int64_t N,
+                             bool accumulate) = 0;
+  /// Whether gemm_fp8_rows runs here, decided at the first call and then fixed: always on the
+  /// CPU; on CUDA when the GPU has FP8 tensor cores and cuBLASLt offers an algorithm for
+  /// outer-vector scales (a probe shape's heuristic query). Callers that get false keep to
+  /// gemm_fp8 with tensor scales. Call it on the thread that runs this object's ops.
+  virtual bool gemm_fp8_rows_supported() { return true; }
+  /// The codes of v[r,c] = x[r,c] * col_scale[c] (x [rows, cols] in dtype(), col_scale fp32
+  /// [cols], the product in fp32) with one scale per row: scale[r] = scale_from_amax(max_c
+  /// |v[r,c]|, f), q[r,c] = fp8::quantize(f, v[r,c], scale[r]). An input gradient dx = dy W of
+  /// a weight stored as codes C with row scales s_w is dy diag(s_w) C: the row scales fold
+  /// into dy here, and W^T's codes are C^T (transpose_bytes) with no rescaling.
+  virtual void fp8_quantize_rows_col_scaled(const void* x, const float* col_scale, uint8_t* q, float* scale,
+                                            int64_t rows, int64_t cols, Fp8Format f) = 0;
+  /// dst[c * rows + r] = src[r * cols + c]: the bytes (FP8 codes) of src [rows, cols] as
+  /// [cols, rows]. Exact.
+  virtual void transpose_bytes(const uint8_t* src, uint8_t* dst, int64_t rows, int64_t cols) = 0;
 
   // ---- chunked LM head + cross-entropy ------------------------------------------
   /// For tokens t with targets[t] >= 0 (targets[t] < V required):

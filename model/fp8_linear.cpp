@@ -1,6 +1,7 @@
 // FP8 base linears (model/fp8_linear.hpp).
 #include "model/fp8_linear.hpp"
 
+#include <iterator>
 #include <stdexcept>
 
 namespace rp {
@@ -10,6 +11,34 @@ void fp8_quantize_weight(Ops& ops, const void* w, int64_t out, int64_t in, uint8
   ops.fp8_scale(w, out * in, kFp8ActFormat, scale);
   ops.fp8_quantize(w, scale, wq, out * in, kFp8ActFormat);
   if (wtq) ops.fp8_quantize_transposed(w, scale, wtq, out, in, kFp8ActFormat);
+}
+
+void fp8_stored_weight(Ops& ops, const void* stored, int64_t out, int64_t in, uint8_t* wq, uint8_t* wtq,
+                       float* row_scale) {
+  if ((out * in) % 2 != 0)
+    throw std::invalid_argument("fp8 linear: a stored weight needs an even element count");
+  const auto* codes = static_cast<const uint8_t*>(stored) + out * 4;
+  ops.copy(DType::f32, row_scale, stored, out);
+  ops.copy(DType::bf16, wq, codes, out * in / 2);  // a byte copy: two codes per 16-bit element
+  if (wtq) ops.transpose_bytes(codes, wtq, out, in);
+}
+
+std::vector<int64_t> fp8_stored_linears(const ParamGroup& g, const std::string& prefix, size_t linears,
+                                        bool* stored) {
+  static constexpr const char* names[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                          "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+                                          "mlp.down_proj"};
+  std::vector<int64_t> offsets;
+  for (size_t i = 0; i < linears && i < std::size(names); ++i) {
+    const int t = g.find(prefix + names[i] + ".weight");
+    if (!g.frozen || t < 0) continue;
+    const TensorSpec& ts = g.tensors[size_t(t)];
+    if (ts.format != WeightFormat::fp8 || ts.shape.size() != 2 || ts.shape[0] % 16 || ts.shape[1] % 16)
+      continue;
+    stored[i] = true;
+    offsets.push_back(ts.offset);
+  }
+  return offsets;
 }
 
 namespace {
@@ -29,8 +58,18 @@ const uint8_t* quantize_act(Ops& ops, const Fp8ActScratch& s, const void* x, int
 void fp8_linear_fwd(Ops& ops, const Fp8Linear& f, const void* x, void* y, int64_t n, int64_t in, int64_t out,
                     bool accumulate) {
   if (n <= 0) return;
-  if (!f.weight.w || !f.weight.scale)
+  if (!f.weight.w || !(f.weight.scale || f.weight.row_scale))
     throw std::invalid_argument("fp8 linear: the weight's codes are missing");
+  if (f.weight.row_scale) {  // stored codes: one scale per token and per output row
+    if (!f.input_quantized) {
+      if (!f.act.codes || !f.act.scale) throw std::invalid_argument("fp8 linear: no activation scratch");
+      ops.fp8_scale_rows(x, n, in, kFp8ActFormat, f.act.scale);
+      ops.fp8_quantize_rows(x, f.act.scale, f.act.codes, n, in, kFp8ActFormat);
+    }
+    ops.gemm_fp8_rows(f.act.codes, kFp8ActFormat, f.act.scale, f.weight.w, kFp8ActFormat, f.weight.row_scale,
+                      y, n, in, out, accumulate);
+    return;
+  }
   const uint8_t* xq =
       f.input_quantized ? f.act.codes : quantize_act(ops, f.act, x, n, in, kFp8ActFormat, f.input_scaled);
   ops.gemm_fp8(xq, kFp8ActFormat, f.act.scale, f.weight.w, kFp8ActFormat, f.weight.scale, y, n, in, out,
@@ -40,9 +79,16 @@ void fp8_linear_fwd(Ops& ops, const Fp8Linear& f, const void* x, void* y, int64_
 void fp8_linear_bwd_input(Ops& ops, const Fp8Linear& f, const void* dy, void* dx, int64_t n, int64_t in,
                           int64_t out, bool accumulate) {
   if (n <= 0) return;
-  if (!f.weight.wt || !f.weight.scale)
+  if (!f.weight.wt || !(f.weight.scale || (f.weight.row_scale && f.weight.ones)))
     throw std::invalid_argument(
         "fp8 linear: the input gradient needs the codes of W^T (a backward weight cache)");
+  if (f.weight.row_scale) {  // dx = diag(s_d) q(dy diag(s_w)) C: the row scales folded into dy
+    if (!f.act.codes || !f.act.scale) throw std::invalid_argument("fp8 linear: no activation scratch");
+    ops.fp8_quantize_rows_col_scaled(dy, f.weight.row_scale, f.act.codes, f.act.scale, n, out, f.grad_format);
+    ops.gemm_fp8_rows(f.act.codes, f.grad_format, f.act.scale, f.weight.wt, kFp8ActFormat, f.weight.ones, dx,
+                      n, out, in, accumulate);
+    return;
+  }
   const uint8_t* dyq = quantize_act(ops, f.act, dy, n, out, f.grad_format);
   ops.gemm_fp8(dyq, f.grad_format, f.act.scale, f.weight.wt, kFp8ActFormat, f.weight.scale, dx, n, out, in,
                accumulate);

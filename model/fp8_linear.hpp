@@ -18,10 +18,25 @@
 // with dy^T [out, n] and x^T [in, n] quantized transposed (the FP8 GEMM wants K contiguous)
 // and the token count padded to 16 with zero codes. LoRA adapters' low-rank GEMMs stay in the
 // compute dtype.
+//
+// A frozen base stored as fp8 (kernels/weight_format.hpp: e4m3 codes C with one scale s_w[o]
+// per output row, W = diag(s_w) C) runs from its stored codes where the device has the FP8
+// GEMM with per-row scales (Ops::gemm_fp8_rows_supported; Fp8Weight::row_scale set):
+//   y  = diag(s_x) q(x) C^T diag(s_w)     s_x [n]: one scale per token (fp8_scale_rows)
+//   dx = diag(s_d) q(dy diag(s_w)) C      s_w folded into dy before its per-token quantization
+//                                         (Ops::fp8_quantize_rows_col_scaled); C^T's codes are
+//                                         C's bytes transposed (Ops::transpose_bytes)
+// so the weight is rounded once, when it was stored: no dequantization into the compute dtype,
+// no tensor-wide requantization (fp8_stored_weight copies the codes and scales into the cache
+// and transposes the codes, two byte passes instead of fp8_quantize_weight's three passes over
+// compute-dtype weights).
 #pragma once
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "kernels/ops.hpp"
+#include "model/layout.hpp"  // ParamGroup
 
 namespace rp {
 
@@ -35,15 +50,20 @@ constexpr Fp8Format kFp8ActFormat = Fp8Format::e4m3;
 constexpr Fp8Format kFp8GradFormat = Fp8Format::e4m3;
 
 /// One linear's quantized weight: codes of W [out, in] (e4m3), of W^T [in, out] (null in a
-/// forward-only cache) and the scale s_w (device fp32[1]).
+/// forward-only cache) and the scale s_w (device fp32[1]). With row_scale (a weight used in its
+/// fp8 storage form) the scales are per output row, row_scale [out], `scale` is not read, and
+/// the input gradient reads ones [in] (fp32 1s: the GEMM's scale vector of W^T's rows).
 struct Fp8Weight {
   const uint8_t* w = nullptr;
   const uint8_t* wt = nullptr;
   const float* scale = nullptr;
+  const float* row_scale = nullptr;
+  const float* ones = nullptr;
 };
 
 /// Where a call quantizes its activations: codes of at least n * max(in, out) bytes and one
-/// fp32 scale (the decoder's scratch, DecoderBufs::fp8_codes / fp8_scale).
+/// fp32 scale, n scales (one per token) for a weight with row scales (the decoder's scratch,
+/// DecoderBufs::fp8_codes / fp8_scale).
 struct Fp8ActScratch {
   uint8_t* codes = nullptr;
   float* scale = nullptr;
@@ -82,6 +102,19 @@ constexpr int64_t fp8_padded_tokens(int64_t n) { return (n + 15) / 16 * 16; }
 /// null the codes of W^T [in, out].
 void fp8_quantize_weight(Ops& ops, const void* w, int64_t out, int64_t in, uint8_t* wq, uint8_t* wtq,
                          float* scale);
+
+/// A weight in its fp8 storage form (kernels/weight_format.hpp: `stored` holds out fp32 row
+/// scales, then the out x in e4m3 codes) into the weight cache: row_scale [out] and wq [out,
+/// in] copied, and when wtq is not null the codes transposed into it [in, out]. No rounding.
+void fp8_stored_weight(Ops& ops, const void* stored, int64_t out, int64_t in, uint8_t* wq, uint8_t* wtq,
+                       float* row_scale);
+
+/// Which of the first `linears` dense linears (q, k, v, o, gate, up, down) of the decoder whose
+/// tensors are named `prefix` + "self_attn.q_proj.weight" etc. in group g can run from their
+/// fp8 storage: frozen in format fp8, both sides multiples of 16 (the FP8 GEMM's). Sets
+/// stored[i] and returns their offsets (TensorSpec::offset) in order.
+std::vector<int64_t> fp8_stored_linears(const ParamGroup& g, const std::string& prefix, size_t linears,
+                                        bool* stored);
 
 /// y [n, out] (+)= x W^T through the FP8 GEMM (x [n, in] in the compute dtype; y read when
 /// `accumulate`).

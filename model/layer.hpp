@@ -101,6 +101,12 @@ struct LayerArgs {
   void* fp8_weights = nullptr;
   size_t fp8_weights_bytes = 0;
   bool fp8_fill_weights = false;
+  /// The tensors Layer::fp8_stored_tensors() lists hold their fp8 storage form (row scales,
+  /// then codes: kernels/weight_format.hpp) at their offsets in params[0] instead of the
+  /// compute-dtype weights whenever ops->gemm_fp8_rows_supported(): the uploader copied them
+  /// as they are then (dequantizing them otherwise), and the layer runs those linears from
+  /// the stored codes (model/fp8_linear.hpp). False: every weight in the compute dtype.
+  bool fp8_stored_base = false;
 };
 
 class Layer {
@@ -116,6 +122,11 @@ class Layer {
   /// Device bytes of the FP8 weight cache a call needs (LayerArgs::fp8_weights): 0 but for
   /// decoders built with LayerOptions::fp8; `backward` adds the codes of W^T.
   virtual size_t fp8_weight_bytes(bool /*backward*/) const { return 0; }
+  /// Element offsets (TensorSpec::offset) in the layer's first group of the frozen fp8-stored
+  /// linear weights an FP8 decoder can run from their codes (LayerArgs::fp8_stored_base):
+  /// the dense linears whose TensorSpec::format is fp8 and whose sides are multiples of 16.
+  /// Empty for every other layer.
+  virtual std::vector<int64_t> fp8_stored_tensors() const { return {}; }
   /// Forward without saving anything. Tail: computes only args.loss (evaluation).
   virtual void forward(const LayerArgs& args) const = 0;
   /// Recomputes this layer's forward from args.x (ids for the embedding), then

@@ -26,7 +26,9 @@
 //             adapters (DecoderDims::expert_lora) add ax [R,r], forward t [R,H], backward g [R,r].
 //   FP8 linears (DecoderDims::fp8): the e4m3 codes of one linear's input or output gradient at
 //             a time, [T, max(H,Q)] or [C, max(H,F)] bytes, and its scale; the weights' codes
-//             live in the caller's cache (Fp8WeightBufs below).
+//             live in the caller's cache (Fp8WeightBufs below). With a frozen base (which
+//             may run from its fp8 storage, model/fp8_linear.hpp) the scale is one per token,
+//             T fp32.
 // Tail: hn, dhn [T,H] plus Ops::lm_head_ce_scratch_bytes.
 #pragma once
 #include <algorithm>
@@ -77,6 +79,9 @@ struct DecoderDims {
   bool expert_lora = false;      ///< the sparse block's experts carry adapters of rank lora_rank
   bool fp8 = false;        ///< dense linears in FP8 (LayerOptions::fp8): activation codes in the scratch
   bool fp8_wgrad = false;  ///< and their weight gradients (LayerOptions::fp8_weight_gradients)
+  /// FP8 linears over a frozen base: room for per-token activation scales and per-row weight
+  /// scales, used when the base is stored as fp8 and runs from its codes (model/fp8_linear.hpp)
+  bool fp8_row_scales() const { return fp8 && frozen_base; }
   /// Sparse MLP block: experts (0: a dense SwiGLU MLP of ffn), experts per token, expert FFN.
   int64_t experts = 0, experts_per_tok = 0, expert_ffn = 0;
 };
@@ -203,7 +208,7 @@ inline void carve_decoder_scratch(const DecoderDims& d, int64_t n_seq, int64_t s
   }
   if (d.fp8) {
     b.fp8_codes = static_cast<uint8_t*>(sc.take(std::max(T * std::max(H, Q), C * std::max(H, F))));
-    b.fp8_scale = static_cast<float*>(sc.take(sizeof(float)));
+    b.fp8_scale = static_cast<float*>(sc.take((d.fp8_row_scales() ? T : 1) * sizeof(float)));
   }
   if (!backward) return;
   if (d.fp8 && d.fp8_wgrad && !d.frozen_base) {
@@ -240,7 +245,9 @@ inline size_t decoder_scratch_bytes(const DecoderDims& d, int64_t n_seq, int64_t
 /// stay in the compute dtype, so its gate/up/down have none) the scale of W, the e4m3 codes of
 /// W [out, in] and, for calls that run a backward (`transposed`), of W^T [in, out]. One byte
 /// per weight (two with W^T) plus the scales; it lives as long as the uploaded weights
-/// (LayerArgs::fp8_weights), not in the per-call scratch.
+/// (LayerArgs::fp8_weights), not in the per-call scratch. Over a frozen base
+/// (DecoderDims::fp8_row_scales) also each linear's row scales [out] and a vector of ones as
+/// long as the widest input, for a base that runs from its fp8 storage (model/fp8_linear.hpp).
 struct Fp8WeightBufs {
   /// Floats between two linears' scales: cuBLASLt's FP8 GEMM refuses (CUBLAS_STATUS_NOT_SUPPORTED)
   /// a scale pointer that is not 16-byte aligned, so each scale gets its own 16 bytes.
@@ -249,6 +256,9 @@ struct Fp8WeightBufs {
   uint8_t* w[kAdaptedLinears] = {};   // W codes, null for a linear without FP8
   uint8_t* wt[kAdaptedLinears] = {};  // W^T codes, null without `transposed`
   int64_t out[kAdaptedLinears] = {}, in[kAdaptedLinears] = {};  // W's shape (0: no FP8)
+  float* row_scale[kAdaptedLinears] = {};                       // fp8_row_scales: [out] fp32 each, else null
+  float* ones = nullptr;  // fp8_row_scales: [n_ones] fp32 (filled with 1 by the layer)
+  int64_t n_ones = 0;
 };
 inline void carve_fp8_weights(const DecoderDims& d, bool transposed, ScratchCarver& sc, Fp8WeightBufs& b) {
   b = Fp8WeightBufs{};
@@ -261,6 +271,11 @@ inline void carve_fp8_weights(const DecoderDims& d, bool transposed, ScratchCarv
     b.out[i] = shapes[i][0];
     b.in[i] = shapes[i][1];
     b.w[i] = static_cast<uint8_t*>(sc.take(size_t(b.out[i] * b.in[i])));
+  }
+  if (d.fp8_row_scales()) {
+    for (size_t i = 0; i < linears; ++i) b.row_scale[i] = static_cast<float*>(sc.take(size_t(b.out[i]) * 4));
+    b.n_ones = std::max({H, Q, F});
+    b.ones = static_cast<float*>(sc.take(size_t(b.n_ones) * 4));
   }
   // after every W: a forward-only cache is a prefix of a backward one, so forward and backward
   // calls of one stage (a tail stage's) read the same codes

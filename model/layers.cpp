@@ -94,6 +94,8 @@ struct Fp8Set {
   // after q, up after gate): the codes in the scratch are reused.
   const Fp8Linear* reuse(LoraModule m, LoraModule previous) const {
     if (!(*this)(m) || !(*this)(previous)) return (*this)(m);
+    // per-token scales (a weight run from its stored codes) and a tensor scale do not mix
+    if (!lin[size_t(m)].weight.row_scale != !lin[size_t(previous)].weight.row_scale) return (*this)(m);
     return &same_input[size_t(m)];
   }
   // Weight gradients in FP8 (LayerOptions::fp8_weight_gradients, backward calls): the codes'
@@ -169,6 +171,8 @@ class DecoderLayer final : public Layer {
       wu_ = offset_of(g, p + "mlp.up_proj.weight");
       wd_ = offset_of(g, p + "mlp.down_proj.weight");
     }
+    if (fp8_ && g.frozen)  // a sparse block's experts have no FP8
+      stored_offsets_ = fp8_stored_linears(g, p, moe_ ? 4 : kAdaptedLinears, fp8_stored_.data());
     ropes_ = layer_rope_tables(c_, layer - 1);
     lora_ = lora_linears(m, layer);
     const bool adapted = m.adapter_group(layer) >= 0;
@@ -196,6 +200,7 @@ class DecoderLayer final : public Layer {
     return decoder_scratch_bytes(dims_, s.n_seq, s.seq_len, dtype_size(dt), backward, chunk_tokens_);
   }
   size_t fp8_weight_bytes(bool backward) const override { return rp::fp8_weight_bytes(dims_, backward); }
+  std::vector<int64_t> fp8_stored_tensors() const override { return stored_offsets_; }
   void forward(const LayerArgs& a) const override {
     Ops& ops = check_args(a, n_groups_, needed(a, false), "decoder.forward", false);
     if (!a.x || !a.y) throw std::invalid_argument("decoder.forward: x/y null");
@@ -287,6 +292,10 @@ class DecoderLayer final : public Layer {
   int64_t chunk_tokens_;
   bool saved_attention_;
   bool fp8_;  // LayerOptions::fp8
+  // the dense linears (LoraModule order) a frozen fp8-stored base can run from their codes,
+  // and their offsets in the base group (Layer::fp8_stored_tensors)
+  std::array<bool, kAdaptedLinears> fp8_stored_{};
+  std::vector<int64_t> stored_offsets_;
   DecoderDims dims_;
   // w_post_: post_attention_layernorm, the norm before the MLP (LLaMA) or after the attention
   // (OLMo 2, Gemma: post_norm_branches()); w_mlp_in_ the norm before the MLP (-1: none, OLMo 2),
@@ -347,13 +356,22 @@ Fp8Set DecoderLayer::fp8_linears(const LayerArgs& a, const DecoderBufs& b, bool 
   carve_fp8_weights(dims_, backward, sc, wb);
   const int64_t w_off[kAdaptedLinears] = {wq_, wk_, wv_, wo_, wg_, wu_, wd_};
   s.on = true;
+  // the base's stored codes run as they are where the device has the per-row-scale GEMM (the
+  // uploader then copied them instead of dequantizing: LayerArgs::fp8_stored_base)
+  const bool stored = a.fp8_stored_base && !stored_offsets_.empty() && a.ops->gemm_fp8_rows_supported();
+  if (stored && a.fp8_fill_weights && wb.ones) a.ops->fill(DType::f32, wb.ones, wb.n_ones, 1.f);
   for (size_t i = 0; i < kAdaptedLinears; ++i) {
     if (!wb.w[i]) continue;  // a sparse block's experts
-    if (a.fp8_fill_weights)
-      fp8_quantize_weight(*a.ops, param(a, 0, w_off[i]), wb.out[i], wb.in[i], wb.w[i], wb.wt[i],
-                          wb.scale + i * Fp8WeightBufs::kScaleStride);
-    s.lin[i] = Fp8Linear{
-        {wb.w[i], wb.wt[i], wb.scale + i * Fp8WeightBufs::kScaleStride}, {b.fp8_codes, b.fp8_scale}, false};
+    const bool direct = stored && fp8_stored_[i] && wb.row_scale[i];
+    float* scale = wb.scale + i * Fp8WeightBufs::kScaleStride;
+    if (a.fp8_fill_weights && direct)
+      fp8_stored_weight(*a.ops, param(a, 0, w_off[i]), wb.out[i], wb.in[i], wb.w[i], wb.wt[i],
+                        wb.row_scale[i]);
+    else if (a.fp8_fill_weights)
+      fp8_quantize_weight(*a.ops, param(a, 0, w_off[i]), wb.out[i], wb.in[i], wb.w[i], wb.wt[i], scale);
+    const Fp8Weight w{wb.w[i], wb.wt[i], scale, direct ? wb.row_scale[i] : nullptr,
+                      direct ? wb.ones : nullptr};
+    s.lin[i] = Fp8Linear{w, {b.fp8_codes, b.fp8_scale}, false};
     s.same_input[i] = s.lin[i];
     s.same_input[i].input_quantized = true;
     s.prescaled[i] = s.lin[i];

@@ -155,6 +155,12 @@ class CpuOps final : public Ops {
                                int64_t N) override;
   void gemm_fp8(const uint8_t* a, Fp8Format fa, const float* scale_a, const uint8_t* b, Fp8Format fb,
                 const float* scale_b, void* d, int64_t M, int64_t K, int64_t N, bool accumulate) override;
+  void gemm_fp8_rows(const uint8_t* a, Fp8Format fa, const float* scale_a, const uint8_t* b, Fp8Format fb,
+                     const float* scale_b, void* d, int64_t M, int64_t K, int64_t N,
+                     bool accumulate) override;
+  void fp8_quantize_rows_col_scaled(const void* x, const float* col_scale, uint8_t* q, float* scale,
+                                    int64_t rows, int64_t cols, Fp8Format f) override;
+  void transpose_bytes(const uint8_t* src, uint8_t* dst, int64_t rows, int64_t cols) override;
 
   /// Query rows per attention block (scores exist for kAttnBlock x seq_len at a time).
   static constexpr int64_t kAttnBlock = 64;

@@ -151,6 +151,45 @@ void launch_transposed(const T* x, const float* scale, uint8_t* q, int64_t rows,
     quantize_transposed_scalar<F><<<blocks_for(rows * cols), kThreads, 0, st>>>(x, scale, q, rows, cols, ld);
 }
 
+// ---- per-row codes of x * col_scale, and the byte transpose --------------------------------
+
+// One block per row: v = x[r,c] * cs[c] in fp32, scale[r] from max |v|, then q = encode(v / s).
+// Every thread of the block takes the row's scale after the block-wide maximum (block_max_u
+// leaves it in every thread).
+template <Fp8Format F, typename T>
+__global__ void quantize_rows_col_scaled_kernel(const T* x, const float* cs, uint8_t* q, float* scale,
+                                                int64_t rows, int64_t cols) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = x + r * cols;
+    unsigned m = 0;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) m = max(m, abs_bits(to_f(xr[c]) * cs[c]));
+    m = block_max_u<kThreads>(m);
+    const float s = fp8::scale_from_amax(fp8::float_of(m), F);
+    if (threadIdx.x == 0) scale[r] = s;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+      q[r * cols + c] = fp8::encode<F>(to_f(xr[c]) * cs[c] / s);
+  }
+}
+
+// dst[c, r] = src[r, c]: a 64 x 64 tile through shared memory, 256 threads, each moving 16 bytes
+// of a row in and 16 of a column out (guarded at the edges).
+__global__ void transpose_bytes_kernel(const uint8_t* src, uint8_t* dst, int64_t rows, int64_t cols) {
+  __shared__ uint8_t tile[kTile][kTile + 1];  // tile[r][c]
+  const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
+  const int lr = threadIdx.x / 4, lc = (threadIdx.x % 4) * 16;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const int64_t r = r0 + lr, c = c0 + lc + j;
+    if (r < rows && c < cols) tile[lr][lc + j] = src[r * cols + c];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {  // thread (lr, lc) writes column c0 + lr, rows r0 + lc + j
+    const int64_t c = c0 + lr, r = r0 + lc + j;
+    if (r < rows && c < cols) dst[c * rows + r] = tile[lc + j][lr];
+  }
+}
+
 // ---- the check against the hardware conversion -------------------------------------------
 
 __device__ __forceinline__ bool is_nan_code(Fp8Format f, uint8_t c) {
@@ -261,6 +300,30 @@ void k_fp8_quantize_transposed(DType t, const void* x, const float* scale, uint8
     else launch_transposed<Fp8Format::e5m2>(xt, scale, q, rows, cols, ld, st);
   });
   RP_CUDA_LAUNCH_CHECK("fp8 quantize transposed");
+}
+
+void k_fp8_quantize_rows_col_scaled(DType t, const void* x, const float* col_scale, uint8_t* q, float* scale,
+                                    int64_t rows, int64_t cols, Fp8Format f, cudaStream_t st) {
+  if (rows <= 0) return;
+  const unsigned grid = unsigned(std::min<int64_t>(rows, int64_t(1) << 30));
+  RP_DISPATCH_ANY("fp8_quantize_rows_col_scaled", t, T, {
+    const T* xt = static_cast<const T*>(x);
+    if (f == Fp8Format::e4m3)
+      quantize_rows_col_scaled_kernel<Fp8Format::e4m3>
+          <<<grid, kThreads, 0, st>>>(xt, col_scale, q, scale, rows, cols);
+    else
+      quantize_rows_col_scaled_kernel<Fp8Format::e5m2>
+          <<<grid, kThreads, 0, st>>>(xt, col_scale, q, scale, rows, cols);
+  });
+  RP_CUDA_LAUNCH_CHECK("fp8 quantize rows col scaled");
+}
+
+void k_transpose_bytes(const uint8_t* src, uint8_t* dst, int64_t rows, int64_t cols, cudaStream_t st) {
+  if (rows <= 0 || cols <= 0) return;
+  const int64_t gy = (rows + kTile - 1) / kTile, gx = (cols + kTile - 1) / kTile;
+  if (gy > 65535) throw DeviceError("transpose_bytes: more than 65535 x 64 rows");
+  transpose_bytes_kernel<<<dim3(unsigned(gx), unsigned(gy)), kThreads, 0, st>>>(src, dst, rows, cols);
+  RP_CUDA_LAUNCH_CHECK("transpose bytes");
 }
 
 Fp8ConversionCheck k_fp8_check_conversions(Fp8Format f, cudaStream_t st) {

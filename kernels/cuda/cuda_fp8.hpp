@@ -32,6 +32,12 @@ void k_fp8_quantize(DType t, const void* x, const float* scale, uint8_t* q, int6
 /// thread.
 void k_fp8_quantize_transposed(DType t, const void* x, const float* scale, uint8_t* q, int64_t rows,
                                int64_t cols, int64_t ld, Fp8Format f, cudaStream_t st);
+/// Ops::fp8_quantize_rows_col_scaled: one block per row, x read twice (the row's amax of
+/// x * col_scale, then its codes).
+void k_fp8_quantize_rows_col_scaled(DType t, const void* x, const float* col_scale, uint8_t* q, float* scale,
+                                    int64_t rows, int64_t cols, Fp8Format f, cudaStream_t st);
+/// Ops::transpose_bytes: 64 x 64 tiles through shared memory (partial tiles at the edges).
+void k_transpose_bytes(const uint8_t* src, uint8_t* dst, int64_t rows, int64_t cols, cudaStream_t st);
 /// cuda_backend.hpp's check_fp8_conversions (waits for st).
 Fp8ConversionCheck k_fp8_check_conversions(Fp8Format f, cudaStream_t st);
 

@@ -134,6 +134,13 @@ class CudaOps final : public Ops {
                                int64_t N) override;
   void gemm_fp8(const uint8_t* a, Fp8Format fa, const float* scale_a, const uint8_t* b, Fp8Format fb,
                 const float* scale_b, void* d, int64_t M, int64_t K, int64_t N, bool accumulate) override;
+  void gemm_fp8_rows(const uint8_t* a, Fp8Format fa, const float* scale_a, const uint8_t* b, Fp8Format fb,
+                     const float* scale_b, void* d, int64_t M, int64_t K, int64_t N,
+                     bool accumulate) override;
+  void fp8_quantize_rows_col_scaled(const void* x, const float* col_scale, uint8_t* q, float* scale,
+                                    int64_t rows, int64_t cols, Fp8Format f) override;
+  void transpose_bytes(const uint8_t* src, uint8_t* dst, int64_t rows, int64_t cols) override;
+  bool gemm_fp8_rows_supported() override;
   /// cuda_backend.hpp's set_fp8_fast_accum / check_fp8_conversions.
   void set_fp8_fast_accum(bool on) { fp8_fast_accum_ = on; }
   Fp8ConversionCheck check_fp8_conversions(Fp8Format f);
@@ -205,15 +212,19 @@ class CudaOps final : public Ops {
   // gemm_on's fields, then the FP8 operand types (0: none), then fp16 accumulation
   using Key = std::array<int64_t, 17>;
   // FP8 operands of a GEMM (cuda_ops_fp8.cpp): their types, device fp32 scales, fast accumulation.
+  // rows: one scale per row of each operand (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F).
   struct Fp8Operands {
     cudaDataType_t a_type, b_type;
     const float *scale_a, *scale_b;
     bool fast_accum;
+    bool rows = false;
   };
   static void set_fp8_attributes(cublasLtMatmulDesc_t op, const Fp8Operands& f);
   void gemm_fp8_to(const uint8_t* a, Fp8Format fa, const float* scale_a, const uint8_t* b, Fp8Format fb,
                    const float* scale_b, void* d, DType d_type, int64_t M, int64_t K, int64_t N,
-                   bool accumulate, const char* op);
+                   bool accumulate, const char* op, bool rows = false);
+  int compute_capability();  // major * 10 + minor, queried once
+  bool probe_fp8_rows();     // gemm_fp8_rows_supported's one probe
   // gemm() on stream st with workspace ws (ws_bytes_ bytes, used by no other stream meanwhile).
   void gemm_on(cudaStream_t st, void* ws, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                const void* A, int64_t lda, const void* B, int64_t ldb, void* C, DType c_t, int64_t ldc,
@@ -234,6 +245,7 @@ class CudaOps final : public Ops {
   int attn_impl_ = 0;
   bool fp8_fast_accum_ = false;    // set_fp8_fast_accum
   int compute_capability_ = -1;    // major * 10 + minor, queried at the first gemm_fp8
+  int fp8_rows_ok_ = -1;           // gemm_fp8_rows_supported: -1 not probed yet, 0 no, 1 yes
   int attn_gqa_ = 0;               // RP_CUDA_ATTENTION_GQA
   size_t attn_scratch_bytes_ = 0;  // 0: Ops::attention_scratch_bytes of the shape
   int64_t last_bwd_passes_ = 0;

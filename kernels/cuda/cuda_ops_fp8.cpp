@@ -90,9 +90,32 @@ void CudaOps::fp8_quantize_transposed_padded(const void* x, const float* scale, 
   k_fp8_quantize_transposed(dtype_, x, scale, q, rows, cols, ld, f, st_);
 }
 
+void CudaOps::fp8_quantize_rows_col_scaled(const void* x, const float* col_scale, uint8_t* q, float* scale,
+                                           int64_t rows, int64_t cols, Fp8Format f) {
+  require(rows >= 0 && cols >= 0, "fp8_quantize_rows_col_scaled", "negative dimension");
+  require(rows * cols == 0 || (x && col_scale && q && scale), "fp8_quantize_rows_col_scaled",
+          "null input, column scales, codes or row scales");
+  set_device(dev_);
+  k_fp8_quantize_rows_col_scaled(dtype_, x, col_scale, q, scale, rows, cols, f, st_);
+}
+
+void CudaOps::transpose_bytes(const uint8_t* src, uint8_t* dst, int64_t rows, int64_t cols) {
+  require(rows >= 0 && cols >= 0, "transpose_bytes", "negative dimension");
+  require(rows * cols == 0 || (src && dst), "transpose_bytes", "null source or destination");
+  set_device(dev_);
+  k_transpose_bytes(src, dst, rows, cols, st_);
+}
+
 void CudaOps::set_fp8_attributes(cublasLtMatmulDesc_t op, const Fp8Operands& f) {
   const int8_t fast = f.fast_accum ? 1 : 0;
   RP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+  if (f.rows) {  // a vector of M (cuBLASLt's A) and of N (its B) scales; only set when used
+    const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    RP_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode)));
+    RP_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode)));
+  }
   // cuBLASLt's A is our B and its B our A (see the top of this file)
   RP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &f.scale_b,
                                                  sizeof(f.scale_b)));
@@ -114,18 +137,12 @@ void CudaOps::gemm_fp8_accumulate_f32(const uint8_t* a, Fp8Format fa, const floa
 // d (d_type: dtype() or f32) (+)= scale_a scale_b A B^T: gemm_fp8's checks and cuBLASLt call.
 void CudaOps::gemm_fp8_to(const uint8_t* a, Fp8Format fa, const float* scale_a, const uint8_t* b,
                           Fp8Format fb, const float* scale_b, void* d, DType d_type, int64_t M, int64_t K,
-                          int64_t N, bool accumulate, const char* op) {
+                          int64_t N, bool accumulate, const char* op, bool rows) {
   require(M >= 0 && K >= 0 && N >= 0, op, "negative dimension");
   require(!(fa == Fp8Format::e5m2 && fb == Fp8Format::e5m2), op,
           "both operands e5m2 (cuBLASLt has no e5m2 x e5m2 GEMM; quantize one of them to e4m3)");
   set_device(dev_);
-  if (compute_capability_ < 0) {
-    int major = 0, minor = 0;
-    RP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev_));
-    RP_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev_));
-    compute_capability_ = major * 10 + minor;
-  }
-  if (compute_capability_ < 89)
+  if (compute_capability() < 89)
     throw DeviceError(
         fmt::format("gemm_fp8: GPU {} has compute capability {}.{}; FP8 tensor cores need 8.9 or newer", dev_,
                     compute_capability_ / 10, compute_capability_ % 10));
@@ -141,7 +158,7 @@ void CudaOps::gemm_fp8_to(const uint8_t* a, Fp8Format fa, const float* scale_a, 
     if (!accumulate) fill(d_type, d, M * N, 0.f);
     return;
   }
-  const Fp8Operands f8{fp8_type(fb), fp8_type(fa), scale_a, scale_b, fp8_fast_accum_};
+  const Fp8Operands f8{fp8_type(fb), fp8_type(fa), scale_a, scale_b, fp8_fast_accum_, rows};
   const unsigned al = 16;  // checked above; cuBLASLt may assume no more
   // the plan key of gemm_on's fields (TN, m = N, n = M, ...), then the operand types and fast accumulation
   const Key key{1,
@@ -159,13 +176,66 @@ void CudaOps::gemm_fp8_to(const uint8_t* a, Fp8Format fa, const float* scale_a, 
                 accumulate,
                 int64_t(dtype_),
                 int64_t(f8.a_type) * 256 + int64_t(f8.b_type),
-                f8.fast_accum ? 1 : 0};
+                (f8.fast_accum ? 1 : 0) + (rows ? 2 : 0)};
   const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
   std::lock_guard lk(mu_);
   Plan& p = plan_for(key, true, false, N, M, K, K, K, N, d_type, al, al, al, &f8);
   set_fp8_attributes(p.op, f8);  // this call's scale pointers
   RP_CUBLAS_CHECK(
       cublasLtMatmul(lt_, p.op, &alpha, b, p.a, a, p.b, &beta, d, p.c, d, p.c, &p.algo, ws_, ws_bytes_, st_));
+}
+
+int CudaOps::compute_capability() {
+  if (compute_capability_ < 0) {
+    int major = 0, minor = 0;
+    RP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev_));
+    RP_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev_));
+    compute_capability_ = major * 10 + minor;
+  }
+  return compute_capability_;
+}
+
+void CudaOps::gemm_fp8_rows(const uint8_t* a, Fp8Format fa, const float* scale_a, const uint8_t* b,
+                            Fp8Format fb, const float* scale_b, void* d, int64_t M, int64_t K, int64_t N,
+                            bool accumulate) {
+  if (!gemm_fp8_rows_supported())
+    throw DeviceError(fmt::format(
+        "gemm_fp8_rows: cuBLASLt on GPU {} offers no FP8 GEMM with outer-vector (per-row) scales", dev_));
+  gemm_fp8_to(a, fa, scale_a, b, fb, scale_b, d, dtype_, M, K, N, accumulate, "gemm_fp8_rows", true);
+}
+
+bool CudaOps::gemm_fp8_rows_supported() {
+  if (fp8_rows_ok_ < 0) fp8_rows_ok_ = probe_fp8_rows() ? 1 : 0;
+  return fp8_rows_ok_ == 1;
+}
+
+// Small outer-vector GEMMs run for real (64 x 64 x 64, e4m3 x e4m3, zero codes, unit scales,
+// into dtype(), overwriting and accumulating, as the layers call it): a missing algorithm
+// (plan_for's DeviceError) or a refused launch (CUBLAS_STATUS_NOT_SUPPORTED) means no.
+bool CudaOps::probe_fp8_rows() {
+  set_device(dev_);
+  if (compute_capability() < 89) return false;
+  constexpr int64_t n = 64;
+  char* buf = nullptr;  // codes of A and B, 2 x 64 scales, then the output
+  const size_t codes = size_t(n * n), out = size_t(n * n) * dtype_size(dtype_);
+  RP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&buf), 2 * codes + 2 * n * sizeof(float) + out));
+  bool ok = false;
+  try {
+    auto* s = reinterpret_cast<float*>(buf + 2 * codes);
+    RP_CUDA_CHECK(cudaMemsetAsync(buf, 0, 2 * codes, st_));
+    fill(DType::f32, s, 2 * n, 1.f);
+    for (bool acc : {false, true})
+      gemm_fp8_to(reinterpret_cast<uint8_t*>(buf), Fp8Format::e4m3, s,
+                  reinterpret_cast<uint8_t*>(buf) + codes, Fp8Format::e4m3, s + n,
+                  buf + 2 * codes + 2 * n * sizeof(float), dtype_, n, n, n, acc, "gemm_fp8_rows probe", true);
+    RP_CUDA_CHECK(cudaStreamSynchronize(st_));
+    ok = true;
+  } catch (const DeviceError&) {
+    cudaGetLastError();  // a refused launch leaves no sticky error; clear a non-sticky one
+  }
+  cudaStreamSynchronize(st_);
+  cudaFree(buf);
+  return ok;
 }
 
 Fp8ConversionCheck CudaOps::check_fp8_conversions(Fp8Format f) {
