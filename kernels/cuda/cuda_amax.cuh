@@ -28,7 +28,10 @@ __device__ unsigned block_max_u(unsigned v) {
   v = warp_max_u(v);
   if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
   __syncthreads();
-  v = threadIdx.x < THREADS / 32 ? part[threadIdx.x] : 0u;
+  static_assert(THREADS % 32 == 0 && THREADS <= 1024, "one part per warp, at most 32 warps");
+  // every warp reduces all the parts, so every thread (not just warp 0) gets the maximum
+  const unsigned lane = threadIdx.x & 31;
+  v = lane < THREADS / 32 ? part[lane] : 0u;
   v = warp_max_u(v);
   __syncthreads();
   return v;

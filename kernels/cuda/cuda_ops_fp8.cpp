@@ -8,7 +8,10 @@
 // B[N,K]^T is column-major D^T[N,M] = B^T(T) A^T(N): cuBLASLt's A is our B (op T, ld K), its B our A (op N,
 // ld K), its D ours with ld N; its A/B scale pointers are our scale_b/scale_a. The scales (device fp32)
 // multiply the fp32 sum: D = scale_a*scale_b*sum (+ C when beta = 1).
+#include <cmath>
+#include <cstring>
 #include <fmt/format.h>
+#include <vector>
 
 #include <stdexcept>
 #include <string>
@@ -17,6 +20,8 @@
 #include "kernels/cuda/cuda_fp8.hpp"
 #include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/cuda/cuda_ops.hpp"
+#include "kernels/dtype.hpp"
+#include "kernels/fp8.hpp"
 
 namespace rp::cuda {
 namespace {
@@ -26,6 +31,17 @@ void require(bool cond, const char* op, const std::string& what) {
 }
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 cudaDataType_t fp8_type(Fp8Format f) { return f == Fp8Format::e4m3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
+// Element i of a host copy of a bf16, f16 or f32 array, as a float.
+float element_f32(const char* p, DType t, int64_t i) {
+  uint16_t h = 0;
+  if (t == DType::f32) {
+    float f = 0;
+    std::memcpy(&f, p + i * 4, 4);
+    return f;
+  }
+  std::memcpy(&h, p + i * 2, 2);
+  return t == DType::bf16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
 
 }  // namespace
 
@@ -209,9 +225,12 @@ bool CudaOps::gemm_fp8_rows_supported() {
   return fp8_rows_ok_ == 1;
 }
 
-// Small outer-vector GEMMs run for real (64 x 64 x 64, e4m3 x e4m3, zero codes, unit scales,
-// into dtype(), overwriting and accumulating, as the layers call it): a missing algorithm
-// (plan_for's DeviceError) or a refused launch (CUBLAS_STATUS_NOT_SUPPORTED) means no.
+// Small outer-vector GEMMs run for real and are checked (64 x 64 x 64, e4m3 codes of 1, row
+// scales 2^(i%3-1) and 2^(j%2), so every product is 64 sa_i sb_j, exact in any compute dtype;
+// overwriting, then accumulating onto 4): a missing algorithm (plan_for's DeviceError), a
+// refused launch (CUBLAS_STATUS_NOT_SUPPORTED) or a wrong number means no. The numbers are
+// checked because cuBLASLt 13.1 on an H200 accepted the accumulating call and returned values
+// that differ from the product (measured: CudaFp8Rows.GemmIsExactOnSmallIntegers).
 bool CudaOps::probe_fp8_rows() {
   set_device(dev_);
   if (compute_capability() < 89) return false;
@@ -219,18 +238,30 @@ bool CudaOps::probe_fp8_rows() {
   char* buf = nullptr;  // codes of A and B, 2 x 64 scales, then the output
   const size_t codes = size_t(n * n), out = size_t(n * n) * dtype_size(dtype_);
   RP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&buf), 2 * codes + 2 * n * sizeof(float) + out));
-  bool ok = false;
+  std::vector<float> sc(size_t(2 * n));
+  for (int64_t i = 0; i < n; ++i)
+    sc[size_t(i)] = std::ldexp(1.f, int(i % 3) - 1), sc[size_t(n + i)] = std::ldexp(1.f, int(i % 2));
+  bool ok = true;
   try {
     auto* s = reinterpret_cast<float*>(buf + 2 * codes);
-    RP_CUDA_CHECK(cudaMemsetAsync(buf, 0, 2 * codes, st_));
-    fill(DType::f32, s, 2 * n, 1.f);
-    for (bool acc : {false, true})
+    char* d = buf + 2 * codes + 2 * n * sizeof(float);
+    RP_CUDA_CHECK(cudaMemsetAsync(buf, fp8::encode(Fp8Format::e4m3, 1.f), 2 * codes, st_));
+    RP_CUDA_CHECK(cudaMemcpyAsync(s, sc.data(), sc.size() * sizeof(float), cudaMemcpyHostToDevice, st_));
+    std::vector<char> host(out);
+    for (bool acc : {false, true}) {
+      if (acc) fill(dtype_, d, n * n, 4.f);
       gemm_fp8_to(reinterpret_cast<uint8_t*>(buf), Fp8Format::e4m3, s,
-                  reinterpret_cast<uint8_t*>(buf) + codes, Fp8Format::e4m3, s + n,
-                  buf + 2 * codes + 2 * n * sizeof(float), dtype_, n, n, n, acc, "gemm_fp8_rows probe", true);
-    RP_CUDA_CHECK(cudaStreamSynchronize(st_));
-    ok = true;
+                  reinterpret_cast<uint8_t*>(buf) + codes, Fp8Format::e4m3, s + n, d, dtype_, n, n, n, acc,
+                  "gemm_fp8_rows probe", true);
+      RP_CUDA_CHECK(cudaMemcpyAsync(host.data(), d, out, cudaMemcpyDeviceToHost, st_));
+      RP_CUDA_CHECK(cudaStreamSynchronize(st_));
+      for (int64_t i = 0; i < n && ok; ++i)  // row i of d [M = n, N = n]: scale_a[i] scale_b[j]
+        for (int64_t j = 0; j < n && ok; ++j)
+          ok = element_f32(host.data(), dtype_, i * n + j) ==
+               64.f * sc[size_t(i)] * sc[size_t(n + j)] + (acc ? 4.f : 0.f);
+    }
   } catch (const DeviceError&) {
+    ok = false;
     cudaGetLastError();  // a refused launch leaves no sticky error; clear a non-sticky one
   }
   cudaStreamSynchronize(st_);

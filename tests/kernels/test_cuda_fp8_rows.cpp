@@ -68,7 +68,15 @@ TEST_F(CudaFp8Rows, GemmIsExactOnSmallIntegers) {
     });
     VecF want = d0;
     cpu_->gemm_fp8_rows(a.data(), E4, sa.data(), b.data(), E4, sb.data(), want.data(), M, K, N, acc);
-    EXPECT_EQ(download(dd), want) << (acc ? "accumulate" : "overwrite");
+    const VecF got = download(dd);
+    int64_t bad = 0, first = -1;
+    for (int64_t i = 0; i < M * N; ++i)
+      if (got[size_t(i)] != want[size_t(i)] && bad++ == 0) first = i;
+    EXPECT_EQ(bad, 0) << (acc ? "accumulate" : "overwrite") << ": first at (" << first / N << ", "
+                      << first % N << "): GPU " << (first >= 0 ? got[size_t(first)] : 0.f) << ", CPU "
+                      << (first >= 0 ? want[size_t(first)] : 0.f)
+                      << (acc ? ", d0 " + std::to_string(first >= 0 ? d0[size_t(first)] : 0.f)
+                              : std::string());
   }
 }
 
