@@ -327,6 +327,7 @@ void Session::Impl::spawn_workers(const std::vector<int>& shard_of, const Sessio
     ctx.memory_events = &memory_events;
     ctx.progress = &progress;
     ctx.faults = internals.faults;
+    ctx.frozen_tier = frozen_tier.get();
     workers.push_back(spawn_worker(*sys, std::move(ctx)));
   }
 }
@@ -345,6 +346,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w,
   if (!log) log = [](const std::string& line) { spdlog::info("{}", line); };
   const RunPlan run = I.plan_session(w, frozen_storage, internals, log);
   I.take_weights_and_layers(std::move(w), frozen_storage);
+  I.open_frozen_tier(internals, log);
   I.start_tracer();
   I.start_actor_system();
   I.make_loss_scaler(internals);

@@ -43,6 +43,7 @@
 namespace rp {
 
 class Tracer;
+class FrozenTier;
 
 /// Device-memory pressure, counted by all workers of a session (Session::memory_events).
 struct MemoryEventCounters {
@@ -68,6 +69,9 @@ struct WorkerContext {
   MemoryEventCounters* memory_events = nullptr;  ///< optional: counts refused starts and prefetches
   RunProgress* progress = nullptr;  ///< optional: counts completed copies and micro-batches (watchdog)
   FaultInjection faults;            ///< testing only (fault_injection.hpp)
+  /// The session's disk tier (null: frozen groups upload from ParamStore::lowp): its tiered
+  /// groups are read into one of its buffers when a task is prepared and uploaded from there.
+  FrozenTier* frozen_tier = nullptr;
 };
 
 /// Spawns worker `ctx.index` and its four transfer actors (activation up, activation
