@@ -24,7 +24,8 @@ FrozenTier::FrozenTier(std::shared_ptr<const tier::CacheFile> file, std::vector<
       ring_(ring_buffers, largest_entry(*file_, entry_), std::move(allocator)),
       reader_(file_, std::move(reader)) {
   if (ring_buffers < 2)
-    throw std::invalid_argument(fmt::format("frozen tier: the ring needs at least 2 buffers, got {}", ring_buffers));
+    throw std::invalid_argument(
+        fmt::format("frozen tier: the ring needs at least 2 buffers, got {}", ring_buffers));
   thread_ = std::jthread([this](std::stop_token st) { serve(st); });
 }
 
@@ -110,7 +111,9 @@ void FrozenTier::read_one(Request& r, std::stop_token st) {
     rq.tag = r.ticket;
     reader_.submit(rq);
     std::optional<tier::ReadResult> res = reader_.next();
-    if (!res) error = fmt::format("{}: entry '{}': the reader returned no result", file_->path(), file_->entry(e).name);
+    if (!res)
+      error =
+          fmt::format("{}: entry '{}': the reader returned no result", file_->path(), file_->entry(e).name);
     else error = res->error;
   } catch (const std::exception& x) {
     error = fmt::format("{}: entry '{}': {}", file_->path(), file_->entry(e).name, x.what());

@@ -47,8 +47,8 @@ class FrozenTier {
   /// `entry_of_group[g]`: group g's entry in `file`, -1 for a group not in the tier.
   /// `ring_buffers` (>= 2) buffers of the largest entry's padded bytes from `allocator`.
   /// Throws as BufferRing and DirectReader do.
-  FrozenTier(std::shared_ptr<const tier::CacheFile> file, std::vector<int> entry_of_group, size_t ring_buffers,
-             tier::HostAllocator allocator, tier::DirectReaderOptions reader = {});
+  FrozenTier(std::shared_ptr<const tier::CacheFile> file, std::vector<int> entry_of_group,
+             size_t ring_buffers, tier::HostAllocator allocator, tier::DirectReaderOptions reader = {});
   ~FrozenTier();
   FrozenTier(const FrozenTier&) = delete;
   FrozenTier& operator=(const FrozenTier&) = delete;

@@ -58,7 +58,8 @@ tier::HostAllocator pinned_allocator(Device& dev) {
 
 /// Buffers of `buffer_bytes` the budget holds (0: the minimum, 2), at most one per tiered group
 /// (`groups`, at least 2); refuses a budget below 2.
-size_t ring_count(const FrozenTierOptions& o, size_t buffer_bytes, const std::string& largest, size_t groups) {
+size_t ring_count(const FrozenTierOptions& o, size_t buffer_bytes, const std::string& largest,
+                  size_t groups) {
   if (!(o.host_budget_gib >= 0) || !std::isfinite(o.host_budget_gib))
     throw std::invalid_argument(
         fmt::format("frozen_tier.host_budget_gib: expected a number of GiB >= 0 (0: two buffers), got {}",
@@ -70,7 +71,8 @@ size_t ring_count(const FrozenTierOptions& o, size_t buffer_bytes, const std::st
     throw std::invalid_argument(fmt::format(
         "frozen_tier.host_budget_gib: {} GiB holds fewer than 2 read buffers of the largest frozen "
         "group ('{}', {:.1f} MiB); expected at least {:.3f} GiB",
-        o.host_budget_gib, largest, double(buffer_bytes) / double(1 << 20), 2.0 * double(buffer_bytes) / kGiB));
+        o.host_budget_gib, largest, double(buffer_bytes) / double(1 << 20),
+        2.0 * double(buffer_bytes) / kGiB));
   return std::max<size_t>(2, std::min(n, groups));
 }
 
@@ -78,7 +80,8 @@ size_t ring_count(const FrozenTierOptions& o, size_t buffer_bytes, const std::st
 /// verify_reused): a damaged entry removes the file and builds it again, the mismatch being
 /// the reason. I/O errors name the option.
 tier::EnsureResult ensure_tier_cache(const FrozenTierOptions& o, const std::string& key,
-                                     const std::vector<tier::CacheEntrySpec>& specs, const tier::CacheFill& fill) {
+                                     const std::vector<tier::CacheEntrySpec>& specs,
+                                     const tier::CacheFill& fill) {
   try {
     tier::EnsureResult er = tier::ensure_cache(o.path, key, specs, fill);
     if (er.built || !o.verify_reused) return er;
@@ -94,7 +97,8 @@ tier::EnsureResult ensure_tier_cache(const FrozenTierOptions& o, const std::stri
       return er;
     }
   } catch (const std::runtime_error& e) {
-    throw std::runtime_error(fmt::format("frozen_tier.path: {} (expected a writable file on a local disk)", e.what()));
+    throw std::runtime_error(
+        fmt::format("frozen_tier.path: {} (expected a writable file on a local disk)", e.what()));
   }
 }
 
@@ -138,7 +142,8 @@ void Session::Impl::open_frozen_tier(const SessionInternals& internals,
   tier::DirectReaderOptions ro;
   ro.direct = o.direct;
   ro.fault = internals.frozen_tier_fault;
-  frozen_tier = std::make_unique<FrozenTier>(er.file, std::move(entry_of), count, pinned_allocator(*devices[0]), ro);
+  frozen_tier =
+      std::make_unique<FrozenTier>(er.file, std::move(entry_of), count, pinned_allocator(*devices[0]), ro);
   FrozenTierReport& r = tier_report;
   r.enabled = true;
   r.path = o.path;

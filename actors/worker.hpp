@@ -15,6 +15,9 @@
 //    gradient is on the host;
 //  - prefetches the next task's weights while the current one computes, and behind a
 //    next task that uploads no weight (the embedding's backward) also the one after it;
+//  - with the session's disk tier (ctx.frozen_tier), asks it for each streamed frozen group when
+//    a task is prepared, uploads the group from the tier's read buffer once FrozenFetched comes
+//    and gives the buffer back when the group's last chunk landed (actors/frozen_tier.hpp);
 //  - with ctx.profile, times each layer call on the compute stream and reports the times
 //    (and the layers' device memory) to the scheduler, read after completion.
 // Per micro-batch, what may be uploaded, computed and handed to the next task, and when a

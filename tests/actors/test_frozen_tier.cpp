@@ -11,8 +11,8 @@
 #include <gtest/gtest.h>
 
 #include <cerrno>
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include <fmt/format.h>
@@ -133,7 +133,8 @@ TEST_P(ByWorkers, StreamingTheBaseTrainsBitForBitLikeHoldingIt) {
   ASSERT_EQ(tiered.losses.size(), size_t(kSteps));
   EXPECT_EQ(tiered.losses, base.losses);
   ASSERT_EQ(tiered.weights.size(), base.weights.size());
-  for (size_t g = 0; g < base.weights.size(); ++g) EXPECT_EQ(tiered.weights[g], base.weights[g]) << m.groups[g].name;
+  for (size_t g = 0; g < base.weights.size(); ++g)
+    EXPECT_EQ(tiered.weights[g], base.weights[g]) << m.groups[g].name;
   EXPECT_NE(base.weights, std::vector<std::vector<float>>(base.weights.size()));
 }
 
