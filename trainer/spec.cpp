@@ -92,7 +92,6 @@ void read_scalars(const JsonFields& f, TrainSpec& s) {
   f.optional("mlp_chunk_tokens", s.mlp_chunk_tokens);
   if (s.mlp_chunk_tokens < 0) f.fail("mlp_chunk_tokens", "an integer >= 0 (0: 8192)", s.mlp_chunk_tokens);
   if (double v = 0; f.optional("pin_budget_gib", v)) s.pin_budget_gib = v;
-  read_frozen_tier(f, s);
   f.optional("output_dir", s.output_dir);
   f.optional("save_every", s.save_every);
   f.optional("save_dtype", s.save_dtype);
@@ -524,6 +523,7 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
   TrainSpec s;
   s.source = where;
   read_scalars(f, s);
+  read_frozen_tier(f, s);
   // Hugging Face names its metrics with and without the "eval_" prefix
   if (s.metric_for_best_model == "loss" || s.metric_for_best_model == "perplexity")
     s.metric_for_best_model = "eval_" + s.metric_for_best_model;
