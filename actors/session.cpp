@@ -137,6 +137,8 @@ RunPlan Session::Impl::plan_session(const std::vector<std::vector<float>>& w,
   }
   RunPlanInputs rin = session_plan_inputs(layout, opt, internals, *devices[0]);
   rin.host->available_bytes = host_available_bytes() > 0 ? host_available_bytes() + held : 0;
+  // the plan counts frozen groups as resident: with the disk tier only its ring stays
+  if (rin.host->available_bytes > 0) rin.host->available_bytes += frozen_tier_host_credit(layout, opt);
   RunPlan run = plan_run(rin);
   if (!run.log_line.empty()) log(run.log_line);
   saved_attention = run.saved_attention;

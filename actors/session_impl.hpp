@@ -193,6 +193,10 @@ void check_session_weights(const ModelLayout& layout, const std::vector<std::vec
 /// w[g] and every frozen_storage entry, so w keeps only the trainable groups' masters.
 void fill_store(const ModelLayout& layout, std::vector<std::vector<float>>& w,
                 std::vector<std::vector<uint8_t>>& frozen_storage, ParamStore& store);
+/// Host bytes the disk tier (opt.frozen_tier) keeps out of memory while training: the frozen
+/// groups' storage bytes minus its ring's (0 without a tier, for a ring as large, or for options
+/// the tier will refuse).
+size_t frozen_tier_host_credit(const ModelLayout& layout, const SessionOptions& opt);
 /// The fp32 values of frozen group `g` stored in `storage` (its storage form).
 std::vector<float> dequantize_group(const ParamGroup& g, const void* storage);
 

@@ -164,6 +164,26 @@ void Session::Impl::open_frozen_tier(const SessionInternals& internals,
   log(r.line);
 }
 
+size_t frozen_tier_host_credit(const ModelLayout& layout, const SessionOptions& opt) {
+  if (!opt.frozen_tier || opt.frozen_tier->path.empty()) return 0;
+  uint64_t frozen = 0, largest = 0;
+  size_t groups = 0;
+  std::string largest_name;
+  for (const ParamGroup& g : layout.groups)
+    if (g.frozen && g.storage_bytes > 0) {
+      frozen += uint64_t(g.storage_bytes);
+      largest = std::max(largest, tier::align_up(uint64_t(g.storage_bytes)));
+      ++groups;
+    }
+  if (groups == 0) return 0;
+  try {
+    const uint64_t ring = ring_count(*opt.frozen_tier, size_t(largest), largest_name, groups) * largest;
+    return frozen > ring ? size_t(frozen - ring) : 0;
+  } catch (const std::invalid_argument&) {
+    return 0;  // refused when the tier opens, with its own line
+  }
+}
+
 const FrozenTierReport& Session::frozen_tier() const { return impl_->tier_report; }
 
 }  // namespace rp
