@@ -26,6 +26,8 @@
 //   arbiter   -> transfer  LinkIdle            a refused bulk actor may issue again
 //   stream    -> worker    ComputeDone         (the worker's compute-stream callback) a
 //                                              micro-batch's layers ran
+//   tier      -> worker    FrozenFetched       (the disk tier's thread) a frozen group is in a
+//                                              read buffer, or its read failed
 //   worker    -> shard     AcquireWeights      (request) upload of group g for step t may start
 //   worker    -> shard     ReleaseWeights      upload of group g for step t completed
 //   worker    -> shard     AcquireGradSlot     (request) may write grad of group g for step t
@@ -78,6 +80,7 @@ struct CopyDone;
 struct StreamDone;
 struct LinkIdle;
 struct ComputeDone;
+struct FrozenFetched;
 struct AcquireWeights;
 struct WeightsGranted;
 struct ReleaseWeights;
@@ -114,8 +117,8 @@ struct LossScales;
 /// A worker (one per device): runs the stage tasks dealt to it (actors/worker.hpp).
 using WorkerActor =
     caf::typed_actor<caf::reacts_to<RunStage>, caf::reacts_to<ActReady>, caf::reacts_to<CopyDone>,
-                     caf::reacts_to<ComputeDone>, caf::replies_to<GetStatus>::with<StatusReport>,
-                     caf::reacts_to<Shutdown>>;
+                     caf::reacts_to<ComputeDone>, caf::reacts_to<FrozenFetched>,
+                     caf::replies_to<GetStatus>::with<StatusReport>, caf::reacts_to<Shutdown>>;
 
 /// A transfer actor (four per worker): one copy stream and its priority queue (actors/transfer.hpp).
 using TransferActor =
@@ -210,6 +213,16 @@ struct ComputeDone {
   uint64_t task = 0;
   int64_t micro_batch = 0;
   std::string error;  ///< the device op's failure, else empty
+};
+
+/// The disk tier (actors/frozen_tier.hpp) read frozen group `group` for task `task`: its bytes are
+/// in the tier's buffer of `ticket` (the worker uploads from it and releases it), or the read
+/// failed with `error` (one line naming the cache file, the entry and its offset).
+struct FrozenFetched {
+  uint64_t task = 0;
+  int group = -1;
+  uint64_t ticket = 0;
+  std::string error;
 };
 
 // ---- worker <-> transfer actors ------------------------------------------------------------
@@ -484,6 +497,7 @@ RP_MESSAGE_TYPE(rp::WaitEval)
 RP_MESSAGE_TYPE(rp::EvalResult)
 RP_MESSAGE_TYPE(rp::FillPass)
 RP_MESSAGE_TYPE(rp::PassFilled)
+RP_MESSAGE_TYPE(rp::FrozenFetched)
 CAF_END_TYPE_ID_BLOCK(roundpipe)
 
 #undef RP_MESSAGE_TYPE

@@ -137,6 +137,8 @@ RunPlan Session::Impl::plan_session(const std::vector<std::vector<float>>& w,
   }
   RunPlanInputs rin = session_plan_inputs(layout, opt, internals, *devices[0]);
   rin.host->available_bytes = host_available_bytes() > 0 ? host_available_bytes() + held : 0;
+  // the plan counts frozen groups as resident: with the disk tier only its ring stays
+  if (rin.host->available_bytes > 0) rin.host->available_bytes += frozen_tier_host_credit(layout, opt);
   RunPlan run = plan_run(rin);
   if (!run.log_line.empty()) log(run.log_line);
   saved_attention = run.saved_attention;
@@ -327,6 +329,7 @@ void Session::Impl::spawn_workers(const std::vector<int>& shard_of, const Sessio
     ctx.memory_events = &memory_events;
     ctx.progress = &progress;
     ctx.faults = internals.faults;
+    ctx.frozen_tier = frozen_tier.get();
     workers.push_back(spawn_worker(*sys, std::move(ctx)));
   }
 }
@@ -345,6 +348,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w,
   if (!log) log = [](const std::string& line) { spdlog::info("{}", line); };
   const RunPlan run = I.plan_session(w, frozen_storage, internals, log);
   I.take_weights_and_layers(std::move(w), frozen_storage);
+  I.open_frozen_tier(internals, log);
   I.start_tracer();
   I.start_actor_system();
   I.make_loss_scaler(internals);

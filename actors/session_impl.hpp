@@ -10,6 +10,7 @@
 
 #include <optional>
 
+#include "actors/frozen_tier.hpp"
 #include "actors/messages.hpp"
 #include "actors/pass_buffers.hpp"
 #include "actors/reduce_wait.hpp"
@@ -35,9 +36,13 @@ struct Session::Impl {
   std::vector<std::unique_ptr<Layer>> layers;
   std::unique_ptr<Tracer> tracer;
   std::vector<std::unique_ptr<Device>> devices;  // destroyed after the actor system
-  MemoryEventCounters memory_events;             // the workers count into it
-  RunProgress progress;                          // the actors count into it (watchdog)
-  ReduceWaitMeter reduce_wait;                   // the shards time the replicas' sums into it
+  /// The disk tier's reader (SessionOptions::frozen_tier; null without it): destroyed before
+  /// the devices its ring is pinned through, stopped once the actors are done.
+  std::unique_ptr<FrozenTier> frozen_tier;
+  FrozenTierReport tier_report;
+  MemoryEventCounters memory_events;  // the workers count into it
+  RunProgress progress;               // the actors count into it (watchdog)
+  ReduceWaitMeter reduce_wait;        // the shards time the replicas' sums into it
   /// Gradient sums the shards issued whose callback has not run (ShardOptions::sums_in_flight).
   std::shared_ptr<std::atomic<int64_t>> sums_in_flight = std::make_shared<std::atomic<int64_t>>(0);
   std::unique_ptr<caf::actor_system_config> cfg;
@@ -71,6 +76,10 @@ struct Session::Impl {
   /// The parameter store (frozen groups stored, their fp32 freed), the masters, the layers.
   void take_weights_and_layers(std::vector<std::vector<float>> w,
                                std::vector<std::vector<uint8_t>>& frozen_storage);
+  /// opt.frozen_tier (actors/session_tier.cpp): the frozen groups go to the cache file (or a
+  /// valid one is reused), their host copies are freed, and the reader starts.
+  void open_frozen_tier(const SessionInternals& internals,
+                        const std::function<void(const std::string&)>& log);
   void start_tracer();  ///< opt.trace only
   void start_actor_system();
   /// opt.loss_scaling: refused unless the devices compute in f16 (or the test knob allows it).
@@ -111,6 +120,7 @@ struct Session::Impl {
       for (auto& w : workers) caf::anon_send(w, Shutdown{});
       for (auto& s : shards) caf::anon_send(s, Shutdown{});
       sys->await_all_actors_done();
+      if (frozen_tier) frozen_tier->stop();  // drops queued fetches (their callbacks hold workers)
       // drop our handles first: a detached actor's thread ends only once its last
       // reference is gone, and ~actor_system waits for those threads
       shards.clear();
@@ -183,6 +193,10 @@ void check_session_weights(const ModelLayout& layout, const std::vector<std::vec
 /// w[g] and every frozen_storage entry, so w keeps only the trainable groups' masters.
 void fill_store(const ModelLayout& layout, std::vector<std::vector<float>>& w,
                 std::vector<std::vector<uint8_t>>& frozen_storage, ParamStore& store);
+/// Host bytes the disk tier (opt.frozen_tier) keeps out of memory while training: the frozen
+/// groups' storage bytes minus its ring's (0 without a tier, for a ring as large, or for options
+/// the tier will refuse).
+size_t frozen_tier_host_credit(const ModelLayout& layout, const SessionOptions& opt);
 /// The fp32 values of frozen group `g` stored in `storage` (its storage form).
 std::vector<float> dequantize_group(const ParamGroup& g, const void* storage);
 

@@ -12,6 +12,7 @@
 #include "scheduler/cost_model.hpp"
 #include "scheduler/profile.hpp"
 #include "scheduler/replan.hpp"
+#include "tier/direct_reader.hpp"
 
 namespace rp {
 
@@ -27,6 +28,8 @@ struct SessionInternals {
   std::optional<DeviceModel> device_model;
   /// Make one device op, copy or optimizer job throw (actors/fault_injection.hpp).
   FaultInjection faults;
+  /// Fails reads of the disk tier's cache file (SessionOptions::frozen_tier; tier::fail_nth_read).
+  tier::ReadFault frozen_tier_fault;
 };
 
 /// While alive, sessions built through the public constructor (e.g. by rp::Trainer) get

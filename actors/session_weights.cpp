@@ -89,6 +89,8 @@ std::vector<float> Session::Impl::group_f32(int g) const {
     throw std::out_of_range(
         fmt::format("group_weights_f32: group {} outside [0, {})", g, layout.groups.size()));
   const ParamGroup& grp = layout.groups[size_t(g)];
+  if (grp.frozen && frozen_tier && frozen_tier->tiered(g))
+    return dequantize_group(grp, frozen_tier->read_group(g).data());
   if (grp.frozen) return dequantize_group(grp, store->lowp[size_t(g)].data());
   return master[size_t(g)];
 }

@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "actors/frozen_tier.hpp"
 #include "actors/layer_timer.hpp"
 #include "actors/messages.hpp"
 #include "actors/worker.hpp"
@@ -52,6 +53,9 @@ struct Task {
   /// spans its direct prefix and its staged part is two copies; Worker::send_pieces).
   std::map<int, int> extra_copies;
   std::deque<int> dequant_order;
+  /// Frozen groups streamed from the disk tier: the read buffer each uploads from, held until
+  /// the group's last chunk landed (a task that goes away gives them back with it).
+  std::map<int, FrozenLease> frozen_leases;
   std::shared_ptr<UploadWindows> uploads;  ///< the weights' chunks and windows (upload_windows.hpp)
   DeviceBuffer scratch, tmp[2];
   /// FP8 decoders (LayerOptions::fp8), per layer of the stage: its weights' FP8 codes

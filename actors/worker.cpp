@@ -110,6 +110,7 @@ class Worker : public WorkerActor::base {
                 FaultInjection::what(fmt::format("the completion of micro-batch {}", c.micro_batch)));
           on_computed(c.micro_batch);
         },
+        [this](FrozenFetched& f) { frozen_fetched(f); },
         [this](GetStatus) -> caf::result<StatusReport> { return StatusReport{status()}; },
         [this](Shutdown) {
           for (auto& a : {act_up_, act_down_, param_up_, grad_down_})
@@ -330,12 +331,23 @@ class Worker : public WorkerActor::base {
       sizes.emplace_back(
           g, size_t(m.groups[g].frozen ? m.groups[g].storage_bytes : m.groups[g].numel * int64_t(esz)));
     const auto& tc = ctx_.transfer;
+    // A group streamed from the disk tier holds a read buffer until its chunks land: they all
+    // go at once (one window), so a buffer never waits for another stage's progress.
+    FrozenTier* tier = ctx_.frozen_tier;
+    const bool tiered =
+        tier && std::any_of(t.groups.begin(), t.groups.end(), [&](int g) { return tier->tiered(g); });
     t.uploads = std::make_shared<UploadWindows>(sizes, tc.priorities ? tc.chunk_bytes : 0,
-                                                tc.priorities ? windows : 1);
+                                                tc.priorities && !tiered ? windows : 1);
     t.params_pending = int(t.groups.size());
     const int64_t step = t.rs.step;
     const uint64_t id = t.id;
     for (int g : t.groups) {
+      if (tier && tier->tiered(g)) {
+        tier->fetch(g, [me = WorkerActor{this}, id, g](uint64_t ticket, const std::string& err) {
+          caf::anon_send(me, FrozenFetched{id, g, ticket, err});
+        });
+        continue;
+      }
       if (m.groups[g].frozen) {
         send_pieces(t, t.uploads->grant(g));
         continue;
@@ -364,6 +376,19 @@ class Worker : public WorkerActor::base {
     return grp.frozen ? grp.storage_bytes - direct_bytes(g) : 0;
   }
 
+  /// The disk tier read frozen group f.group of task f.task: upload it from the read buffer
+  /// (held by the task until its last chunk landed). A task gone by now, or a failed worker,
+  /// gives the buffer back at once; a failed read fails the run with the reader's line.
+  void frozen_fetched(const FrozenFetched& f) {
+    if (ctx_.progress) ctx_.progress->tick();
+    if (!f.error.empty()) return fail("reading frozen weights from the disk tier: " + f.error);
+    FrozenLease lease(ctx_.frozen_tier, f.ticket);
+    Task* tk = live(f.task);
+    if (!tk || failed_) return;  // the lease goes here
+    tk->frozen_leases.emplace(f.group, std::move(lease));
+    send_pieces(*tk, tk->uploads->grant(f.group));
+  }
+
   /// Uploads chunks of t's weights; a group is released (and counted in) after its last one.
   /// A chunk of a frozen group's storage goes to the weights up to its direct prefix and to
   /// the staging buffer after it; one that spans both is two copies (Task::extra_copies).
@@ -371,7 +396,10 @@ class Worker : public WorkerActor::base {
     const uint64_t id = t.id;
     for (const auto& p : pieces) {
       const int g = p.group;
-      const char* src = static_cast<const char*>(ctx_.store->lowp[g].data());
+      const auto leased = t.frozen_leases.find(g);  // streamed from the disk tier
+      const char* src = leased != t.frozen_leases.end()
+                            ? reinterpret_cast<const char*>(leased->second.data())
+                            : static_cast<const char*>(ctx_.store->lowp[g].data());
       const CopyTag tag{CopyKind::weights, id, -1, g};
       const auto st = t.dstage.find(g);
       const size_t direct =
@@ -398,6 +426,7 @@ class Worker : public WorkerActor::base {
       return;
     }
     if (!tk->uploads->piece_done(g)) return;
+    tk->frozen_leases.erase(g);  // every chunk is on the device: the read buffer goes back
     if (tk->dstage.count(g)) {
       dequantize(*tk, g);
     } else if (!ctx_.layout->groups[g].frozen) {

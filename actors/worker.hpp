@@ -15,6 +15,9 @@
 //    gradient is on the host;
 //  - prefetches the next task's weights while the current one computes, and behind a
 //    next task that uploads no weight (the embedding's backward) also the one after it;
+//  - with the session's disk tier (ctx.frozen_tier), asks it for each streamed frozen group when
+//    a task is prepared, uploads the group from the tier's read buffer once FrozenFetched comes
+//    and gives the buffer back when the group's last chunk landed (actors/frozen_tier.hpp);
 //  - with ctx.profile, times each layer call on the compute stream and reports the times
 //    (and the layers' device memory) to the scheduler, read after completion.
 // Per micro-batch, what may be uploaded, computed and handed to the next task, and when a
@@ -43,6 +46,7 @@
 namespace rp {
 
 class Tracer;
+class FrozenTier;
 
 /// Device-memory pressure, counted by all workers of a session (Session::memory_events).
 struct MemoryEventCounters {
@@ -68,6 +72,9 @@ struct WorkerContext {
   MemoryEventCounters* memory_events = nullptr;  ///< optional: counts refused starts and prefetches
   RunProgress* progress = nullptr;  ///< optional: counts completed copies and micro-batches (watchdog)
   FaultInjection faults;            ///< testing only (fault_injection.hpp)
+  /// The session's disk tier (null: frozen groups upload from ParamStore::lowp): its tiered
+  /// groups are read into one of its buffers when a task is prepared and uploaded from there.
+  FrozenTier* frozen_tier = nullptr;
 };
 
 /// Spawns worker `ctx.index` and its four transfer actors (activation up, activation

@@ -7,7 +7,10 @@
 //                    [--dtype bf16|f16] [--plan JSON] [--trace FILE] [--results FILE] [--no-priorities]
 //                    [--chunk-bytes N] [--preset qwen3-1.7b|qwen3-4b|...] [--mlp-chunk TOKENS]
 //                    [--experts E --experts-per-tok k --expert-ffn Fe] [--lora-r R --base-format nf4]
-//                    [--pin-budget-gib G] [--fp8]
+//                    [--pin-budget-gib G] [--fp8] [--frozen-tier PATH [--tier-ring-gib X]]
+// --frozen-tier: the frozen (LoRA base) weights stream from a cache file at PATH (built on the
+// first run, reused after) through --tier-ring-gib GiB of host read buffers (0: two buffers);
+// the row and the RESULT line name the tier and how the cache was opened.
 // --fp8: the dense decoder linears' forward, recompute and input-gradient GEMMs in FP8 e4m3
 // (spec key "fp8"; docs/gpu.md, "FP8 linears"; needs --dtype bf16 and an sm_89+ GPU); MFU
 // still counts against the bf16 peak, so the FP8 gain shows as a higher MFU.
@@ -186,6 +189,19 @@ int run(int argc, char** argv) {
             return "";
           },
           "GiB"));
+  std::string frozen_tier;
+  double tier_ring_gib = 0;
+  app.add_option("--frozen-tier", frozen_tier, "stream the frozen (LoRA base) weights from this cache file");
+  app.add_option("--tier-ring-gib", tier_ring_gib, "host GiB of the tier's read buffers (0: two buffers)")
+      ->check(CLI::Validator(
+          [](const std::string& v) -> std::string {
+            char* end = nullptr;
+            const double x = std::strtod(v.c_str(), &end);
+            if (v.empty() || *end != 0 || !(x >= 0 && x <= double(1 << 20)))
+              return "expected a number of GiB >= 0 (0: two buffers) and <= 1048576, got '" + v + "'";
+            return "";
+          },
+          "GiB"));
   std::string profile_out;
   double cap_above_plan = 0;
   bool no_save_attention = false;
@@ -321,6 +337,7 @@ int run(int argc, char** argv) {
   o.mlp_chunk_tokens = mlp_chunk;
   if (pin_budget_gib >= 0) o.pin_budget_bytes = size_t(pin_budget_gib * double(1ull << 30));
   o.save_attention = !no_save_attention;
+  if (!frozen_tier.empty()) o.frozen_tier = rp::FrozenTierOptions{frozen_tier, tier_ring_gib};
   // The planner's working set of the plan (the memory model a cap is checked against): the
   // plan the session will choose at this cap (automatic) or the given one: plan_run
   // (scheduler/run_plan.hpp) with the inputs the session passes it.
@@ -382,6 +399,11 @@ int run(int argc, char** argv) {
       on_cpu ? "counted as pinned (the CPU backend page-locks nothing)" : "pinned",
       rp::byte_text(double(pins.pinned_bytes)).c_str(), rp::byte_text(double(pins.pageable_bytes)).c_str(),
       rp::byte_text(double(pins.pageable_frozen_bytes)).c_str(), rp::byte_text(double(pins.budget)).c_str());
+  // the tier's start line is in the runtime's log (frozen tier: <path>: built|reused ...)
+  const std::string tier_text =
+      s.frozen_tier().enabled ? fmt::format(", frozen tier {} x {:.1f} MiB", s.frozen_tier().ring_buffers,
+                                            double(s.frozen_tier().buffer_bytes) / double(1 << 20))
+                              : std::string();
   const int64_t n = micro * o.micro.tokens();
   std::vector<int32_t> ids(n), tg(n);
   std::vector<double> done_at;
@@ -418,7 +440,7 @@ int run(int argc, char** argv) {
   const double peak = s.peak_device_bytes() / double(1ull << 30);
   const char* attn = std::getenv("RP_CUDA_ATTENTION");
   const std::string xfer = std::string(no_prio ? "no priorities" : "priorities") +
-                           (no_save_attention ? ", attention recomputed" : ", attention saved");
+                           (no_save_attention ? ", attention recomputed" : ", attention saved") + tier_text;
   const std::string chunks =
       chunk_bytes > 0 ? fmt::format("{} MiB chunks x {}", chunk_bytes / double(1 << 20), bulk_inflight)
                       : "no chunks";

@@ -13,7 +13,7 @@ include(CMakePackageConfigHelpers)
 
 set(RP_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/roundpipe)
 install(DIRECTORY include/roundpipe DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.hpp")
-install(TARGETS rp_api rp_trainer rp_dist rp_actors rp_formats rp_model rp_optimizer rp_scheduler rp_trace rp_kernels rp_data rp_base caf_core
+install(TARGETS rp_api rp_trainer rp_dist rp_actors rp_formats rp_model rp_optimizer rp_scheduler rp_trace rp_tier rp_kernels rp_data rp_base caf_core
         EXPORT roundpipeTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(EXPORT roundpipeTargets NAMESPACE roundpipe:: DESTINATION ${RP_INSTALL_CMAKEDIR})

@@ -25,8 +25,9 @@
 // When the budget holds everything (host_memory_need's total), nothing streams and no ring is
 // allocated. The disk is the host's one device, shared by all its GPUs.
 //
-// Training does not stream from a disk yet: this models the coming runtime tier, so that
-// `roundpipe plan` can say whether the disk would bound a step before it exists.
+// The runtime streams every frozen group from the disk (SessionOptions::frozen_tier); frozen
+// groups kept resident while they fit and spilled activations are modelled here only, so that
+// `roundpipe plan` can say whether the disk would bound a step.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -36,6 +36,22 @@ void check_base_model_id(const JsonFields& f, const TrainSpec& s) {
            s.base_model_id);
 }
 
+// "frozen_tier": {"path": "...", "host_budget_gib": G} (SessionOptions::frozen_tier).
+void read_frozen_tier(const JsonFields& f, TrainSpec& s) {
+  if (!f.has("frozen_tier")) return;
+  if (!f.at("frozen_tier").is_object())
+    f.fail("frozen_tier", "an object {\"path\": cache file, \"host_budget_gib\": G}");
+  const JsonFields t = f.nested("frozen_tier");
+  t.allow_only({"path", "host_budget_gib"});
+  TrainSpec::FrozenTier ft;
+  ft.path = t.string("path");
+  if (ft.path.empty()) t.fail("path", "a non-empty path of the tier's cache file", ft.path);
+  t.optional("host_budget_gib", ft.host_budget_gib);
+  if (!(ft.host_budget_gib >= 0 && ft.host_budget_gib <= double(1 << 20)))
+    t.fail("host_budget_gib", "a number >= 0 and <= 1048576 (GiB; 0: two buffers)", ft.host_budget_gib);
+  s.frozen_tier = ft;
+}
+
 void read_scalars(const JsonFields& f, TrainSpec& s) {
   f.optional("model", s.model);
   f.optional("base_model_id", s.base_model_id);
@@ -469,6 +485,7 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
                 "save_attention",
                 "mlp_chunk_tokens",
                 "pin_budget_gib",
+                "frozen_tier",
                 "output_dir",
                 "overwrite_output_dir",
                 "save_every",
@@ -506,6 +523,7 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
   TrainSpec s;
   s.source = where;
   read_scalars(f, s);
+  read_frozen_tier(f, s);
   // Hugging Face names its metrics with and without the "eval_" prefix
   if (s.metric_for_best_model == "loss" || s.metric_for_best_model == "perplexity")
     s.metric_for_best_model = "eval_" + s.metric_for_best_model;

@@ -55,6 +55,45 @@ struct ProfilingOptions {
   std::function<void(const std::string&)> log;
 };
 
+/// The disk tier for frozen weights (SessionOptions::frozen_tier): the frozen groups (a LoRA
+/// base's matrices, in their storage form) are written once to a cache file and streamed back
+/// to the devices through a few host buffers, instead of staying in host memory.
+struct FrozenTierOptions {
+  /// The cache file (its folder is created). A valid cache of the same frozen weights (the
+  /// model layout, each group's formats and bytes, and a checksum of them) is reused as it is;
+  /// a missing, stale or damaged one is rebuilt (the reason is logged). Must not be empty.
+  std::string path;
+  /// Host memory of the read buffers, in GiB (2^30 bytes): as many buffers of the largest
+  /// frozen group's bytes (rounded up to 4 KiB) as fit, at least 2 and at most one per frozen
+  /// group (more would stay idle). 0: exactly 2. A budget
+  /// below two buffers is refused (std::invalid_argument naming frozen_tier.host_budget_gib
+  /// and the least it needs).
+  double host_budget_gib = 0;
+  /// Read with O_DIRECT where the file system allows it (false: buffered reads that drop the
+  /// page cache behind them).
+  bool direct = true;
+  /// Read a reused cache whole once at construction and check every entry's checksum: a
+  /// damaged one is rebuilt (the reason is logged). false: trust its header; a damaged entry
+  /// then fails the run when it is read.
+  bool verify_reused = true;
+};
+
+/// What the disk tier did at construction (Session::frozen_tier).
+struct FrozenTierReport {
+  bool enabled = false;         ///< a tier is in use (the option set and the model has frozen groups)
+  std::string path;             ///< the cache file
+  bool built = false;           ///< false: an existing valid cache was reused
+  std::string rebuilt_because;  ///< built: why the old file could not be used (missing, stale, damaged)
+  uint64_t bytes = 0;           ///< the frozen groups' storage bytes in the file
+  double seconds = 0;           ///< checking (and building) the cache
+  bool direct = false;          ///< reads use O_DIRECT
+  std::string buffered_reason;  ///< !direct: why not
+  std::string engine;           ///< "io_uring" or "pread pool (N threads)"
+  size_t ring_buffers = 0, buffer_bytes = 0;
+  /// "frozen tier: <path>: reused (N GiB, X s, O_DIRECT); ring K x M MiB" (also logged).
+  std::string line;
+};
+
 struct SessionOptions {
   std::string backend = "cpu";  ///< "cpu" (virtual GPUs), "cuda", or "auto" (cuda if a GPU is visible)
   int workers = 1;              ///< GPUs / virtual GPUs in the pool
@@ -139,6 +178,13 @@ struct SessionOptions {
   /// alike. Each replica must then close every step with step(lr, target tokens of the whole
   /// step over all replicas). Null: a single process.
   std::shared_ptr<Replicas> replicas;
+  /// Stream the frozen groups from a cache file on a local disk (FrozenTierOptions). Empty, or a
+  /// model without frozen groups: they stay in host memory. Errors: std::invalid_argument for
+  /// an empty path or a budget below two buffers, std::runtime_error ("frozen_tier.path: ...")
+  /// when the cache cannot be written (an unwritable folder, not enough disk space, a file
+  /// there that is not a tier cache). A read that fails during training fails the run
+  /// (RuntimeFailure naming the file, the entry and its offset).
+  std::optional<FrozenTierOptions> frozen_tier;
 };
 
 /// What one closed step did (Session::wait).
@@ -349,6 +395,8 @@ class Session {
   /// Refused stage starts and prefetches so far (MemoryEvents); readable at any time.
   MemoryEvents memory_events() const;
   std::string device_name() const;
+  /// What the disk tier did at construction (enabled false without SessionOptions::frozen_tier).
+  const FrozenTierReport& frozen_tier() const;
   /// Writes the recorded trace (opt.trace) as Chrome trace JSON. Throws std::runtime_error.
   void write_trace(const std::string& path) const;
 

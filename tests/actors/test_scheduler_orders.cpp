@@ -121,6 +121,7 @@ WorkerActor::behavior_type fake_worker(WorkerActor::stateful_pointer<FakeWorkerS
       },
       [=](ActReady&) {},
       [=](CopyDone&) {},
+      [=](FrozenFetched&) {},
       [=](ComputeDone&) {
         auto& st = self->state;
         RunStage rs = std::move(st.tasks.front());

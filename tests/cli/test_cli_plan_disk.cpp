@@ -44,7 +44,9 @@ TEST(CliPlanDisk, WithoutTheOptionsThePlanIsUnchanged) {
   const CliRun with = roundpipe(kRun + " --disk-gbps 7 --host-budget-gib 40", d);
   ASSERT_EQ(with.code, 0) << with.err;
   EXPECT_NE(with.out.find("\ndisk "), std::string::npos) << with.out;
-  EXPECT_NE(with.out.find("training does not stream from a disk yet"), std::string::npos);
+  EXPECT_NE(with.out.find("training streams every frozen group from the disk with the spec key frozen_tier"),
+            std::string::npos)
+      << with.out;
   fs::remove_all(d);
 }
 

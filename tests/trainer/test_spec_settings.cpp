@@ -83,3 +83,38 @@ TEST(SpecSettings, InvalidJsonNamesLineColumnAndReason) {
 }
 
 }  // namespace
+
+// "frozen_tier": the disk tier's cache file and read-buffer budget (SessionOptions::frozen_tier),
+// refused with one line naming the nested key.
+TEST(SpecFrozenTier, ReadsThePathAndBudgetAndRefusesBadValues) {
+  const auto with = [](const std::string& tier) {
+    return std::string(
+               R"({"model": "m.gguf", "data": "d.jsonl", "optimizer": {"lr": 0.001}, "frozen_tier": )") +
+           tier + "}";
+  };
+  {
+    const fs::path p = spec_file(with(R"({"path": "/nvme/base.cache", "host_budget_gib": 2.5})"));
+    const rp::TrainSpec s = rp::load_spec(p.string(), {});
+    fs::remove(p);
+    ASSERT_TRUE(s.frozen_tier.has_value());
+    EXPECT_EQ(s.frozen_tier->path, "/nvme/base.cache");
+    EXPECT_EQ(s.frozen_tier->host_budget_gib, 2.5);
+  }
+  {
+    const fs::path p = spec_file(kSpec);
+    EXPECT_FALSE(rp::load_spec(p.string(), {}).frozen_tier.has_value());
+    fs::remove(p);
+  }
+  const auto refused = [&](const std::string& tier, const std::string& key, const std::string& expected) {
+    const std::string e = error_of(with(tier), {});
+    EXPECT_NE(e.find("key '" + key + "': expected " + expected), std::string::npos) << e;
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  };
+  refused(R"("/nvme/base.cache")", "frozen_tier", "an object");
+  refused(R"({"host_budget_gib": 1})", "frozen_tier.path", "a string");
+  refused(R"({"path": ""})", "frozen_tier.path", "a non-empty path");
+  refused(R"({"path": "x", "host_budget_gib": -1})", "frozen_tier.host_budget_gib", "a number >= 0");
+  refused(R"({"path": "x", "host_budget_gib": "1"})", "frozen_tier.host_budget_gib", "a number");
+  const std::string e = error_of(with(R"({"path": "x", "ring": 2})"), {});
+  EXPECT_NE(e.find("ring"), std::string::npos) << e;
+}

@@ -192,6 +192,28 @@ TEST(TrainerLora, Fp8BaseTrainsLikeABf16Base) {
   fs::remove_all(d);
 }
 
+// The spec's frozen_tier: the base streams from a cache file and the run (losses, adapters and
+// the merged model, which reads the base back from the file) equals the run that holds it.
+TEST(TrainerLora, ABaseStreamedFromTheDiskTierTrainsAndMergesBitForBit) {
+  auto d = tmpdir();
+  rp::TrainSpec held = lora_spec(d, "held", 3, rp::WeightFormat::q8_0);
+  held.merge_adapters = true;
+  rp::Trainer(held).run();
+  rp::TrainSpec tiered = lora_spec(d, "tiered", 3, rp::WeightFormat::q8_0);
+  tiered.merge_adapters = true;
+  tiered.frozen_tier = rp::TrainSpec::FrozenTier{(d / "tier" / "base.cache").string(), 0};
+  rp::Trainer(tiered).run();
+  EXPECT_TRUE(fs::exists(d / "tier" / "base.cache"));
+  EXPECT_EQ(losses(d / "tiered/metrics.csv"), losses(d / "held/metrics.csv"));
+  const std::string a = bytes_of(d / "held/final" / rp::kAdapterWeightsFile);
+  ASSERT_FALSE(a.empty());
+  EXPECT_TRUE(a == bytes_of(d / "tiered/final" / rp::kAdapterWeightsFile));
+  ASSERT_TRUE(fs::exists(d / "held/final-merged/model.safetensors"));
+  EXPECT_TRUE(bytes_of(d / "held/final-merged/model.safetensors") ==
+              bytes_of(d / "tiered/final-merged/model.safetensors"));
+  fs::remove_all(d);
+}
+
 TEST(TrainerLora, ContinuesFromAPeftAdapterFolder) {
   auto d = tmpdir();
   rp::Trainer(lora_spec(d, "first", 3, rp::WeightFormat::f32)).run();

@@ -1,0 +1,295 @@
+// The disk tier in the runtime (SessionOptions::frozen_tier): a LoRA model's frozen base
+// streams from a cache file through a ring of read buffers.
+//  - training with the tier equals training with the base in host memory bit for bit (losses,
+//    adapters, the base read back), with 1 and 2 workers and the smallest ring (2 buffers),
+//    and the base's host copies are gone;
+//  - a second session on the same file reuses it; another base rebuilds it;
+//  - a file damaged between runs (an entry's bytes, the header) is found and rebuilt, and says why;
+//  - a read that fails mid-run ends the run with one error naming the file, in bounded time;
+//  - bad options (an unwritable path, a budget below two buffers, an empty path) are refused
+//    with one line naming the option.
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include "actors/session_testing.hpp"
+#include "tests/actors/runtime_reference.hpp"
+#include "tier/direct_reader.hpp"
+
+namespace rp::test {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr int64_t kNSeq = 2, kSeqLen = 5, kM = 3;
+constexpr int kSteps = 3;
+constexpr double kWaitS = 120;  // a step of this model takes well under a second: more is a hang
+
+struct Scratch {
+  fs::path dir;
+  Scratch() {
+    dir = fs::temp_directory_path() /
+          fmt::format("rp_frozen_tier_{}_{}", ::getpid(), ::testing::UnitTest::GetInstance()->random_seed());
+    dir /= ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  ~Scratch() { fs::remove_all(dir); }
+  std::string path(const std::string& name) const { return (dir / name).string(); }
+};
+
+ModelLayout lora_layout() {
+  LoraConfig lc;
+  lc.r = 4;
+  lc.alpha = 8;
+  lc.target_modules = {"all-linear"};
+  lc.base_format = WeightFormat::q4_0;  // staged and dequantized on the device
+  return make_layout(tiny_config(false, false), lc);
+}
+
+TestSessionOptions options(int workers, std::vector<std::string>* log) {
+  TestSessionOptions o;
+  o.workers = workers;
+  o.micro_batches = kM;
+  o.micro = {kNSeq, kSeqLen};
+  o.adam = adam_opts();
+  o.shards = 2;
+  o.transfer_chunk_bytes = 4096;  // several chunks per group: the lease outlives the first
+  o.watchdog_s = 0;
+  if (log) o.profiling.log = [log](const std::string& l) { log->push_back(l); };
+  return o;
+}
+
+struct Result {
+  std::vector<double> losses;
+  std::vector<std::vector<float>> weights;  // group_weights_f32 of every group
+};
+
+// Trains kSteps steps; a step not done within kWaitS fails the test (a deadlock) instead of hanging.
+Result train(Session& s) {
+  Result r;
+  for (int t = 0; t < kSteps; ++t) {
+    std::vector<int32_t> tg, ids;
+    random_tokens(67, kM * kNSeq * kSeqLen, 100 + uint64_t(t) * 10, ids, tg);
+    s.forward_backward(ids, tg);
+    s.step(lr_at(t));
+  }
+  for (int t = 0; t < kSteps; ++t) {
+    std::optional<StepResult> sr = s.wait_for(t, kWaitS);
+    if (!sr) {
+      ADD_FAILURE() << "step " << t << " not done after " << kWaitS << " s: " << s.status();
+      return r;
+    }
+    r.losses.push_back(sr->loss_sum / sr->tokens);
+  }
+  s.synchronize();
+  for (int g = 0; g < int(s.layout().groups.size()); ++g) r.weights.push_back(s.group_weights_f32(g));
+  return r;
+}
+
+FrozenTierOptions tier_at(const std::string& path, double gib = 0) {
+  FrozenTierOptions t;
+  t.path = path;
+  t.host_budget_gib = gib;
+  return t;
+}
+
+uint64_t frozen_bytes(const ModelLayout& m) {
+  uint64_t n = 0;
+  for (const ParamGroup& g : m.groups)
+    if (g.frozen) n += uint64_t(g.storage_bytes);
+  return n;
+}
+
+class ByWorkers : public ::testing::TestWithParam<int> {};
+
+TEST_P(ByWorkers, StreamingTheBaseTrainsBitForBitLikeHoldingIt) {
+  Scratch sc;
+  const ModelLayout m = lora_layout();
+  ASSERT_GT(frozen_bytes(m), 0u);
+  TestSession off(m, random_weights(m, 7), options(GetParam(), nullptr));
+  const Result base = train(off);
+  std::vector<std::string> log;
+  TestSessionOptions o = options(GetParam(), &log);
+  o.frozen_tier = tier_at(sc.path("base.cache"));  // the minimum ring: 2 buffers
+  TestSession on(m, random_weights(m, 7), o);
+  const FrozenTierReport& rep = on.frozen_tier();
+  ASSERT_TRUE(rep.enabled);
+  EXPECT_TRUE(rep.built);
+  EXPECT_EQ(rep.ring_buffers, 2u);
+  EXPECT_EQ(rep.bytes, frozen_bytes(m));
+  EXPECT_TRUE(fs::exists(sc.path("base.cache")));
+  // the base's host copies are gone: only the pinning accounting of the other buffers is left
+  EXPECT_EQ(off.host_pinning().pinned_bytes - on.host_pinning().pinned_bytes, frozen_bytes(m));
+  bool logged = false;
+  for (const auto& l : log) logged |= l.rfind("frozen tier: " + sc.path("base.cache") + ": built (", 0) == 0;
+  EXPECT_TRUE(logged) << "no start line; got " << log.size() << " lines";
+  const Result tiered = train(on);
+  ASSERT_EQ(tiered.losses.size(), size_t(kSteps));
+  EXPECT_EQ(tiered.losses, base.losses);
+  ASSERT_EQ(tiered.weights.size(), base.weights.size());
+  for (size_t g = 0; g < base.weights.size(); ++g)
+    EXPECT_EQ(tiered.weights[g], base.weights[g]) << m.groups[g].name;
+  EXPECT_NE(base.weights, std::vector<std::vector<float>>(base.weights.size()));
+}
+
+INSTANTIATE_TEST_SUITE_P(FrozenTier, ByWorkers, ::testing::Values(1, 2),
+                         [](const auto& i) { return std::to_string(i.param) + "_workers"; });
+
+TEST(FrozenTier, ASecondSessionReusesTheCacheAndAnotherBaseRebuildsIt) {
+  Scratch sc;
+  const ModelLayout m = lora_layout();
+  TestSessionOptions o = options(1, nullptr);
+  o.frozen_tier = tier_at(sc.path("base.cache"), 1.0);
+  fs::file_time_type written;
+  {
+    TestSession a(m, random_weights(m, 7), o);
+    EXPECT_TRUE(a.frozen_tier().built);
+    EXPECT_GT(a.frozen_tier().ring_buffers, 2u);  // a GiB holds many buffers of this model
+    written = fs::last_write_time(sc.path("base.cache"));
+  }
+  std::vector<std::string> log;
+  TestSessionOptions o2 = options(1, &log);
+  o2.frozen_tier = o.frozen_tier;
+  {
+    TestSession b(m, random_weights(m, 7), o2);
+    EXPECT_FALSE(b.frozen_tier().built);
+    EXPECT_NE(b.frozen_tier().line.find(": reused ("), std::string::npos) << b.frozen_tier().line;
+    EXPECT_EQ(fs::last_write_time(sc.path("base.cache")), written);
+    EXPECT_EQ(train(b).losses.size(), size_t(kSteps));
+  }
+  TestSession c(m, random_weights(m, 8), o);  // another base: the file is stale
+  EXPECT_TRUE(c.frozen_tier().built);
+  EXPECT_FALSE(c.frozen_tier().rebuilt_because.empty());
+}
+
+// Flips one byte of the file at `offset`.
+void flip_byte(const std::string& path, uint64_t offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  ASSERT_TRUE(f) << path;
+  f.seekg(std::streamoff(offset));
+  char c = 0;
+  f.read(&c, 1);
+  c = char(c ^ 0x5a);
+  f.seekp(std::streamoff(offset));
+  f.write(&c, 1);
+}
+
+TEST(FrozenTier, ACacheDamagedBetweenRunsIsFoundAndRebuilt) {
+  Scratch sc;
+  const ModelLayout m = lora_layout();
+  TestSession off(m, random_weights(m, 7), options(1, nullptr));
+  const Result base = train(off);
+  TestSessionOptions o = options(1, nullptr);
+  o.frozen_tier = tier_at(sc.path("base.cache"));
+  uint64_t first_entry = 0;
+  {
+    TestSession a(m, random_weights(m, 7), o);
+    ASSERT_TRUE(a.frozen_tier().built);
+    auto opened = tier::CacheFile::open(sc.path("base.cache"), "any key");  // stale, but the header is read
+    EXPECT_EQ(opened.state, tier::CacheState::stale);
+  }
+  // an entry's bytes: the header stays valid, the entry's checksum does not
+  {
+    std::ifstream f(sc.path("base.cache"), std::ios::binary);
+    char hdr[24];
+    f.read(hdr, 24);
+    std::memcpy(&first_entry, hdr + 16, 8);  // the header's size: where the first entry starts
+  }
+  ASSERT_GT(first_entry, 0u);
+  flip_byte(sc.path("base.cache"), first_entry + 100);
+  std::vector<std::string> log;
+  TestSessionOptions o2 = options(1, &log);
+  o2.frozen_tier = o.frozen_tier;
+  {
+    TestSession b(m, random_weights(m, 7), o2);
+    EXPECT_TRUE(b.frozen_tier().built);
+    EXPECT_NE(b.frozen_tier().rebuilt_because.find("checksum mismatch"), std::string::npos)
+        << b.frozen_tier().rebuilt_because;
+    EXPECT_NE(b.frozen_tier().line.find("rebuilt because"), std::string::npos) << b.frozen_tier().line;
+    const Result r = train(b);
+    EXPECT_EQ(r.losses, base.losses);
+  }
+  // the header: the file is damaged, rebuilt with the reason
+  flip_byte(sc.path("base.cache"), 30);
+  TestSession c(m, random_weights(m, 7), o);
+  EXPECT_TRUE(c.frozen_tier().built);
+  EXPECT_FALSE(c.frozen_tier().rebuilt_because.empty());
+  EXPECT_EQ(train(c).losses, base.losses);
+}
+
+TEST(FrozenTier, AReadFailingMidRunEndsItWithOneErrorAndNoHang) {
+  Scratch sc;
+  const ModelLayout m = lora_layout();
+  TestSessionOptions o = options(2, nullptr);
+  o.frozen_tier = tier_at(sc.path("base.cache"));
+  o.frozen_tier_fault = tier::fail_nth_read(5, EIO);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string what;
+  {
+    TestSession s(m, random_weights(m, 7), o);
+    try {
+      for (int t = 0; t < kSteps; ++t) {
+        std::vector<int32_t> tg, ids;
+        random_tokens(67, kM * kNSeq * kSeqLen, 100 + uint64_t(t) * 10, ids, tg);
+        s.forward_backward(ids, tg);
+        s.step(lr_at(t));
+      }
+      for (int t = 0; t < kSteps; ++t)
+        if (!s.wait_for(t, kWaitS)) FAIL() << "step " << t << " hangs: " << s.status();
+      FAIL() << "the run succeeded although read 5 failed";
+    } catch (const RuntimeFailure& e) {
+      what = e.what();
+    }
+  }  // the teardown must not hang either
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), kWaitS);
+  EXPECT_NE(what.find(sc.path("base.cache")), std::string::npos) << what;
+  EXPECT_NE(what.find("offset"), std::string::npos) << what;
+  EXPECT_NE(what.find("disk tier"), std::string::npos) << what;
+  EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+}
+
+TEST(FrozenTier, BadOptionsAreRefusedWithOneLineNamingTheOption) {
+  Scratch sc;
+  const ModelLayout m = lora_layout();
+  const auto refused = [&](const FrozenTierOptions& t) -> std::string {
+    TestSessionOptions o = options(1, nullptr);
+    o.frozen_tier = t;
+    try {
+      TestSession s(m, random_weights(m, 7), o);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "(accepted)";
+  };
+  {
+    std::ofstream(sc.path("a_file")) << "not a folder";
+    const std::string e = refused(tier_at(sc.path("a_file") + "/sub/base.cache"));
+    EXPECT_EQ(e.rfind("frozen_tier.path: ", 0), 0u) << e;
+    EXPECT_NE(e.find("expected a writable file"), std::string::npos) << e;
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  }
+  {
+    const std::string e = refused(tier_at(sc.path("base.cache"), 1e-6));  // ~1 KiB: not even one buffer
+    EXPECT_EQ(e.rfind("frozen_tier.host_budget_gib: ", 0), 0u) << e;
+    EXPECT_NE(e.find("expected at least"), std::string::npos) << e;
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  }
+  {
+    const std::string e = refused(tier_at(""));
+    EXPECT_EQ(e.rfind("frozen_tier.path: ", 0), 0u) << e;
+  }
+  {
+    const std::string e = refused(tier_at(sc.path("base.cache"), -1));
+    EXPECT_EQ(e.rfind("frozen_tier.host_budget_gib: ", 0), 0u) << e;
+  }
+  EXPECT_FALSE(fs::exists(sc.path("base.cache")));  // nothing refused wrote a cache
+}
+
+}  // namespace
+}  // namespace rp::test
