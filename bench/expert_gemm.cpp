@@ -61,7 +61,8 @@ void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
 }
 void check(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS) throw std::runtime_error(std::string(what) + ": cuBLAS status " + std::to_string(int(s)));
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw std::runtime_error(std::string(what) + ": cuBLAS status " + std::to_string(int(s)));
 }
 
 // Median seconds of 10 calls of `fn` on `st`, after 3 warm-up calls.
@@ -107,8 +108,10 @@ struct LtGemm {
     check(cublasLtMatrixLayoutCreate(&c, CUDA_R_16BF, uint64_t(N), uint64_t(rows), N), "layout c");
     const int64_t sb = rows * K, sc = rows * N;
     for (auto [l, s] : {std::pair{a, w_stride}, std::pair{b, sb}, std::pair{c, sc}}) {
-      check(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof batch), "count");
-      check(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &s, sizeof s), "stride");
+      check(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof batch),
+            "count");
+      check(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &s, sizeof s),
+            "stride");
     }
     cublasLtMatmulPreference_t pref = nullptr;
     check(cublasLtMatmulPreferenceCreate(&pref), "pref");
@@ -142,7 +145,8 @@ std::string measure(Env& env, const char* what, const std::vector<int32_t>& off,
   void* w = rand_buffer(env, kE * N * K, DType::bf16, 0.02f, 1);
   void* x = rand_buffer(env, kE * P * K, DType::bf16, 1.f, 2);  // big enough for R rows and E*P
   void* y = buffer(env, kE * P * N, DType::bf16);
-  const double grouped = time_op(env, [&](int) { env.ops->grouped_linear_fwd(x, w, y, off.data(), kE, K, N); }, 10);
+  const double grouped = time_op(
+      env, [&](int) { env.ops->grouped_linear_fwd(x, w, y, off.data(), kE, K, N); }, 10);
   cudaStream_t st = nullptr;
   check(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
   double padded = 0, dense = 0;
@@ -157,8 +161,9 @@ std::string measure(Env& env, const char* what, const std::vector<int32_t>& off,
   cudaStreamDestroy(st);
   const double flops = 2.0 * double(R) * double(K) * double(N);
   char line[512];
-  std::snprintf(line, sizeof line, "| %s | %lld x %lld | %d | %.1f%% | %.0f (%.0f us) | %.0f (%.0f us) | %.0f (%.0f us) |",
-                what, (long long)K, (long long)N, int(most), 100.0 * double(kE * P - R) / double(R),
+  std::snprintf(line, sizeof line,
+                "| %s | %lld x %lld | %d | %.1f%% | %.0f (%.0f us) | %.0f (%.0f us) | %.0f (%.0f us) |", what,
+                (long long)K, (long long)N, int(most), 100.0 * double(kE * P - R) / double(R),
                 flops / grouped * 1e-12, grouped * 1e6, flops / padded * 1e-12, padded * 1e6,
                 flops / dense * 1e-12, dense * 1e6);
   return line;
@@ -214,8 +219,8 @@ int main(int argc, char** argv) {
       char date[64];
       std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
       std::ostringstream md;
-      md << "# bench_expert_gemm\n\n- command: `" << command << "`\n- commit: " << kGitCommit << "\n- machine: "
-         << env.dev->name() << "\n- date: " << date << "\n\n"
+      md << "# bench_expert_gemm\n\n- command: `" << command << "`\n- commit: " << kGitCommit
+         << "\n- machine: " << env.dev->name() << "\n- date: " << date << "\n\n"
          << table;
       std::ofstream f(out);
       f << md.str();
