@@ -159,6 +159,7 @@ void Session::Impl::take_weights_and_layers(std::vector<std::vector<float>> w,
   lo.save_attention = saved_attention;
   lo.fp8 = opt.device.fp8;
   lo.fp8_weight_gradients = opt.device.fp8_weight_gradients;
+  lo.fp8_stored_direct = opt.device.fp8_stored_direct;
   for (int l = 0; l < layout.num_layers(); ++l) layers.push_back(make_layer(layout, l, lo));
 }
 

@@ -23,17 +23,23 @@ namespace {
 constexpr double kGiB = double(uint64_t(1) << 30);
 
 /// Names the source: the model's frozen groups (name, bytes, each tensor's format and place)
-/// and a checksum of each group's bytes, so a cache of another base or layout is stale.
+/// and a checksum of each group's bytes, so a cache of another base or layout is stale. The
+/// description itself grows with the tensors (a 128-expert MoE's passes the cache's 1 MiB key
+/// limit), so the key holds its size and checksum, with the counts readable in front.
 std::string source_key(const ModelLayout& layout, const ParamStore& store, const std::vector<int>& groups) {
-  std::string key = fmt::format("roundpipe frozen tier 1; {} groups", layout.groups.size());
+  std::string desc;
+  uint64_t bytes = 0;
   for (int g : groups) {
     const ParamGroup& grp = layout.groups[size_t(g)];
-    key += fmt::format("\n{} {} bytes xxh3 {:016x}:", grp.name, grp.storage_bytes,
-                       checksum64(store.lowp[size_t(g)].data(), size_t(grp.storage_bytes)));
+    bytes += uint64_t(grp.storage_bytes);
+    desc += fmt::format("\n{} {} bytes xxh3 {:016x}:", grp.name, grp.storage_bytes,
+                        checksum64(store.lowp[size_t(g)].data(), size_t(grp.storage_bytes)));
     for (const TensorSpec& t : grp.tensors)
-      key += fmt::format(" {} {} @{}", t.name, weight_format_name(t.format), t.byte_offset);
+      desc += fmt::format(" {} {} @{}", t.name, weight_format_name(t.format), t.byte_offset);
   }
-  return key;
+  return fmt::format(
+      "roundpipe frozen tier 2; {} groups, {} frozen, {} bytes; description of {} bytes, xxh3 {:016x}",
+      layout.groups.size(), groups.size(), bytes, desc.size(), checksum64(desc.data(), desc.size()));
 }
 
 /// The ring's buffers: 4096-aligned, page-locked through `dev` where it lets them be

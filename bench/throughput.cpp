@@ -143,7 +143,7 @@ int run(int argc, char** argv) {
   int workers = 1, layers = 28, steps = 6, warmup = 2;
   int64_t hidden = 2048, heads = 16, kv = 8, hd = 128, ffn = 6144, vocab = 151936, seq = 8192, seqs = 8,
           micro = 8;
-  bool sync = false, qwen3 = true, no_prio = false, fp8 = false, fp8_wgrad = false;
+  bool sync = false, qwen3 = true, no_prio = false, fp8 = false, fp8_wgrad = false, fp8_direct = false;
   int64_t chunk_bytes = 32 << 20;
   int bulk_inflight = 1;
   int64_t mlp_chunk = 0;
@@ -166,6 +166,8 @@ int run(int argc, char** argv) {
   app.add_flag("--sync", sync);
   app.add_flag("--fp8", fp8, "dense decoder linears in FP8 e4m3 (forward, recompute, input gradient)");
   app.add_flag("--fp8-wgrad", fp8_wgrad, "with --fp8: their weight gradients in FP8 too");
+  app.add_flag("--fp8-stored-direct", fp8_direct,
+               "with --fp8 and --base-format fp8: run the base's linears from its codes (experimental)");
   app.add_option("--cap-gib", cap, "device memory cap per worker");
   app.add_option("--trace", trace);
   app.add_option("--results", results, "append a markdown row here");
@@ -328,6 +330,7 @@ int run(int argc, char** argv) {
   if (dtype == "f16") o.loss_scaling = rp::LossScalerOptions{};  // fp16 needs dynamic loss scaling
   o.device.fp8 = fp8;
   o.device.fp8_weight_gradients = fp8 && fp8_wgrad;
+  o.device.fp8_stored_direct = fp8 && fp8_direct;
   o.trace = !trace.empty();
   if (!plan_json.empty())
     o.plan = rp::plan_from_json(nlohmann::json::parse(plan_json), int(m.num_layers()), workers, "--plan");

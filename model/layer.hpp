@@ -156,6 +156,12 @@ struct LayerOptions {
   /// of dy^T and x^T, e4m3, scales from each tensor's amax; model/fp8_linear.hpp), where the
   /// linear's input width is a multiple of 16; otherwise in the compute dtype.
   bool fp8_weight_gradients = false;
+  /// With fp8 over a LoRA base stored as fp8: the linears whose sides are multiples of 16 run
+  /// from the stored e4m3 codes and row scales, with one activation scale per token
+  /// (model/fp8_linear.hpp; no dequantize and requantize per upload), where the device has the
+  /// per-row-scale GEMM (Ops::gemm_fp8_rows_supported). Off by default: experimental (docs/gpu.md,
+  /// "FP8 linears").
+  bool fp8_stored_direct = false;
 };
 
 /// Builds compute layer `layer` (0 = embedding, 1..L decoders, L+1 tail) of `m`.

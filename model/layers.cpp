@@ -171,7 +171,7 @@ class DecoderLayer final : public Layer {
       wu_ = offset_of(g, p + "mlp.up_proj.weight");
       wd_ = offset_of(g, p + "mlp.down_proj.weight");
     }
-    if (fp8_ && g.frozen)  // a sparse block's experts have no FP8
+    if (fp8_ && opt.fp8_stored_direct && g.frozen)  // a sparse block's experts have no FP8
       stored_offsets_ = fp8_stored_linears(g, p, moe_ ? 4 : kAdaptedLinears, fp8_stored_.data());
     ropes_ = layer_rope_tables(c_, layer - 1);
     lora_ = lora_linears(m, layer);

@@ -533,6 +533,7 @@ SessionOptions session_options_of(const TrainSpec& spec, const ModelLayout& layo
   opt.device.f16_accumulation = spec.gemm_accumulate == "f16";
   opt.device.fp8 = spec.fp8;
   opt.device.fp8_weight_gradients = spec.fp8_weight_gradients;
+  opt.device.fp8_stored_direct = spec.fp8_stored_direct;
   opt.loss_scaling = spec.loss_scaling;
   opt.transfer_priorities = spec.transfer_priorities;
   opt.transfer_chunk_bytes = size_t(spec.transfer_chunk_bytes);

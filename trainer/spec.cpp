@@ -139,6 +139,10 @@ void read_scalars(const JsonFields& f, TrainSpec& s) {
     f.fail_with(
         "key 'fp8_weight_gradients': needs \"fp8\": true (it moves the FP8 linears' weight gradients "
         "to FP8 as well)");
+  f.optional("fp8_stored_direct", s.fp8_stored_direct);
+  if (s.fp8_stored_direct && !s.fp8)
+    f.fail_with(
+        "key 'fp8_stored_direct': needs \"fp8\": true (it runs an fp8 base's FP8 linears from its codes)");
   f.optional("resume_from", s.resume_from);
   f.optional("watchdog_s", s.watchdog_s);
   f.optional("stop_timeout_s", s.stop_timeout_s);
@@ -501,6 +505,7 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
                 "gemm_accumulate",
                 "fp8",
                 "fp8_weight_gradients",
+                "fp8_stored_direct",
                 "loss_scaling",
                 "resume_from",
                 "watchdog_s",

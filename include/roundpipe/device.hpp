@@ -29,6 +29,11 @@ struct DeviceOptions {
   /// quantized to e4m3 with scales from their amax, summed in fp32 into the fp32 gradient.
   /// Ignored without fp8.
   bool fp8_weight_gradients = false;
+  /// With fp8 over a LoRA base stored as fp8 (spec key "fp8_stored_direct";
+  /// LayerOptions::fp8_stored_direct): its linears run from the stored codes and row scales
+  /// instead of a dequantized and requantized copy per upload. Experimental, off by default;
+  /// ignored without fp8.
+  bool fp8_stored_direct = false;
 };
 
 /// Number of CUDA devices visible (0 when the build has no CUDA or no driver/GPU).

@@ -150,6 +150,9 @@ struct TrainSpec {
   /// With fp8: the dense decoder linears' weight gradients in FP8 too
   /// (DeviceOptions::fp8_weight_gradients; docs/gpu.md "FP8 linears"). Needs fp8.
   bool fp8_weight_gradients = false;
+  /// With fp8 over a LoRA base stored as fp8: run its linears from the stored codes
+  /// (DeviceOptions::fp8_stored_direct; docs/gpu.md "FP8 linears"). Needs fp8. Experimental.
+  bool fp8_stored_direct = false;
   /// fp16 dynamic loss scaling ("loss_scaling": true/false or {init_scale, growth_factor,
   /// backoff_factor, growth_interval}); default: on iff compute_dtype is f16.
   std::optional<LossScalerOptions> loss_scaling;

@@ -77,6 +77,7 @@ std::vector<uint8_t> as_bytes(const VecF& v) {
 std::unique_ptr<Layer> fp8_layer(const ModelLayout& m, bool fp8) {
   LayerOptions lo;
   lo.fp8 = fp8;
+  lo.fp8_stored_direct = fp8;
   return make_layer(m, Fp8StoredBase::kLayer, lo);
 }
 

@@ -149,7 +149,8 @@ TEST(TrainerFp8, LoraOverAnFp8StoredBaseRunsFromItsCodes) {
   const std::string lora =
       ", \"lora\": {\"r\": 4, \"alpha\": 8, \"target_modules\": \"all-linear\", \"base_format\": \"fp8\"}";
   const std::vector<double> plain = loss_curve(d, "plain", lora, kWindow),
-                            fp8 = loss_curve(d, "fp8", lora + kFp8, kWindow);
+                            fp8 =
+                                loss_curve(d, "fp8", lora + kFp8 + ", \"fp8_stored_direct\": true", kWindow);
   ASSERT_EQ(fp8.size(), size_t(kWindow));
   double a = 0, b = 0;
   bool differs = false;
@@ -189,6 +190,11 @@ TEST(TrainerFp8, SpecKeyIsChecked) {
             0u);
   EXPECT_NE(parse(", \"fp8\": \"yes\"").find("fp8"), std::string::npos);
   EXPECT_EQ(parse(", \"fp8\": true, \"fp8_weight_gradients\": true"), "ok fp8");
+  EXPECT_EQ(parse(", \"fp8\": true, \"fp8_stored_direct\": true"), "ok fp8");
+  EXPECT_EQ(parse(", \"fp8_stored_direct\": true"),
+            "s.json: key 'fp8_stored_direct': needs \"fp8\": true (it runs an fp8 base's FP8 linears from "
+            "its codes)");
+  EXPECT_NE(parse(", \"fp8\": true, \"fp8_stored_direct\": 1").find("fp8_stored_direct"), std::string::npos);
   EXPECT_EQ(parse(", \"fp8_weight_gradients\": true"),
             "s.json: key 'fp8_weight_gradients': needs \"fp8\": true (it moves the FP8 linears' weight "
             "gradients to FP8 as well)");
