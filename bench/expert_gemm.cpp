@@ -197,8 +197,10 @@ int main(int argc, char** argv) {
     std::string out, command = argv[0];
     for (int i = 1; i < argc; ++i) {
       command += std::string(" ") + argv[i];
-      if (std::strcmp(argv[i], "--out") == 0 && i + 1 < argc) out = argv[++i];
-      else {
+      if (std::strcmp(argv[i], "--out") == 0 && i + 1 < argc) {
+        out = argv[++i];
+        command += std::string(" ") + out;
+      } else {
         std::fprintf(stderr, "bench_expert_gemm: unknown argument '%s' (expected --out FILE)\n", argv[i]);
         return 2;
       }

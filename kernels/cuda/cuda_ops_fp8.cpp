@@ -228,9 +228,10 @@ bool CudaOps::gemm_fp8_rows_supported() {
 // Small outer-vector GEMMs run for real and are checked (64 x 64 x 64, e4m3 codes of 1, row
 // scales 2^(i%3-1) and 2^(j%2), so every product is 64 sa_i sb_j, exact in any compute dtype;
 // overwriting, then accumulating onto 4): a missing algorithm (plan_for's DeviceError), a
-// refused launch (CUBLAS_STATUS_NOT_SUPPORTED) or a wrong number means no. The numbers are
-// checked because cuBLASLt 13.1 on an H200 accepted the accumulating call and returned values
-// that differ from the product (measured: CudaFp8Rows.GemmIsExactOnSmallIntegers).
+// refused launch (CUBLAS_STATUS_NOT_SUPPORTED) or a wrong number means no: a library that
+// accepts the outer-vector scale mode but applies it otherwise (to C as well, or per column)
+// falls back instead of training on wrong products. On the H200 with cuBLASLt 13.1 both calls
+// pass (CudaFp8Rows.* there).
 bool CudaOps::probe_fp8_rows() {
   set_device(dev_);
   if (compute_capability() < 89) return false;
