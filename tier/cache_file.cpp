@@ -109,7 +109,9 @@ int reopen_direct(const std::string& path, int fd, const struct stat& st, std::s
 
 CacheOpenResult CacheFile::open(const std::string& path, const std::string& source_key) {
   CacheOpenResult r;
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // O_NONBLOCK: a FIFO (or a device) at the path must not block the open; fstat below refuses
+  // anything but a regular file, and reads of a regular file ignore the flag
+  Fd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
   if (fd.get() < 0) {
     const int err = errno;
     r.state = err == ENOENT ? CacheState::missing : CacheState::damaged;

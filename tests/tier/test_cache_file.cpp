@@ -1,6 +1,7 @@
 // tier/cache_file: the layout, round trip, stale / damaged detection and checksums of the
 // disk tier's cache file.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -149,6 +150,17 @@ TEST(CacheFile, MissingTruncatedAndForeignFiles) {
   }
   EXPECT_TRUE(std::filesystem::is_symlink(s.path("link.cache")));
   EXPECT_EQ(CacheFile::open(path, "key-a").state, CacheState::valid);
+
+  // a named pipe at the path: refused at once as not a regular file (an open without
+  // O_NONBLOCK would wait for a writer forever), and left where it is
+  const auto fifo = s.path("fifo.cache");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  o = CacheFile::open(fifo, "key-a");
+  EXPECT_EQ(o.state, CacheState::damaged);
+  EXPECT_TRUE(o.foreign);
+  EXPECT_EQ(o.reason, fifo + ": not a regular file");
+  EXPECT_THROW(ensure_cache(fifo, "key-a", odd_specs(), pattern_fill()), std::runtime_error);
+  EXPECT_TRUE(std::filesystem::is_fifo(fifo));
 }
 
 TEST(CacheFile, AFlippedHeaderByteIsDamaged) {
