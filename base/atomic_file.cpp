@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -19,6 +20,36 @@ namespace fs = std::filesystem;
 
 namespace rp {
 namespace {
+
+// The temporaries of the replace_file calls in progress, for remove_unfinished_temporaries:
+// a fixed table a signal handler can walk (a slot is 0 free, 1 being filled, 2 ready).
+constexpr int kTempSlots = 32;
+constexpr size_t kTempPathMax = 4096;
+struct TempSlot {
+  std::atomic<int> state{0};
+  char tmp[kTempPathMax];
+  char marker[kTempPathMax + 32];
+};
+TempSlot g_temp_slots[kTempSlots];
+
+/// Records `tmp` (and its marker) as unfinished; -1 when the table is full or the names too
+/// long (the temporary is then only cleaned by a later run, as after a kill).
+int register_temporary(const std::string& tmp, const std::string& marker) {
+  if (tmp.size() >= kTempPathMax || marker.size() >= kTempPathMax + 32) return -1;
+  for (int i = 0; i < kTempSlots; ++i) {
+    int free_slot = 0;
+    if (!g_temp_slots[i].state.compare_exchange_strong(free_slot, 1)) continue;
+    std::memcpy(g_temp_slots[i].tmp, tmp.c_str(), tmp.size() + 1);
+    std::memcpy(g_temp_slots[i].marker, marker.c_str(), marker.size() + 1);
+    g_temp_slots[i].state.store(2);
+    return i;
+  }
+  return -1;
+}
+
+void unregister_temporary(int slot) {
+  if (slot >= 0) g_temp_slots[slot].state.store(0);
+}
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
   throw std::runtime_error(path + ": " + what);
@@ -215,18 +246,29 @@ void set_atomic_write_hook(std::function<void(const std::string& event, const st
   write_hook() = std::move(hook);
 }
 
+void remove_unfinished_temporaries() noexcept {
+  for (TempSlot& s : g_temp_slots)
+    if (s.state.load() == 2) {
+      ::unlink(s.tmp);
+      ::unlink(s.marker);
+    }
+}
+
 void replace_file(const std::string& path, const std::function<void(const std::string& tmp)>& write) {
   const std::string tmp = temporary_path(path);
   claim(tmp, path, "tmp", false);
+  const int slot = register_temporary(tmp, owner_marker_path(tmp));
   std::error_code ec;
   try {
     write(tmp);
     sync_path(tmp, false);
     fs::rename(tmp, path, ec);
     if (ec) fail(path, fmt::format("cannot move into place: {}", ec.message()));
+    unregister_temporary(slot);
     drop_marker(tmp);
     sync_path(parent_of(path), true);
   } catch (...) {
+    unregister_temporary(slot);
     fs::remove(tmp, ec);
     drop_marker(tmp);
     throw;

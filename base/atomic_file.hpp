@@ -45,6 +45,14 @@ std::string owner_marker_path(const std::string& leftover);
 /// std::runtime_error("<tmp>: exists and was not made by roundpipe; ...") before anything is written.
 void replace_file(const std::string& path, const std::function<void(const std::string& tmp)>& write);
 
+/// Removes the temporaries (and their owner markers) of every replace_file of this process that
+/// has not finished: for a process about to end at once on a signal (std::_Exit), so that a
+/// large half-written file (a disk tier's cache) is not left until the next run cleans it.
+/// Async-signal-safe (unlink over a fixed table); a replace_file whose temporary it removed
+/// fails if it ever resumes. Folders of replace_folder are not covered (the next run's
+/// clean_stale_temporaries removes them, as after a kill).
+void remove_unfinished_temporaries() noexcept;
+
 /// replace_file with a binary std::ostream opened on the temporary: `write(os)` writes the
 /// content; a stream that cannot be opened throws "<path>: cannot write (<reason>)", a failed
 /// stream after `write` "<path>: write failed (disk full?)".

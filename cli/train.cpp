@@ -22,6 +22,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "base/atomic_file.hpp"
 #include "base/counted.hpp"
 #include "cli/command.hpp"
 #include "roundpipe/model_source.hpp"
@@ -110,6 +111,7 @@ void on_signal(int) {
     }
     static const char msg[] = "\nroundpipe: interrupted twice, exiting now\n";
     write_err(msg, sizeof msg - 1);
+    remove_unfinished_temporaries();  // a half-written file of ours goes with us
     std::_Exit(130);
   }
   // Under mpirun, output goes through a pipe that mpirun drains. An mpirun that was itself
@@ -142,6 +144,7 @@ void on_startup_signal(int) {
   static const char msg[] =
       "\nroundpipe: stop signal before the first step: exiting (nothing was trained or saved)\n";
   write_err(msg, sizeof msg - 1);
+  remove_unfinished_temporaries();  // e.g. a disk tier's cache being built
   std::_Exit(130);
 }
 

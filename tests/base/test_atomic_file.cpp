@@ -80,6 +80,40 @@ TEST(AtomicFile, AFailedWriteKeepsThePreviousFile) {
   fs::remove_all(d);
 }
 
+// A process that ends at once on a signal mid-write (as `roundpipe train` does before its first
+// step) removes its unfinished temporary and marker first: only the previous file remains.
+void exit_on_signal(int) {
+  rp::remove_unfinished_temporaries();
+  std::_Exit(130);
+}
+
+TEST(AtomicFile, ASignalExitMidWriteLeavesNoTemporary) {
+  const auto d = scratch();
+  const auto f = d / "cache.bin";
+  rp::write_file_atomically(f.string(), [](std::ostream& os) { os << "good"; });
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::signal(SIGUSR2, exit_on_signal);
+    rp::replace_file(f.string(), [](const std::string& tmp) {
+      std::ofstream(tmp, std::ios::binary) << std::string(1 << 20, 'x');
+      ::raise(SIGUSR2);  // the handler never returns
+    });
+    std::_Exit(0);  // not reached
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 130);
+  EXPECT_EQ(slurp(f), "good");
+  EXPECT_EQ(entries(d), 1u) << "a temporary or its marker was left behind";
+  // after finished writes the table is empty: calling it removes nothing of ours
+  rp::write_file_atomically(f.string(), [](std::ostream& os) { os << "newer"; });
+  rp::remove_unfinished_temporaries();
+  EXPECT_EQ(slurp(f), "newer");
+  fs::remove_all(d);
+}
+
 TEST(AtomicFile, ReplacesAFolderAndKeepsTheOldOneOnFailure) {
   const auto d = scratch();
   const auto ck = d / "final";
