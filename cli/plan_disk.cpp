@@ -59,7 +59,9 @@ DiskTier disk_tier_of(const PlanCommandOptions& o, std::string* budget_source) {
       !(o.host_budget_gib == 0 || (o.host_budget_gib >= 1e-3 && o.host_budget_gib <= 1048576)))
     throw UsageError(fmt::format("--host-budget-gib: expected 0 (default) or 0.001 to 1048576 GiB, got {}",
                                  o.host_budget_gib));
-  if (o.disk_ring < 1) throw UsageError(fmt::format("--disk-ring: expected >= 1, got {}", o.disk_ring));
+  if (o.disk_ring < 2)  // as training: one buffer would leave no read ahead of the upload
+    throw UsageError(
+        fmt::format("--disk-ring: expected >= 2 (the runtime's ring has at least two), got {}", o.disk_ring));
   if (o.disk_gbps == 0) {
     if (o.disk_write_gbps > 0)
       throw UsageError("--disk-write-gbps: describes the disk tier; give --disk-gbps with it");

@@ -183,14 +183,16 @@ TEST(CliPlanDisk, ABudgetTooSmallForTheRingIsOneLineNamingTheOption) {
 }
 
 // Rates past what the output can print (1 MB/s to 1 PB/s), budgets past 1 PiB, --disk-ring
-// without a tier and a budget above --host-gib: one line naming the option, exit 2.
+// without a tier or below the runtime's two buffers and a budget above --host-gib: one line
+// naming the option, exit 2.
 TEST(CliPlanDisk, OutOfRangeAndOrphanOptionsAreOneLineNamingTheOption) {
   auto d = tmpdir();
   for (const std::string& bad :
        {std::string(" --disk-gbps 1e-300"), std::string(" --disk-gbps 4.9e-324"),
         std::string(" --disk-gbps 1e300"), std::string(" --disk-gbps 7 --disk-write-gbps 1e-9"),
         std::string(" --disk-gbps 7 --host-budget-gib 1e300"), std::string(" --disk-ring 5"),
-        std::string(" --disk-gbps 7 --host-gib 30 --host-budget-gib 48")}) {
+        std::string(" --disk-gbps 7 --host-gib 30 --host-budget-gib 48"),
+        std::string(" --disk-gbps 7 --disk-ring 1")}) {
     const CliRun r = roundpipe(kRun + bad, d);
     EXPECT_EQ(r.code, 2) << bad << ": " << r.out;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << bad << ": " << r.err;
