@@ -16,6 +16,7 @@
 #include "actors/session_testing.hpp"
 #include "base/checksum.hpp"
 #include "kernels/weight_format.hpp"
+#include "scheduler/disk_tier.hpp"
 
 namespace rp {
 namespace {
@@ -66,19 +67,17 @@ tier::HostAllocator pinned_allocator(Device& dev) {
 /// (`groups`, at least 2); refuses a budget below 2.
 size_t ring_count(const FrozenTierOptions& o, size_t buffer_bytes, const std::string& largest,
                   size_t groups) {
-  if (!(o.host_budget_gib >= 0) || !std::isfinite(o.host_budget_gib))
-    throw std::invalid_argument(
-        fmt::format("frozen_tier.host_budget_gib: expected a number of GiB >= 0 (0: two buffers), got {}",
-                    o.host_budget_gib));
-  if (o.host_budget_gib == 0) return 2;
-  const double budget = o.host_budget_gib * kGiB;
+  if (!(o.ring_gib >= 0) || !std::isfinite(o.ring_gib))
+    throw std::invalid_argument(fmt::format(
+        "frozen_tier.ring_gib: expected a number of GiB >= 0 (0: two buffers), got {}", o.ring_gib));
+  if (o.ring_gib == 0) return 2;
+  const double budget = o.ring_gib * kGiB;
   const size_t n = size_t(budget / double(buffer_bytes));
   if (n < 2)
     throw std::invalid_argument(fmt::format(
-        "frozen_tier.host_budget_gib: {} GiB holds fewer than 2 read buffers of the largest frozen "
+        "frozen_tier.ring_gib: {} GiB holds fewer than 2 read buffers of the largest frozen "
         "group ('{}', {:.1f} MiB); expected at least {:.3f} GiB",
-        o.host_budget_gib, largest, double(buffer_bytes) / double(1 << 20),
-        2.0 * double(buffer_bytes) / kGiB));
+        o.ring_gib, largest, double(buffer_bytes) / double(1 << 20), 2.0 * double(buffer_bytes) / kGiB));
   return std::max<size_t>(2, std::min(n, groups));
 }
 
@@ -116,13 +115,19 @@ void Session::Impl::open_frozen_tier(const SessionInternals& internals,
   const FrozenTierOptions& o = *opt.frozen_tier;
   if (o.path.empty())
     throw std::invalid_argument("frozen_tier.path: expected the path of the tier's cache file, got \"\"");
+  if (!(o.resident_gib >= 0) || !std::isfinite(o.resident_gib))
+    throw std::invalid_argument(fmt::format(
+        "frozen_tier.resident_gib: expected a number of GiB >= 0 (0: every frozen group streams), got {}",
+        o.resident_gib));
+  double resident = 0;
+  const std::vector<char> streamed = streamed_groups(layout, o.resident_gib * kGiB, &resident);
   std::vector<int> groups;  // the tiered groups, in layout order: entry i is groups[i]
   std::vector<tier::CacheEntrySpec> specs;
   uint64_t largest = 0;
   std::string largest_name;
   for (size_t g = 0; g < layout.groups.size(); ++g) {
     const ParamGroup& grp = layout.groups[g];
-    if (!grp.frozen || grp.storage_bytes <= 0) continue;
+    if (!grp.frozen || grp.storage_bytes <= 0 || !streamed[g]) continue;
     groups.push_back(int(g));
     specs.push_back({grp.name, uint64_t(grp.storage_bytes)});
     if (tier::align_up(uint64_t(grp.storage_bytes)) > largest) {
@@ -130,7 +135,18 @@ void Session::Impl::open_frozen_tier(const SessionInternals& internals,
       largest_name = grp.name;
     }
   }
-  if (groups.empty()) return;  // nothing frozen: nothing to stream
+  if (groups.empty()) {  // nothing frozen, or all of it resident: nothing to stream
+    if (resident > 0)
+      log(fmt::format(
+          "frozen tier: {}: not used: the whole frozen base ({:.2f} GiB) fits frozen_tier.resident_gib",
+          o.path, resident / kGiB));
+    else
+      log(
+          fmt::format("frozen tier: {}: not used: the model has no frozen weights (full fine-tuning; the "
+                      "tier holds a LoRA base)",
+                      o.path));
+    return;
+  }
   const size_t count = ring_count(o, size_t(largest), largest_name, groups.size());
   const auto t0 = std::chrono::steady_clock::now();
   const std::string key = source_key(layout, *store, groups);
@@ -166,17 +182,22 @@ void Session::Impl::open_frozen_tier(const SessionInternals& internals,
                        r.built ? "built" : "reused", double(r.bytes) / kGiB, r.seconds,
                        r.direct ? "O_DIRECT" : "buffered: " + r.buffered_reason, r.engine, r.ring_buffers,
                        double(r.buffer_bytes) / double(1 << 20));
+  if (resident > 0)
+    r.line += fmt::format("; {:.2f} GiB of the base resident (frozen_tier.resident_gib)", resident / kGiB);
   if (r.built && existed && !r.rebuilt_because.empty()) r.line += "; rebuilt because " + r.rebuilt_because;
   log(r.line);
 }
 
 size_t frozen_tier_host_credit(const ModelLayout& layout, const SessionOptions& opt) {
   if (!opt.frozen_tier || opt.frozen_tier->path.empty()) return 0;
+  const double resident_gib = opt.frozen_tier->resident_gib;
+  if (!(resident_gib >= 0) || !std::isfinite(resident_gib)) return 0;  // refused when the tier opens
+  const std::vector<char> streamed = streamed_groups(layout, resident_gib * kGiB);
   uint64_t frozen = 0, largest = 0;
   size_t groups = 0;
   std::string largest_name;
-  for (const ParamGroup& g : layout.groups)
-    if (g.frozen && g.storage_bytes > 0) {
+  for (size_t i = 0; i < layout.groups.size(); ++i)
+    if (const ParamGroup& g = layout.groups[i]; g.frozen && g.storage_bytes > 0 && streamed[i]) {
       frozen += uint64_t(g.storage_bytes);
       largest = std::max(largest, tier::align_up(uint64_t(g.storage_bytes)));
       ++groups;

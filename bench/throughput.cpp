@@ -7,9 +7,11 @@
 //                    [--dtype bf16|f16] [--plan JSON] [--trace FILE] [--results FILE] [--no-priorities]
 //                    [--chunk-bytes N] [--preset qwen3-1.7b|qwen3-4b|...] [--mlp-chunk TOKENS]
 //                    [--experts E --experts-per-tok k --expert-ffn Fe] [--lora-r R --base-format nf4]
-//                    [--pin-budget-gib G] [--fp8] [--frozen-tier PATH [--tier-ring-gib X]]
+//                    [--pin-budget-gib G] [--fp8 [--fp8-stored-direct]]
+//                    [--frozen-tier PATH [--tier-ring-gib X] [--tier-resident-gib Y]]
 // --frozen-tier: the frozen (LoRA base) weights stream from a cache file at PATH (built on the
-// first run, reused after) through --tier-ring-gib GiB of host read buffers (0: two buffers);
+// first run, reused after) through --tier-ring-gib GiB of host read buffers (0: two buffers),
+// keeping --tier-resident-gib GiB of them in host memory (decoders' groups first; 0: none);
 // the row and the RESULT line name the tier and how the cache was opened.
 // --fp8: the dense decoder linears' forward, recompute and input-gradient GEMMs in FP8 e4m3
 // (spec key "fp8"; docs/gpu.md, "FP8 linears"; needs --dtype bf16 and an sm_89+ GPU); MFU
@@ -192,9 +194,20 @@ int run(int argc, char** argv) {
           },
           "GiB"));
   std::string frozen_tier;
-  double tier_ring_gib = 0;
+  double tier_ring_gib = 0, tier_resident_gib = 0;
   app.add_option("--frozen-tier", frozen_tier, "stream the frozen (LoRA base) weights from this cache file");
   app.add_option("--tier-ring-gib", tier_ring_gib, "host GiB of the tier's read buffers (0: two buffers)")
+      ->check(CLI::Validator(
+          [](const std::string& v) -> std::string {
+            char* end = nullptr;
+            const double x = std::strtod(v.c_str(), &end);
+            if (v.empty() || *end != 0 || !(x >= 0 && x <= double(1 << 20)))
+              return "expected a number of GiB >= 0 (0: two buffers) and <= 1048576, got '" + v + "'";
+            return "";
+          },
+          "GiB"));
+  app.add_option("--tier-resident-gib", tier_resident_gib,
+                 "host GiB of the frozen base kept resident, decoders first (0: all stream)")
       ->check(CLI::Validator(
           [](const std::string& v) -> std::string {
             char* end = nullptr;
@@ -340,7 +353,8 @@ int run(int argc, char** argv) {
   o.mlp_chunk_tokens = mlp_chunk;
   if (pin_budget_gib >= 0) o.pin_budget_bytes = size_t(pin_budget_gib * double(1ull << 30));
   o.save_attention = !no_save_attention;
-  if (!frozen_tier.empty()) o.frozen_tier = rp::FrozenTierOptions{frozen_tier, tier_ring_gib};
+  if (!frozen_tier.empty())
+    o.frozen_tier = rp::FrozenTierOptions{frozen_tier, tier_ring_gib, tier_resident_gib};
   // The planner's working set of the plan (the memory model a cap is checked against): the
   // plan the session will choose at this cap (automatic) or the given one: plan_run
   // (scheduler/run_plan.hpp) with the inputs the session passes it.

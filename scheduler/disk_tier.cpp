@@ -29,9 +29,6 @@ std::vector<int64_t> stage_frozen_reads(const ModelLayout& m, const IterationPla
   return out;
 }
 
-namespace {
-
-// Frozen groups in the order they stay resident: the decoders' (read by two stages) first.
 std::vector<int> residency_order(const ModelLayout& m) {
   std::vector<int> decoders, others;
   for (int g = 0; g < int(m.groups.size()); ++g) {
@@ -46,6 +43,24 @@ std::vector<int> residency_order(const ModelLayout& m) {
   decoders.insert(decoders.end(), others.begin(), others.end());
   return decoders;
 }
+
+std::vector<char> streamed_groups(const ModelLayout& m, double room, double* resident) {
+  std::vector<char> streamed(m.groups.size(), 0);
+  double kept = 0;
+  for (int g : residency_order(m)) {
+    const double b = double(m.groups[size_t(g)].storage_bytes);
+    if (b <= room) {
+      room -= b;
+      kept += b;
+    } else {
+      streamed[size_t(g)] = 1;
+    }
+  }
+  if (resident) *resident = kept;
+  return streamed;
+}
+
+namespace {
 
 // Keeps the activations in `room` (dropping the attention, then spilling); returns the room left.
 double place_activations(const HostMemoryNeed& need, const HostRun& run, double room, DiskPlan& d) {
@@ -90,15 +105,7 @@ DiskPlan plan_disk_tier(const ModelLayout& m, const HostRun& run, const DiskTier
   d.minimum_budget = d.trainable_bytes + d.ring_bytes;
   d.fits = tier.host_budget >= d.minimum_budget;
   double room = place_activations(need, run, tier.host_budget - d.minimum_budget, d);
-  for (int g : residency_order(m)) {
-    const double b = double(m.groups[size_t(g)].storage_bytes);
-    if (b <= room) {
-      room -= b;
-      d.resident_bytes += b;
-    } else {
-      d.streamed[size_t(g)] = 1;
-    }
-  }
+  d.streamed = streamed_groups(m, room, &d.resident_bytes);
   d.stage_reads = stage_frozen_reads(m, plan, d.streamed);
   d.read_bytes = std::accumulate(d.stage_reads.begin(), d.stage_reads.end(), 0.0) + d.spill_bytes;
   d.write_bytes = d.spill_bytes;

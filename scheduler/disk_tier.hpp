@@ -75,6 +75,14 @@ struct DiskPlan {
   int64_t micro_batches = 1;         ///< of the run (the spill's split per micro-batch)
 };
 
+/// Frozen groups in the order they stay resident when the host has room for some: the
+/// decoders' first (each is read by two stages, its forward and its backward), then the others.
+std::vector<int> residency_order(const ModelLayout& m);
+/// Per group of `m`: 1 when frozen and streamed from the disk, keeping frozen groups resident in
+/// residency_order while their storage fits `room` bytes (a group that does not fit streams and
+/// the next ones are tried). `resident` (may be null): the bytes kept.
+std::vector<char> streamed_groups(const ModelLayout& m, double room, double* resident = nullptr);
+
 /// The frozen storage bytes each stage of `plan` uploads (ModelLayout::groups_uploaded) of
 /// the groups with streamed[g] (all frozen groups when `streamed` is empty).
 std::vector<int64_t> stage_frozen_reads(const ModelLayout& m, const IterationPlan& plan,

@@ -66,9 +66,15 @@ struct FrozenTierOptions {
   /// Host memory of the read buffers, in GiB (2^30 bytes): as many buffers of the largest
   /// frozen group's bytes (rounded up to 4 KiB) as fit, at least 2 and at most one per frozen
   /// group (more would stay idle). 0: exactly 2. A budget
-  /// below two buffers is refused (std::invalid_argument naming frozen_tier.host_budget_gib
+  /// below two buffers is refused (std::invalid_argument naming frozen_tier.ring_gib
   /// and the least it needs).
-  double host_budget_gib = 0;
+  double ring_gib = 0;
+  /// Host memory in GiB for frozen groups kept resident instead of streamed: decoder layers'
+  /// groups first (each is uploaded twice per iteration), then the others, each kept while its
+  /// storage still fits (the rule `roundpipe plan --host-budget-gib` uses, which prints how much
+  /// of the base it keeps). 0: every frozen group streams. Refused (std::invalid_argument
+  /// naming frozen_tier.resident_gib) when negative or not finite.
+  double resident_gib = 0;
   /// Read with O_DIRECT where the file system allows it (false: buffered reads that drop the
   /// page cache behind them).
   bool direct = true;

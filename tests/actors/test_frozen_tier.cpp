@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "actors/session_testing.hpp"
+#include "scheduler/disk_tier.hpp"
 #include "tests/actors/runtime_reference.hpp"
 #include "tier/direct_reader.hpp"
 
@@ -95,7 +96,7 @@ Result train(Session& s) {
 FrozenTierOptions tier_at(const std::string& path, double gib = 0) {
   FrozenTierOptions t;
   t.path = path;
-  t.host_budget_gib = gib;
+  t.ring_gib = gib;
   return t;
 }
 
@@ -140,6 +141,52 @@ TEST_P(ByWorkers, StreamingTheBaseTrainsBitForBitLikeHoldingIt) {
 
 INSTANTIATE_TEST_SUITE_P(FrozenTier, ByWorkers, ::testing::Values(1, 2),
                          [](const auto& i) { return std::to_string(i.param) + "_workers"; });
+
+// frozen_tier.resident_gib keeps the planner's choice of groups in host memory (decoders'
+// first, scheduler/disk_tier.hpp) and streams only the rest: the cache holds exactly those,
+// the run equals one without the tier bit for bit, and a room for the whole base opens no tier.
+TEST(FrozenTier, KeepingPartOfTheBaseResidentStreamsOnlyTheRest) {
+  Scratch sc;
+  const ModelLayout m = lora_layout();
+  const std::vector<int> order = residency_order(m);
+  ASSERT_GE(order.size(), 3u);
+  // room for the first two groups of the order, in GiB (a hair more, for the rounding)
+  const double kept =
+      double(m.groups[size_t(order[0])].storage_bytes + m.groups[size_t(order[1])].storage_bytes);
+  TestSession off(m, random_weights(m, 7), options(2, nullptr));
+  const Result base = train(off);
+  std::vector<std::string> log;
+  TestSessionOptions o = options(2, &log);
+  o.frozen_tier = tier_at(sc.path("base.cache"));
+  o.frozen_tier->resident_gib = (kept + 0.5) / double(uint64_t(1) << 30);
+  TestSession on(m, random_weights(m, 7), o);
+  const FrozenTierReport& rep = on.frozen_tier();
+  ASSERT_TRUE(rep.enabled);
+  EXPECT_EQ(double(rep.bytes), double(frozen_bytes(m)) - kept) << "the cache holds the streamed groups only";
+  EXPECT_NE(rep.line.find("of the base resident"), std::string::npos) << rep.line;
+  const Result tiered = train(on);
+  EXPECT_EQ(tiered.losses, base.losses);
+  ASSERT_EQ(tiered.weights.size(), base.weights.size());
+  for (size_t g = 0; g < base.weights.size(); ++g)
+    EXPECT_EQ(tiered.weights[g], base.weights[g]) << m.groups[g].name;
+
+  TestSessionOptions all = options(1, nullptr);
+  all.frozen_tier = tier_at(sc.path("unused.cache"));
+  all.frozen_tier->resident_gib = double(frozen_bytes(m) + 1) / double(uint64_t(1) << 30);
+  TestSession whole(m, random_weights(m, 7), all);
+  EXPECT_FALSE(whole.frozen_tier().enabled) << "the whole base fits: nothing streams";
+  EXPECT_FALSE(fs::exists(sc.path("unused.cache")));
+
+  TestSessionOptions bad = options(1, nullptr);
+  bad.frozen_tier = tier_at(sc.path("bad.cache"));
+  bad.frozen_tier->resident_gib = -1;
+  try {
+    TestSession b(m, random_weights(m, 7), bad);
+    ADD_FAILURE() << "a negative resident_gib was taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("frozen_tier.resident_gib: ", 0), 0u) << e.what();
+  }
+}
 
 TEST(FrozenTier, ASecondSessionReusesTheCacheAndAnotherBaseRebuildsIt) {
   Scratch sc;
@@ -276,7 +323,7 @@ TEST(FrozenTier, BadOptionsAreRefusedWithOneLineNamingTheOption) {
   }
   {
     const std::string e = refused(tier_at(sc.path("base.cache"), 1e-6));  // ~1 KiB: not even one buffer
-    EXPECT_EQ(e.rfind("frozen_tier.host_budget_gib: ", 0), 0u) << e;
+    EXPECT_EQ(e.rfind("frozen_tier.ring_gib: ", 0), 0u) << e;
     EXPECT_NE(e.find("expected at least"), std::string::npos) << e;
     EXPECT_EQ(e.find('\n'), std::string::npos) << e;
   }
@@ -286,7 +333,7 @@ TEST(FrozenTier, BadOptionsAreRefusedWithOneLineNamingTheOption) {
   }
   {
     const std::string e = refused(tier_at(sc.path("base.cache"), -1));
-    EXPECT_EQ(e.rfind("frozen_tier.host_budget_gib: ", 0), 0u) << e;
+    EXPECT_EQ(e.rfind("frozen_tier.ring_gib: ", 0), 0u) << e;
   }
   EXPECT_FALSE(fs::exists(sc.path("base.cache")));  // nothing refused wrote a cache
 }

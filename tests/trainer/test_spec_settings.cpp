@@ -93,12 +93,13 @@ TEST(SpecFrozenTier, ReadsThePathAndBudgetAndRefusesBadValues) {
            tier + "}";
   };
   {
-    const fs::path p = spec_file(with(R"({"path": "/nvme/base.cache", "host_budget_gib": 2.5})"));
+    const fs::path p = spec_file(with(R"({"path": "/nvme/base.cache", "ring_gib": 2.5, "resident_gib": 3})"));
     const rp::TrainSpec s = rp::load_spec(p.string(), {});
     fs::remove(p);
     ASSERT_TRUE(s.frozen_tier.has_value());
     EXPECT_EQ(s.frozen_tier->path, "/nvme/base.cache");
-    EXPECT_EQ(s.frozen_tier->host_budget_gib, 2.5);
+    EXPECT_EQ(s.frozen_tier->ring_gib, 2.5);
+    EXPECT_EQ(s.frozen_tier->resident_gib, 3.0);
   }
   {
     const fs::path p = spec_file(kSpec);
@@ -111,10 +112,11 @@ TEST(SpecFrozenTier, ReadsThePathAndBudgetAndRefusesBadValues) {
     EXPECT_EQ(e.find('\n'), std::string::npos) << e;
   };
   refused(R"("/nvme/base.cache")", "frozen_tier", "an object");
-  refused(R"({"host_budget_gib": 1})", "frozen_tier.path", "a string");
+  refused(R"({"ring_gib": 1})", "frozen_tier.path", "a string");
   refused(R"({"path": ""})", "frozen_tier.path", "a non-empty path");
-  refused(R"({"path": "x", "host_budget_gib": -1})", "frozen_tier.host_budget_gib", "a number >= 0");
-  refused(R"({"path": "x", "host_budget_gib": "1"})", "frozen_tier.host_budget_gib", "a number");
+  refused(R"({"path": "x", "ring_gib": -1})", "frozen_tier.ring_gib", "a number >= 0");
+  refused(R"({"path": "x", "ring_gib": "1"})", "frozen_tier.ring_gib", "a number");
+  refused(R"({"path": "x", "resident_gib": -2})", "frozen_tier.resident_gib", "a number >= 0");
   const std::string e = error_of(with(R"({"path": "x", "ring": 2})"), {});
   EXPECT_NE(e.find("ring"), std::string::npos) << e;
 }
