@@ -253,6 +253,20 @@ int run(int argc, char** argv) {
   app.add_option("--base-format", base_format, "storage of the frozen base weights (LoRA)")
       ->check(CLI::IsMember({"f32", "bf16", "f16", "q8_0", "q4_0", "nf4", "mxfp4", "fp8"}));
   CLI11_PARSE(app, argc, argv);
+  // options that only mean something beside another: one line instead of being ignored
+  const auto needs = [&](bool given, bool with, const char* what, const char* needed) {
+    if (given && !with) {
+      std::fprintf(stderr, "bench_throughput: %s needs %s\n", what, needed);
+      std::exit(2);
+    }
+  };
+  needs(app.count("--tier-ring-gib") > 0, !frozen_tier.empty(), "--tier-ring-gib", "--frozen-tier PATH");
+  needs(app.count("--tier-resident-gib") > 0, !frozen_tier.empty(), "--tier-resident-gib",
+        "--frozen-tier PATH");
+  needs(app.count("--frozen-tier") > 0, !frozen_tier.empty(), "--frozen-tier", "a non-empty path");
+  needs(!frozen_tier.empty(), lora_r > 0, "--frozen-tier", "--lora-r R (it streams a LoRA base)");
+  needs(fp8_direct, fp8, "--fp8-stored-direct", "--fp8");
+  needs(fp8_wgrad, fp8, "--fp8-wgrad", "--fp8");
   bool tied = true;
   double rope_theta = 1e6;
   if (preset == "qwen3-4b")

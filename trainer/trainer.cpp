@@ -260,7 +260,9 @@ void Run::start_session(const ModelLayout& layout, std::vector<std::vector<float
                counted(spec_.seq_len, "token"),
                !spec_.fp8                   ? ""
                : spec_.fp8_weight_gradients ? "; FP8 e4m3 linears and weight gradients"
-                                            : "; FP8 e4m3 linears");
+               : spec_.fp8_stored_direct && spec_.lora && spec_.lora->base_format == WeightFormat::fp8
+                   ? "; FP8 e4m3 linears, the fp8 base's from its stored codes (fp8_stored_direct)"
+                   : "; FP8 e4m3 linears");
 }
 
 /// Waits for step t, watching the stop token: nullopt once a stop was requested and step t
