@@ -83,12 +83,15 @@ size_t ring_count(const FrozenTierOptions& o, size_t buffer_bytes, const std::st
 
 /// The valid cache (tier::ensure_cache). A reused one is read whole and checked first (with
 /// verify_reused): a damaged entry removes the file and builds it again, the mismatch being
-/// the reason. I/O errors name the option.
+/// the reason. I/O errors name the option. A wait for another run's build is logged first.
 tier::EnsureResult ensure_tier_cache(const FrozenTierOptions& o, const std::string& key,
                                      const std::vector<tier::CacheEntrySpec>& specs,
-                                     const tier::CacheFill& fill) {
+                                     const tier::CacheFill& fill,
+                                     const std::function<void(const std::string&)>& log) {
+  tier::CacheBuildOptions bo;
+  bo.on_wait = [&log](const std::string& line) { log("frozen tier: " + line); };
   try {
-    tier::EnsureResult er = tier::ensure_cache(o.path, key, specs, fill);
+    tier::EnsureResult er = tier::ensure_cache(o.path, key, specs, fill, bo);
     if (er.built || !o.verify_reused) return er;
     try {
       er.file->verify_all();
@@ -97,7 +100,7 @@ tier::EnsureResult ensure_tier_cache(const FrozenTierOptions& o, const std::stri
       const std::string why = bad.what();
       er.file.reset();
       std::filesystem::remove(o.path);
-      er = tier::ensure_cache(o.path, key, specs, fill);
+      er = tier::ensure_cache(o.path, key, specs, fill, bo);
       er.rebuilt_because = why;
       return er;
     }
@@ -157,7 +160,7 @@ void Session::Impl::open_frozen_tier(const SessionInternals& internals,
     if (offset + out.size() == b.size()) b = HostBytes();
   };
   const bool existed = std::filesystem::exists(o.path);
-  tier::EnsureResult er = ensure_tier_cache(o, key, specs, fill);
+  tier::EnsureResult er = ensure_tier_cache(o, key, specs, fill, log);
   for (int g : groups) store->lowp[size_t(g)] = HostBytes();  // reused: the host copies go now
   std::vector<int> entry_of(layout.groups.size(), -1);
   for (size_t i = 0; i < groups.size(); ++i) entry_of[size_t(groups[i])] = int(i);

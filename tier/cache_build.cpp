@@ -195,9 +195,14 @@ EnsureResult ensure_cache(const std::string& path, const std::string& source_key
   if (lock.get() < 0)
     throw std::runtime_error(
         fmt::format("{}: cannot open the builders' lock ({})", lock_path, std::strerror(errno)));
-  int rc;
-  do rc = ::flock(lock.get(), LOCK_EX);
-  while (rc != 0 && errno == EINTR);
+  int rc = ::flock(lock.get(), LOCK_EX | LOCK_NB);
+  if (rc != 0 && errno == EWOULDBLOCK) {  // another run builds this cache: say so, then wait for it
+    if (options.on_wait)
+      options.on_wait(
+          fmt::format("{}: another run holds the builders' lock ({}): waiting for it", path, lock_path));
+    do rc = ::flock(lock.get(), LOCK_EX);
+    while (rc != 0 && errno == EINTR);
+  }
   if (rc != 0)
     throw std::runtime_error(
         fmt::format("{}: cannot take the builders' lock ({})", lock_path, std::strerror(errno)));
@@ -219,9 +224,20 @@ EnsureResult ensure_cache(const std::string& path, const std::string& source_key
   std::string why = found.state == CacheState::valid
                         ? fmt::format("{}: its entries are not the ones asked for", path)
                         : found.reason;
+  const uint64_t old_bytes = found.state == CacheState::missing ? 0 : uint64_t(fs::file_size(path, ec));
   found = {};  // let go of the old file before writing the new one
   clean_stale_temporaries(dir, fs::path(path).filename().string());
-  build_cache(path, source_key, specs, fill, options);
+  try {
+    build_cache(path, source_key, specs, fill, options);
+  } catch (const std::runtime_error& e) {
+    // the old file stays until the new one is complete, so its bytes count against the build
+    if (old_bytes > 0 && std::string(e.what()).find("not enough disk space") != std::string::npos)
+      throw std::runtime_error(
+          fmt::format("{}; the old cache at this path ({:.2f} GiB, {}) is replaced only once the new one is "
+                      "complete: remove it to make room",
+                      e.what(), double(old_bytes) / double(uint64_t(1) << 30), why));
+    throw;
+  }
   CacheOpenResult built = CacheFile::open(path, source_key);
   if (built.state != CacheState::valid)
     throw std::runtime_error(fmt::format("{} (right after it was built)", built.reason));

@@ -168,6 +168,9 @@ struct CacheBuildOptions {
   /// Test hook, called before each write with its file offset and length: a non-zero return
   /// fails that write with that errno (as ENOSPC or EIO would).
   std::function<int(uint64_t offset, size_t bytes)> write_fault;
+  /// ensure_cache: called with one line when another process or thread holds the builders'
+  /// lock, before waiting for it (null: wait silently).
+  std::function<void(const std::string& line)> on_wait;
 };
 
 /// The size a cache file of `specs` with `source_key` has (header plus padded entries).

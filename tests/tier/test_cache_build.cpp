@@ -50,6 +50,19 @@ TEST(CacheBuild, TooLittleDiskSpaceIsOneLineAndWritesNothing) {
   opt.free_bytes = [](const std::string&) { return uint64_t(36864); };  // exactly enough
   EXPECT_NO_THROW(build_cache(s.path("w.cache"), "key-a", odd_specs(), pattern_fill(), opt));
   EXPECT_EQ(CacheFile::open(s.path("w.cache"), "key-a").state, CacheState::valid);
+  // a rebuild over a stale file: the line says the old file holds its space until the new one is done
+  opt.free_bytes = [](const std::string&) { return uint64_t(36863); };
+  try {
+    ensure_cache(s.path("w.cache"), "key-b", odd_specs(), pattern_fill(), opt);
+    FAIL() << "expected a refusal";
+  } catch (const std::runtime_error& e) {
+    const std::string m = e.what();
+    EXPECT_HAS(m, "not enough disk space");
+    EXPECT_HAS(m, "the old cache at this path (0.00 GiB, " + s.path("w.cache") + ": ");
+    EXPECT_HAS(m, "remove it to make room");
+    EXPECT_EQ(m.find('\n'), std::string::npos);
+  }
+  EXPECT_EQ(CacheFile::open(s.path("w.cache"), "key-a").state, CacheState::valid) << "the old file was kept";
 }
 
 TEST(CacheBuild, AFillThrowingMidwayLeavesNoFileAndKeepsThePreviousOne) {
@@ -172,6 +185,13 @@ TEST(CacheBuild, TwoBuildersAtOnceBuildOnce) {
         small_chunks());
   });
   a_filling.get_future().wait();
+  int waited = 0;
+  std::string wait_line;
+  auto waiting = small_chunks();
+  waiting.on_wait = [&](const std::string& l) {
+    ++waited;
+    wait_line = l;
+  };
   auto b = std::async(std::launch::async, [&] {
     return ensure_cache(
         s.path("w.cache"), "key-a", odd_specs(),
@@ -179,9 +199,11 @@ TEST(CacheBuild, TwoBuildersAtOnceBuildOnce) {
           ++fills_b;
           pattern_fill()(e, off, out);
         },
-        small_chunks());
+        waiting);
   });
   const auto ra = a.get(), rb = b.get();
+  EXPECT_EQ(waited, 1) << "b waited for a's lock without a word";
+  EXPECT_HAS(wait_line, s.path("w.cache") + ": another run holds the builders' lock");
   EXPECT_TRUE(ra.built);
   EXPECT_FALSE(rb.built);  // waited for a's lock, then found a's valid file
   EXPECT_EQ(fills_b.load(), 0);
