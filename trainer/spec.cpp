@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -46,6 +47,12 @@ void read_frozen_tier(const JsonFields& f, TrainSpec& s) {
   TrainSpec::FrozenTier ft;
   ft.path = t.string("path");
   if (ft.path.empty()) t.fail("path", "a non-empty path of the tier's cache file", ft.path);
+  // checked here, before the model loads, rather than when the cache opens
+  if (ft.path[0] == '~')
+    t.fail("path", "a path without a leading '~' (only a shell expands it; write the full path)", ft.path);
+  std::error_code ec;
+  if (ft.path.back() == '/' || std::filesystem::is_directory(ft.path, ec))
+    t.fail("path", "the path of a cache file, not of a folder", ft.path);
   t.optional("ring_gib", ft.ring_gib);
   if (!(ft.ring_gib >= 0 && ft.ring_gib <= double(1 << 20)))
     t.fail("ring_gib", "a number >= 0 and <= 1048576 (GiB; 0: two buffers)", ft.ring_gib);

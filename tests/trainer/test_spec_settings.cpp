@@ -117,6 +117,9 @@ TEST(SpecFrozenTier, ReadsThePathAndBudgetAndRefusesBadValues) {
   refused(R"({"path": "x", "ring_gib": -1})", "frozen_tier.ring_gib", "a number >= 0");
   refused(R"({"path": "x", "ring_gib": "1"})", "frozen_tier.ring_gib", "a number");
   refused(R"({"path": "x", "resident_gib": -2})", "frozen_tier.resident_gib", "a number >= 0");
+  refused(R"({"path": "~/base.cache"})", "frozen_tier.path", "a path without a leading '~'");
+  refused(R"({"path": "cache/"})", "frozen_tier.path", "the path of a cache file, not of a folder");
+  refused(R"({"path": "/tmp"})", "frozen_tier.path", "the path of a cache file, not of a folder");
   const std::string e = error_of(with(R"({"path": "x", "ring": 2})"), {});
   EXPECT_NE(e.find("ring"), std::string::npos) << e;
 }
