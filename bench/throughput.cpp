@@ -63,6 +63,20 @@
 
 namespace {
 
+/// CLI11 check of a GiB option: a number >= 0 and <= 1048576; `zero_means` (e.g. " (0: none)")
+/// goes into the one-line refusal.
+CLI::Validator gib_validator(const std::string& zero_means) {
+  return CLI::Validator(
+      [zero_means](const std::string& v) -> std::string {
+        char* end = nullptr;
+        const double x = std::strtod(v.c_str(), &end);
+        if (v.empty() || *end != 0 || !(x >= 0 && x <= double(1 << 20)))
+          return "expected a number of GiB >= 0" + zero_means + " and <= 1048576, got '" + v + "'";
+        return "";
+      },
+      "GiB");
+}
+
 double max_rss_gib() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
@@ -184,39 +198,15 @@ int run(int argc, char** argv) {
   double pin_budget_gib = -1;
   app.add_option("--pin-budget-gib", pin_budget_gib,
                  "host GiB the runtime may page-lock (default: three quarters of the host's memory)")
-      ->check(CLI::Validator(
-          [](const std::string& v) -> std::string {
-            char* end = nullptr;
-            const double x = std::strtod(v.c_str(), &end);
-            if (v.empty() || *end != 0 || !(x >= 0 && x <= double(1 << 20)))
-              return "expected a number of GiB >= 0 and <= 1048576, got '" + v + "'";
-            return "";
-          },
-          "GiB"));
+      ->check(gib_validator(""));
   std::string frozen_tier;
   double tier_ring_gib = 0, tier_resident_gib = 0;
   app.add_option("--frozen-tier", frozen_tier, "stream the frozen (LoRA base) weights from this cache file");
   app.add_option("--tier-ring-gib", tier_ring_gib, "host GiB of the tier's read buffers (0: two buffers)")
-      ->check(CLI::Validator(
-          [](const std::string& v) -> std::string {
-            char* end = nullptr;
-            const double x = std::strtod(v.c_str(), &end);
-            if (v.empty() || *end != 0 || !(x >= 0 && x <= double(1 << 20)))
-              return "expected a number of GiB >= 0 (0: two buffers) and <= 1048576, got '" + v + "'";
-            return "";
-          },
-          "GiB"));
+      ->check(gib_validator(" (0: two buffers)"));
   app.add_option("--tier-resident-gib", tier_resident_gib,
                  "host GiB of the frozen base kept resident, decoders first (0: all stream)")
-      ->check(CLI::Validator(
-          [](const std::string& v) -> std::string {
-            char* end = nullptr;
-            const double x = std::strtod(v.c_str(), &end);
-            if (v.empty() || *end != 0 || !(x >= 0 && x <= double(1 << 20)))
-              return "expected a number of GiB >= 0 (0: two buffers) and <= 1048576, got '" + v + "'";
-            return "";
-          },
-          "GiB"));
+      ->check(gib_validator(" (0: all stream)"));
   std::string profile_out;
   double cap_above_plan = 0;
   bool no_save_attention = false;
