@@ -4,6 +4,7 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -22,6 +23,22 @@ class CudaOpsTest : public CudaTest {
   void SetUp() override {
     CudaTest::SetUp();
     cpu_ = make_cpu_ops(4);
+  }
+  /// A device copy of raw bytes (e.g. FP8 codes) in an i32 buffer rounded up, with a spare
+  /// word; the bytes past h are zero.
+  DT upload_bytes(const std::vector<uint8_t>& h) {
+    DT d = alloc(int64_t(h.size() + 3) / 4 + 1, DType::i32);
+    std::vector<uint8_t> padded(size_t(d.n) * 4, 0);
+    std::copy(h.begin(), h.end(), padded.begin());
+    cs().copy_h2d(d.get(), padded.data(), padded.size());
+    cs().synchronize();
+    return d;
+  }
+  std::vector<uint8_t> download_bytes(const void* p, int64_t n) {
+    std::vector<uint8_t> h(static_cast<size_t>(n));
+    cs().copy_d2h(h.data(), p, size_t(n));
+    cs().synchronize();
+    return h;
   }
   std::unique_ptr<Ops> cpu_;
 };

@@ -34,18 +34,6 @@ class CudaFp8 : public CudaOpsTest {
     cs().synchronize();
     return d;
   }
-  Codes download_bytes(const void* p, int64_t n) {
-    Codes h(static_cast<size_t>(n));
-    cs().copy_d2h(h.data(), p, size_t(n));
-    cs().synchronize();
-    return h;
-  }
-  DT upload_bytes(const Codes& h) {
-    DT d = bytes(int64_t(h.size()), 0);
-    cs().copy_h2d(d.get(), h.data(), h.size());
-    cs().synchronize();
-    return d;
-  }
   // scale bits equal (NaN: both NaN)
   static bool same_scale(float a, float b) {
     uint32_t x, y;

@@ -24,18 +24,6 @@ constexpr Fp8Format E4 = Fp8Format::e4m3;
 
 class CudaFp8Rows : public CudaOpsTest {
  protected:
-  DT upload_bytes(const Codes& h) {
-    DT d = alloc(int64_t(h.size() + 3) / 4 + 1, DType::i32);
-    cs().copy_h2d(d.get(), h.data(), h.size());
-    cs().synchronize();
-    return d;
-  }
-  Codes download_bytes(const void* p, int64_t n) {
-    Codes h(static_cast<size_t>(n));
-    cs().copy_d2h(h.data(), p, size_t(n));
-    cs().synchronize();
-    return h;
-  }
   // the GEMM needs FP8 tensor cores and cuBLASLt's outer-vector scale mode
   bool rows_supported() {
     const bool ok = ops().gemm_fp8_rows_supported();

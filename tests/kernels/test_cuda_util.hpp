@@ -16,6 +16,7 @@
 
 #include "kernels/device.hpp"
 #include "kernels/ops.hpp"
+#include "roundpipe/errors.hpp"
 #include "tests/kernels/ref_ops.hpp"
 
 namespace rp::cudatest {
@@ -149,6 +150,23 @@ class CudaTest : public ::testing::Test {
   }
 
   std::unique_ptr<Device> dev_;
+};
+
+/// The device a run with "fp8": true opens (bf16, FP8 linears): skips without a GPU, and with
+/// opening's one line on a GPU without FP8 tensor cores (compute capability below 8.9).
+class CudaFp8DeviceTest : public CudaTest {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+    DeviceOptions o;
+    o.dtype = DType::bf16;
+    o.fp8 = true;
+    try {
+      dev_ = make_cuda_device(0, o);
+    } catch (const DeviceError& e) {
+      GTEST_SKIP() << e.what();
+    }
+  }
 };
 
 /// Relative error with a readable failure (NaN counts as infinite error).

@@ -25,20 +25,8 @@ using test::VecF;
 constexpr double kLinearBound = 1e-2;   // relative error (L2), one linear
 constexpr double kDecoderBound = 5e-2;  // relative error (L2), decoder outputs and gradients
 
-class CudaFp8 : public cudatest::CudaTest {
+class CudaFp8 : public cudatest::CudaFp8DeviceTest {
  protected:
-  // the device opened as a run with "fp8": true opens it: refused below compute capability 8.9
-  void SetUp() override {
-    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
-    DeviceOptions o;
-    o.dtype = DType::bf16;
-    o.fp8 = true;
-    try {
-      dev_ = make_cuda_device(0, o);
-    } catch (const DeviceError& e) {
-      GTEST_SKIP() << e.what();
-    }
-  }
   std::vector<uint8_t> bytes(const DT& d, size_t n) {
     std::vector<uint8_t> h(n);
     cs().copy_d2h(h.data(), d.get(), n);

@@ -23,20 +23,7 @@ using test::VecF;
 
 constexpr double kDecoderBound = 5e-2;  // relative error (L2)
 
-class CudaFp8Stored : public cudatest::CudaTest {
- protected:
-  void SetUp() override {
-    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
-    DeviceOptions o;
-    o.dtype = DType::bf16;
-    o.fp8 = true;
-    try {
-      dev_ = make_cuda_device(0, o);
-    } catch (const DeviceError& e) {
-      GTEST_SKIP() << e.what();
-    }
-  }
-};
+class CudaFp8Stored : public cudatest::CudaFp8DeviceTest {};
 
 TEST_F(CudaFp8Stored, DirectPathCloseToTheCpuBackend) {
   const bool ok = ops().gemm_fp8_rows_supported();

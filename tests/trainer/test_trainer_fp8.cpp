@@ -116,6 +116,22 @@ TEST(TrainerFp8, LossCurveFollowsTheComputeDtypeRun) {
   fs::remove_all(d);
 }
 
+// Sums of two loss curves of one window (the FP8 run's losses each finite) and whether they differ.
+struct CurveSums {
+  double plain = 0, fp8 = 0;
+  bool differs = false;
+};
+CurveSums sum_curves(const std::vector<double>& plain, const std::vector<double>& fp8) {
+  CurveSums c;
+  for (size_t i = 0; i < fp8.size(); ++i) {
+    EXPECT_TRUE(std::isfinite(fp8[i])) << "step " << i + 1;
+    c.plain += plain[i];
+    c.fp8 += fp8[i];
+    c.differs = c.differs || plain[i] != fp8[i];
+  }
+  return c;
+}
+
 // A sparse (Qwen3-MoE) model: its attention projections run in FP8, its router and experts
 // stay bf16 (the weight cache holds the four attention linears only).
 TEST(TrainerFp8, MixtureOfExpertsTrainsWithItsAttentionInFp8) {
@@ -125,14 +141,9 @@ TEST(TrainerFp8, MixtureOfExpertsTrainsWithItsAttentionInFp8) {
   const std::vector<double> plain = loss_curve(d, "plain", "", kWindow, moe),
                             fp8 = loss_curve(d, "fp8", kFp8, kWindow, moe);
   ASSERT_EQ(fp8.size(), size_t(kWindow));
-  double a = 0, b = 0;
-  bool differs = false;
-  for (size_t i = 0; i < fp8.size(); ++i) {
-    EXPECT_TRUE(std::isfinite(fp8[i])) << "step " << i + 1;
-    a += plain[i];
-    b += fp8[i];
-    differs = differs || plain[i] != fp8[i];
-  }
+  const CurveSums c = sum_curves(plain, fp8);
+  const double a = c.plain, b = c.fp8;
+  const bool differs = c.differs;
   EXPECT_TRUE(differs);
   EXPECT_LT(std::fabs(b - a) / a, kFp8LossBar);
   fs::remove_all(d);
@@ -152,14 +163,9 @@ TEST(TrainerFp8, LoraOverAnFp8StoredBaseRunsFromItsCodes) {
                             fp8 =
                                 loss_curve(d, "fp8", lora + kFp8 + ", \"fp8_stored_direct\": true", kWindow);
   ASSERT_EQ(fp8.size(), size_t(kWindow));
-  double a = 0, b = 0;
-  bool differs = false;
-  for (size_t i = 0; i < fp8.size(); ++i) {
-    EXPECT_TRUE(std::isfinite(fp8[i])) << "step " << i + 1;
-    a += plain[i];
-    b += fp8[i];
-    differs = differs || plain[i] != fp8[i];
-  }
+  const CurveSums c = sum_curves(plain, fp8);
+  const double a = c.plain, b = c.fp8;
+  const bool differs = c.differs;
   std::printf("fp8-stored base: mean loss without FP8 linears %.6f, with %.6f\n", a / kWindow, b / kWindow);
   EXPECT_TRUE(differs) << "the FP8 run's losses equal the other's: its linears did not run in FP8";
   EXPECT_LT(std::fabs(b - a) / a, kFp8LossBar);
