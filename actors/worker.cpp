@@ -717,7 +717,6 @@ class Worker : public WorkerActor::base {
     Task& t = *tp;
     auto& buf = t.dgrad.at(g);
     float* slot = ctx_.store->grad[g].as<float>();
-    const int64_t n = ctx_.store->numel[g];
     const CopyTag what{CopyKind::gradient, id, -1, g};
     if (overwrite) {
       copy(grad_down_, CopyDir::d2h, slot, buf.get(), buf.bytes(), kPrioGrad, g, what);
