@@ -100,6 +100,9 @@ void check_options(const SessionOptions& opt) {
   if (opt.micro.n_seq < 1 || opt.micro.seq_len < 2)
     throw std::invalid_argument("micro-batch shape must have n_seq >= 1 and seq_len >= 2");
   if (opt.pass_slots < 1) throw std::invalid_argument("pass_slots must be >= 1");
+  if (opt.frozen_source && (opt.frozen_source->identity.empty() || !opt.frozen_source->fill))
+    throw std::invalid_argument(
+        "frozen_source: expected a non-empty identity and a fill function (or no frozen_source)");
 }
 
 bool guarded_steps(const SessionOptions& opt) {
@@ -124,21 +127,16 @@ void Session::Impl::open_devices() {
 // The run plan (scheduler/run_plan.hpp): saved attention and the host memory it needs
 // (checked), the analytic costs, and the plan: explicit, or automatic from the analytic
 // costs until the profile has measured the real ones (scheduler/replan.hpp).
-RunPlan Session::Impl::plan_session(const std::vector<std::vector<float>>& w,
-                                    const std::vector<std::vector<uint8_t>>& frozen_storage,
-                                    const SessionInternals& internals,
+RunPlan Session::Impl::plan_session(size_t held, const SessionInternals& internals,
                                     const std::function<void(const std::string&)>& log) {
   // what the caller hands over is in memory already: fp32 masters move in, frozen storage is
   // copied group by group and freed as it goes
-  size_t held = 0;
-  for (size_t g = 0; g < layout.groups.size(); ++g) {
-    if (!frozen_storage.empty()) held += frozen_storage[g].size();
-    if (!layout.groups[g].frozen && g < w.size()) held += w[g].size() * sizeof(float);
-  }
   RunPlanInputs rin = session_plan_inputs(layout, opt, internals, *devices[0]);
+  if (tier_place.saved_attention) rin.save_attention = tier_place.saved_attention;
   rin.host->available_bytes = host_available_bytes() > 0 ? host_available_bytes() + held : 0;
   // the plan counts frozen groups as resident: with the disk tier only its ring stays
-  if (rin.host->available_bytes > 0) rin.host->available_bytes += frozen_tier_host_credit(layout, opt);
+  if (rin.host->available_bytes > 0)
+    rin.host->available_bytes += frozen_tier_host_credit(layout, opt, tier_place.streamed);
   RunPlan run = plan_run(rin);
   if (!run.log_line.empty()) log(run.log_line);
   saved_attention = run.saved_attention;
@@ -151,7 +149,8 @@ RunPlan Session::Impl::plan_session(const std::vector<std::vector<float>>& w,
 void Session::Impl::take_weights_and_layers(std::vector<std::vector<float>> w,
                                             std::vector<std::vector<uint8_t>>& frozen_storage) {
   store = std::make_unique<ParamStore>(layout, devices[0]->compute_dtype(), /*allocate_frozen=*/false);
-  fill_store(layout, w, frozen_storage, *store);
+  fill_store(layout, w, frozen_storage, *store, opt.frozen_source ? &*opt.frozen_source : nullptr,
+             tier_place.streamed);
   master = std::move(w);
   adam.resize(master.size());
   LayerOptions lo;
@@ -343,11 +342,13 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w,
   I.layout = layout;
   I.opt = std::move(opt);
   check_options(I.opt);
-  check_session_weights(layout, w, frozen_storage);
+  check_session_weights(layout, w, frozen_storage, I.opt.frozen_source.has_value());
   I.open_devices();
   std::function<void(const std::string&)> log = I.opt.profiling.log;
   if (!log) log = [](const std::string& line) { spdlog::info("{}", line); };
-  const RunPlan run = I.plan_session(w, frozen_storage, internals, log);
+  const size_t held = held_weight_bytes(layout, w, frozen_storage);
+  I.place_frozen_tier(held, internals, log);
+  const RunPlan run = I.plan_session(held, internals, log);
   I.take_weights_and_layers(std::move(w), frozen_storage);
   I.open_frozen_tier(internals, log);
   I.start_tracer();

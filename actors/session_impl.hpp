@@ -40,6 +40,12 @@ struct Session::Impl {
   /// the devices its ring is pinned through, stopped once the actors are done.
   std::unique_ptr<FrozenTier> frozen_tier;
   FrozenTierReport tier_report;
+  /// Where opt.frozen_tier puts the frozen groups (place_frozen_tier; empty `streamed`: no tier).
+  struct TierPlacement {
+    std::vector<char> streamed;           ///< per group: read from the tier's cache file
+    double resident = 0;                  ///< frozen bytes kept in host memory
+    std::optional<bool> saved_attention;  ///< host_budget_gib's choice (unset: the options')
+  } tier_place;
   MemoryEventCounters memory_events;  // the workers count into it
   RunProgress progress;               // the actors count into it (watchdog)
   ReduceWaitMeter reduce_wait;        // the shards time the replicas' sums into it
@@ -68,11 +74,16 @@ struct Session::Impl {
   // reads what the earlier ones set.
   /// One device per worker; resolves opt.backend "auto".
   void open_devices();
+  /// opt.frozen_tier (actors/session_tier.cpp): checks its options and decides which frozen
+  /// groups stream (resident_gib, or host_budget_gib with the process's resident memory less
+  /// `held`, the caller's weights, which the session takes over) into tier_place; logs the
+  /// budget's line. Throws std::invalid_argument naming the option.
+  void place_frozen_tier(size_t held, const SessionInternals& internals,
+                         const std::function<void(const std::string&)>& log);
   /// The run plan (scheduler/run_plan.hpp) with the host memory the caller's weights already
-  /// hold; sets `plan` and `saved_attention` and logs the uniform fallback's line.
-  RunPlan plan_session(const std::vector<std::vector<float>>& w,
-                       const std::vector<std::vector<uint8_t>>& frozen_storage,
-                       const SessionInternals& internals, const std::function<void(const std::string&)>& log);
+  /// hold (`held`); sets `plan` and `saved_attention` and logs the uniform fallback's line.
+  RunPlan plan_session(size_t held, const SessionInternals& internals,
+                       const std::function<void(const std::string&)>& log);
   /// The parameter store (frozen groups stored, their fp32 freed), the masters, the layers.
   void take_weights_and_layers(std::vector<std::vector<float>> w,
                                std::vector<std::vector<uint8_t>>& frozen_storage);
@@ -185,18 +196,26 @@ struct Session::Impl {
 /// Checks the constructor's weights against `layout`: per group numel fp32 values, or for a
 /// frozen group given in storage form (frozen_storage[g] non-empty) exactly storage_bytes bytes
 /// and no fp32 values. Throws std::invalid_argument naming the group and what was expected.
+/// With `source` (SessionOptions::frozen_source) a frozen group may come in neither form.
 void check_session_weights(const ModelLayout& layout, const std::vector<std::vector<float>>& w,
-                           const std::vector<std::vector<uint8_t>>& frozen_storage);
+                           const std::vector<std::vector<uint8_t>>& frozen_storage, bool source);
+/// Bytes of the caller's weights the constructor takes over (fp32 masters, frozen storage).
+size_t held_weight_bytes(const ModelLayout& layout, const std::vector<std::vector<float>>& w,
+                         const std::vector<std::vector<uint8_t>>& frozen_storage);
 /// Writes every group's host copy into `store`: a trainable group's fp32 values cast to the
 /// compute dtype; a frozen group's storage form, copied from frozen_storage[g] or quantized
 /// (per tensor, kernels/weight_format.hpp) from w[g]. Frees what it consumed: frozen groups'
 /// w[g] and every frozen_storage entry, so w keeps only the trainable groups' masters.
+/// A frozen group given in neither form is made by `source` (may be null when none is), unless
+/// streamed[g] (the tier's cache build asks the source then): its `lowp` stays empty.
 void fill_store(const ModelLayout& layout, std::vector<std::vector<float>>& w,
-                std::vector<std::vector<uint8_t>>& frozen_storage, ParamStore& store);
-/// Host bytes the disk tier (opt.frozen_tier) keeps out of memory while training: the frozen
-/// groups' storage bytes minus its ring's (0 without a tier, for a ring as large, or for options
-/// the tier will refuse).
-size_t frozen_tier_host_credit(const ModelLayout& layout, const SessionOptions& opt);
+                std::vector<std::vector<uint8_t>>& frozen_storage, ParamStore& store,
+                const FrozenSource* source, const std::vector<char>& streamed);
+/// Host bytes the disk tier keeps out of memory while training: the streamed groups' storage
+/// bytes minus its ring's (0 without a tier, for a ring as large, or for options the tier will
+/// refuse).
+size_t frozen_tier_host_credit(const ModelLayout& layout, const SessionOptions& opt,
+                               const std::vector<char>& streamed);
 /// The fp32 values of frozen group `g` stored in `storage` (its storage form).
 std::vector<float> dequantize_group(const ParamGroup& g, const void* storage);
 

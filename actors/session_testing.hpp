@@ -30,6 +30,10 @@ struct SessionInternals {
   FaultInjection faults;
   /// Fails reads of the disk tier's cache file (SessionOptions::frozen_tier; tier::fail_nth_read).
   tier::ReadFault frozen_tier_fault;
+  /// Bytes FrozenTierOptions::host_budget_gib sets aside before the session's own buffers
+  /// (default: the process's resident memory less the caller's weights, plus a margin), so a
+  /// test's budget means the same whatever the test process holds.
+  std::optional<double> host_budget_reserve;
 };
 
 /// While alive, sessions built through the public constructor (e.g. by rp::Trainer) get

@@ -1,7 +1,8 @@
-// SessionOptions::frozen_tier at construction: the frozen groups' storage bytes go to the
-// tier cache file (tier::ensure_cache; a valid file of the same weights is reused), each
-// group's host copy is freed once it is on disk, and the session's FrozenTier (its ring of
-// read buffers pinned through the first device) starts.
+// SessionOptions::frozen_tier at construction: which frozen groups stream (resident_gib, or
+// host_budget_gib by the planner's rule), then the streamed groups' storage bytes go to the tier
+// cache file (tier::ensure_cache; a valid file of the same weights is reused), each group's host
+// copy (or the copy the frozen source made of it) is freed once it is on disk, and the session's
+// FrozenTier (its ring of read buffers pinned through the first device) starts.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -15,6 +16,7 @@
 #include "actors/session_impl.hpp"
 #include "actors/session_testing.hpp"
 #include "base/checksum.hpp"
+#include "base/host_resources.hpp"
 #include "kernels/weight_format.hpp"
 #include "scheduler/disk_tier.hpp"
 
@@ -27,21 +29,48 @@ constexpr double kGiB = double(uint64_t(1) << 30);
 /// and a checksum of each group's bytes, so a cache of another base or layout is stale. The
 /// description itself grows with the tensors (a 128-expert MoE's passes the cache's 1 MiB key
 /// limit), so the key holds its size and checksum, with the counts readable in front.
-std::string source_key(const ModelLayout& layout, const ParamStore& store, const std::vector<int>& groups) {
+/// A group the caller did not hand over (its host copy still empty) is made by the frozen
+/// source: its place in the description is the source's identity instead of a checksum, so a
+/// reused cache needs no group made.
+std::string source_key(const ModelLayout& layout, const ParamStore& store, const std::vector<int>& groups,
+                       const FrozenSource* source) {
   std::string desc;
   uint64_t bytes = 0;
   for (int g : groups) {
     const ParamGroup& grp = layout.groups[size_t(g)];
     bytes += uint64_t(grp.storage_bytes);
-    desc += fmt::format("\n{} {} bytes xxh3 {:016x}:", grp.name, grp.storage_bytes,
-                        checksum64(store.lowp[size_t(g)].data(), size_t(grp.storage_bytes)));
+    const HostBytes& b = store.lowp[size_t(g)];
+    if (b.size() == 0 && source)
+      desc += fmt::format("\n{} {} bytes from source:", grp.name, grp.storage_bytes);
+    else
+      desc += fmt::format("\n{} {} bytes xxh3 {:016x}:", grp.name, grp.storage_bytes,
+                          checksum64(b.data(), size_t(grp.storage_bytes)));
     for (const TensorSpec& t : grp.tensors)
       desc += fmt::format(" {} {} @{}", t.name, weight_format_name(t.format), t.byte_offset);
   }
+  if (source) desc += "\nsource: " + source->identity;
   return fmt::format(
       "roundpipe frozen tier 2; {} groups, {} frozen, {} bytes; description of {} bytes, xxh3 {:016x}",
       layout.groups.size(), groups.size(), bytes, desc.size(), checksum64(desc.data(), desc.size()));
 }
+
+/// The largest frozen group's storage, rounded up to the direct-I/O alignment (a ring buffer).
+uint64_t largest_frozen_group(const ModelLayout& layout, std::string* name = nullptr) {
+  uint64_t largest = 0;
+  for (const ParamGroup& g : layout.groups)
+    if (g.frozen && tier::align_up(uint64_t(g.storage_bytes)) > largest) {
+      largest = tier::align_up(uint64_t(g.storage_bytes));
+      if (name) *name = g.name;
+    }
+  return largest;
+}
+
+/// Host memory the budget keeps beyond the session's own buffers: thread stacks, the actor
+/// system, the allocator's slack, and what the caller allocates while training (token batches).
+constexpr double kBudgetMargin = 0.5 * kGiB;
+
+/// Bytes in GiB rounded up to the hundredth printed ("expected at least" figures that suffice).
+double gib_up(double bytes) { return std::ceil(bytes / kGiB * 100.0) / 100.0; }
 
 /// The ring's buffers: 4096-aligned, page-locked through `dev` where it lets them be
 /// (pageable otherwise: the copies are then slower, the results the same).
@@ -112,8 +141,8 @@ tier::EnsureResult ensure_tier_cache(const FrozenTierOptions& o, const std::stri
 
 }  // namespace
 
-void Session::Impl::open_frozen_tier(const SessionInternals& internals,
-                                     const std::function<void(const std::string&)>& log) {
+void Session::Impl::place_frozen_tier(size_t held, const SessionInternals& internals,
+                                      const std::function<void(const std::string&)>& log) {
   if (!opt.frozen_tier) return;
   const FrozenTierOptions& o = *opt.frozen_tier;
   if (o.path.empty())
@@ -122,8 +151,78 @@ void Session::Impl::open_frozen_tier(const SessionInternals& internals,
     throw std::invalid_argument(fmt::format(
         "frozen_tier.resident_gib: expected a number of GiB >= 0 (0: every frozen group streams), got {}",
         o.resident_gib));
-  double resident = 0;
-  const std::vector<char> streamed = streamed_groups(layout, o.resident_gib * kGiB, &resident);
+  if (!(o.host_budget_gib >= 0) || !std::isfinite(o.host_budget_gib))
+    throw std::invalid_argument(
+        fmt::format("frozen_tier.host_budget_gib: expected a number of GiB >= 0 (0: no budget), got {}",
+                    o.host_budget_gib));
+  if (o.host_budget_gib > 0 && o.resident_gib > 0)
+    throw std::invalid_argument(
+        "frozen_tier.host_budget_gib: decides what stays resident itself; give it or resident_gib, not both");
+  if (o.host_budget_gib == 0) {
+    tier_place.streamed = streamed_groups(layout, o.resident_gib * kGiB, &tier_place.resident);
+    return;
+  }
+  HostRun run;
+  run.seq_len = opt.micro.seq_len;
+  run.sequences_per_micro = opt.micro.n_seq;
+  run.micro_batches = opt.micro_batches;
+  run.workers = opt.workers;
+  run.pass_slots = opt.pass_slots;
+  run.saved_attention = opt.save_attention.value_or(true);
+  run.elem_bytes = int64_t(dtype_size(devices[0]->compute_dtype()));
+  std::string largest_name;
+  const uint64_t largest = largest_frozen_group(layout, &largest_name);
+  size_t frozen_groups = 0;
+  for (const ParamGroup& g : layout.groups) frozen_groups += g.frozen && g.storage_bytes > 0;
+  const double ring =
+      largest == 0 ? 0.0
+                   : double(ring_count(o, size_t(largest), largest_name, std::max<size_t>(2, frozen_groups)) *
+                            largest);
+  const size_t rss = process_resident_bytes();
+  const double process = rss > held ? double(rss - held) : 0.0;
+  const double margin = internals.host_budget_reserve ? 0.0 : kBudgetMargin;
+  const double reserve = internals.host_budget_reserve.value_or(process + margin);
+  const double budget = o.host_budget_gib * kGiB;
+  const DiskPlan d = place_in_host_budget(layout, run, budget - reserve, ring);
+  const double least = reserve + d.minimum_budget;
+  if (!d.fits)
+    throw std::invalid_argument(fmt::format(
+        "frozen_tier.host_budget_gib: {} GiB cannot hold this run: the process holds {} before the session "
+        "allocates (plus {} of margin), the trainable state needs {} and the read ring {}; expected at least "
+        "{:.2f} GiB",
+        o.host_budget_gib, byte_text(reserve - margin), byte_text(margin), byte_text(d.trainable_bytes),
+        byte_text(d.ring_bytes), gib_up(least)));
+  if (d.spill_bytes > 0) {
+    const HostMemoryNeed need = host_memory_need(layout, run);
+    throw std::invalid_argument(fmt::format(
+        "frozen_tier.host_budget_gib: {} GiB leaves {} for the saved activations, which need {} even without "
+        "saved attention (and this run cannot spill them to the disk); expected at least {:.2f} GiB, or "
+        "fewer "
+        "tokens per pass (sequences per micro-batch, seq_len, micro-batches)",
+        o.host_budget_gib, byte_text(d.activation_bytes), byte_text(need.activations),
+        gib_up(least + need.activations)));
+  }
+  tier_place.streamed = d.streamed;
+  tier_place.resident = d.resident_bytes;
+  if (d.attention_dropped) tier_place.saved_attention = false;
+  tier_report.attention_dropped = d.attention_dropped;
+  tier_report.budget_line = fmt::format(
+      "frozen tier: host budget {} GiB: process {:.2f} GiB + margin {:.2f}, trainable {:.2f}, read ring "
+      "{:.2f}, "
+      "saved activations {:.2f}{}; frozen base {:.2f} GiB of which {:.2f} resident",
+      o.host_budget_gib, (reserve - margin) / kGiB, margin / kGiB, d.trainable_bytes / kGiB,
+      d.ring_bytes / kGiB, d.activation_bytes / kGiB,
+      d.attention_dropped ? " (saved attention dropped: backward recomputes it)" : "", d.frozen_bytes / kGiB,
+      d.resident_bytes / kGiB);
+  log(tier_report.budget_line);
+}
+
+void Session::Impl::open_frozen_tier(const SessionInternals& internals,
+                                     const std::function<void(const std::string&)>& log) {
+  if (!opt.frozen_tier) return;
+  const FrozenTierOptions& o = *opt.frozen_tier;
+  const double resident = tier_place.resident;
+  const std::vector<char>& streamed = tier_place.streamed;
   std::vector<int> groups;  // the tiered groups, in layout order: entry i is groups[i]
   std::vector<tier::CacheEntrySpec> specs;
   uint64_t largest = 0;
@@ -140,9 +239,8 @@ void Session::Impl::open_frozen_tier(const SessionInternals& internals,
   }
   if (groups.empty()) {  // nothing frozen, or all of it resident: nothing to stream
     if (resident > 0)
-      log(fmt::format(
-          "frozen tier: {}: not used: the whole frozen base ({:.2f} GiB) fits frozen_tier.resident_gib",
-          o.path, resident / kGiB));
+      log(fmt::format("frozen tier: {}: not used: the whole frozen base ({:.2f} GiB) fits frozen_tier.{}",
+                      o.path, resident / kGiB, o.host_budget_gib > 0 ? "host_budget_gib" : "resident_gib"));
     else
       log(
           fmt::format("frozen tier: {}: not used: the model has no frozen weights (full fine-tuning; the "
@@ -152,12 +250,25 @@ void Session::Impl::open_frozen_tier(const SessionInternals& internals,
   }
   const size_t count = ring_count(o, size_t(largest), largest_name, groups.size());
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string key = source_key(layout, *store, groups);
-  // the fill copies group by group, in order, and frees each group once its last byte is out
+  const FrozenSource* source = opt.frozen_source ? &*opt.frozen_source : nullptr;
+  const std::string key = source_key(layout, *store, groups, source);
+  // the fill copies group by group, in order, and frees each group once its last byte is out; a
+  // group the caller did not hand over is made by the source when its first byte is asked for
+  HostBytes made;
+  size_t made_entry = SIZE_MAX;
   auto fill = [&](size_t entry, uint64_t offset, std::span<std::byte> out) {
-    HostBytes& b = store->lowp[size_t(groups[entry])];
-    std::memcpy(out.data(), b.as<char>() + offset, out.size());
-    if (offset + out.size() == b.size()) b = HostBytes();
+    HostBytes* b = &store->lowp[size_t(groups[entry])];
+    if (b->size() == 0) {
+      if (made_entry != entry) {
+        made = HostBytes();  // the previous group's, if its fill stopped early
+        made = HostBytes(size_t(specs[entry].bytes));
+        source->fill(groups[entry], std::span<std::byte>(made.as<std::byte>(), made.size()));
+        made_entry = entry;
+      }
+      b = &made;
+    }
+    std::memcpy(out.data(), b->as<char>() + offset, out.size());
+    if (offset + out.size() == b->size()) *b = HostBytes();
   };
   const bool existed = std::filesystem::exists(o.path);
   tier::EnsureResult er = ensure_tier_cache(o, key, specs, fill, log);
@@ -185,17 +296,17 @@ void Session::Impl::open_frozen_tier(const SessionInternals& internals,
                        r.built ? "built" : "reused", double(r.bytes) / kGiB, r.seconds,
                        r.direct ? "O_DIRECT" : "buffered: " + r.buffered_reason, r.engine, r.ring_buffers,
                        double(r.buffer_bytes) / double(1 << 20));
+  r.resident_bytes = uint64_t(resident);
   if (resident > 0)
-    r.line += fmt::format("; {:.2f} GiB of the base resident (frozen_tier.resident_gib)", resident / kGiB);
+    r.line += fmt::format("; {} of the base resident (frozen_tier.{})", byte_text(resident),
+                          o.host_budget_gib > 0 ? "host_budget_gib" : "resident_gib");
   if (r.built && existed && !r.rebuilt_because.empty()) r.line += "; rebuilt because " + r.rebuilt_because;
   log(r.line);
 }
 
-size_t frozen_tier_host_credit(const ModelLayout& layout, const SessionOptions& opt) {
-  if (!opt.frozen_tier || opt.frozen_tier->path.empty()) return 0;
-  const double resident_gib = opt.frozen_tier->resident_gib;
-  if (!(resident_gib >= 0) || !std::isfinite(resident_gib)) return 0;  // refused when the tier opens
-  const std::vector<char> streamed = streamed_groups(layout, resident_gib * kGiB);
+size_t frozen_tier_host_credit(const ModelLayout& layout, const SessionOptions& opt,
+                               const std::vector<char>& streamed) {
+  if (!opt.frozen_tier || streamed.empty()) return 0;
   uint64_t frozen = 0, largest = 0;
   size_t groups = 0;
   std::string largest_name;

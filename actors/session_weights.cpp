@@ -11,8 +11,18 @@
 
 namespace rp {
 
+size_t held_weight_bytes(const ModelLayout& layout, const std::vector<std::vector<float>>& w,
+                         const std::vector<std::vector<uint8_t>>& frozen_storage) {
+  size_t held = 0;
+  for (size_t g = 0; g < layout.groups.size(); ++g) {
+    if (g < frozen_storage.size()) held += frozen_storage[g].size();
+    if (!layout.groups[g].frozen && g < w.size()) held += w[g].size() * sizeof(float);
+  }
+  return held;
+}
+
 void check_session_weights(const ModelLayout& layout, const std::vector<std::vector<float>>& w,
-                           const std::vector<std::vector<uint8_t>>& frozen_storage) {
+                           const std::vector<std::vector<uint8_t>>& frozen_storage, bool source) {
   const size_t G = layout.groups.size();
   if (w.size() != G)
     throw std::invalid_argument(fmt::format("expected {} parameter groups, got {}", G, w.size()));
@@ -40,6 +50,8 @@ void check_session_weights(const ModelLayout& layout, const std::vector<std::vec
             fmt::format("parameter group '{}' is given both in storage form and as {} fp32 "
                         "values; leave group_weights[{}] empty",
                         grp.name, w[g].size(), g));
+    } else if (grp.frozen && source && w[g].empty()) {
+      continue;  // made by SessionOptions::frozen_source
     } else if (int64_t(w[g].size()) != grp.numel) {
       throw std::invalid_argument(
           fmt::format("parameter group '{}' has {} values, expected {}", grp.name, w[g].size(), grp.numel));
@@ -48,17 +60,24 @@ void check_session_weights(const ModelLayout& layout, const std::vector<std::vec
 }
 
 void fill_store(const ModelLayout& layout, std::vector<std::vector<float>>& w,
-                std::vector<std::vector<uint8_t>>& frozen_storage, ParamStore& store) {
+                std::vector<std::vector<uint8_t>>& frozen_storage, ParamStore& store,
+                const FrozenSource* source, const std::vector<char>& streamed) {
   for (size_t g = 0; g < layout.groups.size(); ++g) {
     const ParamGroup& grp = layout.groups[g];
     if (!grp.frozen) {
       cast_f32_to(w[g].data(), store.lowp[g].data(), grp.numel, store.dtype);
       continue;
     }
+    const bool stored = !frozen_storage.empty() && !frozen_storage[g].empty();
+    const bool from_source = !stored && w[g].empty() && source;
+    if (from_source && g < streamed.size() && streamed[g]) continue;  // the tier's cache build makes it
     if (store.lowp[g].size() != size_t(grp.storage_bytes))
       store.lowp[g] = HostBytes(size_t(grp.storage_bytes));
     char* dst = store.lowp[g].as<char>();
-    if (!frozen_storage.empty() && !frozen_storage[g].empty()) {
+    if (from_source) {
+      source->fill(int(g),
+                   std::span<std::byte>(reinterpret_cast<std::byte*>(dst), size_t(grp.storage_bytes)));
+    } else if (stored) {
       std::memcpy(dst, frozen_storage[g].data(), frozen_storage[g].size());
       std::vector<uint8_t>().swap(frozen_storage[g]);
     } else {

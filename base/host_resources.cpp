@@ -14,6 +14,17 @@
 
 namespace rp {
 
+size_t process_resident_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmRSS:", 0) == 0) {
+      unsigned long long kib = 0;
+      if (std::sscanf(line.c_str() + 6, "%llu", &kib) == 1) return size_t(kib) * 1024;
+    }
+  return 0;
+}
+
 namespace {
 
 /// One "<key> N kB" line of /proc/meminfo in bytes (0 when absent or unreadable).

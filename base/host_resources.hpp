@@ -16,6 +16,10 @@ size_t host_available_bytes();
 /// when unknown.
 size_t host_total_bytes();
 
+/// Bytes of host memory this process has resident now (/proc/self/status VmRSS), or 0 when
+/// unknown.
+size_t process_resident_bytes();
+
 /// Bytes available to an unprivileged writer on the file system holding `path` (statvfs
 /// f_bavail * f_frsize). A path that does not exist yet is looked up through its nearest
 /// existing parent folder. Returns UINT64_MAX when it cannot be determined.

@@ -8,11 +8,14 @@
 //                    [--chunk-bytes N] [--preset qwen3-1.7b|qwen3-4b|...] [--mlp-chunk TOKENS]
 //                    [--experts E --experts-per-tok k --expert-ffn Fe] [--lora-r R --base-format nf4]
 //                    [--pin-budget-gib G] [--fp8 [--fp8-stored-direct]]
-//                    [--frozen-tier PATH [--tier-ring-gib X] [--tier-resident-gib Y]]
+//                    [--frozen-tier PATH [--tier-ring-gib X] [--tier-resident-gib Y | --tier-host-budget-gib
+//                    B]]
 // --frozen-tier: the frozen (LoRA base) weights stream from a cache file at PATH (built on the
 // first run, reused after) through --tier-ring-gib GiB of host read buffers (0: two buffers),
-// keeping --tier-resident-gib GiB of them in host memory (decoders' groups first; 0: none);
-// the row and the RESULT line name the tier and how the cache was opened.
+// keeping --tier-resident-gib GiB of them in host memory (decoders' groups first; 0: none), or
+// with --tier-host-budget-gib, what the whole run's budget of B GiB leaves for them (the runtime
+// decides, and may drop the saved attention); the base's groups are made one at a time as the
+// cache is written (none when it is reused). The row and the RESULT line name the tier.
 // --fp8: the dense decoder linears' forward, recompute and input-gradient GEMMs in FP8 e4m3
 // (spec key "fp8"; docs/gpu.md, "FP8 linears"; needs --dtype bf16 and an sm_89+ GPU); MFU
 // still counts against the bf16 peak, so the FP8 gain shows as a higher MFU.
@@ -50,6 +53,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/host_resources.hpp"
+#include "bench/random_weights.hpp"
 #include "kernels/device.hpp"
 #include "kernels/weight_format.hpp"
 #include "model/lora.hpp"
@@ -81,51 +85,6 @@ double max_rss_gib() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   return double(ru.ru_maxrss) * 1024.0 / double(1ull << 30);  // ru_maxrss is in KiB on Linux
-}
-
-// Random weights, uniform in [-0.02, 0.02) (norms 1), made by several threads (a 4B model has
-// 4e9 values): fp32 for trainable groups, the storage form for frozen ones (made one tensor at a
-// time per thread, so no fp32 copy of a large frozen base ever exists whole).
-void random_weights(const rp::ModelLayout& m, std::vector<std::vector<float>>& w,
-                    std::vector<std::vector<uint8_t>>& frozen) {
-  w.assign(m.groups.size(), {});
-  frozen.assign(m.groups.size(), {});
-  const size_t hw = std::max(1u, std::thread::hardware_concurrency());
-  const size_t nt = std::min<size_t>(hw, 8);
-  std::vector<std::thread> th;
-  for (size_t k = 0; k < nt; ++k)
-    th.emplace_back([&, k] {
-      for (size_t gi = k; gi < m.groups.size(); gi += nt) {
-        const auto& g = m.groups[gi];
-        if (m.lora && int(gi) >= m.num_layers()) {  // adapters: PEFT's initialisation
-          w[gi] = rp::lora_initial_group(m, int(gi));
-          continue;
-        }
-        uint64_t x = 0x9E3779B97F4A7C15ull * (gi + 1);
-        auto fill = [&x](const rp::TensorSpec& t, float* v) {
-          for (int64_t i = 0; i < t.numel(); ++i) {
-            x ^= x << 13, x ^= x >> 7, x ^= x << 17;  // xorshift64
-            v[i] = t.shape.size() == 1 ? 1.f : float(double(x >> 11) * 0x1p-53 * 0.04 - 0.02);
-          }
-        };
-        if (!g.frozen) {
-          w[gi].resize(size_t(g.numel));
-          for (auto& t : g.tensors) fill(t, w[gi].data() + t.offset);
-          continue;
-        }
-        // frozen: one tensor at a time in fp32 (a sparse layer of 128 experts is ~10 GB of fp32)
-        std::vector<uint8_t> st(size_t(g.storage_bytes));
-        std::vector<float> v;
-        for (auto& t : g.tensors) {
-          v.resize(size_t(t.numel()));
-          fill(t, v.data());
-          rp::quantize_weights(t.format, v.data(), st.data() + t.byte_offset, t.numel(),
-                               rp::weight_format_cols(t.shape));
-        }
-        frozen[gi] = std::move(st);
-      }
-    });
-  for (auto& t : th) t.join();
 }
 
 // Bytes of weights uploaded per iteration by `plan`: each stage uploads its groups (frozen ones
@@ -207,6 +166,10 @@ int run(int argc, char** argv) {
   app.add_option("--tier-resident-gib", tier_resident_gib,
                  "host GiB of the frozen base kept resident, decoders first (0: all stream)")
       ->check(gib_validator(" (0: all stream)"));
+  double tier_host_budget_gib = 0;
+  app.add_option("--tier-host-budget-gib", tier_host_budget_gib,
+                 "the whole run's host GiB: the runtime decides what stays resident (0: no budget)")
+      ->check(gib_validator(" (0: no budget)"));
   std::string profile_out;
   double cap_above_plan = 0;
   bool no_save_attention = false;
@@ -252,6 +215,8 @@ int run(int argc, char** argv) {
   };
   needs(app.count("--tier-ring-gib") > 0, !frozen_tier.empty(), "--tier-ring-gib", "--frozen-tier PATH");
   needs(app.count("--tier-resident-gib") > 0, !frozen_tier.empty(), "--tier-resident-gib",
+        "--frozen-tier PATH");
+  needs(app.count("--tier-host-budget-gib") > 0, !frozen_tier.empty(), "--tier-host-budget-gib",
         "--frozen-tier PATH");
   needs(app.count("--frozen-tier") > 0, !frozen_tier.empty(), "--frozen-tier", "a non-empty path");
   needs(!frozen_tier.empty(), lora_r > 0, "--frozen-tier", "--lora-r R (it streams a LoRA base)");
@@ -334,7 +299,9 @@ int run(int argc, char** argv) {
   rp::ModelLayout m = lora ? rp::make_layout(c, *lora) : rp::make_layout(c);
   std::vector<std::vector<float>> w;
   std::vector<std::vector<uint8_t>> frozen;
-  random_weights(m, w, frozen);
+  // with a disk tier the frozen groups are made one at a time as its cache is written (and not
+  // at all when a valid cache is reused): the start-up never holds the whole base
+  bench::random_weights(m, w, frozen, /*lazy=*/!frozen_tier.empty());
   std::mt19937 rng(1);
   rp::SessionOptions o;
   o.backend = backend;
@@ -357,8 +324,11 @@ int run(int argc, char** argv) {
   o.mlp_chunk_tokens = mlp_chunk;
   if (pin_budget_gib >= 0) o.pin_budget_bytes = size_t(pin_budget_gib * double(1ull << 30));
   o.save_attention = !no_save_attention;
-  if (!frozen_tier.empty())
+  if (!frozen_tier.empty()) {
     o.frozen_tier = rp::FrozenTierOptions{frozen_tier, tier_ring_gib, tier_resident_gib};
+    o.frozen_tier->host_budget_gib = tier_host_budget_gib;
+    o.frozen_source = bench::frozen_source(m);
+  }
   // The planner's working set of the plan (the memory model a cap is checked against): the
   // plan the session will choose at this cap (automatic) or the given one: plan_run
   // (scheduler/run_plan.hpp) with the inputs the session passes it.
@@ -422,9 +392,16 @@ int run(int argc, char** argv) {
       rp::byte_text(double(pins.pageable_frozen_bytes)).c_str(), rp::byte_text(double(pins.budget)).c_str());
   // the tier's start line is in the runtime's log (frozen tier: <path>: built|reused ...)
   const std::string tier_text =
-      s.frozen_tier().enabled ? fmt::format(", frozen tier {} x {:.1f} MiB", s.frozen_tier().ring_buffers,
-                                            double(s.frozen_tier().buffer_bytes) / double(1 << 20))
-                              : std::string();
+      s.frozen_tier().enabled
+          ? fmt::format(", frozen tier {} x {:.1f} MiB{}{}", s.frozen_tier().ring_buffers,
+                        double(s.frozen_tier().buffer_bytes) / double(1 << 20),
+                        s.frozen_tier().resident_bytes > 0
+                            ? fmt::format(", {:.2f} GiB resident",
+                                          double(s.frozen_tier().resident_bytes) / double(1ull << 30))
+                            : std::string(),
+                        tier_host_budget_gib > 0 ? fmt::format(", host budget {} GiB", tier_host_budget_gib)
+                                                 : std::string())
+          : std::string();
   const int64_t n = micro * o.micro.tokens();
   std::vector<int32_t> ids(n), tg(n);
   std::vector<double> done_at;
@@ -461,7 +438,9 @@ int run(int argc, char** argv) {
   const double peak = s.peak_device_bytes() / double(1ull << 30);
   const char* attn = std::getenv("RP_CUDA_ATTENTION");
   const std::string xfer = std::string(no_prio ? "no priorities" : "priorities") +
-                           (no_save_attention ? ", attention recomputed" : ", attention saved") + tier_text;
+                           (no_save_attention || s.frozen_tier().attention_dropped ? ", attention recomputed"
+                                                                                   : ", attention saved") +
+                           tier_text;
   const std::string chunks =
       chunk_bytes > 0 ? fmt::format("{} MiB chunks x {}", chunk_bytes / double(1 << 20), bulk_inflight)
                       : "no chunks";

@@ -83,29 +83,37 @@ double place_activations(const HostMemoryNeed& need, const HostRun& run, double 
 
 }  // namespace
 
-DiskPlan plan_disk_tier(const ModelLayout& m, const HostRun& run, const DiskTier& tier,
-                        const IterationPlan& plan) {
+DiskPlan place_in_host_budget(const ModelLayout& m, const HostRun& run, double budget, double ring_bytes) {
   const HostMemoryNeed need = host_memory_need(m, run);
-  const std::vector<int64_t> all_reads = stage_frozen_reads(m, plan);
   DiskPlan d;
   d.micro_batches = run.micro_batches;
   d.trainable_bytes = need.master + need.moments + need.weights + need.gradients;
   d.frozen_bytes = need.frozen;
   d.streamed.assign(m.groups.size(), 0);
   d.saved_attention = run.saved_attention;
-  const int64_t largest = all_reads.empty() ? 0 : *std::max_element(all_reads.begin(), all_reads.end());
-  if (!tier.enabled() || need.total() <= tier.host_budget) {  // everything stays in host memory
+  d.minimum_budget = d.trainable_bytes + ring_bytes;
+  if (need.total() <= budget) {  // everything stays in host memory
     d.resident_bytes = d.frozen_bytes;
     d.activation_bytes = need.activations + need.attention;
-    d.minimum_budget = d.trainable_bytes + double(tier.ring_buffers) * double(largest);
+    return d;
+  }
+  d.ring_bytes = ring_bytes;
+  d.fits = budget >= d.minimum_budget;
+  const double room = place_activations(need, run, budget - d.minimum_budget, d);
+  d.streamed = streamed_groups(m, room, &d.resident_bytes);
+  return d;
+}
+
+DiskPlan plan_disk_tier(const ModelLayout& m, const HostRun& run, const DiskTier& tier,
+                        const IterationPlan& plan) {
+  const std::vector<int64_t> all_reads = stage_frozen_reads(m, plan);
+  const int64_t largest = all_reads.empty() ? 0 : *std::max_element(all_reads.begin(), all_reads.end());
+  const double ring = double(tier.ring_buffers) * double(largest);
+  DiskPlan d = place_in_host_budget(m, run, tier.enabled() ? tier.host_budget : HUGE_VAL, ring);
+  if (d.ring_bytes == 0) {  // everything stays in host memory
     d.stage_reads.assign(plan.stages.size(), 0);
     return d;
   }
-  d.ring_bytes = double(tier.ring_buffers) * double(largest);
-  d.minimum_budget = d.trainable_bytes + d.ring_bytes;
-  d.fits = tier.host_budget >= d.minimum_budget;
-  double room = place_activations(need, run, tier.host_budget - d.minimum_budget, d);
-  d.streamed = streamed_groups(m, room, &d.resident_bytes);
   d.stage_reads = stage_frozen_reads(m, plan, d.streamed);
   d.read_bytes = std::accumulate(d.stage_reads.begin(), d.stage_reads.end(), 0.0) + d.spill_bytes;
   d.write_bytes = d.spill_bytes;

@@ -25,9 +25,9 @@
 // When the budget holds everything (host_memory_need's total), nothing streams and no ring is
 // allocated. The disk is the host's one device, shared by all its GPUs.
 //
-// The runtime streams every frozen group from the disk (SessionOptions::frozen_tier); frozen
-// groups kept resident while they fit and spilled activations are modelled here only, so that
-// `roundpipe plan` can say whether the disk would bound a step.
+// The runtime places by the same rule (place_in_host_budget: FrozenTierOptions::host_budget_gib,
+// with its own ring, the largest frozen group per buffer, and the process's own memory set
+// aside first); `roundpipe plan` adds the disk traffic to say whether the disk would bound a step.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -87,6 +87,14 @@ std::vector<char> streamed_groups(const ModelLayout& m, double room, double* res
 /// the groups with streamed[g] (all frozen groups when `streamed` is empty).
 std::vector<int64_t> stage_frozen_reads(const ModelLayout& m, const IterationPlan& plan,
                                         const std::vector<char>& streamed = {});
+
+/// What a host budget of `budget` bytes keeps for `run` on `m` with a read ring of `ring_bytes`
+/// (the file comment's rules, the disk traffic aside): DiskPlan's fits, minimum_budget,
+/// trainable, ring (0 when everything fits and nothing streams), frozen, resident, activation and
+/// spill bytes, saved_attention / attention_dropped and streamed; stage_reads, read/write bytes
+/// and seconds stay 0. The runtime's host_budget_gib and plan_disk_tier both place by it.
+/// Throws host_memory_need's errors.
+DiskPlan place_in_host_budget(const ModelLayout& m, const HostRun& run, double budget, double ring_bytes);
 
 /// The disk plan of `run` on `m` under `tier` for `plan` (the file comment's rules). With
 /// !tier.enabled() everything is resident and nothing is read. Throws std::invalid_argument

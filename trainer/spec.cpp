@@ -37,13 +37,15 @@ void check_base_model_id(const JsonFields& f, const TrainSpec& s) {
            s.base_model_id);
 }
 
-// "frozen_tier": {"path": "...", "ring_gib": G, "resident_gib": R} (SessionOptions::frozen_tier).
+// "frozen_tier": {"path": "...", "ring_gib": G, "resident_gib": R, "host_budget_gib": B}
+// (SessionOptions::frozen_tier).
 void read_frozen_tier(const JsonFields& f, TrainSpec& s) {
   if (!f.has("frozen_tier")) return;
   if (!f.at("frozen_tier").is_object())
-    f.fail("frozen_tier", "an object {\"path\": cache file, \"ring_gib\": G, \"resident_gib\": R}");
+    f.fail("frozen_tier",
+           "an object {\"path\": cache file, \"ring_gib\": G, \"resident_gib\": R, \"host_budget_gib\": B}");
   const JsonFields t = f.nested("frozen_tier");
-  t.allow_only({"path", "ring_gib", "resident_gib"});
+  t.allow_only({"path", "ring_gib", "resident_gib", "host_budget_gib"});
   TrainSpec::FrozenTier ft;
   ft.path = t.string("path");
   if (ft.path.empty()) t.fail("path", "a non-empty path of the tier's cache file", ft.path);
@@ -60,6 +62,13 @@ void read_frozen_tier(const JsonFields& f, TrainSpec& s) {
   if (!(ft.resident_gib >= 0 && ft.resident_gib <= double(1 << 20)))
     t.fail("resident_gib", "a number >= 0 and <= 1048576 (GiB of the base kept in host memory)",
            ft.resident_gib);
+  t.optional("host_budget_gib", ft.host_budget_gib);
+  if (!(ft.host_budget_gib >= 0 && ft.host_budget_gib <= double(1 << 20)))
+    t.fail("host_budget_gib", "a number >= 0 and <= 1048576 (GiB the whole run may hold; 0: no budget)",
+           ft.host_budget_gib);
+  if (ft.host_budget_gib > 0 && ft.resident_gib > 0)
+    t.fail("host_budget_gib", "no resident_gib beside it (the budget decides what stays resident)",
+           ft.host_budget_gib);
   s.frozen_tier = ft;
 }
 

@@ -27,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -75,6 +76,17 @@ struct FrozenTierOptions {
   /// of the base it keeps). 0: every frozen group streams. Refused (std::invalid_argument
   /// naming frozen_tier.resident_gib) when negative or not finite.
   double resident_gib = 0;
+  /// The whole run's host memory in GiB (0: not set). The session then decides what stays in
+  /// host memory by the rule `roundpipe plan --host-budget-gib` prints (scheduler/disk_tier.hpp,
+  /// plan_disk_tier): from the budget less what the process holds before the session allocates
+  /// (its code, the device contexts, the caller's data), the trainable state and the read ring
+  /// come first; the saved activations next (the saved attention is dropped when it does not
+  /// fit beside them); the frozen groups that fit what is left stay resident (decoders' first)
+  /// and the rest streams. It replaces resident_gib (giving both is refused). Refused
+  /// (std::invalid_argument naming frozen_tier.host_budget_gib and the least it needs) when
+  /// the trainable state and the ring alone do not fit, or when the activations would have to
+  /// spill to the disk and the run cannot spill them.
+  double host_budget_gib = 0;
   /// Read with O_DIRECT where the file system allows it (false: buffered reads that drop the
   /// page cache behind them).
   bool direct = true;
@@ -82,6 +94,25 @@ struct FrozenTierOptions {
   /// damaged one is rebuilt (the reason is logged). false: trust its header; a damaged entry
   /// then fails the run when it is read.
   bool verify_reused = true;
+};
+
+/// Frozen groups made on demand instead of handed over in memory (SessionOptions::frozen_source):
+/// the session asks for each frozen group it was given no weights for, one group at a time, when
+/// it needs the group's bytes (a resident group at construction; a streamed one while the disk
+/// tier writes its cache, which a reused cache does not need), so a base larger than the host's
+/// memory never exists whole in it.
+struct FrozenSource {
+  /// Names the weights the source makes (a generator and its seed, or files with their sizes
+  /// and modification times). With the model layout and the groups' formats it keys the disk
+  /// tier's cache: a cache of the same identity is reused without making any group, so the
+  /// identity must change whenever the bytes would. Must not be empty.
+  std::string identity;
+  /// Writes frozen group g's storage form into `out` (exactly ParamGroup::storage_bytes bytes,
+  /// each tensor in its TensorSpec::format at its byte_offset, as quantize_weights lays them
+  /// out). Called from the thread constructing the session, at most once per group and
+  /// construction; may use threads of its own. An exception it throws leaves the constructor
+  /// with the same exception, nothing half-written left behind.
+  std::function<void(int group, std::span<std::byte> out)> fill;
 };
 
 /// What the disk tier did at construction (Session::frozen_tier).
@@ -98,6 +129,12 @@ struct FrozenTierReport {
   size_t ring_buffers = 0, buffer_bytes = 0;
   /// "frozen tier: <path>: reused (N GiB, X s, O_DIRECT); ring K x M MiB" (also logged).
   std::string line;
+  uint64_t resident_bytes = 0;     ///< frozen bytes kept in host memory (resident_gib or the budget)
+  bool attention_dropped = false;  ///< host_budget_gib turned the saved attention off
+  /// host_budget_gib: "frozen tier: host budget 32.0 GiB: process 1.2 GiB, trainable ..., ring
+  /// ..., activations ... (saved attention dropped); frozen base X GiB of which Y resident"
+  /// (also logged); empty without a budget.
+  std::string budget_line;
 };
 
 struct SessionOptions {
@@ -191,6 +228,9 @@ struct SessionOptions {
   /// there that is not a tier cache). A read that fails during training fails the run
   /// (RuntimeFailure naming the file, the entry and its offset).
   std::optional<FrozenTierOptions> frozen_tier;
+  /// Frozen groups given neither as fp32 values nor in storage form to the constructor (both
+  /// empty) come from here (FrozenSource). Without it such a group is refused.
+  std::optional<FrozenSource> frozen_source;
 };
 
 /// What one closed step did (Session::wait).

@@ -1,0 +1,112 @@
+// Random weights of bench_throughput: uniform in [-0.02, 0.02) (norms 1). Trainable groups come
+// as fp32, frozen ones in their storage form, made one chunk of rows at a time from a seed of
+// (group, tensor, chunk), so a frozen group's bytes are the same whether the groups are made
+// together on several threads (in memory) or one by one, each on several threads (the
+// runtime's frozen source, which a disk tier asks for one group at a time while it writes its
+// cache, so a base larger than the host's memory never exists whole in it).
+#pragma once
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <thread>
+#include <vector>
+
+#include "kernels/weight_format.hpp"
+#include "model/lora.hpp"
+#include "roundpipe/model.hpp"
+#include "roundpipe/session.hpp"
+
+namespace bench {
+
+/// Values per chunk of a frozen tensor (whole rows, at least one).
+constexpr int64_t kChunkValues = int64_t(1) << 20;
+
+/// splitmix64 (Steele et al. 2014): the chunk's seed, then its stream.
+inline uint64_t splitmix(uint64_t& s) {
+  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+/// n values of chunk `chunk` of tensor `t` of group `g` (1 for a 1-D tensor: norms).
+inline void fill_chunk(const rp::TensorSpec& t, int g, size_t tensor, int64_t chunk, float* v, int64_t n) {
+  uint64_t s = (uint64_t(g) << 40) ^ (uint64_t(tensor) << 24) ^ uint64_t(chunk);
+  splitmix(s);
+  for (int64_t i = 0; i < n; ++i)
+    v[i] = t.shape.size() == 1 ? 1.f : float(double(splitmix(s) >> 11) * 0x1p-53 * 0.04 - 0.02);
+}
+
+/// Frozen group g's storage form into `out` (storage_bytes), on `threads` threads.
+inline void make_frozen_group(const rp::ModelLayout& m, int g, std::span<std::byte> out, int threads) {
+  const rp::ParamGroup& grp = m.groups[size_t(g)];
+  char* dst = reinterpret_cast<char*>(out.data());
+  for (size_t ti = 0; ti < grp.tensors.size(); ++ti) {
+    const rp::TensorSpec& t = grp.tensors[ti];
+    const int64_t cols = std::max<int64_t>(1, rp::weight_format_cols(t.shape));
+    const int64_t rows = t.numel() / cols;
+    const int64_t rows_per = std::max<int64_t>(1, kChunkValues / cols);
+    const int64_t chunks = (rows + rows_per - 1) / rows_per;
+    // fp8 keeps every row's scale ahead of the codes (and a block may straddle rows whose length
+    // it does not divide): made whole in fp32, then quantized; the block formats quantize chunk
+    // by chunk straight into place
+    const bool whole = t.format == rp::WeightFormat::fp8 || cols % rp::weight_format_block(t.format) != 0;
+    std::vector<float> all(whole ? size_t(t.numel()) : 0);
+    auto work = [&](int k) {
+      std::vector<float> v;
+      for (int64_t c = k; c < chunks; c += threads) {
+        const int64_t r0 = c * rows_per, nr = std::min(rows_per, rows - r0);
+        float* p = whole ? all.data() + r0 * cols : (v.resize(size_t(nr * cols)), v.data());
+        fill_chunk(t, g, ti, c, p, nr * cols);
+        if (!whole)
+          rp::quantize_weights(t.format, p, dst + t.byte_offset + rp::weight_format_bytes(t.format, r0 * cols, cols),
+                               nr * cols, cols);
+      }
+    };
+    std::vector<std::thread> th;
+    for (int k = 1; k < threads; ++k) th.emplace_back(work, k);
+    work(0);
+    for (auto& x : th) x.join();
+    if (whole) rp::quantize_weights(t.format, all.data(), dst + t.byte_offset, t.numel(), cols);
+  }
+}
+
+/// Trainable groups' fp32 values into w (adapters: PEFT's initialisation); frozen groups in
+/// storage form into `frozen` unless `lazy` (then left empty for frozen_source()).
+inline void random_weights(const rp::ModelLayout& m, std::vector<std::vector<float>>& w,
+                           std::vector<std::vector<uint8_t>>& frozen, bool lazy) {
+  w.assign(m.groups.size(), {});
+  frozen.assign(m.groups.size(), {});
+  const size_t nt = std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()), 8);
+  std::vector<std::thread> th;
+  for (size_t k = 0; k < nt; ++k)
+    th.emplace_back([&, k] {
+      for (size_t gi = k; gi < m.groups.size(); gi += nt) {
+        const auto& g = m.groups[gi];
+        if (m.lora && int(gi) >= m.num_layers()) {
+          w[gi] = rp::lora_initial_group(m, int(gi));
+        } else if (!g.frozen) {
+          w[gi].resize(size_t(g.numel));
+          for (size_t ti = 0; ti < g.tensors.size(); ++ti) {
+            const rp::TensorSpec& t = g.tensors[ti];
+            fill_chunk(t, int(gi), ti, 0, w[gi].data() + t.offset, t.numel());
+          }
+        } else if (!lazy) {
+          frozen[gi].resize(size_t(g.storage_bytes));
+          make_frozen_group(m, int(gi),
+                            std::span<std::byte>(reinterpret_cast<std::byte*>(frozen[gi].data()), frozen[gi].size()), 1);
+        }
+      }
+    });
+  for (auto& t : th) t.join();
+}
+
+/// The runtime's source of the frozen groups random_weights(lazy) left out.
+inline rp::FrozenSource frozen_source(const rp::ModelLayout& m) {
+  const int threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  return rp::FrozenSource{"bench_throughput random weights 2 (splitmix64 per 2^20-value chunk of rows)",
+                          [&m, threads](int g, std::span<std::byte> out) { make_frozen_group(m, g, out, threads); }};
+}
+
+}  // namespace bench

@@ -1,0 +1,101 @@
+// Fixtures of the disk tier's runtime tests (test_frozen_tier.cpp, test_frozen_source.cpp): a
+// tiny LoRA model on a q4_0 base, its session options, a scratch folder per test, and a
+// kSteps-step training run that fails the test instead of hanging.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include "actors/session_testing.hpp"
+#include "tests/actors/runtime_reference.hpp"
+
+namespace rp::test::tier_fixture {
+
+namespace fs = std::filesystem;
+constexpr int64_t kNSeq = 2, kSeqLen = 5, kM = 3;
+constexpr int kSteps = 3;
+constexpr double kWaitS = 120;  // a step of this model takes well under a second: more is a hang
+
+struct Scratch {
+  fs::path dir;
+  Scratch() {
+    dir = fs::temp_directory_path() /
+          fmt::format("rp_frozen_tier_{}_{}", ::getpid(), ::testing::UnitTest::GetInstance()->random_seed());
+    dir /= ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  ~Scratch() { fs::remove_all(dir); }
+  std::string path(const std::string& name) const { return (dir / name).string(); }
+};
+
+inline ModelLayout lora_layout(int layers = 4) {
+  LoraConfig lc;
+  lc.r = 4;
+  lc.alpha = 8;
+  lc.target_modules = {"all-linear"};
+  lc.base_format = WeightFormat::q4_0;  // staged and dequantized on the device
+  return make_layout(tiny_config(false, false, layers), lc);
+}
+
+inline TestSessionOptions options(int workers, std::vector<std::string>* log) {
+  TestSessionOptions o;
+  o.workers = workers;
+  o.micro_batches = kM;
+  o.micro = {kNSeq, kSeqLen};
+  o.adam = adam_opts();
+  o.shards = 2;
+  o.transfer_chunk_bytes = 4096;  // several chunks per group: the lease outlives the first
+  o.watchdog_s = 0;
+  if (log) o.profiling.log = [log](const std::string& l) { log->push_back(l); };
+  return o;
+}
+
+struct Result {
+  std::vector<double> losses;
+  std::vector<std::vector<float>> weights;  // group_weights_f32 of every group
+};
+
+// Trains kSteps steps; a step not done within kWaitS fails the test (a deadlock) instead of hanging.
+inline Result train(Session& s) {
+  Result r;
+  for (int t = 0; t < kSteps; ++t) {
+    std::vector<int32_t> tg, ids;
+    random_tokens(67, kM * kNSeq * kSeqLen, 100 + uint64_t(t) * 10, ids, tg);
+    s.forward_backward(ids, tg);
+    s.step(lr_at(t));
+  }
+  for (int t = 0; t < kSteps; ++t) {
+    std::optional<StepResult> sr = s.wait_for(t, kWaitS);
+    if (!sr) {
+      ADD_FAILURE() << "step " << t << " not done after " << kWaitS << " s: " << s.status();
+      return r;
+    }
+    r.losses.push_back(sr->loss_sum / sr->tokens);
+  }
+  s.synchronize();
+  for (int g = 0; g < int(s.layout().groups.size()); ++g) r.weights.push_back(s.group_weights_f32(g));
+  return r;
+}
+
+inline FrozenTierOptions tier_at(const std::string& path, double gib = 0) {
+  FrozenTierOptions t;
+  t.path = path;
+  t.ring_gib = gib;
+  return t;
+}
+
+inline uint64_t frozen_bytes(const ModelLayout& m) {
+  uint64_t n = 0;
+  for (const ParamGroup& g : m.groups)
+    if (g.frozen) n += uint64_t(g.storage_bytes);
+  return n;
+}
+
+}  // namespace rp::test::tier_fixture
