@@ -60,7 +60,8 @@ inline void make_frozen_group(const rp::ModelLayout& m, int g, std::span<std::by
         float* p = whole ? all.data() + r0 * cols : (v.resize(size_t(nr * cols)), v.data());
         fill_chunk(t, g, ti, c, p, nr * cols);
         if (!whole)
-          rp::quantize_weights(t.format, p, dst + t.byte_offset + rp::weight_format_bytes(t.format, r0 * cols, cols),
+          rp::quantize_weights(t.format, p,
+                               dst + t.byte_offset + rp::weight_format_bytes(t.format, r0 * cols, cols),
                                nr * cols, cols);
       }
     };
@@ -94,8 +95,9 @@ inline void random_weights(const rp::ModelLayout& m, std::vector<std::vector<flo
           }
         } else if (!lazy) {
           frozen[gi].resize(size_t(g.storage_bytes));
-          make_frozen_group(m, int(gi),
-                            std::span<std::byte>(reinterpret_cast<std::byte*>(frozen[gi].data()), frozen[gi].size()), 1);
+          make_frozen_group(
+              m, int(gi),
+              std::span<std::byte>(reinterpret_cast<std::byte*>(frozen[gi].data()), frozen[gi].size()), 1);
         }
       }
     });
@@ -105,8 +107,9 @@ inline void random_weights(const rp::ModelLayout& m, std::vector<std::vector<flo
 /// The runtime's source of the frozen groups random_weights(lazy) left out.
 inline rp::FrozenSource frozen_source(const rp::ModelLayout& m) {
   const int threads = int(std::max(1u, std::thread::hardware_concurrency()));
-  return rp::FrozenSource{"bench_throughput random weights 2 (splitmix64 per 2^20-value chunk of rows)",
-                          [&m, threads](int g, std::span<std::byte> out) { make_frozen_group(m, g, out, threads); }};
+  return rp::FrozenSource{
+      "bench_throughput random weights 2 (splitmix64 per 2^20-value chunk of rows)",
+      [&m, threads](int g, std::span<std::byte> out) { make_frozen_group(m, g, out, threads); }};
 }
 
 }  // namespace bench

@@ -30,11 +30,10 @@ std::string hidden_text(double n) {
 }  // namespace
 
 void add_disk_options(CLI::App& c, PlanCommandOptions& o) {
-  c.add_option(
-       "--disk-gbps", o.disk_gbps,
-       "disk tier: the host disk's read GB/s for frozen weights and spilled activations the host "
-       "budget cannot hold (0: none; training streams every frozen group with the spec key frozen_tier, "
-       "the rest is a prediction)")
+  c.add_option("--disk-gbps", o.disk_gbps,
+               "disk tier: the host disk's read GB/s for frozen weights and spilled activations the host "
+               "budget cannot hold (0: none; training places them by the same rule with the spec key "
+               "frozen_tier.host_budget_gib; spilled activations are a prediction)")
       ->capture_default_str();
   c.add_option("--disk-write-gbps", o.disk_write_gbps,
                "disk tier: write GB/s for spilled activations (0: the read rate)")
@@ -263,8 +262,8 @@ void print_disk_tier(std::FILE* out, const DiskRun& r, const SimResult& with_dis
     fmt::print(out, "          hidden {} at this disk, {} at a 7 GB/s NVMe; this run has {}\n",
                hidden_text(here), hidden_text(nvme), tokens);
   fmt::print(out,
-             "          (training streams every frozen group from the disk with the spec key frozen_tier; "
-             "frozen groups kept resident and spilled activations are predictions)\n");
+             "          (training places by this rule with the spec key frozen_tier.host_budget_gib; spilled "
+             "activations are a prediction)\n");
 }
 
 }  // namespace rp

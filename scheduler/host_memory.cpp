@@ -63,7 +63,8 @@ HostMemoryNeed host_memory_need(const ModelLayout& m, const HostRun& run) {
   const double slots = run.workers == 1 ? 1.0 : double(run.pass_slots);
   const double tokens = double(run.seq_len) * double(run.sequences_per_micro);
   const double act = tokens * double(c.hidden_size) * e;
-  n.activations = slots * double(run.micro_batches) * act * 2.0 * double(m.num_layers());
+  // the input of every layer past the first (L - 1) and two sets of boundary gradients (PassBuffers)
+  n.activations = slots * double(run.micro_batches) * act * (double(m.num_layers()) + 1.0);
   if (run.saved_attention)
     n.attention = slots * double(run.micro_batches) * double(c.num_hidden_layers) * tokens *
                   double(c.num_attention_heads) * (double(c.head_dim) * e + 4.0);

@@ -35,11 +35,12 @@ struct HostRun {
 
 /// Bytes by kind. Trainable parameters: fp32 master (4), AdamW moments (4 + 4), the
 /// low-precision copy the GPUs read (elem_bytes) and the fp32 gradient slot (4); frozen
-/// ones: their storage form. Activations: per pass slot, M micro-batches of one [tokens,
-/// hidden] activation in and out of every layer (2 x (L + 2)); saved attention: per pass slot,
-/// M x L x tokens x heads x (head_dim x elem_bytes + 4) (the output and its log-sum-exp).
-/// As actors/session.cpp sizes its buffers; the process's own code, the tokenized data and
-/// the allocator's slack come on top (see kHostHeadroom).
+/// ones: their storage form. Activations: per pass slot, M micro-batches of L + 1 [tokens,
+/// hidden] activations (L layers with the embedding and the head: the saved input of every layer
+/// past the first, and two sets of boundary gradients, as PassBuffers holds them); saved attention: per pass
+/// slot, M x L x tokens x heads x (head_dim x elem_bytes + 4) (the output and its log-sum-exp). As
+/// actors/session.cpp sizes its buffers; the process's own code, the tokenized data and the allocator's slack
+/// come on top (see kHostHeadroom).
 struct HostMemoryNeed {
   double master = 0, moments = 0, weights = 0, gradients = 0, frozen = 0;
   double activations = 0, attention = 0;

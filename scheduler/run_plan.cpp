@@ -49,7 +49,7 @@ void plan_host_memory(const RunPlanInputs& in, const HostBudget& h, RunPlan& r) 
   const auto T = checked_bytes({size_t(in.micro.n_seq), size_t(in.micro.seq_len)});
   const auto act = T ? checked_bytes({*T, size_t(c.hidden_size), dt}) : std::nullopt;
   const auto per_slot =
-      act ? checked_bytes({size_t(in.micro_batches), *act, size_t(2 * layout.num_layers())}) : std::nullopt;
+      act ? checked_bytes({size_t(in.micro_batches), *act, size_t(layout.num_layers() + 1)}) : std::nullopt;
   const auto attn =
       T ? checked_bytes({slots, size_t(in.micro_batches), size_t(c.num_hidden_layers), *T,
                          size_t(c.num_attention_heads), size_t(c.head_dim) * dt + sizeof(float)})

@@ -164,7 +164,8 @@ double smallest_ring(const ModelLayout& m) {
 
 // Options with a budget of `bytes` and nothing set aside for the process (so the figures below
 // are the whole budget whatever this test process holds).
-TestSessionOptions budgeted(int workers, const std::string& path, double bytes, std::vector<std::string>* log) {
+TestSessionOptions budgeted(int workers, const std::string& path, double bytes,
+                            std::vector<std::string>* log) {
   TestSessionOptions o = options(workers, log);
   o.frozen_tier = tier_at(path);
   o.frozen_tier->host_budget_gib = bytes / kGiB;
@@ -193,7 +194,8 @@ TEST(FrozenTierBudget, KeepsWhatFitsStreamsTheRestAndTrainsLikeNoTier) {
     ASSERT_TRUE(r.enabled);
     EXPECT_GT(r.resident_bytes, 0u);
     EXPECT_LE(double(r.resident_bytes), frozen / 2);
-    EXPECT_EQ(double(r.bytes + r.resident_bytes), frozen) << "every frozen byte either resident or in the file";
+    EXPECT_EQ(double(r.bytes + r.resident_bytes), frozen)
+        << "every frozen byte either resident or in the file";
     EXPECT_FALSE(r.attention_dropped);
     EXPECT_EQ(r.budget_line.rfind("frozen tier: host budget ", 0), 0u) << r.budget_line;
     EXPECT_NE(std::find(log.begin(), log.end(), r.budget_line), log.end()) << "the budget's line is logged";
@@ -212,8 +214,9 @@ TEST(FrozenTierBudget, DropsTheSavedAttentionWhenOnlyTheActivationsFit) {
   TestSession off(m, random_weights(m, 7), plain);
   const Result base = train(off);
   // the activations and half the attention: the attention goes, the base streams
-  TestSessionOptions o = budgeted(1, sc.path("drop.cache"),
-                                  trainable + smallest_ring(m) + with.activations + with.attention / 2, nullptr);
+  TestSessionOptions o =
+      budgeted(1, sc.path("drop.cache"), trainable + smallest_ring(m) + with.activations + with.attention / 2,
+               nullptr);
   o.save_attention = true;
   TestSession s(m, random_weights(m, 7), o);
   ASSERT_TRUE(s.frozen_tier().enabled);

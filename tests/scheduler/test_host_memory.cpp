@@ -26,8 +26,9 @@ TEST(HostMemory, FullFineTuningHoldsEighteenBytesPerParameterAndTheActivations) 
   EXPECT_EQ(n.trainable_params, c.num_parameters());
   EXPECT_EQ(n.frozen_params, 0);
   EXPECT_DOUBLE_EQ(n.master + n.moments + n.weights + n.gradients, 18 * p);  // 4 + 8 + 2 + 4
-  // two pass slots x 8 micro-batches x (28 + 2 layers) x in and out x 4096 x 2048 bf16
-  EXPECT_DOUBLE_EQ(n.activations, 2.0 * 8 * 30 * 2 * 4096 * 2048 * 2);
+  // two pass slots x 8 micro-batches x (28 + 2 layers + 1: the saved inputs of layers 1..29 and two
+  // sets of boundary gradients) x 4096 x 2048 bf16
+  EXPECT_DOUBLE_EQ(n.activations, 2.0 * 8 * 31 * 4096 * 2048 * 2);
   EXPECT_EQ(n.attention, 0);
   // one worker: its passes share one slot
   HostRun one = run;
