@@ -54,8 +54,9 @@ std::string source_key(const ModelLayout& layout, const ParamStore& store, const
       layout.groups.size(), groups.size(), bytes, desc.size(), checksum64(desc.data(), desc.size()));
 }
 
-/// The largest frozen group's storage, rounded up to the direct-I/O alignment (a ring buffer).
-uint64_t largest_frozen_group(const ModelLayout& layout, std::string* name = nullptr) {
+/// The largest frozen group's storage, rounded up to the direct-I/O alignment (a ring buffer),
+/// and its name.
+uint64_t largest_group_named(const ModelLayout& layout, std::string* name) {
   uint64_t largest = 0;
   for (const ParamGroup& g : layout.groups)
     if (g.frozen && tier::align_up(uint64_t(g.storage_bytes)) > largest) {
@@ -65,9 +66,7 @@ uint64_t largest_frozen_group(const ModelLayout& layout, std::string* name = nul
   return largest;
 }
 
-/// Host memory the budget keeps beyond the session's own buffers: thread stacks, the actor
-/// system, the allocator's slack, and what the caller allocates while training (token batches).
-constexpr double kBudgetMargin = 0.5 * kGiB;
+constexpr double kBudgetMargin = kHostBudgetMargin;  // scheduler/disk_tier.hpp
 
 /// Bytes in GiB rounded up to the hundredth printed ("expected at least" figures that suffice).
 double gib_up(double bytes) { return std::ceil(bytes / kGiB * 100.0) / 100.0; }
@@ -171,7 +170,7 @@ void Session::Impl::place_frozen_tier(size_t held, const SessionInternals& inter
   run.saved_attention = opt.save_attention.value_or(true);
   run.elem_bytes = int64_t(dtype_size(devices[0]->compute_dtype()));
   std::string largest_name;
-  const uint64_t largest = largest_frozen_group(layout, &largest_name);
+  const uint64_t largest = largest_group_named(layout, &largest_name);
   size_t frozen_groups = 0;
   for (const ParamGroup& g : layout.groups) frozen_groups += g.frozen && g.storage_bytes > 0;
   const double ring =
@@ -183,7 +182,19 @@ void Session::Impl::place_frozen_tier(size_t held, const SessionInternals& inter
   const double margin = internals.host_budget_reserve ? 0.0 : kBudgetMargin;
   const double reserve = internals.host_budget_reserve.value_or(process + margin);
   const double budget = o.host_budget_gib * kGiB;
-  const DiskPlan d = place_in_host_budget(layout, run, budget - reserve, ring);
+  DiskPlan d = place_in_host_budget(layout, run, budget - reserve, ring);
+  // automatic saved attention: dropped when that keeps more of the base resident (each decoder
+  // group kept saves two reads per iteration; recomputing the attention costs far less)
+  bool dropped_for_base = false;
+  if (!opt.save_attention && d.fits && d.ring_bytes > 0 && d.saved_attention) {
+    HostRun without = run;
+    without.saved_attention = false;
+    DiskPlan e = place_in_host_budget(layout, without, budget - reserve, ring);
+    if (e.resident_bytes > d.resident_bytes) {
+      d = e;
+      d.attention_dropped = dropped_for_base = true;
+    }
+  }
   const double least = reserve + d.minimum_budget;
   if (!d.fits)
     throw std::invalid_argument(fmt::format(
@@ -206,14 +217,15 @@ void Session::Impl::place_frozen_tier(size_t held, const SessionInternals& inter
   tier_place.resident = d.resident_bytes;
   if (d.attention_dropped) tier_place.saved_attention = false;
   tier_report.attention_dropped = d.attention_dropped;
+  const char* why = dropped_for_base      ? " (saved attention dropped to keep more of the base resident)"
+                    : d.attention_dropped ? " (saved attention dropped: backward recomputes it)"
+                                          : "";
   tier_report.budget_line = fmt::format(
       "frozen tier: host budget {} GiB: process {:.2f} GiB + margin {:.2f}, trainable {:.2f}, read ring "
       "{:.2f}, "
       "saved activations {:.2f}{}; frozen base {:.2f} GiB of which {:.2f} resident",
       o.host_budget_gib, (reserve - margin) / kGiB, margin / kGiB, d.trainable_bytes / kGiB,
-      d.ring_bytes / kGiB, d.activation_bytes / kGiB,
-      d.attention_dropped ? " (saved attention dropped: backward recomputes it)" : "", d.frozen_bytes / kGiB,
-      d.resident_bytes / kGiB);
+      d.ring_bytes / kGiB, d.activation_bytes / kGiB, why, d.frozen_bytes / kGiB, d.resident_bytes / kGiB);
   log(tier_report.budget_line);
 }
 

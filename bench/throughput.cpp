@@ -323,7 +323,7 @@ int run(int argc, char** argv) {
   o.transfer_bulk_inflight = bulk_inflight;
   o.mlp_chunk_tokens = mlp_chunk;
   if (pin_budget_gib >= 0) o.pin_budget_bytes = size_t(pin_budget_gib * double(1ull << 30));
-  o.save_attention = !no_save_attention;
+  if (no_save_attention) o.save_attention = false;  // else automatic (on where host memory allows)
   if (!frozen_tier.empty()) {
     o.frozen_tier = rp::FrozenTierOptions{frozen_tier, tier_ring_gib, tier_resident_gib};
     o.frozen_tier->host_budget_gib = tier_host_budget_gib;

@@ -87,6 +87,10 @@ DiskTier disk_tier_of(const PlanCommandOptions& o, std::string* budget_source) {
     t.host_budget = kHostHeadroom * double(host_total_bytes());
     source = fmt::format("--host-budget-gib, default {:.0f}% of this machine's memory", 100 * kHostHeadroom);
   }
+  // as training does: what the process holds before the session allocates (estimated here,
+  // measured there) and the margin come off the budget first
+  t.set_aside = std::min(t.host_budget, kHostBudgetMargin + kProcessEstimate);
+  t.host_budget -= t.set_aside;
   if (budget_source) *budget_source = source;
   return t;
 }
@@ -99,9 +103,9 @@ DiskPlan checked_disk_plan(const DiskRun& r, const ModelLayout& layout, const Ho
     throw UsageError(fmt::format(
         "{}: the disk tier needs at least {} of host memory (trainable state {} + read ring {} x {}), {} "
         "given",
-        r.budget_source.substr(0, r.budget_source.find(',')), byte_text(d.minimum_budget),
+        r.budget_source.substr(0, r.budget_source.find(',')), byte_text(d.minimum_budget + r.tier.set_aside),
         byte_text(d.trainable_bytes), r.tier.ring_buffers, byte_text(d.ring_bytes / r.tier.ring_buffers),
-        byte_text(r.tier.host_budget)));
+        byte_text(r.tier.host_budget + r.tier.set_aside)));
   return d;
 }
 
@@ -205,10 +209,13 @@ void print_disk_tier(std::FILE* out, const DiskRun& r, const SimResult& with_dis
   const int G = r.run.partition.gpus;
   fmt::print(
       out,
-      "\ndisk      {:.4g} GB/s read, {:.4g} GB/s write, shared by {}; host budget {} ({}): trainable "
-      "state {}, read ring {}, activations {}, frozen base {} of which {} resident\n",
+      "\ndisk      {:.4g} GB/s read, {:.4g} GB/s write, shared by {}; host budget {} ({}; {} of it set aside "
+      "for the process, as training does): trainable state {}, read ring {}, activations {}, frozen base {} "
+      "of "
+      "which {} resident\n",
       t.read_bandwidth / 1e9, t.write_rate() / 1e9, G == 1 ? std::string("1 GPU") : fmt::format("{} GPUs", G),
-      byte_text(t.host_budget), r.budget_source, byte_text(d.trainable_bytes),
+      byte_text(t.host_budget + t.set_aside), r.budget_source, byte_text(t.set_aside),
+      byte_text(d.trainable_bytes),
       d.ring_bytes > 0      ? fmt::format("{} x {}", t.ring_buffers, byte_text(d.ring_bytes / t.ring_buffers))
       : d.frozen_bytes == 0 ? std::string("none (no frozen weights to stream)")
       : d.spill_bytes > 0   ? std::string("none (the frozen base stays in memory)")

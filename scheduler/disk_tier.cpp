@@ -60,6 +60,13 @@ std::vector<char> streamed_groups(const ModelLayout& m, double room, double* res
   return streamed;
 }
 
+double largest_frozen_group(const ModelLayout& m) {
+  int64_t largest = 0;
+  for (const ParamGroup& g : m.groups)
+    if (g.frozen) largest = std::max(largest, (g.storage_bytes + 4095) / 4096 * 4096);
+  return double(largest);
+}
+
 namespace {
 
 // Keeps the activations in `room` (dropping the attention, then spilling); returns the room left.
@@ -106,9 +113,8 @@ DiskPlan place_in_host_budget(const ModelLayout& m, const HostRun& run, double b
 
 DiskPlan plan_disk_tier(const ModelLayout& m, const HostRun& run, const DiskTier& tier,
                         const IterationPlan& plan) {
-  const std::vector<int64_t> all_reads = stage_frozen_reads(m, plan);
-  const int64_t largest = all_reads.empty() ? 0 : *std::max_element(all_reads.begin(), all_reads.end());
-  const double ring = double(tier.ring_buffers) * double(largest);
+  (void)stage_frozen_reads(m, plan);  // checks the plan against the model
+  const double ring = double(tier.ring_buffers) * largest_frozen_group(m);
   DiskPlan d = place_in_host_budget(m, run, tier.enabled() ? tier.host_budget : HUGE_VAL, ring);
   if (d.ring_bytes == 0) {  // everything stays in host memory
     d.stage_reads.assign(plan.stages.size(), 0);

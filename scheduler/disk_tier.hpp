@@ -12,7 +12,7 @@
 //
 // What is resident, per iteration (B the budget, all in bytes):
 //   trainable  = master + moments + low-precision copy + gradients (host_memory_need)
-//   ring       = ring_buffers x the largest stage read of the plan (every frozen group streamed)
+//   ring       = ring_buffers x the largest frozen group, 4 KiB-aligned (the runtime's read buffers)
 //   needs B >= trainable + ring, else DiskPlan::fits is false (minimum_budget says how much)
 //   room       = B - trainable - ring
 //   activations: kept when activations + attention <= room; else, with saved attention,
@@ -46,11 +46,20 @@ namespace rp {
 struct DiskTier {
   double read_bandwidth = 0;   ///< bytes/s (0: no disk tier)
   double write_bandwidth = 0;  ///< bytes/s (0: read_bandwidth)
-  double host_budget = 0;      ///< host bytes the run may fill
-  int ring_buffers = 2;        ///< pinned read buffers, each the largest stage read
+  double host_budget = 0;      ///< host bytes the run's buffers may fill (after set_aside)
+  double set_aside = 0;        ///< bytes of the given budget kept for the process (not in host_budget)
+  int ring_buffers = 2;        ///< pinned read buffers, each of the largest frozen group (as the runtime's)
   bool enabled() const { return read_bandwidth > 0; }
   double write_rate() const { return write_bandwidth > 0 ? write_bandwidth : read_bandwidth; }
 };
+
+/// Host memory a whole-run budget keeps beyond the run's own buffers (thread stacks, the actor
+/// system, the allocator's slack, the caller's token batches): the runtime sets it aside, with
+/// what the process holds before the session allocates, before it places anything.
+constexpr double kHostBudgetMargin = 0.5 * double(uint64_t(1) << 30);
+/// What `roundpipe plan` assumes the process holds before the session allocates (code, the CUDA
+/// context; measured about 0.3 GiB on an H200 host), which training measures instead.
+constexpr double kProcessEstimate = 0.3 * double(uint64_t(1) << 30);
 
 /// A 7 GB/s NVMe drive (PCIe 4.0 x4 sequential reads), the reference of the tokens-to-hide figure.
 constexpr double kReferenceNvmeBytesPerSecond = 7e9;
@@ -60,7 +69,7 @@ struct DiskPlan {
   bool fits = true;                  ///< the budget holds everything, or at least minimum_budget
   double minimum_budget = 0;         ///< trainable + ring: less cannot run with this tier
   double trainable_bytes = 0;        ///< master, moments, low-precision copy, gradients
-  double ring_bytes = 0;             ///< ring_buffers x the largest stage read (0: nothing streams)
+  double ring_bytes = 0;             ///< ring_buffers x the largest frozen group (0: nothing streams)
   double frozen_bytes = 0;           ///< every frozen group's storage
   double resident_bytes = 0;         ///< of frozen_bytes, kept in host memory
   double activation_bytes = 0;       ///< saved activations kept in host memory (all pass slots)
@@ -82,6 +91,9 @@ std::vector<int> residency_order(const ModelLayout& m);
 /// residency_order while their storage fits `room` bytes (a group that does not fit streams and
 /// the next ones are tried). `resident` (may be null): the bytes kept.
 std::vector<char> streamed_groups(const ModelLayout& m, double room, double* resident = nullptr);
+/// The largest frozen group's storage bytes rounded up to 4 KiB (one read buffer of the ring), 0
+/// without frozen groups.
+double largest_frozen_group(const ModelLayout& m);
 
 /// The frozen storage bytes each stage of `plan` uploads (ModelLayout::groups_uploaded) of
 /// the groups with streamed[g] (all frozen groups when `streamed` is empty).

@@ -81,7 +81,8 @@ struct FrozenTierOptions {
   /// plan_disk_tier): from the budget less what the process holds before the session allocates
   /// (its code, the device contexts, the caller's data), the trainable state and the read ring
   /// come first; the saved activations next (the saved attention is dropped when it does not
-  /// fit beside them); the frozen groups that fit what is left stay resident (decoders' first)
+  /// fit beside them, and, with save_attention automatic, also when dropping it keeps more of
+  /// the base resident); the frozen groups that fit what is left stay resident (decoders' first)
   /// and the rest streams. It replaces resident_gib (giving both is refused). Refused
   /// (std::invalid_argument naming frozen_tier.host_budget_gib and the least it needs) when
   /// the trainable state and the ring alone do not fit, or when the activations would have to

@@ -35,12 +35,12 @@ struct Scratch {
   std::string path(const std::string& name) const { return (dir / name).string(); }
 };
 
-inline ModelLayout lora_layout(int layers = 4) {
+inline ModelLayout lora_layout(int layers = 4, WeightFormat base = WeightFormat::q4_0) {
   LoraConfig lc;
   lc.r = 4;
   lc.alpha = 8;
   lc.target_modules = {"all-linear"};
-  lc.base_format = WeightFormat::q4_0;  // staged and dequantized on the device
+  lc.base_format = base;  // q4_0: staged and dequantized on the device
   return make_layout(tiny_config(false, false, layers), lc);
 }
 

@@ -7,8 +7,8 @@
 //  - a budget that holds everything opens no tier; a budget between the trainable state and
 //    the whole run keeps part of the base resident and trains bit for bit like no tier; a
 //    budget too small for the activations with saved attention drops it (and trains like a run
-//    without it); too small a budget, one beside resident_gib, a source without identity are
-//    refused in one line naming the key.
+//    without it), as does an automatic save_attention when that keeps more of the base; too small a budget,
+//    one beside resident_gib, a source without identity are refused in one line naming the key.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -189,7 +189,9 @@ TEST(FrozenTierBudget, KeepsWhatFitsStreamsTheRestAndTrainsLikeNoTier) {
   {  // room for about half the base beside the rest: part stays, the rest streams, same training
     std::vector<std::string> log;
     const double bytes = need.total() - frozen + smallest_ring(m) + frozen / 2;
-    TestSession s(m, random_weights(m, 7), budgeted(2, sc.path("half.cache"), bytes, &log));
+    TestSessionOptions o = budgeted(2, sc.path("half.cache"), bytes, &log);
+    o.save_attention = true;  // kept as asked (automatic would drop it to keep more of the base)
+    TestSession s(m, random_weights(m, 7), o);
     const FrozenTierReport& r = s.frozen_tier();
     ASSERT_TRUE(r.enabled);
     EXPECT_GT(r.resident_bytes, 0u);
@@ -224,6 +226,31 @@ TEST(FrozenTierBudget, DropsTheSavedAttentionWhenOnlyTheActivationsFit) {
   EXPECT_NE(s.frozen_tier().budget_line.find("saved attention dropped"), std::string::npos)
       << s.frozen_tier().budget_line;
   expect_same(train(s), base, m);
+}
+
+TEST(FrozenTierBudget, AutomaticSavedAttentionGoesWhenThatKeepsMoreOfTheBase) {
+  Scratch sc;
+  const ModelLayout m = lora_layout(12, WeightFormat::bf16);  // a base well above its attention
+  ASSERT_GT(double(frozen_bytes(m)) / 2, need_of(m, 1, true).attention + smallest_ring(m));
+  const HostMemoryNeed with = need_of(m, 1, true);
+  const double frozen = double(frozen_bytes(m));
+  TestSessionOptions plain = options(1, nullptr);
+  plain.save_attention = false;
+  TestSession off(m, random_weights(m, 7), plain);
+  const Result base = train(off);
+  // everything but half the base fits with the attention saved; save_attention left automatic
+  const double bytes = with.total() - frozen + smallest_ring(m) + frozen / 2;
+  TestSessionOptions kept = budgeted(1, sc.path("kept.cache"), bytes, nullptr);
+  kept.save_attention = true;
+  TestSession k(m, random_weights(m, 7), kept);
+  ASSERT_TRUE(k.frozen_tier().enabled);
+  EXPECT_FALSE(k.frozen_tier().attention_dropped) << "asked for: kept";
+  TestSession a(m, random_weights(m, 7), budgeted(1, sc.path("auto.cache"), bytes, nullptr));
+  EXPECT_TRUE(a.frozen_tier().attention_dropped);
+  EXPECT_GT(a.frozen_tier().resident_bytes, k.frozen_tier().resident_bytes);
+  EXPECT_NE(a.frozen_tier().budget_line.find("to keep more of the base resident"), std::string::npos)
+      << a.frozen_tier().budget_line;
+  expect_same(train(a), base, m);
 }
 
 TEST(FrozenTierBudget, BadBudgetsAreRefusedInOneLineNamingTheKey) {

@@ -26,6 +26,8 @@ constexpr double H = 4096, F = 14336, KV = 8 * 128, V = 128256;
 constexpr double kDecoder = 2 * (2 * H * H + 2 * H * KV + 3 * H * F + 2 * H) + 4 * (2 * H);
 constexpr double kEmbedding = 2 * V * H;
 constexpr double kTail = 2 * (V * H + H) + 4 * H;
+// One read buffer: the largest frozen group (the tail's), rounded up to 4 KiB.
+const double kBuffer = std::ceil(kTail / 4096) * 4096;
 
 ModelLayout llama_lora() {
   LoraConfig lc;
@@ -74,9 +76,9 @@ TEST(DiskTier, ASmallBudgetStreamsEveryFrozenGroupOncePerStage) {
   DiskTier t;
   t.read_bandwidth = 3e9;
   t.write_bandwidth = 1.5e9;
-  t.ring_buffers = 1;  // (two buffers of this plan's large stages would hold the whole base)
+  t.ring_buffers = 1;
   const double trainable = need.master + need.moments + need.weights + need.gradients;
-  const double ring = 16 * kDecoder + kTail;  // the largest stage read: the tail stage's
+  const double ring = kBuffer;                                           // one buffer of the largest group
   t.host_budget = trainable + ring + need.activations + need.attention;  // no room for any frozen group
   const DiskPlan d = plan_disk_tier(m, run, t, llama_plan());
   ASSERT_TRUE(d.fits);
@@ -122,9 +124,8 @@ TEST(DiskTier, SavedAttentionIsDroppedFirstThenActivationsSpillAtTheBudgetsEdges
   DiskTier t;
   t.read_bandwidth = 7e9;
   t.ring_buffers = 1;
-  const double fixed = need.master + need.moments + need.weights + need.gradients + 16 * kDecoder +
-                       kTail;                                 // trainable state and the ring
-  t.host_budget = fixed + need.activations + need.attention;  // exactly both
+  const double fixed = need.master + need.moments + need.weights + need.gradients + kBuffer;  // and the ring
+  t.host_budget = fixed + need.activations + need.attention;                                  // exactly both
   DiskPlan d = plan_disk_tier(m, run, t, llama_plan());
   EXPECT_TRUE(d.saved_attention);
   EXPECT_FALSE(d.attention_dropped);
@@ -154,8 +155,7 @@ TEST(DiskTier, ABudgetBelowTheTrainableStateAndTheRingDoesNotFit) {
   const HostMemoryNeed need = host_memory_need(m, run);
   DiskTier t;
   t.read_bandwidth = 7e9;
-  const double minimum =
-      need.master + need.moments + need.weights + need.gradients + 2 * (16 * kDecoder + kTail);
+  const double minimum = need.master + need.moments + need.weights + need.gradients + 2 * kBuffer;
   t.host_budget = minimum;
   DiskPlan d = plan_disk_tier(m, run, t, llama_plan());
   EXPECT_TRUE(d.fits);
