@@ -5,6 +5,7 @@
 #include <optional>
 #include <vector>
 
+#include "actors/activation_spill.hpp"
 #include "actors/fault_injection.hpp"
 #include "optimizer/adamw.hpp"
 #include "optimizer/loss_scale.hpp"
@@ -30,6 +31,10 @@ struct SessionInternals {
   FaultInjection faults;
   /// Fails reads of the disk tier's cache file (SessionOptions::frozen_tier; tier::fail_nth_read).
   tier::ReadFault frozen_tier_fault;
+  /// Fails reads or writes of the activation spill (FrozenTierOptions::spill_layers; fail_nth_spill_read).
+  SpillFault spill_fault;
+  /// Staging buffers of the activation spill per worker and direction (0: the default, 4).
+  size_t spill_staging = 0;
 };
 
 /// While alive, sessions built through the public constructor (e.g. by rp::Trainer) get

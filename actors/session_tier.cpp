@@ -43,26 +43,6 @@ std::string source_key(const ModelLayout& layout, const ParamStore& store, const
       layout.groups.size(), groups.size(), bytes, desc.size(), checksum64(desc.data(), desc.size()));
 }
 
-/// The ring's buffers: 4096-aligned, page-locked through `dev` where it lets them be
-/// (pageable otherwise: the copies are then slower, the results the same).
-tier::HostAllocator pinned_allocator(Device& dev) {
-  tier::HostAllocator a;
-  a.allocate = [&dev](size_t bytes) -> void* {
-    void* p = std::aligned_alloc(tier::kDirectAlign, tier::align_up(bytes));
-    if (!p) return nullptr;
-    try {
-      dev.pin_host(p, bytes);
-    } catch (const std::exception&) {  // left pageable
-    }
-    return p;
-  };
-  a.free = [&dev](void* p, size_t) {
-    dev.unpin_host(p);
-    std::free(p);
-  };
-  return a;
-}
-
 /// Buffers of `buffer_bytes` the budget holds (0: the minimum, 2), at most one per tiered group
 /// (`groups`, at least 2); refuses a budget below 2.
 size_t ring_count(const FrozenTierOptions& o, size_t buffer_bytes, const std::string& largest,
@@ -111,6 +91,24 @@ tier::EnsureResult ensure_tier_cache(const FrozenTierOptions& o, const std::stri
 }
 
 }  // namespace
+
+tier::HostAllocator pinned_allocator(Device& dev) {
+  tier::HostAllocator a;
+  a.allocate = [&dev](size_t bytes) -> void* {
+    void* p = std::aligned_alloc(tier::kDirectAlign, tier::align_up(bytes));
+    if (!p) return nullptr;
+    try {
+      dev.pin_host(p, bytes);
+    } catch (const std::exception&) {  // left pageable
+    }
+    return p;
+  };
+  a.free = [&dev](void* p, size_t) {
+    dev.unpin_host(p);
+    std::free(p);
+  };
+  return a;
+}
 
 void Session::Impl::open_frozen_tier(const SessionInternals& internals,
                                      const std::function<void(const std::string&)>& log) {

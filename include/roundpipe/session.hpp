@@ -82,6 +82,23 @@ struct FrozenTierOptions {
   /// damaged one is rebuilt (the reason is logged). false: trust its header; a damaged entry
   /// then fails the run when it is read.
   bool verify_reused = true;
+  /// Activation spill: the saved inputs (every micro-batch, every pass in flight) of this many
+  /// layers live in a hidden file in the folder of `path` instead of host memory, saving
+  /// spill_layers x pass slots x micro_batches x n_seq x seq_len x hidden x the compute dtype's bytes
+  /// of host memory (one pass slot's worth with one worker, whose passes share them). Forward
+  /// stages write them once computed; the stages that upload them read them back ahead, while
+  /// the stage before runs, through a few host staging buffers (act_bytes each, rounded up to
+  /// 4 KiB). The layers are chosen lowest index first (their inputs wait longest for the backward
+  /// stage), layer 0 never (it has no saved input), and layers that begin a stage of the plan
+  /// last. The file has no name (O_TMPFILE, or created and unlinked at once): nothing is left
+  /// behind, however the run ends. Saved attention (SessionOptions::save_attention) is off while
+  /// layers spill. Also works without frozen groups (full fine-tuning): then only `path`'s folder
+  /// is used. 0: off. Refused: a value below 0 or above the layers with a saved input (the model's
+  /// layers - 1; std::invalid_argument naming frozen_tier.spill_layers and the range), and a
+  /// folder without room for the file (std::runtime_error naming frozen_tier.spill_layers, the
+  /// bytes needed and free). A read or write that fails during training fails the run
+  /// (RuntimeFailure naming the folder, the layer, the micro-batch and the file offset).
+  int spill_layers = 0;
 };
 
 /// What the disk tier did at construction (Session::frozen_tier).
@@ -98,6 +115,17 @@ struct FrozenTierReport {
   size_t ring_buffers = 0, buffer_bytes = 0;
   /// "frozen tier: <path>: reused (N GiB, X s, O_DIRECT); ring K x M MiB" (also logged).
   std::string line;
+  /// Activation spill (FrozenTierOptions::spill_layers; reported also when `enabled` is false):
+  /// the layers whose saved inputs are on disk (none: off), the spill file's bytes (the host
+  /// memory it saves), its folder, whether it uses O_DIRECT, and the staging buffers over all
+  /// workers (spill_staging_bytes each).
+  std::vector<int> spill_layers;
+  uint64_t spill_bytes = 0;
+  std::string spill_folder;
+  bool spill_direct = false;
+  size_t spill_staging_buffers = 0, spill_staging_bytes = 0;
+  /// "activation spill: N layers (X GiB) to <folder>, staging K x M MiB" (also logged).
+  std::string spill_line;
 };
 
 struct SessionOptions {
