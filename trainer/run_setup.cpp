@@ -540,9 +540,11 @@ SessionOptions session_options_of(const TrainSpec& spec, const ModelLayout& layo
   opt.save_attention = spec.save_attention;
   opt.mlp_chunk_tokens = spec.mlp_chunk_tokens;
   if (spec.pin_budget_gib) opt.pin_budget_bytes = size_t(*spec.pin_budget_gib * double(1ull << 30));
-  if (spec.frozen_tier)
+  if (spec.frozen_tier) {
     opt.frozen_tier =
         FrozenTierOptions{spec.frozen_tier->path, spec.frozen_tier->ring_gib, spec.frozen_tier->resident_gib};
+    opt.frozen_tier->spill_layers = int(spec.frozen_tier->spill_layers);
+  }
   // No "plan" key: automatic (analytic estimate, then re-planned from the profile once it
   // settles). An explicit plan is never changed.
   if (!spec.plan.is_null())
