@@ -210,7 +210,8 @@ void fill_store(const ModelLayout& layout, std::vector<std::vector<float>>& w,
 /// the tier will refuse).
 size_t frozen_tier_host_credit(const ModelLayout& layout, const SessionOptions& opt);
 /// The `n` layers whose saved inputs spill (FrozenTierOptions::spill_layers), ascending: the
-/// lowest of 1..num_layers-1 that begin no stage of `plan`, then the lowest that do.
+/// lowest of 1..num_layers-1 that begin no forward stage and not the tail of `plan` (whose input
+/// is uploaded right after it was written), then the lowest that do.
 std::vector<int> choose_spill_layers(int num_layers, const IterationPlan& plan, int n);
 /// Host buffers for the disk tier and the activation spill: 4096-aligned, page-locked through
 /// `dev` where it lets them be (pageable otherwise: the copies are then slower, the results the same).

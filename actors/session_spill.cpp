@@ -15,10 +15,11 @@ constexpr size_t kDefaultSpillStaging = 4;
 
 std::vector<int> choose_spill_layers(int num_layers, const IterationPlan& plan, int n) {
   std::vector<char> begins(size_t(std::max(num_layers, 0)), 0);
-  for (const Stage& st : plan.stages)
-    if (st.first >= 0 && st.first < num_layers) begins[size_t(st.first)] = 1;
+  for (const Stage& st : plan.stages)  // a backward stage uploads every layer's input alike
+    if (st.kind != StageKind::backward && st.first >= 0 && st.first < num_layers)
+      begins[size_t(st.first)] = 1;
   std::vector<int> out;
-  for (int pass = 0; pass < 2; ++pass)  // first the layers no stage begins with, then those
+  for (int pass = 0; pass < 2; ++pass)  // first the layers no forward stage or tail begins with, then those
     for (int b = 1; b < num_layers && int(out.size()) < n; ++b)
       if (bool(begins[size_t(b)]) == (pass == 1)) out.push_back(b);
   std::sort(out.begin(), out.end());

@@ -89,15 +89,15 @@ struct FrozenTierOptions {
   /// stages write them once computed; the stages that upload them read them back ahead, while
   /// the stage before runs, through a few host staging buffers (act_bytes each, rounded up to
   /// 4 KiB). The layers are chosen lowest index first (their inputs wait longest for the backward
-  /// stage), layer 0 never (it has no saved input), and layers that begin a stage of the plan
-  /// last. The file has no name (O_TMPFILE, or created and unlinked at once): nothing is left
-  /// behind, however the run ends. Saved attention (SessionOptions::save_attention) is off while
-  /// layers spill. Also works without frozen groups (full fine-tuning): then only `path`'s folder
-  /// is used. 0: off. Refused: a value below 0 or above the layers with a saved input (the model's
-  /// layers - 1; std::invalid_argument naming frozen_tier.spill_layers and the range), and a
-  /// folder without room for the file (std::runtime_error naming frozen_tier.spill_layers, the
-  /// bytes needed and free). A read or write that fails during training fails the run
-  /// (RuntimeFailure naming the folder, the layer, the micro-batch and the file offset).
+  /// stage), layer 0 never (it has no saved input), and layers that begin a forward stage or the
+  /// tail of the session's first plan last (those are read right after they are written). The file has no
+  /// name (O_TMPFILE, or created and unlinked at once): nothing is left behind, however the run ends. Saved
+  /// attention (SessionOptions::save_attention) is off while layers spill. Also works without frozen groups
+  /// (full fine-tuning): then only `path`'s folder is used. 0: off. Refused: a value below 0 or above the
+  /// layers with a saved input (the model's layers - 1; std::invalid_argument naming frozen_tier.spill_layers
+  /// and the range), and a folder without room for the file (std::runtime_error naming
+  /// frozen_tier.spill_layers, the bytes needed and free). A read or write that fails during training fails
+  /// the run (RuntimeFailure naming the folder, the layer, the micro-batch and the file offset).
   int spill_layers = 0;
 };
 

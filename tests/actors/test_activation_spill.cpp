@@ -138,11 +138,15 @@ TEST(ActivationSpillStore, WriteBuffersAreAPoolOfTheirOwnPerWorker) {
   EXPECT_TRUE(s.stage_write(0));
 }
 
-TEST(ActivationSpillStore, TheLayersChosenAreTheLowestBeginningNoStageFirst) {
+TEST(ActivationSpillStore, TheLayersChosenAreTheLowestBeginningNoForwardStageFirst) {
   const IterationPlan p = make_uniform_plan(6, 2, 2, 1);  // F[0-1] F[2-3] T[4-5] B[3-2] B[1-0]
   EXPECT_EQ(choose_spill_layers(6, p, 2), (std::vector<int>{1, 3}));
   EXPECT_EQ(choose_spill_layers(6, p, 4), (std::vector<int>{1, 2, 3, 5}));
   EXPECT_EQ(choose_spill_layers(6, p, 5), (std::vector<int>{1, 2, 3, 4, 5}));
+  // backward stages' first layers are not avoided: they upload every layer's input alike
+  const IterationPlan q = make_uniform_plan(6, 4, 1, 0);  // F[0-3] F[4] T[5] B[4] B[3] B[2] B[1] B[0]
+  EXPECT_EQ(choose_spill_layers(6, q, 2), (std::vector<int>{1, 2}));
+  EXPECT_EQ(choose_spill_layers(6, q, 4), (std::vector<int>{1, 2, 3, 4}));
 }
 
 // ---- in the runtime ------------------------------------------------------------------------
@@ -202,6 +206,7 @@ struct Case {
   int workers;
   bool lora;
   bool every_layer_begins_a_stage;  // plan F[0] F[1] ... T B ... B[0]: every spilled layer begins a stage
+  double pcie_bytes_per_s = 0;      // > 0: a throttled link (copies slow, the spill's I/O not)
 };
 
 class SpillByCase : public ::testing::TestWithParam<Case> {};
@@ -213,12 +218,14 @@ TEST_P(SpillByCase, SpillingSavedInputsTrainsBitForBitLikeHoldingThem) {
   const int L = m.num_layers();
   TestSessionOptions base_o = options(c.workers, nullptr);
   if (c.every_layer_begins_a_stage) base_o.plan = make_uniform_plan(L, 1, 1, 0);
+  base_o.device.pcie_bytes_per_s = c.pcie_bytes_per_s;
   TestSession off(m, random_weights(m, 7), base_o);
   const Result base = train(off);
 
   std::vector<std::string> log;
   TestSessionOptions o = options(c.workers, &log);
   o.plan = base_o.plan;
+  o.device = base_o.device;
   o.frozen_tier = FrozenTierOptions{};
   o.frozen_tier->path = sc.path("base.cache");
   o.frozen_tier->spill_layers = L - 1;  // every layer with a saved input
@@ -266,12 +273,71 @@ TEST_P(SpillByCase, SpillingSavedInputsTrainsBitForBitLikeHoldingThem) {
 
 INSTANTIATE_TEST_SUITE_P(ActivationSpill, SpillByCase,
                          ::testing::Values(Case{1, true, false}, Case{2, true, false}, Case{1, false, false},
-                                           Case{2, false, false}, Case{1, false, true}, Case{2, true, true}),
+                                           Case{2, false, false}, Case{1, false, true}, Case{2, true, true},
+                                           Case{3, true, true, 2e7}),
                          [](const auto& i) {
-                           return fmt::format(
-                               "{}_workers_{}{}", i.param.workers, i.param.lora ? "lora" : "full",
-                               i.param.every_layer_begins_a_stage ? "_stage_first_layers" : "");
+                           return fmt::format("{}_workers_{}{}{}", i.param.workers,
+                                              i.param.lora ? "lora" : "full",
+                                              i.param.every_layer_begins_a_stage ? "_stage_first_layers" : "",
+                                              i.param.pcie_bytes_per_s > 0 ? "_throttled" : "");
                          });
+
+// Re-planning moves the stage boundaries after the layers were chosen (for the first plan): every
+// layer then begins a stage, and the run still equals one without spill re-planned alike.
+TEST(ActivationSpill, ReplanningTheStagesDoesNotMatter) {
+  Scratch sc;
+  const ModelLayout m = full_layout();
+  const int L = m.num_layers();
+  const IterationPlan forced = make_uniform_plan(L, 1, 1, 0);
+  const auto replanned = [&](TestSessionOptions o) {
+    o.profiling.settle_min_samples = 1;
+    o.profiling.settle_rel_tol = 1e9;  // settled once every series has a sample
+    o.planner = [forced](const std::vector<LayerCost>&) { return forced; };
+    return o;
+  };
+  std::vector<std::string> off_log;
+  TestSession off(m, random_weights(m, 7), replanned(options(2, &off_log)));
+  ASSERT_NE(off.initial_plan().stages, forced.stages);
+  const Result base = train(off);
+  TestSessionOptions o = replanned(options(2, nullptr));
+  o.frozen_tier = FrozenTierOptions{};
+  o.frozen_tier->path = sc.path("base.cache");
+  o.frozen_tier->spill_layers = 2;
+  o.spill_staging = 2;
+  TestSession on(m, random_weights(m, 7), o);
+  const std::vector<int> chosen = on.frozen_tier().spill_layers;
+  bool begins = false;
+  for (const Stage& st : on.initial_plan().stages)
+    for (int b : chosen) begins |= st.kind != StageKind::backward && st.first == b;
+  EXPECT_FALSE(begins) << "the first plan has layers beginning no forward stage: those are chosen; "
+                       << on.initial_plan().summary();
+  const Result spilled = train(on);
+  EXPECT_EQ(on.plan().stages, forced.stages) << "not re-planned: " << on.plan().summary();
+  EXPECT_EQ(off.plan().stages, forced.stages) << "not re-planned: " << off.plan().summary();
+  EXPECT_EQ(spilled.losses, base.losses);
+  EXPECT_EQ(spilled.weights, base.weights);
+}
+
+// Evaluation passes (forward stages and the tail only) read the spilled inputs too.
+TEST(ActivationSpill, EvaluationPassesReadTheSpilledInputs) {
+  Scratch sc;
+  const ModelLayout m = full_layout();
+  TestSessionOptions o = options(2, nullptr);
+  o.plan = make_uniform_plan(m.num_layers(), 1, 1, 0);
+  TestSession off(m, random_weights(m, 7), o);
+  o.frozen_tier = FrozenTierOptions{};
+  o.frozen_tier->path = sc.path("base.cache");
+  o.frozen_tier->spill_layers = m.num_layers() - 1;
+  TestSession on(m, random_weights(m, 7), o);
+  for (int k = 0; k < 2; ++k) {
+    std::vector<int32_t> tg, ids;
+    random_tokens(67, kM * kNSeq * kSeqLen, 500 + uint64_t(k), ids, tg);
+    const EvalResult a = off.wait_eval(off.evaluate(ids, tg)), b = on.wait_eval(on.evaluate(ids, tg));
+    EXPECT_EQ(a.loss_sum, b.loss_sum) << k;
+    EXPECT_EQ(a.tokens, b.tokens) << k;
+    EXPECT_GT(a.tokens, 0) << k;
+  }
+}
 
 TEST(ActivationSpill, SpillingTurnsSavedAttentionOffWithOneLine) {
   Scratch sc;
