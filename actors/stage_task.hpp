@@ -133,4 +133,9 @@ void add_router_statistics(const ModelLayout& m, const PassBuffers& pb, StageDon
 /// loss only.
 void build_layer_calls(const WorkerContext& ctx, Task& t, int64_t m, LayerCalls& fwd, LayerCalls& bwd);
 
+/// Runs micro-batch m of t on the compute stream (build_layer_calls; with ctx.profile timed per
+/// layer and reported to the scheduler; traced as one interval) and sends ComputeDone to `me`
+/// from the stream's callback thread, whatever happens there (an error: its one line).
+void launch_compute(const WorkerContext& ctx, Task& t, int64_t m, WorkerActor me);
+
 }  // namespace rp

@@ -540,7 +540,7 @@ class Worker : public WorkerActor::base {
     while (may_upload(t)) issue_uploads(t);
     // Compute: in order, once inputs and parameters are in and the output slot is free.
     while (t.progress.compute_wait(true, t.params_pending == 0) == StageProgress::Wait::none)
-      launch_compute(t.progress.compute_issued());
+      launch_compute(ctx_, t, t.progress.compute_issued(), WorkerActor{this});
     early_start();
     maybe_finish();
   }
@@ -579,61 +579,6 @@ class Worker : public WorkerActor::base {
     for (auto& [dst, src, bytes] : copies)
       copy(act_up_, CopyDir::h2d, dst, src, bytes, kPrioActivation, m, CopyTag{CopyKind::input, id, m, -1});
     if (copies.empty()) mark_uploaded(t);
-  }
-
-  void launch_compute(int64_t m) {
-    Task& t = *task_;
-    const auto& layers = *ctx_.layers;
-    const StageKind kind = t.rs.stage.kind;
-    // Build every call's arguments here; the device runs them in stream order.
-    LayerCalls fwd, bwd;
-    build_layer_calls(ctx_, t, m, fwd, bwd);
-    auto& stream = ctx_.device->stream(StreamKind::compute);
-    Tracer* tr = ctx_.tracer;
-    std::string track = fmt::format("worker{}.compute", ctx_.index);
-    std::string label = fmt::format("{}{} L{}-{} mb{} (pass {})",
-                                    t.rs.eval                    ? "E"
-                                    : kind == StageKind::forward ? "F"
-                                    : kind == StageKind::tail    ? "T"
-                                                                 : "B",
-                                    t.rs.stage_index, t.rs.stage.first, t.rs.stage.last, m, t.rs.pass);
-    auto t0 = std::make_shared<double>(0);
-    // evaluation passes are not profiled: their tail runs no backward
-    auto timer = ctx_.profile && !t.rs.eval ? std::make_shared<LayerTimer>(stream, kind) : nullptr;
-    const bool inject = ctx_.faults.fire_compute(FaultSite::device_op, ctx_.index, t.rs.stage_index, m);
-    // the layers add their router statistics to a copy of the uploaded ones (Slot::moe_stats)
-    const Slot& s = t.slot[m % 2];
-    Ops* ops = &ctx_.device->ops();
-    const void* stats_in = s.moe_stats_in.get();
-    void* stats = s.moe_stats.get();
-    const int64_t stats_n = int64_t(s.moe_stats.bytes() / sizeof(float));
-    stream.launch([&layers, fwd = std::move(fwd), bwd = std::move(bwd), tr, t0, timer, inject, m, ops,
-                   stats_in, stats, stats_n] {
-      if (inject)
-        throw std::runtime_error(FaultInjection::what(fmt::format("device op of micro-batch {}", m)));
-      if (stats) ops->copy(DType::f32, stats, stats_in, stats_n);
-      if (tr) *t0 = tr->now();
-      if (timer) timer->run(layers, fwd, bwd);
-      else run_layer_calls(layers, fwd, bwd);
-    });
-    WorkerActor me{this};
-    const uint64_t id = t.id;
-    LayerTimings lt{ctx_.index, t.rs.pass, m, {}, {}};
-    if (timer && m == 0)
-      lt.memory = stage_memory(*ctx_.layout, layers, t.rs.stage, t.rs.buffers->shape,
-                               ctx_.device->compute_dtype(), ctx_.device->ops().grad_dtype());
-    // Runs on the stream's callback thread: whatever happens here, ComputeDone goes out.
-    stream.then([me, id, m, tr, t0, track, label, timer, lt = std::move(lt),
-                 sched = ctx_.scheduler](const std::string& err) mutable {
-      std::string e = err;
-      try {
-        if (tr) tr->interval(track, label, *t0, tr->now());
-        if (timer && err.empty()) send_layer_timings(sched, std::move(lt), *timer);
-      } catch (const std::exception& ex) {
-        if (e.empty()) e = ex.what();
-      }
-      caf::anon_send(me, ComputeDone{id, m, e});
-    });
   }
 
   void on_computed(int64_t m) {
