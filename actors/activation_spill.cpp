@@ -63,8 +63,8 @@ ActivationSpill::ActivationSpill(SpillConfig config, tier::HostAllocator allocat
   record_bytes_ = size_t(tier::align_up(cfg_.act_bytes));
   const uint64_t records = uint64_t(cfg_.sets) * cfg_.layers.size() * uint64_t(cfg_.micro_batches);
   file_bytes_ = records * record_bytes_;
+  open_file();  // refuses a file the folder has no room for before anything is allocated
   written_.assign(size_t(records), -1);
-  open_file();
   const size_t reads = std::max(cfg_.staging, cfg_.layers.size());
   for (int w = 0; w < cfg_.workers; ++w) {
     Pool p;

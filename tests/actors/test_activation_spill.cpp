@@ -126,6 +126,26 @@ TEST(ActivationSpillStore, ARecordOverwrittenByALaterPassFailsTheRead) {
   EXPECT_NE(e.find(sc.dir.string()), std::string::npos) << e;
 }
 
+TEST(ActivationSpillStore, AFolderWithoutRoomIsRefusedWithTheBytesNeededAndFree) {
+  Scratch sc;
+  SpillConfig c = store_config(sc.dir.string());
+  c.micro_batches = int64_t(1) << 40;  // 2^40 records of 8 KiB per layer and set: no disk holds that
+  try {
+    ActivationSpill s(c, tier::aligned_host_allocator());
+    ADD_FAILURE() << "a file of " << s.file_bytes() << " bytes was made";
+  } catch (const std::runtime_error& e) {
+    const std::string w = e.what();
+    EXPECT_EQ(w.rfind("frozen_tier.spill_layers: 2 layers need a spill file of ", 0), 0u) << w;
+    EXPECT_NE(w.find(fmt::format("{} bytes", uint64_t(2) * 2 * (uint64_t(1) << 40) * 8192)),
+              std::string::npos)
+        << w;
+    EXPECT_NE(w.find("are free"), std::string::npos) << w;
+    EXPECT_NE(w.find(sc.dir.string()), std::string::npos) << w;
+    EXPECT_EQ(w.find('\n'), std::string::npos) << w;
+  }
+  EXPECT_TRUE(sc.entries().empty());
+}
+
 TEST(ActivationSpillStore, WriteBuffersAreAPoolOfTheirOwnPerWorker) {
   Scratch sc;
   ActivationSpill s(store_config(sc.dir.string()), tier::aligned_host_allocator());
@@ -358,15 +378,16 @@ TEST(ActivationSpill, SpillingTurnsSavedAttentionOffWithOneLine) {
   EXPECT_EQ(train(on).losses, base.losses) << "saved attention on would change the rounding";
 }
 
-TEST(ActivationSpill, AReadFailingMidRunEndsItWithOneErrorAndNoHang) {
-  Scratch sc;
+// Runs kSteps with the fault `fault`; returns the RuntimeFailure's line ("" when the run succeeded
+// or hung: then a failure is recorded). The run and its teardown must end within kWaitS.
+std::string failing_run(const Scratch& sc, const SpillFault& fault) {
   const ModelLayout m = full_layout();
   TestSessionOptions o = options(2, nullptr);
   o.frozen_tier = FrozenTierOptions{};
   o.frozen_tier->path = sc.path("base.cache");
   o.frozen_tier->spill_layers = 3;
   o.spill_staging = 2;
-  o.spill_fault = fail_nth_spill_read(5, EIO);
+  o.spill_fault = fault;
   const auto t0 = std::chrono::steady_clock::now();
   std::string what;
   {
@@ -379,13 +400,22 @@ TEST(ActivationSpill, AReadFailingMidRunEndsItWithOneErrorAndNoHang) {
         s.step(lr_at(t));
       }
       for (int t = 0; t < kSteps; ++t)
-        if (!s.wait_for(t, kWaitS)) FAIL() << "step " << t << " hangs: " << s.status();
-      FAIL() << "the run succeeded although read 5 failed";
+        if (!s.wait_for(t, kWaitS)) {
+          ADD_FAILURE() << "step " << t << " hangs: " << s.status();
+          return "";
+        }
+      ADD_FAILURE() << "the run succeeded although an I/O failed";
     } catch (const RuntimeFailure& e) {
       what = e.what();
     }
   }  // the teardown must not hang either
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), kWaitS);
+  return what;
+}
+
+TEST(ActivationSpill, AReadFailingMidRunEndsItWithOneErrorAndNoHang) {
+  Scratch sc;
+  const std::string what = failing_run(sc, fail_nth_spill_read(5, EIO));
   EXPECT_NE(what.find("activation spill: reading layer "), std::string::npos) << what;
   EXPECT_NE(what.find("micro-batch"), std::string::npos) << what;
   EXPECT_NE(what.find("offset"), std::string::npos) << what;
@@ -393,6 +423,17 @@ TEST(ActivationSpill, AReadFailingMidRunEndsItWithOneErrorAndNoHang) {
   EXPECT_NE(what.find(std::strerror(EIO)), std::string::npos) << what;
   EXPECT_EQ(what.find('\n'), std::string::npos) << what;
   EXPECT_TRUE(sc.entries().empty());
+}
+
+TEST(ActivationSpill, AWriteFailingMidRunEndsItWithOneErrorAndNoHang) {
+  Scratch sc;
+  const std::string what =
+      failing_run(sc, [](bool write, uint64_t index, uint64_t) { return write && index == 7 ? ENOSPC : 0; });
+  EXPECT_NE(what.find("activation spill: writing layer "), std::string::npos) << what;
+  EXPECT_NE(what.find("offset"), std::string::npos) << what;
+  EXPECT_NE(what.find(sc.dir.string()), std::string::npos) << what;
+  EXPECT_NE(what.find(std::strerror(ENOSPC)), std::string::npos) << what;
+  EXPECT_EQ(what.find('\n'), std::string::npos) << what;
 }
 
 TEST(ActivationSpill, BadSpillLayersAreRefusedWithOneLineNamingTheRange) {
