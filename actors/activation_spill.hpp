@@ -170,8 +170,16 @@ class ActivationSpill {
 class SpillReads {
  public:
   SpillReads() = default;
-  SpillReads(SpillReads&&) = default;
-  SpillReads& operator=(SpillReads&&) = default;
+  SpillReads(SpillReads&& o) noexcept : spill_(o.spill_), per_mb_(std::move(o.per_mb_)) { o.per_mb_.clear(); }
+  SpillReads& operator=(SpillReads&& o) noexcept {
+    if (this != &o) {
+      reset();  // its own tickets go back first
+      spill_ = o.spill_;
+      per_mb_ = std::move(o.per_mb_);
+      o.per_mb_.clear();
+    }
+    return *this;
+  }
   SpillReads(const SpillReads&) = delete;
   SpillReads& operator=(const SpillReads&) = delete;
   ~SpillReads() { reset(); }

@@ -217,7 +217,8 @@ struct SessionOptions {
   /// an empty path or a budget below two buffers, std::runtime_error ("frozen_tier.path: ...")
   /// when the cache cannot be written (an unwritable folder, not enough disk space, a file
   /// there that is not a tier cache). A read that fails during training fails the run
-  /// (RuntimeFailure naming the file, the entry and its offset).
+  /// (RuntimeFailure naming the file, the entry and its offset). Its spill_layers (activation
+  /// spill) works with or without frozen groups.
   std::optional<FrozenTierOptions> frozen_tier;
 };
 
