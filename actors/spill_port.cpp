@@ -1,5 +1,9 @@
 #include "actors/spill_port.hpp"
 
+#include <stdexcept>
+
+#include <fmt/format.h>
+
 #include "actors/stage_task.hpp"
 
 namespace rp {
@@ -43,7 +47,11 @@ bool SpillPort::read_done(Task* t, const SpillDone& d) {
 }
 
 const void* SpillPort::input(const Task& t, int layer, int64_t m) const {
-  if (spilled(layer)) return t.spill_reads.source(m, layer);
+  if (spilled(layer)) {
+    if (const std::byte* b = t.spill_reads.source(m, layer)) return b;
+    throw std::logic_error(
+        fmt::format("activation spill: layer {} micro-batch {} uploads with no read of it", layer, m));
+  }
   return t.rs.buffers->x[size_t(layer)][size_t(m)].data();
 }
 

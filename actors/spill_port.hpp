@@ -43,7 +43,8 @@ class SpillPort {
   /// A read answered: true when it is t's and landed (t may upload more); false when it was given
   /// back (t gone or not its read).
   bool read_done(Task* t, const SpillDone& d);
-  /// The host source of layer l's saved input of micro-batch m: its read buffer when spilled.
+  /// The host source of layer l's saved input of micro-batch m: its read buffer when spilled
+  /// (std::logic_error when t has none: a broken invariant, not a silent copy).
   const void* input(const Task& t, int layer, int64_t m) const;
   /// Forward stages: layer's saved input of micro-batch m (t's output at `src` on the device) goes
   /// to the spill; counted as one download of m, done once written.
