@@ -15,6 +15,8 @@ namespace rp {
 namespace {
 
 constexpr double kGiB = double(uint64_t(1) << 30);
+constexpr unsigned kReadDepth = 8;              ///< pieces of a record's read in flight
+constexpr size_t kReadPiece = size_t(1) << 20;  ///< one piece at most (a multiple of 4096)
 
 /// An unnamed file in `folder`: O_TMPFILE, else mkostemp and unlink at once. O_DIRECT first where
 /// `direct`, then buffered. -1 with errno set when neither works; `*direct` says what was opened.
@@ -65,6 +67,7 @@ ActivationSpill::ActivationSpill(SpillConfig config, tier::HostAllocator allocat
   file_bytes_ = records * record_bytes_;
   open_file();  // refuses a file the folder has no room for before anything is allocated
   written_.assign(size_t(records), -1);
+  engine_ = tier::make_io_engine(tier::IoEngineKind::automatic, kReadDepth);
   const size_t reads = std::max(cfg_.staging, cfg_.layers.size());
   for (int w = 0; w < cfg_.workers; ++w) {
     Pool p;
@@ -268,16 +271,35 @@ std::string ActivationSpill::run(Request& r, std::byte* buf) {
   }
   const uint64_t index = r.write ? writes_++ : reads_++;
   int err = cfg_.fault ? cfg_.fault(r.write, index, offset) : 0;
-  if (err == 0) {
-    if (r.write) {
-      err = tier::pwrite_full(fd_.get(), buf, record_bytes_, offset);
-    } else {
-      const int64_t n = tier::pread_full(fd_.get(), buf, record_bytes_, offset);
-      err = n < 0 ? int(-n) : (uint64_t(n) < record_bytes_ ? ENODATA : 0);
-    }
+  std::string why;  // the engine itself failed (io_uring_wait_cqe)
+  try {
+    if (err == 0)
+      err = r.write ? tier::pwrite_full(fd_.get(), buf, record_bytes_, offset) : read_record(buf, offset);
+  } catch (const std::exception& x) {
+    why = x.what();
   }
-  if (err == 0) return "";
-  return fmt::format("activation spill: {} {}: {}", verb, where(r.rec), std::strerror(err));
+  if (err == 0 && why.empty()) return "";
+  return fmt::format("activation spill: {} {}: {}", verb, where(r.rec),
+                     why.empty() ? std::strerror(err) : why);
+}
+
+// The whole record in pieces through the engine: 0 or the first errno (ENODATA for a short read).
+// Returns only once no piece is in flight (none may land in the buffer later).
+int ActivationSpill::read_record(std::byte* buf, uint64_t offset) {
+  size_t next = 0;
+  int err = 0;
+  for (;;) {
+    while (err == 0 && next < record_bytes_ && engine_->in_flight() < engine_->depth()) {
+      const size_t n = std::min(kReadPiece, record_bytes_ - next);
+      engine_->submit(tier::IoRead{next, fd_.get(), buf + next, n, offset + next});
+      next += n;
+    }
+    if (engine_->in_flight() == 0) return err;
+    const tier::IoCompletion c = engine_->wait();
+    const size_t want = std::min(kReadPiece, record_bytes_ - size_t(c.id));
+    if (err == 0 && c.result < 0) err = int(-c.result);
+    if (err == 0 && size_t(c.result) < want) err = ENODATA;
+  }
 }
 
 void SpillReads::start(ActivationSpill* spill, int64_t micro_batches) {

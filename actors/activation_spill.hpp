@@ -14,6 +14,10 @@
 //   worker                     SpillDone                micro-batch m may upload from data(t);
 //                              upload landed: release(t)
 //
+// I/O: a record is read in pieces of at most 1 MiB, 8 in flight, through the disk tier's engine
+// (tier/io_engine.hpp: io_uring, or a pool of pread threads where it cannot be set up) and written
+// with one pwrite (O_DIRECT: the kernel splits it into requests in flight at once).
+//
 // The file: opened with O_TMPFILE in the folder (mkstemp and an immediate unlink where O_TMPFILE is
 // refused), so it has no name and the kernel frees it when the process ends, however it ends. One
 // record per (activation set, spilled layer, micro-batch), act_bytes rounded up to 4 KiB, at
@@ -55,6 +59,7 @@
 
 #include "tier/buffer_ring.hpp"
 #include "tier/file_io.hpp"
+#include "tier/io_engine.hpp"
 
 namespace rp {
 
@@ -125,6 +130,8 @@ class ActivationSpill {
   uint64_t file_bytes() const { return file_bytes_; }
   size_t record_bytes() const { return record_bytes_; }
   bool direct() const { return direct_; }
+  /// The reads' engine: "io_uring" or "pread pool (N threads)".
+  std::string engine() const { return engine_->name(); }
   /// Staging buffers over all workers and both directions.
   size_t staging_buffers() const;
 
@@ -145,6 +152,7 @@ class ActivationSpill {
   std::optional<size_t> next_servable() const;  // under m_
   void serve(std::stop_token st);
   std::string run(Request& r, std::byte* buf);
+  int read_record(std::byte* buf, uint64_t offset);
 
   SpillConfig cfg_;
   std::vector<int> index_;  ///< per layer: its place in cfg_.layers, -1 when not spilled
@@ -152,7 +160,8 @@ class ActivationSpill {
   uint64_t file_bytes_ = 0;
   bool direct_ = false;
   tier::Fd fd_;
-  std::vector<Pool> pools_;  ///< per worker
+  std::unique_ptr<tier::IoEngine> engine_;  ///< the reads (driven by the thread only)
+  std::vector<Pool> pools_;                 ///< per worker
   mutable std::mutex m_;
   std::condition_variable_any cv_;
   std::deque<Request> queue_;

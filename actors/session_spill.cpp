@@ -68,12 +68,14 @@ void Session::Impl::open_activation_spill(const SessionInternals& internals,
   r.spill_bytes = spill->file_bytes();
   r.spill_folder = spill->folder();
   r.spill_direct = spill->direct();
+  r.spill_engine = spill->engine();
   r.spill_staging_buffers = spill->staging_buffers();
   r.spill_staging_bytes = spill->record_bytes();
-  r.spill_line = fmt::format("activation spill: {} layers ({:.2f} GiB) to {}, staging {} x {:.1f} MiB ({})",
-                             chosen.size(), double(r.spill_bytes) / double(uint64_t(1) << 30), r.spill_folder,
-                             r.spill_staging_buffers, double(r.spill_staging_bytes) / double(1 << 20),
-                             r.spill_direct ? "O_DIRECT" : "buffered");
+  r.spill_line =
+      fmt::format("activation spill: {} layers ({:.2f} GiB) to {}, staging {} x {:.1f} MiB ({}, {})",
+                  chosen.size(), double(r.spill_bytes) / double(uint64_t(1) << 30), r.spill_folder,
+                  r.spill_staging_buffers, double(r.spill_staging_bytes) / double(1 << 20),
+                  r.spill_direct ? "O_DIRECT" : "buffered", r.spill_engine);
   log(r.spill_line);
 }
 

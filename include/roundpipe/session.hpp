@@ -117,12 +117,13 @@ struct FrozenTierReport {
   std::string line;
   /// Activation spill (FrozenTierOptions::spill_layers; reported also when `enabled` is false):
   /// the layers whose saved inputs are on disk (none: off), the spill file's bytes (the host
-  /// memory it saves), its folder, whether it uses O_DIRECT, and the staging buffers over all
-  /// workers (spill_staging_bytes each).
+  /// memory it saves), its folder, whether it uses O_DIRECT, its reads' engine, and the staging
+  /// buffers over all workers (spill_staging_bytes each).
   std::vector<int> spill_layers;
   uint64_t spill_bytes = 0;
   std::string spill_folder;
   bool spill_direct = false;
+  std::string spill_engine;  ///< the reads' engine: "io_uring" or "pread pool (N threads)"
   size_t spill_staging_buffers = 0, spill_staging_bytes = 0;
   /// "activation spill: N layers (X GiB) to <folder>, staging K x M MiB" (also logged).
   std::string spill_line;
