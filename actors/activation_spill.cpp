@@ -239,21 +239,26 @@ void ActivationSpill::serve(std::stop_token st) {
         lease = std::move(it->second);
         held_.erase(it);
       } else {
-        lease = std::move(*pools_[size_t(r.worker)].reads->try_acquire());  // only this thread takes reads
+        // only this thread takes read buffers, and next_servable saw one free
+        std::optional<tier::BufferRing::Lease> l = pools_[size_t(r.worker)].reads->try_acquire();
+        if (!l) throw std::logic_error("activation spill: a read buffer counted free was not");
+        lease = std::move(*l);
         serving_ = r.ticket;
         serving_dropped_ = false;
       }
       buf = lease.data();
     }
     std::string error = run(r, buf);
+    bool dropped = false;  // the reader gave the read up while it was served
     {
       std::lock_guard lk(m_);
       serving_ = 0;
+      dropped = !r.write && serving_dropped_;
       if (r.write && error.empty()) written_[record_index(r.rec)] = r.rec.pass;
-      if (!r.write && error.empty() && !serving_dropped_) held_.emplace(r.ticket, std::move(lease));
+      if (!r.write && error.empty() && !dropped) held_.emplace(r.ticket, std::move(lease));
     }
     lease.release();  // a write's buffer, a failed or dropped read's
-    if (!r.write && serving_dropped_) continue;
+    if (dropped) continue;
     r.done(r.ticket, error);
   }
 }
