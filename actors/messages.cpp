@@ -12,6 +12,9 @@ std::string describe(const CopyTag& t) {
     case CopyKind::gradient: return fmt::format("gradient of group {} (task {})", t.group, t.task);
     case CopyKind::staged_gradient:
       return fmt::format("staged gradient contribution of group {} (task {})", t.group, t.task);
+    case CopyKind::spill_output:
+      return fmt::format("spilled input of layer {} of micro-batch {} (task {})", t.group, t.micro_batch,
+                         t.task);
   }
   return "?";
 }

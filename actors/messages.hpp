@@ -28,6 +28,8 @@
 //                                              micro-batch's layers ran
 //   tier      -> worker    FrozenFetched       (the disk tier's thread) a frozen group is in a
 //                                              read buffer, or its read failed
+//   spill     -> worker    SpillDone           (the activation spill's thread) a spilled saved
+//                                              input was read or written, or that failed
 //   worker    -> shard     AcquireWeights      (request) upload of group g for step t may start
 //   worker    -> shard     ReleaseWeights      upload of group g for step t completed
 //   worker    -> shard     AcquireGradSlot     (request) may write grad of group g for step t
@@ -81,6 +83,7 @@ struct StreamDone;
 struct LinkIdle;
 struct ComputeDone;
 struct FrozenFetched;
+struct SpillDone;
 struct AcquireWeights;
 struct WeightsGranted;
 struct ReleaseWeights;
@@ -117,7 +120,7 @@ struct LossScales;
 /// A worker (one per device): runs the stage tasks dealt to it (actors/worker.hpp).
 using WorkerActor =
     caf::typed_actor<caf::reacts_to<RunStage>, caf::reacts_to<ActReady>, caf::reacts_to<CopyDone>,
-                     caf::reacts_to<ComputeDone>, caf::reacts_to<FrozenFetched>,
+                     caf::reacts_to<ComputeDone>, caf::reacts_to<FrozenFetched>, caf::reacts_to<SpillDone>,
                      caf::replies_to<GetStatus>::with<StatusReport>, caf::reacts_to<Shutdown>>;
 
 /// A transfer actor (four per worker): one copy stream and its priority queue (actors/transfer.hpp).
@@ -224,6 +227,16 @@ struct FrozenFetched {
   uint64_t ticket = 0;
   std::string error;
 };
+/// The activation spill (actors/activation_spill.hpp) served a request of task `task`: the
+/// saved input of `layer` for `micro_batch` was written (write) or is in read buffer `ticket`.
+struct SpillDone {
+  uint64_t task = 0;
+  int64_t micro_batch = 0;
+  int layer = 0;
+  bool write = false;
+  uint64_t ticket = 0;
+  std::string error;
+};
 
 // ---- worker <-> transfer actors ------------------------------------------------------------
 enum class CopyDir : uint8_t { h2d, d2h };
@@ -238,6 +251,9 @@ enum class CopyKind : uint8_t {
   /// the worker's staging buffer (device to host); the worker then adds it into the slot on
   /// its host job thread, which reports CopyKind::gradient when done
   staged_gradient,
+  /// a spilled saved input (`group`: its layer) of micro-batch `micro_batch` landed in a spill
+  /// write buffer (device to host); the worker then writes it to the spill file
+  spill_output,
 };
 struct CopyTag {
   CopyKind kind = CopyKind::input;
@@ -498,6 +514,7 @@ RP_MESSAGE_TYPE(rp::EvalResult)
 RP_MESSAGE_TYPE(rp::FillPass)
 RP_MESSAGE_TYPE(rp::PassFilled)
 RP_MESSAGE_TYPE(rp::FrozenFetched)
+RP_MESSAGE_TYPE(rp::SpillDone)
 CAF_END_TYPE_ID_BLOCK(roundpipe)
 
 #undef RP_MESSAGE_TYPE

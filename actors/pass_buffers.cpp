@@ -40,7 +40,8 @@ ParamStore::ParamStore(const ModelLayout& m, DType compute_dtype, bool allocate_
 }
 
 PassBuffers::PassBuffers(const ModelLayout& m, const IterationPlan& p, int64_t M, const MicroBatchShape& s,
-                         DType dtype, std::shared_ptr<PassActivations> shared, bool saved_attention)
+                         DType dtype, std::shared_ptr<PassActivations> shared, bool saved_attention,
+                         const std::vector<char>& spilled)
     : micro_batches(M),
       shape(s),
       activations(shared ? std::move(shared) : std::make_shared<PassActivations>()),
@@ -56,8 +57,10 @@ PassBuffers::PassBuffers(const ModelLayout& m, const IterationPlan& p, int64_t M
   const int L = p.num_layers;
   if (x.empty()) {
     x.resize(L);
-    for (int b = 1; b < L; ++b)
-      for (int64_t i = 0; i < M; ++i) x[b].emplace_back(act_bytes);
+    for (int b = 1; b < L; ++b) {
+      const bool on_disk = size_t(b) < spilled.size() && spilled[size_t(b)];
+      for (int64_t i = 0; i < M; ++i) x[b].emplace_back(on_disk ? HostBytes() : HostBytes(act_bytes));
+    }
     if (saved_attention) {
       const auto& c = m.config;
       const size_t o_bytes = T * size_t(c.num_attention_heads * c.head_dim) * dtype_size(dtype);

@@ -56,7 +56,12 @@ struct ParamStore {
 /// The activations of a pass: the input of every layer (saved by forward stages, read by
 /// backward recompute) and the activation gradient at every backward stage boundary.
 struct PassActivations {
-  std::vector<std::vector<HostBytes>> x;  ///< x[b][m]: input of layer b (b >= 1)
+  /// x[b][m]: input of layer b (b >= 1). A layer whose inputs spill to disk (actors/
+  /// activation_spill.hpp) has M empty buffers: its records are in the spill file instead.
+  std::vector<std::vector<HostBytes>> x;
+  /// Which activation set of the spill file holds this one's spilled records (one per pass slot,
+  /// or one for all when they share their activations).
+  int spill_set = 0;
   /// The activation gradients at stage boundaries, in two sets: dx[i][m] (i = 0, 1). The tail and
   /// the backward stages hand them on in a chain (the tail writes the gradient of its first
   /// layer's input, each backward stage reads its predecessor's and writes its own), and the j-th
@@ -82,10 +87,11 @@ struct PassActivations {
 /// targets and losses, which the host writes when a pass is dealt, stay per pass.
 struct PassBuffers {
   /// `shared`: activations to share with another pass slot (null: allocate them);
-  /// `saved_attention`: also hold every decoder's attention output and log-sum-exp.
+  /// `saved_attention`: also hold every decoder's attention output and log-sum-exp;
+  /// `spilled[b]` non-zero: layer b's inputs spill to disk (x[b] holds empty buffers).
   PassBuffers(const ModelLayout& m, const IterationPlan& p, int64_t micro_batches,
               const MicroBatchShape& shape, DType dtype, std::shared_ptr<PassActivations> shared = nullptr,
-              bool saved_attention = false);
+              bool saved_attention = false, const std::vector<char>& spilled = {});
   PassBuffers(const PassBuffers&) = delete;
   PassBuffers& operator=(const PassBuffers&) = delete;
   /// Allocates the dx buffers plan `p`'s stage boundaries need and these buffers lack (a

@@ -240,7 +240,9 @@ SchedulerConfig Session::Impl::scheduler_config(const RunPlan& run, const Sessio
   for (int i = 0; i < opt.pass_slots; ++i)  // one worker runs stages in dealt order: passes share activations
     sc.pass_slots.push_back(std::make_shared<PassBuffers>(
         layout, plan, opt.micro_batches, opt.micro, devices[0]->compute_dtype(),
-        opt.workers == 1 && i > 0 ? sc.pass_slots[0]->activations : nullptr, saved_attention));
+        opt.workers == 1 && i > 0 ? sc.pass_slots[0]->activations : nullptr, saved_attention, spill_mask));
+  for (int i = 0; i < opt.pass_slots; ++i)
+    sc.pass_slots[size_t(i)]->activations->spill_set = opt.workers == 1 ? 0 : i;
   return sc;
 }
 
@@ -330,6 +332,7 @@ void Session::Impl::spawn_workers(const std::vector<int>& shard_of, const Sessio
     ctx.progress = &progress;
     ctx.faults = internals.faults;
     ctx.frozen_tier = frozen_tier.get();
+    ctx.spill = spill.get();
     workers.push_back(spawn_worker(*sys, std::move(ctx)));
   }
 }
@@ -349,6 +352,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w,
   const size_t held = held_weight_bytes(layout, w, frozen_storage);
   I.place_frozen_tier(held, internals, log);
   const RunPlan run = I.plan_session(held, internals, log);
+  I.open_activation_spill(internals, log);
   I.take_weights_and_layers(std::move(w), frozen_storage);
   I.open_frozen_tier(internals, log);
   I.start_tracer();

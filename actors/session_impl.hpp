@@ -10,6 +10,7 @@
 
 #include <optional>
 
+#include "actors/activation_spill.hpp"
 #include "actors/frozen_tier.hpp"
 #include "actors/messages.hpp"
 #include "actors/pass_buffers.hpp"
@@ -46,6 +47,11 @@ struct Session::Impl {
     double resident = 0;                  ///< frozen bytes kept in host memory
     std::optional<bool> saved_attention;  ///< host_budget_gib's choice (unset: the options')
   } tier_place;
+  /// The activation spill (FrozenTierOptions::spill_layers; null without it): destroyed before
+  /// the devices its staging buffers are pinned through, stopped once the actors are done.
+  /// spill_mask[b]: layer b's saved inputs are in it (PassBuffers leave them out of host memory).
+  std::unique_ptr<ActivationSpill> spill;
+  std::vector<char> spill_mask;
   MemoryEventCounters memory_events;  // the workers count into it
   RunProgress progress;               // the actors count into it (watchdog)
   ReduceWaitMeter reduce_wait;        // the shards time the replicas' sums into it
@@ -91,6 +97,11 @@ struct Session::Impl {
   /// valid one is reused), their host copies are freed, and the reader starts.
   void open_frozen_tier(const SessionInternals& internals,
                         const std::function<void(const std::string&)>& log);
+  /// FrozenTierOptions::spill_layers (actors/session_spill.cpp): checks it, chooses the layers,
+  /// turns saved attention off, and opens the spill file and its thread. Runs before the layers
+  /// are made (they read saved_attention).
+  void open_activation_spill(const SessionInternals& internals,
+                             const std::function<void(const std::string&)>& log);
   void start_tracer();  ///< opt.trace only
   void start_actor_system();
   /// opt.loss_scaling: refused unless the devices compute in f16 (or the test knob allows it).
@@ -132,6 +143,7 @@ struct Session::Impl {
       for (auto& s : shards) caf::anon_send(s, Shutdown{});
       sys->await_all_actors_done();
       if (frozen_tier) frozen_tier->stop();  // drops queued fetches (their callbacks hold workers)
+      if (spill) spill->stop();              // the same for the spill's queued reads and writes
       // drop our handles first: a detached actor's thread ends only once its last
       // reference is gone, and ~actor_system waits for those threads
       shards.clear();
@@ -216,6 +228,13 @@ void fill_store(const ModelLayout& layout, std::vector<std::vector<float>>& w,
 /// refuse).
 size_t frozen_tier_host_credit(const ModelLayout& layout, const SessionOptions& opt,
                                const std::vector<char>& streamed);
+/// The `n` layers whose saved inputs spill (FrozenTierOptions::spill_layers), ascending: the
+/// lowest of 1..num_layers-1 that begin no forward stage and not the tail of `plan` (whose input
+/// is uploaded right after it was written), then the lowest that do.
+std::vector<int> choose_spill_layers(int num_layers, const IterationPlan& plan, int n);
+/// Host buffers for the disk tier and the activation spill: 4096-aligned, page-locked through
+/// `dev` where it lets them be (pageable otherwise: the copies are then slower, the results the same).
+tier::HostAllocator pinned_allocator(Device& dev);
 /// The fp32 values of frozen group `g` stored in `storage` (its storage form).
 std::vector<float> dequantize_group(const ParamGroup& g, const void* storage);
 

@@ -5,6 +5,7 @@
 #include <optional>
 #include <vector>
 
+#include "actors/activation_spill.hpp"
 #include "actors/fault_injection.hpp"
 #include "optimizer/adamw.hpp"
 #include "optimizer/loss_scale.hpp"
@@ -34,6 +35,10 @@ struct SessionInternals {
   /// (default: the process's resident memory less the caller's weights, plus a margin), so a
   /// test's budget means the same whatever the test process holds.
   std::optional<double> host_budget_reserve;
+  /// Fails reads or writes of the activation spill (FrozenTierOptions::spill_layers; fail_nth_spill_read).
+  SpillFault spill_fault;
+  /// Staging buffers of the activation spill per worker and direction (0: the default, 4).
+  size_t spill_staging = 0;
 };
 
 /// While alive, sessions built through the public constructor (e.g. by rp::Trainer) get

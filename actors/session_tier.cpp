@@ -71,26 +71,6 @@ constexpr double kBudgetMargin = kHostBudgetMargin;  // scheduler/disk_tier.hpp
 /// Bytes in GiB rounded up to the hundredth printed ("expected at least" figures that suffice).
 double gib_up(double bytes) { return std::ceil(bytes / kGiB * 100.0) / 100.0; }
 
-/// The ring's buffers: 4096-aligned, page-locked through `dev` where it lets them be
-/// (pageable otherwise: the copies are then slower, the results the same).
-tier::HostAllocator pinned_allocator(Device& dev) {
-  tier::HostAllocator a;
-  a.allocate = [&dev](size_t bytes) -> void* {
-    void* p = std::aligned_alloc(tier::kDirectAlign, tier::align_up(bytes));
-    if (!p) return nullptr;
-    try {
-      dev.pin_host(p, bytes);
-    } catch (const std::exception&) {  // left pageable
-    }
-    return p;
-  };
-  a.free = [&dev](void* p, size_t) {
-    dev.unpin_host(p);
-    std::free(p);
-  };
-  return a;
-}
-
 /// Buffers of `buffer_bytes` the budget holds (0: the minimum, 2), at most one per tiered group
 /// (`groups`, at least 2); refuses a budget below 2.
 size_t ring_count(const FrozenTierOptions& o, size_t buffer_bytes, const std::string& largest,
@@ -139,6 +119,24 @@ tier::EnsureResult ensure_tier_cache(const FrozenTierOptions& o, const std::stri
 }
 
 }  // namespace
+
+tier::HostAllocator pinned_allocator(Device& dev) {
+  tier::HostAllocator a;
+  a.allocate = [&dev](size_t bytes) -> void* {
+    void* p = std::aligned_alloc(tier::kDirectAlign, tier::align_up(bytes));
+    if (!p) return nullptr;
+    try {
+      dev.pin_host(p, bytes);
+    } catch (const std::exception&) {  // left pageable
+    }
+    return p;
+  };
+  a.free = [&dev](void* p, size_t) {
+    dev.unpin_host(p);
+    std::free(p);
+  };
+  return a;
+}
 
 void Session::Impl::place_frozen_tier(size_t held, const SessionInternals& internals,
                                       const std::function<void(const std::string&)>& log) {

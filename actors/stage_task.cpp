@@ -1,10 +1,15 @@
 #include "actors/stage_task.hpp"
 
 #include <algorithm>
+#include <memory>
+#include <stdexcept>
+
+#include <fmt/format.h>
 
 #include "kernels/ops.hpp"
 #include "kernels/weight_format.hpp"
 #include "scheduler/stage_memory.hpp"
+#include "trace/tracer.hpp"
 
 namespace rp {
 
@@ -224,6 +229,59 @@ void add_router_statistics(const ModelLayout& m, const PassBuffers& pb, StageDon
     sd.loss_sum += coef * aux * n;
     for (int64_t e = 0; e < E; ++e) sd.expert_tokens[size_t(e)] += st[e];
   }
+}
+
+void launch_compute(const WorkerContext& ctx, Task& t, int64_t m, WorkerActor me) {
+  const auto& layers = *ctx.layers;
+  const StageKind kind = t.rs.stage.kind;
+  // Build every call's arguments here; the device runs them in stream order.
+  LayerCalls fwd, bwd;
+  build_layer_calls(ctx, t, m, fwd, bwd);
+  auto& stream = ctx.device->stream(StreamKind::compute);
+  Tracer* tr = ctx.tracer;
+  std::string track = fmt::format("worker{}.compute", ctx.index);
+  std::string label = fmt::format("{}{} L{}-{} mb{} (pass {})",
+                                  t.rs.eval                    ? "E"
+                                  : kind == StageKind::forward ? "F"
+                                  : kind == StageKind::tail    ? "T"
+                                                               : "B",
+                                  t.rs.stage_index, t.rs.stage.first, t.rs.stage.last, m, t.rs.pass);
+  auto t0 = std::make_shared<double>(0);
+  // evaluation passes are not profiled: their tail runs no backward
+  auto timer = ctx.profile && !t.rs.eval ? std::make_shared<LayerTimer>(stream, kind) : nullptr;
+  const bool inject =
+      ctx.faults.fire_compute(FaultInjection::Site::device_op, ctx.index, t.rs.stage_index, m);
+  // the layers add their router statistics to a copy of the uploaded ones (Slot::moe_stats)
+  const Slot& s = t.slot[m % 2];
+  Ops* ops = &ctx.device->ops();
+  const void* stats_in = s.moe_stats_in.get();
+  void* stats = s.moe_stats.get();
+  const int64_t stats_n = int64_t(s.moe_stats.bytes() / sizeof(float));
+  stream.launch([&layers, fwd = std::move(fwd), bwd = std::move(bwd), tr, t0, timer, inject, m, ops, stats_in,
+                 stats, stats_n] {
+    if (inject) throw std::runtime_error(FaultInjection::what(fmt::format("device op of micro-batch {}", m)));
+    if (stats) ops->copy(DType::f32, stats, stats_in, stats_n);
+    if (tr) *t0 = tr->now();
+    if (timer) timer->run(layers, fwd, bwd);
+    else run_layer_calls(layers, fwd, bwd);
+  });
+  const uint64_t id = t.id;
+  LayerTimings lt{ctx.index, t.rs.pass, m, {}, {}};
+  if (timer && m == 0)
+    lt.memory = stage_memory(*ctx.layout, layers, t.rs.stage, t.rs.buffers->shape,
+                             ctx.device->compute_dtype(), ctx.device->ops().grad_dtype());
+  // Runs on the stream's callback thread: whatever happens here, ComputeDone goes out.
+  stream.then([me, id, m, tr, t0, track, label, timer, lt = std::move(lt),
+               sched = ctx.scheduler](const std::string& err) mutable {
+    std::string e = err;
+    try {
+      if (tr) tr->interval(track, label, *t0, tr->now());
+      if (timer && err.empty()) send_layer_timings(sched, std::move(lt), *timer);
+    } catch (const std::exception& ex) {
+      if (e.empty()) e = ex.what();
+    }
+    caf::anon_send(me, ComputeDone{id, m, e});
+  });
 }
 
 }  // namespace rp

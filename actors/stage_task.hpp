@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "actors/activation_spill.hpp"
 #include "actors/frozen_tier.hpp"
 #include "actors/layer_timer.hpp"
 #include "actors/messages.hpp"
@@ -56,6 +57,9 @@ struct Task {
   /// Frozen groups streamed from the disk tier: the read buffer each uploads from, held until
   /// the group's last chunk landed (a task that goes away gives them back with it).
   std::map<int, FrozenLease> frozen_leases;
+  /// Saved inputs it uploads that spill to disk (WorkerContext::spill): asked for when the task
+  /// is prepared, held per micro-batch until its inputs landed (a task that goes away gives them back).
+  SpillReads spill_reads;
   std::shared_ptr<UploadWindows> uploads;  ///< the weights' chunks and windows (upload_windows.hpp)
   DeviceBuffer scratch, tmp[2];
   /// FP8 decoders (LayerOptions::fp8), per layer of the stage: its weights' FP8 codes
@@ -128,5 +132,10 @@ void add_router_statistics(const ModelLayout& m, const PassBuffers& pb, StageDon
 /// stage of an evaluation pass (RunStage::eval) runs its decoders forward and the tail's
 /// loss only.
 void build_layer_calls(const WorkerContext& ctx, Task& t, int64_t m, LayerCalls& fwd, LayerCalls& bwd);
+
+/// Runs micro-batch m of t on the compute stream (build_layer_calls; with ctx.profile timed per
+/// layer and reported to the scheduler; traced as one interval) and sends ComputeDone to `me`
+/// from the stream's callback thread, whatever happens there (an error: its one line).
+void launch_compute(const WorkerContext& ctx, Task& t, int64_t m, WorkerActor me);
 
 }  // namespace rp

@@ -15,6 +15,7 @@
 #include "actors/layer_timer.hpp"
 #include "actors/message_trace.hpp"
 #include "actors/messages.hpp"
+#include "actors/spill_port.hpp"
 #include "actors/stage_task.hpp"
 #include "actors/transfer.hpp"
 #include "actors/worker_status.hpp"
@@ -36,7 +37,8 @@ using FaultSite = FaultInjection::Site;
 
 class Worker : public WorkerActor::base {
  public:
-  Worker(caf::actor_config& cfg, WorkerContext ctx) : WorkerActor::base(cfg), ctx_(std::move(ctx)) {
+  Worker(caf::actor_config& cfg, WorkerContext ctx)
+      : WorkerActor::base(cfg), ctx_(std::move(ctx)), spill_(ctx_.spill, ctx_.index) {
     WorkerTransfers w =
         spawn_worker_transfers(system(), *ctx_.device, ctx_.index, ctx_.transfer, ctx_.tracer, ctx_.faults);
     act_up_ = w.act_up;
@@ -64,6 +66,7 @@ class Worker : public WorkerActor::base {
     draining_.clear();
     outstanding_.clear();
     host_jobs_.drain();  // an addition may still read a staging buffer
+    spill_.clear();
     if (ctx_.device)
       for (auto& [g, b] : staging_) ctx_.device->unpin_host(b.data());
     staging_.clear();
@@ -111,6 +114,7 @@ class Worker : public WorkerActor::base {
           on_computed(c.micro_batch);
         },
         [this](FrozenFetched& f) { frozen_fetched(f); },
+        [this](SpillDone& d) { spill_done(d); },
         [this](GetStatus) -> caf::result<StatusReport> { return StatusReport{status()}; },
         [this](Shutdown) {
           for (auto& a : {act_up_, act_down_, param_up_, grad_down_})
@@ -159,6 +163,7 @@ class Worker : public WorkerActor::base {
       case CopyKind::weights: return weights_landed(t.task, t.group);
       case CopyKind::gradient: return gradient_landed(t.task, t.group);
       case CopyKind::staged_gradient: return gradient_staged(t.task, t.group);
+      case CopyKind::spill_output: return spill_.output_landed(live(t.task), t, WorkerActor{this});
     }
   }
 
@@ -361,7 +366,28 @@ class Worker : public WorkerActor::base {
               },
               [this](caf::error& e) { fail("weights request failed: " + error_text(e)); });
     }
+    spill_.request_reads(t, WorkerActor{this});
     return tp;
+  }
+
+  /// The activation spill wrote an output (it counts as downloaded now, and its buffer takes a
+  /// waiting one) or read an input of a task (which may upload it now).
+  void spill_done(const SpillDone& d) {
+    if (ctx_.progress) ctx_.progress->tick();
+    if (!d.error.empty()) return fail(d.error);
+    if (!d.write) {
+      if (spill_.read_done(failed_ ? nullptr : live(d.task), d)) pump();
+      return;
+    }
+    output_landed(d.task, d.micro_batch);
+    issue_spill_downloads();
+  }
+
+  void issue_spill_downloads() {
+    spill_.issue([this](uint64_t id) { return live(id); },
+                 [this](void* dst, const void* src, size_t bytes, const CopyTag& tag) {
+                   copy(act_down_, CopyDir::d2h, dst, src, bytes, kPrioActivation, tag.micro_batch, tag);
+                 });
   }
 
   /// Leading bytes of frozen group g's storage that are the compute copy itself and go straight
@@ -490,12 +516,14 @@ class Worker : public WorkerActor::base {
   void input_landed(uint64_t id, int64_t m) {
     Task* tk = live(id);
     if (!tk || !tk->progress.upload_copy_done(m)) return;
+    tk->spill_reads.release(m);  // every input of m is on the device
     mark_uploaded(*tk);
     pump();
   }
 
   bool input_ready(const Task& t, int64_t m) const {
-    return t.rs.stage_index == 0 || ready_.count(Key{t.rs.pass, t.rs.stage_index, m});
+    return (t.rs.stage_index == 0 || ready_.count(Key{t.rs.pass, t.rs.stage_index, m})) &&
+           t.spill_reads.ready(m);
   }
 
   /// Whether next_upload() of t may be issued now (the task's StageProgress decides).
@@ -512,7 +540,7 @@ class Worker : public WorkerActor::base {
     while (may_upload(t)) issue_uploads(t);
     // Compute: in order, once inputs and parameters are in and the output slot is free.
     while (t.progress.compute_wait(true, t.params_pending == 0) == StageProgress::Wait::none)
-      launch_compute(t.progress.compute_issued());
+      launch_compute(ctx_, t, t.progress.compute_issued(), WorkerActor{this});
     early_start();
     maybe_finish();
   }
@@ -532,15 +560,15 @@ class Worker : public WorkerActor::base {
     if (s.moe_stats.get())
       up(s.moe_stats_in.get(), &pb.moe_stats[size_t(2 * pb.experts * m)], s.moe_stats.bytes());
     if (kind == StageKind::forward) {
-      if (t.rs.stage.first > 0) up(s.in.get(), pb.x[t.rs.stage.first][m].data(), pb.act_bytes);
+      if (t.rs.stage.first > 0) up(s.in.get(), spill_.input(t, t.rs.stage.first, m), pb.act_bytes);
     } else if (kind == StageKind::tail) {
-      up(s.xs[0].get(), pb.x[t.rs.stage.first][m].data(), pb.act_bytes);
+      up(s.xs[0].get(), spill_.input(t, t.rs.stage.first, m), pb.act_bytes);
       up(s.targets.get(), pb.targets[m].data(), idb);
     } else {
       up(s.in.get(), pb.boundary(t.rs.chain - 1, m).data(), pb.act_bytes);
       for (size_t i = 0; i < t.layers.size(); ++i) {
         const int l = t.layers[i];
-        if (l > 0) up(s.xs[i].get(), pb.x[l][m].data(), pb.act_bytes);
+        if (l > 0) up(s.xs[i].get(), spill_.input(t, l, m), pb.act_bytes);
         if (s.attn_o[i].get()) {  // the forward's attention output and log-sum-exp
           up(s.attn_o[i].get(), pb.activations->attn_o[l][m].data(), s.attn_o[i].bytes());
           up(s.attn_lse[i].get(), pb.activations->attn_lse[l][m].data(), s.attn_lse[i].bytes());
@@ -553,61 +581,6 @@ class Worker : public WorkerActor::base {
     if (copies.empty()) mark_uploaded(t);
   }
 
-  void launch_compute(int64_t m) {
-    Task& t = *task_;
-    const auto& layers = *ctx_.layers;
-    const StageKind kind = t.rs.stage.kind;
-    // Build every call's arguments here; the device runs them in stream order.
-    LayerCalls fwd, bwd;
-    build_layer_calls(ctx_, t, m, fwd, bwd);
-    auto& stream = ctx_.device->stream(StreamKind::compute);
-    Tracer* tr = ctx_.tracer;
-    std::string track = fmt::format("worker{}.compute", ctx_.index);
-    std::string label = fmt::format("{}{} L{}-{} mb{} (pass {})",
-                                    t.rs.eval                    ? "E"
-                                    : kind == StageKind::forward ? "F"
-                                    : kind == StageKind::tail    ? "T"
-                                                                 : "B",
-                                    t.rs.stage_index, t.rs.stage.first, t.rs.stage.last, m, t.rs.pass);
-    auto t0 = std::make_shared<double>(0);
-    // evaluation passes are not profiled: their tail runs no backward
-    auto timer = ctx_.profile && !t.rs.eval ? std::make_shared<LayerTimer>(stream, kind) : nullptr;
-    const bool inject = ctx_.faults.fire_compute(FaultSite::device_op, ctx_.index, t.rs.stage_index, m);
-    // the layers add their router statistics to a copy of the uploaded ones (Slot::moe_stats)
-    const Slot& s = t.slot[m % 2];
-    Ops* ops = &ctx_.device->ops();
-    const void* stats_in = s.moe_stats_in.get();
-    void* stats = s.moe_stats.get();
-    const int64_t stats_n = int64_t(s.moe_stats.bytes() / sizeof(float));
-    stream.launch([&layers, fwd = std::move(fwd), bwd = std::move(bwd), tr, t0, timer, inject, m, ops,
-                   stats_in, stats, stats_n] {
-      if (inject)
-        throw std::runtime_error(FaultInjection::what(fmt::format("device op of micro-batch {}", m)));
-      if (stats) ops->copy(DType::f32, stats, stats_in, stats_n);
-      if (tr) *t0 = tr->now();
-      if (timer) timer->run(layers, fwd, bwd);
-      else run_layer_calls(layers, fwd, bwd);
-    });
-    WorkerActor me{this};
-    const uint64_t id = t.id;
-    LayerTimings lt{ctx_.index, t.rs.pass, m, {}, {}};
-    if (timer && m == 0)
-      lt.memory = stage_memory(*ctx_.layout, layers, t.rs.stage, t.rs.buffers->shape,
-                               ctx_.device->compute_dtype(), ctx_.device->ops().grad_dtype());
-    // Runs on the stream's callback thread: whatever happens here, ComputeDone goes out.
-    stream.then([me, id, m, tr, t0, track, label, timer, lt = std::move(lt),
-                 sched = ctx_.scheduler](const std::string& err) mutable {
-      std::string e = err;
-      try {
-        if (tr) tr->interval(track, label, *t0, tr->now());
-        if (timer && err.empty()) send_layer_timings(sched, std::move(lt), *timer);
-      } catch (const std::exception& ex) {
-        if (e.empty()) e = ex.what();
-      }
-      caf::anon_send(me, ComputeDone{id, m, e});
-    });
-  }
-
   void on_computed(int64_t m) {
     Task& t = *task_;
     auto& pb = *t.rs.buffers;
@@ -616,11 +589,17 @@ class Worker : public WorkerActor::base {
     const uint64_t id = t.id;
     std::vector<std::tuple<void*, const void*, size_t>> copies;
     auto down = [&](void* dst, const void* src, size_t bytes) { copies.emplace_back(dst, src, bytes); };
+    int spilled = 0;  // outputs going to the activation spill: each counts as a download, done once written
     if (kind == StageKind::forward) {
       const int k = int(t.layers.size());
       for (int i = 0; i < k; ++i) {
         const int l = t.layers[i];
-        down(pb.x[l + 1][m].data(), s.xs[i].get(), pb.act_bytes);
+        if (spill_.spilled(l + 1)) {
+          spill_.output(t, m, l + 1, s.xs[i].get());
+          ++spilled;
+        } else {
+          down(pb.x[l + 1][m].data(), s.xs[i].get(), pb.act_bytes);
+        }
         if (s.attn_o[i].get()) {  // kept for the backward stage, which then skips the attention
           down(pb.activations->attn_o[l][m].data(), s.attn_o[i].get(), s.attn_o[i].bytes());
           down(pb.activations->attn_lse[l][m].data(), s.attn_lse[i].get(), s.attn_lse[i].bytes());
@@ -634,11 +613,12 @@ class Worker : public WorkerActor::base {
     // the router statistics so far (forward), of the whole forward pass (tail)
     if (s.moe_stats.get() && kind != StageKind::backward)
       down(&pb.moe_stats[size_t(2 * pb.experts * m)], s.moe_stats.get(), s.moe_stats.bytes());
-    t.progress.computed(m, int(copies.size()));
+    t.progress.computed(m, int(copies.size()) + spilled);
     for (auto& [dst, src, bytes] : copies)
       copy(act_down_, CopyDir::d2h, dst, src, bytes, kPrioActivation, m,
            CopyTag{CopyKind::output, id, m, -1});
-    if (copies.empty()) on_downloaded(t, m);
+    if (spilled > 0) issue_spill_downloads();
+    if (copies.empty() && spilled == 0) on_downloaded(t, m);
     pump();
   }
 
@@ -824,6 +804,7 @@ class Worker : public WorkerActor::base {
   const std::string me_ = fmt::format("worker{}", ctx_.index);  ///< this actor in traced messages
   TransferActor act_up_, act_down_, param_up_, grad_down_;
   std::shared_ptr<CopyGate> gate_;
+  SpillPort spill_;  ///< the activation spill's side of this worker (inert without ctx_.spill)
   std::deque<RunStage> queue_;
   std::unique_ptr<Task> task_;                          ///< computing now
   std::unique_ptr<Task> next_;                          ///< prefetching its weights

@@ -18,6 +18,9 @@
 //  - with the session's disk tier (ctx.frozen_tier), asks it for each streamed frozen group when
 //    a task is prepared, uploads the group from the tier's read buffer once FrozenFetched comes
 //    and gives the buffer back when the group's last chunk landed (actors/frozen_tier.hpp);
+//  - with the session's activation spill (ctx.spill), downloads the spilled layers' saved inputs
+//    into its write buffers and counts them down once written, and reads them back for the tasks
+//    that upload them from when the task is prepared (actors/spill_port.hpp);
 //  - with ctx.profile, times each layer call on the compute stream and reports the times
 //    (and the layers' device memory) to the scheduler, read after completion.
 // Per micro-batch, what may be uploaded, computed and handed to the next task, and when a
@@ -47,6 +50,7 @@ namespace rp {
 
 class Tracer;
 class FrozenTier;
+class ActivationSpill;
 
 /// Device-memory pressure, counted by all workers of a session (Session::memory_events).
 struct MemoryEventCounters {
@@ -75,6 +79,10 @@ struct WorkerContext {
   /// The session's disk tier (null: frozen groups upload from ParamStore::lowp): its tiered
   /// groups are read into one of its buffers when a task is prepared and uploaded from there.
   FrozenTier* frozen_tier = nullptr;
+  /// The session's activation spill (null: every saved input is in host memory): the layers it
+  /// holds are written there by forward stages (ActReady follows the write) and read back into
+  /// its staging buffers for the tasks that upload them (actors/spill_port.hpp).
+  ActivationSpill* spill = nullptr;
 };
 
 /// Spawns worker `ctx.index` and its four transfer actors (activation up, activation

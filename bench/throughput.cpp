@@ -170,6 +170,12 @@ int run(int argc, char** argv) {
   app.add_option("--tier-host-budget-gib", tier_host_budget_gib,
                  "the whole run's host GiB: the runtime decides what stays resident (0: no budget)")
       ->check(gib_validator(" (0: no budget)"));
+  int tier_spill_layers = 0;
+  app.add_option(
+         "--tier-spill-layers", tier_spill_layers,
+         "keep the saved inputs of this many layers in a hidden file beside the tier's cache instead of "
+         "host memory (0: none)")
+      ->check(CLI::NonNegativeNumber);
   std::string profile_out;
   double cap_above_plan = 0;
   bool no_save_attention = false;
@@ -219,7 +225,10 @@ int run(int argc, char** argv) {
   needs(app.count("--tier-host-budget-gib") > 0, !frozen_tier.empty(), "--tier-host-budget-gib",
         "--frozen-tier PATH");
   needs(app.count("--frozen-tier") > 0, !frozen_tier.empty(), "--frozen-tier", "a non-empty path");
-  needs(!frozen_tier.empty(), lora_r > 0, "--frozen-tier", "--lora-r R (it streams a LoRA base)");
+  needs(app.count("--tier-spill-layers") > 0, !frozen_tier.empty(), "--tier-spill-layers",
+        "--frozen-tier PATH");
+  needs(!frozen_tier.empty() && tier_spill_layers == 0, lora_r > 0, "--frozen-tier",
+        "--lora-r R (it streams a LoRA base) or --tier-spill-layers N");
   needs(fp8_direct, fp8, "--fp8-stored-direct", "--fp8");
   needs(fp8_wgrad, fp8, "--fp8-wgrad", "--fp8");
   bool tied = true;
@@ -327,6 +336,7 @@ int run(int argc, char** argv) {
   if (!frozen_tier.empty()) {
     o.frozen_tier = rp::FrozenTierOptions{frozen_tier, tier_ring_gib, tier_resident_gib};
     o.frozen_tier->host_budget_gib = tier_host_budget_gib;
+    o.frozen_tier->spill_layers = tier_spill_layers;
     o.frozen_source = bench::frozen_source(m);
   }
   // The planner's working set of the plan (the memory model a cap is checked against): the
@@ -391,7 +401,7 @@ int run(int argc, char** argv) {
       rp::byte_text(double(pins.pinned_bytes)).c_str(), rp::byte_text(double(pins.pageable_bytes)).c_str(),
       rp::byte_text(double(pins.pageable_frozen_bytes)).c_str(), rp::byte_text(double(pins.budget)).c_str());
   // the tier's start line is in the runtime's log (frozen tier: <path>: built|reused ...)
-  const std::string tier_text =
+  std::string tier_text =
       s.frozen_tier().enabled
           ? fmt::format(", frozen tier {} x {:.1f} MiB{}{}", s.frozen_tier().ring_buffers,
                         double(s.frozen_tier().buffer_bytes) / double(1 << 20),
@@ -402,6 +412,9 @@ int run(int argc, char** argv) {
                         tier_host_budget_gib > 0 ? fmt::format(", host budget {} GiB", tier_host_budget_gib)
                                                  : std::string())
           : std::string();
+  if (!s.frozen_tier().spill_layers.empty())  // its start line is in the runtime's log too
+    tier_text += fmt::format(", activation spill {} layers ({})", s.frozen_tier().spill_layers.size(),
+                             rp::byte_text(double(s.frozen_tier().spill_bytes)));
   const int64_t n = micro * o.micro.tokens();
   std::vector<int32_t> ids(n), tg(n);
   std::vector<double> done_at;
@@ -438,8 +451,9 @@ int run(int argc, char** argv) {
   const double peak = s.peak_device_bytes() / double(1ull << 30);
   const char* attn = std::getenv("RP_CUDA_ATTENTION");
   const std::string xfer = std::string(no_prio ? "no priorities" : "priorities") +
-                           (no_save_attention || s.frozen_tier().attention_dropped ? ", attention recomputed"
-                                                                                   : ", attention saved") +
+                           (no_save_attention || s.frozen_tier().attention_dropped || tier_spill_layers > 0
+                                ? ", attention recomputed"
+                                : ", attention saved") +
                            tier_text;
   const std::string chunks =
       chunk_bytes > 0 ? fmt::format("{} MiB chunks x {}", chunk_bytes / double(1 << 20), bulk_inflight)

@@ -14,6 +14,7 @@ check() {  # expected-line-part args...
 check "--tier-ring-gib needs --frozen-tier" --tier-ring-gib 1
 check "--tier-resident-gib needs --frozen-tier" --tier-resident-gib 1
 check "--tier-host-budget-gib needs --frozen-tier" --tier-host-budget-gib 8
+check "--tier-spill-layers needs --frozen-tier" --tier-spill-layers 2
 check "--frozen-tier needs --lora-r" --frozen-tier /nonexistent/x.cache
 check "--frozen-tier needs a non-empty path" --frozen-tier "" --lora-r 4
 check "--fp8-stored-direct needs --fp8" --fp8-stored-direct

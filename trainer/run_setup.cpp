@@ -544,6 +544,7 @@ SessionOptions session_options_of(const TrainSpec& spec, const ModelLayout& layo
     opt.frozen_tier =
         FrozenTierOptions{spec.frozen_tier->path, spec.frozen_tier->ring_gib, spec.frozen_tier->resident_gib};
     opt.frozen_tier->host_budget_gib = spec.frozen_tier->host_budget_gib;
+    opt.frozen_tier->spill_layers = int(spec.frozen_tier->spill_layers);
   }
   // No "plan" key: automatic (analytic estimate, then re-planned from the profile once it
   // settles). An explicit plan is never changed.

@@ -37,15 +37,16 @@ void check_base_model_id(const JsonFields& f, const TrainSpec& s) {
            s.base_model_id);
 }
 
-// "frozen_tier": {"path": "...", "ring_gib": G, "resident_gib": R, "host_budget_gib": B}
+// "frozen_tier": {"path": "...", "ring_gib": G, "resident_gib": R, "host_budget_gib": B, "spill_layers": N}
 // (SessionOptions::frozen_tier).
 void read_frozen_tier(const JsonFields& f, TrainSpec& s) {
   if (!f.has("frozen_tier")) return;
   if (!f.at("frozen_tier").is_object())
     f.fail("frozen_tier",
-           "an object {\"path\": cache file, \"ring_gib\": G, \"resident_gib\": R, \"host_budget_gib\": B}");
+           "an object {\"path\": cache file, \"ring_gib\": G, \"resident_gib\": R, \"host_budget_gib\": B, "
+           "\"spill_layers\": N}");
   const JsonFields t = f.nested("frozen_tier");
-  t.allow_only({"path", "ring_gib", "resident_gib", "host_budget_gib"});
+  t.allow_only({"path", "ring_gib", "resident_gib", "host_budget_gib", "spill_layers"});
   TrainSpec::FrozenTier ft;
   ft.path = t.string("path");
   if (ft.path.empty()) t.fail("path", "a non-empty path of the tier's cache file", ft.path);
@@ -69,6 +70,11 @@ void read_frozen_tier(const JsonFields& f, TrainSpec& s) {
   if (ft.host_budget_gib > 0 && ft.resident_gib > 0)
     t.fail("host_budget_gib", "no resident_gib beside it (the budget decides what stays resident)",
            ft.host_budget_gib);
+  // the model's layer count is not known yet: the session checks the upper end (its layers - 1)
+  t.optional("spill_layers", ft.spill_layers);
+  if (ft.spill_layers < 0 || ft.spill_layers > (1 << 20))
+    t.fail("spill_layers", "an integer >= 0 (layers whose saved inputs go to disk; 0: none)",
+           ft.spill_layers);
   s.frozen_tier = ft;
 }
 

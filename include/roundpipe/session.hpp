@@ -95,6 +95,23 @@ struct FrozenTierOptions {
   /// damaged one is rebuilt (the reason is logged). false: trust its header; a damaged entry
   /// then fails the run when it is read.
   bool verify_reused = true;
+  /// Activation spill: the saved inputs (every micro-batch, every pass in flight) of this many
+  /// layers live in a hidden file in the folder of `path` instead of host memory, saving
+  /// spill_layers x pass slots x micro_batches x n_seq x seq_len x hidden x the compute dtype's bytes
+  /// of host memory (one pass slot's worth with one worker, whose passes share them). Forward
+  /// stages write them once computed; the stages that upload them read them back ahead, while
+  /// the stage before runs, through a few host staging buffers (act_bytes each, rounded up to
+  /// 4 KiB). The layers are chosen lowest index first (their inputs wait longest for the backward
+  /// stage), layer 0 never (it has no saved input), and layers that begin a forward stage or the
+  /// tail of the session's first plan last (those are read right after they are written). The file has no
+  /// name (O_TMPFILE, or created and unlinked at once): nothing is left behind, however the run ends. Saved
+  /// attention (SessionOptions::save_attention) is off while layers spill. Also works without frozen groups
+  /// (full fine-tuning): then only `path`'s folder is used. 0: off. Refused: a value below 0 or above the
+  /// layers with a saved input (the model's layers - 1; std::invalid_argument naming frozen_tier.spill_layers
+  /// and the range), and a folder without room for the file (std::runtime_error naming
+  /// frozen_tier.spill_layers, the bytes needed and free). A read or write that fails during training fails
+  /// the run (RuntimeFailure naming the folder, the layer, the micro-batch and the file offset).
+  int spill_layers = 0;
 };
 
 /// Frozen groups made on demand instead of handed over in memory (SessionOptions::frozen_source):
@@ -136,6 +153,18 @@ struct FrozenTierReport {
   /// ..., activations ... (saved attention dropped); frozen base X GiB of which Y resident"
   /// (also logged); empty without a budget.
   std::string budget_line;
+  /// Activation spill (FrozenTierOptions::spill_layers; reported also when `enabled` is false):
+  /// the layers whose saved inputs are on disk (none: off), the spill file's bytes (the host
+  /// memory it saves), its folder, whether it uses O_DIRECT, its reads' engine, and the staging
+  /// buffers over all workers (spill_staging_bytes each).
+  std::vector<int> spill_layers;
+  uint64_t spill_bytes = 0;
+  std::string spill_folder;
+  bool spill_direct = false;
+  std::string spill_engine;  ///< the reads' engine: "io_uring" or "pread pool (N threads)"
+  size_t spill_staging_buffers = 0, spill_staging_bytes = 0;
+  /// "activation spill: N layers (X GiB) to <folder>, staging K x M MiB" (also logged).
+  std::string spill_line;
 };
 
 struct SessionOptions {
@@ -227,7 +256,8 @@ struct SessionOptions {
   /// an empty path or a budget below two buffers, std::runtime_error ("frozen_tier.path: ...")
   /// when the cache cannot be written (an unwritable folder, not enough disk space, a file
   /// there that is not a tier cache). A read that fails during training fails the run
-  /// (RuntimeFailure naming the file, the entry and its offset).
+  /// (RuntimeFailure naming the file, the entry and its offset). Its spill_layers (activation
+  /// spill) works with or without frozen groups.
   std::optional<FrozenTierOptions> frozen_tier;
   /// Frozen groups given neither as fp32 values nor in storage form to the constructor (both
   /// empty) come from here (FrozenSource). Without it such a group is refused.

@@ -92,16 +92,19 @@ struct TrainSpec {
   /// "pin_budget_gib": host GiB the runtime may page-lock for fast copies (absent: three
   /// quarters of the host's memory; SessionOptions::pin_budget_bytes)
   std::optional<double> pin_budget_gib;
-  /// "frozen_tier": {"path": file, "ring_gib": G, "resident_gib": R, "host_budget_gib": B}:
-  /// stream the frozen (LoRA base) weights from a cache file on a local disk through G GiB of
-  /// host read buffers (absent: 0, two buffers), keeping up to R GiB of them in host memory
-  /// (absent: 0, all stream), or what a whole-run host budget of B GiB leaves for them (absent:
-  /// 0, no budget; not with R); SessionOptions::frozen_tier. Absent: the base stays in host memory.
+  /// "frozen_tier": {"path": file, "ring_gib": G, "resident_gib": R, "host_budget_gib": B,
+  /// "spill_layers": N}: stream the frozen (LoRA base) weights from a cache file on a local disk
+  /// through G GiB of host read buffers (absent: 0, two buffers), keeping up to R GiB of them in
+  /// host memory (absent: 0, all stream), or what a whole-run host budget of B GiB leaves for
+  /// them (absent: 0, no budget; not with R), and keep the saved inputs of N layers in a hidden
+  /// file in the same folder instead of host memory (absent: 0; FrozenTierOptions::spill_layers);
+  /// SessionOptions::frozen_tier. Absent: the base and the activations stay in host memory.
   struct FrozenTier {
     std::string path;
     double ring_gib = 0;
     double resident_gib = 0;
     double host_budget_gib = 0;
+    int64_t spill_layers = 0;
   };
   std::optional<FrozenTier> frozen_tier;
   std::string output_dir = "runs/default";

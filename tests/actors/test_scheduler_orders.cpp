@@ -122,6 +122,7 @@ WorkerActor::behavior_type fake_worker(WorkerActor::stateful_pointer<FakeWorkerS
       [=](ActReady&) {},
       [=](CopyDone&) {},
       [=](FrozenFetched&) {},
+      [=](SpillDone&) {},
       [=](ComputeDone&) {
         auto& st = self->state;
         RunStage rs = std::move(st.tasks.front());

@@ -93,14 +93,15 @@ TEST(SpecFrozenTier, ReadsThePathAndBudgetAndRefusesBadValues) {
            tier + "}";
   };
   {
-    const fs::path p = spec_file(with(R"({"path": "/nvme/base.cache", "ring_gib": 2.5, "resident_gib": 3})"));
+    const fs::path p = spec_file(
+        with(R"({"path": "/nvme/base.cache", "ring_gib": 2.5, "resident_gib": 3, "spill_layers": 7})"));
     const rp::TrainSpec s = rp::load_spec(p.string(), {});
     fs::remove(p);
     ASSERT_TRUE(s.frozen_tier.has_value());
     EXPECT_EQ(s.frozen_tier->path, "/nvme/base.cache");
     EXPECT_EQ(s.frozen_tier->ring_gib, 2.5);
     EXPECT_EQ(s.frozen_tier->resident_gib, 3.0);
-    EXPECT_EQ(s.frozen_tier->host_budget_gib, 0.0);
+    EXPECT_EQ(s.frozen_tier->spill_layers, 7);
   }
   {
     const fs::path p = spec_file(with(R"({"path": "/nvme/base.cache", "host_budget_gib": 32})"));
@@ -129,6 +130,8 @@ TEST(SpecFrozenTier, ReadsThePathAndBudgetAndRefusesBadValues) {
   refused(R"({"path": "x", "host_budget_gib": -1})", "frozen_tier.host_budget_gib", "a number >= 0");
   refused(R"({"path": "x", "host_budget_gib": 8, "resident_gib": 2})", "frozen_tier.host_budget_gib",
           "no resident_gib beside it");
+  refused(R"({"path": "x", "spill_layers": -1})", "frozen_tier.spill_layers", "an integer >= 0");
+  refused(R"({"path": "x", "spill_layers": 1.5})", "frozen_tier.spill_layers", "an integer");
   refused(R"({"path": "~/base.cache"})", "frozen_tier.path", "a path without a leading '~'");
   refused(R"({"path": "cache/"})", "frozen_tier.path", "the path of a cache file, not of a folder");
   refused(R"({"path": "/tmp"})", "frozen_tier.path", "the path of a cache file, not of a folder");

@@ -193,7 +193,8 @@ TEST(TrainerLora, Fp8BaseTrainsLikeABf16Base) {
 }
 
 // The spec's frozen_tier: the base streams from a cache file and the run (losses, adapters and
-// the merged model, which reads the base back from the file) equals the run that holds it.
+// the merged model, which reads the base back from the file) equals the run that holds it; with
+// spill_layers the saved inputs of two layers go to a hidden file beside it, and the run still does.
 TEST(TrainerLora, ABaseStreamedFromTheDiskTierTrainsAndMergesBitForBit) {
   auto d = tmpdir();
   rp::TrainSpec held = lora_spec(d, "held", 3, rp::WeightFormat::q8_0);
@@ -211,6 +212,15 @@ TEST(TrainerLora, ABaseStreamedFromTheDiskTierTrainsAndMergesBitForBit) {
   ASSERT_TRUE(fs::exists(d / "held/final-merged/model.safetensors"));
   EXPECT_TRUE(bytes_of(d / "held/final-merged/model.safetensors") ==
               bytes_of(d / "tiered/final-merged/model.safetensors"));
+  rp::TrainSpec spilled = lora_spec(d, "spilled", 3, rp::WeightFormat::q8_0);
+  spilled.frozen_tier = rp::TrainSpec::FrozenTier{(d / "spill" / "base.cache").string(), 0};
+  spilled.frozen_tier->spill_layers = 2;
+  rp::Trainer(spilled).run();
+  EXPECT_EQ(losses(d / "spilled/metrics.csv"), losses(d / "held/metrics.csv"));
+  EXPECT_TRUE(a == bytes_of(d / "spilled/final" / rp::kAdapterWeightsFile));
+  std::set<std::string> left;
+  for (const auto& e : fs::directory_iterator(d / "spill")) left.insert(e.path().filename().string());
+  EXPECT_EQ(left, (std::set<std::string>{"base.cache", "base.cache.lock"})) << "the spill file has no name";
   fs::remove_all(d);
 }
 

@@ -1,0 +1,497 @@
+// Activation spill (FrozenTierOptions::spill_layers): saved layer inputs live in a hidden file on
+// the tier's disk instead of host memory.
+//  - the store alone: a record reads back what was written; a read waits for the write of its
+//    pass (it may be asked for first), and a record overwritten by a later pass fails the read;
+//  - the layers chosen: lowest first, those beginning no stage of the plan first;
+//  - training with spill equals training without it bit for bit (losses, every group's weights
+//    after 3 steps) with 1 and 2 workers, LoRA and full fine-tuning, two staging buffers, and a
+//    plan whose every stage begins with a spilled layer; the spilled inputs' host buffers are gone
+//    and the spill file was written and read;
+//  - the folder has no new entry while the session runs nor after;
+//  - saved attention is turned off (one line);
+//  - a read failing mid-run ends the run with one line naming the folder, layer, micro-batch and
+//    offset, in bounded time;
+//  - bad spill_layers values are refused with one line naming the option and the range.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <future>
+#include <set>
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include "actors/session_impl.hpp"
+#include "actors/session_testing.hpp"
+#include "tests/actors/runtime_reference.hpp"
+
+namespace rp::test {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr int64_t kNSeq = 2, kSeqLen = 5, kM = 3;
+constexpr int kSteps = 3;
+constexpr double kWaitS = 120;  // a step of this model takes well under a second: more is a hang
+
+struct Scratch {
+  fs::path dir;
+  Scratch() {
+    dir = fs::temp_directory_path() /
+          fmt::format("rp_spill_{}_{}", ::getpid(), ::testing::UnitTest::GetInstance()->random_seed());
+    dir /= ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  ~Scratch() { fs::remove_all(dir); }
+  std::string path(const std::string& name) const { return (dir / name).string(); }
+  std::set<std::string> entries() const {
+    std::set<std::string> out;
+    for (const auto& e : fs::directory_iterator(dir)) out.insert(e.path().filename().string());
+    return out;
+  }
+};
+
+// ---- the store alone -------------------------------------------------------------------------
+
+SpillConfig store_config(const std::string& folder) {
+  SpillConfig c;
+  c.folder = folder;
+  c.layers = {1, 3};
+  c.num_layers = 5;
+  c.sets = 2;
+  c.micro_batches = 2;
+  c.act_bytes = 5000;  // two 4 KiB pages per record
+  c.workers = 2;
+  c.staging = 2;
+  return c;
+}
+
+struct Answer {
+  std::promise<std::pair<uint64_t, std::string>> p;
+  ActivationSpill::Done done() {
+    return [this](uint64_t t, const std::string& e) { p.set_value({t, e}); };
+  }
+};
+
+void fill(ActivationSpill& s, uint64_t ticket, char v) { std::memset(s.buffer(ticket), v, 5000); }
+
+TEST(ActivationSpillStore, AReadWaitsForTheWriteOfItsPassAndGetsItsBytes) {
+  Scratch sc;
+  ActivationSpill s(store_config(sc.dir.string()), tier::aligned_host_allocator());
+  EXPECT_EQ(s.record_bytes(), 8192u);
+  EXPECT_EQ(s.file_bytes(), 2u * 2 * 2 * 8192);
+  EXPECT_TRUE(sc.entries().empty()) << "the spill file has no name";
+  Answer r;
+  auto got = r.p.get_future();
+  s.read(1, SpillRecord{1, 3, 1, 7}, r.done());  // asked before the write
+  EXPECT_EQ(got.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout);
+  const std::optional<uint64_t> w = s.stage_write(0);
+  ASSERT_TRUE(w);
+  fill(s, *w, 'a');
+  Answer wa;
+  auto wrote = wa.p.get_future();
+  s.write(*w, SpillRecord{1, 3, 1, 7}, wa.done());
+  EXPECT_EQ(wrote.get().second, "");
+  ASSERT_EQ(got.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  const auto [ticket, err] = got.get();
+  EXPECT_EQ(err, "");
+  const std::byte* d = s.buffer(ticket);
+  ASSERT_NE(d, nullptr);
+  for (size_t i = 0; i < 5000; ++i) ASSERT_EQ(char(d[i]), 'a') << i;
+  s.release(ticket);
+  EXPECT_EQ(s.buffer(ticket), nullptr);
+}
+
+// A record larger than one read piece (1 MiB) reads back byte for byte, across records written
+// in another order than they are read.
+TEST(ActivationSpillStore, LargeRecordsReadBackByteForByte) {
+  Scratch sc;
+  SpillConfig c = store_config(sc.dir.string());
+  c.act_bytes = (size_t(3) << 20) + 5000;  // 4 pieces, the last partial
+  ActivationSpill s(c, tier::aligned_host_allocator());
+  const auto byte_at = [](size_t i, int rec) { return char((i * 7 + size_t(rec) * 13) % 251); };
+  const SpillRecord recs[] = {{1, 3, 1, 4}, {0, 1, 0, 4}, {1, 1, 1, 4}};
+  for (int k = 0; k < 3; ++k) {
+    const std::optional<uint64_t> w = s.stage_write(k % 2);
+    ASSERT_TRUE(w);
+    std::byte* b = s.buffer(*w);
+    for (size_t i = 0; i < c.act_bytes; ++i) b[i] = std::byte(byte_at(i, k));
+    Answer wa;
+    auto wrote = wa.p.get_future();
+    s.write(*w, recs[k], wa.done());
+    ASSERT_EQ(wrote.get().second, "");
+  }
+  for (int k : {2, 0, 1}) {
+    Answer r;
+    auto got = r.p.get_future();
+    s.read(0, recs[k], r.done());
+    ASSERT_EQ(got.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+    const auto [ticket, err] = got.get();
+    ASSERT_EQ(err, "");
+    const std::byte* d = s.buffer(ticket);
+    size_t bad = 0;
+    for (size_t i = 0; i < c.act_bytes; ++i) bad += char(d[i]) != byte_at(i, k);
+    EXPECT_EQ(bad, 0u) << "record " << k;
+    s.release(ticket);
+  }
+}
+
+TEST(ActivationSpillStore, ARecordOverwrittenByALaterPassFailsTheRead) {
+  Scratch sc;
+  ActivationSpill s(store_config(sc.dir.string()), tier::aligned_host_allocator());
+  const std::optional<uint64_t> w = s.stage_write(1);
+  ASSERT_TRUE(w);
+  fill(s, *w, 'b');
+  Answer wa;
+  auto wrote = wa.p.get_future();
+  s.write(*w, SpillRecord{0, 1, 0, 9}, wa.done());
+  EXPECT_EQ(wrote.get().second, "");
+  Answer r;
+  auto got = r.p.get_future();
+  s.read(0, SpillRecord{0, 1, 0, 8}, r.done());
+  ASSERT_EQ(got.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  const std::string e = got.get().second;
+  EXPECT_NE(e.find("overwritten"), std::string::npos) << e;
+  EXPECT_NE(e.find(sc.dir.string()), std::string::npos) << e;
+}
+
+TEST(ActivationSpillStore, AFolderWithoutRoomIsRefusedWithTheBytesNeededAndFree) {
+  Scratch sc;
+  SpillConfig c = store_config(sc.dir.string());
+  c.micro_batches = int64_t(1) << 40;  // 2^40 records of 8 KiB per layer and set: no disk holds that
+  try {
+    ActivationSpill s(c, tier::aligned_host_allocator());
+    ADD_FAILURE() << "a file of " << s.file_bytes() << " bytes was made";
+  } catch (const std::runtime_error& e) {
+    const std::string w = e.what();
+    EXPECT_EQ(w.rfind("frozen_tier.spill_layers: 2 layers need a spill file of ", 0), 0u) << w;
+    EXPECT_NE(w.find(fmt::format("{} bytes", uint64_t(2) * 2 * (uint64_t(1) << 40) * 8192)),
+              std::string::npos)
+        << w;
+    EXPECT_NE(w.find("are free"), std::string::npos) << w;
+    EXPECT_NE(w.find(sc.dir.string()), std::string::npos) << w;
+    EXPECT_EQ(w.find('\n'), std::string::npos) << w;
+  }
+  EXPECT_TRUE(sc.entries().empty());
+}
+
+TEST(ActivationSpillStore, WriteBuffersAreAPoolOfTheirOwnPerWorker) {
+  Scratch sc;
+  ActivationSpill s(store_config(sc.dir.string()), tier::aligned_host_allocator());
+  EXPECT_EQ(s.staging_buffers(), 2u * (2 + 2));
+  auto a = s.stage_write(0), b = s.stage_write(0);
+  ASSERT_TRUE(a && b);
+  EXPECT_FALSE(s.stage_write(0)) << "worker 0 has two write buffers";
+  EXPECT_TRUE(s.stage_write(1)) << "worker 1's are its own";
+  s.release(*a);
+  EXPECT_TRUE(s.stage_write(0));
+}
+
+TEST(ActivationSpillStore, TheLayersChosenAreTheLowestBeginningNoForwardStageFirst) {
+  const IterationPlan p = make_uniform_plan(6, 2, 2, 1);  // F[0-1] F[2-3] T[4-5] B[3-2] B[1-0]
+  EXPECT_EQ(choose_spill_layers(6, p, 2), (std::vector<int>{1, 3}));
+  EXPECT_EQ(choose_spill_layers(6, p, 4), (std::vector<int>{1, 2, 3, 5}));
+  EXPECT_EQ(choose_spill_layers(6, p, 5), (std::vector<int>{1, 2, 3, 4, 5}));
+  // backward stages' first layers are not avoided: they upload every layer's input alike
+  const IterationPlan q = make_uniform_plan(6, 4, 1, 0);  // F[0-3] F[4] T[5] B[4] B[3] B[2] B[1] B[0]
+  EXPECT_EQ(choose_spill_layers(6, q, 2), (std::vector<int>{1, 2}));
+  EXPECT_EQ(choose_spill_layers(6, q, 4), (std::vector<int>{1, 2, 3, 4}));
+}
+
+// ---- in the runtime ------------------------------------------------------------------------
+
+ModelLayout lora_layout() {
+  LoraConfig lc;
+  lc.r = 4;
+  lc.alpha = 8;
+  lc.target_modules = {"all-linear"};
+  return make_layout(tiny_config(false, false), lc);
+}
+ModelLayout full_layout() { return make_layout(tiny_config(false, false)); }
+
+TestSessionOptions options(int workers, std::vector<std::string>* log) {
+  TestSessionOptions o;
+  o.workers = workers;
+  o.micro_batches = kM;
+  o.micro = {kNSeq, kSeqLen};
+  o.adam = adam_opts();
+  o.shards = 2;
+  o.save_attention = false;  // spill turns it off: the runs compared must both be without
+  o.watchdog_s = 0;
+  if (log) o.profiling.log = [log](const std::string& l) { log->push_back(l); };
+  return o;
+}
+
+struct Result {
+  std::vector<double> losses;
+  std::vector<std::vector<float>> weights;
+};
+
+// Trains kSteps steps; a step not done within kWaitS fails the test (a deadlock) instead of
+// hanging. `during` runs once the first step is done, the session still running.
+Result train(Session& s, const std::function<void()>& during = {}) {
+  Result r;
+  for (int t = 0; t < kSteps; ++t) {
+    std::vector<int32_t> tg, ids;
+    random_tokens(67, kM * kNSeq * kSeqLen, 100 + uint64_t(t) * 10, ids, tg);
+    s.forward_backward(ids, tg);
+    s.step(lr_at(t));
+  }
+  for (int t = 0; t < kSteps; ++t) {
+    std::optional<StepResult> sr = s.wait_for(t, kWaitS);
+    if (!sr) {
+      ADD_FAILURE() << "step " << t << " not done after " << kWaitS << " s: " << s.status();
+      return r;
+    }
+    r.losses.push_back(sr->loss_sum / sr->tokens);
+    if (t == 0 && during) during();
+  }
+  s.synchronize();
+  for (int g = 0; g < int(s.layout().groups.size()); ++g) r.weights.push_back(s.group_weights_f32(g));
+  return r;
+}
+
+struct Case {
+  int workers;
+  bool lora;
+  bool every_layer_begins_a_stage;  // plan F[0] F[1] ... T B ... B[0]: every spilled layer begins a stage
+  double pcie_bytes_per_s = 0;      // > 0: a throttled link (copies slow, the spill's I/O not)
+};
+
+class SpillByCase : public ::testing::TestWithParam<Case> {};
+
+TEST_P(SpillByCase, SpillingSavedInputsTrainsBitForBitLikeHoldingThem) {
+  const Case c = GetParam();
+  Scratch sc;
+  const ModelLayout m = c.lora ? lora_layout() : full_layout();
+  const int L = m.num_layers();
+  TestSessionOptions base_o = options(c.workers, nullptr);
+  if (c.every_layer_begins_a_stage) base_o.plan = make_uniform_plan(L, 1, 1, 0);
+  base_o.device.pcie_bytes_per_s = c.pcie_bytes_per_s;
+  TestSession off(m, random_weights(m, 7), base_o);
+  const Result base = train(off);
+
+  std::vector<std::string> log;
+  TestSessionOptions o = options(c.workers, &log);
+  o.plan = base_o.plan;
+  o.device = base_o.device;
+  o.frozen_tier = FrozenTierOptions{};
+  o.frozen_tier->path = sc.path("base.cache");
+  o.frozen_tier->spill_layers = L - 1;  // every layer with a saved input
+  o.spill_staging = 2;                  // the least: forces waits for buffers
+  std::atomic<uint64_t> reads{0}, writes{0};
+  o.spill_fault = [&](bool write, uint64_t, uint64_t) {
+    (write ? writes : reads)++;
+    return 0;
+  };
+  std::set<std::string> at_start;
+  Result spilled;
+  {
+    TestSession on(m, random_weights(m, 7), o);
+    const FrozenTierReport& rep = on.frozen_tier();
+    EXPECT_EQ(int(rep.spill_layers.size()), L - 1);
+    const size_t act = size_t(kNSeq * kSeqLen * m.config.hidden_size) * sizeof(float);
+    const uint64_t sets = c.workers == 1 ? 1 : 2;  // pass slots sharing activations, or each its own
+    EXPECT_EQ(rep.spill_bytes, sets * uint64_t(L - 1) * kM * tier::align_up(act));
+    // the spilled inputs' host buffers are gone (the pin accounting counts every pass buffer), as is
+    // a LoRA base (it streams from the tier's cache)
+    uint64_t frozen = 0;
+    for (const ParamGroup& g : m.groups) frozen += g.frozen ? uint64_t(g.storage_bytes) : 0;
+    EXPECT_EQ(c.lora, frozen > 0);
+    EXPECT_EQ(off.host_pinning().pinned_bytes + off.host_pinning().pageable_bytes -
+                  on.host_pinning().pinned_bytes - on.host_pinning().pageable_bytes,
+              sets * uint64_t(L - 1) * kM * act + frozen);
+    bool logged = false;
+    for (const auto& l : log) logged |= l.rfind(fmt::format("activation spill: {} layers (", L - 1), 0) == 0;
+    EXPECT_TRUE(logged) << "no start line";
+    at_start = sc.entries();
+    // only the tier's cache and its builders' lock (LoRA)
+    const std::set<std::string> tier_files = {"base.cache", "base.cache.lock"};
+    EXPECT_EQ(at_start, c.lora ? tier_files : std::set<std::string>());
+    spilled = train(on, [&] { EXPECT_EQ(sc.entries(), at_start) << "a visible file while training"; });
+  }
+  EXPECT_EQ(sc.entries(), at_start) << "something left behind";
+  EXPECT_GT(writes.load(), 0u);
+  EXPECT_GT(reads.load(), 0u);
+  ASSERT_EQ(spilled.losses.size(), size_t(kSteps));
+  EXPECT_EQ(spilled.losses, base.losses);
+  ASSERT_EQ(spilled.weights.size(), base.weights.size());
+  for (size_t g = 0; g < base.weights.size(); ++g)
+    EXPECT_EQ(spilled.weights[g], base.weights[g]) << m.groups[g].name;
+}
+
+INSTANTIATE_TEST_SUITE_P(ActivationSpill, SpillByCase,
+                         ::testing::Values(Case{1, true, false}, Case{2, true, false}, Case{1, false, false},
+                                           Case{2, false, false}, Case{1, false, true}, Case{2, true, true},
+                                           Case{3, true, true, 2e7}),
+                         [](const auto& i) {
+                           return fmt::format("{}_workers_{}{}{}", i.param.workers,
+                                              i.param.lora ? "lora" : "full",
+                                              i.param.every_layer_begins_a_stage ? "_stage_first_layers" : "",
+                                              i.param.pcie_bytes_per_s > 0 ? "_throttled" : "");
+                         });
+
+// Re-planning moves the stage boundaries after the layers were chosen (for the first plan): every
+// layer then begins a stage, and the run still equals one without spill re-planned alike.
+TEST(ActivationSpill, ReplanningTheStagesDoesNotMatter) {
+  Scratch sc;
+  const ModelLayout m = full_layout();
+  const int L = m.num_layers();
+  const IterationPlan forced = make_uniform_plan(L, 1, 1, 0);
+  const auto replanned = [&](TestSessionOptions o) {
+    o.profiling.settle_min_samples = 1;
+    o.profiling.settle_rel_tol = 1e9;  // settled once every series has a sample
+    o.planner = [forced](const std::vector<LayerCost>&) { return forced; };
+    return o;
+  };
+  std::vector<std::string> off_log;
+  TestSession off(m, random_weights(m, 7), replanned(options(2, &off_log)));
+  ASSERT_NE(off.initial_plan().stages, forced.stages);
+  const Result base = train(off);
+  TestSessionOptions o = replanned(options(2, nullptr));
+  o.frozen_tier = FrozenTierOptions{};
+  o.frozen_tier->path = sc.path("base.cache");
+  o.frozen_tier->spill_layers = 2;
+  o.spill_staging = 2;
+  TestSession on(m, random_weights(m, 7), o);
+  const std::vector<int> chosen = on.frozen_tier().spill_layers;
+  bool begins = false;
+  for (const Stage& st : on.initial_plan().stages)
+    for (int b : chosen) begins |= st.kind != StageKind::backward && st.first == b;
+  EXPECT_FALSE(begins) << "the first plan has layers beginning no forward stage: those are chosen; "
+                       << on.initial_plan().summary();
+  const Result spilled = train(on);
+  EXPECT_EQ(on.plan().stages, forced.stages) << "not re-planned: " << on.plan().summary();
+  EXPECT_EQ(off.plan().stages, forced.stages) << "not re-planned: " << off.plan().summary();
+  EXPECT_EQ(spilled.losses, base.losses);
+  EXPECT_EQ(spilled.weights, base.weights);
+}
+
+// Evaluation passes (forward stages and the tail only) read the spilled inputs too.
+TEST(ActivationSpill, EvaluationPassesReadTheSpilledInputs) {
+  Scratch sc;
+  const ModelLayout m = full_layout();
+  TestSessionOptions o = options(2, nullptr);
+  o.plan = make_uniform_plan(m.num_layers(), 1, 1, 0);
+  TestSession off(m, random_weights(m, 7), o);
+  o.frozen_tier = FrozenTierOptions{};
+  o.frozen_tier->path = sc.path("base.cache");
+  o.frozen_tier->spill_layers = m.num_layers() - 1;
+  TestSession on(m, random_weights(m, 7), o);
+  for (int k = 0; k < 2; ++k) {
+    std::vector<int32_t> tg, ids;
+    random_tokens(67, kM * kNSeq * kSeqLen, 500 + uint64_t(k), ids, tg);
+    const EvalResult a = off.wait_eval(off.evaluate(ids, tg)), b = on.wait_eval(on.evaluate(ids, tg));
+    EXPECT_EQ(a.loss_sum, b.loss_sum) << k;
+    EXPECT_EQ(a.tokens, b.tokens) << k;
+    EXPECT_GT(a.tokens, 0) << k;
+  }
+}
+
+TEST(ActivationSpill, SpillingTurnsSavedAttentionOffWithOneLine) {
+  Scratch sc;
+  const ModelLayout m = full_layout();
+  TestSession off(m, random_weights(m, 7), options(1, nullptr));
+  const Result base = train(off);
+  std::vector<std::string> log;
+  TestSessionOptions o = options(1, &log);
+  o.save_attention = true;
+  o.frozen_tier = FrozenTierOptions{};
+  o.frozen_tier->path = sc.path("base.cache");
+  o.frozen_tier->spill_layers = 2;
+  TestSession on(m, random_weights(m, 7), o);
+  int lines = 0;
+  for (const auto& l : log) lines += l.find("saved attention is off") != std::string::npos;
+  EXPECT_EQ(lines, 1);
+  EXPECT_EQ(on.frozen_tier().spill_layers, choose_spill_layers(m.num_layers(), on.initial_plan(), 2));
+  EXPECT_EQ(train(on).losses, base.losses) << "saved attention on would change the rounding";
+}
+
+// Runs kSteps with the fault `fault`; returns the RuntimeFailure's line ("" when the run succeeded
+// or hung: then a failure is recorded). The run and its teardown must end within kWaitS.
+std::string failing_run(const Scratch& sc, const SpillFault& fault) {
+  const ModelLayout m = full_layout();
+  TestSessionOptions o = options(2, nullptr);
+  o.frozen_tier = FrozenTierOptions{};
+  o.frozen_tier->path = sc.path("base.cache");
+  o.frozen_tier->spill_layers = 3;
+  o.spill_staging = 2;
+  o.spill_fault = fault;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string what;
+  {
+    TestSession s(m, random_weights(m, 7), o);
+    try {
+      for (int t = 0; t < kSteps; ++t) {
+        std::vector<int32_t> tg, ids;
+        random_tokens(67, kM * kNSeq * kSeqLen, 100 + uint64_t(t) * 10, ids, tg);
+        s.forward_backward(ids, tg);
+        s.step(lr_at(t));
+      }
+      for (int t = 0; t < kSteps; ++t)
+        if (!s.wait_for(t, kWaitS)) {
+          ADD_FAILURE() << "step " << t << " hangs: " << s.status();
+          return "";
+        }
+      ADD_FAILURE() << "the run succeeded although an I/O failed";
+    } catch (const RuntimeFailure& e) {
+      what = e.what();
+    }
+  }  // the teardown must not hang either
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), kWaitS);
+  return what;
+}
+
+TEST(ActivationSpill, AReadFailingMidRunEndsItWithOneErrorAndNoHang) {
+  Scratch sc;
+  const std::string what = failing_run(sc, fail_nth_spill_read(5, EIO));
+  EXPECT_NE(what.find("activation spill: reading layer "), std::string::npos) << what;
+  EXPECT_NE(what.find("micro-batch"), std::string::npos) << what;
+  EXPECT_NE(what.find("offset"), std::string::npos) << what;
+  EXPECT_NE(what.find(sc.dir.string()), std::string::npos) << what;
+  EXPECT_NE(what.find(std::strerror(EIO)), std::string::npos) << what;
+  EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+  EXPECT_TRUE(sc.entries().empty());
+}
+
+TEST(ActivationSpill, AWriteFailingMidRunEndsItWithOneErrorAndNoHang) {
+  Scratch sc;
+  const std::string what =
+      failing_run(sc, [](bool write, uint64_t index, uint64_t) { return write && index == 7 ? ENOSPC : 0; });
+  EXPECT_NE(what.find("activation spill: writing layer "), std::string::npos) << what;
+  EXPECT_NE(what.find("offset"), std::string::npos) << what;
+  EXPECT_NE(what.find(sc.dir.string()), std::string::npos) << what;
+  EXPECT_NE(what.find(std::strerror(ENOSPC)), std::string::npos) << what;
+  EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+}
+
+TEST(ActivationSpill, BadSpillLayersAreRefusedWithOneLineNamingTheRange) {
+  Scratch sc;
+  const ModelLayout m = full_layout();
+  const int L = m.num_layers();
+  for (int n : {-1, L, L + 5}) {
+    TestSessionOptions o = options(1, nullptr);
+    o.frozen_tier = FrozenTierOptions{};
+    o.frozen_tier->path = sc.path("base.cache");
+    o.frozen_tier->spill_layers = n;
+    try {
+      TestSession s(m, random_weights(m, 7), o);
+      ADD_FAILURE() << "spill_layers " << n << " was taken";
+    } catch (const std::invalid_argument& e) {
+      const std::string w = e.what();
+      EXPECT_EQ(w.rfind("frozen_tier.spill_layers: expected 0..", 0), 0u) << w;
+      EXPECT_NE(w.find(fmt::format("0..{}", L - 1)), std::string::npos) << w;
+      EXPECT_NE(w.find(fmt::format("got {}", n)), std::string::npos) << w;
+      EXPECT_EQ(w.find('\n'), std::string::npos) << w;
+    }
+  }
+  EXPECT_TRUE(sc.entries().empty());
+}
+
+}  // namespace
+}  // namespace rp::test
