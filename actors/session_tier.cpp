@@ -19,6 +19,7 @@
 #include "base/host_resources.hpp"
 #include "kernels/weight_format.hpp"
 #include "scheduler/disk_tier.hpp"
+#include "tier/direct_reader.hpp"
 
 namespace rp {
 namespace {
@@ -201,15 +202,20 @@ void Session::Impl::place_frozen_tier(size_t held, const SessionInternals& inter
         "{:.2f} GiB",
         o.host_budget_gib, byte_text(reserve - margin), byte_text(margin), byte_text(d.trainable_bytes),
         byte_text(d.ring_bytes), gib_up(least)));
+  int spilled = 0;  // layers whose saved inputs go to the disk (the activation spill)
   if (d.spill_bytes > 0) {
     const HostMemoryNeed need = host_memory_need(layout, run);
-    throw std::invalid_argument(fmt::format(
-        "frozen_tier.host_budget_gib: {} GiB leaves {} for the saved activations, which need {} even without "
-        "saved attention (and this run cannot spill them to the disk); expected at least {:.2f} GiB, or "
-        "fewer "
-        "tokens per pass (sequences per micro-batch, seq_len, micro-batches)",
-        o.host_budget_gib, byte_text(d.activation_bytes), byte_text(need.activations),
-        gib_up(least + need.activations)));
+    // one layer's saved inputs: every micro-batch of every pass slot
+    const double per_layer = need.activations / double(layout.num_layers() + 1);
+    spilled = int(std::ceil((need.activations - d.activation_bytes) / per_layer));
+    if (spilled > layout.num_layers() - 1)
+      throw std::invalid_argument(fmt::format(
+          "frozen_tier.host_budget_gib: {} GiB leaves {} for the saved activations, which need {} even with "
+          "every layer's saved input on the disk; expected at least {:.2f} GiB, or fewer tokens per pass "
+          "(sequences per micro-batch, seq_len, micro-batches)",
+          o.host_budget_gib, byte_text(d.activation_bytes), byte_text(need.activations),
+          gib_up(least + need.activations - double(layout.num_layers() - 1) * per_layer)));
+    opt.frozen_tier->spill_layers = std::max(opt.frozen_tier->spill_layers, spilled);
   }
   tier_place.streamed = d.streamed;
   tier_place.resident = d.resident_bytes;
@@ -218,12 +224,18 @@ void Session::Impl::place_frozen_tier(size_t held, const SessionInternals& inter
   const char* why = dropped_for_base      ? " (saved attention dropped to keep more of the base resident)"
                     : d.attention_dropped ? " (saved attention dropped: backward recomputes it)"
                                           : "";
+  const std::string spill_text =
+      spilled > 0
+          ? fmt::format(", the saved inputs of {} layers spilled to the disk ({:.2f} GiB per iteration)",
+                        opt.frozen_tier->spill_layers, d.spill_bytes / kGiB)
+          : std::string();
   tier_report.budget_line = fmt::format(
       "frozen tier: host budget {} GiB: process {:.2f} GiB + margin {:.2f}, trainable {:.2f}, read ring "
       "{:.2f}, "
-      "saved activations {:.2f}{}; frozen base {:.2f} GiB of which {:.2f} resident",
+      "saved activations {:.2f}{}{}; frozen base {:.2f} GiB of which {:.2f} resident",
       o.host_budget_gib, (reserve - margin) / kGiB, margin / kGiB, d.trainable_bytes / kGiB,
-      d.ring_bytes / kGiB, d.activation_bytes / kGiB, why, d.frozen_bytes / kGiB, d.resident_bytes / kGiB);
+      d.ring_bytes / kGiB, d.activation_bytes / kGiB, why, spill_text, d.frozen_bytes / kGiB,
+      d.resident_bytes / kGiB);
   log(tier_report.budget_line);
 }
 
@@ -302,6 +314,12 @@ void Session::Impl::open_frozen_tier(const SessionInternals& internals,
   r.engine = frozen_tier->engine();
   r.ring_buffers = frozen_tier->ring_buffers();
   r.buffer_bytes = frozen_tier->buffer_bytes();
+  // the disk's read rate, timed on the cache itself (up to 1 GiB; the planner's --disk-gbps)
+  try {
+    r.probe_gbps = tier::probe_read_bandwidth(o.path, uint64_t(1) << 30, 8, size_t(4) << 20).gb_per_s;
+  } catch (const std::exception& e) {
+    log(fmt::format("frozen tier: {}: read probe failed ({}); training goes on", o.path, e.what()));
+  }
   r.line = fmt::format("frozen tier: {}: {} ({:.2f} GiB, {:.1f} s, {}, {}); ring {} x {:.1f} MiB", o.path,
                        r.built ? "built" : "reused", double(r.bytes) / kGiB, r.seconds,
                        r.direct ? "O_DIRECT" : "buffered: " + r.buffered_reason, r.engine, r.ring_buffers,
@@ -310,6 +328,9 @@ void Session::Impl::open_frozen_tier(const SessionInternals& internals,
   if (resident > 0)
     r.line += fmt::format("; {} of the base resident (frozen_tier.{})", byte_text(resident),
                           o.host_budget_gib > 0 ? "host_budget_gib" : "resident_gib");
+  if (r.probe_gbps > 0)
+    r.line += fmt::format("; reads {:.2f} GB/s (probe; roundpipe plan --disk-gbps {:.2f})", r.probe_gbps,
+                          r.probe_gbps);
   if (r.built && existed && !r.rebuilt_because.empty()) r.line += "; rebuilt because " + r.rebuilt_because;
   log(r.line);
 }

@@ -14,6 +14,7 @@
 
 #include "kernels/weight_format.hpp"
 #include "model/lora.hpp"
+#include "optimizer/thread_pool.hpp"
 #include "roundpipe/model.hpp"
 #include "roundpipe/session.hpp"
 
@@ -79,7 +80,7 @@ inline void random_weights(const rp::ModelLayout& m, std::vector<std::vector<flo
                            std::vector<std::vector<uint8_t>>& frozen, bool lazy) {
   w.assign(m.groups.size(), {});
   frozen.assign(m.groups.size(), {});
-  const size_t nt = std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()), 8);
+  const size_t nt = std::min<size_t>(std::max<size_t>(1, rp::allowed_cpus().size()), 16);
   std::vector<std::thread> th;
   for (size_t k = 0; k < nt; ++k)
     th.emplace_back([&, k] {
@@ -106,7 +107,7 @@ inline void random_weights(const rp::ModelLayout& m, std::vector<std::vector<flo
 
 /// The runtime's source of the frozen groups random_weights(lazy) left out.
 inline rp::FrozenSource frozen_source(const rp::ModelLayout& m) {
-  const int threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = std::max(1, int(rp::allowed_cpus().size()));  // the cores this process may use
   return rp::FrozenSource{
       "bench_throughput random weights 2 (splitmix64 per 2^20-value chunk of rows)",
       [&m, threads](int g, std::span<std::byte> out) { make_frozen_group(m, g, out, threads); }};

@@ -412,6 +412,8 @@ int run(int argc, char** argv) {
                         tier_host_budget_gib > 0 ? fmt::format(", host budget {} GiB", tier_host_budget_gib)
                                                  : std::string())
           : std::string();
+  if (s.frozen_tier().probe_gbps > 0)
+    tier_text += fmt::format(", disk probe {:.2f} GB/s", s.frozen_tier().probe_gbps);
   if (!s.frozen_tier().spill_layers.empty())  // its start line is in the runtime's log too
     tier_text += fmt::format(", activation spill {} layers ({})", s.frozen_tier().spill_layers.size(),
                              rp::byte_text(double(s.frozen_tier().spill_bytes)));

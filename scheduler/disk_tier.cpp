@@ -29,19 +29,41 @@ std::vector<int64_t> stage_frozen_reads(const ModelLayout& m, const IterationPla
   return out;
 }
 
+namespace {
+
+// Bit reversal of i in `bits` bits (the van der Corput sequence in base 2, scaled).
+uint64_t reversed_bits(uint64_t i, int bits) {
+  uint64_t r = 0;
+  for (int b = 0; b < bits; ++b, i >>= 1) r = (r << 1) | (i & 1);
+  return r;
+}
+
+}  // namespace
+
 std::vector<int> residency_order(const ModelLayout& m) {
-  std::vector<int> decoders, others;
-  for (int g = 0; g < int(m.groups.size()); ++g) {
-    if (!m.groups[size_t(g)].frozen) continue;
-    bool decoder = false;
-    for (int l = 1; l + 1 < m.num_layers() && !decoder; ++l) {
-      const std::vector<int> gs = m.groups_of(l);
-      decoder = std::find(gs.begin(), gs.end(), g) != gs.end();
-    }
-    (decoder ? decoders : others).push_back(g);
-  }
-  decoders.insert(decoders.end(), others.begin(), others.end());
-  return decoders;
+  // the decoder layers in bit-reversed order of their index, so that any prefix (the decoders
+  // a budget keeps) is spread evenly over the depth: every stage then reads a share of its
+  // decoders and the reads overlap every stage's compute, instead of a run of stages reading
+  // nothing followed by a run reading everything
+  const int decoders = std::max(0, m.num_layers() - 2);
+  int bits = 0;
+  while ((1 << bits) < decoders) ++bits;
+  std::vector<int> layers;
+  for (int i = 1; i <= decoders; ++i) layers.push_back(i);
+  std::stable_sort(layers.begin(), layers.end(), [bits](int a, int b) {
+    return reversed_bits(uint64_t(a - 1), bits) < reversed_bits(uint64_t(b - 1), bits);
+  });
+  std::vector<int> order;
+  std::vector<char> seen(m.groups.size(), 0);
+  for (int l : layers)
+    for (int g : m.groups_of(l))
+      if (m.groups[size_t(g)].frozen && !seen[size_t(g)]) {
+        seen[size_t(g)] = 1;
+        order.push_back(g);
+      }
+  for (int g = 0; g < int(m.groups.size()); ++g)  // then the others (embedding, head)
+    if (m.groups[size_t(g)].frozen && !seen[size_t(g)]) order.push_back(g);
+  return order;
 }
 
 std::vector<char> streamed_groups(const ModelLayout& m, double room, double* resident) {

@@ -18,7 +18,8 @@
 //   activations: kept when activations + attention <= room; else, with saved attention,
 //                attention dropped when activations alone <= room; else attention dropped and
 //                spill = (activations - room) / slots written and read per iteration
-//   frozen groups: resident while they fit the room left, decoders' groups first (they are
+//   frozen groups: resident while they fit the room left, decoders' groups first, spread over the depth (they
+//   are
 //                read twice, by their forward and backward stages), the others after; the
 //                rest stream: read bytes = sum over stages of their streamed groups' storage
 //   disk seconds = (reads + spill) / read bandwidth + spill / write bandwidth
@@ -85,7 +86,9 @@ struct DiskPlan {
 };
 
 /// Frozen groups in the order they stay resident when the host has room for some: the
-/// decoders' first (each is read by two stages, its forward and its backward), then the others.
+/// decoders' first (each is read by two stages, its forward and its backward), in bit-reversed
+/// order of their index so that the ones kept are spread evenly over the depth (every stage
+/// reads a share, overlapping every stage's compute), then the others.
 std::vector<int> residency_order(const ModelLayout& m);
 /// Per group of `m`: 1 when frozen and streamed from the disk, keeping frozen groups resident in
 /// residency_order while their storage fits `room` bytes (a group that does not fit streams and

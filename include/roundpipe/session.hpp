@@ -145,6 +145,9 @@ struct FrozenTierReport {
   std::string buffered_reason;  ///< !direct: why not
   std::string engine;           ///< "io_uring" or "pread pool (N threads)"
   size_t ring_buffers = 0, buffer_bytes = 0;
+  /// The cache file's sequential O_DIRECT read rate timed at start (up to its first GiB, 8
+  /// reads of 4 MiB in flight), GB/s; 0 when the probe failed (logged; training goes on).
+  double probe_gbps = 0;
   /// "frozen tier: <path>: reused (N GiB, X s, O_DIRECT); ring K x M MiB" (also logged).
   std::string line;
   uint64_t resident_bytes = 0;     ///< frozen bytes kept in host memory (resident_gib or the budget)

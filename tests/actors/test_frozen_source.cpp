@@ -7,7 +7,9 @@
 //  - a budget that holds everything opens no tier; a budget between the trainable state and
 //    the whole run keeps part of the base resident and trains bit for bit like no tier; a
 //    budget too small for the activations with saved attention drops it (and trains like a run
-//    without it), as does an automatic save_attention when that keeps more of the base; too small a budget,
+//    without it), as does an automatic save_attention when that keeps more of the base; one too
+//    small for the activations spills the saved inputs of the layers it cannot hold (and trains
+//    like a run holding them); too small a budget,
 //    one beside resident_gib, a source without identity are refused in one line naming the key.
 #include <gtest/gtest.h>
 
@@ -253,6 +255,29 @@ TEST(FrozenTierBudget, AutomaticSavedAttentionGoesWhenThatKeepsMoreOfTheBase) {
   expect_same(train(a), base, m);
 }
 
+TEST(FrozenTierBudget, ActivationsTheBudgetCannotHoldSpillAndTrainLikeNoTier) {
+  Scratch sc;
+  const ModelLayout m = lora_layout(12);
+  const HostMemoryNeed need = need_of(m, 1, false);
+  const double trainable = need.master + need.moments + need.weights + need.gradients;
+  TestSessionOptions plain = options(1, nullptr);
+  plain.save_attention = false;
+  TestSession off(m, random_weights(m, 7), plain);
+  const Result base = train(off);
+  // half the activations: the other half's layers spill (one layer's share is activations / (L + 1))
+  std::vector<std::string> log;
+  TestSession s(
+      m, random_weights(m, 7),
+      budgeted(1, sc.path("spill.cache"), trainable + smallest_ring(m) + need.activations / 2, &log));
+  const FrozenTierReport& r = s.frozen_tier();
+  const double per_layer = need.activations / double(m.num_layers() + 1);
+  EXPECT_EQ(double(r.spill_layers.size()), std::ceil(need.activations / 2 / per_layer)) << r.budget_line;
+  EXPECT_NE(r.budget_line.find("spilled to the disk"), std::string::npos) << r.budget_line;
+  EXPECT_TRUE(r.attention_dropped);
+  EXPECT_EQ(r.resident_bytes, 0u);
+  expect_same(train(s), base, m);
+}
+
 TEST(FrozenTierBudget, BadBudgetsAreRefusedInOneLineNamingTheKey) {
   Scratch sc;
   const ModelLayout m = lora_layout();
@@ -271,14 +296,14 @@ TEST(FrozenTierBudget, BadBudgetsAreRefusedInOneLineNamingTheKey) {
   FrozenTierOptions t = tier_at(sc.path("bad.cache"));
   t.host_budget_gib = 0.01;  // below this process's own memory
   refused(t, "a budget below the process");
-  {  // the trainable state and the ring fit, the activations do not (and cannot spill)
+  {  // room for the trainable state and the ring only: even every layer's saved input on the disk
+     // leaves more than the budget holds
     const HostMemoryNeed need = need_of(m, 1, true);
     const double trainable = need.master + need.moments + need.weights + need.gradients;
-    TestSessionOptions o =
-        budgeted(1, sc.path("bad.cache"), trainable + smallest_ring(m) + need.activations / 2, nullptr);
+    TestSessionOptions o = budgeted(1, sc.path("bad.cache"), trainable + smallest_ring(m), nullptr);
     try {
       TestSession s(m, random_weights(m, 7), o);
-      ADD_FAILURE() << "a budget without room for the activations was taken";
+      ADD_FAILURE() << "a budget without room for any activation was taken";
     } catch (const std::invalid_argument& e) {
       EXPECT_EQ(std::string(e.what()).rfind("frozen_tier.host_budget_gib: ", 0), 0u) << e.what();
       EXPECT_NE(std::string(e.what()).find("saved activations"), std::string::npos) << e.what();
