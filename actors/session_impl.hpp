@@ -21,6 +21,7 @@
 #include "optimizer/adamw.hpp"
 #include "optimizer/loss_scale.hpp"
 #include "roundpipe/session.hpp"
+#include "scheduler/disk_tier.hpp"
 #include "scheduler/run_plan.hpp"
 #include "trace/tracer.hpp"
 
@@ -86,6 +87,18 @@ struct Session::Impl {
   /// budget's line. Throws std::invalid_argument naming the option.
   void place_frozen_tier(size_t held, const SessionInternals& internals,
                          const std::function<void(const std::string&)>& log);
+  /// What host_budget_gib's `room` (the budget less the process and margin) holds
+  /// (place_in_host_budget with the tier's ring, the automatic saved attention's choice, and the
+  /// activation spill's layers and staging buffers, `staging` per pool).
+  struct BudgetPlacement {
+    DiskPlan disk;
+    bool dropped_for_base = false;  ///< saved attention dropped (automatic) to keep more of the base
+    int spilled = 0;                ///< layers whose saved inputs go to the disk
+    double staging_bytes = 0;       ///< the spill's staging buffers, all workers
+    double activations = 0;         ///< every saved input, all pass slots
+    double per_layer = 0;           ///< one layer's saved inputs, all pass slots
+  };
+  BudgetPlacement place_budget(double room, size_t staging) const;
   /// The run plan (scheduler/run_plan.hpp) with the host memory the caller's weights already
   /// hold (`held`); sets `plan` and `saved_attention` and logs the uniform fallback's line.
   RunPlan plan_session(size_t held, const SessionInternals& internals,

@@ -11,8 +11,6 @@
 
 namespace rp {
 
-constexpr size_t kDefaultSpillStaging = 4;
-
 std::vector<int> choose_spill_layers(int num_layers, const IterationPlan& plan, int n) {
   std::vector<char> begins(size_t(std::max(num_layers, 0)), 0);
   for (const Stage& st : plan.stages)  // a backward stage uploads every layer's input alike

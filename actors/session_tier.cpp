@@ -160,6 +160,53 @@ void Session::Impl::place_frozen_tier(size_t held, const SessionInternals& inter
     tier_place.streamed = streamed_groups(layout, o.resident_gib * kGiB, &tier_place.resident);
     return;
   }
+  const size_t rss = process_resident_bytes();
+  const double process = rss > held ? double(rss - held) : 0.0;
+  const double margin = internals.host_budget_reserve ? 0.0 : kBudgetMargin;
+  const double reserve = internals.host_budget_reserve.value_or(process + margin);
+  const size_t staging = internals.spill_staging > 0 ? internals.spill_staging : kDefaultSpillStaging;
+  const BudgetPlacement p = place_budget(o.host_budget_gib * kGiB - reserve, staging);
+  const double least = reserve + p.disk.minimum_budget;
+  if (!p.disk.fits)
+    throw std::invalid_argument(fmt::format(
+        "frozen_tier.host_budget_gib: {} GiB cannot hold this run: the process holds {} before the session "
+        "allocates (plus {} of margin), the trainable state needs {} and the read ring {}; expected at least "
+        "{:.2f} GiB",
+        o.host_budget_gib, byte_text(reserve - margin), byte_text(margin), byte_text(p.disk.trainable_bytes),
+        byte_text(p.disk.ring_bytes), gib_up(least)));
+  if (p.spilled > layout.num_layers() - 1)
+    throw std::invalid_argument(fmt::format(
+        "frozen_tier.host_budget_gib: {} GiB leaves {} for the saved activations, which need {} even with "
+        "every layer's saved input on the disk; expected at least {:.2f} GiB, or fewer tokens per pass "
+        "(sequences per micro-batch, seq_len, micro-batches)",
+        o.host_budget_gib, byte_text(p.disk.activation_bytes), byte_text(p.activations),
+        gib_up(least + p.activations - double(layout.num_layers() - 1) * p.per_layer)));
+  if (p.spilled > 0) opt.frozen_tier->spill_layers = std::max(opt.frozen_tier->spill_layers, p.spilled);
+  tier_place.streamed = p.disk.streamed;
+  tier_place.resident = p.disk.resident_bytes;
+  if (p.disk.attention_dropped) tier_place.saved_attention = false;
+  tier_report.attention_dropped = p.disk.attention_dropped;
+  const char* why = p.dropped_for_base ? " (saved attention dropped to keep more of the base resident)"
+                    : p.disk.attention_dropped ? " (saved attention dropped: backward recomputes it)"
+                                               : "";
+  const std::string spill_text =
+      p.spilled > 0 ? fmt::format(
+                          ", the saved inputs of {} layers spilled to the disk ({:.2f} GiB per iteration; "
+                          "staging {:.2f} GiB)",
+                          opt.frozen_tier->spill_layers, p.disk.spill_bytes / kGiB, p.staging_bytes / kGiB)
+                    : std::string();
+  tier_report.budget_line = fmt::format(
+      "frozen tier: host budget {} GiB: process {:.2f} GiB + margin {:.2f}, trainable {:.2f}, read ring "
+      "{:.2f}, "
+      "saved activations {:.2f}{}{}; frozen base {:.2f} GiB of which {:.2f} resident",
+      o.host_budget_gib, (reserve - margin) / kGiB, margin / kGiB, p.disk.trainable_bytes / kGiB,
+      p.disk.ring_bytes / kGiB, p.disk.activation_bytes / kGiB, why, spill_text, p.disk.frozen_bytes / kGiB,
+      p.disk.resident_bytes / kGiB);
+  log(tier_report.budget_line);
+}
+
+Session::Impl::BudgetPlacement Session::Impl::place_budget(double room, size_t staging) const {
+  const FrozenTierOptions& o = *opt.frozen_tier;
   HostRun run;
   run.seq_len = opt.micro.seq_len;
   run.sequences_per_micro = opt.micro.n_seq;
@@ -176,67 +223,39 @@ void Session::Impl::place_frozen_tier(size_t held, const SessionInternals& inter
       largest == 0 ? 0.0
                    : double(ring_count(o, size_t(largest), largest_name, std::max<size_t>(2, frozen_groups)) *
                             largest);
-  const size_t rss = process_resident_bytes();
-  const double process = rss > held ? double(rss - held) : 0.0;
-  const double margin = internals.host_budget_reserve ? 0.0 : kBudgetMargin;
-  const double reserve = internals.host_budget_reserve.value_or(process + margin);
-  const double budget = o.host_budget_gib * kGiB;
-  DiskPlan d = place_in_host_budget(layout, run, budget - reserve, ring);
-  // automatic saved attention: dropped when that keeps more of the base resident (each decoder
-  // group kept saves two reads per iteration; recomputing the attention costs far less)
-  bool dropped_for_base = false;
-  if (!opt.save_attention && d.fits && d.ring_bytes > 0 && d.saved_attention) {
-    HostRun without = run;
-    without.saved_attention = false;
-    DiskPlan e = place_in_host_budget(layout, without, budget - reserve, ring);
-    if (e.resident_bytes > d.resident_bytes) {
-      d = e;
-      d.attention_dropped = dropped_for_base = true;
+  const HostMemoryNeed need = host_memory_need(layout, run);
+  BudgetPlacement p;
+  p.activations = need.activations;
+  p.per_layer = need.activations / double(layout.num_layers() + 1);  // one layer's saved inputs, all slots
+  const double record = double(tier::align_up(
+      uint64_t(p.per_layer / double(opt.micro_batches) / double(opt.workers == 1 ? 1 : opt.pass_slots))));
+  // the spill's staging buffers come off the budget too; their count depends on the layers
+  // spilled, so the placement is repeated until it settles (the staging only grows, and at most
+  // to every layer's: a few rounds)
+  for (int round = 0; round < 64; ++round) {
+    p.disk = place_in_host_budget(layout, run, room - p.staging_bytes, ring);
+    // automatic saved attention: dropped when that keeps more of the base resident (each
+    // decoder group kept saves two reads per iteration; recomputing the attention costs less)
+    p.dropped_for_base = false;
+    if (!opt.save_attention && p.disk.fits && p.disk.ring_bytes > 0 && p.disk.saved_attention) {
+      HostRun without = run;
+      without.saved_attention = false;
+      DiskPlan e = place_in_host_budget(layout, without, room - p.staging_bytes, ring);
+      if (e.resident_bytes > p.disk.resident_bytes) {
+        p.disk = e;
+        p.disk.attention_dropped = p.dropped_for_base = true;
+      }
     }
+    p.spilled = p.disk.spill_bytes > 0
+                    ? int(std::ceil((need.activations - p.disk.activation_bytes) / p.per_layer - 1e-9))
+                    : 0;
+    const double staging_bytes =
+        p.spilled > 0 ? double(opt.workers) * double(staging + std::max(staging, size_t(p.spilled))) * record
+                      : 0.0;
+    if (staging_bytes <= p.staging_bytes) break;
+    p.staging_bytes = staging_bytes;
   }
-  const double least = reserve + d.minimum_budget;
-  if (!d.fits)
-    throw std::invalid_argument(fmt::format(
-        "frozen_tier.host_budget_gib: {} GiB cannot hold this run: the process holds {} before the session "
-        "allocates (plus {} of margin), the trainable state needs {} and the read ring {}; expected at least "
-        "{:.2f} GiB",
-        o.host_budget_gib, byte_text(reserve - margin), byte_text(margin), byte_text(d.trainable_bytes),
-        byte_text(d.ring_bytes), gib_up(least)));
-  int spilled = 0;  // layers whose saved inputs go to the disk (the activation spill)
-  if (d.spill_bytes > 0) {
-    const HostMemoryNeed need = host_memory_need(layout, run);
-    // one layer's saved inputs: every micro-batch of every pass slot
-    const double per_layer = need.activations / double(layout.num_layers() + 1);
-    spilled = int(std::ceil((need.activations - d.activation_bytes) / per_layer));
-    if (spilled > layout.num_layers() - 1)
-      throw std::invalid_argument(fmt::format(
-          "frozen_tier.host_budget_gib: {} GiB leaves {} for the saved activations, which need {} even with "
-          "every layer's saved input on the disk; expected at least {:.2f} GiB, or fewer tokens per pass "
-          "(sequences per micro-batch, seq_len, micro-batches)",
-          o.host_budget_gib, byte_text(d.activation_bytes), byte_text(need.activations),
-          gib_up(least + need.activations - double(layout.num_layers() - 1) * per_layer)));
-    opt.frozen_tier->spill_layers = std::max(opt.frozen_tier->spill_layers, spilled);
-  }
-  tier_place.streamed = d.streamed;
-  tier_place.resident = d.resident_bytes;
-  if (d.attention_dropped) tier_place.saved_attention = false;
-  tier_report.attention_dropped = d.attention_dropped;
-  const char* why = dropped_for_base      ? " (saved attention dropped to keep more of the base resident)"
-                    : d.attention_dropped ? " (saved attention dropped: backward recomputes it)"
-                                          : "";
-  const std::string spill_text =
-      spilled > 0
-          ? fmt::format(", the saved inputs of {} layers spilled to the disk ({:.2f} GiB per iteration)",
-                        opt.frozen_tier->spill_layers, d.spill_bytes / kGiB)
-          : std::string();
-  tier_report.budget_line = fmt::format(
-      "frozen tier: host budget {} GiB: process {:.2f} GiB + margin {:.2f}, trainable {:.2f}, read ring "
-      "{:.2f}, "
-      "saved activations {:.2f}{}{}; frozen base {:.2f} GiB of which {:.2f} resident",
-      o.host_budget_gib, (reserve - margin) / kGiB, margin / kGiB, d.trainable_bytes / kGiB,
-      d.ring_bytes / kGiB, d.activation_bytes / kGiB, why, spill_text, d.frozen_bytes / kGiB,
-      d.resident_bytes / kGiB);
-  log(tier_report.budget_line);
+  return p;
 }
 
 void Session::Impl::open_frozen_tier(const SessionInternals& internals,

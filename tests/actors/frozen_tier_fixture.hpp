@@ -63,11 +63,11 @@ struct Result {
 };
 
 // Trains kSteps steps; a step not done within kWaitS fails the test (a deadlock) instead of hanging.
-inline Result train(Session& s) {
+inline Result train(Session& s, int64_t tokens = kM * kNSeq * kSeqLen) {
   Result r;
   for (int t = 0; t < kSteps; ++t) {
     std::vector<int32_t> tg, ids;
-    random_tokens(67, kM * kNSeq * kSeqLen, 100 + uint64_t(t) * 10, ids, tg);
+    random_tokens(67, tokens, 100 + uint64_t(t) * 10, ids, tg);
     s.forward_backward(ids, tg);
     s.step(lr_at(t));
   }

@@ -258,24 +258,36 @@ TEST(FrozenTierBudget, AutomaticSavedAttentionGoesWhenThatKeepsMoreOfTheBase) {
 TEST(FrozenTierBudget, ActivationsTheBudgetCannotHoldSpillAndTrainLikeNoTier) {
   Scratch sc;
   const ModelLayout m = lora_layout(12);
-  const HostMemoryNeed need = need_of(m, 1, false);
+  // micro-batches of 2 x 64 tokens: a layer's saved input (2 x 64 x 32 fp32) is one 16 KiB
+  // record, so the spill's staging buffers are small beside the activations
+  constexpr int64_t kLen = 64;
+  auto shaped = [&](TestSessionOptions o) {
+    o.micro = {kNSeq, kLen};
+    o.spill_staging = 2;
+    return o;
+  };
+  HostRun run;
+  run.seq_len = kLen, run.sequences_per_micro = kNSeq, run.micro_batches = kM, run.workers = 1;
+  run.saved_attention = false, run.elem_bytes = 4;
+  const HostMemoryNeed need = host_memory_need(m, run);
   const double trainable = need.master + need.moments + need.weights + need.gradients;
-  TestSessionOptions plain = options(1, nullptr);
+  TestSessionOptions plain = shaped(options(1, nullptr));
   plain.save_attention = false;
   TestSession off(m, random_weights(m, 7), plain);
-  const Result base = train(off);
-  // half the activations: the other half's layers spill (one layer's share is activations / (L + 1))
+  const Result base = train(off, kM * kNSeq * kLen);
+  // room for half the activations and a generous staging allowance: the rest of the layers spill
+  const double record = 2.0 * kNSeq * kLen * 32;  // 16 KiB
   std::vector<std::string> log;
-  TestSession s(
-      m, random_weights(m, 7),
-      budgeted(1, sc.path("spill.cache"), trainable + smallest_ring(m) + need.activations / 2, &log));
+  TestSession s(m, random_weights(m, 7),
+                shaped(budgeted(1, sc.path("spill.cache"),
+                                trainable + smallest_ring(m) + need.activations / 2 + 16 * record, &log)));
   const FrozenTierReport& r = s.frozen_tier();
-  const double per_layer = need.activations / double(m.num_layers() + 1);
-  EXPECT_EQ(double(r.spill_layers.size()), std::ceil(need.activations / 2 / per_layer)) << r.budget_line;
+  EXPECT_GE(r.spill_layers.size(), 1u) << r.budget_line;
+  EXPECT_LT(r.spill_layers.size(), size_t(m.num_layers() - 1)) << r.budget_line;
   EXPECT_NE(r.budget_line.find("spilled to the disk"), std::string::npos) << r.budget_line;
   EXPECT_TRUE(r.attention_dropped);
   EXPECT_EQ(r.resident_bytes, 0u);
-  expect_same(train(s), base, m);
+  expect_same(train(s, kM * kNSeq * kLen), base, m);
 }
 
 TEST(FrozenTierBudget, BadBudgetsAreRefusedInOneLineNamingTheKey) {
@@ -306,7 +318,7 @@ TEST(FrozenTierBudget, BadBudgetsAreRefusedInOneLineNamingTheKey) {
       ADD_FAILURE() << "a budget without room for any activation was taken";
     } catch (const std::invalid_argument& e) {
       EXPECT_EQ(std::string(e.what()).rfind("frozen_tier.host_budget_gib: ", 0), 0u) << e.what();
-      EXPECT_NE(std::string(e.what()).find("saved activations"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("expected at least"), std::string::npos) << e.what();
     }
   }
   t.host_budget_gib = -2;
