@@ -1,6 +1,7 @@
 // Writing the tier cache file (build_cache) and the builders' lock (ensure_cache).
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -157,6 +158,62 @@ uint64_t cache_file_bytes(const std::string& source_key, const std::vector<Cache
 
 std::string cache_lock_path(const std::string& path) { return path + ".lock"; }
 
+namespace {
+
+// The builders' lock: <path>.lock, flock'ed for the whole check-and-build. The run that created
+// the file removes it when it is done, still holding it; a run that waited on it then finds its
+// file gone from the path (or another in its place) and takes the lock anew, so no two runs
+// hold the path's lock at once. A lock file this run did not create (another run's, or one a
+// killed run left) is never removed.
+class BuilderLock {
+ public:
+  BuilderLock(const std::string& lock_path, const std::string& path, const CacheBuildOptions& options)
+      : lock_path_(lock_path) {
+    bool said = false;
+    for (;;) {
+      created_ = false;
+      int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+      if (fd >= 0) created_ = true;
+      else if (errno == EEXIST) fd = ::open(lock_path.c_str(), O_RDWR | O_CLOEXEC);
+      if (fd < 0 && errno == ENOENT) continue;  // its creator removed it between the two opens
+      if (fd < 0)
+        throw std::runtime_error(
+            fmt::format("{}: cannot open the builders' lock ({})", lock_path, std::strerror(errno)));
+      fd_.reset(fd);
+      int rc = ::flock(fd, LOCK_EX | LOCK_NB);
+      if (rc != 0 && errno == EWOULDBLOCK) {  // another run builds this cache: say so, then wait for it
+        if (options.on_wait && !said)
+          options.on_wait(
+              fmt::format("{}: another run holds the builders' lock ({}): waiting for it", path, lock_path));
+        said = true;
+        do rc = ::flock(fd, LOCK_EX);
+        while (rc != 0 && errno == EINTR);
+      }
+      if (rc != 0)
+        throw std::runtime_error(
+            fmt::format("{}: cannot take the builders' lock ({})", lock_path, std::strerror(errno)));
+      struct stat held {
+      }, named{};
+      if (::fstat(fd, &held) == 0 && ::stat(lock_path.c_str(), &named) == 0 && held.st_ino == named.st_ino &&
+          held.st_dev == named.st_dev)
+        return;  // still the file at the path: the lock is ours
+      fd_.reset();
+    }
+  }
+  ~BuilderLock() {
+    if (created_) ::unlink(lock_path_.c_str());  // before the descriptor closes (fd_, after this body)
+  }
+  BuilderLock(const BuilderLock&) = delete;
+  BuilderLock& operator=(const BuilderLock&) = delete;
+
+ private:
+  std::string lock_path_;
+  Fd fd_;
+  bool created_ = false;
+};
+
+}  // namespace
+
 CacheBuildReport build_cache(const std::string& path, const std::string& source_key,
                              const std::vector<CacheEntrySpec>& specs, const CacheFill& fill,
                              const CacheBuildOptions& options) {
@@ -190,23 +247,8 @@ EnsureResult ensure_cache(const std::string& path, const std::string& source_key
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw std::runtime_error(fmt::format("{}: cannot create the folder ({})", dir, ec.message()));
-  const std::string lock_path = cache_lock_path(path);
-  Fd lock(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
-  if (lock.get() < 0)
-    throw std::runtime_error(
-        fmt::format("{}: cannot open the builders' lock ({})", lock_path, std::strerror(errno)));
-  int rc = ::flock(lock.get(), LOCK_EX | LOCK_NB);
-  if (rc != 0 && errno == EWOULDBLOCK) {  // another run builds this cache: say so, then wait for it
-    if (options.on_wait)
-      options.on_wait(
-          fmt::format("{}: another run holds the builders' lock ({}): waiting for it", path, lock_path));
-    do rc = ::flock(lock.get(), LOCK_EX);
-    while (rc != 0 && errno == EINTR);
-  }
-  if (rc != 0)
-    throw std::runtime_error(
-        fmt::format("{}: cannot take the builders' lock ({})", lock_path, std::strerror(errno)));
-  // the lock is held until `lock` closes, on return or on a throw
+  const BuilderLock lock(cache_lock_path(path), path, options);
+  // the lock is held until `lock` goes, on return or on a throw
   CacheOpenResult found = CacheFile::open(path, source_key);
   if (found.state == CacheState::valid && found.file->matches(specs)) return {found.file, false, ""};
   if (found.foreign)

@@ -84,7 +84,7 @@ TEST(CacheBuild, AFillThrowingMidwayLeavesNoFileAndKeepsThePreviousOne) {
   ensure_cache(s.path("w.cache"), "key-a", odd_specs(), pattern_fill(), small_chunks());
   EXPECT_THROW(ensure_cache(s.path("w.cache"), "key-b", odd_specs(), fill_failing_at(3), small_chunks()),
                std::domain_error);
-  EXPECT_EQ(s.names(), (std::vector<std::string>{"w.cache", "w.cache.lock"}));
+  EXPECT_EQ(s.names(), (std::vector<std::string>{"w.cache"}));
   const auto o = CacheFile::open(s.path("w.cache"), "key-a");
   ASSERT_EQ(o.state, CacheState::valid);
   EXPECT_NO_THROW(o.file->verify_all());
@@ -165,7 +165,7 @@ TEST(CacheBuild, AKilledBuildersTemporaryIsCleanedByTheNextBuild) {
   { std::ofstream(s.path("w.cache.tmp-999999999")) << "not ours"; }
   const auto r = ensure_cache(s.path("w.cache"), "key-a", odd_specs(), pattern_fill(), small_chunks());
   EXPECT_TRUE(r.built);
-  EXPECT_EQ(s.names(), (std::vector<std::string>{"w.cache", "w.cache.lock", "w.cache.tmp-999999999"}));
+  EXPECT_EQ(s.names(), (std::vector<std::string>{"w.cache", "w.cache.tmp-999999999"}));
 }
 
 TEST(CacheBuild, TwoBuildersAtOnceBuildOnce) {
@@ -211,7 +211,22 @@ TEST(CacheBuild, TwoBuildersAtOnceBuildOnce) {
   std::vector<std::byte> buf(12305);
   rb.file->read_entry(4, buf);
   EXPECT_EQ(first_mismatch(buf.data(), 4, 0, 12305), 12305u);
-  EXPECT_EQ(s.names(), (std::vector<std::string>{"w.cache", "w.cache.lock"}));
+  EXPECT_EQ(s.names(), (std::vector<std::string>{"w.cache"}));
+}
+
+// The builders' lock file goes with the build that created it; one this run did not create (a
+// killed run's, or a user's file of that name) stays as it was.
+TEST(CacheBuild, TheBuildersLockGoesWithItsCreatorOnly) {
+  Scratch s;
+  ensure_cache(s.path("w.cache"), "key-a", odd_specs(), pattern_fill(), small_chunks());
+  EXPECT_EQ(s.names(), (std::vector<std::string>{"w.cache"}));
+  { std::ofstream(s.path("x.cache.lock")) << "a user's notes"; }
+  ensure_cache(s.path("x.cache"), "key-a", odd_specs(), pattern_fill(), small_chunks());
+  EXPECT_EQ(s.names(), (std::vector<std::string>{"w.cache", "x.cache", "x.cache.lock"}));
+  std::ifstream in(s.path("x.cache.lock"));
+  std::string text;
+  std::getline(in, text);
+  EXPECT_EQ(text, "a user's notes");
 }
 
 TEST(CacheBuild, TwoProcessesAtOnceBuildOnce) {
