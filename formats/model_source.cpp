@@ -2,6 +2,7 @@
 // mapped files, and load_model (roundpipe/checkpoint.hpp) as "open, then read every tensor".
 #include "roundpipe/model_source.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -418,37 +419,81 @@ LoadedModel ModelSource::read_all() const {
   return m;
 }
 
+namespace {
+
+// The source's name of layout tensor `t` (a tied model's head reads the embedding), checked
+// against the layout's element count.
+std::string source_tensor(const ModelSource& src, const TensorSpec& t) {
+  std::string name = t.name;
+  if (name == "lm_head.weight" && src.config().tie_word_embeddings) name = "model.embed_tokens.weight";
+  int64_t n = 1;
+  for (auto d : src.shape(name)) n *= d;
+  if (n != t.numel())
+    fail(src.header().source,
+         fmt::format("tensor '{}' has {} values, the model config says {}", t.name, n, t.numel()));
+  return name;
+}
+
+}  // namespace
+
+int64_t read_frozen_group(const ModelSource& src, const ModelLayout& layout, int g,
+                          std::span<std::byte> out) {
+  if (g < 0 || g >= layout.num_layers() || !layout.groups[size_t(g)].frozen)
+    throw std::invalid_argument(fmt::format("read_frozen_group: group {} is not a frozen base group", g));
+  const ParamGroup& grp = layout.groups[size_t(g)];
+  if (int64_t(out.size()) != grp.storage_bytes)
+    throw std::invalid_argument(fmt::format("read_frozen_group: group '{}' has {} bytes, {} given", grp.name,
+                                            grp.storage_bytes, out.size()));
+  int64_t stored = 0;
+  for (const TensorSpec& t : grp.tensors)
+    stored += src.read_as(source_tensor(src, t), t.format, out.data() + t.byte_offset) ? 1 : 0;
+  return stored;
+}
+
 int64_t read_base_groups(const ModelSource& src, const ModelLayout& layout,
                          std::vector<std::vector<float>>& trainable,
-                         std::vector<std::vector<uint8_t>>& frozen) {
-  const std::string& where = src.header().source;
+                         std::vector<std::vector<uint8_t>>& frozen, bool frozen_later) {
   trainable.resize(layout.groups.size());
   frozen.resize(layout.groups.size());
   int64_t stored = 0;
   for (size_t g = 0; g < size_t(layout.num_layers()); ++g) {
     const ParamGroup& grp = layout.groups[g];
-    std::vector<float> f32;
-    std::vector<uint8_t> st;
-    if (grp.frozen) st.resize(size_t(grp.storage_bytes));
-    else f32.resize(size_t(grp.numel));
+    if (grp.frozen) {
+      for (const TensorSpec& t : grp.tensors) source_tensor(src, t);  // every tensor there, of its size
+      if (frozen_later) continue;
+      std::vector<uint8_t> st(size_t(grp.storage_bytes));
+      stored += read_frozen_group(src, layout, int(g),
+                                  std::span<std::byte>(reinterpret_cast<std::byte*>(st.data()), st.size()));
+      frozen[g] = std::move(st);
+      continue;
+    }
+    std::vector<float> f32(size_t(grp.numel));
     for (const TensorSpec& t : grp.tensors) {
-      std::string name = t.name;
-      if (name == "lm_head.weight" && src.config().tie_word_embeddings) name = "model.embed_tokens.weight";
-      int64_t n = 1;
-      for (auto d : src.shape(name)) n *= d;
-      if (n != t.numel())
-        fail(where, fmt::format("tensor '{}' has {} values, the model config says {}", t.name, n, t.numel()));
-      if (grp.frozen) {
-        stored += src.read_as(name, t.format, st.data() + t.byte_offset) ? 1 : 0;
-      } else {
-        const HostTensor h = src.read_f32(name);
-        std::copy(h.data.begin(), h.data.end(), f32.begin() + t.offset);
-      }
+      const HostTensor h = src.read_f32(source_tensor(src, t));
+      std::copy(h.data.begin(), h.data.end(), f32.begin() + t.offset);
     }
     trainable[g] = std::move(f32);
-    frozen[g] = std::move(st);
   }
   return stored;
+}
+
+std::string model_files_identity(const std::string& path) {
+  std::error_code ec;
+  std::vector<fs::path> files;
+  if (fs::is_directory(path, ec)) {
+    for (const auto& e : fs::directory_iterator(path, ec))
+      if (e.is_regular_file(ec)) files.push_back(e.path());
+    std::sort(files.begin(), files.end());
+  } else {
+    files.push_back(path);
+  }
+  std::string id = "model " + path;
+  for (const fs::path& f : files) {
+    const auto size = fs::file_size(f, ec);
+    const auto when = fs::last_write_time(f, ec).time_since_epoch().count();
+    id += fmt::format("; {} {} bytes, modified {}", f.filename().string(), ec ? 0 : size, ec ? 0 : when);
+  }
+  return id;
 }
 
 LoadedModel load_model(const std::string& path) {

@@ -17,9 +17,10 @@ namespace {
 
 /// The host memory the run's weights take: frozen groups in their storage form, fp32 for the
 /// trainable ones (the optimizer's moments come on top, sized by the Session).
-void check_host_memory(const ModelLayout& layout, const std::string& where) {
+void check_host_memory(const ModelLayout& layout, const std::string& where, bool frozen_on_disk) {
   double need = 0;
-  for (const auto& g : layout.groups) need += g.frozen ? double(g.storage_bytes) : 4.0 * double(g.numel);
+  for (const auto& g : layout.groups)
+    need += g.frozen ? (frozen_on_disk ? 0.0 : double(g.storage_bytes)) : 4.0 * double(g.numel);
   const size_t avail = host_available_bytes();
   if (avail > 0 && !(need <= double(avail)))
     throw std::runtime_error(fmt::format(
@@ -55,7 +56,8 @@ WeightFormat base_format_of_model(const ModelSource& base, std::string& why) {
   return WeightFormat::bf16;
 }
 
-RunWeights lora_run_weights(const TrainSpec& spec, ModelSource& base, const std::string& adapter_dir) {
+RunWeights lora_run_weights(const TrainSpec& spec, ModelSource& base, const std::string& adapter_dir,
+                            std::shared_ptr<const ModelSource> lazy) {
   std::optional<PeftAdapter> adapter;
   if (!adapter_dir.empty()) adapter = read_peft_adapter(adapter_dir);
   LoraConfig lora;
@@ -89,12 +91,18 @@ RunWeights lora_run_weights(const TrainSpec& spec, ModelSource& base, const std:
   }
   RunWeights w;
   w.layout = make_layout(base.config(), lora);
-  check_host_memory(w.layout, base.header().source);
+  const bool later = lazy && lazy.get() == &base && spec.frozen_tier.has_value();
+  check_host_memory(w.layout, base.header().source, later);
   const size_t G = w.layout.groups.size();
   const size_t n_base = size_t(w.layout.num_layers());
   // tensor by tensor from the mapped files: peak host memory is the storage form plus one
-  // tensor's fp32 copy
-  const int64_t as_stored = read_base_groups(base, w.layout, w.trainable, w.frozen);
+  // tensor's fp32 copy (with a disk tier, the frozen groups one at a time when the session asks)
+  const int64_t as_stored = read_base_groups(base, w.layout, w.trainable, w.frozen, later);
+  if (later)
+    w.source = FrozenSource{model_files_identity(base.header().source),
+                            [lazy, layout = w.layout](int g, std::span<std::byte> out) {
+                              read_frozen_group(*lazy, layout, g, out);
+                            }};
   spdlog::debug("{}: {} base tensors copied in their file form", base.header().source, as_stored);
   for (size_t g = n_base; g < G; ++g) w.trainable[g] = lora_initial_group(w.layout, int(g));
   if (adapter) {

@@ -5,6 +5,7 @@
 // callbacks see.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "roundpipe/checkpoint.hpp"
 #include "roundpipe/model.hpp"
 #include "roundpipe/model_source.hpp"
+#include "roundpipe/session.hpp"
 #include "roundpipe/spec.hpp"
 
 namespace rp {
@@ -25,6 +27,9 @@ struct RunWeights {
   ModelLayout layout;
   std::vector<std::vector<float>> trainable;
   std::vector<std::vector<uint8_t>> frozen;
+  /// Set when the frozen groups are left to the session to read from the model files as it
+  /// needs them (a run with a disk tier: frozen[g] empty), SessionOptions::frozen_source.
+  std::optional<FrozenSource> source;
 };
 
 /// True when the spec trains LoRA adapters (a "lora" object or an "adapter" folder).
@@ -37,7 +42,12 @@ inline bool trains_lora(const TrainSpec& spec) { return spec.lora.has_value() ||
 /// untied first, so `base.config()` may change. Throws std::invalid_argument /
 /// std::runtime_error with one line naming the spec key or the adapter file, or the model when
 /// its storage form does not fit the host's available memory.
-RunWeights lora_run_weights(const TrainSpec& spec, ModelSource& base, const std::string& adapter_dir);
+/// `lazy` (the same ModelSource as `base`, shared): with spec.frozen_tier set, the frozen groups
+/// are not read here but by RunWeights::source when the session asks (its disk tier writes its
+/// cache group by group, and reads none when a valid cache of the same files is reused), so a
+/// base larger than host memory is never in it whole.
+RunWeights lora_run_weights(const TrainSpec& spec, ModelSource& base, const std::string& adapter_dir,
+                            std::shared_ptr<const ModelSource> lazy = nullptr);
 
 /// The storage form a LoRA run keeps `base` in when the spec does not name one
 /// (TrainSpec::lora_base_format_from_model): the float form (f32, f16, bf16) that every weight

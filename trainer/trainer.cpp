@@ -57,7 +57,7 @@ class Run {
   std::string path(const std::string& name) const { return spec_.output_dir + "/" + name; }
   void setup();
   void start_session(const ModelLayout& layout, std::vector<std::vector<float>> weights,
-                     std::vector<std::vector<uint8_t>> frozen);
+                     std::vector<std::vector<uint8_t>> frozen, std::optional<FrozenSource> source);
   int64_t loop();
   std::optional<StepResult> await(int64_t t);
   std::optional<StepResult> await_together(int64_t t);
@@ -180,9 +180,11 @@ void Run::setup() {
   if (trains_lora(spec_)) {
     // LoRA: the base always comes from spec.model (a LoRA checkpoint is a PEFT adapter folder),
     // read tensor by tensor into its storage form (never the whole model in fp32)
-    ModelSource base = open_model_for_training(spec_.model);
+    auto base_ptr = std::make_shared<ModelSource>(open_model_for_training(spec_.model));
+    ModelSource& base = *base_ptr;
     if (resume_) check_resume_model(*resume_, spec_, base.config());
-    w = lora_run_weights(spec_, base, resume_ ? resume_->dir : spec_.adapter);
+    // with a disk tier the session reads the frozen groups from the files as it needs them
+    w = lora_run_weights(spec_, base, resume_ ? resume_->dir : spec_.adapter, base_ptr);
     if (spec_.lora)
       spec_.lora->base_format = w.layout.lora->base_format;  // the form in use (the state records it)
     model_ = base.header();
@@ -208,7 +210,7 @@ void Run::setup() {
   data_.emplace(load_data_for_training(spec_, model_));
   derive_epochs();
   eval_batches_ = load_eval_batches(spec_, model_, *data_);
-  start_session(layout, std::move(w.trainable), std::move(w.frozen));
+  start_session(layout, std::move(w.trainable), std::move(w.frozen), std::move(w.source));
   if (resume_) {
     epoch_origin_ = resume_->saved.data_position;
     if (const std::string line = series_.resume(resume_->dir, resume_->saved, leader()); !line.empty())
@@ -243,8 +245,9 @@ void Run::setup() {
 }
 
 void Run::start_session(const ModelLayout& layout, std::vector<std::vector<float>> weights,
-                        std::vector<std::vector<uint8_t>> frozen) {
+                        std::vector<std::vector<uint8_t>> frozen, std::optional<FrozenSource> source) {
   SessionOptions opt = session_options_of(spec_, layout);
+  opt.frozen_source = std::move(source);
   opt.replicas = replicas_;
   session_ = std::make_unique<Session>(layout, std::move(weights), std::move(frozen), opt);
   if (resume_) start_ = restore_checkpoint(*resume_, spec_, *session_, *data_);

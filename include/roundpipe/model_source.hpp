@@ -22,6 +22,7 @@
 #pragma once
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -87,8 +88,21 @@ class ModelSource {
 /// as stored (no conversion). Throws what ModelSource::read_as throws, and
 /// std::runtime_error("<source>: tensor '<name>' ...") for a tensor the source lacks or whose
 /// element count differs from the layout's.
+/// `frozen_later`: frozen groups stay empty too (read_frozen_group makes them when asked).
 int64_t read_base_groups(const ModelSource& src, const ModelLayout& layout,
                          std::vector<std::vector<float>>& trainable,
-                         std::vector<std::vector<uint8_t>>& frozen);
+                         std::vector<std::vector<uint8_t>>& frozen, bool frozen_later = false);
+
+/// Frozen base group g of `layout` (a group read_base_groups fills in storage form) from `src`
+/// into `out` (exactly its storage_bytes bytes), tensor by tensor: what read_base_groups writes
+/// into frozen[g]. Returns the tensors copied as stored. Throws std::invalid_argument for a
+/// group that is not a frozen base group or an `out` of another size, and what read_base_groups
+/// throws.
+int64_t read_frozen_group(const ModelSource& src, const ModelLayout& layout, int g, std::span<std::byte> out);
+
+/// A text naming `path`'s bytes as they are on disk now (each file's name, size and modification
+/// time; a folder's regular files, sorted): what a frozen source's identity is made of, so a
+/// disk tier's cache of it is rebuilt when a file changes.
+std::string model_files_identity(const std::string& path);
 
 }  // namespace rp

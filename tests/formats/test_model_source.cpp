@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
@@ -125,7 +126,32 @@ void check_hf_model(DType dtype, bool tied) {
                          (dtype == DType::f32 && t.format == WeightFormat::f32)))
           ++same_form;
     EXPECT_EQ(stored, same_form) << weight_format_name(f);
+    // later, one frozen group at a time (the disk tier's frozen source): the same bytes
+    std::vector<std::vector<float>> lazy_tr;
+    std::vector<std::vector<uint8_t>> lazy_fr;
+    EXPECT_EQ(read_base_groups(src, layout, lazy_tr, lazy_fr, /*frozen_later=*/true), 0);
+    EXPECT_EQ(lazy_tr, want_tr) << weight_format_name(f);
+    for (size_t g = 0; g < layout.groups.size(); ++g) {
+      EXPECT_TRUE(lazy_fr[g].empty());
+      if (!layout.groups[g].frozen) continue;
+      std::vector<std::byte> one(size_t(layout.groups[g].storage_bytes));
+      read_frozen_group(src, layout, int(g), one);
+      EXPECT_EQ(std::memcmp(one.data(), want_fr[g].data(), one.size()), 0) << layout.groups[g].name;
+    }
   }
+}
+
+// The identity of a model's files changes when one of them does, and not otherwise.
+TEST(ModelSource, FilesIdentityFollowsTheFiles) {
+  TempDir dir("msid");
+  const ModelConfig c = small_config("qwen3", false);
+  write_hf(c, dir / "m", DType::bf16, 7);
+  const std::string m = dir / "m";
+  const std::string a = model_files_identity(m);
+  EXPECT_EQ(model_files_identity(m), a);
+  EXPECT_NE(a.find("config.json"), std::string::npos) << a;
+  { std::ofstream(m + "/config.json", std::ios::app) << " "; }
+  EXPECT_NE(model_files_identity(m), a);
 }
 
 TEST(ModelSource, SafetensorsBf16MatchesEagerLoad) { check_hf_model(DType::bf16, false); }

@@ -220,7 +220,7 @@ TEST(TrainerLora, ABaseStreamedFromTheDiskTierTrainsAndMergesBitForBit) {
   EXPECT_TRUE(a == bytes_of(d / "spilled/final" / rp::kAdapterWeightsFile));
   std::set<std::string> left;
   for (const auto& e : fs::directory_iterator(d / "spill")) left.insert(e.path().filename().string());
-  EXPECT_EQ(left, (std::set<std::string>{"base.cache", "base.cache.lock"})) << "the spill file has no name";
+  EXPECT_EQ(left, (std::set<std::string>{"base.cache"})) << "the spill file has no name, the lock goes";
   fs::remove_all(d);
 }
 
