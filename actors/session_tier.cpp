@@ -166,21 +166,35 @@ void Session::Impl::place_frozen_tier(size_t held, const SessionInternals& inter
   const double reserve = internals.host_budget_reserve.value_or(process + margin);
   const size_t staging = internals.spill_staging > 0 ? internals.spill_staging : kDefaultSpillStaging;
   const BudgetPlacement p = place_budget(o.host_budget_gib * kGiB - reserve, staging);
-  const double least = reserve + p.disk.minimum_budget;
+  const int most_spilled = layout.num_layers() - 1;
+  const auto places = [&](double budget) {
+    const BudgetPlacement q = place_budget(budget - reserve, staging);
+    return q.disk.fits && q.spilled <= most_spilled;
+  };
+  // the least budget named below: found by placing, since the spill's staging and the saved
+  // inputs no layer can spill both come on top of the trainable state and the ring
+  const auto least_gib = [&] {
+    double lo = reserve, hi = std::max(reserve, o.host_budget_gib * kGiB) + kGiB;
+    while (!places(hi) && hi < double(1 << 20) * kGiB) lo = hi, hi *= 2;
+    for (int i = 0; i < 64; ++i) (places((lo + hi) / 2) ? hi : lo) = (lo + hi) / 2;
+    double g = gib_up(hi);
+    for (int i = 0; i < 100 && !places(g * kGiB); ++i) g += 0.01;  // the rounded figure places too
+    return g;
+  };
   if (!p.disk.fits)
     throw std::invalid_argument(fmt::format(
         "frozen_tier.host_budget_gib: {} GiB cannot hold this run: the process holds {} before the session "
         "allocates (plus {} of margin), the trainable state needs {} and the read ring {}; expected at least "
         "{:.2f} GiB",
         o.host_budget_gib, byte_text(reserve - margin), byte_text(margin), byte_text(p.disk.trainable_bytes),
-        byte_text(p.disk.ring_bytes), gib_up(least)));
-  if (p.spilled > layout.num_layers() - 1)
+        byte_text(p.disk.ring_bytes), least_gib()));
+  if (p.spilled > most_spilled)
     throw std::invalid_argument(fmt::format(
         "frozen_tier.host_budget_gib: {} GiB leaves {} for the saved activations, which need {} even with "
         "every layer's saved input on the disk; expected at least {:.2f} GiB, or fewer tokens per pass "
         "(sequences per micro-batch, seq_len, micro-batches)",
-        o.host_budget_gib, byte_text(p.disk.activation_bytes), byte_text(p.activations),
-        gib_up(least + p.activations - double(layout.num_layers() - 1) * p.per_layer)));
+        o.host_budget_gib, byte_text(p.disk.activation_bytes),
+        byte_text(p.activations - double(most_spilled) * p.per_layer), least_gib()));
   if (p.spilled > 0) opt.frozen_tier->spill_layers = std::max(opt.frozen_tier->spill_layers, p.spilled);
   tier_place.streamed = p.disk.streamed;
   tier_place.resident = p.disk.resident_bytes;

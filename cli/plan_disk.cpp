@@ -99,13 +99,16 @@ namespace {
 
 DiskPlan checked_disk_plan(const DiskRun& r, const ModelLayout& layout, const HostRun& hr) {
   DiskPlan d = plan_disk_tier(layout, hr, r.tier, r.run.plan);
+  // the least is the same whatever was given: the whole set-aside comes on top (a budget below
+  // it has all of itself set aside, which is not what a larger one would need)
+  constexpr double set_aside = kHostBudgetMargin + kProcessEstimate;
   if (!d.fits)
     throw UsageError(fmt::format(
-        "{}: the disk tier needs at least {} of host memory (trainable state {} + read ring {} x {}), {} "
-        "given",
-        r.budget_source.substr(0, r.budget_source.find(',')), byte_text(d.minimum_budget + r.tier.set_aside),
-        byte_text(d.trainable_bytes), r.tier.ring_buffers, byte_text(d.ring_bytes / r.tier.ring_buffers),
-        byte_text(r.tier.host_budget + r.tier.set_aside)));
+        "{}: the disk tier needs at least {} of host memory ({} set aside for the process + trainable state "
+        "{} + read ring {} x {}), {} given",
+        r.budget_source.substr(0, r.budget_source.find(',')), byte_text(d.minimum_budget + set_aside),
+        byte_text(set_aside), byte_text(d.trainable_bytes), r.tier.ring_buffers,
+        byte_text(d.ring_bytes / r.tier.ring_buffers), byte_text(r.tier.host_budget + r.tier.set_aside)));
   return d;
 }
 

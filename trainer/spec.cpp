@@ -73,7 +73,7 @@ void read_frozen_tier(const JsonFields& f, TrainSpec& s) {
   // the model's layer count is not known yet: the session checks the upper end (its layers - 1)
   t.optional("spill_layers", ft.spill_layers);
   if (ft.spill_layers < 0 || ft.spill_layers > (1 << 20))
-    t.fail("spill_layers", "an integer >= 0 (layers whose saved inputs go to disk; 0: none)",
+    t.fail("spill_layers", "an integer >= 0 and <= 1048576 (layers whose saved inputs go to disk; 0: none)",
            ft.spill_layers);
   s.frozen_tier = ft;
 }

@@ -10,7 +10,8 @@
 //    without it), as does an automatic save_attention when that keeps more of the base; one too
 //    small for the activations spills the saved inputs of the layers it cannot hold (and trains
 //    like a run holding them); too small a budget,
-//    one beside resident_gib, a source without identity are refused in one line naming the key.
+//    one beside resident_gib, a source without identity are refused in one line naming the key,
+//    and the least budget such a line names is taken.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -288,6 +289,33 @@ TEST(FrozenTierBudget, ActivationsTheBudgetCannotHoldSpillAndTrainLikeNoTier) {
   EXPECT_TRUE(r.attention_dropped);
   EXPECT_EQ(r.resident_bytes, 0u);
   expect_same(train(s, kM * kNSeq * kLen), base, m);
+}
+
+// The least budget a refusal names places the run: it counts the spill's staging buffers and
+// the saved inputs no layer can spill, not only the trainable state and the ring.
+TEST(FrozenTierBudget, TheLeastBudgetARefusalNamesIsTaken) {
+  Scratch sc;
+  const ModelLayout m = lora_layout();
+  const HostMemoryNeed need = need_of(m, 1, false);
+  const double trainable = need.master + need.moments + need.weights + need.gradients;
+  // sequences of 8192 tokens: a layer's saved input is a 2 MiB record, so the staging buffers
+  // and the inputs that cannot spill (tens of MiB) dwarf the trainable state and the ring
+  auto attempt = [&](double bytes) {
+    TestSessionOptions o = budgeted(1, sc.path("least.cache"), bytes, nullptr);
+    o.micro = {kNSeq, 8192};
+    TestSession s(m, random_weights(m, 7), o);
+  };
+  std::string msg;
+  try {
+    attempt(trainable + smallest_ring(m) + (1 << 20));
+    ADD_FAILURE() << "a budget below the spill's staging was taken";
+  } catch (const std::invalid_argument& e) {
+    msg = e.what();
+  }
+  const auto at = msg.find("expected at least ");
+  ASSERT_NE(at, std::string::npos) << msg;
+  const double least = std::stod(msg.substr(at + std::strlen("expected at least ")));
+  EXPECT_NO_THROW(attempt(least * kGiB)) << msg;
 }
 
 TEST(FrozenTierBudget, BadBudgetsAreRefusedInOneLineNamingTheKey) {

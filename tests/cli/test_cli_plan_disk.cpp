@@ -167,6 +167,14 @@ TEST(CliPlanDisk, ABudgetTooSmallForTheRingIsOneLineNamingTheOption) {
   EXPECT_NE(r.err.find("--host-budget-gib: the disk tier needs at least "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("trainable state "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("2.0 GiB given"), std::string::npos) << r.err;
+  // the least it names does not depend on the budget given, even one below the process's share
+  const std::string least =
+      r.err.substr(r.err.find("at least "), r.err.find(" of host memory") - r.err.find("at least "));
+  for (const char* small : {"0.5", "1"}) {
+    const CliRun s = roundpipe(kRun + " --disk-gbps 7 --host-budget-gib " + small, d);
+    EXPECT_EQ(s.code, 2);
+    EXPECT_NE(s.err.find(least + " of host memory"), std::string::npos) << least << " | " << s.err;
+  }
   // the default budget is 90% of --host-gib, and the line says so
   r = roundpipe(kRun + " --disk-gbps 7 --host-gib 2", d);
   EXPECT_EQ(r.code, 2);

@@ -132,6 +132,9 @@ TEST(SpecFrozenTier, ReadsThePathAndBudgetAndRefusesBadValues) {
           "no resident_gib beside it");
   refused(R"({"path": "x", "spill_layers": -1})", "frozen_tier.spill_layers", "an integer >= 0");
   refused(R"({"path": "x", "spill_layers": 1.5})", "frozen_tier.spill_layers", "an integer");
+  // past the bound the line names the bound it broke, not only ">= 0"
+  refused(R"({"path": "x", "spill_layers": 1048577})", "frozen_tier.spill_layers",
+          "an integer >= 0 and <= 1048576");
   refused(R"({"path": "~/base.cache"})", "frozen_tier.path", "a path without a leading '~'");
   refused(R"({"path": "cache/"})", "frozen_tier.path", "the path of a cache file, not of a folder");
   refused(R"({"path": "/tmp"})", "frozen_tier.path", "the path of a cache file, not of a folder");
