@@ -148,6 +148,11 @@ RunPlan Session::Impl::plan_session(size_t held, const SessionInternals& interna
 // masters, and one layer object per compute layer.
 void Session::Impl::take_weights_and_layers(std::vector<std::vector<float>> w,
                                             std::vector<std::vector<uint8_t>>& frozen_storage) {
+  tier_place.from_source.assign(layout.groups.size(), 0);
+  if (opt.frozen_source)
+    for (size_t g = 0; g < layout.groups.size(); ++g)
+      tier_place.from_source[g] =
+          layout.groups[g].frozen && w[g].empty() && (frozen_storage.empty() || frozen_storage[g].empty());
   store = std::make_unique<ParamStore>(layout, devices[0]->compute_dtype(), /*allocate_frozen=*/false);
   fill_store(layout, w, frozen_storage, *store, opt.frozen_source ? &*opt.frozen_source : nullptr,
              tier_place.streamed);

@@ -47,6 +47,7 @@ struct Session::Impl {
     std::vector<char> streamed;           ///< per group: read from the tier's cache file
     double resident = 0;                  ///< frozen bytes kept in host memory
     std::optional<bool> saved_attention;  ///< host_budget_gib's choice (unset: the options')
+    std::vector<char> from_source;        ///< per group: made by opt.frozen_source (not handed over)
   } tier_place;
   /// The activation spill (FrozenTierOptions::spill_layers; null without it): destroyed before
   /// the devices its staging buffers are pinned through, stopped once the actors are done.

@@ -11,6 +11,9 @@
 #include <filesystem>
 #include <stdexcept>
 
+#include <linux/magic.h>
+#include <sys/vfs.h>
+
 #include <fmt/format.h>
 
 #include "actors/session_impl.hpp"
@@ -34,14 +37,14 @@ constexpr double kGiB = double(uint64_t(1) << 30);
 /// source: its place in the description is the source's identity instead of a checksum, so a
 /// reused cache needs no group made.
 std::string source_key(const ModelLayout& layout, const ParamStore& store, const std::vector<int>& groups,
-                       const FrozenSource* source) {
+                       const FrozenSource* source, const std::vector<char>& from_source) {
   std::string desc;
   uint64_t bytes = 0;
   for (int g : groups) {
     const ParamGroup& grp = layout.groups[size_t(g)];
     bytes += uint64_t(grp.storage_bytes);
     const HostBytes& b = store.lowp[size_t(g)];
-    if (b.size() == 0 && source)
+    if (source && size_t(g) < from_source.size() && from_source[size_t(g)])
       desc += fmt::format("\n{} {} bytes from source:", grp.name, grp.storage_bytes);
     else
       desc += fmt::format("\n{} {} bytes xxh3 {:016x}:", grp.name, grp.storage_bytes,
@@ -68,6 +71,21 @@ uint64_t largest_group_named(const ModelLayout& layout, std::string* name) {
 }
 
 constexpr double kBudgetMargin = kHostBudgetMargin;  // scheduler/disk_tier.hpp
+
+/// A folder in memory (tmpfs, ramfs: /dev/shm, often /tmp) keeps the cache and spilled
+/// activations in the host's RAM, which no budget counts: one line says so (the run goes on).
+void warn_memory_folder(const std::string& path, const std::function<void(const std::string&)>& log) {
+  std::filesystem::path folder = std::filesystem::path(path).parent_path();
+  std::error_code ec;
+  while (!folder.empty() && !std::filesystem::exists(folder, ec)) folder = folder.parent_path();
+  struct statfs st {};
+  if (::statfs(folder.empty() ? "." : folder.c_str(), &st) != 0) return;
+  if (st.f_type == TMPFS_MAGIC || st.f_type == RAMFS_MAGIC)
+    log(fmt::format(
+        "frozen tier: {}: warning: the folder is in memory ({}), so the cache and any spilled "
+        "activations take host RAM that host_budget_gib does not count; choose a folder on a disk",
+        path, st.f_type == TMPFS_MAGIC ? "tmpfs" : "ramfs"));
+}
 
 /// Bytes in GiB rounded up to the hundredth printed ("expected at least" figures that suffice).
 double gib_up(double bytes) { return std::ceil(bytes / kGiB * 100.0) / 100.0; }
@@ -156,6 +174,7 @@ void Session::Impl::place_frozen_tier(size_t held, const SessionInternals& inter
   if (o.host_budget_gib > 0 && o.resident_gib > 0)
     throw std::invalid_argument(
         "frozen_tier.host_budget_gib: decides what stays resident itself; give it or resident_gib, not both");
+  warn_memory_folder(o.path, log);
   if (o.host_budget_gib == 0) {
     tier_place.streamed = streamed_groups(layout, o.resident_gib * kGiB, &tier_place.resident);
     return;
@@ -278,21 +297,27 @@ void Session::Impl::open_frozen_tier(const SessionInternals& internals,
   const FrozenTierOptions& o = *opt.frozen_tier;
   const double resident = tier_place.resident;
   const std::vector<char>& streamed = tier_place.streamed;
-  std::vector<int> groups;  // the tiered groups, in layout order: entry i is groups[i]
+  // The file holds every frozen group, the resident ones too (never read while training), so
+  // that a run keeping more or less of the base resident (another budget, another process
+  // size) reuses it: entry i is groups[i], in layout order.
+  std::vector<int> groups;
   std::vector<tier::CacheEntrySpec> specs;
   uint64_t largest = 0;
   std::string largest_name;
+  size_t streamed_count = 0;
   for (size_t g = 0; g < layout.groups.size(); ++g) {
     const ParamGroup& grp = layout.groups[g];
-    if (!grp.frozen || grp.storage_bytes <= 0 || !streamed[g]) continue;
+    if (!grp.frozen || grp.storage_bytes <= 0) continue;
     groups.push_back(int(g));
     specs.push_back({grp.name, uint64_t(grp.storage_bytes)});
+    if (!streamed[g]) continue;
+    ++streamed_count;
     if (tier::align_up(uint64_t(grp.storage_bytes)) > largest) {
       largest = tier::align_up(uint64_t(grp.storage_bytes));
       largest_name = grp.name;
     }
   }
-  if (groups.empty()) {  // nothing frozen, or all of it resident: nothing to stream
+  if (streamed_count == 0) {  // nothing frozen, or all of it resident: nothing to stream
     if (resident > 0)
       log(fmt::format("frozen tier: {}: not used: the whole frozen base ({:.2f} GiB) fits frozen_tier.{}",
                       o.path, resident / kGiB, o.host_budget_gib > 0 ? "host_budget_gib" : "resident_gib"));
@@ -303,16 +328,18 @@ void Session::Impl::open_frozen_tier(const SessionInternals& internals,
                       o.path));
     return;
   }
-  const size_t count = ring_count(o, size_t(largest), largest_name, groups.size());
+  const size_t count = ring_count(o, size_t(largest), largest_name, streamed_count);
   const auto t0 = std::chrono::steady_clock::now();
   const FrozenSource* source = opt.frozen_source ? &*opt.frozen_source : nullptr;
-  const std::string key = source_key(layout, *store, groups, source);
-  // the fill copies group by group, in order, and frees each group once its last byte is out; a
-  // group the caller did not hand over is made by the source when its first byte is asked for
+  const std::string key = source_key(layout, *store, groups, source, tier_place.from_source);
+  // the fill copies group by group, in order, and frees each streamed group once its last byte
+  // is out; a streamed group the caller did not hand over is made by the source when its first
+  // byte is asked for (a resident one was made at construction and stays)
   HostBytes made;
   size_t made_entry = SIZE_MAX;
   auto fill = [&](size_t entry, uint64_t offset, std::span<std::byte> out) {
-    HostBytes* b = &store->lowp[size_t(groups[entry])];
+    const int g = groups[entry];
+    HostBytes* b = &store->lowp[size_t(g)];
     if (b->size() == 0) {
       if (made_entry != entry) {
         made = HostBytes();  // the previous group's, if its fill stopped early
@@ -323,13 +350,16 @@ void Session::Impl::open_frozen_tier(const SessionInternals& internals,
       b = &made;
     }
     std::memcpy(out.data(), b->as<char>() + offset, out.size());
-    if (offset + out.size() == b->size()) *b = HostBytes();
+    if (offset + out.size() == b->size() && streamed[size_t(g)]) *b = HostBytes();
   };
   const bool existed = std::filesystem::exists(o.path);
   tier::EnsureResult er = ensure_tier_cache(o, key, specs, fill, log);
-  for (int g : groups) store->lowp[size_t(g)] = HostBytes();  // reused: the host copies go now
-  std::vector<int> entry_of(layout.groups.size(), -1);
-  for (size_t i = 0; i < groups.size(); ++i) entry_of[size_t(groups[i])] = int(i);
+  std::vector<int> entry_of(layout.groups.size(), -1);  // streamed groups only: the others stay
+  for (size_t i = 0; i < groups.size(); ++i)
+    if (streamed[size_t(groups[i])]) {
+      entry_of[size_t(groups[i])] = int(i);
+      store->lowp[size_t(groups[i])] = HostBytes();  // reused: the host copies go now
+    }
   tier::DirectReaderOptions ro;
   ro.direct = o.direct;
   ro.fault = internals.frozen_tier_fault;

@@ -136,8 +136,10 @@ int run(int argc, char** argv) {
   app.add_option("--seq", seq);
   app.add_option("--seqs", seqs, "sequences per step");
   app.add_option("--micro", micro, "micro-batches per step");
-  app.add_option("--steps", steps, "measured steps");
-  app.add_option("--warmup", warmup);
+  app.add_option("--steps", steps, "measured steps")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", warmup,
+                 "unmeasured first steps (at least 1: a step's time is from the one before)")
+      ->check(CLI::PositiveNumber);
   app.add_flag("--sync", sync);
   app.add_flag("--fp8", fp8, "dense decoder linears in FP8 e4m3 (forward, recompute, input gradient)");
   app.add_flag("--fp8-wgrad", fp8_wgrad, "with --fp8: their weight gradients in FP8 too");

@@ -271,9 +271,11 @@ void print_disk_tier(std::FILE* out, const DiskRun& r, const SimResult& with_dis
   if (d.read_bytes > 0)
     fmt::print(out, "          hidden {} at this disk, {} at a 7 GB/s NVMe; this run has {}\n",
                hidden_text(here), hidden_text(nvme), tokens);
-  fmt::print(out,
-             "          (training places by this rule with the spec key frozen_tier.host_budget_gib; spilled "
-             "activations are a prediction)\n");
+  fmt::print(
+      out,
+      "          (training places by this rule with the spec key frozen_tier.host_budget_gib, and with "
+      "save_attention automatic also drops the saved attention whenever that keeps more of the base "
+      "resident; spilled activations are a prediction)\n");
 }
 
 }  // namespace rp
