@@ -136,10 +136,10 @@ int run(int argc, char** argv) {
   app.add_option("--seq", seq);
   app.add_option("--seqs", seqs, "sequences per step");
   app.add_option("--micro", micro, "micro-batches per step");
-  app.add_option("--steps", steps, "measured steps")->check(CLI::PositiveNumber);
+  app.add_option("--steps", steps, "measured steps")->check(CLI::Range(1, 1000000));
   app.add_option("--warmup", warmup,
                  "unmeasured first steps (at least 1: a step's time is from the one before)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 1000000));
   app.add_flag("--sync", sync);
   app.add_flag("--fp8", fp8, "dense decoder linears in FP8 e4m3 (forward, recompute, input gradient)");
   app.add_flag("--fp8-wgrad", fp8_wgrad, "with --fp8: their weight gradients in FP8 too");
@@ -177,7 +177,7 @@ int run(int argc, char** argv) {
          "--tier-spill-layers", tier_spill_layers,
          "keep the saved inputs of this many layers in a hidden file beside the tier's cache instead of "
          "host memory (0: none)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 1 << 20));
   std::string profile_out;
   double cap_above_plan = 0;
   bool no_save_attention = false;
