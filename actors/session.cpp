@@ -100,9 +100,6 @@ void check_options(const SessionOptions& opt) {
   if (opt.micro.n_seq < 1 || opt.micro.seq_len < 2)
     throw std::invalid_argument("micro-batch shape must have n_seq >= 1 and seq_len >= 2");
   if (opt.pass_slots < 1) throw std::invalid_argument("pass_slots must be >= 1");
-  if (opt.frozen_source && (opt.frozen_source->identity.empty() || !opt.frozen_source->fill))
-    throw std::invalid_argument(
-        "frozen_source: expected a non-empty identity and a fill function (or no frozen_source)");
 }
 
 bool guarded_steps(const SessionOptions& opt) {
@@ -148,11 +145,7 @@ RunPlan Session::Impl::plan_session(size_t held, const SessionInternals& interna
 // masters, and one layer object per compute layer.
 void Session::Impl::take_weights_and_layers(std::vector<std::vector<float>> w,
                                             std::vector<std::vector<uint8_t>>& frozen_storage) {
-  tier_place.from_source.assign(layout.groups.size(), 0);
-  if (opt.frozen_source)
-    for (size_t g = 0; g < layout.groups.size(); ++g)
-      tier_place.from_source[g] =
-          layout.groups[g].frozen && w[g].empty() && (frozen_storage.empty() || frozen_storage[g].empty());
+  tier_place.from_source = groups_from_source(layout, w, frozen_storage, opt.frozen_source.has_value());
   store = std::make_unique<ParamStore>(layout, devices[0]->compute_dtype(), /*allocate_frozen=*/false);
   fill_store(layout, w, frozen_storage, *store, opt.frozen_source ? &*opt.frozen_source : nullptr,
              tier_place.streamed);
@@ -350,6 +343,7 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w,
   I.layout = layout;
   I.opt = std::move(opt);
   check_options(I.opt);
+  check_frozen_source(I.opt.frozen_source);
   check_session_weights(layout, w, frozen_storage, I.opt.frozen_source.has_value());
   I.open_devices();
   std::function<void(const std::string&)> log = I.opt.profiling.log;

@@ -225,6 +225,12 @@ struct Session::Impl {
 /// With `source` (SessionOptions::frozen_source) a frozen group may come in neither form.
 void check_session_weights(const ModelLayout& layout, const std::vector<std::vector<float>>& w,
                            const std::vector<std::vector<uint8_t>>& frozen_storage, bool source);
+/// Refuses a frozen source without identity or fill (std::invalid_argument, "frozen_source: ...").
+void check_frozen_source(const std::optional<FrozenSource>& source);
+/// Per group: 1 for a frozen group given in neither form, which the frozen source makes (all 0
+/// without one).
+std::vector<char> groups_from_source(const ModelLayout& layout, const std::vector<std::vector<float>>& w,
+                                     const std::vector<std::vector<uint8_t>>& frozen_storage, bool source);
 /// Bytes of the caller's weights the constructor takes over (fp32 masters, frozen storage).
 size_t held_weight_bytes(const ModelLayout& layout, const std::vector<std::vector<float>>& w,
                          const std::vector<std::vector<uint8_t>>& frozen_storage);

@@ -11,6 +11,22 @@
 
 namespace rp {
 
+void check_frozen_source(const std::optional<FrozenSource>& source) {
+  if (source && (source->identity.empty() || !source->fill))
+    throw std::invalid_argument(
+        "frozen_source: expected a non-empty identity and a fill function (or no frozen_source)");
+}
+
+std::vector<char> groups_from_source(const ModelLayout& layout, const std::vector<std::vector<float>>& w,
+                                     const std::vector<std::vector<uint8_t>>& frozen_storage, bool source) {
+  std::vector<char> out(layout.groups.size(), 0);
+  if (source)
+    for (size_t g = 0; g < layout.groups.size(); ++g)
+      out[g] = layout.groups[g].frozen && g < w.size() && w[g].empty() &&
+               (frozen_storage.empty() || frozen_storage[g].empty());
+  return out;
+}
+
 size_t held_weight_bytes(const ModelLayout& layout, const std::vector<std::vector<float>>& w,
                          const std::vector<std::vector<uint8_t>>& frozen_storage) {
   size_t held = 0;
