@@ -103,8 +103,11 @@ void ActivationSpill::open_file() {
   bool direct = cfg_.direct;
   fd_.reset(open_hidden(cfg_.folder, &direct));
   if (fd_.get() < 0)
-    throw std::runtime_error(fmt::format("frozen_tier.spill_layers: cannot create the spill file in {}: {}",
-                                         cfg_.folder, std::strerror(errno)));
+    throw std::runtime_error(
+        fmt::format("frozen_tier.path: cannot create the activation spill's file in its folder {}: {} "
+                    "(expected a writable "
+                    "folder on a local disk)",
+                    cfg_.folder, std::strerror(errno)));
   direct_ = direct;
   if (::fallocate(fd_.get(), 0, 0, off_t(file_bytes_)) != 0) {
     if (errno == ENOSPC) throw refuse(free_bytes);
