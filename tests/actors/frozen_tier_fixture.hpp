@@ -1,11 +1,14 @@
-// Fixtures of the disk tier's runtime tests (test_frozen_tier.cpp, test_frozen_source.cpp): a
+// Fixtures of the disk tier's runtime tests (test_frozen_tier.cpp, test_frozen_source.cpp,
+// test_activation_spill.cpp): a
 // tiny LoRA model on a q4_0 base, its session options, a scratch folder per test, and a
 // kSteps-step training run that fails the test instead of hanging.
 #pragma once
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -33,6 +36,11 @@ struct Scratch {
   }
   ~Scratch() { fs::remove_all(dir); }
   std::string path(const std::string& name) const { return (dir / name).string(); }
+  std::set<std::string> entries() const {
+    std::set<std::string> out;
+    for (const auto& e : fs::directory_iterator(dir)) out.insert(e.path().filename().string());
+    return out;
+  }
 };
 
 inline ModelLayout lora_layout(int layers = 4, WeightFormat base = WeightFormat::q4_0) {
@@ -62,15 +70,22 @@ struct Result {
   std::vector<std::vector<float>> weights;  // group_weights_f32 of every group
 };
 
-// Trains kSteps steps; a step not done within kWaitS fails the test (a deadlock) instead of hanging.
-inline Result train(Session& s, int64_t tokens = kM * kNSeq * kSeqLen) {
-  Result r;
+// Submits kSteps steps of `tokens` tokens per pass (seeded per step).
+inline void submit_steps(Session& s, int64_t tokens = kM * kNSeq * kSeqLen) {
   for (int t = 0; t < kSteps; ++t) {
     std::vector<int32_t> tg, ids;
     random_tokens(67, tokens, 100 + uint64_t(t) * 10, ids, tg);
     s.forward_backward(ids, tg);
     s.step(lr_at(t));
   }
+}
+
+// Trains kSteps steps; a step not done within kWaitS fails the test (a deadlock) instead of
+// hanging. `during` runs once the first step is done, the session still running.
+inline Result train(Session& s, int64_t tokens = kM * kNSeq * kSeqLen,
+                    const std::function<void()>& during = {}) {
+  Result r;
+  submit_steps(s, tokens);
   for (int t = 0; t < kSteps; ++t) {
     std::optional<StepResult> sr = s.wait_for(t, kWaitS);
     if (!sr) {
@@ -78,10 +93,28 @@ inline Result train(Session& s, int64_t tokens = kM * kNSeq * kSeqLen) {
       return r;
     }
     r.losses.push_back(sr->loss_sum / sr->tokens);
+    if (t == 0 && during) during();
   }
   s.synchronize();
   for (int g = 0; g < int(s.layout().groups.size()); ++g) r.weights.push_back(s.group_weights_f32(g));
   return r;
+}
+
+// Trains kSteps steps that an injected fault must stop: the RuntimeFailure's line, or "" with a
+// failure recorded when the run succeeded or hung.
+inline std::string run_until_failure(Session& s) {
+  try {
+    submit_steps(s);
+    for (int t = 0; t < kSteps; ++t)
+      if (!s.wait_for(t, kWaitS)) {
+        ADD_FAILURE() << "step " << t << " hangs: " << s.status();
+        return "";
+      }
+    ADD_FAILURE() << "the run succeeded although an I/O failed";
+  } catch (const RuntimeFailure& e) {
+    return e.what();
+  }
+  return "";
 }
 
 inline FrozenTierOptions tier_at(const std::string& path, double gib = 0) {

@@ -28,33 +28,13 @@
 
 #include "actors/session_impl.hpp"
 #include "actors/session_testing.hpp"
+#include "tests/actors/frozen_tier_fixture.hpp"
 #include "tests/actors/runtime_reference.hpp"
 
 namespace rp::test {
 namespace {
 
-namespace fs = std::filesystem;
-constexpr int64_t kNSeq = 2, kSeqLen = 5, kM = 3;
-constexpr int kSteps = 3;
-constexpr double kWaitS = 120;  // a step of this model takes well under a second: more is a hang
-
-struct Scratch {
-  fs::path dir;
-  Scratch() {
-    dir = fs::temp_directory_path() /
-          fmt::format("rp_spill_{}_{}", ::getpid(), ::testing::UnitTest::GetInstance()->random_seed());
-    dir /= ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  ~Scratch() { fs::remove_all(dir); }
-  std::string path(const std::string& name) const { return (dir / name).string(); }
-  std::set<std::string> entries() const {
-    std::set<std::string> out;
-    for (const auto& e : fs::directory_iterator(dir)) out.insert(e.path().filename().string());
-    return out;
-  }
-};
+using namespace tier_fixture;
 
 // ---- the store alone -------------------------------------------------------------------------
 
@@ -205,55 +185,16 @@ TEST(ActivationSpillStore, TheLayersChosenAreTheLowestBeginningNoForwardStageFir
 
 // ---- in the runtime ------------------------------------------------------------------------
 
-ModelLayout lora_layout() {
-  LoraConfig lc;
-  lc.r = 4;
-  lc.alpha = 8;
-  lc.target_modules = {"all-linear"};
-  return make_layout(tiny_config(false, false), lc);
-}
+ModelLayout spill_lora_layout() { return lora_layout(4, LoraConfig{}.base_format); }
 ModelLayout full_layout() { return make_layout(tiny_config(false, false)); }
 
-TestSessionOptions options(int workers, std::vector<std::string>* log) {
-  TestSessionOptions o;
-  o.workers = workers;
-  o.micro_batches = kM;
-  o.micro = {kNSeq, kSeqLen};
-  o.adam = adam_opts();
-  o.shards = 2;
-  o.save_attention = false;  // spill turns it off: the runs compared must both be without
-  o.watchdog_s = 0;
-  if (log) o.profiling.log = [log](const std::string& l) { log->push_back(l); };
+// The tier tests' options, with the default transfer chunks and without saved attention (spill
+// turns it off: the runs compared must both be without).
+TestSessionOptions spill_options(int workers, std::vector<std::string>* log) {
+  TestSessionOptions o = options(workers, log);
+  o.transfer_chunk_bytes = SessionOptions{}.transfer_chunk_bytes;
+  o.save_attention = false;
   return o;
-}
-
-struct Result {
-  std::vector<double> losses;
-  std::vector<std::vector<float>> weights;
-};
-
-// Trains kSteps steps; a step not done within kWaitS fails the test (a deadlock) instead of
-// hanging. `during` runs once the first step is done, the session still running.
-Result train(Session& s, const std::function<void()>& during = {}) {
-  Result r;
-  for (int t = 0; t < kSteps; ++t) {
-    std::vector<int32_t> tg, ids;
-    random_tokens(67, kM * kNSeq * kSeqLen, 100 + uint64_t(t) * 10, ids, tg);
-    s.forward_backward(ids, tg);
-    s.step(lr_at(t));
-  }
-  for (int t = 0; t < kSteps; ++t) {
-    std::optional<StepResult> sr = s.wait_for(t, kWaitS);
-    if (!sr) {
-      ADD_FAILURE() << "step " << t << " not done after " << kWaitS << " s: " << s.status();
-      return r;
-    }
-    r.losses.push_back(sr->loss_sum / sr->tokens);
-    if (t == 0 && during) during();
-  }
-  s.synchronize();
-  for (int g = 0; g < int(s.layout().groups.size()); ++g) r.weights.push_back(s.group_weights_f32(g));
-  return r;
 }
 
 struct Case {
@@ -268,16 +209,16 @@ class SpillByCase : public ::testing::TestWithParam<Case> {};
 TEST_P(SpillByCase, SpillingSavedInputsTrainsBitForBitLikeHoldingThem) {
   const Case c = GetParam();
   Scratch sc;
-  const ModelLayout m = c.lora ? lora_layout() : full_layout();
+  const ModelLayout m = c.lora ? spill_lora_layout() : full_layout();
   const int L = m.num_layers();
-  TestSessionOptions base_o = options(c.workers, nullptr);
+  TestSessionOptions base_o = spill_options(c.workers, nullptr);
   if (c.every_layer_begins_a_stage) base_o.plan = make_uniform_plan(L, 1, 1, 0);
   base_o.device.pcie_bytes_per_s = c.pcie_bytes_per_s;
   TestSession off(m, random_weights(m, 7), base_o);
   const Result base = train(off);
 
   std::vector<std::string> log;
-  TestSessionOptions o = options(c.workers, &log);
+  TestSessionOptions o = spill_options(c.workers, &log);
   o.plan = base_o.plan;
   o.device = base_o.device;
   o.frozen_tier = FrozenTierOptions{};
@@ -313,7 +254,8 @@ TEST_P(SpillByCase, SpillingSavedInputsTrainsBitForBitLikeHoldingThem) {
     // only the tier's cache (LoRA): the builders' lock goes with the build
     const std::set<std::string> tier_files = {"base.cache"};
     EXPECT_EQ(at_start, c.lora ? tier_files : std::set<std::string>());
-    spilled = train(on, [&] { EXPECT_EQ(sc.entries(), at_start) << "a visible file while training"; });
+    spilled = train(on, kM * kNSeq * kSeqLen,
+                    [&] { EXPECT_EQ(sc.entries(), at_start) << "a visible file while training"; });
   }
   EXPECT_EQ(sc.entries(), at_start) << "something left behind";
   EXPECT_GT(writes.load(), 0u);
@@ -350,10 +292,10 @@ TEST(ActivationSpill, ReplanningTheStagesDoesNotMatter) {
     return o;
   };
   std::vector<std::string> off_log;
-  TestSession off(m, random_weights(m, 7), replanned(options(2, &off_log)));
+  TestSession off(m, random_weights(m, 7), replanned(spill_options(2, &off_log)));
   ASSERT_NE(off.initial_plan().stages, forced.stages);
   const Result base = train(off);
-  TestSessionOptions o = replanned(options(2, nullptr));
+  TestSessionOptions o = replanned(spill_options(2, nullptr));
   o.frozen_tier = FrozenTierOptions{};
   o.frozen_tier->path = sc.path("base.cache");
   o.frozen_tier->spill_layers = 2;
@@ -376,7 +318,7 @@ TEST(ActivationSpill, ReplanningTheStagesDoesNotMatter) {
 TEST(ActivationSpill, EvaluationPassesReadTheSpilledInputs) {
   Scratch sc;
   const ModelLayout m = full_layout();
-  TestSessionOptions o = options(2, nullptr);
+  TestSessionOptions o = spill_options(2, nullptr);
   o.plan = make_uniform_plan(m.num_layers(), 1, 1, 0);
   TestSession off(m, random_weights(m, 7), o);
   o.frozen_tier = FrozenTierOptions{};
@@ -396,10 +338,10 @@ TEST(ActivationSpill, EvaluationPassesReadTheSpilledInputs) {
 TEST(ActivationSpill, SpillingTurnsSavedAttentionOffWithOneLine) {
   Scratch sc;
   const ModelLayout m = full_layout();
-  TestSession off(m, random_weights(m, 7), options(1, nullptr));
+  TestSession off(m, random_weights(m, 7), spill_options(1, nullptr));
   const Result base = train(off);
   std::vector<std::string> log;
-  TestSessionOptions o = options(1, &log);
+  TestSessionOptions o = spill_options(1, &log);
   o.save_attention = true;
   o.frozen_tier = FrozenTierOptions{};
   o.frozen_tier->path = sc.path("base.cache");
@@ -416,7 +358,7 @@ TEST(ActivationSpill, SpillingTurnsSavedAttentionOffWithOneLine) {
 // or hung: then a failure is recorded). The run and its teardown must end within kWaitS.
 std::string failing_run(const Scratch& sc, const SpillFault& fault) {
   const ModelLayout m = full_layout();
-  TestSessionOptions o = options(2, nullptr);
+  TestSessionOptions o = spill_options(2, nullptr);
   o.frozen_tier = FrozenTierOptions{};
   o.frozen_tier->path = sc.path("base.cache");
   o.frozen_tier->spill_layers = 3;
@@ -426,22 +368,7 @@ std::string failing_run(const Scratch& sc, const SpillFault& fault) {
   std::string what;
   {
     TestSession s(m, random_weights(m, 7), o);
-    try {
-      for (int t = 0; t < kSteps; ++t) {
-        std::vector<int32_t> tg, ids;
-        random_tokens(67, kM * kNSeq * kSeqLen, 100 + uint64_t(t) * 10, ids, tg);
-        s.forward_backward(ids, tg);
-        s.step(lr_at(t));
-      }
-      for (int t = 0; t < kSteps; ++t)
-        if (!s.wait_for(t, kWaitS)) {
-          ADD_FAILURE() << "step " << t << " hangs: " << s.status();
-          return "";
-        }
-      ADD_FAILURE() << "the run succeeded although an I/O failed";
-    } catch (const RuntimeFailure& e) {
-      what = e.what();
-    }
+    what = run_until_failure(s);
   }  // the teardown must not hang either
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), kWaitS);
   return what;
@@ -475,7 +402,7 @@ TEST(ActivationSpill, BadSpillLayersAreRefusedWithOneLineNamingTheRange) {
   const ModelLayout m = full_layout();
   const int L = m.num_layers();
   for (int n : {-1, L, L + 5}) {
-    TestSessionOptions o = options(1, nullptr);
+    TestSessionOptions o = spill_options(1, nullptr);
     o.frozen_tier = FrozenTierOptions{};
     o.frozen_tier->path = sc.path("base.cache");
     o.frozen_tier->spill_layers = n;

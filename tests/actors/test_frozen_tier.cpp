@@ -211,19 +211,7 @@ TEST(FrozenTier, AReadFailingMidRunEndsItWithOneErrorAndNoHang) {
   std::string what;
   {
     TestSession s(m, random_weights(m, 7), o);
-    try {
-      for (int t = 0; t < kSteps; ++t) {
-        std::vector<int32_t> tg, ids;
-        random_tokens(67, kM * kNSeq * kSeqLen, 100 + uint64_t(t) * 10, ids, tg);
-        s.forward_backward(ids, tg);
-        s.step(lr_at(t));
-      }
-      for (int t = 0; t < kSteps; ++t)
-        if (!s.wait_for(t, kWaitS)) FAIL() << "step " << t << " hangs: " << s.status();
-      FAIL() << "the run succeeded although read 5 failed";
-    } catch (const RuntimeFailure& e) {
-      what = e.what();
-    }
+    what = run_until_failure(s);
   }  // the teardown must not hang either
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), kWaitS);
   EXPECT_NE(what.find(sc.path("base.cache")), std::string::npos) << what;
