@@ -1,7 +1,10 @@
 #include "actors/host_jobs.hpp"
 
 #include <algorithm>
+#include <exception>
 #include <vector>
+
+#include "kernels/device.hpp"
 
 namespace rp {
 
@@ -52,6 +55,32 @@ void HostJobs::run() {
     }
     lk.lock();
   }
+}
+
+void* GradientStaging::buffer(int g, size_t bytes) {
+  auto [it, fresh] = staging_.try_emplace(g, bytes);
+  if (fresh && device_) device_->pin_host(it->second.data(), it->second.size());
+  return it->second.data();
+}
+
+void GradientStaging::add_into(int g, float* slot, int64_t n, std::function<void(std::string)> done) {
+  const float* src = staging_.at(g).as<float>();
+  jobs_.post([slot, src, n, done = std::move(done)] {
+    std::string err;
+    try {
+      parallel_add(slot, src, n);
+    } catch (const std::exception& e) {
+      err = std::string("adding a gradient contribution on the host: ") + e.what();
+    }
+    done(std::move(err));
+  });
+}
+
+void GradientStaging::clear() {
+  jobs_.drain();  // an addition may still read a staging buffer
+  if (device_)
+    for (auto& [g, b] : staging_) device_->unpin_host(b.data());
+  staging_.clear();
 }
 
 }  // namespace rp

@@ -13,8 +13,12 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
+#include <string>
 #include <thread>
+
+#include "actors/pass_buffers.hpp"
 
 namespace rp {
 
@@ -41,6 +45,34 @@ class HostJobs {
   std::deque<std::function<void()>> jobs_;
   bool stop_ = false;
   std::thread thread_;
+};
+
+class Device;
+
+/// A worker's later gradient contributions of one step (tied embeddings): a pinned host staging
+/// buffer per parameter group that a contribution downloads into, and its addition into the
+/// group's host slot on a HostJobs thread. One writer per group at a time (the shards grant the
+/// next writer only after the addition reported) makes reusing a group's buffer safe.
+/// Used by its worker's thread only.
+class GradientStaging {
+ public:
+  explicit GradientStaging(Device* device) : device_(device) {}
+  ~GradientStaging() { clear(); }
+  GradientStaging(const GradientStaging&) = delete;
+  GradientStaging& operator=(const GradientStaging&) = delete;
+
+  /// Group g's staging buffer of `bytes` (allocated and pinned on first use).
+  void* buffer(int g, size_t bytes);
+  /// On the job thread: slot[i] += the staged contribution of group g for i < n, then
+  /// done("") or done(one line saying what failed). buffer(g, ...) must have been called.
+  void add_into(int g, float* slot, int64_t n, std::function<void(std::string)> done);
+  /// Waits for every addition posted, then unpins and frees the buffers.
+  void clear();
+
+ private:
+  Device* device_;
+  std::map<int, HostBytes> staging_;
+  HostJobs jobs_;  ///< declared after staging_: destroyed (drained) before the buffers go
 };
 
 }  // namespace rp

@@ -16,6 +16,7 @@
 #include "actors/message_trace.hpp"
 #include "actors/messages.hpp"
 #include "actors/spill_port.hpp"
+#include "actors/stage_copies.hpp"
 #include "actors/stage_task.hpp"
 #include "actors/transfer.hpp"
 #include "actors/worker_status.hpp"
@@ -30,8 +31,6 @@ namespace {
 constexpr int kPrioActivation = 0;  // critical path: first
 constexpr int kPrioParam = 1;
 constexpr int kPrioGrad = 1;
-/// ComputeDone::micro_batch of a frozen group's dequantization (not a micro-batch).
-constexpr int64_t kDequantized = -1;
 
 using FaultSite = FaultInjection::Site;
 
@@ -65,11 +64,8 @@ class Worker : public WorkerActor::base {
     after_.reset();
     draining_.clear();
     outstanding_.clear();
-    host_jobs_.drain();  // an addition may still read a staging buffer
+    staging_.clear();  // after its additions ran
     spill_.clear();
-    if (ctx_.device)
-      for (auto& [g, b] : staging_) ctx_.device->unpin_host(b.data());
-    staging_.clear();
     ctx_.shard_of_group.clear();
     ctx_.scheduler = nullptr;
     act_up_ = act_down_ = param_up_ = grad_down_ = nullptr;
@@ -304,46 +300,14 @@ class Worker : public WorkerActor::base {
     }
   }
 
-  /// `windows`: prefetch windows for the weights' chunks (1: upload everything at once).
+  /// A new task for `rs` (stage_copies.hpp: new_task) whose weights are asked for: frozen groups
+  /// upload at once (or are read from the disk tier first), trainable ones once their shard grants
+  /// them (rule 1); `windows`: prefetch windows for the weights' chunks (1: upload everything at once).
   std::unique_ptr<Task> prepare(RunStage rs, int windows = 1) {
-    auto& d = *ctx_.device;
-    const auto& m = *ctx_.layout;
-    auto tp = std::make_unique<Task>();
+    auto tp = new_task(ctx_, std::move(rs), next_task_id_++, windows);
     Task& t = *tp;
-    t.id = next_task_id_++;
-    t.rs = std::move(rs);
-    t.layers = t.rs.stage.layers();
-    t.M = t.rs.buffers->micro_batches;
-    t.progress = StageProgress(t.M);
-    t.wall_start = std::chrono::steady_clock::now();
-    t.t_start = ctx_.tracer ? ctx_.tracer->now() : 0;
-    const StageKind kind = t.rs.stage.kind;
-    t.groups = m.groups_uploaded(t.layers, kind == StageKind::backward);
-    if (kind != StageKind::forward && !t.rs.eval)
-      for (int g : m.groups_of(t.layers))
-        if (!m.groups[g].frozen) t.grad_groups.push_back(g);  // frozen groups have no gradient
-    const size_t esz = dtype_size(d.compute_dtype());
-    for (int g : t.groups) {
-      t.dparam.emplace(g, DeviceBuffer(d, size_t(m.groups[g].numel) * esz));
-      if (const int64_t st = staged_bytes(g); st > 0) t.dstage.emplace(g, DeviceBuffer(d, size_t(st)));
-    }
-    // Parameters: ask the owning shard (rule 1), then upload (in chunks, window by window),
-    // then release. A frozen group is uploaded in its storage form and never requested: it
-    // has one version forever; the part of it that already is the compute copy
-    // (ParamGroup::direct_bytes) goes straight into the weights, the rest to a staging buffer.
-    std::vector<std::pair<int, size_t>> sizes;
-    for (int g : t.groups)
-      sizes.emplace_back(
-          g, size_t(m.groups[g].frozen ? m.groups[g].storage_bytes : m.groups[g].numel * int64_t(esz)));
-    const auto& tc = ctx_.transfer;
-    // A group streamed from the disk tier holds a read buffer until its chunks land: they all
-    // go at once (one window), so a buffer never waits for another stage's progress.
+    const auto& m = *ctx_.layout;
     FrozenTier* tier = ctx_.frozen_tier;
-    const bool tiered =
-        tier && std::any_of(t.groups.begin(), t.groups.end(), [&](int g) { return tier->tiered(g); });
-    t.uploads = std::make_shared<UploadWindows>(sizes, tc.priorities ? tc.chunk_bytes : 0,
-                                                tc.priorities && !tiered ? windows : 1);
-    t.params_pending = int(t.groups.size());
     const int64_t step = t.rs.step;
     const uint64_t id = t.id;
     for (int g : t.groups) {
@@ -390,18 +354,6 @@ class Worker : public WorkerActor::base {
                  });
   }
 
-  /// Leading bytes of frozen group g's storage that are the compute copy itself and go straight
-  /// into the weights (ParamGroup::direct_bytes; 0 for trainable groups).
-  int64_t direct_bytes(int g) const {
-    return ctx_.layout->groups[size_t(g)].direct_bytes(ctx_.device->compute_dtype());
-  }
-  /// Bytes of frozen group g's storage after that prefix: they arrive in a staging buffer and are
-  /// dequantized into the weights (0: nothing staged; trainable groups).
-  int64_t staged_bytes(int g) const {
-    const ParamGroup& grp = ctx_.layout->groups[size_t(g)];
-    return grp.frozen ? grp.storage_bytes - direct_bytes(g) : 0;
-  }
-
   /// The disk tier read frozen group f.group of task f.task: upload it from the read buffer
   /// (held by the task until its last chunk landed). A task gone by now, or a failed worker,
   /// gives the buffer back at once; a failed read fails the run with the reader's line.
@@ -419,28 +371,10 @@ class Worker : public WorkerActor::base {
   /// A chunk of a frozen group's storage goes to the weights up to its direct prefix and to
   /// the staging buffer after it; one that spans both is two copies (Task::extra_copies).
   void send_pieces(Task& t, const std::vector<UploadWindows::Piece>& pieces) {
-    const uint64_t id = t.id;
-    for (const auto& p : pieces) {
-      const int g = p.group;
-      const auto leased = t.frozen_leases.find(g);  // streamed from the disk tier
-      const char* src = leased != t.frozen_leases.end()
-                            ? reinterpret_cast<const char*>(leased->second.data())
-                            : static_cast<const char*>(ctx_.store->lowp[g].data());
-      const CopyTag tag{CopyKind::weights, id, -1, g};
-      const auto st = t.dstage.find(g);
-      const size_t direct =
-          st == t.dstage.end() ? SIZE_MAX : size_t(direct_bytes(g));  // nothing staged: all direct
-      const size_t begin = p.chunk.offset, end = p.chunk.offset + p.chunk.bytes;
-      if (begin < direct)
-        copy(param_up_, CopyDir::h2d, t.dparam.at(g).as<char>() + begin, src + begin,
-             std::min(end, direct) - begin, kPrioParam, param_order_++, tag);
-      if (end > direct) {
-        if (begin < direct) t.extra_copies[g]++;
-        const size_t from = std::max(begin, direct);
-        copy(param_up_, CopyDir::h2d, st->second.as<char>() + (from - direct), src + from, end - from,
-             kPrioParam, param_order_++, tag);
-      }
-    }
+    for (const auto& p : pieces)
+      for (const HostCopy& c : weight_copies(ctx_, t, p))
+        copy(param_up_, CopyDir::h2d, c.dst, c.src, c.bytes, kPrioParam, param_order_++,
+             CopyTag{CopyKind::weights, t.id, -1, p.group});
   }
 
   /// A chunk of group g's weights landed; the group is released (and counted in) after its last.
@@ -454,45 +388,13 @@ class Worker : public WorkerActor::base {
     if (!tk->uploads->piece_done(g)) return;
     tk->frozen_leases.erase(g);  // every chunk is on the device: the read buffer goes back
     if (tk->dstage.count(g)) {
-      dequantize(*tk, g);
+      launch_dequantize(ctx_, *tk, g, WorkerActor{this});
     } else if (!ctx_.layout->groups[g].frozen) {
       trace_sent(ctx_.tracer, me_, "", "ReleaseWeights", {{"group", g}, {"step", tk->rs.step}});
       send(ctx_.shard_of_group[g], ReleaseWeights{g, tk->rs.step});
     }
     tk->params_pending--;
     pump();
-  }
-
-  /// Frozen group g's storage form is on the device: dequantize it tensor by tensor into the
-  /// compute-dtype weights on the compute stream, ahead of every compute of the task (which
-  /// waits for params_pending). The staging buffer is freed when the stream reports it done.
-  void dequantize(Task& t, int g) {
-    Device& d = *ctx_.device;
-    const ParamGroup& grp = ctx_.layout->groups[g];
-    const int64_t direct = direct_bytes(g);         // arrived in the weights as it is
-    const char* stage = t.dstage.at(g).as<char>();  // holds the storage from `direct` on
-    char* dst = t.dparam.at(g).as<char>();
-    const size_t esz = dtype_size(d.compute_dtype());
-    // an FP8 decoder's fp8-stored linears stay in their storage form where the device runs them
-    // from their codes (LayerArgs::fp8_stored_base; decided on the compute stream, as the layer does)
-    const std::vector<int64_t> keep = fp8_stored_offsets(ctx_, t, g);
-    std::vector<DequantPart> parts, stored;
-    for (const TensorSpec& ts : grp.tensors)
-      if (ts.byte_offset >= direct) {
-        const DequantPart p{ts.format, stage + (ts.byte_offset - direct), dst + size_t(ts.offset) * esz,
-                            ts.numel(), weight_format_cols(ts.shape)};
-        const bool as_is = ts.format == WeightFormat::fp8 && std::count(keep.begin(), keep.end(), ts.offset);
-        (as_is ? stored : parts).push_back(p);
-      }
-    auto& stream = d.stream(StreamKind::compute);
-    stream.launch([&d, parts = std::move(parts), stored = std::move(stored)]() mutable {
-      dequantize_frozen(d.ops(), parts, stored);
-    });
-    t.dequant_order.push_back(g);
-    WorkerActor me{this};
-    stream.then([me, id = t.id](const std::string& err) {
-      caf::anon_send(me, ComputeDone{id, kDequantized, err});
-    });
   }
 
   /// The compute stream finished the oldest dequantization of task c.task: free its staging.
@@ -548,75 +450,22 @@ class Worker : public WorkerActor::base {
   /// Issues the input copies of t's next micro-batch (the copies are counted by t.progress).
   void issue_uploads(Task& t) {
     const int64_t m = t.progress.next_upload();
-    auto& pb = *t.rs.buffers;
-    Slot& s = t.slot[m % 2];
-    const StageKind kind = t.rs.stage.kind;
-    const uint64_t id = t.id;
-    std::vector<std::tuple<void*, const void*, size_t>> copies;
-    auto up = [&](void* dst, const void* src, size_t bytes) { copies.emplace_back(dst, src, bytes); };
-    const size_t idb = pb.ids[m].size();
-    if (t.rs.stage.first == 0) up(s.ids.get(), pb.ids[m].data(), idb);
-    if (s.pos.get()) up(s.pos.get(), pb.positions[m].data(), idb);
-    if (s.moe_stats.get())
-      up(s.moe_stats_in.get(), &pb.moe_stats[size_t(2 * pb.experts * m)], s.moe_stats.bytes());
-    if (kind == StageKind::forward) {
-      if (t.rs.stage.first > 0) up(s.in.get(), spill_.input(t, t.rs.stage.first, m), pb.act_bytes);
-    } else if (kind == StageKind::tail) {
-      up(s.xs[0].get(), spill_.input(t, t.rs.stage.first, m), pb.act_bytes);
-      up(s.targets.get(), pb.targets[m].data(), idb);
-    } else {
-      up(s.in.get(), pb.boundary(t.rs.chain - 1, m).data(), pb.act_bytes);
-      for (size_t i = 0; i < t.layers.size(); ++i) {
-        const int l = t.layers[i];
-        if (l > 0) up(s.xs[i].get(), spill_.input(t, l, m), pb.act_bytes);
-        if (s.attn_o[i].get()) {  // the forward's attention output and log-sum-exp
-          up(s.attn_o[i].get(), pb.activations->attn_o[l][m].data(), s.attn_o[i].bytes());
-          up(s.attn_lse[i].get(), pb.activations->attn_lse[l][m].data(), s.attn_lse[i].bytes());
-        }
-      }
-    }
+    const std::vector<HostCopy> copies = input_copies(t, m, spill_);
     t.progress.upload_issued(int(copies.size()));
-    for (auto& [dst, src, bytes] : copies)
-      copy(act_up_, CopyDir::h2d, dst, src, bytes, kPrioActivation, m, CopyTag{CopyKind::input, id, m, -1});
+    for (const HostCopy& c : copies)
+      copy(act_up_, CopyDir::h2d, c.dst, c.src, c.bytes, kPrioActivation, m,
+           CopyTag{CopyKind::input, t.id, m, -1});
     if (copies.empty()) mark_uploaded(t);
   }
 
   void on_computed(int64_t m) {
     Task& t = *task_;
-    auto& pb = *t.rs.buffers;
-    Slot& s = t.slot[m % 2];
-    const StageKind kind = t.rs.stage.kind;
-    const uint64_t id = t.id;
-    std::vector<std::tuple<void*, const void*, size_t>> copies;
-    auto down = [&](void* dst, const void* src, size_t bytes) { copies.emplace_back(dst, src, bytes); };
     int spilled = 0;  // outputs going to the activation spill: each counts as a download, done once written
-    if (kind == StageKind::forward) {
-      const int k = int(t.layers.size());
-      for (int i = 0; i < k; ++i) {
-        const int l = t.layers[i];
-        if (spill_.spilled(l + 1)) {
-          spill_.output(t, m, l + 1, s.xs[i].get());
-          ++spilled;
-        } else {
-          down(pb.x[l + 1][m].data(), s.xs[i].get(), pb.act_bytes);
-        }
-        if (s.attn_o[i].get()) {  // kept for the backward stage, which then skips the attention
-          down(pb.activations->attn_o[l][m].data(), s.attn_o[i].get(), s.attn_o[i].bytes());
-          down(pb.activations->attn_lse[l][m].data(), s.attn_lse[i].get(), s.attn_lse[i].bytes());
-        }
-      }
-    } else {
-      if (t.rs.stage.first > 0 && !t.rs.eval)
-        down(pb.boundary(t.rs.chain, m).data(), s.out.get(), pb.act_bytes);
-      if (kind == StageKind::tail) down(&pb.loss[2 * m], s.loss.get(), 2 * sizeof(float));
-    }
-    // the router statistics so far (forward), of the whole forward pass (tail)
-    if (s.moe_stats.get() && kind != StageKind::backward)
-      down(&pb.moe_stats[size_t(2 * pb.experts * m)], s.moe_stats.get(), s.moe_stats.bytes());
+    const std::vector<HostCopy> copies = output_copies(t, m, spill_, spilled);
     t.progress.computed(m, int(copies.size()) + spilled);
-    for (auto& [dst, src, bytes] : copies)
-      copy(act_down_, CopyDir::d2h, dst, src, bytes, kPrioActivation, m,
-           CopyTag{CopyKind::output, id, m, -1});
+    for (const HostCopy& c : copies)
+      copy(act_down_, CopyDir::d2h, c.dst, c.src, c.bytes, kPrioActivation, m,
+           CopyTag{CopyKind::output, t.id, m, -1});
     if (spilled > 0) issue_spill_downloads();
     if (copies.empty() && spilled == 0) on_downloaded(t, m);
     pump();
@@ -701,9 +550,7 @@ class Worker : public WorkerActor::base {
     if (overwrite) {
       copy(grad_down_, CopyDir::d2h, slot, buf.get(), buf.bytes(), kPrioGrad, g, what);
     } else {  // a later contribution of the same step (tied embeddings): stage, then add
-      auto [it, fresh] = staging_.try_emplace(g, buf.bytes());
-      if (fresh) ctx_.device->pin_host(it->second.data(), it->second.size());
-      copy(grad_down_, CopyDir::d2h, it->second.data(), buf.get(), buf.bytes(), kPrioGrad, g,
+      copy(grad_down_, CopyDir::d2h, staging_.buffer(g, buf.bytes()), buf.get(), buf.bytes(), kPrioGrad, g,
            CopyTag{CopyKind::staged_gradient, id, -1, g});
     }
   }
@@ -718,21 +565,12 @@ class Worker : public WorkerActor::base {
     if (!tk) return;
     tk->dgrad.erase(g);
     retry_memory_wait();
-    float* slot = ctx_.store->grad[g].as<float>();
-    const float* sp = staging_.at(g).as<float>();
-    const int64_t n = ctx_.store->numel[g];
     const CopyTag done{CopyKind::gradient, id, -1, g};
     outstanding_[done]++;
-    WorkerActor me{this};
-    host_jobs_.post([me, slot, sp, n, done] {
-      std::string err;
-      try {
-        parallel_add(slot, sp, n);
-      } catch (const std::exception& e) {
-        err = std::string("adding a gradient contribution on the host: ") + e.what();
-      }
-      caf::anon_send(me, CopyDone{done, std::move(err)});
-    });
+    staging_.add_into(g, ctx_.store->grad[g].as<float>(), ctx_.store->numel[g],
+                      [me = WorkerActor{this}, done](std::string err) {
+                        caf::anon_send(me, CopyDone{done, std::move(err)});
+                      });
   }
 
   /// Group g's gradient of task `id` is in the host slot.
@@ -811,10 +649,8 @@ class Worker : public WorkerActor::base {
   std::unique_ptr<Task> after_;                         ///< prefetching behind a weightless next_
   std::map<uint64_t, std::unique_ptr<Task>> draining_;  ///< writing back gradients
   uint64_t next_task_id_ = 1;
-  /// Pinned host staging per parameter group for accumulated gradient contributions
-  /// (tied embeddings); one writer per group at a time (rule 3) makes reuse safe.
-  std::map<int, HostBytes> staging_;
-  HostJobs host_jobs_;  ///< adds staged contributions into the slots (declared after staging_)
+  /// later gradient contributions of a step (tied embeddings) and their additions on the host
+  GradientStaging staging_{ctx_.device};
   std::set<Key> ready_;
   std::map<CopyTag, int> outstanding_;  ///< copies issued and not completed, by tag
   int64_t param_order_ = 0;             ///< parameter chunks leave in the order they are sent

@@ -1,12 +1,15 @@
 // HostJobs: the worker's host job thread (jobs in order, drain waits for them, a throwing job
-// does not end the thread) and parallel_add (every element, any thread split).
+// does not end the thread), parallel_add (every element, any thread split) and GradientStaging (a
+// group's buffer is kept, each addition lands in its own slot and reports once).
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <mutex>
 #include <numeric>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -74,6 +77,36 @@ TEST(ParallelAdd, AddsEveryElementOnceForSizesAroundTheThreadSplit) {
     int64_t bad = 0;
     for (int64_t i = 0; i < n; ++i) bad += dst[size_t(i)] != float(i % 1000) + (float((i * 7) % 13) - 6.f);
     EXPECT_EQ(bad, 0) << "n = " << n;
+  }
+}
+
+TEST(GradientStaging, KeepsAGroupsBufferAndAddsEachContributionIntoItsSlot) {
+  GradientStaging st(nullptr);  // no device: nothing pinned
+  const int64_t n = 1000;
+  float* a = static_cast<float*>(st.buffer(3, n * sizeof(float)));
+  EXPECT_EQ(st.buffer(3, n * sizeof(float)), a) << "a group's buffer is reused, not reallocated";
+  float* b = static_cast<float*>(st.buffer(7, n * sizeof(float)));
+  EXPECT_NE(a, b);
+  std::vector<float> slot3(n), slot7(n);
+  for (int64_t i = 0; i < n; ++i) {
+    a[i] = float(i), b[i] = float(2 * i);
+    slot3[size_t(i)] = 1, slot7[size_t(i)] = -1;
+  }
+  std::vector<std::string> reports;
+  std::mutex m;
+  auto done = [&](std::string err) {
+    std::lock_guard lk(m);
+    reports.push_back(err);
+  };
+  st.add_into(3, slot3.data(), n, done);
+  st.add_into(7, slot7.data(), n, done);
+  st.clear();  // waits for both
+  ASSERT_EQ(reports.size(), 2u);
+  EXPECT_EQ(reports[0], "");
+  EXPECT_EQ(reports[1], "");
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(slot3[size_t(i)], 1 + float(i)) << i;
+    ASSERT_EQ(slot7[size_t(i)], -1 + float(2 * i)) << i;
   }
 }
 
