@@ -3,7 +3,8 @@
 // enqueued, the launches of cuda_moe.cu's kernels, and the grouped linears (mode of
 // set_grouped_gemm in cuda_backend.hpp): one cuBLASLt GEMM per expert with rows (the GEMMs
 // of linear_fwd / linear_bwd_*) on the compute stream or spread over side streams, or one
-// cublasGemmGroupedBatchedEx call over all of them.
+// cublasGemmGroupedBatchedEx call over all of them; with ExpertGemm::bucketed, in any mode, one
+// cublasGemmBatchedEx per segment length first (cuda_moe_bucketed.cpp).
 #include <cublas_v2.h>
 #include <fmt/format.h>
 

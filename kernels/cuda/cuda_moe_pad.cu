@@ -14,8 +14,9 @@ __global__ void __launch_bounds__(kThreads)
                     int32_t* token, int64_t R, int64_t E, int k) {
   const int64_t n = R > E + 1 ? R : E + 1;
   for (int64_t a = int64_t(blockIdx.x) * kThreads + threadIdx.x; a < n; a += int64_t(gridDim.x) * kThreads) {
-    if (a < R) {
-      const int32_t r = row[a] + shift[topk_idx[a]];
+    const int32_t e = a < R ? topk_idx[a] : -1;
+    if (e >= 0 && e < E) {  // a bad index was reported by moe_sort; leave its row alone
+      const int32_t r = row[a] + shift[e];
       row[a] = r;
       token[r] = int32_t(a / k);
     }
