@@ -3,6 +3,7 @@
 // row and token onto them.
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <stdexcept>
 #include <vector>
 
@@ -17,6 +18,8 @@ int64_t Ops::moe_pad(const int32_t* topk_idx, int32_t* offsets, int32_t* offsets
   const std::vector<int32_t> off(offsets_host, offsets_host + E + 1);
   if (off[0] != 0 || off[size_t(E)] != T * k)
     throw std::invalid_argument("moe_pad: offsets_host are not moe_sort's (offsets[0] 0, offsets[E] T*k)");
+  if (padded_rows_bound(T * k, kExpertPadFraction) > INT32_MAX)
+    throw std::invalid_argument("moe_pad: the padded layout could pass 2^31 - 1 rows");
   const std::vector<int32_t> padded = padded_offsets(off, kExpertPadFraction);
   const int64_t Rp = padded[size_t(E)];
   if (Rp > capacity)
