@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -70,11 +71,17 @@ void CudaOps::moe_zero_pad_rows(void* x, const int32_t* token, int64_t R, int64_
 // The experts with rows in order of segment length (longest first, then by index), one group
 // table for all of them (one pointer-array kernel), and a batched call over each run of equal
 // lengths, its pointers a slice of the arrays. cuBLAS refusing the types shows at the first call,
-// before any GEMM ran; the pointer kernel it leaves behind is harmless.
+// before any GEMM ran; the pointer kernel it leaves behind is harmless. cuBLAS cannot see the
+// pointers in a device array, and its fast kernels assume them 16-byte aligned: rows whose bytes
+// are not a multiple of 16 (an odd rank) or unaligned bases go the grouped way instead.
 bool CudaOps::bucketed_gemm_call(int which, const void* a, const void* b, void* c, const int32_t* off,
                                  int64_t E, int64_t K, int64_t N, float beta, float alpha) {
   const bool f32_out = which == 2;
   if ((f32_out && !bucketed_f32_out_ok_) || K > INT_MAX || N > INT_MAX) return false;
+  const size_t es = dtype_size(dtype_);
+  auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
+  if ((size_t(K) * es) % 16 != 0 || (size_t(N) * es) % 16 != 0 || !aligned(a) || !aligned(b) || !aligned(c))
+    return false;
   auto len = [&](int32_t e) { return off[e + 1] - off[e]; };
   std::vector<int32_t> order;
   for (int32_t e = 0; e < int32_t(E); ++e)
@@ -86,7 +93,7 @@ bool CudaOps::bucketed_gemm_call(int which, const void* a, const void* b, void* 
   tab.n = int32_t(order.size());
   for (int32_t g = 0; g < tab.n; ++g) tab.expert[g] = order[size_t(g)], tab.row0[g] = off[order[size_t(g)]];
   MoeGroupOperand A, B, C;
-  moe_group_operands(which, a, b, c, K, N, dtype_size(dtype_), A, B, C);
+  moe_group_operands(which, a, b, c, K, N, es, A, B, C);
   std::lock_guard lk(moe_mu_);
   auto h = static_cast<cublasHandle_t>(blas_handle());
   if (!group_ptrs_)

@@ -3,7 +3,8 @@
 // T=512, skewed routing, so the layout has padding): moe_sort + moe_pad's offsets, rows and
 // tokens equal the CPU's, the gather writes zero pad rows, moe_zero_pad_rows zeroes exactly the
 // pads, and the grouped linears as bucketed batched GEMMs (ExpertGemm::bucketed) match the CPU
-// on the padded layout in both bf16 and f16, run after run bit-identical. Outputs are
+// on the padded layout in both bf16 and f16, the same in both modes, bit for bit (an odd width,
+// which the batches refuse, matches the CPU through the grouped path). Outputs are
 // NaN-poisoned first. Skipped when no CUDA device is visible.
 #include <gtest/gtest.h>
 
@@ -108,7 +109,8 @@ TEST_P(CudaMoePad, BucketedGroupedLinearsMatchCpu) {
   const DType dt = GetParam();
   const Layout r = cpu_layout();
   const int64_t Rp = r.rows, E = kE;
-  for (auto [K, N] : {std::pair{kH, kF}, std::pair{kF, kH}}) {  // gate/up, then down
+  // gate/up, down, and an odd width (rows of 26 bytes: not batched, the grouped way instead)
+  for (auto [K, N] : {std::pair{kH, kF}, std::pair{kF, kH}, std::pair{kH, int64_t(13)}}) {
     VecF x = randn(size_t(Rp * K), 14), w = randn(size_t(E * N * K), 15, 0.05f),
          dy = randn(size_t(Rp * N), 16);
     for (int64_t q = 0; q < Rp; ++q)
@@ -149,11 +151,14 @@ TEST_P(CudaMoePad, BucketedGroupedLinearsMatchCpu) {
       EXPECT_TRUE(close(got[4], rdw, 1e-4, ("dw += " + m).c_str()));
       for (int64_t i = 3 * N * K; i < 4 * N * K; ++i)
         ASSERT_EQ(got[4][size_t(i)], dw0[size_t(i)]) << "expert 3 has no rows: its dw must not change";
-      if (rep == 0) first.assign(std::begin(got), std::end(got) - 1);
-      else
-        for (size_t i = 0; i < first.size(); ++i)
+      if (rep == 0) {
+        first.assign(std::begin(got), std::end(got) - 1);
+      } else if (N % 8 == 0) {  // the odd width's rank-sized products take the kernels of mode 1 instead
+        for (size_t i = 0; i < first.size(); ++i) {
           EXPECT_EQ(std::memcmp(first[i].data(), got[i].data(), first[i].size() * sizeof(float)), 0)
               << "output " << i << " differs between the modes: " << m;
+        }
+      }
     }
   }
 #else
