@@ -48,8 +48,9 @@ RunPlanInputs session_plan_inputs(const ModelLayout& layout, const SessionOption
   in.micro_batches = opt.micro_batches;
   in.workers = opt.workers;
   in.compute = dev.compute_dtype();
+  const DeviceOptions& d = opt.device;
   in.device = internals.device_model.value_or(backend_device_model(
-      opt.backend, opt.device.pcie_bytes_per_s, in.compute, opt.device.fp8, opt.device.fp8_weight_gradients));
+      opt.backend, d.pcie_bytes_per_s, in.compute, d.fp8, d.fp8_weight_gradients, d.expert_gemm_bucketed));
   in.mlp_chunk_tokens = opt.mlp_chunk_tokens;
   in.device_capacity = int64_t(dev.capacity_bytes());
   in.alloc_granule = int64_t(dev.allocation_granule());
@@ -156,7 +157,7 @@ void Session::Impl::take_weights_and_layers(std::vector<std::vector<float>> w,
   lo.save_attention = saved_attention;
   lo.fp8 = opt.device.fp8;
   lo.fp8_weight_gradients = opt.device.fp8_weight_gradients;
-  lo.fp8_stored_direct = opt.device.fp8_stored_direct;
+  lo.fp8_stored_direct = opt.device.fp8_stored_direct, lo.expert_padded = opt.device.expert_gemm_bucketed;
   for (int l = 0; l < layout.num_layers(); ++l) layers.push_back(make_layer(layout, l, lo));
 }
 

@@ -34,7 +34,9 @@
 // N decoders of a preset (235B on one host). LoRA on a sparse layer reaches its attention, and
 // its experts with "experts" in --lora-targets (per-expert adapters on gate_up_proj and
 // down_proj, e.g. --lora-r 32 --lora-targets q_proj,k_proj,v_proj,o_proj,experts). A MoE step line adds its
-// expert utilisation (least / most used expert against the even share) and load-balancing loss. Every row
+// expert utilisation (least / most used expert against the even share) and load-balancing loss.
+// --expert-gemm grouped|bucketed: the experts' grouped linears as cuBLAS's grouped GEMM (default)
+// or as one batched GEMM per bucket of a padded layout (spec key "expert_gemm"). Every row
 // reports the peak device memory and the process's peak host memory (max RSS). A failure of the run (memory
 // cap, device error, bad flag) is one line on stderr and exit 1.
 #include <sys/resource.h>
@@ -122,7 +124,7 @@ int run(int argc, char** argv) {
   int64_t chunk_bytes = 32 << 20;
   int bulk_inflight = 1;
   int64_t mlp_chunk = 0;
-  std::string preset;
+  std::string preset, expert_gemm = "grouped";
   double cap = 139;
   app.add_option("--backend", backend);
   app.add_option("--workers", workers);
@@ -142,6 +144,8 @@ int run(int argc, char** argv) {
       ->check(CLI::Range(1, 1000000));
   app.add_flag("--sync", sync);
   app.add_flag("--fp8", fp8, "dense decoder linears in FP8 e4m3 (forward, recompute, input gradient)");
+  app.add_option("--expert-gemm", expert_gemm, "MoE grouped linears: grouped or bucketed (padded layout)")
+      ->check(CLI::IsMember({"grouped", "bucketed"}));
   app.add_flag("--fp8-wgrad", fp8_wgrad, "with --fp8: their weight gradients in FP8 too");
   app.add_flag("--fp8-stored-direct", fp8_direct,
                "with --fp8 and --base-format fp8: run the base's linears from its codes (experimental)");
@@ -326,6 +330,7 @@ int run(int argc, char** argv) {
   o.device.fp8 = fp8;
   o.device.fp8_weight_gradients = fp8 && fp8_wgrad;
   o.device.fp8_stored_direct = fp8 && fp8_direct;
+  o.device.expert_gemm_bucketed = expert_gemm == "bucketed";
   o.trace = !trace.empty();
   if (!plan_json.empty())
     o.plan = rp::plan_from_json(nlohmann::json::parse(plan_json), int(m.num_layers()), workers, "--plan");
@@ -352,7 +357,7 @@ int run(int argc, char** argv) {
   rin.workers = workers;
   rin.compute = on_cpu ? rp::DType::f32 : o.device.dtype;
   rin.device = rp::backend_device_model(backend, o.device.pcie_bytes_per_s, rin.compute, o.device.fp8,
-                                        o.device.fp8_weight_gradients);
+                                        o.device.fp8_weight_gradients, o.device.expert_gemm_bucketed);
   rin.mlp_chunk_tokens = mlp_chunk;
   rin.device_capacity = int64_t(o.device.capacity_bytes);
   rin.alloc_granule = on_cpu ? 256 : int64_t(rp::kCudaPoolGranule);
@@ -467,8 +472,9 @@ int run(int argc, char** argv) {
       "{}L{} H{} {}q/{}kv {}, {}x{} tokens, M={}",
       lora ? fmt::format("LoRA r={} {} base {}, ", lora->r, lora_targets, base_format) : std::string(),
       layers, hidden, heads, kv,
-      experts > 0 ? fmt::format("{} experts top-{} Fe{} in {} sparse layers", experts, top_k,
-                                c.moe_intermediate_size, c.num_moe_layers())
+      experts > 0 ? fmt::format("{} experts top-{} Fe{} in {} sparse layers{}", experts, top_k,
+                                c.moe_intermediate_size, c.num_moe_layers(),
+                                expert_gemm == "bucketed" ? ", bucketed expert GEMMs" : "")
                   : fmt::format("F{}", ffn),
       seqs, seq, micro);
   const double weight_gb = weight_bytes_per_iteration(m, s.plan(), rp::dtype_size(o.device.dtype)) / 1e9;

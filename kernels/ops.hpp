@@ -97,6 +97,9 @@ inline int64_t rope_half(int64_t D, int64_t rotary_dim, const char* op) {
   return R / 2;
 }
 
+/// How MoE blocks run their grouped linears (Ops::set_expert_gemm).
+enum class ExpertGemm { grouped, bucketed };
+
 // ---------------------------------------------------------------------------------
 // Ops
 // ---------------------------------------------------------------------------------
@@ -388,7 +391,9 @@ class Ops {
   // The grouped linears need each expert's row count when they are launched: moe_sort
   // returns the group offsets in host memory as well (on a GPU: a wait for the stream per
   // call, the only host round trip of the block; moe_sort_launch / moe_sort_wait let the
-  // gather of the sorted rows run on the GPU while the host waits).
+  // gather of the sorted rows run on the GPU while the host waits). With ExpertGemm::bucketed
+  // the block pads each expert's segment (moe_pad): offsets, row and token then describe the
+  // padded layout, and every op taking them reads it as it reads the unpadded one.
   /// Router: for t < T, p[t,:] = softmax(logits[t,:]) computed in fp32 (logits in dtype()),
   /// written to probs [T,E] fp32; topk_idx [T,k] i32 = the k experts of largest p in
   /// descending order (ties: lower index first); topk_w [T,k] fp32 = their p, divided by
@@ -428,14 +433,39 @@ class Ops {
     (void)offsets_host;
     (void)E;
   }
-  /// xs[r,:] = x[token[r],:] for r < R (rows of H elements, dtype()).
+  /// Padded layout (set_expert_gemm(ExpertGemm::bucketed); kernels/moe_buckets.hpp): after
+  /// moe_sort (offsets_host valid), the experts are bucketed by row count and each expert's
+  /// segment padded to its bucket's largest count m (at most kExpertPadFraction of a bucket's
+  /// rows are padding), segments in expert order, real rows first. offsets (device and host)
+  /// then describe the padded segments, row[a] the padded position of assignment a, token[r]
+  /// = -1 for a pad row; returns the padded row count Rp (> capacity: std::invalid_argument,
+  /// nothing changed). The grouped ops stay correct on this layout as long as pad rows of
+  /// their inputs are zero: gather_rows writes zeros there, and moe_zero_pad_rows zeroes the
+  /// pad rows of moe_combine_bwd's dys (combine and the gathers' backward read only row[]).
+  int64_t moe_pad(const int32_t* topk_idx, int32_t* offsets, int32_t* offsets_host, int32_t* row,
+                  int32_t* token, int64_t T, int64_t E, int64_t k, int64_t capacity);
+  /// moe_pad's device half, from the unpadded and padded host offsets [E+1]: offsets =
+  /// padded_host, row[a] += padded_host[e] - offsets_host[e] (e = topk_idx[a]), token[r] = a / k
+  /// at r = row[a] and -1 at every other r < padded_host[E].
+  virtual void moe_pad_rows(const int32_t* topk_idx, const int32_t* offsets_host, const int32_t* padded_host,
+                            int32_t* offsets, int32_t* row, int32_t* token, int64_t T, int64_t E,
+                            int64_t k) = 0;
+  /// x[r,:] = 0 for the rows r < R with token[r] < 0 (the pad rows of moe_pad), others unchanged.
+  virtual void moe_zero_pad_rows(void* x, const int32_t* token, int64_t R, int64_t H) = 0;
+  /// How MoE blocks run their grouped linears (spec key "expert_gemm"): grouped (the default)
+  /// on the unpadded layout, or bucketed: moe_pad's layout, and on CUDA one cublasGemmBatchedEx
+  /// per segment length. Set before the ops are used.
+  void set_expert_gemm(ExpertGemm g) { expert_gemm_ = g; }
+  ExpertGemm expert_gemm() const { return expert_gemm_; }
+  /// xs[r,:] = x[token[r],:] for r < R (rows of H elements, dtype()); zeros where token[r] < 0.
   virtual void gather_rows(const void* x, const int32_t* token, void* xs, int64_t R, int64_t H) = 0;
   /// y[t,:] (+)= sum_{j<k} w[t,j] * ys[row[t*k+j],:] (fp32 sum over j in order, then one
   /// rounding; overwritten unless accumulate). w fp32 [T,k].
   virtual void moe_combine(const void* ys, const float* w, const int32_t* row, void* y, int64_t T, int64_t k,
                            int64_t H, bool accumulate) = 0;
   /// Backward of moe_combine: dys[row[t*k+j],:] = w[t,j] * dy[t,:] (overwritten, every row
-  /// < T*k) and dw[t,j] = sum_c dy[t,c] * ys[row[t*k+j],c] (fp32, overwritten).
+  /// < T*k; in the padded layout the pad rows are left as they were) and dw[t,j] = sum_c dy[t,c] *
+  /// ys[row[t*k+j],c] (fp32, overwritten).
   virtual void moe_combine_bwd(const void* dy, const void* ys, const float* w, const int32_t* row, void* dys,
                                float* dw, int64_t T, int64_t k, int64_t H) = 0;
   /// Backward of gather_rows, per token: dx[t,:] (+)= sum_{j<k} dxs[row[t*k+j],:] (fp32 sum
@@ -444,6 +474,8 @@ class Ops {
                               bool accumulate) = 0;
   /// Grouped linear: for each expert e, rows r in [offsets_host[e], offsets_host[e+1]) of x
   /// [R,K]: y[r,:] = x[r,:] W_e^T with W_e = w + e*N*K ([N,K] row-major). R = offsets_host[E].
+  /// (Padded layout: pad rows included; ExpertGemm::bucketed on CUDA: one batched GEMM per
+  /// distinct segment length, for these four ops where they are not rank-sized.)
   virtual void grouped_linear_fwd(const void* x, const void* w, void* y, const int32_t* offsets_host,
                                   int64_t E, int64_t K, int64_t N) = 0;
   /// The same product added in: y[r,:] += alpha * x[r,:] W_e^T (one rounding of the sum to
@@ -600,6 +632,7 @@ class Ops {
 
  protected:
   bool f16_accum_ = false;
+  ExpertGemm expert_gemm_ = ExpertGemm::grouped;
 };
 
 /// The CPU backend's ops (fp32, Eigen). `num_threads` as Ops::set_num_threads.

@@ -139,6 +139,7 @@ void Generator::Impl::init(const ModelLayout& layout, const std::vector<const fl
   moe_dims.experts = c.num_experts;
   moe_dims.experts_per_tok = c.num_experts_per_tok;
   moe_dims.expert_ffn = c.moe_intermediate_size;
+  moe_dims.expert_padded = dev->ops().expert_gemm() == ExpertGemm::bucketed;  // the ops batch padded segments
   const size_t kv = size_t(C * c.num_key_value_heads * c.head_dim) * esz();
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     kc.emplace_back(*dev, kv);

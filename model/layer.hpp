@@ -162,6 +162,10 @@ struct LayerOptions {
   /// per-row-scale GEMM (Ops::gemm_fp8_rows_supported). Off by default: experimental (docs/gpu.md,
   /// "FP8 linears").
   bool fp8_stored_direct = false;
+  /// Sparse blocks lay their sorted rows out padded (Ops::moe_pad; DeviceOptions::
+  /// expert_gemm_bucketed, which sets the ops' ExpertGemm::bucketed as well): scratch for
+  /// padded_rows_bound(C*k) rows; results equal the unpadded layout's.
+  bool expert_padded = false;
 };
 
 /// Builds compute layer `layer` (0 = embedding, 1..L decoders, L+1 tail) of `m`.

@@ -18,7 +18,8 @@
 //             (backward: each linear's s A x from the recompute, reused by its backward), and with dropout
 //             the dropped-out input of one linear, [T, max(H,Q)] or for the MLP [C, max(H,F)].
 //   Sparse MLP block (DecoderDims::experts E > 0, k experts per token, expert FFN Fe; R = C*k
-//             routed rows of a chunk): instead of g, u, m [C,F]: router logits [C,E], probs
+//             routed rows of a chunk, padded_rows_bound(C*k) with DecoderDims::expert_padded,
+//             the sorted row [R] then C*k): instead of g, u, m [C,F]: router logits [C,E], probs
 //             [C,E] fp32, top-k experts [C,k] i32 and weights [C,k] fp32, expert offsets
 //             [E+1] i32, sorted row / token [R] i32, gathered input xs [R,H], expert outputs ys
 //             [R,H], g, u, m [R,Fe]; backward adds dys [R,H], dg, du [R,Fe], dw [C,k] fp32 and
@@ -35,6 +36,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/moe_buckets.hpp"
 #include "kernels/ops.hpp"
 
 namespace rp {
@@ -84,10 +86,17 @@ struct DecoderDims {
   bool fp8_row_scales() const { return fp8 && frozen_base; }
   /// Sparse MLP block: experts (0: a dense SwiGLU MLP of ffn), experts per token, expert FFN.
   int64_t experts = 0, experts_per_tok = 0, expert_ffn = 0;
+  /// The sparse block's sorted rows in the padded layout (Ops::moe_pad; LayerOptions::
+  /// expert_padded): its [R, .] buffers hold padded_rows_bound(C*k) rows.
+  bool expert_padded = false;
 };
 
-/// The sparse MLP block's buffers for one chunk of C tokens (R = C*k rows).
+/// The sparse MLP block's buffers for one chunk of C tokens (R = C*k rows; in the padded
+/// layout the [R, .] buffers and token hold `rows` = padded_rows_bound(C*k) rows, row and the
+/// [C, k] ones C*k).
 struct MoeBufs {
+  int64_t rows = 0;                           // rows of xs, ys, g, ..., token
+  bool padded = false;                        // MoeBlock lays the sorted rows out padded (Ops::moe_pad)
   void* logits = nullptr;                     // [C, E] compute dtype
   float *probs = nullptr, *topk_w = nullptr;  // [C, E], [C, k]
   int32_t *topk_idx = nullptr, *offsets = nullptr, *row = nullptr,
@@ -141,13 +150,15 @@ inline void carve_moe_scratch(const DecoderDims& d, size_t C, size_t es, bool ba
                               MoeBufs& b) {
   const size_t E = size_t(d.experts), k = size_t(d.experts_per_tok), H = size_t(d.hidden),
                Fe = size_t(d.expert_ffn);
-  const size_t R = C * k;
+  const size_t R = d.expert_padded ? size_t(padded_rows_bound(int64_t(C * k), kExpertPadFraction)) : C * k;
+  b.rows = int64_t(R);
+  b.padded = d.expert_padded;
   b.logits = sc.take(C * E * es);
   b.probs = static_cast<float*>(sc.take(C * E * 4));
   b.topk_w = static_cast<float*>(sc.take(C * k * 4));
   b.topk_idx = static_cast<int32_t*>(sc.take(C * k * 4));
   b.offsets = static_cast<int32_t*>(sc.take((E + 1) * 4));
-  b.row = static_cast<int32_t*>(sc.take(R * 4));
+  b.row = static_cast<int32_t*>(sc.take(C * k * 4));
   b.token = static_cast<int32_t*>(sc.take(R * 4));
   b.xs = sc.take(R * H * es);
   b.ys = sc.take(R * H * es);

@@ -193,6 +193,7 @@ class DecoderLayer final : public Layer {
       dims_.experts_per_tok = c_.num_experts_per_tok;
       dims_.expert_ffn = c_.moe_intermediate_size;
       dims_.expert_lora = moe_->adapted();
+      dims_.expert_padded = opt.expert_padded;
     }
   }
   LayerKind kind() const override { return LayerKind::decoder; }

@@ -100,9 +100,15 @@ void MoeBlock::route(Ops& ops, const void* w, const void* hn, int64_t n, const M
 
 void MoeBlock::experts_forward(Ops& ops, const void* w, const void* hn, int64_t n, const MoeBufs& b,
                                int32_t* off, const MoeAdapterArgs& la, void* ax_gu, void* ax_down) const {
-  const int64_t R = n * k_;
-  ops.gather_rows(hn, b.token, b.xs, R, H_);  // needs only the device's sorted rows
-  ops.moe_sort_wait(off, E_);                 // the grouped linears need the host offsets
+  if (b.padded) {  // the padded layout needs the host offsets before the gather (Ops::moe_pad)
+    ops.moe_sort_wait(off, E_);
+    ops.moe_pad(b.topk_idx, b.offsets, off, b.row, b.token, n, E_, k_, b.rows);
+    ops.gather_rows(hn, b.token, b.xs, int64_t(off[E_]), H_);  // pad rows zero
+  } else {
+    ops.gather_rows(hn, b.token, b.xs, n * k_, H_);  // needs only the device's sorted rows
+    ops.moe_sort_wait(off, E_);                      // the grouped linears need the host offsets
+  }
+  const int64_t R = int64_t(off[E_]);
   ops.grouped_linear_fwd(b.xs, at(ops, w, w_gate_), b.g, off, E_, H_, Fe_);
   ops.grouped_linear_fwd(b.xs, at(ops, w, w_up_), b.u, off, E_, H_, Fe_);
   if (lora_gu_) {  // a = xs A^T; g += s a Bg^T, u += s a Bu^T, added in by the GEMMs themselves
@@ -179,12 +185,13 @@ void MoeBlock::backward(Ops& ops, const void* w, void* dw, const void* hn, const
                         const MoeAdapterArgs& la) const {
   if (adapted() && (!la.params || !b.lora_ax || !b.lora_g || !b.lora_a_gu))
     throw std::invalid_argument("MoeBlock.backward: expert adapters without their parameters or scratch");
-  const int64_t R = n * k_;
   std::vector<int32_t> off(size_t(E_) + 1);
   route(ops, w, hn, n, b, nullptr, off.data());  // the recompute gathers no statistics
   experts_forward(ops, w, hn, n, b, off.data(), la, b.lora_a_gu, b.lora_g);
-  // y = h1 + sum_j w_j ys[row(t, j)]
+  const int64_t R = int64_t(off[E_]);
+  // y = h1 + sum_j w_j ys[row(t, j)]; pad rows of dys zero, so they add nothing below
   ops.moe_combine_bwd(dy, b.ys, b.topk_w, b.row, b.dys, b.dw, n, k_, H_);
+  if (b.padded) ops.moe_zero_pad_rows(b.dys, b.token, R, H_);
   // ys = down(m): dW_down from m, then dm into m's buffer
   if (lora_down_) down_adapter_backward(ops, la, b, off.data());
   if (void* g = grad_at(ops, dw, w_down_))

@@ -28,7 +28,14 @@
 // a = xs A_e^T and g_a = s (dg Bg_e + du Bu_e) (backward): dBg += s dg^T a, dBu += s du^T a,
 // dA += g_a^T xs, dxs += g_a A_e; the same for down with m and dys. The frozen expert
 // weights get no gradient. The B products are added into g, u and ys by the GEMMs themselves
-// (Ops::grouped_linear_fwd_add). Scratch: MoeBufs::lora_ax, lora_g and (backward) lora_a_gu
+// (Ops::grouped_linear_fwd_add).
+//
+// Padded layout (MoeBufs::padded; Ops::moe_pad, ExpertGemm::bucketed): each expert's segment is
+// padded to its bucket's row count. Pad rows of xs and dys are zero, so the pads add nothing
+// to any weight, bias or adapter gradient and combine reads only real rows: outputs and
+// gradients equal the unpadded layout's (GPT-OSS's biases make pad rows of g, u, m and ys
+// nonzero, but nothing reads them into a result). The gather then waits for the host offsets.
+// Scratch: MoeBufs::lora_ax, lora_g and (backward) lora_a_gu
 // [R, r]: a backward keeps its recompute's A products instead of computing them twice.
 #pragma once
 #include <array>

@@ -410,6 +410,7 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, i
         c.router_stats_bytes = 2 * m.num_experts * 4;
         dd.experts = m.num_experts;
         dd.experts_per_tok = m.experts_per_token;
+        dd.expert_padded = d.expert_padded;
         dd.expert_ffn = m.moe_intermediate_size;
         dd.expert_lora = x.lora_gu || x.lora_down;
       }

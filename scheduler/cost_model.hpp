@@ -123,6 +123,9 @@ struct DeviceModel {
   /// (LayerOptions::fp8_weight_gradients), after the amax and transposed quantization of the
   /// output gradient and of the input (k, v, up reuse the input codes of q, gate).
   bool fp8_weight_gradients = false;
+  /// Sparse blocks lay their sorted rows out padded (LayerOptions::expert_padded): their
+  /// [R, .] scratch holds padded_rows_bound(R) rows (kernels/moe_buckets.hpp). FLOPs unchanged.
+  bool expert_padded = false;
   /// The FP8 quantization kernels' share of mem_bandwidth (amax and quantize passes over an
   /// activation or a gradient, bf16 in, codes out): 0.56, as measured on the H200
   /// (bench_fp8_ops_bench: 2.4 TB/s of a 4.25 TB/s copy at [8192, 2048], launch and tail

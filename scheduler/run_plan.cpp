@@ -15,7 +15,7 @@
 namespace rp {
 
 DeviceModel backend_device_model(const std::string& backend, double cpu_link_bytes_per_s, DType compute,
-                                 bool fp8, bool fp8_wgrad) {
+                                 bool fp8, bool fp8_wgrad, bool expert_padded) {
   DeviceModel m;  // CUDA: the H200-like defaults of scheduler/cost_model.hpp
   if (backend == "cpu") {
     m.peak_flops = 50e9;  // a few cores of Eigen fp32 GEMM
@@ -27,6 +27,7 @@ DeviceModel backend_device_model(const std::string& backend, double cpu_link_byt
   m.scratch_elem_bytes = int64_t(dtype_size(compute));
   if (fp8) m.fp8_flops = kFp8SpeedupH200 * m.peak_flops;
   m.fp8_weight_gradients = fp8 && fp8_wgrad;
+  m.expert_padded = expert_padded;
   return m;
 }
 

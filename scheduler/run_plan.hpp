@@ -26,10 +26,11 @@ class Profile;
 /// (DeviceOptions::pcie_bytes_per_s; 0: unthrottled, transfers free). Element sizes are the
 /// compute dtype's. `fp8` (DeviceOptions::fp8): the FP8 linears' GEMMs at kFp8SpeedupH200 x
 /// peak_flops, their weight caches and scratch in each stage's memory; `fp8_wgrad`
-/// (DeviceOptions::fp8_weight_gradients) their weight gradients too. The Session and
+/// (DeviceOptions::fp8_weight_gradients) their weight gradients too; `expert_padded`
+/// (DeviceOptions::expert_gemm_bucketed) the sparse blocks' padded scratch. The Session and
 /// bench_throughput both plan with this, so the plan a benchmark prints is the one its run uses.
 DeviceModel backend_device_model(const std::string& backend, double cpu_link_bytes_per_s, DType compute,
-                                 bool fp8 = false, bool fp8_wgrad = false);
+                                 bool fp8 = false, bool fp8_wgrad = false, bool expert_padded = false);
 
 /// What the run's host memory is checked against (the Session's checks).
 struct HostBudget {

@@ -534,6 +534,7 @@ SessionOptions session_options_of(const TrainSpec& spec, const ModelLayout& layo
   opt.device.fp8 = spec.fp8;
   opt.device.fp8_weight_gradients = spec.fp8_weight_gradients;
   opt.device.fp8_stored_direct = spec.fp8_stored_direct;
+  opt.device.expert_gemm_bucketed = spec.expert_gemm == "bucketed";
   opt.loss_scaling = spec.loss_scaling;
   opt.transfer_priorities = spec.transfer_priorities;
   opt.transfer_chunk_bytes = size_t(spec.transfer_chunk_bytes);

@@ -22,6 +22,10 @@ namespace rp {
 namespace {
 
 // fp16 accumulation of the linears' GEMMs (docs/gpu.md): only on fp16 storage.
+void check_expert_gemm(const JsonFields& f, const TrainSpec& s) {
+  if (s.expert_gemm != "grouped" && s.expert_gemm != "bucketed")
+    f.fail("expert_gemm", "\"grouped\" or \"bucketed\"", s.expert_gemm);
+}
 void check_gemm_accumulate(const JsonFields& f, const TrainSpec& s) {
   if (s.gemm_accumulate != "f32" && s.gemm_accumulate != "f16")
     f.fail("gemm_accumulate", "\"f32\" or \"f16\"", s.gemm_accumulate);
@@ -169,6 +173,8 @@ void read_scalars(const JsonFields& f, TrainSpec& s) {
   if (s.fp8_stored_direct && !s.fp8)
     f.fail_with(
         "key 'fp8_stored_direct': needs \"fp8\": true (it runs an fp8 base's FP8 linears from its codes)");
+  f.optional("expert_gemm", s.expert_gemm);
+  check_expert_gemm(f, s);
   f.optional("resume_from", s.resume_from);
   f.optional("watchdog_s", s.watchdog_s);
   f.optional("stop_timeout_s", s.stop_timeout_s);
@@ -532,6 +538,7 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
                 "fp8",
                 "fp8_weight_gradients",
                 "fp8_stored_direct",
+                "expert_gemm",
                 "loss_scaling",
                 "resume_from",
                 "watchdog_s",
@@ -573,6 +580,7 @@ void validate_spec(const TrainSpec& s) {
   if (s.compute_dtype != "bf16" && s.compute_dtype != "f16")
     f.fail("compute_dtype", "\"bf16\" or \"f16\"", s.compute_dtype);
   check_gemm_accumulate(f, s);
+  check_expert_gemm(f, s);
   check_base_model_id(f, s);
   if (s.max_examples < 0) f.fail("max_examples", "an integer >= 0", s.max_examples);
   if (s.max_grad_norm < 0 || !std::isfinite(s.max_grad_norm))

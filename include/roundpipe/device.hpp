@@ -34,6 +34,11 @@ struct DeviceOptions {
   /// instead of a dequantized and requantized copy per upload. Experimental, off by default;
   /// ignored without fp8.
   bool fp8_stored_direct = false;
+  /// Mixture-of-experts grouped linears as bucketed pointer-array batches (spec key
+  /// "expert_gemm": "bucketed"; Ops::set_expert_gemm, LayerOptions::expert_padded): each
+  /// expert's sorted rows padded to its bucket's row count (at most 6% of a bucket's rows), one
+  /// cublasGemmBatchedEx per bucket on CUDA. Same results; opt-in until measured on a GPU.
+  bool expert_gemm_bucketed = false;
 };
 
 /// Number of CUDA devices visible (0 when the build has no CUDA or no driver/GPU).

@@ -176,6 +176,7 @@ class CpuDevice final : public Device {
     }
     ops_ = make_cpu_ops();
     ops_->set_f16_accumulation(opt.f16_accumulation);  // emulated (kernels/cpu/cpu_f16_accum.cpp)
+    ops_->set_expert_gemm(opt.expert_gemm_bucketed ? ExpertGemm::bucketed : ExpertGemm::grouped);
   }
   ~CpuDevice() override {
     for (auto& s : streams_) s->synchronize();

@@ -95,10 +95,33 @@ void CpuOps::moe_sort(const int32_t* topk_idx, int32_t* offsets, int32_t* offset
   }
 }
 
+void CpuOps::moe_pad_rows(const int32_t* topk_idx, const int32_t* offsets_host, const int32_t* padded_host,
+                          int32_t* offsets, int32_t* row, int32_t* token, int64_t T, int64_t E, int64_t k) {
+  require(T >= 0 && E >= 1 && k >= 1, "moe_pad_rows", "need T >= 0, E >= 1 and k >= 1");
+  for (int64_t e = 0; e < E; ++e)
+    require(padded_host[e + 1] - padded_host[e] >= offsets_host[e + 1] - offsets_host[e], "moe_pad_rows",
+            "a padded segment is shorter than its expert's rows");
+  std::fill(token, token + padded_host[E], -1);
+  for (int64_t a = 0; a < T * k; ++a) {
+    const int32_t e = topk_idx[a];
+    row[a] += padded_host[e] - offsets_host[e];
+    token[row[a]] = int32_t(a / k);
+  }
+  std::copy(padded_host, padded_host + E + 1, offsets);
+}
+
+void CpuOps::moe_zero_pad_rows(void* x, const int32_t* token, int64_t R, int64_t H) {
+  require(R >= 0 && H >= 0, "moe_zero_pad_rows", "negative dimension");
+  for (int64_t r = 0; r < R; ++r)
+    if (token[r] < 0) std::fill(F(x) + r * H, F(x) + (r + 1) * H, 0.0f);
+}
+
 void CpuOps::gather_rows(const void* x, const int32_t* token, void* xs, int64_t R, int64_t H) {
   require(R >= 0 && H >= 0, "gather_rows", "negative dimension");
-  for (int64_t r = 0; r < R; ++r)
-    std::memcpy(F(xs) + r * H, F(x) + int64_t(token[r]) * H, size_t(H) * sizeof(float));
+  for (int64_t r = 0; r < R; ++r) {
+    if (token[r] < 0) std::fill(F(xs) + r * H, F(xs) + (r + 1) * H, 0.0f);
+    else std::memcpy(F(xs) + r * H, F(x) + int64_t(token[r]) * H, size_t(H) * sizeof(float));
+  }
 }
 
 void CpuOps::moe_combine(const void* ys, const float* w, const int32_t* row, void* y, int64_t T, int64_t k,

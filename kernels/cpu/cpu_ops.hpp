@@ -120,6 +120,9 @@ class CpuOps final : public Ops {
                      float aux_coef, void* dlogits, int64_t T, int64_t E, int64_t k, bool norm_topk) override;
   void moe_sort(const int32_t* topk_idx, int32_t* offsets, int32_t* offsets_host, int32_t* row,
                 int32_t* token, int64_t T, int64_t E, int64_t k) override;
+  void moe_pad_rows(const int32_t* topk_idx, const int32_t* offsets_host, const int32_t* padded_host,
+                    int32_t* offsets, int32_t* row, int32_t* token, int64_t T, int64_t E, int64_t k) override;
+  void moe_zero_pad_rows(void* x, const int32_t* token, int64_t R, int64_t H) override;
   void gather_rows(const void* x, const int32_t* token, void* xs, int64_t R, int64_t H) override;
   void moe_combine(const void* ys, const float* w, const int32_t* row, void* y, int64_t T, int64_t k,
                    int64_t H, bool accumulate) override;

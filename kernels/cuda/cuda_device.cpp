@@ -546,6 +546,7 @@ class CudaDevice final : public Device {
     }
     ops_ = std::make_unique<CudaOps>(index_, streams_[0]->handle(), opt.dtype, static_cast<unsigned*>(d));
     ops_->set_f16_accumulation(opt.f16_accumulation);
+    ops_->set_expert_gemm(opt.expert_gemm_bucketed ? ExpertGemm::bucketed : ExpertGemm::grouped);
     pages_ = std::make_unique<CudaPages>(index_);
     pool_ = std::make_unique<PagedPool>(*pages_, cap_, kCudaPoolGranule, name());
   }

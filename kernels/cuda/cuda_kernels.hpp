@@ -209,9 +209,16 @@ MoeSortPlan moe_sort_plan(int64_t R, int64_t E);
 /// would queue behind the activation and gradient copies in flight.
 void k_moe_sort(const int32_t* topk_idx, int32_t* offsets, int32_t* row, int32_t* token, int64_t T, int64_t E,
                 int64_t k, int32_t* hist, unsigned* err, cudaStream_t st, int32_t* offsets_mapped = nullptr);
-/// xs[r,:] = x[token[r],:] (rows of H elements of t, bit copies).
+/// xs[r,:] = x[token[r],:] (rows of H elements of t, bit copies; zeros where token[r] < 0).
 void k_gather_rows(DType t, const void* x, const int32_t* token, void* xs, int64_t R, int64_t H,
                    cudaStream_t st);
+/// Ops::moe_pad_rows on the device (cuda_moe_pad.cu): token[0, Rp) = -1, then for a < R
+/// row[a] += shift[topk_idx[a]], token[row[a]] = a / k, and offsets[e] = shift[E + e], e <= E
+/// (shift: device [delta E][padded offsets E+1]).
+void k_moe_pad_rows(const int32_t* topk_idx, const int32_t* shift, int32_t* offsets, int32_t* row,
+                    int32_t* token, int64_t R, int64_t Rp, int64_t E, int64_t k, cudaStream_t st);
+/// x[r,:] = 0 (rows of H elements of t) where token[r] < 0, r < R.
+void k_moe_zero_pad_rows(DType t, void* x, const int32_t* token, int64_t R, int64_t H, cudaStream_t st);
 /// y[t,:] (+)= sum_j w[t,j] ys[row[t*k+j],:], w null meaning all weights 1 (moe_gather_bwd).
 void k_moe_combine(DType t, const void* ys, const float* w, const int32_t* row, void* y, int64_t T, int64_t k,
                    int64_t H, bool accumulate, cudaStream_t st);
@@ -234,6 +241,21 @@ struct MoeGroupOperand {
 };
 /// ptrs[g], ptrs[n + g], ptrs[2n + g] = the A, B, C operands of group g (device array of
 /// 3 * tab.n pointers, for cublasGemmGroupedBatchedEx).
+/// The operands of one grouped linear's GEMMs (which: 0 forward, a = W, b = x, c = y; 1 input
+/// gradient, a = W, b = dy, c = dx; 2 weight gradient, a = x, b = dy, c = dW in f32), es the
+/// bytes of an element of the 16/32-bit inputs, W and dW [E, N, K].
+inline void moe_group_operands(int which, const void* a, const void* b, void* c, int64_t K, int64_t N,
+                               size_t es, MoeGroupOperand& A, MoeGroupOperand& B, MoeGroupOperand& C) {
+  auto operand = [](const void* p, int64_t per_expert, int64_t per_row) {
+    return MoeGroupOperand{static_cast<char*>(const_cast<void*>(p)), per_expert, per_row};
+  };
+  const int64_t s = int64_t(es), wmat = N * K;
+  switch (which) {
+    case 0: A = operand(a, wmat * s, 0), B = operand(b, 0, K * s), C = operand(c, 0, N * s); break;
+    case 1: A = operand(a, wmat * s, 0), B = operand(b, 0, N * s), C = operand(c, 0, K * s); break;
+    default: A = operand(a, 0, K * s), B = operand(b, 0, N * s), C = operand(c, wmat * 4, 0); break;
+  }
+}
 void k_moe_group_ptrs(const MoeGroupTable& tab, const MoeGroupOperand& a, const MoeGroupOperand& b,
                       const MoeGroupOperand& c, void** ptrs, cudaStream_t st);
 /// Weight gradients of a grouped linear in one launch (cuda_moe_wgrad.cu): for each group g

@@ -3,7 +3,8 @@
 // enqueued, the launches of cuda_moe.cu's kernels, and the grouped linears (mode of
 // set_grouped_gemm in cuda_backend.hpp): one cuBLASLt GEMM per expert with rows (the GEMMs
 // of linear_fwd / linear_bwd_*) on the compute stream or spread over side streams, or one
-// cublasGemmGroupedBatchedEx call over all of them.
+// cublasGemmGroupedBatchedEx call over all of them; with ExpertGemm::bucketed, in any mode, one
+// cublasGemmBatchedEx per segment length first (cuda_moe_bucketed.cpp).
 #include <cublas_v2.h>
 #include <fmt/format.h>
 
@@ -45,7 +46,19 @@ cudaDataType_t blas_type(DType t) {
 }
 }  // namespace
 
+void* CudaOps::blas_handle() {
+  if (!blas_) {
+    cublasHandle_t h = nullptr;
+    RP_CUBLAS_CHECK(cublasCreate(&h));
+    blas_ = h;
+    RP_CUBLAS_CHECK(cublasSetStream(h, st_));
+    RP_CUBLAS_CHECK(cublasSetWorkspace(h, ws_, ws_bytes_));  // shared with cuBLASLt: same stream
+  }
+  return blas_;
+}
+
 void CudaOps::release_moe() {
+  release_moe_pad();
   if (blas_) cublasDestroy(static_cast<cublasHandle_t>(blas_));
   if (group_ptrs_) cudaFree(group_ptrs_);
   if (moe_hist_) cudaFree(moe_hist_);
@@ -182,7 +195,6 @@ bool CudaOps::grouped_gemm_call(int which, const void* a, const void* b, void* c
   if (tab.n == 0) return true;
   const int G = tab.n;
   const size_t es = dtype_size(dtype_);
-  const int64_t wmat = N * K;
   MoeGroupOperand A, B, C;
   const size_t ng = size_t(G);
   std::vector<int> m(ng), n(ng), kk(ng), lda(ng), ldb(ng), ldc(ng);
@@ -205,23 +217,9 @@ bool CudaOps::grouped_gemm_call(int which, const void* a, const void* b, void* c
         break;
     }
   }
-  auto operand = [](const void* p, int64_t per_expert, int64_t per_row) {
-    return MoeGroupOperand{static_cast<char*>(const_cast<void*>(p)), per_expert, per_row};
-  };
-  const int64_t s = int64_t(es);
-  switch (which) {
-    case 0: A = operand(a, wmat * s, 0), B = operand(b, 0, K * s), C = operand(c, 0, N * s); break;
-    case 1: A = operand(a, wmat * s, 0), B = operand(b, 0, N * s), C = operand(c, 0, K * s); break;
-    default: A = operand(a, 0, K * s), B = operand(b, 0, N * s), C = operand(c, wmat * 4, 0); break;
-  }
+  moe_group_operands(which, a, b, c, K, N, es, A, B, C);
   std::lock_guard lk(moe_mu_);
-  if (!blas_) {
-    cublasHandle_t h = nullptr;
-    RP_CUBLAS_CHECK(cublasCreate(&h));
-    blas_ = h;
-    RP_CUBLAS_CHECK(cublasSetStream(h, st_));
-    RP_CUBLAS_CHECK(cublasSetWorkspace(h, ws_, ws_bytes_));  // shared with cuBLASLt: same stream
-  }
+  blas_handle();
   if (!group_ptrs_)
     RP_CUDA_CHECK(
         cudaMalloc(reinterpret_cast<void**>(&group_ptrs_), size_t(3 * kMoeMaxGroups) * sizeof(void*)));
@@ -264,6 +262,8 @@ void CudaOps::expert_gemm(int which, const void* a, const void* b, void* c, int6
 // depend on the interleaving.
 void CudaOps::grouped_gemms(int which, const void* a, const void* b, void* c, const int32_t* off, int64_t E,
                             int64_t K, int64_t N, float beta, float alpha) {
+  if (expert_gemm_ == ExpertGemm::bucketed && bucketed_gemm_call(which, a, b, c, off, E, K, N, beta, alpha))
+    return;
   if (grouped_mode_ == 1 && grouped_gemm_call(which, a, b, c, off, E, K, N, beta, alpha)) return;
   int64_t groups = 0;
   for (int64_t e = 0; e < E; ++e) groups += off[e + 1] > off[e] ? 1 : 0;

@@ -251,8 +251,13 @@ template <typename W>
 __global__ void __launch_bounds__(kThreads)
     gather_rows_kernel(const W* x, const int32_t* token, W* xs, int64_t R, int64_t words) {
   for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
-    const W* src = x + int64_t(token[r]) * words;
+    const int32_t t = token[r];
     W* dst = xs + r * words;
+    if (t < 0) {  // a pad row of the padded layout (Ops::moe_pad)
+      for (int64_t i = threadIdx.x; i < words; i += kThreads) dst[i] = W{};
+      continue;
+    }
+    const W* src = x + int64_t(t) * words;
     for (int64_t i = threadIdx.x; i < words; i += kThreads) dst[i] = src[i];
   }
 }

@@ -158,6 +158,9 @@ class CudaOps final : public Ops {
   void moe_sort_launch(const int32_t* topk_idx, int32_t* offsets, int32_t* offsets_host, int32_t* row,
                        int32_t* token, int64_t T, int64_t E, int64_t k) override;
   void moe_sort_wait(int32_t* offsets_host, int64_t E) override;
+  void moe_pad_rows(const int32_t* topk_idx, const int32_t* offsets_host, const int32_t* padded_host,
+                    int32_t* offsets, int32_t* row, int32_t* token, int64_t T, int64_t E, int64_t k) override;
+  void moe_zero_pad_rows(void* x, const int32_t* token, int64_t R, int64_t H) override;
   void gather_rows(const void* x, const int32_t* token, void* xs, int64_t R, int64_t H) override;
   void moe_combine(const void* ys, const float* w, const int32_t* row, void* y, int64_t T, int64_t k,
                    int64_t H, bool accumulate) override;
@@ -271,7 +274,22 @@ class CudaOps final : public Ops {
   bool moe_sort_empty_ = false;          ///< the last launch had no rows (offsets all zero)
   void* blas_ = nullptr;                 // cublasHandle_t, created at the first grouped call
   void** group_ptrs_ = nullptr;          // device, 3 * kMoeMaxGroups pointers
+  // moe_pad_rows (cuda_moe_bucketed.cpp): [delta E][padded offsets E+1] staged in pinned memory,
+  // copied to the device; the staging is rewritten only once the last copy is done
+  int32_t* moe_pad_pinned_ = nullptr;
+  int32_t* moe_pad_dev_ = nullptr;
+  int64_t moe_pad_n_ = 0;
+  cudaEvent_t moe_pad_done_ = nullptr;
   void release_moe();
+  void release_moe_pad();
+  // The cuBLAS handle of the grouped and batched calls (created at the first; moe_mu_ held).
+  void* blas_handle();
+  // One grouped linear on the padded layout (Ops::moe_pad) as one cublasGemmBatchedEx per
+  // distinct segment length (cuda_moe_bucketed.cpp); false (nothing enqueued) when cuBLAS
+  // refuses the types or there are more than kMoeMaxGroups experts with rows.
+  bool bucketed_gemm_call(int which, const void* a, const void* b, void* c, const int32_t* offsets_host,
+                          int64_t E, int64_t K, int64_t N, float beta, float alpha);
+  bool bucketed_f32_out_ok_ = true;  // false once cuBLAS refused a batched f32 output
   // One grouped linear through cublasGemmGroupedBatchedEx; false (no GEMM enqueued) when
   // cuBLAS refuses the shape or types, so the caller runs the per-expert loop instead.
   static bool group_table(const int32_t* offsets_host, int64_t E, MoeGroupTable& tab);

@@ -5,7 +5,7 @@
 // stage holds which layer. Checked against that loop over three steps, async and sync, with the
 // sparse layers spread over two forward stages, the tail and two backward stages; the step's
 // expert assignments (StepResult::expert_tokens) equal the loop's; and a LoRA layout (frozen
-// experts) trains like the loop too.
+// experts) trains like the loop too; the padded expert layout of "expert_gemm": "bucketed" as well.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -77,8 +77,10 @@ MoeRun reference(const ModelLayout& m, const std::vector<std::vector<float>>& w0
   return out;
 }
 
-MoeRun runtime(const ModelLayout& m, const std::vector<std::vector<float>>& w0, bool async, int steps) {
+MoeRun runtime(const ModelLayout& m, const std::vector<std::vector<float>>& w0, bool async, int steps,
+               bool bucketed = false) {
   TestSessionOptions o;
+  o.device.expert_gemm_bucketed = bucketed;
   o.workers = 2;
   o.micro_batches = kM;
   o.micro = {kNSeq, kSeqLen};
@@ -131,6 +133,8 @@ TEST(MoeRuntime, RouterStatisticsTravelWithTheMicroBatchAndTrainLikeTheLoop) {
       const MoeRun ref = reference(m, w0, async, 3);
       const MoeRun got = runtime(m, w0, async, 3);
       expect_same(m, got, ref, what);
+      // the padded expert layout ("expert_gemm": "bucketed") trains the same
+      expect_same(m, runtime(m, w0, async, 3, true), ref, what + ", bucketed");
       for (double a : got.aux) {
         EXPECT_GT(a, 0.0) << what;  // the statistic is reported with or without its loss term
         EXPECT_LT(a, double(m.config.num_experts_per_tok) * m.config.num_experts) << what;

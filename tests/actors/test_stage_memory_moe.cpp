@@ -2,7 +2,8 @@
 // as tests/actors/test_stage_memory.cpp checks for dense ones: per stage kind, the bytes a
 // worker allocates for a stage task equal the partitioner's work_bytes (sparse decoders: all
 // experts' weights, the sparse block's scratch), with full fine-tuning and with LoRA on an
-// nf4 base; and a run whose cap is just above the largest predicted working set completes.
+// nf4 base, with and without the padded expert layout; and a run whose cap is just above the
+// largest predicted working set completes (the LoRA one with the padded layout).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -37,9 +38,11 @@ ModelLayout moe_layout(bool tied, bool lora) {
 }
 
 // The planner's costs of m as the CPU backend runs it (fp32), frozen groups applied.
-std::vector<LayerCost> planned_costs(const ModelLayout& m, MicroBatchShape s, bool saved_attention) {
+std::vector<LayerCost> planned_costs(const ModelLayout& m, MicroBatchShape s, bool saved_attention,
+                                     bool padded = false) {
   DeviceModel dm;
   dm.saved_attention = saved_attention;
+  dm.expert_padded = padded;
   dm.elem_bytes = 4;
   dm.scratch_elem_bytes = 4;
   dm.mlp_chunk_tokens = kChunk;
@@ -53,12 +56,14 @@ TEST(StageMemoryMoe, WorkerAllocatesThePlannersWorkingSet) {
   for (bool lora : {false, true})
     for (bool saved : {false, true})
       for (bool tied : {true, false}) {
+        const bool padded = saved != tied;  // the padded expert layout's buffers in half the cases
         const ModelLayout m = moe_layout(tied, lora);
         const MicroBatchShape shape{2, 6};
         std::vector<std::unique_ptr<Layer>> layers;
         LayerOptions lo;
         lo.mlp_chunk_tokens = kChunk;
         lo.save_attention = saved;
+        lo.expert_padded = padded;
         for (int l = 0; l < m.num_layers(); ++l) layers.push_back(make_layer(m, l, lo));
         DeviceOptions dopt;
         dopt.capacity_bytes = size_t(1) << 30;
@@ -71,7 +76,7 @@ TEST(StageMemoryMoe, WorkerAllocatesThePlannersWorkingSet) {
         const int64_t M = 2;
         const IterationPlan plan = make_default_plan(m.num_layers(), 1);
         auto pb = std::make_shared<PassBuffers>(m, plan, M, shape, DType::f32);
-        const auto costs = planned_costs(m, shape, saved);
+        const auto costs = planned_costs(m, shape, saved, padded);
         PartitionOptions po;
         po.micro_batches = M;
         po.alloc_granule = int64_t(dev->allocation_granule());
@@ -79,8 +84,8 @@ TEST(StageMemoryMoe, WorkerAllocatesThePlannersWorkingSet) {
                                 Stage{StageKind::forward, 3, 4}, Stage{StageKind::tail, 5, 5},
                                 Stage{StageKind::tail, 2, 5}, Stage{StageKind::backward, 0, 2},
                                 Stage{StageKind::backward, 2, 2}, Stage{StageKind::backward, 1, 4}}) {
-          SCOPED_TRACE(fmt::format("{} stage {}-{}, LoRA {}, tied {}, saved attention {}",
-                                   stage_kind_name(st.kind), st.first, st.last, lora, tied, saved));
+          SCOPED_TRACE(fmt::format("{} stage {}-{}, LoRA {}, tied {}, saved attention {}, padded {}",
+                                   stage_kind_name(st.kind), st.first, st.last, lora, tied, saved, padded));
           const size_t before = dev->used_bytes();
           {
             Task t;  // as Worker::prepare builds it
@@ -113,6 +118,7 @@ TEST(StageMemoryMoe, WorkerAllocatesThePlannersWorkingSet) {
 
 TEST(StageMemoryMoe, PlansRunUnderACapJustAboveTheirPredictedPeak) {
   for (bool lora : {false, true}) {
+    const bool padded = lora;  // "expert_gemm": "bucketed" with the LoRA run
     const ModelLayout m = moe_layout(true, lora);
     const MicroBatchShape shape{2, 6};
     const IterationPlan plan =
@@ -120,7 +126,7 @@ TEST(StageMemoryMoe, PlansRunUnderACapJustAboveTheirPredictedPeak) {
                            R"({"forward": [[0, 1], [2, 2]], "tail": [3, 5], "backward": [[2, 2], [1, 0]]})"),
                        m.num_layers(), 2, "p");
     SCOPED_TRACE(plan.summary() + (lora ? ", LoRA on nf4" : ""));
-    const auto costs = planned_costs(m, shape, true);
+    const auto costs = planned_costs(m, shape, true, padded);
     PartitionOptions po;
     po.micro_batches = 3;
     int64_t predicted = 0;
@@ -134,6 +140,7 @@ TEST(StageMemoryMoe, PlansRunUnderACapJustAboveTheirPredictedPeak) {
     o.mlp_chunk_tokens = kChunk;
     o.save_attention = true;
     o.device.capacity_bytes = size_t(double(predicted) * 1.01) + 4096;
+    o.device.expert_gemm_bucketed = padded;
     o.adam = adam_opts();
     Session s(m, random_weights(m, 5), o);
     std::vector<int32_t> ids(size_t(3 * shape.tokens())), tg(ids.size());

@@ -4,7 +4,8 @@
 // LoRA dropout masks (LayerArgs::dropout_id; -1: no dropout). Sparse (mixture-of-experts)
 // models gather their router statistics over the forward pass (LayerArgs::moe_stats) and, when
 // the config's load-balancing loss is on, back-propagate it with the weight transformers gives
-// it (loss_sum + coef * aux * target tokens, i.e. mean loss + coef * aux).
+// it (loss_sum + coef * aux * target tokens, i.e. mean loss + coef * aux). `lo`: the layers'
+// options (e.g. LayerOptions::expert_padded with a device whose ops run bucketed expert GEMMs).
 #pragma once
 #include <vector>
 
@@ -40,7 +41,8 @@ inline std::vector<float> to_f32(const std::vector<uint8_t>& raw, DType t) {
 inline DeviceRun device_forward_backward(Device& d, const ModelLayout& m,
                                          const std::vector<std::vector<float>>& w,
                                          const std::vector<int32_t>& ids, const std::vector<int32_t>& targets,
-                                         MicroBatchShape s, int64_t dropout_id = -1) {
+                                         MicroBatchShape s, int64_t dropout_id = -1,
+                                         const LayerOptions& lo = {}) {
   const DType dt = d.compute_dtype(), gt = d.ops().grad_dtype();
   const int L = m.num_layers();
   const int64_t T = s.tokens(), H = m.config.hidden_size, V = m.config.vocab_size;
@@ -58,7 +60,7 @@ inline DeviceRun device_forward_backward(Device& d, const ModelLayout& m,
   std::vector<std::unique_ptr<Layer>> layers;
   size_t scratch = 0;
   for (int l = 0; l < L; ++l) {
-    layers.push_back(make_layer(m, l));
+    layers.push_back(make_layer(m, l, lo));
     scratch = std::max(scratch, layers.back()->scratch_bytes(s));
   }
   DeviceBuffer d_ids(d, size_t(T) * 4), d_tg(d, size_t(T) * 4), d_loss(d, 8), d_scr(d, scratch);

@@ -1,6 +1,7 @@
 // Parity with Hugging Face PEFT for LoRA on the experts (target_parameters, PEFT's ParamWrapper)
 // and the attention of a tiny Qwen3-MoE (tests/fixtures/hf_lora/make_expert_lora_golden.py):
-// logits, loss and every adapter gradient (fp32 CPU at 1e-5, bf16 CUDA looser); PEFT's own
+// logits, loss and every adapter gradient (fp32 CPU at 1e-5, bf16 CUDA looser; both also with
+// the padded expert layout and bucketed expert GEMMs); PEFT's own
 // adapter folder read into the runtime's layout; our export written key for key and value for
 // value as PEFT saved it; the merge (expert adapters folded into the expert weights) giving
 // PEFT's logits; and, with a Python that has peft, PEFT loading our export (and wrapping nothing
@@ -89,9 +90,9 @@ std::vector<const float*> pointers(const std::vector<std::vector<float>>& g) {
   return p;
 }
 
-void check(Device& dev, double tol_out, double tol_grad) {
+void check(Device& dev, double tol_out, double tol_grad, const LayerOptions& lo = {}) {
   Golden g = load_golden();
-  DeviceRun r = device_forward_backward(dev, g.layout, g.weights, g.ids, g.targets, g.shape);
+  DeviceRun r = device_forward_backward(dev, g.layout, g.weights, g.ids, g.targets, g.shape, -1, lo);
   HostTensor loss = g.get("loss"), logits = g.get("logits");
   EXPECT_NEAR(r.count, loss.data[1], 0.5);
   EXPECT_NEAR(r.loss_sum, loss.data[0], tol_out * std::abs(loss.data[0]));
@@ -122,6 +123,30 @@ TEST(LoraExpertsPeft, CudaBackendMatchesPeftBf16) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
   auto dev = make_cuda_device(0, {});
   check(*dev, 2e-2, 8e-2);
+}
+
+// The same with the padded expert layout and bucketed expert GEMMs ("expert_gemm": "bucketed"):
+// the device's ops batch the experts, the layers pad their sorted rows.
+DeviceOptions bucketed() {
+  DeviceOptions o;
+  o.expert_gemm_bucketed = true;
+  return o;
+}
+LayerOptions padded() {
+  LayerOptions lo;
+  lo.expert_padded = true;
+  return lo;
+}
+TEST(LoraExpertsPeft, CpuBackendBucketedMatchesPeftFp32) {
+  auto dev = make_cpu_device(0, bucketed());
+  EXPECT_EQ(dev->ops().expert_gemm(), ExpertGemm::bucketed);
+  check(*dev, 1e-5, 1e-5, padded());
+}
+TEST(LoraExpertsPeft, CudaBackendBucketedMatchesPeftBf16) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  auto dev = make_cuda_device(0, bucketed());
+  EXPECT_EQ(dev->ops().expert_gemm(), ExpertGemm::bucketed);
+  check(*dev, 2e-2, 8e-2, padded());
 }
 
 TEST(LoraExpertsPeft, ReadsPeftsAdapterFolder) {

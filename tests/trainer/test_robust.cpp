@@ -154,6 +154,27 @@ TEST(GemmAccumulate, SpecKeyIsChecked) {
             "s.json: key 'gemm_accumulate': expected \"f32\" or \"f16\", got \"fp16\"");
 }
 
+// The experts' GEMMs (docs/gpu.md, "Mixture-of-experts ops"): "grouped" by default, "bucketed"
+// opt-in, anything else one line naming the key.
+TEST(ExpertGemm, SpecKeyIsChecked) {
+  auto d = tmpdir();
+  write(d / "data.jsonl", kData);
+  auto parse = [&](const std::string& extra) -> std::string {
+    try {
+      const rp::TrainSpec s = rp::spec_from_json(
+          nlohmann::json::parse(spec_for(d / "m", d / "data.jsonl", d / "run", extra)), "s.json");
+      rp::validate_spec(s);
+      return "ok " + s.expert_gemm;
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+  };
+  EXPECT_EQ(parse(""), "ok grouped");
+  EXPECT_EQ(parse(", \"expert_gemm\": \"bucketed\""), "ok bucketed");
+  EXPECT_EQ(parse(", \"expert_gemm\": \"batched\""),
+            "s.json: key 'expert_gemm': expected \"grouped\" or \"bucketed\", got \"batched\"");
+}
+
 rp::StepReport step(int64_t k, double loss, bool skipped, float scale = 1.f, int64_t targets = 10) {
   rp::StepReport r;
   r.step = k;
