@@ -63,10 +63,6 @@
 
 namespace rp {
 
-/// Staging buffers per worker and direction of the activation spill unless a test sets its own
-/// (reads: at least one per spilled layer, the most a micro-batch of a backward stage holds).
-constexpr size_t kDefaultSpillStaging = 4;
-
 /// Test hook: called before each spill read (write false) or write with its index among the
 /// session's reads (or writes), 0, 1, ..., and its file offset; a non-zero return fails it with
 /// that errno.
