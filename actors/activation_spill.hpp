@@ -128,6 +128,9 @@ class ActivationSpill {
   const std::string& folder() const { return cfg_.folder; }
   const std::vector<int>& layers() const { return cfg_.layers; }
   uint64_t file_bytes() const { return file_bytes_; }
+  /// Bytes of the file the disk has not allocated yet (a sparse file where the file system
+  /// cannot reserve it): still free on the disk, but promised to the spill.
+  uint64_t unallocated_bytes() const;
   size_t record_bytes() const { return record_bytes_; }
   bool direct() const { return direct_; }
   /// The reads' engine: "io_uring" or "pread pool (N threads)".

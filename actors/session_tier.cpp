@@ -19,6 +19,7 @@
 #include "actors/session_impl.hpp"
 #include "actors/session_testing.hpp"
 #include "base/checksum.hpp"
+#include "base/counted.hpp"
 #include "base/host_resources.hpp"
 #include "kernels/weight_format.hpp"
 #include "scheduler/disk_tier.hpp"
@@ -99,11 +100,13 @@ size_t ring_count(const FrozenTierOptions& o, size_t buffer_bytes, const std::st
 /// The valid cache (tier::ensure_cache). A reused one is read whole and checked first (with
 /// verify_reused): a damaged entry removes the file and builds it again, the mismatch being
 /// the reason. I/O errors name the option. A wait for another run's build is logged first.
+/// `spill_unallocated`: the activation spill's file bytes in the same folder not yet allocated.
 tier::EnsureResult ensure_tier_cache(const FrozenTierOptions& o, const std::string& key,
                                      const std::vector<tier::CacheEntrySpec>& specs,
-                                     const tier::CacheFill& fill,
+                                     const tier::CacheFill& fill, uint64_t spill_unallocated,
                                      const std::function<void(const std::string&)>& log) {
   tier::CacheBuildOptions bo;
+  bo.reserved_bytes = spill_unallocated;
   bo.on_wait = [&log](const std::string& line) { log("frozen tier: " + line); };
   try {
     tier::EnsureResult er = tier::ensure_cache(o.path, key, specs, fill, bo);
@@ -207,11 +210,13 @@ void Session::Impl::place_frozen_tier(size_t held, const SessionInternals& inter
                     : p.disk.attention_dropped ? " (saved attention dropped: backward recomputes it)"
                                                : "";
   const std::string spill_text =
-      p.spilled > 0 ? fmt::format(
-                          ", the saved inputs of {} layers spilled to the disk ({:.2f} GiB per iteration; "
-                          "staging {:.2f} GiB)",
-                          opt.frozen_tier->spill_layers, p.disk.spill_bytes / kGiB, p.staging_bytes / kGiB)
-                    : std::string();
+      p.spilled > 0
+          ? fmt::format(
+                ", the saved inputs of {} spilled to the disk ({:.2f} GiB written and read back per "
+                "iteration; staging {:.2f} GiB over all workers)",
+                rp::counted(opt.frozen_tier->spill_layers, "layer"), p.disk.spill_bytes / kGiB,
+                p.staging_bytes / kGiB)
+          : std::string();
   tier_report.budget_line = fmt::format(
       "frozen tier: host budget {} GiB: process {:.2f} GiB + margin {:.2f}, trainable {:.2f}, read ring "
       "{:.2f}, "
@@ -311,7 +316,9 @@ void Session::Impl::open_frozen_tier(const SessionInternals& internals,
     if (offset + out.size() == b->size() && streamed[size_t(g)]) *b = HostBytes();
   };
   const bool existed = std::filesystem::exists(o.path);
-  tier::EnsureResult er = ensure_tier_cache(o, key, specs, fill, log);
+  // the spill's file, made just before in the same folder, holds its space even where the file
+  // system left it sparse
+  tier::EnsureResult er = ensure_tier_cache(o, key, specs, fill, spill ? spill->unallocated_bytes() : 0, log);
   std::vector<int> entry_of(layout.groups.size(), -1);  // streamed groups only: the others stay
   for (size_t i = 0; i < groups.size(); ++i)
     if (streamed[size_t(groups[i])]) {
