@@ -103,6 +103,17 @@ TEST(DiskTier, ASmallBudgetStreamsEveryFrozenGroupOncePerStage) {
   EXPECT_DOUBLE_EQ(one.read_bytes, stream - 2 * kDecoder);
 }
 
+TEST(DiskTier, TheLargestFrozenGroupIsOneReadBufferAndNamed) {
+  std::string name = "untouched";
+  EXPECT_DOUBLE_EQ(largest_frozen_group(llama_lora(), &name), kBuffer);
+  EXPECT_EQ(name, "head") << "the tail's group (the head and the final norm) is the largest";
+  ModelLayout none = llama_lora();
+  for (ParamGroup& g : none.groups) g.frozen = false;
+  name = "untouched";
+  EXPECT_EQ(largest_frozen_group(none, &name), 0);
+  EXPECT_EQ(name, "untouched");
+}
+
 TEST(DiskTier, TokensToHideFollowTheModelsShapes) {
   // the 8B's frozen stream of the plan above, 8 GPUs, 0.2 ms of compute per token on all stages
   const double stream = kEmbedding + 48 * kDecoder + kTail, c = 2e-4;
