@@ -1,6 +1,7 @@
 #include "actors/activation_spill.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -10,6 +11,8 @@
 #include <stdexcept>
 
 #include <fmt/format.h>
+
+#include "base/counted.hpp"
 
 namespace rp {
 namespace {
@@ -94,9 +97,9 @@ void ActivationSpill::open_file() {
   const uint64_t free_bytes = uint64_t(vfs.f_bavail) * uint64_t(vfs.f_frsize);
   const auto refuse = [&](uint64_t avail) {
     return std::runtime_error(fmt::format(
-        "frozen_tier.spill_layers: {} layers need a spill file of {} bytes ({:.2f} GiB) in {}, but only {} "
+        "frozen_tier.spill_layers: {} need a spill file of {} bytes ({:.2f} GiB) in {}, but only {} "
         "bytes ({:.2f} GiB) are free (expected fewer layers or a folder on a larger disk)",
-        cfg_.layers.size(), file_bytes_, double(file_bytes_) / kGiB, cfg_.folder, avail,
+        counted(cfg_.layers.size(), "layer"), file_bytes_, double(file_bytes_) / kGiB, cfg_.folder, avail,
         double(avail) / kGiB));
   };
   if (free_bytes < file_bytes_) throw refuse(free_bytes);
@@ -115,6 +118,13 @@ void ActivationSpill::open_file() {
       throw std::runtime_error(fmt::format("frozen_tier.spill_layers: cannot size the spill file in {}: {}",
                                            cfg_.folder, std::strerror(errno)));
   }
+}
+
+uint64_t ActivationSpill::unallocated_bytes() const {
+  struct stat st {};
+  if (::fstat(fd_.get(), &st) != 0) return file_bytes_;
+  const uint64_t allocated = uint64_t(st.st_blocks) * 512;
+  return allocated >= file_bytes_ ? 0 : file_bytes_ - allocated;
 }
 
 size_t ActivationSpill::staging_buffers() const {

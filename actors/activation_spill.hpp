@@ -63,10 +63,6 @@
 
 namespace rp {
 
-/// Staging buffers per worker and direction of the activation spill unless a test sets its own
-/// (reads: at least one per spilled layer, the most a micro-batch of a backward stage holds).
-constexpr size_t kDefaultSpillStaging = 4;
-
 /// Test hook: called before each spill read (write false) or write with its index among the
 /// session's reads (or writes), 0, 1, ..., and its file offset; a non-zero return fails it with
 /// that errno.
@@ -132,6 +128,9 @@ class ActivationSpill {
   const std::string& folder() const { return cfg_.folder; }
   const std::vector<int>& layers() const { return cfg_.layers; }
   uint64_t file_bytes() const { return file_bytes_; }
+  /// Bytes of the file the disk has not allocated yet (a sparse file where the file system
+  /// cannot reserve it): still free on the disk, but promised to the spill.
+  uint64_t unallocated_bytes() const;
   size_t record_bytes() const { return record_bytes_; }
   bool direct() const { return direct_; }
   /// The reads' engine: "io_uring" or "pread pool (N threads)".

@@ -88,18 +88,14 @@ struct Session::Impl {
   /// budget's line. Throws std::invalid_argument naming the option.
   void place_frozen_tier(size_t held, const SessionInternals& internals,
                          const std::function<void(const std::string&)>& log);
-  /// What host_budget_gib's `room` (the budget less the process and margin) holds
-  /// (place_in_host_budget with the tier's ring, the automatic saved attention's choice, and the
-  /// activation spill's layers and staging buffers, `staging` per pool).
-  struct BudgetPlacement {
-    DiskPlan disk;
-    bool dropped_for_base = false;  ///< saved attention dropped (automatic) to keep more of the base
-    int spilled = 0;                ///< layers whose saved inputs go to the disk
-    double staging_bytes = 0;       ///< the spill's staging buffers, all workers
-    double activations = 0;         ///< every saved input, all pass slots
-    double per_layer = 0;           ///< one layer's saved inputs, all pass slots
-  };
+  /// What host_budget_gib's `room` (the budget less the process and margin) holds: the shared
+  /// rule (scheduler/disk_tier.hpp place_host_budget) with the tier's ring (budget_ring),
+  /// `staging` spill buffers per pool, and save_attention automatic when unset.
   BudgetPlacement place_budget(double room, size_t staging) const;
+  /// The run's shape as the host budget's rule sees it.
+  HostRun budget_run() const;
+  /// The tier's read ring: its buffers (frozen_tier.ring_gib) x the largest frozen group.
+  double budget_ring() const;
   /// The run plan (scheduler/run_plan.hpp) with the host memory the caller's weights already
   /// hold (`held`); sets `plan` and `saved_attention` and logs the uniform fallback's line.
   RunPlan plan_session(size_t held, const SessionInternals& internals,

@@ -8,6 +8,7 @@
 
 #include "actors/session_impl.hpp"
 #include "actors/session_testing.hpp"
+#include "base/counted.hpp"
 
 namespace rp {
 
@@ -50,7 +51,9 @@ void Session::Impl::open_activation_spill(const SessionInternals& internals,
   c.folder = folder.string();
   c.layers = chosen;
   c.num_layers = L;
-  c.sets = opt.workers == 1 ? 1 : opt.pass_slots;  // one worker: the pass slots share their activations
+  const int sets =
+      opt.workers == 1 ? 1 : opt.pass_slots;  // one worker: the pass slots share their activations
+  c.sets = sets;
   c.micro_batches = opt.micro_batches;
   c.act_bytes = size_t(opt.micro.tokens()) * size_t(layout.config.hidden_size) *
                 dtype_size(devices[0]->compute_dtype());
@@ -69,11 +72,15 @@ void Session::Impl::open_activation_spill(const SessionInternals& internals,
   r.spill_engine = spill->engine();
   r.spill_staging_buffers = spill->staging_buffers();
   r.spill_staging_bytes = spill->record_bytes();
-  r.spill_line =
-      fmt::format("activation spill: {} layers ({:.2f} GiB) to {}, staging {} x {:.1f} MiB ({}, {})",
-                  chosen.size(), double(r.spill_bytes) / double(uint64_t(1) << 30), r.spill_folder,
-                  r.spill_staging_buffers, double(r.spill_staging_bytes) / double(1 << 20),
-                  r.spill_direct ? "O_DIRECT" : "buffered", r.spill_engine);
+  // the file holds every activation set (pass slot); one pass writes and reads back one set's share
+  const double per_iteration = double(r.spill_bytes) / double(sets) / double(uint64_t(1) << 30);
+  r.spill_line = fmt::format(
+      "activation spill: the saved inputs of {} to {}: {:.2f} GiB written and read back per iteration, a "
+      "file of {:.2f} GiB for {}; staging {} x {:.1f} MiB over {} ({}, {})",
+      rp::counted(chosen.size(), "layer"), r.spill_folder, per_iteration,
+      double(r.spill_bytes) / double(uint64_t(1) << 30), rp::counted(sets, "activation set"),
+      r.spill_staging_buffers, double(r.spill_staging_bytes) / double(1 << 20),
+      rp::counted(opt.workers, "worker"), r.spill_direct ? "O_DIRECT" : "buffered", r.spill_engine);
   log(r.spill_line);
 }
 

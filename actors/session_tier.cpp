@@ -19,6 +19,7 @@
 #include "actors/session_impl.hpp"
 #include "actors/session_testing.hpp"
 #include "base/checksum.hpp"
+#include "base/counted.hpp"
 #include "base/host_resources.hpp"
 #include "kernels/weight_format.hpp"
 #include "scheduler/disk_tier.hpp"
@@ -56,18 +57,6 @@ std::string source_key(const ModelLayout& layout, const ParamStore& store, const
   return fmt::format(
       "roundpipe frozen tier 2; {} groups, {} frozen, {} bytes; description of {} bytes, xxh3 {:016x}",
       layout.groups.size(), groups.size(), bytes, desc.size(), checksum64(desc.data(), desc.size()));
-}
-
-/// The largest frozen group's storage, rounded up to the direct-I/O alignment (a ring buffer),
-/// and its name.
-uint64_t largest_group_named(const ModelLayout& layout, std::string* name) {
-  uint64_t largest = 0;
-  for (const ParamGroup& g : layout.groups)
-    if (g.frozen && tier::align_up(uint64_t(g.storage_bytes)) > largest) {
-      largest = tier::align_up(uint64_t(g.storage_bytes));
-      if (name) *name = g.name;
-    }
-  return largest;
 }
 
 constexpr double kBudgetMargin = kHostBudgetMargin;  // scheduler/disk_tier.hpp
@@ -111,11 +100,13 @@ size_t ring_count(const FrozenTierOptions& o, size_t buffer_bytes, const std::st
 /// The valid cache (tier::ensure_cache). A reused one is read whole and checked first (with
 /// verify_reused): a damaged entry removes the file and builds it again, the mismatch being
 /// the reason. I/O errors name the option. A wait for another run's build is logged first.
+/// `spill_unallocated`: the activation spill's file bytes in the same folder not yet allocated.
 tier::EnsureResult ensure_tier_cache(const FrozenTierOptions& o, const std::string& key,
                                      const std::vector<tier::CacheEntrySpec>& specs,
-                                     const tier::CacheFill& fill,
+                                     const tier::CacheFill& fill, uint64_t spill_unallocated,
                                      const std::function<void(const std::string&)>& log) {
   tier::CacheBuildOptions bo;
+  bo.reserved_bytes = spill_unallocated;
   bo.on_wait = [&log](const std::string& line) { log("frozen tier: " + line); };
   try {
     tier::EnsureResult er = tier::ensure_cache(o.path, key, specs, fill, bo);
@@ -185,19 +176,15 @@ void Session::Impl::place_frozen_tier(size_t held, const SessionInternals& inter
   const double reserve = internals.host_budget_reserve.value_or(process + margin);
   const size_t staging = internals.spill_staging > 0 ? internals.spill_staging : kDefaultSpillStaging;
   const BudgetPlacement p = place_budget(o.host_budget_gib * kGiB - reserve, staging);
-  const int most_spilled = layout.num_layers() - 1;
-  const auto places = [&](double budget) {
-    const BudgetPlacement q = place_budget(budget - reserve, staging);
-    return q.disk.fits && q.spilled <= most_spilled;
-  };
+  const int most_spilled = p.most_spilled;
   // the least budget named below: found by placing, since the spill's staging and the saved
   // inputs no layer can spill both come on top of the trainable state and the ring
   const auto least_gib = [&] {
-    double lo = reserve, hi = std::max(reserve, o.host_budget_gib * kGiB) + kGiB;
-    while (!places(hi) && hi < double(1 << 20) * kGiB) lo = hi, hi *= 2;
-    for (int i = 0; i < 64; ++i) (places((lo + hi) / 2) ? hi : lo) = (lo + hi) / 2;
-    double g = gib_up(hi);
-    for (int i = 0; i < 100 && !places(g * kGiB); ++i) g += 0.01;  // the rounded figure places too
+    const double least =
+        least_host_room(layout, budget_run(), budget_ring(), staging, !opt.save_attention) + reserve;
+    double g = gib_up(least);
+    for (int i = 0; i < 100 && !place_budget(g * kGiB - reserve, staging).places(); ++i)
+      g += 0.01;  // the rounded figure places too
     return g;
   };
   if (!p.disk.fits)
@@ -223,11 +210,13 @@ void Session::Impl::place_frozen_tier(size_t held, const SessionInternals& inter
                     : p.disk.attention_dropped ? " (saved attention dropped: backward recomputes it)"
                                                : "";
   const std::string spill_text =
-      p.spilled > 0 ? fmt::format(
-                          ", the saved inputs of {} layers spilled to the disk ({:.2f} GiB per iteration; "
-                          "staging {:.2f} GiB)",
-                          opt.frozen_tier->spill_layers, p.disk.spill_bytes / kGiB, p.staging_bytes / kGiB)
-                    : std::string();
+      p.spilled > 0
+          ? fmt::format(
+                ", the saved inputs of {} spilled to the disk ({:.2f} GiB written and read back per "
+                "iteration; staging {:.2f} GiB over all workers)",
+                rp::counted(opt.frozen_tier->spill_layers, "layer"), p.disk.spill_bytes / kGiB,
+                p.staging_bytes / kGiB)
+          : std::string();
   tier_report.budget_line = fmt::format(
       "frozen tier: host budget {} GiB: process {:.2f} GiB + margin {:.2f}, trainable {:.2f}, read ring "
       "{:.2f}, "
@@ -238,8 +227,7 @@ void Session::Impl::place_frozen_tier(size_t held, const SessionInternals& inter
   log(tier_report.budget_line);
 }
 
-Session::Impl::BudgetPlacement Session::Impl::place_budget(double room, size_t staging) const {
-  const FrozenTierOptions& o = *opt.frozen_tier;
+HostRun Session::Impl::budget_run() const {
   HostRun run;
   run.seq_len = opt.micro.seq_len;
   run.sequences_per_micro = opt.micro.n_seq;
@@ -248,47 +236,22 @@ Session::Impl::BudgetPlacement Session::Impl::place_budget(double room, size_t s
   run.pass_slots = opt.pass_slots;
   run.saved_attention = opt.save_attention.value_or(true);
   run.elem_bytes = int64_t(dtype_size(devices[0]->compute_dtype()));
+  return run;
+}
+
+double Session::Impl::budget_ring() const {
   std::string largest_name;
-  const uint64_t largest = largest_group_named(layout, &largest_name);
+  const double largest = largest_frozen_group(layout, &largest_name);
   size_t frozen_groups = 0;
   for (const ParamGroup& g : layout.groups) frozen_groups += g.frozen && g.storage_bytes > 0;
-  const double ring =
-      largest == 0 ? 0.0
-                   : double(ring_count(o, size_t(largest), largest_name, std::max<size_t>(2, frozen_groups)) *
-                            largest);
-  const HostMemoryNeed need = host_memory_need(layout, run);
-  BudgetPlacement p;
-  p.activations = need.activations;
-  p.per_layer = need.activations / double(layout.num_layers() + 1);  // one layer's saved inputs, all slots
-  const double record = double(tier::align_up(
-      uint64_t(p.per_layer / double(opt.micro_batches) / double(opt.workers == 1 ? 1 : opt.pass_slots))));
-  // the spill's staging buffers come off the budget too; their count depends on the layers
-  // spilled, so the placement is repeated until it settles (the staging only grows, and at most
-  // to every layer's: a few rounds)
-  for (int round = 0; round < 64; ++round) {
-    p.disk = place_in_host_budget(layout, run, room - p.staging_bytes, ring);
-    // automatic saved attention: dropped when that keeps more of the base resident (each
-    // decoder group kept saves two reads per iteration; recomputing the attention costs less)
-    p.dropped_for_base = false;
-    if (!opt.save_attention && p.disk.fits && p.disk.ring_bytes > 0 && p.disk.saved_attention) {
-      HostRun without = run;
-      without.saved_attention = false;
-      DiskPlan e = place_in_host_budget(layout, without, room - p.staging_bytes, ring);
-      if (e.resident_bytes > p.disk.resident_bytes) {
-        p.disk = e;
-        p.disk.attention_dropped = p.dropped_for_base = true;
-      }
-    }
-    p.spilled = p.disk.spill_bytes > 0
-                    ? int(std::ceil((need.activations - p.disk.activation_bytes) / p.per_layer - 1e-9))
-                    : 0;
-    const double staging_bytes =
-        p.spilled > 0 ? double(opt.workers) * double(staging + std::max(staging, size_t(p.spilled))) * record
-                      : 0.0;
-    if (staging_bytes <= p.staging_bytes) break;
-    p.staging_bytes = staging_bytes;
-  }
-  return p;
+  if (largest == 0) return 0;
+  return double(ring_count(*opt.frozen_tier, size_t(largest), largest_name,
+                           std::max<size_t>(2, frozen_groups))) *
+         largest;
+}
+
+BudgetPlacement Session::Impl::place_budget(double room, size_t staging) const {
+  return place_host_budget(layout, budget_run(), room, budget_ring(), staging, !opt.save_attention);
 }
 
 void Session::Impl::open_frozen_tier(const SessionInternals& internals,
@@ -353,7 +316,9 @@ void Session::Impl::open_frozen_tier(const SessionInternals& internals,
     if (offset + out.size() == b->size() && streamed[size_t(g)]) *b = HostBytes();
   };
   const bool existed = std::filesystem::exists(o.path);
-  tier::EnsureResult er = ensure_tier_cache(o, key, specs, fill, log);
+  // the spill's file, made just before in the same folder, holds its space even where the file
+  // system left it sparse
+  tier::EnsureResult er = ensure_tier_cache(o, key, specs, fill, spill ? spill->unallocated_bytes() : 0, log);
   std::vector<int> entry_of(layout.groups.size(), -1);  // streamed groups only: the others stay
   for (size_t i = 0; i < groups.size(); ++i)
     if (streamed[size_t(groups[i])]) {

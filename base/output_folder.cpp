@@ -192,4 +192,21 @@ std::string name_list(const std::vector<std::string>& names, size_t shown) {
   return out;
 }
 
+std::vector<std::string> missing_folders(const std::string& path) {
+  std::error_code ec;
+  std::vector<std::string> missing;
+  for (fs::path p = fs::path(path).lexically_normal(); !p.empty() && p.has_relative_path();
+       p = p.parent_path()) {
+    if (fs::exists(fs::symlink_status(p, ec)) || p.filename() == "..") break;
+    if (!p.filename().empty() && p.filename() != ".") missing.push_back(p.string());
+  }
+  return missing;
+}
+
+void remove_empty_folders(const std::vector<std::string>& folders) {
+  std::error_code ec;
+  for (const std::string& dir : folders)
+    if (!fs::remove(dir, ec)) break;
+}
+
 }  // namespace rp

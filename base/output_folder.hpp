@@ -72,6 +72,14 @@ std::vector<ForeignEntry> foreign_entries(const std::filesystem::path& dir);
 /// The names of foreign_entries(dir).
 std::vector<std::string> foreign_names(const std::filesystem::path& dir);
 
+/// The folders of `path` (itself and its parents) that do not exist yet, deepest first: those
+/// std::filesystem::create_directories(path) makes.
+std::vector<std::string> missing_folders(const std::string& path);
+
+/// Removes `folders` in order (deepest first) while each is empty; stops at the first that is
+/// not (or cannot be removed), so nothing holding an entry is touched.
+void remove_empty_folders(const std::vector<std::string>& folders);
+
 /// "a, b, c, ... (N in all)": at most `shown` of `names`, for a log or error line.
 std::string name_list(const std::vector<std::string>& names, size_t shown = 5);
 

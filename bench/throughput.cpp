@@ -38,7 +38,8 @@
 // --expert-gemm grouped|bucketed: the experts' grouped linears as cuBLAS's grouped GEMM (default)
 // or as one batched GEMM per bucket of a padded layout (spec key "expert_gemm"). Every row
 // reports the peak device memory and the process's peak host memory (max RSS). A failure of the run (memory
-// cap, device error, bad flag) is one line on stderr and exit 1.
+// cap, device error) is one line on stderr and exit 1; a bad argument (a value out of range, an
+// option without the one it needs, --seqs not a multiple of --micro) one line and exit 2.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -68,6 +69,14 @@
 #include "scheduler/stage_peak.hpp"
 
 namespace {
+
+/// A bad argument: one line on stderr, exit 2 (as the option checks; a failed run exits 1).
+[[noreturn]] void usage_error(const std::string& line) {
+  std::string one = line;
+  std::replace(one.begin(), one.end(), '\n', ' ');
+  std::fprintf(stderr, "bench_throughput: %s\n", one.c_str());
+  std::exit(2);
+}
 
 /// CLI11 check of a GiB option: a number >= 0 and <= 1048576; `zero_means` (e.g. " (0: none)")
 /// goes into the one-line refusal.
@@ -217,14 +226,23 @@ int run(int argc, char** argv) {
       "adds per-expert adapters to the sparse layers");
   app.add_option("--base-format", base_format, "storage of the frozen base weights (LoRA)")
       ->check(CLI::IsMember({"f32", "bf16", "f16", "q8_0", "q4_0", "nf4", "mxfp4", "fp8"}));
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    usage_error(e.what());  // CLI11's own exit codes (105 for a value, ...) would differ per error
+  }
   // options that only mean something beside another: one line instead of being ignored
   const auto needs = [&](bool given, bool with, const char* what, const char* needed) {
-    if (given && !with) {
-      std::fprintf(stderr, "bench_throughput: %s needs %s\n", what, needed);
-      std::exit(2);
-    }
+    if (given && !with) usage_error(fmt::format("{} needs {}", what, needed));
   };
+  // every micro-batch holds the same whole number of sequences
+  if (micro < 1 || seqs < micro || seqs % micro != 0)
+    usage_error(
+        fmt::format("--seqs {} --micro {}: expected --micro >= 1 and --seqs a multiple of --micro (each "
+                    "of the --micro micro-batches holds --seqs / --micro sequences, at least one)",
+                    seqs, micro));
+  if (seq < 1) usage_error(fmt::format("--seq {}: expected tokens per sequence >= 1", seq));
   needs(app.count("--tier-ring-gib") > 0, !frozen_tier.empty(), "--tier-ring-gib", "--frozen-tier PATH");
   needs(app.count("--tier-resident-gib") > 0, !frozen_tier.empty(), "--tier-resident-gib",
         "--frozen-tier PATH");
@@ -296,7 +314,14 @@ int run(int argc, char** argv) {
     c.rope_scaling.truncate = false;
     c.max_position_embeddings = std::max<int64_t>(seq, 131072);
   }
-  c.validate();
+  try {
+    c.validate();
+  } catch (const std::exception& e) {
+    usage_error(
+        fmt::format("the model's shape (--preset, --layers, --hidden, --heads, --kv-heads, --head-dim, "
+                    "--ffn, --vocab, --experts...): {}",
+                    e.what()));
+  }
   std::optional<rp::LoraConfig> lora;
   if (lora_r > 0) {
     lora.emplace();
@@ -332,8 +357,15 @@ int run(int argc, char** argv) {
   o.device.fp8_stored_direct = fp8 && fp8_direct;
   o.device.expert_gemm_bucketed = expert_gemm == "bucketed";
   o.trace = !trace.empty();
-  if (!plan_json.empty())
-    o.plan = rp::plan_from_json(nlohmann::json::parse(plan_json), int(m.num_layers()), workers, "--plan");
+  if (!plan_json.empty()) {
+    try {
+      o.plan = rp::plan_from_json(nlohmann::json::parse(plan_json), int(m.num_layers()), workers, "--plan");
+    } catch (const nlohmann::json::exception& e) {
+      usage_error(fmt::format("--plan: expected a plan as JSON (as a spec's \"plan\" key): {}", e.what()));
+    } catch (const std::invalid_argument& e) {
+      usage_error(e.what());
+    }
+  }
   o.transfer_priorities = !no_prio;
   o.transfer_chunk_bytes = size_t(chunk_bytes);
   o.transfer_bulk_inflight = bulk_inflight;

@@ -1,6 +1,7 @@
 #!/bin/sh
-# bench_throughput refuses an option that means something only beside another, in one line and
-# exit 2, before it builds anything: `throughput_option_checks.sh <bench_throughput>`.
+# bench_throughput refuses a bad argument (an option that means something only beside another, a
+# value CLI11 rejects, --seqs not a multiple of --micro, a bad --plan) in one line and exit 2,
+# before it builds anything: `throughput_option_checks.sh <bench_throughput>`.
 bench="$1"
 fail=0
 check() {  # expected-line-part args...
@@ -19,4 +20,14 @@ check "--frozen-tier needs --lora-r" --frozen-tier /nonexistent/x.cache
 check "--frozen-tier needs a non-empty path" --frozen-tier "" --lora-r 4
 check "--fp8-stored-direct needs --fp8" --fp8-stored-direct
 check "--fp8-wgrad needs --fp8" --fp8-wgrad
+check "--steps" --steps 0
+check "--seqs" --seqs many
+check "--dtype" --dtype f64
+check "--nope" --nope
+check "--seqs 4 --micro 8: expected --micro >= 1 and --seqs a multiple of --micro" --seqs 4 --micro 8
+check "--seqs 10 --micro 4: expected" --seqs 10 --micro 4
+check "--seqs 8 --micro 0: expected" --micro 0
+check "--seq 0: expected" --seq 0
+check "--plan: expected a plan as JSON" --plan '{bad' --backend cpu --layers 2 --hidden 64 --heads 2 --kv-heads 1 --head-dim 32 --ffn 128 --vocab 128 --seq 16 --seqs 2 --micro 2
+check "model's shape" --heads 3 --kv-heads 2 --backend cpu
 exit $fail

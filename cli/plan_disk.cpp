@@ -102,13 +102,23 @@ DiskPlan checked_disk_plan(const DiskRun& r, const ModelLayout& layout, const Ho
   // the least is the same whatever was given: the whole set-aside comes on top (a budget below
   // it has all of itself set aside, which is not what a larger one would need)
   constexpr double set_aside = kHostBudgetMargin + kProcessEstimate;
-  if (!d.fits)
+  if (!d.fits) {
+    // the least counts what training counts: the trainable state and ring, and when those fit,
+    // the saved inputs no layer can spill and the spill's staging buffers
+    const double least = std::max(d.least_budget, d.minimum_budget);
+    const std::string activations =
+        least > d.minimum_budget
+            ? fmt::format(" + saved activations that cannot spill and the spill's staging {}",
+                          byte_text(least - d.minimum_budget))
+            : std::string();
     throw UsageError(fmt::format(
         "{}: the disk tier needs at least {} of host memory ({} set aside for the process + trainable state "
-        "{} + read ring {} x {}), {} given",
-        r.budget_source.substr(0, r.budget_source.find(',')), byte_text(d.minimum_budget + set_aside),
+        "{} + read ring {} x {}{}), {} given",
+        r.budget_source.substr(0, r.budget_source.find(',')), byte_text(least + set_aside),
         byte_text(set_aside), byte_text(d.trainable_bytes), r.tier.ring_buffers,
-        byte_text(d.ring_bytes / r.tier.ring_buffers), byte_text(r.tier.host_budget + r.tier.set_aside)));
+        byte_text(largest_frozen_group(layout)), activations,
+        byte_text(r.tier.host_budget + r.tier.set_aside)));
+  }
   return d;
 }
 
@@ -180,15 +190,11 @@ std::optional<DiskRun> plan_with_disk(const PlanCommandOptions& o, const ModelLa
   if (!tier.tier.enabled()) return std::nullopt;
   const HostRun hr = host_run_of(o);
   tier.run = plan_run(in);
-  const bool needed = checked_disk_plan(tier, layout, hr).attention_dropped;
-  auto best = fastest_disk_plan(o, layout, tier, in, hr, needed, so);
-  if (!needed && in.save_attention) {  // dropping it anyway frees memory for the base: faster?
-    auto dropped = fastest_disk_plan(o, layout, tier, in, hr, true, so);
-    if (dropped.second < best.second) {
-      best = std::move(dropped);
-      best.first.attention_dropped_to_save_reads = true;
-    }
-  }
+  // the saved attention goes as training decides with save_attention automatic: when the
+  // activations do not fit with it, or dropping it keeps more of the base resident
+  const DiskPlan placed = checked_disk_plan(tier, layout, hr);
+  auto best = fastest_disk_plan(o, layout, tier, in, hr, placed.attention_dropped, so);
+  best.first.attention_dropped_to_save_reads = placed.dropped_for_base;
   return std::move(best.first);
 }
 
@@ -226,14 +232,16 @@ void print_disk_tier(std::FILE* out, const DiskRun& r, const SimResult& with_dis
       byte_text(d.activation_bytes), byte_text(d.frozen_bytes), byte_text(d.resident_bytes));
   if (d.attention_dropped)
     fmt::print(out, "          saved attention dropped {} (backward recomputes it)\n",
-               r.attention_dropped_to_save_reads ? "though it fits: the simulated step is shorter without it"
+               r.attention_dropped_to_save_reads ? "though it fits: that keeps more of the base resident"
                                                  : "to fit the budget");
   if (d.spill_bytes > 0)
     fmt::print(
         out,
-        "          activations spilled: {} per iteration, each micro-batch's written after its forward "
-        "stage and read back ahead of its backward stage\n",
-        byte_text(d.spill_bytes));
+        "          activations spilled: the saved inputs of {} {}, {} per iteration, each micro-batch's "
+        "written after its forward stage and read back ahead of its backward stage (staging {} over all "
+        "workers)\n",
+        d.spilled_layers, d.spilled_layers == 1 ? "layer" : "layers", byte_text(d.spill_bytes),
+        byte_text(d.staging_bytes));
   double compute = 0, up = 0, down = 0, stream = 0;
   for (const StageEstimate& e : r.run.automatic->stages) {
     compute += e.compute_seconds;

@@ -21,9 +21,8 @@ struct DiskRun {
   std::string budget_source;  ///< which option set tier.host_budget ("--host-budget-gib", ...)
   RunPlan run;                ///< partitioned with each stage's disk reads charged
   DiskPlan disk;
-  /// The saved attention fits the budget but was dropped: the simulated step is shorter
-  /// without it (the memory it frees keeps more of the base resident, or the recompute costs
-  /// less than its transfers).
+  /// The saved attention fits the budget but was dropped, as training's automatic
+  /// save_attention does (place_host_budget): the memory it frees keeps more of the base resident.
   bool attention_dropped_to_save_reads = false;
 };
 

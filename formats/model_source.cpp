@@ -459,8 +459,11 @@ int64_t read_base_groups(const ModelSource& src, const ModelLayout& layout,
   for (size_t g = 0; g < size_t(layout.num_layers()); ++g) {
     const ParamGroup& grp = layout.groups[g];
     if (grp.frozen) {
-      for (const TensorSpec& t : grp.tensors) source_tensor(src, t);  // every tensor there, of its size
-      if (frozen_later) continue;
+      if (frozen_later) {  // read later: every tensor there and of its size now (read_frozen_group checks
+                           // too)
+        for (const TensorSpec& t : grp.tensors) source_tensor(src, t);
+        continue;
+      }
       std::vector<uint8_t> st(size_t(grp.storage_bytes));
       stored += read_frozen_group(src, layout, int(g),
                                   std::span<std::byte>(reinterpret_cast<std::byte*>(st.data()), st.size()));

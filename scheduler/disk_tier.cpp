@@ -82,10 +82,13 @@ std::vector<char> streamed_groups(const ModelLayout& m, double room, double* res
   return streamed;
 }
 
-double largest_frozen_group(const ModelLayout& m) {
+double largest_frozen_group(const ModelLayout& m, std::string* name) {
   int64_t largest = 0;
   for (const ParamGroup& g : m.groups)
-    if (g.frozen) largest = std::max(largest, (g.storage_bytes + 4095) / 4096 * 4096);
+    if (const int64_t b = (g.storage_bytes + 4095) / 4096 * 4096; g.frozen && b > largest) {
+      largest = b;
+      if (name) *name = g.name;
+    }
   return double(largest);
 }
 
@@ -133,11 +136,69 @@ DiskPlan place_in_host_budget(const ModelLayout& m, const HostRun& run, double b
   return d;
 }
 
+BudgetPlacement place_host_budget(const ModelLayout& m, const HostRun& run, double room, double ring_bytes,
+                                  size_t staging, bool automatic_attention) {
+  const HostMemoryNeed need = host_memory_need(m, run);
+  const double slots = run.workers == 1 ? 1.0 : double(run.pass_slots);
+  BudgetPlacement p;
+  p.most_spilled = std::max(0, m.num_layers() - 1);
+  p.activations = need.activations;
+  p.per_layer = need.activations / double(m.num_layers() + 1);  // one layer's saved inputs, all slots
+  const double record =
+      std::ceil(p.per_layer / double(run.micro_batches) / slots / 4096) * 4096;  // one micro-batch's, aligned
+  // the staging's count depends on the layers spilled, so the placement is repeated until it
+  // settles (the staging only grows, and at most to every layer's: a few rounds)
+  for (int round = 0; round < 64; ++round) {
+    p.disk = place_in_host_budget(m, run, room - p.staging_bytes, ring_bytes);
+    p.dropped_for_base = false;
+    if (automatic_attention && p.disk.fits && p.disk.ring_bytes > 0 && p.disk.saved_attention) {
+      HostRun without = run;
+      without.saved_attention = false;
+      DiskPlan e = place_in_host_budget(m, without, room - p.staging_bytes, ring_bytes);
+      if (e.resident_bytes > p.disk.resident_bytes) {
+        p.disk = e;
+        p.disk.attention_dropped = p.dropped_for_base = true;
+      }
+    }
+    p.spilled = p.disk.spill_bytes > 0
+                    ? int(std::ceil((need.activations - p.disk.activation_bytes) / p.per_layer - 1e-9))
+                    : 0;
+    if (p.spilled > 0) p.disk.spill_bytes = double(p.spilled) * p.per_layer / slots;  // whole layers
+    const double staging_bytes =
+        p.spilled > 0 ? double(run.workers) * double(staging + std::max(staging, size_t(p.spilled))) * record
+                      : 0.0;
+    if (staging_bytes <= p.staging_bytes) break;
+    p.staging_bytes = staging_bytes;
+  }
+  return p;
+}
+
+double least_host_room(const ModelLayout& m, const HostRun& run, double ring_bytes, size_t staging,
+                       bool automatic_attention) {
+  const auto places = [&](double room) {
+    return place_host_budget(m, run, room, ring_bytes, staging, automatic_attention).places();
+  };
+  double lo = 0, hi = std::max(1.0, host_memory_need(m, run).total());
+  if (places(lo)) return lo;
+  while (!places(hi) && hi < 1e21) lo = hi, hi *= 2;
+  for (int i = 0; i < 64 && hi - lo > 1; ++i) (places((lo + hi) / 2) ? hi : lo) = (lo + hi) / 2;
+  return hi;
+}
+
 DiskPlan plan_disk_tier(const ModelLayout& m, const HostRun& run, const DiskTier& tier,
                         const IterationPlan& plan) {
   (void)stage_frozen_reads(m, plan);  // checks the plan against the model
   const double ring = double(tier.ring_buffers) * largest_frozen_group(m);
-  DiskPlan d = place_in_host_budget(m, run, tier.enabled() ? tier.host_budget : HUGE_VAL, ring);
+  const BudgetPlacement p = place_host_budget(m, run, tier.enabled() ? tier.host_budget : HUGE_VAL, ring,
+                                              tier.spill_staging, tier.automatic_attention);
+  DiskPlan d = p.disk;
+  d.spilled_layers = p.spilled;
+  d.staging_bytes = p.staging_bytes;
+  d.dropped_for_base = p.dropped_for_base;
+  if (!p.places()) {
+    d.fits = false;
+    d.least_budget = least_host_room(m, run, ring, tier.spill_staging, tier.automatic_attention);
+  }
   if (d.ring_bytes == 0) {  // everything stays in host memory
     d.stage_reads.assign(plan.stages.size(), 0);
     return d;

@@ -17,7 +17,9 @@
 //   room       = B - trainable - ring
 //   activations: kept when activations + attention <= room; else, with saved attention,
 //                attention dropped when activations alone <= room; else attention dropped and
-//                spill = (activations - room) / slots written and read per iteration
+//                whole layers' saved inputs spill (layers 1..L-1 only), their staging buffers
+//                taken from the room too (place_host_budget); spill = spilled layers' inputs / slots
+//                written and read per iteration
 //   frozen groups: resident while they fit the room left, decoders' groups first, spread over the depth (they
 //   are
 //                read twice, by their forward and backward stages), the others after; the
@@ -26,7 +28,7 @@
 // When the budget holds everything (host_memory_need's total), nothing streams and no ring is
 // allocated. The disk is the host's one device, shared by all its GPUs.
 //
-// The runtime places by the same rule (place_in_host_budget: FrozenTierOptions::host_budget_gib,
+// The runtime places by the same rule (place_host_budget: FrozenTierOptions::host_budget_gib,
 // with its own ring, the largest frozen group per buffer, and the process's own memory set
 // aside first); `roundpipe plan` adds the disk traffic to say whether the disk would bound a step.
 #pragma once
@@ -43,6 +45,10 @@
 
 namespace rp {
 
+/// Staging buffers per worker and direction of the activation spill (the runtime's default; reads
+/// get at least one per spilled layer, the most a micro-batch of a backward stage holds).
+constexpr size_t kDefaultSpillStaging = 4;
+
 /// The host's disk and the host memory budget it backs.
 struct DiskTier {
   double read_bandwidth = 0;   ///< bytes/s (0: no disk tier)
@@ -50,6 +56,10 @@ struct DiskTier {
   double host_budget = 0;      ///< host bytes the run's buffers may fill (after set_aside)
   double set_aside = 0;        ///< bytes of the given budget kept for the process (not in host_budget)
   int ring_buffers = 2;        ///< pinned read buffers, each of the largest frozen group (as the runtime's)
+  size_t spill_staging = kDefaultSpillStaging;  ///< activation spill staging buffers per worker and direction
+  /// HostRun::saved_attention is the runtime's automatic save_attention (unset): the attention
+  /// also goes when that keeps more of the base resident. false: kept as asked while it fits.
+  bool automatic_attention = true;
   bool enabled() const { return read_bandwidth > 0; }
   double write_rate() const { return write_bandwidth > 0 ? write_bandwidth : read_bandwidth; }
 };
@@ -83,6 +93,10 @@ struct DiskPlan {
   double write_bytes = 0;            ///< per iteration: spill
   double seconds = 0;                ///< per iteration, at the tier's bandwidths
   int64_t micro_batches = 1;         ///< of the run (the spill's split per micro-batch)
+  int spilled_layers = 0;            ///< layers whose saved inputs spill (plan_disk_tier)
+  double staging_bytes = 0;          ///< the spill's staging buffers (plan_disk_tier)
+  bool dropped_for_base = false;     ///< saved attention dropped to keep more of the base (plan_disk_tier)
+  double least_budget = 0;           ///< plan_disk_tier, when !fits: the least host_budget that places
 };
 
 /// Frozen groups in the order they stay resident when the host has room for some: the
@@ -95,8 +109,8 @@ std::vector<int> residency_order(const ModelLayout& m);
 /// the next ones are tried). `resident` (may be null): the bytes kept.
 std::vector<char> streamed_groups(const ModelLayout& m, double room, double* resident = nullptr);
 /// The largest frozen group's storage bytes rounded up to 4 KiB (one read buffer of the ring), 0
-/// without frozen groups.
-double largest_frozen_group(const ModelLayout& m);
+/// without frozen groups. `name` (may be null): that group's name, untouched without one.
+double largest_frozen_group(const ModelLayout& m, std::string* name = nullptr);
 
 /// The frozen storage bytes each stage of `plan` uploads (ModelLayout::groups_uploaded) of
 /// the groups with streamed[g] (all frozen groups when `streamed` is empty).
@@ -111,7 +125,38 @@ std::vector<int64_t> stage_frozen_reads(const ModelLayout& m, const IterationPla
 /// Throws host_memory_need's errors.
 DiskPlan place_in_host_budget(const ModelLayout& m, const HostRun& run, double budget, double ring_bytes);
 
-/// The disk plan of `run` on `m` under `tier` for `plan` (the file comment's rules). With
+/// What a host budget holds once the activation spill's own limits and costs are counted: the
+/// spill moves whole layers' saved inputs (one layer's is activations / (L + 1), all pass slots),
+/// only layers 1..L-1 have one (so at most L - 1 spill; layer 0's input and the two sets of
+/// boundary gradients stay), and its staging buffers, workers x (staging + max(staging,
+/// spilled)) records of one layer's input per micro-batch and slot (4 KiB-aligned), come off the
+/// budget. With automatic saved attention (run.saved_attention and `automatic_attention`), the
+/// attention is also dropped when that keeps more of the base resident (each decoder group kept
+/// saves two reads per iteration; recomputing the attention costs less). `roundpipe plan` and
+/// the runtime's host_budget_gib both place by it.
+struct BudgetPlacement {
+  DiskPlan disk;                  ///< place_in_host_budget's, its spill_bytes the whole layers spilled
+  bool dropped_for_base = false;  ///< saved attention dropped (automatic) to keep more of the base
+  int spilled = 0;                ///< layers whose saved inputs go to the disk
+  int most_spilled = 0;           ///< layers that can spill: all but the first
+  double staging_bytes = 0;       ///< the spill's staging buffers, all workers
+  double activations = 0;         ///< every saved input, all pass slots
+  double per_layer = 0;           ///< one layer's saved inputs, all pass slots
+  /// The run fits: the trainable state and ring, and activations the spill can bring into room.
+  bool places() const { return disk.fits && spilled <= most_spilled; }
+};
+/// The placement of `run` on `m` in `room` host bytes (the budget less what is set aside) with a
+/// read ring of `ring_bytes` and `staging` spill buffers per worker and direction.
+BudgetPlacement place_host_budget(const ModelLayout& m, const HostRun& run, double room, double ring_bytes,
+                                  size_t staging, bool automatic_attention);
+/// The least room in which place_host_budget places (to within a few bytes; a figure rounded up
+/// from it should be checked with places()).
+double least_host_room(const ModelLayout& m, const HostRun& run, double ring_bytes, size_t staging,
+                       bool automatic_attention);
+
+/// The disk plan of `run` on `m` under `tier` for `plan`: place_host_budget's placement (with
+/// tier.automatic_attention), fits false
+/// where it does not place (least_budget then says from which budget it would). With
 /// !tier.enabled() everything is resident and nothing is read. Throws std::invalid_argument
 /// for a plan of another layer count or host_memory_need's errors.
 DiskPlan plan_disk_tier(const ModelLayout& m, const HostRun& run, const DiskTier& tier,

@@ -224,11 +224,15 @@ CacheBuildReport build_cache(const std::string& path, const std::string& source_
                                             options.chunk_bytes, kDirectAlign));
   const std::string dir = folder_of(path);
   const uint64_t avail = options.free_bytes ? options.free_bytes(dir) : statvfs_free_bytes(dir);
-  if (avail < l.file_bytes)
-    throw std::runtime_error(
-        fmt::format("{}: not enough disk space for the tier cache: needs {} bytes ({:.2f} GiB), {} has {} "
-                    "bytes ({:.2f} GiB) free",
-                    path, l.file_bytes, gib(l.file_bytes), dir, avail, gib(avail)));
+  const uint64_t reserved = options.reserved_bytes;
+  if (avail < reserved || avail - reserved < l.file_bytes)
+    throw std::runtime_error(fmt::format(
+        "{}: not enough disk space for the tier cache: needs {} bytes ({:.2f} GiB), {} has {} bytes ({:.2f} "
+        "GiB) free{}",
+        path, l.file_bytes, gib(l.file_bytes), dir, avail, gib(avail),
+        reserved > 0 ? fmt::format(", {} bytes ({:.2f} GiB) of them promised to {}", reserved, gib(reserved),
+                                   options.reserved_for)
+                     : std::string()));
   CacheBuildReport rep;
   rep.bytes = l.file_bytes;
   replace_file(path, [&](const std::string& tmp) {

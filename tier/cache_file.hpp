@@ -158,6 +158,11 @@ struct CacheBuildOptions {
   /// Free bytes for an unprivileged user in folder `dir` (default: statvfs f_bavail x
   /// f_frsize). Tests inject a small number.
   std::function<uint64_t(const std::string& dir)> free_bytes;
+  /// Bytes of that free space already promised to another file in the folder that has not
+  /// taken its blocks yet (the activation spill's file where the file system could not reserve
+  /// it): the cache needs its own size beyond them. `reserved_for` names that file in a refusal.
+  uint64_t reserved_bytes = 0;
+  std::string reserved_for = "the activation spill's file";
   /// The fill's chunk (a multiple of 4096, at least 4096): the host memory a build uses.
   size_t chunk_bytes = size_t(8) << 20;
   /// The blocks each entry's block checksums cover (a multiple of 4096 up to 1 GiB).

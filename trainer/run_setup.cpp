@@ -36,15 +36,17 @@ namespace rp {
 OutputDirLock::OutputDirLock(const TrainSpec& spec) {
   std::error_code ec;
   if (fs::exists(spec.output_dir, ec) && !fs::is_directory(spec.output_dir, ec))
-    return;  // prepare_output_dir says
-  created_ = fs::create_directories(spec.output_dir, ec);
+    return;                                                             // prepare_output_dir says
+  std::vector<std::string> missing = missing_folders(spec.output_dir);  // what this run makes
+  fs::create_directories(spec.output_dir, ec);
+  if (!ec) made_ = std::move(missing);
   if (ec)
     throw std::invalid_argument(fmt::format("{}: key 'output_dir': cannot create '{}': {}", spec.source,
                                             spec.output_dir, ec.message()));
   fd_ = ::open(spec.output_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd_ < 0) {
     const int err = errno;
-    if (created_) fs::remove(spec.output_dir, ec);
+    remove_made_if_empty();
     throw std::invalid_argument(fmt::format("{}: key 'output_dir': cannot open '{}': {}", spec.source,
                                             spec.output_dir, std::strerror(err)));
   }
@@ -66,13 +68,17 @@ OutputDirLock::~OutputDirLock() {
   if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the flock
 }
 
-OutputDirLock::OutputDirLock(OutputDirLock&& o) noexcept : fd_(o.fd_), created_(o.created_) { o.fd_ = -1; }
+OutputDirLock::OutputDirLock(OutputDirLock&& o) noexcept : fd_(o.fd_), made_(std::move(o.made_)) {
+  o.fd_ = -1;
+}
+
+void OutputDirLock::remove_made_if_empty() const { remove_empty_folders(made_); }
 
 OutputDirLock& OutputDirLock::operator=(OutputDirLock&& o) noexcept {
   if (this != &o) {
     if (fd_ >= 0) ::close(fd_);
     fd_ = o.fd_;
-    created_ = o.created_;
+    made_ = std::move(o.made_);
     o.fd_ = -1;
   }
   return *this;

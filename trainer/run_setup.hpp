@@ -2,6 +2,7 @@
 // and the data (with their log lines), and the Session options of a spec.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "roundpipe/checkpoint.hpp"
 #include "roundpipe/data.hpp"
@@ -28,11 +29,15 @@ class OutputDirLock {
   OutputDirLock(const OutputDirLock&) = delete;
   OutputDirLock& operator=(const OutputDirLock&) = delete;
   /// The folder did not exist before this lock made it.
-  bool created() const { return created_; }
+  bool created() const { return !made_.empty(); }
+  /// Removes the folders this lock made (the output folder and the parents it had to make),
+  /// deepest first, each only while it is empty: a run that wrote nothing leaves no folder it
+  /// made, and never touches one that was there before.
+  void remove_made_if_empty() const;
 
  private:
   int fd_ = -1;
-  bool created_ = false;
+  std::vector<std::string> made_;  ///< the folders made, deepest first
 };
 
 /// The file a run leaves in its output folder to record that the folder's run outputs

@@ -12,6 +12,7 @@
 
 #include "base/checked_math.hpp"
 #include "base/json_fields.hpp"
+#include "base/json_text.hpp"
 #include "data/chat_template.hpp"
 #include "kernels/weight_format.hpp"
 #include "roundpipe/adapter.hpp"
@@ -606,34 +607,13 @@ void validate_spec(const TrainSpec& s) {
 
 namespace {
 
-/// nlohmann's reason for a parse error without its "[json.exception.parse_error.101] parse
-/// error at line L, column C: " prefix (the caller names the place itself).
-std::string json_parse_reason(const nlohmann::json::parse_error& e) {
-  std::string w = e.what();
-  if (const size_t p = w.find("] "); p != std::string::npos) w = w.substr(p + 2);
-  if (w.rfind("parse error", 0) == 0)
-    if (const size_t p = w.find(": "); p != std::string::npos) w = w.substr(p + 2);
-  return w;
-}
-
-/// The spec file's JSON; a syntax error names the file, line, column and nlohmann's reason.
+/// The spec file's JSON; an error names the file, the line and the column or key (parse_json_text).
 nlohmann::json read_spec_json(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::invalid_argument(path + ": cannot open the spec file");
   std::stringstream ss;
   ss << in.rdbuf();
-  const std::string text = ss.str();
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    // e.byte is the 1-based offset of the error; report line and column.
-    const size_t pos = std::min<size_t>(e.byte ? e.byte - 1 : 0, text.size());
-    const size_t line = 1 + size_t(std::count(text.begin(), text.begin() + long(pos), '\n'));
-    const size_t nl = text.rfind('\n', pos ? pos - 1 : 0);
-    const size_t col = pos - (nl == std::string::npos || nl >= pos ? 0 : nl + 1) + 1;
-    throw std::invalid_argument(
-        fmt::format("{}:{}:{}: invalid JSON: {}", path, line, col, json_parse_reason(e)));
-  }
+  return parse_json_text(ss.str(), path);
 }
 
 /// The setting an error of the merged spec comes from: the last one whose key (or a key

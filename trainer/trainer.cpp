@@ -103,9 +103,8 @@ class Run {
   std::unique_ptr<TensorBoardWriter> tb_;
   double mfu_per_token_per_s_ = 0;  // MFU of one token per second (CUDA backend), else 0
   void log_scalars(const StepReport& s);
-  int64_t start_ = 0;                // steps done before this run
-  bool created_output_dir_ = false;  // the output folder did not exist before this run
-  bool wrote_run_marker_ = false;    // this run wrote the folder's roundpipe_run.json
+  int64_t start_ = 0;              // steps done before this run
+  bool wrote_run_marker_ = false;  // this run wrote the folder's roundpipe_run.json
   void drop_lone_run_marker();
   OutputDirLock output_lock_;  // the leader's, for the whole run
   int64_t reported_ = -1;      // last step reported
@@ -167,7 +166,6 @@ void Run::setup() {
     spdlog::set_level(spdlog::level::warn);  // replica 0 tells the story; the others warn and fail
   if (leader()) {                            // before anything is loaded or written
     output_lock_ = OutputDirLock(spec_);
-    created_output_dir_ = output_lock_.created();
     prepare_output_dir(spec_);
   }
   barrier();  // no replica reads the output folder (a resume) before the leader tidied it
@@ -575,7 +573,7 @@ void Run::discard_unstarted_outputs() {
     std::filesystem::remove(file, ec);
   }
   drop_lone_run_marker();
-  if (created_output_dir_) std::filesystem::remove(spec_.output_dir, ec);  // only when empty
+  output_lock_.remove_made_if_empty();
 }
 
 // The roundpipe_run.json this run wrote goes again when the run leaves nothing else there.
@@ -901,9 +899,10 @@ TrainResult Run::execute() {
     return execute_steps();
   } catch (const std::exception& e) {
     if (replicas_) replicas_->abort(e.what());
-    std::error_code ec;  // a run that failed before writing leaves no folder it made
+    // a run that failed before its first step leaves nothing it wrote, nor a folder it made
+    if (leader() && reported_ < start_) discard_unstarted_outputs();
     if (leader()) drop_lone_run_marker();
-    if (leader() && created_output_dir_) std::filesystem::remove(spec_.output_dir, ec);  // only when empty
+    if (leader()) output_lock_.remove_made_if_empty();
     throw;
   }
 }

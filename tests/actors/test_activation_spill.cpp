@@ -248,7 +248,8 @@ TEST_P(SpillByCase, SpillingSavedInputsTrainsBitForBitLikeHoldingThem) {
                   on.host_pinning().pinned_bytes - on.host_pinning().pageable_bytes,
               sets * uint64_t(L - 1) * kM * act + frozen);
     bool logged = false;
-    for (const auto& l : log) logged |= l.rfind(fmt::format("activation spill: {} layers (", L - 1), 0) == 0;
+    for (const auto& l : log)
+      logged |= l.rfind(fmt::format("activation spill: the saved inputs of {} layers to ", L - 1), 0) == 0;
     EXPECT_TRUE(logged) << "no start line";
     at_start = sc.entries();
     // only the tier's cache (LoRA): the builders' lock goes with the build
@@ -352,6 +353,31 @@ TEST(ActivationSpill, SpillingTurnsSavedAttentionOffWithOneLine) {
   EXPECT_EQ(lines, 1);
   EXPECT_EQ(on.frozen_tier().spill_layers, choose_spill_layers(m.num_layers(), on.initial_plan(), 2));
   EXPECT_EQ(train(on).losses, base.losses) << "saved attention on would change the rounding";
+}
+
+// The start line counts in words that agree ("1 layer") and tells the bytes of one iteration from
+// the file's (every activation set's) and the staging's workers.
+TEST(ActivationSpill, TheStartLineSaysWhatIsPerIterationAndPerFile) {
+  Scratch sc;
+  const ModelLayout m = full_layout();
+  TestSessionOptions o = spill_options(2, nullptr);
+  o.frozen_tier = FrozenTierOptions{};
+  o.frozen_tier->path = sc.path("base.cache");
+  o.frozen_tier->spill_layers = 1;
+  TestSession on(m, random_weights(m, 7), o);
+  const FrozenTierReport& r = on.frozen_tier();
+  const std::string& l = r.spill_line;
+  EXPECT_EQ(l.rfind("activation spill: the saved inputs of 1 layer to " + sc.dir.string() + ": ", 0), 0u)
+      << l;
+  // two workers: each pass slot its own set; an iteration writes one set's records, the file holds both
+  const double gib = double(uint64_t(1) << 30);
+  EXPECT_NE(l.find(fmt::format("{:.2f} GiB written and read back per iteration, a file of {:.2f} GiB for 2 "
+                               "activation sets",
+                               double(r.spill_bytes) / 2 / gib, double(r.spill_bytes) / gib)),
+            std::string::npos)
+      << l;
+  EXPECT_NE(l.find(" over 2 workers ("), std::string::npos) << l;
+  EXPECT_EQ(l.find("1 layers"), std::string::npos) << l;
 }
 
 // Runs kSteps with the fault `fault`; returns the RuntimeFailure's line ("" when the run succeeded

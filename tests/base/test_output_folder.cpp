@@ -42,6 +42,26 @@ TEST(OutputFolder, TheRootHomeWorkingDirectoryItsParentsAndATildeAreRefused) {
   fs::remove_all(d);
 }
 
+// The folders a writer makes for a path, and taking back only those, only while empty.
+TEST(OutputFolder, MissingFoldersAreTheOnesMadeAndOnlyEmptyOnesGo) {
+  const fs::path d = fs::temp_directory_path() / ("rp_missing_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d / "there");
+  const std::string out = (d / "there" / "a" / "b").string();
+  const std::vector<std::string> missing = rp::missing_folders(out + "/");
+  EXPECT_EQ(missing, (std::vector<std::string>{out, (d / "there" / "a").string()}));
+  EXPECT_TRUE(rp::missing_folders((d / "there").string()).empty());
+  fs::create_directories(out);
+  std::FILE* f = std::fopen((d / "there" / "a" / "keep.txt").c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  rp::remove_empty_folders(missing);
+  EXPECT_FALSE(fs::exists(out)) << "empty: removed";
+  EXPECT_TRUE(fs::exists(d / "there" / "a" / "keep.txt")) << "a folder holding a file stays";
+  EXPECT_TRUE(fs::is_directory(d / "there"));
+  fs::remove_all(d);
+}
+
 TEST(OutputFolder, AnOutputThatIsHoldsOrLiesInsideAnInputIsNamed) {
   const fs::path d = fs::temp_directory_path() / ("rp_outdir_in_" + std::to_string(::getpid()));
   fs::create_directories(d / "runs/x/final");

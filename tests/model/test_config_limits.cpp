@@ -119,7 +119,7 @@ TEST(ConfigLimits, ANumberBeyondADoubleNamesTheFileAndTheKey) {
     ADD_FAILURE() << "1e400 was accepted";
   } catch (const std::runtime_error& e) {
     const std::string m = e.what();
-    EXPECT_EQ(m.rfind(path + ": key 'rms_norm_eps'", 0), 0u) << m;
+    EXPECT_EQ(m.rfind(path + ":1: key 'rms_norm_eps'", 0), 0u) << m;
     EXPECT_NE(m.find("1e400"), std::string::npos) << m;
     EXPECT_EQ(m.find('\n'), std::string::npos) << m;
   }
@@ -133,7 +133,7 @@ TEST(ConfigLimits, ANumberBeyondADoubleNamesTheFileAndTheKey) {
     load_config_file(path);
     ADD_FAILURE() << "-1e999 was accepted";
   } catch (const std::runtime_error& e) {
-    EXPECT_EQ(std::string(e.what()).rfind(path + ": key 'rope_scaling.long_factor'", 0), 0u) << e.what();
+    EXPECT_EQ(std::string(e.what()).rfind(path + ":1: key 'rope_scaling.long_factor'", 0), 0u) << e.what();
   }
   // the other JSON errors still name the file
   std::ofstream(path, std::ios::trunc) << "{\"model_type\": ";
@@ -141,7 +141,7 @@ TEST(ConfigLimits, ANumberBeyondADoubleNamesTheFileAndTheKey) {
     load_config_file(path);
     ADD_FAILURE() << "broken JSON was accepted";
   } catch (const std::runtime_error& e) {
-    EXPECT_EQ(std::string(e.what()).rfind(path + ": invalid JSON", 0), 0u) << e.what();
+    EXPECT_EQ(std::string(e.what()).rfind(path + ":1:16: invalid JSON", 0), 0u) << e.what();
   }
 }
 

@@ -351,7 +351,7 @@ TEST(IoConfig, LoadConfigFile) {
     load_config_file(dir / "broken.json");
     FAIL();
   } catch (const std::runtime_error& e) {
-    EXPECT_EQ(std::string(e.what()).rfind(dir / "broken.json: invalid JSON", 0), 0u) << e.what();
+    EXPECT_EQ(std::string(e.what()).rfind(dir / "broken.json:1:16: invalid JSON", 0), 0u) << e.what();
   }
   EXPECT_THROW(load_config_file(dir / "missing.json"), std::runtime_error);
 }

@@ -77,6 +77,7 @@ TEST(DiskTier, ASmallBudgetStreamsEveryFrozenGroupOncePerStage) {
   t.read_bandwidth = 3e9;
   t.write_bandwidth = 1.5e9;
   t.ring_buffers = 1;
+  t.automatic_attention = false;  // the attention kept while it fits (save_attention asked for)
   const double trainable = need.master + need.moments + need.weights + need.gradients;
   const double ring = kBuffer;                                           // one buffer of the largest group
   t.host_budget = trainable + ring + need.activations + need.attention;  // no room for any frozen group
@@ -102,6 +103,17 @@ TEST(DiskTier, ASmallBudgetStreamsEveryFrozenGroupOncePerStage) {
   EXPECT_DOUBLE_EQ(one.read_bytes, stream - 2 * kDecoder);
 }
 
+TEST(DiskTier, TheLargestFrozenGroupIsOneReadBufferAndNamed) {
+  std::string name = "untouched";
+  EXPECT_DOUBLE_EQ(largest_frozen_group(llama_lora(), &name), kBuffer);
+  EXPECT_EQ(name, "head") << "the tail's group (the head and the final norm) is the largest";
+  ModelLayout none = llama_lora();
+  for (ParamGroup& g : none.groups) g.frozen = false;
+  name = "untouched";
+  EXPECT_EQ(largest_frozen_group(none, &name), 0);
+  EXPECT_EQ(name, "untouched");
+}
+
 TEST(DiskTier, TokensToHideFollowTheModelsShapes) {
   // the 8B's frozen stream of the plan above, 8 GPUs, 0.2 ms of compute per token on all stages
   const double stream = kEmbedding + 48 * kDecoder + kTail, c = 2e-4;
@@ -124,6 +136,7 @@ TEST(DiskTier, SavedAttentionIsDroppedFirstThenActivationsSpillAtTheBudgetsEdges
   DiskTier t;
   t.read_bandwidth = 7e9;
   t.ring_buffers = 1;
+  t.automatic_attention = false;  // the attention kept while it fits (save_attention asked for)
   const double fixed = need.master + need.moments + need.weights + need.gradients + kBuffer;  // and the ring
   t.host_budget = fixed + need.activations + need.attention;                                  // exactly both
   DiskPlan d = plan_disk_tier(m, run, t, llama_plan());
@@ -140,13 +153,20 @@ TEST(DiskTier, SavedAttentionIsDroppedFirstThenActivationsSpillAtTheBudgetsEdges
   d = plan_disk_tier(m, run, t, llama_plan());
   EXPECT_TRUE(d.attention_dropped);
   EXPECT_EQ(d.spill_bytes, 0);
-  t.host_budget = fixed + need.activations - 2048;  // 2 KiB short over two pass slots
+  // 2 KiB short: whole layers' saved inputs spill, one layer's 2 slots x 8 micro-batches x
+  // 4096 x 4096 x 2 bytes = 512 MiB; its staging, 4 workers x (4 write + 4 read) records of one
+  // micro-batch and slot (32 MiB) = 1 GiB, takes two layers' more room: 3 spill, written and read
+  // back once per iteration (one pass slot's share, 256 MiB each)
+  t.host_budget = fixed + need.activations - 2048;
   d = plan_disk_tier(m, run, t, llama_plan());
-  EXPECT_DOUBLE_EQ(d.spill_bytes, 1024);  // per iteration: one pass's share, written and read
+  const double MiB = 1 << 20;
+  EXPECT_EQ(d.spilled_layers, 3);
+  EXPECT_DOUBLE_EQ(d.staging_bytes, 4 * 8 * 32 * MiB);
+  EXPECT_DOUBLE_EQ(d.spill_bytes, 3 * 256 * MiB);
   const double stream = kEmbedding + 48 * kDecoder + kTail;
-  EXPECT_DOUBLE_EQ(d.read_bytes, stream + 1024);
-  EXPECT_DOUBLE_EQ(d.write_bytes, 1024);
-  EXPECT_DOUBLE_EQ(d.seconds, (stream + 1024) / 7e9 + 1024 / 7e9);
+  EXPECT_DOUBLE_EQ(d.read_bytes, stream + d.spill_bytes);
+  EXPECT_DOUBLE_EQ(d.write_bytes, d.spill_bytes);
+  EXPECT_DOUBLE_EQ(d.seconds, (stream + d.spill_bytes) / 7e9 + d.spill_bytes / 7e9);
 }
 
 TEST(DiskTier, ABudgetBelowTheTrainableStateAndTheRingDoesNotFit) {
@@ -158,13 +178,20 @@ TEST(DiskTier, ABudgetBelowTheTrainableStateAndTheRingDoesNotFit) {
   const double minimum = need.master + need.moments + need.weights + need.gradients + 2 * kBuffer;
   t.host_budget = minimum;
   DiskPlan d = plan_disk_tier(m, run, t, llama_plan());
-  EXPECT_TRUE(d.fits);
   EXPECT_DOUBLE_EQ(d.minimum_budget, minimum);
-  EXPECT_DOUBLE_EQ(d.spill_bytes, need.activations / 2);  // nothing left for activations
+  // no room for any activation: the spill cannot take them all (layer 0's input and the two sets
+  // of boundary gradients stay, 2 x 512 MiB), and spilling the other 33 layers takes staging
+  // buffers, 4 workers x (4 write + 33 read) records of 32 MiB: as the runtime, refused
+  const double MiB = 1 << 20;
+  EXPECT_FALSE(d.fits);
+  EXPECT_NEAR(d.least_budget, minimum + 2 * 512 * MiB + 4 * 37 * 32 * MiB, 16);
+  t.host_budget = d.least_budget;
+  d = plan_disk_tier(m, run, t, llama_plan());
+  EXPECT_TRUE(d.fits);
+  EXPECT_EQ(d.spilled_layers, 33);
+  EXPECT_DOUBLE_EQ(d.spill_bytes, 33 * 256 * MiB);
   t.host_budget = minimum - 1;
   EXPECT_FALSE(plan_disk_tier(m, run, t, llama_plan()).fits);
-  t.ring_buffers = 1;  // one buffer less
-  EXPECT_TRUE(plan_disk_tier(m, run, t, llama_plan()).fits);
 }
 
 SimOptions disk_options(int gpus, double bw) {

@@ -65,6 +65,32 @@ TEST(CacheBuild, TooLittleDiskSpaceIsOneLineAndWritesNothing) {
   EXPECT_EQ(CacheFile::open(s.path("w.cache"), "key-a").state, CacheState::valid) << "the old file was kept";
 }
 
+// Space promised to another file in the folder (the activation spill's, not yet allocated) is
+// not the cache's: the check counts it and the refusal says so.
+TEST(CacheBuild, SpacePromisedToAnotherFileIsNotTheCaches) {
+  Scratch s;
+  auto opt = small_chunks();
+  opt.free_bytes = [](const std::string&) { return uint64_t(36864 + 4096); };
+  opt.reserved_bytes = 4097;  // one byte more than the cache can spare
+  try {
+    build_cache(s.path("w.cache"), "key-a", odd_specs(), pattern_fill(), opt);
+    FAIL() << "expected a refusal";
+  } catch (const std::runtime_error& e) {
+    const std::string m = e.what();
+    EXPECT_HAS(m, s.path("w.cache") + ": not enough disk space for the tier cache: needs 36864 bytes");
+    EXPECT_HAS(m,
+               "has 40960 bytes (0.00 GiB) free, 4097 bytes (0.00 GiB) of them promised to the activation "
+               "spill's file");
+    EXPECT_EQ(m.find('\n'), std::string::npos);
+  }
+  EXPECT_TRUE(s.names().empty());
+  opt.reserved_bytes = 4096;  // exactly enough beside it
+  EXPECT_NO_THROW(build_cache(s.path("w.cache"), "key-a", odd_specs(), pattern_fill(), opt));
+  opt.reserved_bytes = uint64_t(1) << 40;  // more than the folder has: refused, no wrap-around
+  EXPECT_THROW(ensure_cache(s.path("x.cache"), "key-a", odd_specs(), pattern_fill(), opt),
+               std::runtime_error);
+}
+
 TEST(CacheBuild, AFillThrowingMidwayLeavesNoFileAndKeepsThePreviousOne) {
   Scratch s;
   auto fill_failing_at = [](size_t bad) {

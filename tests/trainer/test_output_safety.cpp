@@ -347,4 +347,33 @@ TEST(OutputSafety, OverwriteRemovesTheEarlierRunsCheckpointsAndKeepsTheUsers) {
   fs::remove_all(d);
 }
 
+// A run that stops before its first step (bad data, an early error) leaves no folder it made,
+// however deep (the parents it made too), and never removes one that was there before.
+TEST(OutputSafety, ARunFailingBeforeItsFirstStepRemovesOnlyTheFoldersItMade) {
+  auto d = tmpdir();
+  auto failing = [&](const fs::path& out) {
+    rp::TrainSpec s = spec_into(d, out, 2);
+    write(d / "bad.jsonl", "{\"text\": \"fine\"}\n{\"text\": \n");  // its second line is no JSON
+    s.data = (d / "bad.jsonl").string();
+    EXPECT_ANY_THROW(rp::Trainer(s).run());
+  };
+  failing(d / "made");
+  EXPECT_FALSE(fs::exists(d / "made")) << "the failed run made the folder and wrote nothing into it";
+  failing(d / "runs" / "exp" / "out");
+  EXPECT_FALSE(fs::exists(d / "runs")) << "the parents the run made go too";
+  fs::create_directories(d / "kept" / "empty");
+  failing(d / "kept" / "empty" / "new" / "out");
+  EXPECT_TRUE(fs::is_directory(d / "kept" / "empty")) << "a folder that was there before stays";
+  EXPECT_FALSE(fs::exists(d / "kept" / "empty" / "new"));
+  failing(d / "kept" / "empty");
+  EXPECT_TRUE(fs::is_directory(d / "kept" / "empty")) << "an empty output folder that was there before stays";
+  // an error once the run's files are written (metrics.csv, its record), before the first step
+  rp::TrainSpec late = spec_into(d, d / "late" / "out", 2);
+  rp::TrainerCallbacks cb;
+  cb.on_ready = [] { throw std::runtime_error("an error before the first step"); };
+  EXPECT_THROW(rp::Trainer(late).run(cb), std::runtime_error);
+  EXPECT_FALSE(fs::exists(d / "late")) << "its files and the folders it made go";
+  fs::remove_all(d);
+}
+
 }  // namespace

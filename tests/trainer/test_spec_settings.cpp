@@ -82,6 +82,18 @@ TEST(SpecSettings, InvalidJsonNamesLineColumnAndReason) {
       << e;
 }
 
+// A number beyond a double (1e400) is refused by the JSON reader itself: one line naming the
+// file, the line and the key, not nlohmann's own message.
+TEST(SpecSettings, ANumberBeyondADoubleNamesTheFileLineAndKey) {
+  const std::string e = error_of("{\"model\": \"m\", \"data\": \"d\",\n \"optimizer\": {\"lr\": 1e400}}", {});
+  EXPECT_NE(e.find(".json:2: key 'optimizer.lr': expected a number within a double's range (about 1.8e308), "
+                   "got 1e400"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(e.find("json.exception"), std::string::npos) << e;
+  EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+}
+
 }  // namespace
 
 // "frozen_tier": the disk tier's cache file and read-buffer budget (SessionOptions::frozen_tier),

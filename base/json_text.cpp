@@ -1,0 +1,78 @@
+#include "base/json_text.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace rp {
+
+namespace {
+
+using nlohmann::json;
+
+/// nlohmann's reason without its "[json.exception.parse_error.101] parse error at line L,
+/// column C: " prefix (the caller names the place itself).
+std::string reason_of(const json::exception& e) {
+  std::string w = e.what();
+  if (const size_t p = w.find("] "); p != std::string::npos) w = w.substr(p + 2);
+  if (w.rfind("parse error", 0) == 0)
+    if (const size_t p = w.find(": "); p != std::string::npos) w = w.substr(p + 2);
+  return w;
+}
+
+/// The 1-based line and column of the 0-based offset `pos` in `text`.
+std::pair<size_t, size_t> line_column(const std::string& text, size_t pos) {
+  pos = std::min(pos, text.size());
+  const size_t line = 1 + size_t(std::count(text.begin(), text.begin() + long(pos), '\n'));
+  const size_t nl = pos == 0 ? std::string::npos : text.rfind('\n', pos - 1);
+  return {line, pos - (nl == std::string::npos ? 0 : nl + 1) + 1};
+}
+
+}  // namespace
+
+json parse_json_text(const std::string& text, const std::string& path) {
+  std::vector<std::string> keys;  // per open object or list: the key being read ("" in a list)
+  const json::parser_callback_t track = [&](int, json::parse_event_t ev, json& v) {
+    if (ev == json::parse_event_t::object_start || ev == json::parse_event_t::array_start)
+      keys.emplace_back();
+    if ((ev == json::parse_event_t::object_end || ev == json::parse_event_t::array_end) && !keys.empty())
+      keys.pop_back();
+    if (ev == json::parse_event_t::key && !keys.empty()) keys.back() = v.get<std::string>();
+    return true;
+  };
+  try {
+    return json::parse(text, track);
+  } catch (const json::parse_error& e) {
+    const auto [line, col] = line_column(text, e.byte ? e.byte - 1 : 0);
+    throw std::invalid_argument(fmt::format("{}:{}:{}: invalid JSON: {}", path, line, col, reason_of(e)));
+  } catch (const json::out_of_range& e) {
+    // the number is the one just read: nlohmann names it ("number overflow parsing '1e400'")
+    const std::string what = e.what();
+    const auto from = what.find("parsing '"), to = what.rfind('\'');
+    const std::string number =
+        from == std::string::npos || to <= from + 9 ? std::string() : what.substr(from + 9, to - from - 9);
+    std::string key;
+    for (const auto& k : keys)
+      if (!k.empty()) key += (key.empty() ? "" : ".") + k;
+    // its line: parsing stopped at the first such number, the first occurrence that stands as a
+    // value (first in the text, or after ':', '[' or ',')
+    size_t line = 0;
+    for (size_t at = number.empty() ? std::string::npos : text.find(number); at != std::string::npos && !line;
+         at = text.find(number, at + 1)) {
+      const size_t before = at == 0 ? std::string::npos : text.find_last_not_of(" \t\r\n", at - 1);
+      if (before == std::string::npos || text[before] == ':' || text[before] == '[' || text[before] == ',')
+        line = line_column(text, at).first;
+    }
+    const std::string place = line > 0 ? fmt::format("{}:{}", path, line) : path;
+    if (number.empty()) throw std::invalid_argument(fmt::format("{}: invalid JSON: {}", place, reason_of(e)));
+    throw std::invalid_argument(
+        fmt::format("{}: {}expected a number within a double's range (about 1.8e308), got {}", place,
+                    key.empty() ? std::string() : fmt::format("key '{}': ", key), number));
+  } catch (const json::exception& e) {
+    throw std::invalid_argument(fmt::format("{}: invalid JSON: {}", path, reason_of(e)));
+  }
+}
+
+}  // namespace rp

@@ -1,0 +1,17 @@
+// Parsing a JSON file's text with errors that name the file: a syntax error its line and column,
+// a number beyond a double's range (1e400, which nlohmann::json refuses apart from syntax errors)
+// the key path it was read under and its line. Shared by the spec and config.json readers.
+#pragma once
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace rp {
+
+/// `text`, the contents of the file `path`, as JSON. Throws std::invalid_argument with one line:
+/// "<path>:<line>:<column>: invalid JSON: <reason>" for a syntax error, "<path>:<line>: key
+/// '<a.b>': expected a number within a double's range (about 1.8e308), got <number>" for a number
+/// too large (the key left out where the number is not under one).
+nlohmann::json parse_json_text(const std::string& text, const std::string& path);
+
+}  // namespace rp
