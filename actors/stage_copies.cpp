@@ -37,7 +37,8 @@ std::unique_ptr<Task> new_task(const WorkerContext& ctx, RunStage rs, uint64_t i
   const size_t esz = dtype_size(d.compute_dtype());
   for (int g : t.groups) {
     t.dparam.emplace(g, DeviceBuffer(d, size_t(m.groups[g].numel) * esz));
-    if (const int64_t st = frozen_staged_bytes(ctx, g); st > 0) t.dstage.emplace(g, DeviceBuffer(d, size_t(st)));
+    if (const int64_t st = frozen_staged_bytes(ctx, g); st > 0)
+      t.dstage.emplace(g, DeviceBuffer(d, size_t(st)));
   }
   // A frozen group uploads its storage form (ParamGroup::storage_bytes); a trainable one its
   // compute copy.
@@ -129,7 +130,8 @@ std::vector<HostCopy> output_copies(Task& t, int64_t m, SpillPort& spill, int& s
       }
     }
   } else {
-    if (t.rs.stage.first > 0 && !t.rs.eval) down(pb.boundary(t.rs.chain, m).data(), s.out.get(), pb.act_bytes);
+    if (t.rs.stage.first > 0 && !t.rs.eval)
+      down(pb.boundary(t.rs.chain, m).data(), s.out.get(), pb.act_bytes);
     if (kind == StageKind::tail) down(&pb.loss[2 * m], s.loss.get(), 2 * sizeof(float));
   }
   // the router statistics so far (forward), of the whole forward pass (tail)
@@ -161,7 +163,9 @@ void launch_dequantize(const WorkerContext& ctx, Task& t, int g, WorkerActor me)
     dequantize_frozen(d.ops(), parts, stored);
   });
   t.dequant_order.push_back(g);
-  stream.then([me, id = t.id](const std::string& err) { caf::anon_send(me, ComputeDone{id, kDequantized, err}); });
+  stream.then([me, id = t.id](const std::string& err) {
+    caf::anon_send(me, ComputeDone{id, kDequantized, err});
+  });
 }
 
 }  // namespace rp
