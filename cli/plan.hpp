@@ -60,8 +60,11 @@ struct PlanCommandOptions {
   /// base frozen in `frozen` (bf16 when empty). The adapters are trainable groups.
   int64_t lora_r = 0;
   std::string lora_targets = "all-linear";
-  /// Mixture-of-experts models: DeviceModel::grouped_gemm_efficiency.
-  double grouped_gemm_efficiency = DeviceModel{}.grouped_gemm_efficiency;
+  /// Mixture-of-experts models: DeviceModel::grouped_gemm_efficiency (0: by expert_gemm,
+  /// DeviceModel's default for "grouped", kBucketedGemmEfficiency for "bucketed").
+  double grouped_gemm_efficiency = 0;
+  /// The spec's "expert_gemm": "grouped" or "bucketed" (DeviceModel::expert_padded).
+  std::string expert_gemm = "grouped";
   /// Data-parallel replicas (scheduler/replica_cost.hpp): `nodes` nodes of `gpus` GPUs each,
   /// a network of net_gbps Gbit/s per node and direction with net_latency_us per message;
   /// `accumulation` iterations per step on each node. nodes 1: no reduction is reported.
@@ -121,6 +124,13 @@ void add_disk_options(CLI::App& plan, PlanCommandOptions& o);
 /// Registers the `plan` subcommand on `app`; it runs from its callback, prints errors as
 /// one line "roundpipe: error: ..." and then exits with code 1 (CLI::RuntimeError).
 void add_plan_command(CLI::App& app);
+
+/// The flags' values, before the model loads: a UsageError naming the first one out of range.
+void check_plan_options(const PlanCommandOptions& o);
+/// --lora-r: 0 (no adapters) or a rank LoraConfig accepts, else a UsageError.
+void check_lora_r(int64_t r);
+/// --frozen's storage form (bf16 when not given); a UsageError for another name.
+WeightFormat frozen_format(const PlanCommandOptions& o);
 
 /// Plans and prints the report to `out`. Throws std::invalid_argument / std::runtime_error
 /// with a one-line message naming the option, file or layer.

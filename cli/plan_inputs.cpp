@@ -1,5 +1,5 @@
 // `roundpipe plan`'s inputs read from text: byte sizes ("24GiB") and a model's shape from a
-// folder, its config.json or a .gguf's metadata (cli/plan.hpp).
+// folder, its config.json or a .gguf's metadata, and the checks of its flags' values (cli/plan.hpp).
 #include <cctype>
 #include <cmath>
 #include <cstring>
@@ -8,10 +8,16 @@
 
 #include <fmt/format.h>
 
+#include "base/checked_math.hpp"
 #include "cli/command.hpp"
 #include "cli/plan.hpp"
+#include "cli/plan_disk.hpp"
 #include "formats/gguf.hpp"
+#include "kernels/weight_format.hpp"
 #include "model/config.hpp"
+#include "model/lora.hpp"
+#include "roundpipe/spec.hpp"
+#include "scheduler/gpu_presets.hpp"
 
 namespace fs = std::filesystem;
 
@@ -87,6 +93,64 @@ ModelShape load_model_shape(const std::string& path, std::string* description) {
     if (m.num_experts > 0) *description += fmt::format(" in total, {:.2f} B active per token", active / 1e9);
   }
   return m;
+}
+
+// --frozen's storage form (bf16 when not given); a UsageError for another name.
+WeightFormat frozen_format(const PlanCommandOptions& o) {
+  if (o.frozen.empty()) return WeightFormat::bf16;
+  try {
+    return parse_weight_format(o.frozen);
+  } catch (const std::invalid_argument&) {
+    throw UsageError(
+        fmt::format("--frozen: expected f32, bf16, f16, q8_0, q4_0, nf4, mxfp4 or fp8, got '{}'", o.frozen));
+  }
+}
+
+// --lora-r: 0 (no adapters) or a rank LoraConfig accepts; a larger one would overflow the
+// parameter counts the plan forms from it.
+void check_lora_r(int64_t r) {
+  if (r < 0 || r > LoraConfig::kMaxRank)
+    throw UsageError(
+        fmt::format("--lora-r: expected 0 (none) or an integer in 1..{}, got {}", LoraConfig::kMaxRank, r));
+}
+
+/// The flags' values, before the model loads: a UsageError naming the first one out of range.
+void check_plan_options(const PlanCommandOptions& o) {
+  if (o.gpus < 1 || o.gpus > kMaxWorkers)
+    throw UsageError(fmt::format("--gpus: expected an integer in 1..{}, got {}", kMaxWorkers, o.gpus));
+  if (o.seq_len < 1) throw UsageError(fmt::format("--seq: expected >= 1, got {}", o.seq_len));
+  if (o.micro_batches < 1) throw UsageError(fmt::format("--micro: expected >= 1, got {}", o.micro_batches));
+  if (o.sequences_per_micro < 1)
+    throw UsageError(fmt::format("--sequences-per-micro: expected >= 1, got {}", o.sequences_per_micro));
+  if (!(o.peak_tflops > 0)) throw UsageError("--peak-tflops: expected > 0");
+  if (!(o.fp8_tflops >= 0)) throw UsageError("--fp8-tflops: expected >= 0");
+  if (o.fp8 && !o.gpu.empty() && find_gpu_preset(o.gpu) &&
+      !(achievable_rates(*find_gpu_preset(o.gpu)).fp8_tflops > 0) && !(o.fp8_tflops > 0))
+    throw UsageError(
+        fmt::format("--fp8: {} has no FP8 tensor cores (the runtime refuses \"fp8\": true there)", o.gpu));
+  if (!(o.hbm_gbps > 0)) throw UsageError("--hbm-gbps: expected > 0");
+  if (!(o.pcie_gbps >= 0)) throw UsageError("--pcie-gbps: expected >= 0");
+  if (o.iterations < 0) throw UsageError("--iterations: expected >= 0");
+  if (!(o.grouped_gemm_efficiency >= 0 && o.grouped_gemm_efficiency <= 1))
+    throw UsageError(
+        fmt::format("--grouped-gemm-efficiency: expected a fraction in (0, 1] (0: by --expert-gemm), got {}",
+                    o.grouped_gemm_efficiency));
+  check_lora_r(o.lora_r);
+  if (o.nodes < 1) throw UsageError(fmt::format("--nodes: expected >= 1, got {}", o.nodes));
+  if (!(o.net_gbps > 0)) throw UsageError(fmt::format("--net-gbps: expected > 0, got {}", o.net_gbps));
+  if (!(o.net_latency_us >= 0)) throw UsageError("--net-latency-us: expected >= 0");
+  if (o.accumulation < 1)
+    throw UsageError(fmt::format("--accumulation: expected >= 1, got {}", o.accumulation));
+  if (!checked_product({o.seq_len, o.sequences_per_micro, o.micro_batches}, int64_t(1) << 40))
+    throw UsageError(
+        fmt::format("--seq {} x --sequences-per-micro {} x --micro {}: more than 2^40 tokens per iteration",
+                    o.seq_len, o.sequences_per_micro, o.micro_batches));
+
+  if (o.max_seq && o.memory_cap.empty()) throw UsageError("--max-seq needs --memory-cap");
+  if (!o.memory_cap.empty())
+    parse_byte_size(o.memory_cap, "--memory-cap");  // bad values before the model loads
+  frozen_format(o);
+  disk_tier_of(o);  // the disk tier's flags
 }
 
 }  // namespace rp

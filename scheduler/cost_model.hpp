@@ -112,6 +112,12 @@ ModelShape model_shape_from_config(const ModelConfig& c);
 /// Errors: std::invalid_argument("<where>: key '<k>': ...") or validate()'s.
 ModelShape model_shape_from_hf_json(const nlohmann::json& j, const std::string& where);
 
+/// DeviceModel::grouped_gemm_efficiency with bucketed expert GEMMs (expert_padded; one batched
+/// GEMM per bucket of equal padded row counts): 0.6, as bench_expert_gemm measured them on the
+/// H200 at Qwen3-30B-A3B shapes with uniform routing (462-506 TFLOP/s against 790; skewed
+/// routing gave 304-340, about 0.41). Not yet measured inside a training step.
+constexpr double kBucketedGemmEfficiency = 0.6;
+
 /// Device and precision assumptions of the estimate.
 struct DeviceModel {
   double peak_flops = 790e12;  ///< achievable dense GEMM FLOP/s at the compute dtype

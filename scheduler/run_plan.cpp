@@ -28,6 +28,7 @@ DeviceModel backend_device_model(const std::string& backend, double cpu_link_byt
   if (fp8) m.fp8_flops = kFp8SpeedupH200 * m.peak_flops;
   m.fp8_weight_gradients = fp8 && fp8_wgrad;
   m.expert_padded = expert_padded;
+  if (expert_padded) m.grouped_gemm_efficiency = kBucketedGemmEfficiency;
   return m;
 }
 

@@ -73,6 +73,46 @@ TEST(CliPlanMoe, PlansAMoeConfigWithEitherExpertKey) {
   fs::remove_all(d);
 }
 
+// The number before `unit` on the line that starts with `head` (-1 when absent).
+double number_before(const std::string& out, const std::string& head, const std::string& unit) {
+  const size_t line = out.find("\n" + head);
+  if (line == std::string::npos) return -1;
+  const size_t at = out.find(unit, line + 1);
+  if (at == std::string::npos || at > out.find('\n', line + 1)) return -1;
+  const size_t from = out.rfind(' ', at - 2) + 1;
+  std::string digits;
+  for (size_t i = from; i < at; ++i)
+    if (out[i] != ',') digits += out[i];
+  return std::stod(digits);
+}
+
+TEST(CliPlanMoe, BucketedExpertGemmsPlanFasterWithPaddedScratch) {
+  auto d = tmpdir();
+  write(d / "config.json", moe_config("num_experts"));
+  const std::string base = "plan --model " + (d / "config.json").string() + " --gpus 1 --seq 4096 --micro 8";
+  CliRun g = roundpipe(base, d), b = roundpipe(base + " --expert-gemm bucketed", d);
+  ASSERT_EQ(g.code, 0) << g.err;
+  ASSERT_EQ(b.code, 0) << b.err;
+  EXPECT_NE(g.out.find("(grouped GEMMs at 0.33 of peak)"), std::string::npos) << g.out;
+  EXPECT_NE(b.out.find("(bucketed GEMMs at 0.6 of peak)"), std::string::npos) << b.out;
+  const double gt = number_before(g.out, "iteration", " tokens/s"),
+               bt = number_before(b.out, "iteration", " tokens/s");
+  ASSERT_GT(gt, 0) << g.out;
+  EXPECT_GT(bt, 1.05 * gt) << "faster expert GEMMs: a faster iteration\n" << b.out;
+  const double gm = number_before(g.out, "peak", " GiB per GPU"),
+               bm = number_before(b.out, "peak", " GiB per GPU");
+  ASSERT_GT(gm, 0) << g.out;
+  EXPECT_GT(bm, gm) << "padded rows: more expert scratch\n" << b.out;
+  // a given efficiency wins over the expert_gemm default
+  CliRun e = roundpipe(base + " --expert-gemm bucketed --grouped-gemm-efficiency 0.5", d);
+  ASSERT_EQ(e.code, 0) << e.err;
+  EXPECT_NE(e.out.find("(bucketed GEMMs at 0.5 of peak)"), std::string::npos) << e.out;
+  CliRun bad = roundpipe(base + " --expert-gemm fast", d);
+  EXPECT_EQ(bad.code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("--expert-gemm"), std::string::npos) << bad.err;
+  fs::remove_all(d);
+}
+
 TEST(CliPlanMoe, ExampleConfigsPlan) {
   auto d = tmpdir();
   for (const char* name : {"qwen3-30b-a3b", "qwen3-235b-a22b"}) {
