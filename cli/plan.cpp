@@ -113,12 +113,7 @@ PartitionOptions partition_options(const PlanCommandOptions& o, int64_t cap) {
 
 std::optional<ModelLayout> run_layout(const PlanCommandOptions& o) {
   if (o.frozen.empty() && o.lora_r == 0) return std::nullopt;
-  check_lora_r(o.lora_r);
-  if (o.nodes < 1) throw UsageError(fmt::format("--nodes: expected >= 1, got {}", o.nodes));
-  if (!(o.net_gbps > 0)) throw UsageError(fmt::format("--net-gbps: expected > 0, got {}", o.net_gbps));
-  if (!(o.net_latency_us >= 0)) throw UsageError("--net-latency-us: expected >= 0");
-  if (o.accumulation < 1)
-    throw UsageError(fmt::format("--accumulation: expected >= 1, got {}", o.accumulation));
+  check_lora_r(o.lora_r);  // the flags' other checks ran before (check_plan_options)
   WeightFormat f = frozen_format(o);
   const ModelConfig c = plan_config(o);
   if (f == WeightFormat::mxfp4 && c.num_experts == 0)
