@@ -28,7 +28,8 @@ TEST(CliOutputCleanup, AFailedRunTakesBackAFolderMadeOnTheWayThroughDotDot) {
   EXPECT_FALSE(fs::exists(d / "new1")) << r.err;
   EXPECT_FALSE(fs::exists(d / "new2")) << r.err;
   // an empty folder of the user's reached through ".." stays
-  const CliRun o = roundpipe("train " + (d / "spec.json").string() + " --output-dir " + (d / "new3/../old").string(), d);
+  const CliRun o =
+      roundpipe("train " + (d / "spec.json").string() + " --output-dir " + (d / "new3/../old").string(), d);
   EXPECT_EQ(o.code, 1) << o.err;
   EXPECT_FALSE(fs::exists(d / "new3")) << o.err;
   EXPECT_TRUE(fs::is_directory(d / "old"));
@@ -58,7 +59,8 @@ TEST(CliOutputCleanup, AStopSignalWhileLoadingTakesBackTheFoldersTheRunMade) {
     ::_exit(127);
   }
   // the run makes its output folders before it loads the model
-  for (int i = 0; i < 400 && !fs::exists(out); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  for (int i = 0; i < 400 && !fs::exists(out); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   const bool made = fs::is_directory(out);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // now waiting on the FIFO
   ::kill(pid, SIGINT);
