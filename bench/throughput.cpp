@@ -276,7 +276,8 @@ int run(int argc, char** argv) {
         fmt::format("--seqs {} --micro {}: expected --micro >= 1 and --seqs a multiple of --micro (each "
                     "of the --micro micro-batches holds --seqs / --micro sequences, at least one)",
                     seqs, micro));
-  if (seq < 1) usage_error(fmt::format("--seq {}: expected tokens per sequence >= 1", seq));
+  // a sequence of one token has no target to predict (the spec refuses seq_len 1 too)
+  if (seq < 2) usage_error(fmt::format("--seq {}: expected tokens per sequence >= 2", seq));
   needs(app.count("--tier-ring-gib") > 0, !frozen_tier.empty(), "--tier-ring-gib", "--frozen-tier PATH");
   needs(app.count("--tier-resident-gib") > 0, !frozen_tier.empty(), "--tier-resident-gib",
         "--frozen-tier PATH");

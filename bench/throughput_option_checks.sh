@@ -28,6 +28,7 @@ check "--seqs 4 --micro 8: expected --micro >= 1 and --seqs a multiple of --micr
 check "--seqs 10 --micro 4: expected" --seqs 10 --micro 4
 check "--seqs 8 --micro 0: expected" --micro 0
 check "--seq 0: expected" --seq 0
+check "--seq 1: expected tokens per sequence >= 2" --seq 1
 check "--plan: expected a plan as JSON" --plan '{bad' --backend cpu --layers 2 --hidden 64 --heads 2 --kv-heads 1 --head-dim 32 --ffn 128 --vocab 128 --seq 16 --seqs 2 --micro 2
 check "model's shape" --heads 3 --kv-heads 2 --backend cpu
 check "--backend: tpu not in" --backend tpu
