@@ -1,6 +1,11 @@
 #include "base/json_text.hpp"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <stdexcept>
 #include <vector>
 
@@ -73,6 +78,18 @@ json parse_json_text(const std::string& text, const std::string& path) {
   } catch (const json::exception& e) {
     throw std::invalid_argument(fmt::format("{}: invalid JSON: {}", path, reason_of(e)));
   }
+}
+
+std::string read_json_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw std::invalid_argument(fmt::format("{}: is a folder, expected a JSON file", path));
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::invalid_argument(fmt::format("{}: cannot open ({})", path, std::strerror(errno)));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) throw std::invalid_argument(fmt::format("{}: cannot read ({})", path, std::strerror(errno)));
+  return ss.str();
 }
 
 }  // namespace rp

@@ -1,6 +1,7 @@
 // Parsing a JSON file's text with errors that name the file: a syntax error its line and column,
 // a number beyond a double's range (1e400, which nlohmann::json refuses apart from syntax errors)
-// the key path it was read under and its line. Shared by the spec and config.json readers.
+// the key path it was read under and its line. Shared by the spec, config.json and tokenizer
+// file readers.
 #pragma once
 #include <string>
 
@@ -13,5 +14,10 @@ namespace rp {
 /// '<a.b>': expected a number within a double's range (about 1.8e308), got <number>" for a number
 /// too large (the key left out where the number is not under one).
 nlohmann::json parse_json_text(const std::string& text, const std::string& path);
+
+/// The text of the JSON file `path`. Throws std::invalid_argument with one line naming it:
+/// "<path>: is a folder, expected a JSON file" (a folder reads as an empty file, which the parser
+/// called "unexpected end of input" at 1:1) or "<path>: cannot open (<reason>)".
+std::string read_json_file(const std::string& path);
 
 }  // namespace rp

@@ -1,7 +1,11 @@
 #include "base/output_folder.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <stdexcept>
@@ -192,21 +196,54 @@ std::string name_list(const std::vector<std::string>& names, size_t shown) {
   return out;
 }
 
-std::vector<std::string> missing_folders(const std::string& path) {
-  std::error_code ec;
-  std::vector<std::string> missing;
-  for (fs::path p = fs::path(path).lexically_normal(); !p.empty() && p.has_relative_path();
-       p = p.parent_path()) {
-    if (fs::exists(fs::symlink_status(p, ec)) || p.filename() == "..") break;
-    if (!p.filename().empty() && p.filename() != ".") missing.push_back(p.string());
+std::vector<std::string> create_folders(const std::string& path, std::error_code& ec) {
+  ec.clear();
+  std::vector<std::string> made;
+  fs::path p;
+  for (const fs::path& part : fs::path(path)) {
+    p /= part;
+    // the root, "." and ".." (folders that exist once their parent does), a trailing separator
+    if (part.empty() || part == "." || part == ".." || !p.has_relative_path()) continue;
+    if (fs::is_directory(p, ec)) continue;  // there before (a link to a folder too)
+    if (!fs::create_directory(p, ec)) {
+      if (ec) break;
+      continue;  // made by someone else meanwhile: not ours to take back
+    }
+    made.push_back(p.string());
   }
-  return missing;
+  std::reverse(made.begin(), made.end());
+  return made;
 }
 
 void remove_empty_folders(const std::vector<std::string>& folders) {
   std::error_code ec;
   for (const std::string& dir : folders)
     if (!fs::remove(dir, ec)) break;
+}
+
+namespace {
+
+// The folders remove_recorded_folders takes back: a fixed table a signal handler can read;
+// g_made_count is 0 while the table is being written.
+constexpr size_t kMadeSlots = 16;
+constexpr size_t kMadePathMax = 4096;
+char g_made[kMadeSlots][kMadePathMax];
+std::atomic<size_t> g_made_count{0};
+
+}  // namespace
+
+void record_folders_made(const std::vector<std::string>& folders) {
+  g_made_count.store(0);
+  size_t n = 0;
+  for (; n < folders.size() && n < kMadeSlots && folders[n].size() < kMadePathMax; ++n)
+    std::memcpy(g_made[n], folders[n].c_str(), folders[n].size() + 1);
+  g_made_count.store(n);
+}
+
+void remove_recorded_folders() noexcept {
+  const size_t n = g_made_count.load();
+  for (size_t i = 0; i < n; ++i)
+    if (::rmdir(g_made[i]) != 0) break;
 }
 
 }  // namespace rp

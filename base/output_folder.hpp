@@ -72,13 +72,24 @@ std::vector<ForeignEntry> foreign_entries(const std::filesystem::path& dir);
 /// The names of foreign_entries(dir).
 std::vector<std::string> foreign_names(const std::filesystem::path& dir);
 
-/// The folders of `path` (itself and its parents) that do not exist yet, deepest first: those
-/// std::filesystem::create_directories(path) makes.
-std::vector<std::string> missing_folders(const std::string& path);
+/// Makes the folder `path` and the parents it lacks, one at a time in the order the path names
+/// them ("a/../b" makes a, then b); returns the folders it made, deepest first, also when it
+/// stops part way with `ec` set: exactly the folders a caller may take back.
+std::vector<std::string> create_folders(const std::string& path, std::error_code& ec);
 
 /// Removes `folders` in order (deepest first) while each is empty; stops at the first that is
 /// not (or cannot be removed), so nothing holding an entry is touched.
 void remove_empty_folders(const std::vector<std::string>& folders);
+
+/// Records `folders` (deepest first; an empty list clears the record) for
+/// remove_recorded_folders: the folders a run made that a stop signal ending the process before
+/// the run writes anything takes back. At most the 16 deepest are kept, each under 4096 bytes
+/// (a longer name ends the list there).
+void record_folders_made(const std::vector<std::string>& folders);
+
+/// Removes the recorded folders in order while each is empty (rmdir), for a process about to end
+/// at once on a signal (std::_Exit). Async-signal-safe.
+void remove_recorded_folders() noexcept;
 
 /// "a, b, c, ... (N in all)": at most `shown` of `names`, for a log or error line.
 std::string name_list(const std::vector<std::string>& names, size_t shown = 5);

@@ -39,13 +39,16 @@
 // or as one batched GEMM per bucket of a padded layout (spec key "expert_gemm"). Every row
 // reports the peak device memory and the process's peak host memory (max RSS). A failure of the run (memory
 // cap, device error) is one line on stderr and exit 1; a bad argument (a value out of range, an
-// option without the one it needs, --seqs not a multiple of --micro) one line and exit 2.
+// option without the one it needs, --seqs not a multiple of --micro, an output file whose folder
+// is missing) one line and exit 2.
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <random>
@@ -92,6 +95,32 @@ CLI::Validator gib_validator(const std::string& zero_means) {
       "GiB");
 }
 
+/// CLI11 check of a number in [lo, hi] (NaN refused: CLI11's Range lets it through, and its
+/// open ranges print 1.8e308): "expected <what> from <lo> to <hi>, got '<v>'".
+CLI::Validator number_validator(double lo, double hi, const std::string& what) {
+  return CLI::Validator(
+      [lo, hi, what](const std::string& v) -> std::string {
+        char* end = nullptr;
+        const double x = std::strtod(v.c_str(), &end);
+        if (v.empty() || *end != 0 || !(x >= lo && x <= hi))
+          return fmt::format("expected {} from {} to {}, got '{}'", what, lo, hi, v);
+        return "";
+      },
+      "NUMBER");
+}
+
+/// A folder `path` (an output file of the bench) can be written in, checked before the run: a
+/// missing folder is one line and exit 2 instead of an error after every step was measured.
+void check_output_file(const std::string& option, const std::string& path) {
+  if (path.empty()) return;
+  std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec) || ::access(dir.c_str(), W_OK) != 0)
+    usage_error(fmt::format("{} {}: expected a file in a folder that exists and can be written ({})", option,
+                            path, dir.string()));
+}
+
 double max_rss_gib() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
@@ -135,8 +164,8 @@ int run(int argc, char** argv) {
   int64_t mlp_chunk = 0;
   std::string preset, expert_gemm = "grouped";
   double cap = 139;
-  app.add_option("--backend", backend);
-  app.add_option("--workers", workers);
+  app.add_option("--backend", backend)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  app.add_option("--workers", workers)->check(CLI::Range(1, 1024));
   app.add_option("--layers", layers);
   app.add_option("--hidden", hidden);
   app.add_option("--heads", heads);
@@ -158,17 +187,20 @@ int run(int argc, char** argv) {
   app.add_flag("--fp8-wgrad", fp8_wgrad, "with --fp8: their weight gradients in FP8 too");
   app.add_flag("--fp8-stored-direct", fp8_direct,
                "with --fp8 and --base-format fp8: run the base's linears from its codes (experimental)");
-  app.add_option("--cap-gib", cap, "device memory cap per worker");
+  app.add_option("--cap-gib", cap, "device memory cap per worker")
+      ->check(number_validator(0.001, double(1 << 20), "GiB"));
   app.add_option("--trace", trace);
   app.add_option("--results", results, "append a markdown row here");
   app.add_option("--plan", plan_json, "explicit plan (JSON as in a spec's \"plan\" key)");
   app.add_option("--dtype", dtype, "storage dtype on the GPU")->check(CLI::IsMember({"bf16", "f16"}));
   app.add_option("--bulk-inflight", bulk_inflight,
-                 "parameter/gradient chunks in flight at once (priorities on)");
+                 "parameter/gradient chunks in flight at once (priorities on)")
+      ->check(CLI::Range(1, 1024));
   app.add_flag("--no-priorities", no_prio, "transfers first come, first served (no cross-stream priority)");
   app.add_option("--chunk-bytes", chunk_bytes, "cut parameter/gradient copies into chunks of this (0: none)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--mlp-chunk", mlp_chunk, "decoders' MLP chunk in tokens (0: default)");
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 40));
+  app.add_option("--mlp-chunk", mlp_chunk, "decoders' MLP chunk in tokens (0: default)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
   double pin_budget_gib = -1;
   app.add_option("--pin-budget-gib", pin_budget_gib,
                  "host GiB the runtime may page-lock (default: three quarters of the host's memory)")
@@ -197,9 +229,10 @@ int run(int argc, char** argv) {
   app.add_flag("--no-save-attention", no_save_attention,
                "recompute each decoder's attention in backward instead of keeping the forward's output");
   app.add_option(
-      "--cap-above-plan", cap_above_plan,
-      "run the plan chosen at --cap-gib with the cap this fraction above its predicted working set "
-      "(e.g. 0.02)");
+         "--cap-above-plan", cap_above_plan,
+         "run the plan chosen at --cap-gib with the cap this fraction above its predicted working set "
+         "(e.g. 0.02)")
+      ->check(number_validator(0, 100, "a fraction"));
   app.add_option("--profile-out", profile_out, "write the measured per-layer profile (JSON) here");
   app.add_option(
          "--preset", preset,
@@ -210,15 +243,16 @@ int run(int argc, char** argv) {
   int64_t experts = 0, top_k = 2, expert_ffn = 0, sparse_step = 1;
   app.add_option("--experts", experts,
                  "mixture of experts (Qwen3-MoE): routed experts per sparse layer (0: dense)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 20));
   app.add_option("--experts-per-tok", top_k, "experts per token (top-k)");
-  app.add_option("--expert-ffn", expert_ffn, "FFN width of one expert (moe_intermediate_size; 0: --ffn)");
+  app.add_option("--expert-ffn", expert_ffn, "FFN width of one expert (moe_intermediate_size; 0: --ffn)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
   app.add_option("--sparse-step", sparse_step, "every step-th decoder is sparse (decoder_sparse_step)");
   int64_t lora_r = 0;
   double lora_alpha = 0;
   std::string lora_targets = "all-linear", base_format = "bf16";
   app.add_option("--lora-r", lora_r, "LoRA rank on frozen base weights (0: full fine-tuning)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(int64_t(0), int64_t(65536)));
   app.add_option("--lora-alpha", lora_alpha, "LoRA alpha (default: 2 x rank)");
   app.add_option(
       "--lora-targets", lora_targets,
@@ -242,7 +276,8 @@ int run(int argc, char** argv) {
         fmt::format("--seqs {} --micro {}: expected --micro >= 1 and --seqs a multiple of --micro (each "
                     "of the --micro micro-batches holds --seqs / --micro sequences, at least one)",
                     seqs, micro));
-  if (seq < 1) usage_error(fmt::format("--seq {}: expected tokens per sequence >= 1", seq));
+  // a sequence of one token has no target to predict (the spec refuses seq_len 1 too)
+  if (seq < 2) usage_error(fmt::format("--seq {}: expected tokens per sequence >= 2", seq));
   needs(app.count("--tier-ring-gib") > 0, !frozen_tier.empty(), "--tier-ring-gib", "--frozen-tier PATH");
   needs(app.count("--tier-resident-gib") > 0, !frozen_tier.empty(), "--tier-resident-gib",
         "--frozen-tier PATH");
@@ -255,6 +290,12 @@ int run(int argc, char** argv) {
         "--lora-r R (it streams a LoRA base) or --tier-spill-layers N");
   needs(fp8_direct, fp8, "--fp8-stored-direct", "--fp8");
   needs(fp8_wgrad, fp8, "--fp8-wgrad", "--fp8");
+  for (const char* o : {"--lora-alpha", "--lora-targets", "--base-format"})
+    needs(app.count(o) > 0, lora_r > 0, o, "--lora-r R (a LoRA run)");
+  needs(dtype == "f16", backend != "cpu", "--dtype f16", "--backend cuda (the cpu backend computes in f32)");
+  check_output_file("--results", results);
+  check_output_file("--trace", trace);
+  check_output_file("--profile-out", profile_out);
   bool tied = true;
   double rope_theta = 1e6;
   if (preset == "qwen3-4b")
@@ -278,6 +319,8 @@ int run(int argc, char** argv) {
     qwen3 = false, tied = false, rope_theta = 150000, layers = 24, hidden = 2880, heads = 64, kv = 8, hd = 64,
     ffn = 2880, experts = 32, top_k = 4, expert_ffn = 2880, vocab = 201088, sparse_step = 1;
   if (app.count("--layers")) layers = int(app["--layers"]->as<int>());  // fewer of a preset's layers
+  for (const char* o : {"--experts-per-tok", "--expert-ffn", "--sparse-step", "--expert-gemm"})
+    needs(app.count(o) > 0, experts > 0, o, "--experts E or a mixture-of-experts --preset");
 
   rp::ModelConfig c;
   c.architecture = qwen3 ? "qwen3" : "llama";
@@ -530,7 +573,11 @@ int run(int argc, char** argv) {
       double(peak_est.bytes) / double(1ull << 30),
       double(s.peak_device_bytes()) / double(std::max<int64_t>(peak_est.bytes, 1)), rss, dt, weight_gb,
       s.plan().summary().c_str(), xfer.c_str(), chunks.c_str());
-  if (!results.empty()) std::ofstream(results, std::ios::app) << row << "\n";
+  if (!results.empty()) {
+    std::ofstream f(results, std::ios::app);
+    if (!(f << row << "\n") || !f.flush())
+      throw std::runtime_error(fmt::format("--results {}: cannot append the row (disk full?)", results));
+  }
   if (!trace.empty()) s.write_trace(trace);
   if (!profile_out.empty()) s.save_profile(profile_out);
   return 0;

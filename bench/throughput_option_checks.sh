@@ -28,6 +28,27 @@ check "--seqs 4 --micro 8: expected --micro >= 1 and --seqs a multiple of --micr
 check "--seqs 10 --micro 4: expected" --seqs 10 --micro 4
 check "--seqs 8 --micro 0: expected" --micro 0
 check "--seq 0: expected" --seq 0
+check "--seq 1: expected tokens per sequence >= 2" --seq 1
 check "--plan: expected a plan as JSON" --plan '{bad' --backend cpu --layers 2 --hidden 64 --heads 2 --kv-heads 1 --head-dim 32 --ffn 128 --vocab 128 --seq 16 --seqs 2 --micro 2
 check "model's shape" --heads 3 --kv-heads 2 --backend cpu
+check "--backend: tpu not in" --backend tpu
+check "--workers: Value 0 not in range 1 to 1024" --workers 0
+check "--experts: Value -1 not in range 0 to 1048576" --experts -1
+check "--chunk-bytes: Value -1 not in range 0 to" --chunk-bytes -1
+check "--lora-r: Value -1 not in range 0 to 65536" --lora-r -1
+check "--expert-ffn: Value -5 not in range 0 to" --experts 4 --expert-ffn -5
+check "--mlp-chunk: Value -1 not in range" --mlp-chunk -1
+check "--bulk-inflight: Value 0 not in range 1 to 1024" --bulk-inflight 0
+check "--cap-gib: expected GiB from 0.001 to 1048576, got 'nan'" --cap-gib nan
+check "--cap-gib: expected GiB from 0.001 to 1048576, got '-1'" --cap-gib -1
+check "--cap-above-plan: expected a fraction from 0 to 100, got 'nan'" --cap-above-plan nan
+check "--lora-alpha needs --lora-r" --lora-alpha 3
+check "--base-format needs --lora-r" --base-format nf4
+check "--lora-targets needs --lora-r" --lora-targets experts
+check "--expert-gemm needs --experts" --expert-gemm bucketed
+check "--sparse-step needs --experts" --sparse-step 2
+check "--dtype f16 needs --backend cuda" --dtype f16 --backend cpu
+check "--results /nonexistent/dir/x.md: expected a file in a folder that exists" --results /nonexistent/dir/x.md
+check "--trace /nonexistent/dir/t.json: expected a file in a folder" --trace /nonexistent/dir/t.json
+check "--profile-out /nonexistent/p.json: expected a file in a folder" --profile-out /nonexistent/p.json
 exit $fail

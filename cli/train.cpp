@@ -24,6 +24,7 @@
 
 #include "base/atomic_file.hpp"
 #include "base/counted.hpp"
+#include "base/output_folder.hpp"
 #include "cli/command.hpp"
 #include "roundpipe/model_source.hpp"
 #include "roundpipe/replicas.hpp"
@@ -145,6 +146,7 @@ void on_startup_signal(int) {
       "\nroundpipe: stop signal before the first step: exiting (nothing was trained or saved)\n";
   write_err(msg, sizeof msg - 1);
   remove_unfinished_temporaries();  // e.g. a disk tier's cache being built
+  remove_recorded_folders();        // the output folders the run made, while still empty
   std::_Exit(130);
 }
 

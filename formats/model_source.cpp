@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "base/json_text.hpp"
 #include "formats/gguf.hpp"
 #include "formats/model_source_impl.hpp"
 #include "formats/phi3_hf.hpp"
@@ -45,9 +46,9 @@ std::string read_text(const std::string& path) {
 
 json read_json(const std::string& path) {
   try {
-    return json::parse(read_text(path));
-  } catch (const json::exception& e) {
-    fail(path, fmt::format("invalid JSON: {}", e.what()));
+    return parse_json_text(read_json_file(path), path);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(one_line(e.what()));  // as the folder's other read errors
   }
 }
 

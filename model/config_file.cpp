@@ -18,13 +18,9 @@ namespace rp {
 using nlohmann::json;
 
 ModelConfig load_config_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw std::runtime_error(fmt::format("{}: cannot open", path));
-  std::stringstream ss;
-  ss << f.rdbuf();
   json j;
   try {
-    j = parse_json_text(ss.str(), path);
+    j = parse_json_text(read_json_file(path), path);
   } catch (const std::invalid_argument& e) {
     throw std::runtime_error(e.what());  // as the file's other read errors
   }

@@ -36,13 +36,14 @@ namespace rp {
 OutputDirLock::OutputDirLock(const TrainSpec& spec) {
   std::error_code ec;
   if (fs::exists(spec.output_dir, ec) && !fs::is_directory(spec.output_dir, ec))
-    return;                                                             // prepare_output_dir says
-  std::vector<std::string> missing = missing_folders(spec.output_dir);  // what this run makes
-  fs::create_directories(spec.output_dir, ec);
-  if (!ec) made_ = std::move(missing);
-  if (ec)
+    return;                                     // prepare_output_dir says
+  made_ = create_folders(spec.output_dir, ec);  // exactly what this run makes
+  if (ec) {
+    remove_made_if_empty();
+    made_.clear();
     throw std::invalid_argument(fmt::format("{}: key 'output_dir': cannot create '{}': {}", spec.source,
                                             spec.output_dir, ec.message()));
+  }
   fd_ = ::open(spec.output_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd_ < 0) {
     const int err = errno;
@@ -50,7 +51,10 @@ OutputDirLock::OutputDirLock(const TrainSpec& spec) {
     throw std::invalid_argument(fmt::format("{}: key 'output_dir': cannot open '{}': {}", spec.source,
                                             spec.output_dir, std::strerror(err)));
   }
-  if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return;
+  if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) {
+    record_folders_made(made_);  // a stop signal before the run writes anything takes them back
+    return;
+  }
   const int err = errno;
   if (err == EWOULDBLOCK) {
     ::close(fd_);
@@ -62,14 +66,17 @@ OutputDirLock::OutputDirLock(const TrainSpec& spec) {
   }
   spdlog::warn("could not lock the output folder {} ({}): nothing stops another run from writing into it",
                spec.output_dir, std::strerror(err));
+  record_folders_made(made_);
 }
 
 OutputDirLock::~OutputDirLock() {
   if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the flock
+  if (!made_.empty()) record_folders_made({});
 }
 
 OutputDirLock::OutputDirLock(OutputDirLock&& o) noexcept : fd_(o.fd_), made_(std::move(o.made_)) {
   o.fd_ = -1;
+  o.made_.clear();
 }
 
 void OutputDirLock::remove_made_if_empty() const { remove_empty_folders(made_); }
@@ -79,6 +86,7 @@ OutputDirLock& OutputDirLock::operator=(OutputDirLock&& o) noexcept {
     if (fd_ >= 0) ::close(fd_);
     fd_ = o.fd_;
     made_ = std::move(o.made_);
+    o.made_.clear();
     o.fd_ = -1;
   }
   return *this;

@@ -611,9 +611,7 @@ namespace {
 nlohmann::json read_spec_json(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::invalid_argument(path + ": cannot open the spec file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_json_text(ss.str(), path);
+  return parse_json_text(read_json_file(path), path);
 }
 
 /// The setting an error of the merged spec comes from: the last one whose key (or a key

@@ -122,6 +122,14 @@ Tokenizer tokenizer_of(const LoadedModel& model) {
   require_tokenizer(model);
   Tokenizer tok = Tokenizer::from_json(model.tokenizer_json, tokenizer_origin(model));
   if (model.config.eos_token_id >= 0) tok.set_eos_id(int32_t(model.config.eos_token_id));
+  // sequences are padded with it and every example ends with it
+  if (tok.eos_id() < 0)
+    throw std::invalid_argument(fmt::format(
+        "{}: the model names no end-of-sequence token, which pads the training sequences and ends each "
+        "example (expected eos_token_id in config.json or the GGUF's tokenizer.ggml.eos_token_id, eos_token "
+        "in tokenizer_config.json, or one of <|endoftext|>, <|end_of_text|>, </s>, <|im_end|>, <|eot_id|> in "
+        "{})",
+        model.source, tokenizer_origin(model)));
   return tok;
 }
 }  // namespace

@@ -43,22 +43,75 @@ TEST(OutputFolder, TheRootHomeWorkingDirectoryItsParentsAndATildeAreRefused) {
 }
 
 // The folders a writer makes for a path, and taking back only those, only while empty.
-TEST(OutputFolder, MissingFoldersAreTheOnesMadeAndOnlyEmptyOnesGo) {
+TEST(OutputFolder, CreatedFoldersAreTheOnesMadeAndOnlyEmptyOnesGo) {
   const fs::path d = fs::temp_directory_path() / ("rp_missing_" + std::to_string(::getpid()));
   fs::remove_all(d);
   fs::create_directories(d / "there");
   const std::string out = (d / "there" / "a" / "b").string();
-  const std::vector<std::string> missing = rp::missing_folders(out + "/");
-  EXPECT_EQ(missing, (std::vector<std::string>{out, (d / "there" / "a").string()}));
-  EXPECT_TRUE(rp::missing_folders((d / "there").string()).empty());
-  fs::create_directories(out);
+  std::error_code ec;
+  const std::vector<std::string> made = rp::create_folders(out + "/", ec);
+  ASSERT_FALSE(ec) << ec.message();
+  EXPECT_EQ(made, (std::vector<std::string>{out, (d / "there" / "a").string()}));
+  EXPECT_TRUE(fs::is_directory(out));
+  EXPECT_TRUE(rp::create_folders((d / "there").string(), ec).empty()) << "there before: not made";
   std::FILE* f = std::fopen((d / "there" / "a" / "keep.txt").c_str(), "w");
   ASSERT_NE(f, nullptr);
   std::fclose(f);
-  rp::remove_empty_folders(missing);
+  rp::remove_empty_folders(made);
   EXPECT_FALSE(fs::exists(out)) << "empty: removed";
   EXPECT_TRUE(fs::exists(d / "there" / "a" / "keep.txt")) << "a folder holding a file stays";
   EXPECT_TRUE(fs::is_directory(d / "there"));
+  fs::remove_all(d);
+}
+
+// A path through "..": the folder it passes through is made too, so it is one to take back
+// (the made list was the normalised path's, "new2" without "new1", and new1 stayed behind);
+// an existing folder reached through ".." is not.
+TEST(OutputFolder, AFolderMadeOnTheWayThroughDotDotIsTakenBack) {
+  const fs::path d = fs::temp_directory_path() / ("rp_dotdot_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d / "old");
+  std::error_code ec;
+  std::vector<std::string> made = rp::create_folders((d / "new1" / ".." / "new2").string(), ec);
+  ASSERT_FALSE(ec) << ec.message();
+  EXPECT_EQ(made, (std::vector<std::string>{(d / "new1" / ".." / "new2").string(), (d / "new1").string()}));
+  rp::remove_empty_folders(made);
+  EXPECT_FALSE(fs::exists(d / "new1"));
+  EXPECT_FALSE(fs::exists(d / "new2"));
+  made = rp::create_folders((d / "new3" / ".." / "old").string(), ec);
+  EXPECT_EQ(made, (std::vector<std::string>{(d / "new3").string()})) << "old was there before";
+  rp::remove_empty_folders(made);
+  EXPECT_TRUE(fs::is_directory(d / "old"));
+  EXPECT_FALSE(fs::exists(d / "new3"));
+  // a parent that is a file: nothing made, the error set
+  std::FILE* f = std::fopen((d / "afile").c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  EXPECT_TRUE(rp::create_folders((d / "afile" / "sub").string(), ec).empty());
+  EXPECT_TRUE(ec);
+  fs::remove_all(d);
+}
+
+// What a stop signal takes back: the recorded folders, deepest first, only while empty.
+TEST(OutputFolder, RecordedFoldersAreRemovedOnlyWhileEmpty) {
+  const fs::path d = fs::temp_directory_path() / ("rp_recorded_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  std::error_code ec;
+  rp::record_folders_made(rp::create_folders((d / "a" / "b").string(), ec));
+  rp::remove_recorded_folders();
+  EXPECT_FALSE(fs::exists(d / "a"));
+  EXPECT_TRUE(fs::is_directory(d)) << "not made: not recorded";
+  rp::record_folders_made(rp::create_folders((d / "c" / "e").string(), ec));
+  std::FILE* f = std::fopen((d / "c" / "e" / "mine.txt").c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  rp::remove_recorded_folders();
+  EXPECT_TRUE(fs::exists(d / "c" / "e" / "mine.txt")) << "a folder holding a file stays, and its parents";
+  rp::record_folders_made({});
+  fs::remove(d / "c" / "e" / "mine.txt");
+  rp::remove_recorded_folders();
+  EXPECT_TRUE(fs::is_directory(d / "c" / "e")) << "a cleared record removes nothing";
   fs::remove_all(d);
 }
 

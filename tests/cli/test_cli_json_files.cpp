@@ -1,0 +1,57 @@
+// JSON files the commands read (the spec, a model folder's config.json and tokenizer files):
+// a folder where the file should be, and a syntax error, are one line naming the file.
+#include "tests/cli/cli_util.hpp"
+
+namespace {
+
+using namespace rp::clitest;
+
+// A folder reads as an empty file: the line said "<path>:1:1: invalid JSON: ... unexpected end
+// of input", as if the file were empty.
+TEST(CliJsonFiles, AFolderWhereAJsonFileShouldBeIsNamedAsAFolder) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  write(d / "data.jsonl", "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n");
+  fs::create_directories(d / "spec.json");
+  const CliRun spec = roundpipe("train " + (d / "spec.json").string(), d);
+  EXPECT_EQ(spec.code, 1);
+  EXPECT_EQ(spec.err,
+            "roundpipe: error: " + (d / "spec.json").string() + ": is a folder, expected a JSON file\n");
+  write(d / "good.json", spec_for(model, d / "data.jsonl", d / "run"));
+  fs::remove(model / "config.json");
+  fs::create_directories(model / "config.json");
+  const CliRun config = roundpipe("train " + (d / "good.json").string(), d);
+  EXPECT_EQ(config.code, 1);
+  EXPECT_EQ(config.err, "roundpipe: error: " + (model / "config.json").string() +
+                            ": is a folder, expected a JSON file\n");
+  const CliRun gen = roundpipe("generate " + model.string() + " --prompt hi --max-tokens 1", d);
+  EXPECT_EQ(gen.code, 1);
+  EXPECT_NE(gen.err.find((model / "config.json").string() + ": is a folder"), std::string::npos) << gen.err;
+  fs::remove_all(d);
+}
+
+// tokenizer.json's errors come from the same parser as the spec's and config.json's: line and
+// column, without nlohmann's "[json.exception.parse_error.101]" prefix.
+TEST(CliJsonFiles, ATokenizerFilesSyntaxErrorNamesItsLineAndColumn) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  write(d / "data.jsonl", "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n");
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
+  write(model / "tokenizer.json", "{\"model\":\n  }");
+  const CliRun r = roundpipe("train " + (d / "spec.json").string(), d);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find((model / "tokenizer.json").string() + ":2:3: invalid JSON: syntax error"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("json.exception"), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  fs::remove(model / "tokenizer.json");
+  fs::create_directories(model / "tokenizer.json");
+  const CliRun f = roundpipe("train " + (d / "spec.json").string(), d);
+  EXPECT_NE(f.err.find((model / "tokenizer.json").string() + ": is a folder, expected a JSON file"),
+            std::string::npos)
+      << f.err;
+  fs::remove_all(d);
+}
+
+}  // namespace
