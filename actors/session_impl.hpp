@@ -18,6 +18,7 @@
 #include "actors/run_progress.hpp"
 #include "actors/scheduler_actor.hpp"
 #include "actors/worker.hpp"
+#include "base/output_folder.hpp"
 #include "optimizer/adamw.hpp"
 #include "optimizer/loss_scale.hpp"
 #include "roundpipe/session.hpp"
@@ -54,6 +55,9 @@ struct Session::Impl {
   /// spill_mask[b]: layer b's saved inputs are in it (PassBuffers leave them out of host memory).
   std::unique_ptr<ActivationSpill> spill;
   std::vector<char> spill_mask;
+  /// The folders the spill made for its file (deepest first): taken back when the session ends
+  /// while they are empty (a cache file beside the spill keeps them).
+  std::vector<std::string> spill_folders_made;
   MemoryEventCounters memory_events;  // the workers count into it
   RunProgress progress;               // the actors count into it (watchdog)
   ReduceWaitMeter reduce_wait;        // the shards time the replicas' sums into it
@@ -166,6 +170,8 @@ struct Session::Impl {
       for (int k = 0; k < kNumStreams; ++k) d->stream(StreamKind(k)).synchronize();
     if (!devices.empty())
       for (void* p : pinned) devices[0]->unpin_host(p);
+    spill.reset();  // its file is unnamed (O_TMPFILE): nothing of it stays in the folders
+    remove_empty_folders(spill_folders_made);
   }
 
   /// Teardown with gradient sums in flight (a run abandoned by a stop or a failure): the

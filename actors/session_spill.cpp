@@ -46,7 +46,7 @@ void Session::Impl::open_activation_spill(const SessionInternals& internals,
   std::filesystem::path folder = std::filesystem::path(o.path).parent_path();
   if (folder.empty()) folder = ".";
   std::error_code ec;
-  std::filesystem::create_directories(folder, ec);  // as the tier does for its cache; errors: when opened
+  spill_folders_made = create_folders(folder.string(), ec);  // errors: when the file is opened
   SpillConfig c;
   c.folder = folder.string();
   c.layers = chosen;

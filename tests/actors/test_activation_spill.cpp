@@ -14,6 +14,8 @@
 //  - bad spill_layers values are refused with one line naming the option and the range.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -353,6 +355,34 @@ TEST(ActivationSpill, SpillingTurnsSavedAttentionOffWithOneLine) {
   EXPECT_EQ(lines, 1);
   EXPECT_EQ(on.frozen_tier().spill_layers, choose_spill_layers(m.num_layers(), on.initial_plan(), 2));
   EXPECT_EQ(train(on).losses, base.losses) << "saved attention on would change the rounding";
+}
+
+// The spill's file is unnamed, so a folder the run made for it goes when the session ends; a
+// folder that was there before stays, and so does one that holds something else.
+TEST(ActivationSpill, FoldersMadeForTheSpillAreTakenBackAndOthersStay) {
+  Scratch sc;
+  const ModelLayout m = full_layout();  // nothing frozen: no cache file beside the spill
+  auto run = [&](const fs::path& cache) {
+    TestSessionOptions o = spill_options(1, nullptr);
+    o.frozen_tier = FrozenTierOptions{};
+    o.frozen_tier->path = cache.string();
+    o.frozen_tier->spill_layers = 2;
+    TestSession s(m, random_weights(m, 7), o);
+    EXPECT_TRUE(fs::is_directory(cache.parent_path())) << "the spill's folder is made when the run starts";
+    train(s);
+  };
+  run(sc.dir / "new" / "deeper" / "base.cache");
+  EXPECT_FALSE(fs::exists(sc.dir / "new")) << "the folders the run made stay behind";
+  fs::create_directories(sc.dir / "mine");
+  run(sc.dir / "mine" / "base.cache");
+  EXPECT_TRUE(fs::is_directory(sc.dir / "mine")) << "a folder that was there before is removed";
+  run(sc.dir / "made" / "base.cache");
+  fs::create_directories(sc.dir / "kept");
+  std::ofstream(sc.dir / "kept" / "note.txt") << "the user's";
+  run(sc.dir / "kept" / "sub" / "base.cache");
+  EXPECT_FALSE(fs::exists(sc.dir / "kept" / "sub"));
+  EXPECT_TRUE(fs::exists(sc.dir / "kept" / "note.txt"));
+  EXPECT_EQ(sc.entries(), (std::set<std::string>{"kept", "mine"}));
 }
 
 // The start line counts in words that agree ("1 layer") and tells the bytes of one iteration from
