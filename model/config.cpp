@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <limits>
 #include <optional>
 #include <stdexcept>
+#include <utility>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -273,6 +275,25 @@ int64_t ModelConfig::num_active_parameters() const { return count_parameters(*th
 
 std::optional<int64_t> parameter_count(const ModelConfig& c) { return count_parameters(c, false); }
 
+namespace {
+// The size key of `c` furthest beyond what a model of today has (its value over a generous
+// ceiling): the one to name when the sizes' product overflows.
+const char* largest_size_key(const ModelConfig& c) {
+  const std::pair<const char*, double> sizes[] = {
+      {"vocab_size", double(c.vocab_size) / double(1 << 20)},
+      {"hidden_size", double(c.hidden_size) / double(1 << 16)},
+      {"num_hidden_layers", double(c.num_hidden_layers) / double(1 << 10)},
+      {"intermediate_size", double(c.intermediate_size) / double(1 << 18)},
+      {"moe_intermediate_size", double(c.moe_intermediate_size) / double(1 << 16)},
+      {"num_experts", double(c.num_experts) / double(1 << 12)},
+      {"num_attention_heads", double(c.num_attention_heads) / double(1 << 10)},
+      {"head_dim", double(c.head_dim) / double(1 << 10)}};
+  const auto* top = std::max_element(std::begin(sizes), std::end(sizes),
+                                     [](const auto& a, const auto& b) { return a.second < b.second; });
+  return top->first;
+}
+}  // namespace
+
 void ModelConfig::validate() const {
   auto fail = [](const std::string& key, const std::string& what) {
     throw std::invalid_argument(fmt::format("{}: {}", key, what));
@@ -357,11 +378,12 @@ void ModelConfig::validate() const {
   // sizes multiply into tensor shapes and byte counts: refuse a product beyond 2^48 before
   // anything is allocated from it (a layer count of 2^32 used to be allocated layer by layer)
   if (!parameter_count(*this))
-    fail("num_hidden_layers",
-         fmt::format("sizes whose parameter count fits 2^48 (vocab {} x hidden {}, {} layers of {} x {} "
-                     "FFN, {} heads x {}), got more",
-                     vocab_size, hidden_size, num_hidden_layers, hidden_size, intermediate_size,
-                     num_attention_heads, head_dim));
+    fail(largest_size_key(*this),
+         fmt::format(
+             "expected sizes whose parameter count fits 2^48 (vocab {} x hidden {}, {} layers of {} x {} "
+             "FFN, {} heads x {}), got more",
+             vocab_size, hidden_size, num_hidden_layers, hidden_size, intermediate_size, num_attention_heads,
+             head_dim));
   for (auto [k, v] : {std::pair{"bos_token_id", bos_token_id},
                       {"eos_token_id", eos_token_id},
                       {"pad_token_id", pad_token_id}})
@@ -460,10 +482,17 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& where) 
   try {
     c.validate();
   } catch (const std::invalid_argument& e) {
-    std::string msg = e.what();
-    auto colon = msg.find(':');
-    throw std::runtime_error(fmt::format("{}: key '{}': expected {}", where, msg.substr(0, colon),
-                                         msg.substr(colon == std::string::npos ? 0 : colon + 2)));
+    // validate() says "key: what", what either a rule ("must be > 0, got 0", "only ...", "... expected,
+    // got ...") or what is expected ("a list of ...")
+    const std::string msg = e.what();
+    const auto colon = msg.find(':');
+    std::string key = msg.substr(0, colon);
+    const std::string what = msg.substr(colon == std::string::npos ? 0 : colon + 2);
+    if (key == "num_experts" && !j.contains("num_experts") && j.contains("num_local_experts"))
+      key = "num_local_experts";  // the file's spelling of the expert count
+    const bool rule = what.rfind("must ", 0) == 0 || what.rfind("only ", 0) == 0 ||
+                      what.rfind("expected ", 0) == 0 || what.find(" expected") != std::string::npos;
+    throw std::runtime_error(fmt::format("{}: key '{}': {}{}", where, key, rule ? "" : "expected ", what));
   }
   return c;
 }

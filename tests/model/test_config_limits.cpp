@@ -1,7 +1,9 @@
 // config.json values the kernels cannot carry and the one-line refusals that name them: RoPE
 // scaling numbers outside float32 (or not positive where only a positive one means anything),
 // a number JSON cannot hold as a double (1e400), and a phi3 RoPE type under the key it was
-// actually given as (transformers 5's rope_parameters).
+// actually given as (transformers 5's rope_parameters); a rule broken reads as the rule (not
+// "expected must ..."), under the key the file spells, and an overflowing product of sizes names
+// the size that is out of range.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -165,6 +167,28 @@ TEST(ConfigLimits, Phi3RopeTypeIsNamedUnderTheKeyGiven) {
       << error_of(j);
   j["rope_parameters"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"original_max_position_embeddings", 16}};
   EXPECT_EQ(error_of(j).rfind("cfg.json: key 'rope_parameters.rope_type'", 0), 0u) << error_of(j);
+}
+
+TEST(ConfigLimits, BrokenRulesReadAsRulesUnderTheKeyTheFileSpells) {
+  json j = llama_json();
+  j["model_type"] = "qwen3_moe";
+  j["architectures"] = {"Qwen3MoeForCausalLM"};
+  j["num_local_experts"] = int64_t(1) << 40;  // Mixtral's spelling of the expert count
+  j["num_experts_per_tok"] = 2;
+  j["moe_intermediate_size"] = 32;
+  EXPECT_EQ(error_of(j), "cfg.json: key 'num_local_experts': must be <= 2^20, got 1099511627776");
+  j = llama_json();
+  j["vocab_size"] = int64_t(1) << 50;
+  const std::string e = error_of(j);
+  EXPECT_EQ(e.rfind("cfg.json: key 'vocab_size': expected sizes whose parameter count fits 2^48", 0), 0u)
+      << e;
+  j = llama_json();
+  j["num_hidden_layers"] = int64_t(1) << 36;
+  expect_refused(j, "num_hidden_layers", "2^36 layers");
+  j = llama_json();
+  j["rope_theta"] = -1;
+  const std::string r = error_of(j);
+  EXPECT_EQ(r.find("expected must"), std::string::npos) << r;
 }
 
 }  // namespace
