@@ -73,14 +73,14 @@ void Session::Impl::open_activation_spill(const SessionInternals& internals,
   r.spill_staging_buffers = spill->staging_buffers();
   r.spill_staging_bytes = spill->record_bytes();
   // the file holds every activation set (pass slot); one pass writes and reads back one set's share
-  const double per_iteration = double(r.spill_bytes) / double(sets) / double(uint64_t(1) << 30);
+  const double per_iteration = double(r.spill_bytes) / double(sets);
   r.spill_line = fmt::format(
-      "activation spill: the saved inputs of {} to {}: {:.2f} GiB written and read back per iteration, a "
-      "file of {:.2f} GiB for {}; staging {} x {:.1f} MiB over {} ({}, {})",
-      rp::counted(chosen.size(), "layer"), r.spill_folder, per_iteration,
-      double(r.spill_bytes) / double(uint64_t(1) << 30), rp::counted(sets, "activation set"),
-      r.spill_staging_buffers, double(r.spill_staging_bytes) / double(1 << 20),
-      rp::counted(opt.workers, "worker"), r.spill_direct ? "O_DIRECT" : "buffered", r.spill_engine);
+      "activation spill: the saved inputs of {} to {}: {} written and read back per iteration, a "
+      "file of {} for {}; staging {} x {} over {} ({}, {})",
+      rp::counted(chosen.size(), "layer"), r.spill_folder, byte_text(per_iteration),
+      byte_text(double(r.spill_bytes)), rp::counted(sets, "activation set"), r.spill_staging_buffers,
+      byte_text(double(r.spill_staging_bytes)), rp::counted(opt.workers, "worker"),
+      r.spill_direct ? "O_DIRECT" : "buffered", r.spill_engine);
   log(r.spill_line);
 }
 
