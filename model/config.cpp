@@ -275,25 +275,6 @@ int64_t ModelConfig::num_active_parameters() const { return count_parameters(*th
 
 std::optional<int64_t> parameter_count(const ModelConfig& c) { return count_parameters(c, false); }
 
-namespace {
-// The size key of `c` furthest beyond what a model of today has (its value over a generous
-// ceiling): the one to name when the sizes' product overflows.
-const char* largest_size_key(const ModelConfig& c) {
-  const std::pair<const char*, double> sizes[] = {
-      {"vocab_size", double(c.vocab_size) / double(1 << 20)},
-      {"hidden_size", double(c.hidden_size) / double(1 << 16)},
-      {"num_hidden_layers", double(c.num_hidden_layers) / double(1 << 10)},
-      {"intermediate_size", double(c.intermediate_size) / double(1 << 18)},
-      {"moe_intermediate_size", double(c.moe_intermediate_size) / double(1 << 16)},
-      {"num_experts", double(c.num_experts) / double(1 << 12)},
-      {"num_attention_heads", double(c.num_attention_heads) / double(1 << 10)},
-      {"head_dim", double(c.head_dim) / double(1 << 10)}};
-  const auto* top = std::max_element(std::begin(sizes), std::end(sizes),
-                                     [](const auto& a, const auto& b) { return a.second < b.second; });
-  return top->first;
-}
-}  // namespace
-
 void ModelConfig::validate() const {
   auto fail = [](const std::string& key, const std::string& what) {
     throw std::invalid_argument(fmt::format("{}: {}", key, what));
@@ -378,7 +359,7 @@ void ModelConfig::validate() const {
   // sizes multiply into tensor shapes and byte counts: refuse a product beyond 2^48 before
   // anything is allocated from it (a layer count of 2^32 used to be allocated layer by layer)
   if (!parameter_count(*this))
-    fail(largest_size_key(*this),
+    fail(config_keys::largest_size_key(*this),
          fmt::format(
              "expected sizes whose parameter count fits 2^48 (vocab {} x hidden {}, {} layers of {} x {} "
              "FFN, {} heads x {}), got more",

@@ -1,9 +1,12 @@
 // Readers of single config.json keys (declared and documented in model/config_keys.hpp).
 #include "model/config_keys.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <limits>
 #include <stdexcept>
+#include <utility>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -108,6 +111,21 @@ int64_t get_token_id(const json& j, const std::string& key, const std::string& w
   if (!v->is_number_integer() || v->get<int64_t>() < 0)
     bad(where, key, "a token id (integer >= 0, or a list of them)", *it);
   return v->get<int64_t>();
+}
+
+const char* largest_size_key(const ModelConfig& c) {
+  const std::pair<const char*, double> sizes[] = {
+      {"vocab_size", double(c.vocab_size) / double(1 << 20)},
+      {"hidden_size", double(c.hidden_size) / double(1 << 16)},
+      {"num_hidden_layers", double(c.num_hidden_layers) / double(1 << 10)},
+      {"intermediate_size", double(c.intermediate_size) / double(1 << 18)},
+      {"moe_intermediate_size", double(c.moe_intermediate_size) / double(1 << 16)},
+      {"num_experts", double(c.num_experts) / double(1 << 12)},
+      {"num_attention_heads", double(c.num_attention_heads) / double(1 << 10)},
+      {"head_dim", double(c.head_dim) / double(1 << 10)}};
+  const auto* top = std::max_element(std::begin(sizes), std::end(sizes),
+                                     [](const auto& a, const auto& b) { return a.second < b.second; });
+  return top->first;
 }
 
 }  // namespace config_keys

@@ -34,6 +34,10 @@ bool get_bool(const nlohmann::json& j, const std::string& key, const std::string
 /// A token id: an integer >= 0, a list of them (the first is used) or null (-1).
 int64_t get_token_id(const nlohmann::json& j, const std::string& key, const std::string& where);
 
+/// The size key of `c` furthest beyond what a model of today has (its value over a generous
+/// ceiling): the one to name when the product of the sizes overflows.
+const char* largest_size_key(const ModelConfig& c);
+
 }  // namespace rp::config_keys
 
 namespace rp::config_families {
