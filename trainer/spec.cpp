@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -649,6 +650,12 @@ void apply_spec_settings(nlohmann::json& spec, const std::vector<SpecSetting>& s
     if (!s.as_string) {
       nlohmann::json parsed = nlohmann::json::parse(s.value, nullptr, /*allow_exceptions=*/false);
       if (!parsed.is_discarded()) value = std::move(parsed);
+      char* end = nullptr;  // a number JSON cannot hold (1e400): as the spec file's reader says it
+      if (parsed.is_discarded() && !s.value.empty() && std::isinf(std::strtod(s.value.c_str(), &end)) &&
+          end == s.value.c_str() + s.value.size() && s.value.find_first_of("iI") == std::string::npos)
+        throw std::invalid_argument(
+            fmt::format("{}: key '{}': expected a number within a double's range (about 1.8e308), got {}",
+                        s.origin, s.key, s.value));
     }
     if (!spec.is_object()) return;  // spec_from_json names the file's top level
     nlohmann::json* at = &spec;

@@ -92,6 +92,14 @@ TEST(SpecSettings, ANumberBeyondADoubleNamesTheFileLineAndKey) {
       << e;
   EXPECT_EQ(e.find("json.exception"), std::string::npos) << e;
   EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  // the same number given with --set says the same, naming the setting
+  const std::string spec = "{\"model\": \"m\", \"data\": \"d\", \"optimizer\": {\"lr\": 0.001}}";
+  EXPECT_EQ(error_of(spec, {rp::parse_set_option("optimizer.lr=-1e400")}),
+            "--set optimizer.lr=-1e400: key 'optimizer.lr': expected a number within a double's range (about "
+            "1.8e308), got -1e400");
+  // words stay strings (checked by their key), "inf" among them
+  EXPECT_EQ(error_of(spec, {rp::parse_set_option("optimizer.lr=inf")}).find("double's range"),
+            std::string::npos);
 }
 
 }  // namespace
