@@ -11,11 +11,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "formats/checkpoint.hpp"
+#include "roundpipe/spec.hpp"
 
 namespace fs = std::filesystem;
 
@@ -157,6 +159,22 @@ inline std::string spec_for(const fs::path& model, const fs::path& data, const f
          "\", \"seq_len\": 16, \"sequences_per_step\": 2, \"micro_batches\": 2, \"steps\": 2, "
          "\"backend\": \"cpu\", \"workers\": 2" +
          extra + "}";
+}
+
+/// Reads spec_for(d / "m", d / "data.jsonl", d / "run", extra) as the spec file "s.json"
+/// (spec_from_json, then validate_spec when `validate`): `accepted(spec)` ("ok" when not given)
+/// for a spec it accepts, else the refusal's line.
+inline std::string spec_result(const fs::path& d, const std::string& extra,
+                               const std::function<std::string(const rp::TrainSpec&)>& accepted = {},
+                               bool validate = false) {
+  try {
+    const rp::TrainSpec s = rp::spec_from_json(
+        nlohmann::json::parse(spec_for(d / "m", d / "data.jsonl", d / "run", extra)), "s.json");
+    if (validate) rp::validate_spec(s);
+    return accepted ? accepted(s) : "ok";
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
 }
 
 inline void expect_one_line_error(const CliRun& r, const std::string& must_contain) {

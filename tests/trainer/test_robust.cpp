@@ -113,15 +113,7 @@ TEST(NonFinite, SkipModeSkipsAndCountsAndStopsAfterTooManyInARow) {
 TEST(NonFinite, SpecKeysAreChecked) {
   auto d = tmpdir();
   write(d / "data.jsonl", kData);
-  auto parse = [&](const std::string& extra) -> std::string {
-    try {
-      rp::spec_from_json(nlohmann::json::parse(spec_for(d / "m", d / "data.jsonl", d / "run", extra)),
-                         "s.json");
-    } catch (const std::invalid_argument& e) {
-      return e.what();
-    }
-    return "ok";
-  };
+  auto parse = [&](const std::string& extra) { return spec_result(d, extra); };
   EXPECT_EQ(parse(", \"nonfinite\": \"ignore\""),
             "s.json: key 'nonfinite': expected \"stop\" or \"skip\", got \"ignore\"");
   EXPECT_EQ(parse(", \"max_skipped_steps\": 0"),
@@ -135,14 +127,8 @@ TEST(NonFinite, SpecKeysAreChecked) {
 TEST(GemmAccumulate, SpecKeyIsChecked) {
   auto d = tmpdir();
   write(d / "data.jsonl", kData);
-  auto parse = [&](const std::string& extra) -> std::string {
-    try {
-      const rp::TrainSpec s = rp::spec_from_json(
-          nlohmann::json::parse(spec_for(d / "m", d / "data.jsonl", d / "run", extra)), "s.json");
-      return "ok " + s.gemm_accumulate;
-    } catch (const std::invalid_argument& e) {
-      return e.what();
-    }
+  auto parse = [&](const std::string& extra) {
+    return spec_result(d, extra, [](const rp::TrainSpec& s) { return "ok " + s.gemm_accumulate; });
   };
   EXPECT_EQ(parse(""), "ok f32");
   EXPECT_EQ(parse(", \"compute_dtype\": \"f16\", \"gemm_accumulate\": \"f16\""), "ok f16");
@@ -159,15 +145,9 @@ TEST(GemmAccumulate, SpecKeyIsChecked) {
 TEST(ExpertGemm, SpecKeyIsChecked) {
   auto d = tmpdir();
   write(d / "data.jsonl", kData);
-  auto parse = [&](const std::string& extra) -> std::string {
-    try {
-      const rp::TrainSpec s = rp::spec_from_json(
-          nlohmann::json::parse(spec_for(d / "m", d / "data.jsonl", d / "run", extra)), "s.json");
-      rp::validate_spec(s);
-      return "ok " + s.expert_gemm;
-    } catch (const std::invalid_argument& e) {
-      return e.what();
-    }
+  auto parse = [&](const std::string& extra) {
+    return spec_result(
+        d, extra, [](const rp::TrainSpec& s) { return "ok " + s.expert_gemm; }, /*validate=*/true);
   };
   EXPECT_EQ(parse(""), "ok grouped");
   EXPECT_EQ(parse(", \"expert_gemm\": \"bucketed\""), "ok bucketed");
@@ -242,15 +222,7 @@ TEST(StepWatch, FindsNonFiniteGroups) {
 
 TEST(SpecLimits, ProductsOfCountsAndHugeNumbersNameTheirKey) {
   auto d = tmpdir();
-  auto parse = [&](const std::string& extra) -> std::string {
-    try {
-      rp::spec_from_json(nlohmann::json::parse(spec_for(d / "m", d / "data.jsonl", d / "run", extra)),
-                         "s.json");
-    } catch (const std::invalid_argument& e) {
-      return e.what();
-    }
-    return "ok";
-  };
+  auto parse = [&](const std::string& extra) { return spec_result(d, extra); };
   // the product overflowed to 0 and divided by it (SIGFPE)
   EXPECT_EQ(parse(", \"micro_batches\": 4611686018427387904, \"accumulation\": 4"),
             "s.json: key 'sequences_per_step': 2 is not divisible by micro_batches x accumulation = "

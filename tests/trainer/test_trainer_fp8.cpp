@@ -175,14 +175,8 @@ TEST(TrainerFp8, LoraOverAnFp8StoredBaseRunsFromItsCodes) {
 TEST(TrainerFp8, SpecKeyIsChecked) {
   auto d = tmpdir();
   write(d / "data.jsonl", kData);
-  auto parse = [&](const std::string& extra) -> std::string {
-    try {
-      const rp::TrainSpec s = rp::spec_from_json(
-          nlohmann::json::parse(spec_for(d / "m", d / "data.jsonl", d / "run", extra)), "s.json");
-      return s.fp8 ? "ok fp8" : "ok";
-    } catch (const std::invalid_argument& e) {
-      return e.what();
-    }
+  auto parse = [&](const std::string& extra) {
+    return spec_result(d, extra, [](const rp::TrainSpec& s) { return std::string(s.fp8 ? "ok fp8" : "ok"); });
   };
   EXPECT_EQ(parse(""), "ok");
   EXPECT_EQ(parse(", \"fp8\": true"), "ok fp8");
