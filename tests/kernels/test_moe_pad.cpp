@@ -50,6 +50,21 @@ Sorted sort(Ops& ops, const VecI& idx, int64_t T, int64_t E, int64_t k, int64_t 
   return s;
 }
 
+// The routing idx sorted as it is (u) and sorted into buffers of padded_rows_bound rows, then
+// padded (p, its rows Rp).
+struct PaddedSort {
+  Sorted u, p;
+  int64_t cap = 0, Rp = 0;
+};
+PaddedSort padded_sort(Ops& ops, const VecI& idx, int64_t T, int64_t E, int64_t k) {
+  PaddedSort s{sort(ops, idx, T, E, k, T * k), {}, padded_rows_bound(T * k, kExpertPadFraction), 0};
+  s.p = sort(ops, idx, T, E, k, s.cap);
+  Sorted& p = s.p;
+  s.Rp =
+      ops.moe_pad(idx.data(), p.off.data(), p.off_host.data(), p.row.data(), p.token.data(), T, E, k, s.cap);
+  return s;
+}
+
 TEST(MoePad, BucketsKeepTheirPaddingBound) {
   for (double skew : {0.0, 0.3, 5.0}) {
     for (uint32_t seed : {1u, 2u}) {
@@ -81,11 +96,7 @@ TEST(MoePad, LayoutKeepsEachAssignmentInItsExpertsSegment) {
   const int64_t T = 97, E = 16, k = 4;
   const VecI idx = routing(T, E, k, 0.5, 7);
   auto ops = make_cpu_ops(1);
-  const Sorted u = sort(*ops, idx, T, E, k, T * k);
-  const int64_t cap = padded_rows_bound(T * k, kExpertPadFraction);
-  Sorted p = sort(*ops, idx, T, E, k, cap);
-  const int64_t Rp =
-      ops->moe_pad(idx.data(), p.off.data(), p.off_host.data(), p.row.data(), p.token.data(), T, E, k, cap);
+  const auto [u, p, cap, Rp] = padded_sort(*ops, idx, T, E, k);
   EXPECT_EQ(p.off_host, padded_offsets(u.off_host, kExpertPadFraction));
   EXPECT_EQ(p.off, p.off_host) << "device offsets are the padded ones too";
   EXPECT_EQ(Rp, p.off_host[size_t(E)]);
@@ -107,11 +118,7 @@ TEST(MoePad, PadRowsAreZeroAndGroupedLinearsMatchTheUnpaddedLayout) {
   const int64_t T = 61, E = 8, k = 2, K = 12, N = 10;
   const VecI idx = routing(T, E, k, 1.0, 11);
   auto ops = make_cpu_ops(2);
-  const Sorted u = sort(*ops, idx, T, E, k, T * k);
-  const int64_t cap = padded_rows_bound(T * k, kExpertPadFraction);
-  Sorted p = sort(*ops, idx, T, E, k, cap);
-  const int64_t Rp =
-      ops->moe_pad(idx.data(), p.off.data(), p.off_host.data(), p.row.data(), p.token.data(), T, E, k, cap);
+  const auto [u, p, cap, Rp] = padded_sort(*ops, idx, T, E, k);
   ASSERT_GT(Rp, T * k);
   const VecF x = ref::randn(size_t(T * K), 1), w = ref::randn(size_t(E * N * K), 2, 0.2f);
   const VecF dy_tok = ref::randn(size_t(T * N), 3);
