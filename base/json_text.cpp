@@ -72,12 +72,16 @@ json parse_json_text(const std::string& text, const std::string& path) {
     }
     const std::string place = line > 0 ? fmt::format("{}:{}", path, line) : path;
     if (number.empty()) throw std::invalid_argument(fmt::format("{}: invalid JSON: {}", place, reason_of(e)));
-    throw std::invalid_argument(
-        fmt::format("{}: {}expected a number within a double's range (about 1.8e308), got {}", place,
-                    key.empty() ? std::string() : fmt::format("key '{}': ", key), number));
+    throw std::invalid_argument(number_out_of_range_text(place, key, number));
   } catch (const json::exception& e) {
     throw std::invalid_argument(fmt::format("{}: invalid JSON: {}", path, reason_of(e)));
   }
+}
+
+std::string number_out_of_range_text(const std::string& place, const std::string& key,
+                                     const std::string& number) {
+  return fmt::format("{}: {}expected a number within a double's range (about 1.8e308), got {}", place,
+                     key.empty() ? std::string() : fmt::format("key '{}': ", key), number);
 }
 
 std::string read_json_file(const std::string& path) {

@@ -15,6 +15,11 @@ namespace rp {
 /// too large (the key left out where the number is not under one).
 nlohmann::json parse_json_text(const std::string& text, const std::string& path);
 
+/// The one line for a number JSON cannot hold as a double: "<place>: key '<key>': expected a number
+/// within a double's range (about 1.8e308), got <number>" (no key part when `key` is empty).
+std::string number_out_of_range_text(const std::string& place, const std::string& key,
+                                     const std::string& number);
+
 /// The text of the JSON file `path`. Throws std::invalid_argument with one line naming it:
 /// "<path>: is a folder, expected a JSON file" (a folder reads as an empty file, which the parser
 /// called "unexpected end of input" at 1:1) or "<path>: cannot open (<reason>)".

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -648,14 +647,12 @@ void apply_spec_settings(nlohmann::json& spec, const std::vector<SpecSetting>& s
   for (const SpecSetting& s : settings) {
     nlohmann::json value = s.value;  // a string unless it parses as JSON
     if (!s.as_string) {
-      nlohmann::json parsed = nlohmann::json::parse(s.value, nullptr, /*allow_exceptions=*/false);
-      if (!parsed.is_discarded()) value = std::move(parsed);
-      char* end = nullptr;  // a number JSON cannot hold (1e400): as the spec file's reader says it
-      if (parsed.is_discarded() && !s.value.empty() && std::isinf(std::strtod(s.value.c_str(), &end)) &&
-          end == s.value.c_str() + s.value.size() && s.value.find_first_of("iI") == std::string::npos)
-        throw std::invalid_argument(
-            fmt::format("{}: key '{}': expected a number within a double's range (about 1.8e308), got {}",
-                        s.origin, s.key, s.value));
+      try {
+        value = nlohmann::json::parse(s.value);
+      } catch (const nlohmann::json::out_of_range&) {  // a number JSON cannot hold (1e400)
+        throw std::invalid_argument(number_out_of_range_text(s.origin, s.key, s.value));
+      } catch (const nlohmann::json::exception&) {  // not JSON: the text itself
+      }
     }
     if (!spec.is_object()) return;  // spec_from_json names the file's top level
     nlohmann::json* at = &spec;
