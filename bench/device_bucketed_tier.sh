@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# On the lent GPU machine: the GPU tests, the Qwen3-30B-A3B expert GEMM A/B (grouped against
+# bucketed) and the disk tier's host-budget rows, each mode one after the other in one call.
+# Run from the repository root; the bundles are carried xz-packed (a call carries 64 MiB):
+#   .c1/a.tar.xz  bin/ (bench_throughput, roundpipe) + lib/      (bundle.sh output, tar cJf)
+#   .c2/t.tar.xz  bin/ (test_kernels, test_model, test_actors, test_trainer, stripped)
+# and unpacked once per machine into $RP_DEV (default /tmp/rp).
+#   RP_BUILD_SRC=<source path of the build machine> bash bench/device_bucketed_tier.sh MODE...
+# Modes:
+#   gtest      the GPU tests: $FILTER first (default: the padded expert layout and bucketed GEMMs),
+#              then every CUDA test of each test binary
+#   b30g b30b  Qwen3-30B-A3B LoRA r=32 on attention, fp8 base, 8 x 4096, M=8, cap 10 GiB, expert
+#              GEMMs grouped (b30g) or bucketed (b30b); STEPS (8) measured after 2 warm-up steps
+#   p30g p30b  the same under the kernel profiler (bench/kernel_profile.cpp): $OUT/prof_MODE.md
+#   s8ram      LLaMA-3.1-8B LoRA r=32 all linears, nf4 base, 8 x 1024, cap 6 GiB, in RAM
+#   s8bud      the same on the disk tier with a whole-run host budget of 8 GiB
+#   s8spill    the same with the saved inputs of SPILL (8) layers in the tier's spill file
+#   n30bud     Qwen3-30B-A3B LoRA r=32 on attention, nf4 base, 8 x 4096, cap 10, budget 16 GiB
+#   s70bud     LLaMA-3.1-70B LoRA r=32 all linears, nf4 base, 8 x 1024, cap 24, budget 32 GiB
+#   s235bud    Qwen3-235B-A22B's first LAYERS (8) decoders, LoRA r=32, nf4 base, 8 x 4096, cap 24,
+#              budget BUD (16) GiB
+# Every bench row samples nvidia-smi (power, SM clock) every 0.5 s beside it (mean of samples above
+# 300 W) and, for a tier row, reads the cache file back with dd (O_DIRECT) right after.
+# Results: $OUT/rows.md (one markdown row per run), $OUT/run.log.
+set -uo pipefail
+cudnn_lib=$(python3 -c 'import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], "lib"))' 2>/dev/null || true)
+RP_DEV=${RP_DEV:-/tmp/rp}
+if [ ! -x "$RP_DEV/bin/bench_throughput" ]; then
+  mkdir -p "$RP_DEV"
+  for t in .c1/a.tar.xz .c2/t.tar.xz; do [ -f "$t" ] && tar xJf "$t" -C "$RP_DEV"; done
+fi
+export LD_LIBRARY_PATH=$RP_DEV/lib:/usr/local/cuda/lib64:${cudnn_lib:+$cudnn_lib:}${LD_LIBRARY_PATH:-}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+exec > >(tee -a "$OUT/run.log") 2>&1
+[ -n "${RP_BUILD_SRC:-}" ] && mkdir -p "$(dirname "$RP_BUILD_SRC")" && ln -sfn "$PWD" "$RP_BUILD_SRC"
+step() { echo "=== $* ($(date +%T))"; }
+res=$OUT/rows.md
+TIER=${TIER:-/tmp/rptier}
+gt() {  # PROGRAM FILTER
+  step "$1 $2"
+  [ -x "$RP_DEV/bin/$1" ] || { echo "missing $1"; return; }
+  timeout "${TEST_TIMEOUT:-240}" "$RP_DEV/bin/$1" --gtest_brief=1 --gtest_filter="$2" > "$OUT/gt_$1.txt" 2>&1
+  echo "rc=$?"
+  grep -E "^\[  FAILED  \]|\[  PASSED  \]|\[  SKIPPED \]|tests ran|Failure" "$OUT/gt_$1.txt" | head -30
+}
+bench() {  # NAME ARGS...: one bench_throughput row with power and clock beside it
+  local name=$1; shift
+  step "$name: bench_throughput $*"
+  nvidia-smi --query-gpu=power.draw,clocks.sm --format=csv,noheader,nounits -lms 500 > "$OUT/smi_$name.csv" &
+  local sp=$!
+  timeout "${BENCH_TIMEOUT:-400}" "$RP_DEV/bin/bench_throughput" --workers 1 --results "$res" "$@"
+  echo "rc=$?"
+  kill $sp 2>/dev/null; wait $sp 2>/dev/null
+  awk -F', ' -v n="$name" '$1 > 300 {p += $1; c += $2; k++} END {if (k) printf "SMI %s: %.0f W / %.0f MHz over %d samples\n", n, p/k, c/k, k; else print "SMI " n ": no sample above 300 W"}' "$OUT/smi_$name.csv"
+}
+ddread() {  # FILE: the cache read back with O_DIRECT, as the disk allows
+  [ -f "$1" ] && dd if="$1" of=/dev/null bs=16M iflag=direct 2>&1 | tail -1
+}
+l8=(--preset llama3.1-8b --seq 1024 --seqs 8 --micro 8 --cap-gib 6 --lora-r 32 --lora-targets all-linear
+    --base-format nf4 --steps "${STEPS:-8}" --warmup 2)
+q30=(--preset qwen3-30b-a3b --seq 4096 --seqs 8 --micro 8 --cap-gib 10 --lora-r 32
+     --lora-targets q_proj,k_proj,v_proj,o_proj)
+for mode in "$@"; do
+  case $mode in
+    gtest)
+      gt test_kernels "${FILTER:-*CudaMoePad*:MoePad*:MoePadded*}"
+      gt test_model "LoraExpertsPeft.*:MoePadded*"
+      gt test_actors "MoeRuntime*:StageMemoryMoe*"
+      gt test_kernels "*Cuda*:*Fp8*:DeviceArch.*:*F16*:OpTable*"
+      gt test_model "*Cuda*:HfParity*:LoraPeft*:LoraExpertsPeft*"
+      gt test_actors "*Cuda*:MemoryFlat*:Profil*:FrozenSource*"
+      gt test_trainer "*Cuda*:*Fp8*"
+      ;;
+    b30g|b30b)
+      eg=grouped; [ "$mode" = b30b ] && eg=bucketed
+      bench "$mode" "${q30[@]}" --base-format fp8 --steps "${STEPS:-8}" --warmup 2 --expert-gemm "$eg" ;;
+    p30g|p30b)  # the same under the kernel profiler (bench/kernel_profile.cpp), its last 12 s
+      eg=grouped; [ "$mode" = p30b ] && eg=bucketed
+      CUDA_INJECTION64_PATH=$RP_DEV/lib/librp_kernel_profile.so RP_KPROF_OUT=$OUT/prof_$mode.md RP_KPROF_LAST_S=12 \
+        RP_KPROF_CALLERS=cudaEventSynchronize,cudaStreamSynchronize,cudaMemcpy \
+        bench "$mode" "${q30[@]}" --base-format fp8 --steps "${STEPS:-4}" --warmup 2 --expert-gemm "$eg" ;;
+    s8ram) bench s8ram "${l8[@]}" ;;
+    s8bud)
+      mkdir -p "$TIER"; bench s8bud "${l8[@]}" --frozen-tier "$TIER/l8b_nf4.cache" --tier-host-budget-gib 8
+      ddread "$TIER/l8b_nf4.cache" ;;
+    s8spill)
+      mkdir -p "$TIER"; bench s8spill "${l8[@]}" --frozen-tier "$TIER/l8b_nf4.cache" --tier-spill-layers "${SPILL:-8}"
+      ddread "$TIER/l8b_nf4.cache" ;;
+    n30bud)
+      mkdir -p "$TIER"; bench n30bud "${q30[@]}" --base-format nf4 --steps "${STEPS:-4}" --warmup 1 \
+        --frozen-tier "$TIER/q30_nf4.cache" --tier-host-budget-gib 16
+      ddread "$TIER/q30_nf4.cache"; rm -f "$TIER/q30_nf4.cache" ;;
+    s70bud)
+      mkdir -p "$TIER"; rm -f "$TIER"/l8b_nf4.cache
+      bench s70bud --preset llama3.1-70b --seq 1024 --seqs 8 --micro 8 --cap-gib 24 --lora-r 32 --lora-targets all-linear \
+        --base-format nf4 --steps "${STEPS:-2}" --warmup 1 --frozen-tier "$TIER/l70b_nf4.cache" --tier-host-budget-gib 32
+      ddread "$TIER/l70b_nf4.cache"; rm -f "$TIER/l70b_nf4.cache" ;;
+    s235bud)
+      mkdir -p "$TIER"
+      bench s235bud --preset qwen3-235b-a22b --layers "${LAYERS:-8}" --seq 4096 --seqs 8 --micro 8 --cap-gib 24 --lora-r 32 \
+        --base-format nf4 --steps "${STEPS:-2}" --warmup 1 --frozen-tier "$TIER/q235_nf4.cache" --tier-host-budget-gib "${BUD:-16}"
+      ddread "$TIER/q235_nf4.cache"; rm -f "$TIER/q235_nf4.cache" ;;
+    *) echo "unknown mode $mode" ;;
+  esac
+done
+step done
+[ -f "$res" ] && cat "$res"
