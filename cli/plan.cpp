@@ -19,6 +19,7 @@
 #include "cli/plan_disk.hpp"
 #include "formats/gguf.hpp"
 #include "kernels/device.hpp"
+#include "kernels/moe_buckets.hpp"  // expected_bucket_count
 #include "kernels/weight_format.hpp"
 #include "model/config.hpp"
 #include "model/layout.hpp"
@@ -354,12 +355,20 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
                "frozen    weights stored in {} (no gradients; uploads and staging of the storage form)\n",
                form);
   }
-  if (m.num_experts > 0)
+  if (m.num_experts > 0) {
     fmt::print(out,
                "experts   {}: FLOPs of router + top-{} experts per token ({} GEMMs at {:g} of "
                "peak), bytes and memory of all {} experts\n",
                counted(m.num_moe_layers(), "sparse layer"), m.experts_per_token,
                d.expert_padded ? "bucketed" : "grouped", d.grouped_gemm_efficiency, m.num_experts);
+    const int64_t rows = o.seq_len * o.sequences_per_micro * m.experts_per_token;  // one micro-batch's
+    if (d.expert_padded && d.bucketed_call_seconds > 0)
+      fmt::print(
+          out,
+          "          bucketed: {:g} us of host time per batched call leaves the GPU idle, one call per "
+          "bucket ({} expected per grouped linear of one micro-batch)\n",
+          d.bucketed_call_seconds * 1e6, expected_bucket_count(double(rows), std::min(m.num_experts, rows)));
+  }
 
   const RunPlan run = disk ? disk->run : plan_run(rin);  // the automatic plan (no explicit plan here)
   const PartitionResult& pr = *run.automatic;
@@ -526,7 +535,7 @@ void add_plan_command(CLI::App& app) {
   c->add_option(
        "--expert-gemm", o->expert_gemm,
        "mixture-of-experts: the spec's \"expert_gemm\": grouped or bucketed (padded expert rows: ~6% "
-       "more expert scratch, faster GEMMs)")
+       "more expert scratch, faster GEMM kernels, but host time per bucket: slower end to end on the H200)")
       ->check(CLI::IsMember({"grouped", "bucketed"}))
       ->capture_default_str();
   c->callback(reporting_errors([o, c, list_gpus] {

@@ -1,6 +1,7 @@
 #include "scheduler/cost_model.hpp"
 
-#include "model/config.hpp"  // config_from_json
+#include "kernels/moe_buckets.hpp"  // expected_bucket_count
+#include "model/config.hpp"         // config_from_json
 #include "model/layer_memory.hpp"
 #include "model/model_flops.hpp"  // attended_pairs
 
@@ -145,6 +146,8 @@ struct Acc {
     const double w = (weight_grad ? 2.0 * double(d.grad_elem_bytes) : es()) * used * n * k;
     const double b = es() * (rows * k + rows * n) + w;
     add(f, b, d.peak_flops * (weight_grad ? d.grouped_wgrad_efficiency : d.grouped_gemm_efficiency));
+    if (d.expert_padded)  // one batched call per bucket, its host set-up after the block's host wait
+      seconds += double(expected_bucket_count(rows, int64_t(used))) * d.bucketed_call_seconds;
   }
   // How an FP8 linear gets its input's codes (model/layers.cpp): its own amax and quantize
   // passes (read A twice, write the codes: the attention output before o_proj, every output
@@ -340,11 +343,11 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, i
   if (!(d.peak_flops > 0) || !(d.mem_bandwidth > 0) || !(d.attention_efficiency > 0) || d.elem_bytes < 1 ||
       d.grad_elem_bytes < 1 || d.scratch_elem_bytes < 1 || d.pcie_bandwidth < 0 ||
       !(d.grouped_gemm_efficiency > 0) || !(d.grouped_wgrad_efficiency > 0) || !(d.fp8_flops >= 0) ||
-      !(d.fp8_quant_efficiency > 0))
+      !(d.fp8_quant_efficiency > 0) || !(d.bucketed_call_seconds >= 0))
     throw std::invalid_argument(
         "device model: peak_flops, mem_bandwidth, the attention, grouped GEMM and FP8 "
-        "quantization efficiencies and element sizes must be positive, pcie_bandwidth and "
-        "fp8_flops >= 0");
+        "quantization efficiencies and element sizes must be positive, pcie_bandwidth, "
+        "fp8_flops and bucketed_call_seconds >= 0");
   Dims x{};
   x.nseq = double(n_seq);
   x.S = double(seq_len);

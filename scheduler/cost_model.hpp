@@ -115,8 +115,19 @@ ModelShape model_shape_from_hf_json(const nlohmann::json& j, const std::string& 
 /// DeviceModel::grouped_gemm_efficiency with bucketed expert GEMMs (expert_padded; one batched
 /// GEMM per bucket of equal padded row counts): 0.6, as bench_expert_gemm measured them on the
 /// H200 at Qwen3-30B-A3B shapes with uniform routing (462-506 TFLOP/s against 790; skewed
-/// routing gave 304-340, about 0.41). Not yet measured inside a training step.
+/// routing gave 304-340, about 0.41). A training step's kernel profile agrees: the batched
+/// kernels took under half the grouped kernels' time.
 constexpr double kBucketedGemmEfficiency = 0.6;
+/// DeviceModel::bucketed_call_seconds: the host time of one batched call of the bucketed expert
+/// GEMMs (cuBLAS chooses a kernel for each new shape, and the bucket lengths change every
+/// call). The sparse block waits for its routing offsets on the host before it can size the
+/// buckets, so this time is the GPU's idle time, once per bucket (expected_bucket_count) of
+/// every grouped linear. 80 us is what makes the plan match the one measurement there is:
+/// Qwen3-30B-A3B LoRA r=32 on attention, fp8 base, 8 x 4096, M=8, cap 10 GiB on the H200 ran
+/// 7,299 tokens/s bucketed against 11,828 grouped in one command, its profile's compute stream
+/// busy 51.5% of the time (92.6% grouped), with 26,660 gaps of 50-200 us in 12 s, most of
+/// them before a batched GEMM kernel.
+constexpr double kBucketedCallSeconds = 80e-6;
 
 /// Device and precision assumptions of the estimate.
 struct DeviceModel {
@@ -132,6 +143,10 @@ struct DeviceModel {
   /// Sparse blocks lay their sorted rows out padded (LayerOptions::expert_padded): their
   /// [R, .] scratch holds padded_rows_bound(R) rows (kernels/moe_buckets.hpp). FLOPs unchanged.
   bool expert_padded = false;
+  /// With expert_padded: host seconds each batched call of a grouped linear leaves the GPU
+  /// idle, once per expected bucket (kBucketedCallSeconds; 0 on the CPU backend, whose grouped
+  /// linears make no such calls).
+  double bucketed_call_seconds = kBucketedCallSeconds;
   /// The FP8 quantization kernels' share of mem_bandwidth (amax and quantize passes over an
   /// activation or a gradient, bf16 in, codes out): 0.56, as measured on the H200
   /// (bench_fp8_ops_bench: 2.4 TB/s of a 4.25 TB/s copy at [8192, 2048], launch and tail

@@ -22,6 +22,7 @@ DeviceModel backend_device_model(const std::string& backend, double cpu_link_byt
     m.attention_efficiency = 0.3;
     m.mem_bandwidth = 10e9;
     m.pcie_bandwidth = cpu_link_bytes_per_s;  // 0: unthrottled copies, transfers free
+    m.bucketed_call_seconds = 0;              // the CPU's grouped linears launch nothing
   }
   m.elem_bytes = int64_t(dtype_size(compute));
   m.scratch_elem_bytes = int64_t(dtype_size(compute));

@@ -86,7 +86,9 @@ double number_before(const std::string& out, const std::string& head, const std:
   return std::stod(digits);
 }
 
-TEST(CliPlanMoe, BucketedExpertGemmsPlanFasterWithPaddedScratch) {
+// Bucketed expert GEMMs: faster kernels, one host-timed call per bucket, padded scratch. At this
+// small shape the host time outweighs the kernels' gain.
+TEST(CliPlanMoe, BucketedExpertGemmsPlanHostTimeAndPaddedScratch) {
   auto d = tmpdir();
   write(d / "config.json", moe_config("num_experts"));
   const std::string base = "plan --model " + (d / "config.json").string() + " --gpus 1 --seq 4096 --micro 8";
@@ -98,11 +100,26 @@ TEST(CliPlanMoe, BucketedExpertGemmsPlanFasterWithPaddedScratch) {
   const double gt = number_before(g.out, "iteration", " tokens/s"),
                bt = number_before(b.out, "iteration", " tokens/s");
   ASSERT_GT(gt, 0) << g.out;
-  EXPECT_GT(bt, 1.05 * gt) << "faster expert GEMMs: a faster iteration\n" << b.out;
-  const double gm = number_before(g.out, "peak", " GiB per GPU"),
-               bm = number_before(b.out, "peak", " GiB per GPU");
-  ASSERT_GT(gm, 0) << g.out;
-  EXPECT_GT(bm, gm) << "padded rows: more expert scratch\n" << b.out;
+  EXPECT_NE(b.out.find("bucketed: 80 us of host time per batched call"), std::string::npos) << b.out;
+  EXPECT_EQ(g.out.find("us of host time per batched call"), std::string::npos) << g.out;
+  EXPECT_LT(bt, gt) << "host time per bucket: a slower iteration at this shape\n" << b.out;
+  // under a 6 GiB cap both pick the same stages: the padded scratch shows in the peak
+  CliRun gc = roundpipe(base + " --memory-cap 6GiB", d),
+         bc = roundpipe(base + " --memory-cap 6GiB --expert-gemm bucketed", d);
+  ASSERT_EQ(gc.code, 0) << gc.err;
+  ASSERT_EQ(bc.code, 0) << bc.err;
+  auto stages = [](const std::string& out) {
+    const size_t at = out.find("\nplan ");
+    const size_t line = out.find('\n', at + 1);
+    return at == std::string::npos ? std::string()
+                                   : out.substr(line + 1, out.find('\n', line + 1) - line - 1);
+  };
+  ASSERT_FALSE(stages(gc.out).empty()) << gc.out;
+  ASSERT_EQ(stages(gc.out), stages(bc.out)) << gc.out << bc.out;
+  const double gm = number_before(gc.out, "peak", " GiB per GPU"),
+               bm = number_before(bc.out, "peak", " GiB per GPU");
+  ASSERT_GT(gm, 0) << gc.out;
+  EXPECT_GT(bm, gm) << "padded rows: more expert scratch\n" << bc.out;
   // a given efficiency wins over the expert_gemm default
   CliRun e = roundpipe(base + " --expert-gemm bucketed --grouped-gemm-efficiency 0.5", d);
   ASSERT_EQ(e.code, 0) << e.err;

@@ -92,6 +92,28 @@ TEST(MoePad, BucketsKeepTheirPaddingBound) {
   EXPECT_EQ(padded_offsets({0, 95, 195, 245}, kExpertPadFraction), (VecI{0, 100, 200, 250}));
 }
 
+// What a planner expects of the bucketing: the rule applied to counts spread evenly between the
+// least and most used shares. Equal counts make one bucket; a wider spread never fewer buckets.
+TEST(MoePad, ExpectedBucketCountIsTheRuleOnAnEvenSpread) {
+  EXPECT_EQ(expected_bucket_count(0, 128), 0);
+  EXPECT_EQ(expected_bucket_count(1000, 0), 0);
+  EXPECT_EQ(expected_bucket_count(32768, 128, 1.0, 1.0), 1);
+  // the spread built here: 4 experts of 100 rows each at shares 0.5, 0.8, 1.1, 1.4 -> 50, 80, 110, 140
+  EXPECT_EQ(expected_bucket_count(400, 4, 0.5, 1.4),
+            int64_t(bucket_experts({0, 50, 130, 240, 380}, kExpertPadFraction).size()));
+  EXPECT_EQ(expected_bucket_count(400, 4, 0.5, 1.4), 4);  // no two within 6% of each other
+  int64_t last = 0;
+  for (double most : {1.0, 1.2, 1.55, 2.0, 4.0}) {
+    const int64_t n = expected_bucket_count(32768, 128, 0.54, most);
+    EXPECT_GE(n, last) << "most " << most;
+    last = n;
+  }
+  // at the defaults every bucket holds several experts and there are several buckets
+  const int64_t n = expected_bucket_count(32768, 128);
+  EXPECT_GT(n, 3);
+  EXPECT_LT(n, 40);
+}
+
 TEST(MoePad, LayoutKeepsEachAssignmentInItsExpertsSegment) {
   const int64_t T = 97, E = 16, k = 4;
   const VecI idx = routing(T, E, k, 0.5, 7);

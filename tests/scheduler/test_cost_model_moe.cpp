@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/device.hpp"
+#include "kernels/moe_buckets.hpp"
 #include "model/config.hpp"
 #include "model/layer.hpp"
 #include "model/layout.hpp"
@@ -92,6 +93,34 @@ TEST(CostModelMoe, GroupedGemmsRunAtTheirEfficiency) {
               expert_flops / (d.peak_flops * 0.1) - expert_flops / (d.peak_flops * 0.2), 1e-9);
   EXPECT_DOUBLE_EQ(c[1].cost.fwd, b[1].cost.fwd);
   d.grouped_gemm_efficiency = 0;
+  EXPECT_THROW(estimate_layers(m, 1, T, d), std::invalid_argument);
+}
+
+// Bucketed expert GEMMs: every grouped linear of a sparse block pays bucketed_call_seconds once
+// per expected bucket on top of its GEMM time; gate, up and down in the forward, and the
+// recompute's three plus three input gradients and three weight gradients in the backward.
+TEST(CostModelMoe, BucketedGemmsPayHostTimePerBucket) {
+  const ModelShape m = small_moe();
+  DeviceModel d;
+  d.expert_padded = true;
+  const int64_t T = 4096;
+  d.bucketed_call_seconds = 0;
+  auto a = estimate_layers(m, 1, T, d);
+  d.bucketed_call_seconds = 1e-3;
+  auto b = estimate_layers(m, 1, T, d);
+  const double rows = double(T) * 2;  // top-2
+  const int64_t buckets = expected_bucket_count(rows, 16);
+  ASSERT_GT(buckets, 1);  // 16 experts spread 0.54-1.55 x the even share do not fit one bucket
+  EXPECT_NEAR(b[1].cost.fwd - a[1].cost.fwd, 3 * double(buckets) * 1e-3, 1e-12);
+  EXPECT_NEAR(b[1].cost.bwd - a[1].cost.bwd, 9 * double(buckets) * 1e-3, 1e-12);
+  EXPECT_DOUBLE_EQ(b[2].cost.fwd, a[2].cost.fwd);  // the dense layer has no grouped GEMMs
+  // grouped GEMMs make one call each: no such time
+  d.expert_padded = false;
+  auto c = estimate_layers(m, 1, T, d);
+  d.bucketed_call_seconds = 0;
+  auto e = estimate_layers(m, 1, T, d);
+  EXPECT_DOUBLE_EQ(c[1].cost.fwd, e[1].cost.fwd);
+  d.bucketed_call_seconds = -1;
   EXPECT_THROW(estimate_layers(m, 1, T, d), std::invalid_argument);
 }
 
