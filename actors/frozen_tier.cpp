@@ -1,6 +1,7 @@
 #include "actors/frozen_tier.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -103,6 +104,7 @@ void FrozenTier::read_one(Request& r, std::stop_token st) {
   if (!lease) return;  // stopping
   const size_t e = size_t(entry_[size_t(r.group)]);
   std::string error;
+  const auto t0 = std::chrono::steady_clock::now();
   try {
     tier::ReadRequest rq;
     rq.entry = e;
@@ -119,12 +121,19 @@ void FrozenTier::read_one(Request& r, std::stop_token st) {
     error = fmt::format("{}: entry '{}': {}", file_->path(), file_->entry(e).name, x.what());
   }
   if (error.empty()) {
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::lock_guard lk(m_);
     leases_.emplace(r.ticket, std::move(*lease));
+    totals_.reads += 1, totals_.bytes += uint64_t(file_->entry(e).bytes), totals_.seconds += seconds;
   } else {
     lease->release();
   }
   r.done(r.ticket, error);
+}
+
+FrozenTier::ReadTotals FrozenTier::read_totals() const {
+  std::lock_guard lk(m_);
+  return totals_;
 }
 
 std::vector<uint8_t> FrozenTier::read_group(int g) const {

@@ -74,6 +74,14 @@ class FrozenTier {
   size_t buffer_bytes() const { return ring_.buffer_bytes(); }
   bool direct() const { return reader_.direct(); }
   std::string engine() const { return reader_.engine_name(); }
+  /// The reads served so far (failed ones not counted): how many, their storage bytes, and the
+  /// seconds the reader spent on them, from submitting a read to its result (the waits for a
+  /// free ring buffer left out, so bytes / seconds is the disk's rate while it was read).
+  struct ReadTotals {
+    uint64_t reads = 0, bytes = 0;
+    double seconds = 0;
+  };
+  ReadTotals read_totals() const;
 
  private:
   struct Request {
@@ -94,6 +102,7 @@ class FrozenTier {
   std::map<uint64_t, tier::BufferRing::Lease> leases_;  ///< delivered, not released
   uint64_t next_ticket_ = 1;
   bool stopped_ = false;
+  ReadTotals totals_;    ///< under m_
   std::jthread thread_;  ///< last: stopped and joined first
 };
 

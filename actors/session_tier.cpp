@@ -386,4 +386,10 @@ size_t frozen_tier_host_credit(const ModelLayout& layout, const SessionOptions& 
 
 const FrozenTierReport& Session::frozen_tier() const { return impl_->tier_report; }
 
+FrozenTierReads Session::frozen_tier_reads() const {
+  if (!impl_->frozen_tier) return {};
+  const FrozenTier::ReadTotals t = impl_->frozen_tier->read_totals();
+  return FrozenTierReads{t.reads, t.bytes, t.seconds};
+}
+
 }  // namespace rp

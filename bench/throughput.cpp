@@ -507,6 +507,7 @@ int run(int argc, char** argv) {
   };
   const int total = warmup + steps;
   double loss = 0;
+  rp::FrozenTierReads reads0 = s.frozen_tier_reads();  // at the end of the warm-up
   for (int t = 0; t < total; ++t) {
     for (int64_t i = 0; i < n; ++i) ids[i] = int32_t(rng() % vocab);
     for (int64_t i = 0; i < n; ++i) tg[i] = (i + 1) % seq == 0 ? -100 : ids[i + 1];
@@ -515,6 +516,7 @@ int run(int argc, char** argv) {
     if (t >= 1) {
       auto r = s.wait(t - 1);
       done_at.push_back(now());
+      if (t == warmup) reads0 = s.frozen_tier_reads();
       loss = r.loss_sum / r.tokens;
       std::printf("step %d loss %.4f (%.2f s)%s\n", t - 1, loss, r.seconds, expert_use(r).c_str());
       std::fflush(stdout);
@@ -522,6 +524,7 @@ int run(int argc, char** argv) {
   }
   const rp::StepResult last = s.wait(total - 1);
   done_at.push_back(now());
+  const rp::FrozenTierReads reads1 = s.frozen_tier_reads();
   if (experts > 0) std::printf("step %d%s\n", total - 1, expert_use(last).c_str());
   std::vector<double> dts;
   for (int t = warmup; t < total; ++t) dts.push_back(done_at[t] - done_at[t - 1]);
@@ -573,6 +576,16 @@ int run(int argc, char** argv) {
       double(peak_est.bytes) / double(1ull << 30),
       double(s.peak_device_bytes()) / double(std::max<int64_t>(peak_est.bytes, 1)), rss, dt, weight_gb,
       s.plan().summary().c_str(), xfer.c_str(), chunks.c_str());
+  if (s.frozen_tier().enabled) {  // what the measured steps read from the cache file
+    const double gb = double(reads1.bytes - reads0.bytes) / 1e9, secs = reads1.seconds - reads0.seconds;
+    const double window = done_at[size_t(total - 1)] - done_at[size_t(warmup - 1)];
+    std::printf(
+        "DISK frozen tier read %s per iteration (%.1f reads) at %.2f GB/s while reading; the "
+        "reader busy %.0f%% of the measured steps\n",
+        rp::byte_text(double(reads1.bytes - reads0.bytes) / steps).c_str(),
+        double(reads1.reads - reads0.reads) / steps, secs > 0 ? gb / secs : 0.0,
+        window > 0 ? 100 * secs / window : 0.0);
+  }
   if (!results.empty()) {
     std::ofstream f(results, std::ios::app);
     if (!(f << row << "\n") || !f.flush())

@@ -170,6 +170,15 @@ struct FrozenTierReport {
   std::string spill_line;
 };
 
+/// The frozen tier's reads since the session started (Session::frozen_tier_reads): how many,
+/// their storage bytes, and the seconds the tier's reader spent on them (from submitting each
+/// read to its result; time waiting for a free ring buffer is left out). Differences of two
+/// readings give what an interval read; bytes / seconds is the rate the disk gave while read.
+struct FrozenTierReads {
+  uint64_t reads = 0, bytes = 0;
+  double seconds = 0;
+};
+
 struct SessionOptions {
   std::string backend = "cpu";  ///< "cpu" (virtual GPUs), "cuda", or "auto" (cuda if a GPU is visible)
   int workers = 1;              ///< GPUs / virtual GPUs in the pool
@@ -477,6 +486,8 @@ class Session {
   std::string device_name() const;
   /// What the disk tier did at construction (enabled false without SessionOptions::frozen_tier).
   const FrozenTierReport& frozen_tier() const;
+  /// The frozen tier's reads so far (all zero without a tier). Thread-safe; cheap.
+  FrozenTierReads frozen_tier_reads() const;
   /// Writes the recorded trace (opt.trace) as Chrome trace JSON. Throws std::runtime_error.
   void write_trace(const std::string& path) const;
 

@@ -3,6 +3,7 @@
 //  - training with the tier equals training with the base in host memory bit for bit (losses,
 //    adapters, the base read back), with 1 and 2 workers and the smallest ring (2 buffers),
 //    and the base's host copies are gone;
+//  - Session::frozen_tier_reads counts what the run read;
 //  - a second session on the same file reuses it; another base rebuilds it;
 //  - a file damaged between runs (an entry's bytes, the header) is found and rebuilt, and says why;
 //  - a read that fails mid-run ends the run with one error naming the file, in bounded time;
@@ -117,6 +118,43 @@ TEST(FrozenTier, KeepingPartOfTheBaseResidentStreamsOnlyTheRest) {
   } catch (const std::invalid_argument& e) {
     EXPECT_EQ(std::string(e.what()).rfind("frozen_tier.resident_gib: ", 0), 0u) << e.what();
   }
+}
+
+// Session::frozen_tier_reads counts the tier's reads: every iteration uploads each streamed
+// group at least once (its forward stage) and at most twice (and its backward stage), so kSteps
+// iterations read between kSteps and 2 (kSteps + 1) times the streamed bytes (a prefetch of
+// the next iteration included); groups kept resident are never read; no tier, no reads.
+TEST(FrozenTier, ReadTotalsCountTheStreamedUploads) {
+  Scratch sc;
+  const ModelLayout m = lora_layout();
+  TestSessionOptions o = options(1, nullptr);
+  o.frozen_tier = tier_at(sc.path("base.cache"));
+  TestSession on(m, random_weights(m, 7), o);
+  EXPECT_EQ(on.frozen_tier_reads().bytes, 0u) << "nothing read before the first step";
+  train(on);
+  const FrozenTierReads r = on.frozen_tier_reads();
+  const double streamed = double(frozen_bytes(m));
+  EXPECT_GE(double(r.bytes), kSteps * streamed);
+  EXPECT_LE(double(r.bytes), 2 * (kSteps + 1) * streamed);
+  EXPECT_GE(r.reads, uint64_t(kSteps) * 2) << "at least two streamed groups per iteration";
+  EXPECT_GT(r.seconds, 0);
+
+  const std::vector<int> order = residency_order(m);
+  ASSERT_GE(order.size(), 3u);
+  TestSessionOptions part = options(1, nullptr);
+  part.frozen_tier = tier_at(sc.path("base.cache"));
+  const uint64_t kept = m.groups[size_t(order[0])].storage_bytes;
+  part.frozen_tier->resident_gib = (double(kept) + 0.5) / double(uint64_t(1) << 30);
+  TestSession p(m, random_weights(m, 7), part);
+  train(p);
+  const FrozenTierReads pr = p.frozen_tier_reads();
+  EXPECT_GE(double(pr.bytes), kSteps * (streamed - double(kept)));
+  EXPECT_LE(double(pr.bytes), 2 * (kSteps + 1) * (streamed - double(kept)));
+
+  TestSession off(m, random_weights(m, 7), options(1, nullptr));
+  train(off);
+  EXPECT_EQ(off.frozen_tier_reads().reads, 0u);
+  EXPECT_EQ(off.frozen_tier_reads().bytes, 0u);
 }
 
 TEST(FrozenTier, ASecondSessionReusesTheCacheAndAnotherBaseRebuildsIt) {
