@@ -18,7 +18,7 @@
 #   n30bud     Qwen3-30B-A3B LoRA r=32 on attention, nf4 base, 8 x 4096, cap 10, budget 16 GiB
 #   s70bud     LLaMA-3.1-70B LoRA r=32 all linears, nf4 base, 8 x 1024, cap 24, budget 32 GiB
 #   s235bud    Qwen3-235B-A22B's first LAYERS (8) decoders, LoRA r=32, nf4 base, 8 x 4096, cap 24,
-#              budget BUD (8) GiB: the plan streams 18.6 of 22 GiB per iteration, 2,299 tokens/s at 1.4 GB/s
+#              budget BUD (8) GiB: the plan keeps 1.6 of its 11.1 GiB base resident and reads 18.6 GiB per iteration: 2,299 tokens/s at 1.4 GB/s
 # Every bench row samples nvidia-smi (power, SM clock) every 0.5 s beside it (mean of samples above
 # 300 W) and, for a tier row, reads the cache file back with dd (O_DIRECT) right after.
 # Results: $OUT/rows.md (one markdown row per run), $OUT/run.log.
