@@ -3,6 +3,7 @@
 #include "roundpipe/trainer.hpp"
 
 #include <filesystem>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -20,6 +21,22 @@
 #include "trainer/training_run.hpp"
 
 namespace rp {
+
+namespace {
+
+/// The session refuses a frozen_tier setting as "frozen_tier.<key>: <why>" (FrozenTierOptions);
+/// the spec's key came from the spec file, so the line reads like the spec's other errors,
+/// "<spec file>: key 'frozen_tier.<key>': <why>". Other messages stay as they are.
+std::string spec_key_error(const TrainSpec& spec, const std::string& message) {
+  constexpr std::string_view kSection = "frozen_tier.";
+  const size_t colon = message.find(": ");
+  if (message.rfind(kSection, 0) != 0 || colon == std::string::npos ||
+      message.find(' ') < colon)  // a key has no spaces
+    return message;
+  return fmt::format("{}: key '{}': {}", spec.source, message.substr(0, colon), message.substr(colon + 2));
+}
+
+}  // namespace
 
 void TrainingRun::setup() {
   validate_spec(spec_);     // a spec built in code gets the checks of a spec file
@@ -113,7 +130,11 @@ void TrainingRun::start_session(const ModelLayout& layout, std::vector<std::vect
   SessionOptions opt = session_options_of(spec_, layout);
   opt.frozen_source = std::move(source);
   opt.replicas = replicas_;
-  session_ = std::make_unique<Session>(layout, std::move(weights), std::move(frozen), opt);
+  try {
+    session_ = std::make_unique<Session>(layout, std::move(weights), std::move(frozen), opt);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(spec_key_error(spec_, e.what()));
+  }
   if (resume_) start_ = restore_checkpoint(*resume_, spec_, *session_, *data_);
   const IterationPlan& plan = session_->initial_plan();
   if (replicas_)
