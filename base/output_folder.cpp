@@ -196,6 +196,28 @@ std::string name_list(const std::vector<std::string>& names, size_t shown) {
   return out;
 }
 
+std::string dangling_link_text(const std::string& path) {
+  const auto normal = [](const fs::path& q) {
+    const fs::path n = q.lexically_normal();
+    return n.has_filename() ? n : n.parent_path();  // "out/" names "out"
+  };
+  fs::path p;
+  for (const fs::path& part : fs::path(path)) {
+    p /= part;
+    if (part.empty() || part == "." || part == ".." || !p.has_relative_path()) continue;
+    std::error_code ec;
+    const fs::file_status s = fs::symlink_status(p, ec);
+    if (ec || !fs::exists(s)) return "";  // nothing further along exists
+    if (!fs::is_symlink(s) || fs::exists(p, ec) || ec) continue;
+    const fs::path target = fs::read_symlink(p, ec);
+    const std::string link = fmt::format("is a symbolic link to '{}', which does not exist",
+                                         ec ? std::string("?") : target.string());
+    return normal(p) == normal(path) ? fmt::format("'{}' {}", path, link)
+                                     : fmt::format("'{}' lies under '{}', which {}", path, p.string(), link);
+  }
+  return "";
+}
+
 std::vector<std::string> create_folders(const std::string& path, std::error_code& ec) {
   ec.clear();
   std::vector<std::string> made;

@@ -72,6 +72,11 @@ std::vector<ForeignEntry> foreign_entries(const std::filesystem::path& dir);
 /// The names of foreign_entries(dir).
 std::vector<std::string> foreign_names(const std::filesystem::path& dir);
 
+/// Why no folder can be made at `path`: its first folder (a parent, or the path itself) that is
+/// a symbolic link to a missing target ("'out' is a symbolic link to 'gone', which does not
+/// exist"; create_folders would stop there with "File exists"); "" when there is none.
+std::string dangling_link_text(const std::string& path);
+
 /// Makes the folder `path` and the parents it lacks, one at a time in the order the path names
 /// them ("a/../b" makes a, then b); returns the folders it made, deepest first, also when it
 /// stops part way with `ec` set: exactly the folders a caller may take back.

@@ -36,7 +36,10 @@ namespace rp {
 OutputDirLock::OutputDirLock(const TrainSpec& spec) {
   std::error_code ec;
   if (fs::exists(spec.output_dir, ec) && !fs::is_directory(spec.output_dir, ec))
-    return;                                     // prepare_output_dir says
+    return;  // prepare_output_dir says
+  if (const std::string why = dangling_link_text(spec.output_dir); !why.empty())
+    throw std::invalid_argument(fmt::format(
+        "{}: key 'output_dir': {}; create that folder or give another output_dir", spec.source, why));
   made_ = create_folders(spec.output_dir, ec);  // exactly what this run makes
   if (ec) {
     remove_made_if_empty();

@@ -6,6 +6,7 @@
 
 #include <stdlib.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -102,6 +103,31 @@ TEST(OutputSafety, AnOutputFolderHoldingOrInsideAnInputIsRefused) {
 // Files named like run outputs that no roundpipe run recorded (a user's metrics.csv, an HF
 // trainer's checkpoint-500/) are not replaced, with or without --overwrite-output-dir; other
 // files in the folder are the user's and stay untouched by a run.
+// An output_dir that is, or lies under, a symbolic link to a missing target is refused in one
+// line that names it and the link (not the file system's bare "File exists"), and the run
+// creates and removes nothing: the link stays, its target is not made.
+TEST(OutputSafety, AnOutputDirThatIsADanglingLinkIsNamed) {
+  auto d = tmpdir();
+  fs::create_symlink(d / "gone", d / "out");
+  const auto entries = [&] {
+    std::vector<std::string> names;
+    for (const auto& e : fs::recursive_directory_iterator(d)) names.push_back(e.path().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  rp::TrainSpec spec = spec_into(d, d / "out", 1);
+  const std::vector<std::string> before = entries();
+  const std::string link = "is a symbolic link to '" + (d / "gone").string() + "', which does not exist";
+  expect_refused(spec, "test spec: key 'output_dir': '" + (d / "out").string() + "' " + link);
+  spec.output_dir = (d / "out" / "run").string();
+  expect_refused(spec, "test spec: key 'output_dir': '" + spec.output_dir + "' lies under '" +
+                           (d / "out").string() + "', which " + link);
+  EXPECT_EQ(entries(), before);
+  EXPECT_TRUE(fs::is_symlink(fs::symlink_status(d / "out")));
+  EXPECT_FALSE(fs::exists(d / "gone"));
+  fs::remove_all(d);
+}
+
 TEST(OutputSafety, RunOutputsNoRunRecordedAreNeverReplaced) {
   auto d = tmpdir();
   rp::TrainSpec spec = spec_into(d, d / "out", 1);

@@ -241,4 +241,29 @@ TEST(TrainerLora, ContinuesFromAPeftAdapterFolder) {
   fs::remove_all(d);
 }
 
+// A frozen_tier.host_budget_gib too small for the run is refused in one line that names the
+// spec file and the key, as every other spec error does, and leaves no output folder behind.
+TEST(TrainerLora, ATooSmallHostBudgetNamesTheSpecFileAndTheKey) {
+  auto d = tmpdir();
+  write(d / "data.jsonl", kData);
+  const fs::path spec = d / "budget_spec.json";
+  write(spec, spec_for(tiny_model(d), d / "data.jsonl", d / "out",
+                       ", \"lora\": {\"r\": 4, \"alpha\": 8, \"target_modules\": \"all-linear\"}, "
+                       "\"frozen_tier\": {\"path\": \"" +
+                           (d / "tier" / "base.cache").string() + "\", \"host_budget_gib\": 0.001}"));
+  try {
+    rp::Trainer::from_file(spec.string()).run();
+    ADD_FAILURE() << "a 0.001 GiB host budget ran";
+  } catch (const std::invalid_argument& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(
+        msg.rfind(spec.string() + ": key 'frozen_tier.host_budget_gib': 0.001 GiB cannot hold this run", 0),
+        0u)
+        << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+  EXPECT_FALSE(fs::exists(d / "out")) << "the run made the folder and left it";
+  fs::remove_all(d);
+}
+
 }  // namespace
