@@ -170,7 +170,10 @@ TrainResult TrainingRun::execute_steps() {
   evaluate_before_training();
   if (start_ == 0) sample_before_ = sample_text("before fine-tuning");
   last_report_ = elapsed();  // step 1's time starts here, not with the model load
+  const double trained_from = last_report_;
+  const FrozenTierReads reads0 = session_->frozen_tier_reads();
   TrainResult res = finish(loop());
+  report_tier_reads(reads0, res.steps_done - start_, elapsed() - trained_from);
   if (replicas_ && res.steps_done > start_) {
     const ReplicaStats st = replicas_->stats();
     const double steps = double(res.steps_done - start_);
@@ -184,6 +187,19 @@ TrainResult TrainingRun::execute_steps() {
   res.replicas = replica_count();
   barrier();  // no replica ends before replica 0 wrote the last checkpoint
   return res;
+}
+
+/// What the disk tier read while training (evaluation and checkpoints included): the bytes per
+/// step and the disk's rate while it was read, to hold against `roundpipe plan --disk-gbps`.
+void TrainingRun::report_tier_reads(const FrozenTierReads& from, int64_t steps, double seconds) const {
+  if (!session_->frozen_tier().enabled || steps <= 0 || !(seconds > 0)) return;
+  const FrozenTierReads to = session_->frozen_tier_reads();
+  const double bytes = double(to.bytes - from.bytes), busy = to.seconds - from.seconds;
+  spdlog::info(
+      "frozen tier: read {} per step ({:.1f} reads) at {:.2f} GB/s while reading; the reader busy "
+      "{:.0f}% of the training time",
+      byte_text(bytes / double(steps)), double(to.reads - from.reads) / double(steps),
+      busy > 0 ? bytes / busy / 1e9 : 0.0, 100 * busy / seconds);
 }
 
 /// Replicas: a failure here reaches every other replica at once, as "replica <rank> failed:

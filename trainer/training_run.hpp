@@ -133,6 +133,8 @@ class TrainingRun {
   std::vector<int> stop_ranks_;   // replicas: the ranks whose StopToken asked for the stop
   double reduce_wait_total_ = 0;  // replicas: StepReport::reduce_wait_s over the reported steps
   TrainResult execute_steps();
+  /// Logs what the disk tier read over `steps` steps in `seconds` since the reading `from`.
+  void report_tier_reads(const FrozenTierReads& from, int64_t steps, double seconds) const;
   void derive_epochs();
   double epoch_at(int64_t steps_done) const;
   int64_t epoch_origin_ = 0;  // data position at start_ (sequences)

@@ -5,6 +5,11 @@
 // run continues from a PEFT adapter folder with that folder's weights.
 #include <gtest/gtest.h>
 
+#include <sstream>
+
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
 #include <cmath>
 #include <fstream>
 
@@ -203,7 +208,24 @@ TEST(TrainerLora, ABaseStreamedFromTheDiskTierTrainsAndMergesBitForBit) {
   rp::TrainSpec tiered = lora_spec(d, "tiered", 3, rp::WeightFormat::q8_0);
   tiered.merge_adapters = true;
   tiered.frozen_tier = rp::TrainSpec::FrozenTier{(d / "tier" / "base.cache").string(), 0};
-  rp::Trainer(tiered).run();
+  std::ostringstream logged;  // the run's log: it ends with what the tier read
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(
+      std::make_shared<spdlog::logger>("tier", std::make_shared<spdlog::sinks::ostream_sink_mt>(logged)));
+  try {
+    rp::Trainer(tiered).run();
+  } catch (...) {
+    spdlog::set_default_logger(previous);
+    throw;
+  }
+  spdlog::set_default_logger(previous);
+  const std::string log = logged.str();
+  const size_t at = log.find("frozen tier: read ");
+  ASSERT_NE(at, std::string::npos) << log;
+  const std::string line = log.substr(at, log.find('\n', at) - at);
+  EXPECT_NE(line.find(" per step ("), std::string::npos) << line;
+  EXPECT_NE(line.find(" GB/s while reading; the reader busy "), std::string::npos) << line;
+  EXPECT_EQ(line.find("read 0 bytes"), std::string::npos) << "a streamed base is read every step: " << line;
   EXPECT_TRUE(fs::exists(d / "tier" / "base.cache"));
   EXPECT_EQ(losses(d / "tiered/metrics.csv"), losses(d / "held/metrics.csv"));
   const std::string a = bytes_of(d / "held/final" / rp::kAdapterWeightsFile);
