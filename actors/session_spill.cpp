@@ -9,6 +9,7 @@
 #include "actors/session_impl.hpp"
 #include "actors/session_testing.hpp"
 #include "base/counted.hpp"
+#include "base/output_folder.hpp"  // create_folders, dangling_link_text
 
 namespace rp {
 
@@ -46,7 +47,9 @@ void Session::Impl::open_activation_spill(const SessionInternals& internals,
   std::filesystem::path folder = std::filesystem::path(o.path).parent_path();
   if (folder.empty()) folder = ".";
   std::error_code ec;
-  spill_folders_made = create_folders(folder.string(), ec);  // errors: when the file is opened
+  spill_folders_made = create_folders(folder.string(), ec);  // other errors: when the file is opened
+  if (const std::string link = ec ? dangling_link_text(folder.string()) : ""; !link.empty())
+    throw std::invalid_argument("frozen_tier.path: the spill file's folder cannot be made: " + link);
   SpillConfig c;
   c.folder = folder.string();
   c.layers = chosen;

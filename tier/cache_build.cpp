@@ -16,6 +16,8 @@
 
 #include "base/atomic_file.hpp"
 #include "base/checksum.hpp"
+#include "base/counted.hpp"        // byte_text
+#include "base/output_folder.hpp"  // dangling_link_text
 #include "tier/cache_file.hpp"
 #include "tier/cache_format.hpp"
 #include "tier/file_io.hpp"
@@ -32,8 +34,6 @@ std::string folder_of(const std::string& path) {
   const fs::path p = fs::path(path).parent_path();
   return p.empty() ? std::string(".") : p.string();
 }
-
-double gib(uint64_t b) { return double(b) / double(uint64_t(1) << 30); }
 
 uint64_t statvfs_free_bytes(const std::string& dir) {
   struct statvfs v {};
@@ -227,11 +227,10 @@ CacheBuildReport build_cache(const std::string& path, const std::string& source_
   const uint64_t reserved = options.reserved_bytes;
   if (avail < reserved || avail - reserved < l.file_bytes)
     throw std::runtime_error(fmt::format(
-        "{}: not enough disk space for the tier cache: needs {} bytes ({:.2f} GiB), {} has {} bytes ({:.2f} "
-        "GiB) free{}",
-        path, l.file_bytes, gib(l.file_bytes), dir, avail, gib(avail),
-        reserved > 0 ? fmt::format(", {} bytes ({:.2f} GiB) of them promised to {}", reserved, gib(reserved),
-                                   options.reserved_for)
+        "{}: not enough disk space for the tier cache: needs {} bytes ({}), {} has {} bytes ({}) free{}",
+        path, l.file_bytes, byte_text(double(l.file_bytes)), dir, avail, byte_text(double(avail)),
+        reserved > 0 ? fmt::format(", {} bytes ({}) of them promised to {}", reserved,
+                                   byte_text(double(reserved)), options.reserved_for)
                      : std::string()));
   CacheBuildReport rep;
   rep.bytes = l.file_bytes;
@@ -250,7 +249,12 @@ EnsureResult ensure_cache(const std::string& path, const std::string& source_key
   const std::string dir = folder_of(path);
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec) throw std::runtime_error(fmt::format("{}: cannot create the folder ({})", dir, ec.message()));
+  if (ec) {
+    const std::string link = dangling_link_text(dir);  // "File exists" would not say why
+    throw std::runtime_error(link.empty()
+                                 ? fmt::format("{}: cannot create the folder ({})", dir, ec.message())
+                                 : fmt::format("cannot create the cache's folder: {}", link));
+  }
   const BuilderLock lock(cache_lock_path(path), path, options);
   // the lock is held until `lock` goes, on return or on a throw
   CacheOpenResult found = CacheFile::open(path, source_key);
@@ -279,9 +283,9 @@ EnsureResult ensure_cache(const std::string& path, const std::string& source_key
     // the old file stays until the new one is complete, so its bytes count against the build
     if (old_bytes > 0 && std::string(e.what()).find("not enough disk space") != std::string::npos)
       throw std::runtime_error(
-          fmt::format("{}; the old cache at this path ({:.2f} GiB, {}) is replaced only once the new one is "
+          fmt::format("{}; the old cache at this path ({}, {}) is replaced only once the new one is "
                       "complete: remove it to make room",
-                      e.what(), double(old_bytes) / double(uint64_t(1) << 30), why));
+                      e.what(), byte_text(double(old_bytes)), why));
     throw;
   }
   CacheOpenResult built = CacheFile::open(path, source_key);

@@ -386,6 +386,27 @@ TEST(ActivationSpill, FoldersMadeForTheSpillAreTakenBackAndOthersStay) {
   EXPECT_EQ(sc.entries(), (std::set<std::string>{"kept", "mine"}));
 }
 
+// A spill folder under a symbolic link to a missing folder is refused naming the link, and
+// neither the link's target nor anything else is made.
+TEST(ActivationSpill, AFolderUnderADanglingLinkIsNamed) {
+  Scratch sc;
+  const ModelLayout m = full_layout();
+  fs::create_directory_symlink(sc.dir / "gone", sc.dir / "dead");
+  TestSessionOptions o = spill_options(1, nullptr);
+  o.frozen_tier = FrozenTierOptions{};
+  o.frozen_tier->path = (sc.dir / "dead" / "base.cache").string();
+  o.frozen_tier->spill_layers = 2;
+  try {
+    TestSession s(m, random_weights(m, 7), o);
+    ADD_FAILURE() << "a spill folder under a dangling link was taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "frozen_tier.path: the spill file's folder cannot be made: '" +
+                                         (sc.dir / "dead").string() + "' is a symbolic link to '" +
+                                         (sc.dir / "gone").string() + "', which does not exist");
+  }
+  EXPECT_EQ(sc.entries(), (std::set<std::string>{"dead"}));
+}
+
 // The start line counts in words that agree ("1 layer") and tells the bytes of one iteration from
 // the file's (every activation set's) and the staging's workers.
 TEST(ActivationSpill, TheStartLineSaysWhatIsPerIterationAndPerFile) {

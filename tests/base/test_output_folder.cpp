@@ -64,6 +64,30 @@ TEST(OutputFolder, CreatedFoldersAreTheOnesMadeAndOnlyEmptyOnesGo) {
   fs::remove_all(d);
 }
 
+// A symbolic link to a missing target, as the path itself or as one of its folders, is named
+// with its target; a live link, a missing path and a path under a missing folder name nothing.
+TEST(OutputFolder, ADanglingLinkOnThePathIsNamed) {
+  const fs::path d = fs::temp_directory_path() / ("rp_dangling_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d / "real");
+  fs::create_directory_symlink(d / "gone", d / "dead");
+  fs::create_directory_symlink(d / "real", d / "live");
+  const std::string dead = (d / "dead").string();
+  EXPECT_EQ(rp::dangling_link_text(dead),
+            "'" + dead + "' is a symbolic link to '" + (d / "gone").string() + "', which does not exist");
+  EXPECT_EQ(rp::dangling_link_text(dead + "/"),
+            "'" + dead + "/' is a symbolic link to '" + (d / "gone").string() + "', which does not exist");
+  const std::string under = (d / "dead" / "run").string();
+  EXPECT_EQ(rp::dangling_link_text(under), "'" + under + "' lies under '" + dead +
+                                               "', which is a symbolic link to '" + (d / "gone").string() +
+                                               "', which does not exist");
+  EXPECT_EQ(rp::dangling_link_text((d / "live" / "run").string()), "");
+  EXPECT_EQ(rp::dangling_link_text((d / "missing" / "run").string()), "");
+  EXPECT_EQ(rp::dangling_link_text((d / "real").string()), "");
+  EXPECT_FALSE(fs::exists(d / "gone")) << "nothing is made";
+  fs::remove_all(d);
+}
+
 // A path through "..": the folder it passes through is made too, so it is one to take back
 // (the made list was the normalised path's, "new2" without "new1", and new1 stayed behind);
 // an existing folder reached through ".." is not.

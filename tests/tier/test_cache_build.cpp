@@ -58,11 +58,29 @@ TEST(CacheBuild, TooLittleDiskSpaceIsOneLineAndWritesNothing) {
   } catch (const std::runtime_error& e) {
     const std::string m = e.what();
     EXPECT_HAS(m, "not enough disk space");
-    EXPECT_HAS(m, "the old cache at this path (0.00 GiB, " + s.path("w.cache") + ": ");
+    EXPECT_HAS(m, "the old cache at this path (36.0 KiB, " + s.path("w.cache") + ": ");
     EXPECT_HAS(m, "remove it to make room");
     EXPECT_EQ(m.find('\n'), std::string::npos);
   }
   EXPECT_EQ(CacheFile::open(s.path("w.cache"), "key-a").state, CacheState::valid) << "the old file was kept";
+}
+
+// A cache path under a symbolic link to a missing folder: the refusal names the link and its
+// target (creating the folder would only say "File exists"), and nothing is made.
+TEST(CacheBuild, ACachePathUnderADanglingLinkNamesTheLink) {
+  Scratch s;
+  std::filesystem::create_directory_symlink(s.dir / "gone", s.dir / "dead");
+  const std::string path = (s.dir / "dead" / "w.cache").string();
+  try {
+    ensure_cache(path, "key-a", odd_specs(), pattern_fill(), small_chunks());
+    FAIL() << "expected a refusal";
+  } catch (const std::runtime_error& e) {
+    const std::string m = e.what();
+    EXPECT_HAS(m, "cannot create the cache's folder: '" + (s.dir / "dead").string() +
+                      "' is a symbolic link to '" + (s.dir / "gone").string() + "', which does not exist");
+    EXPECT_EQ(m.find('\n'), std::string::npos);
+  }
+  EXPECT_FALSE(std::filesystem::exists(s.dir / "gone"));
 }
 
 // Space promised to another file in the folder (the activation spill's, not yet allocated) is
@@ -79,7 +97,7 @@ TEST(CacheBuild, SpacePromisedToAnotherFileIsNotTheCaches) {
     const std::string m = e.what();
     EXPECT_HAS(m, s.path("w.cache") + ": not enough disk space for the tier cache: needs 36864 bytes");
     EXPECT_HAS(m,
-               "has 40960 bytes (0.00 GiB) free, 4097 bytes (0.00 GiB) of them promised to the activation "
+               "has 40960 bytes (40.0 KiB) free, 4097 bytes (4.00 KiB) of them promised to the activation "
                "spill's file");
     EXPECT_EQ(m.find('\n'), std::string::npos);
   }
