@@ -101,7 +101,8 @@ constexpr double kRoutingLeastShare = 0.54, kRoutingMostShare = 1.55;
 inline int64_t expected_bucket_count(double rows, int64_t experts, double least = kRoutingLeastShare,
                                      double most = kRoutingMostShare, double max_pad = kExpertPadFraction) {
   if (!(rows > 0) || experts < 1) return 0;
-  const double even = rows / double(experts);
+  // the count depends on the spread, not the scale: a share past 2^30 rows in all is scaled down
+  const double even = std::min(rows / double(experts), 1e9 / (double(experts) * std::max(1.0, most)));
   std::vector<int32_t> off(size_t(experts) + 1, 0);
   for (int64_t e = 0; e < experts; ++e) {
     const double share = experts == 1 ? 1.0 : least + (most - least) * double(e) / double(experts - 1);

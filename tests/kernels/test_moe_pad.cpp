@@ -108,6 +108,8 @@ TEST(MoePad, ExpectedBucketCountIsTheRuleOnAnEvenSpread) {
     EXPECT_GE(n, last) << "most " << most;
     last = n;
   }
+  // huge micro-batches: the same spread, the same buckets, no overflow
+  EXPECT_EQ(expected_bucket_count(1e15, 128), expected_bucket_count(1e8, 128));
   // at the defaults every bucket holds several experts and there are several buckets
   const int64_t n = expected_bucket_count(32768, 128);
   EXPECT_GT(n, 3);
