@@ -173,12 +173,20 @@ class BuilderLock {
     for (;;) {
       created_ = false;
       int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-      if (fd >= 0) created_ = true;
-      else if (errno == EEXIST) fd = ::open(lock_path.c_str(), O_RDWR | O_CLOEXEC);
-      if (fd < 0 && errno == ENOENT) continue;  // its creator removed it between the two opens
+      std::string why;
+      if (fd >= 0) {
+        created_ = true;
+      } else if (errno == EEXIST) {
+        fd = ::open(lock_path.c_str(), O_RDWR | O_CLOEXEC);
+        struct stat link {};
+        if (fd < 0 && errno == ENOENT && ::lstat(lock_path.c_str(), &link) != 0)
+          continue;  // its creator removed it between the two opens
+        if (fd < 0 && errno == ENOENT) why = "a symbolic link to a missing file";  // retrying would spin
+      }
+      // ENOENT from the first open (a folder that is gone or takes no new files) is no race either
       if (fd < 0)
-        throw std::runtime_error(
-            fmt::format("{}: cannot open the builders' lock ({})", lock_path, std::strerror(errno)));
+        throw std::runtime_error(fmt::format("{}: cannot open the builders' lock ({})", lock_path,
+                                             why.empty() ? std::strerror(errno) : why));
       fd_.reset(fd);
       int rc = ::flock(fd, LOCK_EX | LOCK_NB);
       if (rc != 0 && errno == EWOULDBLOCK) {  // another run builds this cache: say so, then wait for it

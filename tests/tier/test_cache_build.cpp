@@ -1,6 +1,7 @@
 // tier/cache_file: building the cache (free-space check, failures leave nothing behind,
 // O_DIRECT or buffered writes) and two runs sharing one cache file.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -271,6 +272,44 @@ TEST(CacheBuild, TheBuildersLockGoesWithItsCreatorOnly) {
   std::string text;
   std::getline(in, text);
   EXPECT_EQ(text, "a user's notes");
+}
+
+// A lock path that cannot be opened is one error, never a retry loop: a dangling symbolic link
+// (O_EXCL finds the name, the plain open not its target) and a folder that takes no new files
+// (procfs answers ENOENT to O_CREAT, as a race with the lock's creator would). Run in a
+// child so that a spinning build fails the test instead of hanging it.
+TEST(CacheBuild, ALockPathThatCannotBeOpenedIsAnErrorNotASpin) {
+  Scratch s;
+  ASSERT_EQ(::symlink(s.path("gone/target").c_str(), s.path("d.cache.lock").c_str()), 0);
+  const std::pair<std::string, std::string> cases[] = {
+      {s.path("d.cache"), "a symbolic link to a missing file"},
+      {"/proc/self/rp-test.cache", std::strerror(ENOENT)}};
+  for (const auto& [path, why] : cases) {
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      try {
+        ensure_cache(path, "key-a", odd_specs(), pattern_fill(), small_chunks());
+      } catch (const std::exception& e) {
+        const std::string want = path + ".lock: cannot open the builders' lock (" + why + ")";
+        ::_exit(std::string(e.what()) == want ? 0 : 2);
+      }
+      ::_exit(1);  // opened and built
+    }
+    int status = 0;
+    pid_t got = 0;
+    for (int i = 0; i < 200 && (got = ::waitpid(child, &status, WNOHANG)) == 0; ++i)
+      std::this_thread::sleep_for(50ms);
+    if (got == 0) {
+      ::kill(child, SIGKILL);
+      ::waitpid(child, &status, 0);
+      FAIL() << path << ": still trying to open the lock after 10 s";
+    }
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << path << ": exit " << (WIFEXITED(status) ? WEXITSTATUS(status) : -1)
+        << " (1: built, 2: another error)";
+  }
+  EXPECT_EQ(s.names(), (std::vector<std::string>{"d.cache.lock"}));  // the link stays; nothing else made
 }
 
 TEST(CacheBuild, TwoProcessesAtOnceBuildOnce) {
