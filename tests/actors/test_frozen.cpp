@@ -312,7 +312,9 @@ TEST(FrozenGroups, LoraOnAnFp8BaseTrainsLikeOnABf16Base) {
     const ModelLayout m = make_layout(tiny_config(false, false), lc);
     for (const ParamGroup& g : m.groups)
       for (const TensorSpec& t : g.tensors)
-        if (g.frozen && t.shape.size() == 2) EXPECT_EQ(t.format, base) << t.name;
+        if (g.frozen && t.shape.size() == 2) {
+          EXPECT_EQ(t.format, base) << t.name;
+        }
     TestSession s(m, random_weights(m, 7), options(true, 2));
     return run_session(s, 4);
   };

@@ -113,7 +113,9 @@ TEST(LossScalingCuda, F16TrainingGoesOnAfterTheOverflowLikeARunWithoutThoseSteps
     for (int t = 0; t < n; ++t) {
       EXPECT_EQ(r.results[size_t(t)].skipped, t < skipped) << what << " step " << t;
       EXPECT_EQ(r.results[size_t(t)].loss_scale, t < skipped ? kHuge : kBackedOff) << what << " step " << t;
-      if (t >= skipped) EXPECT_TRUE(std::isfinite(r.results[size_t(t)].grad_norm)) << what << " step " << t;
+      if (t >= skipped) {
+        EXPECT_TRUE(std::isfinite(r.results[size_t(t)].grad_norm)) << what << " step " << t;
+      }
     }
     EXPECT_EQ(r.scaler.steps_skipped(), skipped) << what;
     EXPECT_EQ(r.scaler.steps_applied(), n - skipped) << what;

@@ -87,7 +87,9 @@ TEST(RuntimeCuda, FrozenGroupsMatchTheCpuBackend) {
     o.micro = {n_seq, seq_len};
     o.adam.beta2 = 0.99;
     Session s(m, random_weights(m, 7), o);
-    if (pin_budget == size_t(0)) EXPECT_EQ(s.host_pinning().pinned_bytes, 0u);
+    if (pin_budget == size_t(0)) {
+      EXPECT_EQ(s.host_pinning().pinned_bytes, 0u);
+    }
     std::vector<double> losses;
     for (int t = 0; t < 3; ++t) {
       std::vector<int32_t> ids, tg;

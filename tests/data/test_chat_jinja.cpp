@@ -181,10 +181,12 @@ TEST(ChatJinja, MasksCoverAssistantTurnsOfEveryGoldenTemplate) {
       text.erase(0, text.find_first_not_of(" \n"));
       text.erase(text.find_last_not_of(" \n") + 1);
       if (text.empty()) continue;
-      if (m["role"] == "assistant")
+      if (m["role"] == "assistant") {
         EXPECT_NE(trained.find(text), std::string::npos) << file << " / " << c["case"] << ": " << text;
-      if (m["role"] == "user")
+      }
+      if (m["role"] == "user") {
         EXPECT_EQ(trained.find(text), std::string::npos) << file << " / " << c["case"] << ": " << text;
+      }
     }
     EXPECT_EQ(untrained.find("It is 21 °C"), std::string::npos) << file << " / " << c["case"];
     ++checked;

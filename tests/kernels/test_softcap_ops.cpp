@@ -67,8 +67,9 @@ void run_case(const Case& c) {
   const RefOut r = ref_attention(qd, kd, vd, sh, c.window, pp, scale, c.cap);
   EXPECT_LT(ref::rel_err(o, r.o), 1e-5);
   EXPECT_LT(ref::rel_err(lse, r.lse), 1e-5);
-  if (c.cap < 10)  // the cap matters here: the uncapped reference is far away
+  if (c.cap < 10) {  // the cap matters here: the uncapped reference is far away
     EXPECT_GT(ref::rel_err(o, ref_attention(qd, kd, vd, sh, c.window, pp, scale, 0.0).o), 1e-2);
+  }
 
   VecF dq = ref::nan_vec(q.size()), dk = ref::nan_vec(k.size()), dv = ref::nan_vec(v.size());
   ops->attention_bwd_v(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(), dk.data(),

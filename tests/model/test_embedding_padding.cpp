@@ -49,7 +49,9 @@ TEST(EmbeddingPadding, ThePadRowGetsOnlyTheLmHeadsGradient) {
     const int64_t H = m.layout.config.hidden_size;
     const Grads g = backward(m, s, ids, targets);
     const VecF lm_head_only = tied ? row(g.before_embedding[0], pad, H) : VecF(size_t(H), 0.0f);
-    if (tied) ASSERT_NE(lm_head_only, VecF(size_t(H), 0.0f));  // the tied head does reach the row
+    if (tied) {
+      ASSERT_NE(lm_head_only, VecF(size_t(H), 0.0f));  // the tied head does reach the row
+    }
     EXPECT_EQ(row(g.after[0], pad, H), lm_head_only) << (tied ? "tied" : "untied");
     // a row looked up that is not the pad row still gets the lookup's gradient
     EXPECT_NE(row(g.after[0], other, H), row(g.before_embedding[0], other, H)) << (tied ? "tied" : "untied");

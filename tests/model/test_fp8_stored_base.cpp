@@ -148,9 +148,10 @@ TEST(Fp8StoredBase, ListsItsDenseLinears) {
   EXPECT_TRUE(fp8_layer(make_layout(f.t.c, q8), true)->fp8_stored_tensors().empty()) << "a q8_0 base";
   // the storage form fits in the compute-dtype slot the uploader copies it into (2 bytes a weight)
   for (const TensorSpec& ts : f.t.lay.groups[size_t(Fp8StoredBase::kLayer)].tensors)
-    if (ts.format == WeightFormat::fp8)
+    if (ts.format == WeightFormat::fp8) {
       EXPECT_LE(weight_format_bytes(ts.format, ts.numel(), weight_format_cols(ts.shape)),
                 size_t(ts.numel()) * 2);
+    }
 }
 
 TEST(Fp8StoredBase, DirectPathCloseToTheOldAndAtLeastAsCloseToFp32) {

@@ -48,7 +48,9 @@ TEST(GpuPresets, DataSheetFiguresAreConsistent) {
     SCOPED_TRACE(p.name);
     EXPECT_GT(p.bf16_tflops, 0);
     EXPECT_GE(p.fp16_acc16_tflops, p.fp16_tflops);  // fp16 accumulation is never slower
-    if (p.fp8_tflops > 0) EXPECT_GE(p.fp8_tflops, p.bf16_tflops);
+    if (p.fp8_tflops > 0) {
+      EXPECT_GE(p.fp8_tflops, p.bf16_tflops);
+    }
     EXPECT_GE(p.fp8_acc16_tflops, p.fp8_tflops);
     EXPECT_GT(p.memory_gb, 0);
     EXPECT_GT(p.memory_gbps, 0);
