@@ -131,10 +131,12 @@ void check_plan_options(const PlanCommandOptions& o) {
   if (!(o.hbm_gbps > 0)) throw UsageError("--hbm-gbps: expected > 0");
   if (!(o.pcie_gbps >= 0)) throw UsageError("--pcie-gbps: expected >= 0");
   if (o.iterations < 0) throw UsageError("--iterations: expected >= 0");
-  if (!(o.grouped_gemm_efficiency >= 0 && o.grouped_gemm_efficiency <= 1))
-    throw UsageError(
-        fmt::format("--grouped-gemm-efficiency: expected a fraction in (0, 1] (0: by --expert-gemm), got {}",
-                    o.grouped_gemm_efficiency));
+  // below 0.001 of peak no GEMM library runs; such a value only prints absurd times
+  if (!(o.grouped_gemm_efficiency == 0 ||
+        (o.grouped_gemm_efficiency >= 0.001 && o.grouped_gemm_efficiency <= 1)))
+    throw UsageError(fmt::format(
+        "--grouped-gemm-efficiency: expected a fraction in [0.001, 1] (0: by --expert-gemm), got {}",
+        o.grouped_gemm_efficiency));
   check_lora_r(o.lora_r);
   if (o.nodes < 1) throw UsageError(fmt::format("--nodes: expected >= 1, got {}", o.nodes));
   if (!(o.net_gbps > 0)) throw UsageError(fmt::format("--net-gbps: expected > 0, got {}", o.net_gbps));

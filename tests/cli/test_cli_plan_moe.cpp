@@ -124,6 +124,12 @@ TEST(CliPlanMoe, BucketedExpertGemmsPlanHostTimeAndPaddedScratch) {
   CliRun e = roundpipe(base + " --expert-gemm bucketed --grouped-gemm-efficiency 0.5", d);
   ASSERT_EQ(e.code, 0) << e.err;
   EXPECT_NE(e.out.find("(bucketed GEMMs at 0.5 of peak)"), std::string::npos) << e.out;
+  for (const char* eff : {"1e-300", "-0.5", "1.5"}) {  // a rate no GEMM runs at: refused, not absurd times
+    CliRun r = roundpipe(base + " --grouped-gemm-efficiency " + eff, d);
+    EXPECT_EQ(r.code, 2) << eff << ": " << r.out;
+    EXPECT_NE(r.err.find("--grouped-gemm-efficiency: expected a fraction in [0.001, 1]"), std::string::npos)
+        << r.err;
+  }
   CliRun bad = roundpipe(base + " --expert-gemm fast", d);
   EXPECT_EQ(bad.code, 2) << bad.err;
   EXPECT_NE(bad.err.find("--expert-gemm"), std::string::npos) << bad.err;
