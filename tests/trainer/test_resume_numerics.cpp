@@ -4,21 +4,19 @@
 // of an earlier release without the record resumes without a word about them.
 #include <gtest/gtest.h>
 
-#include <memory>
-#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
-#include <spdlog/sinks/ostream_sink.h>
-#include <spdlog/spdlog.h>
 
 #include "roundpipe/trainer.hpp"
 #include "tests/cli/cli_util.hpp"
+#include "tests/trainer/trainer_log.hpp"
 #include "trainer/trainer_state.hpp"
 
 namespace {
 
 using namespace rp::clitest;
+using rp::test::run_logging;
 
 rp::TrainSpec spec_of(const fs::path& d, const fs::path& model, const std::string& out, int64_t steps) {
   write(d / "data.jsonl",
@@ -29,22 +27,6 @@ rp::TrainSpec spec_of(const fs::path& d, const fs::path& model, const std::strin
   s.steps = steps;
   s.save_dtype = "f32";
   return s;
-}
-
-/// What rp::Trainer(spec).run() logs.
-std::string run_logging(const rp::TrainSpec& spec) {
-  std::ostringstream logged;
-  auto previous = spdlog::default_logger();
-  spdlog::set_default_logger(
-      std::make_shared<spdlog::logger>("resume", std::make_shared<spdlog::sinks::ostream_sink_mt>(logged)));
-  try {
-    rp::Trainer(spec).run();
-  } catch (...) {
-    spdlog::set_default_logger(previous);
-    throw;
-  }
-  spdlog::set_default_logger(previous);
-  return logged.str();
 }
 
 /// A copy of model folder `from` at `to` with its config.json's `key` set to `value`.

@@ -5,11 +5,6 @@
 // run continues from a PEFT adapter folder with that folder's weights.
 #include <gtest/gtest.h>
 
-#include <sstream>
-
-#include <spdlog/sinks/ostream_sink.h>
-#include <spdlog/spdlog.h>
-
 #include <cmath>
 #include <fstream>
 
@@ -19,6 +14,7 @@
 #include "roundpipe/checkpoint.hpp"
 #include "roundpipe/trainer.hpp"
 #include "tests/cli/cli_util.hpp"
+#include "tests/trainer/trainer_log.hpp"
 
 namespace {
 
@@ -208,18 +204,7 @@ TEST(TrainerLora, ABaseStreamedFromTheDiskTierTrainsAndMergesBitForBit) {
   rp::TrainSpec tiered = lora_spec(d, "tiered", 3, rp::WeightFormat::q8_0);
   tiered.merge_adapters = true;
   tiered.frozen_tier = rp::TrainSpec::FrozenTier{(d / "tier" / "base.cache").string(), 0};
-  std::ostringstream logged;  // the run's log: it ends with what the tier read
-  auto previous = spdlog::default_logger();
-  spdlog::set_default_logger(
-      std::make_shared<spdlog::logger>("tier", std::make_shared<spdlog::sinks::ostream_sink_mt>(logged)));
-  try {
-    rp::Trainer(tiered).run();
-  } catch (...) {
-    spdlog::set_default_logger(previous);
-    throw;
-  }
-  spdlog::set_default_logger(previous);
-  const std::string log = logged.str();
+  const std::string log = rp::test::run_logging(tiered);  // the run's log: it ends with what the tier read
   const size_t at = log.find("frozen tier: read ");
   ASSERT_NE(at, std::string::npos) << log;
   const std::string line = log.substr(at, log.find('\n', at) - at);
