@@ -136,6 +136,20 @@ const char* kTargetsExpected =
 const char* kModulesExpected = "a list of \"embed_tokens\", \"lm_head\"";
 const char* kParametersExpected = "a list of \"mlp.experts.gate_up_proj\", \"mlp.experts.down_proj\"";
 
+namespace {
+// The JSON array of strings at `key`; anything else is refused as `expected`.
+std::vector<std::string> string_list(const JsonFields& f, const std::string& key, const char* expected) {
+  const auto& a = f.at(key);
+  if (!a.is_array()) f.fail(key, expected);
+  std::vector<std::string> out;
+  for (const auto& e : a) {
+    if (!e.is_string()) f.fail(key, expected);
+    out.push_back(e.get<std::string>());
+  }
+  return out;
+}
+}  // namespace
+
 /// The rules of a LoraConfig, for a spec file and a spec built in code alike; `f` carries the
 /// prefix "lora." so the messages name the nested key.
 void check_lora(const JsonFields& f, const LoraConfig& l) {
@@ -193,24 +207,12 @@ void read_lora(const JsonFields& f, TrainSpec& s) {
       }
     }
     if (l.has("target_parameters")) {
-      const auto& p = l.at("target_parameters");
-      if (!p.is_array()) l.fail("target_parameters", kParametersExpected);
-      for (const auto& e : p) {
-        if (!e.is_string()) l.fail("target_parameters", kParametersExpected);
-        c.target_parameters.push_back(e.get<std::string>());
-      }
+      c.target_parameters = string_list(l, "target_parameters", kParametersExpected);
       // only the experts: no target_modules unless the spec names them (an empty list names no
       // expert parameter and leaves the default modules)
       if (!l.has("target_modules") && !c.target_parameters.empty()) c.target_modules.clear();
     }
-    if (l.has("modules_to_save")) {
-      const auto& m = l.at("modules_to_save");
-      if (!m.is_array()) l.fail("modules_to_save", kModulesExpected);
-      for (const auto& e : m) {
-        if (!e.is_string()) l.fail("modules_to_save", kModulesExpected);
-        c.modules_to_save.push_back(e.get<std::string>());
-      }
-    }
+    if (l.has("modules_to_save")) c.modules_to_save = string_list(l, "modules_to_save", kModulesExpected);
     s.lora_base_format_from_model = !l.has("base_format");
     if (std::string fmt_name; l.optional("base_format", fmt_name)) {
       try {
