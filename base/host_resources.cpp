@@ -85,10 +85,4 @@ uint64_t free_disk_bytes(const std::string& path) {
   return uint64_t(st.f_bavail) * uint64_t(st.f_frsize);
 }
 
-std::string byte_text(double b) {
-  if (b >= double(1ull << 30)) return fmt::format("{:.1f} GiB", b / double(1ull << 30));
-  if (b >= double(1ull << 20)) return fmt::format("{:.1f} MiB", b / double(1ull << 20));
-  return fmt::format("{:.0f} bytes", b);
-}
-
 }  // namespace rp

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "base/counted.hpp"  // byte_text: byte counts in messages
+
 namespace rp {
 
 /// Bytes of host memory available for new allocations (/proc/meminfo MemAvailable, further
@@ -24,8 +26,5 @@ size_t process_resident_bytes();
 /// f_bavail * f_frsize). A path that does not exist yet is looked up through its nearest
 /// existing parent folder. Returns UINT64_MAX when it cannot be determined.
 uint64_t free_disk_bytes(const std::string& path);
-
-/// "12.3 GiB", "512.0 MiB", "42 bytes": byte counts in error messages.
-std::string byte_text(double bytes);
 
 }  // namespace rp

@@ -110,7 +110,7 @@ TEST(CliPlanDisk, TokensToHideTheDiskFollowTheModelsShapes) {
   // but no decoder of the base: every frozen group streams, nothing spills
   const CliRun r = roundpipe(kRun + " --no-save-attention --disk-gbps 3 --host-budget-gib 21.2", d);
   ASSERT_EQ(r.code, 0) << r.err;
-  ASSERT_NE(r.out.find("of which 0 bytes resident"), std::string::npos) << r.out;
+  ASSERT_NE(r.out.find("of which 0 B resident"), std::string::npos) << r.out;
   ASSERT_EQ(r.out.find("activations spilled"), std::string::npos) << r.out;
   // H 4096, FFN 14336, 8 kv heads x 128, vocab 128256: a decoder's bf16 matrices and its two
   // f32 norms after a bf16 prefix of the group; the embedding; the final norm and LM head
@@ -181,7 +181,7 @@ TEST(CliPlanDisk, ABudgetTooSmallForTheRingIsOneLineNamingTheOption) {
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   EXPECT_NE(r.err.find("--host-budget-gib: the disk tier needs at least "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("trainable state "), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("2.0 GiB given"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("2.00 GiB given"), std::string::npos) << r.err;
   // the least it names does not depend on the budget given, even one below the process's share
   const std::string least =
       r.err.substr(r.err.find("at least "), r.err.find(" of host memory") - r.err.find("at least "));
@@ -194,7 +194,7 @@ TEST(CliPlanDisk, ABudgetTooSmallForTheRingIsOneLineNamingTheOption) {
   r = roundpipe(kRun + " --disk-gbps 7 --host-gib 2", d);
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--host-budget-gib:"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("1.8 GiB given"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("1.80 GiB given"), std::string::npos) << r.err;
   // the tier's options without the tier change nothing: a usage error
   r = roundpipe(kRun + " --host-budget-gib 40", d);
   EXPECT_EQ(r.code, 2);

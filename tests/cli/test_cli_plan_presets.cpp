@@ -106,7 +106,7 @@ TEST(CliPlanPresets, HostMemoryNeedAndAdviceComeFromTheHostModel) {
   EXPECT_NE(r.out.find("--lora-r 16 --frozen nf4"), std::string::npos) << r.out;
   r = roundpipe(base + " --host-gib 1024", d);
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("fits 90% of 1024.0 GiB"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("fits 90% of 1.00 TiB"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("Changes that lower it"), std::string::npos) << r.out;
   r = roundpipe(base + " --host-gib -1", d);
   EXPECT_EQ(r.code, 2) << r.err;

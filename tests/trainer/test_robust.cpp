@@ -300,7 +300,7 @@ TEST(DiskFull, FreeSpaceIsCheckedAgainstTheCheckpointSize) {
     FAIL() << "accepted";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(
-        std::string(e.what()).find("not/yet: a checkpoint needs about 4294967296.0 GiB, the file system has"),
+        std::string(e.what()).find("not/yet: a checkpoint needs about 4194304 TiB, the file system has"),
         std::string::npos)
         << e.what();
   }
