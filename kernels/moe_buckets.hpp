@@ -97,10 +97,12 @@ constexpr double kRoutingLeastShare = 0.54, kRoutingMostShare = 1.55;
 
 /// The buckets bucket_experts makes of `rows` routed rows over `experts` experts whose counts
 /// spread evenly from least to most times the even share (rows / experts): what a planner
-/// expects, since it cannot know the routing. 0 without rows or experts.
+/// expects, since it cannot know the routing. 0 without rows or experts; 1 when there are no
+/// more rows than experts (a short micro-batch's rows land one per expert, one bucket of m 1).
 inline int64_t expected_bucket_count(double rows, int64_t experts, double least = kRoutingLeastShare,
                                      double most = kRoutingMostShare, double max_pad = kExpertPadFraction) {
   if (!(rows > 0) || experts < 1) return 0;
+  if (rows <= double(experts)) return 1;
   // the count depends on the spread, not the scale: a share past 2^30 rows in all is scaled down
   const double even = std::min(rows / double(experts), 1e9 / (double(experts) * std::max(1.0, most)));
   std::vector<int32_t> off(size_t(experts) + 1, 0);

@@ -98,6 +98,10 @@ TEST(MoePad, ExpectedBucketCountIsTheRuleOnAnEvenSpread) {
   EXPECT_EQ(expected_bucket_count(0, 128), 0);
   EXPECT_EQ(expected_bucket_count(1000, 0), 0);
   EXPECT_EQ(expected_bucket_count(32768, 128, 1.0, 1.0), 1);
+  // one token's 8 routed rows over 128 experts: one row each, which the rule puts in one bucket
+  EXPECT_EQ(expected_bucket_count(8, 128),
+            int64_t(bucket_experts({0, 1, 2, 3, 4, 5, 6, 7, 8}, kExpertPadFraction).size()));
+  EXPECT_EQ(expected_bucket_count(8, 128), 1);
   // the spread built here: 4 experts of 100 rows each at shares 0.5, 0.8, 1.1, 1.4 -> 50, 80, 110, 140
   EXPECT_EQ(expected_bucket_count(400, 4, 0.5, 1.4),
             int64_t(bucket_experts({0, 50, 130, 240, 380}, kExpertPadFraction).size()));
