@@ -424,8 +424,9 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
   if (disk)
     print_disk_tier(out, *disk, r, simulate(pr.plan, stage_costs(costs, pr.plan, po), without_disk), tokens);
   if (o.nodes > 1) print_nodes(out, o, costs, d, m.tie_word_embeddings, r.iteration_seconds, tokens);
-  print_host_memory(out, oo, plan_config(o),
-                    [](const PlanCommandOptions& x) { return predicted_tokens_per_s(x); });
+  print_host_memory(
+      out, oo, plan_config(o), [](const PlanCommandOptions& x) { return predicted_tokens_per_s(x); },
+      disk ? std::optional<double>(disk->tier.host_budget + disk->tier.set_aside) : std::nullopt);
   if (!o.trace.empty()) {
     write_sim_trace(o.trace, r, pr.plan);
     fmt::print(out, "trace     wrote {} ({} intervals; open in Perfetto or chrome://tracing)\n", o.trace,

@@ -110,9 +110,12 @@ void print_gpu_presets(std::FILE* out);
 /// The host-memory section of the plan: what the run needs (scheduler/host_memory.hpp), the
 /// budget (o.host_gib or this machine's memory) and, when the need is over kHostHeadroom of
 /// it, each change that lowers it with its need and, from `tokens_per_s` (nullopt: no plan
-/// fits the GPUs' memory), its predicted speed.
+/// fits the GPUs' memory), its predicted speed. With a disk tier (`tier_budget_bytes`, its whole
+/// host budget) the need is what the run would hold without the tier: the section says so and
+/// that the tier keeps the run within the budget instead of warning.
 void print_host_memory(std::FILE* out, const PlanCommandOptions& o, const ModelConfig& c,
-                       const std::function<std::optional<double>(const PlanCommandOptions&)>& tokens_per_s);
+                       const std::function<std::optional<double>(const PlanCommandOptions&)>& tokens_per_s,
+                       std::optional<double> tier_budget_bytes = std::nullopt);
 
 /// What o's run keeps in host memory (scheduler/host_memory.hpp): its LoRA, frozen form, batch
 /// shape, GPUs and saved attention.

@@ -106,9 +106,17 @@ PlanCommandOptions with_run(PlanCommandOptions o, const HostRun& r) {
 }  // namespace
 
 void print_host_memory(std::FILE* out, const PlanCommandOptions& o, const ModelConfig& c,
-                       const std::function<std::optional<double>(const PlanCommandOptions&)>& tokens_per_s) {
+                       const std::function<std::optional<double>(const PlanCommandOptions&)>& tokens_per_s,
+                       std::optional<double> tier_budget_bytes) {
   const HostRun run = host_run_of(o);
   const HostMemoryNeed need = host_memory_need(c, run);
+  if (tier_budget_bytes) {
+    fmt::print(out,
+               "\nhost      in RAM the run would need {}{}; the disk tier holds it within its host budget "
+               "of {} (disk above)\n",
+               host_memory_text(need), o.nodes > 1 ? " on each node" : "", byte_text(*tier_budget_bytes));
+    return;
+  }
   const double budget = o.host_gib > 0 ? o.host_gib * double(int64_t(1) << 30) : double(host_total_bytes());
   fmt::print(out, "\nhost      the run needs {} of host memory{}\n", host_memory_text(need),
              o.nodes > 1 ? " on each node" : "");

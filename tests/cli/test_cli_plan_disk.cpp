@@ -50,6 +50,26 @@ TEST(CliPlanDisk, WithoutTheOptionsThePlanIsUnchanged) {
   fs::remove_all(d);
 }
 
+// The host section counts the base in RAM; with the tier it must not tell the user the run
+// would run out of memory, which the tier exists to prevent. LLaMA-3.1-8B in bf16 needs more
+// than a 16 GiB host: without the tier the section warns, with it it names the budget instead.
+TEST(CliPlanDisk, TheHostSectionDoesNotWarnAboutMemoryTheTierKeepsOnDisk) {
+  auto d = tmpdir();
+  const std::string run =
+      "plan --model " + kLlama + " --gpus 1 --seq 4096 --micro 8 --lora-r 16 --gpu h200 --host-gib 16";
+  const CliRun plain = roundpipe(run, d);
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  EXPECT_NE(plain.out.find("would run out of memory"), std::string::npos) << plain.out;
+  const CliRun tier = roundpipe(run + " --disk-gbps 7 --host-budget-gib 12", d);
+  ASSERT_EQ(tier.code, 0) << tier.err;
+  EXPECT_EQ(tier.out.find("would run out of memory"), std::string::npos) << tier.out;
+  const auto host = tier.out.find("\nhost      in RAM the run would need ");
+  ASSERT_NE(host, std::string::npos) << tier.out;
+  const std::string line = tier.out.substr(host + 1, tier.out.find('\n', host + 1) - host - 1);
+  EXPECT_NE(line.find("within its host budget of 12.0 GiB"), std::string::npos) << line;
+  fs::remove_all(d);
+}
+
 TEST(CliPlanDisk, ASlowDiskBoundsTheStepAndAFastOneHidesUnderTheCompute) {
   auto d = tmpdir();
   CliRun r = roundpipe(kRun + " --disk-gbps 1 --host-budget-gib 31.5", d);
