@@ -18,7 +18,9 @@
 #   n30bud     Qwen3-30B-A3B LoRA r=32 on attention, nf4 base, 8 x 4096, cap 10, budget 16 GiB
 #   s70bud     LLaMA-3.1-70B LoRA r=32 all linears, nf4 base, 8 x 1024, cap 24, budget 32 GiB
 #   s235bud    Qwen3-235B-A22B's first LAYERS (8) decoders, LoRA r=32, nf4 base, 8 x 4096, cap 24,
-#              budget BUD (8) GiB: the plan keeps 1.6 of its 11.1 GiB base resident and reads 18.6 GiB per iteration: 2,299 tokens/s at 1.4 GB/s
+#              budget BUD (8) GiB: the plan keeps 1.6 of its 11.1 GiB base resident and reads 18.6 GiB
+#              per iteration: 2,299 tokens/s at 1.4 GB/s
+#   s235ram    the same LAYERS with the base in RAM (the row the tier's is compared with)
 # Every bench row samples nvidia-smi (power, SM clock) every 0.5 s beside it (mean of samples above
 # 300 W) and, for a tier row, reads the cache file back with dd (O_DIRECT) right after.
 # Results: $OUT/rows.md (one markdown row per run), $OUT/run.log.
@@ -60,6 +62,8 @@ l8=(--preset llama3.1-8b --seq 1024 --seqs 8 --micro 8 --cap-gib 6 --lora-r 32 -
     --base-format nf4 --steps "${STEPS:-8}" --warmup 2)
 q30=(--preset qwen3-30b-a3b --seq 4096 --seqs 8 --micro 8 --cap-gib 10 --lora-r 32
      --lora-targets q_proj,k_proj,v_proj,o_proj)
+q235=(--preset qwen3-235b-a22b --layers "${LAYERS:-8}" --seq 4096 --seqs 8 --micro 8 --cap-gib 24 --lora-r 32
+      --base-format nf4 --steps "${STEPS:-2}" --warmup 1)
 for mode in "$@"; do
   case $mode in
     gtest)
@@ -95,10 +99,10 @@ for mode in "$@"; do
       bench s70bud --preset llama3.1-70b --seq 1024 --seqs 8 --micro 8 --cap-gib 24 --lora-r 32 --lora-targets all-linear \
         --base-format nf4 --steps "${STEPS:-2}" --warmup 1 --frozen-tier "$TIER/l70b_nf4.cache" --tier-host-budget-gib 32
       ddread "$TIER/l70b_nf4.cache"; rm -f "$TIER/l70b_nf4.cache" ;;
+    s235ram) bench s235ram "${q235[@]}" ;;
     s235bud)
       mkdir -p "$TIER"
-      bench s235bud --preset qwen3-235b-a22b --layers "${LAYERS:-8}" --seq 4096 --seqs 8 --micro 8 --cap-gib 24 --lora-r 32 \
-        --base-format nf4 --steps "${STEPS:-2}" --warmup 1 --frozen-tier "$TIER/q235_nf4.cache" --tier-host-budget-gib "${BUD:-8}"
+      bench s235bud "${q235[@]}" --frozen-tier "$TIER/q235_nf4.cache" --tier-host-budget-gib "${BUD:-8}"
       ddread "$TIER/q235_nf4.cache"; rm -f "$TIER/q235_nf4.cache" ;;
     *) echo "unknown mode $mode" ;;
   esac
