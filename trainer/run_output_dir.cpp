@@ -1,0 +1,333 @@
+// The run's output folder before training: its lock, the checks that it is safe to write into
+// (not an input, not a folder of the user's own files), the leftovers of an earlier run that
+// was killed, and the marker that records this folder as a roundpipe run's. Nothing here
+// removes or renames a file a roundpipe run did not write.
+#include "trainer/run_setup.hpp"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "base/atomic_file.hpp"
+#include "base/error_text.hpp"
+#include "base/output_folder.hpp"
+#include "trainer/checkpoint_bundle.hpp"
+
+namespace fs = std::filesystem;
+
+namespace rp {
+
+OutputDirLock::OutputDirLock(const TrainSpec& spec) {
+  std::error_code ec;
+  if (fs::exists(spec.output_dir, ec) && !fs::is_directory(spec.output_dir, ec))
+    return;  // prepare_output_dir says
+  if (const std::string why = dangling_link_text(spec.output_dir); !why.empty())
+    throw std::invalid_argument(fmt::format(
+        "{}: key 'output_dir': {}; create that folder or give another output_dir", spec.source, why));
+  made_ = create_folders(spec.output_dir, ec);  // exactly what this run makes
+  if (ec) {
+    remove_made_if_empty();
+    made_.clear();
+    throw std::invalid_argument(fmt::format("{}: key 'output_dir': cannot create '{}': {}", spec.source,
+                                            spec.output_dir, ec.message()));
+  }
+  fd_ = ::open(spec.output_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd_ < 0) {
+    const int err = errno;
+    remove_made_if_empty();
+    throw std::invalid_argument(fmt::format("{}: key 'output_dir': cannot open '{}': {}", spec.source,
+                                            spec.output_dir, std::strerror(err)));
+  }
+  if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) {
+    record_folders_made(made_);  // a stop signal before the run writes anything takes them back
+    return;
+  }
+  const int err = errno;
+  if (err == EWOULDBLOCK) {
+    ::close(fd_);
+    fd_ = -1;
+    throw std::invalid_argument(fmt::format(
+        "{}: key 'output_dir': '{}' is in use by another roundpipe run; wait for it to end or give this run "
+        "another output_dir",
+        spec.source, spec.output_dir));
+  }
+  spdlog::warn("could not lock the output folder {} ({}): nothing stops another run from writing into it",
+               spec.output_dir, std::strerror(err));
+  record_folders_made(made_);
+}
+
+OutputDirLock::~OutputDirLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the flock
+  if (!made_.empty()) record_folders_made({});
+}
+
+OutputDirLock::OutputDirLock(OutputDirLock&& o) noexcept : fd_(o.fd_), made_(std::move(o.made_)) {
+  o.fd_ = -1;
+  o.made_.clear();
+}
+
+void OutputDirLock::remove_made_if_empty() const { remove_empty_folders(made_); }
+
+OutputDirLock& OutputDirLock::operator=(OutputDirLock&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.fd_;
+    made_ = std::move(o.made_);
+    o.made_.clear();
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+namespace {
+
+/// The names a run writes directly in its output folder (besides checkpoint-<n>).
+constexpr const char* kRunOutputNames[] = {"metrics.csv",     "metrics.jsonl", "profile.json", "tensorboard",
+                                           "state",           "final",         "final-merged", "trace.json",
+                                           "stop_status.txt", kRunMarkerFile};
+
+bool is_run_output(const std::string& name) {
+  for (const char* n : kRunOutputNames)
+    if (name == n) return true;
+  return name.rfind("checkpoint-", 0) == 0 && name.size() > 11 &&
+         name.find_first_not_of("0123456789", 11) == std::string::npos;
+}
+
+/// Whether `dir` holds a run record a roundpipe run wrote: a regular file whose JSON object says
+/// "written_by": "roundpipe train".
+bool has_run_record(const fs::path& dir) {
+  std::error_code ec;
+  const fs::path p = dir / kRunMarkerFile;
+  if (!fs::is_regular_file(fs::symlink_status(p, ec)) || fs::file_size(p, ec) > 4096) return false;
+  std::ifstream in(p, std::ios::binary);
+  try {
+    const nlohmann::json j = nlohmann::json::parse(in);
+    return j.is_object() && j.contains("written_by") && j["written_by"] == "roundpipe train";
+  } catch (const nlohmann::json::exception&) {
+    return false;
+  }
+}
+
+/// Run outputs in `dir` that no roundpipe run recorded there (no kRunMarkerFile).
+std::vector<std::string> unrecorded_outputs(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  if (has_run_record(dir)) return out;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (is_run_output(it->path().filename().string())) out.push_back(it->path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void log_leftovers(const std::vector<StaleTemporary>& stale) {
+  std::vector<std::string> foreign;
+  for (const auto& s : stale) {
+    if (s.left_alone) foreign.push_back(s.path);
+    else if (s.restored)
+      spdlog::warn("restored {} from {} (a run was killed while replacing it)", s.target, s.path);
+    else spdlog::info("removed {} left by an interrupted run", s.path);
+  }
+  if (!foreign.empty())
+    spdlog::warn(
+        "left alone {} (named like a killed writer's leftover, but no roundpipe run marked {} as its own)",
+        fmt::join(foreign, ", "), foreign.size() == 1 ? "it" : "them");
+}
+
+}  // namespace
+
+void check_output_file(const TrainSpec& spec, const std::string& file, const std::string& what) {
+  if (file.empty()) return;
+  std::vector<std::string> inputs = {spec.source, spec.model, spec.adapter, spec.resume_from};
+  for (const auto& p : data_paths(spec)) inputs.push_back(p);
+  for (const auto& p : eval_data_paths(spec)) inputs.push_back(p);
+  if (const std::string in = overlapping_input(file, inputs); !in.empty())
+    throw std::invalid_argument(
+        one_line(fmt::format("{}: '{}' is or lies inside the run's input '{}', which writing it would "
+                             "destroy; choose another file",
+                             what, file, in)));
+}
+
+void check_output_dir(const TrainSpec& spec) {
+  if (spec.metrics_jsonl && !spec.metrics_jsonl->empty())
+    check_output_file(spec, *spec.metrics_jsonl, fmt::format("{}: key 'metrics_jsonl'", spec.source));
+  const std::string& out = spec.output_dir;
+  if (const std::string why = unsafe_output_folder(out); !why.empty())
+    throw std::invalid_argument(fmt::format(
+        "{}: key 'output_dir': '{}' {}; a run's outputs need a folder of their own", spec.source, out, why));
+  const std::vector<std::string> data = data_paths(spec), eval = eval_data_paths(spec);
+  std::vector<std::pair<const char*, const std::string*>> inputs = {{"model", &spec.model},
+                                                                    {"adapter", &spec.adapter}};
+  for (const auto& p : data) inputs.push_back({"data", &p});
+  for (const auto& p : eval) inputs.push_back({"eval_data", &p});
+  // a resumed full fine-tuning run reads its weights from the checkpoint, not from "model"
+  const bool reads_model = spec.resume_from.empty() || spec.lora || !spec.adapter.empty();
+  for (const auto& [key, path] : inputs)
+    if ((path != &spec.model || reads_model) && !overlapping_input(out, {*path}).empty())
+      throw std::invalid_argument(
+          fmt::format("{}: key 'output_dir': '{}' is, holds or lies inside the input '{}' (key '{}'), which "
+                      "the run's outputs "
+                      "could replace; choose a separate output_dir",
+                      spec.source, out, *path, key));
+  // a resume_from that is no checkpoint at all gets check_resume's more useful line
+  if (spec.resume_from.empty() || !looks_like_checkpoint(spec.resume_from)) return;
+  const fs::path o = resolved_path(out), r = resolved_path(spec.resume_from);
+  // resuming a checkpoint of the run in output_dir is the one input allowed inside it
+  if (path_within(o, r) || (path_within(r, o) && r.parent_path() != o))
+    throw std::invalid_argument(
+        fmt::format("{}: key 'output_dir': '{}' is, holds or lies inside the checkpoint '{}' the run resumes "
+                    "from (--resume), "
+                    "which the run's outputs could replace; choose a separate output_dir",
+                    spec.source, out, spec.resume_from));
+}
+
+void prepare_output_dir(const TrainSpec& spec) {
+  std::error_code ec;
+  if (fs::exists(spec.output_dir, ec) && !fs::is_directory(spec.output_dir, ec))
+    throw std::invalid_argument(fmt::format("{}: key 'output_dir': expected a directory, but '{}' is a file",
+                                            spec.source, spec.output_dir));
+  const fs::path fin = fs::path(spec.output_dir) / "final";
+  if (fs::exists(fin, ec) && !fs::is_directory(fin, ec))
+    throw std::invalid_argument(fmt::format(
+        "{}: key 'output_dir': '{}' exists and is not a checkpoint folder", spec.source, fin.string()));
+  // a save killed between its state and its weights: made whole before the leftovers go
+  for (const std::string& line : mend_interrupted_saves(spec.output_dir)) spdlog::warn("{}", line);
+  std::vector<StaleTemporary> stale = clean_stale_temporaries(spec.output_dir);
+  for (auto& s : clean_stale_temporaries(spec.output_dir + "/state")) stale.push_back(std::move(s));
+  log_leftovers(stale);
+  const fs::path record = fs::path(spec.output_dir) / kRunMarkerFile;
+  if (fs::exists(fs::symlink_status(record, ec)) && !has_run_record(spec.output_dir))
+    throw std::invalid_argument(
+        fmt::format("{}: key 'output_dir': {} is not a run record roundpipe wrote (expected a small JSON "
+                    "file with \"written_by\": "
+                    "\"roundpipe train\"), so nothing proves the folder's run outputs roundpipe's; move it "
+                    "away or choose another "
+                    "output_dir",
+                    spec.source, record.string()));
+  // no run makes a link: one named like a run output would be replaced (or written through)
+  for (fs::directory_iterator it(spec.output_dir, ec), end; !ec && it != end; it.increment(ec))
+    if (is_run_output(it->path().filename().string()) && it->is_symlink(ec))
+      throw std::invalid_argument(
+          fmt::format("{}: key 'output_dir': {} is a symbolic link, where the run writes {} of its own; move "
+                      "it away or choose "
+                      "another output_dir",
+                      spec.source, it->path().string(), it->is_directory(ec) ? "a folder" : "a file"));
+  if (const auto foreign = unrecorded_outputs(spec.output_dir); !foreign.empty())
+    throw std::invalid_argument(
+        fmt::format("{}: key 'output_dir': '{}' holds {} that no roundpipe run recorded as its own (no {}), "
+                    "and the run would "
+                    "replace {}; move {} away or choose another output_dir",
+                    spec.source, spec.output_dir, fmt::join(foreign, ", "), kRunMarkerFile,
+                    foreign.size() == 1 ? "it" : "them", foreign.size() == 1 ? "it" : "them"));
+  if (!spec.resume_from.empty() || spec.overwrite_output_dir) return;
+  // a fresh run would replace an earlier run's checkpoints and metrics
+  const std::vector<std::string> found = checkpoints_in(spec.output_dir);
+  if (found.empty()) return;
+  const std::string resume = newest_resumable_checkpoint(spec.output_dir, found);
+  const std::string advice =
+      resume.empty() ? std::string(
+                           "none of them can be resumed (their trainer state is missing or belongs to other "
+                           "weights); start over")
+                     : fmt::format("continue it with --resume {}/{}, start over", spec.output_dir, resume);
+  throw std::invalid_argument(
+      fmt::format("{}: key 'output_dir': '{}' holds an earlier run's checkpoints ({}); {} there with "
+                  "--overwrite-output-dir "
+                  "(\"overwrite_output_dir\": true), or choose another output_dir",
+                  spec.source, spec.output_dir, fmt::join(found, ", "), advice));
+}
+
+namespace {
+std::vector<fs::path> entries_in(const fs::path& dir) {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) out.push_back(it->path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+/// Removes what roundpipe wrote in folder `dir`: the files its manifest lists (at their
+/// recorded size and content) and the manifest; then `dir` when empty. A folder without a
+/// manifest (an earlier release's) proves nothing roundpipe's: all of it stays. The entries it
+/// kept are added to `kept` as "<dir>/<name>".
+void remove_written(const fs::path& dir, std::vector<std::string>& kept) {
+  std::error_code ec;
+  const std::vector<std::string> foreign = foreign_names(dir);
+  const bool manifest = manifest_files(dir).has_value();
+  for (const fs::path& e : entries_in(dir)) {
+    const std::string name = e.filename().string();
+    if (std::find(foreign.begin(), foreign.end(), name) != foreign.end()) kept.push_back(e.string());
+    else if (name != kManifestFile) fs::remove(e, ec);
+  }
+  if (manifest) fs::remove(dir / kManifestFile, ec);  // last: a kill before leaves the rest provable
+  fs::remove(dir, ec);                                // only when empty
+}
+}  // namespace
+
+std::string clear_earlier_run(const TrainSpec& spec) {
+  const fs::path out(spec.output_dir);
+  std::error_code ec;
+  if (!has_run_record(out)) return "";
+  std::vector<std::string> removed, kept;
+  for (const fs::path& p : entries_in(out)) {
+    const std::string name = p.filename().string();
+    if (!is_run_output(name) || name == kRunMarkerFile) continue;
+    // no run makes a link, nor a file where it makes a folder: the user's, never followed
+    const bool folder_name = name == "state" || name == "tensorboard" || name == "final" ||
+                             name == "final-merged" || checkpoint_number(name) >= 0;
+    if (fs::is_symlink(p, ec) || (folder_name && !fs::is_directory(p, ec))) {
+      kept.push_back(p.string());
+      continue;
+    }
+    if (name == "state") {
+      for (const fs::path& s : entries_in(p))
+        if (fs::is_directory(fs::symlink_status(s, ec))) remove_written(s, kept);
+        else kept.push_back(s.string());
+      fs::remove(p, ec);  // only when empty
+    } else if (name == "tensorboard") {
+      for (const fs::path& e : entries_in(p))
+        if (e.filename().string().rfind("events.out.tfevents.", 0) == 0 &&
+            fs::is_regular_file(fs::symlink_status(e, ec)))
+          fs::remove(e, ec);
+        else kept.push_back(e.string());
+      fs::remove(p, ec);
+    } else if (fs::is_directory(fs::symlink_status(p, ec))) {
+      remove_written(p, kept);
+    } else {
+      fs::remove(p, ec);
+    }
+    removed.push_back(name);
+  }
+  if (removed.empty()) return "";
+  return fmt::format(
+      "overwrite: removed the earlier run's {} from {}{}", fmt::join(removed, ", "), spec.output_dir,
+      kept.empty() ? std::string() : fmt::format(" (kept {}: not written by roundpipe)", name_list(kept)));
+}
+
+bool mark_output_dir(const TrainSpec& spec) {
+  const std::string marker = (fs::path(spec.output_dir) / kRunMarkerFile).string();
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(marker, ec))) return false;  // prepare_output_dir checked it
+  const std::string text =
+      "{\"written_by\": \"roundpipe train\", \"note\": \"this folder's metrics.csv, profile.json, "
+      "tensorboard/, "
+      "trace.json, stop_status.txt, checkpoint-<n>/, final/, final-merged/ and state/ are roundpipe's: a "
+      "later "
+      "run may replace them\"}\n";
+  write_file_atomically(marker, [&](std::ostream& os) { os << text; });
+  return true;
+}
+
+}  // namespace rp
