@@ -416,6 +416,11 @@ int run(int argc, char** argv) {
   if (pin_budget_gib >= 0) o.pin_budget_bytes = size_t(pin_budget_gib * double(1ull << 30));
   if (no_save_attention) o.save_attention = false;  // else automatic (on where host memory allows)
   if (!frozen_tier.empty()) {
+    if (tier_spill_layers > m.num_layers() - 1)
+      usage_error(
+          fmt::format("--tier-spill-layers {}: expected 0..{} (the layers with a saved input: all "
+                      "but the first of {})",
+                      tier_spill_layers, m.num_layers() - 1, m.num_layers()));
     o.frozen_tier = rp::FrozenTierOptions{frozen_tier, tier_ring_gib, tier_resident_gib};
     o.frozen_tier->host_budget_gib = tier_host_budget_gib;
     o.frozen_tier->spill_layers = tier_spill_layers;

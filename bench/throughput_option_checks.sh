@@ -17,6 +17,7 @@ check "--tier-resident-gib needs --frozen-tier" --tier-resident-gib 1
 check "--tier-host-budget-gib needs --frozen-tier" --tier-host-budget-gib 8
 check "--tier-spill-layers needs --frozen-tier" --tier-spill-layers 2
 check "--frozen-tier needs --lora-r" --frozen-tier /nonexistent/x.cache
+check "--tier-spill-layers 100: expected 0..5 (the layers with a saved input: all but the first of 6)" --frozen-tier /nonexistent/x.cache --tier-spill-layers 100 --lora-r 4 --backend cpu --layers 4 --hidden 64 --heads 2 --kv-heads 1 --head-dim 32 --ffn 128 --vocab 128 --seq 16 --seqs 2 --micro 2
 check "--frozen-tier needs a non-empty path" --frozen-tier "" --lora-r 4
 check "--fp8-stored-direct needs --fp8" --fp8-stored-direct
 check "--fp8-wgrad needs --fp8" --fp8-wgrad
