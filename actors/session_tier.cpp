@@ -128,6 +128,98 @@ tier::EnsureResult ensure_tier_cache(const FrozenTierOptions& o, const std::stri
   }
 }
 
+/// The cache file's entries: every frozen group in layout order, the resident ones too (never
+/// read while training), so that a run keeping more or less of the base resident (another
+/// budget, another process size) reuses the file: entry i is groups[i]. The ring's buffers are
+/// sized by the largest streamed group.
+struct TierEntries {
+  std::vector<int> groups;
+  std::vector<tier::CacheEntrySpec> specs;
+  uint64_t largest = 0;  ///< the largest streamed group's bytes, aligned for O_DIRECT
+  std::string largest_name;
+  size_t streamed_count = 0;
+};
+
+TierEntries tier_entries(const ModelLayout& layout, const std::vector<char>& streamed) {
+  TierEntries e;
+  for (size_t g = 0; g < layout.groups.size(); ++g) {
+    const ParamGroup& grp = layout.groups[g];
+    if (!grp.frozen || grp.storage_bytes <= 0) continue;
+    e.groups.push_back(int(g));
+    e.specs.push_back({grp.name, uint64_t(grp.storage_bytes)});
+    if (!streamed[g]) continue;
+    ++e.streamed_count;
+    if (tier::align_up(uint64_t(grp.storage_bytes)) > e.largest) {
+      e.largest = tier::align_up(uint64_t(grp.storage_bytes));
+      e.largest_name = grp.name;
+    }
+  }
+  return e;
+}
+
+/// Nothing to stream: nothing frozen, or all of it resident.
+void log_tier_not_used(const FrozenTierOptions& o, double resident,
+                       const std::function<void(const std::string&)>& log) {
+  if (resident > 0)
+    log(fmt::format("frozen tier: {}: not used: the whole frozen base ({:.2f} GiB) fits frozen_tier.{}",
+                    o.path, resident / kGiB, o.host_budget_gib > 0 ? "host_budget_gib" : "resident_gib"));
+  else
+    log(
+        fmt::format("frozen tier: {}: not used: the model has no frozen weights (full fine-tuning; the tier "
+                    "holds a LoRA base)",
+                    o.path));
+}
+
+/// The cache build's fill: copies group by group, in order, and frees each streamed group once
+/// its last byte is out. A streamed group the caller did not hand over is made by the source
+/// when its first byte is asked for (a resident one was made at construction and stays).
+class GroupFill {
+ public:
+  GroupFill(ParamStore& store, const FrozenSource* source, const TierEntries& e,
+            const std::vector<char>& streamed)
+      : store_(store), source_(source), e_(e), streamed_(streamed) {}
+  void operator()(size_t entry, uint64_t offset, std::span<std::byte> out) {
+    const int g = e_.groups[entry];
+    HostBytes* b = &store_.lowp[size_t(g)];
+    if (b->size() == 0) {
+      if (made_entry_ != entry) {
+        made_ = HostBytes();  // the previous group's, if its fill stopped early
+        made_ = HostBytes(size_t(e_.specs[entry].bytes));
+        source_->fill(g, std::span<std::byte>(made_.as<std::byte>(), made_.size()));
+        made_entry_ = entry;
+      }
+      b = &made_;
+    }
+    std::memcpy(out.data(), b->as<char>() + offset, out.size());
+    if (offset + out.size() == b->size() && streamed_[size_t(g)]) *b = HostBytes();
+  }
+
+ private:
+  ParamStore& store_;
+  const FrozenSource* source_;
+  const TierEntries& e_;
+  const std::vector<char>& streamed_;
+  HostBytes made_;
+  size_t made_entry_ = SIZE_MAX;
+};
+
+/// "frozen tier: <path>: built|reused (N GiB, X s, O_DIRECT|buffered: why, engine); ring K x M
+/// MiB[; Y of the base resident (frozen_tier.key)][; reads G GB/s (probe; ...)][; rebuilt because ...]".
+std::string opened_tier_line(const FrozenTierReport& r, const FrozenTierOptions& o, bool existed) {
+  std::string line = fmt::format("frozen tier: {}: {} ({:.2f} GiB, {:.1f} s, {}, {}); ring {} x {:.1f} MiB",
+                                 o.path, r.built ? "built" : "reused", double(r.bytes) / kGiB, r.seconds,
+                                 r.direct ? "O_DIRECT" : "buffered: " + r.buffered_reason, r.engine,
+                                 r.ring_buffers, double(r.buffer_bytes) / double(1 << 20));
+  if (r.resident_bytes > 0)
+    line += fmt::format("; {} of the base resident (frozen_tier.{})", byte_text(double(r.resident_bytes)),
+                        o.host_budget_gib > 0 ? "host_budget_gib" : "resident_gib");
+  if (r.probe_gbps > 0)
+    line += fmt::format("; reads {:.2f} GB/s (probe; roundpipe plan --disk-gbps {:.2f})", r.probe_gbps,
+                        r.probe_gbps);
+  if (r.built && existed && !r.rebuilt_because.empty()) line += "; rebuilt because " + r.rebuilt_because;
+  return line;
+}
+
 }  // namespace
 
 tier::HostAllocator pinned_allocator(Device& dev) {
@@ -258,72 +350,24 @@ void Session::Impl::open_frozen_tier(const SessionInternals& internals,
                                      const std::function<void(const std::string&)>& log) {
   if (!opt.frozen_tier) return;
   const FrozenTierOptions& o = *opt.frozen_tier;
-  const double resident = tier_place.resident;
   const std::vector<char>& streamed = tier_place.streamed;
-  // The file holds every frozen group, the resident ones too (never read while training), so
-  // that a run keeping more or less of the base resident (another budget, another process
-  // size) reuses it: entry i is groups[i], in layout order.
-  std::vector<int> groups;
-  std::vector<tier::CacheEntrySpec> specs;
-  uint64_t largest = 0;
-  std::string largest_name;
-  size_t streamed_count = 0;
-  for (size_t g = 0; g < layout.groups.size(); ++g) {
-    const ParamGroup& grp = layout.groups[g];
-    if (!grp.frozen || grp.storage_bytes <= 0) continue;
-    groups.push_back(int(g));
-    specs.push_back({grp.name, uint64_t(grp.storage_bytes)});
-    if (!streamed[g]) continue;
-    ++streamed_count;
-    if (tier::align_up(uint64_t(grp.storage_bytes)) > largest) {
-      largest = tier::align_up(uint64_t(grp.storage_bytes));
-      largest_name = grp.name;
-    }
-  }
-  if (streamed_count == 0) {  // nothing frozen, or all of it resident: nothing to stream
-    if (resident > 0)
-      log(fmt::format("frozen tier: {}: not used: the whole frozen base ({:.2f} GiB) fits frozen_tier.{}",
-                      o.path, resident / kGiB, o.host_budget_gib > 0 ? "host_budget_gib" : "resident_gib"));
-    else
-      log(
-          fmt::format("frozen tier: {}: not used: the model has no frozen weights (full fine-tuning; the "
-                      "tier holds a LoRA base)",
-                      o.path));
-    return;
-  }
-  const size_t count = ring_count(o, size_t(largest), largest_name, streamed_count);
+  const TierEntries e = tier_entries(layout, streamed);
+  if (e.streamed_count == 0) return log_tier_not_used(o, tier_place.resident, log);
+  const size_t count = ring_count(o, size_t(e.largest), e.largest_name, e.streamed_count);
   const auto t0 = std::chrono::steady_clock::now();
   const FrozenSource* source = opt.frozen_source ? &*opt.frozen_source : nullptr;
-  const std::string key = source_key(layout, *store, groups, source, tier_place.from_source);
-  // the fill copies group by group, in order, and frees each streamed group once its last byte
-  // is out; a streamed group the caller did not hand over is made by the source when its first
-  // byte is asked for (a resident one was made at construction and stays)
-  HostBytes made;
-  size_t made_entry = SIZE_MAX;
-  auto fill = [&](size_t entry, uint64_t offset, std::span<std::byte> out) {
-    const int g = groups[entry];
-    HostBytes* b = &store->lowp[size_t(g)];
-    if (b->size() == 0) {
-      if (made_entry != entry) {
-        made = HostBytes();  // the previous group's, if its fill stopped early
-        made = HostBytes(size_t(specs[entry].bytes));
-        source->fill(groups[entry], std::span<std::byte>(made.as<std::byte>(), made.size()));
-        made_entry = entry;
-      }
-      b = &made;
-    }
-    std::memcpy(out.data(), b->as<char>() + offset, out.size());
-    if (offset + out.size() == b->size() && streamed[size_t(g)]) *b = HostBytes();
-  };
+  const std::string key = source_key(layout, *store, e.groups, source, tier_place.from_source);
+  GroupFill fill{*store, source, e, streamed};
   const bool existed = std::filesystem::exists(o.path);
   // the spill's file, made just before in the same folder, holds its space even where the file
   // system left it sparse
-  tier::EnsureResult er = ensure_tier_cache(o, key, specs, fill, spill ? spill->unallocated_bytes() : 0, log);
+  tier::EnsureResult er =
+      ensure_tier_cache(o, key, e.specs, std::ref(fill), spill ? spill->unallocated_bytes() : 0, log);
   std::vector<int> entry_of(layout.groups.size(), -1);  // streamed groups only: the others stay
-  for (size_t i = 0; i < groups.size(); ++i)
-    if (streamed[size_t(groups[i])]) {
-      entry_of[size_t(groups[i])] = int(i);
-      store->lowp[size_t(groups[i])] = HostBytes();  // reused: the host copies go now
+  for (size_t i = 0; i < e.groups.size(); ++i)
+    if (streamed[size_t(e.groups[i])]) {
+      entry_of[size_t(e.groups[i])] = int(i);
+      store->lowp[size_t(e.groups[i])] = HostBytes();  // reused: the host copies go now
     }
   tier::DirectReaderOptions ro;
   ro.direct = o.direct;
@@ -335,7 +379,7 @@ void Session::Impl::open_frozen_tier(const SessionInternals& internals,
   r.path = o.path;
   r.built = er.built;
   r.rebuilt_because = er.rebuilt_because;
-  for (const auto& s : specs) r.bytes += s.bytes;
+  for (const auto& spec : e.specs) r.bytes += spec.bytes;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.direct = frozen_tier->direct();
   r.buffered_reason = r.direct ? "" : (o.direct ? er.file->direct_refused() : "frozen_tier.direct is off");
@@ -345,21 +389,11 @@ void Session::Impl::open_frozen_tier(const SessionInternals& internals,
   // the disk's read rate, timed on the cache itself (up to 1 GiB; the planner's --disk-gbps)
   try {
     r.probe_gbps = tier::probe_read_bandwidth(o.path, uint64_t(1) << 30, 8, size_t(4) << 20).gb_per_s;
-  } catch (const std::exception& e) {
-    log(fmt::format("frozen tier: {}: read probe failed ({}); training goes on", o.path, e.what()));
+  } catch (const std::exception& ex) {
+    log(fmt::format("frozen tier: {}: read probe failed ({}); training goes on", o.path, ex.what()));
   }
-  r.line = fmt::format("frozen tier: {}: {} ({:.2f} GiB, {:.1f} s, {}, {}); ring {} x {:.1f} MiB", o.path,
-                       r.built ? "built" : "reused", double(r.bytes) / kGiB, r.seconds,
-                       r.direct ? "O_DIRECT" : "buffered: " + r.buffered_reason, r.engine, r.ring_buffers,
-                       double(r.buffer_bytes) / double(1 << 20));
-  r.resident_bytes = uint64_t(resident);
-  if (resident > 0)
-    r.line += fmt::format("; {} of the base resident (frozen_tier.{})", byte_text(resident),
-                          o.host_budget_gib > 0 ? "host_budget_gib" : "resident_gib");
-  if (r.probe_gbps > 0)
-    r.line += fmt::format("; reads {:.2f} GB/s (probe; roundpipe plan --disk-gbps {:.2f})", r.probe_gbps,
-                          r.probe_gbps);
-  if (r.built && existed && !r.rebuilt_because.empty()) r.line += "; rebuilt because " + r.rebuilt_because;
+  r.resident_bytes = uint64_t(tier_place.resident);
+  r.line = opened_tier_line(r, o, existed);
   log(r.line);
 }
 
