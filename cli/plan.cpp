@@ -290,35 +290,29 @@ static int64_t print_longest_sequence(const PlanCommandOptions& o, std::FILE* ou
   return best;
 }
 
-void run_plan(const PlanCommandOptions& o, std::FILE* out) {
-  check_plan_options(o);
-  std::string desc;
-  const ModelShape m = load_model_shape(o.model, &desc);
-  const std::optional<ModelLayout> layout = run_layout(o);
-  const DeviceModel d = device_model(o, layout);
-  PlanCommandOptions oo = o;
-  if (o.max_seq) oo.seq_len = print_longest_sequence(o, out);
-  const ModelLayout planned = plan_layout(o);
-  std::string source = "analytic (FLOPs and bytes per layer)";
-  std::optional<Profile> profile;
-  if (!o.profile.empty()) {
-    profile = Profile::load(o.profile);
-    if (profile->num_layers() != planned.num_layers())
-      throw std::runtime_error(fmt::format("{}: profile of {} layers, the model has {}", o.profile,
-                                           profile->num_layers(), planned.num_layers()));
-    source = fmt::format("profile {} (calibrating the analytic model)", o.profile);
-    if (profile->n_seq() != oo.sequences_per_micro || profile->seq_len() != oo.seq_len)
-      source += fmt::format("; warning: measured at {} x {} tokens", profile->n_seq(), profile->seq_len());
-  }
-  const int64_t cap = o.memory_cap.empty() ? 0 : parse_byte_size(o.memory_cap, "--memory-cap");
+namespace {
 
-  RunPlanInputs rin = plan_inputs(planned, oo, oo.seq_len, cap);
-  rin.profile = profile ? &*profile : nullptr;
-  const auto t0 = std::chrono::steady_clock::now();
-  // --disk-gbps: planned before printing, so that a budget too small is the only line
-  const std::optional<DiskRun> disk = plan_with_disk(oo, planned, rin, sim_options(o, d));  // oo: --max-seq's
+/// --profile: the measured profile (checked against the planned layout) and the costs line's
+/// words; no profile: the analytic model.
+std::optional<Profile> plan_profile(const PlanCommandOptions& o, const PlanCommandOptions& oo,
+                                    const ModelLayout& planned, std::string& source) {
+  source = "analytic (FLOPs and bytes per layer)";
+  if (o.profile.empty()) return std::nullopt;
+  Profile profile = Profile::load(o.profile);
+  if (profile.num_layers() != planned.num_layers())
+    throw std::runtime_error(fmt::format("{}: profile of {} layers, the model has {}", o.profile,
+                                         profile.num_layers(), planned.num_layers()));
+  source = fmt::format("profile {} (calibrating the analytic model)", o.profile);
+  if (profile.n_seq() != oo.sequences_per_micro || profile.seq_len() != oo.seq_len)
+    source += fmt::format("; warning: measured at {} x {} tokens", profile.n_seq(), profile.seq_len());
+  return profile;
+}
 
-  const int64_t tokens = o.micro_batches * o.sequences_per_micro * oo.seq_len;
+/// The lines before the plan: model, workload, device, costs, and the LoRA / frozen / experts
+/// lines where they apply.
+void print_plan_header(std::FILE* out, const PlanCommandOptions& o, const PlanCommandOptions& oo,
+                       const ModelShape& m, const std::string& desc, const std::optional<ModelLayout>& layout,
+                       const DeviceModel& d, int64_t cap, int64_t tokens, const std::string& source) {
   fmt::print(out, "model     {}\n", desc);
   fmt::print(out, "workload  {}, {} of {} x {} = {} per iteration\n", counted(o.gpus, "GPU"),
              counted(o.micro_batches, "micro-batch", "micro-batches"), o.sequences_per_micro,
@@ -369,12 +363,10 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
           "bucket ({} expected per grouped linear of one micro-batch)\n",
           d.bucketed_call_seconds * 1e6, expected_bucket_count(double(rows), std::min(m.num_experts, rows)));
   }
+}
 
-  const RunPlan run = disk ? disk->run : plan_run(rin);  // the automatic plan (no explicit plan here)
-  const PartitionResult& pr = *run.automatic;
-  const PartitionOptions& po = run.partition;
-  const std::vector<LayerCost>& costs = run.costs;
-  const double plan_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+/// The plan's line, its stages' table and the predicted peak memory per GPU.
+void print_stages(std::FILE* out, const PartitionResult& pr, const PartitionOptions& po, double plan_s) {
   fmt::print(
       out,
       "plan      {} forward + 1 tail + {} backward stages, found in {:.2f} ms ({} candidates, {} packings)\n",
@@ -405,12 +397,11 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
       peak.unbounded > peak.bytes ? fmt::format("; {} without the cap, which makes the worker wait instead",
                                                 format_bytes(double(peak.unbounded)))
                                   : std::string());
+}
 
-  SimOptions so = sim_options(o, d);
-  so.record_timeline = !o.trace.empty();
-  const SimOptions without_disk = so;
-  SimResult r = disk ? simulate(pr.plan, disk_stage_costs(*disk, so), so)
-                     : simulate(pr.plan, stage_costs(costs, pr.plan, po), so);
+/// The simulated iteration: its time and tokens/s, the bubble and each GPU's idle time.
+void print_simulation(std::FILE* out, const PlanCommandOptions& o, const PartitionResult& pr,
+                      const SimResult& r, int64_t tokens) {
   fmt::print(out, "\nslowest stage {}, objective max(S, G) x tmax = {}\n", ms(pr.tmax), ms(pr.objective));
   fmt::print(out, "iteration {} ({} steady state, first iteration {}), {:.0f} tokens/s\n",
              ms(r.iteration_seconds), o.sync ? "synchronous" : "asynchronous", ms(r.first_iteration_seconds),
@@ -421,6 +412,44 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
   for (size_t g = 0; g < r.gpu_idle.size(); ++g)
     idle += fmt::format("{}GPU{} {}", g ? ", " : "", g, ms(r.gpu_idle[g]));
   fmt::print(out, "idle      {} (over {})\n", idle, ms(r.makespan));
+}
+
+}  // namespace
+
+void run_plan(const PlanCommandOptions& o, std::FILE* out) {
+  check_plan_options(o);
+  std::string desc;
+  const ModelShape m = load_model_shape(o.model, &desc);
+  const std::optional<ModelLayout> layout = run_layout(o);
+  const DeviceModel d = device_model(o, layout);
+  PlanCommandOptions oo = o;
+  if (o.max_seq) oo.seq_len = print_longest_sequence(o, out);
+  const ModelLayout planned = plan_layout(o);
+  std::string source;
+  const std::optional<Profile> profile = plan_profile(o, oo, planned, source);
+  const int64_t cap = o.memory_cap.empty() ? 0 : parse_byte_size(o.memory_cap, "--memory-cap");
+
+  RunPlanInputs rin = plan_inputs(planned, oo, oo.seq_len, cap);
+  rin.profile = profile ? &*profile : nullptr;
+  const auto t0 = std::chrono::steady_clock::now();
+  // --disk-gbps: planned before printing, so that a budget too small is the only line
+  const std::optional<DiskRun> disk = plan_with_disk(oo, planned, rin, sim_options(o, d));  // oo: --max-seq's
+
+  const int64_t tokens = o.micro_batches * o.sequences_per_micro * oo.seq_len;
+  print_plan_header(out, o, oo, m, desc, layout, d, cap, tokens, source);
+
+  const RunPlan run = disk ? disk->run : plan_run(rin);  // the automatic plan (no explicit plan here)
+  const PartitionResult& pr = *run.automatic;
+  const PartitionOptions& po = run.partition;
+  const std::vector<LayerCost>& costs = run.costs;
+  print_stages(out, pr, po, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+
+  SimOptions so = sim_options(o, d);
+  so.record_timeline = !o.trace.empty();
+  const SimOptions without_disk = so;
+  SimResult r = disk ? simulate(pr.plan, disk_stage_costs(*disk, so), so)
+                     : simulate(pr.plan, stage_costs(costs, pr.plan, po), so);
+  print_simulation(out, o, pr, r, tokens);
   if (disk)
     print_disk_tier(out, *disk, r, simulate(pr.plan, stage_costs(costs, pr.plan, po), without_disk), tokens);
   if (o.nodes > 1) print_nodes(out, o, costs, d, m.tie_word_embeddings, r.iteration_seconds, tokens);
