@@ -13,6 +13,8 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "base/error_text.hpp"
+
 namespace rp {
 
 /// A flag's value is out of its range (a usage error: exit code 2, as CLI11's own).
@@ -60,8 +62,8 @@ CLI::Validator integer_check(Int lo, Int hi = std::numeric_limits<Int>::max(), c
                                             : fmt::format("INT in [{} - {}]", lo, hi));
 }
 
-/// A subcommand callback running `body`: an exception it throws becomes one line
-/// "roundpipe: error: <what>" on stderr (after what was printed so far on stdout) and exit
+/// A subcommand callback running `body`: an exception it throws becomes one bounded line
+/// (one_line) "roundpipe: error: <what>" on stderr (after what was printed so far on stdout) and exit
 /// code 1 (CLI::RuntimeError, which main returns); a UsageError exits 2.
 inline std::function<void()> reporting_errors(std::function<void()> body) {
   return [body = std::move(body)] {
@@ -69,11 +71,11 @@ inline std::function<void()> reporting_errors(std::function<void()> body) {
       body();
     } catch (const UsageError& e) {
       std::fflush(stdout);
-      fmt::print(stderr, "roundpipe: error: {}\n", e.what());
+      fmt::print(stderr, "roundpipe: error: {}\n", one_line(e.what()));
       throw CLI::RuntimeError(2);
     } catch (const std::exception& e) {
       std::fflush(stdout);
-      fmt::print(stderr, "roundpipe: error: {}\n", e.what());
+      fmt::print(stderr, "roundpipe: error: {}\n", one_line(e.what()));
       throw CLI::RuntimeError(1);
     }
   };

@@ -24,75 +24,16 @@ int main(int argc, char** argv) {
   CLI::App app{"RoundPipe C++: fine-tune LLMs on GPUs too small to hold them"};
   app.require_subcommand(1);
   app.fallthrough();  // global flags (-q) may also follow the subcommand
-  std::string spec_path;
-  rp::TrainOverrides ov;
-  auto* train = app.add_subcommand("train", "run a JSON experiment spec (see docs/spec.md)");
-  train->add_option("spec", spec_path, "experiment spec (JSON)")->required();
-  train->add_option("--steps", ov.steps, "override the spec's number of steps (replaces its \"epochs\")")
-      ->check(rp::integer_check(int64_t(1), int64_t(1) << 40));
-  train->add_option("--workers", ov.workers, "override the number of workers (GPUs or virtual GPUs)")
-      ->check(rp::integer_check(1, rp::kMaxWorkers));
-  train->add_option("--backend", ov.backend, "override the backend (auto, cpu, cuda)")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  auto* output_opt = train->add_option("--output-dir", ov.output_dir, "override the output directory");
-  train->add_flag(
-      "--overwrite-output-dir", ov.overwrite_output_dir,
-      "start over in an output directory that holds an earlier run's checkpoints (replacing them)");
-  auto* dump_opt = train->add_option(
-      "--dump-batch", ov.dump_batch,
-      "write the first batch of step 1 (ids, targets) as JSON and exit without training (with --train: "
-      "then train)");
-  // --train alone is a usage error (exit 2), caught by CLI11 like any other
-  train->add_flag("--train", ov.train_after_dump, "with --dump-batch: train after writing the batch")
-      ->needs(dump_opt);
-  // spec keys from the command line: applied to the file's JSON before it is checked
-  std::vector<std::string> sets;
-  std::string lr, seq_len, data, model, eval_data;
-  train
-      ->add_option(
-          "--set", sets,
-          "set a spec key, repeatable: KEY=VALUE, nested keys with dots (lora.r=8, optimizer.lr=1e-4); "
-          "VALUE is JSON when it parses as JSON, else a string; checked like the file's keys")
-      ->type_name("KEY=VALUE")
-      ->allow_extra_args(false);
-  train->add_option("--lr", lr, "the spec's optimizer.lr (as --set optimizer.lr=LR)");
-  train->add_option("--seq-len", seq_len, "the spec's seq_len (as --set seq_len=N)");
-  train->add_option("--data", data, "the spec's data file (as --set data=PATH)");
-  train->add_option("--model", model, "the spec's model (as --set model=PATH)");
-  train->add_option("--eval-data", eval_data, "the spec's eval_data file (as --set eval_data=PATH)");
-  auto* resume_opt =
-      train->add_option("--resume", ov.resume,
-                        "continue from a checkpoint folder (checkpoint-<k>/ or final/ of an earlier run)");
-  train
-      ->add_option(
-          "--mpi", ov.mpi,
-          "data-parallel replicas over MPI: auto (join the job when started by mpirun, e.g. `mpirun -np 4 "
-          "roundpipe train spec.json`; each replica runs accumulation / N of every step's passes), on, off "
-          "(overrides the spec's \"mpi\"; README \"Several machines\")")
-      ->check(CLI::IsMember({"auto", "on", "off"}));
-  train
-      ->add_option("--replica-timeout", ov.replica_timeout_s,
-                   "seconds a silent replica may take before the others stop with an error naming it (spec "
-                   "replica_timeout_s, default 60)")
-      ->check(rp::finite_number_check(false, " of seconds"));
-  // one save-dtype rule for convert and merge (and a run's save_dtype): bf16 unless --dtype
-  std::string in, out, dtype = "bf16";
-  auto* convert = app.add_subcommand("convert", "convert a GGUF model to a Hugging Face checkpoint folder");
-  convert->add_option("input", in, "model.gguf")->required();
-  convert->add_option("output", out, "output folder (written atomically)")->required();
-  convert
-      ->add_option(
-          "--dtype", dtype,
-          "dtype of the written weights: f32, bf16 or f16 (default bf16, as merge and a run's save_dtype; "
-          "f32 keeps a dequantized or f32 model's values exactly)")
-      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  const rp::TrainCommand train = rp::add_train_command(app);
+  rp::add_convert_command(app);
   rp::add_merge_command(app);
   rp::add_export_gguf_command(app);
   rp::add_plan_command(app);
   rp::add_trace_command(app);
   rp::add_generate_command(app);
-  bool quiet = false;
-  app.add_flag("-q,--quiet", quiet, "only progress lines and errors");
+  // set as the flag is parsed, so that it holds for the commands that run from their callbacks
+  app.add_flag_callback(
+      "-q,--quiet", [] { spdlog::set_level(spdlog::level::warn); }, "only progress lines and errors");
   app.set_version_flag("--version", rp::version_text(),
                        "print the version and how this binary was built, then exit");
   if (argc >= 2 && argv[1][0] != '-') {
@@ -108,6 +49,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  spdlog::set_pattern("[%H:%M:%S] %v");
   try {
     app.parse(argc, argv);
   } catch (const CLI::RuntimeError& e) {
@@ -120,32 +62,8 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "roundpipe: error: {} (see roundpipe --help)\n", rp::one_line(what));
     return 2;
   }
-  spdlog::set_pattern("[%H:%M:%S] %v");
-  if (quiet) spdlog::set_level(spdlog::level::warn);
   try {
-    if (*train) {
-      ov.resume_given = resume_opt->count() > 0;
-      ov.output_dir_given = output_opt->count() > 0;
-      // the shorthand flags first, then --set in order (a later setting of a key wins)
-      std::vector<rp::SpecSetting> settings;
-      auto shorthand = [&](const char* flag, const char* key, const std::string& value, bool as_string) {
-        if (train->get_option(flag)->count() > 0)
-          settings.push_back({key, value, as_string, fmt::format("{} {}", flag, value)});
-      };
-      shorthand("--lr", "optimizer.lr", lr, false);
-      shorthand("--seq-len", "seq_len", seq_len, false);
-      shorthand("--data", "data", data, true);
-      shorthand("--model", "model", model, true);
-      shorthand("--eval-data", "eval_data", eval_data, true);
-      for (const std::string& s : sets) settings.push_back(rp::parse_set_option(s));
-      return rp::run_train(rp::load_spec(spec_path, settings), ov);
-    }
-    if (*convert) {
-      for (const std::string& line : rp::clean_model_folder_leftovers(out)) fmt::print("{}\n", line);
-      rp::convert_gguf_to_hf(in, out, rp::parse_dtype(dtype));
-      fmt::print("wrote {}\n", out);
-      return 0;
-    }
+    if (*train.app) return train.run();
   } catch (const rp::UsageError& e) {  // a usage error found past parsing: exit 2 like CLI11's
     fmt::print(stderr, "roundpipe: error: {} (see roundpipe --help)\n", rp::one_line(e.what()));
     return 2;

@@ -36,4 +36,24 @@ void add_merge_command(CLI::App& app) {
   }));
 }
 
+void add_convert_command(CLI::App& app) {
+  struct Options {
+    std::string in, out, dtype = "bf16";
+  };
+  auto o = std::make_shared<Options>();
+  auto* c = app.add_subcommand("convert", "convert a GGUF model to a Hugging Face checkpoint folder");
+  c->add_option("input", o->in, "model.gguf")->required();
+  c->add_option("output", o->out, "output folder (written atomically)")->required();
+  c->add_option(
+       "--dtype", o->dtype,
+       "dtype of the written weights: f32, bf16 or f16 (default bf16, as merge and a run's save_dtype; "
+       "f32 keeps a dequantized or f32 model's values exactly)")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  c->callback(reporting_errors([o] {
+    for (const std::string& line : clean_model_folder_leftovers(o->out)) fmt::print("{}\n", line);
+    convert_gguf_to_hf(o->in, o->out, parse_dtype(o->dtype));
+    fmt::print("wrote {}\n", o->out);
+  }));
+}
+
 }  // namespace rp

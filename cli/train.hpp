@@ -1,9 +1,14 @@
 // `roundpipe train SPEC.json`: the command-line face of rp::Trainer (roundpipe/trainer.hpp).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "roundpipe/spec.hpp"
+
+namespace CLI {
+class App;
+}
 
 namespace rp {
 
@@ -35,5 +40,16 @@ struct TrainOverrides {
 /// of a fresh run (reading the model's header and tokenizer and the data, no weights) and
 /// returns 0: nothing is trained and the output folder is not touched.
 int run_train(TrainSpec spec, const TrainOverrides& ov);
+
+/// The `train` subcommand registered on a CLI11 app: `app` is set when the command line chose
+/// it; `run` (after parsing) loads the spec with the command line's settings (the shorthand
+/// flags --lr, --seq-len, --data, --model, --eval-data first, then each --set in order: a later
+/// setting of a key wins) and calls run_train, returning its exit code. Errors throw, as
+/// run_train's.
+struct TrainCommand {
+  CLI::App* app = nullptr;
+  std::function<int()> run;
+};
+TrainCommand add_train_command(CLI::App& app);
 
 }  // namespace rp

@@ -1,6 +1,7 @@
 // `roundpipe train` settings from the command line (--set, --lr, --seq-len, --data, ...),
 // --dump-batch on its own, --version, and what a run says about itself: the optimizer mode
-// first, truncated examples per data file, the gradient norm in every progress line.
+// first, truncated examples per data file, the gradient norm in every progress line; -q before or
+// after the command.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -16,6 +17,30 @@
 namespace {
 
 using namespace rp::clitest;
+
+// -q keeps warnings and errors and drops the information lines, whether it comes before the
+// command or after it (it is parsed by the top-level app either way).
+TEST(CliSettings, QuietDropsInformationLinesBeforeOrAfterTheCommand) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  write(d / "data.jsonl", "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n");
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
+  const std::string dump = "train " + (d / "spec.json").string() + " --dump-batch " + (d / "b.json").string();
+  const CliRun loud = roundpipe(dump, d);
+  ASSERT_EQ(loud.code, 0) << loud.err;
+  ASSERT_NE(loud.out.find("loading model"), std::string::npos) << loud.out;  // spdlog writes to stdout
+  for (const std::string& args : {"-q " + dump, dump + " -q", dump + " --quiet"}) {
+    const CliRun q = roundpipe(args, d);
+    ASSERT_EQ(q.code, 0) << args << ": " << q.err;
+    EXPECT_EQ(q.out.find("loading model"), std::string::npos) << args << ": " << q.out;
+    EXPECT_NE(q.out.find("the first batch of step 1"), std::string::npos) << args << ": " << q.out;
+  }
+  // an error is still one line
+  const CliRun bad = roundpipe("-q train " + (d / "missing.json").string(), d);
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.err.find("roundpipe: error: "), std::string::npos) << bad.err;
+  fs::remove_all(d);
+}
 
 TEST(CliSettings, SetAndShorthandsReachTheSpecAndErrorsNameThem) {
   auto d = tmpdir();
