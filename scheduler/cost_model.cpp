@@ -334,12 +334,9 @@ void tail_pass(Acc& a, const Dims& x, bool bwd) {
 
 }  // namespace
 
-std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, int64_t seq_len,
-                                           const DeviceModel& d) {
-  m.validate("model");
-  if (n_seq < 1 || seq_len < 1)
-    throw std::invalid_argument(
-        fmt::format("micro-batch shape must be positive, got {} x {}", n_seq, seq_len));
+namespace {
+
+void check_device_model(const DeviceModel& d) {
   if (!(d.peak_flops > 0) || !(d.mem_bandwidth > 0) || !(d.attention_efficiency > 0) || d.elem_bytes < 1 ||
       d.grad_elem_bytes < 1 || d.scratch_elem_bytes < 1 || d.pcie_bandwidth < 0 ||
       !(d.grouped_gemm_efficiency > 0) || !(d.grouped_wgrad_efficiency > 0) || !(d.fp8_flops >= 0) ||
@@ -348,6 +345,10 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, i
         "device model: peak_flops, mem_bandwidth, the attention, grouped GEMM and FP8 "
         "quantization efficiencies and element sizes must be positive, pcie_bandwidth, "
         "fp8_flops and bucketed_call_seconds >= 0");
+}
+
+/// The dimensions the passes' FLOP and byte counts use, for a micro-batch of n_seq x seq_len.
+Dims dims_of(const ModelShape& m, int64_t n_seq, int64_t seq_len, const DeviceModel& d) {
   Dims x{};
   x.nseq = double(n_seq);
   x.S = double(seq_len);
@@ -367,9 +368,53 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, i
   x.r = double(d.lora_rank);
   x.lora_gu = d.lora_rank > 0 && d.lora_experts_gate_up;
   x.lora_down = d.lora_rank > 0 && d.lora_experts_down;
+  return x;
+}
+
+/// A decoder's own device buffers (model/layer_memory.hpp) in its cost: saved attention,
+/// scratch, FP8 weight copies and router statistics, with the DecoderDims the layer builds
+/// (model/layers.cpp): ffn is intermediate_size also in a sparse layer.
+void decoder_memory(LayerCost& c, const ModelShape& m, const DeviceModel& d, const Dims& x, int64_t n_seq,
+                    int64_t seq_len) {
+  const int64_t T = n_seq * seq_len, H = m.hidden_size, se = d.scratch_elem_bytes;
+  DecoderDims dd{H,          m.intermediate_size, m.num_heads,      m.num_kv_heads,
+                 m.head_dim, m.qk_norm,           d.saved_attention};
+  dd.lora_rank = d.lora_rank;
+  dd.lora_dropout = d.lora_dropout;
+  dd.frozen_base = d.frozen_base;
+  dd.fp8 = d.fp8_flops > 0;
+  dd.fp8_wgrad = dd.fp8 && d.fp8_weight_gradients;
+  if (x.moe) {
+    c.router_stats_bytes = 2 * m.num_experts * 4;
+    dd.experts = m.num_experts;
+    dd.experts_per_tok = m.experts_per_token;
+    dd.expert_padded = d.expert_padded;
+    dd.expert_ffn = m.moe_intermediate_size;
+    dd.expert_lora = x.lora_gu || x.lora_down;
+  }
+  if (d.saved_attention) {
+    c.attn_o_bytes = int64_t(attention_output_bytes(dd, T, size_t(d.elem_bytes)));
+    c.attn_lse_bytes = int64_t(attention_lse_bytes(dd, T));
+  }
+  c.scratch_bytes = int64_t(decoder_scratch_bytes(dd, n_seq, seq_len, size_t(se), true, d.mlp_chunk_tokens));
+  c.scratch_fwd_bytes =
+      int64_t(decoder_scratch_bytes(dd, n_seq, seq_len, size_t(se), false, d.mlp_chunk_tokens));
+  c.fp8_fwd_bytes = int64_t(fp8_weight_bytes(dd, false));
+  c.fp8_bwd_bytes = int64_t(fp8_weight_bytes(dd, true));
+}
+
+}  // namespace
+
+std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, int64_t seq_len,
+                                           const DeviceModel& d) {
+  m.validate("model");
+  if (n_seq < 1 || seq_len < 1)
+    throw std::invalid_argument(
+        fmt::format("micro-batch shape must be positive, got {} x {}", n_seq, seq_len));
+  check_device_model(d);
+  Dims x = dims_of(m, n_seq, seq_len, d);
   const int64_t T = n_seq * seq_len, H = m.hidden_size;
   const int64_t act = T * H * d.elem_bytes, ids = T * 4;
-  const int64_t se = d.scratch_elem_bytes;
 
   std::vector<LayerEstimate> out;
   const int n = int(m.num_layers) + 2;
@@ -392,7 +437,7 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, i
       c.io_bytes = ids;
       tail_pass(f, x, false);
       tail_pass(b, x, true);
-      c.scratch_bytes = int64_t(tail_scratch_bytes(T, H, m.vocab_size, size_t(se)));
+      c.scratch_bytes = int64_t(tail_scratch_bytes(T, H, m.vocab_size, size_t(d.scratch_elem_bytes)));
       c.scratch_fwd_bytes = c.scratch_bytes;
     } else {
       e.name = fmt::format("layer.{}", l - 1);
@@ -400,33 +445,7 @@ std::vector<LayerEstimate> estimate_layers(const ModelShape& m, int64_t n_seq, i
       x.W = double(m.attention_window(l - 1));
       decoder_pass(f, x, false);
       decoder_pass(b, x, true, d.saved_attention);
-      // the decoder's own buffers (model/layer_memory.hpp), with the DecoderDims the layer
-      // builds (model/layers.cpp): ffn is intermediate_size also in a sparse layer
-      DecoderDims dd{H,          m.intermediate_size, m.num_heads,      m.num_kv_heads,
-                     m.head_dim, m.qk_norm,           d.saved_attention};
-      dd.lora_rank = d.lora_rank;
-      dd.lora_dropout = d.lora_dropout;
-      dd.frozen_base = d.frozen_base;
-      dd.fp8 = d.fp8_flops > 0;
-      dd.fp8_wgrad = dd.fp8 && d.fp8_weight_gradients;
-      if (x.moe) {
-        c.router_stats_bytes = 2 * m.num_experts * 4;
-        dd.experts = m.num_experts;
-        dd.experts_per_tok = m.experts_per_token;
-        dd.expert_padded = d.expert_padded;
-        dd.expert_ffn = m.moe_intermediate_size;
-        dd.expert_lora = x.lora_gu || x.lora_down;
-      }
-      if (d.saved_attention) {
-        c.attn_o_bytes = int64_t(attention_output_bytes(dd, T, size_t(d.elem_bytes)));
-        c.attn_lse_bytes = int64_t(attention_lse_bytes(dd, T));
-      }
-      c.scratch_bytes =
-          int64_t(decoder_scratch_bytes(dd, n_seq, seq_len, size_t(se), true, d.mlp_chunk_tokens));
-      c.scratch_fwd_bytes =
-          int64_t(decoder_scratch_bytes(dd, n_seq, seq_len, size_t(se), false, d.mlp_chunk_tokens));
-      c.fp8_fwd_bytes = int64_t(fp8_weight_bytes(dd, false));
-      c.fp8_bwd_bytes = int64_t(fp8_weight_bytes(dd, true));
+      decoder_memory(c, m, d, x, n_seq, seq_len);
     }
     e.fwd_flops = f.flops;
     e.fwd_bytes = f.bytes;
