@@ -43,7 +43,8 @@ void check_base_model_id(const JsonFields& f, const TrainSpec& s) {
            s.base_model_id);
 }
 
-void read_scalars(const JsonFields& f, TrainSpec& s) {
+/// The model, the training and evaluation data and their shape.
+void read_data_keys(const JsonFields& f, TrainSpec& s) {
   f.optional("model", s.model);
   f.optional("base_model_id", s.base_model_id);
   check_base_model_id(f, s);
@@ -62,6 +63,10 @@ void read_scalars(const JsonFields& f, TrainSpec& s) {
   f.optional("eval_every", s.eval_every);
   if (s.eval_every < 0) f.fail("eval_every", "an integer >= 0", s.eval_every);
   if (s.max_examples < 0) f.fail("max_examples", "an integer >= 0", s.max_examples);
+}
+
+/// The batch and how long to train.
+void read_batch_keys(const JsonFields& f, TrainSpec& s) {
   f.optional("sequences_per_step", s.sequences_per_step);
   f.optional("micro_batches", s.micro_batches);
   f.optional("accumulation", s.accumulation);
@@ -71,6 +76,10 @@ void read_scalars(const JsonFields& f, TrainSpec& s) {
     if (f.has("steps")) f.fail_with("keys 'steps' and 'epochs': give one or the other");
     s.epochs = e;
   }
+}
+
+/// The devices, the pipeline and its memory.
+void read_runtime_keys(const JsonFields& f, TrainSpec& s) {
   f.optional("backend", s.backend);
   f.optional("workers", s.workers);
   f.optional("async", s.async);
@@ -83,6 +92,11 @@ void read_scalars(const JsonFields& f, TrainSpec& s) {
   f.optional("mlp_chunk_tokens", s.mlp_chunk_tokens);
   if (s.mlp_chunk_tokens < 0) f.fail("mlp_chunk_tokens", "an integer >= 0 (0: 8192)", s.mlp_chunk_tokens);
   if (double v = 0; f.optional("pin_budget_gib", v)) s.pin_budget_gib = v;
+}
+
+/// What the run writes and logs: checkpoints, the best model, traces, metrics, the sample prompt;
+/// and the seed.
+void read_output_keys(const JsonFields& f, TrainSpec& s) {
   f.optional("output_dir", s.output_dir);
   f.optional("save_every", s.save_every);
   f.optional("save_dtype", s.save_dtype);
@@ -113,6 +127,10 @@ void read_scalars(const JsonFields& f, TrainSpec& s) {
   f.optional("sample_prompt", s.sample_prompt);
   f.optional("seed", s.seed);
   f.optional("log_every", s.log_every);
+}
+
+/// Number formats: the compute dtype, GEMM accumulation, FP8 and the experts' GEMMs.
+void read_compute_keys(const JsonFields& f, TrainSpec& s) {
   f.optional("compute_dtype", s.compute_dtype);
   if (s.compute_dtype != "bf16" && s.compute_dtype != "f16")
     f.fail("compute_dtype", "\"bf16\" or \"f16\"", s.compute_dtype);
@@ -136,6 +154,10 @@ void read_scalars(const JsonFields& f, TrainSpec& s) {
         "key 'fp8_stored_direct': needs \"fp8\": true (it runs an fp8 base's FP8 linears from its codes)");
   f.optional("expert_gemm", s.expert_gemm);
   check_expert_gemm(f, s);
+}
+
+/// Resuming, watchdogs, non-finite steps, replicas and an explicit plan.
+void read_run_control_keys(const JsonFields& f, TrainSpec& s) {
   f.optional("resume_from", s.resume_from);
   f.optional("watchdog_s", s.watchdog_s);
   f.optional("stop_timeout_s", s.stop_timeout_s);
@@ -147,6 +169,15 @@ void read_scalars(const JsonFields& f, TrainSpec& s) {
   f.optional("replica_timeout_s", s.replica_timeout_s);
   if (f.has("resume_from") && s.resume_from.empty()) f.fail("resume_from", "a checkpoint folder");
   if (f.has("plan")) s.plan = f.at("plan");
+}
+
+void read_scalars(const JsonFields& f, TrainSpec& s) {
+  read_data_keys(f, s);
+  read_batch_keys(f, s);
+  read_runtime_keys(f, s);
+  read_output_keys(f, s);
+  read_compute_keys(f, s);
+  read_run_control_keys(f, s);
 }
 
 /// Every product of counts the runtime forms is checked before it is formed: a product that
