@@ -31,9 +31,8 @@ TrainCommand add_train_command(CLI::App& app) {
   c->add_option("--backend", o->ov.backend, "override the backend (auto, cpu, cuda)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   auto* output_opt = c->add_option("--output-dir", o->ov.output_dir, "override the output directory");
-  c->add_flag(
-      "--overwrite-output-dir", o->ov.overwrite_output_dir,
-      "start over in an output directory that holds an earlier run's checkpoints (replacing them)");
+  c->add_flag("--overwrite-output-dir", o->ov.overwrite_output_dir,
+              "start over in an output directory that holds an earlier run's checkpoints (replacing them)");
   auto* dump_opt = c->add_option(
       "--dump-batch", o->ov.dump_batch,
       "write the first batch of step 1 (ids, targets) as JSON and exit without training (with --train: "
@@ -42,10 +41,9 @@ TrainCommand add_train_command(CLI::App& app) {
   c->add_flag("--train", o->ov.train_after_dump, "with --dump-batch: train after writing the batch")
       ->needs(dump_opt);
   // spec keys from the command line: applied to the file's JSON before it is checked
-  c->add_option(
-          "--set", o->sets,
-          "set a spec key, repeatable: KEY=VALUE, nested keys with dots (lora.r=8, optimizer.lr=1e-4); "
-          "VALUE is JSON when it parses as JSON, else a string; checked like the file's keys")
+  c->add_option("--set", o->sets,
+                "set a spec key, repeatable: KEY=VALUE, nested keys with dots (lora.r=8, optimizer.lr=1e-4); "
+                "VALUE is JSON when it parses as JSON, else a string; checked like the file's keys")
       ->type_name("KEY=VALUE")
       ->allow_extra_args(false);
   c->add_option("--lr", o->lr, "the spec's optimizer.lr (as --set optimizer.lr=LR)");
@@ -55,16 +53,16 @@ TrainCommand add_train_command(CLI::App& app) {
   c->add_option("--eval-data", o->eval_data, "the spec's eval_data file (as --set eval_data=PATH)");
   auto* resume_opt =
       c->add_option("--resume", o->ov.resume,
-                        "continue from a checkpoint folder (checkpoint-<k>/ or final/ of an earlier run)");
+                    "continue from a checkpoint folder (checkpoint-<k>/ or final/ of an earlier run)");
   c->add_option(
-          "--mpi", o->ov.mpi,
-          "data-parallel replicas over MPI: auto (join the job when started by mpirun, e.g. `mpirun -np 4 "
-          "roundpipe train spec.json`; each replica runs accumulation / N of every step's passes), on, off "
-          "(overrides the spec's \"mpi\"; README \"Several machines\")")
+       "--mpi", o->ov.mpi,
+       "data-parallel replicas over MPI: auto (join the job when started by mpirun, e.g. `mpirun -np 4 "
+       "roundpipe train spec.json`; each replica runs accumulation / N of every step's passes), on, off "
+       "(overrides the spec's \"mpi\"; README \"Several machines\")")
       ->check(CLI::IsMember({"auto", "on", "off"}));
   c->add_option("--replica-timeout", o->ov.replica_timeout_s,
-                   "seconds a silent replica may take before the others stop with an error naming it (spec "
-                   "replica_timeout_s, default 60)")
+                "seconds a silent replica may take before the others stop with an error naming it (spec "
+                "replica_timeout_s, default 60)")
       ->check(finite_number_check(false, " of seconds"));
 
   TrainCommand t;
