@@ -276,9 +276,16 @@ void print_disk_tier(std::FILE* out, const DiskRun& r, const SimResult& with_dis
   const double here = tokens_to_hide(stream, spill, per_token, G, t.read_bandwidth, t.write_rate());
   const double nvme =
       tokens_to_hide(stream, spill, per_token, G, kReferenceNvmeBytesPerSecond, kReferenceNvmeBytesPerSecond);
+  // a pool of G GPUs may have a drive per GPU, striped: G x the reference rate
+  const double nvme_each = kReferenceNvmeBytesPerSecond * double(G);
+  const std::string per_gpu =
+      G > 1 ? fmt::format(", {} at one per GPU ({:.0f} GB/s)",
+                          hidden_text(tokens_to_hide(stream, spill, per_token, G, nvme_each, nvme_each)),
+                          nvme_each / 1e9)
+            : std::string();
   if (d.read_bytes > 0)
-    fmt::print(out, "          hidden {} at this disk, {} at a 7 GB/s NVMe; this run has {}\n",
-               hidden_text(here), hidden_text(nvme), tokens);
+    fmt::print(out, "          hidden {} at this disk, {} at a 7 GB/s NVMe{}; this run has {}\n",
+               hidden_text(here), hidden_text(nvme), per_gpu, tokens);
   fmt::print(
       out,
       "          (training places by this rule with the spec key frozen_tier.host_budget_gib, and with "

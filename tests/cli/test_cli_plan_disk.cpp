@@ -70,6 +70,36 @@ TEST(CliPlanDisk, TheHostSectionDoesNotWarnAboutMemoryTheTierKeepsOnDisk) {
   fs::remove_all(d);
 }
 
+// A pool of GPUs also gets the figure for a 7 GB/s drive per GPU: the same as --disk-gbps set
+// to G x 7, and never more tokens than one drive needs. One GPU gets no such figure.
+TEST(CliPlanDisk, APoolGetsTheTokensToHideWithADrivePerGpu) {
+  auto d = tmpdir();
+  // "hidden from A tokens per iteration at this disk, from B ... at a 7 GB/s NVMe[, from C ... at
+  // one per GPU (R GB/s)]"
+  const std::regex line(
+      "hidden from ([0-9]+) tokens per iteration at this disk, from ([0-9]+) tokens per iteration at a 7 "
+      "GB/s NVMe(, from ([0-9]+) tokens per iteration at one per GPU \\(([0-9]+) GB/s\\))?;");
+  std::smatch pool_m, striped_m, single_m;
+  const CliRun pool = roundpipe(kRun + " --disk-gbps 3 --host-budget-gib 31.5", d);
+  ASSERT_EQ(pool.code, 0) << pool.err;
+  ASSERT_TRUE(std::regex_search(pool.out, pool_m, line) && pool_m[3].matched) << pool.out;
+  EXPECT_EQ(pool_m[5].str(), "56");
+  const double nvme = std::stod(pool_m[2].str()), each = std::stod(pool_m[4].str());
+  EXPECT_LT(each, nvme);  // eight drives hide the disk from fewer tokens than one
+  const CliRun striped = roundpipe(kRun + " --disk-gbps 56 --host-budget-gib 31.5", d);
+  ASSERT_EQ(striped.code, 0) << striped.err;
+  ASSERT_TRUE(std::regex_search(striped.out, striped_m, line)) << striped.out;
+  EXPECT_NEAR(std::stod(striped_m[1].str()), each, 1.0) << striped.out;  // the same as 56 GB/s given
+  const CliRun single = roundpipe("plan --model " + kLlama +
+                                      " --gpus 1 --seq 4096 --micro 8 --lora-r 16 --gpu h200 --disk-gbps 3 "
+                                      "--host-budget-gib 20",
+                                  d);
+  ASSERT_EQ(single.code, 0) << single.err;
+  ASSERT_TRUE(std::regex_search(single.out, single_m, line)) << single.out;
+  EXPECT_FALSE(single_m[3].matched) << single.out;
+  fs::remove_all(d);
+}
+
 TEST(CliPlanDisk, ASlowDiskBoundsTheStepAndAFastOneHidesUnderTheCompute) {
   auto d = tmpdir();
   CliRun r = roundpipe(kRun + " --disk-gbps 1 --host-budget-gib 31.5", d);
