@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "bench/ops_timing.hpp"
 #include "kernels/device.hpp"
 #include "kernels/ops.hpp"
@@ -256,14 +258,22 @@ void sustained(Env& e, double seconds) {
   e.keep.clear();
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   Env e;
   double sustained_s = 0;
-  for (int i = 1; i < argc; ++i)
-    if (std::strcmp(argv[i], "--quick") == 0) e.quick = true;
-    else if (std::strcmp(argv[i], "--sustained") == 0 && i + 1 < argc) sustained_s = std::atof(argv[++i]);
+  CLI::App app{"FP8 GEMM and quantization benchmark (CUDA)"};
+  app.add_flag("--quick", e.quick, "fewer repetitions");
+  app.add_option("--sustained", sustained_s, "time one e4m3 GEMM back to back for this many seconds instead")
+      ->check(CLI::Range(0.0, 3600.0));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& err) {
+    if (err.get_exit_code() == 0) return app.exit(err);
+    std::string what = err.what();
+    std::replace(what.begin(), what.end(), '\n', ' ');
+    std::fprintf(stderr, "bench_fp8_ops_bench: %s\n", what.c_str());
+    return 2;
+  }
   if (cuda_device_count() == 0) {
     std::printf("no CUDA device visible: nothing to measure\n");
     return 0;
@@ -283,4 +293,15 @@ int main(int argc, char** argv) {
   quantize_rows(e, 2 * R);
   std::printf("\npeak pool bytes: %.2f GiB\n", double(e.dev->peak_bytes()) / double(1 << 30));
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& err) {
+    std::fprintf(stderr, "bench_fp8_ops_bench: error: %s\n", err.what());
+    return 1;
+  }
 }

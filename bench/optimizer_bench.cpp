@@ -29,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -36,12 +37,16 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
 #if defined(__x86_64__)
 // GCC 12's AVX-512 intrinsics start from an "undefined" vector it then warns about
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #endif
 
+#include "base/atomic_file.hpp"
 #include "optimizer/adamw.hpp"
 #include "optimizer/clip.hpp"
 #include "optimizer/isa.hpp"
@@ -238,6 +243,8 @@ struct Row {
   double copy_gbs, triad_gbs, upd_gbs, bound_pps, adam_pps, adam_clip_pps;
 };
 
+/// --threads: "all" (1..maxt) or a comma-separated list of counts from 1 to maxt and "max".
+/// Throws std::invalid_argument naming the option for anything else.
 std::vector<int> parse_threads(const std::string& s, int maxt) {
   std::vector<int> out;
   if (s == "all") {
@@ -246,7 +253,21 @@ std::vector<int> parse_threads(const std::string& s, int maxt) {
   }
   std::stringstream ss(s);
   std::string tok;
-  while (std::getline(ss, tok, ',')) out.push_back(tok == "max" ? maxt : std::atoi(tok.c_str()));
+  while (std::getline(ss, tok, ',')) {
+    if (tok == "max") {
+      out.push_back(maxt);
+      continue;
+    }
+    char* end = nullptr;
+    const long t = std::strtol(tok.c_str(), &end, 10);
+    if (tok.empty() || *end != '\0' || t < 1 || t > maxt)
+      throw std::invalid_argument(
+          fmt::format("--threads {}: expected all, or counts from 1 to {} (this process's CPUs) and max, "
+                      "separated by commas",
+                      s, maxt));
+    out.push_back(int(t));
+  }
+  if (out.empty()) throw std::invalid_argument("--threads: expected all, or counts separated by commas");
   return out;
 }
 
@@ -257,39 +278,51 @@ struct Group {
   rp::AdamWState st;
 };
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  int64_t n = 64 << 20;
+int run(int argc, char** argv) {
+  double params = double(64 << 20);
   std::string threads_arg = "all", md_path;
   int reps = 5, qwen_layers = 28;
-  bool qwen = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--params") n = int64_t(std::atof(next().c_str()));
-    else if (a == "--threads") threads_arg = next();
-    else if (a == "--reps") reps = std::atoi(next().c_str());
-    else if (a == "--qwen3-1.7b") qwen = true;
-    else if (a == "--qwen-layers") qwen_layers = std::atoi(next().c_str()), qwen = true;
-    else if (a == "--md") md_path = next();
-    else {
-      std::fprintf(stderr,
-                   "usage: %s [--params N] [--threads all|1,2,max] [--reps R] [--qwen3-1.7b] "
-                   "[--qwen-layers L] [--md FILE]\n",
-                   argv[0]);
-      return 2;
-    }
+  bool qwen = false, force = false;
+  CLI::App app{"CPU AdamW and memory-bandwidth benchmark"};
+  app.add_option("--params", params, "parameters per buffer (a number, e.g. 64e6)")
+      ->check(CLI::Range(1.0, 1e11));
+  app.add_option("--threads", threads_arg, "all, or thread counts separated by commas (max: all CPUs)");
+  app.add_option("--reps", reps, "repetitions per row")->check(CLI::Range(1, 1000));
+  app.add_flag("--qwen3-1.7b", qwen, "also time a whole Qwen3-1.7B optimizer step");
+  auto* layers = app.add_option("--qwen-layers", qwen_layers, "that step's layers (implies --qwen3-1.7b)")
+                     ->check(CLI::Range(1, 1000));
+  app.add_option("--md", md_path, "also write the report to this file (an existing file needs --force)");
+  app.add_flag("--force", force, "with --md: replace an existing file");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::string what = e.what();
+    std::replace(what.begin(), what.end(), '\n', ' ');
+    std::fprintf(stderr, "bench_optimizer_bench: %s\n", what.c_str());
+    return 2;
+  }
+  if (layers->count() > 0) qwen = true;
+  const int64_t n = int64_t(params);
+  if (const auto dir = std::filesystem::path(md_path).parent_path();
+      !md_path.empty() && !dir.empty() && !std::filesystem::is_directory(dir)) {
+    std::fprintf(stderr, "bench_optimizer_bench: --md %s: no folder %s\n", md_path.c_str(), dir.c_str());
+    return 2;
+  }
+  if (!md_path.empty() && !force && std::filesystem::exists(md_path)) {
+    std::fprintf(stderr, "bench_optimizer_bench: --md %s: the file exists; add --force to replace it\n",
+                 md_path.c_str());
+    return 2;
   }
   const std::vector<int> order = rp::preferred_cpu_order();
   const int maxt = int(order.size());
-  const std::vector<int> tlist = parse_threads(threads_arg, maxt);
+  std::vector<int> tlist;
+  try {
+    tlist = parse_threads(threads_arg, maxt);
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "bench_optimizer_bench: %s\n", e.what());
+    return 2;
+  }
 
   std::ostringstream md;
   auto out = [&](const std::string& s) {
@@ -456,8 +489,19 @@ int main(int argc, char** argv) {
     out(buf);
   }
   if (!md_path.empty()) {
-    std::ofstream f(md_path);
-    f << md.str();
+    rp::write_file_atomically(md_path, [&](std::ostream& os) { os << md.str(); });
+    std::printf("wrote %s\n", md_path.c_str());
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_optimizer_bench: error: %s\n", e.what());
+    return 1;
+  }
 }

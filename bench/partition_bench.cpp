@@ -8,13 +8,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "base/atomic_file.hpp"
 #include "scheduler/cost_model.hpp"
 #include "scheduler/partition.hpp"
 #include "scheduler/simulator.hpp"
@@ -45,9 +45,11 @@ struct Case {
   int64_t cap;  // bytes, 0 = none
 };
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
+  if (argc > 2) {
+    fmt::print(stderr, "usage: {} [REPORT.md] (default bench/results/partition.md)\n", argv[0]);
+    return 2;
+  }
   const std::string out_path = argc > 1 ? argv[1] : "bench/results/partition.md";
   rp::ModelShape moe = dense(94, 4096, 64, 4, 0, false);
   moe.num_experts = 128, moe.experts_per_token = 8, moe.moe_intermediate_size = 1536;
@@ -118,12 +120,18 @@ int main(int argc, char** argv) {
   md +=
       "\n`candidates`: distinct tmax values (tau of every memory-feasible run of layers); `packings`: "
       "greedy O(L) evaluations run (binary search per stage count).\n";
-  std::ofstream f(out_path);
-  if (!f) {
-    fmt::print(stderr, "cannot write {}\n", out_path);
-    return 1;
-  }
-  f << md;
+  rp::write_file_atomically(out_path, [&](std::ostream& os) { os << md; });
   fmt::print("wrote {}\n", out_path);
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "bench_partition_bench: error: {}\n", e.what());
+    return 1;
+  }
 }
