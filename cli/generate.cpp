@@ -136,11 +136,11 @@ void add_generate_command(CLI::App& app) {
   g->add_option("--max-tokens", c->max_tokens, "most new tokens (default 128)")
       ->check(integer_check(int64_t(1), int64_t(1) << 20));
   g->add_option("--temperature", c->temperature, "0: greedy (default); > 0: sample")
-      ->check(CLI::Range(0.0, 100.0));
+      ->check(number_range_check(0.0, 100.0));
   g->add_option("--top-k", c->top_k, "sample among the k most likely tokens (0: all)")
       ->check(integer_check(int64_t(0), std::numeric_limits<int64_t>::max(), " (0: all)"));
   g->add_option("--top-p", c->top_p, "sample among the smallest set of probability >= p (1: all)")
-      ->check(CLI::Range(1e-6, 1.0));
+      ->check(number_range_check(1e-6, 1.0));
   g->add_option("--seed", c->seed, "sampling seed")->check(integer_check(uint64_t(0)));
   g->add_option("--stop", c->stop,
                 "stop once the text contains this (repeatable); eos and end of turn always stop");
