@@ -129,8 +129,15 @@ void check_plan_options(const PlanCommandOptions& o) {
     throw UsageError(
         fmt::format("--fp8: {} has no FP8 tensor cores (the runtime refuses \"fp8\": true there)", o.gpu));
   if (!(o.hbm_gbps > 0)) throw UsageError("--hbm-gbps: expected > 0");
-  if (!(o.pcie_gbps >= 0)) throw UsageError("--pcie-gbps: expected >= 0");
-  if (o.iterations < 0) throw UsageError("--iterations: expected >= 0");
+  if (!(o.pcie_gbps >= 0) || !std::isfinite(o.pcie_gbps))
+    throw UsageError(fmt::format("--pcie-gbps: expected a finite rate >= 0 (0: free), got {}", o.pcie_gbps));
+  // the replay holds every iteration's events: ~25 KB and several ms each on a 48-layer model,
+  // so a million took minutes and over 8 GiB before it ended; the default (0) is at most
+  // 4 x (2 x 1024 + 2) with a disk tier
+  constexpr int kMaxIterations = 10000;
+  if (o.iterations < 0 || o.iterations > kMaxIterations)
+    throw UsageError(fmt::format("--iterations: expected 0 (enough for whole deal cycles) to {}, got {}",
+                                 kMaxIterations, o.iterations));
   // below 0.001 of peak no GEMM library runs; such a value only prints absurd times
   if (!(o.grouped_gemm_efficiency == 0 ||
         (o.grouped_gemm_efficiency >= 0.001 && o.grouped_gemm_efficiency <= 1)))

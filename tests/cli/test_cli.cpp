@@ -426,6 +426,15 @@ TEST(Cli, PlanPartitionsAConfigWithoutWeights) {
   r = roundpipe("plan --model " + (d / "config.json").string() + " --gpus 100000", d);
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("--gpus: expected an integer in 1..1024, got 100000"), std::string::npos) << r.err;
+  // so are more simulated iterations than a plan needs (a million ran for minutes past 8 GiB)
+  r = roundpipe("plan --model " + (d / "config.json").string() + " --iterations 20000", d);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--iterations: expected 0 (enough for whole deal cycles) to 10000, got 20000"),
+            std::string::npos)
+      << r.err;
+  r = roundpipe("plan --model " + (d / "config.json").string() + " --pcie-gbps inf", d);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--pcie-gbps: expected a finite rate >= 0"), std::string::npos) << r.err;
   // A memory cap no single layer fits in is refused, naming the layer.
   r = roundpipe("plan --model " + (d / "config.json").string() + " --gpus 8 --memory-cap 10MiB", d);
   EXPECT_EQ(r.code, 1);
