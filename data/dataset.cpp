@@ -415,6 +415,8 @@ void stream_text_corpus(const std::string& path, const Tokenizer& tok, const Tak
   for (const auto& f : files) try {
       const std::string text = read_all(f);
       if (std::string e = binary_file_error(f, text); !e.empty()) throw std::runtime_error(e);
+      // past the sniffed head, invalid UTF-8 reached the tokenizer, which named neither file nor line
+      if (std::string e = utf8_error(f, text); !e.empty()) throw std::runtime_error(e);
       append_document(tok, text, eos, scratch);
       take(scratch);
     } catch (const RegexWorkExceeded& e) {

@@ -18,6 +18,14 @@ std::string file_head(const std::string& path, size_t n);
 /// for a character cut at the end), else one line naming `path`, its first 16 bytes in hex and,
 /// when the magic says so, what it is: `data.bin: not text: its first bytes are 1f 8b 08 00 ...
 /// (a gzip archive); expected JSON lines, a JSON array, Parquet, Arrow IPC or UTF-8 text`.
+/// A head whose first invalid UTF-8 byte lies past its first 16 (text the hex would show as
+/// fine) gets utf8_error's line instead.
 std::string binary_file_error(const std::string& path, std::string_view head);
+
+/// "" when `text` (all of `path`, or its start) is valid UTF-8, else one line naming the line,
+/// the column and the offset of the first invalid byte: `corpus.txt:61: not UTF-8: byte 0xff at
+/// column 19 (offset 3519 of the file); expected UTF-8 text (convert it, e.g. iconv -f latin1
+/// -t utf-8)`.
+std::string utf8_error(const std::string& path, std::string_view text);
 
 }  // namespace rp

@@ -159,6 +159,28 @@ TEST(BinaryFiles, AreRefusedWithTheirFirstBytes) {
   EXPECT_EQ(load_dataset(cut, qwen(), ChatTemplate::chatml).num_documents, 1u);
 }
 
+// Text with an invalid UTF-8 byte is refused naming its line and column: past the sniffed
+// 1 KiB it reached the tokenizer ("byte 0xff has no token in the vocab", no file or line), and
+// within it the error showed the first 16 bytes, fine text, as the reason.
+TEST(BinaryFiles, InvalidUtf8InTextNamesItsLine) {
+  TempDir dir;
+  std::string lines;
+  for (int i = 1; i <= 60; ++i)
+    lines += "More plain words about the heaven and the earth, line " + std::to_string(i) + ".\n";
+  ASSERT_GT(lines.size(), kSniffBytes);
+  const std::string late = dir.write("late.txt", lines + "And the earth was \xff without form.\n");
+  EXPECT_NE(load_error(late).find(late + ":61: not UTF-8: byte 0xff at column 19 (offset " +
+                                  std::to_string(lines.size() + 18) + " of the file); expected UTF-8 text"),
+            std::string::npos)
+      << load_error(late);
+  const std::string early =
+      dir.write("early.txt", "In the beginning God created\nthe heaven \xfe and the earth.\n");
+  EXPECT_NE(load_error(early).find(early + ":2: not UTF-8: byte 0xfe at column 12 (offset 40 of the file)"),
+            std::string::npos)
+      << load_error(early);
+  EXPECT_EQ(utf8_error("x", "caf\xc3\xa9\n"), "");
+}
+
 // ---- prompt / completion as TRL tokenizes it --------------------------------------------
 
 namespace {
