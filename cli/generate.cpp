@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.hpp"
+#include "data/pretokenizer.hpp"  // valid_utf8_prefix
 #include "roundpipe/adapter.hpp"
 #include "roundpipe/checkpoint.hpp"
 #include "roundpipe/generate.hpp"
@@ -56,11 +57,23 @@ std::vector<ChatMessage> read_messages(const std::string& path) {
   return out;
 }
 
+/// A text flag must be UTF-8 (the tokenizer's vocab may have no token for a stray byte, and its
+/// error named no flag).
+void check_utf8(const std::string& flag, const std::string& text) {
+  if (const size_t ok = valid_utf8_prefix(text); ok != text.size())
+    throw UsageError(fmt::format("{}: not UTF-8: byte 0x{:02x} at offset {}; expected UTF-8 text", flag,
+                                 static_cast<unsigned char>(text[ok]), ok));
+}
+
 void run_generate(const GenerateCommandOptions& c) {
   const int given = !c.prompt.empty() + !c.chat.empty() + !c.messages.empty();
   if (given != 1)
     throw UsageError(given == 0 ? "give one of --prompt TEXT, --chat TEXT or --messages FILE, not empty"
                                 : "give only one of --prompt TEXT, --chat TEXT or --messages FILE");
+  check_utf8("--prompt", c.prompt);
+  check_utf8("--chat", c.chat);
+  check_utf8("--system", c.system);
+  for (const std::string& s : c.stop) check_utf8("--stop", s);
   SampleRequest r;
   if (!c.messages.empty()) r.messages = read_messages(c.messages);
   if (!c.chat.empty()) {
