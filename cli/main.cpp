@@ -137,7 +137,11 @@ int main(int argc, char** argv) {
       shorthand("--data", "data", data, true);
       shorthand("--model", "model", model, true);
       shorthand("--eval-data", "eval_data", eval_data, true);
-      for (const std::string& s : sets) settings.push_back(rp::parse_set_option(s));
+      for (const std::string& s : sets) try {
+          settings.push_back(rp::parse_set_option(s));
+        } catch (const std::invalid_argument& e) {  // no KEY=VALUE: the command line's fault
+          throw rp::UsageError(e.what());
+        }
       return rp::run_train(rp::load_spec(spec_path, settings), ov);
     }
     if (*convert) {

@@ -47,7 +47,13 @@ TEST(CliSettings, SetAndShorthandsReachTheSpecAndErrorsNameThem) {
                         "--lr fast: key 'optimizer.lr': expected a number, got \"fast\"");
   expect_one_line_error(roundpipe("train " + spec + " --set wokers=2", d),
                         "--set wokers=2: unknown key 'wokers'");
-  expect_one_line_error(roundpipe("train " + spec + " --set steps", d), "--set steps: expected KEY=VALUE");
+  // no KEY=VALUE at all: a usage error, exit 2 (it used to exit 1 like a bad value)
+  for (const char* bad : {" --set steps", " --set =4"}) {
+    const CliRun r = roundpipe("train " + spec + bad, d);
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find(std::string(bad).substr(1) + ": expected KEY=VALUE"), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
   // a usage error: exit 2 like the other command-line usage errors (it used to exit 1)
   const CliRun alone = roundpipe("train " + spec + " --train", d);
   EXPECT_EQ(alone.code, 2) << alone.err;
