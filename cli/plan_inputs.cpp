@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "base/checked_math.hpp"
+#include "base/output_folder.hpp"  // overlapping_input
 #include "cli/command.hpp"
 #include "cli/plan.hpp"
 #include "cli/plan_disk.hpp"
@@ -156,6 +157,12 @@ void check_plan_options(const PlanCommandOptions& o) {
                     o.seq_len, o.sequences_per_micro, o.micro_batches));
 
   if (o.max_seq && o.memory_cap.empty()) throw UsageError("--max-seq needs --memory-cap");
+  if (const std::string in =
+          o.trace.empty() ? std::string() : overlapping_input(o.trace, {o.model, o.profile});
+      !in.empty())
+    throw UsageError(fmt::format(
+        "--trace: '{}' is or lies inside the input '{}', which writing it would destroy; choose another file",
+        o.trace, in));
   if (!o.memory_cap.empty())
     parse_byte_size(o.memory_cap, "--memory-cap");  // bad values before the model loads
   frozen_format(o);

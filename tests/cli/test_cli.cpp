@@ -432,6 +432,15 @@ TEST(Cli, PlanPartitionsAConfigWithoutWeights) {
   EXPECT_NE(r.err.find("--iterations: expected 0 (enough for whole deal cycles) to 10000, got 20000"),
             std::string::npos)
       << r.err;
+  // --trace naming the model it plans is refused before anything is written (it replaced the config)
+  const std::string config_text = slurp(d / "config.json");
+  r = roundpipe("plan --model " + (d / "config.json").string() + " --trace " + (d / "config.json").string(),
+                d);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--trace: '" + (d / "config.json").string() + "' is or lies inside the input"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(slurp(d / "config.json"), config_text);
   r = roundpipe("plan --model " + (d / "config.json").string() + " --pcie-gbps inf", d);
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("--pcie-gbps: expected a finite rate >= 0"), std::string::npos) << r.err;
