@@ -441,9 +441,13 @@ TEST(Cli, PlanPartitionsAConfigWithoutWeights) {
             std::string::npos)
       << r.err;
   EXPECT_EQ(slurp(d / "config.json"), config_text);
-  r = roundpipe("plan --model " + (d / "config.json").string() + " --pcie-gbps inf", d);
-  EXPECT_EQ(r.code, 2) << r.err;
-  EXPECT_NE(r.err.find("--pcie-gbps: expected a finite rate >= 0"), std::string::npos) << r.err;
+  // rates and latencies are finite: an infinite one printed "inf TFLOP/s", or "0 tokens/s"
+  for (const char* flag :
+       {"--pcie-gbps", "--peak-tflops", "--hbm-gbps", "--fp8-tflops", "--net-gbps", "--net-latency-us"}) {
+    r = roundpipe("plan --model " + (d / "config.json").string() + " --nodes 2 " + flag + " inf", d);
+    EXPECT_EQ(r.code, 2) << flag << ": " << r.err;
+    EXPECT_NE(r.err.find(std::string(flag) + ": expected a finite number"), std::string::npos) << r.err;
+  }
   // A memory cap no single layer fits in is refused, naming the layer.
   r = roundpipe("plan --model " + (d / "config.json").string() + " --gpus 8 --memory-cap 10MiB", d);
   EXPECT_EQ(r.code, 1);
