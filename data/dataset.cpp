@@ -412,8 +412,10 @@ void stream_text_corpus(const std::string& path, const Tokenizer& tok, const Tak
     files.push_back(path);
   }
   Dataset scratch;
+  bool any_text = false;
   for (const auto& f : files) try {
       const std::string text = read_all(f);
+      any_text = any_text || !text.empty();
       if (std::string e = binary_file_error(f, text); !e.empty()) throw std::runtime_error(e);
       // past the sniffed head, invalid UTF-8 reached the tokenizer, which named neither file nor line
       if (std::string e = utf8_error(f, text); !e.empty()) throw std::runtime_error(e);
@@ -422,10 +424,24 @@ void stream_text_corpus(const std::string& path, const Tokenizer& tok, const Tak
     } catch (const RegexWorkExceeded& e) {
       fail(f, e.what());
     }
+  // else the run blamed seq_len: "no training target in any of the 0 examples (their prompts are longer)"
+  if (!any_text)
+    fail(path, fs::is_directory(path) ? "every .txt file in it is empty" : "empty; expected text");
+}
+
+/// A data path names a file or a folder: a device, FIFO or socket (/dev/zero, a named pipe) was
+/// read without end.
+void check_data_path(const std::string& path) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (ec || !fs::exists(st) || fs::is_regular_file(st) || fs::is_directory(st))
+    return;  // missing: named later
+  fail(path, "not a regular file (a device, FIFO or socket); expected a data file or a folder of .txt files");
 }
 
 void stream_dataset(const std::string& path, const Tokenizer& tok, const ChatFormat& chat,
                     const TakeFn& take) {
+  check_data_path(path);
   if (fs::is_directory(path)) return stream_text_corpus(path, tok, take);
   const std::string head = file_head(path, 4096);
   if (columnar_format_of(head) != ColumnarFormat::none) return stream_records(path, tok, chat, take);
@@ -504,6 +520,7 @@ void load_dataset_into(const std::string& path, const Tokenizer& tok, const Chat
   // every example takes a row at most (records are lines of JSON lines) and every token of
   // text takes a byte at least, give or take a document's prefix and eos: address space, not
   // memory, for that many rows
+  check_data_path(path);
   if (!fs::is_directory(path) && columnar_format_of(file_head(path, 8)) == ColumnarFormat::none) {
     const auto [lines, bytes] = lines_and_bytes(path);
     packer.reserve(lines, (bytes + 3 * lines) / size_t(packer.seq_len()) + 1);

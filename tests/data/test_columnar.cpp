@@ -1,6 +1,7 @@
 // Parquet / Arrow IPC data files (data/arrow_records.hpp) against their JSON lines twins, and
 // the refusal of other binary files (data/file_kind.hpp).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <memory>
@@ -11,6 +12,7 @@
 #include "data/chat_template.hpp"
 #include "data/dataset.hpp"
 #include "data/file_kind.hpp"
+#include "data/sequence_packer.hpp"
 #include "data/tokenizer.hpp"
 
 using namespace rp;
@@ -179,6 +181,26 @@ TEST(BinaryFiles, InvalidUtf8InTextNamesItsLine) {
             std::string::npos)
       << load_error(early);
   EXPECT_EQ(utf8_error("x", "caf\xc3\xa9\n"), "");
+}
+
+// A device or FIFO as a data file is refused before it is read (/dev/zero was counted line by
+// line without end, a FIFO blocked the open), and an empty text file says so (the run blamed
+// seq_len: "no training target in any of the 0 examples ... their prompts are longer").
+TEST(BinaryFiles, DevicesAndEmptyTextAreRefusedNamingWhy) {
+  TempDir dir;
+  EXPECT_EQ(load_error("/dev/null"),
+            "/dev/null: not a regular file (a device, FIFO or socket); expected a data "
+            "file or a folder of .txt files");
+  const std::string fifo = (dir.path / "pipe.jsonl").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  SequencePacker packer(16, 0, false);
+  EXPECT_THROW(load_dataset_into(fifo, qwen(), ChatTemplate::chatml, packer, 0), std::runtime_error);
+  EXPECT_THROW(load_dataset_into("/dev/zero", qwen(), ChatTemplate::chatml, packer, 0), std::runtime_error);
+  const std::string empty = dir.write("empty.txt", "");
+  EXPECT_EQ(load_error(empty), empty + ": empty; expected text");
+  dir.write("corpus/a.txt", "");
+  EXPECT_EQ(load_error((dir.path / "corpus").string()),
+            (dir.path / "corpus").string() + ": every .txt file in it is empty");
 }
 
 // ---- prompt / completion as TRL tokenizes it --------------------------------------------
