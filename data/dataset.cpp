@@ -400,48 +400,35 @@ void stream_records(const std::string& path, const Tokenizer& tok, const ChatFor
   if (n == 0) throw std::runtime_error(path + ": no examples");
 }
 
+/// `path` itself, or the .txt files of the folder `path` in name order.
+std::vector<std::string> text_files(const std::string& path) {
+  if (!fs::is_directory(path)) return {path};
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(path))
+    if (e.is_regular_file() && e.path().extension() == ".txt") files.push_back(e.path().string());
+  std::sort(files.begin(), files.end());
+  if (files.empty()) throw std::runtime_error(path + ": no .txt files in this directory");
+  return files;
+}
+
 void stream_text_corpus(const std::string& path, const Tokenizer& tok, const TakeFn& take) {
   int32_t eos = require_eos(tok, path);
-  std::vector<std::string> files;
-  if (fs::is_directory(path)) {
-    for (const auto& e : fs::directory_iterator(path))
-      if (e.is_regular_file() && e.path().extension() == ".txt") files.push_back(e.path().string());
-    std::sort(files.begin(), files.end());
-    if (files.empty()) throw std::runtime_error(path + ": no .txt files in this directory");
-  } else {
-    files.push_back(path);
-  }
   Dataset scratch;
   bool any_text = false;
-  for (const auto& f : files) try {
+  for (const auto& f : text_files(path)) try {
       const std::string text = read_all(f);
-      any_text = any_text || !text.empty();
-      if (std::string e = binary_file_error(f, text); !e.empty()) throw std::runtime_error(e);
-      // past the sniffed head, invalid UTF-8 reached the tokenizer, which named neither file nor line
-      if (std::string e = utf8_error(f, text); !e.empty()) throw std::runtime_error(e);
+      any_text |= !text.empty();
+      if (std::string e = text_file_error(f, text); !e.empty()) throw std::runtime_error(e);
       append_document(tok, text, eos, scratch);
       take(scratch);
     } catch (const RegexWorkExceeded& e) {
       fail(f, e.what());
     }
-  // else the run blamed seq_len: "no training target in any of the 0 examples (their prompts are longer)"
-  if (!any_text)
-    fail(path, fs::is_directory(path) ? "every .txt file in it is empty" : "empty; expected text");
-}
-
-/// A data path names a file or a folder: a device, FIFO or socket (/dev/zero, a named pipe) was
-/// read without end.
-void check_data_path(const std::string& path) {
-  std::error_code ec;
-  const fs::file_status st = fs::status(path, ec);
-  if (ec || !fs::exists(st) || fs::is_regular_file(st) || fs::is_directory(st))
-    return;  // missing: named later
-  fail(path, "not a regular file (a device, FIFO or socket); expected a data file or a folder of .txt files");
+  if (!any_text) fail(path, fs::is_directory(path) ? "its .txt files are empty" : "empty; expected text");
 }
 
 void stream_dataset(const std::string& path, const Tokenizer& tok, const ChatFormat& chat,
                     const TakeFn& take) {
-  check_data_path(path);
   if (fs::is_directory(path)) return stream_text_corpus(path, tok, take);
   const std::string head = file_head(path, 4096);
   if (columnar_format_of(head) != ColumnarFormat::none) return stream_records(path, tok, chat, take);
@@ -466,15 +453,8 @@ TakeFn gather_into(Dataset& d) {
 /// Newlines and bytes of `path` (every .txt file of a folder): bounds on the rows it can yield.
 std::pair<size_t, size_t> lines_and_bytes(const std::string& path) {
   size_t lines = 0, bytes = 0;
-  std::vector<std::string> files;
-  if (fs::is_directory(path)) {
-    for (const auto& e : fs::directory_iterator(path))
-      if (e.is_regular_file() && e.path().extension() == ".txt") files.push_back(e.path().string());
-  } else {
-    files.push_back(path);
-  }
   std::vector<char> buf(1 << 20);
-  for (const auto& f : files) {
+  for (const auto& f : text_files(path)) {
     std::ifstream in(f, std::ios::binary);
     while (in.read(buf.data(), std::streamsize(buf.size())) || in.gcount() > 0) {
       const auto n = size_t(in.gcount());
@@ -520,7 +500,6 @@ void load_dataset_into(const std::string& path, const Tokenizer& tok, const Chat
   // every example takes a row at most (records are lines of JSON lines) and every token of
   // text takes a byte at least, give or take a document's prefix and eos: address space, not
   // memory, for that many rows
-  check_data_path(path);
   if (!fs::is_directory(path) && columnar_format_of(file_head(path, 8)) == ColumnarFormat::none) {
     const auto [lines, bytes] = lines_and_bytes(path);
     packer.reserve(lines, (bytes + 3 * lines) / size_t(packer.seq_len()) + 1);

@@ -1,6 +1,7 @@
 #include "data/file_kind.hpp"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <stdexcept>
 
@@ -11,6 +12,7 @@
 namespace rp {
 
 std::string file_head(const std::string& path, size_t n) {
+  refuse_non_data_file(path);  // a FIFO would block the open, /dev/zero never end a whole read
   std::ifstream f(path, std::ios::binary);
   if (!f) throw std::runtime_error(path + ": cannot open");
   std::string head(n, '\0');
@@ -64,6 +66,20 @@ std::string binary_file_error(const std::string& path, std::string_view head) {
       "{}: not text: its first bytes are {}{}{}; expected JSON lines, a JSON array, Parquet, Arrow IPC "
       "or UTF-8 text",
       path, hex, head.size() > 16 ? " ..." : "", kind.empty() ? std::string() : fmt::format(" ({})", kind));
+}
+
+void refuse_non_data_file(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(path, ec);
+  if (ec || !exists(st) || is_regular_file(st) || is_directory(st)) return;
+  throw std::runtime_error(
+      path +
+      ": not a regular file (a device, FIFO or socket); expected a data file or a folder of .txt files");
+}
+
+std::string text_file_error(const std::string& path, std::string_view text) {
+  std::string e = binary_file_error(path, text);
+  return e.empty() ? utf8_error(path, text) : e;
 }
 
 std::string utf8_error(const std::string& path, std::string_view text) {

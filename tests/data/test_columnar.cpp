@@ -200,7 +200,7 @@ TEST(BinaryFiles, DevicesAndEmptyTextAreRefusedNamingWhy) {
   EXPECT_EQ(load_error(empty), empty + ": empty; expected text");
   dir.write("corpus/a.txt", "");
   EXPECT_EQ(load_error((dir.path / "corpus").string()),
-            (dir.path / "corpus").string() + ": every .txt file in it is empty");
+            (dir.path / "corpus").string() + ": its .txt files are empty");
 }
 
 // ---- prompt / completion as TRL tokenizes it --------------------------------------------
