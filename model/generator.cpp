@@ -363,8 +363,11 @@ std::vector<int32_t> Generator::generate(const std::vector<int32_t>& prompt, con
                                          const std::function<bool(int32_t)>& on_token) {
   Impl& I = *impl_;
   check_ids(prompt, I.c.vocab_size, I.C);
-  if (o.temperature < 0 || o.top_p <= 0 || o.top_p > 1 || o.top_k < 0)
-    throw std::invalid_argument("generate: expected temperature >= 0, top_k >= 0 and 0 < top_p <= 1");
+  // written so that a NaN fails (it sampled from NaN probabilities); an infinite temperature too
+  if (!(o.temperature >= 0) || std::isinf(o.temperature) || !(o.top_p > 0 && o.top_p <= 1) || o.top_k < 0)
+    throw std::invalid_argument(fmt::format(
+        "generate: expected a finite temperature >= 0, top_k >= 0 and 0 < top_p <= 1, got {}, {}, {}",
+        o.temperature, o.top_k, o.top_p));
   std::mt19937_64 rng(o.seed);
   std::uniform_real_distribution<double> unif(0.0, 1.0);
   std::vector<int32_t> out, seq = prompt;

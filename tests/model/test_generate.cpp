@@ -206,6 +206,21 @@ TEST(Generate, AContextTheDeviceCannotHoldIsOneError) {
   }
 }
 
+// Sampling options that are NaN (Python's generate(temperature=float("nan")) sampled from NaN
+// probabilities and returned text) or infinite are refused.
+TEST(Generate, NaNSamplingOptionsAreRefused) {
+  const LoadedModel lm = load_model(golden_dir("tiny_llama"));
+  Generator gen(lm, {.backend = "cpu", .max_context = 16});
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  for (const auto& [t, p] : {std::pair{nan, 1.0}, {1.0, nan}, {inf, 1.0}, {-1.0, 1.0}, {1.0, 0.0}}) {
+    GenerateOptions o;
+    o.max_new_tokens = 2;
+    o.temperature = t;
+    o.top_p = p;
+    EXPECT_THROW(gen.generate({1, 2, 3}, o), std::invalid_argument) << t << " " << p;
+  }
+}
+
 // transformers' greedy tokens for the default model (scripts/make_generate_fixture.py).
 TEST(Generate, GreedySmolLM2EqualsTransformers) {
   const std::filesystem::path root = RP_SOURCE_DIR;
