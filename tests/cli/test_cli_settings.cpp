@@ -95,6 +95,14 @@ TEST(CliSettings, DumpBatchNeverReplacesAnInputAndErrorsStayShort) {
                         "is or lies inside the run's input");
   EXPECT_EQ(slurp(d / "data.jsonl"), data);
   EXPECT_EQ(slurp(spec), spec_text);
+  // a folder there: the line says why ("cannot write the file" did not), and nothing is left
+  fs::create_directories(d / "dump");
+  expect_one_line_error(
+      roundpipe("train " + spec + " --dump-batch " + (d / "dump").string(), d),
+      "--dump-batch: " + (d / "dump").string() + ": cannot move into place: Is a directory");
+  EXPECT_TRUE(fs::is_empty(d / "dump"));
+  for (const auto& e : fs::directory_iterator(d))
+    EXPECT_EQ(e.path().filename().string().find("dump.tmp-"), std::string::npos) << e.path();
   const CliRun r = roundpipe("train " + spec + " --set steps=" + std::string(20000, 'x'), d);
   EXPECT_NE(r.code, 0);
   EXPECT_LT(r.err.size(), 1200u) << r.err.size();
