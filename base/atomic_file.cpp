@@ -246,11 +246,15 @@ void set_atomic_write_hook(std::function<void(const std::string& event, const st
   write_hook() = std::move(hook);
 }
 
+int record_unfinished_file(const std::string& path) { return register_temporary(path, ""); }
+
+void forget_unfinished_file(int slot) { unregister_temporary(slot); }
+
 void remove_unfinished_temporaries() noexcept {
   for (TempSlot& s : g_temp_slots)
     if (s.state.load() == 2) {
       ::unlink(s.tmp);
-      ::unlink(s.marker);
+      if (s.marker[0] != '\0') ::unlink(s.marker);
     }
 }
 

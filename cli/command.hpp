@@ -41,6 +41,26 @@ inline CLI::Validator finite_number_check(bool zero_ok, const std::string& unit 
       zero_ok ? "NONNEGATIVE" : "POSITIVE");
 }
 
+/// A CLI11 check of a real option in [lo, hi] ("expected a number from 0 to 100, got nan"):
+/// CLI::Range lets a NaN through (no comparison with it is true) and prints its bounds in six
+/// decimals.
+inline CLI::Validator number_range_check(double lo, double hi) {
+  const std::string what = fmt::format("a number from {} to {}", lo, hi);
+  return CLI::Validator(
+      [what, lo, hi](std::string& text) -> std::string {
+        double v = 0;
+        size_t used = 0;
+        try {
+          v = std::stod(text, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        const bool ok = used == text.size() && v >= lo && v <= hi;  // false for a NaN
+        return ok ? std::string() : fmt::format("expected {}, got {}", what, text);
+      },
+      fmt::format("FLOAT in [{} - {}]", lo, hi));
+}
+
 /// A CLI11 check of an integer option with a short message ("expected an integer from 1 to
 /// 1024, got two"; `note` follows the bound of an option without an upper one: "expected an
 /// integer >= 0 (0: all), got -1") instead of CLI::NonNegativeNumber's range of 309 digits or

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.hpp"
+#include "data/pretokenizer.hpp"  // valid_utf8_prefix
 #include "roundpipe/adapter.hpp"
 #include "roundpipe/checkpoint.hpp"
 #include "roundpipe/generate.hpp"
@@ -56,11 +57,23 @@ std::vector<ChatMessage> read_messages(const std::string& path) {
   return out;
 }
 
+/// A text flag must be UTF-8 (the tokenizer's vocab may have no token for a stray byte, and its
+/// error named no flag).
+void check_utf8(const std::string& flag, const std::string& text) {
+  if (const size_t ok = valid_utf8_prefix(text); ok != text.size())
+    throw UsageError(fmt::format("{}: not UTF-8: byte 0x{:02x} at offset {}; expected UTF-8 text", flag,
+                                 static_cast<unsigned char>(text[ok]), ok));
+}
+
 void run_generate(const GenerateCommandOptions& c) {
   const int given = !c.prompt.empty() + !c.chat.empty() + !c.messages.empty();
   if (given != 1)
     throw UsageError(given == 0 ? "give one of --prompt TEXT, --chat TEXT or --messages FILE, not empty"
                                 : "give only one of --prompt TEXT, --chat TEXT or --messages FILE");
+  check_utf8("--prompt", c.prompt);
+  check_utf8("--chat", c.chat);
+  check_utf8("--system", c.system);
+  for (const std::string& s : c.stop) check_utf8("--stop", s);
   SampleRequest r;
   if (!c.messages.empty()) r.messages = read_messages(c.messages);
   if (!c.chat.empty()) {
@@ -136,11 +149,11 @@ void add_generate_command(CLI::App& app) {
   g->add_option("--max-tokens", c->max_tokens, "most new tokens (default 128)")
       ->check(integer_check(int64_t(1), int64_t(1) << 20));
   g->add_option("--temperature", c->temperature, "0: greedy (default); > 0: sample")
-      ->check(CLI::Range(0.0, 100.0));
+      ->check(number_range_check(0.0, 100.0));
   g->add_option("--top-k", c->top_k, "sample among the k most likely tokens (0: all)")
       ->check(integer_check(int64_t(0), std::numeric_limits<int64_t>::max(), " (0: all)"));
   g->add_option("--top-p", c->top_p, "sample among the smallest set of probability >= p (1: all)")
-      ->check(CLI::Range(1e-6, 1.0));
+      ->check(number_range_check(1e-6, 1.0));
   g->add_option("--seed", c->seed, "sampling seed")->check(integer_check(uint64_t(0)));
   g->add_option("--stop", c->stop,
                 "stop once the text contains this (repeatable); eos and end of turn always stop");

@@ -48,12 +48,13 @@ void add_disk_options(CLI::App& c, PlanCommandOptions& o) {
 DiskTier disk_tier_of(const PlanCommandOptions& o, std::string* budget_source) {
   // rates in [1 MB/s, 1 PB/s] and budgets up to 1 PiB: beyond them the seconds and bytes printed
   // overflow or round to nothing
-  auto rate = [](double v, const char* flag) {
+  auto rate = [](double v, const char* flag, const char* zero) {
     if (!std::isfinite(v) || !(v == 0 || (v >= 1e-3 && v <= 1e6)))
-      throw UsageError(fmt::format("{}: expected 0 (off) or a rate from 0.001 to 1e6 GB/s, got {}", flag, v));
+      throw UsageError(
+          fmt::format("{}: expected 0 ({}) or a rate from 0.001 to 1e6 GB/s, got {}", flag, zero, v));
   };
-  rate(o.disk_gbps, "--disk-gbps");
-  rate(o.disk_write_gbps, "--disk-write-gbps");
+  rate(o.disk_gbps, "--disk-gbps", "off");
+  rate(o.disk_write_gbps, "--disk-write-gbps", "the read rate");  // not "off": 0 writes at the read rate
   if (!std::isfinite(o.host_budget_gib) ||
       !(o.host_budget_gib == 0 || (o.host_budget_gib >= 1e-3 && o.host_budget_gib <= 1048576)))
     throw UsageError(fmt::format("--host-budget-gib: expected 0 (default) or 0.001 to 1048576 GiB, got {}",

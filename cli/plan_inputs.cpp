@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "base/checked_math.hpp"
+#include "base/output_folder.hpp"  // overlapping_input
 #include "cli/command.hpp"
 #include "cli/plan.hpp"
 #include "cli/plan_disk.hpp"
@@ -114,6 +115,14 @@ void check_lora_r(int64_t r) {
         fmt::format("--lora-r: expected 0 (none) or an integer in 1..{}, got {}", LoraConfig::kMaxRank, r));
 }
 
+// A rate or latency flag: finite (an infinite one printed "inf TFLOP/s", or with
+// --net-latency-us "0 tokens/s (0.00x one node)") and > 0, or >= 0 when `zero_ok`.
+static void check_rate(const char* flag, double v, bool zero_ok, const char* zero_means = "") {
+  if (!std::isfinite(v) || !(zero_ok ? v >= 0 : v > 0))
+    throw UsageError(fmt::format("{}: expected a finite number {} 0{}, got {}", flag, zero_ok ? ">=" : ">",
+                                 zero_means, v));
+}
+
 /// The flags' values, before the model loads: a UsageError naming the first one out of range.
 void check_plan_options(const PlanCommandOptions& o) {
   if (o.gpus < 1 || o.gpus > kMaxWorkers)
@@ -122,15 +131,21 @@ void check_plan_options(const PlanCommandOptions& o) {
   if (o.micro_batches < 1) throw UsageError(fmt::format("--micro: expected >= 1, got {}", o.micro_batches));
   if (o.sequences_per_micro < 1)
     throw UsageError(fmt::format("--sequences-per-micro: expected >= 1, got {}", o.sequences_per_micro));
-  if (!(o.peak_tflops > 0)) throw UsageError("--peak-tflops: expected > 0");
-  if (!(o.fp8_tflops >= 0)) throw UsageError("--fp8-tflops: expected >= 0");
+  check_rate("--peak-tflops", o.peak_tflops, false);
+  check_rate("--fp8-tflops", o.fp8_tflops, true);
   if (o.fp8 && !o.gpu.empty() && find_gpu_preset(o.gpu) &&
       !(achievable_rates(*find_gpu_preset(o.gpu)).fp8_tflops > 0) && !(o.fp8_tflops > 0))
     throw UsageError(
         fmt::format("--fp8: {} has no FP8 tensor cores (the runtime refuses \"fp8\": true there)", o.gpu));
-  if (!(o.hbm_gbps > 0)) throw UsageError("--hbm-gbps: expected > 0");
-  if (!(o.pcie_gbps >= 0)) throw UsageError("--pcie-gbps: expected >= 0");
-  if (o.iterations < 0) throw UsageError("--iterations: expected >= 0");
+  check_rate("--hbm-gbps", o.hbm_gbps, false);
+  check_rate("--pcie-gbps", o.pcie_gbps, true, " (0: free)");
+  // the replay holds every iteration's events: ~25 KB and several ms each on a 48-layer model,
+  // so a million took minutes and over 8 GiB before it ended; the default (0) is at most
+  // 4 x (2 x 1024 + 2) with a disk tier
+  constexpr int kMaxIterations = 10000;
+  if (o.iterations < 0 || o.iterations > kMaxIterations)
+    throw UsageError(fmt::format("--iterations: expected 0 (enough for whole deal cycles) to {}, got {}",
+                                 kMaxIterations, o.iterations));
   // below 0.001 of peak no GEMM library runs; such a value only prints absurd times
   if (!(o.grouped_gemm_efficiency == 0 ||
         (o.grouped_gemm_efficiency >= 0.001 && o.grouped_gemm_efficiency <= 1)))
@@ -139,8 +154,8 @@ void check_plan_options(const PlanCommandOptions& o) {
         o.grouped_gemm_efficiency));
   check_lora_r(o.lora_r);
   if (o.nodes < 1) throw UsageError(fmt::format("--nodes: expected >= 1, got {}", o.nodes));
-  if (!(o.net_gbps > 0)) throw UsageError(fmt::format("--net-gbps: expected > 0, got {}", o.net_gbps));
-  if (!(o.net_latency_us >= 0)) throw UsageError("--net-latency-us: expected >= 0");
+  check_rate("--net-gbps", o.net_gbps, false);
+  check_rate("--net-latency-us", o.net_latency_us, true);
   if (o.accumulation < 1)
     throw UsageError(fmt::format("--accumulation: expected >= 1, got {}", o.accumulation));
   if (!checked_product({o.seq_len, o.sequences_per_micro, o.micro_batches}, int64_t(1) << 40))
@@ -149,6 +164,12 @@ void check_plan_options(const PlanCommandOptions& o) {
                     o.seq_len, o.sequences_per_micro, o.micro_batches));
 
   if (o.max_seq && o.memory_cap.empty()) throw UsageError("--max-seq needs --memory-cap");
+  if (const std::string in =
+          o.trace.empty() ? std::string() : overlapping_input(o.trace, {o.model, o.profile});
+      !in.empty())
+    throw UsageError(fmt::format(
+        "--trace: '{}' is or lies inside the input '{}', which writing it would destroy; choose another file",
+        o.trace, in));
   if (!o.memory_cap.empty())
     parse_byte_size(o.memory_cap, "--memory-cap");  // bad values before the model loads
   frozen_format(o);

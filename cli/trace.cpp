@@ -1,6 +1,5 @@
 #include "cli/trace.hpp"
 
-#include <fstream>
 #include <memory>
 #include <stdexcept>
 
@@ -8,6 +7,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "base/atomic_file.hpp"
+#include "base/output_folder.hpp"
 #include "cli/command.hpp"
 #include "trace/chrome_trace.hpp"
 #include "trace/trace_check.hpp"
@@ -21,6 +22,12 @@ void run_trace(const TraceCommandOptions& o, std::FILE* out) {
   so.chunk_bytes = o.chunk_bytes;
   so.h2d_bytes_per_s = o.h2d_gbps * 1e9;
   so.d2h_bytes_per_s = o.d2h_gbps * 1e9;
+  // before reading anything: --json naming one of the traces replaced it with the statistics
+  if (const std::string in = o.json_out.empty() ? std::string() : overlapping_input(o.json_out, o.files);
+      !in.empty())
+    throw UsageError(fmt::format(
+        "--json: '{}' is or lies inside the input '{}', which writing it would destroy; choose another file",
+        o.json_out, in));
   nlohmann::json all = nlohmann::json::object();
   for (const std::string& path : o.files) {
     const nlohmann::json j = read_trace_json(path);
@@ -47,11 +54,8 @@ void run_trace(const TraceCommandOptions& o, std::FILE* out) {
                     {"overlapping_pairs", nest.overlapping_pairs}};
     all[path] = std::move(js);
   }
-  if (!o.json_out.empty()) {
-    std::ofstream f(o.json_out);
-    f << all.dump(2) << "\n";
-    if (!f.flush()) throw std::runtime_error(o.json_out + ": cannot write the statistics");
-  }
+  if (!o.json_out.empty())  // a failed write leaves no half-written file
+    write_file_atomically(o.json_out, [&](std::ostream& f) { f << all.dump(2) << "\n"; });
 }
 
 void add_trace_command(CLI::App& app) {

@@ -246,13 +246,19 @@ void print_progress(const TrainSpec& spec, const StepReport& r) {
 }
 
 /// --dump-batch: step 1's first batch as JSON.
+/// Written atomically (a failed write leaves no half file); an error says why ("Read-only file
+/// system", "Is a directory"), which "cannot write the file" did not.
 void dump_batch(const std::string& file, const TokenBatch& b) {
-  std::ofstream f(file);
-  f << nlohmann::json{{"n_seq", b.n_seq}, {"seq_len", b.seq_len}, {"ids", b.ids}, {"targets", b.targets}}
-           .dump()
-    << "\n";
-  f.close();
-  if (!f) throw std::runtime_error(fmt::format("--dump-batch {}: cannot write the file", file));
+  const std::string text = nlohmann::json{
+      {"n_seq", b.n_seq},
+      {"seq_len", b.seq_len},
+      {"ids", b.ids},
+      {"targets", b.targets}}.dump();
+  try {
+    write_file_atomically(file, [&](std::ostream& f) { f << text << "\n"; });
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(fmt::format("--dump-batch: {}", e.what()));
+  }
 }
 
 /// --dump-batch without --train: the first pass of step 1 of a fresh run, as the trainer

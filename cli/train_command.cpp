@@ -81,7 +81,11 @@ TrainCommand add_train_command(CLI::App& app) {
     shorthand("--data", "data", o->data, true);
     shorthand("--model", "model", o->model, true);
     shorthand("--eval-data", "eval_data", o->eval_data, true);
-    for (const std::string& s : o->sets) settings.push_back(parse_set_option(s));
+    for (const std::string& s : o->sets) try {
+        settings.push_back(parse_set_option(s));
+      } catch (const std::invalid_argument& e) {  // no KEY=VALUE: the command line's fault
+        throw UsageError(e.what());
+      }
     return run_train(load_spec(o->spec_path, settings), o->ov);
   };
   return t;

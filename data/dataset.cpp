@@ -400,26 +400,31 @@ void stream_records(const std::string& path, const Tokenizer& tok, const ChatFor
   if (n == 0) throw std::runtime_error(path + ": no examples");
 }
 
+/// `path` itself, or the .txt files of the folder `path` in name order.
+std::vector<std::string> text_files(const std::string& path) {
+  if (!fs::is_directory(path)) return {path};
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(path))
+    if (e.is_regular_file() && e.path().extension() == ".txt") files.push_back(e.path().string());
+  std::sort(files.begin(), files.end());
+  if (files.empty()) throw std::runtime_error(path + ": no .txt files in this directory");
+  return files;
+}
+
 void stream_text_corpus(const std::string& path, const Tokenizer& tok, const TakeFn& take) {
   int32_t eos = require_eos(tok, path);
-  std::vector<std::string> files;
-  if (fs::is_directory(path)) {
-    for (const auto& e : fs::directory_iterator(path))
-      if (e.is_regular_file() && e.path().extension() == ".txt") files.push_back(e.path().string());
-    std::sort(files.begin(), files.end());
-    if (files.empty()) throw std::runtime_error(path + ": no .txt files in this directory");
-  } else {
-    files.push_back(path);
-  }
   Dataset scratch;
-  for (const auto& f : files) try {
+  bool any_text = false;
+  for (const auto& f : text_files(path)) try {
       const std::string text = read_all(f);
-      if (std::string e = binary_file_error(f, text); !e.empty()) throw std::runtime_error(e);
+      any_text |= !text.empty();
+      if (std::string e = text_file_error(f, text); !e.empty()) throw std::runtime_error(e);
       append_document(tok, text, eos, scratch);
       take(scratch);
     } catch (const RegexWorkExceeded& e) {
       fail(f, e.what());
     }
+  if (!any_text) fail(path, fs::is_directory(path) ? "its .txt files are empty" : "empty; expected text");
 }
 
 void stream_dataset(const std::string& path, const Tokenizer& tok, const ChatFormat& chat,
@@ -448,15 +453,8 @@ TakeFn gather_into(Dataset& d) {
 /// Newlines and bytes of `path` (every .txt file of a folder): bounds on the rows it can yield.
 std::pair<size_t, size_t> lines_and_bytes(const std::string& path) {
   size_t lines = 0, bytes = 0;
-  std::vector<std::string> files;
-  if (fs::is_directory(path)) {
-    for (const auto& e : fs::directory_iterator(path))
-      if (e.is_regular_file() && e.path().extension() == ".txt") files.push_back(e.path().string());
-  } else {
-    files.push_back(path);
-  }
   std::vector<char> buf(1 << 20);
-  for (const auto& f : files) {
+  for (const auto& f : text_files(path)) {
     std::ifstream in(f, std::ios::binary);
     while (in.read(buf.data(), std::streamsize(buf.size())) || in.gcount() > 0) {
       const auto n = size_t(in.gcount());

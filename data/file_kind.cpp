@@ -1,6 +1,7 @@
 #include "data/file_kind.hpp"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <stdexcept>
 
@@ -11,6 +12,7 @@
 namespace rp {
 
 std::string file_head(const std::string& path, size_t n) {
+  refuse_non_data_file(path);  // a FIFO would block the open, /dev/zero never end a whole read
   std::ifstream f(path, std::ios::binary);
   if (!f) throw std::runtime_error(path + ": cannot open");
   std::string head(n, '\0');
@@ -55,6 +57,8 @@ std::string binary_file_error(const std::string& path, std::string_view head) {
                                     (static_cast<unsigned char>(head[valid]) & 0xC0) == 0xC0);
   }
   if (text) return {};
+  if (kind.empty() && head.find('\0') == std::string_view::npos && valid_utf8_prefix(head) >= 16)
+    return utf8_error(path, head);
   std::string hex;
   for (size_t i = 0; i < std::min<size_t>(head.size(), 16); ++i)
     hex += fmt::format("{}{:02x}", i ? " " : "", static_cast<unsigned char>(head[i]));
@@ -62,6 +66,32 @@ std::string binary_file_error(const std::string& path, std::string_view head) {
       "{}: not text: its first bytes are {}{}{}; expected JSON lines, a JSON array, Parquet, Arrow IPC "
       "or UTF-8 text",
       path, hex, head.size() > 16 ? " ..." : "", kind.empty() ? std::string() : fmt::format(" ({})", kind));
+}
+
+void refuse_non_data_file(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(path, ec);
+  if (ec || !exists(st) || is_regular_file(st) || is_directory(st)) return;
+  throw std::runtime_error(
+      path +
+      ": not a regular file (a device, FIFO or socket); expected a data file or a folder of .txt files");
+}
+
+std::string text_file_error(const std::string& path, std::string_view text) {
+  std::string e = binary_file_error(path, text);
+  return e.empty() ? utf8_error(path, text) : e;
+}
+
+std::string utf8_error(const std::string& path, std::string_view text) {
+  const size_t bad = valid_utf8_prefix(text);
+  if (bad == text.size()) return {};
+  const size_t line_start = text.rfind('\n', bad == 0 ? 0 : bad - 1);
+  const size_t column = line_start == std::string_view::npos || bad == 0 ? bad + 1 : bad - line_start;
+  const auto line = 1 + std::count(text.begin(), text.begin() + std::ptrdiff_t(bad), '\n');
+  return fmt::format(
+      "{}:{}: not UTF-8: byte 0x{:02x} at column {} (offset {} of the file); expected UTF-8 text (convert "
+      "it, e.g. iconv -f latin1 -t utf-8)",
+      path, line, static_cast<unsigned char>(text[bad]), column, bad);
 }
 
 }  // namespace rp

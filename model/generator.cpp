@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <future>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <random>
@@ -84,6 +85,9 @@ struct Generator::Impl {
   }
 
   void init(const ModelLayout& layout, const std::vector<const float*>& data, const GeneratorOptions& opt);
+  // init's device part: the weights' upload (copies queued from `staging`) and the KV cache
+  void upload_and_reserve(const ModelLayout& layout, const std::vector<const float*>& data,
+                          std::vector<std::vector<char>>& staging);
   void ensure_rows(int64_t n);
   // runs tokens ids[0..n) at positions past.. through every layer; x holds the final hidden states
   void forward(const std::vector<int32_t>& tok, int64_t past);
@@ -117,13 +121,33 @@ void Generator::Impl::init(const ModelLayout& layout, const std::vector<const fl
   } else if (backend == "cuda") dev = make_cuda_device(0, d);
   else
     throw std::invalid_argument("Generator: unknown backend '" + backend + "' (expected cpu, cuda or auto)");
+  // positions are int32 on the device
+  if (opt.max_context < 0 || opt.max_context > std::numeric_limits<int32_t>::max())
+    throw std::invalid_argument(
+        fmt::format("Generator: max_context: expected 0 (the model's positions) to {} positions, got {}",
+                    std::numeric_limits<int32_t>::max(), opt.max_context));
   C = opt.max_context > 0
           ? opt.max_context
           : std::min<int64_t>(c.max_position_embeddings > 0 ? c.max_position_embeddings : 4096, 4096);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) ropes.push_back(layer_rope_tables(c, l));
   Stream& s = dev->stream(StreamKind::compute);
-  const DType dt = dev->compute_dtype();
+  // The stream's thread copies from `staging` into `groups` while this goes on: a throw on the
+  // way (a device out of memory for a group or the KV cache) waits for those copies before
+  // unwinding frees either.
   std::vector<std::vector<char>> staging;
+  try {
+    upload_and_reserve(layout, data, staging);
+  } catch (...) {
+    s.synchronize();
+    throw;
+  }
+  s.synchronize();
+}
+
+void Generator::Impl::upload_and_reserve(const ModelLayout& layout, const std::vector<const float*>& data,
+                                         std::vector<std::vector<char>>& staging) {
+  Stream& s = dev->stream(StreamKind::compute);
+  const DType dt = dev->compute_dtype();
   for (size_t gi = 0; gi < layout.groups.size(); ++gi) {
     const ParamGroup& g = layout.groups[gi];
     groups.emplace_back(*dev, size_t(g.numel) * esz());
@@ -141,11 +165,18 @@ void Generator::Impl::init(const ModelLayout& layout, const std::vector<const fl
   moe_dims.expert_ffn = c.moe_intermediate_size;
   moe_dims.expert_padded = dev->ops().expert_gemm() == ExpertGemm::bucketed;  // the ops batch padded segments
   const size_t kv = size_t(C * c.num_key_value_heads * c.head_dim) * esz();
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    kc.emplace_back(*dev, kv);
-    vc.emplace_back(*dev, kv);
+  try {
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      kc.emplace_back(*dev, kv);
+      vc.emplace_back(*dev, kv);
+    }
+  } catch (const DeviceOutOfMemory& e) {
+    throw DeviceOutOfMemory(
+        fmt::format("a KV cache of {} positions (max_context, generate's --context) needs {:.1f} GiB over {} "
+                    "layers, more than {} holds ({})",
+                    C, double(kv) * 2 * double(c.num_hidden_layers) / double(1 << 30), c.num_hidden_layers,
+                    dev->name(), e.what()));
   }
-  s.synchronize();
 }
 
 void Generator::Impl::ensure_rows(int64_t n) {
@@ -332,8 +363,11 @@ std::vector<int32_t> Generator::generate(const std::vector<int32_t>& prompt, con
                                          const std::function<bool(int32_t)>& on_token) {
   Impl& I = *impl_;
   check_ids(prompt, I.c.vocab_size, I.C);
-  if (o.temperature < 0 || o.top_p <= 0 || o.top_p > 1 || o.top_k < 0)
-    throw std::invalid_argument("generate: expected temperature >= 0, top_k >= 0 and 0 < top_p <= 1");
+  // written so that a NaN fails (it sampled from NaN probabilities); an infinite temperature too
+  if (!(o.temperature >= 0) || std::isinf(o.temperature) || !(o.top_p > 0 && o.top_p <= 1) || o.top_k < 0)
+    throw std::invalid_argument(fmt::format(
+        "generate: expected a finite temperature >= 0, top_k >= 0 and 0 < top_p <= 1, got {}, {}, {}",
+        o.temperature, o.top_k, o.top_p));
   std::mt19937_64 rng(o.seed);
   std::uniform_real_distribution<double> unif(0.0, 1.0);
   std::vector<int32_t> out, seq = prompt;

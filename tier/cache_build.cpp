@@ -172,10 +172,13 @@ class BuilderLock {
     bool said = false;
     for (;;) {
       created_ = false;
+      forget_unfinished_file(slot_);  // a lock file of an earlier round is not ours to remove
+      slot_ = -1;
       int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
       std::string why;
       if (fd >= 0) {
         created_ = true;
+        slot_ = record_unfinished_file(lock_path);  // a stop signal ending the process takes it too
       } else if (errno == EEXIST) {
         fd = ::open(lock_path.c_str(), O_RDWR | O_CLOEXEC);
         struct stat link {};
@@ -209,6 +212,7 @@ class BuilderLock {
     }
   }
   ~BuilderLock() {
+    forget_unfinished_file(slot_);  // first: a signal after the unlink must not take another run's lock
     if (created_) ::unlink(lock_path_.c_str());  // before the descriptor closes (fd_, after this body)
   }
   BuilderLock(const BuilderLock&) = delete;
@@ -218,6 +222,7 @@ class BuilderLock {
   std::string lock_path_;
   Fd fd_;
   bool created_ = false;
+  int slot_ = -1;  // record_unfinished_file's, while created_
 };
 
 }  // namespace

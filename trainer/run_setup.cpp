@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,6 +27,12 @@ void check_data_paths(const TrainSpec& spec) {
   auto check = [&](const char* key, const std::string& path) {
     // a folder must list, a file must open for reading; errno names what stops it
     int err = 0;
+    struct stat st {};
+    // a FIFO would block the open below, a device be read without end
+    if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode))
+      throw std::invalid_argument(fmt::format(
+          "{}: key '{}': {}: not a regular file (a device, FIFO or socket); expected a file or a folder",
+          spec.source, key, path));
     if (DIR* dir = ::opendir(path.c_str())) {
       ::closedir(dir);
     } else if (errno != ENOTDIR) {

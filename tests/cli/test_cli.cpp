@@ -426,6 +426,28 @@ TEST(Cli, PlanPartitionsAConfigWithoutWeights) {
   r = roundpipe("plan --model " + (d / "config.json").string() + " --gpus 100000", d);
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("--gpus: expected an integer in 1..1024, got 100000"), std::string::npos) << r.err;
+  // so are more simulated iterations than a plan needs (a million ran for minutes past 8 GiB)
+  r = roundpipe("plan --model " + (d / "config.json").string() + " --iterations 20000", d);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--iterations: expected 0 (enough for whole deal cycles) to 10000, got 20000"),
+            std::string::npos)
+      << r.err;
+  // --trace naming the model it plans is refused before anything is written (it replaced the config)
+  const std::string config_text = slurp(d / "config.json");
+  r = roundpipe("plan --model " + (d / "config.json").string() + " --trace " + (d / "config.json").string(),
+                d);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--trace: '" + (d / "config.json").string() + "' is or lies inside the input"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(slurp(d / "config.json"), config_text);
+  // rates and latencies are finite: an infinite one printed "inf TFLOP/s", or "0 tokens/s"
+  for (const char* flag :
+       {"--pcie-gbps", "--peak-tflops", "--hbm-gbps", "--fp8-tflops", "--net-gbps", "--net-latency-us"}) {
+    r = roundpipe("plan --model " + (d / "config.json").string() + " --nodes 2 " + flag + " inf", d);
+    EXPECT_EQ(r.code, 2) << flag << ": " << r.err;
+    EXPECT_NE(r.err.find(std::string(flag) + ": expected a finite number"), std::string::npos) << r.err;
+  }
   // A memory cap no single layer fits in is refused, naming the layer.
   r = roundpipe("plan --model " + (d / "config.json").string() + " --gpus 8 --memory-cap 10MiB", d);
   EXPECT_EQ(r.code, 1);

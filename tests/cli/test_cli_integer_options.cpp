@@ -41,4 +41,28 @@ TEST(CliIntegerOptions, NoIntegerOrOutOfRangeIsOneShortLineNamingTheOption) {
   fs::remove_all(d);
 }
 
+// The real and text options of `generate`: a NaN (which CLI::Range let through, so --temperature nan
+// sampled from NaN probabilities) or a value out of range is one line naming the option.
+TEST(CliIntegerOptions, NaNOrOutOfRangeRealIsOneShortLineNamingTheOption) {
+  auto d = tmpdir();
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"generate m --temperature nan", "--temperature: expected a number from 0 to 100, got nan"},
+      {"generate m --temperature -1", "--temperature: expected a number from 0 to 100, got -1"},
+      {"generate m --temperature 1x", "--temperature: expected a number from 0 to 100, got 1x"},
+      {"generate m --top-p nan", "--top-p: expected a number from 1e-06 to 1, got nan"},
+      {"generate m --top-p 2", "--top-p: expected a number from 1e-06 to 1, got 2"},
+      // text flags: a stray byte met the tokenizer ("byte 0xff has no token in the vocab", exit 1)
+      {R"x(generate m --prompt "$(printf 'ab\377')")x",
+       "--prompt: not UTF-8: byte 0xff at offset 2; expected UTF-8 text"},
+      {R"x(generate m --chat hi --system "$(printf '\303')")x", "--system: not UTF-8: byte 0xc3 at offset 0"},
+  };
+  for (const auto& [args, want] : cases) {
+    CliRun r = roundpipe(args, d);
+    EXPECT_EQ(r.code, 2) << args << ": " << r.err;
+    EXPECT_NE(r.err.find(want), std::string::npos) << args << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
+  }
+  fs::remove_all(d);
+}
+
 }  // namespace

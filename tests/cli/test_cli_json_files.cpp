@@ -1,10 +1,33 @@
 // JSON files the commands read (the spec, a model folder's config.json and tokenizer files):
 // a folder where the file should be, and a syntax error, are one line naming the file.
+#include <sys/stat.h>
+
+#include <algorithm>
+
 #include "tests/cli/cli_util.hpp"
 
 namespace {
 
 using namespace rp::clitest;
+
+// A named pipe or a device as the data file is one line naming it: the run blocked opening the
+// pipe (no writer ever came), and read /dev/zero without end.
+TEST(CliJsonFiles, AFifoOrDeviceAsDataIsOneLineNamingIt) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  ASSERT_EQ(::mkfifo((d / "pipe.jsonl").c_str(), 0600), 0);
+  write(d / "spec.json", spec_for(model, d / "pipe.jsonl", d / "run"));
+  for (const std::string data : {(d / "pipe.jsonl").string(), std::string("/dev/zero")}) {
+    const CliRun r = roundpipe("train " + (d / "spec.json").string() + " --data " + data, d);
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_NE(r.err.find("key 'data': " + data + ": not a regular file (a device, FIFO or socket)"),
+              std::string::npos)
+        << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+  EXPECT_FALSE(fs::exists(d / "run"));
+  fs::remove_all(d);
+}
 
 // A folder reads as an empty file: the line said "<path>:1:1: invalid JSON: ... unexpected end
 // of input", as if the file were empty.

@@ -272,6 +272,10 @@ TEST(CliPlanDisk, OutOfRangeAndOrphanOptionsAreOneLineNamingTheOption) {
     const std::string flag = bad.substr(bad.rfind(" --") + 1, bad.rfind(' ') - bad.rfind(" --") - 1);
     EXPECT_NE(r.err.find(flag), std::string::npos) << bad << ": " << r.err;
   }
+  // 0 is no "off" for the write rate: it writes at the read rate
+  const CliRun w = roundpipe(kRun + " --disk-gbps 7 --disk-write-gbps 1e-9", d);
+  EXPECT_NE(w.err.find("--disk-write-gbps: expected 0 (the read rate) or a rate"), std::string::npos)
+      << w.err;
   fs::remove_all(d);
 }
 

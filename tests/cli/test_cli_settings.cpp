@@ -72,7 +72,13 @@ TEST(CliSettings, SetAndShorthandsReachTheSpecAndErrorsNameThem) {
                         "--lr fast: key 'optimizer.lr': expected a number, got \"fast\"");
   expect_one_line_error(roundpipe("train " + spec + " --set wokers=2", d),
                         "--set wokers=2: unknown key 'wokers'");
-  expect_one_line_error(roundpipe("train " + spec + " --set steps", d), "--set steps: expected KEY=VALUE");
+  // no KEY=VALUE at all: a usage error, exit 2 (it used to exit 1 like a bad value)
+  for (const char* bad : {" --set steps", " --set =4"}) {
+    const CliRun r = roundpipe("train " + spec + bad, d);
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find(std::string(bad).substr(1) + ": expected KEY=VALUE"), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
   // a usage error: exit 2 like the other command-line usage errors (it used to exit 1)
   const CliRun alone = roundpipe("train " + spec + " --train", d);
   EXPECT_EQ(alone.code, 2) << alone.err;
@@ -114,6 +120,14 @@ TEST(CliSettings, DumpBatchNeverReplacesAnInputAndErrorsStayShort) {
                         "is or lies inside the run's input");
   EXPECT_EQ(slurp(d / "data.jsonl"), data);
   EXPECT_EQ(slurp(spec), spec_text);
+  // a folder there: the line says why ("cannot write the file" did not), and nothing is left
+  fs::create_directories(d / "dump");
+  expect_one_line_error(
+      roundpipe("train " + spec + " --dump-batch " + (d / "dump").string(), d),
+      "--dump-batch: " + (d / "dump").string() + ": cannot move into place: Is a directory");
+  EXPECT_TRUE(fs::is_empty(d / "dump"));
+  for (const auto& e : fs::directory_iterator(d))
+    EXPECT_EQ(e.path().filename().string().find("dump.tmp-"), std::string::npos) << e.path();
   const CliRun r = roundpipe("train " + spec + " --set steps=" + std::string(20000, 'x'), d);
   EXPECT_NE(r.code, 0);
   EXPECT_LT(r.err.size(), 1200u) << r.err.size();

@@ -81,5 +81,22 @@ TEST(CliTrace, ErrorsAreOneLine) {
   fs::remove_all(d);
 }
 
+// --json naming one of the traces it reads is refused before anything is written: it used to
+// replace the trace with its own statistics.
+TEST(CliTrace, JsonOutputNeverReplacesAnInput) {
+  auto d = tmpdir();
+  const std::string good = (d / "good.json").string();
+  write_trace_file(good, chrome_trace_json(intervals(), {{"backend", "cpu"}}));
+  const std::string before = slurp(good);
+  CliRun r = roundpipe("trace " + good + " --json " + good, d);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--json: '" + good + "' is or lies inside the input '" + good + "'"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_EQ(slurp(good), before);
+  fs::remove_all(d);
+}
+
 }  // namespace
 }  // namespace rp::clitest

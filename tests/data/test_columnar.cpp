@@ -1,6 +1,7 @@
 // Parquet / Arrow IPC data files (data/arrow_records.hpp) against their JSON lines twins, and
 // the refusal of other binary files (data/file_kind.hpp).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <memory>
@@ -11,6 +12,7 @@
 #include "data/chat_template.hpp"
 #include "data/dataset.hpp"
 #include "data/file_kind.hpp"
+#include "data/sequence_packer.hpp"
 #include "data/tokenizer.hpp"
 
 using namespace rp;
@@ -157,6 +159,48 @@ TEST(BinaryFiles, AreRefusedWithTheirFirstBytes) {
   const std::string cut = dir.write("cut.txt", std::string(kSniffBytes - 1, 'a') + "\xc3\xa9 end");
   EXPECT_EQ(binary_file_error(cut, read_file(cut)), "");
   EXPECT_EQ(load_dataset(cut, qwen(), ChatTemplate::chatml).num_documents, 1u);
+}
+
+// Text with an invalid UTF-8 byte is refused naming its line and column: past the sniffed
+// 1 KiB it reached the tokenizer ("byte 0xff has no token in the vocab", no file or line), and
+// within it the error showed the first 16 bytes, fine text, as the reason.
+TEST(BinaryFiles, InvalidUtf8InTextNamesItsLine) {
+  TempDir dir;
+  std::string lines;
+  for (int i = 1; i <= 60; ++i)
+    lines += "More plain words about the heaven and the earth, line " + std::to_string(i) + ".\n";
+  ASSERT_GT(lines.size(), kSniffBytes);
+  const std::string late = dir.write("late.txt", lines + "And the earth was \xff without form.\n");
+  EXPECT_NE(load_error(late).find(late + ":61: not UTF-8: byte 0xff at column 19 (offset " +
+                                  std::to_string(lines.size() + 18) + " of the file); expected UTF-8 text"),
+            std::string::npos)
+      << load_error(late);
+  const std::string early =
+      dir.write("early.txt", "In the beginning God created\nthe heaven \xfe and the earth.\n");
+  EXPECT_NE(load_error(early).find(early + ":2: not UTF-8: byte 0xfe at column 12 (offset 40 of the file)"),
+            std::string::npos)
+      << load_error(early);
+  EXPECT_EQ(utf8_error("x", "caf\xc3\xa9\n"), "");
+}
+
+// A device or FIFO as a data file is refused before it is read (/dev/zero was counted line by
+// line without end, a FIFO blocked the open), and an empty text file says so (the run blamed
+// seq_len: "no training target in any of the 0 examples ... their prompts are longer").
+TEST(BinaryFiles, DevicesAndEmptyTextAreRefusedNamingWhy) {
+  TempDir dir;
+  EXPECT_EQ(load_error("/dev/null"),
+            "/dev/null: not a regular file (a device, FIFO or socket); expected a data "
+            "file or a folder of .txt files");
+  const std::string fifo = (dir.path / "pipe.jsonl").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  SequencePacker packer(16, 0, false);
+  EXPECT_THROW(load_dataset_into(fifo, qwen(), ChatTemplate::chatml, packer, 0), std::runtime_error);
+  EXPECT_THROW(load_dataset_into("/dev/zero", qwen(), ChatTemplate::chatml, packer, 0), std::runtime_error);
+  const std::string empty = dir.write("empty.txt", "");
+  EXPECT_EQ(load_error(empty), empty + ": empty; expected text");
+  dir.write("corpus/a.txt", "");
+  EXPECT_EQ(load_error((dir.path / "corpus").string()),
+            (dir.path / "corpus").string() + ": its .txt files are empty");
 }
 
 // ---- prompt / completion as TRL tokenizes it --------------------------------------------

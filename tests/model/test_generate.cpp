@@ -9,8 +9,10 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "data/chat_template.hpp"
@@ -18,6 +20,7 @@
 #include "formats/safetensors.hpp"
 #include "roundpipe/checkpoint.hpp"
 #include "roundpipe/device.hpp"
+#include "roundpipe/errors.hpp"
 #include "roundpipe/generate.hpp"
 
 namespace rp {
@@ -176,6 +179,46 @@ TEST(Generate, PickTokenFollowsTheWarpers) {
   EXPECT_EQ(pick_token(lg, o, 0.999999), 0);
   o.temperature = 1e-3;  // near-greedy
   EXPECT_EQ(pick_token(lg, o, 0.3), 1);
+}
+
+// A KV cache the device cannot hold is one error naming the positions, and the weights' copies
+// still in flight when it is found finish before their buffers go (the default model's were
+// copied from freed memory: a crash, not an error); positions past int32 are refused first.
+TEST(Generate, AContextTheDeviceCannotHoldIsOneError) {
+  std::vector<std::string> models = {golden_dir("tiny_llama")};
+  const auto smol = std::filesystem::path(RP_SOURCE_DIR) / "assets/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (std::filesystem::exists(smol)) models.push_back(smol.string());  // large enough to have copies queued
+  for (const std::string& m : models) {
+    const LoadedModel lm = load_model(m);
+    for (const int64_t positions : {int64_t(99999999), int64_t(std::numeric_limits<int32_t>::max())}) {
+      if (m == models.front() && positions == 99999999) continue;  // tiny_llama holds that much
+      try {
+        Generator gen(lm, {.backend = "cpu", .max_context = positions});
+        ADD_FAILURE() << m << ": a KV cache of " << positions << " positions was allocated";
+      } catch (const DeviceOutOfMemory& e) {
+        EXPECT_NE(std::string(e.what()).find(fmt::format("a KV cache of {} positions", positions)),
+                  std::string::npos)
+            << e.what();
+      }
+    }
+    EXPECT_THROW(Generator(lm, {.backend = "cpu", .max_context = int64_t(1) << 40}), std::invalid_argument);
+    EXPECT_THROW(Generator(lm, {.backend = "cpu", .max_context = -1}), std::invalid_argument);
+  }
+}
+
+// Sampling options that are NaN (Python's generate(temperature=float("nan")) sampled from NaN
+// probabilities and returned text) or infinite are refused.
+TEST(Generate, NaNSamplingOptionsAreRefused) {
+  const LoadedModel lm = load_model(golden_dir("tiny_llama"));
+  Generator gen(lm, {.backend = "cpu", .max_context = 16});
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  for (const auto& [t, p] : {std::pair{nan, 1.0}, {1.0, nan}, {inf, 1.0}, {-1.0, 1.0}, {1.0, 0.0}}) {
+    GenerateOptions o;
+    o.max_new_tokens = 2;
+    o.temperature = t;
+    o.top_p = p;
+    EXPECT_THROW(gen.generate({1, 2, 3}, o), std::invalid_argument) << t << " " << p;
+  }
 }
 
 // transformers' greedy tokens for the default model (scripts/make_generate_fixture.py).

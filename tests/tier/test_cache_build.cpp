@@ -9,12 +9,14 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <future>
 #include <stdexcept>
 #include <thread>
 #include <vector>
 
+#include "base/atomic_file.hpp"
 #include "tier/cache_file.hpp"
 #include "tier/direct_reader.hpp"
 #include "tier_test_util.hpp"
@@ -272,6 +274,26 @@ TEST(CacheBuild, TheBuildersLockGoesWithItsCreatorOnly) {
   std::string text;
   std::getline(in, text);
   EXPECT_EQ(text, "a user's notes");
+}
+
+// A stop signal during a build ends the process with remove_unfinished_temporaries (cli/train.cpp):
+// the builders' lock this run created goes with the half-written cache (it was left behind).
+TEST(CacheBuild, AStopSignalMidBuildTakesTheLockItCreated) {
+  Scratch s;
+  bool signalled = false, lock_during_build = false, lock_after_signal = true;
+  auto fill = [&](size_t e, uint64_t off, std::span<std::byte> out) {
+    if (!signalled) {  // the first piece: the lock is held, the temporary open
+      signalled = true;
+      lock_during_build = std::filesystem::exists(s.path("w.cache.lock"));
+      rp::remove_unfinished_temporaries();  // what the signal handler does before std::_Exit
+      lock_after_signal = std::filesystem::exists(s.path("w.cache.lock"));
+    }
+    pattern_fill()(e, off, out);
+  };
+  EXPECT_ANY_THROW(ensure_cache(s.path("w.cache"), "key-a", odd_specs(), fill, small_chunks()));
+  EXPECT_TRUE(lock_during_build);
+  EXPECT_FALSE(lock_after_signal);
+  EXPECT_TRUE(s.names().empty());
 }
 
 // A lock path that cannot be opened is one error, never a retry loop: a dangling symbolic link
