@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <stdexcept>
@@ -80,6 +81,21 @@ CLI::Validator integer_check(Int lo, Int hi = std::numeric_limits<Int>::max(), c
       },
       hi == std::numeric_limits<Int>::max() ? fmt::format("INT >= {}", lo)
                                             : fmt::format("INT in [{} - {}]", lo, hi));
+}
+
+/// An output file a flag names (`flag` "--trace") may replace a file already at `path` only
+/// when `force` is set, so that a mistyped name never destroys a file of the user's: throws
+/// UsageError "<flag> <path>: a file is already there; choose another name or add --force to
+/// replace it" ("... is a folder" for a folder). Nothing there, or force: returns.
+inline void check_new_output_file(const std::string& path, const std::string& flag, bool force) {
+  std::error_code ec;
+  const auto st = std::filesystem::symlink_status(path, ec);
+  if (ec || st.type() == std::filesystem::file_type::not_found) return;
+  if (std::filesystem::is_directory(path, ec))
+    throw UsageError(fmt::format("{} {}: is a folder; expected a file name", flag, path));
+  if (!force)
+    throw UsageError(fmt::format(
+        "{} {}: a file is already there; choose another name or add --force to replace it", flag, path));
 }
 
 /// A subcommand callback running `body`: an exception it throws becomes one bounded line

@@ -506,7 +506,9 @@ void add_plan_command(CLI::App& app) {
   c->add_option("--profile", o->profile,
                 "measured profile JSON (replaces the analytic costs where measured)");
   c->add_option("--memory-cap", o->memory_cap, "per-GPU memory a stage may use, e.g. 24GiB (default: none)");
-  c->add_option("--trace", o->trace, "write the simulated timeline as a Chrome trace JSON");
+  c->add_option("--trace", o->trace,
+                "write the simulated timeline as a Chrome trace JSON (an existing file needs --force)");
+  c->add_flag("--force", o->force, "with --trace: replace an existing file");
   c->add_option("--peak-tflops", o->peak_tflops, "achievable dense GEMM TFLOP/s")->capture_default_str();
   c->add_flag(
       "--fp8", o->fp8,

@@ -36,6 +36,7 @@ struct PlanCommandOptions {
   std::string profile;              ///< measured profile (scheduler/profile.hpp JSON), optional
   std::string memory_cap;           ///< per-GPU cap, e.g. "24GiB" (empty: unlimited)
   std::string trace;                ///< Chrome trace output path, optional
+  bool force = false;               ///< --force: --trace may replace an existing file
   double peak_tflops = 790;         ///< achievable dense GEMM TFLOP/s
   /// FP8 linears (the spec's "fp8": true): the dense decoder linears' forward, recompute and
   /// input gradient at fp8_tflops (0: the --gpu preset's achievable FP8 rate, else

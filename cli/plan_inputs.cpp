@@ -170,6 +170,7 @@ void check_plan_options(const PlanCommandOptions& o) {
     throw UsageError(fmt::format(
         "--trace: '{}' is or lies inside the input '{}', which writing it would destroy; choose another file",
         o.trace, in));
+  if (!o.trace.empty()) check_new_output_file(o.trace, "--trace", o.force);
   if (!o.memory_cap.empty())
     parse_byte_size(o.memory_cap, "--memory-cap");  // bad values before the model loads
   frozen_format(o);

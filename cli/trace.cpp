@@ -28,6 +28,7 @@ void run_trace(const TraceCommandOptions& o, std::FILE* out) {
     throw UsageError(fmt::format(
         "--json: '{}' is or lies inside the input '{}', which writing it would destroy; choose another file",
         o.json_out, in));
+  if (!o.json_out.empty()) check_new_output_file(o.json_out, "--json", o.force);
   nlohmann::json all = nlohmann::json::object();
   for (const std::string& path : o.files) {
     const nlohmann::json j = read_trace_json(path);
@@ -74,7 +75,9 @@ void add_trace_command(CLI::App& app) {
       ->check(finite_number_check(true));
   c->add_option("--d2h-gbps", o->d2h_gbps, "device-to-host GB/s (0: estimate)")
       ->check(finite_number_check(true));
-  c->add_option("--json", o->json_out, "also write the statistics of every trace as JSON");
+  c->add_option("--json", o->json_out,
+                "also write the statistics of every trace as JSON (an existing file needs --force)");
+  c->add_flag("--force", o->force, "with --json: replace an existing file");
   c->callback(reporting_errors([o] { run_trace(*o, stdout); }));
 }
 

@@ -21,6 +21,7 @@ struct TraceCommandOptions {
   double chunk_bytes = 0;             ///< reference chunk for activation waits (0: from the trace)
   double h2d_gbps = 0, d2h_gbps = 0;  ///< link GB/s for the waits (0: estimated from the trace)
   std::string json_out;               ///< also write the statistics of every file as JSON
+  bool force = false;                 ///< --force: json_out may replace an existing file
 };
 
 /// Registers the `trace` subcommand on `app`; it runs from its callback, prints errors as one

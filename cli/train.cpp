@@ -36,6 +36,22 @@ namespace fs = std::filesystem;
 namespace rp {
 namespace {
 
+/// What --dump-batch may replace: nothing, or an earlier dump (a JSON object of exactly n_seq,
+/// seq_len, ids and targets, at most 1 GiB), never a file of the user's.
+bool replaceable_dump(const std::string& file) {
+  std::error_code ec;
+  const auto st = fs::symlink_status(file, ec);
+  if (ec || st.type() == fs::file_type::not_found) return true;
+  if (st.type() != fs::file_type::regular || fs::file_size(file, ec) > (uint64_t(1) << 30) || ec)
+    return false;
+  std::ifstream in(file, std::ios::binary);
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (!j.is_object() || j.size() != 4) return false;
+  for (const char* k : {"n_seq", "seq_len", "ids", "targets"})
+    if (!j.contains(k)) return false;
+  return true;
+}
+
 const StopToken* g_stop = nullptr;
 bool g_under_mpi = false;  // launched by mpirun / mpiexec (set before the handlers)
 std::string g_first_line;  // what the first signal prints (built before the handlers)
@@ -217,6 +233,12 @@ void apply_overrides(TrainSpec& spec, const TrainOverrides& ov) {
           fmt::format("--dump-batch {}: cannot write the file (folder '{}' does not exist)", ov.dump_batch,
                       parent.string()));
     check_output_file(spec, ov.dump_batch, "--dump-batch");
+    if (fs::is_directory(ov.dump_batch, ec))
+      throw UsageError(fmt::format("--dump-batch {}: is a folder; expected a file name", ov.dump_batch));
+    if (!replaceable_dump(ov.dump_batch))
+      throw UsageError(fmt::format(
+          "--dump-batch {}: a file that is not an earlier --dump-batch output is there; choose another name",
+          ov.dump_batch));
   }
 }
 

@@ -72,6 +72,24 @@ TEST(Cli, MoeProgressLineShowsTheExperts) {
   fs::remove_all(d);
 }
 
+// --dump-batch replaces an earlier dump (debugging reruns) but never another file at its name.
+TEST(Cli, DumpBatchReplacesOnlyAnEarlierDump) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  write(d / "data.jsonl", "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n");
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
+  const std::string run = "train " + (d / "spec.json").string() + " --dump-batch " + (d / "b.json").string();
+  ASSERT_EQ(roundpipe(run, d).code, 0);
+  const CliRun again = roundpipe(run, d);  // the earlier dump goes
+  EXPECT_EQ(again.code, 0) << again.err;
+  write(d / "b.json", "{\"ids\": [1, 2], \"mine\": true}\n");
+  const CliRun user = roundpipe(run, d);
+  EXPECT_EQ(user.code, 2) << user.err;
+  EXPECT_NE(user.err.find("is not an earlier --dump-batch output"), std::string::npos) << user.err;
+  EXPECT_EQ(slurp(d / "b.json"), "{\"ids\": [1, 2], \"mine\": true}\n");
+  fs::remove_all(d);
+}
+
 TEST(Cli, DumpBatchWritesTheFirstBatchOrSaysWhyNot) {
   auto d = tmpdir();
   auto model = tiny_model(d);

@@ -98,5 +98,40 @@ TEST(CliTrace, JsonOutputNeverReplacesAnInput) {
   fs::remove_all(d);
 }
 
+// An output a flag names never replaces a file already there without --force: plan --trace,
+// trace --json (a file of the user's at a mistyped name), and --dump-batch only replaces an
+// earlier dump.
+TEST(CliTrace, OutputFilesReplaceAnExistingFileOnlyWithForce) {
+  auto d = tmpdir();
+  const std::string good = (d / "good.json").string(), mine = (d / "notes.json").string();
+  write_trace_file(good, chrome_trace_json(intervals(), {{"backend", "cpu"}}));
+  write(mine, "{\"my\": \"notes\"}\n");
+  CliRun r = roundpipe("trace " + good + " --json " + mine, d);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--json " + mine + ": a file is already there; choose another name or add --force"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(slurp(mine), "{\"my\": \"notes\"}\n");
+  r = roundpipe("trace " + good + " --json " + mine + " --force", d);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(slurp(mine).find(good), std::string::npos);  // the statistics, keyed by the trace
+  fs::create_directories(d / "out");
+  r = roundpipe("trace " + good + " --json " + (d / "out").string(), d);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("is a folder"), std::string::npos) << r.err;
+
+  const std::string cfg = std::string(RP_SOURCE_DIR) + "/examples/configs/qwen3-1.7b.json";
+  write(mine, "keep\n");
+  r = roundpipe("plan --model " + cfg + " --gpus 2 --seq 1024 --micro 4 --trace " + mine, d);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--trace " + mine + ": a file is already there"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(slurp(mine), "keep\n");
+  r = roundpipe("plan --model " + cfg + " --gpus 2 --seq 1024 --micro 4 --trace " + mine + " --force", d);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(slurp(mine).find("traceEvents"), std::string::npos);
+  fs::remove_all(d);
+}
+
 }  // namespace
 }  // namespace rp::clitest
