@@ -37,11 +37,10 @@ CacheState check_header(int fd, uint64_t size, const std::string& key, format::P
     why = std::move(w);
     return CacheState::damaged;
   };
-  {  // ours at all? the magic's first bytes (a file cut inside the magic is still ours)
+  {  // ours at all? the whole magic: a shorter file (a user's "R", say) is not provably ours
     char head[sizeof(format::kMagic)] = {};
-    const size_t want = size_t(std::min<uint64_t>(size, sizeof(head)));
-    foreign = size == 0 || pread_full(fd, head, want, 0) != int64_t(want) ||
-              std::memcmp(head, format::kMagic, want) != 0;
+    foreign = size < sizeof(head) || pread_full(fd, head, sizeof(head), 0) != int64_t(sizeof(head)) ||
+              std::memcmp(head, format::kMagic, sizeof(head)) != 0;
     if (foreign)
       return damaged(size == 0 ? "empty, not a roundpipe tier cache"
                                : "not a roundpipe tier cache (no RPTIERC magic at its start)");

@@ -85,8 +85,8 @@ struct CacheOpenResult {
   /// says 16384"); empty when valid.
   std::string reason;
   std::shared_ptr<const CacheFile> file;  ///< set when valid
-  /// A file exists at the path that is not a tier cache (empty, or without the magic): a
-  /// build never replaces it (ensure_cache refuses with one line).
+  /// A file exists at the path that is not a tier cache (shorter than the 8-byte magic, or
+  /// without it): a build never replaces it (ensure_cache refuses with one line).
   bool foreign = false;
 };
 

@@ -138,6 +138,11 @@ TEST(CacheFile, MissingTruncatedAndForeignFiles) {
     EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
   }
   EXPECT_EQ(slurp(other), "the user's notes, not a cache");
+  // a user's file as short as a prefix of the magic is left alone too
+  const auto letter = s.path("letter.txt");
+  { std::ofstream(letter) << "RP"; }
+  EXPECT_THROW(ensure_cache(letter, "key-a", odd_specs(), pattern_fill()), std::runtime_error);
+  EXPECT_EQ(slurp(letter), "RP");
 
   // a symbolic link: a valid cache is reused through it, a rebuild is refused
   std::filesystem::create_symlink(path, s.path("link.cache"));
@@ -246,8 +251,9 @@ TEST(CacheFile, EveryFlippedHeaderByteAndEveryTruncationIsCaught) {
     std::filesystem::resize_file(path, size);
     const auto o = CacheFile::open(path, "key-a");
     EXPECT_EQ(o.state, CacheState::damaged) << size;
-    EXPECT_FALSE(o.foreign) << size;
-    EXPECT_HAS(o.reason, path + ": truncated");
+    // cut inside the magic: no longer provably ours (a user's one-byte "R" looks the same)
+    EXPECT_EQ(o.foreign, size < 8) << size;
+    EXPECT_HAS(o.reason, path + (size < 8 ? ": not a roundpipe tier cache" : ": truncated"));
     std::ofstream(path, std::ios::binary | std::ios::trunc) << good;
   }
   std::ofstream(path, std::ios::binary | std::ios::app) << "x";  // longer than the header says
