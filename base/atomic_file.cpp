@@ -21,8 +21,9 @@ namespace fs = std::filesystem;
 namespace rp {
 namespace {
 
-// The temporaries of the replace_file calls in progress, for remove_unfinished_temporaries:
-// a fixed table a signal handler can walk (a slot is 0 free, 1 being filled, 2 ready).
+// The temporaries of the replace_file calls in progress (and the files record_unfinished_file
+// names, without a marker), for remove_unfinished_temporaries: a fixed table a signal handler
+// can walk (a slot is 0 free, 1 being filled, 2 ready).
 constexpr int kTempSlots = 32;
 constexpr size_t kTempPathMax = 4096;
 struct TempSlot {
@@ -250,9 +251,13 @@ void remove_unfinished_temporaries() noexcept {
   for (TempSlot& s : g_temp_slots)
     if (s.state.load() == 2) {
       ::unlink(s.tmp);
-      ::unlink(s.marker);
+      if (s.marker[0] != '\0') ::unlink(s.marker);
     }
 }
+
+int record_unfinished_file(const std::string& path) noexcept { return register_temporary(path, ""); }
+
+void forget_unfinished_file(int handle) noexcept { unregister_temporary(handle); }
 
 void replace_file(const std::string& path, const std::function<void(const std::string& tmp)>& write) {
   const std::string tmp = temporary_path(path);

@@ -53,6 +53,13 @@ void replace_file(const std::string& path, const std::function<void(const std::s
 /// clean_stale_temporaries removes them, as after a kill).
 void remove_unfinished_temporaries() noexcept;
 
+/// Adds a file this process made and removes itself when done (a builders' lock file it
+/// created) to what remove_unfinished_temporaries removes, until forget_unfinished_file(handle).
+/// Returns the handle, -1 when the table is full or the name too long (the file then stays
+/// after a signal, as after a kill).
+int record_unfinished_file(const std::string& path) noexcept;
+void forget_unfinished_file(int handle) noexcept;
+
 /// replace_file with a binary std::ostream opened on the temporary: `write(os)` writes the
 /// content; a stream that cannot be opened throws "<path>: cannot write (<reason>)", a failed
 /// stream after `write` "<path>: write failed (disk full?)".

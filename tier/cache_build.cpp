@@ -164,7 +164,8 @@ namespace {
 // the file removes it when it is done, still holding it; a run that waited on it then finds its
 // file gone from the path (or another in its place) and takes the lock anew, so no two runs
 // hold the path's lock at once. A lock file this run did not create (another run's, or one a
-// killed run left) is never removed.
+// killed run left) is never removed; one it created goes on a stop signal too
+// (remove_unfinished_temporaries).
 class BuilderLock {
  public:
   BuilderLock(const std::string& lock_path, const std::string& path, const CacheBuildOptions& options)
@@ -203,12 +204,16 @@ class BuilderLock {
       struct stat held {
       }, named{};
       if (::fstat(fd, &held) == 0 && ::stat(lock_path.c_str(), &named) == 0 && held.st_ino == named.st_ino &&
-          held.st_dev == named.st_dev)
-        return;  // still the file at the path: the lock is ours
+          held.st_dev == named.st_dev) {
+        // still the file at the path: the lock is ours; a stop signal removes the one we made
+        if (created_) signal_slot_ = record_unfinished_file(lock_path);
+        return;
+      }
       fd_.reset();
     }
   }
   ~BuilderLock() {
+    forget_unfinished_file(signal_slot_);        // first: a signal from here on leaves it (as a kill)
     if (created_) ::unlink(lock_path_.c_str());  // before the descriptor closes (fd_, after this body)
   }
   BuilderLock(const BuilderLock&) = delete;
@@ -218,6 +223,7 @@ class BuilderLock {
   std::string lock_path_;
   Fd fd_;
   bool created_ = false;
+  int signal_slot_ = -1;  ///< record_unfinished_file's handle for a lock we created
 };
 
 }  // namespace

@@ -24,9 +24,10 @@
 // temporary "<path>.tmp-<pid>" with an owner marker, fsync, rename), so `path` is the old
 // version or the complete new one, never a partial file; a failed build (a fill that throws,
 // a write error, a full disk) leaves no cache file and no temporary of its own behind.
-// Builders that share a path are serialised by flock on "<path>.lock" (created on the first
-// build and left in place: an empty file); a second builder waits, then finds the first one's
-// valid file and reuses it. A CacheFile keeps its file descriptors, so a reader of an old
+// Builders that share a path are serialised by flock on "<path>.lock" (an empty file, removed
+// by the run that created it when it is done, or by base/atomic_file.hpp's
+// remove_unfinished_temporaries on a stop signal); a second builder waits, then finds the first
+// one's valid file and reuses it. A CacheFile keeps its file descriptors, so a reader of an old
 // file keeps reading the old bytes (its inode) while a rebuild renames a new file over the path.
 //
 // Thread-safety: a CacheFile is immutable after open; its methods may be called from any

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <future>
@@ -15,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/atomic_file.hpp"
 #include "tier/cache_file.hpp"
 #include "tier/direct_reader.hpp"
 #include "tier_test_util.hpp"
@@ -211,6 +213,49 @@ TEST(CacheBuild, AKilledBuildersTemporaryIsCleanedByTheNextBuild) {
   const auto r = ensure_cache(s.path("w.cache"), "key-a", odd_specs(), pattern_fill(), small_chunks());
   EXPECT_TRUE(r.built);
   EXPECT_EQ(s.names(), (std::vector<std::string>{"w.cache", "w.cache.tmp-999999999"}));
+}
+
+// A stop signal during the build (the handler of `roundpipe train` removes the unfinished
+// temporaries, then _Exits): neither the half-written cache nor the builders' lock is left.
+TEST(CacheBuild, AStopSignalDuringTheBuildLeavesNoTemporaryAndNoLock) {
+  Scratch s;
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ensure_cache(
+        s.path("w.cache"), "key-a", odd_specs(),
+        [](size_t e, uint64_t, std::span<std::byte>) {
+          if (e == 3) {
+            rp::remove_unfinished_temporaries();
+            std::_Exit(0);
+          }
+        },
+        small_chunks());
+    std::_Exit(1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_EQ(s.names(), std::vector<std::string>{});
+  // a lock file another run made is not this run's to remove
+  { std::ofstream(s.path("v.cache.lock")) << ""; }
+  const pid_t second = ::fork();
+  ASSERT_GE(second, 0);
+  if (second == 0) {
+    ensure_cache(
+        s.path("v.cache"), "key-a", odd_specs(),
+        [](size_t e, uint64_t, std::span<std::byte>) {
+          if (e == 3) {
+            rp::remove_unfinished_temporaries();
+            std::_Exit(0);
+          }
+        },
+        small_chunks());
+    std::_Exit(1);
+  }
+  ASSERT_EQ(::waitpid(second, &status, 0), second);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_EQ(s.names(), std::vector<std::string>{"v.cache.lock"});
 }
 
 TEST(CacheBuild, TwoBuildersAtOnceBuildOnce) {
