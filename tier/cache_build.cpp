@@ -257,22 +257,25 @@ CacheBuildReport build_cache(const std::string& path, const std::string& source_
   return rep;
 }
 
-EnsureResult ensure_cache(const std::string& path, const std::string& source_key,
-                          const std::vector<CacheEntrySpec>& specs, const CacheFill& fill,
-                          const CacheBuildOptions& options) {
-  const std::string dir = folder_of(path);
+namespace {
+
+/// ensure_cache once the folder `dir` exists.
+EnsureResult ensure_in_folder(const std::string& path, const std::string& dir, const std::string& source_key,
+                              const std::vector<CacheEntrySpec>& specs, const CacheFill& fill,
+                              const CacheBuildOptions& options) {
   std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) {
-    const std::string link = dangling_link_text(dir);  // "File exists" would not say why
-    throw std::runtime_error(link.empty()
-                                 ? fmt::format("{}: cannot create the folder ({})", dir, ec.message())
-                                 : fmt::format("cannot create the cache's folder: {}", link));
-  }
   const BuilderLock lock(cache_lock_path(path), path, options);
   // the lock is held until `lock` goes, on return or on a throw
   CacheOpenResult found = CacheFile::open(path, source_key);
-  if (found.state == CacheState::valid && found.file->matches(specs)) return {found.file, false, ""};
+  if (found.state == CacheState::valid && found.file->matches(specs)) {
+    if (!options.verify_reused) return {found.file, false, ""};
+    try {  // under the lock: no other run replaces the file between this check and the rebuild
+      found.file->verify_all();
+      return {found.file, false, ""};
+    } catch (const std::runtime_error& bad) {
+      found = {CacheState::damaged, bad.what(), nullptr, false};
+    }
+  }
   if (found.foreign)
     throw std::runtime_error(
         fmt::format("{}: exists and is not a roundpipe tier cache ({}); move it away or choose another cache "
@@ -306,6 +309,28 @@ EnsureResult ensure_cache(const std::string& path, const std::string& source_key
   if (built.state != CacheState::valid)
     throw std::runtime_error(fmt::format("{} (right after it was built)", built.reason));
   return {built.file, true, std::move(why)};
+}
+
+}  // namespace
+
+EnsureResult ensure_cache(const std::string& path, const std::string& source_key,
+                          const std::vector<CacheEntrySpec>& specs, const CacheFill& fill,
+                          const CacheBuildOptions& options) {
+  const std::string dir = folder_of(path);
+  std::error_code ec;
+  const std::vector<std::string> made = create_folders(dir, ec);
+  try {
+    if (ec) {
+      const std::string link = dangling_link_text(dir);  // "File exists" would not say why
+      throw std::runtime_error(link.empty()
+                                   ? fmt::format("{}: cannot create the folder ({})", dir, ec.message())
+                                   : fmt::format("cannot create the cache's folder: {}", link));
+    }
+    return ensure_in_folder(path, dir, source_key, specs, fill, options);
+  } catch (...) {
+    remove_empty_folders(made);  // a failed build leaves no folder it made (the lock is gone by now)
+    throw;
+  }
 }
 
 }  // namespace rp::tier

@@ -177,6 +177,10 @@ struct CacheBuildOptions {
   /// ensure_cache: called with one line when another process or thread holds the builders'
   /// lock, before waiting for it (null: wait silently).
   std::function<void(const std::string& line)> on_wait;
+  /// ensure_cache: read a file it would reuse whole first (CacheFile::verify_all), still
+  /// holding the builders' lock; a bad entry makes it damaged (rebuilt, or refused like any
+  /// damaged file: behind a symbolic link), the mismatch being the reason.
+  bool verify_reused = false;
 };
 
 /// The size a cache file of `specs` with `source_key` has (header plus padded entries).
@@ -213,13 +217,15 @@ struct EnsureResult {
 
 /// The valid cache file for (`source_key`, `specs`) at `path`: takes the builders' lock
 /// (waits for another builder), reuses a valid file whose entries match `specs` (whatever its
-/// checksum block size and however it was written: options only shape a new build), else builds
+/// checksum block size and however it was written: options only shape a new build; with
+/// options.verify_reused, only once every entry's checksum held), else builds
 /// one with build_cache and opens it. Before building it removes the leftovers of dead
 /// builders of `path` (base/atomic_file.hpp clean_stale_temporaries: marked ones only). Throws
 /// as build_cache, or std::runtime_error when the folder or the lock cannot be made, when
 /// `path` holds a file that is not a tier cache ("<path>: exists and is not a roundpipe tier
 /// cache; ..."; it is left alone) or is a symbolic link to a cache that needs a rebuild (a
 /// valid one is reused through it), or when the new file does not open as valid.
+/// Whatever it throws, the folders it made for `path` are removed again while they are empty.
 EnsureResult ensure_cache(const std::string& path, const std::string& source_key,
                           const std::vector<CacheEntrySpec>& specs, const CacheFill& fill,
                           const CacheBuildOptions& options = {});
