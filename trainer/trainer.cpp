@@ -24,7 +24,8 @@ namespace rp {
 
 namespace {
 
-/// The session refuses a frozen_tier setting as "frozen_tier.<key>: <why>" (FrozenTierOptions);
+/// The session refuses a frozen_tier setting as "frozen_tier.<key>: <why>" (FrozenTierOptions:
+/// std::invalid_argument for the value, std::runtime_error for the file the path names);
 /// the spec's key came from the spec file, so the line reads like the spec's other errors,
 /// "<spec file>: key 'frozen_tier.<key>': <why>". Other messages stay as they are.
 std::string spec_key_error(const TrainSpec& spec, const std::string& message) {
@@ -134,6 +135,10 @@ void TrainingRun::start_session(const ModelLayout& layout, std::vector<std::vect
     session_ = std::make_unique<Session>(layout, std::move(weights), std::move(frozen), opt);
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(spec_key_error(spec_, e.what()));
+  } catch (const std::runtime_error& e) {  // the cache or the spill file cannot be made there
+    std::string named = spec_key_error(spec_, e.what());
+    if (named == e.what()) throw;
+    throw std::runtime_error(std::move(named));
   }
   if (resume_) start_ = restore_checkpoint(*resume_, spec_, *session_, *data_);
   const IterationPlan& plan = session_->initial_plan();
