@@ -407,6 +407,30 @@ TEST(ActivationSpill, AFolderUnderADanglingLinkIsNamed) {
   EXPECT_EQ(sc.entries(), (std::set<std::string>{"dead"}));
 }
 
+// A spill folder that cannot be made for another reason (here a file of the user's in its place;
+// a read-only disk alike) is refused naming the folder and the system's reason, under the key
+// frozen_tier.path, not later as a missing folder blamed on spill_layers.
+TEST(ActivationSpill, AFolderThatCannotBeMadeIsNamedWithTheReason) {
+  Scratch sc;
+  const ModelLayout m = full_layout();
+  std::ofstream(sc.dir / "afile") << "the user's";
+  TestSessionOptions o = spill_options(1, nullptr);
+  o.frozen_tier = FrozenTierOptions{};
+  o.frozen_tier->path = (sc.dir / "afile" / "sub" / "base.cache").string();
+  o.frozen_tier->spill_layers = 2;
+  try {
+    TestSession s(m, random_weights(m, 7), o);
+    ADD_FAILURE() << "a spill folder under a file was taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("frozen_tier.path: the spill file's folder cannot be made: " +
+                                              (sc.dir / "afile" / "sub").string() + " (",
+                                          0),
+              0u)
+        << e.what();
+  }
+  EXPECT_EQ(sc.entries(), (std::set<std::string>{"afile"}));
+}
+
 // The start line counts in words that agree ("1 layer") and tells the bytes of one iteration from
 // the file's (every activation set's) and the staging's workers.
 TEST(ActivationSpill, TheStartLineSaysWhatIsPerIterationAndPerFile) {
