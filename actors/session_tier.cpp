@@ -410,9 +410,16 @@ size_t frozen_tier_host_credit(const ModelLayout& layout, const SessionOptions& 
 const FrozenTierReport& Session::frozen_tier() const { return impl_->tier_report; }
 
 FrozenTierReads Session::frozen_tier_reads() const {
-  if (!impl_->frozen_tier) return {};
-  const FrozenTier::ReadTotals t = impl_->frozen_tier->read_totals();
-  return FrozenTierReads{t.reads, t.bytes, t.seconds};
+  FrozenTierReads r;
+  if (impl_->frozen_tier) {
+    const FrozenTier::ReadTotals t = impl_->frozen_tier->read_totals();
+    r.reads = t.reads, r.bytes = t.bytes, r.seconds = t.seconds;
+  }
+  if (const ActivationSpill* spill = impl_->spill.get()) {
+    r.spill_written = spill->records_written() * spill->record_bytes();
+    r.spill_read = spill->records_read() * spill->record_bytes();
+  }
+  return r;
 }
 
 }  // namespace rp

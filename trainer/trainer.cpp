@@ -195,16 +195,26 @@ TrainResult TrainingRun::execute_steps() {
 }
 
 /// What the disk tier read while training (evaluation and checkpoints included): the bytes per
-/// step and the disk's rate while it was read, to hold against `roundpipe plan --disk-gbps`.
+/// step and the disk's rate while it was read, and what the activation spill wrote and read
+/// back, to hold against `roundpipe plan --disk-gbps` (whose per-iteration read counts both).
 void TrainingRun::report_tier_reads(const FrozenTierReads& from, int64_t steps, double seconds) const {
-  if (!session_->frozen_tier().enabled || steps <= 0 || !(seconds > 0)) return;
+  const FrozenTierReport& tier = session_->frozen_tier();
+  if ((!tier.enabled && tier.spill_layers.empty()) || steps <= 0 || !(seconds > 0)) return;
   const FrozenTierReads to = session_->frozen_tier_reads();
+  const std::string spill =
+      tier.spill_layers.empty()
+          ? std::string()
+          : fmt::format("wrote {} and read back {} per step",
+                        byte_text(double(to.spill_written - from.spill_written) / double(steps)),
+                        byte_text(double(to.spill_read - from.spill_read) / double(steps)));
+  if (!tier.enabled) return spdlog::info("activation spill: {}", spill);
   const double bytes = double(to.bytes - from.bytes), busy = to.seconds - from.seconds;
   spdlog::info(
       "frozen tier: read {} per step ({:.1f} reads) at {:.2f} GB/s while reading; the reader busy "
-      "{:.0f}% of the training time",
+      "{:.0f}% of the training time{}",
       byte_text(bytes / double(steps)), double(to.reads - from.reads) / double(steps),
-      busy > 0 ? bytes / busy / 1e9 : 0.0, 100 * busy / seconds);
+      busy > 0 ? bytes / busy / 1e9 : 0.0, 100 * busy / seconds,
+      spill.empty() ? "" : "; the activation spill " + spill);
 }
 
 /// Replicas: a failure here reaches every other replica at once, as "replica <rank> failed:

@@ -456,6 +456,27 @@ TEST(ActivationSpill, TheStartLineSaysWhatIsPerIterationAndPerFile) {
   EXPECT_EQ(l.find("1 layers"), std::string::npos) << l;
 }
 
+// What the spill wrote and read back is counted (Session::frozen_tier_reads, the end-of-run line's
+// figures): each step writes one activation set's records and reads each back once, the
+// traffic `roundpipe plan --disk-gbps` adds to the base's reads.
+TEST(ActivationSpill, ItsTrafficIsCountedPerStep) {
+  Scratch sc;
+  const ModelLayout m = full_layout();
+  TestSessionOptions o = spill_options(2, nullptr);
+  o.frozen_tier = FrozenTierOptions{};
+  o.frozen_tier->path = sc.path("base.cache");
+  o.frozen_tier->spill_layers = 2;
+  TestSession on(m, random_weights(m, 7), o);
+  EXPECT_EQ(on.frozen_tier_reads().spill_written, 0u);
+  train(on);
+  const FrozenTierReads r = on.frozen_tier_reads();
+  const uint64_t per_step = on.frozen_tier().spill_bytes / 2;  // two sets in the file, one per step
+  ASSERT_GT(per_step, 0u);
+  EXPECT_EQ(r.spill_written, uint64_t(kSteps) * per_step);
+  EXPECT_EQ(r.spill_read, uint64_t(kSteps) * per_step);
+  EXPECT_EQ(r.bytes, 0u) << "nothing frozen: no tier reads";
+}
+
 // Runs kSteps with the fault `fault`; returns the RuntimeFailure's line ("" when the run succeeded
 // or hung: then a failure is recorded). The run and its teardown must end within kWaitS.
 std::string failing_run(const Scratch& sc, const SpillFault& fault) {

@@ -222,7 +222,12 @@ TEST(TrainerLora, ABaseStreamedFromTheDiskTierTrainsAndMergesBitForBit) {
   rp::TrainSpec spilled = lora_spec(d, "spilled", 3, rp::WeightFormat::q8_0);
   spilled.frozen_tier = rp::TrainSpec::FrozenTier{(d / "spill" / "base.cache").string(), 0};
   spilled.frozen_tier->spill_layers = 2;
-  rp::Trainer(spilled).run();
+  const std::string spill_log = rp::test::run_logging(spilled);
+  const size_t end = spill_log.find("frozen tier: read ");
+  ASSERT_NE(end, std::string::npos) << spill_log;
+  const std::string end_line = spill_log.substr(end, spill_log.find('\n', end) - end);
+  EXPECT_NE(end_line.find("; the activation spill wrote "), std::string::npos) << end_line;
+  EXPECT_EQ(end_line.find("wrote 0 B"), std::string::npos) << "the spill's traffic is counted: " << end_line;
   EXPECT_EQ(losses(d / "spilled/metrics.csv"), losses(d / "held/metrics.csv"));
   EXPECT_TRUE(a == bytes_of(d / "spilled/final" / rp::kAdapterWeightsFile));
   std::set<std::string> left;
