@@ -339,6 +339,29 @@ TEST(ActivationSpill, EvaluationPassesReadTheSpilledInputs) {
   }
 }
 
+// An evaluation pass has no backward: of a forward stage's outputs it writes only the next
+// stage's input to the spill's file (each read back once), not the saved inputs of the layers
+// within the stage, and its loss is the one without a spill.
+TEST(ActivationSpill, AnEvaluationPassWritesOnlyTheInputsItReads) {
+  Scratch sc;
+  const ModelLayout m = full_layout();
+  TestSessionOptions o = spill_options(2, nullptr);
+  o.plan = make_uniform_plan(m.num_layers(), 3, 1, 0);  // forward stages of several layers
+  TestSession off(m, random_weights(m, 7), o);
+  o.frozen_tier = FrozenTierOptions{};
+  o.frozen_tier->path = sc.path("base.cache");
+  o.frozen_tier->spill_layers = m.num_layers() - 1;
+  TestSession on(m, random_weights(m, 7), o);
+  std::vector<int32_t> tg, ids;
+  random_tokens(67, kM * kNSeq * kSeqLen, 700, ids, tg);
+  const EvalResult a = off.wait_eval(off.evaluate(ids, tg)), b = on.wait_eval(on.evaluate(ids, tg));
+  EXPECT_EQ(a.loss_sum, b.loss_sum);
+  EXPECT_GT(b.tokens, 0);
+  const FrozenTierReads r = on.frozen_tier_reads();
+  EXPECT_GT(r.spill_read, 0u);
+  EXPECT_EQ(r.spill_written, r.spill_read) << "saved inputs written for a backward that never comes";
+}
+
 TEST(ActivationSpill, SpillingTurnsSavedAttentionOffWithOneLine) {
   Scratch sc;
   const ModelLayout m = full_layout();
