@@ -129,7 +129,7 @@ class CacheFile {
   /// N: short read ...") or a mismatch (checksum_mismatch).
   void read_entry(size_t i, std::span<std::byte> dst) const;
   /// Reads every entry and verifies its checksum and its block checksums (buffered, 8 MiB at a
-  /// time); throws as read_entry at the first bad one.
+  /// time, the page cache dropped behind the reads); throws as read_entry at the first bad one.
   void verify_all() const;
   /// "<path>: entry '<name>' at offset N (B bytes): checksum mismatch (stored X, read Y)".
   std::string checksum_mismatch(size_t i, uint64_t got) const;
