@@ -253,6 +253,10 @@ void remove_unfinished_temporaries() noexcept {
       ::unlink(s.tmp);
       if (s.marker[0] != '\0') ::unlink(s.marker);
     }
+  // then the folders record_unfinished_file named, once empty: a pass per level they may nest
+  for (int pass = 0; pass < 16; ++pass)
+    for (TempSlot& s : g_temp_slots)
+      if (s.state.load() == 2 && s.marker[0] == '\0') ::rmdir(s.tmp);
 }
 
 int record_unfinished_file(const std::string& path) noexcept { return register_temporary(path, ""); }

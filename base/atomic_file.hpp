@@ -54,9 +54,10 @@ void replace_file(const std::string& path, const std::function<void(const std::s
 void remove_unfinished_temporaries() noexcept;
 
 /// Adds a file this process made and removes itself when done (a builders' lock file it
-/// created) to what remove_unfinished_temporaries removes, until forget_unfinished_file(handle).
-/// Returns the handle, -1 when the table is full or the name too long (the file then stays
-/// after a signal, as after a kill).
+/// created), or a folder it made for one (removed only while empty, after the files), to what
+/// remove_unfinished_temporaries removes, until forget_unfinished_file(handle). Returns the
+/// handle, -1 when the table is full or the name too long (it then stays after a signal, as
+/// after a kill).
 int record_unfinished_file(const std::string& path) noexcept;
 void forget_unfinished_file(int handle) noexcept;
 

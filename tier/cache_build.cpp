@@ -319,6 +319,14 @@ EnsureResult ensure_cache(const std::string& path, const std::string& source_key
   const std::string dir = folder_of(path);
   std::error_code ec;
   const std::vector<std::string> made = create_folders(dir, ec);
+  std::vector<int> on_signal;  // a stop signal mid-build takes them back too
+  for (const std::string& f : made) on_signal.push_back(record_unfinished_file(f));
+  struct Forget {
+    const std::vector<int>& handles;
+    ~Forget() {
+      for (int h : handles) forget_unfinished_file(h);
+    }
+  } forget{on_signal};
   try {
     if (ec) {
       const std::string link = dangling_link_text(dir);  // "File exists" would not say why

@@ -238,9 +238,9 @@ TEST(CacheBuild, AStopSignalDuringTheBuildLeavesNoTemporaryAndNoLock) {
   Scratch s;
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
-  if (child == 0) {
+  if (child == 0) {  // in folders it makes: they go too
     ensure_cache(
-        s.path("w.cache"), "key-a", odd_specs(),
+        s.path("new/deeper/w.cache"), "key-a", odd_specs(),
         [](size_t e, uint64_t, std::span<std::byte>) {
           if (e == 3) {
             rp::remove_unfinished_temporaries();
@@ -254,6 +254,13 @@ TEST(CacheBuild, AStopSignalDuringTheBuildLeavesNoTemporaryAndNoLock) {
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   EXPECT_EQ(s.names(), std::vector<std::string>{});
+  // a finished build keeps its folders: nothing recorded is left for a later signal to take
+  ASSERT_TRUE(
+      ensure_cache(s.path("kept/w.cache"), "key-a", odd_specs(), pattern_fill(), small_chunks()).built);
+  std::filesystem::remove(s.path("kept/w.cache"));
+  rp::remove_unfinished_temporaries();
+  EXPECT_EQ(s.names(), std::vector<std::string>{"kept"});
+  std::filesystem::remove(s.path("kept"));
   // a lock file another run made is not this run's to remove
   { std::ofstream(s.path("v.cache.lock")) << ""; }
   const pid_t second = ::fork();
