@@ -44,6 +44,7 @@
 // thread. stop() drops the queued requests (their callbacks never run) and joins the thread; call
 // it once no worker can touch a buffer any more.
 #pragma once
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -132,6 +133,9 @@ class ActivationSpill {
   /// cannot reserve it): still free on the disk, but promised to the spill.
   uint64_t unallocated_bytes() const;
   size_t record_bytes() const { return record_bytes_; }
+  /// Records read back and written so far (failed ones included); any thread.
+  uint64_t records_read() const { return reads_.load(); }
+  uint64_t records_written() const { return writes_.load(); }
   bool direct() const { return direct_; }
   /// The reads' engine: "io_uring" or "pread pool (N threads)".
   std::string engine() const { return engine_->name(); }
@@ -170,8 +174,9 @@ class ActivationSpill {
   std::deque<Request> queue_;
   std::map<uint64_t, tier::BufferRing::Lease> held_;  ///< staged writes and delivered reads
   std::vector<int64_t> written_;                      ///< per record: the pass it holds, -1: none
-  uint64_t next_ticket_ = 1, reads_ = 0, writes_ = 0;
-  uint64_t serving_ = 0;  ///< the read being served now (0: none)
+  uint64_t next_ticket_ = 1;
+  std::atomic<uint64_t> reads_{0}, writes_{0};  ///< records read / written (counted by the thread)
+  uint64_t serving_ = 0;                        ///< the read being served now (0: none)
   bool serving_dropped_ = false, stopped_ = false;
   std::jthread thread_;  ///< last: stopped and joined first
 };

@@ -47,9 +47,12 @@ void Session::Impl::open_activation_spill(const SessionInternals& internals,
   std::filesystem::path folder = std::filesystem::path(o.path).parent_path();
   if (folder.empty()) folder = ".";
   std::error_code ec;
-  spill_folders_made = create_folders(folder.string(), ec);  // other errors: when the file is opened
-  if (const std::string link = ec ? dangling_link_text(folder.string()) : ""; !link.empty())
-    throw std::invalid_argument("frozen_tier.path: the spill file's folder cannot be made: " + link);
+  spill_folders_made = create_folders(folder.string(), ec);
+  if (ec) {  // said here: the file's open would only find the folder missing (a read-only disk, say)
+    std::string why = dangling_link_text(folder.string());
+    if (why.empty()) why = fmt::format("{} ({})", folder.string(), ec.message());
+    throw std::invalid_argument("frozen_tier.path: the spill file's folder cannot be made: " + why);
+  }
   SpillConfig c;
   c.folder = folder.string();
   c.layers = chosen;

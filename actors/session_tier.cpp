@@ -98,7 +98,7 @@ size_t ring_count(const FrozenTierOptions& o, size_t buffer_bytes, const std::st
 }
 
 /// The valid cache (tier::ensure_cache). A reused one is read whole and checked first (with
-/// verify_reused): a damaged entry removes the file and builds it again, the mismatch being
+/// verify_reused, under the builders' lock): a damaged entry builds it again, the mismatch being
 /// the reason. I/O errors name the option. A wait for another run's build is logged first.
 /// `spill_unallocated`: the activation spill's file bytes in the same folder not yet allocated.
 tier::EnsureResult ensure_tier_cache(const FrozenTierOptions& o, const std::string& key,
@@ -107,21 +107,10 @@ tier::EnsureResult ensure_tier_cache(const FrozenTierOptions& o, const std::stri
                                      const std::function<void(const std::string&)>& log) {
   tier::CacheBuildOptions bo;
   bo.reserved_bytes = spill_unallocated;
+  bo.verify_reused = o.verify_reused;
   bo.on_wait = [&log](const std::string& line) { log("frozen tier: " + line); };
   try {
-    tier::EnsureResult er = tier::ensure_cache(o.path, key, specs, fill, bo);
-    if (er.built || !o.verify_reused) return er;
-    try {
-      er.file->verify_all();
-      return er;
-    } catch (const std::runtime_error& bad) {
-      const std::string why = bad.what();
-      er.file.reset();
-      std::filesystem::remove(o.path);
-      er = tier::ensure_cache(o.path, key, specs, fill, bo);
-      er.rebuilt_because = why;
-      return er;
-    }
+    return tier::ensure_cache(o.path, key, specs, fill, bo);
   } catch (const std::runtime_error& e) {
     throw std::runtime_error(
         fmt::format("frozen_tier.path: {} (expected a writable file on a local disk)", e.what()));
@@ -421,9 +410,16 @@ size_t frozen_tier_host_credit(const ModelLayout& layout, const SessionOptions& 
 const FrozenTierReport& Session::frozen_tier() const { return impl_->tier_report; }
 
 FrozenTierReads Session::frozen_tier_reads() const {
-  if (!impl_->frozen_tier) return {};
-  const FrozenTier::ReadTotals t = impl_->frozen_tier->read_totals();
-  return FrozenTierReads{t.reads, t.bytes, t.seconds};
+  FrozenTierReads r;
+  if (impl_->frozen_tier) {
+    const FrozenTier::ReadTotals t = impl_->frozen_tier->read_totals();
+    r.reads = t.reads, r.bytes = t.bytes, r.seconds = t.seconds;
+  }
+  if (const ActivationSpill* spill = impl_->spill.get()) {
+    r.spill_written = spill->records_written() * spill->record_bytes();
+    r.spill_read = spill->records_read() * spill->record_bytes();
+  }
+  return r;
 }
 
 }  // namespace rp

@@ -117,6 +117,9 @@ std::vector<HostCopy> output_copies(Task& t, int64_t m, SpillPort& spill, int& s
   spilled = 0;
   if (kind == StageKind::forward) {
     for (size_t i = 0; i < t.layers.size(); ++i) {
+      // an evaluation pass has no backward: of its layers' outputs only the last, the next
+      // stage's input, is read (the others would be written to the spill's file for nothing)
+      if (t.rs.eval && i + 1 < t.layers.size()) continue;
       const int l = t.layers[i];
       if (spill.spilled(l + 1)) {
         spill.output(t, m, l + 1, s.xs[i].get());

@@ -21,8 +21,9 @@ namespace fs = std::filesystem;
 namespace rp {
 namespace {
 
-// The temporaries of the replace_file calls in progress, for remove_unfinished_temporaries:
-// a fixed table a signal handler can walk (a slot is 0 free, 1 being filled, 2 ready).
+// The temporaries of the replace_file calls in progress (and the files record_unfinished_file
+// names, without a marker), for remove_unfinished_temporaries: a fixed table a signal handler
+// can walk (a slot is 0 free, 1 being filled, 2 ready).
 constexpr int kTempSlots = 32;
 constexpr size_t kTempPathMax = 4096;
 struct TempSlot {
@@ -246,17 +247,21 @@ void set_atomic_write_hook(std::function<void(const std::string& event, const st
   write_hook() = std::move(hook);
 }
 
-int record_unfinished_file(const std::string& path) { return register_temporary(path, ""); }
-
-void forget_unfinished_file(int slot) { unregister_temporary(slot); }
-
 void remove_unfinished_temporaries() noexcept {
   for (TempSlot& s : g_temp_slots)
     if (s.state.load() == 2) {
       ::unlink(s.tmp);
       if (s.marker[0] != '\0') ::unlink(s.marker);
     }
+  // then the folders record_unfinished_file named, once empty: a pass per level they may nest
+  for (int pass = 0; pass < 16; ++pass)
+    for (TempSlot& s : g_temp_slots)
+      if (s.state.load() == 2 && s.marker[0] == '\0') ::rmdir(s.tmp);
 }
+
+int record_unfinished_file(const std::string& path) noexcept { return register_temporary(path, ""); }
+
+void forget_unfinished_file(int handle) noexcept { unregister_temporary(handle); }
 
 void replace_file(const std::string& path, const std::function<void(const std::string& tmp)>& write) {
   const std::string tmp = temporary_path(path);

@@ -53,12 +53,13 @@ void replace_file(const std::string& path, const std::function<void(const std::s
 /// clean_stale_temporaries removes them, as after a kill).
 void remove_unfinished_temporaries() noexcept;
 
-/// Records `path`, a file this process created and removes itself when done (a builders' lock),
-/// for remove_unfinished_temporaries: a process ended at once on a signal leaves it behind
-/// otherwise. Returns the slot for forget_unfinished_file (-1 when the table is full: the file
-/// is then only left behind, as after a kill).
-int record_unfinished_file(const std::string& path);
-void forget_unfinished_file(int slot);
+/// Adds a file this process made and removes itself when done (a builders' lock file it
+/// created), or a folder it made for one (removed only while empty, after the files), to what
+/// remove_unfinished_temporaries removes, until forget_unfinished_file(handle). Returns the
+/// handle, -1 when the table is full or the name too long (it then stays after a signal, as
+/// after a kill).
+int record_unfinished_file(const std::string& path) noexcept;
+void forget_unfinished_file(int handle) noexcept;
 
 /// replace_file with a binary std::ostream opened on the temporary: `write(os)` writes the
 /// content; a stream that cannot be opened throws "<path>: cannot write (<reason>)", a failed

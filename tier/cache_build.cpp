@@ -164,7 +164,8 @@ namespace {
 // the file removes it when it is done, still holding it; a run that waited on it then finds its
 // file gone from the path (or another in its place) and takes the lock anew, so no two runs
 // hold the path's lock at once. A lock file this run did not create (another run's, or one a
-// killed run left) is never removed.
+// killed run left) is never removed; one it created goes on a stop signal too
+// (remove_unfinished_temporaries).
 class BuilderLock {
  public:
   BuilderLock(const std::string& lock_path, const std::string& path, const CacheBuildOptions& options)
@@ -172,13 +173,10 @@ class BuilderLock {
     bool said = false;
     for (;;) {
       created_ = false;
-      forget_unfinished_file(slot_);  // a lock file of an earlier round is not ours to remove
-      slot_ = -1;
       int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
       std::string why;
       if (fd >= 0) {
         created_ = true;
-        slot_ = record_unfinished_file(lock_path);  // a stop signal ending the process takes it too
       } else if (errno == EEXIST) {
         fd = ::open(lock_path.c_str(), O_RDWR | O_CLOEXEC);
         struct stat link {};
@@ -206,13 +204,16 @@ class BuilderLock {
       struct stat held {
       }, named{};
       if (::fstat(fd, &held) == 0 && ::stat(lock_path.c_str(), &named) == 0 && held.st_ino == named.st_ino &&
-          held.st_dev == named.st_dev)
-        return;  // still the file at the path: the lock is ours
+          held.st_dev == named.st_dev) {
+        // still the file at the path: the lock is ours; a stop signal removes the one we made
+        if (created_) signal_slot_ = record_unfinished_file(lock_path);
+        return;
+      }
       fd_.reset();
     }
   }
   ~BuilderLock() {
-    forget_unfinished_file(slot_);  // first: a signal after the unlink must not take another run's lock
+    forget_unfinished_file(signal_slot_);        // first: a signal from here on leaves it (as a kill)
     if (created_) ::unlink(lock_path_.c_str());  // before the descriptor closes (fd_, after this body)
   }
   BuilderLock(const BuilderLock&) = delete;
@@ -222,7 +223,7 @@ class BuilderLock {
   std::string lock_path_;
   Fd fd_;
   bool created_ = false;
-  int slot_ = -1;  // record_unfinished_file's, while created_
+  int signal_slot_ = -1;  ///< record_unfinished_file's handle for a lock we created
 };
 
 }  // namespace
@@ -256,22 +257,25 @@ CacheBuildReport build_cache(const std::string& path, const std::string& source_
   return rep;
 }
 
-EnsureResult ensure_cache(const std::string& path, const std::string& source_key,
-                          const std::vector<CacheEntrySpec>& specs, const CacheFill& fill,
-                          const CacheBuildOptions& options) {
-  const std::string dir = folder_of(path);
+namespace {
+
+/// ensure_cache once the folder `dir` exists.
+EnsureResult ensure_in_folder(const std::string& path, const std::string& dir, const std::string& source_key,
+                              const std::vector<CacheEntrySpec>& specs, const CacheFill& fill,
+                              const CacheBuildOptions& options) {
   std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) {
-    const std::string link = dangling_link_text(dir);  // "File exists" would not say why
-    throw std::runtime_error(link.empty()
-                                 ? fmt::format("{}: cannot create the folder ({})", dir, ec.message())
-                                 : fmt::format("cannot create the cache's folder: {}", link));
-  }
   const BuilderLock lock(cache_lock_path(path), path, options);
   // the lock is held until `lock` goes, on return or on a throw
   CacheOpenResult found = CacheFile::open(path, source_key);
-  if (found.state == CacheState::valid && found.file->matches(specs)) return {found.file, false, ""};
+  if (found.state == CacheState::valid && found.file->matches(specs)) {
+    if (!options.verify_reused) return {found.file, false, ""};
+    try {  // under the lock: no other run replaces the file between this check and the rebuild
+      found.file->verify_all();
+      return {found.file, false, ""};
+    } catch (const std::runtime_error& bad) {
+      found = {CacheState::damaged, bad.what(), nullptr, false};
+    }
+  }
   if (found.foreign)
     throw std::runtime_error(
         fmt::format("{}: exists and is not a roundpipe tier cache ({}); move it away or choose another cache "
@@ -305,6 +309,36 @@ EnsureResult ensure_cache(const std::string& path, const std::string& source_key
   if (built.state != CacheState::valid)
     throw std::runtime_error(fmt::format("{} (right after it was built)", built.reason));
   return {built.file, true, std::move(why)};
+}
+
+}  // namespace
+
+EnsureResult ensure_cache(const std::string& path, const std::string& source_key,
+                          const std::vector<CacheEntrySpec>& specs, const CacheFill& fill,
+                          const CacheBuildOptions& options) {
+  const std::string dir = folder_of(path);
+  std::error_code ec;
+  const std::vector<std::string> made = create_folders(dir, ec);
+  std::vector<int> on_signal;  // a stop signal mid-build takes them back too
+  for (const std::string& f : made) on_signal.push_back(record_unfinished_file(f));
+  struct Forget {
+    const std::vector<int>& handles;
+    ~Forget() {
+      for (int h : handles) forget_unfinished_file(h);
+    }
+  } forget{on_signal};
+  try {
+    if (ec) {
+      const std::string link = dangling_link_text(dir);  // "File exists" would not say why
+      throw std::runtime_error(link.empty()
+                                   ? fmt::format("{}: cannot create the folder ({})", dir, ec.message())
+                                   : fmt::format("cannot create the cache's folder: {}", link));
+    }
+    return ensure_in_folder(path, dir, source_key, specs, fill, options);
+  } catch (...) {
+    remove_empty_folders(made);  // a failed build leaves no folder it made (the lock is gone by now)
+    throw;
+  }
 }
 
 }  // namespace rp::tier

@@ -37,11 +37,10 @@ CacheState check_header(int fd, uint64_t size, const std::string& key, format::P
     why = std::move(w);
     return CacheState::damaged;
   };
-  {  // ours at all? the magic's first bytes (a file cut inside the magic is still ours)
+  {  // ours at all? the whole magic: a shorter file (a user's "R", say) is not provably ours
     char head[sizeof(format::kMagic)] = {};
-    const size_t want = size_t(std::min<uint64_t>(size, sizeof(head)));
-    foreign = size == 0 || pread_full(fd, head, want, 0) != int64_t(want) ||
-              std::memcmp(head, format::kMagic, want) != 0;
+    foreign = size < sizeof(head) || pread_full(fd, head, sizeof(head), 0) != int64_t(sizeof(head)) ||
+              std::memcmp(head, format::kMagic, sizeof(head)) != 0;
     if (foreign)
       return damaged(size == 0 ? "empty, not a roundpipe tier cache"
                                : "not a roundpipe tier cache (no RPTIERC magic at its start)");
@@ -209,6 +208,8 @@ void CacheFile::verify_all() const {
                                              n < 0 ? fmt::format("read failed ({})", std::strerror(int(-n)))
                                                    : std::string("short read (truncated?)")));
       sums.update(buf.data(), want);
+      // read once: as a build does, leave the page cache to the run (the base may be larger)
+      ::posix_fadvise(fd_, off_t(e.offset + done), off_t(want), POSIX_FADV_DONTNEED);
       done += want;
     }
     std::vector<uint64_t> blocks;

@@ -24,9 +24,10 @@
 // temporary "<path>.tmp-<pid>" with an owner marker, fsync, rename), so `path` is the old
 // version or the complete new one, never a partial file; a failed build (a fill that throws,
 // a write error, a full disk) leaves no cache file and no temporary of its own behind.
-// Builders that share a path are serialised by flock on "<path>.lock" (created on the first
-// build and left in place: an empty file); a second builder waits, then finds the first one's
-// valid file and reuses it. A CacheFile keeps its file descriptors, so a reader of an old
+// Builders that share a path are serialised by flock on "<path>.lock" (an empty file, removed
+// by the run that created it when it is done, or by base/atomic_file.hpp's
+// remove_unfinished_temporaries on a stop signal); a second builder waits, then finds the first
+// one's valid file and reuses it. A CacheFile keeps its file descriptors, so a reader of an old
 // file keeps reading the old bytes (its inode) while a rebuild renames a new file over the path.
 //
 // Thread-safety: a CacheFile is immutable after open; its methods may be called from any
@@ -85,8 +86,8 @@ struct CacheOpenResult {
   /// says 16384"); empty when valid.
   std::string reason;
   std::shared_ptr<const CacheFile> file;  ///< set when valid
-  /// A file exists at the path that is not a tier cache (empty, or without the magic): a
-  /// build never replaces it (ensure_cache refuses with one line).
+  /// A file exists at the path that is not a tier cache (shorter than the 8-byte magic, or
+  /// without it): a build never replaces it (ensure_cache refuses with one line).
   bool foreign = false;
 };
 
@@ -128,7 +129,7 @@ class CacheFile {
   /// N: short read ...") or a mismatch (checksum_mismatch).
   void read_entry(size_t i, std::span<std::byte> dst) const;
   /// Reads every entry and verifies its checksum and its block checksums (buffered, 8 MiB at a
-  /// time); throws as read_entry at the first bad one.
+  /// time, the page cache dropped behind the reads); throws as read_entry at the first bad one.
   void verify_all() const;
   /// "<path>: entry '<name>' at offset N (B bytes): checksum mismatch (stored X, read Y)".
   std::string checksum_mismatch(size_t i, uint64_t got) const;
@@ -176,6 +177,10 @@ struct CacheBuildOptions {
   /// ensure_cache: called with one line when another process or thread holds the builders'
   /// lock, before waiting for it (null: wait silently).
   std::function<void(const std::string& line)> on_wait;
+  /// ensure_cache: read a file it would reuse whole first (CacheFile::verify_all), still
+  /// holding the builders' lock; a bad entry makes it damaged (rebuilt, or refused like any
+  /// damaged file: behind a symbolic link), the mismatch being the reason.
+  bool verify_reused = false;
 };
 
 /// The size a cache file of `specs` with `source_key` has (header plus padded entries).
@@ -212,13 +217,15 @@ struct EnsureResult {
 
 /// The valid cache file for (`source_key`, `specs`) at `path`: takes the builders' lock
 /// (waits for another builder), reuses a valid file whose entries match `specs` (whatever its
-/// checksum block size and however it was written: options only shape a new build), else builds
+/// checksum block size and however it was written: options only shape a new build; with
+/// options.verify_reused, only once every entry's checksum held), else builds
 /// one with build_cache and opens it. Before building it removes the leftovers of dead
 /// builders of `path` (base/atomic_file.hpp clean_stale_temporaries: marked ones only). Throws
 /// as build_cache, or std::runtime_error when the folder or the lock cannot be made, when
 /// `path` holds a file that is not a tier cache ("<path>: exists and is not a roundpipe tier
 /// cache; ..."; it is left alone) or is a symbolic link to a cache that needs a rebuild (a
 /// valid one is reused through it), or when the new file does not open as valid.
+/// Whatever it throws, the folders it made for `path` are removed again while they are empty.
 EnsureResult ensure_cache(const std::string& path, const std::string& source_key,
                           const std::vector<CacheEntrySpec>& specs, const CacheFill& fill,
                           const CacheBuildOptions& options = {});

@@ -24,7 +24,8 @@ namespace rp {
 
 namespace {
 
-/// The session refuses a frozen_tier setting as "frozen_tier.<key>: <why>" (FrozenTierOptions);
+/// The session refuses a frozen_tier setting as "frozen_tier.<key>: <why>" (FrozenTierOptions:
+/// std::invalid_argument for the value, std::runtime_error for the file the path names);
 /// the spec's key came from the spec file, so the line reads like the spec's other errors,
 /// "<spec file>: key 'frozen_tier.<key>': <why>". Other messages stay as they are.
 std::string spec_key_error(const TrainSpec& spec, const std::string& message) {
@@ -134,6 +135,10 @@ void TrainingRun::start_session(const ModelLayout& layout, std::vector<std::vect
     session_ = std::make_unique<Session>(layout, std::move(weights), std::move(frozen), opt);
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(spec_key_error(spec_, e.what()));
+  } catch (const std::runtime_error& e) {  // the cache or the spill file cannot be made there
+    std::string named = spec_key_error(spec_, e.what());
+    if (named == e.what()) throw;
+    throw std::runtime_error(std::move(named));
   }
   if (resume_) start_ = restore_checkpoint(*resume_, spec_, *session_, *data_);
   const IterationPlan& plan = session_->initial_plan();
@@ -190,16 +195,26 @@ TrainResult TrainingRun::execute_steps() {
 }
 
 /// What the disk tier read while training (evaluation and checkpoints included): the bytes per
-/// step and the disk's rate while it was read, to hold against `roundpipe plan --disk-gbps`.
+/// step and the disk's rate while it was read, and what the activation spill wrote and read
+/// back, to hold against `roundpipe plan --disk-gbps` (whose per-iteration read counts both).
 void TrainingRun::report_tier_reads(const FrozenTierReads& from, int64_t steps, double seconds) const {
-  if (!session_->frozen_tier().enabled || steps <= 0 || !(seconds > 0)) return;
+  const FrozenTierReport& tier = session_->frozen_tier();
+  if ((!tier.enabled && tier.spill_layers.empty()) || steps <= 0 || !(seconds > 0)) return;
   const FrozenTierReads to = session_->frozen_tier_reads();
+  const std::string spill =
+      tier.spill_layers.empty()
+          ? std::string()
+          : fmt::format("wrote {} and read back {} per step",
+                        byte_text(double(to.spill_written - from.spill_written) / double(steps)),
+                        byte_text(double(to.spill_read - from.spill_read) / double(steps)));
+  if (!tier.enabled) return spdlog::info("activation spill: {}", spill);
   const double bytes = double(to.bytes - from.bytes), busy = to.seconds - from.seconds;
   spdlog::info(
       "frozen tier: read {} per step ({:.1f} reads) at {:.2f} GB/s while reading; the reader busy "
-      "{:.0f}% of the training time",
+      "{:.0f}% of the training time{}",
       byte_text(bytes / double(steps)), double(to.reads - from.reads) / double(steps),
-      busy > 0 ? bytes / busy / 1e9 : 0.0, 100 * busy / seconds);
+      busy > 0 ? bytes / busy / 1e9 : 0.0, 100 * busy / seconds,
+      spill.empty() ? "" : "; the activation spill " + spill);
 }
 
 /// Replicas: a failure here reaches every other replica at once, as "replica <rank> failed:

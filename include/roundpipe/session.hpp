@@ -177,6 +177,9 @@ struct FrozenTierReport {
 struct FrozenTierReads {
   uint64_t reads = 0, bytes = 0;
   double seconds = 0;
+  /// The activation spill's file (spill_layers): the bytes written to it and read back from it
+  /// (whole records), the disk traffic `roundpipe plan --disk-gbps` adds to the base's reads.
+  uint64_t spill_written = 0, spill_read = 0;
 };
 
 struct SessionOptions {
@@ -486,7 +489,8 @@ class Session {
   std::string device_name() const;
   /// What the disk tier did at construction (enabled false without SessionOptions::frozen_tier).
   const FrozenTierReport& frozen_tier() const;
-  /// The frozen tier's reads so far (all zero without a tier). Thread-safe; cheap.
+  /// The frozen tier's reads and the activation spill's traffic so far (all zero without them).
+  /// Thread-safe; cheap.
   FrozenTierReads frozen_tier_reads() const;
   /// Writes the recorded trace (opt.trace) as Chrome trace JSON. Throws std::runtime_error.
   void write_trace(const std::string& path) const;

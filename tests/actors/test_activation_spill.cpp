@@ -339,6 +339,29 @@ TEST(ActivationSpill, EvaluationPassesReadTheSpilledInputs) {
   }
 }
 
+// An evaluation pass has no backward: of a forward stage's outputs it writes only the next
+// stage's input to the spill's file (each read back once), not the saved inputs of the layers
+// within the stage, and its loss is the one without a spill.
+TEST(ActivationSpill, AnEvaluationPassWritesOnlyTheInputsItReads) {
+  Scratch sc;
+  const ModelLayout m = full_layout();
+  TestSessionOptions o = spill_options(2, nullptr);
+  o.plan = make_uniform_plan(m.num_layers(), 3, 1, 0);  // forward stages of several layers
+  TestSession off(m, random_weights(m, 7), o);
+  o.frozen_tier = FrozenTierOptions{};
+  o.frozen_tier->path = sc.path("base.cache");
+  o.frozen_tier->spill_layers = m.num_layers() - 1;
+  TestSession on(m, random_weights(m, 7), o);
+  std::vector<int32_t> tg, ids;
+  random_tokens(67, kM * kNSeq * kSeqLen, 700, ids, tg);
+  const EvalResult a = off.wait_eval(off.evaluate(ids, tg)), b = on.wait_eval(on.evaluate(ids, tg));
+  EXPECT_EQ(a.loss_sum, b.loss_sum);
+  EXPECT_GT(b.tokens, 0);
+  const FrozenTierReads r = on.frozen_tier_reads();
+  EXPECT_GT(r.spill_read, 0u);
+  EXPECT_EQ(r.spill_written, r.spill_read) << "saved inputs written for a backward that never comes";
+}
+
 TEST(ActivationSpill, SpillingTurnsSavedAttentionOffWithOneLine) {
   Scratch sc;
   const ModelLayout m = full_layout();
@@ -407,6 +430,30 @@ TEST(ActivationSpill, AFolderUnderADanglingLinkIsNamed) {
   EXPECT_EQ(sc.entries(), (std::set<std::string>{"dead"}));
 }
 
+// A spill folder that cannot be made for another reason (here a file of the user's in its place;
+// a read-only disk alike) is refused naming the folder and the system's reason, under the key
+// frozen_tier.path, not later as a missing folder blamed on spill_layers.
+TEST(ActivationSpill, AFolderThatCannotBeMadeIsNamedWithTheReason) {
+  Scratch sc;
+  const ModelLayout m = full_layout();
+  std::ofstream(sc.dir / "afile") << "the user's";
+  TestSessionOptions o = spill_options(1, nullptr);
+  o.frozen_tier = FrozenTierOptions{};
+  o.frozen_tier->path = (sc.dir / "afile" / "sub" / "base.cache").string();
+  o.frozen_tier->spill_layers = 2;
+  try {
+    TestSession s(m, random_weights(m, 7), o);
+    ADD_FAILURE() << "a spill folder under a file was taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("frozen_tier.path: the spill file's folder cannot be made: " +
+                                              (sc.dir / "afile" / "sub").string() + " (",
+                                          0),
+              0u)
+        << e.what();
+  }
+  EXPECT_EQ(sc.entries(), (std::set<std::string>{"afile"}));
+}
+
 // The start line counts in words that agree ("1 layer") and tells the bytes of one iteration from
 // the file's (every activation set's) and the staging's workers.
 TEST(ActivationSpill, TheStartLineSaysWhatIsPerIterationAndPerFile) {
@@ -430,6 +477,27 @@ TEST(ActivationSpill, TheStartLineSaysWhatIsPerIterationAndPerFile) {
   EXPECT_EQ(l.find(" 0.0 "), std::string::npos) << l;
   EXPECT_NE(l.find(" over 2 workers ("), std::string::npos) << l;
   EXPECT_EQ(l.find("1 layers"), std::string::npos) << l;
+}
+
+// What the spill wrote and read back is counted (Session::frozen_tier_reads, the end-of-run line's
+// figures): each step writes one activation set's records and reads each back once, the
+// traffic `roundpipe plan --disk-gbps` adds to the base's reads.
+TEST(ActivationSpill, ItsTrafficIsCountedPerStep) {
+  Scratch sc;
+  const ModelLayout m = full_layout();
+  TestSessionOptions o = spill_options(2, nullptr);
+  o.frozen_tier = FrozenTierOptions{};
+  o.frozen_tier->path = sc.path("base.cache");
+  o.frozen_tier->spill_layers = 2;
+  TestSession on(m, random_weights(m, 7), o);
+  EXPECT_EQ(on.frozen_tier_reads().spill_written, 0u);
+  train(on);
+  const FrozenTierReads r = on.frozen_tier_reads();
+  const uint64_t per_step = on.frozen_tier().spill_bytes / 2;  // two sets in the file, one per step
+  ASSERT_GT(per_step, 0u);
+  EXPECT_EQ(r.spill_written, uint64_t(kSteps) * per_step);
+  EXPECT_EQ(r.spill_read, uint64_t(kSteps) * per_step);
+  EXPECT_EQ(r.bytes, 0u) << "nothing frozen: no tier reads";
 }
 
 // Runs kSteps with the fault `fault`; returns the RuntimeFailure's line ("" when the run succeeded

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -66,6 +67,23 @@ TEST(CacheBuild, TooLittleDiskSpaceIsOneLineAndWritesNothing) {
     EXPECT_EQ(m.find('\n'), std::string::npos);
   }
   EXPECT_EQ(CacheFile::open(s.path("w.cache"), "key-a").state, CacheState::valid) << "the old file was kept";
+}
+
+// A build that fails in folders it made (a full disk here) takes them back: nothing of the run
+// is left, and a folder that was there before (or that holds something) stays.
+TEST(CacheBuild, AFailedBuildRemovesTheFoldersItMade) {
+  Scratch s;
+  auto opt = small_chunks();
+  opt.free_bytes = [](const std::string&) { return uint64_t(4096); };
+  const std::string path = (s.dir / "new" / "deeper" / "w.cache").string();
+  EXPECT_THROW(ensure_cache(path, "key-a", odd_specs(), pattern_fill(), opt), std::runtime_error);
+  EXPECT_EQ(s.names(), std::vector<std::string>{});
+  std::filesystem::create_directories(s.dir / "new");
+  { std::ofstream(s.path("new/keep.txt")) << "the user's"; }
+  EXPECT_THROW(ensure_cache(path, "key-a", odd_specs(), pattern_fill(), opt), std::runtime_error);
+  EXPECT_EQ(s.names(), std::vector<std::string>{"new"});
+  EXPECT_FALSE(std::filesystem::exists(s.dir / "new" / "deeper"));
+  EXPECT_TRUE(std::filesystem::exists(s.dir / "new" / "keep.txt"));
 }
 
 // A cache path under a symbolic link to a missing folder: the refusal names the link and its
@@ -213,6 +231,56 @@ TEST(CacheBuild, AKilledBuildersTemporaryIsCleanedByTheNextBuild) {
   const auto r = ensure_cache(s.path("w.cache"), "key-a", odd_specs(), pattern_fill(), small_chunks());
   EXPECT_TRUE(r.built);
   EXPECT_EQ(s.names(), (std::vector<std::string>{"w.cache", "w.cache.tmp-999999999"}));
+}
+
+// A stop signal during the build (the handler of `roundpipe train` removes the unfinished
+// temporaries, then _Exits): neither the half-written cache nor the builders' lock is left.
+TEST(CacheBuild, AStopSignalDuringTheBuildLeavesNoTemporaryAndNoLock) {
+  Scratch s;
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // in folders it makes: they go too
+    ensure_cache(
+        s.path("new/deeper/w.cache"), "key-a", odd_specs(),
+        [](size_t e, uint64_t, std::span<std::byte>) {
+          if (e == 3) {
+            rp::remove_unfinished_temporaries();
+            std::_Exit(0);
+          }
+        },
+        small_chunks());
+    std::_Exit(1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_EQ(s.names(), std::vector<std::string>{});
+  // a finished build keeps its folders: nothing recorded is left for a later signal to take
+  ASSERT_TRUE(
+      ensure_cache(s.path("kept/w.cache"), "key-a", odd_specs(), pattern_fill(), small_chunks()).built);
+  std::filesystem::remove(s.path("kept/w.cache"));
+  rp::remove_unfinished_temporaries();
+  EXPECT_EQ(s.names(), std::vector<std::string>{"kept"});
+  std::filesystem::remove(s.path("kept"));
+  // a lock file another run made is not this run's to remove
+  { std::ofstream(s.path("v.cache.lock")) << ""; }
+  const pid_t second = ::fork();
+  ASSERT_GE(second, 0);
+  if (second == 0) {
+    ensure_cache(
+        s.path("v.cache"), "key-a", odd_specs(),
+        [](size_t e, uint64_t, std::span<std::byte>) {
+          if (e == 3) {
+            rp::remove_unfinished_temporaries();
+            std::_Exit(0);
+          }
+        },
+        small_chunks());
+    std::_Exit(1);
+  }
+  ASSERT_EQ(::waitpid(second, &status, 0), second);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_EQ(s.names(), std::vector<std::string>{"v.cache.lock"});
 }
 
 TEST(CacheBuild, TwoBuildersAtOnceBuildOnce) {
@@ -392,6 +460,38 @@ TEST(CacheBuild, AReaderOfTheOldFileReadsItDuringARebuild) {
   // the new file has the new bytes
   fresh.file->read_entry(4, e4);
   EXPECT_EQ(first_mismatch(e4.data(), 4, 0, 12305, 7), 12305u);
+}
+
+TEST(CacheBuild, AVerifiedReuseRebuildsADamagedEntryAndNamesIt) {
+  Scratch s;
+  auto opt = small_chunks();
+  opt.verify_reused = true;
+  ASSERT_TRUE(ensure_cache(s.path("w.cache"), "key-a", odd_specs(), pattern_fill(), opt).built);
+  EXPECT_FALSE(ensure_cache(s.path("w.cache"), "key-a", odd_specs(), pattern_fill(), opt).built);
+  flip_byte(s.path("w.cache"), 20480 + 9000);  // lm_head's second checksum block
+  const auto r = ensure_cache(s.path("w.cache"), "key-a", odd_specs(), pattern_fill(), opt);
+  EXPECT_TRUE(r.built);
+  EXPECT_HAS(r.rebuilt_because, "entry 'lm_head'");
+  EXPECT_NO_THROW(r.file->verify_all());
+  EXPECT_EQ(s.names(), (std::vector<std::string>{"w.cache"}));
+}
+
+TEST(CacheBuild, ADamagedEntryBehindASymbolicLinkIsRefusedAndTheLinkKept) {
+  Scratch s;
+  auto opt = small_chunks();
+  opt.verify_reused = true;
+  ASSERT_TRUE(ensure_cache(s.path("w.cache"), "key-a", odd_specs(), pattern_fill(), opt).built);
+  std::filesystem::create_symlink(s.path("w.cache"), s.path("link.cache"));
+  flip_byte(s.path("w.cache"), 20480 + 9000);
+  try {  // the user's link is not replaced by a file, nor removed
+    ensure_cache(s.path("link.cache"), "key-a", odd_specs(), pattern_fill(), opt);
+    FAIL() << "expected a refusal";
+  } catch (const std::runtime_error& e) {
+    EXPECT_HAS(e.what(), s.path("link.cache") + ": is a symbolic link");
+    EXPECT_HAS(e.what(), "entry 'lm_head'");
+  }
+  EXPECT_TRUE(std::filesystem::is_symlink(s.path("link.cache")));
+  EXPECT_EQ(s.names(), (std::vector<std::string>{"link.cache", "w.cache"}));
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // tier/cache_file: the layout, round trip, stale / damaged detection and checksums of the
 // disk tier's cache file.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -138,6 +140,11 @@ TEST(CacheFile, MissingTruncatedAndForeignFiles) {
     EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
   }
   EXPECT_EQ(slurp(other), "the user's notes, not a cache");
+  // a user's file as short as a prefix of the magic is left alone too
+  const auto letter = s.path("letter.txt");
+  { std::ofstream(letter) << "RP"; }
+  EXPECT_THROW(ensure_cache(letter, "key-a", odd_specs(), pattern_fill()), std::runtime_error);
+  EXPECT_EQ(slurp(letter), "RP");
 
   // a symbolic link: a valid cache is reused through it, a rebuild is refused
   std::filesystem::create_symlink(path, s.path("link.cache"));
@@ -199,6 +206,42 @@ TEST(CacheFile, AFlippedEntryByteIsNamedWithItsOffset) {
   }
 }
 
+// Checking a reused cache reads the whole base once; like a build, it leaves none of it in the
+// page cache (a base larger than the host's memory would otherwise push out what the run needs).
+TEST(CacheFile, VerifyAllLeavesTheFileOutOfThePageCache) {
+  Scratch s;
+  const auto path = s.path("w.cache");
+  std::vector<CacheEntrySpec> specs{{"big", uint64_t(4) << 20}};
+  build_cache(path, "key-a", specs, pattern_fill(), small_chunks());
+  auto resident_pages = [&] {
+    const size_t bytes = std::filesystem::file_size(path);
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    void* map = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+    std::vector<unsigned char> in((bytes + 4095) / 4096);
+    const int rc = ::mincore(map, bytes, in.data());
+    ::munmap(map, bytes);
+    ::close(fd);
+    size_t n = 0;
+    for (unsigned char c : in) n += rc == 0 && (c & 1);
+    return n;
+  };
+  (void)slurp(path);  // in the page cache now, where the file system keeps one
+  if (resident_pages() == 0) GTEST_SKIP() << "this file system keeps no page cache to test";
+  {  // and drops it when asked (tmpfs does not: its pages are the file)
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+  if (resident_pages() > 1) GTEST_SKIP() << "this file system keeps its pages when asked to drop them";
+  (void)slurp(path);
+  ASSERT_GT(resident_pages(), 1u);
+  const auto o = CacheFile::open(path, "key-a");
+  ASSERT_EQ(o.state, CacheState::valid);
+  o.file->verify_all();
+  // what open read of the header may stay (with the kernel's read-ahead): a few of 1026 pages
+  EXPECT_LE(resident_pages(), 8u);
+}
+
 TEST(CacheFile, BlockChecksumsDoNotDependOnTheFillChunks) {
   Scratch s;
   const std::vector<CacheEntrySpec> specs{{"a", 30000}, {"b", 12288}, {"c", 5}};
@@ -246,8 +289,9 @@ TEST(CacheFile, EveryFlippedHeaderByteAndEveryTruncationIsCaught) {
     std::filesystem::resize_file(path, size);
     const auto o = CacheFile::open(path, "key-a");
     EXPECT_EQ(o.state, CacheState::damaged) << size;
-    EXPECT_FALSE(o.foreign) << size;
-    EXPECT_HAS(o.reason, path + ": truncated");
+    // cut inside the magic: no longer provably ours (a user's one-byte "R" looks the same)
+    EXPECT_EQ(o.foreign, size < 8) << size;
+    EXPECT_HAS(o.reason, path + (size < 8 ? ": not a roundpipe tier cache" : ": truncated"));
     std::ofstream(path, std::ios::binary | std::ios::trunc) << good;
   }
   std::ofstream(path, std::ios::binary | std::ios::app) << "x";  // longer than the header says

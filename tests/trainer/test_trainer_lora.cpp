@@ -222,7 +222,12 @@ TEST(TrainerLora, ABaseStreamedFromTheDiskTierTrainsAndMergesBitForBit) {
   rp::TrainSpec spilled = lora_spec(d, "spilled", 3, rp::WeightFormat::q8_0);
   spilled.frozen_tier = rp::TrainSpec::FrozenTier{(d / "spill" / "base.cache").string(), 0};
   spilled.frozen_tier->spill_layers = 2;
-  rp::Trainer(spilled).run();
+  const std::string spill_log = rp::test::run_logging(spilled);
+  const size_t end = spill_log.find("frozen tier: read ");
+  ASSERT_NE(end, std::string::npos) << spill_log;
+  const std::string end_line = spill_log.substr(end, spill_log.find('\n', end) - end);
+  EXPECT_NE(end_line.find("; the activation spill wrote "), std::string::npos) << end_line;
+  EXPECT_EQ(end_line.find("wrote 0 B"), std::string::npos) << "the spill's traffic is counted: " << end_line;
   EXPECT_EQ(losses(d / "spilled/metrics.csv"), losses(d / "held/metrics.csv"));
   EXPECT_TRUE(a == bytes_of(d / "spilled/final" / rp::kAdapterWeightsFile));
   std::set<std::string> left;
@@ -269,6 +274,34 @@ TEST(TrainerLora, ATooSmallHostBudgetNamesTheSpecFileAndTheKey) {
         << msg;
     EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
   }
+  EXPECT_FALSE(fs::exists(d / "out")) << "the run made the folder and left it";
+  fs::remove_all(d);
+}
+
+// A cache path the tier cannot use (a file of the user's there) is refused in one line that names
+// the spec file and the key too, and the user's file stays as it was.
+TEST(TrainerLora, AForeignFileAtTheCachePathNamesTheSpecFileAndTheKey) {
+  auto d = tmpdir();
+  write(d / "data.jsonl", kData);
+  write(d / "notes.txt", "the user's notes, not a cache");
+  const fs::path spec = d / "foreign_spec.json";
+  write(spec, spec_for(tiny_model(d), d / "data.jsonl", d / "out",
+                       ", \"lora\": {\"r\": 4, \"alpha\": 8, \"target_modules\": \"all-linear\"}, "
+                       "\"frozen_tier\": {\"path\": \"" +
+                           (d / "notes.txt").string() + "\"}"));
+  try {
+    rp::Trainer::from_file(spec.string()).run();
+    ADD_FAILURE() << "a run replaced or used the user's file";
+  } catch (const std::runtime_error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.rfind(spec.string() + ": key 'frozen_tier.path': " + (d / "notes.txt").string() +
+                            ": exists and is not a roundpipe tier cache",
+                        0),
+              0u)
+        << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+  EXPECT_EQ(bytes_of(d / "notes.txt"), "the user's notes, not a cache");
   EXPECT_FALSE(fs::exists(d / "out")) << "the run made the folder and left it";
   fs::remove_all(d);
 }
