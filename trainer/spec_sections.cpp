@@ -102,7 +102,14 @@ void read_optimizer(const JsonFields& f, TrainSpec& s) {
         o.fail("betas", "two numbers [beta1, beta2]");
       s.adam.beta1 = b[0].get<double>();
       s.adam.beta2 = b[1].get<double>();
+      if (!(s.adam.beta1 >= 0 && s.adam.beta1 < 1 && s.adam.beta2 >= 0 && s.adam.beta2 < 1))
+        o.fail("betas", "two numbers [beta1, beta2], each >= 0 and < 1", b.dump());
     }
+    // the optimizer's own checks name its fields; a spec's error names the spec's keys
+    if (!(s.adam.lr >= 0) || !std::isfinite(s.adam.lr)) o.fail("lr", "a finite number >= 0", s.adam.lr);
+    if (!(s.adam.eps >= 0) || !std::isfinite(s.adam.eps)) o.fail("eps", "a finite number >= 0", s.adam.eps);
+    if (!(s.adam.weight_decay >= 0) || !std::isfinite(s.adam.weight_decay))
+      o.fail("weight_decay", "a finite number >= 0", s.adam.weight_decay);
   }
   nlohmann::json sched = f.has("lr_schedule") ? f.at("lr_schedule") : nlohmann::json::object();
   if (!sched.is_object()) f.fail("lr_schedule", "an object");

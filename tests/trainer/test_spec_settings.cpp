@@ -56,6 +56,19 @@ TEST(SpecSettings, NestedKeysJsonValuesAndStrings) {
   EXPECT_EQ(s.data, "123") << "as_string keeps a number-like path a string";
 }
 
+// The optimizer's values are checked where the spec is read, so an error names the spec's key
+// (optimizer.betas) and not the optimizer's field (AdamWOptions.beta1).
+TEST(SpecSettings, OptimizerValuesNameTheSpecsKeys) {
+  for (const char* bad : {"optimizer.betas=[0.9,1.0]", "optimizer.betas=[-0.1,0.999]", "optimizer.lr=-1",
+                          "optimizer.eps=-1e-8", "optimizer.weight_decay=-0.1"}) {
+    const rp::SpecSetting set = rp::parse_set_option(bad);
+    const std::string e = error_of(kSpec, {set});
+    EXPECT_NE(e.find("key '" + set.key + "'"), std::string::npos) << bad << ": " << e;
+    EXPECT_EQ(e.find("AdamWOptions"), std::string::npos) << bad << ": " << e;
+  }
+  EXPECT_EQ(error_of(kSpec, {rp::parse_set_option("optimizer.betas=[0.0,0.0]")}), "no error");
+}
+
 TEST(SpecSettings, ErrorsNameTheSetting) {
   EXPECT_EQ(error_of(kSpec, {rp::parse_set_option("lora.r=0")}),
             "--set lora.r=0: key 'lora.r': expected an integer in 1..65536, got 0");
