@@ -133,6 +133,28 @@ std::vector<std::string> unrecorded_outputs(const std::string& dir) {
   return out;
 }
 
+/// Why the file at `path` is not one a run may write its metrics JSONL over ("" when nothing is
+/// there, or it is empty, or every line is a JSON object with an integer "step", as the
+/// runs write them, a torn last line after such lines aside: a killed run's).
+std::string not_a_metrics_jsonl(const std::string& path) {
+  std::error_code ec;
+  const auto st = fs::symlink_status(path, ec);
+  if (ec || st.type() == fs::file_type::not_found) return "";
+  if (fs::is_directory(path, ec)) return "is a folder";
+  if (!fs::is_regular_file(path, ec)) return "is not a regular file";
+  if (fs::file_size(path, ec) > (uint64_t(1) << 30)) return "holds a file larger than 1 GiB";
+  std::ifstream f(path, std::ios::binary);
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(f, l);) lines.push_back(l);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const auto j = nlohmann::json::parse(lines[i], nullptr, false);
+    const bool metrics = j.is_object() && j.contains("step") && j["step"].is_number_integer();
+    if (!metrics && !(i > 0 && i + 1 == lines.size() && j.is_discarded()))
+      return fmt::format("holds a file whose line {} is not a run's metrics line", i + 1);
+  }
+  return "";
+}
+
 void log_leftovers(const std::vector<StaleTemporary>& stale) {
   std::vector<std::string> foreign;
   for (const auto& s : stale) {
@@ -162,8 +184,14 @@ void check_output_file(const TrainSpec& spec, const std::string& file, const std
 }
 
 void check_output_dir(const TrainSpec& spec) {
-  if (spec.metrics_jsonl && !spec.metrics_jsonl->empty())
-    check_output_file(spec, *spec.metrics_jsonl, fmt::format("{}: key 'metrics_jsonl'", spec.source));
+  if (spec.metrics_jsonl && !spec.metrics_jsonl->empty()) {
+    const std::string key = fmt::format("{}: key 'metrics_jsonl'", spec.source);
+    check_output_file(spec, *spec.metrics_jsonl, key);
+    if (const std::string why = not_a_metrics_jsonl(*spec.metrics_jsonl); !why.empty())
+      throw std::invalid_argument(one_line(
+          fmt::format("{}: '{}' {}; a run replaces only an earlier run's metrics there: choose another path",
+                      key, *spec.metrics_jsonl, why)));
+  }
   const std::string& out = spec.output_dir;
   if (const std::string why = unsafe_output_folder(out); !why.empty())
     throw std::invalid_argument(fmt::format(

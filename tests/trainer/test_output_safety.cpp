@@ -160,6 +160,20 @@ TEST(OutputSafety, MetricsJsonlNeverReplacesAnInputOrTheUsersFile) {
   write(d / "out/metrics.jsonl", "mine\n");
   expect_refused(spec, "holds metrics.jsonl that no roundpipe run recorded as its own");
   EXPECT_EQ(slurp(d / "out/metrics.jsonl"), "mine\n");
+  fs::remove(d / "out/metrics.jsonl");
+  // a path outside the folder: a user's file there stays, whatever its one line; an earlier
+  // run's metrics (even with a killed run's torn last line) are written over
+  for (const char* text : {"mine\n", "{\"note\": 1}\n", "{\"step\": 1}\nnotes\nmore\n"}) {
+    write(d / "notes.jsonl", text);
+    spec.metrics_jsonl = (d / "notes.jsonl").string();
+    expect_refused(spec, "is not a run's metrics line; a run replaces only an earlier run's metrics there");
+    EXPECT_EQ(slurp(d / "notes.jsonl"), text);
+  }
+  write(d / "m.jsonl", "{\"step\": 0, \"eval_loss\": 3.1}\n{\"step\": 1, \"loss\": 2.0}\n{\"step\": 2, \"lo");
+  spec.metrics_jsonl = (d / "m.jsonl").string();
+  EXPECT_EQ(rp::Trainer(spec).run().steps_done, 1);
+  EXPECT_EQ(slurp(d / "m.jsonl").find("\"lo\n"), std::string::npos);
+  EXPECT_NE(slurp(d / "m.jsonl").find("\"step\":1"), std::string::npos);
   fs::remove_all(d);
 }
 
