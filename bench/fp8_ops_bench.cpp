@@ -20,6 +20,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "bench/bench_main.hpp"
 #include "bench/ops_timing.hpp"
 #include "kernels/device.hpp"
 #include "kernels/ops.hpp"
@@ -265,15 +266,7 @@ int run(int argc, char** argv) {
   app.add_flag("--quick", e.quick, "fewer repetitions");
   app.add_option("--sustained", sustained_s, "time one e4m3 GEMM back to back for this many seconds instead")
       ->check(CLI::Range(0.0, 3600.0));
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& err) {
-    if (err.get_exit_code() == 0) return app.exit(err);
-    std::string what = err.what();
-    std::replace(what.begin(), what.end(), '\n', ' ');
-    std::fprintf(stderr, "bench_fp8_ops_bench: %s\n", what.c_str());
-    return 2;
-  }
+  if (const auto code = ::bench::parse_options(app, argc, argv, "bench_fp8_ops_bench")) return *code;
   if (cuda_device_count() == 0) {
     std::printf("no CUDA device visible: nothing to measure\n");
     return 0;
@@ -298,10 +291,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& err) {
-    std::fprintf(stderr, "bench_fp8_ops_bench: error: %s\n", err.what());
-    return 1;
-  }
+  return ::bench::guarded_main("bench_fp8_ops_bench", [&] { return run(argc, argv); });
 }

@@ -47,6 +47,7 @@
 #endif
 
 #include "base/atomic_file.hpp"
+#include "bench/bench_main.hpp"
 #include "optimizer/adamw.hpp"
 #include "optimizer/clip.hpp"
 #include "optimizer/isa.hpp"
@@ -293,15 +294,7 @@ int run(int argc, char** argv) {
                      ->check(CLI::Range(1, 1000));
   app.add_option("--md", md_path, "also write the report to this file (an existing file needs --force)");
   app.add_flag("--force", force, "with --md: replace an existing file");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);
-    std::string what = e.what();
-    std::replace(what.begin(), what.end(), '\n', ' ');
-    std::fprintf(stderr, "bench_optimizer_bench: %s\n", what.c_str());
-    return 2;
-  }
+  if (const auto code = bench::parse_options(app, argc, argv, "bench_optimizer_bench")) return *code;
   if (layers->count() > 0) qwen = true;
   const int64_t n = int64_t(params);
   if (const auto dir = std::filesystem::path(md_path).parent_path();
@@ -498,10 +491,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_optimizer_bench: error: %s\n", e.what());
-    return 1;
-  }
+  return bench::guarded_main("bench_optimizer_bench", [&] { return run(argc, argv); });
 }

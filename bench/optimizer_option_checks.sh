@@ -2,15 +2,8 @@
 # bench_optimizer_bench refuses a bad argument in one line and exit 2 before it measures anything,
 # and keeps an existing --md file unless --force: `optimizer_option_checks.sh <bench_optimizer_bench>`.
 bench="$1"
-fail=0
-check() {  # expected-line-part args...
-  want="$1"; shift
-  out=$("$bench" "$@" 2>&1); rc=$?
-  lines=$(printf '%s\n' "$out" | wc -l)
-  if [ "$rc" != 2 ] || [ "$lines" != 1 ] || ! printf '%s' "$out" | grep -q -- "$want"; then
-    echo "bench_optimizer_bench $*: rc $rc, $lines lines, expected '$want': $out"; fail=1
-  fi
-}
+name=bench_optimizer_bench
+. "$(dirname "$0")/one_line_check.sh"
 check "--threads abc: expected all, or counts from 1" --threads abc
 check "--threads 0: expected" --threads 0
 check "--threads 1,99999: expected" --threads 1,99999

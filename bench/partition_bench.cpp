@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "base/atomic_file.hpp"
+#include "bench/bench_main.hpp"
 #include "scheduler/cost_model.hpp"
 #include "scheduler/partition.hpp"
 #include "scheduler/simulator.hpp"
@@ -128,10 +129,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "bench_partition_bench: error: {}\n", e.what());
-    return 1;
-  }
+  return bench::guarded_main("bench_partition_bench", [&] { return run(argc, argv); });
 }

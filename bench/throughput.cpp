@@ -59,6 +59,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/host_resources.hpp"
+#include "bench/bench_main.hpp"
 #include "bench/random_weights.hpp"
 #include "kernels/device.hpp"
 #include "kernels/weight_format.hpp"
@@ -612,10 +613,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_throughput: error: %s\n", e.what());
-    return 1;
-  }
+  return bench::guarded_main("bench_throughput", [&] { return run(argc, argv); });
 }

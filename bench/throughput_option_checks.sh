@@ -3,15 +3,8 @@
 # value CLI11 rejects, --seqs not a multiple of --micro, a bad --plan) in one line and exit 2,
 # before it builds anything: `throughput_option_checks.sh <bench_throughput>`.
 bench="$1"
-fail=0
-check() {  # expected-line-part args...
-  want="$1"; shift
-  out=$("$bench" "$@" 2>&1); rc=$?
-  lines=$(printf '%s\n' "$out" | wc -l)
-  if [ "$rc" != 2 ] || [ "$lines" != 1 ] || ! printf '%s' "$out" | grep -q -- "$want"; then
-    echo "bench_throughput $*: rc $rc, $lines lines, expected '$want': $out"; fail=1
-  fi
-}
+name=bench_throughput
+. "$(dirname "$0")/one_line_check.sh"
 check "--tier-ring-gib needs --frozen-tier" --tier-ring-gib 1
 check "--tier-resident-gib needs --frozen-tier" --tier-resident-gib 1
 check "--tier-host-budget-gib needs --frozen-tier" --tier-host-budget-gib 8
