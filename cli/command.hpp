@@ -23,6 +23,18 @@ struct UsageError : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+/// `text` read whole as a number into `v` (std::stod's syntax; false when it does not parse or
+/// has anything after the number).
+inline bool whole_number(const std::string& text, double& v) {
+  size_t used = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    return false;
+  }
+  return used == text.size();
+}
+
 /// A CLI11 check with a short message ("expected a finite number > 0, got -1") instead of
 /// CLI::PositiveNumber's range of 300 digits; `zero_ok` also accepts 0.
 inline CLI::Validator finite_number_check(bool zero_ok, const std::string& unit = "") {
@@ -30,13 +42,8 @@ inline CLI::Validator finite_number_check(bool zero_ok, const std::string& unit 
   return CLI::Validator(
       [what, zero_ok](std::string& text) -> std::string {
         double v = 0;
-        size_t used = 0;
-        try {
-          v = std::stod(text, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        const bool ok = used == text.size() && std::isfinite(v) && (zero_ok ? v >= 0 : v > 0);
+        const bool whole = whole_number(text, v);
+        const bool ok = whole && std::isfinite(v) && (zero_ok ? v >= 0 : v > 0);
         return ok ? std::string() : fmt::format("expected {}, got {}", what, text);
       },
       zero_ok ? "NONNEGATIVE" : "POSITIVE");
@@ -50,13 +57,8 @@ inline CLI::Validator number_range_check(double lo, double hi) {
   return CLI::Validator(
       [what, lo, hi](std::string& text) -> std::string {
         double v = 0;
-        size_t used = 0;
-        try {
-          v = std::stod(text, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        const bool ok = used == text.size() && v >= lo && v <= hi;  // false for a NaN
+        const bool whole = whole_number(text, v);
+        const bool ok = whole && v >= lo && v <= hi;  // false for a NaN
         return ok ? std::string() : fmt::format("expected {}, got {}", what, text);
       },
       fmt::format("FLOAT in [{} - {}]", lo, hi));
