@@ -200,6 +200,13 @@ TestSessionOptions spill_options(int workers, std::vector<std::string>* log) {
   return o;
 }
 
+// A tier at `path` (its folder holds the spill file) that spills the saved inputs of `layers` layers.
+void spill_to(TestSessionOptions& o, const std::string& path, int layers) {
+  o.frozen_tier = FrozenTierOptions{};
+  o.frozen_tier->path = path;
+  o.frozen_tier->spill_layers = layers;
+}
+
 struct Case {
   int workers;
   bool lora;
@@ -224,10 +231,8 @@ TEST_P(SpillByCase, SpillingSavedInputsTrainsBitForBitLikeHoldingThem) {
   TestSessionOptions o = spill_options(c.workers, &log);
   o.plan = base_o.plan;
   o.device = base_o.device;
-  o.frozen_tier = FrozenTierOptions{};
-  o.frozen_tier->path = sc.path("base.cache");
-  o.frozen_tier->spill_layers = L - 1;  // every layer with a saved input
-  o.spill_staging = 2;                  // the least: forces waits for buffers
+  spill_to(o, sc.path("base.cache"), L - 1);  // every layer with a saved input
+  o.spill_staging = 2;                        // the least: forces waits for buffers
   std::atomic<uint64_t> reads{0}, writes{0};
   o.spill_fault = [&](bool write, uint64_t, uint64_t) {
     (write ? writes : reads)++;
@@ -300,9 +305,7 @@ TEST(ActivationSpill, ReplanningTheStagesDoesNotMatter) {
   ASSERT_NE(off.initial_plan().stages, forced.stages);
   const Result base = train(off);
   TestSessionOptions o = replanned(spill_options(2, nullptr));
-  o.frozen_tier = FrozenTierOptions{};
-  o.frozen_tier->path = sc.path("base.cache");
-  o.frozen_tier->spill_layers = 2;
+  spill_to(o, sc.path("base.cache"), 2);
   o.spill_staging = 2;
   TestSession on(m, random_weights(m, 7), o);
   const std::vector<int> chosen = on.frozen_tier().spill_layers;
@@ -325,9 +328,7 @@ TEST(ActivationSpill, EvaluationPassesReadTheSpilledInputs) {
   TestSessionOptions o = spill_options(2, nullptr);
   o.plan = make_uniform_plan(m.num_layers(), 1, 1, 0);
   TestSession off(m, random_weights(m, 7), o);
-  o.frozen_tier = FrozenTierOptions{};
-  o.frozen_tier->path = sc.path("base.cache");
-  o.frozen_tier->spill_layers = m.num_layers() - 1;
+  spill_to(o, sc.path("base.cache"), m.num_layers() - 1);
   TestSession on(m, random_weights(m, 7), o);
   for (int k = 0; k < 2; ++k) {
     std::vector<int32_t> tg, ids;
@@ -348,9 +349,7 @@ TEST(ActivationSpill, AnEvaluationPassWritesOnlyTheInputsItReads) {
   TestSessionOptions o = spill_options(2, nullptr);
   o.plan = make_uniform_plan(m.num_layers(), 3, 1, 0);  // forward stages of several layers
   TestSession off(m, random_weights(m, 7), o);
-  o.frozen_tier = FrozenTierOptions{};
-  o.frozen_tier->path = sc.path("base.cache");
-  o.frozen_tier->spill_layers = m.num_layers() - 1;
+  spill_to(o, sc.path("base.cache"), m.num_layers() - 1);
   TestSession on(m, random_weights(m, 7), o);
   std::vector<int32_t> tg, ids;
   random_tokens(67, kM * kNSeq * kSeqLen, 700, ids, tg);
@@ -370,9 +369,7 @@ TEST(ActivationSpill, SpillingTurnsSavedAttentionOffWithOneLine) {
   std::vector<std::string> log;
   TestSessionOptions o = spill_options(1, &log);
   o.save_attention = true;
-  o.frozen_tier = FrozenTierOptions{};
-  o.frozen_tier->path = sc.path("base.cache");
-  o.frozen_tier->spill_layers = 2;
+  spill_to(o, sc.path("base.cache"), 2);
   TestSession on(m, random_weights(m, 7), o);
   int lines = 0;
   for (const auto& l : log) lines += l.find("saved attention is off") != std::string::npos;
@@ -388,9 +385,7 @@ TEST(ActivationSpill, FoldersMadeForTheSpillAreTakenBackAndOthersStay) {
   const ModelLayout m = full_layout();  // nothing frozen: no cache file beside the spill
   auto run = [&](const fs::path& cache) {
     TestSessionOptions o = spill_options(1, nullptr);
-    o.frozen_tier = FrozenTierOptions{};
-    o.frozen_tier->path = cache.string();
-    o.frozen_tier->spill_layers = 2;
+    spill_to(o, cache.string(), 2);
     TestSession s(m, random_weights(m, 7), o);
     EXPECT_TRUE(fs::is_directory(cache.parent_path())) << "the spill's folder is made when the run starts";
     train(s);
@@ -416,9 +411,7 @@ TEST(ActivationSpill, AFolderUnderADanglingLinkIsNamed) {
   const ModelLayout m = full_layout();
   fs::create_directory_symlink(sc.dir / "gone", sc.dir / "dead");
   TestSessionOptions o = spill_options(1, nullptr);
-  o.frozen_tier = FrozenTierOptions{};
-  o.frozen_tier->path = (sc.dir / "dead" / "base.cache").string();
-  o.frozen_tier->spill_layers = 2;
+  spill_to(o, (sc.dir / "dead" / "base.cache").string(), 2);
   try {
     TestSession s(m, random_weights(m, 7), o);
     ADD_FAILURE() << "a spill folder under a dangling link was taken";
@@ -438,9 +431,7 @@ TEST(ActivationSpill, AFolderThatCannotBeMadeIsNamedWithTheReason) {
   const ModelLayout m = full_layout();
   std::ofstream(sc.dir / "afile") << "the user's";
   TestSessionOptions o = spill_options(1, nullptr);
-  o.frozen_tier = FrozenTierOptions{};
-  o.frozen_tier->path = (sc.dir / "afile" / "sub" / "base.cache").string();
-  o.frozen_tier->spill_layers = 2;
+  spill_to(o, (sc.dir / "afile" / "sub" / "base.cache").string(), 2);
   try {
     TestSession s(m, random_weights(m, 7), o);
     ADD_FAILURE() << "a spill folder under a file was taken";
@@ -460,9 +451,7 @@ TEST(ActivationSpill, TheStartLineSaysWhatIsPerIterationAndPerFile) {
   Scratch sc;
   const ModelLayout m = full_layout();
   TestSessionOptions o = spill_options(2, nullptr);
-  o.frozen_tier = FrozenTierOptions{};
-  o.frozen_tier->path = sc.path("base.cache");
-  o.frozen_tier->spill_layers = 1;
+  spill_to(o, sc.path("base.cache"), 1);
   TestSession on(m, random_weights(m, 7), o);
   const FrozenTierReport& r = on.frozen_tier();
   const std::string& l = r.spill_line;
@@ -486,9 +475,7 @@ TEST(ActivationSpill, ItsTrafficIsCountedPerStep) {
   Scratch sc;
   const ModelLayout m = full_layout();
   TestSessionOptions o = spill_options(2, nullptr);
-  o.frozen_tier = FrozenTierOptions{};
-  o.frozen_tier->path = sc.path("base.cache");
-  o.frozen_tier->spill_layers = 2;
+  spill_to(o, sc.path("base.cache"), 2);
   TestSession on(m, random_weights(m, 7), o);
   EXPECT_EQ(on.frozen_tier_reads().spill_written, 0u);
   train(on);
@@ -505,9 +492,7 @@ TEST(ActivationSpill, ItsTrafficIsCountedPerStep) {
 std::string failing_run(const Scratch& sc, const SpillFault& fault) {
   const ModelLayout m = full_layout();
   TestSessionOptions o = spill_options(2, nullptr);
-  o.frozen_tier = FrozenTierOptions{};
-  o.frozen_tier->path = sc.path("base.cache");
-  o.frozen_tier->spill_layers = 3;
+  spill_to(o, sc.path("base.cache"), 3);
   o.spill_staging = 2;
   o.spill_fault = fault;
   const auto t0 = std::chrono::steady_clock::now();
@@ -549,9 +534,7 @@ TEST(ActivationSpill, BadSpillLayersAreRefusedWithOneLineNamingTheRange) {
   const int L = m.num_layers();
   for (int n : {-1, L, L + 5}) {
     TestSessionOptions o = spill_options(1, nullptr);
-    o.frozen_tier = FrozenTierOptions{};
-    o.frozen_tier->path = sc.path("base.cache");
-    o.frozen_tier->spill_layers = n;
+    spill_to(o, sc.path("base.cache"), n);
     try {
       TestSession s(m, random_weights(m, 7), o);
       ADD_FAILURE() << "spill_layers " << n << " was taken";

@@ -233,15 +233,15 @@ TEST(CacheBuild, AKilledBuildersTemporaryIsCleanedByTheNextBuild) {
   EXPECT_EQ(s.names(), (std::vector<std::string>{"w.cache", "w.cache.tmp-999999999"}));
 }
 
-// A stop signal during the build (the handler of `roundpipe train` removes the unfinished
-// temporaries, then _Exits): neither the half-written cache nor the builders' lock is left.
-TEST(CacheBuild, AStopSignalDuringTheBuildLeavesNoTemporaryAndNoLock) {
-  Scratch s;
+// In a child: builds `path` until its fourth entry, then does what `roundpipe train`'s stop
+// handler does (removes the unfinished temporaries, then _Exits 0). Returns the child's exit
+// code (1: the build ended first; -1: it did not exit).
+int build_until_stop_signal(const std::string& path) {
   const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {  // in folders it makes: they go too
+  if (child < 0) return -1;
+  if (child == 0) {
     ensure_cache(
-        s.path("new/deeper/w.cache"), "key-a", odd_specs(),
+        path, "key-a", odd_specs(),
         [](size_t e, uint64_t, std::span<std::byte>) {
           if (e == 3) {
             rp::remove_unfinished_temporaries();
@@ -252,8 +252,15 @@ TEST(CacheBuild, AStopSignalDuringTheBuildLeavesNoTemporaryAndNoLock) {
     std::_Exit(1);
   }
   int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  if (::waitpid(child, &status, 0) != child || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
+
+// A stop signal during the build (the handler of `roundpipe train` removes the unfinished
+// temporaries, then _Exits): neither the half-written cache nor the builders' lock is left.
+TEST(CacheBuild, AStopSignalDuringTheBuildLeavesNoTemporaryAndNoLock) {
+  Scratch s;
+  ASSERT_EQ(build_until_stop_signal(s.path("new/deeper/w.cache")), 0);  // in folders it makes: they go too
   EXPECT_EQ(s.names(), std::vector<std::string>{});
   // a finished build keeps its folders: nothing recorded is left for a later signal to take
   ASSERT_TRUE(
@@ -264,22 +271,7 @@ TEST(CacheBuild, AStopSignalDuringTheBuildLeavesNoTemporaryAndNoLock) {
   std::filesystem::remove(s.path("kept"));
   // a lock file another run made is not this run's to remove
   { std::ofstream(s.path("v.cache.lock")) << ""; }
-  const pid_t second = ::fork();
-  ASSERT_GE(second, 0);
-  if (second == 0) {
-    ensure_cache(
-        s.path("v.cache"), "key-a", odd_specs(),
-        [](size_t e, uint64_t, std::span<std::byte>) {
-          if (e == 3) {
-            rp::remove_unfinished_temporaries();
-            std::_Exit(0);
-          }
-        },
-        small_chunks());
-    std::_Exit(1);
-  }
-  ASSERT_EQ(::waitpid(second, &status, 0), second);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  ASSERT_EQ(build_until_stop_signal(s.path("v.cache")), 0);
   EXPECT_EQ(s.names(), std::vector<std::string>{"v.cache.lock"});
 }
 
