@@ -9,6 +9,7 @@
 # Modes:
 #   gtest      the GPU tests: $FILTER first (default: the padded expert layout and bucketed GEMMs),
 #              then every CUDA test of each test binary
+#   gmoe       only the first part of gtest (the mixture-of-experts tests)
 #   b30g b30b  Qwen3-30B-A3B LoRA r=32 on attention, fp8 base, 8 x 4096, M=8, cap 10 GiB, expert
 #              GEMMs grouped (b30g) or bucketed (b30b); STEPS (8) measured after 2 warm-up steps
 #   p30g p30b  the same under the kernel profiler (bench/kernel_profile.cpp): $OUT/prof_MODE.md
@@ -66,10 +67,11 @@ q235=(--preset qwen3-235b-a22b --layers "${LAYERS:-8}" --seq 4096 --seqs 8 --mic
       --base-format nf4 --steps "${STEPS:-2}" --warmup 1)
 for mode in "$@"; do
   case $mode in
-    gtest)
+    gmoe|gtest)
       gt test_kernels "${FILTER:-*CudaMoePad*:MoePad*:MoePadded*}"
       gt test_model "LoraExpertsPeft.*:MoePadded*"
       gt test_actors "MoeRuntime*:StageMemoryMoe*"
+      [ "$mode" = gmoe ] && continue
       gt test_kernels "*Cuda*:*Fp8*:DeviceArch.*:*F16*:OpTable*"
       gt test_model "*Cuda*:HfParity*:LoraPeft*:LoraExpertsPeft*"
       gt test_actors "*Cuda*:MemoryFlat*:Profil*:FrozenSource*"

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include "kernels/dtype.hpp"
 #include "kernels/fp8.hpp"
@@ -71,6 +72,16 @@ void set_grouped_wgrad_kernel_max(Ops& ops, int64_t side);
 /// of cuBLAS's grouped GEMM. On by default; false runs them through cuBLAS. Throws
 /// std::invalid_argument for non-CUDA ops.
 void set_grouped_lowrank_kernel(Ops& ops, bool on);
+
+/// With ExpertGemm::bucketed, whether the batches of equal segment length run through
+/// cuBLASLt's pointer-array batched matmul, its algorithm chosen once per power-of-two class of
+/// length and count (true, the default: no per-call kernel choice), or through
+/// cublasGemmBatchedEx, which chooses one for every new length (false). A batch cuBLASLt refuses
+/// runs the legacy way either way. Throws std::invalid_argument for non-CUDA ops.
+void set_bucketed_lt(Ops& ops, bool on);
+/// How many batches of the bucketed GEMMs these ops enqueued through cuBLASLt (first) and
+/// through cublasGemmBatchedEx (second) since they were made.
+std::pair<int64_t, int64_t> bucketed_batches(Ops& ops);
 
 /// The scratch bytes the cuDNN attention paths of these ops assume each attention call's
 /// scratch holds; 0 (default) = Ops::attention_scratch_bytes of the call's shape. Smaller

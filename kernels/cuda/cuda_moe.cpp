@@ -41,9 +41,6 @@ const char* at(const void* p, int64_t elems, size_t es) {
   return static_cast<const char*>(p) + size_t(elems) * es;
 }
 char* at(void* p, int64_t elems, size_t es) { return static_cast<char*>(p) + size_t(elems) * es; }
-cudaDataType_t blas_type(DType t) {
-  return t == DType::f32 ? CUDA_R_32F : t == DType::bf16 ? CUDA_R_16BF : CUDA_R_16F;
-}
 }  // namespace
 
 void* CudaOps::blas_handle() {
@@ -59,6 +56,8 @@ void* CudaOps::blas_handle() {
 
 void CudaOps::release_moe() {
   release_moe_pad();
+  for (auto& [k, p] : batched_plans_) destroy_plan(p);
+  batched_plans_.clear();
   if (blas_) cublasDestroy(static_cast<cublasHandle_t>(blas_));
   if (group_ptrs_) cudaFree(group_ptrs_);
   if (moe_hist_) cudaFree(moe_hist_);
@@ -227,7 +226,7 @@ bool CudaOps::grouped_gemm_call(int which, const void* a, const void* b, void* c
   k_moe_group_ptrs(tab, A, B, C, group_ptrs_, st_);
   const std::vector<float> alpha(ng, alpha_all), betas(ng, beta);
   const std::vector<int> sizes(ng, 1);
-  const cudaDataType_t io = blas_type(dtype_), out = f32_out ? CUDA_R_32F : io;
+  const cudaDataType_t io = cuda_type(dtype_), out = f32_out ? CUDA_R_32F : io;
   const cublasStatus_t st = cublasGemmGroupedBatchedEx(
       static_cast<cublasHandle_t>(blas_), ta.data(), tb.data(), m.data(), n.data(), kk.data(), alpha.data(),
       const_cast<const void* const*>(group_ptrs_), io, lda.data(),

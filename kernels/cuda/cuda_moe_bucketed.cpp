@@ -1,8 +1,9 @@
 // CudaOps for the padded expert layout (Ops::moe_pad, ExpertGemm::bucketed; kernels/ops.hpp):
 // moe_pad_rows and moe_zero_pad_rows (kernels in cuda_moe_pad.cu, CPU twin
-// kernels/cpu/cpu_moe.cpp), and the grouped linears as one cublasGemmBatchedEx per distinct
-// segment length (bench/results/moe.md, "Expert GEMMs bucketed and split": 1.8-1.9x cuBLAS's
-// grouped call on uniform routing).
+// kernels/cpu/cpu_moe.cpp), and the grouped linears as one batched GEMM per distinct segment
+// length (bench/results/moe.md, "Expert GEMMs bucketed and split": 1.8-1.9x cuBLAS's grouped call
+// on uniform routing): cuBLASLt's pointer-array batches with an algorithm kept per length class,
+// else cublasGemmBatchedEx.
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -20,6 +21,39 @@ namespace rp::cuda {
 namespace {
 void require(bool cond, const char* op, const char* what) {
   if (!cond) throw std::invalid_argument(std::string(op) + ": " + what);
+}
+
+// One batch's GEMM in cuBLAS's column-major terms: row-major y = x W^T as y^T = W x^T
+// (grouped_gemm_call's shapes). which: 0 forward (W, x -> y), 1 input gradient (W, dy -> dx),
+// 2 weight gradient (x, dy -> dW); rows: the segment length of every matrix of the batch.
+struct BatchShape {
+  bool ta, tb;
+  int m, n, k, lda, ldb, ldc;
+};
+BatchShape batch_shape(int which, int K, int N, int rows) {
+  const bool fwd = which == 0, dx = which == 1;
+  return {fwd, which == 2,  fwd ? N : K, which == 2 ? N : rows, fwd ? K : dx ? N : rows,
+          K,   fwd ? K : N, fwd ? N : K};
+}
+
+int pow2_at_least(int x, int floor) {
+  int c = floor;
+  while (c < x && c < (1 << 30)) c <<= 1;
+  return c;
+}
+
+// The three layouts of `p` for `rows` and `count` matrices (rows and columns as cublasLtMatmul
+// reads op(A) m x k, op(B) k x n, C m x n).
+void set_batch_layouts(const BatchShape& b, int count, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t la,
+                       cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc) {
+  auto set = [](cublasLtMatrixLayout_t l, uint64_t r, uint64_t c, int n) {
+    RP_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_ROWS, &r, sizeof(r)));
+    RP_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_COLS, &c, sizeof(c)));
+    RP_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &n, sizeof(n)));
+  };
+  set(la, uint64_t(b.ta ? b.k : b.m), uint64_t(b.ta ? b.m : b.k), count);
+  set(lb, uint64_t(b.tb ? b.n : b.k), uint64_t(b.tb ? b.k : b.n), count);
+  set(lc, uint64_t(b.m), uint64_t(b.n), count);
 }
 }  // namespace
 
@@ -68,12 +102,81 @@ void CudaOps::moe_zero_pad_rows(void* x, const int32_t* token, int64_t R, int64_
   k_moe_zero_pad_rows(dtype_, x, token, R, H, st_);
 }
 
+// The plan of a length class and count class, its algorithm chosen by cuBLASLt's heuristic at
+// the class's upper ends; a plan without an operation (op null) records that cuBLASLt found none.
+CudaOps::Plan* CudaOps::batched_plan(int which, int64_t K, int64_t N, int rows, int count) {
+  const int rc = pow2_at_least(rows, 16), cc = pow2_at_least(count, 1);
+  const BatchedKey key{which, K, N, rc, cc};
+  auto it = batched_plans_.find(key);
+  if (it != batched_plans_.end()) return it->second.op ? &it->second : nullptr;
+  Plan p;
+  const BatchShape b = batch_shape(which, int(K), int(N), rc);
+  const cudaDataType_t io = cuda_type(dtype_), out = which == 2 ? CUDA_R_32F : io;
+  RP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t opa = b.ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = b.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  RP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
+  RP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
+  RP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, io, 1, 1, b.lda));
+  RP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, io, 1, 1, b.ldb));
+  RP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, out, 1, 1, b.ldc));
+  const uint32_t mode = CUBLASLT_BATCH_MODE_POINTER_ARRAY;
+  for (auto l : {p.a, p.b, p.c})
+    RP_CUBLAS_CHECK(
+        cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof(mode)));
+  set_batch_layouts(b, cc, p.op, p.a, p.b, p.c);
+  cublasLtMatmulPreference_t pref = nullptr;
+  RP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t ws = ws_bytes_;
+  const uint32_t align = 16;  // bucketed_gemm_call sends only 16-byte aligned matrices
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  for (auto a : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                 CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+    cublasLtMatmulPreferenceSetAttribute(pref, a, &align, sizeof(align));
+  cublasLtMatmulHeuristicResult_t res{};
+  int found = 0;
+  const cublasStatus_t s =
+      cublasLtMatmulAlgoGetHeuristic(lt_, p.op, p.a, p.b, p.c, p.c, pref, 1, &res, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (s != CUBLAS_STATUS_SUCCESS || found == 0) destroy_plan(p);
+  else p.algo = res.algo;
+  Plan& kept = batched_plans_.emplace(key, p).first->second;
+  return kept.op ? &kept : nullptr;
+}
+
+// `count` GEMMs of `rows` rows through cuBLASLt, their operands the pointer arrays ptrs[0..count),
+// ptrs[G..G+count), ptrs[2G..2G+count) (device). NOT_SUPPORTED when no plan or algorithm takes
+// the shape (then nothing was enqueued).
+cublasStatus_t CudaOps::lt_batched_gemm(int which, int64_t K, int64_t N, int rows, int count,
+                                        void* const* ptrs, int G, float beta, float alpha) {
+  Plan* p = batched_plan(which, K, N, rows, count);
+  if (!p) return CUBLAS_STATUS_NOT_SUPPORTED;
+  set_batch_layouts(batch_shape(which, int(K), int(N), rows), count, p->op, p->a, p->b, p->c);
+  const void *A = ptrs, *B = ptrs + G;
+  void* C = const_cast<void**>(ptrs + 2 * G);
+  cublasStatus_t st = cublasLtMatmul(lt_, p->op, &alpha, A, p->a, B, p->b, &beta, C, p->c, C, p->c, &p->algo,
+                                     ws_, ws_bytes_, st_);
+  if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE) return st;
+  // the class's algorithm does not take this length: one heuristic call for the exact shape
+  cublasLtMatmulPreference_t pref = nullptr;
+  RP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t ws = ws_bytes_;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  cublasLtMatmulHeuristicResult_t res{};
+  int found = 0;
+  st = cublasLtMatmulAlgoGetHeuristic(lt_, p->op, p->a, p->b, p->c, p->c, pref, 1, &res, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st != CUBLAS_STATUS_SUCCESS || found == 0) return CUBLAS_STATUS_NOT_SUPPORTED;
+  return cublasLtMatmul(lt_, p->op, &alpha, A, p->a, B, p->b, &beta, C, p->c, C, p->c, &res.algo, ws_,
+                        ws_bytes_, st_);
+}
+
 // The experts with rows in order of segment length (longest first, then by index), one group
-// table for all of them (one pointer-array kernel), and a batched call over each run of equal
-// lengths, its pointers a slice of the arrays. cuBLAS refusing the types shows at the first call,
-// before any GEMM ran; the pointer kernel it leaves behind is harmless. cuBLAS cannot see the
-// pointers in a device array, and its fast kernels assume them 16-byte aligned: rows whose bytes
-// are not a multiple of 16 (an odd rank) or unaligned bases go the grouped way instead.
+// table for all of them (one pointer-array kernel), and a batched GEMM over each run of equal
+// lengths, its pointers a slice of the arrays: cuBLASLt's when it takes the shape, else
+// cublasGemmBatchedEx. cuBLAS refusing the types shows at the first call, before any GEMM ran;
+// the pointer kernel it leaves behind is harmless. cuBLAS cannot see the pointers in a device
+// array, and its fast kernels assume them 16-byte aligned: rows whose bytes are not a multiple
+// of 16 (an odd rank) or unaligned bases go the grouped way instead.
 bool CudaOps::bucketed_gemm_call(int which, const void* a, const void* b, void* c, const int32_t* off,
                                  int64_t E, int64_t K, int64_t N, float beta, float alpha) {
   const bool f32_out = which == 2;
@@ -101,28 +204,32 @@ bool CudaOps::bucketed_gemm_call(int which, const void* a, const void* b, void* 
         cudaMalloc(reinterpret_cast<void**>(&group_ptrs_), size_t(3 * kMoeMaxGroups) * sizeof(void*)));
   k_moe_group_ptrs(tab, A, B, C, group_ptrs_, st_);  // after the previous call's GEMMs read them
   const int G = tab.n, k32 = int(K), n32 = int(N);
-  const cudaDataType_t io = dtype_ == DType::f32    ? CUDA_R_32F
-                            : dtype_ == DType::bf16 ? CUDA_R_16BF
-                                                    : CUDA_R_16F;
-  const cudaDataType_t out = f32_out ? CUDA_R_32F : io;
+  const cudaDataType_t io = cuda_type(dtype_), out = f32_out ? CUDA_R_32F : io;
   for (int s = 0; s < G;) {
     const int rows = len(order[size_t(s)]);
     int e = s;
     while (e < G && len(order[size_t(e)]) == rows) ++e;
-    // row-major y = x W^T as column-major y^T = W x^T (grouped_gemm_call's shapes)
-    const bool fwd = which == 0, dx = which == 1;
-    const cublasOperation_t ta = fwd ? CUBLAS_OP_T : CUBLAS_OP_N, tb = which == 2 ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const int m = fwd ? n32 : k32, n = which == 2 ? n32 : rows, kk = fwd ? k32 : dx ? n32 : rows;
-    const int lda = k32, ldb = fwd ? k32 : n32, ldc = fwd ? n32 : k32;
+    if (lt_batched_ok_) {
+      const cublasStatus_t st = lt_batched_gemm(which, K, N, rows, e - s, group_ptrs_ + s, G, beta, alpha);
+      if (st != CUBLAS_STATUS_NOT_SUPPORTED) {
+        RP_CUBLAS_CHECK(st);
+        ++lt_batches_;
+        s = e;
+        continue;
+      }
+    }
+    const BatchShape bs = batch_shape(which, k32, n32, rows);
     const cublasStatus_t st = cublasGemmBatchedEx(
-        h, ta, tb, m, n, kk, &alpha, const_cast<const void* const*>(group_ptrs_ + s), io, lda,
-        const_cast<const void* const*>(group_ptrs_ + G + s), io, ldb, &beta, group_ptrs_ + 2 * G + s, out,
-        ldc, e - s, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        h, bs.ta ? CUBLAS_OP_T : CUBLAS_OP_N, bs.tb ? CUBLAS_OP_T : CUBLAS_OP_N, bs.m, bs.n, bs.k, &alpha,
+        const_cast<const void* const*>(group_ptrs_ + s), io, bs.lda,
+        const_cast<const void* const*>(group_ptrs_ + G + s), io, bs.ldb, &beta, group_ptrs_ + 2 * G + s, out,
+        bs.ldc, e - s, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (s == 0 && (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE)) {
       if (f32_out) bucketed_f32_out_ok_ = false;
       return false;
     }
     RP_CUBLAS_CHECK(st);
+    ++legacy_batches_;
     s = e;
   }
   return true;

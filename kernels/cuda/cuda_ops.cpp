@@ -25,16 +25,6 @@ void require(bool cond, const char* op, const char* what) {
 }
 void check_n(int64_t n, const char* op) { require(n >= 0, op, "negative element count"); }
 
-cudaDataType_t cuda_type(DType t) {
-  switch (t) {
-    case DType::f32: return CUDA_R_32F;
-    case DType::bf16: return CUDA_R_16BF;
-    case DType::f16: return CUDA_R_16F;
-    default: break;
-  }
-  throw std::invalid_argument(std::string("gemm: unsupported dtype ") + dtype_name(t));
-}
-
 unsigned alignment_of(const void* p) {
   const auto u = reinterpret_cast<uintptr_t>(p);
   unsigned a = 256;
@@ -45,6 +35,16 @@ unsigned alignment_of(const void* p) {
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLASLt workspace (Hopper: 32 MiB)
 
 }  // namespace
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::f32: return CUDA_R_32F;
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f16: return CUDA_R_16F;
+    default: break;
+  }
+  throw std::invalid_argument(std::string("gemm: unsupported dtype ") + dtype_name(t));
+}
 
 CudaOps::CudaOps(int device, cudaStream_t stream, DType dtype, unsigned* err)
     : dev_(device), st_(stream), dtype_(dtype), err_(err) {
@@ -58,22 +58,30 @@ CudaOps::CudaOps(int device, cudaStream_t stream, DType dtype, unsigned* err)
   attn_impl_ = parse_attention_impl(std::getenv("RP_CUDA_ATTENTION"));
   attn_gqa_ = parse_attention_gqa(std::getenv("RP_CUDA_ATTENTION_GQA"));
   grouped_mode_ = parse_grouped_gemm(std::getenv("RP_CUDA_GROUPED_GEMM"));
+  if (const char* v = std::getenv("RP_CUDA_BUCKETED_LT"); v && *v) {
+    if (std::string(v) != "0" && std::string(v) != "1")
+      throw std::invalid_argument(fmt::format("RP_CUDA_BUCKETED_LT is '{}'; expected 0 or 1", v));
+    lt_batched_ok_ = std::string(v) == "1";
+  }
 }
 
 CudaOps::~CudaOps() {
   cudaSetDevice(dev_);
   release_moe();
-  for (auto& [k, p] : plans_) {
-    cublasLtMatmulDescDestroy(p.op);
-    cublasLtMatrixLayoutDestroy(p.a);
-    cublasLtMatrixLayoutDestroy(p.b);
-    cublasLtMatrixLayoutDestroy(p.c);
-  }
+  for (auto& [k, p] : plans_) destroy_plan(p);
   if (ws_) cudaFree(ws_);
   if (lt_) cublasLtDestroy(lt_);
 }
 
 // ---- GEMM ----------------------------------------------------------------------------
+
+void CudaOps::destroy_plan(Plan& p) {
+  if (p.op) cublasLtMatmulDescDestroy(p.op);
+  if (p.a) cublasLtMatrixLayoutDestroy(p.a);
+  if (p.b) cublasLtMatrixLayoutDestroy(p.b);
+  if (p.c) cublasLtMatrixLayoutDestroy(p.c);
+  p = Plan{};
+}
 
 CudaOps::Plan& CudaOps::plan_for(const Key& key, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
                                  int64_t lda, int64_t ldb, int64_t ldc, DType c_t, unsigned align_a,
@@ -108,10 +116,7 @@ CudaOps::Plan& CudaOps::plan_for(const Key& key, bool ta, bool tb, int64_t m, in
   cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(lt_, p.op, p.a, p.b, p.c, p.c, pref, 1, &res, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (s != CUBLAS_STATUS_SUCCESS || found == 0) {
-    cublasLtMatmulDescDestroy(p.op);
-    cublasLtMatrixLayoutDestroy(p.a);
-    cublasLtMatrixLayoutDestroy(p.b);
-    cublasLtMatrixLayoutDestroy(p.c);
+    destroy_plan(p);
     throw DeviceError(fmt::format(
         "cuBLASLt: no algorithm for {}{} GEMM m={} n={} k={} lda={} ldb={} ldc={} ({} -> {}{}): {}",
         ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, lda, ldb, ldc, fp8 ? "fp8" : dtype_name(dtype_),
@@ -525,6 +530,12 @@ void set_grouped_gemm(Ops& ops, int mode) {
 }
 
 int grouped_gemm(Ops& ops) { return cuda_ops(ops, "grouped_gemm").grouped_gemm(); }
+
+void set_bucketed_lt(Ops& ops, bool on) { cuda_ops(ops, "set_bucketed_lt").set_bucketed_lt(on); }
+
+std::pair<int64_t, int64_t> bucketed_batches(Ops& ops) {
+  return cuda_ops(ops, "bucketed_batches").bucketed_batches();
+}
 
 void set_grouped_lowrank_kernel(Ops& ops, bool on) {
   cuda_ops(ops, "set_grouped_lowrank_kernel").set_grouped_lowrank_kernel(on);

@@ -19,6 +19,9 @@
 
 namespace rp::cuda {
 
+/// cuBLAS's type of f32, bf16 or f16 data; std::invalid_argument for any other dtype.
+cudaDataType_t cuda_type(DType t);
+
 struct MoeGroupTable;  // cuda_kernels.hpp
 
 class CudaOps final : public Ops {
@@ -182,6 +185,9 @@ class CudaOps final : public Ops {
   /// all of them, 2 = the per-expert GEMMs spread over kMoeStreams side streams.
   void set_grouped_gemm(int mode) { grouped_mode_ = mode; }
   int grouped_gemm() const { return grouped_mode_; }
+  /// cuda_backend.hpp, set_bucketed_lt and bucketed_batches.
+  void set_bucketed_lt(bool on) { lt_batched_ok_ = on; }
+  std::pair<int64_t, int64_t> bucketed_batches() const { return {lt_batches_, legacy_batches_}; }
   /// cuda_backend.hpp's set_grouped_wgrad_kernel_max.
   void set_grouped_wgrad_kernel_max(int64_t side) { wgrad_kernel_max_ = side; }
   /// cuda_backend.hpp's set_grouped_lowrank_kernel.
@@ -290,6 +296,19 @@ class CudaOps final : public Ops {
   bool bucketed_gemm_call(int which, const void* a, const void* b, void* c, const int32_t* offsets_host,
                           int64_t E, int64_t K, int64_t N, float beta, float alpha);
   bool bucketed_f32_out_ok_ = true;  // false once cuBLAS refused a batched f32 output
+  // The bucketed calls through cuBLASLt's pointer-array batches (cuda_moe_bucketed.cpp): one plan
+  // per (which, K, N, power-of-two class of the segment length, of the batch count), its
+  // algorithm chosen once for the class; each call sets its layouts' lengths and counts. The
+  // legacy cublasGemmBatchedEx chose a kernel for every new length (~80 us of host time a call,
+  // the lengths changing every micro-batch). moe_mu_ held.
+  using BatchedKey = std::array<int64_t, 5>;
+  std::map<BatchedKey, Plan> batched_plans_;
+  bool lt_batched_ok_ = true;                    // set_bucketed_lt
+  int64_t lt_batches_ = 0, legacy_batches_ = 0;  // bucketed_batches
+  Plan* batched_plan(int which, int64_t K, int64_t N, int rows, int count);
+  cublasStatus_t lt_batched_gemm(int which, int64_t K, int64_t N, int rows, int count, void* const* ptrs,
+                                 int G, float beta, float alpha);
+  static void destroy_plan(Plan& p);
   // One grouped linear through cublasGemmGroupedBatchedEx; false (no GEMM enqueued) when
   // cuBLAS refuses the shape or types, so the caller runs the per-expert loop instead.
   static bool group_table(const int32_t* offsets_host, int64_t E, MoeGroupTable& tab);

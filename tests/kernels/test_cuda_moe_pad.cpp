@@ -3,8 +3,9 @@
 // T=512, skewed routing, so the layout has padding): moe_sort + moe_pad's offsets, rows and
 // tokens equal the CPU's, the gather writes zero pad rows, moe_zero_pad_rows zeroes exactly the
 // pads, and the grouped linears as bucketed batched GEMMs (ExpertGemm::bucketed) match the CPU
-// on the padded layout in both bf16 and f16, the same in both modes, bit for bit (an odd width,
-// which the batches refuse, matches the CPU through the grouped path). Outputs are
+// on the padded layout in both bf16 and f16, the same in both modes, bit for bit, through
+// cuBLASLt's pointer-array batches and through cublasGemmBatchedEx (an odd width, which the
+// batches refuse, matches the CPU through the grouped path). Outputs are
 // NaN-poisoned first. Skipped when no CUDA device is visible.
 #include <gtest/gtest.h>
 
@@ -128,12 +129,16 @@ TEST_P(CudaMoePad, BucketedGroupedLinearsMatchCpu) {
     cpu_->grouped_linear_bwd_input(dy.data(), w.data(), rdxa.data(), r.off_h.data(), E, K, N, true);
     cpu_->grouped_linear_bwd_weight(dy.data(), x.data(), rdw.data(), r.off_h.data(), E, K, N);
     std::vector<VecF> first;
-    for (int rep = 0; rep < 2; ++rep) {
+    // rep 0: mode 1, cuBLASLt's batches; rep 1: mode 0, the same; rep 2: cublasGemmBatchedEx
+    for (int rep = 0; rep < 3; ++rep) {
+      std::pair<int64_t, int64_t> before, after;
       DT y = poisoned(Rp * N, dt), ya = upload(y0, dt), dx = poisoned(Rp * K, dt), dxa = upload(dx0, dt);
       DT dw = upload(dw0, DType::f32);
       run([&](Ops& o) {
+        before = cuda::bucketed_batches(o);
         o.set_expert_gemm(ExpertGemm::bucketed);
-        cuda::set_grouped_gemm(o, rep == 0 ? 1 : 0);  // the batches replace both modes' GEMMs
+        cuda::set_grouped_gemm(o, rep == 1 ? 0 : 1);  // the batches replace both modes' GEMMs
+        cuda::set_bucketed_lt(o, rep != 2);
         o.grouped_linear_fwd(xd.get(), wd.get(), y.get(), r.off_h.data(), E, K, N);
         o.grouped_linear_fwd_add(xd.get(), wd.get(), ya.get(), r.off_h.data(), E, K, N, 0.75f);
         o.grouped_linear_bwd_input(dyd.get(), wd.get(), dx.get(), r.off_h.data(), E, K, N, false);
@@ -141,8 +146,16 @@ TEST_P(CudaMoePad, BucketedGroupedLinearsMatchCpu) {
         o.grouped_linear_bwd_weight(dyd.get(), xd.get(), dw.get(), r.off_h.data(), E, K, N);
         o.set_expert_gemm(ExpertGemm::grouped);
         cuda::set_grouped_gemm(o, 1);
+        cuda::set_bucketed_lt(o, true);
+        after = cuda::bucketed_batches(o);
       });
       const std::string m = "K=" + std::to_string(K) + " rep " + std::to_string(rep);
+      if (N % 8 == 0) {  // which way the batches went
+        const int64_t lt = after.first - before.first, legacy = after.second - before.second;
+        if (rep == 2)
+          EXPECT_TRUE(lt == 0 && legacy > 0) << m << ": " << lt << " cuBLASLt, " << legacy << " legacy";
+        else EXPECT_GT(lt, 0) << m << ": cuBLASLt took none of the batches (" << legacy << " went legacy)";
+      }
       VecF got[] = {download(y), download(ya), download(dx), download(dxa), download(dw)};
       EXPECT_TRUE(close(got[0], ry, tol(), ("y " + m).c_str()));
       EXPECT_TRUE(close(got[1], rya, tol(), ("y += " + m).c_str()));
@@ -153,7 +166,8 @@ TEST_P(CudaMoePad, BucketedGroupedLinearsMatchCpu) {
         ASSERT_EQ(got[4][size_t(i)], dw0[size_t(i)]) << "expert 3 has no rows: its dw must not change";
       if (rep == 0) {
         first.assign(std::begin(got), std::end(got) - 1);
-      } else if (N % 8 == 0) {  // the odd width's rank-sized products take the kernels of mode 1 instead
+      } else if (rep == 1 &&
+                 N % 8 == 0) {  // the odd width's rank-sized products take the kernels of mode 1 instead
         for (size_t i = 0; i < first.size(); ++i) {
           EXPECT_EQ(std::memcmp(first[i].data(), got[i].data(), first[i].size() * sizeof(float)), 0)
               << "output " << i << " differs between the modes: " << m;
