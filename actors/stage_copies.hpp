@@ -1,10 +1,10 @@
-// What a stage task moves between host and device, as the worker (actors/worker.cpp) issues it:
+// What a stage task moves between host and device, as the worker (actors/worker_copies.cpp) issues it:
 // a new task's weight buffers and upload windows, the copies of a chunk of its weights (a frozen
 // group's storage split between the weights and a staging buffer), the input copies of a
 // micro-batch before it computes and the output copies after, and the dequantization of a frozen
 // group's staged storage. These only read the task and the worker's context and say which bytes
 // go where; the worker's protocol (which message issues them, what a landing copy unlocks) stays
-// in worker.cpp.
+// in worker_copies.cpp.
 #pragma once
 #include <cstddef>
 #include <cstdint>

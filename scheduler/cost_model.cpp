@@ -295,7 +295,7 @@ void decoder_pass(Acc& a, const Dims& x, bool bwd, bool reuse_attention = false)
   a.elementwise(3 * x.T * x.H * es);  // residual
   if (!bwd) return;
   // backward: each GEMM C=AB costs dA = dC B^T and dB = A^T dC (accumulated into grads)
-  // a_reused: the weight gradient's A was quantized by the previous linear's (model/layers.cpp)
+  // a_reused: the weight gradient's A was quantized by the previous linear's (model/layers_backward.cpp)
   auto gemm_bwd = [&](double m, double n, double k, bool a_reused = false) {
     a.linear(m, k, n);
     if (!x.frozen) a.linear_wgrad(k, n, m, a_reused);

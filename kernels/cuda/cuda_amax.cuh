@@ -2,8 +2,8 @@
 // as the unsigned fp32 bits of |x| (for non-negative floats the bit order is the value order,
 // and a NaN's bits exceed inf's, so a NaN anywhere wins, as fp8::scale_from_amax expects), and
 // the float -> FP8 conversion of the quantize kernels. Shared by the quantization kernels
-// (cuda_fp8.cu) and the producers that fuse the reduction into their own pass (RMSNorm and
-// SwiGLU, cuda_elementwise.cu).
+// (cuda_fp8.cu) and the producers that fuse the reduction into their own pass (RMSNorm,
+// cuda_rowwise.cu; SwiGLU, cuda_elementwise.cu).
 #pragma once
 #include <cuda_fp8.h>
 

@@ -1,0 +1,202 @@
+// The decoder layer's backward (model/decoder_layer.hpp): the recompute of its forward (the
+// attention half whole, the MLP half chunk by chunk), then the MLP's and the attention's
+// weight and input gradients, through FP8 weight-gradient GEMMs where the call asks for them.
+#include <stdexcept>
+
+#include "model/decoder_layer.hpp"
+#include "model/layer_args.hpp"
+
+namespace rp {
+
+namespace {
+
+using namespace layer_args;
+
+// db += column sums of dy [M,N] unless the bias is absent or frozen.
+void bias_bwd(Ops& ops, const LayerArgs& a, int64_t off, const void* dy, int64_t M, int64_t N) {
+  if (off < 0) return;
+  void* db = grad(a, 0, off);
+  if (!db) return;
+  const int32_t rows[2] = {0, int32_t(M)};
+  ops.grouped_bias_bwd(dy, db, rows, 1, N);
+}
+
+// dw += dy^T x (M tokens, x [M,K], dy [M,N]) unless dw is a frozen group's (null): through
+// the FP8 GEMM when the call runs linear m's weight gradient in FP8 (`x_same`: x^T's codes are
+// the previous call's, which had the same x), else Ops::linear_bwd_weight. Returns whether
+// x^T's codes are now in the scratch, for the next linear reading the same x.
+bool weight_grad(Ops& ops, const Fp8Set& f8, LoraModule m, const void* dy, const void* x, void* dw, int64_t M,
+                 int64_t K, int64_t N, bool x_same = false) {
+  if (!dw) return false;
+  if (!f8.wgrad_fp8(m, K)) {
+    ops.linear_bwd_weight(dy, x, dw, M, K, N);
+    return false;
+  }
+  fp8_linear_bwd_weight(ops, f8.wgrad, dy, x, static_cast<float*>(dw), M, K, N, f8.lin[size_t(m)].grad_format,
+                        x_same);
+  return true;
+}
+
+}  // namespace
+
+void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc,
+                                const Fp8Set& f8, int64_t r0, int64_t n) const {
+  Ops& ops = *a.ops;
+  const int64_t H = c_.hidden_size, F = c_.intermediate_size;
+  const float eps = float(c_.rms_norm_eps);
+  const void* h1 = row(ops, b.h1, r0, H);
+  const void* dy = row(ops, a.dy, r0, H);
+  void* dh1 = row(ops, a.dx, r0, H);
+  // recompute the chunk's forward up to m
+  const bool pre_norm = w_mlp_in_ >= 0;  // OLMo 2: no pre-norm
+  if (pre_norm)
+    norm_fwd(ops, h1, param(a, 0, w_mlp_in_), b.hn, n, H, eps, off_, moe_ ? nullptr : f8(LoraModule::gate));
+  if (moe_) {
+    const bool aux = a.moe_stats && a.moe_aux_scale != 0.0f;
+    const double rows = double(moe_layers_) * double(a.shape.tokens());
+    const float aux_coef =
+        aux ? float(double(a.moe_aux_scale) * double(moe_->experts()) / (rows * rows)) : 0.0f;
+    moe_->backward(ops, a.params[0], a.grads[0], b.hn, dy, b.dhn, n, b.moe, aux ? a.moe_stats : nullptr,
+                   aux_coef, moe_adapters(a, true));
+    ops.copy(ops.dtype(), dh1, dy, n * H);  // residual path
+    ops.rmsnorm_bwd(h1, param(a, 0, w_post_), b.dhn, dh1, grad(a, 0, w_post_), n, H, eps, true);
+    return;
+  }
+  const void* in = pre_norm ? b.hn : h1;
+  adapted_linear_fwd(ops, lc, lora(LoraModule::gate), in, param(a, 0, wg_), b.g, n, H, F, r0,
+                     pre_norm ? f8.scaled(LoraModule::gate) : f8(LoraModule::gate));
+  adapted_linear_fwd(ops, lc, lora(LoraModule::up), in, param(a, 0, wu_), b.u, n, H, F, r0,
+                     f8.reuse(LoraModule::up, LoraModule::gate));
+  act_fwd(ops, b.g, b.u, b.m, n * F);
+  // y = h1 + r * post_norm(down(m)): dout, the gradient at down's output, is dy itself for
+  // LLaMA; OLMo 2 and Gemma recompute down's output (into hn) for its norm's backward (Gemma
+  // then normalizes h1 into hn again), Granite scales dy
+  const void* dout = dy;
+  if (post_norm_branches()) {
+    adapted_linear_fwd(ops, lc, lora(LoraModule::down), b.m, param(a, 0, wd_), b.hn, n, F, H, r0,
+                       f8(LoraModule::down));
+    ops.rmsnorm_bwd(b.hn, param(a, 0, w_post_ff_), dy, b.dhn, grad(a, 0, w_post_ff_), n, H, eps, false, off_);
+    if (pre_norm) ops.rmsnorm_fwd(h1, param(a, 0, w_mlp_in_), b.hn, n, H, eps, off_);
+    dout = b.dhn;
+  } else if (branch_scaled()) {
+    scale_activation(ops, dy, b.dhn, n * H, float(c_.residual_multiplier));
+    dout = b.dhn;
+  }
+  // down's adapter has its u from the recompute only when down's forward ran again
+  weight_grad(ops, f8, LoraModule::down, dout, b.m, grad(a, 0, wd_), n, F, H);
+  adapted_linear_bwd_input(ops, lc, lora(LoraModule::down), b.m, dout, param(a, 0, wd_), b.dm, n, F, H, false,
+                           r0, post_norm_branches(), f8(LoraModule::down));
+  if (c_.gemma()) ops.geglu_bwd(b.g, b.u, b.dm, b.dg, b.du, n * F);
+  else ops.swiglu_bwd(b.g, b.u, b.dm, b.dg, b.du, n * F);
+  const bool in_codes = weight_grad(ops, f8, LoraModule::gate, b.dg, in, grad(a, 0, wg_), n, H, F);
+  weight_grad(ops, f8, LoraModule::up, b.du, in, grad(a, 0, wu_), n, H, F, in_codes);
+  // without a pre-norm the input gradients add straight onto the residual path's
+  void* din = pre_norm ? b.dhn : dh1;
+  if (!pre_norm) ops.copy(ops.dtype(), dh1, dy, n * H);  // residual path
+  adapted_linear_bwd_input(ops, lc, lora(LoraModule::gate), in, b.dg, param(a, 0, wg_), din, n, H, F,
+                           !pre_norm, r0, true, f8(LoraModule::gate));
+  adapted_linear_bwd_input(ops, lc, lora(LoraModule::up), in, b.du, param(a, 0, wu_), din, n, H, F, true, r0,
+                           true, f8(LoraModule::up));
+  if (!pre_norm) return;
+  ops.copy(ops.dtype(), dh1, dy, n * H);  // residual path
+  ops.rmsnorm_bwd(h1, param(a, 0, w_mlp_in_), b.dhn, dh1, grad(a, 0, w_mlp_in_), n, H, eps, true, off_);
+}
+
+void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc,
+                                      const Fp8Set& f8) const {
+  Ops& ops = *a.ops;
+  const int64_t T = a.shape.tokens(), H = c_.hidden_size;
+  const int64_t nq = c_.num_attention_heads, nkv = c_.num_key_value_heads, D = c_.head_dim,
+                R = c_.rotary_dim();
+  const float eps = float(c_.rms_norm_eps);
+  const int64_t S = a.shape.n_seq, L = a.shape.seq_len;
+  // this call's RoPE table (longrope: by the call's length; a backward's as its forward's)
+  const RopeTable& rope_ = ropes_.pick(rope_length(a, ropes_.longrope()));
+  // h1 = x + r * post_norm(o_proj(o)): dattn, the gradient at o_proj's output, is dh1 for
+  // LLaMA, through OLMo 2's norm (its input, o_proj's output, is in xn) or scaled for Granite;
+  // into h1, which is no longer read
+  const void* dattn = a.dx;
+  if (post_norm_branches()) {
+    ops.rmsnorm_bwd(b.xn, param(a, 0, w_post_), a.dx, b.h1, grad(a, 0, w_post_), T, H, eps, false, off_);
+    // Gemma: xn is the q/k/v input again
+    if (!c_.post_norms) ops.rmsnorm_fwd(a.x, param(a, 0, w_in_), b.xn, T, H, eps, off_);
+    dattn = b.h1;
+  } else if (branch_scaled()) {
+    scale_activation(ops, a.dx, b.h1, T * H, float(c_.residual_multiplier));
+    dattn = b.h1;
+  }
+  weight_grad(ops, f8, LoraModule::o, dattn, b.o, grad(a, 0, wo_), T, nq * D, H);
+  bias_bwd(ops, a, bo_, dattn, T, H);
+  adapted_linear_bwd_input(ops, lc, lora(LoraModule::o), b.o, dattn, param(a, 0, wo_), b.dout, T, nq * D, H,
+                           false, 0, true, f8(LoraModule::o));
+  const float scale = c_.attention_scale();
+  if (variant()) {
+    ops.attention_bwd_v(b.q, b.k, b.v, b.o, b.lse, b.dout, b.dq, b.dk, b.dv, S, L, nq, nkv, D, scale,
+                        attention_variant(a, true), b.attn);
+    if (a.positions) {
+      ops.rope_bwd_at(b.dq, a.positions, T, nq, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
+      ops.rope_bwd_at(b.dk, a.positions, T, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
+    } else {
+      ops.rope_bwd(b.dq, S, L, nq, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
+      ops.rope_bwd(b.dk, S, L, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
+    }
+  } else if (a.positions) {
+    ops.attention_bwd_packed(b.q, b.k, b.v, b.o, b.lse, b.dout, a.positions, b.dq, b.dk, b.dv, S, L, nq, nkv,
+                             D, scale, b.attn);
+    ops.rope_bwd_at(b.dq, a.positions, T, nq, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
+    ops.rope_bwd_at(b.dk, a.positions, T, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
+  } else {
+    ops.attention_bwd(b.q, b.k, b.v, b.o, b.lse, b.dout, b.dq, b.dk, b.dv, S, L, nq, nkv, D, scale, b.attn);
+    ops.rope_bwd(b.dq, S, L, nq, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
+    ops.rope_bwd(b.dk, S, L, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
+  }
+  void* dq_lin = b.dq;
+  void* dk_lin = b.dk;
+  if (c_.qk_norm) {  // dout and v are no longer read: they take the norms' input gradients
+    ops.rmsnorm_bwd(b.qr, param(a, 0, wqn_), b.dq, b.dout, grad(a, 0, wqn_), qk_norm_rows(T, nq),
+                    qk_norm_cols(nq), eps, false, off_);
+    ops.rmsnorm_bwd(b.kr, param(a, 0, wkn_), b.dk, b.v, grad(a, 0, wkn_), qk_norm_rows(T, nkv),
+                    qk_norm_cols(nkv), eps, false, off_);
+    dq_lin = b.dout;
+    dk_lin = b.v;
+  }
+  const void* xin = attention_input(a, b);
+  const bool x_codes = weight_grad(ops, f8, LoraModule::q, dq_lin, xin, grad(a, 0, wq_), T, H, nq * D);
+  weight_grad(ops, f8, LoraModule::k, dk_lin, xin, grad(a, 0, wk_), T, H, nkv * D, x_codes);
+  weight_grad(ops, f8, LoraModule::v, b.dv, xin, grad(a, 0, wv_), T, H, nkv * D, x_codes);
+  bias_bwd(ops, a, bq_, dq_lin, T, nq * D);
+  bias_bwd(ops, a, bk_, dk_lin, T, nkv * D);
+  bias_bwd(ops, a, bv_, b.dv, T, nkv * D);
+  // h1 is no longer read; without a pre-norm the input gradients add onto the residual's in dx
+  void* dxn = c_.post_norms ? a.dx : b.h1;
+  adapted_linear_bwd_input(ops, lc, lora(LoraModule::q), xin, dq_lin, param(a, 0, wq_), dxn, T, H, nq * D,
+                           c_.post_norms, 0, true, f8(LoraModule::q));
+  adapted_linear_bwd_input(ops, lc, lora(LoraModule::k), xin, dk_lin, param(a, 0, wk_), dxn, T, H, nkv * D,
+                           true, 0, true, f8(LoraModule::k));
+  adapted_linear_bwd_input(ops, lc, lora(LoraModule::v), xin, b.dv, param(a, 0, wv_), dxn, T, H, nkv * D,
+                           true, 0, true, f8(LoraModule::v));
+  if (!c_.post_norms)
+    ops.rmsnorm_bwd(a.x, param(a, 0, w_in_), dxn, a.dx, grad(a, 0, w_in_), T, H, eps, true, off_);
+}
+
+void DecoderLayer::backward(const LayerArgs& a) const {
+  Ops& ops = check_args(a, n_groups_, needed(a, true), "decoder.backward", true);
+  if (!a.x || !a.dy || !a.dx) throw std::invalid_argument("decoder.backward: x/dy/dx null");
+  if (a.dx == a.dy || a.dx == a.x) throw std::invalid_argument("decoder.backward: dx aliases x or dy");
+  if (dropout_ > 0.f && a.dropout_id < 0)
+    throw std::invalid_argument(
+        "decoder.backward: LoRA dropout needs LayerArgs::dropout_id (>= 0, the forward's)");
+  DecoderBufs b = carve(a, ops, true);
+  use_saved_attention(a, b, "decoder.backward");
+  const LoraCall lc = lora_call(a, b, true);
+  const Fp8Set f8 = fp8_linears(a, b, true, "decoder.backward");
+  // recompute (with a saved attention, all but the attention itself); the MLP half is
+  // recomputed chunk by chunk below
+  attention_forward(a, b, lc, f8, true, saved_attention_);
+  if (a.after_recompute) a.after_recompute();
+  const int64_t T = a.shape.tokens();
+  for (int64_t r0 = 0; r0 < T; r0 += b.chunk) mlp_backward(a, b, lc, f8, r0, std::min(b.chunk, T - r0));
+  attention_backward(a, b, lc, f8);
+}
+
+}  // namespace rp
