@@ -1,6 +1,6 @@
 // CUDA ops, host side: argument checks (same as the CPU twin, before anything is
 // enqueued), cuBLASLt GEMMs, the chunked LM head + cross-entropy, and the launches of
-// the kernels in cuda_elementwise.cu / cuda_attention.cu.
+// the kernels in cuda_elementwise.cu, cuda_rowwise.cu and cuda_attention.cu.
 #include "kernels/cuda/cuda_ops.hpp"
 
 #include <fmt/format.h>
