@@ -119,15 +119,16 @@ ModelShape model_shape_from_hf_json(const nlohmann::json& j, const std::string& 
 /// kernels took under half the grouped kernels' time.
 constexpr double kBucketedGemmEfficiency = 0.6;
 /// DeviceModel::bucketed_call_seconds: the host time of one batched call of the bucketed expert
-/// GEMMs (cuBLAS chooses a kernel for each new shape, and the bucket lengths change every
-/// call). The sparse block waits for its routing offsets on the host before it can size the
-/// buckets, so this time is the GPU's idle time, once per bucket (expected_bucket_count) of
-/// every grouped linear. 80 us is what makes the plan match the one measurement there is:
-/// Qwen3-30B-A3B LoRA r=32 on attention, fp8 base, 8 x 4096, M=8, cap 10 GiB on the H200 ran
-/// 7,299 tokens/s bucketed against 11,828 grouped in one command, its profile's compute stream
-/// busy 51.5% of the time (92.6% grouped), with 26,660 gaps of 50-200 us in 12 s, most of
-/// them before a batched GEMM kernel.
-constexpr double kBucketedCallSeconds = 80e-6;
+/// GEMMs (cuBLASLt's pointer-array batches, their algorithm kept per power-of-two class of
+/// length and count). The sparse block waits for its routing offsets on the host before it can
+/// size the buckets, so this time is the GPU's idle time, once per bucket
+/// (expected_bucket_count) of every grouped linear. 25 us makes the plan's error on the one
+/// measurement there is the same as grouped's: Qwen3-30B-A3B LoRA r=32 on attention, fp8 base,
+/// 8 x 4096, M=8, cap 10 GiB on an H100 SXM ran 11,070 tokens/s bucketed against 11,163 grouped
+/// in one command (plan 11,411 and 11,558). Through cublasGemmBatchedEx, which chose a kernel
+/// for each new length, the H200 had run 7,299 against 11,828 (80 us per bucket; its profile's
+/// compute stream busy 51.5% of the time against 92.6% grouped).
+constexpr double kBucketedCallSeconds = 25e-6;
 
 /// Device and precision assumptions of the estimate.
 struct DeviceModel {

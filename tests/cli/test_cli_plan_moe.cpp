@@ -100,7 +100,7 @@ TEST(CliPlanMoe, BucketedExpertGemmsPlanHostTimeAndPaddedScratch) {
   const double gt = number_before(g.out, "iteration", " tokens/s"),
                bt = number_before(b.out, "iteration", " tokens/s");
   ASSERT_GT(gt, 0) << g.out;
-  EXPECT_NE(b.out.find("bucketed: 80 us of host time per batched call"), std::string::npos) << b.out;
+  EXPECT_NE(b.out.find("bucketed: 25 us of host time per batched call"), std::string::npos) << b.out;
   EXPECT_EQ(g.out.find("us of host time per batched call"), std::string::npos) << g.out;
   EXPECT_LT(bt, gt) << "host time per bucket: a slower iteration at this shape\n" << b.out;
   // under a 6 GiB cap both pick the same stages: the padded scratch shows in the peak
