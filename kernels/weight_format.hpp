@@ -66,6 +66,10 @@ int64_t weight_format_cols(const std::vector<int64_t>& shape);
 
 /// The 16 NF4 code values (normal quantiles scaled to [-1, 1], with an exact 0).
 extern const float kNf4[16];
+/// The NF4 code of v: the index i of the kNf4 level nearest v (smallest |v - kNf4[i]|, the
+/// lower index on a tie; 0 for NaN), as quantize_weights picks it for a value already divided
+/// by its block's absmax.
+uint8_t nf4_code(float v);
 /// The 16 MXFP4 code values as ggml's kvalues_mxfp4: {0,1,2,3,4,6,8,12, 0,-1,-2,-3,-4,-6,-8,-12}
 /// (twice the FP4 E2M1 values; code 8 is E2M1's -0, decoded as +0).
 extern const float kMxfp4[16];

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -68,6 +69,44 @@ TEST(WeightFormat, Nf4Codes) {
   EXPECT_EQ(kNf4[7], 0.0f);
   EXPECT_EQ(kNf4[15], 1.0f);
   for (int i = 1; i < 16; ++i) EXPECT_LT(kNf4[i - 1], kNf4[i]) << i;
+}
+
+// nf4_code is the nearest level by its definition: the smallest |v - kNf4[i]|, the lower index
+// on a tie, 0 for NaN. Checked against that scan on every level, the midpoints between levels
+// and their float neighbours (where a tie or a rounding would show), values past +-1 and +-2
+// (a block's absmax divides its values into [-1, 1]; larger ones take the scan), and a million
+// random values.
+TEST(WeightFormat, Nf4CodeIsTheNearestLevelLowerOnTies) {
+  auto scan = [](float v) {
+    int best = 0;
+    for (int i = 1; i < 16; ++i)
+      if (std::fabs(v - kNf4[i]) < std::fabs(v - kNf4[best])) best = i;
+    return best;
+  };
+  std::vector<float> vals = {0.f,
+                             -0.f,
+                             1.f,
+                             -1.f,
+                             2.f,
+                             -2.f,
+                             2.5f,
+                             -3.f,
+                             1e30f,
+                             -1e30f,
+                             std::numeric_limits<float>::infinity(),
+                             -std::numeric_limits<float>::infinity()};
+  for (int i = 0; i < 16; ++i) vals.push_back(kNf4[i]);
+  for (int i = 0; i + 1 < 16; ++i) {
+    const float mid = (kNf4[i] + kNf4[i + 1]) / 2;
+    float v = mid;
+    for (int k = 0; k < 3; ++k) v = std::nextafter(v, -2.f);
+    for (int k = 0; k < 7; ++k, v = std::nextafter(v, 2.f)) vals.push_back(v);
+  }
+  std::mt19937 g(11);
+  std::uniform_real_distribution<float> d(-1.2f, 1.2f);
+  for (int i = 0; i < 1000000; ++i) vals.push_back(d(g));
+  for (float v : vals) ASSERT_EQ(int(nf4_code(v)), scan(v)) << "v = " << v;
+  EXPECT_EQ(nf4_code(std::numeric_limits<float>::quiet_NaN()), 0);
 }
 
 // Plain 16-bit forms round to nearest, ties to even.
