@@ -174,7 +174,9 @@ class GroupFill {
       if (made_entry_ != entry) {
         made_ = HostBytes();  // the previous group's, if its fill stopped early
         made_ = HostBytes(size_t(e_.specs[entry].bytes));
+        const auto t0 = std::chrono::steady_clock::now();
         source_->fill(g, std::span<std::byte>(made_.as<std::byte>(), made_.size()));
+        made_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         made_entry_ = entry;
       }
       b = &made_;
@@ -182,6 +184,7 @@ class GroupFill {
     std::memcpy(out.data(), b->as<char>() + offset, out.size());
     if (offset + out.size() == b->size() && streamed_[size_t(g)]) *b = HostBytes();
   }
+  double made_seconds = 0;  ///< in the source's fill (FrozenTierReport::source_seconds)
 
  private:
   ParamStore& store_;
@@ -192,12 +195,15 @@ class GroupFill {
   size_t made_entry_ = SIZE_MAX;
 };
 
-/// "frozen tier: <path>: built|reused (N GiB, X s, O_DIRECT|buffered: why, engine); ring K x M
-/// MiB[; Y of the base resident (frozen_tier.key)][; reads G GB/s (probe; ...)][; rebuilt because ...]".
+/// "frozen tier: <path>: built|reused (N GiB, X s[ (Z s making the weights)], O_DIRECT|buffered: why,
+/// engine); ring K x M MiB[; Y of the base resident (frozen_tier.key)][; reads G GB/s (probe; ...)][; rebuilt
+/// because ...]".
 std::string opened_tier_line(const FrozenTierReport& r, const FrozenTierOptions& o, bool existed) {
-  std::string line = fmt::format("frozen tier: {}: {} ({:.2f} GiB, {:.1f} s, {}, {}); ring {} x {:.1f} MiB",
+  const std::string made =
+      r.source_seconds > 0 ? fmt::format(" ({:.1f} s making the weights)", r.source_seconds) : "";
+  std::string line = fmt::format("frozen tier: {}: {} ({:.2f} GiB, {:.1f} s{}, {}, {}); ring {} x {:.1f} MiB",
                                  o.path, r.built ? "built" : "reused", double(r.bytes) / kGiB, r.seconds,
-                                 r.direct ? "O_DIRECT" : "buffered: " + r.buffered_reason, r.engine,
+                                 made, r.direct ? "O_DIRECT" : "buffered: " + r.buffered_reason, r.engine,
                                  r.ring_buffers, double(r.buffer_bytes) / double(1 << 20));
   if (r.resident_bytes > 0)
     line += fmt::format("; {} of the base resident (frozen_tier.{})", byte_text(double(r.resident_bytes)),
@@ -370,6 +376,7 @@ void Session::Impl::open_frozen_tier(const SessionInternals& internals,
   r.rebuilt_because = er.rebuilt_because;
   for (const auto& spec : e.specs) r.bytes += spec.bytes;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.source_seconds = fill.made_seconds;
   r.direct = frozen_tier->direct();
   r.buffered_reason = r.direct ? "" : (o.direct ? er.file->direct_refused() : "frozen_tier.direct is off");
   r.engine = frozen_tier->engine();

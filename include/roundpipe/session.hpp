@@ -141,6 +141,9 @@ struct FrozenTierReport {
   std::string rebuilt_because;  ///< built: why the old file could not be used (missing, stale, damaged)
   uint64_t bytes = 0;           ///< the frozen groups' storage bytes in the file
   double seconds = 0;           ///< checking (and building) the cache
+  /// Of `seconds`, those a frozen source (SessionOptions::frozen_source) spent making the groups
+  /// a build wrote (0 when nothing was made: a reused cache, or weights handed over in memory).
+  double source_seconds = 0;
   bool direct = false;          ///< reads use O_DIRECT
   std::string buffered_reason;  ///< !direct: why not
   std::string engine;           ///< "io_uring" or "pread pool (N threads)"

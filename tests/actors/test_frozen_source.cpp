@@ -14,8 +14,10 @@
 //    and the least budget such a line names is taken.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <map>
+#include <thread>
 
 #include <linux/magic.h>
 #include <sys/vfs.h>
@@ -47,10 +49,12 @@ struct CountingSource {
   std::map<int, int> calls;
   std::vector<std::vector<float>> full;
   bool fail = false;
+  std::chrono::milliseconds delay{0};  // each group's making takes at least this long
   FrozenSource source(const ModelLayout& m, const std::string& identity) {
     return FrozenSource{identity, [this, &m](int g, std::span<std::byte> out) {
                           ++calls[g];
                           if (fail) throw std::runtime_error("source: cannot read the base");
+                          std::this_thread::sleep_for(delay);
                           const std::vector<std::byte> b = stored(m, full, g);
                           ASSERT_EQ(b.size(), out.size());
                           std::memcpy(out.data(), b.data(), b.size());
@@ -86,14 +90,20 @@ TEST(FrozenSource, MakesEachGroupOnceWhenNeededAndTrainsLikeGivenWeights) {
     expect_same(train(s), base, m);
   }
   src.calls.clear();
-  {  // the tier: made while the cache is written, once each
+  {  // the tier: made while the cache is written, once each; the report counts the making
     TestSessionOptions o = options(2, nullptr);
     o.frozen_tier = tier_at(sc.path("base.cache"));
+    src.delay = std::chrono::milliseconds(30);
     o.frozen_source = src.source(m, "random 7");
     TestSession s(m, src.trainable_only(m), o);
+    src.delay = std::chrono::milliseconds(0);
     ASSERT_TRUE(s.frozen_tier().enabled);
     EXPECT_TRUE(s.frozen_tier().built);
     for (size_t g = 0; g < m.groups.size(); ++g) EXPECT_EQ(src.calls[int(g)], m.groups[g].frozen ? 1 : 0);
+    int frozen = 0;
+    for (const auto& g : m.groups) frozen += g.frozen ? 1 : 0;
+    EXPECT_GE(s.frozen_tier().source_seconds, 0.03 * frozen) << "every frozen group is made during the build";
+    EXPECT_LE(s.frozen_tier().source_seconds, s.frozen_tier().seconds);
     expect_same(train(s), base, m);
   }
   src.calls.clear();
@@ -104,6 +114,7 @@ TEST(FrozenSource, MakesEachGroupOnceWhenNeededAndTrainsLikeGivenWeights) {
     TestSession s(m, src.trainable_only(m), o);
     EXPECT_FALSE(s.frozen_tier().built);
     EXPECT_TRUE(src.calls.empty()) << "a reused cache needs no group made";
+    EXPECT_EQ(s.frozen_tier().source_seconds, 0);
     expect_same(train(s), base, m);
   }
   {  // another identity: rebuilt
