@@ -21,6 +21,10 @@
 #   s235bud    Qwen3-235B-A22B's first LAYERS (8) decoders, LoRA r=32, nf4 base, 8 x 4096, cap 24,
 #              budget BUD (8) GiB: the plan keeps 1.6 of its 11.1 GiB base resident and reads 18.6 GiB
 #              per iteration: 2,299 tokens/s at 1.4 GB/s
+#              KEEP=1 keeps the cache (q235_nf4_L<LAYERS>.cache) for the next call on a warm machine:
+#              a cache that takes most of a call to build (~16 s a decoder there) is reused by the
+#              next call with the same LAYERS, which then only trains (its start line says
+#              "reused"; 45 decoders fill the volume's 64 GiB)
 #   s235ram    the same LAYERS with the base in RAM (the row the tier's is compared with)
 # Every bench row samples nvidia-smi (power, SM clock) every 0.5 s beside it (mean of samples above
 # 300 W) and, for a tier row, reads the cache file back with dd (O_DIRECT) right after.
@@ -104,8 +108,9 @@ for mode in "$@"; do
     s235ram) bench s235ram "${q235[@]}" ;;
     s235bud)
       mkdir -p "$TIER"
-      bench s235bud "${q235[@]}" --frozen-tier "$TIER/q235_nf4.cache" --tier-host-budget-gib "${BUD:-8}"
-      ddread "$TIER/q235_nf4.cache"; rm -f "$TIER/q235_nf4.cache" ;;
+      bench s235bud "${q235[@]}" --frozen-tier "$TIER/q235_nf4_L${LAYERS:-8}.cache" --tier-host-budget-gib "${BUD:-8}"
+      ddread "$TIER/q235_nf4_L${LAYERS:-8}.cache"
+      [ -n "${KEEP:-}" ] || rm -f "$TIER/q235_nf4_L${LAYERS:-8}.cache" ;;
     *) echo "unknown mode $mode" ;;
   esac
 done
