@@ -12,6 +12,8 @@
 #   gmoe       only the first part of gtest (the mixture-of-experts tests)
 #   b30g b30b  Qwen3-30B-A3B LoRA r=32 on attention, fp8 base, 8 x 4096, M=8, cap 10 GiB, expert
 #              GEMMs grouped (b30g) or bucketed (b30b); STEPS (8) measured after 2 warm-up steps
+#   b30s       b30b with each grouped linear's batches spread over BSTREAMS (4) streams
+#              (RP_CUDA_BUCKETED_STREAMS)
 #   p30g p30b  the same under the kernel profiler (bench/kernel_profile.cpp): $OUT/prof_MODE.md
 #   s8ram      LLaMA-3.1-8B LoRA r=32 all linears, nf4 base, 8 x 1024, cap 6 GiB, in RAM
 #   s8bud      the same on the disk tier with a whole-run host budget of 8 GiB
@@ -84,6 +86,9 @@ for mode in "$@"; do
     b30g|b30b)
       eg=grouped; [ "$mode" = b30b ] && eg=bucketed
       bench "$mode" "${q30[@]}" --base-format fp8 --steps "${STEPS:-8}" --warmup 2 --expert-gemm "$eg" ;;
+    b30s)
+      RP_CUDA_BUCKETED_STREAMS=${BSTREAMS:-4} \
+        bench "$mode" "${q30[@]}" --base-format fp8 --steps "${STEPS:-8}" --warmup 2 --expert-gemm bucketed ;;
     p30g|p30b)  # the same under the kernel profiler (bench/kernel_profile.cpp), its last 12 s
       eg=grouped; [ "$mode" = p30b ] && eg=bucketed
       CUDA_INJECTION64_PATH=$RP_DEV/lib/librp_kernel_profile.so RP_KPROF_OUT=$OUT/prof_$mode.md RP_KPROF_LAST_S=12 \

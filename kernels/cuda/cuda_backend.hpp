@@ -79,6 +79,13 @@ void set_grouped_lowrank_kernel(Ops& ops, bool on);
 /// cublasGemmBatchedEx, which chooses one for every new length (false). A batch cuBLASLt refuses
 /// runs the legacy way either way. Throws std::invalid_argument for non-CUDA ops.
 void set_bucketed_lt(Ops& ops, bool on);
+/// With ExpertGemm::bucketed and cuBLASLt's batches, how many streams the batches of one grouped
+/// linear spread over, round-robin (1, the default: all on the compute stream; up to 4: the side
+/// streams of mode 2, forked from and joined back into the compute stream, each with its own
+/// workspace), so that small batches run together instead of one after another. Same results.
+/// Initial value from RP_CUDA_BUCKETED_STREAMS. Throws std::invalid_argument for non-CUDA ops
+/// or n outside 1..4.
+void set_bucketed_streams(Ops& ops, int n);
 /// How many batches of the bucketed GEMMs these ops enqueued through cuBLASLt (first) and
 /// through cublasGemmBatchedEx (second) since they were made.
 std::pair<int64_t, int64_t> bucketed_batches(Ops& ops);

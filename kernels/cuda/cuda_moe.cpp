@@ -275,19 +275,9 @@ void CudaOps::grouped_gemms(int which, const void* a, const void* b, void* c, co
   const int used = int(std::min<int64_t>(groups, kMoeStreams));
   {
     std::lock_guard lk(moe_mu_);
-    if (!moe_fork_) {
-      int prio = 0;
-      RP_CUDA_CHECK(cudaStreamGetPriority(st_, &prio));
-      for (int i = 0; i < kMoeStreams; ++i) {
-        RP_CUDA_CHECK(cudaStreamCreateWithPriority(&moe_streams_[i], cudaStreamNonBlocking, prio));
-        RP_CUDA_CHECK(cudaMalloc(&moe_ws_[i], ws_bytes_));
-        RP_CUDA_CHECK(cudaEventCreateWithFlags(&moe_join_[i], cudaEventDisableTiming));
-      }
-      RP_CUDA_CHECK(cudaEventCreateWithFlags(&moe_fork_, cudaEventDisableTiming));
-    }
+    ensure_moe_streams();
   }
-  RP_CUDA_CHECK(cudaEventRecord(moe_fork_, st_));
-  for (int i = 0; i < used; ++i) RP_CUDA_CHECK(cudaStreamWaitEvent(moe_streams_[i], moe_fork_, 0));
+  moe_fork(used);
   int g = 0;
   for (int64_t e = 0; e < E; ++e) {
     if (off[e + 1] == off[e]) continue;
@@ -295,6 +285,27 @@ void CudaOps::grouped_gemms(int which, const void* a, const void* b, void* c, co
     expert_gemm(which, a, b, c, e, off[e], off[e + 1] - off[e], K, N, beta, moe_streams_[i], moe_ws_[i],
                 alpha);
   }
+  moe_join(used);
+}
+
+void CudaOps::ensure_moe_streams() {
+  if (moe_fork_) return;
+  int prio = 0;
+  RP_CUDA_CHECK(cudaStreamGetPriority(st_, &prio));
+  for (int i = 0; i < kMoeStreams; ++i) {
+    RP_CUDA_CHECK(cudaStreamCreateWithPriority(&moe_streams_[i], cudaStreamNonBlocking, prio));
+    RP_CUDA_CHECK(cudaMalloc(&moe_ws_[i], ws_bytes_));
+    RP_CUDA_CHECK(cudaEventCreateWithFlags(&moe_join_[i], cudaEventDisableTiming));
+  }
+  RP_CUDA_CHECK(cudaEventCreateWithFlags(&moe_fork_, cudaEventDisableTiming));
+}
+
+void CudaOps::moe_fork(int used) {
+  RP_CUDA_CHECK(cudaEventRecord(moe_fork_, st_));
+  for (int i = 0; i < used; ++i) RP_CUDA_CHECK(cudaStreamWaitEvent(moe_streams_[i], moe_fork_, 0));
+}
+
+void CudaOps::moe_join(int used) {
   for (int i = 0; i < used; ++i) {
     RP_CUDA_CHECK(cudaEventRecord(moe_join_[i], moe_streams_[i]));
     RP_CUDA_CHECK(cudaStreamWaitEvent(st_, moe_join_[i], 0));

@@ -147,27 +147,60 @@ CudaOps::Plan* CudaOps::batched_plan(int which, int64_t K, int64_t N, int rows, 
 // ptrs[G..G+count), ptrs[2G..2G+count) (device). NOT_SUPPORTED when no plan or algorithm takes
 // the shape (then nothing was enqueued).
 cublasStatus_t CudaOps::lt_batched_gemm(int which, int64_t K, int64_t N, int rows, int count,
-                                        void* const* ptrs, int G, float beta, float alpha) {
+                                        void* const* ptrs, int G, float beta, float alpha, cudaStream_t st,
+                                        void* ws) {
   Plan* p = batched_plan(which, K, N, rows, count);
   if (!p) return CUBLAS_STATUS_NOT_SUPPORTED;
   set_batch_layouts(batch_shape(which, int(K), int(N), rows), count, p->op, p->a, p->b, p->c);
   const void *A = ptrs, *B = ptrs + G;
   void* C = const_cast<void**>(ptrs + 2 * G);
-  cublasStatus_t st = cublasLtMatmul(lt_, p->op, &alpha, A, p->a, B, p->b, &beta, C, p->c, C, p->c, &p->algo,
-                                     ws_, ws_bytes_, st_);
-  if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE) return st;
+  cublasStatus_t s = cublasLtMatmul(lt_, p->op, &alpha, A, p->a, B, p->b, &beta, C, p->c, C, p->c, &p->algo,
+                                    ws, ws_bytes_, st);
+  if (s != CUBLAS_STATUS_NOT_SUPPORTED && s != CUBLAS_STATUS_INVALID_VALUE) return s;
   // the class's algorithm does not take this length: one heuristic call for the exact shape
   cublasLtMatmulPreference_t pref = nullptr;
   RP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  const uint64_t ws = ws_bytes_;
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  const uint64_t wsb = ws_bytes_;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb));
   cublasLtMatmulHeuristicResult_t res{};
   int found = 0;
-  st = cublasLtMatmulAlgoGetHeuristic(lt_, p->op, p->a, p->b, p->c, p->c, pref, 1, &res, &found);
+  s = cublasLtMatmulAlgoGetHeuristic(lt_, p->op, p->a, p->b, p->c, p->c, pref, 1, &res, &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  if (st != CUBLAS_STATUS_SUCCESS || found == 0) return CUBLAS_STATUS_NOT_SUPPORTED;
-  return cublasLtMatmul(lt_, p->op, &alpha, A, p->a, B, p->b, &beta, C, p->c, C, p->c, &res.algo, ws_,
-                        ws_bytes_, st_);
+  if (s != CUBLAS_STATUS_SUCCESS || found == 0) return CUBLAS_STATUS_NOT_SUPPORTED;
+  return cublasLtMatmul(lt_, p->op, &alpha, A, p->a, B, p->b, &beta, C, p->c, C, p->c, &res.algo, ws,
+                        ws_bytes_, st);
+}
+
+// One batch of `count` matrices of `rows` rows, its pointers from index s of the arrays (G
+// groups): through cuBLASLt on `st` with workspace `ws`, else cublasGemmBatchedEx on the compute
+// stream. False (nothing enqueued) only when the first batch finds cuBLAS refusing the types.
+bool CudaOps::bucketed_batch(int which, int64_t K, int64_t N, int s, int count, int rows, int G, float beta,
+                             float alpha, cudaStream_t st, void* ws, bool first) {
+  if (lt_batched_ok_) {
+    const cublasStatus_t r =
+        lt_batched_gemm(which, K, N, rows, count, group_ptrs_ + s, G, beta, alpha, st, ws);
+    if (r != CUBLAS_STATUS_NOT_SUPPORTED) {
+      RP_CUBLAS_CHECK(r);
+      ++lt_batches_;
+      return true;
+    }
+  }
+  const bool f32_out = which == 2;
+  const cudaDataType_t io = cuda_type(dtype_), out = f32_out ? CUDA_R_32F : io;
+  const BatchShape bs = batch_shape(which, int(K), int(N), rows);
+  const cublasStatus_t r = cublasGemmBatchedEx(
+      static_cast<cublasHandle_t>(blas_handle()), bs.ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+      bs.tb ? CUBLAS_OP_T : CUBLAS_OP_N, bs.m, bs.n, bs.k, &alpha,
+      const_cast<const void* const*>(group_ptrs_ + s), io, bs.lda,
+      const_cast<const void* const*>(group_ptrs_ + G + s), io, bs.ldb, &beta, group_ptrs_ + 2 * G + s, out,
+      bs.ldc, count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  if (first && (r == CUBLAS_STATUS_NOT_SUPPORTED || r == CUBLAS_STATUS_INVALID_VALUE)) {
+    if (f32_out) bucketed_f32_out_ok_ = false;
+    return false;
+  }
+  RP_CUBLAS_CHECK(r);
+  ++legacy_batches_;
+  return true;
 }
 
 // The experts with rows in order of segment length (longest first, then by index), one group
@@ -198,41 +231,30 @@ bool CudaOps::bucketed_gemm_call(int which, const void* a, const void* b, void* 
   MoeGroupOperand A, B, C;
   moe_group_operands(which, a, b, c, K, N, es, A, B, C);
   std::lock_guard lk(moe_mu_);
-  auto h = static_cast<cublasHandle_t>(blas_handle());
+  blas_handle();
   if (!group_ptrs_)
     RP_CUDA_CHECK(
         cudaMalloc(reinterpret_cast<void**>(&group_ptrs_), size_t(3 * kMoeMaxGroups) * sizeof(void*)));
   k_moe_group_ptrs(tab, A, B, C, group_ptrs_, st_);  // after the previous call's GEMMs read them
-  const int G = tab.n, k32 = int(K), n32 = int(N);
-  const cudaDataType_t io = cuda_type(dtype_), out = f32_out ? CUDA_R_32F : io;
-  for (int s = 0; s < G;) {
-    const int rows = len(order[size_t(s)]);
-    int e = s;
-    while (e < G && len(order[size_t(e)]) == rows) ++e;
-    if (lt_batched_ok_) {
-      const cublasStatus_t st = lt_batched_gemm(which, K, N, rows, e - s, group_ptrs_ + s, G, beta, alpha);
-      if (st != CUBLAS_STATUS_NOT_SUPPORTED) {
-        RP_CUBLAS_CHECK(st);
-        ++lt_batches_;
-        s = e;
-        continue;
-      }
-    }
-    const BatchShape bs = batch_shape(which, k32, n32, rows);
-    const cublasStatus_t st = cublasGemmBatchedEx(
-        h, bs.ta ? CUBLAS_OP_T : CUBLAS_OP_N, bs.tb ? CUBLAS_OP_T : CUBLAS_OP_N, bs.m, bs.n, bs.k, &alpha,
-        const_cast<const void* const*>(group_ptrs_ + s), io, bs.lda,
-        const_cast<const void* const*>(group_ptrs_ + G + s), io, bs.ldb, &beta, group_ptrs_ + 2 * G + s, out,
-        bs.ldc, e - s, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (s == 0 && (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE)) {
-      if (f32_out) bucketed_f32_out_ok_ = false;
-      return false;
-    }
-    RP_CUBLAS_CHECK(st);
-    ++legacy_batches_;
-    s = e;
+  const int G = tab.n;
+  std::vector<std::pair<int, int>> runs;  // [s, e): equal lengths
+  for (int s = 0, e = 0; s < G; s = e) {
+    while (e < G && len(order[size_t(e)]) == len(order[size_t(s)])) ++e;
+    runs.emplace_back(s, e);
   }
-  return true;
+  // with set_bucketed_streams(n > 1), the batches go round-robin to side streams, so the small
+  // ones fill the GPU together; their outputs are disjoint, the join orders what follows
+  const int used = lt_batched_ok_ ? int(std::min<size_t>(size_t(bucketed_streams_), runs.size())) : 1;
+  if (used > 1) ensure_moe_streams(), moe_fork(used);
+  bool ok = true;
+  for (size_t r = 0; r < runs.size() && ok; ++r) {
+    const auto [s, e] = runs[r];
+    const int i = int(r % size_t(used));
+    ok = bucketed_batch(which, K, N, s, e - s, len(order[size_t(s)]), G, beta, alpha,
+                        used > 1 ? moe_streams_[i] : st_, used > 1 ? moe_ws_[i] : ws_, r == 0);
+  }
+  if (used > 1) moe_join(used);
+  return ok;
 }
 
 }  // namespace rp::cuda

@@ -58,6 +58,12 @@ CudaOps::CudaOps(int device, cudaStream_t stream, DType dtype, unsigned* err)
   attn_impl_ = parse_attention_impl(std::getenv("RP_CUDA_ATTENTION"));
   attn_gqa_ = parse_attention_gqa(std::getenv("RP_CUDA_ATTENTION_GQA"));
   grouped_mode_ = parse_grouped_gemm(std::getenv("RP_CUDA_GROUPED_GEMM"));
+  if (const char* v = std::getenv("RP_CUDA_BUCKETED_STREAMS"); v && *v) {
+    const std::string t(v);
+    if (t.size() != 1 || t[0] < '1' || t[0] > '4')
+      throw std::invalid_argument(fmt::format("RP_CUDA_BUCKETED_STREAMS is '{}'; expected 1, 2, 3 or 4", v));
+    bucketed_streams_ = t[0] - '0';
+  }
   if (const char* v = std::getenv("RP_CUDA_BUCKETED_LT"); v && *v) {
     if (std::string(v) != "0" && std::string(v) != "1")
       throw std::invalid_argument(fmt::format("RP_CUDA_BUCKETED_LT is '{}'; expected 0 or 1", v));
@@ -532,6 +538,12 @@ void set_grouped_gemm(Ops& ops, int mode) {
 int grouped_gemm(Ops& ops) { return cuda_ops(ops, "grouped_gemm").grouped_gemm(); }
 
 void set_bucketed_lt(Ops& ops, bool on) { cuda_ops(ops, "set_bucketed_lt").set_bucketed_lt(on); }
+
+void set_bucketed_streams(Ops& ops, int n) {
+  CudaOps& c = cuda_ops(ops, "set_bucketed_streams");
+  if (n < 1 || n > 4) throw std::invalid_argument("set_bucketed_streams: n must be 1..4");
+  c.set_bucketed_streams(n);
+}
 
 std::pair<int64_t, int64_t> bucketed_batches(Ops& ops) {
   return cuda_ops(ops, "bucketed_batches").bucketed_batches();

@@ -187,6 +187,7 @@ class CudaOps final : public Ops {
   int grouped_gemm() const { return grouped_mode_; }
   /// cuda_backend.hpp, set_bucketed_lt and bucketed_batches.
   void set_bucketed_lt(bool on) { lt_batched_ok_ = on; }
+  void set_bucketed_streams(int n) { bucketed_streams_ = n; }
   std::pair<int64_t, int64_t> bucketed_batches() const { return {lt_batches_, legacy_batches_}; }
   /// cuda_backend.hpp's set_grouped_wgrad_kernel_max.
   void set_grouped_wgrad_kernel_max(int64_t side) { wgrad_kernel_max_ = side; }
@@ -265,6 +266,9 @@ class CudaOps final : public Ops {
   cudaStream_t moe_streams_[kMoeStreams] = {};  // side streams of mode 2, each with a workspace
   void* moe_ws_[kMoeStreams] = {};
   cudaEvent_t moe_fork_ = nullptr, moe_join_[kMoeStreams] = {};
+  void ensure_moe_streams();        // the side streams, their workspaces and events (moe_mu_ held)
+  void moe_fork(int used);          // the first `used` side streams wait for the compute stream's work so far
+  void moe_join(int used);          // the compute stream waits for theirs
   bool grouped_f32_out_ok_ = true;  // false once cuBLAS refused an f32 output (then: loop)
   int64_t wgrad_kernel_max_ = 64;   // mode 1: weight gradients with min(K, N) up to this run k_grouped_wgrad
   bool lowrank_kernel_ = true;      // mode 1: products with an inner dimension <= 64 run k_grouped_lowrank
@@ -304,10 +308,13 @@ class CudaOps final : public Ops {
   using BatchedKey = std::array<int64_t, 5>;
   std::map<BatchedKey, Plan> batched_plans_;
   bool lt_batched_ok_ = true;                    // set_bucketed_lt
+  int bucketed_streams_ = 1;                     // set_bucketed_streams
   int64_t lt_batches_ = 0, legacy_batches_ = 0;  // bucketed_batches
   Plan* batched_plan(int which, int64_t K, int64_t N, int rows, int count);
   cublasStatus_t lt_batched_gemm(int which, int64_t K, int64_t N, int rows, int count, void* const* ptrs,
-                                 int G, float beta, float alpha);
+                                 int G, float beta, float alpha, cudaStream_t st, void* ws);
+  bool bucketed_batch(int which, int64_t K, int64_t N, int s, int count, int rows, int G, float beta,
+                      float alpha, cudaStream_t st, void* ws, bool first);
   static void destroy_plan(Plan& p);
   // One grouped linear through cublasGemmGroupedBatchedEx; false (no GEMM enqueued) when
   // cuBLAS refuses the shape or types, so the caller runs the per-expert loop instead.

@@ -4,9 +4,9 @@
 // tokens equal the CPU's, the gather writes zero pad rows, moe_zero_pad_rows zeroes exactly the
 // pads, and the grouped linears as bucketed batched GEMMs (ExpertGemm::bucketed) match the CPU
 // on the padded layout in both bf16 and f16, the same in both modes, bit for bit, through
-// cuBLASLt's pointer-array batches and through cublasGemmBatchedEx (an odd width, which the
-// batches refuse, matches the CPU through the grouped path). Outputs are
-// NaN-poisoned first. Skipped when no CUDA device is visible.
+// cuBLASLt's pointer-array batches (on one stream or spread over four) and through
+// cublasGemmBatchedEx (an odd width, which the batches refuse, matches the CPU through the
+// grouped path). Outputs are NaN-poisoned first. Skipped when no CUDA device is visible.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -129,8 +129,9 @@ TEST_P(CudaMoePad, BucketedGroupedLinearsMatchCpu) {
     cpu_->grouped_linear_bwd_input(dy.data(), w.data(), rdxa.data(), r.off_h.data(), E, K, N, true);
     cpu_->grouped_linear_bwd_weight(dy.data(), x.data(), rdw.data(), r.off_h.data(), E, K, N);
     std::vector<VecF> first;
-    // rep 0: mode 1, cuBLASLt's batches; rep 1: mode 0, the same; rep 2: cublasGemmBatchedEx
-    for (int rep = 0; rep < 3; ++rep) {
+    // rep 0: mode 1, cuBLASLt's batches; rep 1: mode 0, the same; rep 2: cublasGemmBatchedEx;
+    // rep 3: cuBLASLt's batches spread over 4 streams
+    for (int rep = 0; rep < 4; ++rep) {
       std::pair<int64_t, int64_t> before, after;
       DT y = poisoned(Rp * N, dt), ya = upload(y0, dt), dx = poisoned(Rp * K, dt), dxa = upload(dx0, dt);
       DT dw = upload(dw0, DType::f32);
@@ -139,6 +140,7 @@ TEST_P(CudaMoePad, BucketedGroupedLinearsMatchCpu) {
         o.set_expert_gemm(ExpertGemm::bucketed);
         cuda::set_grouped_gemm(o, rep == 1 ? 0 : 1);  // the batches replace both modes' GEMMs
         cuda::set_bucketed_lt(o, rep != 2);
+        cuda::set_bucketed_streams(o, rep == 3 ? 4 : 1);
         o.grouped_linear_fwd(xd.get(), wd.get(), y.get(), r.off_h.data(), E, K, N);
         o.grouped_linear_fwd_add(xd.get(), wd.get(), ya.get(), r.off_h.data(), E, K, N, 0.75f);
         o.grouped_linear_bwd_input(dyd.get(), wd.get(), dx.get(), r.off_h.data(), E, K, N, false);
@@ -147,6 +149,7 @@ TEST_P(CudaMoePad, BucketedGroupedLinearsMatchCpu) {
         o.set_expert_gemm(ExpertGemm::grouped);
         cuda::set_grouped_gemm(o, 1);
         cuda::set_bucketed_lt(o, true);
+        cuda::set_bucketed_streams(o, 1);
         after = cuda::bucketed_batches(o);
       });
       const std::string m = "K=" + std::to_string(K) + " rep " + std::to_string(rep);
@@ -166,11 +169,11 @@ TEST_P(CudaMoePad, BucketedGroupedLinearsMatchCpu) {
         ASSERT_EQ(got[4][size_t(i)], dw0[size_t(i)]) << "expert 3 has no rows: its dw must not change";
       if (rep == 0) {
         first.assign(std::begin(got), std::end(got) - 1);
-      } else if (rep == 1 &&
-                 N % 8 == 0) {  // the odd width's rank-sized products take the kernels of mode 1 instead
+      } else if (rep != 2 && N % 8 == 0) {  // the same kernels, disjoint outputs (an odd width's
+                                            // rank-sized products take mode 1's kernels instead)
         for (size_t i = 0; i < first.size(); ++i) {
           EXPECT_EQ(std::memcmp(first[i].data(), got[i].data(), first[i].size() * sizeof(float)), 0)
-              << "output " << i << " differs between the modes: " << m;
+              << "output " << i << " differs from rep 0's: " << m;
         }
       }
     }
