@@ -79,6 +79,10 @@ void set_grouped_lowrank_kernel(Ops& ops, bool on);
 /// cublasGemmBatchedEx, which chooses one for every new length (false). A batch cuBLASLt refuses
 /// runs the legacy way either way. Throws std::invalid_argument for non-CUDA ops.
 void set_bucketed_lt(Ops& ops, bool on);
+/// Parses an RP_CUDA_BUCKETED_LT value, the initial set_bucketed_lt of new CUDA ops ("1", empty or
+/// unset -> true, "0" -> false); throws std::invalid_argument naming the variable and the accepted
+/// values otherwise.
+bool parse_bucketed_lt(const char* text);
 /// How many batches of the bucketed GEMMs these ops enqueued through cuBLASLt (first) and
 /// through cublasGemmBatchedEx (second) since they were made.
 std::pair<int64_t, int64_t> bucketed_batches(Ops& ops);

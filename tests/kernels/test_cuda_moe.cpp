@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "kernels/ops.hpp"
 #include "tests/kernels/test_cuda_fixtures.hpp"
 #ifdef RP_HAVE_CUDA
@@ -430,6 +432,22 @@ TEST(CudaMoeKnobs, GroupedGemmVariable) {           // needs no device
   EXPECT_EQ(cuda::parse_grouped_gemm("grouped"), 1);
   EXPECT_EQ(cuda::parse_grouped_gemm("loop"), 0);
   EXPECT_THROW(cuda::parse_grouped_gemm("Loop"), std::invalid_argument);
+}
+
+TEST(CudaMoeKnobs, BucketedLtVariable) {          // needs no device
+  EXPECT_TRUE(cuda::parse_bucketed_lt(nullptr));  // the default: cuBLASLt's batches
+  EXPECT_TRUE(cuda::parse_bucketed_lt(""));
+  EXPECT_TRUE(cuda::parse_bucketed_lt("1"));
+  EXPECT_FALSE(cuda::parse_bucketed_lt("0"));
+  for (const char* bad : {"junk", "true", "01", " 1"}) {
+    try {
+      cuda::parse_bucketed_lt(bad);
+      ADD_FAILURE() << bad << " was taken";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()),
+                fmt::format("RP_CUDA_BUCKETED_LT='{}': expected 1 (cuBLASLt's batches) or 0", bad));
+    }
+  }
 }
 #endif
 
