@@ -276,12 +276,18 @@ EnsureResult ensure_in_folder(const std::string& path, const std::string& dir, c
       found = {CacheState::damaged, bad.what(), nullptr, false};
     }
   }
-  if (found.foreign)
+  if (found.foreign) {
+    // the reason without the path this line starts with, nor the words it says already
+    std::string why = found.reason;
+    for (const std::string& said : {path + ": ", std::string("not a roundpipe tier cache (")})
+      if (why.rfind(said, 0) == 0)
+        why = why.substr(said.size(), why.size() - said.size() - (said.back() == '('));
     throw std::runtime_error(
         fmt::format("{}: exists and is not a roundpipe tier cache ({}); move it away or choose another cache "
                     "path (nothing "
                     "was written)",
-                    path, found.reason));
+                    path, why));
+  }
   if (fs::is_symlink(path, ec))
     throw std::runtime_error(
         fmt::format("{}: is a symbolic link, which a rebuild of the tier cache would replace with a file "
