@@ -282,14 +282,14 @@ EnsureResult ensure_in_folder(const std::string& path, const std::string& dir, c
     for (const std::string& said : {path + ": ", std::string("not a roundpipe tier cache (")})
       if (why.rfind(said, 0) == 0)
         why = why.substr(said.size(), why.size() - said.size() - (said.back() == '('));
-    throw std::runtime_error(
+    throw PathRefused(
         fmt::format("{}: exists and is not a roundpipe tier cache ({}); move it away or choose another cache "
                     "path (nothing "
                     "was written)",
                     path, why));
   }
   if (fs::is_symlink(path, ec))
-    throw std::runtime_error(
+    throw PathRefused(
         fmt::format("{}: is a symbolic link, which a rebuild of the tier cache would replace with a file "
                     "({}); point the cache "
                     "path at its target (nothing was written)",

@@ -57,6 +57,10 @@ TEST(CliSettings, ACachePathFromSetIsNamedByTheSetWhenTheCacheRefusesIt) {
   expect_one_line_error(roundpipe("train " + (d / "spec.json").string() + " " + set, d),
                         set + ": key 'frozen_tier.path': " + (d / "notes.txt").string() +
                             ": exists and is not a roundpipe tier cache");
+  EXPECT_EQ(
+      roundpipe("train " + (d / "spec.json").string() + " " + set, d).err.find("expected a writable file"),
+      std::string::npos)
+      << "the file is there and writable: the line says to move it away, nothing else";
   // the whole object from --set names it too
   const std::string object = "frozen_tier={\"path\":\"" + (d / "notes.txt").string() + "\"}";
   expect_one_line_error(roundpipe("train " + (d / "spec.json").string() + " --set '" + object + "'", d),
