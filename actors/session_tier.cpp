@@ -111,6 +111,8 @@ tier::EnsureResult ensure_tier_cache(const FrozenTierOptions& o, const std::stri
   bo.on_wait = [&log](const std::string& line) { log("frozen tier: " + line); };
   try {
     return tier::ensure_cache(o.path, key, specs, fill, bo);
+  } catch (const tier::PathRefused& e) {  // says what to do already: the file is there, not unwritable
+    throw std::runtime_error(fmt::format("frozen_tier.path: {}", e.what()));
   } catch (const std::runtime_error& e) {
     throw std::runtime_error(
         fmt::format("frozen_tier.path: {} (expected a writable file on a local disk)", e.what()));

@@ -567,8 +567,11 @@ void add_plan_command(CLI::App& app) {
       ->capture_default_str();
   c->add_option(
        "--expert-gemm", o->expert_gemm,
-       "mixture-of-experts: the spec's \"expert_gemm\": grouped or bucketed (padded expert rows: ~6% "
-       "more expert scratch, faster GEMM kernels, but host time per bucket: even with grouped on an H100)")
+       fmt::format(
+           "mixture-of-experts: the spec's \"expert_gemm\": grouped or bucketed (padded expert rows: "
+           "~6% more expert scratch, faster GEMM kernels, but {:.0f} us of host time per batched call, "
+           "one call per bucket: no faster end to end than grouped on an H100)",
+           kBucketedCallSeconds * 1e6))
       ->check(CLI::IsMember({"grouped", "bucketed"}))
       ->capture_default_str();
   c->callback(reporting_errors([o, c, list_gpus] {

@@ -152,6 +152,9 @@ void check_plan_options(const PlanCommandOptions& o) {
     throw UsageError(fmt::format(
         "--grouped-gemm-efficiency: expected a fraction in [0.001, 1] (0: by --expert-gemm), got {}",
         o.grouped_gemm_efficiency));
+  if (o.mlp_chunk_tokens < 0)  // the spec's mlp_chunk_tokens rule; a negative one planned as 0 did
+    throw UsageError(
+        fmt::format("--mlp-chunk: expected an integer >= 0 (0: 8192), got {}", o.mlp_chunk_tokens));
   check_lora_r(o.lora_r);
   if (o.nodes < 1) throw UsageError(fmt::format("--nodes: expected >= 1, got {}", o.nodes));
   check_rate("--net-gbps", o.net_gbps, false);

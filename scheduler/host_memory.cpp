@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "base/counted.hpp"
 #include "base/host_resources.hpp"
 #include "kernels/weight_format.hpp"
 #include "model/lora.hpp"
@@ -148,8 +149,8 @@ std::vector<HostMemoryChange> host_memory_alternatives(const ModelConfig& c, con
     const int64_t seqs =
         largest_fitting(1, per_pass - 1, [&](int64_t s) { return need_of(with(run, s)) <= cap; });
     const HostRun r = with(run, seqs);
-    add(fmt::format("{} sequences per pass instead of {} (keep the batch with more accumulation)",
-                    r.micro_batches * r.sequences_per_micro, per_pass),
+    add(fmt::format("{} per pass instead of {} (keep the batch with more accumulation)",
+                    counted(r.micro_batches * r.sequences_per_micro, "sequence"), per_pass),
         fmt::format(
             "plan --micro {} --sequences-per-micro {}; spec: micro_batches {} and sequences_per_step / "
             "accumulation = {}",

@@ -276,14 +276,20 @@ EnsureResult ensure_in_folder(const std::string& path, const std::string& dir, c
       found = {CacheState::damaged, bad.what(), nullptr, false};
     }
   }
-  if (found.foreign)
-    throw std::runtime_error(
+  if (found.foreign) {
+    // the reason without the path this line starts with, nor the words it says already
+    std::string why = found.reason;
+    for (const std::string& said : {path + ": ", std::string("not a roundpipe tier cache (")})
+      if (why.rfind(said, 0) == 0)
+        why = why.substr(said.size(), why.size() - said.size() - (said.back() == '('));
+    throw PathRefused(
         fmt::format("{}: exists and is not a roundpipe tier cache ({}); move it away or choose another cache "
                     "path (nothing "
                     "was written)",
-                    path, found.reason));
+                    path, why));
+  }
   if (fs::is_symlink(path, ec))
-    throw std::runtime_error(
+    throw PathRefused(
         fmt::format("{}: is a symbolic link, which a rebuild of the tier cache would replace with a file "
                     "({}); point the cache "
                     "path at its target (nothing was written)",

@@ -41,6 +41,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -215,6 +216,12 @@ struct EnsureResult {
   std::string rebuilt_because;            ///< built: the open's reason (missing/stale/damaged)
 };
 
+/// ensure_cache's refusal of what is at `path` (a file that is not a tier cache, a symbolic link
+/// to one that needs a rebuild): the line says already what to do and that nothing was written.
+struct PathRefused : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 /// The valid cache file for (`source_key`, `specs`) at `path`: takes the builders' lock
 /// (waits for another builder), reuses a valid file whose entries match `specs` (whatever its
 /// checksum block size and however it was written: options only shape a new build; with
@@ -224,7 +231,8 @@ struct EnsureResult {
 /// as build_cache, or std::runtime_error when the folder or the lock cannot be made, when
 /// `path` holds a file that is not a tier cache ("<path>: exists and is not a roundpipe tier
 /// cache; ..."; it is left alone) or is a symbolic link to a cache that needs a rebuild (a
-/// valid one is reused through it), or when the new file does not open as valid.
+/// valid one is reused through it), both as PathRefused, or when the new file does not open as
+/// valid.
 /// Whatever it throws, the folders it made for `path` are removed again while they are empty.
 EnsureResult ensure_cache(const std::string& path, const std::string& source_key,
                           const std::vector<CacheEntrySpec>& specs, const CacheFill& fill,

@@ -495,7 +495,9 @@ TrainSpec load_spec(const std::string& path, const std::vector<SpecSetting>& set
   nlohmann::json j = read_spec_json(path);
   apply_spec_settings(j, settings);
   try {
-    return spec_from_json(j, path);
+    TrainSpec spec = spec_from_json(j, path);
+    spec.settings = settings;
+    return spec;
   } catch (const std::invalid_argument& e) {
     // "<path>: key 'lora.r': ..." -> "--set lora.r=0: key 'lora.r': ..." when a setting wrote it
     const std::string msg = e.what(), head = path + ": ";

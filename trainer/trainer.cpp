@@ -26,15 +26,23 @@ namespace {
 
 /// The session refuses a frozen_tier setting as "frozen_tier.<key>: <why>" (FrozenTierOptions:
 /// std::invalid_argument for the value, std::runtime_error for the file the path names);
-/// the spec's key came from the spec file, so the line reads like the spec's other errors,
-/// "<spec file>: key 'frozen_tier.<key>': <why>". Other messages stay as they are.
+/// the line reads like the spec's other errors, "<where>: key 'frozen_tier.<key>': <why>", where
+/// is the last command-line setting that wrote the key (or the object holding it), else the
+/// spec file. Other messages stay as they are.
 std::string spec_key_error(const TrainSpec& spec, const std::string& message) {
   constexpr std::string_view kSection = "frozen_tier.";
   const size_t colon = message.find(": ");
   if (message.rfind(kSection, 0) != 0 || colon == std::string::npos ||
       message.find(' ') < colon)  // a key has no spaces
     return message;
-  return fmt::format("{}: key '{}': {}", spec.source, message.substr(0, colon), message.substr(colon + 2));
+  const std::string key = message.substr(0, colon);
+  std::string where = spec.source;
+  for (auto it = spec.settings.rbegin(); it != spec.settings.rend(); ++it)
+    if (key == it->key || key.rfind(it->key + ".", 0) == 0) {  // the key, or an object holding it
+      where = it->origin;
+      break;
+    }
+  return fmt::format("{}: key '{}': {}", where, key, message.substr(colon + 2));
 }
 
 }  // namespace

@@ -30,9 +30,21 @@ std::vector<std::string> data_paths(const TrainSpec& spec);
 /// The evaluation files of a spec: eval_files, else {eval_data} when given, else none.
 std::vector<std::string> eval_data_paths(const TrainSpec& spec);
 
+/// One command-line setting of a spec key (`roundpipe train --set KEY=VALUE`, or a shorthand
+/// such as `--lr 1e-4` for optimizer.lr).
+struct SpecSetting {
+  std::string key;         ///< the key as the spec nests it, dotted: "seq_len", "lora.r", "optimizer.lr"
+  std::string value;       ///< JSON text (8, true, [1, 2], "x"), else taken as a plain string
+  bool as_string = false;  ///< always a string (paths: --data 123 is the file "123")
+  std::string origin;      ///< how errors name it: "--set lora.r=8", "--lr 1e-4"
+};
+
 struct TrainSpec {
   std::string source = "spec";  ///< the spec file (error messages name it)
-  std::string model;            ///< .gguf file or HF directory
+  /// The command-line settings load_spec applied to the file: an error the run finds later in a key
+  /// one of them wrote (a frozen_tier.path the cache cannot use) names the setting, not the file.
+  std::vector<SpecSetting> settings;
+  std::string model;  ///< .gguf file or HF directory
   /// The Hugging Face model id of `model` ("HuggingFaceTB/SmolLM2-135M"): what a LoRA run's
   /// adapter_config.json names as base_model_name_or_path and the model card's base_model.
   /// "": the id `model` names for itself (config.json _name_or_path, GGUF general.source.*),
@@ -217,14 +229,6 @@ void validate_spec(const TrainSpec& s);
 /// parser's reason ("spec.json:3:12: invalid JSON: syntax error while parsing object - ...").
 TrainSpec load_spec(const std::string& path);
 
-/// One command-line setting of a spec key (`roundpipe train --set KEY=VALUE`, or a shorthand
-/// such as `--lr 1e-4` for optimizer.lr).
-struct SpecSetting {
-  std::string key;         ///< the key as the spec nests it, dotted: "seq_len", "lora.r", "optimizer.lr"
-  std::string value;       ///< JSON text (8, true, [1, 2], "x"), else taken as a plain string
-  bool as_string = false;  ///< always a string (paths: --data 123 is the file "123")
-  std::string origin;      ///< how errors name it: "--set lora.r=8", "--lr 1e-4"
-};
 /// "KEY=VALUE" -> SpecSetting (origin "--set KEY=VALUE"). Throws std::invalid_argument
 /// "--set X: expected KEY=VALUE ..." without an '=' or with an empty key.
 SpecSetting parse_set_option(const std::string& text);

@@ -79,6 +79,10 @@ void set_grouped_lowrank_kernel(Ops& ops, bool on);
 /// cublasGemmBatchedEx, which chooses one for every new length (false). A batch cuBLASLt refuses
 /// runs the legacy way either way. Throws std::invalid_argument for non-CUDA ops.
 void set_bucketed_lt(Ops& ops, bool on);
+/// Parses an RP_CUDA_BUCKETED_LT value, the initial set_bucketed_lt of new CUDA ops ("1", empty or
+/// unset -> true, "0" -> false); throws std::invalid_argument naming the variable and the accepted
+/// values otherwise.
+bool parse_bucketed_lt(const char* text);
 /// With ExpertGemm::bucketed and cuBLASLt's batches, how many streams the batches of one grouped
 /// linear spread over, round-robin (1, the default: all on the compute stream; up to 4: the side
 /// streams of mode 2, forked from and joined back into the compute stream, each with its own
@@ -86,6 +90,9 @@ void set_bucketed_lt(Ops& ops, bool on);
 /// Initial value from RP_CUDA_BUCKETED_STREAMS. Throws std::invalid_argument for non-CUDA ops
 /// or n outside 1..4.
 void set_bucketed_streams(Ops& ops, int n);
+/// Parses an RP_CUDA_BUCKETED_STREAMS value, the initial set_bucketed_streams ("1".."4"; empty or
+/// unset -> 1); throws std::invalid_argument naming the variable and the accepted values otherwise.
+int parse_bucketed_streams(const char* text);
 /// How many batches of the bucketed GEMMs these ops enqueued through cuBLASLt (first) and
 /// through cublasGemmBatchedEx (second) since they were made.
 std::pair<int64_t, int64_t> bucketed_batches(Ops& ops);

@@ -51,24 +51,16 @@ CudaOps::CudaOps(int device, cudaStream_t stream, DType dtype, unsigned* err)
   if (dtype != DType::bf16 && dtype != DType::f16)
     throw std::invalid_argument(
         fmt::format("CUDA ops: compute dtype must be bf16 or f16, not {}", dtype_name(dtype)));
+  // the variables first: a bad value throws before anything is allocated (no destructor runs then)
+  attn_impl_ = parse_attention_impl(std::getenv("RP_CUDA_ATTENTION"));
+  attn_gqa_ = parse_attention_gqa(std::getenv("RP_CUDA_ATTENTION_GQA"));
+  grouped_mode_ = parse_grouped_gemm(std::getenv("RP_CUDA_GROUPED_GEMM"));
+  lt_batched_ok_ = parse_bucketed_lt(std::getenv("RP_CUDA_BUCKETED_LT"));
+  bucketed_streams_ = parse_bucketed_streams(std::getenv("RP_CUDA_BUCKETED_STREAMS"));
   set_device(dev_);
   RP_CUBLAS_CHECK(cublasLtCreate(&lt_));
   RP_CUDA_CHECK(cudaMalloc(&ws_, kWorkspaceBytes));
   ws_bytes_ = kWorkspaceBytes;
-  attn_impl_ = parse_attention_impl(std::getenv("RP_CUDA_ATTENTION"));
-  attn_gqa_ = parse_attention_gqa(std::getenv("RP_CUDA_ATTENTION_GQA"));
-  grouped_mode_ = parse_grouped_gemm(std::getenv("RP_CUDA_GROUPED_GEMM"));
-  if (const char* v = std::getenv("RP_CUDA_BUCKETED_STREAMS"); v && *v) {
-    const std::string t(v);
-    if (t.size() != 1 || t[0] < '1' || t[0] > '4')
-      throw std::invalid_argument(fmt::format("RP_CUDA_BUCKETED_STREAMS is '{}'; expected 1, 2, 3 or 4", v));
-    bucketed_streams_ = t[0] - '0';
-  }
-  if (const char* v = std::getenv("RP_CUDA_BUCKETED_LT"); v && *v) {
-    if (std::string(v) != "0" && std::string(v) != "1")
-      throw std::invalid_argument(fmt::format("RP_CUDA_BUCKETED_LT is '{}'; expected 0 or 1", v));
-    lt_batched_ok_ = std::string(v) == "1";
-  }
 }
 
 CudaOps::~CudaOps() {
@@ -509,6 +501,22 @@ int parse_grouped_gemm(const char* text) {
   if (t == "grouped") return 1;
   if (t == "streams") return 2;
   throw std::invalid_argument(fmt::format("RP_CUDA_GROUPED_GEMM='{}': expected grouped, streams or loop", t));
+}
+
+bool parse_bucketed_lt(const char* text) {
+  if (!text || !*text) return true;
+  const std::string t = text;
+  if (t == "1") return true;
+  if (t == "0") return false;
+  throw std::invalid_argument(
+      fmt::format("RP_CUDA_BUCKETED_LT='{}': expected 1 (cuBLASLt's batches) or 0", t));
+}
+
+int parse_bucketed_streams(const char* text) {
+  if (!text || !*text) return 1;
+  const std::string t = text;
+  if (t.size() == 1 && t[0] >= '1' && t[0] <= '4') return t[0] - '0';
+  throw std::invalid_argument(fmt::format("RP_CUDA_BUCKETED_STREAMS='{}': expected 1, 2, 3 or 4", t));
 }
 
 CudaOps& cuda_ops(Ops& ops, const char* fn) {

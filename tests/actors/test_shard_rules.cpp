@@ -257,7 +257,9 @@ TEST(ShardRules, OnlyTheReduceJobIsARunningReplicaSum) {
     V seen;
     while (const ShardJob* j = s.rules.running_job(0)) {
       const ShardJob* sum = s.rules.running_replica_sum(0);
-      if (sum) EXPECT_EQ(sum, j);
+      if (sum) {
+        EXPECT_EQ(sum, j);
+      }
       seen.push_back(describe(*j) + (sum ? " *" : ""));
       EXPECT_TRUE(s.rules.has_waiters(0));
       s.done(0, 1.0);

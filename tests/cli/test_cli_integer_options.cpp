@@ -29,6 +29,7 @@ TEST(CliIntegerOptions, NoIntegerOrOutOfRangeIsOneShortLineNamingTheOption) {
       {"train x.json --steps abc", "--steps: expected an integer from 1 to 1099511627776, got abc"},
       {"train x.json --workers two", "--workers: expected an integer from 1 to 1024, got two"},
       {"trace " + t + " --skip-passes abc", "--skip-passes: expected an integer >= 0, got abc"},
+      {"plan --model m --mlp-chunk -5", "--mlp-chunk: expected an integer >= 0 (0: 8192), got -5"},
   };
   for (const auto& [args, want] : cases) {
     CliRun r = roundpipe(args, d);

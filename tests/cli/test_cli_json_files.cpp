@@ -17,7 +17,7 @@ TEST(CliJsonFiles, AFifoOrDeviceAsDataIsOneLineNamingIt) {
   auto model = tiny_model(d);
   ASSERT_EQ(::mkfifo((d / "pipe.jsonl").c_str(), 0600), 0);
   write(d / "spec.json", spec_for(model, d / "pipe.jsonl", d / "run"));
-  for (const std::string data : {(d / "pipe.jsonl").string(), std::string("/dev/zero")}) {
+  for (const std::string& data : {(d / "pipe.jsonl").string(), std::string("/dev/zero")}) {
     const CliRun r = roundpipe("train " + (d / "spec.json").string() + " --data " + data, d);
     EXPECT_EQ(r.code, 1) << r.err;
     EXPECT_NE(r.err.find("key 'data': " + data + ": not a regular file (a device, FIFO or socket)"),

@@ -136,6 +136,18 @@ TEST(CliPlanMoe, BucketedExpertGemmsPlanHostTimeAndPaddedScratch) {
   fs::remove_all(d);
 }
 
+// The flag's help gives the plan's figure in the plan's words (its line, docs/plan.md), not a
+// sentence that lost its verb.
+TEST(CliPlanMoe, ExpertGemmHelpSaysTheHostTimePerBatchedCall) {
+  CliRun r = roundpipe("plan --help", tmpdir());
+  ASSERT_EQ(r.code, 0) << r.err;
+  const size_t at = r.out.find("--expert-gemm TEXT");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const std::string help = r.out.substr(at, r.out.find("\n  -", at) - at);  // to the next option
+  EXPECT_NE(help.find("25 us of host time per batched call, one call per bucket"), std::string::npos) << help;
+  EXPECT_NE(help.find("no faster end to end than grouped"), std::string::npos) << help;
+}
+
 TEST(CliPlanMoe, ExampleConfigsPlan) {
   auto d = tmpdir();
   for (const char* name : {"qwen3-30b-a3b", "qwen3-235b-a22b"}) {

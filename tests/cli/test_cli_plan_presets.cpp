@@ -110,6 +110,13 @@ TEST(CliPlanPresets, HostMemoryNeedAndAdviceComeFromTheHostModel) {
   EXPECT_EQ(r.out.find("Changes that lower it"), std::string::npos) << r.out;
   r = roundpipe(base + " --host-gib -1", d);
   EXPECT_EQ(r.code, 2) << r.err;
+  // one sequence per pass is the singular ("1 sequences per pass" before)
+  r = roundpipe(
+      "plan --model " + std::string(RP_SOURCE_DIR) +
+          "/examples/configs/qwen3-30b-a3b.json --gpus 1 --seq 4096 --micro 8 --lora-r 32 --host-gib 40",
+      d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("- 1 sequence per pass instead of 8 "), std::string::npos) << r.out;
   fs::remove_all(d);
 }
 

@@ -42,6 +42,33 @@ TEST(CliSettings, QuietDropsInformationLinesBeforeOrAfterTheCommand) {
   fs::remove_all(d);
 }
 
+// A frozen_tier.path given with --set that the cache cannot use is refused when the cache
+// opens, after the model loaded: the line names the --set, as a bad value of it does before,
+// not the spec file, which has no frozen_tier at all; the user's file stays as it was.
+TEST(CliSettings, ACachePathFromSetIsNamedByTheSetWhenTheCacheRefusesIt) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  write(d / "data.jsonl", "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n");
+  write(d / "notes.txt", "the user's notes, not a cache");
+  write(d / "spec.json",
+        spec_for(model, d / "data.jsonl", d / "run",
+                 ", \"lora\": {\"r\": 4, \"alpha\": 8, \"target_modules\": \"all-linear\"}"));
+  const std::string set = "--set frozen_tier.path=" + (d / "notes.txt").string();
+  expect_one_line_error(roundpipe("train " + (d / "spec.json").string() + " " + set, d),
+                        set + ": key 'frozen_tier.path': " + (d / "notes.txt").string() +
+                            ": exists and is not a roundpipe tier cache");
+  EXPECT_EQ(
+      roundpipe("train " + (d / "spec.json").string() + " " + set, d).err.find("expected a writable file"),
+      std::string::npos)
+      << "the file is there and writable: the line says to move it away, nothing else";
+  // the whole object from --set names it too
+  const std::string object = "frozen_tier={\"path\":\"" + (d / "notes.txt").string() + "\"}";
+  expect_one_line_error(roundpipe("train " + (d / "spec.json").string() + " --set '" + object + "'", d),
+                        "--set " + object + ": key 'frozen_tier.path': ");
+  EXPECT_EQ(slurp(d / "notes.txt"), "the user's notes, not a cache");
+  fs::remove_all(d);
+}
+
 TEST(CliSettings, SetAndShorthandsReachTheSpecAndErrorsNameThem) {
   auto d = tmpdir();
   auto model = tiny_model(d);

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "kernels/ops.hpp"
 #include "tests/kernels/test_cuda_fixtures.hpp"
 #ifdef RP_HAVE_CUDA
@@ -430,6 +432,37 @@ TEST(CudaMoeKnobs, GroupedGemmVariable) {           // needs no device
   EXPECT_EQ(cuda::parse_grouped_gemm("grouped"), 1);
   EXPECT_EQ(cuda::parse_grouped_gemm("loop"), 0);
   EXPECT_THROW(cuda::parse_grouped_gemm("Loop"), std::invalid_argument);
+}
+
+TEST(CudaMoeKnobs, BucketedLtVariable) {          // needs no device
+  EXPECT_TRUE(cuda::parse_bucketed_lt(nullptr));  // the default: cuBLASLt's batches
+  EXPECT_TRUE(cuda::parse_bucketed_lt(""));
+  EXPECT_TRUE(cuda::parse_bucketed_lt("1"));
+  EXPECT_FALSE(cuda::parse_bucketed_lt("0"));
+  for (const char* bad : {"junk", "true", "01", " 1"}) {
+    try {
+      cuda::parse_bucketed_lt(bad);
+      ADD_FAILURE() << bad << " was taken";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()),
+                fmt::format("RP_CUDA_BUCKETED_LT='{}': expected 1 (cuBLASLt's batches) or 0", bad));
+    }
+  }
+}
+
+TEST(CudaMoeKnobs, BucketedStreamsVariable) {           // needs no device
+  EXPECT_EQ(cuda::parse_bucketed_streams(nullptr), 1);  // the default: the compute stream alone
+  EXPECT_EQ(cuda::parse_bucketed_streams(""), 1);
+  for (int n = 1; n <= 4; ++n) EXPECT_EQ(cuda::parse_bucketed_streams(std::to_string(n).c_str()), n);
+  for (const char* bad : {"0", "5", "junk", "2 ", "-1", "12"}) {
+    try {
+      cuda::parse_bucketed_streams(bad);
+      ADD_FAILURE() << bad << " was taken";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()),
+                fmt::format("RP_CUDA_BUCKETED_STREAMS='{}': expected 1, 2, 3 or 4", bad));
+    }
+  }
 }
 #endif
 

@@ -95,8 +95,9 @@ TEST(LossScalingCudaTrainer, TooManyOverflowsInARowStopTheRun) {
     for (size_t k = 0; k < seen.size(); ++k) {
       EXPECT_TRUE(seen[k].skipped) << async << " step " << k + 1;
       EXPECT_FALSE(std::isfinite(seen[k].grad_norm)) << async << " step " << k + 1;
-      if (k > 0)
+      if (k > 0) {
         EXPECT_LE(seen[k].loss_scale, seen[k - 1].loss_scale) << async << ": the scale only backs off";
+      }
     }
     // each overflow halves the scale; a step uses the scale decided one step (sync) or two
     // steps (async) before it

@@ -159,7 +159,9 @@ TEST(RunSeries, EpochsArithmetic) {
     s.lr_schedule.total_steps = 0;
     const std::string line = rp::resolve_epochs(s, sequences);
     EXPECT_NE(line.find(fmt::format("= {} steps", s.steps)), std::string::npos) << line;
-    if (kind != "constant") EXPECT_EQ(s.lr_schedule.total_steps, s.steps);
+    if (kind != "constant") {
+      EXPECT_EQ(s.lr_schedule.total_steps, s.steps);
+    }
     return s.steps;
   };
   EXPECT_EQ(steps(2.5, 9, 3), 8);   // 7.5 steps of data: the last one partly a fourth pass
