@@ -16,6 +16,7 @@
 
 #include "base/atomic_file.hpp"
 #include "base/output_folder.hpp"
+#include "formats/format_fail.hpp"
 #include "formats/gguf.hpp"
 #include "formats/gpt_oss_hf.hpp"
 #include "formats/phi3_hf.hpp"
@@ -30,23 +31,19 @@ using nlohmann::json;
 
 namespace {
 
-[[noreturn]] void fail(const std::string& where, const std::string& what) {
-  throw std::runtime_error(one_line(fmt::format("{}: {}", where, what)));
-}
-
 void write_text(const fs::path& p, const std::string& s) {
   std::ofstream o(p, std::ios::binary);
-  if (!o) fail(p.string(), fmt::format("cannot create: {}", std::strerror(errno)));
+  if (!o) format_fail(p.string(), fmt::format("cannot create: {}", std::strerror(errno)));
   o.write(s.data(), std::streamsize(s.size()));
   o.close();
-  if (!o) fail(p.string(), "write failed");
+  if (!o) format_fail(p.string(), "write failed");
 }
 
 std::string dump_json(const json& j, const fs::path& p) {
   try {
     return j.dump(2) + "\n";
   } catch (const json::exception& e) {
-    fail(p.string(), fmt::format("cannot serialise JSON: {}", e.what()));
+    format_fail(p.string(), fmt::format("cannot serialise JSON: {}", e.what()));
   }
 }
 

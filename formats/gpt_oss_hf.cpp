@@ -12,13 +12,11 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "formats/format_fail.hpp"
+
 namespace rp {
 
 namespace {
-
-[[noreturn]] void fail(const std::string& where, const std::string& what) {
-  throw std::runtime_error(fmt::format("{}: {}", where, what));
-}
 
 // E2M1 values of the 16 codes (OCP MX spec; transformers' FP4_VALUES)
 constexpr float kFp4[16] = {+0.0f, +0.5f, +1.0f, +1.5f, +2.0f, +3.0f, +4.0f, +6.0f,
@@ -28,10 +26,11 @@ HostTensor take(LoadedModel& m, const std::string& name, const std::vector<int64
                 const std::string& where) {
   auto it = m.tensors.find(name);
   if (it == m.tensors.end())
-    fail(where, fmt::format("missing tensor '{}' (expected shape [{}])", name, fmt::join(shape, ", ")));
+    format_fail(where,
+                fmt::format("missing tensor '{}' (expected shape [{}])", name, fmt::join(shape, ", ")));
   if (it->second.shape != shape)
-    fail(where, fmt::format("tensor '{}': expected shape [{}], got [{}]", name, fmt::join(shape, ", "),
-                            fmt::join(it->second.shape, ", ")));
+    format_fail(where, fmt::format("tensor '{}': expected shape [{}], got [{}]", name, fmt::join(shape, ", "),
+                                   fmt::join(it->second.shape, ", ")));
   HostTensor t = std::move(it->second);
   m.tensors.erase(it);
   return t;
@@ -45,18 +44,19 @@ std::vector<float> expert_weights(LoadedModel& m, const std::string& name, int64
   std::vector<float> w(size_t(E * out * in));
   if (m.tensors.count(name + "_blocks")) {
     if (in % 32 != 0)
-      fail(where, fmt::format("tensor '{}_blocks': input size {} is not a multiple of 32", name, in));
+      format_fail(where, fmt::format("tensor '{}_blocks': input size {} is not a multiple of 32", name, in));
     const int64_t G = in / 32;
     const HostTensor blocks = take(m, name + "_blocks", {E, out, G, 16}, where);
     const HostTensor scales = take(m, name + "_scales", {E, out, G}, where);
     for (int64_t r = 0; r < E * out * G; ++r) {
       const float s = scales.data[size_t(r)];
-      if (!(s >= 0 && s <= 255)) fail(where, fmt::format("tensor '{}_scales': expected bytes (U8)", name));
+      if (!(s >= 0 && s <= 255))
+        format_fail(where, fmt::format("tensor '{}_scales': expected bytes (U8)", name));
       const int exponent = int(s) - 127;
       for (int64_t b = 0; b < 16; ++b) {
         const float byte = blocks.data[size_t(r * 16 + b)];
         if (!(byte >= 0 && byte <= 255))
-          fail(where, fmt::format("tensor '{}_blocks': expected bytes (U8)", name));
+          format_fail(where, fmt::format("tensor '{}_blocks': expected bytes (U8)", name));
         const unsigned v = unsigned(byte);
         w[size_t(r * 32 + 2 * b)] = std::ldexp(kFp4[v & 15u], exponent);
         w[size_t(r * 32 + 2 * b + 1)] = std::ldexp(kFp4[v >> 4], exponent);
@@ -78,7 +78,7 @@ void put(LoadedModel& m, const std::string& name, std::vector<int64_t> shape, co
   h.shape = std::move(shape);
   h.data.assign(src, src + h.numel());
   if (!m.tensors.emplace(name, std::move(h)).second)
-    fail(where, fmt::format("tensor '{}' appears twice (per-expert and stacked)", name));
+    format_fail(where, fmt::format("tensor '{}' appears twice (per-expert and stacked)", name));
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "formats/format_fail.hpp"
 #include "formats/model_source_impl.hpp"
 #include "kernels/dtype.hpp"
 #include "kernels/weight_format.hpp"
@@ -23,10 +24,6 @@ using Loc = ModelSource::Impl::Loc;
 using OssSlice = ModelSource::Impl::OssSlice;
 
 namespace {
-
-[[noreturn]] void fail(const std::string& where, const std::string& what) {
-  throw std::runtime_error(one_line(fmt::format("{}: {}", where, what)));
-}
 
 // E2M1 values of the 16 codes (OCP MX spec; transformers' FP4_VALUES), as gpt_oss_hf.cpp
 constexpr float kFp4[16] = {+0.0f, +0.5f, +1.0f, +1.5f, +2.0f, +3.0f, +4.0f, +6.0f,
@@ -45,7 +42,7 @@ float element(const SafetensorsFile& f, const SafetensorsEntry& e, int64_t i) {
   std::memcpy(&h, p + 2 * i, 2);
   if (e.dtype == "BF16") return bf16_to_f32(h);
   if (e.dtype == "F16") return f16_to_f32(h);
-  fail(f.path(), fmt::format("tensor '{}': dtype {} cannot be read as floats", e.name, e.dtype));
+  format_fail(f.path(), fmt::format("tensor '{}': dtype {} cannot be read as floats", e.name, e.dtype));
 }
 
 /// `n` elements of `e` from element `at` as bytes: U8 as stored, other dtypes holding the
@@ -58,7 +55,7 @@ void bytes_of(const SafetensorsFile& f, const SafetensorsEntry& e, int64_t at, i
   for (int64_t i = 0; i < n; ++i) {
     const float v = element(f, e, at + i);
     if (!(v >= 0 && v <= 255) || v != std::floor(v))
-      fail(f.path(), fmt::format("tensor '{}': expected bytes (U8), found {}", e.name, v));
+      format_fail(f.path(), fmt::format("tensor '{}': expected bytes (U8), found {}", e.name, v));
     out[i] = uint8_t(v);
   }
 }
@@ -71,10 +68,11 @@ const SafetensorsSet::Where& stacked(const ModelSource::Impl& s, const std::stri
                                      const std::vector<int64_t>& shape, const std::string& where) {
   auto it = s.safetensors.tensors.find(name);
   if (it == s.safetensors.tensors.end() || !s.tensors.count(name))
-    fail(where, fmt::format("missing tensor '{}' (expected shape [{}])", name, fmt::join(shape, ", ")));
+    format_fail(where,
+                fmt::format("missing tensor '{}' (expected shape [{}])", name, fmt::join(shape, ", ")));
   if (it->second.entry->shape != shape)
-    fail(where, fmt::format("tensor '{}': expected shape [{}], got [{}]", name, fmt::join(shape, ", "),
-                            fmt::join(it->second.entry->shape, ", ")));
+    format_fail(where, fmt::format("tensor '{}': expected shape [{}], got [{}]", name, fmt::join(shape, ", "),
+                                   fmt::join(it->second.entry->shape, ", ")));
   return it->second;
 }
 
@@ -90,7 +88,7 @@ Source projection(const ModelSource::Impl& s, const std::string& name, int64_t E
   Source r;
   if (s.tensors.count(name + "_blocks")) {
     if (in % 32 != 0)
-      fail(where, fmt::format("tensor '{}_blocks': input size {} is not a multiple of 32", name, in));
+      format_fail(where, fmt::format("tensor '{}_blocks': input size {} is not a multiple of 32", name, in));
     const auto& b = stacked(s, name + "_blocks", {E, out, in / 32, 16}, where);
     const auto& sc = stacked(s, name + "_scales", {E, out, in / 32}, where);
     r.proto.file = b.file;
@@ -136,7 +134,7 @@ void gpt_oss_hf_expert_slices(ModelSource::Impl& s, const std::string& where) {
       for (int64_t e = 0; e < E; ++e) {
         const std::string name = fmt::format("{}{}.{}", p, e, o.suffix);
         if (s.tensors.count(name))
-          fail(where, fmt::format("tensor '{}' appears twice (per-expert and stacked)", name));
+          format_fail(where, fmt::format("tensor '{}' appears twice (per-expert and stacked)", name));
         Loc loc;
         loc.shape = o.shape;
         loc.oss = o.src->proto;

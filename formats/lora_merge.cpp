@@ -13,6 +13,7 @@
 #include <fmt/ranges.h>
 
 #include "formats/checkpoint.hpp"
+#include "formats/format_fail.hpp"
 #include "formats/peft_experts.hpp"
 #include "formats/phi3_hf.hpp"
 #include "model/error_text.hpp"
@@ -30,17 +31,9 @@ constexpr const char* kLmHead = "lm_head.weight";
 constexpr const char* kSuffixA = ".lora_A.weight";
 constexpr const char* kSuffixB = ".lora_B.weight";
 
-bool ends_with(const std::string& s, const std::string& suf) {
-  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
-}
-
 /// "model.layers.0.self_attn.q_proj" of "model.layers.0.self_attn.q_proj.lora_A.weight".
 std::string module_of(const std::string& a_name) {
   return a_name.substr(0, a_name.size() - std::strlen(kSuffixA));
-}
-
-[[noreturn]] void fail(const std::string& where, const std::string& what) {
-  throw std::runtime_error(one_line(fmt::format("{}: {}", where, what)));
 }
 
 bool is_expert_tensor(const std::string& name) { return name.find(".mlp.experts.") != std::string::npos; }
@@ -106,7 +99,7 @@ void fold_decoder_adapters(const ModelLayout& layout, int l, const float* adapte
         return base_data + base.tensors[size_t(i)].offset;
       });
   for (const TensorSpec& ta : ad.tensors) {
-    if (!ends_with(ta.name, kSuffixA) || is_expert_tensor(ta.name)) continue;
+    if (!ta.name.ends_with(kSuffixA) || is_expert_tensor(ta.name)) continue;
     const std::string mod = module_of(ta.name);
     const int ib = ad.find(mod + kSuffixB), iw = base.find(mod + ".weight");
     if (ib < 0 || iw < 0)
@@ -171,7 +164,7 @@ void merge_peft_adapter(LoadedModel& m, const PeftAdapter& a) {
   try {  // expert adapters on a dense base: refused, as a training run on the pair is
     check_lora_expert_targets(m.config, a.lora);
   } catch (const std::invalid_argument& e) {
-    fail(a.dir, fmt::format("{} (base {})", e.what(), m.source));
+    format_fail(a.dir, fmt::format("{} (base {})", e.what(), m.source));
   }
   if (peft_adapter_unties(a, m.config)) untie_embeddings(m);
   const double s = a.lora.scaling();
@@ -184,14 +177,15 @@ void merge_peft_adapter(LoadedModel& m, const PeftAdapter& a) {
           if (const auto it = regrouped.find(name); it != regrouped.end()) t = &it->second;
           else if (const auto jt = a.tensors.find(name); jt != a.tensors.end()) t = &jt->second;
           if (!t || t->shape != shape)
-            fail(st_path, fmt::format("the experts' adapter '{}' [{}]: missing or of another shape", name,
-                                      fmt::join(shape, ", ")));
+            format_fail(st_path, fmt::format("the experts' adapter '{}' [{}]: missing or of another shape",
+                                             name, fmt::join(shape, ", ")));
           return t->data.data();
         },
         [&](const std::string& name, int64_t out, int64_t in) {
           const auto it = m.tensors.find(name);
           if (it == m.tensors.end() || it->second.shape != std::vector<int64_t>{out, in})
-            fail(st_path, fmt::format("the base model {} has no '{}' [{}, {}]", m.source, name, out, in));
+            format_fail(st_path,
+                        fmt::format("the base model {} has no '{}' [{}, {}]", m.source, name, out, in));
           return it->second.data.data();
         });
   // Phi-3: the fused modules' adapters, one per part (formats/phi3_hf.hpp)
@@ -199,31 +193,32 @@ void merge_peft_adapter(LoadedModel& m, const PeftAdapter& a) {
       split_fused_adapters(a.tensors, m.config, a.lora.r, st_path);
   for (const auto& [name, ta] : parts) {
     // lora_B (with its A), modules_to_save tensors, the experts' (above)
-    if (!ends_with(name, kSuffixA) || is_expert_tensor(name)) continue;
+    if (!name.ends_with(kSuffixA) || is_expert_tensor(name)) continue;
     const std::string mod = module_of(name);
     const auto ib = parts.find(mod + kSuffixB);
     if (ib == parts.end())
-      fail(st_path, fmt::format("key '{}': missing (the pair of '{}')", peft_tensor_key(mod + kSuffixB),
-                                peft_tensor_key(name)));
+      format_fail(st_path, fmt::format("key '{}': missing (the pair of '{}')",
+                                       peft_tensor_key(mod + kSuffixB), peft_tensor_key(name)));
     const HostTensor& tb = ib->second;
     const auto iw = m.tensors.find(mod + ".weight");
     if (iw == m.tensors.end())
-      fail(st_path, fmt::format("key '{}': the base model {} has no '{}.weight'", peft_tensor_key(name),
-                                m.source, mod));
+      format_fail(st_path, fmt::format("key '{}': the base model {} has no '{}.weight'",
+                                       peft_tensor_key(name), m.source, mod));
     HostTensor& w = iw->second;
     const int64_t r = a.lora.r;
     if (w.shape.size() != 2 || ta.shape != std::vector<int64_t>{r, w.shape[1]})
-      fail(st_path, fmt::format("key '{}': expected shape [{}, {}], got [{}]", peft_tensor_key(name), r,
-                                w.shape.size() == 2 ? w.shape[1] : -1, fmt::join(ta.shape, ", ")));
+      format_fail(st_path, fmt::format("key '{}': expected shape [{}, {}], got [{}]", peft_tensor_key(name),
+                                       r, w.shape.size() == 2 ? w.shape[1] : -1, fmt::join(ta.shape, ", ")));
     if (tb.shape != std::vector<int64_t>{w.shape[0], r})
-      fail(st_path, fmt::format("key '{}': expected shape [{}, {}], got [{}]",
-                                peft_tensor_key(mod + kSuffixB), w.shape[0], r, fmt::join(tb.shape, ", ")));
+      format_fail(st_path,
+                  fmt::format("key '{}': expected shape [{}, {}], got [{}]", peft_tensor_key(mod + kSuffixB),
+                              w.shape[0], r, fmt::join(tb.shape, ", ")));
     fold_lora(w.data.data(), ta.data.data(), tb.data.data(), w.shape[0], w.shape[1], r, s);
   }
   for (const auto& [name, t] : a.tensors)
-    if (ends_with(name, kSuffixB) && !is_expert_tensor(name) &&
+    if (name.ends_with(kSuffixB) && !is_expert_tensor(name) &&
         !a.tensors.count(name.substr(0, name.size() - std::strlen(kSuffixB)) + kSuffixA))
-      fail(st_path, fmt::format("key '{}': its lora_A is missing", peft_tensor_key(name)));
+      format_fail(st_path, fmt::format("key '{}': its lora_A is missing", peft_tensor_key(name)));
   for (const char* name : {kEmbed, kLmHead, "model.norm.weight"}) {
     const auto it = a.tensors.find(name);
     if (it == a.tensors.end()) continue;
@@ -231,11 +226,12 @@ void merge_peft_adapter(LoadedModel& m, const PeftAdapter& a) {
     const std::string dst = m.config.tie_word_embeddings && std::string(name) == kLmHead ? kEmbed : name;
     const auto iw = m.tensors.find(dst);
     if (iw == m.tensors.end() || iw->second.shape != it->second.shape)
-      fail(st_path, fmt::format("key '{}': expected shape [{}] of the base model's '{}', got [{}]",
-                                peft_tensor_key(name),
-                                iw == m.tensors.end() ? std::string("?")
-                                                      : fmt::format("{}", fmt::join(iw->second.shape, ", ")),
-                                dst, fmt::join(it->second.shape, ", ")));
+      format_fail(
+          st_path,
+          fmt::format(
+              "key '{}': expected shape [{}] of the base model's '{}', got [{}]", peft_tensor_key(name),
+              iw == m.tensors.end() ? std::string("?") : fmt::format("{}", fmt::join(iw->second.shape, ", ")),
+              dst, fmt::join(it->second.shape, ", ")));
     iw->second.data = it->second.data;
   }
 }
@@ -247,10 +243,10 @@ LoadedModel load_merged_adapter(const std::string& adapter_dir, const std::strin
   if (path.empty()) {
     const std::string cfg = (fs::path(adapter_dir) / kAdapterConfigFile).string();
     if (a.base_model_name_or_path.empty())
-      fail(cfg,
-           "key 'base_model_name_or_path': expected the base model, got nothing; pass the base model "
-           "explicitly "
-           "(--base of roundpipe generate / merge)");
+      format_fail(cfg,
+                  "key 'base_model_name_or_path': expected the base model, got nothing; pass the base model "
+                  "explicitly "
+                  "(--base of roundpipe generate / merge)");
     std::error_code ec;
     path = a.base_model_name_or_path;
     // a run's adapter names a portable model id; the local file it trained on is recorded beside it
@@ -259,7 +255,7 @@ LoadedModel load_merged_adapter(const std::string& adapter_dir, const std::strin
     if (!fs::exists(path, ec) && fs::path(path).is_relative() && fs::exists(fs::path(adapter_dir) / path, ec))
       path = (fs::path(adapter_dir) / path).lexically_normal().string();
     if (!fs::exists(path, ec))
-      fail(
+      format_fail(
           cfg,
           fmt::format(
               "key 'base_model_name_or_path': '{}' is not a local model (a .gguf file or a Hugging Face "

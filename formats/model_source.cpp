@@ -16,6 +16,7 @@
 #include <fmt/ranges.h>
 
 #include "base/json_text.hpp"
+#include "formats/format_fail.hpp"
 #include "formats/gguf.hpp"
 #include "formats/model_source_impl.hpp"
 #include "formats/phi3_hf.hpp"
@@ -32,13 +33,9 @@ using Loc = ModelSource::Impl::Loc;
 
 namespace {
 
-[[noreturn]] void fail(const std::string& where, const std::string& what) {
-  throw std::runtime_error(one_line(fmt::format("{}: {}", where, what)));
-}
-
 std::string read_text(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
-  if (!f) fail(path, "cannot open");
+  if (!f) format_fail(path, "cannot open");
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
@@ -50,10 +47,6 @@ json read_json(const std::string& path) {
   } catch (const std::invalid_argument& e) {
     throw std::runtime_error(one_line(e.what()));  // as the folder's other read errors
   }
-}
-
-bool ends_with(const std::string& s, const std::string& suf) {
-  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
 }
 
 HostTensor read_loc(const ModelSource::Impl& s, const Loc& l) {
@@ -111,30 +104,31 @@ void check_tensors(ModelSource::Impl& s, const std::string& where) {
       expected.insert(t.name);
       auto it = s.tensors.find(t.name);
       if (it == s.tensors.end())
-        fail(where, fmt::format("missing tensor '{}' (expected shape [{}]){}", t.name,
-                                fmt::join(t.shape, ", "), stored_as(t.name, nullptr)));
+        format_fail(where, fmt::format("missing tensor '{}' (expected shape [{}]){}", t.name,
+                                       fmt::join(t.shape, ", "), stored_as(t.name, nullptr)));
       if (it->second.shape != t.shape)
-        fail(where,
-             fmt::format("tensor '{}': expected shape [{}], got [{}]{}", t.name, fmt::join(t.shape, ", "),
-                         fmt::join(it->second.shape, ", "), stored_as(t.name, &it->second)));
+        format_fail(where, fmt::format("tensor '{}': expected shape [{}], got [{}]{}", t.name,
+                                       fmt::join(t.shape, ", "), fmt::join(it->second.shape, ", "),
+                                       stored_as(t.name, &it->second)));
     }
   if (s.header.config.tie_word_embeddings) {
     auto lm = s.tensors.find("lm_head.weight");
     if (lm != s.tensors.end()) {
       if (!same_values(s, lm->second, s.tensors.at("model.embed_tokens.weight")))
-        fail(where,
-             "tensor 'lm_head.weight' differs from 'model.embed_tokens.weight' but "
-             "tie_word_embeddings is true");
+        format_fail(where,
+                    "tensor 'lm_head.weight' differs from 'model.embed_tokens.weight' but "
+                    "tie_word_embeddings is true");
       s.tensors.erase(lm);
     }
   }
   for (auto it = s.tensors.begin(); it != s.tensors.end();) {
     if (expected.count(it->first)) {
       ++it;
-    } else if (ends_with(it->first, "rotary_emb.inv_freq")) {
+    } else if (it->first.ends_with("rotary_emb.inv_freq")) {
       it = s.tensors.erase(it);
     } else {
-      fail(where, fmt::format("unexpected tensor '{}' (not part of a {} model with this config){}", it->first,
+      format_fail(where,
+                  fmt::format("unexpected tensor '{}' (not part of a {} model with this config){}", it->first,
                               s.header.config.architecture, stored_as(it->first, &it->second)));
     }
   }
@@ -157,10 +151,11 @@ FolderTemplate default_template(const json& list, const std::string& file, const
   for (const auto& e : list) {
     if (!e.is_object() || !e.contains("name") || !e["name"].is_string() || !e.contains("template") ||
         !e["template"].is_string())
-      fail(file,
-           fmt::format("key 'chat_template': expected a string or a list of {{\"name\" and \"template\": "
-                       "strings}}, got an entry {}",
-                       excerpt(e.dump(-1, ' ', false, json::error_handler_t::replace))));
+      format_fail(
+          file,
+          fmt::format("key 'chat_template': expected a string or a list of {{\"name\" and \"template\": "
+                      "strings}}, got an entry {}",
+                      excerpt(e.dump(-1, ' ', false, json::error_handler_t::replace))));
     by_name[e["name"].get<std::string>()] = e["template"].get<std::string>();
   }
   if (const auto d = by_name.find("default"); d != by_name.end()) return {d->second, source, {}};
@@ -185,7 +180,8 @@ FolderTemplate chat_template_of(const fs::path& dir) {
       const std::string name = "tokenizer_config.json key 'chat_template'";
       if (t.is_string()) return {t.get<std::string>(), name, {}};
       if (t.is_array()) return default_template(t, tc.string(), name);
-      if (!t.is_null()) fail(tc.string(), "key 'chat_template': expected a string or a list of templates");
+      if (!t.is_null())
+        format_fail(tc.string(), "key 'chat_template': expected a string or a list of templates");
     }
   }
   const fs::path jinja = dir / "chat_template.jinja";
@@ -214,10 +210,10 @@ void check_tokenizer_ids(const LoadedModel& h) {
       if (t.is_object() && t.contains("id") && t.contains("content") && t["content"].is_string())
         consider(t["id"], t["content"].get<std::string>());
   if (top < V) return;
-  fail(tokenizer_origin(h),
-       fmt::format("token \"{}\" has id {}, not below the model's vocab_size {}: the embedding has "
-                   "no row for it; the tokenizer does not belong to this model",
-                   excerpt(top_token), top, V));
+  format_fail(tokenizer_origin(h),
+              fmt::format("token \"{}\" has id {}, not below the model's vocab_size {}: the embedding has "
+                          "no row for it; the tokenizer does not belong to this model",
+                          excerpt(top_token), top, V));
 }
 
 }  // namespace
@@ -228,11 +224,12 @@ void split_fused_projections(ModelSource::Impl& s, const std::string& where) {
     for (int64_t k : f.rows) rows += k;
     const auto it = s.tensors.find(f.name);
     if (it == s.tensors.end() || !it->second.st)
-      fail(where, fmt::format("missing tensor '{}' (expected shape [{}, {}]: {} fused)", f.name, rows, f.cols,
-                              fmt::join(f.part_modules, ", ")));
+      format_fail(where, fmt::format("missing tensor '{}' (expected shape [{}, {}]: {} fused)", f.name, rows,
+                                     f.cols, fmt::join(f.part_modules, ", ")));
     const SafetensorsEntry& e = *it->second.entry;
     if (e.shape != std::vector<int64_t>{rows, f.cols})
-      fail(where, fmt::format("tensor '{}': expected shape [{}, {}] ({} fused), got [{}]", f.name, rows,
+      format_fail(where,
+                  fmt::format("tensor '{}': expected shape [{}, {}] ({} fused), got [{}]", f.name, rows,
                               f.cols, fmt::join(f.part_modules, ", "), fmt::join(e.shape, ", ")));
     const uint64_t row_bytes = (e.end - e.begin) / uint64_t(rows);
     int64_t row0 = 0;
@@ -302,7 +299,8 @@ bool st_matches(const std::string& dtype, WeightFormat f) {
 
 const Loc& ModelSource::Impl::at(const std::string& name) const {
   auto it = tensors.find(name);
-  if (it == tensors.end()) fail(header.source, fmt::format("tensor '{}' is not part of the model", name));
+  if (it == tensors.end())
+    format_fail(header.source, fmt::format("tensor '{}' is not part of the model", name));
   return it->second;
 }
 
@@ -317,10 +315,10 @@ ModelSource ModelSource::open(const std::string& path) {
   if (ec || !fs::exists(st)) {
     std::error_code cwd_ec;
     const auto cwd = fs::current_path(cwd_ec);
-    fail(path,
-         fs::path(path).is_relative() && !cwd_ec
-             ? fmt::format("no such file or directory (relative to the working directory {})", cwd.string())
-             : std::string("no such file or directory"));
+    format_fail(path, fs::path(path).is_relative() && !cwd_ec
+                          ? fmt::format("no such file or directory (relative to the working directory {})",
+                                        cwd.string())
+                          : std::string("no such file or directory"));
   }
   auto s = std::make_unique<Impl>();
   s->header.source = path;
@@ -430,8 +428,8 @@ std::string source_tensor(const ModelSource& src, const TensorSpec& t) {
   int64_t n = 1;
   for (auto d : src.shape(name)) n *= d;
   if (n != t.numel())
-    fail(src.header().source,
-         fmt::format("tensor '{}' has {} values, the model config says {}", t.name, n, t.numel()));
+    format_fail(src.header().source,
+                fmt::format("tensor '{}' has {} values, the model config says {}", t.name, n, t.numel()));
   return name;
 }
 

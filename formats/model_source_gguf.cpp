@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "formats/format_fail.hpp"
 #include "formats/model_source_impl.hpp"
 #include "formats/tokenizer_export.hpp"
 #include "model/error_text.hpp"
@@ -17,10 +18,6 @@ namespace rp {
 using Loc = ModelSource::Impl::Loc;
 
 namespace {
-
-[[noreturn]] void fail(const std::string& where, const std::string& what) {
-  throw std::runtime_error(one_line(fmt::format("{}: {}", where, what)));
-}
 
 /// A stacked expert tensor of a sparse layer (row-major [num_experts, rows, cols] or, biases,
 /// [num_experts, rows]; see gguf_expert_stack_name) as the num_experts Hugging Face tensors
@@ -33,9 +30,9 @@ void add_expert_stack(const GgufFile& f, const GgufTensorInfo& t, ModelSource::I
   const bool bias = suffix.size() >= 5 && suffix.compare(suffix.size() - 5, 5, ".bias") == 0;
   const bool fused = suffix.rfind(".gate_up_proj.", 0) == 0;
   if (E <= 0 || shape.size() != (bias ? 2u : 3u) || shape[0] != E || (fused && shape[1] % 2 != 0))
-    fail(f.path(), fmt::format("tensor '{}': expected {} [num_experts = {}, {}{}], got [{}]", t.name,
-                               bias ? "2-D" : "3-D", E, fused ? "2 * " : "", bias ? "n" : "rows, cols",
-                               fmt::join(shape, ", ")));
+    format_fail(f.path(), fmt::format("tensor '{}': expected {} [num_experts = {}, {}{}], got [{}]", t.name,
+                                      bias ? "2-D" : "3-D", E, fused ? "2 * " : "", bias ? "n" : "rows, cols",
+                                      fmt::join(shape, ", ")));
   f.check_dequantizable(t);
   const std::string kind = bias ? ".bias" : ".weight";
   const std::vector<std::pair<std::string, int64_t>> parts =
@@ -45,7 +42,7 @@ void add_expert_stack(const GgufFile& f, const GgufTensorInfo& t, ModelSource::I
   for (int64_t e = 0; e < E; ++e)
     for (const auto& [suf, row0] : parts) {
       const std::string hf = prefix + std::to_string(e) + suf;
-      if (s.tensors.count(hf)) fail(f.path(), fmt::format("tensor '{}' appears twice", t.name));
+      if (s.tensors.count(hf)) format_fail(f.path(), fmt::format("tensor '{}' appears twice", t.name));
       Loc l;
       l.shape.assign(shape.begin() + 1, shape.end());
       if (fused) l.shape[0] /= 2;
@@ -93,8 +90,9 @@ void open_gguf_source(const std::string& path, ModelSource::Impl& s) {
       continue;
     }
     const std::string hf = gguf_to_hf_name(t.name, arch);
-    if (hf.empty()) fail(path, fmt::format("unexpected tensor '{}' (no Hugging Face equivalent)", t.name));
-    if (s.tensors.count(hf)) fail(path, fmt::format("tensor '{}' appears twice", t.name));
+    if (hf.empty())
+      format_fail(path, fmt::format("unexpected tensor '{}' (no Hugging Face equivalent)", t.name));
+    if (s.tensors.count(hf)) format_fail(path, fmt::format("tensor '{}' appears twice", t.name));
     f.check_dequantizable(t);
     Loc l;
     l.shape = t.shape();

@@ -18,6 +18,7 @@
 #include <fmt/ranges.h>
 
 #include "base/json_fields.hpp"
+#include "formats/format_fail.hpp"
 #include "formats/peft_adapter_impl.hpp"
 #include "formats/peft_experts.hpp"
 #include "formats/phi3_hf.hpp"
@@ -31,14 +32,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-[[noreturn]] void fail(const std::string& where, const std::string& what) {
-  throw std::runtime_error(one_line(fmt::format("{}: {}", where, what)));
-}
-
-bool ends_with(const std::string& s, const std::string& suf) {
-  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
-}
 
 /// One "key: value" check of an adapter_config.json.
 void read_lora_fields(const JsonFields& f, PeftAdapter& a) {
@@ -67,7 +60,7 @@ void read_lora_fields(const JsonFields& f, PeftAdapter& a) {
       for (int p = 0; p < kExpertProjs; ++p) {
         const std::string n = kExpertProjNames[size_t(p)];
         const std::string tail = n.substr(n.find('.') + 1);  // "experts.gate_up_proj"
-        if (s == n || s == tail || ends_with(s, "." + tail)) found = p;
+        if (s == n || s == tail || s.ends_with("." + tail)) found = p;
       }
       if (found < 0) f.fail("target_parameters", tp_expected);
       if (!lora_targets_experts(l, ExpertProj(found)))
@@ -185,7 +178,7 @@ std::map<std::string, int64_t> fused_ranks(const JsonFields& f, const LoraConfig
 /// or "" when `name` is not one.
 std::string lora_module_of(const std::string& name) {
   if (name.rfind("model.layers.", 0) != 0) return "";
-  if (!ends_with(name, ".lora_A.weight") && !ends_with(name, ".lora_B.weight")) return "";
+  if (!name.ends_with(".lora_A.weight") && !name.ends_with(".lora_B.weight")) return "";
   const std::string stem = name.substr(0, name.size() - std::string(".lora_A.weight").size());
   const size_t dot = stem.rfind('.');
   return dot == std::string::npos ? "" : stem.substr(dot + 1);
@@ -194,7 +187,7 @@ std::string lora_module_of(const std::string& name) {
 }  // namespace
 
 PeftAdapter peft_adapter_from_config(const json& config, const std::string& where) {
-  if (!config.is_object()) fail(where, "expected a JSON object");
+  if (!config.is_object()) format_fail(where, "expected a JSON object");
   const JsonFields f(config, where, "", JsonFields::Error::runtime_error);
   PeftAdapter a;
   read_lora_fields(f, a);
@@ -212,18 +205,18 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
   const std::string st_path = (d / kAdapterWeightsFile).string();
   std::error_code ec;
   if (!fs::is_directory(d, ec))
-    fail(dir, "not a folder (expected a PEFT adapter folder with adapter_config.json)");
-  if (!fs::exists(cfg_path, ec)) fail(cfg_path, "missing (not a PEFT adapter folder)");
+    format_fail(dir, "not a folder (expected a PEFT adapter folder with adapter_config.json)");
+  if (!fs::exists(cfg_path, ec)) format_fail(cfg_path, "missing (not a PEFT adapter folder)");
   json cfg;
   {
     std::ifstream in(cfg_path, std::ios::binary);
-    if (!in) fail(cfg_path, "cannot open");
+    if (!in) format_fail(cfg_path, "cannot open");
     std::stringstream ss;
     ss << in.rdbuf();
     try {
       cfg = json::parse(ss.str());
     } catch (const json::exception& e) {
-      fail(cfg_path, fmt::format("invalid JSON: {}", e.what()));
+      format_fail(cfg_path, fmt::format("invalid JSON: {}", e.what()));
     }
   }
   PeftAdapter a = peft_adapter_from_config(cfg, cfg_path);
@@ -232,17 +225,19 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
       fused_ranks(JsonFields(cfg, cfg_path, "", JsonFields::Error::runtime_error), a.lora);
   if (!fs::exists(st_path, ec)) {
     if (fs::exists(d / "adapter_model.bin", ec))
-      fail((d / "adapter_model.bin").string(),
-           "PyTorch pickle adapters are not read; save the adapter with safe_serialization=True "
-           "(adapter_model.safetensors)");
-    fail(st_path, "missing");
+      format_fail((d / "adapter_model.bin").string(),
+                  "PyTorch pickle adapters are not read; save the adapter with safe_serialization=True "
+                  "(adapter_model.safetensors)");
+    format_fail(st_path, "missing");
   }
   const std::set<std::string> targets(a.lora.target_modules.begin(), a.lora.target_modules.end());
   const std::set<std::string> mts(a.lora.modules_to_save.begin(), a.lora.modules_to_save.end());
   SafetensorsFile f(st_path);
   for (const auto& e : f.entries()) {
     const std::string name = tensor_name_of_peft_key(e.name);
-    auto bad = [&](const std::string& what) { fail(st_path, fmt::format("key '{}': {}", e.name, what)); };
+    auto bad = [&](const std::string& what) {
+      format_fail(st_path, fmt::format("key '{}': {}", e.name, what));
+    };
     if (name.empty()) bad("expected a name starting with 'base_model.model.'");
     if (name == kNorm) {
       if (!a.final_norm)
@@ -265,7 +260,7 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
       if (!targets.count(part))
         bad(fmt::format("module '{}' is not in target_modules of {}", m, kAdapterConfigFile));
       const int64_t rank = ranks.count(m) ? ranks.at(m) : a.lora.r;
-      const bool is_a = ends_with(name, ".lora_A.weight");
+      const bool is_a = name.ends_with(".lora_A.weight");
       if (part != m && (e.shape.size() != 2 || e.shape[is_a ? 0 : 1] != rank))
         bad(fmt::format("expected rank {} ({} of {}), got shape [{}]", rank,
                         ranks.count(m) ? "rank_pattern" : "r", kAdapterConfigFile, fmt::join(e.shape, ", ")));
@@ -304,11 +299,12 @@ void load_peft_adapter(const PeftAdapter& a, const ModelLayout& layout,
   const LoraConfig& want = *layout.lora;
   const ModelConfig& c = layout.config;
   if (a.lora.r != want.r)
-    fail(cfg_path, fmt::format("key 'r': expected {} (the run's lora.r), got {}", want.r, a.lora.r));
+    format_fail(cfg_path, fmt::format("key 'r': expected {} (the run's lora.r), got {}", want.r, a.lora.r));
   if (a.lora.target_modules != adapted_modules(layout))
-    fail(cfg_path,
-         fmt::format("key 'target_modules': expected [{}] (the run's lora.target_modules), got [{}]",
-                     fmt::join(adapted_modules(layout), ", "), fmt::join(a.lora.target_modules, ", ")));
+    format_fail(
+        cfg_path,
+        fmt::format("key 'target_modules': expected [{}] (the run's lora.target_modules), got [{}]",
+                    fmt::join(adapted_modules(layout), ", "), fmt::join(a.lora.target_modules, ", ")));
   {
     std::vector<std::string> want_p, got_p;
     for (int p = 0; p < kExpertProjs; ++p) {
@@ -316,9 +312,10 @@ void load_peft_adapter(const PeftAdapter& a, const ModelLayout& layout,
       if (lora_targets_experts(a.lora, ExpertProj(p))) got_p.push_back(kExpertProjNames[size_t(p)]);
     }
     if (want_p != got_p)
-      fail(cfg_path,
-           fmt::format("key 'target_parameters': expected [{}] (the run's lora.target_parameters), got [{}]",
-                       fmt::join(want_p, ", "), fmt::join(got_p, ", ")));
+      format_fail(
+          cfg_path,
+          fmt::format("key 'target_parameters': expected [{}] (the run's lora.target_parameters), got [{}]",
+                      fmt::join(want_p, ", "), fmt::join(got_p, ", ")));
   }
   const TrainedBase tb = trained_base(layout);
   const std::set<std::string> got(a.lora.modules_to_save.begin(), a.lora.modules_to_save.end());
@@ -330,10 +327,11 @@ void load_peft_adapter(const PeftAdapter& a, const ModelLayout& layout,
     std::vector<std::string> want_names;
     for (const auto& m : tb.modules_to_save)
       if (m != "model.norm") want_names.push_back(m);
-    fail(cfg_path,
-         fmt::format(
-             "key 'modules_to_save': expected [{}] (what the run trains besides the adapters), got [{}]",
-             fmt::join(want_names, ", "), fmt::join(a.lora.modules_to_save, ", ")));
+    format_fail(
+        cfg_path,
+        fmt::format(
+            "key 'modules_to_save': expected [{}] (what the run trains besides the adapters), got [{}]",
+            fmt::join(want_names, ", "), fmt::join(a.lora.modules_to_save, ", ")));
   }
   std::set<std::string> used;
   const std::map<std::string, HostTensor> regrouped = gpt_oss_gate_up(a.tensors, c);
@@ -344,11 +342,11 @@ void load_peft_adapter(const PeftAdapter& a, const ModelLayout& layout,
     if (const auto it = regrouped.find(name); it != regrouped.end()) src = &it->second;
     else if (const auto jt = parts.find(name); jt != parts.end()) src = &jt->second;
     if (!src)
-      fail(st_path, fmt::format("key '{}': missing (expected shape [{}])", peft_tensor_key(name),
-                                fmt::join(t.shape, ", ")));
+      format_fail(st_path, fmt::format("key '{}': missing (expected shape [{}])", peft_tensor_key(name),
+                                       fmt::join(t.shape, ", ")));
     if (src->shape != t.shape)
-      fail(st_path, fmt::format("key '{}': expected shape [{}], got [{}]", peft_tensor_key(name),
-                                fmt::join(t.shape, ", "), fmt::join(src->shape, ", ")));
+      format_fail(st_path, fmt::format("key '{}': expected shape [{}], got [{}]", peft_tensor_key(name),
+                                       fmt::join(t.shape, ", "), fmt::join(src->shape, ", ")));
     auto& buf = group_data[size_t(g)];
     if (int64_t(buf.size()) != layout.groups[size_t(g)].numel)
       throw std::invalid_argument(fmt::format("load_peft_adapter: group '{}' holds {} values, expected {}",
@@ -359,7 +357,7 @@ void load_peft_adapter(const PeftAdapter& a, const ModelLayout& layout,
   };
   for (const auto& [g, t] : adapter_tensors(layout)) copy(t->name, g, *t);
   if (c.tie_word_embeddings && peft_adapter_unties(a, c))
-    fail(
+    format_fail(
         st_path,
         fmt::format("trains '{}' apart from '{}' of a model with tied embeddings (PEFT without "
                     "ensure_weight_tying unties them); build the run from untie_embeddings of the base model",
@@ -373,10 +371,11 @@ void load_peft_adapter(const PeftAdapter& a, const ModelLayout& layout,
   if (tb.embed && c.tie_word_embeddings) {
     const auto e = a.tensors.find(kEmbed), h = a.tensors.find(kLmHead);
     if (e != a.tensors.end() && h != a.tensors.end() && e->second.data != h->second.data)
-      fail(st_path,
-           fmt::format("keys '{}' and '{}' differ but the model ties its embeddings (build the run from "
-                       "untie_embeddings of the base model)",
-                       peft_tensor_key(kEmbed), peft_tensor_key(kLmHead)));
+      format_fail(
+          st_path,
+          fmt::format("keys '{}' and '{}' differ but the model ties its embeddings (build the run from "
+                      "untie_embeddings of the base model)",
+                      peft_tensor_key(kEmbed), peft_tensor_key(kLmHead)));
     copy_named(e != a.tensors.end() ? kEmbed : kLmHead, kEmbed);
     used.insert(kEmbed);
     used.insert(kLmHead);
@@ -386,14 +385,16 @@ void load_peft_adapter(const PeftAdapter& a, const ModelLayout& layout,
   }
   if (a.tensors.count(kNorm)) {
     if (!tb.head)
-      fail(st_path, fmt::format("key '{}': the run does not train the final norm (its head group is frozen)",
-                                peft_tensor_key(kNorm)));
+      format_fail(st_path,
+                  fmt::format("key '{}': the run does not train the final norm (its head group is frozen)",
+                              peft_tensor_key(kNorm)));
     copy_named(kNorm, kNorm);  // PEFT-made adapters usually leave it out: the base norm stays
   }
   for (const auto& [name, t] : parts)
     if (!used.count(name))
-      fail(st_path, fmt::format("key '{}': not a tensor of the run's adapters (layout of {} decoder layers)",
-                                peft_tensor_key(name), c.num_hidden_layers));
+      format_fail(st_path,
+                  fmt::format("key '{}': not a tensor of the run's adapters (layout of {} decoder layers)",
+                              peft_tensor_key(name), c.num_hidden_layers));
 }
 
 }  // namespace rp
