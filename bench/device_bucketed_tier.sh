@@ -26,7 +26,9 @@
 #              KEEP=1 keeps the cache (q235_nf4_L<LAYERS>.cache) for the next call on a warm machine:
 #              a cache that takes most of a call to build (~16 s a decoder there) is reused by the
 #              next call with the same LAYERS, which then only trains (its start line says
-#              "reused"; 45 decoders fill the volume's 64 GiB)
+#              "reused"; 45 decoders fill the volume's 64 GiB). LAYERS=max: as many decoders as
+#              the free space of $TIER holds (1.304 GiB each in nf4, plus 0.65 GiB of embeddings
+#              and head, 2 GiB left over)
 #   s235ram    the same LAYERS with the base in RAM (the row the tier's is compared with)
 # Every bench row samples nvidia-smi (power, SM clock) every 0.5 s beside it (mean of samples above
 # 300 W) and, for a tier row, reads the cache file back with dd (O_DIRECT) right after.
@@ -69,6 +71,12 @@ l8=(--preset llama3.1-8b --seq 1024 --seqs 8 --micro 8 --cap-gib 6 --lora-r 32 -
     --base-format nf4 --steps "${STEPS:-8}" --warmup 2)
 q30=(--preset qwen3-30b-a3b --seq 4096 --seqs 8 --micro 8 --cap-gib 10 --lora-r 32
      --lora-targets q_proj,k_proj,v_proj,o_proj)
+if [ "${LAYERS:-}" = max ]; then
+  mkdir -p "$TIER"
+  free_kib=$(df -k --output=avail "$TIER" | tail -1)
+  LAYERS=$(awk -v k="$free_kib" 'BEGIN { n = int((k / 1048576 - 0.65 - 2) / 1.304); print (n < 1 ? 1 : n) }')
+  echo "LAYERS=max: $((free_kib / 1048576)) GiB free in $TIER, so $LAYERS decoders"
+fi
 q235=(--preset qwen3-235b-a22b --layers "${LAYERS:-8}" --seq 4096 --seqs 8 --micro 8 --cap-gib 24 --lora-r 32
       --base-format nf4 --steps "${STEPS:-2}" --warmup 1)
 for mode in "$@"; do

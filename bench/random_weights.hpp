@@ -39,38 +39,71 @@ inline void fill_chunk(const rp::TensorSpec& t, int g, size_t tensor, int64_t ch
     v[i] = t.shape.size() == 1 ? 1.f : float(double(splitmix(s) >> 11) * 0x1p-53 * 0.04 - 0.02);
 }
 
+/// Runs work(k) for k in [0, threads) on `threads` threads (the caller's among them).
+template <class Work>
+void on_threads(int threads, const Work& work) {
+  std::vector<std::thread> th;
+  for (int k = 1; k < threads; ++k) th.emplace_back(work, k);
+  work(0);
+  for (auto& x : th) x.join();
+}
+
 /// Frozen group g's storage form into `out` (storage_bytes), on `threads` threads.
+/// The block formats' chunks of every tensor form one list the threads share (a mixture-of-
+/// experts decoder has hundreds of tensors of a few chunks each: shared per tensor, most
+/// threads would idle); fp8 and tensors whose rows a block straddles are made whole in fp32,
+/// one tensor at a time, then quantized.
 inline void make_frozen_group(const rp::ModelLayout& m, int g, std::span<std::byte> out, int threads) {
   const rp::ParamGroup& grp = m.groups[size_t(g)];
   char* dst = reinterpret_cast<char*>(out.data());
-  for (size_t ti = 0; ti < grp.tensors.size(); ++ti) {
+  struct Piece {
+    size_t tensor;
+    int64_t chunk, r0, rows, cols;
+  };
+  std::vector<Piece> pieces;  // block formats: quantized chunk by chunk straight into place
+  std::vector<size_t> whole;  // the others
+  auto pieces_of = [&](size_t ti) {
     const rp::TensorSpec& t = grp.tensors[ti];
     const int64_t cols = std::max<int64_t>(1, rp::weight_format_cols(t.shape));
     const int64_t rows = t.numel() / cols;
     const int64_t rows_per = std::max<int64_t>(1, kChunkValues / cols);
-    const int64_t chunks = (rows + rows_per - 1) / rows_per;
-    // fp8 keeps every row's scale ahead of the codes (and a block may straddle rows whose length
-    // it does not divide): made whole in fp32, then quantized; the block formats quantize chunk
-    // by chunk straight into place
-    const bool whole = t.format == rp::WeightFormat::fp8 || cols % rp::weight_format_block(t.format) != 0;
-    std::vector<float> all(whole ? size_t(t.numel()) : 0);
-    auto work = [&](int k) {
-      std::vector<float> v;
-      for (int64_t c = k; c < chunks; c += threads) {
-        const int64_t r0 = c * rows_per, nr = std::min(rows_per, rows - r0);
-        float* p = whole ? all.data() + r0 * cols : (v.resize(size_t(nr * cols)), v.data());
-        fill_chunk(t, g, ti, c, p, nr * cols);
-        if (!whole)
-          rp::quantize_weights(t.format, p,
-                               dst + t.byte_offset + rp::weight_format_bytes(t.format, r0 * cols, cols),
-                               nr * cols, cols);
-      }
-    };
-    std::vector<std::thread> th;
-    for (int k = 1; k < threads; ++k) th.emplace_back(work, k);
-    work(0);
-    for (auto& x : th) x.join();
-    if (whole) rp::quantize_weights(t.format, all.data(), dst + t.byte_offset, t.numel(), cols);
+    std::vector<Piece> v;
+    for (int64_t c = 0, r0 = 0; r0 < rows; ++c, r0 += rows_per)
+      v.push_back({ti, c, r0, std::min(rows_per, rows - r0), cols});
+    return v;
+  };
+  for (size_t ti = 0; ti < grp.tensors.size(); ++ti) {
+    const rp::TensorSpec& t = grp.tensors[ti];
+    const int64_t cols = std::max<int64_t>(1, rp::weight_format_cols(t.shape));
+    if (t.format == rp::WeightFormat::fp8 || cols % rp::weight_format_block(t.format) != 0) {
+      whole.push_back(ti);
+    } else {
+      const std::vector<Piece> v = pieces_of(ti);
+      pieces.insert(pieces.end(), v.begin(), v.end());
+    }
+  }
+  on_threads(threads, [&](int k) {
+    std::vector<float> v;
+    for (size_t i = size_t(k); i < pieces.size(); i += size_t(threads)) {
+      const Piece& p = pieces[i];
+      const rp::TensorSpec& t = grp.tensors[p.tensor];
+      v.resize(size_t(p.rows * p.cols));
+      fill_chunk(t, g, p.tensor, p.chunk, v.data(), p.rows * p.cols);
+      rp::quantize_weights(t.format, v.data(),
+                           dst + t.byte_offset + rp::weight_format_bytes(t.format, p.r0 * p.cols, p.cols),
+                           p.rows * p.cols, p.cols);
+    }
+  });
+  for (size_t ti : whole) {
+    const rp::TensorSpec& t = grp.tensors[ti];
+    const std::vector<Piece> v = pieces_of(ti);
+    if (v.empty()) continue;
+    std::vector<float> all(size_t(t.numel()));
+    on_threads(threads, [&](int k) {
+      for (size_t i = size_t(k); i < v.size(); i += size_t(threads))
+        fill_chunk(t, g, ti, v[i].chunk, all.data() + v[i].r0 * v[i].cols, v[i].rows * v[i].cols);
+    });
+    rp::quantize_weights(t.format, all.data(), dst + t.byte_offset, t.numel(), v.front().cols);
   }
 }
 
