@@ -29,6 +29,10 @@
 #              "reused"; 45 decoders fill the volume's 64 GiB). LAYERS=max: as many decoders as
 #              the free space of $TIER holds (1.304 GiB each in nf4, plus 0.65 GiB of embeddings
 #              and head, 2 GiB left over)
+#   s235fit    the deepest cache this call can build and the disk can hold: a 4-decoder run first
+#              times the build per decoder, then LAYERS = the smaller of what the free space holds
+#              and what the rest of CALL_S (560) seconds from the script's start builds; kept
+#              (KEEP=1; no dd read-back, NODD=1) for a second call, `LAYERS=<printed> KEEP=1 ... s235bud`, which trains
 #   s235ram    the same LAYERS with the base in RAM (the row the tier's is compared with)
 # Every bench row samples nvidia-smi (power, SM clock) every 0.5 s beside it (mean of samples above
 # 300 W) and, for a tier row, reads the cache file back with dd (O_DIRECT) right after.
@@ -64,8 +68,8 @@ bench() {  # NAME ARGS...: one bench_throughput row with power and clock beside 
   kill $sp 2>/dev/null; wait $sp 2>/dev/null
   awk -F', ' -v n="$name" '$1 > 300 {p += $1; c += $2; k++} END {if (k) printf "SMI %s: %.0f W / %.0f MHz over %d samples\n", n, p/k, c/k, k; else print "SMI " n ": no sample above 300 W"}' "$OUT/smi_$name.csv"
 }
-ddread() {  # FILE: the cache read back with O_DIRECT, as the disk allows
-  [ -f "$1" ] && dd if="$1" of=/dev/null bs=16M iflag=direct 2>&1 | tail -1
+ddread() {  # FILE: its first 4 GiB read back with O_DIRECT, as the disk allows
+  [ -f "$1" ] && dd if="$1" of=/dev/null bs=16M count=256 iflag=direct 2>&1 | tail -1
 }
 l8=(--preset llama3.1-8b --seq 1024 --seqs 8 --micro 8 --cap-gib 6 --lora-r 32 --lora-targets all-linear
     --base-format nf4 --steps "${STEPS:-8}" --warmup 2)
@@ -122,8 +126,20 @@ for mode in "$@"; do
     s235bud)
       mkdir -p "$TIER"
       bench s235bud "${q235[@]}" --frozen-tier "$TIER/q235_nf4_L${LAYERS:-8}.cache" --tier-host-budget-gib "${BUD:-8}"
-      ddread "$TIER/q235_nf4_L${LAYERS:-8}.cache"
+      [ -n "${NODD:-}" ] || ddread "$TIER/q235_nf4_L${LAYERS:-8}.cache"
       [ -n "${KEEP:-}" ] || rm -f "$TIER/q235_nf4_L${LAYERS:-8}.cache" ;;
+    s235fit)
+      mkdir -p "$TIER"
+      LAYERS=4 STEPS=1 KEEP= BUD=8 bash "$0" s235bud > /dev/null
+      per=$(grep -o 'q235_nf4_L4.cache: built ([0-9.]* GiB, [0-9.]* s' "$OUT/run.log" | tail -1 | awk '{print $(NF-1) / 4.5}')
+      free_kib=$(df -k --output=avail "$TIER" | tail -1)
+      by_disk=$(awk -v k="$free_kib" 'BEGIN { print int((k / 1048576 - 0.65 - 2) / 1.304) }')
+      left=$(( ${CALL_S:-560} - SECONDS - 40 ))
+      by_time=$(awk -v l="$left" -v p="$per" 'BEGIN { print (p > 0 ? int(0.85 * l / p) : 0) }')
+      fit=$(( by_disk < by_time ? by_disk : by_time ))
+      echo "s235fit: build ${per} s per decoder, ${left} s left, disk holds ${by_disk}, time allows ${by_time}: LAYERS=${fit}"
+      [ "$fit" -ge 1 ] && LAYERS=$fit STEPS=1 KEEP=1 BUD=${BUD:-32} BENCH_TIMEOUT=$left NODD=1 bash "$0" s235bud > /dev/null
+      ls -la "$TIER" ;;
     *) echo "unknown mode $mode" ;;
   esac
 done
