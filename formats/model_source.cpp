@@ -19,6 +19,7 @@
 #include "formats/format_fail.hpp"
 #include "formats/gguf.hpp"
 #include "formats/model_source_impl.hpp"
+#include "formats/parallel_quantize.hpp"
 #include "formats/phi3_hf.hpp"
 #include "kernels/weight_format.hpp"
 #include "model/config.hpp"
@@ -381,7 +382,7 @@ bool ModelSource::read_as(const std::string& name, WeightFormat f, void* dst) co
   if (l.oss && gpt_oss_read_stored(*l.oss, l.shape, f, dst)) return true;
   const HostTensor t = read_loc(*impl_, l);
   try {
-    quantize_weights(f, t.data.data(), dst, n, cols);
+    quantize_weights_parallel(f, t.data.data(), dst, n, cols);
   } catch (const std::invalid_argument& e) {  // fp8: a row without a finite scale
     throw std::invalid_argument(fmt::format("{}: tensor '{}': {}", impl_->header.source, name, e.what()));
   }

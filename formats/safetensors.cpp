@@ -1,5 +1,6 @@
 #include "formats/safetensors.hpp"
 #include "base/atomic_file.hpp"
+#include "formats/parallel_quantize.hpp"
 #include "model/error_text.hpp"
 
 #include <fcntl.h>
@@ -180,11 +181,13 @@ HostTensor SafetensorsFile::read_f32(const SafetensorsEntry& e) const {
     if (n > 0) std::memcpy(t.data.data(), p, n * 4);  // an empty vector's data() may be null
   } else if (e.dtype == "BF16" || e.dtype == "F16") {
     const bool bf = e.dtype == "BF16";
-    for (size_t i = 0; i < n; ++i) {
-      uint16_t h;
-      std::memcpy(&h, p + 2 * i, 2);
-      t.data[i] = bf ? bf16_to_f32(h) : f16_to_f32(h);
-    }
+    for_ranges_parallel(int64_t(n), 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * i, 2);
+        t.data[size_t(i)] = bf ? bf16_to_f32(h) : f16_to_f32(h);
+      }
+    });
   } else if (e.dtype == "U8") {  // MXFP4 blocks and scales (formats/gpt_oss_hf.hpp): bytes, exact in fp32
     for (size_t i = 0; i < n; ++i) t.data[i] = float(p[i]);
   } else {
