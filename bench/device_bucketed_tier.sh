@@ -31,7 +31,8 @@
 #              and head, 2 GiB left over)
 #   s235fit    the deepest cache this call can build and the disk can hold: a 4-decoder run first
 #              times the build per decoder, then LAYERS = the smaller of what the free space holds
-#              and what the rest of CALL_S (560) seconds from the script's start builds; kept
+#              and what the rest of CALL_S (560) seconds from the script's start builds, then as
+#              many measured steps (1-8) as the time left holds; the cache is kept
 #              (KEEP=1; no dd read-back, NODD=1) for a second call, `LAYERS=<printed> KEEP=1 ... s235bud`, which trains
 #   s235ram    the same LAYERS with the base in RAM (the row the tier's is compared with)
 # Every bench row samples nvidia-smi (power, SM clock) every 0.5 s beside it (mean of samples above
@@ -138,7 +139,10 @@ for mode in "$@"; do
       by_time=$(awk -v l="$left" -v p="$per" 'BEGIN { print (p > 0 ? int(0.85 * l / p) : 0) }')
       fit=$(( by_disk < by_time ? by_disk : by_time ))
       echo "s235fit: build ${per} s per decoder, ${left} s left, disk holds ${by_disk}, time allows ${by_time}: LAYERS=${fit}"
-      [ "$fit" -ge 1 ] && LAYERS=$fit STEPS=1 KEEP=1 BUD=${BUD:-32} BENCH_TIMEOUT=$left NODD=1 bash "$0" s235bud > /dev/null
+      # the steps the rest of the call holds after the build (~1.7 s a decoder at ~1.3 GB/s), 1-8
+      steps=$(awk -v l="$left" -v p="$per" -v n="$fit" 'BEGIN { s = int((l - n * p - 60) / (n * 1.7)) - 1; print (s < 1 ? 1 : (s > 8 ? 8 : s)) }')
+      echo "s235fit: $steps measured steps after the build"
+      [ "$fit" -ge 1 ] && LAYERS=$fit STEPS=$steps KEEP=1 BUD=${BUD:-32} BENCH_TIMEOUT=$left NODD=1 bash "$0" s235bud > /dev/null
       ls -la "$TIER" ;;
     *) echo "unknown mode $mode" ;;
   esac
