@@ -525,7 +525,7 @@ void add_plan_command(CLI::App& app) {
   c->add_option("--pcie-gbps", o->pcie_gbps, "host<->device GB/s per direction (0: free)")
       ->capture_default_str();
   c->add_option("--iterations", o->iterations,
-                "iterations to simulate (0: enough for whole deal cycles; at most 10000)")
+                "iterations to simulate (0: enough for whole deal cycles, up to 130; at most 10000)")
       ->capture_default_str();
   c->add_flag("--sync", o->sync, "simulate the synchronous optimizer (staleness 0)");
   c->add_flag("--max-seq", o->max_seq, "find the longest sequence that fits --memory-cap, and plan it");

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
-#include <numeric>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -205,10 +204,8 @@ std::vector<StageCost> disk_stage_costs(const DiskRun& r, SimOptions& so) {
   so.disk_read_bandwidth = r.tier.read_bandwidth;
   so.disk_write_bandwidth = r.tier.write_rate();
   so.disk_ring = r.tier.ring_buffers;
-  if (so.iterations == 0) {  // a queue on the disk settles slower than the GPUs: four times the default
-    const int S = int(r.run.plan.stages.size()), cycle = so.gpus / std::gcd(S, so.gpus);
-    so.iterations = 4 * std::max(4, 2 * cycle + 2);
-  }
+  // a queue on the disk settles slower than the GPUs: four times the default
+  if (so.iterations == 0) so.iterations = 4 * default_iterations(int(r.run.plan.stages.size()), so.gpus);
   return c;
 }
 

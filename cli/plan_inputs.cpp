@@ -141,7 +141,7 @@ void check_plan_options(const PlanCommandOptions& o) {
   check_rate("--pcie-gbps", o.pcie_gbps, true, " (0: free)");
   // the replay holds every iteration's events: ~25 KB and several ms each on a 48-layer model,
   // so a million took minutes and over 8 GiB before it ended; the default (0) is at most
-  // 4 x (2 x 1024 + 2) with a disk tier
+  // 4 x 130 with a disk tier (default_iterations)
   constexpr int kMaxIterations = 10000;
   if (o.iterations < 0 || o.iterations > kMaxIterations)
     throw UsageError(fmt::format("--iterations: expected 0 (enough for whole deal cycles) to {}, got {}",

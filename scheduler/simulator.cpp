@@ -33,6 +33,11 @@ std::vector<StageCost> stage_costs(const std::vector<LayerCost>& costs, const It
   return out;
 }
 
+int default_iterations(int stages, int gpus) {
+  const int cycle = gpus / std::gcd(stages, gpus);
+  return std::max(4, 2 * std::min(cycle, kMaxDefaultCycle) + 2);
+}
+
 double uniform_bubble_ratio(int gpus, int64_t micro_batches, int stages) {
   const double nn = double(gpus) * double(gpus - 1);
   return nn / (double(micro_batches) * double(stages) + nn);
@@ -458,8 +463,11 @@ class Replay {
 SimResult simulate(const IterationPlan& plan, const std::vector<StageCost>& costs, const SimOptions& o) {
   check(plan, costs, o);
   const int S = int(plan.stages.size()), G = o.gpus;
-  const int cycle = G / std::gcd(S, G);
-  const int iterations = o.iterations > 0 ? o.iterations : std::max(4, 2 * cycle + 2);
+  // the deal cycle, or for a default replay of a larger pool the kMaxDefaultCycle iterations
+  // it covers (an average over whole periods of the passes in flight, as a cycle's is)
+  int cycle = G / std::gcd(S, G);
+  if (o.iterations == 0) cycle = std::min(cycle, kMaxDefaultCycle);
+  const int iterations = o.iterations > 0 ? o.iterations : default_iterations(S, G);
   const int64_t M = o.micro_batches;
   SimResult r = Replay(plan, costs, o, iterations).run();
 
