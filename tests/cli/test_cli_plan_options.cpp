@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tests/cli/cli_util.hpp"
 
@@ -26,6 +28,48 @@ TEST(CliPlanOptions, TheLargestPoolPlansInSeconds) {
   ASSERT_EQ(r.code, 0) << r.err;  // 124: timed out
   EXPECT_LT(s, 60) << r.out;
   EXPECT_NE(r.out.find("over 130 simulated iterations"), std::string::npos) << r.out;
+  fs::remove_all(d);
+}
+
+// Every numeric flag given a value of the wrong kind: one line naming it and what it expects, in
+// the words of its range check (CLI11 said "Could not convert: --gpus = two").
+TEST(CliPlanOptions, AValueOfTheWrongKindIsOneLineNamingTheFlag) {
+  auto d = tmpdir();
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--gpus two", "--gpus: expected an integer in 1..1024, got two"},
+      {"--gpus 99999999999", "--gpus: expected an integer in 1..1024, got 99999999999"},
+      {"--seq x", "--seq: expected an integer >= 1, got x"},
+      {"--micro 1.5", "--micro: expected an integer >= 1, got 1.5"},
+      {"--sequences-per-micro q", "--sequences-per-micro: expected an integer >= 1, got q"},
+      {"--peak-tflops abc", "--peak-tflops: expected a finite number > 0, got abc"},
+      {"--fp8-tflops z", "--fp8-tflops: expected a finite number >= 0, got z"},
+      {"--hbm-gbps 1e999", "--hbm-gbps: expected a finite number > 0, got 1e999"},
+      {"--pcie-gbps fast", "--pcie-gbps: expected a finite number >= 0 (0: free), got fast"},
+      {"--iterations many", "--iterations: expected 0 (enough for whole deal cycles) to 10000, got many"},
+      {"--mlp-chunk 4k", "--mlp-chunk: expected an integer >= 0 (0: 8192), got 4k"},
+      {"--lora-r r16", "--lora-r: expected 0 (none) or an integer in 1..65536, got r16"},
+      {"--nodes two", "--nodes: expected an integer >= 1, got two"},
+      {"--net-gbps z", "--net-gbps: expected a finite number > 0, got z"},
+      {"--net-latency-us z", "--net-latency-us: expected a finite number >= 0, got z"},
+      {"--accumulation 2.5", "--accumulation: expected an integer >= 1, got 2.5"},
+      {"--grouped-gemm-efficiency half",
+       "--grouped-gemm-efficiency: expected a fraction in [0.001, 1] (0: by --expert-gemm), got half"},
+      {"--disk-gbps z", "--disk-gbps: expected 0 (off) or a rate from 0.001 to 1e6 GB/s, got z"},
+      {"--disk-write-gbps z",
+       "--disk-write-gbps: expected 0 (the read rate) or a rate from 0.001 to 1e6 GB/s"},
+      {"--host-budget-gib z", "--host-budget-gib: expected 0 (default) or 0.001 to 1048576 GiB, got z"},
+      {"--disk-ring z", "--disk-ring: expected an integer >= 2 (the runtime's ring has at least two), got z"},
+      // a number out of range: the same words
+      {"--seq 0", "--seq: expected an integer >= 1, got 0"},
+      {"--disk-ring 1", "--disk-ring: expected an integer >= 2 (the runtime's ring has at least two), got 1"},
+  };
+  for (const auto& [args, want] : cases) {
+    const CliRun r = roundpipe("plan --model m.json " + args, d);
+    EXPECT_EQ(r.code, 2) << args << ": " << r.err;
+    EXPECT_EQ(r.err.find("roundpipe: error: " + want), 0u) << args << ": " << r.err;
+    EXPECT_EQ(r.err.find("Could not convert"), std::string::npos) << args << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
+  }
   fs::remove_all(d);
 }
 
