@@ -418,6 +418,9 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
   check_plan_options(o);
   std::string desc;
   const ModelShape m = load_model_shape(o.model, &desc);
+  if (o.expert_gemm == "bucketed" && m.num_moe_layers() == 0)  // it would change nothing
+    throw UsageError(fmt::format("--expert-gemm bucketed needs a mixture-of-experts model; {} has no {}",
+                                 o.model, m.num_experts > 0 ? "sparse layer" : "experts"));
   const std::optional<ModelLayout> layout = run_layout(o);
   const DeviceModel d = device_model(o, layout);
   PlanCommandOptions oo = o;
