@@ -366,6 +366,8 @@ int run(int argc, char** argv) {
                     "--ffn, --vocab, --experts...): {}",
                     e.what()));
   }
+  needs(app.count("--expert-gemm") > 0, c.num_moe_layers() > 0, "--expert-gemm",
+        "a model with experts (a sparse decoder among --layers with --sparse-step)");
   std::optional<rp::LoraConfig> lora;
   if (lora_r > 0) {
     lora.emplace();

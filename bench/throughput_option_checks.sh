@@ -41,6 +41,7 @@ check "--base-format needs --lora-r" --base-format nf4
 check "--lora-targets needs --lora-r" --lora-targets experts
 check "--expert-gemm needs --experts" --expert-gemm bucketed
 check "--sparse-step needs --experts" --sparse-step 2
+check "--expert-gemm needs a model with experts" --experts 4 --experts-per-tok 2 --sparse-step 8 --expert-gemm bucketed --backend cpu --layers 4 --hidden 64 --heads 2 --kv-heads 1 --head-dim 32 --ffn 128 --vocab 128 --seq 16 --seqs 2 --micro 2 --steps 1
 check "--dtype f16 needs --backend cuda" --dtype f16 --backend cpu
 check "--results /nonexistent/dir/x.md: expected a file in a folder that exists" --results /nonexistent/dir/x.md
 check "--trace /nonexistent/dir/t.json: expected a file in a folder" --trace /nonexistent/dir/t.json

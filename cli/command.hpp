@@ -9,6 +9,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include <CLI/CLI.hpp>
@@ -83,6 +84,32 @@ CLI::Validator integer_check(Int lo, Int hi = std::numeric_limits<Int>::max(), c
       },
       hi == std::numeric_limits<Int>::max() ? fmt::format("INT >= {}", lo)
                                             : fmt::format("INT in [{} - {}]", lo, hi));
+}
+
+/// Registers option `flag` for the number `v` (an integer type or double) with a check that
+/// its text reads whole as one ("expected <expects>, got two") instead of CLI11's "Could not
+/// convert: --flag = two"; `expects` should be the words of the value's own range check, which
+/// runs after parsing.
+template <typename T>
+CLI::Option* add_number_option(CLI::App& app, const std::string& flag, T& v, const std::string& help,
+                               const std::string& expects) {
+  static_assert(std::is_arithmetic_v<T> && !std::is_same_v<T, bool>);
+  CLI::Validator check(
+      [expects](std::string& text) -> std::string {
+        bool ok = false;
+        if constexpr (std::is_floating_point_v<T>) {
+          double x = 0;
+          ok = whole_number(text, x);
+        } else {
+          T x{};
+          const char* end = text.data() + text.size();
+          const auto [ptr, ec] = std::from_chars(text.data(), end, x);
+          ok = !text.empty() && ec == std::errc() && ptr == end;
+        }
+        return ok ? std::string() : fmt::format("expected {}, got {}", expects, text);
+      },
+      "");
+  return app.add_option(flag, v, help)->check(check);
 }
 
 /// An output file a flag names (`flag` "--trace") may replace a file already at `path` only

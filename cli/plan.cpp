@@ -5,11 +5,9 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <memory>
 #include <optional>
 #include <stdexcept>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -420,6 +418,9 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
   check_plan_options(o);
   std::string desc;
   const ModelShape m = load_model_shape(o.model, &desc);
+  if (o.expert_gemm == "bucketed" && m.num_moe_layers() == 0)  // it would change nothing
+    throw UsageError(fmt::format("--expert-gemm bucketed needs a mixture-of-experts model; {} has no {}",
+                                 o.model, m.num_experts > 0 ? "sparse layer" : "experts"));
   const std::optional<ModelLayout> layout = run_layout(o);
   const DeviceModel d = device_model(o, layout);
   PlanCommandOptions oo = o;
@@ -481,111 +482,6 @@ void resolve_plan_flags(PlanCommandOptions& o,
       if (const std::string* v = value_of(f))
         throw UsageError(fmt::format(
             "{} {}: predicts the gradient sum over nodes; give --nodes N (N > 1) with it", f, *v));
-}
-
-void add_plan_command(CLI::App& app) {
-  auto o = std::make_shared<PlanCommandOptions>();
-  auto* c = app.add_subcommand("plan", "partition a model for a GPU pool and predict its iteration time");
-  c->add_option("--model", o->model, "model folder, config.json or .gguf (weights not needed; required)");
-  c->add_option("--gpu", o->gpu,
-                "device preset: RTX 3090/4090/5090, A100 40GB/80GB, L40S, H100 SXM/PCIe, H200, B200 "
-                "(sets --peak-tflops, --hbm-gbps, --pcie-gbps, --memory-cap unless given; --list-gpus)");
-  auto list_gpus = std::make_shared<bool>(false);
-  c->add_flag("--list-gpus", *list_gpus, "print the device presets (data sheet and planned rates) and exit");
-  c->add_option(
-       "--host-gib", o->host_gib,
-       "host memory for the run, GiB (default: this machine's): the plan says what the run needs and, "
-       "when over, what to change")
-      ->check(finite_number_check(true));
-  c->add_option("--gpus", o->gpus, "GPUs in the pool")->capture_default_str();
-  add_disk_options(*c, *o);
-  c->add_option("--seq", o->seq_len, "tokens per sequence")->capture_default_str();
-  c->add_option("--micro", o->micro_batches, "micro-batches per iteration (M)")->capture_default_str();
-  c->add_option("--sequences-per-micro", o->sequences_per_micro, "sequences per micro-batch")
-      ->capture_default_str();
-  c->add_option("--profile", o->profile,
-                "measured profile JSON (replaces the analytic costs where measured)");
-  c->add_option("--memory-cap", o->memory_cap, "per-GPU memory a stage may use, e.g. 24GiB (default: none)");
-  c->add_option("--trace", o->trace,
-                "write the simulated timeline as a Chrome trace JSON (an existing file needs --force)");
-  c->add_flag("--force", o->force, "with --trace: replace an existing file");
-  c->add_option("--peak-tflops", o->peak_tflops, "achievable dense GEMM TFLOP/s")->capture_default_str();
-  c->add_flag(
-      "--fp8", o->fp8,
-      "plan a run with \"fp8\": true: the dense decoder linears' forward, recompute and input gradient "
-      "at --fp8-tflops");
-  c->add_flag("--fp8-wgrad", o->fp8_wgrad,
-              "with --fp8: \"fp8_weight_gradients\": true, the linears' weight gradients in FP8 as well");
-  c->add_option(
-       "--fp8-tflops", o->fp8_tflops,
-       "--fp8: achievable e4m3 GEMM TFLOP/s (0: the --gpu preset's, else 1.7 x --peak-tflops as measured "
-       "on the H200)")
-      ->capture_default_str();
-  c->add_option("--hbm-gbps", o->hbm_gbps, "device memory bandwidth, GB/s")->capture_default_str();
-  c->add_option("--pcie-gbps", o->pcie_gbps, "host<->device GB/s per direction (0: free)")
-      ->capture_default_str();
-  c->add_option("--iterations", o->iterations,
-                "iterations to simulate (0: enough for whole deal cycles; at most 10000)")
-      ->capture_default_str();
-  c->add_flag("--sync", o->sync, "simulate the synchronous optimizer (staleness 0)");
-  c->add_flag("--max-seq", o->max_seq, "find the longest sequence that fits --memory-cap, and plan it");
-  c->add_option("--mlp-chunk", o->mlp_chunk_tokens, "decoders' MLP chunk in tokens (0: 8192)")
-      ->capture_default_str();
-  c->add_flag(
-      "!--no-save-attention", o->save_attention,
-      "plan for decoders that recompute their attention in backward (the runtime's save_attention off)");
-  c->add_option(
-      "--frozen", o->frozen,
-      "plan a run whose weights are all frozen in this storage form (f32, bf16, f16, q8_0, q4_0, nf4, "
-      "mxfp4, fp8), as a LoRA base");
-  c->add_option(
-       "--lora-r", o->lora_r,
-       "plan a LoRA run of this rank on a frozen base (stored as --frozen says, default bf16; 0: none)")
-      ->capture_default_str();
-  c->add_option(
-       "--lora-targets", o->lora_targets,
-       "comma-separated modules the adapters reach (q_proj, ..., down_proj) or all-linear, and "
-       "\"experts\" (or experts.gate_up_proj, experts.down_proj) for per-expert adapters in sparse layers")
-      ->capture_default_str();
-  c->add_option(
-       "--nodes", o->nodes,
-       "data-parallel replicas: predict N nodes of --gpus GPUs each summing gradients over the network "
-       "(mpirun -np N roundpipe train; README \"Several machines\")")
-      ->capture_default_str();
-  c->add_option("--net-gbps", o->net_gbps,
-                "--nodes: network bandwidth per node and direction, Gbit/s (100 = 12.5 GB/s)")
-      ->capture_default_str();
-  c->add_option("--net-latency-us", o->net_latency_us, "--nodes: latency per message, microseconds")
-      ->capture_default_str();
-  c->add_option("--accumulation", o->accumulation,
-                "--nodes: iterations per optimizer step on each node (the spec's "
-                "\"accumulation\" counts them over all nodes: this value x --nodes)")
-      ->capture_default_str();
-  c->add_option("--grouped-gemm-efficiency", o->grouped_gemm_efficiency,
-                "mixture-of-experts: the experts' grouped GEMMs (forward, input gradients) as a fraction of "
-                "--peak-tflops (0: 0.33 grouped, 0.6 bucketed, measured on the H200 at Qwen3-30B-A3B shapes)")
-      ->capture_default_str();
-  c->add_option(
-       "--expert-gemm", o->expert_gemm,
-       fmt::format(
-           "mixture-of-experts: the spec's \"expert_gemm\": grouped or bucketed (padded expert rows: "
-           "~6% more expert scratch, faster GEMM kernels, but {:.0f} us of host time per batched call, "
-           "one call per bucket: no faster end to end than grouped on an H100)",
-           kBucketedCallSeconds * 1e6))
-      ->check(CLI::IsMember({"grouped", "bucketed"}))
-      ->capture_default_str();
-  c->callback(reporting_errors([o, c, list_gpus] {
-    if (*list_gpus) {
-      print_gpu_presets(stdout);
-      return;
-    }
-    std::vector<std::pair<std::string, std::string>> given;
-    for (const char* f : kPlanFlagsResolved)
-      if (const CLI::Option* opt = c->get_option(f); opt->count() > 0)
-        given.emplace_back(f, opt->as<std::string>());
-    resolve_plan_flags(*o, given);
-    run_plan(*o, stdout);
-  }));
 }
 
 }  // namespace rp

@@ -8,6 +8,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -131,6 +132,10 @@ void add_plan_command(CLI::App& app);
 
 /// The flags' values, before the model loads: a UsageError naming the first one out of range.
 void check_plan_options(const PlanCommandOptions& o);
+/// What numeric flag `flag` of `plan` expects ("an integer in 1..1024"): the words of its
+/// one-line error both when its text is no number of its type (add_number_option) and when
+/// its value is out of range (check_plan_options). A flag without them is a logic_error.
+const std::string& plan_flag_expects(std::string_view flag);
 /// --lora-r: 0 (no adapters) or a rank LoraConfig accepts, else a UsageError.
 void check_lora_r(int64_t r);
 /// --frozen's storage form (bf16 when not given); a UsageError for another name.

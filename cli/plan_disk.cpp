@@ -3,7 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
-#include <numeric>
+#include <string>
+#include <utility>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -30,38 +31,35 @@ std::string hidden_text(double n) {
 }  // namespace
 
 void add_disk_options(CLI::App& c, PlanCommandOptions& o) {
-  c.add_option("--disk-gbps", o.disk_gbps,
-               "disk tier: the host disk's read GB/s for frozen weights and spilled activations the host "
-               "budget cannot hold (0: none; training places them by the same rule with the spec key "
-               "frozen_tier.host_budget_gib; spilled activations are a prediction)")
-      ->capture_default_str();
-  c.add_option("--disk-write-gbps", o.disk_write_gbps,
-               "disk tier: write GB/s for spilled activations (0: the read rate)")
-      ->capture_default_str();
-  c.add_option("--host-budget-gib", o.host_budget_gib,
-               "disk tier: host memory the run may fill, GiB (0: 90% of --host-gib or of this machine's)")
-      ->capture_default_str();
-  c.add_option("--disk-ring", o.disk_ring, "disk tier: pinned read buffers, each the largest stage read")
-      ->capture_default_str();
+  const auto add = [&c](const std::string& flag, auto& v, const std::string& help) {
+    add_number_option(c, flag, v, help, plan_flag_expects(flag))->capture_default_str();
+  };
+  add("--disk-gbps", o.disk_gbps,
+      "disk tier: the host disk's read GB/s for frozen weights and spilled activations the host "
+      "budget cannot hold (0: none; training places them by the same rule with the spec key "
+      "frozen_tier.host_budget_gib; spilled activations are a prediction)");
+  add("--disk-write-gbps", o.disk_write_gbps,
+      "disk tier: write GB/s for spilled activations (0: the read rate)");
+  add("--host-budget-gib", o.host_budget_gib,
+      "disk tier: host memory the run may fill, GiB (0: 90% of --host-gib or of this machine's)");
+  add("--disk-ring", o.disk_ring, "disk tier: pinned read buffers, each the largest stage read");
 }
 
 DiskTier disk_tier_of(const PlanCommandOptions& o, std::string* budget_source) {
   // rates in [1 MB/s, 1 PB/s] and budgets up to 1 PiB: beyond them the seconds and bytes printed
   // overflow or round to nothing
-  auto rate = [](double v, const char* flag, const char* zero) {
-    if (!std::isfinite(v) || !(v == 0 || (v >= 1e-3 && v <= 1e6)))
-      throw UsageError(
-          fmt::format("{}: expected 0 ({}) or a rate from 0.001 to 1e6 GB/s, got {}", flag, zero, v));
+  const auto fail = [](const char* flag, auto v) {
+    return UsageError(fmt::format("{}: expected {}, got {}", flag, plan_flag_expects(flag), v));
   };
-  rate(o.disk_gbps, "--disk-gbps", "off");
-  rate(o.disk_write_gbps, "--disk-write-gbps", "the read rate");  // not "off": 0 writes at the read rate
+  for (const auto& [flag, v] :
+       {std::pair{"--disk-gbps", o.disk_gbps}, {"--disk-write-gbps", o.disk_write_gbps}})
+    if (!std::isfinite(v) || !(v == 0 || (v >= 1e-3 && v <= 1e6)))  // --disk-write-gbps 0: the read rate
+      throw fail(flag, v);
   if (!std::isfinite(o.host_budget_gib) ||
       !(o.host_budget_gib == 0 || (o.host_budget_gib >= 1e-3 && o.host_budget_gib <= 1048576)))
-    throw UsageError(fmt::format("--host-budget-gib: expected 0 (default) or 0.001 to 1048576 GiB, got {}",
-                                 o.host_budget_gib));
+    throw fail("--host-budget-gib", o.host_budget_gib);
   if (o.disk_ring < 2)  // as training: one buffer would leave no read ahead of the upload
-    throw UsageError(
-        fmt::format("--disk-ring: expected >= 2 (the runtime's ring has at least two), got {}", o.disk_ring));
+    throw fail("--disk-ring", o.disk_ring);
   if (o.disk_gbps == 0) {
     if (o.disk_write_gbps > 0)
       throw UsageError("--disk-write-gbps: describes the disk tier; give --disk-gbps with it");
@@ -205,10 +203,8 @@ std::vector<StageCost> disk_stage_costs(const DiskRun& r, SimOptions& so) {
   so.disk_read_bandwidth = r.tier.read_bandwidth;
   so.disk_write_bandwidth = r.tier.write_rate();
   so.disk_ring = r.tier.ring_buffers;
-  if (so.iterations == 0) {  // a queue on the disk settles slower than the GPUs: four times the default
-    const int S = int(r.run.plan.stages.size()), cycle = so.gpus / std::gcd(S, so.gpus);
-    so.iterations = 4 * std::max(4, 2 * cycle + 2);
-  }
+  // a queue on the disk settles slower than the GPUs: four times the default
+  if (so.iterations == 0) so.iterations = 4 * default_iterations(int(r.run.plan.stages.size()), so.gpus);
   return c;
 }
 

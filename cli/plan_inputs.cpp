@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -96,6 +98,45 @@ ModelShape load_model_shape(const std::string& path, std::string* description) {
   return m;
 }
 
+// the replay holds every iteration's events: ~25 KB and several ms each on a 48-layer model,
+// so a million took minutes and over 8 GiB before it ended; the default (0) is at most
+// 4 x 130 with a disk tier (default_iterations)
+constexpr int kMaxIterations = 10000;
+
+const std::string& plan_flag_expects(std::string_view flag) {
+  static const std::map<std::string, std::string, std::less<>> expects = {
+      {"--gpus", fmt::format("an integer in 1..{}", kMaxWorkers)},
+      {"--seq", "an integer >= 1"},
+      {"--micro", "an integer >= 1"},
+      {"--sequences-per-micro", "an integer >= 1"},
+      {"--peak-tflops", "a finite number > 0"},
+      {"--fp8-tflops", "a finite number >= 0"},
+      {"--hbm-gbps", "a finite number > 0"},
+      {"--pcie-gbps", "a finite number >= 0 (0: free)"},
+      {"--iterations", fmt::format("0 (enough for whole deal cycles) to {}", kMaxIterations)},
+      {"--mlp-chunk", "an integer >= 0 (0: 8192)"},
+      {"--lora-r", fmt::format("0 (none) or an integer in 1..{}", LoraConfig::kMaxRank)},
+      {"--nodes", "an integer >= 1"},
+      {"--net-gbps", "a finite number > 0"},
+      {"--net-latency-us", "a finite number >= 0"},
+      {"--accumulation", "an integer >= 1"},
+      {"--grouped-gemm-efficiency", "a fraction in [0.001, 1] (0: by --expert-gemm)"},
+      {"--disk-gbps", "0 (off) or a rate from 0.001 to 1e6 GB/s"},
+      {"--disk-write-gbps", "0 (the read rate) or a rate from 0.001 to 1e6 GB/s"},
+      {"--host-budget-gib", "0 (default) or 0.001 to 1048576 GiB"},
+      {"--disk-ring", "an integer >= 2 (the runtime's ring has at least two)"},
+  };
+  const auto it = expects.find(flag);
+  if (it == expects.end()) throw std::logic_error(fmt::format("plan: no expectation for {}", flag));
+  return it->second;
+}
+
+// "<flag>: expected <what it expects>, got <value>"
+template <typename T>
+static UsageError plan_flag_error(std::string_view flag, T value) {
+  return UsageError(fmt::format("{}: expected {}, got {}", flag, plan_flag_expects(flag), value));
+}
+
 // --frozen's storage form (bf16 when not given); a UsageError for another name.
 WeightFormat frozen_format(const PlanCommandOptions& o) {
   if (o.frozen.empty()) return WeightFormat::bf16;
@@ -110,27 +151,21 @@ WeightFormat frozen_format(const PlanCommandOptions& o) {
 // --lora-r: 0 (no adapters) or a rank LoraConfig accepts; a larger one would overflow the
 // parameter counts the plan forms from it.
 void check_lora_r(int64_t r) {
-  if (r < 0 || r > LoraConfig::kMaxRank)
-    throw UsageError(
-        fmt::format("--lora-r: expected 0 (none) or an integer in 1..{}, got {}", LoraConfig::kMaxRank, r));
+  if (r < 0 || r > LoraConfig::kMaxRank) throw plan_flag_error("--lora-r", r);
 }
 
 // A rate or latency flag: finite (an infinite one printed "inf TFLOP/s", or with
 // --net-latency-us "0 tokens/s (0.00x one node)") and > 0, or >= 0 when `zero_ok`.
-static void check_rate(const char* flag, double v, bool zero_ok, const char* zero_means = "") {
-  if (!std::isfinite(v) || !(zero_ok ? v >= 0 : v > 0))
-    throw UsageError(fmt::format("{}: expected a finite number {} 0{}, got {}", flag, zero_ok ? ">=" : ">",
-                                 zero_means, v));
+static void check_rate(const char* flag, double v, bool zero_ok) {
+  if (!std::isfinite(v) || !(zero_ok ? v >= 0 : v > 0)) throw plan_flag_error(flag, v);
 }
 
 /// The flags' values, before the model loads: a UsageError naming the first one out of range.
 void check_plan_options(const PlanCommandOptions& o) {
-  if (o.gpus < 1 || o.gpus > kMaxWorkers)
-    throw UsageError(fmt::format("--gpus: expected an integer in 1..{}, got {}", kMaxWorkers, o.gpus));
-  if (o.seq_len < 1) throw UsageError(fmt::format("--seq: expected >= 1, got {}", o.seq_len));
-  if (o.micro_batches < 1) throw UsageError(fmt::format("--micro: expected >= 1, got {}", o.micro_batches));
-  if (o.sequences_per_micro < 1)
-    throw UsageError(fmt::format("--sequences-per-micro: expected >= 1, got {}", o.sequences_per_micro));
+  if (o.gpus < 1 || o.gpus > kMaxWorkers) throw plan_flag_error("--gpus", o.gpus);
+  if (o.seq_len < 1) throw plan_flag_error("--seq", o.seq_len);
+  if (o.micro_batches < 1) throw plan_flag_error("--micro", o.micro_batches);
+  if (o.sequences_per_micro < 1) throw plan_flag_error("--sequences-per-micro", o.sequences_per_micro);
   check_rate("--peak-tflops", o.peak_tflops, false);
   check_rate("--fp8-tflops", o.fp8_tflops, true);
   if (o.fp8 && !o.gpu.empty() && find_gpu_preset(o.gpu) &&
@@ -138,29 +173,19 @@ void check_plan_options(const PlanCommandOptions& o) {
     throw UsageError(
         fmt::format("--fp8: {} has no FP8 tensor cores (the runtime refuses \"fp8\": true there)", o.gpu));
   check_rate("--hbm-gbps", o.hbm_gbps, false);
-  check_rate("--pcie-gbps", o.pcie_gbps, true, " (0: free)");
-  // the replay holds every iteration's events: ~25 KB and several ms each on a 48-layer model,
-  // so a million took minutes and over 8 GiB before it ended; the default (0) is at most
-  // 4 x (2 x 1024 + 2) with a disk tier
-  constexpr int kMaxIterations = 10000;
-  if (o.iterations < 0 || o.iterations > kMaxIterations)
-    throw UsageError(fmt::format("--iterations: expected 0 (enough for whole deal cycles) to {}, got {}",
-                                 kMaxIterations, o.iterations));
+  check_rate("--pcie-gbps", o.pcie_gbps, true);
+  if (o.iterations < 0 || o.iterations > kMaxIterations) throw plan_flag_error("--iterations", o.iterations);
   // below 0.001 of peak no GEMM library runs; such a value only prints absurd times
   if (!(o.grouped_gemm_efficiency == 0 ||
         (o.grouped_gemm_efficiency >= 0.001 && o.grouped_gemm_efficiency <= 1)))
-    throw UsageError(fmt::format(
-        "--grouped-gemm-efficiency: expected a fraction in [0.001, 1] (0: by --expert-gemm), got {}",
-        o.grouped_gemm_efficiency));
+    throw plan_flag_error("--grouped-gemm-efficiency", o.grouped_gemm_efficiency);
   if (o.mlp_chunk_tokens < 0)  // the spec's mlp_chunk_tokens rule; a negative one planned as 0 did
-    throw UsageError(
-        fmt::format("--mlp-chunk: expected an integer >= 0 (0: 8192), got {}", o.mlp_chunk_tokens));
+    throw plan_flag_error("--mlp-chunk", o.mlp_chunk_tokens);
   check_lora_r(o.lora_r);
-  if (o.nodes < 1) throw UsageError(fmt::format("--nodes: expected >= 1, got {}", o.nodes));
+  if (o.nodes < 1) throw plan_flag_error("--nodes", o.nodes);
   check_rate("--net-gbps", o.net_gbps, false);
   check_rate("--net-latency-us", o.net_latency_us, true);
-  if (o.accumulation < 1)
-    throw UsageError(fmt::format("--accumulation: expected >= 1, got {}", o.accumulation));
+  if (o.accumulation < 1) throw plan_flag_error("--accumulation", o.accumulation);
   if (!checked_product({o.seq_len, o.sequences_per_micro, o.micro_batches}, int64_t(1) << 40))
     throw UsageError(
         fmt::format("--seq {} x --sequences-per-micro {} x --micro {}: more than 2^40 tokens per iteration",

@@ -93,8 +93,8 @@ void save_hf_checkpoint(const std::string& dir_in, const ModelLayout& layout,
 void check_model_output_folder(const std::string& out_dir, const std::vector<std::string>& inputs) {
   if (const std::string why = unsafe_output_folder(out_dir); !why.empty())
     throw std::invalid_argument(one_line(fmt::format(
-        "{}: OUT_DIR {}, which a model folder would replace as a whole; expected a folder of its own",
-        out_dir, why)));
+        "{}: output {}, which a model folder would replace as a whole; expected a folder of its own", out_dir,
+        why)));
   if (const std::string in = overlapping_input(out_dir, inputs); !in.empty())
     throw std::invalid_argument(
         one_line(fmt::format("{}: the output folder is, contains or lies inside the input {} (writing it "
@@ -104,7 +104,8 @@ void check_model_output_folder(const std::string& out_dir, const std::vector<std
   const fs::path out = resolved_path(out_dir);
   std::error_code ec;
   if (fs::exists(out, ec) && !fs::is_directory(out, ec))
-    throw std::invalid_argument(one_line(fmt::format("{}: OUT_DIR exists and is not a folder", out_dir)));
+    throw std::invalid_argument(
+        one_line(fmt::format("{}: output exists and is not a folder; expected a folder", out_dir)));
   if (!fs::is_directory(out, ec) || fs::is_empty(out, ec)) return;
   std::vector<std::string> foreign = foreign_names(out);
   if (foreign.empty()) return;
@@ -116,7 +117,7 @@ void check_model_output_folder(const std::string& out_dir, const std::vector<std
                            : folders == 0            ? (one ? "a file" : "files")
                                                      : "files and folders";
   throw std::invalid_argument(one_line(fmt::format(
-      "{}: OUT_DIR holds {} roundpipe did not write there ({}), and writing the folder would delete {}; "
+      "{}: output holds {} roundpipe did not write there ({}), and writing the folder would delete {}; "
       "expected a new or empty folder, or one an earlier convert, merge or run wrote (its "
       "roundpipe_manifest.json "
       "lists every file)",

@@ -33,6 +33,11 @@ std::vector<StageCost> stage_costs(const std::vector<LayerCost>& costs, const It
   return out;
 }
 
+int default_iterations(int stages, int gpus) {
+  const int cycle = gpus / std::gcd(stages, gpus);
+  return std::max(4, 2 * std::min(cycle, kMaxDefaultCycle) + 2);
+}
+
 double uniform_bubble_ratio(int gpus, int64_t micro_batches, int stages) {
   const double nn = double(gpus) * double(gpus - 1);
   return nn / (double(micro_batches) * double(stages) + nn);
@@ -93,6 +98,9 @@ class Replay {
     published_.assign(size_t(T_), std::vector<char>(size_t(plan.num_layers), 0));
     remaining_.assign(size_t(T_), S_);
     admitted_.assign(size_t(T_), 0);
+    passed_.assign(size_t(T_), 0);
+    marked_.assign(size_t(o.gpus), 0);
+    touched_.assign(size_t(o.gpus), 1);
     spill_written_.assign(size_t(T_), std::vector<int>(size_t(o.micro_batches), 0));
     for (int s = 0; s < S_ && disk_on(); ++s) spill_writers_ += costs[size_t(s)].spill_write_bytes > 0;
     r_.iteration_end.assign(size_t(T_), 0.0);
@@ -216,7 +224,19 @@ class Replay {
     return moved;
   }
 
-  void admit(int t) { admitted_[size_t(t)] = 1; }
+  void admit(int t) {
+    admitted_[size_t(t)] = 1;
+    newest_dealt_ = std::max(newest_dealt_, t);
+    touch_iteration(t);
+  }
+
+  /// Every GPU holding a task of iteration t may move again (its pass was dealt, or an update
+  /// its parameters wait for was published).
+  void touch_iteration(int t) {
+    if (t >= T_) return;
+    for (int s = 0; s < S_; ++s) touched_[size_t(tasks_[size_t(t * S_ + s)].gpu)] = 1;
+  }
+
   bool dealt(const Task& tk) const { return admitted_[size_t(tk.t)] != 0; }
 
   /// The parameters of task q may upload: its pass is dealt, a weight buffer is free (the task
@@ -298,17 +318,51 @@ class Replay {
     // retired (every micro-batch computed): the next task becomes current, with one buffer
     // only once this one finished
     if (cur.retired >= 0 && (o_.weight_buffers > 1 || cur.finish >= 0)) {
+      ++passed_[size_t(cur.t)];
       gp.cur++;
       moved = true;
     }
     return moved;
   }
 
+  /// The GPUs whose current task may be dealt, ascending: those of the tasks of iterations
+  /// oldest_ (the oldest with a task its GPU has not moved past) to newest_dealt_. advance() of
+  /// any other GPU makes no move, so visiting these alone in the same order changes nothing,
+  /// and an event costs the tasks in flight, not the whole pool (a pool of 1024 GPUs took
+  /// minutes). The set only shrinks while advance_all runs: gathered once per call.
+  const std::vector<int>& movable_gpus() {
+    while (oldest_ < T_ && passed_[size_t(oldest_)] == S_) ++oldest_;
+    if (oldest_ == gathered_[0] && newest_dealt_ == gathered_[1]) return movable_;
+    gathered_[0] = oldest_;
+    gathered_[1] = newest_dealt_;
+    movable_.clear();
+    const int64_t tasks = int64_t(std::max(0, newest_dealt_ - oldest_ + 1)) * S_;
+    if (tasks >= o_.gpus) {
+      for (int g = 0; g < o_.gpus; ++g) movable_.push_back(g);
+      return movable_;
+    }
+    for (int64_t q = int64_t(oldest_) * S_; q < int64_t(oldest_) * S_ + tasks; ++q) {
+      const int g = tasks_[size_t(q)].gpu;
+      if (!marked_[size_t(g)]) movable_.push_back(g);
+      marked_[size_t(g)] = 1;
+    }
+    std::sort(movable_.begin(), movable_.end());
+    for (int g : movable_) marked_[size_t(g)] = 0;
+    return movable_;
+  }
+
+  /// Advances the GPUs until none moves. A GPU that made no move makes none until an event
+  /// touches its tasks (advance() changes only its own GPU's state), so it is skipped till then.
   void advance_all(double now) {
+    const std::vector<int>& gpus = movable_gpus();
     for (bool moved = true; moved;) {
       moved = false;
       moved |= advance_disk(now);
-      for (int g = 0; g < o_.gpus; ++g) moved |= advance(g, now);
+      for (int g : gpus) {
+        if (!touched_[size_t(g)]) continue;
+        if (advance(g, now)) moved = true;
+        else touched_[size_t(g)] = 0;
+      }
     }
   }
 
@@ -322,10 +376,12 @@ class Replay {
   }
 
   void handle(const Event& e) {
-    if (e.kind == Kind::publish) {
+    if (e.kind == Kind::publish) {  // the iteration whose uploads wait for it (rule 1)
       published_[size_t(e.q)][size_t(e.m)] = 1;
+      touch_iteration(e.q + 1 + o_.staleness);
       return;
     }
+    touched_[size_t(tasks_[size_t(e.q)].gpu)] = 1;
     if (e.kind == Kind::disk_read || e.kind == Kind::disk_write) {
       Task& tk = tasks_[size_t(e.q)];
       if (e.kind == Kind::disk_write) spill_written_[size_t(tk.t)][size_t(e.m)]++;
@@ -354,7 +410,10 @@ class Replay {
         tk.prog.download_copy_done(e.m);
         if (disk_on() && c.spill_write_bytes > 0)  // its spilled share goes to the disk
           issue_disk(e.time, xfer(c.spill_write_bytes, o_.disk_write_bandwidth), e.q, e.m, Kind::disk_write);
-        if (tk.s + 1 < S_) tasks_[size_t(e.q + 1)].input[size_t(e.m)] = 1;
+        if (tk.s + 1 < S_) {  // the next stage's input
+          tasks_[size_t(e.q + 1)].input[size_t(e.m)] = 1;
+          touched_[size_t(tasks_[size_t(e.q + 1)].gpu)] = 1;
+        }
         maybe_finish(e.q, e.time);
         break;
       case Kind::params: tk.params_done = true; break;
@@ -377,9 +436,16 @@ class Replay {
   const int S_, T_;
   std::vector<Task> tasks_;  ///< q = t * S + s
   std::vector<GpuState> gpus_;
-  std::vector<std::vector<char>> published_;     ///< [iteration][layer]: its update is on the host
-  std::vector<int> remaining_;                   ///< per iteration: tasks not finished
-  std::vector<char> admitted_;                   ///< per iteration: its pass is dealt
+  std::vector<std::vector<char>> published_;  ///< [iteration][layer]: its update is on the host
+  std::vector<int> remaining_;                ///< per iteration: tasks not finished
+  std::vector<char> admitted_;                ///< per iteration: its pass is dealt
+  int newest_dealt_ = -1;                     ///< the newest iteration dealt
+  std::vector<int> passed_;                   ///< per iteration: tasks their GPU moved past
+  int oldest_ = 0;                            ///< the oldest iteration with a task not passed
+  std::vector<int> movable_;                  ///< movable_gpus() for the iterations gathered_
+  int gathered_[2] = {-1, -1};
+  std::vector<char> marked_;                     ///< per GPU: in movable_ (while gathering)
+  std::vector<char> touched_;                    ///< per GPU: may move (an event touched it since)
   std::vector<int> weight_reads_;                ///< tasks with a weight read, in task order
   size_t next_read_ = 0;                         ///< the next of weight_reads_ to start
   std::vector<int> spill_tasks_;                 ///< tasks that read spilled activations, in task order
@@ -397,8 +463,11 @@ class Replay {
 SimResult simulate(const IterationPlan& plan, const std::vector<StageCost>& costs, const SimOptions& o) {
   check(plan, costs, o);
   const int S = int(plan.stages.size()), G = o.gpus;
-  const int cycle = G / std::gcd(S, G);
-  const int iterations = o.iterations > 0 ? o.iterations : std::max(4, 2 * cycle + 2);
+  // the deal cycle, or for a default replay of a larger pool the kMaxDefaultCycle iterations
+  // it covers (an average over whole periods of the passes in flight, as a cycle's is)
+  int cycle = G / std::gcd(S, G);
+  if (o.iterations == 0) cycle = std::min(cycle, kMaxDefaultCycle);
+  const int iterations = o.iterations > 0 ? o.iterations : default_iterations(S, G);
   const int64_t M = o.micro_batches;
   SimResult r = Replay(plan, costs, o, iterations).run();
 

@@ -74,8 +74,7 @@ struct StreamBandwidths {
 struct SimOptions {
   int gpus = 1;                           ///< G
   int64_t micro_batches = 1;              ///< M
-  int iterations = 0;                     ///< iterations simulated (0: max(4, 2 * cycle + 2), where
-                                          ///< cycle = G / gcd(S, G) iterations repeat the deal)
+  int iterations = 0;                     ///< iterations simulated (0: default_iterations)
   StreamBandwidths bandwidth;             ///< copy streams
   int staleness = 1;                      ///< 1: asynchronous optimizer, 0: synchronous
   std::vector<double> optimizer_seconds;  ///< per compute layer, or empty (0)
@@ -118,6 +117,17 @@ struct SimResult {
   std::vector<SimInterval> timeline;   ///< when record_timeline
   double disk_busy = 0;                ///< seconds the host's disk read or wrote over the run
 };
+
+/// Deal cycles a default replay covers at most: a cycle of G / gcd(S, G) iterations grows with
+/// the pool, and 1024 GPUs replayed 2050 iterations for minutes. Pools of up to 64 GPUs get
+/// whole cycles; a larger one's steady state is the mean of the last kMaxDefaultCycle
+/// iterations' (whole periods of the passes in flight).
+inline constexpr int kMaxDefaultCycle = 64;
+
+/// Iterations simulate() replays when SimOptions::iterations is 0 for a plan of `stages` stages
+/// on `gpus` GPUs: max(4, 2 x cycle + 2), cycle = gpus / gcd(stages, gpus) iterations repeat
+/// the deal, at most kMaxDefaultCycle of them.
+int default_iterations(int stages, int gpus);
 
 /// Stage costs of `plan` from layer costs (the same formulas as estimate_stage).
 std::vector<StageCost> stage_costs(const std::vector<LayerCost>& costs, const IterationPlan& plan,

@@ -184,9 +184,10 @@ class BuilderLock {
           continue;  // its creator removed it between the two opens
         if (fd < 0 && errno == ENOENT) why = "a symbolic link to a missing file";  // retrying would spin
       }
-      // ENOENT from the first open (a folder that is gone or takes no new files) is no race either
+      // ENOENT from the first open (a folder that is gone or takes no new files) is no race either.
+      // The error names the cache path the user gave first, then the lock beside it.
       if (fd < 0)
-        throw std::runtime_error(fmt::format("{}: cannot open the builders' lock ({})", lock_path,
+        throw std::runtime_error(fmt::format("{}: cannot open the builders' lock {} ({})", path, lock_path,
                                              why.empty() ? std::strerror(errno) : why));
       fd_.reset(fd);
       int rc = ::flock(fd, LOCK_EX | LOCK_NB);
@@ -200,7 +201,7 @@ class BuilderLock {
       }
       if (rc != 0)
         throw std::runtime_error(
-            fmt::format("{}: cannot take the builders' lock ({})", lock_path, std::strerror(errno)));
+            fmt::format("{}: cannot take the builders' lock {} ({})", path, lock_path, std::strerror(errno)));
       struct stat held {
       }, named{};
       if (::fstat(fd, &held) == 0 && ::stat(lock_path.c_str(), &named) == 0 && held.st_ino == named.st_ino &&

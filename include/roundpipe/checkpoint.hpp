@@ -99,13 +99,13 @@ void save_hf_checkpoint(const std::string& dir, const ModelLayout& layout,
 /// merge into the same folder may replace.
 inline constexpr const char* kModelManifestFile = "roundpipe_manifest.json";
 
-/// Refuses an output folder (OUT_DIR of convert and merge) that writing a model folder would
-/// replace at a loss, before anything is read or written: the root folder, $HOME, the working
-/// directory or a folder holding it; one that is an input (a folder or file read from), lies
-/// inside one or holds one; a file; and an existing non-empty folder holding anything its
-/// roundpipe_manifest.json does not list (the user's files, not an earlier convert or merge).
-/// Throws std::invalid_argument("<out_dir>: <why>"), one line. Empty entries of `inputs` are
-/// skipped.
+/// Refuses an output folder (the `output` of convert and merge, as their --help names it) that
+/// writing a model folder would replace at a loss, before anything is read or written: the root
+/// folder, $HOME, the working directory or a folder holding it; one that is an input (a folder
+/// or file read from), lies inside one or holds one; a file; and an existing non-empty folder
+/// holding anything its roundpipe_manifest.json does not list (the user's files, not an earlier
+/// convert or merge). Throws std::invalid_argument("<out_dir>: output <why>"), one line. Empty
+/// entries of `inputs` are skipped.
 void check_model_output_folder(const std::string& out_dir, const std::vector<std::string>& inputs);
 
 /// Before a convert or merge writes `out_dir`: what a killed earlier convert, merge or other

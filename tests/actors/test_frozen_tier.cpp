@@ -279,6 +279,16 @@ TEST(FrozenTier, BadOptionsAreRefusedWithOneLineNamingTheOption) {
     EXPECT_EQ(e.find('\n'), std::string::npos) << e;
   }
   {
+    // a folder that takes no new files (procfs): the line names the path given, the lock after it
+    const std::string e = refused(tier_at("/proc/x.cache"));
+    EXPECT_EQ(
+        e.rfind("frozen_tier.path: /proc/x.cache: cannot open the builders' lock /proc/x.cache.lock (", 0),
+        0u)
+        << e;
+    EXPECT_NE(e.find("expected a writable file"), std::string::npos) << e;
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  }
+  {
     const std::string e = refused(tier_at(sc.path("base.cache"), 1e-6));  // ~1 KiB: not even one buffer
     EXPECT_EQ(e.rfind("frozen_tier.ring_gib: ", 0), 0u) << e;
     EXPECT_NE(e.find("expected at least"), std::string::npos) << e;

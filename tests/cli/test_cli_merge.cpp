@@ -113,7 +113,13 @@ TEST(CliMerge, ConvertRefusesAnOutputThatWouldReplaceItsInputOrUserFiles) {
   write(d / "notes/notes.txt", "mine");
   expect_one_line_error(
       roundpipe("convert " + (d / "m/model.gguf").string() + " " + (d / "notes").string(), d),
-      "holds a file roundpipe did not write there (notes.txt)");
+      "notes: output holds a file roundpipe did not write there (notes.txt)");
+  write(d / "file", "mine");
+  expect_one_line_error(
+      roundpipe("convert " + (d / "m/model.gguf").string() + " " + (d / "file").string(), d),
+      "file: output exists and is not a folder; expected a folder");
+  const CliRun help = roundpipe("convert --help", d);
+  EXPECT_NE(help.out.find("input output"), std::string::npos) << help.out;  // the name the errors use
   EXPECT_TRUE(fs::exists(d / "m/model.gguf"));
   EXPECT_TRUE(fs::exists(d / "m/notes.txt"));
   EXPECT_TRUE(fs::exists(d / "notes/notes.txt"));
@@ -201,25 +207,26 @@ TEST(CliMerge, ConvertTrustsOnlyAManifestWhoseFilesHaveTheirRecordedSizes) {
   fs::remove_all(d);
 }
 
-// "/", $HOME, the working directory and its parents are never an OUT_DIR (each would be
-// replaced as a whole), whatever they hold.
+// "/", $HOME, the working directory and its parents are never an output folder (each would be
+// replaced as a whole), whatever they hold. The refusal names the folder as --help does,
+// `output`.
 TEST(CliMerge, ConvertAndMergeRefuseTheRootHomeAndWorkingDirectory) {
   auto d = tmpdir();
   const std::string gguf = std::string(RP_FIXTURES_DIR) + "/gguf_moe/tiny_qwen3_moe.f32.gguf";
   fs::create_directories(d / "home/work");
   const std::string home = "HOME='" + (d / "home").string() + "'";
   expect_one_line_error(roundpipe_in(d / "home/work", "convert " + gguf + " .", d, home),
-                        ".: OUT_DIR is the working directory");
+                        ".: output is the working directory");
   expect_one_line_error(roundpipe_in(d / "home/work", "convert " + gguf + " ..", d, home),
-                        "..: OUT_DIR is the home folder ($HOME)");
+                        "..: output is the home folder ($HOME)");
   expect_one_line_error(roundpipe_in(d / "home/work", "convert " + gguf + " " + d.string(), d, home),
-                        "OUT_DIR contains the working directory");
+                        "output contains the working directory");
   expect_one_line_error(roundpipe_in(d / "home/work", "convert " + gguf + " /", d, home),
-                        "OUT_DIR is the root folder");
+                        "output is the root folder");
   expect_one_line_error(
       roundpipe_in(d / "home/work", "merge " + kPeft + "untied_all/adapter . --base " + kPeft + "base_untied",
                    d, home),
-      "OUT_DIR is the working directory");
+      "output is the working directory");
   EXPECT_TRUE(fs::is_empty(d / "home/work"));
   EXPECT_EQ(std::distance(fs::directory_iterator(d / "home"), {}), 1);
   fs::remove_all(d);

@@ -1,6 +1,7 @@
 // `roundpipe plan` on mixture-of-experts (Qwen3-MoE) config.json and GGUF files: both
 // spellings of the expert count are accepted, the report carries the active and total
-// parameter counts, LoRA on a frozen 4-bit base plans, and a bad key is one line naming it.
+// parameter counts, LoRA on a frozen 4-bit base plans, and a bad key is one line naming it;
+// --expert-gemm bucketed needs experts.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -185,6 +186,29 @@ TEST(CliPlanMoe, BadExpertsPerTokenIsOneLineNamingTheKey) {
     expect_one_line_error(r, "num_experts_per_tok");
     EXPECT_NE(r.err.find("config.json"), std::string::npos) << r.err;
   }
+  fs::remove_all(d);
+}
+
+// --expert-gemm bucketed lays out the rows of the experts' GEMMs: on a model without experts (or
+// without a sparse layer) it would change nothing, so it is refused instead of ignored.
+TEST(CliPlanMoe, BucketedExpertGemmNeedsExperts) {
+  auto d = tmpdir();
+  const std::string dense = std::string(RP_SOURCE_DIR) + "/examples/configs/llama-3.1-8b.json";
+  CliRun r = roundpipe("plan --model " + dense + " --expert-gemm bucketed", d);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_EQ(r.err, "roundpipe: error: --expert-gemm bucketed needs a mixture-of-experts model; " + dense +
+                       " has no experts\n");
+  std::string all_dense = moe_config("num_experts");  // every layer in mlp_only_layers
+  all_dense.replace(all_dense.find("[3]"), 3, "[0, 1, 2, 3, 4, 5, 6, 7]");
+  write(d / "config.json", all_dense);
+  r = roundpipe("plan --model " + (d / "config.json").string() + " --expert-gemm bucketed", d);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--expert-gemm bucketed needs a mixture-of-experts model; " +
+                       (d / "config.json").string() + " has no sparse layer"),
+            std::string::npos)
+      << r.err;
+  // grouped, the default, is the plain run's
+  EXPECT_EQ(roundpipe("plan --model " + dense + " --expert-gemm grouped", d).code, 0);
   fs::remove_all(d);
 }
 

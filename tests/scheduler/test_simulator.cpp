@@ -210,6 +210,29 @@ TEST(Simulator, PredictionAndTrace) {
   std::filesystem::remove(path);
 }
 
+// A default replay covers whole deal cycles on up to 64 GPUs and 130 iterations on more: a pool
+// of 1024 replayed 2050 iterations for minutes. The steady state it reports is still that of
+// whole cycles.
+TEST(Simulator, DefaultReplayOfALargePoolIsBounded) {
+  EXPECT_EQ(default_iterations(5, 1), 4);
+  EXPECT_EQ(default_iterations(5, 8), 18);      // cycle 8
+  EXPECT_EQ(default_iterations(6, 8), 10);      // cycle 4
+  EXPECT_EQ(default_iterations(5, 64), 130);    // cycle 64
+  EXPECT_EQ(default_iterations(5, 1024), 130);  // cycle 1024, capped
+  std::vector<StageCost> c = uniform(5, 0.25);
+  for (StageCost& x : c) x.act_up_bytes = x.act_down_bytes = x.param_bytes = 1000;
+  SimOptions o;
+  o.gpus = 1024;
+  o.micro_batches = 4;
+  o.bandwidth = StreamBandwidths::uniform(4000);  // a transfer takes as long as a compute
+  const SimResult r = simulate(plan_with_stages(5), c, o);
+  EXPECT_EQ(r.iteration_end.size(), 130u);
+  o.iterations = 2 * 1024 + 2;  // whole cycles
+  const SimResult full = simulate(plan_with_stages(5), c, o);
+  EXPECT_NEAR(r.iteration_seconds, full.iteration_seconds, 1e-9);
+  EXPECT_NEAR(r.steady_bubble_ratio, full.steady_bubble_ratio, 1e-9);
+}
+
 TEST(Simulator, RejectsBadInput) {
   auto plan = plan_with_stages(5);
   SimOptions o;

@@ -373,7 +373,8 @@ TEST(CacheBuild, ALockPathThatCannotBeOpenedIsAnErrorNotASpin) {
       try {
         ensure_cache(path, "key-a", odd_specs(), pattern_fill(), small_chunks());
       } catch (const std::exception& e) {
-        const std::string want = path + ".lock: cannot open the builders' lock (" + why + ")";
+        // the cache path the user gave first, then the lock beside it
+        const std::string want = path + ": cannot open the builders' lock " + path + ".lock (" + why + ")";
         ::_exit(std::string(e.what()) == want ? 0 : 2);
       }
       ::_exit(1);  // opened and built

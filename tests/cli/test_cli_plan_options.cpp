@@ -1,0 +1,76 @@
+// `roundpipe plan`'s options at their edges: the largest pool plans in seconds, and a value of
+// the wrong kind is one line naming the option and what it expects.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tests/cli/cli_util.hpp"
+
+namespace {
+
+using namespace rp::clitest;
+
+const std::string kConfigs = std::string(RP_SOURCE_DIR) + "/examples/configs/";
+
+// 1024 GPUs (the most --gpus accepts) on LLaMA-3.1-70B's 108 stages: the replay covered 2050
+// iterations, each event visiting every GPU, and ran for many minutes.
+TEST(CliPlanOptions, TheLargestPoolPlansInSeconds) {
+  auto d = tmpdir();
+  const auto t0 = std::chrono::steady_clock::now();
+  const CliRun r =
+      roundpipe_in(d, "plan --model " + kConfigs + "llama-3.1-70b.json --gpus 1024 --seq 4096 --micro 64", d,
+                   "timeout 120");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(r.code, 0) << r.err;  // 124: timed out
+  EXPECT_LT(s, 60) << r.out;
+  EXPECT_NE(r.out.find("over 130 simulated iterations"), std::string::npos) << r.out;
+  fs::remove_all(d);
+}
+
+// Every numeric flag given a value of the wrong kind: one line naming it and what it expects, in
+// the words of its range check (CLI11 said "Could not convert: --gpus = two").
+TEST(CliPlanOptions, AValueOfTheWrongKindIsOneLineNamingTheFlag) {
+  auto d = tmpdir();
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--gpus two", "--gpus: expected an integer in 1..1024, got two"},
+      {"--gpus 99999999999", "--gpus: expected an integer in 1..1024, got 99999999999"},
+      {"--seq x", "--seq: expected an integer >= 1, got x"},
+      {"--micro 1.5", "--micro: expected an integer >= 1, got 1.5"},
+      {"--sequences-per-micro q", "--sequences-per-micro: expected an integer >= 1, got q"},
+      {"--peak-tflops abc", "--peak-tflops: expected a finite number > 0, got abc"},
+      {"--fp8-tflops z", "--fp8-tflops: expected a finite number >= 0, got z"},
+      {"--hbm-gbps 1e999", "--hbm-gbps: expected a finite number > 0, got 1e999"},
+      {"--pcie-gbps fast", "--pcie-gbps: expected a finite number >= 0 (0: free), got fast"},
+      {"--iterations many", "--iterations: expected 0 (enough for whole deal cycles) to 10000, got many"},
+      {"--mlp-chunk 4k", "--mlp-chunk: expected an integer >= 0 (0: 8192), got 4k"},
+      {"--lora-r r16", "--lora-r: expected 0 (none) or an integer in 1..65536, got r16"},
+      {"--nodes two", "--nodes: expected an integer >= 1, got two"},
+      {"--net-gbps z", "--net-gbps: expected a finite number > 0, got z"},
+      {"--net-latency-us z", "--net-latency-us: expected a finite number >= 0, got z"},
+      {"--accumulation 2.5", "--accumulation: expected an integer >= 1, got 2.5"},
+      {"--grouped-gemm-efficiency half",
+       "--grouped-gemm-efficiency: expected a fraction in [0.001, 1] (0: by --expert-gemm), got half"},
+      {"--disk-gbps z", "--disk-gbps: expected 0 (off) or a rate from 0.001 to 1e6 GB/s, got z"},
+      {"--disk-write-gbps z",
+       "--disk-write-gbps: expected 0 (the read rate) or a rate from 0.001 to 1e6 GB/s"},
+      {"--host-budget-gib z", "--host-budget-gib: expected 0 (default) or 0.001 to 1048576 GiB, got z"},
+      {"--disk-ring z", "--disk-ring: expected an integer >= 2 (the runtime's ring has at least two), got z"},
+      // a number out of range: the same words
+      {"--seq 0", "--seq: expected an integer >= 1, got 0"},
+      {"--disk-ring 1", "--disk-ring: expected an integer >= 2 (the runtime's ring has at least two), got 1"},
+  };
+  for (const auto& [args, want] : cases) {
+    const CliRun r = roundpipe("plan --model m.json " + args, d);
+    EXPECT_EQ(r.code, 2) << args << ": " << r.err;
+    EXPECT_EQ(r.err.find("roundpipe: error: " + want), 0u) << args << ": " << r.err;
+    EXPECT_EQ(r.err.find("Could not convert"), std::string::npos) << args << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
+  }
+  fs::remove_all(d);
+}
+
+}  // namespace
