@@ -71,7 +71,8 @@ TEST_P(BenchWeights, FrozenGroupBytesDoNotDependOnHowTheyAreMade) {
     ++frozen;
     const std::vector<std::byte> want = reference_group(m, int(g));
     ASSERT_EQ(in_memory[g].size(), want.size()) << m.groups[g].name;
-    EXPECT_EQ(0, std::memcmp(in_memory[g].data(), want.data(), want.size())) << m.groups[g].name << " in memory";
+    EXPECT_EQ(0, std::memcmp(in_memory[g].data(), want.data(), want.size()))
+        << m.groups[g].name << " in memory";
     for (int threads : {1, 3, 16}) {
       // zeroed, as the runtime's host buffers are (a layout may leave bytes between tensors);
       // every tensor's values are random, so one left unwritten shows

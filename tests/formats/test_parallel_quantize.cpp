@@ -66,7 +66,8 @@ TEST(ParallelQuantizeErrors, ABadBlockMultipleThrowsAsTheSerialCallDoes) {
 }
 
 TEST(ParallelQuantizeErrors, RangesCoverEachValueOnceOnGrainBounds) {
-  for (const int64_t n : {int64_t(0), int64_t(7), kParallelConvertValues - 1, kParallelConvertValues * 3 + 5}) {
+  for (const int64_t n :
+       {int64_t(0), int64_t(7), kParallelConvertValues - 1, kParallelConvertValues * 3 + 5}) {
     std::vector<int> hits(size_t(n), 0);
     std::atomic<int> pieces{0};
     for_ranges_parallel(n, 96, [&](int64_t lo, int64_t hi) {
