@@ -206,30 +206,53 @@ bool clean_marked(const fs::path& dir, const std::string& name, bool& restored) 
 /// marked leftover of that name is cleaned, a name that still exists (a live writer's, or
 /// nobody's we know) fails, and the marker is written. `durable`: the marker and its folder
 /// are fsynced (needed before a finished folder is moved aside under that name).
-void claim(const std::string& leftover, const std::string& target, const char* kind, bool durable) {
+/// The marker is created only where no file is (O_EXCL) and, the moment it exists, recorded for
+/// a stop signal's cleanup (remove_unfinished_temporaries): a stop while it is written leaves no
+/// empty or half-written marker behind. `cover_leftover` (a file's temporary, which the signal
+/// may remove too): the record, returned, names the leftover and its marker and stays for the
+/// caller to drop; otherwise (a folder, which only a later run may clean, by its marker) the
+/// record goes once the marker is complete and -1 is returned.
+int claim(const std::string& leftover, const std::string& target, const char* kind, bool durable,
+          bool cover_leftover) {
   const fs::path p(leftover);
   std::error_code ec;
   bool restored = false;
   clean_marked(p.parent_path().empty() ? fs::path(".") : p.parent_path(), p.filename().string(), restored);
   const std::string marker = owner_marker_path(leftover);
-  if (fs::exists(fs::symlink_status(p, ec)) || fs::exists(fs::symlink_status(marker, ec)))
-    fail(leftover,
+  const bool marker_there = fs::exists(fs::symlink_status(marker, ec));
+  if (fs::exists(fs::symlink_status(p, ec)) || marker_there)
+    fail(marker_there ? marker : leftover,
          fmt::format("exists and was not made by roundpipe (or by a run still alive); it is left as it "
                      "is: move it away to write {}",
                      target));
-  {
-    std::ofstream o(marker, std::ios::binary | std::ios::trunc);
-    o << marker_text(kind, fs::path(target).filename().string());
-    o.close();
-    if (!o) {
-      fs::remove(marker, ec);
-      fail(target, fmt::format("cannot write ({})", std::strerror(errno)));
-    }
+  const int fd = ::open(marker.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0 && errno == EEXIST)
+    fail(marker, fmt::format("appeared meanwhile (another writer?); it is left as it is: move it away to write {}",
+                             target));
+  if (fd < 0) fail(target, fmt::format("cannot write ({})", std::strerror(errno)));
+  const int slot = cover_leftover ? register_temporary(leftover, marker) : register_temporary(marker, "");
+  call_hook("marker-created", parent_of(marker));
+  const std::string text = marker_text(kind, fs::path(target).filename().string());
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += size_t(n);
+  }
+  const int err = done == text.size() ? 0 : (errno != 0 ? errno : EIO);
+  if (::close(fd) != 0 || err != 0) {
+    unregister_temporary(slot);
+    fs::remove(marker, ec);
+    fail(target, fmt::format("cannot write ({})", std::strerror(err != 0 ? err : errno)));
   }
   if (durable) {
     sync_path(marker, false);
     sync_path(parent_of(marker), true);
   }
+  if (cover_leftover) return slot;
+  unregister_temporary(slot);
+  return -1;
 }
 
 void drop_marker(const std::string& leftover) {
@@ -265,8 +288,7 @@ void forget_unfinished_file(int handle) noexcept { unregister_temporary(handle);
 
 void replace_file(const std::string& path, const std::function<void(const std::string& tmp)>& write) {
   const std::string tmp = temporary_path(path);
-  claim(tmp, path, "tmp", false);
-  const int slot = register_temporary(tmp, owner_marker_path(tmp));
+  const int slot = claim(tmp, path, "tmp", false, /*cover_leftover=*/true);
   std::error_code ec;
   try {
     write(tmp);
@@ -310,7 +332,7 @@ void fill_and_swap(const std::string& d, const std::string& tmp,
   const bool had_old = fs::exists(d, ec);
   const std::string old = fmt::format("{}.old-{}", d, ::getpid());
   if (had_old) {
-    claim(old, d, "old", true);
+    claim(old, d, "old", true, /*cover_leftover=*/false);
     fs::rename(d, old, ec);
     if (ec) {
       drop_marker(old);
@@ -348,7 +370,7 @@ void replace_folder(const std::string& dir_in, const std::function<void(const st
   if (fs::exists(d, ec) && !fs::is_directory(d, ec)) fail(d, "exists and is not a directory");
   const std::string tmp = temporary_path(d);
   if (const fs::path parent = fs::path(d).parent_path(); !parent.empty()) fs::create_directories(parent, ec);
-  claim(tmp, d, "tmp", false);
+  claim(tmp, d, "tmp", false, /*cover_leftover=*/false);
   if (!fs::create_directory(tmp, ec)) {
     drop_marker(tmp);
     fail(tmp, fmt::format("cannot create: {}", ec ? ec.message() : std::string("exists")));

@@ -218,7 +218,8 @@ std::string dangling_link_text(const std::string& path) {
   return "";
 }
 
-std::vector<std::string> create_folders(const std::string& path, std::error_code& ec) {
+std::vector<std::string> create_folders(const std::string& path, std::error_code& ec,
+                                        const std::function<void(const std::string&)>& on_made) {
   ec.clear();
   std::vector<std::string> made;
   fs::path p;
@@ -232,6 +233,7 @@ std::vector<std::string> create_folders(const std::string& path, std::error_code
       continue;  // made by someone else meanwhile: not ours to take back
     }
     made.push_back(p.string());
+    if (on_made) on_made(made.back());
   }
   std::reverse(made.begin(), made.end());
   return made;

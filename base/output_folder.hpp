@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -79,8 +80,11 @@ std::string dangling_link_text(const std::string& path);
 
 /// Makes the folder `path` and the parents it lacks, one at a time in the order the path names
 /// them ("a/../b" makes a, then b); returns the folders it made, deepest first, also when it
-/// stops part way with `ec` set: exactly the folders a caller may take back.
-std::vector<std::string> create_folders(const std::string& path, std::error_code& ec);
+/// stops part way with `ec` set: exactly the folders a caller may take back. `on_made`, when
+/// given, hears each folder the moment it is made (a caller recording them for a stop signal's
+/// cleanup leaves no window in which one exists unrecorded).
+std::vector<std::string> create_folders(const std::string& path, std::error_code& ec,
+                                        const std::function<void(const std::string&)>& on_made = {});
 
 /// Removes `folders` in order (deepest first) while each is empty; stops at the first that is
 /// not (or cannot be removed), so nothing holding an entry is touched.

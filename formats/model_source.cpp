@@ -2,6 +2,8 @@
 // mapped files, and load_model (roundpipe/checkpoint.hpp) as "open, then read every tensor".
 #include "roundpipe/model_source.hpp"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -480,21 +482,38 @@ int64_t read_base_groups(const ModelSource& src, const ModelLayout& layout,
   return stored;
 }
 
+namespace {
+
+/// A file of a model folder the weights or their shapes are read from: config.json, the
+/// safetensors shards and their index, a GGUF. Other files (tokenizer, README, a disk tier's
+/// cache, its lock and temporaries kept beside the model) leave the identity alone.
+bool weights_file(const fs::path& f) {
+  const std::string name = f.filename().string();
+  return name == "config.json" || name.ends_with(".safetensors") || name.ends_with(".safetensors.index.json") ||
+         name.ends_with(".gguf");
+}
+
+}  // namespace
+
 std::string model_files_identity(const std::string& path) {
   std::error_code ec;
   std::vector<fs::path> files;
   if (fs::is_directory(path, ec)) {
     for (const auto& e : fs::directory_iterator(path, ec))
-      if (e.is_regular_file(ec)) files.push_back(e.path());
+      if (e.is_regular_file(ec) && weights_file(e.path())) files.push_back(e.path());
     std::sort(files.begin(), files.end());
   } else {
     files.push_back(path);
   }
   std::string id = "model " + path;
   for (const fs::path& f : files) {
-    const auto size = fs::file_size(f, ec);
-    const auto when = fs::last_write_time(f, ec).time_since_epoch().count();
-    id += fmt::format("; {} {} bytes, modified {}", f.filename().string(), ec ? 0 : size, ec ? 0 : when);
+    // the status change time and the inode too: a file rewritten in place, or copied over with its
+    // modification time kept (cp -p, rsync -a), has the same size and modification time
+    struct stat st {};
+    if (::stat(f.c_str(), &st) != 0) st = {};
+    id += fmt::format("; {} {} bytes, modified {}.{:09}, changed {}.{:09}, inode {}:{}", f.filename().string(),
+                      st.st_size, st.st_mtim.tv_sec, st.st_mtim.tv_nsec, st.st_ctim.tv_sec, st.st_ctim.tv_nsec,
+                      st.st_dev, st.st_ino);
   }
   return id;
 }

@@ -176,7 +176,8 @@ class BuilderLock {
       int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
       std::string why;
       if (fd >= 0) {
-        created_ = true;
+        created_ = true;  // a stop signal from here on removes it (as the last step below would)
+        signal_slot_ = record_unfinished_file(lock_path);
       } else if (errno == EEXIST) {
         fd = ::open(lock_path.c_str(), O_RDWR | O_CLOEXEC);
         struct stat link {};
@@ -206,10 +207,10 @@ class BuilderLock {
       }, named{};
       if (::fstat(fd, &held) == 0 && ::stat(lock_path.c_str(), &named) == 0 && held.st_ino == named.st_ino &&
           held.st_dev == named.st_dev) {
-        // still the file at the path: the lock is ours; a stop signal removes the one we made
-        if (created_) signal_slot_ = record_unfinished_file(lock_path);
-        return;
+        return;  // still the file at the path: the lock is ours (a stop signal removes the one we made)
       }
+      forget_unfinished_file(signal_slot_);  // another file is at the path now: not ours to remove
+      signal_slot_ = -1;
       fd_.reset();
     }
   }
@@ -325,9 +326,9 @@ EnsureResult ensure_cache(const std::string& path, const std::string& source_key
                           const CacheBuildOptions& options) {
   const std::string dir = folder_of(path);
   std::error_code ec;
-  const std::vector<std::string> made = create_folders(dir, ec);
-  std::vector<int> on_signal;  // a stop signal mid-build takes them back too
-  for (const std::string& f : made) on_signal.push_back(record_unfinished_file(f));
+  std::vector<int> on_signal;  // a stop signal mid-build takes them back too, from the moment each exists
+  const std::vector<std::string> made =
+      create_folders(dir, ec, [&](const std::string& f) { on_signal.push_back(record_unfinished_file(f)); });
   struct Forget {
     const std::vector<int>& handles;
     ~Forget() {

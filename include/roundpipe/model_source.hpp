@@ -100,9 +100,12 @@ int64_t read_base_groups(const ModelSource& src, const ModelLayout& layout,
 /// throws.
 int64_t read_frozen_group(const ModelSource& src, const ModelLayout& layout, int g, std::span<std::byte> out);
 
-/// A text naming `path`'s bytes as they are on disk now (each file's name, size and modification
-/// time; a folder's regular files, sorted): what a frozen source's identity is made of, so a
-/// disk tier's cache of it is rebuilt when a file changes.
+/// A text naming `path`'s bytes as they are on disk now: each file's name, size, modification
+/// and status-change times, device and inode (a folder's config.json, safetensors shards and
+/// index, and GGUF files, sorted; its other files are left out, so a disk tier's cache kept in
+/// the model's folder does not change it). What a frozen source's identity is made of, so a disk
+/// tier's cache of it is rebuilt when a file changes, even one rewritten in place or copied over
+/// with its modification time kept; a chmod or chown of a weights file also counts as a change.
 std::string model_files_identity(const std::string& path);
 
 }  // namespace rp

@@ -114,6 +114,49 @@ TEST(AtomicFile, ASignalExitMidWriteLeavesNoTemporary) {
   fs::remove_all(d);
 }
 
+// A stop signal the moment a temporary's owner marker exists, before its text is written, leaves
+// no marker (empty or not) and no temporary, for a file's temporary and a folder's alike.
+TEST(AtomicFile, ASignalWhileTheMarkerIsWrittenLeavesNothing) {
+  for (const bool folder : {false, true}) {
+    const auto d = scratch();
+    const auto f = d / "target";
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      ::signal(SIGUSR2, exit_on_signal);
+      rp::set_atomic_write_hook([](const std::string& event, const std::string&) {
+        if (event == "marker-created") ::raise(SIGUSR2);  // the handler never returns
+      });
+      if (folder) rp::replace_folder(f.string(), [](const std::string&) {});
+      else rp::write_file_atomically(f.string(), [](std::ostream& os) { os << "x"; });
+      std::_Exit(0);  // not reached while the hook is called
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 130) << (folder ? "folder" : "file") << ": no stop at the marker";
+    EXPECT_EQ(entries(d), 0u) << (folder ? "folder" : "file") << ": a marker or temporary was left behind";
+    fs::remove_all(d);
+  }
+}
+
+// A marker with no temporary beside it (a run stopped long ago whose process id came back): the
+// refusal names the marker, the file in the way, not the temporary that does not exist.
+TEST(AtomicFile, ALoneMarkerInTheWayIsTheNameTheRefusalGives) {
+  const auto d = scratch();
+  const std::string self = std::to_string(::getpid());
+  const auto marker = d / ("a.txt.tmp-" + self + ".roundpipe-owner");
+  std::ofstream(marker) << "";
+  try {
+    rp::write_file_atomically((d / "a.txt").string(), [](std::ostream& o) { o << "new"; });
+    ADD_FAILURE() << "wrote past a marker it did not make";
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind(marker.string() + ": exists", 0), 0u) << e.what();
+  }
+  EXPECT_TRUE(fs::exists(marker));
+  fs::remove_all(d);
+}
+
 TEST(AtomicFile, ReplacesAFolderAndKeepsTheOldOneOnFailure) {
   const auto d = scratch();
   const auto ck = d / "final";

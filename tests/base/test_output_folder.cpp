@@ -49,9 +49,15 @@ TEST(OutputFolder, CreatedFoldersAreTheOnesMadeAndOnlyEmptyOnesGo) {
   fs::create_directories(d / "there");
   const std::string out = (d / "there" / "a" / "b").string();
   std::error_code ec;
-  const std::vector<std::string> made = rp::create_folders(out + "/", ec);
+  std::vector<std::string> heard;  // each folder the moment it is made, shallowest first
+  const std::vector<std::string> made =
+      rp::create_folders(out + "/", ec, [&](const std::string& f) {
+        EXPECT_TRUE(fs::is_directory(f)) << f;
+        heard.push_back(f);
+      });
   ASSERT_FALSE(ec) << ec.message();
   EXPECT_EQ(made, (std::vector<std::string>{out, (d / "there" / "a").string()}));
+  EXPECT_EQ(heard, (std::vector<std::string>{(d / "there" / "a").string(), out}));
   EXPECT_TRUE(fs::is_directory(out));
   EXPECT_TRUE(rp::create_folders((d / "there").string(), ec).empty()) << "there before: not made";
   std::FILE* f = std::fopen((d / "there" / "a" / "keep.txt").c_str(), "w");

@@ -154,6 +154,45 @@ TEST(ModelSource, FilesIdentityFollowsTheFiles) {
   EXPECT_NE(model_files_identity(m), a);
 }
 
+// Files beside the weights (a disk tier's cache, its lock, a README) leave the identity alone.
+TEST(ModelSource, FilesIdentityLeavesOutFilesTheWeightsDoNotComeFrom) {
+  TempDir dir("msid_other");
+  write_hf(small_config("qwen3", false), dir / "m", DType::bf16, 7);
+  const std::string m = dir / "m";
+  const std::string a = model_files_identity(m);
+  for (const char* f : {"base.tier", "base.tier.lock", "base.tier.tmp-12", "README.md"})
+    std::ofstream(m + "/" + f) << "x";
+  EXPECT_EQ(model_files_identity(m), a);
+  { std::ofstream(m + "/model-2.safetensors") << "x"; }  // a shard is one of them
+  EXPECT_NE(model_files_identity(m), a);
+}
+
+// A weights file rewritten in place with its size and modification time put back (or copied
+// over with cp -p) is a change: its status-change time or inode moves.
+TEST(ModelSource, FilesIdentitySeesARewriteThatKeepsSizeAndModificationTime) {
+  TempDir dir("msid_rewrite");
+  write_hf(small_config("qwen3", false), dir / "m", DType::bf16, 7);
+  const std::string w = dir / "m/model.safetensors";
+  const std::string a = model_files_identity(dir / "m");
+  const auto mtime = fs::last_write_time(w);
+  const auto size = fs::file_size(w);
+  {
+    std::fstream f(w, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(std::streamoff(size - 16));
+    f.write("\x01\x02\x03\x04", 4);
+  }
+  fs::last_write_time(w, mtime);
+  ASSERT_EQ(fs::file_size(w), size);
+  ASSERT_EQ(fs::last_write_time(w), mtime);
+  EXPECT_NE(model_files_identity(dir / "m"), a);
+  // copied over with the modification time kept: another inode
+  const std::string b = model_files_identity(dir / "m");
+  fs::copy_file(w, dir / "copy.safetensors");
+  fs::last_write_time(dir / "copy.safetensors", mtime);
+  fs::rename(dir / "copy.safetensors", w);
+  EXPECT_NE(model_files_identity(dir / "m"), b);
+}
+
 TEST(ModelSource, SafetensorsBf16MatchesEagerLoad) { check_hf_model(DType::bf16, false); }
 TEST(ModelSource, SafetensorsF32TiedMatchesEagerLoad) { check_hf_model(DType::f32, true); }
 
