@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -160,6 +161,11 @@ std::string cache_lock_path(const std::string& path) { return path + ".lock"; }
 
 namespace {
 
+/// The builders' lock file cannot be opened or made (a read-only file system or folder).
+struct LockUnavailable : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 // The builders' lock: <path>.lock, flock'ed for the whole check-and-build. The run that created
 // the file removes it when it is done, still holding it; a run that waited on it then finds its
 // file gone from the path (or another in its place) and takes the lock anew, so no two runs
@@ -188,8 +194,8 @@ class BuilderLock {
       // ENOENT from the first open (a folder that is gone or takes no new files) is no race either.
       // The error names the cache path the user gave first, then the lock beside it.
       if (fd < 0)
-        throw std::runtime_error(fmt::format("{}: cannot open the builders' lock {} ({})", path, lock_path,
-                                             why.empty() ? std::strerror(errno) : why));
+        throw LockUnavailable(fmt::format("{}: cannot open the builders' lock {} ({})", path, lock_path,
+                                          why.empty() ? std::strerror(errno) : why));
       fd_.reset(fd);
       int rc = ::flock(fd, LOCK_EX | LOCK_NB);
       if (rc != 0 && errno == EWOULDBLOCK) {  // another run builds this cache: say so, then wait for it
@@ -266,8 +272,20 @@ EnsureResult ensure_in_folder(const std::string& path, const std::string& dir, c
                               const std::vector<CacheEntrySpec>& specs, const CacheFill& fill,
                               const CacheBuildOptions& options) {
   std::error_code ec;
-  const BuilderLock lock(cache_lock_path(path), path, options);
-  // the lock is held until `lock` goes, on return or on a throw
+  std::optional<BuilderLock> lock;  // held until it goes, on return or on a throw
+  try {
+    lock.emplace(cache_lock_path(path), path, options);
+  } catch (const LockUnavailable&) {
+    // no lock can be made beside it (a cache shared on a read-only file system): a valid cache is
+    // still read as it is, as builders only ever rename a complete file over it; anything else
+    // would need a build, which needs the lock
+    CacheOpenResult found = CacheFile::open(path, source_key);
+    if (found.state == CacheState::valid && found.file->matches(specs)) {
+      if (options.verify_reused) found.file->verify_all();
+      return {found.file, false, ""};
+    }
+    throw;
+  }
   CacheOpenResult found = CacheFile::open(path, source_key);
   if (found.state == CacheState::valid && found.file->matches(specs)) {
     if (!options.verify_reused) return {found.file, false, ""};

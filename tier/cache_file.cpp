@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
@@ -28,6 +29,24 @@ const char* to_string(CacheState s) {
 }
 
 namespace {
+
+/// Why a cache's source key is not the one wanted, in one line. Keys short enough are shown
+/// whole; longer ones (a model's files with their sizes and times) from the part where they
+/// first differ, so the line says what changed rather than two equal-looking prefixes.
+std::string key_difference(const std::string& built, const std::string& wanted) {
+  if (built.size() <= kExcerptBytes && wanted.size() <= kExcerptBytes)
+    return fmt::format("built for source key '{}', wanted '{}'", built, wanted);
+  size_t at = 0;
+  while (at < built.size() && at < wanted.size() && built[at] == wanted[at]) ++at;
+  // back to the start of the word that differs (after the last space, at most 48 bytes back)
+  size_t from = at;
+  while (from > 0 && at - from < 48 && !(built[from - 1] == ' ')) --from;
+  const auto part = [&](const std::string& k) {
+    return (from > 0 ? "..." : "") + excerpt(std::string_view(k).substr(std::min(from, k.size())), 64);
+  };
+  return fmt::format("built for another source (its key differs from byte {}: '{}' where '{}' is wanted)", at,
+                     part(built), part(wanted));
+}
 
 /// The header checks of open once the file is open: "" and `f` filled, or the state and
 /// the reason (without the path).
@@ -80,7 +99,7 @@ CacheState check_header(int fd, uint64_t size, const std::string& key, format::P
   f.header_bytes = pre.header_bytes;
   f.block_bytes = pre.block_bytes;
   if (f.key != key) {
-    why = fmt::format("built for source key '{}', wanted '{}'", excerpt(f.key), excerpt(key));
+    why = key_difference(f.key, key);
     return CacheState::stale;
   }
   return CacheState::valid;

@@ -395,6 +395,36 @@ TEST(CacheBuild, ALockPathThatCannotBeOpenedIsAnErrorNotASpin) {
   EXPECT_EQ(s.names(), (std::vector<std::string>{"d.cache.lock"}));  // the link stays; nothing else made
 }
 
+// Where no lock can be made beside it (a cache shared on a read-only file system; here its lock
+// path is a link to nowhere), a valid cache of the wanted source is reused as it is, its bytes
+// read back; a stale one, which would need a build, is refused with the lock's error and left.
+TEST(CacheBuild, AValidCacheIsReusedWhereNoLockCanBeMade) {
+  Scratch s;
+  const std::string path = s.path("shared.cache");
+  ensure_cache(path, "key-a", odd_specs(), pattern_fill(), small_chunks());
+  const auto before = std::filesystem::file_size(path);
+  ASSERT_EQ(::symlink(s.path("gone/target").c_str(), (path + ".lock").c_str()), 0);
+  CacheBuildOptions verify = small_chunks();
+  verify.verify_reused = true;
+  const auto r = ensure_cache(path, "key-a", odd_specs(), pattern_fill(), verify);
+  EXPECT_FALSE(r.built);
+  ASSERT_TRUE(r.file);
+  std::vector<std::byte> buf(5000), want(5000);
+  r.file->read_entry(0, buf);
+  pattern_fill()(0, 0, want);
+  EXPECT_EQ(0, std::memcmp(buf.data(), want.data(), want.size()));
+  try {
+    ensure_cache(path, "key-b", odd_specs(), pattern_fill(), small_chunks());
+    ADD_FAILURE() << "rebuilt without a lock";
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              path + ": cannot open the builders' lock " + path + ".lock (a symbolic link to a missing file)");
+  }
+  EXPECT_EQ(std::filesystem::file_size(path), before);
+  const auto again = CacheFile::open(path, "key-a");
+  EXPECT_EQ(again.state, CacheState::valid) << again.reason;
+}
+
 TEST(CacheBuild, TwoProcessesAtOnceBuildOnce) {
   Scratch s;
   int ready[2];

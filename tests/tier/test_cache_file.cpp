@@ -84,6 +84,19 @@ TEST(CacheFile, LayoutIsTheDocumentedOne) {
   for (size_t i = 20480 + 12305; i < 36864; ++i) ASSERT_EQ(raw[i], 0) << i;
 }
 
+// Long keys (a model's files, sizes and times) that differ deep inside: the reason shows both
+// from the word where they differ, not two equal prefixes cut short.
+TEST(CacheFile, ALongKeyThatDiffersDeepInsideSaysWhere) {
+  Scratch s;
+  const std::string common = "model /models/qwen3; config.json 1234 bytes, modified 1700000000.000000001; "
+                             "model.safetensors 9876543210 bytes, modified ";
+  build_and_open(s, common + "1700000001.000000002, inode 5");
+  const auto o = CacheFile::open(s.path("w.cache"), common + "1800000009.000000002, inode 5");
+  EXPECT_EQ(o.state, CacheState::stale);
+  EXPECT_HAS(o.reason, "differs from byte " + std::to_string(common.size() + 1));
+  EXPECT_HAS(o.reason, "'...1700000001.000000002, inode 5' where '...1800000009.000000002, inode 5' is wanted");
+}
+
 TEST(CacheFile, AnotherSourceKeyIsStaleAndRebuilt) {
   Scratch s;
   build_and_open(s, "qwen3-1.7b nf4 layout-v2");
