@@ -276,13 +276,22 @@ void Session::Impl::place_frozen_tier(size_t held, const SessionInternals& inter
       g += 0.01;  // the rounded figure places too
     return g;
   };
-  if (!p.disk.fits)
+  if (!p.disk.fits) {
+    // what the least budget holds beyond the trainable state and the ring: the saved activations
+    // no layer can spill, and the spill's staging buffers
+    const double rest = least_host_room(layout, budget_run(), budget_ring(), staging, !opt.save_attention) -
+                        double(p.disk.trainable_bytes) - double(p.disk.ring_bytes);
     throw std::invalid_argument(fmt::format(
         "frozen_tier.host_budget_gib: {} GiB cannot hold this run: the process holds {} before the session "
-        "allocates (plus {} of margin), the trainable state needs {} and the read ring {}; expected at least "
+        "allocates (plus {} of margin), the trainable state needs {}, the read ring {}{}; expected at least "
         "{:.2f} GiB",
         o.host_budget_gib, byte_text(reserve - margin), byte_text(margin), byte_text(p.disk.trainable_bytes),
-        byte_text(p.disk.ring_bytes), least_gib()));
+        byte_text(p.disk.ring_bytes),
+        rest > 0 ? fmt::format(" and the saved activations no layer can spill, with the spill's staging, {}",
+                               byte_text(rest))
+                 : std::string(),
+        least_gib()));
+  }
   if (p.spilled > most_spilled)
     throw std::invalid_argument(fmt::format(
         "frozen_tier.host_budget_gib: {} GiB leaves {} for the saved activations, which need {} even with "

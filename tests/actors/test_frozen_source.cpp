@@ -329,6 +329,9 @@ TEST(FrozenTierBudget, TheLeastBudgetARefusalNamesIsTaken) {
   ASSERT_NE(at, std::string::npos) << msg;
   const double least = std::stod(msg.substr(at + std::strlen("expected at least ")));
   EXPECT_NO_THROW(attempt(least * kGiB)) << msg;
+  // the line names what takes the budget beyond the trainable state and the ring
+  EXPECT_NE(msg.find("the saved activations no layer can spill, with the spill's staging, "), std::string::npos)
+      << msg;
 }
 
 // A cache folder in memory (tmpfs) takes host RAM no budget counts: one line says so.
