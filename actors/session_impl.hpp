@@ -250,9 +250,13 @@ void fill_store(const ModelLayout& layout, std::vector<std::vector<float>>& w,
 /// refuse).
 size_t frozen_tier_host_credit(const ModelLayout& layout, const SessionOptions& opt,
                                const std::vector<char>& streamed);
-/// The `n` layers whose saved inputs spill (FrozenTierOptions::spill_layers), ascending: the
-/// lowest of 1..num_layers-1 that begin no forward stage and not the tail of `plan` (whose input
-/// is uploaded right after it was written), then the lowest that do.
+/// tail_interior_layers(L, plan)[b]: layer b lies inside the tail stage of `plan`, past its first
+/// layer (forward and backward run at once there: no saved input is written for it).
+std::vector<char> tail_interior_layers(int num_layers, const IterationPlan& plan);
+/// The `n` layers whose saved inputs spill (FrozenTierOptions::spill_layers), ascending: first
+/// the layers inside the tail (no I/O while the plan keeps them there; their host buffers go all
+/// the same), then the lowest of 1..num_layers-1 that begin no forward stage and not the tail of
+/// `plan` (whose input is uploaded right after it was written), then the lowest that do.
 std::vector<int> choose_spill_layers(int num_layers, const IterationPlan& plan, int n);
 /// Host buffers for the disk tier and the activation spill: 4096-aligned, page-locked through
 /// `dev` where it lets them be (pageable otherwise: the copies are then slower, the results the same).

@@ -13,15 +13,27 @@
 
 namespace rp {
 
+std::vector<char> tail_interior_layers(int num_layers, const IterationPlan& plan) {
+  std::vector<char> inside(size_t(std::max(num_layers, 0)), 0);
+  for (const Stage& st : plan.stages)  // the tail runs forward and backward at once: no input saved
+    if (st.kind == StageKind::tail)
+      for (int b = std::max(st.first + 1, 0); b <= st.last && b < num_layers; ++b) inside[size_t(b)] = 1;
+  return inside;
+}
+
 std::vector<int> choose_spill_layers(int num_layers, const IterationPlan& plan, int n) {
   std::vector<char> begins(size_t(std::max(num_layers, 0)), 0);
   for (const Stage& st : plan.stages)  // a backward stage uploads every layer's input alike
     if (st.kind != StageKind::backward && st.first >= 0 && st.first < num_layers)
       begins[size_t(st.first)] = 1;
+  const std::vector<char> inside = tail_interior_layers(num_layers, plan);
+  // first the layers inside the tail (their host buffers go, and nothing is written while the plan
+  // keeps them there), then those no forward stage or tail begins with, then the rest
+  const auto rank = [&](int b) { return inside[size_t(b)] ? 0 : begins[size_t(b)] ? 2 : 1; };
   std::vector<int> out;
-  for (int pass = 0; pass < 2; ++pass)  // first the layers no forward stage or tail begins with, then those
+  for (int pass = 0; pass < 3; ++pass)
     for (int b = 1; b < num_layers && int(out.size()) < n; ++b)
-      if (bool(begins[size_t(b)]) == (pass == 1)) out.push_back(b);
+      if (rank(b) == pass) out.push_back(b);
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -79,11 +91,27 @@ void Session::Impl::open_activation_spill(const SessionInternals& internals,
   r.spill_staging_buffers = spill->staging_buffers();
   r.spill_staging_bytes = spill->record_bytes();
   // the file holds every activation set (pass slot); one pass writes and reads back one set's share
-  const double per_iteration = double(r.spill_bytes) / double(sets);
+  // of the layers outside the tail (a re-plan that moves the tail writes the others)
+  // of the layers outside the tail (a re-plan that moves the tail writes the others); a layer is read
+  // back by each stage that uploads it: its backward stage, and a forward stage or the tail it begins
+  const std::vector<char> inside = tail_interior_layers(L, plan);
+  size_t in_tail = 0, reads = 0;
+  for (int b : chosen) {
+    in_tail += inside[size_t(b)] ? 1 : 0;
+    for (const Stage& st : plan.stages)
+      reads += !inside[size_t(b)] && (st.kind == StageKind::backward ? st.first <= b && b <= st.last
+                                                                       : st.first == b);
+  }
+  const double per_record = double(r.spill_bytes) / double(sets) / double(chosen.size());
+  const double written = per_record * double(chosen.size() - in_tail), read = per_record * double(reads);
+  const std::string tail_note =
+      in_tail > 0 ? fmt::format(" ({} inside the tail stage, never written while it holds them)", in_tail) : "";
   r.spill_line = fmt::format(
-      "activation spill: the saved inputs of {} to {}: {} written and read back per iteration, a "
+      "activation spill: the saved inputs of {}{} to {}: {} per iteration, a "
       "file of {} for {}; staging {} x {} over {} ({}, {})",
-      rp::counted(chosen.size(), "layer"), r.spill_folder, byte_text(per_iteration),
+      rp::counted(chosen.size(), "layer"), tail_note, r.spill_folder,
+      written == read ? byte_text(written) + " written and read back"
+                      : fmt::format("{} written and {} read back", byte_text(written), byte_text(read)),
       byte_text(double(r.spill_bytes)), rp::counted(sets, "activation set"), r.spill_staging_buffers,
       byte_text(double(r.spill_staging_bytes)), rp::counted(opt.workers, "worker"),
       r.spill_direct ? "O_DIRECT" : "buffered", r.spill_engine);

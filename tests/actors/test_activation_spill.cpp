@@ -175,9 +175,11 @@ TEST(ActivationSpillStore, WriteBuffersAreAPoolOfTheirOwnPerWorker) {
   EXPECT_TRUE(s.stage_write(0));
 }
 
-TEST(ActivationSpillStore, TheLayersChosenAreTheLowestBeginningNoForwardStageFirst) {
+TEST(ActivationSpillStore, TheLayersChosenAreTheTailsThenTheLowestBeginningNoForwardStage) {
   const IterationPlan p = make_uniform_plan(6, 2, 2, 1);  // F[0-1] F[2-3] T[4-5] B[3-2] B[1-0]
-  EXPECT_EQ(choose_spill_layers(6, p, 2), (std::vector<int>{1, 3}));
+  EXPECT_EQ(tail_interior_layers(6, p), (std::vector<char>{0, 0, 0, 0, 0, 1}));
+  EXPECT_EQ(choose_spill_layers(6, p, 1), (std::vector<int>{5})) << "inside the tail: never written";
+  EXPECT_EQ(choose_spill_layers(6, p, 2), (std::vector<int>{1, 5}));
   EXPECT_EQ(choose_spill_layers(6, p, 4), (std::vector<int>{1, 2, 3, 5}));
   EXPECT_EQ(choose_spill_layers(6, p, 5), (std::vector<int>{1, 2, 3, 4, 5}));
   // backward stages' first layers are not avoided: they upload every layer's input alike
@@ -485,6 +487,41 @@ TEST(ActivationSpill, ItsTrafficIsCountedPerStep) {
   EXPECT_EQ(r.spill_written, uint64_t(kSteps) * per_step);
   EXPECT_EQ(r.spill_read, uint64_t(kSteps) * per_step);
   EXPECT_EQ(r.bytes, 0u) << "nothing frozen: no tier reads";
+}
+
+// A tail of several layers: its inner layers' inputs are never written (forward and backward run
+// at once there), so the start line's bytes per iteration count only the layers outside it; a
+// layer beginning a stage is read back twice. The figures match what each step writes and reads.
+TEST(ActivationSpill, TheBytesPerIterationLeaveOutTheTailsInnerLayers) {
+  Scratch sc;
+  const ModelLayout m = full_layout();
+  const int L = m.num_layers();
+  TestSessionOptions o = spill_options(1, nullptr);
+  o.plan = make_uniform_plan(L, 1, 1, 2);  // F[0] F[1] ... T[L-3..L-1] B ...: two layers inside the tail
+  ASSERT_EQ(tail_interior_layers(L, *o.plan), ([&] {
+              std::vector<char> v(size_t(L), 0);
+              v[size_t(L - 2)] = v[size_t(L - 1)] = 1;
+              return v;
+            }()));
+  spill_to(o, sc.path("base.cache"), L - 1);
+  TestSession on(m, random_weights(m, 7), o);
+  const FrozenTierReport& rep = on.frozen_tier();
+  const uint64_t per_step = rep.spill_bytes / uint64_t(L - 1) * uint64_t(L - 3);  // one set, L-3 written
+  EXPECT_NE(rep.spill_line.find("of " + std::to_string(L - 1) +
+                                " layers (2 inside the tail stage, never written while it holds them) to "),
+            std::string::npos)
+      << rep.spill_line;
+  // layers 1 and 2 are read by the forward stage they begin and by their backward stage; layer 3,
+  // the tail's first, by the tail alone
+  const uint64_t read_per_step = per_step / 3 * 5;
+  EXPECT_NE(rep.spill_line.find(": " + byte_text(double(per_step)) + " written and " +
+                                byte_text(double(read_per_step)) + " read back per iteration"),
+            std::string::npos)
+      << rep.spill_line;
+  train(on);
+  const FrozenTierReads r = on.frozen_tier_reads();
+  EXPECT_EQ(r.spill_written, uint64_t(kSteps) * per_step);
+  EXPECT_EQ(r.spill_read, uint64_t(kSteps) * read_per_step);
 }
 
 // Runs kSteps with the fault `fault`; returns the RuntimeFailure's line ("" when the run succeeded
