@@ -99,13 +99,14 @@ void Session::Impl::open_activation_spill(const SessionInternals& internals,
   for (int b : chosen) {
     in_tail += inside[size_t(b)] ? 1 : 0;
     for (const Stage& st : plan.stages)
-      reads += !inside[size_t(b)] && (st.kind == StageKind::backward ? st.first <= b && b <= st.last
-                                                                       : st.first == b);
+      reads += !inside[size_t(b)] &&
+               (st.kind == StageKind::backward ? st.first <= b && b <= st.last : st.first == b);
   }
   const double per_record = double(r.spill_bytes) / double(sets) / double(chosen.size());
   const double written = per_record * double(chosen.size() - in_tail), read = per_record * double(reads);
   const std::string tail_note =
-      in_tail > 0 ? fmt::format(" ({} inside the tail stage, never written while it holds them)", in_tail) : "";
+      in_tail > 0 ? fmt::format(" ({} inside the tail stage, never written while it holds them)", in_tail)
+                  : "";
   r.spill_line = fmt::format(
       "activation spill: the saved inputs of {}{} to {}: {} per iteration, a "
       "file of {} for {}; staging {} x {} over {} ({}, {})",

@@ -227,8 +227,9 @@ int claim(const std::string& leftover, const std::string& target, const char* ki
                      target));
   const int fd = ::open(marker.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0 && errno == EEXIST)
-    fail(marker, fmt::format("appeared meanwhile (another writer?); it is left as it is: move it away to write {}",
-                             target));
+    fail(marker,
+         fmt::format("appeared meanwhile (another writer?); it is left as it is: move it away to write {}",
+                     target));
   if (fd < 0) fail(target, fmt::format("cannot write ({})", std::strerror(errno)));
   const int slot = cover_leftover ? register_temporary(leftover, marker) : register_temporary(marker, "");
   call_hook("marker-created", parent_of(marker));

@@ -138,8 +138,8 @@ bool dead_writers_leftover(const std::string& path);
 /// Test hook: when set, called with ("marker-created", folder) right after an owner marker was
 /// created and recorded for a stop signal (before its text is written), with ("folder-aside",
 /// dir) right after an existing folder was moved aside and with ("folder-replaced", dir) once
-/// replace_folder put the new `dir` in place; an exception from it propagates like one from `fill`. Not thread-safe: set it only
-/// while no writer runs.
+/// replace_folder put the new `dir` in place; an exception from it propagates like one from `fill`. Not
+/// thread-safe: set it only while no writer runs.
 void set_atomic_write_hook(std::function<void(const std::string& event, const std::string& dir)> hook);
 
 }  // namespace rp

@@ -489,8 +489,8 @@ namespace {
 /// cache, its lock and temporaries kept beside the model) leave the identity alone.
 bool weights_file(const fs::path& f) {
   const std::string name = f.filename().string();
-  return name == "config.json" || name.ends_with(".safetensors") || name.ends_with(".safetensors.index.json") ||
-         name.ends_with(".gguf");
+  return name == "config.json" || name.ends_with(".safetensors") ||
+         name.ends_with(".safetensors.index.json") || name.ends_with(".gguf");
 }
 
 }  // namespace
@@ -511,9 +511,9 @@ std::string model_files_identity(const std::string& path) {
     // modification time kept (cp -p, rsync -a), has the same size and modification time
     struct stat st {};
     if (::stat(f.c_str(), &st) != 0) st = {};
-    id += fmt::format("; {} {} bytes, modified {}.{:09}, changed {}.{:09}, inode {}:{}", f.filename().string(),
-                      st.st_size, st.st_mtim.tv_sec, st.st_mtim.tv_nsec, st.st_ctim.tv_sec, st.st_ctim.tv_nsec,
-                      st.st_dev, st.st_ino);
+    id += fmt::format("; {} {} bytes, modified {}.{:09}, changed {}.{:09}, inode {}:{}",
+                      f.filename().string(), st.st_size, st.st_mtim.tv_sec, st.st_mtim.tv_nsec,
+                      st.st_ctim.tv_sec, st.st_ctim.tv_nsec, st.st_dev, st.st_ino);
   }
   return id;
 }

@@ -2,6 +2,7 @@
 // "optimizer" and "lora" with "adapter" and "merge_adapters"; trainer/spec.cpp reads the rest.
 #include "trainer/spec_sections.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -24,6 +25,9 @@ void read_frozen_tier(const JsonFields& f, TrainSpec& s) {
   TrainSpec::FrozenTier ft;
   ft.path = t.string("path");
   if (ft.path.empty()) t.fail("path", "a non-empty path of the tier's cache file", ft.path);
+  // a NUL would cut the path short at the system call; a line break would split every log line
+  if (std::any_of(ft.path.begin(), ft.path.end(), [](char c) { return c == '\0' || c == '\n' || c == '\r'; }))
+    t.fail("path", "a path without NUL or line-break characters", ft.path);
   // checked here, before the model loads, rather than when the cache opens
   if (ft.path[0] == '~')
     t.fail("path", "a path without a leading '~' (only a shell expands it; write the full path)", ft.path);

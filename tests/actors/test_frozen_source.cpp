@@ -330,7 +330,8 @@ TEST(FrozenTierBudget, TheLeastBudgetARefusalNamesIsTaken) {
   const double least = std::stod(msg.substr(at + std::strlen("expected at least ")));
   EXPECT_NO_THROW(attempt(least * kGiB)) << msg;
   // the line names what takes the budget beyond the trainable state and the ring
-  EXPECT_NE(msg.find("the saved activations no layer can spill, with the spill's staging, "), std::string::npos)
+  EXPECT_NE(msg.find("the saved activations no layer can spill, with the spill's staging, "),
+            std::string::npos)
       << msg;
 }
 

@@ -50,11 +50,10 @@ TEST(OutputFolder, CreatedFoldersAreTheOnesMadeAndOnlyEmptyOnesGo) {
   const std::string out = (d / "there" / "a" / "b").string();
   std::error_code ec;
   std::vector<std::string> heard;  // each folder the moment it is made, shallowest first
-  const std::vector<std::string> made =
-      rp::create_folders(out + "/", ec, [&](const std::string& f) {
-        EXPECT_TRUE(fs::is_directory(f)) << f;
-        heard.push_back(f);
-      });
+  const std::vector<std::string> made = rp::create_folders(out + "/", ec, [&](const std::string& f) {
+    EXPECT_TRUE(fs::is_directory(f)) << f;
+    heard.push_back(f);
+  });
   ASSERT_FALSE(ec) << ec.message();
   EXPECT_EQ(made, (std::vector<std::string>{out, (d / "there" / "a").string()}));
   EXPECT_EQ(heard, (std::vector<std::string>{(d / "there" / "a").string(), out}));

@@ -417,8 +417,8 @@ TEST(CacheBuild, AValidCacheIsReusedWhereNoLockCanBeMade) {
     ensure_cache(path, "key-b", odd_specs(), pattern_fill(), small_chunks());
     ADD_FAILURE() << "rebuilt without a lock";
   } catch (const std::runtime_error& e) {
-    EXPECT_EQ(std::string(e.what()),
-              path + ": cannot open the builders' lock " + path + ".lock (a symbolic link to a missing file)");
+    EXPECT_EQ(std::string(e.what()), path + ": cannot open the builders' lock " + path +
+                                         ".lock (a symbolic link to a missing file)");
   }
   EXPECT_EQ(std::filesystem::file_size(path), before);
   const auto again = CacheFile::open(path, "key-a");

@@ -88,13 +88,15 @@ TEST(CacheFile, LayoutIsTheDocumentedOne) {
 // from the word where they differ, not two equal prefixes cut short.
 TEST(CacheFile, ALongKeyThatDiffersDeepInsideSaysWhere) {
   Scratch s;
-  const std::string common = "model /models/qwen3; config.json 1234 bytes, modified 1700000000.000000001; "
-                             "model.safetensors 9876543210 bytes, modified ";
+  const std::string common =
+      "model /models/qwen3; config.json 1234 bytes, modified 1700000000.000000001; "
+      "model.safetensors 9876543210 bytes, modified ";
   build_and_open(s, common + "1700000001.000000002, inode 5");
   const auto o = CacheFile::open(s.path("w.cache"), common + "1800000009.000000002, inode 5");
   EXPECT_EQ(o.state, CacheState::stale);
   EXPECT_HAS(o.reason, "differs from byte " + std::to_string(common.size() + 1));
-  EXPECT_HAS(o.reason, "'...1700000001.000000002, inode 5' where '...1800000009.000000002, inode 5' is wanted");
+  EXPECT_HAS(o.reason,
+             "'...1700000001.000000002, inode 5' where '...1800000009.000000002, inode 5' is wanted");
 }
 
 TEST(CacheFile, AnotherSourceKeyIsStaleAndRebuilt) {

@@ -169,6 +169,10 @@ TEST(SpecFrozenTier, ReadsThePathAndBudgetAndRefusesBadValues) {
   refused(R"({"path": "x", "spill_layers": 1048577})", "frozen_tier.spill_layers",
           "an integer >= 0 and <= 1048576");
   refused(R"({"path": "~/base.cache"})", "frozen_tier.path", "a path without a leading '~'");
+  refused(R"({"path": "/tmp/a\u0000b.cache"})", "frozen_tier.path",
+          "a path without NUL or line-break characters");
+  refused(R"({"path": "/tmp/a\nb.cache"})", "frozen_tier.path",
+          "a path without NUL or line-break characters");
   refused(R"({"path": "cache/"})", "frozen_tier.path", "the path of a cache file, not of a folder");
   refused(R"({"path": "/tmp"})", "frozen_tier.path", "the path of a cache file, not of a folder");
   const std::string e = error_of(with(R"({"path": "x", "ring": 2})"), {});
