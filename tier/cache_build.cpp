@@ -302,6 +302,8 @@ EnsureResult ensure_in_folder(const std::string& path, const std::string& dir, c
     for (const std::string& said : {path + ": ", std::string("not a roundpipe tier cache (")})
       if (why.rfind(said, 0) == 0)
         why = why.substr(said.size(), why.size() - said.size() - (said.back() == '('));
+    if (const std::string tail = ", not a roundpipe tier cache"; why.ends_with(tail))
+      why.resize(why.size() - tail.size());  // "empty, not a roundpipe tier cache": the line says the rest
     throw PathRefused(
         fmt::format("{}: exists and is not a roundpipe tier cache ({}); move it away or choose another cache "
                     "path (nothing "

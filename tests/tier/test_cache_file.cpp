@@ -158,6 +158,18 @@ TEST(CacheFile, MissingTruncatedAndForeignFiles) {
                   "start); move it away or choose another cache path (nothing was written)");
   }
   EXPECT_EQ(slurp(other), "the user's notes, not a cache");
+  // an empty file: its reason said once too
+  const auto empty = s.path("empty.cache");
+  { std::ofstream{empty}; }
+  try {
+    ensure_cache(empty, "key-a", odd_specs(), pattern_fill());
+    FAIL() << "expected a refusal";
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              empty +
+                  ": exists and is not a roundpipe tier cache (empty); move it away or "
+                  "choose another cache path (nothing was written)");
+  }
   // a user's file as short as a prefix of the magic is left alone too
   const auto letter = s.path("letter.txt");
   { std::ofstream(letter) << "RP"; }
