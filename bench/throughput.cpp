@@ -61,6 +61,7 @@
 #include "base/host_resources.hpp"
 #include "bench/bench_main.hpp"
 #include "bench/random_weights.hpp"
+#include "bench/tier_option_names.hpp"
 #include "kernels/device.hpp"
 #include "kernels/weight_format.hpp"
 #include "model/lora.hpp"
@@ -480,7 +481,16 @@ int run(int argc, char** argv) {
                 (long long)lora->r, lora_targets.c_str(),
                 c.num_moe_layers() > 0 ? " (attention only in sparse layers)" : "", base_format.c_str(),
                 double(frozen_bytes) / 1e9, (long long)trainable);
-  rp::Session s(m, std::move(w), std::move(frozen), o);
+  const auto session = [&] {  // the tier's errors name the bench's options, not the spec's keys
+    try {
+      return std::make_unique<rp::Session>(m, std::move(w), std::move(frozen), o);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(bench::tier_option_names(e.what()));
+    } catch (const std::runtime_error& e) {
+      throw std::runtime_error(bench::tier_option_names(e.what()));
+    }
+  }();
+  rp::Session& s = *session;
   const rp::HostPinning pins = s.host_pinning();
   std::printf(
       "session ready in %.1f s: %s, plan %s; host buffers %s %s, pageable %s (%s frozen weights), pin budget "

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "bench/random_weights.hpp"
+#include "bench/tier_option_names.hpp"
 #include "model/lora.hpp"
 
 namespace rp::test {
@@ -98,5 +99,25 @@ TEST(BenchWeights, ChunksAreSeededApart) {  // a mix-up of (group, tensor, chunk
 
 INSTANTIATE_TEST_SUITE_P(Formats, BenchWeights, ::testing::Values("bf16", "q8_0", "q4_0", "nf4", "fp8"));
 
+}  // namespace
+}  // namespace rp::test
+
+// bench_throughput's tier errors name its options: each key, every time it appears, and the words
+// about two of them.
+namespace rp::test {
+namespace {
+TEST(BenchTierOptionNames, EachKeyIsTheOptionThatSetsIt) {
+  EXPECT_EQ(bench::tier_option_names("frozen_tier.host_budget_gib: 1 GiB cannot hold this run; raise "
+                                     "frozen_tier.host_budget_gib"),
+            "--tier-host-budget-gib: 1 GiB cannot hold this run; raise --tier-host-budget-gib");
+  EXPECT_EQ(
+      bench::tier_option_names("frozen_tier.host_budget_gib: decides what stays resident itself; give it "
+                               "or resident_gib, not both"),
+      "--tier-host-budget-gib: decides what stays resident itself; give it or --tier-resident-gib, not both");
+  EXPECT_EQ(
+      bench::tier_option_names("frozen_tier.path: x; frozen_tier.ring_gib: y; frozen_tier.spill_layers: z"),
+      "--frozen-tier: x; --tier-ring-gib: y; --tier-spill-layers: z");
+  EXPECT_EQ(bench::tier_option_names("nothing of the tier"), "nothing of the tier");
+}
 }  // namespace
 }  // namespace rp::test
