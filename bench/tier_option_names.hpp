@@ -19,7 +19,8 @@ inline std::string tier_option_names(std::string what) {
       {"give it or resident_gib, not both", "give it or --tier-resident-gib, not both"},
       {"a given `spill_layers` raises", "a given --tier-spill-layers raises"}};
   for (const auto& [key, option] : names)
-    for (size_t at = what.find(key); at != std::string::npos; at = what.find(key, at + std::string(option).size()))
+    for (size_t at = what.find(key); at != std::string::npos;
+         at = what.find(key, at + std::string(option).size()))
       what.replace(at, std::string(key).size(), option);
   return what;
 }
