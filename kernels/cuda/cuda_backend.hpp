@@ -84,14 +84,15 @@ void set_bucketed_lt(Ops& ops, bool on);
 /// values otherwise.
 bool parse_bucketed_lt(const char* text);
 /// With ExpertGemm::bucketed and cuBLASLt's batches, how many streams the batches of one grouped
-/// linear spread over, round-robin (1, the default: all on the compute stream; up to 4: the side
-/// streams of mode 2, forked from and joined back into the compute stream, each with its own
-/// workspace), so that small batches run together instead of one after another. Same results.
+/// linear spread over, round-robin (1: all on the compute stream; 2-4, 4 the default: the compute
+/// stream and the side streams of mode 2, forked from and joined back into the compute stream,
+/// each with its own workspace), so that small batches run together instead of one after
+/// another. Same results.
 /// Initial value from RP_CUDA_BUCKETED_STREAMS. Throws std::invalid_argument for non-CUDA ops
 /// or n outside 1..4.
 void set_bucketed_streams(Ops& ops, int n);
 /// Parses an RP_CUDA_BUCKETED_STREAMS value, the initial set_bucketed_streams ("1".."4"; empty or
-/// unset -> 1); throws std::invalid_argument naming the variable and the accepted values otherwise.
+/// unset -> 4); throws std::invalid_argument naming the variable and the accepted values otherwise.
 int parse_bucketed_streams(const char* text);
 /// How many batches of the bucketed GEMMs these ops enqueued through cuBLASLt (first) and
 /// through cublasGemmBatchedEx (second) since they were made.

@@ -513,7 +513,7 @@ bool parse_bucketed_lt(const char* text) {
 }
 
 int parse_bucketed_streams(const char* text) {
-  if (!text || !*text) return 1;
+  if (!text || !*text) return 4;  // measured fastest (Qwen3-30B-A3B LoRA on an H200: 1.13x grouped)
   const std::string t = text;
   if (t.size() == 1 && t[0] >= '1' && t[0] <= '4') return t[0] - '0';
   throw std::invalid_argument(fmt::format("RP_CUDA_BUCKETED_STREAMS='{}': expected 1, 2, 3 or 4", t));

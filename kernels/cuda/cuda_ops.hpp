@@ -308,7 +308,7 @@ class CudaOps final : public Ops {
   using BatchedKey = std::array<int64_t, 5>;
   std::map<BatchedKey, Plan> batched_plans_;
   bool lt_batched_ok_ = true;                    // set_bucketed_lt
-  int bucketed_streams_ = 1;                     // set_bucketed_streams
+  int bucketed_streams_ = 4;                     // set_bucketed_streams
   int64_t lt_batches_ = 0, legacy_batches_ = 0;  // bucketed_batches
   Plan* batched_plan(int which, int64_t K, int64_t N, int rows, int count);
   cublasStatus_t lt_batched_gemm(int which, int64_t K, int64_t N, int rows, int count, void* const* ptrs,

@@ -451,8 +451,8 @@ TEST(CudaMoeKnobs, BucketedLtVariable) {          // needs no device
 }
 
 TEST(CudaMoeKnobs, BucketedStreamsVariable) {           // needs no device
-  EXPECT_EQ(cuda::parse_bucketed_streams(nullptr), 1);  // the default: the compute stream alone
-  EXPECT_EQ(cuda::parse_bucketed_streams(""), 1);
+  EXPECT_EQ(cuda::parse_bucketed_streams(nullptr), 4);  // the default: the compute stream and 3 side streams
+  EXPECT_EQ(cuda::parse_bucketed_streams(""), 4);
   for (int n = 1; n <= 4; ++n) EXPECT_EQ(cuda::parse_bucketed_streams(std::to_string(n).c_str()), n);
   for (const char* bad : {"0", "5", "junk", "2 ", "-1", "12"}) {
     try {
