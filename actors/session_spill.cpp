@@ -8,6 +8,7 @@
 
 #include "actors/session_impl.hpp"
 #include "actors/session_testing.hpp"
+#include "actors/spill_port.hpp"
 #include "base/counted.hpp"
 #include "base/output_folder.hpp"  // create_folders, dangling_link_text
 
@@ -98,9 +99,7 @@ void Session::Impl::open_activation_spill(const SessionInternals& internals,
   size_t in_tail = 0, reads = 0;
   for (int b : chosen) {
     in_tail += inside[size_t(b)] ? 1 : 0;
-    for (const Stage& st : plan.stages)
-      reads += !inside[size_t(b)] &&
-               (st.kind == StageKind::backward ? st.first <= b && b <= st.last : st.first == b);
+    for (const Stage& st : plan.stages) reads += !inside[size_t(b)] && stage_uploads_input(st, b);
   }
   const double per_record = double(r.spill_bytes) / double(sets) / double(chosen.size());
   const double written = per_record * double(chosen.size() - in_tail), read = per_record * double(reads);

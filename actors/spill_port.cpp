@@ -11,11 +11,9 @@ namespace {
 
 /// The layers whose saved input t uploads per micro-batch (Worker::issue_uploads).
 std::vector<int> uploaded_inputs(const Task& t) {
-  const Stage& st = t.rs.stage;
-  if (st.kind != StageKind::backward) return st.first > 0 ? std::vector<int>{st.first} : std::vector<int>{};
   std::vector<int> out;
   for (int l : t.layers)
-    if (l > 0) out.push_back(l);
+    if (stage_uploads_input(t.rs.stage, l)) out.push_back(l);
   return out;
 }
 

@@ -24,6 +24,13 @@
 
 namespace rp {
 
+/// Whether stage `st` uploads layer b's saved input (Worker::issue_uploads): a backward stage every
+/// layer of it but layer 0, a forward stage or the tail its first layer when that is not 0.
+inline bool stage_uploads_input(const Stage& st, int b) {
+  if (b <= 0) return false;
+  return st.kind == StageKind::backward ? st.first <= b && b <= st.last : st.first == b;
+}
+
 struct Task;
 
 class SpillPort {
