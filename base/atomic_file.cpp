@@ -247,13 +247,14 @@ int claim(const std::string& leftover, const std::string& target, const char* ki
     fs::remove(marker, ec);
     fail(target, fmt::format("cannot write ({})", std::strerror(err != 0 ? err : errno)));
   }
+  // complete now: a later run can prove it ours, so a folder's marker needs no record (not even when
+  // a sync below throws)
+  if (!cover_leftover) unregister_temporary(slot);
   if (durable) {
     sync_path(marker, false);
     sync_path(parent_of(marker), true);
   }
-  if (cover_leftover) return slot;
-  unregister_temporary(slot);
-  return -1;
+  return cover_leftover ? slot : -1;
 }
 
 void drop_marker(const std::string& leftover) {
