@@ -87,7 +87,8 @@ void add_run_options(CLI::App& c, PlanCommandOptions& o) {
        "--expert-gemm", o.expert_gemm,
        fmt::format("mixture-of-experts: the spec's \"expert_gemm\": grouped or bucketed (padded expert "
                    "rows: ~6% more expert scratch, faster GEMM kernels, but {:.0f} us of host time per "
-                   "batched call, one call per bucket: no faster end to end than grouped on an H100)",
+                   "batched call, one call per bucket, over 4 streams: 1.13x grouped end to end on an "
+                   "H200 at Qwen3-30B-A3B)",
                    kBucketedCallSeconds * 1e6))
       ->check(CLI::IsMember({"grouped", "bucketed"}))
       ->capture_default_str();

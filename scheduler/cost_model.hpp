@@ -118,17 +118,19 @@ ModelShape model_shape_from_hf_json(const nlohmann::json& j, const std::string& 
 /// routing gave 304-340, about 0.41). A training step's kernel profile agrees: the batched
 /// kernels took under half the grouped kernels' time.
 constexpr double kBucketedGemmEfficiency = 0.6;
-/// DeviceModel::bucketed_call_seconds: the host time of one batched call of the bucketed expert
-/// GEMMs (cuBLASLt's pointer-array batches, their algorithm kept per power-of-two class of
+/// DeviceModel::bucketed_call_seconds: the GPU's idle time per batched call of the bucketed
+/// expert GEMMs (cuBLASLt's pointer-array batches, their algorithm kept per power-of-two class of
 /// length and count). The sparse block waits for its routing offsets on the host before it can
-/// size the buckets, so this time is the GPU's idle time, once per bucket
-/// (expected_bucket_count) of every grouped linear. 25 us makes the plan's error on the one
-/// measurement there is the same as grouped's: Qwen3-30B-A3B LoRA r=32 on attention, fp8 base,
-/// 8 x 4096, M=8, cap 10 GiB on an H100 SXM ran 11,070 tokens/s bucketed against 11,163 grouped
-/// in one command (plan 11,411 and 11,558). Through cublasGemmBatchedEx, which chose a kernel
-/// for each new length, the H200 had run 7,299 against 11,828 (80 us per bucket; its profile's
-/// compute stream busy 51.5% of the time against 92.6% grouped).
-constexpr double kBucketedCallSeconds = 25e-6;
+/// size the buckets, so the host's set-up of each call leaves the GPU idle except where a batch
+/// issued before it still runs; charged once per bucket (expected_bucket_count) of every grouped
+/// linear. 15 us fits the runtime's default of 4 streams per grouped linear: Qwen3-30B-A3B LoRA
+/// r=32 on attention, fp8 base, 8 x 4096, M=8, cap 10 GiB on an H200 ran 13,491 tokens/s
+/// bucketed against 11,973 grouped in one command; the plan gives 13,460 (-0.2%) and 12,094
+/// (+1.0%). One stream needed 25 us (the same shape on an H100 SXM: 11,070 bucketed against
+/// 11,163 grouped, plan 11,411 and 11,558), and cublasGemmBatchedEx, which chose a kernel for
+/// each new length, 80 us (the H200 ran 7,299 against 11,828). Fitted to one model: another
+/// model's routing or another GPU's host may differ.
+constexpr double kBucketedCallSeconds = 15e-6;
 
 /// Device and precision assumptions of the estimate.
 struct DeviceModel {
