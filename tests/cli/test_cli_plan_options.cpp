@@ -61,6 +61,15 @@ TEST(CliPlanOptions, AValueOfTheWrongKindIsOneLineNamingTheFlag) {
       {"--host-budget-gib z", "--host-budget-gib: expected 0 (default) or 0.001 to 1048576 GiB, got z"},
       {"--disk-ring z", "--disk-ring: expected an integer >= 2 (the runtime's ring has at least two), got z"},
       {"--host-gib z", "--host-gib: expected 0 (this machine's) or 0.001 to 1048576 GiB, got z"},
+      // hexadecimal, infinities and NaNs are no decimal number, as for the integer flags (std::stod
+      // read "0x10" as 16)
+      {"--disk-gbps 0x10", "--disk-gbps: expected 0 (off) or a rate from 0.001 to 1e6 GB/s, got 0x10"},
+      {"--host-gib 0X1p4", "--host-gib: expected 0 (this machine's) or 0.001 to 1048576 GiB, got 0X1p4"},
+      {"--peak-tflops inf", "--peak-tflops: expected a rate from 0.001 to 1e6 TFLOP/s, got inf"},
+      {"--grouped-gemm-efficiency nan",
+       "--grouped-gemm-efficiency: expected a fraction in [0.001, 1] (0: by --expert-gemm), got nan"},
+      {"--disk-ring 0x10",
+       "--disk-ring: expected an integer >= 2 (the runtime's ring has at least two), got 0x10"},
       // a number out of range: the same words
       {"--seq 0", "--seq: expected an integer >= 1, got 0"},
       {"--disk-ring 1", "--disk-ring: expected an integer >= 2 (the runtime's ring has at least two), got 1"},
@@ -70,6 +79,30 @@ TEST(CliPlanOptions, AValueOfTheWrongKindIsOneLineNamingTheFlag) {
     EXPECT_EQ(r.code, 2) << args << ": " << r.err;
     EXPECT_EQ(r.err.find("roundpipe: error: " + want), 0u) << args << ": " << r.err;
     EXPECT_EQ(r.err.find("Could not convert"), std::string::npos) << args << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
+  }
+  fs::remove_all(d);
+}
+
+// A flag given twice, or without its value, in any subcommand: one line naming the flag (CLI11
+// said "--disk-gbps: At Most 1 required but received 2" and "--seq: 1 required INT missing").
+TEST(CliPlanOptions, AFlagGivenTwiceOrWithoutItsValueIsOneLineNamingIt) {
+  auto d = tmpdir();
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"plan --model m.json --disk-gbps 1 --disk-gbps 2", "--disk-gbps given twice"},
+      {"plan --model m.json --gpus 2 --gpus 2 --gpus 4", "--gpus given 3 times"},
+      {"plan --model m.json --model n.json", "--model given twice"},
+      {"train s.json --steps 1 --steps 2", "--steps given twice"},
+      {"convert m.gguf out --dtype f32 --dtype bf16", "--dtype given twice"},
+      {"merge a out --base b --base c", "--base given twice"},
+      {"plan --model m.json --seq", "--seq: expected an integer after it, got nothing"},
+      {"plan --model m.json --disk-gbps", "--disk-gbps: expected a number after it, got nothing"},
+      {"plan --model", "--model: expected a value after it, got nothing"},
+  };
+  for (const auto& [args, want] : cases) {
+    const CliRun r = roundpipe(args, d);
+    EXPECT_EQ(r.code, 2) << args << ": " << r.err;
+    EXPECT_EQ(r.err.find("roundpipe: error: " + want), 0u) << args << ": " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
   }
   fs::remove_all(d);
