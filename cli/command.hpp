@@ -67,6 +67,19 @@ inline CLI::Validator number_range_check(double lo, double hi) {
       fmt::format("FLOAT in [{} - {}]", lo, hi));
 }
 
+/// A CLI11 check of a real option that is 0 (its default's meaning) or in [lo, hi], in the words
+/// `what` ("expected 0 (estimate) or a rate from 0.001 to 1e6 GB/s, got 1e300"): past a bound the
+/// numbers printed from it overflow ("inf GB/s") or round to nothing.
+inline CLI::Validator zero_or_range_check(double lo, double hi, const std::string& what) {
+  return CLI::Validator(
+      [what, lo, hi](std::string& text) -> std::string {
+        double v = 0;
+        const bool ok = whole_number(text, v) && (v == 0 || (v >= lo && v <= hi));
+        return ok ? std::string() : fmt::format("expected {}, got {}", what, text);
+      },
+      fmt::format("0 or FLOAT in [{} - {}]", lo, hi));
+}
+
 /// A CLI11 check of an integer option with a short message ("expected an integer from 1 to
 /// 1024, got two"; `note` follows the bound of an option without an upper one: "expected an
 /// integer >= 0 (0: all), got -1") instead of CLI::NonNegativeNumber's range of 309 digits or
