@@ -68,6 +68,7 @@ TEST(CliPlanOptions, AValueOfTheWrongKindIsOneLineNamingTheFlag) {
       {"--peak-tflops inf", "--peak-tflops: expected a rate from 0.001 to 1e6 TFLOP/s, got inf"},
       {"--grouped-gemm-efficiency nan",
        "--grouped-gemm-efficiency: expected a fraction in [0.001, 1] (0: by --expert-gemm), got nan"},
+      {"--memory-cap 0x10GiB", "--memory-cap: '0x10GiB' is not a byte size (e.g. 24GiB, 512MB, 1e10)"},
       {"--disk-ring 0x10",
        "--disk-ring: expected an integer >= 2 (the runtime's ring has at least two), got 0x10"},
       // a number out of range: the same words
