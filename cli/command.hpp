@@ -24,9 +24,11 @@ struct UsageError : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
-/// `text` read whole as a number into `v` (std::stod's syntax; false when it does not parse or
-/// has anything after the number).
+/// `text` read whole as a decimal number into `v` ("16", "-1.5", "2e9"; false when it does not
+/// parse or has anything after the number). std::stod alone also reads hexadecimal ("0x10" as
+/// 16), "inf" and "nan", which integer flags refuse: so do the real ones.
 inline bool whole_number(const std::string& text, double& v) {
+  if (text.empty() || text.find_first_not_of("0123456789+-.eE") != std::string::npos) return false;
   size_t used = 0;
   try {
     v = std::stod(text, &used);
@@ -63,6 +65,19 @@ inline CLI::Validator number_range_check(double lo, double hi) {
         return ok ? std::string() : fmt::format("expected {}, got {}", what, text);
       },
       fmt::format("FLOAT in [{} - {}]", lo, hi));
+}
+
+/// A CLI11 check of a real option that is 0 (its default's meaning) or in [lo, hi], in the words
+/// `what` ("expected 0 (estimate) or a rate from 0.001 to 1e6 GB/s, got 1e300"): past a bound the
+/// numbers printed from it overflow ("inf GB/s") or round to nothing.
+inline CLI::Validator zero_or_range_check(double lo, double hi, const std::string& what) {
+  return CLI::Validator(
+      [what, lo, hi](std::string& text) -> std::string {
+        double v = 0;
+        const bool ok = whole_number(text, v) && (v == 0 || (v >= lo && v <= hi));
+        return ok ? std::string() : fmt::format("expected {}, got {}", what, text);
+      },
+      fmt::format("0 or FLOAT in [{} - {}]", lo, hi));
 }
 
 /// A CLI11 check of an integer option with a short message ("expected an integer from 1 to
@@ -110,6 +125,33 @@ CLI::Option* add_number_option(CLI::App& app, const std::string& flag, T& v, con
       },
       "");
   return app.add_option(flag, v, help)->check(check);
+}
+
+/// CLI11's parse error `e` in the words of roundpipe's other usage errors, for every subcommand:
+/// a flag given more than once is "--seq given twice" (CLI11: "--seq: At Most 1 required but
+/// received 2") and a flag without its value "--seq: expected an integer after it, got nothing"
+/// (CLI11: "--seq: 1 required INT missing"); any other error as CLI11 words it.
+inline std::string parse_error_text(const CLI::ParseError& e) {
+  const std::string what = e.what();
+  if (!dynamic_cast<const CLI::ArgumentMismatch*>(&e)) return what;
+  const std::string at_most = ": At Most 1 required but received ";
+  if (const auto at = what.find(at_most); at != std::string::npos) {
+    const std::string times = what.substr(at + at_most.size());
+    return fmt::format("{} given {}; give it once", what.substr(0, at),
+                       times == "2" ? std::string("twice") : times + " times");
+  }
+  // "<flag>: <n> required <type>[:<check>] missing", the type INT, UINT, FLOAT, TEXT, ...
+  const std::string required = ": 1 required ", missing = " missing";
+  const auto at = what.find(required);
+  if (at == std::string::npos || what.size() < missing.size() ||
+      what.compare(what.size() - missing.size(), missing.size(), missing) != 0)
+    return what;
+  const size_t from = at + required.size();
+  const std::string type = what.substr(from, what.find_first_of(": ", from) - from);
+  const std::string value = type == "INT" || type == "UINT" ? "an integer"
+                            : type == "FLOAT"               ? "a number"
+                                                            : "a value";
+  return fmt::format("{}: expected {} after it, got nothing", what.substr(0, at), value);
 }
 
 /// An output file a flag names (`flag` "--trace") may replace a file already at `path` only

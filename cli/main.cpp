@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
     return e.get_exit_code();  // a subcommand callback (plan) already printed its error
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help
-    std::string what = e.what();
+    std::string what = rp::parse_error_text(e);
     for (auto& c : what)
       if (c == '\n') c = ' ';
     fmt::print(stderr, "roundpipe: error: {} (see roundpipe --help)\n", rp::one_line(what));

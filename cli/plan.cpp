@@ -418,9 +418,15 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
   check_plan_options(o);
   std::string desc;
   const ModelShape m = load_model_shape(o.model, &desc);
-  if (o.expert_gemm == "bucketed" && m.num_moe_layers() == 0)  // it would change nothing
+  // the experts' flags would change nothing on a model without sparse layers
+  const std::string no_experts = m.num_experts > 0 ? "sparse layer" : "experts";
+  if (o.expert_gemm == "bucketed" && m.num_moe_layers() == 0)
     throw UsageError(fmt::format("--expert-gemm bucketed needs a mixture-of-experts model; {} has no {}",
-                                 o.model, m.num_experts > 0 ? "sparse layer" : "experts"));
+                                 o.model, no_experts));
+  if (o.grouped_gemm_efficiency > 0 && m.num_moe_layers() == 0)
+    throw UsageError(
+        fmt::format("--grouped-gemm-efficiency {} needs a mixture-of-experts model; {} has no {}",
+                    o.grouped_gemm_efficiency, o.model, no_experts));
   const std::optional<ModelLayout> layout = run_layout(o);
   const DeviceModel d = device_model(o, layout);
   PlanCommandOptions oo = o;
@@ -482,6 +488,9 @@ void resolve_plan_flags(PlanCommandOptions& o,
       if (const std::string* v = value_of(f))
         throw UsageError(fmt::format(
             "{} {}: predicts the gradient sum over nodes; give --nodes N (N > 1) with it", f, *v));
+  // disk_tier_of sees a ring other than the default's; one given as the default's changes nothing either
+  if (o.disk_gbps == 0 && o.disk_ring == kDefaultDiskRing && value_of("--disk-ring"))
+    throw UsageError(kDiskRingWithoutTier);
 }
 
 }  // namespace rp

@@ -25,6 +25,10 @@ namespace rp {
 /// Decoder layers `roundpipe plan` partitions at most (load_model_shape refuses more).
 constexpr int64_t kMaxPlanLayers = 1024;
 
+/// The most host memory `--host-gib` and `--host-budget-gib` take, GiB (1 PiB): past it the
+/// sizes printed overflow ("inf TiB").
+constexpr double kMaxHostGib = 1048576;
+
 /// Default read-ring buffers of the disk tier (`--disk-ring`).
 constexpr int kDefaultDiskRing = 2;
 
@@ -95,14 +99,15 @@ struct PlanCommandOptions {
 void apply_gpu_preset(PlanCommandOptions& o, const std::vector<std::string>& given);
 
 /// The flags whose presence resolve_plan_flags looks at (every other flag only sets its field).
-inline constexpr const char* kPlanFlagsResolved[] = {"--gpu",      "--peak-tflops",    "--fp8-tflops",
-                                                     "--hbm-gbps", "--pcie-gbps",      "--memory-cap",
-                                                     "--net-gbps", "--net-latency-us", "--accumulation"};
+inline constexpr const char* kPlanFlagsResolved[] = {
+    "--gpu",        "--peak-tflops", "--fp8-tflops",     "--hbm-gbps",     "--pcie-gbps",
+    "--memory-cap", "--net-gbps",    "--net-latency-us", "--accumulation", "--disk-ring"};
 
 /// What `roundpipe plan` does with its parsed flags before planning, shared with the Python
 /// module's plan(): `given` holds the flags of kPlanFlagsResolved that were given, with their
 /// text ("--gpu", "H200"). Requires o.model, applies the --gpu preset (apply_gpu_preset; the
-/// rates given win) and refuses a network flag without --nodes > 1. Throws UsageError, one line.
+/// rates given win) and refuses a network flag without --nodes > 1 and --disk-ring without
+/// --disk-gbps. Throws UsageError, one line.
 void resolve_plan_flags(PlanCommandOptions& o, const std::vector<std::pair<std::string, std::string>>& given);
 
 /// `plan --list-gpus`: the preset table, data sheet and planned rates side by side, with

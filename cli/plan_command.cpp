@@ -105,11 +105,9 @@ void add_plan_command(CLI::App& app) {
                 "(sets --peak-tflops, --hbm-gbps, --pcie-gbps, --memory-cap unless given; --list-gpus)");
   auto list_gpus = std::make_shared<bool>(false);
   c->add_flag("--list-gpus", *list_gpus, "print the device presets (data sheet and planned rates) and exit");
-  c->add_option(
-       "--host-gib", o->host_gib,
-       "host memory for the run, GiB (default: this machine's): the plan says what the run needs and, "
-       "when over, what to change")
-      ->check(finite_number_check(true));
+  number(*c, "--host-gib", o->host_gib,
+         "host memory for the run, GiB (0: this machine's): the plan says what the run needs and, when "
+         "over, what to change");
   number(*c, "--gpus", o->gpus, "GPUs in the pool");
   add_disk_options(*c, *o);
   add_workload_options(*c, *o);

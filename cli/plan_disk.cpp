@@ -45,7 +45,7 @@ void add_disk_options(CLI::App& c, PlanCommandOptions& o) {
   add("--disk-ring", o.disk_ring, "disk tier: pinned read buffers, each the largest stage read");
 }
 
-DiskTier disk_tier_of(const PlanCommandOptions& o, std::string* budget_source) {
+DiskTier disk_tier_of(const PlanCommandOptions& o, DiskBudgetSource* budget) {
   // rates in [1 MB/s, 1 PB/s] and budgets up to 1 PiB: beyond them the seconds and bytes printed
   // overflow or round to nothing
   const auto fail = [](const char* flag, auto v) {
@@ -56,7 +56,7 @@ DiskTier disk_tier_of(const PlanCommandOptions& o, std::string* budget_source) {
     if (!std::isfinite(v) || !(v == 0 || (v >= 1e-3 && v <= 1e6)))  // --disk-write-gbps 0: the read rate
       throw fail(flag, v);
   if (!std::isfinite(o.host_budget_gib) ||
-      !(o.host_budget_gib == 0 || (o.host_budget_gib >= 1e-3 && o.host_budget_gib <= 1048576)))
+      !(o.host_budget_gib == 0 || (o.host_budget_gib >= 1e-3 && o.host_budget_gib <= kMaxHostGib)))
     throw fail("--host-budget-gib", o.host_budget_gib);
   if (o.disk_ring < 2)  // as training: one buffer would leave no read ahead of the upload
     throw fail("--disk-ring", o.disk_ring);
@@ -65,8 +65,7 @@ DiskTier disk_tier_of(const PlanCommandOptions& o, std::string* budget_source) {
       throw UsageError("--disk-write-gbps: describes the disk tier; give --disk-gbps with it");
     if (o.host_budget_gib > 0)
       throw UsageError("--host-budget-gib: sizes the disk tier; give --disk-gbps with it");
-    if (o.disk_ring != kDefaultDiskRing)
-      throw UsageError("--disk-ring: sizes the disk tier's read ring; give --disk-gbps with it");
+    if (o.disk_ring != kDefaultDiskRing) throw UsageError(kDiskRingWithoutTier);
   }
   if (o.host_gib > 0 && o.host_budget_gib > o.host_gib)
     throw UsageError(fmt::format("--host-budget-gib: {} GiB is more than the host's --host-gib {} GiB",
@@ -75,22 +74,24 @@ DiskTier disk_tier_of(const PlanCommandOptions& o, std::string* budget_source) {
   t.read_bandwidth = o.disk_gbps * 1e9;
   t.write_bandwidth = o.disk_write_gbps * 1e9;
   t.ring_buffers = o.disk_ring;
-  std::string source;
+  DiskBudgetSource source{"--host-budget-gib", "--host-budget-gib", ""};
+  const std::string share = fmt::format("{:.0f}% of ", 100 * kHostHeadroom);
   if (o.host_budget_gib > 0) {
     t.host_budget = o.host_budget_gib * kGiB;
-    source = "--host-budget-gib";
   } else if (o.host_gib > 0) {
     t.host_budget = kHostHeadroom * o.host_gib * kGiB;
-    source = fmt::format("--host-budget-gib, default {:.0f}% of --host-gib", 100 * kHostHeadroom);
+    source = {"--host-budget-gib, default " + share + "--host-gib", "--host-gib",
+              fmt::format(" ({}--host-gib {})", share, o.host_gib)};
   } else {
     t.host_budget = kHostHeadroom * double(host_total_bytes());
-    source = fmt::format("--host-budget-gib, default {:.0f}% of this machine's memory", 100 * kHostHeadroom);
+    source = {"--host-budget-gib, default " + share + "this machine's memory", "--host-budget-gib",
+              " (" + share + "this machine's memory)"};
   }
   // as training does: what the process holds before the session allocates (estimated here,
   // measured there) and the margin come off the budget first
   t.set_aside = std::min(t.host_budget, kHostBudgetMargin + kProcessEstimate);
   t.host_budget -= t.set_aside;
-  if (budget_source) *budget_source = source;
+  if (budget) *budget = source;
   return t;
 }
 
@@ -110,13 +111,16 @@ DiskPlan checked_disk_plan(const DiskRun& r, const ModelLayout& layout, const Ho
             ? fmt::format(" + saved activations that cannot spill and the spill's staging {}",
                           byte_text(least - d.minimum_budget))
             : std::string();
+    // full fine-tuning streams nothing: no ring to name
+    const int64_t ring_buffer = largest_frozen_group(layout);
+    const std::string ring =
+        ring_buffer > 0 ? fmt::format(" + read ring {} x {}", r.tier.ring_buffers, byte_text(ring_buffer))
+                        : std::string();
     throw UsageError(fmt::format(
         "{}: the disk tier needs at least {} of host memory ({} set aside for the process + trainable state "
-        "{} + read ring {} x {}{}), {} given",
-        r.budget_source.substr(0, r.budget_source.find(',')), byte_text(least + set_aside),
-        byte_text(set_aside), byte_text(d.trainable_bytes), r.tier.ring_buffers,
-        byte_text(largest_frozen_group(layout)), activations,
-        byte_text(r.tier.host_budget + r.tier.set_aside)));
+        "{}{}{}), {} given{}",
+        r.budget.flag, byte_text(least + set_aside), byte_text(set_aside), byte_text(d.trainable_bytes), ring,
+        activations, byte_text(r.tier.host_budget + r.tier.set_aside), r.budget.note));
   }
   return d;
 }
@@ -185,7 +189,7 @@ std::pair<DiskRun, double> fastest_disk_plan(const PlanCommandOptions& o, const 
 std::optional<DiskRun> plan_with_disk(const PlanCommandOptions& o, const ModelLayout& layout,
                                       const RunPlanInputs& in, const SimOptions& so) {
   DiskRun tier;
-  tier.tier = disk_tier_of(o, &tier.budget_source);
+  tier.tier = disk_tier_of(o, &tier.budget);
   if (!tier.tier.enabled()) return std::nullopt;
   const HostRun hr = host_run_of(o);
   tier.run = plan_run(in);
@@ -220,7 +224,7 @@ void print_disk_tier(std::FILE* out, const DiskRun& r, const SimResult& with_dis
       "of "
       "which {} resident\n",
       t.read_bandwidth / 1e9, t.write_rate() / 1e9, G == 1 ? std::string("1 GPU") : fmt::format("{} GPUs", G),
-      byte_text(t.host_budget + t.set_aside), r.budget_source, byte_text(t.set_aside),
+      byte_text(t.host_budget + t.set_aside), r.budget.text, byte_text(t.set_aside),
       byte_text(d.trainable_bytes),
       d.ring_bytes > 0      ? fmt::format("{} x {}", t.ring_buffers, byte_text(d.ring_bytes / t.ring_buffers))
       : d.frozen_bytes == 0 ? std::string("none (no frozen weights to stream)")

@@ -15,11 +15,23 @@
 
 namespace rp {
 
+/// Where the disk tier's host budget came from.
+struct DiskBudgetSource {
+  /// As the plan's disk line says it: "--host-budget-gib", "--host-budget-gib, default 90% of
+  /// --host-gib" or "..., default 90% of this machine's memory".
+  std::string text;
+  /// The flag a budget too small is blamed on: the one that set it (--host-gib when the budget
+  /// is its default share of it), --host-budget-gib when neither was given.
+  std::string flag;
+  /// After the bytes given in that error: "", " (90% of --host-gib 2)", " (90% of this machine's memory)".
+  std::string note;
+};
+
 /// A run plan made with the disk tier, and that tier's plan.
 struct DiskRun {
   DiskTier tier;
-  std::string budget_source;  ///< which option set tier.host_budget ("--host-budget-gib", ...)
-  RunPlan run;                ///< partitioned with each stage's disk reads charged
+  DiskBudgetSource budget;  ///< which option set tier.host_budget
+  RunPlan run;              ///< partitioned with each stage's disk reads charged
   DiskPlan disk;
   /// The saved attention fits the budget but was dropped, as training's automatic
   /// save_attention does (place_host_budget): the memory it frees keeps more of the base resident.
@@ -27,10 +39,15 @@ struct DiskRun {
 };
 
 /// The disk tier of o: --disk-gbps, --disk-write-gbps and the host budget (--host-budget-gib,
-/// else kHostHeadroom x --host-gib, else kHostHeadroom x this machine's memory). Throws
-/// UsageError for a negative rate or budget, or --disk-write-gbps / --host-budget-gib
-/// without --disk-gbps.
-DiskTier disk_tier_of(const PlanCommandOptions& o, std::string* budget_source = nullptr);
+/// else kHostHeadroom x --host-gib, else kHostHeadroom x this machine's memory), and where that
+/// came from (`budget`). Throws UsageError for a rate or budget out of range, or
+/// --disk-write-gbps / --host-budget-gib / --disk-ring without --disk-gbps.
+DiskTier disk_tier_of(const PlanCommandOptions& o, DiskBudgetSource* budget = nullptr);
+
+/// The error for --disk-ring without --disk-gbps (disk_tier_of; resolve_plan_flags when the
+/// ring given is the default's).
+inline constexpr const char* kDiskRingWithoutTier =
+    "--disk-ring: sizes the disk tier's read ring; give --disk-gbps with it";
 
 /// The plan of `in` (plan_run) under o's disk tier. Candidates: the plain partition with each
 /// stage charged its streamed bytes (LayerCost::disk_bytes at disk_stage_bandwidth), and the

@@ -49,7 +49,9 @@ int64_t parse_byte_size(const std::string& text, const std::string& what) {
     if (rest == "ib" || rest.empty()) mul = std::pow(1024.0, e);
     else if (rest == "b") mul = std::pow(1000.0, e);
   }
-  if (mul == 0 || !(v >= 0) || !std::isfinite(v * mul) || v * mul > 9e18)
+  // decimal only, as the real flags (std::stod also reads "0x10" as 16)
+  const bool decimal = s.substr(0, used).find_first_not_of("0123456789+-.eE") == std::string::npos;
+  if (!decimal || mul == 0 || !(v >= 0) || !std::isfinite(v * mul) || v * mul > 9e18)
     throw UsageError(fmt::format("{}: '{}' is not a byte size (e.g. 24GiB, 512MB, 1e10)", what, text));
   return int64_t(std::llround(v * mul));
 }
@@ -109,21 +111,22 @@ const std::string& plan_flag_expects(std::string_view flag) {
       {"--seq", "an integer >= 1"},
       {"--micro", "an integer >= 1"},
       {"--sequences-per-micro", "an integer >= 1"},
-      {"--peak-tflops", "a finite number > 0"},
-      {"--fp8-tflops", "a finite number >= 0"},
-      {"--hbm-gbps", "a finite number > 0"},
-      {"--pcie-gbps", "a finite number >= 0 (0: free)"},
+      {"--peak-tflops", "a rate from 0.001 to 1e6 TFLOP/s"},
+      {"--fp8-tflops", "0 (the preset's) or a rate from 0.001 to 1e6 TFLOP/s"},
+      {"--hbm-gbps", "a rate from 0.001 to 1e6 GB/s"},
+      {"--pcie-gbps", "0 (free) or a rate from 0.001 to 1e6 GB/s"},
       {"--iterations", fmt::format("0 (enough for whole deal cycles) to {}", kMaxIterations)},
       {"--mlp-chunk", "an integer >= 0 (0: 8192)"},
       {"--lora-r", fmt::format("0 (none) or an integer in 1..{}", LoraConfig::kMaxRank)},
       {"--nodes", "an integer >= 1"},
-      {"--net-gbps", "a finite number > 0"},
-      {"--net-latency-us", "a finite number >= 0"},
+      {"--net-gbps", "a rate from 0.001 to 1e6 Gbit/s"},
+      {"--net-latency-us", "0 to 1e6 microseconds"},
       {"--accumulation", "an integer >= 1"},
       {"--grouped-gemm-efficiency", "a fraction in [0.001, 1] (0: by --expert-gemm)"},
       {"--disk-gbps", "0 (off) or a rate from 0.001 to 1e6 GB/s"},
       {"--disk-write-gbps", "0 (the read rate) or a rate from 0.001 to 1e6 GB/s"},
-      {"--host-budget-gib", "0 (default) or 0.001 to 1048576 GiB"},
+      {"--host-budget-gib", fmt::format("0 (default) or 0.001 to {} GiB", kMaxHostGib)},
+      {"--host-gib", fmt::format("0 (this machine's) or 0.001 to {} GiB", kMaxHostGib)},
       {"--disk-ring", "an integer >= 2 (the runtime's ring has at least two)"},
   };
   const auto it = expects.find(flag);
@@ -154,10 +157,12 @@ void check_lora_r(int64_t r) {
   if (r < 0 || r > LoraConfig::kMaxRank) throw plan_flag_error("--lora-r", r);
 }
 
-// A rate or latency flag: finite (an infinite one printed "inf TFLOP/s", or with
-// --net-latency-us "0 tokens/s (0.00x one node)") and > 0, or >= 0 when `zero_ok`.
-static void check_rate(const char* flag, double v, bool zero_ok) {
-  if (!std::isfinite(v) || !(zero_ok ? v >= 0 : v > 0)) throw plan_flag_error(flag, v);
+// A rate, latency or size flag: in [lo, hi], or 0 when `zero_ok` (its default's meaning). Past
+// hi the seconds and bytes printed overflow or lose all meaning ("inf TiB", a 300-digit number
+// of ms; an infinite --net-latency-us gave "0 tokens/s"), below lo they round to nothing; a
+// NaN is outside.
+static void check_real(const char* flag, double v, double lo, double hi, bool zero_ok = false) {
+  if (!((zero_ok && v == 0) || (v >= lo && v <= hi))) throw plan_flag_error(flag, v);
 }
 
 /// The flags' values, before the model loads: a UsageError naming the first one out of range.
@@ -166,14 +171,15 @@ void check_plan_options(const PlanCommandOptions& o) {
   if (o.seq_len < 1) throw plan_flag_error("--seq", o.seq_len);
   if (o.micro_batches < 1) throw plan_flag_error("--micro", o.micro_batches);
   if (o.sequences_per_micro < 1) throw plan_flag_error("--sequences-per-micro", o.sequences_per_micro);
-  check_rate("--peak-tflops", o.peak_tflops, false);
-  check_rate("--fp8-tflops", o.fp8_tflops, true);
+  check_real("--peak-tflops", o.peak_tflops, 1e-3, 1e6);
+  check_real("--fp8-tflops", o.fp8_tflops, 1e-3, 1e6, true);
   if (o.fp8 && !o.gpu.empty() && find_gpu_preset(o.gpu) &&
       !(achievable_rates(*find_gpu_preset(o.gpu)).fp8_tflops > 0) && !(o.fp8_tflops > 0))
     throw UsageError(
         fmt::format("--fp8: {} has no FP8 tensor cores (the runtime refuses \"fp8\": true there)", o.gpu));
-  check_rate("--hbm-gbps", o.hbm_gbps, false);
-  check_rate("--pcie-gbps", o.pcie_gbps, true);
+  check_real("--hbm-gbps", o.hbm_gbps, 1e-3, 1e6);
+  check_real("--pcie-gbps", o.pcie_gbps, 1e-3, 1e6, true);
+  check_real("--host-gib", o.host_gib, 1e-3, kMaxHostGib, true);
   if (o.iterations < 0 || o.iterations > kMaxIterations) throw plan_flag_error("--iterations", o.iterations);
   // below 0.001 of peak no GEMM library runs; such a value only prints absurd times
   if (!(o.grouped_gemm_efficiency == 0 ||
@@ -183,8 +189,8 @@ void check_plan_options(const PlanCommandOptions& o) {
     throw plan_flag_error("--mlp-chunk", o.mlp_chunk_tokens);
   check_lora_r(o.lora_r);
   if (o.nodes < 1) throw plan_flag_error("--nodes", o.nodes);
-  check_rate("--net-gbps", o.net_gbps, false);
-  check_rate("--net-latency-us", o.net_latency_us, true);
+  check_real("--net-gbps", o.net_gbps, 1e-3, 1e6);
+  check_real("--net-latency-us", o.net_latency_us, 0, 1e6);
   if (o.accumulation < 1) throw plan_flag_error("--accumulation", o.accumulation);
   if (!checked_product({o.seq_len, o.sequences_per_micro, o.micro_batches}, int64_t(1) << 40))
     throw UsageError(

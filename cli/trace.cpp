@@ -69,12 +69,12 @@ void add_trace_command(CLI::App& app) {
   c->add_option("--chunk-bytes", o->chunk_bytes,
                 "compare activation waits with this chunk (0: the trace's transfer_chunk_bytes, else its "
                 "largest parameter copy)")
-      ->check(finite_number_check(true));
+      ->check(zero_or_range_check(1, 1e15, "0 (the trace's) or 1 to 1e15 bytes"));
   c->add_option("--h2d-gbps", o->h2d_gbps,
                 "host-to-device GB/s for the waits (0: estimate from the bulk copies)")
-      ->check(finite_number_check(true));
+      ->check(zero_or_range_check(1e-3, 1e6, "0 (estimate) or a rate from 0.001 to 1e6 GB/s"));
   c->add_option("--d2h-gbps", o->d2h_gbps, "device-to-host GB/s (0: estimate)")
-      ->check(finite_number_check(true));
+      ->check(zero_or_range_check(1e-3, 1e6, "0 (estimate) or a rate from 0.001 to 1e6 GB/s"));
   c->add_option("--json", o->json_out,
                 "also write the statistics of every trace as JSON (an existing file needs --force)");
   c->add_flag("--force", o->force, "with --json: replace an existing file");

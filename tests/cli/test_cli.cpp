@@ -2,6 +2,7 @@
 // no output behind; the default job trains a real model with a falling loss.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -459,13 +460,16 @@ TEST(Cli, PlanPartitionsAConfigWithoutWeights) {
             std::string::npos)
       << r.err;
   EXPECT_EQ(slurp(d / "config.json"), config_text);
-  // rates and latencies are finite: an infinite one printed "inf TFLOP/s", or "0 tokens/s"
-  for (const char* flag :
-       {"--pcie-gbps", "--peak-tflops", "--hbm-gbps", "--fp8-tflops", "--net-gbps", "--net-latency-us"}) {
-    r = roundpipe("plan --model " + (d / "config.json").string() + " --nodes 2 " + flag + " inf", d);
-    EXPECT_EQ(r.code, 2) << flag << ": " << r.err;
-    EXPECT_NE(r.err.find(std::string(flag) + ": expected a finite number"), std::string::npos) << r.err;
-  }
+  // rates, latencies and host sizes are bounded: an infinite one printed "inf TFLOP/s", or "0
+  // tokens/s", and 1e300 a 300-digit number of ms or "inf TiB"
+  for (const char* flag : {"--pcie-gbps", "--peak-tflops", "--hbm-gbps", "--fp8-tflops", "--net-gbps",
+                           "--net-latency-us", "--host-gib"})
+    for (const char* value : {"inf", "1e300", "1e20"}) {
+      r = roundpipe("plan --model " + (d / "config.json").string() + " --nodes 2 " + flag + " " + value, d);
+      EXPECT_EQ(r.code, 2) << flag << " " << value << ": " << r.err;
+      EXPECT_EQ(r.err.find("roundpipe: error: " + std::string(flag) + ": expected "), 0u) << r.err;
+      EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    }
   // A memory cap no single layer fits in is refused, naming the layer.
   r = roundpipe("plan --model " + (d / "config.json").string() + " --gpus 8 --memory-cap 10MiB", d);
   EXPECT_EQ(r.code, 1);

@@ -240,11 +240,19 @@ TEST(CliPlanDisk, ABudgetTooSmallForTheRingIsOneLineNamingTheOption) {
     EXPECT_EQ(s.code, 2);
     EXPECT_NE(s.err.find(least + " of host memory"), std::string::npos) << least << " | " << s.err;
   }
-  // the default budget is 90% of --host-gib, and the line says so
+  // the default budget is 90% of --host-gib: the line blames the flag given (--host-budget-gib,
+  // which was not, before) and says so
   r = roundpipe(kRun + " --disk-gbps 7 --host-gib 2", d);
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.err.find("--host-budget-gib:"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("1.80 GiB given"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("roundpipe: error: --host-gib: the disk tier needs at least "), 0u) << r.err;
+  EXPECT_NE(r.err.find("1.80 GiB given (90% of --host-gib 2)\n"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("--host-budget-gib"), std::string::npos) << r.err;
+  // a --host-gib of a few bytes is out of its range, not "1 B given"
+  r = roundpipe(kRun + " --disk-gbps 7 --host-gib 1e-9", d);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err.find("roundpipe: error: --host-gib: expected 0 (this machine's) or 0.001 to 1048576 GiB"),
+            0u)
+      << r.err;
   // the tier's options without the tier change nothing: a usage error
   r = roundpipe(kRun + " --host-budget-gib 40", d);
   EXPECT_EQ(r.code, 2);
@@ -264,6 +272,10 @@ TEST(CliPlanDisk, OutOfRangeAndOrphanOptionsAreOneLineNamingTheOption) {
        {std::string(" --disk-gbps 1e-300"), std::string(" --disk-gbps 4.9e-324"),
         std::string(" --disk-gbps 1e300"), std::string(" --disk-gbps 7 --disk-write-gbps 1e-9"),
         std::string(" --disk-gbps 7 --host-budget-gib 1e300"), std::string(" --disk-ring 5"),
+        // the ring's default given without the tier (it was accepted) and --disk-gbps 0 (off)
+        std::string(" --disk-ring 2"), std::string(" --disk-gbps 0 --disk-ring 2"),
+        // a host past 1 PiB printed "host budget inf TiB"
+        std::string(" --disk-gbps 7 --host-gib 1e300"), std::string(" --disk-gbps 7 --host-gib 1e20"),
         std::string(" --disk-gbps 7 --host-gib 30 --host-budget-gib 48"),
         std::string(" --disk-gbps 7 --disk-ring 1")}) {
     const CliRun r = roundpipe(kRun + bad, d);
@@ -299,6 +311,30 @@ TEST(CliPlanDisk, MaxSeqPlansTheDiskForTheLengthItFound) {
     return out.substr(at, out.find('\n', at) - at);
   };
   EXPECT_EQ(line(found.out), line(given.out));
+  fs::remove_all(d);
+}
+
+// A budget of 1 PiB (the most) without --host-gib plans: the budget is what the plan is told
+// the host holds, not this machine's memory.
+TEST(CliPlanDisk, TheLargestBudgetPlansWithoutHostGib) {
+  auto d = tmpdir();
+  const CliRun r = roundpipe(kRun + " --disk-gbps 7 --host-budget-gib 1048576", d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("host budget 1024 TiB (--host-budget-gib;"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("inf"), std::string::npos) << r.out;
+  fs::remove_all(d);
+}
+
+// Full fine-tuning streams no frozen weights: a budget too small names no read ring ("read ring
+// 2 x 0 B" before).
+TEST(CliPlanDisk, FullFineTuningsBudgetErrorNamesNoRing) {
+  auto d = tmpdir();
+  const CliRun r = roundpipe(
+      "plan --model " + kLlama + " --gpus 8 --seq 4096 --micro 8 --gpu h200 --disk-gbps 7 --host-gib 2", d);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_EQ(r.err.find("roundpipe: error: --host-gib: the disk tier needs at least "), 0u) << r.err;
+  EXPECT_NE(r.err.find("trainable state "), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("read ring"), std::string::npos) << r.err;
   fs::remove_all(d);
 }
 

@@ -197,8 +197,9 @@ TEST(CliPlanMoe, BadExpertsPerTokenIsOneLineNamingTheKey) {
   fs::remove_all(d);
 }
 
-// --expert-gemm bucketed lays out the rows of the experts' GEMMs: on a model without experts (or
-// without a sparse layer) it would change nothing, so it is refused instead of ignored.
+// --expert-gemm bucketed lays out the rows of the experts' GEMMs and --grouped-gemm-efficiency
+// sets their rate: on a model without experts (or without a sparse layer) they would change
+// nothing, so they are refused instead of ignored.
 TEST(CliPlanMoe, BucketedExpertGemmNeedsExperts) {
   auto d = tmpdir();
   const std::string dense = std::string(RP_SOURCE_DIR) + "/examples/configs/llama-3.1-8b.json";
@@ -215,6 +216,12 @@ TEST(CliPlanMoe, BucketedExpertGemmNeedsExperts) {
                        (d / "config.json").string() + " has no sparse layer"),
             std::string::npos)
       << r.err;
+  // --grouped-gemm-efficiency, the experts' GEMM rate, likewise (it was ignored); 0 is its default
+  r = roundpipe("plan --model " + dense + " --grouped-gemm-efficiency 0.5", d);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_EQ(r.err, "roundpipe: error: --grouped-gemm-efficiency 0.5 needs a mixture-of-experts model; " +
+                       dense + " has no experts\n");
+  EXPECT_EQ(roundpipe("plan --model " + dense + " --grouped-gemm-efficiency 0", d).code, 0);
   // grouped, the default, is the plain run's
   EXPECT_EQ(roundpipe("plan --model " + dense + " --expert-gemm grouped", d).code, 0);
   fs::remove_all(d);

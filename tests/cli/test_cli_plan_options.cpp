@@ -41,16 +41,17 @@ TEST(CliPlanOptions, AValueOfTheWrongKindIsOneLineNamingTheFlag) {
       {"--seq x", "--seq: expected an integer >= 1, got x"},
       {"--micro 1.5", "--micro: expected an integer >= 1, got 1.5"},
       {"--sequences-per-micro q", "--sequences-per-micro: expected an integer >= 1, got q"},
-      {"--peak-tflops abc", "--peak-tflops: expected a finite number > 0, got abc"},
-      {"--fp8-tflops z", "--fp8-tflops: expected a finite number >= 0, got z"},
-      {"--hbm-gbps 1e999", "--hbm-gbps: expected a finite number > 0, got 1e999"},
-      {"--pcie-gbps fast", "--pcie-gbps: expected a finite number >= 0 (0: free), got fast"},
+      {"--peak-tflops abc", "--peak-tflops: expected a rate from 0.001 to 1e6 TFLOP/s, got abc"},
+      {"--fp8-tflops z",
+       "--fp8-tflops: expected 0 (the preset's) or a rate from 0.001 to 1e6 TFLOP/s, got z"},
+      {"--hbm-gbps 1e999", "--hbm-gbps: expected a rate from 0.001 to 1e6 GB/s, got 1e999"},
+      {"--pcie-gbps fast", "--pcie-gbps: expected 0 (free) or a rate from 0.001 to 1e6 GB/s, got fast"},
       {"--iterations many", "--iterations: expected 0 (enough for whole deal cycles) to 10000, got many"},
       {"--mlp-chunk 4k", "--mlp-chunk: expected an integer >= 0 (0: 8192), got 4k"},
       {"--lora-r r16", "--lora-r: expected 0 (none) or an integer in 1..65536, got r16"},
       {"--nodes two", "--nodes: expected an integer >= 1, got two"},
-      {"--net-gbps z", "--net-gbps: expected a finite number > 0, got z"},
-      {"--net-latency-us z", "--net-latency-us: expected a finite number >= 0, got z"},
+      {"--net-gbps z", "--net-gbps: expected a rate from 0.001 to 1e6 Gbit/s, got z"},
+      {"--net-latency-us z", "--net-latency-us: expected 0 to 1e6 microseconds, got z"},
       {"--accumulation 2.5", "--accumulation: expected an integer >= 1, got 2.5"},
       {"--grouped-gemm-efficiency half",
        "--grouped-gemm-efficiency: expected a fraction in [0.001, 1] (0: by --expert-gemm), got half"},
@@ -59,6 +60,17 @@ TEST(CliPlanOptions, AValueOfTheWrongKindIsOneLineNamingTheFlag) {
        "--disk-write-gbps: expected 0 (the read rate) or a rate from 0.001 to 1e6 GB/s"},
       {"--host-budget-gib z", "--host-budget-gib: expected 0 (default) or 0.001 to 1048576 GiB, got z"},
       {"--disk-ring z", "--disk-ring: expected an integer >= 2 (the runtime's ring has at least two), got z"},
+      {"--host-gib z", "--host-gib: expected 0 (this machine's) or 0.001 to 1048576 GiB, got z"},
+      // hexadecimal, infinities and NaNs are no decimal number, as for the integer flags (std::stod
+      // read "0x10" as 16)
+      {"--disk-gbps 0x10", "--disk-gbps: expected 0 (off) or a rate from 0.001 to 1e6 GB/s, got 0x10"},
+      {"--host-gib 0X1p4", "--host-gib: expected 0 (this machine's) or 0.001 to 1048576 GiB, got 0X1p4"},
+      {"--peak-tflops inf", "--peak-tflops: expected a rate from 0.001 to 1e6 TFLOP/s, got inf"},
+      {"--grouped-gemm-efficiency nan",
+       "--grouped-gemm-efficiency: expected a fraction in [0.001, 1] (0: by --expert-gemm), got nan"},
+      {"--memory-cap 0x10GiB", "--memory-cap: '0x10GiB' is not a byte size (e.g. 24GiB, 512MB, 1e10)"},
+      {"--disk-ring 0x10",
+       "--disk-ring: expected an integer >= 2 (the runtime's ring has at least two), got 0x10"},
       // a number out of range: the same words
       {"--seq 0", "--seq: expected an integer >= 1, got 0"},
       {"--disk-ring 1", "--disk-ring: expected an integer >= 2 (the runtime's ring has at least two), got 1"},
@@ -68,6 +80,30 @@ TEST(CliPlanOptions, AValueOfTheWrongKindIsOneLineNamingTheFlag) {
     EXPECT_EQ(r.code, 2) << args << ": " << r.err;
     EXPECT_EQ(r.err.find("roundpipe: error: " + want), 0u) << args << ": " << r.err;
     EXPECT_EQ(r.err.find("Could not convert"), std::string::npos) << args << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
+  }
+  fs::remove_all(d);
+}
+
+// A flag given twice, or without its value, in any subcommand: one line naming the flag (CLI11
+// said "--disk-gbps: At Most 1 required but received 2" and "--seq: 1 required INT missing").
+TEST(CliPlanOptions, AFlagGivenTwiceOrWithoutItsValueIsOneLineNamingIt) {
+  auto d = tmpdir();
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"plan --model m.json --disk-gbps 1 --disk-gbps 2", "--disk-gbps given twice"},
+      {"plan --model m.json --gpus 2 --gpus 2 --gpus 4", "--gpus given 3 times"},
+      {"plan --model m.json --model n.json", "--model given twice"},
+      {"train s.json --steps 1 --steps 2", "--steps given twice"},
+      {"convert m.gguf out --dtype f32 --dtype bf16", "--dtype given twice"},
+      {"merge a out --base b --base c", "--base given twice"},
+      {"plan --model m.json --seq", "--seq: expected an integer after it, got nothing"},
+      {"plan --model m.json --disk-gbps", "--disk-gbps: expected a number after it, got nothing"},
+      {"plan --model", "--model: expected a value after it, got nothing"},
+  };
+  for (const auto& [args, want] : cases) {
+    const CliRun r = roundpipe(args, d);
+    EXPECT_EQ(r.code, 2) << args << ": " << r.err;
+    EXPECT_EQ(r.err.find("roundpipe: error: " + want), 0u) << args << ": " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
   }
   fs::remove_all(d);

@@ -71,7 +71,14 @@ TEST(CliTrace, ErrorsAreOneLine) {
         {"trace " + (d / "notjson.json").string(), 1, std::string("notjson.json: ")},
         {"trace " + (d / "nottrace.json").string(), 1, std::string("nottrace.json: not a Chrome trace")},
         {std::string("trace"), 2, std::string("files is required")},
-        {"trace x.json --skip-passes -1", 2, std::string("--skip-passes")}}) {
+        {"trace x.json --skip-passes -1", 2, std::string("--skip-passes")},
+        // rates and sizes past what the statistics print ("inf GB/s", a 300-digit chunk), hex
+        {"trace x.json --h2d-gbps 1e300", 2,
+         std::string("--h2d-gbps: expected 0 (estimate) or a rate from 0.001 to 1e6 GB/s, got 1e300")},
+        {"trace x.json --d2h-gbps 1e-300", 2, std::string("--d2h-gbps: expected 0 (estimate) or a rate")},
+        {"trace x.json --chunk-bytes 1e300", 2,
+         std::string("--chunk-bytes: expected 0 (the trace's) or 1 to 1e15 bytes, got 1e300")},
+        {"trace x.json --h2d-gbps 0x10", 2, std::string("--h2d-gbps: expected 0 (estimate)")}}) {
     CliRun r = roundpipe(args, d);
     EXPECT_EQ(r.code, code) << args << ": " << r.err;
     EXPECT_EQ(r.err.find("roundpipe: error: "), 0u) << args << ": " << r.err;
