@@ -5,11 +5,15 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <vector>
 
 #include <fmt/format.h>
+
+#include "base/error_text.hpp"
 
 namespace rp {
 
@@ -35,22 +39,71 @@ std::pair<size_t, size_t> line_column(const std::string& text, size_t pos) {
   return {line, pos - (nl == std::string::npos ? 0 : nl + 1) + 1};
 }
 
-}  // namespace
+/// A key given twice in one object: its dotted path and which key of the text it is (0-based,
+/// in reading order).
+struct DuplicateKey {
+  std::string key;
+  size_t index = 0;
+};
 
-json parse_json_text(const std::string& text, const std::string& path) {
-  std::vector<std::string> keys;  // per open object or list: the key being read ("" in a list)
+/// The offset of the `index`-th key (0-based) in the JSON text `text`, which is valid up to it:
+/// a string followed by ':'. npos when there are fewer keys.
+size_t offset_of_key(const std::string& text, size_t index) {
+  for (size_t i = 0, n = 0; i < text.size(); ++i) {
+    if (text[i] != '"') continue;
+    const size_t from = i;
+    for (++i; i < text.size() && text[i] != '"'; ++i)
+      if (text[i] == '\\') ++i;
+    const size_t next = text.find_first_not_of(" \t\r\n", i + 1);
+    if (next != std::string::npos && text[next] == ':' && n++ == index) return from;
+  }
+  return std::string::npos;
+}
+
+std::string joined(const std::string& prefix, const std::vector<std::string>& keys) {
+  std::string key = prefix;
+  for (const auto& k : keys)
+    if (!k.empty()) key += (key.empty() ? "" : ".") + k;
+  return key;
+}
+
+/// parse_json_text and parse_json_value: nullopt for a syntax error when `syntax_is_not_json`.
+std::optional<json> parse_text(const std::string& text, const std::string& path, const JsonTextOptions& opt,
+                               bool syntax_is_not_json) {
+  std::vector<std::string> keys;            // per open object or list: the key being read ("" in a list)
+  std::vector<std::set<std::string>> seen;  // per open object or list: the keys read so far
+  size_t key_count = 0;
   const json::parser_callback_t track = [&](int, json::parse_event_t ev, json& v) {
-    if (ev == json::parse_event_t::object_start || ev == json::parse_event_t::array_start)
+    if (ev == json::parse_event_t::object_start || ev == json::parse_event_t::array_start) {
       keys.emplace_back();
-    if ((ev == json::parse_event_t::object_end || ev == json::parse_event_t::array_end) && !keys.empty())
+      seen.emplace_back();
+    }
+    if ((ev == json::parse_event_t::object_end || ev == json::parse_event_t::array_end) && !keys.empty()) {
       keys.pop_back();
-    if (ev == json::parse_event_t::key && !keys.empty()) keys.back() = v.get<std::string>();
+      seen.pop_back();
+    }
+    if (ev == json::parse_event_t::key && !keys.empty()) {
+      keys.back() = v.get<std::string>();
+      if (opt.unique_keys && !seen.back().insert(keys.back()).second)
+        throw DuplicateKey{joined(opt.key_prefix, keys), key_count};
+      ++key_count;
+    }
     return true;
+  };
+  const auto place = [&](size_t line) {
+    return opt.lines && line > 0 ? fmt::format("{}:{}", path, line) : path;
   };
   try {
     return json::parse(text, track);
+  } catch (const DuplicateKey& d) {
+    const size_t at = offset_of_key(text, d.index);
+    throw std::invalid_argument(fmt::format("{}: key '{}' given twice",
+                                            place(at == std::string::npos ? 0 : line_column(text, at).first),
+                                            excerpt(d.key)));
   } catch (const json::parse_error& e) {
+    if (syntax_is_not_json) return std::nullopt;
     const auto [line, col] = line_column(text, e.byte ? e.byte - 1 : 0);
+    if (!opt.lines) throw std::invalid_argument(fmt::format("{}: invalid JSON: {}", path, reason_of(e)));
     throw std::invalid_argument(fmt::format("{}:{}:{}: invalid JSON: {}", path, line, col, reason_of(e)));
   } catch (const json::out_of_range& e) {
     // the number is the one just read: nlohmann names it ("number overflow parsing '1e400'")
@@ -58,9 +111,6 @@ json parse_json_text(const std::string& text, const std::string& path) {
     const auto from = what.find("parsing '"), to = what.rfind('\'');
     const std::string number =
         from == std::string::npos || to <= from + 9 ? std::string() : what.substr(from + 9, to - from - 9);
-    std::string key;
-    for (const auto& k : keys)
-      if (!k.empty()) key += (key.empty() ? "" : ".") + k;
     // its line: parsing stopped at the first such number, the first occurrence that stands as a
     // value (first in the text, or after ':', '[' or ',')
     size_t line = 0;
@@ -70,12 +120,23 @@ json parse_json_text(const std::string& text, const std::string& path) {
       if (before == std::string::npos || text[before] == ':' || text[before] == '[' || text[before] == ',')
         line = line_column(text, at).first;
     }
-    const std::string place = line > 0 ? fmt::format("{}:{}", path, line) : path;
-    if (number.empty()) throw std::invalid_argument(fmt::format("{}: invalid JSON: {}", place, reason_of(e)));
-    throw std::invalid_argument(number_out_of_range_text(place, key, number));
+    if (number.empty())
+      throw std::invalid_argument(fmt::format("{}: invalid JSON: {}", place(line), reason_of(e)));
+    throw std::invalid_argument(number_out_of_range_text(place(line), joined(opt.key_prefix, keys), number));
   } catch (const json::exception& e) {
     throw std::invalid_argument(fmt::format("{}: invalid JSON: {}", path, reason_of(e)));
   }
+}
+
+}  // namespace
+
+json parse_json_text(const std::string& text, const std::string& path, const JsonTextOptions& opt) {
+  return *parse_text(text, path, opt, false);
+}
+
+std::optional<json> parse_json_value(const std::string& text, const std::string& place,
+                                     const JsonTextOptions& opt) {
+  return parse_text(text, place, opt, true);
 }
 
 std::string number_out_of_range_text(const std::string& place, const std::string& key,

@@ -3,17 +3,37 @@
 // the key path it was read under and its line. Shared by the spec, config.json and tokenizer
 // file readers.
 #pragma once
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 namespace rp {
 
+/// How parse_json_text reads and names what it refuses.
+struct JsonTextOptions {
+  /// A key given twice in one object is refused ("<path>:<line>: key '<a.b>' given twice")
+  /// instead of the last one winning.
+  bool unique_keys = false;
+  /// Put before the key paths the errors name ("lora" for the object a --set lora={...} gave).
+  std::string key_prefix;
+  /// Errors name the line (and column) in the text; false for a one-line value such as a flag's.
+  bool lines = true;
+};
+
 /// `text`, the contents of the file `path`, as JSON. Throws std::invalid_argument with one line:
 /// "<path>:<line>:<column>: invalid JSON: <reason>" for a syntax error, "<path>:<line>: key
 /// '<a.b>': expected a number within a double's range (about 1.8e308), got <number>" for a number
 /// too large (the key left out where the number is not under one).
-nlohmann::json parse_json_text(const std::string& text, const std::string& path);
+/// With opt.unique_keys a key given twice in one object is "<path>:<line>: key '<a.b>' given twice".
+nlohmann::json parse_json_text(const std::string& text, const std::string& path,
+                               const JsonTextOptions& opt = {});
+
+/// The same for a value that may also be plain text (a --set VALUE): nullopt when `text` is not
+/// JSON; a number beyond a double's range or a duplicate key (opt.unique_keys) throws
+/// std::invalid_argument naming `place` and the key path.
+std::optional<nlohmann::json> parse_json_value(const std::string& text, const std::string& place,
+                                               const JsonTextOptions& opt);
 
 /// The one line for a number JSON cannot hold as a double: "<place>: key '<key>': expected a number
 /// within a double's range (about 1.8e308), got <number>" (no key part when `key` is empty).

@@ -107,7 +107,7 @@ void find_local_peers(int rank) {
 /// use it.
 std::atomic<int64_t> g_first_signal_ns{0};
 
-// First Ctrl-C or SIGTERM: stop after the steps in flight and save them as a checkpoint (steps
+// First Ctrl-C, SIGTERM or SIGHUP: stop after the steps in flight and save them as a checkpoint (steps
 // still unfinished after the spec's stop_timeout_s are abandoned, unsaved). Second, a second or
 // more after the first: leave now (an unfinished checkpoint stays in a *.tmp-<pid> folder, removed
 // by the next run; finished ones are kept).
@@ -166,14 +166,19 @@ void on_startup_signal(int) {
   std::_Exit(130);
 }
 
-/// SIGINT, SIGTERM (batch schedulers stop jobs with it) and SIGUSR1.
-constexpr std::array<int, 3> kStopSignals{SIGINT, SIGTERM, SIGUSR1};
+/// SIGINT, SIGTERM (batch schedulers stop jobs with it), SIGHUP (the terminal or SSH session
+/// closing) and SIGUSR1.
+constexpr std::array<int, 4> kStopSignals{SIGINT, SIGTERM, SIGHUP, SIGUSR1};
 
-/// Installs `handler` for kStopSignals while alive, then restores the previous handlers.
+/// Installs `handler` for kStopSignals while alive, then restores the previous handlers. A
+/// SIGHUP ignored when the run started (nohup) stays ignored: the run outlives its terminal.
 class SignalHandlers {
  public:
   explicit SignalHandlers(void (*handler)(int)) {
-    for (size_t i = 0; i < kStopSignals.size(); ++i) prev_[i] = std::signal(kStopSignals[i], handler);
+    for (size_t i = 0; i < kStopSignals.size(); ++i) {
+      prev_[i] = std::signal(kStopSignals[i], handler);
+      if (kStopSignals[i] == SIGHUP && prev_[i] == SIG_IGN) std::signal(SIGHUP, SIG_IGN);
+    }
   }
   ~SignalHandlers() {
     for (size_t i = 0; i < kStopSignals.size(); ++i) std::signal(kStopSignals[i], prev_[i]);
@@ -182,7 +187,7 @@ class SignalHandlers {
   SignalHandlers& operator=(const SignalHandlers&) = delete;
 
  private:
-  std::array<void (*)(int), 3> prev_{};
+  std::array<void (*)(int), kStopSignals.size()> prev_{};
 };
 
 /// The stop signals request `stop` while alive. SIGUSR1: Open MPI's mpirun forwards it to every

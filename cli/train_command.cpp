@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "base/error_text.hpp"
 #include "cli/command.hpp"
 #include "cli/train.hpp"
 #include "roundpipe/checkpoint.hpp"
@@ -74,7 +75,7 @@ TrainCommand add_train_command(CLI::App& app) {
     std::vector<SpecSetting> settings;
     auto shorthand = [&](const char* flag, const char* key, const std::string& value, bool as_string) {
       if (c->get_option(flag)->count() > 0)
-        settings.push_back({key, value, as_string, fmt::format("{} {}", flag, value)});
+        settings.push_back({key, value, as_string, fmt::format("{} {}", flag, excerpt(value))});
     };
     shorthand("--lr", "optimizer.lr", o->lr, false);
     shorthand("--seq-len", "seq_len", o->seq_len, false);

@@ -123,6 +123,11 @@ def main():
                 n += 1
         if n == 0:
             raise SystemExit(f"{args.osis_xml}: no verses found (is it OSIS XML?)")
+        # mkstemp makes the file 0600; the dataset is for every user, as a plain open() would
+        # make it (0644 under the usual umask 022)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, args.out_jsonl)
     except BaseException:
         if os.path.exists(tmp):

@@ -183,7 +183,46 @@ void check_output_file(const TrainSpec& spec, const std::string& file, const std
                              what, file, in)));
 }
 
+namespace {
+
+/// Where the key `key` came from: the last command-line setting that wrote it (or the object
+/// holding it), else the spec file.
+std::string origin_of(const TrainSpec& spec, const std::string& key) {
+  for (auto it = spec.settings.rbegin(); it != spec.settings.rend(); ++it)
+    if (key == it->key || key.rfind(it->key + ".", 0) == 0) return it->origin;
+  return spec.source;
+}
+
+/// frozen_tier.path must lie outside output_dir: the run writes its own files there
+/// (metrics.csv, profile.json, final/ ...) and replaces an earlier run's, which would overwrite
+/// the cache or carry it off with a checkpoint. Its builders' lock, its temporary
+/// (<path>.tmp-<pid>) and the activation spill's file go beside the path as written, so that
+/// folder must lie outside as well (a link there that points elsewhere does not move them).
+/// Nor may it be the metrics_jsonl file, which the run writes too.
+void check_tier_path(const TrainSpec& spec) {
+  if (!spec.frozen_tier || spec.frozen_tier->path.empty()) return;
+  const std::string& p = spec.frozen_tier->path;
+  std::error_code ec;
+  const fs::path out = resolved_path(spec.output_dir), file = resolved_path(p);
+  const fs::path folder = resolved_path(fs::absolute(p, ec).parent_path().string());
+  const std::string where = origin_of(spec, "frozen_tier.path");
+  if (path_within(file, out) || path_within(folder, out))
+    throw std::invalid_argument(one_line(fmt::format(
+        "{}: key 'frozen_tier.path': '{}' {} the run's output_dir '{}', whose files the run writes and "
+        "replaces; choose a cache path outside output_dir",
+        where, p, path_within(file, out) ? "lies inside" : "keeps its lock and spill files inside",
+        spec.output_dir)));
+  if (spec.metrics_jsonl && !spec.metrics_jsonl->empty() && resolved_path(*spec.metrics_jsonl) == file)
+    throw std::invalid_argument(
+        one_line(fmt::format("{}: key 'frozen_tier.path': '{}' is the run's metrics_jsonl file '{}'; choose "
+                             "another cache path",
+                             where, p, *spec.metrics_jsonl)));
+}
+
+}  // namespace
+
 void check_output_dir(const TrainSpec& spec) {
+  check_tier_path(spec);
   if (spec.metrics_jsonl && !spec.metrics_jsonl->empty()) {
     const std::string key = fmt::format("{}: key 'metrics_jsonl'", spec.source);
     check_output_file(spec, *spec.metrics_jsonl, key);
@@ -223,6 +262,7 @@ void check_output_dir(const TrainSpec& spec) {
 }
 
 void prepare_output_dir(const TrainSpec& spec) {
+  check_tier_path(spec);  // again, now that output_dir exists: a link to it resolves
   std::error_code ec;
   if (fs::exists(spec.output_dir, ec) && !fs::is_directory(spec.output_dir, ec))
     throw std::invalid_argument(fmt::format("{}: key 'output_dir': expected a directory, but '{}' is a file",

@@ -54,6 +54,9 @@ void check_output_file(const TrainSpec& spec, const std::string& file, const std
 /// lie inside an input (model, data, eval_data, adapter; a resume_from that is a checkpoint,
 /// unless it lies directly in output_dir: the run being continued). Throws
 /// std::invalid_argument("<spec.source>: key 'output_dir': ..."), one line naming the input's key.
+/// A frozen_tier.path (with the folder its lock, temporary and spill files go to) inside
+/// output_dir, or equal to the metrics_jsonl file, is refused as "<where>: key
+/// 'frozen_tier.path': ...", where is the --set that wrote it or the spec file.
 void check_output_dir(const TrainSpec& spec);
 
 /// The output folder must be a folder (or not exist) and its final/ a checkpoint folder;
@@ -61,7 +64,9 @@ void check_output_dir(const TrainSpec& spec);
 /// mark get one warning line and are left alone). The run outputs already there (metrics.csv,
 /// profile.json, checkpoints, ...) must be recorded as roundpipe's (kRunMarkerFile), and a
 /// fresh run is refused where an earlier run left checkpoints unless
-/// spec.overwrite_output_dir. Throws std::invalid_argument naming spec.source and the key.
+/// spec.overwrite_output_dir. A frozen_tier.path inside output_dir is refused again, now that
+/// a link to the new folder resolves (check_output_dir). Throws std::invalid_argument naming
+/// spec.source and the key.
 void prepare_output_dir(const TrainSpec& spec);
 
 /// --overwrite-output-dir (a fresh run, no resume): removes what an earlier run recorded in the

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "base/checked_math.hpp"
+#include "base/error_text.hpp"
 #include "base/json_fields.hpp"
 #include "base/json_text.hpp"
 #include "data/chat_template.hpp"
@@ -424,7 +425,9 @@ namespace {
 nlohmann::json read_spec_json(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::invalid_argument(path + ": cannot open the spec file");
-  return parse_json_text(read_json_file(path), path);
+  JsonTextOptions opt;
+  opt.unique_keys = true;  // the last of two would win silently
+  return parse_json_text(read_json_file(path), path, opt);
 }
 
 /// The setting an error of the merged spec comes from: the last one whose key (or a key
@@ -442,17 +445,35 @@ const SpecSetting* setting_named_by(const std::string& msg, const std::vector<Sp
   return nullptr;
 }
 
+/// The objects on the way to the dotted `key` that `spec` does not have yet ("frozen_tier" for
+/// frozen_tier.ring_gib in a spec without frozen_tier), outermost first.
+std::vector<std::string> absent_objects(const nlohmann::json& spec, const std::string& key) {
+  std::vector<std::string> out;
+  const nlohmann::json* at = &spec;
+  size_t from = 0;
+  for (size_t dot = key.find('.'); dot != std::string::npos; from = dot + 1, dot = key.find('.', from)) {
+    const std::string part = key.substr(from, dot - from);
+    if (at && at->is_object() && at->contains(part)) {
+      at = &at->at(part);
+    } else {
+      at = nullptr;
+      out.push_back(key.substr(0, dot));
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 SpecSetting parse_set_option(const std::string& text) {
   const size_t eq = text.find('=');
   if (eq == std::string::npos || eq == 0)
-    throw std::invalid_argument(
-        fmt::format("--set {}: expected KEY=VALUE (a spec key, nested keys with dots: lora.r=8)", text));
+    throw std::invalid_argument(fmt::format(
+        "--set {}: expected KEY=VALUE (a spec key, nested keys with dots: lora.r=8)", excerpt(text)));
   SpecSetting s;
   s.key = text.substr(0, eq);
   s.value = text.substr(eq + 1);
-  s.origin = "--set " + text;
+  s.origin = "--set " + excerpt(text);  // errors quote a long value shortened
   return s;
 }
 
@@ -460,12 +481,12 @@ void apply_spec_settings(nlohmann::json& spec, const std::vector<SpecSetting>& s
   for (const SpecSetting& s : settings) {
     nlohmann::json value = s.value;  // a string unless it parses as JSON
     if (!s.as_string) {
-      try {
-        value = nlohmann::json::parse(s.value);
-      } catch (const nlohmann::json::out_of_range&) {  // a number JSON cannot hold (1e400)
-        throw std::invalid_argument(number_out_of_range_text(s.origin, s.key, s.value));
-      } catch (const nlohmann::json::exception&) {  // not JSON: the text itself
-      }
+      // a number JSON cannot hold (1e400) or a key given twice names the key path inside the value
+      JsonTextOptions opt;
+      opt.unique_keys = true;
+      opt.key_prefix = s.key;
+      opt.lines = false;
+      if (auto parsed = parse_json_value(s.value, s.origin, opt)) value = std::move(*parsed);
     }
     if (!spec.is_object()) return;  // spec_from_json names the file's top level
     nlohmann::json* at = &spec;
@@ -484,7 +505,7 @@ void apply_spec_settings(nlohmann::json& spec, const std::vector<SpecSetting>& s
       if (next.is_null()) next = nlohmann::json::object();
       if (!next.is_object())
         throw std::invalid_argument(fmt::format("{}: key '{}' holds {}, not an object with keys", s.origin,
-                                                s.key.substr(0, dot), next.dump()));
+                                                s.key.substr(0, dot), excerpt(next.dump())));
       at = &next;
       from = dot + 1;
     }
@@ -493,7 +514,11 @@ void apply_spec_settings(nlohmann::json& spec, const std::vector<SpecSetting>& s
 
 TrainSpec load_spec(const std::string& path, const std::vector<SpecSetting>& settings) {
   nlohmann::json j = read_spec_json(path);
-  apply_spec_settings(j, settings);
+  std::vector<std::pair<std::string, const SpecSetting*>> made;  // the objects the settings made
+  for (const SpecSetting& s : settings) {
+    for (const std::string& o : absent_objects(j, s.key)) made.emplace_back(o, &s);
+    apply_spec_settings(j, {s});
+  }
   try {
     TrainSpec spec = spec_from_json(j, path);
     spec.settings = settings;
@@ -502,6 +527,9 @@ TrainSpec load_spec(const std::string& path, const std::vector<SpecSetting>& set
     // "<path>: key 'lora.r': ..." -> "--set lora.r=0: key 'lora.r': ..." when a setting wrote it
     const std::string msg = e.what(), head = path + ": ";
     const SpecSetting* s = setting_named_by(msg, settings);
+    // a key missing from an object a setting made ("--set frozen_tier.ring_gib=2" without a path)
+    for (const auto& [o, by] : made)
+      if (!s && msg.find("'" + o + ".") != std::string::npos) s = by;
     if (!s || msg.rfind(head, 0) != 0) throw;
     throw std::invalid_argument(s->origin + ": " + msg.substr(head.size()));
   }

@@ -23,6 +23,7 @@ void read_frozen_tier(const JsonFields& f, TrainSpec& s) {
   const JsonFields t = f.nested("frozen_tier");
   t.allow_only({"path", "ring_gib", "resident_gib", "host_budget_gib", "spill_layers"});
   TrainSpec::FrozenTier ft;
+  if (!t.has("path")) t.fail("path", "the path of the tier's cache file (required when frozen_tier is set)");
   ft.path = t.string("path");
   if (ft.path.empty()) t.fail("path", "a non-empty path of the tier's cache file", ft.path);
   // a NUL would cut the path short at the system call; a line break would split every log line
@@ -48,7 +49,8 @@ void read_frozen_tier(const JsonFields& f, TrainSpec& s) {
   if (ft.host_budget_gib > 0 && ft.resident_gib > 0)
     t.fail("host_budget_gib", "no resident_gib beside it (the budget decides what stays resident)",
            ft.host_budget_gib);
-  // the model's layer count is not known yet: the session checks the upper end (its layers - 1)
+  // the model's layer count is not known yet: the session checks the upper end (its decoder layers
+  // + 1: every runtime layer but the embedding, the head included, has a saved input)
   t.optional("spill_layers", ft.spill_layers);
   if (ft.spill_layers < 0 || ft.spill_layers > (1 << 20))
     t.fail("spill_layers", "an integer >= 0 and <= 1048576 (layers whose saved inputs go to disk; 0: none)",

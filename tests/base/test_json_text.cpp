@@ -36,4 +36,49 @@ TEST(JsonText, ANumberBeyondADoubleNamesLineAndKeyPath) {
             "f.json:1: expected a number within a double's range (about 1.8e308), got 1e400");
 }
 
+// A key given twice in one object (the last one would win silently) is refused where asked,
+// naming its key path and its line; the same key in other objects, or in a string, is no repeat.
+TEST(JsonText, AKeyGivenTwiceNamesItsLineAndKeyPath) {
+  rp::JsonTextOptions unique;
+  unique.unique_keys = true;
+  const std::string text =
+      "{\"a\": \"\\\"c\\\": 1\",\n \"b\": {\"c\": 1,\n\n  \"c\": 2},\n \"l\": [{\"c\": 1}, {\"c\": 2}]}";
+  try {
+    rp::parse_json_text(text, "f.json", unique);
+    ADD_FAILURE() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "f.json:4: key 'b.c' given twice");
+  }
+  EXPECT_EQ(rp::parse_json_text(text, "f.json")["b"]["c"], 2) << "without the option the last one wins";
+  EXPECT_EQ(rp::parse_json_text("{\"b\": {\"c\": 1}, \"c\": [{\"c\": 1}, {\"c\": 2}]}", "f.json",
+                                unique)["c"][1]["c"],
+            2);
+}
+
+// A value that may be plain text (a --set VALUE): nullopt when it is no JSON; a number beyond a
+// double's range or a repeated key names the key path under the prefix, and no line.
+TEST(JsonText, AValueNamesItsKeyPathUnderThePrefix) {
+  rp::JsonTextOptions opt;
+  opt.unique_keys = true;
+  opt.key_prefix = "tier";
+  opt.lines = false;
+  EXPECT_FALSE(rp::parse_json_value("chatml", "--set x=chatml", opt).has_value());
+  EXPECT_EQ(*rp::parse_json_value("{\"a\": [1]}", "--set", opt), nlohmann::json::parse("{\"a\": [1]}"));
+  const auto error = [&](const std::string& text) {
+    try {
+      rp::parse_json_value(text, "--set tier=...", opt);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error("{\"p\": \"x\",\n \"ring\": 1e400}"),
+            "--set tier=...: key 'tier.ring': expected a number within a double's range (about 1.8e308), got "
+            "1e400");
+  EXPECT_EQ(
+      error("1e400"),
+      "--set tier=...: key 'tier': expected a number within a double's range (about 1.8e308), got 1e400");
+  EXPECT_EQ(error("{\"r\": 1,\n \"r\": 2}"), "--set tier=...: key 'tier.r' given twice");
+}
+
 }  // namespace

@@ -152,13 +152,21 @@ inline fs::path tiny_model(const fs::path& dir, bool moe = false, bool gpt_oss =
   return out;
 }
 
+/// A spec of the tiny model's run; `extra` (", \"key\": value, ...") adds keys or replaces the
+/// defaults (a spec file may not give a key twice). Text that is no JSON stays as written.
 inline std::string spec_for(const fs::path& model, const fs::path& data, const fs::path& out,
                             const std::string& extra = "") {
-  return "{\"model\": \"" + model.string() + "\", \"data\": \"" + data.string() + "\", \"output_dir\": \"" +
-         out.string() +
-         "\", \"seq_len\": 16, \"sequences_per_step\": 2, \"micro_batches\": 2, \"steps\": 2, "
-         "\"backend\": \"cpu\", \"workers\": 2" +
-         extra + "}";
+  const std::string text =
+      "{\"model\": \"" + model.string() + "\", \"data\": \"" + data.string() + "\", \"output_dir\": \"" +
+      out.string() +
+      "\", \"seq_len\": 16, \"sequences_per_step\": 2, \"micro_batches\": 2, \"steps\": 2, "
+      "\"backend\": \"cpu\", \"workers\": 2" +
+      extra + "}";
+  try {
+    return nlohmann::json::parse(text).dump();  // the last of a repeated key wins
+  } catch (const nlohmann::json::exception&) {
+    return text;
+  }
 }
 
 /// Reads spec_for(d / "m", d / "data.jsonl", d / "run", extra) as the spec file "s.json"

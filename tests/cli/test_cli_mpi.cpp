@@ -55,17 +55,21 @@ CliRun run_cmd(const std::string& cmd, const fs::path& dir) {
 }
 
 /// Six passes of two sequences per step (a multiple of 1, 2 and 3 replicas), clipping on
-/// (the global norm must agree), staleness-1 async, one virtual GPU per replica.
+/// (the global norm must agree), staleness-1 async, one virtual GPU per replica. `extra` adds keys
+/// or replaces these (a spec file may not give a key twice).
 std::string spec_json(const fs::path& d, int steps, const std::string& extra = "",
                       const std::string& model = "tiny") {
-  return "{\"model\": \"" + (d / model).string() + "\", \"data\": \"" + (d / "data.jsonl").string() +
-         "\", \"seq_len\": 16, \"sequences_per_step\": 12, \"micro_batches\": 2, \"accumulation\": 6, "
-         "\"steps\": " +
-         std::to_string(steps) +
-         ", \"backend\": \"cpu\", \"workers\": 1, \"save_dtype\": \"f32\", \"tensorboard\": false, \"seed\": "
-         "5, "
-         "\"optimizer\": {\"lr\": 0.02, \"max_grad_norm\": 0.5, \"weight_decay\": 0.1}" +
-         extra + "}";
+  return nlohmann::json::parse(
+             "{\"model\": \"" + (d / model).string() + "\", \"data\": \"" + (d / "data.jsonl").string() +
+             "\", \"seq_len\": 16, \"sequences_per_step\": 12, \"micro_batches\": 2, \"accumulation\": 6, "
+             "\"steps\": " +
+             std::to_string(steps) +
+             ", \"backend\": \"cpu\", \"workers\": 1, \"save_dtype\": \"f32\", \"tensorboard\": false, "
+             "\"seed\": "
+             "5, "
+             "\"optimizer\": {\"lr\": 0.02, \"max_grad_norm\": 0.5, \"weight_decay\": 0.1}" +
+             extra + "}")
+      .dump();
 }
 
 /// metrics.csv: column `col` (1 loss, 2 target tokens, 6 grad norm) per step.

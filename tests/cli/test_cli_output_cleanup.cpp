@@ -1,5 +1,6 @@
 // `roundpipe train` ending before its first step takes back the folders it made for output_dir
-// (only those, only while empty): after an error, and after a stop signal while it loads.
+// (only those, only while empty): after an error, and after a stop signal (SIGINT, SIGTERM,
+// SIGHUP, SIGUSR1) while it loads.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -36,8 +37,51 @@ TEST(CliOutputCleanup, AFailedRunTakesBackAFolderMadeOnTheWayThroughDotDot) {
   fs::remove_all(d);
 }
 
-// SIGINT while the model loads (its config.json a FIFO nobody writes, so loading waits): the run
+/// Runs `roundpipe train` on a spec whose `model`'s config.json is a FIFO nobody writes (so loading
+/// waits), its output folder d/mine/runs/exp; once the folder is made, sends `sig` (with SIGHUP
+/// ignored from the start when `ignore_hup`, as nohup does). Returns whether the folder was made,
+/// whether the run still ran 300 ms after `sig` (then it is stopped with SIGINT), its wait status
+/// and its output.
+struct LoadingStop {
+  bool made = false, survived = false;
+  int status = 0;
+  std::string err;
+};
+LoadingStop stop_while_loading(const fs::path& d, const fs::path& model, int sig, bool ignore_hup) {
+  const fs::path out = d / "mine" / "runs" / "exp";
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", out));
+  const std::string bin = std::string(RP_BUILD_DIR) + "/roundpipe";
+  const std::string spec = (d / "spec.json").string(), log = (d / "err.txt").string();
+  LoadingStop r;
+  const pid_t pid = ::fork();
+  if (pid < 0) return r;
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    if (ignore_hup) ::signal(SIGHUP, SIG_IGN);
+    ::execl(bin.c_str(), bin.c_str(), "train", spec.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  // the run makes its output folders before it loads the model
+  for (int i = 0; i < 400 && !fs::exists(out); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  r.made = fs::is_directory(out);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // now waiting on the FIFO
+  ::kill(pid, sig);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  r.survived = ::waitpid(pid, &r.status, WNOHANG) == 0;
+  if (r.survived) {
+    ::kill(pid, SIGINT);
+    ::waitpid(pid, &r.status, 0);
+  }
+  r.err = slurp(d / "err.txt");
+  return r;
+}
+
+// SIGINT while the model loads, and SIGHUP (the terminal or SSH session closing) alike: the run
 // exits 130 and takes back the output folders it made; a folder of the user's above them stays.
+// A run started with SIGHUP ignored (nohup) keeps ignoring it.
 TEST(CliOutputCleanup, AStopSignalWhileLoadingTakesBackTheFoldersTheRunMade) {
   auto d = tmpdir();
   auto model = tiny_model(d);
@@ -45,34 +89,17 @@ TEST(CliOutputCleanup, AStopSignalWhileLoadingTakesBackTheFoldersTheRunMade) {
   fs::remove(model / "config.json");
   ASSERT_EQ(::mkfifo((model / "config.json").c_str(), 0600), 0);
   fs::create_directories(d / "mine");
-  const fs::path out = d / "mine" / "runs" / "exp";
-  write(d / "spec.json", spec_for(model, d / "data.jsonl", out));
-  const std::string bin = std::string(RP_BUILD_DIR) + "/roundpipe";
-  const std::string spec = (d / "spec.json").string(), log = (d / "err.txt").string();
-  const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    ::execl(bin.c_str(), bin.c_str(), "train", spec.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
+  for (const auto& [sig, ignore_hup] : {std::pair{SIGINT, false}, {SIGHUP, false}, {SIGHUP, true}}) {
+    SCOPED_TRACE(::testing::Message() << "signal " << sig << (ignore_hup ? " (SIGHUP ignored)" : ""));
+    const LoadingStop r = stop_while_loading(d, model, sig, ignore_hup);
+    EXPECT_TRUE(r.made) << r.err;
+    EXPECT_EQ(r.survived, ignore_hup) << r.err;
+    ASSERT_TRUE(WIFEXITED(r.status)) << r.err;
+    EXPECT_EQ(WEXITSTATUS(r.status), 130) << r.err;
+    EXPECT_NE(r.err.find("stop signal before the first step"), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(d / "mine" / "runs")) << "the folders the run made go, parents included";
+    EXPECT_TRUE(fs::is_directory(d / "mine")) << "the user's folder stays";
   }
-  // the run makes its output folders before it loads the model
-  for (int i = 0; i < 400 && !fs::exists(out); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  const bool made = fs::is_directory(out);
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // now waiting on the FIFO
-  ::kill(pid, SIGINT);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  const std::string err = slurp(d / "err.txt");
-  EXPECT_TRUE(made) << err;
-  ASSERT_TRUE(WIFEXITED(status)) << err;
-  EXPECT_EQ(WEXITSTATUS(status), 130) << err;
-  EXPECT_NE(err.find("stop signal before the first step"), std::string::npos) << err;
-  EXPECT_FALSE(fs::exists(d / "mine" / "runs")) << "the folders the run made go, parents included";
-  EXPECT_TRUE(fs::is_directory(d / "mine")) << "the user's folder stays";
   fs::remove_all(d);
 }
 

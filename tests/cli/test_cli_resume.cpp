@@ -111,36 +111,41 @@ TEST(CliResume, ResumedRunIsBitIdenticalToTheUninterruptedOne) {
   }
 }
 
-// SIGTERM (what batch schedulers send) stops the run like Ctrl-C: the steps done are saved as
-// checkpoint-<n>, exit code 130, and the run continues from that checkpoint.
+// SIGTERM (what batch schedulers send) stops the run like Ctrl-C, and so does SIGHUP (a closing
+// terminal or SSH session): the steps done are saved as checkpoint-<n>, exit code 130, and the
+// run continues from that checkpoint.
 TEST(CliResume, SigtermSavesTheStepsDoneAndTheRunContinuesFromThem) {
   auto d = tmpdir();
   auto model = tiny_model(d);
   write(d / "data.jsonl", kData);
-  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "a", ", \"steps\": 1000000, \"seed\": 3"));
-  const std::string cmd = "cd " + d.string() + " && (" + std::string(RP_BUILD_DIR) +
-                          "/roundpipe train spec.json" +
-                          " > out.txt 2> err.txt < /dev/null & pid=$!; sleep 3; kill -TERM $pid; wait $pid;" +
-                          " echo $? > rc.txt)";
-  ASSERT_EQ(std::system(cmd.c_str()), 0);
-  EXPECT_EQ(slurp(d / "rc.txt"), "130\n") << slurp(d / "err.txt");
-  const std::string err = slurp(d / "err.txt");
-  const auto at = err.find("saved ");
-  ASSERT_NE(at, std::string::npos) << err;
-  const auto ck_at = err.find("checkpoint-", at);
-  ASSERT_NE(ck_at, std::string::npos) << err;
-  const int n = std::stoi(err.substr(ck_at + 11));
-  ASSERT_GE(n, 1) << err;
-  const fs::path ck = d / "a" / ("checkpoint-" + std::to_string(n));
-  EXPECT_TRUE(fs::exists(ck / "model.safetensors"));
-  for (const char* f : {"optimizer_state.bin", "roundpipe_state.json"})
-    EXPECT_TRUE(fs::exists(state_of(ck) / f)) << (state_of(ck) / f);
-  EXPECT_EQ(nlohmann::json::parse(bytes_of(state_of(ck) / "roundpipe_state.json"))["step"], n);
-  CliRun b = roundpipe("train " + (d / "spec.json").string() + " --resume " + ck.string() + " --steps " +
-                           std::to_string(n + 2) + " --output-dir " + (d / "b").string(),
-                       d);
-  ASSERT_EQ(b.code, 0) << b.err << b.out;
-  EXPECT_EQ(losses(d / "b/metrics.csv").size(), 2u);
+  for (const std::string sig : {"TERM", "HUP"}) {
+    SCOPED_TRACE("SIG" + sig);
+    const fs::path a = d / ("a-" + sig), b = d / ("b-" + sig);
+    write(d / "spec.json", spec_for(model, d / "data.jsonl", a, ", \"steps\": 1000000, \"seed\": 3"));
+    const std::string cmd = "cd " + d.string() + " && (" + std::string(RP_BUILD_DIR) +
+                            "/roundpipe train spec.json" +
+                            " > out.txt 2> err.txt < /dev/null & pid=$!; sleep 3; kill -" + sig +
+                            " $pid; wait $pid;" + " echo $? > rc.txt)";
+    ASSERT_EQ(std::system(cmd.c_str()), 0);
+    EXPECT_EQ(slurp(d / "rc.txt"), "130\n") << slurp(d / "err.txt");
+    const std::string err = slurp(d / "err.txt");
+    const auto at = err.find("saved ");
+    ASSERT_NE(at, std::string::npos) << err;
+    const auto ck_at = err.find("checkpoint-", at);
+    ASSERT_NE(ck_at, std::string::npos) << err;
+    const int n = std::stoi(err.substr(ck_at + 11));
+    ASSERT_GE(n, 1) << err;
+    const fs::path ck = a / ("checkpoint-" + std::to_string(n));
+    EXPECT_TRUE(fs::exists(ck / "model.safetensors"));
+    for (const char* f : {"optimizer_state.bin", "roundpipe_state.json"})
+      EXPECT_TRUE(fs::exists(state_of(ck) / f)) << (state_of(ck) / f);
+    EXPECT_EQ(nlohmann::json::parse(bytes_of(state_of(ck) / "roundpipe_state.json"))["step"], n);
+    CliRun r = roundpipe("train " + (d / "spec.json").string() + " --resume " + ck.string() + " --steps " +
+                             std::to_string(n + 2) + " --output-dir " + b.string(),
+                         d);
+    ASSERT_EQ(r.code, 0) << r.err << r.out;
+    EXPECT_EQ(losses(b / "metrics.csv").size(), 2u);
+  }
   fs::remove_all(d);
 }
 

@@ -12,6 +12,7 @@
 #include "roundpipe/checkpoint.hpp"
 #include "roundpipe/data.hpp"
 
+#include "base/error_text.hpp"
 #include "tests/cli/cli_util.hpp"
 
 namespace {
@@ -53,10 +54,12 @@ TEST(CliSettings, ACachePathFromSetIsNamedByTheSetWhenTheCacheRefusesIt) {
   write(d / "spec.json",
         spec_for(model, d / "data.jsonl", d / "run",
                  ", \"lora\": {\"r\": 4, \"alpha\": 8, \"target_modules\": \"all-linear\"}"));
-  const std::string set = "--set frozen_tier.path=" + (d / "notes.txt").string();
+  // a long setting is quoted shortened, as other errors quote values
+  const std::string value = "frozen_tier.path=" + (d / "notes.txt").string();
+  const std::string set = "--set " + value;
   expect_one_line_error(roundpipe("train " + (d / "spec.json").string() + " " + set, d),
-                        set + ": key 'frozen_tier.path': " + (d / "notes.txt").string() +
-                            ": exists and is not a roundpipe tier cache");
+                        "--set " + rp::excerpt(value) + ": key 'frozen_tier.path': " +
+                            (d / "notes.txt").string() + ": exists and is not a roundpipe tier cache");
   EXPECT_EQ(
       roundpipe("train " + (d / "spec.json").string() + " " + set, d).err.find("expected a writable file"),
       std::string::npos)
@@ -64,7 +67,7 @@ TEST(CliSettings, ACachePathFromSetIsNamedByTheSetWhenTheCacheRefusesIt) {
   // the whole object from --set names it too
   const std::string object = "frozen_tier={\"path\":\"" + (d / "notes.txt").string() + "\"}";
   expect_one_line_error(roundpipe("train " + (d / "spec.json").string() + " --set '" + object + "'", d),
-                        "--set " + object + ": key 'frozen_tier.path': ");
+                        "--set " + rp::excerpt(object) + ": key 'frozen_tier.path': ");
   EXPECT_EQ(slurp(d / "notes.txt"), "the user's notes, not a cache");
   fs::remove_all(d);
 }

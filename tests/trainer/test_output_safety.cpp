@@ -100,6 +100,46 @@ TEST(OutputSafety, AnOutputFolderHoldingOrInsideAnInputIsRefused) {
   fs::remove_all(d);
 }
 
+// The run writes and replaces its own files in output_dir (metrics.csv, profile.json, final/):
+// a frozen tier's cache there would be overwritten or carried off with a checkpoint. Refused
+// before anything is loaded or written, however the path is spelled (a "..", a link to the
+// folder, even one that only resolves once the run makes output_dir), and where only the
+// cache's own folder (its lock, temporary and spill files) lies inside.
+TEST(OutputSafety, AFrozenTierCacheInsideOutputDirIsRefused) {
+  auto d = tmpdir();
+  rp::TrainSpec spec = spec_into(d, d / "runs/x", 1);
+  const std::string out = (d / "runs/x").string();
+  const auto refuse = [&](const fs::path& cache, const std::string& how,
+                          const std::string& where = "test spec") {
+    spec.frozen_tier = rp::TrainSpec::FrozenTier{};
+    spec.frozen_tier->path = cache.string();
+    expect_refused(spec, where + ": key 'frozen_tier.path': '" + cache.string() + "' " + how +
+                             " the run's output_dir '" + out + "'");
+  };
+  refuse(d / "runs/x/metrics.csv", "lies inside");
+  fs::create_directories(d / "elsewhere");
+  refuse(d / "elsewhere/../runs/x/final/base.tier", "lies inside");
+  fs::create_directory_symlink(d / "runs/x", d / "link");  // dangling until the run makes runs/x
+  refuse(d / "link/base.tier", "lies inside");
+  EXPECT_FALSE(fs::exists(d / "runs")) << "the refused run left the folder it made";
+  fs::create_directories(d / "runs/x");
+  write(d / "cache.tier", "a cache\n");
+  fs::create_symlink(d / "cache.tier", d / "runs/x/t.tier");
+  refuse(d / "runs/x/t.tier", "keeps its lock and spill files inside");
+  fs::remove(d / "runs/x/t.tier");
+  spec.frozen_tier->path = (d / "m.jsonl").string();
+  spec.metrics_jsonl = (d / "elsewhere/../m.jsonl").string();
+  expect_refused(spec, "key 'frozen_tier.path': '" + spec.frozen_tier->path + "' is the run's metrics_jsonl");
+  spec.metrics_jsonl.reset();
+  // a path a --set wrote names the setting
+  spec.settings = {{"frozen_tier", "{}", false, "--set frozen_tier={...}"}};
+  refuse(d / "runs/x/profile.json", "lies inside", "--set frozen_tier={...}");
+  EXPECT_TRUE(fs::is_empty(d / "runs/x"));
+  EXPECT_EQ(slurp(d / "cache.tier"), "a cache\n");
+  EXPECT_FALSE(fs::exists(d / "m.jsonl"));
+  fs::remove_all(d);
+}
+
 // Files named like run outputs that no roundpipe run recorded (a user's metrics.csv, an HF
 // trainer's checkpoint-500/) are not replaced, with or without --overwrite-output-dir; other
 // files in the folder are the user's and stay untouched by a run.

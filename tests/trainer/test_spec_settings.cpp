@@ -115,6 +115,41 @@ TEST(SpecSettings, ANumberBeyondADoubleNamesTheFileLineAndKey) {
             std::string::npos);
 }
 
+// Two values of one key in a spec file: refused naming the line of the second and the key
+// path, rather than the last one winning unnoticed; in a --set value likewise.
+TEST(SpecSettings, AKeyGivenTwiceIsRefused) {
+  const std::string e = error_of(
+      "{\"model\": \"m\", \"data\": \"d\",\n \"frozen_tier\": {\"path\": \"/c/b.tier\", \"ring_gib\": 1,\n "
+      "\"ring_gib\": 2}}",
+      {});
+  EXPECT_NE(e.find(".json:3: key 'frozen_tier.ring_gib' given twice"), std::string::npos) << e;
+  EXPECT_EQ(error_of(kSpec, {rp::parse_set_option("lora={\"r\": 4, \"r\": 8}")}),
+            "--set lora={\"r\": 4, \"r\": 8}: key 'lora.r' given twice");
+}
+
+// An object given with --set names the key inside it, as the same object in the file does; a
+// --set that makes an object names itself for a key the object then lacks; a long value is
+// quoted shortened.
+TEST(SpecSettings, ObjectSettingsNameTheirInnerKeys) {
+  EXPECT_EQ(error_of(kSpec, {rp::parse_set_option(R"(frozen_tier={"path":"/c/b.tier","ring_gib":1e400})")}),
+            R"(--set frozen_tier={"path":"/c/b.tier","ring_gib":1e400}: key 'frozen_tier.ring_gib': )"
+            "expected a number within a double's range (about 1.8e308), got 1e400");
+  EXPECT_EQ(error_of(kSpec, {rp::parse_set_option("frozen_tier.ring_gib=nan")}),
+            "--set frozen_tier.ring_gib=nan: key 'frozen_tier.path': expected the path of the tier's cache "
+            "file (required when frozen_tier is set), got nothing");
+  // the file's own frozen_tier without a path still names the file
+  const std::string own = error_of(R"({"model": "m", "data": "d", "frozen_tier": {"ring_gib": 1}})",
+                                   {rp::parse_set_option("frozen_tier.ring_gib=2")});
+  EXPECT_NE(own.find(".json: key 'frozen_tier.path'"), std::string::npos) << own;
+  const std::string long_value = "lora.target_modules=[\"" + std::string(600, 'q') + "\"]";
+  const std::string e = error_of(kSpec, {rp::parse_set_option(long_value)});
+  EXPECT_EQ(e.rfind("--set lora.target_modules=[\"qqq", 0), 0u) << e;
+  EXPECT_NE(e.find("... (" + std::to_string(long_value.size()) + " bytes): key 'lora.target_modules'"),
+            std::string::npos)
+      << e;
+  EXPECT_LT(e.size(), 400u) << e;
+}
+
 }  // namespace
 
 // "frozen_tier": the disk tier's cache file and read-buffer budget (SessionOptions::frozen_tier),
@@ -155,7 +190,7 @@ TEST(SpecFrozenTier, ReadsThePathAndBudgetAndRefusesBadValues) {
     EXPECT_EQ(e.find('\n'), std::string::npos) << e;
   };
   refused(R"("/nvme/base.cache")", "frozen_tier", "an object");
-  refused(R"({"ring_gib": 1})", "frozen_tier.path", "a string");
+  refused(R"({"ring_gib": 1})", "frozen_tier.path", "the path of the tier's cache file (required");
   refused(R"({"path": ""})", "frozen_tier.path", "a non-empty path");
   refused(R"({"path": "x", "ring_gib": -1})", "frozen_tier.ring_gib", "a number >= 0");
   refused(R"({"path": "x", "ring_gib": "1"})", "frozen_tier.ring_gib", "a number");
