@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -256,6 +257,43 @@ TEST(FrozenTier, AReadFailingMidRunEndsItWithOneErrorAndNoHang) {
   EXPECT_NE(what.find("offset"), std::string::npos) << what;
   EXPECT_NE(what.find("disk tier"), std::string::npos) << what;
   EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+}
+
+// A failed read names the stage whose weights it was reading: the stage running, or the later one
+// whose weights were being read ahead. The entry's layer lies in the layers of the stage named.
+// (Without the stage named, the line named only the running stage, whose layers hold none of a
+// read-ahead entry's.)
+TEST(FrozenTier, AFailedReadNamesTheStageWhoseWeightsItRead) {
+  Scratch sc;
+  const ModelLayout m = lora_layout(6);
+  const std::regex entry("entry 'layer\\.([0-9]+)'");
+  const std::regex ahead(
+      "while prefetching those of [a-z]+ stage [0-9]+ of pass [0-9]+, layers (-?[0-9]+)-([0-9]+):");
+  const std::regex running(
+      "^worker [0-9]+ \\([a-z]+ stage [0-9]+ of pass [0-9]+, layers (-?[0-9]+)-([0-9]+)\\): "
+      "reading this stage's frozen weights");
+  int prefetches = 0, layer_reads = 0;
+  for (uint64_t n : {2, 4, 6, 9, 12, 15}) {
+    TestSessionOptions o = options(2, nullptr);
+    o.frozen_tier = tier_at(sc.path("base.cache"));
+    o.frozen_tier_fault = tier::fail_nth_read(n, EIO);
+    std::string what;
+    {
+      TestSession s(m, random_weights(m, 7), o);
+      what = run_until_failure(s);
+    }
+    std::smatch e, st;
+    if (!std::regex_search(what, e, entry)) continue;  // not a layer's group (the embedding, the head)
+    ++layer_reads;
+    const bool prefetch = std::regex_search(what, st, ahead);
+    ASSERT_TRUE(prefetch || std::regex_search(what, st, running)) << what;
+    prefetches += prefetch;
+    // the plan counts the embedding as layer 0: group layer.k is the plan's layer k + 1
+    const int layer = std::stoi(e[1]) + 1, first = std::stoi(st[1]), last = std::stoi(st[2]);
+    EXPECT_TRUE(first <= layer && layer <= last) << "read " << n << ": " << what;
+  }
+  EXPECT_GT(layer_reads, 0);
+  EXPECT_GT(prefetches, 0) << "no read failed while another stage ran: the case is not exercised";
 }
 
 TEST(FrozenTier, BadOptionsAreRefusedWithOneLineNamingTheOption) {
