@@ -30,33 +30,39 @@ namespace {
 
 constexpr double kGiB = double(uint64_t(1) << 30);
 
-/// Names the source: the model's frozen groups (name, bytes, each tensor's format and place)
-/// and a checksum of each group's bytes, so a cache of another base or layout is stale. The
-/// description itself grows with the tensors (a 128-expert MoE's passes the cache's 1 MiB key
-/// limit), so the key holds its size and checksum, with the counts readable in front.
-/// A group the caller did not hand over (its host copy still empty) is made by the frozen
-/// source: its place in the description is the source's identity instead of a checksum, so a
-/// reused cache needs no group made.
+/// Names the source, as fields "<what>: <value>" joined by "; " (the cache's stale reason names
+/// the first field that differs, tier::CacheFile::open): the frozen groups' layout (names, bytes,
+/// each tensor's format and place, held as its size and checksum: a 128-expert MoE's would pass
+/// the cache's 1 MiB key limit), a checksum of the bytes of the groups handed over in memory, and
+/// the frozen source's identity (a model's files with their sizes and times), so a cache of
+/// another base or layout is stale. A group the caller did not hand over (its host copy still
+/// empty) is made by the frozen source, so a reused cache needs no group made.
 std::string source_key(const ModelLayout& layout, const ParamStore& store, const std::vector<int>& groups,
                        const FrozenSource* source, const std::vector<char>& from_source) {
-  std::string desc;
+  std::string desc, sums;
   uint64_t bytes = 0;
+  size_t given = 0;
   for (int g : groups) {
     const ParamGroup& grp = layout.groups[size_t(g)];
     bytes += uint64_t(grp.storage_bytes);
-    const HostBytes& b = store.lowp[size_t(g)];
-    if (source && size_t(g) < from_source.size() && from_source[size_t(g)])
-      desc += fmt::format("\n{} {} bytes from source:", grp.name, grp.storage_bytes);
-    else
-      desc += fmt::format("\n{} {} bytes xxh3 {:016x}:", grp.name, grp.storage_bytes,
-                          checksum64(b.data(), size_t(grp.storage_bytes)));
+    const bool made = source && size_t(g) < from_source.size() && from_source[size_t(g)];
+    desc += fmt::format("\n{} {} bytes{}:", grp.name, grp.storage_bytes, made ? " from source" : "");
     for (const TensorSpec& t : grp.tensors)
       desc += fmt::format(" {} {} @{}", t.name, weight_format_name(t.format), t.byte_offset);
+    if (made) continue;
+    const HostBytes& b = store.lowp[size_t(g)];
+    sums += fmt::format("{:016x}", checksum64(b.data(), size_t(grp.storage_bytes)));
+    ++given;
   }
-  if (source) desc += "\nsource: " + source->identity;
-  return fmt::format(
-      "roundpipe frozen tier 2; {} groups, {} frozen, {} bytes; description of {} bytes, xxh3 {:016x}",
-      layout.groups.size(), groups.size(), bytes, desc.size(), checksum64(desc.data(), desc.size()));
+  std::string key = fmt::format(
+      "roundpipe frozen tier 3; frozen groups: {} of {}, {} bytes, tensor names formats and places xxh3 "
+      "{:016x}",
+      groups.size(), layout.groups.size(), bytes, checksum64(desc.data(), desc.size()));
+  if (given > 0)
+    key += fmt::format("; weights given in memory: {}, xxh3 {:016x}", counted(given, "group"),
+                       checksum64(sums.data(), sums.size()));
+  if (source) key += "; source: " + source->identity;
+  return key;
 }
 
 constexpr double kBudgetMargin = kHostBudgetMargin;  // scheduler/disk_tier.hpp

@@ -11,7 +11,9 @@
 //   32  u64 header used: the bytes of the header proper, its checksum included
 //   40  u64 checksum block bytes B (a multiple of 4096)
 //   48  u32 source key length, then the source key (the caller's string naming the source
-//       weights, their storage format and layout: a file for another key is stale)
+//       weights, their storage format and layout: a file for another key is stale; a key made
+//       of fields "<what>: <part>, <part>, ..." joined by "; " has the stale reason name the
+//       first field and part that differ)
 //       per entry: u32 name length, name, u64 offset, u64 bytes, u64 checksum (checksum64,
 //       XXH3-64, of the entry's bytes, padding excluded), then ceil(bytes / B) u64 block
 //       checksums (checksum64 of the entry's bytes [k B, min((k + 1) B, bytes)): a range read
