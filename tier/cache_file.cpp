@@ -172,10 +172,10 @@ CacheOpenResult CacheFile::open(const std::string& path, const std::string& sour
   if (fd.get() < 0) {
     const int err = errno;
     r.state = err == ENOENT ? CacheState::missing : CacheState::damaged;
-    r.foreign = err != ENOENT;  // unreadable: nothing says it is ours
+    r.foreign = r.unreadable = err != ENOENT;  // unreadable: nothing says it is ours
     r.reason =
         fmt::format("{}: {}", path,
-                    err == ENOENT ? "no cache file" : fmt::format("cannot open ({})", std::strerror(err)));
+                    err == ENOENT ? "no cache file" : fmt::format("cannot be read ({})", std::strerror(err)));
     return r;
   }
   struct stat st {};

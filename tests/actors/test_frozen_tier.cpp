@@ -167,6 +167,8 @@ TEST(FrozenTier, ASecondSessionReusesTheCacheAndAnotherBaseRebuildsIt) {
   {
     TestSession a(m, random_weights(m, 7), o);
     EXPECT_TRUE(a.frozen_tier().built);
+    EXPECT_FALSE(a.frozen_tier().replaced) << "no file was there";
+    EXPECT_EQ(a.frozen_tier().line.find("rebuilt because"), std::string::npos) << a.frozen_tier().line;
     EXPECT_GT(a.frozen_tier().ring_buffers, 2u);  // a GiB holds many buffers of this model
     written = fs::last_write_time(sc.path("base.cache"));
   }
@@ -180,9 +182,13 @@ TEST(FrozenTier, ASecondSessionReusesTheCacheAndAnotherBaseRebuildsIt) {
     EXPECT_EQ(fs::last_write_time(sc.path("base.cache")), written);
     EXPECT_EQ(train(b).losses.size(), size_t(kSteps));
   }
-  TestSession c(m, random_weights(m, 8), o);  // another base: the file is stale
+  TestSession c(m, random_weights(m, 8), o);  // another base: the file is stale, the line says which input
   EXPECT_TRUE(c.frozen_tier().built);
-  EXPECT_FALSE(c.frozen_tier().rebuilt_because.empty());
+  EXPECT_TRUE(c.frozen_tier().replaced);
+  EXPECT_NE(c.frozen_tier().rebuilt_because.find("built for another source: weights given in memory: "),
+            std::string::npos)
+      << c.frozen_tier().rebuilt_because;
+  EXPECT_NE(c.frozen_tier().line.find("; rebuilt because "), std::string::npos) << c.frozen_tier().line;
 }
 
 // Flips one byte of the file at `offset`.
@@ -312,15 +318,31 @@ TEST(FrozenTier, BadOptionsAreRefusedWithOneLineNamingTheOption) {
   {
     std::ofstream(sc.path("a_file")) << "not a folder";
     const std::string e = refused(tier_at(sc.path("a_file") + "/sub/base.cache"));
-    EXPECT_EQ(e.rfind("frozen_tier.path: ", 0), 0u) << e;
-    EXPECT_NE(e.find("expected a writable file"), std::string::npos) << e;
-    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+    EXPECT_EQ(e, "frozen_tier.path: '" + sc.path("a_file") + "/sub/base.cache' lies under '" +
+                     sc.path("a_file") + "', which is a file, not a folder");
+  }
+  {  // what the system refuses to look up (root too): one line, not a std::filesystem exception
+    fs::create_symlink(sc.path("loop_b"), sc.path("loop_a"));
+    fs::create_symlink(sc.path("loop_a"), sc.path("loop_b"));
+    const std::string e = refused(tier_at(sc.path("loop_a")));
+    EXPECT_EQ(e,
+              "frozen_tier.path: '" + sc.path("loop_a") + "': cannot reach (" + std::strerror(ELOOP) + ")");
+    const std::string longer = sc.path(std::string(300, 'x'));
+    const std::string l = refused(tier_at(longer));
+    EXPECT_EQ(l.rfind("frozen_tier.path: '" + longer.substr(0, 100), 0), 0u) << l;
+    EXPECT_NE(l.find("... (" + std::to_string(longer.size()) + " bytes)': cannot reach (" +
+                     std::strerror(ENAMETOOLONG) + ")"),
+              std::string::npos)
+        << l;
+    EXPECT_EQ(l.find(std::string(300, 'x')), std::string::npos) << "quoted shortened: " << l;
   }
   {
     // a folder that takes no new files (procfs): the line names the path given, the lock after it
     const std::string e = refused(tier_at("/proc/x.cache"));
     EXPECT_EQ(
-        e.rfind("frozen_tier.path: /proc/x.cache: cannot open the builders' lock /proc/x.cache.lock (", 0),
+        e.rfind("frozen_tier.path: /proc/x.cache: needs a build (no cache file), and it cannot be built "
+                "here: cannot open the builders' lock /proc/x.cache.lock (",
+                0),
         0u)
         << e;
     EXPECT_NE(e.find("expected a writable file"), std::string::npos) << e;
