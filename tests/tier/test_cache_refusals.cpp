@@ -46,17 +46,20 @@ TEST(CacheRefusals, AFileThatCannotBeReadIsSaidSoAndLeft) {
   EXPECT_TRUE(o.unreadable);
   EXPECT_TRUE(o.foreign) << "never replaced";
   const std::string loop = refusal(s.path("a.cache"), "key-a", small_chunks());
-  EXPECT_EQ(loop.rfind(s.path("a.cache") + ": cannot be read (" + std::strerror(ELOOP) + "); ", 0), 0u) << loop;
+  EXPECT_EQ(loop.rfind(s.path("a.cache") + ": cannot be read (" + std::strerror(ELOOP) + "); ", 0), 0u)
+      << loop;
   EXPECT_EQ(loop.find("not a roundpipe tier cache"), std::string::npos) << loop;
   EXPECT_HAS(loop, "(nothing was written)");
 
   ensure_cache(s.path("w.cache"), "key-a", odd_specs(), pattern_fill(), small_chunks());
   ::chmod(s.dir.c_str(), 0777);  // the lock beside it can be made by anyone
   ::chmod(s.path("w.cache").c_str(), 0);
-  const std::string denied = rp::testing::as_unprivileged([&] { return refusal(s.path("w.cache"), "key-a", small_chunks()); });
+  const std::string denied =
+      rp::testing::as_unprivileged([&] { return refusal(s.path("w.cache"), "key-a", small_chunks()); });
   ::chmod(s.path("w.cache").c_str(), 0644);
   if (denied == rp::testing::kNoDrop) GTEST_SKIP() << "running as root and cannot become nobody";
-  EXPECT_EQ(denied.rfind(s.path("w.cache") + ": cannot be read (" + std::strerror(EACCES) + "); ", 0), 0u) << denied;
+  EXPECT_EQ(denied.rfind(s.path("w.cache") + ": cannot be read (" + std::strerror(EACCES) + "); ", 0), 0u)
+      << denied;
   EXPECT_EQ(denied.find("not a roundpipe tier cache"), std::string::npos) << denied;
   EXPECT_EQ(CacheFile::open(s.path("w.cache"), "key-a").state, CacheState::valid) << "left as it was";
 }
@@ -118,8 +121,9 @@ TEST(CacheRefusals, WhatAppearedDuringTheWaitIsWhatTheResultSays) {
   });
   a_filling.get_future().wait();
   ASSERT_FALSE(std::filesystem::exists(s.path("w.cache")));
-  auto b = std::async(std::launch::async,
-                      [&] { return ensure_cache(s.path("w.cache"), "key-b", odd_specs(), pattern_fill(2), small_chunks()); });
+  auto b = std::async(std::launch::async, [&] {
+    return ensure_cache(s.path("w.cache"), "key-b", odd_specs(), pattern_fill(2), small_chunks());
+  });
   const auto ra = a.get(), rb = b.get();
   EXPECT_TRUE(ra.built);
   EXPECT_FALSE(ra.replaced) << "a found no file";
