@@ -351,7 +351,15 @@ Session::Session(const ModelLayout& layout, std::vector<std::vector<float>> w,
   if (!log) log = [](const std::string& line) { spdlog::info("{}", line); };
   const size_t held = held_weight_bytes(layout, w, frozen_storage);
   I.place_frozen_tier(held, internals, log);
-  const RunPlan run = I.plan_session(held, internals, log);
+  const RunPlan run = [&] {
+    try {
+      return I.plan_session(held, internals, log);
+    } catch (...) {
+      I.log_budget_line(0, log);  // the budget's line still explains a refused plan
+      throw;
+    }
+  }();
+  I.log_budget_line(run.device_arena_bytes, log);
   I.open_activation_spill(internals, log);
   I.take_weights_and_layers(std::move(w), frozen_storage);
   I.open_frozen_tier(internals, log);

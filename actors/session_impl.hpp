@@ -89,9 +89,19 @@ struct Session::Impl {
   /// opt.frozen_tier (actors/session_tier.cpp): checks its options and decides which frozen
   /// groups stream (resident_gib, or host_budget_gib with the process's resident memory less
   /// `held`, the caller's weights, which the session takes over) into tier_place; logs the
-  /// budget's line. Throws std::invalid_argument naming the option.
+  /// budget's line (tier_report.budget_line, logged by log_budget_line). Throws
+  /// std::invalid_argument naming the option.
   void place_frozen_tier(size_t held, const SessionInternals& internals,
                          const std::function<void(const std::string&)>& log);
+  /// host_budget_gib's placement (place_frozen_tier): tier_place and tier_report.budget_line.
+  void place_in_host_budget(size_t held, const SessionInternals& internals);
+  /// Throws host_budget_gib's one-line refusal when placement `p` does not place the run (the
+  /// least budget that would; a smaller ring_gib when one would do).
+  void refuse_budget(const BudgetPlacement& p, double reserve, double margin, size_t staging) const;
+  /// Logs tier_report.budget_line (none without a budget), on the CPU backend with the host
+  /// memory of its virtual GPUs (`device_arena_bytes`, RunPlan's; 0: not planned, their capacity),
+  /// which the budget does not hold.
+  void log_budget_line(size_t device_arena_bytes, const std::function<void(const std::string&)>& log);
   /// What host_budget_gib's `room` (the budget less the process and margin) holds: the shared
   /// rule (scheduler/disk_tier.hpp place_host_budget) with the tier's ring (budget_ring),
   /// `staging` spill buffers per pool, and save_attention automatic when unset.

@@ -10,7 +10,7 @@
 #include "actors/session_testing.hpp"
 #include "actors/spill_port.hpp"
 #include "base/counted.hpp"
-#include "base/output_folder.hpp"  // create_folders, dangling_link_text
+#include "base/output_folder.hpp"  // create_folders, dangling_link_text, path_blocker_text
 
 namespace rp {
 
@@ -63,6 +63,7 @@ void Session::Impl::open_activation_spill(const SessionInternals& internals,
   spill_folders_made = create_folders(folder.string(), ec);
   if (ec) {  // said here: the file's open would only find the folder missing (a read-only disk, say)
     std::string why = dangling_link_text(folder.string());
+    if (why.empty()) why = path_blocker_text(folder.string(), true);
     if (why.empty()) why = fmt::format("{} ({})", folder.string(), ec.message());
     throw std::invalid_argument("frozen_tier.path: the spill file's folder cannot be made: " + why);
   }

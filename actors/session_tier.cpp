@@ -21,6 +21,7 @@
 #include "base/checksum.hpp"
 #include "base/counted.hpp"
 #include "base/host_resources.hpp"
+#include "base/output_folder.hpp"  // path_blocker_text
 #include "kernels/weight_format.hpp"
 #include "scheduler/disk_tier.hpp"
 #include "tier/direct_reader.hpp"
@@ -30,33 +31,39 @@ namespace {
 
 constexpr double kGiB = double(uint64_t(1) << 30);
 
-/// Names the source: the model's frozen groups (name, bytes, each tensor's format and place)
-/// and a checksum of each group's bytes, so a cache of another base or layout is stale. The
-/// description itself grows with the tensors (a 128-expert MoE's passes the cache's 1 MiB key
-/// limit), so the key holds its size and checksum, with the counts readable in front.
-/// A group the caller did not hand over (its host copy still empty) is made by the frozen
-/// source: its place in the description is the source's identity instead of a checksum, so a
-/// reused cache needs no group made.
+/// Names the source, as fields "<what>: <value>" joined by "; " (the cache's stale reason names
+/// the first field that differs, tier::CacheFile::open): the frozen groups' layout (names, bytes,
+/// each tensor's format and place, held as its size and checksum: a 128-expert MoE's would pass
+/// the cache's 1 MiB key limit), a checksum of the bytes of the groups handed over in memory, and
+/// the frozen source's identity (a model's files with their sizes and times), so a cache of
+/// another base or layout is stale. A group the caller did not hand over (its host copy still
+/// empty) is made by the frozen source, so a reused cache needs no group made.
 std::string source_key(const ModelLayout& layout, const ParamStore& store, const std::vector<int>& groups,
                        const FrozenSource* source, const std::vector<char>& from_source) {
-  std::string desc;
+  std::string desc, sums;
   uint64_t bytes = 0;
+  size_t given = 0;
   for (int g : groups) {
     const ParamGroup& grp = layout.groups[size_t(g)];
     bytes += uint64_t(grp.storage_bytes);
-    const HostBytes& b = store.lowp[size_t(g)];
-    if (source && size_t(g) < from_source.size() && from_source[size_t(g)])
-      desc += fmt::format("\n{} {} bytes from source:", grp.name, grp.storage_bytes);
-    else
-      desc += fmt::format("\n{} {} bytes xxh3 {:016x}:", grp.name, grp.storage_bytes,
-                          checksum64(b.data(), size_t(grp.storage_bytes)));
+    const bool made = source && size_t(g) < from_source.size() && from_source[size_t(g)];
+    desc += fmt::format("\n{} {} bytes{}:", grp.name, grp.storage_bytes, made ? " from source" : "");
     for (const TensorSpec& t : grp.tensors)
       desc += fmt::format(" {} {} @{}", t.name, weight_format_name(t.format), t.byte_offset);
+    if (made) continue;
+    const HostBytes& b = store.lowp[size_t(g)];
+    sums += fmt::format("{:016x}", checksum64(b.data(), size_t(grp.storage_bytes)));
+    ++given;
   }
-  if (source) desc += "\nsource: " + source->identity;
-  return fmt::format(
-      "roundpipe frozen tier 2; {} groups, {} frozen, {} bytes; description of {} bytes, xxh3 {:016x}",
-      layout.groups.size(), groups.size(), bytes, desc.size(), checksum64(desc.data(), desc.size()));
+  std::string key = fmt::format(
+      "roundpipe frozen tier 3; frozen groups: {} of {}, {} bytes, tensor names formats and places xxh3 "
+      "{:016x}",
+      groups.size(), layout.groups.size(), bytes, checksum64(desc.data(), desc.size()));
+  if (given > 0)
+    key += fmt::format("; weights given in memory: {}, xxh3 {:016x}", counted(given, "group"),
+                       checksum64(sums.data(), sums.size()));
+  if (source) key += "; source: " + source->identity;
+  return key;
 }
 
 constexpr double kBudgetMargin = kHostBudgetMargin;  // scheduler/disk_tier.hpp
@@ -199,8 +206,8 @@ class GroupFill {
 
 /// "frozen tier: <path>: built|reused (N GiB, X s[ (Z s making the weights)], O_DIRECT|buffered: why,
 /// engine); ring K x M MiB[; Y of the base resident (frozen_tier.key)][; reads G GB/s (probe; ...)][; rebuilt
-/// because ...]".
-std::string opened_tier_line(const FrozenTierReport& r, const FrozenTierOptions& o, bool existed) {
+/// because ...][; after waiting for another run's builders' lock]".
+std::string opened_tier_line(const FrozenTierReport& r, const FrozenTierOptions& o) {
   const std::string made =
       r.source_seconds > 0 ? fmt::format(" ({:.1f} s making the weights)", r.source_seconds) : "";
   std::string line = fmt::format("frozen tier: {}: {} ({:.2f} GiB, {:.1f} s{}, {}, {}); ring {} x {:.1f} MiB",
@@ -213,7 +220,8 @@ std::string opened_tier_line(const FrozenTierReport& r, const FrozenTierOptions&
   if (r.probe_gbps > 0)
     line += fmt::format("; reads {:.2f} GB/s (probe; roundpipe plan --disk-gbps {:.2f})", r.probe_gbps,
                         r.probe_gbps);
-  if (r.built && existed && !r.rebuilt_because.empty()) line += "; rebuilt because " + r.rebuilt_because;
+  if (r.built && r.replaced && !r.rebuilt_because.empty()) line += "; rebuilt because " + r.rebuilt_because;
+  if (r.waited) line += "; after waiting for another run's builders' lock";
   return line;
 }
 
@@ -254,18 +262,20 @@ void Session::Impl::place_frozen_tier(size_t held, const SessionInternals& inter
   if (o.host_budget_gib > 0 && o.resident_gib > 0)
     throw std::invalid_argument(
         "frozen_tier.host_budget_gib: decides what stays resident itself; give it or resident_gib, not both");
+  // refused here, in one line, rather than by the first file system call that trips on it
+  if (const std::string blocked = path_blocker_text(o.path); !blocked.empty())
+    throw std::runtime_error("frozen_tier.path: " + blocked);
   warn_memory_folder(o.path, log);
   if (o.host_budget_gib == 0) {
     tier_place.streamed = streamed_groups(layout, o.resident_gib * kGiB, &tier_place.resident);
     return;
   }
-  const size_t rss = process_resident_bytes();
-  const double process = rss > held ? double(rss - held) : 0.0;
-  const double margin = internals.host_budget_reserve ? 0.0 : kBudgetMargin;
-  const double reserve = internals.host_budget_reserve.value_or(process + margin);
-  const size_t staging = internals.spill_staging > 0 ? internals.spill_staging : kDefaultSpillStaging;
-  const BudgetPlacement p = place_budget(o.host_budget_gib * kGiB - reserve, staging);
-  const int most_spilled = p.most_spilled;
+  place_in_host_budget(held, internals);
+}
+
+void Session::Impl::refuse_budget(const BudgetPlacement& p, double reserve, double margin,
+                                  size_t staging) const {
+  const FrozenTierOptions& o = *opt.frozen_tier;
   // the least budget named below: found by placing, since the spill's staging and the saved
   // inputs no layer can spill both come on top of the trainable state and the ring
   const auto least_gib = [&] {
@@ -276,6 +286,20 @@ void Session::Impl::place_frozen_tier(size_t held, const SessionInternals& inter
       g += 0.01;  // the rounded figure places too
     return g;
   };
+  // a ring_gib above two buffers takes room a smaller one would leave to the rest: said when the
+  // least ring (0: two buffers of the largest group) would place this run in the budget
+  const auto ring_hint = [&]() -> std::string {
+    const double ring = budget_ring(), least = 2.0 * largest_frozen_group(layout, nullptr);
+    if (o.ring_gib == 0 || ring <= least ||
+        !place_host_budget(layout, budget_run(), o.host_budget_gib * kGiB - reserve, least, staging,
+                           !opt.save_attention)
+             .places())
+      return "";
+    return fmt::format(
+        "; or a smaller frozen_tier.ring_gib: {} holds a read ring of {}, and 0 (two buffers, {}) "
+        "fits this budget",
+        o.ring_gib, byte_text(ring), byte_text(least));
+  };
   if (!p.disk.fits) {
     // what the least budget holds beyond the trainable state and the ring: the saved activations
     // no layer can spill, and the spill's staging buffers
@@ -284,21 +308,32 @@ void Session::Impl::place_frozen_tier(size_t held, const SessionInternals& inter
     throw std::invalid_argument(fmt::format(
         "frozen_tier.host_budget_gib: {} GiB cannot hold this run: the process holds {} before the session "
         "allocates (plus {} of margin), the trainable state needs {}, the read ring {}{}; expected at least "
-        "{:.2f} GiB",
+        "{:.2f} GiB{}",
         o.host_budget_gib, byte_text(reserve - margin), byte_text(margin), byte_text(p.disk.trainable_bytes),
         byte_text(p.disk.ring_bytes),
         rest > 0 ? fmt::format(" and the saved activations no layer can spill, with the spill's staging, {}",
                                byte_text(rest))
                  : std::string(),
-        least_gib()));
+        least_gib(), ring_hint()));
   }
-  if (p.spilled > most_spilled)
+  if (p.spilled > p.most_spilled)
     throw std::invalid_argument(fmt::format(
         "frozen_tier.host_budget_gib: {} GiB leaves {} for the saved activations, which need {} even with "
         "every layer's saved input on the disk; expected at least {:.2f} GiB, or fewer tokens per pass "
-        "(sequences per micro-batch, seq_len, micro-batches)",
+        "(sequences per micro-batch, seq_len, micro-batches){}",
         o.host_budget_gib, byte_text(p.disk.activation_bytes),
-        byte_text(p.activations - double(most_spilled) * p.per_layer), least_gib()));
+        byte_text(p.activations - double(p.most_spilled) * p.per_layer), least_gib(), ring_hint()));
+}
+
+void Session::Impl::place_in_host_budget(size_t held, const SessionInternals& internals) {
+  const FrozenTierOptions& o = *opt.frozen_tier;
+  const size_t rss = process_resident_bytes();
+  const double process = rss > held ? double(rss - held) : 0.0;
+  const double margin = internals.host_budget_reserve ? 0.0 : kBudgetMargin;
+  const double reserve = internals.host_budget_reserve.value_or(process + margin);
+  const size_t staging = internals.spill_staging > 0 ? internals.spill_staging : kDefaultSpillStaging;
+  const BudgetPlacement p = place_budget(o.host_budget_gib * kGiB - reserve, staging);
+  refuse_budget(p, reserve, margin, staging);
   if (p.spilled > 0) opt.frozen_tier->spill_layers = std::max(opt.frozen_tier->spill_layers, p.spilled);
   tier_place.streamed = p.disk.streamed;
   tier_place.resident = p.disk.resident_bytes;
@@ -322,6 +357,20 @@ void Session::Impl::place_frozen_tier(size_t held, const SessionInternals& inter
       o.host_budget_gib, (reserve - margin) / kGiB, margin / kGiB, p.disk.trainable_bytes / kGiB,
       p.disk.ring_bytes / kGiB, p.disk.activation_bytes / kGiB, why, spill_text, p.disk.frozen_bytes / kGiB,
       p.disk.resident_bytes / kGiB);
+}
+
+void Session::Impl::log_budget_line(size_t device_arena_bytes,
+                                    const std::function<void(const std::string&)>& log) {
+  if (tier_report.budget_line.empty()) return;
+  // the CPU backend's virtual GPUs are arenas in this process's memory, which the placement does
+  // not count (a GPU's memory is not the host's): said, so a run's peak RSS above it is no surprise
+  if (opt.backend == "cpu")
+    tier_report.budget_line += fmt::format(
+        "; the CPU backend's {} (up to {}: {}) are host memory outside this budget",
+        rp::counted(devices.size(), "virtual GPU"),
+        byte_text(device_arena_bytes > 0 ? double(device_arena_bytes)
+                                         : double(devices.size()) * double(devices[0]->capacity_bytes())),
+        device_arena_bytes > 0 ? "the plan's largest stage on each" : "their capacity");
   log(tier_report.budget_line);
 }
 
@@ -364,7 +413,6 @@ void Session::Impl::open_frozen_tier(const SessionInternals& internals,
   const FrozenSource* source = opt.frozen_source ? &*opt.frozen_source : nullptr;
   const std::string key = source_key(layout, *store, e.groups, source, tier_place.from_source);
   GroupFill fill{*store, source, e, streamed};
-  const bool existed = std::filesystem::exists(o.path);
   // the spill's file, made just before in the same folder, holds its space even where the file
   // system left it sparse
   tier::EnsureResult er =
@@ -385,6 +433,8 @@ void Session::Impl::open_frozen_tier(const SessionInternals& internals,
   r.path = o.path;
   r.built = er.built;
   r.rebuilt_because = er.rebuilt_because;
+  r.replaced = er.replaced;
+  r.waited = er.waited;
   for (const auto& spec : e.specs) r.bytes += spec.bytes;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.source_seconds = fill.made_seconds;
@@ -400,7 +450,7 @@ void Session::Impl::open_frozen_tier(const SessionInternals& internals,
     log(fmt::format("frozen tier: {}: read probe failed ({}); training goes on", o.path, ex.what()));
   }
   r.resident_bytes = uint64_t(tier_place.resident);
-  r.line = opened_tier_line(r, o, existed);
+  r.line = opened_tier_line(r, o);
   log(r.line);
 }
 

@@ -107,11 +107,15 @@ Worker::behavior_type Worker::make_behavior() {
   };
 }
 
+/// "forward stage 2 of pass 5, layers 3-4".
+std::string stage_text(const Task& t) {
+  return fmt::format("{} stage {} of pass {}, layers {}-{}", stage_kind_name(t.rs.stage.kind),
+                     t.rs.stage_index, t.rs.pass, t.rs.stage.first, t.rs.stage.last);
+}
+
 /// "worker 1 (forward stage 2 of pass 5, layers 3-4)".
 std::string Worker::where() const {
-  return task_ ? fmt::format("worker {} ({} stage {} of pass {}, layers {}-{})", ctx_.index,
-                             stage_kind_name(task_->rs.stage.kind), task_->rs.stage_index, task_->rs.pass,
-                             task_->rs.stage.first, task_->rs.stage.last)
+  return task_ ? fmt::format("worker {} ({})", ctx_.index, stage_text(*task_))
                : fmt::format("worker {}", ctx_.index);
 }
 

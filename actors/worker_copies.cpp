@@ -68,7 +68,16 @@ void Worker::issue_spill_downloads() {
 /// gives the buffer back at once; a failed read fails the run with the reader's line.
 void Worker::frozen_fetched(const FrozenFetched& f) {
   if (ctx_.progress) ctx_.progress->tick();
-  if (!f.error.empty()) return fail("reading frozen weights from the disk tier: " + f.error);
+  if (!f.error.empty()) {
+    // the read may be a later stage's (the weights of the next tasks are read ahead): name it
+    const Task* whose = live(f.task);
+    return fail(
+        !whose ? "reading frozen weights from the disk tier: " + f.error
+        : whose == task_.get()
+            ? "reading this stage's frozen weights from the disk tier: " + f.error
+            : fmt::format("reading frozen weights from the disk tier while prefetching those of {}: {}",
+                          stage_text(*whose), f.error));
+  }
   FrozenLease lease(ctx_.frozen_tier, f.ticket);
   Task* tk = live(f.task);
   if (!tk || failed_) return;  // the lease goes here

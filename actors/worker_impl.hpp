@@ -23,6 +23,9 @@
 
 namespace rp {
 
+/// "forward stage 2 of pass 5, layers 3-4": the stage task `t` runs.
+std::string stage_text(const Task& t);
+
 class Worker : public WorkerActor::base {
  public:
   Worker(caf::actor_config& cfg, WorkerContext ctx);

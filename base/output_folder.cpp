@@ -1,6 +1,9 @@
 #include "base/output_folder.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <atomic>
@@ -14,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/checksum.hpp"
+#include "base/error_text.hpp"
 
 namespace fs = std::filesystem;
 
@@ -216,6 +220,32 @@ std::string dangling_link_text(const std::string& path) {
                                      : fmt::format("'{}' lies under '{}', which {}", path, p.string(), link);
   }
   return "";
+}
+
+std::string path_blocker_text(const std::string& path, bool folder) {
+  // a path is quoted whole up to a length no real one reaches (a file name has at most 255 bytes)
+  const auto excerpt = [](const std::string& p) { return rp::excerpt(p, kPathQuoteBytes); };
+  struct stat st {};
+  const int err = ::stat(path.c_str(), &st) == 0 ? 0 : errno;
+  if ((err == 0 && (!folder || S_ISDIR(st.st_mode))) || err == ENOENT) return "";  // missing: made later
+  const auto normal = [](const fs::path& q) {
+    const fs::path n = q.lexically_normal();
+    return n.has_filename() ? n : n.parent_path();  // "out/" names "out"
+  };
+  const fs::path whole = normal(path);
+  fs::path p;
+  for (const fs::path& part : fs::path(path)) {  // the first part that is there and not a folder
+    p /= part;
+    if (part.empty() || part == "." || part == ".." || !p.has_relative_path()) continue;
+    struct stat s {};
+    if (::stat(p.c_str(), &s) != 0) break;
+    const bool last = normal(p) == whole;
+    if (S_ISDIR(s.st_mode) || (last && !folder)) continue;
+    const std::string what = S_ISREG(s.st_mode) ? "a file, not a folder" : "not a folder";
+    return last ? fmt::format("'{}' is {}", excerpt(path), what)
+                : fmt::format("'{}' lies under '{}', which is {}", excerpt(path), excerpt(p.string()), what);
+  }
+  return fmt::format("'{}': cannot reach ({})", excerpt(path), std::strerror(err));
 }
 
 std::vector<std::string> create_folders(const std::string& path, std::error_code& ec,

@@ -2,6 +2,7 @@
 // output_dir, convert's and merge's OUT_DIR), so that no run replaces its own inputs or a
 // folder that holds the user's other work.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -77,6 +78,16 @@ std::vector<std::string> foreign_names(const std::filesystem::path& dir);
 /// a symbolic link to a missing target ("'out' is a symbolic link to 'gone', which does not
 /// exist"; create_folders would stop there with "File exists"); "" when there is none.
 std::string dangling_link_text(const std::string& path);
+
+/// Why nothing can be reached at `path` (a file there, or with `folder` a folder), "" when
+/// nothing stands in the way (it is there, or the part of it that is missing can be made):
+/// "'a/f' is a file, not a folder" (the path itself, with `folder`), "'a/f/b/x' lies under
+/// 'a/f', which is a file, not a folder", or "'<path>': cannot reach (<strerror>)" when the
+/// system refuses to look it up (a folder on the way that cannot be entered, a loop of
+/// symbolic links, a name too long). Paths are quoted as excerpt() quotes input, up to
+/// kPathQuoteBytes. Never throws but std::bad_alloc.
+inline constexpr size_t kPathQuoteBytes = 256;
+std::string path_blocker_text(const std::string& path, bool folder = false);
 
 /// Makes the folder `path` and the parents it lacks, one at a time in the order the path names
 /// them ("a/../b" makes a, then b); returns the folders it made, deepest first, also when it

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -505,15 +506,23 @@ std::string model_files_identity(const std::string& path) {
   } else {
     files.push_back(path);
   }
+  // "2026-12-05 16:29:18.123456789 UTC": a stale cache's reason quotes it
+  const auto when = [](const struct timespec& t) {
+    struct tm u {};
+    const time_t s = t.tv_sec;
+    if (!::gmtime_r(&s, &u)) return fmt::format("{}.{:09}", t.tv_sec, t.tv_nsec);
+    return fmt::format("{:04}-{:02}-{:02} {:02}:{:02}:{:02}.{:09} UTC", u.tm_year + 1900, u.tm_mon + 1,
+                       u.tm_mday, u.tm_hour, u.tm_min, u.tm_sec, t.tv_nsec);
+  };
   std::string id = "model " + path;
   for (const fs::path& f : files) {
     // the status change time and the inode too: a file rewritten in place, or copied over with its
     // modification time kept (cp -p, rsync -a), has the same size and modification time
     struct stat st {};
     if (::stat(f.c_str(), &st) != 0) st = {};
-    id += fmt::format("; {} {} bytes, modified {}.{:09}, changed {}.{:09}, inode {}:{}",
-                      f.filename().string(), st.st_size, st.st_mtim.tv_sec, st.st_mtim.tv_nsec,
-                      st.st_ctim.tv_sec, st.st_ctim.tv_nsec, st.st_dev, st.st_ino);
+    id += fmt::format("; {}: {} bytes, modified {}, status changed {}, inode {} of device {}",
+                      f.filename().string(), st.st_size, when(st.st_mtim), when(st.st_ctim), st.st_ino,
+                      st.st_dev);
   }
   return id;
 }

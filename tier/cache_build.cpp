@@ -18,7 +18,7 @@
 #include "base/atomic_file.hpp"
 #include "base/checksum.hpp"
 #include "base/counted.hpp"        // byte_text
-#include "base/output_folder.hpp"  // dangling_link_text
+#include "base/output_folder.hpp"  // dangling_link_text, path_blocker_text
 #include "tier/cache_file.hpp"
 #include "tier/cache_format.hpp"
 #include "tier/file_io.hpp"
@@ -176,7 +176,6 @@ class BuilderLock {
  public:
   BuilderLock(const std::string& lock_path, const std::string& path, const CacheBuildOptions& options)
       : lock_path_(lock_path) {
-    bool said = false;
     for (;;) {
       created_ = false;
       int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -199,10 +198,10 @@ class BuilderLock {
       fd_.reset(fd);
       int rc = ::flock(fd, LOCK_EX | LOCK_NB);
       if (rc != 0 && errno == EWOULDBLOCK) {  // another run builds this cache: say so, then wait for it
-        if (options.on_wait && !said)
+        if (options.on_wait && !waited_)
           options.on_wait(
               fmt::format("{}: another run holds the builders' lock ({}): waiting for it", path, lock_path));
-        said = true;
+        waited_ = true;
         do rc = ::flock(fd, LOCK_EX);
         while (rc != 0 && errno == EINTR);
       }
@@ -226,11 +225,14 @@ class BuilderLock {
   }
   BuilderLock(const BuilderLock&) = delete;
   BuilderLock& operator=(const BuilderLock&) = delete;
+  /// Whether another run held the lock first (what the path holds now may be its work).
+  bool waited() const { return waited_; }
 
  private:
   std::string lock_path_;
   Fd fd_;
   bool created_ = false;
+  bool waited_ = false;
   int signal_slot_ = -1;  ///< record_unfinished_file's handle for a lock we created
 };
 
@@ -267,6 +269,59 @@ CacheBuildReport build_cache(const std::string& path, const std::string& source_
 
 namespace {
 
+/// `line` without the "<path>: " it starts with (a reason that goes after the path already said).
+std::string after_path(const std::string& path, const std::string& line) {
+  return line.rfind(path + ": ", 0) == 0 ? line.substr(path.size() + 2) : line;
+}
+
+/// Refuses (PathRefused) what no build may replace: a file that cannot be read, or one that is
+/// not a tier cache.
+void refuse_unusable(const std::string& path, const CacheOpenResult& found) {
+  if (found.unreadable)
+    throw PathRefused(
+        fmt::format("{}; make it readable, or move it away or choose another cache path (nothing "
+                    "was written)",
+                    found.reason));
+  if (!found.foreign) return;
+  // the reason without the path this line starts with, nor the words it says already
+  std::string why = after_path(path, found.reason);
+  if (const std::string said = "not a roundpipe tier cache ("; why.rfind(said, 0) == 0)
+    why = why.substr(said.size(), why.size() - said.size() - 1);
+  if (const std::string tail = ", not a roundpipe tier cache"; why.ends_with(tail))
+    why.resize(why.size() - tail.size());  // "empty, not a roundpipe tier cache": the line says the rest
+  throw PathRefused(
+      fmt::format("{}: exists and is not a roundpipe tier cache ({}); move it away or choose another cache "
+                  "path (nothing was written)",
+                  path, why));
+}
+
+/// The cache as it is where no builders' lock can be made (a cache shared on a read-only file
+/// system): a valid one is read as it is, as builders only ever rename a complete file over it;
+/// anything else would need a build, which needs the lock: the line says both.
+EnsureResult reuse_without_lock(const std::string& path, const std::string& source_key,
+                                const std::vector<CacheEntrySpec>& specs, const CacheBuildOptions& options,
+                                const LockUnavailable& no_lock) {
+  CacheOpenResult found = CacheFile::open(path, source_key);
+  refuse_unusable(path, found);
+  std::string why = found.reason;
+  if (found.state == CacheState::valid && !found.file->matches(specs))
+    why = fmt::format("{}: its entries are not the ones asked for", path);
+  else if (found.state == CacheState::valid) {
+    if (!options.verify_reused) return {found.file, false, ""};
+    try {
+      found.file->verify_all();
+      return {found.file, false, ""};
+    } catch (const std::runtime_error& bad) {
+      why = bad.what();
+    }
+  }
+  throw std::runtime_error(fmt::format(
+      "{}: {} {}, and it cannot be {} here: {}", path,
+      found.state == CacheState::missing ? "needs a build" : "needs a rebuild",
+      fmt::format("({})", after_path(path, why)), found.state == CacheState::missing ? "built" : "rebuilt",
+      after_path(path, no_lock.what())));
+}
+
 /// ensure_cache once the folder `dir` exists.
 EnsureResult ensure_in_folder(const std::string& path, const std::string& dir, const std::string& source_key,
                               const std::vector<CacheEntrySpec>& specs, const CacheFill& fill,
@@ -275,51 +330,32 @@ EnsureResult ensure_in_folder(const std::string& path, const std::string& dir, c
   std::optional<BuilderLock> lock;  // held until it goes, on return or on a throw
   try {
     lock.emplace(cache_lock_path(path), path, options);
-  } catch (const LockUnavailable&) {
-    // no lock can be made beside it (a cache shared on a read-only file system): a valid cache is
-    // still read as it is, as builders only ever rename a complete file over it; anything else
-    // would need a build, which needs the lock
-    CacheOpenResult found = CacheFile::open(path, source_key);
-    if (found.state == CacheState::valid && found.file->matches(specs)) {
-      if (options.verify_reused) found.file->verify_all();
-      return {found.file, false, ""};
-    }
-    throw;
+  } catch (const LockUnavailable& no_lock) {
+    return reuse_without_lock(path, source_key, specs, options, no_lock);
   }
+  const bool waited = lock->waited();
   CacheOpenResult found = CacheFile::open(path, source_key);
   if (found.state == CacheState::valid && found.file->matches(specs)) {
-    if (!options.verify_reused) return {found.file, false, ""};
+    if (!options.verify_reused) return {found.file, false, "", false, waited};
     try {  // under the lock: no other run replaces the file between this check and the rebuild
       found.file->verify_all();
-      return {found.file, false, ""};
+      return {found.file, false, "", false, waited};
     } catch (const std::runtime_error& bad) {
       found = {CacheState::damaged, bad.what(), nullptr, false};
     }
   }
-  if (found.foreign) {
-    // the reason without the path this line starts with, nor the words it says already
-    std::string why = found.reason;
-    for (const std::string& said : {path + ": ", std::string("not a roundpipe tier cache (")})
-      if (why.rfind(said, 0) == 0)
-        why = why.substr(said.size(), why.size() - said.size() - (said.back() == '('));
-    if (const std::string tail = ", not a roundpipe tier cache"; why.ends_with(tail))
-      why.resize(why.size() - tail.size());  // "empty, not a roundpipe tier cache": the line says the rest
-    throw PathRefused(
-        fmt::format("{}: exists and is not a roundpipe tier cache ({}); move it away or choose another cache "
-                    "path (nothing "
-                    "was written)",
-                    path, why));
-  }
+  refuse_unusable(path, found);
   if (fs::is_symlink(path, ec))
     throw PathRefused(
         fmt::format("{}: is a symbolic link, which a rebuild of the tier cache would replace with a file "
                     "({}); point the cache "
                     "path at its target (nothing was written)",
                     path, found.reason));
+  const bool replaced = found.state != CacheState::missing;  // seen under the lock, not before it
   std::string why = found.state == CacheState::valid
                         ? fmt::format("{}: its entries are not the ones asked for", path)
                         : found.reason;
-  const uint64_t old_bytes = found.state == CacheState::missing ? 0 : uint64_t(fs::file_size(path, ec));
+  const uint64_t old_bytes = replaced ? uint64_t(fs::file_size(path, ec)) : 0;
   found = {};  // let go of the old file before writing the new one
   clean_stale_temporaries(dir, fs::path(path).filename().string());
   try {
@@ -336,7 +372,7 @@ EnsureResult ensure_in_folder(const std::string& path, const std::string& dir, c
   CacheOpenResult built = CacheFile::open(path, source_key);
   if (built.state != CacheState::valid)
     throw std::runtime_error(fmt::format("{} (right after it was built)", built.reason));
-  return {built.file, true, std::move(why)};
+  return {built.file, true, std::move(why), replaced, waited};
 }
 
 }  // namespace
@@ -357,10 +393,12 @@ EnsureResult ensure_cache(const std::string& path, const std::string& source_key
   } forget{on_signal};
   try {
     if (ec) {
-      const std::string link = dangling_link_text(dir);  // "File exists" would not say why
-      throw std::runtime_error(link.empty()
+      // "File exists" would not say why: a link to nothing, or a file where a folder goes
+      std::string why = dangling_link_text(dir);
+      if (why.empty()) why = path_blocker_text(dir, true);
+      throw std::runtime_error(why.empty()
                                    ? fmt::format("{}: cannot create the folder ({})", dir, ec.message())
-                                   : fmt::format("cannot create the cache's folder: {}", link));
+                                   : fmt::format("cannot create the cache's folder: {}", why));
     }
     return ensure_in_folder(path, dir, source_key, specs, fill, options);
   } catch (...) {

@@ -30,12 +30,51 @@ const char* to_string(CacheState s) {
 
 namespace {
 
+/// `s` cut at each `sep`.
+std::vector<std::string_view> split(std::string_view s, std::string_view sep) {
+  std::vector<std::string_view> out;
+  for (size_t at = 0;;) {
+    const size_t next = s.find(sep, at);
+    out.push_back(s.substr(at, next == std::string_view::npos ? std::string_view::npos : next - at));
+    if (next == std::string_view::npos) return out;
+    at = next + sep.size();
+  }
+}
+
+/// Two keys of fields "<what>: <part>, <part>, ..." joined by "; " (cache_file.hpp): the first
+/// field that differs, named, with the first of its parts that differs ("model.gguf: modified
+/// <time> when built, modified <time> now"); "" when the keys are not made of such fields.
+std::string field_difference(const std::string& built, const std::string& wanted) {
+  const std::vector<std::string_view> a = split(built, "; "), b = split(wanted, "; ");
+  if (a.size() < 2 && b.size() < 2) return "";
+  size_t i = 0;
+  while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+  const auto quoted = [](std::string_view f) { return "'" + excerpt(f) + "'"; };
+  if (i == a.size() || i == b.size())
+    return i == a.size() ? fmt::format("built without {}, which the source has now", quoted(b[i]))
+                         : fmt::format("built with {}, which the source lacks now", quoted(a[i]));
+  const size_t ca = a[i].find(": "), cb = b[i].find(": ");
+  if (ca != std::string_view::npos && ca == cb && a[i].substr(0, ca) == b[i].substr(0, cb)) {
+    const std::vector<std::string_view> pa = split(a[i].substr(ca + 2), ", "),
+                                        pb = split(b[i].substr(cb + 2), ", ");
+    size_t j = 0;
+    while (j < pa.size() && j < pb.size() && pa[j] == pb[j]) ++j;
+    if (pa.size() == pb.size() && j < pa.size())
+      return fmt::format("{}: {} when built, {} now", excerpt(a[i].substr(0, ca)), excerpt(pa[j]),
+                         excerpt(pb[j]));
+  }
+  return fmt::format("{} when built, {} now", quoted(a[i]), quoted(b[i]));
+}
+
 /// Why a cache's source key is not the one wanted, in one line. Keys short enough are shown
-/// whole; longer ones (a model's files with their sizes and times) from the part where they
-/// first differ, so the line says what changed rather than two equal-looking prefixes.
+/// whole; keys of fields (see field_difference) by the field that differs; other long keys
+/// from the part where they first differ, so the line says what changed rather than two
+/// equal-looking prefixes.
 std::string key_difference(const std::string& built, const std::string& wanted) {
   if (built.size() <= kExcerptBytes && wanted.size() <= kExcerptBytes)
     return fmt::format("built for source key '{}', wanted '{}'", built, wanted);
+  if (std::string fields = field_difference(built, wanted); !fields.empty())
+    return "built for another source: " + fields;
   size_t at = 0;
   while (at < built.size() && at < wanted.size() && built[at] == wanted[at]) ++at;
   // back to the start of the word that differs (after the last space, at most 48 bytes back)
@@ -133,10 +172,10 @@ CacheOpenResult CacheFile::open(const std::string& path, const std::string& sour
   if (fd.get() < 0) {
     const int err = errno;
     r.state = err == ENOENT ? CacheState::missing : CacheState::damaged;
-    r.foreign = err != ENOENT;  // unreadable: nothing says it is ours
+    r.foreign = r.unreadable = err != ENOENT;  // unreadable: nothing says it is ours
     r.reason =
         fmt::format("{}: {}", path,
-                    err == ENOENT ? "no cache file" : fmt::format("cannot open ({})", std::strerror(err)));
+                    err == ENOENT ? "no cache file" : fmt::format("cannot be read ({})", std::strerror(err)));
     return r;
   }
   struct stat st {};

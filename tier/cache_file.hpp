@@ -11,7 +11,9 @@
 //   32  u64 header used: the bytes of the header proper, its checksum included
 //   40  u64 checksum block bytes B (a multiple of 4096)
 //   48  u32 source key length, then the source key (the caller's string naming the source
-//       weights, their storage format and layout: a file for another key is stale)
+//       weights, their storage format and layout: a file for another key is stale; a key made
+//       of fields "<what>: <part>, <part>, ..." joined by "; " has the stale reason name the
+//       first field and part that differ)
 //       per entry: u32 name length, name, u64 offset, u64 bytes, u64 checksum (checksum64,
 //       XXH3-64, of the entry's bytes, padding excluded), then ceil(bytes / B) u64 block
 //       checksums (checksum64 of the entry's bytes [k B, min((k + 1) B, bytes)): a range read
@@ -90,6 +92,9 @@ struct CacheOpenResult {
   /// A file exists at the path that is not a tier cache (shorter than the 8-byte magic, or
   /// without it): a build never replaces it (ensure_cache refuses with one line).
   bool foreign = false;
+  /// A file is at the path that cannot be opened for reading (no read permission, a loop of
+  /// symbolic links): the reason says "cannot be read (<strerror>)"; foreign too (never replaced).
+  bool unreadable = false;
 };
 
 class CacheFile {
@@ -214,6 +219,11 @@ struct EnsureResult {
   std::shared_ptr<const CacheFile> file;  ///< valid, with the entries asked for
   bool built = false;                     ///< false: an existing valid file was reused
   std::string rebuilt_because;            ///< built: the open's reason (missing/stale/damaged)
+  /// built over a file that was at the path once the builders' lock was held (rebuilt_because
+  /// says why it could not be used); false: the path held none then
+  bool replaced = false;
+  /// another run held the builders' lock first: what was found is what the path held after it
+  bool waited = false;
 };
 
 /// ensure_cache's refusal of what is at `path` (a file that is not a tier cache, a symbolic link

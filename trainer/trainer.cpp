@@ -9,6 +9,8 @@
 #include <spdlog/spdlog.h>
 
 #include "base/counted.hpp"
+#include "base/error_text.hpp"
+#include "base/output_folder.hpp"  // kPathQuoteBytes
 #include "model/model_flops.hpp"
 #include "roundpipe/checkpoint.hpp"
 #include "scheduler/cost_model.hpp"
@@ -42,7 +44,9 @@ std::string spec_key_error(const TrainSpec& spec, const std::string& message) {
       where = it->origin;
       break;
     }
-  return fmt::format("{}: key '{}': {}", where, key, message.substr(colon + 2));
+  // a --set's text holds the value whole: a path of thousands of bytes is quoted shortened, as
+  // the message after it quotes it
+  return fmt::format("{}: key '{}': {}", excerpt(where, kPathQuoteBytes), key, message.substr(colon + 2));
 }
 
 }  // namespace

@@ -100,8 +100,9 @@ int64_t read_base_groups(const ModelSource& src, const ModelLayout& layout,
 /// throws.
 int64_t read_frozen_group(const ModelSource& src, const ModelLayout& layout, int g, std::span<std::byte> out);
 
-/// A text naming `path`'s bytes as they are on disk now: each file's name, size, modification
-/// and status-change times, device and inode (a folder's config.json, safetensors shards and
+/// A text naming `path`'s bytes as they are on disk now, "model <path>" then "; <file>: N bytes,
+/// modified <UTC time>, status changed <UTC time>, inode I of device D" per file: each file's name, size,
+/// modification and status-change times, device and inode (a folder's config.json, safetensors shards and
 /// index, and GGUF files, sorted; its other files are left out, so a disk tier's cache kept in
 /// the model's folder does not change it). What a frozen source's identity is made of, so a disk
 /// tier's cache of it is rebuilt when a file changes, even one rewritten in place or copied over

@@ -139,8 +139,14 @@ struct FrozenTierReport {
   std::string path;             ///< the cache file
   bool built = false;           ///< false: an existing valid cache was reused
   std::string rebuilt_because;  ///< built: why the old file could not be used (missing, stale, damaged)
-  uint64_t bytes = 0;           ///< the frozen groups' storage bytes in the file
-  double seconds = 0;           ///< checking (and building) the cache
+  /// built over a file that was at the path once the builders' lock was held (the start line
+  /// then says "rebuilt because ..."); false: built where no file was, or reused
+  bool replaced = false;
+  /// another run held the builders' lock first (its build, or its reuse, came before this run's
+  /// look at the path; the start line says so)
+  bool waited = false;
+  uint64_t bytes = 0;  ///< the frozen groups' storage bytes in the file
+  double seconds = 0;  ///< checking (and building) the cache
   /// Of `seconds`, those a frozen source (SessionOptions::frozen_source) spent making the groups
   /// a build wrote (0 when nothing was made: a reused cache, or weights handed over in memory).
   double source_seconds = 0;

@@ -335,6 +335,56 @@ TEST(FrozenTierBudget, TheLeastBudgetARefusalNamesIsTaken) {
       << msg;
 }
 
+// A ring_gib whose read ring the budget cannot hold beside the trainable state: the refusal says
+// that a smaller ring_gib would fit too (0, two buffers, does); a ring that is not the cause is not
+// named.
+TEST(FrozenTierBudget, ARingTooLargeForTheBudgetSaysASmallerOneFits) {
+  Scratch sc;
+  const ModelLayout m = lora_layout(8);
+  const HostMemoryNeed need = need_of(m, 1, false);
+  const double frozen = double(frozen_bytes(m));
+  const double bytes = need.total() - frozen + smallest_ring(m);  // room for the least ring only
+  TestSessionOptions o = budgeted(1, sc.path("ring.cache"), bytes, nullptr);
+  o.frozen_tier->ring_gib = 2 * frozen / kGiB;  // a buffer per frozen group: the whole base
+  std::string msg;
+  try {
+    TestSession s(m, random_weights(m, 7), o);
+    ADD_FAILURE() << "a ring larger than the budget was taken";
+  } catch (const std::invalid_argument& e) {
+    msg = e.what();
+  }
+  EXPECT_EQ(msg.rfind("frozen_tier.host_budget_gib: ", 0), 0u) << msg;
+  EXPECT_NE(msg.find("; or a smaller frozen_tier.ring_gib: "), std::string::npos) << msg;
+  EXPECT_NE(msg.find("and 0 (two buffers, "), std::string::npos) << msg;
+  o.frozen_tier->ring_gib = 0;
+  EXPECT_NO_THROW(TestSession(m, random_weights(m, 7), o)) << "the hint is true";
+  // a budget below the trainable state alone: no ring would do, none is named
+  o = budgeted(1, sc.path("ring.cache"), need.master + need.moments, nullptr);
+  o.frozen_tier->ring_gib = 2 * frozen / kGiB;
+  try {
+    TestSession s(m, random_weights(m, 7), o);
+    ADD_FAILURE() << "a budget below the trainable state was taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()).find("ring_gib"), std::string::npos) << e.what();
+  }
+}
+
+// On the CPU backend the virtual GPUs are arenas in host memory the budget does not hold: the
+// budget's line says so, with their size.
+TEST(FrozenTierBudget, TheBudgetLineSaysTheCpuBackendsDevicesAreOutsideIt) {
+  Scratch sc;
+  const ModelLayout m = lora_layout();
+  std::vector<std::string> log;
+  TestSessionOptions o = budgeted(2, sc.path("cpu.cache"), need_of(m, 2, false).total(), &log);
+  TestSession s(m, random_weights(m, 7), o);
+  const std::string& line = s.frozen_tier().budget_line;
+  EXPECT_NE(line.find("; the CPU backend's 2 virtual GPUs (up to "), std::string::npos) << line;
+  EXPECT_NE(line.find(": the plan's largest stage on each) are host memory outside this budget"),
+            std::string::npos)
+      << line;
+  EXPECT_NE(std::find(log.begin(), log.end(), line), log.end()) << "logged as it is reported";
+}
+
 // A cache folder in memory (tmpfs) takes host RAM no budget counts: one line says so.
 TEST(FrozenTierBudget, AFolderInMemoryIsNamedInOneLine) {
   std::error_code ec;

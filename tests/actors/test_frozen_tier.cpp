@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -166,6 +167,8 @@ TEST(FrozenTier, ASecondSessionReusesTheCacheAndAnotherBaseRebuildsIt) {
   {
     TestSession a(m, random_weights(m, 7), o);
     EXPECT_TRUE(a.frozen_tier().built);
+    EXPECT_FALSE(a.frozen_tier().replaced) << "no file was there";
+    EXPECT_EQ(a.frozen_tier().line.find("rebuilt because"), std::string::npos) << a.frozen_tier().line;
     EXPECT_GT(a.frozen_tier().ring_buffers, 2u);  // a GiB holds many buffers of this model
     written = fs::last_write_time(sc.path("base.cache"));
   }
@@ -179,9 +182,13 @@ TEST(FrozenTier, ASecondSessionReusesTheCacheAndAnotherBaseRebuildsIt) {
     EXPECT_EQ(fs::last_write_time(sc.path("base.cache")), written);
     EXPECT_EQ(train(b).losses.size(), size_t(kSteps));
   }
-  TestSession c(m, random_weights(m, 8), o);  // another base: the file is stale
+  TestSession c(m, random_weights(m, 8), o);  // another base: the file is stale, the line says which input
   EXPECT_TRUE(c.frozen_tier().built);
-  EXPECT_FALSE(c.frozen_tier().rebuilt_because.empty());
+  EXPECT_TRUE(c.frozen_tier().replaced);
+  EXPECT_NE(c.frozen_tier().rebuilt_because.find("built for another source: weights given in memory: "),
+            std::string::npos)
+      << c.frozen_tier().rebuilt_because;
+  EXPECT_NE(c.frozen_tier().line.find("; rebuilt because "), std::string::npos) << c.frozen_tier().line;
 }
 
 // Flips one byte of the file at `offset`.
@@ -258,6 +265,43 @@ TEST(FrozenTier, AReadFailingMidRunEndsItWithOneErrorAndNoHang) {
   EXPECT_EQ(what.find('\n'), std::string::npos) << what;
 }
 
+// A failed read names the stage whose weights it was reading: the stage running, or the later one
+// whose weights were being read ahead. The entry's layer lies in the layers of the stage named.
+// (Without the stage named, the line named only the running stage, whose layers hold none of a
+// read-ahead entry's.)
+TEST(FrozenTier, AFailedReadNamesTheStageWhoseWeightsItRead) {
+  Scratch sc;
+  const ModelLayout m = lora_layout(6);
+  const std::regex entry("entry 'layer\\.([0-9]+)'");
+  const std::regex ahead(
+      "while prefetching those of [a-z]+ stage [0-9]+ of pass [0-9]+, layers (-?[0-9]+)-([0-9]+):");
+  const std::regex running(
+      "^worker [0-9]+ \\([a-z]+ stage [0-9]+ of pass [0-9]+, layers (-?[0-9]+)-([0-9]+)\\): "
+      "reading this stage's frozen weights");
+  int prefetches = 0, layer_reads = 0;
+  for (uint64_t n : {2, 4, 6, 9, 12, 15}) {
+    TestSessionOptions o = options(2, nullptr);
+    o.frozen_tier = tier_at(sc.path("base.cache"));
+    o.frozen_tier_fault = tier::fail_nth_read(n, EIO);
+    std::string what;
+    {
+      TestSession s(m, random_weights(m, 7), o);
+      what = run_until_failure(s);
+    }
+    std::smatch e, st;
+    if (!std::regex_search(what, e, entry)) continue;  // not a layer's group (the embedding, the head)
+    ++layer_reads;
+    const bool prefetch = std::regex_search(what, st, ahead);
+    ASSERT_TRUE(prefetch || std::regex_search(what, st, running)) << what;
+    prefetches += prefetch;
+    // the plan counts the embedding as layer 0: group layer.k is the plan's layer k + 1
+    const int layer = std::stoi(e[1]) + 1, first = std::stoi(st[1]), last = std::stoi(st[2]);
+    EXPECT_TRUE(first <= layer && layer <= last) << "read " << n << ": " << what;
+  }
+  EXPECT_GT(layer_reads, 0);
+  EXPECT_GT(prefetches, 0) << "no read failed while another stage ran: the case is not exercised";
+}
+
 TEST(FrozenTier, BadOptionsAreRefusedWithOneLineNamingTheOption) {
   Scratch sc;
   const ModelLayout m = lora_layout();
@@ -274,15 +318,31 @@ TEST(FrozenTier, BadOptionsAreRefusedWithOneLineNamingTheOption) {
   {
     std::ofstream(sc.path("a_file")) << "not a folder";
     const std::string e = refused(tier_at(sc.path("a_file") + "/sub/base.cache"));
-    EXPECT_EQ(e.rfind("frozen_tier.path: ", 0), 0u) << e;
-    EXPECT_NE(e.find("expected a writable file"), std::string::npos) << e;
-    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+    EXPECT_EQ(e, "frozen_tier.path: '" + sc.path("a_file") + "/sub/base.cache' lies under '" +
+                     sc.path("a_file") + "', which is a file, not a folder");
+  }
+  {  // what the system refuses to look up (root too): one line, not a std::filesystem exception
+    fs::create_symlink(sc.path("loop_b"), sc.path("loop_a"));
+    fs::create_symlink(sc.path("loop_a"), sc.path("loop_b"));
+    const std::string e = refused(tier_at(sc.path("loop_a")));
+    EXPECT_EQ(e,
+              "frozen_tier.path: '" + sc.path("loop_a") + "': cannot reach (" + std::strerror(ELOOP) + ")");
+    const std::string longer = sc.path(std::string(300, 'x'));
+    const std::string l = refused(tier_at(longer));
+    EXPECT_EQ(l.rfind("frozen_tier.path: '" + longer.substr(0, 100), 0), 0u) << l;
+    EXPECT_NE(l.find("... (" + std::to_string(longer.size()) + " bytes)': cannot reach (" +
+                     std::strerror(ENAMETOOLONG) + ")"),
+              std::string::npos)
+        << l;
+    EXPECT_EQ(l.find(std::string(300, 'x')), std::string::npos) << "quoted shortened: " << l;
   }
   {
     // a folder that takes no new files (procfs): the line names the path given, the lock after it
     const std::string e = refused(tier_at("/proc/x.cache"));
     EXPECT_EQ(
-        e.rfind("frozen_tier.path: /proc/x.cache: cannot open the builders' lock /proc/x.cache.lock (", 0),
+        e.rfind("frozen_tier.path: /proc/x.cache: needs a build (no cache file), and it cannot be built "
+                "here: cannot open the builders' lock /proc/x.cache.lock (",
+                0),
         0u)
         << e;
     EXPECT_NE(e.find("expected a writable file"), std::string::npos) << e;

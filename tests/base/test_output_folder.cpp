@@ -5,9 +5,12 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 
 #include "base/output_folder.hpp"
+#include "tests/as_unprivileged.hpp"
 #include "tests/in_folder.hpp"
 
 namespace fs = std::filesystem;
@@ -119,6 +122,48 @@ TEST(OutputFolder, AFolderMadeOnTheWayThroughDotDotIsTakenBack) {
   EXPECT_TRUE(rp::create_folders((d / "afile" / "sub").string(), ec).empty());
   EXPECT_TRUE(ec);
   fs::remove_all(d);
+}
+
+// What stands in the way of a path, in one line naming the part that does: a file where a folder
+// goes, a loop of symbolic links, a name too long (quoted shortened), a folder that cannot be
+// entered; nothing for a path that is there or can be made.
+TEST(OutputFolder, WhatBlocksAPathIsNamed) {
+  const fs::path d = fs::temp_directory_path() / ("rp_blocker_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d / "dir");
+  std::FILE* f = std::fopen((d / "afile").c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  const std::string afile = (d / "afile").string();
+  EXPECT_EQ(rp::path_blocker_text((d / "dir" / "x.tier").string()), "");
+  EXPECT_EQ(rp::path_blocker_text((d / "new" / "sub" / "x.tier").string()), "") << "missing: made later";
+  EXPECT_EQ(rp::path_blocker_text(afile), "") << "a file where a file goes";
+  EXPECT_EQ(rp::path_blocker_text(afile, true), "'" + afile + "' is a file, not a folder");
+  EXPECT_EQ(rp::path_blocker_text((d / "dir").string() + "/", true), "");
+  const std::string under = afile + "/a/b/x.tier";
+  EXPECT_EQ(rp::path_blocker_text(under),
+            "'" + under + "' lies under '" + afile + "', which is a file, not a folder");
+  EXPECT_EQ(rp::path_blocker_text(afile + "/a", true),
+            "'" + afile + "/a' lies under '" + afile + "', which is a file, not a folder");
+  // a loop of symbolic links
+  fs::create_symlink(d / "b", d / "a");
+  fs::create_symlink(d / "a", d / "b");
+  const std::string loop = (d / "a").string();
+  EXPECT_EQ(rp::path_blocker_text(loop), "'" + loop + "': cannot reach (" + std::strerror(ELOOP) + ")");
+  // a name longer than the file system takes: quoted shortened, with its length
+  const std::string longer = (d / std::string(300, 'x')).string() + ".tier";
+  const std::string said = rp::path_blocker_text(longer);
+  EXPECT_EQ(said, "'" + longer.substr(0, rp::kPathQuoteBytes) + "... (" + std::to_string(longer.size()) +
+                      " bytes)': cannot reach (" + std::strerror(ENAMETOOLONG) + ")");
+  // a folder this user cannot enter (root enters any: the check runs as nobody then)
+  fs::create_directories(d / "locked");
+  fs::permissions(d / "locked", fs::perms::none);
+  const std::string inside = (d / "locked" / "x.tier").string();
+  const std::string denied = rp::testing::as_unprivileged([&] { return rp::path_blocker_text(inside); });
+  fs::permissions(d / "locked", fs::perms::owner_all);
+  fs::remove_all(d);
+  if (denied == rp::testing::kNoDrop) GTEST_SKIP() << "running as root and cannot become nobody";
+  EXPECT_EQ(denied, "'" + inside + "': cannot reach (" + std::strerror(EACCES) + ")");
 }
 
 // What a stop signal takes back: the recorded folders, deepest first, only while empty.

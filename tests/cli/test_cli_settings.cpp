@@ -4,6 +4,8 @@
 // after the command.
 #include <gtest/gtest.h>
 
+#include <cerrno>
+#include <cstring>
 #include <string>
 
 #include <fmt/format.h>
@@ -69,6 +71,15 @@ TEST(CliSettings, ACachePathFromSetIsNamedByTheSetWhenTheCacheRefusesIt) {
   expect_one_line_error(roundpipe("train " + (d / "spec.json").string() + " --set '" + object + "'", d),
                         "--set " + rp::excerpt(object) + ": key 'frozen_tier.path': ");
   EXPECT_EQ(slurp(d / "notes.txt"), "the user's notes, not a cache");
+  // a path longer than the file system takes: one line, the --set and the path quoted shortened
+  const std::string longer = (d / std::string(3000, 'x')).string();
+  const CliRun r = roundpipe("train " + (d / "spec.json").string() + " --set frozen_tier.path=" + longer, d);
+  expect_one_line_error(r, "--set frozen_tier.path=" + (d / "x").string());
+  EXPECT_NE(r.err.find("': cannot reach (" + std::string(std::strerror(ENAMETOOLONG)) + ")"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find(std::string(1000, 'x')), std::string::npos)
+      << "quoted whole: " << r.err.size() << " bytes";
   fs::remove_all(d);
 }
 

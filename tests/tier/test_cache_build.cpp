@@ -374,7 +374,8 @@ TEST(CacheBuild, ALockPathThatCannotBeOpenedIsAnErrorNotASpin) {
         ensure_cache(path, "key-a", odd_specs(), pattern_fill(), small_chunks());
       } catch (const std::exception& e) {
         // the cache path the user gave first, then the lock beside it
-        const std::string want = path + ": cannot open the builders' lock " + path + ".lock (" + why + ")";
+        const std::string want = path + ": needs a build (no cache file), and it cannot be built here: " +
+                                 "cannot open the builders' lock " + path + ".lock (" + why + ")";
         ::_exit(std::string(e.what()) == want ? 0 : 2);
       }
       ::_exit(1);  // opened and built
@@ -397,7 +398,8 @@ TEST(CacheBuild, ALockPathThatCannotBeOpenedIsAnErrorNotASpin) {
 
 // Where no lock can be made beside it (a cache shared on a read-only file system; here its lock
 // path is a link to nowhere), a valid cache of the wanted source is reused as it is, its bytes
-// read back; a stale one, which would need a build, is refused with the lock's error and left.
+// read back; a stale one, which would need a build, is refused saying both why it needs one and
+// the lock's error, and left.
 TEST(CacheBuild, AValidCacheIsReusedWhereNoLockCanBeMade) {
   Scratch s;
   const std::string path = s.path("shared.cache");
@@ -417,8 +419,10 @@ TEST(CacheBuild, AValidCacheIsReusedWhereNoLockCanBeMade) {
     ensure_cache(path, "key-b", odd_specs(), pattern_fill(), small_chunks());
     ADD_FAILURE() << "rebuilt without a lock";
   } catch (const std::runtime_error& e) {
-    EXPECT_EQ(std::string(e.what()), path + ": cannot open the builders' lock " + path +
-                                         ".lock (a symbolic link to a missing file)");
+    EXPECT_EQ(std::string(e.what()), path +
+                                         ": needs a rebuild (built for source key 'key-a', wanted 'key-b'), "
+                                         "and it cannot be rebuilt here: cannot open the builders' lock " +
+                                         path + ".lock (a symbolic link to a missing file)");
   }
   EXPECT_EQ(std::filesystem::file_size(path), before);
   const auto again = CacheFile::open(path, "key-a");

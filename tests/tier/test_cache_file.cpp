@@ -84,19 +84,44 @@ TEST(CacheFile, LayoutIsTheDocumentedOne) {
   for (size_t i = 20480 + 12305; i < 36864; ++i) ASSERT_EQ(raw[i], 0) << i;
 }
 
-// Long keys (a model's files, sizes and times) that differ deep inside: the reason shows both
-// from the word where they differ, not two equal prefixes cut short.
+// Long keys without fields that differ deep inside: the reason shows both from the word where
+// they differ, not two equal prefixes cut short.
 TEST(CacheFile, ALongKeyThatDiffersDeepInsideSaysWhere) {
   Scratch s;
   const std::string common =
-      "model /models/qwen3; config.json 1234 bytes, modified 1700000000.000000001; "
-      "model.safetensors 9876543210 bytes, modified ";
-  build_and_open(s, common + "1700000001.000000002, inode 5");
-  const auto o = CacheFile::open(s.path("w.cache"), common + "1800000009.000000002, inode 5");
+      "model /models/qwen3 config.json 1234 bytes modified 1700000000.000000001 "
+      "model.safetensors 9876543210 bytes modified ";
+  build_and_open(s, common + "1700000001.000000002 inode 5");
+  const auto o = CacheFile::open(s.path("w.cache"), common + "1800000009.000000002 inode 5");
   EXPECT_EQ(o.state, CacheState::stale);
   EXPECT_HAS(o.reason, "differs from byte " + std::to_string(common.size() + 1));
-  EXPECT_HAS(o.reason,
-             "'...1700000001.000000002, inode 5' where '...1800000009.000000002, inode 5' is wanted");
+  EXPECT_HAS(o.reason, "'...1700000001.000000002 inode 5' where '...1800000009.000000002 inode 5' is wanted");
+}
+
+// Keys of fields ("<what>: <part>, <part>"; a model's files with their sizes and times): the
+// reason names the field and the part of it that differ, as they were and as they are now.
+TEST(CacheFile, AKeyOfFieldsNamesTheFieldThatDiffers) {
+  Scratch s;
+  const std::string head =
+      "tier 3; frozen groups: 30 of 211, 123 bytes, layout xxh3 ab; source: model /m/x.gguf; ";
+  build_and_open(s, head + "x.gguf: 1234 bytes, modified 2026-01-01 10:00:00.000000000 UTC, inode 5");
+  auto o = CacheFile::open(s.path("w.cache"),
+                           head + "x.gguf: 1234 bytes, modified 2026-02-02 11:00:00.000000000 UTC, inode 5");
+  EXPECT_EQ(o.state, CacheState::stale);
+  EXPECT_EQ(o.reason,
+            s.path("w.cache") +
+                ": built for another source: x.gguf: modified 2026-01-01 10:00:00.000000000 UTC when "
+                "built, modified 2026-02-02 11:00:00.000000000 UTC now");
+  o = CacheFile::open(
+      s.path("w.cache"),
+      "tier 3; frozen groups: 30 of 211, 246 bytes, layout xxh3 cd; source: model /m/x.gguf; x.gguf: "
+      "1234 bytes, modified 2026-01-01 10:00:00.000000000 UTC, inode 5");
+  EXPECT_HAS(o.reason, "built for another source: frozen groups: 123 bytes when built, 246 bytes now");
+  o = CacheFile::open(s.path("w.cache"),
+                      head +
+                          "x.gguf: 1234 bytes, modified 2026-01-01 10:00:00.000000000 UTC, "
+                          "inode 5; y.gguf: 1 bytes, modified 2026-01-01 10:00:00.000000000 UTC");
+  EXPECT_HAS(o.reason, "built without 'y.gguf: 1 bytes, modified");
 }
 
 TEST(CacheFile, AnotherSourceKeyIsStaleAndRebuilt) {
