@@ -104,7 +104,8 @@ TEST(CliPlanMoe, BucketedExpertGemmsPlanHostTimeAndPaddedScratch) {
   const double gt = number_before(g.out, "iteration", " tokens/s"),
                bt = number_before(b.out, "iteration", " tokens/s");
   ASSERT_GT(gt, 0) << g.out;
-  EXPECT_NE(b.out.find(fmt::format("bucketed: {:g} us of host time per batched call", rp::kBucketedCallSeconds * 1e6)),
+  EXPECT_NE(b.out.find(fmt::format("bucketed: {:g} us of host time per batched call",
+                                   rp::kBucketedCallSeconds * 1e6)),
             std::string::npos)
       << b.out;
   EXPECT_EQ(g.out.find("us of host time per batched call"), std::string::npos) << g.out;
