@@ -9,21 +9,26 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <stdexcept>
 
 #include <linux/magic.h>
 #include <sys/vfs.h>
+#include <unistd.h>
 
 #include <fmt/format.h>
 
 #include "actors/session_impl.hpp"
 #include "actors/session_testing.hpp"
+#include "base/atomic_file.hpp"  // owner_marker_path
 #include "base/checksum.hpp"
 #include "base/counted.hpp"
+#include "base/error_text.hpp"  // excerpt
 #include "base/host_resources.hpp"
 #include "base/output_folder.hpp"  // path_blocker_text
 #include "kernels/weight_format.hpp"
 #include "scheduler/disk_tier.hpp"
+#include "tier/cache_file.hpp"  // cache_lock_path
 #include "tier/direct_reader.hpp"
 
 namespace rp {
@@ -32,7 +37,8 @@ namespace {
 constexpr double kGiB = double(uint64_t(1) << 30);
 
 /// Names the source, as fields "<what>: <value>" joined by "; " (the cache's stale reason names
-/// the first field that differs, tier::CacheFile::open): the frozen groups' layout (names, bytes,
+/// the first field that differs, tier::CacheFile::open): the frozen groups' layout (the storage
+/// formats with their tensor counts in words, names, bytes,
 /// each tensor's format and place, held as its size and checksum: a 128-expert MoE's would pass
 /// the cache's 1 MiB key limit), a checksum of the bytes of the groups handed over in memory, and
 /// the frozen source's identity (a model's files with their sizes and times), so a cache of
@@ -43,27 +49,55 @@ std::string source_key(const ModelLayout& layout, const ParamStore& store, const
   std::string desc, sums;
   uint64_t bytes = 0;
   size_t given = 0;
+  std::map<std::string, size_t> formats;  // each storage format's tensors, by name
   for (int g : groups) {
     const ParamGroup& grp = layout.groups[size_t(g)];
     bytes += uint64_t(grp.storage_bytes);
     const bool made = source && size_t(g) < from_source.size() && from_source[size_t(g)];
     desc += fmt::format("\n{} {} bytes{}:", grp.name, grp.storage_bytes, made ? " from source" : "");
-    for (const TensorSpec& t : grp.tensors)
+    for (const TensorSpec& t : grp.tensors) {
       desc += fmt::format(" {} {} @{}", t.name, weight_format_name(t.format), t.byte_offset);
+      ++formats[weight_format_name(t.format)];
+    }
     if (made) continue;
     const HostBytes& b = store.lowp[size_t(g)];
     sums += fmt::format("{:016x}", checksum64(b.data(), size_t(grp.storage_bytes)));
     ++given;
   }
+  // the formats in words, before the bytes: a changed base_format is named as such
+  std::string stored;
+  for (const auto& [name, n] : formats)
+    stored += fmt::format("{}{} ({})", stored.empty() ? "" : " + ", name, counted(n, "tensor"));
   std::string key = fmt::format(
-      "roundpipe frozen tier 3; frozen groups: {} of {}, {} bytes, tensor names formats and places xxh3 "
-      "{:016x}",
-      groups.size(), layout.groups.size(), bytes, checksum64(desc.data(), desc.size()));
+      "roundpipe frozen tier 4; frozen groups: {} of {}, storage formats {}, {} bytes, tensor names formats "
+      "and places xxh3 {:016x}",
+      groups.size(), layout.groups.size(), stored.empty() ? "none" : stored, bytes,
+      checksum64(desc.data(), desc.size()));
   if (given > 0)
     key += fmt::format("; weights given in memory: {}, xxh3 {:016x}", counted(given, "group"),
                        checksum64(sums.data(), sums.size()));
   if (source) key += "; source: " + source->identity;
   return key;
+}
+
+/// Refuses a cache file name that leaves no room for the files the tier keeps beside it (its
+/// builders' lock "<name>.lock", its temporary "<name>.tmp-<pid>" and that temporary's owner
+/// marker, for the largest pid Linux hands out, 4194304): the build would fail on them with a
+/// bare "File name too long".
+void check_companion_names(const std::string& path) {
+  const std::string name = std::filesystem::path(path).filename().string();
+  const std::string longest = owner_marker_path(fmt::format(".tmp-{}", 4194304));
+  const size_t more = std::max(longest.size(), tier::cache_lock_path("").size());
+  std::filesystem::path folder = std::filesystem::path(path).parent_path();
+  std::error_code ec;
+  while (!folder.empty() && !std::filesystem::exists(folder, ec)) folder = folder.parent_path();
+  const long limit = ::pathconf(folder.empty() ? "." : folder.c_str(), _PC_NAME_MAX);
+  const size_t name_max = limit > 0 ? size_t(limit) : 255;
+  if (name.size() + more <= name_max) return;
+  throw std::invalid_argument(fmt::format(
+      "frozen_tier.path: the file name '{}' has {} bytes; the tier keeps files beside it named up to {} "
+      "bytes longer ('<name>{}'), and the file system allows {}: expected a name of at most {} bytes",
+      excerpt(name), name.size(), more, longest, name_max, name_max > more ? name_max - more : 0));
 }
 
 constexpr double kBudgetMargin = kHostBudgetMargin;  // scheduler/disk_tier.hpp
@@ -265,6 +299,7 @@ void Session::Impl::place_frozen_tier(size_t held, const SessionInternals& inter
   // refused here, in one line, rather than by the first file system call that trips on it
   if (const std::string blocked = path_blocker_text(o.path); !blocked.empty())
     throw std::runtime_error("frozen_tier.path: " + blocked);
+  check_companion_names(o.path);
   warn_memory_folder(o.path, log);
   if (o.host_budget_gib == 0) {
     tier_place.streamed = streamed_groups(layout, o.resident_gib * kGiB, &tier_place.resident);

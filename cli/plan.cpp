@@ -489,8 +489,9 @@ void resolve_plan_flags(PlanCommandOptions& o,
         throw UsageError(fmt::format(
             "{} {}: predicts the gradient sum over nodes; give --nodes N (N > 1) with it", f, *v));
   // disk_tier_of sees a ring other than the default's; one given as the default's changes nothing either
+  o.disk_gbps_given = value_of("--disk-gbps") != nullptr;
   if (o.disk_gbps == 0 && o.disk_ring == kDefaultDiskRing && value_of("--disk-ring"))
-    throw UsageError(kDiskRingWithoutTier);
+    throw UsageError(disk_option_without_tier(o, "--disk-ring", "sizes the disk tier's read ring"));
 }
 
 }  // namespace rp

@@ -89,6 +89,8 @@ struct PlanCommandOptions {
   /// kHostHeadroom x host_gib or this machine's memory), and the read ring's buffers.
   double disk_gbps = 0, disk_write_gbps = 0, host_budget_gib = 0;
   int disk_ring = kDefaultDiskRing;
+  /// --disk-gbps was on the command line (as 0: the tier turned off; resolve_plan_flags).
+  bool disk_gbps_given = false;
 };
 
 /// Fills the fields of o that preset o.gpu sets (peak_tflops, fp8_tflops, hbm_gbps, pcie_gbps
@@ -100,14 +102,14 @@ void apply_gpu_preset(PlanCommandOptions& o, const std::vector<std::string>& giv
 
 /// The flags whose presence resolve_plan_flags looks at (every other flag only sets its field).
 inline constexpr const char* kPlanFlagsResolved[] = {
-    "--gpu",        "--peak-tflops", "--fp8-tflops",     "--hbm-gbps",     "--pcie-gbps",
-    "--memory-cap", "--net-gbps",    "--net-latency-us", "--accumulation", "--disk-ring"};
+    "--gpu",      "--peak-tflops",    "--fp8-tflops",   "--hbm-gbps",  "--pcie-gbps", "--memory-cap",
+    "--net-gbps", "--net-latency-us", "--accumulation", "--disk-ring", "--disk-gbps"};
 
 /// What `roundpipe plan` does with its parsed flags before planning, shared with the Python
 /// module's plan(): `given` holds the flags of kPlanFlagsResolved that were given, with their
 /// text ("--gpu", "H200"). Requires o.model, applies the --gpu preset (apply_gpu_preset; the
 /// rates given win) and refuses a network flag without --nodes > 1 and --disk-ring without
-/// --disk-gbps. Throws UsageError, one line.
+/// --disk-gbps (noting o.disk_gbps_given). Throws UsageError, one line.
 void resolve_plan_flags(PlanCommandOptions& o, const std::vector<std::pair<std::string, std::string>>& given);
 
 /// `plan --list-gpus`: the preset table, data sheet and planned rates side by side, with

@@ -45,6 +45,11 @@ void add_disk_options(CLI::App& c, PlanCommandOptions& o) {
   add("--disk-ring", o.disk_ring, "disk tier: pinned read buffers, each the largest stage read");
 }
 
+std::string disk_option_without_tier(const PlanCommandOptions& o, const char* flag, const char* what) {
+  if (o.disk_gbps_given) return fmt::format("{}: {}, which --disk-gbps 0 turns off", flag, what);
+  return fmt::format("{}: {}; give --disk-gbps with it", flag, what);
+}
+
 DiskTier disk_tier_of(const PlanCommandOptions& o, DiskBudgetSource* budget) {
   // rates in [1 MB/s, 1 PB/s] and budgets up to 1 PiB: beyond them the seconds and bytes printed
   // overflow or round to nothing
@@ -62,10 +67,11 @@ DiskTier disk_tier_of(const PlanCommandOptions& o, DiskBudgetSource* budget) {
     throw fail("--disk-ring", o.disk_ring);
   if (o.disk_gbps == 0) {
     if (o.disk_write_gbps > 0)
-      throw UsageError("--disk-write-gbps: describes the disk tier; give --disk-gbps with it");
+      throw UsageError(disk_option_without_tier(o, "--disk-write-gbps", "describes the disk tier"));
     if (o.host_budget_gib > 0)
-      throw UsageError("--host-budget-gib: sizes the disk tier; give --disk-gbps with it");
-    if (o.disk_ring != kDefaultDiskRing) throw UsageError(kDiskRingWithoutTier);
+      throw UsageError(disk_option_without_tier(o, "--host-budget-gib", "sizes the disk tier"));
+    if (o.disk_ring != kDefaultDiskRing)
+      throw UsageError(disk_option_without_tier(o, "--disk-ring", "sizes the disk tier's read ring"));
   }
   if (o.host_gib > 0 && o.host_budget_gib > o.host_gib)
     throw UsageError(fmt::format("--host-budget-gib: {} GiB is more than the host's --host-gib {} GiB",

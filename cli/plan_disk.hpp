@@ -44,10 +44,10 @@ struct DiskRun {
 /// --disk-write-gbps / --host-budget-gib / --disk-ring without --disk-gbps.
 DiskTier disk_tier_of(const PlanCommandOptions& o, DiskBudgetSource* budget = nullptr);
 
-/// The error for --disk-ring without --disk-gbps (disk_tier_of; resolve_plan_flags when the
-/// ring given is the default's).
-inline constexpr const char* kDiskRingWithoutTier =
-    "--disk-ring: sizes the disk tier's read ring; give --disk-gbps with it";
+/// The error for a disk tier's option `flag` (what it does: `what`) without the tier: "give
+/// --disk-gbps with it", or, where --disk-gbps 0 was given, that it turns the tier off
+/// (disk_tier_of; resolve_plan_flags for --disk-ring given as the default's).
+std::string disk_option_without_tier(const PlanCommandOptions& o, const char* flag, const char* what);
 
 /// The plan of `in` (plan_run) under o's disk tier. Candidates: the plain partition with each
 /// stage charged its streamed bytes (LayerCost::disk_bytes at disk_stage_bandwidth), and the

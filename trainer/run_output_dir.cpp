@@ -193,12 +193,25 @@ std::string origin_of(const TrainSpec& spec, const std::string& key) {
   return spec.source;
 }
 
+/// Whether `m` (resolved) is the tier cache `p` or one of the files the tier keeps beside it
+/// as written: its builders' lock "<p>.lock", its temporary "<p>.tmp-<pid>" and that
+/// temporary's owner marker.
+bool is_tier_file(const fs::path& m, const std::string& p) {
+  if (m == resolved_path(p)) return true;
+  std::error_code ec;
+  const fs::path abs = fs::absolute(p, ec);
+  if (resolved_path(abs.parent_path().string()) != m.parent_path()) return false;
+  const std::string base = abs.filename().string(), name = m.filename().string();
+  return name == base + ".lock" || name.rfind(base + ".tmp-", 0) == 0;
+}
+
 /// frozen_tier.path must lie outside output_dir: the run writes its own files there
 /// (metrics.csv, profile.json, final/ ...) and replaces an earlier run's, which would overwrite
 /// the cache or carry it off with a checkpoint. Its builders' lock, its temporary
 /// (<path>.tmp-<pid>) and the activation spill's file go beside the path as written, so that
 /// folder must lie outside as well (a link there that points elsewhere does not move them).
-/// Nor may it be the metrics_jsonl file, which the run writes too.
+/// Nor may output_dir lie inside the path (the cache is a file: a folder there is no cache),
+/// nor may the metrics_jsonl file, which the run writes too, be the cache or a file beside it.
 void check_tier_path(const TrainSpec& spec) {
   if (!spec.frozen_tier || spec.frozen_tier->path.empty()) return;
   const std::string& p = spec.frozen_tier->path;
@@ -212,25 +225,22 @@ void check_tier_path(const TrainSpec& spec) {
         "replaces; choose a cache path outside output_dir",
         where, p, path_within(file, out) ? "lies inside" : "keeps its lock and spill files inside",
         spec.output_dir)));
-  if (spec.metrics_jsonl && !spec.metrics_jsonl->empty() && resolved_path(*spec.metrics_jsonl) == file)
-    throw std::invalid_argument(
-        one_line(fmt::format("{}: key 'frozen_tier.path': '{}' is the run's metrics_jsonl file '{}'; choose "
-                             "another cache path",
-                             where, p, *spec.metrics_jsonl)));
+  if (path_within(out, file))
+    throw std::invalid_argument(one_line(
+        fmt::format("{}: key 'output_dir': '{}' lies inside frozen_tier.path '{}', the tier's cache file; "
+                    "choose an output_dir outside it",
+                    spec.source, spec.output_dir, p)));
+  if (spec.metrics_jsonl && !spec.metrics_jsonl->empty() &&
+      is_tier_file(resolved_path(*spec.metrics_jsonl), p))
+    throw std::invalid_argument(one_line(fmt::format(
+        "{}: key 'frozen_tier.path': '{}' is, or keeps beside it (its .lock, .tmp-<pid>), the run's "
+        "metrics_jsonl file '{}'; choose another cache path or metrics_jsonl",
+        where, p, *spec.metrics_jsonl)));
 }
 
-}  // namespace
-
-void check_output_dir(const TrainSpec& spec) {
-  check_tier_path(spec);
-  if (spec.metrics_jsonl && !spec.metrics_jsonl->empty()) {
-    const std::string key = fmt::format("{}: key 'metrics_jsonl'", spec.source);
-    check_output_file(spec, *spec.metrics_jsonl, key);
-    if (const std::string why = not_a_metrics_jsonl(*spec.metrics_jsonl); !why.empty())
-      throw std::invalid_argument(one_line(
-          fmt::format("{}: '{}' {}; a run replaces only an earlier run's metrics there: choose another path",
-                      key, *spec.metrics_jsonl, why)));
-  }
+/// output_dir's own checks: not a folder of the user's (/, $HOME, the working directory), not
+/// an input of the run, nor what holds one.
+void check_output_folder(const TrainSpec& spec) {
   const std::string& out = spec.output_dir;
   if (const std::string why = unsafe_output_folder(out); !why.empty())
     throw std::invalid_argument(fmt::format(
@@ -259,6 +269,21 @@ void check_output_dir(const TrainSpec& spec) {
                     "from (--resume), "
                     "which the run's outputs could replace; choose a separate output_dir",
                     spec.source, out, spec.resume_from));
+}
+
+}  // namespace
+
+void check_output_dir(const TrainSpec& spec) {
+  check_output_folder(spec);
+  check_tier_path(spec);  // after output_dir's own checks: an output_dir of "/" is the fault
+  if (spec.metrics_jsonl && !spec.metrics_jsonl->empty()) {
+    const std::string key = fmt::format("{}: key 'metrics_jsonl'", spec.source);
+    check_output_file(spec, *spec.metrics_jsonl, key);
+    if (const std::string why = not_a_metrics_jsonl(*spec.metrics_jsonl); !why.empty())
+      throw std::invalid_argument(one_line(
+          fmt::format("{}: '{}' {}; a run replaces only an earlier run's metrics there: choose another path",
+                      key, *spec.metrics_jsonl, why)));
+  }
 }
 
 void prepare_output_dir(const TrainSpec& spec) {

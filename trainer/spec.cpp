@@ -430,17 +430,27 @@ nlohmann::json read_spec_json(const std::string& path) {
   return parse_json_text(read_json_file(path), path, opt);
 }
 
+/// How an error quotes the dotted key `k`: its last part shortened as excerpt shortens a long
+/// one ("kkk... (81 bytes)"), the parts before it whole.
+std::string key_as_quoted(const std::string& k) {
+  const size_t dot = k.rfind('.'), from = dot == std::string::npos ? 0 : dot + 1;
+  return k.substr(0, from) + excerpt(k.substr(from));
+}
+
 /// The setting an error of the merged spec comes from: the last one whose key (or a key
-/// inside it, or the object holding it) the message quotes; null when the file's own keys
-/// are at fault.
+/// inside it, or the object holding it) the message quotes, whole or as a long key is quoted
+/// shortened; null when the file's own keys are at fault.
 const SpecSetting* setting_named_by(const std::string& msg, const std::vector<SpecSetting>& settings) {
+  const auto quotes = [&](const std::string& k, const char* end) {
+    return msg.find("'" + k + end) != std::string::npos ||
+           msg.find("'" + key_as_quoted(k) + end) != std::string::npos;
+  };
   for (auto it = settings.rbegin(); it != settings.rend(); ++it) {
     const std::string& k = it->key;
-    if (msg.find("'" + k + "'") != std::string::npos || msg.find("'" + k + ".") != std::string::npos)
-      return &*it;
+    if (quotes(k, "'") || msg.find("'" + k + ".") != std::string::npos) return &*it;
     // a value set inside an object the file gave another type ("key 'lora': expected an object")
     for (size_t dot = k.find('.'); dot != std::string::npos; dot = k.find('.', dot + 1))
-      if (msg.find("'" + k.substr(0, dot) + "'") != std::string::npos) return &*it;
+      if (quotes(k.substr(0, dot), "'")) return &*it;
   }
   return nullptr;
 }

@@ -191,6 +191,30 @@ TEST(FrozenTier, ASecondSessionReusesTheCacheAndAnotherBaseRebuildsIt) {
   EXPECT_NE(c.frozen_tier().line.find("; rebuilt because "), std::string::npos) << c.frozen_tier().line;
 }
 
+// A base stored in another format is named by its formats in words, before its bytes: the
+// same bytes (bf16 -> f16) and twice the bytes (bf16 -> f32) alike.
+TEST(FrozenTier, ABaseInAnotherFormatIsNamedByItsFormats) {
+  Scratch sc;
+  TestSessionOptions o = options(1, nullptr);
+  o.frozen_tier = tier_at(sc.path("base.cache"), 1.0);
+  const auto because = [&](WeightFormat f) {
+    const ModelLayout m = lora_layout(4, f);
+    TestSession s(m, random_weights(m, 7), o);
+    return s.frozen_tier().rebuilt_because;
+  };
+  because(WeightFormat::bf16);  // built: no cache file yet
+  const std::string f16 = because(WeightFormat::f16);
+  because(WeightFormat::bf16);  // built for bf16 again
+  const std::string f32 = because(WeightFormat::f32);
+  for (const std::string& r : {f16, f32}) {
+    EXPECT_NE(r.find("frozen groups: storage formats bf16 ("), std::string::npos) << r;
+    EXPECT_EQ(r.find("xxh3"), std::string::npos) << r;
+    EXPECT_EQ(r.find(" bytes when built"), std::string::npos) << r;
+  }
+  EXPECT_NE(f16.find(" tensors) when built, storage formats f16 ("), std::string::npos) << f16;
+  EXPECT_NE(f32.find(" tensors) when built, storage formats f32 ("), std::string::npos) << f32;
+}
+
 // Flips one byte of the file at `offset`.
 void flip_byte(const std::string& path, uint64_t offset) {
   std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
@@ -353,6 +377,15 @@ TEST(FrozenTier, BadOptionsAreRefusedWithOneLineNamingTheOption) {
     EXPECT_EQ(e.rfind("frozen_tier.ring_gib: ", 0), 0u) << e;
     EXPECT_NE(e.find("expected at least"), std::string::npos) << e;
     EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  }
+  {  // a legal name without room for the tier's lock and temporary beside it: refused up front
+    const std::string name = std::string(250, 'x') + ".tier";
+    const std::string e = refused(tier_at(sc.path(name)));
+    EXPECT_EQ(e.rfind("frozen_tier.path: the file name '", 0), 0u) << e;
+    EXPECT_NE(e.find("has 255 bytes"), std::string::npos) << e;
+    EXPECT_NE(e.find("expected a name of at most"), std::string::npos) << e;
+    EXPECT_EQ(e.find("builders' lock"), std::string::npos) << e;
+    EXPECT_FALSE(fs::exists(sc.path(name)));
   }
   {
     const std::string e = refused(tier_at(""));

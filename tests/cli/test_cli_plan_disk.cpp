@@ -284,6 +284,13 @@ TEST(CliPlanDisk, OutOfRangeAndOrphanOptionsAreOneLineNamingTheOption) {
     const std::string flag = bad.substr(bad.rfind(" --") + 1, bad.rfind(' ') - bad.rfind(" --") - 1);
     EXPECT_NE(r.err.find(flag), std::string::npos) << bad << ": " << r.err;
   }
+  // --disk-gbps given as 0 turns the tier off: the line says so, not to give --disk-gbps
+  for (const std::string& off : {std::string(" --disk-ring 2"), std::string(" --disk-ring 3"),
+                                 std::string(" --host-budget-gib 8"), std::string(" --disk-write-gbps 3")}) {
+    const CliRun r = roundpipe(kRun + " --disk-gbps 0" + off, d);
+    EXPECT_NE(r.err.find("which --disk-gbps 0 turns off"), std::string::npos) << off << ": " << r.err;
+    EXPECT_EQ(r.err.find("give --disk-gbps"), std::string::npos) << off << ": " << r.err;
+  }
   // 0 is no "off" for the write rate: it writes at the read rate
   const CliRun w = roundpipe(kRun + " --disk-gbps 7 --disk-write-gbps 1e-9", d);
   EXPECT_NE(w.err.find("--disk-write-gbps: expected 0 (the read rate) or a rate"), std::string::npos)

@@ -59,6 +59,13 @@ TEST(OutputSafety, TheRootHomeAndWorkingDirectoryAreNoOutputFolder) {
     spec.output_dir = out;
     expect_refused(spec, "key 'output_dir': '" + out + "' " + why);
   }
+  // a frozen tier's cache inside such a folder: the folder is the fault, named first
+  spec.frozen_tier = rp::TrainSpec::FrozenTier{};
+  spec.frozen_tier->path = (d / "home/a/work/c/b.tier").string();
+  for (const auto& [out, why] : cases) {
+    spec.output_dir = out;
+    expect_refused(spec, "key 'output_dir': '" + out + "' " + why);
+  }
   EXPECT_EQ(std::distance(fs::recursive_directory_iterator(d), {}), before) << "something was written";
   fs::remove_all(d);
 }
@@ -129,7 +136,7 @@ TEST(OutputSafety, AFrozenTierCacheInsideOutputDirIsRefused) {
   fs::remove(d / "runs/x/t.tier");
   spec.frozen_tier->path = (d / "m.jsonl").string();
   spec.metrics_jsonl = (d / "elsewhere/../m.jsonl").string();
-  expect_refused(spec, "key 'frozen_tier.path': '" + spec.frozen_tier->path + "' is the run's metrics_jsonl");
+  expect_refused(spec, "key 'frozen_tier.path': '" + spec.frozen_tier->path + "' is, or keeps beside it");
   spec.metrics_jsonl.reset();
   // a path a --set wrote names the setting
   spec.settings = {{"frozen_tier", "{}", false, "--set frozen_tier={...}"}};
@@ -137,6 +144,31 @@ TEST(OutputSafety, AFrozenTierCacheInsideOutputDirIsRefused) {
   EXPECT_TRUE(fs::is_empty(d / "runs/x"));
   EXPECT_EQ(slurp(d / "cache.tier"), "a cache\n");
   EXPECT_FALSE(fs::exists(d / "m.jsonl"));
+  fs::remove_all(d);
+}
+
+// The reverse: an output_dir inside the cache path (the cache is a file, so a folder there is
+// none) is refused in one line naming both, before any folder is made; and metrics_jsonl may
+// be neither the cache nor a file the tier keeps beside it (its builders' lock, its temporary
+// and that temporary's owner marker), however spelled.
+TEST(OutputSafety, AnOutputDirInsideTheTierCacheAndMetricsOnItsFilesAreRefused) {
+  auto d = tmpdir();
+  const fs::path cache = d / "q/t.tier";
+  rp::TrainSpec spec = spec_into(d, cache / "out", 1);
+  spec.frozen_tier = rp::TrainSpec::FrozenTier{};
+  spec.frozen_tier->path = cache.string();
+  expect_refused(spec, "test spec: key 'output_dir': '" + (cache / "out").string() +
+                           "' lies inside frozen_tier.path '" + cache.string() + "'");
+  EXPECT_FALSE(fs::exists(d / "q")) << "the refused run made folders";
+  spec.output_dir = (d / "runs/x").string();
+  fs::create_directories(d / "elsewhere");
+  for (const std::string suffix : {".lock", ".tmp-4242", ".tmp-4242.roundpipe-owner", ""}) {
+    spec.metrics_jsonl = (d / "elsewhere/../q").string() + "/t.tier" + suffix;
+    expect_refused(spec, "key 'frozen_tier.path': '" + cache.string() + "' is, or keeps beside it");
+  }
+  fs::create_directories(d / "q");
+  spec.metrics_jsonl = cache.string() + ".jsonl";  // a name that only starts like the cache's is fine
+  EXPECT_EQ(rp::Trainer(spec).run().steps_done, 1);
   fs::remove_all(d);
 }
 

@@ -80,6 +80,13 @@ TEST(SpecSettings, ErrorsNameTheSetting) {
             "--set model.x=1: key 'model' holds \"m.gguf\", not an object with keys");
   EXPECT_NE(error_of(kSpec, {rp::parse_set_option("lora..r=1")}).find("--set lora..r=1: expected a key"),
             std::string::npos);
+  // a key too long to quote whole still names its setting, at the top level and nested
+  const std::string long_key(81, 'k');
+  EXPECT_NE(error_of(kSpec, {rp::parse_set_option(long_key + "=1")}).find("--set " + long_key.substr(0, 10)),
+            std::string::npos);
+  EXPECT_NE(
+      error_of(kSpec, {rp::parse_set_option("optimizer." + long_key + "=1")}).find("--set optimizer.kkkk"),
+      std::string::npos);
   // the file's own errors still name the file
   const std::string own =
       error_of(R"({"model": "m", "data": "d", "steps": 0})", {rp::parse_set_option("seq_len=8")});
