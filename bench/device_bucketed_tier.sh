@@ -24,9 +24,9 @@
 #              budget BUD (8) GiB: the plan keeps 1.6 of its 11.1 GiB base resident and reads 18.6 GiB
 #              per iteration: 2,299 tokens/s at 1.4 GB/s
 #              KEEP=1 keeps the cache (q235_nf4_L<LAYERS>.cache) for the next call on a warm machine:
-#              a cache that takes most of a call to build (~16 s a decoder there) is reused by the
-#              next call with the same LAYERS, which then only trains (its start line says
-#              "reused"; 45 decoders fill the volume's 64 GiB). LAYERS=max: as many decoders as
+#              a deep cache (4.2 s a decoder to build there: 193 s for 46) is reused by the next
+#              call with the same LAYERS, which then only trains (its start line says "reused";
+#              46 decoders fill the volume's 64 GiB). LAYERS=max: as many decoders as
 #              the free space of $TIER holds (1.304 GiB each in nf4, plus 0.65 GiB of embeddings
 #              and head, 2 GiB left over)
 #   s235fit    the deepest cache this call can build and the disk can hold: a 4-decoder run first
