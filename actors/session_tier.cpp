@@ -80,6 +80,16 @@ std::string source_key(const ModelLayout& layout, const ParamStore& store, const
   return key;
 }
 
+/// The folder of the file `path`, or its nearest ancestor that exists ("." when none of a
+/// relative path's does): where the file system's limits and kind are asked before the folder
+/// is made.
+std::filesystem::path existing_folder_of(const std::string& path) {
+  std::filesystem::path folder = std::filesystem::path(path).parent_path();
+  std::error_code ec;
+  while (!folder.empty() && !std::filesystem::exists(folder, ec)) folder = folder.parent_path();
+  return folder.empty() ? std::filesystem::path(".") : folder;
+}
+
 /// Refuses a cache file name that leaves no room for the files the tier keeps beside it (its
 /// builders' lock "<name>.lock", its temporary "<name>.tmp-<pid>" and that temporary's owner
 /// marker, for the largest pid Linux hands out, 4194304): the build would fail on them with a
@@ -88,10 +98,7 @@ void check_companion_names(const std::string& path) {
   const std::string name = std::filesystem::path(path).filename().string();
   const std::string longest = owner_marker_path(fmt::format(".tmp-{}", 4194304));
   const size_t more = std::max(longest.size(), tier::cache_lock_path("").size());
-  std::filesystem::path folder = std::filesystem::path(path).parent_path();
-  std::error_code ec;
-  while (!folder.empty() && !std::filesystem::exists(folder, ec)) folder = folder.parent_path();
-  const long limit = ::pathconf(folder.empty() ? "." : folder.c_str(), _PC_NAME_MAX);
+  const long limit = ::pathconf(existing_folder_of(path).c_str(), _PC_NAME_MAX);
   const size_t name_max = limit > 0 ? size_t(limit) : 255;
   if (name.size() + more <= name_max) return;
   throw std::invalid_argument(fmt::format(
@@ -105,11 +112,8 @@ constexpr double kBudgetMargin = kHostBudgetMargin;  // scheduler/disk_tier.hpp
 /// A folder in memory (tmpfs, ramfs: /dev/shm, often /tmp) keeps the cache and spilled
 /// activations in the host's RAM, which no budget counts: one line says so (the run goes on).
 void warn_memory_folder(const std::string& path, const std::function<void(const std::string&)>& log) {
-  std::filesystem::path folder = std::filesystem::path(path).parent_path();
-  std::error_code ec;
-  while (!folder.empty() && !std::filesystem::exists(folder, ec)) folder = folder.parent_path();
   struct statfs st {};
-  if (::statfs(folder.empty() ? "." : folder.c_str(), &st) != 0) return;
+  if (::statfs(existing_folder_of(path).c_str(), &st) != 0) return;
   if (st.f_type == TMPFS_MAGIC || st.f_type == RAMFS_MAGIC)
     log(fmt::format(
         "frozen tier: {}: warning: the folder is in memory ({}), so the cache and any spilled "

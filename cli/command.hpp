@@ -9,6 +9,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 
@@ -27,8 +28,14 @@ struct UsageError : std::invalid_argument {
 /// `text` read whole as a decimal number into `v` ("16", "-1.5", "2e9"; false when it does not
 /// parse or has anything after the number). std::stod alone also reads hexadecimal ("0x10" as
 /// 16), "inf" and "nan", which integer flags refuse: so do the real ones.
+/// Whether `text` holds only what a decimal number is written with (digits, sign, point,
+/// exponent): std::stod would also read "0x10", "inf" and "nan".
+inline bool decimal_characters(std::string_view text) {
+  return !text.empty() && text.find_first_not_of("0123456789+-.eE") == std::string_view::npos;
+}
+
 inline bool whole_number(const std::string& text, double& v) {
-  if (text.empty() || text.find_first_not_of("0123456789+-.eE") != std::string::npos) return false;
+  if (!decimal_characters(text)) return false;
   size_t used = 0;
   try {
     v = std::stod(text, &used);

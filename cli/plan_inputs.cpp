@@ -50,8 +50,8 @@ int64_t parse_byte_size(const std::string& text, const std::string& what) {
     else if (rest == "b") mul = std::pow(1000.0, e);
   }
   // decimal only, as the real flags (std::stod also reads "0x10" as 16)
-  const bool decimal = s.substr(0, used).find_first_not_of("0123456789+-.eE") == std::string::npos;
-  if (!decimal || mul == 0 || !(v >= 0) || !std::isfinite(v * mul) || v * mul > 9e18)
+  if (!decimal_characters(std::string_view(s).substr(0, used)) || mul == 0 || !(v >= 0) ||
+      !std::isfinite(v * mul) || v * mul > 9e18)
     throw UsageError(fmt::format("{}: '{}' is not a byte size (e.g. 24GiB, 512MB, 1e10)", what, text));
   return int64_t(std::llround(v * mul));
 }

@@ -25,6 +25,7 @@
 #include "base/atomic_file.hpp"
 #include "base/error_text.hpp"
 #include "base/output_folder.hpp"
+#include "tier/cache_file.hpp"  // cache_lock_path
 #include "trainer/checkpoint_bundle.hpp"
 
 namespace fs = std::filesystem;
@@ -183,15 +184,14 @@ void check_output_file(const TrainSpec& spec, const std::string& file, const std
                              what, file, in)));
 }
 
-namespace {
-
-/// Where the key `key` came from: the last command-line setting that wrote it (or the object
-/// holding it), else the spec file.
-std::string origin_of(const TrainSpec& spec, const std::string& key) {
+std::string setting_origin(const TrainSpec& spec, const std::string& key) {
   for (auto it = spec.settings.rbegin(); it != spec.settings.rend(); ++it)
-    if (key == it->key || key.rfind(it->key + ".", 0) == 0) return it->origin;
+    if (key == it->key || key.rfind(it->key + ".", 0) == 0)
+      return it->origin;  // the key, or an object holding it
   return spec.source;
 }
+
+namespace {
 
 /// Whether `m` (resolved) is the tier cache `p` or one of the files the tier keeps beside it
 /// as written: its builders' lock "<p>.lock", its temporary "<p>.tmp-<pid>" and that
@@ -202,7 +202,8 @@ bool is_tier_file(const fs::path& m, const std::string& p) {
   const fs::path abs = fs::absolute(p, ec);
   if (resolved_path(abs.parent_path().string()) != m.parent_path()) return false;
   const std::string base = abs.filename().string(), name = m.filename().string();
-  return name == base + ".lock" || name.rfind(base + ".tmp-", 0) == 0;
+  // the lock as the tier names it; a temporary as temporary_path names it, for any writer's pid
+  return name == tier::cache_lock_path(base) || name.rfind(base + ".tmp-", 0) == 0;
 }
 
 /// frozen_tier.path must lie outside output_dir: the run writes its own files there
@@ -218,7 +219,7 @@ void check_tier_path(const TrainSpec& spec) {
   std::error_code ec;
   const fs::path out = resolved_path(spec.output_dir), file = resolved_path(p);
   const fs::path folder = resolved_path(fs::absolute(p, ec).parent_path().string());
-  const std::string where = origin_of(spec, "frozen_tier.path");
+  const std::string where = setting_origin(spec, "frozen_tier.path");
   if (path_within(file, out) || path_within(folder, out))
     throw std::invalid_argument(one_line(fmt::format(
         "{}: key 'frozen_tier.path': '{}' {} the run's output_dir '{}', whose files the run writes and "

@@ -49,6 +49,11 @@ inline constexpr const char* kRunMarkerFile = "roundpipe_run.json";
 /// run's inputs: the spec file, model, data, eval_data, adapter or the resumed checkpoint.
 void check_output_file(const TrainSpec& spec, const std::string& file, const std::string& what);
 
+/// Where the spec key `key` (dotted: "frozen_tier.path") came from, as errors name it: the
+/// origin of the last command-line setting that wrote it or an object holding it ("--set
+/// frozen_tier={...}"), else the spec file (spec.source).
+std::string setting_origin(const TrainSpec& spec, const std::string& key);
+
 /// Checks where a run may write, before the folder is created or locked: output_dir must not
 /// be the root folder, $HOME, the working directory or a folder holding it, nor be, hold or
 /// lie inside an input (model, data, eval_data, adapter; a resume_from that is a checkpoint,

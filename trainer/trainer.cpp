@@ -19,6 +19,7 @@
 #include "trainer/checkpoint_rotation.hpp"
 #include "trainer/disk_space.hpp"
 #include "trainer/lora_setup.hpp"
+#include "trainer/run_setup.hpp"  // setting_origin
 #include "trainer/save_targets.hpp"
 #include "trainer/training_run.hpp"
 
@@ -38,12 +39,7 @@ std::string spec_key_error(const TrainSpec& spec, const std::string& message) {
       message.find(' ') < colon)  // a key has no spaces
     return message;
   const std::string key = message.substr(0, colon);
-  std::string where = spec.source;
-  for (auto it = spec.settings.rbegin(); it != spec.settings.rend(); ++it)
-    if (key == it->key || key.rfind(it->key + ".", 0) == 0) {  // the key, or an object holding it
-      where = it->origin;
-      break;
-    }
+  const std::string where = setting_origin(spec, key);
   // a --set's text holds the value whole: a path of thousands of bytes is quoted shortened, as
   // the message after it quotes it
   return fmt::format("{}: key '{}': {}", excerpt(where, kPathQuoteBytes), key, message.substr(colon + 2));
