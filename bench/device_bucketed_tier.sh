@@ -15,6 +15,13 @@
 #   b30s       b30b with each grouped linear's batches spread over BSTREAMS (4) streams
 #              (RP_CUDA_BUCKETED_STREAMS)
 #   p30g p30b  the same under the kernel profiler (bench/kernel_profile.cpp): $OUT/prof_MODE.md
+#   bog bob    GPT-OSS-20B LoRA r=32 all linears, mxfp4 base, 8 x 4096, M=8, cap 10 GiB, expert
+#              GEMMs grouped (bog) or bucketed over 4 streams (bob); STEPS (8) after 2 warm-up steps
+#   d17 d17w   Qwen3-1.7B full fine-tuning with FP8 linears, 8 x 8192, M=8, cap 6.7 GiB; d17w with
+#              FP8 weight gradients too; STEPS (8) after 2 warm-up steps
+#   d4 d4w     the same for Qwen3-4B at cap 7.3 GiB
+#   p17        Qwen3-1.7B full fine-tuning with FP8 linears, 8 x 8192, M=8, cap 6.7 GiB, under the
+#              kernel profiler (its last 12 s): $OUT/prof_p17.md
 #   s8ram      LLaMA-3.1-8B LoRA r=32 all linears, nf4 base, 8 x 1024, cap 6 GiB, in RAM
 #   s8bud      the same on the disk tier with a whole-run host budget of 8 GiB
 #   s8spill    the same with the saved inputs of SPILL (8) layers in the tier's spill file
@@ -107,6 +114,17 @@ for mode in "$@"; do
       CUDA_INJECTION64_PATH=$RP_DEV/lib/librp_kernel_profile.so RP_KPROF_OUT=$OUT/prof_$mode.md RP_KPROF_LAST_S=12 \
         RP_KPROF_CALLERS=cudaEventSynchronize,cudaStreamSynchronize,cudaMemcpy \
         bench "$mode" "${q30[@]}" --base-format fp8 --steps "${STEPS:-4}" --warmup 2 --expert-gemm "$eg" ;;
+    bog|bob)
+      eg=grouped; [ "$mode" = bob ] && eg=bucketed
+      bench "$mode" --preset gpt-oss-20b --seq 4096 --seqs 8 --micro 8 --cap-gib 10 --lora-r 32 \
+        --lora-targets all-linear --base-format mxfp4 --steps "${STEPS:-8}" --warmup 2 --expert-gemm "$eg" ;;
+    d17|d17w|d4|d4w)
+      wg=(); [ "${mode%w}" != "$mode" ] && wg=(--fp8-wgrad)
+      if [ "${mode#d17}" != "$mode" ]; then dense=(--preset qwen3-1.7b --cap-gib 6.7); else dense=(--preset qwen3-4b --cap-gib 7.3); fi
+      bench "$mode" "${dense[@]}" --seq 8192 --seqs 8 --micro 8 --fp8 "${wg[@]}" --steps "${STEPS:-8}" --warmup 2 ;;
+    p17)
+      CUDA_INJECTION64_PATH=$RP_DEV/lib/librp_kernel_profile.so RP_KPROF_OUT=$OUT/prof_p17.md RP_KPROF_LAST_S=12 \
+        bench p17 --preset qwen3-1.7b --seq 8192 --seqs 8 --micro 8 --cap-gib 6.7 --fp8 --steps "${STEPS:-8}" --warmup 2 ;;
     s8ram) bench s8ram "${l8[@]}" ;;
     s8bud)
       mkdir -p "$TIER"; bench s8bud "${l8[@]}" --frozen-tier "$TIER/l8b_nf4.cache" --tier-host-budget-gib 8
