@@ -534,6 +534,16 @@ class Ops {
   /// (the zero codes add nothing).
   virtual void fp8_quantize_transposed_padded(const void* x, const float* scale, uint8_t* q, int64_t rows,
                                               int64_t cols, int64_t ld, Fp8Format f) = 0;
+  /// Both codes of x [rows, cols] under one scale from one read of x: q [rows, cols] as
+  /// fp8_quantize and qt [cols, ld] as fp8_quantize_transposed_padded, bit for bit. A linear's
+  /// output gradient dy feeds two FP8 GEMMs in the backward, the input gradient (dy's rows,
+  /// K = out contiguous) and the weight gradient (dy^T, K = tokens contiguous). Here: the two
+  /// calls; CUDA fuses them (one pass over x, tiles through shared memory).
+  virtual void fp8_quantize_both(const void* x, const float* scale, uint8_t* q, uint8_t* qt, int64_t rows,
+                                 int64_t cols, int64_t ld, Fp8Format f) {
+    fp8_quantize(x, scale, q, rows * cols, f);
+    fp8_quantize_transposed_padded(x, scale, qt, rows, cols, ld, f);
+  }
   /// d[M,N] (+)= (scale_a[0] * scale_b[0]) * A[M,K] B[N,K]^T with A, B FP8 codes (formats fa,
   /// fb; row-major, K contiguous in both: a linear's activations and its [out, in] weight) and
   /// d in dtype() (read when accumulate, then rounded once). Products and sums are fp32; the

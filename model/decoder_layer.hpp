@@ -37,6 +37,11 @@ struct Fp8Set {
     if (!lin[size_t(m)].weight.row_scale != !lin[size_t(previous)].weight.row_scale) return (*this)(m);
     return &same_input[size_t(m)];
   }
+  // The input gradient of a linear whose weight gradient's FP8 call left dy's row codes and
+  // scale in the scratch (`coded`; fp8_linear_bwd_weight's dy_rows): they are reused.
+  const Fp8Linear* dy_coded(LoraModule m, bool coded) const {
+    return coded && (*this)(m) ? &same_input[size_t(m)] : (*this)(m);
+  }
   // Weight gradients in FP8 (LayerOptions::fp8_weight_gradients, backward calls): the codes'
   // scratch; null codes: in the compute dtype.
   Fp8WgradScratch wgrad;

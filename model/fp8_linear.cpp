@@ -83,22 +83,28 @@ void fp8_linear_bwd_input(Ops& ops, const Fp8Linear& f, const void* dy, void* dx
     throw std::invalid_argument(
         "fp8 linear: the input gradient needs the codes of W^T (a backward weight cache)");
   if (f.weight.row_scale) {  // dx = diag(s_d) q(dy diag(s_w)) C: the row scales folded into dy
+    if (f.input_quantized)
+      throw std::invalid_argument(
+          "fp8 linear: a weight with row scales quantizes dy itself (input_quantized)");
     if (!f.act.codes || !f.act.scale) throw std::invalid_argument("fp8 linear: no activation scratch");
     ops.fp8_quantize_rows_col_scaled(dy, f.weight.row_scale, f.act.codes, f.act.scale, n, out, f.grad_format);
     ops.gemm_fp8_rows(f.act.codes, f.grad_format, f.act.scale, f.weight.wt, kFp8ActFormat, f.weight.ones, dx,
                       n, out, in, accumulate);
     return;
   }
-  const uint8_t* dyq = quantize_act(ops, f.act, dy, n, out, f.grad_format);
+  const uint8_t* dyq = f.input_quantized ? f.act.codes : quantize_act(ops, f.act, dy, n, out, f.grad_format);
   ops.gemm_fp8(dyq, f.grad_format, f.act.scale, f.weight.wt, kFp8ActFormat, f.weight.scale, dx, n, out, in,
                accumulate);
 }
 
 void fp8_linear_bwd_weight(Ops& ops, const Fp8WgradScratch& s, const void* dy, const void* x, float* dw,
-                           int64_t n, int64_t in, int64_t out, Fp8Format grad_format, bool x_quantized) {
+                           int64_t n, int64_t in, int64_t out, Fp8Format grad_format, bool x_quantized,
+                           const Fp8ActScratch* dy_rows) {
   if (n <= 0) return;
   if (!s.dyt || !s.xt || !s.dy_scale || !s.x_scale)
     throw std::invalid_argument("fp8 weight gradient: no scratch for the codes of dy^T and x^T");
+  if (dy_rows && (!dy_rows->codes || !dy_rows->scale))
+    throw std::invalid_argument("fp8 weight gradient: no scratch for dy's row codes");
   if (in % 16 != 0)
     throw std::invalid_argument("fp8 weight gradient: the input width must be a multiple of 16");
   const int64_t K = fp8_padded_tokens(n);
@@ -106,9 +112,11 @@ void fp8_linear_bwd_weight(Ops& ops, const Fp8WgradScratch& s, const void* dy, c
     ops.fp8_scale(x, n * in, kFp8ActFormat, s.x_scale);
     ops.fp8_quantize_transposed_padded(x, s.x_scale, s.xt, n, in, K, kFp8ActFormat);
   }
-  ops.fp8_scale(dy, n * out, grad_format, s.dy_scale);
-  ops.fp8_quantize_transposed_padded(dy, s.dy_scale, s.dyt, n, out, K, grad_format);
-  ops.gemm_fp8_accumulate_f32(s.dyt, grad_format, s.dy_scale, s.xt, kFp8ActFormat, s.x_scale, dw, out, K, in);
+  float* dy_scale = dy_rows ? dy_rows->scale : s.dy_scale;
+  ops.fp8_scale(dy, n * out, grad_format, dy_scale);
+  if (dy_rows) ops.fp8_quantize_both(dy, dy_scale, dy_rows->codes, s.dyt, n, out, K, grad_format);
+  else ops.fp8_quantize_transposed_padded(dy, dy_scale, s.dyt, n, out, K, grad_format);
+  ops.gemm_fp8_accumulate_f32(s.dyt, grad_format, dy_scale, s.xt, kFp8ActFormat, s.x_scale, dw, out, K, in);
 }
 
 }  // namespace rp

@@ -74,8 +74,10 @@ struct Fp8ActScratch {
 struct Fp8Linear {
   Fp8Weight weight;
   Fp8ActScratch act;
-  /// fp8_linear_fwd only: act already holds the codes and scale of this call's x (the previous
-  /// linear read the same input, as k and v read q's, up reads gate's), so x is not read.
+  /// act already holds the codes and scale of this call's input, which is then not read:
+  /// fp8_linear_fwd's x (the previous linear read the same input, as k and v read q's, up reads
+  /// gate's); fp8_linear_bwd_input's dy (fp8_linear_bwd_weight wrote its row codes beside
+  /// dy^T's, in grad_format; tensor scales only, refused with row scales).
   bool input_quantized = false;
   /// fp8_linear_fwd only: act.scale already holds the scale of this call's x (the kernel that
   /// produced x computed it: Ops::rmsnorm_fwd_fp8_scale / swiglu_fwd_fp8_scale), so x is read
@@ -128,9 +130,13 @@ void fp8_linear_bwd_input(Ops& ops, const Fp8Linear& f, const void* dy, void* dx
 /// dw [out, in] (fp32) += dy^T x through the FP8 GEMM (dy [n, out], x [n, in] in the compute
 /// dtype; dy's codes in `grad_format`, x's e4m3). `x_quantized`: s.xt and s.x_scale already
 /// hold x^T's codes from the previous call with the same x and n (k and v after q, up after
-/// gate). Needs in % 16 == 0 (the GEMM's N); throws std::invalid_argument otherwise or
-/// without scratch.
+/// gate). `dy_rows` (or null): also leave dy's row-major codes [n, out] and its scale there,
+/// made in the same pass as dy^T's (Ops::fp8_quantize_both), for the input gradient's GEMM
+/// (fp8_linear_bwd_input with input_quantized): one amax and one read of dy serve both GEMMs.
+/// Needs in % 16 == 0 (the GEMM's N); throws std::invalid_argument otherwise or without
+/// scratch.
 void fp8_linear_bwd_weight(Ops& ops, const Fp8WgradScratch& s, const void* dy, const void* x, float* dw,
-                           int64_t n, int64_t in, int64_t out, Fp8Format grad_format, bool x_quantized);
+                           int64_t n, int64_t in, int64_t out, Fp8Format grad_format, bool x_quantized,
+                           const Fp8ActScratch* dy_rows = nullptr);
 
 }  // namespace rp

@@ -21,20 +21,31 @@ void bias_bwd(Ops& ops, const LayerArgs& a, int64_t off, const void* dy, int64_t
   ops.grouped_bias_bwd(dy, db, rows, 1, N);
 }
 
+// What a weight gradient's FP8 call left in the scratch: x^T's codes (for the next linear with
+// the same x) and dy's row codes and scale (for this linear's input gradient).
+struct WgradCodes {
+  bool x = false;
+  bool dy = false;
+};
+
 // dw += dy^T x (M tokens, x [M,K], dy [M,N]) unless dw is a frozen group's (null): through
 // the FP8 GEMM when the call runs linear m's weight gradient in FP8 (`x_same`: x^T's codes are
-// the previous call's, which had the same x), else Ops::linear_bwd_weight. Returns whether
-// x^T's codes are now in the scratch, for the next linear reading the same x.
-bool weight_grad(Ops& ops, const Fp8Set& f8, LoraModule m, const void* dy, const void* x, void* dw, int64_t M,
-                 int64_t K, int64_t N, bool x_same = false) {
-  if (!dw) return false;
+// the previous call's, which had the same x), else Ops::linear_bwd_weight. Where m's input
+// gradient runs in FP8 under a tensor scale, dy's row codes are made in the same pass as
+// dy^T's, into m's activation scratch: the input gradient's call must come next
+// (Fp8Set::dy_coded), before any other FP8 linear uses the scratch.
+WgradCodes weight_grad(Ops& ops, const Fp8Set& f8, LoraModule m, const void* dy, const void* x, void* dw,
+                       int64_t M, int64_t K, int64_t N, bool x_same = false) {
+  if (!dw) return {};
   if (!f8.wgrad_fp8(m, K)) {
     ops.linear_bwd_weight(dy, x, dw, M, K, N);
-    return false;
+    return {};
   }
-  fp8_linear_bwd_weight(ops, f8.wgrad, dy, x, static_cast<float*>(dw), M, K, N, f8.lin[size_t(m)].grad_format,
-                        x_same);
-  return true;
+  const Fp8Linear& f = *f8(m);
+  const bool share_dy = !f.weight.row_scale;
+  fp8_linear_bwd_weight(ops, f8.wgrad, dy, x, static_cast<float*>(dw), M, K, N, f.grad_format, x_same,
+                        share_dy ? &f.act : nullptr);
+  return {true, share_dy};
 }
 
 }  // namespace
@@ -83,20 +94,22 @@ void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const 
     dout = b.dhn;
   }
   // down's adapter has its u from the recompute only when down's forward ran again
-  weight_grad(ops, f8, LoraModule::down, dout, b.m, grad(a, 0, wd_), n, F, H);
+  const WgradCodes down = weight_grad(ops, f8, LoraModule::down, dout, b.m, grad(a, 0, wd_), n, F, H);
   adapted_linear_bwd_input(ops, lc, lora(LoraModule::down), b.m, dout, param(a, 0, wd_), b.dm, n, F, H, false,
-                           r0, post_norm_branches(), f8(LoraModule::down));
+                           r0, post_norm_branches(), f8.dy_coded(LoraModule::down, down.dy));
   if (c_.gemma()) ops.geglu_bwd(b.g, b.u, b.dm, b.dg, b.du, n * F);
   else ops.swiglu_bwd(b.g, b.u, b.dm, b.dg, b.du, n * F);
-  const bool in_codes = weight_grad(ops, f8, LoraModule::gate, b.dg, in, grad(a, 0, wg_), n, H, F);
-  weight_grad(ops, f8, LoraModule::up, b.du, in, grad(a, 0, wu_), n, H, F, in_codes);
   // without a pre-norm the input gradients add straight onto the residual path's
   void* din = pre_norm ? b.dhn : dh1;
   if (!pre_norm) ops.copy(ops.dtype(), dh1, dy, n * H);  // residual path
+  // each linear's weight gradient, then its input gradient (which may read dy's codes the
+  // first left in the scratch)
+  const WgradCodes gate = weight_grad(ops, f8, LoraModule::gate, b.dg, in, grad(a, 0, wg_), n, H, F);
   adapted_linear_bwd_input(ops, lc, lora(LoraModule::gate), in, b.dg, param(a, 0, wg_), din, n, H, F,
-                           !pre_norm, r0, true, f8(LoraModule::gate));
+                           !pre_norm, r0, true, f8.dy_coded(LoraModule::gate, gate.dy));
+  const WgradCodes up = weight_grad(ops, f8, LoraModule::up, b.du, in, grad(a, 0, wu_), n, H, F, gate.x);
   adapted_linear_bwd_input(ops, lc, lora(LoraModule::up), in, b.du, param(a, 0, wu_), din, n, H, F, true, r0,
-                           true, f8(LoraModule::up));
+                           true, f8.dy_coded(LoraModule::up, up.dy));
   if (!pre_norm) return;
   ops.copy(ops.dtype(), dh1, dy, n * H);  // residual path
   ops.rmsnorm_bwd(h1, param(a, 0, w_mlp_in_), b.dhn, dh1, grad(a, 0, w_mlp_in_), n, H, eps, true, off_);
@@ -125,10 +138,10 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
     scale_activation(ops, a.dx, b.h1, T * H, float(c_.residual_multiplier));
     dattn = b.h1;
   }
-  weight_grad(ops, f8, LoraModule::o, dattn, b.o, grad(a, 0, wo_), T, nq * D, H);
+  const WgradCodes o = weight_grad(ops, f8, LoraModule::o, dattn, b.o, grad(a, 0, wo_), T, nq * D, H);
   bias_bwd(ops, a, bo_, dattn, T, H);
   adapted_linear_bwd_input(ops, lc, lora(LoraModule::o), b.o, dattn, param(a, 0, wo_), b.dout, T, nq * D, H,
-                           false, 0, true, f8(LoraModule::o));
+                           false, 0, true, f8.dy_coded(LoraModule::o, o.dy));
   const float scale = c_.attention_scale();
   if (variant()) {
     ops.attention_bwd_v(b.q, b.k, b.v, b.o, b.lse, b.dout, b.dq, b.dk, b.dv, S, L, nq, nkv, D, scale,
@@ -161,20 +174,21 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
     dk_lin = b.v;
   }
   const void* xin = attention_input(a, b);
-  const bool x_codes = weight_grad(ops, f8, LoraModule::q, dq_lin, xin, grad(a, 0, wq_), T, H, nq * D);
-  weight_grad(ops, f8, LoraModule::k, dk_lin, xin, grad(a, 0, wk_), T, H, nkv * D, x_codes);
-  weight_grad(ops, f8, LoraModule::v, b.dv, xin, grad(a, 0, wv_), T, H, nkv * D, x_codes);
   bias_bwd(ops, a, bq_, dq_lin, T, nq * D);
   bias_bwd(ops, a, bk_, dk_lin, T, nkv * D);
   bias_bwd(ops, a, bv_, b.dv, T, nkv * D);
-  // h1 is no longer read; without a pre-norm the input gradients add onto the residual's in dx
+  // h1 is no longer read; without a pre-norm the input gradients add onto the residual's in dx;
+  // each linear's weight gradient, then its input gradient (as in mlp_backward)
   void* dxn = c_.post_norms ? a.dx : b.h1;
+  const WgradCodes q = weight_grad(ops, f8, LoraModule::q, dq_lin, xin, grad(a, 0, wq_), T, H, nq * D);
   adapted_linear_bwd_input(ops, lc, lora(LoraModule::q), xin, dq_lin, param(a, 0, wq_), dxn, T, H, nq * D,
-                           c_.post_norms, 0, true, f8(LoraModule::q));
+                           c_.post_norms, 0, true, f8.dy_coded(LoraModule::q, q.dy));
+  const WgradCodes k = weight_grad(ops, f8, LoraModule::k, dk_lin, xin, grad(a, 0, wk_), T, H, nkv * D, q.x);
   adapted_linear_bwd_input(ops, lc, lora(LoraModule::k), xin, dk_lin, param(a, 0, wk_), dxn, T, H, nkv * D,
-                           true, 0, true, f8(LoraModule::k));
+                           true, 0, true, f8.dy_coded(LoraModule::k, k.dy));
+  const WgradCodes v = weight_grad(ops, f8, LoraModule::v, b.dv, xin, grad(a, 0, wv_), T, H, nkv * D, q.x);
   adapted_linear_bwd_input(ops, lc, lora(LoraModule::v), xin, b.dv, param(a, 0, wv_), dxn, T, H, nkv * D,
-                           true, 0, true, f8(LoraModule::v));
+                           true, 0, true, f8.dy_coded(LoraModule::v, v.dy));
   if (!c_.post_norms)
     ops.rmsnorm_bwd(a.x, param(a, 0, w_in_), dxn, a.dx, grad(a, 0, w_in_), T, H, eps, true, off_);
 }

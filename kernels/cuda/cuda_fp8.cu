@@ -111,20 +111,27 @@ void launch_quantize(const T* x, const float* scale, uint8_t* q, int64_t n, int6
 // q[c * ld + r] = encode(x[r, c] / scale[0]) for x [rows, cols]: 64 x 64 tiles through shared
 // memory, each thread reading 16 consecutive values of a row (two 16-byte loads) and writing
 // 16 consecutive codes of a column (one 16-byte store). rows and cols multiples of 64, ld a
-// multiple of 16, x and q 16-byte aligned.
+// multiple of 16, x and q 16-byte aligned. With qr (fp8_quantize_both) each thread also
+// stores its 16 row codes at qr[r * cols + c] (16-byte aligned), the same codes.
 constexpr int kTile = 64;
-template <Fp8Format F, typename T>
+template <Fp8Format F, bool ROWS_TOO, typename T>
 __global__ void quantize_transposed_tiles(const T* x, const float* scale, uint8_t* q, int64_t rows,
-                                          int64_t cols, int64_t ld) {
+                                          int64_t cols, int64_t ld, uint8_t* qr) {
   __shared__ __align__(16) uint8_t tile[kTile][kTile + 16];  // tile[c][r]
   const float s = scale[0];
   const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
   const int lr = threadIdx.x / 4, lc = (threadIdx.x % 4) * 16;  // 256 threads: 64 rows x 4 chunks
   float v[16];
   load_n<16, true>(x + (r0 + lr) * cols + c0 + lc, v);
+  alignas(16) uint8_t out[16];
 #pragma unroll
-  for (int j = 0; j < 16; j += 2)
-    encode_pair<F>(v[j] / s, v[j + 1] / s, tile[lc + j][lr], tile[lc + j + 1][lr]);
+  for (int j = 0; j < 16; j += 2) {
+    encode_pair<F>(v[j] / s, v[j + 1] / s, out[j], out[j + 1]);
+    tile[lc + j][lr] = out[j];
+    tile[lc + j + 1][lr] = out[j + 1];
+  }
+  if constexpr (ROWS_TOO)
+    *reinterpret_cast<uint4*>(qr + (r0 + lr) * cols + c0 + lc) = *reinterpret_cast<const uint4*>(out);
   __syncthreads();
   *reinterpret_cast<uint4*>(q + (c0 + lr) * ld + r0 + lc) = *reinterpret_cast<const uint4*>(&tile[lr][lc]);
 }
@@ -140,13 +147,18 @@ __global__ void quantize_transposed_scalar(const T* x, const float* scale, uint8
   }
 }
 
+bool tiles_fit(const void* x, const uint8_t* q, int64_t rows, int64_t cols, int64_t ld) {
+  return rows % kTile == 0 && cols % kTile == 0 && ld % 16 == 0 && aligned16(x) && aligned16(q) &&
+         rows / kTile <= 65535;
+}
+
 template <Fp8Format F, typename T>
 void launch_transposed(const T* x, const float* scale, uint8_t* q, int64_t rows, int64_t cols, int64_t ld,
                        cudaStream_t st) {
-  if (rows % kTile == 0 && cols % kTile == 0 && ld % 16 == 0 && aligned16(x) && aligned16(q) &&
-      rows / kTile <= 65535)
-    quantize_transposed_tiles<F><<<dim3(unsigned(cols / kTile), unsigned(rows / kTile)), kThreads, 0, st>>>(
-        x, scale, q, rows, cols, ld);
+  if (tiles_fit(x, q, rows, cols, ld))
+    quantize_transposed_tiles<F, false>
+        <<<dim3(unsigned(cols / kTile), unsigned(rows / kTile)), kThreads, 0, st>>>(x, scale, q, rows, cols,
+                                                                                    ld, nullptr);
   else
     quantize_transposed_scalar<F><<<blocks_for(rows * cols), kThreads, 0, st>>>(x, scale, q, rows, cols, ld);
 }
@@ -300,6 +312,26 @@ void k_fp8_quantize_transposed(DType t, const void* x, const float* scale, uint8
     else launch_transposed<Fp8Format::e5m2>(xt, scale, q, rows, cols, ld, st);
   });
   RP_CUDA_LAUNCH_CHECK("fp8 quantize transposed");
+}
+
+bool k_fp8_quantize_both(DType t, const void* x, const float* scale, uint8_t* q, uint8_t* qt, int64_t rows,
+                         int64_t cols, int64_t ld, Fp8Format f, cudaStream_t st) {
+  if (rows <= 0 || cols <= 0) return true;
+  if (!tiles_fit(x, qt, rows, cols, ld) || !aligned16(q)) return false;
+  if (ld > rows)
+    RP_CUDA_CHECK(cudaMemset2DAsync(qt + rows, size_t(ld), 0, size_t(ld - rows), size_t(cols), st));
+  const dim3 grid(unsigned(cols / kTile), unsigned(rows / kTile));
+  RP_DISPATCH_ANY("fp8_quantize_both", t, T, {
+    const T* xt = static_cast<const T*>(x);
+    if (f == Fp8Format::e4m3)
+      quantize_transposed_tiles<Fp8Format::e4m3, true>
+          <<<grid, kThreads, 0, st>>>(xt, scale, qt, rows, cols, ld, q);
+    else
+      quantize_transposed_tiles<Fp8Format::e5m2, true>
+          <<<grid, kThreads, 0, st>>>(xt, scale, qt, rows, cols, ld, q);
+  });
+  RP_CUDA_LAUNCH_CHECK("fp8 quantize both");
+  return true;
 }
 
 void k_fp8_quantize_rows_col_scaled(DType t, const void* x, const float* col_scale, uint8_t* q, float* scale,

@@ -32,6 +32,11 @@ void k_fp8_quantize(DType t, const void* x, const float* scale, uint8_t* q, int6
 /// thread.
 void k_fp8_quantize_transposed(DType t, const void* x, const float* scale, uint8_t* q, int64_t rows,
                                int64_t cols, int64_t ld, Fp8Format f, cudaStream_t st);
+/// Ops::fp8_quantize_both through the tile kernel, which also stores each thread's row codes:
+/// false (nothing launched) where the tiles do not fit (rows or cols not multiples of 64, ld not
+/// of 16, x, q or qt not 16-byte aligned), and the caller runs the two separate kernels.
+bool k_fp8_quantize_both(DType t, const void* x, const float* scale, uint8_t* q, uint8_t* qt, int64_t rows,
+                         int64_t cols, int64_t ld, Fp8Format f, cudaStream_t st);
 /// Ops::fp8_quantize_rows_col_scaled: one block per row, x read twice (the row's amax of
 /// x * col_scale, then its codes).
 void k_fp8_quantize_rows_col_scaled(DType t, const void* x, const float* col_scale, uint8_t* q, float* scale,

@@ -132,6 +132,8 @@ class CudaOps final : public Ops {
                                Fp8Format f) override;
   void fp8_quantize_transposed_padded(const void* x, const float* scale, uint8_t* q, int64_t rows,
                                       int64_t cols, int64_t ld, Fp8Format f) override;
+  void fp8_quantize_both(const void* x, const float* scale, uint8_t* q, uint8_t* qt, int64_t rows,
+                         int64_t cols, int64_t ld, Fp8Format f) override;
   void gemm_fp8_accumulate_f32(const uint8_t* a, Fp8Format fa, const float* scale_a, const uint8_t* b,
                                Fp8Format fb, const float* scale_b, float* d, int64_t M, int64_t K,
                                int64_t N) override;

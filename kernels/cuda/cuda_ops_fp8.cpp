@@ -106,6 +106,15 @@ void CudaOps::fp8_quantize_transposed_padded(const void* x, const float* scale, 
   k_fp8_quantize_transposed(dtype_, x, scale, q, rows, cols, ld, f, st_);
 }
 
+void CudaOps::fp8_quantize_both(const void* x, const float* scale, uint8_t* q, uint8_t* qt, int64_t rows,
+                                int64_t cols, int64_t ld, Fp8Format f) {
+  require(rows >= 0 && cols >= 0 && ld >= rows, "fp8_quantize_both", "negative dimension or ld < rows");
+  set_device(dev_);
+  if (k_fp8_quantize_both(dtype_, x, scale, q, qt, rows, cols, ld, f, st_)) return;
+  k_fp8_quantize(dtype_, x, scale, q, rows * cols, cols, false, f, st_);
+  k_fp8_quantize_transposed(dtype_, x, scale, qt, rows, cols, ld, f, st_);
+}
+
 void CudaOps::fp8_quantize_rows_col_scaled(const void* x, const float* col_scale, uint8_t* q, float* scale,
                                            int64_t rows, int64_t cols, Fp8Format f) {
   require(rows >= 0 && cols >= 0, "fp8_quantize_rows_col_scaled", "negative dimension");

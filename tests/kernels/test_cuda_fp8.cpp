@@ -178,6 +178,42 @@ TEST_F(CudaFp8, PaddedTransposedCodesEqualTheCpuTwin) {
     }
 }
 
+// Both layouts from one pass (a weight gradient's dy): the row codes equal fp8_quantize's and
+// the padded transposed codes fp8_quantize_transposed_padded's on the CPU, bit for bit, on the
+// fused tile path (rows and cols multiples of 64) and on the two-kernel fallback; nothing is
+// written past either output.
+TEST_F(CudaFp8, BothLayoutsEqualTheCpuTwin) {
+  struct Shape {
+    int64_t rows, cols, ld;
+  } shapes[] = {{128, 192, 144}, {2048, 256, 2064}, {192, 64, 192}, {100, 48, 112}, {33, 50, 40}};
+  for (const Shape& sh : shapes)
+    for (Fp8Format f : {Fp8Format::e4m3, Fp8Format::e5m2}) {
+      const int64_t n = sh.rows * sh.cols, m = sh.cols * sh.ld;
+      VecF x = fp8ref::normal_with_outliers(size_t(n), uint32_t(n + 11));
+      DT xd = upload(x, ct());
+      DT s = poisoned(1, DType::f32), q = bytes(n + 1, 0xab), qt = bytes(m + 1, 0xab);
+      run([&](Ops& o) {
+        o.fp8_scale(xd.get(), n, f, s.as<float>());
+        o.fp8_quantize_both(xd.get(), s.as<float>(), q.as<uint8_t>(), qt.as<uint8_t>(), sh.rows, sh.cols,
+                            sh.ld, f);
+      });
+      float cs_ = 0;
+      Codes cq(static_cast<size_t>(n), 0xcd), cqt(static_cast<size_t>(m), 0xcd);
+      cpu_->fp8_scale(x.data(), n, f, &cs_);
+      cpu_->fp8_quantize(x.data(), &cs_, cq.data(), n, f);
+      cpu_->fp8_quantize_transposed_padded(x.data(), &cs_, cqt.data(), sh.rows, sh.cols, sh.ld, f);
+      const Codes gq = download_bytes(q.get(), n + 1), gqt = download_bytes(qt.get(), m + 1);
+      const std::string what = std::string(fp8_format_name(f)) + " " + std::to_string(sh.rows) + "x" +
+                               std::to_string(sh.cols) + " ld " + std::to_string(sh.ld);
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(int(gq[size_t(i)]), int(cq[size_t(i)])) << what << " row code " << i;
+      for (int64_t i = 0; i < m; ++i)
+        ASSERT_EQ(int(gqt[size_t(i)]), int(cqt[size_t(i)])) << what << " transposed code " << i;
+      EXPECT_EQ(int(gq[size_t(n)]), 0xab) << what << ": wrote past the row codes";
+      EXPECT_EQ(int(gqt[size_t(m)]), 0xab) << what << ": wrote past the transposed codes";
+    }
+}
+
 // Zeros give scale 1, an inf an inf scale, a NaN a NaN scale, on both backends alike; the
 // codes under those scales agree too (all NaN codes under a NaN scale).
 TEST_F(CudaFp8, NonFiniteAndZeroTensors) {

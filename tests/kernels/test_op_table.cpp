@@ -251,6 +251,7 @@ TEST(OpTableHarness, CoversTheBenchmarkedOps) {
                          "fp8_quantize_rows",
                          "fp8_quantize_transposed",
                          "fp8_quantize_transposed_padded",
+                         "fp8_quantize_both",
                          "rmsnorm_fwd_fp8_scale",
                          "swiglu_fwd_fp8_scale",
                          "gemm_fp8",

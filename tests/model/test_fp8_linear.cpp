@@ -140,6 +140,55 @@ TEST(Fp8Linear, WeightGradientMatchesTheQuantizeDequantizeReference) {
                std::invalid_argument);
 }
 
+// The weight gradient's call can leave dy's row codes and scale in the linear's scratch (made
+// with dy^T's, one amax): the input gradient then reads them instead of dy. Its dx equals the
+// call that quantizes dy itself, bit for bit, while a poisoned dy shows it is not read; the
+// weight gradient is the one without the shared codes. In both gradient formats.
+TEST(Fp8Linear, WeightGradientLeavesDyCodesForTheInputGradient) {
+  auto ops = make_cpu_ops();
+  const int64_t n = 21, in = 32, out = 24, K = fp8_padded_tokens(n);
+  const VecF w = ref::randn(size_t(out * in), 8, 0.2f), x = ref::randn(size_t(n * in), 9);
+  VecF dy = ref::randn(size_t(n * out), 10, 1e-3f);
+  dy[7] = 0.05f;
+  const VecF poisoned = ref::nan_vec(dy.size());
+  for (Fp8Format gf : {Fp8Format::e4m3, Fp8Format::e5m2}) {
+    HostFp8Weight hw(*ops, w, out, in, n);
+    Fp8Linear lin = hw.linear();
+    lin.grad_format = gf;
+    VecF dx_own(size_t(n * in)), dw_own(size_t(out * in), 0.f);
+    std::vector<uint8_t> dyt(size_t(out * K)), xt(size_t(in * K));
+    alignas(16) float scales[8] = {};
+    const Fp8WgradScratch s{dyt.data(), xt.data(), &scales[0], &scales[4]};
+    fp8_linear_bwd_weight(*ops, s, dy.data(), x.data(), dw_own.data(), n, in, out, gf, false);
+    fp8_linear_bwd_input(*ops, lin, dy.data(), dx_own.data(), n, in, out, false);
+    std::fill(hw.act.begin(), hw.act.end(), uint8_t(0x7f));
+    hw.act_scale = std::nanf("");
+    VecF dx_shared(size_t(n * in)), dw_shared(size_t(out * in), 0.f);
+    fp8_linear_bwd_weight(*ops, s, dy.data(), x.data(), dw_shared.data(), n, in, out, gf, false, &lin.act);
+    EXPECT_EQ(dw_shared, dw_own) << fp8_format_name(gf);
+    std::vector<uint8_t> want(size_t(n * out));
+    float want_scale = 0;
+    ops->fp8_scale(dy.data(), n * out, gf, &want_scale);
+    ops->fp8_quantize(dy.data(), &want_scale, want.data(), n * out, gf);
+    EXPECT_EQ(hw.act_scale, want_scale) << fp8_format_name(gf);
+    EXPECT_EQ(std::vector<uint8_t>(hw.act.begin(), hw.act.begin() + n * out), want) << fp8_format_name(gf);
+    Fp8Linear coded = lin;
+    coded.input_quantized = true;
+    fp8_linear_bwd_input(*ops, coded, poisoned.data(), dx_shared.data(), n, in, out, false);
+    EXPECT_EQ(dx_shared, dx_own) << fp8_format_name(gf);
+  }
+  // a weight with row scales folds them into dy's own quantization: shared codes are refused
+  HostFp8Weight hw(*ops, w, out, in, n);
+  const VecF ones(size_t(in), 1.f), rows(size_t(out), 0.01f);
+  Fp8Linear row_scaled = hw.linear();
+  row_scaled.weight.row_scale = rows.data();
+  row_scaled.weight.ones = ones.data();
+  row_scaled.input_quantized = true;
+  VecF dx(size_t(n * in));
+  EXPECT_THROW(fp8_linear_bwd_input(*ops, row_scaled, dy.data(), dx.data(), n, in, out, false),
+               std::invalid_argument);
+}
+
 // The choice of kFp8GradFormat: dx = dy W against the exact product, dy's codes in e4m3 or
 // e5m2, for Gaussian output gradients and for heavy-tailed ones (a Gaussian times e^(2 g'),
 // magnitudes over ~6 decades, as gradients of a few tokens dominate).

@@ -1,5 +1,6 @@
 // Op-table cases of FP8 compute (kernels/ops.hpp "FP8 compute"): the scales, the quantizations
-// (per tensor, per row, transposed, transposed with the token count padded), the norm and SwiGLU
+// (per tensor, per row, transposed, transposed with the token count padded, both layouts at
+// once), the norm and SwiGLU
 // with their fused scale, and the FP8 GEMMs (e4m3 x e4m3 into the compute dtype, e5m2 x e4m3 as
 // an input gradient, and into an fp32 weight-gradient accumulator) at the decoder linears of
 // Qwen3-1.7B and LLaMA-3.1-8B over 8192 tokens. Codes compare by their decoded values (the
@@ -72,6 +73,15 @@ void add_quantize(std::vector<OpCase>& v, int64_t rows, int64_t cols) {
       },
       false);
   v.back().shape += " ld=" + std::to_string(ld);
+  // both codes from one read (a weight gradient's dy: its rows for the input gradient too)
+  OpCase both{"fp8_quantize_both", "fp8_quantize_both", sh + " ld=" + std::to_string(ld)};
+  both.tensors = {input("x", C, n), derived("scale", F32, 1), codes_out("q", n, E4),
+                  codes_out("qt", cols * ld, E4)};
+  both.prepare = [=](Ops& o, const Buffers& b) { o.fp8_scale(b[0], n, E4, b.f(1)); };
+  both.run = [=](Ops& o, const Buffers& b) {
+    o.fp8_quantize_both(b[0], b.f(1), b.u(2), b.u(3), rows, cols, ld, E4);
+  };
+  v.push_back(both);
 }
 
 void add_fused(std::vector<OpCase>& v, int64_t T, int64_t H, int64_t F) {
