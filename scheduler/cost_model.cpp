@@ -168,13 +168,14 @@ struct Acc {
     add(2 * m * n * k, m * k + k * n + es() * m * n, d.fp8_flops);
   }
   // A dense linear's weight gradient dW[k,n] += A^T dC over m rows: with FP8 weight gradients
-  // an e4m3 GEMM into the grad-dtype gradient after the amax and transposed quantization of dC
-  // and of A (none for A when `a_reused`: the previous linear read the same A); else gemm's
-  // accumulating form.
+  // an e4m3 GEMM into the grad-dtype gradient after the amax and transposed quantization of A
+  // (none when `a_reused`: the previous linear read the same A) and dC's transposed codes, one
+  // byte each, written in the same pass as the row codes of its input gradient (whose amax and
+  // read `linear` counts: Ops::fp8_quantize_both); else gemm's accumulating form.
   void linear_wgrad(double k, double n, double m, bool a_reused) {
     if (!(d.fp8_flops > 0) || !d.fp8_weight_gradients) return gemm(k, n, m, true);
     if (m <= 0 || n <= 0 || k <= 0) return;
-    add(0, (2 * es() + 1) * m * (n + (a_reused ? 0 : k)), d.peak_flops, d.fp8_quant_efficiency);
+    add(0, m * n + (a_reused ? 0 : (2 * es() + 1) * m * k), d.peak_flops, d.fp8_quant_efficiency);
     add(2 * m * n * k, m * (k + n) + 2.0 * double(d.grad_elem_bytes) * k * n, d.fp8_flops);
   }
   void elementwise(double b) { add(0, b, d.peak_flops); }

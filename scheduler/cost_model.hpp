@@ -141,7 +141,8 @@ struct DeviceModel {
   double fp8_flops = 0;
   /// With fp8_flops: the dense linears' weight gradients run as e4m3 GEMMs too
   /// (LayerOptions::fp8_weight_gradients), after the amax and transposed quantization of the
-  /// output gradient and of the input (k, v, up reuse the input codes of q, gate).
+  /// input (k, v, up reuse the input codes of q, gate); the output gradient's transposed codes
+  /// come from the pass that makes its row codes for the input gradient.
   bool fp8_weight_gradients = false;
   /// Sparse blocks lay their sorted rows out padded (LayerOptions::expert_padded): their
   /// [R, .] scratch holds padded_rows_bound(R) rows (kernels/moe_buckets.hpp). FLOPs unchanged.

@@ -175,8 +175,10 @@ TEST(CostModel, Fp8QuantizationPassesFollowTheDecodersCodeReuse) {
 // FP8 weight gradients (DeviceModel::fp8_weight_gradients): the backward's FLOPs unchanged, its
 // GEMM time lower (the seven weight-gradient GEMMs at the FP8 rate: seen with quantization
 // made free), the forward unchanged; each
-// weight gradient quantizes dy^T and (but for k, v, up) x^T: halving the quantization kernels'
-// bandwidth adds exactly those bytes' time again beyond what the FP8 input gradients add. The
+// weight gradient writes dy^T's codes in the pass that makes dy's row codes for the input
+// gradient (one byte more per element, no amax or read of its own) and quantizes (but for k,
+// v, up) x^T: halving the quantization kernels' bandwidth adds exactly those bytes' time again
+// beyond what the FP8 input gradients add. The
 // scratch holds two more code buffers (dy^T, x^T) of [max(H, Q, K, F), T] and two scales.
 // Ignored without fp8_flops.
 TEST(CostModel, Fp8WeightGradientsRunAtTheFp8Rate) {
@@ -210,9 +212,10 @@ TEST(CostModel, Fp8WeightGradientsRunAtTheFp8Rate) {
     d.fp8_quant_efficiency = 0.25;
     return estimate_layers(m, 1, 8192, d);
   }();
-  // dy^T of q, k, v, o, gate, up, down; x^T of q (k, v reuse), o, gate (up reuses), down: an amax
-  // and a transposed quantize each (two bf16 reads, one byte of codes)
-  const double bytes = 5 * Td * (Q + K + K + H + Fd + Fd + H) + 5 * Td * (H + Q + H + Fd);
+  // dy^T of q, k, v, o, gate, up, down: one byte of codes each (dy read once for both codes);
+  // x^T of q (k, v reuse), o, gate (up reuses), down: an amax and a transposed quantize each
+  // (two bf16 reads, one byte of codes)
+  const double bytes = 1 * Td * (Q + K + K + H + Fd + Fd + H) + 5 * Td * (H + Q + H + Fd);
   const double want = bytes / (d.mem_bandwidth * 0.25) - bytes / (d.mem_bandwidth * 0.5);
   EXPECT_NEAR((b[1].cost.bwd - a[1].cost.bwd) - (b0[1].cost.bwd - a0[1].cost.bwd), want, want * 1e-6);
   d.fp8_flops = 0;
