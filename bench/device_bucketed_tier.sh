@@ -17,8 +17,8 @@
 #   p30g p30b  the same under the kernel profiler (bench/kernel_profile.cpp): $OUT/prof_MODE.md
 #   bog bob    GPT-OSS-20B LoRA r=32 all linears, mxfp4 base, 8 x 4096, M=8, cap 10 GiB, expert
 #              GEMMs grouped (bog) or bucketed over 4 streams (bob); STEPS (8) after 2 warm-up steps
-#   d17 d17w   Qwen3-1.7B full fine-tuning with FP8 linears, 8 x 8192, M=8, cap 6.7 GiB; d17w with
-#              FP8 weight gradients too; STEPS (8) after 2 warm-up steps
+#   d17 d17w   Qwen3-1.7B full fine-tuning with FP8 linears, 8 x 8192, M=8, cap 6.7 GiB; d17 with
+#              bf16 weight gradients, d17w with FP8 ones; STEPS (8) after 2 warm-up steps
 #   d4 d4w     the same for Qwen3-4B at cap 7.3 GiB
 #   p17        Qwen3-1.7B full fine-tuning with FP8 linears, 8 x 8192, M=8, cap 6.7 GiB, under the
 #              kernel profiler (its last 12 s): $OUT/prof_p17.md
@@ -119,7 +119,7 @@ for mode in "$@"; do
       bench "$mode" --preset gpt-oss-20b --seq 4096 --seqs 8 --micro 8 --cap-gib 10 --lora-r 32 \
         --lora-targets all-linear --base-format mxfp4 --steps "${STEPS:-8}" --warmup 2 --expert-gemm "$eg" ;;
     d17|d17w|d4|d4w)
-      wg=(); [ "${mode%w}" != "$mode" ] && wg=(--fp8-wgrad)
+      wg=(--bf16-wgrad); [ "${mode%w}" != "$mode" ] && wg=(--fp8-wgrad)
       if [ "${mode#d17}" != "$mode" ]; then dense=(--preset qwen3-1.7b --cap-gib 6.7); else dense=(--preset qwen3-4b --cap-gib 7.3); fi
       bench "$mode" "${dense[@]}" --seq 8192 --seqs 8 --micro 8 --fp8 "${wg[@]}" --steps "${STEPS:-8}" --warmup 2 ;;
     p17)

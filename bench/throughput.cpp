@@ -161,6 +161,7 @@ int run(int argc, char** argv) {
   int64_t hidden = 2048, heads = 16, kv = 8, hd = 128, ffn = 6144, vocab = 151936, seq = 8192, seqs = 8,
           micro = 8;
   bool sync = false, qwen3 = true, no_prio = false, fp8 = false, fp8_wgrad = false, fp8_direct = false;
+  bool bf16_wgrad = false;
   int64_t chunk_bytes = 32 << 20;
   int bulk_inflight = 1;
   int64_t mlp_chunk = 0;
@@ -186,7 +187,9 @@ int run(int argc, char** argv) {
   app.add_flag("--fp8", fp8, "dense decoder linears in FP8 e4m3 (forward, recompute, input gradient)");
   app.add_option("--expert-gemm", expert_gemm, "MoE grouped linears: grouped or bucketed (padded layout)")
       ->check(CLI::IsMember({"grouped", "bucketed"}));
-  app.add_flag("--fp8-wgrad", fp8_wgrad, "with --fp8: their weight gradients in FP8 too");
+  app.add_flag("--fp8-wgrad", fp8_wgrad,
+               "with --fp8: their weight gradients in FP8 too (the default with --fp8; a LoRA run has none)");
+  app.add_flag("--bf16-wgrad", bf16_wgrad, "with --fp8: keep the weight gradients in bf16");
   app.add_flag("--fp8-stored-direct", fp8_direct,
                "with --fp8 and --base-format fp8: run the base's linears from its codes (experimental)");
   app.add_option("--cap-gib", cap, "device memory cap per worker")
@@ -292,6 +295,11 @@ int run(int argc, char** argv) {
         "--lora-r R (it streams a LoRA base) or --tier-spill-layers N");
   needs(fp8_direct, fp8, "--fp8-stored-direct", "--fp8");
   needs(fp8_wgrad, fp8, "--fp8-wgrad", "--fp8");
+  needs(bf16_wgrad, fp8, "--bf16-wgrad", "--fp8");
+  if (fp8_wgrad && bf16_wgrad)
+    usage_error(
+        "--fp8-wgrad and --bf16-wgrad: expected one of them (with --fp8 the weight gradients are FP8 "
+        "unless --bf16-wgrad)");
   for (const char* o : {"--lora-alpha", "--lora-targets", "--base-format"})
     needs(app.count(o) > 0, lora_r > 0, o, "--lora-r R (a LoRA run)");
   needs(dtype == "f16", backend != "cpu", "--dtype f16", "--backend cuda (the cpu backend computes in f32)");
@@ -400,7 +408,8 @@ int run(int argc, char** argv) {
   o.device.dtype = dtype == "f16" ? rp::DType::f16 : rp::DType::bf16;
   if (dtype == "f16") o.loss_scaling = rp::LossScalerOptions{};  // fp16 needs dynamic loss scaling
   o.device.fp8 = fp8;
-  o.device.fp8_weight_gradients = fp8 && fp8_wgrad;
+  // FP8 weight gradients by default with --fp8; a LoRA run's frozen base computes none
+  o.device.fp8_weight_gradients = fp8 && !bf16_wgrad && lora_r == 0;
   o.device.fp8_stored_direct = fp8 && fp8_direct;
   o.device.expert_gemm_bucketed = expert_gemm == "bucketed";
   o.trace = !trace.empty();
@@ -586,7 +595,8 @@ int run(int argc, char** argv) {
       "| roundpipe ({} x {}, {}, {}, attention {}, {}, {}; {}) | {:.0f} | {:.3f} | {:.2f} | {:.1f} | {:.2f} "
       "|",
       workers, backend, sync ? "sync" : "async",
-      fp8 ? dtype + (fp8_wgrad ? " + fp8 linears and weight gradients" : " + fp8 linears") : dtype,
+      fp8 ? dtype + (o.device.fp8_weight_gradients ? " + fp8 linears and weight gradients" : " + fp8 linears")
+          : dtype,
       attn && *attn ? attn : "auto", xfer, chunks, shape, tps, mfu, peak, rss, dt);
   predicted_prefetch = std::min(predicted_prefetch, int64_t(o.device.capacity_bytes));
   std::printf(

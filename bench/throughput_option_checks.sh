@@ -14,6 +14,8 @@ check "--tier-spill-layers 100: expected 0..5 (the layers with a saved input: al
 check "--frozen-tier needs a non-empty path" --frozen-tier "" --lora-r 4
 check "--fp8-stored-direct needs --fp8" --fp8-stored-direct
 check "--fp8-wgrad needs --fp8" --fp8-wgrad
+check "--bf16-wgrad needs --fp8" --bf16-wgrad
+check "--fp8-wgrad and --bf16-wgrad: expected one of them" --fp8 --fp8-wgrad --bf16-wgrad
 check "--steps" --steps 0
 check "--seqs" --seqs many
 check "--dtype" --dtype f64

@@ -87,7 +87,7 @@ DeviceModel device_model(const PlanCommandOptions& o, const std::optional<ModelL
   DeviceModel d;
   d.peak_flops = o.peak_tflops * 1e12;
   if (o.fp8) d.fp8_flops = (o.fp8_tflops > 0 ? o.fp8_tflops : kFp8SpeedupH200 * o.peak_tflops) * 1e12;
-  d.fp8_weight_gradients = o.fp8 && o.fp8_wgrad;
+  d.fp8_weight_gradients = o.fp8 && !o.bf16_wgrad && !layout;  // as the spec's default: full fine-tuning
   d.mem_bandwidth = o.hbm_gbps * 1e9;
   d.pcie_bandwidth = o.pcie_gbps * 1e9;
   d.mlp_chunk_tokens = o.mlp_chunk_tokens;
@@ -321,8 +321,9 @@ void print_plan_header(std::FILE* out, const PlanCommandOptions& o, const PlanCo
              preset ? fmt::format("{} ({}; plan --list-gpus): ", preset->name,
                                   achievable_rates(*preset).measured ? "measured" : "data sheet x efficiency")
                     : std::string(),
-             o.fp8 ? fmt::format("{:.4g} (FP8 linears {:.4g})", o.peak_tflops,
-                                 device_model(o, std::nullopt).fp8_flops / 1e12)
+             o.fp8 ? fmt::format("{:.4g} (FP8 linears {:.4g}{})", o.peak_tflops,
+                                 device_model(o, std::nullopt).fp8_flops / 1e12,
+                                 d.fp8_weight_gradients ? ", their weight gradients too" : "")
                    : fmt::format("{:.4g}", o.peak_tflops),
              o.hbm_gbps, o.pcie_gbps, cap > 0 ? format_bytes(double(cap)) : std::string("none"));
   fmt::print(out, "costs     {}\n", source);

@@ -47,7 +47,10 @@ struct PlanCommandOptions {
   /// input gradient at fp8_tflops (0: the --gpu preset's achievable FP8 rate, else
   /// kFp8SpeedupH200 x peak_tflops).
   bool fp8 = false;
-  bool fp8_wgrad = false;  ///< with fp8: the weight gradients in FP8 too ("fp8_weight_gradients")
+  /// With fp8: the weight gradients in FP8 too ("fp8_weight_gradients"), the default in full
+  /// fine-tuning; bf16_wgrad keeps them in bf16. A --frozen or --lora-r run has none.
+  bool fp8_wgrad = false;
+  bool bf16_wgrad = false;
   double fp8_tflops = 0;
   double hbm_gbps = 4300;        ///< device memory GB/s
   double pcie_gbps = 55;         ///< host<->device GB/s per direction (0: free)

@@ -42,7 +42,10 @@ void add_device_options(CLI::App& c, PlanCommandOptions& o) {
       "plan a run with \"fp8\": true: the dense decoder linears' forward, recompute and input gradient "
       "at --fp8-tflops");
   c.add_flag("--fp8-wgrad", o.fp8_wgrad,
-             "with --fp8: \"fp8_weight_gradients\": true, the linears' weight gradients in FP8 as well");
+             "with --fp8: the linears' weight gradients in FP8 as well (the default with --fp8 in full "
+             "fine-tuning)");
+  c.add_flag("--bf16-wgrad", o.bf16_wgrad,
+             "with --fp8: \"fp8_weight_gradients\": false, the linears' weight gradients kept in bf16");
   number(c, "--fp8-tflops", o.fp8_tflops,
          "--fp8: achievable e4m3 GEMM TFLOP/s (0: the --gpu preset's, else 1.7 x --peak-tflops as measured "
          "on the H200)");

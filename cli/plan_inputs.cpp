@@ -177,6 +177,12 @@ void check_plan_options(const PlanCommandOptions& o) {
       !(achievable_rates(*find_gpu_preset(o.gpu)).fp8_tflops > 0) && !(o.fp8_tflops > 0))
     throw UsageError(
         fmt::format("--fp8: {} has no FP8 tensor cores (the runtime refuses \"fp8\": true there)", o.gpu));
+  if ((o.fp8_wgrad || o.bf16_wgrad) && !o.fp8)
+    throw UsageError(fmt::format("{} needs --fp8", o.fp8_wgrad ? "--fp8-wgrad" : "--bf16-wgrad"));
+  if (o.fp8_wgrad && o.bf16_wgrad)
+    throw UsageError(
+        "--fp8-wgrad and --bf16-wgrad: expected one of them (with --fp8 the weight gradients are FP8 unless "
+        "--bf16-wgrad)");
   check_real("--hbm-gbps", o.hbm_gbps, 1e-3, 1e6);
   check_real("--pcie-gbps", o.pcie_gbps, 1e-3, 1e6, true);
   check_real("--host-gib", o.host_gib, 1e-3, kMaxHostGib, true);

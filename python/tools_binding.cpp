@@ -49,6 +49,8 @@ const std::map<std::string, PlanKeyword>& plan_keywords() {
       {"trace", {"--trace", setter(&O::trace)}},
       {"peak_tflops", {"--peak-tflops", setter(&O::peak_tflops)}},
       {"fp8", {"--fp8", setter(&O::fp8)}},
+      {"fp8_wgrad", {"--fp8-wgrad", setter(&O::fp8_wgrad)}},
+      {"bf16_wgrad", {"--bf16-wgrad", setter(&O::bf16_wgrad)}},
       {"fp8_tflops", {"--fp8-tflops", setter(&O::fp8_tflops)}},
       {"hbm_gbps", {"--hbm-gbps", setter(&O::hbm_gbps)}},
       {"pcie_gbps", {"--pcie-gbps", setter(&O::pcie_gbps)}},

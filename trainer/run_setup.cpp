@@ -246,7 +246,7 @@ SessionOptions session_options_of(const TrainSpec& spec, const ModelLayout& layo
   opt.device.dtype = parse_dtype(spec.compute_dtype);
   opt.device.f16_accumulation = spec.gemm_accumulate == "f16";
   opt.device.fp8 = spec.fp8;
-  opt.device.fp8_weight_gradients = spec.fp8_weight_gradients;
+  opt.device.fp8_weight_gradients = fp8_weight_gradients_on(spec);
   opt.device.fp8_stored_direct = spec.fp8_stored_direct;
   opt.device.expert_gemm_bucketed = spec.expert_gemm == "bucketed";
   opt.loss_scaling = spec.loss_scaling;

@@ -144,8 +144,8 @@ void read_compute_keys(const JsonFields& f, TrainSpec& s) {
         "supported)");
   if (s.fp8 && s.gemm_accumulate != "f32")
     f.fail_with("key 'fp8': the FP8 GEMMs accumulate in fp32; drop \"gemm_accumulate\": \"f16\"");
-  f.optional("fp8_weight_gradients", s.fp8_weight_gradients);
-  if (s.fp8_weight_gradients && !s.fp8)
+  if (bool v = false; f.optional("fp8_weight_gradients", v)) s.fp8_weight_gradients = v;
+  if (s.fp8_weight_gradients.value_or(false) && !s.fp8)
     f.fail_with(
         "key 'fp8_weight_gradients': needs \"fp8\": true (it moves the FP8 linears' weight gradients "
         "to FP8 as well)");
@@ -404,7 +404,7 @@ void validate_spec(const TrainSpec& s) {
   if (s.lora) check_lora(JsonFields(none, s.source, "lora."), *s.lora);
   if (s.merge_adapters && !s.lora && s.adapter.empty())
     f.fail("merge_adapters", "false without \"lora\" or \"adapter\"", true);
-  if (s.fp8_weight_gradients && (s.lora || !s.adapter.empty()))
+  if (s.fp8_weight_gradients.value_or(false) && (s.lora || !s.adapter.empty()))
     f.fail("fp8_weight_gradients",
            "false with \"lora\" or \"adapter\" (a frozen base computes no weight gradient; the adapters' "
            "stay bf16)",
@@ -546,5 +546,9 @@ TrainSpec load_spec(const std::string& path, const std::vector<SpecSetting>& set
 }
 
 TrainSpec load_spec(const std::string& path) { return load_spec(path, {}); }
+
+bool fp8_weight_gradients_on(const TrainSpec& s) {
+  return s.fp8 && s.fp8_weight_gradients.value_or(!s.lora && s.adapter.empty());
+}
 
 }  // namespace rp

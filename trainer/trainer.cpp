@@ -159,8 +159,8 @@ void TrainingRun::start_session(const ModelLayout& layout, std::vector<std::vect
                opt.plan ? "explicit" : "automatic", plan.summary(), counted(plan.stages.size(), "stage"),
                counted(spec_.micro_batches, "micro-batch", "micro-batches"), opt.micro.n_seq,
                counted(spec_.seq_len, "token"),
-               !spec_.fp8                   ? ""
-               : spec_.fp8_weight_gradients ? "; FP8 e4m3 linears and weight gradients"
+               !spec_.fp8                       ? ""
+               : fp8_weight_gradients_on(spec_) ? "; FP8 e4m3 linears and weight gradients"
                : spec_.fp8_stored_direct && spec_.lora && spec_.lora->base_format == WeightFormat::fp8
                    ? "; FP8 e4m3 linears, the fp8 base's from its stored codes (fp8_stored_direct)"
                    : "; FP8 e4m3 linears");

@@ -116,7 +116,7 @@ TrainerState trainer_state_of(const TrainSpec& spec, int64_t step, int64_t data_
   if (spec.lora) s.base_format = weight_format_name(spec.lora->base_format);
   s.max_examples = spec.max_examples;
   s.chat_template = spec.chat_template;
-  s.linear_compute = !spec.fp8 ? "bf16" : spec.fp8_weight_gradients ? "fp8+wgrad" : "fp8";
+  s.linear_compute = !spec.fp8 ? "bf16" : fp8_weight_gradients_on(spec) ? "fp8+wgrad" : "fp8";
   return s;
 }
 

@@ -167,8 +167,9 @@ struct TrainSpec {
   /// bf16; on the CUDA backend a GPU of compute capability 8.9+.
   bool fp8 = false;
   /// With fp8: the dense decoder linears' weight gradients in FP8 too
-  /// (DeviceOptions::fp8_weight_gradients; docs/gpu.md "FP8 linears"). Needs fp8.
-  bool fp8_weight_gradients = false;
+  /// (DeviceOptions::fp8_weight_gradients; docs/gpu.md "FP8 linears"). Absent: on with fp8 in
+  /// full fine-tuning, else off (fp8_weight_gradients_on). true needs fp8 and full fine-tuning.
+  std::optional<bool> fp8_weight_gradients;
   /// With fp8 over a LoRA base stored as fp8: run its linears from the stored codes
   /// (DeviceOptions::fp8_stored_direct; docs/gpu.md "FP8 linears"). Needs fp8. Experimental.
   bool fp8_stored_direct = false;
@@ -225,6 +226,9 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where);
 /// counts, names); Trainer::run calls it. Throws std::invalid_argument naming s.source and
 /// the key.
 void validate_spec(const TrainSpec& s);
+/// Whether the run's dense linears compute their weight gradients in FP8: the spec's
+/// fp8_weight_gradients when given, else fp8 in full fine-tuning (no "lora", no "adapter").
+bool fp8_weight_gradients_on(const TrainSpec& s);
 /// Reads `path` (JSON) and parses it; syntax errors name the file, line, column and the
 /// parser's reason ("spec.json:3:12: invalid JSON: syntax error while parsing object - ...").
 TrainSpec load_spec(const std::string& path);

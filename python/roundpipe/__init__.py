@@ -171,8 +171,8 @@ def plan(model, **options):
 
     Options are the command's flags with '_' for '-': gpus, seq, micro, gpu ("H200"),
     memory_cap ("24GiB"), host_gib, sequences_per_micro, profile, trace, peak_tflops, fp8,
-    fp8_tflops, hbm_gbps, pcie_gbps, iterations, sync, max_seq, mlp_chunk, save_attention
-    (False: --no-save-attention), frozen, lora_r, lora_targets, nodes, net_gbps,
+    fp8_wgrad, bf16_wgrad, fp8_tflops, hbm_gbps, pcie_gbps, iterations, sync, max_seq, mlp_chunk,
+    save_attention (False: --no-save-attention), frozen, lora_r, lora_targets, nodes, net_gbps,
     net_latency_us, accumulation, grouped_gemm_efficiency, and the disk tier's disk_gbps,
     disk_write_gbps, host_budget_gib, disk_ring (a prediction: training does not stream from a
     disk yet). Nothing needs a GPU or weights

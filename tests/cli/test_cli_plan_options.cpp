@@ -1,5 +1,6 @@
 // `roundpipe plan`'s options at their edges: the largest pool plans in seconds, and a value of
-// the wrong kind is one line naming the option and what it expects.
+// the wrong kind is one line naming the option and what it expects; --fp8 plans FP8 weight
+// gradients unless --bf16-wgrad.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -102,6 +103,49 @@ TEST(CliPlanOptions, AFlagGivenTwiceOrWithoutItsValueIsOneLineNamingIt) {
   };
   for (const auto& [args, want] : cases) {
     const CliRun r = roundpipe(args, d);
+    EXPECT_EQ(r.code, 2) << args << ": " << r.err;
+    EXPECT_EQ(r.err.find("roundpipe: error: " + want), 0u) << args << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
+  }
+  fs::remove_all(d);
+}
+
+// --fp8 plans FP8 weight gradients in full fine-tuning, as the spec's default; --bf16-wgrad
+// keeps them bf16 and predicts other times, --fp8-wgrad (the default) changes nothing. A LoRA
+// run's frozen base has no weight gradient: there both give one plan. Either flag without
+// --fp8, or both, is one line naming them.
+TEST(CliPlanOptions, Fp8PlansFp8WeightGradientsUnlessBf16Wgrad) {
+  auto d = tmpdir();
+  const std::string base = "plan --model " + kConfigs + "qwen3-1.7b.json --gpus 1 --seq 8192 --micro 8 --fp8";
+  auto tokens = [](const CliRun& r) {
+    const auto at = r.out.find(" tokens/s\n");
+    const auto from = r.out.rfind(' ', at - 1);
+    return at == std::string::npos ? 0.0 : std::stod(r.out.substr(from + 1, at - from - 1));
+  };
+  auto untimed = [](std::string out) {  // the report less the planner's own time ("found in 0.15 ms")
+    const auto at = out.find("found in ");
+    if (at != std::string::npos) out.erase(at, out.find(" ms", at) - at);
+    return out;
+  };
+  const CliRun fp8 = roundpipe(base, d), wgrad = roundpipe(base + " --fp8-wgrad", d),
+               bf16 = roundpipe(base + " --bf16-wgrad", d);
+  for (const CliRun* r : {&fp8, &wgrad, &bf16}) ASSERT_EQ(r->code, 0) << r->err;
+  ASSERT_GT(tokens(fp8), 0) << fp8.out;
+  EXPECT_EQ(untimed(fp8.out), untimed(wgrad.out));
+  EXPECT_NE(tokens(fp8), tokens(bf16)) << fp8.out << bf16.out;
+  EXPECT_NE(fp8.out.find(", their weight gradients too)"), std::string::npos) << fp8.out;
+  EXPECT_EQ(bf16.out.find("their weight gradients"), std::string::npos) << bf16.out;
+  const CliRun lora = roundpipe(base + " --lora-r 8", d),
+               lora_bf16 = roundpipe(base + " --lora-r 8 --bf16-wgrad", d);
+  ASSERT_EQ(lora.code, 0) << lora.err;
+  EXPECT_EQ(untimed(lora.out), untimed(lora_bf16.out));
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"--fp8-wgrad", "--fp8-wgrad needs --fp8"},
+      {"--bf16-wgrad", "--bf16-wgrad needs --fp8"},
+      {"--fp8 --fp8-wgrad --bf16-wgrad", "--fp8-wgrad and --bf16-wgrad: expected one of them"},
+  };
+  for (const auto& [args, want] : refused) {
+    const CliRun r = roundpipe("plan --model m.json " + args, d);
     EXPECT_EQ(r.code, 2) << args << ": " << r.err;
     EXPECT_EQ(r.err.find("roundpipe: error: " + want), 0u) << args << ": " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;

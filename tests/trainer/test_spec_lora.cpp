@@ -205,13 +205,17 @@ TEST(SpecLora, ResumingOnAnotherBaseFormatIsNamed) {
 
 // A checkpoint records whether its linear layers ran in FP8 (and their weight gradients);
 // resuming with the other compute is named among the differences the run warns about, and a
-// file of an earlier release (no record) or the same compute says nothing about it.
+// file of an earlier release (no record) or the same compute says nothing about it. "fp8"
+// alone in full fine-tuning is FP8 weight gradients too, so a checkpoint of FP8 linears with
+// bf16 weight gradients resumed by it is named.
 TEST(SpecLora, ResumingWithOtherLinearComputeIsNamed) {
   auto d = rp::clitest::tmpdir();
   const std::string file = (d / "state.json").string();
   const rp::TrainSpec bf16 = parse("");
-  const rp::TrainSpec fp8 = parse(R"(, "compute_dtype": "bf16", "fp8": true)");
+  const rp::TrainSpec fp8 = parse(R"(, "compute_dtype": "bf16", "fp8": true, "fp8_weight_gradients": false)");
   const rp::TrainSpec fp8w = parse(R"(, "compute_dtype": "bf16", "fp8": true, "fp8_weight_gradients": true)");
+  const rp::TrainSpec fp8_default = parse(R"(, "compute_dtype": "bf16", "fp8": true)");
+  EXPECT_EQ(rp::trainer_state_of(fp8_default, 3, 12).linear_compute, "fp8+wgrad");
   rp::write_trainer_state(file, rp::trainer_state_of(fp8, 3, 12));
   const rp::TrainerState saved = rp::read_trainer_state(file);
   ASSERT_TRUE(saved.linear_compute.has_value());
@@ -224,6 +228,8 @@ TEST(SpecLora, ResumingWithOtherLinearComputeIsNamed) {
   EXPECT_FALSE(named(rp::resume_differences(saved, fp8), "linear layers"));
   EXPECT_TRUE(named(rp::resume_differences(saved, bf16), "linear layers in bf16 (saved run fp8)"));
   EXPECT_TRUE(named(rp::resume_differences(saved, fp8w), "linear layers in fp8+wgrad (saved run fp8)"));
+  EXPECT_TRUE(
+      named(rp::resume_differences(saved, fp8_default), "linear layers in fp8+wgrad (saved run fp8)"));
   rp::TrainerState old = saved;  // an earlier release's file: not recorded
   old.linear_compute.reset();
   EXPECT_FALSE(named(rp::resume_differences(old, bf16), "linear layers"));

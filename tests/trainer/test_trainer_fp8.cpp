@@ -72,8 +72,9 @@ std::vector<double> loss_curve(const fs::path& d, const std::string& out, const 
   return loss;
 }
 
-const char* kFp8 = ", \"fp8\": true";
-const char* kFp8Wgrad = ", \"fp8\": true, \"fp8_weight_gradients\": true";
+// FP8 linears with bf16 weight gradients; "fp8" alone in full fine-tuning: FP8 weight gradients too
+const char* kFp8 = ", \"fp8\": true, \"fp8_weight_gradients\": false";
+const char* kFp8Wgrad = ", \"fp8\": true";
 
 // The windows of two loss curves within kFp8LossBar of each other, and some loss different.
 void expect_windows_within_the_bar(const std::vector<double>& plain, const std::vector<double>& fp8) {
@@ -96,15 +97,17 @@ void expect_windows_within_the_bar(const std::vector<double>& plain, const std::
   EXPECT_TRUE(differs) << "the FP8 run's losses equal the other's: its linears did not run in FP8";
 }
 
-// With FP8 weight gradients as well: the same bar against the compute-dtype run, and a curve
-// of its own (not the FP8 run's with bf16 weight gradients).
+// With FP8 weight gradients as well ("fp8" alone, their default in full fine-tuning): the same
+// bar against the compute-dtype run, and a curve of its own (not the FP8 run's with bf16
+// weight gradients).
 TEST(TrainerFp8, WeightGradientsInFp8StayWithinTheBar) {
   auto d = tmpdir();
   write(d / "data.jsonl", kData);
   const std::vector<double> plain = loss_curve(d, "plain", ""), fp8 = loss_curve(d, "fp8", kFp8),
                             wgrad = loss_curve(d, "wgrad", kFp8Wgrad);
   expect_windows_within_the_bar(plain, wgrad);
-  EXPECT_NE(wgrad, fp8) << "fp8_weight_gradients changed nothing";
+  EXPECT_NE(wgrad, fp8)
+      << "\"fp8\": true alone ran the bf16 weight gradients of \"fp8_weight_gradients\": false";
   fs::remove_all(d);
 }
 
@@ -198,6 +201,48 @@ TEST(TrainerFp8, SpecKeyIsChecked) {
   EXPECT_EQ(parse(", \"fp8_weight_gradients\": true"),
             "s.json: key 'fp8_weight_gradients': needs \"fp8\": true (it moves the FP8 linears' weight "
             "gradients to FP8 as well)");
+  fs::remove_all(d);
+}
+
+// "fp8_weight_gradients" absent: on with "fp8" in full fine-tuning, off without "fp8" or with
+// "lora" / "adapter" (a frozen base has no weight gradient); given: as given, true refused
+// where it cannot run, and --set writes it either way.
+TEST(TrainerFp8, WeightGradientsDefaultToFp8InFullFineTuning) {
+  auto d = tmpdir();
+  write(d / "data.jsonl", kData);
+  auto wgrad = [&](const std::string& extra) {
+    return spec_result(
+        d, extra,
+        [](const rp::TrainSpec& s) { return std::string(rp::fp8_weight_gradients_on(s) ? "on" : "off"); },
+        true);
+  };
+  const std::string lora = ", \"lora\": {\"r\": 4}", adapter = ", \"adapter\": \"adapter-folder\"";
+  EXPECT_EQ(wgrad(""), "off");
+  EXPECT_EQ(wgrad(", \"fp8\": true"), "on");
+  EXPECT_EQ(wgrad(", \"fp8\": false"), "off");
+  EXPECT_EQ(wgrad(", \"fp8\": true" + lora), "off");
+  EXPECT_EQ(wgrad(", \"fp8\": true" + adapter), "off");
+  EXPECT_EQ(wgrad(", \"fp8\": true, \"fp8_weight_gradients\": false"), "off");
+  EXPECT_EQ(wgrad(", \"fp8\": true, \"fp8_weight_gradients\": false" + lora), "off");
+  EXPECT_EQ(wgrad(", \"fp8_weight_gradients\": false"), "off");
+  EXPECT_EQ(wgrad(", \"fp8\": true, \"fp8_weight_gradients\": true"), "on");
+  const std::string refused =
+      "s.json: key 'fp8_weight_gradients': expected false with \"lora\" or \"adapter\" (a frozen base "
+      "computes no weight gradient; the adapters' stay bf16), got true";
+  EXPECT_EQ(wgrad(", \"fp8\": true, \"fp8_weight_gradients\": true" + lora), refused);
+  EXPECT_EQ(wgrad(", \"fp8\": true, \"fp8_weight_gradients\": true" + adapter), refused);
+  EXPECT_EQ(wgrad(", \"fp8_weight_gradients\": true"),
+            "s.json: key 'fp8_weight_gradients': needs \"fp8\": true (it moves the FP8 linears' weight "
+            "gradients to FP8 as well)");
+  // --set over a spec file with "fp8": true
+  const fs::path file = d / "s.json";
+  write(file, spec_for(d / "m", d / "data.jsonl", d / "run", ", \"fp8\": true"));
+  auto with_set = [&](const std::string& set) {
+    return rp::fp8_weight_gradients_on(rp::load_spec(file.string(), {rp::parse_set_option(set)}));
+  };
+  EXPECT_FALSE(with_set("fp8_weight_gradients=false"));
+  EXPECT_TRUE(with_set("fp8_weight_gradients=true"));
+  EXPECT_FALSE(with_set("fp8=false"));
   fs::remove_all(d);
 }
 
