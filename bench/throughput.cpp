@@ -35,8 +35,8 @@
 // its experts with "experts" in --lora-targets (per-expert adapters on gate_up_proj and
 // down_proj, e.g. --lora-r 32 --lora-targets q_proj,k_proj,v_proj,o_proj,experts). A MoE step line adds its
 // expert utilisation (least / most used expert against the even share) and load-balancing loss.
-// --expert-gemm grouped|bucketed: the experts' grouped linears as cuBLAS's grouped GEMM (default)
-// or as one batched GEMM per bucket of a padded layout (spec key "expert_gemm"). Every row
+// --expert-gemm bucketed|grouped: the experts' grouped linears as one batched GEMM per bucket of a
+// padded layout (the default) or as cuBLAS's grouped GEMM (spec key "expert_gemm"). Every row
 // reports the peak device memory and the process's peak host memory (max RSS). A failure of the run (memory
 // cap, device error) is one line on stderr and exit 1; a bad argument (a value out of range, an
 // option without the one it needs, --seqs not a multiple of --micro, an output file whose folder
@@ -165,7 +165,7 @@ int run(int argc, char** argv) {
   int64_t chunk_bytes = 32 << 20;
   int bulk_inflight = 1;
   int64_t mlp_chunk = 0;
-  std::string preset, expert_gemm = "grouped";
+  std::string preset, expert_gemm = "bucketed";
   double cap = 139;
   app.add_option("--backend", backend)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   app.add_option("--workers", workers)->check(CLI::Range(1, 1024));
@@ -185,7 +185,8 @@ int run(int argc, char** argv) {
       ->check(CLI::Range(1, 1000000));
   app.add_flag("--sync", sync);
   app.add_flag("--fp8", fp8, "dense decoder linears in FP8 e4m3 (forward, recompute, input gradient)");
-  app.add_option("--expert-gemm", expert_gemm, "MoE grouped linears: grouped or bucketed (padded layout)")
+  app.add_option("--expert-gemm", expert_gemm,
+                 "MoE grouped linears: bucketed (padded layout, the default) or grouped")
       ->check(CLI::IsMember({"grouped", "bucketed"}));
   app.add_flag("--fp8-wgrad", fp8_wgrad,
                "with --fp8: their weight gradients in FP8 too (the default with --fp8; a LoRA run has none)");
@@ -585,10 +586,10 @@ int run(int argc, char** argv) {
       "{}L{} H{} {}q/{}kv {}, {}x{} tokens, M={}",
       lora ? fmt::format("LoRA r={} {} base {}, ", lora->r, lora_targets, base_format) : std::string(),
       layers, hidden, heads, kv,
-      experts > 0 ? fmt::format("{} experts top-{} Fe{} in {} sparse layers{}", experts, top_k,
-                                c.moe_intermediate_size, c.num_moe_layers(),
-                                expert_gemm == "bucketed" ? ", bucketed expert GEMMs" : "")
-                  : fmt::format("F{}", ffn),
+      experts > 0
+          ? fmt::format("{} experts top-{} Fe{} in {} sparse layers{}", experts, top_k,
+                        c.moe_intermediate_size, c.num_moe_layers(), ", " + expert_gemm + " expert GEMMs")
+          : fmt::format("F{}", ffn),
       seqs, seq, micro);
   const double weight_gb = weight_bytes_per_iteration(m, s.plan(), rp::dtype_size(o.device.dtype)) / 1e9;
   std::string row = fmt::format(

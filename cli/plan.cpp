@@ -419,9 +419,10 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
   check_plan_options(o);
   std::string desc;
   const ModelShape m = load_model_shape(o.model, &desc);
-  // the experts' flags would change nothing on a model without sparse layers
+  // the experts' flags would change nothing on a model without sparse layers (bucketed, the
+  // default, plans every model: only the flag given is refused)
   const std::string no_experts = m.num_experts > 0 ? "sparse layer" : "experts";
-  if (o.expert_gemm == "bucketed" && m.num_moe_layers() == 0)
+  if (o.expert_gemm_given && o.expert_gemm == "bucketed" && m.num_moe_layers() == 0)
     throw UsageError(fmt::format("--expert-gemm bucketed needs a mixture-of-experts model; {} has no {}",
                                  o.model, no_experts));
   if (o.grouped_gemm_efficiency > 0 && m.num_moe_layers() == 0)
@@ -491,6 +492,7 @@ void resolve_plan_flags(PlanCommandOptions& o,
             "{} {}: predicts the gradient sum over nodes; give --nodes N (N > 1) with it", f, *v));
   // disk_tier_of sees a ring other than the default's; one given as the default's changes nothing either
   o.disk_gbps_given = value_of("--disk-gbps") != nullptr;
+  o.expert_gemm_given = value_of("--expert-gemm") != nullptr;
   if (o.disk_gbps == 0 && o.disk_ring == kDefaultDiskRing && value_of("--disk-ring"))
     throw UsageError(disk_option_without_tier(o, "--disk-ring", "sizes the disk tier's read ring"));
 }

@@ -72,8 +72,8 @@ struct PlanCommandOptions {
   /// Mixture-of-experts models: DeviceModel::grouped_gemm_efficiency (0: by expert_gemm,
   /// DeviceModel's default for "grouped", kBucketedGemmEfficiency for "bucketed").
   double grouped_gemm_efficiency = 0;
-  /// The spec's "expert_gemm": "grouped" or "bucketed" (DeviceModel::expert_padded).
-  std::string expert_gemm = "grouped";
+  /// The spec's "expert_gemm": "bucketed" (its default) or "grouped" (DeviceModel::expert_padded).
+  std::string expert_gemm = "bucketed";
   /// Data-parallel replicas (scheduler/replica_cost.hpp): `nodes` nodes of `gpus` GPUs each,
   /// a network of net_gbps Gbit/s per node and direction with net_latency_us per message;
   /// `accumulation` iterations per step on each node. nodes 1: no reduction is reported.
@@ -94,6 +94,9 @@ struct PlanCommandOptions {
   int disk_ring = kDefaultDiskRing;
   /// --disk-gbps was on the command line (as 0: the tier turned off; resolve_plan_flags).
   bool disk_gbps_given = false;
+  /// --expert-gemm was on the command line (resolve_plan_flags): only a given "bucketed" is
+  /// refused on a model without a sparse layer; the default plans every model.
+  bool expert_gemm_given = false;
 };
 
 /// Fills the fields of o that preset o.gpu sets (peak_tflops, fp8_tflops, hbm_gbps, pcie_gbps
@@ -106,13 +109,13 @@ void apply_gpu_preset(PlanCommandOptions& o, const std::vector<std::string>& giv
 /// The flags whose presence resolve_plan_flags looks at (every other flag only sets its field).
 inline constexpr const char* kPlanFlagsResolved[] = {
     "--gpu",      "--peak-tflops",    "--fp8-tflops",   "--hbm-gbps",  "--pcie-gbps", "--memory-cap",
-    "--net-gbps", "--net-latency-us", "--accumulation", "--disk-ring", "--disk-gbps"};
+    "--net-gbps", "--net-latency-us", "--accumulation", "--disk-ring", "--disk-gbps", "--expert-gemm"};
 
 /// What `roundpipe plan` does with its parsed flags before planning, shared with the Python
 /// module's plan(): `given` holds the flags of kPlanFlagsResolved that were given, with their
 /// text ("--gpu", "H200"). Requires o.model, applies the --gpu preset (apply_gpu_preset; the
 /// rates given win) and refuses a network flag without --nodes > 1 and --disk-ring without
-/// --disk-gbps (noting o.disk_gbps_given). Throws UsageError, one line.
+/// --disk-gbps (noting o.disk_gbps_given and o.expert_gemm_given). Throws UsageError, one line.
 void resolve_plan_flags(PlanCommandOptions& o, const std::vector<std::pair<std::string, std::string>>& given);
 
 /// `plan --list-gpus`: the preset table, data sheet and planned rates side by side, with

@@ -452,9 +452,9 @@ class Ops {
                             int64_t k) = 0;
   /// x[r,:] = 0 for the rows r < R with token[r] < 0 (the pad rows of moe_pad), others unchanged.
   virtual void moe_zero_pad_rows(void* x, const int32_t* token, int64_t R, int64_t H) = 0;
-  /// How MoE blocks run their grouped linears (spec key "expert_gemm"): grouped (the default)
-  /// on the unpadded layout, or bucketed: moe_pad's layout, and on CUDA one cublasGemmBatchedEx
-  /// per segment length. Set before the ops are used.
+  /// How MoE blocks run their grouped linears (spec key "expert_gemm"): bucketed (the default,
+  /// as DeviceOptions::expert_gemm_bucketed): moe_pad's layout, and on CUDA one batched GEMM
+  /// per segment length; or grouped on the unpadded layout. Set before the ops are used.
   void set_expert_gemm(ExpertGemm g) { expert_gemm_ = g; }
   ExpertGemm expert_gemm() const { return expert_gemm_; }
   /// xs[r,:] = x[token[r],:] for r < R (rows of H elements, dtype()); zeros where token[r] < 0.
@@ -642,7 +642,7 @@ class Ops {
 
  protected:
   bool f16_accum_ = false;
-  ExpertGemm expert_gemm_ = ExpertGemm::grouped;
+  ExpertGemm expert_gemm_ = ExpertGemm::bucketed;
 };
 
 /// The CPU backend's ops (fp32, Eigen). `num_threads` as Ops::set_num_threads.

@@ -173,10 +173,11 @@ struct TrainSpec {
   /// With fp8 over a LoRA base stored as fp8: run its linears from the stored codes
   /// (DeviceOptions::fp8_stored_direct; docs/gpu.md "FP8 linears"). Needs fp8. Experimental.
   bool fp8_stored_direct = false;
-  /// Mixture-of-experts grouped linears: "grouped" (cuBLAS's grouped GEMM) | "bucketed" (a
-  /// padded sorted layout, one batched GEMM per bucket of experts with similar row counts;
-  /// DeviceOptions::expert_gemm_bucketed). Same results; no effect on a dense model.
-  std::string expert_gemm = "grouped";
+  /// Mixture-of-experts grouped linears: "bucketed" (the default: a padded sorted layout, one
+  /// batched GEMM per bucket of experts with similar row counts; DeviceOptions::
+  /// expert_gemm_bucketed) | "grouped" (cuBLAS's grouped GEMM). Same results; no effect on a
+  /// dense model.
+  std::string expert_gemm = "bucketed";
   /// fp16 dynamic loss scaling ("loss_scaling": true/false or {init_scale, growth_factor,
   /// backoff_factor, growth_interval}); default: on iff compute_dtype is f16.
   std::optional<LossScalerOptions> loss_scaling;

@@ -2,7 +2,8 @@
 // twins (kernels/cpu/cpu_moe.cpp) on the same inputs rounded to the device dtype (bf16 and
 // f16), at a small shape (E=8, k=2, rows of 36: the unvectorised paths) and at a
 // Qwen3-30B-A3B-like one (E=128, k=8, T=512, H=256, F=96), each with experts that receive
-// no tokens; the grouped linears in the three modes (per-expert loop, cuBLAS grouped GEMM, side streams);
+// no tokens; the grouped linears in the three modes (per-expert loop, cuBLAS grouped GEMM, side streams),
+// the device set to ExpertGemm::grouped (its default, bucketed, is test_cuda_moe_pad.cpp's);
 // reruns bit-identical; a bad expert index reported by the stream. Outputs are NaN-poisoned
 // first. Skipped when no CUDA device is visible.
 #include <gtest/gtest.h>
@@ -36,6 +37,10 @@ struct MoeCase {
 class CudaMoe : public CudaOpsTest, public ::testing::WithParamInterface<MoeCase> {
  protected:
   DType dtype() const override { return GetParam().dt; }
+  void SetUp() override {
+    CudaOpsTest::SetUp();
+    if (dev_) ops().set_expert_gemm(ExpertGemm::grouped);  // else the bucketed batches replace every mode
+  }
   double tol() const { return GetParam().dt == DType::bf16 ? 1e-2 : 2e-3; }  // one rounding of the output
 
   // Router logits with experts 3 and E-3 never chosen (their logits far below the rest).

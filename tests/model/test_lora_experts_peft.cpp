@@ -1,7 +1,7 @@
 // Parity with Hugging Face PEFT for LoRA on the experts (target_parameters, PEFT's ParamWrapper)
 // and the attention of a tiny Qwen3-MoE (tests/fixtures/hf_lora/make_expert_lora_golden.py):
-// logits, loss and every adapter gradient (fp32 CPU at 1e-5, bf16 CUDA looser; both also with
-// the padded expert layout and bucketed expert GEMMs); PEFT's own
+// logits, loss and every adapter gradient (fp32 CPU at 1e-5, bf16 CUDA looser; both with grouped
+// expert GEMMs and with the padded expert layout and bucketed ones, the default); PEFT's own
 // adapter folder read into the runtime's layout; our export written key for key and value for
 // value as PEFT saved it; the merge (expert adapters folded into the expert weights) giving
 // PEFT's logits; and, with a Python that has peft, PEFT loading our export (and wrapping nothing
@@ -113,20 +113,28 @@ void check(Device& dev, double tol_out, double tol_grad, const LayerOptions& lo 
   EXPECT_EQ(experts, 5);
 }
 
+// Grouped expert GEMMs ("expert_gemm": "grouped") on the unpadded layout.
+DeviceOptions grouped() {
+  DeviceOptions o;
+  o.expert_gemm_bucketed = false;
+  return o;
+}
 TEST(LoraExpertsPeft, CpuBackendMatchesPeftFp32) {
-  auto dev = make_cpu_device(0, {});
+  auto dev = make_cpu_device(0, grouped());
+  EXPECT_EQ(dev->ops().expert_gemm(), ExpertGemm::grouped);
   check(*dev, 1e-5, 1e-5);
 }
 
 // bf16 storage against PEFT in fp32, at the tolerances of the dense adapters' parity test.
 TEST(LoraExpertsPeft, CudaBackendMatchesPeftBf16) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
-  auto dev = make_cuda_device(0, {});
+  auto dev = make_cuda_device(0, grouped());
+  EXPECT_EQ(dev->ops().expert_gemm(), ExpertGemm::grouped);
   check(*dev, 2e-2, 8e-2);
 }
 
-// The same with the padded expert layout and bucketed expert GEMMs ("expert_gemm": "bucketed"):
-// the device's ops batch the experts, the layers pad their sorted rows.
+// The same with the padded expert layout and bucketed expert GEMMs ("expert_gemm": "bucketed",
+// the default): the device's ops batch the experts, the layers pad their sorted rows.
 DeviceOptions bucketed() {
   DeviceOptions o;
   o.expert_gemm_bucketed = true;

@@ -140,8 +140,8 @@ TEST(GemmAccumulate, SpecKeyIsChecked) {
             "s.json: key 'gemm_accumulate': expected \"f32\" or \"f16\", got \"fp16\"");
 }
 
-// The experts' GEMMs (docs/gpu.md, "Mixture-of-experts ops"): "grouped" by default, "bucketed"
-// opt-in, anything else one line naming the key.
+// The experts' GEMMs (docs/gpu.md, "Mixture-of-experts ops"): "bucketed" by default, "grouped"
+// a choice, anything else one line naming the key.
 TEST(ExpertGemm, SpecKeyIsChecked) {
   auto d = tmpdir();
   write(d / "data.jsonl", kData);
@@ -149,7 +149,8 @@ TEST(ExpertGemm, SpecKeyIsChecked) {
     return spec_result(
         d, extra, [](const rp::TrainSpec& s) { return "ok " + s.expert_gemm; }, /*validate=*/true);
   };
-  EXPECT_EQ(parse(""), "ok grouped");
+  EXPECT_EQ(parse(""), "ok bucketed");
+  EXPECT_EQ(parse(", \"expert_gemm\": \"grouped\""), "ok grouped");
   EXPECT_EQ(parse(", \"expert_gemm\": \"bucketed\""), "ok bucketed");
   EXPECT_EQ(parse(", \"expert_gemm\": \"batched\""),
             "s.json: key 'expert_gemm': expected \"grouped\" or \"bucketed\", got \"batched\"");
