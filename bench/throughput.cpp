@@ -16,8 +16,9 @@
 // with --tier-host-budget-gib, what the whole run's budget of B GiB leaves for them (the runtime
 // decides, and may drop the saved attention); the base's groups are made one at a time as the
 // cache is written (none when it is reused). The row and the RESULT line name the tier.
-// --fp8: the dense decoder linears' forward, recompute and input-gradient GEMMs in FP8 e4m3
-// (spec key "fp8"; docs/gpu.md, "FP8 linears"; needs --dtype bf16 and an sm_89+ GPU); MFU
+// --fp8: the dense decoder linears' forward, recompute and input-gradient GEMMs in FP8 e4m3, and in
+// full fine-tuning their weight gradients too (--bf16-wgrad keeps those bf16) (spec keys "fp8",
+// "fp8_weight_gradients"; docs/gpu.md, "FP8 linears"; needs --dtype bf16 and an sm_89+ GPU); MFU
 // still counts against the bf16 peak, so the FP8 gain shows as a higher MFU.
 // The attention implementation follows RP_CUDA_ATTENTION (auto = cuDNN when available).
 // --no-priorities: parameter/gradient copies do not yield to activation copies (first come,
@@ -184,9 +185,12 @@ int run(int argc, char** argv) {
                  "unmeasured first steps (at least 1: a step's time is from the one before)")
       ->check(CLI::Range(1, 1000000));
   app.add_flag("--sync", sync);
-  app.add_flag("--fp8", fp8, "dense decoder linears in FP8 e4m3 (forward, recompute, input gradient)");
+  app.add_flag("--fp8", fp8,
+               "dense decoder linears in FP8 e4m3 (forward, recompute, input gradient; in full fine-tuning "
+               "the weight gradients too unless --bf16-wgrad)");
   app.add_option("--expert-gemm", expert_gemm,
                  "MoE grouped linears: bucketed (padded layout, the default) or grouped")
+      ->capture_default_str()
       ->check(CLI::IsMember({"grouped", "bucketed"}));
   app.add_flag("--fp8-wgrad", fp8_wgrad,
                "with --fp8: their weight gradients in FP8 too (the default with --fp8; a LoRA run has none)");
@@ -301,6 +305,8 @@ int run(int argc, char** argv) {
     usage_error(
         "--fp8-wgrad and --bf16-wgrad: expected one of them (with --fp8 the weight gradients are FP8 "
         "unless --bf16-wgrad)");
+  if (fp8_wgrad && lora_r > 0)
+    usage_error("--fp8-wgrad with --lora-r: a frozen base computes no weight gradient");
   for (const char* o : {"--lora-alpha", "--lora-targets", "--base-format"})
     needs(app.count(o) > 0, lora_r > 0, o, "--lora-r R (a LoRA run)");
   needs(dtype == "f16", backend != "cpu", "--dtype f16", "--backend cuda (the cpu backend computes in f32)");

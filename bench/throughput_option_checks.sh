@@ -16,6 +16,7 @@ check "--fp8-stored-direct needs --fp8" --fp8-stored-direct
 check "--fp8-wgrad needs --fp8" --fp8-wgrad
 check "--bf16-wgrad needs --fp8" --bf16-wgrad
 check "--fp8-wgrad and --bf16-wgrad: expected one of them" --fp8 --fp8-wgrad --bf16-wgrad
+check "--fp8-wgrad with --lora-r: a frozen base computes no weight gradient" --fp8 --fp8-wgrad --lora-r 4
 check "--steps" --steps 0
 check "--seqs" --seqs many
 check "--dtype" --dtype f64

@@ -493,6 +493,8 @@ void resolve_plan_flags(PlanCommandOptions& o,
   // disk_tier_of sees a ring other than the default's; one given as the default's changes nothing either
   o.disk_gbps_given = value_of("--disk-gbps") != nullptr;
   o.expert_gemm_given = value_of("--expert-gemm") != nullptr;
+  if (o.expert_gemm != "bucketed" && o.expert_gemm != "grouped")  // Python's plan() sets it unchecked
+    throw UsageError(fmt::format("--expert-gemm '{}': expected grouped or bucketed", o.expert_gemm));
   if (o.disk_gbps == 0 && o.disk_ring == kDefaultDiskRing && value_of("--disk-ring"))
     throw UsageError(disk_option_without_tier(o, "--disk-ring", "sizes the disk tier's read ring"));
 }

@@ -40,7 +40,7 @@ void add_device_options(CLI::App& c, PlanCommandOptions& o) {
   c.add_flag(
       "--fp8", o.fp8,
       "plan a run with \"fp8\": true: the dense decoder linears' forward, recompute and input gradient "
-      "at --fp8-tflops");
+      "(and in full fine-tuning their weight gradients, unless --bf16-wgrad) at --fp8-tflops");
   c.add_flag("--fp8-wgrad", o.fp8_wgrad,
              "with --fp8: the linears' weight gradients in FP8 as well (the default with --fp8 in full "
              "fine-tuning)");

@@ -183,6 +183,9 @@ void check_plan_options(const PlanCommandOptions& o) {
     throw UsageError(
         "--fp8-wgrad and --bf16-wgrad: expected one of them (with --fp8 the weight gradients are FP8 unless "
         "--bf16-wgrad)");
+  if (o.fp8_wgrad && (o.lora_r > 0 || !o.frozen.empty()))  // as the spec refuses it with "lora"
+    throw UsageError(fmt::format("--fp8-wgrad with {}: a frozen base computes no weight gradient",
+                                 o.lora_r > 0 ? "--lora-r" : "--frozen"));
   check_real("--hbm-gbps", o.hbm_gbps, 1e-3, 1e6);
   check_real("--pcie-gbps", o.pcie_gbps, 1e-3, 1e6, true);
   check_real("--host-gib", o.host_gib, 1e-3, kMaxHostGib, true);

@@ -49,7 +49,15 @@ const std::map<std::string, PlanKeyword>& plan_keywords() {
       {"trace", {"--trace", setter(&O::trace)}},
       {"peak_tflops", {"--peak-tflops", setter(&O::peak_tflops)}},
       {"fp8", {"--fp8", setter(&O::fp8)}},
-      {"fp8_wgrad", {"--fp8-wgrad", setter(&O::fp8_wgrad)}},
+      {"fp8_wgrad",
+       {"--fp8-wgrad",
+        [](O& o, py::handle v) {  // a flag: False would read as bf16 weight gradients and change nothing
+          if (!v.cast<bool>())
+            throw std::invalid_argument(
+                "plan: fp8_wgrad=False: FP8 weight gradients are the default with fp8=True; give "
+                "bf16_wgrad=True for bf16 ones");
+          o.fp8_wgrad = true;
+        }}},
       {"bf16_wgrad", {"--bf16-wgrad", setter(&O::bf16_wgrad)}},
       {"fp8_tflops", {"--fp8-tflops", setter(&O::fp8_tflops)}},
       {"hbm_gbps", {"--hbm-gbps", setter(&O::hbm_gbps)}},
@@ -66,6 +74,7 @@ const std::map<std::string, PlanKeyword>& plan_keywords() {
       {"net_gbps", {"--net-gbps", setter(&O::net_gbps)}},
       {"net_latency_us", {"--net-latency-us", setter(&O::net_latency_us)}},
       {"accumulation", {"--accumulation", setter(&O::accumulation)}},
+      {"expert_gemm", {"--expert-gemm", setter(&O::expert_gemm)}},
       {"grouped_gemm_efficiency", {"--grouped-gemm-efficiency", setter(&O::grouped_gemm_efficiency)}},
       {"disk_gbps", {"--disk-gbps", setter(&O::disk_gbps)}},
       {"disk_write_gbps", {"--disk-write-gbps", setter(&O::disk_write_gbps)}},

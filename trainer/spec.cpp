@@ -130,6 +130,22 @@ void read_output_keys(const JsonFields& f, TrainSpec& s) {
   f.optional("log_every", s.log_every);
 }
 
+/// An explicit "fp8_weight_gradients": true needs a full fine-tuning run (a frozen base computes
+/// no weight gradient) with "fp8". Checked once "lora" and "adapter" are read, the LoRA conflict
+/// first, so fixing the first refusal does not lead into the second.
+void check_fp8_weight_gradients(const JsonFields& f, const TrainSpec& s) {
+  if (!s.fp8_weight_gradients.value_or(false)) return;
+  if (s.lora || !s.adapter.empty())
+    f.fail("fp8_weight_gradients",
+           "false with \"lora\" or \"adapter\" (a frozen base computes no weight gradient; the adapters' "
+           "stay bf16)",
+           true);
+  if (!s.fp8)
+    f.fail_with(
+        "key 'fp8_weight_gradients': needs \"fp8\": true (it moves the FP8 linears' weight gradients "
+        "to FP8 as well)");
+}
+
 /// Number formats: the compute dtype, GEMM accumulation, FP8 and the experts' GEMMs.
 void read_compute_keys(const JsonFields& f, TrainSpec& s) {
   f.optional("compute_dtype", s.compute_dtype);
@@ -145,10 +161,6 @@ void read_compute_keys(const JsonFields& f, TrainSpec& s) {
   if (s.fp8 && s.gemm_accumulate != "f32")
     f.fail_with("key 'fp8': the FP8 GEMMs accumulate in fp32; drop \"gemm_accumulate\": \"f16\"");
   if (bool v = false; f.optional("fp8_weight_gradients", v)) s.fp8_weight_gradients = v;
-  if (s.fp8_weight_gradients.value_or(false) && !s.fp8)
-    f.fail_with(
-        "key 'fp8_weight_gradients': needs \"fp8\": true (it moves the FP8 linears' weight gradients "
-        "to FP8 as well)");
   f.optional("fp8_stored_direct", s.fp8_stored_direct);
   if (s.fp8_stored_direct && !s.fp8)
     f.fail_with(
@@ -383,6 +395,7 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
   read_loss_scaling(f, s);
   read_optimizer(f, s);
   read_lora(f, s);
+  check_fp8_weight_gradients(f, s);
   check_ranges(f, s);
   return s;
 }
@@ -404,11 +417,7 @@ void validate_spec(const TrainSpec& s) {
   if (s.lora) check_lora(JsonFields(none, s.source, "lora."), *s.lora);
   if (s.merge_adapters && !s.lora && s.adapter.empty())
     f.fail("merge_adapters", "false without \"lora\" or \"adapter\"", true);
-  if (s.fp8_weight_gradients.value_or(false) && (s.lora || !s.adapter.empty()))
-    f.fail("fp8_weight_gradients",
-           "false with \"lora\" or \"adapter\" (a frozen base computes no weight gradient; the adapters' "
-           "stay bf16)",
-           true);
+  check_fp8_weight_gradients(f, s);
   try {
     LrSchedule sched = s.lr_schedule;  // with epochs, total_steps 0 follows the derived steps
     if (s.epochs && sched.total_steps == 0) sched.total_steps = std::max<int64_t>(1, sched.warmup_steps);

@@ -290,8 +290,10 @@ std::vector<std::string> resume_differences(const TrainerState& saved, const Tra
                               now.base_format.empty() ? "none (full fine-tuning)" : now.base_format,
                               saved.base_format));
   if (saved.linear_compute && saved.linear_compute != now.linear_compute)
-    out.push_back(fmt::format("linear layers in {} (saved run {}): the GEMMs round differently from here on",
-                              *now.linear_compute, *saved.linear_compute));
+    out.push_back(fmt::format(
+        "linear layers in {} (saved run {}; spec keys \"fp8\" and \"fp8_weight_gradients\"): the GEMMs round "
+        "differently from here on",
+        *now.linear_compute, *saved.linear_compute));
   if (saved.compute_dtype != now.compute_dtype)
     out.push_back(fmt::format("compute_dtype {} (saved run {})", now.compute_dtype, saved.compute_dtype));
   return out;

@@ -219,6 +219,9 @@ class ToolsTest(unittest.TestCase):
             roundpipe.Trainer(spec("bad"), overrides={"lora.r": 0})
         with self.assertRaisesRegex(ValueError, r"key 'no_such_key'"):
             roundpipe.Trainer(spec("bad", no_such_key=1))
+        # refused as the spec is read, not when the run starts
+        with self.assertRaisesRegex(ValueError, r"key 'fp8_weight_gradients': expected false with \"lora\""):
+            roundpipe.Trainer(spec("bad"), overrides={"fp8": True, "lora": {"r": 4}, "fp8_weight_gradients": True})
         path = os.path.join(WORK, "broken.json")
         with open(path, "w") as f:
             f.write('{"model": ')
@@ -284,6 +287,18 @@ class ToolsTest(unittest.TestCase):
             roundpipe.plan(model, net_gbps=50)
         with self.assertRaisesRegex(RuntimeError, "no_such_model"):
             roundpipe.plan(os.path.join(WORK, "no_such_model"))
+        # the expert GEMMs: grouped is accepted on a dense model as the command accepts it, bucketed
+        # given is refused there, and an unknown mode is named
+        strip = lambda text: re.sub(r"found in [0-9.]+ ms", "found in <t> ms", text).splitlines()
+        self.assertEqual(strip(roundpipe.plan(model, expert_gemm="grouped")),
+                         strip(cli("plan", "--model", model, "--expert-gemm", "grouped")))
+        with self.assertRaisesRegex(ValueError, "--expert-gemm bucketed needs a mixture-of-experts model"):
+            roundpipe.plan(model, expert_gemm="bucketed")
+        with self.assertRaisesRegex(ValueError, "--expert-gemm 'BUCKETED': expected grouped or bucketed"):
+            roundpipe.plan(model, expert_gemm="BUCKETED")
+        # a False flag would read as bf16 weight gradients and change nothing: refused with the way
+        with self.assertRaisesRegex(ValueError, "fp8_wgrad=False: .*bf16_wgrad=True"):
+            roundpipe.plan(model, fp8=True, fp8_wgrad=False)
 
     def test_generate_returns_the_commands_tokens(self):
         model = os.path.join(WORK, "model")

@@ -226,10 +226,12 @@ TEST(SpecLora, ResumingWithOtherLinearComputeIsNamed) {
     return false;
   };
   EXPECT_FALSE(named(rp::resume_differences(saved, fp8), "linear layers"));
-  EXPECT_TRUE(named(rp::resume_differences(saved, bf16), "linear layers in bf16 (saved run fp8)"));
-  EXPECT_TRUE(named(rp::resume_differences(saved, fp8w), "linear layers in fp8+wgrad (saved run fp8)"));
+  EXPECT_TRUE(named(rp::resume_differences(saved, bf16), "linear layers in bf16 (saved run fp8;"));
+  EXPECT_TRUE(named(rp::resume_differences(saved, fp8w), "linear layers in fp8+wgrad (saved run fp8;"));
+  // the warning names the keys that set it, so the user knows what to change back
+  EXPECT_TRUE(named(rp::resume_differences(saved, fp8w), "\"fp8_weight_gradients\""));
   EXPECT_TRUE(
-      named(rp::resume_differences(saved, fp8_default), "linear layers in fp8+wgrad (saved run fp8)"));
+      named(rp::resume_differences(saved, fp8_default), "linear layers in fp8+wgrad (saved run fp8;"));
   rp::TrainerState old = saved;  // an earlier release's file: not recorded
   old.linear_compute.reset();
   EXPECT_FALSE(named(rp::resume_differences(old, bf16), "linear layers"));

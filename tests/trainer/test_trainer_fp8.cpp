@@ -243,6 +243,19 @@ TEST(TrainerFp8, WeightGradientsDefaultToFp8InFullFineTuning) {
   EXPECT_FALSE(with_set("fp8_weight_gradients=false"));
   EXPECT_TRUE(with_set("fp8_weight_gradients=true"));
   EXPECT_FALSE(with_set("fp8=false"));
+  // without "fp8" on a LoRA spec the LoRA conflict is named first (fixing "needs fp8" would
+  // only lead into it), and as the spec is read, naming the --set that wrote the key
+  EXPECT_EQ(wgrad(", \"fp8_weight_gradients\": true" + lora), refused);
+  const fs::path lora_file = d / "lora.json";
+  write(lora_file, spec_for(d / "m", d / "data.jsonl", d / "run", ", \"fp8\": true" + lora));
+  try {
+    rp::load_spec(lora_file.string(), {rp::parse_set_option("fp8_weight_gradients=true")});
+    ADD_FAILURE() << "fp8_weight_gradients=true with lora was accepted when the spec was read";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("--set fp8_weight_gradients=true: key 'fp8_weight_gradients'", 0),
+              0u)
+        << e.what();
+  }
   fs::remove_all(d);
 }
 
