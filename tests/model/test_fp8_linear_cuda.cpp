@@ -109,29 +109,27 @@ TEST_F(CudaFp8, DecoderForwardBackwardCloseToTheCpuBackend) {
       a.fp8_fill_weights = true;
       return a;
     };
-    run([&](Ops& o) {
-      LayerArgs a = args(o, dw.get(), dgrad.get(), dcache.get(), dscratch.get(), dscratch.buf.bytes());
-      a.x = dxin.get();
-      a.y = y.get();
+    // the forward into y, then the backward from dy into dx, with the same arguments
+    auto forward_backward = [&](LayerArgs a, const void* xin, void* yout, const void* dyin, void* dxout) {
+      a.x = xin;
+      a.y = yout;
       layer->forward(a);
       a.y = nullptr;
-      a.dy = ddy.get();
-      a.dx = dx.get();
+      a.dy = dyin;
+      a.dx = dxout;
       layer->backward(a);
+    };
+    run([&](Ops& o) {
+      forward_backward(args(o, dw.get(), dgrad.get(), dcache.get(), dscratch.get(), dscratch.buf.bytes()),
+                       dxin.get(), y.get(), ddy.get(), dx.get());
     });
     // the CPU backend on the bf16-rounded weights and inputs
     auto cpu = make_cpu_ops();
     VecF cgrad(w.size(), 0.f), cy(size_t(T * H)), cdx(size_t(T * H));
     std::vector<uint8_t> ccache(layer->fp8_weight_bytes(true));
     std::vector<float> cscratch(layer->scratch_bytes(s) / 4 + 1);
-    LayerArgs a = args(*cpu, w.data(), cgrad.data(), ccache.data(), cscratch.data(), cscratch.size() * 4);
-    a.x = x.data();
-    a.y = cy.data();
-    layer->forward(a);
-    a.y = nullptr;
-    a.dy = dy.data();
-    a.dx = cdx.data();
-    layer->backward(a);
+    forward_backward(args(*cpu, w.data(), cgrad.data(), ccache.data(), cscratch.data(), cscratch.size() * 4),
+                     x.data(), cy.data(), dy.data(), cdx.data());
     const double ey = ref::rel_err(download(y), cy), edx = ref::rel_err(download(dx), cdx);
     const VecF g = download(dgrad);
     std::printf("decoder: y relative error %.2e, dx %.2e (bound %.0e)\n", ey, edx, kDecoderBound);
