@@ -518,6 +518,16 @@ class Ops {
     swiglu_fwd(g, u, h, n);
     fp8_scale(h, n, f, scale);
   }
+  /// swiglu_bwd(g, u, dh, dg, du, n), then scale_dg[0] and scale_du[0] as fp8_scale(dg, n, f, ...)
+  /// and fp8_scale(du, n, f, ...) over the stored dg and du: the scales of the output gradients
+  /// that the gate and up projections' FP8 weight and input gradients quantize (fused on CUDA,
+  /// as rmsnorm_fwd_fp8_scale, so neither gradient is read again for its amax).
+  virtual void swiglu_bwd_fp8_scale(const void* g, const void* u, const void* dh, void* dg, void* du,
+                                    int64_t n, Fp8Format f, float* scale_dg, float* scale_du) {
+    swiglu_bwd(g, u, dh, dg, du, n);
+    fp8_scale(dg, n, f, scale_dg);
+    fp8_scale(du, n, f, scale_du);
+  }
   /// q[i] = fp8::quantize(f, x[i], scale[0]) for i < n (x in dtype(), q n bytes).
   virtual void fp8_quantize(const void* x, const float* scale, uint8_t* q, int64_t n, Fp8Format f) = 0;
   /// q[r,c] = fp8::quantize(f, x[r,c], scale[r]) for x [rows, cols].

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "model/fp8_linear.hpp"
+#include "model/layer_memory.hpp"
 #include "model/layers.hpp"
 #include "model/lora_linear.hpp"
 #include "model/moe_block.hpp"
@@ -46,16 +47,22 @@ struct Fp8Set {
   // scratch; null codes: in the compute dtype.
   Fp8WgradScratch wgrad;
   bool wgrad_fp8(LoraModule m, int64_t in) const { return (*this)(m) && wgrad.dyt && in % 16 == 0; }
+  // With FP8 weight gradients (backward calls): where the producers of the weight gradients'
+  // operands leave their scales (DecoderBufs::fp8_kept); null elsewhere.
+  float* kept_base = nullptr;
+  float* keep(Fp8Kept k) const { return kept_base ? kept_base + 4 * int(k) : nullptr; }
 };
 
 // y = RMSNorm(x) w over R rows of n; when `next` (the FP8 linear that reads y) is given, the
 // norm also writes y's scale into that linear's scratch (its Fp8Set::scaled form skips the
-// separate pass over y).
+// separate pass over y), and a copy into `keep` when given (Fp8Set::keep: y's weight gradient
+// operand keeps it past the scratch's next use).
 // w_offset: Gemma's 1 (ModelConfig::norm_weight_offset).
 inline void norm_fwd(Ops& ops, const void* x, const void* w, void* y, int64_t R, int64_t n, float eps,
-                     float w_offset, const Fp8Linear* next) {
-  if (next) ops.rmsnorm_fwd_fp8_scale(x, w, y, R, n, eps, kFp8ActFormat, next->act.scale, w_offset);
-  else ops.rmsnorm_fwd(x, w, y, R, n, eps, w_offset);
+                     float w_offset, const Fp8Linear* next, float* keep = nullptr) {
+  if (!next) return ops.rmsnorm_fwd(x, w, y, R, n, eps, w_offset);
+  ops.rmsnorm_fwd_fp8_scale(x, w, y, R, n, eps, kFp8ActFormat, next->act.scale, w_offset);
+  if (keep) ops.copy(DType::f32, keep, next->act.scale, 1);
 }
 
 class DecoderLayer final : public Layer {

@@ -99,7 +99,7 @@ void fp8_linear_bwd_input(Ops& ops, const Fp8Linear& f, const void* dy, void* dx
 
 void fp8_linear_bwd_weight(Ops& ops, const Fp8WgradScratch& s, const void* dy, const void* x, float* dw,
                            int64_t n, int64_t in, int64_t out, Fp8Format grad_format, bool x_quantized,
-                           const Fp8ActScratch* dy_rows) {
+                           const Fp8ActScratch* dy_rows, Fp8KnownScales known) {
   if (n <= 0) return;
   if (!s.dyt || !s.xt || !s.dy_scale || !s.x_scale)
     throw std::invalid_argument("fp8 weight gradient: no scratch for the codes of dy^T and x^T");
@@ -108,15 +108,20 @@ void fp8_linear_bwd_weight(Ops& ops, const Fp8WgradScratch& s, const void* dy, c
   if (in % 16 != 0)
     throw std::invalid_argument("fp8 weight gradient: the input width must be a multiple of 16");
   const int64_t K = fp8_padded_tokens(n);
+  const float* x_scale = known.x ? known.x : s.x_scale;
   if (!x_quantized) {
-    ops.fp8_scale(x, n * in, kFp8ActFormat, s.x_scale);
-    ops.fp8_quantize_transposed_padded(x, s.x_scale, s.xt, n, in, K, kFp8ActFormat);
+    if (!known.x) ops.fp8_scale(x, n * in, kFp8ActFormat, s.x_scale);
+    ops.fp8_quantize_transposed_padded(x, x_scale, s.xt, n, in, K, kFp8ActFormat);
   }
-  float* dy_scale = dy_rows ? dy_rows->scale : s.dy_scale;
-  ops.fp8_scale(dy, n * out, grad_format, dy_scale);
+  // the input gradient that reads dy's row codes finds their scale beside them, so a known scale
+  // is copied there (four bytes instead of a pass over dy)
+  float* slot = dy_rows ? dy_rows->scale : s.dy_scale;
+  const float* dy_scale = known.dy ? known.dy : slot;
+  if (!known.dy) ops.fp8_scale(dy, n * out, grad_format, slot);
+  else if (dy_rows) ops.copy(DType::f32, slot, known.dy, 1);
   if (dy_rows) ops.fp8_quantize_both(dy, dy_scale, dy_rows->codes, s.dyt, n, out, K, grad_format);
   else ops.fp8_quantize_transposed_padded(dy, dy_scale, s.dyt, n, out, K, grad_format);
-  ops.gemm_fp8_accumulate_f32(s.dyt, grad_format, dy_scale, s.xt, kFp8ActFormat, s.x_scale, dw, out, K, in);
+  ops.gemm_fp8_accumulate_f32(s.dyt, grad_format, dy_scale, s.xt, kFp8ActFormat, x_scale, dw, out, K, in);
 }
 
 }  // namespace rp

@@ -133,10 +133,19 @@ void fp8_linear_bwd_input(Ops& ops, const Fp8Linear& f, const void* dy, void* dx
 /// gate). `dy_rows` (or null): also leave dy's row-major codes [n, out] and its scale there,
 /// made in the same pass as dy^T's (Ops::fp8_quantize_both), for the input gradient's GEMM
 /// (fp8_linear_bwd_input with input_quantized): one amax and one read of dy serve both GEMMs.
+/// Known scales (Fp8KnownScales): where the kernel that produced x or dy already wrote its scale
+/// (a producer with a fused amax, as Ops::rmsnorm_fwd_fp8_scale in the recompute or
+/// Ops::swiglu_bwd_fp8_scale), that scale is used and the tensor is read only to quantize it;
+/// with x_quantized, x_scale is the scale x^T's codes were made with. The codes are those of
+/// the call without known scales when the scales are the tensors' own (bit for bit).
 /// Needs in % 16 == 0 (the GEMM's N); throws std::invalid_argument otherwise or without
 /// scratch.
+struct Fp8KnownScales {
+  const float* x = nullptr;   ///< x's scale (device fp32[1], 16-byte aligned), or null: from max|x|
+  const float* dy = nullptr;  ///< dy's scale in grad_format, or null: from max|dy|
+};
 void fp8_linear_bwd_weight(Ops& ops, const Fp8WgradScratch& s, const void* dy, const void* x, float* dw,
                            int64_t n, int64_t in, int64_t out, Fp8Format grad_format, bool x_quantized,
-                           const Fp8ActScratch* dy_rows = nullptr);
+                           const Fp8ActScratch* dy_rows = nullptr, Fp8KnownScales known = {});
 
 }  // namespace rp

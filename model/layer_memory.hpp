@@ -119,6 +119,13 @@ inline size_t attention_lse_bytes(const DecoderDims& d, int64_t tokens) {
   return size_t(tokens * d.heads) * 4;
 }
 
+/// The FP8 scales a decoder's backward keeps from the kernels that produced the tensors
+/// (DecoderBufs::fp8_kept), for the weight gradients' FP8 GEMMs, so those do not read the
+/// tensors again for their amax: the recompute's attention input (its RMSNorm, q/k/v's x),
+/// MLP input (its RMSNorm, gate/up's x) and SwiGLU output (down's x), and SwiGLU's backward
+/// outputs (gate's and up's dy).
+enum Fp8Kept : int { kKeptAttnIn, kKeptMlpIn, kKeptMlpAct, kKeptDGate, kKeptDUp, kFp8Kept };
+
 /// The decoder's scratch buffers (null where a mode has none; see the file comment).
 struct DecoderBufs {
   void *xn = nullptr, *h1 = nullptr;                                  // [T, H]
@@ -143,6 +150,8 @@ struct DecoderBufs {
   // linear at a time, tokens padded to 16 (model/fp8_linear.hpp, Fp8WgradScratch)
   uint8_t *fp8_dyt = nullptr, *fp8_xt = nullptr;
   float *fp8_dyt_scale = nullptr, *fp8_xt_scale = nullptr;
+  // and the scales their producers computed (Fp8Kept: kFp8Kept fp32 values, 16 bytes apart)
+  float* fp8_kept = nullptr;
 };
 
 /// Carves a sparse block's buffers for chunks of C tokens.
@@ -229,6 +238,7 @@ inline void carve_decoder_scratch(const DecoderDims& d, int64_t n_seq, int64_t s
     b.fp8_xt = static_cast<uint8_t*>(sc.take(codes));
     b.fp8_dyt_scale = static_cast<float*>(sc.take(sizeof(float)));
     b.fp8_xt_scale = static_cast<float*>(sc.take(sizeof(float)));
+    b.fp8_kept = static_cast<float*>(sc.take(kFp8Kept * 16));
   }
   if (!d.saved_attention) b.lse = static_cast<float*>(sc.take(T * size_t(d.heads) * 4));
   b.dout = sc.take(T * Q * es);

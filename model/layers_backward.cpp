@@ -30,12 +30,13 @@ struct WgradCodes {
 
 // dw += dy^T x (M tokens, x [M,K], dy [M,N]) unless dw is a frozen group's (null): through
 // the FP8 GEMM when the call runs linear m's weight gradient in FP8 (`x_same`: x^T's codes are
-// the previous call's, which had the same x), else Ops::linear_bwd_weight. Where m's input
-// gradient runs in FP8 under a tensor scale, dy's row codes are made in the same pass as
-// dy^T's, into m's activation scratch: the input gradient's call must come next
-// (Fp8Set::dy_coded), before any other FP8 linear uses the scratch.
+// the previous call's, which had the same x; `known`: the scales x's and dy's producers kept,
+// Fp8Set::keep), else Ops::linear_bwd_weight. Where m's input gradient runs in FP8 under a
+// tensor scale, dy's row codes are made in the same pass as dy^T's, into m's activation
+// scratch: the input gradient's call must come next (Fp8Set::dy_coded), before any other FP8
+// linear uses the scratch.
 WgradCodes weight_grad(Ops& ops, const Fp8Set& f8, LoraModule m, const void* dy, const void* x, void* dw,
-                       int64_t M, int64_t K, int64_t N, bool x_same = false) {
+                       int64_t M, int64_t K, int64_t N, bool x_same = false, Fp8KnownScales known = {}) {
   if (!dw) return {};
   if (!f8.wgrad_fp8(m, K)) {
     ops.linear_bwd_weight(dy, x, dw, M, K, N);
@@ -44,7 +45,7 @@ WgradCodes weight_grad(Ops& ops, const Fp8Set& f8, LoraModule m, const void* dy,
   const Fp8Linear& f = *f8(m);
   const bool share_dy = !f.weight.row_scale;
   fp8_linear_bwd_weight(ops, f8.wgrad, dy, x, static_cast<float*>(dw), M, K, N, f.grad_format, x_same,
-                        share_dy ? &f.act : nullptr);
+                        share_dy ? &f.act : nullptr, known);
   return {true, share_dy};
 }
 
@@ -60,8 +61,15 @@ void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const 
   void* dh1 = row(ops, a.dx, r0, H);
   // recompute the chunk's forward up to m
   const bool pre_norm = w_mlp_in_ >= 0;  // OLMo 2: no pre-norm
+  // the scales the weight gradients take from their operands' producers (null: none kept)
+  const bool swiglu = !moe_ && !c_.gemma();
+  float* hn_scale = pre_norm && !moe_ && f8(LoraModule::gate) ? f8.keep(kKeptMlpIn) : nullptr;
+  float* m_scale = swiglu ? f8.keep(kKeptMlpAct) : nullptr;
+  const bool dgu_scaled = swiglu && f8.keep(kKeptDGate) && f8(LoraModule::gate) && f8(LoraModule::up) &&
+                          f8(LoraModule::gate)->grad_format == f8(LoraModule::up)->grad_format;
   if (pre_norm)
-    norm_fwd(ops, h1, param(a, 0, w_mlp_in_), b.hn, n, H, eps, off_, moe_ ? nullptr : f8(LoraModule::gate));
+    norm_fwd(ops, h1, param(a, 0, w_mlp_in_), b.hn, n, H, eps, off_, moe_ ? nullptr : f8(LoraModule::gate),
+             hn_scale);
   if (moe_) {
     const bool aux = a.moe_stats && a.moe_aux_scale != 0.0f;
     const double rows = double(moe_layers_) * double(a.shape.tokens());
@@ -78,7 +86,8 @@ void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const 
                      pre_norm ? f8.scaled(LoraModule::gate) : f8(LoraModule::gate));
   adapted_linear_fwd(ops, lc, lora(LoraModule::up), in, param(a, 0, wu_), b.u, n, H, F, r0,
                      f8.reuse(LoraModule::up, LoraModule::gate));
-  act_fwd(ops, b.g, b.u, b.m, n * F);
+  if (m_scale) ops.swiglu_fwd_fp8_scale(b.g, b.u, b.m, n * F, kFp8ActFormat, m_scale);
+  else act_fwd(ops, b.g, b.u, b.m, n * F);
   // y = h1 + r * post_norm(down(m)): dout, the gradient at down's output, is dy itself for
   // LLaMA; OLMo 2 and Gemma recompute down's output (into hn) for its norm's backward (Gemma
   // then normalizes h1 into hn again), Granite scales dy
@@ -94,20 +103,28 @@ void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const 
     dout = b.dhn;
   }
   // down's adapter has its u from the recompute only when down's forward ran again
-  const WgradCodes down = weight_grad(ops, f8, LoraModule::down, dout, b.m, grad(a, 0, wd_), n, F, H);
+  const WgradCodes down =
+      weight_grad(ops, f8, LoraModule::down, dout, b.m, grad(a, 0, wd_), n, F, H, false, {m_scale, nullptr});
   adapted_linear_bwd_input(ops, lc, lora(LoraModule::down), b.m, dout, param(a, 0, wd_), b.dm, n, F, H, false,
                            r0, post_norm_branches(), f8.dy_coded(LoraModule::down, down.dy));
+  float* dg_scale = dgu_scaled ? f8.keep(kKeptDGate) : nullptr;
+  float* du_scale = dgu_scaled ? f8.keep(kKeptDUp) : nullptr;
   if (c_.gemma()) ops.geglu_bwd(b.g, b.u, b.dm, b.dg, b.du, n * F);
+  else if (dgu_scaled)
+    ops.swiglu_bwd_fp8_scale(b.g, b.u, b.dm, b.dg, b.du, n * F, f8(LoraModule::gate)->grad_format, dg_scale,
+                             du_scale);
   else ops.swiglu_bwd(b.g, b.u, b.dm, b.dg, b.du, n * F);
   // without a pre-norm the input gradients add straight onto the residual path's
   void* din = pre_norm ? b.dhn : dh1;
   if (!pre_norm) ops.copy(ops.dtype(), dh1, dy, n * H);  // residual path
   // each linear's weight gradient, then its input gradient (which may read dy's codes the
   // first left in the scratch)
-  const WgradCodes gate = weight_grad(ops, f8, LoraModule::gate, b.dg, in, grad(a, 0, wg_), n, H, F);
+  const WgradCodes gate =
+      weight_grad(ops, f8, LoraModule::gate, b.dg, in, grad(a, 0, wg_), n, H, F, false, {hn_scale, dg_scale});
   adapted_linear_bwd_input(ops, lc, lora(LoraModule::gate), in, b.dg, param(a, 0, wg_), din, n, H, F,
                            !pre_norm, r0, true, f8.dy_coded(LoraModule::gate, gate.dy));
-  const WgradCodes up = weight_grad(ops, f8, LoraModule::up, b.du, in, grad(a, 0, wu_), n, H, F, gate.x);
+  const WgradCodes up =
+      weight_grad(ops, f8, LoraModule::up, b.du, in, grad(a, 0, wu_), n, H, F, gate.x, {hn_scale, du_scale});
   adapted_linear_bwd_input(ops, lc, lora(LoraModule::up), in, b.du, param(a, 0, wu_), din, n, H, F, true, r0,
                            true, f8.dy_coded(LoraModule::up, up.dy));
   if (!pre_norm) return;
@@ -180,13 +197,18 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
   // h1 is no longer read; without a pre-norm the input gradients add onto the residual's in dx;
   // each linear's weight gradient, then its input gradient (as in mlp_backward)
   void* dxn = c_.post_norms ? a.dx : b.h1;
-  const WgradCodes q = weight_grad(ops, f8, LoraModule::q, dq_lin, xin, grad(a, 0, wq_), T, H, nq * D);
+  // the recompute's input norm kept xin's scale (attention_forward)
+  const float* xin_scale = !c_.post_norms && f8(LoraModule::q) ? f8.keep(kKeptAttnIn) : nullptr;
+  const WgradCodes q =
+      weight_grad(ops, f8, LoraModule::q, dq_lin, xin, grad(a, 0, wq_), T, H, nq * D, false, {xin_scale});
   adapted_linear_bwd_input(ops, lc, lora(LoraModule::q), xin, dq_lin, param(a, 0, wq_), dxn, T, H, nq * D,
                            c_.post_norms, 0, true, f8.dy_coded(LoraModule::q, q.dy));
-  const WgradCodes k = weight_grad(ops, f8, LoraModule::k, dk_lin, xin, grad(a, 0, wk_), T, H, nkv * D, q.x);
+  const WgradCodes k =
+      weight_grad(ops, f8, LoraModule::k, dk_lin, xin, grad(a, 0, wk_), T, H, nkv * D, q.x, {xin_scale});
   adapted_linear_bwd_input(ops, lc, lora(LoraModule::k), xin, dk_lin, param(a, 0, wk_), dxn, T, H, nkv * D,
                            true, 0, true, f8.dy_coded(LoraModule::k, k.dy));
-  const WgradCodes v = weight_grad(ops, f8, LoraModule::v, b.dv, xin, grad(a, 0, wv_), T, H, nkv * D, q.x);
+  const WgradCodes v =
+      weight_grad(ops, f8, LoraModule::v, b.dv, xin, grad(a, 0, wv_), T, H, nkv * D, q.x, {xin_scale});
   adapted_linear_bwd_input(ops, lc, lora(LoraModule::v), xin, b.dv, param(a, 0, wv_), dxn, T, H, nkv * D,
                            true, 0, true, f8.dy_coded(LoraModule::v, v.dy));
   if (!c_.post_norms)

@@ -45,6 +45,29 @@ __global__ void __launch_bounds__(kThreads) ew_amax_kernel(int64_t n, F f, unsig
   block_amax_into<kThreads>(m, amax);
 }
 
+// The same for a functor whose apply_amax2 returns the largest |value| of each of its two
+// outputs (fp32 bits): max-ed into *amax_a and *amax_b (two FP8 scales computed in this pass).
+template <bool VEC, typename F>
+__global__ void __launch_bounds__(kThreads)
+    ew_amax2_kernel(int64_t n, F f, unsigned* amax_a, unsigned* amax_b) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  uint2 m{0u, 0u};
+  const auto take = [&m](uint2 v) {
+    m.x = max(m.x, v.x);
+    m.y = max(m.y, v.y);
+  };
+  if constexpr (VEC) {
+    const int64_t nv = n / kVec;
+    for (int64_t i = tid; i < nv; i += stride) take(f.template apply_amax2<kVec, true>(i * kVec));
+    for (int64_t i = nv * kVec + tid; i < n; i += stride) take(f.template apply_amax2<1, false>(i));
+  } else {
+    for (int64_t i = tid; i < n; i += stride) take(f.template apply_amax2<1, false>(i));
+  }
+  block_amax_into<kThreads>(m.x, amax_a);
+  block_amax_into<kThreads>(m.y, amax_b);
+}
+
 template <typename F>
 void launch_ew(const char* name, int64_t n, bool vec, F f, cudaStream_t st) {
   if (n <= 0) return;
@@ -63,6 +86,18 @@ void launch_ew_amax(const char* name, int64_t n, bool vec, F f, unsigned* amax, 
     ew_amax_kernel<true><<<grid_for(n, int64_t(kThreads) * kVec), kThreads, 0, st>>>(n, f, amax);
   } else {
     ew_amax_kernel<false><<<grid_for(n, kThreads), kThreads, 0, st>>>(n, f, amax);
+  }
+  RP_CUDA_LAUNCH_CHECK(name);
+}
+
+template <typename F>
+void launch_ew_amax2(const char* name, int64_t n, bool vec, F f, unsigned* amax_a, unsigned* amax_b,
+                     cudaStream_t st) {
+  if (n <= 0) return;
+  if (vec) {
+    ew_amax2_kernel<true><<<grid_for(n, int64_t(kThreads) * kVec), kThreads, 0, st>>>(n, f, amax_a, amax_b);
+  } else {
+    ew_amax2_kernel<false><<<grid_for(n, kThreads), kThreads, 0, st>>>(n, f, amax_a, amax_b);
   }
   RP_CUDA_LAUNCH_CHECK(name);
 }
@@ -152,20 +187,30 @@ template <typename T>
 struct SwigluBwdF {
   const T *g, *u, *dh;
   T *dg, *du;
+  // stores dg, du [i, i+N) and returns the largest |dg| and |du| stored (as rounded to T; fp32
+  // bits), in .x and .y
   template <int N, bool V>
-  __device__ void apply(int64_t i) const {
+  __device__ uint2 apply_amax2(int64_t i) const {
     float a[N], b[N], d[N], rg[N], ru[N];
     load_n<N, V>(g + i, a);
     load_n<N, V>(u + i, b);
     load_n<N, V>(dh + i, d);
+    uint2 m{0u, 0u};
 #pragma unroll
     for (int j = 0; j < N; ++j) {
       const float s = 1.0f / (1.0f + expf(-a[j]));
-      ru[j] = d[j] * a[j] * s;
-      rg[j] = d[j] * b[j] * s * (1.0f + a[j] * (1.0f - s));
+      ru[j] = to_f(from_f<T>(d[j] * a[j] * s));
+      rg[j] = to_f(from_f<T>(d[j] * b[j] * s * (1.0f + a[j] * (1.0f - s))));
+      m.x = max(m.x, abs_bits(rg[j]));
+      m.y = max(m.y, abs_bits(ru[j]));
     }
     store_n<N, V>(du + i, ru);
     store_n<N, V>(dg + i, rg);
+    return m;
+  }
+  template <int N, bool V>
+  __device__ void apply(int64_t i) const {
+    apply_amax2<N, V>(i);
   }
 };
 
@@ -259,13 +304,14 @@ void k_swiglu_fwd(DType t, const void* g, const void* u, void* h, int64_t n, cud
 }
 
 void k_swiglu_bwd(DType t, const void* g, const void* u, const void* dh, void* dg, void* du, int64_t n,
-                  cudaStream_t st) {
+                  cudaStream_t st, unsigned* amax_dg, unsigned* amax_du) {
   const bool vec = aligned16(g) && aligned16(u) && aligned16(dh) && aligned16(dg) && aligned16(du);
-  RP_DISPATCH_16("swiglu_bwd", t, T,
-                 launch_ew("swiglu_bwd", n, vec,
-                           SwigluBwdF<T>{static_cast<const T*>(g), static_cast<const T*>(u),
-                                         static_cast<const T*>(dh), static_cast<T*>(dg), static_cast<T*>(du)},
-                           st));
+  RP_DISPATCH_16("swiglu_bwd", t, T, {
+    const SwigluBwdF<T> f{static_cast<const T*>(g), static_cast<const T*>(u), static_cast<const T*>(dh),
+                          static_cast<T*>(dg), static_cast<T*>(du)};
+    if (amax_dg && amax_du) launch_ew_amax2("swiglu_bwd", n, vec, f, amax_dg, amax_du, st);
+    else launch_ew("swiglu_bwd", n, vec, f, st);
+  });
 }
 
 void k_geglu_fwd(DType t, const void* g, const void* u, void* h, int64_t n, cudaStream_t st) {

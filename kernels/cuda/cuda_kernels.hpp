@@ -67,8 +67,9 @@ void k_rope(DType t, void* x, int64_t n_seq, int64_t L, int64_t heads, int64_t D
 /// amax (optional): as k_rmsnorm_fwd's, over the stored h.
 void k_swiglu_fwd(DType t, const void* g, const void* u, void* h, int64_t n, cudaStream_t st,
                   unsigned* amax = nullptr);
+/// amax_dg, amax_du (both or neither): as k_swiglu_fwd's, over the stored dg and du.
 void k_swiglu_bwd(DType t, const void* g, const void* u, const void* dh, void* dg, void* du, int64_t n,
-                  cudaStream_t st);
+                  cudaStream_t st, unsigned* amax_dg = nullptr, unsigned* amax_du = nullptr);
 /// Ops::geglu_fwd / geglu_bwd.
 void k_geglu_fwd(DType t, const void* g, const void* u, void* h, int64_t n, cudaStream_t st);
 void k_geglu_bwd(DType t, const void* g, const void* u, const void* dh, void* dg, void* du, int64_t n,

@@ -78,6 +78,20 @@ void CudaOps::swiglu_fwd_fp8_scale(const void* g, const void* u, void* h, int64_
   k_fp8_amax_end(scale, f, st_);
 }
 
+void CudaOps::swiglu_bwd_fp8_scale(const void* g, const void* u, const void* dh, void* dg, void* du,
+                                   int64_t n, Fp8Format f, float* scale_dg, float* scale_du) {
+  require(n >= 0, "swiglu_bwd", "negative element count");
+  require(scale_dg != nullptr && scale_du != nullptr && scale_dg != scale_du, "swiglu_bwd_fp8_scale",
+          "null or shared scales");
+  set_device(dev_);
+  k_fp8_amax_begin(scale_dg, st_);
+  k_fp8_amax_begin(scale_du, st_);
+  k_swiglu_bwd(dtype_, g, u, dh, dg, du, n, st_, reinterpret_cast<unsigned*>(scale_dg),
+               reinterpret_cast<unsigned*>(scale_du));
+  k_fp8_amax_end(scale_dg, f, st_);
+  k_fp8_amax_end(scale_du, f, st_);
+}
+
 void CudaOps::fp8_quantize(const void* x, const float* scale, uint8_t* q, int64_t n, Fp8Format f) {
   require(n >= 0, "fp8_quantize", "negative element count");
   set_device(dev_);

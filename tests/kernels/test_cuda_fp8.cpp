@@ -298,6 +298,45 @@ TEST_F(CudaFp8, FusedProducerScalesEqualTheSeparatePass) {
     }
 }
 
+// SwiGLU's backward with both output gradients' scales reduced in its own pass
+// (swiglu_bwd_fp8_scale): dg and du equal the plain kernel's bit for bit, and each scale equals
+// the CPU twin's fp8_scale over the stored gradient. Vectorized and scalar paths (odd sizes),
+// both formats, an all-zero dh (scales 1) and a NaN in g (both scales NaN).
+TEST_F(CudaFp8, SwigluBackwardScalesEqualTheSeparatePasses) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t n : {int64_t(1) << 20, int64_t(4099), int64_t(7)})
+    for (int poison = 0; poison < 3; ++poison) {  // 0 random, 1 dh all zero, 2 one NaN in g
+      VecF g = fp8ref::normal_with_outliers(size_t(n), uint32_t(n + 1)),
+           u = fp8ref::normal_with_outliers(size_t(n), uint32_t(n + 2)),
+           dh = fp8ref::normal_with_outliers(size_t(n), uint32_t(n + 3));
+      if (poison == 1) std::fill(dh.begin(), dh.end(), 0.f);
+      if (poison == 2) g[size_t(n / 2)] = nan;
+      DT gd = upload(g, ct()), ud = upload(u, ct()), dhd = upload(dh, ct());
+      DT dg1 = poisoned(n, ct()), du1 = poisoned(n, ct()), dg2 = poisoned(n, ct()), du2 = poisoned(n, ct());
+      DT sg = poisoned(1, DType::f32), su = poisoned(1, DType::f32);
+      const Fp8Format f = n == 7 ? Fp8Format::e5m2 : Fp8Format::e4m3;
+      run([&](Ops& o) {
+        o.swiglu_bwd_fp8_scale(gd.get(), ud.get(), dhd.get(), dg1.get(), du1.get(), n, f, sg.as<float>(),
+                               su.as<float>());
+        o.swiglu_bwd(gd.get(), ud.get(), dhd.get(), dg2.get(), du2.get(), n);
+      });
+      const std::string what = std::to_string(n) + " elements, input " + std::to_string(poison);
+      const VecF a = download(dg1), b = download(dg2), c = download(du1), d = download(du2);
+      for (size_t i = 0; i < a.size(); ++i) {
+        ASSERT_TRUE(same_scale(a[i], b[i])) << what << ": dg differs at " << i;
+        ASSERT_TRUE(same_scale(c[i], d[i])) << what << ": du differs at " << i;
+      }
+      float cg = 0, cu = 0;
+      cpu_->fp8_scale(a.data(), n, f, &cg);
+      cpu_->fp8_scale(c.data(), n, f, &cu);
+      EXPECT_TRUE(same_scale(download(sg)[0], cg)) << what << ": dg's " << download(sg)[0] << " vs " << cg;
+      EXPECT_TRUE(same_scale(download(su)[0], cu)) << what << ": du's " << download(su)[0] << " vs " << cu;
+      if (poison == 0) EXPECT_NE(cg, cu) << what;
+      if (poison == 1) EXPECT_EQ(download(sg)[0], 1.f) << what;
+      if (poison == 2) EXPECT_TRUE(std::isnan(download(sg)[0]) && std::isnan(download(su)[0])) << what;
+    }
+}
+
 // Integer-valued operands whose every partial sum is exact at any precision the hardware
 // uses, and power-of-two scales: the GPU result equals the CPU twin's exactly.
 TEST_F(CudaFp8, GemmIsExactOnSmallIntegers) {

@@ -206,8 +206,8 @@ TEST_F(CpuFp8Ops, ScalesFromTheLargestMagnitude) {
   EXPECT_TRUE(std::isnan(s));
 }
 
-// The producers' scales (rmsnorm_fwd_fp8_scale, swiglu_fwd_fp8_scale): the output equals the
-// plain op's and the scale is the largest |output| over the format's largest finite value.
+// The producers' scales (rmsnorm_fwd_fp8_scale, swiglu_fwd_fp8_scale, swiglu_bwd_fp8_scale): the output
+// equals the plain op's and the scale is the largest |output| over the format's largest finite value.
 TEST_F(CpuFp8Ops, ProducersScaleTheirOwnOutput) {
   const int64_t rows = 7, cols = 96, n = rows * cols;
   const std::vector<float> x = fp8ref::normal_with_outliers(size_t(n), 11),
@@ -224,6 +224,17 @@ TEST_F(CpuFp8Ops, ProducersScaleTheirOwnOutput) {
     EXPECT_EQ(s, amax_plain(y.data(), n) / fp8::max_finite(f));
     EXPECT_EQ(t, amax_plain(h.data(), n) / fp8::max_finite(f));
     EXPECT_GT(amax_plain(y.data(), n), 0.f);
+    // SwiGLU's backward scales both of its outputs, each by its own largest magnitude
+    const std::vector<float> dh = fp8ref::normal_with_outliers(size_t(n), 13);
+    std::vector<float> dg(y.size()), du(y.size()), dg0(y.size()), du0(y.size());
+    float sg = std::numeric_limits<float>::quiet_NaN(), su = sg;
+    ops->swiglu_bwd_fp8_scale(x.data(), u.data(), dh.data(), dg.data(), du.data(), n, f, &sg, &su);
+    ops->swiglu_bwd(x.data(), u.data(), dh.data(), dg0.data(), du0.data(), n);
+    EXPECT_EQ(dg, dg0);
+    EXPECT_EQ(du, du0);
+    EXPECT_EQ(sg, amax_plain(dg.data(), n) / fp8::max_finite(f));
+    EXPECT_EQ(su, amax_plain(du.data(), n) / fp8::max_finite(f));
+    EXPECT_NE(amax_plain(dg.data(), n), amax_plain(du.data(), n)) << "the two scales are not told apart";
   }
 }
 

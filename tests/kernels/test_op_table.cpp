@@ -254,6 +254,7 @@ TEST(OpTableHarness, CoversTheBenchmarkedOps) {
                          "fp8_quantize_both",
                          "rmsnorm_fwd_fp8_scale",
                          "swiglu_fwd_fp8_scale",
+                         "swiglu_bwd_fp8_scale",
                          "gemm_fp8",
                          "gemm_fp8_accumulate_f32"})
     EXPECT_TRUE(ops.count(op)) << "no op-table case runs " << op;

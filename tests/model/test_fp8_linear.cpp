@@ -189,6 +189,57 @@ TEST(Fp8Linear, WeightGradientLeavesDyCodesForTheInputGradient) {
                std::invalid_argument);
 }
 
+// Scales the producers of x and dy computed (Fp8KnownScales) replace the call's own amax passes:
+// with the tensors' own scales the weight gradient, dy's row codes and their scale are those of
+// the call that computes them, bit for bit, also for a second linear reusing x^T's codes; a
+// known scale three times the tensor's own changes the gradient (it is the one used).
+TEST(Fp8Linear, WeightGradientTakesTheProducersScales) {
+  auto ops = make_cpu_ops();
+  const int64_t n = 21, in = 32, out = 24, K = fp8_padded_tokens(n);
+  const VecF w = ref::randn(size_t(out * in), 8, 0.2f), x = ref::randn(size_t(n * in), 31);
+  const VecF dy = ref::randn(size_t(n * out), 32, 1e-3f);
+  std::vector<uint8_t> dyt(size_t(out * K)), xt(size_t(in * K));
+  alignas(16) float scales[16] = {};
+  const Fp8WgradScratch s{dyt.data(), xt.data(), &scales[0], &scales[4]};
+  float* xs = &scales[8];
+  float* ds = &scales[12];
+  ops->fp8_scale(x.data(), n * in, kFp8ActFormat, xs);
+  ops->fp8_scale(dy.data(), n * out, kFp8GradFormat, ds);
+  HostFp8Weight hw(*ops, w, out, in, n);
+  const Fp8Linear lin = hw.linear();
+  // own scales: a first and a second linear (the same x)
+  VecF dw_own(size_t(out * in), 0.f), dw2_own(dw_own);
+  fp8_linear_bwd_weight(*ops, s, dy.data(), x.data(), dw_own.data(), n, in, out, kFp8GradFormat, false,
+                        &lin.act);
+  const std::vector<uint8_t> rows_own(hw.act.begin(), hw.act.begin() + n * out);
+  const float row_scale_own = hw.act_scale;
+  fp8_linear_bwd_weight(*ops, s, dy.data(), x.data(), dw2_own.data(), n, in, out, kFp8GradFormat, true);
+  // known scales, the scratch's scales poisoned: they are neither computed nor read
+  scales[0] = scales[4] = std::nanf("");
+  std::fill(hw.act.begin(), hw.act.end(), uint8_t(0x7f));
+  hw.act_scale = std::nanf("");
+  VecF dw_known(size_t(out * in), 0.f), dw2_known(dw_known);
+  fp8_linear_bwd_weight(*ops, s, dy.data(), x.data(), dw_known.data(), n, in, out, kFp8GradFormat, false,
+                        &lin.act, {xs, ds});
+  EXPECT_EQ(dw_known, dw_own);
+  EXPECT_EQ(std::vector<uint8_t>(hw.act.begin(), hw.act.begin() + n * out), rows_own);
+  EXPECT_EQ(hw.act_scale, row_scale_own) << "the known scale is copied beside dy's row codes";
+  fp8_linear_bwd_weight(*ops, s, dy.data(), x.data(), dw2_known.data(), n, in, out, kFp8GradFormat, true,
+                        nullptr, {xs, ds});
+  EXPECT_EQ(dw2_known, dw2_own);
+  // the known scales are the ones used
+  const float xs_true = *xs, ds_true = *ds;
+  for (float* wrong : {xs, ds}) {
+    *xs = xs_true;
+    *ds = ds_true;
+    *wrong *= 3.f;  // not a power of two, which would change every code exactly by its inverse
+    VecF dw(size_t(out * in), 0.f);
+    fp8_linear_bwd_weight(*ops, s, dy.data(), x.data(), dw.data(), n, in, out, kFp8GradFormat, false, nullptr,
+                          {xs, ds});
+    EXPECT_GT(ref::rel_err(dw, dw_own), 1e-4) << (wrong == xs ? "x" : "dy") << "'s known scale is not used";
+  }
+}
+
 // The choice of kFp8GradFormat: dx = dy W against the exact product, dy's codes in e4m3 or
 // e5m2, for Gaussian output gradients and for heavy-tailed ones (a Gaussian times e^(2 g'),
 // magnitudes over ~6 decades, as gradients of a few tokens dominate).

@@ -102,6 +102,14 @@ void add_fused(std::vector<OpCase>& v, int64_t T, int64_t H, int64_t F) {
   s.tensors = {input("g", C, T * F), input("u", C, T * F), output("h", C, T * F), output("scale", F32, 1)};
   s.run = [=](Ops& o, const Buffers& b) { o.swiglu_fwd_fp8_scale(b[0], b[1], b[2], T * F, E4, b.f(3)); };
   v.push_back(s);
+  OpCase sb{"swiglu_bwd_fp8_scale", "swiglu_bwd_fp8_scale", mat(T, F) + " e4m3"};
+  sb.tensors = {input("g", C, T * F),      input("u", C, T * F),   input("dh", C, T * F),
+                output("dg", C, T * F),    output("du", C, T * F), output("scale_dg", F32, 1),
+                output("scale_du", F32, 1)};
+  sb.run = [=](Ops& o, const Buffers& b) {
+    o.swiglu_bwd_fp8_scale(b[0], b[1], b[2], b[3], b[4], T * F, E4, b.f(5), b.f(6));
+  };
+  v.push_back(sb);
 }
 
 // d[M,N] = sa*sb * A[M,K] B[N,K]^T: into the compute dtype (fa x e4m3, accumulate or not) and
