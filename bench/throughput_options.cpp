@@ -1,0 +1,338 @@
+// bench_throughput's options: CLI11 registration, the one-line refusals of bad arguments, the
+// --preset shapes and the model configuration (throughput_options.hpp).
+#include "bench/throughput_options.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "kernels/weight_format.hpp"
+
+namespace bench::throughput {
+
+void usage_error(const std::string& line) {
+  std::string one = line;
+  std::replace(one.begin(), one.end(), '\n', ' ');
+  std::fprintf(stderr, "bench_throughput: %s\n", one.c_str());
+  std::exit(2);
+}
+
+namespace {
+
+/// CLI11 check of a GiB option: a number >= 0 and <= 1048576; `zero_means` (e.g. " (0: none)")
+/// goes into the one-line refusal.
+CLI::Validator gib_validator(const std::string& zero_means) {
+  return CLI::Validator(
+      [zero_means](const std::string& v) -> std::string {
+        char* end = nullptr;
+        const double x = std::strtod(v.c_str(), &end);
+        if (v.empty() || *end != 0 || !(x >= 0 && x <= double(1 << 20)))
+          return "expected a number of GiB >= 0" + zero_means + " and <= 1048576, got '" + v + "'";
+        return "";
+      },
+      "GiB");
+}
+
+/// CLI11 check of a number in [lo, hi] (NaN refused: CLI11's Range lets it through, and its
+/// open ranges print 1.8e308): "expected <what> from <lo> to <hi>, got '<v>'".
+CLI::Validator number_validator(double lo, double hi, const std::string& what) {
+  return CLI::Validator(
+      [lo, hi, what](const std::string& v) -> std::string {
+        char* end = nullptr;
+        const double x = std::strtod(v.c_str(), &end);
+        if (v.empty() || *end != 0 || !(x >= lo && x <= hi))
+          return fmt::format("expected {} from {} to {}, got '{}'", what, lo, hi, v);
+        return "";
+      },
+      "NUMBER");
+}
+
+/// A folder `path` (an output file of the bench) can be written in, checked before the run: a
+/// missing folder is one line and exit 2 instead of an error after every step was measured.
+void check_output_file(const std::string& option, const std::string& path) {
+  if (path.empty()) return;
+  std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec) || ::access(dir.c_str(), W_OK) != 0)
+    usage_error(fmt::format("{} {}: expected a file in a folder that exists and can be written ({})", option,
+                            path, dir.string()));
+}
+
+/// An option that only means something beside another: one line instead of being ignored.
+void needs(bool given, bool with, const char* what, const char* needed) {
+  if (given && !with) usage_error(fmt::format("{} needs {}", what, needed));
+}
+
+// The options in the order --help lists them: the shape and the steps, ...
+void add_shape_options(CLI::App& app, Options& opt) {
+  app.add_option("--backend", opt.backend)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  app.add_option("--workers", opt.workers)->check(CLI::Range(1, 1024));
+  app.add_option("--layers", opt.layers);
+  app.add_option("--hidden", opt.hidden);
+  app.add_option("--heads", opt.heads);
+  app.add_option("--kv-heads", opt.kv);
+  app.add_option("--head-dim", opt.hd);
+  app.add_option("--ffn", opt.ffn);
+  app.add_option("--vocab", opt.vocab);
+  app.add_option("--seq", opt.seq);
+  app.add_option("--seqs", opt.seqs, "sequences per step");
+  app.add_option("--micro", opt.micro, "micro-batches per step");
+  app.add_option("--steps", opt.steps, "measured steps")->check(CLI::Range(1, 1000000));
+  app.add_option("--warmup", opt.warmup,
+                 "unmeasured first steps (at least 1: a step's time is from the one before)")
+      ->check(CLI::Range(1, 1000000));
+  app.add_flag("--sync", opt.sync);
+}
+
+// ... the precision, the cap and the outputs, ...
+void add_precision_options(CLI::App& app, Options& opt) {
+  app.add_flag("--fp8", opt.fp8,
+               "dense decoder linears in FP8 e4m3 (forward, recompute, input gradient; in full fine-tuning "
+               "the weight gradients too unless --bf16-wgrad)");
+  app.add_option("--expert-gemm", opt.expert_gemm,
+                 "MoE grouped linears: bucketed (padded layout, the default) or grouped")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"grouped", "bucketed"}));
+  app.add_flag("--fp8-wgrad", opt.fp8_wgrad,
+               "with --fp8: their weight gradients in FP8 too (the default with --fp8; a LoRA run has none)");
+  app.add_flag("--bf16-wgrad", opt.bf16_wgrad, "with --fp8: keep the weight gradients in bf16");
+  app.add_flag("--fp8-stored-direct", opt.fp8_direct,
+               "with --fp8 and --base-format fp8: run the base's linears from its codes (experimental)");
+  app.add_option("--cap-gib", opt.cap, "device memory cap per worker")
+      ->check(number_validator(0.001, double(1 << 20), "GiB"));
+  app.add_option("--trace", opt.trace);
+  app.add_option("--results", opt.results, "append a markdown row here");
+  app.add_option("--plan", opt.plan_json, "explicit plan (JSON as in a spec's \"plan\" key)");
+  app.add_option("--dtype", opt.dtype, "storage dtype on the GPU")->check(CLI::IsMember({"bf16", "f16"}));
+}
+
+// ... the transfers and the disk tier, ...
+void add_transfer_options(CLI::App& app, Options& opt) {
+  app.add_option("--bulk-inflight", opt.bulk_inflight,
+                 "parameter/gradient chunks in flight at once (priorities on)")
+      ->check(CLI::Range(1, 1024));
+  app.add_flag("--no-priorities", opt.no_prio,
+               "transfers first come, first served (no cross-stream priority)");
+  app.add_option("--chunk-bytes", opt.chunk_bytes,
+                 "cut parameter/gradient copies into chunks of this (0: none)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 40));
+  app.add_option("--mlp-chunk", opt.mlp_chunk, "decoders' MLP chunk in tokens (0: default)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
+  app.add_option("--pin-budget-gib", opt.pin_budget_gib,
+                 "host GiB the runtime may page-lock (default: three quarters of the host's memory)")
+      ->check(gib_validator(""));
+  app.add_option("--frozen-tier", opt.frozen_tier,
+                 "stream the frozen (LoRA base) weights from this cache file");
+  app.add_option("--tier-ring-gib", opt.tier_ring_gib, "host GiB of the tier's read buffers (0: two buffers)")
+      ->check(gib_validator(" (0: two buffers)"));
+  app.add_option("--tier-resident-gib", opt.tier_resident_gib,
+                 "host GiB of the frozen base kept resident, decoders first (0: all stream)")
+      ->check(gib_validator(" (0: all stream)"));
+  app.add_option("--tier-host-budget-gib", opt.tier_host_budget_gib,
+                 "the whole run's host GiB: the runtime decides what stays resident (0: no budget)")
+      ->check(gib_validator(" (0: no budget)"));
+  app.add_option(
+         "--tier-spill-layers", opt.tier_spill_layers,
+         "keep the saved inputs of this many layers in a hidden file beside the tier's cache instead of "
+         "host memory (0: none)")
+      ->check(CLI::Range(0, 1 << 20));
+}
+
+// ... the saved attention, the cap above the plan and the profile, then the model: its preset,
+// experts and LoRA.
+void add_model_options(CLI::App& app, Options& opt) {
+  app.add_flag("--no-save-attention", opt.no_save_attention,
+               "recompute each decoder's attention in backward instead of keeping the forward's output");
+  app.add_option(
+         "--cap-above-plan", opt.cap_above_plan,
+         "run the plan chosen at --cap-gib with the cap this fraction above its predicted working set "
+         "(e.g. 0.02)")
+      ->check(number_validator(0, 100, "a fraction"));
+  app.add_option("--profile-out", opt.profile_out, "write the measured per-layer profile (JSON) here");
+  app.add_option(
+         "--preset", opt.preset,
+         "model shape: qwen3-1.7b (default flags), qwen3-4b, llama3.1-8b, llama3.1-70b, qwen3-30b-a3b, "
+         "qwen3-235b-a22b or gpt-oss-20b (a given --layers overrides the preset's depth)")
+      ->check(CLI::IsMember({"qwen3-1.7b", "qwen3-4b", "llama3.1-8b", "llama3.1-70b", "qwen3-30b-a3b",
+                             "qwen3-235b-a22b", "gpt-oss-20b"}));
+  app.add_option("--experts", opt.experts,
+                 "mixture of experts (Qwen3-MoE): routed experts per sparse layer (0: dense)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 20));
+  app.add_option("--experts-per-tok", opt.top_k, "experts per token (top-k)");
+  app.add_option("--expert-ffn", opt.expert_ffn, "FFN width of one expert (moe_intermediate_size; 0: --ffn)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
+  app.add_option("--sparse-step", opt.sparse_step, "every step-th decoder is sparse (decoder_sparse_step)");
+  app.add_option("--lora-r", opt.lora_r, "LoRA rank on frozen base weights (0: full fine-tuning)")
+      ->check(CLI::Range(int64_t(0), int64_t(65536)));
+  app.add_option("--lora-alpha", opt.lora_alpha, "LoRA alpha (default: 2 x rank)");
+  app.add_option(
+      "--lora-targets", opt.lora_targets,
+      "comma-separated modules or all-linear; \"experts\" (or experts.gate_up_proj, experts.down_proj) "
+      "adds per-expert adapters to the sparse layers");
+  app.add_option("--base-format", opt.base_format, "storage of the frozen base weights (LoRA)")
+      ->check(CLI::IsMember({"f32", "bf16", "f16", "q8_0", "q4_0", "nf4", "mxfp4", "fp8"}));
+}
+
+/// The batch, the options that only mean something beside another and the output files' folders:
+/// one line and exit 2 each.
+void check_options(const CLI::App& app, const Options& opt) {
+  // every micro-batch holds the same whole number of sequences
+  if (opt.micro < 1 || opt.seqs < opt.micro || opt.seqs % opt.micro != 0)
+    usage_error(
+        fmt::format("--seqs {} --micro {}: expected --micro >= 1 and --seqs a multiple of --micro (each "
+                    "of the --micro micro-batches holds --seqs / --micro sequences, at least one)",
+                    opt.seqs, opt.micro));
+  // a sequence of one token has no target to predict (the spec refuses seq_len 1 too)
+  if (opt.seq < 2) usage_error(fmt::format("--seq {}: expected tokens per sequence >= 2", opt.seq));
+  const bool tier = !opt.frozen_tier.empty();
+  needs(app.count("--tier-ring-gib") > 0, tier, "--tier-ring-gib", "--frozen-tier PATH");
+  needs(app.count("--tier-resident-gib") > 0, tier, "--tier-resident-gib", "--frozen-tier PATH");
+  needs(app.count("--tier-host-budget-gib") > 0, tier, "--tier-host-budget-gib", "--frozen-tier PATH");
+  needs(app.count("--frozen-tier") > 0, tier, "--frozen-tier", "a non-empty path");
+  needs(app.count("--tier-spill-layers") > 0, tier, "--tier-spill-layers", "--frozen-tier PATH");
+  needs(tier && opt.tier_spill_layers == 0, opt.lora_r > 0, "--frozen-tier",
+        "--lora-r R (it streams a LoRA base) or --tier-spill-layers N");
+  needs(opt.fp8_direct, opt.fp8, "--fp8-stored-direct", "--fp8");
+  needs(opt.fp8_wgrad, opt.fp8, "--fp8-wgrad", "--fp8");
+  needs(opt.bf16_wgrad, opt.fp8, "--bf16-wgrad", "--fp8");
+  if (opt.fp8_wgrad && opt.bf16_wgrad)
+    usage_error(
+        "--fp8-wgrad and --bf16-wgrad: expected one of them (with --fp8 the weight gradients are FP8 "
+        "unless --bf16-wgrad)");
+  if (opt.fp8_wgrad && opt.lora_r > 0)
+    usage_error("--fp8-wgrad with --lora-r: a frozen base computes no weight gradient");
+  for (const char* o : {"--lora-alpha", "--lora-targets", "--base-format"})
+    needs(app.count(o) > 0, opt.lora_r > 0, o, "--lora-r R (a LoRA run)");
+  needs(opt.dtype == "f16", opt.backend != "cpu", "--dtype f16",
+        "--backend cuda (the cpu backend computes in f32)");
+  check_output_file("--results", opt.results);
+  check_output_file("--trace", opt.trace);
+  check_output_file("--profile-out", opt.profile_out);
+}
+
+/// --preset's shape written over the flags' (a given --layers keeps its depth), then the expert
+/// options refused without experts.
+void apply_preset(const CLI::App& app, Options& opt) {
+  const std::string& preset = opt.preset;
+  if (preset == "qwen3-4b")
+    opt.layers = 36, opt.hidden = 2560, opt.heads = 32, opt.kv = 8, opt.hd = 128, opt.ffn = 9728,
+    opt.vocab = 151936;
+  if (preset == "llama3.1-8b" || preset == "llama3.1-70b") {
+    opt.qwen3 = false, opt.tied = false, opt.rope_theta = 5e5, opt.vocab = 128256, opt.kv = 8, opt.hd = 128;
+    if (preset == "llama3.1-8b") opt.layers = 32, opt.hidden = 4096, opt.heads = 32, opt.ffn = 14336;
+    else opt.layers = 80, opt.hidden = 8192, opt.heads = 64, opt.ffn = 28672;
+  }
+  // Qwen3-MoE: every decoder sparse, 128 experts, top-8, untied embeddings (intermediate_size
+  // is that of the config.json and unused)
+  if (preset == "qwen3-30b-a3b")
+    opt.layers = 48, opt.hidden = 2048, opt.heads = 32, opt.kv = 4, opt.hd = 128, opt.ffn = 6144,
+    opt.experts = 128, opt.top_k = 8, opt.expert_ffn = 768;
+  if (preset == "qwen3-235b-a22b")
+    opt.layers = 94, opt.hidden = 4096, opt.heads = 64, opt.kv = 4, opt.hd = 128, opt.ffn = 12288,
+    opt.experts = 128, opt.top_k = 8, opt.expert_ffn = 1536;
+  if (preset.rfind("qwen3-", 0) == 0 && opt.experts > 0)
+    opt.tied = false, opt.vocab = 151936, opt.sparse_step = 1;
+  opt.gpt_oss = preset == "gpt-oss-20b";  // examples/configs/gpt-oss-20b.json
+  if (opt.gpt_oss)
+    opt.qwen3 = false, opt.tied = false, opt.rope_theta = 150000, opt.layers = 24, opt.hidden = 2880,
+    opt.heads = 64, opt.kv = 8, opt.hd = 64, opt.ffn = 2880, opt.experts = 32, opt.top_k = 4,
+    opt.expert_ffn = 2880, opt.vocab = 201088, opt.sparse_step = 1;
+  if (app.count("--layers")) opt.layers = int(app["--layers"]->as<int>());  // fewer of a preset's layers
+  for (const char* o : {"--experts-per-tok", "--expert-ffn", "--sparse-step", "--expert-gemm"})
+    needs(app.count(o) > 0, opt.experts > 0, o, "--experts E or a mixture-of-experts --preset");
+}
+
+}  // namespace
+
+std::optional<int> parse(int argc, char** argv, Options& opt) {
+  CLI::App app{"RoundPipe end-to-end throughput benchmark"};
+  add_shape_options(app, opt);
+  add_precision_options(app, opt);
+  add_transfer_options(app, opt);
+  add_model_options(app, opt);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    usage_error(e.what());  // CLI11's own exit codes (105 for a value, ...) would differ per error
+  }
+  check_options(app, opt);
+  apply_preset(app, opt);
+  opt.expert_gemm_given = app.count("--expert-gemm") > 0;
+  return std::nullopt;
+}
+
+rp::ModelConfig model_config(const Options& opt) {
+  rp::ModelConfig c;
+  c.architecture = opt.qwen3 ? "qwen3" : "llama";
+  c.qk_norm = opt.qwen3;
+  c.vocab_size = opt.vocab;
+  c.hidden_size = opt.hidden;
+  c.intermediate_size = opt.ffn;
+  c.num_hidden_layers = opt.layers;
+  c.num_attention_heads = opt.heads;
+  c.num_key_value_heads = opt.kv;
+  c.head_dim = opt.hd;
+  c.rope_theta = opt.rope_theta;
+  c.max_position_embeddings = std::max<int64_t>(opt.seq, 40960);
+  c.tie_word_embeddings = opt.tied;
+  if (opt.experts > 0) {
+    c.architecture = "qwen3_moe";
+    c.num_experts = opt.experts;
+    c.num_experts_per_tok = opt.top_k;
+    c.moe_intermediate_size = opt.expert_ffn > 0 ? opt.expert_ffn : opt.ffn;
+    c.decoder_sparse_step = opt.sparse_step;
+    c.norm_topk_prob = true;
+  }
+  if (opt.gpt_oss) {
+    c.architecture = "gpt_oss";
+    c.qk_norm = false;
+    c.attention_bias = true;
+    c.attention_sinks = true;
+    c.sliding_window = 128;
+    for (int64_t i = 0; i < opt.layers; ++i)
+      c.layer_types.push_back(i % 2 == 0 ? "sliding_attention" : "full_attention");
+    c.rope_scaling.type = "yarn";
+    c.rope_scaling.factor = 32;
+    c.rope_scaling.original_max_position_embeddings = 4096;
+    c.rope_scaling.truncate = false;
+    c.max_position_embeddings = std::max<int64_t>(opt.seq, 131072);
+  }
+  try {
+    c.validate();
+  } catch (const std::exception& e) {
+    usage_error(
+        fmt::format("the model's shape (--preset, --layers, --hidden, --heads, --kv-heads, --head-dim, "
+                    "--ffn, --vocab, --experts...): {}",
+                    e.what()));
+  }
+  needs(opt.expert_gemm_given, c.num_moe_layers() > 0, "--expert-gemm",
+        "a model with experts (a sparse decoder among --layers with --sparse-step)");
+  return c;
+}
+
+std::optional<rp::LoraConfig> lora_config(const Options& opt) {
+  if (opt.lora_r <= 0) return std::nullopt;
+  rp::LoraConfig lora;
+  lora.r = opt.lora_r;
+  lora.alpha = opt.lora_alpha > 0 ? opt.lora_alpha : 2.0 * double(opt.lora_r);
+  std::vector<std::string> entries;
+  for (size_t a = 0; a <= opt.lora_targets.size();) {
+    const size_t b = std::min(opt.lora_targets.find(',', a), opt.lora_targets.size());
+    if (b > a) entries.push_back(opt.lora_targets.substr(a, b - a));
+    a = b + 1;
+  }
+  rp::set_lora_targets(lora, entries);
+  lora.base_format = rp::parse_weight_format(opt.base_format);
+  return lora;
+}
+
+}  // namespace bench::throughput
