@@ -45,7 +45,7 @@ struct Fp8Set {
   // Weight gradients in FP8 (LayerOptions::fp8_weight_gradients, backward calls): the codes'
   // scratch; null codes: in the compute dtype.
   Fp8WgradScratch wgrad;
-  bool wgrad_fp8(LoraModule m, int64_t in) const { return (*this)(m) && wgrad.dyt && in % 16 == 0; }
+  bool wgrad_fp8(LoraModule m, int64_t in) const { return (*this)(m) && wgrad.dyt && fp8_wgrad_width(in); }
 };
 
 // y = RMSNorm(x) w over R rows of n; when `next` (the FP8 linear that reads y) is given, the

@@ -14,6 +14,10 @@
 
 namespace rp {
 
+const char* linear_compute_name(bool fp8, bool fp8_weight_gradients) {
+  return !fp8 ? "bf16" : fp8_weight_gradients ? "fp8+wgrad" : "fp8";
+}
+
 const char* profile_kind_name(ProfileKind k) {
   switch (k) {
     case ProfileKind::forward: return "forward";
