@@ -83,6 +83,9 @@ class Profile {
   int64_t seq_len() const { return seq_len_; }
   double beta() const { return beta_; }
   std::string device;  ///< free text naming the device the times come from
+  /// The linear compute the times were measured in (linear_compute_name); "" in files written
+  /// before it was recorded (unknown).
+  std::string linear_compute;
 
   /// The worker's hook: `seconds` of `kind` for layer `layer` and one micro-batch.
   /// Throws std::invalid_argument naming the layer for an index out of range or a
