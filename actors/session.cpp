@@ -16,6 +16,7 @@
 #include "actors/worker.hpp"
 #include "base/counted.hpp"
 #include "base/host_resources.hpp"
+#include "model/fp8_linear.hpp"  // fp8_wgrad_reach
 #include "scheduler/group_plan.hpp"
 #include "scheduler/run_plan.hpp"
 
@@ -209,6 +210,11 @@ std::shared_ptr<Replanner> Session::Impl::make_replanner(const RunPlan& run,
   ro.min_gain = opt.profiling.min_gain;
   Profile prof(layout.num_layers(), opt.micro.n_seq, opt.micro.seq_len);
   prof.device = devices[0]->name();
+  // what the decoder layers run (LayerOptions): FP8 weight gradients only in full fine-tuning and
+  // where some linear's input width allows them
+  const bool fp8_wgrad = opt.device.fp8 && opt.device.fp8_weight_gradients && !layout.lora &&
+                         fp8_wgrad_reach(layout.config).fp8_wgrad > 0;
+  prof.linear_compute = linear_compute_name(opt.device.fp8, fp8_wgrad);
   auto r = std::make_shared<Replanner>(std::move(prof), run.analytic, run.partition, sim, ro);
   r->set_planner(internals.planner);
   return r;

@@ -20,6 +20,7 @@
 #include "kernels/moe_buckets.hpp"  // expected_bucket_count
 #include "kernels/weight_format.hpp"
 #include "model/config.hpp"
+#include "model/fp8_linear.hpp"  // fp8_wgrad_reach
 #include "model/layout.hpp"
 #include "model/lora.hpp"
 #include "roundpipe/spec.hpp"
@@ -290,10 +291,38 @@ static int64_t print_longest_sequence(const PlanCommandOptions& o, std::FILE* ou
 
 namespace {
 
-/// --profile: the measured profile (checked against the planned layout) and the costs line's
-/// words; no profile: the analytic model.
+/// The flags that plan linear compute `mode` (linear_compute_name).
+std::string linear_compute_flags(const std::string& mode) {
+  return mode == "bf16" ? "without --fp8" : mode == "fp8" ? "with --fp8 --bf16-wgrad" : "with --fp8";
+}
+
+/// --profile's linear compute against the plan's (`fp8_wgrad`: DeviceModel::fp8_weight_gradients):
+/// a profile measured in another is refused naming the file, its mode and the flags; one that
+/// does not record it (written before it was) is a warning on the costs line.
+void check_profile_compute(const Profile& profile, const PlanCommandOptions& o, const ModelLayout& planned,
+                           bool fp8_wgrad, std::string& source) {
+  // as the runtime records it: FP8 weight gradients where some linear's input width allows them
+  const std::string mode =
+      linear_compute_name(o.fp8, fp8_wgrad && fp8_wgrad_reach(planned.config).fp8_wgrad > 0);
+  const std::string given = !o.fp8 ? "no --fp8" : o.bf16_wgrad ? "--fp8 --bf16-wgrad" : "--fp8";
+  if (profile.linear_compute.empty()) {
+    source += fmt::format(
+        "; warning: it does not record the linear compute it was measured in (written before "
+        "profiles did), planned as {} ({})",
+        mode, given);
+    return;
+  }
+  if (profile.linear_compute != mode)
+    throw std::runtime_error(fmt::format(
+        "{}: measured with linear layers in {}, planned in {} ({}); plan it {} or measure a profile "
+        "in {}",
+        o.profile, profile.linear_compute, mode, given, linear_compute_flags(profile.linear_compute), mode));
+}
+
+/// --profile: the measured profile (checked against the planned layout and linear compute) and
+/// the costs line's words; no profile: the analytic model.
 std::optional<Profile> plan_profile(const PlanCommandOptions& o, const PlanCommandOptions& oo,
-                                    const ModelLayout& planned, std::string& source) {
+                                    const ModelLayout& planned, bool fp8_wgrad, std::string& source) {
   source = "analytic (FLOPs and bytes per layer)";
   if (o.profile.empty()) return std::nullopt;
   Profile profile = Profile::load(o.profile);
@@ -303,6 +332,7 @@ std::optional<Profile> plan_profile(const PlanCommandOptions& o, const PlanComma
   source = fmt::format("profile {} (calibrating the analytic model)", o.profile);
   if (profile.n_seq() != oo.sequences_per_micro || profile.seq_len() != oo.seq_len)
     source += fmt::format("; warning: measured at {} x {} tokens", profile.n_seq(), profile.seq_len());
+  check_profile_compute(profile, o, planned, fp8_wgrad, source);
   return profile;
 }
 
@@ -435,7 +465,7 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
   if (o.max_seq) oo.seq_len = print_longest_sequence(o, out);
   const ModelLayout planned = plan_layout(o);
   std::string source;
-  const std::optional<Profile> profile = plan_profile(o, oo, planned, source);
+  const std::optional<Profile> profile = plan_profile(o, oo, planned, d.fp8_weight_gradients, source);
   const int64_t cap = o.memory_cap.empty() ? 0 : parse_byte_size(o.memory_cap, "--memory-cap");
 
   RunPlanInputs rin = plan_inputs(planned, oo, oo.seq_len, cap);

@@ -27,7 +27,10 @@ void add_workload_options(CLI::App& c, PlanCommandOptions& o) {
   number(c, "--seq", o.seq_len, "tokens per sequence");
   number(c, "--micro", o.micro_batches, "micro-batches per iteration (M)");
   number(c, "--sequences-per-micro", o.sequences_per_micro, "sequences per micro-batch");
-  c.add_option("--profile", o.profile, "measured profile JSON (replaces the analytic costs where measured)");
+  c.add_option(
+      "--profile", o.profile,
+      "measured profile JSON (replaces the analytic costs where measured; its linear compute must be the one "
+      "--fp8 and --bf16-wgrad plan)");
   c.add_option("--memory-cap", o.memory_cap, "per-GPU memory a stage may use, e.g. 24GiB (default: none)");
   c.add_option("--trace", o.trace,
                "write the simulated timeline as a Chrome trace JSON (an existing file needs --force)");

@@ -46,7 +46,7 @@ struct Fp8Set {
   // Weight gradients in FP8 (LayerOptions::fp8_weight_gradients, backward calls): the codes'
   // scratch; null codes: in the compute dtype.
   Fp8WgradScratch wgrad;
-  bool wgrad_fp8(LoraModule m, int64_t in) const { return (*this)(m) && wgrad.dyt && in % 16 == 0; }
+  bool wgrad_fp8(LoraModule m, int64_t in) const { return (*this)(m) && wgrad.dyt && fp8_wgrad_width(in); }
   // With FP8 weight gradients (backward calls): where the producers of the weight gradients'
   // operands leave their scales (DecoderBufs::fp8_kept); null elsewhere.
   float* kept_base = nullptr;

@@ -105,7 +105,7 @@ void fp8_linear_bwd_weight(Ops& ops, const Fp8WgradScratch& s, const void* dy, c
     throw std::invalid_argument("fp8 weight gradient: no scratch for the codes of dy^T and x^T");
   if (dy_rows && (!dy_rows->codes || !dy_rows->scale))
     throw std::invalid_argument("fp8 weight gradient: no scratch for dy's row codes");
-  if (in % 16 != 0)
+  if (!fp8_wgrad_width(in))
     throw std::invalid_argument("fp8 weight gradient: the input width must be a multiple of 16");
   const int64_t K = fp8_padded_tokens(n);
   const float* x_scale = known.x ? known.x : s.x_scale;
@@ -122,6 +122,20 @@ void fp8_linear_bwd_weight(Ops& ops, const Fp8WgradScratch& s, const void* dy, c
   if (dy_rows) ops.fp8_quantize_both(dy, dy_scale, dy_rows->codes, s.dyt, n, out, K, grad_format);
   else ops.fp8_quantize_transposed_padded(dy, dy_scale, s.dyt, n, out, K, grad_format);
   ops.gemm_fp8_accumulate_f32(s.dyt, grad_format, dy_scale, s.xt, kFp8ActFormat, x_scale, dw, out, K, in);
+}
+
+Fp8WgradReach fp8_wgrad_reach(const ModelConfig& c) {
+  // input widths: q, k, v and gate, up read the hidden state; o the attention output; down the MLP's
+  const int64_t hidden = c.hidden_size, attention = c.num_attention_heads * c.head_dim;
+  Fp8WgradReach r;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const bool dense = !c.is_moe_layer(l);
+    r.linears += dense ? 7 : 4;
+    r.fp8_wgrad += (fp8_wgrad_width(hidden) ? 3 : 0) + (fp8_wgrad_width(attention) ? 1 : 0);
+    if (dense)
+      r.fp8_wgrad += (fp8_wgrad_width(hidden) ? 2 : 0) + (fp8_wgrad_width(c.intermediate_size) ? 1 : 0);
+  }
+  return r;
 }
 
 }  // namespace rp

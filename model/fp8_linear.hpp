@@ -100,6 +100,19 @@ struct Fp8WgradScratch {
 /// Tokens of a weight gradient's FP8 GEMM: n rounded up to the GEMM's multiple of 16.
 constexpr int64_t fp8_padded_tokens(int64_t n) { return (n + 15) / 16 * 16; }
 
+/// Whether a linear of input width `in` can take its weight gradient through the FP8 GEMM
+/// (fp8_linear_bwd_weight): `in` is that GEMM's N, which must be a multiple of 16. The others'
+/// weight gradients stay in the compute dtype.
+constexpr bool fp8_wgrad_width(int64_t in) { return in > 0 && in % 16 == 0; }
+
+/// The decoder linears of model `c` that run in FP8 (q, k, v, o and a dense MLP's gate, up and
+/// down, over all layers; a sparse block's experts stay in the compute dtype), and how many of
+/// them can take their weight gradients in FP8 (fp8_wgrad_width of their input width).
+struct Fp8WgradReach {
+  int64_t linears = 0, fp8_wgrad = 0;
+};
+Fp8WgradReach fp8_wgrad_reach(const ModelConfig& c);
+
 /// scale[0] = scale of W [out, in] (compute dtype), wq = its e4m3 codes, and when wtq is not
 /// null the codes of W^T [in, out].
 void fp8_quantize_weight(Ops& ops, const void* w, int64_t out, int64_t in, uint8_t* wq, uint8_t* wtq,

@@ -14,6 +14,10 @@
 
 namespace rp {
 
+const char* linear_compute_name(bool fp8, bool fp8_weight_gradients) {
+  return !fp8 ? "bf16" : fp8_weight_gradients ? "fp8+wgrad" : "fp8";
+}
+
 const char* profile_kind_name(ProfileKind k) {
   switch (k) {
     case ProfileKind::forward: return "forward";
@@ -182,8 +186,11 @@ nlohmann::json Profile::to_json() const {
     if (p.scratch_peak_bytes >= 0) o["scratch_peak_bytes"] = p.scratch_peak_bytes;
     layers.push_back(std::move(o));
   }
-  return {{"format", "roundpipe-profile"}, {"version", 1},  {"device", device},           {"n_seq", n_seq_},
-          {"seq_len", seq_len_},           {"beta", beta_}, {"layers", std::move(layers)}};
+  nlohmann::json j = {
+      {"format", "roundpipe-profile"}, {"version", 1},  {"device", device},           {"n_seq", n_seq_},
+      {"seq_len", seq_len_},           {"beta", beta_}, {"layers", std::move(layers)}};
+  if (!linear_compute.empty()) j["linear_compute"] = linear_compute;
+  return j;
 }
 
 Profile Profile::from_json(const nlohmann::json& j, const std::string& where) {
@@ -201,6 +208,11 @@ Profile Profile::from_json(const nlohmann::json& j, const std::string& where) {
     throw std::invalid_argument(where + ": " + e.what());
   }
   if (j.contains("device") && j["device"].is_string()) p.device = j["device"].get<std::string>();
+  if (f.has("linear_compute")) {  // absent in files written before it was recorded
+    p.linear_compute = f.string("linear_compute");
+    if (p.linear_compute != "bf16" && p.linear_compute != "fp8" && p.linear_compute != "fp8+wgrad")
+      f.fail("linear_compute", "\"bf16\", \"fp8\" or \"fp8+wgrad\"", p.linear_compute);
+  }
   for (int l = 0; l < p.num_layers(); ++l) {
     const auto& o = layers[size_t(l)];
     const std::string w = fmt::format("{}: layer {}", where, l);

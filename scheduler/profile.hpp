@@ -31,6 +31,12 @@ const char* profile_kind_name(ProfileKind k);
 /// Inverse of profile_kind_name; throws std::invalid_argument naming `s`.
 ProfileKind profile_kind_from_name(const std::string& s);
 
+/// The linear layers' compute as a profile (Profile::linear_compute) and a checkpoint record
+/// it: "bf16" without FP8 linears, "fp8" with FP8 linears whose weight gradients stay in the
+/// compute dtype, "fp8+wgrad" with FP8 weight gradients too (where some linear's input width
+/// allows them, model/fp8_linear.hpp's fp8_wgrad_reach).
+const char* linear_compute_name(bool fp8, bool fp8_weight_gradients);
+
 /// Bias-corrected EMA of a series of seconds that drops the series' first sample.
 class SmoothedTime {
  public:
@@ -77,6 +83,9 @@ class Profile {
   int64_t seq_len() const { return seq_len_; }
   double beta() const { return beta_; }
   std::string device;  ///< free text naming the device the times come from
+  /// The linear compute the times were measured in (linear_compute_name); "" in files written
+  /// before it was recorded (unknown).
+  std::string linear_compute;
 
   /// The worker's hook: `seconds` of `kind` for layer `layer` and one micro-batch.
   /// Throws std::invalid_argument naming the layer for an index out of range or a

@@ -298,7 +298,7 @@ int64_t restore_checkpoint(const ResumePoint& r, const TrainSpec& spec, Session&
         fmt::format("{}: holds no fp32 master weights and model.safetensors is {} (expected "
                     "the master in one of them)",
                     state, r.saved.save_dtype));
-  for (const auto& d : resume_differences(r.saved, spec))
+  for (const auto& d : resume_differences(r.saved, spec, &session.layout().config))
     spdlog::warn("resuming with {}; the run will not reproduce an uninterrupted one", d);
   data.seek(r.saved.data_position);
   spdlog::info("resuming {} at step {} (data position {})", r.dir, r.saved.step, r.saved.data_position);

@@ -40,7 +40,7 @@ void TrainingRun::save(const std::string& name) {
                     kept_checkpoint().empty() ? std::string("no checkpoint was written")
                                               : kept_checkpoint() + " is kept"));
   require_disk_space(spec_.output_dir, checkpoint_bytes_, fmt::format("checkpoint {}", dir));
-  TrainerState state = trainer_state_of(spec_, steps, data_->position());
+  TrainerState state = trainer_state_of(spec_, steps, data_->position(), &session_->layout().config);
   state.series = series_.series_for(name, steps);
   save_checkpoint_bundle(
       *session_, dir, model_, parse_dtype(spec_.save_dtype), state, base_,

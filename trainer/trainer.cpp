@@ -11,6 +11,7 @@
 #include "base/counted.hpp"
 #include "base/error_text.hpp"
 #include "base/output_folder.hpp"  // kPathQuoteBytes
+#include "model/fp8_linear.hpp"    // fp8_wgrad_reach
 #include "model/model_flops.hpp"
 #include "roundpipe/checkpoint.hpp"
 #include "scheduler/cost_model.hpp"
@@ -133,6 +134,32 @@ void TrainingRun::setup() {
   if (cb_.on_ready) cb_.on_ready();
 }
 
+namespace {
+
+/// The start line's FP8 part: what the linears and their weight gradients run in, as the model's
+/// widths allow (fp8_wgrad_reach: a linear whose input width is not a multiple of 16 keeps bf16
+/// weight gradients).
+std::string fp8_summary(const TrainSpec& s, const ModelConfig& model) {
+  if (!s.fp8) return "";
+  if (fp8_weight_gradients_on(s)) {
+    const Fp8WgradReach r = fp8_wgrad_reach(model);
+    if (r.fp8_wgrad == 0)
+      return "; FP8 e4m3 linears, weight gradients in bf16 (FP8 weight gradients need a linear whose "
+             "input width is a multiple of 16; this model has none)";
+    if (r.fp8_wgrad < r.linears)
+      return fmt::format(
+          "; FP8 e4m3 linears and weight gradients ({} of {} linears; the others, whose input width is not "
+          "a multiple of 16, in bf16)",
+          r.fp8_wgrad, r.linears);
+    return "; FP8 e4m3 linears and weight gradients";
+  }
+  if (s.fp8_stored_direct && s.lora && s.lora->base_format == WeightFormat::fp8)
+    return "; FP8 e4m3 linears, the fp8 base's from its stored codes (fp8_stored_direct)";
+  return "; FP8 e4m3 linears";
+}
+
+}  // namespace
+
 void TrainingRun::start_session(const ModelLayout& layout, std::vector<std::vector<float>> weights,
                                 std::vector<std::vector<uint8_t>> frozen,
                                 std::optional<FrozenSource> source) {
@@ -158,12 +185,7 @@ void TrainingRun::start_session(const ModelLayout& layout, std::vector<std::vect
                session_->device_name(), spec_.async ? "staleness-1 async" : "synchronous",
                opt.plan ? "explicit" : "automatic", plan.summary(), counted(plan.stages.size(), "stage"),
                counted(spec_.micro_batches, "micro-batch", "micro-batches"), opt.micro.n_seq,
-               counted(spec_.seq_len, "token"),
-               !spec_.fp8                       ? ""
-               : fp8_weight_gradients_on(spec_) ? "; FP8 e4m3 linears and weight gradients"
-               : spec_.fp8_stored_direct && spec_.lora && spec_.lora->base_format == WeightFormat::fp8
-                   ? "; FP8 e4m3 linears, the fp8 base's from its stored codes (fp8_stored_direct)"
-                   : "; FP8 e4m3 linears");
+               counted(spec_.seq_len, "token"), fp8_summary(spec_, layout.config));
 }
 
 /// "epochs": the run's steps now that the data is loaded (resolve_epochs); a resumed run must

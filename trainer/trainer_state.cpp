@@ -12,6 +12,8 @@
 #include "base/error_text.hpp"
 #include "base/json_fields.hpp"
 #include "kernels/weight_format.hpp"
+#include "model/fp8_linear.hpp"   // fp8_wgrad_reach
+#include "scheduler/profile.hpp"  // linear_compute_name
 
 namespace rp {
 namespace {
@@ -98,7 +100,12 @@ RunSeries read_series(const JsonFields& f) {
 
 }  // namespace
 
-TrainerState trainer_state_of(const TrainSpec& spec, int64_t step, int64_t data_position) {
+bool fp8_weight_gradients_run(const TrainSpec& spec, const ModelConfig* model) {
+  return fp8_weight_gradients_on(spec) && (!model || fp8_wgrad_reach(*model).fp8_wgrad > 0);
+}
+
+TrainerState trainer_state_of(const TrainSpec& spec, int64_t step, int64_t data_position,
+                              const ModelConfig* model) {
   TrainerState s;
   s.step = step;
   s.data_position = data_position;
@@ -116,7 +123,7 @@ TrainerState trainer_state_of(const TrainSpec& spec, int64_t step, int64_t data_
   if (spec.lora) s.base_format = weight_format_name(spec.lora->base_format);
   s.max_examples = spec.max_examples;
   s.chat_template = spec.chat_template;
-  s.linear_compute = !spec.fp8 ? "bf16" : fp8_weight_gradients_on(spec) ? "fp8+wgrad" : "fp8";
+  s.linear_compute = linear_compute_name(spec.fp8, fp8_weight_gradients_run(spec, model));
   return s;
 }
 
@@ -257,9 +264,13 @@ TrainerState read_trainer_state(const std::string& path) {
   return s;
 }
 
-std::vector<std::string> resume_differences(const TrainerState& saved, const TrainSpec& spec) {
+std::vector<std::string> resume_differences(const TrainerState& saved_state, const TrainSpec& spec,
+                                            const ModelConfig* model) {
   std::vector<std::string> out;
-  const TrainerState now = trainer_state_of(spec, saved.step, saved.data_position);
+  const TrainerState now = trainer_state_of(spec, saved_state.step, saved_state.data_position, model);
+  TrainerState saved = saved_state;  // earlier releases recorded "fp8+wgrad" where no linear took them
+  if (model && saved.linear_compute == "fp8+wgrad" && fp8_wgrad_reach(*model).fp8_wgrad == 0)
+    saved.linear_compute = "fp8";
   if (saved.seed != now.seed)
     out.push_back(fmt::format("seed {} (saved run {}): the data order differs", now.seed, saved.seed));
   if (saved.sequences_per_step != now.sequences_per_step)

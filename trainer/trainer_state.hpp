@@ -100,8 +100,15 @@ nlohmann::json numerics_of(const ModelConfig& c);
 /// record is not compared (an earlier release's checkpoint: nothing).
 std::vector<std::string> numerics_differences(const nlohmann::json& saved, const nlohmann::json& now);
 
-/// The run's state after `step` steps with the data stream at `data_position`.
-TrainerState trainer_state_of(const TrainSpec& spec, int64_t step, int64_t data_position);
+/// Whether a run of `spec` on model `model` computes FP8 weight gradients:
+/// fp8_weight_gradients_on(spec) and some linear of the model can take them (fp8_wgrad_reach;
+/// without a model, the spec's intent).
+bool fp8_weight_gradients_run(const TrainSpec& spec, const ModelConfig* model);
+
+/// The run's state after `step` steps with the data stream at `data_position`; `model` (the
+/// trained model, or null) makes linear_compute what runs (fp8_weight_gradients_run).
+TrainerState trainer_state_of(const TrainSpec& spec, int64_t step, int64_t data_position,
+                              const ModelConfig* model = nullptr);
 
 /// Writes `s` as JSON to `path`. Throws std::runtime_error("<path>: ...").
 void write_trainer_state(const std::string& path, const TrainerState& s);
@@ -115,7 +122,10 @@ TrainerState read_trainer_state(const std::string& path);
 /// (seed, batch shape, optimizer mode, learning-rate schedule, data and the keys that shape or
 /// draw its examples, a LoRA base's storage form):
 /// one readable line each,
-/// for warnings. Empty when the resumed run reproduces the original.
-std::vector<std::string> resume_differences(const TrainerState& saved, const TrainSpec& spec);
+/// for warnings. Empty when the resumed run reproduces the original. With `model` (the model
+/// the resumed run trains) the linear compute compared is what runs on it: a saved "fp8+wgrad"
+/// on a model no linear of which can take FP8 weight gradients ran as "fp8".
+std::vector<std::string> resume_differences(const TrainerState& saved, const TrainSpec& spec,
+                                            const ModelConfig* model = nullptr);
 
 }  // namespace rp

@@ -462,5 +462,44 @@ TEST(Fp8Linear, ANonFiniteInputMakesEveryOutputNonFinite) {
   }
 }
 
+// Which decoder linears can take FP8 weight gradients: those whose input width (the FP8 GEMM's
+// N) is a multiple of 16, of the seven FP8 linears of a dense layer and the four (attention) of
+// a sparse one.
+TEST(Fp8Linear, WeightGradientReachFollowsTheInputWidths) {
+  ModelConfig c;
+  c.architecture = "llama";
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 8;
+  c.hidden_size = 16;  // q, k, v, gate, up read 16; o reads 2 x 8; down reads 24
+  c.intermediate_size = 24;
+  Fp8WgradReach r = fp8_wgrad_reach(c);
+  EXPECT_EQ(r.linears, 14);
+  EXPECT_EQ(r.fp8_wgrad, 12);
+  c.intermediate_size = 32;
+  EXPECT_EQ(fp8_wgrad_reach(c).fp8_wgrad, 14);
+  c.hidden_size = 24;  // o (2 x 8) and down (32) only
+  EXPECT_EQ(fp8_wgrad_reach(c).fp8_wgrad, 4);
+  c.head_dim = 12;
+  c.intermediate_size = 40;
+  r = fp8_wgrad_reach(c);
+  EXPECT_EQ(r.linears, 14);
+  EXPECT_EQ(r.fp8_wgrad, 0);
+  // a sparse block's experts stay in the compute dtype: four FP8 linears a layer
+  c.architecture = "qwen3_moe";
+  c.num_experts = 4;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 16;
+  c.hidden_size = 16;
+  c.head_dim = 8;
+  r = fp8_wgrad_reach(c);
+  EXPECT_EQ(r.linears, 8);
+  EXPECT_EQ(r.fp8_wgrad, 8);
+  EXPECT_TRUE(fp8_wgrad_width(16));
+  EXPECT_FALSE(fp8_wgrad_width(24));
+  EXPECT_FALSE(fp8_wgrad_width(0));
+}
+
 }  // namespace
 }  // namespace rp

@@ -141,5 +141,29 @@ TEST(Profile, JsonRoundTripAndErrors) {
   EXPECT_THROW(profile_kind_from_name("sideways"), std::invalid_argument);
 }
 
+// The linear compute a profile was measured in survives its file; a file without it (written
+// before it was recorded) reads as unknown, a value outside the three is refused naming the key.
+TEST(Profile, RecordsItsLinearCompute) {
+  EXPECT_STREQ(linear_compute_name(false, true), "bf16");
+  EXPECT_STREQ(linear_compute_name(true, false), "fp8");
+  EXPECT_STREQ(linear_compute_name(true, true), "fp8+wgrad");
+  Profile p(3, 1, 16);
+  p.linear_compute = "fp8+wgrad";
+  EXPECT_EQ(Profile::from_json(p.to_json(), "x").linear_compute, "fp8+wgrad");
+  nlohmann::json j = p.to_json();
+  j.erase("linear_compute");
+  EXPECT_EQ(Profile::from_json(j, "x").linear_compute, "");
+  EXPECT_FALSE(Profile(3, 1, 16).to_json().contains("linear_compute"));  // unknown stays unknown
+  j["linear_compute"] = "fp4";
+  try {
+    Profile::from_json(j, "run/profile.json");
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(
+        std::string(e.what()),
+        "run/profile.json: key 'linear_compute': expected \"bf16\", \"fp8\" or \"fp8+wgrad\", got \"fp4\"");
+  }
+}
+
 }  // namespace
 }  // namespace rp

@@ -1,0 +1,89 @@
+// `roundpipe plan --profile`: the profile a run writes records the linear compute it was measured
+// in ("linear_compute"); planning it with flags that run another (--fp8, --bf16-wgrad) is one
+// line naming the file, the recorded mode and the flags, and a profile written before the field
+// existed plans with a warning on the costs line.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "scheduler/profile.hpp"
+#include "tests/cli/cli_util.hpp"
+
+namespace {
+
+using namespace rp::clitest;
+
+// The tiny model trained 2 steps with `extra` spec keys: its run folder.
+fs::path trained(const fs::path& d, const std::string& name, const std::string& extra) {
+  write(d / "data.jsonl", "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n");
+  write(d / (name + ".json"), spec_for(tiny_model(d), d / "data.jsonl", d / name, extra));
+  const CliRun r = roundpipe("train " + (d / (name + ".json")).string(), d);
+  EXPECT_EQ(r.code, 0) << r.err << r.out;
+  return d / name;
+}
+
+CliRun plan(const fs::path& d, const fs::path& run, const std::string& flags) {
+  return roundpipe("plan --model " + (run / "final").string() + " --gpus 2 --seq 16 --micro 2 --profile " +
+                       (run / "profile.json").string() + flags,
+                   d);
+}
+
+TEST(CliPlanProfile, APlanInAnotherLinearComputeIsRefusedNamingTheFileAndFlags) {
+  auto d = tmpdir();
+  const fs::path bf16 = trained(d, "bf16", ""), fp8 = trained(d, "fp8", ", \"fp8\": true");
+  // tiny_model's q, k, v, o, gate and up read 16 wide: FP8 weight gradients run there
+  EXPECT_EQ(rp::Profile::load((bf16 / "profile.json").string()).linear_compute, "bf16");
+  EXPECT_EQ(rp::Profile::load((fp8 / "profile.json").string()).linear_compute, "fp8+wgrad");
+  const fs::path wgrad16 = trained(d, "fp8w", ", \"fp8\": true, \"fp8_weight_gradients\": false");
+  EXPECT_EQ(rp::Profile::load((wgrad16 / "profile.json").string()).linear_compute, "fp8");
+
+  for (const auto& [run, flags] : {std::pair{bf16, std::string()}, std::pair{fp8, std::string(" --fp8")},
+                                   std::pair{wgrad16, std::string(" --fp8 --bf16-wgrad")}}) {
+    const CliRun r = plan(d, run, flags);
+    EXPECT_EQ(r.code, 0) << flags << ": " << r.err;
+    EXPECT_EQ(r.out.find("warning"), std::string::npos) << r.out;
+  }
+  const std::string bf16_file = (bf16 / "profile.json").string(), fp8_file = (fp8 / "profile.json").string();
+  expect_one_line_error(plan(d, bf16, " --fp8"),
+                        bf16_file + ": measured with linear layers in bf16, planned in fp8+wgrad (--fp8); plan it "
+                                    "without --fp8 or measure a profile in fp8+wgrad");
+  expect_one_line_error(plan(d, fp8, ""), fp8_file + ": measured with linear layers in fp8+wgrad, planned in bf16 "
+                                                     "(no --fp8); plan it with --fp8 or measure");
+  expect_one_line_error(plan(d, fp8, " --fp8 --bf16-wgrad"),
+                        fp8_file + ": measured with linear layers in fp8+wgrad, planned in fp8 (--fp8 "
+                                   "--bf16-wgrad); plan it with --fp8 or");
+  expect_one_line_error(plan(d, wgrad16, " --fp8"),
+                        "in fp8, planned in fp8+wgrad (--fp8); plan it with --fp8 --bf16-wgrad or");
+  fs::remove_all(d);
+}
+
+// A profile without the field (as earlier releases wrote it) plans, saying once that its
+// linear compute is unknown; a value outside the three is refused naming the key.
+TEST(CliPlanProfile, AProfileWithoutTheRecordPlansWithOneWarning) {
+  auto d = tmpdir();
+  const fs::path run = trained(d, "run", "");
+  const fs::path file = run / "profile.json";
+  nlohmann::json j = nlohmann::json::parse(slurp(file));
+  ASSERT_EQ(j.at("linear_compute"), "bf16");
+  j.erase("linear_compute");
+  write(file, j.dump(1));
+  const CliRun r = plan(d, run, " --fp8");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string warning =
+      "warning: it does not record the linear compute it was measured in (written before profiles did), "
+      "planned as fp8+wgrad (--fp8)";
+  const auto at = r.out.find(warning);
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("linear compute", at + warning.size()), std::string::npos) << "said twice: " << r.out;
+  EXPECT_EQ(r.out.rfind("costs     profile ", at), r.out.rfind('\n', at) + 1) << "not on the costs line";
+  j["linear_compute"] = "fp4";
+  write(file, j.dump(1));
+  expect_one_line_error(plan(d, run, ""), file.string() + ": key 'linear_compute': expected \"bf16\", \"fp8\" or "
+                                                          "\"fp8+wgrad\", got \"fp4\"");
+  fs::remove_all(d);
+}
+
+}  // namespace
