@@ -1,5 +1,7 @@
 #include "scheduler/cost_model.hpp"
 
+#include "model/fp8_linear.hpp"  // fp8_wgrad_width
+
 #include "kernels/moe_buckets.hpp"  // expected_bucket_count
 #include "model/config.hpp"         // config_from_json
 #include "model/layer_memory.hpp"
@@ -174,11 +176,16 @@ struct Acc {
   // written in the same pass as the row codes of its input gradient (whose amax and read
   // `linear` counts: Ops::fp8_quantize_both); else gemm's accumulating form.
   void linear_wgrad(double k, double n, double m, bool a_reused, bool a_scaled = false) {
-    if (!(d.fp8_flops > 0) || !d.fp8_weight_gradients) return gemm(k, n, m, true);
+    if (!fp8_wgrad(k)) return gemm(k, n, m, true);
     if (m <= 0 || n <= 0 || k <= 0) return;
     const double a_bytes = a_reused ? 0 : ((a_scaled ? 1 : 2) * es() + 1) * m * k;
     add(0, m * n + a_bytes, d.peak_flops, d.fp8_quant_efficiency);
     add(2 * m * n * k, m * (k + n) + 2.0 * double(d.grad_elem_bytes) * k * n, d.fp8_flops);
+  }
+  // whether a linear of input width k takes its weight gradient in FP8 (the runtime's rule:
+  // model/fp8_linear.hpp, fp8_wgrad_width)
+  bool fp8_wgrad(double k) const {
+    return d.fp8_flops > 0 && d.fp8_weight_gradients && fp8_wgrad_width(int64_t(k));
   }
   void elementwise(double b) { add(0, b, d.peak_flops); }
   void attention(double f, double b) { add(f, b, d.peak_flops * d.attention_efficiency); }
@@ -304,7 +311,7 @@ void decoder_pass(Acc& a, const Dims& x, bool bwd, bool reuse_attention = false)
   // before gate and up) (model/layers_backward.cpp)
   auto gemm_bwd = [&](double m, double n, double k, bool a_reused = false, bool a_scaled = false,
                       bool dc_scaled = false) {
-    const bool kept = !x.frozen && a.d.fp8_weight_gradients;
+    const bool kept = !x.frozen && a.fp8_wgrad(k);
     a.linear(m, k, n, kept && dc_scaled ? Acc::Quant::scaled : Acc::Quant::separate);
     if (!x.frozen) a.linear_wgrad(k, n, m, a_reused, a_scaled);
   };

@@ -48,13 +48,16 @@ TEST(CliPlanProfile, APlanInAnotherLinearComputeIsRefusedNamingTheFileAndFlags) 
   }
   const std::string bf16_file = (bf16 / "profile.json").string(), fp8_file = (fp8 / "profile.json").string();
   expect_one_line_error(plan(d, bf16, " --fp8"),
-                        bf16_file + ": measured with linear layers in bf16, planned in fp8+wgrad (--fp8); plan it "
-                                    "without --fp8 or measure a profile in fp8+wgrad");
-  expect_one_line_error(plan(d, fp8, ""), fp8_file + ": measured with linear layers in fp8+wgrad, planned in bf16 "
-                                                     "(no --fp8); plan it with --fp8 or measure");
+                        bf16_file +
+                            ": measured with linear layers in bf16, planned in fp8+wgrad (--fp8); plan it "
+                            "without --fp8 or measure a profile in fp8+wgrad");
+  expect_one_line_error(plan(d, fp8, ""), fp8_file +
+                                              ": measured with linear layers in fp8+wgrad, planned in bf16 "
+                                              "(no --fp8); plan it with --fp8 or measure");
   expect_one_line_error(plan(d, fp8, " --fp8 --bf16-wgrad"),
-                        fp8_file + ": measured with linear layers in fp8+wgrad, planned in fp8 (--fp8 "
-                                   "--bf16-wgrad); plan it with --fp8 or");
+                        fp8_file +
+                            ": measured with linear layers in fp8+wgrad, planned in fp8 (--fp8 "
+                            "--bf16-wgrad); plan it with --fp8 or");
   expect_one_line_error(plan(d, wgrad16, " --fp8"),
                         "in fp8, planned in fp8+wgrad (--fp8); plan it with --fp8 --bf16-wgrad or");
   fs::remove_all(d);
@@ -81,8 +84,9 @@ TEST(CliPlanProfile, AProfileWithoutTheRecordPlansWithOneWarning) {
   EXPECT_EQ(r.out.rfind("costs     profile ", at), r.out.rfind('\n', at) + 1) << "not on the costs line";
   j["linear_compute"] = "fp4";
   write(file, j.dump(1));
-  expect_one_line_error(plan(d, run, ""), file.string() + ": key 'linear_compute': expected \"bf16\", \"fp8\" or "
-                                                          "\"fp8+wgrad\", got \"fp4\"");
+  expect_one_line_error(plan(d, run, ""), file.string() +
+                                              ": key 'linear_compute': expected \"bf16\", \"fp8\" or "
+                                              "\"fp8+wgrad\", got \"fp4\"");
   fs::remove_all(d);
 }
 

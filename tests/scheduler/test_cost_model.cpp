@@ -181,6 +181,26 @@ TEST(CostModel, Fp8QuantizationPassesFollowTheDecodersCodeReuse) {
 // beyond what the FP8 input gradients add. The
 // scratch holds two more code buffers (dy^T, x^T) of [max(H, Q, K, F), T] and two scales.
 // Ignored without fp8_flops.
+// FP8 weight gradients need an input width that is a multiple of 16 (model/fp8_linear.hpp): a
+// model none of whose linears has one runs them in bf16, and plans the same with the key on or
+// off; with one such width (o_proj's input, the attention width) the plan changes again.
+TEST(CostModel, Fp8WeightGradientsOnlyWhereTheInputWidthAllowsThem) {
+  ModelShape m = qwen3_1_7b();
+  m.hidden_size = 2040, m.intermediate_size = 6120;         // q, k, v, gate, up, down: widths 2040 and 6120
+  m.num_heads = 17, m.num_kv_heads = 17, m.head_dim = 120;  // o_proj: 2040
+  DeviceModel d;
+  d.fp8_flops = 1110e12;
+  const auto off = estimate_layers(m, 1, 8192, d);
+  d.fp8_weight_gradients = true;
+  const auto on = estimate_layers(m, 1, 8192, d);
+  EXPECT_DOUBLE_EQ(on[1].cost.bwd, off[1].cost.bwd);
+  m.num_heads = 16, m.num_kv_heads = 8, m.head_dim = 128;  // o_proj's input is 2048 wide
+  d.fp8_weight_gradients = false;
+  const auto off_o = estimate_layers(m, 1, 8192, d);
+  d.fp8_weight_gradients = true;
+  EXPECT_NE(estimate_layers(m, 1, 8192, d)[1].cost.bwd, off_o[1].cost.bwd);
+}
+
 TEST(CostModel, Fp8WeightGradientsRunAtTheFp8Rate) {
   ModelShape m = qwen3_1_7b();
   DeviceModel d;
@@ -217,7 +237,8 @@ TEST(CostModel, Fp8WeightGradientsRunAtTheFp8Rate) {
   // reuse), gate (up reuses) and down: the transposed quantize only (the recompute's norms and
   // SwiGLU kept their scales); and gate's and up's dy need no amax pass (SwiGLU's backward
   // computed their scales), which their input gradients make without FP8 weight gradients
-  const double bytes = 1 * Td * (Q + K + K + H + Fd + Fd + H) + 5 * Td * Q + 3 * Td * (H + H + Fd) - 2 * Td * 2 * Fd;
+  const double bytes =
+      1 * Td * (Q + K + K + H + Fd + Fd + H) + 5 * Td * Q + 3 * Td * (H + H + Fd) - 2 * Td * 2 * Fd;
   const double want = bytes / (d.mem_bandwidth * 0.25) - bytes / (d.mem_bandwidth * 0.5);
   EXPECT_NEAR((b[1].cost.bwd - a[1].cost.bwd) - (b0[1].cost.bwd - a0[1].cost.bwd), want, want * 1e-6);
   d.fp8_flops = 0;

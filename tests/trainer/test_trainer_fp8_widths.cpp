@@ -53,8 +53,8 @@ fs::path odd_width_model(const fs::path& d) {
   return out;
 }
 
-rp::TrainSpec spec_of(const fs::path& d, const fs::path& model, const std::string& out, const std::string& extra,
-                      int64_t steps) {
+rp::TrainSpec spec_of(const fs::path& d, const fs::path& model, const std::string& out,
+                      const std::string& extra, int64_t steps) {
   rp::TrainSpec s = rp::spec_from_json(
       nlohmann::json::parse(spec_for(model, d / "data.jsonl", d / out, extra + ", \"save_dtype\": \"f32\"")),
       "test spec");
@@ -72,7 +72,8 @@ std::vector<double> losses(const rp::TrainSpec& s) {
 }
 
 std::string recorded_compute(const fs::path& run) {
-  return rp::read_trainer_state((run / "state/final/roundpipe_state.json").string()).linear_compute.value_or("");
+  return rp::read_trainer_state((run / "state/final/roundpipe_state.json").string())
+      .linear_compute.value_or("");
 }
 
 TEST(TrainerFp8Widths, NoLinearWideEnoughKeepsBf16WeightGradientsAndSaysSo) {
@@ -88,7 +89,8 @@ TEST(TrainerFp8Widths, NoLinearWideEnoughKeepsBf16WeightGradientsAndSaysSo) {
   EXPECT_EQ(recorded_compute(d / "fp8"), "fp8");
   // what runs is the bf16 weight gradients' run: the same losses to the bit
   const std::vector<double> on = losses(spec_of(d, model, "on", ", \"fp8\": true", 3)),
-                            off = losses(spec_of(d, model, "off", ", \"fp8\": true, \"fp8_weight_gradients\": false", 3));
+                            off = losses(spec_of(d, model, "off",
+                                                 ", \"fp8\": true, \"fp8_weight_gradients\": false", 3));
   ASSERT_EQ(on.size(), 3u);
   EXPECT_EQ(on, off);
   fs::remove_all(d);
@@ -99,9 +101,10 @@ TEST(TrainerFp8Widths, SomeLinearsWideEnoughAreCounted) {
   auto d = tmpdir();
   write(d / "data.jsonl", kData);
   const std::string log = run_logging(spec_of(d, tiny_model(d), "fp8", ", \"fp8\": true", 2));
-  EXPECT_NE(log.find("; FP8 e4m3 linears and weight gradients (12 of 14 linears; the others, whose input width "
-                     "is not a multiple of 16, in bf16)"),
-            std::string::npos)
+  EXPECT_NE(
+      log.find("; FP8 e4m3 linears and weight gradients (12 of 14 linears; the others, whose input width "
+               "is not a multiple of 16, in bf16)"),
+      std::string::npos)
       << log;
   EXPECT_EQ(recorded_compute(d / "fp8"), "fp8+wgrad");
   fs::remove_all(d);
