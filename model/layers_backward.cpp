@@ -49,6 +49,26 @@ WgradCodes weight_grad(Ops& ops, const Fp8Set& f8, LoraModule m, const void* dy,
   return {true, share_dy};
 }
 
+// One linear's backward: dw += dy^T x (weight_grad), then dx (+)= dy W with its adapter's part
+// (adapted_linear_bwd_input), which reads the codes of dy the weight gradient left.
+struct LinearBackward {
+  LoraModule m;
+  const void *x, *dy, *w;
+  void *dw, *dx;
+  int64_t n, in, out;
+  bool accumulate;  // dx += (else =)
+  int64_t row0;     // the call's first row (an MLP chunk's)
+  bool reuse_u;     // the adapter's u is the recompute's
+  bool x_same = false;
+};
+WgradCodes linear_backward(Ops& ops, const Fp8Set& f8, const LoraCall& lc, const LoraLinear& l,
+                           const LinearBackward& g, Fp8KnownScales known = {}) {
+  const WgradCodes c = weight_grad(ops, f8, g.m, g.dy, g.x, g.dw, g.n, g.in, g.out, g.x_same, known);
+  adapted_linear_bwd_input(ops, lc, l, g.x, g.dy, g.w, g.dx, g.n, g.in, g.out, g.accumulate, g.row0,
+                           g.reuse_u, f8.dy_coded(g.m, c.dy));
+  return c;
+}
+
 }  // namespace
 
 void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc,
@@ -103,12 +123,12 @@ void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const 
     dout = b.dhn;
   }
   // down's adapter has its u from the recompute only when down's forward ran again
-  const WgradCodes down =
-      weight_grad(ops, f8, LoraModule::down, dout, b.m, grad(a, 0, wd_), n, F, H, false, {m_scale, nullptr});
-  adapted_linear_bwd_input(ops, lc, lora(LoraModule::down), b.m, dout, param(a, 0, wd_), b.dm, n, F, H, false,
-                           r0, post_norm_branches(), f8.dy_coded(LoraModule::down, down.dy));
-  float* dg_scale = dgu_scaled ? f8.keep(kKeptDGate) : nullptr;
-  float* du_scale = dgu_scaled ? f8.keep(kKeptDUp) : nullptr;
+  linear_backward(ops, f8, lc, lora(LoraModule::down),
+                  {LoraModule::down, b.m, dout, param(a, 0, wd_), grad(a, 0, wd_), b.dm, n, F, H, false, r0,
+                   post_norm_branches(), false},
+                  {m_scale, nullptr});
+  float *dg_scale = dgu_scaled ? f8.keep(kKeptDGate) : nullptr,
+        *du_scale = dgu_scaled ? f8.keep(kKeptDUp) : nullptr;
   if (c_.gemma()) ops.geglu_bwd(b.g, b.u, b.dm, b.dg, b.du, n * F);
   else if (dgu_scaled)
     ops.swiglu_bwd_fp8_scale(b.g, b.u, b.dm, b.dg, b.du, n * F, f8(LoraModule::gate)->grad_format, dg_scale,
@@ -119,14 +139,14 @@ void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const 
   if (!pre_norm) ops.copy(ops.dtype(), dh1, dy, n * H);  // residual path
   // each linear's weight gradient, then its input gradient (which may read dy's codes the
   // first left in the scratch)
-  const WgradCodes gate =
-      weight_grad(ops, f8, LoraModule::gate, b.dg, in, grad(a, 0, wg_), n, H, F, false, {hn_scale, dg_scale});
-  adapted_linear_bwd_input(ops, lc, lora(LoraModule::gate), in, b.dg, param(a, 0, wg_), din, n, H, F,
-                           !pre_norm, r0, true, f8.dy_coded(LoraModule::gate, gate.dy));
-  const WgradCodes up =
-      weight_grad(ops, f8, LoraModule::up, b.du, in, grad(a, 0, wu_), n, H, F, gate.x, {hn_scale, du_scale});
-  adapted_linear_bwd_input(ops, lc, lora(LoraModule::up), in, b.du, param(a, 0, wu_), din, n, H, F, true, r0,
-                           true, f8.dy_coded(LoraModule::up, up.dy));
+  const LoraModule G = LoraModule::gate, U = LoraModule::up;
+  const WgradCodes gate = linear_backward(
+      ops, f8, lc, lora(G),
+      {G, in, b.dg, param(a, 0, wg_), grad(a, 0, wg_), din, n, H, F, !pre_norm, r0, true, false},
+      {hn_scale, dg_scale});
+  linear_backward(ops, f8, lc, lora(U),
+                  {U, in, b.du, param(a, 0, wu_), grad(a, 0, wu_), din, n, H, F, true, r0, true, gate.x},
+                  {hn_scale, du_scale});
   if (!pre_norm) return;
   ops.copy(ops.dtype(), dh1, dy, n * H);  // residual path
   ops.rmsnorm_bwd(h1, param(a, 0, w_mlp_in_), b.dhn, dh1, grad(a, 0, w_mlp_in_), n, H, eps, true, off_);
@@ -142,9 +162,8 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
   const int64_t S = a.shape.n_seq, L = a.shape.seq_len;
   // this call's RoPE table (longrope: by the call's length; a backward's as its forward's)
   const RopeTable& rope_ = ropes_.pick(rope_length(a, ropes_.longrope()));
-  // h1 = x + r * post_norm(o_proj(o)): dattn, the gradient at o_proj's output, is dh1 for
-  // LLaMA, through OLMo 2's norm (its input, o_proj's output, is in xn) or scaled for Granite;
-  // into h1, which is no longer read
+  // h1 = x + r * post_norm(o_proj(o)): dattn (at o_proj's output) is dh1 for LLaMA, through
+  // OLMo 2's norm (its input, o_proj's output, in xn) or scaled for Granite; into h1 (not read)
   const void* dattn = a.dx;
   if (post_norm_branches()) {
     ops.rmsnorm_bwd(b.xn, param(a, 0, w_post_), a.dx, b.h1, grad(a, 0, w_post_), T, H, eps, false, off_);
@@ -155,10 +174,10 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
     scale_activation(ops, a.dx, b.h1, T * H, float(c_.residual_multiplier));
     dattn = b.h1;
   }
-  const WgradCodes o = weight_grad(ops, f8, LoraModule::o, dattn, b.o, grad(a, 0, wo_), T, nq * D, H);
   bias_bwd(ops, a, bo_, dattn, T, H);
-  adapted_linear_bwd_input(ops, lc, lora(LoraModule::o), b.o, dattn, param(a, 0, wo_), b.dout, T, nq * D, H,
-                           false, 0, true, f8.dy_coded(LoraModule::o, o.dy));
+  linear_backward(
+      ops, f8, lc, lora(LoraModule::o),
+      {LoraModule::o, b.o, dattn, param(a, 0, wo_), grad(a, 0, wo_), b.dout, T, nq * D, H, false, 0, true});
   const float scale = c_.attention_scale();
   if (variant()) {
     ops.attention_bwd_v(b.q, b.k, b.v, b.o, b.lse, b.dout, b.dq, b.dk, b.dv, S, L, nq, nkv, D, scale,
@@ -197,20 +216,19 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
   // h1 is no longer read; without a pre-norm the input gradients add onto the residual's in dx;
   // each linear's weight gradient, then its input gradient (as in mlp_backward)
   void* dxn = c_.post_norms ? a.dx : b.h1;
-  // the recompute's input norm kept xin's scale (attention_forward)
-  const float* xin_scale = !c_.post_norms && f8(LoraModule::q) ? f8.keep(kKeptAttnIn) : nullptr;
-  const WgradCodes q =
-      weight_grad(ops, f8, LoraModule::q, dq_lin, xin, grad(a, 0, wq_), T, H, nq * D, false, {xin_scale});
-  adapted_linear_bwd_input(ops, lc, lora(LoraModule::q), xin, dq_lin, param(a, 0, wq_), dxn, T, H, nq * D,
-                           c_.post_norms, 0, true, f8.dy_coded(LoraModule::q, q.dy));
-  const WgradCodes k =
-      weight_grad(ops, f8, LoraModule::k, dk_lin, xin, grad(a, 0, wk_), T, H, nkv * D, q.x, {xin_scale});
-  adapted_linear_bwd_input(ops, lc, lora(LoraModule::k), xin, dk_lin, param(a, 0, wk_), dxn, T, H, nkv * D,
-                           true, 0, true, f8.dy_coded(LoraModule::k, k.dy));
-  const WgradCodes v =
-      weight_grad(ops, f8, LoraModule::v, b.dv, xin, grad(a, 0, wv_), T, H, nkv * D, q.x, {xin_scale});
-  adapted_linear_bwd_input(ops, lc, lora(LoraModule::v), xin, b.dv, param(a, 0, wv_), dxn, T, H, nkv * D,
-                           true, 0, true, f8.dy_coded(LoraModule::v, v.dy));
+  const float* xin_scale =  // the recompute's input norm kept it (attention_forward)
+      !c_.post_norms && f8(LoraModule::q) ? f8.keep(kKeptAttnIn) : nullptr;
+  const LoraModule Q = LoraModule::q, K = LoraModule::k, V = LoraModule::v;
+  const WgradCodes q = linear_backward(
+      ops, f8, lc, lora(Q),
+      {Q, xin, dq_lin, param(a, 0, wq_), grad(a, 0, wq_), dxn, T, H, nq * D, c_.post_norms, 0, true, false},
+      {xin_scale});
+  linear_backward(ops, f8, lc, lora(K),
+                  {K, xin, dk_lin, param(a, 0, wk_), grad(a, 0, wk_), dxn, T, H, nkv * D, true, 0, true, q.x},
+                  {xin_scale});
+  linear_backward(ops, f8, lc, lora(V),
+                  {V, xin, b.dv, param(a, 0, wv_), grad(a, 0, wv_), dxn, T, H, nkv * D, true, 0, true, q.x},
+                  {xin_scale});
   if (!c_.post_norms)
     ops.rmsnorm_bwd(a.x, param(a, 0, w_in_), dxn, a.dx, grad(a, 0, w_in_), T, H, eps, true, off_);
 }
