@@ -171,15 +171,17 @@ struct Acc {
   }
   // A dense linear's weight gradient dW[k,n] += A^T dC over m rows: with FP8 weight gradients
   // an e4m3 GEMM into the grad-dtype gradient after the amax and transposed quantization of A
-  // (no amax when `a_scaled`: the recompute's norm or SwiGLU kept A's scale; nothing when
-  // `a_reused`: the previous linear read the same A) and dC's transposed codes, one byte each,
-  // written in the same pass as the row codes of its input gradient (whose amax and read
-  // `linear` counts: Ops::fp8_quantize_both); else gemm's accumulating form.
-  void linear_wgrad(double k, double n, double m, bool a_reused, bool a_scaled = false) {
+  // (none when `a_reused`: the previous linear read the same A) and dC's transposed codes, one
+  // byte each, written in the same pass as the row codes of its input gradient (whose amax and
+  // read `linear` counts: Ops::fp8_quantize_both); else gemm's accumulating form.
+  // The runtime takes some of these amaxes from the producers instead (the recompute's norms
+  // and SwiGLU, SwiGLU's backward: model/layers_backward.cpp), but the model keeps charging
+  // them: measured on an H100 that gained Qwen3-1.7B 0.6%, where charging them off predicted
+  // 2.9%, so fp8_quant_efficiency (calibrated with them in) already covers them.
+  void linear_wgrad(double k, double n, double m, bool a_reused) {
     if (!fp8_wgrad(k)) return gemm(k, n, m, true);
     if (m <= 0 || n <= 0 || k <= 0) return;
-    const double a_bytes = a_reused ? 0 : ((a_scaled ? 1 : 2) * es() + 1) * m * k;
-    add(0, m * n + a_bytes, d.peak_flops, d.fp8_quant_efficiency);
+    add(0, m * n + (a_reused ? 0 : (2 * es() + 1) * m * k), d.peak_flops, d.fp8_quant_efficiency);
     add(2 * m * n * k, m * (k + n) + 2.0 * double(d.grad_elem_bytes) * k * n, d.fp8_flops);
   }
   // whether a linear of input width k takes its weight gradient in FP8 (the runtime's rule:
@@ -305,19 +307,14 @@ void decoder_pass(Acc& a, const Dims& x, bool bwd, bool reuse_attention = false)
   a.elementwise(3 * x.T * x.H * es);  // residual
   if (!bwd) return;
   // backward: each GEMM C=AB costs dA = dC B^T and dB = A^T dC (accumulated into grads)
-  // a_reused: the weight gradient's A was quantized by the previous linear's; with FP8 weight
-  // gradients a_scaled: A's producer in the recompute kept its scale (the norms before q and
-  // gate, SwiGLU before down), dc_scaled: dC's producer computed its scale (SwiGLU's backward
-  // before gate and up) (model/layers_backward.cpp)
-  auto gemm_bwd = [&](double m, double n, double k, bool a_reused = false, bool a_scaled = false,
-                      bool dc_scaled = false) {
-    const bool kept = !x.frozen && a.fp8_wgrad(k);
-    a.linear(m, k, n, kept && dc_scaled ? Acc::Quant::scaled : Acc::Quant::separate);
-    if (!x.frozen) a.linear_wgrad(k, n, m, a_reused, a_scaled);
+  // a_reused: the weight gradient's A was quantized by the previous linear's (model/layers_backward.cpp)
+  auto gemm_bwd = [&](double m, double n, double k, bool a_reused = false) {
+    a.linear(m, k, n);
+    if (!x.frozen) a.linear_wgrad(k, n, m, a_reused);
   };
   a.elementwise(2 * 2 * x.T * x.H * es);  // RMSNorm backward x2 (read x, dy; write dx)
   a.elementwise(2 * 3 * x.T * x.H * es);
-  gemm_bwd(x.T, x.Q, x.H, false, true);
+  gemm_bwd(x.T, x.Q, x.H);
   gemm_bwd(x.T, x.K, x.H, true);
   gemm_bwd(x.T, x.K, x.H, true);
   if (x.qk_norm) a.elementwise(3 * x.T * (x.Q + x.K) * es);
@@ -327,10 +324,10 @@ void decoder_pass(Acc& a, const Dims& x, bool bwd, bool reuse_attention = false)
   if (x.moe) {
     moe_backward(a, x);
   } else {
-    gemm_bwd(x.T, x.F, x.H, false, true, true);
-    gemm_bwd(x.T, x.F, x.H, true, false, true);  // up: gate's input codes
+    gemm_bwd(x.T, x.F, x.H);
+    gemm_bwd(x.T, x.F, x.H, true);  // up: gate's input codes
     a.elementwise(5 * x.T * x.F * es);
-    gemm_bwd(x.T, x.H, x.F, false, true);
+    gemm_bwd(x.T, x.H, x.F);
   }
 }
 

@@ -233,12 +233,10 @@ TEST(CostModel, Fp8WeightGradientsRunAtTheFp8Rate) {
     return estimate_layers(m, 1, 8192, d);
   }();
   // dy^T of q, k, v, o, gate, up, down: one byte of codes each (dy read once for both codes);
-  // x^T of o: an amax and a transposed quantize (two bf16 reads, one byte of codes); of q (k, v
-  // reuse), gate (up reuses) and down: the transposed quantize only (the recompute's norms and
-  // SwiGLU kept their scales); and gate's and up's dy need no amax pass (SwiGLU's backward
-  // computed their scales), which their input gradients make without FP8 weight gradients
-  const double bytes =
-      1 * Td * (Q + K + K + H + Fd + Fd + H) + 5 * Td * Q + 3 * Td * (H + H + Fd) - 2 * Td * 2 * Fd;
+  // x^T of q (k, v reuse), o, gate (up reuses), down: an amax and a transposed quantize each
+  // (two bf16 reads, one byte of codes; the runtime takes some of these amaxes from the
+  // producers, which the model does not credit: scheduler/cost_model.cpp, linear_wgrad)
+  const double bytes = 1 * Td * (Q + K + K + H + Fd + Fd + H) + 5 * Td * (H + Q + H + Fd);
   const double want = bytes / (d.mem_bandwidth * 0.25) - bytes / (d.mem_bandwidth * 0.5);
   EXPECT_NEAR((b[1].cost.bwd - a[1].cost.bwd) - (b0[1].cost.bwd - a0[1].cost.bwd), want, want * 1e-6);
   d.fp8_flops = 0;
