@@ -8,7 +8,11 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <new>
 #include <span>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -39,13 +43,47 @@ inline void fill_chunk(const rp::TensorSpec& t, int g, size_t tensor, int64_t ch
     v[i] = t.shape.size() == 1 ? 1.f : float(double(splitmix(s) >> 11) * 0x1p-53 * 0.04 - 0.02);
 }
 
-/// Runs work(k) for k in [0, threads) on `threads` threads (the caller's among them).
+/// What a thread of `k` threads threw, rethrown by the caller once all are joined (an exception
+/// leaving a std::thread's function would end the program); std::bad_alloc as one line naming
+/// the weights that did not fit.
+class ThreadErrors {
+ public:
+  explicit ThreadErrors(size_t k) : errs_(k) {}
+  template <class Body>
+  void run(size_t k, const Body& body) noexcept {
+    try {
+      body();
+    } catch (...) {
+      errs_[k] = std::current_exception();
+    }
+  }
+  void rethrow(double weight_bytes) const {
+    for (const auto& e : errs_) {
+      if (!e) continue;
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::bad_alloc&) {
+        throw std::runtime_error("the model's random weights (" +
+                                 std::to_string(int64_t(weight_bytes / (1 << 30))) +
+                                 " GiB) do not fit in this machine's memory: choose a smaller shape");
+      }
+    }
+  }
+
+ private:
+  std::vector<std::exception_ptr> errs_;
+};
+
+/// Runs work(k) for k in [0, threads) on `threads` threads (the caller's among them); what one
+/// throws is rethrown after all are joined.
 template <class Work>
-void on_threads(int threads, const Work& work) {
+void on_threads(int threads, const Work& work, double weight_bytes = 0) {
+  ThreadErrors errs(size_t(std::max(threads, 1)));
   std::vector<std::thread> th;
-  for (int k = 1; k < threads; ++k) th.emplace_back(work, k);
-  work(0);
+  for (int k = 1; k < threads; ++k) th.emplace_back([&, k] { errs.run(size_t(k), [&] { work(k); }); });
+  errs.run(0, [&] { work(0); });
   for (auto& x : th) x.join();
+  errs.rethrow(weight_bytes);
 }
 
 /// Frozen group g's storage form into `out` (storage_bytes), on `threads` threads.
@@ -114,28 +152,34 @@ inline void random_weights(const rp::ModelLayout& m, std::vector<std::vector<flo
   w.assign(m.groups.size(), {});
   frozen.assign(m.groups.size(), {});
   const size_t nt = std::min<size_t>(std::max<size_t>(1, rp::allowed_cpus().size()), 16);
+  double bytes = 0;
+  for (const auto& g : m.groups) bytes += g.frozen ? double(g.storage_bytes) : 4.0 * double(g.numel);
+  ThreadErrors errs(nt);
   std::vector<std::thread> th;
   for (size_t k = 0; k < nt; ++k)
     th.emplace_back([&, k] {
-      for (size_t gi = k; gi < m.groups.size(); gi += nt) {
-        const auto& g = m.groups[gi];
-        if (m.lora && int(gi) >= m.num_layers()) {
-          w[gi] = rp::lora_initial_group(m, int(gi));
-        } else if (!g.frozen) {
-          w[gi].resize(size_t(g.numel));
-          for (size_t ti = 0; ti < g.tensors.size(); ++ti) {
-            const rp::TensorSpec& t = g.tensors[ti];
-            fill_chunk(t, int(gi), ti, 0, w[gi].data() + t.offset, t.numel());
+      errs.run(k, [&] {
+        for (size_t gi = k; gi < m.groups.size(); gi += nt) {
+          const auto& g = m.groups[gi];
+          if (m.lora && int(gi) >= m.num_layers()) {
+            w[gi] = rp::lora_initial_group(m, int(gi));
+          } else if (!g.frozen) {
+            w[gi].resize(size_t(g.numel));
+            for (size_t ti = 0; ti < g.tensors.size(); ++ti) {
+              const rp::TensorSpec& t = g.tensors[ti];
+              fill_chunk(t, int(gi), ti, 0, w[gi].data() + t.offset, t.numel());
+            }
+          } else if (!lazy) {
+            frozen[gi].resize(size_t(g.storage_bytes));
+            make_frozen_group(
+                m, int(gi),
+                std::span<std::byte>(reinterpret_cast<std::byte*>(frozen[gi].data()), frozen[gi].size()), 1);
           }
-        } else if (!lazy) {
-          frozen[gi].resize(size_t(g.storage_bytes));
-          make_frozen_group(
-              m, int(gi),
-              std::span<std::byte>(reinterpret_cast<std::byte*>(frozen[gi].data()), frozen[gi].size()), 1);
         }
-      }
+      });
     });
   for (auto& t : th) t.join();
+  errs.rethrow(bytes);
 }
 
 /// The runtime's source of the frozen groups random_weights(lazy) left out.
