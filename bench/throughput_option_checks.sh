@@ -49,4 +49,38 @@ check "--dtype f16 needs --backend cuda" --dtype f16 --backend cpu
 check "--results /nonexistent/dir/x.md: expected a file in a folder that exists" --results /nonexistent/dir/x.md
 check "--trace /nonexistent/dir/t.json: expected a file in a folder" --trace /nonexistent/dir/t.json
 check "--profile-out /nonexistent/p.json: expected a file in a folder" --profile-out /nonexistent/p.json
+check "--layers: Value 2000000 not in range 1 to 1024" --layers 2000000
+# what is already at an output path: a file only with --force (--results appends to it), never a
+# folder, link or pipe, which the write would replace
+tmp=$(mktemp -d)
+echo keep > "$tmp/keep.txt"
+ln -s keep.txt "$tmp/link"
+mkdir "$tmp/dir"
+mkfifo "$tmp/fifo"
+check "--trace $tmp/keep.txt: a file is already there; choose another name or add --force" --trace "$tmp/keep.txt"
+check "--profile-out $tmp/keep.txt: a file is already there" --profile-out "$tmp/keep.txt"
+check "--trace $tmp/link: something other than a regular file is there" --trace "$tmp/link" --force
+check "--profile-out $tmp/fifo: something other than a regular file is there" --profile-out "$tmp/fifo" --force
+check "--results $tmp/dir: something other than a regular file is there" --results "$tmp/dir"
+[ "$(cat "$tmp/keep.txt")" = keep ] && [ -L "$tmp/link" ] && [ -p "$tmp/fifo" ] && [ -d "$tmp/dir" ] ||
+  { echo "$name: an output check changed what was at the path"; fail=1; }
+rm -rf "$tmp"
+# weights larger than the memory: one line and exit 1 (an allocation failing on a weight thread
+# used to end the program)
+out=$(ulimit -v 8000000; "$bench" --backend cpu --layers 2 --hidden 64 --heads 2 --kv-heads 1 --head-dim 32 \
+  --ffn 128 --vocab 99999999999 --seq 16 --seqs 2 --micro 2 --steps 1 --warmup 1 2>&1); rc=$?
+if [ "$rc" != 1 ] || [ "$(printf '%s\n' "$out" | wc -l)" != 1 ] || ! printf '%s' "$out" | grep -q "do not fit in this machine's memory"; then
+  echo "$name --vocab 99999999999: rc $rc, expected one line and exit 1: $out"; fail=1
+fi
+# the results row names FP8 weight gradients only where they ran: for the linears whose input
+# width is a multiple of 16 (none at hidden 24, head_dim 12, ffn 40; 12 of 14 at hidden 32)
+tmp=$(mktemp -d)
+for h in "24 --head-dim 12" "32 --head-dim 16"; do
+  # shellcheck disable=SC2086
+  "$bench" --backend cpu --layers 2 --hidden $h --heads 2 --kv-heads 1 --ffn 40 --vocab 128 --seq 16 --seqs 2 \
+    --micro 2 --steps 1 --warmup 1 --fp8 --results "$tmp/rows.md" > /dev/null 2>&1 || { echo "$name --hidden $h failed"; fail=1; }
+done
+grep -q "bf16 + fp8 linears, attention" "$tmp/rows.md" && grep -q "fp8 linears and weight gradients (12 of 14)" "$tmp/rows.md" ||
+  { echo "$name: the results rows do not say which weight gradients ran in FP8:"; cat "$tmp/rows.md"; fail=1; }
+rm -rf "$tmp"
 exit $fail

@@ -54,9 +54,12 @@ CLI::Validator number_validator(double lo, double hi, const std::string& what) {
       "NUMBER");
 }
 
-/// A folder `path` (an output file of the bench) can be written in, checked before the run: a
-/// missing folder is one line and exit 2 instead of an error after every step was measured.
-void check_output_file(const std::string& option, const std::string& path) {
+/// An output file of the bench, checked before the run (one line and exit 2 instead of an error
+/// after every step was measured): its folder exists and can be written; what is already at the
+/// path is a regular file (never a folder, link, device or pipe, which the write would replace),
+/// and one that the bench would replace (`replaces`: --trace, --profile-out; --results appends)
+/// only with --force.
+void check_output_file(const std::string& option, const std::string& path, bool replaces, bool force) {
   if (path.empty()) return;
   std::filesystem::path dir = std::filesystem::path(path).parent_path();
   if (dir.empty()) dir = ".";
@@ -64,6 +67,16 @@ void check_output_file(const std::string& option, const std::string& path) {
   if (!std::filesystem::is_directory(dir, ec) || ::access(dir.c_str(), W_OK) != 0)
     usage_error(fmt::format("{} {}: expected a file in a folder that exists and can be written ({})", option,
                             path, dir.string()));
+  const auto st = std::filesystem::symlink_status(path, ec);
+  if (ec || st.type() == std::filesystem::file_type::not_found) return;
+  if (st.type() != std::filesystem::file_type::regular)
+    usage_error(
+        fmt::format("{} {}: something other than a regular file is there (a folder, link, device or "
+                    "pipe); expected a file name",
+                    option, path));
+  if (replaces && !force)
+    usage_error(fmt::format(
+        "{} {}: a file is already there; choose another name or add --force to replace it", option, path));
 }
 
 /// An option that only means something beside another: one line instead of being ignored.
@@ -75,7 +88,7 @@ void needs(bool given, bool with, const char* what, const char* needed) {
 void add_shape_options(CLI::App& app, Options& opt) {
   app.add_option("--backend", opt.backend)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   app.add_option("--workers", opt.workers)->check(CLI::Range(1, 1024));
-  app.add_option("--layers", opt.layers);
+  app.add_option("--layers", opt.layers)->check(CLI::Range(1, 1024));
   app.add_option("--hidden", opt.hidden);
   app.add_option("--heads", opt.heads);
   app.add_option("--kv-heads", opt.kv);
@@ -110,6 +123,7 @@ void add_precision_options(CLI::App& app, Options& opt) {
       ->check(number_validator(0.001, double(1 << 20), "GiB"));
   app.add_option("--trace", opt.trace);
   app.add_option("--results", opt.results, "append a markdown row here");
+  app.add_flag("--force", opt.force, "with --trace / --profile-out: replace an existing file");
   app.add_option("--plan", opt.plan_json, "explicit plan (JSON as in a spec's \"plan\" key)");
   app.add_option("--dtype", opt.dtype, "storage dtype on the GPU")->check(CLI::IsMember({"bf16", "f16"}));
 }
@@ -213,9 +227,9 @@ void check_options(const CLI::App& app, const Options& opt) {
     needs(app.count(o) > 0, opt.lora_r > 0, o, "--lora-r R (a LoRA run)");
   needs(opt.dtype == "f16", opt.backend != "cpu", "--dtype f16",
         "--backend cuda (the cpu backend computes in f32)");
-  check_output_file("--results", opt.results);
-  check_output_file("--trace", opt.trace);
-  check_output_file("--profile-out", opt.profile_out);
+  check_output_file("--results", opt.results, false, opt.force);
+  check_output_file("--trace", opt.trace, true, opt.force);
+  check_output_file("--profile-out", opt.profile_out, true, opt.force);
 }
 
 /// --preset's shape written over the flags' (a given --layers keeps its depth), then the expert

@@ -171,6 +171,12 @@ inline void check_new_output_file(const std::string& path, const std::string& fl
   if (ec || st.type() == std::filesystem::file_type::not_found) return;
   if (std::filesystem::is_directory(path, ec))
     throw UsageError(fmt::format("{} {}: is a folder; expected a file name", flag, path));
+  // the write replaces the path with a new file: a link, device or pipe there is never the
+  // output a --force meant to replace
+  if (st.type() != std::filesystem::file_type::regular)
+    throw UsageError(fmt::format(
+        "{} {}: something other than a regular file is there (a link, device or pipe); expected a file name",
+        flag, path));
   if (!force)
     throw UsageError(fmt::format(
         "{} {}: a file is already there; choose another name or add --force to replace it", flag, path));

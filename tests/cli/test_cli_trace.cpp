@@ -137,6 +137,17 @@ TEST(CliTrace, OutputFilesReplaceAnExistingFileOnlyWithForce) {
   r = roundpipe("plan --model " + cfg + " --gpus 2 --seq 1024 --micro 4 --trace " + mine + " --force", d);
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(slurp(mine).find("traceEvents"), std::string::npos);
+  // --force replaces a file, never a link (nor a device or a pipe) with one
+  const std::string link = (d / "link.json").string();
+  write(mine, "keep\n");
+  fs::create_symlink(mine, link);
+  r = roundpipe("plan --model " + cfg + " --gpus 2 --seq 1024 --micro 4 --trace " + link + " --force", d);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--trace " + link + ": something other than a regular file is there"),
+            std::string::npos)
+      << r.err;
+  EXPECT_TRUE(fs::is_symlink(link));
+  EXPECT_EQ(slurp(mine), "keep\n");
   fs::remove_all(d);
 }
 
