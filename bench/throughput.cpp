@@ -63,6 +63,7 @@
 #include "bench/throughput_options.hpp"
 #include "bench/tier_option_names.hpp"
 #include "kernels/device.hpp"
+#include "model/fp8_linear.hpp"  // fp8_wgrad_reach
 #include "model/lora.hpp"
 #include "model/model_flops.hpp"
 #include "roundpipe/session.hpp"
@@ -360,6 +361,15 @@ void print_disk_reads(const Options& opt, const Timeline& tl) {
 
 /// The measured run: the RESULT line (tokens/s, MFU, memory against the prediction), the DISK line
 /// with a tier, and the markdown row appended to --results.
+/// " + fp8 linears", with " and weight gradients" where FP8 weight gradients ran: only for the
+/// linears whose input width is a multiple of 16 ("N of M" when not all).
+std::string fp8_text(const rp::ModelConfig& c, bool wgrad) {
+  const rp::Fp8WgradReach r = rp::fp8_wgrad_reach(c);
+  if (!wgrad || r.fp8_wgrad == 0) return " + fp8 linears";
+  if (r.fp8_wgrad == r.linears) return " + fp8 linears and weight gradients";
+  return fmt::format(" + fp8 linears and weight gradients ({} of {})", r.fp8_wgrad, r.linears);
+}
+
 void report(const Options& opt, const rp::ModelConfig& c, const rp::ModelLayout& m,
             const std::optional<rp::LoraConfig>& lora, const rp::Session& s, const rp::SessionOptions& o,
             const PlanPrediction& pred, const Timeline& tl, const std::string& tier) {
@@ -382,9 +392,7 @@ void report(const Options& opt, const rp::ModelConfig& c, const rp::ModelLayout&
       "| roundpipe ({} x {}, {}, {}, attention {}, {}, {}; {}) | {:.0f} | {:.3f} | {:.2f} | {:.1f} | {:.2f} "
       "|",
       opt.workers, opt.backend, opt.sync ? "sync" : "async",
-      opt.fp8 ? opt.dtype +
-                    (o.device.fp8_weight_gradients ? " + fp8 linears and weight gradients" : " + fp8 linears")
-              : opt.dtype,
+      opt.fp8 ? opt.dtype + fp8_text(c, o.device.fp8_weight_gradients) : opt.dtype,
       attn && *attn ? attn : "auto", xfer, chunks, shape_text(opt, c, lora), tps, mfu, peak, rss, dt);
   const int64_t predicted = pred.working_set;
   const int64_t predicted_prefetch = std::min(pred.with_prefetch, int64_t(o.device.capacity_bytes));

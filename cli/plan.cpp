@@ -338,9 +338,20 @@ std::optional<Profile> plan_profile(const PlanCommandOptions& o, const PlanComma
 
 /// The lines before the plan: model, workload, device, costs, and the LoRA / frozen / experts
 /// lines where they apply.
+/// ", their weight gradients too" where FP8 weight gradients run: for the linears whose input
+/// width is a multiple of 16 ("N of M" when not all; none: nothing).
+std::string fp8_wgrad_text(bool wgrad, const ModelConfig& planned) {
+  if (!wgrad) return "";
+  const Fp8WgradReach r = fp8_wgrad_reach(planned);
+  if (r.fp8_wgrad == 0) return ", weight gradients bf16: no linear's input width is a multiple of 16";
+  if (r.fp8_wgrad == r.linears) return ", their weight gradients too";
+  return fmt::format(", the weight gradients of {} of {}", r.fp8_wgrad, r.linears);
+}
+
 void print_plan_header(std::FILE* out, const PlanCommandOptions& o, const PlanCommandOptions& oo,
                        const ModelShape& m, const std::string& desc, const std::optional<ModelLayout>& layout,
-                       const DeviceModel& d, int64_t cap, int64_t tokens, const std::string& source) {
+                       const DeviceModel& d, int64_t cap, int64_t tokens, const std::string& source,
+                       const ModelConfig& planned) {
   fmt::print(out, "model     {}\n", desc);
   fmt::print(out, "workload  {}, {} of {} x {} = {} per iteration\n", counted(o.gpus, "GPU"),
              counted(o.micro_batches, "micro-batch", "micro-batches"), o.sequences_per_micro,
@@ -353,7 +364,7 @@ void print_plan_header(std::FILE* out, const PlanCommandOptions& o, const PlanCo
                     : std::string(),
              o.fp8 ? fmt::format("{:.4g} (FP8 linears {:.4g}{})", o.peak_tflops,
                                  device_model(o, std::nullopt).fp8_flops / 1e12,
-                                 d.fp8_weight_gradients ? ", their weight gradients too" : "")
+                                 fp8_wgrad_text(d.fp8_weight_gradients, planned))
                    : fmt::format("{:.4g}", o.peak_tflops),
              o.hbm_gbps, o.pcie_gbps, cap > 0 ? format_bytes(double(cap)) : std::string("none"));
   fmt::print(out, "costs     {}\n", source);
@@ -475,7 +486,7 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
   const std::optional<DiskRun> disk = plan_with_disk(oo, planned, rin, sim_options(o, d));  // oo: --max-seq's
 
   const int64_t tokens = o.micro_batches * o.sequences_per_micro * oo.seq_len;
-  print_plan_header(out, o, oo, m, desc, layout, d, cap, tokens, source);
+  print_plan_header(out, o, oo, m, desc, layout, d, cap, tokens, source, planned.config);
 
   const RunPlan run = disk ? disk->run : plan_run(rin);  // the automatic plan (no explicit plan here)
   const PartitionResult& pr = *run.automatic;

@@ -91,3 +91,26 @@ TEST(CliPlanProfile, AProfileWithoutTheRecordPlansWithOneWarning) {
 }
 
 }  // namespace
+
+namespace {
+
+// The device line says which weight gradients a plan runs in FP8: tiny_model's down_proj reads
+// 24 wide (not a multiple of 16), so 12 of its 14 linears; none with --bf16-wgrad or a LoRA base.
+TEST(CliPlanFp8, TheDeviceLineCountsTheLinearsWithFp8WeightGradients) {
+  auto d = tmpdir();
+  const std::string model = tiny_model(d).string(),
+                    base = "plan --model " + model + " --gpus 2 --seq 16 --micro 2";
+  const auto device_line = [&](const std::string& flags) {
+    const CliRun r = roundpipe(base + flags, d);
+    EXPECT_EQ(r.code, 0) << flags << ": " << r.err;
+    const size_t at = r.out.find("device ");
+    return at == std::string::npos ? std::string() : r.out.substr(at, r.out.find('\n', at) - at);
+  };
+  EXPECT_NE(device_line(" --fp8").find("the weight gradients of 12 of 14"), std::string::npos)
+      << device_line(" --fp8");
+  EXPECT_EQ(device_line(" --fp8 --bf16-wgrad").find("weight gradients"), std::string::npos);
+  EXPECT_EQ(device_line(" --fp8 --lora-r 4").find("weight gradients"), std::string::npos);
+  fs::remove_all(d);
+}
+
+}  // namespace
