@@ -241,6 +241,13 @@ void Profile::save(const std::string& path) const {
 }
 
 Profile Profile::load(const std::string& path) {
+  // a pipe or device would block the open or never end the read: only a file is read
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (st.type() == std::filesystem::file_type::not_found)
+    throw std::runtime_error(path + ": cannot open (no such file)");
+  if (!ec && st.type() != std::filesystem::file_type::regular)
+    throw std::runtime_error(path + ": expected a profile file, found a folder, device or pipe");
   std::ifstream f(path, std::ios::binary);
   if (!f) throw std::runtime_error(path + ": cannot open");
   nlohmann::json j;

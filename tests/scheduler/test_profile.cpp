@@ -6,6 +6,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include "scheduler/profile.hpp"
@@ -163,6 +166,31 @@ TEST(Profile, RecordsItsLinearCompute) {
         std::string(e.what()),
         "run/profile.json: key 'linear_compute': expected \"bf16\", \"fp8\" or \"fp8+wgrad\", got \"fp4\"");
   }
+}
+
+}  // namespace
+}  // namespace rp
+
+namespace rp {
+namespace {
+
+// Only a file is read as a profile: a pipe (whose open would wait for a writer forever), a
+// folder and a missing path are each one error naming the path.
+TEST(Profile, LoadReadsOnlyAFile) {
+  const std::filesystem::path d =
+      std::filesystem::temp_directory_path() / ("rp_profile_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(d);
+  const std::string fifo = (d / "fifo.json").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string& p : {fifo, d.string(), (d / "missing.json").string()}) {
+    try {
+      Profile::load(p);
+      ADD_FAILURE() << p << " was read";
+    } catch (const std::runtime_error& e) {
+      EXPECT_EQ(std::string(e.what()).rfind(p + ": ", 0), 0u) << e.what();
+    }
+  }
+  std::filesystem::remove_all(d);
 }
 
 }  // namespace
