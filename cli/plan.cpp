@@ -312,11 +312,14 @@ void check_profile_compute(const Profile& profile, const PlanCommandOptions& o, 
         mode, given);
     return;
   }
-  if (profile.linear_compute != mode)
-    throw std::runtime_error(fmt::format(
-        "{}: measured with linear layers in {}, planned in {} ({}); plan it {} or measure a profile "
-        "in {}",
-        o.profile, profile.linear_compute, mode, given, linear_compute_flags(profile.linear_compute), mode));
+  if (profile.linear_compute == mode) return;
+  std::string flags = linear_compute_flags(profile.linear_compute);
+  // FP8 weight gradients were measured: a plan over a frozen base cannot have them
+  if (profile.linear_compute == "fp8+wgrad" && (o.lora_r > 0 || !o.frozen.empty()))
+    flags += " and without --lora-r / --frozen (a frozen base computes no weight gradient)";
+  throw std::runtime_error(fmt::format(
+      "{}: measured with linear layers in {}, planned in {} ({}); plan it {} or measure a profile in {}",
+      o.profile, profile.linear_compute, mode, given, flags, mode));
 }
 
 /// --profile: the measured profile (checked against the planned layout and linear compute) and

@@ -60,6 +60,10 @@ TEST(CliPlanProfile, APlanInAnotherLinearComputeIsRefusedNamingTheFileAndFlags) 
                             "--bf16-wgrad); plan it with --fp8 or");
   expect_one_line_error(plan(d, wgrad16, " --fp8"),
                         "in fp8, planned in fp8+wgrad (--fp8); plan it with --fp8 --bf16-wgrad or");
+  // a LoRA plan cannot have FP8 weight gradients: the hint says to drop the LoRA flags
+  expect_one_line_error(plan(d, fp8, " --fp8 --lora-r 4"),
+                        "planned in fp8 (--fp8); plan it with --fp8 and without --lora-r / --frozen (a "
+                        "frozen base computes no weight gradient) or measure a profile in fp8");
   fs::remove_all(d);
 }
 
