@@ -40,6 +40,9 @@ check "--cap-gib: expected GiB from 0.001 to 1048576, got 'nan'" --cap-gib nan
 check "--cap-gib: expected GiB from 0.001 to 1048576, got '-1'" --cap-gib -1
 check "--cap-above-plan: expected a fraction from 0 to 100, got 'nan'" --cap-above-plan nan
 check "--lora-alpha needs --lora-r" --lora-alpha 3
+check "--lora-alpha: expected a finite value > 0, got -1" --lora-r 4 --lora-alpha -1
+check "--lora-alpha: expected a finite value > 0, got 0" --lora-r 4 --lora-alpha 0
+check "--lora-alpha: expected a finite value > 0, got nan" --lora-r 4 --lora-alpha nan
 check "--base-format needs --lora-r" --base-format nf4
 check "--lora-targets needs --lora-r" --lora-targets experts
 check "--expert-gemm needs --experts" --expert-gemm bucketed

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -225,6 +226,9 @@ void check_options(const CLI::App& app, const Options& opt) {
     usage_error("--fp8-wgrad with --lora-r: a frozen base computes no weight gradient");
   for (const char* o : {"--lora-alpha", "--lora-targets", "--base-format"})
     needs(app.count(o) > 0, opt.lora_r > 0, o, "--lora-r R (a LoRA run)");
+  // given, as the spec's lora.alpha: a finite value > 0 (absent: 2 x rank)
+  if (app.count("--lora-alpha") > 0 && !(std::isfinite(opt.lora_alpha) && opt.lora_alpha > 0))
+    usage_error(fmt::format("--lora-alpha: expected a finite value > 0, got {}", opt.lora_alpha));
   needs(opt.dtype == "f16", opt.backend != "cpu", "--dtype f16",
         "--backend cuda (the cpu backend computes in f32)");
   check_output_file("--results", opt.results, false, opt.force);
