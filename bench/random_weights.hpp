@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <exception>
 #include <new>
 #include <span>
 #include <stdexcept>
@@ -43,47 +42,20 @@ inline void fill_chunk(const rp::TensorSpec& t, int g, size_t tensor, int64_t ch
     v[i] = t.shape.size() == 1 ? 1.f : float(double(splitmix(s) >> 11) * 0x1p-53 * 0.04 - 0.02);
 }
 
-/// What a thread of `k` threads threw, rethrown by the caller once all are joined (an exception
-/// leaving a std::thread's function would end the program); std::bad_alloc as one line naming
-/// the weights that did not fit.
-class ThreadErrors {
- public:
-  explicit ThreadErrors(size_t k) : errs_(k) {}
-  template <class Body>
-  void run(size_t k, const Body& body) noexcept {
-    try {
-      body();
-    } catch (...) {
-      errs_[k] = std::current_exception();
-    }
-  }
-  void rethrow(double weight_bytes) const {
-    for (const auto& e : errs_) {
-      if (!e) continue;
-      try {
-        std::rethrow_exception(e);
-      } catch (const std::bad_alloc&) {
-        throw std::runtime_error("the model's random weights (" +
-                                 std::to_string(int64_t(weight_bytes / (1 << 30))) +
-                                 " GiB) do not fit in this machine's memory: choose a smaller shape");
-      }
-    }
-  }
-
- private:
-  std::vector<std::exception_ptr> errs_;
-};
-
-/// Runs work(k) for k in [0, threads) on `threads` threads (the caller's among them); what one
-/// throws is rethrown after all are joined.
+/// Runs work(k) for k in [0, threads) on a pool of `threads` threads (rp::ThreadPool: what one
+/// throws is rethrown here once all finished); std::bad_alloc becomes one line naming the
+/// weights (`weight_bytes`) that did not fit.
 template <class Work>
 void on_threads(int threads, const Work& work, double weight_bytes = 0) {
-  ThreadErrors errs(size_t(std::max(threads, 1)));
-  std::vector<std::thread> th;
-  for (int k = 1; k < threads; ++k) th.emplace_back([&, k] { errs.run(size_t(k), [&] { work(k); }); });
-  errs.run(0, [&] { work(0); });
-  for (auto& x : th) x.join();
-  errs.rethrow(weight_bytes);
+  try {
+    if (threads <= 1) return work(0);
+    rp::ThreadPool pool(threads);
+    pool.run(threads, [&](int k) { work(k); });
+  } catch (const std::bad_alloc&) {
+    throw std::runtime_error("the model's random weights (" +
+                             std::to_string(int64_t(weight_bytes / (1 << 30))) +
+                             " GiB) do not fit in this machine's memory: choose a smaller shape");
+  }
 }
 
 /// Frozen group g's storage form into `out` (storage_bytes), on `threads` threads.
@@ -151,15 +123,13 @@ inline void random_weights(const rp::ModelLayout& m, std::vector<std::vector<flo
                            std::vector<std::vector<uint8_t>>& frozen, bool lazy) {
   w.assign(m.groups.size(), {});
   frozen.assign(m.groups.size(), {});
-  const size_t nt = std::min<size_t>(std::max<size_t>(1, rp::allowed_cpus().size()), 16);
+  const int nt = int(std::min<size_t>(std::max<size_t>(1, rp::allowed_cpus().size()), 16));
   double bytes = 0;
   for (const auto& g : m.groups) bytes += g.frozen ? double(g.storage_bytes) : 4.0 * double(g.numel);
-  ThreadErrors errs(nt);
-  std::vector<std::thread> th;
-  for (size_t k = 0; k < nt; ++k)
-    th.emplace_back([&, k] {
-      errs.run(k, [&] {
-        for (size_t gi = k; gi < m.groups.size(); gi += nt) {
+  on_threads(
+      nt,
+      [&](int k) {
+        for (size_t gi = size_t(k); gi < m.groups.size(); gi += size_t(nt)) {
           const auto& g = m.groups[gi];
           if (m.lora && int(gi) >= m.num_layers()) {
             w[gi] = rp::lora_initial_group(m, int(gi));
@@ -176,10 +146,8 @@ inline void random_weights(const rp::ModelLayout& m, std::vector<std::vector<flo
                 std::span<std::byte>(reinterpret_cast<std::byte*>(frozen[gi].data()), frozen[gi].size()), 1);
           }
         }
-      });
-    });
-  for (auto& t : th) t.join();
-  errs.rethrow(bytes);
+      },
+      bytes);
 }
 
 /// The runtime's source of the frozen groups random_weights(lazy) left out.
