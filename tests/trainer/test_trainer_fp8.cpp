@@ -14,6 +14,7 @@
 #include "model/layout.hpp"
 #include "roundpipe/trainer.hpp"
 #include "tests/cli/cli_util.hpp"
+#include "tests/trainer/varied_model.hpp"
 
 namespace {
 
@@ -30,28 +31,8 @@ const char* kData =
 constexpr double kFp8LossBar = 0.01;
 constexpr int64_t kWindow = 20, kSteps = 60;
 
-// tiny_model's architecture and tokenizer with varied weights: tiny_model's are all equal, so
-// every activation row is constant across features and quantizes exactly (FP8 would change
-// nothing to see).
-fs::path varied_tiny_model(const fs::path& d) {
-  const fs::path base = tiny_model(d), out = d / "tiny-varied";
-  if (fs::exists(out)) return out;
-  const rp::ModelLayout m = rp::make_layout(rp::load_config_file((base / "config.json").string()));
-  std::vector<std::vector<float>> w;
-  std::vector<const float*> ptrs;
-  for (const auto& g : m.groups) {
-    w.emplace_back(size_t(g.numel));
-    for (const auto& t : g.tensors)
-      for (int64_t i = 0; i < t.numel(); ++i)
-        w.back()[size_t(t.offset + i)] =
-            t.shape.size() == 1 ? 1.0f
-                                : 0.3f * float(std::sin(0.7 * double(i) + 0.3 * double(t.offset % 97)));
-    ptrs.push_back(w.back().data());
-  }
-  std::ifstream tf(base / "tokenizer.json");
-  rp::save_hf_checkpoint(out.string(), m, ptrs, nlohmann::json::parse(tf), "", rp::DType::f32);
-  return out;
-}
+// tiny_model's architecture and tokenizer with varied weights (tests/trainer/varied_model.hpp).
+fs::path varied_tiny_model(const fs::path& d) { return varied_model(d, tiny_config_of(d), "tiny-varied"); }
 
 // extra: spec keys added (", \"fp8\": true", ...)
 std::vector<double> loss_curve(const fs::path& d, const std::string& out, const std::string& extra,

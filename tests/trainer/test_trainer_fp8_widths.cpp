@@ -17,6 +17,7 @@
 #include "roundpipe/trainer.hpp"
 #include "tests/cli/cli_util.hpp"
 #include "tests/trainer/trainer_log.hpp"
+#include "tests/trainer/varied_model.hpp"
 #include "trainer/trainer_state.hpp"
 
 namespace {
@@ -31,26 +32,11 @@ const char* kData =
 // tiny_model's tokenizer and layer count with hidden 24, attention 2 x 12 and an MLP of 40: no
 // linear reads a width that is a multiple of 16. Varied weights, so FP8 rounding shows.
 fs::path odd_width_model(const fs::path& d) {
-  const fs::path base = tiny_model(d), out = d / "tiny-odd";
-  rp::ModelConfig c = rp::load_config_file((base / "config.json").string());
+  rp::ModelConfig c = tiny_config_of(d);
   c.hidden_size = 24;
   c.head_dim = 12;
   c.intermediate_size = 40;
-  const rp::ModelLayout m = rp::make_layout(c);
-  std::vector<std::vector<float>> w;
-  std::vector<const float*> ptrs;
-  for (const auto& g : m.groups) {
-    w.emplace_back(size_t(g.numel));
-    for (const auto& t : g.tensors)
-      for (int64_t i = 0; i < t.numel(); ++i)
-        w.back()[size_t(t.offset + i)] =
-            t.shape.size() == 1 ? 1.0f
-                                : 0.3f * float(std::sin(0.7 * double(i) + 0.3 * double(t.offset % 97)));
-    ptrs.push_back(w.back().data());
-  }
-  std::ifstream tf(base / "tokenizer.json");
-  rp::save_hf_checkpoint(out.string(), m, ptrs, nlohmann::json::parse(tf), "", rp::DType::f32);
-  return out;
+  return varied_model(d, c, "tiny-odd");
 }
 
 rp::TrainSpec spec_of(const fs::path& d, const fs::path& model, const std::string& out,
