@@ -56,6 +56,16 @@ std::string unsafe_output_folder(const std::string& out) {
   return "";
 }
 
+std::string output_file_problem(const std::string& path, bool replace) {
+  std::error_code ec;
+  const auto st = fs::symlink_status(path, ec);
+  if (ec || st.type() == fs::file_type::not_found) return "";
+  if (st.type() == fs::file_type::directory) return "is a folder; expected a file name";
+  if (st.type() != fs::file_type::regular)
+    return "something other than a regular file is there (a link, device or pipe); expected a file name";
+  return replace ? "" : "a file is already there; choose another name or add --force to replace it";
+}
+
 std::string overlapping_input(const std::string& out, const std::vector<std::string>& inputs) {
   const fs::path o = resolved_path(out);
   for (const auto& in : inputs) {

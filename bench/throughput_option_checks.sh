@@ -64,7 +64,7 @@ check "--trace $tmp/keep.txt: a file is already there; choose another name or ad
 check "--profile-out $tmp/keep.txt: a file is already there" --profile-out "$tmp/keep.txt"
 check "--trace $tmp/link: something other than a regular file is there" --trace "$tmp/link" --force
 check "--profile-out $tmp/fifo: something other than a regular file is there" --profile-out "$tmp/fifo" --force
-check "--results $tmp/dir: something other than a regular file is there" --results "$tmp/dir"
+check "--results $tmp/dir: is a folder; expected a file name" --results "$tmp/dir"
 [ "$(cat "$tmp/keep.txt")" = keep ] && [ -L "$tmp/link" ] && [ -p "$tmp/fifo" ] && [ -d "$tmp/dir" ] ||
   { echo "$name: an output check changed what was at the path"; fail=1; }
 rm -rf "$tmp"

@@ -2,6 +2,8 @@
 // --preset shapes and the model configuration (throughput_options.hpp).
 #include "bench/throughput_options.hpp"
 
+#include "base/output_folder.hpp"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -68,16 +70,9 @@ void check_output_file(const std::string& option, const std::string& path, bool 
   if (!std::filesystem::is_directory(dir, ec) || ::access(dir.c_str(), W_OK) != 0)
     usage_error(fmt::format("{} {}: expected a file in a folder that exists and can be written ({})", option,
                             path, dir.string()));
-  const auto st = std::filesystem::symlink_status(path, ec);
-  if (ec || st.type() == std::filesystem::file_type::not_found) return;
-  if (st.type() != std::filesystem::file_type::regular)
-    usage_error(
-        fmt::format("{} {}: something other than a regular file is there (a folder, link, device or "
-                    "pipe); expected a file name",
-                    option, path));
-  if (replaces && !force)
-    usage_error(fmt::format(
-        "{} {}: a file is already there; choose another name or add --force to replace it", option, path));
+  // what is at the path: rp::output_file_problem, the rule every writer of an output file shares
+  if (const std::string why = rp::output_file_problem(path, !replaces || force); !why.empty())
+    usage_error(fmt::format("{} {}: {}", option, path, why));
 }
 
 /// An option that only means something beside another: one line instead of being ignored.

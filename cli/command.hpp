@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "base/error_text.hpp"
+#include "base/output_folder.hpp"
 
 namespace rp {
 
@@ -166,20 +167,8 @@ inline std::string parse_error_text(const CLI::ParseError& e) {
 /// UsageError "<flag> <path>: a file is already there; choose another name or add --force to
 /// replace it" ("... is a folder" for a folder). Nothing there, or force: returns.
 inline void check_new_output_file(const std::string& path, const std::string& flag, bool force) {
-  std::error_code ec;
-  const auto st = std::filesystem::symlink_status(path, ec);
-  if (ec || st.type() == std::filesystem::file_type::not_found) return;
-  if (std::filesystem::is_directory(path, ec))
-    throw UsageError(fmt::format("{} {}: is a folder; expected a file name", flag, path));
-  // the write replaces the path with a new file: a link, device or pipe there is never the
-  // output a --force meant to replace
-  if (st.type() != std::filesystem::file_type::regular)
-    throw UsageError(fmt::format(
-        "{} {}: something other than a regular file is there (a link, device or pipe); expected a file name",
-        flag, path));
-  if (!force)
-    throw UsageError(fmt::format(
-        "{} {}: a file is already there; choose another name or add --force to replace it", flag, path));
+  if (const std::string why = output_file_problem(path, force); !why.empty())
+    throw UsageError(fmt::format("{} {}: {}", flag, path, why));
 }
 
 /// A subcommand callback running `body`: an exception it throws becomes one bounded line

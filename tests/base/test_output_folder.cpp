@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
@@ -200,6 +202,30 @@ TEST(OutputFolder, AnOutputThatIsHoldsOrLiesInsideAnInputIsNamed) {
   EXPECT_EQ(rp::overlapping_input((d / "runs/y").string(), {model, data}), "");
   EXPECT_EQ(rp::overlapping_input((d / "runs/x/fin").string(), {model}), "")
       << "a prefix of a name is not inside";
+  fs::remove_all(d);
+}
+
+// An output file's path: nothing there or a file with `replace` may be written; a folder, a
+// link (even to a file), a pipe or a device never; a file without `replace` is named as such.
+TEST(OutputFileProblem, OnlyANewPathOrAReplaceableFile) {
+  const fs::path d = fs::temp_directory_path() / ("rp_output_file_" + std::to_string(::getpid()));
+  fs::create_directories(d / "folder");
+  const std::string file = (d / "file.json").string(), link = (d / "link.json").string(),
+                    fifo = (d / "fifo.json").string();
+  {
+    std::FILE* f = std::fopen(file.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fclose(f);
+  }
+  fs::create_symlink(file, link);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_EQ(rp::output_file_problem((d / "new.json").string(), false), "");
+  EXPECT_EQ(rp::output_file_problem(file, true), "");
+  EXPECT_NE(rp::output_file_problem(file, false).find("a file is already there"), std::string::npos);
+  EXPECT_NE(rp::output_file_problem((d / "folder").string(), true).find("is a folder"), std::string::npos);
+  for (const std::string& p : {link, fifo, std::string("/dev/null")})
+    EXPECT_NE(rp::output_file_problem(p, true).find("something other than a regular file"), std::string::npos)
+        << p;
   fs::remove_all(d);
 }
 
