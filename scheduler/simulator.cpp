@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "scheduler/stage_peak.hpp"
 #include "scheduler/stage_progress.hpp"
 #include "trace/chrome_trace.hpp"
 
@@ -17,8 +18,10 @@ namespace rp {
 std::vector<StageCost> stage_costs(const std::vector<LayerCost>& costs, const IterationPlan& plan,
                                    const PartitionOptions& opt) {
   std::vector<StageCost> out;
+  std::vector<StageEstimate> est;
   for (const Stage& s : plan.stages) {
     StageEstimate e = estimate_stage(costs, s, opt);
+    est.push_back(e);
     StageCost c;
     for (int l = s.first; l <= s.last; ++l) {
       const LayerCost& x = costs[size_t(l)];
@@ -29,6 +32,10 @@ std::vector<StageCost> stage_costs(const std::vector<LayerCost>& costs, const It
     c.param_bytes = e.weight_upload_bytes;
     c.grad_bytes = e.grad_bytes;
     out.push_back(c);
+  }
+  if (!est.empty()) {
+    const std::vector<char> refused = prefetch_refused(est, opt);
+    for (size_t i = 0; i < out.size(); ++i) out[i].params_after_previous = refused[i] != 0;
   }
   return out;
 }
@@ -250,6 +257,10 @@ class Replay {
       const Task& back = tasks_[size_t(gp.order[tk.k - wb])];
       if ((wb == 1 ? back.finish : back.retired) < 0) return false;
     }
+    // no room beside the previous task under the cap: its weights go up once that task retired
+    if (costs_[size_t(tk.s)].params_after_previous && tk.k >= 1 &&
+        tasks_[size_t(gp.order[tk.k - 1])].retired < 0)
+      return false;
     const int dep = tk.t - 1 - o_.staleness;
     if (dep >= 0) {
       const Stage& st = plan_.stages[size_t(tk.s)];

@@ -21,6 +21,8 @@
 //  - parameters of a task are uploaded on the parameter stream into one of weight_buffers
 //    buffers, freed when the task weight_buffers back retires (2: prefetched while the
 //    previous task computes); with 1 the whole task waits until the previous one finished;
+//    a stage whose weights the memory cap does not let the worker prefetch
+//    (StageCost::params_after_previous) uploads them once the previous task retired;
 //  - parameter integrity / staleness (rule 1 of docs/protocol.md): the upload of layer l for
 //    iteration t waits for the optimizer's update of l from iteration t - 1 - staleness
 //    (gradient download + optimizer_seconds[l]);
@@ -33,9 +35,9 @@
 //    download; a backward task that is its GPU's current or next reads micro-batch m's spill
 //    back once every forward stage of its iteration wrote it and m is at most 2 x act_slots
 //    ahead of its compute; m's upload waits for that read.
-// Not modelled: the memory cap, chunked and priority-arbitrated copies on one shared link
-// (the four streams are independent), the worker's prefetch behind a weightless stage.
-// Bubble of one isolated uniform iteration: N(N-1) / (M*S + N(N-1)) stage-units (fill/drain).
+// Not modelled: the memory cap beyond refused prefetches, chunked and priority-arbitrated copies on one
+// shared link (the four streams are independent), the worker's prefetch behind a weightless stage. Bubble of
+// one isolated uniform iteration: N(N-1) / (M*S + N(N-1)) stage-units (fill/drain).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -60,6 +62,9 @@ struct StageCost {
   /// activations written after its download (forward stages) and read back before its upload
   /// (backward stages).
   int64_t disk_read_bytes = 0, spill_write_bytes = 0, spill_read_bytes = 0;
+  /// The memory cap leaves no room to prefetch the stage's weights (prefetch_refused in
+  /// scheduler/stage_peak.hpp): they upload only once the previous task on the GPU retired.
+  bool params_after_previous = false;
 };
 
 /// Bandwidths of the four copy streams, bytes/s; 0 means instantaneous.

@@ -42,4 +42,25 @@ PeakEstimate predict_peak(const std::vector<StageEstimate>& stages, const Partit
   return r;
 }
 
+std::vector<char> prefetch_refused(const std::vector<StageEstimate>& stages, const PartitionOptions& opt) {
+  const int S = int(stages.size());
+  const int G = opt.gpus;
+  if (S == 0 || G < 1)
+    throw std::invalid_argument(fmt::format("prefetch_refused: {} stages on {} GPUs", S, G));
+  const int64_t cap = opt.memory_cap;
+  auto at = [&](int64_t i) -> const StageEstimate& { return stages[size_t(((i % S) + S) % S)]; };
+  std::vector<char> out(size_t(S), 0);
+  if (cap <= 0) return out;
+  for (int s = 0; s < S; ++s) {
+    const int64_t w = at(s).weight_bytes;
+    if (w == 0) continue;
+    const StageEstimate& prev = at(s - G);
+    bool refused = prev.work_bytes + w > cap;
+    if (refused && prev.weight_bytes == 0)  // prefetched behind the weightless stage, beside its predecessor
+      refused = at(s - 2 * G).work_bytes + prev.work_bytes + w > cap;
+    out[size_t(s)] = refused ? 1 : 0;
+  }
+  return out;
+}
+
 }  // namespace rp

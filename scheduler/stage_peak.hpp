@@ -46,4 +46,15 @@ struct PeakEstimate {
 /// comment. Throws std::invalid_argument for an empty plan or gpus < 1.
 PeakEstimate predict_peak(const std::vector<StageEstimate>& stages, const PartitionOptions& opt);
 
+/// For each stage of `stages` (plan order, one iteration): 1 when the memory cap leaves no room
+/// to prefetch its weights, so the worker uploads them only once the task before it on its GPU
+/// (stage s - G) has ended, and its compute waits for that upload. Refused: the previous task's
+/// working set plus these weights exceed opt.memory_cap (the worker retries as the retired task
+/// drains, so only what the previous task itself holds counts). The stage after a weightless one
+/// (the embedding's own backward stage) is refused only when neither that stage's predecessor nor
+/// the weightless stage itself leaves room (the worker prefetches behind a weightless stage).
+/// A weightless stage is never refused (nothing to upload); without a cap nothing is. Throws
+/// std::invalid_argument as predict_peak.
+std::vector<char> prefetch_refused(const std::vector<StageEstimate>& stages, const PartitionOptions& opt);
+
 }  // namespace rp

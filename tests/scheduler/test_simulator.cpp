@@ -163,6 +163,35 @@ TEST(Simulator, ParameterPrefetchFillsGaps) {
   EXPECT_GT(serial, prefetch + 1.0);
 }
 
+TEST(Simulator, ARefusedPrefetchUploadsAfterThePreviousTaskRetired) {
+  // one GPU, 4 stages of 4 micro-batches x 1 s; every stage uploads 2 s of weights
+  const int S = 4;
+  auto costs = uniform(S, 1.0);
+  for (auto& c : costs) c.param_bytes = 200;
+  SimOptions o;
+  o.gpus = 1;
+  o.micro_batches = 4;
+  o.iterations = 4;
+  o.bandwidth = StreamBandwidths::uniform(100);
+  o.record_timeline = true;
+  const SimResult all = simulate(plan_with_stages(S), costs, o);
+  EXPECT_NEAR(all.iteration_seconds, 4.0 * S, 1e-9);  // every upload hides behind the task before it
+  costs[0].params_after_previous = true;              // the cap refuses stage 0's prefetch
+  const SimResult refused = simulate(plan_with_stages(S), costs, o);
+  EXPECT_NEAR(refused.iteration_seconds, 4.0 * S + 2.0, 1e-9);  // the GPU waits for the whole upload
+  int checked = 0;
+  for (const SimInterval& v : refused.timeline) {
+    if (v.stream != SimInterval::param_up || v.stage != 0 || v.iteration == 0) continue;
+    double retired = -1;  // the end of the last compute of stage 3 of the iteration before
+    for (const SimInterval& w : refused.timeline)
+      if (w.stream == SimInterval::compute && w.iteration == v.iteration - 1 && w.stage == S - 1)
+        retired = std::max(retired, w.end);
+    EXPECT_GE(v.start, retired - 1e-12);
+    ++checked;
+  }
+  EXPECT_EQ(checked, 3);
+}
+
 TEST(Simulator, OptimizerTimeDelaysSynchronousTrainingOnly) {
   const int S = 6;
   std::vector<double> opt(5, 3.0);  // plan_with_stages(6) has 5 layers

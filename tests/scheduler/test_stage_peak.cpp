@@ -78,8 +78,42 @@ TEST(StagePeak, EarlyStartHandsASlotToTheNextTask) {
 TEST(StagePeak, RejectsAnEmptyPlan) {
   PartitionOptions o;
   EXPECT_THROW(predict_peak({}, o), std::invalid_argument);
+  EXPECT_THROW(prefetch_refused({}, o), std::invalid_argument);
   o.gpus = 0;
   EXPECT_THROW(predict_peak({stage(1, 1, 1)}, o), std::invalid_argument);
+  EXPECT_THROW(prefetch_refused({stage(1, 1, 1)}, o), std::invalid_argument);
+}
+
+TEST(PrefetchRefused, WhereTheWeightsDoNotFitBesideThePreviousWorkingSet) {
+  // F B B: stage 0 of the next iteration follows stage 2 (900 + 100), stage 1 follows stage 0
+  // (500 + 60), stage 2 follows stage 1 (400 + 30); the retired task's outputs do not count
+  const std::vector<StageEstimate> s = {stage(500, 100, 0), stage(400, 60, 300), stage(900, 30, 300)};
+  PartitionOptions o;
+  o.gpus = 1;
+  EXPECT_EQ(prefetch_refused(s, o), (std::vector<char>{0, 0, 0}));  // no cap
+  o.memory_cap = 999;
+  EXPECT_EQ(prefetch_refused(s, o), (std::vector<char>{1, 0, 0}));
+  o.memory_cap = 1000;
+  EXPECT_EQ(prefetch_refused(s, o), (std::vector<char>{0, 0, 0}));
+  o.memory_cap = 540;  // 560 is over too
+  EXPECT_EQ(prefetch_refused(s, o), (std::vector<char>{1, 1, 0}));
+  // two GPUs: stage 2 follows stage 0 (500 + 30), stage 0 follows stage 1 (400 + 100)
+  o.gpus = 2;
+  o.memory_cap = 520;
+  EXPECT_EQ(prefetch_refused(s, o), (std::vector<char>{0, 1, 1}));
+}
+
+TEST(PrefetchRefused, BehindAWeightlessStage) {
+  // stage 2 (the embedding's backward, no weights) is never refused; stage 0 after it is
+  // prefetched while stage 1 computes (600 + 70 + 100) or while stage 2 does (70 + 100)
+  const std::vector<StageEstimate> s = {stage(500, 100, 0), stage(600, 50, 0), stage(70, 0, 0)};
+  PartitionOptions o;
+  o.gpus = 1;
+  o.memory_cap = 700;
+  EXPECT_EQ(prefetch_refused(s, o), (std::vector<char>{0, 0, 0}));
+  o.memory_cap = 169;  // neither
+  EXPECT_EQ(prefetch_refused(s, o)[0], 1);
+  EXPECT_EQ(prefetch_refused(s, o)[2], 0);
 }
 
 }  // namespace
