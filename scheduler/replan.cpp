@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "scheduler/prefetch_refine.hpp"
+
 namespace rp {
 
 std::string ReplanDecision::line() const {
@@ -65,7 +67,7 @@ std::optional<ReplanDecision> Replanner::poll(const IterationPlan& current, int6
         throw std::invalid_argument(fmt::format("re-plan: a plan of {} layers for a model of {}",
                                                 d.new_plan.num_layers, current.num_layers));
     } else {
-      d.new_plan = partition(measured, part_).plan;
+      d.new_plan = refine_for_prefetch(measured, partition(measured, part_), part_, sim_).plan;
     }
     d.new_seconds = predict(d.new_plan, measured);
     d.changed = d.new_plan.stages != current.stages &&
@@ -79,16 +81,17 @@ std::optional<ReplanDecision> Replanner::poll(const IterationPlan& current, int6
 }
 
 PartitionResult automatic_partition(const std::vector<LayerCost>& costs, PartitionOptions& opt) {
+  PartitionResult r;
   try {
-    return partition(costs, opt);
+    r = partition(costs, opt);
   } catch (const std::runtime_error&) {
     if (opt.weight_buffers <= 1) throw;
     PartitionOptions one = opt;
     one.weight_buffers = 1;
-    PartitionResult r = partition(costs, one);  // throws the error of the single-buffer attempt
+    r = partition(costs, one);  // throws the error of the single-buffer attempt
     opt = one;
-    return r;
   }
+  return refine_for_prefetch(costs, std::move(r), opt, refine_sim_options(opt));
 }
 
 }  // namespace rp

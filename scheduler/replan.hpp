@@ -91,6 +91,8 @@ class Replanner {
 /// The automatic plan of `costs` before any measurement: partition(costs, opt). When no plan
 /// fits with opt.weight_buffers > 1 (weights double-buffered for prefetch), retries with one
 /// buffer (the worker skips prefetching what does not fit) and sets opt.weight_buffers to 1.
+/// Then moves the switches whose prefetch the cap refuses where that predicts a faster
+/// iteration (refine_for_prefetch, scheduler/prefetch_refine.hpp).
 /// Throws what partition() throws when neither fits.
 PartitionResult automatic_partition(const std::vector<LayerCost>& costs, PartitionOptions& opt);
 
