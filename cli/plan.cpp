@@ -409,11 +409,17 @@ void print_plan_header(std::FILE* out, const PlanCommandOptions& o, const PlanCo
 }
 
 /// The plan's line, its stages' table and the predicted peak memory per GPU.
-void print_stages(std::FILE* out, const PartitionResult& pr, const PartitionOptions& po, double plan_s) {
-  fmt::print(
-      out,
-      "plan      {} forward + 1 tail + {} backward stages, found in {:.2f} ms ({} candidates, {} packings)\n",
-      pr.plan.num_forward(), pr.plan.num_backward(), plan_s * 1e3, pr.candidates, pr.evaluations);
+/// `given`: the plan is --plan's, not the partitioner's.
+void print_stages(std::FILE* out, const PartitionResult& pr, const PartitionOptions& po, double plan_s,
+                  bool given) {
+  if (given)
+    fmt::print(out, "plan      {} forward + 1 tail + {} backward stages, given with --plan\n",
+               pr.plan.num_forward(), pr.plan.num_backward());
+  else
+    fmt::print(out,
+               "plan      {} forward + 1 tail + {} backward stages, found in {:.2f} ms ({} candidates, {} "
+               "packings)\n",
+               pr.plan.num_forward(), pr.plan.num_backward(), plan_s * 1e3, pr.candidates, pr.evaluations);
   fmt::print(out, "          {}\n\n", pr.plan.summary());
 
   if (po.weight_buffers == 1)
@@ -440,6 +446,17 @@ void print_stages(std::FILE* out, const PartitionResult& pr, const PartitionOpti
       peak.unbounded > peak.bytes ? fmt::format("; {} without the cap, which makes the worker wait instead",
                                                 format_bytes(double(peak.unbounded)))
                                   : std::string());
+  const std::vector<char> refused = prefetch_refused(pr.stages, po);
+  std::string waits;
+  for (size_t i = 0; i < refused.size(); ++i)
+    if (refused[i]) waits += fmt::format("{}{}", waits.empty() ? "" : ", ", i);
+  if (!waits.empty())
+    fmt::print(
+        out,
+        "prefetch  the cap leaves no room to upload the weights of stage{} {} while the stage before it on "
+        "its GPU computes: they go up once it ends, and the GPU waits for them (the simulation counts "
+        "the wait)\n",
+        waits.find(',') == std::string::npos ? "" : "s", waits);
 }
 
 /// The simulated iteration: its time and tokens/s, the bubble and each GPU's idle time.
@@ -473,6 +490,10 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
     throw UsageError(
         fmt::format("--grouped-gemm-efficiency {} needs a mixture-of-experts model; {} has no {}",
                     o.grouped_gemm_efficiency, o.model, no_experts));
+  if (!o.plan.empty() && o.max_seq)
+    throw UsageError("--plan with --max-seq: --max-seq sizes the sequence for the partitioner's own plan");
+  if (!o.plan.empty() && o.disk_gbps > 0)
+    throw UsageError("--plan with --disk-gbps: the disk tier places its stages itself");
   const std::optional<ModelLayout> layout = run_layout(o);
   const DeviceModel d = device_model(o, layout);
   PlanCommandOptions oo = o;
@@ -484,18 +505,26 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
 
   RunPlanInputs rin = plan_inputs(planned, oo, oo.seq_len, cap);
   rin.profile = profile ? &*profile : nullptr;
+  if (!o.plan.empty()) rin.plan = given_plan(o.plan, planned.num_layers(), o.gpus);
   const auto t0 = std::chrono::steady_clock::now();
   // --disk-gbps: planned before printing, so that a budget too small is the only line
   const std::optional<DiskRun> disk = plan_with_disk(oo, planned, rin, sim_options(o, d));  // oo: --max-seq's
 
-  const int64_t tokens = o.micro_batches * o.sequences_per_micro * oo.seq_len;
-  print_plan_header(out, o, oo, m, desc, layout, d, cap, tokens, source, planned.config);
-
-  const RunPlan run = disk ? disk->run : plan_run(rin);  // the automatic plan (no explicit plan here)
-  const PartitionResult& pr = *run.automatic;
+  const RunPlan run = disk ? disk->run : plan_run(rin);
+  const double plan_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const PartitionOptions& po = run.partition;
   const std::vector<LayerCost>& costs = run.costs;
-  print_stages(out, pr, po, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  PartitionResult given;  // --plan's stages, estimated as the partitioner estimates its own
+  if (!run.automatic) {
+    given.plan = run.plan;
+    given.stages = check_plan(costs, run.plan, po, "--plan");
+    for (const StageEstimate& e : given.stages) given.tmax = std::max(given.tmax, e.seconds);
+    given.objective = plan_objective(given.stages, po.gpus);
+  }
+  const PartitionResult& pr = run.automatic ? *run.automatic : given;
+  const int64_t tokens = o.micro_batches * o.sequences_per_micro * oo.seq_len;
+  print_plan_header(out, o, oo, m, desc, layout, d, cap, tokens, source, planned.config);
+  print_stages(out, pr, po, plan_s, !run.automatic);
 
   SimOptions so = sim_options(o, d);
   so.record_timeline = !o.trace.empty();

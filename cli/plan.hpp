@@ -97,6 +97,9 @@ struct PlanCommandOptions {
   /// --expert-gemm was on the command line (resolve_plan_flags): only a given "bucketed" is
   /// refused on a model without a sparse layer; the default plans every model.
   bool expert_gemm_given = false;
+  /// --plan: predict this plan instead of the partitioner's: JSON as in a spec's "plan" key,
+  /// given inline or as a file holding that object or a whole spec (its "plan" key). "": automatic.
+  std::string plan;
 };
 
 /// Fills the fields of o that preset o.gpu sets (peak_tflops, fp8_tflops, hbm_gbps, pcie_gbps
@@ -176,6 +179,12 @@ int64_t longest_sequence(const PlanCommandOptions& o, int64_t memory_cap, bool w
 /// per GPU (0: none): the flags' device numbers, a bf16 GPU's pool granule, no host check.
 RunPlanInputs plan_inputs(const ModelLayout& layout, const PlanCommandOptions& o, int64_t seq,
                           int64_t memory_cap);
+
+/// The explicit plan of --plan `text` for a model of `num_layers` layers (embedding, decoders,
+/// tail) on `gpus` GPUs: inline JSON (text starting with '{'), else a file holding the plan
+/// object or a spec with a "plan" key. Throws std::invalid_argument with one line naming --plan
+/// or the file (unreadable, not JSON, no "plan" key, or a plan plan_from_json refuses).
+IterationPlan given_plan(const std::string& text, int num_layers, int gpus);
 
 /// Byte size from text: a number with an optional unit B, KB/MB/GB/TB (powers of 1000),
 /// KiB/MiB/GiB/TiB or K/M/G/T (powers of 1024), e.g. "24GiB", "1.5e10", "512 MiB".

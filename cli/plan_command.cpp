@@ -35,6 +35,11 @@ void add_workload_options(CLI::App& c, PlanCommandOptions& o) {
   c.add_option("--trace", o.trace,
                "write the simulated timeline as a Chrome trace JSON (an existing file needs --force)");
   c.add_flag("--force", o.force, "with --trace: replace an existing file");
+  c.add_option(
+      "--plan", o.plan,
+      "predict this plan instead of the partitioner's: JSON as in a spec's \"plan\" key "
+      "({\"forward\": [[0, 13], ...], \"tail\": [29, 29], \"backward\": [[28, 23], ...]}), or a file "
+      "holding it or a whole spec");
 }
 
 // The device's rates and the simulation.

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "base/checked_math.hpp"
+#include "base/json_text.hpp"
 #include "base/output_folder.hpp"  // overlapping_input
 #include "cli/command.hpp"
 #include "cli/plan.hpp"
@@ -98,6 +99,31 @@ ModelShape load_model_shape(const std::string& path, std::string* description) {
     if (m.num_experts > 0) *description += fmt::format(" in total, {:.2f} B active per token", active / 1e9);
   }
   return m;
+}
+
+IterationPlan given_plan(const std::string& text, int num_layers, int gpus) {
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  const bool inline_json = first != std::string::npos && text[first] == '{';
+  const std::string where = inline_json ? "--plan" : text;
+  nlohmann::json j;
+  try {
+    j = parse_json_text(inline_json ? text : read_json_file(text), where, {.lines = !inline_json});
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(inline_json ? fmt::format("--plan: {}", e.what()) : e.what());
+  }
+  if (!j.is_object())
+    throw UsageError(
+        fmt::format("{}: expected a plan object ({{\"forward\": [[0, 3], ...], \"tail\": [...], "
+                    "\"backward\": [...]}}) or a spec with a \"plan\" key",
+                    where));
+  const bool spec = j.contains("plan");
+  if (spec && !j["plan"].is_object())
+    throw UsageError(fmt::format("{}: key 'plan': expected an object, as in a spec", where));
+  try {
+    return plan_from_json(spec ? j["plan"] : j, num_layers, gpus, spec ? where + ": plan" : where);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
 }
 
 // the replay holds every iteration's events: ~25 KB and several ms each on a 48-layer model,

@@ -1,0 +1,122 @@
+// `roundpipe plan --plan`: an explicit plan, inline or from a file (a plan object or a whole
+// spec), is predicted as the partitioner's own would be; a switch whose prefetch the cap refuses
+// is named and charged; a bad plan is one line naming --plan or the file.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tests/cli/cli_util.hpp"
+
+namespace {
+
+using namespace rp::clitest;
+
+const std::string kConfigs = std::string(RP_SOURCE_DIR) + "/examples/configs/";
+const std::string kBase =
+    "plan --model " + kConfigs +
+    "qwen3-1.7b.json --gpus 1 --gpu H200 --memory-cap 6.7GiB --micro 8 --seq 8192 --fp8 "
+    "--host-gib 125";
+
+// The line of `out` starting with `key` (without its newline), or "".
+std::string line_of(const std::string& out, const std::string& key) {
+  const auto at = out.find("\n" + key);
+  if (at == std::string::npos) return "";
+  return out.substr(at + 1, out.find('\n', at + 1) - at - 1);
+}
+
+// The plan's summary line ("F[0-13] ... B[4-0]"): the line after "plan ".
+std::string summary_of(const std::string& out) {
+  const auto at = out.find("\nplan ");
+  if (at == std::string::npos) return "";
+  const auto next = out.find('\n', at + 1) + 1;
+  std::string s = out.substr(next, out.find('\n', next) - next);
+  s.erase(0, s.find_first_not_of(' '));
+  return s;
+}
+
+// "F[0-13] F[14-28] T[29-29] B[28-23]" as --plan's JSON.
+std::string json_of(const std::string& summary) {
+  std::string fwd, bwd, tail;
+  size_t i = 0;
+  while (i < summary.size()) {
+    const char k = summary[i];
+    const auto open = summary.find('[', i), dash = summary.find('-', open), close = summary.find(']', dash);
+    const std::string a = summary.substr(open + 1, dash - open - 1),
+                      b = summary.substr(dash + 1, close - dash - 1);
+    const std::string pair = "[" + a + "," + b + "]";
+    if (k == 'F') fwd += (fwd.empty() ? "" : ",") + pair;
+    if (k == 'B') bwd += (bwd.empty() ? "" : ",") + pair;
+    if (k == 'T') tail = pair;
+    i = close + 2;
+  }
+  return "{\"forward\":[" + fwd + "],\"tail\":" + tail + ",\"backward\":[" + bwd + "]}";
+}
+
+TEST(CliPlanGiven, TheAutomaticPlanGivenBackPredictsTheSame) {
+  auto d = tmpdir();
+  const CliRun a = roundpipe(kBase, d);
+  ASSERT_EQ(a.code, 0) << a.err;
+  const std::string plan = json_of(summary_of(a.out));
+  const CliRun g = roundpipe(kBase + " --plan '" + plan + "'", d);
+  ASSERT_EQ(g.code, 0) << g.err << plan;
+  EXPECT_NE(g.out.find("stages, given with --plan"), std::string::npos) << g.out;
+  EXPECT_EQ(summary_of(g.out), summary_of(a.out));
+  EXPECT_EQ(line_of(g.out, "iteration"), line_of(a.out, "iteration"));
+  EXPECT_EQ(line_of(g.out, "peak"), line_of(a.out, "peak"));
+  // a spec file with the plan under "plan", beside other keys
+  write(d / "spec.json", "{\"model\": \"m\", \"plan\": " + plan + "}");
+  const CliRun f = roundpipe(kBase + " --plan " + (d / "spec.json").string(), d);
+  ASSERT_EQ(f.code, 0) << f.err;
+  EXPECT_EQ(line_of(f.out, "iteration"), line_of(a.out, "iteration"));
+  fs::remove_all(d);
+}
+
+// The partitioner's plan before the refinement: the last backward stage (the tied embedding's
+// fp32 gradient beside five decoders) leaves no room for the next pass's first forward stage's
+// weights, so the prediction charges the wait and names the stage; the automatic plan avoids it.
+TEST(CliPlanGiven, ARefusedPrefetchIsNamedAndCharged) {
+  auto d = tmpdir();
+  const std::string refused =
+      R"({"forward":[[0,13],[14,28]],"tail":[29,29],"backward":[[28,23],[22,17],[16,12],[11,6],[5,0]]})";
+  const CliRun g = roundpipe(kBase + " --plan '" + refused + "'", d), a = roundpipe(kBase, d);
+  ASSERT_EQ(g.code, 0) << g.err;
+  ASSERT_EQ(a.code, 0) << a.err;
+  EXPECT_NE(line_of(g.out, "prefetch").find("weights of stage 0 while"), std::string::npos) << g.out;
+  EXPECT_EQ(line_of(a.out, "prefetch"), "") << a.out;
+  auto ms = [](const std::string& line) { return std::stod(line.substr(line.find(' ') + 1)); };
+  const double waits = ms(line_of(g.out, "iteration")), automatic = ms(line_of(a.out, "iteration"));
+  // the whole upload of F[0-13]'s weights (~1.9 GB at 55 GB/s) is exposed once a step
+  EXPECT_GT(waits - automatic, 20.0) << g.out << a.out;
+  fs::remove_all(d);
+}
+
+TEST(CliPlanGiven, ABadPlanIsOneLineNamingItsSource) {
+  auto d = tmpdir();
+  write(d / "bad.json", "{\"forward\": [[0, 3]],\n \"tail\": oops}");
+  write(d / "list.json", "[1, 2]");
+  write(d / "specplan.json", "{\"plan\": 3}");
+  const std::string over = R"({"forward":[[0,28]],"tail":[29,29],"backward":[[28,0]]})";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--plan '{\"forward\": '", "--plan: "},
+      {"--plan " + (d / "bad.json").string(), (d / "bad.json").string() + ":2:"},
+      {"--plan " + (d / "list.json").string(), (d / "list.json").string() + ": expected a plan object"},
+      {"--plan " + (d / "specplan.json").string(), (d / "specplan.json").string() + ": key 'plan'"},
+      {"--plan " + (d / "none.json").string(), (d / "none.json").string() + ": cannot open"},
+      {"--plan '{\"forward\":[[0,5]],\"tail\":[6,6],\"backward\":[[5,0]]}'", "--plan"},
+      {"--plan '" + over + "'", "--plan: forward stage 0 (layers 0-28) needs"},
+      {"--max-seq --plan '" + over + "'", "--plan with --max-seq"},
+  };
+  for (const auto& [args, want] : cases) {
+    const CliRun r = roundpipe(kBase + " " + args, d);
+    EXPECT_NE(r.code, 0) << args;
+    EXPECT_EQ(r.err.find("roundpipe: error: " + want), 0u) << args << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
+    EXPECT_EQ(r.out, "") << args;
+  }
+  fs::remove_all(d);
+}
+
+}  // namespace
