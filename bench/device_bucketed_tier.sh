@@ -19,7 +19,8 @@
 #              GEMMs grouped (bog) or bucketed over 4 streams (bob); STEPS (8) after 2 warm-up steps
 #   d17 d17w   Qwen3-1.7B full fine-tuning with FP8 linears, 8 x 8192, M=8, cap 6.7 GiB; d17 with
 #              bf16 weight gradients, d17w with FP8 ones; STEPS (8) after 2 warm-up steps
-#   d4 d4w     the same for Qwen3-4B at cap 7.3 GiB
+#   d4 d4w     the same for Qwen3-4B at cap 7.3 GiB (PLAN: an explicit plan, JSON as in a spec's
+#              "plan" key, for the d* modes)
 #   p17        Qwen3-1.7B full fine-tuning with FP8 linears, 8 x 8192, M=8, cap 6.7 GiB, under the
 #              kernel profiler (its last 12 s): $OUT/prof_p17.md
 #   s8ram      LLaMA-3.1-8B LoRA r=32 all linears, nf4 base, 8 x 1024, cap 6 GiB, in RAM
@@ -121,7 +122,8 @@ for mode in "$@"; do
     d17|d17w|d4|d4w)
       wg=(--bf16-wgrad); [ "${mode%w}" != "$mode" ] && wg=(--fp8-wgrad)
       if [ "${mode#d17}" != "$mode" ]; then dense=(--preset qwen3-1.7b --cap-gib 6.7); else dense=(--preset qwen3-4b --cap-gib 7.3); fi
-      bench "$mode" "${dense[@]}" --seq 8192 --seqs 8 --micro 8 --fp8 "${wg[@]}" --steps "${STEPS:-8}" --warmup 2 ;;
+      bench "$mode" "${dense[@]}" --seq 8192 --seqs 8 --micro 8 --fp8 "${wg[@]}" --steps "${STEPS:-8}" --warmup 2 \
+        ${PLAN:+--plan "$PLAN"} ;;
     p17)
       CUDA_INJECTION64_PATH=$RP_DEV/lib/librp_kernel_profile.so RP_KPROF_OUT=$OUT/prof_p17.md RP_KPROF_LAST_S=12 \
         bench p17 --preset qwen3-1.7b --seq 8192 --seqs 8 --micro 8 --cap-gib 6.7 --fp8 --steps "${STEPS:-8}" --warmup 2 ;;
