@@ -39,9 +39,10 @@
 // --expert-gemm bucketed|grouped: the experts' grouped linears as one batched GEMM per bucket of a
 // padded layout (the default) or as cuBLAS's grouped GEMM (spec key "expert_gemm"). Every row
 // reports the peak device memory and the process's peak host memory (max RSS). A failure of the run (memory
-// cap, device error) is one line on stderr and exit 1; a bad argument (a value out of range, an
-// option without the one it needs, --seqs not a multiple of --micro, an output file whose folder
-// is missing) one line and exit 2.
+// cap, device error) is one line on stderr and exit 1; a bad argument (a value of the wrong kind
+// or out of range, a flag given twice or without its value, an option without the one it needs,
+// --seqs not a multiple of --micro, an output file whose folder is missing) one line naming the
+// flag and exit 2. --help describes every flag, its unit and default, and which a --preset sets.
 // The options, their checks, the presets and the model they describe: throughput_options.hpp.
 #include <sys/resource.h>
 

@@ -3,6 +3,7 @@
 #include "bench/throughput_options.hpp"
 
 #include "base/output_folder.hpp"
+#include "cli/command.hpp"
 
 #include <unistd.h>
 
@@ -11,6 +12,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
+#include <type_traits>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -29,32 +32,49 @@ void usage_error(const std::string& line) {
 
 namespace {
 
-/// CLI11 check of a GiB option: a number >= 0 and <= 1048576; `zero_means` (e.g. " (0: none)")
-/// goes into the one-line refusal.
-CLI::Validator gib_validator(const std::string& zero_means) {
-  return CLI::Validator(
-      [zero_means](const std::string& v) -> std::string {
-        char* end = nullptr;
-        const double x = std::strtod(v.c_str(), &end);
-        if (v.empty() || *end != 0 || !(x >= 0 && x <= double(1 << 20)))
-          return "expected a number of GiB >= 0" + zero_means + " and <= 1048576, got '" + v + "'";
-        return "";
-      },
-      "GiB");
+/// An integer flag in [lo, hi]: a value of another kind ("--seq abc") or out of the range is one
+/// line in the same words ("--seq: expected an integer >= 2, got abc"); `note` (" (0: none)")
+/// follows the help and the range's words; --help shows the default.
+template <typename Int>
+CLI::Option* integer(CLI::App& app, const std::string& flag, Int& v, const std::string& help,
+                     std::type_identity_t<Int> lo,
+                     std::type_identity_t<Int> hi = std::numeric_limits<Int>::max(),
+                     const std::string& note = "") {
+  return rp::add_number_option(app, flag, v, help + note, rp::integer_range_text(lo, hi, note))
+      ->check(rp::integer_check(lo, hi, note))
+      ->capture_default_str();
 }
 
-/// CLI11 check of a number in [lo, hi] (NaN refused: CLI11's Range lets it through, and its
-/// open ranges print 1.8e308): "expected <what> from <lo> to <hi>, got '<v>'".
-CLI::Validator number_validator(double lo, double hi, const std::string& what) {
-  return CLI::Validator(
-      [lo, hi, what](const std::string& v) -> std::string {
-        char* end = nullptr;
-        const double x = std::strtod(v.c_str(), &end);
-        if (v.empty() || *end != 0 || !(x >= lo && x <= hi))
-          return fmt::format("expected {} from {} to {}, got '{}'", what, lo, hi, v);
-        return "";
+/// A real flag in [lo, hi] (a decimal number: NaN, infinities and hexadecimal refused): a value of
+/// another kind or out of the range is one line "<flag>: expected <what>, got <text>".
+CLI::Option* real(CLI::App& app, const std::string& flag, double& v, const std::string& help, double lo,
+                  double hi, const std::string& what) {
+  CLI::Validator range(
+      [lo, hi, what](std::string& text) -> std::string {
+        double x = 0;
+        const bool ok = rp::whole_number(text, x) && x >= lo && x <= hi;
+        return ok ? std::string() : fmt::format("expected {}, got {}", what, text);
       },
-      "NUMBER");
+      hi == std::numeric_limits<double>::max() ? "FLOAT > 0" : fmt::format("FLOAT in [{} - {}]", lo, hi));
+  return rp::add_number_option(app, flag, v, help, what)->check(range);
+}
+
+/// The words of a GiB flag's range, `zero_means` (e.g. " (0: none)") after it.
+std::string gib_range(const std::string& zero_means) {
+  return "a number of GiB from 0 to 1048576" + zero_means;
+}
+
+/// A GiB flag: from 0 to 1048576 (1 PiB), `zero_means` after its help and in its refusal.
+CLI::Option* gib(CLI::App& app, const std::string& flag, double& v, const std::string& help,
+                 const std::string& zero_means) {
+  return real(app, flag, v, help + zero_means, 0, double(1 << 20), gib_range(zero_means))
+      ->capture_default_str();
+}
+
+/// A shape flag that a --preset writes over (`which`: "a --preset other than qwen3-1.7b"): its
+/// help says so.
+void preset_sets(CLI::Option* o, const std::string& which) {
+  o->description(o->get_description() + "; " + which + " sets it, over this flag");
 }
 
 /// An output file of the bench, checked before the run (one line and exit 2 instead of an error
@@ -82,23 +102,33 @@ void needs(bool given, bool with, const char* what, const char* needed) {
 
 // The options in the order --help lists them: the shape and the steps, ...
 void add_shape_options(CLI::App& app, Options& opt) {
-  app.add_option("--backend", opt.backend)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-  app.add_option("--workers", opt.workers)->check(CLI::Range(1, 1024));
-  app.add_option("--layers", opt.layers)->check(CLI::Range(1, 1024));
-  app.add_option("--hidden", opt.hidden);
-  app.add_option("--heads", opt.heads);
-  app.add_option("--kv-heads", opt.kv);
-  app.add_option("--head-dim", opt.hd);
-  app.add_option("--ffn", opt.ffn);
-  app.add_option("--vocab", opt.vocab);
-  app.add_option("--seq", opt.seq);
-  app.add_option("--seqs", opt.seqs, "sequences per step");
-  app.add_option("--micro", opt.micro, "micro-batches per step");
-  app.add_option("--steps", opt.steps, "measured steps")->check(CLI::Range(1, 1000000));
-  app.add_option("--warmup", opt.warmup,
-                 "unmeasured first steps (at least 1: a step's time is from the one before)")
-      ->check(CLI::Range(1, 1000000));
-  app.add_flag("--sync", opt.sync);
+  const std::string preset = "a --preset other than qwen3-1.7b";
+  app.add_option("--backend", opt.backend,
+                 "compute backend: cuda, cpu (f32 on virtual devices, for tests) or auto")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
+      ->capture_default_str();
+  integer(app, "--workers", opt.workers, "workers: GPUs the layers are pipelined over", 1, 1024);
+  integer(app, "--layers", opt.layers, "decoder layers (a --preset sets it unless given)", 1, 1024);
+  preset_sets(integer(app, "--hidden", opt.hidden, "hidden size (model width)", 1), preset);
+  preset_sets(integer(app, "--heads", opt.heads, "attention (query) heads", 1), preset);
+  preset_sets(
+      integer(app, "--kv-heads", opt.kv, "key/value heads (grouped-query attention; divides --heads)", 1),
+      preset);
+  preset_sets(integer(app, "--head-dim", opt.hd, "width of one attention head (even, for RoPE)", 1), preset);
+  preset_sets(integer(app, "--ffn", opt.ffn, "MLP intermediate size of a dense decoder", 0,
+                      std::numeric_limits<int64_t>::max(), " (0 only with every decoder sparse)"),
+              preset);
+  preset_sets(integer(app, "--vocab", opt.vocab, "vocabulary size, tokens", 1), preset);
+  // a sequence of one token has no target to predict (the spec refuses seq_len 1 too)
+  integer(app, "--seq", opt.seq, "tokens per sequence", 2);
+  integer(app, "--seqs", opt.seqs, "sequences per step (a multiple of --micro)", 1);
+  integer(app, "--micro", opt.micro, "micro-batches per step", 1);
+  integer(app, "--steps", opt.steps, "measured steps", 1, 1000000);
+  integer(app, "--warmup", opt.warmup,
+          "unmeasured first steps (at least 1: a step's time is from the one before)", 1, 1000000);
+  app.add_flag("--sync", opt.sync,
+               "synchronous optimizer (staleness 0): each step runs on the weights the step before "
+               "updated (default: asynchronous, staleness 1)");
 }
 
 // ... the precision, the cap and the outputs, ...
@@ -115,80 +145,92 @@ void add_precision_options(CLI::App& app, Options& opt) {
   app.add_flag("--bf16-wgrad", opt.bf16_wgrad, "with --fp8: keep the weight gradients in bf16");
   app.add_flag("--fp8-stored-direct", opt.fp8_direct,
                "with --fp8 and --base-format fp8: run the base's linears from its codes (experimental)");
-  app.add_option("--cap-gib", opt.cap, "device memory cap per worker")
-      ->check(number_validator(0.001, double(1 << 20), "GiB"));
-  app.add_option("--trace", opt.trace);
+  real(app, "--cap-gib", opt.cap, "device memory cap per worker, GiB", 0.001, double(1 << 20),
+       "a number of GiB from 0.001 to 1048576")
+      ->capture_default_str();
+  app.add_option("--trace", opt.trace,
+                 "write the run's timeline here as Chrome trace JSON (an existing file needs --force)");
   app.add_option("--results", opt.results, "append a markdown row here");
   app.add_flag("--force", opt.force, "with --trace / --profile-out: replace an existing file");
   app.add_option("--plan", opt.plan_json, "explicit plan (JSON as in a spec's \"plan\" key)");
-  app.add_option("--dtype", opt.dtype, "storage dtype on the GPU")->check(CLI::IsMember({"bf16", "f16"}));
+  app.add_option("--dtype", opt.dtype, "storage dtype on the GPU: bf16 or f16")
+      ->check(CLI::IsMember({"bf16", "f16"}))
+      ->capture_default_str();
 }
 
 // ... the transfers and the disk tier, ...
 void add_transfer_options(CLI::App& app, Options& opt) {
-  app.add_option("--bulk-inflight", opt.bulk_inflight,
-                 "parameter/gradient chunks in flight at once (priorities on)")
-      ->check(CLI::Range(1, 1024));
+  integer(app, "--bulk-inflight", opt.bulk_inflight,
+          "parameter/gradient chunks in flight at once (priorities on)", 1, 1024);
   app.add_flag("--no-priorities", opt.no_prio,
                "transfers first come, first served (no cross-stream priority)");
-  app.add_option("--chunk-bytes", opt.chunk_bytes,
-                 "cut parameter/gradient copies into chunks of this (0: none)")
-      ->check(CLI::Range(int64_t(0), int64_t(1) << 40));
-  app.add_option("--mlp-chunk", opt.mlp_chunk, "decoders' MLP chunk in tokens (0: default)")
-      ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
-  app.add_option("--pin-budget-gib", opt.pin_budget_gib,
-                 "host GiB the runtime may page-lock (default: three quarters of the host's memory)")
-      ->check(gib_validator(""));
+  integer(app, "--chunk-bytes", opt.chunk_bytes,
+          "cut parameter/gradient copies into chunks of this many bytes", 0, int64_t(1) << 40,
+          " (0: whole copies)");
+  integer(app, "--mlp-chunk", opt.mlp_chunk, "decoders' MLP chunk, tokens", 0, int64_t(1) << 30,
+          " (0: default)");
+  real(app, "--pin-budget-gib", opt.pin_budget_gib,
+       "host GiB the runtime may page-lock (default: three quarters of the host's memory)", 0,
+       double(1 << 20), gib_range(""));
   app.add_option("--frozen-tier", opt.frozen_tier,
-                 "stream the frozen (LoRA base) weights from this cache file");
-  app.add_option("--tier-ring-gib", opt.tier_ring_gib, "host GiB of the tier's read buffers (0: two buffers)")
-      ->check(gib_validator(" (0: two buffers)"));
-  app.add_option("--tier-resident-gib", opt.tier_resident_gib,
-                 "host GiB of the frozen base kept resident, decoders first (0: all stream)")
-      ->check(gib_validator(" (0: all stream)"));
-  app.add_option("--tier-host-budget-gib", opt.tier_host_budget_gib,
-                 "the whole run's host GiB: the runtime decides what stays resident (0: no budget)")
-      ->check(gib_validator(" (0: no budget)"));
-  app.add_option(
-         "--tier-spill-layers", opt.tier_spill_layers,
-         "keep the saved inputs of this many layers in a hidden file beside the tier's cache instead of "
-         "host memory (0: none)")
-      ->check(CLI::Range(0, 1 << 20));
+                 "stream the frozen (LoRA base) weights from this cache file (built on the first run)");
+  gib(app, "--tier-ring-gib", opt.tier_ring_gib, "host GiB of the tier's read buffers", " (0: two buffers)");
+  gib(app, "--tier-resident-gib", opt.tier_resident_gib,
+      "host GiB of the frozen base kept resident, decoders first", " (0: all stream)");
+  gib(app, "--tier-host-budget-gib", opt.tier_host_budget_gib,
+      "the whole run's host GiB: the runtime decides what stays resident", " (0: no budget)");
+  integer(app, "--tier-spill-layers", opt.tier_spill_layers,
+          "keep the saved inputs of this many layers in a hidden file beside the tier's cache instead of "
+          "host memory",
+          0, 1 << 20, " (0: none)");
 }
 
-// ... the saved attention, the cap above the plan and the profile, then the model: its preset,
-// experts and LoRA.
-void add_model_options(CLI::App& app, Options& opt) {
+// ... the saved attention, the cap above the plan and the profile, ...
+void add_run_options(CLI::App& app, Options& opt) {
   app.add_flag("--no-save-attention", opt.no_save_attention,
                "recompute each decoder's attention in backward instead of keeping the forward's output");
-  app.add_option(
-         "--cap-above-plan", opt.cap_above_plan,
-         "run the plan chosen at --cap-gib with the cap this fraction above its predicted working set "
-         "(e.g. 0.02)")
-      ->check(number_validator(0, 100, "a fraction"));
-  app.add_option("--profile-out", opt.profile_out, "write the measured per-layer profile (JSON) here");
+  real(app, "--cap-above-plan", opt.cap_above_plan,
+       "run the plan chosen at --cap-gib with the cap this fraction above its predicted working "
+       "set (e.g. 0.02; 0: off)",
+       0, 100, "a fraction from 0 to 100")
+      ->capture_default_str();
+  app.add_option("--profile-out", opt.profile_out,
+                 "write the measured per-layer profile (JSON) here (an existing file needs --force)");
+}
+
+// ... then the model: its preset, experts and LoRA.
+void add_model_options(CLI::App& app, Options& opt) {
+  const std::string moe = "a mixture-of-experts --preset";
   app.add_option(
          "--preset", opt.preset,
          "model shape: qwen3-1.7b (default flags), qwen3-4b, llama3.1-8b, llama3.1-70b, qwen3-30b-a3b, "
          "qwen3-235b-a22b or gpt-oss-20b (a given --layers overrides the preset's depth)")
       ->check(CLI::IsMember({"qwen3-1.7b", "qwen3-4b", "llama3.1-8b", "llama3.1-70b", "qwen3-30b-a3b",
                              "qwen3-235b-a22b", "gpt-oss-20b"}));
-  app.add_option("--experts", opt.experts,
-                 "mixture of experts (Qwen3-MoE): routed experts per sparse layer (0: dense)")
-      ->check(CLI::Range(int64_t(0), int64_t(1) << 20));
-  app.add_option("--experts-per-tok", opt.top_k, "experts per token (top-k)");
-  app.add_option("--expert-ffn", opt.expert_ffn, "FFN width of one expert (moe_intermediate_size; 0: --ffn)")
-      ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
-  app.add_option("--sparse-step", opt.sparse_step, "every step-th decoder is sparse (decoder_sparse_step)");
-  app.add_option("--lora-r", opt.lora_r, "LoRA rank on frozen base weights (0: full fine-tuning)")
-      ->check(CLI::Range(int64_t(0), int64_t(65536)));
-  app.add_option("--lora-alpha", opt.lora_alpha, "LoRA alpha (default: 2 x rank)");
+  preset_sets(integer(app, "--experts", opt.experts,
+                      "mixture of experts (Qwen3-MoE): routed experts per sparse layer", 0, int64_t(1) << 20,
+                      " (0: dense)"),
+              moe);
+  preset_sets(integer(app, "--experts-per-tok", opt.top_k, "experts per token (top-k)", 1), moe);
+  preset_sets(integer(app, "--expert-ffn", opt.expert_ffn, "FFN width of one expert (moe_intermediate_size)",
+                      0, int64_t(1) << 30, " (0: --ffn)"),
+              moe);
+  preset_sets(integer(app, "--sparse-step", opt.sparse_step,
+                      "every step-th decoder is sparse (decoder_sparse_step)", 1),
+              moe);
+  integer(app, "--lora-r", opt.lora_r, "LoRA rank on frozen base weights", 0, 65536,
+          " (0: full fine-tuning)");
+  real(app, "--lora-alpha", opt.lora_alpha, "LoRA alpha (default: 2 x rank)",
+       std::numeric_limits<double>::denorm_min(), std::numeric_limits<double>::max(), "a finite value > 0");
   app.add_option(
-      "--lora-targets", opt.lora_targets,
-      "comma-separated modules or all-linear; \"experts\" (or experts.gate_up_proj, experts.down_proj) "
-      "adds per-expert adapters to the sparse layers");
-  app.add_option("--base-format", opt.base_format, "storage of the frozen base weights (LoRA)")
-      ->check(CLI::IsMember({"f32", "bf16", "f16", "q8_0", "q4_0", "nf4", "mxfp4", "fp8"}));
+         "--lora-targets", opt.lora_targets,
+         "comma-separated modules or all-linear; \"experts\" (or experts.gate_up_proj, experts.down_proj) "
+         "adds per-expert adapters to the sparse layers")
+      ->capture_default_str();
+  app.add_option("--base-format", opt.base_format,
+                 "storage of the frozen base weights (LoRA): f32, bf16, f16, q8_0, q4_0, nf4, mxfp4 or fp8")
+      ->check(CLI::IsMember({"f32", "bf16", "f16", "q8_0", "q4_0", "nf4", "mxfp4", "fp8"}))
+      ->capture_default_str();
 }
 
 /// The batch, the options that only mean something beside another and the output files' folders:
@@ -200,8 +242,6 @@ void check_options(const CLI::App& app, const Options& opt) {
         fmt::format("--seqs {} --micro {}: expected --micro >= 1 and --seqs a multiple of --micro (each "
                     "of the --micro micro-batches holds --seqs / --micro sequences, at least one)",
                     opt.seqs, opt.micro));
-  // a sequence of one token has no target to predict (the spec refuses seq_len 1 too)
-  if (opt.seq < 2) usage_error(fmt::format("--seq {}: expected tokens per sequence >= 2", opt.seq));
   const bool tier = !opt.frozen_tier.empty();
   needs(app.count("--tier-ring-gib") > 0, tier, "--tier-ring-gib", "--frozen-tier PATH");
   needs(app.count("--tier-resident-gib") > 0, tier, "--tier-resident-gib", "--frozen-tier PATH");
@@ -221,9 +261,6 @@ void check_options(const CLI::App& app, const Options& opt) {
     usage_error("--fp8-wgrad with --lora-r: a frozen base computes no weight gradient");
   for (const char* o : {"--lora-alpha", "--lora-targets", "--base-format"})
     needs(app.count(o) > 0, opt.lora_r > 0, o, "--lora-r R (a LoRA run)");
-  // given, as the spec's lora.alpha: a finite value > 0 (absent: 2 x rank)
-  if (app.count("--lora-alpha") > 0 && !(std::isfinite(opt.lora_alpha) && opt.lora_alpha > 0))
-    usage_error(fmt::format("--lora-alpha: expected a finite value > 0, got {}", opt.lora_alpha));
   needs(opt.dtype == "f16", opt.backend != "cpu", "--dtype f16",
         "--backend cuda (the cpu backend computes in f32)");
   check_output_file("--results", opt.results, false, opt.force);
@@ -270,12 +307,15 @@ std::optional<int> parse(int argc, char** argv, Options& opt) {
   add_shape_options(app, opt);
   add_precision_options(app, opt);
   add_transfer_options(app, opt);
+  add_run_options(app, opt);
   add_model_options(app, opt);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help
-    usage_error(e.what());  // CLI11's own exit codes (105 for a value, ...) would differ per error
+    // in plain words, as roundpipe's ("--seq given twice"); CLI11's own exit codes (105 for a
+    // value, ...) would differ per error
+    usage_error(rp::parse_error_text(e));
   }
   check_options(app, opt);
   apply_preset(app, opt);

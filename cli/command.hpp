@@ -88,15 +88,22 @@ inline CLI::Validator zero_or_range_check(double lo, double hi, const std::strin
       fmt::format("0 or FLOAT in [{} - {}]", lo, hi));
 }
 
+/// The words of integer_check's range ("an integer from 1 to 1024", "an integer >= 0 (0: all)"),
+/// for the same flag's check of its text's kind (add_number_option's `expects`).
+template <typename Int>
+std::string integer_range_text(Int lo, Int hi = std::numeric_limits<Int>::max(),
+                               const std::string& note = "") {
+  return hi == std::numeric_limits<Int>::max() ? fmt::format("an integer >= {}{}", lo, note)
+                                               : fmt::format("an integer from {} to {}{}", lo, hi, note);
+}
+
 /// A CLI11 check of an integer option with a short message ("expected an integer from 1 to
 /// 1024, got two"; `note` follows the bound of an option without an upper one: "expected an
 /// integer >= 0 (0: all), got -1") instead of CLI::NonNegativeNumber's range of 309 digits or
 /// CLI::Range's "Value two not in range". The text must be a whole decimal integer.
 template <typename Int>
 CLI::Validator integer_check(Int lo, Int hi = std::numeric_limits<Int>::max(), const std::string& note = "") {
-  const std::string what = hi == std::numeric_limits<Int>::max()
-                               ? fmt::format("an integer >= {}{}", lo, note)
-                               : fmt::format("an integer from {} to {}{}", lo, hi, note);
+  const std::string what = integer_range_text(lo, hi, note);
   return CLI::Validator(
       [what, lo, hi](std::string& text) -> std::string {
         Int v{};
