@@ -293,7 +293,10 @@ std::pair<std::string, std::string> lora_run_of(const std::string& dir) {
 void check_resume_kind(const TrainSpec& spec) {
   if (spec.resume_from.empty()) return;
   std::error_code ec;
-  const fs::path dir(spec.resume_from);
+  std::string d = spec.resume_from;
+  while (d.size() > 1 && d.back() == '/')
+    d.pop_back();  // "runs/x/checkpoint-2/" names it as typed, less the '/'
+  const fs::path dir(d);
   const bool lora_checkpoint = fs::is_regular_file(dir / kAdapterConfigFile, ec);
   const bool full_checkpoint = !lora_checkpoint && fs::is_regular_file(dir / "config.json", ec);
   const bool lora_spec = spec.lora.has_value() || !spec.adapter.empty();

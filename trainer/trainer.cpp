@@ -97,8 +97,8 @@ void TrainingRun::setup() {
                      ? " (the local path: no base_model_id in the spec and none in the model's metadata)"
                      : fmt::format(" (from {}; local file {})", base_.id_from, base_.path));
   const ModelLayout& layout = w.layout;
-  warn_host_memory(spec_, layout,
-                   replica_count());  // before the data and the session's buffers: what to change
+  // before the data and the session's buffers: what to change
+  warn_host_memory(spec_, layout, replica_count());
   data_.emplace(load_data_for_training(spec_, model_));
   derive_epochs();
   eval_batches_ = load_eval_batches(spec_, model_, *data_);

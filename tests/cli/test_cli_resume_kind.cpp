@@ -83,6 +83,9 @@ TEST(CliResumeKind, AFullFineTuningCheckpointWithALoraSpecSaysToRemoveTheKey) {
           "adapters on its weights with \"model\": \"" +
           ck.string() + "\" in a new output folder without --resume or \"resume_from\"");
   EXPECT_EQ(contents(d / "fu"), before) << "the refused start changed the output folder";
+  // a folder typed with a trailing '/' is named as the checkpoint it is
+  expect_one_line_error(resume(d, d / "lora.json", ck.string() + "/", d / "fu"),
+                        "checkpoint " + ck.string() + " was written by a full fine-tuning run");
   // an "adapter" key is LoRA too
   nlohmann::json spec = nlohmann::json::parse(slurp(d / "full.json"));
   fs::create_directories(d / "adapter");
