@@ -85,6 +85,8 @@ HostRun host_run_of(const PlanCommandOptions& o) {
   r.seq_len = o.seq_len;
   r.sequences_per_micro = o.sequences_per_micro;
   r.micro_batches = o.micro_batches;
+  r.replicas = o.nodes;  // --accumulation counts one node's iterations per step, the spec's all nodes'
+  r.accumulation = o.accumulation * o.nodes;
   r.workers = o.gpus;
   r.saved_attention = o.save_attention;
   return r;
@@ -98,6 +100,7 @@ PlanCommandOptions with_run(PlanCommandOptions o, const HostRun& r) {
   o.seq_len = r.seq_len;
   o.sequences_per_micro = r.sequences_per_micro;
   o.micro_batches = r.micro_batches;
+  o.accumulation = r.accumulation / std::max<int64_t>(1, r.replicas);
   o.save_attention = r.saved_attention;
   o.max_seq = false;
   return o;

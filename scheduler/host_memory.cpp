@@ -1,9 +1,12 @@
 #include "scheduler/host_memory.hpp"
 
 #include <algorithm>
+#include <functional>
+#include <optional>
 #include <stdexcept>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "base/counted.hpp"
 #include "base/host_resources.hpp"
@@ -92,17 +95,100 @@ std::string host_memory_text(const HostMemoryNeed& n) {
 
 namespace {
 
-// The largest value v in [lo, start] with fits(v) by bisection (needs fall as v falls), or lo.
-template <class Fits>
-int64_t largest_fitting(int64_t lo, int64_t start, Fits fits) {
-  if (fits(start)) return start;
-  int64_t a = lo, b = start;  // b does not fit
-  if (!fits(a)) return lo;
-  while (b - a > 1) {
-    const int64_t mid = a + (b - a) / 2;
-    (fits(mid) ? a : b) = mid;
+/// `j` as one line of JSON with a space after each ':' and ',' (as a user writes a spec).
+std::string spaced(const nlohmann::ordered_json& j) {
+  std::string out;
+  if (j.is_object()) {
+    for (auto it = j.begin(); it != j.end(); ++it)
+      out += (out.empty() ? "" : ", ") + nlohmann::json(it.key()).dump() + ": " + spaced(it.value());
+    return "{" + out + "}";
   }
-  return a;
+  if (j.is_array()) {
+    for (const auto& e : j) out += (out.empty() ? "" : ", ") + spaced(e);
+    return "[" + out + "]";
+  }
+  return j.dump();
+}
+
+/// The plan flags and the spec's "lora" key of a LoRA run of rank `r` on `targets` (plan
+/// --lora-targets entries or a layout's target names) over a base stored as `frozen` (none:
+/// the model's own form, bf16 as planned).
+std::string lora_how(int64_t r, const std::vector<std::string>& targets, std::optional<WeightFormat> frozen) {
+  LoraConfig l;
+  set_lora_targets(l, targets);
+  nlohmann::ordered_json key = {{"r", r}};
+  if (!l.target_modules.empty()) key["target_modules"] = l.target_modules;
+  if (!l.target_parameters.empty()) key["target_parameters"] = l.target_parameters;
+  if (frozen) key["base_format"] = weight_format_name(*frozen);
+  std::string flags = fmt::format("plan --lora-r {}", r);
+  if (targets != std::vector<std::string>{"all-linear"}) {
+    std::string list;
+    for (std::string t : targets) {
+      if (t.rfind("mlp.experts", 0) == 0) t = t.substr(4);  // --lora-targets names them experts.<proj>
+      list += (list.empty() ? "" : ",") + t;
+    }
+    flags += " --lora-targets " + list;
+  }
+  if (frozen) flags += fmt::format(" --frozen {}", weight_format_name(*frozen));
+  return flags + "; spec: \"lora\": " + spaced(key);
+}
+
+/// `run` with `seqs` sequences per pass and the step's batch kept: min(M, seqs) micro-batches
+/// of equal size and the accumulation that makes up the batch.
+HostRun with_sequences_per_pass(const HostRun& run, int64_t seqs) {
+  HostRun r = run;
+  const int64_t batch = run.micro_batches * run.sequences_per_micro * run.accumulation;
+  r.micro_batches = std::min(run.micro_batches, seqs);
+  r.sequences_per_micro = seqs / r.micro_batches;
+  r.accumulation = batch / seqs;
+  return r;
+}
+
+/// The counts of sequences per pass below the current one that keep the step's batch: each
+/// divides the sequences a replica runs per step, and is at most M or a multiple of M (equal
+/// micro-batches); ascending, 1 first.
+std::vector<int64_t> per_pass_candidates(const HostRun& run) {
+  const int64_t per_pass = run.micro_batches * run.sequences_per_micro;
+  const int64_t per_replica =
+      per_pass * std::max<int64_t>(1, run.accumulation / std::max<int64_t>(1, run.replicas));
+  std::vector<int64_t> out;
+  const auto take = [&](int64_t s) {
+    if (s < per_pass && (s <= run.micro_batches || s % run.micro_batches == 0)) out.push_back(s);
+  };
+  for (int64_t d = 1; d <= per_replica / d; ++d)
+    if (per_replica % d == 0) {
+      take(d);
+      if (d != per_replica / d) take(per_replica / d);
+    }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+/// The fewer-sequences-per-pass change: the largest candidate count that fits (needs fall as
+/// the count falls: bisection), or 1.
+void add_fewer_per_pass(const HostRun& run, const std::function<double(const HostRun&)>& need_of, double cap,
+                        const std::function<void(std::string, std::string, const HostRun&)>& add,
+                        HostRun& all) {
+  const std::vector<int64_t> c = per_pass_candidates(run);
+  if (c.empty()) return;
+  size_t lo = 0, hi = c.size();  // c[lo] is taken (1 when none fits); c[hi] does not fit
+  while (hi - lo > 1) {
+    const size_t mid = lo + (hi - lo) / 2;
+    (need_of(with_sequences_per_pass(run, c[mid])) <= cap ? lo : hi) = mid;
+  }
+  const HostRun r = with_sequences_per_pass(run, c[lo]);
+  const int64_t per_pass = run.micro_batches * run.sequences_per_micro, batch = per_pass * run.accumulation;
+  add(fmt::format("{} per pass instead of {} (the batch of {} kept with accumulation {})",
+                  counted(c[lo], "sequence"), per_pass, batch, r.accumulation),
+      fmt::format("plan --micro {} --sequences-per-micro {}{}; spec: \"sequences_per_step\": {}, "
+                  "\"micro_batches\": {}, \"accumulation\": {}",
+                  r.micro_batches, r.sequences_per_micro,
+                  r.replicas > 1 ? fmt::format(" --accumulation {}", r.accumulation / r.replicas) : "", batch,
+                  r.micro_batches, r.accumulation),
+      r);
+  all.micro_batches = r.micro_batches;
+  all.sequences_per_micro = r.sequences_per_micro;
+  all.accumulation = r.accumulation;
 }
 
 }  // namespace
@@ -122,7 +208,7 @@ std::vector<HostMemoryChange> host_memory_alternatives(const ModelConfig& c, con
     HostRun r = run;
     r.lora_r = 16;
     add("LoRA r=16 on all linear layers instead of full fine-tuning (bf16 base)",
-        "plan --lora-r 16; spec: \"lora\": {\"r\": 16, \"target_modules\": [\"all-linear\"]}", r);
+        lora_how(16, r.lora_targets, std::nullopt), r);
     all.lora_r = 16;
   }
   const bool four_bit = run.frozen && (*run.frozen == WeightFormat::nf4 || *run.frozen == WeightFormat::q4_0);
@@ -132,33 +218,11 @@ std::vector<HostMemoryChange> host_memory_alternatives(const ModelConfig& c, con
     r.frozen = WeightFormat::nf4;
     add(fmt::format("LoRA r={} on a 4-bit (nf4) base{}", r.lora_r,
                     run.lora_r > 0 ? "" : " instead of full fine-tuning"),
-        fmt::format("plan --lora-r {} --frozen nf4; spec: \"lora\": {{\"r\": {}, \"base_format\": \"nf4\"}}",
-                    r.lora_r, r.lora_r),
-        r);
+        lora_how(r.lora_r, r.lora_targets, r.frozen), r);
     all.lora_r = r.lora_r;
     all.frozen = WeightFormat::nf4;
   }
-  // fewer sequences per pass: fewer micro-batches first, then fewer sequences in each
-  const int64_t per_pass = run.micro_batches * run.sequences_per_micro;
-  if (per_pass > 1) {
-    auto with = [&](HostRun r, int64_t seqs) {
-      r.micro_batches = std::min(run.micro_batches, seqs);
-      r.sequences_per_micro = std::max<int64_t>(1, seqs / r.micro_batches);
-      return r;
-    };
-    const int64_t seqs =
-        largest_fitting(1, per_pass - 1, [&](int64_t s) { return need_of(with(run, s)) <= cap; });
-    const HostRun r = with(run, seqs);
-    add(fmt::format("{} per pass instead of {} (keep the batch with more accumulation)",
-                    counted(r.micro_batches * r.sequences_per_micro, "sequence"), per_pass),
-        fmt::format(
-            "plan --micro {} --sequences-per-micro {}; spec: micro_batches {} and sequences_per_step / "
-            "accumulation = {}",
-            r.micro_batches, r.sequences_per_micro, r.micro_batches, r.micro_batches * r.sequences_per_micro),
-        r);
-    all.micro_batches = r.micro_batches;
-    all.sequences_per_micro = r.sequences_per_micro;
-  }
+  add_fewer_per_pass(run, need_of, cap, add, all);
   constexpr int64_t kShortest = 512;
   if (run.seq_len > kShortest) {
     HostRun r = run;

@@ -26,10 +26,14 @@ struct HostRun {
   int64_t seq_len = 8192;           ///< tokens per sequence
   int64_t sequences_per_micro = 1;  ///< sequences per micro-batch
   int64_t micro_batches = 16;       ///< micro-batches per pass (M)
-  int workers = 8;                  ///< GPUs; one worker shares one pass slot's activations
-  int pass_slots = 2;               ///< passes in flight (SessionOptions::pass_slots)
-  bool saved_attention = true;      ///< decoders keep the forward's attention output
-  int64_t elem_bytes = 2;           ///< compute dtype of the low-precision copy and activations
+  /// passes per optimizer step over all replicas (the spec's "accumulation"): a step's batch is
+  /// micro_batches x sequences_per_micro x accumulation sequences
+  int64_t accumulation = 1;
+  int64_t replicas = 1;         ///< data-parallel processes, each running accumulation / replicas passes
+  int workers = 8;              ///< GPUs; one worker shares one pass slot's activations
+  int pass_slots = 2;           ///< passes in flight (SessionOptions::pass_slots)
+  bool saved_attention = true;  ///< decoders keep the forward's attention output
+  int64_t elem_bytes = 2;       ///< compute dtype of the low-precision copy and activations
   bool operator==(const HostRun&) const = default;
 };
 
@@ -62,8 +66,10 @@ HostMemoryNeed host_memory_need(const ModelLayout& m, const HostRun& run);
 
 /// One change to a run and what it needs afterwards.
 struct HostMemoryChange {
-  std::string what;   ///< "LoRA r=16 on all-linear instead of full fine-tuning"
-  std::string how;    ///< the flags / spec keys that make it ("--lora-r 16; spec: \"lora\": {\"r\": 16}")
+  std::string what;  ///< "LoRA r=16 on all-linear instead of full fine-tuning"
+  /// The flags and spec keys that make it: "plan <flags>; spec: <keys>", the keys a JSON
+  /// object's members ("\"lora\": {\"r\": 16}") to paste into a spec. Empty for the combination.
+  std::string how;
   HostRun run;        ///< the changed run
   double need = 0;    ///< host_memory_need(c, run).total()
   bool fits = false;  ///< need <= kHostHeadroom x budget
@@ -71,9 +77,10 @@ struct HostMemoryChange {
 
 /// Changes that lower the host need of `run` below kHostHeadroom x `budget_bytes`, each
 /// alone, in this order where they apply: LoRA r=16 on all linears instead of full
-/// fine-tuning; a 4-bit (nf4) base for LoRA; fewer sequences per pass (the largest count
-/// that fits, or 1); shorter sequences (the longest power-of-two fraction that fits, or 512
-/// tokens); no saved attention. When none fits alone, a last entry combines them all. Each
+/// fine-tuning; a 4-bit (nf4) base for LoRA; fewer sequences per pass with the step's batch
+/// kept by more accumulation (the largest count that fits, divides the batch each replica runs
+/// per step and splits into equal micro-batches, or 1); shorter sequences (the longest power-of-two fraction
+/// that fits, or 512 tokens); no saved attention. When none fits alone, a last entry combines them all. Each
 /// entry's `need` is host_memory_need of its `run`, and `fits` says whether it is under
 /// the budget. Empty when `run` fits already.
 std::vector<HostMemoryChange> host_memory_alternatives(const ModelConfig& c, const HostRun& run,

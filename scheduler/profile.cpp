@@ -11,6 +11,7 @@
 
 #include "base/atomic_file.hpp"
 #include "base/json_fields.hpp"
+#include "base/json_text.hpp"
 
 namespace rp {
 
@@ -62,6 +63,7 @@ nlohmann::json SmoothedTime::to_json() const {
 SmoothedTime SmoothedTime::from_json(const nlohmann::json& j, double beta, const std::string& where) {
   if (!j.is_object()) throw std::invalid_argument(where + ": expected an object");
   const JsonFields f(j, where);
+  f.allow_only({"seconds", "m", "kept", "seen", "last_change"});  // "seconds": written for a reader
   SmoothedTime s(beta);
   s.m_ = f.number("m");
   s.kept_ = int64_t(f.number("kept"));
@@ -196,6 +198,8 @@ nlohmann::json Profile::to_json() const {
 Profile Profile::from_json(const nlohmann::json& j, const std::string& where) {
   if (!j.is_object()) throw std::invalid_argument(where + ": expected a JSON object");
   const JsonFields f(j, where);
+  // every key to_json writes, and no other: a misspelt one would otherwise drop what it holds
+  f.allow_only({"format", "version", "device", "n_seq", "seq_len", "beta", "layers", "linear_compute"});
   f.require_value("format", "roundpipe-profile");
   f.require_value("version", 1);
   const int64_t n_seq = f.integer("n_seq"), seq_len = f.integer("seq_len");
@@ -225,6 +229,8 @@ Profile Profile::from_json(const nlohmann::json& j, const std::string& where) {
         lp.series(k) =
             SmoothedTime::from_json(o[profile_kind_name(k)], p.beta_, w + "." + profile_kind_name(k));
     const JsonFields lf(o, w);
+    lf.allow_only({"layer", "forward", "recompute", "backward", "tail", "weight_bytes", "grad_bytes",
+                   "scratch_peak_bytes"});
     auto bytes = [&](const char* k, int64_t& dst) {
       if (lf.has(k)) dst = lf.integer(k, 0);
     };
@@ -248,13 +254,12 @@ Profile Profile::load(const std::string& path) {
     throw std::runtime_error(path + ": cannot open (no such file)");
   if (!ec && st.type() != std::filesystem::file_type::regular)
     throw std::runtime_error(path + ": expected a profile file, found a folder, device or pipe");
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw std::runtime_error(path + ": cannot open");
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(f);
-  } catch (const std::exception& e) {
-    throw std::runtime_error(path + ": invalid JSON: " + e.what());
+    // "<path>:<line>:<column>: invalid JSON: ..." as the spec and config readers say it
+    j = parse_json_text(read_json_file(path), path, {.unique_keys = true});
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(e.what());
   }
   try {
     return from_json(j, path);

@@ -109,11 +109,14 @@ class Profile {
   std::vector<LayerCost> apply(const std::vector<LayerCost>& analytic) const;
 
   nlohmann::json to_json() const;
-  /// Errors: std::invalid_argument("<where>: <key or layer>: <what>").
+  /// Errors: std::invalid_argument("<where>: <key or layer>: <what>"); a key to_json does not
+  /// write (at the top, in a layer or in a series) is "<where>: unknown key '<k>' (known keys: ...)".
   static Profile from_json(const nlohmann::json& j, const std::string& where);
   /// Writes JSON atomically (base/atomic_file.hpp). Throws std::runtime_error("<path>: ...").
   void save(const std::string& path) const;
-  /// Throws std::runtime_error("<path>: ...") for I/O or parse errors.
+  /// Throws std::runtime_error("<path>: ...") for I/O or parse errors: a syntax error is
+  /// "<path>:<line>:<column>: invalid JSON: <reason>", a key given twice in one object
+  /// "<path>:<line>: key '<a.b>' given twice" (base/json_text.hpp).
   static Profile load(const std::string& path);
 
  private:

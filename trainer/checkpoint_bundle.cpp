@@ -1,6 +1,7 @@
 #include "trainer/checkpoint_bundle.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
@@ -12,6 +13,7 @@
 
 #include "base/atomic_file.hpp"
 #include "base/checksum.hpp"
+#include "base/json_text.hpp"
 #include "base/output_folder.hpp"
 #include "model/config.hpp"
 #include "roundpipe/adapter.hpp"
@@ -261,6 +263,61 @@ std::optional<ResumePoint> check_resume(const TrainSpec& spec) {
                     "is left to do (raise 'steps' or pass --steps)",
                     r.dir, r.saved.step, spec.steps));
   return r;
+}
+
+namespace {
+/// The LoRA run that wrote the adapter folder `dir`: "r=<r> on <targets>" and the spec's
+/// "lora" key that trains the same adapters, as JSON; empty when its adapter_config.json
+/// cannot be read.
+std::pair<std::string, std::string> lora_run_of(const std::string& dir) {
+  const std::string file = (fs::path(dir) / kAdapterConfigFile).string();
+  try {
+    const LoraConfig l = peft_adapter_from_config(nlohmann::json::parse(read_json_file(file)), file).lora;
+    std::vector<std::string> targets = l.target_modules;
+    targets.insert(targets.end(), l.target_parameters.begin(), l.target_parameters.end());
+    nlohmann::ordered_json key = {{"r", l.r}, {"alpha", l.alpha}};
+    if (l.alpha == std::floor(l.alpha) && std::fabs(l.alpha) < 1e15)
+      key["alpha"] = int64_t(l.alpha);  // 16, not 16.0
+    if (!l.target_modules.empty()) key["target_modules"] = l.target_modules;
+    if (!l.target_parameters.empty()) key["target_parameters"] = l.target_parameters;
+    if (l.dropout != 0) key["dropout"] = l.dropout;
+    if (l.use_rslora) key["use_rslora"] = true;
+    if (!l.modules_to_save.empty()) key["modules_to_save"] = l.modules_to_save;
+    return {fmt::format("r={} on {}", l.r, fmt::join(targets, ",")), key.dump()};
+  } catch (const std::exception&) {
+    return {};
+  }
+}
+}  // namespace
+
+void check_resume_kind(const TrainSpec& spec) {
+  if (spec.resume_from.empty()) return;
+  std::error_code ec;
+  std::string d = spec.resume_from;
+  while (d.size() > 1 && d.back() == '/')
+    d.pop_back();  // "runs/x/checkpoint-2/" names it as typed, less the '/'
+  const fs::path dir(d);
+  const bool lora_checkpoint = fs::is_regular_file(dir / kAdapterConfigFile, ec);
+  const bool full_checkpoint = !lora_checkpoint && fs::is_regular_file(dir / "config.json", ec);
+  const bool lora_spec = spec.lora.has_value() || !spec.adapter.empty();
+  const std::string fresh = "a new output folder without --resume or \"resume_from\"";
+  if (lora_checkpoint && !lora_spec) {
+    const auto [run, key] = lora_run_of(dir.string());
+    throw std::invalid_argument(fmt::format(
+        "checkpoint {} was written by a LoRA run{}; {} asks for full fine-tuning (no \"lora\" key): add {} "
+        "to "
+        "resume it, or start {}",
+        dir.string(), run.empty() ? "" : " (" + run + ")", spec.source,
+        key.empty() ? std::string("the \"lora\" key it was trained with") : "\"lora\": " + key, fresh));
+  }
+  if (full_checkpoint && lora_spec) {
+    const std::string k = spec.lora ? "lora" : "adapter";
+    throw std::invalid_argument(fmt::format(
+        "checkpoint {} was written by a full fine-tuning run (config.json and all weights, no {}); {} asks "
+        "for LoRA (the \"{}\" key): remove the \"{}\" key to resume it, or train adapters on its weights "
+        "with \"model\": \"{}\" in {}",
+        dir.string(), kAdapterConfigFile, spec.source, k, k, dir.string(), fresh));
+  }
 }
 
 void check_resume_model(const ResumePoint& r, const TrainSpec& spec, const ModelConfig& model) {

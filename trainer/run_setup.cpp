@@ -271,7 +271,7 @@ SessionOptions session_options_of(const TrainSpec& spec, const ModelLayout& layo
   return opt;
 }
 
-std::string warn_host_memory(const TrainSpec& spec, const ModelLayout& layout) {
+std::string warn_host_memory(const TrainSpec& spec, const ModelLayout& layout, int replicas) {
   const double total = double(host_total_bytes());
   if (!(total > 0)) return "";
   HostRun run;
@@ -284,6 +284,8 @@ std::string warn_host_memory(const TrainSpec& spec, const ModelLayout& layout) {
   run.seq_len = spec.seq_len;
   run.micro_batches = spec.micro_batches;
   run.sequences_per_micro = spec.sequences_per_step / spec.accumulation / spec.micro_batches;
+  run.accumulation = spec.accumulation;
+  run.replicas = replicas;
   run.workers = spec.workers;
   run.pass_slots = SessionOptions{}.pass_slots;
   // absent: the session keeps the attention outputs only when they fit, so the need is without

@@ -116,8 +116,9 @@ ModelSource open_model_for_training(const std::string& path);
 /// `roundpipe plan` prints) is over kHostHeadroom of this machine's memory, logs one warning
 /// with the need and each change that lowers it (host_memory_alternatives), so a run that
 /// the session then refuses, or that the kernel ends out of memory, said what to change.
-/// Returns the warning's text ("" when the run fits or the memory is unknown).
-std::string warn_host_memory(const TrainSpec& spec, const ModelLayout& layout);
+/// Returns the warning's text ("" when the run fits or the memory is unknown). `replicas`:
+/// the data-parallel processes (an advised accumulation stays a multiple of them).
+std::string warn_host_memory(const TrainSpec& spec, const ModelLayout& layout, int replicas = 1);
 
 /// The training sequences of spec.data with the model's tokenizer (log lines "loading data"
 /// and "data: ..."). Throws std::invalid_argument naming spec.source and 'seq_len' when no

@@ -52,7 +52,8 @@ void TrainingRun::setup() {
   validate_spec(spec_);     // a spec built in code gets the checks of a spec file
   check_data_paths(spec_);  // seconds, before a model load of minutes
   spdlog::info("{}", optimizer_line(spec_));
-  check_output_dir(spec_);  // never a folder that holds the user's other work or the run's inputs
+  check_output_dir(spec_);   // never a folder that holds the user's other work or the run's inputs
+  check_resume_kind(spec_);  // LoRA vs full fine-tuning: refused before the output folder is touched
   replicas_ = replicas_for(spec_);
   if (replicas_ && replicas_->rank() > 0 && spdlog::get_level() < spdlog::level::warn)
     spdlog::set_level(spdlog::level::warn);  // replica 0 tells the story; the others warn and fail
@@ -96,7 +97,8 @@ void TrainingRun::setup() {
                      ? " (the local path: no base_model_id in the spec and none in the model's metadata)"
                      : fmt::format(" (from {}; local file {})", base_.id_from, base_.path));
   const ModelLayout& layout = w.layout;
-  warn_host_memory(spec_, layout);  // before the data and the session's buffers: what to change
+  // before the data and the session's buffers: what to change
+  warn_host_memory(spec_, layout, replica_count());
   data_.emplace(load_data_for_training(spec_, model_));
   derive_epochs();
   eval_batches_ = load_eval_batches(spec_, model_, *data_);

@@ -120,4 +120,25 @@ TEST(CliPlanPresets, HostMemoryNeedAndAdviceComeFromTheHostModel) {
   fs::remove_all(d);
 }
 
+// Over several nodes the advice keeps the step's batch with an accumulation the spec accepts
+// (a multiple of the nodes: each runs accumulation / N passes) and names the plan's per-node
+// --accumulation.
+TEST(CliPlanPresets, FewerSequencesPerPassKeepTheBatchOverNodes) {
+  auto d = tmpdir();
+  const CliRun r = roundpipe("plan --model " + kQwen +
+                                 " --gpu 4090 --gpus 8 --seq 8192 --micro 16 --nodes 2 --accumulation 3 "
+                                 "--host-gib 16",
+                             d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  // 16 per pass, 3 passes on each of 2 nodes: a step of 96 sequences; 1 per pass takes 96 passes
+  EXPECT_NE(r.out.find("- 1 sequence per pass instead of 16 (the batch of 96 kept with accumulation 96)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("plan --micro 1 --sequences-per-micro 1 --accumulation 48; spec: "
+                       "\"sequences_per_step\": 96, \"micro_batches\": 1, \"accumulation\": 96\n"),
+            std::string::npos)
+      << r.out;
+  fs::remove_all(d);
+}
+
 }  // namespace

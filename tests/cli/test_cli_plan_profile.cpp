@@ -94,6 +94,30 @@ TEST(CliPlanProfile, AProfileWithoutTheRecordPlansWithOneWarning) {
   fs::remove_all(d);
 }
 
+// The profile a run wrote plans; the same file with a syntax error, a key given twice or a key
+// misspelt ("layer" for "layers") is one line naming the file, and the line and column, the line,
+// or the key and the keys expected.
+TEST(CliPlanProfile, ABadProfileFileIsOneLineNamingThePlace) {
+  auto d = tmpdir();
+  const fs::path run = trained(d, "run", "");
+  const fs::path file = run / "profile.json";
+  ASSERT_EQ(plan(d, run, "").code, 0);
+  const std::string text = slurp(file);
+  const nlohmann::json j = nlohmann::json::parse(text);
+  write(file, "{\n \"format\": \"roundpipe-profile\",\n \"version\": 1\n \"n_seq\": 1}\n");
+  expect_one_line_error(plan(d, run, ""), file.string() + ":4:8: invalid JSON: syntax error");
+  write(file, "{\"beta\": 0.5," + text.substr(text.find('{') + 1));  // before the real line 2
+  expect_one_line_error(plan(d, run, ""), file.string() + ":2: key 'beta' given twice");
+  nlohmann::json typo = j;
+  typo["layer"] = typo["layers"];
+  typo.erase("layers");
+  write(file, typo.dump(1));
+  expect_one_line_error(plan(d, run, ""), file.string() +
+                                              ": unknown key 'layer' (known keys: beta, device, format, "
+                                              "layers, linear_compute, n_seq, seq_len, version)");
+  fs::remove_all(d);
+}
+
 }  // namespace
 
 namespace {

@@ -89,11 +89,18 @@ TEST(HostMemory, AdvisedChangesLowerTheNeedBelowTheBudgetWhenTheySaySo) {
   ASSERT_EQ(changes.size(), 5u);  // LoRA, nf4 LoRA, fewer sequences, shorter sequences, no saved attention
   EXPECT_NE(changes[0].what.find("LoRA r=16"), std::string::npos);
   EXPECT_EQ(changes[1].run.frozen, WeightFormat::nf4);
-  // fewer sequences: the largest count that fits, so one more would not
+  // fewer sequences: the largest count that fits and keeps the batch of 16 (a divisor of it, the
+  // rest made up by accumulation), so the next such count would not fit
   const HostMemoryChange& fewer = changes[2];
   ASSERT_TRUE(fewer.fits);
+  const int64_t per_pass = fewer.run.micro_batches * fewer.run.sequences_per_micro;
+  EXPECT_EQ(per_pass * fewer.run.accumulation, 16);
+  int64_t next = per_pass + 1;
+  while (16 % next != 0) ++next;
+  ASSERT_LT(next, 16);
   HostRun more = fewer.run;
-  more.micro_batches += 1;
+  more.micro_batches = next;
+  more.accumulation = 16 / next;
   EXPECT_GT(host_memory_need(c, more).total(), kHostHeadroom * 64 * kGiB);
   // shorter: halved until it fits, so twice as long would not
   const HostMemoryChange& shorter = changes[3];

@@ -1,6 +1,7 @@
 // Profile: bias-corrected EMA that drops the first sample, settling, calibration, JSON.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -9,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "scheduler/profile.hpp"
@@ -191,6 +193,79 @@ TEST(Profile, LoadReadsOnlyAFile) {
     }
   }
   std::filesystem::remove_all(d);
+}
+
+}  // namespace
+}  // namespace rp
+
+namespace rp {
+namespace {
+
+/// The error Profile::load throws for `text` written as a file (empty when it loads).
+std::string load_error(const std::string& text) {
+  const std::filesystem::path f =
+      std::filesystem::temp_directory_path() / ("rp_profile_text_" + std::to_string(::getpid()) + ".json");
+  std::ofstream(f) << text;
+  std::string what;
+  try {
+    Profile::load(f.string());
+  } catch (const std::runtime_error& e) {
+    what = e.what();
+  }
+  std::filesystem::remove(f);
+  return what.empty() ? what : what.substr(what.find(':'));  // without the temporary path
+}
+
+/// A profile with every key to_json writes: all four series, the memory and the linear compute.
+Profile full_profile() {
+  Profile p(3, 1, 16);
+  p.linear_compute = "bf16";
+  p.device = "cpu";
+  for (int l = 0; l < 3; ++l)
+    for (ProfileKind k :
+         {ProfileKind::forward, ProfileKind::recompute, ProfileKind::backward, ProfileKind::tail})
+      for (double x : {1.0, 2.0}) p.record(l, k, x);
+  for (int l = 0; l < 3; ++l) p.record_memory(l, 10, 20, 30);
+  return p;
+}
+
+// Every key a profile is written with loads back; a syntax error names the line and column, a
+// key given twice its line, and a key the format does not have (a typo: "layer" for "layers",
+// "forwrd" for "forward") is refused naming it and the keys expected, at every level.
+TEST(Profile, LoadRefusesBadJsonDuplicateAndUnknownKeysNamingThem) {
+  const nlohmann::json full = full_profile().to_json();
+  ASSERT_TRUE(full["layers"][1].contains("recompute") && full["layers"][1].contains("scratch_peak_bytes"));
+  EXPECT_EQ(load_error(full.dump(1)), "");
+
+  std::string text = full.dump(1);
+  const size_t beta = text.find("\"beta\"");
+  const size_t line = 1 + size_t(std::count(text.begin(), text.begin() + long(beta), '\n'));
+  std::string bad = text;
+  bad.erase(bad.find(',', beta), 1);  // "beta": 0.8 "device": ...: refused at the end of "device"
+  const size_t device_end = bad.find("\"device\"") + 7, line_start = bad.rfind('\n', device_end) + 1;
+  const std::string at = fmt::format(":{}:{}: ", line + 1, device_end - line_start + 1);
+  EXPECT_EQ(load_error(bad).rfind(at + "invalid JSON: syntax error while parsing object", 0), 0u)
+      << load_error(bad);
+  bad = text;
+  bad.insert(beta, "\"beta\": 0.5,\n ");
+  EXPECT_EQ(load_error(bad), ":" + std::to_string(line + 1) + ": key 'beta' given twice");
+
+  nlohmann::json j = full;
+  j["layer"] = j["layers"];
+  j.erase("layers");
+  EXPECT_EQ(load_error(j.dump(1)),
+            ": unknown key 'layer' (known keys: beta, device, format, layers, linear_compute, n_seq, "
+            "seq_len, version)");
+  j = full;
+  j["layers"][1]["forwrd"] = j["layers"][1]["forward"];
+  j["layers"][1].erase("forward");
+  EXPECT_EQ(load_error(j.dump(1)),
+            ": layer 1: unknown key 'forwrd' (known keys: backward, forward, grad_bytes, layer, recompute, "
+            "scratch_peak_bytes, tail, weight_bytes)");
+  j = full;
+  j["layers"][2]["tail"]["kep"] = 1;
+  EXPECT_EQ(load_error(j.dump(1)),
+            ": layer 2.tail: unknown key 'kep' (known keys: kept, last_change, m, seconds, seen)");
 }
 
 }  // namespace

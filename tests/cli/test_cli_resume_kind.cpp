@@ -1,0 +1,100 @@
+// `roundpipe train --resume`: a checkpoint of a LoRA run resumed with a spec for full
+// fine-tuning (no "lora" key), or a full fine-tuning checkpoint resumed with a LoRA spec, is one
+// line naming the checkpoint, what it was trained as and what to change; the refused start
+// leaves the output folder as it was, and the change it names resumes the checkpoint.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/cli/cli_util.hpp"
+
+namespace {
+
+using namespace rp::clitest;
+
+/// Every entry under `dir` with its bytes (a folder: "<folder>").
+std::map<std::string, std::string> contents(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    out[fs::relative(e.path(), dir).string()] = e.is_regular_file() ? slurp(e.path()) : "<folder>";
+  return out;
+}
+
+const char* kData = "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n";
+const std::string kLora =
+    ", \"lora\": {\"r\": 4, \"alpha\": 16, \"target_modules\": [\"q_proj\", \"v_proj\"]}";
+const std::string kSteps = ", \"steps\": 2, \"save_every\": 1";
+
+/// `spec` resuming `checkpoint` into `out` for a third step.
+CliRun resume(const fs::path& d, const fs::path& spec, const fs::path& checkpoint, const fs::path& out) {
+  return roundpipe("train " + spec.string() + " --steps 3 --resume " + checkpoint.string() +
+                       " --output-dir " + out.string(),
+                   d);
+}
+
+TEST(CliResumeKind, ALoraCheckpointWithAFullFineTuningSpecNamesTheLoraKeyThatResumesIt) {
+  auto d = tmpdir();
+  const fs::path model = tiny_model(d);
+  write(d / "data.jsonl", kData);
+  write(d / "lora.json", spec_for(model, d / "data.jsonl", d / "lo", kLora + kSteps));
+  write(d / "full.json", spec_for(model, d / "data.jsonl", d / "lo", kSteps));
+  ASSERT_EQ(roundpipe("train " + (d / "lora.json").string(), d).code, 0);
+  const fs::path ck = d / "lo/checkpoint-1";
+  const auto before = contents(d / "lo");
+  const CliRun r = resume(d, d / "full.json", ck, d / "lo");
+  expect_one_line_error(
+      r, "checkpoint " + ck.string() + " was written by a LoRA run (r=4 on q_proj,v_proj); " +
+             (d / "full.json").string() + " asks for full fine-tuning (no \"lora\" key): add \"lora\": ");
+  EXPECT_NE(r.err.find(" to resume it, or start a new output folder without --resume or \"resume_from\"\n"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(contents(d / "lo"), before) << "the refused start changed the output folder";
+  // the key it names, pasted into the spec, resumes the checkpoint
+  const size_t from = r.err.find("\"lora\": {") + 8, to = r.err.find(" to resume it");
+  ASSERT_LT(from, to) << r.err;
+  nlohmann::json spec = nlohmann::json::parse(slurp(d / "full.json"));
+  spec["lora"] = nlohmann::json::parse(r.err.substr(from, to - from));
+  EXPECT_EQ(spec["lora"]["alpha"], 16) << r.err;  // the checkpoint's, not the default 8
+  write(d / "advised.json", spec.dump());
+  const CliRun ok = resume(d, d / "advised.json", ck, d / "lo");
+  EXPECT_EQ(ok.code, 0) << ok.err;
+  EXPECT_NE(ok.out.find("resuming " + ck.string() + " at step 1"), std::string::npos) << ok.out;
+  fs::remove_all(d);
+}
+
+TEST(CliResumeKind, AFullFineTuningCheckpointWithALoraSpecSaysToRemoveTheKey) {
+  auto d = tmpdir();
+  const fs::path model = tiny_model(d);
+  write(d / "data.jsonl", kData);
+  write(d / "full.json", spec_for(model, d / "data.jsonl", d / "fu", kSteps));
+  write(d / "lora.json", spec_for(model, d / "data.jsonl", d / "fu", kLora + kSteps));
+  ASSERT_EQ(roundpipe("train " + (d / "full.json").string(), d).code, 0);
+  const fs::path ck = d / "fu/checkpoint-1";
+  const auto before = contents(d / "fu");
+  expect_one_line_error(
+      resume(d, d / "lora.json", ck, d / "fu"),
+      "checkpoint " + ck.string() +
+          " was written by a full fine-tuning run (config.json and all weights, no "
+          "adapter_config.json); " +
+          (d / "lora.json").string() +
+          " asks for LoRA (the \"lora\" key): remove the \"lora\" key to resume it, or train "
+          "adapters on its weights with \"model\": \"" +
+          ck.string() + "\" in a new output folder without --resume or \"resume_from\"");
+  EXPECT_EQ(contents(d / "fu"), before) << "the refused start changed the output folder";
+  // a folder typed with a trailing '/' is named as the checkpoint it is
+  expect_one_line_error(resume(d, d / "lora.json", ck.string() + "/", d / "fu"),
+                        "checkpoint " + ck.string() + " was written by a full fine-tuning run");
+  // an "adapter" key is LoRA too
+  nlohmann::json spec = nlohmann::json::parse(slurp(d / "full.json"));
+  fs::create_directories(d / "adapter");
+  spec["adapter"] = (d / "adapter").string();
+  write(d / "adapter.json", spec.dump());
+  expect_one_line_error(resume(d, d / "adapter.json", ck, d / "fu"),
+                        "asks for LoRA (the \"adapter\" key): remove the \"adapter\" key to resume it");
+  EXPECT_EQ(contents(d / "fu"), before);
+  fs::remove_all(d);
+}
+
+}  // namespace
