@@ -80,6 +80,13 @@ const std::map<std::string, PlanKeyword>& plan_keywords() {
       {"disk_write_gbps", {"--disk-write-gbps", setter(&O::disk_write_gbps)}},
       {"host_budget_gib", {"--host-budget-gib", setter(&O::host_budget_gib)}},
       {"disk_ring", {"--disk-ring", setter(&O::disk_ring)}},
+      {"plan",
+       {"--plan",
+        [](O& o, py::handle v) {  // a dict is the plan object itself; a str is JSON text or a file
+          o.plan = py::isinstance<py::dict>(v)
+                       ? py::module_::import("json").attr("dumps")(v).cast<std::string>()
+                       : v.cast<std::string>();
+        }}},
   };
   return k;
 }

@@ -296,6 +296,14 @@ class ToolsTest(unittest.TestCase):
             roundpipe.plan(model, expert_gemm="bucketed")
         with self.assertRaisesRegex(ValueError, "--expert-gemm 'BUCKETED': expected grouped or bucketed"):
             roundpipe.plan(model, expert_gemm="BUCKETED")
+        # an explicit plan: a dict is the plan object, a str its JSON text (or a file), as --plan
+        given = {"forward": [[0, 1], [2, 3]], "tail": [4, 4], "backward": [[3, 2], [1, 0]]}
+        want = cli("plan", "--model", model, "--gpus", "2", "--seq", "64", "--plan", json.dumps(given))
+        self.assertIn("given with --plan", want)
+        self.assertEqual(strip(roundpipe.plan(model, gpus=2, seq=64, plan=given)), strip(want))
+        self.assertEqual(strip(roundpipe.plan(model, gpus=2, seq=64, plan=json.dumps(given))), strip(want))
+        with self.assertRaisesRegex(ValueError, "--plan"):
+            roundpipe.plan(model, gpus=2, seq=64, plan={"forward": [[0, 1]], "tail": [2, 2], "backward": [[1, 0]]})
         # a False flag would read as bf16 weight gradients and change nothing: refused with the way
         with self.assertRaisesRegex(ValueError, "fp8_wgrad=False: .*bf16_wgrad=True"):
             roundpipe.plan(model, fp8=True, fp8_wgrad=False)
