@@ -41,6 +41,11 @@ std::pair<size_t, size_t> line_column(const std::string& text, size_t pos) {
 
 /// A key given twice in one object: its dotted path and which key of the text it is (0-based,
 /// in reading order).
+// Nesting a parse accepts: no file we read nests past a few levels, and printing a value nested
+// tens of thousands deep (an error message quoting it) overflowed the stack.
+constexpr size_t kMaxJsonDepth = 512;
+struct TooDeep {};
+
 struct DuplicateKey {
   std::string key;
   size_t index = 0;
@@ -75,6 +80,7 @@ std::optional<json> parse_text(const std::string& text, const std::string& path,
   size_t key_count = 0;
   const json::parser_callback_t track = [&](int, json::parse_event_t ev, json& v) {
     if (ev == json::parse_event_t::object_start || ev == json::parse_event_t::array_start) {
+      if (keys.size() >= kMaxJsonDepth) throw TooDeep{};
       keys.emplace_back();
       seen.emplace_back();
     }
@@ -95,6 +101,9 @@ std::optional<json> parse_text(const std::string& text, const std::string& path,
   };
   try {
     return json::parse(text, track);
+  } catch (const TooDeep&) {
+    throw std::invalid_argument(
+        fmt::format("{}: invalid JSON: objects and lists nested deeper than {} levels", path, kMaxJsonDepth));
   } catch (const DuplicateKey& d) {
     const size_t at = offset_of_key(text, d.index);
     throw std::invalid_argument(fmt::format("{}: key '{}' given twice",
@@ -149,6 +158,9 @@ std::string read_json_file(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
     throw std::invalid_argument(fmt::format("{}: is a folder, expected a JSON file", path));
+  // a device or a pipe (/dev/zero, a FIFO nobody writes) would be read without end or wait forever
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
+    throw std::invalid_argument(fmt::format("{}: is a device or pipe, expected a JSON file", path));
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::invalid_argument(fmt::format("{}: cannot open ({})", path, std::strerror(errno)));
   std::stringstream ss;

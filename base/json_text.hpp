@@ -26,6 +26,8 @@ struct JsonTextOptions {
 /// '<a.b>': expected a number within a double's range (about 1.8e308), got <number>" for a number
 /// too large (the key left out where the number is not under one).
 /// With opt.unique_keys a key given twice in one object is "<path>:<line>: key '<a.b>' given twice".
+/// Objects and lists nested deeper than 512 levels are "<path>: invalid JSON: ... nested deeper than
+/// 512 levels".
 nlohmann::json parse_json_text(const std::string& text, const std::string& path,
                                const JsonTextOptions& opt = {});
 
@@ -42,7 +44,8 @@ std::string number_out_of_range_text(const std::string& place, const std::string
 
 /// The text of the JSON file `path`. Throws std::invalid_argument with one line naming it:
 /// "<path>: is a folder, expected a JSON file" (a folder reads as an empty file, which the parser
-/// called "unexpected end of input" at 1:1) or "<path>: cannot open (<reason>)".
+/// called "unexpected end of input" at 1:1), "<path>: is a device or pipe, expected a JSON file"
+/// (/dev/zero never ends; a FIFO without a writer never answers) or "<path>: cannot open (<reason>)".
 std::string read_json_file(const std::string& path);
 
 }  // namespace rp

@@ -18,6 +18,29 @@ std::string error_of(const std::string& text) {
   return "no error";
 }
 
+// Printing a value nested tens of thousands deep (an error message quoting it) overflowed the
+// stack: nesting past 512 levels is refused as the file is read.
+TEST(JsonText, NestingPast512LevelsIsOneLine) {
+  auto nested = [](int n) {
+    return "{\"a\": " + std::string(size_t(n), '[') + std::string(size_t(n), ']') + "}";
+  };
+  EXPECT_EQ(error_of(nested(500)), "no error");
+  EXPECT_EQ(error_of(nested(100000)),
+            "f.json: invalid JSON: objects and lists nested deeper than 512 levels");
+}
+
+// /dev/zero never ends and a FIFO without a writer never answers: both refused before reading.
+TEST(JsonText, ADeviceOrPipeIsRefusedBeforeItIsRead) {
+  for (const char* p : {"/dev/zero", "/dev/null"}) {
+    try {
+      rp::read_json_file(p);
+      ADD_FAILURE() << p << " was read";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()), std::string(p) + ": is a device or pipe, expected a JSON file");
+    }
+  }
+}
+
 TEST(JsonText, ASyntaxErrorNamesLineAndColumn) {
   EXPECT_EQ(error_of("{\"a\": 1,\n \"b\": }"),
             "f.json:2:7: invalid JSON: syntax error while parsing value - unexpected '}'; expected '[', "
