@@ -59,7 +59,14 @@ std::string unsafe_output_folder(const std::string& out) {
 std::string output_file_problem(const std::string& path, bool replace) {
   std::error_code ec;
   const auto st = fs::symlink_status(path, ec);
-  if (ec || st.type() == fs::file_type::not_found) return "";
+  if (ec || st.type() == fs::file_type::not_found) {
+    // checked before the work that writes it: a missing folder was found only at the end
+    const fs::path parent = fs::path(path).parent_path();
+    if (!parent.empty() && !fs::is_directory(parent, ec))
+      return fmt::format("the folder '{}' does not exist; expected a file name in an existing folder",
+                         parent.string());
+    return "";
+  }
   if (st.type() == fs::file_type::directory) return "is a folder; expected a file name";
   if (st.type() != fs::file_type::regular)
     return "something other than a regular file is there (a link, device or pipe); expected a file name";

@@ -28,7 +28,8 @@ std::string unsafe_output_folder(const std::string& out);
 /// Why an output file may not be written at `path`, "" when it may: a folder ("is a folder;
 /// expected a file name") or a link, device or pipe is never replaced (the write puts a new file
 /// in its place), and an existing file only when `replace` (a --force, or a writer that appends)
-/// ("a file is already there; choose another name or add --force to replace it").
+/// ("a file is already there; choose another name or add --force to replace it"); a new file
+/// needs its folder to exist ("the folder '<dir>' does not exist; ...").
 std::string output_file_problem(const std::string& path, bool replace);
 
 /// The first of `inputs` (empty ones skipped) that `out` is, contains or lies inside; ""

@@ -447,16 +447,22 @@ void print_stages(std::FILE* out, const PartitionResult& pr, const PartitionOpti
                                                 format_bytes(double(peak.unbounded)))
                                   : std::string());
   const std::vector<char> refused = prefetch_refused(pr.stages, po);
-  std::string waits;
-  for (size_t i = 0; i < refused.size(); ++i)
-    if (refused[i]) waits += fmt::format("{}{}", waits.empty() ? "" : ", ", i);
-  if (!waits.empty())
+  std::string waits;  // runs of refused stages as "0-126, 130"
+  int count = 0;
+  for (size_t i = 0; i < refused.size(); ++i) {
+    if (!refused[i] || (i > 0 && refused[i - 1])) continue;
+    size_t j = i;
+    while (j + 1 < refused.size() && refused[j + 1]) ++j;
+    waits += (waits.empty() ? "" : ", ") + (i == j ? fmt::format("{}", i) : fmt::format("{}-{}", i, j));
+    count += int(j - i + 1);
+  }
+  if (count > 0)
     fmt::print(
         out,
-        "prefetch  the cap leaves no room to upload the weights of stage{} {} while the stage before it on "
-        "its GPU computes: they go up once it ends, and the GPU waits for them (the simulation counts "
+        "prefetch  the cap leaves no room to upload the weights of {} {} while the stage before {} on its "
+        "GPU computes: they go up once that stage ends, and the GPU waits for them (the simulation counts "
         "the wait)\n",
-        waits.find(',') == std::string::npos ? "" : "s", waits);
+        count == 1 ? "stage" : "stages", waits, count == 1 ? "it" : "each");
 }
 
 /// The simulated iteration: its time and tokens/s, the bubble and each GPU's idle time.
@@ -553,6 +559,8 @@ void resolve_plan_flags(PlanCommandOptions& o,
     return nullptr;
   };
   if (o.model.empty()) throw UsageError("plan: --model is required (a model folder, config.json or .gguf)");
+  if (const std::string* p = value_of("--plan"); p && p->find_first_not_of(" \t\r\n") == std::string::npos)
+    throw UsageError("--plan: expected a plan as JSON or a file holding one, got nothing");
   std::vector<std::string> rates;  // the preset's numbers a flag gave win over the preset's
   for (const char* f : {"--peak-tflops", "--fp8-tflops", "--hbm-gbps", "--pcie-gbps", "--memory-cap"})
     if (value_of(f)) rates.push_back(f);

@@ -112,7 +112,8 @@ void apply_gpu_preset(PlanCommandOptions& o, const std::vector<std::string>& giv
 /// The flags whose presence resolve_plan_flags looks at (every other flag only sets its field).
 inline constexpr const char* kPlanFlagsResolved[] = {
     "--gpu",      "--peak-tflops",    "--fp8-tflops",   "--hbm-gbps",  "--pcie-gbps", "--memory-cap",
-    "--net-gbps", "--net-latency-us", "--accumulation", "--disk-ring", "--disk-gbps", "--expert-gemm"};
+    "--net-gbps", "--net-latency-us", "--accumulation", "--disk-ring", "--disk-gbps", "--expert-gemm",
+    "--plan"};
 
 /// What `roundpipe plan` does with its parsed flags before planning, shared with the Python
 /// module's plan(): `given` holds the flags of kPlanFlagsResolved that were given, with their

@@ -103,26 +103,42 @@ ModelShape load_model_shape(const std::string& path, std::string* description) {
 
 IterationPlan given_plan(const std::string& text, int num_layers, int gpus) {
   const size_t first = text.find_first_not_of(" \t\r\n");
-  const bool inline_json = first != std::string::npos && text[first] == '{';
+  if (first == std::string::npos)
+    throw UsageError("--plan: expected a plan as JSON or a file holding one, got nothing");
+  std::error_code ec;
+  const JsonTextOptions strict{.unique_keys = true};
+  // inline JSON: an object or a list, or any other JSON value that names no file
+  bool inline_json = text[first] == '{' || text[first] == '[';
+  if (!inline_json && !fs::exists(text, ec))
+    inline_json = parse_json_value(text, "--plan", {.unique_keys = true, .lines = false}).has_value();
   const std::string where = inline_json ? "--plan" : text;
   nlohmann::json j;
   try {
-    j = parse_json_text(inline_json ? text : read_json_file(text), where, {.lines = !inline_json});
+    j = inline_json ? parse_json_text(text, where, {.unique_keys = true, .lines = false})
+                    : parse_json_text(read_json_file(text), where, strict);
   } catch (const std::invalid_argument& e) {
-    throw UsageError(inline_json ? fmt::format("--plan: {}", e.what()) : e.what());
+    throw UsageError(e.what());
   }
-  if (!j.is_object())
-    throw UsageError(
-        fmt::format("{}: expected a plan object ({{\"forward\": [[0, 3], ...], \"tail\": [...], "
-                    "\"backward\": [...]}}) or a spec with a \"plan\" key",
-                    where));
+  const std::string expected =
+      "expected a plan object ({\"forward\": [[0, 3], ...], \"tail\": [...], \"backward\": [...]}) or a spec "
+      "with a \"plan\" key";
+  if (!j.is_object()) throw UsageError(fmt::format("{}: {}", where, expected));
   const bool spec = j.contains("plan");
   if (spec && !j["plan"].is_object())
     throw UsageError(fmt::format("{}: key 'plan': expected an object, as in a spec", where));
+  if (!spec && !j.empty()) {
+    bool plan_keys = false;
+    for (const char* k :
+         {"forward", "tail", "backward", "forward_layers", "backward_layers", "tail_decoders"})
+      plan_keys = plan_keys || j.contains(k);
+    if (!plan_keys)
+      throw UsageError(fmt::format("{}: no \"plan\" key and no plan keys: {}", where, expected));
+  }
   try {
     return plan_from_json(spec ? j["plan"] : j, num_layers, gpus, spec ? where + ": plan" : where);
   } catch (const std::invalid_argument& e) {
-    throw UsageError(e.what());
+    throw UsageError(fmt::format("{} (the model's layers are 0-{}: the embedding, {} decoders, the tail)",
+                                 e.what(), num_layers - 1, num_layers - 2));
   }
 }
 
@@ -234,7 +250,7 @@ void check_plan_options(const PlanCommandOptions& o) {
 
   if (o.max_seq && o.memory_cap.empty()) throw UsageError("--max-seq needs --memory-cap");
   if (const std::string in =
-          o.trace.empty() ? std::string() : overlapping_input(o.trace, {o.model, o.profile});
+          o.trace.empty() ? std::string() : overlapping_input(o.trace, {o.model, o.profile, o.plan});
       !in.empty())
     throw UsageError(fmt::format(
         "--trace: '{}' is or lies inside the input '{}', which writing it would destroy; choose another file",

@@ -108,7 +108,27 @@ TEST(CliPlanGiven, ABadPlanIsOneLineNamingItsSource) {
       {"--plan '{\"forward\":[[0,5]],\"tail\":[6,6],\"backward\":[[5,0]]}'", "--plan"},
       {"--plan '" + over + "'", "--plan: forward stage 0 (layers 0-28) needs"},
       {"--max-seq --plan '" + over + "'", "--plan with --max-seq"},
+      {"--plan ''", "--plan: expected a plan as JSON or a file holding one, got nothing"},
+      {"--plan '[1, 2]'", "--plan: expected a plan object"},
+      {"--plan '{\"tail\": [29, 29], \"tail\": [29, 29]}'", "--plan: key 'tail' given twice"},
+      {"--plan " + (d / "spec_without_plan.json").string(),
+       (d / "spec_without_plan.json").string() + ": no \"plan\" key and no plan keys"},
+      {"--plan " + (d / "deep.json").string(),
+       (d / "deep.json").string() + ": invalid JSON: objects and lists"},
+      {"--plan /dev/zero", "/dev/zero: is a device or pipe"},
+      {"--plan '{\"forward\":[[0,40]],\"tail\":[41,41],\"backward\":[[40,0]]}'",
+       "--plan: tail stage covers layers 41-41, expected 41-29 (the model's layers are 0-29: the embedding, "
+       "28 "
+       "decoders, the tail)"},
+      {"--plan " + (d / "keep.json").string() + " --trace " + (d / "keep.json").string() + " --force",
+       "--trace: '" + (d / "keep.json").string() + "' is or lies inside the input"},
+      {"--plan '" + over + "' --trace " + (d / "no_folder" / "t.json").string(),
+       "--trace " + (d / "no_folder" / "t.json").string() + ": the folder"},
   };
+  write(d / "spec_without_plan.json", "{\"model\": \"m\", \"steps\": 3}");
+  write(d / "deep.json", "{\"forward\": " + std::string(100000, '[') + std::string(100000, ']') + "}");
+  const std::string keep = R"({"forward":[[0,13],[14,28]],"tail":[29,29],"backward":[[28,0]]})";
+  write(d / "keep.json", keep);
   for (const auto& [args, want] : cases) {
     const CliRun r = roundpipe(kBase + " " + args, d);
     EXPECT_NE(r.code, 0) << args;
@@ -116,6 +136,8 @@ TEST(CliPlanGiven, ABadPlanIsOneLineNamingItsSource) {
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
     EXPECT_EQ(r.out, "") << args;
   }
+  EXPECT_EQ(slurp(d / "keep.json"), keep) << "--trace --force replaced the --plan file";
+  EXPECT_FALSE(fs::exists(d / "no_folder"));
   fs::remove_all(d);
 }
 
