@@ -59,6 +59,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/host_resources.hpp"
+#include "base/json_text.hpp"
 #include "bench/bench_main.hpp"
 #include "bench/random_weights.hpp"
 #include "bench/throughput_options.hpp"
@@ -131,10 +132,10 @@ rp::SessionOptions session_options(const Options& opt, const rp::ModelLayout& m)
   o.trace = !opt.trace.empty();
   if (!opt.plan_json.empty()) {
     try {
-      o.plan = rp::plan_from_json(nlohmann::json::parse(opt.plan_json), int(m.num_layers()), opt.workers,
-                                  "--plan");
-    } catch (const nlohmann::json::exception& e) {
-      usage_error(fmt::format("--plan: expected a plan as JSON (as a spec's \"plan\" key): {}", e.what()));
+      const nlohmann::json j =
+          rp::parse_json_text(opt.plan_json, "--plan", {.unique_keys = true, .lines = false});
+      if (!j.is_object()) usage_error("--plan: expected a plan object (JSON as in a spec's \"plan\" key)");
+      o.plan = rp::plan_from_json(j, int(m.num_layers()), opt.workers, "--plan");
     } catch (const std::invalid_argument& e) {
       usage_error(e.what());
     }

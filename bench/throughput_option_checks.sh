@@ -27,7 +27,7 @@ check "--seqs 10 --micro 4: expected" --seqs 10 --micro 4
 check "--micro: expected an integer >= 1, got 0" --micro 0
 check "--seq: expected an integer >= 2, got 0" --seq 0
 check "--seq: expected an integer >= 2, got 1" --seq 1
-check "--plan: expected a plan as JSON" --plan '{bad' --backend cpu --layers 2 --hidden 64 --heads 2 --kv-heads 1 --head-dim 32 --ffn 128 --vocab 128 --seq 16 --seqs 2 --micro 2
+check "--plan: invalid JSON: syntax error" --plan '{bad' --backend cpu --layers 2 --hidden 64 --heads 2 --kv-heads 1 --head-dim 32 --ffn 128 --vocab 128 --seq 16 --seqs 2 --micro 2
 check "model's shape" --heads 3 --kv-heads 2 --backend cpu
 check "--backend: tpu not in" --backend tpu
 check "--workers: expected an integer from 1 to 1024, got 0" --workers 0
@@ -126,6 +126,11 @@ check "--profile-out $tmp/keep.txt: a file is already there" --profile-out "$tmp
 check "--trace $tmp/link: something other than a regular file is there" --trace "$tmp/link" --force
 check "--profile-out $tmp/fifo: something other than a regular file is there" --profile-out "$tmp/fifo" --force
 check "--results $tmp/dir: is a folder; expected a file name" --results "$tmp/dir"
+check "--trace and --profile-out name the same file '$tmp/same.json'" --trace "$tmp/same.json" --profile-out "$tmp/same.json"
+check "--trace and --profile-out name the same file '$tmp/./same.json'" --trace "$tmp/./same.json" --profile-out "$tmp/same.json"
+check "--plan: invalid JSON: syntax error" --plan '{"forward": '
+check "--plan: key 'tail' given twice" --plan '{"tail": [3, 3], "tail": [3, 3]}'
+check "--plan: expected a plan object" --plan '[1, 2]'
 [ "$(cat "$tmp/keep.txt")" = keep ] && [ -L "$tmp/link" ] && [ -p "$tmp/fifo" ] && [ -d "$tmp/dir" ] ||
   { echo "$name: an output check changed what was at the path"; fail=1; }
 rm -rf "$tmp"

@@ -266,6 +266,12 @@ void check_options(const CLI::App& app, const Options& opt) {
   check_output_file("--results", opt.results, false, opt.force);
   check_output_file("--trace", opt.trace, true, opt.force);
   check_output_file("--profile-out", opt.profile_out, true, opt.force);
+  if (!opt.trace.empty() && !opt.profile_out.empty() &&
+      rp::overlapping_input(opt.trace, {opt.profile_out}) != "")
+    usage_error(
+        fmt::format("--trace and --profile-out name the same file '{}': the profile would replace the "
+                    "trace; give two names",
+                    opt.trace));
 }
 
 /// --preset's shape written over the flags' (a given --layers keeps its depth), then the expert
