@@ -158,9 +158,12 @@ std::string read_json_file(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
     throw std::invalid_argument(fmt::format("{}: is a folder, expected a JSON file", path));
-  // a device or a pipe (/dev/zero, a FIFO nobody writes) would be read without end or wait forever
-  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
-    throw std::invalid_argument(fmt::format("{}: is a device or pipe, expected a JSON file", path));
+  // a device (/dev/zero) would be read without end; a pipe is read as its writer sends
+  const auto st = std::filesystem::status(path, ec);
+  if (!ec &&
+      (st.type() == std::filesystem::file_type::character || st.type() == std::filesystem::file_type::block ||
+       st.type() == std::filesystem::file_type::socket))
+    throw std::invalid_argument(fmt::format("{}: is a device, expected a JSON file", path));
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::invalid_argument(fmt::format("{}: cannot open ({})", path, std::strerror(errno)));
   std::stringstream ss;

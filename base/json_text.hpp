@@ -44,8 +44,8 @@ std::string number_out_of_range_text(const std::string& place, const std::string
 
 /// The text of the JSON file `path`. Throws std::invalid_argument with one line naming it:
 /// "<path>: is a folder, expected a JSON file" (a folder reads as an empty file, which the parser
-/// called "unexpected end of input" at 1:1), "<path>: is a device or pipe, expected a JSON file"
-/// (/dev/zero never ends; a FIFO without a writer never answers) or "<path>: cannot open (<reason>)".
+/// called "unexpected end of input" at 1:1), "<path>: is a device, expected a JSON file" (/dev/zero
+/// never ends; a pipe is read as its writer sends it) or "<path>: cannot open (<reason>)".
 std::string read_json_file(const std::string& path);
 
 }  // namespace rp

@@ -115,7 +115,7 @@ TEST(CliPlanGiven, ABadPlanIsOneLineNamingItsSource) {
        (d / "spec_without_plan.json").string() + ": no \"plan\" key and no plan keys"},
       {"--plan " + (d / "deep.json").string(),
        (d / "deep.json").string() + ": invalid JSON: objects and lists"},
-      {"--plan /dev/zero", "/dev/zero: is a device or pipe"},
+      {"--plan /dev/zero", "/dev/zero: is a device, expected a JSON file"},
       {"--plan '{\"forward\":[[0,40]],\"tail\":[41,41],\"backward\":[[40,0]]}'",
        "--plan: tail stage covers layers 41-41, expected 41-29 (the model's layers are 0-29: the embedding, "
        "28 "
