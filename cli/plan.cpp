@@ -520,14 +520,8 @@ void run_plan(const PlanCommandOptions& o, std::FILE* out) {
   const double plan_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const PartitionOptions& po = run.partition;
   const std::vector<LayerCost>& costs = run.costs;
-  PartitionResult given;  // --plan's stages, estimated as the partitioner estimates its own
-  if (!run.automatic) {
-    given.plan = run.plan;
-    given.stages = check_plan(costs, run.plan, po, "--plan");
-    for (const StageEstimate& e : given.stages) given.tmax = std::max(given.tmax, e.seconds);
-    given.objective = plan_objective(given.stages, po.gpus);
-  }
-  const PartitionResult& pr = run.automatic ? *run.automatic : given;
+  // --plan's stages, estimated as the partitioner estimates its own
+  const PartitionResult pr = run.automatic ? *run.automatic : plan_result(costs, run.plan, po, "--plan");
   const int64_t tokens = o.micro_batches * o.sequences_per_micro * oo.seq_len;
   print_plan_header(out, o, oo, m, desc, layout, d, cap, tokens, source, planned.config);
   print_stages(out, pr, po, plan_s, !run.automatic);

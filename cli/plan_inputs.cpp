@@ -106,16 +106,16 @@ IterationPlan given_plan(const std::string& text, int num_layers, int gpus) {
   if (first == std::string::npos)
     throw UsageError("--plan: expected a plan as JSON or a file holding one, got nothing");
   std::error_code ec;
-  const JsonTextOptions strict{.unique_keys = true};
+  const JsonTextOptions in_flag{.unique_keys = true, .lines = false};
   // inline JSON: an object or a list, or any other JSON value that names no file
   bool inline_json = text[first] == '{' || text[first] == '[';
   if (!inline_json && !fs::exists(text, ec))
-    inline_json = parse_json_value(text, "--plan", {.unique_keys = true, .lines = false}).has_value();
+    inline_json = parse_json_value(text, "--plan", in_flag).has_value();
   const std::string where = inline_json ? "--plan" : text;
   nlohmann::json j;
   try {
-    j = inline_json ? parse_json_text(text, where, {.unique_keys = true, .lines = false})
-                    : parse_json_text(read_json_file(text), where, strict);
+    j = inline_json ? parse_json_text(text, where, in_flag)
+                    : parse_json_text(read_json_file(text), where, {.unique_keys = true});
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }

@@ -388,6 +388,16 @@ std::vector<StageEstimate> check_plan(const std::vector<LayerCost>& costs, const
   return out;
 }
 
+PartitionResult plan_result(const std::vector<LayerCost>& costs, const IterationPlan& plan,
+                            const PartitionOptions& opt, const std::string& where) {
+  PartitionResult r;
+  r.plan = plan;
+  r.stages = check_plan(costs, plan, opt, where);
+  for (const StageEstimate& e : r.stages) r.tmax = std::max(r.tmax, e.seconds);
+  r.objective = plan_objective(r.stages, opt.gpus);
+  return r;
+}
+
 double plan_objective(const std::vector<StageEstimate>& stages, int gpus) {
   double tmax = 0;
   for (auto& s : stages) tmax = std::max(tmax, s.seconds);

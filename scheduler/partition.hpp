@@ -115,6 +115,11 @@ StageEstimate estimate_stage(const std::vector<LayerCost>& costs, const Stage& s
 std::vector<StageEstimate> check_plan(const std::vector<LayerCost>& costs, const IterationPlan& plan,
                                       const PartitionOptions& opt, const std::string& where);
 
+/// An explicit `plan` as a PartitionResult: check_plan's estimates, their tmax and objective (no
+/// candidates or packings). Throws what check_plan throws.
+PartitionResult plan_result(const std::vector<LayerCost>& costs, const IterationPlan& plan,
+                            const PartitionOptions& opt, const std::string& where);
+
 /// max(S, gpus) * max tau of the estimates.
 double plan_objective(const std::vector<StageEstimate>& stages, int gpus);
 

@@ -81,17 +81,13 @@ struct Scored {
 std::optional<Scored> score(const std::vector<LayerCost>& costs, const IterationPlan& plan,
                             const PartitionOptions& opt, const SimOptions& sim) {
   Scored s;
-  s.r.plan = plan;
   try {
-    s.r.stages = check_plan(costs, plan, opt, "refine_for_prefetch");
+    s.r = plan_result(costs, plan, opt, "refine_for_prefetch");
   } catch (const std::invalid_argument&) {
     return std::nullopt;  // a stage's working set over the cap
   }
-  for (const StageEstimate& e : s.r.stages) {
+  for (const StageEstimate& e : s.r.stages)
     if (opt.memory_cap > 0 && e.memory_bytes > opt.memory_cap) return std::nullopt;
-    s.r.tmax = std::max(s.r.tmax, e.seconds);
-  }
-  s.r.objective = plan_objective(s.r.stages, opt.gpus);
   s.seconds = simulate(plan, stage_costs(costs, plan, opt), sim).iteration_seconds;
   return s;
 }
