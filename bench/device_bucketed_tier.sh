@@ -21,6 +21,10 @@
 #              bf16 weight gradients, d17w with FP8 ones; STEPS (8) after 2 warm-up steps
 #   d4 d4w     the same for Qwen3-4B at cap 7.3 GiB (PLAN: an explicit plan, JSON as in a spec's
 #              "plan" key, for the d* modes)
+#   opsab      bench_ops --filter $OPS (default: the norms, RoPE, q/k norm + RoPE, SwiGLU and the
+#              residual add) with the one-pass q/k norm + RoPE, then with the separate kernels
+#              (RP_CUDA_QK_NORM_ROPE=separate): $OUT/ops_fused.md, $OUT/ops_separate.md
+#              (RP_CUDA_QK_NORM_ROPE=separate before any d* mode measures a row without it)
 #   p17        Qwen3-1.7B full fine-tuning with FP8 linears, 8 x 8192, M=8, cap 6.7 GiB, under the
 #              kernel profiler (its last 12 s): $OUT/prof_p17.md
 #   s8ram      LLaMA-3.1-8B LoRA r=32 all linears, nf4 base, 8 x 1024, cap 6 GiB, in RAM
@@ -124,6 +128,12 @@ for mode in "$@"; do
       if [ "${mode#d17}" != "$mode" ]; then dense=(--preset qwen3-1.7b --cap-gib 6.7); else dense=(--preset qwen3-4b --cap-gib 7.3); fi
       bench "$mode" "${dense[@]}" --seq 8192 --seqs 8 --micro 8 --fp8 "${wg[@]}" --steps "${STEPS:-8}" --warmup 2 \
         ${PLAN:+--plan "$PLAN"} ;;
+    opsab)
+      for how in fused separate; do
+        step "bench_ops ($how)"
+        RP_CUDA_QK_NORM_ROPE=$how timeout 300 "$RP_DEV/bin/bench_ops" \
+          --filter "${OPS:-rmsnorm,rope,qk_norm_rope,swiglu,add_residual}" --out "$OUT/ops_$how.md" 2>&1 | tail -30
+      done ;;
     p17)
       CUDA_INJECTION64_PATH=$RP_DEV/lib/librp_kernel_profile.so RP_KPROF_OUT=$OUT/prof_p17.md RP_KPROF_LAST_S=12 \
         bench p17 --preset qwen3-1.7b --seq 8192 --seqs 8 --micro 8 --cap-gib 6.7 --fp8 --steps "${STEPS:-8}" --warmup 2 ;;

@@ -273,6 +273,41 @@ class Ops {
                            const float* inv_freq, float scale, int64_t rotary_dim = 0) = 0;
   virtual void rope_bwd_at(void* dx, const int32_t* pos, int64_t T, int64_t heads, int64_t D,
                            const float* inv_freq, float scale, int64_t rotary_dim = 0) = 0;
+
+  // ---- per-head q/k norm followed by RoPE (Qwen3, Gemma 3) ---------------------------
+  /// Shape and constants of qk_norm_rope_fwd / _bwd: rows [T, heads, head_dim], T = n_seq * seq_len.
+  struct QkNormRope {
+    int64_t n_seq = 0, seq_len = 0, heads = 0, head_dim = 0;
+    float eps = 1e-6f;                ///< rms_norm_eps
+    float w_offset = 0.0f;            ///< as rmsnorm_fwd's (Gemma 3: 1)
+    const float* inv_freq = nullptr;  ///< host, rotary_dim/2 floats (RopeTable::inv_freq)
+    float rope_scale = 1.0f;          ///< RopeTable::attention_scaling
+    int64_t rotary_dim = 0;           ///< as rope_fwd's (0: head_dim)
+    const int32_t* pos = nullptr;  ///< device positions (packed sequences, rope_fwd_at) or null: t % seq_len
+  };
+  /// y = RoPE(RMSNorm(x)) per head: rmsnorm_fwd(x, w, y, T*heads, head_dim, eps, w_offset), then
+  /// rope_fwd(y, ...) (rope_fwd_at with pos). x, y [T, heads, head_dim] in dtype(), w [head_dim].
+  /// The default is those two calls; CUDA runs them as one pass over the rows with the same bits
+  /// (head_dim 64, 128 or 256 with full rotary; other shapes take the two calls). Throws as they do.
+  virtual void qk_norm_rope_fwd(const void* x, const void* w, void* y, const QkNormRope& s) {
+    rmsnorm_fwd(x, w, y, s.n_seq * s.seq_len * s.heads, s.head_dim, s.eps, s.w_offset);
+    if (s.pos)
+      rope_fwd_at(y, s.pos, s.n_seq * s.seq_len, s.heads, s.head_dim, s.inv_freq, s.rope_scale, s.rotary_dim);
+    else rope_fwd(y, s.n_seq, s.seq_len, s.heads, s.head_dim, s.inv_freq, s.rope_scale, s.rotary_dim);
+  }
+  /// Backward of qk_norm_rope_fwd from dy (the gradient of y): rope_bwd (rope_bwd_at) of dy, then
+  /// rmsnorm_bwd(x, w, dy', dx, dw, T*heads, head_dim, eps, false, w_offset): dx overwritten, dw +=
+  /// (grad_dtype(); null: a frozen norm). dy is scratch: afterwards it holds dy or its rotation
+  /// back (the default rotates in place; CUDA's one pass, as above, leaves it). dx must not alias
+  /// x or dy. CUDA's dx equals the two calls' bit for bit; dw is summed in another order.
+  virtual void qk_norm_rope_bwd(const void* x, const void* w, void* dy, void* dx, void* dw,
+                                const QkNormRope& s) {
+    if (s.pos)
+      rope_bwd_at(dy, s.pos, s.n_seq * s.seq_len, s.heads, s.head_dim, s.inv_freq, s.rope_scale,
+                  s.rotary_dim);
+    else rope_bwd(dy, s.n_seq, s.seq_len, s.heads, s.head_dim, s.inv_freq, s.rope_scale, s.rotary_dim);
+    rmsnorm_bwd(x, w, dy, dx, dw, s.n_seq * s.seq_len * s.heads, s.head_dim, s.eps, false, s.w_offset);
+  }
   /// attention_fwd where query t of sequence s attends to the keys j of s with
   /// t - p <= j <= t, p = pos[s*L + t] (the example's own earlier tokens). Requires
   /// 0 <= p <= t (CPU: std::invalid_argument; CUDA: p is clamped into range). Same

@@ -150,6 +150,11 @@ class DecoderLayer final : public Layer {
   // From dh1 (in a.dx): the attention half's weight gradients and dx += d/dx.
   void attention_backward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc,
                           const Fp8Set& f8) const;
+  // The shape and constants of the q/k norm + RoPE calls for `heads` heads of this layer, with
+  // the call's RoPE table (longrope: by its length) and a.positions (packed sequences).
+  Ops::QkNormRope qk_norm_rope(const LayerArgs& a, const RopeTable& rope, int64_t heads) const;
+  // RoPE alone, in place on x: rope_fwd / rope_bwd, or their _at forms when s.pos is set.
+  static void rope_apply(Ops& ops, void* x, const Ops::QkNormRope& s, bool backward);
 
   ModelConfig c_;
   int64_t chunk_tokens_;
@@ -173,9 +178,6 @@ class DecoderLayer final : public Layer {
     if (c_.gemma()) ops.geglu_fwd(g, u, m, n);
     else ops.swiglu_fwd(g, u, m, n);
   }
-  // q/k norms: rows and width per token (per head, or OLMo 2's whole q and k)
-  int64_t qk_norm_rows(int64_t T, int64_t heads) const { return c_.qk_norm_whole ? T : T * heads; }
-  int64_t qk_norm_cols(int64_t heads) const { return c_.qk_norm_whole ? heads * c_.head_dim : c_.head_dim; }
   // Granite: residual branches times residual_multiplier (1 elsewhere)
   bool branch_scaled() const { return c_.residual_multiplier != 1.0; }
   // projection biases (GPT-OSS; Qwen2: q/k/v), per-head sinks (-1: none) and the sliding

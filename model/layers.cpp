@@ -191,12 +191,36 @@ Fp8Set DecoderLayer::fp8_linears(const LayerArgs& a, const DecoderBufs& b, bool 
   return s;
 }
 
+Ops::QkNormRope DecoderLayer::qk_norm_rope(const LayerArgs& a, const RopeTable& rope, int64_t heads) const {
+  Ops::QkNormRope s;
+  s.n_seq = a.shape.n_seq;
+  s.seq_len = a.shape.seq_len;
+  s.heads = heads;
+  s.head_dim = c_.head_dim;
+  s.eps = float(c_.rms_norm_eps);
+  s.w_offset = off_;
+  s.inv_freq = rope.inv_freq.data();
+  s.rope_scale = rope.attention_scaling;
+  s.rotary_dim = c_.rotary_dim();
+  s.pos = a.positions;
+  return s;
+}
+
+void DecoderLayer::rope_apply(Ops& ops, void* x, const Ops::QkNormRope& s, bool backward) {
+  const int64_t T = s.n_seq * s.seq_len;
+  if (s.pos && backward)
+    ops.rope_bwd_at(x, s.pos, T, s.heads, s.head_dim, s.inv_freq, s.rope_scale, s.rotary_dim);
+  else if (s.pos) ops.rope_fwd_at(x, s.pos, T, s.heads, s.head_dim, s.inv_freq, s.rope_scale, s.rotary_dim);
+  else if (backward)
+    ops.rope_bwd(x, s.n_seq, s.seq_len, s.heads, s.head_dim, s.inv_freq, s.rope_scale, s.rotary_dim);
+  else ops.rope_fwd(x, s.n_seq, s.seq_len, s.heads, s.head_dim, s.inv_freq, s.rope_scale, s.rotary_dim);
+}
+
 void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc,
                                      const Fp8Set& f8, bool with_lse, bool reuse) const {
   Ops& ops = *a.ops;
   const int64_t T = a.shape.tokens(), H = c_.hidden_size;
-  const int64_t nq = c_.num_attention_heads, nkv = c_.num_key_value_heads, D = c_.head_dim,
-                R = c_.rotary_dim();
+  const int64_t nq = c_.num_attention_heads, nkv = c_.num_key_value_heads, D = c_.head_dim;
   const float eps = float(c_.rms_norm_eps);
   const int64_t S = a.shape.n_seq, L = a.shape.seq_len;
   // this call's RoPE table (longrope: by the call's length; a backward's as its forward's)
@@ -216,33 +240,29 @@ void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, c
   bias_fwd(ops, a, bq_, q_lin, T, nq * D);
   bias_fwd(ops, a, bk_, k_lin, T, nkv * D);
   bias_fwd(ops, a, bv_, b.v, T, nkv * D);
-  if (c_.qk_norm) {
-    ops.rmsnorm_fwd(b.qr, param(a, 0, wqn_), b.q, qk_norm_rows(T, nq), qk_norm_cols(nq), eps, off_);
-    ops.rmsnorm_fwd(b.kr, param(a, 0, wkn_), b.k, qk_norm_rows(T, nkv), qk_norm_cols(nkv), eps, off_);
+  // q/k norms (Qwen3, Gemma 3 per head: one pass with RoPE; OLMo 2 over whole q/k), then RoPE
+  // at the packed positions (restarting per example) or at t % L
+  const Ops::QkNormRope qs = qk_norm_rope(a, rope_, nq), ks = qk_norm_rope(a, rope_, nkv);
+  if (c_.qk_norm && !c_.qk_norm_whole) {
+    ops.qk_norm_rope_fwd(b.qr, param(a, 0, wqn_), b.q, qs);
+    ops.qk_norm_rope_fwd(b.kr, param(a, 0, wkn_), b.k, ks);
+  } else {
+    if (c_.qk_norm) {
+      ops.rmsnorm_fwd(b.qr, param(a, 0, wqn_), b.q, T, nq * D, eps, off_);
+      ops.rmsnorm_fwd(b.kr, param(a, 0, wkn_), b.k, T, nkv * D, eps, off_);
+    }
+    rope_apply(ops, b.q, qs, false);
+    rope_apply(ops, b.k, ks, false);
   }
   const float scale = c_.attention_scale();
-  if (variant()) {  // sliding window, sinks, soft-capping (packed positions through the variant)
-    if (a.positions) {
-      ops.rope_fwd_at(b.q, a.positions, T, nq, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
-      ops.rope_fwd_at(b.k, a.positions, T, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
-    } else {
-      ops.rope_fwd(b.q, S, L, nq, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
-      ops.rope_fwd(b.k, S, L, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
-    }
-    if (!reuse)
-      ops.attention_fwd_v(b.q, b.k, b.v, b.o, with_lse ? b.lse : nullptr, S, L, nq, nkv, D, scale,
-                          attention_variant(a, false), b.attn);
-  } else if (a.positions) {  // packed sequences: positions and attention restart per example
-    ops.rope_fwd_at(b.q, a.positions, T, nq, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
-    ops.rope_fwd_at(b.k, a.positions, T, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
-    if (!reuse)
-      ops.attention_fwd_packed(b.q, b.k, b.v, b.o, with_lse ? b.lse : nullptr, a.positions, S, L, nq, nkv, D,
-                               scale, b.attn);
-  } else {
-    ops.rope_fwd(b.q, S, L, nq, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
-    ops.rope_fwd(b.k, S, L, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
-    if (!reuse)
-      ops.attention_fwd(b.q, b.k, b.v, b.o, with_lse ? b.lse : nullptr, S, L, nq, nkv, D, scale, b.attn);
+  float* lse = with_lse ? b.lse : nullptr;
+  if (!reuse) {
+    if (variant())  // sliding window, sinks, soft-capping (packed positions through the variant)
+      ops.attention_fwd_v(b.q, b.k, b.v, b.o, lse, S, L, nq, nkv, D, scale, attention_variant(a, false),
+                          b.attn);
+    else if (a.positions)  // packed sequences: attention restarts per example
+      ops.attention_fwd_packed(b.q, b.k, b.v, b.o, lse, a.positions, S, L, nq, nkv, D, scale, b.attn);
+    else ops.attention_fwd(b.q, b.k, b.v, b.o, lse, S, L, nq, nkv, D, scale, b.attn);
   }
   // OLMo 2, Gemma: o_proj's output (in xn, unused now) is normalized into h1
   void* attn = post_norm_branches() ? b.xn : b.h1;

@@ -156,8 +156,7 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
                                       const Fp8Set& f8) const {
   Ops& ops = *a.ops;
   const int64_t T = a.shape.tokens(), H = c_.hidden_size;
-  const int64_t nq = c_.num_attention_heads, nkv = c_.num_key_value_heads, D = c_.head_dim,
-                R = c_.rotary_dim();
+  const int64_t nq = c_.num_attention_heads, nkv = c_.num_key_value_heads, D = c_.head_dim;
   const float eps = float(c_.rms_norm_eps);
   const int64_t S = a.shape.n_seq, L = a.shape.seq_len;
   // this call's RoPE table (longrope: by the call's length; a backward's as its forward's)
@@ -179,35 +178,29 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
       ops, f8, lc, lora(LoraModule::o),
       {LoraModule::o, b.o, dattn, param(a, 0, wo_), grad(a, 0, wo_), b.dout, T, nq * D, H, false, 0, true});
   const float scale = c_.attention_scale();
-  if (variant()) {
+  if (variant())
     ops.attention_bwd_v(b.q, b.k, b.v, b.o, b.lse, b.dout, b.dq, b.dk, b.dv, S, L, nq, nkv, D, scale,
                         attention_variant(a, true), b.attn);
-    if (a.positions) {
-      ops.rope_bwd_at(b.dq, a.positions, T, nq, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
-      ops.rope_bwd_at(b.dk, a.positions, T, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
-    } else {
-      ops.rope_bwd(b.dq, S, L, nq, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
-      ops.rope_bwd(b.dk, S, L, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
-    }
-  } else if (a.positions) {
+  else if (a.positions)
     ops.attention_bwd_packed(b.q, b.k, b.v, b.o, b.lse, b.dout, a.positions, b.dq, b.dk, b.dv, S, L, nq, nkv,
                              D, scale, b.attn);
-    ops.rope_bwd_at(b.dq, a.positions, T, nq, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
-    ops.rope_bwd_at(b.dk, a.positions, T, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
-  } else {
+  else
     ops.attention_bwd(b.q, b.k, b.v, b.o, b.lse, b.dout, b.dq, b.dk, b.dv, S, L, nq, nkv, D, scale, b.attn);
-    ops.rope_bwd(b.dq, S, L, nq, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
-    ops.rope_bwd(b.dk, S, L, nkv, D, rope_.inv_freq.data(), rope_.attention_scaling, R);
-  }
-  void* dq_lin = b.dq;
-  void* dk_lin = b.dk;
-  if (c_.qk_norm) {  // dout and v are no longer read: they take the norms' input gradients
-    ops.rmsnorm_bwd(b.qr, param(a, 0, wqn_), b.dq, b.dout, grad(a, 0, wqn_), qk_norm_rows(T, nq),
-                    qk_norm_cols(nq), eps, false, off_);
-    ops.rmsnorm_bwd(b.kr, param(a, 0, wkn_), b.dk, b.v, grad(a, 0, wkn_), qk_norm_rows(T, nkv),
-                    qk_norm_cols(nkv), eps, false, off_);
-    dq_lin = b.dout;
-    dk_lin = b.v;
+  // RoPE's and the q/k norms' backward; with norms, dout and v (no longer read) take their
+  // input gradients
+  const Ops::QkNormRope qs = qk_norm_rope(a, rope_, nq), ks = qk_norm_rope(a, rope_, nkv);
+  void* dq_lin = c_.qk_norm ? b.dout : b.dq;
+  void* dk_lin = c_.qk_norm ? b.v : b.dk;
+  if (c_.qk_norm && !c_.qk_norm_whole) {
+    ops.qk_norm_rope_bwd(b.qr, param(a, 0, wqn_), b.dq, dq_lin, grad(a, 0, wqn_), qs);
+    ops.qk_norm_rope_bwd(b.kr, param(a, 0, wkn_), b.dk, dk_lin, grad(a, 0, wkn_), ks);
+  } else {
+    rope_apply(ops, b.dq, qs, true);
+    rope_apply(ops, b.dk, ks, true);
+    if (c_.qk_norm) {  // OLMo 2: over the whole q and k
+      ops.rmsnorm_bwd(b.qr, param(a, 0, wqn_), b.dq, dq_lin, grad(a, 0, wqn_), T, nq * D, eps, false, off_);
+      ops.rmsnorm_bwd(b.kr, param(a, 0, wkn_), b.dk, dk_lin, grad(a, 0, wkn_), T, nkv * D, eps, false, off_);
+    }
   }
   const void* xin = attention_input(a, b);
   bias_bwd(ops, a, bq_, dq_lin, T, nq * D);

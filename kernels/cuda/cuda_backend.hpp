@@ -94,6 +94,14 @@ void set_bucketed_streams(Ops& ops, int n);
 /// Parses an RP_CUDA_BUCKETED_STREAMS value, the initial set_bucketed_streams ("1".."4"; empty or
 /// unset -> 4); throws std::invalid_argument naming the variable and the accepted values otherwise.
 int parse_bucketed_streams(const char* text);
+/// Whether Ops::qk_norm_rope_fwd / _bwd run as one pass over the rows (true, the default;
+/// head_dim 64, 128 or 256 with full rotary) or as the separate norm and RoPE kernels (false),
+/// which give the same y and dx bits. Initial value from RP_CUDA_QK_NORM_ROPE. Throws
+/// std::invalid_argument for non-CUDA ops.
+void set_qk_norm_rope_fused(Ops& ops, bool on);
+/// Parses an RP_CUDA_QK_NORM_ROPE value ("fused", empty or unset -> true, "separate" -> false);
+/// throws std::invalid_argument naming the variable and the accepted values otherwise.
+bool parse_qk_norm_rope(const char* text);
 /// How many batches of the bucketed GEMMs these ops enqueued through cuBLASLt (first) and
 /// through cublasGemmBatchedEx (second) since they were made.
 std::pair<int64_t, int64_t> bucketed_batches(Ops& ops);

@@ -119,6 +119,21 @@ void k_gqa_group_sum(DType in_t, const void* in_k, const void* in_v, DType out_t
                      int64_t out_row, int64_t T, int64_t G, int64_t m, int64_t D, bool accumulate,
                      cudaStream_t st);
 
+// ---- Qwen3's per-head q/k norm + RoPE in one pass (cuda_qk_norm_rope.cu) -------------------
+/// rmsnorm_fwd over the rows [tokens * heads, D] of x, then RoPE on y at position pos[t]
+/// (clamped at 0; null: t % L), with the arithmetic and rounding of k_rmsnorm_fwd + k_rope /
+/// k_rope_at (bit for bit). Returns false, launching nothing, unless D is 64, 128 or 256, every
+/// feature rotates (R == D) and x, w, y are 16-byte aligned: the caller runs the separate kernels.
+bool k_qk_norm_rope_fwd(DType t, const void* x, const void* w, void* y, const int32_t* pos, int64_t tokens,
+                        int64_t L, int64_t heads, int64_t D, int64_t R, float eps, float w_off,
+                        const float* inv_freq, float scale, cudaStream_t st);
+/// The transposed rotation of dy (left unchanged) then rmsnorm_bwd into dx (overwritten) and
+/// dw (fp32, +=; null: none): dx as k_rope(transpose) + k_rmsnorm_bwd bit for bit, dw summed
+/// in another order. Same shape rule and return value as k_qk_norm_rope_fwd (dy, dx aligned).
+bool k_qk_norm_rope_bwd(DType t, const void* x, const void* w, const void* dy, void* dx, float* dw,
+                        const int32_t* pos, int64_t tokens, int64_t L, int64_t heads, int64_t D, int64_t R,
+                        float eps, float w_off, const float* inv_freq, float scale, cudaStream_t st);
+
 // ---- packed sequences and KV-cache decoding (cuda_packed.cu; CPU twins in cpu_packed.cpp) ---
 /// x [T, heads, D] rotated at positions pos[t] (device int32, clamped at 0); the first R
 /// features of each head rotate, as k_rope.

@@ -57,6 +57,7 @@ CudaOps::CudaOps(int device, cudaStream_t stream, DType dtype, unsigned* err)
   grouped_mode_ = parse_grouped_gemm(std::getenv("RP_CUDA_GROUPED_GEMM"));
   lt_batched_ok_ = parse_bucketed_lt(std::getenv("RP_CUDA_BUCKETED_LT"));
   bucketed_streams_ = parse_bucketed_streams(std::getenv("RP_CUDA_BUCKETED_STREAMS"));
+  qk_rope_fused_ = parse_qk_norm_rope(std::getenv("RP_CUDA_QK_NORM_ROPE"));
   set_device(dev_);
   RP_CUBLAS_CHECK(cublasLtCreate(&lt_));
   RP_CUDA_CHECK(cudaMalloc(&ws_, kWorkspaceBytes));

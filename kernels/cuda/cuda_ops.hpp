@@ -85,6 +85,9 @@ class CudaOps final : public Ops {
                    float scale, int64_t rotary_dim = 0) override;
   void rope_bwd_at(void* dx, const int32_t* pos, int64_t T, int64_t heads, int64_t D, const float* inv_freq,
                    float scale, int64_t rotary_dim = 0) override;
+  void qk_norm_rope_fwd(const void* x, const void* w, void* y, const QkNormRope& s) override;
+  void qk_norm_rope_bwd(const void* x, const void* w, void* dy, void* dx, void* dw,
+                        const QkNormRope& s) override;
   void attention_fwd_packed(const void* q, const void* k, const void* v, void* o, float* lse,
                             const int32_t* pos, int64_t n_seq, int64_t seq_len, int64_t nq, int64_t nkv,
                             int64_t D, float scale, void* scratch) override;
@@ -192,6 +195,8 @@ class CudaOps final : public Ops {
   /// cuda_backend.hpp, set_bucketed_lt and bucketed_batches.
   void set_bucketed_lt(bool on) { lt_batched_ok_ = on; }
   void set_bucketed_streams(int n) { bucketed_streams_ = n; }
+  /// cuda_backend.hpp's set_qk_norm_rope_fused.
+  void set_qk_norm_rope_fused(bool on) { qk_rope_fused_ = on; }
   std::pair<int64_t, int64_t> bucketed_batches() const { return {lt_batches_, legacy_batches_}; }
   /// cuda_backend.hpp's set_grouped_wgrad_kernel_max.
   void set_grouped_wgrad_kernel_max(int64_t side) { wgrad_kernel_max_ = side; }
@@ -313,6 +318,7 @@ class CudaOps final : public Ops {
   std::map<BatchedKey, Plan> batched_plans_;
   bool lt_batched_ok_ = true;                    // set_bucketed_lt
   int bucketed_streams_ = 4;                     // set_bucketed_streams
+  bool qk_rope_fused_ = true;                    // set_qk_norm_rope_fused (RP_CUDA_QK_NORM_ROPE)
   int64_t lt_batches_ = 0, legacy_batches_ = 0;  // bucketed_batches
   Plan* batched_plan(int which, int64_t K, int64_t N, int rows, int count);
   cublasStatus_t lt_batched_gemm(int which, int64_t K, int64_t N, int rows, int count, void* const* ptrs,

@@ -3,6 +3,7 @@
 // attention shares (cuda_attention_rows.cu) with a first key per row.
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.hpp"
+#include "kernels/cuda/cuda_norm_rope.cuh"
 
 namespace rp::cuda {
 namespace {
@@ -21,12 +22,12 @@ __global__ void rope_at_kernel(T* x, const int32_t* pos, int64_t total, int head
     const int d = int(i % half);
     const int64_t th = i / half;  // (token, head)
     const int64_t t = th / heads;
-    const float a = float(max(pos[t], 0)) * fr.f[d];
-    const float c = cosf(a) * scale, s = sign * sinf(a) * scale;
+    float c, s, y0, y1;
+    rope_cos_sin(float(max(pos[t], 0)), fr.f[d], scale, sign, c, s);
     T* x0 = x + th * D;
-    const float u = to_f(x0[d]), w = to_f(x0[d + half]);
-    x0[d] = from_f<T>(u * c - w * s);
-    x0[d + half] = from_f<T>(w * c + u * s);
+    rope_rotate(to_f(x0[d]), to_f(x0[d + half]), c, s, y0, y1);
+    x0[d] = from_f<T>(y0);
+    x0[d + half] = from_f<T>(y1);
   }
 }
 

@@ -10,6 +10,7 @@
 #include "kernels/cuda/cuda_arch.hpp"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.hpp"
+#include "kernels/cuda/cuda_norm_rope.cuh"
 
 namespace rp::cuda {
 namespace {
@@ -75,11 +76,10 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t j = int64_t(lane) * N; j < n; j += 32 * N) {
       float a[N];
       load_n<N, VEC>(xr + j, a);
-#pragma unroll
-      for (int e = 0; e < N; ++e) ss += a[e] * a[e];
+      ss = rms_sum_squares(a, ss);
     }
     ss = warp_sum(ss);
-    const float rs = 1.0f / sqrtf(ss / float(n) + eps);
+    const float rs = rms_inverse(ss, n, eps);
     T* yr = y + r * n;
     for (int64_t j = int64_t(lane) * N; j < n; j += 32 * N) {
       float a[N], b[N];
@@ -87,8 +87,7 @@ __global__ void __launch_bounds__(kThreads)
       load_n<N, VEC>(w + j, b);
 #pragma unroll
       for (int e = 0; e < N; ++e) {
-        // as HF: LLaMA rounds x*r first, Gemma (w_off 1) rounds the fp32 x*r*(1+w) once
-        a[e] = w_off != 0.f ? a[e] * rs * (b[e] + w_off) : to_f(from_f<T>(a[e] * rs)) * b[e];
+        a[e] = rms_output<T>(a[e], rs, b[e], w_off);
         if constexpr (AMAX) m = max(m, abs_bits(to_f(from_f<T>(a[e]))));
       }
       store_n<N, VEC>(yr + j, a);
@@ -123,15 +122,12 @@ __global__ void __launch_bounds__(kThreads)
       load_n<N, VEC>(xr + j, a);
       load_n<N, VEC>(dr + j, d);
       load_n<N, VEC>(w + j, b);
-#pragma unroll
-      for (int e = 0; e < N; ++e) {
-        ss += a[e] * a[e];
-        gx += d[e] * (b[e] + w_off) * a[e];
-      }
+      ss = rms_sum_squares(a, ss);
+      gx = rms_grad_dot(d, b, a, w_off, gx);
     }
     ss = warp_sum(ss);
     gx = warp_sum(gx);
-    const float rs = 1.0f / sqrtf(ss / float(n) + eps);
+    const float rs = rms_inverse(ss, n, eps);
     const float c = gx * rs / float(n);  // mean(g * xh)
     T* dxr = dx + r * n;
     for (int64_t j = int64_t(lane) * N; j < n; j += 32 * N) {
@@ -142,11 +138,11 @@ __global__ void __launch_bounds__(kThreads)
       if (acc) load_n<N, VEC>(dxr + j, o);
 #pragma unroll
       for (int e = 0; e < N; ++e) {
-        const float v = rs * (d[e] * (b[e] + w_off) - a[e] * (rs * c));
+        const float v = rms_input_grad(a[e], d[e], b[e], w_off, rs, c);
         o[e] = acc ? o[e] + v : v;
         if (!want_dw) continue;
-        if constexpr (PER_WARP) s_dw[j + e] += d[e] * a[e] * rs;
-        else atomicAdd(&s_dw[j + e], d[e] * a[e] * rs);
+        if constexpr (PER_WARP) s_dw[j + e] += __fmul_rn(__fmul_rn(d[e], a[e]), rs);
+        else atomicAdd(&s_dw[j + e], __fmul_rn(__fmul_rn(d[e], a[e]), rs));
       }
       store_n<N, VEC>(dxr + j, o);
     }
@@ -182,12 +178,8 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t t = idx / hp;
     const float p = float(t % L);
     float s0, c0, s1, c1;
-    sincosf(p * fr.f[i], &s0, &c0);
-    sincosf(p * fr.f[i + 1], &s1, &c1);
-    c0 *= scale;
-    c1 *= scale;
-    s0 *= scale * sign;
-    s1 *= scale * sign;
+    rope_cos_sin(p, fr.f[i], scale, sign, c0, s0);
+    rope_cos_sin(p, fr.f[i + 1], scale, sign, c1, s1);
     T* base = x + t * heads * D;
     for (int64_t hd = 0; hd < heads; ++hd) {
       T* r = base + hd * D;
@@ -195,11 +187,13 @@ __global__ void __launch_bounds__(kThreads)
       alignas(4) T hi2[2];
       *reinterpret_cast<uint32_t*>(lo2) = *reinterpret_cast<const uint32_t*>(r + i);
       *reinterpret_cast<uint32_t*>(hi2) = *reinterpret_cast<const uint32_t*>(r + i + half);
-      const float a0 = to_f(lo2[0]), a1 = to_f(lo2[1]), b0 = to_f(hi2[0]), b1 = to_f(hi2[1]);
-      lo2[0] = from_f<T>(a0 * c0 - b0 * s0);
-      lo2[1] = from_f<T>(a1 * c1 - b1 * s1);
-      hi2[0] = from_f<T>(b0 * c0 + a0 * s0);
-      hi2[1] = from_f<T>(b1 * c1 + a1 * s1);
+      float y0, y1, z0, z1;
+      rope_rotate(to_f(lo2[0]), to_f(hi2[0]), c0, s0, y0, z0);
+      rope_rotate(to_f(lo2[1]), to_f(hi2[1]), c1, s1, y1, z1);
+      lo2[0] = from_f<T>(y0);
+      lo2[1] = from_f<T>(y1);
+      hi2[0] = from_f<T>(z0);
+      hi2[1] = from_f<T>(z1);
       *reinterpret_cast<uint32_t*>(r + i) = *reinterpret_cast<const uint32_t*>(lo2);
       *reinterpret_cast<uint32_t*>(r + i + half) = *reinterpret_cast<const uint32_t*>(hi2);
     }
@@ -215,15 +209,12 @@ __global__ void __launch_bounds__(kThreads)
     const int i = int(idx % half);
     const int64_t row = idx / half;  // (token, head)
     const int64_t t = row / heads;
-    const float a = float(t % L) * fr.f[i];  // fp32 product, as HF and the CPU twin
-    float s, c;
-    sincosf(a, &s, &c);
-    c *= scale;
-    s *= scale * sign;
+    float s, c, y0, y1;
+    rope_cos_sin(float(t % L), fr.f[i], scale, sign, c, s);
     T* p = x + row * D;
-    const float x0 = to_f(p[i]), x1 = to_f(p[i + half]);
-    p[i] = from_f<T>(x0 * c - x1 * s);
-    p[i + half] = from_f<T>(x1 * c + x0 * s);
+    rope_rotate(to_f(p[i]), to_f(p[i + half]), c, s, y0, y1);
+    p[i] = from_f<T>(y0);
+    p[i + half] = from_f<T>(y1);
   }
 }
 

@@ -219,6 +219,8 @@ TEST(OpTableHarness, CoversTheBenchmarkedOps) {
                          "rmsnorm_bwd",
                          "rope_fwd",
                          "rope_bwd",
+                         "qk_norm_rope_fwd",
+                         "qk_norm_rope_bwd",
                          "swiglu_fwd",
                          "swiglu_bwd",
                          "geglu_fwd",

@@ -1,7 +1,8 @@
 // Op-table cases of the memory-bound ops at Qwen3-1.7B shapes (8192 tokens, hidden 2048, 16
 // query heads of 128, FFN 6144): RMSNorm (also as Qwen3's q_norm and with Gemma's weight offset),
-// RoPE (full and Phi-4-mini's partial rotary), SwiGLU, GeGLU, the residual add, the memory
-// helpers, dropout, and the dequantization of every stored weight form (50M values).
+// RoPE (full and Phi-4-mini's partial rotary), q norm + RoPE in one call, SwiGLU, GeGLU, the
+// residual add, the memory helpers, dropout, and the dequantization of every stored weight form
+// (50M values).
 #include <cmath>
 #include <memory>
 #include <string>
@@ -51,6 +52,34 @@ void add_rope(std::vector<OpCase>& v, const std::string& tag, int64_t T, int64_t
     };
     v.push_back(c);
   }
+}
+
+// Qwen3's per-head q norm followed by RoPE, one call each way, on [T, heads, D] (theta 1e6);
+// the backward's dy is an input the CPU twin rotates in place (the op's contract: scratch).
+void add_qk_norm_rope(std::vector<OpCase>& v, const std::string& tag, int64_t T, int64_t heads, int64_t D) {
+  auto inv = std::make_shared<std::vector<float>>(size_t(D / 2));
+  for (int64_t i = 0; i < D / 2; ++i) (*inv)[size_t(i)] = float(std::pow(1e6, -2.0 * double(i) / double(D)));
+  const int64_t n = T * heads * D;
+  const std::string sh =
+      "[" + std::to_string(T) + ", " + std::to_string(heads) + ", " + std::to_string(D) + "]";
+  auto shape = [=] {
+    Ops::QkNormRope s;
+    s.n_seq = 1;
+    s.seq_len = T;
+    s.heads = heads;
+    s.head_dim = D;
+    s.inv_freq = inv->data();
+    return s;
+  };
+  OpCase f{"qk_norm_rope_fwd_" + tag, "qk_norm_rope_fwd", sh};
+  f.tensors = {input("x", C, n), input("w", C, D), output("y", C, n)};
+  f.run = [=](Ops& o, const Buffers& b) { o.qk_norm_rope_fwd(b[0], b[1], b[2], shape()); };
+  v.push_back(f);
+  OpCase bw{"qk_norm_rope_bwd_" + tag, "qk_norm_rope_bwd", sh + " dw f32 +="};
+  bw.tensors = {input("x", C, n), input("w", C, D), input("dy", C, n), output("dx", C, n),
+                inout("dw", F32, D, normal(0.1f))};
+  bw.run = [=](Ops& o, const Buffers& b) { o.qk_norm_rope_bwd(b[0], b[1], b[2], b[3], b[4], shape()); };
+  v.push_back(bw);
 }
 
 // swiglu / geglu forward and backward over n elements.
@@ -131,6 +160,7 @@ void add_elementwise_cases(std::vector<OpCase>& v, Size s) {
   add_rmsnorm(v, "gemma_offset", T, H, 1.f);
   add_rope(v, "full", T, nq, D, D);
   add_rope(v, "partial", T, nq, D, D * 3 / 4);
+  add_qk_norm_rope(v, "q", T, nq, 128);  // head_dim 128 at both sizes: the one-pass kernel's shape
   add_glu(v, "swiglu", T * F, mat(T, F));
   add_glu(v, "geglu", T * F, mat(T, F));
   add_helpers(v, T * H, T * F, mat(T, H), mat(T, F));
