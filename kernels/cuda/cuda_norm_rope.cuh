@@ -39,7 +39,8 @@ __device__ __forceinline__ float rms_inverse(float ss, int64_t n, float eps) {
 /// Gemma (w_off 1) rounds the fp32 x*r*(1+w) once.
 template <typename T>
 __device__ __forceinline__ float rms_output(float x, float rs, float w, float w_off) {
-  return w_off != 0.f ? __fmul_rn(__fmul_rn(x, rs), w + w_off) : __fmul_rn(to_f(from_f<T>(__fmul_rn(x, rs))), w);
+  return w_off != 0.f ? __fmul_rn(__fmul_rn(x, rs), w + w_off)
+                      : __fmul_rn(to_f(from_f<T>(__fmul_rn(x, rs))), w);
 }
 
 /// One lane's share of sum_j g_j xh_j / r (g = dy (w + w_off)): gx + sum_e dy[e](w[e]+w_off) x[e].

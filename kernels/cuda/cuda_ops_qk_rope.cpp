@@ -31,19 +31,22 @@ void CudaOps::qk_norm_rope_fwd(const void* x, const void* w, void* y, const QkNo
   Ops::qk_norm_rope_fwd(x, w, y, s);
 }
 
-void CudaOps::qk_norm_rope_bwd(const void* x, const void* w, void* dy, void* dx, void* dw, const QkNormRope& s) {
+void CudaOps::qk_norm_rope_bwd(const void* x, const void* w, void* dy, void* dx, void* dw,
+                               const QkNormRope& s) {
   check(s, "qk_norm_rope_bwd");
   if (dx == dy || dx == x) throw std::invalid_argument("qk_norm_rope_bwd: dx aliases x or dy");
   const int64_t R = s.rotary_dim == 0 ? s.head_dim : s.rotary_dim;
   set_device(dev_);
-  if (qk_rope_fused_ && k_qk_norm_rope_bwd(dtype_, x, w, dy, dx, static_cast<float*>(dw), s.pos,
-                                           s.n_seq * s.seq_len, s.seq_len, s.heads, s.head_dim, R, s.eps,
-                                           s.w_offset, s.inv_freq, s.rope_scale, st_))
+  if (qk_rope_fused_ &&
+      k_qk_norm_rope_bwd(dtype_, x, w, dy, dx, static_cast<float*>(dw), s.pos, s.n_seq * s.seq_len, s.seq_len,
+                         s.heads, s.head_dim, R, s.eps, s.w_offset, s.inv_freq, s.rope_scale, st_))
     return;
   Ops::qk_norm_rope_bwd(x, w, dy, dx, dw, s);
 }
 
-void set_qk_norm_rope_fused(Ops& ops, bool on) { cuda_ops(ops, "set_qk_norm_rope_fused").set_qk_norm_rope_fused(on); }
+void set_qk_norm_rope_fused(Ops& ops, bool on) {
+  cuda_ops(ops, "set_qk_norm_rope_fused").set_qk_norm_rope_fused(on);
+}
 
 bool parse_qk_norm_rope(const char* text) {
   if (!text || !*text) return true;

@@ -53,8 +53,8 @@ __device__ __forceinline__ void rotate_lane(const float (&v)[8], const float (&c
 }
 
 template <bool POS>
-__device__ __forceinline__ void lane_cos_sin(const int32_t* pos, int64_t t, int64_t L, const QkFreq& fr, int f0,
-                                             float scale, float sign, float (&c)[8], float (&s)[8]) {
+__device__ __forceinline__ void lane_cos_sin(const int32_t* pos, int64_t t, int64_t L, const QkFreq& fr,
+                                             int f0, float scale, float sign, float (&c)[8], float (&s)[8]) {
   const float p = POS ? float(max(pos[t], 0)) : float(t % L);
 #pragma unroll
   for (int e = 0; e < 8; ++e) rope_cos_sin(p, fr.f[f0 + e], scale, sign, c[e], s[e]);
@@ -91,7 +91,8 @@ __global__ void __launch_bounds__(kThreadsQk)
 template <typename T, int LPR, bool POS>
 __global__ void __launch_bounds__(kThreadsQk)
     qk_norm_rope_bwd_kernel(const T* x, const T* w, const T* dy, T* dx, float* dw, const int32_t* pos,
-                            int64_t tokens, int64_t L, int heads, float eps, float w_off, QkFreq fr, float scale) {
+                            int64_t tokens, int64_t L, int heads, float eps, float w_off, QkFreq fr,
+                            float scale) {
   constexpr int D = LPR * 8, G = 32 / LPR;
   __shared__ float s_dw[kWarpsQk][D];
   const int lane = threadIdx.x & 31, l = lane % LPR, g = lane / LPR;
@@ -180,8 +181,8 @@ bool k_qk_norm_rope_fwd(DType t, const void* x, const void* w, void* y, const in
   RP_DISPATCH_16("qk_norm_rope_fwd", t, T, dispatch_rows(D, pos != nullptr, [&](auto lpr, auto with_pos) {
                    qk_norm_rope_fwd_kernel<T, decltype(lpr)::value, decltype(with_pos)::value>
                        <<<qk_grid(tokens), kThreadsQk, 0, st>>>(
-                           static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y), pos, tokens,
-                           L, int(heads), eps, w_off, fr, scale);
+                           static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y), pos,
+                           tokens, L, int(heads), eps, w_off, fr, scale);
                  }));
   RP_CUDA_LAUNCH_CHECK("qk_norm_rope_fwd");
   return true;

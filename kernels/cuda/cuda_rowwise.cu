@@ -96,13 +96,63 @@ __global__ void __launch_bounds__(kThreads)
   if constexpr (AMAX) block_amax_into<kThreads>(m, amax);
 }
 
+// rmsnorm_fwd_kernel for rows of at most kRegChunks * 256 columns (n % 8 == 0, 16-byte aligned
+// rows): a lane's chunks j = lane*8 + k*256 are all loaded before any is used and stay in
+// registers for the output, so a row costs one memory round trip instead of one per chunk plus
+// a second pass. Same adds in the same order as rmsnorm_fwd_kernel: the same bits.
+constexpr int kRegChunks = 16;
+template <typename T, bool AMAX>
+__global__ void __launch_bounds__(kThreads)
+    rmsnorm_fwd_regs_kernel(const T* x, const T* w, T* y, int64_t R, int64_t n, float eps, float w_off,
+                            unsigned* amax) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+  unsigned m = 0;
+  for (int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; r < R; r += warps) {
+    const T* xr = x + r * n;
+    uint4 raw[kRegChunks];
+#pragma unroll
+    for (int k = 0; k < kRegChunks; ++k)
+      if (int64_t(lane) * 8 + k * 256 < n) raw[k] = *reinterpret_cast<const uint4*>(xr + lane * 8 + k * 256);
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < kRegChunks; ++k)
+      if (int64_t(lane) * 8 + k * 256 < n) {
+        float a[8];
+        load_n<8, true>(reinterpret_cast<const T*>(&raw[k]), a);
+        ss = rms_sum_squares(a, ss);
+      }
+    ss = warp_sum(ss);
+    const float rs = rms_inverse(ss, n, eps);
+    T* yr = y + r * n;
+#pragma unroll
+    for (int k = 0; k < kRegChunks; ++k) {
+      const int64_t j = int64_t(lane) * 8 + k * 256;
+      if (j >= n) continue;
+      float a[8], b[8];
+      load_n<8, true>(reinterpret_cast<const T*>(&raw[k]), a);
+      load_n<8, true>(w + j, b);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        a[e] = rms_output<T>(a[e], rs, b[e], w_off);
+        if constexpr (AMAX) m = max(m, abs_bits(to_f(from_f<T>(a[e]))));
+      }
+      store_n<8, true>(yr + j, a);
+    }
+  }
+  if constexpr (AMAX) block_amax_into<kThreads>(m, amax);
+}
+
 // dw partial sums live in shared memory and are added to dw once per block: one row of
 // n floats per warp (PER_WARP: plain adds, each lane owns its columns) or one row shared
-// by the block's warps (shared-memory atomics; for long rows).
-template <typename T, bool VEC, bool PER_WARP>
+// by the block's warps (shared-memory atomics; for long rows). C > 0 (VEC rows of at most
+// C * 256 columns): a lane's chunks of x and dy are all loaded before any is used and stay in
+// registers for the second pass, as rmsnorm_fwd_regs_kernel; the same adds in the same order.
+template <typename T, bool VEC, bool PER_WARP, int C = 0>
 __global__ void __launch_bounds__(kThreads)
     rmsnorm_bwd_kernel(const T* x, const T* w, const T* dy, T* dx, float* dw, int64_t R, int64_t n, float eps,
                        bool acc, float w_off) {
+  static_assert(C == 0 || VEC, "register rows need 16-byte chunks");
   extern __shared__ float s_all[];
   constexpr int N = VEC ? kVec : 1;
   constexpr int kWarps = kThreads / 32;
@@ -116,24 +166,22 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; r < R; r += warps) {
     const T* xr = x + r * n;
     const T* dr = dy + r * n;
-    float ss = 0.f, gx = 0.f;
-    for (int64_t j = int64_t(lane) * N; j < n; j += 32 * N) {
-      float a[N], d[N], b[N];
-      load_n<N, VEC>(xr + j, a);
-      load_n<N, VEC>(dr + j, d);
+    T* dxr = dx + r * n;
+    float ss = 0.f, gx = 0.f, rs = 0.f, c = 0.f;
+    auto sums = [&](const float(&a)[N], const float(&d)[N], int64_t j) {
+      float b[N];
       load_n<N, VEC>(w + j, b);
       ss = rms_sum_squares(a, ss);
       gx = rms_grad_dot(d, b, a, w_off, gx);
-    }
-    ss = warp_sum(ss);
-    gx = warp_sum(gx);
-    const float rs = rms_inverse(ss, n, eps);
-    const float c = gx * rs / float(n);  // mean(g * xh)
-    T* dxr = dx + r * n;
-    for (int64_t j = int64_t(lane) * N; j < n; j += 32 * N) {
-      float a[N], d[N], b[N], o[N];
-      load_n<N, VEC>(xr + j, a);
-      load_n<N, VEC>(dr + j, d);
+    };
+    auto finish = [&] {
+      ss = warp_sum(ss);
+      gx = warp_sum(gx);
+      rs = rms_inverse(ss, n, eps);
+      c = gx * rs / float(n);  // mean(g * xh)
+    };
+    auto output = [&](const float(&a)[N], const float(&d)[N], int64_t j) {
+      float b[N], o[N];
       load_n<N, VEC>(w + j, b);
       if (acc) load_n<N, VEC>(dxr + j, o);
 #pragma unroll
@@ -145,6 +193,44 @@ __global__ void __launch_bounds__(kThreads)
         else atomicAdd(&s_dw[j + e], __fmul_rn(__fmul_rn(d[e], a[e]), rs));
       }
       store_n<N, VEC>(dxr + j, o);
+    };
+    if constexpr (C > 0) {
+      uint4 xa[C], da[C];
+#pragma unroll
+      for (int k = 0; k < C; ++k)
+        if (int64_t(lane) * 8 + k * 256 < n) {
+          xa[k] = *reinterpret_cast<const uint4*>(xr + lane * 8 + k * 256);
+          da[k] = *reinterpret_cast<const uint4*>(dr + lane * 8 + k * 256);
+        }
+      float a[N], d[N];
+#pragma unroll
+      for (int k = 0; k < C; ++k)
+        if (int64_t(lane) * 8 + k * 256 < n) {
+          load_n<N, true>(reinterpret_cast<const T*>(&xa[k]), a);
+          load_n<N, true>(reinterpret_cast<const T*>(&da[k]), d);
+          sums(a, d, lane * 8 + k * 256);
+        }
+      finish();
+#pragma unroll
+      for (int k = 0; k < C; ++k)
+        if (int64_t(lane) * 8 + k * 256 < n) {
+          load_n<N, true>(reinterpret_cast<const T*>(&xa[k]), a);
+          load_n<N, true>(reinterpret_cast<const T*>(&da[k]), d);
+          output(a, d, lane * 8 + k * 256);
+        }
+    } else {
+      float a[N], d[N];
+      for (int64_t j = int64_t(lane) * N; j < n; j += 32 * N) {
+        load_n<N, VEC>(xr + j, a);
+        load_n<N, VEC>(dr + j, d);
+        sums(a, d, j);
+      }
+      finish();
+      for (int64_t j = int64_t(lane) * N; j < n; j += 32 * N) {
+        load_n<N, VEC>(xr + j, a);
+        load_n<N, VEC>(dr + j, d);
+        output(a, d, j);
+      }
     }
   }
   if (!want_dw) return;
@@ -365,11 +451,18 @@ void k_rmsnorm_fwd(DType t, const void* x, const void* w, void* y, int64_t R, in
   if (R <= 0) return;
   const bool vec = n % kVec == 0 && aligned16(x) && aligned16(w) && aligned16(y);
   const unsigned grid = grid_for(R, kThreads / 32, int64_t(num_sms()) * 16);
+  // rows of 2-16 chunks a lane in registers; a row of one chunk has no second pass to save, and
+  // there the register kernel's unused chunks only cost occupancy (q/k norms: 3x slower)
+  const bool regs = vec && n >= 512 && n <= int64_t(kRegChunks) * 256;
   RP_DISPATCH_16("rmsnorm_fwd", t, T, {
     const T* xt = static_cast<const T*>(x);
     const T* wt = static_cast<const T*>(w);
     T* yt = static_cast<T*>(y);
-    if (vec && amax)
+    if (regs && amax)
+      rmsnorm_fwd_regs_kernel<T, true><<<grid, kThreads, 0, st>>>(xt, wt, yt, R, n, eps, w_off, amax);
+    else if (regs)
+      rmsnorm_fwd_regs_kernel<T, false><<<grid, kThreads, 0, st>>>(xt, wt, yt, R, n, eps, w_off, nullptr);
+    else if (vec && amax)
       rmsnorm_fwd_kernel<T, true, true><<<grid, kThreads, 0, st>>>(xt, wt, yt, R, n, eps, w_off, amax);
     else if (vec)
       rmsnorm_fwd_kernel<T, true, false><<<grid, kThreads, 0, st>>>(xt, wt, yt, R, n, eps, w_off, nullptr);
@@ -391,8 +484,12 @@ void k_rmsnorm_bwd(DType t, const void* x, const void* w, const void* dy, void* 
     throw std::invalid_argument("rmsnorm_bwd: rows longer than " + std::to_string(max_dynamic_smem() / 4) +
                                 " columns are not supported on this GPU");
   RP_DISPATCH_16("rmsnorm_bwd", t, T, {
-    auto kern = vec ? (per_warp ? rmsnorm_bwd_kernel<T, true, true> : rmsnorm_bwd_kernel<T, true, false>)
-                    : (per_warp ? rmsnorm_bwd_kernel<T, false, true> : rmsnorm_bwd_kernel<T, false, false>);
+    // rows of 512 to 2048 / 3072 columns keep x and dy in registers (2-8 / 12 chunks a lane;
+    // shorter rows have no second pass to save, as in k_rmsnorm_fwd)
+    auto kern = vec && per_warp && n >= 512 && n <= 2048   ? rmsnorm_bwd_kernel<T, true, true, 8>
+                : vec && per_warp && n >= 512 && n <= 3072 ? rmsnorm_bwd_kernel<T, true, true, 12>
+                : vec ? (per_warp ? rmsnorm_bwd_kernel<T, true, true> : rmsnorm_bwd_kernel<T, true, false>)
+                      : (per_warp ? rmsnorm_bwd_kernel<T, false, true> : rmsnorm_bwd_kernel<T, false, false>);
     if (smem > 48 * 1024)
       RP_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     // exactly the blocks that fit on the chip at once, each summing many rows into its shared

@@ -197,7 +197,9 @@ TEST_P(CudaRMSNorm, WeightOffsetMatchesCpu) {
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaRMSNorm,
                          ::testing::Values(NormShape{64, 2048}, NormShape{1000, 128}, NormShape{40, 5120},
-                                           NormShape{33, 100}, NormShape{5, 7}));
+                                           NormShape{33, 100}, NormShape{5, 7}, NormShape{17, 2560},
+                                           NormShape{9, 4096}, NormShape{3, 4104}, NormShape{11, 512},
+                                           NormShape{5, 3072}));
 
 TEST_F(CudaOpsTest, RoPE) {
   for (const char* type : {"default", "yarn"}) {

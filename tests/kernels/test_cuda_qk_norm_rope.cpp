@@ -54,7 +54,8 @@ class CudaQkNormRope : public CudaOpsTest {
     VecF y, dx, dw, dy_after;
   };
   // fwd and bwd on the GPU, one pass (fused) or the separate kernels, from the same inputs
-  Out gpu(const QkCase& c, bool fused, VecF& x, VecF& w, VecF& dy, std::vector<int32_t>& pos, RopeTable& tab) {
+  Out gpu(const QkCase& c, bool fused, VecF& x, VecF& w, VecF& dy, std::vector<int32_t>& pos,
+          RopeTable& tab) {
 #ifdef RP_HAVE_CUDA
     cuda::set_qk_norm_rope_fused(ops(), fused);
 #endif
@@ -108,7 +109,8 @@ class CudaQkNormRope : public CudaOpsTest {
       EXPECT_TRUE(same_bits(one.dy_after, sep.dy_after, what + " dy rotated back"));
     }
     // the CPU twin: the two calls on fp32 copies of the rounded inputs
-    VecF cx = tail(x, c.misalign), cdy = tail(dy, c.misalign), ry(cx.size()), rdx(cx.size()), rdw(size_t(c.D));
+    VecF cx = tail(x, c.misalign), cdy = tail(dy, c.misalign), ry(cx.size()), rdx(cx.size()),
+         rdw(size_t(c.D));
     Ops::QkNormRope s = shape(c, tab);
     s.pos = c.packed ? pos.data() : nullptr;
     cpu_->qk_norm_rope_fwd(cx.data(), w.data(), ry.data(), s);
@@ -130,8 +132,8 @@ TEST_F(CudaQkNormRope, OnePassEqualsTheSeparateKernelsAndTheCpu) {
 
 // Shapes the one pass refuses run the separate kernels, through Ops' defaults.
 TEST_F(CudaQkNormRope, OtherShapesTakeTheSeparateKernels) {
-  check({128, 96, 3, false, 0.f});   // partial rotary
-  check({96, 96, 2, true, 0.f});     // head_dim 96
+  check({128, 96, 3, false, 0.f});      // partial rotary
+  check({96, 96, 2, true, 0.f});        // head_dim 96
   check({128, 128, 3, false, 0.f, 1});  // rows 2 bytes past a 16-byte boundary
 }
 
