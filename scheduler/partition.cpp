@@ -379,10 +379,10 @@ std::vector<StageEstimate> check_plan(const std::vector<LayerCost>& costs, const
     const Stage& s = plan.stages[i];
     StageEstimate e = estimate_stage(costs, s, opt);
     if (opt.memory_cap > 0 && e.work_bytes > opt.memory_cap)
-      throw std::invalid_argument(
-          fmt::format("{}: {} stage {} (layers {}-{}) needs {} ({}), over the memory cap {}", where,
-                      stage_kind_name(s.kind), i, s.first, s.last, format_bytes(double(e.work_bytes)),
-                      memory_breakdown(e, opt), format_bytes(double(opt.memory_cap))));
+      throw std::invalid_argument(fmt::format("{}: stage {} {} needs {} ({}), over the memory cap {}", where,
+                                              i, s.label(), format_bytes(double(e.work_bytes)),
+                                              memory_breakdown(e, opt),
+                                              format_bytes(double(opt.memory_cap))));
     out.push_back(e);
   }
   return out;

@@ -93,6 +93,40 @@ TEST(CliPlanGiven, ARefusedPrefetchIsNamedAndCharged) {
   fs::remove_all(d);
 }
 
+// kBase under the H200's own memory cap instead of 6.7 GiB.
+std::string uncapped() {
+  const auto cap = kBase.find(" --memory-cap");
+  return kBase.substr(0, cap) + kBase.substr(kBase.find(" --micro", cap));
+}
+
+// An error about a plan names a stage as the table and the summary line show it: its row,
+// counted from 0, and its label; a layout error used to count from 1, a stage over the cap
+// gave its layers lowest first.
+TEST(CliPlanGiven, ErrorsNameAStageAsTheTableDoes) {
+  auto d = tmpdir();
+  const std::string plan =
+      R"({"forward":[[0,13],[14,28]],"tail":[29,29],"backward":[[28,17],[16,12],[11,6],[5,0]]})";
+  const CliRun t = roundpipe(uncapped() + " --plan '" + plan + "'", d);
+  ASSERT_EQ(t.code, 0) << t.err;
+  EXPECT_NE(t.out.find("\n    3  backward  28-17 (d27..d16)"), std::string::npos) << t.out;
+  EXPECT_NE(summary_of(t.out).find(" B[28-17] "), std::string::npos) << t.out;
+  const CliRun over = roundpipe(kBase + " --plan '" + plan + "'", d);  // 6.7 GiB: B[28-17] is over
+  EXPECT_EQ(over.err.find("roundpipe: error: --plan: stage 3 B[28-17] needs "), 0u) << over.err;
+  const std::string gap =
+      R"({"forward":[[0,13],[14,28]],"tail":[29,29],"backward":[[28,17],[15,12],[11,6],[5,0]]})";
+  const CliRun g = roundpipe(uncapped() + " --plan '" + gap + "'", d);
+  EXPECT_EQ(g.err.find("roundpipe: error: --plan: stage 4 B[15-12] starts at layer 15, expected layer 16"),
+            0u)
+      << g.err;
+  const CliRun f = roundpipe(uncapped() + " --plan '" + R"({"forward":[[0,13],[15,28]],"tail":[29,29],)" +
+                                 R"("backward":[[28,0]]})" + "'",
+                             d);
+  EXPECT_EQ(f.err.find("roundpipe: error: --plan: stage 1 F[15-28] starts at layer 15, expected layer 14"),
+            0u)
+      << f.err;
+  fs::remove_all(d);
+}
+
 TEST(CliPlanGiven, ABadPlanIsOneLineNamingItsSource) {
   auto d = tmpdir();
   write(d / "bad.json", "{\"forward\": [[0, 3]],\n \"tail\": oops}");
@@ -106,7 +140,7 @@ TEST(CliPlanGiven, ABadPlanIsOneLineNamingItsSource) {
       {"--plan " + (d / "specplan.json").string(), (d / "specplan.json").string() + ": key 'plan'"},
       {"--plan " + (d / "none.json").string(), (d / "none.json").string() + ": cannot open"},
       {"--plan '{\"forward\":[[0,5]],\"tail\":[6,6],\"backward\":[[5,0]]}'", "--plan"},
-      {"--plan '" + over + "'", "--plan: forward stage 0 (layers 0-28) needs"},
+      {"--plan '" + over + "'", "--plan: stage 0 F[0-28] needs"},
       {"--max-seq --plan '" + over + "'", "--plan with --max-seq"},
       {"--plan ''", "--plan: expected a plan as JSON or a file holding one, got nothing"},
       {"--plan '[1, 2]'", "--plan: expected a plan object"},
@@ -117,9 +151,8 @@ TEST(CliPlanGiven, ABadPlanIsOneLineNamingItsSource) {
        (d / "deep.json").string() + ": invalid JSON: objects and lists"},
       {"--plan /dev/zero", "/dev/zero: is a device, expected a JSON file"},
       {"--plan '{\"forward\":[[0,40]],\"tail\":[41,41],\"backward\":[[40,0]]}'",
-       "--plan: tail stage covers layers 41-41, expected 41-29 (the model's layers are 0-29: the embedding, "
-       "28 "
-       "decoders, the tail)"},
+       "--plan: stage 0 F[0-40] runs to layer 40; forward stages end by layer 28, before the tail "
+       "(the model's layers are 0-29: the embedding, 28 decoders, the tail)"},
       {"--plan " + (d / "keep.json").string() + " --trace " + (d / "keep.json").string() + " --force",
        "--trace: '" + (d / "keep.json").string() + "' is or lies inside the input"},
       {"--plan '" + over + "' --trace " + (d / "no_folder" / "t.json").string(),
