@@ -186,7 +186,21 @@ TEST(Partition, ErrorNamesTheLayerThatCannotFit) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("layer 5 (decoder 4)"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("memory cap"), std::string::npos) << e.what();
+    // the room a second weight buffer takes is said in bytes, not as a "+1" that reads like a size
+    EXPECT_NE(std::string(e.what()).find(
+                  "weights 3.91 KiB plus 3.91 KiB of room to prefetch the next stage's weights, gradients"),
+              std::string::npos)
+        << e.what();
   }
+  o.weight_buffers = 1;  // no prefetch: none claimed
+  costs[5].weight_bytes = 6000;
+  try {
+    partition(costs, o);
+    FAIL() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(std::string(e.what()).find("prefetch"), std::string::npos) << e.what();
+  }
+  o.weight_buffers = 2;
   costs = uniform_costs(8, 1.0, 3.0);
   costs.back().weight_bytes = 9000;  // the tail cannot fit at all
   try {
@@ -253,6 +267,10 @@ TEST(Partition, InvalidExplicitPlansAreRejectedWithTheReason) {
   o.memory_cap = 600;  // the forward stage's working set: 600 B of weights and 6 outputs of 10 B
   expect_reason({{"forward", {{0, 5}}}, {"tail", {6, 7}}, {"backward", {{5, 0}}}},
                 "spec.plan: stage 0 F[0-5] needs ");
+  // the cap is checked against the working set: no room to prefetch is counted, nor claimed
+  // (the weights used to read "600 B (+1 for the next stage's)")
+  expect_reason({{"forward", {{0, 5}}}, {"tail", {6, 7}}, {"backward", {{5, 0}}}},
+                "(weights 600 B, gradients");
   // a plan for another model
   o.memory_cap = 0;
   IterationPlan p = make_uniform_plan(10, 2, 1);
