@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <regex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -124,6 +125,64 @@ TEST(CliPlanGiven, ErrorsNameAStageAsTheTableDoes) {
   EXPECT_EQ(f.err.find("roundpipe: error: --plan: stage 1 F[15-28] starts at layer 15, expected layer 14"),
             0u)
       << f.err;
+  fs::remove_all(d);
+}
+
+// The number before the first " GiB" that `pattern` (a regex ending in "([0-9.]+) GiB") matches in
+// `text`, or -1.
+double gib(const std::string& text, const std::string& pattern) {
+  std::smatch m;
+  return std::regex_search(text, m, std::regex(pattern)) ? std::stod(m[1]) : -1;
+}
+
+// The table's memory column, GiB per stage in table order.
+std::vector<double> memory_column(const std::string& out) {
+  std::vector<double> v;
+  const std::regex row("\n +[0-9]+  (forward|tail|backward) [^\n]* ([0-9.]+) (GiB|MiB)");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), row); it != std::sregex_iterator(); ++it)
+    v.push_back(std::stod((*it)[2]) / ((*it)[3] == "MiB" ? 1024 : 1));
+  return v;
+}
+
+// The line above the table says what its memory column counts, and the column counts that: the
+// working set plus as much again as the stage's weights for the next stage's prefetch, or the
+// working set alone where the cap leaves no room to prefetch.
+TEST(CliPlanGiven, TheMemoryColumnIsWhatItsLegendSays) {
+  auto d = tmpdir();
+  const std::string legend = "\n          memory = working set (weights, gradients, activations, scratch)";
+  const std::string plan =
+      R"({"forward":[[0,13],[14,28]],"tail":[29,29],"backward":[[28,17],[16,12],[11,6],[5,0]]})";
+  const CliRun t = roundpipe(uncapped() + " --plan '" + plan + "'", d);
+  ASSERT_EQ(t.code, 0) << t.err;
+  EXPECT_NE(t.out.find(legend + " + as much again as its weights, to prefetch the next stage's\nstage  kind"),
+            std::string::npos)
+      << t.out;
+  // stage 3 over a 6.7 GiB cap: the error gives its working set and its weights
+  const CliRun over = roundpipe(kBase + " --plan '" + plan + "'", d);
+  const double work = gib(over.err, " needs ([0-9.]+) GiB"),
+               weights = gib(over.err, "\\(weights ([0-9.]+) GiB");
+  ASSERT_GT(work, 0) << over.err;
+  ASSERT_GT(weights, 0) << over.err;
+  ASSERT_EQ(memory_column(t.out).size(), 7u) << t.out;
+  EXPECT_NEAR(memory_column(t.out)[3], work + weights, 0.011) << t.out << over.err;
+  // 4.6 GiB leaves the automatic plan no room to prefetch: its column is each stage's working
+  // set, within the cap, and the same plan given back (whose stages are planned with the room)
+  // shows more for every stage
+  const std::string tight = uncapped() + " --memory-cap 4.6GiB";
+  const CliRun a = roundpipe(tight, d);
+  ASSERT_EQ(a.code, 0) << a.err;
+  EXPECT_NE(a.out.find(legend + "; no room under the cap to prefetch the next stage's weights\nstage  kind"),
+            std::string::npos)
+      << a.out;
+  const CliRun g = roundpipe(uncapped() + " --plan '" + json_of(summary_of(a.out)) + "'", d);
+  ASSERT_EQ(g.code, 0) << g.err;
+  const std::vector<double> alone = memory_column(a.out), with_room = memory_column(g.out);
+  ASSERT_EQ(alone.size(), with_room.size()) << a.out << g.out;
+  ASSERT_GT(alone.size(), 3u) << a.out;
+  for (size_t i = 0; i < alone.size(); ++i) {
+    EXPECT_LE(alone[i], 4.6) << i << a.out;
+    EXPECT_GT(with_room[i], alone[i]) << i << a.out << g.out;
+  }
   fs::remove_all(d);
 }
 
