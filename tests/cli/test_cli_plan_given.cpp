@@ -216,7 +216,15 @@ TEST(CliPlanGiven, ABadPlanIsOneLineNamingItsSource) {
        "--trace: '" + (d / "keep.json").string() + "' is or lies inside the input"},
       {"--plan '" + over + "' --trace " + (d / "no_folder" / "t.json").string(),
        "--trace " + (d / "no_folder" / "t.json").string() + ": the folder"},
+      // an empty plan used to be read as the uniform default plan, printed as "given with --plan"
+      {"--plan '{}'",
+       "--plan: the plan is empty; expected \"forward\", \"tail\" and \"backward\" stages, or "
+       "one or more of \"forward_layers\", \"backward_layers\", \"tail_decoders\""},
+      {"--plan ' {\"plan\": {}}'", "--plan: key 'plan': the plan is empty; expected \"forward\""},
+      {"--plan " + (d / "emptyplan.json").string(),
+       (d / "emptyplan.json").string() + ": key 'plan': the plan is empty; expected \"forward\""},
   };
+  write(d / "emptyplan.json", "{\"model\": \"m\", \"plan\": {}}");
   write(d / "spec_without_plan.json", "{\"model\": \"m\", \"steps\": 3}");
   write(d / "deep.json", "{\"forward\": " + std::string(100000, '[') + std::string(100000, ']') + "}");
   const std::string keep = R"({"forward":[[0,13],[14,28]],"tail":[29,29],"backward":[[28,0]]})";
