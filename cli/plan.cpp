@@ -422,8 +422,10 @@ void print_stages(std::FILE* out, const PartitionResult& pr, const PartitionOpti
                pr.plan.num_forward(), pr.plan.num_backward(), plan_s * 1e3, pr.candidates, pr.evaluations);
   fmt::print(out, "          {}\n\n", pr.plan.summary());
 
-  if (po.weight_buffers == 1)
-    fmt::print(out, "          (no room to prefetch the next stage's weights under the cap)\n\n");
+  // the memory column: StageEstimate::memory_bytes where there is room to prefetch, else work_bytes
+  fmt::print(out, "          memory = working set (weights, gradients, activations, scratch){}\n",
+             po.weight_buffers > 1 ? " + as much again as its weights, to prefetch the next stage's"
+                                   : "; no room under the cap to prefetch the next stage's weights");
   fmt::print(out, "{:>5}  {:<8}  {:<24} {:>12} {:>12} {:>12} {:>12}  {:>10}\n", "stage", "kind", "layers",
              "compute", "upload", "download", "time", "memory");
   for (size_t i = 0; i < pr.stages.size(); ++i) {

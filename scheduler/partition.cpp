@@ -183,10 +183,15 @@ std::string layer_name(int l, int n) {
   return fmt::format("layer {} (decoder {})", l, l - 1);
 }
 
-std::string memory_breakdown(const StageEstimate& e, const PartitionOptions& o) {
+// The parts of a stage's memory. `prefetch`: the total counts room for the next stage's weights
+// beside the working set (StageEstimate::memory_bytes), else the working set alone (work_bytes).
+std::string memory_breakdown(const StageEstimate& e, const PartitionOptions& o, bool prefetch) {
+  const int64_t room = prefetch ? int64_t(o.weight_buffers - 1) * e.weight_bytes : 0;
   return fmt::format(
       "weights {}{}, gradients {}, scratch and activations {}", format_bytes(double(e.weight_bytes)),
-      o.weight_buffers > 1 ? fmt::format(" (+{} for the next stage's)", o.weight_buffers - 1) : "",
+      room > 0
+          ? fmt::format(" plus {} of room to prefetch the next stage's weights", format_bytes(double(room)))
+          : "",
       format_bytes(double(e.grad_bytes)), format_bytes(double(e.work_bytes - e.weight_bytes - e.grad_bytes)));
 }
 
@@ -326,9 +331,10 @@ Eval evaluate(const Prefix& p, double T, int64_t cap, int64_t& counter) {
   for (int t = n - 1; t >= 1 && fits(p.eval(StageKind::tail, t, n - 1), inf, o.memory_cap); --t) a = t;
   if (a < 0) {
     StageEstimate e = p.eval(StageKind::tail, n - 1, n - 1);
-    throw std::runtime_error(fmt::format(
-        "{} needs {} as the tail stage on its own ({}), over the memory cap {}", layer_name(n - 1, n),
-        format_bytes(double(e.memory_bytes)), memory_breakdown(e, o), format_bytes(double(o.memory_cap))));
+    throw std::runtime_error(
+        fmt::format("{} needs {} as the tail stage on its own ({}), over the memory cap {}",
+                    layer_name(n - 1, n), format_bytes(double(e.memory_bytes)), memory_breakdown(e, o, true),
+                    format_bytes(double(o.memory_cap))));
   }
   for (int l = 0; l < a; ++l)
     for (StageKind k : {StageKind::forward, StageKind::backward}) {
@@ -336,8 +342,8 @@ Eval evaluate(const Prefix& p, double T, int64_t cap, int64_t& counter) {
       if (!fits(e, inf, o.memory_cap))
         throw std::runtime_error(
             fmt::format("{} needs {} as a {} stage on its own ({}), over the memory cap {}", layer_name(l, n),
-                        format_bytes(double(e.memory_bytes)), stage_kind_name(k), memory_breakdown(e, o),
-                        format_bytes(double(o.memory_cap))));
+                        format_bytes(double(e.memory_bytes)), stage_kind_name(k),
+                        memory_breakdown(e, o, true), format_bytes(double(o.memory_cap))));
     }
   throw std::runtime_error("partition: no plan fits the memory cap");  // not reached
 }
@@ -379,10 +385,10 @@ std::vector<StageEstimate> check_plan(const std::vector<LayerCost>& costs, const
     const Stage& s = plan.stages[i];
     StageEstimate e = estimate_stage(costs, s, opt);
     if (opt.memory_cap > 0 && e.work_bytes > opt.memory_cap)
-      throw std::invalid_argument(
-          fmt::format("{}: {} stage {} (layers {}-{}) needs {} ({}), over the memory cap {}", where,
-                      stage_kind_name(s.kind), i, s.first, s.last, format_bytes(double(e.work_bytes)),
-                      memory_breakdown(e, opt), format_bytes(double(opt.memory_cap))));
+      throw std::invalid_argument(fmt::format("{}: stage {} {} needs {} ({}), over the memory cap {}", where,
+                                              i, s.label(), format_bytes(double(e.work_bytes)),
+                                              memory_breakdown(e, opt, false),
+                                              format_bytes(double(opt.memory_cap))));
     out.push_back(e);
   }
   return out;

@@ -38,47 +38,58 @@ int IterationPlan::num_backward() const {
                            [](const Stage& s) { return s.kind == StageKind::backward; }));
 }
 
+std::string Stage::label() const {
+  const char c = kind == StageKind::forward ? 'F' : kind == StageKind::tail ? 'T' : 'B';
+  return kind == StageKind::backward ? fmt::format("{}[{}-{}]", c, last, first)
+                                     : fmt::format("{}[{}-{}]", c, first, last);
+}
+
 std::string IterationPlan::summary() const {
   std::string out;
-  for (auto& s : stages) {
-    if (!out.empty()) out += ' ';
-    char c = s.kind == StageKind::forward ? 'F' : s.kind == StageKind::tail ? 'T' : 'B';
-    if (s.kind == StageKind::backward) out += fmt::format("{}[{}-{}]", c, s.last, s.first);
-    else out += fmt::format("{}[{}-{}]", c, s.first, s.last);
-  }
+  for (auto& s : stages) out += (out.empty() ? "" : " ") + s.label();
   return out;
 }
 
+// Stages are named as `roundpipe plan`'s table and summary line show them: their index from 0 in
+// execution order and their label ("stage 3 B[28-23]").
 void validate_plan(const IterationPlan& p, const std::string& where) {
   auto fail = [&](const std::string& why) { throw std::invalid_argument(where + ": " + why); };
+  auto name = [&](size_t i) { return fmt::format("stage {} {}", i, p.stages[i].label()); };
   if (p.num_layers < 3) fail(fmt::format("a model needs at least 3 layers, got {}", p.num_layers));
   int next = 0;
   size_t i = 0;
   for (; i < p.stages.size() && p.stages[i].kind == StageKind::forward; ++i) {
     const Stage& s = p.stages[i];
-    if (s.first != next || s.last < s.first)
-      fail(fmt::format("forward stage {} covers layers {}-{}, expected to start at layer {}", i + 1, s.first,
-                       s.last, next));
+    if (s.first != next)
+      fail(fmt::format("{} starts at layer {}, expected layer {}", name(i), s.first, next));
+    if (s.last < s.first) fail(fmt::format("{} ends before it starts", name(i)));
+    if (s.last >= p.num_layers - 1)
+      fail(fmt::format("{} runs to layer {}; forward stages end by layer {}, before the tail", name(i),
+                       s.last, p.num_layers - 2));
     next = s.last + 1;
   }
-  if (i >= p.stages.size() || p.stages[i].kind != StageKind::tail)
-    fail("expected exactly one tail stage after the forward stages");
-  const Stage& t = p.stages[i];
   if (next == 0) fail("the first stage must be a forward stage holding the embedding (layer 0)");
+  if (i >= p.stages.size()) fail("expected a tail stage after the forward stages");
+  if (p.stages[i].kind != StageKind::tail) fail(fmt::format("{}: expected the tail stage here", name(i)));
+  const Stage& t = p.stages[i];
   if (t.first != next || t.last != p.num_layers - 1)
-    fail(fmt::format("tail stage covers layers {}-{}, expected {}-{}", t.first, t.last, next,
+    fail(fmt::format("{} covers layers {}-{}, expected {}-{}", name(i), t.first, t.last, next,
                      p.num_layers - 1));
   int expect = t.first - 1;
   for (++i; i < p.stages.size(); ++i) {
     const Stage& s = p.stages[i];
-    if (s.kind != StageKind::backward) fail("only backward stages may follow the tail stage");
-    if (s.last != expect || s.first > s.last)
-      fail(fmt::format("backward stage covers layers {}-{}, expected to start at layer {}", s.last, s.first,
-                       expect));
+    if (s.kind != StageKind::backward)
+      fail(fmt::format("{}: only backward stages may follow the tail stage", name(i)));
+    if (s.last != expect)
+      fail(fmt::format("{} starts at layer {}, expected layer {}", name(i), s.last, expect));
+    if (s.first > s.last) fail(fmt::format("{} ends before it starts", name(i)));
     expect = s.first - 1;
   }
+  if (expect == t.first - 1)
+    fail(fmt::format("expected backward stages after the tail stage, from layer {} down to layer 0", expect));
   if (expect != -1)
-    fail(fmt::format("backward stages stop at layer {}, expected to reach layer 0", expect + 1));
+    fail(fmt::format("{} stops at layer {}, expected the backward stages to reach layer 0", name(i - 1),
+                     expect + 1));
 }
 
 IterationPlan make_uniform_plan(int num_layers, int fwd_layers, int bwd_layers, int tail_decoders) {

@@ -27,6 +27,9 @@ struct Stage {
   /// Layers in execution order: ascending for forward, first..last then back for the
   /// tail stage's forward part, descending for backward.
   std::vector<int> layers() const;
+  /// "F[0-13]", "T[29-29]", "B[28-23]" (a backward stage from its highest layer down), as
+  /// IterationPlan::summary() writes the stage.
+  std::string label() const;
   bool operator==(const Stage&) const = default;
 };
 
@@ -43,7 +46,8 @@ struct IterationPlan {
 /// Checks that `p` covers the model exactly once per pass (forward stages ascending and
 /// contiguous from layer 0, one tail stage ending at the last layer, backward stages
 /// descending and contiguous down to layer 0). Throws std::invalid_argument with the
-/// reason, prefixed by `where`.
+/// reason, prefixed by `where`; a stage is named by its index from 0 in `p.stages` and its
+/// label ("stage 3 B[28-23]"), as `roundpipe plan`'s table and summary line show it.
 void validate_plan(const IterationPlan& p, const std::string& where);
 
 /// Uniform plan: forward stages of `fwd_layers` layers, a tail stage holding the tail

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <regex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -93,6 +94,98 @@ TEST(CliPlanGiven, ARefusedPrefetchIsNamedAndCharged) {
   fs::remove_all(d);
 }
 
+// kBase under the H200's own memory cap instead of 6.7 GiB.
+std::string uncapped() {
+  const auto cap = kBase.find(" --memory-cap");
+  return kBase.substr(0, cap) + kBase.substr(kBase.find(" --micro", cap));
+}
+
+// An error about a plan names a stage as the table and the summary line show it: its row,
+// counted from 0, and its label; a layout error used to count from 1, a stage over the cap
+// gave its layers lowest first.
+TEST(CliPlanGiven, ErrorsNameAStageAsTheTableDoes) {
+  auto d = tmpdir();
+  const std::string plan =
+      R"({"forward":[[0,13],[14,28]],"tail":[29,29],"backward":[[28,17],[16,12],[11,6],[5,0]]})";
+  const CliRun t = roundpipe(uncapped() + " --plan '" + plan + "'", d);
+  ASSERT_EQ(t.code, 0) << t.err;
+  EXPECT_NE(t.out.find("\n    3  backward  28-17 (d27..d16)"), std::string::npos) << t.out;
+  EXPECT_NE(summary_of(t.out).find(" B[28-17] "), std::string::npos) << t.out;
+  const CliRun over = roundpipe(kBase + " --plan '" + plan + "'", d);  // 6.7 GiB: B[28-17] is over
+  EXPECT_EQ(over.err.find("roundpipe: error: --plan: stage 3 B[28-17] needs "), 0u) << over.err;
+  const std::string gap =
+      R"({"forward":[[0,13],[14,28]],"tail":[29,29],"backward":[[28,17],[15,12],[11,6],[5,0]]})";
+  const CliRun g = roundpipe(uncapped() + " --plan '" + gap + "'", d);
+  EXPECT_EQ(g.err.find("roundpipe: error: --plan: stage 4 B[15-12] starts at layer 15, expected layer 16"),
+            0u)
+      << g.err;
+  const CliRun f = roundpipe(uncapped() + " --plan '" + R"({"forward":[[0,13],[15,28]],"tail":[29,29],)" +
+                                 R"("backward":[[28,0]]})" + "'",
+                             d);
+  EXPECT_EQ(f.err.find("roundpipe: error: --plan: stage 1 F[15-28] starts at layer 15, expected layer 14"),
+            0u)
+      << f.err;
+  fs::remove_all(d);
+}
+
+// The number before the first " GiB" that `pattern` (a regex ending in "([0-9.]+) GiB") matches in
+// `text`, or -1.
+double gib(const std::string& text, const std::string& pattern) {
+  std::smatch m;
+  return std::regex_search(text, m, std::regex(pattern)) ? std::stod(m[1]) : -1;
+}
+
+// The table's memory column, GiB per stage in table order.
+std::vector<double> memory_column(const std::string& out) {
+  std::vector<double> v;
+  const std::regex row("\n +[0-9]+  (forward|tail|backward) [^\n]* ([0-9.]+) (GiB|MiB)");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), row); it != std::sregex_iterator(); ++it)
+    v.push_back(std::stod((*it)[2]) / ((*it)[3] == "MiB" ? 1024 : 1));
+  return v;
+}
+
+// The line above the table says what its memory column counts, and the column counts that: the
+// working set plus as much again as the stage's weights for the next stage's prefetch, or the
+// working set alone where the cap leaves no room to prefetch.
+TEST(CliPlanGiven, TheMemoryColumnIsWhatItsLegendSays) {
+  auto d = tmpdir();
+  const std::string legend = "\n          memory = working set (weights, gradients, activations, scratch)";
+  const std::string plan =
+      R"({"forward":[[0,13],[14,28]],"tail":[29,29],"backward":[[28,17],[16,12],[11,6],[5,0]]})";
+  const CliRun t = roundpipe(uncapped() + " --plan '" + plan + "'", d);
+  ASSERT_EQ(t.code, 0) << t.err;
+  EXPECT_NE(t.out.find(legend + " + as much again as its weights, to prefetch the next stage's\nstage  kind"),
+            std::string::npos)
+      << t.out;
+  // stage 3 over a 6.7 GiB cap: the error gives its working set and its weights
+  const CliRun over = roundpipe(kBase + " --plan '" + plan + "'", d);
+  const double work = gib(over.err, " needs ([0-9.]+) GiB"),
+               weights = gib(over.err, "\\(weights ([0-9.]+) GiB");
+  ASSERT_GT(work, 0) << over.err;
+  ASSERT_GT(weights, 0) << over.err;
+  ASSERT_EQ(memory_column(t.out).size(), 7u) << t.out;
+  EXPECT_NEAR(memory_column(t.out)[3], work + weights, 0.011) << t.out << over.err;
+  // 4.6 GiB leaves the automatic plan no room to prefetch: its column is each stage's working
+  // set, within the cap, and the same plan given back (whose stages are planned with the room)
+  // shows more for every stage
+  const std::string tight = uncapped() + " --memory-cap 4.6GiB";
+  const CliRun a = roundpipe(tight, d);
+  ASSERT_EQ(a.code, 0) << a.err;
+  EXPECT_NE(a.out.find(legend + "; no room under the cap to prefetch the next stage's weights\nstage  kind"),
+            std::string::npos)
+      << a.out;
+  const CliRun g = roundpipe(uncapped() + " --plan '" + json_of(summary_of(a.out)) + "'", d);
+  ASSERT_EQ(g.code, 0) << g.err;
+  const std::vector<double> alone = memory_column(a.out), with_room = memory_column(g.out);
+  ASSERT_EQ(alone.size(), with_room.size()) << a.out << g.out;
+  ASSERT_GT(alone.size(), 3u) << a.out;
+  for (size_t i = 0; i < alone.size(); ++i) {
+    EXPECT_LE(alone[i], 4.6) << i << a.out;
+    EXPECT_GT(with_room[i], alone[i]) << i << a.out << g.out;
+  }
+  fs::remove_all(d);
+}
+
 TEST(CliPlanGiven, ABadPlanIsOneLineNamingItsSource) {
   auto d = tmpdir();
   write(d / "bad.json", "{\"forward\": [[0, 3]],\n \"tail\": oops}");
@@ -106,7 +199,7 @@ TEST(CliPlanGiven, ABadPlanIsOneLineNamingItsSource) {
       {"--plan " + (d / "specplan.json").string(), (d / "specplan.json").string() + ": key 'plan'"},
       {"--plan " + (d / "none.json").string(), (d / "none.json").string() + ": cannot open"},
       {"--plan '{\"forward\":[[0,5]],\"tail\":[6,6],\"backward\":[[5,0]]}'", "--plan"},
-      {"--plan '" + over + "'", "--plan: forward stage 0 (layers 0-28) needs"},
+      {"--plan '" + over + "'", "--plan: stage 0 F[0-28] needs"},
       {"--max-seq --plan '" + over + "'", "--plan with --max-seq"},
       {"--plan ''", "--plan: expected a plan as JSON or a file holding one, got nothing"},
       {"--plan '[1, 2]'", "--plan: expected a plan object"},
@@ -117,14 +210,21 @@ TEST(CliPlanGiven, ABadPlanIsOneLineNamingItsSource) {
        (d / "deep.json").string() + ": invalid JSON: objects and lists"},
       {"--plan /dev/zero", "/dev/zero: is a device, expected a JSON file"},
       {"--plan '{\"forward\":[[0,40]],\"tail\":[41,41],\"backward\":[[40,0]]}'",
-       "--plan: tail stage covers layers 41-41, expected 41-29 (the model's layers are 0-29: the embedding, "
-       "28 "
-       "decoders, the tail)"},
+       "--plan: stage 0 F[0-40] runs to layer 40; forward stages end by layer 28, before the tail "
+       "(the model's layers are 0-29: the embedding, 28 decoders, the tail)"},
       {"--plan " + (d / "keep.json").string() + " --trace " + (d / "keep.json").string() + " --force",
        "--trace: '" + (d / "keep.json").string() + "' is or lies inside the input"},
       {"--plan '" + over + "' --trace " + (d / "no_folder" / "t.json").string(),
        "--trace " + (d / "no_folder" / "t.json").string() + ": the folder"},
+      // an empty plan used to be read as the uniform default plan, printed as "given with --plan"
+      {"--plan '{}'",
+       "--plan: the plan is empty; expected \"forward\", \"tail\" and \"backward\" stages, or "
+       "one or more of \"forward_layers\", \"backward_layers\", \"tail_decoders\""},
+      {"--plan ' {\"plan\": {}}'", "--plan: key 'plan': the plan is empty; expected \"forward\""},
+      {"--plan " + (d / "emptyplan.json").string(),
+       (d / "emptyplan.json").string() + ": key 'plan': the plan is empty; expected \"forward\""},
   };
+  write(d / "emptyplan.json", "{\"model\": \"m\", \"plan\": {}}");
   write(d / "spec_without_plan.json", "{\"model\": \"m\", \"steps\": 3}");
   write(d / "deep.json", "{\"forward\": " + std::string(100000, '[') + std::string(100000, ']') + "}");
   const std::string keep = R"({"forward":[[0,13],[14,28]],"tail":[29,29],"backward":[[28,0]]})";

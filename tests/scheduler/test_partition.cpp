@@ -186,7 +186,21 @@ TEST(Partition, ErrorNamesTheLayerThatCannotFit) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("layer 5 (decoder 4)"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("memory cap"), std::string::npos) << e.what();
+    // the room a second weight buffer takes is said in bytes, not as a "+1" that reads like a size
+    EXPECT_NE(std::string(e.what()).find(
+                  "weights 3.91 KiB plus 3.91 KiB of room to prefetch the next stage's weights, gradients"),
+              std::string::npos)
+        << e.what();
   }
+  o.weight_buffers = 1;  // no prefetch: none claimed
+  costs[5].weight_bytes = 6000;
+  try {
+    partition(costs, o);
+    FAIL() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(std::string(e.what()).find("prefetch"), std::string::npos) << e.what();
+  }
+  o.weight_buffers = 2;
   costs = uniform_costs(8, 1.0, 3.0);
   costs.back().weight_bytes = 9000;  // the tail cannot fit at all
   try {
@@ -219,10 +233,21 @@ TEST(Partition, InvalidExplicitPlansAreRejectedWithTheReason) {
       EXPECT_NE(std::string(e.what()).find(reason), std::string::npos) << e.what();
     }
   };
-  expect_reason({{"forward", {{0, 2}, {4, 5}}}, {"tail", {6, 7}}, {"backward", {{5, 0}}}}, "forward stage 2");
-  expect_reason({{"forward", {{0, 5}}}, {"tail", {6, 6}}, {"backward", {{5, 0}}}}, "tail stage");
-  expect_reason({{"forward", {{0, 5}}}, {"tail", {6, 7}}, {"backward", {{5, 2}}}}, "reach layer 0");
-  expect_reason({{"forward", {{0, 5}}}, {"tail", {6, 7}}, {"backward", {{4, 0}}}}, "backward stage");
+  // a stage is named as `roundpipe plan`'s table and summary line show it: its index from 0 and
+  // its label (these used to count from 1, or name no stage at all)
+  expect_reason({{"forward", {{0, 2}, {4, 5}}}, {"tail", {6, 7}}, {"backward", {{5, 0}}}},
+                "spec.plan: stage 1 F[4-5] starts at layer 4, expected layer 3");
+  expect_reason({{"forward", {{0, 5}}}, {"tail", {6, 6}}, {"backward", {{5, 0}}}},
+                "spec.plan: stage 1 T[6-6] covers layers 6-6, expected 6-7");
+  expect_reason({{"forward", {{0, 5}}}, {"tail", {6, 7}}, {"backward", {{5, 2}}}},
+                "spec.plan: stage 2 B[5-2] stops at layer 2, expected the backward stages to reach layer 0");
+  expect_reason({{"forward", {{0, 5}}}, {"tail", {6, 7}}, {"backward", {{4, 0}}}},
+                "spec.plan: stage 2 B[4-0] starts at layer 4, expected layer 5");
+  // a forward stage past the layers before the tail (the tail's range was blamed, "expected 9-7")
+  expect_reason({{"forward", {{0, 8}}}, {"tail", {9, 9}}, {"backward", {{8, 0}}}},
+                "spec.plan: stage 0 F[0-8] runs to layer 8; forward stages end by layer 6, before the tail");
+  expect_reason({{"forward", {{0, 5}}}, {"tail", {6, 7}}, {"backward", nlohmann::json::array()}},
+                "spec.plan: expected backward stages after the tail stage, from layer 5 down to layer 0");
   expect_reason({{"forward_layers", 0}}, "key 'forward_layers': expected 1..7");
   // an explicit plan is never changed: a stage longer than the layers before the tail used to
   // be clamped silently
@@ -241,7 +266,11 @@ TEST(Partition, InvalidExplicitPlansAreRejectedWithTheReason) {
   // well-formed but over the memory cap: the stage and the cap are named
   o.memory_cap = 600;  // the forward stage's working set: 600 B of weights and 6 outputs of 10 B
   expect_reason({{"forward", {{0, 5}}}, {"tail", {6, 7}}, {"backward", {{5, 0}}}},
-                "forward stage 0 (layers 0-5)");
+                "spec.plan: stage 0 F[0-5] needs ");
+  // the cap is checked against the working set: no room to prefetch is counted, nor claimed
+  // (the weights used to read "600 B (+1 for the next stage's)")
+  expect_reason({{"forward", {{0, 5}}}, {"tail", {6, 7}}, {"backward", {{5, 0}}}},
+                "(weights 600 B, gradients");
   // a plan for another model
   o.memory_cap = 0;
   IterationPlan p = make_uniform_plan(10, 2, 1);
