@@ -44,6 +44,7 @@ TEST(CliResumeKind, ALoraCheckpointWithAFullFineTuningSpecNamesTheLoraKeyThatRes
   const fs::path ck = d / "lo/checkpoint-1";
   const auto before = contents(d / "lo");
   const CliRun r = resume(d, d / "full.json", ck, d / "lo");
+  EXPECT_EQ(r.out, "") << "printed before the refusal";
   expect_one_line_error(
       r, "checkpoint " + ck.string() + " was written by a LoRA run (r=4 on q_proj,v_proj); " +
              (d / "full.json").string() + " asks for full fine-tuning (no \"lora\" key): add \"lora\": ");
@@ -73,6 +74,7 @@ TEST(CliResumeKind, AFullFineTuningCheckpointWithALoraSpecSaysToRemoveTheKey) {
   ASSERT_EQ(roundpipe("train " + (d / "full.json").string(), d).code, 0);
   const fs::path ck = d / "fu/checkpoint-1";
   const auto before = contents(d / "fu");
+  EXPECT_EQ(resume(d, d / "lora.json", ck, d / "fu").out, "") << "printed before the refusal";
   expect_one_line_error(
       resume(d, d / "lora.json", ck, d / "fu"),
       "checkpoint " + ck.string() +
