@@ -90,24 +90,29 @@ std::string joined(const std::string& prefix, const std::vector<std::string>& ke
   return key;
 }
 
-/// parse_json_text and parse_json_value: nullopt for a syntax error when `syntax_is_not_json`.
-std::optional<json> parse_text(const std::string& text, const std::string& path, const JsonTextOptions& opt,
-                               bool syntax_is_not_json) {
+/// What parsing has read so far, from the parser's events: the open objects and lists, the key
+/// being read in each, the keys given twice (opt.unique_keys) and each key's JSON pointer
+/// (opt.key_lines).
+struct ParseTrack {
+  const JsonTextOptions& opt;
   std::vector<std::string> keys;            // per open object or list: the key being read ("" in a list)
   std::vector<std::set<std::string>> seen;  // per open object or list: the keys read so far
   std::vector<long> element;                // per open object or list: the list's element read (-1: object)
   std::vector<std::string> pointers;        // with opt.key_lines: each key's JSON pointer, in reading order
   size_t key_count = 0;
-  const auto element_read = [&] {
+
+  explicit ParseTrack(const JsonTextOptions& o) : opt(o) {}
+
+  void element_read() {
     if (!element.empty() && element.back() >= 0) ++element.back();
-  };
-  const auto pointer_of_key = [&] {
+  }
+  std::string pointer_of_key() const {
     std::string p;
     for (size_t i = 0; i + 1 < keys.size(); ++i)
       p = json_key_pointer(p, element[i] >= 0 ? std::to_string(element[i]) : keys[i]);
     return json_key_pointer(p, keys.back());
-  };
-  const json::parser_callback_t track = [&](int, json::parse_event_t ev, json& v) {
+  }
+  bool on(json::parse_event_t ev, json& v) {
     if (ev == json::parse_event_t::object_start || ev == json::parse_event_t::array_start) {
       if (keys.size() >= kMaxJsonDepth) throw TooDeep{};
       keys.emplace_back();
@@ -129,13 +134,20 @@ std::optional<json> parse_text(const std::string& text, const std::string& path,
       ++key_count;
     }
     return true;
-  };
+  }
+};
+
+/// parse_json_text and parse_json_value: nullopt for a syntax error when `syntax_is_not_json`.
+std::optional<json> parse_text(const std::string& text, const std::string& path, const JsonTextOptions& opt,
+                               bool syntax_is_not_json) {
+  ParseTrack t(opt);
+  const json::parser_callback_t track = [&](int, json::parse_event_t ev, json& v) { return t.on(ev, v); };
   const auto place = [&](size_t line) {
     return opt.lines && line > 0 ? fmt::format("{}:{}", path, line) : path;
   };
   try {
     json j = json::parse(text, track);
-    if (opt.key_lines) fill_key_lines(text, pointers, *opt.key_lines);
+    if (opt.key_lines) fill_key_lines(text, t.pointers, *opt.key_lines);
     return j;
   } catch (const TooDeep&) {
     throw std::invalid_argument(
@@ -167,7 +179,8 @@ std::optional<json> parse_text(const std::string& text, const std::string& path,
     }
     if (number.empty())
       throw std::invalid_argument(fmt::format("{}: invalid JSON: {}", place(line), reason_of(e)));
-    throw std::invalid_argument(number_out_of_range_text(place(line), joined(opt.key_prefix, keys), number));
+    throw std::invalid_argument(
+        number_out_of_range_text(place(line), joined(opt.key_prefix, t.keys), number));
   } catch (const json::exception& e) {
     throw std::invalid_argument(fmt::format("{}: invalid JSON: {}", path, reason_of(e)));
   }
