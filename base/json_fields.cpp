@@ -14,6 +14,20 @@ const nlohmann::json kNull;
 JsonFields::JsonFields(const nlohmann::json& obj, std::string where, std::string prefix, Error error)
     : j_(obj), where_(std::move(where)), prefix_(std::move(prefix)), error_(error) {}
 
+JsonFields& JsonFields::with_lines(const JsonKeyLines* lines, std::string file, std::string pointer) {
+  lines_ = lines;
+  file_ = std::move(file);
+  pointer_ = std::move(pointer);
+  return *this;
+}
+
+std::string JsonFields::where_of(const std::string& key) const {
+  if (!lines_ || where_.rfind(file_, 0) != 0) return where_;
+  const auto it = lines_->find(json_key_pointer(pointer_, key));
+  if (it == lines_->end()) return where_;
+  return fmt::format("{}:{}{}", file_, it->second, where_.substr(file_.size()));
+}
+
 bool JsonFields::has(const std::string& key) const { return j_.is_object() && j_.contains(key); }
 
 const nlohmann::json& JsonFields::at(const std::string& key) const {
@@ -27,12 +41,12 @@ void JsonFields::raise(const std::string& msg) const {
 }
 
 void JsonFields::fail(const std::string& key, const std::string& expected) const {
-  raise(fmt::format("{}: key '{}{}': expected {}, got {}", where_, prefix_, key, expected,
+  raise(fmt::format("{}: key '{}{}': expected {}, got {}", where_of(key), prefix_, key, expected,
                     has(key) ? excerpt(at(key).dump()) : std::string("nothing")));
 }
 
 void JsonFields::fail(const std::string& key, const std::string& expected, const nlohmann::json& got) const {
-  raise(fmt::format("{}: key '{}{}': expected {}, got {}", where_, prefix_, key, expected,
+  raise(fmt::format("{}: key '{}{}': expected {}, got {}", where_of(key), prefix_, key, expected,
                     excerpt(got.dump())));
 }
 
@@ -44,7 +58,8 @@ void JsonFields::allow_only(const std::set<std::string>& known) const {
     if (!known.count(it.key())) {
       std::string list;
       for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
-      raise(fmt::format("{}: unknown key '{}{}' (known keys: {})", where_, prefix_, excerpt(it.key()), list));
+      raise(fmt::format("{}: unknown key '{}{}' (known keys: {})", where_of(it.key()), prefix_,
+                        excerpt(it.key()), list));
     }
 }
 
@@ -145,7 +160,9 @@ void JsonFields::require_value(const char* key, const nlohmann::json& value) con
 }
 
 JsonFields JsonFields::nested(const char* key) const {
-  return JsonFields(object(key), where_, prefix_ + key + ".", error_);
+  JsonFields f(object(key), where_, prefix_ + key + ".", error_);
+  if (lines_) f.with_lines(lines_, file_, json_key_pointer(pointer_, key));
+  return f;
 }
 
 }  // namespace rp

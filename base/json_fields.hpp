@@ -5,7 +5,8 @@
 //   "<where>: unknown key '<prefix><key>' (known keys: a, b, c)".
 // <where> names the file (or the flag) the object came from; <prefix> is the path of a
 // nested object ("optimizer."). Used by the experiment spec, the trainer state and the
-// profile readers.
+// profile readers. A reader told where the keys stand (with_lines) names the key's line too:
+// "<file>:<line><rest of where>: key ...".
 #pragma once
 #include <cstdint>
 #include <limits>
@@ -14,6 +15,8 @@
 #include <type_traits>
 
 #include <nlohmann/json.hpp>
+
+#include "base/json_text.hpp"
 
 namespace rp {
 
@@ -25,6 +28,13 @@ class JsonFields {
   /// Reads `obj` (which must outlive the reader; a non-object reads as having no keys).
   JsonFields(const nlohmann::json& obj, std::string where, std::string prefix = "",
              Error error = Error::invalid_argument);
+
+  /// Errors about a key name its line, "<file>:<line><rest>" for a `where` of "<file><rest>",
+  /// where `lines` (parse_json_text's key_lines, which must outlive the reader; null: none)
+  /// holds the key under `pointer`, this object's JSON pointer ("" at the top).
+  JsonFields& with_lines(const JsonKeyLines* lines, std::string file, std::string pointer);
+  /// `where`, with the line of `key` when with_lines knows it.
+  std::string where_of(const std::string& key) const;
 
   const nlohmann::json& json() const { return j_; }
   const std::string& where() const { return where_; }
@@ -91,6 +101,8 @@ class JsonFields {
   const nlohmann::json& j_;
   std::string where_, prefix_;
   Error error_;
+  const JsonKeyLines* lines_ = nullptr;
+  std::string file_, pointer_;
 };
 
 }  // namespace rp

@@ -51,18 +51,36 @@ struct DuplicateKey {
   size_t index = 0;
 };
 
-/// The offset of the `index`-th key (0-based) in the JSON text `text`, which is valid up to it:
-/// a string followed by ':'. npos when there are fewer keys.
-size_t offset_of_key(const std::string& text, size_t index) {
-  for (size_t i = 0, n = 0; i < text.size(); ++i) {
+/// The offsets of the first `count` keys in the JSON text `text`, which is valid up to them: a
+/// string followed by ':' (fewer when the text has fewer).
+std::vector<size_t> key_offsets(const std::string& text, size_t count) {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < text.size() && out.size() < count; ++i) {
     if (text[i] != '"') continue;
     const size_t from = i;
     for (++i; i < text.size() && text[i] != '"'; ++i)
       if (text[i] == '\\') ++i;
     const size_t next = text.find_first_not_of(" \t\r\n", i + 1);
-    if (next != std::string::npos && text[next] == ':' && n++ == index) return from;
+    if (next != std::string::npos && text[next] == ':') out.push_back(from);
   }
-  return std::string::npos;
+  return out;
+}
+
+/// The offset of the `index`-th key (0-based) in `text`; npos when there are fewer keys.
+size_t offset_of_key(const std::string& text, size_t index) {
+  const std::vector<size_t> at = key_offsets(text, index + 1);
+  return at.size() > index ? at[index] : std::string::npos;
+}
+
+/// The line of each key whose pointer `pointers` holds, in reading order.
+void fill_key_lines(const std::string& text, const std::vector<std::string>& pointers, JsonKeyLines& out) {
+  const std::vector<size_t> at = key_offsets(text, pointers.size());
+  size_t line = 1, from = 0;
+  for (size_t k = 0; k < at.size(); ++k) {
+    line += size_t(std::count(text.begin() + long(from), text.begin() + long(at[k]), '\n'));
+    from = at[k];
+    out.emplace(pointers[k], line);  // a key given twice keeps its first line
+  }
 }
 
 std::string joined(const std::string& prefix, const std::vector<std::string>& keys) {
@@ -72,35 +90,65 @@ std::string joined(const std::string& prefix, const std::vector<std::string>& ke
   return key;
 }
 
-/// parse_json_text and parse_json_value: nullopt for a syntax error when `syntax_is_not_json`.
-std::optional<json> parse_text(const std::string& text, const std::string& path, const JsonTextOptions& opt,
-                               bool syntax_is_not_json) {
+/// What parsing has read so far, from the parser's events: the open objects and lists, the key
+/// being read in each, the keys given twice (opt.unique_keys) and each key's JSON pointer
+/// (opt.key_lines).
+struct ParseTrack {
+  const JsonTextOptions& opt;
   std::vector<std::string> keys;            // per open object or list: the key being read ("" in a list)
   std::vector<std::set<std::string>> seen;  // per open object or list: the keys read so far
+  std::vector<long> element;                // per open object or list: the list's element read (-1: object)
+  std::vector<std::string> pointers;        // with opt.key_lines: each key's JSON pointer, in reading order
   size_t key_count = 0;
-  const json::parser_callback_t track = [&](int, json::parse_event_t ev, json& v) {
+
+  explicit ParseTrack(const JsonTextOptions& o) : opt(o) {}
+
+  void element_read() {
+    if (!element.empty() && element.back() >= 0) ++element.back();
+  }
+  std::string pointer_of_key() const {
+    std::string p;
+    for (size_t i = 0; i + 1 < keys.size(); ++i)
+      p = json_key_pointer(p, element[i] >= 0 ? std::to_string(element[i]) : keys[i]);
+    return json_key_pointer(p, keys.back());
+  }
+  bool on(json::parse_event_t ev, json& v) {
     if (ev == json::parse_event_t::object_start || ev == json::parse_event_t::array_start) {
       if (keys.size() >= kMaxJsonDepth) throw TooDeep{};
       keys.emplace_back();
       seen.emplace_back();
+      element.push_back(ev == json::parse_event_t::array_start ? 0 : -1);
     }
     if ((ev == json::parse_event_t::object_end || ev == json::parse_event_t::array_end) && !keys.empty()) {
       keys.pop_back();
       seen.pop_back();
+      element.pop_back();
+      element_read();
     }
+    if (ev == json::parse_event_t::value) element_read();
     if (ev == json::parse_event_t::key && !keys.empty()) {
       keys.back() = v.get<std::string>();
       if (opt.unique_keys && !seen.back().insert(keys.back()).second)
         throw DuplicateKey{joined(opt.key_prefix, keys), key_count};
+      if (opt.key_lines) pointers.push_back(pointer_of_key());
       ++key_count;
     }
     return true;
-  };
+  }
+};
+
+/// parse_json_text and parse_json_value: nullopt for a syntax error when `syntax_is_not_json`.
+std::optional<json> parse_text(const std::string& text, const std::string& path, const JsonTextOptions& opt,
+                               bool syntax_is_not_json) {
+  ParseTrack t(opt);
+  const json::parser_callback_t track = [&](int, json::parse_event_t ev, json& v) { return t.on(ev, v); };
   const auto place = [&](size_t line) {
     return opt.lines && line > 0 ? fmt::format("{}:{}", path, line) : path;
   };
   try {
-    return json::parse(text, track);
+    json j = json::parse(text, track);
+    if (opt.key_lines) fill_key_lines(text, t.pointers, *opt.key_lines);
+    return j;
   } catch (const TooDeep&) {
     throw std::invalid_argument(
         fmt::format("{}: invalid JSON: objects and lists nested deeper than {} levels", path, kMaxJsonDepth));
@@ -131,13 +179,20 @@ std::optional<json> parse_text(const std::string& text, const std::string& path,
     }
     if (number.empty())
       throw std::invalid_argument(fmt::format("{}: invalid JSON: {}", place(line), reason_of(e)));
-    throw std::invalid_argument(number_out_of_range_text(place(line), joined(opt.key_prefix, keys), number));
+    throw std::invalid_argument(
+        number_out_of_range_text(place(line), joined(opt.key_prefix, t.keys), number));
   } catch (const json::exception& e) {
     throw std::invalid_argument(fmt::format("{}: invalid JSON: {}", path, reason_of(e)));
   }
 }
 
 }  // namespace
+
+std::string json_key_pointer(const std::string& pointer, const std::string& key) {
+  std::string out = pointer + "/";
+  for (const char c : key) out += c == '~' ? "~0" : c == '/' ? "~1" : std::string(1, c);
+  return out;
+}
 
 json parse_json_text(const std::string& text, const std::string& path, const JsonTextOptions& opt) {
   return *parse_text(text, path, opt, false);

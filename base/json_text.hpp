@@ -3,12 +3,21 @@
 // the key path it was read under and its line. Shared by the spec, config.json and tokenizer
 // file readers.
 #pragma once
+#include <map>
 #include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 namespace rp {
+
+/// Where the keys of a JSON text stand: the JSON pointer of each key ("/layers/3/forward/m") ->
+/// its 1-based line.
+using JsonKeyLines = std::map<std::string, size_t>;
+
+/// The JSON pointer of `key` in the object at `pointer` ("/layers/3" + "m" -> "/layers/3/m"),
+/// '~' and '/' escaped as RFC 6901 says.
+std::string json_key_pointer(const std::string& pointer, const std::string& key);
 
 /// How parse_json_text reads and names what it refuses.
 struct JsonTextOptions {
@@ -19,6 +28,9 @@ struct JsonTextOptions {
   std::string key_prefix;
   /// Errors name the line (and column) in the text; false for a one-line value such as a flag's.
   bool lines = true;
+  /// When set, filled with the line of every key of a text that parses (for errors about a
+  /// value found valid JSON: "<path>:<line>: key ...").
+  JsonKeyLines* key_lines = nullptr;
 };
 
 /// `text`, the contents of the file `path`, as JSON. Throws std::invalid_argument with one line:

@@ -16,6 +16,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -29,6 +30,7 @@
 #include "roundpipe/model_source.hpp"
 #include "roundpipe/replicas.hpp"
 #include "roundpipe/trainer.hpp"
+#include "trainer/checkpoint_bundle.hpp"
 #include "trainer/run_setup.hpp"
 
 namespace fs = std::filesystem;
@@ -247,6 +249,52 @@ void apply_overrides(TrainSpec& spec, const TrainOverrides& ov) {
   }
 }
 
+/// `s` as one word of a POSIX shell: as it is when it needs no quotes, else single-quoted.
+std::string shell_quoted(const std::string& s) {
+  const bool plain = !s.empty() && s.find_first_not_of(
+                                       "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                       "0123456789_./-+:,@%") == std::string::npos;
+  if (plain) return s;
+  std::string q = "'";
+  for (const char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+/// This program as a command typed here: relative to the working folder when it lies below it
+/// ("build/roundpipe"), "roundpipe" when $PATH finds it, else its absolute path.
+std::string this_program() {
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (ec || exe.empty()) return "roundpipe";
+  const fs::path rel = exe.lexically_relative(fs::current_path(ec));
+  if (!ec && !rel.empty() && *rel.begin() != "..") return rel.string();
+  const char* path = std::getenv("PATH");
+  for (std::string_view rest = path ? path : ""; !rest.empty();) {
+    const size_t colon = rest.find(':');
+    const fs::path dir(rest.substr(0, colon));
+    rest = colon == std::string_view::npos ? std::string_view() : rest.substr(colon + 1);
+    if (!dir.empty() && fs::equivalent(dir / exe.filename(), exe, ec)) return exe.filename().string();
+  }
+  return exe.string();
+}
+
+/// The lines after "done:" naming what the run left, where it exists: the model (final/), its
+/// state for --resume (state/final/), the TensorBoard logs, and the command that tries the model.
+void print_outputs(const TrainSpec& spec, const TrainResult& res) {
+  std::error_code ec;
+  if (res.checkpoint.empty() || !fs::is_directory(res.checkpoint, ec)) return;
+  std::string saved = "model in " + res.checkpoint;
+  if (const std::string state = state_dir_of(res.checkpoint); fs::is_directory(state, ec))
+    saved += fmt::format(", its state for --resume in {}", state);
+  if (const std::string tb = (fs::path(spec.output_dir) / "tensorboard").string();
+      spec.tensorboard && fs::is_directory(tb, ec))
+    saved += fmt::format(", TensorBoard logs in {}", tb);
+  fmt::print("{}\n", saved);
+  fmt::print("try it: {} generate {} --chat {}{}\n", this_program(), shell_quoted(res.checkpoint),
+             spec.sample_prompt.empty() ? std::string("\"...\"") : shell_quoted(spec.sample_prompt),
+             spec.chat_template == "auto" ? std::string() : " --chat-template " + spec.chat_template);
+}
+
 /// The progress line of a step (every log_every steps and the last one).
 void print_progress(const TrainSpec& spec, const StepReport& r) {
   if (r.replica > 0) return;  // data-parallel replicas: replica 0 prints the (global) progress
@@ -381,6 +429,7 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
     if (!res.sample_before.empty()) fmt::print("before fine-tuning: {}\n", res.sample_before);
     fmt::print("after fine-tuning:  {}\n", res.sample_after);
   }
+  print_outputs(spec, res);
   return 0;
 }
 

@@ -8,16 +8,15 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 #include <stdexcept>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "base/json_fields.hpp"
+#include "base/json_text.hpp"
 #include "formats/format_fail.hpp"
 #include "formats/peft_adapter_impl.hpp"
 #include "formats/peft_experts.hpp"
@@ -208,16 +207,11 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
     format_fail(dir, "not a folder (expected a PEFT adapter folder with adapter_config.json)");
   if (!fs::exists(cfg_path, ec)) format_fail(cfg_path, "missing (not a PEFT adapter folder)");
   json cfg;
-  {
-    std::ifstream in(cfg_path, std::ios::binary);
-    if (!in) format_fail(cfg_path, "cannot open");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    try {
-      cfg = json::parse(ss.str());
-    } catch (const json::exception& e) {
-      format_fail(cfg_path, fmt::format("invalid JSON: {}", e.what()));
-    }
+  try {
+    // "<file>:<line>:<column>: invalid JSON: <reason>", as every JSON file's reader says it
+    cfg = parse_json_text(read_json_file(cfg_path), cfg_path);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(e.what());
   }
   PeftAdapter a = peft_adapter_from_config(cfg, cfg_path);
   a.dir = dir;

@@ -1,9 +1,11 @@
 #include "scheduler/profile.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -48,6 +50,8 @@ void SmoothedTime::add(double x) {
   ++kept_;
   const double after = value();
   last_change_ = kept_ < 2 ? 1.0 : (after > 0 ? std::fabs(after - before) / after : 0.0);
+  // a change from a time to a subnormal one overflows: still finite, as the reader requires
+  if (!std::isfinite(last_change_)) last_change_ = std::numeric_limits<double>::max();
 }
 
 double SmoothedTime::value() const {
@@ -60,17 +64,43 @@ nlohmann::json SmoothedTime::to_json() const {
   return {{"seconds", value()}, {"m", m_}, {"kept", kept_}, {"seen", seen_}, {"last_change", last_change_}};
 }
 
-SmoothedTime SmoothedTime::from_json(const nlohmann::json& j, double beta, const std::string& where) {
-  if (!j.is_object()) throw std::invalid_argument(where + ": expected an object");
-  const JsonFields f(j, where);
+namespace {
+
+/// A sample or an estimate rounds a few ulps above the bound it was kept within (an EMA of
+/// samples all at kProfileMaxSeconds): the reader allows that much.
+bool within_seconds(double x) { return x >= 0 && x <= kProfileMaxSeconds * (1 + 1e-9); }
+
+std::string seconds_range() { return fmt::format("a number of seconds in [0, {:g}]", kProfileMaxSeconds); }
+
+/// The integer `key` of `f` in [min, max] ("expected an integer in [min, max]<why>").
+int64_t integer_in(const JsonFields& f, const char* key, int64_t min, int64_t max,
+                   const std::string& why = "") {
+  const auto& v = f.at(key);
+  // a parsed integer >= 0 is unsigned: one beyond int64_t is out of range before it is read as one
+  const bool ok = v.is_number_integer() && (!v.is_number_unsigned() || v.get<uint64_t>() <= uint64_t(max)) &&
+                  v.get<int64_t>() >= min && v.get<int64_t>() <= max;
+  if (!ok) f.fail(key, fmt::format("an integer in [{}, {}]{}", min, max, why));
+  return v.get<int64_t>();
+}
+
+}  // namespace
+
+SmoothedTime SmoothedTime::from_json(const JsonFields& f, double beta) {
+  if (!f.json().is_object()) f.fail_with("expected an object");
   f.allow_only({"seconds", "m", "kept", "seen", "last_change"});  // "seconds": written for a reader
   SmoothedTime s(beta);
   s.m_ = f.number("m");
-  s.kept_ = int64_t(f.number("kept"));
-  s.seen_ = int64_t(f.number("seen"));
+  if (!within_seconds(s.m_)) f.fail("m", seconds_range());
+  s.kept_ = integer_in(f, "kept", 0, kProfileMaxSamples);
+  s.seen_ = integer_in(f, "seen", s.kept_, kProfileMaxSamples, " (at least kept)");
   s.last_change_ = f.number("last_change");
-  if (s.kept_ < 0 || s.seen_ < s.kept_ || !std::isfinite(s.m_) || s.m_ < 0)
-    throw std::invalid_argument(where + ": inconsistent m/kept/seen");
+  if (!(std::isfinite(s.last_change_) && s.last_change_ >= 0)) f.fail("last_change", "a finite number >= 0");
+  if (f.has("seconds") && !(f.at("seconds").is_number() && within_seconds(f.at("seconds").get<double>())))
+    f.fail("seconds", seconds_range());
+  // the estimate divides m by 1 - beta^kept: a small m of few samples can still be out of range
+  if (!within_seconds(s.value()))
+    f.fail("m",
+           fmt::format("{} once bias-corrected (m / (1 - beta^kept) = {:g})", seconds_range(), s.value()));
   return s;
 }
 
@@ -94,9 +124,9 @@ Profile::Profile(int num_layers, int64_t n_seq, int64_t seq_len, double beta)
   if (num_layers < 3)
     throw std::invalid_argument(
         fmt::format("profile: a model has at least 3 compute layers, got {}", num_layers));
-  if (n_seq < 1 || seq_len < 1)
-    throw std::invalid_argument(
-        fmt::format("profile: micro-batch shape must be positive, got {} x {}", n_seq, seq_len));
+  if (n_seq < 1 || seq_len < 1 || n_seq > kProfileMaxTokens / seq_len)
+    throw std::invalid_argument(fmt::format(
+        "profile: micro-batch shape must be positive and at most 2^40 tokens, got {} x {}", n_seq, seq_len));
   if (!(beta >= 0 && beta < 1))
     throw std::invalid_argument(fmt::format("profile: beta must be in [0, 1), got {}", beta));
   layers_.assign(size_t(num_layers), LayerProfile(beta));
@@ -105,16 +135,19 @@ Profile::Profile(int num_layers, int64_t n_seq, int64_t seq_len, double beta)
 void Profile::record(int layer, ProfileKind kind, double seconds) {
   if (layer < 0 || layer >= num_layers())
     throw std::invalid_argument(fmt::format("profile: layer {} out of range [0, {})", layer, num_layers()));
-  if (!std::isfinite(seconds) || seconds < 0)
+  if (!(seconds >= 0 && seconds <= kProfileMaxSeconds))
     throw std::invalid_argument(
-        fmt::format("profile: layer {}: {} time {} is not a finite non-negative number", layer,
-                    profile_kind_name(kind), seconds));
+        fmt::format("profile: layer {}: {} time {} is not a number of seconds in [0, {:g}]", layer,
+                    profile_kind_name(kind), seconds, kProfileMaxSeconds));
   layers_[size_t(layer)].series(kind).add(seconds);
 }
 
 void Profile::record_memory(int layer, int64_t weight_bytes, int64_t grad_bytes, int64_t scratch_peak_bytes) {
   if (layer < 0 || layer >= num_layers())
     throw std::invalid_argument(fmt::format("profile: layer {} out of range [0, {})", layer, num_layers()));
+  if (std::max({weight_bytes, grad_bytes, scratch_peak_bytes}) > kProfileMaxBytes)
+    throw std::invalid_argument(fmt::format("profile: layer {}: {} / {} / {} bytes, more than 1 TiB", layer,
+                                            weight_bytes, grad_bytes, scratch_peak_bytes));
   auto& l = layers_[size_t(layer)];
   if (weight_bytes >= 0) l.weight_bytes = weight_bytes;
   if (grad_bytes >= 0) l.grad_bytes = grad_bytes;
@@ -195,49 +228,64 @@ nlohmann::json Profile::to_json() const {
   return j;
 }
 
-Profile Profile::from_json(const nlohmann::json& j, const std::string& where) {
+namespace {
+
+/// One layer's keys into `lp` (Profile::from_json's errors; `w` is "<where>: layer <l>").
+void read_layer(const nlohmann::json& o, int l, const std::string& where, const std::string& w,
+                const JsonKeyLines* lines, double beta, LayerProfile& lp) {
+  if (!o.is_object())
+    throw std::invalid_argument(w + ": expected an object with \"layer\": " + std::to_string(l));
+  const std::string pointer = fmt::format("/layers/{}", l);
+  JsonFields lf(o, w);
+  lf.with_lines(lines, where, pointer);
+  lf.allow_only({"layer", "forward", "recompute", "backward", "tail", "weight_bytes", "grad_bytes",
+                 "scratch_peak_bytes"});
+  if (!lf.has("layer") || lf.at("layer") != l) lf.fail("layer", std::to_string(l));
+  for (ProfileKind k :
+       {ProfileKind::forward, ProfileKind::recompute, ProfileKind::backward, ProfileKind::tail}) {
+    const char* name = profile_kind_name(k);
+    if (!lf.has(name)) continue;
+    JsonFields sf(lf.at(name), w + "." + name);
+    sf.with_lines(lines, where, json_key_pointer(pointer, name));
+    if (!lf.at(name).is_object()) lf.fail(name, "an object");
+    lp.series(k) = SmoothedTime::from_json(sf, beta);
+  }
+  auto bytes = [&](const char* k, int64_t& dst) {
+    if (lf.has(k)) dst = integer_in(lf, k, 0, kProfileMaxBytes, " (at most 1 TiB)");
+  };
+  bytes("weight_bytes", lp.weight_bytes);
+  bytes("grad_bytes", lp.grad_bytes);
+  bytes("scratch_peak_bytes", lp.scratch_peak_bytes);
+}
+
+}  // namespace
+
+Profile Profile::from_json(const nlohmann::json& j, const std::string& where, const JsonKeyLines* lines) {
   if (!j.is_object()) throw std::invalid_argument(where + ": expected a JSON object");
-  const JsonFields f(j, where);
+  JsonFields f(j, where);
+  f.with_lines(lines, where, "");
   // every key to_json writes, and no other: a misspelt one would otherwise drop what it holds
   f.allow_only({"format", "version", "device", "n_seq", "seq_len", "beta", "layers", "linear_compute"});
   f.require_value("format", "roundpipe-profile");
   f.require_value("version", 1);
-  const int64_t n_seq = f.integer("n_seq"), seq_len = f.integer("seq_len");
+  const int64_t n_seq = integer_in(f, "n_seq", 1, kProfileMaxTokens);
+  const int64_t seq_len =
+      integer_in(f, "seq_len", 1, kProfileMaxTokens / n_seq, " (n_seq x seq_len at most 2^40)");
   const double beta = f.number("beta");
+  if (!(beta >= 0 && beta < 1)) f.fail("beta", "a number in [0, 1)");
   const auto& layers = f.array("layers");
-  Profile p;
-  try {
-    p = Profile(int(layers.size()), n_seq, seq_len, beta);
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(where + ": " + e.what());
-  }
-  if (j.contains("device") && j["device"].is_string()) p.device = j["device"].get<std::string>();
+  if (layers.size() < 3)
+    f.fail("layers", "a list of at least 3 layers (embedding, decoders, tail)", layers.size());
+  Profile p(int(layers.size()), n_seq, seq_len, beta);
+  f.optional("device", p.device);
   if (f.has("linear_compute")) {  // absent in files written before it was recorded
     p.linear_compute = f.string("linear_compute");
     if (p.linear_compute != "bf16" && p.linear_compute != "fp8" && p.linear_compute != "fp8+wgrad")
       f.fail("linear_compute", "\"bf16\", \"fp8\" or \"fp8+wgrad\"", p.linear_compute);
   }
-  for (int l = 0; l < p.num_layers(); ++l) {
-    const auto& o = layers[size_t(l)];
-    const std::string w = fmt::format("{}: layer {}", where, l);
-    if (!o.is_object() || !o.contains("layer") || o["layer"] != l)
-      throw std::invalid_argument(w + ": expected an object with \"layer\": " + std::to_string(l));
-    auto& lp = p.layers_[size_t(l)];
-    for (ProfileKind k :
-         {ProfileKind::forward, ProfileKind::recompute, ProfileKind::backward, ProfileKind::tail})
-      if (o.contains(profile_kind_name(k)))
-        lp.series(k) =
-            SmoothedTime::from_json(o[profile_kind_name(k)], p.beta_, w + "." + profile_kind_name(k));
-    const JsonFields lf(o, w);
-    lf.allow_only({"layer", "forward", "recompute", "backward", "tail", "weight_bytes", "grad_bytes",
-                   "scratch_peak_bytes"});
-    auto bytes = [&](const char* k, int64_t& dst) {
-      if (lf.has(k)) dst = lf.integer(k, 0);
-    };
-    bytes("weight_bytes", lp.weight_bytes);
-    bytes("grad_bytes", lp.grad_bytes);
-    bytes("scratch_peak_bytes", lp.scratch_peak_bytes);
-  }
+  for (int l = 0; l < p.num_layers(); ++l)
+    read_layer(layers[size_t(l)], l, where, fmt::format("{}: layer {}", where, l), lines, p.beta_,
+               p.layers_[size_t(l)]);
   return p;
 }
 
@@ -255,14 +303,15 @@ Profile Profile::load(const std::string& path) {
   if (!ec && st.type() != std::filesystem::file_type::regular)
     throw std::runtime_error(path + ": expected a profile file, found a folder, device or pipe");
   nlohmann::json j;
+  JsonKeyLines lines;  // a value refused after parsing is named with its line
   try {
     // "<path>:<line>:<column>: invalid JSON: ..." as the spec and config readers say it
-    j = parse_json_text(read_json_file(path), path, {.unique_keys = true});
+    j = parse_json_text(read_json_file(path), path, {.unique_keys = true, .key_lines = &lines});
   } catch (const std::invalid_argument& e) {
     throw std::runtime_error(e.what());
   }
   try {
-    return from_json(j, path);
+    return from_json(j, path, &lines);
   } catch (const std::invalid_argument& e) {
     throw std::runtime_error(e.what());
   }

@@ -15,9 +15,23 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "base/json_text.hpp"
 #include "scheduler/cost_model.hpp"
 
 namespace rp {
+
+class JsonFields;
+
+/// What a profile records and its reader accepts. Seconds of one layer and one micro-batch:
+/// 1e6 s (11.6 days) is far beyond any layer pass, and rules out only a broken clock or a hand edit.
+inline constexpr double kProfileMaxSeconds = 1e6;
+/// Device bytes of one layer (weights, gradients, scratch): 1 TiB, several times the memory of
+/// any GPU.
+inline constexpr int64_t kProfileMaxBytes = int64_t(1) << 40;
+/// Tokens of a micro-batch (n_seq x seq_len): 2^40, the spec's bound on a step's tokens.
+inline constexpr int64_t kProfileMaxTokens = int64_t(1) << 40;
+/// Samples of a series: 10^12, a million years of passes at 30 per second.
+inline constexpr int64_t kProfileMaxSamples = 1000000000000;
 
 /// What a measurement times, for one layer and one micro-batch.
 enum class ProfileKind : uint8_t {
@@ -52,7 +66,8 @@ class SmoothedTime {
   double last_change() const { return last_change_; }
   double beta() const { return beta_; }
   nlohmann::json to_json() const;
-  static SmoothedTime from_json(const nlohmann::json& j, double beta, const std::string& where);
+  /// The series `f` reads (Profile::from_json's errors: "<where>: key '<k>': expected <range>").
+  static SmoothedTime from_json(const JsonFields& f, double beta);
 
  private:
   double beta_;
@@ -88,10 +103,11 @@ class Profile {
   std::string linear_compute;
 
   /// The worker's hook: `seconds` of `kind` for layer `layer` and one micro-batch.
-  /// Throws std::invalid_argument naming the layer for an index out of range or a
-  /// negative / non-finite time.
+  /// Throws std::invalid_argument naming the layer for an index out of range or a time
+  /// outside [0, kProfileMaxSeconds] (so a profile holds nothing its reader refuses).
   void record(int layer, ProfileKind kind, double seconds);
   /// Device memory of `layer`; pass -1 for what was not measured. Scratch keeps the max.
+  /// Throws std::invalid_argument for a count above kProfileMaxBytes.
   void record_memory(int layer, int64_t weight_bytes, int64_t grad_bytes, int64_t scratch_peak_bytes);
   const LayerProfile& layer(int l) const;
 
@@ -111,12 +127,20 @@ class Profile {
   nlohmann::json to_json() const;
   /// Errors: std::invalid_argument("<where>: <key or layer>: <what>"); a key to_json does not
   /// write (at the top, in a layer or in a series) is "<where>: unknown key '<k>' (known keys: ...)".
-  static Profile from_json(const nlohmann::json& j, const std::string& where);
+  /// A value out of range is "<where>: [layer <l>.<series>: ]key '<k>': expected <range>, got <v>":
+  /// seconds (m) in [0, kProfileMaxSeconds], also once bias-corrected; sample counts (kept, seen)
+  /// in [0, kProfileMaxSamples], seen >= kept; last_change finite and >= 0; byte counts in
+  /// [0, kProfileMaxBytes]; n_seq, seq_len >= 1 with n_seq x seq_len <= kProfileMaxTokens; beta in
+  /// [0, 1). With `lines` (parse_json_text's key_lines of the text `j` came from, whose file
+  /// `where` names) a key's error names its line: "<where>:<line>: ...".
+  static Profile from_json(const nlohmann::json& j, const std::string& where,
+                           const JsonKeyLines* lines = nullptr);
   /// Writes JSON atomically (base/atomic_file.hpp). Throws std::runtime_error("<path>: ...").
   void save(const std::string& path) const;
   /// Throws std::runtime_error("<path>: ...") for I/O or parse errors: a syntax error is
   /// "<path>:<line>:<column>: invalid JSON: <reason>", a key given twice in one object
-  /// "<path>:<line>: key '<a.b>' given twice" (base/json_text.hpp).
+  /// "<path>:<line>: key '<a.b>' given twice" (base/json_text.hpp), a key from_json refuses
+  /// "<path>:<line>: ...".
   static Profile load(const std::string& path);
 
  private:

@@ -17,6 +17,7 @@
 #include "base/output_folder.hpp"
 #include "model/config.hpp"
 #include "roundpipe/adapter.hpp"
+#include "trainer/run_setup.hpp"
 
 namespace fs = std::filesystem;
 
@@ -266,28 +267,60 @@ std::optional<ResumePoint> check_resume(const TrainSpec& spec) {
 }
 
 namespace {
-/// The LoRA run that wrote the adapter folder `dir`: "r=<r> on <targets>" and the spec's
-/// "lora" key that trains the same adapters, as JSON; empty when its adapter_config.json
-/// cannot be read.
-std::pair<std::string, std::string> lora_run_of(const std::string& dir) {
+
+/// The LoRA settings in the adapter_config.json of checkpoint `dir`. A file that cannot be read is
+/// std::invalid_argument naming it: "<file>:<line>:<column>: invalid JSON: <reason>", "<file>: key
+/// '<k>': expected ...", with what it means for the resume.
+LoraConfig checkpoint_lora(const std::string& dir) {
   const std::string file = (fs::path(dir) / kAdapterConfigFile).string();
   try {
-    const LoraConfig l = peft_adapter_from_config(nlohmann::json::parse(read_json_file(file)), file).lora;
-    std::vector<std::string> targets = l.target_modules;
-    targets.insert(targets.end(), l.target_parameters.begin(), l.target_parameters.end());
-    nlohmann::ordered_json key = {{"r", l.r}, {"alpha", l.alpha}};
-    if (l.alpha == std::floor(l.alpha) && std::fabs(l.alpha) < 1e15)
-      key["alpha"] = int64_t(l.alpha);  // 16, not 16.0
-    if (!l.target_modules.empty()) key["target_modules"] = l.target_modules;
-    if (!l.target_parameters.empty()) key["target_parameters"] = l.target_parameters;
-    if (l.dropout != 0) key["dropout"] = l.dropout;
-    if (l.use_rslora) key["use_rslora"] = true;
-    if (!l.modules_to_save.empty()) key["modules_to_save"] = l.modules_to_save;
-    return {fmt::format("r={} on {}", l.r, fmt::join(targets, ",")), key.dump()};
-  } catch (const std::exception&) {
-    return {};
+    return peft_adapter_from_config(parse_json_text(read_json_file(file), file), file).lora;
+  } catch (const std::exception& e) {
+    throw std::invalid_argument(
+        fmt::format("{} (checkpoint {} cannot be resumed without its adapter settings)", e.what(), dir));
   }
 }
+
+/// The LoRA run `l` describes: "r=<r> on <targets>" and the spec's "lora" key that trains the
+/// same adapters, as JSON.
+std::pair<std::string, std::string> lora_run_of(const LoraConfig& l) {
+  std::vector<std::string> targets = l.target_modules;
+  targets.insert(targets.end(), l.target_parameters.begin(), l.target_parameters.end());
+  nlohmann::ordered_json key = {{"r", l.r}, {"alpha", l.alpha}};
+  if (l.alpha == std::floor(l.alpha) && std::fabs(l.alpha) < 1e15)
+    key["alpha"] = int64_t(l.alpha);  // 16, not 16.0
+  if (!l.target_modules.empty()) key["target_modules"] = l.target_modules;
+  if (!l.target_parameters.empty()) key["target_parameters"] = l.target_parameters;
+  if (l.dropout != 0) key["dropout"] = l.dropout;
+  if (l.use_rslora) key["use_rslora"] = true;
+  if (!l.modules_to_save.empty()) key["modules_to_save"] = l.modules_to_save;
+  return {fmt::format("r={} on {}", l.r, fmt::join(targets, ",")), key.dump()};
+}
+
+const char* kStartFresh = "a new output folder without --resume or \"resume_from\"";
+
+/// A LoRA checkpoint of `dir` resumed by `spec`: refused when the spec trains no adapters or
+/// adapters of another rank (the adapters' shapes), naming the change that resumes it.
+void check_lora_resume(const TrainSpec& spec, const std::string& dir, bool lora_spec) {
+  const LoraConfig saved = checkpoint_lora(dir);  // a corrupt file is named before anything else
+  const auto [run, key] = lora_run_of(saved);
+  if (!lora_spec)
+    throw std::invalid_argument(
+        fmt::format("checkpoint {} was written by a LoRA run ({}); {} asks for full fine-tuning (no \"lora\" "
+                    "key): add \"lora\": {} to resume it, or start {}",
+                    dir, run, spec.source, key, kStartFresh));
+  if (spec.lora && spec.lora->r != saved.r) {
+    const std::string origin = setting_origin(spec, "lora.r");
+    throw std::invalid_argument(fmt::format(
+        "checkpoint {} was written by a LoRA run of rank {} ({}); {} asks for rank {}: {} to resume it, or "
+        "start {}",
+        dir, saved.r, run, origin, spec.lora->r,
+        origin.rfind("--", 0) == 0 ? fmt::format("pass --set lora.r={}", saved.r)
+                                   : fmt::format("set \"r\": {} in its \"lora\" key", saved.r),
+        kStartFresh));
+  }
+}
+
 }  // namespace
 
 void check_resume_kind(const TrainSpec& spec) {
@@ -300,23 +333,14 @@ void check_resume_kind(const TrainSpec& spec) {
   const bool lora_checkpoint = fs::is_regular_file(dir / kAdapterConfigFile, ec);
   const bool full_checkpoint = !lora_checkpoint && fs::is_regular_file(dir / "config.json", ec);
   const bool lora_spec = spec.lora.has_value() || !spec.adapter.empty();
-  const std::string fresh = "a new output folder without --resume or \"resume_from\"";
-  if (lora_checkpoint && !lora_spec) {
-    const auto [run, key] = lora_run_of(dir.string());
-    throw std::invalid_argument(fmt::format(
-        "checkpoint {} was written by a LoRA run{}; {} asks for full fine-tuning (no \"lora\" key): add {} "
-        "to "
-        "resume it, or start {}",
-        dir.string(), run.empty() ? "" : " (" + run + ")", spec.source,
-        key.empty() ? std::string("the \"lora\" key it was trained with") : "\"lora\": " + key, fresh));
-  }
+  if (lora_checkpoint) check_lora_resume(spec, dir.string(), lora_spec);
   if (full_checkpoint && lora_spec) {
     const std::string k = spec.lora ? "lora" : "adapter";
     throw std::invalid_argument(fmt::format(
         "checkpoint {} was written by a full fine-tuning run (config.json and all weights, no {}); {} asks "
         "for LoRA (the \"{}\" key): remove the \"{}\" key to resume it, or train adapters on its weights "
         "with \"model\": \"{}\" in {}",
-        dir.string(), kAdapterConfigFile, spec.source, k, k, dir.string(), fresh));
+        dir.string(), kAdapterConfigFile, spec.source, k, k, dir.string(), kStartFresh));
   }
 }
 

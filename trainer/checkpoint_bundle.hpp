@@ -91,10 +91,13 @@ std::optional<ResumePoint> check_resume(const TrainSpec& spec);
 
 /// Refuses a resume whose spec trains otherwise than the checkpoint's run, before anything in
 /// the output folder is touched: a LoRA checkpoint (adapter_config.json) resumed by a spec for
-/// full fine-tuning, or a full fine-tuning checkpoint (config.json, no adapter_config.json)
-/// resumed by a spec with "lora" or "adapter". std::invalid_argument, one line naming the
-/// checkpoint, what it holds, what the spec asks for and the change that resumes it (the
-/// "lora" key the checkpoint was trained with, as JSON). Nothing for a folder that is neither.
+/// full fine-tuning or for adapters of another rank (lora.r), or a full fine-tuning checkpoint
+/// (config.json, no adapter_config.json) resumed by a spec with "lora" or "adapter".
+/// std::invalid_argument, one line naming the checkpoint, what it holds, what the spec asks for
+/// and the change that resumes it (the "lora" key the checkpoint was trained with, as JSON; the
+/// rank). A LoRA checkpoint's adapter_config.json that cannot be read (not JSON, a bad key) is
+/// one line naming the file (with the line and column of a syntax error). Nothing for a folder
+/// that is neither.
 void check_resume_kind(const TrainSpec& spec);
 
 /// Refuses a resume whose model differs in architecture from the checkpoint's:

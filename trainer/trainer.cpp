@@ -51,9 +51,11 @@ std::string spec_key_error(const TrainSpec& spec, const std::string& message) {
 void TrainingRun::setup() {
   validate_spec(spec_);     // a spec built in code gets the checks of a spec file
   check_data_paths(spec_);  // seconds, before a model load of minutes
-  spdlog::info("{}", optimizer_line(spec_));
-  check_output_dir(spec_);   // never a folder that holds the user's other work or the run's inputs
-  check_resume_kind(spec_);  // LoRA vs full fine-tuning: refused before the output folder is touched
+  check_output_dir(spec_);  // never a folder that holds the user's other work or the run's inputs
+  // LoRA vs full fine-tuning, the adapters' rank: refused before the output folder is touched
+  check_resume_kind(spec_);
+  spdlog::info("{}",
+               optimizer_line(spec_));  // the first line: the refusals above print nothing before theirs
   replicas_ = replicas_for(spec_);
   if (replicas_ && replicas_->rank() > 0 && spdlog::get_level() < spdlog::level::warn)
     spdlog::set_level(spdlog::level::warn);  // replica 0 tells the story; the others warn and fail

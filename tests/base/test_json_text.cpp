@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "base/json_fields.hpp"
 #include "base/json_text.hpp"
 
 namespace {
@@ -102,6 +103,36 @@ TEST(JsonText, AValueNamesItsKeyPathUnderThePrefix) {
       error("1e400"),
       "--set tier=...: key 'tier': expected a number within a double's range (about 1.8e308), got 1e400");
   EXPECT_EQ(error("{\"r\": 1,\n \"r\": 2}"), "--set tier=...: key 'tier.r' given twice");
+}
+
+// With key_lines a text that parses says where each key stands, by its JSON pointer: keys in
+// lists of objects and lists of lists, a key with '/' or '~' escaped; a reader of its fields
+// then names a key's line in its errors.
+TEST(JsonText, KeyLinesNameEveryKeyByItsPointer) {
+  rp::JsonKeyLines lines;
+  rp::JsonTextOptions opt;
+  opt.key_lines = &lines;
+  const std::string text =
+      "{\"a\": 1,\n \"l\": [[7, {\"x\": \"s: t\"}],\n  {\"y\": {\"z\": [1, 2]}},\n  3,\n  {\"a/b~\": 0}]}";
+  const nlohmann::json j = rp::parse_json_text(text, "f.json", opt);
+  const rp::JsonKeyLines want = {{"/a", 1},     {"/l", 2},       {"/l/0/1/x", 2},
+                                 {"/l/1/y", 3}, {"/l/1/y/z", 3}, {"/l/3/a~1b~0", 5}};
+  EXPECT_EQ(lines, want);
+  rp::JsonFields f(j["l"][1]["y"], "f.json: the y");
+  f.with_lines(&lines, "f.json", "/l/1/y");
+  try {
+    f.string("z");
+    ADD_FAILURE() << "read";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "f.json:3: the y: key 'z': expected a string, got [1,2]");
+  }
+  try {
+    f.allow_only({"w"});
+    ADD_FAILURE() << "read";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "f.json:3: the y: unknown key 'z' (known keys: w)");
+  }
+  EXPECT_EQ(f.where_of("absent"), "f.json: the y");
 }
 
 }  // namespace

@@ -16,6 +16,14 @@ namespace {
 
 using namespace rp::clitest;
 
+/// ":<line>" of the first `needle` in `text`.
+std::string line_of(const std::string& text, const std::string& needle) {
+  const size_t at = text.find(needle);
+  EXPECT_NE(at, std::string::npos) << needle;
+  return ":" +
+         std::to_string(1 + std::count(text.begin(), text.begin() + long(std::min(at, text.size())), '\n'));
+}
+
 // The tiny model trained 2 steps with `extra` spec keys: its run folder.
 fs::path trained(const fs::path& d, const std::string& name, const std::string& extra) {
   write(d / "data.jsonl", "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n");
@@ -88,7 +96,7 @@ TEST(CliPlanProfile, AProfileWithoutTheRecordPlansWithOneWarning) {
   EXPECT_EQ(r.out.rfind("costs     profile ", at), r.out.rfind('\n', at) + 1) << "not on the costs line";
   j["linear_compute"] = "fp4";
   write(file, j.dump(1));
-  expect_one_line_error(plan(d, run, ""), file.string() +
+  expect_one_line_error(plan(d, run, ""), file.string() + line_of(j.dump(1), "\"linear_compute\"") +
                                               ": key 'linear_compute': expected \"bf16\", \"fp8\" or "
                                               "\"fp8+wgrad\", got \"fp4\"");
   fs::remove_all(d);
@@ -112,9 +120,19 @@ TEST(CliPlanProfile, ABadProfileFileIsOneLineNamingThePlace) {
   typo["layer"] = typo["layers"];
   typo.erase("layers");
   write(file, typo.dump(1));
-  expect_one_line_error(plan(d, run, ""), file.string() +
+  expect_one_line_error(plan(d, run, ""), file.string() + line_of(typo.dump(1), "\"layer\"") +
                                               ": unknown key 'layer' (known keys: beta, device, format, "
                                               "layers, linear_compute, n_seq, seq_len, version)");
+  // a time no layer takes (a plan printed it as a 300-digit iteration time) is refused with its
+  // line and the range
+  nlohmann::json absurd = j;
+  absurd["layers"][1]["forward"]["m"] = 1e300;
+  write(file, absurd.dump(1));
+  const CliRun r = plan(d, run, "");
+  expect_one_line_error(
+      r, file.string() + line_of(absurd.dump(1), "1e+300") +
+             ": layer 1.forward: key 'm': expected a number of seconds in [0, 1e+06], got 1e+300");
+  EXPECT_EQ(r.out, "");
   fs::remove_all(d);
 }
 

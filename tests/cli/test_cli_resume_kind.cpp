@@ -44,6 +44,7 @@ TEST(CliResumeKind, ALoraCheckpointWithAFullFineTuningSpecNamesTheLoraKeyThatRes
   const fs::path ck = d / "lo/checkpoint-1";
   const auto before = contents(d / "lo");
   const CliRun r = resume(d, d / "full.json", ck, d / "lo");
+  EXPECT_EQ(r.out, "") << "printed before the refusal";
   expect_one_line_error(
       r, "checkpoint " + ck.string() + " was written by a LoRA run (r=4 on q_proj,v_proj); " +
              (d / "full.json").string() + " asks for full fine-tuning (no \"lora\" key): add \"lora\": ");
@@ -73,6 +74,7 @@ TEST(CliResumeKind, AFullFineTuningCheckpointWithALoraSpecSaysToRemoveTheKey) {
   ASSERT_EQ(roundpipe("train " + (d / "full.json").string(), d).code, 0);
   const fs::path ck = d / "fu/checkpoint-1";
   const auto before = contents(d / "fu");
+  EXPECT_EQ(resume(d, d / "lora.json", ck, d / "fu").out, "") << "printed before the refusal";
   expect_one_line_error(
       resume(d, d / "lora.json", ck, d / "fu"),
       "checkpoint " + ck.string() +
@@ -94,6 +96,52 @@ TEST(CliResumeKind, AFullFineTuningCheckpointWithALoraSpecSaysToRemoveTheKey) {
   expect_one_line_error(resume(d, d / "adapter.json", ck, d / "fu"),
                         "asks for LoRA (the \"adapter\" key): remove the \"adapter\" key to resume it");
   EXPECT_EQ(contents(d / "fu"), before);
+  fs::remove_all(d);
+}
+
+// A LoRA checkpoint resumed with adapters of another rank names the rank and the change that
+// resumes it (in the spec, or on the command line where the rank was set there); an
+// adapter_config.json that is no JSON is named with its line and column, whatever the spec asks.
+// Both are refused before anything is printed, leaving the output folder as it was.
+TEST(CliResumeKind, ALoraCheckpointOfAnotherRankOrACorruptConfigIsNamedBeforeAnyOutput) {
+  auto d = tmpdir();
+  const fs::path model = tiny_model(d);
+  write(d / "data.jsonl", kData);
+  write(d / "lora.json", spec_for(model, d / "data.jsonl", d / "lo", kLora + kSteps));
+  ASSERT_EQ(roundpipe("train " + (d / "lora.json").string(), d).code, 0);
+  nlohmann::json spec = nlohmann::json::parse(slurp(d / "lora.json"));
+  spec["lora"]["r"] = 8;
+  write(d / "r8.json", spec.dump());
+  const fs::path ck = d / "lo/checkpoint-1";
+  const auto before = contents(d / "lo");
+  const std::string rank4 =
+      "checkpoint " + ck.string() + " was written by a LoRA run of rank 4 (r=4 on q_proj,v_proj); ";
+  CliRun r = resume(d, d / "r8.json", ck, d / "lo");
+  expect_one_line_error(r,
+                        rank4 + (d / "r8.json").string() +
+                            " asks for rank 8: set \"r\": 4 in its \"lora\" key to resume it, or start a new "
+                            "output folder without --resume or \"resume_from\"\n");
+  EXPECT_EQ(r.out, "") << "printed before the refusal";
+  r = roundpipe("train " + (d / "lora.json").string() + " --set lora.r=8 --steps 3 --resume " + ck.string() +
+                    " --output-dir " + (d / "lo").string(),
+                d);
+  expect_one_line_error(r, rank4 + "--set lora.r=8 asks for rank 8: pass --set lora.r=4 to resume it");
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(contents(d / "lo"), before) << "the refused start changed the output folder";
+
+  const fs::path config = ck / "adapter_config.json";
+  write(config, "{\n  \"peft_type\": \"LORA\",\n  \"r\": 4,,\n}\n");  // a save cut short, then edited
+  write(d / "full.json", spec_for(model, d / "data.jsonl", d / "lo", kSteps));
+  for (const fs::path& s : {d / "full.json", d / "lora.json"}) {
+    r = resume(d, s, ck, d / "lo");
+    expect_one_line_error(r, "roundpipe: error: " + config.string() + ":3:");
+    EXPECT_NE(r.err.find(": invalid JSON: syntax error"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("(checkpoint " + ck.string() + " cannot be resumed without its adapter settings)\n"),
+              std::string::npos)
+        << r.err;
+    EXPECT_EQ(r.err.find("LoRA run"), std::string::npos) << r.err;
+    EXPECT_EQ(r.out, "");
+  }
   fs::remove_all(d);
 }
 

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -216,6 +217,14 @@ std::string load_error(const std::string& text) {
   return what.empty() ? what : what.substr(what.find(':'));  // without the temporary path
 }
 
+/// ":<line>" of the first `needle` in `text`.
+std::string line_of(const std::string& text, const std::string& needle) {
+  const size_t at = text.find(needle);
+  EXPECT_NE(at, std::string::npos) << needle;
+  return ":" +
+         std::to_string(1 + std::count(text.begin(), text.begin() + long(std::min(at, text.size())), '\n'));
+}
+
 /// A profile with every key to_json writes: all four series, the memory and the linear compute.
 Profile full_profile() {
   Profile p(3, 1, 16);
@@ -254,18 +263,90 @@ TEST(Profile, LoadRefusesBadJsonDuplicateAndUnknownKeysNamingThem) {
   j["layer"] = j["layers"];
   j.erase("layers");
   EXPECT_EQ(load_error(j.dump(1)),
-            ": unknown key 'layer' (known keys: beta, device, format, layers, linear_compute, n_seq, "
-            "seq_len, version)");
+            line_of(j.dump(1), "\"layer\"") +
+                ": unknown key 'layer' (known keys: beta, device, format, layers, linear_compute, n_seq, "
+                "seq_len, version)");
   j = full;
   j["layers"][1]["forwrd"] = j["layers"][1]["forward"];
   j["layers"][1].erase("forward");
-  EXPECT_EQ(load_error(j.dump(1)),
-            ": layer 1: unknown key 'forwrd' (known keys: backward, forward, grad_bytes, layer, recompute, "
-            "scratch_peak_bytes, tail, weight_bytes)");
+  EXPECT_EQ(
+      load_error(j.dump(1)),
+      line_of(j.dump(1), "\"forwrd\"") +
+          ": layer 1: unknown key 'forwrd' (known keys: backward, forward, grad_bytes, layer, recompute, "
+          "scratch_peak_bytes, tail, weight_bytes)");
   j = full;
   j["layers"][2]["tail"]["kep"] = 1;
-  EXPECT_EQ(load_error(j.dump(1)),
-            ": layer 2.tail: unknown key 'kep' (known keys: kept, last_change, m, seconds, seen)");
+  EXPECT_EQ(load_error(j.dump(1)), line_of(j.dump(1), "\"kep\"") +
+                                       ": layer 2.tail: unknown key 'kep' (known keys: kept, last_change, m, "
+                                       "seconds, seen)");
+}
+
+// Values out of range are refused in one line naming the line, the key and the range: a time of
+// 1e300 s (which a plan printed as a 300-digit iteration time), a scratch of 2^62 bytes, negative
+// numbers, a number beyond a double, counts that contradict each other; whatever the profiler
+// records loads back, the largest values it keeps included.
+TEST(Profile, LoadRefusesValuesOutOfRangeNamingLineKeyAndRange) {
+  const nlohmann::json full = full_profile().to_json();
+  /// `full` with `edit` applied: the error, which must name the line of the text's `marker`.
+  const auto refused = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& marker) {
+    nlohmann::json j = full;
+    edit(j);
+    const std::string text = j.dump(1), error = load_error(text);
+    EXPECT_EQ(error.rfind(line_of(text, marker) + ": ", 0), 0u) << marker << ": " << error;
+    return error.substr(error.find(": ") + 2);
+  };
+  EXPECT_EQ(refused([](auto& j) { j["layers"][1]["forward"]["m"] = 1e300; }, "\"m\": 1e+300"),
+            "layer 1.forward: key 'm': expected a number of seconds in [0, 1e+06], got 1e+300");
+  EXPECT_EQ(
+      refused([](auto& j) { j["layers"][1]["scratch_peak_bytes"] = int64_t(1) << 62; },
+              "\"scratch_peak_bytes\": 4611686018427387904"),
+      "layer 1: key 'scratch_peak_bytes': expected an integer in [0, 1099511627776] (at most 1 TiB), got "
+      "4611686018427387904");
+  EXPECT_EQ(refused([](auto& j) { j["layers"][0]["weight_bytes"] = -7; }, "\"weight_bytes\": -7"),
+            "layer 0: key 'weight_bytes': expected an integer in [0, 1099511627776] (at most 1 TiB), got -7");
+  EXPECT_EQ(refused([](auto& j) { j["layers"][2]["tail"]["last_change"] = -0.25; }, "\"last_change\": -0.25"),
+            "layer 2.tail: key 'last_change': expected a finite number >= 0, got -0.25");
+  EXPECT_EQ(refused([](auto& j) { j["layers"][2]["backward"]["kept"] = -3; }, "\"kept\": -3"),
+            "layer 2.backward: key 'kept': expected an integer in [0, 1000000000000], got -3");
+  EXPECT_EQ(
+      refused([](auto& j) { j["layers"][0]["recompute"]["seen"] = 0; }, "\"seen\": 0"),
+      "layer 0.recompute: key 'seen': expected an integer in [1, 1000000000000] (at least kept), got 0");
+  EXPECT_EQ(refused([](auto& j) { j["layers"][0]["forward"]["seconds"] = 5e9; }, "\"seconds\": 5000000000.0"),
+            "layer 0.forward: key 'seconds': expected a number of seconds in [0, 1e+06], got 5000000000.0");
+  EXPECT_EQ(refused([](auto& j) { j["beta"] = 1.5; }, "\"beta\": 1.5"),
+            "key 'beta': expected a number in [0, 1), got 1.5");
+  EXPECT_EQ(refused([](auto& j) { j["n_seq"] = 0; }, "\"n_seq\""),
+            "key 'n_seq': expected an integer in [1, 1099511627776], got 0");
+  EXPECT_EQ(
+      refused([](auto& j) { j["n_seq"] = 1024, j["seq_len"] = int64_t(1) << 31; }, "\"seq_len\""),
+      "key 'seq_len': expected an integer in [1, 1073741824] (n_seq x seq_len at most 2^40), got 2147483648");
+  // a small m of one sample is divided by 1 - beta^1: 5 times m with beta 0.8
+  EXPECT_EQ(refused(
+                [](auto& j) {
+                  j["layers"][1]["tail"] = {{"m", 900000.0}, {"kept", 1}, {"seen", 2}, {"last_change", 1.0}};
+                },
+                "\"m\": 900000.0"),
+            "layer 1.tail: key 'm': expected a number of seconds in [0, 1e+06] once bias-corrected (m / (1 - "
+            "beta^kept) = 4.5e+06), got 900000.0");
+  // a number beyond a double is the parser's: the key path and its line
+  std::string text = full.dump(1);
+  const size_t m = text.find("\"m\": ") + 5;
+  text.replace(m, text.find_first_of(",\n", m) - m, "1e999");
+  EXPECT_EQ(load_error(text).rfind(
+                line_of(text, "1e999") + ": key 'layers.backward.m': expected a number within", 0),
+            0u)
+      << load_error(text);
+
+  // the profiler keeps nothing the reader refuses: the largest time and byte counts load back
+  Profile p(3, 1, 16);
+  for (double x :
+       {kProfileMaxSeconds, kProfileMaxSeconds, kProfileMaxSeconds, 0.0, 1e-300, kProfileMaxSeconds})
+    for (ProfileKind k : {ProfileKind::forward, ProfileKind::backward, ProfileKind::tail}) p.record(1, k, x);
+  p.record_memory(1, kProfileMaxBytes, kProfileMaxBytes, kProfileMaxBytes);
+  EXPECT_EQ(load_error(p.to_json().dump(1)), "");
+  EXPECT_THROW(p.record(1, ProfileKind::forward, kProfileMaxSeconds * 2), std::invalid_argument);
+  EXPECT_THROW(p.record_memory(1, -1, -1, kProfileMaxBytes + 1), std::invalid_argument);
+  EXPECT_EQ(p.layer(1).scratch_peak_bytes, kProfileMaxBytes);
 }
 
 }  // namespace
