@@ -73,8 +73,8 @@ void validate_plan(const IterationPlan& p, const std::string& where) {
   if (p.stages[i].kind != StageKind::tail) fail(fmt::format("{}: expected the tail stage here", name(i)));
   const Stage& t = p.stages[i];
   if (t.first != next || t.last != p.num_layers - 1)
-    fail(fmt::format("{} covers layers {}-{}, expected {}-{}", name(i), t.first, t.last, next,
-                     p.num_layers - 1));
+    fail(fmt::format("{}, the tail stage, covers layers {}-{}, expected {}-{}", name(i), t.first, t.last,
+                     next, p.num_layers - 1));
   int expect = t.first - 1;
   for (++i; i < p.stages.size(); ++i) {
     const Stage& s = p.stages[i];

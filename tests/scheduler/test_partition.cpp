@@ -238,7 +238,7 @@ TEST(Partition, InvalidExplicitPlansAreRejectedWithTheReason) {
   expect_reason({{"forward", {{0, 2}, {4, 5}}}, {"tail", {6, 7}}, {"backward", {{5, 0}}}},
                 "spec.plan: stage 1 F[4-5] starts at layer 4, expected layer 3");
   expect_reason({{"forward", {{0, 5}}}, {"tail", {6, 6}}, {"backward", {{5, 0}}}},
-                "spec.plan: stage 1 T[6-6] covers layers 6-6, expected 6-7");
+                "spec.plan: stage 1 T[6-6], the tail stage, covers layers 6-6, expected 6-7");
   expect_reason({{"forward", {{0, 5}}}, {"tail", {6, 7}}, {"backward", {{5, 2}}}},
                 "spec.plan: stage 2 B[5-2] stops at layer 2, expected the backward stages to reach layer 0");
   expect_reason({{"forward", {{0, 5}}}, {"tail", {6, 7}}, {"backward", {{4, 0}}}},
