@@ -291,9 +291,16 @@ class Ops {
   /// (head_dim 64, 128 or 256 with full rotary; other shapes take the two calls). Throws as they do.
   virtual void qk_norm_rope_fwd(const void* x, const void* w, void* y, const QkNormRope& s) {
     rmsnorm_fwd(x, w, y, s.n_seq * s.seq_len * s.heads, s.head_dim, s.eps, s.w_offset);
-    if (s.pos)
-      rope_fwd_at(y, s.pos, s.n_seq * s.seq_len, s.heads, s.head_dim, s.inv_freq, s.rope_scale, s.rotary_dim);
-    else rope_fwd(y, s.n_seq, s.seq_len, s.heads, s.head_dim, s.inv_freq, s.rope_scale, s.rotary_dim);
+    rope(y, s, false);
+  }
+  /// RoPE alone, in place on x [T, heads, head_dim] with s's constants: rope_fwd, or rope_bwd when
+  /// `backward`, or their _at forms at s.pos when it is set (s.eps and s.w_offset unused).
+  void rope(void* x, const QkNormRope& s, bool backward) {
+    const int64_t T = s.n_seq * s.seq_len, h = s.heads, D = s.head_dim, R = s.rotary_dim;
+    if (s.pos && backward) rope_bwd_at(x, s.pos, T, h, D, s.inv_freq, s.rope_scale, R);
+    else if (s.pos) rope_fwd_at(x, s.pos, T, h, D, s.inv_freq, s.rope_scale, R);
+    else if (backward) rope_bwd(x, s.n_seq, s.seq_len, h, D, s.inv_freq, s.rope_scale, R);
+    else rope_fwd(x, s.n_seq, s.seq_len, h, D, s.inv_freq, s.rope_scale, R);
   }
   /// Backward of qk_norm_rope_fwd from dy (the gradient of y): rope_bwd (rope_bwd_at) of dy, then
   /// rmsnorm_bwd(x, w, dy', dx, dw, T*heads, head_dim, eps, false, w_offset): dx overwritten, dw +=
@@ -302,10 +309,7 @@ class Ops {
   /// x or dy. CUDA's dx equals the two calls' bit for bit; dw is summed in another order.
   virtual void qk_norm_rope_bwd(const void* x, const void* w, void* dy, void* dx, void* dw,
                                 const QkNormRope& s) {
-    if (s.pos)
-      rope_bwd_at(dy, s.pos, s.n_seq * s.seq_len, s.heads, s.head_dim, s.inv_freq, s.rope_scale,
-                  s.rotary_dim);
-    else rope_bwd(dy, s.n_seq, s.seq_len, s.heads, s.head_dim, s.inv_freq, s.rope_scale, s.rotary_dim);
+    rope(dy, s, true);
     rmsnorm_bwd(x, w, dy, dx, dw, s.n_seq * s.seq_len * s.heads, s.head_dim, s.eps, false, s.w_offset);
   }
   /// attention_fwd where query t of sequence s attends to the keys j of s with

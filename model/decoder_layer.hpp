@@ -153,8 +153,6 @@ class DecoderLayer final : public Layer {
   // The shape and constants of the q/k norm + RoPE calls for `heads` heads of this layer, with
   // the call's RoPE table (longrope: by its length) and a.positions (packed sequences).
   Ops::QkNormRope qk_norm_rope(const LayerArgs& a, const RopeTable& rope, int64_t heads) const;
-  // RoPE alone, in place on x: rope_fwd / rope_bwd, or their _at forms when s.pos is set.
-  static void rope_apply(Ops& ops, void* x, const Ops::QkNormRope& s, bool backward);
 
   ModelConfig c_;
   int64_t chunk_tokens_;

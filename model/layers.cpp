@@ -206,16 +206,6 @@ Ops::QkNormRope DecoderLayer::qk_norm_rope(const LayerArgs& a, const RopeTable& 
   return s;
 }
 
-void DecoderLayer::rope_apply(Ops& ops, void* x, const Ops::QkNormRope& s, bool backward) {
-  const int64_t T = s.n_seq * s.seq_len;
-  if (s.pos && backward)
-    ops.rope_bwd_at(x, s.pos, T, s.heads, s.head_dim, s.inv_freq, s.rope_scale, s.rotary_dim);
-  else if (s.pos) ops.rope_fwd_at(x, s.pos, T, s.heads, s.head_dim, s.inv_freq, s.rope_scale, s.rotary_dim);
-  else if (backward)
-    ops.rope_bwd(x, s.n_seq, s.seq_len, s.heads, s.head_dim, s.inv_freq, s.rope_scale, s.rotary_dim);
-  else ops.rope_fwd(x, s.n_seq, s.seq_len, s.heads, s.head_dim, s.inv_freq, s.rope_scale, s.rotary_dim);
-}
-
 void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc,
                                      const Fp8Set& f8, bool with_lse, bool reuse) const {
   Ops& ops = *a.ops;
@@ -251,8 +241,8 @@ void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, c
       ops.rmsnorm_fwd(b.qr, param(a, 0, wqn_), b.q, T, nq * D, eps, off_);
       ops.rmsnorm_fwd(b.kr, param(a, 0, wkn_), b.k, T, nkv * D, eps, off_);
     }
-    rope_apply(ops, b.q, qs, false);
-    rope_apply(ops, b.k, ks, false);
+    ops.rope(b.q, qs, false);
+    ops.rope(b.k, ks, false);
   }
   const float scale = c_.attention_scale();
   float* lse = with_lse ? b.lse : nullptr;

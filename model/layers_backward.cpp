@@ -195,8 +195,8 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
     ops.qk_norm_rope_bwd(b.qr, param(a, 0, wqn_), b.dq, dq_lin, grad(a, 0, wqn_), qs);
     ops.qk_norm_rope_bwd(b.kr, param(a, 0, wkn_), b.dk, dk_lin, grad(a, 0, wkn_), ks);
   } else {
-    rope_apply(ops, b.dq, qs, true);
-    rope_apply(ops, b.dk, ks, true);
+    ops.rope(b.dq, qs, true);
+    ops.rope(b.dk, ks, true);
     if (c_.qk_norm) {  // OLMo 2: over the whole q and k
       ops.rmsnorm_bwd(b.qr, param(a, 0, wqn_), b.dq, dq_lin, grad(a, 0, wqn_), T, nq * D, eps, false, off_);
       ops.rmsnorm_bwd(b.kr, param(a, 0, wkn_), b.dk, dk_lin, grad(a, 0, wkn_), T, nkv * D, eps, false, off_);
