@@ -134,14 +134,8 @@ IterationPlan given_plan(const std::string& text, int num_layers, int gpus) {
     if (!plan_keys)
       throw UsageError(fmt::format("{}: no \"plan\" key and no plan keys: {}", where, expected));
   }
-  // plan_from_json reads {} as the uniform default plan: not a plan anyone gives on purpose
-  if (const nlohmann::json& p = spec ? j["plan"] : j; p.empty())
-    throw UsageError(fmt::format(
-        "{}{}: the plan is empty; expected \"forward\", \"tail\" and \"backward\" stages, or one or more of "
-        "\"forward_layers\", \"backward_layers\", \"tail_decoders\"",
-        where, spec ? ": key 'plan'" : ""));
   try {
-    return plan_from_json(spec ? j["plan"] : j, num_layers, gpus, spec ? where + ": plan" : where);
+    return plan_from_json(spec ? j["plan"] : j, num_layers, gpus, spec ? where + ": key 'plan'" : where);
   } catch (const std::invalid_argument& e) {
     throw UsageError(fmt::format("{} (the model's layers are 0-{}: the embedding, {} decoders, the tail)",
                                  e.what(), num_layers - 1, num_layers - 2));

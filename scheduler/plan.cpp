@@ -143,6 +143,12 @@ IterationPlan plan_from_json(const nlohmann::json& j, int num_layers, int num_wo
                              const std::string& where) {
   if (j.is_null()) return make_default_plan(num_layers, num_workers);
   if (!j.is_object()) throw std::invalid_argument(where + ": expected an object");
+  // {} is no plan anyone gives on purpose (it once meant the uniform default plan)
+  if (j.empty())
+    throw std::invalid_argument(
+        where +
+        ": the plan is empty; expected \"forward\", \"tail\" and \"backward\" stages, or one or more of "
+        "\"forward_layers\", \"backward_layers\", \"tail_decoders\"");
   static const char* known[] = {"forward_layers", "backward_layers", "tail_decoders", "forward",
                                 "tail",           "backward"};
   for (auto it = j.begin(); it != j.end(); ++it)

@@ -237,8 +237,14 @@ std::optional<ResumePoint> check_resume(const TrainSpec& spec) {
   } else if (const fs::path p(r.dir); p.parent_path().filename() == "state" &&
                                       fs::is_directory(p.parent_path().parent_path() / p.filename(), ec)) {
     const std::string ckpt = (p.parent_path().parent_path() / p.filename()).string();
+    std::string damaged;  // a state file here that cannot be read is named with what is wrong
+    if (const std::string f = r.dir + "/" + kRunStateFile; fs::exists(f, ec)) try {
+        read_trainer_state(f);
+      } catch (const std::exception& e) {
+        damaged = fmt::format(" (and {}, which cannot resume the run)", e.what());
+      }
     throw std::invalid_argument(
-        fmt::format("{}: the trainer state of checkpoint {}; resume from {}", r.dir, ckpt, ckpt));
+        fmt::format("{}: the trainer state of checkpoint {}; resume from {}{}", r.dir, ckpt, ckpt, damaged));
   } else if (const auto inside = checkpoints_in(r.dir); !inside.empty()) {
     const std::string n = newest_resumable_checkpoint(r.dir, inside);
     throw std::invalid_argument(

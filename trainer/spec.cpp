@@ -418,6 +418,13 @@ void validate_spec(const TrainSpec& s) {
   if (s.merge_adapters && !s.lora && s.adapter.empty())
     f.fail("merge_adapters", "false without \"lora\" or \"adapter\"", true);
   check_fp8_weight_gradients(f, s);
+  // the stages themselves are checked against the model once it is open; {} (which once meant
+  // the uniform default plan) and a non-object are refused before anything loads
+  if (!s.plan.is_null() && (!s.plan.is_object() || s.plan.empty()))
+    f.fail("plan",
+           "an object with \"forward\", \"tail\" and \"backward\" stages, or one or more of "
+           "\"forward_layers\", \"backward_layers\", \"tail_decoders\" (leave it out for the automatic plan)",
+           s.plan);
   try {
     LrSchedule sched = s.lr_schedule;  // with epochs, total_steps 0 follows the derived steps
     if (s.epochs && sched.total_steps == 0) sched.total_steps = std::max<int64_t>(1, sched.warmup_steps);

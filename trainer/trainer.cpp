@@ -54,8 +54,6 @@ void TrainingRun::setup() {
   check_output_dir(spec_);  // never a folder that holds the user's other work or the run's inputs
   // LoRA vs full fine-tuning, the adapters' rank: refused before the output folder is touched
   check_resume_kind(spec_);
-  spdlog::info("{}",
-               optimizer_line(spec_));  // the first line: the refusals above print nothing before theirs
   replicas_ = replicas_for(spec_);
   if (replicas_ && replicas_->rank() > 0 && spdlog::get_level() < spdlog::level::warn)
     spdlog::set_level(spdlog::level::warn);  // replica 0 tells the story; the others warn and fail
@@ -65,10 +63,13 @@ void TrainingRun::setup() {
   }
   barrier();  // no replica reads the output folder (a resume) before the leader tidied it
   check_compute_dtype(spec_);
-  if (auto w = async_lr_warning(spec_)) spdlog::warn("{}", *w);
   resume_ = check_resume(spec_);
   // a save that would have to replace a file of the user's is refused now, not after the steps
   if (leader()) check_save_targets(spec_, trains_lora(spec_), resume_ ? resume_->saved.step : 0);
+  // the first line on stdout: the refusals above (the spec, the output folder, the resume point)
+  // print nothing before theirs
+  spdlog::info("{}", optimizer_line(spec_));
+  if (auto w = async_lr_warning(spec_)) spdlog::warn("{}", *w);
   RunWeights w;
   if (trains_lora(spec_)) {
     // LoRA: the base always comes from spec.model (a LoRA checkpoint is a PEFT adapter folder),

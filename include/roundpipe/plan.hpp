@@ -65,7 +65,7 @@ IterationPlan make_default_plan(int num_layers, int num_workers);
 /// Plan from a spec object: either {"forward_layers": k, "backward_layers": j,
 /// "tail_decoders": t} or explicit {"forward": [[a,b],...], "tail": [a,b],
 /// "backward": [[b,a],...]}. Validated; errors (std::invalid_argument) name `where` and
-/// the key.
+/// the key. Null is make_default_plan; an empty object is refused (no plan given on purpose).
 IterationPlan plan_from_json(const nlohmann::json& j, int num_layers, int num_workers,
                              const std::string& where);
 

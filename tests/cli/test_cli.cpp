@@ -197,6 +197,10 @@ TEST(Cli, BadSpecsGiveOneLineNamingTheKey) {
       {", \"optimizer\": {\"lr\": 1e-3, \"beta\": 0.9}", "unknown key 'optimizer.beta'"},
       {", \"lr_schedule\": {\"kind\": \"exp\"}", "exp"},
       {", \"plan\": {\"forward\": [[0,1]], \"tail\": [3,3], \"backward\": [[1,0]]}", "tail stage"},
+      // {} once ran the uniform default plan as if it had been given
+      {", \"plan\": {}",
+       "spec.json: key 'plan': expected an object with \"forward\", \"tail\" and \"backward\""},
+      {", \"plan\": [1]", "spec.json: key 'plan': expected an object"},
       {", \"watchdog_s\": -1", "key 'watchdog_s': expected a number of seconds >= 0 (0 = off), got -1"},
       {", \"stop_timeout_s\": \"soon\"", "key 'stop_timeout_s'"},
       {", \"pin_budget_gib\": -2",
@@ -217,6 +221,8 @@ TEST(Cli, BadSpecsGiveOneLineNamingTheKey) {
     CliRun r = roundpipe("train " + (d / "spec.json").string(), d);
     expect_one_line_error(r, c.needle);
     EXPECT_FALSE(fs::exists(d / "run")) << c.extra;
+    if (c.extra.find("\"plan\": {}") != std::string::npos || c.extra.find("[1]") != std::string::npos)
+      EXPECT_EQ(r.out, "") << c.extra << ": printed before the refusal";
   }
   write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
   expect_one_line_error(roundpipe("train " + (d / "spec.json").string() + " --resume ''", d),

@@ -239,7 +239,11 @@ TEST(CliResume, UnsuitableCheckpointsGiveOneLineNamingTheFile) {
   expect_one_line_error(resume(model), "roundpipe_state.json: missing");
   expect_one_line_error(resume(d / "nowhere"), "not a checkpoint folder");
   // nothing left to do
-  expect_one_line_error(resume(ck, " --steps 2"), "nothing is left to do");
+  {
+    const CliRun r = resume(ck, " --steps 2");
+    expect_one_line_error(r, "nothing is left to do");
+    EXPECT_EQ(r.out, "") << "printed before the refusal";
+  }
   // damaged optimizer state: truncated, missing
   fs::copy(ck, d / "t", fs::copy_options::recursive);
   const fs::path st = d / "state/t";
@@ -256,7 +260,11 @@ TEST(CliResume, UnsuitableCheckpointsGiveOneLineNamingTheFile) {
   write(st / "roundpipe_state.json", ts.dump());
   expect_one_line_error(resume(d / "t"), "key 'data_position'");
   write(st / "roundpipe_state.json", "{\"format\": ");
-  expect_one_line_error(resume(d / "t"), "roundpipe_state.json: invalid JSON");
+  {
+    const CliRun r = resume(d / "t");
+    expect_one_line_error(r, "roundpipe_state.json: invalid JSON");
+    EXPECT_EQ(r.out, "") << "printed before the refusal";
+  }
   // a trainer state that disagrees with the optimizer state
   ts["data_position"] = 4;
   ts["step"] = 1;

@@ -237,6 +237,8 @@ TEST(Partition, InvalidExplicitPlansAreRejectedWithTheReason) {
   // its label (these used to count from 1, or name no stage at all)
   expect_reason({{"forward", {{0, 2}, {4, 5}}}, {"tail", {6, 7}}, {"backward", {{5, 0}}}},
                 "spec.plan: stage 1 F[4-5] starts at layer 4, expected layer 3");
+  // an empty object is no plan (it once meant the uniform default plan)
+  expect_reason(nlohmann::json::object(), "spec.plan: the plan is empty; expected \"forward\"");
   expect_reason({{"forward", {{0, 5}}}, {"tail", {6, 6}}, {"backward", {{5, 0}}}},
                 "spec.plan: stage 1 T[6-6], the tail stage, covers layers 6-6, expected 6-7");
   expect_reason({{"forward", {{0, 5}}}, {"tail", {6, 7}}, {"backward", {{5, 2}}}},

@@ -314,6 +314,20 @@ TEST(Trainer, AFreshRunIntoAFolderWithCheckpointsIsRefusedUnlessTold) {
                                          ": the trainer state of checkpoint " + (out / "final").string() +
                                          "; resume from " + (out / "final").string());
   }
+  // a damaged state file there is named with what is wrong, besides the checkpoint to resume from
+  const fs::path state_file = out / "state" / "final" / "roundpipe_state.json";
+  const std::string state_text = bytes_of(state_file);
+  write(state_file, "{\"step\": ");
+  try {
+    rp::Trainer(from_folder).run();
+    ADD_FAILURE() << "resumed from a damaged state folder";
+  } catch (const std::invalid_argument& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("resume from " + (out / "final").string()), std::string::npos) << m;
+    EXPECT_NE(m.find(state_file.string()), std::string::npos) << m;
+    EXPECT_NE(m.find("invalid JSON"), std::string::npos) << m;
+  }
+  write(state_file, state_text);
   EXPECT_TRUE(rp::checkpoints_in((out / "state").string()).empty()) << "state/ holds no checkpoints";
   again.overwrite_output_dir = true;
   EXPECT_EQ(rp::Trainer(again).run().steps_done, 1);
