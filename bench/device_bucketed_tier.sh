@@ -25,6 +25,8 @@
 #              residual add) with the one-pass q/k norm + RoPE, then with the separate kernels
 #              (RP_CUDA_QK_NORM_ROPE=separate): $OUT/ops_fused.md, $OUT/ops_separate.md
 #              (RP_CUDA_QK_NORM_ROPE=separate before any d* mode measures a row without it)
+#   l8f        LLaMA-3.1-8B LoRA r=32 all linears, fp8 base, FP8 linears, 8 x 4096, M=8, cap 6 GiB
+#   p8f        the same under the kernel profiler (its last 12 s): $OUT/prof_p8f.md
 #   p17        Qwen3-1.7B full fine-tuning with FP8 linears, 8 x 8192, M=8, cap 6.7 GiB, under the
 #              kernel profiler (its last 12 s): $OUT/prof_p17.md
 #   s8ram      LLaMA-3.1-8B LoRA r=32 all linears, nf4 base, 8 x 1024, cap 6 GiB, in RAM
@@ -47,6 +49,7 @@
 #              many measured steps (1-8) as the time left holds; the cache is kept
 #              (KEEP=1; no dd read-back, NODD=1) for a second call, `LAYERS=<printed> KEEP=1 ... s235bud`, which trains
 #   s235ram    the same LAYERS with the base in RAM (the row the tier's is compared with)
+# BT names another bench_throughput in $RP_DEV/bin (an A/B's baseline build) for the bench rows.
 # Every bench row samples nvidia-smi (power, SM clock) every 0.5 s beside it (mean of samples above
 # 300 W) and, for a tier row, reads the cache file back with dd (O_DIRECT) right after.
 # Results: $OUT/rows.md (one markdown row per run), $OUT/run.log.
@@ -76,7 +79,7 @@ bench() {  # NAME ARGS...: one bench_throughput row with power and clock beside 
   step "$name: bench_throughput $*"
   nvidia-smi --query-gpu=power.draw,clocks.sm --format=csv,noheader,nounits -lms 500 > "$OUT/smi_$name.csv" &
   local sp=$!
-  timeout "${BENCH_TIMEOUT:-400}" "$RP_DEV/bin/bench_throughput" --workers 1 --results "$res" "$@"
+  timeout "${BENCH_TIMEOUT:-400}" "$RP_DEV/bin/${BT:-bench_throughput}" --workers 1 --results "$res" "$@"
   echo "rc=$?"
   kill $sp 2>/dev/null; wait $sp 2>/dev/null
   awk -F', ' -v n="$name" '$1 > 300 {p += $1; c += $2; k++} END {if (k) printf "SMI %s: %.0f W / %.0f MHz over %d samples\n", n, p/k, c/k, k; else print "SMI " n ": no sample above 300 W"}' "$OUT/smi_$name.csv"
@@ -86,6 +89,8 @@ ddread() {  # FILE: its first 4 GiB read back with O_DIRECT, as the disk allows
 }
 l8=(--preset llama3.1-8b --seq 1024 --seqs 8 --micro 8 --cap-gib 6 --lora-r 32 --lora-targets all-linear
     --base-format nf4 --steps "${STEPS:-8}" --warmup 2)
+l8f=(--preset llama3.1-8b --seq 4096 --seqs 8 --micro 8 --cap-gib 6 --lora-r 32 --lora-targets all-linear
+     --fp8 --base-format fp8)
 q30=(--preset qwen3-30b-a3b --seq 4096 --seqs 8 --micro 8 --cap-gib 10 --lora-r 32
      --lora-targets q_proj,k_proj,v_proj,o_proj)
 if [ "${LAYERS:-}" = max ]; then
@@ -134,6 +139,10 @@ for mode in "$@"; do
         RP_CUDA_QK_NORM_ROPE=$how timeout 300 "$RP_DEV/bin/bench_ops" \
           --filter "${OPS:-rmsnorm,rope,qk_norm_rope,swiglu,add_residual}" --out "$OUT/ops_$how.md" 2>&1 | tail -30
       done ;;
+    l8f) bench l8f "${l8f[@]}" --steps "${STEPS:-8}" --warmup 2 ;;
+    p8f)
+      CUDA_INJECTION64_PATH=$RP_DEV/lib/librp_kernel_profile.so RP_KPROF_OUT=$OUT/prof_p8f.md RP_KPROF_LAST_S=12 \
+        bench p8f "${l8f[@]}" --steps "${STEPS:-8}" --warmup 2 ;;
     p17)
       CUDA_INJECTION64_PATH=$RP_DEV/lib/librp_kernel_profile.so RP_KPROF_OUT=$OUT/prof_p17.md RP_KPROF_LAST_S=12 \
         bench p17 --preset qwen3-1.7b --seq 8192 --seqs 8 --micro 8 --cap-gib 6.7 --fp8 --steps "${STEPS:-8}" --warmup 2 ;;

@@ -172,11 +172,13 @@ class Ops {
   virtual void add(const void* a, const void* b, void* y, int64_t n) = 0;
 
   // ---- linear: y = x W^T, W [N, K] row-major ([out, in], as HF stores nn.Linear) --
-  /// y[M,N] = x[M,K] W[N,K]^T.
-  virtual void linear_fwd(const void* x, const void* w, void* y, int64_t M, int64_t K, int64_t N) = 0;
-  /// dx[M,K] = dy[M,N] W[N,K]  (dx += ... when accumulate).
+  /// y[M,N] = alpha * x[M,K] W[N,K]^T (the fp32 sum scaled once, then rounded to dtype()).
+  /// alpha != 1: a LoRA adapter's u = s * x A^T in one call (model/lora_linear.hpp).
+  virtual void linear_fwd(const void* x, const void* w, void* y, int64_t M, int64_t K, int64_t N,
+                          float alpha = 1.0f) = 0;
+  /// dx[M,K] = alpha * dy[M,N] W[N,K]  (dx += ... when accumulate; alpha as in linear_fwd).
   virtual void linear_bwd_input(const void* dy, const void* w, void* dx, int64_t M, int64_t K, int64_t N,
-                                bool accumulate) = 0;
+                                bool accumulate, float alpha = 1.0f) = 0;
   /// dw[N,K] += dy[M,N]^T x[M,K]   (dw in grad_dtype()).
   virtual void linear_bwd_weight(const void* dy, const void* x, void* dw, int64_t M, int64_t K,
                                  int64_t N) = 0;

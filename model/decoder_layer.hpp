@@ -47,10 +47,20 @@ struct Fp8Set {
   // scratch; null codes: in the compute dtype.
   Fp8WgradScratch wgrad;
   bool wgrad_fp8(LoraModule m, int64_t in) const { return (*this)(m) && wgrad.dyt && fp8_wgrad_width(in); }
-  // With FP8 weight gradients (backward calls): where the producers of the weight gradients'
-  // operands leave their scales (DecoderBufs::fp8_kept); null elsewhere.
+  // Backward calls: where the producers of the FP8 GEMMs' operands leave their scales
+  // (DecoderBufs::fp8_kept); null elsewhere. keep_wgrad: the scales only weight gradients read
+  // (x's), null without FP8 weight gradients.
   float* kept_base = nullptr;
   float* keep(Fp8Kept k) const { return kept_base ? kept_base + 4 * int(k) : nullptr; }
+  float* keep_wgrad(Fp8Kept k) const { return wgrad.dyt ? keep(k) : nullptr; }
+  // The input gradient of linear m from dy's scale that dy's producer kept (`kept`), copied into
+  // m's scratch so the call skips its amax pass (tensor scales only; else (*this)(m)).
+  const Fp8Linear* dy_scaled(Ops& ops, LoraModule m, const float* kept) const {
+    const Fp8Linear* f = (*this)(m);
+    if (!f || !kept || f->weight.row_scale || !f->act.scale) return f;
+    ops.copy(DType::f32, f->act.scale, kept, 1);
+    return &prescaled[size_t(m)];
+  }
 };
 
 // y = RMSNorm(x) w over R rows of n; when `next` (the FP8 linear that reads y) is given, the
@@ -105,7 +115,6 @@ class DecoderLayer final : public Layer {
       c.seed = lora_dropout_seed(lora_seed_, a.dropout_id, layer_);
     }
     c.ax = b.lora_ax;
-    c.g = b.lora_g;
     c.xbuf = b.lora_x;
     if (backward) {  // the recompute leaves each module's u for its backward
       c.u_keep = b.lora_u;

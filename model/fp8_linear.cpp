@@ -92,7 +92,8 @@ void fp8_linear_bwd_input(Ops& ops, const Fp8Linear& f, const void* dy, void* dx
                       n, out, in, accumulate);
     return;
   }
-  const uint8_t* dyq = f.input_quantized ? f.act.codes : quantize_act(ops, f.act, dy, n, out, f.grad_format);
+  const uint8_t* dyq =
+      f.input_quantized ? f.act.codes : quantize_act(ops, f.act, dy, n, out, f.grad_format, f.input_scaled);
   ops.gemm_fp8(dyq, f.grad_format, f.act.scale, f.weight.wt, kFp8ActFormat, f.weight.scale, dx, n, out, in,
                accumulate);
 }

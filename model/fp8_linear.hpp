@@ -79,9 +79,10 @@ struct Fp8Linear {
   /// gate's); fp8_linear_bwd_input's dy (fp8_linear_bwd_weight wrote its row codes beside
   /// dy^T's, in grad_format; tensor scales only, refused with row scales).
   bool input_quantized = false;
-  /// fp8_linear_fwd only: act.scale already holds the scale of this call's x (the kernel that
-  /// produced x computed it: Ops::rmsnorm_fwd_fp8_scale / swiglu_fwd_fp8_scale), so x is read
-  /// once, to quantize it.
+  /// act.scale already holds the scale of this call's input, so the input is read once, to
+  /// quantize it: fp8_linear_fwd's x (the kernel that produced x computed it:
+  /// Ops::rmsnorm_fwd_fp8_scale / swiglu_fwd_fp8_scale), fp8_linear_bwd_input's dy (in
+  /// grad_format: Ops::swiglu_bwd_fp8_scale's, for gate's and up's input gradients).
   bool input_scaled = false;
   /// fp8_linear_bwd_input: the format of dy's codes (e4m3 or e5m2; W^T is e4m3).
   Fp8Format grad_format = kFp8GradFormat;

@@ -120,10 +120,10 @@ inline size_t attention_lse_bytes(const DecoderDims& d, int64_t tokens) {
 }
 
 /// The FP8 scales a decoder's backward keeps from the kernels that produced the tensors
-/// (DecoderBufs::fp8_kept), for the weight gradients' FP8 GEMMs, so those do not read the
-/// tensors again for their amax: the recompute's attention input (its RMSNorm, q/k/v's x),
-/// MLP input (its RMSNorm, gate/up's x) and SwiGLU output (down's x), and SwiGLU's backward
-/// outputs (gate's and up's dy).
+/// (DecoderBufs::fp8_kept), so the FP8 GEMMs that read them do not read the tensors again for
+/// their amax: for the weight gradients, the recompute's attention input (its RMSNorm, q/k/v's
+/// x), MLP input (its RMSNorm, gate/up's x) and SwiGLU output (down's x); for the weight and the
+/// input gradients, SwiGLU's backward outputs (gate's and up's dy).
 enum Fp8Kept : int { kKeptAttnIn, kKeptMlpIn, kKeptMlpAct, kKeptDGate, kKeptDUp, kFp8Kept };
 
 /// The decoder's scratch buffers (null where a mode has none; see the file comment).
@@ -136,7 +136,7 @@ struct DecoderBufs {
   void *g = nullptr, *u = nullptr, *m = nullptr;                      // [C, F]
   void *dm = nullptr, *dg = nullptr, *du = nullptr;                   // [C, F], backward
   float* lse = nullptr;                                               // [n_seq, nq, L], backward
-  void *lora_ax = nullptr, *lora_g = nullptr;                         // [T, r] (lora_g: backward)
+  void* lora_ax = nullptr;                                            // [T, r]
   void* lora_u = nullptr;  // backward: [kAdaptedLinears, T, r], each linear's u from the recompute
   void* lora_x = nullptr;  // dropout input, [T or C, max in]
   void* attn = nullptr;    // Ops::attention_scratch_bytes
@@ -222,7 +222,6 @@ inline void carve_decoder_scratch(const DecoderDims& d, int64_t n_seq, int64_t s
   }
   if (d.lora_rank > 0) {  // model/lora_linear.hpp: adapter intermediates, one linear at a time
     b.lora_ax = sc.take(T * size_t(d.lora_rank) * es);
-    if (backward) b.lora_g = sc.take(T * size_t(d.lora_rank) * es);
     if (backward) b.lora_u = sc.take(kAdaptedLinears * T * size_t(d.lora_rank) * es);
     if (d.lora_dropout) b.lora_x = sc.take(std::max(T * std::max(H, Q), C * std::max(H, F)) * es);
   }
@@ -238,8 +237,8 @@ inline void carve_decoder_scratch(const DecoderDims& d, int64_t n_seq, int64_t s
     b.fp8_xt = static_cast<uint8_t*>(sc.take(codes));
     b.fp8_dyt_scale = static_cast<float*>(sc.take(sizeof(float)));
     b.fp8_xt_scale = static_cast<float*>(sc.take(sizeof(float)));
-    b.fp8_kept = static_cast<float*>(sc.take(kFp8Kept * 16));
   }
+  if (d.fp8) b.fp8_kept = static_cast<float*>(sc.take(kFp8Kept * 16));
   if (!d.saved_attention) b.lse = static_cast<float*>(sc.take(T * size_t(d.heads) * 4));
   b.dout = sc.take(T * Q * es);
   b.dq = sc.take(T * Q * es);

@@ -187,7 +187,7 @@ Fp8Set DecoderLayer::fp8_linears(const LayerArgs& a, const DecoderBufs& b, bool 
     s.prescaled[i].input_scaled = true;
   }
   if (backward) s.wgrad = {b.fp8_dyt, b.fp8_xt, b.fp8_dyt_scale, b.fp8_xt_scale};
-  if (backward && b.fp8_dyt) s.kept_base = b.fp8_kept;
+  if (backward) s.kept_base = b.fp8_kept;
   return s;
 }
 
@@ -218,7 +218,8 @@ void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, c
   const void* xin = attention_input(a, b);
   const bool pre_norm = !c_.post_norms;  // OLMo 2 normalizes after the attention instead
   if (pre_norm)
-    norm_fwd(ops, a.x, param(a, 0, w_in_), b.xn, T, H, eps, off_, f8(LoraModule::q), f8.keep(kKeptAttnIn));
+    norm_fwd(ops, a.x, param(a, 0, w_in_), b.xn, T, H, eps, off_, f8(LoraModule::q),
+             f8.keep_wgrad(kKeptAttnIn));
   void* q_lin = c_.qk_norm ? b.qr : b.q;
   void* k_lin = c_.qk_norm ? b.kr : b.k;
   adapted_linear_fwd(ops, lc, lora(LoraModule::q), xin, param(a, 0, wq_), q_lin, T, H, nq * D, 0,

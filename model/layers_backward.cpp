@@ -50,7 +50,8 @@ WgradCodes weight_grad(Ops& ops, const Fp8Set& f8, LoraModule m, const void* dy,
 }
 
 // One linear's backward: dw += dy^T x (weight_grad), then dx (+)= dy W with its adapter's part
-// (adapted_linear_bwd_input), which reads the codes of dy the weight gradient left.
+// (adapted_linear_bwd_input), which reads the codes of dy the weight gradient left or, without
+// them, takes dy's scale from `known` (the scale dy's producer kept) instead of an amax pass.
 struct LinearBackward {
   LoraModule m;
   const void *x, *dy, *w;
@@ -64,8 +65,10 @@ struct LinearBackward {
 WgradCodes linear_backward(Ops& ops, const Fp8Set& f8, const LoraCall& lc, const LoraLinear& l,
                            const LinearBackward& g, Fp8KnownScales known = {}) {
   const WgradCodes c = weight_grad(ops, f8, g.m, g.dy, g.x, g.dw, g.n, g.in, g.out, g.x_same, known);
+  // dy's codes from the weight gradient's call, else its scale from dy's producer, else its own
+  const Fp8Linear* f = c.dy ? f8.dy_coded(g.m, true) : f8.dy_scaled(ops, g.m, known.dy);
   adapted_linear_bwd_input(ops, lc, l, g.x, g.dy, g.w, g.dx, g.n, g.in, g.out, g.accumulate, g.row0,
-                           g.reuse_u, f8.dy_coded(g.m, c.dy));
+                           g.reuse_u, f);
   return c;
 }
 
@@ -83,8 +86,8 @@ void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const 
   const bool pre_norm = w_mlp_in_ >= 0;  // OLMo 2: no pre-norm
   // the scales the weight gradients take from their operands' producers (null: none kept)
   const bool swiglu = !moe_ && !c_.gemma();
-  float* hn_scale = pre_norm && !moe_ && f8(LoraModule::gate) ? f8.keep(kKeptMlpIn) : nullptr;
-  float* m_scale = swiglu ? f8.keep(kKeptMlpAct) : nullptr;
+  float* hn_scale = pre_norm && !moe_ && f8(LoraModule::gate) ? f8.keep_wgrad(kKeptMlpIn) : nullptr;
+  float* m_scale = swiglu ? f8.keep_wgrad(kKeptMlpAct) : nullptr;
   const bool dgu_scaled = swiglu && f8.keep(kKeptDGate) && f8(LoraModule::gate) && f8(LoraModule::up) &&
                           f8(LoraModule::gate)->grad_format == f8(LoraModule::up)->grad_format;
   if (pre_norm)
@@ -210,7 +213,7 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
   // each linear's weight gradient, then its input gradient (as in mlp_backward)
   void* dxn = c_.post_norms ? a.dx : b.h1;
   const float* xin_scale =  // the recompute's input norm kept it (attention_forward)
-      !c_.post_norms && f8(LoraModule::q) ? f8.keep(kKeptAttnIn) : nullptr;
+      !c_.post_norms && f8(LoraModule::q) ? f8.keep_wgrad(kKeptAttnIn) : nullptr;
   const LoraModule Q = LoraModule::q, K = LoraModule::k, V = LoraModule::v;
   const WgradCodes q = linear_backward(
       ops, f8, lc, lora(Q),

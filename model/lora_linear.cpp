@@ -64,11 +64,9 @@ const void* adapter_input(const LoraCall& c, const LoraLinear& l, const void* x,
   return c.xbuf;
 }
 
-// u = s * xd A^T into `u` ([n, r])
+// u = s * xd A^T into `u` ([n, r]): the GEMM scales its fp32 sum
 void low_rank_input(const LoraCall& c, const LoraLinear& l, const void* xd, void* u, int64_t n) {
-  Ops& o = *c.ops;
-  o.fill(o.dtype(), u, n * l.r, 0.f);
-  o.linear_fwd_add(xd, param_at(c, l.a_off), u, n, l.in, l.r, c.scaling);
+  c.ops->linear_fwd(xd, param_at(c, l.a_off), u, n, l.in, l.r, c.scaling);
 }
 
 // The module's slot of c.u_keep (null without one).
@@ -122,11 +120,9 @@ void lora_backward(const LoraCall& c, const LoraLinear& l, const void* x, const 
     u = c.ax;
     low_rank_input(c, l, xd, u, n);
   }
-  if (c.grads) o.linear_bwd_weight(dy, u, grad_at(c, l.b_off), n, l.r, l.out);  // dB += dy^T u
-  o.linear_bwd_input(dy, param_at(c, l.b_off), c.g, n, l.r, l.out, false);      // dy B
-  o.fill(dt, c.ax, n * l.r, 0.f);
-  o.add_into(dt, c.ax, dt, c.g, n * l.r, c.scaling);                              // g = s dy B
-  if (c.grads) o.linear_bwd_weight(c.ax, xd, grad_at(c, l.a_off), n, l.in, l.r);  // dA += g^T xd
+  if (c.grads) o.linear_bwd_weight(dy, u, grad_at(c, l.b_off), n, l.r, l.out);          // dB += dy^T u
+  o.linear_bwd_input(dy, param_at(c, l.b_off), c.ax, n, l.r, l.out, false, c.scaling);  // g = s dy B
+  if (c.grads) o.linear_bwd_weight(c.ax, xd, grad_at(c, l.a_off), n, l.in, l.r);        // dA += g^T xd
   if (c.dropout > 0.f) {  // xd is read no more: its buffer takes g A, masked like the forward
     o.linear_bwd_input(c.ax, param_at(c, l.a_off), c.xbuf, n, l.in, l.r, false);
     if (accumulate) {

@@ -42,8 +42,7 @@ struct LoraCall {
   float scaling = 1.0f;          ///< s
   float dropout = 0.0f;          ///< p; 0 also when dropout is off for this call (evaluation)
   uint64_t seed = 0;             ///< lora_dropout_seed of this call
-  void* ax = nullptr;            ///< scratch [n, r]
-  void* g = nullptr;             ///< scratch [n, r], backward
+  void* ax = nullptr;            ///< scratch [n, r]: u, then g in the backward
   void* xbuf = nullptr;          ///< scratch [n, in] for the dropped-out input (dropout > 0)
   /// backward calls: [kLoraModules, u_rows, r], where the recompute's adapted_linear_fwd leaves
   /// each module's u for lora_backward (null: u is computed again in lora_backward)

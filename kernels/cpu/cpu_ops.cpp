@@ -166,16 +166,21 @@ void CpuOps::add(const void* a, const void* b, void* y, int64_t n) {
 
 // ---- linear --------------------------------------------------------------------
 
-void CpuOps::linear_fwd(const void* x, const void* w, void* y, int64_t M, int64_t K, int64_t N) {
+void CpuOps::linear_fwd(const void* x, const void* w, void* y, int64_t M, int64_t K, int64_t N, float alpha) {
   require(M >= 0 && K >= 0 && N >= 0, "linear_fwd", "negative dimension");
   if (M == 0 || N == 0) return;
   if (K == 0) return fill(DType::f32, y, M * N, 0.f);
-  if (f16_accum_) return gemm_f16_accumulate(threads_, M, N, K, F(x), K, F(w), K, true, F(y), N, 1.f, false);
+  if (f16_accum_)
+    return gemm_f16_accumulate(threads_, M, N, K, F(x), K, F(w), K, true, F(y), N, alpha, false);
+  if (alpha != 1.0f) {  // the sum scaled once, as linear_fwd_add computes it onto zeros
+    fill(DType::f32, y, M * N, 0.f);
+    return linear_fwd_add(x, w, y, M, K, N, alpha);
+  }
   gemm_nt(threads_, M, N, K, F(x), K, F(w), K, F(y), N, false);
 }
 
 void CpuOps::linear_bwd_input(const void* dy, const void* w, void* dx, int64_t M, int64_t K, int64_t N,
-                              bool accumulate) {
+                              bool accumulate, float alpha) {
   require(M >= 0 && K >= 0 && N >= 0, "linear_bwd_input", "negative dimension");
   if (M == 0 || K == 0) return;
   if (N == 0) {
@@ -183,8 +188,14 @@ void CpuOps::linear_bwd_input(const void* dy, const void* w, void* dx, int64_t M
     return;
   }
   if (f16_accum_)
-    return gemm_f16_accumulate(threads_, M, K, N, F(dy), N, F(w), K, false, F(dx), K, 1.f, accumulate);
-  gemm_nn(threads_, M, K, N, F(dy), N, F(w), K, F(dx), K, accumulate);
+    return gemm_f16_accumulate(threads_, M, K, N, F(dy), N, F(w), K, false, F(dx), K, alpha, accumulate);
+  if (alpha == 1.0f) return gemm_nn(threads_, M, K, N, F(dy), N, F(w), K, F(dx), K, accumulate);
+  // the fp32 sum first, then scaled once (and added when accumulating)
+  std::vector<float> sum(accumulate ? size_t(M * K) : 0);
+  float* into = accumulate ? sum.data() : F(dx);
+  gemm_nn(threads_, M, K, N, F(dy), N, F(w), K, into, K, false);
+  float* d = F(dx);
+  for (int64_t i = 0; i < M * K; ++i) d[i] = accumulate ? d[i] + alpha * into[i] : alpha * into[i];
 }
 
 void CpuOps::linear_bwd_weight(const void* dy, const void* x, void* dw, int64_t M, int64_t K, int64_t N) {

@@ -46,9 +46,10 @@ class CpuOps final : public Ops {
   void add_into(DType dst_t, void* dst, DType src_t, const void* src, int64_t n, float alpha) override;
   void add(const void* a, const void* b, void* y, int64_t n) override;
 
-  void linear_fwd(const void* x, const void* w, void* y, int64_t M, int64_t K, int64_t N) override;
+  void linear_fwd(const void* x, const void* w, void* y, int64_t M, int64_t K, int64_t N,
+                  float alpha = 1.0f) override;
   void linear_bwd_input(const void* dy, const void* w, void* dx, int64_t M, int64_t K, int64_t N,
-                        bool accumulate) override;
+                        bool accumulate, float alpha = 1.0f) override;
   void linear_bwd_weight(const void* dy, const void* x, void* dw, int64_t M, int64_t K, int64_t N) override;
   void linear_fwd_add(const void* x, const void* w, void* y, int64_t M, int64_t K, int64_t N,
                       float alpha) override;

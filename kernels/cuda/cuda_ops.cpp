@@ -239,22 +239,23 @@ void CudaOps::add(const void* a, const void* b, void* y, int64_t n) {
 
 // ---- linear: row-major y = x W^T is column-major y^T = W x^T ---------------------------
 
-void CudaOps::linear_fwd(const void* x, const void* w, void* y, int64_t M, int64_t K, int64_t N) {
+void CudaOps::linear_fwd(const void* x, const void* w, void* y, int64_t M, int64_t K, int64_t N,
+                         float alpha) {
   require(M >= 0 && K >= 0 && N >= 0, "linear_fwd", "negative dimension");
   if (M == 0 || N == 0) return;
   if (K == 0) return fill(dtype_, y, M * N, 0.f);
-  gemm(true, false, N, M, K, w, K, x, K, y, dtype_, N, 0.f, 1.f, f16_accum_);
+  gemm(true, false, N, M, K, w, K, x, K, y, dtype_, N, 0.f, alpha, f16_accum_);
 }
 
 void CudaOps::linear_bwd_input(const void* dy, const void* w, void* dx, int64_t M, int64_t K, int64_t N,
-                               bool accumulate) {
+                               bool accumulate, float alpha) {
   require(M >= 0 && K >= 0 && N >= 0, "linear_bwd_input", "negative dimension");
   if (M == 0 || K == 0) return;
   if (N == 0) {
     if (!accumulate) fill(dtype_, dx, M * K, 0.f);
     return;
   }
-  gemm(false, false, K, M, N, w, K, dy, N, dx, dtype_, K, accumulate ? 1.f : 0.f, 1.f, f16_accum_);
+  gemm(false, false, K, M, N, w, K, dy, N, dx, dtype_, K, accumulate ? 1.f : 0.f, alpha, f16_accum_);
 }
 
 void CudaOps::linear_bwd_weight(const void* dy, const void* x, void* dw, int64_t M, int64_t K, int64_t N) {

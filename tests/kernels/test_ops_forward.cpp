@@ -87,6 +87,22 @@ TEST_P(LinearTest, MatchesNaive) {
   ops->linear_bwd_input(dy.data(), w.data(), dxa.data(), M, K, N, true);
   for (size_t i = 0; i < dx_ref.size(); ++i) dx_ref[i] += dx0[i];
   EXPECT_LT(rel_err(dxa, dx_ref), 1e-6);
+  // alpha scales the product only, not what it is added to
+  const float alpha = -0.375f;
+  VecF ys = nan_vec(size_t(M * N));
+  ops->linear_fwd(x.data(), w.data(), ys.data(), M, K, N, alpha);
+  VecD ys_ref = linear(to_d(x), to_d(w), M, K, N);
+  for (double& v : ys_ref) v *= alpha;
+  EXPECT_LT(rel_err(ys, ys_ref), 1e-6);
+  VecD dxs_ref = linear(to_d(dy), wt, M, N, K);
+  VecF dxs = nan_vec(size_t(M * K));
+  ops->linear_bwd_input(dy.data(), w.data(), dxs.data(), M, K, N, false, alpha);
+  for (double& v : dxs_ref) v *= alpha;
+  EXPECT_LT(rel_err(dxs, dxs_ref), 1e-6);
+  VecF dxsa = dx0;
+  ops->linear_bwd_input(dy.data(), w.data(), dxsa.data(), M, K, N, true, alpha);
+  for (size_t i = 0; i < dxs_ref.size(); ++i) dxs_ref[i] += dx0[i];
+  EXPECT_LT(rel_err(dxsa, dxs_ref), 1e-6);
 
   // dW += dy^T x : reference linear(dy^T, x^T)
   VecD dyt(size_t(N * M)), xt(size_t(K * M));

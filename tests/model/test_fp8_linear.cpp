@@ -189,6 +189,36 @@ TEST(Fp8Linear, WeightGradientLeavesDyCodesForTheInputGradient) {
                std::invalid_argument);
 }
 
+// An input gradient whose dy scale its producer kept (Fp8Linear::input_scaled, as SwiGLU's
+// backward keeps gate's and up's) reads dy only to quantize it: with dy's own scale it equals the
+// call that takes dy's amax itself, bit for bit, in both formats; a scale of three times that is
+// the one used (dx changes; a power of two would only move the exponents).
+TEST(Fp8Linear, InputGradientTakesTheProducersScale) {
+  auto ops = make_cpu_ops();
+  const int64_t n = 19, in = 32, out = 48;
+  const VecF w = ref::randn(size_t(out * in), 21, 0.2f);
+  VecF dy = ref::randn(size_t(n * out), 22, 1e-3f);
+  dy[11] = -0.03f;
+  for (Fp8Format gf : {Fp8Format::e4m3, Fp8Format::e5m2}) {
+    HostFp8Weight hw(*ops, w, out, in, n);
+    Fp8Linear lin = hw.linear();
+    lin.grad_format = gf;
+    VecF dx_own = ref::randn(size_t(n * in), 23), dx_kept = dx_own, dx_other = dx_own;
+    fp8_linear_bwd_input(*ops, lin, dy.data(), dx_own.data(), n, in, out, true);
+    float own = 0;
+    ops->fp8_scale(dy.data(), n * out, gf, &own);
+    Fp8Linear scaled = lin;
+    scaled.input_scaled = true;
+    hw.act_scale = own;
+    fp8_linear_bwd_input(*ops, scaled, dy.data(), dx_kept.data(), n, in, out, true);
+    EXPECT_EQ(dx_kept, dx_own) << fp8_format_name(gf);
+    EXPECT_EQ(hw.act_scale, own) << "the kept scale is read, not replaced";
+    hw.act_scale = 3 * own;
+    fp8_linear_bwd_input(*ops, scaled, dy.data(), dx_other.data(), n, in, out, true);
+    EXPECT_NE(dx_other, dx_own) << fp8_format_name(gf);
+  }
+}
+
 // Scales the producers of x and dy computed (Fp8KnownScales) replace the call's own amax passes:
 // with the tensors' own scales the weight gradient, dy's row codes and their scale are those of
 // the call that computes them, bit for bit, also for a second linear reusing x^T's codes; a
@@ -280,13 +310,12 @@ TEST(Fp8Linear, AdaptedLinearAddsTheAdapterInTheComputeDtype) {
   l.r = r;
   l.a_off = 0;
   l.b_off = r * in;
-  VecF ax(size_t(n * r)), g(size_t(n * r));
+  VecF ax(size_t(n * r));
   LoraCall c;
   c.ops = ops.get();
   c.params = params.data();
   c.scaling = 0.5f;
   c.ax = ax.data();
-  c.g = g.data();
   HostFp8Weight hw(*ops, w, out, in, n);
   const Fp8Linear f = hw.linear();
   VecF y = ref::nan_vec(size_t(n * out));

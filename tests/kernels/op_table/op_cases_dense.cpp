@@ -32,6 +32,19 @@ void add_linear(std::vector<OpCase>& v, const std::string& tag, int64_t M, int64
   bi.flops = fl;
   bi.bound = Bound::gemm_bf16;
   v.push_back(bi);
+  // the scaled forms (a LoRA adapter's u = s x A^T and g = s dy B), dx accumulated
+  OpCase fs{"linear_fwd_scaled_" + tag, "linear_fwd", mkn(M, K, N) + " alpha 0.5"};
+  fs.tensors = f.tensors;
+  fs.run = [=](Ops& o, const Buffers& b) { o.linear_fwd(b[0], b[1], b[2], M, K, N, 0.5f); };
+  fs.flops = fl;
+  fs.bound = Bound::gemm_bf16;
+  v.push_back(fs);
+  OpCase bs{"linear_bwd_input_scaled_" + tag, "linear_bwd_input", mkn(M, K, N) + " alpha -2, dx +="};
+  bs.tensors = {input("dy", C, M * N), input("w", C, N * K, normal(0.02f)), inout("dx", C, M * K)};
+  bs.run = [=](Ops& o, const Buffers& b) { o.linear_bwd_input(b[0], b[1], b[2], M, K, N, true, -2.f); };
+  bs.flops = fl;
+  bs.bound = Bound::gemm_bf16;
+  v.push_back(bs);
   OpCase bw{"linear_bwd_weight_" + tag, "linear_bwd_weight", mkn(M, K, N) + " dw f32 +="};
   bw.tensors = {input("dy", C, M * N), input("x", C, M * K), inout("dw", F32, N * K, normal(0.01f))};
   bw.run = [=](Ops& o, const Buffers& b) { o.linear_bwd_weight(b[0], b[1], b[2], M, K, N); };
