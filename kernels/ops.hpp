@@ -187,6 +187,17 @@ class Ops {
   /// and, into a zeroed y, a scaled linear.
   virtual void linear_fwd_add(const void* x, const void* w, void* y, int64_t M, int64_t K, int64_t N,
                               float alpha) = 0;
+  /// y[M,N] = r[M,N] + x[M,K] W[N,K]^T, r != y (both in dtype()): a linear whose output joins
+  /// the residual stream (o_proj and down_proj of a pre-norm decoder). The default is the two
+  /// passes linear_fwd and add (the CPU backend's, bits unchanged); CUDA reads r in the GEMM's
+  /// epilogue (the fp32 product plus r, rounded once), saving a pass that reads r and y and
+  /// writes y. Throws std::invalid_argument when r is y.
+  virtual void linear_fwd_residual(const void* x, const void* w, const void* r, void* y, int64_t M, int64_t K,
+                                   int64_t N) {
+    if (r == y) throw std::invalid_argument("linear_fwd_residual: r and y are the same tensor");
+    linear_fwd(x, w, y, M, K, N);
+    add(r, y, y, M * N);
+  }
 
   // ---- dropout with a counter-based mask (Srivastava et al. 2014, inverted dropout) ----
   /// y[r,c] = keep ? x[r,c] / (1 - p) : 0 for r < rows, c < cols (row-major, dtype()), where
@@ -607,6 +618,17 @@ class Ops {
   /// or formats, rp::DeviceError on a GPU without FP8 tensor cores.
   virtual void gemm_fp8(const uint8_t* a, Fp8Format fa, const float* scale_a, const uint8_t* b, Fp8Format fb,
                         const float* scale_b, void* d, int64_t M, int64_t K, int64_t N, bool accumulate) = 0;
+  /// d[M,N] = r[M,N] + (scale_a[0] * scale_b[0]) * A[M,K] B[N,K]^T, r != d (dtype(); on CUDA
+  /// 16-byte aligned): gemm_fp8 onto the residual stream, as linear_fwd_residual. The default
+  /// is gemm_fp8 then add (the CPU backend's); CUDA reads r in the GEMM's epilogue. The operand
+  /// rules and errors of gemm_fp8, and std::invalid_argument when r is d.
+  virtual void gemm_fp8_residual(const uint8_t* a, Fp8Format fa, const float* scale_a, const uint8_t* b,
+                                 Fp8Format fb, const float* scale_b, const void* r, void* d, int64_t M,
+                                 int64_t K, int64_t N) {
+    if (r == d) throw std::invalid_argument("gemm_fp8_residual: r and d are the same tensor");
+    gemm_fp8(a, fa, scale_a, b, fb, scale_b, d, M, K, N, false);
+    add(r, d, d, M * N);
+  }
   /// d[M,N] += (scale_a[0] * scale_b[0]) * A[M,K] B[N,K]^T into fp32 d (grad_dtype()): a
   /// weight gradient dW [out, in] += dy^T x from the codes of dy^T [out, K] and x^T [in, K]
   /// (Ops::fp8_quantize_transposed_padded, K the padded token count). The same operand rules,

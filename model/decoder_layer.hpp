@@ -187,6 +187,13 @@ class DecoderLayer final : public Layer {
   }
   // Granite: residual branches times residual_multiplier (1 elsewhere)
   bool branch_scaled() const { return c_.residual_multiplier != 1.0; }
+  // Whether o_proj / down_proj write x + branch themselves (the residual read in the GEMM's
+  // epilogue: one rounding of the sum, one pass fewer): a branch neither normalized nor scaled,
+  // in a model without sparse MLPs. In a MoE model the top-k routing reads every residual sum
+  // before it, and the rounding change flipped a near-tie routing of the tiny Qwen3-MoE parity
+  // fixture on the GPU (an expert's bf16 gradients 0.060-0.069 from transformers' fp32 against
+  // the bound 0.05), so MoE models keep the separate add (their steps are in the expert GEMMs).
+  bool residual_in_gemm() const { return !post_norm_branches() && !branch_scaled() && c_.num_experts == 0; }
   // projection biases (GPT-OSS; Qwen2: q/k/v), per-head sinks (-1: none) and the sliding
   // window (GPT-OSS, Mistral; 0: none)
   int64_t bq_ = -1, bk_ = -1, bv_ = -1, bo_ = -1, sinks_ = -1, window_ = 0;

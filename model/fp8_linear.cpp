@@ -56,8 +56,9 @@ const uint8_t* quantize_act(Ops& ops, const Fp8ActScratch& s, const void* x, int
 }  // namespace
 
 void fp8_linear_fwd(Ops& ops, const Fp8Linear& f, const void* x, void* y, int64_t n, int64_t in, int64_t out,
-                    bool accumulate) {
+                    bool accumulate, const void* residual) {
   if (n <= 0) return;
+  if (residual && accumulate) throw std::invalid_argument("fp8 linear: a residual and accumulate together");
   if (!f.weight.w || !(f.weight.scale || f.weight.row_scale))
     throw std::invalid_argument("fp8 linear: the weight's codes are missing");
   if (f.weight.row_scale) {  // stored codes: one scale per token and per output row
@@ -66,12 +67,16 @@ void fp8_linear_fwd(Ops& ops, const Fp8Linear& f, const void* x, void* y, int64_
       ops.fp8_scale_rows(x, n, in, kFp8ActFormat, f.act.scale);
       ops.fp8_quantize_rows(x, f.act.scale, f.act.codes, n, in, kFp8ActFormat);
     }
+    if (residual) ops.copy(ops.dtype(), y, residual, n * out);  // the rows' GEMM adds onto y
     ops.gemm_fp8_rows(f.act.codes, kFp8ActFormat, f.act.scale, f.weight.w, kFp8ActFormat, f.weight.row_scale,
-                      y, n, in, out, accumulate);
+                      y, n, in, out, accumulate || residual);
     return;
   }
   const uint8_t* xq =
       f.input_quantized ? f.act.codes : quantize_act(ops, f.act, x, n, in, kFp8ActFormat, f.input_scaled);
+  if (residual)
+    return ops.gemm_fp8_residual(xq, kFp8ActFormat, f.act.scale, f.weight.w, kFp8ActFormat, f.weight.scale,
+                                 residual, y, n, in, out);
   ops.gemm_fp8(xq, kFp8ActFormat, f.act.scale, f.weight.w, kFp8ActFormat, f.weight.scale, y, n, in, out,
                accumulate);
 }

@@ -133,9 +133,10 @@ std::vector<int64_t> fp8_stored_linears(const ParamGroup& g, const std::string& 
                                         bool* stored);
 
 /// y [n, out] (+)= x W^T through the FP8 GEMM (x [n, in] in the compute dtype; y read when
-/// `accumulate`).
+/// `accumulate`). With `residual` ([n, out], not y; accumulate false): y = residual + x W^T, the
+/// residual read in the GEMM's epilogue (Ops::gemm_fp8_residual).
 void fp8_linear_fwd(Ops& ops, const Fp8Linear& f, const void* x, void* y, int64_t n, int64_t in, int64_t out,
-                    bool accumulate);
+                    bool accumulate, const void* residual = nullptr);
 /// dx [n, in] (+)= dy W through the FP8 GEMM (dy [n, out]); needs f.weight.wt. Throws
 /// std::invalid_argument without it.
 void fp8_linear_bwd_input(Ops& ops, const Fp8Linear& f, const void* dy, void* dx, int64_t n, int64_t in,

@@ -257,12 +257,14 @@ void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, c
   }
   // OLMo 2, Gemma: o_proj's output (in xn, unused now) is normalized into h1
   void* attn = post_norm_branches() ? b.xn : b.h1;
+  // h1 = x + attn, x added where o_proj writes h1 (residual_in_gemm) unless o_proj has a bias
+  const bool plain = residual_in_gemm() && bo_ < 0;
   adapted_linear_fwd(ops, lc, lora(LoraModule::o), b.o, param(a, 0, wo_), attn, T, nq * D, H, 0,
-                     f8(LoraModule::o));
+                     f8(LoraModule::o), plain ? a.x : nullptr);
   bias_fwd(ops, a, bo_, attn, T, H);
   if (post_norm_branches()) ops.rmsnorm_fwd(attn, param(a, 0, w_post_), b.h1, T, H, eps, off_);
   if (branch_scaled()) scale_activation(ops, b.h1, b.h1, T * H, float(c_.residual_multiplier));
-  ops.add(a.x, b.h1, b.h1, T * H);  // h1 = x + attn
+  if (!plain) ops.add(a.x, b.h1, b.h1, T * H);
 }
 
 void DecoderLayer::mlp_forward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc, const Fp8Set& f8,
@@ -293,11 +295,14 @@ void DecoderLayer::mlp_forward(const LayerArgs& a, const DecoderBufs& b, const L
   }
   // OLMo 2, Gemma: down's output (in hn, no longer read) is normalized into y
   void* out = post_norm_branches() ? b.hn : y;
-  adapted_linear_fwd(ops, lc, lora(LoraModule::down), b.m, param(a, 0, wd_), out, n, F, H, r0, down_f8);
+  // y = h1 + mlp, h1 added where down_proj writes y (residual_in_gemm)
+  const bool plain = residual_in_gemm();
+  adapted_linear_fwd(ops, lc, lora(LoraModule::down), b.m, param(a, 0, wd_), out, n, F, H, r0, down_f8,
+                     plain ? h1 : nullptr);
   if (post_norm_branches())
     ops.rmsnorm_fwd(out, param(a, 0, w_post_ff_), y, n, H, float(c_.rms_norm_eps), off_);
   if (branch_scaled()) scale_activation(ops, y, y, n * H, float(c_.residual_multiplier));
-  ops.add(h1, y, y, n * H);
+  if (!plain) ops.add(h1, y, y, n * H);
 }
 
 std::unique_ptr<Layer> make_layer(const ModelLayout& m, int layer, const LayerOptions& opt) {

@@ -80,10 +80,11 @@ void* kept_u(const LoraCall& c, const LoraLinear& l, int64_t n) {
 
 namespace {
 
-// The base GEMM y (+)= x W^T: in FP8 with f8, else in the compute dtype.
+// The base GEMM y (+)= x W^T, or y = residual + x W^T: in FP8 with f8, else in the compute dtype.
 void base_fwd(Ops& ops, const Fp8Linear* f8, const void* x, const void* w, void* y, int64_t n, int64_t in,
-              int64_t out, bool accumulate) {
-  if (f8) return fp8_linear_fwd(ops, *f8, x, y, n, in, out, accumulate);
+              int64_t out, bool accumulate, const void* residual = nullptr) {
+  if (f8) return fp8_linear_fwd(ops, *f8, x, y, n, in, out, accumulate, residual);
+  if (residual) return ops.linear_fwd_residual(x, w, residual, y, n, in, out);
   if (accumulate) return ops.linear_fwd_add(x, w, y, n, in, out, 1.0f);
   ops.linear_fwd(x, w, y, n, in, out);
 }
@@ -97,16 +98,19 @@ void base_bwd_input(Ops& ops, const Fp8Linear* f8, const void* dy, const void* w
 }  // namespace
 
 void adapted_linear_fwd(Ops& ops, const LoraCall& c, const LoraLinear& l, const void* x, const void* w,
-                        void* y, int64_t n, int64_t in, int64_t out, int64_t row0, const Fp8Linear* f8) {
-  if (!l.on() || n <= 0) return base_fwd(ops, f8, x, w, y, n, in, out, false);
+                        void* y, int64_t n, int64_t in, int64_t out, int64_t row0, const Fp8Linear* f8,
+                        const void* residual) {
+  if (!l.on() || n <= 0) return base_fwd(ops, f8, x, w, y, n, in, out, false, residual);
   if (l.in != in || l.out != out)
     throw std::invalid_argument(
         fmt::format("lora: adapter of [{}, {}] on a linear of [{}, {}]", l.out, l.in, out, in));
   void* kept = kept_u(c, l, n);
   void* u = kept ? kept : c.ax;
   low_rank_input(c, l, adapter_input(c, l, x, n, row0), u, n);
-  ops.linear_fwd(u, param_at(c, l.b_off), y, n, l.r, l.out);  // y = u B^T
-  base_fwd(ops, f8, x, w, y, n, in, out, true);               // y += x W^T
+  if (residual)
+    ops.linear_fwd_residual(u, param_at(c, l.b_off), residual, y, n, l.r, l.out);  // y = r + u B^T
+  else ops.linear_fwd(u, param_at(c, l.b_off), y, n, l.r, l.out);                  // y = u B^T
+  base_fwd(ops, f8, x, w, y, n, in, out, true);                                    // y += x W^T
 }
 
 void lora_backward(const LoraCall& c, const LoraLinear& l, const void* x, const void* dy, void* dx, int64_t n,

@@ -62,10 +62,12 @@ uint64_t lora_dropout_seed(uint64_t lora_seed, int64_t dropout_id, int layer);
 /// its epilogue, where adding u B^T after it would be a memory-bound pass reading and writing y.
 /// With c.u_keep, u is left in the module's slot for lora_backward (the backward's recompute).
 /// With f8 the base GEMM runs in FP8 (model/fp8_linear.hpp; w is then not read), the adapter's
-/// stay in the compute dtype.
+/// stay in the compute dtype. With `residual` ([n, out], not y): y = residual + the above, the
+/// residual read by the first GEMM that writes y (Ops::linear_fwd_residual, gemm_fp8_residual)
+/// instead of a separate add pass.
 void adapted_linear_fwd(Ops& ops, const LoraCall& c, const LoraLinear& l, const void* x, const void* w,
                         void* y, int64_t n, int64_t in, int64_t out, int64_t row0,
-                        const Fp8Linear* f8 = nullptr);
+                        const Fp8Linear* f8 = nullptr, const void* residual = nullptr);
 /// Given x [n, in] (the base linear's input) and dy [n, out]: dA, dB += (into c.grads) and the
 /// adapter's input gradient written into dx [n, in] (added to it when `accumulate`). No-op when
 /// the module has no adapter. `reuse_u`: u is the one adapted_linear_fwd left in c.u_keep in this

@@ -128,17 +128,19 @@ CudaOps::Plan& CudaOps::plan_for(const Key& key, bool ta, bool tb, int64_t m, in
 
 void CudaOps::gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A, int64_t lda,
                    const void* B, int64_t ldb, void* C, DType c_t, int64_t ldc, float beta, float alpha,
-                   bool f16_compute) {
-  gemm_on(st_, ws_, ta, tb, m, n, k, A, lda, B, ldb, C, c_t, ldc, beta, alpha, f16_compute);
+                   bool f16_compute, const void* c_in) {
+  gemm_on(st_, ws_, ta, tb, m, n, k, A, lda, B, ldb, C, c_t, ldc, beta, alpha, f16_compute, c_in);
 }
 
 void CudaOps::gemm_on(cudaStream_t st, void* ws, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
                       const void* A, int64_t lda, const void* B, int64_t ldb, void* C, DType c_t, int64_t ldc,
-                      float beta, float alpha, bool f16_compute) {
+                      float beta, float alpha, bool f16_compute, const void* c_in) {
   if (f16_compute && (dtype_ != DType::f16 || c_t != DType::f16))
     throw std::invalid_argument("gemm: fp16 accumulation needs f16 operands and output");
   set_device(dev_);
-  const unsigned aa = alignment_of(A), ab = alignment_of(B), ac = alignment_of(C);
+  const void* c_read = c_in ? c_in : C;  // the beta term's source
+  const unsigned aa = alignment_of(A), ab = alignment_of(B),
+                 ac = std::min(alignment_of(C), alignment_of(c_read));
   const Key key{ta,
                 tb,
                 m,
@@ -165,7 +167,7 @@ void CudaOps::gemm_on(cudaStream_t st, void* ws, bool ta, bool tb, int64_t m, in
   const void* pa = f16_compute ? static_cast<const void*>(&alpha16) : &alpha;
   const void* pb = f16_compute ? static_cast<const void*>(&beta16) : &beta;
   RP_CUBLAS_CHECK(
-      cublasLtMatmul(lt_, p.op, pa, A, p.a, B, p.b, pb, C, p.c, C, p.c, &p.algo, ws, ws_bytes_, st));
+      cublasLtMatmul(lt_, p.op, pa, A, p.a, B, p.b, pb, c_read, p.c, C, p.c, &p.algo, ws, ws_bytes_, st));
 }
 
 // ---- memory helpers ---------------------------------------------------------------------
@@ -245,6 +247,15 @@ void CudaOps::linear_fwd(const void* x, const void* w, void* y, int64_t M, int64
   if (M == 0 || N == 0) return;
   if (K == 0) return fill(dtype_, y, M * N, 0.f);
   gemm(true, false, N, M, K, w, K, x, K, y, dtype_, N, 0.f, alpha, f16_accum_);
+}
+
+void CudaOps::linear_fwd_residual(const void* x, const void* w, const void* r, void* y, int64_t M, int64_t K,
+                                  int64_t N) {
+  require(M >= 0 && K >= 0 && N >= 0, "linear_fwd_residual", "negative dimension");
+  require(r != y, "linear_fwd_residual", "r and y are the same tensor");
+  if (M == 0 || N == 0) return;
+  if (K == 0) return copy(dtype_, y, r, M * N);
+  gemm(true, false, N, M, K, w, K, x, K, y, dtype_, N, 1.f, 1.f, f16_accum_, r);
 }
 
 void CudaOps::linear_bwd_input(const void* dy, const void* w, void* dx, int64_t M, int64_t K, int64_t N,

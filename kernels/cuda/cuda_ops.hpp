@@ -55,6 +55,11 @@ class CudaOps final : public Ops {
   void linear_bwd_input(const void* dy, const void* w, void* dx, int64_t M, int64_t K, int64_t N,
                         bool accumulate, float alpha = 1.0f) override;
   void linear_bwd_weight(const void* dy, const void* x, void* dw, int64_t M, int64_t K, int64_t N) override;
+  void linear_fwd_residual(const void* x, const void* w, const void* r, void* y, int64_t M, int64_t K,
+                           int64_t N) override;
+  void gemm_fp8_residual(const uint8_t* a, Fp8Format fa, const float* scale_a, const uint8_t* b, Fp8Format fb,
+                         const float* scale_b, const void* r, void* d, int64_t M, int64_t K,
+                         int64_t N) override;
   void linear_fwd_add(const void* x, const void* w, void* y, int64_t M, int64_t K, int64_t N,
                       float alpha) override;
   void dropout(const void* x, void* y, int64_t rows, int64_t cols, float p, uint64_t seed,
@@ -218,10 +223,11 @@ class CudaOps final : public Ops {
 
   /// C[m,n] (col-major) = alpha op(A) op(B) + beta C through cuBLASLt, A/B in dtype(),
   /// C in c_t (dtype() or f32), fp32 compute; f16_compute: fp16 compute and scale type
-  /// (CUBLAS_COMPUTE_16F, dtype() and c_t f16). Public for the benchmark.
+  /// (CUBLAS_COMPUTE_16F, dtype() and c_t f16); c_in: the beta term read from c_in (same layout)
+  /// instead of C. Public for the benchmark.
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* A, int64_t lda,
             const void* B, int64_t ldb, void* C, DType c_t, int64_t ldc, float beta, float alpha = 1.0f,
-            bool f16_compute = false);
+            bool f16_compute = false, const void* c_in = nullptr);
 
  private:
   struct Plan {
@@ -242,13 +248,13 @@ class CudaOps final : public Ops {
   static void set_fp8_attributes(cublasLtMatmulDesc_t op, const Fp8Operands& f);
   void gemm_fp8_to(const uint8_t* a, Fp8Format fa, const float* scale_a, const uint8_t* b, Fp8Format fb,
                    const float* scale_b, void* d, DType d_type, int64_t M, int64_t K, int64_t N,
-                   bool accumulate, const char* op, bool rows = false);
+                   bool accumulate, const char* op, bool rows = false, const void* c_in = nullptr);
   int compute_capability();  // major * 10 + minor, queried once
   bool probe_fp8_rows();     // gemm_fp8_rows_supported's one probe
   // gemm() on stream st with workspace ws (ws_bytes_ bytes, used by no other stream meanwhile).
   void gemm_on(cudaStream_t st, void* ws, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                const void* A, int64_t lda, const void* B, int64_t ldb, void* C, DType c_t, int64_t ldc,
-               float beta, float alpha = 1.0f, bool f16_compute = false);
+               float beta, float alpha = 1.0f, bool f16_compute = false, const void* c_in = nullptr);
   Plan& plan_for(const Key& key, bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
                  int64_t ldc, DType c_t, unsigned align_a, unsigned align_b, unsigned align_c,
                  const Fp8Operands* fp8 = nullptr, bool f16_compute = false);

@@ -167,6 +167,15 @@ void CudaOps::gemm_fp8(const uint8_t* a, Fp8Format fa, const float* scale_a, con
   gemm_fp8_to(a, fa, scale_a, b, fb, scale_b, d, dtype_, M, K, N, accumulate, "gemm_fp8");
 }
 
+void CudaOps::gemm_fp8_residual(const uint8_t* a, Fp8Format fa, const float* scale_a, const uint8_t* b,
+                                Fp8Format fb, const float* scale_b, const void* r, void* d, int64_t M,
+                                int64_t K, int64_t N) {
+  require(r != d, "gemm_fp8_residual", "r and d are the same tensor");
+  require(r != nullptr && aligned16(r), "gemm_fp8_residual", "r must be a 16-byte aligned tensor");
+  if (K == 0 && M > 0 && N > 0) return copy(dtype_, d, r, M * N);
+  gemm_fp8_to(a, fa, scale_a, b, fb, scale_b, d, dtype_, M, K, N, true, "gemm_fp8_residual", false, r);
+}
+
 void CudaOps::gemm_fp8_accumulate_f32(const uint8_t* a, Fp8Format fa, const float* scale_a, const uint8_t* b,
                                       Fp8Format fb, const float* scale_b, float* d, int64_t M, int64_t K,
                                       int64_t N) {
@@ -176,7 +185,7 @@ void CudaOps::gemm_fp8_accumulate_f32(const uint8_t* a, Fp8Format fa, const floa
 // d (d_type: dtype() or f32) (+)= scale_a scale_b A B^T: gemm_fp8's checks and cuBLASLt call.
 void CudaOps::gemm_fp8_to(const uint8_t* a, Fp8Format fa, const float* scale_a, const uint8_t* b,
                           Fp8Format fb, const float* scale_b, void* d, DType d_type, int64_t M, int64_t K,
-                          int64_t N, bool accumulate, const char* op, bool rows) {
+                          int64_t N, bool accumulate, const char* op, bool rows, const void* c_in) {
   require(M >= 0 && K >= 0 && N >= 0, op, "negative dimension");
   require(!(fa == Fp8Format::e5m2 && fb == Fp8Format::e5m2), op,
           "both operands e5m2 (cuBLASLt has no e5m2 x e5m2 GEMM; quantize one of them to e4m3)");
@@ -220,8 +229,8 @@ void CudaOps::gemm_fp8_to(const uint8_t* a, Fp8Format fa, const float* scale_a, 
   std::lock_guard lk(mu_);
   Plan& p = plan_for(key, true, false, N, M, K, K, K, N, d_type, al, al, al, &f8);
   set_fp8_attributes(p.op, f8);  // this call's scale pointers
-  RP_CUBLAS_CHECK(
-      cublasLtMatmul(lt_, p.op, &alpha, b, p.a, a, p.b, &beta, d, p.c, d, p.c, &p.algo, ws_, ws_bytes_, st_));
+  RP_CUBLAS_CHECK(cublasLtMatmul(lt_, p.op, &alpha, b, p.a, a, p.b, &beta, c_in ? c_in : d, p.c, d, p.c,
+                                 &p.algo, ws_, ws_bytes_, st_));
 }
 
 int CudaOps::compute_capability() {

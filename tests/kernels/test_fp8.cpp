@@ -376,6 +376,28 @@ TEST_F(CpuFp8Ops, GemmMatchesTheDecodedProduct) {
   }
 }
 
+// Onto a residual: d = r + the product, elementwise the gemm_fp8 result plus r (r left as it was);
+// r given as d is refused.
+TEST_F(CpuFp8Ops, GemmOntoAResidualAddsIt) {
+  const int64_t M = 9, K = 32, N = 16;
+  std::mt19937 g(5);
+  std::vector<uint8_t> a(size_t(M * K)), b(size_t(N * K));
+  for (auto& c : a) c = uint8_t(g() % 0x70);  // finite e4m3 codes of either sign below 0x70
+  for (auto& c : b) c = uint8_t(0x80 | (g() % 0x70));
+  const float sa = 0.5f, sb = 0.25f;
+  std::vector<float> r(size_t(M * N)), plain(size_t(M * N)), d(size_t(M * N), std::nanf(""));
+  for (auto& v : r) v = float(int(g() % 200) - 100) / 8.0f;
+  const std::vector<float> r0 = r;
+  ops->gemm_fp8(a.data(), Fp8Format::e4m3, &sa, b.data(), Fp8Format::e4m3, &sb, plain.data(), M, K, N, false);
+  ops->gemm_fp8_residual(a.data(), Fp8Format::e4m3, &sa, b.data(), Fp8Format::e4m3, &sb, r.data(), d.data(),
+                         M, K, N);
+  for (size_t i = 0; i < d.size(); ++i) ASSERT_EQ(d[i], r0[i] + plain[i]) << i;
+  EXPECT_EQ(r, r0);
+  EXPECT_THROW(ops->gemm_fp8_residual(a.data(), Fp8Format::e4m3, &sa, b.data(), Fp8Format::e4m3, &sb,
+                                      d.data(), d.data(), M, K, N),
+               std::invalid_argument);
+}
+
 TEST_F(CpuFp8Ops, GemmRejectsTwoE5m2OperandsAndNegativeShapes) {
   std::vector<uint8_t> a(64, 0x38), b(64, 0x38);
   std::vector<float> d(16, 0.f);

@@ -87,6 +87,16 @@ TEST_P(LinearTest, MatchesNaive) {
   ops->linear_bwd_input(dy.data(), w.data(), dxa.data(), M, K, N, true);
   for (size_t i = 0; i < dx_ref.size(); ++i) dx_ref[i] += dx0[i];
   EXPECT_LT(rel_err(dxa, dx_ref), 1e-6);
+  // onto a residual: y = r + x W^T (r and y distinct; the same tensor is refused)
+  const VecF r = randn(size_t(M * N), 16);
+  VecF yr = nan_vec(size_t(M * N));
+  ops->linear_fwd_residual(x.data(), w.data(), r.data(), yr.data(), M, K, N);
+  VecD yr_ref = linear(to_d(x), to_d(w), M, K, N);
+  for (size_t i = 0; i < yr_ref.size(); ++i) yr_ref[i] += r[i];
+  EXPECT_LT(rel_err(yr, yr_ref), 1e-6);
+  VecF same = r;
+  EXPECT_THROW(ops->linear_fwd_residual(x.data(), w.data(), same.data(), same.data(), M, K, N),
+               std::invalid_argument);
   // alpha scales the product only, not what it is added to
   const float alpha = -0.375f;
   VecF ys = nan_vec(size_t(M * N));

@@ -39,6 +39,13 @@ void add_linear(std::vector<OpCase>& v, const std::string& tag, int64_t M, int64
   fs.flops = fl;
   fs.bound = Bound::gemm_bf16;
   v.push_back(fs);
+  OpCase fr{"linear_fwd_residual_" + tag, "linear_fwd_residual", mkn(M, K, N) + " y = r + ..."};
+  fr.tensors = {input("x", C, M * K), input("w", C, N * K, normal(0.02f)), input("r", C, M * N),
+                output("y", C, M * N)};
+  fr.run = [=](Ops& o, const Buffers& b) { o.linear_fwd_residual(b[0], b[1], b[2], b[3], M, K, N); };
+  fr.flops = fl;
+  fr.bound = Bound::gemm_bf16;
+  v.push_back(fr);
   OpCase bs{"linear_bwd_input_scaled_" + tag, "linear_bwd_input", mkn(M, K, N) + " alpha -2, dx +="};
   bs.tensors = {input("dy", C, M * N), input("w", C, N * K, normal(0.02f)), inout("dx", C, M * K)};
   bs.run = [=](Ops& o, const Buffers& b) { o.linear_bwd_input(b[0], b[1], b[2], M, K, N, true, -2.f); };

@@ -144,6 +144,18 @@ void add_gemm(std::vector<OpCase>& v, const std::string& tag, int64_t M, int64_t
     c.nmse = 1e-3;  // the tensor cores' reduced-precision sums within a k-block
     v.push_back(c);
   }
+  // onto the residual stream: d = r + sa*sb * A B^T, r read in the epilogue (o_proj, down_proj)
+  OpCase r{"gemm_fp8_residual_" + tag, "gemm_fp8_residual", sh + " e4m3 x e4m3, d = r + ..."};
+  r.tensors = {input("a", U8, M * K, codes(E4)),  input("scale_a", F32, 1, constant(code_scale(E4))),
+               input("b", U8, N * K, codes(E4)),  input("scale_b", F32, 1, constant(code_scale(E4))),
+               input("r", C, M * N, normal(4.f)), output("d", C, M * N)};
+  r.run = [=](Ops& o, const Buffers& b) {
+    o.gemm_fp8_residual(b.u(0), E4, b.f(1), b.u(2), E4, b.f(3), b[4], b[5], M, K, N);
+  };
+  r.flops = fl;
+  r.bound = Bound::gemm_fp8;
+  r.nmse = 1e-3;
+  v.push_back(r);
 }
 
 }  // namespace
