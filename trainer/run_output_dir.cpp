@@ -262,9 +262,11 @@ void check_output_folder(const TrainSpec& spec) {
                       spec.source, out, *path, key));
   // a resume_from that is no checkpoint at all gets check_resume's more useful line
   if (spec.resume_from.empty() || !looks_like_checkpoint(spec.resume_from)) return;
-  const fs::path o = resolved_path(out), r = resolved_path(spec.resume_from);
-  // resuming a checkpoint of the run in output_dir is the one input allowed inside it
-  if (path_within(o, r) || (path_within(r, o) && r.parent_path() != o))
+  const fs::path o = resolved_path(out), r = resolved_path(spec.resume_from),
+                 rs = resolved_path(state_dir_of(spec.resume_from));
+  // resuming a checkpoint of the run in output_dir is the one input allowed inside it; its
+  // trainer state (<run>/state/<checkpoint>) is an input too
+  if (path_within(o, r) || path_within(o, rs) || (path_within(r, o) && r.parent_path() != o))
     throw std::invalid_argument(
         fmt::format("{}: key 'output_dir': '{}' is, holds or lies inside the checkpoint '{}' the run resumes "
                     "from (--resume), "
@@ -326,8 +328,14 @@ void prepare_output_dir(const TrainSpec& spec) {
                     "replace {}; move {} away or choose another output_dir",
                     spec.source, spec.output_dir, fmt::join(foreign, ", "), kRunMarkerFile,
                     foreign.size() == 1 ? "it" : "them", foreign.size() == 1 ? "it" : "them"));
-  if (!spec.resume_from.empty() || spec.overwrite_output_dir) return;
-  // a fresh run would replace an earlier run's checkpoints and metrics
+  if (spec.overwrite_output_dir) return;
+  // a resume continues the run of the folder its checkpoint lies in; a fresh run, or a resume of
+  // another folder's checkpoint, would replace this run's checkpoints and metrics
+  // (a resume_from that is no checkpoint at all gets check_resume's more useful line)
+  if (!spec.resume_from.empty() &&
+      (!looks_like_checkpoint(spec.resume_from) ||
+       path_within(resolved_path(spec.resume_from), resolved_path(spec.output_dir))))
+    return;
   const std::vector<std::string> found = checkpoints_in(spec.output_dir);
   if (found.empty()) return;
   const std::string resume = newest_resumable_checkpoint(spec.output_dir, found);

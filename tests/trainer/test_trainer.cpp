@@ -328,6 +328,32 @@ TEST(Trainer, AFreshRunIntoAFolderWithCheckpointsIsRefusedUnlessTold) {
     EXPECT_NE(m.find("invalid JSON"), std::string::npos) << m;
   }
   write(state_file, state_text);
+  // a resume of another run's checkpoint into this folder would replace its final model and
+  // metrics as a fresh run would: refused the same way unless told
+  rp::TrainSpec other = tiny_spec(d, "other", 1);
+  ASSERT_EQ(rp::Trainer(other).run().steps_done, 1);
+  rp::TrainSpec foreign = tiny_spec(d, "out", 3);
+  foreign.resume_from = (fs::path(other.output_dir) / "final").string();
+  try {
+    rp::Trainer(foreign).run();
+    ADD_FAILURE() << "resumed another run's checkpoint over this run's";
+  } catch (const std::invalid_argument& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("key 'output_dir'"), std::string::npos) << m;
+    EXPECT_NE(m.find("holds an earlier run's checkpoints (checkpoint-1, final)"), std::string::npos) << m;
+  }
+  EXPECT_EQ(bytes_of(out / "final" / "model.safetensors"), weights);
+  EXPECT_EQ(bytes_of(out / "metrics.csv"), metrics);
+  // and an output folder inside the resumed checkpoint's trainer state is an input overlap
+  foreign.resume_from = (out / "final").string();
+  foreign.output_dir = (out / "state" / "final" / "nested").string();
+  try {
+    rp::Trainer(foreign).run();
+    ADD_FAILURE() << "wrote a run inside the checkpoint's trainer state";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("lies inside the checkpoint"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(out / "state" / "final" / "nested"));
   EXPECT_TRUE(rp::checkpoints_in((out / "state").string()).empty()) << "state/ holds no checkpoints";
   again.overwrite_output_dir = true;
   EXPECT_EQ(rp::Trainer(again).run().steps_done, 1);
