@@ -13,6 +13,7 @@
 
 #include "base/atomic_file.hpp"
 #include "base/checksum.hpp"
+#include "base/counted.hpp"
 #include "base/json_text.hpp"
 #include "base/output_folder.hpp"
 #include "model/config.hpp"
@@ -266,9 +267,9 @@ std::optional<ResumePoint> check_resume(const TrainSpec& spec) {
                                          r.optimizer_file, kRunStateFile));
   if (!spec.epochs && r.saved.step >= spec.steps)  // with epochs the run checks once the data gives its steps
     throw std::invalid_argument(
-        fmt::format("{}: the checkpoint is at step {} and the spec trains {} steps; nothing "
+        fmt::format("{}: the checkpoint is at step {} and the spec trains {}; nothing "
                     "is left to do (raise 'steps' or pass --steps)",
-                    r.dir, r.saved.step, spec.steps));
+                    r.dir, r.saved.step, counted(spec.steps, "step")));
   return r;
 }
 

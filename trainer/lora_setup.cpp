@@ -3,6 +3,7 @@
 #include <stdexcept>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include "base/host_resources.hpp"
@@ -107,8 +108,11 @@ RunWeights lora_run_weights(const TrainSpec& spec, ModelSource& base, const std:
   for (size_t g = n_base; g < G; ++g) w.trainable[g] = lora_initial_group(w.layout, int(g));
   if (adapter) {
     load_peft_adapter(*adapter, w.layout, w.trainable);
-    spdlog::info("adapter {}: r {}, alpha {:g}, {} target modules, {} expert parameters", adapter_dir, lora.r,
-                 lora.alpha, lora.target_modules.size(), lora.target_parameters.size());
+    spdlog::info("adapter {}: r {}, alpha {:g}, target modules {}{}", adapter_dir, lora.r, lora.alpha,
+                 fmt::join(lora.target_modules, ", "),
+                 lora.target_parameters.empty()
+                     ? std::string()
+                     : fmt::format(", expert parameters {}", fmt::join(lora.target_parameters, ", ")));
   }
   int64_t frozen_bytes = 0, trainable = 0;
   for (const auto& g : w.layout.groups) g.frozen ? frozen_bytes += g.storage_bytes : trainable += g.numel;
