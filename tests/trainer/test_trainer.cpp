@@ -270,6 +270,17 @@ TEST(Trainer, ASecondRunIntoAnOutputFolderInUseIsRefused) {
   fs::remove_all(d);
 }
 
+// The std::invalid_argument a run of `spec` is refused with ("" and a failure when it runs).
+std::string refusal(const rp::TrainSpec& spec, const char* what_went_wrong) {
+  try {
+    rp::Trainer(spec).run();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << what_went_wrong;
+  return "";
+}
+
 // A finished run is never replaced by mistake: a fresh run into its output folder is refused
 // with one line naming the checkpoints found and the --resume that continues them, and leaves
 // every file as it was; with overwrite_output_dir it starts over there.
@@ -282,11 +293,8 @@ TEST(Trainer, AFreshRunIntoAFolderWithCheckpointsIsRefusedUnlessTold) {
   const std::string weights = bytes_of(out / "final" / "model.safetensors");
   const std::string metrics = bytes_of(out / "metrics.csv");
   rp::TrainSpec again = tiny_spec(d, "out", 1);
-  try {
-    rp::Trainer(again).run();
-    ADD_FAILURE() << "the earlier run's checkpoints were replaced";
-  } catch (const std::invalid_argument& e) {
-    const std::string m = e.what();
+  {
+    const std::string m = refusal(again, "the earlier run's checkpoints were replaced");
     EXPECT_NE(m.find("key 'output_dir'"), std::string::npos) << m;
     EXPECT_NE(m.find("holds an earlier run's checkpoints (checkpoint-1, final)"), std::string::npos) << m;
     EXPECT_NE(m.find("--resume " + out.string() + "/final"), std::string::npos) << m;
@@ -296,33 +304,24 @@ TEST(Trainer, AFreshRunIntoAFolderWithCheckpointsIsRefusedUnlessTold) {
   // resuming from the run's folder itself names the checkpoint to resume from
   rp::TrainSpec from_folder = tiny_spec(d, "out", 3);
   from_folder.resume_from = out.string();
-  try {
-    rp::Trainer(from_folder).run();
-    ADD_FAILURE() << "resumed from a run's output folder";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_EQ(
-        std::string(e.what()),
-        out.string() + ": a run's output folder, not a checkpoint; resume from " + out.string() + "/final");
+  {
+    const std::string m = refusal(from_folder, "resumed from a run's output folder");
+    EXPECT_EQ(m, out.string() + ": a run's output folder, not a checkpoint; resume from " + out.string() +
+                     "/final");
   }
   // and from a checkpoint's trainer state (state/final) names the checkpoint itself
   from_folder.resume_from = (out / "state" / "final").string();
-  try {
-    rp::Trainer(from_folder).run();
-    ADD_FAILURE() << "resumed from a state folder";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_EQ(std::string(e.what()), (out / "state" / "final").string() +
-                                         ": the trainer state of checkpoint " + (out / "final").string() +
-                                         "; resume from " + (out / "final").string());
+  {
+    const std::string m = refusal(from_folder, "resumed from a state folder");
+    EXPECT_EQ(m, (out / "state" / "final").string() + ": the trainer state of checkpoint " +
+                     (out / "final").string() + "; resume from " + (out / "final").string());
   }
   // a damaged state file there is named with what is wrong, besides the checkpoint to resume from
   const fs::path state_file = out / "state" / "final" / "roundpipe_state.json";
   const std::string state_text = bytes_of(state_file);
   write(state_file, "{\"step\": ");
-  try {
-    rp::Trainer(from_folder).run();
-    ADD_FAILURE() << "resumed from a damaged state folder";
-  } catch (const std::invalid_argument& e) {
-    const std::string m = e.what();
+  {
+    const std::string m = refusal(from_folder, "resumed from a damaged state folder");
     EXPECT_NE(m.find("resume from " + (out / "final").string()), std::string::npos) << m;
     EXPECT_NE(m.find(state_file.string()), std::string::npos) << m;
     EXPECT_NE(m.find("invalid JSON"), std::string::npos) << m;
@@ -334,11 +333,8 @@ TEST(Trainer, AFreshRunIntoAFolderWithCheckpointsIsRefusedUnlessTold) {
   ASSERT_EQ(rp::Trainer(other).run().steps_done, 1);
   rp::TrainSpec foreign = tiny_spec(d, "out", 3);
   foreign.resume_from = (fs::path(other.output_dir) / "final").string();
-  try {
-    rp::Trainer(foreign).run();
-    ADD_FAILURE() << "resumed another run's checkpoint over this run's";
-  } catch (const std::invalid_argument& e) {
-    const std::string m = e.what();
+  {
+    const std::string m = refusal(foreign, "resumed another run's checkpoint over this run's");
     EXPECT_NE(m.find("key 'output_dir'"), std::string::npos) << m;
     EXPECT_NE(m.find("holds an earlier run's checkpoints (checkpoint-1, final)"), std::string::npos) << m;
   }
@@ -347,11 +343,9 @@ TEST(Trainer, AFreshRunIntoAFolderWithCheckpointsIsRefusedUnlessTold) {
   // and an output folder inside the resumed checkpoint's trainer state is an input overlap
   foreign.resume_from = (out / "final").string();
   foreign.output_dir = (out / "state" / "final" / "nested").string();
-  try {
-    rp::Trainer(foreign).run();
-    ADD_FAILURE() << "wrote a run inside the checkpoint's trainer state";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("lies inside the checkpoint"), std::string::npos) << e.what();
+  {
+    const std::string m = refusal(foreign, "wrote a run inside the checkpoint's trainer state");
+    EXPECT_NE(m.find("lies inside the checkpoint"), std::string::npos) << m;
   }
   EXPECT_FALSE(fs::exists(out / "state" / "final" / "nested"));
   EXPECT_TRUE(rp::checkpoints_in((out / "state").string()).empty()) << "state/ holds no checkpoints";
