@@ -5,17 +5,19 @@
 namespace rp {
 
 void LayerTimer::run(const std::vector<std::unique_ptr<Layer>>& layers, const LayerCalls& fwd,
-                     const LayerCalls& bwd) {
+                     const LayerCalls& bwd, const AfterBackward& after_backward) {
   start_ = stream_.mark_time();
   for (const auto& [l, a] : fwd) {
     layers[size_t(l)]->forward(a);
     mark(l, Phase::forward);
   }
-  for (const auto& [l, a] : bwd) {
+  for (size_t i = 0; i < bwd.size(); ++i) {
+    const auto& [l, a] = bwd[i];
     LayerArgs b = a;
     b.after_recompute = [this, l = l] { mark(l, Phase::recompute); };
     layers[size_t(l)]->backward(b);
     mark(l, Phase::backward);
+    if (after_backward) after_backward(i);
   }
 }
 
@@ -44,9 +46,12 @@ std::vector<LayerSample> LayerTimer::samples() const {
 }
 
 void run_layer_calls(const std::vector<std::unique_ptr<Layer>>& layers, const LayerCalls& fwd,
-                     const LayerCalls& bwd) {
+                     const LayerCalls& bwd, const AfterBackward& after_backward) {
   for (const auto& [l, a] : fwd) layers[size_t(l)]->forward(a);
-  for (const auto& [l, a] : bwd) layers[size_t(l)]->backward(a);
+  for (size_t i = 0; i < bwd.size(); ++i) {
+    layers[size_t(bwd[i].first)]->backward(bwd[i].second);
+    if (after_backward) after_backward(i);
+  }
 }
 
 void send_layer_timings(const SchedulerActor& to, LayerTimings lt, const LayerTimer& timer) {

@@ -17,6 +17,7 @@
 //                    backward; the tail layer's fused forward + loss + backward) -> tail
 // Times are seconds for one micro-batch, as Profile::record expects.
 #pragma once
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -29,6 +30,9 @@ namespace rp {
 
 /// Layer calls of one compute launch in issue order: (layer index, arguments).
 using LayerCalls = std::vector<std::pair<int, LayerArgs>>;
+/// Optional, inside the launch: called with i after the i-th backward call was issued (the
+/// worker drains gradients that are final at that point: GradsFinal).
+using AfterBackward = std::function<void(size_t)>;
 
 class LayerTimer {
  public:
@@ -38,7 +42,8 @@ class LayerTimer {
   /// Inside the compute launch: issues layers[l]->forward(a) for every (l, a) of `fwd`,
   /// then layers[l]->backward(a) for every (l, a) of `bwd`, marking the stream around each
   /// call. Exceptions of the calls propagate (the stream reports them to then()).
-  void run(const std::vector<std::unique_ptr<Layer>>& layers, const LayerCalls& fwd, const LayerCalls& bwd);
+  void run(const std::vector<std::unique_ptr<Layer>>& layers, const LayerCalls& fwd, const LayerCalls& bwd,
+           const AfterBackward& after_backward = {});
 
   /// After completion (in a then() callback issued after the launch): one sample per layer
   /// and profile kind, in issue order; a tail-stage layer's phases are summed. Empty when
@@ -62,7 +67,7 @@ class LayerTimer {
 
 /// Issues the calls like LayerTimer::run, without timing (profiling off).
 void run_layer_calls(const std::vector<std::unique_ptr<Layer>>& layers, const LayerCalls& fwd,
-                     const LayerCalls& bwd);
+                     const LayerCalls& bwd, const AfterBackward& after_backward = {});
 
 /// In a then() callback after the launch: fills lt.samples from `timer` and sends `lt` to
 /// `to` (the profile's owner); sends nothing when there is neither a sample nor memory.

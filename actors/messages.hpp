@@ -26,6 +26,9 @@
 //   arbiter   -> transfer  LinkIdle            a refused bulk actor may issue again
 //   stream    -> worker    ComputeDone         (the worker's compute-stream callback) a
 //                                              micro-batch's layers ran
+//   stream    -> worker    GradsFinal          (the compute-stream callback of a point inside
+//                                              a stage's last micro-batch) these groups'
+//                                              gradients are final: they may drain at once
 //   tier      -> worker    FrozenFetched       (the disk tier's thread) a frozen group is in a
 //                                              read buffer, or its read failed
 //   spill     -> worker    SpillDone           (the activation spill's thread) a spilled saved
@@ -82,6 +85,7 @@ struct CopyDone;
 struct StreamDone;
 struct LinkIdle;
 struct ComputeDone;
+struct GradsFinal;
 struct FrozenFetched;
 struct SpillDone;
 struct AcquireWeights;
@@ -120,8 +124,9 @@ struct LossScales;
 /// A worker (one per device): runs the stage tasks dealt to it (actors/worker.hpp).
 using WorkerActor =
     caf::typed_actor<caf::reacts_to<RunStage>, caf::reacts_to<ActReady>, caf::reacts_to<CopyDone>,
-                     caf::reacts_to<ComputeDone>, caf::reacts_to<FrozenFetched>, caf::reacts_to<SpillDone>,
-                     caf::replies_to<GetStatus>::with<StatusReport>, caf::reacts_to<Shutdown>>;
+                     caf::reacts_to<ComputeDone>, caf::reacts_to<GradsFinal>, caf::reacts_to<FrozenFetched>,
+                     caf::reacts_to<SpillDone>, caf::replies_to<GetStatus>::with<StatusReport>,
+                     caf::reacts_to<Shutdown>>;
 
 /// A transfer actor (four per worker): one copy stream and its priority queue (actors/transfer.hpp).
 using TransferActor =
@@ -216,6 +221,17 @@ struct ComputeDone {
   uint64_t task = 0;
   int64_t micro_batch = 0;
   std::string error;  ///< the device op's failure, else empty
+};
+/// Task `task`'s last micro-batch ran the backward calls that last touch the gradient
+/// accumulators of `groups` (trainable groups of its stage): the rest of the micro-batch adds
+/// nothing to them, so they may drain to the host before the task retires. Sent only from
+/// inside a last micro-batch, never for the micro-batch's final call (ComputeDone follows it);
+/// it may arrive after that ComputeDone, after the task retired or once it is gone, and a
+/// group may already be draining: the worker drains each group once.
+struct GradsFinal {
+  uint64_t task = 0;
+  std::vector<int> groups;
+  std::string error;  ///< a device failure seen by this callback, else empty
 };
 
 /// The disk tier (actors/frozen_tier.hpp) read frozen group `group` for task `task`: its bytes are
@@ -515,6 +531,7 @@ RP_MESSAGE_TYPE(rp::FillPass)
 RP_MESSAGE_TYPE(rp::PassFilled)
 RP_MESSAGE_TYPE(rp::FrozenFetched)
 RP_MESSAGE_TYPE(rp::SpillDone)
+RP_MESSAGE_TYPE(rp::GradsFinal)
 CAF_END_TYPE_ID_BLOCK(roundpipe)
 
 #undef RP_MESSAGE_TYPE

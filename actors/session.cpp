@@ -330,6 +330,8 @@ void Session::Impl::spawn_workers(const std::vector<int>& shard_of, const Sessio
     ctx.tracer = tracer.get();
     ctx.profile = opt.profiling.enabled;
     ctx.saved_attention = saved_attention;
+    ctx.early_gradients = opt.early_gradients;
+    ctx.late_grads_final = internals.late_grads_final;
     ctx.transfer.priorities = opt.transfer_priorities;
     ctx.transfer.chunk_bytes = opt.transfer_chunk_bytes;
     ctx.transfer.bulk_inflight = opt.transfer_bulk_inflight;

@@ -39,6 +39,10 @@ struct SessionInternals {
   SpillFault spill_fault;
   /// Staging buffers of the activation spill per worker and direction (0: the default, 4).
   size_t spill_staging = 0;
+  /// SessionOptions::early_gradients' GradsFinal messages go out after the micro-batch's
+  /// ComputeDone instead of before it (the latest order a stream's callbacks allow: the task
+  /// has retired, or finished and gone, when they arrive).
+  bool late_grads_final = false;
 };
 
 /// While alive, sessions built through the public constructor (e.g. by rp::Trainer) get

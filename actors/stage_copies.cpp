@@ -34,6 +34,7 @@ std::unique_ptr<Task> new_task(const WorkerContext& ctx, RunStage rs, uint64_t i
   if (kind != StageKind::forward && !t.rs.eval)
     for (int g : m.groups_of(t.layers))
       if (!m.groups[g].frozen) t.grad_groups.push_back(g);  // frozen groups have no gradient
+  t.grads_pending = int(t.grad_groups.size());
   const size_t esz = dtype_size(d.compute_dtype());
   for (int g : t.groups) {
     t.dparam.emplace(g, DeviceBuffer(d, size_t(m.groups[g].numel) * esz));

@@ -231,6 +231,45 @@ void add_router_statistics(const ModelLayout& m, const PassBuffers& pb, StageDon
   }
 }
 
+std::vector<std::vector<int>> grads_final_after(const ModelLayout& m, const LayerCalls& bwd,
+                                                const std::vector<int>& grad_groups) {
+  std::vector<std::vector<int>> out(bwd.size());
+  for (int g : grad_groups) {
+    size_t last = bwd.size();
+    for (size_t i = 0; i < bwd.size(); ++i) {
+      const auto& gs = m.groups_of(bwd[i].first);
+      if (std::find(gs.begin(), gs.end(), g) != gs.end()) last = i;
+    }
+    if (last + 1 < bwd.size()) out[last].push_back(g);
+  }
+  return out;
+}
+
+namespace {
+
+/// launch_compute's hook for the last micro-batch of a training stage (ctx.early_gradients):
+/// after each backward call with final groups, a then() callback on the compute stream sends
+/// GradsFinal. With ctx.late_grads_final (testing) the groups go to `late` instead.
+AfterBackward early_drain(const WorkerContext& ctx, const Task& t, int64_t m, const LayerCalls& bwd,
+                          WorkerActor me, std::vector<int>& late) {
+  if (!ctx.early_gradients || m != t.M - 1 || bwd.empty()) return {};
+  auto final_after = grads_final_after(*ctx.layout, bwd, t.grad_groups);
+  if (ctx.late_grads_final) {
+    for (const auto& v : final_after) late.insert(late.end(), v.begin(), v.end());
+    return {};
+  }
+  if (std::all_of(final_after.begin(), final_after.end(), [](const auto& v) { return v.empty(); })) return {};
+  Stream* stream = &ctx.device->stream(StreamKind::compute);
+  return [stream, me, id = t.id, final_after = std::move(final_after)](size_t i) {
+    if (final_after[i].empty()) return;
+    stream->then([me, id, groups = final_after[i]](const std::string& err) {
+      caf::anon_send(me, GradsFinal{id, groups, err});
+    });
+  };
+}
+
+}  // namespace
+
 void launch_compute(const WorkerContext& ctx, Task& t, int64_t m, WorkerActor me) {
   const auto& layers = *ctx.layers;
   const StageKind kind = t.rs.stage.kind;
@@ -257,22 +296,24 @@ void launch_compute(const WorkerContext& ctx, Task& t, int64_t m, WorkerActor me
   const void* stats_in = s.moe_stats_in.get();
   void* stats = s.moe_stats.get();
   const int64_t stats_n = int64_t(s.moe_stats.bytes() / sizeof(float));
+  const uint64_t id = t.id;
+  std::vector<int> late;  // testing (WorkerContext::late_grads_final): sent after ComputeDone
+  AfterBackward drain = early_drain(ctx, t, m, bwd, me, late);
   stream.launch([&layers, fwd = std::move(fwd), bwd = std::move(bwd), tr, t0, timer, inject, m, ops, stats_in,
-                 stats, stats_n] {
+                 stats, stats_n, drain = std::move(drain)] {
     if (inject) throw std::runtime_error(FaultInjection::what(fmt::format("device op of micro-batch {}", m)));
     if (stats) ops->copy(DType::f32, stats, stats_in, stats_n);
     if (tr) *t0 = tr->now();
-    if (timer) timer->run(layers, fwd, bwd);
-    else run_layer_calls(layers, fwd, bwd);
+    if (timer) timer->run(layers, fwd, bwd, drain);
+    else run_layer_calls(layers, fwd, bwd, drain);
   });
-  const uint64_t id = t.id;
   LayerTimings lt{ctx.index, t.rs.pass, m, {}, {}};
   if (timer && m == 0)
     lt.memory = stage_memory(*ctx.layout, layers, t.rs.stage, t.rs.buffers->shape,
                              ctx.device->compute_dtype(), ctx.device->ops().grad_dtype());
   // Runs on the stream's callback thread: whatever happens here, ComputeDone goes out.
-  stream.then([me, id, m, tr, t0, track, label, timer, lt = std::move(lt),
-               sched = ctx.scheduler](const std::string& err) mutable {
+  stream.then([me, id, m, tr, t0, track, label, timer, lt = std::move(lt), sched = ctx.scheduler,
+               late = std::move(late)](const std::string& err) mutable {
     std::string e = err;
     try {
       if (tr) tr->interval(track, label, *t0, tr->now());
@@ -281,6 +322,7 @@ void launch_compute(const WorkerContext& ctx, Task& t, int64_t m, WorkerActor me
       if (e.empty()) e = ex.what();
     }
     caf::anon_send(me, ComputeDone{id, m, e});
+    if (!late.empty()) caf::anon_send(me, GradsFinal{id, late, {}});
   });
 }
 

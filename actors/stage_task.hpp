@@ -8,6 +8,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "actors/activation_spill.hpp"
@@ -73,7 +74,10 @@ struct Task {
   bool work_ready = false;  ///< allocate_work done (a start refused for memory waits without it)
   int64_t M = 0;
   int params_pending = 0;
+  /// gradient groups not yet on the host (new_task sets it to grad_groups.size())
   int grads_pending = 0;
+  /// gradient groups whose drain was asked for (GradsFinal inside the last micro-batch, or retirement)
+  std::set<int> grads_draining;
   double t_start = 0;
   std::chrono::steady_clock::time_point wall_start;
 };
@@ -133,9 +137,19 @@ void add_router_statistics(const ModelLayout& m, const PassBuffers& pb, StageDon
 /// loss only.
 void build_layer_calls(const WorkerContext& ctx, Task& t, int64_t m, LayerCalls& fwd, LayerCalls& bwd);
 
+/// For each call of `bwd` (build_layer_calls of a task's micro-batch): the trainable groups of
+/// `grad_groups` that no later call of `bwd` touches, in call order; the last call's are left
+/// out (the launch's completion covers them). A group two calls share (a tied embedding and LM
+/// head in one stage) is final after the later one.
+std::vector<std::vector<int>> grads_final_after(const ModelLayout& m, const LayerCalls& bwd,
+                                                const std::vector<int>& grad_groups);
+
 /// Runs micro-batch m of t on the compute stream (build_layer_calls; with ctx.profile timed per
 /// layer and reported to the scheduler; traced as one interval) and sends ComputeDone to `me`
-/// from the stream's callback thread, whatever happens there (an error: its one line).
+/// from the stream's callback thread, whatever happens there (an error: its one line). In the
+/// last micro-batch of a training stage with ctx.early_gradients, a then() callback after each
+/// backward call whose groups are final (grads_final_after) sends GradsFinal, so those
+/// gradients drain while the calls below run.
 void launch_compute(const WorkerContext& ctx, Task& t, int64_t m, WorkerActor me);
 
 }  // namespace rp

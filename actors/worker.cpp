@@ -96,6 +96,7 @@ Worker::behavior_type Worker::make_behavior() {
               FaultInjection::what(fmt::format("the completion of micro-batch {}", c.micro_batch)));
         on_computed(c.micro_batch);
       },
+      [this](GradsFinal& f) { grads_final(f); },
       [this](FrozenFetched& f) { frozen_fetched(f); },
       [this](SpillDone& d) { spill_done(d); },
       [this](GetStatus) -> caf::result<StatusReport> { return StatusReport{status()}; },
@@ -334,22 +335,39 @@ void Worker::maybe_finish() {
       release_retired_inputs(t, j);  // the next task starts now: only the outputs in flight stay
     }
   const uint64_t id = t.id;
-  t.grads_pending = int(t.grad_groups.size());
   draining_[id] = std::move(task_);
   Task& d = *draining_[id];
-  const int64_t step = d.rs.step;
-  for (int g : d.grad_groups) {
-    trace_sent(ctx_.tracer, me_, "", "AcquireGradSlot", {{"group", g}, {"step", step}});
-    request(ctx_.shard_of_group[g], caf::infinite, AcquireGradSlot{g, step})
-        .then(
-            [this, g, id, step](GradGrant& gr) {
-              trace_received(ctx_.tracer, me_, "", "GradGrant", {{"group", g}, {"step", step}});
-              write_grad(id, g, gr.overwrite);
-            },
-            [this](caf::error& e) { fail("gradient slot request failed: " + error_text(e)); });
-  }
+  for (int g : d.grad_groups) drain_grad(d, g);  // those GradsFinal did not drain already
   finish(id);
   start_next();
+}
+
+/// Groups of task f.task whose gradients are final before the task retires (GradsFinal):
+/// they drain now, beside the rest of the last micro-batch, so the task retires holding
+/// less and the next task's start waits less for the cap. Late (after retirement, which
+/// drained every group) or for a task that is gone: nothing to do.
+void Worker::grads_final(const GradsFinal& f) {
+  trace_received(ctx_.tracer, me_, "", "GradsFinal", {{"groups", int64_t(f.groups.size())}});
+  if (!f.error.empty()) return fail(fmt::format("the last micro-batch's backward: {}", f.error));
+  Task* t = live(f.task);
+  if (!t) return;
+  for (int g : f.groups) drain_grad(*t, g);
+}
+
+/// Asks group g's shard for task t's gradient slot (rule 3) and writes the gradient once
+/// granted; once per task and group.
+void Worker::drain_grad(Task& t, int g) {
+  if (!t.grads_draining.insert(g).second) return;
+  const uint64_t id = t.id;
+  const int64_t step = t.rs.step;
+  trace_sent(ctx_.tracer, me_, "", "AcquireGradSlot", {{"group", g}, {"step", step}});
+  request(ctx_.shard_of_group[g], caf::infinite, AcquireGradSlot{g, step})
+      .then(
+          [this, g, id, step](GradGrant& gr) {
+            trace_received(ctx_.tracer, me_, "", "GradGrant", {{"group", g}, {"step", step}});
+            write_grad(id, g, gr.overwrite);
+          },
+          [this](caf::error& e) { fail("gradient slot request failed: " + error_text(e)); });
 }
 
 /// Reports a retired task done once its outputs and gradients are all on the host.

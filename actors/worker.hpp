@@ -73,6 +73,11 @@ struct WorkerContext {
   /// Decoders keep their forward's attention output and log-sum-exp (LayerOptions::
   /// save_attention): forward stages download them, backward stages upload them.
   bool saved_attention = false;
+  /// In a training stage's last micro-batch, drain each layer's gradients to the host as soon
+  /// as its backward call ran (GradsFinal), not when the whole stage retired: the next stage's
+  /// start waits less for the memory cap (SessionOptions::early_gradients).
+  bool early_gradients = true;
+  bool late_grads_final = false;                 ///< testing: GradsFinal after ComputeDone (SessionInternals)
   MemoryEventCounters* memory_events = nullptr;  ///< optional: counts refused starts and prefetches
   RunProgress* progress = nullptr;  ///< optional: counts completed copies and micro-batches (watchdog)
   FaultInjection faults;            ///< testing only (fault_injection.hpp)

@@ -245,6 +245,7 @@ void Worker::gradient_landed(uint64_t id, int g) {
   tk->dgrad.erase(g);
   --tk->grads_pending;
   finish(id);
+  retry_memory_wait();  // each group's accumulator given back may be what a waiting start needs
 }
 
 }  // namespace rp

@@ -49,6 +49,8 @@ class Worker : public WorkerActor::base {
   std::unique_ptr<Task> prepare(RunStage rs, int windows = 1);
   void pump();
   void maybe_finish();
+  void grads_final(const GradsFinal& f);
+  void drain_grad(Task& t, int g);
   void finish(uint64_t id);
   void retry_memory_wait();
   std::string status() const;

@@ -29,6 +29,7 @@
 #   p8f        the same under the kernel profiler (its last 12 s): $OUT/prof_p8f.md
 #   p17        Qwen3-1.7B full fine-tuning with FP8 linears, 8 x 8192, M=8, cap 6.7 GiB, under the
 #              kernel profiler (its last 12 s): $OUT/prof_p17.md
+#   p4         the same for Qwen3-4B at cap 7.3 GiB: $OUT/prof_p4.md
 #   s8ram      LLaMA-3.1-8B LoRA r=32 all linears, nf4 base, 8 x 1024, cap 6 GiB, in RAM
 #   s8bud      the same on the disk tier with a whole-run host budget of 8 GiB
 #   s8spill    the same with the saved inputs of SPILL (8) layers in the tier's spill file
@@ -49,7 +50,8 @@
 #              many measured steps (1-8) as the time left holds; the cache is kept
 #              (KEEP=1; no dd read-back, NODD=1) for a second call, `LAYERS=<printed> KEEP=1 ... s235bud`, which trains
 #   s235ram    the same LAYERS with the base in RAM (the row the tier's is compared with)
-# BT names another bench_throughput in $RP_DEV/bin (an A/B's baseline build) for the bench rows.
+# BT names another bench_throughput in $RP_DEV/bin (an A/B's baseline build) for the bench rows;
+# XARGS adds arguments to each bench row (e.g. XARGS=--late-gradients).
 # Every bench row samples nvidia-smi (power, SM clock) every 0.5 s beside it (mean of samples above
 # 300 W) and, for a tier row, reads the cache file back with dd (O_DIRECT) right after.
 # Results: $OUT/rows.md (one markdown row per run), $OUT/run.log.
@@ -79,7 +81,8 @@ bench() {  # NAME ARGS...: one bench_throughput row with power and clock beside 
   step "$name: bench_throughput $*"
   nvidia-smi --query-gpu=power.draw,clocks.sm --format=csv,noheader,nounits -lms 500 > "$OUT/smi_$name.csv" &
   local sp=$!
-  timeout "${BENCH_TIMEOUT:-400}" "$RP_DEV/bin/${BT:-bench_throughput}" --workers 1 --results "$res" "$@"
+  # shellcheck disable=SC2086  # XARGS: extra bench_throughput arguments, split on spaces
+  timeout "${BENCH_TIMEOUT:-400}" "$RP_DEV/bin/${BT:-bench_throughput}" --workers 1 --results "$res" "$@" ${XARGS:-}
   echo "rc=$?"
   kill $sp 2>/dev/null; wait $sp 2>/dev/null
   awk -F', ' -v n="$name" '$1 > 300 {p += $1; c += $2; k++} END {if (k) printf "SMI %s: %.0f W / %.0f MHz over %d samples\n", n, p/k, c/k, k; else print "SMI " n ": no sample above 300 W"}' "$OUT/smi_$name.csv"
@@ -146,6 +149,9 @@ for mode in "$@"; do
     p17)
       CUDA_INJECTION64_PATH=$RP_DEV/lib/librp_kernel_profile.so RP_KPROF_OUT=$OUT/prof_p17.md RP_KPROF_LAST_S=12 \
         bench p17 --preset qwen3-1.7b --seq 8192 --seqs 8 --micro 8 --cap-gib 6.7 --fp8 --steps "${STEPS:-8}" --warmup 2 ;;
+    p4)
+      CUDA_INJECTION64_PATH=$RP_DEV/lib/librp_kernel_profile.so RP_KPROF_OUT=$OUT/prof_p4.md RP_KPROF_LAST_S=12 \
+        bench p4 --preset qwen3-4b --seq 8192 --seqs 8 --micro 8 --cap-gib 7.3 --fp8 --steps "${STEPS:-8}" --warmup 2 ;;
     s8ram) bench s8ram "${l8[@]}" ;;
     s8bud)
       mkdir -p "$TIER"; bench s8bud "${l8[@]}" --frozen-tier "$TIER/l8b_nf4.cache" --tier-host-budget-gib 8

@@ -141,6 +141,7 @@ rp::SessionOptions session_options(const Options& opt, const rp::ModelLayout& m)
     }
   }
   o.transfer_priorities = !opt.no_prio;
+  o.early_gradients = !opt.late_gradients;
   o.transfer_chunk_bytes = size_t(opt.chunk_bytes);
   o.transfer_bulk_inflight = opt.bulk_inflight;
   o.mlp_chunk_tokens = opt.mlp_chunk;
@@ -326,6 +327,7 @@ Timeline run_steps(rp::Session& s, const Options& opt, int64_t n) {
 /// The row's and the RESULT line's transfer settings: priorities, the saved attention, the tier.
 std::string transfer_text(const Options& opt, const rp::Session& s, const std::string& tier) {
   return std::string(opt.no_prio ? "no priorities" : "priorities") +
+         (opt.late_gradients ? ", late gradients" : "") +
          (opt.no_save_attention || s.frozen_tier().attention_dropped || opt.tier_spill_layers > 0
               ? ", attention recomputed"
               : ", attention saved") +

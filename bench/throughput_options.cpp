@@ -164,6 +164,8 @@ void add_transfer_options(CLI::App& app, Options& opt) {
           "parameter/gradient chunks in flight at once (priorities on)", 1, 1024);
   app.add_flag("--no-priorities", opt.no_prio,
                "transfers first come, first served (no cross-stream priority)");
+  app.add_flag("--late-gradients", opt.late_gradients,
+               "a stage's gradients drain once it finished (default: each layer's as its last backward ran)");
   integer(app, "--chunk-bytes", opt.chunk_bytes,
           "cut parameter/gradient copies into chunks of this many bytes", 0, int64_t(1) << 40,
           " (0: whole copies)");

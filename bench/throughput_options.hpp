@@ -20,7 +20,8 @@ struct Options {
           micro = 8;
   bool sync = false, qwen3 = true, no_prio = false, fp8 = false, fp8_wgrad = false, fp8_direct = false;
   bool bf16_wgrad = false;
-  bool force = false;  ///< --force: --trace and --profile-out may replace an existing file
+  bool late_gradients = false;  ///< --late-gradients: SessionOptions::early_gradients off (A/B)
+  bool force = false;           ///< --force: --trace and --profile-out may replace an existing file
   int64_t chunk_bytes = 32 << 20;
   int bulk_inflight = 1;
   int64_t mlp_chunk = 0;

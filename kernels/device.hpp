@@ -79,7 +79,10 @@ class Stream {
   virtual void copy_d2h(void* dst_host, const void* src_dev, size_t bytes) = 0;
   /// Runs `cb(error)` on a host thread once all work issued before it has completed;
   /// `error` is empty on success, else the text of the first failure since the
-  /// previous then(). cb must not block and must not issue work on this stream.
+  /// previous then(). cb must not block and must not issue work on this stream. Called
+  /// inside launch() work it marks the point between the ops issued before and after it (as
+  /// mark_time does): cb runs once those before it completed (on the CPU backend at once, on
+  /// the calling stream thread).
   virtual void then(std::function<void(const std::string& error)> cb) = 0;
   /// Blocks the caller until all issued work completed (tests and shutdown only).
   virtual void synchronize() = 0;

@@ -243,6 +243,12 @@ struct SessionOptions {
   /// the windows between activation uploads. false: first come, first served everywhere
   /// (also turns off the CPU backend link's own priorities, device.pcie_priorities).
   bool transfer_priorities = true;
+  /// In the last micro-batch of a backward or tail stage, each layer's gradients go to the
+  /// host as soon as its backward call ran, while the layers below it compute; false: all of
+  /// them once the stage finished. Under a memory cap the next stage's start waits for the
+  /// finished stage's accumulators to drain, so this shortens that wait (same gradients,
+  /// same results either way).
+  bool early_gradients = true;
   /// Parameter uploads and gradient downloads above this many bytes are cut into chunks of
   /// it (0: whole copies); with priorities on, an activation copy waits at most one chunk.
   /// Tiny values cost one message and one stream callback per chunk (the spec key insists on

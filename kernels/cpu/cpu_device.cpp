@@ -78,6 +78,13 @@ class CpuStream final : public Stream {
   void copy_h2d(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes, 0); }
   void copy_d2h(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes, 1); }
   void then(std::function<void(const std::string&)> cb) override {
+    if (std::this_thread::get_id() == thread_.get_id()) {
+      // inside launch() work (as the CUDA stream's issuer thread records its event there):
+      // everything issued before has run, and the work runs only while no error is kept
+      std::string e;
+      std::swap(e, error_);
+      return cb(e);
+    }
     push(
         [this, cb = std::move(cb)] {
           std::string e;

@@ -123,6 +123,7 @@ WorkerActor::behavior_type fake_worker(WorkerActor::stateful_pointer<FakeWorkerS
       [=](CopyDone&) {},
       [=](FrozenFetched&) {},
       [=](SpillDone&) {},
+      [=](GradsFinal&) {},
       [=](ComputeDone&) {
         auto& st = self->state;
         RunStage rs = std::move(st.tasks.front());
