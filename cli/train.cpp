@@ -56,6 +56,9 @@ bool replaceable_dump(const std::string& file) {
 
 const StopToken* g_stop = nullptr;
 bool g_under_mpi = false;  // launched by mpirun / mpiexec (set before the handlers)
+/// Standard error is a terminal (set before the handlers): the signal lines then start on a
+/// line of their own, after the "^C" the terminal echoed; a log file or pipe gets no blank line.
+bool g_err_tty = false;
 std::string g_first_line;  // what the first signal prints (built before the handlers)
 /// The other replicas on this host, each with the line naming it once it is gone (built
 /// before the handlers: the handler only reads it).
@@ -68,15 +71,17 @@ void write_err(const char* s, size_t n) { [[maybe_unused]] auto r = ::write(2, s
 /// (SIGTERM, then SIGKILL) when one replica dies, which is also the usual source of a
 /// SIGTERM under mpirun.
 std::string first_signal_line(bool under_mpi, int rank) {
+  const char* nl = g_err_tty ? "\n" : "";
   if (!under_mpi)
-    return "\nroundpipe: interrupted: finishing the steps in flight, then saving a checkpoint (Ctrl-C again "
-           "to "
-           "exit now)\n";
+    return fmt::format(
+        "{}roundpipe: interrupted: finishing the steps in flight, then saving a checkpoint (Ctrl-C again to "
+        "exit now)\n",
+        nl);
   return fmt::format(
-      "\nroundpipe: replica {}: stop signal: every replica stops after the same step and replica 0 saves it "
+      "{}roundpipe: replica {}: stop signal: every replica stops after the same step and replica 0 saves it "
       "if "
       "all of them get there (if a replica died, mpirun ends the job first; finished checkpoints are kept)\n",
-      rank);
+      nl, rank);
 }
 
 /// The line naming each replica on this host that ended: mpirun's SIGTERM to the survivors
@@ -100,9 +105,9 @@ void find_local_peers(int rank) {
   for (const LocalReplica& p : local_replicas())
     g_local_peers.emplace_back(
         pid_t(p.pid),
-        fmt::format("\nroundpipe: replica {} ({}, pid {}) ended unexpectedly; mpirun is ending the job, "
+        fmt::format("{}roundpipe: replica {} ({}, pid {}) ended unexpectedly; mpirun is ending the job, "
                     "so replica {} stops without saving (finished checkpoints are kept)\n",
-                    p.rank, host, p.pid, rank));
+                    g_err_tty ? "\n" : "", p.rank, host, p.pid, rank));
 }
 
 /// CLOCK_MONOTONIC of the first stop signal in ns (0: none yet); lock-free, so the handler may
@@ -129,7 +134,7 @@ void on_signal(int) {
       return;
     }
     static const char msg[] = "\nroundpipe: interrupted twice, exiting now\n";
-    write_err(msg, sizeof msg - 1);
+    write_err(msg + (g_err_tty ? 0 : 1), sizeof msg - (g_err_tty ? 1 : 2));
     remove_unfinished_temporaries();  // a half-written file of ours goes with us
     std::_Exit(130);
   }
@@ -370,6 +375,7 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
     };
   StopToken stop;
   g_under_mpi = launched_by_mpi();
+  g_err_tty = ::isatty(2) == 1;
   g_first_line = first_signal_line(g_under_mpi, launcher_rank());
   std::optional<SignalHandlers> startup(std::in_place, on_startup_signal);
   // from the first step on, and while the final checkpoint is written (a Ctrl-C cannot cut it)

@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -252,6 +253,54 @@ void OptimizerStateReader::read_scaler(LossScaler& s) {
     fail(e.what());
   }
   s = loaded;
+}
+
+void OptimizerStateReader::check_extent() {
+  std::error_code ec;
+  const auto size = int64_t(std::filesystem::file_size(path_, ec));
+  if (ec) fail(fmt::format("cannot read the optimizer state's size ({})", ec.message()));
+  const auto start = is_.tellg();
+  const int64_t es = int64_t(dtype_size(h_.lowp_dtype));
+  int64_t pos = int64_t(start);
+  auto short_by = [&](const std::string& where) {
+    fail(fmt::format("truncated optimizer state: the file ends inside {} ({} bytes, at least {} needed)",
+                     where, size, pos));
+  };
+  for (const auto& [name, numel] : h_.groups) {
+    const std::string where = fmt::format("the state of group '{}'", name);
+    char head[32];  // magic, version, flags, step, n (optimizer/adamw.hpp save_state)
+    if (pos + 32 > size) {
+      pos += 32;
+      short_by(where);
+    }
+    is_.seekg(pos);
+    if (!is_.read(head, sizeof head)) fail(fmt::format("cannot read {}", where));
+    uint32_t flags = 0;
+    int64_t n = 0;
+    std::memcpy(&flags, head + 12, 4);
+    std::memcpy(&n, head + 24, 8);
+    if (std::memcmp(head, "RPADAMW1", 8) != 0)
+      fail(fmt::format("corrupted optimizer state: no AdamW state at byte {}, where group '{}' begins", pos,
+                       name));
+    if ((flags & ~3u) || (n != 0 && n != numel))
+      fail(
+          fmt::format("corrupted optimizer state: the AdamW state of group '{}' (flags 0x{:x}, {} moments, "
+                      "expected 0 or {})",
+                      name, flags, n, numel));
+    pos += saved_state_bytes(flags, n) + (h_.has_master ? numel * 4 + 8 : 0) +
+           (h_.has_lowp ? numel * es + 8 : 0);
+    if (pos > size) short_by(where);
+  }
+  pos += (h_.has_scaler ? int64_t(LossScaler::saved_bytes()) : 0) + 8;
+  if (pos > size) short_by("its loss scaler or end marker");
+  if (pos < size)
+    fail(fmt::format("corrupted optimizer state: {} trailing bytes after the end marker", size - pos));
+  char end[8];
+  is_.seekg(pos - 8);
+  if (!is_.read(end, 8) || std::memcmp(end, kEnd, 8) != 0)
+    fail("corrupted optimizer state: the end marker \"RPOPTEND\" is missing");
+  is_.clear();
+  is_.seekg(start);
 }
 
 void OptimizerStateReader::finish() {

@@ -87,6 +87,12 @@ class OptimizerStateReader {
   void read_scaler(LossScaler& s);
   /// The end marker, and nothing after it.
   void finish();
+  /// Right after the constructor, without loading anything (a seek per group): the file's
+  /// size against what the header's groups, the AdamW records' own heads and the flags need,
+  /// and the end marker where they end. Finds truncation and trailing bytes before a caller
+  /// loads a model for the file (a flipped payload byte is found by the checksums while
+  /// reading). The reader is left where the constructor left it.
+  void check_extent();
 
  private:
   void bytes(void* p, size_t n, const char* what);

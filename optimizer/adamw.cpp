@@ -334,6 +334,10 @@ void write_lowp_copy(const float* w, void* out, int64_t n, DType dt, ThreadPool*
   pool->run(parts, piece);
 }
 
+int64_t saved_state_bytes(uint32_t flags, int64_t n) {
+  return 32 + ((flags & 2u) ? int64_t(kOptsBytes) : 0) + n * 4 * ((flags & 1u) ? 3 : 2) + 8;
+}
+
 void save_state(std::ostream& os, const AdamWState& st, const AdamWOptions* opts) {
   const int64_t n = int64_t(st.m.size());
   if (st.v.size() != st.m.size() || (!st.vmax.empty() && st.vmax.size() != st.m.size()))

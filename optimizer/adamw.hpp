@@ -134,6 +134,12 @@ inline constexpr int64_t kMinElemsPerThread = 32768;
 /// for a bit-identical resume. Throws std::runtime_error when the stream fails.
 void save_state(std::ostream& os, const AdamWState& st, const AdamWOptions* opts = nullptr);
 
+/// Bytes save_state writes for a state of n moments with the flags it records (bit 0: vmax,
+/// bit 1: hyper-parameters): the 32-byte head (magic, version, flags, step, n), the
+/// hyper-parameters, the moments and the checksum. Lets a reader check a file's extent
+/// without loading it.
+int64_t saved_state_bytes(uint32_t flags, int64_t n);
+
 /// Reads a state written by save_state into `st` (replacing it). `expected_n` is the
 /// parameter count of the group it is loaded for (-1: accept any). Throws
 /// std::runtime_error with a one-line reason on a bad magic / version, a size mismatch

@@ -84,6 +84,8 @@ bool LossScaler::update(bool found_inf, float scale_used) {
   return true;
 }
 
+size_t LossScaler::saved_bytes() { return 8 + kRecordBytes + 8; }
+
 void LossScaler::save(std::ostream& os) const {
   unsigned char b[kRecordBytes];
   pack(Record{scale_, opt_.growth_factor, opt_.backoff_factor, opt_.growth_interval, tracker_, skipped_,

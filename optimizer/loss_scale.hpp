@@ -53,6 +53,8 @@ class LossScaler {
   /// growth_interval, tracker, skipped, applied (i64), XXH3-64 checksum (u64). Throws
   /// std::runtime_error when the stream fails.
   void save(std::ostream& os) const;
+  /// Bytes save() writes (magic, record, checksum): the same for every scaler.
+  static size_t saved_bytes();
   /// Replaces *this with a saved scaler; throws std::runtime_error (one line) on a bad
   /// magic, truncation, checksum mismatch or out-of-range values, leaving *this unchanged.
   void load(std::istream& is);

@@ -16,6 +16,7 @@
 #include "base/counted.hpp"
 #include "base/json_text.hpp"
 #include "base/output_folder.hpp"
+#include "formats/optimizer_state.hpp"
 #include "model/config.hpp"
 #include "roundpipe/adapter.hpp"
 #include "trainer/run_setup.hpp"
@@ -246,6 +247,16 @@ std::optional<ResumePoint> check_resume(const TrainSpec& spec) {
       }
     throw std::invalid_argument(
         fmt::format("{}: the trainer state of checkpoint {}; resume from {}{}", r.dir, ckpt, ckpt, damaged));
+  } else if (const fs::path p(r.dir);
+             p.filename() == "state" && !checkpoints_in(p.parent_path().string()).empty()) {
+    // <out>/state: the trainer states of a run's checkpoints, which resume from <out>/<checkpoint>
+    const std::string out = p.parent_path().string();
+    const std::string n = newest_resumable_checkpoint(out, checkpoints_in(out));
+    throw std::invalid_argument(
+        n.empty()
+            ? fmt::format("{}: the trainer states of the run in {}, none of whose checkpoints can be resumed",
+                          r.dir, out)
+            : fmt::format("{}: the trainer states of the run in {}; resume from {}/{}", r.dir, out, out, n));
   } else if (const auto inside = checkpoints_in(r.dir); !inside.empty()) {
     const std::string n = newest_resumable_checkpoint(r.dir, inside);
     throw std::invalid_argument(
@@ -265,6 +276,8 @@ std::optional<ResumePoint> check_resume(const TrainSpec& spec) {
   if (!fs::exists(r.optimizer_file, ec))
     throw std::runtime_error(fmt::format("{}: missing (expected the optimizer state next to {})",
                                          r.optimizer_file, kRunStateFile));
+  // a truncated or extended file is refused here, before the model loads for it
+  OptimizerStateReader(r.optimizer_file).check_extent();
   if (!spec.epochs && r.saved.step >= spec.steps)  // with epochs the run checks once the data gives its steps
     throw std::invalid_argument(
         fmt::format("{}: the checkpoint is at step {} and the spec trains {}; nothing "

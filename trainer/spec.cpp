@@ -169,6 +169,16 @@ void read_compute_keys(const JsonFields& f, TrainSpec& s) {
   check_expert_gemm(f, s);
 }
 
+/// The stages themselves are checked against the model once it is open; {} (which once meant
+/// the uniform default plan) and a non-object are refused before anything loads.
+void check_plan_shape(const JsonFields& f, const TrainSpec& s) {
+  if (!s.plan.is_null() && (!s.plan.is_object() || s.plan.empty()))
+    f.fail("plan",
+           "an object with \"forward\", \"tail\" and \"backward\" stages, or one or more of "
+           "\"forward_layers\", \"backward_layers\", \"tail_decoders\" (leave it out for the automatic plan)",
+           s.plan);
+}
+
 /// Resuming, watchdogs, non-finite steps, replicas and an explicit plan.
 void read_run_control_keys(const JsonFields& f, TrainSpec& s) {
   f.optional("resume_from", s.resume_from);
@@ -182,6 +192,7 @@ void read_run_control_keys(const JsonFields& f, TrainSpec& s) {
   f.optional("replica_timeout_s", s.replica_timeout_s);
   if (f.has("resume_from") && s.resume_from.empty()) f.fail("resume_from", "a checkpoint folder");
   if (f.has("plan")) s.plan = f.at("plan");
+  check_plan_shape(f, s);  // here too, so that an error of a --set value names the setting
 }
 
 void read_scalars(const JsonFields& f, TrainSpec& s) {
@@ -418,13 +429,7 @@ void validate_spec(const TrainSpec& s) {
   if (s.merge_adapters && !s.lora && s.adapter.empty())
     f.fail("merge_adapters", "false without \"lora\" or \"adapter\"", true);
   check_fp8_weight_gradients(f, s);
-  // the stages themselves are checked against the model once it is open; {} (which once meant
-  // the uniform default plan) and a non-object are refused before anything loads
-  if (!s.plan.is_null() && (!s.plan.is_object() || s.plan.empty()))
-    f.fail("plan",
-           "an object with \"forward\", \"tail\" and \"backward\" stages, or one or more of "
-           "\"forward_layers\", \"backward_layers\", \"tail_decoders\" (leave it out for the automatic plan)",
-           s.plan);
+  check_plan_shape(f, s);
   try {
     LrSchedule sched = s.lr_schedule;  // with epochs, total_steps 0 follows the derived steps
     if (s.epochs && sched.total_steps == 0) sched.total_steps = std::max<int64_t>(1, sched.warmup_steps);

@@ -164,6 +164,10 @@ TEST(CliResume, TwoSignalsWithinASecondStopOnceAndSave) {
   EXPECT_EQ(slurp(d / "rc.txt"), "130\n") << err;
   EXPECT_EQ(err.find("interrupted twice"), std::string::npos) << err;
   EXPECT_NE(err.find("checkpoint-"), std::string::npos) << err;
+  // stderr is a file, not a terminal that echoed "^C": no blank line before the signal's line
+  EXPECT_NE(err.find("roundpipe: interrupted: finishing"), std::string::npos) << err;
+  EXPECT_EQ(err.find("\n\nroundpipe: interrupted"), std::string::npos) << err;
+  EXPECT_NE(err.front(), '\n') << err;
   // a run whose stop waits (a step stuck on a 1 KB/s emulated link, stop_timeout_s 60): a second
   // signal 1.5 s after the first ends it at once
   write(d / "slow.json", spec_for(model, d / "data.jsonl", d / "b",
@@ -179,6 +183,7 @@ TEST(CliResume, TwoSignalsWithinASecondStopOnceAndSave) {
   err = slurp(d / "err.txt");
   EXPECT_EQ(slurp(d / "rc.txt"), "130\n") << err;
   EXPECT_NE(err.find("interrupted twice, exiting now"), std::string::npos) << err;
+  EXPECT_EQ(err.find("\n\nroundpipe: interrupted"), std::string::npos) << err;
   EXPECT_LT(seconds, 20.0) << err;
   fs::remove_all(d);
 }
@@ -249,8 +254,21 @@ TEST(CliResume, UnsuitableCheckpointsGiveOneLineNamingTheFile) {
   const fs::path st = d / "state/t";
   fs::create_directories(st.parent_path());
   fs::copy(state_of(ck), st, fs::copy_options::recursive);
-  fs::resize_file(st / "optimizer_state.bin", fs::file_size(st / "optimizer_state.bin") / 2);
-  expect_one_line_error(resume(d / "t"), "optimizer_state.bin: truncated");
+  const auto full = fs::file_size(st / "optimizer_state.bin");
+  {  // one byte added: refused before the model loads, nothing on stdout
+    std::ofstream(st / "optimizer_state.bin", std::ios::binary | std::ios::app) << 'x';
+    const CliRun r = resume(d / "t");
+    expect_one_line_error(r, "optimizer_state.bin: corrupted optimizer state: 1 trailing bytes");
+    EXPECT_EQ(r.out, "") << "printed before the refusal";
+  }
+  for (auto size : {full / 2, full - 3}) {  // inside a group's state, inside the end marker
+    fs::copy_file(state_of(ck) / "optimizer_state.bin", st / "optimizer_state.bin",
+                  fs::copy_options::overwrite_existing);
+    fs::resize_file(st / "optimizer_state.bin", size);
+    const CliRun r = resume(d / "t");
+    expect_one_line_error(r, "optimizer_state.bin: truncated");
+    EXPECT_EQ(r.out, "") << "printed before the refusal (size " << size << " of " << full << ")";
+  }
   fs::remove(st / "optimizer_state.bin");
   expect_one_line_error(resume(d / "t"), "optimizer_state.bin: missing");
   // damaged trainer state

@@ -114,6 +114,11 @@ TEST(CliSettings, SetAndShorthandsReachTheSpecAndErrorsNameThem) {
                         "--lr fast: key 'optimizer.lr': expected a number, got \"fast\"");
   expect_one_line_error(roundpipe("train " + spec + " --set wokers=2", d),
                         "--set wokers=2: unknown key 'wokers'");
+  {  // a plan of the wrong shape is refused before the model loads, naming the setting
+    const CliRun r = roundpipe("train " + spec + " --set 'plan={}'", d);
+    expect_one_line_error(r, "--set plan={}: key 'plan': expected an object with \"forward\"");
+    EXPECT_EQ(r.out, "") << "printed before the refusal";
+  }
   // no KEY=VALUE at all: a usage error, exit 2 (it used to exit 1 like a bad value)
   for (const char* bad : {" --set steps", " --set =4"}) {
     const CliRun r = roundpipe("train " + spec + bad, d);

@@ -4,6 +4,7 @@
 // naming the file.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -151,6 +152,34 @@ TEST(OptimizerStateFile, DamagedAndOldFilesAreOneLineNamingTheFile) {
   expect_error(flip, "checksum mismatch");
   expect_error(good.substr(0, good.size() - 3), "end marker");
   expect_error(good + "x", "trailing bytes");
+  // the extent check alone (no group loaded) finds truncation anywhere and trailing bytes
+  auto extent_error = [&](const std::string& bytes) -> std::string {
+    const std::string bad = dir / "extent.bin";
+    std::ofstream(bad, std::ios::binary | std::ios::trunc) << bytes;
+    try {
+      OptimizerStateReader(bad).check_extent();
+      return "";
+    } catch (const std::runtime_error& e) {
+      EXPECT_EQ(std::string(e.what()).rfind(bad + ": ", 0), 0u) << e.what();
+      return e.what();
+    }
+  };
+  EXPECT_EQ(extent_error(good), "");
+  for (size_t cut : {good.size() / 3, good.size() / 2, good.size() - 20, good.size() - 3, good.size() - 1})
+    EXPECT_NE(extent_error(good.substr(0, cut)).find("truncated optimizer state"), std::string::npos) << cut;
+  EXPECT_NE(extent_error(good + "xyz").find("3 trailing bytes"), std::string::npos);
+  std::string marker = good;
+  marker[good.size() - 1] ^= 1;
+  EXPECT_NE(extent_error(marker).find("end marker"), std::string::npos);
+  std::string moments = good;  // the first group's AdamW moment count, 24 bytes into its record
+  const size_t rec = good.find("RPADAMW1");
+  ASSERT_NE(rec, std::string::npos);
+  moments[rec + 24] ^= 4;
+  EXPECT_NE(extent_error(moments).find("corrupted optimizer state: the AdamW state of group"),
+            std::string::npos);
+  std::string zeros = good;  // the rest of the file zeroed from the first group on
+  std::fill(zeros.begin() + long(rec), zeros.end(), '\0');
+  EXPECT_NE(extent_error(zeros).find("no AdamW state at byte"), std::string::npos);
   expect_error("RPOPTSTx", "not a RoundPipe optimizer state");
   // another model's groups
   State other;

@@ -316,6 +316,14 @@ TEST(Trainer, AFreshRunIntoAFolderWithCheckpointsIsRefusedUnlessTold) {
     EXPECT_EQ(m, (out / "state" / "final").string() + ": the trainer state of checkpoint " +
                      (out / "final").string() + "; resume from " + (out / "final").string());
   }
+  // and from the state folder of the whole run names the run's checkpoint, not one inside it
+  from_folder.resume_from = (out / "state").string();
+  {
+    const std::string m = refusal(from_folder, "resumed from the run's state folder");
+    EXPECT_EQ(m, (out / "state").string() + ": the trainer states of the run in " + out.string() +
+                     "; resume from " + (out / "final").string());
+  }
+  from_folder.resume_from = (out / "state" / "final").string();
   // a damaged state file there is named with what is wrong, besides the checkpoint to resume from
   const fs::path state_file = out / "state" / "final" / "roundpipe_state.json";
   const std::string state_text = bytes_of(state_file);
