@@ -139,9 +139,11 @@ int int_of(const nlohmann::json& j, const char* key, int dflt, const std::string
 }
 }  // namespace
 
-IterationPlan plan_from_json(const nlohmann::json& j, int num_layers, int num_workers,
-                             const std::string& where) {
-  if (j.is_null()) return make_default_plan(num_layers, num_workers);
+namespace {
+/// check_plan_json but for the uniform form's counts (plan_from_json checks those against the
+/// model, with the range in the message).
+void check_plan_form(const nlohmann::json& j, const std::string& where) {
+  if (j.is_null()) return;
   if (!j.is_object()) throw std::invalid_argument(where + ": expected an object");
   // {} is no plan anyone gives on purpose (it once meant the uniform default plan)
   if (j.empty())
@@ -164,12 +166,33 @@ IterationPlan plan_from_json(const nlohmann::json& j, int num_layers, int num_wo
         throw std::invalid_argument(fmt::format(
             "{}: key '{}' does not go with explicit forward/tail/backward stages (give one or the other)",
             where, k));
-    IterationPlan p;
-    p.num_layers = num_layers;
     for (const char* k : {"forward", "tail", "backward"})
       if (!j.contains(k)) throw std::invalid_argument(fmt::format("{}: missing key '{}'", where, k));
     if (!j["forward"].is_array() || !j["backward"].is_array())
       throw std::invalid_argument(where + ": 'forward' and 'backward' must be arrays of [a, b] pairs");
+    for (auto& r : j["forward"]) range_of(r, where + ".forward");
+    range_of(j["tail"], where + ".tail");
+    for (auto& r : j["backward"]) range_of(r, where + ".backward");
+  }
+}
+}  // namespace
+
+void check_plan_json(const nlohmann::json& j, const std::string& where) {
+  check_plan_form(j, where);
+  if (j.is_null() || j.contains("forward")) return;
+  for (auto [key, least] : {std::pair{"forward_layers", 1}, {"backward_layers", 1}, {"tail_decoders", 0}})
+    if (j.contains(key) && int_of(j, key, 0, where) < least)
+      throw std::invalid_argument(
+          fmt::format("{}: key '{}': expected an integer >= {}, got {}", where, key, least, j[key].dump()));
+}
+
+IterationPlan plan_from_json(const nlohmann::json& j, int num_layers, int num_workers,
+                             const std::string& where) {
+  if (j.is_null()) return make_default_plan(num_layers, num_workers);
+  check_plan_form(j, where);
+  if (j.contains("forward")) {
+    IterationPlan p;
+    p.num_layers = num_layers;
     for (auto& r : j["forward"]) {
       auto [a, b] = range_of(r, where + ".forward");
       p.stages.push_back({StageKind::forward, a, b});

@@ -17,6 +17,7 @@
 #include "data/chat_template.hpp"
 #include "kernels/weight_format.hpp"
 #include "roundpipe/adapter.hpp"
+#include "roundpipe/plan.hpp"
 #include "trainer/spec_data.hpp"
 #include "trainer/spec_sections.hpp"
 
@@ -177,6 +178,11 @@ void check_plan_shape(const JsonFields& f, const TrainSpec& s) {
            "an object with \"forward\", \"tail\" and \"backward\" stages, or one or more of "
            "\"forward_layers\", \"backward_layers\", \"tail_decoders\" (leave it out for the automatic plan)",
            s.plan);
+  try {  // what needs no model: its keys, forms and counts
+    check_plan_json(s.plan, "key 'plan'");
+  } catch (const std::invalid_argument& e) {
+    f.fail_with(e.what());
+  }
 }
 
 /// Resuming, watchdogs, non-finite steps, replicas and an explicit plan.

@@ -69,4 +69,10 @@ IterationPlan make_default_plan(int num_layers, int num_workers);
 IterationPlan plan_from_json(const nlohmann::json& j, int num_layers, int num_workers,
                              const std::string& where);
 
+/// What plan_from_json checks without the model: an object (or null), not empty, only its
+/// keys, one of the two forms, the explicit form's stages as [a, b] pairs of integers, the
+/// uniform form's counts as integers (forward_layers and backward_layers >= 1, tail_decoders
+/// >= 0). Lets a spec be refused before a model loads; errors as plan_from_json's.
+void check_plan_json(const nlohmann::json& j, const std::string& where);
+
 }  // namespace rp

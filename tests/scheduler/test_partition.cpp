@@ -260,6 +260,30 @@ TEST(Partition, InvalidExplicitPlansAreRejectedWithTheReason) {
   expect_reason({{"forward", {{0, 4294967300LL}}}, {"tail", {6, 7}}, {"backward", {{5, 0}}}},
                 "pair of layer indices");
   expect_reason({{"forward_layers", 4294967298LL}}, "key 'forward_layers': expected an integer");
+  // without a model: what check_plan_json refuses, the model-free part of the checks above
+  auto model_free = [](const nlohmann::json& j) -> std::string {
+    try {
+      check_plan_json(j, "spec.plan");
+      return "";
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+  };
+  EXPECT_EQ(model_free(nullptr), "");
+  EXPECT_EQ(model_free({{"forward_layers", 100}, {"tail_decoders", 0}}), "") << "the range needs the model";
+  EXPECT_EQ(model_free({{"forward", {{0, 8}}}, {"tail", {9, 9}}, {"backward", {{8, 0}}}}), "");
+  EXPECT_EQ(model_free({{"forward_layers", 0}}),
+            "spec.plan: key 'forward_layers': expected an integer >= 1, got 0");
+  EXPECT_EQ(model_free({{"tail_decoders", -1}}),
+            "spec.plan: key 'tail_decoders': expected an integer >= 0, got -1");
+  EXPECT_NE(model_free({{"forward_layers", 2}, {"tail", {6, 7}}}).find("does not go with explicit"),
+            std::string::npos);
+  EXPECT_NE(model_free({{"forward", {{0, 5}}}, {"tail", {6, 7}}}).find("missing key 'backward'"),
+            std::string::npos);
+  EXPECT_NE(model_free({{"forward", {{0, 4294967300LL}}}, {"tail", {6, 7}}, {"backward", {{5, 0}}}})
+                .find("pair of layer indices"),
+            std::string::npos);
+  EXPECT_NE(model_free(nlohmann::json::object()).find("the plan is empty"), std::string::npos);
   // a uniform-plan key next to explicit stages used to be ignored
   expect_reason({{"forward_layers", 2}, {"forward", {{0, 5}}}, {"tail", {6, 7}}, {"backward", {{5, 0}}}},
                 "key 'forward_layers' does not go with explicit");
