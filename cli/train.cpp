@@ -167,7 +167,7 @@ void on_signal(int) {
 void on_startup_signal(int) {
   static const char msg[] =
       "\nroundpipe: stop signal before the first step: exiting (nothing was trained or saved)\n";
-  write_err(msg, sizeof msg - 1);
+  write_err(msg + (g_err_tty ? 0 : 1), sizeof msg - (g_err_tty ? 1 : 2));
   remove_unfinished_temporaries();  // e.g. a disk tier's cache being built
   remove_recorded_folders();        // the output folders the run made, while still empty
   std::_Exit(130);

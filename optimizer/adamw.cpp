@@ -158,7 +158,17 @@ void check_state_vec(const FloatVec& vec, int64_t n, const char* name) {
 
 // ---- serialisation -------------------------------------------------------------------
 constexpr char kMagic[8] = {'R', 'P', 'A', 'D', 'A', 'M', 'W', '1'};
-constexpr uint32_t kVersion = 2;  // 1: FNV-1a checksum
+// 1: FNV-1a checksum (refused); 2: the checksum left out flags, step and n (read); 3: it covers them
+constexpr uint32_t kVersion = 3;
+
+/// The bytes of flags, step and n as written, for the checksum of a version-3 state.
+void add_head(Checksum& c, uint32_t flags, int64_t step, int64_t n) {
+  unsigned char b[20];
+  std::memcpy(b, &flags, 4);
+  std::memcpy(b + 4, &step, 8);
+  std::memcpy(b + 12, &n, 8);
+  c.update(b, sizeof b);
+}
 
 void add(Checksum& c, const FloatVec& v) { c.update(v.data(), v.size() * sizeof(float)); }
 
@@ -345,10 +355,12 @@ void save_state(std::ostream& os, const AdamWState& st, const AdamWOptions* opts
                                          st.v.size(), st.vmax.size()));
   os.write(kMagic, sizeof kMagic);
   put(os, kVersion);
-  put(os, uint32_t(st.vmax.empty() ? 0u : 1u) | uint32_t(opts ? 2u : 0u));
+  const uint32_t flags = uint32_t(st.vmax.empty() ? 0u : 1u) | uint32_t(opts ? 2u : 0u);
+  put(os, flags);
   put(os, st.step);
   put(os, n);
   Checksum sum;
+  add_head(sum, flags, st.step, n);
   if (opts) {
     unsigned char b[kOptsBytes];
     pack_opts(*opts, b);
@@ -371,9 +383,10 @@ void load_state(std::istream& is, AdamWState& st, int64_t expected_n, AdamWOptio
   if (!std::equal(magic, magic + sizeof magic, kMagic))
     throw std::runtime_error("load_state: not an AdamW state (bad magic, expected \"RPADAMW1\")");
   const auto version = get<uint32_t>(is, "the version");
-  if (version != kVersion)
+  if (version != 2 && version != kVersion)
     throw std::runtime_error(
-        fmt::format("load_state: unsupported version {} (this build reads {})", version, kVersion));
+        fmt::format("load_state: unsupported version {} (this build reads 2 and {}; corrupted state?)",
+                    version, kVersion));
   const auto flags = get<uint32_t>(is, "the flags");
   if (flags & ~3u) throw std::runtime_error(fmt::format("load_state: unknown flags 0x{:x}", flags));
   const auto step = get<int64_t>(is, "the step");
@@ -384,6 +397,7 @@ void load_state(std::istream& is, AdamWState& st, int64_t expected_n, AdamWOptio
     throw std::runtime_error(
         fmt::format("load_state: size mismatch: expected {} parameters, file has {}", expected_n, n));
   Checksum sum;
+  if (version >= 3) add_head(sum, flags, step, n);  // a damaged step or count shows
   unsigned char ob[kOptsBytes];
   if (flags & 2u) {
     if (!is.read(reinterpret_cast<char*>(ob), kOptsBytes))

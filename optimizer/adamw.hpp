@@ -123,12 +123,13 @@ void write_lowp_copy(const float* w, void* out, int64_t n, DType dtype, ThreadPo
 /// Elements per piece below which adamw_update / sum_of_squares stay on fewer threads.
 inline constexpr int64_t kMinElemsPerThread = 32768;
 
-/// Writes `st` in a little-endian binary format: magic "RPADAMW1", version (u32, 2),
+/// Writes `st` in a little-endian binary format: magic "RPADAMW1", version (u32, 3),
 /// flags (u32, bit 0: vmax present, bit 1: hyper-parameters present), step (i64), n (i64),
 /// [hyper-parameters: lr, beta1, beta2, eps, weight_decay as f64, then u32 bits
 /// decoupled | amsgrad << 1 | maximize << 2], then m, v and (if present) vmax as n raw fp32
-/// each, then the XXH3-64 checksum of the hyper-parameter bytes and the float payload
-/// (version 1 had an FNV-1a checksum and is refused).
+/// each, then the XXH3-64 checksum of the flags, step and n bytes, the hyper-parameter bytes
+/// and the float payload (version 2, still read, left flags, step and n out of it, so a
+/// damaged step loaded silently; version 1 had an FNV-1a checksum and is refused).
 /// `opts` (optional) records the group's hyper-parameters with the state.
 /// The fp32 master weights are not part of the state: save them separately (bit-exact)
 /// for a bit-identical resume. Throws std::runtime_error when the stream fails.

@@ -170,7 +170,10 @@ bool resumable_checkpoint(const std::string& dir) {
     return false;
   try {
     const TrainerState saved = read_trainer_state(sd + "/" + kRunStateFile);
-    return saved.weights_xxh3.empty() || saved.weights_xxh3 == weights_checksum(dir);
+    if (!saved.weights_xxh3.empty() && saved.weights_xxh3 != weights_checksum(dir)) return false;
+    OptimizerStateReader(sd + "/" + kOptimizerStateFile)
+        .check_extent();  // truncated or extended: not this one
+    return true;
   } catch (const std::exception&) {
     return false;
   }
@@ -225,6 +228,9 @@ std::optional<ResumePoint> check_resume(const TrainSpec& spec) {
   if (!fs::is_directory(r.dir, ec))
     throw std::invalid_argument(fmt::format("{}: cannot resume: not a checkpoint folder", r.dir));
   const std::string sd = state_dir_of(r.dir);
+  if ((void)fs::status(sd + "/" + kRunStateFile, ec);
+      ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory)
+    throw std::runtime_error(fmt::format("{}/{}: cannot reach ({})", sd, kRunStateFile, ec.message()));
   if (fs::exists(sd + "/" + kRunStateFile, ec)) {
     r.saved = read_trainer_state(sd + "/" + kRunStateFile);
     r.optimizer_file = sd + "/" + kOptimizerStateFile;
@@ -248,6 +254,13 @@ std::optional<ResumePoint> check_resume(const TrainSpec& spec) {
     throw std::invalid_argument(
         fmt::format("{}: the trainer state of checkpoint {}; resume from {}{}", r.dir, ckpt, ckpt, damaged));
   } else if (const fs::path p(r.dir);
+             p.parent_path().filename() == "state" && fs::exists(p / kRunStateFile, ec)) {
+    // <out>/state/<name> without <out>/<name>: the weights it belongs to are gone
+    throw std::invalid_argument(
+        fmt::format("{}: the trainer state of checkpoint {}, which is missing (nothing to "
+                    "resume there)",
+                    r.dir, (p.parent_path().parent_path() / p.filename()).string()));
+  } else if (const fs::path p(r.dir);
              p.filename() == "state" && !checkpoints_in(p.parent_path().string()).empty()) {
     // <out>/state: the trainer states of a run's checkpoints, which resume from <out>/<checkpoint>
     const std::string out = p.parent_path().string();
@@ -266,6 +279,9 @@ std::optional<ResumePoint> check_resume(const TrainSpec& spec) {
                   "resumed (their trainer state is missing or belongs to other weights)",
                   r.dir, fmt::join(inside, ", "))
             : fmt::format("{}: a run's output folder, not a checkpoint; resume from {}/{}", r.dir, r.dir, n));
+  } else if (fs::exists(fs::path(r.dir) / kRunMarkerFile, ec)) {
+    throw std::invalid_argument(
+        fmt::format("{}: a run's output folder with no checkpoint in it (nothing to resume)", r.dir));
   } else {
     throw std::runtime_error(
         fmt::format("{}/{}: missing; {} is not a resumable checkpoint (roundpipe train keeps the state of "

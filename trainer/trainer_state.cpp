@@ -207,7 +207,16 @@ void write_trainer_state(const std::string& path, const TrainerState& s) {
 }
 
 TrainerState read_trainer_state(const std::string& path) {
+  std::error_code ec;
+  if (const auto st = std::filesystem::status(path, ec); !ec && std::filesystem::exists(st)) {
+    if (std::filesystem::is_directory(st))
+      throw std::runtime_error(path + ": a folder, not the trainer state file");
+    if (!std::filesystem::is_regular_file(st))  // a FIFO would block the read forever
+      throw std::runtime_error(path + ": not a regular file (a device, FIFO or socket)");
+  }
   std::ifstream in(path);
+  if (!in && std::filesystem::exists(path, ec))
+    throw std::runtime_error(fmt::format("{}: cannot open ({})", path, std::strerror(errno)));
   if (!in) {
     const std::string dir = std::filesystem::path(path).parent_path().string();
     throw std::runtime_error(

@@ -3,6 +3,7 @@
 // GPUs; checkpoints carry the optimizer and trainer state; broken or unsuitable checkpoints give
 // one line naming the file.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <chrono>
 #include <set>
@@ -271,6 +272,20 @@ TEST(CliResume, UnsuitableCheckpointsGiveOneLineNamingTheFile) {
   }
   fs::remove(st / "optimizer_state.bin");
   expect_one_line_error(resume(d / "t"), "optimizer_state.bin: missing");
+  // not a regular file: a FIFO used to block the resume forever, a folder read as "not a state"
+  ASSERT_EQ(::mkfifo((st / "optimizer_state.bin").c_str(), 0600), 0);
+  expect_one_line_error(resume(d / "t"),
+                        "optimizer_state.bin: not a regular file (a device, FIFO or socket)");
+  fs::remove(st / "optimizer_state.bin");
+  fs::create_directory(st / "optimizer_state.bin");
+  expect_one_line_error(resume(d / "t"), "optimizer_state.bin: a folder, not the optimizer state file");
+  fs::remove(st / "optimizer_state.bin");
+  fs::rename(st / "roundpipe_state.json", st / "state.keep");
+  ASSERT_EQ(::mkfifo((st / "roundpipe_state.json").c_str(), 0600), 0);
+  expect_one_line_error(resume(d / "t"),
+                        "roundpipe_state.json: not a regular file (a device, FIFO or socket)");
+  fs::remove(st / "roundpipe_state.json");
+  fs::rename(st / "state.keep", st / "roundpipe_state.json");
   // damaged trainer state
   fs::copy(state_of(ck) / "optimizer_state.bin", st / "optimizer_state.bin");
   auto ts = nlohmann::json::parse(bytes_of(state_of(ck) / "roundpipe_state.json"));

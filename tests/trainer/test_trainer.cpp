@@ -323,6 +323,31 @@ TEST(Trainer, AFreshRunIntoAFolderWithCheckpointsIsRefusedUnlessTold) {
     EXPECT_EQ(m, (out / "state").string() + ": the trainer states of the run in " + out.string() +
                      "; resume from " + (out / "final").string());
   }
+  // a final checkpoint whose optimizer state is truncated is not the one suggested
+  const fs::path opt_file = out / "state" / "final" / "optimizer_state.bin";
+  const std::string opt_bytes = bytes_of(opt_file);
+  write(opt_file, opt_bytes.substr(0, opt_bytes.size() / 2));
+  {
+    const std::string m = refusal(from_folder, "resumed from the run's state folder, final damaged");
+    EXPECT_EQ(m, (out / "state").string() + ": the trainer states of the run in " + out.string() +
+                     "; resume from " + (out / "checkpoint-1").string());
+  }
+  write(opt_file, opt_bytes);
+  // the state of a checkpoint whose weights folder is gone says so
+  fs::rename(out / "final", d / "final.keep");
+  from_folder.resume_from = (out / "state" / "final").string();
+  {
+    const std::string m = refusal(from_folder, "resumed from the state of a removed checkpoint");
+    EXPECT_EQ(m, (out / "state" / "final").string() + ": the trainer state of checkpoint " +
+                     (out / "final").string() + ", which is missing (nothing to resume there)");
+  }
+  fs::rename(d / "final.keep", out / "final");
+  // a run's output folder with no checkpoint left in it (only its record and metrics)
+  fs::create_directories(d / "bare");
+  fs::copy_file(out / "roundpipe_run.json", d / "bare" / "roundpipe_run.json");
+  from_folder.resume_from = (d / "bare").string();
+  EXPECT_EQ(refusal(from_folder, "resumed from a run folder without checkpoints"),
+            (d / "bare").string() + ": a run's output folder with no checkpoint in it (nothing to resume)");
   from_folder.resume_from = (out / "state" / "final").string();
   // a damaged state file there is named with what is wrong, besides the checkpoint to resume from
   const fs::path state_file = out / "state" / "final" / "roundpipe_state.json";
