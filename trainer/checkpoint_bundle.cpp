@@ -276,7 +276,8 @@ std::optional<ResumePoint> check_resume(const TrainSpec& spec) {
         n.empty()
             ? fmt::format(
                   "{}: a run's output folder, not a checkpoint, and none of its checkpoints ({}) can be "
-                  "resumed (their trainer state is missing or belongs to other weights)",
+                  "resumed (their trainer state is missing or belongs to other weights, or their optimizer "
+                  "state is damaged)",
                   r.dir, fmt::join(inside, ", "))
             : fmt::format("{}: a run's output folder, not a checkpoint; resume from {}/{}", r.dir, r.dir, n));
   } else if (fs::exists(fs::path(r.dir) / kRunMarkerFile, ec)) {
