@@ -4,10 +4,12 @@
 
 #include <filesystem>
 #include <string_view>
+#include <utility>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "base/atomic_file.hpp"
 #include "base/counted.hpp"
 #include "base/error_text.hpp"
 #include "base/output_folder.hpp"  // kPathQuoteBytes
@@ -120,13 +122,23 @@ void TrainingRun::setup() {
     if (spec_.overwrite_output_dir && !resume_)
       if (const std::string line = clear_earlier_run(spec_); !line.empty()) spdlog::info("{}", line);
     wrote_run_marker_ = mark_output_dir(spec_);
+    // a stop signal before the first step (the CLI's startup handler, which leaves at once)
+    // takes the record back with the folders the run made; from the first step on it stays
+    if (wrote_run_marker_) until_ready_.push_back(record_unfinished_file(path(kRunMarkerFile)));
     metrics_ = std::make_unique<MetricsFile>(path("metrics.csv"), start_, replica_count() > 1);
+    if (start_ == 0) until_ready_.push_back(record_unfinished_file(path("metrics.csv")));  // its header only
     if (spec_.metrics_jsonl)
       jsonl_ = std::make_unique<MetricsJsonl>(
           spec_.metrics_jsonl->empty() ? path("metrics.jsonl") : *spec_.metrics_jsonl, start_,
           replica_count() > 1);
   }
-  if (spec_.tensorboard && leader()) tb_ = std::make_unique<TensorBoardWriter>(path("tensorboard"));
+  if (spec_.tensorboard && leader()) {
+    std::error_code ec;
+    const bool new_folder = !std::filesystem::exists(path("tensorboard"), ec);
+    tb_ = std::make_unique<TensorBoardWriter>(path("tensorboard"));
+    until_ready_.push_back(record_unfinished_file(tb_->path()));  // its version event only
+    if (new_folder) until_ready_.push_back(record_unfinished_file(path("tensorboard")));
+  }
   if (session_->device_name().rfind("cuda", 0) == 0) {
     // training FLOPs per token (model/model_flops.hpp: 6 per trained matmul weight, 4 per
     // frozen one, the router and top-k experts of a sparse layer, and the attention), as
@@ -136,7 +148,17 @@ void TrainingRun::setup() {
   }
   reported_ = start_ - 1;
   clock_.emplace(start_, spec_.steps);
-  if (cb_.on_ready) cb_.on_ready();
+  auto ready = [this] {  // from here on the files stay, also when on_ready throws
+    for (int h : std::exchange(until_ready_, {}))
+      if (h >= 0) forget_unfinished_file(h);
+  };
+  try {
+    if (cb_.on_ready) cb_.on_ready();
+  } catch (...) {
+    ready();
+    throw;
+  }
+  ready();
 }
 
 namespace {

@@ -92,6 +92,11 @@ class TrainingRun {
   void log_scalars(const StepReport& s);
   int64_t start_ = 0;              // steps done before this run
   bool wrote_run_marker_ = false;  // this run wrote the folder's roundpipe_run.json
+  /// Until on_ready returns: record_unfinished_file handles of the files a fresh run wrote into
+  /// its output folder (its record, metrics.csv's header, the TensorBoard file's version event
+  /// and the folder made for it), which a stop signal before the first
+  /// step removes with the folders the run made (the CLI's startup handler leaves at once).
+  std::vector<int> until_ready_;
   void drop_lone_run_marker();
   OutputDirLock output_lock_;  // the leader's, for the whole run
   int64_t reported_ = -1;      // last step reported

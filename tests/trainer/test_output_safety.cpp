@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/atomic_file.hpp"
+#include "base/output_folder.hpp"
 #include "roundpipe/trainer.hpp"
 #include "tests/cli/cli_util.hpp"
 #include "tests/in_folder.hpp"
@@ -485,6 +486,35 @@ TEST(OutputSafety, ARunFailingBeforeItsFirstStepRemovesOnlyTheFoldersItMade) {
   cb.on_ready = [] { throw std::runtime_error("an error before the first step"); };
   EXPECT_THROW(rp::Trainer(late).run(cb), std::runtime_error);
   EXPECT_FALSE(fs::exists(d / "late")) << "its files and the folders it made go";
+  fs::remove_all(d);
+}
+
+// The CLI's handler of a stop signal before the first step removes the files recorded as
+// unfinished and the (then empty) folders the run made, and leaves at once: at the last moment
+// it can come (on_ready), a fresh run's record and metrics.csv are among those files, so nothing
+// is left (the record used to stay, and with it the folder).
+TEST(OutputSafety, AStopSignalBeforeTheFirstStepLeavesNoFolder) {
+  GTEST_FLAG_SET(death_test_style, "fast");  // the child runs the statement in this test's folder
+  auto d = tmpdir();
+  rp::TrainSpec s = spec_into(d, d / "sig" / "out", 2);
+  rp::TrainerCallbacks cb;
+  cb.on_ready = [] {
+    rp::remove_unfinished_temporaries();
+    rp::remove_recorded_folders();
+    std::_Exit(130);
+  };
+  EXPECT_EXIT(rp::Trainer(s).run(cb), ::testing::ExitedWithCode(130), "");
+  std::string left;
+  if (fs::exists(d / "sig"))
+    for (const auto& e : fs::recursive_directory_iterator(d / "sig"))
+      left += " " + e.path().lexically_relative(d).string();
+  EXPECT_FALSE(fs::exists(d / "sig")) << "left:" << left;
+  // once the first step began they are no longer the signal's to remove
+  rp::TrainSpec kept = spec_into(d, d / "kept", 2);
+  ASSERT_EQ(rp::Trainer(kept).run().steps_done, 2);
+  rp::remove_unfinished_temporaries();
+  EXPECT_TRUE(fs::exists(d / "kept" / "roundpipe_run.json"));
+  EXPECT_TRUE(fs::exists(d / "kept" / "metrics.csv"));
   fs::remove_all(d);
 }
 
