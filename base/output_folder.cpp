@@ -311,6 +311,13 @@ void record_folders_made(const std::vector<std::string>& folders) {
   g_made_count.store(n);
 }
 
+std::string not_a_file_text(const std::string& path) {
+  std::error_code ec;
+  const auto st = fs::status(path, ec);
+  if (ec || !fs::exists(st) || fs::is_regular_file(st)) return "";
+  return fs::is_directory(st) ? "a folder, not a file" : "not a regular file (a device, FIFO or socket)";
+}
+
 void remove_recorded_folders() noexcept {
   const size_t n = g_made_count.load();
   for (size_t i = 0; i < n; ++i)

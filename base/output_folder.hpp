@@ -93,6 +93,11 @@ std::string dangling_link_text(const std::string& path);
 /// system refuses to look it up (a folder on the way that cannot be entered, a loop of
 /// symbolic links, a name too long). Paths are quoted as excerpt() quotes input, up to
 /// kPathQuoteBytes. Never throws but std::bad_alloc.
+/// Why `path` cannot be read as a file, "" when it is a regular file or missing (the reader's
+/// own error names that): "a folder, not a file", or "not a regular file (a device, FIFO or
+/// socket)" (a FIFO blocks the open forever, a device is read without end).
+std::string not_a_file_text(const std::string& path);
+
 inline constexpr size_t kPathQuoteBytes = 256;
 std::string path_blocker_text(const std::string& path, bool folder = false);
 

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "base/atomic_file.hpp"
+#include "base/output_folder.hpp"
 #include "kernels/dtype.hpp"
 
 namespace rp {
@@ -102,12 +103,7 @@ void write_optimizer_state(const std::string& path, const OptimizerStateView& v)
 // ---- reading ----------------------------------------------------------------------------
 
 OptimizerStateReader::OptimizerStateReader(const std::string& path) : path_(path) {
-  std::error_code ec;
-  if (const auto st = std::filesystem::status(path, ec); !ec && std::filesystem::exists(st)) {
-    if (std::filesystem::is_directory(st)) fail("a folder, not the optimizer state file");
-    if (!std::filesystem::is_regular_file(st))  // a FIFO would block the read forever
-      fail("not a regular file (a device, FIFO or socket)");
-  }
+  if (const std::string why = not_a_file_text(path); !why.empty()) fail(why);
   is_.open(path, std::ios::binary);
   if (!is_) fail(fmt::format("cannot open the optimizer state ({})", std::strerror(errno)));
   read_header();

@@ -11,6 +11,7 @@
 
 #include "base/error_text.hpp"
 #include "base/json_fields.hpp"
+#include "base/output_folder.hpp"
 #include "kernels/weight_format.hpp"
 #include "model/fp8_linear.hpp"   // fp8_wgrad_reach
 #include "scheduler/profile.hpp"  // linear_compute_name
@@ -207,13 +208,9 @@ void write_trainer_state(const std::string& path, const TrainerState& s) {
 }
 
 TrainerState read_trainer_state(const std::string& path) {
+  if (const std::string why = not_a_file_text(path); !why.empty())
+    throw std::runtime_error(path + ": " + why);
   std::error_code ec;
-  if (const auto st = std::filesystem::status(path, ec); !ec && std::filesystem::exists(st)) {
-    if (std::filesystem::is_directory(st))
-      throw std::runtime_error(path + ": a folder, not the trainer state file");
-    if (!std::filesystem::is_regular_file(st))  // a FIFO would block the read forever
-      throw std::runtime_error(path + ": not a regular file (a device, FIFO or socket)");
-  }
   std::ifstream in(path);
   if (!in && std::filesystem::exists(path, ec))
     throw std::runtime_error(fmt::format("{}: cannot open ({})", path, std::strerror(errno)));

@@ -278,7 +278,7 @@ TEST(CliResume, UnsuitableCheckpointsGiveOneLineNamingTheFile) {
                         "optimizer_state.bin: not a regular file (a device, FIFO or socket)");
   fs::remove(st / "optimizer_state.bin");
   fs::create_directory(st / "optimizer_state.bin");
-  expect_one_line_error(resume(d / "t"), "optimizer_state.bin: a folder, not the optimizer state file");
+  expect_one_line_error(resume(d / "t"), "optimizer_state.bin: a folder, not a file");
   fs::remove(st / "optimizer_state.bin");
   fs::rename(st / "roundpipe_state.json", st / "state.keep");
   ASSERT_EQ(::mkfifo((st / "roundpipe_state.json").c_str(), 0600), 0);
