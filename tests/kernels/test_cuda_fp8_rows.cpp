@@ -111,24 +111,43 @@ TEST_F(CudaFp8Rows, GemmWithinItsAccumulationBound) {
 }
 
 // Codes and row scales of x * col_scale from bf16 inputs equal the CPU twin's bit for bit
-// (odd widths, a zero row).
+// (odd widths, a zero row; e4m3 and e5m2): rows the vectorized kernel holds in registers with
+// 1, 2, 4 and 8 chunks per thread (up to 16,384 values: LLaMA-8B's 14,336 among them), a width
+// past them and widths off its 8-value grid (the scalar kernel), and x 2 bytes off alignment.
 TEST_F(CudaFp8Rows, ColumnScaledRowCodesEqualTheCpuTwin) {
-  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{7, 1000}, {33, 48}, {64, 2048}, {1, 5}}) {
+  struct Case {
+    int64_t rows, cols, offset;
+    Fp8Format f;
+  };
+  for (auto [rows, cols, offset, fmt] : {Case{7, 1000, 0, E4},
+                                         {33, 48, 0, E4},
+                                         {64, 2048, 0, E4},
+                                         {1, 5, 0, E4},
+                                         {5, 4096, 0, Fp8Format::e5m2},
+                                         {4, 14336, 0, E4},
+                                         {3, 16384, 0, E4},
+                                         {2, 16392, 0, E4},
+                                         {3, 2056, 1, E4},
+                                         {9, 3000, 0, Fp8Format::e5m2}}) {
     VecF x = fp8ref::normal_with_outliers(size_t(rows * cols), uint32_t(rows * cols)),
          colsc(static_cast<size_t>(cols));
     for (int64_t c = 0; c < cols; ++c) colsc[size_t(c)] = std::exp2(float(c % 11) - 8.f) * 1.3f;
     if (rows > 2)
       for (int64_t c = 0; c < cols; ++c) x[size_t(cols + c)] = 0.f;
-    DT xd = upload(x, ct()), csd = upload(colsc, DType::f32), sd = poisoned(rows, DType::f32);
+    // with an offset, x starts `offset` elements into the upload (off the 16-byte grid)
+    VecF padded(size_t(offset), 0.f);
+    padded.insert(padded.end(), x.begin(), x.end());
+    DT xd = upload(padded, ct()), csd = upload(colsc, DType::f32), sd = poisoned(rows, DType::f32);
     DT qd = alloc((rows * cols + 3) / 4 + 1, DType::i32);
+    const void* xin = static_cast<const char*>(xd.get()) + offset * int64_t(dtype_size(ct()));
     run([&](Ops& o) {
-      o.fp8_quantize_rows_col_scaled(xd.get(), csd.as<float>(), qd.as<uint8_t>(), sd.as<float>(), rows, cols,
-                                     E4);
+      o.fp8_quantize_rows_col_scaled(xin, csd.as<float>(), qd.as<uint8_t>(), sd.as<float>(), rows, cols, fmt);
     });
-    const VecF xr = download(xd);  // the bf16-rounded inputs the GPU read
+    VecF xr = download(xd);  // the bf16-rounded inputs the GPU read
+    xr.erase(xr.begin(), xr.begin() + offset);
     Codes cq(size_t(rows * cols));
     VecF cs_(static_cast<size_t>(rows));
-    cpu_->fp8_quantize_rows_col_scaled(xr.data(), colsc.data(), cq.data(), cs_.data(), rows, cols, E4);
+    cpu_->fp8_quantize_rows_col_scaled(xr.data(), colsc.data(), cq.data(), cs_.data(), rows, cols, fmt);
     const VecF gs = download(sd);
     const Codes gq = download_bytes(qd.get(), rows * cols);
     const std::string what = std::to_string(rows) + "x" + std::to_string(cols);

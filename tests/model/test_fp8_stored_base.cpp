@@ -15,6 +15,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/fp8.hpp"
 #include "model/fp8_linear.hpp"
 #include "model/layer_memory.hpp"
 #include "tests/model/fp8_stored_util.hpp"
@@ -133,6 +134,35 @@ TEST(Fp8StoredBase, LinearFromStoredCodesWithinTheRoundingBound) {
       ASSERT_NEAR(dx[size_t(t * in + i)], want, e) << "dx token " << t << ", input " << i;
     }
   }
+}
+
+// The forward's per-token scales and codes of x come from one pass (x times the weight's ones)
+// where the weight carries them, else from fp8_scale_rows and fp8_quantize_rows: the same
+// scales, codes and outputs bit for bit, on inputs with a zero row and rows 2^12 apart.
+TEST(Fp8StoredBase, OnePassQuantizationEqualsTheTwoPasses) {
+  auto ops = make_cpu_ops();
+  const int64_t n = 5, in = 64, out = 48;
+  VecF w = ref::randn(size_t(out * in), 61, 0.05f), x = ref::randn(size_t(n * in), 62);
+  for (int64_t c = 0; c < in; ++c) {
+    x[size_t(in + c)] = 0.f;
+    x[size_t(3 * in + c)] *= 4096.f;
+  }
+  std::vector<uint8_t> stored(weight_format_bytes(WeightFormat::fp8, out * in, in));
+  quantize_weights(WeightFormat::fp8, w.data(), stored.data(), out * in, in);
+  std::vector<uint8_t> wq(size_t(out * in)), codes1(size_t(n * in)), codes2(size_t(n * in));
+  VecF row_scale(static_cast<size_t>(out)), ones(static_cast<size_t>(in), 1.f), s1 = ref::nan_vec(size_t(n)),
+                                                                                s2 = ref::nan_vec(size_t(n));
+  fp8_stored_weight(*ops, stored.data(), out, in, wq.data(), nullptr, row_scale.data());
+  const Fp8Linear one{{wq.data(), nullptr, nullptr, row_scale.data(), ones.data()},
+                      {codes1.data(), s1.data()}};
+  const Fp8Linear two{{wq.data(), nullptr, nullptr, row_scale.data(), nullptr}, {codes2.data(), s2.data()}};
+  VecF y1 = ref::nan_vec(size_t(n * out)), y2 = ref::nan_vec(size_t(n * out));
+  fp8_linear_fwd(*ops, one, x.data(), y1.data(), n, in, out, false);
+  fp8_linear_fwd(*ops, two, x.data(), y2.data(), n, in, out, false);
+  EXPECT_EQ(0, std::memcmp(s1.data(), s2.data(), s1.size() * 4)) << "the per-token scales";
+  EXPECT_EQ(codes1, codes2);
+  EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * 4)) << "the outputs";
+  EXPECT_EQ(s1[1], fp8::scale_from_amax(0.f, Fp8Format::e4m3)) << "the zero row's scale";
 }
 
 TEST(Fp8StoredBase, ListsItsDenseLinears) {
