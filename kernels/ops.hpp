@@ -563,6 +563,17 @@ class Ops {
     rmsnorm_fwd(x, w, y, R, n, eps, w_offset);
     fp8_scale(y, R * n, f, scale);
   }
+  /// rmsnorm_fwd(x, w, y, R, n, eps), then the codes of the stored y with one scale per row,
+  /// as fp8_scale_rows(y, R, n, f, scale) and fp8_quantize_rows(y, scale, q, R, n, f): the input
+  /// of FP8 linears with per-token scales (a frozen base run from its fp8 storage). CUDA makes
+  /// the codes in the norm's own pass where a row fits its registers (y not read again); the
+  /// default is the three calls, so both backends give the same y, scales and codes.
+  virtual void rmsnorm_fwd_fp8_rows(const void* x, const void* w, void* y, int64_t R, int64_t n, float eps,
+                                    Fp8Format f, uint8_t* q, float* scale, float w_offset = 0.0f) {
+    rmsnorm_fwd(x, w, y, R, n, eps, w_offset);
+    fp8_scale_rows(y, R, n, f, scale);
+    fp8_quantize_rows(y, scale, q, R, n, f);
+  }
   /// swiglu_fwd(g, u, h, n), then scale[0] as fp8_scale(h, n, f, scale) (fused on CUDA, as
   /// rmsnorm_fwd_fp8_scale).
   virtual void swiglu_fwd_fp8_scale(const void* g, const void* u, void* h, int64_t n, Fp8Format f,

@@ -30,6 +30,13 @@ struct Fp8Set {
   // The forward of a linear whose input's scale the producing kernel computed into the
   // scratch (rmsnorm_fwd_fp8_scale before q and gate, swiglu_fwd_fp8_scale before down).
   const Fp8Linear* scaled(LoraModule m) const { return (*this)(m) ? &prescaled[size_t(m)] : nullptr; }
+  // The forward of linear m after its input norm (norm_fwd with (*this)(m) as `next`): a weight
+  // with per-token activation scales (run from its stored codes) finds the codes the norm made,
+  // any other the scale.
+  const Fp8Linear* after_norm(LoraModule m) const {
+    const Fp8Linear* f = (*this)(m);
+    return f && f->weight.row_scale ? &same_input[size_t(m)] : scaled(m);
+  }
   // The forward of a linear whose input the previous FP8 linear of the call quantized (k and v
   // after q, up after gate): the codes in the scratch are reused.
   const Fp8Linear* reuse(LoraModule m, LoraModule previous) const {
@@ -66,11 +73,17 @@ struct Fp8Set {
 // y = RMSNorm(x) w over R rows of n; when `next` (the FP8 linear that reads y) is given, the
 // norm also writes y's scale into that linear's scratch (its Fp8Set::scaled form skips the
 // separate pass over y), and a copy into `keep` when given (Fp8Set::keep: y's weight gradient
-// operand keeps it past the scratch's next use).
+// operand keeps it past the scratch's next use). A `next` with per-token scales (a frozen weight
+// run from its stored codes) gets y's codes and row scales instead (Fp8Set::after_norm reuses
+// them; Ops::rmsnorm_fwd_fp8_rows) and `keep` is not written: there is no tensor scale, and a
+// frozen weight takes no weight gradient.
 // w_offset: Gemma's 1 (ModelConfig::norm_weight_offset).
 inline void norm_fwd(Ops& ops, const void* x, const void* w, void* y, int64_t R, int64_t n, float eps,
                      float w_offset, const Fp8Linear* next, float* keep = nullptr) {
   if (!next) return ops.rmsnorm_fwd(x, w, y, R, n, eps, w_offset);
+  if (next->weight.row_scale)
+    return ops.rmsnorm_fwd_fp8_rows(x, w, y, R, n, eps, kFp8ActFormat, next->act.codes, next->act.scale,
+                                    w_offset);
   ops.rmsnorm_fwd_fp8_scale(x, w, y, R, n, eps, kFp8ActFormat, next->act.scale, w_offset);
   if (keep) ops.copy(DType::f32, keep, next->act.scale, 1);
 }

@@ -223,7 +223,7 @@ void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, c
   void* q_lin = c_.qk_norm ? b.qr : b.q;
   void* k_lin = c_.qk_norm ? b.kr : b.k;
   adapted_linear_fwd(ops, lc, lora(LoraModule::q), xin, param(a, 0, wq_), q_lin, T, H, nq * D, 0,
-                     pre_norm ? f8.scaled(LoraModule::q) : f8(LoraModule::q));
+                     pre_norm ? f8.after_norm(LoraModule::q) : f8(LoraModule::q));
   adapted_linear_fwd(ops, lc, lora(LoraModule::k), xin, param(a, 0, wk_), k_lin, T, H, nkv * D, 0,
                      f8.reuse(LoraModule::k, LoraModule::q));
   adapted_linear_fwd(ops, lc, lora(LoraModule::v), xin, param(a, 0, wv_), b.v, T, H, nkv * D, 0,
@@ -281,14 +281,15 @@ void DecoderLayer::mlp_forward(const LayerArgs& a, const DecoderBufs& b, const L
     return moe_->forward(ops, a.params[0], b.hn, h1, y, n, b.moe, a.moe_stats, moe_adapters(a, false));
   const void* in = pre_norm ? b.hn : h1;
   adapted_linear_fwd(ops, lc, lora(LoraModule::gate), in, param(a, 0, wg_), b.g, n, H, F, r0,
-                     pre_norm ? f8.scaled(LoraModule::gate) : f8(LoraModule::gate));
+                     pre_norm ? f8.after_norm(LoraModule::gate) : f8(LoraModule::gate));
   adapted_linear_fwd(ops, lc, lora(LoraModule::up), in, param(a, 0, wu_), b.u, n, H, F, r0,
                      f8.reuse(LoraModule::up, LoraModule::gate));
   const Fp8Linear* down_f8 = f8.scaled(LoraModule::down);
   if (c_.gemma()) {  // GeGLU: down quantizes its input in its own pass
     ops.geglu_fwd(b.g, b.u, b.m, n * F);
     down_f8 = f8(LoraModule::down);
-  } else if (const Fp8Linear* down = f8(LoraModule::down)) {
+  } else if (const Fp8Linear* down = f8(LoraModule::down); down && !down->weight.row_scale) {
+    // (per-token scales: down's forward quantizes its input in one pass of its own)
     ops.swiglu_fwd_fp8_scale(b.g, b.u, b.m, n * F, kFp8ActFormat, down->act.scale);
   } else {
     ops.swiglu_fwd(b.g, b.u, b.m, n * F);

@@ -106,7 +106,7 @@ void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const 
   }
   const void* in = pre_norm ? b.hn : h1;
   adapted_linear_fwd(ops, lc, lora(LoraModule::gate), in, param(a, 0, wg_), b.g, n, H, F, r0,
-                     pre_norm ? f8.scaled(LoraModule::gate) : f8(LoraModule::gate));
+                     pre_norm ? f8.after_norm(LoraModule::gate) : f8(LoraModule::gate));
   adapted_linear_fwd(ops, lc, lora(LoraModule::up), in, param(a, 0, wu_), b.u, n, H, F, r0,
                      f8.reuse(LoraModule::up, LoraModule::gate));
   if (m_scale) ops.swiglu_fwd_fp8_scale(b.g, b.u, b.m, n * F, kFp8ActFormat, m_scale);

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "kernels/dtype.hpp"
+#include "kernels/fp8.hpp"
 
 namespace rp {
 struct DequantPart;  // kernels/weight_format.hpp
@@ -57,6 +58,13 @@ void k_embedding_bwd(DType t, const int32_t* ids, const void* dy, float* dtable,
 /// w_offset: Ops::rmsnorm_fwd's (Gemma's 1; 0 elsewhere).
 void k_rmsnorm_fwd(DType t, const void* x, const void* w, void* y, int64_t R, int64_t n, float eps,
                    float w_offset, cudaStream_t st, unsigned* amax = nullptr);
+/// k_rmsnorm_fwd, and the FP8 codes of the stored y with one scale per row in the same pass
+/// (Ops::rmsnorm_fwd_fp8_rows): scale[r] = scale_from_amax(max |y[r,:]|, f), q = encode(y /
+/// scale[r]). False (nothing launched) unless the rows fit the register kernel (16-byte aligned
+/// x, w, y; n a multiple of 8 in [512, 4096]) and q is 8-byte aligned: the caller then runs the
+/// separate ops.
+bool k_rmsnorm_fwd_fp8_rows(DType t, const void* x, const void* w, void* y, int64_t R, int64_t n, float eps,
+                            float w_off, Fp8Format f, uint8_t* q, float* scale, cudaStream_t st);
 /// dw (f32) += ..., dx (compute dtype) = or += ...
 void k_rmsnorm_bwd(DType t, const void* x, const void* w, const void* dy, void* dx, float* dw, int64_t R,
                    int64_t n, float eps, bool accumulate_dx, float w_offset, cudaStream_t st);

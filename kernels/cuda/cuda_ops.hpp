@@ -132,6 +132,8 @@ class CudaOps final : public Ops {
   void fp8_scale_rows(const void* x, int64_t rows, int64_t cols, Fp8Format f, float* scale) override;
   void rmsnorm_fwd_fp8_scale(const void* x, const void* w, void* y, int64_t R, int64_t n, float eps,
                              Fp8Format f, float* scale, float w_offset = 0.0f) override;
+  void rmsnorm_fwd_fp8_rows(const void* x, const void* w, void* y, int64_t R, int64_t n, float eps,
+                            Fp8Format f, uint8_t* q, float* scale, float w_offset = 0.0f) override;
   void swiglu_bwd_fp8_scale(const void* g, const void* u, const void* dh, void* dg, void* du, int64_t n,
                             Fp8Format f, float* scale_dg, float* scale_du) override;
   void swiglu_fwd_fp8_scale(const void* g, const void* u, void* h, int64_t n, Fp8Format f,

@@ -68,6 +68,15 @@ void CudaOps::rmsnorm_fwd_fp8_scale(const void* x, const void* w, void* y, int64
   k_fp8_amax_end(scale, f, st_);
 }
 
+void CudaOps::rmsnorm_fwd_fp8_rows(const void* x, const void* w, void* y, int64_t R, int64_t n, float eps,
+                                   Fp8Format f, uint8_t* q, float* scale, float w_offset) {
+  require(R >= 0 && n > 0, "rmsnorm_fwd", "need R >= 0 rows of n > 0 columns");
+  require(R == 0 || (q != nullptr && scale != nullptr), "rmsnorm_fwd_fp8_rows", "null codes or scales");
+  set_device(dev_);
+  if (!k_rmsnorm_fwd_fp8_rows(dtype_, x, w, y, R, n, eps, w_offset, f, q, scale, st_))
+    Ops::rmsnorm_fwd_fp8_rows(x, w, y, R, n, eps, f, q, scale, w_offset);
+}
+
 void CudaOps::swiglu_fwd_fp8_scale(const void* g, const void* u, void* h, int64_t n, Fp8Format f,
                                    float* scale) {
   require(n >= 0, "swiglu_fwd", "negative element count");

@@ -245,6 +245,49 @@ TEST_F(CudaFp8, NonFiniteAndZeroTensors) {
   }
 }
 
+// rmsnorm_fwd_fp8_rows: y equals rmsnorm_fwd's bit for bit, and the row scales and codes equal
+// the CPU twin's fp8_scale_rows and fp8_quantize_rows over the stored y. Rows in the norm's
+// registers (512-4096 values on the 8-value grid; e4m3 and e5m2, a zero row, a NaN) and rows
+// that take the separate ops (too short, too long, off the grid).
+TEST_F(CudaFp8, NormRowCodesEqualTheSeparateOps) {
+  struct Shape {
+    int64_t rows, cols;
+  } shapes[] = {{64, 2048}, {40, 4096}, {17, 520}, {33, 100}, {8, 4104}, {6, 1028}};
+  const float eps = 1e-6f, nan = std::numeric_limits<float>::quiet_NaN();
+  for (const Shape& sh : shapes)
+    for (int poison = 0; poison < 3; ++poison) {  // 0 random, 1 a zero row, 2 one NaN
+      const int64_t n = sh.rows * sh.cols;
+      VecF x = fp8ref::normal_with_outliers(size_t(n), uint32_t(n + 3 * poison));
+      VecF w = fp8ref::normal_with_outliers(size_t(sh.cols), 11);
+      if (poison == 1) std::fill(x.begin() + sh.cols, x.begin() + 2 * sh.cols, 0.f);
+      if (poison == 2) x[size_t(n / 2)] = nan;
+      const Fp8Format f = poison == 1 ? Fp8Format::e5m2 : Fp8Format::e4m3;
+      DT xd = upload(x, ct()), wd = upload(w, ct());
+      DT y1 = poisoned(n, ct()), y2 = poisoned(n, ct()), sd = poisoned(sh.rows, DType::f32);
+      DT qd = alloc(n / 4 + 2, DType::i32);
+      run([&](Ops& o) {
+        o.rmsnorm_fwd_fp8_rows(xd.get(), wd.get(), y1.get(), sh.rows, sh.cols, eps, f, qd.as<uint8_t>(),
+                               sd.as<float>());
+        o.rmsnorm_fwd(xd.get(), wd.get(), y2.get(), sh.rows, sh.cols, eps);
+      });
+      const std::string what =
+          std::to_string(sh.rows) + "x" + std::to_string(sh.cols) + " input " + std::to_string(poison);
+      const VecF gy1 = download(y1), gy2 = download(y2), gs = download(sd);
+      for (size_t i = 0; i < gy1.size(); ++i)
+        ASSERT_TRUE(same_scale(gy1[i], gy2[i])) << what << ": y at " << i;
+      VecF cs(static_cast<size_t>(sh.rows));
+      std::vector<uint8_t> cq(static_cast<size_t>(n));
+      cpu_->fp8_scale_rows(gy2.data(), sh.rows, sh.cols, f, cs.data());
+      cpu_->fp8_quantize_rows(gy2.data(), cs.data(), cq.data(), sh.rows, sh.cols, f);
+      for (int64_t r = 0; r < sh.rows; ++r)
+        ASSERT_TRUE(same_scale(gs[size_t(r)], cs[size_t(r)]))
+            << what << ": row " << r << " scale " << gs[size_t(r)] << " vs " << cs[size_t(r)];
+      const std::vector<uint8_t> gq = download_bytes(qd.get(), n);
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(int(gq[size_t(i)]), int(cq[size_t(i)])) << what << ": code " << i;
+    }
+}
+
 // The producers that reduce max |y| inside their own pass (rmsnorm_fwd_fp8_scale,
 // swiglu_fwd_fp8_scale): y equals the plain kernel's bit for bit, and the scale equals the
 // CPU twin's fp8_scale over the stored y (so also the separate fp8_scale pass's). Vectorized

@@ -255,6 +255,7 @@ TEST(OpTableHarness, CoversTheBenchmarkedOps) {
                          "fp8_quantize_transposed_padded",
                          "fp8_quantize_both",
                          "rmsnorm_fwd_fp8_scale",
+                         "rmsnorm_fwd_fp8_rows",
                          "swiglu_fwd_fp8_scale",
                          "swiglu_bwd_fp8_scale",
                          "gemm_fp8",

@@ -98,6 +98,13 @@ void add_fused(std::vector<OpCase>& v, int64_t T, int64_t H, int64_t F) {
     o.rmsnorm_fwd_fp8_scale(b[0], b[1], b[2], T, H, 1e-6f, E4, b.f(3), 1.f);
   };
   v.push_back(ro);
+  OpCase rr{"rmsnorm_fwd_fp8_rows", "rmsnorm_fwd_fp8_rows", mat(T, H) + " e4m3"};
+  rr.tensors = {input("x", C, T * H), input("w", C, H), output("y", C, T * H), codes_out("q", T * H, E4),
+                output("scale", F32, T)};
+  rr.run = [=](Ops& o, const Buffers& b) {
+    o.rmsnorm_fwd_fp8_rows(b[0], b[1], b[2], T, H, 1e-6f, E4, b.u(3), b.f(4));
+  };
+  v.push_back(rr);
   OpCase s{"swiglu_fwd_fp8_scale", "swiglu_fwd_fp8_scale", mat(T, F) + " e4m3"};
   s.tensors = {input("g", C, T * F), input("u", C, T * F), output("h", C, T * F), output("scale", F32, 1)};
   s.run = [=](Ops& o, const Buffers& b) { o.swiglu_fwd_fp8_scale(b[0], b[1], b[2], T * F, E4, b.f(3)); };
