@@ -19,6 +19,7 @@
 #include "formats/optimizer_state.hpp"
 #include "model/config.hpp"
 #include "roundpipe/adapter.hpp"
+#include "roundpipe/model_source.hpp"
 #include "trainer/run_setup.hpp"
 
 namespace fs = std::filesystem;
@@ -381,7 +382,10 @@ void check_resume_kind(const TrainSpec& spec) {
   }
 }
 
-void check_resume_model(const ResumePoint& r, const TrainSpec& spec, const ModelConfig& model) {
+namespace {
+
+/// check_resume_model's refusal alone: no warnings.
+void refuse_other_architecture(const ResumePoint& r, const TrainSpec& spec, const ModelConfig& model) {
   nlohmann::json saved = r.saved.model_config;
   std::error_code ec;
   if (!saved.is_object() && !spec.lora && fs::exists(r.dir + "/config.json", ec))
@@ -393,6 +397,48 @@ void check_resume_model(const ResumePoint& r, const TrainSpec& spec, const Model
                     "it was trained "
                     "from",
                     spec.source, spec.model, r.dir, diff));
+}
+
+}  // namespace
+
+void check_resume_state_fits(const ResumePoint& r, const TrainSpec& spec) {
+  const bool lora = spec.lora || !spec.adapter.empty();
+  std::optional<ModelConfig> model;  // the model the spec names (for LoRA, the base trained on)
+  std::vector<ModelLayout> layouts;  // what the run may train: the state must fit one of them
+  try {
+    std::error_code ec;
+    if (lora || fs::exists(spec.model, ec)) model = ModelSource::open(spec.model).config();
+    if (lora) {
+      const LoraConfig l = spec.lora ? *spec.lora : checkpoint_lora(r.dir);
+      layouts.push_back(make_layout(*model, l));
+      if (model->tie_word_embeddings) {  // an adapter that trains one end of the pair unties them
+        ModelConfig untied = *model;
+        untied.tie_word_embeddings = false;
+        layouts.push_back(make_layout(untied, l));
+      }
+    } else {
+      // a full fine-tuning resume trains the checkpoint's own weights
+      layouts.push_back(make_layout(ModelSource::open(r.dir).config()));
+    }
+  } catch (const std::exception&) {
+    return;  // the model's load names what is wrong there, in its own words
+  }
+  if (model) refuse_other_architecture(r, spec, *model);
+  const OptimizerStateReader state(r.optimizer_file);
+  const auto fits = [&](const ModelLayout& layout) {
+    try {
+      state.check_groups(layout);
+      return true;
+    } catch (const std::runtime_error&) {
+      return false;
+    }
+  };
+  if (std::any_of(layouts.begin(), layouts.end(), fits)) return;
+  state.check_groups(layouts.front());  // the refusal names the groups of the layout as configured
+}
+
+void check_resume_model(const ResumePoint& r, const TrainSpec& spec, const ModelConfig& model) {
+  refuse_other_architecture(r, spec, model);
   // LoRA trains on spec.model's base; a full fine-tuning resume on the checkpoint's own config
   const bool base_from_model = spec.lora || !spec.adapter.empty();
   for (const auto& d : numerics_differences(r.saved.model_numerics, numerics_of(model)))

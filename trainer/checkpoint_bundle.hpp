@@ -100,6 +100,16 @@ std::optional<ResumePoint> check_resume(const TrainSpec& spec);
 /// that is neither.
 void check_resume_kind(const TrainSpec& spec);
 
+/// Refuses, before any weights load, a resume whose optimizer state belongs to another model:
+/// the groups its header lists against the trainable groups of the run's layout, built from
+/// configs alone (full fine-tuning: the checkpoint's config.json; LoRA: spec.model's config
+/// with the spec's adapters, or the checkpoint's adapter_config.json). std::runtime_error
+/// "<optimizer_state.bin>: the state has <n> parameter groups, the model has <m> trainable
+/// ones ..." or "...: group <g> is '<name>' with <n> parameters in the state, the model expects
+/// ...", the session's own refusal. A model of another architecture is refused first, as
+/// check_resume_model refuses it. Nothing when a config cannot be read: the load names that.
+void check_resume_state_fits(const ResumePoint& r, const TrainSpec& spec);
+
 /// Refuses a resume whose model differs in architecture from the checkpoint's:
 /// std::invalid_argument "<spec>: key 'model': <model> is not the architecture of checkpoint
 /// <dir>: <field> <value> (the checkpoint's <value>); ...", naming the first differing field

@@ -66,6 +66,7 @@ void TrainingRun::setup() {
   barrier();  // no replica reads the output folder (a resume) before the leader tidied it
   check_compute_dtype(spec_);
   resume_ = check_resume(spec_);
+  if (resume_) check_resume_state_fits(*resume_, spec_);  // another model's state: before any load
   // a save that would have to replace a file of the user's is refused now, not after the steps
   if (leader()) check_save_targets(spec_, trains_lora(spec_), resume_ ? resume_->saved.step : 0);
   // the first line on stdout: the refusals above (the spec, the output folder, the resume point)

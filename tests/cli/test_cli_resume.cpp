@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/config.hpp"
 #include "tests/cli/cli_util.hpp"
 
 namespace {
@@ -318,6 +319,59 @@ TEST(CliResume, UnsuitableCheckpointsGiveOneLineNamingTheFile) {
                         "same optimizer settings");
   // none of these left output behind
   EXPECT_FALSE(fs::exists(d / "r/final"));
+  fs::remove_all(d);
+}
+
+/// tiny_model(dir)'s model with a third layer, in dir/tiny-3: one group more.
+fs::path three_layer_model(const fs::path& dir) {
+  const fs::path tiny = tiny_model(dir);
+  rp::ModelConfig c = rp::load_config_file((tiny / "config.json").string());
+  c.num_hidden_layers = 3;
+  const rp::ModelLayout m = rp::make_layout(c);
+  std::vector<std::vector<float>> w;
+  std::vector<const float*> ptrs;
+  for (const auto& g : m.groups) w.emplace_back(size_t(g.numel), 0.02f);
+  for (const auto& g : w) ptrs.push_back(g.data());
+  const fs::path out = dir / "tiny-3";
+  rp::save_hf_checkpoint(out.string(), m, ptrs, nlohmann::json::parse(bytes_of(tiny / "tokenizer.json")), "",
+                         rp::DType::f32);
+  return out;
+}
+
+// A checkpoint whose optimizer_state.bin is another model's (the groups of a mixture-of-experts
+// model: other sizes; of a model with a layer more: another count) is refused before the model
+// loads: one line naming the file, nothing on stdout.
+TEST(CliResume, AnotherModelsOptimizerStateIsRefusedBeforeTheModelLoads) {
+  auto d = tmpdir();
+  write(d / "data.jsonl", kData);
+  write(d / "spec.json", resume_spec(tiny_model(d), d / "data.jsonl", d / "a", "f32"));
+  ASSERT_EQ(roundpipe("train " + (d / "spec.json").string() + " --steps 3", d).code, 0);
+  const fs::path state = d / "a/state/checkpoint-2/optimizer_state.bin";
+  const std::string own = bytes_of(state);
+  const std::pair<fs::path, std::string> others[] = {
+      {tiny_model(d, true), "group 1 is 'layer.0' with"},
+      {three_layer_model(d), "the state has 5 parameter groups, the model has 4 trainable ones"}};
+  for (const auto& [other, says] : others) {
+    SCOPED_TRACE(other.string());
+    const fs::path out = d / ("other-" + other.filename().string());
+    write(d / "other.json", resume_spec(other, d / "data.jsonl", out, "f32"));
+    const CliRun o = roundpipe("train " + (d / "other.json").string() + " --steps 3", d);
+    ASSERT_EQ(o.code, 0) << o.err << o.out;
+    fs::copy_file(out / "state/checkpoint-2/optimizer_state.bin", state,
+                  fs::copy_options::overwrite_existing);
+    const CliRun r = roundpipe("train " + (d / "spec.json").string() + " --resume " +
+                                   (d / "a/checkpoint-2").string() + " --output-dir " + (d / "r").string(),
+                               d);
+    expect_one_line_error(r, "optimizer_state.bin: ");
+    EXPECT_NE(r.err.find(says), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("saved for another model"), std::string::npos) << r.err;
+    EXPECT_EQ(r.out, "") << "printed before the refusal";
+  }
+  write(state, own);  // its own state again: the resume runs
+  const CliRun ok = roundpipe("train " + (d / "spec.json").string() + " --resume " +
+                                  (d / "a/checkpoint-2").string() + " --output-dir " + (d / "r").string(),
+                              d);
+  EXPECT_EQ(ok.code, 0) << ok.err << ok.out;
   fs::remove_all(d);
 }
 

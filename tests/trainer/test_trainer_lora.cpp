@@ -178,6 +178,34 @@ TEST(TrainerLora, ResumeWithDropoutContinuesBitForBit) {
   fs::remove_all(d);
 }
 
+// A LoRA resume checks the optimizer state against the groups the run trains before the base
+// loads: a spec that trains a module more (modules_to_save) than the checkpoint's run is refused
+// naming the state file; the run that unties the tied embeddings (lm_head trained alone, as the
+// checkpoint's) resumes.
+TEST(TrainerLora, AResumeChecksTheStateAgainstTheGroupsTheRunTrains) {
+  auto d = tmpdir();
+  rp::TrainSpec whole = lora_spec(d, "whole", 4, rp::WeightFormat::f32);
+  whole.save_every = 2;
+  whole.lora->modules_to_save = {"lm_head"};
+  rp::Trainer(whole).run();
+  rp::TrainSpec rest = whole;
+  rest.output_dir = (d / "rest").string();
+  rest.resume_from = (d / "whole/checkpoint-2").string();
+  EXPECT_EQ(rp::Trainer(rest).run().steps_done, 4);
+  rp::TrainSpec fewer = rest;
+  fewer.output_dir = (d / "fewer").string();
+  fewer.lora->modules_to_save.clear();
+  try {
+    rp::Trainer(fewer).run();
+    ADD_FAILURE() << "resumed the state of a run that trained lm_head too";
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("state/checkpoint-2/optimizer_state.bin: the state has "), std::string::npos) << what;
+    EXPECT_NE(what.find("saved for another model"), std::string::npos) << what;
+  }
+  fs::remove_all(d);
+}
+
 // A run on an fp8 base end to end (the spec's base_format, the base read tensor by tensor into
 // fp8 rows, the adapters exported): its losses stay within 2% of the same run on a bf16 base.
 TEST(TrainerLora, Fp8BaseTrainsLikeABf16Base) {
