@@ -444,7 +444,8 @@ std::vector<StaleTemporary> clean_stale_temporaries(const std::string& dir, cons
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return done;
   std::vector<fs::path> entries;
-  for (auto& e : fs::directory_iterator(dir, ec)) entries.push_back(e.path());
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    entries.push_back(it->path());
   std::sort(entries.begin(), entries.end());
   for (const auto& p : entries) {
     const std::string name = p.filename().string();

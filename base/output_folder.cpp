@@ -92,6 +92,15 @@ std::vector<std::string> entries_of(const fs::path& dir) {
   return out;
 }
 
+std::vector<fs::path> folder_entries(const std::string& dir) {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) out.push_back(it->path());
+  if (ec) throw std::runtime_error(fmt::format("{}: cannot open the folder ({})", dir, ec.message()));
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 namespace {
 
 /// XXH3-64 of the file at `p`; nullopt when it cannot be read.

@@ -50,6 +50,11 @@ inline constexpr uint64_t kManifestHashBytes = uint64_t(16) << 20;
 /// The names of folder `dir`'s entries, sorted (none when it cannot be read).
 std::vector<std::string> entries_of(const std::filesystem::path& dir);
 
+/// The entries of folder `dir` (their paths), sorted. A folder that cannot be listed (no read
+/// permission, not a folder, gone) throws std::runtime_error "<dir>: cannot open the folder
+/// (<reason>)", e.g. "(Permission denied)".
+std::vector<std::filesystem::path> folder_entries(const std::string& dir);
+
 /// One file a manifest lists: its size and, when recorded, the XXH3-64 of its content.
 struct ManifestEntry {
   uint64_t bytes = 0;

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error_text.hpp"
+#include "base/output_folder.hpp"
 #include "data/arrow_records.hpp"
 #include "data/file_kind.hpp"
 #include "data/pretokenizer.hpp"
@@ -402,11 +403,11 @@ void stream_records(const std::string& path, const Tokenizer& tok, const ChatFor
 
 /// `path` itself, or the .txt files of the folder `path` in name order.
 std::vector<std::string> text_files(const std::string& path) {
-  if (!fs::is_directory(path)) return {path};
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return {path};  // the file's reader names what is wrong
   std::vector<std::string> files;
-  for (const auto& e : fs::directory_iterator(path))
-    if (e.is_regular_file() && e.path().extension() == ".txt") files.push_back(e.path().string());
-  std::sort(files.begin(), files.end());
+  for (const fs::path& p : folder_entries(path))
+    if (p.extension() == ".txt" && fs::is_regular_file(p, ec)) files.push_back(p.string());
   if (files.empty()) throw std::runtime_error(path + ": no .txt files in this directory");
   return files;
 }

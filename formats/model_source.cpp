@@ -262,8 +262,12 @@ void open_hf_dir(const std::string& path, ModelSource::Impl& s) {
   std::error_code ec;
   {  // the config's sizes against the weight files, before anything is allocated from them
     uint64_t bytes = 0;
-    for (const auto& e : fs::directory_iterator(dir, ec))
-      if (e.path().extension() == ".safetensors") bytes += e.file_size(ec);
+    // a folder that cannot be listed (no read permission) skips this check: its files open by name
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      std::error_code size_ec;
+      const uintmax_t n = it->path().extension() == ".safetensors" ? it->file_size(size_ec) : 0;
+      if (!size_ec) bytes += n;
+    }
     if (bytes > 0)  // none: open_safetensors names the missing file
       check_weights_fit_files(s.header.config, bytes,
                               s.header.config.gpt_oss() ? 0.5 : 2.0,  // MXFP4: 4.25 bits
@@ -500,8 +504,10 @@ std::string model_files_identity(const std::string& path) {
   std::error_code ec;
   std::vector<fs::path> files;
   if (fs::is_directory(path, ec)) {
-    for (const auto& e : fs::directory_iterator(path, ec))
-      if (e.is_regular_file(ec) && weights_file(e.path())) files.push_back(e.path());
+    for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
+      std::error_code entry_ec;
+      if (it->is_regular_file(entry_ec) && weights_file(it->path())) files.push_back(it->path());
+    }
     std::sort(files.begin(), files.end());
   } else {
     files.push_back(path);

@@ -1,7 +1,9 @@
 #include "trainer/checkpoint_bundle.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
@@ -35,16 +37,17 @@ std::string state_dir_of(const std::string& dir) {
 std::string weights_checksum(const std::string& dir) {
   std::vector<fs::path> files;
   const auto ours = manifest_files(dir);  // a user's *.safetensors kept in the folder is not the checkpoint's
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.is_regular_file() && e.path().extension() == ".safetensors" &&
-        (!ours || ours->count(e.path().filename().string())))
-      files.push_back(e.path());
-  std::sort(files.begin(), files.end());
+  for (const fs::path& p : folder_entries(dir)) {
+    std::error_code ec;
+    if (p.extension() == ".safetensors" && fs::is_regular_file(p, ec) &&
+        (!ours || ours->count(p.filename().string())))
+      files.push_back(p);
+  }
   Checksum c;
   std::vector<char> buf(size_t(8) << 20);
   for (const auto& f : files) {
     std::ifstream in(f, std::ios::binary);
-    if (!in) throw std::runtime_error(f.string() + ": cannot open");
+    if (!in) throw std::runtime_error(fmt::format("{}: cannot open ({})", f.string(), std::strerror(errno)));
     while (in) {
       in.read(buf.data(), std::streamsize(buf.size()));
       c.update(buf.data(), size_t(in.gcount()));

@@ -10,6 +10,10 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "base/output_folder.hpp"
 #include "tests/as_unprivileged.hpp"
@@ -166,6 +170,32 @@ TEST(OutputFolder, WhatBlocksAPathIsNamed) {
   fs::remove_all(d);
   if (denied == rp::testing::kNoDrop) GTEST_SKIP() << "running as root and cannot become nobody";
   EXPECT_EQ(denied, "'" + inside + "': cannot reach (" + std::strerror(EACCES) + ")");
+}
+
+// A folder's entries in name order; one that cannot be listed is one line naming it and the
+// reason (a path through a file as any user; a folder without read permission as nobody).
+TEST(OutputFolder, FolderEntriesNameAFolderThatCannotBeListed) {
+  const fs::path d = fs::temp_directory_path() / ("rp_entries_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d / "f");
+  for (const char* n : {"b", "a", "c"}) std::ofstream(d / "f" / n) << n;
+  EXPECT_EQ(rp::folder_entries((d / "f").string()),
+            (std::vector<fs::path>{d / "f" / "a", d / "f" / "b", d / "f" / "c"}));
+  auto listed = [](const std::string& dir) {
+    try {
+      return std::to_string(rp::folder_entries(dir).size()) + " entries";
+    } catch (const std::runtime_error& e) {
+      return std::string(e.what());
+    }
+  };
+  const std::string through_file = (d / "f" / "a" / "x").string();
+  EXPECT_EQ(listed(through_file), through_file + ": cannot open the folder (" + std::strerror(ENOTDIR) + ")");
+  fs::permissions(d / "f", fs::perms::owner_exec | fs::perms::group_exec | fs::perms::others_exec);
+  const std::string denied = rp::testing::as_unprivileged([&] { return listed((d / "f").string()); });
+  fs::permissions(d / "f", fs::perms::owner_all);
+  fs::remove_all(d);
+  if (denied == rp::testing::kNoDrop) GTEST_SKIP() << "running as root and cannot become nobody";
+  EXPECT_EQ(denied, (d / "f").string() + ": cannot open the folder (" + std::strerror(EACCES) + ")");
 }
 
 // What a stop signal takes back: the recorded folders, deepest first, only while empty.

@@ -7,10 +7,13 @@
 
 #include <chrono>
 #include <set>
+#include <tuple>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "model/config.hpp"
+#include "tests/as_unprivileged.hpp"
 #include "tests/cli/cli_util.hpp"
 
 namespace {
@@ -372,6 +375,41 @@ TEST(CliResume, AnotherModelsOptimizerStateIsRefusedBeforeTheModelLoads) {
                                   (d / "a/checkpoint-2").string() + " --output-dir " + (d / "r").string(),
                               d);
   EXPECT_EQ(ok.code, 0) << ok.err << ok.out;
+  fs::remove_all(d);
+}
+
+// A checkpoint whose weights folder cannot be listed (no read permission), or whose weights
+// cannot be read, is refused with one line naming the folder or file and the reason, not the
+// library's "filesystem error: directory iterator cannot open directory". Root reads any
+// folder: the resumes run as an unprivileged user.
+TEST(CliResume, AnUnreadableCheckpointIsNamedWithTheReason) {
+  auto d = tmpdir();
+  write(d / "data.jsonl", kData);
+  write(d / "spec.json", resume_spec(tiny_model(d), d / "data.jsonl", d / "a", "f32"));
+  ASSERT_EQ(roundpipe("train " + (d / "spec.json").string() + " --steps 3", d).code, 0);
+  const fs::path u = d / "u", ck = d / "a/checkpoint-2";  // u: where the unprivileged run writes
+  fs::create_directories(u);
+  fs::permissions(u, fs::perms::all);
+  const fs::perms exec_only = fs::perms::owner_exec | fs::perms::group_exec | fs::perms::others_exec;
+  const std::tuple<fs::path, fs::perms, std::string> cases[] = {
+      {ck, fs::perms::none, ck.string() + ": cannot open the folder (Permission denied)"},
+      {ck, exec_only, ck.string() + ": cannot open the folder (Permission denied)"},
+      {ck / "model.safetensors", fs::perms::none,
+       (ck / "model.safetensors").string() + ": cannot open (Permission denied)"}};
+  for (const auto& [path, mode, says] : cases) {
+    const fs::perms before = fs::status(path).permissions();
+    fs::permissions(path, mode);
+    const std::string r = rp::testing::as_unprivileged([&] {
+      const CliRun run = roundpipe("train " + (d / "spec.json").string() + " --resume " + ck.string() +
+                                       " --output-dir " + (u / "r").string(),
+                                   u);
+      return fmt::format("{}|{}|{}", run.code, run.err, run.out);
+    });
+    fs::permissions(path, before);
+    if (r == rp::testing::kNoDrop)
+      GTEST_SKIP() << "root could not become an unprivileged user to run the resume";
+    EXPECT_EQ(r, "1|roundpipe: error: " + says + "\n|") << "mode " << int(mode) << " on " << path;
+  }
   fs::remove_all(d);
 }
 
