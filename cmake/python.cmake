@@ -27,6 +27,7 @@ else()
   file(GLOB rp_py_srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/python/*.cpp)
   pybind11_add_module(_roundpipe ${rp_py_srcs})
   target_include_directories(_roundpipe PRIVATE ${CMAKE_CURRENT_SOURCE_DIR} ${CMAKE_CURRENT_BINARY_DIR}/generated)
+  add_dependencies(_roundpipe rp_git_commit)  # roundpipe_version.hpp's commit
   target_link_libraries(_roundpipe PRIVATE rp_cli)
   # build/python/roundpipe/ is the importable package (PYTHONPATH=build/python): the compiled
   # module beside links to the pure-Python files, so edits to them need no rebuild

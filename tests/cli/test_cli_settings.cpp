@@ -198,6 +198,29 @@ TEST(CliSettings, VersionSaysHowTheBinaryWasBuilt) {
   fs::remove_all(d);
 }
 
+// The commit --version names is the one the binary was built from: in a git checkout, its HEAD
+// once built (the build refreshes it; a configure long ago does not pin it).
+TEST(CliSettings, VersionNamesTheCommitOfTheBuild) {
+  auto d = tmpdir();
+  const std::string git = "git -C '" + std::string(RP_SOURCE_DIR) + "' ";
+  const bool in_git =
+      std::system(
+          (git + "rev-parse --show-toplevel > " + (d / "top.txt").string() + " 2>/dev/null").c_str()) == 0;
+  std::string top = slurp(d / "top.txt");
+  top = top.substr(0, top.find('\n'));
+  std::error_code ec;
+  if (!in_git || !fs::equivalent(top, RP_SOURCE_DIR, ec))  // a tarball, maybe inside another repository
+    GTEST_SKIP() << RP_SOURCE_DIR << " is not a git checkout (or git is missing): the commit is \"unknown\"";
+  ASSERT_EQ(std::system((git + "rev-parse --short=12 HEAD > " + (d / "head.txt").string()).c_str()), 0);
+  const std::string head = slurp(d / "head.txt").substr(0, 12);
+  const CliRun r = roundpipe("--version", d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("\ncommit: " + head + "\n"), std::string::npos)
+      << "the checkout is at " << head << "; rebuild if it moved since the last build\n"
+      << r.out;
+  fs::remove_all(d);
+}
+
 // A run's output: the optimizer mode first, one line per data file with truncated examples,
 // the gradient norm on every progress line although nothing clips.
 TEST(CliSettings, ARunSaysItsOptimizerTruncationsAndGradNorm) {
