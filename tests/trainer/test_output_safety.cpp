@@ -518,4 +518,29 @@ TEST(OutputSafety, AStopSignalBeforeTheFirstStepLeavesNoFolder) {
   fs::remove_all(d);
 }
 
+// The metrics_jsonl file is opened at the first step's line, so a stop signal before that step
+// (the CLI's handler, as above) leaves none: an explicit file outside the output folder, where
+// the folder's cleanup does not reach, is not created, and an earlier run's file there keeps its
+// lines.
+TEST(OutputSafety, AStopSignalBeforeTheFirstStepLeavesTheMetricsJsonlAlone) {
+  GTEST_FLAG_SET(death_test_style, "fast");
+  auto d = tmpdir();
+  rp::TrainerCallbacks cb;
+  cb.on_ready = [] {
+    rp::remove_unfinished_temporaries();
+    rp::remove_recorded_folders();
+    std::_Exit(130);
+  };
+  rp::TrainSpec s = spec_into(d, d / "sig", 2);
+  s.metrics_jsonl = (d / "metrics.jsonl").string();
+  EXPECT_EXIT(rp::Trainer(s).run(cb), ::testing::ExitedWithCode(130), "");
+  EXPECT_FALSE(fs::exists(d / "metrics.jsonl"));
+  EXPECT_FALSE(fs::exists(d / "sig"));
+  const std::string earlier = "{\"step\": 1, \"loss\": 2.5}\n";
+  write(d / "metrics.jsonl", earlier);
+  EXPECT_EXIT(rp::Trainer(s).run(cb), ::testing::ExitedWithCode(130), "");
+  EXPECT_EQ(slurp(d / "metrics.jsonl"), earlier);
+  fs::remove_all(d);
+}
+
 }  // namespace
