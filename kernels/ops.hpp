@@ -663,8 +663,10 @@ class Ops {
   /// gemm_fp8 with tensor scales. Call it on the thread that runs this object's ops.
   virtual bool gemm_fp8_rows_supported() { return true; }
   /// The codes of v[r,c] = x[r,c] * col_scale[c] (x [rows, cols] in dtype(), col_scale fp32
-  /// [cols], the product in fp32) with one scale per row: scale[r] = scale_from_amax(max_c
-  /// |v[r,c]|, f), q[r,c] = fp8::quantize(f, v[r,c], scale[r]). An input gradient dx = dy W of
+  /// [cols], the product in fp32; null col_scale: v = x) with one scale per row: scale[r] =
+  /// scale_from_amax(max_c |v[r,c]|, f), q[r,c] = fp8::quantize(f, v[r,c], scale[r]). Without
+  /// column scales these are fp8_scale_rows' scales and fp8_quantize_rows' codes, from one read
+  /// of x on CUDA (a row held in registers) where those two read it twice. An input gradient dx = dy W of
   /// a weight stored as codes C with row scales s_w is dy diag(s_w) C: the row scales fold
   /// into dy here, and W^T's codes are C^T (transpose_bytes) with no rescaling.
   virtual void fp8_quantize_rows_col_scaled(const void* x, const float* col_scale, uint8_t* q, float* scale,

@@ -64,13 +64,8 @@ void fp8_linear_fwd(Ops& ops, const Fp8Linear& f, const void* x, void* y, int64_
   if (f.weight.row_scale) {  // stored codes: one scale per token and per output row
     if (!f.input_quantized) {
       if (!f.act.codes || !f.act.scale) throw std::invalid_argument("fp8 linear: no activation scratch");
-      // one pass (x times ones: the same products, scales and codes as the two passes below)
-      if (f.weight.ones)
-        ops.fp8_quantize_rows_col_scaled(x, f.weight.ones, f.act.codes, f.act.scale, n, in, kFp8ActFormat);
-      else {
-        ops.fp8_scale_rows(x, n, in, kFp8ActFormat, f.act.scale);
-        ops.fp8_quantize_rows(x, f.act.scale, f.act.codes, n, in, kFp8ActFormat);
-      }
+      // fp8_scale_rows' scales and fp8_quantize_rows' codes from one read of x
+      ops.fp8_quantize_rows_col_scaled(x, nullptr, f.act.codes, f.act.scale, n, in, kFp8ActFormat);
     }
     if (residual) ops.copy(ops.dtype(), y, residual, n * out);  // the rows' GEMM adds onto y
     ops.gemm_fp8_rows(f.act.codes, kFp8ActFormat, f.act.scale, f.weight.w, kFp8ActFormat, f.weight.row_scale,

@@ -23,7 +23,9 @@
 // per output row, W = diag(s_w) C) runs from its stored codes where the device has the FP8
 // GEMM with per-row scales (Ops::gemm_fp8_rows_supported; Fp8Weight::row_scale set):
 //   y  = diag(s_x) q(x) C^T diag(s_w)     s_x [n]: one scale per token, scales and codes in one
-//                                         pass over x (Ops::fp8_quantize_rows_col_scaled by ones)
+//                                         pass over x (Ops::fp8_quantize_rows_col_scaled without
+//                                         column scales; or made by the norm that produced x,
+//                                         Ops::rmsnorm_fwd_fp8_rows)
 //   dx = diag(s_d) q(dy diag(s_w)) C      s_w folded into dy before its per-token quantization
 //                                         (Ops::fp8_quantize_rows_col_scaled); C^T's codes are
 //                                         C's bytes transposed (Ops::transpose_bytes)
@@ -59,10 +61,6 @@ struct Fp8Weight {
   const uint8_t* wt = nullptr;
   const float* scale = nullptr;
   const float* row_scale = nullptr;
-  /// fp32 1s, at least max(in, out) of them (with row_scale): the input gradient's scale vector
-  /// of W^T's rows, and the column scales of the forward's one-pass quantization of x. Null: the
-  /// forward quantizes x in two passes (fp8_scale_rows, fp8_quantize_rows), the input gradient
-  /// is refused.
   const float* ones = nullptr;
 };
 

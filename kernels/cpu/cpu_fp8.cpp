@@ -119,11 +119,12 @@ void CpuOps::gemm_fp8_rows(const uint8_t* a, Fp8Format fa, const float* scale_a,
 void CpuOps::fp8_quantize_rows_col_scaled(const void* x, const float* col_scale, uint8_t* q, float* scale,
                                           int64_t rows, int64_t cols, Fp8Format f) {
   require(rows >= 0 && cols >= 0, "fp8_quantize_rows_col_scaled", "negative dimension");
-  require(rows * cols == 0 || (x && col_scale && q && scale), "fp8_quantize_rows_col_scaled",
-          "null input, column scales, codes or row scales");
+  require(rows * cols == 0 || (x && q && scale), "fp8_quantize_rows_col_scaled",
+          "null input, codes or row scales");
   std::vector<float> v(size_t(std::max<int64_t>(cols, 0)));
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < cols; ++c) v[size_t(c)] = F(x)[r * cols + c] * col_scale[c];
+    for (int64_t c = 0; c < cols; ++c)
+      v[size_t(c)] = col_scale ? F(x)[r * cols + c] * col_scale[c] : F(x)[r * cols + c];
     const float s = fp8::scale_from_amax(amax_of(v.data(), cols), f);
     scale[r] = s;
     for (int64_t c = 0; c < cols; ++c) q[r * cols + c] = fp8::quantize(f, v[size_t(c)], s);

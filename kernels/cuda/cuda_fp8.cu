@@ -165,7 +165,8 @@ void launch_transposed(const T* x, const float* scale, uint8_t* q, int64_t rows,
 
 // ---- per-row codes of x * col_scale, and the byte transpose --------------------------------
 
-// One block per row: v = x[r,c] * cs[c] in fp32, scale[r] from max |v|, then q = encode(v / s).
+// One block per row: v = x[r,c] * cs[c] in fp32 (v = x[r,c] without cs), scale[r] from max |v|,
+// then q = encode(v / s).
 // Every thread of the block takes the row's scale after the block-wide maximum (block_max_u
 // leaves it in every thread).
 template <Fp8Format F, typename T>
@@ -174,23 +175,26 @@ __global__ void quantize_rows_col_scaled_kernel(const T* x, const float* cs, uin
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * cols;
     unsigned m = 0;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) m = max(m, abs_bits(to_f(xr[c]) * cs[c]));
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+      m = max(m, abs_bits(cs ? to_f(xr[c]) * cs[c] : to_f(xr[c])));
     m = block_max_u<kThreads>(m);
     const float s = fp8::scale_from_amax(fp8::float_of(m), F);
     if (threadIdx.x == 0) scale[r] = s;
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
-      q[r * cols + c] = fp8::encode<F>(to_f(xr[c]) * cs[c] / s);
+      q[r * cols + c] = fp8::encode<F>((cs ? to_f(xr[c]) * cs[c] : to_f(xr[c])) / s);
   }
 }
 
-// The same, vectorized: one block per row, each thread holding up to CPT chunks of 8 values
-// (16-byte loads of bf16) in registers between the row's amax and its codes, so x is read once.
-// x 16-byte aligned, cols a multiple of 8 and at most kThreads * 8 * CPT, cs 16-byte and q
-// 8-byte aligned. Same products, scale and divisions as the scalar kernel: the same bits.
+// The same, vectorized: one block of THREADS per row, each thread holding up to CPT chunks of 8
+// values (16-byte loads of bf16) in registers between the row's amax and its codes, so x is read
+// once. x 16-byte aligned, cols a multiple of 8 and at most THREADS * 8 * CPT, cs (COLS: read,
+// else null) 16-byte and q 8-byte aligned. Same products, scale and divisions as the scalar
+// kernel: the same bits.
 constexpr int kRowChunk = 8;
-template <Fp8Format F, int CPT, typename T>
-__global__ void quantize_rows_col_scaled_vec(const T* x, const float* cs, uint8_t* q, float* scale,
-                                             int64_t rows, int64_t cols) {
+template <Fp8Format F, int CPT, int THREADS, bool COLS, typename T>
+__global__ void __launch_bounds__(THREADS)
+    quantize_rows_col_scaled_vec(const T* x, const float* cs, uint8_t* q, float* scale, int64_t rows,
+                                 int64_t cols) {
   const int64_t chunks = cols / kRowChunk;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * cols;
@@ -198,24 +202,25 @@ __global__ void quantize_rows_col_scaled_vec(const T* x, const float* cs, uint8_
     unsigned m = 0;
 #pragma unroll
     for (int k = 0; k < CPT; ++k) {
-      const int64_t ch = threadIdx.x + int64_t(k) * kThreads;
+      const int64_t ch = threadIdx.x + int64_t(k) * THREADS;
       if (ch >= chunks) continue;
       load_n<kRowChunk, true>(xr + ch * kRowChunk, v[k]);
-      const float4 c0 = reinterpret_cast<const float4*>(cs)[2 * ch],
-                   c1 = reinterpret_cast<const float4*>(cs)[2 * ch + 1];
-      const float c[kRowChunk] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+      if constexpr (COLS) {
+        const float4 c0 = reinterpret_cast<const float4*>(cs)[2 * ch],
+                     c1 = reinterpret_cast<const float4*>(cs)[2 * ch + 1];
+        const float c[kRowChunk] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
 #pragma unroll
-      for (int j = 0; j < kRowChunk; ++j) {
-        v[k][j] *= c[j];
-        m = max(m, abs_bits(v[k][j]));
+        for (int j = 0; j < kRowChunk; ++j) v[k][j] *= c[j];
       }
+#pragma unroll
+      for (int j = 0; j < kRowChunk; ++j) m = max(m, abs_bits(v[k][j]));
     }
-    m = block_max_u<kThreads>(m);
+    m = block_max_u<THREADS>(m);
     const float s = fp8::scale_from_amax(fp8::float_of(m), F);
     if (threadIdx.x == 0) scale[r] = s;
 #pragma unroll
     for (int k = 0; k < CPT; ++k) {
-      const int64_t ch = threadIdx.x + int64_t(k) * kThreads;
+      const int64_t ch = threadIdx.x + int64_t(k) * THREADS;
       if (ch >= chunks) continue;
       alignas(8) uint8_t out[kRowChunk];
 #pragma unroll
@@ -225,27 +230,45 @@ __global__ void quantize_rows_col_scaled_vec(const T* x, const float* cs, uint8_
   }
 }
 
-// Chunks per thread of the vectorized row kernel for `cols` (1, 2, 4 or 8), or 0 where it does
-// not apply (alignment, a width not a multiple of 8, or rows wider than 8 x 8 x kThreads).
-int row_chunks_per_thread(const void* x, const float* cs, const uint8_t* q, int64_t cols) {
-  if (!aligned16(x) || !aligned16(cs) || (reinterpret_cast<uintptr_t>(q) & 7u) || cols % kRowChunk) return 0;
-  const int64_t per = (cols / kRowChunk + kThreads - 1) / kThreads;
-  for (int c : {1, 2, 4, 8})
-    if (per <= c) return c;
+// Block size of the vectorized row kernel for `cols` (each thread 1-2 chunks: 256 threads for
+// rows up to 4,096 values, 512 up to 8,192, 1,024 up to 16,384; wider blocks, not more chunks a
+// thread, keep the registers few and the row's loads all in flight), or 0 where it does not
+// apply (alignment, a width not a multiple of 8, rows over 16,384 values).
+int row_block_threads(const void* x, const float* cs, const uint8_t* q, int64_t cols) {
+  if (!aligned16(x) || (cs && !aligned16(cs)) || (reinterpret_cast<uintptr_t>(q) & 7u) || cols % kRowChunk)
+    return 0;
+  const int64_t chunks = cols / kRowChunk;
+  for (int t : {256, 512, 1024})
+    if (chunks <= 2 * t) return t;
   return 0;
+}
+
+template <Fp8Format F, bool COLS, typename T>
+void launch_rows_vec(const T* x, const float* cs, uint8_t* q, float* scale, int64_t rows, int64_t cols,
+                     int threads, cudaStream_t st) {
+  const unsigned grid = unsigned(std::min<int64_t>(rows, int64_t(1) << 30));
+  switch (threads) {
+    case 256:
+      if (cols / kRowChunk <= 256)
+        return quantize_rows_col_scaled_vec<F, 1, 256, COLS>
+            <<<grid, 256, 0, st>>>(x, cs, q, scale, rows, cols);
+      return quantize_rows_col_scaled_vec<F, 2, 256, COLS><<<grid, 256, 0, st>>>(x, cs, q, scale, rows, cols);
+    case 512:
+      return quantize_rows_col_scaled_vec<F, 2, 512, COLS><<<grid, 512, 0, st>>>(x, cs, q, scale, rows, cols);
+    default:
+      return quantize_rows_col_scaled_vec<F, 2, 1024, COLS>
+          <<<grid, 1024, 0, st>>>(x, cs, q, scale, rows, cols);
+  }
 }
 
 template <Fp8Format F, typename T>
 void launch_rows_col_scaled(const T* x, const float* cs, uint8_t* q, float* scale, int64_t rows, int64_t cols,
                             cudaStream_t st) {
+  const int threads = row_block_threads(x, cs, q, cols);
+  if (threads && cs) return launch_rows_vec<F, true>(x, cs, q, scale, rows, cols, threads, st);
+  if (threads) return launch_rows_vec<F, false>(x, cs, q, scale, rows, cols, threads, st);
   const unsigned grid = unsigned(std::min<int64_t>(rows, int64_t(1) << 30));
-  switch (row_chunks_per_thread(x, cs, q, cols)) {
-    case 1: return quantize_rows_col_scaled_vec<F, 1><<<grid, kThreads, 0, st>>>(x, cs, q, scale, rows, cols);
-    case 2: return quantize_rows_col_scaled_vec<F, 2><<<grid, kThreads, 0, st>>>(x, cs, q, scale, rows, cols);
-    case 4: return quantize_rows_col_scaled_vec<F, 4><<<grid, kThreads, 0, st>>>(x, cs, q, scale, rows, cols);
-    case 8: return quantize_rows_col_scaled_vec<F, 8><<<grid, kThreads, 0, st>>>(x, cs, q, scale, rows, cols);
-    default: quantize_rows_col_scaled_kernel<F><<<grid, kThreads, 0, st>>>(x, cs, q, scale, rows, cols);
-  }
+  quantize_rows_col_scaled_kernel<F><<<grid, kThreads, 0, st>>>(x, cs, q, scale, rows, cols);
 }
 
 // dst[c, r] = src[r, c]: a 64 x 64 tile through shared memory, 256 threads, each moving 16 bytes

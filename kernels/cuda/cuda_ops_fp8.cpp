@@ -141,8 +141,8 @@ void CudaOps::fp8_quantize_both(const void* x, const float* scale, uint8_t* q, u
 void CudaOps::fp8_quantize_rows_col_scaled(const void* x, const float* col_scale, uint8_t* q, float* scale,
                                            int64_t rows, int64_t cols, Fp8Format f) {
   require(rows >= 0 && cols >= 0, "fp8_quantize_rows_col_scaled", "negative dimension");
-  require(rows * cols == 0 || (x && col_scale && q && scale), "fp8_quantize_rows_col_scaled",
-          "null input, column scales, codes or row scales");
+  require(rows * cols == 0 || (x && q && scale), "fp8_quantize_rows_col_scaled",
+          "null input, codes or row scales");
   set_device(dev_);
   k_fp8_quantize_rows_col_scaled(dtype_, x, col_scale, q, scale, rows, cols, f, st_);
 }

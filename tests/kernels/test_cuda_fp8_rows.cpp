@@ -112,8 +112,10 @@ TEST_F(CudaFp8Rows, GemmWithinItsAccumulationBound) {
 
 // Codes and row scales of x * col_scale from bf16 inputs equal the CPU twin's bit for bit
 // (odd widths, a zero row; e4m3 and e5m2): rows the vectorized kernel holds in registers with
-// 1, 2, 4 and 8 chunks per thread (up to 16,384 values: LLaMA-8B's 14,336 among them), a width
-// past them and widths off its 8-value grid (the scalar kernel), and x 2 bytes off alignment.
+// blocks of 256 (one and two chunks a thread), 512 and 1,024 threads (up to 16,384 values:
+// LLaMA-8B's 14,336 among them), a width past them and widths off its 8-value grid (the scalar
+// kernel), and x 2 bytes off alignment; with column scales and without them (then the codes and
+// scales of fp8_scale_rows and fp8_quantize_rows).
 TEST_F(CudaFp8Rows, ColumnScaledRowCodesEqualTheCpuTwin) {
   struct Case {
     int64_t rows, cols, offset;
@@ -154,6 +156,18 @@ TEST_F(CudaFp8Rows, ColumnScaledRowCodesEqualTheCpuTwin) {
     for (int64_t r = 0; r < rows; ++r) ASSERT_EQ(gs[size_t(r)], cs_[size_t(r)]) << what << " row " << r;
     for (int64_t i = 0; i < rows * cols; ++i)
       ASSERT_EQ(int(gq[size_t(i)]), int(cq[size_t(i)])) << what << " " << i;
+    // without column scales: fp8_scale_rows' scales and fp8_quantize_rows' codes (CPU twin)
+    run([&](Ops& o) {
+      o.fp8_quantize_rows_col_scaled(xin, nullptr, qd.as<uint8_t>(), sd.as<float>(), rows, cols, fmt);
+    });
+    cpu_->fp8_scale_rows(xr.data(), rows, cols, fmt, cs_.data());
+    cpu_->fp8_quantize_rows(xr.data(), cs_.data(), cq.data(), rows, cols, fmt);
+    const VecF gs1 = download(sd);
+    const Codes gq1 = download_bytes(qd.get(), rows * cols);
+    for (int64_t r = 0; r < rows; ++r)
+      ASSERT_EQ(gs1[size_t(r)], cs_[size_t(r)]) << what << " plain row " << r;
+    for (int64_t i = 0; i < rows * cols; ++i)
+      ASSERT_EQ(int(gq1[size_t(i)]), int(cq[size_t(i)])) << what << " plain " << i;
   }
 }
 

@@ -136,9 +136,9 @@ TEST(Fp8StoredBase, LinearFromStoredCodesWithinTheRoundingBound) {
   }
 }
 
-// The forward's per-token scales and codes of x come from one pass (x times the weight's ones)
-// where the weight carries them, else from fp8_scale_rows and fp8_quantize_rows: the same
-// scales, codes and outputs bit for bit, on inputs with a zero row and rows 2^12 apart.
+// The forward quantizes x in one pass (Ops::fp8_quantize_rows_col_scaled without column scales):
+// the per-token scales and codes equal fp8_scale_rows' and fp8_quantize_rows', and the output
+// the GEMM of those, bit for bit, on inputs with a zero row and rows 2^12 apart.
 TEST(Fp8StoredBase, OnePassQuantizationEqualsTheTwoPasses) {
   auto ops = make_cpu_ops();
   const int64_t n = 5, in = 64, out = 48;
@@ -149,20 +149,20 @@ TEST(Fp8StoredBase, OnePassQuantizationEqualsTheTwoPasses) {
   }
   std::vector<uint8_t> stored(weight_format_bytes(WeightFormat::fp8, out * in, in));
   quantize_weights(WeightFormat::fp8, w.data(), stored.data(), out * in, in);
-  std::vector<uint8_t> wq(size_t(out * in)), codes1(size_t(n * in)), codes2(size_t(n * in));
-  VecF row_scale(static_cast<size_t>(out)), ones(static_cast<size_t>(in), 1.f), s1 = ref::nan_vec(size_t(n)),
-                                                                                s2 = ref::nan_vec(size_t(n));
+  std::vector<uint8_t> wq(size_t(out * in)), codes(size_t(n * in)), want_codes(size_t(n * in));
+  VecF row_scale(static_cast<size_t>(out)), s = ref::nan_vec(size_t(n)), want_s = ref::nan_vec(size_t(n));
   fp8_stored_weight(*ops, stored.data(), out, in, wq.data(), nullptr, row_scale.data());
-  const Fp8Linear one{{wq.data(), nullptr, nullptr, row_scale.data(), ones.data()},
-                      {codes1.data(), s1.data()}};
-  const Fp8Linear two{{wq.data(), nullptr, nullptr, row_scale.data(), nullptr}, {codes2.data(), s2.data()}};
-  VecF y1 = ref::nan_vec(size_t(n * out)), y2 = ref::nan_vec(size_t(n * out));
-  fp8_linear_fwd(*ops, one, x.data(), y1.data(), n, in, out, false);
-  fp8_linear_fwd(*ops, two, x.data(), y2.data(), n, in, out, false);
-  EXPECT_EQ(0, std::memcmp(s1.data(), s2.data(), s1.size() * 4)) << "the per-token scales";
-  EXPECT_EQ(codes1, codes2);
-  EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * 4)) << "the outputs";
-  EXPECT_EQ(s1[1], fp8::scale_from_amax(0.f, Fp8Format::e4m3)) << "the zero row's scale";
+  const Fp8Linear f{{wq.data(), nullptr, nullptr, row_scale.data(), nullptr}, {codes.data(), s.data()}};
+  VecF y = ref::nan_vec(size_t(n * out)), want_y = ref::nan_vec(size_t(n * out));
+  fp8_linear_fwd(*ops, f, x.data(), y.data(), n, in, out, false);
+  ops->fp8_scale_rows(x.data(), n, in, Fp8Format::e4m3, want_s.data());
+  ops->fp8_quantize_rows(x.data(), want_s.data(), want_codes.data(), n, in, Fp8Format::e4m3);
+  ops->gemm_fp8_rows(want_codes.data(), Fp8Format::e4m3, want_s.data(), wq.data(), Fp8Format::e4m3,
+                     row_scale.data(), want_y.data(), n, in, out, false);
+  EXPECT_EQ(0, std::memcmp(s.data(), want_s.data(), s.size() * 4)) << "the per-token scales";
+  EXPECT_EQ(codes, want_codes);
+  EXPECT_EQ(0, std::memcmp(y.data(), want_y.data(), y.size() * 4)) << "the outputs";
+  EXPECT_EQ(s[1], fp8::scale_from_amax(0.f, Fp8Format::e4m3)) << "the zero row's scale";
 }
 
 TEST(Fp8StoredBase, ListsItsDenseLinears) {
