@@ -25,6 +25,7 @@
 
 #include "base/atomic_file.hpp"
 #include "base/counted.hpp"
+#include "base/host_resources.hpp"
 #include "base/output_folder.hpp"
 #include "cli/command.hpp"
 #include "roundpipe/model_source.hpp"
@@ -348,6 +349,7 @@ void dump_batch_only(const TrainSpec& spec, const std::string& file) {
   validate_spec(spec);
   check_data_paths(spec);
   const ModelSource src = open_model_for_training(spec.model);
+  check_batch_fits_host(spec, src.config(), host_available_bytes());
   TokenStream data = load_data_for_training(spec, src.header());
   const TokenBatch b = data.next(spec.sequences_per_step / spec.accumulation);
   dump_batch(file, b);

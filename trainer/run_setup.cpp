@@ -271,6 +271,38 @@ SessionOptions session_options_of(const TrainSpec& spec, const ModelLayout& layo
   return opt;
 }
 
+namespace {
+/// Bytes of one activation element: the CPU backend computes in fp32, the CUDA one in compute_dtype.
+int64_t activation_elem_bytes(const TrainSpec& spec) {
+  const bool cpu = spec.backend == "cpu" || (spec.backend == "auto" && cuda_device_count() == 0);
+  return cpu ? 4 : int64_t(dtype_size(parse_dtype(spec.compute_dtype)));
+}
+}  // namespace
+
+void check_batch_fits_host(const TrainSpec& spec, const ModelConfig& c, size_t available_bytes) {
+  if (available_bytes == 0) return;
+  const double available = double(available_bytes), L = double(spec.seq_len);
+  const double token = 3 * sizeof(int32_t);                                        // ids, targets, positions
+  const double act = double(c.hidden_size) * double(activation_elem_bytes(spec));  // one layer, per token
+  const double one_sequence = L * (2 * token + act);
+  if (one_sequence > available)
+    throw std::invalid_argument(fmt::format(
+        "{}: key 'seq_len': one sequence of {} tokens needs {} of host memory (its tokens and one layer's "
+        "activations of hidden size {}), {} are available; lower seq_len",
+        setting_origin(spec, "seq_len"), spec.seq_len, byte_text(one_sequence), c.hidden_size,
+        byte_text(available)));
+  const int64_t per_pass = spec.sequences_per_step / spec.accumulation;
+  const int64_t per_micro = per_pass / spec.micro_batches;
+  const double pass = double(per_pass) * L * token + double(per_micro) * L * act;
+  if (pass > available)
+    throw std::invalid_argument(fmt::format(
+        "{}: key 'sequences_per_step': a pass of {} of {} tokens needs {} of host memory (the token "
+        "batch and one layer's activations of a micro-batch of {}), {} are available; lower "
+        "sequences_per_step or raise accumulation",
+        setting_origin(spec, "sequences_per_step"), counted(per_pass, "sequence"), spec.seq_len,
+        byte_text(pass), per_micro, byte_text(available)));
+}
+
 std::string warn_host_memory(const TrainSpec& spec, const ModelLayout& layout, int replicas) {
   const double total = double(host_total_bytes());
   if (!(total > 0)) return "";
@@ -291,7 +323,7 @@ std::string warn_host_memory(const TrainSpec& spec, const ModelLayout& layout, i
   // absent: the session keeps the attention outputs only when they fit, so the need is without
   run.saved_attention = spec.save_attention.value_or(false);
   const bool cpu = spec.backend == "cpu" || (spec.backend == "auto" && cuda_device_count() == 0);
-  run.elem_bytes = cpu ? 4 : int64_t(dtype_size(parse_dtype(spec.compute_dtype)));
+  run.elem_bytes = activation_elem_bytes(spec);
   const HostMemoryNeed need = host_memory_need(layout, run);
   if (need.total() <= kHostHeadroom * total) return "";
   std::string text = fmt::format("host memory: this run needs about {}, over {:.0f}% of this machine's {}{}",

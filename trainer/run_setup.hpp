@@ -112,6 +112,14 @@ LoadedModel load_model_for_training(const std::string& path);
 /// The same for a LoRA run's base: ModelSource::open(path), no tensor read yet.
 ModelSource open_model_for_training(const std::string& path);
 
+/// Before the model's buffers and the data are allocated: refuses (std::invalid_argument, one
+/// line naming the key) a batch shape whose smallest host buffers alone exceed
+/// `available_bytes` (0: unknown, nothing is refused). Key 'seq_len': one sequence's tokens (its
+/// packed row and its place in a batch) and one layer's activation of it; key
+/// 'sequences_per_step': a pass's token batch and one layer's activation of a micro-batch. Every
+/// run holds at least these at once, whatever the plan, so a shape over them can never run.
+void check_batch_fits_host(const TrainSpec& spec, const ModelConfig& c, size_t available_bytes);
+
 /// Before the session starts: when the run's host memory (scheduler/host_memory.hpp, the model
 /// `roundpipe plan` prints) is over kHostHeadroom of this machine's memory, logs one warning
 /// with the need and each change that lowers it (host_memory_alternatives), so a run that

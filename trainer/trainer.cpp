@@ -12,8 +12,9 @@
 #include "base/atomic_file.hpp"
 #include "base/counted.hpp"
 #include "base/error_text.hpp"
-#include "base/output_folder.hpp"  // kPathQuoteBytes
-#include "model/fp8_linear.hpp"    // fp8_wgrad_reach
+#include "base/host_resources.hpp"  // host_available_bytes
+#include "base/output_folder.hpp"   // kPathQuoteBytes
+#include "model/fp8_linear.hpp"     // fp8_wgrad_reach
 #include "model/model_flops.hpp"
 #include "roundpipe/checkpoint.hpp"
 #include "scheduler/cost_model.hpp"
@@ -103,7 +104,8 @@ void TrainingRun::setup() {
                      ? " (the local path: no base_model_id in the spec and none in the model's metadata)"
                      : fmt::format(" (from {}; local file {})", base_.id_from, base_.path));
   const ModelLayout& layout = w.layout;
-  // before the data and the session's buffers: what to change
+  // before the data and the session's buffers: a shape that can never fit, then what to change
+  check_batch_fits_host(spec_, layout.config, host_available_bytes());
   warn_host_memory(spec_, layout, replica_count());
   data_.emplace(load_data_for_training(spec_, model_));
   derive_epochs();

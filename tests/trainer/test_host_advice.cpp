@@ -21,6 +21,43 @@
 namespace rp {
 namespace {
 
+// A sequence, or a pass, whose token buffers and one layer's activations alone exceed the
+// memory available is refused naming its key; the same shape with more accumulation (a smaller
+// pass) is not, nor anything when the memory is unknown.
+TEST(HostAdvice, ABatchShapeOverTheAvailableMemoryIsRefusedNamingItsKey) {
+  ModelConfig c;
+  c.hidden_size = 576;
+  TrainSpec spec;
+  spec.source = "s.json";
+  spec.backend = "cpu";
+  spec.seq_len = 128;
+  spec.sequences_per_step = 4;
+  spec.micro_batches = 2;
+  spec.accumulation = 1;
+  const size_t gib = size_t(1) << 30;
+  EXPECT_NO_THROW(check_batch_fits_host(spec, c, 24 * gib));
+  auto refusal = [&](size_t available) -> std::string {
+    try {
+      check_batch_fits_host(spec, c, available);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  spec.seq_len = 100000000;  // 230 GB for one layer's activations of one sequence
+  EXPECT_EQ(refusal(24 * gib).rfind("s.json: key 'seq_len': one sequence of 100000000 tokens needs ", 0), 0u)
+      << refusal(24 * gib);
+  spec.seq_len = 128;
+  spec.sequences_per_step = 1000000000;  // 1.5 TB of token batch per pass
+  EXPECT_EQ(refusal(24 * gib).rfind("s.json: key 'sequences_per_step': a pass of 1000000000 sequences", 0),
+            0u)
+      << refusal(24 * gib);
+  spec.accumulation = 500000000;  // two sequences per pass
+  EXPECT_EQ(refusal(24 * gib), "");
+  spec.accumulation = 1;
+  EXPECT_EQ(refusal(0), "");  // the memory is unknown
+}
+
 TEST(HostAdvice, TrainWarnsWithThePlannersNumbersWhenTheRunIsOverTheMachine) {
   const double total = double(host_total_bytes());
   if (!(total > 0)) GTEST_SKIP() << "this machine's memory is unknown (no /proc/meminfo)";
