@@ -61,6 +61,12 @@ bool g_under_mpi = false;  // launched by mpirun / mpiexec (set before the handl
 /// line of their own, after the "^C" the terminal echoed; a log file or pipe gets no blank line.
 bool g_err_tty = false;
 std::string g_first_line;  // what the first signal prints (built before the handlers)
+/// What it prints instead before this run's first step (the evaluation and the sample before
+/// training): nothing is in flight to finish, nothing new to save.
+std::string g_unstarted_line;
+/// This run's first step has started (its first batch went in): lock-free, the handler reads it.
+std::atomic<bool> g_stepping{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
 /// The other replicas on this host, each with the line naming it once it is gone (built
 /// before the handlers: the handler only reads it).
 std::vector<std::pair<pid_t, std::string>> g_local_peers;
@@ -70,9 +76,15 @@ void write_err(const char* s, size_t n) { [[maybe_unused]] auto r = ::write(2, s
 /// The line of the first stop signal. A single process promises its checkpoint. Replicas
 /// cannot: the step is saved only if every replica gets there, and mpirun ends the whole job
 /// (SIGTERM, then SIGKILL) when one replica dies, which is also the usual source of a
-/// SIGTERM under mpirun.
-std::string first_signal_line(bool under_mpi, int rank) {
+/// SIGTERM under mpirun. Before the run's first step (`stepping` false) a single process has
+/// no step in flight to finish and nothing new to save.
+std::string first_signal_line(bool under_mpi, int rank, bool stepping) {
   const char* nl = g_err_tty ? "\n" : "";
+  if (!under_mpi && !stepping)
+    return fmt::format(
+        "{}roundpipe: interrupted before the first step: stopping without training or saving anything "
+        "(Ctrl-C again to exit now)\n",
+        nl);
   if (!under_mpi)
     return fmt::format(
         "{}roundpipe: interrupted: finishing the steps in flight, then saving a checkpoint (Ctrl-C again to "
@@ -156,7 +168,8 @@ void on_signal(int) {
     write_err(failure, std::strlen(failure));
     write_err("\n", 1);
   } else if (!(g_under_mpi && name_ended_peers())) {
-    write_err(g_first_line.data(), g_first_line.size());
+    const std::string& line = g_stepping.load() ? g_first_line : g_unstarted_line;
+    write_err(line.data(), line.size());
   }
   errno = saved_errno;
 }
@@ -371,14 +384,15 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
     throw UsageError("--train: only with --dump-batch (a run trains anyway)");
   TrainerCallbacks cb;
   cb.on_step = [&](const StepReport& r) { print_progress(spec, r); };
-  if (!ov.dump_batch.empty())
-    cb.on_batch = [&](int64_t step, int64_t pass, const TokenBatch& b) {
-      if (step == 0 && pass == 0) dump_batch(ov.dump_batch, b);
-    };
+  cb.on_batch = [&](int64_t step, int64_t pass, const TokenBatch& b) {
+    g_stepping.store(true);
+    if (step == 0 && pass == 0 && !ov.dump_batch.empty()) dump_batch(ov.dump_batch, b);
+  };
   StopToken stop;
   g_under_mpi = launched_by_mpi();
   g_err_tty = ::isatty(2) == 1;
-  g_first_line = first_signal_line(g_under_mpi, launcher_rank());
+  g_first_line = first_signal_line(g_under_mpi, launcher_rank(), true);
+  g_unstarted_line = first_signal_line(g_under_mpi, launcher_rank(), false);
   std::optional<SignalHandlers> startup(std::in_place, on_startup_signal);
   // from the first step on, and while the final checkpoint is written (a Ctrl-C cannot cut it)
   std::optional<StopOnSignals> signals;

@@ -111,6 +111,10 @@ void TrainingRun::evaluate(int64_t steps_done) {
 
 std::string TrainingRun::sample_text(const char* when) {
   if (spec_.sample_prompt.empty() || !leader()) return {};
+  if (stop_.stop_requested()) {  // a stop is not kept waiting for a sample
+    spdlog::info("stop requested: the sample {} is skipped", when);
+    return {};
+  }
   session_->synchronize();
   std::optional<PlainModel> merged;  // LoRA: the base with the adapters folded in
   if (session_->layout().lora) {
@@ -137,7 +141,12 @@ std::string TrainingRun::sample_text(const char* when) {
   r.messages = {{"user", spec_.sample_prompt, {}}};
   r.chat_template = spec_.chat_template;
   r.generate.max_new_tokens = 64;
+  r.interrupt = [this] { return stop_.stop_requested(); };  // between tokens
   const SampleResult res = sample(gen, model_, r);
+  if (res.interrupted) {
+    spdlog::info("stop requested: the sample {} is left unfinished", when);
+    return {};
+  }
   spdlog::info("sample {}: {} -> {}", when, spec_.sample_prompt, res.text);
   return res.text;
 }

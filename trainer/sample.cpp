@@ -36,6 +36,10 @@ SampleResult sample(Generator& gen, const LoadedModel& model, const SampleReques
   } else {
     res.prompt_ids = tok.encode_with_special_tokens(r.text);
   }
+  if (r.interrupt && r.interrupt()) {
+    res.interrupted = true;
+    return res;
+  }
   const auto t0 = std::chrono::steady_clock::now();
   std::string text;  // decoded so far
   size_t shown = 0, cut = std::string::npos;
@@ -57,7 +61,8 @@ SampleResult sample(Generator& gen, const LoadedModel& model, const SampleReques
     const size_t upto = std::min(cut, text.size());
     if (on_text && upto > shown) on_text(text.substr(shown, upto - shown));
     shown = std::max(shown, upto);
-    return cut == std::string::npos;
+    if (cut == std::string::npos && r.interrupt && r.interrupt()) res.interrupted = true;
+    return cut == std::string::npos && !res.interrupted;
   });
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   res.text = text_of(res.ids);

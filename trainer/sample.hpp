@@ -22,12 +22,16 @@ struct SampleRequest {
   bool enable_thinking = true;    ///< qwen3: false ends the generation prompt with an empty think block
   GenerateOptions generate;       ///< stop_ids are added to: eos and the template's end-of-turn token
   std::vector<std::string> stop;  ///< also stop once the text contains one of these (cut before it)
+  /// Asked before the prompt is run and after each generated token: true ends the generation
+  /// there, with the text so far (SampleResult::interrupted). A stop request, e.g. a Ctrl-C.
+  std::function<bool()> interrupt;
 };
 
 struct SampleResult {
   std::string text;                      ///< the generated text (stop strings and end tokens cut)
   std::vector<int32_t> prompt_ids, ids;  ///< the prompt and the generated tokens
   double seconds = 0;
+  bool interrupted = false;  ///< SampleRequest::interrupt ended it before its end
 };
 
 /// Runs `r` on `gen` for `model` (its tokenizer and chat template). `on_text` (optional)

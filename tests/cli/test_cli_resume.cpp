@@ -193,6 +193,37 @@ TEST(CliResume, TwoSignalsWithinASecondStopOnceAndSave) {
   fs::remove_all(d);
 }
 
+// A stop signal while the run evaluates before training (stuck on a 1 KB/s emulated link) has
+// no step in flight to finish nor anything to save, and says so; the sample before fine-tuning
+// is skipped, not run to its end after the stop.
+TEST(CliResume, AStopBeforeTheFirstStepPromisesNoCheckpointAndSkipsTheSample) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  write(d / "data.jsonl", kData);
+  write(d / "spec.json",
+        spec_for(model, d / "data.jsonl", d / "a",
+                 ", \"steps\": 100, \"pcie_gbps\": 1e-6, \"stop_timeout_s\": 1, "
+                 "\"watchdog_s\": 1, \"eval_fraction\": 0.5, \"sample_prompt\": \"Say hi\""));
+  // the signal once the watchdog reports the evaluation stuck: the run is past its startup
+  const std::string cmd = "cd " + d.string() + " && (timeout --foreground -s KILL 60 " +
+                          std::string(RP_BUILD_DIR) +
+                          "/roundpipe train spec.json > out.txt 2> err.txt < /dev/null & pid=$!; for i in "
+                          "$(seq 200); do grep -q 'watchdog:' out.txt err.txt && break; sleep 0.1; done;" +
+                          " kill -INT $pid; wait $pid; echo $? > rc.txt)";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  const std::string out = slurp(d / "out.txt"), err = slurp(d / "err.txt");
+  EXPECT_EQ(slurp(d / "rc.txt"), "130\n") << out << err;
+  ASSERT_EQ(out.find("eval before training:"), std::string::npos) << "the signal came too late\n" << out;
+  EXPECT_NE(err.find("roundpipe: interrupted before the first step: stopping without training or saving"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(err.find("finishing the steps in flight"), std::string::npos) << err;
+  EXPECT_NE(err.find("interrupted after 0 steps; no checkpoint was written"), std::string::npos) << err;
+  EXPECT_EQ(out.find("sample before fine-tuning:"), std::string::npos) << out;
+  EXPECT_NE(out.find("the sample before fine-tuning is skipped"), std::string::npos) << out;
+  fs::remove_all(d);
+}
+
 // A run stuck on a 1 KB/s emulated link (pcie_gbps 1e-6: a weight copy takes minutes) says
 // what it waits for (the watchdog), and one SIGTERM ends it within stop_timeout_s plus the
 // teardown: exit code 130, no checkpoint of the unfinished steps, and a closing line that says so.

@@ -91,4 +91,27 @@ TEST(Sample, PaddingLeavesRealTokensAlone) {
   EXPECT_TRUE(tok.has_token(255));
 }
 
+// A stop request ends the generation between tokens, with the tokens so far; one made before
+// the prompt runs generates nothing.
+TEST(Sample, AnInterruptEndsTheGenerationBetweenTokens) {
+  const LoadedModel m = padded_tiny_llama(300, false);
+  Generator gen(m, {.backend = "cpu", .max_context = 64});
+  SampleRequest r;
+  r.text = "ab";
+  r.generate.max_new_tokens = 20;
+  int asked = 0;
+  r.interrupt = [&] { return ++asked > 3; };  // before the prompt, then after tokens 1, 2 and 3
+  SampleResult res = sample(gen, m, r);
+  EXPECT_TRUE(res.interrupted);
+  EXPECT_EQ(res.ids.size(), 3u);
+  r.interrupt = [] { return true; };
+  res = sample(gen, m, r);
+  EXPECT_TRUE(res.interrupted);
+  EXPECT_TRUE(res.ids.empty());
+  r.interrupt = [] { return false; };
+  res = sample(gen, m, r);
+  EXPECT_FALSE(res.interrupted);
+  EXPECT_EQ(res.ids.size(), 20u);
+}
+
 }  // namespace rp

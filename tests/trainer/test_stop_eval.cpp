@@ -1,14 +1,19 @@
 // A stop (Ctrl-C, SIGTERM, StopToken) while the run waits for an evaluation keeps every
 // finished step: the steps queued behind the evaluation in the pipeline finish once it has, and
 // are saved like at a stop anywhere else. It used to spend the whole stop_timeout_s on a long
-// evaluation and abandon the step behind it, saving nothing.
+// evaluation and abandon the step behind it, saving nothing. A stop before the first step skips
+// the sample before fine-tuning.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
+#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include "roundpipe/trainer.hpp"
 #include "tests/cli/cli_util.hpp"
@@ -55,6 +60,36 @@ TEST(StopDuringEval, AStopWhileAnEvaluationRunsSavesTheFinishedSteps) {
   // the case this test is about: the wait for the evaluation outlasted stop_timeout_s
   EXPECT_GT(std::chrono::duration<double>(reported - asked).count(), spec.stop_timeout_s)
       << "the evaluation was too short to test the stop during it; slow pcie_gbps down";
+  fs::remove_all(d);
+}
+
+// A stop asked once the run is ready, before its first step, skips the sample before
+// fine-tuning instead of generating it all first.
+TEST(StopDuringEval, AStopBeforeTheFirstStepSkipsTheSampleBeforeFineTuning) {
+  auto d = tmpdir();
+  write(d / "data.jsonl", "{\"text\": \"And God saw the light, that it was good.\"}\n");
+  rp::TrainSpec spec = rp::spec_from_json(
+      nlohmann::json::parse(spec_for(tiny_model(d), d / "data.jsonl", d / "out")), "test spec");
+  spec.sample_prompt = "Say hi";
+  rp::StopToken stop;
+  rp::TrainerCallbacks cb;
+  cb.on_ready = [&] { stop.request_stop(); };
+  std::ostringstream logged;
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(
+      std::make_shared<spdlog::logger>("run", std::make_shared<spdlog::sinks::ostream_sink_mt>(logged)));
+  rp::TrainResult res;
+  try {
+    res = rp::Trainer(spec).run(cb, stop);
+  } catch (...) {
+    spdlog::set_default_logger(previous);
+    throw;
+  }
+  spdlog::set_default_logger(previous);
+  EXPECT_TRUE(res.stopped);
+  EXPECT_EQ(res.steps_done, 0);
+  EXPECT_EQ(logged.str().find("sample before fine-tuning:"), std::string::npos) << logged.str();
+  EXPECT_NE(logged.str().find("the sample before fine-tuning is skipped"), std::string::npos) << logged.str();
   fs::remove_all(d);
 }
 
