@@ -1,6 +1,7 @@
 #include "trace/chrome_trace.hpp"
 
 #include "base/atomic_file.hpp"
+#include "base/json_text.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -77,12 +78,10 @@ std::string lane_name(const std::string& track, int lane) {
 }  // namespace
 
 nlohmann::json read_trace_json(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw std::runtime_error(path + ": cannot open the trace");
   try {
-    return nlohmann::json::parse(f);
-  } catch (const std::exception& e) {
-    throw std::runtime_error(path + ": " + e.what());
+    return parse_json_text(read_json_file(path), path);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(e.what());
   }
 }
 

@@ -47,8 +47,9 @@ nlohmann::json chrome_trace_json(const std::vector<TraceInterval>& intervals,
 /// partial file. Throws std::runtime_error("<path>: ...").
 void write_trace_file(const std::string& path, const nlohmann::json& j);
 
-/// Reads and parses a JSON file (a trace). Throws std::runtime_error("<path>: ...") when the
-/// file cannot be opened or is not JSON.
+/// Reads and parses a JSON file (a trace). Throws std::runtime_error with one line naming it
+/// when the file cannot be opened or is not JSON ("<path>:<line>:<column>: invalid JSON: ...",
+/// base/json_text.hpp).
 nlohmann::json read_trace_json(const std::string& path);
 
 /// The track a thread name belongs to: "worker0.act_up #2" -> "worker0.act_up"; other names

@@ -11,6 +11,7 @@
 
 #include "base/error_text.hpp"
 #include "base/json_fields.hpp"
+#include "base/json_text.hpp"
 #include "base/output_folder.hpp"
 #include "kernels/weight_format.hpp"
 #include "model/fp8_linear.hpp"   // fp8_wgrad_reach
@@ -226,12 +227,9 @@ TrainerState read_trainer_state(const std::string& path) {
   ss << in.rdbuf();
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(ss.str());
-  } catch (const nlohmann::json::exception& e) {
-    std::string what = e.what();
-    for (auto& c : what)
-      if (c == '\n') c = ' ';
-    throw std::runtime_error(fmt::format("{}: invalid JSON ({})", path, what));
+    j = parse_json_text(ss.str(), path);  // "<path>:<line>:<column>: invalid JSON: <reason>"
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(e.what());
   }
   if (!j.is_object()) throw std::runtime_error(path + ": expected a JSON object");
   const JsonFields f(j, path, "", JsonFields::Error::runtime_error);

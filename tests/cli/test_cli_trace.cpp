@@ -65,10 +65,12 @@ TEST(CliTrace, ErrorsAreOneLine) {
   auto d = tmpdir();
   write(d / "notjson.json", "{\"traceEvents\": [");
   write(d / "nottrace.json", "{\"events\": []}");
+  write(d / "metrics.csv", "step,loss\n1,2.5\n");
   for (auto [args, code, needle] :
-       {std::tuple{"trace " + (d / "missing.json").string(), 1,
-                   std::string("missing.json: cannot open the trace")},
-        {"trace " + (d / "notjson.json").string(), 1, std::string("notjson.json: ")},
+       {std::tuple{"trace " + (d / "missing.json").string(), 1, std::string("missing.json: cannot open (")},
+        // a syntax error as every JSON reader names it (file, line, column), not the library's text
+        {"trace " + (d / "notjson.json").string(), 1, std::string("notjson.json:1:18: invalid JSON: ")},
+        {"trace " + (d / "metrics.csv").string(), 1, std::string("metrics.csv:1:1: invalid JSON: ")},
         {"trace " + (d / "nottrace.json").string(), 1, std::string("nottrace.json: not a Chrome trace")},
         {std::string("trace"), 2, std::string("files is required")},
         {"trace x.json --skip-passes -1", 2, std::string("--skip-passes")},
@@ -84,6 +86,7 @@ TEST(CliTrace, ErrorsAreOneLine) {
     EXPECT_EQ(r.err.find("roundpipe: error: "), 0u) << args << ": " << r.err;
     EXPECT_NE(r.err.find(needle), std::string::npos) << args << ": " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
+    EXPECT_EQ(r.err.find("json.exception"), std::string::npos) << args << ": " << r.err;
   }
   fs::remove_all(d);
 }
