@@ -169,13 +169,29 @@ inline std::string parse_error_text(const CLI::ParseError& e) {
   return fmt::format("{}: expected {} after it, got nothing", what.substr(0, at), value);
 }
 
+/// What an output flag writes: its kind in words ("a trace written by roundpipe") and the test
+/// that recognizes such a file.
+struct OwnOutput {
+  std::string kind;
+  std::function<bool(const std::string&)> recognizes;
+};
+
 /// An output file a flag names (`flag` "--trace") may replace a file already at `path` only
 /// when `force` is set, so that a mistyped name never destroys a file of the user's: throws
 /// UsageError "<flag> <path>: a file is already there; choose another name or add --force to
-/// replace it" ("... is a folder" for a folder). Nothing there, or force: returns.
-inline void check_new_output_file(const std::string& path, const std::string& flag, bool force) {
+/// replace it" ("... is a folder" for a folder). With `ours`, --force replaces only a file it
+/// recognizes, and refuses any other with "<flag> <path>: the file there is not <kind>; --force
+/// replaces only such a file (choose another name)": --force never destroys a file of the user's
+/// either. Nothing there, or a file force may replace: returns.
+inline void check_new_output_file(const std::string& path, const std::string& flag, bool force,
+                                  const OwnOutput& ours = {}) {
   if (const std::string why = output_file_problem(path, force); !why.empty())
     throw UsageError(fmt::format("{} {}: {}", flag, path, why));
+  std::error_code ec;
+  if (force && ours.recognizes && std::filesystem::is_regular_file(path, ec) && !ours.recognizes(path))
+    throw UsageError(fmt::format(
+        "{} {}: the file there is not {}; --force replaces only such a file (choose another name)", flag,
+        path, ours.kind));
 }
 
 /// A subcommand callback running `body`: an exception it throws becomes one bounded line

@@ -22,6 +22,7 @@
 #include "model/lora.hpp"
 #include "roundpipe/spec.hpp"
 #include "scheduler/gpu_presets.hpp"
+#include "trace/chrome_trace.hpp"  // is_written_trace
 
 namespace fs = std::filesystem;
 
@@ -255,7 +256,8 @@ void check_plan_options(const PlanCommandOptions& o) {
     throw UsageError(fmt::format(
         "--trace: '{}' is or lies inside the input '{}', which writing it would destroy; choose another file",
         o.trace, in));
-  if (!o.trace.empty()) check_new_output_file(o.trace, "--trace", o.force);
+  if (!o.trace.empty())
+    check_new_output_file(o.trace, "--trace", o.force, {"a trace written by roundpipe", is_written_trace});
   if (!o.memory_cap.empty())
     parse_byte_size(o.memory_cap, "--memory-cap");  // bad values before the model loads
   frozen_format(o);

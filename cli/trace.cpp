@@ -1,5 +1,8 @@
 #include "cli/trace.hpp"
 
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <stdexcept>
 
@@ -16,6 +19,24 @@
 
 namespace rp {
 
+namespace {
+/// Whether `path` holds statistics as --json writes them: a JSON object (at most 64 MiB) of one
+/// member per trace, each an object of exactly settings, workers and tracks.
+bool is_trace_stats_file(const std::string& path) {
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec || size > (uint64_t(64) << 20)) return false;
+  std::ifstream in(path, std::ios::binary);
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (!j.is_object() || j.empty()) return false;
+  for (const auto& [name, stats] : j.items())
+    if (!stats.is_object() || stats.size() != 3 || !stats.contains("settings") ||
+        !stats.contains("workers") || !stats.contains("tracks"))
+      return false;
+  return true;
+}
+}  // namespace
+
 void run_trace(const TraceCommandOptions& o, std::FILE* out) {
   TraceStatsOptions so;
   so.skip_passes = o.skip_passes;
@@ -28,7 +49,9 @@ void run_trace(const TraceCommandOptions& o, std::FILE* out) {
     throw UsageError(fmt::format(
         "--json: '{}' is or lies inside the input '{}', which writing it would destroy; choose another file",
         o.json_out, in));
-  if (!o.json_out.empty()) check_new_output_file(o.json_out, "--json", o.force);
+  if (!o.json_out.empty())
+    check_new_output_file(o.json_out, "--json", o.force,
+                          {"statistics written by roundpipe trace --json", is_trace_stats_file});
   nlohmann::json all = nlohmann::json::object();
   for (const std::string& path : o.files) {
     const nlohmann::json j = read_trace_json(path);

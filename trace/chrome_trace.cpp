@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <stdexcept>
@@ -76,6 +77,60 @@ std::string lane_name(const std::string& track, int lane) {
 }
 
 }  // namespace
+
+namespace {
+/// The members of a JSON text's top-level object with the kind of each value ('{' an object, '['
+/// an array, 'v' anything else), read as the parser goes; `object` false for a text that is no
+/// JSON object.
+struct TopLevelMembers : nlohmann::json_sax<nlohmann::json> {
+  std::map<std::string, char> members;
+  bool object = false;
+  int depth = 0;
+  std::string at;  ///< the top-level key being read
+
+  bool seen(char kind) {
+    if (depth == 1) members[at] = kind;
+    return depth > 0;  // a top-level value that is no object ends the parse
+  }
+  bool null() override { return seen('v'); }
+  bool boolean(bool) override { return seen('v'); }
+  bool number_integer(number_integer_t) override { return seen('v'); }
+  bool number_unsigned(number_unsigned_t) override { return seen('v'); }
+  bool number_float(number_float_t, const string_t&) override { return seen('v'); }
+  bool string(string_t&) override { return seen('v'); }
+  bool binary(binary_t&) override { return seen('v'); }
+  bool start_object(std::size_t) override {
+    if (depth == 0) object = true;
+    else seen('{');
+    ++depth;
+    return true;
+  }
+  bool key(string_t& k) override {
+    if (depth == 1) at = k;
+    return true;
+  }
+  bool end_object() override { return --depth, true; }
+  bool start_array(std::size_t) override {
+    if (!seen('[')) return false;
+    ++depth;
+    return true;
+  }
+  bool end_array() override { return --depth, true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    return false;
+  }
+};
+}  // namespace
+
+bool is_written_trace(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
+  std::ifstream in(path, std::ios::binary);
+  TopLevelMembers top;
+  if (!in || !nlohmann::json::sax_parse(in, &top) || !top.object) return false;
+  return top.members ==
+         std::map<std::string, char>{{"traceEvents", '['}, {"displayTimeUnit", 'v'}, {"otherData", '{'}};
+}
 
 nlohmann::json read_trace_json(const std::string& path) {
   try {

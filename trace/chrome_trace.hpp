@@ -47,6 +47,12 @@ nlohmann::json chrome_trace_json(const std::vector<TraceInterval>& intervals,
 /// partial file. Throws std::runtime_error("<path>: ...").
 void write_trace_file(const std::string& path, const nlohmann::json& j);
 
+/// Whether the file `path` is a trace as write_trace_file writes chrome_trace_json's (`plan
+/// --trace`, a run's trace.json): a JSON object of exactly traceEvents (an array),
+/// displayTimeUnit and otherData (an object). Read without building the document (a trace can be
+/// large); false for anything else, an unreadable file included.
+bool is_written_trace(const std::string& path);
+
 /// Reads and parses a JSON file (a trace). Throws std::runtime_error with one line naming it
 /// when the file cannot be opened or is not JSON ("<path>:<line>:<column>: invalid JSON: ...",
 /// base/json_text.hpp).

@@ -109,8 +109,8 @@ TEST(CliTrace, JsonOutputNeverReplacesAnInput) {
 }
 
 // An output a flag names never replaces a file already there without --force: plan --trace,
-// trace --json (a file of the user's at a mistyped name), and --dump-batch only replaces an
-// earlier dump.
+// trace --json (a file of the user's at a mistyped name); and --force replaces only a file of
+// the kind the flag writes (a trace, the statistics), as --dump-batch only replaces an earlier dump.
 TEST(CliTrace, OutputFilesReplaceAnExistingFileOnlyWithForce) {
   auto d = tmpdir();
   const std::string good = (d / "good.json").string(), mine = (d / "notes.json").string();
@@ -123,8 +123,26 @@ TEST(CliTrace, OutputFilesReplaceAnExistingFileOnlyWithForce) {
       << r.err;
   EXPECT_EQ(slurp(mine), "{\"my\": \"notes\"}\n");
   r = roundpipe("trace " + good + " --json " + mine + " --force", d);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--json " + mine +
+                       ": the file there is not statistics written by roundpipe trace --json; --force "
+                       "replaces only such a file"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(slurp(mine), "{\"my\": \"notes\"}\n");
+  const std::string stats = (d / "stats.json").string();
+  ASSERT_EQ(roundpipe("trace " + good + " --json " + stats, d).code, 0);
+  write(stats, slurp(stats) + " ");  // an earlier run's statistics, not byte for byte these
+  r = roundpipe("trace " + good + " --json " + stats + " --force", d);
   EXPECT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(slurp(mine).find(good), std::string::npos);  // the statistics, keyed by the trace
+  EXPECT_NE(slurp(stats).find(good), std::string::npos);  // the statistics, keyed by the trace
+  EXPECT_NE(slurp(stats).back(), ' ');
+  // a trace is not statistics
+  r = roundpipe("trace " + good + " --json " + good + ".copy --force", d);
+  EXPECT_EQ(r.code, 0) << r.err;  // nothing there
+  fs::copy_file(good, good + ".trace");
+  r = roundpipe("trace " + good + " --json " + good + ".trace --force", d);
+  EXPECT_EQ(r.code, 2) << r.err;
   fs::create_directories(d / "out");
   r = roundpipe("trace " + good + " --json " + (d / "out").string(), d);
   EXPECT_EQ(r.code, 2) << r.err;
@@ -138,8 +156,26 @@ TEST(CliTrace, OutputFilesReplaceAnExistingFileOnlyWithForce) {
   EXPECT_EQ(r.out, "");
   EXPECT_EQ(slurp(mine), "keep\n");
   r = roundpipe("plan --model " + cfg + " --gpus 2 --seq 1024 --micro 4 --trace " + mine + " --force", d);
-  EXPECT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(slurp(mine).find("traceEvents"), std::string::npos);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(
+      r.err.find("--trace " + mine +
+                 ": the file there is not a trace written by roundpipe; --force replaces only such a file"),
+      std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(slurp(mine), "keep\n");
+  // a trace: one plan --trace wrote, or a run's (the same writer)
+  const std::string sim = (d / "sim.json").string();
+  ASSERT_EQ(roundpipe("plan --model " + cfg + " --gpus 2 --seq 1024 --micro 2 --trace " + sim, d).code, 0);
+  for (const std::string& trace : {sim, good}) {
+    r = roundpipe("plan --model " + cfg + " --gpus 2 --seq 1024 --micro 4 --trace " + trace + " --force", d);
+    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(slurp(trace).find("traceEvents"), std::string::npos);
+  }
+  // statistics are no trace
+  r = roundpipe("plan --model " + cfg + " --gpus 2 --seq 1024 --micro 4 --trace " + stats + " --force", d);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(slurp(stats).find("\"workers\""), std::string::npos);
   // --force replaces a file, never a link (nor a device or a pipe) with one
   const std::string link = (d / "link.json").string();
   write(mine, "keep\n");
