@@ -9,8 +9,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -32,6 +35,14 @@ struct TempSlot {
   char marker[kTempPathMax + 32];
 };
 TempSlot g_temp_slots[kTempSlots];
+
+// The temporary folders of the replace_folder calls in progress, for remove_unfinished_folders
+// (a thread's work, never a signal handler's: removing a tree allocates).
+std::mutex g_folders_mutex;
+std::vector<std::string> g_unfinished_folders;
+// Held by a swap into place; remove_unfinished_folders takes it for good, so no swap starts
+// (nor moves a folder it is removing into place) while the process ends.
+std::mutex g_swap_mutex;
 
 /// Records `tmp` (and its marker) as unfinished; -1 when the table is full or the names too
 /// long (the temporary is then only cleaned by a later run, as after a kill).
@@ -284,6 +295,24 @@ void remove_unfinished_temporaries() noexcept {
       if (s.state.load() == 2 && s.marker[0] == '\0') ::rmdir(s.tmp);
 }
 
+void remove_unfinished_folders() noexcept {
+  static std::atomic<bool> called{false};
+  if (called.exchange(true)) return;
+  // never released: the caller ends the process, and no swap may move a folder into place meanwhile
+  g_swap_mutex.lock();
+  std::vector<std::string> folders;
+  {
+    const std::lock_guard<std::mutex> lock(g_folders_mutex);
+    folders = g_unfinished_folders;
+  }
+  for (const std::string& tmp : folders) {
+    std::error_code ec;
+    // a writer still filling it may add a file between two passes
+    for (int pass = 0; pass < 3 && fs::exists(fs::symlink_status(tmp, ec)); ++pass) fs::remove_all(tmp, ec);
+    if (!fs::exists(fs::symlink_status(tmp, ec))) drop_marker(tmp);
+  }
+}
+
 int record_unfinished_file(const std::string& path) noexcept { return register_temporary(path, ""); }
 
 void forget_unfinished_file(int handle) noexcept { unregister_temporary(handle); }
@@ -322,6 +351,25 @@ void write_file_atomically(const std::string& path, const std::function<void(std
 
 namespace {
 
+/// Records `tmp` in g_unfinished_folders while alive.
+class UnfinishedFolder {
+ public:
+  explicit UnfinishedFolder(std::string tmp) : tmp_(std::move(tmp)) {
+    const std::lock_guard<std::mutex> lock(g_folders_mutex);
+    g_unfinished_folders.push_back(tmp_);
+  }
+  ~UnfinishedFolder() {
+    const std::lock_guard<std::mutex> lock(g_folders_mutex);
+    const auto it = std::find(g_unfinished_folders.begin(), g_unfinished_folders.end(), tmp_);
+    if (it != g_unfinished_folders.end()) g_unfinished_folders.erase(it);
+  }
+  UnfinishedFolder(const UnfinishedFolder&) = delete;
+  UnfinishedFolder& operator=(const UnfinishedFolder&) = delete;
+
+ private:
+  std::string tmp_;
+};
+
 /// replace_folder once `tmp` is claimed and created: fill, keep the user's files, sync, swap
 /// into place.
 void fill_and_swap(const std::string& d, const std::string& tmp,
@@ -330,6 +378,7 @@ void fill_and_swap(const std::string& d, const std::string& tmp,
   fill(tmp);
   if (fs::is_directory(d, ec)) carry_unlisted_entries(d, tmp);
   sync_tree(tmp);
+  const std::lock_guard<std::mutex> swapping(g_swap_mutex);
   // Swap into place: the old folder is removed only once the new one is there.
   const bool had_old = fs::exists(d, ec);
   const std::string old = fmt::format("{}.old-{}", d, ::getpid());
@@ -378,6 +427,7 @@ void replace_folder(const std::string& dir_in, const std::function<void(const st
     fail(tmp, fmt::format("cannot create: {}", ec ? ec.message() : std::string("exists")));
   }
   try {
+    const UnfinishedFolder unfinished(tmp);
     fill_and_swap(d, tmp, fill);
   } catch (...) {
     if (fs::exists(tmp, ec)) fs::remove_all(tmp, ec);

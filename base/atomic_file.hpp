@@ -49,9 +49,17 @@ void replace_file(const std::string& path, const std::function<void(const std::s
 /// has not finished: for a process about to end at once on a signal (std::_Exit), so that a
 /// large half-written file (a disk tier's cache) is not left until the next run cleans it.
 /// Async-signal-safe (unlink over a fixed table); a replace_file whose temporary it removed
-/// fails if it ever resumes. Folders of replace_folder are not covered (the next run's
-/// clean_stale_temporaries removes them, as after a kill).
+/// fails if it ever resumes. Folders of replace_folder are not covered (remove_unfinished_folders
+/// removes them, outside the handler; else the next run's clean_stale_temporaries, as after a kill).
 void remove_unfinished_temporaries() noexcept;
+
+/// Removes the temporary folders (and their owner markers) of every replace_folder of this
+/// process that has not finished, for a process about to end on a signal: a half-written
+/// checkpoint is not left until the next run cleans it. From then on no replace_folder swaps
+/// a folder into place (one swapping right now finishes first: its folder is complete, no
+/// longer a temporary); the caller ends the process (std::_Exit) right after. Not
+/// async-signal-safe: a thread that the signal handler wakes calls it.
+void remove_unfinished_folders() noexcept;
 
 /// Adds a file this process made and removes itself when done (a builders' lock file it
 /// created), or a folder it made for one (removed only while empty, after the files), to what

@@ -1,6 +1,7 @@
 #include "cli/train.hpp"
 
 #include <fcntl.h>
+#include <semaphore.h>
 #include <unistd.h>
 
 #include <array>
@@ -17,6 +18,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -127,10 +129,45 @@ void find_local_peers(int rank) {
 /// use it.
 std::atomic<int64_t> g_first_signal_ns{0};
 
+/// The second signal's exit is under way (the handler set it); lock-free.
+std::atomic<bool> g_exiting{false};
+/// Posted by the handler (sem_post is async-signal-safe) to wake ExitThread.
+sem_t g_exit_wake;
+
+/// The second signal's exit, done outside the handler: removing a half-written checkpoint
+/// folder (remove_unfinished_folders) allocates, which a handler must not. The handler wakes
+/// this thread, which removes the folders of ours and ends the process with 130. While one is
+/// alive, the thread that would end the process otherwise (returning from the run, or an error
+/// the removal caused) waits for that exit instead.
+class ExitThread {
+ public:
+  ExitThread() {
+    ::sem_init(&g_exit_wake, 0, 0);
+    thread_ = std::thread([] {
+      while (::sem_wait(&g_exit_wake) != 0) {}
+      if (!g_exiting.load()) return;  // the run ended without a second signal
+      remove_unfinished_folders();
+      std::_Exit(130);
+    });
+  }
+  ~ExitThread() {
+    if (g_exiting.load())
+      for (;;) ::pause();  // the exit thread ends the process
+    ::sem_post(&g_exit_wake);
+    thread_.join();
+    ::sem_destroy(&g_exit_wake);
+  }
+  ExitThread(const ExitThread&) = delete;
+  ExitThread& operator=(const ExitThread&) = delete;
+
+ private:
+  std::thread thread_;
+};
+
 // First Ctrl-C, SIGTERM or SIGHUP: stop after the steps in flight and save them as a checkpoint (steps
 // still unfinished after the spec's stop_timeout_s are abandoned, unsaved). Second, a second or
-// more after the first: leave now (an unfinished checkpoint stays in a *.tmp-<pid> folder, removed
-// by the next run; finished ones are kept).
+// more after the first: leave now (ExitThread removes an unfinished checkpoint's *.tmp-<pid>
+// folders; finished ones are kept). A third while that is slow: leave at once.
 void on_signal(int) {
   const int saved_errno = errno;
   timespec ts{};
@@ -146,10 +183,13 @@ void on_signal(int) {
       errno = saved_errno;
       return;
     }
+    if (g_exiting.exchange(true)) std::_Exit(130);  // the exit thread is slow: now
     static const char msg[] = "\nroundpipe: interrupted twice, exiting now\n";
     write_err(msg + (g_err_tty ? 0 : 1), sizeof msg - (g_err_tty ? 1 : 2));
     remove_unfinished_temporaries();  // a half-written file of ours goes with us
-    std::_Exit(130);
+    ::sem_post(&g_exit_wake);         // and the exit thread removes our half-written folders
+    errno = saved_errno;
+    return;
   }
   // Under mpirun, output goes through a pipe that mpirun drains. An mpirun that was itself
   // told to end the job (SIGINT/SIGTERM) stops draining it, and a rank would block on its next
@@ -222,6 +262,7 @@ class StopOnSignals {
   ~StopOnSignals() { g_stop = nullptr; }
 
  private:
+  ExitThread exit_;  // destroyed after the handlers are restored: no second signal reaches it then
   SignalHandlers handlers_;
 };
 

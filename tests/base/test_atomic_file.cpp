@@ -6,10 +6,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 #include "base/atomic_file.hpp"
 #include "base/output_folder.hpp"
@@ -111,6 +113,41 @@ TEST(AtomicFile, ASignalExitMidWriteLeavesNoTemporary) {
   rp::write_file_atomically(f.string(), [](std::ostream& os) { os << "newer"; });
   rp::remove_unfinished_temporaries();
   EXPECT_EQ(slurp(f), "newer");
+  fs::remove_all(d);
+}
+
+// A second stop signal while a checkpoint folder is written: the thread the handler wakes
+// removes the unfinished folder and its marker while the writer still fills it, and the writer
+// never swaps what is left of it into place; the previous version stays.
+TEST(AtomicFile, AnExitOnASignalRemovesTheUnfinishedFolder) {
+  const auto d = scratch();
+  const auto ck = d / "final";
+  rp::replace_folder(ck.string(),
+                     [](const std::string& tmp) { std::ofstream(fs::path(tmp) / "w") << "old"; });
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    rp::replace_folder(ck.string(), [](const std::string& tmp) {
+      std::ofstream(fs::path(tmp) / "w") << std::string(1 << 20, 'x');
+      std::thread([] {
+        rp::remove_unfinished_folders();
+        std::_Exit(130);
+      }).detach();
+      for (int i = 0; i < 100; ++i) {  // still writing while the folder goes
+        std::ofstream(fs::path(tmp) / ("part" + std::to_string(i))) << "x";
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    });
+    std::_Exit(0);  // the swap waits for the exit instead
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 130);
+  EXPECT_EQ(slurp(ck / "w"), "old");
+  std::string left;
+  for (const auto& e : fs::directory_iterator(d)) left += e.path().filename().string() + " ";
+  EXPECT_EQ(left, "final ") << "the unfinished folder or its marker was left behind";
   fs::remove_all(d);
 }
 

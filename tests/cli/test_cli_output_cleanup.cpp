@@ -1,6 +1,7 @@
 // `roundpipe train` ending before its first step takes back the folders it made for output_dir
 // (only those, only while empty): after an error, and after a stop signal (SIGINT, SIGTERM,
-// SIGHUP, SIGUSR1) while it loads.
+// SIGHUP, SIGUSR1) while it loads. A second signal during the final save takes back the
+// half-written checkpoint folders.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -100,6 +101,37 @@ TEST(CliOutputCleanup, AStopSignalWhileLoadingTakesBackTheFoldersTheRunMade) {
     EXPECT_FALSE(fs::exists(d / "mine" / "runs")) << "the folders the run made go, parents included";
     EXPECT_TRUE(fs::is_directory(d / "mine")) << "the user's folder stays";
   }
+  fs::remove_all(d);
+}
+
+// Ctrl-C twice while final/ is written (the default job's 270 MB take over a second to save)
+// exits at once and leaves neither final.tmp-<pid>/ nor state/final.tmp-<pid>/ (nor their
+// owner markers) behind: they used to stay until a later run into the folder.
+TEST(CliOutputCleanup, ASecondSignalDuringTheFinalSaveTakesBackItsFolders) {
+  const fs::path root = RP_SOURCE_DIR;
+  if (!fs::exists(root / "assets/SmolLM2-135M-Instruct.Q4_1.gguf") ||
+      !fs::exists(root / "assets/kjv_instruct.jsonl"))
+    GTEST_SKIP()
+        << "default assets missing: run scripts/setup.sh (downloads SmolLM2 and builds the KJV data)";
+  auto d = tmpdir();
+  const fs::path run = d / "run";
+  const std::string cmd =
+      "cd " + root.string() + " && (timeout --foreground -s KILL 300 " + std::string(RP_BUILD_DIR) +
+      "/roundpipe train examples/specs/default.json --steps 1 " + "--output-dir " + run.string() + " > " +
+      (d / "out.txt").string() + " 2> " + (d / "err.txt").string() +
+      " < /dev/null & pid=$!; for i in $(seq 4000); do ls -d " + run.string() + "/final.tmp-* " +
+      run.string() +
+      "/state/final.tmp-* > /dev/null 2>&1 && break; sleep 0.05; done; kill -INT $pid; "
+      "sleep 1.1; kill -INT $pid; wait $pid; echo $? > " +
+      (d / "rc.txt").string() + ")";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  const std::string err = slurp(d / "err.txt");
+  if (err.find("interrupted twice") == std::string::npos)
+    GTEST_SKIP() << "the final save ended before the second signal\n" << err;
+  EXPECT_EQ(slurp(d / "rc.txt"), "130\n") << err;
+  for (const fs::path& dir : {run, run / "state"})
+    for (const auto& e : fs::directory_iterator(dir))
+      EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path() << "\n" << err;
   fs::remove_all(d);
 }
 
