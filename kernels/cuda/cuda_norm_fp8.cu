@@ -29,21 +29,8 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = threadIdx.x & 31;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
   for (int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; r < R; r += warps) {
-    const T* xr = x + r * n;
     uint4 raw[kRegChunks];
-#pragma unroll
-    for (int k = 0; k < kRegChunks; ++k)
-      if (int64_t(lane) * 8 + k * 256 < n) raw[k] = *reinterpret_cast<const uint4*>(xr + lane * 8 + k * 256);
-    float ss = 0.f;
-#pragma unroll
-    for (int k = 0; k < kRegChunks; ++k)
-      if (int64_t(lane) * 8 + k * 256 < n) {
-        float a[8];
-        load_n<8, true>(reinterpret_cast<const T*>(&raw[k]), a);
-        ss = rms_sum_squares(a, ss);
-      }
-    ss = warp_sum(ss);
-    const float rs = rms_inverse(ss, n, eps);
+    const float rs = rms_row_in_registers(x + r * n, n, eps, raw);
     T* yr = y + r * n;
     unsigned m = 0;
 #pragma unroll

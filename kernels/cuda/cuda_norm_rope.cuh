@@ -35,6 +35,27 @@ __device__ __forceinline__ float rms_inverse(float ss, int64_t n, float eps) {
   return 1.0f / sqrtf(ss / float(n) + eps);
 }
 
+/// A warp's row xr of n values held in registers (16-byte chunks: lane l holds values
+/// l*8 + k*256 .. +7 in raw[k], k < C; n a multiple of 8, at most C * 256, xr 16-byte aligned)
+/// and its inverse RMS (warp-reduced, so every lane gets it): the first half of the register
+/// RMSNorm kernels (cuda_rowwise.cu, cuda_norm_fp8.cu).
+template <typename T, int C>
+__device__ __forceinline__ float rms_row_in_registers(const T* xr, int64_t n, float eps, uint4 (&raw)[C]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int k = 0; k < C; ++k)
+    if (int64_t(lane) * 8 + k * 256 < n) raw[k] = *reinterpret_cast<const uint4*>(xr + lane * 8 + k * 256);
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < C; ++k)
+    if (int64_t(lane) * 8 + k * 256 < n) {
+      float a[8];
+      load_n<8, true>(reinterpret_cast<const T*>(&raw[k]), a);
+      ss = rms_sum_squares(a, ss);
+    }
+  return rms_inverse(warp_sum(ss), n, eps);
+}
+
 /// RMSNorm's output before its store: as HF, LLaMA rounds x*r to the storage type first,
 /// Gemma (w_off 1) rounds the fp32 x*r*(1+w) once.
 template <typename T>
