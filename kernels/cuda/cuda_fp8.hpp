@@ -37,9 +37,10 @@ void k_fp8_quantize_transposed(DType t, const void* x, const float* scale, uint8
 /// of 16, x, q or qt not 16-byte aligned), and the caller runs the two separate kernels.
 bool k_fp8_quantize_both(DType t, const void* x, const float* scale, uint8_t* q, uint8_t* qt, int64_t rows,
                          int64_t cols, int64_t ld, Fp8Format f, cudaStream_t st);
-/// Ops::fp8_quantize_rows_col_scaled: one block per row; rows up to 16,384 values that are
-/// 8-value aligned stay in registers (blocks of 256-1,024 threads, one or two chunks of 8 values
-/// each) between the row's amax of x * col_scale and its codes (x read once), others read x twice.
+/// Ops::fp8_quantize_rows_col_scaled: one block per row; rows up to 4,096 values on the 8-value
+/// grid stay in registers (256 threads, one or two chunks of 8 values each) between the row's
+/// amax of x * col_scale and its codes (x read once); wider rows read x twice (without column
+/// scales: k_fp8_scale_rows, then k_fp8_quantize's row codes).
 void k_fp8_quantize_rows_col_scaled(DType t, const void* x, const float* col_scale, uint8_t* q, float* scale,
                                     int64_t rows, int64_t cols, Fp8Format f, cudaStream_t st);
 /// Ops::transpose_bytes: 64 x 64 tiles through shared memory (partial tiles at the edges).

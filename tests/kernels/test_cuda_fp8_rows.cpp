@@ -111,11 +111,11 @@ TEST_F(CudaFp8Rows, GemmWithinItsAccumulationBound) {
 }
 
 // Codes and row scales of x * col_scale from bf16 inputs equal the CPU twin's bit for bit
-// (odd widths, a zero row; e4m3 and e5m2): rows the vectorized kernel holds in registers with
-// blocks of 256 (one and two chunks a thread), 512 and 1,024 threads (up to 16,384 values:
-// LLaMA-8B's 14,336 among them), a width past them and widths off its 8-value grid (the scalar
-// kernel), and x 2 bytes off alignment; with column scales and without them (then the codes and
-// scales of fp8_scale_rows and fp8_quantize_rows).
+// (odd widths, a zero row; e4m3 and e5m2): rows the vectorized kernel holds in registers (one and
+// two chunks a thread, up to 4,096 values), wider rows (LLaMA-8B's 14,336 among them: the scalar
+// kernel, or without column scales the two row passes), widths off the 8-value grid, and x 2
+// bytes off alignment; with column scales and without them (then the codes and scales of
+// fp8_scale_rows and fp8_quantize_rows).
 TEST_F(CudaFp8Rows, ColumnScaledRowCodesEqualTheCpuTwin) {
   struct Case {
     int64_t rows, cols, offset;
