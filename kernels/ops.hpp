@@ -199,6 +199,30 @@ class Ops {
     add(r, y, y, M * N);
   }
 
+  // ---- linears with a column-block operand --------------------------------------------
+  // Adapters that share their input (q/k/v, gate/up: model/lora_linear.hpp) keep their low-rank
+  // tensors side by side: u = s x [A_1; ...; A_G]^T and g = [g_1 ... g_G] are [M, G r], each
+  // adapter's [M, r] a block of columns whose rows lie ld = G r elements apart. These are the
+  // three linears above with that block as an operand; ld below the block's width, or a
+  // negative dimension, throws std::invalid_argument. With ld equal to the width each equals
+  // its contiguous twin bit for bit.
+  /// y[M,N] = x[M,K] W[N,K]^T, x's rows ldx apart (as linear_fwd with alpha 1).
+  virtual void linear_fwd_ld(const void* x, int64_t ldx, const void* w, void* y, int64_t M, int64_t K,
+                             int64_t N) = 0;
+  /// dx[M,K] = alpha * dy[M,N] W[N,K], dx's rows lddx apart; its other columns are not written
+  /// (as linear_bwd_input without accumulate).
+  virtual void linear_bwd_input_ld(const void* dy, const void* w, void* dx, int64_t lddx, int64_t M,
+                                   int64_t K, int64_t N, float alpha) = 0;
+  /// dw[N,K] += dy[M,N]^T x[M,K], x's rows ldx apart, dw in grad_dtype() (as linear_bwd_weight).
+  virtual void linear_bwd_weight_ld(const void* dy, const void* x, int64_t ldx, void* dw, int64_t M,
+                                    int64_t K, int64_t N) = 0;
+  /// The column-block linears' argument check, shared by the backends: throws
+  /// std::invalid_argument "<op>: ..." for a negative dimension or ld < K.
+  static void check_linear_ld(int64_t M, int64_t K, int64_t N, int64_t ld, const char* op) {
+    if (M < 0 || K < 0 || N < 0) throw std::invalid_argument(std::string(op) + ": negative dimension");
+    if (ld < K) throw std::invalid_argument(std::string(op) + ": leading dimension below the block's width");
+  }
+
   // ---- dropout with a counter-based mask (Srivastava et al. 2014, inverted dropout) ----
   /// y[r,c] = keep ? x[r,c] / (1 - p) : 0 for r < rows, c < cols (row-major, dtype()), where
   /// keep = dropout_uniform(seed, row0 + r, c) >= p (kernels/dropout_hash.hpp). The mask is

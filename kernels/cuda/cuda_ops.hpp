@@ -60,6 +60,12 @@ class CudaOps final : public Ops {
   void gemm_fp8_residual(const uint8_t* a, Fp8Format fa, const float* scale_a, const uint8_t* b, Fp8Format fb,
                          const float* scale_b, const void* r, void* d, int64_t M, int64_t K,
                          int64_t N) override;
+  void linear_fwd_ld(const void* x, int64_t ldx, const void* w, void* y, int64_t M, int64_t K,
+                     int64_t N) override;
+  void linear_bwd_input_ld(const void* dy, const void* w, void* dx, int64_t lddx, int64_t M, int64_t K,
+                           int64_t N, float alpha) override;
+  void linear_bwd_weight_ld(const void* dy, const void* x, int64_t ldx, void* dw, int64_t M, int64_t K,
+                            int64_t N) override;
   void linear_fwd_add(const void* x, const void* w, void* y, int64_t M, int64_t K, int64_t N,
                       float alpha) override;
   void dropout(const void* x, void* y, int64_t rows, int64_t cols, float p, uint64_t seed,

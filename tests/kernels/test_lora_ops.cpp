@@ -1,4 +1,5 @@
-// The ops LoRA adds: linear_fwd_add (y += alpha x W^T) and the counter-based dropout. CPU
+// The ops LoRA adds: linear_fwd_add (y += alpha x W^T), the linears with a column-block operand
+// (linear_*_ld) and the counter-based dropout. CPU
 // backend against a double-precision reference and the mask's properties; the CUDA backend
 // against its CPU twin on the same bf16-rounded inputs (the mask bit for bit). The CUDA tests
 // skip without a GPU.
@@ -33,6 +34,50 @@ TEST(LoraOps, LinearFwdAddAccumulatesScaledProduct) {
   ops->linear_fwd_add(nullptr, nullptr, y.data(), 1, 0, 2, 3.f);  // K = 0 adds nothing
   EXPECT_EQ(y, (VecF{1.f, 2.f}));
   EXPECT_THROW(ops->linear_fwd_add(nullptr, nullptr, y.data(), -1, 1, 1, 1.f), std::invalid_argument);
+}
+
+// A [rows, width] block at column `col` of a [rows, ld] tensor filled with `fill`, and back.
+VecF embed(const VecF& block, int64_t rows, int64_t width, int64_t ld, int64_t col, float fill) {
+  VecF t(size_t(rows * ld), fill);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < width; ++j) t[size_t(i * ld + col + j)] = block[size_t(i * width + j)];
+  return t;
+}
+
+TEST(LoraOps, ColumnBlockLinearsEqualTheContiguousOnesBitForBit) {
+  auto ops = make_cpu_ops(2);
+  for (auto [M, K, N] : {std::array<int64_t, 3>{37, 8, 5}, {5, 16, 70}, {64, 32, 48}}) {
+    const int64_t ld = 3 * K, col = K;  // the middle block of three
+    VecF x = ref::randn(size_t(M * K), 1), w = ref::randn(size_t(N * K), 2),
+         dy = ref::randn(size_t(M * N), 3);
+    const VecF xs = embed(x, M, K, ld, col, 7.f);
+    // y = x W^T
+    VecF y = ref::nan_vec(size_t(M * N)), yl = ref::nan_vec(size_t(M * N));
+    ops->linear_fwd(x.data(), w.data(), y.data(), M, K, N);
+    ops->linear_fwd_ld(xs.data() + col, ld, w.data(), yl.data(), M, K, N);
+    EXPECT_EQ(yl, y) << M << "x" << K << "x" << N;
+    // dx = alpha dy W into the block; the other columns untouched
+    for (float alpha : {1.f, -0.375f}) {
+      VecF dx = ref::nan_vec(size_t(M * K));
+      ops->linear_bwd_input(dy.data(), w.data(), dx.data(), M, K, N, false, alpha);
+      VecF dxl(size_t(M * ld), 5.f);
+      ops->linear_bwd_input_ld(dy.data(), w.data(), dxl.data() + col, ld, M, K, N, alpha);
+      EXPECT_EQ(dxl, embed(dx, M, K, ld, col, 5.f)) << "alpha " << alpha;
+    }
+    // dw += dy^T x
+    VecF dw = ref::randn(size_t(N * K), 4), dwl = dw;
+    ops->linear_bwd_weight(dy.data(), x.data(), dw.data(), M, K, N);
+    ops->linear_bwd_weight_ld(dy.data(), xs.data() + col, ld, dwl.data(), M, K, N);
+    EXPECT_EQ(dwl, dw);
+    // and against a double-precision reference
+    EXPECT_LT(ref::rel_err(yl, ref::linear(ref::to_d(x), ref::to_d(w), M, K, N)), 1e-6);
+  }
+  VecF b(64, 1.f);
+  EXPECT_THROW(ops->linear_fwd_ld(b.data(), 3, b.data(), b.data(), 2, 4, 2), std::invalid_argument);
+  EXPECT_THROW(ops->linear_bwd_input_ld(b.data(), b.data(), b.data(), 3, 2, 4, 2, 1.f),
+               std::invalid_argument);
+  EXPECT_THROW(ops->linear_bwd_weight_ld(b.data(), b.data(), 3, b.data(), 2, 4, 2), std::invalid_argument);
+  EXPECT_THROW(ops->linear_fwd_ld(b.data(), 4, b.data(), b.data(), -1, 4, 2), std::invalid_argument);
 }
 
 TEST(LoraOps, DropoutUniformIsUniformAndSpreadOverRowsColumnsSeeds) {
@@ -107,6 +152,41 @@ TEST_F(CudaOpsTest, LoraLinearFwdAddMatchesCpu) {
     run([&](Ops& o) { o.linear_fwd_add(xd.get(), wd.get(), yd.get(), M, K, N, 0.625f); });
     cpu_->linear_fwd_add(x.data(), w.data(), y.data(), M, K, N, 0.625f);
     EXPECT_TRUE(cudatest::close(download(yd), y, 1e-2, "linear_fwd_add"));
+  }
+}
+
+TEST_F(CudaOpsTest, ColumnBlockLinearsMatchCpu) {
+  // r = 32 and 8 (16- and 64-byte aligned blocks), an odd width, and N = 0 (the block zeroed)
+  for (auto [M, K, N] : {std::array<int64_t, 3>{300, 32, 96}, {77, 8, 40}, {33, 5, 7}, {9, 8, 0}}) {
+    const int64_t ld = 3 * K, col = 2 * K;  // the last block of three
+    const std::string what = std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N);
+    VecF xs = embed(ref::randn(size_t(M * K), 21), M, K, ld, col, 3.f),
+         w = ref::randn(size_t(std::max<int64_t>(N, 1) * K), 22),
+         dy = ref::randn(size_t(std::max<int64_t>(M * N, 1)), 23);
+    // upload() leaves the host vectors holding the bf16-rounded values the CPU twin then reads
+    cudatest::DT xsd = upload(xs, DType::bf16), wd = upload(w, DType::bf16), dyd = upload(dy, DType::bf16);
+    void* xblock = static_cast<char*>(xsd.get()) + col * 2;
+    if (N > 0) {
+      cudatest::DT yd = poisoned(M * N, DType::bf16);
+      run([&](Ops& o) { o.linear_fwd_ld(xblock, ld, wd.get(), yd.get(), M, K, N); });
+      VecF y(size_t(M * N));
+      cpu_->linear_fwd_ld(xs.data() + col, ld, w.data(), y.data(), M, K, N);
+      EXPECT_TRUE(cudatest::close(download(yd), y, 1e-2, ("linear_fwd_ld " + what).c_str()));
+      VecF dw = ref::randn(size_t(N * K), 24);
+      cudatest::DT dwd = upload(dw, DType::f32);
+      run([&](Ops& o) { o.linear_bwd_weight_ld(dyd.get(), xblock, ld, dwd.get(), M, K, N); });
+      cpu_->linear_bwd_weight_ld(dy.data(), xs.data() + col, ld, dw.data(), M, K, N);
+      EXPECT_TRUE(cudatest::close(download(dwd), dw, 1e-2, ("linear_bwd_weight_ld " + what).c_str()));
+    }
+    VecF dx(size_t(M * ld), 5.f);
+    cudatest::DT dxd = upload(dx, DType::bf16);
+    void* dxblock = static_cast<char*>(dxd.get()) + col * 2;
+    run([&](Ops& o) { o.linear_bwd_input_ld(dyd.get(), wd.get(), dxblock, ld, M, K, N, -0.5f); });
+    cpu_->linear_bwd_input_ld(dy.data(), w.data(), dx.data() + col, ld, M, K, N, -0.5f);
+    const VecF got = download(dxd);
+    EXPECT_TRUE(cudatest::close(got, dx, 1e-2, ("linear_bwd_input_ld " + what).c_str()));
+    for (int64_t i = 0; i < M; ++i)  // the columns outside the block keep their values
+      for (int64_t j = 0; j < col; ++j) ASSERT_EQ(got[size_t(i * ld + j)], 5.f) << what;
   }
 }
 

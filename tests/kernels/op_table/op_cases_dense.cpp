@@ -212,6 +212,119 @@ void add_lora_primitives(std::vector<OpCase>& v, const LoraShape& m) {
       [=](Ops& o, const Buffers& b) { o.linear_bwd_input(b[u], b[A], b[dx], T, in, r, true); });
 }
 
+// The adapters of q, k and v (one input x [T, in], outputs of Q and 2 x KV), one after the other
+// and as one (model/lora_linear.hpp's siblings): u and g [T, 3r], each module's a column block.
+enum SiblingTensor {
+  sx,
+  sA,
+  sBq,
+  sBk,
+  sBv,
+  su,
+  syq,
+  syk,
+  syv,
+  sdyq,
+  sdyk,
+  sdyv,
+  sg,
+  sdA,
+  sdBq,
+  sdBk,
+  sdBv,
+  sdx
+};
+
+void add_lora_siblings(std::vector<OpCase>& v, bool big) {
+  const int64_t T = big ? 4096 : 40, in = big ? 4096 : 64, Q = big ? 4096 : 64, KV = big ? 1024 : 32,
+                r = big ? 32 : 8, R = 3 * r;
+  const float s = kLoraScaling;
+  const int64_t outs[3] = {Q, KV, KV};
+  const std::string sh = "T=" + std::to_string(T) + " " + std::to_string(in) + "->" + std::to_string(Q) +
+                         "," + std::to_string(KV) + "," + std::to_string(KV) + " r=" + std::to_string(r);
+  auto mk = [&](const std::string& name, const std::string& op, bool backward) {
+    OpCase c{"lora_qkv_" + name, op, sh + (backward ? " dA, dB f32 +=" : "")};
+    c.tensors = {input("x", C, T * in),
+                 input("A", C, R * in, normal(0.02f)),
+                 input("Bq", C, Q * r, normal(0.02f)),
+                 input("Bk", C, KV * r, normal(0.02f)),
+                 input("Bv", C, KV * r, normal(0.02f)),
+                 backward ? input("u", C, T * R) : output("u", C, T * R),
+                 output("yq", C, T * Q),
+                 output("yk", C, T * KV),
+                 output("yv", C, T * KV),
+                 input("dyq", C, T * Q),
+                 input("dyk", C, T * KV),
+                 input("dyv", C, T * KV),
+                 output("g", C, T * R),
+                 inout("dA", F32, R * in, normal(0.01f)),
+                 inout("dBq", F32, Q * r, normal(0.01f)),
+                 inout("dBk", F32, KV * r, normal(0.01f)),
+                 inout("dBv", F32, KV * r, normal(0.01f)),
+                 output("dx", C, T * in)};
+    for (size_t i = 0; i < c.tensors.size(); ++i) {  // the other half's tensors: unread, not compared
+      const bool fwd_tensor = i == sx || i == sA || i == sBq || i == sBk || i == sBv || i == su || i == syq ||
+                              i == syk || i == syv;
+      const bool bwd_tensor = !(i == syq || i == syk || i == syv);
+      if ((backward ? bwd_tensor : fwd_tensor) || c.tensors[i].role == Role::in) continue;
+      c.tensors[i].role = Role::in;
+      c.tensors[i].compare = false;
+      c.tensors[i].n = 0;
+    }
+    if (!backward)
+      for (int i : {sdyq, sdyk, sdyv, sg}) c.tensors[size_t(i)].n = 0;
+    c.flops = 0;
+    for (int64_t o : outs) c.flops += (backward ? 4.0 : 2.0) * double(T) * double(r) * double(in + o);
+    c.bound = Bound::gemm_bf16;
+    c.reps = 20;
+    return c;
+  };
+  const SiblingTensor B[3] = {sBq, sBk, sBv}, Y[3] = {syq, syk, syv}, DY[3] = {sdyq, sdyk, sdyv},
+                      DB[3] = {sdBq, sdBk, sdBv};
+  auto at = [](const Ops& o, void* p, int64_t elems) {
+    return static_cast<char*>(p) + elems * int64_t(dtype_size(o.dtype()));
+  };
+  OpCase f1 = mk("fwd_separate", "linear_fwd", false);  // each: u_i = s x A_i^T, y_i = u_i B_i^T
+  f1.run = [=](Ops& o, const Buffers& b) {
+    for (int i = 0; i < 3; ++i) {
+      void* u = at(o, b[su], i * T * r);
+      o.linear_fwd(b[sx], at(o, b[sA], i * r * in), u, T, in, r, s);
+      o.linear_fwd(u, b[B[i]], b[Y[i]], T, r, outs[i]);
+    }
+  };
+  v.push_back(f1);
+  OpCase f3 = mk("fwd_siblings", "linear_fwd+linear_fwd_ld", false);  // u = s x A^T once
+  f3.run = [=](Ops& o, const Buffers& b) {
+    o.linear_fwd(b[sx], b[sA], b[su], T, in, R, s);
+    for (int i = 0; i < 3; ++i) o.linear_fwd_ld(at(o, b[su], i * r), R, b[B[i]], b[Y[i]], T, r, outs[i]);
+  };
+  v.push_back(f3);
+  OpCase b1 = mk("bwd_separate", "linear_bwd_weight+linear_bwd_input", true);  // dB, g, dA, dx each
+  b1.run = [=](Ops& o, const Buffers& b) {
+    for (int i = 0; i < 3; ++i) {
+      void* u = at(o, b[su], i * T * r);
+      void* g = at(o, b[sg], i * T * r);
+      o.linear_bwd_weight(b[DY[i]], u, b[DB[i]], T, r, outs[i]);
+      o.linear_bwd_input(b[DY[i]], b[B[i]], g, T, r, outs[i], false, s);
+      o.linear_bwd_weight(g, b[sx], static_cast<float*>(b[sdA]) + i * r * in, T, in, r);
+      o.linear_bwd_input(g, at(o, b[sA], i * r * in), b[sdx], T, in, r, i > 0);
+    }
+  };
+  v.push_back(b1);
+  OpCase b3 =
+      mk("bwd_siblings", "linear_bwd_weight_ld+linear_bwd_input_ld+linear_bwd_weight+linear_bwd_input",
+         true);  // dB_i, g_i from the blocks, then dA and dx once
+  b3.run = [=](Ops& o, const Buffers& b) {
+    for (int i = 0; i < 3; ++i) {
+      o.linear_bwd_weight_ld(b[DY[i]], at(o, b[su], i * r), R, b[DB[i]], T, r, outs[i]);
+      o.linear_bwd_input_ld(b[DY[i]], b[B[i]], at(o, b[sg], i * r), R, T, r, outs[i], s);
+    }
+    o.linear_bwd_weight(b[sg], b[sx], b[sdA], T, in, R);
+    o.linear_bwd_input(b[sg], b[sA], b[sdx], T, in, R, false);
+  };
+  v.push_back(b3);
+}
+
 void add_embedding_and_head(std::vector<OpCase>& v, bool big) {
   const int64_t T = big ? 8192 : 48, H = big ? 2048 : 64, V = big ? 151936 : 300;
   const std::string sh = "T=" + std::to_string(T) + " H=" + std::to_string(H) + " V=" + std::to_string(V);
@@ -284,6 +397,7 @@ void add_dense_cases(std::vector<OpCase>& v, Size s) {
     add_lora_sequences(v, m);
     add_lora_primitives(v, m);
   }
+  add_lora_siblings(v, big);
   add_embedding_and_head(v, big);
 }
 
