@@ -129,6 +129,9 @@ class DecoderLayer final : public Layer {
     }
     c.ax = b.lora_ax;
     c.xbuf = b.lora_x;
+    c.a_cat = b.lora_a_cat;
+    c.da_cat = backward ? b.lora_da_cat : nullptr;
+    c.cat_elems = b.lora_cat_elems;
     if (backward) {  // the recompute leaves each module's u for its backward
       c.u_keep = b.lora_u;
       c.u_rows = a.shape.tokens();
@@ -161,6 +164,9 @@ class DecoderLayer final : public Layer {
   // the forward's, saved), o (and lse when with_lse); and h1 = x + o_proj(o).
   void attention_forward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc, const Fp8Set& f8,
                          bool with_lse, bool reuse) const;
+  // g, u = gate(in), up(in) for rows [r0, r0+n) (their adapters as one: adapted_siblings_fwd).
+  void gate_up_fwd(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc, const Fp8Set& f8,
+                   const void* in, bool pre_norm, int64_t r0, int64_t n) const;
   // Rows [r0, r0+n) of the MLP: y = h1 + down(silu(gate(hn)) * up(hn)), hn = RMSNorm(h1).
   void mlp_forward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc, const Fp8Set& f8, int64_t r0,
                    int64_t n) const;

@@ -13,10 +13,12 @@
 //   With a saved attention (LayerOptions::save_attention) o and lse are the caller's buffers.
 //             dh1 lives in the caller's dx, dxn in h1, the q/k-norm input gradients in dout
 //             and v, so nothing of size [T,F] exists and no [T,H] buffer beyond xn and h1.
-//   LoRA adapters (DecoderDims::lora_rank r > 0): ax [T,r] (forward and backward) and g [T,r]
-//             (backward) for the adapter intermediates of one linear at a time, u [7,T,r]
-//             (backward: each linear's s A x from the recompute, reused by its backward), and with dropout
-//             the dropped-out input of one linear, [T, max(H,Q)] or for the MLP [C, max(H,F)].
+//   LoRA adapters (DecoderDims::lora_rank r > 0): ax [T,r] (forward and backward) for the adapter
+//             intermediates of one linear at a time, u [7,T,r] (backward: each linear's s A x from
+//             the recompute, reused by its backward), and with dropout the dropped-out input of one
+//             linear, [T, max(H,Q)] or for the MLP [C, max(H,F)]. Without dropout the adapters that
+//             share an input (q/k/v, gate/up) run as one: ax is [T,3r], plus their stacked A
+//             [3r,H] and (backward) its gradient [3r,H] fp32.
 //   Sparse MLP block (DecoderDims::experts E > 0, k experts per token, expert FFN Fe; R = C*k
 //             routed rows of a chunk, padded_rows_bound(C*k) with DecoderDims::expert_padded,
 //             the sorted row [R] then C*k): instead of g, u, m [C,F]: router logits [C,E], probs
@@ -44,6 +46,9 @@ namespace rp {
 /// Linears of a decoder layer that can carry a LoRA adapter (q, k, v, o, gate, up, down:
 /// model/lora.hpp's LoraModule).
 constexpr size_t kAdaptedLinears = 7;
+
+/// The most LoRA adapters that read one input and run as one (q, k, v; model/lora_linear.hpp).
+constexpr int64_t kMaxLoraSiblings = 3;
 
 /// Alignment of every buffer a layer carves out of its scratch.
 constexpr size_t kScratchAlign = 256;
@@ -136,12 +141,15 @@ struct DecoderBufs {
   void *g = nullptr, *u = nullptr, *m = nullptr;                      // [C, F]
   void *dm = nullptr, *dg = nullptr, *du = nullptr;                   // [C, F], backward
   float* lse = nullptr;                                               // [n_seq, nq, L], backward
-  void* lora_ax = nullptr;                                            // [T, r]
-  void* lora_u = nullptr;  // backward: [kAdaptedLinears, T, r], each linear's u from the recompute
-  void* lora_x = nullptr;  // dropout input, [T or C, max in]
-  void* attn = nullptr;    // Ops::attention_scratch_bytes
-  MoeBufs moe;             // sparse MLP block only
-  int64_t chunk = 0;       // C
+  void* lora_ax = nullptr;                                            // [T, r] ([T, 3r] without dropout)
+  void* lora_a_cat = nullptr;   // [3r, H] without dropout: the stacked A of adapters sharing an input
+  void* lora_da_cat = nullptr;  // [3r, H] fp32, backward: its gradient
+  int64_t lora_cat_elems = 0;   // 3r * H
+  void* lora_u = nullptr;       // backward: [kAdaptedLinears, T, r], each linear's u from the recompute
+  void* lora_x = nullptr;       // dropout input, [T or C, max in]
+  void* attn = nullptr;         // Ops::attention_scratch_bytes
+  MoeBufs moe;                  // sparse MLP block only
+  int64_t chunk = 0;            // C
   // FP8 linears (DecoderDims::fp8): the e4m3 codes of one linear's input (or output gradient)
   // at a time, [T, max(H,Q)] or for the MLP [C, max(H,F)], and their scale
   uint8_t* fp8_codes = nullptr;
@@ -221,7 +229,13 @@ inline void carve_decoder_scratch(const DecoderDims& d, int64_t n_seq, int64_t s
     b.m = sc.take(C * F * es);
   }
   if (d.lora_rank > 0) {  // model/lora_linear.hpp: adapter intermediates, one linear at a time
-    b.lora_ax = sc.take(T * size_t(d.lora_rank) * es);
+    const size_t r = size_t(d.lora_rank), G = d.lora_dropout ? 1 : size_t(kMaxLoraSiblings);
+    b.lora_ax = sc.take(T * G * r * es);
+    if (!d.lora_dropout) {  // or of the adapters sharing an input, run as one
+      b.lora_a_cat = sc.take(G * r * H * es);
+      if (backward) b.lora_da_cat = sc.take(G * r * H * 4);
+      b.lora_cat_elems = int64_t(G * r * H);
+    }
     if (backward) b.lora_u = sc.take(kAdaptedLinears * T * size_t(d.lora_rank) * es);
     if (d.lora_dropout) b.lora_x = sc.take(std::max(T * std::max(H, Q), C * std::max(H, F)) * es);
   }

@@ -222,12 +222,12 @@ void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, c
              f8.keep_wgrad(kKeptAttnIn));
   void* q_lin = c_.qk_norm ? b.qr : b.q;
   void* k_lin = c_.qk_norm ? b.kr : b.k;
-  adapted_linear_fwd(ops, lc, lora(LoraModule::q), xin, param(a, 0, wq_), q_lin, T, H, nq * D, 0,
-                     pre_norm ? f8.after_norm(LoraModule::q) : f8(LoraModule::q));
-  adapted_linear_fwd(ops, lc, lora(LoraModule::k), xin, param(a, 0, wk_), k_lin, T, H, nkv * D, 0,
-                     f8.reuse(LoraModule::k, LoraModule::q));
-  adapted_linear_fwd(ops, lc, lora(LoraModule::v), xin, param(a, 0, wv_), b.v, T, H, nkv * D, 0,
-                     f8.reuse(LoraModule::v, LoraModule::q));
+  const SiblingLinear qkv[] = {
+      {&lora(LoraModule::q), param(a, 0, wq_), q_lin, nq * D,
+       pre_norm ? f8.after_norm(LoraModule::q) : f8(LoraModule::q)},
+      {&lora(LoraModule::k), param(a, 0, wk_), k_lin, nkv * D, f8.reuse(LoraModule::k, LoraModule::q)},
+      {&lora(LoraModule::v), param(a, 0, wv_), b.v, nkv * D, f8.reuse(LoraModule::v, LoraModule::q)}};
+  adapted_siblings_fwd(ops, lc, qkv, xin, T, H, 0);
   bias_fwd(ops, a, bq_, q_lin, T, nq * D);
   bias_fwd(ops, a, bk_, k_lin, T, nkv * D);
   bias_fwd(ops, a, bv_, b.v, T, nkv * D);
@@ -267,6 +267,16 @@ void DecoderLayer::attention_forward(const LayerArgs& a, const DecoderBufs& b, c
   if (!plain) ops.add(a.x, b.h1, b.h1, T * H);
 }
 
+void DecoderLayer::gate_up_fwd(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc, const Fp8Set& f8,
+                               const void* in, bool pre_norm, int64_t r0, int64_t n) const {
+  const int64_t H = c_.hidden_size, F = c_.intermediate_size;
+  const SiblingLinear gu[] = {
+      {&lora(LoraModule::gate), param(a, 0, wg_), b.g, F,
+       pre_norm ? f8.after_norm(LoraModule::gate) : f8(LoraModule::gate)},
+      {&lora(LoraModule::up), param(a, 0, wu_), b.u, F, f8.reuse(LoraModule::up, LoraModule::gate)}};
+  adapted_siblings_fwd(*a.ops, lc, gu, in, n, H, r0);
+}
+
 void DecoderLayer::mlp_forward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc, const Fp8Set& f8,
                                int64_t r0, int64_t n) const {
   Ops& ops = *a.ops;
@@ -280,10 +290,7 @@ void DecoderLayer::mlp_forward(const LayerArgs& a, const DecoderBufs& b, const L
   if (moe_)
     return moe_->forward(ops, a.params[0], b.hn, h1, y, n, b.moe, a.moe_stats, moe_adapters(a, false));
   const void* in = pre_norm ? b.hn : h1;
-  adapted_linear_fwd(ops, lc, lora(LoraModule::gate), in, param(a, 0, wg_), b.g, n, H, F, r0,
-                     pre_norm ? f8.after_norm(LoraModule::gate) : f8(LoraModule::gate));
-  adapted_linear_fwd(ops, lc, lora(LoraModule::up), in, param(a, 0, wu_), b.u, n, H, F, r0,
-                     f8.reuse(LoraModule::up, LoraModule::gate));
+  gate_up_fwd(a, b, lc, f8, in, pre_norm, r0, n);
   const Fp8Linear* down_f8 = f8.scaled(LoraModule::down);
   if (c_.gemma()) {  // GeGLU: down quantizes its input in its own pass
     ops.geglu_fwd(b.g, b.u, b.m, n * F);

@@ -72,6 +72,17 @@ WgradCodes linear_backward(Ops& ops, const Fp8Set& f8, const LoraCall& lc, const
   return c;
 }
 
+// The adapters of linears that read x, run as one where they can (lora_siblings_backward): their
+// input gradient written into dx first (added when `accumulate`). True when they ran: each
+// linear's backward then takes kNoAdapter and adds its base input gradient onto dx.
+bool siblings_first(const LoraCall& lc, std::span<const LoraLinear* const> ls,
+                    std::span<const void* const> dy, const void* x, void* dx, int64_t n, bool accumulate) {
+  if (!lora_siblings_fuse(lc, ls)) return false;
+  lora_siblings_backward(lc, ls, dy, x, dx, n, accumulate, true);
+  return true;
+}
+const LoraLinear kNoAdapter{};
+
 }  // namespace
 
 void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const LoraCall& lc,
@@ -105,10 +116,7 @@ void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const 
     return;
   }
   const void* in = pre_norm ? b.hn : h1;
-  adapted_linear_fwd(ops, lc, lora(LoraModule::gate), in, param(a, 0, wg_), b.g, n, H, F, r0,
-                     pre_norm ? f8.after_norm(LoraModule::gate) : f8(LoraModule::gate));
-  adapted_linear_fwd(ops, lc, lora(LoraModule::up), in, param(a, 0, wu_), b.u, n, H, F, r0,
-                     f8.reuse(LoraModule::up, LoraModule::gate));
+  gate_up_fwd(a, b, lc, f8, in, pre_norm, r0, n);
   if (m_scale) ops.swiglu_fwd_fp8_scale(b.g, b.u, b.m, n * F, kFp8ActFormat, m_scale);
   else act_fwd(ops, b.g, b.u, b.m, n * F);
   // y = h1 + r * post_norm(down(m)): dout, the gradient at down's output, is dy itself for
@@ -143,11 +151,14 @@ void DecoderLayer::mlp_backward(const LayerArgs& a, const DecoderBufs& b, const 
   // each linear's weight gradient, then its input gradient (which may read dy's codes the
   // first left in the scratch)
   const LoraModule G = LoraModule::gate, U = LoraModule::up;
+  const LoraLinear* gu[] = {&lora(G), &lora(U)};
+  const void* dgu[] = {b.dg, b.du};
+  const bool fused = siblings_first(lc, gu, dgu, in, din, n, !pre_norm);
   const WgradCodes gate = linear_backward(
-      ops, f8, lc, lora(G),
-      {G, in, b.dg, param(a, 0, wg_), grad(a, 0, wg_), din, n, H, F, !pre_norm, r0, true, false},
+      ops, f8, lc, fused ? kNoAdapter : lora(G),
+      {G, in, b.dg, param(a, 0, wg_), grad(a, 0, wg_), din, n, H, F, fused || !pre_norm, r0, true, false},
       {hn_scale, dg_scale});
-  linear_backward(ops, f8, lc, lora(U),
+  linear_backward(ops, f8, lc, fused ? kNoAdapter : lora(U),
                   {U, in, b.du, param(a, 0, wu_), grad(a, 0, wu_), din, n, H, F, true, r0, true, gate.x},
                   {hn_scale, du_scale});
   if (!pre_norm) return;
@@ -215,14 +226,17 @@ void DecoderLayer::attention_backward(const LayerArgs& a, const DecoderBufs& b, 
   const float* xin_scale =  // the recompute's input norm kept it (attention_forward)
       !c_.post_norms && f8(LoraModule::q) ? f8.keep_wgrad(kKeptAttnIn) : nullptr;
   const LoraModule Q = LoraModule::q, K = LoraModule::k, V = LoraModule::v;
-  const WgradCodes q = linear_backward(
-      ops, f8, lc, lora(Q),
-      {Q, xin, dq_lin, param(a, 0, wq_), grad(a, 0, wq_), dxn, T, H, nq * D, c_.post_norms, 0, true, false},
-      {xin_scale});
-  linear_backward(ops, f8, lc, lora(K),
+  const LoraLinear* qkv[] = {&lora(Q), &lora(K), &lora(V)};
+  const void* dqkv[] = {dq_lin, dk_lin, b.dv};
+  const bool fused = siblings_first(lc, qkv, dqkv, xin, dxn, T, c_.post_norms);
+  const WgradCodes q = linear_backward(ops, f8, lc, fused ? kNoAdapter : lora(Q),
+                                       {Q, xin, dq_lin, param(a, 0, wq_), grad(a, 0, wq_), dxn, T, H, nq * D,
+                                        fused || c_.post_norms, 0, true, false},
+                                       {xin_scale});
+  linear_backward(ops, f8, lc, fused ? kNoAdapter : lora(K),
                   {K, xin, dk_lin, param(a, 0, wk_), grad(a, 0, wk_), dxn, T, H, nkv * D, true, 0, true, q.x},
                   {xin_scale});
-  linear_backward(ops, f8, lc, lora(V),
+  linear_backward(ops, f8, lc, fused ? kNoAdapter : lora(V),
                   {V, xin, b.dv, param(a, 0, wv_), grad(a, 0, wv_), dxn, T, H, nkv * D, true, 0, true, q.x},
                   {xin_scale});
   if (!c_.post_norms)

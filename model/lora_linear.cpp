@@ -1,6 +1,7 @@
 // The adapter half of a LoRA linear (model/lora_linear.hpp).
 #include "model/lora_linear.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -146,6 +147,98 @@ void adapted_linear_bwd_input(Ops& ops, const LoraCall& c, const LoraLinear& l, 
   if (!l.on() || n <= 0) return base_bwd_input(ops, f8, dy, w, dx, n, in, out, accumulate);
   lora_backward(c, l, x, dy, dx, n, row0, accumulate, reuse_u);
   base_bwd_input(ops, f8, dy, w, dx, n, in, out, true);
+}
+
+namespace {
+
+void* at(void* base, int64_t elems, DType t) {
+  return static_cast<char*>(base) + elems * int64_t(dtype_size(t));
+}
+
+// [A_1; ...; A_G] into c.a_cat
+void stack_a(const LoraCall& c, std::span<const LoraLinear* const> ls) {
+  const DType dt = c.ops->dtype();
+  int64_t row = 0;
+  for (const LoraLinear* l : ls) {
+    c.ops->copy(dt, at(c.a_cat, row * l->in, dt), param_at(c, l->a_off), l->r * l->in);
+    row += l->r;
+  }
+}
+
+// Where the siblings' u [n, G r] lives: from the first module's kept-u slot on (the G slots
+// are consecutive), else in c.ax.
+void* siblings_u(const LoraCall& c, const LoraLinear& first, int64_t n) {
+  void* kept = kept_u(c, first, n);
+  return kept ? kept : c.ax;
+}
+
+}  // namespace
+
+bool lora_siblings_fuse(const LoraCall& c, std::span<const LoraLinear* const> ls) {
+  if (!c.ops || !c.a_cat || c.dropout > 0.f || ls.size() < 2 || int64_t(ls.size()) > kMaxLoraSiblings)
+    return false;
+  if (c.grads && (!c.da_cat || !c.u_keep)) return false;
+  const LoraLinear& first = *ls[0];
+  for (size_t i = 0; i < ls.size(); ++i) {
+    const LoraLinear& l = *ls[i];
+    if (!l.on() || l.in != first.in || l.r != first.r || l.module != first.module + int(i)) return false;
+  }
+  return int64_t(ls.size()) * first.r * first.in <= c.cat_elems;
+}
+
+void adapted_siblings_fwd(Ops& ops, const LoraCall& c, std::span<const SiblingLinear> s, const void* x,
+                          int64_t n, int64_t in, int64_t row0) {
+  std::array<const LoraLinear*, kMaxLoraSiblings> ls{};
+  const size_t G = std::min(s.size(), ls.size());
+  for (size_t i = 0; i < G; ++i) ls[i] = s[i].lora;
+  if (n <= 0 || s.size() > ls.size() || !lora_siblings_fuse(c, std::span(ls.data(), G))) {
+    for (const SiblingLinear& f : s)
+      adapted_linear_fwd(ops, c, *f.lora, x, f.w, f.y, n, in, f.out, row0, f.f8);
+    return;
+  }
+  const int64_t r = ls[0]->r, ld = int64_t(G) * r;
+  for (const SiblingLinear& f : s)
+    if (f.lora->in != in || f.lora->out != f.out)
+      throw std::invalid_argument(fmt::format("lora: adapter of [{}, {}] on a linear of [{}, {}]",
+                                              f.lora->out, f.lora->in, f.out, in));
+  stack_a(c, std::span(ls.data(), G));
+  void* u = siblings_u(c, *ls[0], n);
+  ops.linear_fwd(x, c.a_cat, u, n, in, ld, c.scaling);  // u = s x A^T, [n, G r]
+  for (size_t i = 0; i < G; ++i) {
+    const SiblingLinear& f = s[i];
+    ops.linear_fwd_ld(at(u, int64_t(i) * r, ops.dtype()), ld, param_at(c, f.lora->b_off), f.y, n, r,
+                      f.out);                              // y_i = u_i B_i^T
+    base_fwd(ops, f.f8, x, f.w, f.y, n, in, f.out, true);  // y_i += x W_i^T
+  }
+}
+
+void lora_siblings_backward(const LoraCall& c, std::span<const LoraLinear* const> ls,
+                            std::span<const void* const> dy, const void* x, void* dx, int64_t n,
+                            bool accumulate, bool reuse_u) {
+  if (!lora_siblings_fuse(c, ls) || dy.size() != ls.size())
+    throw std::invalid_argument("lora: these adapters do not run as one in this call");
+  if (n <= 0) return;
+  Ops& o = *c.ops;
+  const DType dt = o.dtype(), gt = o.grad_dtype();
+  const int64_t G = int64_t(ls.size()), r = ls[0]->r, in = ls[0]->in, ld = G * r;
+  stack_a(c, ls);
+  if (c.grads) {
+    void* u = kept_u(c, *ls[0], n);
+    if (!reuse_u) o.linear_fwd(x, c.a_cat, u, n, in, ld, c.scaling);
+    for (int64_t i = 0; i < G; ++i)  // dB_i += dy_i^T u_i
+      o.linear_bwd_weight_ld(dy[size_t(i)], at(u, i * r, dt), ld, grad_at(c, ls[size_t(i)]->b_off), n, r,
+                             ls[size_t(i)]->out);
+  }
+  for (int64_t i = 0; i < G; ++i)  // g_i = s dy_i B_i, side by side in ax
+    o.linear_bwd_input_ld(dy[size_t(i)], param_at(c, ls[size_t(i)]->b_off), at(c.ax, i * r, dt), ld, n, r,
+                          ls[size_t(i)]->out, c.scaling);
+  if (c.grads) {  // dA = g^T x for all G at once, then into each module's gradient
+    o.fill(gt, c.da_cat, ld * in, 0.f);
+    o.linear_bwd_weight(c.ax, x, c.da_cat, n, in, ld);
+    for (int64_t i = 0; i < G; ++i)
+      o.add_into(gt, grad_at(c, ls[size_t(i)]->a_off), gt, at(c.da_cat, i * r * in, gt), r * in, 1.0f);
+  }
+  o.linear_bwd_input(c.ax, c.a_cat, dx, n, in, ld, accumulate);  // dx (+)= g A
 }
 
 }  // namespace rp

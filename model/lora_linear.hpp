@@ -13,6 +13,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <span>
 
 #include "kernels/ops.hpp"
 #include "model/fp8_linear.hpp"
@@ -48,6 +49,12 @@ struct LoraCall {
   /// each module's u for lora_backward (null: u is computed again in lora_backward)
   void* u_keep = nullptr;
   int64_t u_rows = 0;  ///< rows of one module's slot in u_keep (the call's tokens)
+  /// Adapters sharing an input run as one (lora_siblings_fuse; null: never): their stacked A
+  /// [G r, in] (compute dtype), its gradient [G r, in] (grad dtype; backward calls), `cat_elems`
+  /// elements each; ax then holds [n, G r] (G <= kMaxLoraSiblings, model/layer_memory.hpp).
+  void* a_cat = nullptr;
+  void* da_cat = nullptr;
+  int64_t cat_elems = 0;
 };
 
 /// The stream of dropout masks of one layer call: a hash of (the adapter seed, the
@@ -81,5 +88,40 @@ void lora_backward(const LoraCall& c, const LoraLinear& l, const void* x, const 
 void adapted_linear_bwd_input(Ops& ops, const LoraCall& c, const LoraLinear& l, const void* x, const void* dy,
                               const void* w, void* dx, int64_t n, int64_t in, int64_t out, bool accumulate,
                               int64_t row0, bool reuse_u, const Fp8Linear* f8 = nullptr);
+
+// ---- adapters that read one input (q/k/v; gate/up), run as one ----------------------------
+// With A = [A_1; ...; A_G] stacked ([G r, in]), u = s xd A^T [n, G r] is one GEMM that reads x
+// once instead of G times; u_i = u[:, i r : (i+1) r]. In the backward g = [s dy_1 B_1 ... s dy_G
+// B_G] [n, G r], dA = g^T xd in one GEMM (x read once) and dx (+)= g A in one GEMM (dx written
+// once instead of G read-modify-writes). Same products as the adapters one by one; the sums of
+// dx are rounded in another order.
+
+/// Whether the adapters `ls` (2 to kMaxLoraSiblings modules, consecutive LoraModules that read
+/// one input) run as one in call c: each on, with one rank and input width, no dropout in this
+/// call (each module draws its own mask), c carries the buffers (a_cat, and in a backward call
+/// with gradients da_cat and u_keep) and they are large enough.
+bool lora_siblings_fuse(const LoraCall& c, std::span<const LoraLinear* const> ls);
+
+/// One of the linears adapted_siblings_fwd runs: its adapter, base weight W [out, in], output
+/// y [n, out] and FP8 set (as adapted_linear_fwd's arguments).
+struct SiblingLinear {
+  const LoraLinear* lora = nullptr;
+  const void* w = nullptr;
+  void* y = nullptr;
+  int64_t out = 0;
+  const Fp8Linear* f8 = nullptr;
+};
+/// adapted_linear_fwd of each of `s` (all reading x [n, in]), with their adapters run as one
+/// when lora_siblings_fuse holds (u of the first module's c.u_keep slot onward, or in c.ax).
+void adapted_siblings_fwd(Ops& ops, const LoraCall& c, std::span<const SiblingLinear> s, const void* x,
+                          int64_t n, int64_t in, int64_t row0);
+/// The adapters' backward of siblings that run as one (lora_siblings_fuse must hold, else
+/// std::invalid_argument): dB_i, dA_i += (into c.grads, when set) and the adapters' input
+/// gradient g A written into dx [n, in] (added to it when `accumulate`), from x [n, in] and each
+/// module's dy_i [n, out_i]. `reuse_u`: u is the one adapted_siblings_fwd left in c.u_keep in this
+/// call. The base linears' input gradients are the caller's (accumulating onto dx).
+void lora_siblings_backward(const LoraCall& c, std::span<const LoraLinear* const> ls,
+                            std::span<const void* const> dy, const void* x, void* dx, int64_t n,
+                            bool accumulate, bool reuse_u);
 
 }  // namespace rp
