@@ -1,6 +1,8 @@
 #include "base/json_fields.hpp"
 
+#include <algorithm>
 #include <stdexcept>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -9,6 +11,42 @@
 namespace rp {
 namespace {
 const nlohmann::json kNull;
+}
+
+std::string nearest_key(const std::string& key, const std::set<std::string>& known) {
+  constexpr size_t kMost = 2;
+  // a key of kilobytes (a corrupted file) is no typo of a known one
+  if (key.empty() || key.size() > 256) return "";
+  std::string best;
+  size_t best_d = kMost + 1;
+  bool tied = false;
+  for (const std::string& k : known) {
+    if (k.size() + kMost < key.size() || key.size() + kMost < k.size()) continue;
+    // optimal string alignment distance: Levenshtein with a swap of neighbours counting 1
+    const size_t n = key.size(), m = k.size();
+    std::vector<std::vector<size_t>> d(n + 1, std::vector<size_t>(m + 1));
+    for (size_t i = 0; i <= n; ++i) d[i][0] = i;
+    for (size_t j = 0; j <= m; ++j) d[0][j] = j;
+    for (size_t i = 1; i <= n; ++i)
+      for (size_t j = 1; j <= m; ++j) {
+        d[i][j] =
+            std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (key[i - 1] == k[j - 1] ? 0 : 1)});
+        if (i > 1 && j > 1 && key[i - 1] == k[j - 2] && key[i - 2] == k[j - 1])
+          d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      }
+    const size_t dist = d[n][m];
+    // a distance as long as a name is no near miss ('z' for 'w', 'ab' for 'cd')
+    if (dist >= n || dist >= m) continue;
+    if (dist < best_d) best = k, best_d = dist, tied = false;
+    else if (dist == best_d) tied = true;
+  }
+  return best_d <= kMost && !tied ? best : "";
+}
+
+std::string did_you_mean(const std::string& key, const std::set<std::string>& known,
+                         const std::string& prefix) {
+  const std::string near = nearest_key(key, known);
+  return near.empty() ? std::string() : fmt::format("; did you mean '{}{}'?", prefix, near);
 }
 
 JsonFields::JsonFields(const nlohmann::json& obj, std::string where, std::string prefix, Error error)
@@ -52,14 +90,28 @@ void JsonFields::fail(const std::string& key, const std::string& expected, const
 
 void JsonFields::fail_with(const std::string& what) const { raise(where_ + ": " + what); }
 
-void JsonFields::allow_only(const std::set<std::string>& known) const {
+void JsonFields::allow_only(const std::set<std::string>& known) const { allow_only(known, {}, ""); }
+
+void JsonFields::allow_only(const std::set<std::string>& known,
+                            const std::map<std::string, std::string>& aliases,
+                            const std::string& source) const {
   if (!j_.is_object()) return;
   for (auto it = j_.begin(); it != j_.end(); ++it)
     if (!known.count(it.key())) {
       std::string list;
       for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
-      raise(fmt::format("{}: unknown key '{}{}' (known keys: {})", where_of(it.key()), prefix_,
-                        excerpt(it.key()), list));
+      std::string hint = did_you_mean(it.key(), known, prefix_);
+      if (hint.empty() && !aliases.empty()) {
+        std::set<std::string> names;
+        for (const auto& [name, key] : aliases) names.insert(name);
+        std::set<std::string> all = names;
+        all.insert(known.begin(), known.end());
+        // an alias only where no known key is as near: "lr" stays "lr", not an alias of it
+        if (const std::string near = nearest_key(it.key(), all); !near.empty() && !known.count(near))
+          hint = fmt::format("; did you mean '{}{}' ({}'s {})?", prefix_, aliases.at(near), source, near);
+      }
+      raise(fmt::format("{}: unknown key '{}{}'{} (known keys: {})", where_of(it.key()), prefix_,
+                        excerpt(it.key()), hint, list));
     }
 }
 

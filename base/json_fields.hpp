@@ -2,7 +2,9 @@
 //   "<where>: key '<prefix><key>': expected <what>, got <value>"
 // where <value> is the JSON text of the value found, or "nothing" when the key is absent,
 // and for unknown keys
-//   "<where>: unknown key '<prefix><key>' (known keys: a, b, c)".
+//   "<where>: unknown key '<prefix><key>' (known keys: a, b, c)",
+// with "; did you mean '<prefix><near>'?" after the key when one known key is a near miss
+// (nearest_key).
 // <where> names the file (or the flag) the object came from; <prefix> is the path of a
 // nested object ("optimizer."). Used by the experiment spec, the trainer state and the
 // profile readers. A reader told where the keys stand (with_lines) names the key's line too:
@@ -10,6 +12,7 @@
 #pragma once
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <set>
 #include <string>
 #include <type_traits>
@@ -19,6 +22,16 @@
 #include "base/json_text.hpp"
 
 namespace rp {
+
+/// The known key that `key` most likely misspells: the one nearest by edit distance (insertions,
+/// deletions, substitutions and swaps of two neighbours each count 1), when that distance is at
+/// most 2, smaller than both names' lengths, and no other known key is as near; else "".
+std::string nearest_key(const std::string& key, const std::set<std::string>& known);
+
+/// "; did you mean '<prefix><near>'?" for nearest_key(key, known), "" when none (how every
+/// unknown-key error of a JSON reader suggests it, right after the key it quotes).
+std::string did_you_mean(const std::string& key, const std::set<std::string>& known,
+                         const std::string& prefix = "");
 
 class JsonFields {
  public:
@@ -51,6 +64,12 @@ class JsonFields {
   [[noreturn]] void fail_with(const std::string& what) const;
   /// Throws the unknown-key error for the first key of the object not in `known`.
   void allow_only(const std::set<std::string>& known) const;
+  /// The same, where `aliases` maps names another program gives keys (`source`'s names:
+  /// "learning_rate" in "Hugging Face") to the key path they stand for here ("optimizer.lr"): a
+  /// key that is, or nearly is, one of them suggests that path ("; did you mean 'optimizer.lr'
+  /// (Hugging Face's learning_rate)?") unless a known key is nearer.
+  void allow_only(const std::set<std::string>& known, const std::map<std::string, std::string>& aliases,
+                  const std::string& source) const;
 
   // ---- optional fields: absent -> `out` unchanged and false; present -> checked ----
   /// true or false ("expected true or false").

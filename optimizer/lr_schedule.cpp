@@ -4,10 +4,13 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <set>
 #include <stdexcept>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include "base/json_fields.hpp"
 
 namespace rp {
 
@@ -46,11 +49,11 @@ LrSchedule LrSchedule::from_json(const nlohmann::json& j, const std::string& whe
   if (!j.is_object())
     throw std::invalid_argument(fmt::format(
         "{}: expected an object with kind, lr, min_lr, warmup_steps, total_steps, got {}", where, j.dump()));
-  static const char* const keys[] = {"kind", "lr", "min_lr", "warmup_steps", "total_steps"};
+  static const std::set<std::string> keys = {"kind", "lr", "min_lr", "warmup_steps", "total_steps"};
   for (auto it = j.begin(); it != j.end(); ++it)
-    if (std::find_if(std::begin(keys), std::end(keys), [&](const char* k) { return it.key() == k; }) ==
-        std::end(keys))
-      fail(it.key(), "unknown key (valid: kind, lr, min_lr, warmup_steps, total_steps)");
+    if (!keys.count(it.key()))
+      fail(it.key(), fmt::format("unknown key{} (valid: kind, lr, min_lr, warmup_steps, total_steps)",
+                                 did_you_mean(it.key(), keys, where + ".")));
   auto number = [&](const char* key) {
     const auto& v = j.at(key);
     if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0)

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <limits>
+#include <set>
 #include <stdexcept>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "base/error_text.hpp"
 #include "base/json_fields.hpp"
 
 namespace rp {
@@ -151,15 +153,14 @@ void check_plan_form(const nlohmann::json& j, const std::string& where) {
         where +
         ": the plan is empty; expected \"forward\", \"tail\" and \"backward\" stages, or one or more of "
         "\"forward_layers\", \"backward_layers\", \"tail_decoders\"");
-  static const char* known[] = {"forward_layers", "backward_layers", "tail_decoders", "forward",
-                                "tail",           "backward"};
+  static const std::set<std::string> known = {"forward_layers", "backward_layers", "tail_decoders", "forward",
+                                              "tail",           "backward"};
   for (auto it = j.begin(); it != j.end(); ++it)
-    if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return it.key() == k; }) ==
-        std::end(known))
+    if (!known.count(it.key()))
       throw std::invalid_argument(
-          fmt::format("{}: unknown key '{}' (expected forward_layers, backward_layers, tail_decoders, or "
+          fmt::format("{}: unknown key '{}'{} (expected forward_layers, backward_layers, tail_decoders, or "
                       "forward/tail/backward)",
-                      where, it.key()));
+                      where, excerpt(it.key()), did_you_mean(it.key(), known)));
   if (j.contains("forward") || j.contains("tail") || j.contains("backward")) {
     for (const char* k : {"forward_layers", "backward_layers", "tail_decoders"})
       if (j.contains(k))

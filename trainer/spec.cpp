@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <stdexcept>
 
@@ -331,6 +332,30 @@ void check_ranges(const JsonFields& f, const TrainSpec& s) {
 
 }  // namespace
 
+namespace {
+/// Hugging Face TrainingArguments (and TRL) names of spec keys: a spec written with one of them,
+/// or a near miss of one, is told the key it means.
+const std::map<std::string, std::string> kHuggingFaceNames = {
+    {"learning_rate", "optimizer.lr"},
+    {"weight_decay", "optimizer.weight_decay"},
+    {"max_grad_norm", "optimizer.max_grad_norm"},
+    {"adam_epsilon", "optimizer.eps"},
+    {"adam_beta1", "optimizer.betas"},
+    {"adam_beta2", "optimizer.betas"},
+    {"warmup_steps", "lr_schedule.warmup_steps"},
+    {"lr_scheduler_type", "lr_schedule.kind"},
+    {"num_train_epochs", "epochs"},
+    {"max_steps", "steps"},
+    {"gradient_accumulation_steps", "accumulation"},
+    {"logging_steps", "log_every"},
+    {"save_steps", "save_every"},
+    {"eval_steps", "eval_every"},
+    {"max_seq_length", "seq_len"},
+    {"max_length", "seq_len"},
+    {"model_name_or_path", "model"},
+};
+}  // namespace
+
 TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
   if (!j.is_object()) throw std::invalid_argument(where + ": expected a JSON object at the top level");
   const JsonFields f(j, where);
@@ -397,7 +422,8 @@ TrainSpec spec_from_json(const nlohmann::json& j, const std::string& where) {
                 "metric_for_best_model",
                 "greater_is_better",
                 "load_best_model_at_end",
-                "early_stopping"});
+                "early_stopping"},
+               kHuggingFaceNames, "Hugging Face");
   if (!f.has("model"))
     throw std::invalid_argument(where + ": missing key 'model' (a .gguf file or HF directory)");
   if (!f.has("data"))
@@ -466,8 +492,10 @@ std::string key_as_quoted(const std::string& k) {
 
 /// The setting an error of the merged spec comes from: the last one whose key (or a key
 /// inside it, or the object holding it) the message quotes, whole or as a long key is quoted
-/// shortened; null when the file's own keys are at fault.
-const SpecSetting* setting_named_by(const std::string& msg, const std::vector<SpecSetting>& settings) {
+/// shortened; null when the file's own keys are at fault. The key an unknown key's error
+/// suggests ("; did you mean 'workers'?") is no key at fault: a --set of it does not count.
+const SpecSetting* setting_named_by(const std::string& message, const std::vector<SpecSetting>& settings) {
+  const std::string msg = message.substr(0, message.find("; did you mean '"));
   const auto quotes = [&](const std::string& k, const char* end) {
     return msg.find("'" + k + end) != std::string::npos ||
            msg.find("'" + key_as_quoted(k) + end) != std::string::npos;

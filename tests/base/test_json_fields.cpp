@@ -72,6 +72,11 @@ TEST(JsonFields, RequiredFieldsSayNothingWhenMissing) {
               o.allow_only({"betas", "eps"});
             }),
             "state.json: unknown key 'o.lr' (known keys: betas, eps)");
+  // a near miss of a known key (at most 2 edits) is named, with the object's path
+  EXPECT_EQ(error_of<std::runtime_error>([&] {
+              o.allow_only({"lrr", "eps"});
+            }),
+            "state.json: unknown key 'o.lr'; did you mean 'o.lrr'? (known keys: eps, lrr)");
   EXPECT_EQ(error_of<std::runtime_error>([&] { r.nested("step"); }),
             "state.json: key 'step': expected an object, got 0");
 }
@@ -95,6 +100,33 @@ TEST(JsonFields, AMegabyteValueOrKeyIsQuotedShort) {
   const std::string key = error_of([&] { rp::JsonFields(k, "spec.json").allow_only({"seq_len"}); });
   EXPECT_EQ(key.rfind("spec.json: unknown key 'vvv", 0), 0u) << key.substr(0, 300);
   EXPECT_LT(key.size(), 300u) << key.substr(0, 300);
+}
+
+// The key an unknown one most likely misspells: at most 2 edits (a swap of neighbours is one),
+// fewer than either name's length, and no other known key as near.
+TEST(JsonFields, NearestKeyNamesOnlyAClearNearMiss) {
+  const std::set<std::string> known = {"workers", "steps", "seq_len", "seed", "lora", "warmup_steps"};
+  EXPECT_EQ(rp::nearest_key("wokers", known), "workers");
+  EXPECT_EQ(rp::nearest_key("wokrers", known), "workers");  // a swap
+  EXPECT_EQ(rp::nearest_key("setps", known), "steps");      // a swap
+  EXPECT_EQ(rp::nearest_key("warmup_step", known), "warmup_steps");
+  EXPECT_EQ(rp::nearest_key("seq-len", known), "seq_len");
+  EXPECT_EQ(rp::nearest_key("colour", known), "");  // near nothing
+  EXPECT_EQ(rp::nearest_key("sed", known), "seed");
+  EXPECT_EQ(rp::nearest_key("lr", known), "");              // 2 edits of a 2-letter name is no near miss
+  EXPECT_EQ(rp::nearest_key("see", {"seed", "seen"}), "");  // two as near: no guess
+  EXPECT_EQ(rp::nearest_key(std::string(300, 'w'), known), "");
+  EXPECT_EQ(rp::did_you_mean("wokers", known, "x."), "; did you mean 'x.workers'?");
+  EXPECT_EQ(rp::did_you_mean("colour", known), "");
+  // a name another program gives a key: suggested with where the name comes from
+  const nlohmann::json j = nlohmann::json::parse(R"({"learnig_rate": 1})");
+  EXPECT_EQ(
+      error_of([&] {
+        rp::JsonFields(j, "s.json").allow_only({"lr", "seed"}, {{"learning_rate", "optimizer.lr"}}, "HF");
+      }),
+      "s.json: unknown key 'learnig_rate'; did you mean 'optimizer.lr' (HF's learning_rate)? (known keys: "
+      "lr, "
+      "seed)");
 }
 
 }  // namespace

@@ -589,6 +589,56 @@ TEST(Cli, OutputDirAndSeqLenProblemsAreNamedBeforeTraining) {
   fs::remove_all(d);
 }
 
+// An unknown spec key that nearly is a known one (at most 2 edits), or a Hugging Face name of one,
+// says which key was meant, in the one line naming the file (or the --set) and the key; a key
+// near none gets no guess. A suggested key that a --set also sets does not make the file's
+// typo that setting's fault.
+TEST(Cli, AnUnknownKeyNearAKnownOneSaysWhichWasMeant) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  write(d / "data.jsonl", "{\"text\": \"hello world, hello world\"}\n");
+  const std::string spec = (d / "spec.json").string();
+  struct Case {
+    std::string extra, line;
+  } cases[] = {
+      {", \"wokers\": 2", ": unknown key 'wokers'; did you mean 'workers'? (known keys: "},
+      {", \"sequences_per_setp\": 2",
+       ": unknown key 'sequences_per_setp'; did you mean 'sequences_per_step'? (known keys: "},
+      {", \"learnig_rate\": 1e-4",
+       ": unknown key 'learnig_rate'; did you mean 'optimizer.lr' (Hugging Face's learning_rate)? (known "
+       "keys: "},
+      {", \"num_train_epochs\": 3",
+       ": unknown key 'num_train_epochs'; did you mean 'epochs' (Hugging Face's num_train_epochs)? (known "
+       "keys: "},
+      {", \"optimizer\": {\"lrr\": 1e-3}",
+       ": unknown key 'optimizer.lrr'; did you mean 'optimizer.lr'? (known keys: "},
+      {", \"lr_schedule\": {\"warmup_step\": 1}",
+       ": key 'lr_schedule.warmup_step': unknown key; did you mean 'lr_schedule.warmup_steps'? (valid: "},
+      {", \"plan\": {\"forwad_layers\": 1}",
+       ": key 'plan': unknown key 'forwad_layers'; did you mean 'forward_layers'? ("},
+  };
+  for (const auto& c : cases) {
+    write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run", c.extra));
+    const CliRun r = roundpipe("train " + spec, d);
+    expect_one_line_error(r, spec + c.line);
+  }
+  // nothing near: no guess
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run", ", \"colour\": 2"));
+  CliRun r = roundpipe("train " + spec, d);
+  expect_one_line_error(r, spec + ": unknown key 'colour' (known keys: ");
+  EXPECT_EQ(r.err.find("did you mean"), std::string::npos) << r.err;
+  // from the command line: the --set is named
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
+  expect_one_line_error(roundpipe("train " + spec + " --set workrs=2", d),
+                        "roundpipe: error: --set workrs=2: unknown key 'workrs'; did you mean 'workers'?");
+  // the file's typo stays the file's, though a --set sets the key it suggests
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run", ", \"wokers\": 2"));
+  expect_one_line_error(roundpipe("train " + spec + " --set workers=1", d),
+                        "roundpipe: error: " + spec + ": unknown key 'wokers'; did you mean 'workers'?");
+  EXPECT_FALSE(fs::exists(d / "run"));
+  fs::remove_all(d);
+}
+
 TEST(Cli, LeftoversOfKilledRunsAreRemoved) {
   auto d = tmpdir();
   auto model = tiny_model(d);

@@ -120,9 +120,11 @@ TEST(CliPlanProfile, ABadProfileFileIsOneLineNamingThePlace) {
   typo["layer"] = typo["layers"];
   typo.erase("layers");
   write(file, typo.dump(1));
-  expect_one_line_error(plan(d, run, ""), file.string() + line_of(typo.dump(1), "\"layer\"") +
-                                              ": unknown key 'layer' (known keys: beta, device, format, "
-                                              "layers, linear_compute, n_seq, seq_len, version)");
+  expect_one_line_error(
+      plan(d, run, ""),
+      file.string() + line_of(typo.dump(1), "\"layer\"") +
+          ": unknown key 'layer'; did you mean 'layers'? (known keys: beta, device, format, "
+          "layers, linear_compute, n_seq, seq_len, version)");
   // a time no layer takes (a plan printed it as a 300-digit iteration time) is refused with its
   // line and the range
   nlohmann::json absurd = j;

@@ -262,23 +262,23 @@ TEST(Profile, LoadRefusesBadJsonDuplicateAndUnknownKeysNamingThem) {
   nlohmann::json j = full;
   j["layer"] = j["layers"];
   j.erase("layers");
-  EXPECT_EQ(load_error(j.dump(1)),
-            line_of(j.dump(1), "\"layer\"") +
-                ": unknown key 'layer' (known keys: beta, device, format, layers, linear_compute, n_seq, "
-                "seq_len, version)");
+  EXPECT_EQ(load_error(j.dump(1)), line_of(j.dump(1), "\"layer\"") +
+                                       ": unknown key 'layer'; did you mean 'layers'? (known keys: beta, "
+                                       "device, format, layers, linear_compute, n_seq, "
+                                       "seq_len, version)");
   j = full;
   j["layers"][1]["forwrd"] = j["layers"][1]["forward"];
   j["layers"][1].erase("forward");
-  EXPECT_EQ(
-      load_error(j.dump(1)),
-      line_of(j.dump(1), "\"forwrd\"") +
-          ": layer 1: unknown key 'forwrd' (known keys: backward, forward, grad_bytes, layer, recompute, "
-          "scratch_peak_bytes, tail, weight_bytes)");
+  EXPECT_EQ(load_error(j.dump(1)), line_of(j.dump(1), "\"forwrd\"") +
+                                       ": layer 1: unknown key 'forwrd'; did you mean 'forward'? (known "
+                                       "keys: backward, forward, grad_bytes, layer, recompute, "
+                                       "scratch_peak_bytes, tail, weight_bytes)");
   j = full;
   j["layers"][2]["tail"]["kep"] = 1;
-  EXPECT_EQ(load_error(j.dump(1)), line_of(j.dump(1), "\"kep\"") +
-                                       ": layer 2.tail: unknown key 'kep' (known keys: kept, last_change, m, "
-                                       "seconds, seen)");
+  EXPECT_EQ(load_error(j.dump(1)),
+            line_of(j.dump(1), "\"kep\"") +
+                ": layer 2.tail: unknown key 'kep'; did you mean 'kept'? (known keys: kept, last_change, m, "
+                "seconds, seen)");
 }
 
 // Values out of range are refused in one line naming the line, the key and the range: a time of
