@@ -34,7 +34,7 @@
 #include "roundpipe/replicas.hpp"
 #include "roundpipe/trainer.hpp"
 #include "trainer/checkpoint_bundle.hpp"
-#include "trainer/run_setup.hpp"
+#include "trainer/run_setup.hpp"  // kOutputDirFlag
 
 namespace fs = std::filesystem;
 
@@ -284,7 +284,11 @@ void apply_overrides(TrainSpec& spec, const TrainOverrides& ov) {
   if (!ov.backend.empty()) spec.backend = ov.backend;
   if (ov.output_dir_given && ov.output_dir.empty())
     throw std::invalid_argument("--output-dir: expected a folder, got \"\"");
-  if (!ov.output_dir.empty()) spec.output_dir = ov.output_dir;
+  if (!ov.output_dir.empty()) {
+    spec.output_dir = ov.output_dir;
+    // errors about the folder name the flag the user typed, not the spec's key
+    spec.settings.push_back({"output_dir", ov.output_dir, true, kOutputDirFlag});
+  }
   if (ov.overwrite_output_dir) spec.overwrite_output_dir = true;
   if (ov.resume_given && ov.resume.empty())
     throw std::invalid_argument(

@@ -37,20 +37,20 @@ OutputDirLock::OutputDirLock(const TrainSpec& spec) {
   if (fs::exists(spec.output_dir, ec) && !fs::is_directory(spec.output_dir, ec))
     return;  // prepare_output_dir says
   if (const std::string why = dangling_link_text(spec.output_dir); !why.empty())
-    throw std::invalid_argument(fmt::format(
-        "{}: key 'output_dir': {}; create that folder or give another output_dir", spec.source, why));
+    throw std::invalid_argument(
+        fmt::format("{}: {}; create that folder or give another output_dir", output_dir_origin(spec), why));
   made_ = create_folders(spec.output_dir, ec);  // exactly what this run makes
   if (ec) {
     remove_made_if_empty();
     made_.clear();
-    throw std::invalid_argument(fmt::format("{}: key 'output_dir': cannot create '{}': {}", spec.source,
-                                            spec.output_dir, ec.message()));
+    throw std::invalid_argument(
+        fmt::format("{}: cannot create '{}': {}", output_dir_origin(spec), spec.output_dir, ec.message()));
   }
   fd_ = ::open(spec.output_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd_ < 0) {
     const int err = errno;
     remove_made_if_empty();
-    throw std::invalid_argument(fmt::format("{}: key 'output_dir': cannot open '{}': {}", spec.source,
+    throw std::invalid_argument(fmt::format("{}: cannot open '{}': {}", output_dir_origin(spec),
                                             spec.output_dir, std::strerror(err)));
   }
   if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) {
@@ -61,10 +61,10 @@ OutputDirLock::OutputDirLock(const TrainSpec& spec) {
   if (err == EWOULDBLOCK) {
     ::close(fd_);
     fd_ = -1;
-    throw std::invalid_argument(fmt::format(
-        "{}: key 'output_dir': '{}' is in use by another roundpipe run; wait for it to end or give this run "
-        "another output_dir",
-        spec.source, spec.output_dir));
+    throw std::invalid_argument(
+        fmt::format("{}: '{}' is in use by another roundpipe run; wait for it to end or give this run "
+                    "another output_dir",
+                    output_dir_origin(spec), spec.output_dir));
   }
   spdlog::warn("could not lock the output folder {} ({}): nothing stops another run from writing into it",
                spec.output_dir, std::strerror(err));
@@ -191,6 +191,11 @@ std::string setting_origin(const TrainSpec& spec, const std::string& key) {
   return spec.source;
 }
 
+std::string output_dir_origin(const TrainSpec& spec) {
+  const std::string where = setting_origin(spec, "output_dir");
+  return where == kOutputDirFlag ? where : where + ": key 'output_dir'";
+}
+
 namespace {
 
 /// Whether `m` (resolved) is the tier cache `p` or one of the files the tier keeps beside it
@@ -227,10 +232,10 @@ void check_tier_path(const TrainSpec& spec) {
         where, p, path_within(file, out) ? "lies inside" : "keeps its lock and spill files inside",
         spec.output_dir)));
   if (path_within(out, file))
-    throw std::invalid_argument(one_line(
-        fmt::format("{}: key 'output_dir': '{}' lies inside frozen_tier.path '{}', the tier's cache file; "
-                    "choose an output_dir outside it",
-                    spec.source, spec.output_dir, p)));
+    throw std::invalid_argument(
+        one_line(fmt::format("{}: '{}' lies inside frozen_tier.path '{}', the tier's cache file; "
+                             "choose an output_dir outside it",
+                             output_dir_origin(spec), spec.output_dir, p)));
   if (spec.metrics_jsonl && !spec.metrics_jsonl->empty() &&
       is_tier_file(resolved_path(*spec.metrics_jsonl), p))
     throw std::invalid_argument(one_line(fmt::format(
@@ -244,8 +249,8 @@ void check_tier_path(const TrainSpec& spec) {
 void check_output_folder(const TrainSpec& spec) {
   const std::string& out = spec.output_dir;
   if (const std::string why = unsafe_output_folder(out); !why.empty())
-    throw std::invalid_argument(fmt::format(
-        "{}: key 'output_dir': '{}' {}; a run's outputs need a folder of their own", spec.source, out, why));
+    throw std::invalid_argument(fmt::format("{}: '{}' {}; a run's outputs need a folder of their own",
+                                            output_dir_origin(spec), out, why));
   const std::vector<std::string> data = data_paths(spec), eval = eval_data_paths(spec);
   std::vector<std::pair<const char*, const std::string*>> inputs = {{"model", &spec.model},
                                                                     {"adapter", &spec.adapter}};
@@ -256,10 +261,10 @@ void check_output_folder(const TrainSpec& spec) {
   for (const auto& [key, path] : inputs)
     if ((path != &spec.model || reads_model) && !overlapping_input(out, {*path}).empty())
       throw std::invalid_argument(
-          fmt::format("{}: key 'output_dir': '{}' is, holds or lies inside the input '{}' (key '{}'), which "
+          fmt::format("{}: '{}' is, holds or lies inside the input '{}' (key '{}'), which "
                       "the run's outputs "
                       "could replace; choose a separate output_dir",
-                      spec.source, out, *path, key));
+                      output_dir_origin(spec), out, *path, key));
   // a resume_from that is no checkpoint at all gets check_resume's more useful line
   if (spec.resume_from.empty() || !looks_like_checkpoint(spec.resume_from)) return;
   const fs::path o = resolved_path(out), r = resolved_path(spec.resume_from),
@@ -268,10 +273,10 @@ void check_output_folder(const TrainSpec& spec) {
   // trainer state (<run>/state/<checkpoint>) is an input too
   if (path_within(o, r) || path_within(o, rs) || (path_within(r, o) && r.parent_path() != o))
     throw std::invalid_argument(
-        fmt::format("{}: key 'output_dir': '{}' is, holds or lies inside the checkpoint '{}' the run resumes "
+        fmt::format("{}: '{}' is, holds or lies inside the checkpoint '{}' the run resumes "
                     "from (--resume), "
                     "which the run's outputs could replace; choose a separate output_dir",
-                    spec.source, out, spec.resume_from));
+                    output_dir_origin(spec), out, spec.resume_from));
 }
 
 }  // namespace
@@ -293,12 +298,12 @@ void prepare_output_dir(const TrainSpec& spec) {
   check_tier_path(spec);  // again, now that output_dir exists: a link to it resolves
   std::error_code ec;
   if (fs::exists(spec.output_dir, ec) && !fs::is_directory(spec.output_dir, ec))
-    throw std::invalid_argument(fmt::format("{}: key 'output_dir': expected a directory, but '{}' is a file",
-                                            spec.source, spec.output_dir));
+    throw std::invalid_argument(fmt::format("{}: expected a directory, but '{}' is a file",
+                                            output_dir_origin(spec), spec.output_dir));
   const fs::path fin = fs::path(spec.output_dir) / "final";
   if (fs::exists(fin, ec) && !fs::is_directory(fin, ec))
-    throw std::invalid_argument(fmt::format(
-        "{}: key 'output_dir': '{}' exists and is not a checkpoint folder", spec.source, fin.string()));
+    throw std::invalid_argument(
+        fmt::format("{}: '{}' exists and is not a checkpoint folder", output_dir_origin(spec), fin.string()));
   // a save killed between its state and its weights: made whole before the leftovers go
   for (const std::string& line : mend_interrupted_saves(spec.output_dir)) spdlog::warn("{}", line);
   std::vector<StaleTemporary> stale = clean_stale_temporaries(spec.output_dir);
@@ -307,26 +312,26 @@ void prepare_output_dir(const TrainSpec& spec) {
   const fs::path record = fs::path(spec.output_dir) / kRunMarkerFile;
   if (fs::exists(fs::symlink_status(record, ec)) && !has_run_record(spec.output_dir))
     throw std::invalid_argument(
-        fmt::format("{}: key 'output_dir': {} is not a run record roundpipe wrote (expected a small JSON "
+        fmt::format("{}: {} is not a run record roundpipe wrote (expected a small JSON "
                     "file with \"written_by\": "
                     "\"roundpipe train\"), so nothing proves the folder's run outputs roundpipe's; move it "
                     "away or choose another "
                     "output_dir",
-                    spec.source, record.string()));
+                    output_dir_origin(spec), record.string()));
   // no run makes a link: one named like a run output would be replaced (or written through)
   for (fs::directory_iterator it(spec.output_dir, ec), end; !ec && it != end; it.increment(ec))
     if (is_run_output(it->path().filename().string()) && it->is_symlink(ec))
-      throw std::invalid_argument(
-          fmt::format("{}: key 'output_dir': {} is a symbolic link, where the run writes {} of its own; move "
-                      "it away or choose "
-                      "another output_dir",
-                      spec.source, it->path().string(), it->is_directory(ec) ? "a folder" : "a file"));
+      throw std::invalid_argument(fmt::format(
+          "{}: {} is a symbolic link, where the run writes {} of its own; move "
+          "it away or choose "
+          "another output_dir",
+          output_dir_origin(spec), it->path().string(), it->is_directory(ec) ? "a folder" : "a file"));
   if (const auto foreign = unrecorded_outputs(spec.output_dir); !foreign.empty())
     throw std::invalid_argument(
-        fmt::format("{}: key 'output_dir': '{}' holds {} that no roundpipe run recorded as its own (no {}), "
+        fmt::format("{}: '{}' holds {} that no roundpipe run recorded as its own (no {}), "
                     "and the run would "
                     "replace {}; move {} away or choose another output_dir",
-                    spec.source, spec.output_dir, fmt::join(foreign, ", "), kRunMarkerFile,
+                    output_dir_origin(spec), spec.output_dir, fmt::join(foreign, ", "), kRunMarkerFile,
                     foreign.size() == 1 ? "it" : "them", foreign.size() == 1 ? "it" : "them"));
   if (spec.overwrite_output_dir) return;
   // a resume continues the run of the folder its checkpoint lies in; a fresh run, or a resume of
@@ -345,10 +350,10 @@ void prepare_output_dir(const TrainSpec& spec) {
                            "weights); start over")
                      : fmt::format("continue it with --resume {}/{}, start over", spec.output_dir, resume);
   throw std::invalid_argument(
-      fmt::format("{}: key 'output_dir': '{}' holds an earlier run's checkpoints ({}); {} there with "
+      fmt::format("{}: '{}' holds an earlier run's checkpoints ({}); {} there with "
                   "--overwrite-output-dir "
                   "(\"overwrite_output_dir\": true), or choose another output_dir",
-                  spec.source, spec.output_dir, fmt::join(found, ", "), advice));
+                  output_dir_origin(spec), spec.output_dir, fmt::join(found, ", "), advice));
 }
 
 namespace {

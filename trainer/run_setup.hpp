@@ -16,7 +16,7 @@ namespace rp {
 /// second run into the same folder fails at once instead of interleaving its checkpoints and
 /// metrics with the first one's. Creates the folder when it does not exist (created()); a path
 /// that is a file is left to prepare_output_dir's error. Throws std::invalid_argument
-/// "<spec.source>: key 'output_dir': '<dir>' is in use by another roundpipe run ..." when
+/// "<output_dir_origin>: '<dir>' is in use by another roundpipe run ..." when
 /// another process (or another run of this one) holds the lock. On a file system without
 /// flock it logs a warning and runs unlocked.
 class OutputDirLock {
@@ -54,11 +54,20 @@ void check_output_file(const TrainSpec& spec, const std::string& file, const std
 /// frozen_tier={...}"), else the spec file (spec.source).
 std::string setting_origin(const TrainSpec& spec, const std::string& key);
 
+/// The command-line flag that sets output_dir, as its setting's origin names it (errors about
+/// the folder then name the flag the user typed, not a spec key).
+inline constexpr const char* kOutputDirFlag = "--output-dir";
+
+/// How an error about output_dir names what gave it: "--output-dir" when that flag did,
+/// else "<where>: key 'output_dir'", where is the spec file or the --set that wrote it
+/// (setting_origin).
+std::string output_dir_origin(const TrainSpec& spec);
+
 /// Checks where a run may write, before the folder is created or locked: output_dir must not
 /// be the root folder, $HOME, the working directory or a folder holding it, nor be, hold or
 /// lie inside an input (model, data, eval_data, adapter; a resume_from that is a checkpoint,
 /// unless it lies directly in output_dir: the run being continued). Throws
-/// std::invalid_argument("<spec.source>: key 'output_dir': ..."), one line naming the input's key.
+/// std::invalid_argument("<output_dir_origin>: ..."), one line naming the input's key.
 /// A frozen_tier.path (with the folder its lock, temporary and spill files go to) inside
 /// output_dir, or equal to the metrics_jsonl file, is refused as "<where>: key
 /// 'frozen_tier.path': ...", where is the --set that wrote it or the spec file.
@@ -71,7 +80,7 @@ void check_output_dir(const TrainSpec& spec);
 /// fresh run is refused where an earlier run left checkpoints unless
 /// spec.overwrite_output_dir. A frozen_tier.path inside output_dir is refused again, now that
 /// a link to the new folder resolves (check_output_dir). Throws std::invalid_argument naming
-/// spec.source and the key.
+/// output_dir_origin.
 void prepare_output_dir(const TrainSpec& spec);
 
 /// --overwrite-output-dir (a fresh run, no resume): removes what an earlier run recorded in the

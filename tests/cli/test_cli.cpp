@@ -639,6 +639,47 @@ TEST(Cli, AnUnknownKeyNearAKnownOneSaysWhichWasMeant) {
   fs::remove_all(d);
 }
 
+// An output folder given with --output-dir that cannot be one is named by the flag the user
+// typed, not by the spec's key (the spec file never said it); one given with --set names that
+// setting and the key, one in the file the file and the key. Nothing is made or changed.
+TEST(Cli, AnOutputDirFromTheCommandLineIsNamedByItsFlag) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  write(d / "data.jsonl", "{\"text\": \"hello world, hello world\"}\n");
+  write(d / "afile", "x");
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
+  const std::string train = "train " + (d / "spec.json").string();
+  const std::string afile = (d / "afile").string();
+  {  // a file, not a folder
+    const CliRun r = roundpipe(train + " --output-dir " + afile, d);
+    expect_one_line_error(r, "--output-dir: expected a directory, but '" + afile + "' is a file");
+    EXPECT_EQ(r.err.find("spec.json"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("key 'output_dir'"), std::string::npos) << r.err;
+  }
+  {  // under a file: the folder cannot be made
+    const CliRun r = roundpipe(train + " --output-dir " + afile + "/run", d);
+    expect_one_line_error(r, "--output-dir: cannot create '" + afile + "/run': ");
+    EXPECT_EQ(r.err.find("spec.json"), std::string::npos) << r.err;
+  }
+  // a folder of the user's own
+  expect_one_line_error(roundpipe(train + " --output-dir /", d),
+                        "roundpipe: error: --output-dir: '/' is the root folder");
+  // --set names the setting and the key, the file itself the file and the key
+  expect_one_line_error(roundpipe(train + " --set output_dir=" + afile, d),
+                        "--set output_dir=" + afile + ": key 'output_dir': expected a directory");
+  write(d / "file.json", spec_for(model, d / "data.jsonl", d / "afile"));
+  expect_one_line_error(roundpipe("train " + (d / "file.json").string(), d),
+                        (d / "file.json").string() + ": key 'output_dir': expected a directory");
+  // --output-dir wins over a --set of the key, and the error names the flag
+  expect_one_line_error(
+      roundpipe(train + " --set output_dir=" + (d / "x").string() + " --output-dir " + afile, d),
+      "roundpipe: error: --output-dir: expected a directory");
+  EXPECT_EQ(slurp(d / "afile"), "x");
+  EXPECT_FALSE(fs::exists(d / "run"));
+  EXPECT_FALSE(fs::exists(d / "x"));
+  fs::remove_all(d);
+}
+
 TEST(Cli, LeftoversOfKilledRunsAreRemoved) {
   auto d = tmpdir();
   auto model = tiny_model(d);
