@@ -223,6 +223,13 @@ std::string newest_resumable_checkpoint(const std::string& dir, std::vector<std:
   return "";
 }
 
+namespace {
+/// What --resume expects, as its refusals say it.
+constexpr const char* kCheckpointExpected =
+    "expected a checkpoint folder of a roundpipe train run, <out>/checkpoint-<k>/ or <out>/final/ (its "
+    "weights), with its trainer state in <out>/state/<name>/";
+}  // namespace
+
 std::optional<ResumePoint> check_resume(const TrainSpec& spec) {
   if (spec.resume_from.empty()) return std::nullopt;
   ResumePoint r;
@@ -230,7 +237,9 @@ std::optional<ResumePoint> check_resume(const TrainSpec& spec) {
   while (r.dir.size() > 1 && r.dir.back() == '/') r.dir.pop_back();
   std::error_code ec;
   if (!fs::is_directory(r.dir, ec))
-    throw std::invalid_argument(fmt::format("{}: cannot resume: not a checkpoint folder", r.dir));
+    throw std::invalid_argument(fmt::format("{}: cannot resume: not a checkpoint folder ({}); {}", r.dir,
+                                            fs::exists(r.dir, ec) ? "a file" : "it does not exist",
+                                            kCheckpointExpected));
   const std::string sd = state_dir_of(r.dir);
   if ((void)fs::status(sd + "/" + kRunStateFile, ec);
       ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory)
@@ -287,12 +296,18 @@ std::optional<ResumePoint> check_resume(const TrainSpec& spec) {
   } else if (fs::exists(fs::path(r.dir) / kRunMarkerFile, ec)) {
     throw std::invalid_argument(
         fmt::format("{}: a run's output folder with no checkpoint in it (nothing to resume)", r.dir));
+  } else if (fs::exists(fs::path(r.dir) / "config.json", ec) ||
+             fs::exists(fs::path(r.dir) / kAdapterConfigFile, ec)) {
+    // weights without their trainer state: a model folder, or a checkpoint moved away from its run
+    throw std::runtime_error(fmt::format(
+        "{}: cannot resume: a model folder without the trainer state of a checkpoint ({}/{} is missing; "
+        "roundpipe train keeps the state of <out>/<checkpoint> in <out>/state/<checkpoint>); to train from "
+        "these weights give the folder as \"model\" (--model) instead",
+        r.dir, sd, kRunStateFile));
   } else {
-    throw std::runtime_error(
-        fmt::format("{}/{}: missing; {} is not a resumable checkpoint (roundpipe train keeps the state of "
-                    "<out>/<checkpoint> "
-                    "in <out>/state/<checkpoint>)",
-                    sd, kRunStateFile, r.dir));
+    // named as given: the state's path beside it ("/state/tmp" for /tmp) would only confuse
+    throw std::invalid_argument(
+        fmt::format("{}: cannot resume: not a checkpoint folder; {}", r.dir, kCheckpointExpected));
   }
   if (!fs::exists(r.optimizer_file, ec))
     throw std::runtime_error(fmt::format("{}: missing (expected the optimizer state next to {})",

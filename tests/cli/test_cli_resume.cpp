@@ -276,9 +276,15 @@ TEST(CliResume, UnsuitableCheckpointsGiveOneLineNamingTheFile) {
                          (d / "r").string() + extra,
                      d);
   };
-  // a model folder, not a checkpoint of a run
-  expect_one_line_error(resume(model), "roundpipe_state.json: missing");
-  expect_one_line_error(resume(d / "nowhere"), "not a checkpoint folder");
+  // a model folder, not a checkpoint of a run: it may be trained as "model"
+  expect_one_line_error(resume(model), model.string() +
+                                           ": cannot resume: a model folder without the trainer state of a "
+                                           "checkpoint (" +
+                                           (d / "state/tiny/roundpipe_state.json").string() + " is missing");
+  expect_one_line_error(resume(d / "nowhere"),
+                        (d / "nowhere").string() +
+                            ": cannot resume: not a checkpoint folder (it does not exist); "
+                            "expected a checkpoint folder of a roundpipe train run");
   // nothing left to do
   {
     const CliRun r = resume(ck, " --steps 2");
@@ -372,6 +378,33 @@ fs::path three_layer_model(const fs::path& dir) {
   rp::save_hf_checkpoint(out.string(), m, ptrs, nlohmann::json::parse(bytes_of(tiny / "tokenizer.json")), "",
                          rp::DType::f32);
   return out;
+}
+
+// --resume of a folder that is no checkpoint (the user's own, /tmp) names the folder as
+// given and what a checkpoint folder is, not the path of a trainer state beside it
+// ("/state/tmp/..."). Nothing is written.
+TEST(CliResume, AFolderThatIsNoCheckpointIsNamedAsGiven) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  write(d / "data.jsonl", kData);
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
+  fs::create_directories(d / "notes");
+  write(d / "notes/todo.txt", "mine");
+  const std::string expected =
+      ": cannot resume: not a checkpoint folder; expected a checkpoint folder of a roundpipe train run, "
+      "<out>/checkpoint-<k>/ or <out>/final/ (its weights), with its trainer state in <out>/state/<name>/";
+  for (const std::string& folder : {(d / "notes").string(), (d / "notes").string() + "/"}) {
+    const CliRun r = roundpipe_in(d, "train spec.json --resume " + folder, d);
+    const std::string given =
+        folder.size() > 1 && folder.back() == '/' ? folder.substr(0, folder.size() - 1) : folder;
+    expect_one_line_error(r, "roundpipe: error: " + given + expected);
+    EXPECT_EQ(r.err.find("roundpipe_state.json"), std::string::npos) << r.err;
+    EXPECT_EQ(r.out, "") << folder;
+  }
+  EXPECT_EQ(slurp(d / "notes/todo.txt"), "mine");
+  EXPECT_EQ(std::distance(fs::directory_iterator(d / "notes"), fs::directory_iterator()), 1);
+  EXPECT_FALSE(fs::exists(d / "run"));
+  fs::remove_all(d);
 }
 
 // A checkpoint whose optimizer_state.bin is another model's (the groups of a mixture-of-experts
