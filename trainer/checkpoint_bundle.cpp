@@ -30,7 +30,8 @@ namespace rp {
 
 std::string state_dir_of(const std::string& dir) {
   fs::path d(dir);
-  while (d.has_parent_path() && !d.has_filename()) d = d.parent_path();  // "runs/x/final/" -> "runs/x/final"
+  // "runs/x/final/" -> "runs/x/final"; "/" is its own parent, where this stops
+  while (d.has_parent_path() && !d.has_filename() && d.parent_path() != d) d = d.parent_path();
   return (d.parent_path() / "state" / d.filename()).string();
 }
 
