@@ -325,13 +325,15 @@ std::string shell_quoted(const std::string& s) {
 }
 
 /// This program as a command typed here: relative to the working folder when it lies below it
-/// ("build/roundpipe"), "roundpipe" when $PATH finds it, else its absolute path.
+/// ("build/roundpipe", "./roundpipe" in build/ itself: a bare name would be looked up in
+/// $PATH), "roundpipe" when $PATH finds it, else its absolute path.
 std::string this_program() {
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (ec || exe.empty()) return "roundpipe";
   const fs::path rel = exe.lexically_relative(fs::current_path(ec));
-  if (!ec && !rel.empty() && *rel.begin() != "..") return rel.string();
+  if (!ec && !rel.empty() && *rel.begin() != "..")
+    return rel.has_parent_path() ? rel.string() : "./" + rel.string();
   const char* path = std::getenv("PATH");
   for (std::string_view rest = path ? path : ""; !rest.empty();) {
     const size_t colon = rest.find(':');
@@ -354,7 +356,8 @@ void print_outputs(const TrainSpec& spec, const TrainResult& res) {
       spec.tensorboard && fs::is_directory(tb, ec))
     saved += fmt::format(", TensorBoard logs in {}", tb);
   fmt::print("{}\n", saved);
-  fmt::print("try it: {} generate {} --chat {}{}\n", this_program(), shell_quoted(res.checkpoint),
+  fmt::print("try it: {} generate {} --chat {}{}\n", shell_quoted(this_program()),
+             shell_quoted(res.checkpoint),
              spec.sample_prompt.empty() ? std::string("\"...\"") : shell_quoted(spec.sample_prompt),
              spec.chat_template == "auto" ? std::string() : " --chat-template " + spec.chat_template);
 }

@@ -59,4 +59,23 @@ TEST(CliSummary, NamesTheModelItsStateTheLogsAndTheCommandThatTriesIt) {
   fs::remove_all(d);
 }
 
+// Run from the folder that holds the binary (build/ itself), the command is ./roundpipe: a bare
+// "roundpipe" would be looked up in $PATH, where it is not, and not run as printed.
+TEST(CliSummary, TheCommandThatTriesItRunsFromTheBinarysOwnFolder) {
+  auto d = tmpdir();
+  const fs::path model = tiny_model(d);
+  write(d / "data.jsonl", "{\"prompt\": \"Say hi\", \"completion\": \" hi there\"}\n");
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run", ", \"tensorboard\": false"));
+  const CliRun r = roundpipe_in(RP_BUILD_DIR, "train " + (d / "spec.json").string(), d, "PATH=/usr/bin:/bin");
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  const std::string try_it = line_starting(r.out, "try it: ");
+  EXPECT_EQ(try_it, "try it: ./roundpipe generate " + (d / "run").string() + "/final --chat \"...\"")
+      << r.out;
+  // the command runs as printed, there, with a $PATH that does not hold build/
+  const std::string cmd = "cd " + std::string(RP_BUILD_DIR) + " && PATH=/usr/bin:/bin " + try_it.substr(8) +
+                          " --max-tokens 4 > " + (d / "gen.txt").string() + " 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd << ": " << slurp(d / "gen.txt");
+  fs::remove_all(d);
+}
+
 }  // namespace
