@@ -33,7 +33,9 @@ int main(int argc, char** argv) {
   rp::add_generate_command(app);
   // set as the flag is parsed, so that it holds for the commands that run from their callbacks
   app.add_flag_callback(
-      "-q,--quiet", [] { spdlog::set_level(spdlog::level::warn); }, "only progress lines and errors");
+      "-q,--quiet", [] { spdlog::set_level(spdlog::level::warn); },
+      "drop the information log lines; keep the progress lines, what the command prints as its result "
+      "(train's closing summary), warnings and errors");
   app.set_version_flag("--version", rp::version_text(),
                        "print the version and how this binary was built, then exit");
   if (argc >= 2 && argv[1][0] != '-') {

@@ -45,6 +45,30 @@ TEST(CliSettings, QuietDropsInformationLinesBeforeOrAfterTheCommand) {
   fs::remove_all(d);
 }
 
+// What -q keeps, as --help and the README say: a run's progress lines, its closing summary,
+// warnings and errors; only the information log lines ("[12:00:00] loading model ...") go.
+TEST(CliSettings, QuietKeepsProgressLinesAndTheSummaryAndHelpSaysSo) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  write(d / "data.jsonl", "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n");
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
+  const CliRun q = roundpipe("-q train " + (d / "spec.json").string(), d);
+  ASSERT_EQ(q.code, 0) << q.err << q.out;
+  EXPECT_EQ(q.out.find("loading model"), std::string::npos) << q.out;
+  EXPECT_EQ(q.out.find("saved checkpoint"), std::string::npos) << q.out;
+  EXPECT_EQ(q.out.find("step     1/2 | loss "), 0u) << q.out;
+  EXPECT_NE(q.out.find("\nstep     2/2 | loss "), std::string::npos) << q.out;
+  EXPECT_NE(q.out.find("\ndone: 2 steps in "), std::string::npos) << q.out;
+  EXPECT_NE(q.out.find("\ntry it: "), std::string::npos) << q.out;
+  const CliRun help = roundpipe("--help", d);
+  EXPECT_NE(
+      help.out.find("drop the information log lines; keep the progress lines, what the command prints as "
+                    "its result (train's closing summary), warnings and errors"),
+      std::string::npos)
+      << help.out;
+  fs::remove_all(d);
+}
+
 // A frozen_tier.path given with --set that the cache cannot use is refused when the cache
 // opens, after the model loaded: the line names the --set, as a bad value of it does before,
 // not the spec file, which has no frozen_tier at all; the user's file stays as it was.
