@@ -300,6 +300,15 @@ void prepare_output_dir(const TrainSpec& spec) {
   if (fs::exists(spec.output_dir, ec) && !fs::is_directory(spec.output_dir, ec))
     throw std::invalid_argument(fmt::format("{}: expected a directory, but '{}' is a file",
                                             output_dir_origin(spec), spec.output_dir));
+  // a folder the run cannot write into (read-only, another user's) is refused now, not once the
+  // model and the data have loaded and the run's first file is written
+  if (::access(spec.output_dir.c_str(), W_OK | X_OK) != 0) {
+    const int err = errno;
+    throw std::invalid_argument(
+        fmt::format("{}: cannot write into '{}' ({}); the run writes its checkpoints and metrics there: make "
+                    "it writable or choose another output_dir",
+                    output_dir_origin(spec), spec.output_dir, std::strerror(err)));
+  }
   const fs::path fin = fs::path(spec.output_dir) / "final";
   if (fs::exists(fin, ec) && !fs::is_directory(fin, ec))
     throw std::invalid_argument(

@@ -73,7 +73,8 @@ std::string output_dir_origin(const TrainSpec& spec);
 /// 'frozen_tier.path': ...", where is the --set that wrote it or the spec file.
 void check_output_dir(const TrainSpec& spec);
 
-/// The output folder must be a folder (or not exist) and its final/ a checkpoint folder;
+/// The output folder must be a folder (or not exist) the run can write into (access(2)) and its
+/// final/ a checkpoint folder;
 /// leftovers of killed roundpipe runs in it are cleaned (logged; look-alikes roundpipe did not
 /// mark get one warning line and are left alone). The run outputs already there (metrics.csv,
 /// profile.json, checkpoints, ...) must be recorded as roundpipe's (kRunMarkerFile), and a

@@ -14,6 +14,7 @@
 
 #include "formats/checkpoint.hpp"
 #include "scheduler/profile.hpp"
+#include "tests/as_unprivileged.hpp"
 #include "tests/cli/cli_util.hpp"
 #include "trace/trace_check.hpp"
 
@@ -677,6 +678,34 @@ TEST(Cli, AnOutputDirFromTheCommandLineIsNamedByItsFlag) {
   EXPECT_EQ(slurp(d / "afile"), "x");
   EXPECT_FALSE(fs::exists(d / "run"));
   EXPECT_FALSE(fs::exists(d / "x"));
+  fs::remove_all(d);
+}
+
+// An output folder the run cannot write into (read-only, another user's) is refused before the
+// model and data load, in one line naming what gave it and why, with nothing on stdout; the
+// user's file in it stays. Root writes anywhere: the run is an unprivileged user's.
+TEST(Cli, AnOutputFolderThatCannotBeWrittenIsRefusedBeforeLoading) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  write(d / "data.jsonl", "{\"text\": \"hello world, hello world\"}\n");
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
+  const fs::path u = d / "u", ro = d / "ro";  // u: where the unprivileged run writes its output
+  fs::create_directories(u);
+  fs::permissions(u, fs::perms::all);
+  fs::create_directories(ro);
+  write(ro / "notes.txt", "mine");
+  fs::permissions(ro, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                          fs::perms::others_read | fs::perms::others_exec);
+  const std::string r = rp::testing::as_unprivileged([&] {
+    const CliRun run = roundpipe("train " + (d / "spec.json").string() + " --output-dir " + ro.string(), u);
+    return fmt::format("{}|{}|{}", run.code, run.err, run.out);
+  });
+  if (r == rp::testing::kNoDrop) GTEST_SKIP() << "root could not become an unprivileged user to run it";
+  EXPECT_EQ(r, "1|roundpipe: error: --output-dir: cannot write into '" + ro.string() +
+                   "' (Permission denied); the run writes its checkpoints and metrics there: make it "
+                   "writable or choose another output_dir\n|");
+  EXPECT_EQ(slurp(ro / "notes.txt"), "mine");
+  EXPECT_EQ(std::distance(fs::directory_iterator(ro), fs::directory_iterator()), 1);
   fs::remove_all(d);
 }
 
