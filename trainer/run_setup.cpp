@@ -24,6 +24,7 @@
 namespace rp {
 
 void check_data_paths(const TrainSpec& spec) {
+  // named by what gave the path: the --model / --data / --set that did, else the spec file
   auto check = [&](const char* key, const std::string& path) {
     // a folder must list, a file must open for reading; errno names what stops it
     int err = 0;
@@ -32,7 +33,7 @@ void check_data_paths(const TrainSpec& spec) {
     if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode))
       throw std::invalid_argument(fmt::format(
           "{}: key '{}': {}: not a regular file (a device, FIFO or socket); expected a file or a folder",
-          spec.source, key, path));
+          setting_origin(spec, key), key, path));
     if (DIR* dir = ::opendir(path.c_str())) {
       ::closedir(dir);
     } else if (errno != ENOTDIR) {
@@ -44,7 +45,7 @@ void check_data_paths(const TrainSpec& spec) {
     }
     if (err)
       throw std::invalid_argument(
-          fmt::format("{}: key '{}': {}: {}", spec.source, key, path, std::strerror(err)));
+          fmt::format("{}: key '{}': {}: {}", setting_origin(spec, key), key, path, std::strerror(err)));
   };
   // a resumed full fine-tuning run reads its weights from the checkpoint, not from "model"
   if (spec.resume_from.empty() || spec.lora || !spec.adapter.empty()) check("model", spec.model);
@@ -58,7 +59,7 @@ void check_compute_dtype(const TrainSpec& spec) {
   if (!cuda)
     throw std::invalid_argument(fmt::format(
         "{}: key 'compute_dtype': \"f16\" needs the cuda backend (the cpu backend computes in f32){}",
-        spec.source, spec.backend == "auto" ? "; no CUDA device is visible" : ""));
+        setting_origin(spec, "compute_dtype"), spec.backend == "auto" ? "; no CUDA device is visible" : ""));
 }
 
 void require_tokenizer(const LoadedModel& model) {

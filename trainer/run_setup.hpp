@@ -102,7 +102,9 @@ bool mark_output_dir(const TrainSpec& spec);
 /// spec.model (unless a full fine-tuning run resumes from a checkpoint, which holds the
 /// weights), spec.data and spec.eval_data (when given) exist and can be read (a file opens, a
 /// folder lists), checked before the model is loaded: throws std::invalid_argument
-/// "<spec.source>: key 'data': <path>: <the OS reason>" (key 'model', 'eval_data' likewise).
+/// "<where>: key 'data': <path>: <the OS reason>" (key 'model', 'eval_data' likewise), where is
+/// the command-line setting that gave the path (setting_origin: "--data x.jsonl"), else the spec
+/// file.
 void check_data_paths(const TrainSpec& spec);
 
 /// The run's first log line about the optimizer, saying which mode is the default and how to

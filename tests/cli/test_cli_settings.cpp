@@ -132,6 +132,18 @@ TEST(CliSettings, SetAndShorthandsReachTheSpecAndErrorsNameThem) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(nlohmann::json::parse(slurp(d / "c.json"))["ids"],
             nlohmann::json::parse(slurp(d / "b.json"))["ids"]);
+  // a path that is not there is named by the flag that gave it, not the spec file
+  const std::string nowhere = (d / "nowhere").string();
+  expect_one_line_error(
+      roundpipe("train " + spec + " --model " + nowhere, d),
+      "roundpipe: error: --model " + nowhere + ": key 'model': " + nowhere + ": " + std::strerror(ENOENT));
+  expect_one_line_error(
+      roundpipe("train " + spec + " --data " + nowhere, d),
+      "roundpipe: error: --data " + nowhere + ": key 'data': " + nowhere + ": " + std::strerror(ENOENT));
+  expect_one_line_error(roundpipe("train " + spec + " --eval-data " + nowhere, d),
+                        "roundpipe: error: --eval-data " + nowhere + ": key 'eval_data': " + nowhere + ": " +
+                            std::strerror(ENOENT));
+  EXPECT_FALSE(fs::exists(d / "run"));
   expect_one_line_error(roundpipe("train " + spec + " --set lora.r=0", d),
                         "--set lora.r=0: key 'lora.r': expected an integer in 1..65536, got 0");
   expect_one_line_error(roundpipe("train " + spec + " --lr fast", d),
