@@ -1,6 +1,8 @@
 #include "cli/generate.hpp"
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -36,7 +38,7 @@ struct GenerateCommandOptions {
 /// --messages FILE: a JSON array of {"role", "content"}.
 std::vector<ChatMessage> read_messages(const std::string& path) {
   std::ifstream in(path);
-  if (!in) throw std::runtime_error(path + ": cannot open");
+  if (!in) throw std::runtime_error(fmt::format("{}: cannot open ({})", path, std::strerror(errno)));
   std::stringstream ss;
   ss << in.rdbuf();
   nlohmann::json j;

@@ -2,7 +2,9 @@
 #include "roundpipe/spec.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -477,7 +479,10 @@ namespace {
 /// The spec file's JSON; an error names the file, the line and the column or key (parse_json_text).
 nlohmann::json read_spec_json(const std::string& path) {
   std::ifstream in(path);
-  if (!in) throw std::invalid_argument(path + ": cannot open the spec file");
+  // the reason: a typo (No such file or directory) is not a permission problem
+  if (!in)
+    throw std::invalid_argument(
+        fmt::format("{}: cannot open the spec file ({})", path, std::strerror(errno)));
   JsonTextOptions opt;
   opt.unique_keys = true;  // the last of two would win silently
   return parse_json_text(read_json_file(path), path, opt);

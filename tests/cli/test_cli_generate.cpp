@@ -3,7 +3,9 @@
 // line naming what was expected.
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 
 #include "roundpipe/checkpoint.hpp"
 #include "roundpipe/generate.hpp"
@@ -76,6 +78,10 @@ TEST(CliGenerate, GeneratesFromATrainedCheckpoint) {
   expect_one_line_error(roundpipe("generate " + final_dir + " --messages " + (d / "bad.json").string(), d),
                         "bad.json: expected a JSON array");
   expect_one_line_error(roundpipe("generate " + (d / "nowhere").string() + " --chat hi", d), "nowhere");
+  // a messages file that cannot be opened says why
+  expect_one_line_error(
+      roundpipe("generate " + final_dir + " --messages " + (d / "none.json").string(), d),
+      "roundpipe: error: " + (d / "none.json").string() + ": cannot open (" + std::strerror(ENOENT) + ")");
   expect_one_line_error(roundpipe("generate " + final_dir + " --chat hi --chat-template mistral", d),
                         "mistral");
   fs::remove_all(d);

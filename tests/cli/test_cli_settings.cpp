@@ -42,6 +42,9 @@ TEST(CliSettings, QuietDropsInformationLinesBeforeOrAfterTheCommand) {
   const CliRun bad = roundpipe("-q train " + (d / "missing.json").string(), d);
   EXPECT_EQ(bad.code, 1);
   EXPECT_NE(bad.err.find("roundpipe: error: "), std::string::npos) << bad.err;
+  // and says why the spec file cannot be opened
+  EXPECT_EQ(bad.err, "roundpipe: error: " + (d / "missing.json").string() + ": cannot open the spec file (" +
+                         std::strerror(ENOENT) + ")\n");
   fs::remove_all(d);
 }
 
