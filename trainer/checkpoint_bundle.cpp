@@ -415,7 +415,7 @@ void refuse_other_architecture(const ResumePoint& r, const TrainSpec& spec, cons
         fmt::format("{}: key 'model': {} is not the architecture of checkpoint {}: {}; resume with the model "
                     "it was trained "
                     "from",
-                    spec.source, spec.model, r.dir, diff));
+                    setting_origin(spec, "model"), spec.model, r.dir, diff));
 }
 
 }  // namespace

@@ -285,7 +285,7 @@ void check_output_dir(const TrainSpec& spec) {
   check_output_folder(spec);
   check_tier_path(spec);  // after output_dir's own checks: an output_dir of "/" is the fault
   if (spec.metrics_jsonl && !spec.metrics_jsonl->empty()) {
-    const std::string key = fmt::format("{}: key 'metrics_jsonl'", spec.source);
+    const std::string key = fmt::format("{}: key 'metrics_jsonl'", setting_origin(spec, "metrics_jsonl"));
     check_output_file(spec, *spec.metrics_jsonl, key);
     if (const std::string why = not_a_metrics_jsonl(*spec.metrics_jsonl); !why.empty())
       throw std::invalid_argument(one_line(

@@ -141,7 +141,8 @@ TokenStream load_data_for_training(const TrainSpec& spec, const LoadedModel& mod
     if (spec.data_mixture.empty()) loaded.emplace(model, spec.data, o);
     else loaded.emplace(model, spec.data_mixture, o);
   } catch (const std::length_error& e) {  // the packed sequences do not fit the host
-    throw std::invalid_argument(fmt::format("{}: key 'seq_len': {}", spec.source, e.what()));
+    throw std::invalid_argument(
+        fmt::format("{}: key 'seq_len': {}", setting_origin(spec, "seq_len"), e.what()));
   }
   TokenStream& data = *loaded;
   const TokenStreamStats& st = data.stats();
@@ -158,8 +159,8 @@ TokenStream load_data_for_training(const TrainSpec& spec, const LoadedModel& mod
     throw std::invalid_argument(fmt::format(
         "{}: key 'eval_fraction': {:g} of the {} of {} holds out {} for evaluation and leaves {} for "
         "training; expected at least 1 of each{}",
-        spec.source, o.eval_fraction, counted(st.sequences + st.eval_sequences, "sequence"), spec.data,
-        st.eval_sequences, st.sequences,
+        setting_origin(spec, "eval_fraction"), o.eval_fraction,
+        counted(st.sequences + st.eval_sequences, "sequence"), spec.data, st.eval_sequences, st.sequences,
         st.eval_sequences == 0 && st.sequences > 0
             ? fmt::format(" (a fraction of at least {:g} holds one out, or give eval_data)",
                           1.0 / double(st.sequences))
@@ -168,7 +169,7 @@ TokenStream load_data_for_training(const TrainSpec& spec, const LoadedModel& mod
     throw std::invalid_argument(fmt::format(
         "{}: key 'seq_len': {} tokens leave no training target in any of the {} of {} (their prompts "
         "are longer); raise seq_len",
-        spec.source, spec.seq_len, counted(st.examples, "example"), spec.data));
+        setting_origin(spec, "seq_len"), spec.seq_len, counted(st.examples, "example"), spec.data));
   if (st.sequences < spec.sequences_per_step)
     spdlog::warn("data: {}, fewer than sequences_per_step {}: every step repeats sequences",
                  counted(st.sequences, "training sequence"), spec.sequences_per_step);
@@ -198,8 +199,8 @@ std::vector<TokenBatch> load_eval_batches(const TrainSpec& spec, const LoadedMod
     warn_truncated(path, ev.stats(), spec.seq_len);
     if (ev.stats().eval_sequences == 0)
       throw std::invalid_argument(
-          fmt::format("{}: key 'eval_data': {} holds no sequence with a target at seq_len {}", spec.source,
-                      path, spec.seq_len));
+          fmt::format("{}: key 'eval_data': {} holds no sequence with a target at seq_len {}",
+                      setting_origin(spec, "eval_data"), path, spec.seq_len));
     for (auto& b : ev.evaluation_batches(per_pass)) batches.push_back(std::move(b));
   }
   return batches;
@@ -212,8 +213,9 @@ std::string resolve_epochs(TrainSpec& spec, int64_t training_sequences) {
   // a hair above the integer it should be (0.1 x 30 / 3 = 1.0000000000000002) stays that integer
   const double steps = std::max(1.0, std::ceil(exact - 1e-9));
   if (!(steps < double(int64_t(1) << 52)))
-    throw std::invalid_argument(fmt::format(
-        "{}: key 'epochs': {:g} epochs of {} sequences are too many steps", spec.source, *spec.epochs, n));
+    throw std::invalid_argument(
+        fmt::format("{}: key 'epochs': {:g} epochs of {} sequences are too many steps",
+                    setting_origin(spec, "epochs"), *spec.epochs, n));
   spec.steps = int64_t(steps);
   const bool follows = spec.lr_schedule.total_steps == 0;
   if (follows) spec.lr_schedule.total_steps = spec.steps;
@@ -221,7 +223,8 @@ std::string resolve_epochs(TrainSpec& spec, int64_t training_sequences) {
     throw std::invalid_argument(fmt::format(
         "{}: key 'epochs': {:g} epochs of {} training sequences are {} steps of {} sequences, fewer than "
         "lr_schedule.warmup_steps {}",
-        spec.source, *spec.epochs, n, spec.steps, per_step, spec.lr_schedule.warmup_steps));
+        setting_origin(spec, "epochs"), *spec.epochs, n, spec.steps, per_step,
+        spec.lr_schedule.warmup_steps));
   return fmt::format("epochs: {:g} x {} training sequences / {} per step = {} steps{}", *spec.epochs, n,
                      per_step, spec.steps,
                      follows && spec.lr_schedule.kind != "constant"
@@ -265,7 +268,8 @@ SessionOptions session_options_of(const TrainSpec& spec, const ModelLayout& layo
   // No "plan" key: automatic (analytic estimate, then re-planned from the profile once it
   // settles). An explicit plan is never changed.
   if (!spec.plan.is_null())
-    opt.plan = plan_from_json(spec.plan, layout.num_layers(), spec.workers, spec.source + ": key 'plan'");
+    opt.plan = plan_from_json(spec.plan, layout.num_layers(), spec.workers,
+                              setting_origin(spec, "plan") + ": key 'plan'");
   opt.trace = spec.trace;
   opt.watchdog_s = spec.watchdog_s;
   opt.trace_messages = spec.trace_messages;

@@ -146,6 +146,21 @@ TEST(CliSettings, SetAndShorthandsReachTheSpecAndErrorsNameThem) {
   expect_one_line_error(roundpipe("train " + spec + " --eval-data " + nowhere, d),
                         "roundpipe: error: --eval-data " + nowhere + ": key 'eval_data': " + nowhere + ": " +
                             std::strerror(ENOENT));
+  // so are the keys checked once the data is read, and an output file the run would replace
+  const std::string notes = (d / "notes.txt").string();
+  write(notes, "the user's notes\n");
+  expect_one_line_error(roundpipe("train " + spec + " --set metrics_jsonl=" + notes, d),
+                        "roundpipe: error: --set " + rp::excerpt("metrics_jsonl=" + notes) +
+                            ": key 'metrics_jsonl': '" + notes + "' holds a file whose line 1");
+  EXPECT_EQ(slurp(notes), "the user's notes\n");
+  write(d / "chat.jsonl", "{\"prompt\": \"a very long prompt that does not fit\", \"completion\": \" x\"}\n");
+  expect_one_line_error(
+      roundpipe("train " + spec + " --data " + (d / "chat.jsonl").string() + " --seq-len 4", d),
+      "roundpipe: error: --seq-len 4: key 'seq_len': 4 tokens leave no training target");
+  write(d / "one.jsonl", "{\"prompt\": \"hi\", \"completion\": \" x\"}\n");
+  expect_one_line_error(
+      roundpipe("train " + spec + " --data " + (d / "one.jsonl").string() + " --set eval_fraction=0.5", d),
+      "roundpipe: error: --set eval_fraction=0.5: key 'eval_fraction': 0.5 of the 1 sequence of ");
   EXPECT_FALSE(fs::exists(d / "run"));
   expect_one_line_error(roundpipe("train " + spec + " --set lora.r=0", d),
                         "--set lora.r=0: key 'lora.r': expected an integer in 1..65536, got 0");
