@@ -102,12 +102,10 @@ void JsonFields::allow_only(const std::set<std::string>& known,
       for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
       std::string hint = did_you_mean(it.key(), known, prefix_);
       if (hint.empty() && !aliases.empty()) {
-        std::set<std::string> names;
+        // the aliases compete with the known keys: one only where no known key is as near
+        std::set<std::string> names = known;
         for (const auto& [name, key] : aliases) names.insert(name);
-        std::set<std::string> all = names;
-        all.insert(known.begin(), known.end());
-        // an alias only where no known key is as near: "lr" stays "lr", not an alias of it
-        if (const std::string near = nearest_key(it.key(), all); !near.empty() && !known.count(near))
+        if (const std::string near = nearest_key(it.key(), names); !near.empty() && aliases.count(near))
           hint = fmt::format("; did you mean '{}{}' ({}'s {})?", prefix_, aliases.at(near), source, near);
       }
       raise(fmt::format("{}: unknown key '{}{}'{} (known keys: {})", where_of(it.key()), prefix_,
