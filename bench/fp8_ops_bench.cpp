@@ -232,6 +232,25 @@ void quantize_rows(Env& e, int R) {
              },
              R),
          0, in + out);
+    // with column scales (a stored-fp8 linear's dy diag(s_w) in its input gradient), and the
+    // same on rows 8 bytes off the 16-byte grid (the scalar kernel every backend can fall to)
+    float* cs = static_cast<float*>(rand_buffer(e, cols, DType::f32, 1.f, 40));
+    line(e, "fp8_quantize_rows_col_scaled (cols)", shape,
+         time_op(
+             e,
+             [&](int r) { ops.fp8_quantize_rows_col_scaled(x[S(r)], cs, q[S(r)], rs[S(r)], rows, cols, e4); },
+             R),
+         0, in + out);
+    void* xo = rand_buffer(e, n + 8, bf, 1.f, 41);
+    line(e, "fp8_quantize_rows_col_scaled (cols, x 8 bytes off)", shape,
+         time_op(
+             e,
+             [&](int r) {
+               ops.fp8_quantize_rows_col_scaled(static_cast<char*>(xo) + 8, cs, q[S(r)], rs[S(r)], rows, cols,
+                                                e4);
+             },
+             R),
+         0, in + out);
     e.keep.clear();
   }
   // a weight's transposed codes (the input gradient's operand), once per upload

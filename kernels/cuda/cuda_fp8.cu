@@ -230,14 +230,60 @@ __global__ void __launch_bounds__(THREADS)
   }
 }
 
-// Whether the vectorized row kernel takes rows of `cols` values: 256 threads holding one or two
-// chunks each (rows up to 4,096 values on the 8-value grid; x and cs 16-byte, q 8-byte aligned).
-// Wider rows ran slower through one block per row than the separate passes (an H100, [8192,
-// 14336]: 0.27 ms against 0.23 for fp8_scale_rows + fp8_quantize_rows), and the scalar kernel
-// keeps them with column scales.
-bool rows_fit_registers(const void* x, const float* cs, const uint8_t* q, int64_t cols) {
+// Rows too wide for registers: one block per row reads x (and cs) in 16-byte chunks for the
+// row's amax, then again (from L1/L2: a row of 14,336 bf16 values is 28 KB) for the codes, written
+// 8 bytes at a time. Alignment as quantize_rows_col_scaled_vec's; the same products, scale and
+// divisions as the scalar kernel: the same bits.
+template <Fp8Format F, bool COLS, typename T>
+__global__ void __launch_bounds__(kThreads)
+    quantize_rows_col_scaled_wide(const T* x, const float* cs, uint8_t* q, float* scale, int64_t rows,
+                                  int64_t cols) {
+  const int64_t chunks = cols / kRowChunk;
+  auto chunk = [&](const T* xr, int64_t ch, float(&v)[kRowChunk]) {
+    load_n<kRowChunk, true>(xr + ch * kRowChunk, v);
+    if constexpr (COLS) {
+      const float4 c0 = reinterpret_cast<const float4*>(cs)[2 * ch],
+                   c1 = reinterpret_cast<const float4*>(cs)[2 * ch + 1];
+      const float c[kRowChunk] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+#pragma unroll
+      for (int j = 0; j < kRowChunk; ++j) v[j] *= c[j];
+    }
+  };
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = x + r * cols;
+    unsigned m = 0;
+    for (int64_t ch = threadIdx.x; ch < chunks; ch += kThreads) {
+      float v[kRowChunk];
+      chunk(xr, ch, v);
+#pragma unroll
+      for (int j = 0; j < kRowChunk; ++j) m = max(m, abs_bits(v[j]));
+    }
+    m = block_max_u<kThreads>(m);
+    const float s = fp8::scale_from_amax(fp8::float_of(m), F);
+    if (threadIdx.x == 0) scale[r] = s;
+    for (int64_t ch = threadIdx.x; ch < chunks; ch += kThreads) {
+      float v[kRowChunk];
+      chunk(xr, ch, v);
+      alignas(8) uint8_t out[kRowChunk];
+#pragma unroll
+      for (int j = 0; j < kRowChunk; j += 2) encode_pair<F>(v[j] / s, v[j + 1] / s, out[j], out[j + 1]);
+      *reinterpret_cast<uint2*>(q + r * cols + ch * kRowChunk) = *reinterpret_cast<const uint2*>(out);
+    }
+  }
+}
+
+// Whether the vectorized row kernels take rows of `cols` values (x and cs 16-byte, q 8-byte
+// aligned, cols on the 8-value grid), and whether a row fits the registers of 256 threads holding
+// one or two chunks each (up to 4,096 values). Wider rows go to quantize_rows_col_scaled_wide: on
+// an H100 ([8192, 14336], bf16 in) it took 0.18 ms with or without column scales, where the rows
+// in registers took 0.27, fp8_scale_rows + fp8_quantize_rows 0.23 and the scalar kernel (column
+// scales) 0.42.
+bool rows_vectorized(const void* x, const float* cs, const uint8_t* q, int64_t cols) {
   return aligned16(x) && (!cs || aligned16(cs)) && (reinterpret_cast<uintptr_t>(q) & 7u) == 0 &&
-         cols % kRowChunk == 0 && cols / kRowChunk <= 2 * kThreads;
+         cols % kRowChunk == 0;
+}
+bool rows_fit_registers(const void* x, const float* cs, const uint8_t* q, int64_t cols) {
+  return rows_vectorized(x, cs, q, cols) && cols / kRowChunk <= 2 * kThreads;
 }
 
 template <Fp8Format F, bool COLS, typename T>
@@ -257,6 +303,11 @@ void launch_rows_col_scaled(const T* x, const float* cs, uint8_t* q, float* scal
   if (regs && cs) return launch_rows_vec<F, true>(x, cs, q, scale, rows, cols, st);
   if (regs) return launch_rows_vec<F, false>(x, cs, q, scale, rows, cols, st);
   const unsigned grid = unsigned(std::min<int64_t>(rows, int64_t(1) << 30));
+  if (rows_vectorized(x, cs, q, cols)) {
+    if (cs)
+      return quantize_rows_col_scaled_wide<F, true><<<grid, kThreads, 0, st>>>(x, cs, q, scale, rows, cols);
+    return quantize_rows_col_scaled_wide<F, false><<<grid, kThreads, 0, st>>>(x, cs, q, scale, rows, cols);
+  }
   quantize_rows_col_scaled_kernel<F><<<grid, kThreads, 0, st>>>(x, cs, q, scale, rows, cols);
 }
 
@@ -414,7 +465,7 @@ bool k_fp8_quantize_both(DType t, const void* x, const float* scale, uint8_t* q,
 void k_fp8_quantize_rows_col_scaled(DType t, const void* x, const float* col_scale, uint8_t* q, float* scale,
                                     int64_t rows, int64_t cols, Fp8Format f, cudaStream_t st) {
   if (rows <= 0) return;
-  if (!col_scale && !rows_fit_registers(x, col_scale, q, cols)) {  // the two row passes
+  if (!col_scale && !rows_vectorized(x, col_scale, q, cols)) {  // the two row passes
     k_fp8_scale_rows(t, x, rows, cols, f, scale, st);
     return k_fp8_quantize(t, x, scale, q, rows * cols, cols, true, f, st);
   }
