@@ -196,14 +196,15 @@ inline void check_new_output_file(const std::string& path, const std::string& fl
 
 /// A subcommand callback running `body`: an exception it throws becomes one bounded line
 /// (one_line) "roundpipe: error: <what>" on stderr (after what was printed so far on stdout) and exit
-/// code 1 (CLI::RuntimeError, which main returns); a UsageError exits 2.
+/// code 1 (CLI::RuntimeError, which main returns); a UsageError exits 2 and ends "(see roundpipe
+/// --help)", as every usage error does (CLI11's and train's).
 inline std::function<void()> reporting_errors(std::function<void()> body) {
   return [body = std::move(body)] {
     try {
       body();
     } catch (const UsageError& e) {
       std::fflush(stdout);
-      fmt::print(stderr, "roundpipe: error: {}\n", one_line(e.what()));
+      fmt::print(stderr, "roundpipe: error: {} (see roundpipe --help)\n", one_line(e.what()));
       throw CLI::RuntimeError(2);
     } catch (const std::exception& e) {
       std::fflush(stdout);

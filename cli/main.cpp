@@ -43,11 +43,9 @@ int main(int argc, char** argv) {
     if (cmd != "train" && cmd != "convert" && cmd != "merge" && cmd != "export-gguf" && cmd != "plan" &&
         cmd != "trace" && cmd != "generate") {
       fmt::print(stderr,
-                 "roundpipe: error: unknown command '{}' (expected train, convert, merge, export-gguf, plan, "
-                 "trace or generate; "
-                 "see roundpipe "
-                 "--help)\n",
-                 cmd);
+                 "roundpipe: error: unknown command '{}'; expected train, convert, merge, export-gguf, plan, "
+                 "trace or generate (see roundpipe --help)\n",
+                 rp::excerpt(cmd));
       return 2;
     }
   }

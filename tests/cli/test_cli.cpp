@@ -551,18 +551,42 @@ namespace {
 
 TEST(Cli, UsageErrorsAreOneLine) {
   auto d = tmpdir();
-  for (const char* args :
-       {"", "frobnicate", "train", "train x.json --steps 0", "train x.json --workers two",
-        "train x.json --backend tpu", "train x.json --train", "convert a b --dtype q4",
-        "train x.json --replica-timeout -1", "plan --model x.json --gpus -8", "plan --model x.json --nodes 0",
-        "plan --model x.json --net-gbps -100", "plan --model x.json --net-gbps 100",
-        "plan --model x.json --accumulation 4", "plan --model x.json --frozen q5_0",
-        "plan --model x.json --memory-cap 24XB", "plan --model x.json --max-seq"}) {
+  const char* const usage_errors[] = {"",
+                                      "frobnicate",
+                                      "train",
+                                      "train x.json --steps 0",
+                                      "train x.json --workers two",
+                                      "train x.json --backend tpu",
+                                      "train x.json --train",
+                                      "convert a b --dtype q4",
+                                      "train x.json --replica-timeout -1",
+                                      "plan --model x.json --gpus -8",
+                                      "plan --model x.json --nodes 0",
+                                      "plan --model x.json --net-gbps -100",
+                                      "plan --model x.json --net-gbps 100",
+                                      "plan --model x.json --accumulation 4",
+                                      "plan --model x.json --frozen q5_0",
+                                      "plan --model x.json --memory-cap 24XB",
+                                      "plan --model x.json --max-seq",
+                                      "generate x.gguf",
+                                      "generate x.gguf --prompt a --chat b",
+                                      "generate x.gguf --prompt ''",
+                                      "trace"};
+  for (const char* args : usage_errors) {
     CliRun r = roundpipe(args, d);
     EXPECT_EQ(r.code, 2) << args << ": " << r.err;
     EXPECT_EQ(r.err.find("roundpipe: error: "), 0u) << args << ": " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
+    // every usage error ends the same way, whether CLI11 or the command found it
+    const std::string help = " (see roundpipe --help)\n";
+    EXPECT_TRUE(r.err.size() > help.size() &&
+                r.err.compare(r.err.size() - help.size(), help.size(), help) == 0)
+        << args << ": " << r.err;
   }
+  CliRun g = roundpipe("generate x.gguf", d);
+  EXPECT_EQ(g.err,
+            "roundpipe: error: give one of --prompt TEXT, --chat TEXT or --messages FILE, not empty (see "
+            "roundpipe --help)\n");
   // a readable bound, not a range of 300 digits
   CliRun r = roundpipe("train x.json --replica-timeout -1", d);
   EXPECT_NE(r.err.find("expected a finite number of seconds > 0, got -1"), std::string::npos) << r.err;

@@ -245,7 +245,8 @@ TEST(CliPlanDisk, ABudgetTooSmallForTheRingIsOneLineNamingTheOption) {
   r = roundpipe(kRun + " --disk-gbps 7 --host-gib 2", d);
   EXPECT_EQ(r.code, 2);
   EXPECT_EQ(r.err.find("roundpipe: error: --host-gib: the disk tier needs at least "), 0u) << r.err;
-  EXPECT_NE(r.err.find("1.80 GiB given (90% of --host-gib 2)\n"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("1.80 GiB given (90% of --host-gib 2) (see roundpipe --help)\n"), std::string::npos)
+      << r.err;
   EXPECT_EQ(r.err.find("--host-budget-gib"), std::string::npos) << r.err;
   // a --host-gib of a few bytes is out of its range, not "1 B given"
   r = roundpipe(kRun + " --disk-gbps 7 --host-gib 1e-9", d);

@@ -71,9 +71,9 @@ TEST(CliPlanMoe, PlansAMoeConfigWithEitherExpertKey) {
   // a rank whose parameter counts would wrap around int64_t is refused before any is formed
   r = roundpipe("plan --model " + (d / "config.json").string() + " --lora-r 9223372036854775807", d);
   EXPECT_EQ(r.code, 2) << r.err;  // a usage error
-  EXPECT_EQ(
-      r.err,
-      "roundpipe: error: --lora-r: expected 0 (none) or an integer in 1..65536, got 9223372036854775807\n");
+  EXPECT_EQ(r.err,
+            "roundpipe: error: --lora-r: expected 0 (none) or an integer in 1..65536, got "
+            "9223372036854775807 (see roundpipe --help)\n");
   fs::remove_all(d);
 }
 
@@ -216,7 +216,7 @@ TEST(CliPlanMoe, BucketedExpertGemmNeedsExperts) {
   CliRun r = roundpipe("plan --model " + dense + " --expert-gemm bucketed", d);
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_EQ(r.err, "roundpipe: error: --expert-gemm bucketed needs a mixture-of-experts model; " + dense +
-                       " has no experts\n");
+                       " has no experts (see roundpipe --help)\n");
   std::string all_dense = moe_config("num_experts");  // every layer in mlp_only_layers
   all_dense.replace(all_dense.find("[3]"), 3, "[0, 1, 2, 3, 4, 5, 6, 7]");
   write(d / "config.json", all_dense);
@@ -230,7 +230,7 @@ TEST(CliPlanMoe, BucketedExpertGemmNeedsExperts) {
   r = roundpipe("plan --model " + dense + " --grouped-gemm-efficiency 0.5", d);
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_EQ(r.err, "roundpipe: error: --grouped-gemm-efficiency 0.5 needs a mixture-of-experts model; " +
-                       dense + " has no experts\n");
+                       dense + " has no experts (see roundpipe --help)\n");
   EXPECT_EQ(roundpipe("plan --model " + dense + " --grouped-gemm-efficiency 0", d).code, 0);
   // grouped given changes nothing either: the layout without padding is a dense model's anyway
   EXPECT_EQ(roundpipe("plan --model " + dense + " --expert-gemm grouped", d).code, 0);
