@@ -1,9 +1,11 @@
 // What an error message may quote of user input (a key, a value, a token, a line of data):
-// one line, and bounded, so a corrupted file's megabyte key or value never floods a terminal
+// one line of printable text (control characters and bytes that are not UTF-8 escaped as
+// \xNN), and bounded, so a corrupted file's megabyte key or value never floods a terminal
 // or a log.
 //   excerpt(s)   one piece of input: at most kExcerptBytes of it, then "... (<n> bytes)"
 //   one_line(s) a whole message: at most kMessageBytes, its middle elided when longer
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <string>
 #include <string_view>
@@ -18,27 +20,57 @@ inline constexpr size_t kExcerptBytes = 80;
 inline constexpr size_t kMessageBytes = 1000;
 
 namespace detail {
-/// The longest prefix of s of at most n bytes that does not end inside a UTF-8 character.
+/// The longest prefix of s of at most n bytes that does not end inside a UTF-8 character (at
+/// most 3 bytes shorter: a run of continuation bytes longer than that is no character).
 inline size_t utf8_prefix(std::string_view s, size_t n) {
   if (n >= s.size()) return s.size();
-  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
+  const size_t at = n;
+  while (n > 0 && at - n < 3 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
+  return (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80 ? at : n;
+}
+/// The length of the valid UTF-8 character at the start of s (1-4 bytes; no overlong form, no
+/// surrogate, at most U+10FFFF); 0 when s does not start with one.
+inline size_t utf8_char_length(std::string_view s) {
+  const auto at = [&](size_t i) { return static_cast<unsigned char>(s[i]); };
+  const unsigned char c = at(0);
+  if (c < 0x80) return 1;
+  size_t n = 0;
+  unsigned char lo = 0x80, hi = 0xBF;  // the range of the second byte
+  if (c >= 0xC2 && c <= 0xDF) n = 2;
+  else if (c >= 0xE0 && c <= 0xEF) n = 3, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+  else if (c >= 0xF0 && c <= 0xF4) n = 4, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+  else return 0;
+  if (s.size() < n || at(1) < lo || at(1) > hi) return 0;
+  for (size_t i = 2; i < n; ++i)
+    if ((at(i) & 0xC0) != 0x80) return 0;
   return n;
 }
-/// s with control characters escaped as \xNN.
+/// s with what a terminal would not show as text escaped as \xNN, byte by byte: control
+/// characters (C0, DEL and C1's U+0080-U+009F) and bytes that are not valid UTF-8 (a binary
+/// file's, or a Latin-1 name's); valid UTF-8 text stays as it is.
 inline std::string escaped(std::string_view s) {
   std::string o;
   o.reserve(s.size());
-  for (unsigned char ch : s) {
-    if (ch < 0x20 || ch == 0x7f) o += fmt::format("\\x{:02x}", ch);
-    else o.push_back(char(ch));
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char ch = static_cast<unsigned char>(s[i]);
+    const size_t n = utf8_char_length(s.substr(i));
+    const bool c1 = n == 2 && ch == 0xC2 && static_cast<unsigned char>(s[i + 1]) < 0xA0;
+    if (n == 0 || ch < 0x20 || ch == 0x7f || c1) {
+      for (size_t k = 0; k < std::max<size_t>(n, 1); ++k)
+        o += fmt::format("\\x{:02x}", static_cast<unsigned char>(s[i + k]));
+      i += std::max<size_t>(n, 1);
+    } else {
+      o.append(s.substr(i, n));
+      i += n;
+    }
   }
   return o;
 }
 }  // namespace detail
 
-/// One piece of user input as an error message quotes it: control characters escaped as
-/// \xNN (one line); when longer than `max_bytes`, its first `max_bytes` bytes (cut at a
-/// UTF-8 character boundary) followed by "... (<n> bytes)" with its whole length.
+/// One piece of user input as an error message quotes it: control characters and bytes that
+/// are not UTF-8 escaped as \xNN (one line, printable); when longer than `max_bytes`, its first `max_bytes`
+/// bytes (cut at a UTF-8 character boundary) followed by "... (<n> bytes)" with its whole length.
 inline std::string excerpt(std::string_view s, size_t max_bytes = kExcerptBytes) {
   const size_t keep = detail::utf8_prefix(s, max_bytes);
   std::string o = detail::escaped(s.substr(0, keep));
@@ -46,7 +78,8 @@ inline std::string excerpt(std::string_view s, size_t max_bytes = kExcerptBytes)
   return o;
 }
 
-/// A whole error message on one line: control characters escaped as \xNN; when longer than
+/// A whole error message on one line: control characters and bytes that are not UTF-8 escaped
+/// as \xNN; when longer than
 /// kMessageBytes, its start and its end (what was expected) with "[... <n> bytes ...]" between.
 inline std::string one_line(std::string_view s) {
   const std::string e = detail::escaped(s);

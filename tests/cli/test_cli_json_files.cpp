@@ -77,4 +77,36 @@ TEST(CliJsonFiles, ATokenizerFilesSyntaxErrorNamesItsLineAndColumn) {
   fs::remove_all(d);
 }
 
+// A spec that is no text (a binary file, or Latin-1) is one line that quotes what it read with
+// the bytes that are not UTF-8 escaped as \xNN, as control characters are: the parser's "last
+// read: '\xff'" reached the terminal as the raw byte. A valid UTF-8 character stays as it is.
+TEST(CliJsonFiles, ABinarySpecsSyntaxErrorEscapesTheBytesThatAreNotText) {
+  auto d = tmpdir();
+  const struct {
+    std::string text, says;
+  } cases[] = {
+      {"\xff\xfe{\"model\": 1}",
+       "spec.json:1:1: invalid JSON: syntax error while parsing value - invalid "
+       "literal; last read: '\\xff'"},
+      {"{\"model\": \"x\",\n \"steps\": 1\xe9}",
+       "spec.json:2:12: invalid JSON: syntax error while parsing "
+       "object - invalid literal; last read: '1\\xe9'"},
+      {"{\"model\": \"x\",\n \"steps\": 1\x85}", "last read: '1\\x85'"},
+      {"{\"model\": \"x\",\n \"st\xc3\xa9ps\"\xff}", "last read: '\"st\xc3\xa9ps\"\\xff'"},
+  };
+  for (const auto& c : cases) {
+    write(d / "spec.json", c.text);
+    const CliRun r = roundpipe("train " + (d / "spec.json").string(), d);
+    expect_one_line_error(r, c.says);
+    // nothing but printable ASCII and the one valid character (é) reached the terminal
+    std::string rest = r.err;
+    for (size_t at; (at = rest.find("\xc3\xa9")) != std::string::npos;) rest.erase(at, 2);
+    EXPECT_TRUE(std::all_of(rest.begin(), rest.end(), [](char ch) {
+      return (ch >= 0x20 && ch < 0x7f) || ch == '\n';
+    })) << r.err;
+  }
+  EXPECT_FALSE(fs::exists(d / "runs"));
+  fs::remove_all(d);
+}
+
 }  // namespace
