@@ -331,6 +331,7 @@ void Session::Impl::spawn_workers(const std::vector<int>& shard_of, const Sessio
     ctx.profile = opt.profiling.enabled;
     ctx.saved_attention = saved_attention;
     ctx.early_gradients = opt.early_gradients;
+    ctx.capacity_origin = opt.capacity_origin;
     ctx.late_grads_final = internals.late_grads_final;
     ctx.transfer.priorities = opt.transfer_priorities;
     ctx.transfer.chunk_bytes = opt.transfer_chunk_bytes;

@@ -108,6 +108,15 @@ Worker::behavior_type Worker::make_behavior() {
   };
 }
 
+namespace {
+/// A stage's allocation that the device's memory cap refused, as the run fails with it: the
+/// device's words and, when known, the setting that set the cap, to raise.
+std::string out_of_memory_text(const DeviceOutOfMemory& e, const std::string& capacity_origin) {
+  if (capacity_origin.empty()) return e.what();
+  return fmt::format("{}; {} sets that capacity: raise it", e.what(), capacity_origin);
+}
+}  // namespace
+
 /// "forward stage 2 of pass 5, layers 3-4".
 std::string stage_text(const Task& t) {
   return fmt::format("{} stage {} of pass {}, layers {}-{}", stage_kind_name(t.rs.stage.kind),
@@ -151,7 +160,7 @@ void Worker::start_next() {
     } catch (const DeviceOutOfMemory& e) {
       if (wait_for_memory()) return;
       queue_.pop_front();
-      fail(e.what());
+      fail(out_of_memory_text(e, ctx_.capacity_origin));
       return;
     } catch (const std::exception& e) {
       queue_.pop_front();
@@ -176,7 +185,7 @@ void Worker::begin_current() {
     task_->dfp8.clear();
     for (auto& b : task_->tmp) b.reset();
     if (wait_for_memory()) return;
-    fail(e.what());
+    fail(out_of_memory_text(e, ctx_.capacity_origin));
     return;
   } catch (const std::exception& e) {
     fail(e.what());

@@ -36,6 +36,7 @@
 #pragma once
 #include <atomic>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "actors/fault_injection.hpp"
@@ -77,6 +78,9 @@ struct WorkerContext {
   /// as its backward call ran (GradsFinal), not when the whole stage retired: the next stage's
   /// start waits less for the memory cap (SessionOptions::early_gradients).
   bool early_gradients = true;
+  /// What set the device's memory cap (SessionOptions::capacity_origin): named when a stage
+  /// fails for it. Empty: not named.
+  std::string capacity_origin;
   bool late_grads_final = false;                 ///< testing: GradsFinal after ComputeDone (SessionInternals)
   MemoryEventCounters* memory_events = nullptr;  ///< optional: counts refused starts and prefetches
   RunProgress* progress = nullptr;  ///< optional: counts completed copies and micro-batches (watchdog)

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "base/counted.hpp"
 #include "kernels/device.hpp"
 
 namespace rp {
@@ -60,9 +61,9 @@ int64_t PagedPool::driver_calls() const {
 }
 
 void PagedPool::out_of_memory(size_t sz, size_t requested, const std::string& why) const {
-  throw DeviceOutOfMemory(fmt::format(
-      "{}: cannot allocate {:.1f} MiB ({} bytes): {:.1f} MiB of {:.1f} MiB capacity in use{}", name_,
-      double(sz) / 1048576.0, requested, double(used_) / 1048576.0, double(cap_) / 1048576.0, why));
+  throw DeviceOutOfMemory(fmt::format("{}: cannot allocate {} ({} requested): {} of its {} capacity in use{}",
+                                      name_, byte_text(double(sz)), byte_text(double(requested)),
+                                      byte_text(double(used_)), byte_text(double(cap_)), why));
 }
 
 void* PagedPool::alloc(size_t bytes) {

@@ -246,6 +246,7 @@ SessionOptions session_options_of(const TrainSpec& spec, const ModelLayout& layo
   opt.max_grad_norm = spec.max_grad_norm;
   opt.skip_nonfinite = spec.nonfinite == "skip";
   opt.device.capacity_bytes = size_t(spec.device_memory_gib * double(1ull << 30));
+  opt.capacity_origin = setting_origin(spec, "device_memory_gib") + ": key 'device_memory_gib'";
   opt.device.pcie_bytes_per_s = spec.pcie_gbps * 1e9;
   opt.device.dtype = parse_dtype(spec.compute_dtype);
   opt.device.f16_accumulation = spec.gemm_accumulate == "f16";

@@ -217,6 +217,9 @@ struct SessionOptions {
   /// on timing. Needs the f16 compute dtype (std::invalid_argument otherwise).
   std::optional<LossScalerOptions> loss_scaling;
   DeviceOptions device;  ///< per-device memory cap, CPU-backend PCIe throttle, CUDA storage dtype
+  /// What set device.capacity_bytes, as an error names it ("spec.json: key 'device_memory_gib'"):
+  /// a stage that the cap refuses fails naming it, with the cap, to raise. Empty: not named.
+  std::string capacity_origin;
   /// Explicit plan, never changed. Default (empty): automatic, the partition of the analytic
   /// costs (FLOPs and bytes per layer) until the profile settles, then possibly the
   /// partition of the measured costs (profiling.replan).

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "base/counted.hpp"
 #include "kernels/cpu/host_block_cache.hpp"
 #include "kernels/cpu/pcie_link.hpp"
 #include "kernels/device.hpp"
@@ -208,9 +209,9 @@ class CpuDevice final : public Device {
     {
       std::lock_guard lk(mu_);
       if (used_ + sz > cap_)
-        throw DeviceOutOfMemory(fmt::format(
-            "{}: cannot allocate {:.1f} MiB ({} bytes): {:.1f} MiB of {:.1f} MiB capacity ({} bytes) in use",
-            name(), sz / 1048576.0, sz, used_ / 1048576.0, cap_ / 1048576.0, cap_));
+        throw DeviceOutOfMemory(fmt::format("{}: cannot allocate {}: {} of its {} capacity ({} bytes) in use",
+                                            name(), byte_text(double(sz)), byte_text(double(used_)),
+                                            byte_text(double(cap_)), cap_));
       used_ += sz;
       peak_ = std::max(peak_, used_);
     }

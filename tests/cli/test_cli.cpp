@@ -598,6 +598,28 @@ TEST(Cli, UsageErrorsAreOneLine) {
   fs::remove_all(d);
 }
 
+// A device_memory_gib too small for a stage fails naming the key (or the --set) that set the
+// cap, with sizes in the unit that shows them: it said "0.0 MiB of 0.0 MiB capacity" and left
+// the reader to guess which setting that was.
+TEST(Cli, AMemoryCapTooSmallForAStageNamesTheKeyThatSetIt) {
+  auto d = tmpdir();
+  write(d / "data.jsonl", "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n");
+  write(d / "spec.json",
+        spec_for(tiny_model(d), d / "data.jsonl", d / "run", ", \"device_memory_gib\": 1e-6"));
+  CliRun r = roundpipe("train " + (d / "spec.json").string() + " --steps 1", d);
+  expect_one_line_error(r, "capacity (1073 bytes) in use; " + (d / "spec.json").string() +
+                               ": key 'device_memory_gib' sets that capacity: raise it\n");
+  EXPECT_NE(r.err.find("of its 1.05 KiB capacity"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("0.0 MiB"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(d / "run")) << r.err;
+  r = roundpipe("train " + (d / "spec.json").string() + " --steps 1 --set device_memory_gib=0.00001", d);
+  expect_one_line_error(r,
+                        "of its 10.5 KiB capacity (10737 bytes) in use; --set device_memory_gib=0.00001: key "
+                        "'device_memory_gib' sets that capacity: raise it\n");
+  EXPECT_FALSE(fs::exists(d / "run")) << r.err;
+  fs::remove_all(d);
+}
+
 TEST(Cli, OutputDirAndSeqLenProblemsAreNamedBeforeTraining) {
   auto d = tmpdir();
   auto model = tiny_model(d);
