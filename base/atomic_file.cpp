@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -176,6 +177,16 @@ std::string marker_text(const std::string& kind, const std::string& target_name)
                      kind, target_name);
 }
 
+std::function<void(const std::string&)>& leftover_reporter() {
+  static std::function<void(const std::string&)> report;
+  return report;
+}
+
+void report_leftover(const std::string& line) {
+  if (leftover_reporter()) leftover_reporter()(line);
+  else std::fprintf(stderr, "roundpipe: warning: %s\n", line.c_str());
+}
+
 std::function<void(const std::string&, const std::string&)>& write_hook() {
   static std::function<void(const std::string&, const std::string&)> hook;
   return hook;
@@ -187,8 +198,9 @@ void call_hook(const char* event, const std::string& dir) {
 
 /// Cleans one leftover `p` (in folder `dir`) when its marker names a dead writer. Returns
 /// true when it did something (or the marker was an orphan it removed), `restored` when an
-/// .old-<pid> was put back; false when the name is not provably a dead writer's.
-bool clean_marked(const fs::path& dir, const std::string& name, bool& restored) {
+/// .old-<pid> was put back; false when the name is not provably a dead writer's, or when it is
+/// but could not be removed or put back: then `error` says why (the leftover and its marker stay).
+bool clean_marked(const fs::path& dir, const std::string& name, bool& restored, std::string& error) {
   const Leftover l = parse_leftover(name);
   if (l.tag_at == std::string::npos) return false;
   const fs::path p = dir / name;
@@ -202,11 +214,17 @@ bool clean_marked(const fs::path& dir, const std::string& name, bool& restored) 
   if (fs::exists(fs::symlink_status(p, ec))) {
     if (l.old && !fs::exists(target, ec)) {
       fs::rename(p, target, ec);
-      if (ec) return false;
+      if (ec) {
+        error = fmt::format("cannot put it back as {} ({})", target.string(), ec.message());
+        return false;
+      }
       restored = true;
     } else {
       fs::remove_all(p, ec);
-      if (ec) return false;
+      if (ec) {
+        error = fmt::format("cannot remove it ({})", ec.message());
+        return false;
+      }
     }
   }
   fs::remove(marker, ec);
@@ -228,7 +246,13 @@ int claim(const std::string& leftover, const std::string& target, const char* ki
   const fs::path p(leftover);
   std::error_code ec;
   bool restored = false;
-  clean_marked(p.parent_path().empty() ? fs::path(".") : p.parent_path(), p.filename().string(), restored);
+  std::string error;
+  clean_marked(p.parent_path().empty() ? fs::path(".") : p.parent_path(), p.filename().string(), restored,
+               error);
+  if (!error.empty())
+    fail(leftover, fmt::format("left by a roundpipe run that ended, but {}; it is left as it is: make it "
+                               "removable or move it away to write {}",
+                               error, target));
   const std::string marker = owner_marker_path(leftover);
   const bool marker_there = fs::exists(fs::symlink_status(marker, ec));
   if (fs::exists(fs::symlink_status(p, ec)) || marker_there)
@@ -278,6 +302,10 @@ void drop_marker(const std::string& leftover) {
 std::string temporary_path(const std::string& path) { return fmt::format("{}.tmp-{}", path, ::getpid()); }
 
 std::string owner_marker_path(const std::string& leftover) { return leftover + kMarkerSuffix; }
+
+void set_leftover_reporter(std::function<void(const std::string& line)> report) {
+  leftover_reporter() = std::move(report);
+}
 
 void set_atomic_write_hook(std::function<void(const std::string& event, const std::string& dir)> hook) {
   write_hook() = std::move(hook);
@@ -405,6 +433,12 @@ void fill_and_swap(const std::string& d, const std::string& tmp,
   if (had_old) {
     fs::remove_all(old, ec);
     if (!ec) drop_marker(old);
+    else  // the new version is in place; the old one and its marker stay for a later run or the user
+      report_leftover(fmt::format(
+          "{}: the previous version of {}, which the new one replaced, cannot be removed ({}); it is kept "
+          "with its marker {}: make it writable and remove both, or a later roundpipe run writing into {} "
+          "removes them once it can",
+          old, d, ec.message(), owner_marker_path(old), parent_of(d)));
   }
   call_hook("folder-replaced", d);
 }
@@ -507,8 +541,11 @@ std::vector<StaleTemporary> clean_stale_temporaries(const std::string& dir, cons
     if (!only_target.empty() && name.substr(0, l.tag_at) != only_target) continue;
     const std::string target = (fs::path(dir) / name.substr(0, l.tag_at)).string();
     bool restored = false;
-    if (clean_marked(fs::path(dir), name, restored)) {
+    std::string error;
+    if (clean_marked(fs::path(dir), name, restored, error)) {
       done.push_back({p.string(), target, restored, false});
+    } else if (!error.empty()) {  // a dead roundpipe writer's, which cannot be removed or put back
+      done.push_back({p.string(), target, false, false, error});
     } else if (!fs::exists("/proc/" + l.pid, ec)) {  // looks like a dead writer's, but nothing proves it ours
       done.push_back({p.string(), target, false, true});
     }
@@ -527,7 +564,8 @@ std::vector<StaleTemporary> clean_stale_temporaries(const std::string& dir, cons
         (l.tag_at == std::string::npos || leftover.substr(0, l.tag_at) != only_target))
       continue;
     bool restored = false;
-    clean_marked(fs::path(dir), leftover, restored);
+    std::string error;
+    clean_marked(fs::path(dir), leftover, restored, error);
   }
   return done;
 }

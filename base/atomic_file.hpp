@@ -17,7 +17,10 @@
 // whose marker names a writer that is no longer alive (no process with that pid and start
 // time): a .tmp-<pid> is removed, an .old-<pid> is put back when the kill came before the
 // new version was in place (else removed), so a finished version is never lost. Names that
-// look like leftovers but carry no such marker are reported and left alone.
+// look like leftovers but carry no such marker are reported and left alone. A previous version
+// that cannot be removed once the new one is in place (a folder the user made read-only) keeps
+// its marker and is reported (set_leftover_reporter), and so is it by each later clean until it
+// can be removed.
 #pragma once
 #include <functional>
 #include <iosfwd>
@@ -124,12 +127,16 @@ struct StaleTemporary {
   std::string target;       ///< what it was written for, e.g. "runs/a/final"
   bool restored = false;    ///< true: an .old-<pid> put back as `target`
   bool left_alone = false;  ///< true: no marker of a dead roundpipe writer; nothing was done
+  /// Not empty: a dead roundpipe writer's leftover (its marker proves it) that could not be
+  /// removed or put back, and why ("cannot remove it (Permission denied)"); it and its marker stay.
+  std::string error;
 };
 
 /// Cleans the leftovers of roundpipe writers that are no longer alive directly in folder
 /// `dir` (not recursive; a missing folder is fine): "<name>.tmp-<pid>" and
 /// "<name>.old-<pid>" with a marker naming a dead writer (removed, or restored) and their
-/// markers. Names of that form with a dead pid but no such marker are returned with
+/// markers; one of those that cannot be removed or restored is returned with `error` set and
+/// kept with its marker. Names of that form with a dead pid but no such marker are returned with
 /// left_alone set and not touched. Returns what was found, in directory order; failures to
 /// remove are skipped silently (the next run tries again). `only_target` (a name in `dir`):
 /// only the leftovers written for it ("<only_target>.tmp-<pid>", ".old-<pid>") are looked at,
@@ -142,6 +149,13 @@ std::vector<StaleTemporary> clean_stale_temporaries(const std::string& dir,
 /// What clean_stale_temporaries would act on; a caller that knows more about a pair of
 /// leftovers (a checkpoint's weights and state) may act on them first.
 bool dead_writers_leftover(const std::string& path);
+
+/// Where replace_folder reports a previous version it moved aside ("<dir>.old-<pid>") but could
+/// not remove once the new version was in place (a folder the user made read-only): one line
+/// naming it, why, and what to do; the aside folder keeps its marker, so a later run removes it
+/// once it can. Unset (the default): "roundpipe: warning: <line>" on stderr. Not thread-safe:
+/// set it before any writer runs.
+void set_leftover_reporter(std::function<void(const std::string& line)> report);
 
 /// Test hook: when set, called with ("marker-created", folder) right after an owner marker was
 /// created and recorded for a stop signal (before its text is written), with ("folder-aside",

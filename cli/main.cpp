@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "base/atomic_file.hpp"  // set_leftover_reporter
 #include "base/error_text.hpp"
 #include "cli/command.hpp"
 #include "cli/export_gguf.hpp"
@@ -50,6 +51,8 @@ int main(int argc, char** argv) {
     }
   }
   spdlog::set_pattern("[%H:%M:%S] %v");
+  // a previous version of an output folder that could not be removed is a warning of the log
+  rp::set_leftover_reporter([](const std::string& line) { spdlog::warn("{}", line); });
   try {
     app.parse(argc, argv);
   } catch (const CLI::RuntimeError& e) {

@@ -134,7 +134,12 @@ std::vector<std::string> clean_model_folder_leftovers(const std::string& out_dir
     if (p.parent_path().empty())  // as the user named it: "out.tmp-42", not "./out.tmp-42"
       for (std::string* name : {&s.path, &s.target})
         if (name->rfind("./", 0) == 0) name->erase(0, 2);
-    if (s.left_alone)
+    if (!s.error.empty())
+      lines.push_back(
+          fmt::format("{}: left by a roundpipe write that ended (its marker {} says so), but {}; "
+                      "make it writable and remove both",
+                      s.path, owner_marker_path(s.path), s.error));
+    else if (s.left_alone)
       lines.push_back(
           fmt::format("left alone {} (named like a killed writer's leftover, but no roundpipe writer "
                       "marked it as its own)",

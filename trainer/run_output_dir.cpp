@@ -159,7 +159,12 @@ std::string not_a_metrics_jsonl(const std::string& path) {
 void log_leftovers(const std::vector<StaleTemporary>& stale) {
   std::vector<std::string> foreign;
   for (const auto& s : stale) {
-    if (s.left_alone) foreign.push_back(s.path);
+    if (!s.error.empty())
+      spdlog::warn(
+          "{}: left by a roundpipe run that ended (its marker {} says so), but {}; make it writable "
+          "and remove both",
+          s.path, owner_marker_path(s.path), s.error);
+    else if (s.left_alone) foreign.push_back(s.path);
     else if (s.restored)
       spdlog::warn("restored {} from {} (a run was killed while replacing it)", s.target, s.path);
     else spdlog::info("removed {} left by an interrupted run", s.path);

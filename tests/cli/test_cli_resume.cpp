@@ -480,6 +480,71 @@ TEST(CliResume, AnUnreadableCheckpointIsNamedWithTheReason) {
   fs::remove_all(d);
 }
 
+// A final/ the user made read-only: the resume that replaces it cannot remove the previous
+// version it moved aside to final.old-<pid>. It left that folder and its marker behind without a
+// word, and later runs called it a folder "no roundpipe run marked as its own". Now the resume
+// says so in one warning line naming the folder, the reason and what to do, and keeps the folder
+// with its marker (nothing finished is lost); a later run names it as a run's leftover it cannot
+// remove, and removes both once the folder is writable again. Root removes anything: the runs
+// are an unprivileged user's.
+TEST(CliResume, APreviousFinalThatCannotBeRemovedIsNamedWithTheReason) {
+  auto d = tmpdir();
+  write(d / "data.jsonl", kData);
+  const fs::path model = tiny_model(d), u = d / "u";  // u: where the unprivileged runs write
+  fs::create_directories(u);
+  fs::permissions(u, fs::perms::all);
+  const std::string bad = rp::testing::as_unprivileged([&] {
+    std::string wrong;
+    const auto check = [&](bool ok, const std::string& what, const CliRun& r) {
+      if (!ok) wrong += what + ": " + r.out + r.err + "\n";
+    };
+    const fs::path out = u / "a", final_dir = out / "final";
+    write(u / "spec.json", resume_spec(model, d / "data.jsonl", out, "f32"));
+    const std::string train = "train " + (u / "spec.json").string() + " --resume " + final_dir.string();
+    const CliRun first = roundpipe("train " + (u / "spec.json").string() + " --steps 2", u);
+    if (first.code != 0) return "the first run failed: " + first.err;
+    fs::permissions(final_dir, fs::perms::owner_write | fs::perms::group_write | fs::perms::others_write,
+                    fs::perm_options::remove);
+    const CliRun resumed = roundpipe(train + " --steps 3", u);
+    check(resumed.code == 0, "the resume failed", resumed);
+    std::vector<fs::path> aside;
+    for (const auto& e : fs::directory_iterator(out))
+      if (e.is_directory() && e.path().filename().string().rfind("final.old-", 0) == 0)
+        aside.push_back(e.path());
+    if (aside.size() != 1) return wrong + "expected one final.old-<pid> folder: " + resumed.out + resumed.err;
+    const std::string old = aside[0].string(), marker = old + ".roundpipe-owner";
+    check(resumed.out.find(old + ": the previous version of " + final_dir.string() +
+                           ", which the new one replaced, cannot be removed (Permission denied); it is kept "
+                           "with its marker " +
+                           marker + ": make it writable and remove both") != std::string::npos,
+          "the resume did not name the folder it could not remove", resumed);
+    check(fs::exists(marker), "the marker went", resumed);
+    check(fs::exists(aside[0] / "model.safetensors") && fs::exists(final_dir / "model.safetensors"),
+          "a finished checkpoint was lost", resumed);
+    // a later run: a run's leftover it cannot remove, named as such
+    const CliRun later = roundpipe(train + " --steps 4", u);
+    check(later.code == 0, "the later run failed", later);
+    check((later.out + later.err)
+                  .find(old + ": left by a roundpipe run that ended (its marker " + marker +
+                        " says so), but cannot remove it (Permission denied); make it "
+                        "writable and remove both") != std::string::npos,
+          "the later run did not say why it kept the folder", later);
+    check((later.out + later.err).find("left alone") == std::string::npos, "called no run's", later);
+    // writable again: the next run removes both
+    fs::permissions(aside[0], fs::perms::owner_write, fs::perm_options::add);
+    const CliRun last = roundpipe(train + " --steps 5", u);
+    check(last.code == 0, "the last run failed", last);
+    check(!fs::exists(aside[0]) && !fs::exists(marker), "the writable leftover stayed", last);
+    check(last.out.find("removed " + old + " left by an interrupted run") != std::string::npos,
+          "the last run did not say what it removed", last);
+    return wrong;
+  });
+  if (bad == rp::testing::kNoDrop)
+    GTEST_SKIP() << "root could not become an unprivileged user to run the resume";
+  EXPECT_EQ(bad, "");
+  fs::remove_all(d);
+}
+
 // final/ (and every checkpoint-<k>/) is a plain Hugging Face folder; the trainer's own state
 // is in state/<name>/ under names no Hugging Face file uses, and --resume finds it there (or
 // inside the folder, as earlier releases wrote it).
