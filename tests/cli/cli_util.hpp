@@ -185,6 +185,32 @@ inline std::string spec_result(const fs::path& d, const std::string& extra,
   }
 }
 
+/// Why a test of the default job cannot run here ("" when it can): the default model and data
+/// that scripts/setup.sh fetches and builds are not in assets/.
+inline std::string default_assets_missing() {
+  const fs::path root = RP_SOURCE_DIR;
+  if (fs::exists(root / "assets/SmolLM2-135M-Instruct.Q4_1.gguf") &&
+      fs::exists(root / "assets/kjv_instruct.jsonl"))
+    return "";
+  return "default assets missing: run scripts/setup.sh (downloads SmolLM2 and builds the KJV data)";
+}
+
+/// A folder with the tiny model (d / "tiny"), one line of data (d / "data.jsonl") and the spec of
+/// its run into d / "run" (d / "spec.json", spec_for with `extra`).
+struct TinyRun {
+  fs::path d, model, spec;
+};
+inline TinyRun tiny_run(const std::string& data_line = "{\"text\": \"hello world, hello world\"}\n",
+                        const std::string& extra = "") {
+  TinyRun t;
+  t.d = tmpdir();
+  t.model = tiny_model(t.d);
+  write(t.d / "data.jsonl", data_line);
+  t.spec = t.d / "spec.json";
+  write(t.spec, spec_for(t.model, t.d / "data.jsonl", t.d / "run", extra));
+  return t;
+}
+
 inline void expect_one_line_error(const CliRun& r, const std::string& must_contain) {
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_EQ(r.err.find("roundpipe: error: "), 0u) << r.err;

@@ -365,11 +365,8 @@ TEST(Cli, BadModelAndDataFilesAreNamed) {
 }
 
 TEST(Cli, DefaultJobLossFallsOver20Steps) {
+  if (const std::string why = default_assets_missing(); !why.empty()) GTEST_SKIP() << why;
   const fs::path root = RP_SOURCE_DIR;
-  if (!fs::exists(root / "assets/SmolLM2-135M-Instruct.Q4_1.gguf") ||
-      !fs::exists(root / "assets/kjv_instruct.jsonl"))
-    GTEST_SKIP()
-        << "default assets missing: run scripts/setup.sh (downloads SmolLM2 and builds the KJV data)";
   auto d = tmpdir();
   CliRun r{0, "", ""};
   {
@@ -690,11 +687,10 @@ TEST(Cli, AnUnknownKeyNearAKnownOneSaysWhichWasMeant) {
 // typed, not by the spec's key (the spec file never said it); one given with --set names that
 // setting and the key, one in the file the file and the key. Nothing is made or changed.
 TEST(Cli, AnOutputDirFromTheCommandLineIsNamedByItsFlag) {
-  auto d = tmpdir();
-  auto model = tiny_model(d);
-  write(d / "data.jsonl", "{\"text\": \"hello world, hello world\"}\n");
+  const TinyRun t = tiny_run();
+  const fs::path& d = t.d;
+  const fs::path& model = t.model;
   write(d / "afile", "x");
-  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
   const std::string train = "train " + (d / "spec.json").string();
   const std::string afile = (d / "afile").string();
   {  // a file, not a folder
@@ -731,10 +727,8 @@ TEST(Cli, AnOutputDirFromTheCommandLineIsNamedByItsFlag) {
 // model and data load, in one line naming what gave it and why, with nothing on stdout; the
 // user's file in it stays. Root writes anywhere: the run is an unprivileged user's.
 TEST(Cli, AnOutputFolderThatCannotBeWrittenIsRefusedBeforeLoading) {
-  auto d = tmpdir();
-  auto model = tiny_model(d);
-  write(d / "data.jsonl", "{\"text\": \"hello world, hello world\"}\n");
-  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
+  const TinyRun t = tiny_run();
+  const fs::path& d = t.d;
   const fs::path u = d / "u", ro = d / "ro";  // u: where the unprivileged run writes its output
   fs::create_directories(u);
   fs::permissions(u, fs::perms::all);

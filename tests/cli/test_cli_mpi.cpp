@@ -279,11 +279,8 @@ TEST(CliMpi, OnePassPerStepOverTwoReplicasIsOneLine) {
 // The README's ready-made 2-replica job starts and trains (2 steps here).
 TEST(CliMpi, ExampleTwoReplicaSpecTrains) {
   if (const std::string why = mpi_missing(); !why.empty()) GTEST_SKIP() << why;
+  if (const std::string why = default_assets_missing(); !why.empty()) GTEST_SKIP() << why;
   const fs::path root = RP_SOURCE_DIR;
-  if (!fs::exists(root / "assets/SmolLM2-135M-Instruct.Q4_1.gguf") ||
-      !fs::exists(root / "assets/kjv_instruct.jsonl"))
-    GTEST_SKIP()
-        << "default assets missing: run scripts/setup.sh (downloads SmolLM2 and builds the KJV data)";
   auto d = tmpdir();
   CliRun r =
       run_cmd("cd " + root.string() + " && " + mpirun(2) + "train examples/specs/replicas2.json --steps 2 " +

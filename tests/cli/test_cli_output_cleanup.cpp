@@ -108,11 +108,8 @@ TEST(CliOutputCleanup, AStopSignalWhileLoadingTakesBackTheFoldersTheRunMade) {
 // exits at once and leaves neither final.tmp-<pid>/ nor state/final.tmp-<pid>/ (nor their
 // owner markers) behind: they used to stay until a later run into the folder.
 TEST(CliOutputCleanup, ASecondSignalDuringTheFinalSaveTakesBackItsFolders) {
+  if (const std::string why = default_assets_missing(); !why.empty()) GTEST_SKIP() << why;
   const fs::path root = RP_SOURCE_DIR;
-  if (!fs::exists(root / "assets/SmolLM2-135M-Instruct.Q4_1.gguf") ||
-      !fs::exists(root / "assets/kjv_instruct.jsonl"))
-    GTEST_SKIP()
-        << "default assets missing: run scripts/setup.sh (downloads SmolLM2 and builds the KJV data)";
   auto d = tmpdir();
   const fs::path run = d / "run";
   const std::string cmd =
