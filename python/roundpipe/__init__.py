@@ -14,6 +14,7 @@ input (a spec key, an option: "spec: key 'workers': expected an integer, got \"t
 ``DeviceOutOfMemory``.
 """
 import json
+import numbers
 import os
 import threading
 
@@ -46,6 +47,30 @@ def _json_text(value, where, key=""):
             raise ValueError("{}: key '{}': a {} is not a JSON value".format(where, key, type(v).__name__))
     check(value, key)
     return json.dumps(value, default=os.fspath, allow_nan=False)
+
+
+def _check(where, name, value, kinds, expected):
+    """TypeError "<where>: <name>: expected <expected>, got <type>" unless `value` is one of
+    `kinds`: the compiled functions would otherwise raise pybind11's many-line listing of their
+    private signature. A bool is no number here."""
+    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+    if isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds):
+        return value
+    raise TypeError("{}: {}: expected {}, got {}".format(where, name, expected, type(value).__name__))
+
+
+def _check_callbacks(where, **callbacks):
+    """Each given callback must be callable, checked before anything runs or is written."""
+    for name, f in callbacks.items():
+        if f is not None and not callable(f):
+            raise TypeError("{}: {}: expected a callable or None, got {}".format(where, name, type(f).__name__))
+
+
+def _paths(where, **paths):
+    """Each path argument must be a str or an os.PathLike; `base` may also be None (not given)."""
+    for name, value in paths.items():
+        if not (name == "base" and value is None):
+            _check(where, name, value, (str, os.PathLike), "a path")
 
 
 def _settings(overrides, settings):
@@ -135,6 +160,8 @@ class Trainer:
         replicas. Raises ValueError (spec, output folder), RuntimeError (files),
         RuntimeFailure, TrainingDiverged, DeviceError, DeviceOutOfMemory.
         """
+        _check_callbacks("Trainer.run", on_step=on_step, on_eval=on_eval, on_checkpoint=on_checkpoint,
+                         on_ready=on_ready)
         if progress is None:
             progress = on_step is None
         if progress:
@@ -178,6 +205,7 @@ def plan(model, **options):
     disk yet). Nothing needs a GPU or weights
     (a config.json is enough). Raises ValueError naming an unknown or bad option.
     """
+    _paths("plan", model=model)
     options["model"] = os.fspath(model)
     return _roundpipe._plan(options)
 
@@ -211,14 +239,47 @@ def generate(model, prompt=None, *, chat=None, system=None, messages=None, token
             else:
                 raise ValueError("generate: messages[{}] must be a {{'role', 'content'}} dict or a (role, "
                                  "content) pair".format(i))
+    path = (str, os.PathLike)
+    _check("generate", "model", model, path, "a path")
+    if base is not None:
+        _check("generate", "base", base, path, "a path")
+    for name, value in (("prompt", prompt), ("chat", chat), ("system", system)):
+        if value is not None:
+            _check("generate", name, value, str, "a str")
+    for i, (role, content) in enumerate(msgs):
+        _check("generate", "messages[{}] role".format(i), role, str, "a str")
+        _check("generate", "messages[{}] content".format(i), content, str, "a str")
+    if tokens is not None:
+        if isinstance(tokens, (str, bytes, dict)) or not hasattr(tokens, "__iter__"):
+            _check("generate", "tokens", tokens, (), "a list of token ids")
+        tokens = list(tokens)
+        for i, t in enumerate(tokens):
+            _check("generate", "tokens[{}]".format(i), t, numbers.Integral, "a token id (an int)")
+            if not -2**31 <= t < 2**31:
+                raise ValueError("generate: tokens[{}]: token id {} is outside the vocabulary".format(i, t))
+    for name, value in (("max_tokens", max_tokens), ("top_k", top_k), ("seed", seed), ("context", context)):
+        _check("generate", name, value, numbers.Integral, "an int")
+        if not -2**63 <= value < 2**63:
+            raise ValueError("generate: {}: expected a 64-bit integer, got {}".format(name, value))
+    if seed < 0:
+        raise ValueError("generate: seed must be >= 0, got {}".format(seed))
+    for name, value in (("temperature", temperature), ("top_p", top_p)):
+        _check("generate", name, value, numbers.Real, "a number")
+    for name, value in (("chat_template", chat_template), ("backend", backend), ("dtype", dtype)):
+        _check("generate", name, value, str, "a str")
+    _check("generate", "think", think, bool, "True or False")
+    _check_callbacks("generate", on_text=on_text)
+    if isinstance(stop, str):
+        stop = [stop]
+    _check("generate", "stop", stop, (list, tuple), "a str or a list of str")
+    for i, s in enumerate(stop):
+        _check("generate", "stop[{}]".format(i), s, str, "a str")
     if max_tokens < 0:
         raise ValueError("generate: max_tokens must be >= 0, got {}".format(max_tokens))
     if chat is not None:
         if system is not None:
             msgs.append(("system", system))
         msgs.append(("user", chat))
-    if isinstance(stop, str):
-        stop = [stop]
     return _roundpipe._generate(os.fspath(model), os.fspath(base) if base else "", prompt or "", msgs,
                                 list(tokens or []), max_tokens, temperature, top_k, top_p, seed, list(stop),
                                 chat_template, think, backend, dtype, context, on_text)
@@ -228,6 +289,8 @@ def merge(adapter, out, base=None, dtype="bf16"):
     """Folds a PEFT LoRA adapter folder into its base model, writing the plain Hugging Face
     folder ``out`` (``roundpipe merge``; out is replaced, so it must be new, empty or an
     earlier convert/merge output). Returns the base model's path."""
+    _paths("merge", adapter=adapter, out=out, base=base)
+    _check("merge", "dtype", dtype, str, "a str (f32, bf16 or f16)")
     base_path, notes = _roundpipe._merge(os.fspath(adapter), os.fspath(out), os.fspath(base) if base else "", dtype)
     for line in notes:
         print(line)
@@ -237,11 +300,16 @@ def merge(adapter, out, base=None, dtype="bf16"):
 def export_gguf(model_dir, out, type="f16", force=False):
     """Writes a Hugging Face folder (an adapter folder is merged first) as one GGUF file for
     llama.cpp (``roundpipe export-gguf``): type f16, bf16 or q8_0. Returns the tensor count."""
+    _paths("export_gguf", model_dir=model_dir, out=out)
+    _check("export_gguf", "type", type, str, "a str (f16, bf16 or q8_0)")
+    _check("export_gguf", "force", force, bool, "True or False")
     return _roundpipe._export_gguf(os.fspath(model_dir), os.fspath(out), type, force)
 
 
 def convert(gguf, out, dtype="bf16"):
     """GGUF file -> Hugging Face folder ``out`` (``roundpipe convert``). Returns ``out``."""
+    _paths("convert", gguf=gguf, out=out)
+    _check("convert", "dtype", dtype, str, "a str (f32, bf16 or f16)")
     for line in _roundpipe._convert(os.fspath(gguf), os.fspath(out), dtype):
         print(line)
     return os.fspath(out)

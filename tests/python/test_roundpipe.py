@@ -165,6 +165,13 @@ class TrainTest(unittest.TestCase):
                                 resume_from=os.path.join(WORK, "py-boom", saved[0])).run(progress=False)
         self.assertEqual(res["steps_done"], 3)
 
+    def test_a_callback_that_is_not_callable_is_refused_before_anything_is_written(self):
+        out = os.path.join(WORK, "py-not-callable")
+        for name in ("on_step", "on_eval", "on_checkpoint", "on_ready"):
+            with self.assertRaisesRegex(TypeError, r"^Trainer.run: %s: expected a callable or None, got int$" % name):
+                roundpipe.Trainer(spec("py-not-callable")).run(**{name: 5})
+            self.assertFalse(os.path.exists(out), name)
+
     def test_the_gil_is_released_while_training(self):
         # no callback: no Python runs in the run at all, so another thread counts only if
         # run() let go of the GIL
@@ -249,6 +256,35 @@ class ToolsTest(unittest.TestCase):
             roundpipe.generate("nope.gguf", messages=[{"role": "user"}])
         with self.assertRaisesRegex(ValueError, r"max_tokens must be >= 0"):
             roundpipe.generate("nope.gguf", prompt="a", max_tokens=-1)
+
+    def test_a_wrong_argument_type_raises_one_line_naming_the_argument(self):
+        model = os.path.join(WORK, "model")
+        for call, want in [
+            (lambda: roundpipe.generate(model, prompt=5), r"generate: prompt: expected a str, got int"),
+            (lambda: roundpipe.generate(model, prompt="a", seed=None), r"generate: seed: expected an int, got NoneType"),
+            (lambda: roundpipe.generate(model, prompt="a", max_tokens=2.5), r"generate: max_tokens: expected an int"),
+            (lambda: roundpipe.generate(model, prompt="a", temperature="hot"), r"generate: temperature: expected a number"),
+            (lambda: roundpipe.generate(model, prompt="a", stop=[1]), r"generate: stop\[0\]: expected a str"),
+            (lambda: roundpipe.generate(model, prompt="a", think="no"), r"generate: think: expected True or False"),
+            (lambda: roundpipe.generate(model, tokens="abc"), r"generate: tokens: expected a list of token ids"),
+            (lambda: roundpipe.generate(model, messages=[("user", 5)]), r"generate: messages\[0\] content: expected a str"),
+            (lambda: roundpipe.generate(model, prompt="a", on_text=5), r"generate: on_text: expected a callable"),
+            (lambda: roundpipe.merge(model, os.path.join(WORK, "m"), dtype=5), r"merge: dtype: expected a str"),
+            (lambda: roundpipe.merge(model, None), r"merge: out: expected a path, got NoneType"),
+            (lambda: roundpipe.export_gguf(model, os.path.join(WORK, "m.gguf"), force="yes"),
+             r"export_gguf: force: expected True or False"),
+            (lambda: roundpipe.convert("x.gguf", os.path.join(WORK, "c"), dtype=None), r"convert: dtype: expected a str"),
+        ]:
+            with self.assertRaisesRegex(TypeError, "^" + want) as raised:
+                call()
+            self.assertNotIn("\n", str(raised.exception))
+        for call, want in [
+            (lambda: roundpipe.generate(model, prompt="a", seed=-1), r"generate: seed must be >= 0"),
+            (lambda: roundpipe.generate(model, prompt="a", max_tokens=2**70), r"generate: max_tokens: expected a 64-bit"),
+            (lambda: roundpipe.generate(model, tokens=[2**40]), r"generate: tokens\[0\]: token id"),
+        ]:
+            with self.assertRaisesRegex(ValueError, "^" + want):
+                call()
 
     def test_a_failing_run_raises_the_commands_error_line(self):
         bad = spec("missing-model", model=os.path.join(WORK, "no_such_model"))
