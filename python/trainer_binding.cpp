@@ -131,11 +131,12 @@ void on_sigint(int) {
   errno = saved_errno;
 }
 
-/// SIGINT stops `st` while alive; the previous handler (Python's) is put back after.
+/// SIGINT stops `st` while alive; the previous handler (Python's) is put back after, and so is
+/// the run it stopped: a run started from another run's callback hands Ctrl-C back to the outer
+/// one when it ends.
 class SigintStops {
  public:
-  explicit SigintStops(RunState& st) {
-    g_sigint_run = &st;
+  explicit SigintStops(RunState& st) : outer_(g_sigint_run.exchange(&st)) {
     struct sigaction sa {};
     sa.sa_handler = on_sigint;
     sigemptyset(&sa.sa_mask);
@@ -143,12 +144,13 @@ class SigintStops {
   }
   ~SigintStops() {
     ::sigaction(SIGINT, &prev_, nullptr);
-    g_sigint_run = nullptr;
+    g_sigint_run = outer_;
   }
   SigintStops(const SigintStops&) = delete;
   SigintStops& operator=(const SigintStops&) = delete;
 
  private:
+  RunState* outer_;
   struct sigaction prev_ {};
 };
 

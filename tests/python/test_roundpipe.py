@@ -217,6 +217,20 @@ class TrainTest(unittest.TestCase):
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(5)
 
+    def test_sigint_stops_the_outer_run_after_a_run_inside_its_callback(self):
+        t = roundpipe.Trainer(spec("py-outer", steps=30))
+
+        def on_step(r):
+            if r["step"] == 1:
+                roundpipe.Trainer(spec("py-inner", steps=2)).run(progress=False)
+            if r["step"] == 3:
+                os.kill(os.getpid(), signal.SIGINT)
+
+        with self.assertRaisesRegex(KeyboardInterrupt, "resume with resume_from="):
+            t.run(on_step=on_step)
+        self.assertLess(t.result["steps_done"], 30)
+        self.assertTrue(os.path.isdir(t.result["checkpoint"]), t.result)
+
 
 class ToolsTest(unittest.TestCase):
     def test_a_bad_spec_raises_naming_the_key(self):
