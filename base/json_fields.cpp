@@ -148,11 +148,17 @@ bool JsonFields::read_signed(const char* key, int64_t& out, int64_t min, int64_t
   return true;
 }
 
+/// An integer >= 0 either way JSON holds it: parsed text holds 3 as unsigned, while a value set
+/// in code (json{{"seed", 3}}, j["seed"] = 3) holds it as signed.
+static bool non_negative_integer(const nlohmann::json& v) {
+  return v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0);
+}
+
 bool JsonFields::read_unsigned(const char* key, uint64_t& out, uint64_t max) const {
   if (!has(key)) return false;
   const auto& v = at(key);
   if (!v.is_number_integer()) fail(key, "an integer");
-  if (!v.is_number_unsigned()) fail(key, "an integer >= 0");
+  if (!non_negative_integer(v)) fail(key, "an integer >= 0");
   if (v.get<uint64_t>() > max) fail(key, fmt::format("an integer <= {}", max));
   out = v.get<uint64_t>();
   return true;
@@ -171,7 +177,7 @@ int64_t JsonFields::integer(const char* key, int64_t min) const {
 
 uint64_t JsonFields::unsigned_integer(const char* key) const {
   const auto& v = at(key);
-  if (!v.is_number_unsigned()) fail(key, "an integer >= 0");
+  if (!non_negative_integer(v)) fail(key, "an integer >= 0");
   return v.get<uint64_t>();
 }
 

@@ -51,6 +51,21 @@ TEST(JsonFields, OptionalFieldsCheckTypesAndRanges) {
   EXPECT_EQ(error_of([&] { r.optional("s", f); }), "spec.json: key 's': expected a number, got \"x\"");
 }
 
+// A value set in code is a signed JSON integer even when it is not negative (json{{"seed", 3}}):
+// unsigned fields take it like the same number parsed from text, and still refuse a negative one.
+TEST(JsonFields, UnsignedFieldsTakeANonNegativeIntegerSetInCode) {
+  json j = {{"seed", 3}, {"neg", -1}};
+  ASSERT_FALSE(j["seed"].is_number_unsigned());
+  rp::JsonFields r(j, "code");
+  uint64_t u = 0;
+  EXPECT_TRUE(r.optional("seed", u));
+  EXPECT_EQ(u, 3u);
+  EXPECT_EQ(r.unsigned_integer("seed"), 3u);
+  EXPECT_EQ(error_of([&] { r.optional("neg", u); }), "code: key 'neg': expected an integer >= 0, got -1");
+  EXPECT_EQ(error_of([&] { r.unsigned_integer("neg"); }),
+            "code: key 'neg': expected an integer >= 0, got -1");
+}
+
 TEST(JsonFields, RequiredFieldsSayNothingWhenMissing) {
   const json j = json::parse(R"({"step": 0, "o": {"lr": "high"}, "v": 2})");
   rp::JsonFields r(j, "state.json", "", rp::JsonFields::Error::runtime_error);
