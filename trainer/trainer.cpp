@@ -277,13 +277,24 @@ void TrainingRun::report_tier_reads(const FrozenTierReads& from, int64_t steps, 
       spill.empty() ? "" : "; the activation spill " + spill);
 }
 
+/// what() of a std::exception, else a line saying what was thrown.
+static std::string failure_text(const std::exception_ptr& p) {
+  try {
+    std::rethrow_exception(p);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception that is not a std::exception (thrown by a callback)";
+  }
+}
+
 /// Replicas: a failure here reaches every other replica at once, as "replica <rank> failed:
 /// <error>", instead of leaving them waiting for this one's gradients.
 TrainResult TrainingRun::execute() {
   try {
     return execute_steps();
-  } catch (const std::exception& e) {
-    if (replicas_) replicas_->abort(e.what());
+  } catch (...) {  // a callback may throw anything, not only a std::exception
+    if (replicas_) replicas_->abort(failure_text(std::current_exception()));
     // a run that failed before its first step leaves nothing it wrote, nor a folder it made
     if (leader() && reported_ < start_) discard_unstarted_outputs();
     if (leader()) drop_lone_run_marker();

@@ -486,6 +486,10 @@ TEST(OutputSafety, ARunFailingBeforeItsFirstStepRemovesOnlyTheFoldersItMade) {
   cb.on_ready = [] { throw std::runtime_error("an error before the first step"); };
   EXPECT_THROW(rp::Trainer(late).run(cb), std::runtime_error);
   EXPECT_FALSE(fs::exists(d / "late")) << "its files and the folders it made go";
+  // the same for what a callback may throw that is no std::exception
+  cb.on_ready = [] { throw 42; };
+  EXPECT_THROW(rp::Trainer(late).run(cb), int);
+  EXPECT_FALSE(fs::exists(d / "late")) << "its files and the folders it made go";
   fs::remove_all(d);
 }
 
