@@ -152,6 +152,21 @@ py::dict generate(const std::string& model, const std::string& base, const std::
   go.dtype = parse_dtype(dtype);
   go.max_context = context;
   std::exception_ptr python_error;
+  // Ctrl-C: Python's handlers run on this thread between tokens (at the first check, then at most
+  // every 100 ms, each under the GIL), so a KeyboardInterrupt, or an error raised in on_text, ends
+  // the generation there and is raised once it returns.
+  auto last_check = std::chrono::steady_clock::time_point{};
+  const auto python_stops = [&]() -> bool {
+    if (python_error) return true;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_check < std::chrono::milliseconds(100)) return false;
+    last_check = now;
+    py::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() == 0) return false;
+    python_error = std::make_exception_ptr(py::error_already_set());
+    return true;
+  };
+  r.interrupt = python_stops;
   SampleResult res;
   py::object decoder;  // on_text: a character split across two pieces is decoded once whole
   if (!on_text.is_none())
@@ -163,7 +178,7 @@ py::dict generate(const std::string& model, const std::string& base, const std::
     if (!tokens.empty()) {
       const auto t0 = std::chrono::steady_clock::now();
       res.prompt_ids = tokens;
-      res.ids = gen.generate(tokens, r.generate);
+      res.ids = gen.generate(tokens, r.generate, [&](int32_t) { return !python_stops(); });
       res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     } else {
       std::function<void(const std::string&)> text_cb;

@@ -377,6 +377,26 @@ class ToolsTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "token|vocab|id"):
             roundpipe.generate(model, tokens=[100000])
 
+    def test_ctrl_c_during_generate_raises_keyboard_interrupt_between_tokens(self):
+        # the default job's model (scripts/setup.sh downloads it): 400 tokens take ~25 s on two
+        # cores, so a Ctrl-C that waited for the end of the generation would show
+        model = os.path.join(SRC, "assets", "SmolLM2-135M-Instruct.Q4_1.gguf")
+        if not os.path.isfile(model):
+            self.skipTest("no %s (scripts/setup.sh downloads it)" % model)
+        for prompt in ({"prompt": "In the beginning", "stop": ["zzzzqq"]}, {"tokens": [1, 504, 3260]}):
+            timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+            t0 = time.monotonic()
+            timer.start()
+            try:
+                with self.assertRaises(KeyboardInterrupt):
+                    roundpipe.generate(model, max_tokens=400, dtype="f32", **prompt)
+                    time.sleep(5)  # a generation that ended first: the signal comes here instead
+            finally:
+                timer.cancel()
+            took = time.monotonic() - t0
+            self.assertLess(took, 4.0, "%s: KeyboardInterrupt came %.1f s after the call, 1 s after Ctrl-C"
+                            % (list(prompt)[0], took))
+
     def test_version_names_the_build(self):
         self.assertIn("roundpipe " + roundpipe.__version__, roundpipe.version())
         # the commit is the one each build was configured at (an installed package may be newer)
