@@ -507,7 +507,10 @@ const SpecSetting* setting_named_by(const std::string& message, const std::vecto
   };
   for (auto it = settings.rbegin(); it != settings.rend(); ++it) {
     const std::string& k = it->key;
-    if (quotes(k, "'") || msg.find("'" + k + ".") != std::string::npos) return &*it;
+    // a list entry's key counts too ("key 'data[1].weight'" after --set data=[...])
+    if (quotes(k, "'") || msg.find("'" + k + ".") != std::string::npos ||
+        msg.find("'" + k + "[") != std::string::npos)
+      return &*it;
     // a value set inside an object the file gave another type ("key 'lora': expected an object")
     for (size_t dot = k.find('.'); dot != std::string::npos; dot = k.find('.', dot + 1))
       if (quotes(k.substr(0, dot), "'")) return &*it;

@@ -157,6 +157,27 @@ TEST(SpecSettings, ObjectSettingsNameTheirInnerKeys) {
   EXPECT_LT(e.size(), 400u) << e;
 }
 
+// A list's entries are keys of their own ("data[1].weight"): a setting that gave the list is
+// named, not the file that has no such list.
+TEST(SpecSettings, ListEntrySettingsNameTheSetting) {
+  EXPECT_EQ(error_of(kSpec, {rp::parse_set_option(R"(data=["a.jsonl", {"path": "b.jsonl", "weight": 0}])")}),
+            R"(--set data=["a.jsonl", {"path": "b.jsonl", "weight": 0}]: key 'data[1].weight': )"
+            "expected a number > 0, got 0.0");
+  const std::string unknown =
+      error_of(kSpec, {rp::parse_set_option(R"(eval_data=[{"path": "e.jsonl"}, {"pth": "f.jsonl"}])")});
+  EXPECT_EQ(unknown.rfind(R"(--set eval_data=[{"path": "e.jsonl"}, {"pth": "f.jsonl"}]: unknown key )"
+                          "'eval_data[1].pth'",
+                          0),
+            0u)
+      << unknown;
+  EXPECT_EQ(error_of(kSpec, {rp::parse_set_option("eval_data=[5]")}),
+            "--set eval_data=[5]: key 'eval_data[0]': expected a file name or a {\"path\"} object, got 5");
+  // the file's own list still names the file
+  const std::string own = error_of(R"({"model": "m", "data": [{"path": "a", "weight": -1}]})",
+                                   {rp::parse_set_option("seq_len=64")});
+  EXPECT_NE(own.find(".json: "), std::string::npos) << own;
+}
+
 }  // namespace
 
 // "frozen_tier": the disk tier's cache file and read-buffer budget (SessionOptions::frozen_tier),
