@@ -2,6 +2,7 @@
 // RP_HAVE_ARROW=1 and Arrow's headers only when CMake found Arrow C++ (RP_ARROW_DIR).
 #include "data/arrow_records.hpp"
 
+#include <cctype>
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
@@ -60,7 +61,9 @@ void for_each_columnar_row(const std::string& path, ColumnarFormat format,
 namespace {
 using Json = nlohmann::ordered_json;
 
-[[noreturn]] void fail(const std::string& path, const std::string& what) {
+[[noreturn]] void fail(const std::string& path, std::string what) {
+  // Arrow's reasons may end in a newline (Parquet's thrift errors): the line ends with the reason
+  while (!what.empty() && std::isspace(static_cast<unsigned char>(what.back()))) what.pop_back();
   throw std::runtime_error(one_line(fmt::format("{}: {}", path, what)));
 }
 

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 
 #include "common.hpp"
@@ -126,6 +127,24 @@ TEST(Columnar, ADamagedFileIsOneLineNamingIt) {
       EXPECT_EQ(e.rfind(path + ": ", 0), 0u) << e;
     }
   }
+}
+
+// Arrow's own reasons can end in a newline (Parquet's thrift errors do): the line ends with the
+// reason, not with an escaped "\x0a".
+TEST(Columnar, ADamagedFooterEndsWithTheReason) {
+  SKIP_WITHOUT_ARROW();
+  TempDir dir;
+  std::string bytes = read_file(columnar("chat.parquet"));
+  // the footer: its thrift metadata, then its length (4 bytes) and "PAR1"
+  uint32_t meta = 0;
+  std::memcpy(&meta, bytes.data() + bytes.size() - 8, 4);
+  ASSERT_LT(meta + 8, bytes.size());
+  bytes[bytes.size() - 8 - meta] = '\xff';  // the metadata's first field header
+  const std::string path = dir.write("footer.parquet", bytes);
+  const std::string e = load_error(path);
+  EXPECT_EQ(e.rfind(path + ": Couldn't deserialize thrift: ", 0), 0u) << e;
+  EXPECT_EQ(e.find("\\x0a"), std::string::npos) << e;
+  EXPECT_NE(e.back(), ' ') << e;
 }
 
 TEST(Columnar, WithoutArrowTheFileIsRefusedSayingHowToEnableIt) {
