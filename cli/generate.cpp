@@ -37,6 +37,10 @@ struct GenerateCommandOptions {
 
 /// --messages FILE: a JSON array of {"role", "content"}.
 std::vector<ChatMessage> read_messages(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec))
+    throw std::runtime_error(path +
+                             ": is a folder; expected a JSON file: an array of {\"role\", \"content\"}");
   std::ifstream in(path);
   if (!in) throw std::runtime_error(fmt::format("{}: cannot open ({})", path, std::strerror(errno)));
   std::stringstream ss;
@@ -47,7 +51,9 @@ std::vector<ChatMessage> read_messages(const std::string& path) {
   } catch (const nlohmann::json::exception&) {
     throw std::runtime_error(path + ": invalid JSON (expected an array of {\"role\", \"content\"})");
   }
-  if (!j.is_array()) throw std::runtime_error(path + ": expected a JSON array of {\"role\", \"content\"}");
+  if (!j.is_array() || j.empty())
+    throw std::runtime_error(path + ": expected a JSON array of {\"role\", \"content\"}" +
+                             (j.is_array() ? ", got []" : ""));
   std::vector<ChatMessage> out;
   for (size_t i = 0; i < j.size(); ++i) {
     if (!j[i].is_object() || !j[i].contains("role") || !j[i].contains("content") ||
@@ -77,7 +83,10 @@ void run_generate(const GenerateCommandOptions& c) {
   check_utf8("--system", c.system);
   for (const std::string& s : c.stop) check_utf8("--stop", s);
   SampleRequest r;
-  if (!c.messages.empty()) r.messages = read_messages(c.messages);
+  if (!c.messages.empty()) {
+    r.messages = read_messages(c.messages);
+    r.messages_origin = c.messages;
+  }
   if (!c.chat.empty()) {
     if (!c.system.empty()) r.messages.push_back({"system", c.system, {}});
     r.messages.push_back({"user", c.chat, {}});

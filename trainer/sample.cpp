@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <stdexcept>
 
 #include "data/chat_jinja.hpp"
 #include "data/tokenizer.hpp"
@@ -20,16 +21,28 @@ SampleResult sample(Generator& gen, const LoadedModel& model, const SampleReques
   if (tok.eos_id() >= 0) o.stop_ids.push_back(tok.eos_id());
   if (!r.messages.empty()) {
     const std::string format = TokenStream::chat_template_for(model, r.chat_template);
+    // a rendering error names the messages' file first, when they came from one
+    auto rendered = [&](const std::function<std::string()>& render) {
+      try {
+        return render();
+      } catch (const std::exception& e) {
+        if (r.messages_origin.empty()) throw;
+        throw std::invalid_argument(r.messages_origin + ": " + e.what());
+      }
+    };
     if (format == "jinja") {  // the model's own template, with its generation prompt
       const auto [bos, eos] = template_special_tokens(tok);
       const JinjaChat chat(model.chat_template, bos, eos, template_file_name(model));
       nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
       for (const auto& m : r.messages) msgs.push_back({{"role", m.role}, {"content", m.content}});
-      const std::string text = chat.render(msgs, nullptr, true, {{"enable_thinking", r.enable_thinking}});
+      const std::string text = rendered([&] {
+        return chat.render(msgs, nullptr, true, {{"enable_thinking", r.enable_thinking}});
+      });
       res.prompt_ids = tok.encode(text);  // the template writes its own BOS
     } else {
       const ChatTemplate t = parse_chat_template_name(format);
-      res.prompt_ids = tok.encode(render_chat_text(t, r.messages, nullptr, true, r.enable_thinking));
+      res.prompt_ids = tok.encode(
+          rendered([&] { return render_chat_text(t, r.messages, nullptr, true, r.enable_thinking); }));
     }
     for (const char* end : {"<|im_end|>", "<|eot_id|>"})
       if (int32_t id = tok.token_id(end); id >= 0) o.stop_ids.push_back(id);

@@ -22,6 +22,9 @@ struct SampleRequest {
   bool enable_thinking = true;    ///< qwen3: false ends the generation prompt with an empty think block
   GenerateOptions generate;       ///< stop_ids are added to: eos and the template's end-of-turn token
   std::vector<std::string> stop;  ///< also stop once the text contains one of these (cut before it)
+  /// Where `messages` came from (a --messages file), or "": an error of their rendering (a role the
+  /// template does not know, the template's raise_exception) begins with it, as a data file's line.
+  std::string messages_origin;
   /// Asked before the prompt is run and after each generated token: true ends the generation
   /// there, with the text so far (SampleResult::interrupted). A stop request, e.g. a Ctrl-C.
   std::function<bool()> interrupt;

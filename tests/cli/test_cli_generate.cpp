@@ -111,4 +111,25 @@ TEST(CliGenerate, AdapterFolderTakesItsBaseFromBase) {
   fs::remove_all(d);
 }
 
+// A --messages file is named by every refusal of its messages: a role the template does not
+// know, the template's own raise_exception, an empty array, a folder given as the file.
+TEST(CliGenerate, MessagesFileErrorsNameTheFile) {
+  auto d = tmpdir();
+  const fs::path model = tiny_model(d);  // no template of its own: ChatML
+  const std::string msgs = (d / "msgs.json").string();
+  write(msgs, "[{\"role\": \"narrator\", \"content\": \"hi\"}]");
+  expect_one_line_error(roundpipe("generate " + model.string() + " --messages " + msgs, d),
+                        msgs + ": messages[0]: unknown role \"narrator\"");
+  write(model / "tokenizer_config.json",
+        "{\"chat_template\": \"{{ raise_exception('no narrators here') }}\"}");
+  expect_one_line_error(roundpipe("generate " + model.string() + " --messages " + msgs, d),
+                        msgs + ": tokenizer_config.json key 'chat_template':1: no narrators here");
+  write(msgs, "[]");
+  expect_one_line_error(roundpipe("generate " + model.string() + " --messages " + msgs, d),
+                        msgs + ": expected a JSON array of {\"role\", \"content\"}, got []");
+  expect_one_line_error(roundpipe("generate " + model.string() + " --messages " + d.string(), d),
+                        d.string() + ": is a folder; expected a JSON file");
+  fs::remove_all(d);
+}
+
 }  // namespace
