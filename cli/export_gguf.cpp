@@ -13,7 +13,7 @@ namespace rp {
 
 void add_export_gguf_command(CLI::App& app) {
   struct Options {
-    std::string in, out, type = "f16";
+    std::string in, out, type = "f16", base;
     bool force = false;
   };
   auto o = std::make_shared<Options>();
@@ -28,10 +28,13 @@ void add_export_gguf_command(CLI::App& app) {
        "type of the 2-D weights: f16 (default), bf16, or q8_0 (blocks of 32 with an f16 scale; rows not a "
        "multiple of 32 stay f16); norms and biases are always f32")
       ->check(CLI::IsMember({"f16", "bf16", "q8_0"}));
+  c->add_option("--base", o->base,
+                "a LoRA adapter folder's base model (default: the adapter_config.json's "
+                "base_model_name_or_path)");
   c->add_flag("--force", o->force,
               "replace OUTPUT when it is a GGUF file export-gguf wrote (any other file is never replaced)");
   c->callback(reporting_errors([o] {
-    const int64_t n = export_gguf(o->in, o->out, parse_gguf_export_type(o->type), o->force);
+    const int64_t n = export_gguf(o->in, o->out, parse_gguf_export_type(o->type), o->force, o->base);
     fmt::print("wrote {} ({} tensors, {})\n", o->out, n, o->type);
   }));
 }

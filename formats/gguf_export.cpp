@@ -366,13 +366,14 @@ GgufExportType parse_gguf_export_type(const std::string& s) {
   throw std::invalid_argument(one_line(fmt::format("--type: expected f16, bf16 or q8_0, got '{}'", s)));
 }
 
-int64_t export_gguf(const std::string& in_dir, const std::string& out, GgufExportType type, bool force) {
+int64_t export_gguf(const std::string& in_dir, const std::string& out, GgufExportType type, bool force,
+                    const std::string& base) {
   std::error_code ec;
   if (!fs::is_directory(in_dir, ec))
     throw std::invalid_argument(
         one_line(fmt::format("{}: not a folder (expected a Hugging Face model folder)", in_dir)));
-  check_output(out, {in_dir, adapter_base_path(in_dir)}, force);
-  const LoadedModel m = load_model_or_adapter(in_dir);
+  check_output(out, {in_dir, base.empty() ? adapter_base_path(in_dir) : base}, force);
+  const LoadedModel m = load_model_or_adapter(in_dir, base);
   const std::string arch = gguf_architecture(m.config, in_dir);
   GgufHeader kv;
   fs::path named = fs::path(in_dir).lexically_normal();

@@ -36,12 +36,14 @@ enum class GgufExportType { f16, bf16, q8_0 };
 GgufExportType parse_gguf_export_type(const std::string& s);
 
 /// Writes the model in `in_dir` (a Hugging Face folder, or a LoRA adapter folder, which is
-/// merged into its base first: load_model_or_adapter) to the GGUF file `out`, atomically
+/// merged into its base first: load_model_or_adapter, with `base` when not empty, else the base
+/// its adapter_config.json names) to the GGUF file `out`, atomically
 /// (base/atomic_file.hpp). `out` must not exist, unless `force` and it is a GGUF this command
-/// wrote (roundpipe.written_by); it must not be or lie inside the input. Throws
+/// wrote (roundpipe.written_by); it must not be or lie inside the input or the base. Throws
 /// std::invalid_argument (one line naming the file) for a refused output, another
 /// architecture, a tokenizer that is not byte-level BPE; std::runtime_error("<file>: ...")
 /// for I/O failures and what load_model throws. Returns the number of tensors written.
-int64_t export_gguf(const std::string& in_dir, const std::string& out, GgufExportType type, bool force);
+int64_t export_gguf(const std::string& in_dir, const std::string& out, GgufExportType type, bool force,
+                    const std::string& base = "");
 
 }  // namespace rp

@@ -246,7 +246,7 @@ LoadedModel load_merged_adapter(const std::string& adapter_dir, const std::strin
       format_fail(cfg,
                   "key 'base_model_name_or_path': expected the base model, got nothing; pass the base model "
                   "explicitly "
-                  "(--base of roundpipe generate / merge)");
+                  "(--base of roundpipe generate / merge / export-gguf)");
     std::error_code ec;
     path = a.base_model_name_or_path;
     // a run's adapter names a portable model id; the local file it trained on is recorded beside it
@@ -260,7 +260,7 @@ LoadedModel load_merged_adapter(const std::string& adapter_dir, const std::strin
           fmt::format(
               "key 'base_model_name_or_path': '{}' is not a local model (a .gguf file or a Hugging Face "
               "folder, as given or relative to the adapter folder{}); pass the base model explicitly (--base "
-              "of roundpipe generate / merge)",
+              "of roundpipe generate / merge / export-gguf)",
               a.base_model_name_or_path,
               adapter_base_path(adapter_dir).empty()
                   ? std::string()

@@ -32,4 +32,36 @@ TEST(CliExportGguf, WritesAGgufAndReplacesOnlyItsOwnWithForce) {
   fs::remove_all(d);
 }
 
+// A LoRA run's adapter folder whose base moved away: the error names --base, which export-gguf
+// takes as generate and merge do, and the export then equals the one from the base's old place.
+TEST(CliExportGguf, AnAdapterWhoseBaseMovedTakesItFromBase) {
+  TinyRun t = tiny_run("{\"text\": \"hello world, hello world\"}\n", ", \"lora\": {\"r\": 2}");
+  ASSERT_EQ(roundpipe("train " + t.spec.string(), t.d).code, 0);
+  const std::string adapter = (t.d / "run/final").string();
+  ASSERT_TRUE(fs::exists(adapter + "/adapter_config.json"));
+  const std::string before = (t.d / "before.gguf").string(), after = (t.d / "after.gguf").string();
+  ASSERT_EQ(roundpipe("export-gguf " + adapter + " " + before, t.d).code, 0);
+  const fs::path moved = t.d / "moved-base";
+  fs::rename(t.model, moved);
+  expect_one_line_error(
+      roundpipe("export-gguf " + adapter + " " + after, t.d),
+      "pass the base model explicitly (--base of roundpipe generate / merge / export-gguf)");
+  EXPECT_FALSE(fs::exists(after));
+  const CliRun r = roundpipe("export-gguf " + adapter + " " + after + " --base " + moved.string(), t.d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const rp::LoadedModel a = rp::load_model(before), b = rp::load_model(after);
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (const auto& [name, tensor] : a.tensors) EXPECT_EQ(b.tensors.at(name).data, tensor.data) << name;
+  // the base is an input: the GGUF is not written inside it, and --base needs an adapter
+  expect_one_line_error(
+      roundpipe("export-gguf " + adapter + " " + (moved / "x.gguf").string() + " --base " + moved.string(),
+                t.d),
+      "is or lies inside the input");
+  expect_one_line_error(roundpipe("export-gguf " + moved.string() + " " + (t.d / "m.gguf").string() +
+                                      " --base " + moved.string(),
+                                  t.d),
+                        "--base: only for a LoRA adapter folder");
+  fs::remove_all(t.d);
+}
+
 }  // namespace

@@ -95,8 +95,9 @@ TEST(CliGenerate, AdapterFolderTakesItsBaseFromBase) {
   fs::create_directories(d / "moved");
   fs::copy(peft + "untied_all/adapter", d / "moved/adapter", fs::copy_options::recursive);
   const std::string adapter = (d / "moved/adapter").string();
-  expect_one_line_error(roundpipe("generate " + adapter + " --prompt hi --max-tokens 2", d),
-                        "pass the base model explicitly (--base of roundpipe generate / merge)");
+  expect_one_line_error(
+      roundpipe("generate " + adapter + " --prompt hi --max-tokens 2", d),
+      "pass the base model explicitly (--base of roundpipe generate / merge / export-gguf)");
   expect_one_line_error(
       roundpipe("generate " + adapter + " --base " + (d / "nobase").string() + " --prompt hi --max-tokens 2",
                 d),
