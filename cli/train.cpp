@@ -303,9 +303,10 @@ void apply_overrides(TrainSpec& spec, const TrainOverrides& ov) {
       throw std::invalid_argument(
           fmt::format("--dump-batch {}: cannot write the file (folder '{}' does not exist)", ov.dump_batch,
                       parent.string()));
-    check_output_file(spec, ov.dump_batch, "--dump-batch");
+    // a folder first: one that holds an input is no file that "lies inside" it
     if (fs::is_directory(ov.dump_batch, ec))
       throw UsageError(fmt::format("--dump-batch {}: is a folder; expected a file name", ov.dump_batch));
+    check_output_file(spec, ov.dump_batch, "--dump-batch");
     if (!replaceable_dump(ov.dump_batch))
       throw UsageError(fmt::format(
           "--dump-batch {}: a file that is not an earlier --dump-batch output is there; choose another name",

@@ -291,7 +291,9 @@ void check_output_dir(const TrainSpec& spec) {
   check_tier_path(spec);  // after output_dir's own checks: an output_dir of "/" is the fault
   if (spec.metrics_jsonl && !spec.metrics_jsonl->empty()) {
     const std::string key = fmt::format("{}: key 'metrics_jsonl'", setting_origin(spec, "metrics_jsonl"));
-    check_output_file(spec, *spec.metrics_jsonl, key);
+    // a folder first (named so below): one that holds an input is no file that "lies inside" it
+    std::error_code ec;
+    if (!fs::is_directory(*spec.metrics_jsonl, ec)) check_output_file(spec, *spec.metrics_jsonl, key);
     if (const std::string why = not_a_metrics_jsonl(*spec.metrics_jsonl); !why.empty())
       throw std::invalid_argument(one_line(
           fmt::format("{}: '{}' {}; a run replaces only an earlier run's metrics there: choose another path",

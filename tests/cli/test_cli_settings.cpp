@@ -230,6 +230,12 @@ TEST(CliSettings, DumpBatchNeverReplacesAnInputAndErrorsStayShort) {
   EXPECT_TRUE(fs::is_empty(d / "dump"));
   for (const auto& e : fs::directory_iterator(d))
     EXPECT_EQ(e.path().filename().string().find("dump.tmp-"), std::string::npos) << e.path();
+  // a folder that holds the inputs is a folder too, not a file "inside the run's input"
+  const CliRun holder = roundpipe("train " + spec + " --dump-batch " + d.string(), d);
+  EXPECT_EQ(holder.code, 2) << holder.err;
+  EXPECT_NE(holder.err.find("--dump-batch " + d.string() + ": is a folder"), std::string::npos) << holder.err;
+  expect_one_line_error(roundpipe("train " + spec + " --set metrics_jsonl=" + d.string(), d),
+                        "key 'metrics_jsonl': '" + d.string() + "' is a folder");
   const CliRun r = roundpipe("train " + spec + " --set steps=" + std::string(20000, 'x'), d);
   EXPECT_NE(r.code, 0);
   EXPECT_LT(r.err.size(), 1200u) << r.err.size();
