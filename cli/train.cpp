@@ -296,6 +296,9 @@ void apply_overrides(TrainSpec& spec, const TrainOverrides& ov) {
   if (!ov.resume.empty()) spec.resume_from = ov.resume;
   if (!ov.mpi.empty()) spec.mpi = ov.mpi;
   if (ov.replica_timeout_s > 0) spec.replica_timeout_s = ov.replica_timeout_s;
+  // an empty name (an unset shell variable) would train the whole run instead of writing a batch
+  if (ov.dump_batch_given && ov.dump_batch.empty())
+    throw UsageError("--dump-batch: expected a file name, got \"\"");
   if (!ov.dump_batch.empty()) {  // before anything is loaded or written
     std::error_code ec;
     const fs::path parent = fs::absolute(fs::path(ov.dump_batch), ec).parent_path();

@@ -20,6 +20,7 @@ struct TrainOverrides {
   bool output_dir_given = false;      ///< --output-dir was on the command line (an empty value is an error)
   bool overwrite_output_dir = false;  ///< sets spec.overwrite_output_dir
   std::string dump_batch;  ///< non-empty: write step 1's first batch (ids, targets) here as JSON and exit
+  bool dump_batch_given = false;  ///< --dump-batch was on the command line (an empty value is an error)
   bool train_after_dump = false;  ///< with dump_batch: train afterwards (--train) instead of exiting
   std::string resume;         ///< non-empty replaces spec.resume_from: continue from this checkpoint folder
   bool resume_given = false;  ///< --resume was on the command line (an empty value is an error)

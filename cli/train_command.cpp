@@ -68,9 +68,10 @@ TrainCommand add_train_command(CLI::App& app) {
 
   TrainCommand t;
   t.app = c;
-  t.run = [o, c, resume_opt, output_opt] {
+  t.run = [o, c, resume_opt, output_opt, dump_opt] {
     o->ov.resume_given = resume_opt->count() > 0;
     o->ov.output_dir_given = output_opt->count() > 0;
+    o->ov.dump_batch_given = dump_opt->count() > 0;
     // the shorthand flags first, then --set in order (a later setting of a key wins)
     std::vector<SpecSetting> settings;
     auto shorthand = [&](const char* flag, const char* key, const std::string& value, bool as_string) {

@@ -236,6 +236,12 @@ TEST(CliSettings, DumpBatchNeverReplacesAnInputAndErrorsStayShort) {
   EXPECT_NE(holder.err.find("--dump-batch " + d.string() + ": is a folder"), std::string::npos) << holder.err;
   expect_one_line_error(roundpipe("train " + spec + " --set metrics_jsonl=" + d.string(), d),
                         "key 'metrics_jsonl': '" + d.string() + "' is a folder");
+  // an empty name (an unset shell variable) is refused, not taken as no --dump-batch: the run
+  // trained and wrote its whole output folder
+  const CliRun empty = roundpipe("train " + spec + " --dump-batch ''", d);
+  EXPECT_EQ(empty.code, 2) << empty.err;
+  EXPECT_NE(empty.err.find("--dump-batch: expected a file name, got \"\""), std::string::npos) << empty.err;
+  EXPECT_FALSE(fs::exists(d / "run"));
   const CliRun r = roundpipe("train " + spec + " --set steps=" + std::string(20000, 'x'), d);
   EXPECT_NE(r.code, 0);
   EXPECT_LT(r.err.size(), 1200u) << r.err.size();
