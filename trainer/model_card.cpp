@@ -75,6 +75,9 @@ void front_matter(std::ostringstream& o, const ModelCardFacts& f) {
 
 void training_section(std::ostringstream& o, const ModelCardFacts& f) {
   const TrainSpec& s = *f.spec;
+  // what ran: "auto" resolved, and the CPU backend computes in f32 whatever compute_dtype says
+  const std::string backend = f.backend.empty() ? s.backend : f.backend;
+  const std::string compute = backend == "cpu" ? "f32" : s.compute_dtype;
   o << "## Training\n\n";
   o << fmt::format("- steps: {} of {} ({} epochs of {} training sequences)\n", f.steps_done, s.steps,
                    number(std::round(f.epochs * 1000) / 1000), f.train_sequences);
@@ -82,7 +85,7 @@ void training_section(std::ostringstream& o, const ModelCardFacts& f) {
       "- batch: {} sequences of {} tokens per step ({} micro-batches, {} accumulation pass{}), "
       "packing {}, {} worker{} ({} backend)\n",
       s.sequences_per_step, s.seq_len, s.micro_batches, s.accumulation, s.accumulation == 1 ? "" : "es",
-      s.packing ? "on" : "off", s.workers, s.workers == 1 ? "" : "s", s.backend);
+      s.packing ? "on" : "off", s.workers, s.workers == 1 ? "" : "s", backend);
   o << fmt::format(
       "- optimizer: {} lr {}, betas ({}, {}), eps {}, weight decay {}, gradient clipping {}; {}\n",
       s.adam.decoupled ? "AdamW" : "Adam", number(s.adam.lr), number(s.adam.beta1), number(s.adam.beta2),
@@ -104,7 +107,7 @@ void training_section(std::ostringstream& o, const ModelCardFacts& f) {
   else if (!s.adapter.empty()) o << fmt::format("- LoRA: continued from the adapter {}\n", code(s.adapter));
   else o << "- full fine-tuning (every weight trained)\n";
   o << fmt::format("- precision: compute {}, weights saved as {}; chat template {}; data seed {}\n\n",
-                   s.compute_dtype, s.save_dtype, s.chat_template, s.seed);
+                   compute, s.save_dtype, s.chat_template, s.seed);
 }
 
 }  // namespace

@@ -35,6 +35,7 @@ struct ModelCardFacts {
   std::optional<double> eval_loss;   ///< the last evaluation's loss (none: not evaluated)
   int64_t eval_step = 0;             ///< the step after which eval_loss was measured
   std::string version;               ///< roundpipe's version
+  std::string backend;               ///< the backend the run ran on, cpu or cuda ("": the spec's)
 };
 
 /// The card's text (front matter, sections, the closing ownership line). Throws

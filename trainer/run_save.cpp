@@ -9,6 +9,7 @@
 #include "base/atomic_file.hpp"
 #include "roundpipe/adapter.hpp"
 #include "roundpipe/checkpoint.hpp"
+#include "roundpipe/device.hpp"
 #include "trainer/checkpoint_bundle.hpp"
 #include "trainer/checkpoint_rotation.hpp"
 #include "trainer/disk_space.hpp"
@@ -93,6 +94,8 @@ std::function<void(const std::string&)> TrainingRun::card_writer(const std::stri
   f.eval_loss = last_eval_loss_;
   f.eval_step = last_eval_step_;
   f.version = RP_VERSION;
+  f.backend =
+      spec_.backend == "cpu" || (spec_.backend == "auto" && cuda_device_count() == 0) ? "cpu" : "cuda";
   return [dir, text = model_card_text(f)](const std::string& tmp) {
     if (!place_model_card(tmp, dir, text))
       spdlog::info(

@@ -69,6 +69,30 @@ TEST(ModelCard, NamesTheBaseDataHyperparametersAndLosses) {
   fs::remove_all(d);
 }
 
+// The card says what ran: the backend "auto" resolved to, and f32 compute on the CPU backend
+// (it computes in f32 whatever compute_dtype says; the card said "compute bf16").
+TEST(ModelCard, NamesTheBackendThatRanAndItsComputeDtype) {
+  rp::TrainSpec spec;
+  spec.data = "data.jsonl";
+  spec.backend = "auto";
+  rp::ModelCardFacts f = facts(spec);
+  f.backend = "cpu";
+  const std::string cpu = rp::model_card_text(f);
+  EXPECT_NE(cpu.find("(cpu backend)"), std::string::npos) << cpu;
+  EXPECT_NE(cpu.find("- precision: compute f32, weights saved as bf16"), std::string::npos) << cpu;
+  f.backend = "cuda";
+  const std::string cuda = rp::model_card_text(f);
+  EXPECT_NE(cuda.find("(cuda backend)"), std::string::npos) << cuda;
+  EXPECT_NE(cuda.find("- precision: compute bf16"), std::string::npos) << cuda;
+  // a run's own card
+  TinyRun t = tiny_run();
+  ASSERT_EQ(roundpipe("train " + t.spec.string(), t.d).code, 0);
+  const std::string run = read(t.d / "run/final/README.md");
+  EXPECT_NE(run.find("(cpu backend)"), std::string::npos) << run;
+  EXPECT_NE(run.find("- precision: compute f32,"), std::string::npos) << run;
+  fs::remove_all(t.d);
+}
+
 TEST(ModelCard, OnlyAnUneditedCardOfOursIsReplaced) {
   auto d = tmpdir();
   rp::TrainSpec spec;
