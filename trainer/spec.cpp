@@ -273,6 +273,12 @@ void check_run_management(const JsonFields& f, const TrainSpec& s) {
           "key 'early_stopping': needs eval_every > 0 (it decides at each evaluation; 0 evaluates after "
           "the last step only)");
   }
+  // an evaluation schedule with nothing to evaluate would pass without a word
+  if (s.eval_every > 0 && !eval)
+    f.fail_with(fmt::format(
+        "key 'eval_every': {} needs evaluation data (\"eval_data\" or \"eval_fraction\"); without it "
+        "nothing is evaluated: give one, or set eval_every to 0",
+        s.eval_every));
 }
 
 void check_ranges(const JsonFields& f, const TrainSpec& s) {

@@ -534,6 +534,11 @@ TEST(RunSeries, BadKeysAreOneLineErrors) {
     }
     return std::string("accepted");
   };
+  // eval_every alone: nothing to evaluate, which passed without a word
+  EXPECT_EQ(error2(""),
+            "spec.json: key 'eval_every': 2 needs evaluation data (\"eval_data\" or \"eval_fraction\"); "
+            "without it nothing is evaluated: give one, or set eval_every to 0");
+  EXPECT_EQ(error2(", \"eval_fraction\": 0.5"), "accepted");
   EXPECT_EQ(error2(", \"load_best_model_at_end\": true"),
             "spec.json: key 'load_best_model_at_end': needs evaluation data (\"eval_data\" or "
             "\"eval_fraction\") to "
