@@ -165,6 +165,12 @@ TokenStream load_data_for_training(const TrainSpec& spec, const LoadedModel& mod
             ? fmt::format(" (a fraction of at least {:g} holds one out, or give eval_data)",
                           1.0 / double(st.sequences))
             : std::string()));
+  // text alone (no supervised example) too short for one window: no seq_len helps
+  if (st.sequences == 0 && st.examples == 0)
+    throw std::invalid_argument(fmt::format(
+        "{}: its text makes {}, too few for one training sequence (an input and the token after it); "
+        "expected more text",
+        spec.data, counted(st.text_tokens, "token")));
   if (st.sequences == 0)
     throw std::invalid_argument(fmt::format(
         "{}: key 'seq_len': {} tokens leave no training target in any of the {} of {} (their prompts "

@@ -157,6 +157,12 @@ TEST(CliSettings, SetAndShorthandsReachTheSpecAndErrorsNameThem) {
   expect_one_line_error(
       roundpipe("train " + spec + " --data " + (d / "chat.jsonl").string() + " --seq-len 4", d),
       "roundpipe: error: --seq-len 4: key 'seq_len': 4 tokens leave no training target");
+  // text too short for one window is the data's fault, not seq_len's ("in any of the 0 examples
+  // ... (their prompts are longer); raise seq_len")
+  write(d / "empty_text.jsonl", "{\"text\": \"\"}\n");
+  expect_one_line_error(roundpipe("train " + spec + " --data " + (d / "empty_text.jsonl").string(), d),
+                        "roundpipe: error: " + (d / "empty_text.jsonl").string() +
+                            ": its text makes 1 token, too few for one training sequence");
   write(d / "one.jsonl", "{\"prompt\": \"hi\", \"completion\": \" x\"}\n");
   expect_one_line_error(
       roundpipe("train " + spec + " --data " + (d / "one.jsonl").string() + " --set eval_fraction=0.5", d),
