@@ -135,6 +135,9 @@ void add_plan_command(CLI::App& app) {
       if (const CLI::Option* opt = c->get_option(f); opt->count() > 0)
         given.emplace_back(f, opt->as<std::string>());
     resolve_plan_flags(*o, given);
+    // without a rank there are no adapters: the targets would be ignored without a word
+    if (c->get_option("--lora-targets")->count() > 0 && o->lora_r == 0)
+      throw UsageError("--lora-targets needs --lora-r (the adapters' rank)");
     run_plan(*o, stdout);
   }));
 }

@@ -143,6 +143,8 @@ TEST(CliPlanOptions, Fp8PlansFp8WeightGradientsUnlessBf16Wgrad) {
       {"--fp8-wgrad", "--fp8-wgrad needs --fp8"},
       {"--bf16-wgrad", "--bf16-wgrad needs --fp8"},
       {"--fp8 --fp8-wgrad --bf16-wgrad", "--fp8-wgrad and --bf16-wgrad: expected one of them"},
+      {"--lora-targets q_proj", "--lora-targets needs --lora-r"},
+      {"--frozen nf4 --lora-targets q_proj", "--lora-targets needs --lora-r"},
   };
   for (const auto& [args, want] : refused) {
     const CliRun r = roundpipe("plan --model m.json " + args, d);
