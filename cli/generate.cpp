@@ -78,6 +78,13 @@ void run_generate(const GenerateCommandOptions& c) {
   if (given != 1)
     throw UsageError(given == 0 ? "give one of --prompt TEXT, --chat TEXT or --messages FILE, not empty"
                                 : "give only one of --prompt TEXT, --chat TEXT or --messages FILE");
+  // flags that would be ignored without a word
+  if (!c.system.empty() && c.chat.empty())
+    throw UsageError(fmt::format(
+        "--system: only with --chat (the system message before it); {} has none",
+        c.prompt.empty() ? "--messages gives its own system message, if any" : "--prompt is plain text"));
+  for (const std::string& s : c.stop)
+    if (s.empty()) throw UsageError("--stop: expected a non-empty string, got \"\"");
   check_utf8("--prompt", c.prompt);
   check_utf8("--chat", c.chat);
   check_utf8("--system", c.system);

@@ -112,6 +112,27 @@ TEST(CliGenerate, AdapterFolderTakesItsBaseFromBase) {
   fs::remove_all(d);
 }
 
+// Flags generate would ignore are refused: --system without --chat, an empty --stop.
+TEST(CliGenerate, FlagsItWouldIgnoreAreRefused) {
+  auto d = tmpdir();
+  const fs::path model = tiny_model(d);
+  write(d / "msgs.json", "[{\"role\": \"user\", \"content\": \"hi\"}]");
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"--prompt hi --system 'be brief'", "--system: only with --chat"},
+      {"--messages " + (d / "msgs.json").string() + " --system 'be brief'", "--system: only with --chat"},
+      {"--chat hi --stop ''", "--stop: expected a non-empty string"},
+  };
+  for (const auto& [args, want] : refused) {
+    const CliRun r = roundpipe("generate " + model.string() + " " + args + " --max-tokens 2", d);
+    EXPECT_EQ(r.code, 2) << args << ": " << r.err;
+    EXPECT_EQ(r.err.find("roundpipe: error: " + want), 0u) << args << ": " << r.err;
+    EXPECT_EQ(r.out, "") << args;
+  }
+  EXPECT_EQ(roundpipe("generate " + model.string() + " --chat hi --system 'be brief' --max-tokens 2", d).code,
+            0);
+  fs::remove_all(d);
+}
+
 // A --messages file is named by every refusal of its messages: a role the template does not
 // know, the template's own raise_exception, an empty array, a folder given as the file.
 TEST(CliGenerate, MessagesFileErrorsNameTheFile) {
