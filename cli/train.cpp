@@ -299,6 +299,12 @@ void apply_overrides(TrainSpec& spec, const TrainOverrides& ov) {
   // an empty name (an unset shell variable) would train the whole run instead of writing a batch
   if (ov.dump_batch_given && ov.dump_batch.empty())
     throw UsageError("--dump-batch: expected a file name, got \"\"");
+  // a resumed run has no step 1: the dump was written from a fresh run's data (alone) or never
+  // (with --train)
+  if (!ov.dump_batch.empty() && !spec.resume_from.empty())
+    throw UsageError(fmt::format(
+        "--dump-batch: only for a fresh run (it writes the first batch of step 1); this one resumes from {}",
+        spec.resume_from));
   if (!ov.dump_batch.empty()) {  // before anything is loaded or written
     std::error_code ec;
     const fs::path parent = fs::absolute(fs::path(ov.dump_batch), ec).parent_path();

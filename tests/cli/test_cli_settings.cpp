@@ -208,6 +208,16 @@ TEST(CliSettings, DumpBatchWithTrainTrainsOnTheSameBatch) {
   ASSERT_EQ(r.code, 0) << r.err << r.out;
   EXPECT_TRUE(fs::exists(d / "run/final"));
   EXPECT_EQ(slurp(d / "alone.json"), slurp(d / "trained.json"));
+  // a resumed run has no step 1: refused, not a fresh run's batch (alone) or no file (with --train)
+  for (const char* train : {"", " --train"}) {
+    const fs::path dump = d / "resumed.json";
+    const CliRun resumed = roundpipe("train " + spec + " --steps 3 --resume " + (d / "run/final").string() +
+                                         " --dump-batch " + dump.string() + train,
+                                     d);
+    EXPECT_EQ(resumed.code, 2) << train << resumed.err;
+    EXPECT_NE(resumed.err.find("--dump-batch: only for a fresh run"), std::string::npos) << resumed.err;
+    EXPECT_FALSE(fs::exists(dump)) << train;
+  }
   fs::remove_all(d);
 }
 
