@@ -43,6 +43,15 @@ std::string nearest_key(const std::string& key, const std::set<std::string>& kno
   return best_d <= kMost && !tied ? best : "";
 }
 
+std::string json_text_of(const nlohmann::json& v) {
+  try {
+    return v.dump();
+  } catch (const nlohmann::json::type_error&) {
+    if (v.is_string()) return "\"" + v.get<std::string>() + "\"";
+    return v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  }
+}
+
 std::string did_you_mean(const std::string& key, const std::set<std::string>& known,
                          const std::string& prefix) {
   const std::string near = nearest_key(key, known);
@@ -80,12 +89,12 @@ void JsonFields::raise(const std::string& msg) const {
 
 void JsonFields::fail(const std::string& key, const std::string& expected) const {
   raise(fmt::format("{}: key '{}{}': expected {}, got {}", where_of(key), prefix_, key, expected,
-                    has(key) ? excerpt(at(key).dump()) : std::string("nothing")));
+                    has(key) ? excerpt(json_text_of(at(key))) : std::string("nothing")));
 }
 
 void JsonFields::fail(const std::string& key, const std::string& expected, const nlohmann::json& got) const {
   raise(fmt::format("{}: key '{}{}': expected {}, got {}", where_of(key), prefix_, key, expected,
-                    excerpt(got.dump())));
+                    excerpt(json_text_of(got))));
 }
 
 void JsonFields::fail_with(const std::string& what) const { raise(where_ + ": " + what); }
@@ -212,7 +221,7 @@ const nlohmann::json& JsonFields::array(const char* key) const {
 }
 
 void JsonFields::require_value(const char* key, const nlohmann::json& value) const {
-  if (!has(key) || at(key) != value) fail(key, value.dump());
+  if (!has(key) || at(key) != value) fail(key, json_text_of(value));
 }
 
 JsonFields JsonFields::nested(const char* key) const {

@@ -33,6 +33,11 @@ std::string nearest_key(const std::string& key, const std::set<std::string>& kno
 std::string did_you_mean(const std::string& key, const std::set<std::string>& known,
                          const std::string& prefix = "");
 
+/// `v` as JSON text for an error message to quote (through excerpt, which escapes what is not
+/// UTF-8): a string holding bytes that are not UTF-8 (a --set value: raw command-line bytes) is
+/// quoted as it is, where nlohmann's dump() throws a type_error naming no key.
+std::string json_text_of(const nlohmann::json& v);
+
 class JsonFields {
  public:
   /// The exception type the reader throws (both carry the same one-line message).

@@ -109,7 +109,7 @@ void read_optimizer(const JsonFields& f, TrainSpec& s) {
       s.adam.beta1 = b[0].get<double>();
       s.adam.beta2 = b[1].get<double>();
       if (!(s.adam.beta1 >= 0 && s.adam.beta1 < 1 && s.adam.beta2 >= 0 && s.adam.beta2 < 1))
-        o.fail("betas", "two numbers [beta1, beta2], each >= 0 and < 1", b.dump());
+        o.fail("betas", "two numbers [beta1, beta2], each >= 0 and < 1", json_text_of(b));
     }
     // the optimizer's own checks name its fields; a spec's error names the spec's keys
     if (!(s.adam.lr >= 0) || !std::isfinite(s.adam.lr)) o.fail("lr", "a finite number >= 0", s.adam.lr);

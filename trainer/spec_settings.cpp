@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "base/error_text.hpp"
+#include "base/json_fields.hpp"
 #include "base/json_text.hpp"
 #include "roundpipe/spec.hpp"
 
@@ -119,7 +120,7 @@ void apply_spec_settings(nlohmann::json& spec, const std::vector<SpecSetting>& s
       if (next.is_null()) next = nlohmann::json::object();
       if (!next.is_object())
         throw std::invalid_argument(fmt::format("{}: key '{}' holds {}, not an object with keys", s.origin,
-                                                s.key.substr(0, dot), excerpt(next.dump())));
+                                                s.key.substr(0, dot), excerpt(json_text_of(next))));
       at = &next;
       from = dot + 1;
     }

@@ -157,6 +157,19 @@ TEST(SpecSettings, ObjectSettingsNameTheirInnerKeys) {
   EXPECT_LT(e.size(), 400u) << e;
 }
 
+// A setting's value is raw command-line bytes: one that is not UTF-8 is quoted escaped in the
+// key's error, where quoting it threw nlohmann's "[json.exception.type_error.316] invalid UTF-8
+// byte", naming neither the setting nor the key.
+TEST(SpecSettings, AValueThatIsNotUtf8IsQuotedEscaped) {
+  EXPECT_EQ(error_of(kSpec, {rp::parse_set_option("backend=x\xffy")}),
+            "--set backend=x\\xffy: key 'backend': expected \"auto\", \"cpu\" or \"cuda\", got \"x\\xffy\"");
+  EXPECT_EQ(error_of(kSpec, {rp::parse_set_option("steps=x\xffy")}),
+            "--set steps=x\\xffy: key 'steps': expected an integer, got \"x\\xffy\"");
+  EXPECT_EQ(error_of(kSpec, {rp::parse_set_option("optimizer.betas=\xfe")}),
+            "--set optimizer.betas=\\xfe: key 'optimizer.betas': expected two numbers [beta1, beta2], got "
+            "\"\\xfe\"");
+}
+
 // A list's entries are keys of their own ("data[1].weight"): a setting that gave the list is
 // named, not the file that has no such list.
 TEST(SpecSettings, ListEntrySettingsNameTheSetting) {
