@@ -14,6 +14,7 @@
 #include "base/json_fields.hpp"
 #include "base/json_text.hpp"
 #include "data/chat_template.hpp"
+#include "data/pretokenizer.hpp"  // valid_utf8_prefix
 #include "kernels/weight_format.hpp"
 #include "roundpipe/adapter.hpp"
 #include "roundpipe/plan.hpp"
@@ -126,6 +127,12 @@ void read_output_keys(const JsonFields& f, TrainSpec& s) {
     else f.fail("metrics_jsonl", "true (output_dir/metrics.jsonl), false or a file path");
   }
   f.optional("sample_prompt", s.sample_prompt);
+  // tokenized and printed as text (generate --chat refuses the same); a --set value is raw bytes
+  if (const size_t ok = valid_utf8_prefix(s.sample_prompt); ok != s.sample_prompt.size())
+    f.fail("sample_prompt",
+           fmt::format("UTF-8 text (byte 0x{:02x} at offset {} is not)",
+                       static_cast<unsigned char>(s.sample_prompt[ok]), ok),
+           s.sample_prompt);
   f.optional("seed", s.seed);
   f.optional("log_every", s.log_every);
 }

@@ -170,6 +170,16 @@ TEST(SpecSettings, AValueThatIsNotUtf8IsQuotedEscaped) {
             "\"\\xfe\"");
 }
 
+// sample_prompt is text: a setting's raw bytes that are not UTF-8 are refused (they went into
+// the log and the closing summary as they were).
+TEST(SpecSettings, ASamplePromptMustBeUtf8) {
+  EXPECT_EQ(
+      error_of(kSpec, {rp::parse_set_option("sample_prompt=a\xff b")}),
+      "--set sample_prompt=a\\xff b: key 'sample_prompt': expected UTF-8 text (byte 0xff at offset 1 is "
+      "not), got \"a\\xff b\"");
+  EXPECT_EQ(error_of(kSpec, {rp::parse_set_option("sample_prompt=caf\xc3\xa9?")}), "no error");
+}
+
 // A list's entries are keys of their own ("data[1].weight"): a setting that gave the list is
 // named, not the file that has no such list.
 TEST(SpecSettings, ListEntrySettingsNameTheSetting) {
