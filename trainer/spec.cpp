@@ -51,6 +51,7 @@ void read_data_keys(const JsonFields& f, TrainSpec& s) {
   f.optional("base_model_id", s.base_model_id);
   check_base_model_id(f, s);
   read_data_key(f, s);
+  check_recorded_paths(f, s);
   f.optional("chat_template", s.chat_template);
   f.optional("seq_len", s.seq_len);
   f.optional("max_examples", s.max_examples);

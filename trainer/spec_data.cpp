@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "data/pretokenizer.hpp"  // valid_utf8_prefix
+
 namespace rp {
 
 std::vector<std::string> eval_data_paths(const TrainSpec& spec) {
@@ -57,6 +59,22 @@ void read_data_key(const JsonFields& f, TrainSpec& s) {
   for (const auto& d : sources)
     s.data += fmt::format("{}{} (weight {:g})", s.data.empty() ? "" : " + ", d.path, d.weight);
   s.data_mixture = std::move(sources);
+}
+
+void check_recorded_paths(const JsonFields& f, const TrainSpec& s) {
+  auto check = [&](const std::string& key, const std::string& path) {
+    if (const size_t ok = valid_utf8_prefix(path); ok != path.size())
+      f.fail(
+          key,
+          fmt::format("a UTF-8 file name (byte 0x{:02x} at offset {} is not; checkpoints record the name in "
+                      "JSON, which holds only UTF-8): rename the file",
+                      static_cast<unsigned char>(path[ok]), ok),
+          path);
+  };
+  check("model", s.model);
+  if (s.data_mixture.empty()) check("data", s.data);
+  for (size_t i = 0; i < s.data_mixture.size(); ++i)
+    check(fmt::format("data[{}]", i), s.data_mixture[i].path);
 }
 
 /// "eval_data": a file, or a list of files (or {"path"} objects; every file is evaluated whole,

@@ -9,5 +9,10 @@ namespace rp {
 
 void read_data_key(const JsonFields& f, TrainSpec& s);
 void read_eval_data_key(const JsonFields& f, TrainSpec& s);
+/// The model's and the training data's names are recorded in JSON files (a checkpoint's
+/// roundpipe_state.json, a LoRA run's roundpipe_base.json), which hold only UTF-8: a name that is
+/// not (a Latin-1 file name given on the command line) is refused before the run, which failed
+/// at its first save.
+void check_recorded_paths(const JsonFields& f, const TrainSpec& s);
 
 }  // namespace rp

@@ -180,6 +180,24 @@ TEST(SpecSettings, ASamplePromptMustBeUtf8) {
   EXPECT_EQ(error_of(kSpec, {rp::parse_set_option("sample_prompt=caf\xc3\xa9?")}), "no error");
 }
 
+// The model's and the data's names go into the checkpoints' JSON, which holds only UTF-8: a
+// Latin-1 name from the command line is refused before the run (it trained, then failed its
+// first save with nlohmann's "invalid UTF-8 byte").
+TEST(SpecSettings, RecordedPathsMustBeUtf8) {
+  const std::string why = "; checkpoints record the name in JSON, which holds only UTF-8): rename the file";
+  EXPECT_EQ(error_of(kSpec, {{"data", "caf\xe9.jsonl", true, "--data caf\\xe9.jsonl"}}),
+            "--data caf\\xe9.jsonl: key 'data': expected a UTF-8 file name (byte 0xe9 at offset 3 is not" +
+                why + ", got \"caf\\xe9.jsonl\"");
+  EXPECT_EQ(error_of(kSpec, {{"model", "m\xe9", true, "--model m\\xe9"}}),
+            "--model m\\xe9: key 'model': expected a UTF-8 file name (byte 0xe9 at offset 1 is not" + why +
+                ", got \"m\\xe9\"");
+  // (a --set value that is not UTF-8 is no JSON: the list is one name)
+  const std::string mix = error_of(kSpec, {rp::parse_set_option("data=[\"a.jsonl\", \"b\xe9.jsonl\"]")});
+  EXPECT_NE(mix.find(": key 'data': expected a UTF-8 file name (byte 0xe9 at offset 14"), std::string::npos)
+      << mix;
+  EXPECT_EQ(error_of(kSpec, {{"data", "caf\xc3\xa9.jsonl", true, "--data caf\xc3\xa9.jsonl"}}), "no error");
+}
+
 // A list's entries are keys of their own ("data[1].weight"): a setting that gave the list is
 // named, not the file that has no such list.
 TEST(SpecSettings, ListEntrySettingsNameTheSetting) {
