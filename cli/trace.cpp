@@ -11,8 +11,10 @@
 #include <nlohmann/json.hpp>
 
 #include "base/atomic_file.hpp"
+#include "base/error_text.hpp"
 #include "base/output_folder.hpp"
 #include "cli/command.hpp"
+#include "data/pretokenizer.hpp"  // valid_utf8_prefix
 #include "trace/chrome_trace.hpp"
 #include "trace/trace_check.hpp"
 #include "trace/trace_stats.hpp"
@@ -76,7 +78,9 @@ void run_trace(const TraceCommandOptions& o, std::FILE* out) {
                     {"tracks", nest.tracks},
                     {"overlapping_slices", nest.overlapping_slices},
                     {"overlapping_pairs", nest.overlapping_pairs}};
-    all[path] = std::move(js);
+    // keyed by the name as given; one that is not UTF-8 (JSON holds nothing else: dump() threw a
+    // type_error naming no file) with those bytes written \xNN
+    all[valid_utf8_prefix(path) == path.size() ? path : excerpt(path, path.size())] = std::move(js);
   }
   if (!o.json_out.empty())  // a failed write leaves no half-written file
     write_file_atomically(o.json_out, [&](std::ostream& f) { f << all.dump(2) << "\n"; });

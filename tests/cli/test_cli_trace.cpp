@@ -108,6 +108,21 @@ TEST(CliTrace, JsonOutputNeverReplacesAnInput) {
   fs::remove_all(d);
 }
 
+// A trace whose file name is not UTF-8 (a Latin-1 name) gets its statistics under that name with
+// the byte written \xNN: JSON holds only UTF-8, and the write failed with nlohmann's
+// "[json.exception.type_error.316] invalid UTF-8 byte", naming no file.
+TEST(CliTrace, JsonOutputOfATraceWhoseNameIsNotUtf8) {
+  auto d = tmpdir();
+  const std::string latin1 = (d / "caf\xe9.json").string();
+  write_trace_file(latin1, chrome_trace_json(intervals(), {{"backend", "cpu"}}));
+  const fs::path out = d / "stats.json";
+  CliRun r = roundpipe("trace '" + latin1 + "' --json " + out.string(), d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json stats = json::parse(slurp(out));
+  EXPECT_TRUE(stats.contains((d / "caf\\xe9.json").string())) << stats.dump().substr(0, 300);
+  fs::remove_all(d);
+}
+
 // An output a flag names never replaces a file already there without --force: plan --trace,
 // trace --json (a file of the user's at a mistyped name); and --force replaces only a file of
 // the kind the flag writes (a trace, the statistics), as --dump-batch only replaces an earlier dump.
