@@ -123,7 +123,8 @@ class Device {
   virtual Ops& ops() = 0;
   /// Makes the work already issued finish as soon as it can, for a teardown with work in
   /// flight (a failed or stopped run): the CPU backend's emulated PCIe link stops delaying
-  /// copies, in flight and later (the bytes are still copied). Irreversible; any thread.
+  /// copies, in flight and later (the bytes are still copied), and its attention ops stop after
+  /// their current block (outputs undefined). Irreversible; any thread.
   /// No-op on CUDA (copies there take real link time, which is bounded).
   virtual void interrupt() {}
 };

@@ -95,6 +95,7 @@ void CpuOps::attention_fwd(const void* q, const void* k, const void* v, void* o,
       CMat V(F(v) + s * L * ldk + kh * D, L, D, Eigen::OuterStride<>(ldk));
       MMat O(F(o) + s * L * ldq + h * D, L, D, Eigen::OuterStride<>(ldq));
       for (int64_t r0 = 0; r0 < L; r0 += kAttnBlock) {
+        if (interrupted()) return;  // a teardown: the outputs are not used
         const int64_t nb = std::min(kAttnBlock, L - r0), r1 = r0 + nb;
         MMat Sb(S, nb, r1, Eigen::OuterStride<>(r1));
         Sb.noalias() = Q.middleRows(r0, nb) * K.topRows(r1).transpose();
@@ -138,6 +139,7 @@ void CpuOps::attention_bwd(const void* q, const void* k, const void* v, const vo
       MMat dV(F(dv) + ko, L, D, Eigen::OuterStride<>(ldk));
       const float* lrow = lse + (s * nq + h) * L;
       for (int64_t r0 = 0; r0 < L; r0 += kAttnBlock) {
+        if (interrupted()) return;  // a teardown: the gradients are not used
         const int64_t nb = std::min(kAttnBlock, L - r0), r1 = r0 + nb;
         MMat Pb(P, nb, r1, Eigen::OuterStride<>(r1));
         MMat dPb(dP, nb, r1, Eigen::OuterStride<>(r1));

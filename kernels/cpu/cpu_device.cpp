@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "base/counted.hpp"
+#include "kernels/cpu/cpu_ops.hpp"
 #include "kernels/cpu/host_block_cache.hpp"
 #include "kernels/cpu/pcie_link.hpp"
 #include "kernels/device.hpp"
@@ -182,7 +183,7 @@ class CpuDevice final : public Device {
       streams_[k] = std::make_unique<CpuStream>(fmt::format("vgpu{}.{}", index, stream_name(kind)),
                                                 copies ? link_.get() : nullptr, prio);
     }
-    ops_ = make_cpu_ops();
+    ops_ = std::make_unique<cpu::CpuOps>(1);
     ops_->set_f16_accumulation(opt.f16_accumulation);  // emulated (kernels/cpu/cpu_f16_accum.cpp)
     ops_->set_expert_gemm(opt.expert_gemm_bucketed ? ExpertGemm::bucketed : ExpertGemm::grouped);
   }
@@ -191,6 +192,7 @@ class CpuDevice final : public Device {
   }
   void interrupt() override {
     if (link_) link_->interrupt();
+    ops_->interrupt();  // a long attention ends with its current block
   }
   int index() const override { return index_; }
   std::string name() const override { return fmt::format("cpu:{} (virtual GPU)", index_); }
@@ -251,7 +253,7 @@ class CpuDevice final : public Device {
   std::unordered_map<void*, size_t> sizes_;
   std::unique_ptr<PcieLink> link_;  // declared before the streams, which use it
   std::unique_ptr<Stream> streams_[kNumStreams];
-  std::unique_ptr<Ops> ops_;
+  std::unique_ptr<cpu::CpuOps> ops_;
 };
 
 }  // namespace

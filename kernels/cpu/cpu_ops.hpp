@@ -1,6 +1,7 @@
 // CPU implementation of rp::Ops (internal header of kernels/cpu; use make_cpu_ops()).
 // fp32 storage and compute; GEMMs through Eigen (row-major Maps, -march=native).
 #pragma once
+#include <atomic>
 #include <functional>
 
 #include "kernels/ops.hpp"
@@ -175,8 +176,17 @@ class CpuOps final : public Ops {
   /// Query rows per attention block (scores exist for kAttnBlock x seq_len at a time).
   static constexpr int64_t kAttnBlock = 64;
 
+  /// A teardown with work in flight (CpuDevice::interrupt): the attention ops, the ones whose
+  /// time grows with seq_len squared (hours at a few hundred thousand tokens), stop after their
+  /// current block, their outputs undefined, so that a stopped run ends within its
+  /// stop_timeout_s. Irreversible; any thread.
+  void interrupt() { interrupted_.store(true, std::memory_order_relaxed); }
+
  private:
+  bool interrupted() const { return interrupted_.load(std::memory_order_relaxed); }
+
   int threads_ = 1;
+  std::atomic<bool> interrupted_{false};
 };
 
 }  // namespace rp::cpu
