@@ -690,7 +690,8 @@ class Ops {
   /// [cols], the product in fp32; null col_scale: v = x) with one scale per row: scale[r] =
   /// scale_from_amax(max_c |v[r,c]|, f), q[r,c] = fp8::quantize(f, v[r,c], scale[r]). Without
   /// column scales these are fp8_scale_rows' scales and fp8_quantize_rows' codes, from one read
-  /// of x on CUDA where a row of at most 4,096 values fits a block's registers. An input gradient dx = dy W
+  /// of x on CUDA (a row of at most 4,096 values stays in a block's registers; a wider one is read
+  /// again from L1/L2 for its codes). An input gradient dx = dy W
   /// of a weight stored as codes C with row scales s_w is dy diag(s_w) C: the row scales fold into dy here,
   /// and W^T's codes are C^T (transpose_bytes) with no rescaling.
   virtual void fp8_quantize_rows_col_scaled(const void* x, const float* col_scale, uint8_t* q, float* scale,
