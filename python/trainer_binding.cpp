@@ -11,6 +11,7 @@
 #include <cstring>
 #include <exception>
 #include <optional>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -176,8 +177,7 @@ class PyTrainer {
     if (!j.is_object())
       throw std::invalid_argument(source + ": expected a JSON object (a spec), got " +
                                   json_text.substr(0, 80));
-    apply_spec_settings(j, s);
-    spec_ = spec_from_json(j, source);
+    spec_ = spec_from_json(std::move(j), source, s);
   }
 
   const TrainSpec& spec() const { return spec_; }

@@ -20,6 +20,7 @@ namespace {
 
 /// The spec file's JSON; an error names the file, the line and the column or key (parse_json_text).
 nlohmann::json read_spec_json(const std::string& path) {
+  if (path.empty()) throw std::invalid_argument("the spec file name is empty (expected a JSON spec file)");
   std::ifstream in(path);
   // the reason: a typo (No such file or directory) is not a permission problem
   if (!in)
@@ -127,20 +128,20 @@ void apply_spec_settings(nlohmann::json& spec, const std::vector<SpecSetting>& s
   }
 }
 
-TrainSpec load_spec(const std::string& path, const std::vector<SpecSetting>& settings) {
-  nlohmann::json j = read_spec_json(path);
+TrainSpec spec_from_json(nlohmann::json j, const std::string& where,
+                         const std::vector<SpecSetting>& settings) {
   std::vector<std::pair<std::string, const SpecSetting*>> made;  // the objects the settings made
   for (const SpecSetting& s : settings) {
     for (const std::string& o : absent_objects(j, s.key)) made.emplace_back(o, &s);
     apply_spec_settings(j, {s});
   }
   try {
-    TrainSpec spec = spec_from_json(j, path);
+    TrainSpec spec = spec_from_json(j, where);
     spec.settings = settings;
     return spec;
   } catch (const std::invalid_argument& e) {
-    // "<path>: key 'lora.r': ..." -> "--set lora.r=0: key 'lora.r': ..." when a setting wrote it
-    const std::string msg = e.what(), head = path + ": ";
+    // "<where>: key 'lora.r': ..." -> "--set lora.r=0: key 'lora.r': ..." when a setting wrote it
+    const std::string msg = e.what(), head = where + ": ";
     const SpecSetting* s = setting_named_by(msg, settings);
     // a key missing from an object a setting made ("--set frozen_tier.ring_gib=2" without a path)
     for (const auto& [o, by] : made)
@@ -148,6 +149,10 @@ TrainSpec load_spec(const std::string& path, const std::vector<SpecSetting>& set
     if (!s || msg.rfind(head, 0) != 0) throw;
     throw std::invalid_argument(s->origin + ": " + msg.substr(head.size()));
   }
+}
+
+TrainSpec load_spec(const std::string& path, const std::vector<SpecSetting>& settings) {
+  return spec_from_json(read_spec_json(path), path, settings);
 }
 
 TrainSpec load_spec(const std::string& path) { return load_spec(path, {}); }

@@ -248,5 +248,9 @@ void apply_spec_settings(nlohmann::json& spec, const std::vector<SpecSetting>& s
 /// checked exactly like the file's keys; an error caused by a setting names it instead of the
 /// file: "--set lora.r=0: key 'lora.r': expected an integer in 1..65536, got 0".
 TrainSpec load_spec(const std::string& path, const std::vector<SpecSetting>& settings);
+/// The same for a spec's JSON held in memory (`where` names it in errors, as spec_from_json's):
+/// `settings` written into `j` before it is parsed, an error they cause naming the setting.
+TrainSpec spec_from_json(nlohmann::json j, const std::string& where,
+                         const std::vector<SpecSetting>& settings);
 
 }  // namespace rp

@@ -236,8 +236,11 @@ class ToolsTest(unittest.TestCase):
     def test_a_bad_spec_raises_naming_the_key(self):
         with self.assertRaisesRegex(ValueError, r"^spec: key 'workers': expected an integer"):
             roundpipe.Trainer(spec("bad", workers="two"))
-        with self.assertRaisesRegex(ValueError, r"key 'lora.r'"):
+        # an override (or a keyword setting) that makes the error is named, not the spec it changed
+        with self.assertRaisesRegex(ValueError, r"^overrides\['lora.r'\]: key 'lora.r': expected an integer"):
             roundpipe.Trainer(spec("bad"), overrides={"lora.r": 0})
+        with self.assertRaisesRegex(ValueError, r"^overrides\['steps'\]: key 'steps'"):
+            roundpipe.Trainer(spec("bad"), steps=0)
         with self.assertRaisesRegex(ValueError, r"key 'no_such_key'"):
             roundpipe.Trainer(spec("bad", no_such_key=1))
         # refused as the spec is read, not when the run starts
@@ -264,6 +267,8 @@ class ToolsTest(unittest.TestCase):
             roundpipe.Trainer(spec("bad"), overrides=[("lora.r", 8)])
         with self.assertRaisesRegex(ValueError, r"is a folder"):
             roundpipe.Trainer(WORK)
+        with self.assertRaisesRegex(ValueError, r"^the spec file name is empty"):
+            roundpipe.Trainer("")
         with self.assertRaisesRegex(ValueError, r"NUL"):
             roundpipe.Trainer("a\0b")
         with self.assertRaisesRegex(ValueError, r"messages\[0\] needs 'role' and 'content'"):

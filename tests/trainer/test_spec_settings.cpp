@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <unistd.h>
 
@@ -30,6 +31,15 @@ std::string error_of(const std::string& text, const std::vector<rp::SpecSetting>
     return e.what();
   }
   fs::remove(p);
+  return "no error";
+}
+
+std::string error_of_path(const std::string& path) {
+  try {
+    rp::load_spec(path);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
   return "no error";
 }
 
@@ -93,6 +103,39 @@ TEST(SpecSettings, ErrorsNameTheSetting) {
   EXPECT_NE(own.find(".json: key 'steps'"), std::string::npos) << own;
   EXPECT_THROW(rp::parse_set_option("seq_len"), std::invalid_argument);
   EXPECT_THROW(rp::parse_set_option("=3"), std::invalid_argument);
+}
+
+// A spec held in memory (the Python package's dict) names its settings the same way, and keeps
+// them for errors the run finds later.
+TEST(SpecSettings, ASpecInMemoryNamesItsSettings) {
+  const nlohmann::json j = nlohmann::json::parse(kSpec);
+  const rp::SpecSetting r0{"lora.r", "0", false, "overrides['lora.r']"};
+  try {
+    rp::spec_from_json(j, "spec", {r0});
+    ADD_FAILURE() << "lora.r = 0 was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "overrides['lora.r']: key 'lora.r': expected an integer in 1..65536, got 0");
+  }
+  const rp::SpecSetting r4{"lora.r", "4", false, "overrides['lora.r']"};
+  const rp::TrainSpec s = rp::spec_from_json(j, "spec", {r4});
+  EXPECT_EQ(s.lora->r, 4);
+  ASSERT_EQ(s.settings.size(), 1u);
+  EXPECT_EQ(s.settings[0].origin, "overrides['lora.r']");
+  // the spec's own errors still name it
+  nlohmann::json bad = j;
+  bad["steps"] = 0;
+  EXPECT_THROW(
+      {
+        try {
+          rp::spec_from_json(bad, "spec", {r4});
+        } catch (const std::invalid_argument& e) {
+          EXPECT_EQ(std::string(e.what()).rfind("spec: key 'steps'", 0), 0u) << e.what();
+          throw;
+        }
+      },
+      std::invalid_argument);
+  EXPECT_EQ(error_of_path(""), "the spec file name is empty (expected a JSON spec file)");
 }
 
 TEST(SpecSettings, InvalidJsonNamesLineColumnAndReason) {
