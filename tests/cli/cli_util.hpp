@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -209,6 +210,29 @@ inline TinyRun tiny_run(const std::string& data_line = "{\"text\": \"hello world
   t.spec = t.d / "spec.json";
   write(t.spec, spec_for(t.model, t.d / "data.jsonl", t.d / "run", extra));
   return t;
+}
+
+/// `roundpipe train SPEC` run in `dir` while the shell runs `signals` against it ($pid: e.g.
+/// "sleep 3; kill -TERM $pid"); timeout passes a SIGTERM on (once: --foreground) and kills a run
+/// that ignores its signals (rc 137) instead of hanging the test. rc: the exit status as the
+/// shell wrote it ("130\n"); all: stdout + stderr; seconds: the whole command's time.
+struct SignalledRun {
+  std::string rc, all;
+  double seconds = 0;
+};
+inline SignalledRun train_with_signals(const fs::path& dir, const std::string& spec,
+                                       const std::string& signals) {
+  const std::string cmd = "cd " + dir.string() + " && (timeout --foreground -s KILL 60 " +
+                          std::string(RP_BUILD_DIR) + "/roundpipe train " + spec +
+                          " > out.txt 2> err.txt < /dev/null & pid=$!; " + signals +
+                          "; wait $pid; echo $? > rc.txt)";
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+  SignalledRun r;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.rc = slurp(dir / "rc.txt");
+  r.all = slurp(dir / "out.txt") + slurp(dir / "err.txt");
+  return r;
 }
 
 inline void expect_one_line_error(const CliRun& r, const std::string& must_contain) {

@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
-#include <chrono>
 #include <set>
 #include <tuple>
 
@@ -178,18 +177,13 @@ TEST(CliResume, TwoSignalsWithinASecondStopOnceAndSave) {
   write(d / "slow.json", spec_for(model, d / "data.jsonl", d / "b",
                                   ", \"steps\": 100, \"backend\": \"cpu\", \"pcie_gbps\": 1e-6, "
                                   "\"stop_timeout_s\": 60"));
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::string slow = "cd " + d.string() + " && (timeout --foreground -s KILL 60 " +
-                           std::string(RP_BUILD_DIR) +
-                           "/roundpipe train slow.json > out.txt 2> err.txt < /dev/null & pid=$!; sleep 3; "
-                           "kill -INT $pid; sleep 1.5; kill -INT $pid; wait $pid; echo $? > rc.txt)";
-  ASSERT_EQ(std::system(slow.c_str()), 0);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const SignalledRun r =
+      train_with_signals(d, "slow.json", "sleep 3; kill -INT $pid; sleep 1.5; kill -INT $pid");
   err = slurp(d / "err.txt");
-  EXPECT_EQ(slurp(d / "rc.txt"), "130\n") << err;
+  EXPECT_EQ(r.rc, "130\n") << err;
   EXPECT_NE(err.find("interrupted twice, exiting now"), std::string::npos) << err;
   EXPECT_EQ(err.find("\n\nroundpipe: interrupted"), std::string::npos) << err;
-  EXPECT_LT(seconds, 20.0) << err;
+  EXPECT_LT(r.seconds, 20.0) << err;
   fs::remove_all(d);
 }
 
@@ -234,18 +228,10 @@ TEST(CliResume, OneSigtermEndsARunStuckOnASlowLink) {
   write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "a",
                                   ", \"steps\": 100, \"backend\": \"cpu\", \"pcie_gbps\": 1e-6, "
                                   "\"watchdog_s\": 1, \"stop_timeout_s\": 1"));
-  // timeout passes the SIGTERM on (once: --foreground), and kills a run that ignores it (rc 137)
-  // instead of hanging the test
-  const std::string cmd = "cd " + d.string() + " && (timeout --foreground -s KILL 60 " +
-                          std::string(RP_BUILD_DIR) +
-                          "/roundpipe train spec.json > out.txt 2> err.txt < /dev/null & pid=$!; sleep 3;" +
-                          " kill -TERM $pid; wait $pid; echo $? > rc.txt)";
-  const auto t0 = std::chrono::steady_clock::now();
-  ASSERT_EQ(std::system(cmd.c_str()), 0);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const std::string all = slurp(d / "out.txt") + slurp(d / "err.txt");
-  EXPECT_EQ(slurp(d / "rc.txt"), "130\n") << all;
-  EXPECT_LT(seconds, 15.0) << "3 s before the signal, 1 s stop timeout: the stop took too long\n" << all;
+  const SignalledRun r = train_with_signals(d, "spec.json", "sleep 3; kill -TERM $pid");
+  const std::string& all = r.all;
+  EXPECT_EQ(r.rc, "130\n") << all;
+  EXPECT_LT(r.seconds, 15.0) << "3 s before the signal, 1 s stop timeout: the stop took too long\n" << all;
   EXPECT_NE(all.find("watchdog: no progress for"), std::string::npos) << all;
   EXPECT_NE(all.find("copies outstanding"), std::string::npos) << all;
   EXPECT_NE(all.find("did not finish within 1 s and were not saved"), std::string::npos) << all;

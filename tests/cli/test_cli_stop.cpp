@@ -3,7 +3,6 @@
 // squared, stops after its current block once the session tears down.
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <string>
 
 #include "tests/cli/cli_util.hpp"
@@ -18,18 +17,10 @@ using namespace rp::clitest;
 TEST(CliStop, OneSigtermEndsARunStuckInALongAttention) {
   TinyRun t = tiny_run("{\"text\": \"In the beginning God created the heaven and the earth.\"}\n",
                        ", \"seq_len\": 200000, \"steps\": 3, \"stop_timeout_s\": 1");
-  // timeout passes the SIGTERM on (once: --foreground), and kills a run that ignores it (rc 137)
-  // instead of hanging the test
-  const std::string cmd = "cd " + t.d.string() + " && (timeout --foreground -s KILL 60 " +
-                          std::string(RP_BUILD_DIR) +
-                          "/roundpipe train spec.json > out.txt 2> err.txt < /dev/null & pid=$!; sleep 4;" +
-                          " kill -TERM $pid; wait $pid; echo $? > rc.txt)";
-  const auto t0 = std::chrono::steady_clock::now();
-  ASSERT_EQ(std::system(cmd.c_str()), 0);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const std::string all = slurp(t.d / "out.txt") + slurp(t.d / "err.txt");
-  EXPECT_EQ(slurp(t.d / "rc.txt"), "130\n") << all;
-  EXPECT_LT(seconds, 20.0) << "4 s before the signal, 1 s stop timeout: the stop took too long\n" << all;
+  const SignalledRun r = train_with_signals(t.d, "spec.json", "sleep 4; kill -TERM $pid");
+  const std::string& all = r.all;
+  EXPECT_EQ(r.rc, "130\n") << all;
+  EXPECT_LT(r.seconds, 20.0) << "4 s before the signal, 1 s stop timeout: the stop took too long\n" << all;
   EXPECT_NE(all.find("stop: step 1/3 did not finish within 1 s"), std::string::npos) << all;
   EXPECT_NE(all.find("no checkpoint was written"), std::string::npos) << all;
   for (const auto& e : fs::directory_iterator(t.d / "run"))
