@@ -12,6 +12,8 @@
 
 #include <fmt/format.h>
 
+#include "base/utf8.hpp"
+
 namespace rp {
 
 /// The most bytes of user input one quote in an error message keeps.
@@ -27,23 +29,6 @@ inline size_t utf8_prefix(std::string_view s, size_t n) {
   const size_t at = n;
   while (n > 0 && at - n < 3 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
   return (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80 ? at : n;
-}
-/// The length of the valid UTF-8 character at the start of s (1-4 bytes; no overlong form, no
-/// surrogate, at most U+10FFFF); 0 when s does not start with one.
-inline size_t utf8_char_length(std::string_view s) {
-  const auto at = [&](size_t i) { return static_cast<unsigned char>(s[i]); };
-  const unsigned char c = at(0);
-  if (c < 0x80) return 1;
-  size_t n = 0;
-  unsigned char lo = 0x80, hi = 0xBF;  // the range of the second byte
-  if (c >= 0xC2 && c <= 0xDF) n = 2;
-  else if (c >= 0xE0 && c <= 0xEF) n = 3, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
-  else if (c >= 0xF0 && c <= 0xF4) n = 4, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
-  else return 0;
-  if (s.size() < n || at(1) < lo || at(1) > hi) return 0;
-  for (size_t i = 2; i < n; ++i)
-    if ((at(i) & 0xC0) != 0x80) return 0;
-  return n;
 }
 /// s with what a terminal would not show as text escaped as \xNN, byte by byte: control
 /// characters (C0, DEL and C1's U+0080-U+009F) and bytes that are not valid UTF-8 (a binary

@@ -12,8 +12,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "base/utf8.hpp"
 #include "cli/command.hpp"
-#include "data/pretokenizer.hpp"  // valid_utf8_prefix
 #include "roundpipe/adapter.hpp"
 #include "roundpipe/checkpoint.hpp"
 #include "roundpipe/generate.hpp"

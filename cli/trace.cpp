@@ -13,8 +13,8 @@
 #include "base/atomic_file.hpp"
 #include "base/error_text.hpp"
 #include "base/output_folder.hpp"
+#include "base/utf8.hpp"
 #include "cli/command.hpp"
-#include "data/pretokenizer.hpp"  // valid_utf8_prefix
 #include "trace/chrome_trace.hpp"
 #include "trace/trace_check.hpp"
 #include "trace/trace_stats.hpp"

@@ -85,10 +85,6 @@ class PreTokenizer {
   std::vector<Step> steps_;
 };
 
-/// Length in bytes of the longest valid UTF-8 prefix of `s` (RFC 3629: no overlongs,
-/// no surrogates, max U+10FFFF).
-size_t valid_utf8_prefix(std::string_view s);
-
 /// The GPT-2 byte -> printable-unicode table: the UTF-8 text of the char for byte b.
 const std::string& byte_to_unicode(uint8_t b);
 /// Inverse of byte_to_unicode on code points: the byte, or -1 when `cp` is not in the table.

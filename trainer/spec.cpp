@@ -13,8 +13,8 @@
 #include "base/error_text.hpp"
 #include "base/json_fields.hpp"
 #include "base/json_text.hpp"
+#include "base/utf8.hpp"
 #include "data/chat_template.hpp"
-#include "data/pretokenizer.hpp"  // valid_utf8_prefix
 #include "kernels/weight_format.hpp"
 #include "roundpipe/adapter.hpp"
 #include "roundpipe/plan.hpp"

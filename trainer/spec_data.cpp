@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "data/pretokenizer.hpp"  // valid_utf8_prefix
+#include "base/utf8.hpp"
 
 namespace rp {
 

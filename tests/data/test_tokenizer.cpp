@@ -288,12 +288,7 @@ TEST(PreTokenizer, SplitBehaviours) {
   EXPECT_EQ(split_with("Contiguous", s), (V{"the", "-", "final", "--", "countdown"}));
 }
 
-TEST(PreTokenizer, Utf8Validation) {
-  EXPECT_EQ(valid_utf8_prefix("abc"), 3u);
-  EXPECT_EQ(valid_utf8_prefix("a\xc3\xa9z"), 4u);
-  EXPECT_EQ(valid_utf8_prefix("a\xc0\xafz"), 1u);         // overlong
-  EXPECT_EQ(valid_utf8_prefix("a\xed\xa0\x80"), 1u);      // surrogate
-  EXPECT_EQ(valid_utf8_prefix("\xf0\x9f\x9a\x80!"), 5u);  // rocket
+TEST(PreTokenizer, ByteToUnicodeTable) {
   EXPECT_EQ(byte_to_unicode(' '), "Ġ");
   EXPECT_EQ(byte_to_unicode('\n'), "Ċ");
   EXPECT_EQ(unicode_to_byte(0x120), ' ');
