@@ -185,12 +185,44 @@ __global__ void quantize_rows_col_scaled_kernel(const T* x, const float* cs, uin
   }
 }
 
+// One chunk of 8 values of a row: v = x[ch*8 .. ch*8+8) (times cs's matching values with COLS),
+// loaded 16 bytes at a time (x and cs 16-byte aligned).
+constexpr int kRowChunk = 8;
+template <bool COLS, typename T>
+__device__ __forceinline__ void load_row_chunk(const T* xr, const float* cs, int64_t ch,
+                                               float (&v)[kRowChunk]) {
+  load_n<kRowChunk, true>(xr + ch * kRowChunk, v);
+  if constexpr (COLS) {
+    const float4 c0 = reinterpret_cast<const float4*>(cs)[2 * ch],
+                 c1 = reinterpret_cast<const float4*>(cs)[2 * ch + 1];
+    const float c[kRowChunk] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+#pragma unroll
+    for (int j = 0; j < kRowChunk; ++j) v[j] *= c[j];
+  }
+}
+
+// The codes of one chunk, v / s, stored 8 bytes at a time (qr 8-byte aligned).
+template <Fp8Format F>
+__device__ __forceinline__ void store_row_chunk(const float (&v)[kRowChunk], float s, uint8_t* qr,
+                                                int64_t ch) {
+  alignas(8) uint8_t out[kRowChunk];
+#pragma unroll
+  for (int j = 0; j < kRowChunk; j += 2) encode_pair<F>(v[j] / s, v[j + 1] / s, out[j], out[j + 1]);
+  *reinterpret_cast<uint2*>(qr + ch * kRowChunk) = *reinterpret_cast<const uint2*>(out);
+}
+
+template <int N>
+__device__ __forceinline__ unsigned chunk_amax(unsigned m, const float (&v)[N]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j) m = max(m, abs_bits(v[j]));
+  return m;
+}
+
 // The same, vectorized: one block of THREADS per row, each thread holding up to CPT chunks of 8
 // values (16-byte loads of bf16) in registers between the row's amax and its codes, so x is read
 // once. x 16-byte aligned, cols a multiple of 8 and at most THREADS * 8 * CPT, cs (COLS: read,
 // else null) 16-byte and q 8-byte aligned. Same products, scale and divisions as the scalar
 // kernel: the same bits.
-constexpr int kRowChunk = 8;
 template <Fp8Format F, int CPT, int THREADS, bool COLS, typename T>
 __global__ void __launch_bounds__(THREADS)
     quantize_rows_col_scaled_vec(const T* x, const float* cs, uint8_t* q, float* scale, int64_t rows,
@@ -204,16 +236,8 @@ __global__ void __launch_bounds__(THREADS)
     for (int k = 0; k < CPT; ++k) {
       const int64_t ch = threadIdx.x + int64_t(k) * THREADS;
       if (ch >= chunks) continue;
-      load_n<kRowChunk, true>(xr + ch * kRowChunk, v[k]);
-      if constexpr (COLS) {
-        const float4 c0 = reinterpret_cast<const float4*>(cs)[2 * ch],
-                     c1 = reinterpret_cast<const float4*>(cs)[2 * ch + 1];
-        const float c[kRowChunk] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
-#pragma unroll
-        for (int j = 0; j < kRowChunk; ++j) v[k][j] *= c[j];
-      }
-#pragma unroll
-      for (int j = 0; j < kRowChunk; ++j) m = max(m, abs_bits(v[k][j]));
+      load_row_chunk<COLS>(xr, cs, ch, v[k]);
+      m = chunk_amax(m, v[k]);
     }
     m = block_max_u<THREADS>(m);
     const float s = fp8::scale_from_amax(fp8::float_of(m), F);
@@ -221,11 +245,7 @@ __global__ void __launch_bounds__(THREADS)
 #pragma unroll
     for (int k = 0; k < CPT; ++k) {
       const int64_t ch = threadIdx.x + int64_t(k) * THREADS;
-      if (ch >= chunks) continue;
-      alignas(8) uint8_t out[kRowChunk];
-#pragma unroll
-      for (int j = 0; j < kRowChunk; j += 2) encode_pair<F>(v[k][j] / s, v[k][j + 1] / s, out[j], out[j + 1]);
-      *reinterpret_cast<uint2*>(q + r * cols + ch * kRowChunk) = *reinterpret_cast<const uint2*>(out);
+      if (ch < chunks) store_row_chunk<F>(v[k], s, q + r * cols, ch);
     }
   }
 }
@@ -239,35 +259,21 @@ __global__ void __launch_bounds__(kThreads)
     quantize_rows_col_scaled_wide(const T* x, const float* cs, uint8_t* q, float* scale, int64_t rows,
                                   int64_t cols) {
   const int64_t chunks = cols / kRowChunk;
-  auto chunk = [&](const T* xr, int64_t ch, float(&v)[kRowChunk]) {
-    load_n<kRowChunk, true>(xr + ch * kRowChunk, v);
-    if constexpr (COLS) {
-      const float4 c0 = reinterpret_cast<const float4*>(cs)[2 * ch],
-                   c1 = reinterpret_cast<const float4*>(cs)[2 * ch + 1];
-      const float c[kRowChunk] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
-#pragma unroll
-      for (int j = 0; j < kRowChunk; ++j) v[j] *= c[j];
-    }
-  };
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * cols;
     unsigned m = 0;
     for (int64_t ch = threadIdx.x; ch < chunks; ch += kThreads) {
       float v[kRowChunk];
-      chunk(xr, ch, v);
-#pragma unroll
-      for (int j = 0; j < kRowChunk; ++j) m = max(m, abs_bits(v[j]));
+      load_row_chunk<COLS>(xr, cs, ch, v);
+      m = chunk_amax(m, v);
     }
     m = block_max_u<kThreads>(m);
     const float s = fp8::scale_from_amax(fp8::float_of(m), F);
     if (threadIdx.x == 0) scale[r] = s;
     for (int64_t ch = threadIdx.x; ch < chunks; ch += kThreads) {
       float v[kRowChunk];
-      chunk(xr, ch, v);
-      alignas(8) uint8_t out[kRowChunk];
-#pragma unroll
-      for (int j = 0; j < kRowChunk; j += 2) encode_pair<F>(v[j] / s, v[j + 1] / s, out[j], out[j + 1]);
-      *reinterpret_cast<uint2*>(q + r * cols + ch * kRowChunk) = *reinterpret_cast<const uint2*>(out);
+      load_row_chunk<COLS>(xr, cs, ch, v);
+      store_row_chunk<F>(v, s, q + r * cols, ch);
     }
   }
 }
