@@ -66,7 +66,7 @@ export LD_LIBRARY_PATH=$RP_DEV/lib:/usr/local/cuda/lib64:${cudnn_lib:+$cudnn_lib
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run.log") 2>&1
 [ -n "${RP_BUILD_SRC:-}" ] && mkdir -p "$(dirname "$RP_BUILD_SRC")" && ln -sfn "$PWD" "$RP_BUILD_SRC"
-step() { echo "=== $* ($(date +%T))"; }
+step() { echo "=== $*${XARGS:+ $XARGS} ($(date +%T))"; }
 res=$OUT/rows.md
 TIER=${TIER:-/tmp/rptier}
 gt() {  # PROGRAM FILTER

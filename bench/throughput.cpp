@@ -366,12 +366,17 @@ void print_disk_reads(const Options& opt, const Timeline& tl) {
 /// The measured run: the RESULT line (tokens/s, MFU, memory against the prediction), the DISK line
 /// with a tier, and the markdown row appended to --results.
 /// " + fp8 linears", with " and weight gradients" where FP8 weight gradients ran: only for the
-/// linears whose input width is a multiple of 16 ("N of M" when not all).
-std::string fp8_text(const rp::ModelConfig& c, bool wgrad) {
+/// linears whose input width is a multiple of 16 ("N of M" when not all); ", base from its stored
+/// codes" where an fp8 base ran from them (--fp8-stored-direct), so its rows read apart from the
+/// default path's.
+std::string fp8_text(const rp::ModelConfig& c, const rp::DeviceOptions& d) {
   const rp::Fp8WgradReach r = rp::fp8_wgrad_reach(c);
-  if (!wgrad || r.fp8_wgrad == 0) return " + fp8 linears";
-  if (r.fp8_wgrad == r.linears) return " + fp8 linears and weight gradients";
-  return fmt::format(" + fp8 linears and weight gradients ({} of {})", r.fp8_wgrad, r.linears);
+  std::string s = " + fp8 linears";
+  if (d.fp8_weight_gradients && r.fp8_wgrad == r.linears) s += " and weight gradients";
+  else if (d.fp8_weight_gradients && r.fp8_wgrad > 0)
+    s += fmt::format(" and weight gradients ({} of {})", r.fp8_wgrad, r.linears);
+  if (d.fp8_stored_direct) s += ", base from its stored codes";
+  return s;
 }
 
 void report(const Options& opt, const rp::ModelConfig& c, const rp::ModelLayout& m,
@@ -396,8 +401,8 @@ void report(const Options& opt, const rp::ModelConfig& c, const rp::ModelLayout&
       "| roundpipe ({} x {}, {}, {}, attention {}, {}, {}; {}) | {:.0f} | {:.3f} | {:.2f} | {:.1f} | {:.2f} "
       "|",
       opt.workers, opt.backend, opt.sync ? "sync" : "async",
-      opt.fp8 ? opt.dtype + fp8_text(c, o.device.fp8_weight_gradients) : opt.dtype,
-      attn && *attn ? attn : "auto", xfer, chunks, shape_text(opt, c, lora), tps, mfu, peak, rss, dt);
+      opt.fp8 ? opt.dtype + fp8_text(c, o.device) : opt.dtype, attn && *attn ? attn : "auto", xfer, chunks,
+      shape_text(opt, c, lora), tps, mfu, peak, rss, dt);
   const int64_t predicted = pred.working_set;
   const int64_t predicted_prefetch = std::min(pred.with_prefetch, int64_t(o.device.capacity_bytes));
   std::printf(
