@@ -79,6 +79,16 @@ std::vector<std::string> absent_objects(const nlohmann::json& spec, const std::s
   return out;
 }
 
+/// Throws when the dotted `key` has an empty part ("steps.", ".steps", "lora..r"): such a key
+/// would set a key named "" or walk into the value before the dot as if it were an object.
+void check_key_path(const std::string& origin, const std::string& key) {
+  if (!key.empty() && key.front() != '.' && key.back() != '.' && key.find("..") == std::string::npos) return;
+  throw std::invalid_argument(
+      fmt::format("{}: key '{}' has an empty part (a dot at its start or end, or two in a row); expected a "
+                  "key like seq_len or lora.r",
+                  origin, excerpt(key)));
+}
+
 }  // namespace
 
 SpecSetting parse_set_option(const std::string& text) {
@@ -90,11 +100,13 @@ SpecSetting parse_set_option(const std::string& text) {
   s.key = text.substr(0, eq);
   s.value = text.substr(eq + 1);
   s.origin = "--set " + excerpt(text);  // errors quote a long value shortened
+  check_key_path(s.origin, s.key);
   return s;
 }
 
 void apply_spec_settings(nlohmann::json& spec, const std::vector<SpecSetting>& settings) {
   for (const SpecSetting& s : settings) {
+    check_key_path(s.origin, s.key);
     nlohmann::json value = s.value;  // a string unless it parses as JSON
     if (!s.as_string) {
       // a number JSON cannot hold (1e400) or a key given twice names the key path inside the value
@@ -110,9 +122,6 @@ void apply_spec_settings(nlohmann::json& spec, const std::vector<SpecSetting>& s
     for (;;) {
       const size_t dot = s.key.find('.', from);
       const std::string part = s.key.substr(from, dot == std::string::npos ? std::string::npos : dot - from);
-      if (part.empty())
-        throw std::invalid_argument(
-            fmt::format("{}: expected a key like seq_len or lora.r, got '{}'", s.origin, s.key));
       if (dot == std::string::npos) {
         (*at)[part] = value;
         break;

@@ -234,15 +234,15 @@ bool fp8_weight_gradients_on(const TrainSpec& s);
 /// parser's reason ("spec.json:3:12: invalid JSON: syntax error while parsing object - ...").
 TrainSpec load_spec(const std::string& path);
 
-/// "KEY=VALUE" -> SpecSetting (origin "--set KEY=VALUE", a long one shortened as error messages
-/// quote values: rp::excerpt). Throws std::invalid_argument "--set X: expected KEY=VALUE ..."
-/// without an '=' or with an empty key.
+/// "KEY=VALUE" -> SpecSetting (origin "--set KEY=VALUE", a long one shortened as errors quote values:
+/// rp::excerpt). Throws std::invalid_argument "--set X: expected KEY=VALUE ..." without an '=' or with
+/// an empty key, "--set X: key 'K' has an empty part ..." for ".steps", "steps." or "lora..r".
 SpecSetting parse_set_option(const std::string& text);
 /// Writes each setting into `spec` in order (a later one wins): "a.b" sets key b of the
 /// object a, creating a when absent. Throws std::invalid_argument "<origin>: ..." for an empty
-/// key part, a path through a value that is not an object, and in a JSON value a number beyond
-/// a double's range or a key given twice ("<origin>: key 'a.b.c' given twice", the key path
-/// inside the value).
+/// key part (parse_set_option's line), a path through a value that is not an object, and in a
+/// JSON value a number beyond a double's range or a key given twice ("<origin>: key 'a.b.c'
+/// given twice", the key path inside the value).
 void apply_spec_settings(nlohmann::json& spec, const std::vector<SpecSetting>& settings);
 /// load_spec with `settings` applied to the file's JSON before it is parsed, so they are
 /// checked exactly like the file's keys; an error caused by a setting names it instead of the

@@ -186,6 +186,15 @@ TEST(CliSettings, SetAndShorthandsReachTheSpecAndErrorsNameThem) {
     EXPECT_NE(r.err.find(std::string(bad).substr(1) + ": expected KEY=VALUE"), std::string::npos) << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   }
+  // a key with an empty part, at its end or at its start: one wording for both, the key as
+  // given, exit 2 like a --set without a key
+  for (const std::string key : {"steps.", ".steps"}) {
+    const CliRun r = roundpipe("train " + spec + " --set " + key + "=3", d);
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_EQ(r.err, "roundpipe: error: --set " + key + "=3: key '" + key +
+                         "' has an empty part (a dot at its start or end, or two in a row); expected a key "
+                         "like seq_len or lora.r (see roundpipe --help)\n");
+  }
   // a usage error: exit 2 like the other command-line usage errors (it used to exit 1)
   const CliRun alone = roundpipe("train " + spec + " --train", d);
   EXPECT_EQ(alone.code, 2) << alone.err;
