@@ -25,8 +25,9 @@ void LrSchedule::validate() const {
   if (kind != "constant") {
     if (total_steps <= 0)
       fail(fmt::format("total_steps: {} (a {} schedule needs total_steps > 0)", total_steps, kind));
+    // named by warmup_steps: total_steps is the run's length, the warmup the likelier slip
     if (total_steps < warmup_steps)
-      fail(fmt::format("total_steps: {} is less than warmup_steps {}", total_steps, warmup_steps));
+      fail(fmt::format("warmup_steps: expected at most total_steps ({}), got {}", total_steps, warmup_steps));
   } else if (total_steps < 0) {
     fail(fmt::format("total_steps: {} is negative", total_steps));
   }

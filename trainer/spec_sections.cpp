@@ -136,9 +136,13 @@ void read_optimizer(const JsonFields& f, TrainSpec& s) {
     const std::string msg = e.what();
     const size_t colon = msg.find(": ");
     std::string key = colon == std::string::npos ? "lr_schedule" : msg.substr(0, colon);
-    const std::string what = colon == std::string::npos ? msg : msg.substr(colon + 2);
+    std::string what = colon == std::string::npos ? msg : msg.substr(colon + 2);
     if (key == "lr_schedule.lr" && !own_lr) key = f.has("optimizer") ? "optimizer.lr" : "lr_schedule.lr";
     if (key == "lr_schedule.total_steps" && !own_total) key = "steps";
+    // a warmup longer than the run is compared with the steps the schedule inherited
+    const std::string total = "total_steps (";
+    if (key == "lr_schedule.warmup_steps" && !own_total && what.find(total) != std::string::npos)
+      what.replace(what.find(total), total.size(), "steps (");
     f.fail_with(fmt::format("key '{}': {}", key, what));
   }
   if (s.epochs && !own_total) s.lr_schedule.total_steps = 0;

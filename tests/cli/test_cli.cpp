@@ -222,8 +222,11 @@ TEST(Cli, BadSpecsGiveOneLineNamingTheKey) {
        "spec.json: key 'optimizer.lr': expected a finite number >= 0, got -0.001"},
       {", \"lr_schedule\": {\"kind\": \"exp\"}",
        "spec.json: key 'lr_schedule.kind': unknown schedule 'exp' (valid: constant, linear, cosine)"},
+      // a warmup longer than the run names the warmup (the likelier slip) and both counts
       {", \"lr_schedule\": {\"kind\": \"cosine\", \"warmup_steps\": 5}",
-       "spec.json: key 'steps': 2 is less than warmup_steps 5"},
+       "spec.json: key 'lr_schedule.warmup_steps': expected at most steps (2), got 5"},
+      {", \"lr_schedule\": {\"kind\": \"linear\", \"warmup_steps\": 5, \"total_steps\": 3}",
+       "spec.json: key 'lr_schedule.warmup_steps': expected at most total_steps (3), got 5"},
       {", \"lr_schedule\": {\"lr\": \"fast\"}",
        "spec.json: key 'lr_schedule.lr': expected a finite number >= 0"},
   };

@@ -189,7 +189,7 @@ TEST(LrSchedule, FromJsonErrors) {
   expect_json_error(R"({"lr":1,"warmup":5})", "spec.schedule.warmup: unknown key (valid: kind, lr");
   expect_json_error(R"({"kind":"cosine","lr":1})", "spec.schedule.total_steps");
   expect_json_error(R"({"kind":"linear","lr":1,"warmup_steps":50,"total_steps":10})",
-                    "spec.schedule.total_steps: 10 is less than warmup_steps 50");
+                    "spec.schedule.warmup_steps: expected at most total_steps (10), got 50");
   expect_json_error(R"({"lr":1,"min_lr":2})", "spec.schedule.min_lr");
   expect_json_error(R"([1,2])", "spec.schedule: expected an object");
 }

@@ -109,6 +109,11 @@ TEST(SpecSettings, ErrorsNameTheSetting) {
   EXPECT_NE(
       error_of(kSpec, {rp::parse_set_option("optimizer." + long_key + "=1")}).find("--set optimizer.kkkk"),
       std::string::npos);
+  // a warmup longer than the run: the --set that wrote the warmup, with both counts
+  EXPECT_EQ(error_of(R"({"model": "m", "data": "d", "steps": 20, "lr_schedule": {"kind": "cosine"}})",
+                     {rp::parse_set_option("lr_schedule.warmup_steps=30")}),
+            "--set lr_schedule.warmup_steps=30: key 'lr_schedule.warmup_steps': expected at most steps (20), "
+            "got 30");
   // the file's own errors still name the file
   const std::string own =
       error_of(R"({"model": "m", "data": "d", "steps": 0})", {rp::parse_set_option("seq_len=8")});
