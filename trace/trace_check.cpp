@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "trace/chrome_trace.hpp"
+#include "trace/trace_stats.hpp"
 
 namespace rp {
 namespace {
@@ -22,7 +23,7 @@ struct Slice {
   size_t index = 0;      // among the trace's complete events
 };
 
-int64_t to_ns(const nlohmann::json& us) { return std::llround(us.get<double>() * 1000.0); }
+int64_t to_ns(double us) { return std::llround(us * 1000.0); }
 
 }  // namespace
 
@@ -42,17 +43,17 @@ NestingReport check_trace_nesting(const nlohmann::json& trace, size_t max_exampl
   std::map<TrackKey, std::string> names;
   std::map<TrackKey, std::vector<Slice>> tracks;
   std::vector<std::string> slice_name;
-  for (auto& e : trace["traceEvents"]) {
+  for (size_t i = 0; i < trace["traceEvents"].size(); ++i) {
+    const nlohmann::json& e = trace["traceEvents"][i];
     if (!e.is_object()) continue;
     const TrackKey key{e.value("pid", int64_t(0)), e.value("tid", int64_t(0))};
     const std::string ph = e.value("ph", "");
     if (ph == "M" && e.value("name", "") == "thread_name" && e.contains("args") && e["args"].is_object())
       names[key] = e["args"].value("name", "");
     if (ph != "X") continue;
-    if (!e.contains("ts") || !e.contains("dur") || !e["ts"].is_number() || !e["dur"].is_number())
-      throw std::runtime_error("trace event without numeric ts/dur: " + e.dump());
-    const int64_t b = to_ns(e["ts"]);
-    tracks[key].push_back({b, b + std::max<int64_t>(0, to_ns(e["dur"])), slice_name.size()});
+    const auto [ts, dur] = complete_event_times(e, i);
+    const int64_t b = to_ns(ts);
+    tracks[key].push_back({b, b + to_ns(dur), slice_name.size()});
     slice_name.push_back(e.value("name", ""));
   }
   NestingReport r;

@@ -32,7 +32,8 @@ struct NestingReport {
 };
 
 /// Checks a Chrome trace object. Keeps at most `max_examples` pairs. Throws
-/// std::runtime_error when "traceEvents" is missing or a complete event lacks numeric ts/dur.
+/// std::runtime_error when "traceEvents" is missing or a complete event lacks numeric ts/dur or
+/// has a negative dur (complete_event_times).
 NestingReport check_trace_nesting(const nlohmann::json& trace, size_t max_examples = 5);
 /// The same for a trace file. Throws std::runtime_error naming the file.
 NestingReport check_trace_nesting_file(const std::string& path, size_t max_examples = 5);

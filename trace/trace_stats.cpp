@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "base/error_text.hpp"
 #include "trace/chrome_trace.hpp"
 
 namespace rp {
@@ -77,6 +78,18 @@ const char* kCopyStreams[] = {"act_up", "act_down", "param_up", "grad_down"};
 
 }  // namespace
 
+std::pair<double, double> complete_event_times(const nlohmann::json& e, size_t index) {
+  if (!e.contains("ts") || !e.contains("dur") || !e["ts"].is_number() || !e["dur"].is_number())
+    throw std::runtime_error(fmt::format(
+        "traceEvents[{}]: a complete event (ph \"X\") without numeric ts/dur: {}", index, excerpt(e.dump())));
+  const double dur = e["dur"].get<double>();
+  if (dur < 0)
+    throw std::runtime_error(
+        fmt::format("traceEvents[{}]: key 'dur': expected a duration >= 0 (microseconds), got {}", index,
+                    e["dur"].dump()));
+  return {e["ts"].get<double>(), dur};
+}
+
 Trace parse_trace(const nlohmann::json& j) {
   if (!j.is_object() || !j.contains("traceEvents") || !j["traceEvents"].is_array())
     throw std::runtime_error("not a Chrome trace: no \"traceEvents\" array");
@@ -85,17 +98,17 @@ Trace parse_trace(const nlohmann::json& j) {
   for (auto& e : j["traceEvents"])
     if (e.value("ph", "") == "M" && e.value("name", "") == "thread_name" && e.contains("args"))
       names[e.value("tid", int64_t(0))] = e["args"].value("name", "");
-  for (auto& e : j["traceEvents"]) {
+  for (size_t i = 0; i < j["traceEvents"].size(); ++i) {
+    const nlohmann::json& e = j["traceEvents"][i];
     if (e.value("ph", "") != "X") continue;
-    if (!e.contains("ts") || !e.contains("dur") || !e["ts"].is_number() || !e["dur"].is_number())
-      throw std::runtime_error("trace event without numeric ts/dur: " + e.dump());
+    const auto [ts, dur] = complete_event_times(e, i);
     TraceSlice s;
     const int64_t tid = e.value("tid", int64_t(0));
     auto it = names.find(tid);
     s.track = it != names.end() ? base_track(it->second) : fmt::format("tid{}", tid);
     s.name = e.value("name", "");
-    s.t0 = e["ts"].get<double>() * 1e-6;
-    s.t1 = s.t0 + e["dur"].get<double>() * 1e-6;
+    s.t0 = ts * 1e-6;
+    s.t1 = s.t0 + dur * 1e-6;
     if (e.contains("args") && e["args"].is_object())
       for (auto a = e["args"].begin(); a != e["args"].end(); ++a)
         if (a.value().is_number()) s.args[a.key()] = a.value().get<double>();

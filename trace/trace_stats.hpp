@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -29,10 +30,16 @@ struct Trace {
   std::map<std::string, std::string> info;  ///< "otherData" (run settings)
 };
 
+/// The start and the duration in microseconds (ts, dur) of the complete ("X") event `e`, the
+/// trace's traceEvents[`index`]. Throws std::runtime_error("traceEvents[<index>]: ...") when
+/// either is not a number or dur is negative (a slice that would end before it starts).
+std::pair<double, double> complete_event_times(const nlohmann::json& e, size_t index);
+
 /// Parses a Chrome trace object: "X" events (ts/dur in microseconds) named by "thread_name"
 /// metadata events (tid -> track; the lanes "<track> #k" of chrome_trace.hpp join their
 /// track; tracks without a name are called "tid<N>"). Throws
-/// std::runtime_error when "traceEvents" is missing or an X event lacks ts/dur.
+/// std::runtime_error when "traceEvents" is missing or an X event's ts/dur are not numbers or
+/// its dur is negative (complete_event_times).
 Trace parse_trace(const nlohmann::json& j);
 /// Reads and parses a trace file. Throws std::runtime_error naming the file.
 Trace read_trace(const std::string& path);

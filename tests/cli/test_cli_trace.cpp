@@ -66,12 +66,21 @@ TEST(CliTrace, ErrorsAreOneLine) {
   write(d / "notjson.json", "{\"traceEvents\": [");
   write(d / "nottrace.json", "{\"events\": []}");
   write(d / "metrics.csv", "step,loss\n1,2.5\n");
+  // a slice that would end before it starts: no writer records one, the statistics took it as 0
+  write(
+      d / "negative.json",
+      R"({"traceEvents": [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "w0.compute"}},
+            {"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
+            {"ph": "X", "name": "b", "pid": 1, "tid": 1, "ts": 10, "dur": -5.5}]})");
   for (auto [args, code, needle] :
        {std::tuple{"trace " + (d / "missing.json").string(), 1, std::string("missing.json: cannot open (")},
         // a syntax error as every JSON reader names it (file, line, column), not the library's text
         {"trace " + (d / "notjson.json").string(), 1, std::string("notjson.json:1:18: invalid JSON: ")},
         {"trace " + (d / "metrics.csv").string(), 1, std::string("metrics.csv:1:1: invalid JSON: ")},
         {"trace " + (d / "nottrace.json").string(), 1, std::string("nottrace.json: not a Chrome trace")},
+        {"trace " + (d / "negative.json").string(), 1,
+         (d / "negative.json").string() +
+             ": traceEvents[2]: key 'dur': expected a duration >= 0 (microseconds), got -5.5"},
         {std::string("trace"), 2, std::string("files is required")},
         {"trace x.json --skip-passes -1", 2, std::string("--skip-passes")},
         // rates and sizes past what the statistics print ("inf GB/s", a 300-digit chunk), hex

@@ -66,6 +66,13 @@ TEST(TraceCheck, PartialOverlapsAreCountedPerTrack) {
   EXPECT_NE(r.summary().find("5 of 8 slices partly overlap"), std::string::npos) << r.summary();
   EXPECT_THROW(check_trace_nesting(json::object()), std::runtime_error);
   EXPECT_THROW(check_trace_nesting(trace_of({json{{"ph", "X"}, {"ts", 1}}})), std::runtime_error);
+  // a slice that ends before it starts is refused, naming its event and the duration
+  try {
+    check_trace_nesting(trace_of({thread(1, 1, "a"), X(1, 1, "back", 10, 5)}));
+    ADD_FAILURE() << "a negative duration was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "traceEvents[1]: key 'dur': expected a duration >= 0 (microseconds), got -5.0");
+  }
   EXPECT_THROW(check_trace_nesting_file("/nonexistent/trace.json"), std::runtime_error);
 }
 
