@@ -272,6 +272,13 @@ void add_record_fields(const Json& j, const std::string& where, const Tokenizer&
   } else if (j.contains("instruction") || j.contains("output")) {
     add_chat(tok, chat, alpaca_of(j, where), where, d);
   } else if (j.contains("prompt") || j.contains("completion")) {
+    // two shapes in one record: training on one would drop the other unseen (a null is no text,
+    // as a columnar file's null is a key its row lacks)
+    if (j.contains("text") && !j.at("text").is_null())
+      fail(where, fmt::format("found the keys {}\"text\" of two record shapes; expected \"text\" alone (a "
+                              "document, every token trained) or \"prompt\"+\"completion\" without it",
+                              std::string(j.contains("prompt") ? "\"prompt\", " : "") +
+                                  (j.contains("completion") ? "\"completion\", " : "")));
     d.examples.push_back(prompt_completion_example(j, "completion", where, tok, chat));
   } else if (j.contains("text")) {
     append_document(tok, get_string(j, "text", "", where), require_eos(tok, where), d);

@@ -69,6 +69,18 @@ TEST(Jsonl, ErrorsNameFileLineAndExpectation) {
                "1: expected a string at key \"output\", got number");
   expect_error("[{\"text\": \"a\"},\n {\"text\": }]\n", "2: invalid JSON");
   expect_error("{\"text\": null}\n", "1: expected a string at key \"text\", got null");
+  // a record of two shapes is refused, naming the keys found: training on one would drop the other
+  const std::string two_shapes =
+      " of two record shapes; expected \"text\" alone (a document, every token trained) or "
+      "\"prompt\"+\"completion\" without it";
+  expect_error("{\"text\": \"a\"}\n{\"prompt\": \"p\", \"completion\": \"c\", \"text\": \"t\"}\n",
+               "2: found the keys \"prompt\", \"completion\", \"text\"" + two_shapes);
+  expect_error("{\"text\": \"t\", \"prompt\": \"p\"}\n",
+               "1: found the keys \"prompt\", \"text\"" + two_shapes);
+  expect_error("{\"completion\": \"c\", \"text\": \"t\"}\n",
+               "1: found the keys \"completion\", \"text\"" + two_shapes);
+  // a null text is none (a table written as JSON lines leaves its empty cells null)
+  EXPECT_EQ(jsonl_error("{\"prompt\": \"p\", \"completion\": \"c\", \"text\": null}\n"), "<no exception>");
   EXPECT_NE(jsonl_error("\n  \n").find(": no examples"), std::string::npos);
   EXPECT_THROW(load_json_records("/nonexistent/x.jsonl", qwen(), ChatTemplate::chatml), std::runtime_error);
 }
