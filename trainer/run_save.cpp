@@ -2,6 +2,8 @@
 // final-merged/, the end of a run, and what a stopped or failed run leaves in its folder.
 #include <cmath>
 #include <filesystem>
+#include <stdexcept>
+#include <typeinfo>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -17,6 +19,32 @@
 #include "trainer/training_run.hpp"
 
 namespace rp {
+
+namespace {
+/// Rethrows the failure of a save in flight with `hint` (what a --resume can still start from)
+/// after its line: a FolderConflict as one, an I/O failure (a plain std::runtime_error: a full
+/// disk, a read-only folder) as one. The runtime's and the devices' own types go on as they are
+/// (the Python package tells them apart), as does anything else.
+[[noreturn]] void rethrow_with_hint(const std::string& hint) {
+  try {
+    throw;
+  } catch (const FolderConflict& e) {
+    throw FolderConflict(fmt::format("{}; {}", e.what(), hint));
+  } catch (const std::runtime_error& e) {
+    if (typeid(e) != typeid(std::runtime_error)) throw;
+    throw std::runtime_error(fmt::format("{}; {}", e.what(), hint));
+  }
+}
+}  // namespace
+
+std::string TrainingRun::resume_hint() const {
+  const std::string kept = kept_checkpoint();
+  if (kept.empty()) return "no checkpoint was finished before it (nothing to --resume from)";
+  if (!resumable_checkpoint(kept))
+    return fmt::format("the last finished checkpoint {} is no longer complete (nothing to --resume from)",
+                       kept);
+  return fmt::format("--resume {} continues from the last finished checkpoint", kept);
+}
 
 /// A checkpoint is a consistent snapshot: every closed step applied, none in flight (the
 /// next step's passes are not submitted yet), so the weights, the optimizer state and the
@@ -40,12 +68,19 @@ void TrainingRun::save(const std::string& name) {
                     steps, session_->layout().groups[size_t(g)].name, dir,
                     kept_checkpoint().empty() ? std::string("no checkpoint was written")
                                               : kept_checkpoint() + " is kept"));
-  require_disk_space(spec_.output_dir, checkpoint_bytes_, fmt::format("checkpoint {}", dir));
-  TrainerState state = trainer_state_of(spec_, steps, data_->position(), &session_->layout().config);
-  state.series = series_.series_for(name, steps);
-  save_checkpoint_bundle(
-      *session_, dir, model_, parse_dtype(spec_.save_dtype), state, base_,
-      card_writer(dir, session_->layout().lora ? ModelCardFacts::Kind::adapter : ModelCardFacts::Kind::full));
+  try {
+    require_disk_space(spec_.output_dir, checkpoint_bytes_, fmt::format("checkpoint {}", dir));
+    TrainerState state = trainer_state_of(spec_, steps, data_->position(), &session_->layout().config);
+    state.series = series_.series_for(name, steps);
+    save_checkpoint_bundle(*session_, dir, model_, parse_dtype(spec_.save_dtype), state, base_,
+                           card_writer(dir, session_->layout().lora ? ModelCardFacts::Kind::adapter
+                                                                    : ModelCardFacts::Kind::full));
+  } catch (const FolderConflict&) {
+    if (name == "final") throw;  // finish_final saves the steps in checkpoint-<t> instead and names it
+    rethrow_with_hint(resume_hint());
+  } catch (const std::exception&) {
+    rethrow_with_hint(resume_hint());
+  }
   const double seconds = elapsed() - t0;
   spdlog::info("saved checkpoint {} in {:.1f} s", dir, seconds);
   if (const std::string mix = data_->mixture_proportions(); !mix.empty())
@@ -167,8 +202,12 @@ void TrainingRun::finish_final(TrainResult& res, int64_t t) {
     if (leader()) {
       session_->synchronize();
       const double t0 = elapsed();
-      require_disk_space(spec_.output_dir, checkpoint_bytes_, fmt::format("checkpoint {}", path("final")));
-      copy_checkpoint_bundle(path(best), path("final"));
+      try {
+        require_disk_space(spec_.output_dir, checkpoint_bytes_, fmt::format("checkpoint {}", path("final")));
+        copy_checkpoint_bundle(path(best), path("final"));
+      } catch (const std::exception&) {
+        rethrow_with_hint(resume_hint());
+      }
       spdlog::info(
           "load_best_model_at_end: final/ holds {} (step {}, {} {:.6g}), the best checkpoint; the last step "
           "{} ({} {:.6g}) is not kept ({:.1f} s)",

@@ -60,6 +60,9 @@ class TrainingRun {
   std::string kept_checkpoint() const {
     return !last_checkpoint_.empty() ? last_checkpoint_ : resume_ ? resume_->dir : "";
   }
+  /// The end of a failed save's line: "--resume <dir> continues from the last finished
+  /// checkpoint" when kept_checkpoint() is still resumable, else why nothing is.
+  std::string resume_hint() const;
   TrainResult finish(int64_t t);
   TrainResult abandon(int64_t t);
 

@@ -13,6 +13,7 @@
 #include "roundpipe/errors.hpp"
 #include "roundpipe/trainer.hpp"
 #include "tests/cli/cli_util.hpp"
+#include "trainer/checkpoint_bundle.hpp"
 #include "trainer/disk_space.hpp"
 #include "trainer/step_watch.hpp"
 
@@ -291,6 +292,40 @@ TEST(DiskFull, ALinkedMetricsFileIsRefusedBeforeTheRunStarts) {
   }
   EXPECT_TRUE(fs::is_symlink(d / "run/metrics.csv"));
   EXPECT_FALSE(fs::exists(d / "run/final"));
+}
+
+// A save that fails mid-run (here a file of the user's where the next checkpoint goes; a full
+// disk or a read-only folder fails the same write) says which finished checkpoint --resume can
+// still start from, or that there is none.
+TEST(DiskFull, AFailedSaveNamesTheCheckpointToResumeFrom) {
+  auto d = tmpdir();
+  rp::TrainSpec s = spec(d, tiny_model(d), 4);
+  s.save_every = 1;
+  const fs::path out = d / "run";
+  rp::TrainerCallbacks cb;
+  cb.on_checkpoint = [&](const rp::CheckpointReport& r) {
+    if (fs::path(r.dir).filename() == "checkpoint-2") write(out / "checkpoint-3", "in the way");
+  };
+  const auto failure = [](rp::TrainSpec spec, const rp::TrainerCallbacks& callbacks) -> std::string {
+    try {
+      rp::Trainer(std::move(spec)).run(callbacks);
+    } catch (const std::runtime_error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  EXPECT_EQ(failure(s, cb), (out / "checkpoint-3").string() + ": exists and is not a directory; --resume " +
+                                (out / "checkpoint-2").string() +
+                                " continues from the last finished checkpoint");
+  EXPECT_TRUE(rp::resumable_checkpoint((out / "checkpoint-2").string()));
+  // the first save failing: none to resume from
+  fs::remove_all(out);
+  rp::TrainerCallbacks first;
+  first.on_ready = [&] { write(out / "checkpoint-1", "in the way"); };
+  EXPECT_EQ(failure(s, first), (out / "checkpoint-1").string() +
+                                   ": exists and is not a directory; no checkpoint was finished before it "
+                                   "(nothing to --resume from)");
+  fs::remove_all(d);
 }
 
 TEST(DiskFull, FreeSpaceIsCheckedAgainstTheCheckpointSize) {
