@@ -1,19 +1,15 @@
 #include "base/json_text.hpp"
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <optional>
 #include <set>
-#include <sstream>
 #include <stdexcept>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "base/error_text.hpp"
+#include "base/input_file.hpp"
 
 namespace rp {
 
@@ -209,22 +205,6 @@ std::string number_out_of_range_text(const std::string& place, const std::string
                      key.empty() ? std::string() : fmt::format("key '{}': ", key), number);
 }
 
-std::string read_json_file(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    throw std::invalid_argument(fmt::format("{}: is a folder, expected a JSON file", path));
-  // a device (/dev/zero) would be read without end; a pipe is read as its writer sends
-  const auto st = std::filesystem::status(path, ec);
-  if (!ec &&
-      (st.type() == std::filesystem::file_type::character || st.type() == std::filesystem::file_type::block ||
-       st.type() == std::filesystem::file_type::socket))
-    throw std::invalid_argument(fmt::format("{}: is a device, expected a JSON file", path));
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::invalid_argument(fmt::format("{}: cannot open ({})", path, std::strerror(errno)));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw std::invalid_argument(fmt::format("{}: cannot read ({})", path, std::strerror(errno)));
-  return ss.str();
-}
+std::string read_json_file(const std::string& path) { return read_input_file(path, "a JSON file"); }
 
 }  // namespace rp

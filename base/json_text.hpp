@@ -54,10 +54,10 @@ std::optional<nlohmann::json> parse_json_value(const std::string& text, const st
 std::string number_out_of_range_text(const std::string& place, const std::string& key,
                                      const std::string& number);
 
-/// The text of the JSON file `path`. Throws std::invalid_argument with one line naming it:
-/// "<path>: is a folder, expected a JSON file" (a folder reads as an empty file, which the parser
-/// called "unexpected end of input" at 1:1), "<path>: is a device, expected a JSON file" (/dev/zero
-/// never ends; a pipe is read as its writer sends it) or "<path>: cannot open (<reason>)".
+/// The text of the JSON file `path`: read_input_file(path, "a JSON file") (base/input_file.hpp), a
+/// folder ("<path>: is a folder, expected a JSON file"), a device, a socket and a named pipe that no
+/// program writes to refused with one line naming it; a pipe with a writer is read as it sends.
+/// Throws std::invalid_argument ("<path>: cannot open (<reason>)" among them).
 std::string read_json_file(const std::string& path);
 
 }  // namespace rp

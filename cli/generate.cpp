@@ -1,17 +1,14 @@
 #include "cli/generate.hpp"
 
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <memory>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "base/input_file.hpp"
 #include "base/utf8.hpp"
 #include "cli/command.hpp"
 #include "roundpipe/adapter.hpp"
@@ -41,13 +38,15 @@ std::vector<ChatMessage> read_messages(const std::string& path) {
   if (fs::is_directory(path, ec))
     throw std::runtime_error(path +
                              ": is a folder; expected a JSON file: an array of {\"role\", \"content\"}");
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error(fmt::format("{}: cannot open ({})", path, std::strerror(errno)));
-  std::stringstream ss;
-  ss << in.rdbuf();
+  std::string text;
+  try {
+    text = read_input_file(path, "a JSON file: an array of {\"role\", \"content\"}");
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(e.what());  // the file's fault, not the command line's
+  }
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(ss.str());
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception&) {
     throw std::runtime_error(path + ": invalid JSON (expected an array of {\"role\", \"content\"})");
   }

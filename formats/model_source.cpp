@@ -8,16 +8,15 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 #include <stdexcept>
 #include <tuple>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "base/input_file.hpp"
 #include "base/json_text.hpp"
 #include "formats/format_fail.hpp"
 #include "formats/gguf.hpp"
@@ -38,11 +37,11 @@ using Loc = ModelSource::Impl::Loc;
 namespace {
 
 std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) format_fail(path, "cannot open");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  try {
+    return read_input_file(path, "a text file");
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(one_line(e.what()));  // as the folder's other read errors
+  }
 }
 
 json read_json(const std::string& path) {

@@ -1,15 +1,13 @@
 // Experiment specs read from a file with command-line settings (roundpipe/spec.hpp load_spec,
 // `--set KEY=VALUE`): the settings applied to the file's JSON before it is checked, and an
 // error of a key a setting wrote named by that setting instead of the file.
-#include <cerrno>
-#include <cstring>
-#include <fstream>
 #include <stdexcept>
 #include <utility>
 
 #include <fmt/format.h>
 
 #include "base/error_text.hpp"
+#include "base/input_file.hpp"
 #include "base/json_fields.hpp"
 #include "base/json_text.hpp"
 #include "roundpipe/spec.hpp"
@@ -21,14 +19,11 @@ namespace {
 /// The spec file's JSON; an error names the file, the line and the column or key (parse_json_text).
 nlohmann::json read_spec_json(const std::string& path) {
   if (path.empty()) throw std::invalid_argument("the spec file name is empty (expected a JSON spec file)");
-  std::ifstream in(path);
-  // the reason: a typo (No such file or directory) is not a permission problem
-  if (!in)
-    throw std::invalid_argument(
-        fmt::format("{}: cannot open the spec file ({})", path, std::strerror(errno)));
+  // an open error gives its reason: a typo (No such file or directory) is not a permission problem
+  const std::string text = read_input_file(path, "a JSON file", " the spec file");
   JsonTextOptions opt;
   opt.unique_keys = true;  // the last of two would win silently
-  return parse_json_text(read_json_file(path), path, opt);
+  return parse_json_text(text, path, opt);
 }
 
 /// How an error quotes the dotted key `k`: its last part shortened as excerpt shortens a long

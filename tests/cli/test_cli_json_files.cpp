@@ -1,5 +1,6 @@
 // JSON files the commands read (the spec, a model folder's config.json and tokenizer files):
-// a folder where the file should be, and a syntax error, are one line naming the file.
+// a folder or a pipe without a writer where the file should be, and a syntax error, are one
+// line naming the file.
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -26,6 +27,32 @@ TEST(CliJsonFiles, AFifoOrDeviceAsDataIsOneLineNamingIt) {
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   }
   EXPECT_FALSE(fs::exists(d / "run"));
+  fs::remove_all(d);
+}
+
+// A named pipe that no program writes to, given as the spec, a trace or a --messages file, is
+// one line naming it: `roundpipe train` waited at its open forever. A pipe that has a writer (a
+// shell's <(...)) is still read as the spec.
+TEST(CliJsonFiles, ANamedPipeWithoutAWriterIsOneLineNamingIt) {
+  auto d = tmpdir();
+  auto model = tiny_model(d);
+  write(d / "data.jsonl", "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n");
+  const std::string fifo = (d / "pipe.json").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string refused =
+      fifo +
+      ": is a named pipe that no program writes to (reading it would wait forever), expected a JSON file";
+  for (const std::string& args :
+       {"train " + fifo, "trace " + fifo, "generate " + model.string() + " --messages " + fifo}) {
+    // bounded: a command that waits on the pipe ends with timeout's exit status 124
+    expect_one_line_error(roundpipe_in(d, args, d, "timeout 60"), refused);
+  }
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
+  const std::string cmd = "timeout 60 bash -c '" + std::string(RP_BUILD_DIR) + "/roundpipe train <(cat " +
+                          (d / "spec.json").string() + ") --dump-batch " + (d / "b.json").string() +
+                          "' > /dev/null 2> " + (d / "err.txt").string() + " < /dev/null";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << slurp(d / "err.txt");
+  EXPECT_TRUE(fs::exists(d / "b.json"));
   fs::remove_all(d);
 }
 

@@ -38,8 +38,8 @@ TEST(CliOutputCleanup, AFailedRunTakesBackAFolderMadeOnTheWayThroughDotDot) {
   fs::remove_all(d);
 }
 
-/// Runs `roundpipe train` on a spec whose `model`'s config.json is a FIFO nobody writes (so loading
-/// waits), its output folder d/mine/runs/exp; once the folder is made, sends `sig` (with SIGHUP
+/// Runs `roundpipe train` on a spec whose `model`'s config.json is a FIFO whose writer never writes
+/// (so loading waits), its output folder d/mine/runs/exp; once the folder is made, sends `sig` (with SIGHUP
 /// ignored from the start when `ignore_hup`, as nohup does). Returns whether the folder was made,
 /// whether the run still ran 300 ms after `sig` (then it is stopped with SIGINT), its wait status
 /// and its output.
@@ -89,6 +89,9 @@ TEST(CliOutputCleanup, AStopSignalWhileLoadingTakesBackTheFoldersTheRunMade) {
   write(d / "data.jsonl", "{\"text\": \"In the beginning God created the heaven and the earth.\"}\n");
   fs::remove(model / "config.json");
   ASSERT_EQ(::mkfifo((model / "config.json").c_str(), 0600), 0);
+  // the writer: a pipe that no program writes to is refused at once instead of waited on
+  const int writer = ::open((model / "config.json").c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(writer, 0);
   fs::create_directories(d / "mine");
   for (const auto& [sig, ignore_hup] : {std::pair{SIGINT, false}, {SIGHUP, false}, {SIGHUP, true}}) {
     SCOPED_TRACE(::testing::Message() << "signal " << sig << (ignore_hup ? " (SIGHUP ignored)" : ""));
@@ -101,6 +104,7 @@ TEST(CliOutputCleanup, AStopSignalWhileLoadingTakesBackTheFoldersTheRunMade) {
     EXPECT_FALSE(fs::exists(d / "mine" / "runs")) << "the folders the run made go, parents included";
     EXPECT_TRUE(fs::is_directory(d / "mine")) << "the user's folder stays";
   }
+  ::close(writer);
   fs::remove_all(d);
 }
 

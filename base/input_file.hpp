@@ -1,0 +1,23 @@
+// Reading a file a command was given (a spec, a trace, a --messages or --plan file, a model
+// folder's JSON files) whole, without waiting forever on it: a device (/dev/zero never ends), a
+// socket and a named pipe that no program writes to (its open waited for a writer forever) are
+// refused with one line before anything is read. A pipe that has a writer (a shell's <(...),
+// /dev/stdin fed by a pipe) is read as its writer sends it.
+#pragma once
+#include <string>
+#include <string_view>
+
+namespace rp {
+
+/// The whole content of `path`. Throws std::invalid_argument with one line naming it:
+///   "<path>: is a folder, expected <expected>"
+///   "<path>: is a device, expected <expected>" (a character or block device)
+///   "<path>: is a socket, expected <expected>"
+///   "<path>: is a named pipe that no program writes to (reading it would wait forever), expected
+///   <expected>"
+///   "<path>: cannot open<opening> (<reason>)" / "<path>: cannot read (<reason>)"
+/// `opening` names the file in the open error (" the spec file"), "" for none.
+std::string read_input_file(const std::string& path, std::string_view expected,
+                            std::string_view opening = "");
+
+}  // namespace rp
