@@ -44,17 +44,17 @@ NestingReport check_trace_nesting(const nlohmann::json& trace, size_t max_exampl
   std::map<TrackKey, std::vector<Slice>> tracks;
   std::vector<std::string> slice_name;
   for (size_t i = 0; i < trace["traceEvents"].size(); ++i) {
-    const nlohmann::json& e = trace["traceEvents"][i];
-    if (!e.is_object()) continue;
-    const TrackKey key{e.value("pid", int64_t(0)), e.value("tid", int64_t(0))};
-    const std::string ph = e.value("ph", "");
-    if (ph == "M" && e.value("name", "") == "thread_name" && e.contains("args") && e["args"].is_object())
-      names[key] = e["args"].value("name", "");
+    const nlohmann::json& e = trace_event(trace["traceEvents"], i);
+    const TrackKey key{event_int(e, "pid", i), event_int(e, "tid", i)};
+    const std::string ph = event_string(e, "ph", i);
+    if (ph == "M" && event_string(e, "name", i) == "thread_name" && e.contains("args") &&
+        e["args"].is_object())
+      names[key] = event_string(e["args"], "name", i, "args.name");
     if (ph != "X") continue;
     const auto [ts, dur] = complete_event_times(e, i);
     const int64_t b = to_ns(ts);
     tracks[key].push_back({b, b + to_ns(dur), slice_name.size()});
-    slice_name.push_back(e.value("name", ""));
+    slice_name.push_back(event_string(e, "name", i));
   }
   NestingReport r;
   r.slices = slice_name.size();

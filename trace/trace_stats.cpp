@@ -78,6 +78,32 @@ const char* kCopyStreams[] = {"act_up", "act_down", "param_up", "grad_down"};
 
 }  // namespace
 
+const nlohmann::json& trace_event(const nlohmann::json& events, size_t index) {
+  const nlohmann::json& e = events[index];
+  if (!e.is_object())
+    throw std::runtime_error(
+        fmt::format("traceEvents[{}]: expected an object (an event), got {}", index, excerpt(e.dump())));
+  return e;
+}
+
+std::string event_string(const nlohmann::json& obj, const char* key, size_t index, const char* shown) {
+  const auto it = obj.find(key);
+  if (it == obj.end()) return "";
+  if (!it->is_string())
+    throw std::runtime_error(fmt::format("traceEvents[{}]: key '{}': expected a string, got {}", index,
+                                         shown ? shown : key, excerpt(it->dump())));
+  return it->get<std::string>();
+}
+
+int64_t event_int(const nlohmann::json& e, const char* key, size_t index) {
+  const auto it = e.find(key);
+  if (it == e.end()) return 0;
+  if (!it->is_number_integer())
+    throw std::runtime_error(fmt::format("traceEvents[{}]: key '{}': expected an integer, got {}", index, key,
+                                         excerpt(it->dump())));
+  return it->get<int64_t>();
+}
+
 std::pair<double, double> complete_event_times(const nlohmann::json& e, size_t index) {
   if (!e.contains("ts") || !e.contains("dur") || !e["ts"].is_number() || !e["dur"].is_number())
     throw std::runtime_error(fmt::format(
@@ -95,18 +121,22 @@ Trace parse_trace(const nlohmann::json& j) {
     throw std::runtime_error("not a Chrome trace: no \"traceEvents\" array");
   Trace t;
   std::map<int64_t, std::string> names;
-  for (auto& e : j["traceEvents"])
-    if (e.value("ph", "") == "M" && e.value("name", "") == "thread_name" && e.contains("args"))
-      names[e.value("tid", int64_t(0))] = e["args"].value("name", "");
-  for (size_t i = 0; i < j["traceEvents"].size(); ++i) {
-    const nlohmann::json& e = j["traceEvents"][i];
-    if (e.value("ph", "") != "X") continue;
+  const nlohmann::json& events = j["traceEvents"];
+  for (size_t i = 0; i < events.size(); ++i) {
+    const nlohmann::json& e = trace_event(events, i);
+    if (event_string(e, "ph", i) == "M" && event_string(e, "name", i) == "thread_name" &&
+        e.contains("args") && e["args"].is_object())
+      names[event_int(e, "tid", i)] = event_string(e["args"], "name", i, "args.name");
+  }
+  for (size_t i = 0; i < events.size(); ++i) {
+    const nlohmann::json& e = events[i];
+    if (event_string(e, "ph", i) != "X") continue;
     const auto [ts, dur] = complete_event_times(e, i);
     TraceSlice s;
-    const int64_t tid = e.value("tid", int64_t(0));
+    const int64_t tid = event_int(e, "tid", i);
     auto it = names.find(tid);
     s.track = it != names.end() ? base_track(it->second) : fmt::format("tid{}", tid);
-    s.name = e.value("name", "");
+    s.name = event_string(e, "name", i);
     s.t0 = ts * 1e-6;
     s.t1 = s.t0 + dur * 1e-6;
     if (e.contains("args") && e["args"].is_object())

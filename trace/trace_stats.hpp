@@ -30,6 +30,18 @@ struct Trace {
   std::map<std::string, std::string> info;  ///< "otherData" (run settings)
 };
 
+/// traceEvents[`index`] of `events` (the trace's "traceEvents" array), checked to be an object.
+/// Throws std::runtime_error("traceEvents[<index>]: expected an object (an event), got ...").
+const nlohmann::json& trace_event(const nlohmann::json& events, size_t index);
+/// The string field `key` of `obj` (an event of traceEvents[`index`], or its "args"; `shown`
+/// names the key in errors, default `key`), or "" when absent. Throws std::runtime_error
+/// ("traceEvents[<index>]: key '<shown>': expected a string, got ...") for another type.
+std::string event_string(const nlohmann::json& obj, const char* key, size_t index,
+                         const char* shown = nullptr);
+/// The integer field `key` (pid, tid) of event traceEvents[`index`], or 0 when absent. Throws
+/// std::runtime_error("traceEvents[<index>]: key '<key>': expected an integer, got ...").
+int64_t event_int(const nlohmann::json& e, const char* key, size_t index);
+
 /// The start and the duration in microseconds (ts, dur) of the complete ("X") event `e`, the
 /// trace's traceEvents[`index`]. Throws std::runtime_error("traceEvents[<index>]: ...") when
 /// either is not a number or dur is negative (a slice that would end before it starts).

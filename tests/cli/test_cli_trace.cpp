@@ -72,8 +72,21 @@ TEST(CliTrace, ErrorsAreOneLine) {
       R"({"traceEvents": [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "w0.compute"}},
             {"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
             {"ph": "X", "name": "b", "pid": 1, "tid": 1, "ts": 10, "dur": -5.5}]})");
+  // an event that is no object, and fields of the wrong type: the library's type errors before
+  write(d / "notevent.json",
+        R"({"traceEvents": [{"ph": "X", "name": "a", "tid": 1, "ts": 0, "dur": 1}, 1]})");
+  write(d / "stringtid.json",
+        R"({"traceEvents": [{"ph": "X", "name": "a", "tid": "w0", "ts": 0, "dur": 1}]})");
+  write(d / "numbername.json",
+        R"({"traceEvents": [{"ph": "M", "name": "thread_name", "tid": 1, "args": {"name": 7}}]})");
   for (auto [args, code, needle] :
        {std::tuple{"trace " + (d / "missing.json").string(), 1, std::string("missing.json: cannot open (")},
+        {"trace " + (d / "notevent.json").string(), 1,
+         std::string("notevent.json: traceEvents[1]: expected an object (an event), got 1")},
+        {"trace " + (d / "stringtid.json").string(), 1,
+         std::string("stringtid.json: traceEvents[0]: key 'tid': expected an integer, got \"w0\"")},
+        {"trace " + (d / "numbername.json").string(), 1,
+         std::string("numbername.json: traceEvents[0]: key 'args.name': expected a string, got 7")},
         // a syntax error as every JSON reader names it (file, line, column), not the library's text
         {"trace " + (d / "notjson.json").string(), 1, std::string("notjson.json:1:18: invalid JSON: ")},
         {"trace " + (d / "metrics.csv").string(), 1, std::string("metrics.csv:1:1: invalid JSON: ")},
