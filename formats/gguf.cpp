@@ -346,12 +346,14 @@ struct Reader {
 }  // namespace
 
 GgufFile::GgufFile(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a named pipe's open returns at once (without it, one that no program writes to
+  // waited forever) and is refused below; a regular file reads through mmap either way
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw std::runtime_error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw std::runtime_error(fmt::format("{}: not a regular file", path));
+    throw std::runtime_error(fmt::format("{}: not a regular file (a device, FIFO or socket)", path));
   }
   size_ = uint64_t(st.st_size);
   if (size_ < 24) {

@@ -55,12 +55,14 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   auto fail = [&](const std::string& what) {
     throw std::runtime_error(one_line(fmt::format("{}: {}", path_, what)));
   };
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a named pipe's open returns at once (without it, one that no program writes to
+  // waited forever) and is refused below; a regular file reads through mmap either way
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) fail(fmt::format("cannot open: {}", std::strerror(errno)));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    fail("not a regular file");
+    fail("not a regular file (a device, FIFO or socket)");
   }
   size_ = uint64_t(st.st_size);
   if (size_ < 8) {

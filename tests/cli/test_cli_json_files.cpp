@@ -56,6 +56,26 @@ TEST(CliJsonFiles, ANamedPipeWithoutAWriterIsOneLineNamingIt) {
   fs::remove_all(d);
 }
 
+// Model weights that are a named pipe no program writes to: `generate` of such a .gguf, or of a
+// folder whose model.safetensors is one, waited forever in the reader's open.
+TEST(CliJsonFiles, ModelWeightsThatAreANamedPipeAreRefusedAtOnce) {
+  auto d = tmpdir();
+  const fs::path model = tiny_model(d);
+  const std::string gguf = (d / "pipe.gguf").string();
+  ASSERT_EQ(::mkfifo(gguf.c_str(), 0600), 0);
+  expect_one_line_error(roundpipe_in(d, "generate " + gguf + " --prompt hi", d, "timeout 60"),
+                        gguf + ": not a regular file (a device, FIFO or socket)");
+  const fs::path piped = d / "piped";
+  fs::create_directories(piped);
+  for (const auto& e : fs::directory_iterator(model))
+    if (e.path().filename() != "model.safetensors") fs::copy(e.path(), piped / e.path().filename());
+  const std::string weights = (piped / "model.safetensors").string();
+  ASSERT_EQ(::mkfifo(weights.c_str(), 0600), 0);
+  expect_one_line_error(roundpipe_in(d, "generate " + piped.string() + " --prompt hi", d, "timeout 60"),
+                        "model.safetensors: not a regular file (a device, FIFO or socket)");
+  fs::remove_all(d);
+}
+
 // A folder reads as an empty file: the line said "<path>:1:1: invalid JSON: ... unexpected end
 // of input", as if the file were empty.
 TEST(CliJsonFiles, AFolderWhereAJsonFileShouldBeIsNamedAsAFolder) {
