@@ -1,6 +1,7 @@
 #include "trace/trace_stats.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <regex>
@@ -55,12 +56,21 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/// The digits of a slice or track name as a number, or `fallback` when they are out of range
+/// (a corrupted or foreign trace's name: never an exception without the file's name).
+template <class T>
+T number_of(const std::string& digits, T fallback) {
+  T v{};
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+  return ec == std::errc() && end == digits.data() + digits.size() ? v : fallback;
+}
+
 double bytes_of(const TraceSlice& s) {
   auto it = s.args.find("bytes");
   if (it != s.args.end()) return it->second;
   static const std::regex re(R"(copy (\d+) B)");
   std::smatch m;
-  return std::regex_search(s.name, m, re) ? std::stod(m[1]) : 0.0;
+  return std::regex_search(s.name, m, re) ? number_of(m[1].str(), 0.0) : 0.0;
 }
 
 double queued_of(const TraceSlice& s) {
@@ -71,7 +81,7 @@ double queued_of(const TraceSlice& s) {
 int pass_of(const std::string& name) {
   static const std::regex re(R"(\(pass (\d+)\))");
   std::smatch m;
-  return std::regex_search(name, m, re) ? std::stoi(m[1]) : -1;
+  return std::regex_search(name, m, re) ? number_of(m[1].str(), -1) : -1;
 }
 
 const char* kCopyStreams[] = {"act_up", "act_down", "param_up", "grad_down"};
@@ -288,7 +298,9 @@ std::vector<WorkerStats> trace_stats(const Trace& t, const TraceStatsOptions& o)
   static const std::regex track_re(R"(worker(\d+)\.(\w+))");
   for (auto& s : t.slices) {
     std::smatch m;
-    if (std::regex_match(s.track, m, track_re)) by[std::stoi(m[1])][m[2]].push_back(&s);
+    // a worker number past int's range is no worker of ours: its track is left out
+    if (std::regex_match(s.track, m, track_re) && number_of(m[1].str(), -1) >= 0)
+      by[number_of(m[1].str(), -1)][m[2]].push_back(&s);
   }
   std::vector<WorkerStats> out;
   for (auto& [w, streams] : by) {

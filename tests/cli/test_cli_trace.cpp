@@ -113,6 +113,30 @@ TEST(CliTrace, ErrorsAreOneLine) {
   fs::remove_all(d);
 }
 
+// Numbers in track and slice names past what they are read into (a worker number, a copy's bytes,
+// a pass): the statistics ended in a bare "stoi" / "stod" naming neither file nor event.
+TEST(CliTrace, NamesWithNumbersOutOfRangeAreNoError) {
+  auto d = tmpdir();
+  const std::string digits(400, '9');
+  write(
+      d / "big.json",
+      R"j({"traceEvents": [{"ph": "M", "name": "thread_name", "tid": 1, "args": {"name": "worker99999999999.compute"}},
+            {"ph": "X", "name": "F[0-1] (pass 99999999999)", "tid": 1, "ts": 0, "dur": 10},
+            {"ph": "M", "name": "thread_name", "tid": 2, "args": {"name": "worker0.param_up"}},
+            {"ph": "X", "name": "copy )j" +
+          digits + R"j( B", "tid": 2, "ts": 0, "dur": 10},
+            {"ph": "M", "name": "thread_name", "tid": 3, "args": {"name": "worker0.compute"}},
+            {"ph": "X", "name": "F[0-1] (pass 1)", "tid": 3, "ts": 0, "dur": 20}]})j");
+  const std::string big = (d / "big.json").string();
+  for (const std::string args : {"trace " + big, "trace " + big + " --skip-passes 1"}) {
+    CliRun r = roundpipe(args, d);
+    EXPECT_EQ(r.code, 0) << args << ": " << r.err;
+    EXPECT_EQ(r.err.find("sto"), std::string::npos) << args << ": " << r.err;
+    EXPECT_NE(r.out.find("worker0"), std::string::npos) << args << ": " << r.out;
+  }
+  fs::remove_all(d);
+}
+
 // --json naming one of the traces it reads is refused before anything is written: it used to
 // replace the trace with its own statistics.
 TEST(CliTrace, JsonOutputNeverReplacesAnInput) {
