@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/atomic_file.hpp"
+#include "base/json_text.hpp"
 #include "formats/gguf.hpp"
 #include "roundpipe/adapter.hpp"
 
@@ -106,9 +107,12 @@ void write_adapter_base_record(const std::string& dir, const BaseModelRef& base)
 }
 
 std::string adapter_base_path(const std::string& adapter_dir) {
-  std::ifstream in(fs::path(adapter_dir) / kAdapterBaseFile, std::ios::binary);
-  if (!in) return "";
-  const json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  const fs::path record = fs::path(adapter_dir) / kAdapterBaseFile;
+  std::error_code ec;
+  if (!fs::exists(record, ec)) return "";
+  // a named pipe, a folder or a device is refused in one line (read_json_file: a pipe no program
+  // writes to waited forever); a record that is no JSON names no base, as an absent one
+  const json j = json::parse(read_json_file(record.string()), nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("base_model_path") || !j["base_model_path"].is_string()) return "";
   return j["base_model_path"].get<std::string>();
 }

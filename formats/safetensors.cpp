@@ -1,5 +1,6 @@
 #include "formats/safetensors.hpp"
 #include "base/atomic_file.hpp"
+#include "base/json_text.hpp"
 #include "formats/parallel_quantize.hpp"
 #include "model/error_text.hpp"
 
@@ -203,21 +204,10 @@ HostTensor SafetensorsFile::read_f32(const SafetensorsEntry& e) const {
 
 namespace {
 
-std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw std::runtime_error(fmt::format("{}: cannot open", path));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 void open_index(const std::string& index_path, SafetensorsSet& out) {
-  json idx;
-  try {
-    idx = json::parse(read_text(index_path));
-  } catch (const json::exception& e) {
-    throw std::runtime_error(fmt::format("{}: invalid JSON: {}", index_path, e.what()));
-  }
+  // a named pipe, a folder or a device is refused in one line (read_json_file), and a syntax
+  // error names the line and column, not the JSON library's text
+  const json idx = parse_json_text(read_json_file(index_path), index_path);
   auto wm = idx.is_object() ? idx.find("weight_map") : idx.end();
   if (!idx.is_object() || wm == idx.end() || !wm->is_object())
     throw std::runtime_error(fmt::format("{}: key 'weight_map': expected an object", index_path));

@@ -57,7 +57,7 @@ TEST(CliJsonFiles, ANamedPipeWithoutAWriterIsOneLineNamingIt) {
 }
 
 // Model weights that are a named pipe no program writes to: `generate` of such a .gguf, or of a
-// folder whose model.safetensors is one, waited forever in the reader's open.
+// folder whose model.safetensors or model.safetensors.index.json is one, waited forever.
 TEST(CliJsonFiles, ModelWeightsThatAreANamedPipeAreRefusedAtOnce) {
   auto d = tmpdir();
   const fs::path model = tiny_model(d);
@@ -73,6 +73,14 @@ TEST(CliJsonFiles, ModelWeightsThatAreANamedPipeAreRefusedAtOnce) {
   ASSERT_EQ(::mkfifo(weights.c_str(), 0600), 0);
   expect_one_line_error(roundpipe_in(d, "generate " + piped.string() + " --prompt hi", d, "timeout 60"),
                         "model.safetensors: not a regular file (a device, FIFO or socket)");
+  // a sharded model's index
+  fs::remove(weights);
+  const std::string index = (piped / "model.safetensors.index.json").string();
+  ASSERT_EQ(::mkfifo(index.c_str(), 0600), 0);
+  expect_one_line_error(roundpipe_in(d, "generate " + piped.string() + " --prompt hi", d, "timeout 60"),
+                        index +
+                            ": is a named pipe that no program writes to (reading it would wait forever), "
+                            "expected a JSON file");
   fs::remove_all(d);
 }
 

@@ -4,6 +4,8 @@
 // generate and merge use before the id.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <fstream>
 #include <functional>
 
@@ -84,6 +86,16 @@ TEST(BaseModelId, TheSpecIdComesFirstAndThePathIsKeptAbsolute) {
   EXPECT_EQ(adapter_base_path(d.path.string()), fs::absolute(d.path).lexically_normal().string());
   std::ofstream(d / kAdapterBaseFile) << "[1, 2]";
   EXPECT_EQ(adapter_base_path(d.path.string()), "");
+  // a record that is a named pipe no program writes to: refused at once (it waited forever)
+  fs::remove(d / kAdapterBaseFile);
+  ASSERT_EQ(::mkfifo((d / kAdapterBaseFile).c_str(), 0600), 0);
+  try {
+    adapter_base_path(d.path.string());
+    ADD_FAILURE() << "a named pipe as the base record was read";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("is a named pipe that no program writes to"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
