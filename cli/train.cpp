@@ -274,12 +274,6 @@ std::string fmt_duration(double s) {
 }
 
 void apply_overrides(TrainSpec& spec, const TrainOverrides& ov) {
-  if (ov.steps > 0) {
-    spec.steps = ov.steps;
-    spec.epochs.reset();  // --steps replaces a spec's "epochs"
-    if (spec.lr_schedule.kind != "constant")
-      spec.lr_schedule.total_steps = std::max(ov.steps, spec.lr_schedule.warmup_steps);
-  }
   if (ov.workers > 0) spec.workers = ov.workers;
   if (!ov.backend.empty()) spec.backend = ov.backend;
   if (ov.output_dir_given && ov.output_dir.empty())

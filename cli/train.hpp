@@ -13,7 +13,7 @@ class App;
 namespace rp {
 
 struct TrainOverrides {
-  int64_t steps = -1;                 ///< > 0 replaces spec.steps
+  int64_t steps = -1;                 ///< > 0: given to load_spec as steps=N with epochs removed
   int workers = -1;                   ///< > 0 replaces spec.workers
   std::string backend;                ///< non-empty replaces spec.backend
   std::string output_dir;             ///< non-empty replaces spec.output_dir

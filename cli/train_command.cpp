@@ -44,7 +44,8 @@ TrainCommand add_train_command(CLI::App& app) {
   // spec keys from the command line: applied to the file's JSON before it is checked
   c->add_option("--set", o->sets,
                 "set a spec key, repeatable: KEY=VALUE, nested keys with dots (lora.r=8, optimizer.lr=1e-4); "
-                "VALUE is JSON when it parses as JSON, else a string; checked like the file's keys")
+                "VALUE is JSON when it parses as JSON, else a string (null removes the key); checked like "
+                "the file's keys")
       ->type_name("KEY=VALUE")
       ->allow_extra_args(false);
   c->add_option("--lr", o->lr, "the spec's optimizer.lr (as --set optimizer.lr=LR)");
@@ -88,6 +89,13 @@ TrainCommand add_train_command(CLI::App& app) {
       } catch (const std::invalid_argument& e) {  // no KEY=VALUE: the command line's fault
         throw UsageError(e.what());
       }
+    // --steps last: it replaces the steps or epochs of the file and of any --set, before the
+    // spec (and its learning-rate schedule) is checked
+    if (o->ov.steps > 0) {
+      const std::string origin = fmt::format("--steps {}", o->ov.steps);
+      settings.push_back({"epochs", "null", false, origin});
+      settings.push_back({"steps", std::to_string(o->ov.steps), false, origin});
+    }
     return run_train(load_spec(o->spec_path, settings), o->ov);
   };
   return t;

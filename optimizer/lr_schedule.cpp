@@ -30,6 +30,9 @@ void LrSchedule::validate() const {
       fail(fmt::format("warmup_steps: expected at most total_steps ({}), got {}", total_steps, warmup_steps));
   } else if (total_steps < 0) {
     fail(fmt::format("total_steps: {} is negative", total_steps));
+  } else if (total_steps > 0 && total_steps < warmup_steps) {  // 0: a constant lr without a known end
+    // the warmup ramps a constant schedule too: a run shorter than it never reaches lr
+    fail(fmt::format("warmup_steps: expected at most total_steps ({}), got {}", total_steps, warmup_steps));
   }
 }
 

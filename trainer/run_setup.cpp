@@ -225,7 +225,7 @@ std::string resolve_epochs(TrainSpec& spec, int64_t training_sequences) {
   spec.steps = int64_t(steps);
   const bool follows = spec.lr_schedule.total_steps == 0;
   if (follows) spec.lr_schedule.total_steps = spec.steps;
-  if (spec.lr_schedule.kind != "constant" && spec.lr_schedule.total_steps < spec.lr_schedule.warmup_steps)
+  if (spec.lr_schedule.total_steps < spec.lr_schedule.warmup_steps)  // any kind: the warmup ramps them all
     throw std::invalid_argument(fmt::format(
         "{}: key 'epochs': {:g} epochs of {} training sequences are {} steps of {} sequences, fewer than "
         "lr_schedule.warmup_steps {}",

@@ -118,9 +118,11 @@ void apply_spec_settings(nlohmann::json& spec, const std::vector<SpecSetting>& s
       const size_t dot = s.key.find('.', from);
       const std::string part = s.key.substr(from, dot == std::string::npos ? std::string::npos : dot - from);
       if (dot == std::string::npos) {
-        (*at)[part] = value;
+        if (value.is_null()) at->erase(part);  // KEY=null: the key as if the spec had not given it
+        else (*at)[part] = value;
         break;
       }
+      if (value.is_null() && (!at->contains(part) || !(*at)[part].is_object())) break;  // nothing to remove
       nlohmann::json& next = (*at)[part];  // an absent object is created
       if (next.is_null()) next = nlohmann::json::object();
       if (!next.is_object())

@@ -229,6 +229,9 @@ TEST(Cli, BadSpecsGiveOneLineNamingTheKey) {
        "spec.json: key 'lr_schedule.warmup_steps': expected at most total_steps (3), got 5"},
       {", \"lr_schedule\": {\"lr\": \"fast\"}",
        "spec.json: key 'lr_schedule.lr': expected a finite number >= 0"},
+      // the default constant schedule ramps up too: it trained at a fraction of lr throughout
+      {", \"lr_schedule\": {\"warmup_steps\": 5}",
+       "spec.json: key 'lr_schedule.warmup_steps': expected at most steps (2), got 5"},
   };
   for (auto& c : cases) {
     write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run", c.extra));
@@ -238,6 +241,19 @@ TEST(Cli, BadSpecsGiveOneLineNamingTheKey) {
     if (c.needle.rfind("spec.json: key 'plan'", 0) == 0)  // refused before the model loads
       EXPECT_EQ(r.out, "") << c.extra << ": printed before the refusal";
   }
+  // --steps is checked with the schedule: it was applied after, so a warmup that fits the new
+  // steps was refused against the file's and one that does not fit them trained at lr 0
+  write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run",
+                                  ", \"lr_schedule\": {\"kind\": \"linear\", \"warmup_steps\": 3}"));
+  expect_one_line_error(roundpipe("train " + (d / "spec.json").string() + " --steps 1", d),
+                        "key 'lr_schedule.warmup_steps': expected at most steps (1), got 3");
+  EXPECT_FALSE(fs::exists(d / "run"));
+  const CliRun longer = roundpipe(
+      "train " + (d / "spec.json").string() + " --steps 5 --dump-batch " + (d / "b.json").string(), d);
+  EXPECT_EQ(longer.code, 0) << longer.err;
+  EXPECT_TRUE(fs::exists(d / "b.json")) << longer.err;
+  fs::remove(d / "b.json");
+  fs::remove_all(d / "run");
   write(d / "spec.json", spec_for(model, d / "data.jsonl", d / "run"));
   expect_one_line_error(roundpipe("train " + (d / "spec.json").string() + " --resume ''", d),
                         "--resume: expected a checkpoint folder");

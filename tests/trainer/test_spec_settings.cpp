@@ -66,6 +66,20 @@ TEST(SpecSettings, NestedKeysJsonValuesAndStrings) {
   EXPECT_EQ(s.data, "123") << "as_string keeps a number-like path a string";
 }
 
+// KEY=null removes the key: the file's "epochs" gives way to steps (both at once are refused),
+// and a nested key goes back to its default.
+TEST(SpecSettings, NullRemovesTheKey) {
+  const fs::path p = spec_file(R"({"model": "m.gguf", "data": "d.jsonl", "epochs": 2, "seq_len": 64})");
+  const rp::TrainSpec s =
+      rp::load_spec(p.string(), {rp::parse_set_option("epochs=null"), rp::parse_set_option("steps=7"),
+                                 rp::parse_set_option("seq_len=null"), rp::parse_set_option("lora.r=null")});
+  fs::remove(p);
+  EXPECT_FALSE(s.epochs.has_value());
+  EXPECT_EQ(s.steps, 7);
+  EXPECT_EQ(s.seq_len, rp::TrainSpec{}.seq_len) << "back to the default";
+  EXPECT_FALSE(s.lora.has_value()) << "removing a key of an absent object makes no object (no LoRA)";
+}
+
 // The optimizer's values are checked where the spec is read, so an error names the spec's key
 // (optimizer.betas) and not the optimizer's field (AdamWOptions.beta1).
 TEST(SpecSettings, OptimizerValuesNameTheSpecsKeys) {
