@@ -49,6 +49,11 @@ nlohmann::json parse_json_text(const std::string& text, const std::string& path,
 std::optional<nlohmann::json> parse_json_value(const std::string& text, const std::string& place,
                                                const JsonTextOptions& opt);
 
+/// The JSON library's message without its "[json.exception.parse_error.101] parse error at line
+/// L, column C: " prefix, for an error that names the place itself: "syntax error while parsing
+/// object key - unexpected end of input; expected string literal".
+std::string json_error_reason(const nlohmann::json::exception& e);
+
 /// The one line for a number JSON cannot hold as a double: "<place>: key '<key>': expected a number
 /// within a double's range (about 1.8e308), got <number>" (no key part when `key` is empty).
 std::string number_out_of_range_text(const std::string& place, const std::string& key,

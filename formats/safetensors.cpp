@@ -86,7 +86,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     try {
       h = json::parse(reinterpret_cast<const char*>(map_ + 8), reinterpret_cast<const char*>(map_ + 8 + n));
     } catch (const json::exception& e) {
-      fail(fmt::format("corrupt header: invalid JSON ({})", e.what()));
+      fail(fmt::format("corrupt header: invalid JSON ({})", json_error_reason(e)));
     }
     if (!h.is_object()) fail("corrupt header: not a JSON object");
     metadata_ = json::object();

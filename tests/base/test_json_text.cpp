@@ -49,6 +49,36 @@ TEST(JsonText, ASyntaxErrorNamesLineAndColumn) {
   EXPECT_EQ(rp::parse_json_text("{\"a\": [1, 2.5]}", "f.json")["a"][1], 2.5);
 }
 
+// nlohmann's lexer ends the input at a NUL byte: "{...}\0garbage" parsed as its first part, so a
+// file cut or padded with NULs read as whole. A raw NUL is refused wherever it stands.
+TEST(JsonText, ANulByteIsRefusedNotTakenForTheEnd) {
+  const std::string nul(1, '\0');
+  const std::string why = "invalid JSON: a NUL byte (JSON text has none; in a string it is written \\u0000)";
+  EXPECT_EQ(error_of("{\"a\": 1}" + nul + "{\"b\": 2}"), "f.json:1:9: " + why);
+  EXPECT_EQ(error_of("{\"a\": 1,\n \"b\": \"x" + nul + "\"}"), "f.json:2:9: " + why);
+  EXPECT_EQ(error_of("{\"a\": 1}" + nul), "f.json:1:9: " + why);
+  // written as an escape it is a character like any other
+  EXPECT_EQ(rp::parse_json_text("{\"a\": \"x\\u0000y\"}", "f.json")["a"].get<std::string>().size(), 3u);
+  // a one-line value (a --set VALUE) with a NUL is no JSON: plain text
+  EXPECT_FALSE(rp::parse_json_value("1" + nul + "2", "--set x", {.lines = false}).has_value());
+}
+
+// The parse keeps every value and its key lines however many objects a list holds (a trace's
+// events): the same document as nlohmann's own parse.
+TEST(JsonText, AListOfManyObjectsParsesAsTheLibraryDoes) {
+  std::string text = "{\"traceEvents\": [";
+  for (int i = 0; i < 2000; ++i)
+    text += (i ? ",\n" : "\n") + std::string("{\"ph\": \"X\", \"tid\": ") + std::to_string(i % 7) +
+            ", \"args\": {\"n\": [" + std::to_string(i) + ", null, true, 1.5]}}";
+  text += "]}";
+  rp::JsonKeyLines lines;
+  const nlohmann::json j = rp::parse_json_text(text, "t.json", {.unique_keys = true, .key_lines = &lines});
+  EXPECT_EQ(j, nlohmann::json::parse(text));
+  EXPECT_EQ(lines.at("/traceEvents/0/ph"), 2u);
+  EXPECT_EQ(lines.at("/traceEvents/1999/args"), 2001u);
+  EXPECT_EQ(lines.size(), 2000u * 4 + 1);
+}
+
 TEST(JsonText, ANumberBeyondADoubleNamesLineAndKeyPath) {
   EXPECT_EQ(error_of("{\"a\": 1,\n \"b\": {\"c\": 1e400}}"),
             "f.json:2: key 'b.c': expected a number within a double's range (about 1.8e308), got 1e400");
