@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error_text.hpp"
+#include "base/json_text.hpp"
 #include "base/output_folder.hpp"
 #include "data/arrow_records.hpp"
 #include "data/file_kind.hpp"
@@ -236,6 +237,16 @@ Example chat_prompt_completion(const Json& prompt, const Json& completion, const
 
 }  // namespace
 
+const Json& record_without_nulls(const Json& record, Json& storage) {
+  if (!record.is_object() ||
+      std::none_of(record.begin(), record.end(), [](const Json& v) { return v.is_null(); }))
+    return record;
+  storage = Json::object();
+  for (auto it = record.begin(); it != record.end(); ++it)
+    if (!it->is_null()) storage[it.key()] = *it;
+  return storage;
+}
+
 Example prompt_completion_example(const Json& j, const char* ckey, const std::string& where,
                                   const Tokenizer& tok, const ChatFormat& chat) {
   const auto p = j.find("prompt"), c = j.find(ckey);
@@ -261,8 +272,10 @@ Example prompt_completion_example(const Json& j, const char* ckey, const std::st
 namespace {
 
 /// One record of a JSON data file into `d`.
-void add_record_fields(const Json& j, const std::string& where, const Tokenizer& tok, const ChatFormat& chat,
-                       Dataset& d) {
+void add_record_fields(const Json& record, const std::string& where, const Tokenizer& tok,
+                       const ChatFormat& chat, Dataset& d) {
+  Json kept;
+  const Json& j = record_without_nulls(record, kept);
   if (!j.is_object()) fail(where, fmt::format("expected a JSON object, got {}", type_name(j)));
   if (j.contains("messages")) {
     if (chat.jinja) add_jinja_chat(tok, *chat.jinja, j.at("messages"), j.value("tools", Json()), where, d);
@@ -272,9 +285,8 @@ void add_record_fields(const Json& j, const std::string& where, const Tokenizer&
   } else if (j.contains("instruction") || j.contains("output")) {
     add_chat(tok, chat, alpaca_of(j, where), where, d);
   } else if (j.contains("prompt") || j.contains("completion")) {
-    // two shapes in one record: training on one would drop the other unseen (a null is no text,
-    // as a columnar file's null is a key its row lacks)
-    if (j.contains("text") && !j.at("text").is_null())
+    // two shapes in one record: training on one would drop the other unseen
+    if (j.contains("text"))
       fail(where, fmt::format("found the keys {}\"text\" of two record shapes; expected \"text\" alone (a "
                               "document, every token trained) or \"prompt\"+\"completion\" without it",
                               std::string(j.contains("prompt") ? "\"prompt\", " : "") +
@@ -284,8 +296,9 @@ void add_record_fields(const Json& j, const std::string& where, const Tokenizer&
     append_document(tok, get_string(j, "text", "", where), require_eos(tok, where), d);
   } else {
     fail(where,
-         "expected a key \"text\", \"prompt\"+\"completion\", \"messages\", \"conversations\" (ShareGPT) or "
-         "\"instruction\"+\"output\" (alpaca)");
+         std::string("expected a key \"text\", \"prompt\"+\"completion\", \"messages\", \"conversations\" "
+                     "(ShareGPT) or \"instruction\"+\"output\" (alpaca)") +
+             (&j != &record ? " (a key whose value is null counts as absent)" : ""));
   }
 }
 
@@ -300,11 +313,17 @@ void add_record(const Json& j, const std::string& where, const Tokenizer& tok, c
   }
 }
 
-/// nlohmann's parse error without its "[json.exception...] " prefix.
-std::string parse_message(const Json::parse_error& e) {
-  std::string w = e.what();
-  if (auto p = w.find("] "); p != std::string::npos) w = w.substr(p + 2);
-  return w;
+/// The JSON library's reason for `e` without its "[json.exception...] parse error at line L,
+/// column C: " prefix (the caller names the line; a JSON lines file's parse sees one line only).
+std::string parse_message(const Json::parse_error& e) { return json_error_reason(e); }
+
+/// Refuses a NUL byte in a JSON text (nlohmann's lexer takes it for the end of the input, so
+/// whatever follows it would be dropped unseen); `line0` is the line `text` starts on.
+void refuse_nul(const std::string& text, const std::string& path, size_t line0) {
+  const size_t at = text.find('\0');
+  if (at == std::string::npos) return;
+  fail(fmt::format("{}:{}", path, line0 + size_t(std::count(text.begin(), text.begin() + long(at), '\n'))),
+       "invalid JSON: a NUL byte (JSON text has none; in a string it is written \\u0000)");
 }
 
 /// 1-based line of byte offset `pos` in `text`.
@@ -315,6 +334,7 @@ size_t line_of(const std::string& text, size_t pos) {
 /// Every element of a JSON array file, whole in memory (a JSON array cannot be read in parts).
 void json_array_records(const std::string& path, const RecordFn& record) {
   const std::string text = read_all(path);
+  refuse_nul(text, path, 1);
   Json j;
   try {
     j = Json::parse(text);
@@ -339,6 +359,7 @@ void json_lines_records(const std::string& path, const RecordFn& record) {
     if (lineno == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);  // UTF-8 BOM
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    refuse_nul(line, path, lineno);
     Json j;
     try {
       j = Json::parse(line);

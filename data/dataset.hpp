@@ -105,6 +105,13 @@ Dataset load_json_records(const std::string& path, const Tokenizer& tok, const C
 /// tokenizer has no eos_id().
 Dataset load_text_corpus(const std::string& path, const Tokenizer& tok);
 
+/// `record` without its members that are null, in `storage` when it has any (else `record`
+/// itself): a null counts as an absent key in every record shape, as Parquet and Arrow rows
+/// leave a null column out (Hugging Face datasets' to_json writes a null for each column a
+/// row lacks: {"text": "...", "prompt": null, "completion": null} is a document).
+const nlohmann::ordered_json& record_without_nulls(const nlohmann::ordered_json& record,
+                                                   nlohmann::ordered_json& storage);
+
 /// The example of a prompt / completion record (`completion_key` "completion", or "chosen" /
 /// "rejected" of preference data): strings as TRL tokenizes them, prefix ++ encode(prompt +
 /// completion) ++ eos, the loss on the tokens after the first |prefix ++ encode(prompt)|;

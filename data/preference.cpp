@@ -42,8 +42,10 @@ Json with_prompt(const Json& j, const std::string& where) {
   return out;
 }
 
-PreferencePair pair_of(const Json& j, const std::string& where, const Tokenizer& tok,
+PreferencePair pair_of(const Json& record, const std::string& where, const Tokenizer& tok,
                        const ChatFormat& chat) {
+  Json kept;
+  const Json& j = record_without_nulls(record, kept);
   if (!j.is_object()) fail(where, fmt::format("expected a JSON object, got {}", j.type_name()));
   if (!j.contains("chosen") || !j.contains("rejected"))
     fail(where,

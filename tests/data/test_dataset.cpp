@@ -68,7 +68,18 @@ TEST(Jsonl, ErrorsNameFileLineAndExpectation) {
   expect_error("{\"instruction\": \"do\", \"output\": 3}\n",
                "1: expected a string at key \"output\", got number");
   expect_error("[{\"text\": \"a\"},\n {\"text\": }]\n", "2: invalid JSON");
-  expect_error("{\"text\": null}\n", "1: expected a string at key \"text\", got null");
+  // a NUL byte ended the JSON text unseen: the second record of the line was dropped
+  const std::string nul(1, '\0'),
+      why = "invalid JSON: a NUL byte (JSON text has none; in a string it is written \\u0000)";
+  expect_error("{\"text\": \"a\"}\n{\"text\": \"b\"}" + nul + "{\"text\": \"c\"}\n", "2: " + why);
+  expect_error("[{\"text\": \"a\"},\n{\"text\": \"b\"}]" + nul + "\n", "2: " + why);
+  // past the first line the reason has no "at line 1" of its own (the parser sees one line)
+  EXPECT_EQ(jsonl_error("{\"text\": \"a\"}\n{\"text\": \"b\"}\n{\"text\": }\n").find("line 1"),
+            std::string::npos);
+  expect_error(
+      "{\"text\": null}\n",
+      "1: expected a key \"text\", \"prompt\"+\"completion\", \"messages\", \"conversations\" (ShareGPT) "
+      "or \"instruction\"+\"output\" (alpaca) (a key whose value is null counts as absent)");
   // a record of two shapes is refused, naming the keys found: training on one would drop the other
   const std::string two_shapes =
       " of two record shapes; expected \"text\" alone (a document, every token trained) or "
@@ -79,8 +90,13 @@ TEST(Jsonl, ErrorsNameFileLineAndExpectation) {
                "1: found the keys \"prompt\", \"text\"" + two_shapes);
   expect_error("{\"completion\": \"c\", \"text\": \"t\"}\n",
                "1: found the keys \"completion\", \"text\"" + two_shapes);
-  // a null text is none (a table written as JSON lines leaves its empty cells null)
+  // a null is an absent key in every shape (a table written as JSON lines leaves its empty cells
+  // null: datasets' to_json)
   EXPECT_EQ(jsonl_error("{\"prompt\": \"p\", \"completion\": \"c\", \"text\": null}\n"), "<no exception>");
+  EXPECT_EQ(jsonl_error("{\"text\": \"t\", \"prompt\": null, \"completion\": null}\n"), "<no exception>");
+  EXPECT_EQ(jsonl_error("{\"prompt\": \"p\", \"completion\": \"c\", \"messages\": null}\n"),
+            "<no exception>");
+  EXPECT_EQ(jsonl_error("{\"instruction\": null, \"output\": null, \"text\": \"t\"}\n"), "<no exception>");
   EXPECT_NE(jsonl_error("\n  \n").find(": no examples"), std::string::npos);
   EXPECT_THROW(load_json_records("/nonexistent/x.jsonl", qwen(), ChatTemplate::chatml), std::runtime_error);
 }

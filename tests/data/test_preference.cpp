@@ -66,6 +66,12 @@ TEST(Preference, ImplicitPromptIsTheSharedLeadingMessages) {
   EXPECT_EQ(implicit[0].chosen.ids, explicit_[0].chosen.ids);
   EXPECT_EQ(implicit[0].chosen.loss_mask, explicit_[0].chosen.loss_mask);
   EXPECT_EQ(implicit[0].rejected.loss_mask, explicit_[0].rejected.loss_mask);
+  // a null prompt is no prompt (datasets' to_json writes a null for a column a row lacks)
+  const auto null_prompt = load("{\"prompt\": null, \"chosen\": [" + user + ", " + a + "], \"rejected\": [" +
+                                user + ", " + b + "]}\n");
+  ASSERT_EQ(null_prompt.size(), 1u);
+  EXPECT_EQ(null_prompt[0].chosen.ids, explicit_[0].chosen.ids);
+  EXPECT_EQ(null_prompt[0].rejected.ids, explicit_[0].rejected.ids);
 }
 
 TEST(Preference, BadRecordsAreOneLineNamingTheLine) {
