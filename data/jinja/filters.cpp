@@ -46,7 +46,7 @@ Value attr_path(const Value& v, const std::string& path) {
     if (j == std::string::npos) j = path.size();
     const std::string part = path.substr(i, j - i);
     const bool digits = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit);
-    cur = digits ? get_item(cur, Value(int64_t(std::stoll(part)))) : get_item(cur, Value(part));
+    cur = digits ? get_item(cur, Value(index_of_digits(part))) : get_item(cur, Value(part));
     if (cur.is_undefined() && !digits) cur = Value(Undefined{"." + part});
     i = j + 1;
   }
@@ -182,7 +182,9 @@ Value number_filter(const Value& v, const Args& a, bool to_int) {
   const Value dflt = arg(a, 0, "default", to_int ? Value(int64_t(0)) : Value(0.0));
   if (v.is_int()) return to_int ? v : Value(double(v.as_int()));
   if (v.is_bool()) return to_int ? Value(int64_t(v.as_bool())) : Value(double(v.as_bool()));
-  if (v.is_float()) return to_int ? Value(int64_t(std::trunc(v.as_float()))) : v;
+  // a float past int64 (or inf, NaN) has no int here: the default, where Python's int() raises
+  const auto as_int = [&](double d) { return std::fabs(d) < 0x1p63 ? Value(int64_t(std::trunc(d))) : dflt; };
+  if (v.is_float()) return to_int ? as_int(v.as_float()) : v;
   if (v.is_string()) {
     const std::string t = py_strip(v.str(), kNone, true, true);
     try {
@@ -192,7 +194,7 @@ Value number_filter(const Value& v, const Args& a, bool to_int) {
         if (used == t.size()) return Value(i);
       }
       const double d = std::stod(t, &used);
-      if (used == t.size()) return to_int ? Value(int64_t(std::trunc(d))) : Value(d);
+      if (used == t.size()) return to_int ? as_int(d) : Value(d);
     } catch (const std::exception&) {}
   }
   return dflt;

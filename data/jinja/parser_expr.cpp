@@ -1,9 +1,12 @@
 // The template parser's expressions (data/jinja/parser.hpp), one function per precedence
 // level from the conditional down to unary minus, then the primaries (literals, names,
 // parentheses, lists, dicts), their postfixes (. [] and calls) and the filters and tests.
+#include <charconv>
+
 #include <fmt/format.h>
 
 #include "data/jinja/parser.hpp"
+#include "data/jinja/strings.hpp"
 
 namespace rp::jinja {
 
@@ -187,11 +190,12 @@ ExprPtr Parser::primary() {
       while (cur().type == Tok::string) e->value = Value(e->value.str() + t_[i_++].text);  // "a" "b"
       return e;
     }
-    case Tok::integer: try { return lit(Value(int64_t(std::stoll(t.text))));
-      } catch (const std::out_of_range&) {
-        return lit(Value(std::stod(t.text)));
-      }
-    case Tok::real: return lit(Value(std::stod(t.text)));
+    case Tok::integer: {  // past int64 (Python's ints have no bound): its float, as the nearest we hold
+      int64_t v = 0;
+      const auto r = std::from_chars(t.text.data(), t.text.data() + t.text.size(), v);
+      return r.ec == std::errc() ? lit(Value(v)) : lit(Value(py_float(t.text)));
+    }
+    case Tok::real: return lit(Value(py_float(t.text)));
     case Tok::name: {
       if (t.text == "true" || t.text == "True") return lit(Value(true));
       if (t.text == "false" || t.text == "False") return lit(Value(false));
@@ -314,7 +318,7 @@ ExprPtr Parser::postfix(ExprPtr e) {
         a->kind = Expr::Kind::item;
         a->kids.push_back(std::move(e));
         auto idx = make(Expr::Kind::literal, line);
-        idx->value = Value(int64_t(std::stoll(t_[i_++].text)));
+        idx->value = Value(index_of_digits(t_[i_++].text));
         a->kids.push_back(std::move(idx));
       } else {
         a->name = expect_name();

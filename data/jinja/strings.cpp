@@ -6,6 +6,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
+#include <cstdlib>
+#include <limits>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -287,6 +290,14 @@ Value call_string_method(const std::string& s, const std::string& name, const Ar
   if (name == "isupper") return Value(py_upper(s) == s && py_lower(s) != s);
   if (name == "islower") return Value(py_lower(s) == s && py_upper(s) != s);
   throw std::invalid_argument(fmt::format("unsupported string method '{}'", name));
+}
+
+double py_float(const std::string& s) { return std::strtod(s.c_str(), nullptr); }
+
+int64_t index_of_digits(const std::string& s) {
+  int64_t v = 0;
+  const auto r = std::from_chars(s.data(), s.data() + s.size(), v);
+  return r.ec == std::errc::result_out_of_range ? std::numeric_limits<int64_t>::max() : v;
 }
 
 }  // namespace rp::jinja

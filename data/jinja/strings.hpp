@@ -23,6 +23,13 @@ std::string py_strip(const std::string& s, const Value& chars, bool left, bool r
 std::vector<std::string> py_split(const std::string& s, const Value& sep, int64_t maxsplit);
 /// str.replace(old, new, count) (count < 0: all).
 std::string py_replace(const std::string& s, const std::string& from, const std::string& to, int64_t count);
+/// Python's float(s) of a number literal's digits: "1e999" is inf and "1e-999" 0.0, as Python
+/// reads them (std::stod throws there). `s` must be digits as the lexer reads a number.
+double py_float(const std::string& s);
+/// The int64 of the digits `s` (an index: "x.0", "a.b.3"), or INT64_MAX when they are past it,
+/// an index no list reaches, so the item is undefined as Python's would be.
+int64_t index_of_digits(const std::string& s);
+
 /// A string method called from a template: `s.name(args)`. Throws std::invalid_argument for
 /// bad arguments.
 Value call_string_method(const std::string& s, const std::string& name, const Args& args);

@@ -39,6 +39,21 @@ TEST(JinjaErrors, NameTheFileLineAndConstruct) {
             "t.jinja:1: '.content' is undefined (operand of '+')");
 }
 
+/// The output of parsing + rendering `src`.
+std::string render_of(const std::string& src) { return Template(src, "t.jinja").render({}, {}); }
+
+// Numbers past what a double or an int64 holds read as Python reads them (a float literal past
+// a double is inf, below its range 0.0; an index past int64 reaches no item), where std::stod and
+// std::stoll threw their own one-word errors ("stod") out of the template.
+TEST(JinjaNumbers, LiteralsPastTheirTypeReadAsPythonReadsThem) {
+  EXPECT_EQ(render_of("{{ 1e999 }} {{ -1e999 }} {{ 1e-999 }} {{ 2.5e999 > 1 }}"), "inf -inf 0.0 True");
+  EXPECT_EQ(render_of("{{ 99999999999999999999 > 9223372036854775807 }}"), "True");
+  EXPECT_EQ(render_of("{% set x = [1, 2] %}{{ x.99999999999999999999 is defined }}"), "False");
+  EXPECT_EQ(render_of("{{ [1, 2] | map(attribute='99999999999999999999') | list | length }}"), "2");
+  EXPECT_EQ(render_of("{{ 1e999 | int }} {{ '1e999' | int(7) }} {{ 1e300 | int(3) }} {{ 2.7 | int }}"),
+            "0 7 3 2");
+}
+
 TEST(JinjaErrors, RaiseExceptionKeepsTheTemplatesMessage) {
   Template t(
       "{% if messages[0].role == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}",
