@@ -49,7 +49,7 @@ NestingReport check_trace_nesting(const nlohmann::json& trace, size_t max_exampl
     const std::string ph = event_string(e, "ph", i);
     if (ph == "M" && event_string(e, "name", i) == "thread_name" && e.contains("args") &&
         e["args"].is_object())
-      names[key] = event_string(e["args"], "name", i, "args.name");
+      names[key] = event_string(e["args"], "name", i, "args.");
     if (ph != "X") continue;
     const auto [ts, dur] = complete_event_times(e, i);
     const int64_t b = to_ns(ts);

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "base/error_text.hpp"
+#include "base/json_fields.hpp"
 #include "trace/chrome_trace.hpp"
 
 namespace rp {
@@ -96,22 +97,18 @@ const nlohmann::json& trace_event(const nlohmann::json& events, size_t index) {
   return e;
 }
 
-std::string event_string(const nlohmann::json& obj, const char* key, size_t index, const char* shown) {
-  const auto it = obj.find(key);
-  if (it == obj.end()) return "";
-  if (!it->is_string())
-    throw std::runtime_error(fmt::format("traceEvents[{}]: key '{}': expected a string, got {}", index,
-                                         shown ? shown : key, excerpt(it->dump())));
-  return it->get<std::string>();
+std::string event_string(const nlohmann::json& obj, const char* key, size_t index, const char* prefix) {
+  std::string out;
+  JsonFields(obj, fmt::format("traceEvents[{}]", index), prefix, JsonFields::Error::runtime_error)
+      .optional(key, out);
+  return out;
 }
 
 int64_t event_int(const nlohmann::json& e, const char* key, size_t index) {
-  const auto it = e.find(key);
-  if (it == e.end()) return 0;
-  if (!it->is_number_integer())
-    throw std::runtime_error(fmt::format("traceEvents[{}]: key '{}': expected an integer, got {}", index, key,
-                                         excerpt(it->dump())));
-  return it->get<int64_t>();
+  int64_t out = 0;
+  JsonFields(e, fmt::format("traceEvents[{}]", index), "", JsonFields::Error::runtime_error)
+      .optional(key, out);
+  return out;
 }
 
 std::pair<double, double> complete_event_times(const nlohmann::json& e, size_t index) {
@@ -136,7 +133,7 @@ Trace parse_trace(const nlohmann::json& j) {
     const nlohmann::json& e = trace_event(events, i);
     if (event_string(e, "ph", i) == "M" && event_string(e, "name", i) == "thread_name" &&
         e.contains("args") && e["args"].is_object())
-      names[event_int(e, "tid", i)] = event_string(e["args"], "name", i, "args.name");
+      names[event_int(e, "tid", i)] = event_string(e["args"], "name", i, "args.");
   }
   for (size_t i = 0; i < events.size(); ++i) {
     const nlohmann::json& e = events[i];

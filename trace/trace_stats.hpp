@@ -33,11 +33,10 @@ struct Trace {
 /// traceEvents[`index`] of `events` (the trace's "traceEvents" array), checked to be an object.
 /// Throws std::runtime_error("traceEvents[<index>]: expected an object (an event), got ...").
 const nlohmann::json& trace_event(const nlohmann::json& events, size_t index);
-/// The string field `key` of `obj` (an event of traceEvents[`index`], or its "args"; `shown`
-/// names the key in errors, default `key`), or "" when absent. Throws std::runtime_error
-/// ("traceEvents[<index>]: key '<shown>': expected a string, got ...") for another type.
-std::string event_string(const nlohmann::json& obj, const char* key, size_t index,
-                         const char* shown = nullptr);
+/// The string field `key` of `obj` (an event of traceEvents[`index`], or its "args" with
+/// `prefix` "args."), or "" when absent. Throws std::runtime_error("traceEvents[<index>]: key
+/// '<prefix><key>': expected a string, got ...") for another type (base/json_fields.hpp's reader).
+std::string event_string(const nlohmann::json& obj, const char* key, size_t index, const char* prefix = "");
 /// The integer field `key` (pid, tid) of event traceEvents[`index`], or 0 when absent. Throws
 /// std::runtime_error("traceEvents[<index>]: key '<key>': expected an integer, got ...").
 int64_t event_int(const nlohmann::json& e, const char* key, size_t index);
