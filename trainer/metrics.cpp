@@ -8,12 +8,17 @@
 #include <fmt/format.h>
 
 #include "base/atomic_file.hpp"
+#include "base/output_folder.hpp"
 
 namespace rp {
 
 MetricsFile::MetricsFile(const std::string& path, int64_t resume_step, bool replicas)
     : path_(path), replicas_(replicas) {
   const bool resuming = resume_step > 0;
+  // a pipe or device there would block the read of a resumed run's rows or the write (a
+  // link is never followed: the write puts a new file in its place)
+  if (const std::string why = output_file_problem(path, true); !why.empty())
+    throw std::runtime_error(fmt::format("{}: {}", path, why));
   std::string header = kHeader;
   if (replicas) header.insert(header.size() - 1, std::string(",") + kReplicaColumn);
   if (resuming) truncate_metrics(path, resume_step, header);

@@ -46,6 +46,8 @@ std::string TrainingRun::resume_hint() const {
   return fmt::format("--resume {} continues from the last finished checkpoint", kept);
 }
 
+void TrainingRun::rethrow_with_resume_hint() const { rethrow_with_hint(resume_hint()); }
+
 /// A checkpoint is a consistent snapshot: every closed step applied, none in flight (the
 /// next step's passes are not submitted yet), so the weights, the optimizer state and the
 /// data position all belong to the same step.

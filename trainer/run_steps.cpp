@@ -160,9 +160,13 @@ bool TrainingRun::report(int64_t t) {
   s.replica = replicas_ ? replicas_->rank() : 0;
   s.reduce_wait_s = r.reduce_wait_s;
   reduce_wait_total_ += r.reduce_wait_s;
-  if (metrics_) metrics_->write(s);
-  if (jsonl_) jsonl_->write(s);
-  log_scalars(s);
+  try {  // a full disk fails these writes first: the error says what --resume can start from
+    if (metrics_) metrics_->write(s);
+    if (jsonl_) jsonl_->write(s);
+    log_scalars(s);
+  } catch (const std::exception&) {
+    rethrow_with_resume_hint();
+  }
   if (cb_.on_step) cb_.on_step(s);
   for (const auto& w : watch_.check(s, kept_checkpoint())) spdlog::warn("{}", w);
   return true;

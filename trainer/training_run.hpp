@@ -63,6 +63,10 @@ class TrainingRun {
   /// The end of a failed save's line: "--resume <dir> continues from the last finished
   /// checkpoint" when kept_checkpoint() is still resumable, else why nothing is.
   std::string resume_hint() const;
+  /// Rethrows the exception being handled with resume_hint() after its line where it is an
+  /// I/O failure (a plain std::runtime_error: a full disk, a read-only folder) or a
+  /// FolderConflict; any other type goes on unchanged. Only inside a catch block.
+  [[noreturn]] void rethrow_with_resume_hint() const;
   TrainResult finish(int64_t t);
   TrainResult abandon(int64_t t);
 

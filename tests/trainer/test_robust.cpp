@@ -3,6 +3,10 @@
 // stop it, a checkpoint is never written from non-finite weights, and the loss scale's floor
 // ends a run that keeps overflowing (StepWatch, fed by hand: the CPU backend has no f16).
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+
+#include <csignal>
 
 #include <cmath>
 #include <limits>
@@ -294,6 +298,28 @@ TEST(DiskFull, ALinkedMetricsFileIsRefusedBeforeTheRunStarts) {
   EXPECT_FALSE(fs::exists(d / "run/final"));
 }
 
+// A metrics.csv that is a named pipe (a user's, or a tracker's) is refused before the run
+// starts, naming it: a resumed run read its rows from the pipe and waited for a writer forever,
+// a fresh one blocked opening it for writing.
+TEST(DiskFull, AMetricsFileThatIsANamedPipeIsRefusedBeforeTheRunStarts) {
+  auto d = tmpdir();
+  rp::TrainSpec s = spec(d, tiny_model(d), 4);
+  fs::create_directories(d / "run");
+  ASSERT_EQ(mkfifo((d / "run/metrics.csv").c_str(), 0600), 0);
+  write(d / "run/roundpipe_run.json", R"({"written_by": "roundpipe train"})");
+  try {
+    rp::Trainer(s).run();
+    FAIL() << "accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("metrics.csv is a named pipe, where the run writes a file of its own"),
+        std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(fs::is_fifo(d / "run/metrics.csv"));
+  EXPECT_FALSE(fs::exists(d / "run/final"));
+}
+
 // A save that fails mid-run (here a file of the user's where the next checkpoint goes; a full
 // disk or a read-only folder fails the same write) says which finished checkpoint --resume can
 // still start from, or that there is none.
@@ -325,6 +351,43 @@ TEST(DiskFull, AFailedSaveNamesTheCheckpointToResumeFrom) {
   EXPECT_EQ(failure(s, first), (out / "checkpoint-1").string() +
                                    ": exists and is not a directory; no checkpoint was finished before it "
                                    "(nothing to --resume from)");
+  fs::remove_all(d);
+}
+
+// A full disk mostly fails the per-step metrics write before a checkpoint's: that error names
+// the checkpoint --resume can start from too. The test caps the size of the files this process
+// writes (RLIMIT_FSIZE, SIGXFSZ ignored: a write past it fails with EFBIG, as ENOSPC would) at
+// metrics.csv's size once checkpoint-2 is written, so step 3's metrics row is the write that fails.
+TEST(DiskFull, AFailedMetricsWriteNamesTheCheckpointToResumeFrom) {
+  auto d = tmpdir();
+  rp::TrainSpec s = spec(d, tiny_model(d), 5);
+  s.save_every = 2;
+  const fs::path out = d / "run";
+  struct rlimit was {};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &was), 0);
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  rp::TrainerCallbacks cb;
+  cb.on_checkpoint = [&](const rp::CheckpointReport& r) {
+    if (fs::path(r.dir).filename() != "checkpoint-2") return;
+    struct rlimit cap = was;
+    cap.rlim_cur = rlim_t(fs::file_size(out / "metrics.csv"));
+    setrlimit(RLIMIT_FSIZE, &cap);
+  };
+  std::string what = "no error";
+  try {
+    rp::Trainer(s).run(cb);
+  } catch (const std::exception& e) {
+    what = e.what();
+  }
+  setrlimit(RLIMIT_FSIZE, &was);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_NE(what.find("metrics.csv: cannot write the row of step 3: File too large"), std::string::npos)
+      << what;
+  EXPECT_NE(what.find("; --resume " + (out / "checkpoint-2").string() +
+                      " continues from the last finished checkpoint"),
+            std::string::npos)
+      << what;
+  EXPECT_TRUE(rp::resumable_checkpoint((out / "checkpoint-2").string()));
   fs::remove_all(d);
 }
 
