@@ -11,6 +11,7 @@
 #include "base/input_file.hpp"
 #include "base/utf8.hpp"
 #include "cli/command.hpp"
+#include "data/chat_template.hpp"
 #include "roundpipe/adapter.hpp"
 #include "roundpipe/checkpoint.hpp"
 #include "roundpipe/generate.hpp"
@@ -159,7 +160,19 @@ void add_generate_command(CLI::App& app) {
   g->add_option("--messages", c->messages, "a JSON file: an array of {\"role\", \"content\"} messages");
   g->add_option("--chat-template", c->chat_template,
                 "auto (the model's own template, through the Jinja interpreter), jinja, or a hand-written "
-                "chatml, qwen3, qwen3-no-think, smollm2, llama3");
+                "chatml, qwen3, qwen3-no-think, smollm2, llama3")
+      // checked as given, also where --prompt renders no template (a typo was accepted silently)
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            if (v == "auto" || v == "jinja") return "";
+            try {
+              parse_chat_template_name(v);
+              return "";
+            } catch (const std::invalid_argument& e) {
+              return e.what();
+            }
+          },
+          "TEMPLATE"));
   g->add_flag(
       "--no-think", c->no_think,
       "enable_thinking = false for the template (Qwen3: an empty think block ends the generation prompt)");
