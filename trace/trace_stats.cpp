@@ -115,12 +115,18 @@ std::pair<double, double> complete_event_times(const nlohmann::json& e, size_t i
   if (!e.contains("ts") || !e.contains("dur") || !e["ts"].is_number() || !e["dur"].is_number())
     throw std::runtime_error(fmt::format(
         "traceEvents[{}]: a complete event (ph \"X\") without numeric ts/dur: {}", index, excerpt(e.dump())));
-  const double dur = e["dur"].get<double>();
+  const double ts = e["ts"].get<double>(), dur = e["dur"].get<double>();
   if (dur < 0)
     throw std::runtime_error(
         fmt::format("traceEvents[{}]: key 'dur': expected a duration >= 0 (microseconds), got {}", index,
                     e["dur"].dump()));
-  return {e["ts"].get<double>(), dur};
+  // times in nanoseconds must fit an int64 with room for ts + dur (the nesting check's unit)
+  for (const auto& [key, v] : {std::pair{"ts", ts}, std::pair{"dur", dur}})
+    if (!(std::fabs(v) <= kMaxTraceMicroseconds))
+      throw std::runtime_error(fmt::format(
+          "traceEvents[{}]: key '{}': expected microseconds within +-{:g} (about 127 years), got {}", index,
+          key, kMaxTraceMicroseconds, excerpt(e[key].dump())));
+  return {ts, dur};
 }
 
 Trace parse_trace(const nlohmann::json& j) {
@@ -148,7 +154,15 @@ Trace parse_trace(const nlohmann::json& j) {
     s.t1 = s.t0 + dur * 1e-6;
     if (e.contains("args") && e["args"].is_object())
       for (auto a = e["args"].begin(); a != e["args"].end(); ++a)
-        if (a.value().is_number()) s.args[a.key()] = a.value().get<double>();
+        if (a.value().is_number()) {
+          const double v = a.value().get<double>();
+          // the arguments summed into figures: bytes of a copy, queueing microseconds
+          if ((a.key() == "bytes" || a.key() == "queued_us") && !(v >= 0 && v <= kMaxTraceArgument))
+            throw std::runtime_error(
+                fmt::format("traceEvents[{}]: key 'args.{}': expected a number from 0 to {:g}, got {}", i,
+                            a.key(), kMaxTraceArgument, excerpt(a.value().dump())));
+          s.args[a.key()] = v;
+        }
     t.slices.push_back(std::move(s));
   }
   if (j.contains("otherData") && j["otherData"].is_object())

@@ -41,9 +41,16 @@ std::string event_string(const nlohmann::json& obj, const char* key, size_t inde
 /// std::runtime_error("traceEvents[<index>]: key '<key>': expected an integer, got ...").
 int64_t event_int(const nlohmann::json& e, const char* key, size_t index);
 
+/// The largest |ts| and dur a trace may hold, in microseconds (about 127 years, so times since
+/// 1970 pass too; ts + dur in nanoseconds fits an int64), and the largest args.bytes / args.queued_us (a
+/// petabyte; what a trace sums stays finite and printable).
+inline constexpr double kMaxTraceMicroseconds = 4e15;
+inline constexpr double kMaxTraceArgument = 1e15;
+
 /// The start and the duration in microseconds (ts, dur) of the complete ("X") event `e`, the
 /// trace's traceEvents[`index`]. Throws std::runtime_error("traceEvents[<index>]: ...") when
-/// either is not a number or dur is negative (a slice that would end before it starts).
+/// either is not a number, dur is negative (a slice that would end before it starts) or either
+/// is past kMaxTraceMicroseconds.
 std::pair<double, double> complete_event_times(const nlohmann::json& e, size_t index);
 
 /// Parses a Chrome trace object: "X" events (ts/dur in microseconds) named by "thread_name"

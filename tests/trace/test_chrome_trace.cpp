@@ -73,6 +73,34 @@ TEST(TraceCheck, PartialOverlapsAreCountedPerTrack) {
   } catch (const std::runtime_error& e) {
     EXPECT_STREQ(e.what(), "traceEvents[1]: key 'dur': expected a duration >= 0 (microseconds), got -5.0");
   }
+  // times whose nanoseconds overflow an int64 are refused: the overflowed slices read as disjoint
+  // (an overlap passed as "nested or disjoint")
+  const auto error_of = [](const json& t) -> std::string {
+    try {
+      check_trace_nesting(t);
+    } catch (const std::runtime_error& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  EXPECT_EQ(error_of(trace_of({thread(1, 1, "a"), X(1, 1, "far", 0, 1e19), X(1, 1, "overlap", 1e18, 2e19)})),
+            "traceEvents[1]: key 'dur': expected microseconds within +-4e+15 (about 127 years), got 1e+19");
+  EXPECT_EQ(
+      error_of(trace_of({thread(1, 1, "a"), json{{"ph", "X"}, {"tid", 1}, {"ts", -1e300}, {"dur", 1}}})),
+      "traceEvents[1]: key 'ts': expected microseconds within +-4e+15 (about 127 years), got -1e+300");
+  EXPECT_EQ(error_of(trace_of({X(1, 1, "a", 1.8e15, 1.8e15 + 1), X(1, 1, "b", 1.8e15 + 2, 1.8e15 + 3)})),
+            "accepted");
+  // the arguments a summary adds up are bounded too: a 300-digit copy size printed as it summed
+  json copy = X(1, 1, "copy", 0, 1);
+  copy["args"] = {{"bytes", 1e300}};
+  try {
+    parse_trace(trace_of({thread(1, 1, "worker0.act_up"), copy}));
+    ADD_FAILURE() << "a copy of 1e300 bytes was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "traceEvents[1]: key 'args.bytes': expected a number from 0 to 1e+15, got 1e+300");
+  }
+  copy["args"] = {{"bytes", 4096}, {"other", 1e300}};  // an argument no summary reads is kept as it is
+  EXPECT_EQ(parse_trace(trace_of({copy})).slices.at(0).args.at("bytes"), 4096);
   EXPECT_THROW(check_trace_nesting_file("/nonexistent/trace.json"), std::runtime_error);
 }
 
