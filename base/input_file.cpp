@@ -28,7 +28,24 @@ struct Fd {
 
 }  // namespace
 
+namespace {
+std::string read_opened(const std::string& path, std::string_view expected, std::string_view opening);
+}
+
 std::string read_input_file(const std::string& path, std::string_view expected, std::string_view opening) {
+  try {
+    return read_opened(path, expected, opening);
+  } catch (const std::bad_alloc&) {  // std::bad_alloc's own text names nothing
+    struct stat st {};
+    const bool sized = ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+    throw std::invalid_argument(
+        sized ? fmt::format("{}: cannot read ({} bytes do not fit in memory)", path, int64_t(st.st_size))
+              : fmt::format("{}: cannot read (it does not fit in memory)", path));
+  }
+}
+
+namespace {
+std::string read_opened(const std::string& path, std::string_view expected, std::string_view opening) {
   // a socket cannot be opened at all ("No such device or address" named no socket)
   if (struct stat st{}; ::stat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode))
     refuse(path, "is a socket", expected);
@@ -42,6 +59,7 @@ std::string read_input_file(const std::string& path, std::string_view expected, 
   if (S_ISDIR(st.st_mode)) refuse(path, "is a folder", expected);
   if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) refuse(path, "is a device", expected);
   std::string text;
+  if (S_ISREG(st.st_mode)) text.reserve(size_t(st.st_size));  // a file larger than memory fails here
   char buf[1 << 16];
   if (S_ISFIFO(st.st_mode)) {
     // without a writer a read says end of file at once; with one it has data or would wait
@@ -63,5 +81,7 @@ std::string read_input_file(const std::string& path, std::string_view expected, 
     text.append(buf, size_t(n));
   }
 }
+
+}  // namespace
 
 }  // namespace rp

@@ -188,6 +188,9 @@ std::optional<json> parse_text(const std::string& text, const std::string& path,
     json::sax_parse(text, &sax);
     if (opt.key_lines) fill_key_lines(text, t.pointers, *opt.key_lines);
     return j;
+  } catch (const std::bad_alloc&) {  // its own text names nothing
+    throw std::invalid_argument(
+        fmt::format("{}: the JSON text ({} bytes) does not fit in memory once parsed", path, text.size()));
   } catch (const TooDeep&) {
     throw std::invalid_argument(
         fmt::format("{}: invalid JSON: objects and lists nested deeper than {} levels", path, kMaxJsonDepth));

@@ -4,12 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <future>
@@ -99,3 +102,35 @@ TEST(InputFile, AFolderADeviceAndASocketAreNamed) {
 }
 
 }  // namespace
+
+// In a child of a death test: reads `path` with the address space capped at 1 GiB; exit 3 after
+// printing the one-line refusal, 0 when it was read.
+void read_capped(const std::string& path) {
+  struct rlimit cap {};
+  cap.rlim_cur = cap.rlim_max = rlim_t(1) << 30;
+  setrlimit(RLIMIT_AS, &cap);
+  try {
+    rp::read_input_file(path, "a JSON file");
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    std::_Exit(3);
+  }
+  std::_Exit(0);
+}
+
+// A file larger than the memory the process may have is one line naming it and its size, where
+// std::bad_alloc's own text ("std::bad_alloc") named nothing. The child caps its address space
+// (RLIMIT_AS) at 1 GiB and reads a sparse 4 GiB file.
+TEST(InputFileDeathTest, AFileLargerThanMemoryIsNamedWithItsSize) {
+  const fs::path p = fs::temp_directory_path() / ("rp_huge_" + std::to_string(::getpid()) + ".json");
+  {
+    const int fd = ::open(p.c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0600);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::ftruncate(fd, off_t(4) << 30), 0);
+    ::close(fd);
+  }
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(read_capped(p.string()), ::testing::ExitedWithCode(3),
+              "rp_huge_[0-9]+\\.json: cannot read \\(4294967296 bytes do not fit in memory\\)");
+  fs::remove(p);
+}
