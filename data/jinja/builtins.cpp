@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -263,6 +264,11 @@ Value arith(const std::string& op, const Value& a, const Value& b) {
     if (op == "*" && !__builtin_mul_overflow(x, y, &r)) return Value(r);
     if (op == "//" || op == "%") {
       if (y == 0) type_error("integer division or modulo by zero");
+      // INT64_MIN // -1 is the one quotient past int64 (the division traps: SIGFPE)
+      if (x == std::numeric_limits<int64_t>::min() && y == -1) {
+        if (op == "%") return Value(int64_t(0));
+        type_error(fmt::format("integer overflow in '{}'", op));
+      }
       int64_t q = x / y, m = x % y;
       if (m != 0 && ((m < 0) != (y < 0))) {
         --q;

@@ -120,11 +120,16 @@ class Renderer {
                      throw std::invalid_argument("range() needs 1 to 3 arguments");
                    }
                    if (st == 0) throw std::invalid_argument("range() step must not be zero");
-                   const double n = std::max(0.0, std::ceil((double(hi) - double(lo)) / double(st)));
-                   if (n > double(kMaxBuiltValue / sizeof(Value)))
+                   // Python's len(range(lo, hi, st)), exact (a double rounds spans past 2^53)
+                   const __int128 span = st > 0 ? __int128(hi) - lo : __int128(lo) - hi,
+                                  step = st > 0 ? __int128(st) : -__int128(st);
+                   const __int128 n = span > 0 ? (span + step - 1) / step : 0;
+                   if (n > __int128(kMaxBuiltValue / sizeof(Value)))
                      throw std::invalid_argument("range() too long");
                    List out;
-                   for (int64_t i = lo; st > 0 ? i < hi : i > hi; i += st) out.push_back(Value(i));
+                   // the count, not i += st, ends the loop: i + st may pass int64 after the last item
+                   for (int64_t k = 0, i = lo; k < int64_t(n); ++k, i = int64_t(uint64_t(i) + uint64_t(st)))
+                     out.push_back(Value(i));
                    return Value(std::move(out));
                  }));
   }

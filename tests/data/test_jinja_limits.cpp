@@ -54,6 +54,22 @@ TEST(JinjaNumbers, LiteralsPastTheirTypeReadAsPythonReadsThem) {
             "0 7 3 2");
 }
 
+// Integer arithmetic at int64's ends: INT64_MIN // -1 trapped (SIGFPE) and a range whose last
+// step passes int64 wrapped around and never ended (memory without bound).
+TEST(JinjaNumbers, ArithmeticAndRangesAtInt64sEndsStayBounded) {
+  EXPECT_EQ(error_of("{{ (-9223372036854775807 - 1) // -1 }}"), "t.jinja:1: integer overflow in '//'");
+  EXPECT_EQ(render_of("{{ (-9223372036854775807 - 1) % -1 }} {{ -7 // 2 }} {{ -7 % 2 }}"), "0 -4 1");
+  EXPECT_EQ(render_of("{{ range(2, 9223372036854775807, 9223372036854775806) | list }}"), "[2]");
+  EXPECT_EQ(render_of("{{ range(9223372036854775806, 9223372036854775807, 2) | list }}"),
+            "[9223372036854775806]");
+  EXPECT_EQ(render_of("{{ range(0, -9223372036854775807 - 1, -9223372036854775807) | list }}"),
+            "[0, -9223372036854775807]");
+  // counts past what a double holds exactly: len(range(0, 2**62 + 1, 2**61)) is 3
+  EXPECT_EQ(render_of("{{ range(0, 4611686018427387905, 2305843009213693952) | list | length }}"), "3");
+  EXPECT_EQ(render_of("{{ range(5, 0, -2) | list }} {{ range(0) | list }} {{ range(3, 1) | list }}"),
+            "[5, 3, 1] [] []");
+}
+
 TEST(JinjaErrors, RaiseExceptionKeepsTheTemplatesMessage) {
   Template t(
       "{% if messages[0].role == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}",
