@@ -15,6 +15,25 @@ namespace rp {
 
 using nlohmann::json;
 
+size_t json_nesting_depth(std::string_view text) {
+  size_t depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
 std::string json_error_reason(const json::exception& e) {
   std::string w = e.what();
   if (const size_t p = w.find("] "); p != std::string::npos) w = w.substr(p + 2);
@@ -37,7 +56,7 @@ std::pair<size_t, size_t> line_column(const std::string& text, size_t pos) {
 /// in reading order).
 // Nesting a parse accepts: no file we read nests past a few levels, and printing a value nested
 // tens of thousands deep (an error message quoting it) overflowed the stack.
-constexpr size_t kMaxJsonDepth = 512;
+constexpr size_t kMaxJsonDepth = kMaxJsonNesting;
 struct TooDeep {};
 
 struct DuplicateKey {
@@ -250,7 +269,7 @@ std::optional<json> parse_json_value(const std::string& text, const std::string&
 std::string number_out_of_range_text(const std::string& place, const std::string& key,
                                      const std::string& number) {
   return fmt::format("{}: {}expected a number within a double's range (about 1.8e308), got {}", place,
-                     key.empty() ? std::string() : fmt::format("key '{}': ", key), number);
+                     key.empty() ? std::string() : fmt::format("key '{}': ", key), excerpt(number));
 }
 
 std::string read_json_file(const std::string& path) { return read_input_file(path, "a JSON file"); }

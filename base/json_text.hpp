@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -48,6 +49,14 @@ nlohmann::json parse_json_text(const std::string& text, const std::string& path,
 /// std::invalid_argument naming `place` and the key path.
 std::optional<nlohmann::json> parse_json_value(const std::string& text, const std::string& place,
                                                const JsonTextOptions& opt);
+
+/// The deepest nesting of objects and lists in `text` (brackets outside strings; 0 for a scalar),
+/// counted without parsing, for readers that parse with the JSON library directly (records
+/// keep their key order there) and must refuse what parse_json_text refuses before a recursive
+/// copy or print of the value overflows the stack.
+size_t json_nesting_depth(std::string_view text);
+/// The most nesting any JSON input may have (parse_json_text refuses deeper texts).
+inline constexpr size_t kMaxJsonNesting = 512;
 
 /// The JSON library's message without its "[json.exception.parse_error.101] parse error at line
 /// L, column C: " prefix, for an error that names the place itself: "syntax error while parsing

@@ -317,6 +317,13 @@ void add_record(const Json& j, const std::string& where, const Tokenizer& tok, c
 /// column C: " prefix (the caller names the line; a JSON lines file's parse sees one line only).
 std::string parse_message(const Json::parse_error& e) { return json_error_reason(e); }
 
+/// Refuses JSON text nested deeper than kMaxJsonNesting (a copy or print of such a value
+/// recurses once per level: 20,000 levels overflowed the stack); `where` names the file or line.
+void refuse_deep(const std::string& text, const std::string& where) {
+  if (json_nesting_depth(text) > kMaxJsonNesting)
+    fail(where, fmt::format("invalid JSON: objects and lists nested deeper than {} levels", kMaxJsonNesting));
+}
+
 /// Refuses a NUL byte in a JSON text (nlohmann's lexer takes it for the end of the input, so
 /// whatever follows it would be dropped unseen); `line0` is the line `text` starts on.
 void refuse_nul(const std::string& text, const std::string& path, size_t line0) {
@@ -335,12 +342,15 @@ size_t line_of(const std::string& text, size_t pos) {
 void json_array_records(const std::string& path, const RecordFn& record) {
   const std::string text = read_all(path);
   refuse_nul(text, path, 1);
+  refuse_deep(text, path);
   Json j;
   try {
     j = Json::parse(text);
   } catch (const Json::parse_error& e) {
     fail(fmt::format("{}:{}", path, line_of(text, e.byte ? e.byte - 1 : 0)),
          "invalid JSON: " + parse_message(e));
+  } catch (const Json::out_of_range& e) {  // a number past a double: 1e400
+    fail(path, fmt::format("invalid JSON: {} (past a double's range, about 1.8e308)", json_error_reason(e)));
   }
   if (!j.is_array()) fail(path, fmt::format("expected a JSON array of objects, got {}", type_name(j)));
   // counted from 1, as the line numbers of a .jsonl file
@@ -360,6 +370,7 @@ void json_lines_records(const std::string& path, const RecordFn& record) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     refuse_nul(line, path, lineno);
+    refuse_deep(line, fmt::format("{}:{}", path, lineno));
     Json j;
     try {
       j = Json::parse(line);
@@ -371,6 +382,9 @@ void json_lines_records(const std::string& path, const RecordFn& record) {
              "one JSON object over several lines; expected one object per line (JSON lines) or a JSON array "
              "of objects");
       fail(fmt::format("{}:{}", path, lineno), "invalid JSON: " + parse_message(e));
+    } catch (const Json::out_of_range& e) {  // a number past a double: 1e400
+      fail(fmt::format("{}:{}", path, lineno),
+           fmt::format("invalid JSON: {} (past a double's range, about 1.8e308)", json_error_reason(e)));
     }
     record(j, fmt::format("{}:{}", path, lineno));
   }

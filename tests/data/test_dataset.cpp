@@ -73,6 +73,18 @@ TEST(Jsonl, ErrorsNameFileLineAndExpectation) {
       why = "invalid JSON: a NUL byte (JSON text has none; in a string it is written \\u0000)";
   expect_error("{\"text\": \"a\"}\n{\"text\": \"b\"}" + nul + "{\"text\": \"c\"}\n", "2: " + why);
   expect_error("[{\"text\": \"a\"},\n{\"text\": \"b\"}]" + nul + "\n", "2: " + why);
+  // nesting past 512 levels (20,000 overflowed the stack) and a number past a double (the JSON
+  // library's own exception text named no file) are one line naming the record
+  std::string deep = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\", \"x\": ";
+  deep += std::string(20000, '[') + std::string(20000, ']') + "}]}";
+  expect_error("{\"text\": \"a\"}\n" + deep + "\n",
+               "2: invalid JSON: objects and lists nested deeper than 512 levels");
+  expect_error("[" + deep + "]", " invalid JSON: objects and lists nested deeper than 512 levels");
+  // brackets inside strings are text, not nesting
+  EXPECT_EQ(jsonl_error("{\"text\": \"" + std::string(600, '[') + "\"}\n"), "<no exception>");
+  expect_error("{\"text\": \"a\"}\n{\"text\": \"b\"}\n{\"text\": 1e400}\n",
+               "3: invalid JSON: number overflow parsing '1e400' (past a double's range, about 1.8e308)");
+  expect_error("[{\"text\": \"a\"},\n{\"text\": -1e400}]", " invalid JSON: number overflow parsing '-1e400'");
   // past the first line the reason has no "at line 1" of its own (the parser sees one line)
   EXPECT_EQ(jsonl_error("{\"text\": \"a\"}\n{\"text\": \"b\"}\n{\"text\": }\n").find("line 1"),
             std::string::npos);
