@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/input_file.hpp"
+#include "base/json_text.hpp"
 #include "base/utf8.hpp"
 #include "cli/command.hpp"
 #include "data/chat_template.hpp"
@@ -46,10 +47,10 @@ std::vector<ChatMessage> read_messages(const std::string& path) {
     throw std::runtime_error(e.what());  // the file's fault, not the command line's
   }
   nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception&) {
-    throw std::runtime_error(path + ": invalid JSON (expected an array of {\"role\", \"content\"})");
+  try {  // the shared reader: line and column, NUL bytes, duplicate keys, nesting, huge numbers
+    j = parse_json_text(text, path, {.unique_keys = true});
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(e.what());
   }
   if (!j.is_array() || j.empty())
     throw std::runtime_error(path + ": expected a JSON array of {\"role\", \"content\"}" +

@@ -155,6 +155,16 @@ TEST(CliGenerate, MessagesFileErrorsNameTheFile) {
                         msgs + ": expected a JSON array of {\"role\", \"content\"}, got []");
   expect_one_line_error(roundpipe("generate " + model.string() + " --messages " + d.string(), d),
                         d.string() + ": is a folder; expected a JSON file");
+  // read as every JSON file is: a NUL byte, a key given twice and a syntax error name the place
+  write(msgs, std::string("[{\"role\": \"user\", \"content\": \"hi\"}]\0junk", 40));
+  expect_one_line_error(roundpipe("generate " + model.string() + " --messages " + msgs, d),
+                        msgs + ":1:36: invalid JSON: a NUL byte");
+  write(msgs, "[{\"role\": \"user\",\n  \"role\": \"system\", \"content\": \"hi\"}]");
+  expect_one_line_error(roundpipe("generate " + model.string() + " --messages " + msgs, d),
+                        msgs + ":2: key 'role' given twice");
+  write(msgs, "[{\"role\": \"user\",\n \"content\": }]");
+  expect_one_line_error(roundpipe("generate " + model.string() + " --messages " + msgs, d),
+                        msgs + ":2:13: invalid JSON: syntax error");
   fs::remove_all(d);
 }
 
