@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <iterator>
 #include <sstream>
 #include <stdexcept>
 
@@ -76,12 +77,25 @@ void append_document(const Tokenizer& tok, std::string_view text, int32_t eos, D
   ++d.num_documents;
 }
 
+/// The runtime_error for a file or line of `path` that does not fit in memory (std::bad_alloc's
+/// own text names nothing).
+[[noreturn]] void too_large(const std::string& where, uint64_t bytes) {
+  throw std::runtime_error(fmt::format("{}: cannot read ({} bytes do not fit in memory)", where, bytes));
+}
+
 std::string read_all(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) throw std::runtime_error(path + ": cannot open");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  std::error_code ec;
+  const uint64_t size = fs::is_regular_file(path, ec) ? fs::file_size(path, ec) : 0;
+  try {
+    std::string text;
+    text.reserve(size_t(size));  // a file larger than memory fails here, before any reading
+    text.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    return text;
+  } catch (const std::bad_alloc&) {
+    too_large(path, size);
+  }
 }
 
 const char* kNoAssistant = "expected at least one assistant message (nothing to train on)";
@@ -364,7 +378,15 @@ void json_lines_records(const std::string& path, const RecordFn& record) {
   if (!in) throw std::runtime_error(path + ": cannot open");
   std::string line;
   size_t lineno = 0;
-  while (std::getline(in, line)) {
+  for (;;) {
+    // a failed read (a line longer than memory holds: getline catches the bad_alloc and sets
+    // badbit) ended the loop as if the file ended there
+    if (!std::getline(in, line)) {
+      if (in.bad())
+        throw std::runtime_error(fmt::format(
+            "{}:{}: cannot read (the line does not fit in memory, or the read failed)", path, lineno + 1));
+      break;
+    }
     ++lineno;
     if (lineno == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);  // UTF-8 BOM
     if (!line.empty() && line.back() == '\r') line.pop_back();

@@ -59,6 +59,16 @@ std::string binary_file_error(const std::string& path, std::string_view head) {
   if (text) return {};
   if (kind.empty() && head.find('\0') == std::string_view::npos && valid_utf8_prefix(head) >= 16)
     return utf8_error(path, head);
+  // text up to a NUL byte (a line of a JSON lines file, say): the NUL's line, not a hex dump
+  if (const size_t nul = head.find('\0'); kind.empty() && nul != std::string_view::npos && nul >= 16 &&
+                                          valid_utf8_prefix(head.substr(0, nul)) == nul) {
+    const size_t line_start = head.rfind('\n', nul);
+    return fmt::format(
+        "{}:{}:{}: a NUL byte in the text; expected UTF-8 text without NUL bytes (JSON lines, a "
+        "JSON array or plain text)",
+        path, 1 + std::count(head.begin(), head.begin() + std::ptrdiff_t(nul), '\n'),
+        line_start == std::string_view::npos ? nul + 1 : nul - line_start);
+  }
   std::string hex;
   for (size_t i = 0; i < std::min<size_t>(head.size(), 16); ++i)
     hex += fmt::format("{}{:02x}", i ? " " : "", static_cast<unsigned char>(head[i]));

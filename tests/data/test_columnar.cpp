@@ -165,6 +165,13 @@ TEST(BinaryFiles, AreRefusedWithTheirFirstBytes) {
                 nul + ": not text: its first bytes are 7b 22 74 65 78 74 22 3a 20 22 61 00 62 22 7d 0a;"),
             std::string::npos)
       << load_error(nul);
+  // a NUL after a line of text (a JSON lines file with one bad record): its line and column
+  const std::string later =
+      dir.write("later.jsonl", std::string("{\"text\": \"hello world\"}\n{\"text\": \"a\0b\"}\n", 40));
+  EXPECT_EQ(binary_file_error(later, read_file(later)),
+            later +
+                ":2:12: a NUL byte in the text; expected UTF-8 text without NUL bytes (JSON lines, a JSON "
+                "array or plain text)");
   const std::string gz = dir.write("data.txt", std::string("\x1f\x8b\x08\x00\x00\x00\x00\x00", 8));
   EXPECT_NE(
       load_error(gz).find(gz + ": not text: its first bytes are 1f 8b 08 00 00 00 00 00 (a gzip archive"),

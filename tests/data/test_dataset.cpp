@@ -1,5 +1,11 @@
 // JSONL / plain-text loading, file:line errors, packing and the batch stream.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
 
 #include <set>
 #include <tuple>
@@ -73,6 +79,7 @@ TEST(Jsonl, ErrorsNameFileLineAndExpectation) {
       why = "invalid JSON: a NUL byte (JSON text has none; in a string it is written \\u0000)";
   expect_error("{\"text\": \"a\"}\n{\"text\": \"b\"}" + nul + "{\"text\": \"c\"}\n", "2: " + why);
   expect_error("[{\"text\": \"a\"},\n{\"text\": \"b\"}]" + nul + "\n", "2: " + why);
+  expect_error("{\"text\": \"hello world\"}\n{\"text\": \"a" + nul + "b\"}\n", "2: " + why);
   // nesting past 512 levels (20,000 overflowed the stack) and a number past a double (the JSON
   // library's own exception text named no file) are one line naming the record
   std::string deep = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\", \"x\": ";
@@ -441,4 +448,44 @@ TEST(Packing, ExamplesShareSequencesWithRestartingPositions) {
   BatchStream bs(p, 0, false);
   TokenBatch b = bs.next(2);
   EXPECT_EQ(b.positions, (Ids{0, 1, 2, 0, 1, 0, 0, 1, 2, 0, 1, 2}));
+}
+
+namespace {
+// In a death test's child: loads `path` with the address space capped at 2 GiB; exit 3 after
+// printing the one-line refusal, 0 when it loaded.
+void load_capped(const std::string& path) {
+  const Tokenizer& tok = qwen();  // loaded before the cap
+  struct rlimit cap {};
+  cap.rlim_cur = cap.rlim_max = rlim_t(2) << 30;
+  setrlimit(RLIMIT_AS, &cap);
+  try {
+    load_dataset(path, tok, ChatTemplate::chatml);
+  } catch (const std::runtime_error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    std::_Exit(3);
+  }
+  std::_Exit(0);
+}
+}  // namespace
+
+// A data file larger than memory is one line naming it and its size, where std::bad_alloc's own
+// text named nothing: a JSON array (read whole) and a JSON lines file whose one line is larger.
+TEST(DataFileDeathTest, AFileLargerThanMemoryIsNamedWithItsSize) {
+  TempDir dir;
+  // text for the first bytes, which are sniffed for a binary file
+  const std::string array =
+      dir.write("big.json", "[{\"text\": \"a\"},\n{\"text\": \"" + std::string(2048, 'a'));
+  const std::string lines =
+      dir.write("big.jsonl", "{\"text\": \"a\"}\n{\"text\": \"" + std::string(2048, 'a'));
+  for (const std::string& p : {array, lines}) {
+    const int fd = ::open(p.c_str(), O_WRONLY);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::ftruncate(fd, off_t(4) << 30), 0);  // sparse: the rest reads as NUL bytes
+    ::close(fd);
+  }
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(load_capped(array), ::testing::ExitedWithCode(3),
+              "big\\.json: cannot read \\(4294967296 bytes do not fit in memory\\)");
+  EXPECT_EXIT(load_capped(lines), ::testing::ExitedWithCode(3),
+              "big\\.jsonl:2: cannot read \\(the line does not fit in memory, or the read failed\\)");
 }
