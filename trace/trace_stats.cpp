@@ -262,11 +262,14 @@ double estimate_bandwidth(const Streams& streams, const char* bulk, const char* 
 double reference_chunk(const Trace& t, const Streams& streams, const TraceStatsOptions& o) {
   double chunk = o.chunk_bytes;
   if (chunk <= 0 && t.info.count("transfer_chunk_bytes")) {
-    try {
-      chunk = std::stod(t.info.at("transfer_chunk_bytes"));
-    } catch (const std::exception&) {
-      chunk = 0;
-    }
+    // the run's own setting, as the trace recorded it: a number of bytes, bounded as --chunk-bytes
+    const std::string& v = t.info.at("transfer_chunk_bytes");
+    const char* end = v.data() + v.size();
+    const auto r = std::from_chars(v.data(), end, chunk);
+    if (r.ec != std::errc() || r.ptr != end || !(chunk >= 1 && chunk <= kMaxTraceArgument))
+      throw std::runtime_error(fmt::format(
+          "otherData: key 'transfer_chunk_bytes': expected a number of bytes from 1 to {:g}, got {}",
+          kMaxTraceArgument, excerpt(v)));
   }
   if (chunk <= 0)
     for (auto* s : slices_of(streams, "param_up")) chunk = std::max(chunk, bytes_of(*s));

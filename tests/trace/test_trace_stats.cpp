@@ -115,6 +115,21 @@ TEST(TraceStats, SkippingPassesAndGivenBandwidths) {
   EXPECT_EQ(s[0].act_up_waits_over_chunk, 1u);  // 9 ms > 4 ms; the zero waits are not
   o.chunk_bytes = 5e6;                          // 10 ms: the 9 ms wait is within one chunk
   EXPECT_EQ(trace_stats(t, o)[0].act_up_waits_over_chunk, 0u);
+  // the trace's own transfer_chunk_bytes stands in when none is given, and must be bytes
+  o.chunk_bytes = 0;
+  t.info["transfer_chunk_bytes"] = "2000000";
+  EXPECT_NEAR(trace_stats(t, o)[0].chunk_s, 0.004, 1e-9);
+  for (const std::string bad : {"1e300", "-5", "abc", "0", "2e6x"}) {
+    t.info["transfer_chunk_bytes"] = bad;
+    try {
+      trace_stats(t, o);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const std::runtime_error& e) {
+      EXPECT_EQ(
+          std::string(e.what()),
+          "otherData: key 'transfer_chunk_bytes': expected a number of bytes from 1 to 1e+15, got " + bad);
+    }
+  }
 }
 
 TEST(TraceStats, PercentilesAndErrors) {
