@@ -81,9 +81,9 @@ void run_generate(const GenerateCommandOptions& c) {
                                 : "give only one of --prompt TEXT, --chat TEXT or --messages FILE");
   // flags that would be ignored without a word
   if (!c.system.empty() && c.chat.empty())
-    throw UsageError(fmt::format(
-        "--system: only with --chat (the system message before it); {} has none",
-        c.prompt.empty() ? "--messages gives its own system message, if any" : "--prompt is plain text"));
+    throw UsageError(fmt::format("--system: only with --chat (the system message before it); {}",
+                                 c.prompt.empty() ? "--messages gives its own system message, if any"
+                                                  : "--prompt is plain text, with no messages"));
   for (const std::string& s : c.stop)
     if (s.empty()) throw UsageError("--stop: expected a non-empty string, got \"\"");
   check_utf8("--prompt", c.prompt);
@@ -169,8 +169,11 @@ void add_generate_command(CLI::App& app) {
             try {
               parse_chat_template_name(v);
               return "";
-            } catch (const std::invalid_argument& e) {
-              return e.what();
+            } catch (const std::invalid_argument&) {
+              return fmt::format(
+                  "unknown chat template \"{}\" (valid: auto, jinja, chatml, qwen3, qwen3-no-think, smollm2, "
+                  "llama3)",
+                  v);
             }
           },
           "TEMPLATE"));

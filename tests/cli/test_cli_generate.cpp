@@ -122,9 +122,9 @@ TEST(CliGenerate, FlagsItWouldIgnoreAreRefused) {
       {"--chat hi --stop ''", "--stop: expected a non-empty string"},
       // an unknown template, also with --prompt, which renders none (a typo was accepted silently)
       {"--chat hi --chat-template mistral",
-       "--chat-template: unknown chat template \"mistral\" (valid: chatml"},
+       "--chat-template: unknown chat template \"mistral\" (valid: auto, jinja, chatml"},
       {"--prompt hi --chat-template bogus",
-       "--chat-template: unknown chat template \"bogus\" (valid: chatml"},
+       "--chat-template: unknown chat template \"bogus\" (valid: auto, jinja, chatml"},
   };
   for (const auto& [args, want] : refused) {
     const CliRun r = roundpipe("generate " + model.string() + " " + args + " --max-tokens 2", d);
