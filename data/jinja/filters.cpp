@@ -2,6 +2,8 @@
 // indent / sort_keys / ensure_ascii=False).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <limits>
 #include <map>
 #include <stdexcept>
 
@@ -193,8 +195,11 @@ Value number_filter(const Value& v, const Args& a, bool to_int) {
         const int64_t i = std::stoll(t, &used, 10);
         if (used == t.size()) return Value(i);
       }
-      const double d = std::stod(t, &used);
-      if (used == t.size()) return to_int ? as_int(d) : Value(d);
+      // strtod, not stod: "1e999" is inf as Python's float() reads it (stod threw out_of_range)
+      char* end = nullptr;
+      const double d = t.empty() ? 0 : std::strtod(t.c_str(), &end);
+      if (!t.empty() && end == t.c_str() + t.size() && !std::isspace(static_cast<unsigned char>(t[0])))
+        return to_int ? as_int(d) : Value(d);
     } catch (const std::exception&) {}
   }
   return dflt;
@@ -374,7 +379,10 @@ const std::map<std::string, FilterFn>& filters() {
       {"round", round_filter},
       {"abs",
        [](const Value& v, const Args&) {
-         if (v.is_int()) return Value(v.as_int() < 0 ? -v.as_int() : v.as_int());
+         if (v.is_int()) {
+           if (v.as_int() == std::numeric_limits<int64_t>::min()) fail("integer overflow in abs()");
+           return Value(v.as_int() < 0 ? -v.as_int() : v.as_int());
+         }
          if (v.is_float()) return Value(std::fabs(v.as_float()));
          fail(fmt::format("bad operand type for abs(): '{}'", type_name(v)));
        }},

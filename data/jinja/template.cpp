@@ -2,6 +2,7 @@
 #include "data/jinja/template.hpp"
 
 #include <algorithm>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -445,7 +446,11 @@ class Renderer {
       case K::not_: return Value(!truthy(eval(*e.kids[0])));
       case K::neg: {
         Value v = eval(*e.kids[0]);
-        if (v.is_int()) return Value(-v.as_int());
+        if (v.is_int()) {
+          if (v.as_int() == std::numeric_limits<int64_t>::min())
+            throw std::invalid_argument("integer overflow in unary -");
+          return Value(-v.as_int());
+        }
         if (v.is_float()) return Value(-v.as_float());
         if (v.is_bool()) return Value(-int64_t(v.as_bool()));
         throw std::invalid_argument(fmt::format("bad operand type for unary -: '{}'", type_name(v)));

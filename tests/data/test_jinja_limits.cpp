@@ -68,6 +68,13 @@ TEST(JinjaNumbers, ArithmeticAndRangesAtInt64sEndsStayBounded) {
   EXPECT_EQ(render_of("{{ range(0, 4611686018427387905, 2305843009213693952) | list | length }}"), "3");
   EXPECT_EQ(render_of("{{ range(5, 0, -2) | list }} {{ range(0) | list }} {{ range(3, 1) | list }}"),
             "[5, 3, 1] [] []");
+  // -INT64_MIN and abs(INT64_MIN) are past int64 too: refused as the binary operators are
+  EXPECT_EQ(error_of("{{ -(-9223372036854775807 - 1) }}"), "t.jinja:1: integer overflow in unary -");
+  EXPECT_EQ(error_of("{{ (-9223372036854775807 - 1) | abs }}"), "t.jinja:1: integer overflow in abs()");
+  EXPECT_EQ(
+      render_of(
+          "{{ -5 | abs }} {{ -(-3) }} {{ '1e999' | float }} {{ ' 2.5 ' | float }} {{ 'x' | float(1.5) }}"),
+      "5 3 inf 2.5 1.5");
 }
 
 TEST(JinjaErrors, RaiseExceptionKeepsTheTemplatesMessage) {
