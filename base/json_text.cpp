@@ -96,10 +96,42 @@ void fill_key_lines(const std::string& text, const std::vector<std::string>& poi
   }
 }
 
-std::string joined(const std::string& prefix, const std::vector<std::string>& keys) {
+/// The offset of the first occurrence of the token `value` in `text` outside a string that
+/// stands as a value (first in the text, or after ':', '[' or ','); npos when there is none.
+size_t offset_of_value(const std::string& text, const std::string& value) {
+  bool in_string = false;
+  size_t before = std::string::npos;  // the last character outside strings that is not whitespace
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false, before = i;
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+      continue;
+    }
+    if (text.compare(i, value.size(), value) == 0 &&
+        (before == std::string::npos || text[before] == ':' || text[before] == '[' || text[before] == ','))
+      return i;
+    if (c != ' ' && c != '\t' && c != '\r' && c != '\n') before = i;
+  }
+  return std::string::npos;
+}
+
+/// The dotted key path of the value being read: each open object's key, each open list's index
+/// ("data[1].weight", as the spec's other errors name list items).
+std::string joined(const std::string& prefix, const std::vector<std::string>& keys,
+                   const std::vector<long>& element) {
   std::string key = prefix;
-  for (const auto& k : keys)
-    if (!k.empty()) key += (key.empty() ? "" : ".") + k;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (i < element.size() && element[i] >= 0) {
+      key += fmt::format("[{}]", element[i]);
+    } else if (!keys[i].empty()) {
+      key += (key.empty() ? "" : ".") + keys[i];
+    }
+  }
   return key;
 }
 
@@ -142,7 +174,7 @@ struct ParseTrack {
     if (keys.empty()) return;
     keys.back() = k;
     if (opt.unique_keys && !seen.back().insert(keys.back()).second)
-      throw DuplicateKey{joined(opt.key_prefix, keys), key_count};
+      throw DuplicateKey{joined(opt.key_prefix, keys, element), key_count};
     if (opt.key_lines) pointers.push_back(pointer_of_key());
     ++key_count;
   }
@@ -231,19 +263,14 @@ std::optional<json> parse_text(const std::string& text, const std::string& path,
     const auto from = what.find("parsing '"), to = what.rfind('\'');
     const std::string number =
         from == std::string::npos || to <= from + 9 ? std::string() : what.substr(from + 9, to - from - 9);
-    // its line: parsing stopped at the first such number, the first occurrence that stands as a
-    // value (first in the text, or after ':', '[' or ',')
-    size_t line = 0;
-    for (size_t at = number.empty() ? std::string::npos : text.find(number); at != std::string::npos && !line;
-         at = text.find(number, at + 1)) {
-      const size_t before = at == 0 ? std::string::npos : text.find_last_not_of(" \t\r\n", at - 1);
-      if (before == std::string::npos || text[before] == ':' || text[before] == '[' || text[before] == ',')
-        line = line_column(text, at).first;
-    }
+    // its line: parsing stopped at the first such number, the first occurrence outside a string
+    // that stands as a value (first in the text, or after ':', '[' or ',')
+    const size_t at = number.empty() ? std::string::npos : offset_of_value(text, number);
+    const size_t line = at == std::string::npos ? 0 : line_column(text, at).first;
     if (number.empty())
       throw std::invalid_argument(fmt::format("{}: invalid JSON: {}", place(line), json_error_reason(e)));
     throw std::invalid_argument(
-        number_out_of_range_text(place(line), joined(opt.key_prefix, t.keys), number));
+        number_out_of_range_text(place(line), joined(opt.key_prefix, t.keys, t.element), number));
   } catch (const json::exception& e) {
     throw std::invalid_argument(fmt::format("{}: invalid JSON: {}", path, json_error_reason(e)));
   }

@@ -84,7 +84,11 @@ TEST(JsonText, ANumberBeyondADoubleNamesLineAndKeyPath) {
             "f.json:2: key 'b.c': expected a number within a double's range (about 1.8e308), got 1e400");
   // inside a list: the key holding the list; the same digits earlier in a string are not it
   EXPECT_EQ(error_of("{\"name\": \"-1e999\",\n\n \"f\": [1, -1e999]}"),
-            "f.json:3: key 'f': expected a number within a double's range (about 1.8e308), got -1e999");
+            "f.json:3: key 'f[1]': expected a number within a double's range (about 1.8e308), got -1e999");
+  // the same digits inside a string after a '[' are text, not the number
+  EXPECT_EQ(
+      error_of("{\"comment\": \"see [1e400\",\n \"x\": 1,\n\n \"optimizer\": {\"lr\": 1e400}}"),
+      "f.json:4: key 'optimizer.lr': expected a number within a double's range (about 1.8e308), got 1e400");
   // not under a key
   EXPECT_EQ(error_of("1e400"),
             "f.json:1: expected a number within a double's range (about 1.8e308), got 1e400");

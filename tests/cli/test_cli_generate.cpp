@@ -161,7 +161,7 @@ TEST(CliGenerate, MessagesFileErrorsNameTheFile) {
                         msgs + ":1:36: invalid JSON: a NUL byte");
   write(msgs, "[{\"role\": \"user\",\n  \"role\": \"system\", \"content\": \"hi\"}]");
   expect_one_line_error(roundpipe("generate " + model.string() + " --messages " + msgs, d),
-                        msgs + ":2: key 'role' given twice");
+                        msgs + ":2: key '[0].role' given twice");
   write(msgs, "[{\"role\": \"user\",\n \"content\": }]");
   expect_one_line_error(roundpipe("generate " + model.string() + " --messages " + msgs, d),
                         msgs + ":2:13: invalid JSON: syntax error");

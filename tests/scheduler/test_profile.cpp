@@ -333,7 +333,7 @@ TEST(Profile, LoadRefusesValuesOutOfRangeNamingLineKeyAndRange) {
   const size_t m = text.find("\"m\": ") + 5;
   text.replace(m, text.find_first_of(",\n", m) - m, "1e999");
   EXPECT_EQ(load_error(text).rfind(
-                line_of(text, "1e999") + ": key 'layers.backward.m': expected a number within", 0),
+                line_of(text, "1e999") + ": key 'layers[0].backward.m': expected a number within", 0),
             0u)
       << load_error(text);
 
