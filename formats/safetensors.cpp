@@ -63,7 +63,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    fail("not a regular file (a device, FIFO or socket)");
+    fail(S_ISDIR(st.st_mode) ? "is a folder, expected a safetensors file"
+                             : "not a regular file (a device, FIFO or socket)");
   }
   size_ = uint64_t(st.st_size);
   if (size_ < 8) {

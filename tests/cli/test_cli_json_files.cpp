@@ -73,8 +73,13 @@ TEST(CliJsonFiles, ModelWeightsThatAreANamedPipeAreRefusedAtOnce) {
   ASSERT_EQ(::mkfifo(weights.c_str(), 0600), 0);
   expect_one_line_error(roundpipe_in(d, "generate " + piped.string() + " --prompt hi", d, "timeout 60"),
                         "model.safetensors: not a regular file (a device, FIFO or socket)");
-  // a sharded model's index
+  // a folder where the weights go is called one (it was "a device, FIFO or socket")
   fs::remove(weights);
+  fs::create_directories(weights);
+  expect_one_line_error(roundpipe_in(d, "generate " + piped.string() + " --prompt hi", d, "timeout 60"),
+                        "model.safetensors: is a folder, expected a safetensors file");
+  // a sharded model's index
+  fs::remove_all(weights);
   const std::string index = (piped / "model.safetensors.index.json").string();
   ASSERT_EQ(::mkfifo(index.c_str(), 0600), 0);
   expect_one_line_error(roundpipe_in(d, "generate " + piped.string() + " --prompt hi", d, "timeout 60"),
