@@ -266,9 +266,10 @@ double reference_chunk(const Trace& t, const Streams& streams, const TraceStatsO
     const std::string& v = t.info.at("transfer_chunk_bytes");
     const char* end = v.data() + v.size();
     const auto r = std::from_chars(v.data(), end, chunk);
-    if (r.ec != std::errc() || r.ptr != end || !(chunk >= 1 && chunk <= kMaxTraceArgument))
+    // (0: the run moved whole tensors, no chunks; the largest parameter copy stands in below)
+    if (r.ec != std::errc() || r.ptr != end || !(chunk >= 0 && chunk <= kMaxTraceArgument))
       throw std::runtime_error(fmt::format(
-          "otherData: key 'transfer_chunk_bytes': expected a number of bytes from 1 to {:g}, got {}",
+          "otherData: key 'transfer_chunk_bytes': expected a number of bytes from 0 to {:g}, got {}",
           kMaxTraceArgument, excerpt(v)));
   }
   if (chunk <= 0)

@@ -135,7 +135,7 @@ TEST(ConfigLimits, ANumberBeyondADoubleNamesTheFileAndTheKey) {
     load_config_file(path);
     ADD_FAILURE() << "-1e999 was accepted";
   } catch (const std::runtime_error& e) {
-    EXPECT_EQ(std::string(e.what()).rfind(path + ":1: key 'rope_scaling.long_factor'", 0), 0u) << e.what();
+    EXPECT_EQ(std::string(e.what()).rfind(path + ":1: key 'rope_scaling.long_factor[0]'", 0), 0u) << e.what();
   }
   // the other JSON errors still name the file
   std::ofstream(path, std::ios::trunc) << "{\"model_type\": ";

@@ -119,7 +119,12 @@ TEST(TraceStats, SkippingPassesAndGivenBandwidths) {
   o.chunk_bytes = 0;
   t.info["transfer_chunk_bytes"] = "2000000";
   EXPECT_NEAR(trace_stats(t, o)[0].chunk_s, 0.004, 1e-9);
-  for (const std::string bad : {"1e300", "-5", "abc", "0", "2e6x"}) {
+  t.info["transfer_chunk_bytes"] = "0";  // a run without chunks: the largest parameter copy
+  o.chunk_bytes = 0;
+  const double whole = trace_stats(t, o)[0].chunk_s;
+  t.info.erase("transfer_chunk_bytes");
+  EXPECT_EQ(trace_stats(t, o)[0].chunk_s, whole);
+  for (const std::string bad : {"1e300", "-5", "abc", "2e6x"}) {
     t.info["transfer_chunk_bytes"] = bad;
     try {
       trace_stats(t, o);
@@ -127,7 +132,7 @@ TEST(TraceStats, SkippingPassesAndGivenBandwidths) {
     } catch (const std::runtime_error& e) {
       EXPECT_EQ(
           std::string(e.what()),
-          "otherData: key 'transfer_chunk_bytes': expected a number of bytes from 1 to 1e+15, got " + bad);
+          "otherData: key 'transfer_chunk_bytes': expected a number of bytes from 0 to 1e+15, got " + bad);
     }
   }
 }
