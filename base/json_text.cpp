@@ -228,8 +228,7 @@ std::optional<json> parse_text(const std::string& text, const std::string& path,
   if (const size_t nul = text.find('\0'); nul != std::string::npos) {
     if (syntax_is_not_json) return std::nullopt;
     const auto [line, col] = line_column(text, nul);
-    const std::string what =
-        "invalid JSON: a NUL byte (JSON text has none; in a string it is written \\u0000)";
+    const std::string what = kJsonNulReason;
     if (!opt.lines) throw std::invalid_argument(fmt::format("{}: {}", path, what));
     throw std::invalid_argument(fmt::format("{}:{}:{}: {}", path, line, col, what));
   }

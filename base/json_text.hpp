@@ -55,6 +55,11 @@ std::optional<nlohmann::json> parse_json_value(const std::string& text, const st
 /// keep their key order there) and must refuse what parse_json_text refuses before a recursive
 /// copy or print of the value overflows the stack.
 size_t json_nesting_depth(std::string_view text);
+/// Why a JSON text with a raw NUL byte is refused, for every reader's message (nlohmann's lexer
+/// takes a NUL for the end of the input and would drop what follows unseen).
+inline constexpr const char* kJsonNulReason =
+    "invalid JSON: a NUL byte (JSON text has none; in a string it is written \\u0000)";
+
 /// The most nesting any JSON input may have (parse_json_text refuses deeper texts).
 inline constexpr size_t kMaxJsonNesting = 512;
 

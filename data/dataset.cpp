@@ -327,10 +327,6 @@ void add_record(const Json& j, const std::string& where, const Tokenizer& tok, c
   }
 }
 
-/// The JSON library's reason for `e` without its "[json.exception...] parse error at line L,
-/// column C: " prefix (the caller names the line; a JSON lines file's parse sees one line only).
-std::string parse_message(const Json::parse_error& e) { return json_error_reason(e); }
-
 /// Refuses JSON text nested deeper than kMaxJsonNesting (a copy or print of such a value
 /// recurses once per level: 20,000 levels overflowed the stack); `where` names the file or line.
 void refuse_deep(const std::string& text, const std::string& where) {
@@ -344,7 +340,7 @@ void refuse_nul(const std::string& text, const std::string& path, size_t line0) 
   const size_t at = text.find('\0');
   if (at == std::string::npos) return;
   fail(fmt::format("{}:{}", path, line0 + size_t(std::count(text.begin(), text.begin() + long(at), '\n'))),
-       "invalid JSON: a NUL byte (JSON text has none; in a string it is written \\u0000)");
+       kJsonNulReason);
 }
 
 /// 1-based line of byte offset `pos` in `text`.
@@ -362,7 +358,7 @@ void json_array_records(const std::string& path, const RecordFn& record) {
     j = Json::parse(text);
   } catch (const Json::parse_error& e) {
     fail(fmt::format("{}:{}", path, line_of(text, e.byte ? e.byte - 1 : 0)),
-         "invalid JSON: " + parse_message(e));
+         "invalid JSON: " + json_error_reason(e));
   } catch (const Json::out_of_range& e) {  // a number past a double: 1e400
     fail(path, fmt::format("invalid JSON: {} (past a double's range, about 1.8e308)", json_error_reason(e)));
   }
@@ -403,7 +399,7 @@ void json_lines_records(const std::string& path, const RecordFn& record) {
         fail(path,
              "one JSON object over several lines; expected one object per line (JSON lines) or a JSON array "
              "of objects");
-      fail(fmt::format("{}:{}", path, lineno), "invalid JSON: " + parse_message(e));
+      fail(fmt::format("{}:{}", path, lineno), "invalid JSON: " + json_error_reason(e));
     } catch (const Json::out_of_range& e) {  // a number past a double: 1e400
       fail(fmt::format("{}:{}", path, lineno),
            fmt::format("invalid JSON: {} (past a double's range, about 1.8e308)", json_error_reason(e)));
