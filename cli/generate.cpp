@@ -84,6 +84,15 @@ void run_generate(const GenerateCommandOptions& c) {
     throw UsageError(fmt::format("--system: only with --chat (the system message before it); {}",
                                  c.prompt.empty() ? "--messages gives its own system message, if any"
                                                   : "--prompt is plain text, with no messages"));
+  if (!c.prompt.empty() && c.no_think)
+    throw UsageError(
+        "--no-think: only with --chat or --messages (a chat template's enable_thinking); "
+        "--prompt is plain text, rendered with no template");
+  if (!c.prompt.empty() && c.chat_template != "auto")
+    throw UsageError(
+        fmt::format("--chat-template {}: only with --chat or --messages; --prompt is plain "
+                    "text, rendered with no template",
+                    c.chat_template));
   for (const std::string& s : c.stop)
     if (s.empty()) throw UsageError("--stop: expected a non-empty string, got \"\"");
   check_utf8("--prompt", c.prompt);
@@ -170,10 +179,8 @@ void add_generate_command(CLI::App& app) {
               parse_chat_template_name(v);
               return "";
             } catch (const std::invalid_argument&) {
-              return fmt::format(
-                  "unknown chat template \"{}\" (valid: auto, jinja, chatml, qwen3, qwen3-no-think, smollm2, "
-                  "llama3)",
-                  v);
+              return fmt::format("unknown chat template \"{}\" (valid: auto, jinja, {})", v,
+                                 kChatTemplateNames);
             }
           },
           "TEMPLATE"));

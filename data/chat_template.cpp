@@ -33,8 +33,8 @@ ChatTemplate parse_chat_template_name(const std::string& name) {
   if (n == "qwen3") return ChatTemplate::qwen3;
   if (n == "smollm2" || n == "smollm") return ChatTemplate::smollm2;
   if (n == "llama3" || n == "llama-3" || n == "llama3.1") return ChatTemplate::llama3;
-  throw std::invalid_argument(fmt::format(
-      "unknown chat template \"{}\" (valid: chatml, qwen3, qwen3-no-think, smollm2, llama3)", name));
+  throw std::invalid_argument(
+      fmt::format("unknown chat template \"{}\" (valid: {})", name, kChatTemplateNames));
 }
 
 const char* chat_template_name(ChatTemplate t) {

@@ -51,6 +51,9 @@ struct RenderedChat {
   std::vector<uint8_t> loss_mask;  ///< same length as ids
 };
 
+/// The hand-written templates' names as error messages list them (aliases left out).
+inline constexpr const char* kChatTemplateNames = "chatml, qwen3, qwen3-no-think, smollm2, llama3";
+
 /// "chatml" (alias "qwen2", "qwen3-no-think"), "qwen3", "smollm2" (alias "smollm"), "llama3"
 /// (alias "llama-3", "llama3.1"). Throws std::invalid_argument listing the valid names.
 ChatTemplate parse_chat_template_name(const std::string& name);

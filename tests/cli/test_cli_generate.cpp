@@ -111,7 +111,7 @@ TEST(CliGenerate, AdapterFolderTakesItsBaseFromBase) {
 }
 
 // Flags generate would ignore are refused: --system without --chat, an empty --stop, an unknown
-// --chat-template.
+// --chat-template, template flags with --prompt.
 TEST(CliGenerate, FlagsItWouldIgnoreAreRefused) {
   auto d = tmpdir();
   const fs::path model = tiny_model(d);
@@ -125,6 +125,10 @@ TEST(CliGenerate, FlagsItWouldIgnoreAreRefused) {
        "--chat-template: unknown chat template \"mistral\" (valid: auto, jinja, chatml"},
       {"--prompt hi --chat-template bogus",
        "--chat-template: unknown chat template \"bogus\" (valid: auto, jinja, chatml"},
+      // template flags with plain text, which renders no template (both were accepted silently)
+      {"--prompt hi --no-think", "--no-think: only with --chat or --messages"},
+      {"--prompt hi --chat-template jinja", "--chat-template jinja: only with --chat or --messages"},
+      {"--prompt hi --chat-template qwen3", "--chat-template qwen3: only with --chat or --messages"},
   };
   for (const auto& [args, want] : refused) {
     const CliRun r = roundpipe("generate " + model.string() + " " + args + " --max-tokens 2", d);
@@ -134,6 +138,10 @@ TEST(CliGenerate, FlagsItWouldIgnoreAreRefused) {
   }
   EXPECT_EQ(roundpipe("generate " + model.string() + " --chat hi --system 'be brief' --max-tokens 2", d).code,
             0);
+  EXPECT_EQ(roundpipe("generate " + model.string() + " --chat hi --no-think --max-tokens 2", d).code, 0);
+  EXPECT_EQ(
+      roundpipe("generate " + model.string() + " --prompt hi --chat-template auto --max-tokens 2", d).code,
+      0);
   fs::remove_all(d);
 }
 
