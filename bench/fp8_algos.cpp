@@ -36,6 +36,7 @@
 
 #include "base/atomic_file.hpp"
 #include "bench/bench_main.hpp"
+#include "bench/decoder_linears.hpp"
 #include "roundpipe_version.hpp"
 #ifdef RP_HAVE_CUDA
 #include "bench/expert_gemm_blas.hpp"
@@ -49,26 +50,8 @@ struct Options {
   std::string out;
 };
 
-struct Linear {
-  const char* model;
-  const char* name;
-  int64_t tokens, in, out;
-};
-constexpr Linear kLinears[] = {
-    {"Qwen3-1.7B", "q_proj / o_proj", 8192, 2048, 2048},
-    {"Qwen3-1.7B", "k_proj / v_proj", 8192, 2048, 1024},
-    {"Qwen3-1.7B", "gate_proj / up_proj", 8192, 2048, 6144},
-    {"Qwen3-1.7B", "down_proj", 8192, 6144, 2048},
-    {"Qwen3-4B", "q_proj", 8192, 2560, 4096},
-    {"Qwen3-4B", "k_proj / v_proj", 8192, 2560, 1024},
-    {"Qwen3-4B", "o_proj", 8192, 4096, 2560},
-    {"Qwen3-4B", "gate_proj / up_proj", 8192, 2560, 9728},
-    {"Qwen3-4B", "down_proj", 8192, 9728, 2560},
-    {"LLaMA-3.1-8B", "q_proj / o_proj", 4096, 4096, 4096},
-    {"LLaMA-3.1-8B", "k_proj / v_proj", 4096, 4096, 1024},
-    {"LLaMA-3.1-8B", "gate_proj / up_proj", 4096, 4096, 14336},
-    {"LLaMA-3.1-8B", "down_proj", 4096, 14336, 4096},
-};
+using Linear = rp::bench::DecoderLinear;
+constexpr const auto& kLinears = rp::bench::kDecoderLinears;
 
 enum class Pass { forward, input_grad, weight_grad };
 const char* pass_name(Pass p) {

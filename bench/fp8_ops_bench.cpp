@@ -21,6 +21,7 @@
 #include <CLI/CLI.hpp>
 
 #include "bench/bench_main.hpp"
+#include "bench/decoder_linears.hpp"
 #include "bench/ops_timing.hpp"
 #include "kernels/device.hpp"
 #include "kernels/ops.hpp"
@@ -33,26 +34,9 @@ using namespace rp::bench;
 
 namespace {
 
-struct Linear {
-  const char* model;
-  const char* name;
-  int64_t K, N;
-};
-constexpr Linear kLinears[] = {
-    {"Qwen3-1.7B", "q_proj / o_proj", 2048, 2048},
-    {"Qwen3-1.7B", "k_proj / v_proj", 2048, 1024},
-    {"Qwen3-1.7B", "gate_proj / up_proj", 2048, 6144},
-    {"Qwen3-1.7B", "down_proj", 6144, 2048},
-    {"Qwen3-4B", "q_proj", 2560, 4096},
-    {"Qwen3-4B", "k_proj / v_proj", 2560, 1024},
-    {"Qwen3-4B", "o_proj", 4096, 2560},
-    {"Qwen3-4B", "gate_proj / up_proj", 2560, 9728},
-    {"Qwen3-4B", "down_proj", 9728, 2560},
-    {"LLaMA-8B", "q_proj / o_proj", 4096, 4096},
-    {"LLaMA-8B", "k_proj / v_proj", 4096, 1024},
-    {"LLaMA-8B", "gate_proj / up_proj", 4096, 14336},
-    {"LLaMA-8B", "down_proj", 14336, 4096},
-};
+// the ops bench times every shape at 8192 tokens (gemm_rows' T), the LLaMA's too
+using Linear = DecoderLinear;
+constexpr const auto& kLinears = kDecoderLinears;
 
 void set_fast_accum(Ops& ops, bool on) {
 #ifdef RP_HAVE_CUDA
@@ -87,33 +71,34 @@ void stored_weight_rows(Env& e, const Linear& l, void* x, void* y, uint8_t* qx, 
     return;
   }
   auto* sxr = static_cast<float*>(buffer(e, T, DType::f32));
-  auto* swr = static_cast<float*>(buffer(e, l.N, DType::f32));
-  auto* qwt = static_cast<uint8_t*>(buffer(e, (l.N * l.K + 3) / 4, DType::i32));
+  auto* swr = static_cast<float*>(buffer(e, l.out, DType::f32));
+  auto* qwt = static_cast<uint8_t*>(buffer(e, (l.out * l.in + 3) / 4, DType::i32));
   cs.launch([&] {
-    ops.fill(DType::f32, swr, l.N, 1e-3f);
-    ops.fp8_scale_rows(x, T, l.K, e4, sxr);
+    ops.fill(DType::f32, swr, l.out, 1e-3f);
+    ops.fp8_scale_rows(x, T, l.in, e4, sxr);
   });
   cs.synchronize();
-  const double fl = 2.0 * double(T) * double(l.N) * double(l.K);
-  const std::string shape = std::string(l.model) + " K=" + std::to_string(l.K) + " N=" + std::to_string(l.N);
+  const double fl = 2.0 * double(T) * double(l.out) * double(l.in);
+  const std::string shape =
+      std::string(l.model) + " K=" + std::to_string(l.in) + " N=" + std::to_string(l.out);
   line(e, "  gemm_fp8_rows e4m3 (per-row scales)", shape,
        time_op(
-           e, [&](int) { ops.gemm_fp8_rows(qx, e4, sxr, qw, e4, swr, y, T, l.K, l.N, false); }, R),
+           e, [&](int) { ops.gemm_fp8_rows(qx, e4, sxr, qw, e4, swr, y, T, l.in, l.out, false); }, R),
        fl, 0);
   line(e, "  fp8 linear fwd, stored W (scale_rows+quant_rows+gemm_rows)", shape,
        time_op(
            e,
            [&](int) {
-             ops.fp8_scale_rows(x, T, l.K, e4, sxr);
-             ops.fp8_quantize_rows(x, sxr, qx, T, l.K, e4);
-             ops.gemm_fp8_rows(qx, e4, sxr, qw, e4, swr, y, T, l.K, l.N, false);
+             ops.fp8_scale_rows(x, T, l.in, e4, sxr);
+             ops.fp8_quantize_rows(x, sxr, qx, T, l.in, e4);
+             ops.gemm_fp8_rows(qx, e4, sxr, qw, e4, swr, y, T, l.in, l.out, false);
            },
            R),
        fl, 0);
   line(e, "  transpose_bytes W (stored W^T codes)", shape,
        time_op(
-           e, [&](int) { ops.transpose_bytes(qw, qwt, l.N, l.K); }, R),
-       0, 2.0 * double(l.N) * double(l.K));
+           e, [&](int) { ops.transpose_bytes(qw, qwt, l.out, l.in); }, R),
+       0, 2.0 * double(l.out) * double(l.in));
 }
 
 void gemm_rows(Env& e, int R) {
@@ -123,34 +108,34 @@ void gemm_rows(Env& e, int R) {
   const Fp8Format e4 = Fp8Format::e4m3;
   std::printf("-- FP8 e4m3 GEMM vs bf16 (T = 8192 tokens; y[T,N] = x[T,K] W[N,K]^T) --\n");
   for (const Linear& l : kLinears) {
-    void* x = rand_buffer(e, T * l.K, bf, 1.f, 10);
-    void* w = rand_buffer(e, l.N * l.K, bf, 0.02f, 11);
-    void* y = buffer(e, T * l.N, bf);
-    auto* qx = static_cast<uint8_t*>(buffer(e, (T * l.K + 3) / 4, DType::i32));
-    auto* qw = static_cast<uint8_t*>(buffer(e, (l.N * l.K + 3) / 4, DType::i32));
+    void* x = rand_buffer(e, T * l.in, bf, 1.f, 10);
+    void* w = rand_buffer(e, l.out * l.in, bf, 0.02f, 11);
+    void* y = buffer(e, T * l.out, bf);
+    auto* qx = static_cast<uint8_t*>(buffer(e, (T * l.in + 3) / 4, DType::i32));
+    auto* qw = static_cast<uint8_t*>(buffer(e, (l.out * l.in + 3) / 4, DType::i32));
     float* sx = scalar(e, 0.f);
     float* sw = scalar(e, 0.f);
     Stream& cs = e.dev->stream(StreamKind::compute);
     cs.launch([&] {
-      ops.fp8_scale(x, T * l.K, e4, sx);
-      ops.fp8_scale(w, l.N * l.K, e4, sw);
-      ops.fp8_quantize(x, sx, qx, T * l.K, e4);
-      ops.fp8_quantize(w, sw, qw, l.N * l.K, e4);
+      ops.fp8_scale(x, T * l.in, e4, sx);
+      ops.fp8_scale(w, l.out * l.in, e4, sw);
+      ops.fp8_quantize(x, sx, qx, T * l.in, e4);
+      ops.fp8_quantize(w, sw, qw, l.out * l.in, e4);
     });
     cs.synchronize();
-    const double fl = 2.0 * double(T) * double(l.N) * double(l.K);
+    const double fl = 2.0 * double(T) * double(l.out) * double(l.in);
     const std::string shape =
-        std::string(l.model) + " K=" + std::to_string(l.K) + " N=" + std::to_string(l.N);
+        std::string(l.model) + " K=" + std::to_string(l.in) + " N=" + std::to_string(l.out);
     std::printf("%s (%s)\n", l.model, l.name);
     line(e, "  linear_fwd bf16", shape,
          time_op(
-             e, [&](int) { ops.linear_fwd(x, w, y, T, l.K, l.N); }, R),
+             e, [&](int) { ops.linear_fwd(x, w, y, T, l.in, l.out); }, R),
          fl, 0);
     for (bool fast : {false, true}) {
       set_fast_accum(ops, fast);
       line(e, fast ? "  gemm_fp8 e4m3 (fast accum)" : "  gemm_fp8 e4m3", shape,
            time_op(
-               e, [&](int) { ops.gemm_fp8(qx, e4, sx, qw, e4, sw, y, T, l.K, l.N, false); }, R),
+               e, [&](int) { ops.gemm_fp8(qx, e4, sx, qw, e4, sw, y, T, l.in, l.out, false); }, R),
            fl, 0);
     }
     set_fast_accum(ops, false);
@@ -158,9 +143,9 @@ void gemm_rows(Env& e, int R) {
          time_op(
              e,
              [&](int) {
-               ops.fp8_scale(x, T * l.K, e4, sx);
-               ops.fp8_quantize(x, sx, qx, T * l.K, e4);
-               ops.gemm_fp8(qx, e4, sx, qw, e4, sw, y, T, l.K, l.N, false);
+               ops.fp8_scale(x, T * l.in, e4, sx);
+               ops.fp8_quantize(x, sx, qx, T * l.in, e4);
+               ops.gemm_fp8(qx, e4, sx, qw, e4, sw, y, T, l.in, l.out, false);
              },
              R),
          fl, 0);
@@ -255,8 +240,8 @@ void quantize_rows(Env& e, int R) {
   }
   // a weight's transposed codes (the input gradient's operand), once per upload
   for (const Linear& l :
-       {kLinears[2], kLinears[11]}) {  // W [out, in] of the gate_proj of Qwen3-1.7B, LLaMA-8B
-    const int64_t rows = l.N, cols = l.K, n = rows * cols;
+       {kLinears[2], kLinears[11]}) {  // W [out, in] of the gate_proj of Qwen3-1.7B, LLaMA-3.1-8B
+    const int64_t rows = l.out, cols = l.in, n = rows * cols;
     void* w = rand_buffer(e, n, bf, 0.02f, 40);
     auto* q = static_cast<uint8_t*>(buffer(e, (n + 3) / 4, DType::i32));
     float* s0 = scalar(e, 1.f);
