@@ -38,10 +38,13 @@ std::string read_input_file(const std::string& path, std::string_view expected, 
   } catch (const std::bad_alloc&) {  // std::bad_alloc's own text names nothing
     struct stat st {};
     const bool sized = ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-    throw std::invalid_argument(
-        sized ? fmt::format("{}: cannot read ({} bytes do not fit in memory)", path, int64_t(st.st_size))
-              : fmt::format("{}: cannot read (it does not fit in memory)", path));
+    throw std::invalid_argument(does_not_fit_message(path, sized ? int64_t(st.st_size) : -1));
   }
+}
+
+std::string does_not_fit_message(const std::string& where, int64_t bytes) {
+  return bytes < 0 ? fmt::format("{}: cannot read (it does not fit in memory)", where)
+                   : fmt::format("{}: cannot read ({} bytes do not fit in memory)", where, bytes);
 }
 
 namespace {

@@ -4,6 +4,7 @@
 // refused with one line before anything is read. A pipe that has a writer (a shell's <(...),
 // /dev/stdin fed by a pipe) is read as its writer sends it.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -19,5 +20,10 @@ namespace rp {
 /// `opening` names the file in the open error (" the spec file"), "" for none.
 std::string read_input_file(const std::string& path, std::string_view expected,
                             std::string_view opening = "");
+
+/// What a std::bad_alloc while reading `where` (a file, or a file:line) means, as every reader
+/// says it: "<where>: cannot read (<bytes> bytes do not fit in memory)", or "<where>: cannot read
+/// (it does not fit in memory)" when `bytes` < 0 (a size not known).
+std::string does_not_fit_message(const std::string& where, int64_t bytes);
 
 }  // namespace rp

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error_text.hpp"
+#include "base/input_file.hpp"
 #include "base/json_text.hpp"
 #include "base/output_folder.hpp"
 #include "data/arrow_records.hpp"
@@ -77,12 +78,6 @@ void append_document(const Tokenizer& tok, std::string_view text, int32_t eos, D
   ++d.num_documents;
 }
 
-/// The runtime_error for a file or line of `path` that does not fit in memory (std::bad_alloc's
-/// own text names nothing).
-[[noreturn]] void too_large(const std::string& where, uint64_t bytes) {
-  throw std::runtime_error(fmt::format("{}: cannot read ({} bytes do not fit in memory)", where, bytes));
-}
-
 std::string read_all(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) throw std::runtime_error(path + ": cannot open");
@@ -93,8 +88,8 @@ std::string read_all(const std::string& path) {
     text.reserve(size_t(size));  // a file larger than memory fails here, before any reading
     text.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
     return text;
-  } catch (const std::bad_alloc&) {
-    too_large(path, size);
+  } catch (const std::bad_alloc&) {  // its own text names nothing
+    throw std::runtime_error(does_not_fit_message(path, int64_t(size)));
   }
 }
 
