@@ -6,6 +6,9 @@
 //   - the kernels by total time (count, total, mean, share of the window);
 //   - the gaps between consecutive kernels of the busiest stream (the compute stream), by
 //     size, and the kernel pairs around the largest total gap time (what the GPU waited for);
+//     each gap also by when the host's launch call of the kernel after it returned: after the
+//     kernel before it had ended (the host launched late: the queue had run dry) or before (the
+//     GPU itself took the time between two queued kernels);
 //   - memory copies by direction (bytes, time, GB/s) and the runtime API calls by host time
 //     (stream synchronisations are where the host waits for the GPU).
 // Environment:
@@ -40,7 +43,7 @@ namespace {
 
 struct KernelRec {
   uint64_t start, end;
-  uint32_t stream, name;
+  uint32_t stream, name, correlation;
 };
 struct CopyRec {
   uint64_t start, end, bytes;
@@ -54,7 +57,8 @@ struct ApiRec {
 std::mutex mu;
 std::vector<KernelRec> kernels;
 std::vector<CopyRec> copies;
-std::vector<ApiRec> apis;
+std::vector<ApiRec> apis;                         // runtime API calls
+std::unordered_map<uint32_t, uint64_t> launched;  // correlation id -> end of its launch call
 std::unordered_map<std::string, uint32_t> name_ids;
 std::vector<std::string> names;
 constexpr size_t kBufBytes = 8u << 20;
@@ -90,7 +94,7 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
       case CUPTI_ACTIVITY_KIND_KERNEL:
       case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
         auto* k = reinterpret_cast<CUpti_ActivityKernel10*>(r);
-        kernels.push_back({k->start, k->end, k->streamId, name_id(k->name)});
+        kernels.push_back({k->start, k->end, k->streamId, name_id(k->name), uint32_t(k->correlationId)});
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
@@ -98,9 +102,12 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
         copies.push_back({c->start, c->end, c->bytes, c->copyKind});
         break;
       }
-      case CUPTI_ACTIVITY_KIND_RUNTIME: {
+      case CUPTI_ACTIVITY_KIND_RUNTIME:
+      case CUPTI_ACTIVITY_KIND_DRIVER: {  // cuBLASLt and cuDNN launch through the driver API
         auto* a = reinterpret_cast<CUpti_ActivityAPI*>(r);
-        apis.push_back({a->start, a->end, a->cbid});
+        if (r->kind == CUPTI_ACTIVITY_KIND_RUNTIME) apis.push_back({a->start, a->end, a->cbid});
+        auto [it, fresh] = launched.emplace(uint32_t(a->correlationId), uint64_t(a->end));
+        if (!fresh) it->second = std::min(it->second, a->end);  // the driver call inside the runtime's
         break;
       }
       default: break;
@@ -150,7 +157,8 @@ void report_gaps(FILE* f, const std::vector<KernelRec>& ks, uint32_t stream) {
   const uint64_t edges[] = {2000, 10000, 50000, 200000, 1000000, UINT64_MAX};
   const char* labels[] = {"< 2 us", "2-10 us", "10-50 us", "50-200 us", "0.2-1 ms", "> 1 ms"};
   uint64_t cnt[6] = {}, tot[6] = {};
-  std::map<std::pair<uint32_t, uint32_t>, std::pair<uint64_t, uint64_t>> pairs;
+  uint64_t late_cnt[6] = {}, late_tot[6] = {};  // the host's launch call returned after the GPU idled
+  std::map<std::pair<uint32_t, uint32_t>, std::pair<uint64_t, uint64_t>> pairs, small_pairs;
   uint64_t last_end = s.empty() ? 0 : s[0].end;
   uint32_t last_name = s.empty() ? 0 : s[0].name;
   for (size_t i = 1; i < s.size(); ++i) {
@@ -159,24 +167,37 @@ void report_gaps(FILE* f, const std::vector<KernelRec>& ks, uint32_t stream) {
       int b = 0;
       while (g >= edges[b]) ++b;
       cnt[b]++, tot[b] += g;
-      if (g >= 10000) pairs[{last_name, s[i].name}].first++, pairs[{last_name, s[i].name}].second += g;
+      if (const auto it = launched.find(s[i].correlation); it != launched.end() && it->second > last_end)
+        late_cnt[b]++, late_tot[b] += g;
+      auto& at = (g >= 10000 ? pairs : small_pairs)[{last_name, s[i].name}];
+      at.first++, at.second += g;
     }
     if (s[i].end >= last_end) last_end = s[i].end, last_name = s[i].name;
   }
-  std::fprintf(f, "\n## Idle gaps of stream %u (the busiest)\n| gap | count | total ms |\n|---|---|---|\n",
-               stream);
+  std::fprintf(
+      f,
+      "\n## Idle gaps of stream %u (the busiest)\n(launched late: the host's launch call of the kernel "
+      "after the gap returned after the kernel before it had ended)\n\n| gap | count | total ms | "
+      "launched late: count | total ms |\n|---|---|---|---|---|\n",
+      stream);
   for (int b = 0; b < 6; ++b)
-    std::fprintf(f, "| %s | %llu | %.1f |\n", labels[b], (unsigned long long)cnt[b], ms(tot[b]));
-  std::vector<std::pair<std::pair<uint32_t, uint32_t>, std::pair<uint64_t, uint64_t>>> v(pairs.begin(),
-                                                                                         pairs.end());
-  std::sort(v.begin(), v.end(), [](auto& a, auto& b) { return a.second.second > b.second.second; });
-  std::fprintf(f,
-               "\n### Gaps of 10 us or more by the kernels around them (top 20)\n| after | before | count | "
-               "total ms |\n|---|---|---|---|\n");
-  for (size_t i = 0; i < v.size() && i < 20; ++i)
-    std::fprintf(f, "| %s | %s | %llu | %.1f |\n", names[v[i].first.first].c_str(),
-                 names[v[i].first.second].c_str(), (unsigned long long)v[i].second.first,
-                 ms(v[i].second.second));
+    std::fprintf(f, "| %s | %llu | %.1f | %llu | %.1f |\n", labels[b], (unsigned long long)cnt[b], ms(tot[b]),
+                 (unsigned long long)late_cnt[b], ms(late_tot[b]));
+  const auto top_pairs = [&](const auto& by_pair, const char* title) {
+    std::vector<std::pair<std::pair<uint32_t, uint32_t>, std::pair<uint64_t, uint64_t>>> v(by_pair.begin(),
+                                                                                           by_pair.end());
+    std::sort(v.begin(), v.end(), [](auto& a, auto& b) { return a.second.second > b.second.second; });
+    std::fprintf(f,
+                 "\n### %s by the kernels around them (top 20)\n| after | before | count | total ms |\n"
+                 "|---|---|---|---|\n",
+                 title);
+    for (size_t i = 0; i < v.size() && i < 20; ++i)
+      std::fprintf(f, "| %s | %s | %llu | %.1f |\n", names[v[i].first.first].c_str(),
+                   names[v[i].first.second].c_str(), (unsigned long long)v[i].second.first,
+                   ms(v[i].second.second));
+  };
+  top_pairs(pairs, "Gaps of 10 us or more");
+  top_pairs(small_pairs, "Gaps under 10 us (a kernel's start after the one before it ended)");
 }
 
 void report_copies_and_apis(FILE* f, uint64_t lo, uint64_t hi) {
@@ -314,6 +335,7 @@ extern "C" int InitializeInjection() {
   cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
   cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY);
   cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME);
+  cuptiActivityEnable(CUPTI_ACTIVITY_KIND_DRIVER);
   if (const char* w = std::getenv("RP_KPROF_CALLERS")) {
     std::string all = w;
     for (size_t p = 0; p <= all.size();) {
