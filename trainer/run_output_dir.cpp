@@ -27,6 +27,7 @@
 #include "base/output_folder.hpp"
 #include "tier/cache_file.hpp"  // cache_lock_path
 #include "trainer/checkpoint_bundle.hpp"
+#include "trainer/trainer_state.hpp"
 
 namespace fs = std::filesystem;
 
@@ -372,11 +373,22 @@ void prepare_output_dir(const TrainSpec& spec) {
   const std::vector<std::string> found = checkpoints_in(spec.output_dir);
   if (found.empty()) return;
   const std::string resume = newest_resumable_checkpoint(spec.output_dir, found);
+  // a finished run has nothing to continue at the spec's length: --resume alone would be refused
+  int64_t step = -1;
+  if (!resume.empty() && !spec.epochs) try {
+      step = read_trainer_state(state_dir_of(spec.output_dir + "/" + resume) + "/" + kRunStateFile).step;
+    } catch (const std::exception&) {  // check_resume names what is wrong with it, if it is given
+    }
   const std::string advice =
       resume.empty() ? std::string(
                            "none of them can be resumed (their trainer state is missing or belongs to other "
                            "weights); start over")
-                     : fmt::format("continue it with --resume {}/{}, start over", spec.output_dir, resume);
+      : step >= spec.steps
+          ? fmt::format(
+                "that run is finished ({} is at step {} of the spec's {}): train it further with "
+                "--resume {}/{} --steps <more than {}>, start over",
+                resume, step, spec.steps, spec.output_dir, resume, step)
+          : fmt::format("continue it with --resume {}/{}, start over", spec.output_dir, resume);
   throw std::invalid_argument(
       fmt::format("{}: '{}' holds an earlier run's checkpoints ({}); {} there with "
                   "--overwrite-output-dir "
@@ -409,7 +421,35 @@ void remove_written(const fs::path& dir, std::vector<std::string>& kept) {
   if (manifest) fs::remove(dir / kManifestFile, ec);  // last: a kill before leaves the rest provable
   fs::remove(dir, ec);                                // only when empty
 }
+
+/// Removes the event files (regular files named events.out.tfevents.*) of folder `tb`, then
+/// `tb` when empty; anything else in it is added to `kept`. Returns how many went.
+int remove_event_files(const fs::path& tb, std::vector<std::string>& kept) {
+  std::error_code ec;
+  int removed = 0;
+  for (const fs::path& e : entries_in(tb))
+    if (e.filename().string().rfind("events.out.tfevents.", 0) == 0 &&
+        fs::is_regular_file(fs::symlink_status(e, ec)))
+      removed += fs::remove(e, ec) ? 1 : 0;
+    else kept.push_back(e.string());
+  fs::remove(tb, ec);  // only when empty
+  return removed;
+}
 }  // namespace
+
+std::string clear_earlier_events(const TrainSpec& spec) {
+  const fs::path out(spec.output_dir), tb = out / "tensorboard";
+  std::error_code ec;
+  if (!has_run_record(out) || fs::is_symlink(tb, ec) || !fs::is_directory(tb, ec)) return "";
+  std::vector<std::string> kept;
+  const int n = remove_event_files(tb, kept);
+  if (n == 0) return "";
+  return fmt::format(
+      "removed the {} TensorBoard event file{} of an earlier run from {} (its metrics.csv is "
+      "replaced too){}",
+      n, n == 1 ? "" : "s", tb.string(),
+      kept.empty() ? std::string() : fmt::format(" (kept {}: not written by roundpipe)", name_list(kept)));
+}
 
 std::string clear_earlier_run(const TrainSpec& spec) {
   const fs::path out(spec.output_dir);
@@ -432,12 +472,7 @@ std::string clear_earlier_run(const TrainSpec& spec) {
         else kept.push_back(s.string());
       fs::remove(p, ec);  // only when empty
     } else if (name == "tensorboard") {
-      for (const fs::path& e : entries_in(p))
-        if (e.filename().string().rfind("events.out.tfevents.", 0) == 0 &&
-            fs::is_regular_file(fs::symlink_status(e, ec)))
-          fs::remove(e, ec);
-        else kept.push_back(e.string());
-      fs::remove(p, ec);
+      remove_event_files(p, kept);
     } else if (fs::is_directory(fs::symlink_status(p, ec))) {
       remove_written(p, kept);
     } else {

@@ -95,6 +95,13 @@ void prepare_output_dir(const TrainSpec& spec);
 /// nothing was there).
 std::string clear_earlier_run(const TrainSpec& spec);
 
+/// A fresh run (no resume, no --overwrite-output-dir) in an output folder an earlier run
+/// recorded (kRunMarkerFile) and left without checkpoints (one stopped before its first:
+/// prepare_output_dir refused any with them): that run's event files in tensorboard/ go, as its
+/// metrics.csv is replaced, so TensorBoard does not show two runs' steps as one. Anything else
+/// there stays. Returns one line saying what went ("" when nothing did).
+std::string clear_earlier_events(const TrainSpec& spec);
+
 /// Writes kRunMarkerFile into the output folder unless it is there; true when it wrote it
 /// (a run stopped before its first step removes it again).
 bool mark_output_dir(const TrainSpec& spec);

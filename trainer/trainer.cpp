@@ -124,6 +124,8 @@ void TrainingRun::setup() {
     // starting over: no checkpoint of the earlier run stays to be mixed with this one's
     if (spec_.overwrite_output_dir && !resume_)
       if (const std::string line = clear_earlier_run(spec_); !line.empty()) spdlog::info("{}", line);
+    if (!spec_.overwrite_output_dir && !resume_)
+      if (const std::string line = clear_earlier_events(spec_); !line.empty()) spdlog::info("{}", line);
     wrote_run_marker_ = mark_output_dir(spec_);
     // a stop signal before the first step (the CLI's startup handler, which leaves at once)
     // takes the record back with the folders the run made; from the first step on it stays

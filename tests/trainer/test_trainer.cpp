@@ -228,6 +228,46 @@ TEST(Trainer, StopBeforeTheFirstStepLeavesNoOutput) {
   fs::remove_all(d);
 }
 
+// A fresh run in a folder that an earlier run recorded but left without checkpoints (one killed
+// before or during its first save) replaces that run's TensorBoard event files, as it replaces its
+// metrics.csv, so TensorBoard does not show two runs' steps as one; the user's files in
+// tensorboard/ stay, and a resumed run keeps the earlier events it continues.
+TEST(Trainer, AFreshRunReplacesTheEventFilesOfARunWithoutCheckpoints) {
+  auto d = tmpdir();
+  rp::TrainSpec spec = tiny_spec(d, "out", 1);
+  spec.tensorboard = true;
+  const fs::path out = spec.output_dir, tb = out / "tensorboard";
+  const auto events = [&] {
+    std::vector<std::string> v;
+    for (const auto& e : fs::directory_iterator(tb))
+      if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0)
+        v.push_back(e.path().filename().string());
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  ASSERT_EQ(rp::Trainer(spec).run().steps_done, 1);
+  // what a run killed during its first save leaves: its record, metrics.csv and event file
+  fs::remove_all(out / "final");
+  fs::remove_all(out / "state");
+  ASSERT_EQ(events().size(), 1u);
+  const std::string old = "events.out.tfevents.1.otherhost.1";  // another process's name
+  fs::rename(tb / events()[0], tb / old);
+  write(tb / "notes.txt", "mine");
+  ASSERT_EQ(rp::Trainer(spec).run().steps_done, 1);
+  const std::vector<std::string> now = events();
+  ASSERT_EQ(now.size(), 1u);
+  EXPECT_NE(now[0], old) << "the earlier run's events were left beside this run's";
+  EXPECT_EQ(bytes_of(tb / "notes.txt"), "mine");
+  // a resume continues the run whose events are there: they stay
+  rp::TrainSpec more = spec;
+  more.steps = 2;
+  more.resume_from = (out / "final").string();
+  ASSERT_EQ(rp::Trainer(more).run().steps_done, 2);
+  const std::vector<std::string> after = events();
+  EXPECT_NE(std::find(after.begin(), after.end(), now[0]), after.end()) << "the resumed run's events went";
+  fs::remove_all(d);
+}
+
 // A run holds its output folder: a second run into it while the first is under way is refused
 // with one line naming the key, writes nothing there, and leaves the first run unharmed; once the
 // first ends the folder is free again. A run that fails after making the folder (its model
@@ -282,8 +322,9 @@ std::string refusal(const rp::TrainSpec& spec, const char* what_went_wrong) {
 }
 
 // A finished run is never replaced by mistake: a fresh run into its output folder is refused
-// with one line naming the checkpoints found and the --resume that continues them, and leaves
-// every file as it was; with overwrite_output_dir it starts over there.
+// with one line naming the checkpoints found and the --resume that continues them (with more
+// steps where the run there already reached the spec's), and leaves every file as it was; with
+// overwrite_output_dir it starts over there.
 TEST(Trainer, AFreshRunIntoAFolderWithCheckpointsIsRefusedUnlessTold) {
   auto d = tmpdir();
   rp::TrainSpec spec = tiny_spec(d, "out", 2);
@@ -297,7 +338,17 @@ TEST(Trainer, AFreshRunIntoAFolderWithCheckpointsIsRefusedUnlessTold) {
     const std::string m = refusal(again, "the earlier run's checkpoints were replaced");
     EXPECT_NE(m.find("key 'output_dir'"), std::string::npos) << m;
     EXPECT_NE(m.find("holds an earlier run's checkpoints (checkpoint-1, final)"), std::string::npos) << m;
-    EXPECT_NE(m.find("--resume " + out.string() + "/final"), std::string::npos) << m;
+    // the run there is finished at this length: --resume alone would have nothing to do
+    EXPECT_NE(m.find("that run is finished (final is at step 2 of the spec's 1): train it further with "
+                     "--resume " +
+                     out.string() + "/final --steps <more than 2>"),
+              std::string::npos)
+        << m;
+  }
+  {  // a longer spec has steps left: --resume continues it
+    const std::string m = refusal(tiny_spec(d, "out", 3), "the earlier run's checkpoints were replaced");
+    EXPECT_NE(m.find("continue it with --resume " + out.string() + "/final, start over"), std::string::npos)
+        << m;
   }
   EXPECT_EQ(bytes_of(out / "final" / "model.safetensors"), weights);
   EXPECT_EQ(bytes_of(out / "metrics.csv"), metrics);
