@@ -261,16 +261,21 @@ void open_hf_dir(const std::string& path, ModelSource::Impl& s) {
   std::error_code ec;
   {  // the config's sizes against the weight files, before anything is allocated from them
     uint64_t bytes = 0;
+    std::vector<std::string> files;  // named in the refusal: a truncated weight file is the usual cause
     // a folder that cannot be listed (no read permission) skips this check: its files open by name
     for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
       std::error_code size_ec;
-      const uintmax_t n = it->path().extension() == ".safetensors" ? it->file_size(size_ec) : 0;
-      if (!size_ec) bytes += n;
+      if (it->path().extension() != ".safetensors") continue;
+      const uintmax_t n = it->file_size(size_ec);
+      if (!size_ec) bytes += n, files.push_back(it->path().filename().string());
     }
+    std::sort(files.begin(), files.end());
     if (bytes > 0)  // none: open_safetensors names the missing file
-      check_weights_fit_files(s.header.config, bytes,
-                              s.header.config.gpt_oss() ? 0.5 : 2.0,  // MXFP4: 4.25 bits
-                              (dir / "config.json").string(), "num_hidden_layers");
+      check_weights_fit_files(
+          s.header.config, bytes,
+          s.header.config.gpt_oss() ? 0.5 : 2.0,  // MXFP4: 4.25 bits
+          (dir / "config.json").string(), "num_hidden_layers",
+          files.size() == 1 ? files[0] : fmt::format("its {} .safetensors files", files.size()));
   }
   std::string where = (dir / "model.safetensors.index.json").string();
   if (!fs::exists(where, ec)) where = (dir / "model.safetensors").string();

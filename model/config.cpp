@@ -560,15 +560,17 @@ nlohmann::json config_to_json(const ModelConfig& c) {
 }
 
 void check_weights_fit_files(const ModelConfig& c, uint64_t file_bytes, double min_bytes_per_param,
-                             const std::string& where, const std::string& layers_key) {
+                             const std::string& where, const std::string& layers_key,
+                             const std::string& held_by) {
   const auto n = parameter_count(c);
   const double need = n ? double(*n) * min_bytes_per_param : INFINITY;
   if (!(need <= double(file_bytes)))
     throw std::runtime_error(fmt::format(
         "{}: the sizes in the metadata ({} {}, hidden {}, FFN {}, vocab {}) need {} parameters, at least {} "
-        "of weights, but the file holds {} bytes",
+        "of weights, but {} {} {} bytes",
         where, layers_key, c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.vocab_size,
-        n ? fmt::format("{}", *n) : std::string("more than 2^48"), byte_text(need), file_bytes));
+        n ? fmt::format("{}", *n) : std::string("more than 2^48"), byte_text(need), held_by,
+        held_by.ends_with(" files") ? "hold" : "holds", file_bytes));
 }
 
 void check_host_memory_to_load(const ModelConfig& c, const std::string& where) {

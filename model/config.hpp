@@ -27,9 +27,11 @@ std::optional<int64_t> parameter_count(const ModelConfig& c);
 /// hold: `file_bytes` (all weight files together) must hold parameter_count(c) parameters of
 /// at least `min_bytes_per_param` bytes each (GGUF: 84/256, the Q2_K block; safetensors: 2,
 /// the F16/BF16 this reader takes). `layers_key` names the layer count in the message
-/// ("block_count", "num_hidden_layers"). Throws std::runtime_error("<where>: ...").
+/// ("block_count", "num_hidden_layers"), `held_by` the weight files ("the file" where `where` is
+/// the weights' own file). Throws std::runtime_error("<where>: ..., but <held_by> hold(s) N bytes").
 void check_weights_fit_files(const ModelConfig& c, uint64_t file_bytes, double min_bytes_per_param,
-                             const std::string& where, const std::string& layers_key);
+                             const std::string& where, const std::string& layers_key,
+                             const std::string& held_by = "the file");
 
 /// Refuses a model whose fp32 weights (loaded tensors plus the parameter groups made from
 /// them, 8 bytes per parameter) exceed the host's available memory. Throws

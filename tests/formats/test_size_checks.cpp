@@ -75,6 +75,26 @@ TEST(SizeChecks, ConfigLayerCountBeyondTheSafetensorsIsRefused) {
   EXPECT_EQ(e.find('\n'), std::string::npos);
 }
 
+// A weight file cut short (a copy or download that stopped) is named by the refusal, beside the
+// config whose sizes it cannot hold: the config alone pointed at the wrong file.
+TEST(SizeChecks, ATruncatedWeightFileIsNamed) {
+  TempDir dir("sizes");
+  const fs::path src = fs::path(RP_FIXTURES_DIR) / "hf_golden/tiny_llama";
+  const fs::path m = dir.path / "m";
+  fs::create_directories(m);
+  fs::copy_file(src / "config.json", m / "config.json");
+  fs::copy_file(src / "model.safetensors", m / "model.safetensors");
+  fs::resize_file(m / "model.safetensors", 1000);
+  const std::string e = error_of([&] { load_model(m.string()); });
+  EXPECT_NE(e.find("config.json: the sizes in the metadata (num_hidden_layers"), std::string::npos) << e;
+  EXPECT_NE(e.find("of weights, but model.safetensors holds 1000 bytes"), std::string::npos) << e;
+  EXPECT_EQ(e.find('\n'), std::string::npos);
+  // two shards: both counted, and said so
+  fs::copy_file(m / "model.safetensors", m / "model-00002-of-00002.safetensors");
+  const std::string two = error_of([&] { load_model(m.string()); });
+  EXPECT_NE(two.find("but its 2 .safetensors files hold 2000 bytes"), std::string::npos) << two;
+}
+
 TEST(SizeChecks, ParameterCountIsComputedWithoutOverflow) {
   ModelConfig c;
   c.architecture = "llama";
