@@ -126,6 +126,11 @@ void run_generate(const GenerateCommandOptions& c) {
       throw std::invalid_argument(fmt::format("{}: a run's output folder, not a model; generate from {}/{}",
                                               c.model, c.model, newest_checkpoint(inside)));
   const LoadedModel lm = load_model_or_adapter(c.model, c.base);
+  if (const int64_t trained = lm.config.max_position_embeddings; trained > 0 && c.context > trained)
+    fmt::print(stderr,
+               "warning: --context {} is past the model's max_position_embeddings ({}): positions beyond {} "
+               "were not trained, and text there may degrade\n",
+               c.context, trained, trained);
   GeneratorOptions go;
   go.backend = c.backend;
   go.dtype = parse_dtype(c.dtype);

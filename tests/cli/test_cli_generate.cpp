@@ -139,6 +139,22 @@ TEST(CliGenerate, FlagsItWouldIgnoreAreRefused) {
   EXPECT_EQ(roundpipe("generate " + model.string() + " --chat hi --system 'be brief' --max-tokens 2", d).code,
             0);
   EXPECT_EQ(roundpipe("generate " + model.string() + " --chat hi --no-think --max-tokens 2", d).code, 0);
+  // a KV cache past the positions the model was trained on: generated, with a warning saying so
+  const int64_t trained = rp::load_model(model.string()).config.max_position_embeddings;
+  ASSERT_GT(trained, 0);
+  const auto with_context = [&](int64_t n) {
+    return roundpipe(
+        "generate " + model.string() + " --prompt hi --max-tokens 2 --context " + std::to_string(n), d);
+  };
+  const CliRun past = with_context(trained + 1);
+  EXPECT_EQ(past.code, 0) << past.err;
+  EXPECT_NE(past.err.find("warning: --context " + std::to_string(trained + 1) +
+                          " is past the model's max_position_embeddings (" + std::to_string(trained) + ")"),
+            std::string::npos)
+      << past.err;
+  const CliRun within = with_context(trained);
+  EXPECT_EQ(within.code, 0) << within.err;
+  EXPECT_EQ(within.err.find("warning:"), std::string::npos) << within.err;
   EXPECT_EQ(
       roundpipe("generate " + model.string() + " --prompt hi --chat-template auto --max-tokens 2", d).code,
       0);
