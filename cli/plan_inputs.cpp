@@ -102,6 +102,15 @@ ModelShape load_model_shape(const std::string& path, std::string* description) {
   return m;
 }
 
+namespace {
+/// The flag's own JSON is a usage error (exit 2); a plan file's content, or a file that cannot
+/// be read, is the file's fault (exit 1), as every other input file's.
+[[noreturn]] void refuse_plan(bool inline_json, const std::string& what) {
+  if (inline_json) throw UsageError(what);
+  throw std::runtime_error(what);
+}
+}  // namespace
+
 IterationPlan given_plan(const std::string& text, int num_layers, int gpus) {
   const size_t first = text.find_first_not_of(" \t\r\n");
   if (first == std::string::npos)
@@ -118,28 +127,29 @@ IterationPlan given_plan(const std::string& text, int num_layers, int gpus) {
     j = inline_json ? parse_json_text(text, where, in_flag)
                     : parse_json_text(read_json_file(text), where, {.unique_keys = true});
   } catch (const std::invalid_argument& e) {
-    throw UsageError(e.what());
+    refuse_plan(inline_json, e.what());
   }
   const std::string expected =
       "expected a plan object ({\"forward\": [[0, 3], ...], \"tail\": [...], \"backward\": [...]}) or a spec "
       "with a \"plan\" key";
-  if (!j.is_object()) throw UsageError(fmt::format("{}: {}", where, expected));
+  if (!j.is_object()) refuse_plan(inline_json, fmt::format("{}: {}", where, expected));
   const bool spec = j.contains("plan");
   if (spec && !j["plan"].is_object())
-    throw UsageError(fmt::format("{}: key 'plan': expected an object, as in a spec", where));
+    refuse_plan(inline_json, fmt::format("{}: key 'plan': expected an object, as in a spec", where));
   if (!spec && !j.empty()) {
     bool plan_keys = false;
     for (const char* k :
          {"forward", "tail", "backward", "forward_layers", "backward_layers", "tail_decoders"})
       plan_keys = plan_keys || j.contains(k);
     if (!plan_keys)
-      throw UsageError(fmt::format("{}: no \"plan\" key and no plan keys: {}", where, expected));
+      refuse_plan(inline_json, fmt::format("{}: no \"plan\" key and no plan keys: {}", where, expected));
   }
   try {
     return plan_from_json(spec ? j["plan"] : j, num_layers, gpus, spec ? where + ": key 'plan'" : where);
   } catch (const std::invalid_argument& e) {
-    throw UsageError(fmt::format("{} (the model's layers are 0-{}: the embedding, {} decoders, the tail)",
-                                 e.what(), num_layers - 1, num_layers - 2));
+    refuse_plan(inline_json,
+                fmt::format("{} (the model's layers are 0-{}: the embedding, {} decoders, the tail)",
+                            e.what(), num_layers - 1, num_layers - 2));
   }
 }
 
