@@ -57,7 +57,11 @@ std::string binary_file_error(const std::string& path, std::string_view head) {
                                     (static_cast<unsigned char>(head[valid]) & 0xC0) == 0xC0);
   }
   if (text) return {};
-  if (kind.empty() && head.find('\0') == std::string_view::npos && valid_utf8_prefix(head) >= 16)
+  // text before the bad byte (16 bytes of it, or a whole line): a text file with one bad byte,
+  // named by its line and column rather than a hex dump of the fine text before it
+  if (const size_t valid = valid_utf8_prefix(head);
+      kind.empty() && head.find('\0') == std::string_view::npos &&
+      (valid >= 16 || head.substr(0, valid).find('\n') != std::string_view::npos))
     return utf8_error(path, head);
   // text up to a NUL byte (a line of a JSON lines file, say): the NUL's line, not a hex dump
   if (const size_t nul = head.find('\0'); kind.empty() && nul != std::string_view::npos && nul >= 16 &&

@@ -206,6 +206,12 @@ TEST(BinaryFiles, InvalidUtf8InTextNamesItsLine) {
   EXPECT_NE(load_error(early).find(early + ":2: not UTF-8: byte 0xfe at column 12 (offset 40 of the file)"),
             std::string::npos)
       << load_error(early);
+  // a bad byte within the first 16 bytes but after a whole line: still text with a bad byte
+  const std::string short_line = dir.write("corpus/c.txt", "ok\n\xff\xfe bad utf8\n");
+  EXPECT_NE(
+      load_error(short_line).find(short_line + ":2: not UTF-8: byte 0xff at column 1 (offset 3 of the file)"),
+      std::string::npos)
+      << load_error(short_line);
   EXPECT_EQ(utf8_error("x", "caf\xc3\xa9\n"), "");
 }
 
