@@ -92,6 +92,14 @@ void TrainingRun::setup() {
     std::error_code ec;
     if (resume_ && std::filesystem::exists(spec_.model, ec))
       check_resume_model(*resume_, spec_, ModelSource::open(spec_.model).config());
+    else if (resume_) {  // said, so that a mistyped --model is not taken for one in use
+      const std::string origin = setting_origin(spec_, "model");  // "--model PATH" or the spec file
+      spdlog::warn(
+          "{}: {} does not exist; not needed: the resumed run takes its weights, config and "
+          "tokenizer from {}",
+          origin.rfind("--", 0) == 0 ? origin : origin + ": key 'model'",
+          origin.rfind("--", 0) == 0 ? std::string("the model") : spec_.model, resume_->dir);
+    }
     model_ = load_model_for_training(resume_ ? resume_->dir : spec_.model);
     w.layout = make_layout(model_.config);
     fill_groups(model_, w.layout, w.trainable);

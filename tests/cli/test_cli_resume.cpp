@@ -347,6 +347,20 @@ TEST(CliResume, UnsuitableCheckpointsGiveOneLineNamingTheFile) {
                         "same optimizer settings");
   // none of these left output behind
   EXPECT_FALSE(fs::exists(d / "r/final"));
+  // a --model that is not there is not needed by a full fine-tuning resume, and said so (a typo
+  // was silently ignored)
+  {
+    const CliRun r =
+        roundpipe("train " + (d / "spec.json").string() + " --resume " + ck.string() + " --output-dir " +
+                      (d / "m").string() + " --steps 3 --model " + (d / "nowhere").string(),
+                  d);
+    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_NE((r.out + r.err)
+                  .find("--model " + (d / "nowhere").string() +
+                        ": the model does not exist; not needed: the resumed run takes its weights"),
+              std::string::npos)
+        << r.out << r.err;
+  }
   fs::remove_all(d);
 }
 
