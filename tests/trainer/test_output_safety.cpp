@@ -291,7 +291,10 @@ TEST(OutputSafety, AHalfCheckpointIsNeverAdvisedOrResumed) {
     rp::Trainer(fresh).run();
     ADD_FAILURE() << "a fresh run replaced the earlier run's checkpoints";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("continue it with --resume " + out.string() + "/checkpoint-3"),
+    // checkpoint-3 is at step 1, the fresh spec's whole length: a finished run, resumed with more steps
+    EXPECT_NE(std::string(e.what()).find("that run is finished (checkpoint-3 is at step 1 of the spec's 1): "
+                                         "train it further with --resume " +
+                                         out.string() + "/checkpoint-3 --steps"),
               std::string::npos)
         << e.what();
   }
@@ -323,7 +326,7 @@ TEST(OutputSafety, ACheckpointSavesItsStateFirstAndItsWeightsLast) {
   EXPECT_TRUE(fs::exists(out / "state/final"));
   EXPECT_FALSE(fs::exists(out / "final"));
   EXPECT_EQ(rp::checkpoints_in(out.string()), (std::vector<std::string>{"checkpoint-1"}));
-  rp::TrainSpec fresh = spec_into(d, out, 1);
+  rp::TrainSpec fresh = spec_into(d, out, 2);
   expect_refused(fresh, "continue it with --resume " + out.string() + "/checkpoint-1");
   rp::TrainSpec resume = spec_into(d, out, 2);
   resume.resume_from = (out / "checkpoint-1").string();
