@@ -345,6 +345,19 @@ int record_unfinished_file(const std::string& path) noexcept { return register_t
 
 void forget_unfinished_file(int handle) noexcept { unregister_temporary(handle); }
 
+RecordedFolders::RecordedFolders(const std::string& path, std::error_code& ec)
+    : made_(create_folders(
+          path, ec, [this](const std::string& f) { handles_.push_back(record_unfinished_file(f)); })) {}
+
+RecordedFolders::RecordedFolders(RecordedFolders&& o) noexcept
+    : handles_(std::move(o.handles_)), made_(std::move(o.made_)) {
+  o.handles_.clear();
+}
+
+RecordedFolders::~RecordedFolders() {
+  for (int h : handles_) forget_unfinished_file(h);
+}
+
 void replace_file(const std::string& path, const std::function<void(const std::string& tmp)>& write) {
   const std::string tmp = temporary_path(path);
   const int slot = claim(tmp, path, "tmp", false, /*cover_leftover=*/true);

@@ -27,6 +27,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "base/output_folder.hpp"
@@ -71,6 +72,23 @@ void remove_unfinished_folders() noexcept;
 /// after a kill).
 int record_unfinished_file(const std::string& path) noexcept;
 void forget_unfinished_file(int handle) noexcept;
+
+/// Makes folder `path` and its missing parents as create_folders does, recording each folder it
+/// makes with record_unfinished_file from the moment it exists until this object goes: a
+/// process ended on a signal meanwhile (remove_unfinished_temporaries) takes back those still
+/// empty. made() and `ec` are create_folders'. Movable, not copyable.
+class RecordedFolders {
+ public:
+  RecordedFolders(const std::string& path, std::error_code& ec);
+  ~RecordedFolders();
+  RecordedFolders(RecordedFolders&& o) noexcept;
+  RecordedFolders& operator=(RecordedFolders&&) = delete;
+  const std::vector<std::string>& made() const { return made_; }
+
+ private:
+  std::vector<int> handles_;
+  std::vector<std::string> made_;
+};
 
 /// replace_file with a binary std::ostream opened on the temporary: `write(os)` writes the
 /// content; a stream that cannot be opened throws "<path>: cannot write (<reason>)", a failed

@@ -147,6 +147,7 @@ class ExitThread {
       while (::sem_wait(&g_exit_wake) != 0) {}
       if (!g_exiting.load()) return;  // the run ended without a second signal
       remove_unfinished_folders();
+      remove_unfinished_temporaries();  // now also the folders a save made for what just went (state/)
       std::_Exit(130);
     });
   }

@@ -382,15 +382,8 @@ EnsureResult ensure_cache(const std::string& path, const std::string& source_key
                           const CacheBuildOptions& options) {
   const std::string dir = folder_of(path);
   std::error_code ec;
-  std::vector<int> on_signal;  // a stop signal mid-build takes them back too, from the moment each exists
-  const std::vector<std::string> made =
-      create_folders(dir, ec, [&](const std::string& f) { on_signal.push_back(record_unfinished_file(f)); });
-  struct Forget {
-    const std::vector<int>& handles;
-    ~Forget() {
-      for (int h : handles) forget_unfinished_file(h);
-    }
-  } forget{on_signal};
+  const RecordedFolders folders(dir, ec);  // a stop signal mid-build takes them back too
+  const std::vector<std::string>& made = folders.made();
   try {
     if (ec) {
       // "File exists" would not say why: a link to nothing, or a file where a folder goes

@@ -35,6 +35,19 @@ std::string state_dir_of(const std::string& dir) {
   return (d.parent_path() / "state" / d.filename()).string();
 }
 
+namespace {
+/// Makes the state/ folder above trainer-state folder `sd` (and its missing parents), recorded
+/// for a signal's cleanup while the returned object lives. Throws std::runtime_error
+/// "<folder>: cannot create the folder (<reason>)".
+RecordedFolders make_state_parent(const std::string& sd) {
+  const std::string parent = fs::path(sd).parent_path().string();
+  std::error_code ec;
+  RecordedFolders made(parent, ec);
+  if (ec) throw std::runtime_error(fmt::format("{}: cannot create the folder ({})", parent, ec.message()));
+  return made;
+}
+}  // namespace
+
 std::string weights_checksum(const std::string& dir) {
   std::vector<fs::path> files;
   const auto ours = manifest_files(dir);  // a user's *.safetensors kept in the folder is not the checkpoint's
@@ -81,7 +94,9 @@ void save_checkpoint_bundle(Session& session, const std::string& dir, const Load
     st.weights_xxh3 = weights_checksum(weights_tmp);  // the files keep their bytes through the rename
     st.model_config = architecture_of(model.config);
     st.model_numerics = numerics_of(model.config);
-    fs::create_directories(fs::path(sd).parent_path());
+    // a second stop signal during the first save takes back the state/ folder it made (empty
+    // once the unfinished state/<name>.tmp-<pid> has gone)
+    const RecordedFolders state_parent = make_state_parent(sd);
     replace_folder(sd, [&](const std::string& tmp) {
       // model.safetensors holds the fp32 master exactly only when saved in f32
       session.save_optimizer_state(tmp + "/" + kOptimizerStateFile, save_dtype != DType::f32);
@@ -154,7 +169,7 @@ void copy_checkpoint_bundle(const std::string& from, const std::string& to) {
       if (std::find(weights.begin(), weights.end(), e.name) != weights.end())
         throw folder_conflict(to, e, "the copy of " + from);
   const std::string sd = state_dir_of(to);
-  fs::create_directories(fs::path(sd).parent_path());
+  const RecordedFolders state_parent = make_state_parent(sd);
   copy_folder(state_dir_of(from), sd);
   copy_folder(from, to);
 }

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -149,6 +150,55 @@ TEST(AtomicFile, AnExitOnASignalRemovesTheUnfinishedFolder) {
   for (const auto& e : fs::directory_iterator(d)) left += e.path().filename().string() + " ";
   EXPECT_EQ(left, "final ") << "the unfinished folder or its marker was left behind";
   fs::remove_all(d);
+}
+
+// The exit on a second stop signal during a checkpoint's first save: the state/ folder that save
+// made (RecordedFolders) goes with the unfinished folder inside it, parents it made too; a state/
+// that was there before stays, empty or not, and so does one made by a save that finished.
+TEST(AtomicFile, AnExitOnASignalTakesBackTheFoldersASaveMade) {
+  for (const int c : {0, 1, 2}) {  // 0: the save made a/state/; 1: a/state/ was there; 2: the save finished
+    SCOPED_TRACE(c);
+    const auto d = scratch();
+    if (c == 1) fs::create_directories(d / "a" / "state");
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      std::error_code ec;
+      std::optional<rp::RecordedFolders> made;
+      made.emplace((d / "a" / "state").string(), ec);
+      if (ec || made->made().size() != (c == 1 ? 0u : 2u)) std::_Exit(3);
+      if (c == 2) {
+        rp::replace_folder((d / "a" / "state" / "done").string(),
+                           [](const std::string& tmp) { std::ofstream(fs::path(tmp) / "w") << "x"; });
+        made.reset();
+        rp::remove_unfinished_temporaries();
+        std::_Exit(130);
+      }
+      rp::replace_folder((d / "a" / "state" / "final").string(), [](const std::string& tmp) {
+        std::ofstream(fs::path(tmp) / "w") << "x";
+        std::thread([] {
+          rp::remove_unfinished_folders();
+          rp::remove_unfinished_temporaries();
+          std::_Exit(130);
+        }).detach();
+        for (;;) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      });
+      std::_Exit(0);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 130);
+    if (c == 0) {
+      EXPECT_FALSE(fs::exists(d / "a")) << "the folders the save made were left behind";
+    } else if (c == 1) {
+      EXPECT_TRUE(fs::is_directory(d / "a" / "state")) << "a folder that was there before went";
+      EXPECT_TRUE(fs::is_empty(d / "a" / "state"));
+    } else {
+      EXPECT_EQ(slurp(d / "a" / "state" / "done" / "w"), "x");
+    }
+    fs::remove_all(d);
+  }
 }
 
 // A stop signal the moment a temporary's owner marker exists, before its text is written, leaves
