@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "cli/command.hpp"
+#include "cli/signal_exit.hpp"
 #include "formats/gguf_export.hpp"
 
 namespace rp {
@@ -34,6 +35,7 @@ void add_export_gguf_command(CLI::App& app) {
   c->add_flag("--force", o->force,
               "replace OUTPUT when it is a GGUF file export-gguf wrote (any other file is never replaced)");
   c->callback(reporting_errors([o] {
+    const ExitOnStopSignals interrupted;  // a stop signal takes back the half-written output
     const int64_t n = export_gguf(o->in, o->out, parse_gguf_export_type(o->type), o->force, o->base);
     fmt::print("wrote {} ({} tensors, {})\n", o->out, n, o->type);
   }));

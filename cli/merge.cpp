@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "cli/command.hpp"
+#include "cli/signal_exit.hpp"
 #include "roundpipe/adapter.hpp"
 #include "roundpipe/checkpoint.hpp"
 
@@ -30,6 +31,7 @@ void add_merge_command(CLI::App& app) {
        "keeps the fp32 merge W + scaling B A exactly)")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}));
   c->callback(reporting_errors([o] {
+    const ExitOnStopSignals interrupted;  // a stop signal takes back the half-written output
     for (const std::string& line : clean_model_folder_leftovers(o->out)) fmt::print("{}\n", line);
     const std::string base = merge_peft_folder(o->adapter, o->out, o->base, parse_dtype(o->dtype));
     fmt::print("merged {} into {} -> {}\n", o->adapter, base, o->out);
@@ -50,6 +52,7 @@ void add_convert_command(CLI::App& app) {
        "f32 keeps a dequantized or f32 model's values exactly)")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}));
   c->callback(reporting_errors([o] {
+    const ExitOnStopSignals interrupted;  // a stop signal takes back the half-written output
     for (const std::string& line : clean_model_folder_leftovers(o->out)) fmt::print("{}\n", line);
     convert_gguf_to_hf(o->in, o->out, parse_dtype(o->dtype));
     fmt::print("wrote {}\n", o->out);

@@ -1,7 +1,6 @@
 #include "cli/train.hpp"
 
 #include <fcntl.h>
-#include <semaphore.h>
 #include <unistd.h>
 
 #include <array>
@@ -18,7 +17,6 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -30,6 +28,7 @@
 #include "base/host_resources.hpp"
 #include "base/output_folder.hpp"
 #include "cli/command.hpp"
+#include "cli/signal_exit.hpp"
 #include "roundpipe/model_source.hpp"
 #include "roundpipe/replicas.hpp"
 #include "roundpipe/trainer.hpp"
@@ -129,42 +128,6 @@ void find_local_peers(int rank) {
 /// use it.
 std::atomic<int64_t> g_first_signal_ns{0};
 
-/// The second signal's exit is under way (the handler set it); lock-free.
-std::atomic<bool> g_exiting{false};
-/// Posted by the handler (sem_post is async-signal-safe) to wake ExitThread.
-sem_t g_exit_wake;
-
-/// The second signal's exit, done outside the handler: removing a half-written checkpoint
-/// folder (remove_unfinished_folders) allocates, which a handler must not. The handler wakes
-/// this thread, which removes the folders of ours and ends the process with 130. While one is
-/// alive, the thread that would end the process otherwise (returning from the run, or an error
-/// the removal caused) waits for that exit instead.
-class ExitThread {
- public:
-  ExitThread() {
-    ::sem_init(&g_exit_wake, 0, 0);
-    thread_ = std::thread([] {
-      while (::sem_wait(&g_exit_wake) != 0) {}
-      if (!g_exiting.load()) return;  // the run ended without a second signal
-      remove_unfinished_folders();
-      remove_unfinished_temporaries();  // now also the folders a save made for what just went (state/)
-      std::_Exit(130);
-    });
-  }
-  ~ExitThread() {
-    if (g_exiting.load())
-      for (;;) ::pause();  // the exit thread ends the process
-    ::sem_post(&g_exit_wake);
-    thread_.join();
-    ::sem_destroy(&g_exit_wake);
-  }
-  ExitThread(const ExitThread&) = delete;
-  ExitThread& operator=(const ExitThread&) = delete;
-
- private:
-  std::thread thread_;
-};
-
 // First Ctrl-C, SIGTERM or SIGHUP: stop after the steps in flight and save them as a checkpoint (steps
 // still unfinished after the spec's stop_timeout_s are abandoned, unsaved). Second, a second or
 // more after the first: leave now (ExitThread removes an unfinished checkpoint's *.tmp-<pid>
@@ -184,11 +147,9 @@ void on_signal(int) {
       errno = saved_errno;
       return;
     }
-    if (g_exiting.exchange(true)) std::_Exit(130);  // the exit thread is slow: now
+    // removes our half-written files and folders and exits (at once if already under way)
     static const char msg[] = "\nroundpipe: interrupted twice, exiting now\n";
-    write_err(msg + (g_err_tty ? 0 : 1), sizeof msg - (g_err_tty ? 1 : 2));
-    remove_unfinished_temporaries();  // a half-written file of ours goes with us
-    ::sem_post(&g_exit_wake);         // and the exit thread removes our half-written folders
+    exit_from_handler(msg + (g_err_tty ? 0 : 1), sizeof msg - (g_err_tty ? 1 : 2));
     errno = saved_errno;
     return;
   }
@@ -232,26 +193,6 @@ void on_startup_signal(int) {
 /// closing) and SIGUSR1.
 constexpr std::array<int, 4> kStopSignals{SIGINT, SIGTERM, SIGHUP, SIGUSR1};
 
-/// Installs `handler` for kStopSignals while alive, then restores the previous handlers. A
-/// SIGHUP ignored when the run started (nohup) stays ignored: the run outlives its terminal.
-class SignalHandlers {
- public:
-  explicit SignalHandlers(void (*handler)(int)) {
-    for (size_t i = 0; i < kStopSignals.size(); ++i) {
-      prev_[i] = std::signal(kStopSignals[i], handler);
-      if (kStopSignals[i] == SIGHUP && prev_[i] == SIG_IGN) std::signal(SIGHUP, SIG_IGN);
-    }
-  }
-  ~SignalHandlers() {
-    for (size_t i = 0; i < kStopSignals.size(); ++i) std::signal(kStopSignals[i], prev_[i]);
-  }
-  SignalHandlers(const SignalHandlers&) = delete;
-  SignalHandlers& operator=(const SignalHandlers&) = delete;
-
- private:
-  std::array<void (*)(int), kStopSignals.size()> prev_{};
-};
-
 /// The stop signals request `stop` while alive. SIGUSR1: Open MPI's mpirun forwards it to every
 /// rank at once and leaves the job running, while its own SIGINT/SIGTERM ends the job (the
 /// ranks get SIGTERM only after odls_base_sigkill_timeout seconds, 1 by default, and SIGKILL
@@ -259,12 +200,12 @@ class SignalHandlers {
 class StopOnSignals {
  public:
   // g_stop is set before the handlers are installed (a signal may arrive right after)
-  explicit StopOnSignals(const StopToken& stop) : handlers_((g_stop = &stop, on_signal)) {}
+  explicit StopOnSignals(const StopToken& stop) : handlers_(kStopSignals, (g_stop = &stop, on_signal)) {}
   ~StopOnSignals() { g_stop = nullptr; }
 
  private:
   ExitThread exit_;  // destroyed after the handlers are restored: no second signal reaches it then
-  SignalHandlers handlers_;
+  SignalHandlers<kStopSignals.size()> handlers_;
 };
 
 std::string fmt_duration(double s) {
@@ -446,7 +387,7 @@ int run_train(TrainSpec spec, const TrainOverrides& ov) {
   g_err_tty = ::isatty(2) == 1;
   g_first_line = first_signal_line(g_under_mpi, launcher_rank(), true);
   g_unstarted_line = first_signal_line(g_under_mpi, launcher_rank(), false);
-  std::optional<SignalHandlers> startup(std::in_place, on_startup_signal);
+  std::optional<SignalHandlers<kStopSignals.size()>> startup(std::in_place, kStopSignals, on_startup_signal);
   // from the first step on, and while the final checkpoint is written (a Ctrl-C cannot cut it)
   std::optional<StopOnSignals> signals;
   cb.on_ready = [&] {

@@ -1,7 +1,8 @@
 // `roundpipe train` ending before its first step takes back the folders it made for output_dir
 // (only those, only while empty): after an error, and after a stop signal (SIGINT, SIGTERM,
 // SIGHUP, SIGUSR1) while it loads. A second signal during the final save takes back the
-// half-written checkpoint folders.
+// half-written checkpoint folders. A stop signal during `convert` or `export-gguf` takes back
+// their half-written output.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -139,6 +140,69 @@ TEST(CliOutputCleanup, ASecondSignalDuringTheFinalSaveTakesBackItsFolders) {
   // the run's first save made state/: it goes when nothing finished went into it
   EXPECT_TRUE(!fs::exists(run / "state") || !fs::is_empty(run / "state")) << "an empty state/ was left\n"
                                                                           << err;
+  fs::remove_all(d);
+}
+
+// Runs `roundpipe <args>` in the background, sends `sig` as soon as `ready` (a shell glob)
+// names something, and waits: the exit status as the shell reports it ("130\n" for exit 130), its
+// stderr, and whether the signal went before the command had ended.
+struct Interrupted {
+  std::string rc, err;
+  bool sent = false;
+};
+Interrupted interrupt_when(const fs::path& d, const std::string& args, const std::string& ready, int sig) {
+  const fs::path root = RP_SOURCE_DIR;
+  const std::string cmd =
+      "cd " + root.string() + " && (timeout --foreground -s KILL 300 " + std::string(RP_BUILD_DIR) +
+      "/roundpipe " + args + " > " + (d / "out.txt").string() + " 2> " + (d / "err.txt").string() +
+      " < /dev/null & pid=$!; for i in $(seq 4000); do ls -d " + ready +
+      " > /dev/null 2>&1 && break; sleep 0.01; done; kill -" + std::to_string(sig) + " $pid && touch " +
+      (d / "sent").string() + "; wait $pid; echo $? > " + (d / "rc.txt").string() + ")";
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+  Interrupted r{slurp(d / "rc.txt"), slurp(d / "err.txt"), fs::exists(d / "sent")};
+  for (const char* f : {"out.txt", "err.txt", "rc.txt", "sent"}) fs::remove(d / f);
+  return r;
+}
+
+// A stop signal while convert or export-gguf writes ends it with 130 and one line, and takes back
+// the half-written output (out.tmp-<pid>/ and its owner marker, out.gguf.tmp-<pid>): the default
+// action used to leave them until the next writer into the same place. The user's files stay.
+TEST(CliOutputCleanup, AStopSignalDuringConvertOrExportTakesBackTheUnfinishedOutput) {
+  if (const std::string why = default_assets_missing(); !why.empty()) GTEST_SKIP() << why;
+  const fs::path root = RP_SOURCE_DIR;
+  auto d = tmpdir();
+  write(d / "mine.txt", "the user's");
+  const std::string gguf = (root / "assets/SmolLM2-135M-Instruct.Q4_1.gguf").string();
+  const auto only_mine = [&](const std::string& err) {
+    for (const auto& e : fs::directory_iterator(d))
+      EXPECT_TRUE(e.path().filename() == "mine.txt" || e.path().filename() == "hf")
+          << e.path() << " was left behind\n"
+          << err;
+    EXPECT_EQ(slurp(d / "mine.txt"), "the user's");
+  };
+  int ran = 0;
+  for (const int sig : {SIGINT, SIGTERM}) {
+    SCOPED_TRACE(sig);
+    const Interrupted c = interrupt_when(d, "convert " + gguf + " " + (d / "out").string() + " --dtype f32",
+                                         (d / "out.tmp-*").string() + "/model*.safetensors", sig);
+    if (!c.sent || c.rc != "130\n") continue;  // convert ended before the signal
+    ++ran;
+    EXPECT_NE(c.err.find("roundpipe: interrupted: the unfinished output was removed"), std::string::npos)
+        << c.err;
+    EXPECT_FALSE(fs::exists(d / "out")) << c.err;
+    only_mine(c.err);
+  }
+  const CliRun hf = roundpipe("convert " + gguf + " " + (d / "hf").string() + " --dtype f32", d);
+  ASSERT_EQ(hf.code, 0) << hf.err;
+  const Interrupted e =
+      interrupt_when(d, "export-gguf " + (d / "hf").string() + " " + (d / "x.gguf").string(),
+                     (d / "x.gguf.tmp-*").string(), SIGINT);
+  if (e.sent && e.rc == "130\n") {
+    ++ran;
+    EXPECT_FALSE(fs::exists(d / "x.gguf")) << e.err;
+    only_mine(e.err);
+  }
+  if (ran == 0) GTEST_SKIP() << "every command ended before its signal";
   fs::remove_all(d);
 }
 
