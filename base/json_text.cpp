@@ -1,6 +1,7 @@
 #include "base/json_text.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -216,6 +217,31 @@ class TrackingParser {
   ParseTrack& t_;
 };
 
+/// `text` with every number outside strings written 0: what the JSON library's syntax check
+/// (json::accept) takes whatever the numbers' range (it refuses 1e400 as a syntax error).
+std::string with_numbers_zeroed(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      out += c;
+      if (c == '\\' && i + 1 < text.size()) out += text[++i];
+      else if (c == '"') in_string = false;
+    } else if (c == '-' || (c >= '0' && c <= '9')) {
+      while (i + 1 < text.size() && std::strchr("0123456789.eE+-", text[i + 1]) != nullptr &&
+             text[i + 1] != '\0')
+        ++i;
+      out += '0';
+    } else {
+      out += c;
+      in_string = c == '"';
+    }
+  }
+  return out;
+}
+
 /// parse_json_text and parse_json_value: nullopt for a syntax error when `syntax_is_not_json`.
 std::optional<json> parse_text(const std::string& text, const std::string& path, const JsonTextOptions& opt,
                                bool syntax_is_not_json) {
@@ -232,6 +258,9 @@ std::optional<json> parse_text(const std::string& text, const std::string& path,
     if (!opt.lines) throw std::invalid_argument(fmt::format("{}: {}", path, what));
     throw std::invalid_argument(fmt::format("{}:{}:{}: {}", path, line, col, what));
   }
+  // a text that is not JSON at all is plain text, whatever a part of it would be refused for
+  // ("[1e400" is the string, not a list whose number is too large)
+  if (syntax_is_not_json && !json::accept(with_numbers_zeroed(text))) return std::nullopt;
   try {
     json j;
     TrackingParser sax(j, t);

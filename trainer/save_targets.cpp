@@ -1,6 +1,9 @@
 #include "trainer/save_targets.hpp"
 
 #include <filesystem>
+#include <optional>
+#include <string>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -32,6 +35,33 @@ bool save_may_write(SavedFolder kind, const std::string& name) {
 
 namespace {
 
+/// What a save cannot keep in the new version of a folder (carry_unlisted_entries keeps regular
+/// files, folders and symbolic links): `p` itself, or the first such file inside it when it is a
+/// folder (links not followed), with its kind ("a named pipe"); nullopt when there is none.
+std::optional<std::pair<fs::path, std::string>> special_file_in(const fs::path& p) {
+  const auto kind = [](fs::file_type t) -> const char* {
+    switch (t) {
+      case fs::file_type::regular:
+      case fs::file_type::directory:
+      case fs::file_type::symlink:
+      case fs::file_type::not_found: return nullptr;
+      case fs::file_type::fifo: return "a named pipe";
+      case fs::file_type::socket: return "a socket";
+      case fs::file_type::block: return "a block device";
+      case fs::file_type::character: return "a character device";
+      default: return "a special file";
+    }
+  };
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(p, ec);
+  if (const char* k = kind(st.type())) return std::pair{p, std::string(k)};
+  if (st.type() != fs::file_type::directory) return std::nullopt;
+  for (fs::recursive_directory_iterator it(p, fs::directory_options::skip_permission_denied, ec), end;
+       !ec && it != end; it.increment(ec))
+    if (const char* k = kind(it->symlink_status(ec).type())) return std::pair{it->path(), std::string(k)};
+  return std::nullopt;
+}
+
 /// Throws FolderConflict when folder `dir` cannot take a save of kind `kind`.
 void check_target(const fs::path& dir, SavedFolder kind) {
   std::error_code ec;
@@ -47,12 +77,20 @@ void check_target(const fs::path& dir, SavedFolder kind) {
         fmt::format("{}: exists and is not a folder, and the run saves a folder there; move it "
                     "away or choose another output_dir (nothing was trained)",
                     dir.string()));
-  for (const ForeignEntry& e : foreign_entries(dir))
+  for (const ForeignEntry& e : foreign_entries(dir)) {
     if (save_may_write(kind, e.name))
       throw FolderConflict(
           fmt::format("{}: {}, and the run's save of {} would replace it; move it away or choose "
                       "another output_dir (nothing was trained)",
                       (dir / e.name).string(), e.why, dir.string()));
+    // the save keeps the user's files in the new version of the folder, which it cannot do for
+    // these: found now, not after the training at the save
+    if (const auto special = special_file_in(dir / e.name))
+      throw FolderConflict(fmt::format(
+          "{}: is {}, which the run's save of {} cannot keep beside its files; move it away or choose "
+          "another output_dir (nothing was trained)",
+          special->first.string(), special->second, dir.string()));
+  }
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // enters the next manifest; and a save that would have to replace one is refused before the
 // first step, never after the last.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <string>
 #include <vector>
@@ -95,6 +96,32 @@ TEST(OutputSafety, AKeptReadmeNeverEntersTheManifest) {
   over.overwrite_output_dir = true;
   ASSERT_EQ(rp::Trainer(over).run().steps_done, 1);
   EXPECT_EQ(slurp(fin / "README.md"), mine);
+  fs::remove_all(d);
+}
+
+// A named pipe or socket of the user's in a folder the run saves (final/README.md, one inside a
+// sub-folder of state/final/), which the save could not keep beside its files, is refused before
+// the first step naming it: it failed only at the final save, after the whole training.
+TEST(OutputSafety, ASpecialFileTheSaveCannotKeepIsRefusedBeforeTraining) {
+  auto d = tmpdir();
+  const fs::path out = d / "out", fin = out / "final";
+  ASSERT_EQ(rp::Trainer(spec_into(d, out, 1)).run().steps_done, 1);
+  for (const fs::path& special : {fin / "README.md", out / "state/final/notes/pipe"}) {
+    SCOPED_TRACE(special);
+    fs::remove(fin / "README.md");
+    fs::create_directories(special.parent_path());
+    ASSERT_EQ(::mkfifo(special.c_str(), 0600), 0);
+    rp::TrainSpec over = spec_into(d, out, 1);
+    over.overwrite_output_dir = true;
+    expect_refused_before_training(over, special);
+    EXPECT_EQ(fs::symlink_status(special).type(), fs::file_type::fifo) << "the pipe went";
+    fs::remove(special);
+  }
+  write(fin / "README.md", "mine");
+  rp::TrainSpec over = spec_into(d, out, 1);
+  over.overwrite_output_dir = true;
+  ASSERT_EQ(rp::Trainer(over).run().steps_done, 1) << "a plain file of the user's is kept, not refused";
+  EXPECT_EQ(slurp(fin / "README.md"), "mine");
   fs::remove_all(d);
 }
 

@@ -194,6 +194,14 @@ TEST(SpecSettings, ANumberBeyondADoubleNamesTheFileLineAndKey) {
   // words stay strings (checked by their key), "inf" among them
   EXPECT_EQ(error_of(spec, {rp::parse_set_option("optimizer.lr=inf")}).find("double's range"),
             std::string::npos);
+  // and so does a value that is no JSON text, whatever a part of it holds: a string where the
+  // key takes any value; what a duplicate key or a large number inside it would say, only in JSON
+  for (const char* v : {"[1e400", "{\"a\": 1, \"a\": 2", "[1e400, {\"a\": 1, \"a\": 2}"}) {
+    SCOPED_TRACE(v);
+    nlohmann::json j = nlohmann::json::parse(spec);
+    rp::apply_spec_settings(j, {rp::parse_set_option(std::string("comment=") + v)});
+    EXPECT_EQ(j["comment"], v);
+  }
 }
 
 // Two values of one key in a spec file: refused naming the line of the second and the key
