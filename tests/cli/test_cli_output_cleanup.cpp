@@ -120,12 +120,16 @@ TEST(CliOutputCleanup, ASecondSignalDuringTheFinalSaveTakesBackItsFolders) {
   const fs::path run = d / "run";
   const std::string cmd =
       "cd " + root.string() + " && (timeout --foreground -s KILL 300 " + std::string(RP_BUILD_DIR) +
-      "/roundpipe train examples/specs/default.json --steps 1 " + "--output-dir " + run.string() + " > " +
-      (d / "out.txt").string() + " 2> " + (d / "err.txt").string() +
-      " < /dev/null & pid=$!; for i in $(seq 4000); do ls -d " + run.string() + "/final.tmp-* " +
+      "/roundpipe train examples/specs/default.json --steps 1 --set save_dtype=f32 --output-dir " +
+      run.string() + " > " + (d / "out.txt").string() + " 2> " + (d / "err.txt").string() +
+      // the first signal once the weights' temporary exists, the second (a second later at the
+      // least) the moment the state's does: the state (the optimizer's 2 GB) is then being written
+      " < /dev/null & pid=$!; for i in $(seq 4000); do ls -d " + run.string() +
+      "/final.tmp-* > /dev/null 2>&1 && break; sleep 0.02; done; kill -INT $pid; sleep 1.02; "
+      "for i in $(seq 20000); do ls -d " +
       run.string() +
-      "/state/final.tmp-* > /dev/null 2>&1 && break; sleep 0.05; done; kill -INT $pid; "
-      "sleep 1.1; kill -INT $pid; wait $pid; echo $? > " +
+      "/state/final.tmp-* > /dev/null 2>&1 && break; kill -0 $pid 2> /dev/null || break; "
+      "sleep 0.005; done; kill -INT $pid; wait $pid; echo $? > " +
       (d / "rc.txt").string() + ")";
   ASSERT_EQ(std::system(cmd.c_str()), 0);
   const std::string err = slurp(d / "err.txt");
