@@ -21,7 +21,8 @@ sem_t g_exit_wake;
 std::thread g_exit_thread;
 
 void on_stop_signal(int) {
-  static const char line[] = "\nroundpipe: interrupted: the unfinished output was removed, nothing else changed\n";
+  static const char line[] =
+      "\nroundpipe: interrupted: the unfinished output was removed, nothing else changed\n";
   const bool tty = ::isatty(2) == 1;  // async-signal-safe
   exit_from_handler(line + (tty ? 0 : 1), sizeof line - (tty ? 1 : 2));
 }
