@@ -2,7 +2,7 @@
 # On the lent GPU machine: the GPU tests, the Qwen3-30B-A3B expert GEMM A/B (grouped against
 # bucketed) and the disk tier's host-budget rows, each mode one after the other in one call.
 # Run from the repository root; the bundles are carried xz-packed (a call carries 64 MiB):
-#   .c1/a.tar.xz  bin/ (bench_throughput, roundpipe) + lib/      (bundle.sh output, tar cJf)
+#   .c1/a.tar.xz  bin/ (bench_throughput, roundpipe, bench_fp8_algos) + lib/      (bundle.sh output, tar cJf)
 #   .c2/t.tar.xz  bin/ (test_kernels, test_model, test_actors, test_trainer, stripped)
 # and unpacked once per machine into $RP_DEV (default /tmp/rp).
 #   RP_BUILD_SRC=<source path of the build machine> bash bench/device_bucketed_tier.sh MODE...
@@ -25,6 +25,10 @@
 #              residual add) with the one-pass q/k norm + RoPE, then with the separate kernels
 #              (RP_CUDA_QK_NORM_ROPE=separate): $OUT/ops_fused.md, $OUT/ops_separate.md
 #              (RP_CUDA_QK_NORM_ROPE=separate before any d* mode measures a row without it)
+#   fp8blk     bench_fp8_algos (the heuristic's first algorithm per shape) with one scale per tensor,
+#              then with 1 x 128 / 128 x 128 block scales, twice in turn: $OUT/fp8_tensor_N.md,
+#              $OUT/fp8_blocks_N.md (what block scales, which producers could write in their own
+#              epilogue, cost the GEMMs)
 #   l8f        LLaMA-3.1-8B LoRA r=32 all linears, fp8 base, FP8 linears, 8 x 4096, M=8, cap 6 GiB
 #   p8f        the same under the kernel profiler (its last 12 s): $OUT/prof_p8f.md
 #   p17        Qwen3-1.7B full fine-tuning with FP8 linears, 8 x 8192, M=8, cap 6.7 GiB, under the
@@ -141,6 +145,14 @@ for mode in "$@"; do
         step "bench_ops ($how)"
         RP_CUDA_QK_NORM_ROPE=$how timeout 300 "$RP_DEV/bin/bench_ops" \
           --filter "${OPS:-rmsnorm,rope,qk_norm_rope,swiglu,add_residual}" --out "$OUT/ops_$how.md" 2>&1 | tail -30
+      done ;;
+    fp8blk)
+      for n in 1 2; do
+        for how in tensor blocks; do
+          step "bench_fp8_algos ($how, $n)"
+          timeout 300 "$RP_DEV/bin/bench_fp8_algos" --algos 1 --reps 10 $([ $how = blocks ] && echo --block-scales) \
+            --out "$OUT/fp8_${how}_$n.md" 2>&1 | tail -3
+        done
       done ;;
     l8f) bench l8f "${l8f[@]}" --steps "${STEPS:-8}" --warmup 2 ;;
     p8f)

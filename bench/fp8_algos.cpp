@@ -3,7 +3,7 @@
 // (CudaOps::plan_for asks the heuristic for one answer and keeps it for the shape). A shape
 // where another algorithm is clearly faster is a case for choosing per shape by timing.
 //
-//   bench_fp8_algos [--algos N] [--row-scales] [--quick] [--reps R] [--out FILE [--force]]
+//   bench_fp8_algos [--algos N] [--row-scales | --block-scales] [--quick] [--reps R] [--out FILE [--force]]
 //
 // Passes, in the runtime's operand layout (Ops::gemm_fp8: d[M, N] = sa sb A[M, K] B[N, K]^T,
 // issued to cuBLASLt as the column-major TN product m = N, n = M, k = K):
@@ -12,7 +12,11 @@
 //   weight gradient dW[out, in] += (dy^T)[out, T] (x^T)[in, T]^T  fp32 output, accumulated
 // All operands e4m3 (the runtime's default for activations, weights and gradients), one fp32
 // scale per tensor, or with --row-scales one per row of each operand (outer-vector scales, the
-// stored-codes path; forward and input gradient only, as there). T is the tokens of one
+// stored-codes path; forward and input gradient only, as there), or with --block-scales one per
+// 1 x 128 block of the activations and gradients and one per 128 x 128 block of the weights (the
+// recipe of DeepSeek-V3, arXiv 2412.19437 section 3.3.2: a producer could write such codes in its
+// own epilogue, the block's amax being local; the weight gradient's operands, both 1 x 128 along
+// the tokens). T is the tokens of one
 // micro-batch: 8192 for Qwen3-1.7B and -4B, 4096 for LLaMA-3.1-8B (the LoRA row's sequences).
 //
 // Timing: per algorithm, 3 warm-up calls, then the median of 5 trials of R calls issued back to
@@ -46,7 +50,7 @@ namespace {
 
 struct Options {
   int algos = 16, reps = 20;
-  bool row_scales = false, quick = false, force = false;
+  bool row_scales = false, block_scales = false, quick = false, force = false;
   std::string out;
 };
 
@@ -81,19 +85,25 @@ struct Fp8Gemm {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   std::vector<cublasLtMatmulHeuristicResult_t> algos;
-  Fp8Gemm(cublasLtHandle_t h, const Mkn& s, bool f32_out, bool rows, const float* sa, const float* sb,
-          int max_algos) {
+  // scales: 0 one per tensor, 1 one per row (outer vectors), 2 blocks (see the file's head).
+  Fp8Gemm(cublasLtHandle_t h, const Mkn& s, bool f32_out, int scales, bool weight_grad, const float* sa,
+          const float* sb, int max_algos) {
     check(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
     const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
     check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t), "transa");
     check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof n), "transb");
     const int8_t fast = 0;
     check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast), "fast");
-    if (rows) {
-      const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-      check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode),
+    if (scales > 0) {
+      // cuBLASLt's A is the weight (forward), W^T (input gradient) or x^T (weight gradient)
+      const int32_t mode_a = scales == 1   ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
+                             : weight_grad ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+                                           : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+                    mode_b = scales == 1 ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
+                                         : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+      check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a, sizeof mode_a),
             "mode a");
-      check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode),
+      check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b, sizeof mode_b),
             "mode b");
     }
     // cuBLASLt's A is the runtime's B (N x K) and its B the runtime's A (M x K)
@@ -183,15 +193,19 @@ bool time_pass(cublasLtHandle_t h, cudaStream_t st, void* ws, const Linear& l, P
                std::ostringstream& md) {
   const Mkn s = mkn(l, pass);
   const bool f32 = pass == Pass::weight_grad, rows = o.row_scales;
+  const int mode = o.block_scales ? 2 : rows ? 1 : 0;
+  // room for a scale per row and per 128 columns of both operands, rows padded (all 0.5)
+  const size_t per_operand = size_t(std::max(s.M, s.N) + 128) * size_t(s.K / 128 + 4);
   DevMem A(size_t(s.M * s.K)), B(size_t(s.N * s.K)), D(size_t(s.M * s.N) * (f32 ? 4 : 2)),
-      scales(size_t(s.M + s.N) * 4 + 64);
+      scales(per_operand * 8 + 64);
   fill_codes(A.p, size_t(s.M * s.K), 1, st);
   fill_codes(B.p, size_t(s.N * s.K), 2, st);
-  std::vector<float> sc(size_t(s.M + s.N), 0.5f);
+  std::vector<float> sc(per_operand * 2, 0.5f);
   auto* sa = static_cast<float*>(scales.p);
-  float* sb = sa + (rows ? s.M : 4);  // per-tensor scales 16 bytes apart, as cuBLASLt needs
+  // per-tensor scales 16 bytes apart, as cuBLASLt needs
+  float* sb = sa + (mode == 2 ? std::ptrdiff_t(per_operand) : rows ? s.M : 4);
   check(cudaMemcpy(sa, sc.data(), sc.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy scales");
-  Fp8Gemm g(h, s, f32, rows, sa, sb, o.algos);
+  Fp8Gemm g(h, s, f32, mode, pass == Pass::weight_grad, sa, sb, o.algos);
   char head[256];
   std::snprintf(head, sizeof head, "| %s | %s | %s | %lld x %lld x %lld |", l.model, l.name, pass_name(pass),
                 (long long)s.M, (long long)s.K, (long long)s.N);
@@ -322,7 +336,11 @@ int main(int argc, char** argv) {
       "cuBLASLt's FP8 GEMM algorithms at the decoder linears' shapes, each against the heuristic's first"};
   app.add_option("--algos", o.algos, "algorithms asked of the heuristic per shape")->check(CLI::Range(1, 64));
   app.add_option("--reps", o.reps, "calls per timed trial")->check(CLI::Range(1, 10000));
-  app.add_flag("--row-scales", o.row_scales, "one scale per row of each operand (outer-vector scales)");
+  auto* rows_flag =
+      app.add_flag("--row-scales", o.row_scales, "one scale per row of each operand (outer-vector scales)");
+  app.add_flag("--block-scales", o.block_scales,
+               "one scale per 1 x 128 block of activations and gradients, per 128 x 128 block of weights")
+      ->excludes(rows_flag);
   app.add_flag("--quick", o.quick, "gate_proj / up_proj only");
   app.add_option("--out", o.out, "also write a Markdown report (command, commit, machine) to FILE");
   app.add_flag("--force", o.force, "replace an existing --out file");
